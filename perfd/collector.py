@@ -1,0 +1,98 @@
+"""The contract every collector implements, and the registry that names them.
+
+A collector knows its source (NVML, a log file, psutil, ...) and nothing of the transport: it
+returns plain records (perfd.model) and the agent decides where they go. Capabilities are probed
+once, at start; ``collect`` must be cheap, never block for long, and never raise for a bad input
+(it counts the problem in ``errors`` and returns what it could read).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.model import Sample, StepRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Capabilities:
+    """What a collector found it can do on this node, probed once at start."""
+
+    available: bool
+    reason: str = ""  # why not, when not available (shown to the user, logged once)
+    features: dict[str, bool] = field(default_factory=dict)  # e.g. {"gpm": True}
+
+
+@dataclass
+class Collected:
+    """One collect() call's output."""
+
+    samples: list[Sample] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # kind, severity, text, labels
+
+
+class Collector(abc.ABC):
+    """Base class. Subclasses set ``name`` and implement probe/collect."""
+
+    name: str = ""
+    default_interval_s: float = 1.0
+
+    def __init__(self) -> None:
+        # reason -> count; exported as perfd_agent_collector_errors_total{collector, reason}
+        self.errors: dict[str, int] = {}
+        self._logged: set[str] = set()
+
+    def count_error(self, reason: str, detail: str = "") -> None:
+        """Count a failure and log it once per reason (a broken source must not flood the log)."""
+        self.errors[reason] = self.errors.get(reason, 0) + 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("collector %s: %s %s (counted; further occurrences not logged)",
+                        self.name, reason, detail)
+
+    @abc.abstractmethod
+    def probe(self) -> Capabilities:
+        """Find out once what this node supports. Must not raise."""
+
+    def start(self) -> None:
+        """Acquire resources (open files, init libraries). Called once after probe."""
+
+    @abc.abstractmethod
+    def collect(self, now: float) -> Collected:
+        """Read the source. Must not raise; count errors instead."""
+
+    def stop(self) -> None:
+        """Release resources. Called once."""
+
+
+CollectorFactory = Callable[[dict[str, Any]], Collector]
+
+
+class Registry:
+    """Name -> factory. Registering a name twice is a programming error and raises."""
+
+    def __init__(self) -> None:
+        self._factories: dict[str, CollectorFactory] = {}
+
+    def register(self, name: str, factory: CollectorFactory) -> None:
+        if not name:
+            raise ValueError("collector name must not be empty")
+        if name in self._factories:
+            raise ValueError(f"collector {name!r} is already registered")
+        self._factories[name] = factory
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def create(self, name: str, config: dict[str, Any]) -> Collector:
+        try:
+            factory = self._factories[name]
+        except KeyError:
+            raise KeyError(f"unknown collector {name!r}; known: {', '.join(self.names())}") from None
+        return factory(config)

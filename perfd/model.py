@@ -1,0 +1,180 @@
+"""Plain data shared by collectors, analytics, transport and exporters.
+
+Everything here is a dataclass of plain values: no I/O, no behaviour beyond small helpers.
+Collectors produce these, the analytics consume them, the transport serialises them. A value
+that a source did not report is ``None`` (absent), never 0: see DESIGN.md "Metrics are never
+invented".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+# Where a step record's numbers come from, when not one specific rank:
+#   "last"  - printed by the last rank on behalf of the job (Megatron's iteration line);
+#   "all"   - aggregated over all ranks (Megatron's minmax timers give min and max across ranks).
+RankScope = int | Literal["last", "all"]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Names the source of a number: which collector, which file/line or counter."""
+
+    collector: str  # e.g. "megatron", "nvml", "analytics"
+    detail: str  # e.g. "train.log:1234", "nvmlDeviceGetPowerUsage", "formula:megatron-core>=0.12"
+
+    def __str__(self) -> str:
+        return f"{self.collector}:{self.detail}"
+
+
+@dataclass
+class ParseIssue:
+    """A line a parser could not use. Counted and reported, never fatal."""
+
+    line_no: int
+    reason: str  # short machine-friendly reason, e.g. "iteration-line-no-iteration-number"
+    text: str  # the (truncated) offending text
+
+
+@dataclass
+class TimerValue:
+    """One Megatron timer for one log interval, in ms per iteration (averaged over the interval).
+
+    ``minmax`` format fills min and max; ``max`` fills max only; ``all`` fills per_rank (and
+    min/max are derived from it); the old one-line format gives a single value, stored as max.
+    """
+
+    min_ms: float | None = None
+    max_ms: float | None = None
+    per_rank: dict[int, float] = field(default_factory=dict)
+
+    def spread(self) -> float | None:
+        if self.min_ms is None or self.max_ms is None or self.min_ms <= 0:
+            return None
+        return self.max_ms / self.min_ms
+
+
+@dataclass
+class RankValue:
+    """A value with the rank that holds it (Megatron straggler detector: ``98.88ms/0``)."""
+
+    value: float
+    rank: int
+    unit: str
+
+
+@dataclass
+class StragglerLine:
+    """Megatron's straggler-detector line: per quantity the min and max across ranks, and who."""
+
+    time: str | None
+    # key -> (min, max); keys: "rtt" (ms), "power" (W, converted from the mW Megatron prints),
+    # "temp" (C), "util" (%), "clock" (MHz), "data_rtt" (ms), "tflops" (TF).
+    quantities: dict[str, tuple[RankValue, RankValue]] = field(default_factory=dict)
+    line_no: int = 0
+
+
+@dataclass
+class StepRecord:
+    """One iteration of one job, as one source saw it. The iteration number is the join key."""
+
+    job: str
+    iteration: int
+    rank: RankScope = "last"
+    end_time: float | None = None  # epoch seconds (UTC), when the source gives a timestamp
+    train_iters: int | None = None
+    step_time_ms: float | None = None
+    logged_tflops_per_gpu: float | None = None  # the framework's own throughput figure
+    consumed_samples: int | None = None
+    global_batch_size: int | None = None
+    learning_rate: float | None = None
+    lm_loss: float | None = None
+    loss_scale: float | None = None
+    grad_norm: float | None = None
+    skipped_iterations: int | None = None
+    nan_iterations: int | None = None
+    # Iterations this record averages over (Megatron's log interval); timers are per-iteration means.
+    interval: int | None = None
+    fields: dict[str, str] = field(default_factory=dict)  # every raw key: value pair as printed
+    timers: dict[str, TimerValue] = field(default_factory=dict)
+    straggler: StragglerLine | None = None
+    source: Provenance | None = None
+    disturbed_by_capture: bool = False  # perfd's own capture touched this iteration
+
+    def has_field(self, key: str) -> bool:
+        return key in self.fields
+
+
+@dataclass
+class ParallelLayout:
+    """Parallel layout of a job, as its sources state it. Unknown sizes stay None."""
+
+    world_size: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    vpp: int | None = None  # virtual pipeline stages per pipeline rank (interleaved 1F1B)
+    micro_batch_size: int | None = None
+    global_batch_size: int | None = None
+    num_microbatches: int | None = None  # per iteration, per DP replica
+
+    def microbatches(self) -> int | None:
+        """Micro-batches per iteration: the stated value, or global / (micro * DP)."""
+        if self.num_microbatches is not None:
+            return self.num_microbatches
+        if self.global_batch_size and self.micro_batch_size and self.dp:
+            return self.global_batch_size // (self.micro_batch_size * self.dp)
+        return None
+
+
+@dataclass
+class ModelSpec:
+    """What the FLOPs formula needs; fields a source did not state stay None."""
+
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    ffn_hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    kv_channels: int | None = None
+    num_query_groups: int | None = None  # None: no GQA (kv heads = attention heads)
+    seq_length: int | None = None
+    padded_vocab_size: int | None = None
+    vocab_size: int | None = None
+    swiglu: bool = False
+    untie_embeddings: bool = False
+    num_experts: int | None = None
+    moe_router_topk: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_ffn_hidden_size: int | None = None
+    moe_layer_freq: int | list[int] | None = None
+    mtp_num_layers: int | None = None
+    multi_latent_attention: bool = False
+    parameter_count: int | None = None  # for the 6·N·tokens fallback
+    dtype: str | None = None  # "bf16", "fp16", "fp8", "fp32"
+
+
+@dataclass
+class JobInfo:
+    """Everything a log's start-up says about the job."""
+
+    framework: str = "megatron"
+    framework_version: str | None = None  # e.g. Megatron-Core "0.20.0"
+    torch_version: str | None = None
+    layout: ParallelLayout = field(default_factory=ParallelLayout)
+    spec: ModelSpec = field(default_factory=ModelSpec)
+    timing_log_option: str | None = None  # minmax | max | all
+    log_interval: int | None = None
+    arguments: dict[str, str] = field(default_factory=dict)  # the raw arguments block
+
+
+@dataclass
+class Sample:
+    """One time-series point from a collector (NVML, host, ...). Labels stay bounded."""
+
+    name: str  # a catalog metric name
+    value: float
+    time: float  # epoch seconds
+    labels: dict[str, str] = field(default_factory=dict)
