@@ -99,6 +99,9 @@ class StepRecord:
     fields: dict[str, str] = field(default_factory=dict)  # every raw key: value pair as printed
     timers: dict[str, TimerValue] = field(default_factory=dict)
     straggler: StragglerLine | None = None
+    # Per-rank memory report printed after this iteration (Megatron's ``[Rank r] (after N iterations)
+    # memory (MB) | allocated: ...`` lines): rank -> {"allocated": MB, "max allocated": MB, ...}.
+    memory_mb: dict[int, dict[str, float]] = field(default_factory=dict)
     source: Provenance | None = None
     disturbed_by_capture: bool = False  # perfd's own capture touched this iteration
 
@@ -168,6 +171,8 @@ class JobInfo:
     timing_log_option: str | None = None  # minmax | max | all
     log_interval: int | None = None
     arguments: dict[str, str] = field(default_factory=dict)  # the raw arguments block
+    # Timer blocks printed before the first iteration (startup-*, model-and-optimizer-setup, ...).
+    startup_timers: dict[str, TimerValue] = field(default_factory=dict)
 
 
 @dataclass

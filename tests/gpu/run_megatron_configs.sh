@@ -36,7 +36,7 @@ run tp2_mha_gelu --tensor-model-parallel-size 2 --micro-batch-size 4 --global-ba
 # Tensor parallel, SwiGLU + grouped-query attention + RoPE, untied embeddings.
 run tp2_swiglu_gqa_untied --tensor-model-parallel-size 2 --micro-batch-size 4 --global-batch-size 32 \
   --swiglu --ffn-hidden-size 2816 --group-query-attention --num-query-groups 4 \
-  --position-embedding-type rope --untie-embeddings-and-output-weights --log-interval 1
+  --position-embedding-type rope --no-rope-fusion --untie-embeddings-and-output-weights --log-interval 1
 # Interleaved pipeline (2 stages x 2 virtual), log every 2 iterations (timers are averages).
 run pp2_vpp2_interleaved --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 \
   --micro-batch-size 4 --global-batch-size 64 --log-interval 2

@@ -1,0 +1,9 @@
+"""Megatron-LM log collector: a streaming parser for training logs and a tailer for growing files.
+
+See README.md in this folder for the formats, the Megatron flags that produce them, and limits.
+"""
+
+from collectors.megatron.parser import MegatronLogParser, ParsedLog, parse_file, parse_lines
+from collectors.megatron.tail import LogTail
+
+__all__ = ["LogTail", "MegatronLogParser", "ParsedLog", "parse_file", "parse_lines"]

@@ -1,0 +1,462 @@
+"""Streaming parser for Megatron-LM training logs (stdout+stderr of all ranks, interleaved).
+
+Megatron prints, per logged iteration and in this order: the iteration line (last rank), the
+timer block for that iteration (last rank), and the straggler-detector line (rank 0). A record
+for iteration N is therefore complete only when the next iteration line (or the end of input)
+arrives: ``feed`` returns records as they complete, ``flush`` returns the one still pending.
+
+Nothing here raises on bad input: lines that look like a known format but cannot be used become
+ParseIssues (and ``counts["malformed:<reason>"]``); everything else is counted as "other".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collectors.megatron import args as margs
+from collectors.megatron.lines import (
+    IterationLine,
+    parse_all_timer_name,
+    parse_all_timer_rank,
+    parse_iteration,
+    parse_memory,
+    parse_one_line_timers,
+    parse_straggler,
+    parse_timer_body,
+    parse_timer_header,
+    parse_validation,
+    strip_launcher_prefix,
+    to_float,
+    to_int,
+)
+from perfd.model import JobInfo, ParseIssue, Provenance, StepRecord, StragglerLine, TimerValue
+
+COLLECTOR = "megatron"
+MAX_LINE_CHARS = 65_536  # longer lines are cut before parsing (an iteration line is ~500)
+MAX_ISSUES = 10_000  # issues kept in memory; counts keep counting past this
+ISSUE_TEXT_CHARS = 200
+# A timer block has no end marker. It stays open across interleaved output from other ranks
+# (warnings inside a block are common) until a structured line arrives, or this many lines of
+# other output in a row.
+MAX_TIMER_GAP = 50
+
+# Typed StepRecord fields, by the key Megatron prints.
+_FLOAT_FIELDS = {
+    "elapsed time per iteration (ms)": "step_time_ms",
+    "learning rate": "learning_rate",
+    "lm loss": "lm_loss",
+    "loss scale": "loss_scale",
+    "grad norm": "grad_norm",
+}
+_INT_FIELDS = {
+    "consumed samples": "consumed_samples",
+    "global batch size": "global_batch_size",
+    "number of skipped iterations": "skipped_iterations",
+    "number of nan iterations": "nan_iterations",
+}
+_THROUGHPUT_PREFIX = "throughput per GPU (TFLOP"  # "(TFLOP/s/GPU)" since 2023
+
+
+@dataclass
+class ParsedLog:
+    job_info: JobInfo
+    records: list[StepRecord]
+    issues: list[ParseIssue]
+    counts: dict[str, int]
+    # Non-iteration facts worth keeping, as Collected.events dicts (kind "validation" so far).
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class MegatronLogParser:
+    """Feed it lines; it returns StepRecords as they complete and fills ``job_info`` as it goes."""
+
+    def __init__(self, job: str = "megatron", source_name: str = "<stream>") -> None:
+        self.job = job
+        self.source_name = source_name
+        self.job_info = JobInfo(framework="megatron")
+        self.issues: list[ParseIssue] = []
+        self.counts: dict[str, int] = {}
+        self.events: list[dict[str, Any]] = []
+        self._line_no = 0
+        self._pending: StepRecord | None = None
+        self._facts = margs.StartupFacts()
+        self._args_mode: str | None = None  # "new" (dashed header/end) | "old" ("arguments:")
+        self._args_dirty = False
+        self._timer_mode: str | None = None  # "minmax" | "max" | "all" while a block is open
+        self._timer_target: dict[str, TimerValue] | None = None
+        self._timer_gap = 0
+        self._all_current: str | None = None  # timer name under which 'all' rank rows go
+        # Iterations a record covers: see _interval().
+        self._prev_record: StepRecord | None = None
+        self._prev_first: str | None = None  # "certain" | "maybe": the previous record was a
+        # run's first-iteration log (see _interval)
+
+    # ---------------------------------------------------------------------------------------
+    # Public API
+    # ---------------------------------------------------------------------------------------
+
+    def feed(self, line: str) -> list[StepRecord]:
+        """Parse one raw line (trailing newline optional); return the records it completed."""
+        out: list[StepRecord] = []
+        try:
+            text = line[:-1] if line.endswith("\n") else line
+            for piece in text.split("\n"):  # a caller passing several lines at once still works
+                self._line(piece, out)
+        except Exception as exc:  # never raise into the agent; a parser bug is counted instead
+            self._issue("internal-error", f"{type(exc).__name__}: {exc}")
+        return out
+
+    def flush(self) -> list[StepRecord]:
+        """End of input: close open blocks and return the pending record, if any."""
+        out: list[StepRecord] = []
+        try:
+            self._close_args()
+            self._close_timers()
+            if self._pending is not None:
+                out.append(self._pending)
+                self._pending = None
+        except Exception as exc:  # pragma: no cover - defensive, as in feed()
+            self._issue("internal-error", f"{type(exc).__name__}: {exc}")
+        return out
+
+    # ---------------------------------------------------------------------------------------
+    # Bookkeeping
+    # ---------------------------------------------------------------------------------------
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def _issue(self, reason: str, text: str) -> None:
+        self._count(f"malformed:{reason}")
+        if len(self.issues) < MAX_ISSUES:
+            self.issues.append(ParseIssue(self._line_no, reason, text[:ISSUE_TEXT_CHARS]))
+        else:
+            self._count("issues_dropped")
+
+    # ---------------------------------------------------------------------------------------
+    # Line dispatch
+    # ---------------------------------------------------------------------------------------
+
+    def _line(self, raw: str, out: list[StepRecord]) -> None:
+        self._line_no += 1
+        self._count("lines")
+        line = raw.rstrip("\r")  # leading spaces matter (arguments, timer bodies): keep them
+        if len(line) > MAX_LINE_CHARS:
+            self._count("long_lines")
+            line = line[:MAX_LINE_CHARS]
+        line = strip_launcher_prefix(line)
+        if not line.strip():
+            self._count("empty")
+            return
+        if self._args_mode is not None and self._argument_line(line):
+            return
+        if self._timer_mode is not None and self._timer_line(line):
+            return
+        self._dispatch(line, out)
+
+    def _argument_line(self, line: str) -> bool:
+        if margs.ARGS_END_RE.search(line):
+            self._close_args()
+            return True
+        parsed = margs.parse_argument_line(line)
+        if parsed is not None:
+            self.job_info.arguments[parsed[0]] = parsed[1]
+            self._args_dirty = True
+            self._count("argument_lines")
+            return True
+        if self._args_mode == "old":  # 2019 format: no end marker; the block ends here
+            self._close_args()
+        # New format: another rank's output inside the block. Handle it normally; the block
+        # stays open until its end marker (or a training line: see _dispatch).
+        return False
+
+    def _timer_line(self, line: str) -> bool:
+        target = self._timer_target
+        if target is None:  # pragma: no cover - set whenever _timer_mode is
+            return False
+        if self._timer_mode == "all":
+            row = parse_all_timer_rank(line)
+            if isinstance(row, tuple) and self._all_current is not None:
+                tv = target.setdefault(self._all_current, TimerValue())
+                tv.per_rank[row[0]] = row[1]
+                tv.min_ms, tv.max_ms = min(tv.per_rank.values()), max(tv.per_rank.values())
+                self._count("timer_lines")
+                self._timer_gap = 0
+                return True
+            if isinstance(row, str):
+                self._issue(row, line)
+                return True
+            name = parse_all_timer_name(line)
+            if name is not None:
+                self._all_current = name
+                self._timer_gap = 0
+                return True
+        else:
+            body = parse_timer_body(line)
+            if isinstance(body, tuple):
+                # A second block for the same record (e.g. save-checkpoint) never overwrites.
+                target.setdefault(body[0], body[1])
+                self._count("timer_lines")
+                self._timer_gap = 0
+                return True
+            if isinstance(body, str):
+                self._issue(body, line)
+                return True
+        self._timer_gap += 1
+        if self._timer_gap > MAX_TIMER_GAP:
+            self._close_timers()
+        return False
+
+    def _dispatch(self, line: str, out: list[StepRecord]) -> None:
+        # Validation before iteration: " validation loss at iteration 100 | lm loss value: ..."
+        validation = parse_validation(line)
+        if validation is not None:
+            self._close_timers()
+            self._count("validation_lines")
+            self.events.append({
+                "kind": "validation",
+                "label": validation.label,
+                "iteration": validation.iteration,
+                "values": validation.values,
+                "source": str(Provenance(COLLECTOR, f"{self.source_name}:{self._line_no}")),
+            })
+            return
+        if "iteration" in line:
+            it = parse_iteration(line)
+            if isinstance(it, IterationLine):
+                self._close_args()
+                self._close_timers()
+                self._start_record(it, line, out)
+                return
+            if isinstance(it, str):
+                self._issue(it, line)
+                return
+        mode = parse_timer_header(line)
+        if mode is not None:
+            self._close_args()
+            self._open_timers(mode)
+            return
+        straggler = parse_straggler(line)
+        if straggler is not None:
+            self._close_timers()
+            if isinstance(straggler, str):
+                self._issue(straggler, line)
+                return
+            self._count("straggler_lines")
+            if straggler.unpaired:
+                self._count("straggler_unpaired_quantities", straggler.unpaired)
+            if self._pending is None:
+                self._count("straggler_unattached")
+            elif self._pending.straggler is not None:
+                self._count("straggler_duplicate")
+            else:
+                self._pending.straggler = StragglerLine(straggler.time, straggler.quantities, self._line_no)
+            return
+        memory = parse_memory(line)
+        if memory is not None:
+            if isinstance(memory, str):
+                self._issue(memory, line)
+                return
+            self._count("memory_lines")
+            # Printed right after the iteration line it names; anything else is not attached.
+            if self._pending is not None and self._pending.iteration == memory.iteration:
+                self._pending.memory_mb[memory.rank] = memory.values
+            else:
+                self._count("memory_unattached")
+            return
+        one_line = parse_one_line_timers(line)
+        if one_line is not None:
+            self._close_timers()
+            if isinstance(one_line, str):
+                self._issue(one_line, line)
+                return
+            self._count("timer_blocks")
+            self._count("timer_lines", len(one_line))
+            target = self._timer_owner()
+            for name, tv in one_line.items():
+                target.setdefault(name, tv)
+            if self.job_info.timing_log_option is None:
+                self.job_info.timing_log_option = "one-line"
+            return
+        if not self._startup_line(line, out):
+            self._count("other")
+
+    def _startup_line(self, line: str, out: list[StepRecord]) -> bool:
+        info = self.job_info
+        if "version" in line:
+            version = margs.version_after(line, "Megatron-Core version")
+            if version is not None:
+                self._run_start(out)
+                info.framework_version = version
+                return True
+            version = margs.version_after(line, "PyTorch version")
+            if version is not None:
+                self._run_start(out)
+                info.torch_version = version
+                return True
+        if "using world size:" in line:
+            sizes = margs.parse_world_sizes(line)
+            if "world" not in sizes:
+                self._issue("world-size-line-unparseable", line)
+                return True
+            self._run_start(out)
+            self._facts.world_sizes = sizes
+            margs.apply_facts(info, self._facts)
+            return True
+        stripped = line.strip()
+        if margs.ARGS_HEADER_RE.fullmatch(stripped) or stripped == margs.OLD_ARGS_HEADER:
+            self._run_start(out)
+            self._close_timers()
+            self._args_mode = "old" if stripped == margs.OLD_ARGS_HEADER else "new"
+            info.arguments = {}  # a restart appended to the log prints its own, complete block
+            return True
+        n = margs.parse_microbatches(line)
+        if n is not None:
+            self._facts.num_microbatches = n
+            margs.apply_facts(info, self._facts)
+            return True
+        vocab = margs.parse_padded_vocab(line)
+        if vocab is not None:
+            self._facts.vocab = vocab
+            margs.apply_facts(info, self._facts)
+            return True
+        seen, stages = margs.parse_virtual_stages(line)
+        if seen:
+            self._facts.virtual_stages_seen, self._facts.virtual_stages = True, stages
+            margs.apply_facts(info, self._facts)
+            return True
+        return False
+
+    # ---------------------------------------------------------------------------------------
+    # State transitions
+    # ---------------------------------------------------------------------------------------
+
+    def _run_start(self, out: list[StepRecord]) -> None:
+        """Start-up output: a new run (or a restart appended to the same log) begins here."""
+        if self._pending is not None:  # the previous run's last record is complete
+            out.append(self._pending)
+            self._pending = None
+        self._prev_record = None
+        self._prev_first = None
+
+    def _close_args(self) -> None:
+        self._args_mode = None
+        if self._args_dirty:
+            self._args_dirty = False
+            margs.apply_arguments(self.job_info, self._facts, self._issue)
+
+    def _open_timers(self, mode: str) -> None:
+        self._close_timers()
+        self._count("timer_blocks")
+        self._timer_mode = mode
+        self._timer_target = self._timer_owner()
+        self._timer_gap = 0
+        self._all_current = None
+        if self.job_info.timing_log_option is None:  # old logs lack the argument: infer it
+            self.job_info.timing_log_option = mode
+
+    def _timer_owner(self) -> dict[str, TimerValue]:
+        """Timers printed after iteration N's line belong to N; before any, to start-up."""
+        return self._pending.timers if self._pending is not None else self.job_info.startup_timers
+
+    def _close_timers(self) -> None:
+        self._timer_mode = None
+        self._timer_target = None
+        self._all_current = None
+
+    def _start_record(self, it: IterationLine, line: str, out: list[StepRecord]) -> None:
+        if self._pending is not None:
+            out.append(self._pending)
+        self._count("iteration_lines")
+        rec = StepRecord(
+            job=self.job,
+            iteration=it.iteration,
+            rank="last",
+            end_time=it.end_time,
+            train_iters=it.train_iters,
+            fields=dict(it.pairs),
+            source=Provenance(COLLECTOR, f"{self.source_name}:{self._line_no}"),
+        )
+        for key, value in it.pairs.items():
+            if key in _FLOAT_FIELDS:
+                setattr(rec, _FLOAT_FIELDS[key], to_float(value))
+            elif key in _INT_FIELDS:
+                setattr(rec, _INT_FIELDS[key], to_int(value))
+            elif key.startswith(_THROUGHPUT_PREFIX):
+                rec.logged_tflops_per_gpu = to_float(value)
+        rec.interval = self._interval(rec)
+        if it.truncated:
+            self._issue("truncated-iteration-line", line)
+        if it.intrusion is not None or it.bad_segments:
+            # Another rank's text glued onto the line: dropped, never turned into a field.
+            self._count("intrusions", (it.intrusion is not None) + it.bad_segments)
+        self._pending = rec
+
+    def _interval(self, rec: StepRecord) -> int | None:
+        """How many iterations this record's averages cover.
+
+        Megatron-Core (2025+) logs the first iteration of every run, fresh or resumed, on top of
+        each ``log_interval``-th one, and does not reset its accumulators after that first log.
+        So the first record covers 1 iteration and the next one everything since the run began:
+        on the shared fixture (log interval 1) iteration 2's 3180 ms is the mean of iterations 1
+        (5868 ms) and 2 (~493 ms). Timers are still divided by log_interval (see README).
+
+        A first record whose iteration is not a multiple of log_interval can only be such a log.
+        With log interval 1 the first record (iteration 1) looks like any other, and older
+        versions did reset after it: the next record then decides by its own numbers (see
+        _looks_unreset). Without a log interval or any evidence, the gap to the previous record.
+        """
+        li = self.job_info.log_interval
+        prev = self._prev_record
+        self._prev_record = rec
+        if prev is None or rec.iteration <= prev.iteration:  # first record seen, or a restart
+            if li and rec.iteration % li:
+                self._prev_first = "certain"
+                return 1
+            if rec.iteration == 1:
+                self._prev_first = "maybe"
+                return 1
+            self._prev_first = None
+            return li
+        gap = rec.iteration - prev.iteration
+        state, self._prev_first = self._prev_first, None
+        if state == "certain" or (state == "maybe" and _looks_unreset(prev, rec, gap)):
+            return gap + 1
+        return gap
+
+
+def _looks_unreset(prev: StepRecord, rec: StepRecord, gap: int) -> bool:
+    """Does ``rec``'s step time average ``prev``'s iteration in too (no reset after ``prev``)?
+
+    The wall-clock gap between the two lines is the time of the ``gap`` new iterations. Without
+    a reset the printed mean is (prev's time + that) / (gap + 1); with one, that / gap.
+    """
+    p_end, r_end, p_step, r_step = prev.end_time, rec.end_time, prev.step_time_ms, rec.step_time_ms
+    if p_end is None or r_end is None or p_step is None or r_step is None:
+        return False
+    wall_ms = (r_end - p_end) * 1000.0
+    if wall_ms <= 0:
+        return False
+    with_reset = wall_ms / gap
+    without_reset = (p_step + wall_ms) / (gap + 1)
+    return abs(r_step - without_reset) < abs(r_step - with_reset)
+
+
+def parse_lines(lines: Iterable[str], job: str = "megatron", source_name: str = "<lines>") -> ParsedLog:
+    parser = MegatronLogParser(job=job, source_name=source_name)
+    records: list[StepRecord] = []
+    for line in lines:
+        records.extend(parser.feed(line))
+    records.extend(parser.flush())
+    return ParsedLog(parser.job_info, records, parser.issues, parser.counts, parser.events)
+
+
+def parse_file(path: str | Path, job: str = "megatron") -> ParsedLog:
+    """Parse a whole log file. Bytes that are not UTF-8 are replaced; only OSError (an unreadable
+    path) is raised. Lines are split on b"\\n" alone, as LogTail does, so both see the same lines."""
+    p = Path(path)
+    with p.open("rb") as fh:
+        return parse_lines((raw.decode("utf-8", "replace") for raw in fh), job=job, source_name=p.name)

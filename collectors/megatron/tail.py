@@ -1,0 +1,151 @@
+"""Follow a growing log file by path, the way ``tail -F`` does, returning complete lines only.
+
+Byte-oriented on purpose: a UTF-8 character (or a line) split across two writes must not be
+decoded half-way, so bytes are buffered until their newline arrives and only then decoded
+(invalid bytes replaced). Handles:
+
+- truncation in place (``copytruncate``, ``> train.log``): the file shrinks below our offset ->
+  restart from 0, drop the stale partial line (counts["truncations"]);
+- rotation (``mv train.log train.log.1`` and a new ``train.log``): the path names another inode ->
+  read the old file to its end first (nothing written before the rotation is lost), then open the
+  new one from its start (counts["rotations"]).
+
+Never raises: OS errors are counted in ``errors`` by kind and the call returns what it has.
+Not detected: a file truncated and re-grown past our offset between two calls (its size never
+looks smaller); such a rewrite is read as if appended.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import BinaryIO
+
+
+class LogTail:
+    def __init__(self, path: str | Path, from_start: bool = True, max_line_bytes: int = 1 << 20) -> None:
+        self.path = Path(path)
+        self.from_start = from_start
+        self.max_line_bytes = max_line_bytes
+        self.errors: dict[str, int] = {}  # reason -> count (missing, open_failed, read_failed, ...)
+        self.counts: dict[str, int] = {}  # lines, bytes, truncations, rotations, partial_*
+        self._fh: BinaryIO | None = None
+        self._id: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
+        self._partial = b""
+        if not from_start:
+            # Skip what is already there now; a file that appears later is read from its start.
+            self._open(at_end=True)
+
+    # ---------------------------------------------------------------------------------------
+
+    def read_lines(self, max_bytes: int = 1 << 20) -> list[str]:
+        """New complete lines (without their newline), reading at most ``max_bytes`` this call."""
+        out: list[bytes] = []
+        try:
+            self._read(out, max(1, max_bytes))
+        except Exception as exc:  # never raise into the agent: count it
+            self._error(f"unexpected:{type(exc).__name__}")
+        self._count("lines", len(out))
+        return [b.decode("utf-8", "replace") for b in out]
+
+    def close(self) -> None:
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            except OSError:
+                self._error("close_failed")
+        self._fh = None
+        self._id = None
+
+    # ---------------------------------------------------------------------------------------
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def _error(self, key: str) -> None:
+        self.errors[key] = self.errors.get(key, 0) + 1
+
+    def _open(self, at_end: bool) -> bool:
+        try:
+            fh = self.path.open("rb")
+        except FileNotFoundError:
+            self._error("missing")
+            return False
+        except OSError:
+            self._error("open_failed")
+            return False
+        try:
+            st = os.fstat(fh.fileno())
+            if at_end:
+                fh.seek(0, os.SEEK_END)
+        except OSError:
+            fh.close()
+            self._error("open_failed")
+            return False
+        self._fh, self._id = fh, (st.st_dev, st.st_ino)
+        return True
+
+    def _path_id(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None  # between a rotation's rename and the new file's creation: keep the old
+        except OSError:
+            self._error("stat_failed")
+            return None
+        return st.st_dev, st.st_ino
+
+    def _read(self, out: list[bytes], budget: int) -> None:
+        if self._fh is None and not self._open(at_end=False):
+            return
+        path_id = self._path_id()
+        if path_id is not None and path_id != self._id:
+            # Rotated: finish the old file first, then switch to the new one.
+            budget -= self._drain(out, budget)
+            if budget <= 0:
+                return  # more of the old file may remain; next call goes on with it
+            if self._partial:
+                # The old file is finished: its unterminated last line will never be completed.
+                out.append(self._partial)
+                self._partial = b""
+                self._count("partial_at_rotation")
+            self.close()
+            self._count("rotations")
+            if not self._open(at_end=False):
+                return
+        elif self._fh is not None:
+            try:
+                size = os.fstat(self._fh.fileno()).st_size
+                pos = self._fh.tell()
+            except OSError:
+                self._error("stat_failed")
+                return
+            if size < pos:
+                self._count("truncations")
+                if self._partial:
+                    self._count("partial_dropped")
+                    self._partial = b""
+                self._fh.seek(0)
+        self._drain(out, budget)
+
+    def _drain(self, out: list[bytes], budget: int) -> int:
+        """Read up to ``budget`` bytes from the open file into complete lines; bytes read."""
+        if self._fh is None:
+            return 0
+        try:
+            data = self._fh.read(budget)
+        except OSError:
+            self._error("read_failed")
+            return 0
+        if not data:
+            return 0
+        self._count("bytes", len(data))
+        parts = (self._partial + data).split(b"\n")
+        self._partial = parts.pop()
+        out.extend(parts)
+        if len(self._partial) > self.max_line_bytes:
+            # A "line" this long is not a log line; hand it over rather than grow without bound.
+            out.append(self._partial)
+            self._partial = b""
+            self._count("partial_overlong")
+        return len(data)

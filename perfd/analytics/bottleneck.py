@@ -1,0 +1,138 @@
+"""Bottleneck class from what is available (DESIGN.md §2 "Bottleneck class").
+
+Timer shares decide first (they are measured inside the step): data-bound, communication-bound,
+pipeline-bound. GPM counters, when a collector supplies them, separate compute-bound,
+memory-bound and launch-overhead; ``classify_gpm`` is a separate pure function so the NVML
+collector's readings can feed it directly. Otherwise the class is "unknown", with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BOTTLENECK_CLASSES: tuple[str, ...] = (
+    "compute-bound",
+    "memory-bound",
+    "launch-overhead",
+    "communication-bound",
+    "sync-bound",
+    "data-bound",
+    "pipeline-bound",
+    "unknown",
+)
+
+DATA_BOUND_SHARE = 0.2
+DATA_HEALTHY_SHARE = 0.05
+COMM_BOUND_SHARE = 0.3
+PIPELINE_BOUND_SHARE = 0.15
+
+# GPM thresholds (ratios), from the H200 measurements in DESIGN.md: a bf16 matmul loop shows
+# tensor util 0.94 / DRAM 0.18, a device copy loop tensor 0 / DRAM 0.88, tiny kernels NVML util
+# 0.34 with SM util 0.0004.
+GPM_TENSOR_BUSY = 0.5
+GPM_DRAM_BUSY = 0.5
+GPM_SM_BUSY = 0.8
+GPM_SM_STARVED = 0.2
+GPM_NVML_ACTIVE = 0.2
+GPM_IDLE = 0.05
+
+
+@dataclass(frozen=True)
+class GpmReading:
+    """GPM / NVML utilisation over a window, as ratios in [0, 1] (GPM reports percent: ÷100)."""
+
+    sm_util: float | None = None
+    sm_occupancy: float | None = None
+    tensor_util: float | None = None
+    dram_bw_util: float | None = None
+    nvml_util: float | None = None
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    """A class from BOTTLENECK_CLASSES, why, and the numbers behind it."""
+
+    cls: str
+    reason: str
+    evidence: dict[str, float] = field(default_factory=dict)
+
+
+def classify_gpm(
+    sm_util: float | None = None,
+    sm_occupancy: float | None = None,
+    tensor_util: float | None = None,
+    dram_bw_util: float | None = None,
+    nvml_util: float | None = None,
+) -> Bottleneck:
+    """compute-bound / memory-bound / launch-overhead (or unknown) from GPM ratios."""
+    ev = {k: v for k, v in (("sm_util", sm_util), ("sm_occupancy", sm_occupancy),
+                            ("tensor_util", tensor_util), ("dram_bw_util", dram_bw_util),
+                            ("nvml_util", nvml_util)) if v is not None}
+    if not ev:
+        return Bottleneck("unknown", "no GPM counters (GPU without GPM support or not sampled)")
+    if (nvml_util is not None and nvml_util < GPM_IDLE
+            and (sm_util is None or sm_util < GPM_IDLE)):
+        return Bottleneck("unknown", "GPU idle in the window: the job waits on the host or is not "
+                                     "running", ev)
+    tensor_busy = tensor_util is not None and tensor_util >= GPM_TENSOR_BUSY
+    dram_busy = dram_bw_util is not None and dram_bw_util >= GPM_DRAM_BUSY
+    if tensor_busy and dram_busy:
+        assert tensor_util is not None and dram_bw_util is not None
+        if tensor_util >= dram_bw_util:
+            return Bottleneck("compute-bound", f"tensor cores busy {tensor_util:.0%} (DRAM "
+                                               f"{dram_bw_util:.0%})", ev)
+        return Bottleneck("memory-bound", f"DRAM bandwidth {dram_bw_util:.0%} (tensor "
+                                          f"{tensor_util:.0%})", ev)
+    if tensor_busy:
+        return Bottleneck("compute-bound", f"tensor cores busy {tensor_util:.0%}", ev)
+    if dram_busy:
+        return Bottleneck("memory-bound", f"DRAM bandwidth utilisation {dram_bw_util:.0%}", ev)
+    if (sm_util is not None and sm_util < GPM_SM_STARVED
+            and nvml_util is not None and nvml_util >= GPM_NVML_ACTIVE):
+        return Bottleneck("launch-overhead", f"kernels resident {nvml_util:.0%} of the time (NVML) but "
+                                             f"SMs busy only {sm_util:.0%} (GPM): many tiny kernels", ev)
+    if sm_util is not None and sm_util >= GPM_SM_BUSY:
+        return Bottleneck("compute-bound", f"SMs busy {sm_util:.0%} without tensor-core or DRAM "
+                                           "saturation (CUDA-core or latency-bound kernels)", ev)
+    return Bottleneck("unknown", "GPM counters match no pattern (moderate load everywhere)", ev)
+
+
+def classify(
+    data_share: float | None,
+    comm_exposed: float | None,
+    comm_grad_sync: float | None,
+    pp: int | None,
+    pp_idle_max: float | None,
+    pp_bubble_analytic: float | None,
+    gpm: GpmReading | None = None,
+) -> Bottleneck:
+    """The dominant bottleneck from timer shares, then GPM; "unknown" with what was checked."""
+    ev: dict[str, float] = {}
+    for k, v in (("data_share", data_share), ("comm_exposed", comm_exposed),
+                 ("comm_grad_sync", comm_grad_sync), ("pp_idle_max", pp_idle_max),
+                 ("pp_bubble_analytic", pp_bubble_analytic)):
+        if v is not None:
+            ev[k] = v
+    if data_share is not None and data_share > DATA_BOUND_SHARE:
+        return Bottleneck("data-bound", f"batch-generator takes {data_share:.1%} of the step "
+                                        f"(> {DATA_BOUND_SHARE:.0%})", ev)
+    if comm_grad_sync is not None and comm_grad_sync > COMM_BOUND_SHARE:
+        return Bottleneck("communication-bound", f"gradient sync exposed {comm_grad_sync:.1%} of the "
+                                                 f"step (> {COMM_BOUND_SHARE:.0%})", ev)
+    pipe = max((x for x in (pp_idle_max, pp_bubble_analytic) if x is not None), default=None)
+    if pp is not None and pp > 1 and pipe is not None and pipe > PIPELINE_BOUND_SHARE:
+        return Bottleneck("pipeline-bound", f"a pipeline stage idles {pipe:.1%} of forward-backward "
+                                            f"(> {PIPELINE_BOUND_SHARE:.0%}); p2p waits are bubble", ev)
+    if comm_exposed is not None and comm_exposed > COMM_BOUND_SHARE:
+        return Bottleneck("communication-bound", f"exposed communication {comm_exposed:.1%} of the "
+                                                 f"step (> {COMM_BOUND_SHARE:.0%})", ev)
+    if gpm is not None:
+        g = classify_gpm(gpm.sm_util, gpm.sm_occupancy, gpm.tensor_util, gpm.dram_bw_util,
+                         gpm.nvml_util)
+        if g.cls != "unknown":
+            return Bottleneck(g.cls, g.reason, {**ev, **g.evidence})
+        gpm_note = g.reason
+    else:
+        gpm_note = "no GPM counters"
+    checked = ", ".join(f"{k} {v:.1%}" for k, v in ev.items()) or "no timer shares available"
+    return Bottleneck("unknown", f"no timer share beyond its threshold ({checked}); {gpm_note}", ev)

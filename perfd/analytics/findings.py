@@ -1,0 +1,328 @@
+"""Findings (observation + evidence) and recommendations (prioritised, each tied to a finding).
+
+The rules encode DESIGN.md's diagnosis playbook, with the job's own numbers. Pure: they read a
+RunAnalysis (and the JobInfo for arguments) and return plain dataclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from perfd.analytics import bottleneck as bn
+from perfd.analytics.pipeline import microbatches_for_bubble, rebalance_estimate
+from perfd.analytics.stragglers import rank_order
+from perfd.model import JobInfo
+
+if TYPE_CHECKING:
+    from perfd.analytics.megatron_job import RunAnalysis
+
+GRADES: tuple[tuple[str, str], ...] = (
+    ("severe", "MFU < 30%: severe (usually communication or data loading)"),
+    ("communication-overhead", "MFU 30–40%: communication overhead"),
+    ("good", "MFU 40–50%: good"),
+    ("excellent", "MFU > 50%: excellent"),
+)
+
+BUBBLE_TARGET = 0.05
+GRAD_SYNC_SHARE = 0.2
+JITTER_CV = 0.10
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def grade_mfu(mfu: float | None) -> tuple[str, str]:
+    """(grade, text): <0.30 severe, [0.30, 0.40) communication-overhead, [0.40, 0.50] good,
+    > 0.50 excellent; None -> unknown."""
+    if mfu is None:
+        return "unknown", "MFU unknown"
+    if mfu < 0.30:
+        return GRADES[0]
+    if mfu < 0.40:
+        return GRADES[1]
+    if mfu <= 0.50:
+        return GRADES[2]
+    return GRADES[3]
+
+
+@dataclass
+class Finding:
+    """An observation with its evidence (numbers and the iterations they cover)."""
+
+    id: str
+    severity: str  # critical | warning | info
+    title: str
+    observation: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    iterations: str = ""  # e.g. "iterations 5–40 (36 steady)"
+    source: str = ""
+
+
+@dataclass
+class Recommendation:
+    """An action, tied to a finding; priority 1 is the first thing to do."""
+
+    id: str
+    finding_id: str
+    priority: int
+    action: str
+    detail: str = ""
+    impact: float | None = None  # estimated share of the step at stake, for ordering
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[Recommendation]]:
+    """All findings and recommendations for one run, recommendations ordered by impact."""
+    f: list[Finding] = []
+    r: list[Recommendation] = []
+    med: dict[str, Any] = a.summary["medians"]
+    span = a.steady.range_text()
+    lay, args = job.layout, job.arguments
+    pp = lay.pp
+
+    # --- MFU grade and the throughput cross-check -------------------------------------------
+    mfu = med.get("mfu")
+    grade, grade_text = grade_mfu(mfu)
+    peak = a.peak
+    if mfu is not None:
+        ceiling = (f"; {_pct(med.get('mfu_vs_measured_ceiling'))} of the measured "
+                   f"{peak.measured_ceiling_tflops:g} TFLOP/s matmul ceiling"
+                   if peak.measured_ceiling_tflops else "")
+        f.append(Finding("mfu-grade", {"severe": "critical", "communication-overhead": "warning"}
+                         .get(grade, "info"), f"MFU {_pct(mfu)}: {grade}",
+                         f"Median MFU {_pct(mfu)} = {med['model_tflops_per_gpu']:.1f} TFLOP/s per GPU of "
+                         f"{peak.peak_tflops:g} peak ({peak.gpu_model} {peak.dtype}){ceiling}. {grade_text}.",
+                         {"mfu": mfu, "model_tflops_per_gpu": med["model_tflops_per_gpu"],
+                          "peak_tflops": peak.peak_tflops, "grade": grade}, span, a.summary["bottleneck"]))
+    else:
+        why = a.iterations[0].sources.get("mfu", "unknown") if a.iterations else "no iterations"
+        f.append(Finding("mfu-absent", "info", "MFU not available", f"MFU {why}", {}, span))
+    n_chk, n_bad = a.summary["tflops_check_n"], a.summary["tflops_check_n_disagree"]
+    if n_chk:
+        gap = a.summary["tflops_check_max_abs_gap"]
+        ok = n_bad == 0
+        f.append(Finding("tflops-crosscheck", "info" if ok else "warning",
+                         "perfd FLOPs agree with Megatron's logged throughput" if ok
+                         else "perfd FLOPs disagree with Megatron's logged throughput",
+                         f"{n_chk - n_bad}/{n_chk} steady iterations within max(1%, log rounding); largest "
+                         f"gap {_pct(gap)}; median perfd {med['model_tflops_per_gpu']:.2f} vs logged "
+                         f"{med['megatron_tflops_per_gpu']:.2f} TFLOP/s/GPU ({a.flops.formula}).",
+                         {"n_checked": n_chk, "n_disagree": n_bad, "max_abs_gap": gap}, span,
+                         str(a.flops.source) if a.flops.source else ""))
+        if not ok:
+            r.append(Recommendation("", "tflops-crosscheck", 0, "Check the model spec perfd read "
+                                    "(vocab padding, GQA groups, SwiGLU, MoE, Megatron-Core version)",
+                                    f"largest gap {_pct(gap)} on {n_bad} iterations", None))
+
+    # --- pipeline: imbalance and bubble ------------------------------------------------------
+    idle_max, idle_min = med.get("pp_idle_max"), med.get("pp_idle_min")
+    bubble, imb = med.get("pp_bubble_analytic"), med.get("pp_imbalance")
+    m = lay.microbatches()
+    if pp and pp > 1 and idle_max is not None and bubble is not None and imb is not None:
+        light, heavy = med.get("pp_lighter_compute_ms"), med.get("pp_heavier_compute_ms")
+        ev = {"pp": pp, "microbatches": m, "vpp": lay.vpp, "bubble_analytic": bubble,
+              "idle_lighter_stage": idle_max, "idle_heavier_stage": idle_min, "imbalance": imb,
+              "lighter_compute_ms": light, "heavier_compute_ms": heavy}
+        if imb > 0.05 and imb > bubble and light and heavy:
+            f.append(Finding("pp-imbalance", "warning", "Stage imbalance dominates the pipeline bubble",
+                             f"The lighter stage idles {_pct(idle_max)} of forward-backward, the heavier "
+                             f"{_pct(idle_min)}, while the analytic bubble is {_pct(bubble)} (p={pp}, m={m}"
+                             f"{f', v={lay.vpp}' if lay.vpp and lay.vpp > 1 else ''}): {imb * 100:.1f} points"
+                             f" come from stage imbalance (forward+backward compute {light:.0f} vs "
+                             f"{heavy:.0f} ms, {heavy / light:.2f}×).", ev, span,
+                             "megatron timers forward-backward, forward-compute, backward-compute "
+                             "(minmax pairing is an inference)" if a.iterations and
+                             a.iterations[-1].pp_idle_method == "minmax-pairing" else "megatron timers"))
+            r.append(Recommendation("", "pp-imbalance", 0, _rebalance_action(a, job, light, heavy),
+                                    _rebalance_detail(a, job, light, heavy), imb))
+        if bubble > 0.1 or (idle_max > 0.2 and imb <= bubble):
+            need = microbatches_for_bubble(pp, BUBBLE_TARGET, lay.vpp)
+            v2 = (pp - 1) / (2 * m + pp - 1) if m else None
+            f.append(Finding("pp-bubble", "warning", f"Pipeline bubble {_pct(max(bubble, idle_max))}",
+                             f"Analytic 1F1B bubble {_pct(bubble)} with p={pp}, m={m}; the lighter stage "
+                             f"idles {_pct(idle_max)} of forward-backward.", ev, span))
+            r.append(Recommendation("", "pp-bubble", 0,
+                                    f"Raise micro-batches per iteration from {m} to ≥{need} "
+                                    f"(bubble ≤ {BUBBLE_TARGET:.0%}) or use interleaved PP",
+                                    f"m = global batch / (micro batch · DP); interleaving with v=2 would "
+                                    f"give {_pct(v2)} at m={m} (--num-layers-per-virtual-pipeline-stage)",
+                                    bubble))
+
+    # --- communication -----------------------------------------------------------------------
+    total, dp_part, pp_part = (med.get("comm_exposed_share"), med.get("comm_exposed_dp_share"),
+                               med.get("comm_exposed_pp_share"))
+    if total is not None:
+        ev_c = {"exposed_total": total, "exposed_grad_sync": dp_part, "exposed_pp_p2p": pp_part,
+                "method": a.iterations[-1].comm_method if a.iterations else None}
+        if dp_part is not None and dp_part > GRAD_SYNC_SHARE:
+            f.append(Finding("comm-grad-sync", "warning",
+                             f"Gradient sync exposed {_pct(dp_part)} of the step",
+                             f"all-grads-sync and the other gradient all-reduces take {_pct(dp_part)} of the "
+                             f"step (> {GRAD_SYNC_SHARE:.0%}).", ev_c, span))
+            overlap = args.get("overlap_grad_reduce")
+            act = ("Overlap the gradient reduce with backward (--overlap-grad-reduce, with "
+                   "--use-distributed-optimizer and --overlap-param-gather)" if overlap != "True"
+                   else "More gradient accumulation per step (more micro-batches) to amortise the reduce")
+            r.append(Recommendation("", "comm-grad-sync", 0, act, f"DP={lay.dp}; check inter-node bandwidth",
+                                    dp_part))
+        if pp_part is not None and pp and pp > 1 and pp_part > 0.05:
+            f.append(Finding("comm-pp-wait", "info", f"Exposed p2p wait {_pct(pp_part)} is pipeline waiting",
+                             f"Exposed communication {_pct(total)} of the step: pipeline send/recv "
+                             f"{_pct(pp_part)}, gradient sync {_pct(dp_part)}. The p2p timers include "
+                             f"waiting for the peer stage, the same time as the stage idle "
+                             f"({_pct(idle_max)}): a pipeline effect, not link bandwidth.", ev_c, span,
+                             "sum of max-across-ranks of the p2p timers (upper bound)"))
+        elif total > bn.COMM_BOUND_SHARE and (dp_part is None or dp_part <= GRAD_SYNC_SHARE):
+            f.append(Finding("comm-exposed", "warning", f"Exposed communication {_pct(total)}",
+                             f"Communication the CPU waits on takes {_pct(total)} of the step.", ev_c, span))
+
+    # --- data loading and jitter -------------------------------------------------------------
+    ds = med.get("data_share")
+    if ds is not None:
+        sev = "critical" if ds > bn.DATA_BOUND_SHARE else "warning" if ds > bn.DATA_HEALTHY_SHARE else "info"
+        state = "bottleneck" if sev == "critical" else "elevated" if sev == "warning" else "healthy"
+        f.append(Finding("data-loading", sev, f"Data loading {_pct(ds)} of the step: {state}",
+                         f"batch-generator (max across ranks) takes {_pct(ds)} of the step (healthy < "
+                         f"{bn.DATA_HEALTHY_SHARE:.0%}, bottleneck > {bn.DATA_BOUND_SHARE:.0%}).",
+                         {"data_share": ds}, span, "megatron timer batch-generator"))
+        if sev != "info":
+            r.append(Recommendation("", "data-loading", 0, "Speed up data loading: more DataLoader "
+                                    "workers, pinned memory, prefetch; check the dataset storage",
+                                    f"batch-generator {_pct(ds)} of the step", ds))
+    cv = a.summary.get("step_time_cv")
+    if cv is not None and cv > JITTER_CV:
+        f.append(Finding("step-jitter", "warning", f"Step time jitter (CV {cv:.0%})",
+                         f"Steady-state step times vary with a coefficient of variation of {cv:.1%}.",
+                         {"step_time_cv": cv, "median_step_ms": med.get("step_time_ms")}, span))
+        act = ("Data loading (more workers, pinned memory, prefetch)" if ds is not None and ds > 0.05
+               else "Look for host-side gaps: garbage collection, logging, checkpointing, other processes")
+        r.append(Recommendation("", "step-jitter", 0, act, f"CV {cv:.1%}", cv / 2))
+
+    # --- stragglers --------------------------------------------------------------------------
+    for rank in a.summary["straggler_persistent_ranks"]:
+        frac = a.summary["straggler_flag_fraction"].get(str(rank))
+        fid = f"straggler-rank-{rank}"
+        f.append(Finding(fid, "warning", f"Rank {rank} is a persistent straggler",
+                         f"Rank {rank} was > 1.1× its peers in {_pct(frac)} of steady iterations.",
+                         {"rank": rank, "flag_fraction": frac, "rtt_ratio": med.get("straggler_rtt_ratio")},
+                         span))
+        r.append(Recommendation("", fid, 0, f"Check rank {rank}'s GPU health: clocks, throttle reasons, "
+                                "power, temperature, XID errors, another process on its GPU; then uneven "
+                                "sharding", "join with the NVML collector's samples for that GPU",
+                                (med.get("straggler_rtt_ratio") or 1.1) - 1))
+    anon = a.summary.get("straggler_compute_spread_fraction")
+    if anon is not None and anon >= 0.5:
+        f.append(Finding("straggler-spread", "warning", "Compute time spread across ranks > 1.1×",
+                         f"forward/backward compute max/min across ranks exceeds 1.1× in {_pct(anon)} of "
+                         f"steady iterations (pp=1: same work on every rank).",
+                         {"compute_spread": med.get("straggler_compute_spread"), "fraction": anon}, span))
+        r.append(Recommendation("", "straggler-spread", 0, "Name the slow rank: --timing-log-option all "
+                                "(per-rank timers) or --log-straggler", "", None))
+    between = a.summary.get("straggler_between_stages_fraction")
+    if between:
+        f.append(Finding("straggler-between-stages", "info", "Straggler-detector spread is stage imbalance",
+                         f"The straggler detector's rtt max/min (median "
+                         f"{med.get('straggler_rtt_ratio') or float('nan'):.2f}×) "
+                         f"is between ranks of different pipeline stages in {_pct(between)} of steady "
+                         "iterations: the slower rank is the heavier stage, not a straggler.",
+                         {"rtt_ratio": med.get("straggler_rtt_ratio"), "fraction": between}, span,
+                         "megatron straggler detector (MnRtt/MxRtt); stage from rank order (inference)"))
+
+    # --- MFU grade -> playbook entry points ---------------------------------------------------
+    if mfu is not None:
+        _mfu_recommendation(r, grade, job, ds, idle_max, dp_part)
+
+    excl = a.summary.get("excluded", {})
+    outliers = {k: v for k, v in excl.items() if "median" in v}
+    if outliers:
+        f.append(Finding("steady-state-outliers", "info", f"{len(outliers)} slow iteration(s) left out",
+                         "; ".join(f"iteration {k}: {v}" for k, v in outliers.items()), {}, span))
+
+    f.sort(key=lambda x: SEVERITY_ORDER.get(x.severity, 3))
+    r.sort(key=lambda x: -(x.impact if x.impact is not None else -1.0))
+    for i, rec in enumerate(r, start=1):
+        rec.priority, rec.id = i, f"R{i}"
+    return f, r
+
+
+def _rebalance_action(a: RunAnalysis, job: JobInfo, light: float, heavy: float) -> str:
+    return ("Rebalance layers across pipeline stages: the last stage also computes the logits and loss "
+            "(e.g. --decoder-last-pipeline-num-layers / --account-for-loss-in-pipeline-split)")
+
+
+def _rebalance_detail(a: RunAnalysis, job: JobInfo, light: float, heavy: float) -> str:
+    spec, lay = job.spec, job.layout
+    parts: list[str] = []
+    slow = [it.straggler_rtt_max_rank for it in a.steady_iterations()
+            if it.straggler_rtt_max_rank is not None]
+    if slow and lay.pp:
+        rank = max(set(slow), key=slow.count)
+        stage = rank_order(lay, job.arguments).stage(rank)
+        if stage is not None:
+            which = "last" if stage == lay.pp - 1 else "first" if stage == 0 else f"{stage}"
+            parts.append(f"the straggler detector's slower rank is rank {rank} (stage {stage}, the {which} "
+                         f"stage) in {slow.count(rank)}/{len(slow)} steady iterations")
+    b = a.flops.breakdown
+    if b and spec.num_layers:
+        layers = spec.num_layers + (spec.mtp_num_layers or 0)
+        per_layer = (b["mlp"] + b["attention_projections"] + b["core_attention"]) / layers
+        if per_layer > 0:
+            parts.append(f"the logit GEMM (6·h·V per token, V={spec.padded_vocab_size}) is worth "
+                         f"{b['logits'] / per_layer:.1f} transformer layers of FLOPs")
+    if job.arguments.get("decoder_last_pipeline_num_layers", "None") not in ("None", "") or \
+            job.arguments.get("decoder_first_pipeline_num_layers", "None") not in ("None", ""):
+        parts.append("an uneven split is already configured: estimate skipped")
+    else:
+        est = rebalance_estimate(spec.num_layers, lay.pp, light, heavy)
+        if est is not None:
+            basis = (f"estimated ~{est.per_layer_ms:.0f} ms compute per layer per iteration (lighter stage "
+                     f"{light:.0f} ms / {est.layers_per_stage} layers, an inference) against a gap of "
+                     f"{est.gap_ms:.0f} ms")
+            if est.best_move:
+                parts.append(f"{basis}: moving {est.best_move} layer(s) off the heavier stage "
+                             f"(--decoder-last-pipeline-num-layers {est.layers_per_stage - est.best_move})"
+                             f" would bring the slowest stage from {heavy:.0f} to "
+                             f"~{est.new_heavier_ms:.0f} ms")
+            else:
+                parts.append(f"{basis}: moving one whole layer would flip the imbalance "
+                             f"({light + est.per_layer_ms:.0f} vs {heavy - est.per_layer_ms:.0f} ms); with "
+                             f"{spec.num_layers} layers on {lay.pp} stages rebalance at a finer grain "
+                             "(more layers per stage, or virtual stages with an uneven split)")
+    return "; ".join(parts)
+
+
+def _mfu_recommendation(r: list[Recommendation], grade: str, job: JobInfo, ds: float | None,
+                        idle_max: float | None, dp_part: float | None) -> None:
+    """The playbook's first steps for the MFU grade, with what the job's numbers already rule out."""
+    lay, h = job.layout, job.spec.hidden_size
+    checks: list[str] = []
+    if lay.tp is not None:
+        checks.append("TP=1: no tensor-parallel traffic" if lay.tp == 1
+                      else f"TP={lay.tp}: keep TP within the NVLink domain (one node)")
+    if ds is not None:
+        checks.append(f"data loading {_pct(ds)}: " + ("healthy" if ds < bn.DATA_HEALTHY_SHARE
+                                                      else "see finding data-loading"))
+    if lay.pp and lay.pp > 1 and idle_max is not None:
+        checks.append(f"pipeline: the lighter stage idles {_pct(idle_max)} of forward-backward")
+    if dp_part is not None:
+        checks.append(f"gradient sync {_pct(dp_part)} of the step")
+    if grade == "severe":
+        action = ("MFU < 30%: check tensor parallelism spanning nodes, then data loading, then the "
+                  "pipeline and the DP all-reduce")
+        if h is not None and h <= 2048:
+            checks.append(f"hidden size {h}: small GEMMs run far below peak on this GPU (an inference: "
+                          "part of the gap is per-kernel efficiency that no parallel setting recovers)")
+    elif grade == "communication-overhead":
+        action = ("MFU 30–40%: if the PP bubble is large, more micro-batches or interleaved PP; else "
+                  "look at DP all-reduce time (bandwidth)")
+    elif grade == "good":
+        overlap = job.arguments.get("overlap_grad_reduce") == "True" and \
+            job.arguments.get("overlap_param_gather") == "True"
+        action = ("MFU 40–50% is normal: overlap gradient reduce and parameter gather with compute "
+                  "(--overlap-grad-reduce --overlap-param-gather)" if not overlap
+                  else "MFU 40–50% with overlap on: remaining gains are kernel-level (fusions, FP8)")
+    else:
+        return
+    r.append(Recommendation("", "mfu-grade", 0, action, "; ".join(checks), None))

@@ -1,0 +1,226 @@
+"""Model FLOPs per training iteration, perfd's own count (DESIGN.md §2 "MFU").
+
+Follows Megatron-Core's ``num_floating_point_operations`` (megatron/training/training.py) term by
+term, for standard (MHA/GQA) transformers, dense or MoE, with MTP layers:
+
+    per token = 6·h·( f·E·L_dense + f_moe·k·E·L_moe + f_shared·E·L_moe )      # MLP GEMMs
+              + 6·(h·(q + 2·kv) + q·h)·L                                      # QKV and output proj
+              + 6·mtp·(3·h + 2·h²)                                           # MTP norms and eh proj
+              + 6·h·V·(mtp + 1)                                              # logits
+              + 6·s·q·L            (core ≥ 0.12: causal mask halves QKᵀ and ·V)
+                12·s·q·L           (core ≤ 0.11: no causal halving)
+    FLOPs per iteration = per token × T,  T = global_batch · seq
+
+with q = kv_channels·heads, kv = kv_channels·query_groups (kv = q without GQA), E = 3 with SwiGLU
+else 2, V = padded vocab, L = num_layers + mtp_num_layers (each MTP layer is one more transformer
+layer, dense or MoE like the last decoder layer), L_moe from moe_layer_freq (int: layer i is MoE iff
+i % freq == 0; list: the pattern), f_moe = moe_ffn_hidden_size (Megatron falls back to
+ffn_hidden_size). Untied embeddings change nothing: one logit GEMM either way (the input embedding
+is a lookup, not a GEMM).
+
+Inputs a source did not state are never defaulted: the result is None with the list of what is
+missing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from perfd.model import ModelSpec, Provenance
+
+FORMULA_CURRENT = "megatron-core>=0.12"
+FORMULA_LEGACY = "megatron-core<=0.11"
+FORMULA_6N = "6*N*tokens"
+
+
+@dataclass(frozen=True)
+class FlopsResult:
+    """FLOPs per iteration (all ranks together), or None with what was missing."""
+
+    flops_per_iteration: float | None
+    formula: str | None  # FORMULA_CURRENT | FORMULA_LEGACY | FORMULA_6N | None
+    source: Provenance | None
+    missing: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    breakdown: dict[str, float] = field(default_factory=dict)  # term -> FLOPs per iteration
+
+    @property
+    def available(self) -> bool:
+        return self.flops_per_iteration is not None
+
+    def reason(self) -> str | None:
+        """Why the count is absent (None when it is present)."""
+        if self.available:
+            return None
+        parts = []
+        if self.missing:
+            parts.append("missing " + ", ".join(self.missing))
+        parts.extend(self.notes)
+        return "; ".join(parts) or "model FLOPs unknown"
+
+
+def parse_version(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) from a version string like "0.20.0", "0.12.0rc3", "core_r0.11.0"."""
+    if not version:
+        return None
+    m = re.search(r"(\d+)\.(\d+)", version)
+    if m is None:
+        return None
+    return int(m.group(1)), int(m.group(2))
+
+
+def attention_formula(framework_version: str | None) -> tuple[str, int, str | None]:
+    """(formula name, core-attention factor 6 or 12, note) for a Megatron-Core version."""
+    ver = parse_version(framework_version)
+    if ver is None:
+        what = "unknown" if not framework_version else f"unparseable ({framework_version!r})"
+        return (FORMULA_CURRENT, 6,
+                f"Megatron-Core version {what}: assumed current (>=0.12, causal-halved attention)")
+    if ver <= (0, 11):
+        return FORMULA_LEGACY, 12, None
+    return FORMULA_CURRENT, 6, None
+
+
+def moe_layer_pattern(freq: int | list[int], num_layers: int) -> list[int] | str:
+    """Megatron's MoE layer pattern (1 = MoE layer), or an error message."""
+    if isinstance(freq, int):
+        if freq <= 0:
+            return f"moe_layer_freq {freq} is not positive"
+        return [1 if i % freq == 0 else 0 for i in range(num_layers)]
+    pattern = [int(x) for x in freq]
+    if len(pattern) != num_layers:
+        return f"moe_layer_freq pattern has {len(pattern)} entries, num_layers is {num_layers}"
+    return pattern
+
+
+def megatron_flops(
+    spec: ModelSpec,
+    global_batch_size: int | None,
+    framework_version: str | None = None,
+) -> FlopsResult:
+    """perfd's FLOPs per iteration with Megatron-Core's formula for ``framework_version``."""
+    missing: list[str] = []
+    notes: list[str] = []
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "kv_channels", "seq_length",
+                 "padded_vocab_size"):
+        if getattr(spec, name) is None:
+            missing.append(name)
+    if global_batch_size is None:
+        missing.append("global_batch_size")
+    if spec.multi_latent_attention:
+        return FlopsResult(None, None, None, tuple(missing),
+                           ("multi-latent attention: perfd's formula does not model MLA yet",))
+    is_moe = spec.num_experts is not None and spec.num_experts > 0
+    if is_moe:
+        if spec.moe_router_topk is None:
+            missing.append("moe_router_topk")
+        if spec.moe_layer_freq is None:
+            missing.append("moe_layer_freq")
+    if missing:
+        return FlopsResult(None, None, None, tuple(missing))
+    assert spec.num_layers is not None and spec.hidden_size is not None
+    assert spec.num_attention_heads is not None and spec.kv_channels is not None
+    assert spec.seq_length is not None and spec.padded_vocab_size is not None
+    assert global_batch_size is not None
+
+    n_layers = spec.num_layers
+    h = spec.hidden_size
+    s = spec.seq_length
+    v = spec.padded_vocab_size
+    q = spec.kv_channels * spec.num_attention_heads
+    groups = spec.num_query_groups if spec.num_query_groups is not None else spec.num_attention_heads
+    kv = spec.kv_channels * groups
+    e = 3 if spec.swiglu else 2
+
+    # Dense / MoE layer counts, MTP layers counted like the last decoder layer (Megatron's rule).
+    if is_moe:
+        assert spec.moe_layer_freq is not None and spec.moe_router_topk is not None
+        pattern = moe_layer_pattern(spec.moe_layer_freq, n_layers)
+        if isinstance(pattern, str):
+            return FlopsResult(None, None, None, ("moe_layer_freq",), (pattern,))
+        n_moe = sum(pattern)
+        last_is_moe = pattern[-1]
+        topk = spec.moe_router_topk
+    else:
+        n_moe, last_is_moe, topk = 0, 0, 0
+    n_dense = n_layers - n_moe
+    mtp = spec.mtp_num_layers or 0
+    n_moe += last_is_moe * mtp
+    n_dense += (1 - last_is_moe) * mtp
+    layers = n_layers + mtp
+
+    f_moe: int | None = spec.moe_ffn_hidden_size
+    if is_moe and f_moe is None:
+        f_moe = spec.ffn_hidden_size
+        if f_moe is not None:
+            notes.append("moe_ffn_hidden_size unset: Megatron uses ffn_hidden_size")
+    need_dense_ffn = n_dense > 0
+    if (need_dense_ffn and spec.ffn_hidden_size is None) or (is_moe and f_moe is None):
+        return FlopsResult(None, None, None, ("ffn_hidden_size",))
+    f_dense = spec.ffn_hidden_size or 0
+    f_shared = spec.moe_shared_expert_ffn_hidden_size or 0
+
+    formula, attn_factor, note = attention_formula(framework_version)
+    if note:
+        notes.append(note)
+    tokens = global_batch_size * s
+
+    mlp = 6 * h * (f_dense * e * n_dense + (f_moe or 0) * topk * e * n_moe + f_shared * e * n_moe)
+    proj = 6 * (h * (q + 2 * kv) + q * h) * layers
+    mtp_extra = 6 * mtp * (3 * h + 2 * h * h)
+    logits = 6 * h * v * (mtp + 1)
+    core_attn = attn_factor * s * q * layers
+    breakdown = {
+        "mlp": float(mlp * tokens),
+        "attention_projections": float(proj * tokens),
+        "core_attention": float(core_attn * tokens),
+        "logits": float(logits * tokens),
+        "mtp_norms_and_projection": float(mtp_extra * tokens),
+    }
+    total = float(sum(breakdown.values()))
+    gqa = "GQA" if spec.num_query_groups is not None and spec.num_query_groups != spec.num_attention_heads \
+        else "MHA"
+    detail = (f"formula:{formula} (T·[6hfE·L + 6L(h(q+2kv)+qh) + 6hV] + T·s·L·{attn_factor}q; "
+              f"L={n_layers}{f'+{mtp} MTP' if mtp else ''}, h={h}, f={f_dense}, E={e}, q={q}, "
+              f"kv={kv} ({gqa}), V={v}, s={s}, gbs={global_batch_size}"
+              f"{f', MoE {n_moe} layers top-{topk} f_moe={f_moe} shared={f_shared}' if is_moe else ''})")
+    return FlopsResult(total, formula, Provenance("analytics", detail), (), tuple(notes), breakdown)
+
+
+def six_n_flops(parameter_count: int | None, tokens: int | None) -> FlopsResult:
+    """The 6·N·tokens fallback (forward 2N + backward 4N per token; no attention-score term)."""
+    missing = [n for n, x in (("parameter_count", parameter_count), ("tokens", tokens)) if x is None]
+    if missing:
+        return FlopsResult(None, None, None, tuple(missing))
+    assert parameter_count is not None and tokens is not None
+    return FlopsResult(
+        6.0 * parameter_count * tokens,
+        FORMULA_6N,
+        Provenance("analytics", f"formula:6*N*tokens (N={parameter_count} from config, "
+                                f"tokens={tokens}; excludes attention scores)"),
+        notes=("6·N·tokens ignores the attention-score FLOPs: it reads low for long sequences",),
+    )
+
+
+def model_flops(
+    spec: ModelSpec,
+    global_batch_size: int | None,
+    framework_version: str | None = None,
+) -> FlopsResult:
+    """perfd's formula first; 6·N·tokens when the formula's inputs are missing but N is known.
+
+    (Megatron's logged throughput, the second preference of DESIGN.md, is applied per iteration
+    by the MFU code, since it is a per-iteration figure, not a FLOPs count.)
+    """
+    own = megatron_flops(spec, global_batch_size, framework_version)
+    if own.available or spec.parameter_count is None:
+        return own
+    tokens = global_batch_size * spec.seq_length if (global_batch_size and spec.seq_length) else None
+    fallback = six_n_flops(spec.parameter_count, tokens)
+    if not fallback.available:
+        return FlopsResult(None, None, None, tuple(dict.fromkeys(own.missing + fallback.missing)),
+                           own.notes)
+    return FlopsResult(fallback.flops_per_iteration, fallback.formula, fallback.source, own.missing,
+                       (*own.notes, *fallback.notes,
+                        f"Megatron formula unavailable (missing: {', '.join(own.missing)})"))

@@ -1,0 +1,184 @@
+"""Peak dense TFLOP/s per GPU model and dtype: the ONE table perfd uses (DESIGN.md §2 "MFU").
+
+Keyed by patterns over the NVML device name (``nvmlDeviceGetName``: "NVIDIA H200",
+"NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", ...). Values are the
+vendor datasheet's *dense* (no 2:4 sparsity) tensor-core figures. A dtype a GPU has no figure
+for is absent (``None``), never guessed. A configured explicit peak overrides the table.
+
+The measured ceiling is what a large bf16 matmul actually reached on that model here (an 8192³
+bf16 matmul ran at about 790 TFLOP/s on the H200 and the H100 SXM): reported beside MFU so a
+reader sees how far the job is from what the chip really delivers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from perfd.model import Provenance
+
+# Canonical dtype names and the spellings accepted for them.
+_DTYPE_ALIASES: dict[str, str] = {
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+    "fp8": "fp8",
+    "float8": "fp8",
+    "e4m3": "fp8",
+    "e5m2": "fp8",
+    "hybrid": "fp8",  # Megatron --fp8-format hybrid
+    "tf32": "tf32",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+}
+
+DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "tf32", "fp32")
+
+
+def normalize_dtype(dtype: str | None) -> str | None:
+    """Canonical dtype name ("bf16", "fp16", "fp8", "tf32", "fp32") or None if unknown."""
+    if dtype is None:
+        return None
+    return _DTYPE_ALIASES.get(dtype.strip().lower())
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """One row of the peak table."""
+
+    model: str  # canonical model name, e.g. "H100 SXM"
+    patterns: tuple[str, ...]  # case-insensitive regexes over the NVML device name
+    peak_tflops: dict[str, float]  # dtype -> dense TFLOP/s (datasheet); missing dtype = unknown
+    measured_ceiling_tflops: dict[str, float] = field(default_factory=dict)  # dtype -> measured
+    datasheet: str = ""  # where the figures come from
+
+
+# Order matters: the first row whose pattern matches wins, so specific names come before
+# generic ones ("GB200" before "B200", "H100 PCIe"/"H100 NVL" before the SXM row).
+GPU_TABLE: tuple[GpuModel, ...] = (
+    GpuModel(
+        "GB200",
+        (r"\bGB200\b",),
+        {"bf16": 2500.0, "fp16": 2500.0, "fp8": 5000.0},
+        datasheet="NVIDIA GB200 NVL72 datasheet, per GPU, dense",
+    ),
+    GpuModel(
+        "B200",
+        (r"(?<![A-Z])B200\b",),
+        {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
+        datasheet="NVIDIA HGX B200 datasheet, per GPU, dense",
+    ),
+    GpuModel(
+        "H200 NVL",
+        (r"\bH200\s+NVL\b",),
+        {"bf16": 835.0, "fp16": 835.0, "fp8": 1670.0, "tf32": 418.0, "fp32": 60.0},
+        datasheet="NVIDIA H200 NVL datasheet, dense",
+    ),
+    GpuModel(
+        "H200",
+        (r"\bH200\b",),
+        {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "tf32": 494.0, "fp32": 67.0},
+        measured_ceiling_tflops={"bf16": 790.0},
+        datasheet="NVIDIA H200 SXM datasheet, dense",
+    ),
+    GpuModel(
+        "GH200",
+        (r"\bGH200\b",),
+        {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "tf32": 494.0, "fp32": 67.0},
+        datasheet="NVIDIA GH200 datasheet, dense",
+    ),
+    GpuModel(
+        "H100 PCIe",
+        (r"\bH100\b.*\bPCIe\b",),
+        {"bf16": 756.0, "fp16": 756.0, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.0},
+        datasheet="NVIDIA H100 PCIe datasheet, dense",
+    ),
+    GpuModel(
+        "H100 NVL",
+        (r"\bH100\s+NVL\b",),
+        {"bf16": 835.0, "fp16": 835.0, "fp8": 1670.0, "tf32": 418.0, "fp32": 60.0},
+        datasheet="NVIDIA H100 NVL datasheet, dense",
+    ),
+    GpuModel(
+        "H100 SXM",
+        (r"\bH100\b.*\b(HBM3|SXM\d?)\b", r"\bH100\s+SXM"),
+        {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "tf32": 494.0, "fp32": 67.0},
+        measured_ceiling_tflops={"bf16": 790.0},
+        datasheet="NVIDIA H100 SXM5 datasheet, dense",
+    ),
+    GpuModel(
+        "A100",
+        (r"\bA100\b",),
+        {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+        datasheet="NVIDIA A100 datasheet, dense (no fp8 on Ampere)",
+    ),
+    GpuModel(
+        "L40S",
+        (r"\bL40S\b",),
+        {"bf16": 362.0, "fp16": 362.0, "fp8": 733.0, "tf32": 183.0, "fp32": 91.6},
+        datasheet="NVIDIA L40S datasheet, dense",
+    ),
+)
+
+
+def lookup_gpu(nvml_name: str | None) -> GpuModel | None:
+    """The table row for an NVML device name, or None when the name is unknown or absent."""
+    if not nvml_name:
+        return None
+    for row in GPU_TABLE:
+        if any(re.search(p, nvml_name, flags=re.IGNORECASE) for p in row.patterns):
+            return row
+    return None
+
+
+@dataclass(frozen=True)
+class PeakResult:
+    """The peak a job's MFU is measured against, or why there is none."""
+
+    peak_tflops: float | None
+    dtype: str | None
+    gpu_model: str | None  # canonical row name, or None (unknown GPU / explicit override only)
+    measured_ceiling_tflops: float | None
+    source: Provenance | None
+    reason: str | None = None  # why peak_tflops is None
+
+
+def peak_tflops(
+    gpu_name: str | None,
+    dtype: str | None,
+    override: float | None = None,
+) -> PeakResult:
+    """Peak dense TFLOP/s for ``gpu_name`` (NVML name) and ``dtype``; ``override`` wins.
+
+    Never guesses: an unknown GPU, an unknown dtype or a dtype the table has no figure for gives
+    ``peak_tflops=None`` with the reason.
+    """
+    canon = normalize_dtype(dtype)
+    row = lookup_gpu(gpu_name)
+    ceiling = row.measured_ceiling_tflops.get(canon) if (row is not None and canon) else None
+    if override is not None:
+        if override <= 0:
+            return PeakResult(None, canon, row.model if row else None, ceiling, None,
+                              reason=f"configured peak {override} TFLOP/s is not positive")
+        return PeakResult(float(override), canon, row.model if row else None, ceiling,
+                          Provenance("config", f"peak_tflops={override:g} (explicit override)"))
+    if row is None:
+        why = "GPU name unknown" if not gpu_name else f"GPU {gpu_name!r} not in the peak table"
+        return PeakResult(None, canon, None, None, None,
+                          reason=f"{why}; set peak_tflops in config to get MFU")
+    if canon is None:
+        why = "training dtype unknown" if dtype is None else f"dtype {dtype!r} not recognised"
+        return PeakResult(None, None, row.model, None, None, reason=why)
+    value = row.peak_tflops.get(canon)
+    if value is None:
+        return PeakResult(None, canon, row.model, ceiling, None,
+                          reason=f"no {canon} peak known for {row.model}")
+    return PeakResult(value, canon, row.model, ceiling,
+                      Provenance("gpus", f"peak table: {row.model} {canon} {value:g} TFLOP/s "
+                                 f"({row.datasheet})"))

@@ -1,0 +1,70 @@
+"""Steady-state selection: which iterations summaries are taken over (DESIGN.md §2).
+
+Excluded: the warm-up (the first max(3, ⌈10%⌉) records, where step time has not settled),
+iterations slower than 2× the median step time of the post-warm-up window (recompiles, checkpoint
+saves, hiccups), iterations perfd's own captures disturbed, and records without a step time.
+The window's median is recomputed over all records passed in, so in a live feed where the window
+grows it is a running median.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from perfd.analytics.common import finite, median
+from perfd.model import StepRecord
+
+WARMUP_MIN_ITERATIONS = 3
+WARMUP_FRACTION = 0.10
+OUTLIER_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """iteration -> steady?, and why each excluded iteration was left out."""
+
+    steady: dict[int, bool]
+    excluded: dict[int, str] = field(default_factory=dict)
+    warmup_records: int = 0
+    reference_step_ms: float | None = None  # median step time of the post-warm-up window
+
+    @property
+    def iterations(self) -> list[int]:
+        return sorted(i for i, s in self.steady.items() if s)
+
+    def range_text(self) -> str:
+        its = self.iterations
+        if not its:
+            return "no steady-state iterations"
+        return f"iterations {its[0]}–{its[-1]} ({len(its)} steady)"
+
+
+def warmup_count(n_records: int) -> int:
+    return max(WARMUP_MIN_ITERATIONS, math.ceil(WARMUP_FRACTION * n_records))
+
+
+def steady_state(records: Sequence[StepRecord]) -> SteadyState:
+    """Mark each record's iteration steady or not (records may come in any order)."""
+    ordered = sorted(records, key=lambda r: r.iteration)
+    w = warmup_count(len(ordered))
+    post = ordered[w:]
+    ref = median(finite(r.step_time_ms) for r in post if not r.disturbed_by_capture)
+    steady: dict[int, bool] = {}
+    excluded: dict[int, str] = {}
+    for i, rec in enumerate(ordered):
+        step = finite(rec.step_time_ms)
+        reason = None
+        if i < w:
+            reason = f"warm-up (first {w} records)"
+        elif rec.disturbed_by_capture:
+            reason = "disturbed by a perfd capture"
+        elif step is None:
+            reason = "no step time"
+        elif ref is not None and step > OUTLIER_FACTOR * ref:
+            reason = f"step {step:g} ms > {OUTLIER_FACTOR:g}× window median {ref:g} ms"
+        steady[rec.iteration] = reason is None
+        if reason is not None:
+            excluded[rec.iteration] = reason
+    return SteadyState(steady, excluded, w, ref)

@@ -1,0 +1,162 @@
+"""Straggler detection from Megatron's outputs (DESIGN.md §2 "Stragglers").
+
+Three signals, per iteration:
+1. the straggler-detector line (``MnRtt/Rnk`` / ``MxRtt/Rnk``): max/min ratio > 1.1 names the max
+   rank as a candidate — but only when the min and max ranks sit in the same pipeline stage; across
+   stages the difference is stage imbalance (e.g. the last stage computes the logits), not a
+   straggler. The stage of a rank follows Megatron's rank order (an inference on the order);
+2. the spread (max/min across ranks) of forward-compute / backward-compute > 1.1: only with
+   pp == 1, since with PP the min and max come from different stages; the rank is not named;
+3. per-rank timers (``--timing-log-option all``): a rank whose forward+backward compute exceeds
+   1.1× the median of the ranks of its own stage.
+"Persistent" = flagged in at least half of the steady-state iterations of a window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE, median, pp_stage_of_rank
+from perfd.model import ParallelLayout, StepRecord, TimerValue
+
+STRAGGLER_RATIO = 1.1
+PERSISTENT_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class RankOrder:
+    """What is needed to map a rank to its pipeline stage."""
+
+    layout: ParallelLayout
+    order: str = "tp-cp-ep-dp-pp"  # Megatron's default; "tp-pp-dp" with --use-tp-pp-dp-mapping
+
+    def stage(self, rank: int) -> int | None:
+        lay = self.layout
+        return pp_stage_of_rank(rank, lay.world_size, lay.tp, lay.pp, lay.dp, lay.cp, self.order)
+
+
+@dataclass
+class StragglerResult:
+    """Straggler signals of one iteration."""
+
+    rtt_ratio: float | None = None  # straggler line: max rtt / min rtt
+    rtt_max_rank: int | None = None
+    rtt_min_rank: int | None = None
+    line_candidate_rank: int | None = None  # named by the straggler line (same stage, ratio > 1.1)
+    line_between_stages: bool = False  # ratio > 1.1 but min/max ranks in different stages
+    compute_spread: float | None = None  # max(forward-compute, backward-compute) max/min
+    compute_spread_flagged: bool | None = None  # None when not applicable (pp > 1 or absent)
+    per_rank_ratio: dict[int, float] = field(default_factory=dict)  # rank -> compute / stage median
+    per_rank_flagged: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def flagged_ranks(self) -> list[int]:
+        """Ranks named as straggler candidates in this iteration."""
+        ranks = set(self.per_rank_flagged)
+        if self.line_candidate_rank is not None:
+            ranks.add(self.line_candidate_rank)
+        return sorted(ranks)
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.flagged_ranks) or bool(self.compute_spread_flagged)
+
+
+def rank_order(layout: ParallelLayout, arguments: dict[str, str]) -> RankOrder:
+    """The job's rank order: Megatron's default, or tp-pp-dp with --use-tp-pp-dp-mapping."""
+    order = "tp-pp-dp" if arguments.get("use_tp_pp_dp_mapping") == "True" else "tp-cp-ep-dp-pp"
+    return RankOrder(layout, order)
+
+
+def _spread(t: TimerValue | None) -> float | None:
+    if t is None:
+        return None
+    s = t.spread()
+    if s is None and t.per_rank:
+        lo, hi = min(t.per_rank.values()), max(t.per_rank.values())
+        s = hi / lo if lo > 0 else None
+    return s
+
+
+def detect(rec: StepRecord, ranks: RankOrder) -> StragglerResult:
+    """All straggler signals present in one step record."""
+    res = StragglerResult()
+    pp = ranks.layout.pp
+    line = rec.straggler
+    if line is not None and "rtt" in line.quantities:
+        lo, hi = line.quantities["rtt"]
+        res.rtt_min_rank, res.rtt_max_rank = lo.rank, hi.rank
+        if lo.value > 0:
+            res.rtt_ratio = hi.value / lo.value
+        if res.rtt_ratio is not None and res.rtt_ratio > STRAGGLER_RATIO:
+            s_lo, s_hi = ranks.stage(lo.rank), ranks.stage(hi.rank)
+            if pp == 1 or (s_lo is not None and s_lo == s_hi):
+                res.line_candidate_rank = hi.rank
+            elif s_lo is not None and s_hi is not None:
+                res.line_between_stages = True
+                res.notes.append(f"rtt spread {res.rtt_ratio:.2f}× between rank {lo.rank} (stage {s_lo})"
+                                 f" and rank {hi.rank} (stage {s_hi}): stage imbalance, not a straggler")
+            else:
+                res.notes.append("rtt spread > 1.1× but the ranks' pipeline stages are unknown")
+
+    spreads = [s for s in (_spread(rec.timers.get(FORWARD_COMPUTE)),
+                           _spread(rec.timers.get(BACKWARD_COMPUTE))) if s is not None]
+    if spreads:
+        res.compute_spread = max(spreads)
+        if pp == 1:
+            res.compute_spread_flagged = res.compute_spread > STRAGGLER_RATIO
+        elif pp is not None:
+            res.notes.append("compute timer spread with pp>1 reflects stage imbalance, not stragglers")
+
+    fwd, bwd = rec.timers.get(FORWARD_COMPUTE), rec.timers.get(BACKWARD_COMPUTE)
+    has_rows = fwd is not None and bwd is not None and bool(fwd.per_rank) and bool(bwd.per_rank)
+    if has_rows and pp is None:
+        res.notes.append("per-rank timers: pipeline size unknown, ranks not compared")
+    elif has_rows and fwd is not None and bwd is not None and pp is not None:
+        compute = {r: fwd.per_rank[r] + bwd.per_rank[r] for r in set(fwd.per_rank) & set(bwd.per_rank)}
+        groups: dict[int, dict[int, float]] = {}
+        for r, c in compute.items():
+            stage = ranks.stage(r) if pp > 1 else 0
+            if stage is None:
+                res.notes.append("per-rank timers: pipeline stage of ranks unknown, not compared")
+                groups = {}
+                break
+            groups.setdefault(stage, {})[r] = c
+        for group in groups.values():
+            med = median(group.values())
+            if med is None or med <= 0 or len(group) < 2:
+                continue
+            for r, c in group.items():
+                res.per_rank_ratio[r] = c / med
+                if c / med > STRAGGLER_RATIO:
+                    res.per_rank_flagged.append(r)
+        res.per_rank_flagged.sort()
+    return res
+
+
+@dataclass(frozen=True)
+class PersistentStragglers:
+    """Ranks flagged in >= 50% of the window's iterations, and the fraction for every rank seen."""
+
+    ranks: list[int]
+    fraction: dict[int, float]  # rank -> fraction of iterations it was flagged in
+    anonymous_fraction: float | None  # pp == 1 compute-spread flags (rank unknown)
+    n_iterations: int
+
+
+def persistent(results: Sequence[StragglerResult]) -> PersistentStragglers:
+    """Persistence over a window (normally the steady-state iterations)."""
+    n = len(results)
+    if n == 0:
+        return PersistentStragglers([], {}, None, 0)
+    counts: dict[int, int] = {}
+    for r in results:
+        for rank in r.flagged_ranks:
+            counts[rank] = counts.get(rank, 0) + 1
+    fraction = {rank: c / n for rank, c in sorted(counts.items())}
+    spread_known = [r.compute_spread_flagged for r in results if r.compute_spread_flagged is not None]
+    anon = (sum(1 for f in spread_known if f) / len(spread_known)) if spread_known else None
+    return PersistentStragglers(
+        [rank for rank, f in fraction.items() if f >= PERSISTENT_FRACTION], fraction, anon, n)

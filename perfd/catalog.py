@@ -1,0 +1,191 @@
+"""The ONE catalog of every metric perfd reports (Prometheus naming conventions).
+
+Names: ``perfd_<domain>_<what>_<unit>``; counters end in ``_total``; ratios are in [0, 1] and end in
+``_ratio``; base units (seconds, bytes, watts, joules, celsius, hertz). Labels are bounded: the job
+label is ``job_name`` (Prometheus reserves ``job`` for the scrape job), then ``node``, ``gpu``
+(device index), ``rank`` and a few small enums. Pure data: exporters, docs and tests read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["gauge", "counter", "histogram"]
+
+JOB = ("job_name",)
+GPU = ("node", "gpu")
+HOST = ("node",)
+AGENT = ("node",)
+
+# Every label any metric may carry, with what bounds it.
+LABELS: dict[str, str] = {
+    "job_name": "job name (one per training/serving job)",
+    "node": "host name",
+    "gpu": "GPU index on the node",
+    "rank": "global rank of a training process",
+    "reason": "small enum: throttle reason or error reason",
+    "type": "small enum: ECC error type (corrected, uncorrected)",
+    "class": "bottleneck class (8 values, see perfd.analytics.bottleneck)",
+    "collector": "collector name",
+    "interface": "network interface",
+    "device": "block device",
+    "link": "NVLink index",
+    "tool": "capture tool (kineto, nsys)",
+    "status": "capture outcome (ok, failed, skipped)",
+}
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    kind: Kind
+    unit: str  # "ratio" (a share in [0, 1]), "times" (a quotient >= 0, e.g. max/min), "seconds",
+    # "bytes", "bytes_per_second", "watts", "joules", "celsius", "hertz", "tflops", "count", "info",
+    # "bitmask", "iteration", "loss"
+    description: str
+    source: str
+    labels: tuple[str, ...]
+
+
+def _m(name: str, kind: Kind, unit: str, description: str, source: str,
+       labels: tuple[str, ...]) -> MetricDef:
+    return MetricDef(name, kind, unit, description, source, labels)
+
+
+_MEGATRON = "collectors/megatron (iteration line, timers)"
+_ANALYTICS = "perfd.analytics over collectors/megatron"
+_NVML = "collectors/nvml (NVML)"
+_GPM = "collectors/nvml (GPM, Hopper and newer; absent elsewhere)"
+_HOST = "collectors/host (psutil)"
+_AGENT = "perfd agent"
+
+CATALOG: tuple[MetricDef, ...] = (
+    # --- job: training -------------------------------------------------------------------
+    _m("perfd_job_iteration", "gauge", "iteration", "Last iteration number seen", _MEGATRON, JOB),
+    _m("perfd_job_step_time_seconds", "gauge", "seconds", "Elapsed time per iteration", _MEGATRON, JOB),
+    _m("perfd_job_logged_tflops_per_gpu", "gauge", "tflops",
+       "Framework's own throughput figure (Megatron 'throughput per GPU (TFLOP/s/GPU)')", _MEGATRON, JOB),
+    _m("perfd_job_model_tflops_per_gpu", "gauge", "tflops",
+       "Achieved model TFLOP/s per GPU, perfd's FLOPs formula ÷ step time ÷ world size", _ANALYTICS, JOB),
+    _m("perfd_job_mfu_ratio", "gauge", "ratio",
+       "Model FLOPs utilisation: model TFLOP/s per GPU ÷ peak dense TFLOP/s of the GPU for the dtype",
+       _ANALYTICS + " + perfd.analytics.gpus peak table", JOB),
+    _m("perfd_job_tflops_gap_ratio", "gauge", "ratio",
+       "(perfd − logged) / logged TFLOP/s per GPU; beyond 1% the FLOPs model is suspect", _ANALYTICS, JOB),
+    _m("perfd_job_comm_exposed_ratio", "gauge", "ratio",
+       "Exposed communication ÷ step: Σ max-across-ranks of the comm timers the CPU waits on",
+       _ANALYTICS, JOB),
+    _m("perfd_job_comm_exposed_dp_ratio", "gauge", "ratio",
+       "Exposed gradient sync (all-grads-sync, params-all-gather, finalize-grads all-reduces) ÷ step",
+       _ANALYTICS, JOB),
+    _m("perfd_job_comm_exposed_pp_ratio", "gauge", "ratio",
+       "Exposed pipeline p2p send/recv wait ÷ step (includes waiting for the peer stage)", _ANALYTICS, JOB),
+    _m("perfd_job_comm_total_ratio", "gauge", "ratio",
+       "Union of collective/p2p time ÷ step (NCCL Inspector, Flight Recorder, captures)",
+       "collectors/nccl, captures", JOB),
+    _m("perfd_job_pp_bubble_analytic_ratio", "gauge", "ratio",
+       "Analytic pipeline bubble (p−1)/(m+p−1), interleaved (p−1)/(v·m+p−1)", _ANALYTICS, JOB),
+    _m("perfd_job_pp_stage_idle_max_ratio", "gauge", "ratio",
+       "Idle share of forward-backward of the most idle (lighter) pipeline stage", _ANALYTICS, JOB),
+    _m("perfd_job_pp_stage_idle_min_ratio", "gauge", "ratio",
+       "Idle share of forward-backward of the least idle (heavier) pipeline stage", _ANALYTICS, JOB),
+    _m("perfd_job_pp_imbalance_ratio", "gauge", "ratio",
+       "Max stage idle − analytic bubble: the part of the bubble due to stage imbalance", _ANALYTICS, JOB),
+    _m("perfd_job_data_loading_ratio", "gauge", "ratio",
+       "batch-generator time (max across ranks) ÷ step; > 0.2 bottleneck, < 0.05 healthy",
+       _ANALYTICS, JOB),
+    _m("perfd_job_straggler_ratio", "gauge", "times",
+       "Slowest ÷ fastest rank time (Megatron straggler detector rtt, ≥ 1); > 1.1 marks a candidate",
+       _ANALYTICS, JOB),
+    _m("perfd_job_rank_compute_ratio", "gauge", "times",
+       "A rank's forward+backward compute ÷ the median of its pipeline stage (per-rank timers)",
+       _ANALYTICS, (*JOB, "rank")),
+    _m("perfd_job_lm_loss", "gauge", "loss", "Language-model loss (absent on NaN-loss iterations)",
+       _MEGATRON, JOB),
+    _m("perfd_job_skipped_iterations_total", "counter", "count", "Iterations skipped (loss-scale overflow)",
+       _MEGATRON, JOB),
+    _m("perfd_job_nan_iterations_total", "counter", "count", "Iterations with a NaN loss", _MEGATRON, JOB),
+    _m("perfd_job_bottleneck_info", "gauge", "info",
+       "1 for the job's current bottleneck class (label class)", _ANALYTICS, (*JOB, "class")),
+    # --- GPU ------------------------------------------------------------------------------
+    _m("perfd_gpu_utilization_ratio", "gauge", "ratio",
+       "NVML utilisation: share of time a kernel was resident (not SM busy)", _NVML, GPU),
+    _m("perfd_gpu_memory_used_bytes", "gauge", "bytes", "Device memory used", _NVML, GPU),
+    _m("perfd_gpu_memory_total_bytes", "gauge", "bytes", "Device memory total", _NVML, GPU),
+    _m("perfd_gpu_power_watts", "gauge", "watts", "Power draw", _NVML, GPU),
+    _m("perfd_gpu_energy_joules_total", "counter", "joules", "Energy since driver load (slow call)",
+       _NVML, GPU),
+    _m("perfd_gpu_temperature_celsius", "gauge", "celsius", "GPU temperature", _NVML, GPU),
+    _m("perfd_gpu_sm_clock_hertz", "gauge", "hertz", "SM clock", _NVML, GPU),
+    _m("perfd_gpu_mem_clock_hertz", "gauge", "hertz", "Memory clock", _NVML, GPU),
+    _m("perfd_gpu_throttle_reasons", "gauge", "bitmask",
+       "Clock throttle reasons bitmask (nvmlDeviceGetCurrentClocksEventReasons)", _NVML, GPU),
+    _m("perfd_gpu_throttle_active", "gauge", "count", "1 while a throttle reason is active, else 0",
+       _NVML, (*GPU, "reason")),
+    _m("perfd_gpu_ecc_errors_total", "counter", "count", "ECC errors (volatile)", _NVML, (*GPU, "type")),
+    _m("perfd_gpu_xid_errors_total", "counter", "count", "XID errors seen", _NVML, GPU),
+    _m("perfd_gpu_processes", "gauge", "count", "Compute processes on the GPU", _NVML, GPU),
+    _m("perfd_gpu_sm_util_ratio", "gauge", "ratio", "GPM SM utilisation", _GPM, GPU),
+    _m("perfd_gpu_sm_occupancy_ratio", "gauge", "ratio", "GPM SM occupancy", _GPM, GPU),
+    _m("perfd_gpu_tensor_util_ratio", "gauge", "ratio", "GPM any-tensor-core utilisation", _GPM, GPU),
+    _m("perfd_gpu_dram_bw_util_ratio", "gauge", "ratio", "GPM DRAM bandwidth utilisation", _GPM, GPU),
+    _m("perfd_gpu_fp16_util_ratio", "gauge", "ratio", "GPM FP16 pipe utilisation", _GPM, GPU),
+    _m("perfd_gpu_fp32_util_ratio", "gauge", "ratio", "GPM FP32 pipe utilisation", _GPM, GPU),
+    _m("perfd_gpu_pcie_rx_bytes_per_second", "gauge", "bytes_per_second", "PCIe receive rate", _GPM, GPU),
+    _m("perfd_gpu_pcie_tx_bytes_per_second", "gauge", "bytes_per_second", "PCIe transmit rate", _GPM, GPU),
+    _m("perfd_gpu_nvlink_rx_bytes_per_second", "gauge", "bytes_per_second", "NVLink receive rate (all links)",
+       _GPM, GPU),
+    _m("perfd_gpu_nvlink_tx_bytes_per_second", "gauge", "bytes_per_second", "NVLink transmit rate (all "
+       "links)", _GPM, GPU),
+    # --- host -----------------------------------------------------------------------------
+    _m("perfd_host_cpu_util_ratio", "gauge", "ratio", "CPU utilisation, all cores", _HOST, HOST),
+    _m("perfd_host_memory_used_bytes", "gauge", "bytes", "Host memory used", _HOST, HOST),
+    _m("perfd_host_memory_total_bytes", "gauge", "bytes", "Host memory total", _HOST, HOST),
+    _m("perfd_host_net_rx_bytes_per_second", "gauge", "bytes_per_second", "Network receive rate", _HOST,
+       (*HOST, "interface")),
+    _m("perfd_host_net_tx_bytes_per_second", "gauge", "bytes_per_second", "Network transmit rate", _HOST,
+       (*HOST, "interface")),
+    _m("perfd_host_disk_read_bytes_per_second", "gauge", "bytes_per_second", "Disk read rate", _HOST,
+       (*HOST, "device")),
+    _m("perfd_host_disk_write_bytes_per_second", "gauge", "bytes_per_second", "Disk write rate", _HOST,
+       (*HOST, "device")),
+    # --- agent self-metrics ---------------------------------------------------------------
+    _m("perfd_agent_collector_errors_total", "counter", "count", "Collector failures, by reason", _AGENT,
+       (*AGENT, "collector", "reason")),
+    _m("perfd_agent_samples_total", "counter", "count", "Samples produced", _AGENT, (*AGENT, "collector")),
+    _m("perfd_agent_collect_duration_seconds", "histogram", "seconds", "Duration of one collect() call",
+       _AGENT, (*AGENT, "collector")),
+    _m("perfd_agent_spool_bytes", "gauge", "bytes", "Size of the on-disk spool", _AGENT, AGENT),
+    _m("perfd_agent_spool_dropped_samples_total", "counter", "count",
+       "Samples dropped oldest-first beyond the spool cap", _AGENT, AGENT),
+    _m("perfd_agent_send_failures_total", "counter", "count", "Failed batch sends to the aggregator",
+       _AGENT, AGENT),
+    _m("perfd_agent_cpu_seconds_total", "counter", "seconds", "CPU time used by the agent", _AGENT, AGENT),
+    _m("perfd_agent_resident_memory_bytes", "gauge", "bytes", "Agent resident memory", _AGENT, AGENT),
+    _m("perfd_agent_captures_total", "counter", "count", "Captures run, by tool and outcome", _AGENT,
+       (*AGENT, "tool", "status")),
+)
+
+_BY_NAME: dict[str, MetricDef] = {m.name: m for m in CATALOG}
+
+
+def get(name: str) -> MetricDef:
+    """The definition of ``name``; raises KeyError for a name not in the catalog."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"metric {name!r} is not in the perfd catalog") from None
+
+
+def names() -> list[str]:
+    return [m.name for m in CATALOG]
+
+
+def render_markdown(catalog: tuple[MetricDef, ...] = CATALOG) -> str:
+    """The catalog as a Markdown table (for docs)."""
+    rows = ["| name | kind | unit | labels | description | source |", "|---|---|---|---|---|---|"]
+    for m in catalog:
+        cells = [f"`{m.name}`", m.kind, m.unit, ", ".join(m.labels), m.description, m.source]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,83 @@
+"""Renderers for a Report: plain text (terminals, logs) and a rich renderable. Pure: they return
+values, they print nothing."""
+
+from __future__ import annotations
+
+import textwrap
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from perfd.report.report import Report, _fmt
+
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+_STATUS_STYLE = {"severe": "bold red", "communication-overhead": "yellow", "good": "green",
+                 "excellent": "bold green", "unknown": "dim"}
+
+
+def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
+    return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent) or [indent]
+
+
+def render_text(report: Report, width: int = 100) -> str:
+    """The report as plain text, four sections."""
+    s = report.summary
+    out: list[str] = ["SUMMARY"]
+    out += _wrap(s.headline, "  ", width)
+    out.append(f"  status: {s.status} — {s.status_text}")
+    out += _wrap(f"bottleneck: {s.bottleneck} — {s.bottleneck_reason}", "  ", width)
+    out.append(f"  steady state: {s.steady}")
+    out.append("")
+    out.append("METRICS (steady-state medians)")
+    name_w = max((len(m.name) for m in report.metrics), default=10)
+    for m in report.metrics:
+        out.append(f"  {m.name:<{name_w}}  {_fmt(m.value, m.unit):>14}")
+        out += _wrap(f"source: {m.source}", " " * 6, width)
+    out.append("")
+    out.append("FINDINGS")
+    if not report.findings:
+        out.append("  none")
+    for f in report.findings:
+        out.append(f"  [{f.severity}] {f.id}: {f.title}")
+        out += _wrap(f.observation, " " * 6, width)
+        if f.iterations:
+            out.append(f"      evidence: {f.iterations}")
+    out.append("")
+    out.append("RECOMMENDATIONS (by priority)")
+    if not report.recommendations:
+        out.append("  none")
+    for r in report.recommendations:
+        out += _wrap(f"{r.priority}. {r.action} (finding {r.finding_id})", "  ", width)
+        if r.detail:
+            out += _wrap(r.detail, " " * 6, width)
+    return "\n".join(out) + "\n"
+
+
+def render_rich(report: Report) -> RenderableType:
+    """The report as a rich renderable (print it with a rich Console)."""
+    s = report.summary
+    head = Text()
+    head.append(f"{s.status}", style=_STATUS_STYLE.get(s.status, ""))
+    head.append(f" — {s.status_text}\n{s.headline}\nbottleneck: {s.bottleneck} — {s.bottleneck_reason}\n"
+                f"steady state: {s.steady}")
+    metrics = Table(title="Metrics (steady-state medians)", show_lines=False, expand=True)
+    metrics.add_column("metric", no_wrap=True)
+    metrics.add_column("value", justify="right", no_wrap=True)
+    metrics.add_column("source", overflow="fold")
+    for m in report.metrics:
+        metrics.add_row(m.name, _fmt(m.value, m.unit), m.source)
+    findings = Table(title="Findings", expand=True, show_lines=True)
+    findings.add_column("id", no_wrap=True)
+    findings.add_column("observation", overflow="fold")
+    for f in report.findings:
+        findings.add_row(Text(f.id, style=_SEVERITY_STYLE.get(f.severity, "")),
+                         f"{f.title}\n{f.observation}\n[{f.iterations}]")
+    recs = Table(title="Recommendations", expand=True, show_lines=True)
+    recs.add_column("#", justify="right", no_wrap=True)
+    recs.add_column("action", overflow="fold")
+    recs.add_column("finding", no_wrap=True)
+    for r in report.recommendations:
+        recs.add_row(str(r.priority), f"{r.action}\n{r.detail}" if r.detail else r.action, r.finding_id)
+    return Group(Panel(head, title="Summary"), metrics, findings, recs)

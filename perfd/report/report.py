@@ -1,0 +1,134 @@
+"""Reports: Summary, Metrics (each with its source), Findings, Recommendations (DESIGN.md §2).
+
+``build_report(analysis)`` is pure; renderers turn a Report into text (``render_text``), a rich
+renderable (``render_rich``) or JSON (``Report.to_json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd import catalog
+from perfd.analytics.findings import Finding, Recommendation, grade_mfu
+from perfd.analytics.megatron_job import RunAnalysis
+
+# (catalog name, summary median key, scale to the catalog unit, iteration source key)
+_REPORTED: tuple[tuple[str, str, float, str], ...] = (
+    ("perfd_job_mfu_ratio", "mfu", 1.0, "mfu"),
+    ("perfd_job_model_tflops_per_gpu", "model_tflops_per_gpu", 1.0, "model_tflops_per_gpu"),
+    ("perfd_job_logged_tflops_per_gpu", "megatron_tflops_per_gpu", 1.0, "megatron_tflops_per_gpu"),
+    ("perfd_job_tflops_gap_ratio", "tflops_rel_gap", 1.0, "model_tflops_per_gpu"),
+    ("perfd_job_step_time_seconds", "step_time_ms", 1e-3, "step_time_ms"),
+    ("perfd_job_data_loading_ratio", "data_share", 1.0, "data_share"),
+    ("perfd_job_comm_exposed_ratio", "comm_exposed_share", 1.0, "comm_exposed_share"),
+    ("perfd_job_comm_exposed_dp_ratio", "comm_exposed_dp_share", 1.0, "comm_exposed_dp_share"),
+    ("perfd_job_comm_exposed_pp_ratio", "comm_exposed_pp_share", 1.0, "comm_exposed_pp_share"),
+    ("perfd_job_pp_bubble_analytic_ratio", "pp_bubble_analytic", 1.0, "pp_bubble_analytic"),
+    ("perfd_job_pp_stage_idle_max_ratio", "pp_idle_max", 1.0, "pp_idle_max"),
+    ("perfd_job_pp_stage_idle_min_ratio", "pp_idle_min", 1.0, "pp_idle_min"),
+    ("perfd_job_pp_imbalance_ratio", "pp_imbalance", 1.0, "pp_imbalance"),
+    ("perfd_job_straggler_ratio", "straggler_rtt_ratio", 1.0, "straggler"),
+    ("perfd_job_lm_loss", "lm_loss", 1.0, "lm_loss"),
+)
+
+
+@dataclass
+class ReportSummary:
+    job_name: str | None
+    status: str  # MFU grade: severe | communication-overhead | good | excellent | unknown
+    status_text: str
+    mfu: float | None
+    bottleneck: str
+    bottleneck_reason: str
+    steady: str  # e.g. "iterations 5–40 (36 steady)"
+    headline: str
+
+
+@dataclass
+class ReportMetric:
+    name: str  # catalog name
+    value: float | None
+    unit: str
+    source: str  # where the number comes from (or why absent)
+    description: str = ""
+
+
+@dataclass
+class Report:
+    summary: ReportSummary
+    metrics: list[ReportMetric]
+    findings: list[Finding]
+    recommendations: list[Recommendation]
+    job: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "summary": _clean(dataclasses.asdict(self.summary)),
+            "metrics": [_clean(dataclasses.asdict(m)) for m in self.metrics],
+            "findings": [_clean(dataclasses.asdict(f)) for f in self.findings],
+            "recommendations": [_clean(dataclasses.asdict(r)) for r in self.recommendations],
+        }
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_clean(x) for x in v]
+    return v
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    if unit == "ratio":
+        return f"{value:.1%}"
+    if unit == "seconds":
+        return f"{value * 1e3:.1f} ms"
+    if unit == "times":
+        return f"{value:.2f}×"
+    if unit == "tflops":
+        return f"{value:.1f} TFLOP/s"
+    return f"{value:.4g}"
+
+
+def build_report(analysis: RunAnalysis) -> Report:
+    """The four-part report of one analysed run."""
+    s, med = analysis.summary, analysis.summary["medians"]
+    grade, grade_text = grade_mfu(med.get("mfu"))
+    steady_its = analysis.steady_iterations()
+    span = analysis.steady.range_text()
+    metrics: list[ReportMetric] = []
+    for name, key, scale, src_key in _REPORTED:
+        d = catalog.get(name)
+        value = med.get(key)
+        src = _source_of(steady_its, src_key)
+        if value is not None:
+            value *= scale
+            src = f"median over {span}; per iteration (last shown): {src}"
+        metrics.append(ReportMetric(name, value, d.unit, src, d.description))
+    job = analysis.job
+    lay = job["layout"]
+    gpu = job["gpu"]
+    headline = (f"{job.get('name') or 'job'}: MFU {_fmt(med.get('mfu'), 'ratio')} ({grade}), "
+                f"{_fmt(med.get('model_tflops_per_gpu'), 'tflops')} per GPU on "
+                f"{gpu.get('model') or 'unknown GPU'}"
+                f", bottleneck {s['bottleneck']}; TP={lay.get('tp')} PP={lay.get('pp')} DP={lay.get('dp')}, "
+                f"{lay.get('microbatches')} micro-batches")
+    summary = ReportSummary(job.get("name"), grade, grade_text, med.get("mfu"), s["bottleneck"],
+                            s["bottleneck_reason"], span, headline)
+    return Report(summary, metrics, list(analysis.findings), list(analysis.recommendations), job)
+
+
+def _source_of(steady_its: list[Any], key: str) -> str:
+    """The source text of a metric, from the last steady iteration that has one."""
+    for it in reversed(steady_its):
+        src = it.sources.get(key)
+        if src:
+            return str(src)
+    return "absent: no steady-state iterations"

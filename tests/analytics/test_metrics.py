@@ -1,0 +1,95 @@
+"""Throughput, MFU, the cross-check, data-loading and exposed-communication shares."""
+
+from __future__ import annotations
+
+import pytest
+from analytics_helpers import fixture_record, fixture_row
+
+from perfd.analytics.common import GRAD_SYNC_TIMERS, PP_P2P_TIMERS
+from perfd.analytics.gpus import peak_tflops
+from perfd.analytics.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
+from perfd.model import StepRecord, TimerValue
+
+FIXTURE_FLOPS = 55_765_855_371_264
+
+
+def test_throughput_and_mfu_iteration_38() -> None:
+    tput = throughput_per_gpu(FIXTURE_FLOPS, 331.1, 2)
+    assert tput.value == pytest.approx(84.213, abs=1e-3)
+    m = mfu(tput, peak_tflops("NVIDIA H200", "bf16"))
+    assert m.value == pytest.approx(84.213 / 989, rel=1e-4)
+    assert 0 < (m.value or 0) < 1  # a ratio, not percent
+    assert m.source is not None and "989" in m.source.detail
+
+
+def test_throughput_missing_inputs_are_absent() -> None:
+    for args in ((None, 331.1, 2), (FIXTURE_FLOPS, None, 2), (FIXTURE_FLOPS, 331.1, None)):
+        res = throughput_per_gpu(*args)
+        assert res.value is None and res.reason
+    assert mfu(throughput_per_gpu(FIXTURE_FLOPS, 331.1, 2), peak_tflops("unknown", "bf16")).value is None
+
+
+def test_crosscheck_allows_for_log_rounding() -> None:
+    # iteration 1: perfd 4.752 vs logged 4.8 is -1.01%, inside the 0.05/4.8 = 1.04% rounding band
+    tput = FIXTURE_FLOPS / (5.868 * 1e12 * 2)
+    chk = crosscheck_tflops(tput, 4.8)
+    assert chk.rel_gap == pytest.approx(-0.0100, abs=2e-4)
+    assert chk.tolerance == pytest.approx(0.05 / 4.8)
+    assert chk.agrees is True
+    bad = crosscheck_tflops(84.2 * 1.02, 84.2)  # 2% off at a large figure: disagrees
+    assert bad.agrees is False and bad.tolerance == 0.01
+    assert crosscheck_tflops(None, 84.2).agrees is None
+
+
+def test_data_share_iteration_38() -> None:
+    rec = fixture_record(fixture_row(38))
+    d = data_share(rec)
+    assert d.value == pytest.approx(12.70 / 331.1)
+    assert d.source is not None and "h200x2_tp1_pp2_gbs64_mbs4.log:1769" in d.source.detail
+    del rec.timers["batch-generator"]
+    assert data_share(rec).value is None
+
+
+def test_exposed_comm_iteration_38_sum_of_max() -> None:
+    rec = fixture_record(fixture_row(38))
+    c = exposed_comm(rec)
+    dp_ms = 0.39 + 0.54  # all-grads-sync max, embedding-grads-all-reduce max
+    pp_ms = 8.21 + 0.24 + 10.11 + 0.22 + 56.90 + 4.38
+    assert c.method == "sum-of-max"
+    assert c.grad_sync.value == pytest.approx(dp_ms / 331.1)
+    assert c.pp.value == pytest.approx(pp_ms / 331.1)
+    assert c.total.value == pytest.approx((dp_ms + pp_ms) / 331.1)
+    assert c.total.source is not None and "upper bound" in c.total.source.detail
+    assert c.timers_ms["forward-send-backward-recv"] == 56.90
+
+
+def test_exposed_comm_absent_without_timers() -> None:
+    rec = StepRecord(job="j", iteration=1, step_time_ms=100.0,
+                     timers={"forward-compute": TimerValue(10.0, 12.0)})
+    c = exposed_comm(rec)
+    assert c.total.value is None and c.grad_sync.value is None and c.pp.value is None
+    assert c.total.reason and "no communication timers" in c.total.reason
+    # DP-only job: the PP part is absent, not 0
+    rec.timers["all-grads-sync"] = TimerValue(5.0, 20.0)
+    c = exposed_comm(rec)
+    assert c.total.value == pytest.approx(0.2) and c.grad_sync.value == pytest.approx(0.2)
+    assert c.pp.value is None
+
+
+def test_exposed_comm_per_rank_uses_worst_rank() -> None:
+    rec = StepRecord(job="j", iteration=1, step_time_ms=200.0, timers={
+        "all-grads-sync": TimerValue(per_rank={0: 10.0, 1: 30.0}),
+        "params-all-gather": TimerValue(per_rank={0: 25.0, 1: 2.0}),
+    })
+    c = exposed_comm(rec)
+    assert c.method == "per-rank"
+    # rank 0: 35 ms, rank 1: 32 ms (the sum of maxima, 55 ms, would overstate)
+    assert c.total.value == pytest.approx(35.0 / 200.0)
+    assert c.worst_rank == 0
+
+
+def test_timer_name_sets() -> None:
+    assert {"all-grads-sync", "params-all-gather", "embedding-grads-all-reduce",
+            "non-tensor-parallel-grads-all-reduce", "layernorm-grads-all-reduce",
+            "conditional-embedder-grads-all-reduce"} <= set(GRAD_SYNC_TIMERS)
+    assert len(PP_P2P_TIMERS) == 6

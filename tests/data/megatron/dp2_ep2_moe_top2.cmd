@@ -1,0 +1,1 @@
+=== dp2_ep2_moe_top2: --micro-batch-size 4 --global-batch-size 32 --log-interval 1 --num-experts 4 --moe-router-topk 2 --expert-model-parallel-size 2 --moe-ffn-hidden-size 2048 --moe-token-dispatcher-type alltoall

@@ -1,0 +1,1 @@
+=== tp2_swiglu_gqa_untied: --tensor-model-parallel-size 2 --micro-batch-size 4 --global-batch-size 32 --swiglu --ffn-hidden-size 2816 --group-query-attention --num-query-groups 4 --position-embedding-type rope --no-rope-fusion --untie-embeddings-and-output-weights --log-interval 1
