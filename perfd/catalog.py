@@ -178,6 +178,11 @@ def get(name: str) -> MetricDef:
         raise KeyError(f"metric {name!r} is not in the perfd catalog") from None
 
 
+def all_metrics() -> tuple[MetricDef, ...]:
+    """Every metric definition, in catalog order."""
+    return CATALOG
+
+
 def names() -> list[str]:
     return [m.name for m in CATALOG]
 

@@ -196,9 +196,13 @@ def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[R
         f.append(Finding("step-jitter", "warning", f"Step time jitter (CV {cv:.0%})",
                          f"Steady-state step times vary with a coefficient of variation of {cv:.1%}.",
                          {"step_time_cv": cv, "median_step_ms": med.get("step_time_ms")}, span))
-        act = ("Data loading (more workers, pinned memory, prefetch)" if ds is not None and ds > 0.05
-               else "Look for host-side gaps: garbage collection, logging, checkpointing, other processes")
-        r.append(Recommendation("", "step-jitter", 0, act, f"CV {cv:.1%}", cv / 2))
+        data_rec = next((x for x in r if x.finding_id == "data-loading"), None)
+        if data_rec is not None:  # jitter with slow data loading: one action covers both
+            data_rec.detail += f"; step time also jitters (CV {cv:.1%}, finding step-jitter)"
+        else:
+            r.append(Recommendation("", "step-jitter", 0, "Look for host-side gaps: garbage collection, "
+                                    "logging, checkpointing, other processes on the node",
+                                    f"CV {cv:.1%}", cv / 2))
 
     # --- stragglers --------------------------------------------------------------------------
     for rank in a.summary["straggler_persistent_ranks"]:

@@ -12,7 +12,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfd.analytics import bottleneck as bn
 from perfd.analytics.common import MetricValue, finite, median
@@ -24,6 +24,9 @@ from perfd.analytics.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.steady import SteadyState, steady_state
 from perfd.analytics.stragglers import PersistentStragglers, StragglerResult, detect, persistent, rank_order
 from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
+
+if TYPE_CHECKING:
+    from perfd.report import Report
 
 # Per-iteration metrics summarised as medians over the steady state.
 SUMMARY_METRICS: tuple[str, ...] = (
@@ -94,15 +97,20 @@ class RunAnalysis:
     def steady_iterations(self) -> list[IterationResult]:
         return [it for it in self.iterations if it.steady_state]
 
-    def to_json(self) -> dict[str, Any]:
-        """Keys exactly: job, iterations, summary, report. None stays None (null), never 0."""
+    @property
+    def report(self) -> Report:
+        """The four-part report (perfd.report.build_report) of this analysis."""
         from perfd.report import build_report  # the report layer builds on this one
 
+        return build_report(self)
+
+    def to_json(self) -> dict[str, Any]:
+        """Keys exactly: job, iterations, summary, report. None stays None (null), never 0."""
         return {
             "job": _json_value(self.job),
             "iterations": [it.to_json() for it in self.iterations],
             "summary": _json_value(self.summary),
-            "report": build_report(self).to_json(),
+            "report": self.report.to_json(),
         }
 
 

@@ -117,9 +117,13 @@ def stage_idle(rec: StepRecord, pp: int | None, analytic: MetricValue) -> StageI
     fb_ms = timer_max(fb)
     fwd_min, fwd_max = timer_min(fwd), timer_max(fwd)
     bwd_min, bwd_max = timer_min(bwd), timer_max(bwd)
-    if None in (fb_ms, fwd_min, fwd_max, bwd_min, bwd_max):
+    if None in (fb_ms, fwd_max, bwd_max):
         none = MetricValue.absent("forward-backward / forward-compute / backward-compute timers "
                                   "absent (needs --timing-log-level >= 1)")
+        return StageIdle(none, none, none)
+    if None in (fwd_min, bwd_min):
+        none = MetricValue.absent("max-only timers (--timing-log-option max): per-stage idle needs "
+                                  "min and max (minmax) or per-rank values (all)")
         return StageIdle(none, none, none)
     assert fb_ms is not None and fwd_min is not None and fwd_max is not None
     assert bwd_min is not None and bwd_max is not None

@@ -124,6 +124,9 @@ def detect(rec: StepRecord, ranks: RankOrder) -> StragglerResult:
                 groups = {}
                 break
             groups.setdefault(stage, {})[r] = c
+        if groups and res.compute_spread_flagged is not None:
+            res.compute_spread_flagged = None  # the per-rank comparison below names the rank
+            res.notes.append("per-rank timers present: compared per rank instead of the min/max spread")
         for group in groups.values():
             med = median(group.values())
             if med is None or med <= 0 or len(group) < 2:

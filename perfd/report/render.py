@@ -4,13 +4,17 @@ values, they print nothing."""
 from __future__ import annotations
 
 import textwrap
+from typing import TYPE_CHECKING
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from perfd.report.report import Report, _fmt
+from perfd.report.report import Report, format_value
+
+if TYPE_CHECKING:
+    from perfd.analytics.megatron_job import RunAnalysis
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _STATUS_STYLE = {"severe": "bold red", "communication-overhead": "yellow", "good": "green",
@@ -21,8 +25,8 @@ def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
     return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent) or [indent]
 
 
-def render_text(report: Report, width: int = 100) -> str:
-    """The report as plain text, four sections."""
+def render_text(report: Report, iterations: RunAnalysis | None = None, width: int = 100) -> str:
+    """The report as plain text, four sections; with ``iterations`` also a per-iteration table."""
     s = report.summary
     out: list[str] = ["SUMMARY"]
     out += _wrap(s.headline, "  ", width)
@@ -33,7 +37,7 @@ def render_text(report: Report, width: int = 100) -> str:
     out.append("METRICS (steady-state medians)")
     name_w = max((len(m.name) for m in report.metrics), default=10)
     for m in report.metrics:
-        out.append(f"  {m.name:<{name_w}}  {_fmt(m.value, m.unit):>14}")
+        out.append(f"  {m.name:<{name_w}}  {format_value(m.value, m.unit):>14}")
         out += _wrap(f"source: {m.source}", " " * 6, width)
     out.append("")
     out.append("FINDINGS")
@@ -52,7 +56,46 @@ def render_text(report: Report, width: int = 100) -> str:
         out += _wrap(f"{r.priority}. {r.action} (finding {r.finding_id})", "  ", width)
         if r.detail:
             out += _wrap(r.detail, " " * 6, width)
+    if iterations is not None:
+        out.append("")
+        out += _iteration_table(iterations)
     return "\n".join(out) + "\n"
+
+
+_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    # header, IterationResult attribute, catalog unit
+    ("step", "step_time_ms", "ms"),
+    ("logged TF", "megatron_tflops_per_gpu", "tf"),
+    ("perfd TF", "model_tflops_per_gpu", "tf"),
+    ("MFU", "mfu", "ratio"),
+    ("data", "data_share", "ratio"),
+    ("comm", "comm_exposed_share", "ratio"),
+    ("comm DP", "comm_exposed_dp_share", "ratio"),
+    ("comm PP", "comm_exposed_pp_share", "ratio"),
+    ("idle max", "pp_idle_max", "ratio"),
+    ("idle min", "pp_idle_min", "ratio"),
+    ("strag", "straggler_rtt_ratio", "times"),
+)
+
+
+def _cell(value: float | None, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "ms":
+        return f"{value:.1f}"
+    if kind == "tf":
+        return f"{value:.2f}"
+    return format_value(value, kind)
+
+
+def _iteration_table(analysis: RunAnalysis) -> list[str]:
+    """One row per iteration; '-' marks an absent value, '*' a steady-state iteration."""
+    head = f"{'iter':>6}  " + "  ".join(f"{h:>9}" for h, _, _ in _COLUMNS)
+    rows = ["ITERATIONS (* = steady state, - = absent)", head]
+    for it in analysis.iterations:
+        cells = "  ".join(f"{_cell(getattr(it, attr), kind):>9}" for _, attr, kind in _COLUMNS)
+        rows.append(f"{it.iteration:>5}{'*' if it.steady_state else ' '}  {cells}")
+    return rows
 
 
 def render_rich(report: Report) -> RenderableType:
@@ -67,7 +110,7 @@ def render_rich(report: Report) -> RenderableType:
     metrics.add_column("value", justify="right", no_wrap=True)
     metrics.add_column("source", overflow="fold")
     for m in report.metrics:
-        metrics.add_row(m.name, _fmt(m.value, m.unit), m.source)
+        metrics.add_row(m.name, format_value(m.value, m.unit), m.source)
     findings = Table(title="Findings", expand=True, show_lines=True)
     findings.add_column("id", no_wrap=True)
     findings.add_column("observation", overflow="fold")

@@ -83,7 +83,8 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def _fmt(value: float | None, unit: str) -> str:
+def format_value(value: float | None, unit: str) -> str:
+    """A value in its catalog unit, for humans ("8.4%", "336.8 ms", "82.8 TFLOP/s", "1.31×", "n/a")."""
     if value is None:
         return "n/a"
     if unit == "ratio":
@@ -115,8 +116,8 @@ def build_report(analysis: RunAnalysis) -> Report:
     job = analysis.job
     lay = job["layout"]
     gpu = job["gpu"]
-    headline = (f"{job.get('name') or 'job'}: MFU {_fmt(med.get('mfu'), 'ratio')} ({grade}), "
-                f"{_fmt(med.get('model_tflops_per_gpu'), 'tflops')} per GPU on "
+    headline = (f"{job.get('name') or 'job'}: MFU {format_value(med.get('mfu'), 'ratio')} ({grade}), "
+                f"{format_value(med.get('model_tflops_per_gpu'), 'tflops')} per GPU on "
                 f"{gpu.get('model') or 'unknown GPU'}"
                 f", bottleneck {s['bottleneck']}; TP={lay.get('tp')} PP={lay.get('pp')} DP={lay.get('dp')}, "
                 f"{lay.get('microbatches')} micro-batches")

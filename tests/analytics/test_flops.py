@@ -43,20 +43,21 @@ def _reference(a: SimpleNamespace, batch: int, causal_halving: bool = True) -> f
     kv = a.kv_channels * groups
     core = q * a.seq_length / 2 * 2 if causal_halving else q * a.seq_length * 2
     attn = 3 * 2 * (a.hidden_size * (q + kv + kv) + core + q * a.hidden_size)
-    return batch * a.seq_length * (
+    return float(batch * a.seq_length * (
         3 * 2 * a.hidden_size * (a.ffn_hidden_size * ffn_x * dense + moe_ffn * topk * ffn_x * moe
                                  + shared * ffn_x * moe)
         + attn * layers
         + 3 * 2 * mtp * (3 * a.hidden_size + 2 * a.hidden_size * a.hidden_size)
         + 3 * 2 * a.hidden_size * a.padded_vocab_size * (mtp + 1)
-    )
+    ))
 
 
 def _args(**kw: object) -> SimpleNamespace:
-    base = dict(num_layers=8, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=16, kv_channels=64,
-                group_query_attention=False, num_query_groups=1, seq_length=1024, padded_vocab_size=32000,
-                swiglu=False, num_experts=None, moe_router_topk=None, moe_layer_freq=None,
-                moe_ffn_hidden_size=None, moe_shared_expert_intermediate_size=None, mtp_num_layers=None)
+    base: dict[str, object] = dict(
+        num_layers=8, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=16, kv_channels=64,
+        group_query_attention=False, num_query_groups=1, seq_length=1024, padded_vocab_size=32000,
+        swiglu=False, num_experts=None, moe_router_topk=None, moe_layer_freq=None,
+        moe_ffn_hidden_size=None, moe_shared_expert_intermediate_size=None, mtp_num_layers=None)
     base.update(kw)
     return SimpleNamespace(**base)
 

@@ -66,3 +66,12 @@ def test_rebalance_estimate() -> None:
     est = rebalance_estimate(8, 2, 200.0, 320.0)
     assert est is not None and est.best_move == 1 and est.new_heavier_ms == pytest.approx(270.0)
     assert rebalance_estimate(7, 2, 200.0, 320.0) is None
+
+
+def test_max_only_timers_leave_stage_idle_absent_with_reason() -> None:
+    rec = StepRecord(job="j", iteration=5, step_time_ms=330.0, timers={
+        "forward-backward": TimerValue(max_ms=322.0), "forward-compute": TimerValue(max_ms=160.0),
+        "backward-compute": TimerValue(max_ms=135.0)})
+    idle = stage_idle(rec, 2, analytic_bubble(2, 16))
+    assert idle.idle_max.value is None and idle.idle_min.value is None
+    assert idle.idle_max.reason is not None and "max-only" in idle.idle_max.reason

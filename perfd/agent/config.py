@@ -1,0 +1,120 @@
+"""Agent configuration: a YAML file, then command-line overrides. Errors name the key."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the file and key it came from."""
+
+
+@dataclass
+class AgentConfig:
+    agent_id: str = ""
+    node: str = ""
+    job: str = "default"
+    aggregator: str | None = None  # host:port; None = local only (own /metrics, no streaming)
+    metrics_port: int | None = 9400  # None = no HTTP endpoint; 0 = ephemeral (tests)
+    metrics_host: str = "0.0.0.0"
+    spool_dir: str | None = None  # None = in memory (lost on restart; fine for demos and tests)
+    spool_max_bytes: int = 256 * 1024 * 1024
+    batch_interval_s: float = 0.5
+    collectors: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def finish(self) -> AgentConfig:
+        """Fill defaults that depend on the machine, then validate."""
+        if not self.node:
+            self.node = socket.gethostname()
+        if not self.agent_id:
+            # Stable across restarts on one node, so the aggregator's dedupe and the spool's
+            # sequence numbers line up after an agent restart.
+            self.agent_id = f"{self.node}"
+        if self.batch_interval_s <= 0:
+            raise ConfigError(f"batch_interval_s must be > 0, got {self.batch_interval_s}")
+        if self.spool_max_bytes < 1024 * 1024:
+            raise ConfigError(f"spool_max_bytes must be at least 1 MiB, got {self.spool_max_bytes}")
+        if self.aggregator is not None:
+            host, sep, port = self.aggregator.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ConfigError(f"aggregator must be HOST:PORT, got {self.aggregator!r}")
+        for name, cfg in self.collectors.items():
+            if not isinstance(cfg, dict):
+                raise ConfigError(f"collectors.{name} must be a mapping, got {type(cfg).__name__}")
+        return self
+
+
+_TOP_KEYS = {f for f in AgentConfig.__dataclass_fields__}
+
+
+def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:
+    """Read a YAML config file (or return defaults). Unknown keys are errors, not ignored."""
+    cfg = AgentConfig()
+    if path is None:
+        return cfg
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    if data is None:
+        return cfg
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping")
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(f"{p}: unknown keys {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
+    for key, value in data.items():
+        expected = type(getattr(cfg, key))
+        if value is not None and key not in ("aggregator", "metrics_port", "spool_dir") and \
+                not isinstance(value, expected) and not (expected is float and isinstance(value, int)):
+            raise ConfigError(f"{p}: {key} must be {expected.__name__}, got {type(value).__name__}")
+        setattr(cfg, key, value)
+    return cfg
+
+
+def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str | None = None,
+                    megatron_log: str | None = None, nvml: str | None = None,
+                    metrics_port: int | None = None, node: str | None = None,
+                    agent_id: str | None = None, spool_dir: str | None = None,
+                    host: bool | None = None) -> AgentConfig:
+    """Command-line flags win over the file (so a job can be watched without a config file)."""
+    if aggregator is not None:
+        cfg.aggregator = aggregator or None
+    if job is not None:
+        cfg.job = job
+    if node is not None:
+        cfg.node = node
+    if agent_id is not None:
+        cfg.agent_id = agent_id
+    if spool_dir is not None:
+        cfg.spool_dir = spool_dir
+    if metrics_port is not None:
+        cfg.metrics_port = metrics_port if metrics_port >= 0 else None
+    if megatron_log is not None:
+        cfg.collectors.setdefault("megatron", {})["path"] = megatron_log
+    if nvml is not None:
+        if nvml == "off":
+            cfg.collectors.pop("nvml", None)
+        elif nvml == "real" or nvml.startswith("replay:"):
+            cfg.collectors.setdefault("nvml", {})["source"] = nvml
+        else:
+            raise ConfigError(f"--nvml must be real, replay:FILE or off, got {nvml!r}")
+    elif "nvml" not in cfg.collectors:
+        cfg.collectors["nvml"] = {"source": "real"}
+    if host is not None:
+        if host:
+            cfg.collectors.setdefault("host", {})
+        else:
+            cfg.collectors.pop("host", None)
+    elif "host" not in cfg.collectors:
+        cfg.collectors["host"] = {}
+    return cfg.finish()

@@ -1,0 +1,120 @@
+"""Runs each collector on its own interval, in its own thread, and hands the output on.
+
+Why a thread per collector: collectors call blocking libraries (NVML, psutil, file reads) and one
+slow source (a hung NFS log, an NVML call stuck on a lost GPU) must not delay the others or the
+network loop. Output goes to a bounded queue; when the queue is full the newest output is dropped
+and counted (the sender is behind; the spool beyond it holds what was already accepted).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from perfd.collector import Capabilities, Collected, Collector
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CollectorState:
+    collector: Collector
+    interval_s: float
+    capabilities: Capabilities | None = None
+    runs: int = 0
+    failures: int = 0  # collect() raised despite the contract: counted, the thread lives on
+    last_duration_s: float = 0.0
+    samples: int = 0
+    steps: int = 0
+    events: int = 0
+    thread: threading.Thread | None = None
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+
+class Scheduler:
+    """Owns the collectors' threads. Output is read with ``drain()`` by the sender."""
+
+    def __init__(self, max_queued: int = 10_000) -> None:
+        self.states: dict[str, CollectorState] = {}
+        self._out: queue.Queue[tuple[str, Collected]] = queue.Queue(maxsize=max_queued)
+        self.dropped_outputs = 0
+        self._stop = threading.Event()
+
+    def add(self, collector: Collector, interval_s: float | None = None) -> None:
+        if collector.name in self.states:
+            raise ValueError(f"collector {collector.name!r} added twice")
+        self.states[collector.name] = CollectorState(
+            collector, interval_s if interval_s is not None else collector.default_interval_s)
+
+    def start(self) -> None:
+        """Probe every collector once, start the available ones. Never raises for a collector."""
+        for name, st in self.states.items():
+            try:
+                st.capabilities = st.collector.probe()
+            except Exception as exc:  # a broken probe is the collector's bug: report, go on
+                st.capabilities = Capabilities(False, f"probe failed: {exc!r}")
+            if not st.capabilities.available:
+                log.warning("collector %s unavailable: %s", name, st.capabilities.reason)
+                st.collector.count_error("unavailable", st.capabilities.reason)
+                continue
+            try:
+                st.collector.start()
+            except Exception as exc:
+                st.capabilities = Capabilities(False, f"start failed: {exc!r}")
+                st.collector.count_error("start-failed", repr(exc))
+                continue
+            log.info("collector %s started every %.3gs (%s)", name, st.interval_s,
+                     st.capabilities.features)
+            st.thread = threading.Thread(target=self._loop, args=(st,), name=f"collector-{name}",
+                                         daemon=True)
+            st.thread.start()
+
+    def _loop(self, st: CollectorState) -> None:
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                out = st.collector.collect(time.time())
+            except Exception as exc:  # contract says never raise; if it does, count and go on
+                st.failures += 1
+                st.collector.count_error("collect-raised", repr(exc))
+                out = Collected()
+            st.runs += 1
+            st.last_duration_s = time.monotonic() - t0
+            if out.samples or out.steps or out.events:
+                st.samples += len(out.samples)
+                st.steps += len(out.steps)
+                st.events += len(out.events)
+                try:
+                    self._out.put_nowait((st.collector.name, out))
+                except queue.Full:
+                    self.dropped_outputs += 1
+            # Fixed-rate schedule; if a collect overran, skip the missed ticks instead of bursting.
+            next_t += st.interval_s
+            now = time.monotonic()
+            if next_t < now:
+                next_t = now + st.interval_s
+            self._stop.wait(next_t - now)
+        st.stopped.set()
+
+    def drain(self, max_items: int = 100_000) -> list[tuple[str, Collected]]:
+        items: list[tuple[str, Collected]] = []
+        while len(items) < max_items:
+            try:
+                items.append(self._out.get_nowait())
+            except queue.Empty:
+                break
+        return items
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        for st in self.states.values():
+            if st.thread is not None:
+                st.thread.join(timeout_s)
+            try:
+                st.collector.stop()
+            except Exception as exc:
+                st.collector.count_error("stop-failed", repr(exc))

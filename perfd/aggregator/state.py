@@ -1,0 +1,209 @@
+"""The aggregator's in-memory state: jobs, their step records and analyses, node samples.
+
+Ingest is called from the gRPC event loop; readers (HTTP /metrics and the JSON API) run in another
+thread, so every access goes through one lock. Ingest does no analysis: a job is marked dirty and
+its analysis is recomputed on the next read, at most every ``min_recompute_s`` (a busy job is not
+re-analysed once per batch).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics.megatron_job import RunAnalysis, analyze_run
+from perfd.model import JobInfo, StepRecord
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class NodeSeries:
+    """Latest value of one time series from one agent."""
+
+    name: str
+    labels: LabelKey
+    time_ns: int
+    value: float
+
+
+@dataclass
+class JobState:
+    name: str
+    job_info: JobInfo | None = None
+    job_info_agent: str | None = None
+    # (iteration, rank scope) -> record. Re-delivery of a batch replaces, never duplicates.
+    records: dict[tuple[int, str], StepRecord] = field(default_factory=dict)
+    agents: set[str] = field(default_factory=set)
+    gpu_name: str | None = None  # from the NVML samples of the job's agents ("model" label)
+    analysis: RunAnalysis | None = None
+    analysis_time: float = 0.0
+    dirty: bool = False
+    last_step_time: float = 0.0  # wall time the last step record arrived
+
+
+@dataclass
+class Stats:
+    samples: int = 0
+    steps: int = 0
+    events: int = 0
+    batches: int = 0
+    dropped_steps: int = 0  # older than the retention window
+    analysis_errors: int = 0
+    started: float = field(default_factory=time.time)
+
+
+class AggregatorState:
+    def __init__(self, max_iterations_per_job: int = 5000, min_recompute_s: float = 0.5,
+                 gpu_override: str | None = None, peak_tflops: float | None = None) -> None:
+        self._lock = threading.Lock()
+        self.jobs: dict[str, JobState] = {}
+        self.series: dict[tuple[str, str, LabelKey], NodeSeries] = {}  # (agent, name, labels)
+        self.agent_job: dict[str, str] = {}
+        self.agent_seen: dict[str, float] = {}
+        self.events: list[dict[str, Any]] = []  # newest last, bounded
+        self.stats = Stats()
+        self.max_iterations = max_iterations_per_job
+        self.min_recompute_s = min_recompute_s
+        self.gpu_override = gpu_override
+        self.peak_tflops = peak_tflops
+        self.transport_stats: Mapping[str, int] | None = None  # set by the server for /api/stats
+
+    # ---- ingest (gRPC side) -----------------------------------------------------------------
+    def _job(self, name: str) -> JobState:
+        js = self.jobs.get(name)
+        if js is None:
+            js = self.jobs[name] = JobState(name)
+        return js
+
+    def hello(self, agent_id: str, jobs: Sequence[str]) -> None:
+        with self._lock:
+            self.agent_seen[agent_id] = time.time()
+            for j in jobs:
+                self._job(j).agents.add(agent_id)
+                self.agent_job[agent_id] = j
+
+    def ingest_samples(self, agent_id: str, series_defs: Mapping[int, tuple[str, LabelKey]],
+                       series_ids: Sequence[int], timestamps_ns: Sequence[int],
+                       values: Sequence[float]) -> None:
+        """Keep the latest value per series. Columnar in, no object per sample: the dict built
+        from zip keeps the last occurrence of each id, at C speed."""
+        latest = dict(zip(series_ids, zip(timestamps_ns, values, strict=True), strict=True))
+        with self._lock:
+            self.stats.samples += len(values)
+            self.agent_seen[agent_id] = time.time()
+            for sid, (ts, val) in latest.items():
+                name, labels = series_defs[sid]
+                key = (agent_id, name, labels)
+                cur = self.series.get(key)
+                if cur is None:
+                    self.series[key] = NodeSeries(name, labels, ts, val)
+                elif ts >= cur.time_ns:
+                    cur.time_ns, cur.value = ts, val
+                if name == "perfd_gpu_memory_total_bytes":  # any GPU series names the model
+                    model = dict(labels).get("model")
+                    job = self.agent_job.get(agent_id)
+                    if model and job:
+                        self._job(job).gpu_name = model
+
+    def ingest_job_info(self, agent_id: str, job: str, info: JobInfo) -> None:
+        with self._lock:
+            js = self._job(job)
+            js.agents.add(agent_id)
+            js.job_info, js.job_info_agent = info, agent_id
+            js.dirty = True
+
+    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord]) -> None:
+        with self._lock:
+            self.stats.steps += len(steps)
+            for rec in steps:
+                js = self._job(rec.job)
+                js.agents.add(agent_id)
+                js.records[(rec.iteration, str(rec.rank))] = rec
+                js.dirty = True
+                js.last_step_time = time.time()
+                if len(js.records) > self.max_iterations:
+                    oldest = min(js.records)
+                    del js.records[oldest]
+                    self.stats.dropped_steps += 1
+
+    def ingest_events(self, agent_id: str, events: Sequence[dict[str, Any]]) -> None:
+        with self._lock:
+            self.stats.events += len(events)
+            for ev in events:
+                self.events.append({**ev, "agent": agent_id})
+            del self.events[:-1000]
+
+    # ---- read side (HTTP thread) --------------------------------------------------------------
+    def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:
+        """The job's analysis, recomputed if new data arrived (rate-limited)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            if js is None:
+                return None
+            stale = js.dirty and (force or time.time() - js.analysis_time >= self.min_recompute_s)
+            if js.analysis is not None and not stale:
+                return js.analysis
+            info = js.job_info or JobInfo()
+            records = list(js.records.values())
+            gpu = self.gpu_override or js.gpu_name
+            js.dirty = False
+        # Analysis outside the lock: ingest must never wait for it.
+        try:
+            result = analyze_run(info, records, gpu_name=gpu, peak_tflops=self.peak_tflops,
+                                 job_name=job)
+        except Exception:
+            with self._lock:
+                self.stats.analysis_errors += 1
+                js.dirty = True
+            raise
+        with self._lock:
+            js.analysis, js.analysis_time = result, time.time()
+        return result
+
+    def job_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self.jobs)
+
+    def job_overview(self, job: str) -> dict[str, Any] | None:
+        with self._lock:
+            js = self.jobs.get(job)
+            if js is None:
+                return None
+            its = sorted(it for it, _ in js.records)
+            return {
+                "job": job,
+                "agents": sorted(js.agents),
+                "gpu": self.gpu_override or js.gpu_name,
+                "iterations_seen": len(js.records),
+                "first_iteration": its[0] if its else None,
+                "last_iteration": its[-1] if its else None,
+                "has_job_info": js.job_info is not None,
+                "last_step_age_s": (time.time() - js.last_step_time) if js.last_step_time else None,
+            }
+
+    def node_series(self) -> list[tuple[str, NodeSeries]]:
+        """(agent id, series) pairs for export; a copy, safe to iterate without the lock."""
+        with self._lock:
+            return [(k[0], NodeSeries(s.name, s.labels, s.time_ns, s.value))
+                    for k, s in self.series.items()]
+
+    def stats_json(self) -> dict[str, Any]:
+        with self._lock:
+            now = time.time()
+            out: dict[str, Any] = {
+                "samples_ingested": self.stats.samples,
+                "step_records_ingested": self.stats.steps,
+                "events_ingested": self.stats.events,
+                "step_records_dropped_retention": self.stats.dropped_steps,
+                "analysis_errors": self.stats.analysis_errors,
+                "jobs": len(self.jobs),
+                "agents_seen": {a: round(now - t, 3) for a, t in self.agent_seen.items()},
+                "uptime_s": round(now - self.stats.started, 3),
+            }
+        if self.transport_stats is not None:
+            out["transport"] = dict(self.transport_stats)
+        return out

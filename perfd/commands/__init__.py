@@ -1,0 +1,9 @@
+"""Sub-commands of the `perfd` CLI, one module each."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register_live_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register the sub-commands of the live pipeline (agent, aggregator, demo, record, bench)."""

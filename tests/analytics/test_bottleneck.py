@@ -1,0 +1,43 @@
+"""Bottleneck class: timer shares first, GPM second, unknown with the reason."""
+
+from __future__ import annotations
+
+from perfd.analytics.bottleneck import BOTTLENECK_CLASSES, GpmReading, classify, classify_gpm
+
+# DESIGN.md's GPM table, H200, 0.5 s windows (percent → ratio)
+MATMUL = GpmReading(sm_util=0.963, sm_occupancy=0.142, tensor_util=0.935, dram_bw_util=0.176, nvml_util=1.0)
+COPY = GpmReading(sm_util=0.988, sm_occupancy=0.799, tensor_util=0.0, dram_bw_util=0.878, nvml_util=1.0)
+TINY = GpmReading(sm_util=0.0004, sm_occupancy=0.0, tensor_util=0.0, dram_bw_util=0.0, nvml_util=0.34)
+IDLE = GpmReading(sm_util=0.0, sm_occupancy=0.0, tensor_util=0.0, dram_bw_util=0.0, nvml_util=0.0)
+
+
+def _gpm(g: GpmReading) -> str:
+    return classify_gpm(g.sm_util, g.sm_occupancy, g.tensor_util, g.dram_bw_util, g.nvml_util).cls
+
+
+def test_gpm_table_rows() -> None:
+    assert _gpm(MATMUL) == "compute-bound"
+    assert _gpm(COPY) == "memory-bound"
+    assert _gpm(TINY) == "launch-overhead"
+    assert _gpm(IDLE) == "unknown"
+    assert classify_gpm().cls == "unknown" and "no GPM" in classify_gpm().reason
+
+
+def test_timer_shares() -> None:
+    assert classify(0.25, 0.1, 0.05, 1, None, 0.0).cls == "data-bound"
+    assert classify(0.03, 0.4, 0.35, 1, None, 0.0).cls == "communication-bound"
+    # the fixture: exposed comm 25% is p2p wait, stage idle 24% → pipeline-bound
+    assert classify(0.039, 0.25, 0.003, 2, 0.24, 1 / 17).cls == "pipeline-bound"
+    assert classify(0.03, 0.1, 0.02, 4, 0.05, 3 / 7).cls == "pipeline-bound"  # analytic bubble 43%
+    assert classify(0.03, 0.35, 0.02, 2, 0.1, 0.05).cls == "communication-bound"
+
+
+def test_gpm_only_when_timers_do_not_decide() -> None:
+    assert classify(0.03, 0.1, 0.02, 1, None, 0.0, MATMUL).cls == "compute-bound"
+    assert classify(0.25, 0.1, 0.02, 1, None, 0.0, MATMUL).cls == "data-bound"
+    res = classify(0.03, 0.1, 0.02, 1, None, 0.0)
+    assert res.cls == "unknown" and "no GPM" in res.reason and "data_share 3.0%" in res.reason
+    assert classify(None, None, None, None, None, None).cls == "unknown"
+    assert set(BOTTLENECK_CLASSES) >= {"compute-bound", "memory-bound", "launch-overhead",
+                                       "communication-bound", "sync-bound", "data-bound", "pipeline-bound",
+                                       "unknown"}

@@ -1,0 +1,128 @@
+"""End to end on the real log: collectors/megatron parses it, analyze_run reads the records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+megatron = pytest.importorskip("collectors.megatron")
+if not hasattr(megatron, "parse_file"):  # the parser is being written beside this
+    pytest.skip("collectors.megatron.parse_file not available yet", allow_module_level=True)
+
+from perfd.analytics import analyze_run  # noqa: E402
+from perfd.report import build_report, render_text  # noqa: E402
+
+_REPO = Path(__file__).resolve().parents[2]
+_REL = "shared/fixtures/megatron/h200x2_tp1_pp2_gbs64_mbs4.log"
+FIXTURE = next((p for p in (_REPO.parent / _REL, _REPO / _REL) if p.exists()), _REPO.parent / _REL)
+pytestmark = pytest.mark.skipif(not FIXTURE.exists(), reason=f"shared fixture missing: {FIXTURE}")
+
+
+@pytest.fixture(scope="module")
+def parsed():  # type: ignore[no-untyped-def]
+    log = megatron.parse_file(FIXTURE, job="fixture")
+    return log, analyze_run(log.job_info, log.records, gpu_name="NVIDIA H200")
+
+
+def test_layout_and_bubble(parsed) -> None:  # type: ignore[no-untyped-def]
+    log, a = parsed
+    lay = log.job_info.layout
+    assert (lay.tp, lay.pp, lay.dp) == (1, 2, 1)
+    assert lay.microbatches() == 16 and a.job["layout"]["microbatches"] == 16
+    assert a.summary["medians"]["pp_bubble_analytic"] == pytest.approx(1 / 17)
+    assert a.job["framework_version"] == "0.20.0" and a.job["flops_formula"] == "megatron-core>=0.12"
+    assert a.job["flops_per_iteration"] == 55_765_855_371_264
+
+
+def test_tflops_within_1pct_on_every_steady_iteration(parsed) -> None:  # type: ignore[no-untyped-def]
+    _, a = parsed
+    steady = a.steady_iterations()
+    assert len(steady) == 36 and [it.iteration for it in steady] == list(range(5, 41))
+    for it in steady:
+        assert it.model_tflops_per_gpu is not None and it.megatron_tflops_per_gpu is not None
+        assert "formula:megatron-core>=0.12" in it.sources["model_tflops_per_gpu"]
+        assert abs(it.model_tflops_per_gpu - it.megatron_tflops_per_gpu) / it.megatron_tflops_per_gpu < 0.01
+        assert it.tflops_check_ok is True
+
+
+def test_mfu_against_h200_peak(parsed) -> None:  # type: ignore[no-untyped-def]
+    _, a = parsed
+    assert a.job["gpu"]["peak_tflops"] == 989.0 and a.job["gpu"]["dtype"] == "bf16"
+    med = a.summary["medians"]
+    assert med["mfu"] == pytest.approx(med["model_tflops_per_gpu"] / 989)
+    assert med["mfu"] == pytest.approx(0.0837, abs=5e-4)
+    it38 = next(it for it in a.iterations if it.iteration == 38)
+    assert it38.model_tflops_per_gpu == pytest.approx(84.2, rel=0.01)
+    assert "h200x2_tp1_pp2_gbs64_mbs4.log:1769" in it38.sources["step_time_ms"]
+
+
+def test_stage_idle_and_imbalance(parsed) -> None:  # type: ignore[no-untyped-def]
+    _, a = parsed
+    med = a.summary["medians"]
+    assert med["pp_idle_min"] == pytest.approx(0.08, abs=0.01)  # heavier stage ~8%
+    assert med["pp_idle_max"] == pytest.approx(0.24, abs=0.01)  # lighter stage ~24%
+    assert med["pp_imbalance"] == pytest.approx(med["pp_idle_max"] - 1 / 17)
+    assert any(f.id == "pp-imbalance" for f in a.findings)
+    assert a.recommendations[0].finding_id == "pp-imbalance"
+    assert a.summary["bottleneck"] == "pipeline-bound"
+    text = render_text(build_report(a))
+    assert "Stage imbalance dominates the pipeline bubble" in text
+
+
+def test_other_shares(parsed) -> None:  # type: ignore[no-untyped-def]
+    _, a = parsed
+    med = a.summary["medians"]
+    assert med["data_share"] == pytest.approx(0.039, abs=0.002)
+    assert med["comm_exposed_share"] == pytest.approx(0.252, abs=0.003)
+    assert med["comm_exposed_dp_share"] < 0.01 < med["comm_exposed_pp_share"]
+    assert a.summary["straggler_persistent_ranks"] == []
+
+
+REAL_LOGS = _REPO / "tests" / "data" / "megatron"
+LAYOUTS = ["tp2_mha_gelu", "tp2_swiglu_gqa_untied", "pp2_vpp2_interleaved", "dp2_all_timers",
+           "dp2_ep2_moe_top2"]
+
+
+@pytest.fixture(scope="module", params=LAYOUTS)
+def real_log(request):  # type: ignore[no-untyped-def]
+    path = REAL_LOGS / f"{request.param}.log"
+    if not path.exists():
+        pytest.skip(f"missing {path}")
+    log = megatron.parse_file(path, job=request.param)
+    return request.param, log, analyze_run(log.job_info, log.records, gpu_name="NVIDIA H200")
+
+
+def test_real_logs_tflops_match_on_every_steady_iteration(real_log) -> None:  # type: ignore[no-untyped-def]
+    name, _, a = real_log
+    steady = a.steady_iterations()
+    assert len(steady) >= 10, name
+    for it in steady:
+        assert "formula:megatron-core>=0.12" in it.sources["model_tflops_per_gpu"], name
+        assert it.model_tflops_per_gpu is not None and it.megatron_tflops_per_gpu is not None
+        assert abs(it.model_tflops_per_gpu / it.megatron_tflops_per_gpu - 1) < 0.01, (name, it.iteration)
+    assert a.summary["tflops_check_n_disagree"] == 0
+
+
+def test_real_logs_layout_specific_metrics(real_log) -> None:  # type: ignore[no-untyped-def]
+    name, log, a = real_log
+    med, src = a.summary["medians"], a.job["flops_source"] or ""
+    ids = {f.id for f in a.findings}
+    if name == "tp2_swiglu_gqa_untied":
+        assert "GQA" in src and "E=3" in src and log.job_info.spec.untie_embeddings
+    if name == "dp2_ep2_moe_top2":
+        assert "MoE 8 layers top-2" in src
+    if name == "pp2_vpp2_interleaved":
+        assert med["pp_bubble_analytic"] == pytest.approx(1 / 33)  # (p-1)/(v·m+p-1), v=2, m=16
+        assert med["pp_idle_max"] > 0.15 and "pp-imbalance" in ids
+        assert a.summary["bottleneck"] == "pipeline-bound"
+    if name == "dp2_all_timers":
+        it = a.steady_iterations()[-1]
+        assert it.comm_method == "per-rank" and it.pp_idle_max is None
+        assert it.straggler_compute_spread_flagged is None  # per-rank rows name ranks instead
+        assert "straggler-spread" not in ids
+        assert a.summary["straggler_persistent_ranks"] == []  # rank 0 flagged in 13/27: < 50%
+        assert a.summary["straggler_flag_fraction"]["0"] == pytest.approx(13 / 27)
+    if name.startswith("tp2"):
+        assert med["pp_bubble_analytic"] == 0.0 and med["pp_idle_max"] is None
+        assert med["comm_exposed_dp_share"] is not None and med["comm_exposed_pp_share"] is None

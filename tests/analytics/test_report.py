@@ -1,0 +1,89 @@
+"""Reports: grade boundaries, the four parts, metric sources, renderers."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from analytics_helpers import fixture_job, fixture_records
+from rich.console import Console
+
+from perfd import catalog
+from perfd.analytics import analyze_run, grade_mfu
+from perfd.report import Report, build_report, render_rich, render_text
+
+
+@pytest.mark.parametrize(("mfu", "grade"), [
+    (0.0, "severe"), (0.2999, "severe"), (0.30, "communication-overhead"), (0.3999, "communication-overhead"),
+    (0.40, "good"), (0.50, "good"), (0.5001, "excellent"), (0.9, "excellent"), (None, "unknown"),
+])
+def test_grade_boundaries(mfu: float | None, grade: str) -> None:
+    assert grade_mfu(mfu)[0] == grade
+
+
+def _report() -> Report:
+    return build_report(analyze_run(fixture_job(), fixture_records(), gpu_name="NVIDIA H200"))
+
+
+def test_fixture_report_parts() -> None:
+    rep = _report()
+    assert rep.summary.status == "severe" and rep.summary.bottleneck == "pipeline-bound"
+    assert rep.summary.mfu == pytest.approx(0.0837, abs=1e-4)
+    assert "TP=1 PP=2 DP=1" in rep.summary.headline and "16 micro-batches" in rep.summary.headline
+    by_name = {m.name: m for m in rep.metrics}
+    for m in rep.metrics:
+        catalog.get(m.name)  # every reported metric is in the catalog
+        assert m.source and m.unit == catalog.get(m.name).unit
+    assert by_name["perfd_job_step_time_seconds"].value == pytest.approx(0.3368)
+    assert by_name["perfd_job_pp_bubble_analytic_ratio"].value == pytest.approx(1 / 17)
+    assert "inference" in by_name["perfd_job_pp_stage_idle_max_ratio"].source
+    assert "median over iterations 5–40" in by_name["perfd_job_mfu_ratio"].source
+    assert rep.findings[0].severity == "critical"  # sorted by severity
+    assert rep.recommendations[0].finding_id == "pp-imbalance"
+
+
+def test_render_text_and_json() -> None:
+    rep = _report()
+    text = render_text(rep)
+    for section in ("SUMMARY", "METRICS", "FINDINGS", "RECOMMENDATIONS"):
+        assert section in text
+    assert "perfd_job_mfu_ratio" in text and "8.4%" in text and "1.31×" in text
+    assert "1. Rebalance layers" in text
+    doc = rep.to_json()
+    assert set(doc) == {"summary", "metrics", "findings", "recommendations"}
+    assert doc["summary"]["status"] == "severe"
+    assert doc["recommendations"][0]["finding_id"] == "pp-imbalance"
+    json.dumps(doc, allow_nan=False)
+
+
+def test_render_rich() -> None:
+    buf = io.StringIO()
+    Console(file=buf, width=140, color_system=None).print(render_rich(_report()))
+    out = buf.getvalue()
+    assert "Summary" in out and "Recommendations" in out and "pp-imbalance" in out
+
+
+def test_absent_metrics_render_as_na_not_zero() -> None:
+    rep = build_report(analyze_run(fixture_job(), fixture_records(), gpu_name=None))
+    mfu = next(m for m in rep.metrics if m.name == "perfd_job_mfu_ratio")
+    assert mfu.value is None and mfu.source.startswith("absent")
+    assert rep.summary.status == "unknown"
+    assert "perfd_job_mfu_ratio" in render_text(rep) and "n/a" in render_text(rep)
+    assert rep.to_json()["summary"]["mfu"] is None
+
+
+def test_report_property_and_iteration_table() -> None:
+    a = analyze_run(fixture_job(), fixture_records(), gpu_name="NVIDIA H200")
+    assert a.report.to_json() == build_report(a).to_json()
+    text = render_text(a.report, iterations=a)
+    assert "ITERATIONS" in text
+    row38 = next(line for line in text.splitlines() if line.lstrip().startswith("38*"))
+    assert "331.1" in row38 and "84.20" in row38 and "84.21" in row38 and "1.29×" in row38
+    row1 = next(line for line in text.splitlines() if line.lstrip().startswith("1 "))
+    assert "5868.0" in row1  # warm-up: listed, not starred
+    assert "ITERATIONS" not in render_text(a.report)
+
+
+def test_catalog_all_metrics() -> None:
+    assert catalog.all_metrics() == catalog.CATALOG
