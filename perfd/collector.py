@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.model import Sample, StepRecord
+from perfd.model import JobInfo, Sample, StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,9 @@ class Collected:
     samples: list[Sample] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # kind, severity, text, labels
+    # What a job's start-up says about it (layout, model spec), sent when it first appears or
+    # changes, keyed by job name.
+    job_info: dict[str, JobInfo] = field(default_factory=dict)
 
 
 class Collector(abc.ABC):

@@ -5,5 +5,14 @@ See README.md in this folder for the formats, the Megatron flags that produce th
 
 from collectors.megatron.parser import MegatronLogParser, ParsedLog, parse_file, parse_lines
 from collectors.megatron.tail import LogTail
+from perfd.collector import Registry
 
-__all__ = ["LogTail", "MegatronLogParser", "ParsedLog", "parse_file", "parse_lines"]
+__all__ = ["LogTail", "MegatronLogParser", "ParsedLog", "parse_file", "parse_lines", "register"]
+
+
+def register(registry: Registry) -> None:
+    """Add this collector to the agent's registry (imported lazily: the parser alone needs
+    nothing of the agent)."""
+    from collectors.megatron.collector import MegatronCollector
+
+    registry.register("megatron", MegatronCollector)

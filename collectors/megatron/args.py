@@ -33,13 +33,15 @@ _ARG_LINE_RE = re.compile(r"  (?P<name>[A-Za-z_][A-Za-z0-9_]*) (?P<rest>.*)")
 # 2019: "using world size: 16 and model-parallel size: 2" (model parallel = tensor parallel then).
 _WORLD_SIZES_RE = re.compile(
     r"(?<![\w-])(?P<name>world|data[- ]parallel|context[- ]parallel|tensor[- ]model[- ]parallel"
-    r"|pipeline[- ]model[- ]parallel|expert[- ]model[- ]parallel|model[- ]parallel)[- ]size:\s*(?P<value>\d+)"
+    r"|pipeline[- ]model[- ]parallel|expert[- ]model[- ]parallel|model[- ]parallel)"
+    r"[- ]size:\s*(?P<value>\d{1,18})(?!\d)"
 )
-_MICROBATCHES_RE = re.compile(r"setting number of micro-?batches to constant (?P<n>\d+)")
+_MICROBATCHES_RE = re.compile(r"setting number of micro-?batches to constant (?P<n>\d{1,18})(?!\d)")
 _PADDED_VOCAB_RE = re.compile(
-    r"padded vocab \(size: (?P<orig>\d+)\) with (?P<dummy>\d+) dummy tokens \(new size: (?P<new>\d+)\)"
+    r"padded vocab \(size: (?P<orig>\d{1,18})\) with (?P<dummy>\d{1,18}) dummy tokens"
+    r" \(new size: (?P<new>\d{1,18})\)"
 )
-_VIRTUAL_STAGES_RE = re.compile(r"Number of virtual stages per pipeline stage: (?P<n>\d+|None)")
+_VIRTUAL_STAGES_RE = re.compile(r"Number of virtual stages per pipeline stage: (?P<n>\d{1,18}(?!\d)|None)")
 
 IssueSink = Callable[[str, str], None]  # (reason, text)
 

@@ -101,7 +101,9 @@ def parse_pair(segment: str) -> tuple[str, str] | None:
 # --------------------------------------------------------------------------------------------
 
 # "iteration 12/ 40" with any spacing. The look-behind keeps "current_iteration 5" out.
-_ITER_HEAD_RE = re.compile(r"(?<![\w-])iteration\s+(?P<it>\d+)(?P<slash>\s*/\s*(?P<total>\d+)?)?")
+_ITER_HEAD_RE = re.compile(
+    r"(?<![\w-])iteration\s+(?P<it>\d{1,18})(?!\d)(?P<slash>\s*/\s*(?P<total>\d{1,18}(?!\d))?)?"
+)
 # What a line cut inside a pair looks like: " elapsed time per it", " lm loss: 1.05".
 _TRUNCATED_TAIL_RE = re.compile(r"[A-Za-z][A-Za-z0-9_ ./()%+-]{0,79}(?::[ ]*[-+0-9.eE]*)?")
 _VALIDATION_RE = re.compile(
@@ -130,21 +132,22 @@ def parse_iteration(line: str) -> IterationLine | str | None:
     """
     for m in _ITER_HEAD_RE.finditer(line):
         rest = line[m.end():]
+        prefix = line[: m.start()].strip()
+        # A line that ends inside the head is only trusted where the head starts a line, as
+        # Megatron's does ("[ts] iteration ..."); "saving at iteration 5/10" is prose.
+        cut_head = not rest.strip() and (not prefix or _TIMESTAMP_RE.fullmatch(prefix) is not None)
         if m["slash"] is None:
-            prefix = line[: m.start()].rstrip()
-            if not rest.strip() and (not prefix or _TIMESTAMP_RE.fullmatch(prefix.lstrip())):
+            if cut_head:
                 # "[ts] iteration   12" and nothing more: the number itself may be cut; no record.
                 return "truncated-iteration-line"
             continue  # "iteration 100 |" (evaluation) or prose: not a training line head
-        head_ok = m["total"] is not None and rest.lstrip().startswith("|")
-        if not head_ok:
-            if rest.strip():
-                # "iteration 5/10 of ..." - prose, unless it carries pairs.
-                if "|" in rest and ":" in rest:
-                    return "iteration-line-bad-head"
-                continue
-            # Cut right after "N/" or "N/ M": M may be incomplete, so it is not trusted.
-            return IterationLine(int(m["it"]), None, parse_timestamp(line[: m.start()]), truncated=True)
+        if m["total"] is None or not rest.lstrip().startswith("|"):
+            if cut_head:
+                # Cut right after "N/" or "N/ M": M may be incomplete, so it is not trusted.
+                return IterationLine(int(m["it"]), None, parse_timestamp(prefix), truncated=True)
+            if "|" in rest and ":" in rest:
+                return "iteration-line-bad-head"  # "iteration 5/x | a: 1 |"
+            continue
         rec = IterationLine(int(m["it"]), int(m["total"]), parse_timestamp(line[: m.start()]))
         body = rest.lstrip()[1:]
         segments = body.split("|")
@@ -178,7 +181,7 @@ def parse_validation(line: str) -> ValidationLine | None:
     m = _VALIDATION_RE.search(line) if " loss at " in line else None
     if m is None:
         return None
-    it = re.search(r"iteration\s+(\d+)", m["where"])
+    it = re.search(r"iteration\s+(\d{1,18})(?!\d)", m["where"])
     out = ValidationLine(int(it[1]) if it else None, m["label"])
     for seg in line[m.end():].split("|")[:-1]:
         pair = parse_pair(seg)
@@ -197,7 +200,7 @@ _TIMER_HEADER_RE = re.compile(
     r"(?:(?P<minmax>\(min, max\) time)|(?P<max>max time)|(?P<all>times)) across ranks \(ms\):\s*$"
 )
 _ALL_NAME_RE = re.compile(r" {1,3}(?P<name>[^\s:]+):")
-_ALL_RANK_RE = re.compile(r"\s+rank\s+(?P<rank>\d+):\s*(?P<value>\S+)")
+_ALL_RANK_RE = re.compile(r"\s+rank\s+(?P<rank>\d{1,9}):\s*(?P<value>\S+)")
 _ONE_LINE_TIMERS_RE = re.compile(r"(?:^|[\s:])time \(ms\)\s*\|")
 
 
@@ -279,7 +282,7 @@ def parse_one_line_timers(line: str) -> dict[str, TimerValue] | str | None:
 # --------------------------------------------------------------------------------------------
 
 _STRAGGLER_SEG_RE = re.compile(
-    r"(?P<mm>Mn|Mx)(?P<q>[A-Za-z]+)/Rnk:\s*(?P<v>[-+0-9.eE]+|nan|inf)\s*(?P<u>[A-Za-z%]*)\s*/\s*(?P<r>-?\d+)"
+    r"(?P<mm>Mn|Mx)(?P<q>[A-Za-z]+)/Rnk:\s*(?P<v>[-+0-9.eE]+|nan|inf)\s*(?P<u>[A-Za-z%]*)\s*/\s*(?P<r>-?\d{1,9})"
 )
 # Megatron's labels -> perfd's quantity keys. Power is printed with a "W" label but holds
 # torch.cuda.power_draw(), which is milliwatts: converted here.
@@ -332,7 +335,9 @@ def parse_straggler(line: str) -> StragglerParsed | str | None:
     return out
 
 
-_MEMORY_HEAD_RE = re.compile(r"\[Rank (?P<rank>\d+)\]\s*\(after (?P<it>\d+) iterations?\)\s*memory \(MB\)")
+_MEMORY_HEAD_RE = re.compile(
+    r"\[Rank (?P<rank>\d{1,9})\]\s*\(after (?P<it>\d{1,18}) iterations?\)\s*memory \(MB\)"
+)
 
 
 @dataclass

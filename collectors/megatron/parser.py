@@ -89,10 +89,12 @@ class MegatronLogParser:
         self._timer_target: dict[str, TimerValue] | None = None
         self._timer_gap = 0
         self._all_current: str | None = None  # timer name under which 'all' rank rows go
-        # Iterations a record covers: see _interval().
+        self._step_timer_names: set[str] = set()  # the pending record's step timers (see _note_step_timer)
+        self._blocks_for_pending = 0  # timer blocks printed since the pending record's line
+        # Iterations a record covers (see _interval): the previous record of this run, and
+        # whether it was the run's first-iteration log ("certain" | "maybe").
         self._prev_record: StepRecord | None = None
-        self._prev_first: str | None = None  # "certain" | "maybe": the previous record was a
-        # run's first-iteration log (see _interval)
+        self._prev_first: str | None = None
 
     # ---------------------------------------------------------------------------------------
     # Public API
@@ -115,9 +117,7 @@ class MegatronLogParser:
         try:
             self._close_args()
             self._close_timers()
-            if self._pending is not None:
-                out.append(self._pending)
-                self._pending = None
+            self._complete(out)
         except Exception as exc:  # pragma: no cover - defensive, as in feed()
             self._issue("internal-error", f"{type(exc).__name__}: {exc}")
         return out
@@ -180,6 +180,8 @@ class MegatronLogParser:
         if self._timer_mode == "all":
             row = parse_all_timer_rank(line)
             if isinstance(row, tuple) and self._all_current is not None:
+                if self._all_current not in target:
+                    self._note_step_timer(self._all_current)
                 tv = target.setdefault(self._all_current, TimerValue())
                 tv.per_rank[row[0]] = row[1]
                 tv.min_ms, tv.max_ms = min(tv.per_rank.values()), max(tv.per_rank.values())
@@ -198,7 +200,9 @@ class MegatronLogParser:
             body = parse_timer_body(line)
             if isinstance(body, tuple):
                 # A second block for the same record (e.g. save-checkpoint) never overwrites.
-                target.setdefault(body[0], body[1])
+                if body[0] not in target:
+                    target[body[0]] = body[1]
+                    self._note_step_timer(body[0])
                 self._count("timer_lines")
                 self._timer_gap = 0
                 return True
@@ -241,7 +245,8 @@ class MegatronLogParser:
             return
         straggler = parse_straggler(line)
         if straggler is not None:
-            self._close_timers()
+            # Rank 0 prints this while the last rank prints the timers: it may land inside the
+            # block, so it does not close it (neither do memory reports, printed by every rank).
             if isinstance(straggler, str):
                 self._issue(straggler, line)
                 return
@@ -275,9 +280,13 @@ class MegatronLogParser:
                 return
             self._count("timer_blocks")
             self._count("timer_lines", len(one_line))
+            if self._pending is not None:
+                self._blocks_for_pending += 1
             target = self._timer_owner()
             for name, tv in one_line.items():
-                target.setdefault(name, tv)
+                if name not in target:
+                    target[name] = tv
+                    self._note_step_timer(name)
             if self.job_info.timing_log_option is None:
                 self.job_info.timing_log_option = "one-line"
             return
@@ -336,9 +345,7 @@ class MegatronLogParser:
 
     def _run_start(self, out: list[StepRecord]) -> None:
         """Start-up output: a new run (or a restart appended to the same log) begins here."""
-        if self._pending is not None:  # the previous run's last record is complete
-            out.append(self._pending)
-            self._pending = None
+        self._complete(out)  # the previous run's last record is complete
         self._prev_record = None
         self._prev_first = None
 
@@ -351,12 +358,20 @@ class MegatronLogParser:
     def _open_timers(self, mode: str) -> None:
         self._close_timers()
         self._count("timer_blocks")
+        if self._pending is not None:
+            self._blocks_for_pending += 1
         self._timer_mode = mode
         self._timer_target = self._timer_owner()
         self._timer_gap = 0
         self._all_current = None
         if self.job_info.timing_log_option is None:  # old logs lack the argument: infer it
             self.job_info.timing_log_option = mode
+
+    def _note_step_timer(self, name: str) -> None:
+        """Timers of the first block after an iteration line are training_log's step timers
+        (normalised by log_interval); later blocks (save-checkpoint, evaluate) are not."""
+        if self._pending is not None and self._blocks_for_pending == 1:
+            self._step_timer_names.add(name)
 
     def _timer_owner(self) -> dict[str, TimerValue]:
         """Timers printed after iteration N's line belong to N; before any, to start-up."""
@@ -367,9 +382,28 @@ class MegatronLogParser:
         self._timer_target = None
         self._all_current = None
 
+    def _complete(self, out: list[StepRecord]) -> None:
+        """The pending record is final: put its step timers on a per-iteration basis, hand it out."""
+        rec = self._pending
+        if rec is None:
+            return
+        self._pending = None
+        li = self.job_info.log_interval
+        if li and rec.interval and rec.interval != li and self._step_timer_names:
+            # Megatron divides the step timers by log_interval even when the log covers another
+            # number of iterations (a run's first log, and the one after it: see _interval).
+            scale = li / rec.interval
+            for name in self._step_timer_names:
+                tv = rec.timers.get(name)
+                if tv is not None:
+                    tv.min_ms = None if tv.min_ms is None else tv.min_ms * scale
+                    tv.max_ms = None if tv.max_ms is None else tv.max_ms * scale
+                    tv.per_rank = {r: v * scale for r, v in tv.per_rank.items()}
+            self._count("records_timers_rescaled")
+        out.append(rec)
+
     def _start_record(self, it: IterationLine, line: str, out: list[StepRecord]) -> None:
-        if self._pending is not None:
-            out.append(self._pending)
+        self._complete(out)
         self._count("iteration_lines")
         rec = StepRecord(
             job=self.job,
@@ -394,20 +428,23 @@ class MegatronLogParser:
             # Another rank's text glued onto the line: dropped, never turned into a field.
             self._count("intrusions", (it.intrusion is not None) + it.bad_segments)
         self._pending = rec
+        self._step_timer_names = set()
+        self._blocks_for_pending = 0
 
     def _interval(self, rec: StepRecord) -> int | None:
         """How many iterations this record's averages cover.
 
-        Megatron-Core (2025+) logs the first iteration of every run, fresh or resumed, on top of
-        each ``log_interval``-th one, and does not reset its accumulators after that first log.
-        So the first record covers 1 iteration and the next one everything since the run began:
-        on the shared fixture (log interval 1) iteration 2's 3180 ms is the mean of iterations 1
-        (5868 ms) and 2 (~493 ms). Timers are still divided by log_interval (see README).
+        Recent Megatron-LM (core 0.20 here) logs the first iteration of every run, fresh or
+        resumed, on top of each ``log_interval``-th one, and does not reset its accumulators
+        after that first log. So the first record covers 1 iteration and the next one everything
+        since the run began: on the shared fixture (log interval 1) iteration 2's 3180 ms is the
+        mean of iterations 1 (5868 ms) and 2 (~493 ms). Timers are still divided by log_interval:
+        _complete fixes that.
 
         A first record whose iteration is not a multiple of log_interval can only be such a log.
-        With log interval 1 the first record (iteration 1) looks like any other, and older
-        versions did reset after it: the next record then decides by its own numbers (see
-        _looks_unreset). Without a log interval or any evidence, the gap to the previous record.
+        With log interval 1 the first record (iteration 1) looks like any other, and versions
+        without the first-iteration log reset after it: the next record then decides by its own
+        numbers (_looks_unreset). Without a log interval or evidence: the gap to the previous one.
         """
         li = self.job_info.log_interval
         prev = self._prev_record

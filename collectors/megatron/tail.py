@@ -32,9 +32,10 @@ class LogTail:
         self._fh: BinaryIO | None = None
         self._id: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
         self._partial = b""
-        if not from_start:
-            # Skip what is already there now; a file that appears later is read from its start.
-            self._open(at_end=True)
+        # Open now, not at the first read: a rotation between the two must not hide the file we
+        # were asked to follow. from_start=False skips what is there now; a file that does not
+        # exist yet is opened at the first read and read from its start.
+        self._open(at_end=not from_start, quiet=True)
 
     # ---------------------------------------------------------------------------------------
 
@@ -65,14 +66,17 @@ class LogTail:
     def _error(self, key: str) -> None:
         self.errors[key] = self.errors.get(key, 0) + 1
 
-    def _open(self, at_end: bool) -> bool:
+    def _open(self, at_end: bool, quiet: bool = False) -> bool:
+        """Open the path; ``quiet``: failure is not counted (the constructor's early try)."""
         try:
             fh = self.path.open("rb")
         except FileNotFoundError:
-            self._error("missing")
+            if not quiet:
+                self._error("missing")
             return False
         except OSError:
-            self._error("open_failed")
+            if not quiet:
+                self._error("open_failed")
             return False
         try:
             st = os.fstat(fh.fileno())

@@ -1,4 +1,4 @@
-"""Sub-commands of the `perfd` CLI, one module each."""
+"""Sub-commands of the `perfd` CLI, one module each. Each registers its parser and a handler."""
 
 from __future__ import annotations
 
@@ -6,4 +6,7 @@ import argparse
 
 
 def register_live_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register the sub-commands of the live pipeline (agent, aggregator, demo, record, bench)."""
+    """Register the sub-commands of the live pipeline (agent, aggregator, demo, record, ...)."""
+    from perfd.commands import live
+
+    live.register(sub)

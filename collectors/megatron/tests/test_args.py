@@ -44,14 +44,16 @@ def test_new_world_size_line() -> None:
 
 def test_old_world_size_line_with_dashed_names() -> None:
     lay = job(
-        "using world size: 8, data-parallel-size: 2, tensor-model-parallel size: 2, pipeline-model-parallel size: 2 "
+        "using world size: 8, data-parallel-size: 2, tensor-model-parallel size: 2, "
+        "pipeline-model-parallel size: 2 "
     ).layout
     assert (lay.world_size, lay.dp, lay.tp, lay.pp, lay.cp) == (8, 2, 2, 2, None)
 
 
 def test_world_size_line_missing_a_comma() -> None:
     lay = job(
-        "using world size: 16, data-parallel size: 2, context-parallel size: 2 tensor-model-parallel size: 2, "
+        "using world size: 16, data-parallel size: 2, context-parallel size: 2 "
+        "tensor-model-parallel size: 2, "
         "pipeline-model-parallel size: 2 "
     ).layout
     assert (lay.world_size, lay.dp, lay.cp, lay.tp, lay.pp) == (16, 2, 2, 2, 2)
@@ -134,7 +136,9 @@ def test_gqa_swiglu_untied_fp8() -> None:
     assert (spec.num_query_groups, spec.swiglu, spec.untie_embeddings, spec.dtype) == (4, True, True, "fp8")
 
 
-@pytest.mark.parametrize(("bf16", "fp16", "dtype"), [(True, False, "bf16"), (False, True, "fp16"), (False, False, "fp32")])
+@pytest.mark.parametrize(
+    ("bf16", "fp16", "dtype"), [(True, False, "bf16"), (False, True, "fp16"), (False, False, "fp32")]
+)
 def test_dtype_from_flags(bf16: bool, fp16: bool, dtype: str) -> None:
     assert job(*args_block(bf16=bf16, fp16=fp16, fp8=None)).spec.dtype == dtype
 
@@ -248,7 +252,8 @@ def test_restart_appended_to_the_same_log_starts_a_new_run() -> None:
     run = [
         "> Megatron-Core version .......... 0.20.0",
         *args_block(num_layers=8, log_interval=1),
-        " [2026-11-21 20:58:42.000000] iteration        1/      40 | elapsed time per iteration (ms): 500.0 |",
+        " [2026-11-21 20:58:42.000000] iteration        1/      40 |"
+        " elapsed time per iteration (ms): 500.0 |",
         "INFO:megatron.core.timers:(min, max) time across ranks (ms):",
         "    forward-backward ...............................: (1.0, 2.0)",
     ]
@@ -257,7 +262,8 @@ def test_restart_appended_to_the_same_log_starts_a_new_run() -> None:
         *args_block(num_layers=16, log_interval=1),
         "INFO:megatron.core.timers:(min, max) time across ranks (ms):",
         "    startup-library-setup ..........................: (3.0, 4.0)",
-        " [2026-11-21 21:30:00.000000] iteration        1/      40 | elapsed time per iteration (ms): 900.0 |",
+        " [2026-11-21 21:30:00.000000] iteration        1/      40 |"
+        " elapsed time per iteration (ms): 900.0 |",
     ]
     log = parse_lines(run + restart)
     assert [r.iteration for r in log.records] == [1, 1]

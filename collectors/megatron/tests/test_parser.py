@@ -22,7 +22,12 @@ NEW_LINE = (
 INTRUSION = "Number of parameters in transformer block in billions:  0.10"
 
 
-def it_line(n: int, total: int = 40, ts: str | None = "2026-11-21 20:58:42.618274", **extra: str) -> str:
+def it_line(
+    n: int,
+    total: int = 40,
+    ts: str | None = "2026-11-21 20:58:42.618274",
+    extra: dict[str, str] | None = None,
+) -> str:
     """An iteration line as Megatron-Core formats it, with optional extra pairs before loss scale."""
     head = f" [{ts}]" if ts is not None else ""
     pairs = (
@@ -30,9 +35,10 @@ def it_line(n: int, total: int = 40, ts: str | None = "2026-11-21 20:58:42.61827
         " elapsed time per iteration (ms): 331.1 | throughput per GPU (TFLOP/s/GPU): 84.2 |"
         " learning rate: 1.000000E-04 | global batch size:    64 | lm loss: 3.061306E+00 |"
     )
-    for key, value in extra.items():
+    for key, value in (extra or {}).items():
         pairs += f" {key}: {value} |"
-    pairs += " loss scale: 1.0 | grad norm: 5.923 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+    pairs += " loss scale: 1.0 | grad norm: 5.923 |"
+    pairs += " number of skipped iterations:   0 | number of nan iterations:   0 |"
     return head + pairs
 
 
@@ -98,7 +104,7 @@ def test_iteration_head_spacing_variants(head: str) -> None:
 def test_extra_fields_are_kept_raw_and_do_not_disturb_typed_ones() -> None:
     line = it_line(
         7,
-        **{
+        extra={
             "tokens per GPU (tokens/s/GPU)": "12345.6",
             "energy per GPU (J/iter/GPU)": "150.2",
             "power per GPU (W/GPU)": "450.1",
@@ -170,7 +176,10 @@ def test_intrusion_in_the_middle_drops_only_the_broken_segment() -> None:
 
 
 def test_truncated_line_keeps_complete_pairs_and_reports_issue() -> None:
-    line = " [2026-11-21 20:58:43.000000] iteration       12/      40 | consumed samples:          768 | elapsed time per it"
+    line = (
+        " [2026-11-21 20:58:43.000000] iteration       12/      40 | consumed samples:          768 |"
+        " elapsed time per it"
+    )
     log = parse(line)
     assert [r.iteration for r in log.records] == [12]
     r = log.records[0]
@@ -201,14 +210,16 @@ def test_truncated_inside_the_iteration_number_gives_no_record() -> None:
 
 
 def test_iteration_line_without_number_is_an_issue() -> None:
-    log = parse(" iteration      abc/      40 | consumed samples: 64 | elapsed time per iteration (ms): 5.0 |")
+    log = parse(" iteration      abc/      40 | consumed samples: 64 | elapsed time per iteration (ms): 5 |")
     assert log.records == []
     assert [i.reason for i in log.issues] == ["iteration-line-no-iteration-number"]
 
 
 def test_memory_line_is_not_an_iteration_and_attaches_to_its_iteration() -> None:
-    mem0 = "[Rank 0] (after 1 iterations) memory (MB) | allocated: 1638.72 | max allocated: 4781.19 | reserved: 5006.00 | max reserved: 5006.00"
-    mem1 = "[Rank 1] (after 1 iterations) memory (MB) | allocated: 1636.75 | max allocated: 3597.09 | reserved: 4112.00 | max reserved: 4112.00"
+    mem0 = ("[Rank 0] (after 1 iterations) memory (MB) | allocated: 1638.72 | max allocated: 4781.19"
+            " | reserved: 5006.00 | max reserved: 5006.00")
+    mem1 = ("[Rank 1] (after 1 iterations) memory (MB) | allocated: 1636.75 | max allocated: 3597.09"
+            " | reserved: 4112.00 | max reserved: 4112.00")
     alone = parse(mem0)
     assert alone.records == [] and alone.issues == []
     assert alone.counts["memory_lines"] == 1 and alone.counts["memory_unattached"] == 1
@@ -364,7 +375,8 @@ def test_startup_timers_go_to_job_info_not_to_a_record() -> None:
 
 
 def test_bad_timer_value_is_an_issue() -> None:
-    log = parse(it_line(1), MINMAX_BLOCK[0], "    forward-backward ...............................: (5577.20, oops)")
+    bad = "    forward-backward ...............................: (5577.20, oops)"
+    log = parse(it_line(1), MINMAX_BLOCK[0], bad)
     assert log.records[0].timers == {}
     assert [i.reason for i in log.issues] == ["timer-line-bad-value"]
 
@@ -390,14 +402,24 @@ def test_straggler_line_with_and_without_logger_prefix(prefix: str) -> None:
     lo, hi = s.quantities["rtt"]
     assert (lo.value, lo.rank, lo.unit, hi.value, hi.rank) == (1475.58, 0, "ms", 2273.05, 1)
     lo, hi = s.quantities["power"]  # printed "207359.00W" but it is milliwatts
-    assert (lo.value, lo.unit, hi.value, hi.rank) == (pytest.approx(207.359), "W", pytest.approx(226.827), 1)
+    assert lo.value == pytest.approx(207.359) and hi.value == pytest.approx(226.827)
+    assert (lo.unit, hi.unit, hi.rank) == ("W", "W", 1)
     assert s.quantities["tflops"][1].value == 6.30 and s.quantities["tflops"][1].unit == "TF"
     assert s.quantities["util"][0].unit == "%"
-    assert set(log.records[0].timers) == {"forward-backward", "batch-generator"}  # block closed
+    assert set(log.records[0].timers) == {"forward-backward", "batch-generator"}
+
+
+def test_straggler_line_inside_a_timer_block_does_not_end_it() -> None:
+    log = parse(it_line(1), MINMAX_BLOCK[0], MINMAX_BLOCK[1], "INFO:megatron.core.utils:" + STRAGGLER,
+                MINMAX_BLOCK[2], it_line(2))
+    first = log.records[0]
+    assert first.straggler is not None
+    assert set(first.timers) == {"forward-backward", "batch-generator"}
 
 
 def test_straggler_line_of_an_older_version_with_fewer_quantities() -> None:
-    old = "[2024-03-01 12:00:00] | MnRtt/Rnk: 98.88ms/0 | MxRtt/Rnk: 144.58ms/1 | MnEtpt/Rnk: 80.00TF/1 | MxEtpt/Rnk: 99.00TF/0"
+    old = ("[2024-03-01 12:00:00] | MnRtt/Rnk: 98.88ms/0 | MxRtt/Rnk: 144.58ms/1 | MnEtpt/Rnk: 80.00TF/1"
+           " | MxEtpt/Rnk: 99.00TF/0")
     s = parse(it_line(1), old).records[0].straggler
     assert s is not None and set(s.quantities) == {"rtt", "tflops"}
 
@@ -450,3 +472,26 @@ def test_interval_after_resume_from_checkpoint() -> None:
             "-------------------- end of arguments ---------------------"]
     log = parse(*args, it_line(996), it_line(1000), it_line(1010))
     assert [(r.iteration, r.interval) for r in log.records] == [(996, 1), (1000, 5), (1010, 10)]
+
+
+def test_first_log_timers_are_rescaled_to_per_iteration_but_later_blocks_are_not() -> None:
+    # Megatron divides the step timers of the first-iteration log by log_interval (10) although
+    # they cover one iteration; a later block (save-checkpoint) is printed without normaliser.
+    args = ["------------------------ arguments ------------------------",
+            "  log_interval .................................... 10",
+            "-------------------- end of arguments ---------------------"]
+    log = parse(
+        *args, it_line(1), *MINMAX_BLOCK,
+        "INFO:megatron.core.timers:(min, max) time across ranks (ms):",
+        "    save-checkpoint ................................: (5.00, 6.00)",
+        it_line(10), *MINMAX_BLOCK,
+    )
+    first, tenth = log.records
+    assert first.timers["forward-backward"].max_ms == pytest.approx(55783.6)
+    assert first.timers["save-checkpoint"].max_ms == 6.0
+    assert tenth.interval == 10 and tenth.timers["forward-backward"].max_ms == 5578.36
+
+
+def test_prose_ending_with_an_iteration_count_is_not_a_truncated_line() -> None:
+    log = parse("checkpoint saved at iteration 5/10", " iteration 5/10 of warm-up done")
+    assert log.records == [] and log.issues == []

@@ -1,0 +1,88 @@
+"""The agent-side Megatron collector: tails the job's log and parses it as it grows."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+from collectors.megatron.parser import MegatronLogParser
+from collectors.megatron.tail import LogTail
+from perfd.collector import Capabilities, Collected, Collector
+from perfd.model import JobInfo
+
+
+class MegatronCollector(Collector):
+    """Config: ``path`` (required), ``job`` (default: the agent's job), ``from_start`` (default
+    true), ``flush_after_s`` (default 2): when the log has been quiet that long, the pending
+    iteration is emitted without waiting for the next iteration line (Megatron prints the
+    iteration line, its timers and the straggler line within milliseconds; a quiet log means the
+    record is complete, or the job stopped)."""
+
+    name = "megatron"
+    default_interval_s = 0.5
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        if not config.get("path"):
+            raise ValueError("collectors.megatron.path is required (the job's log file)")
+        self.path = str(config["path"])
+        self.job = str(config.get("job") or "default")
+        self.from_start = bool(config.get("from_start", True))
+        self.flush_after_s = float(config.get("flush_after_s", 2.0))
+        self.max_bytes_per_collect = int(config.get("max_bytes_per_collect", 4 << 20))
+        self.parser = MegatronLogParser(job=self.job, source_name=Path(self.path).name)
+        self.tail: LogTail | None = None
+        self._last_data = time.monotonic()
+        self._pending = False  # the parser holds an iteration not yet emitted
+        self._sent_info: JobInfo | None = None
+        self._tail_errors_seen: dict[str, int] = {}
+
+    def probe(self) -> Capabilities:
+        # A log that does not exist yet is normal (the job starts after the agent): available,
+        # and the tail waits for it; the missing file is counted, not fatal.
+        p = Path(self.path)
+        exists = p.exists()
+        return Capabilities(True, "" if exists else f"{self.path} does not exist yet; waiting",
+                            {"file_exists": exists})
+
+    def start(self) -> None:
+        self.tail = LogTail(self.path, from_start=self.from_start)
+
+    def collect(self, now: float) -> Collected:
+        out = Collected()
+        if self.tail is None:
+            return out
+        lines = self.tail.read_lines(max_bytes=self.max_bytes_per_collect)
+        for reason, n in self.tail.errors.items():  # mirror tail failures into our error counts
+            for _ in range(n - self._tail_errors_seen.get(reason, 0)):
+                self.count_error(f"tail:{reason}", self.path)
+            self._tail_errors_seen[reason] = n
+        mono = time.monotonic()
+        if lines:
+            self._last_data = mono
+            for line in lines:
+                recs = self.parser.feed(line)
+                out.steps.extend(recs)
+            self._pending = True
+        elif self._pending and mono - self._last_data >= self.flush_after_s:
+            out.steps.extend(self.parser.flush())
+            self._pending = False
+        if self.parser.events:
+            out.events.extend(self.parser.events)
+            self.parser.events.clear()
+        issues = self.parser.issues
+        if issues:
+            for issue in issues:
+                self.count_error(f"parse:{issue.reason}", f"line {issue.line_no}: {issue.text[:80]}")
+            issues.clear()
+        info = self.parser.job_info
+        if lines and info.arguments and info != self._sent_info:
+            self._sent_info = copy.deepcopy(info)
+            out.job_info[self.job] = self._sent_info
+        return out
+
+    def stop(self) -> None:
+        if self.tail is not None:
+            self.tail.close()

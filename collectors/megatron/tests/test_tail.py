@@ -1,0 +1,133 @@
+"""LogTail against a real file that the test appends to, truncates and rotates."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from collectors.megatron import LogTail
+
+
+def append(path: Path, data: bytes) -> None:
+    with path.open("ab") as fh:
+        fh.write(data)
+
+
+def test_partial_line_is_held_until_its_newline(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"one\ntw")
+    tail = LogTail(log)
+    assert tail.read_lines() == ["one"]
+    assert tail.read_lines() == []
+    append(log, b"o\nthree")
+    assert tail.read_lines() == ["two"]
+    append(log, b"\n")
+    assert tail.read_lines() == ["three"]
+    assert tail.counts["lines"] == 3 and tail.errors == {}
+
+
+def test_utf8_character_split_across_writes(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    encoded = "loss é\n".encode()
+    log.write_bytes(encoded[:-2])  # ends inside the two-byte "é"
+    tail = LogTail(log)
+    assert tail.read_lines() == []
+    append(log, encoded[-2:])
+    assert tail.read_lines() == ["loss é"]
+
+
+def test_invalid_bytes_are_replaced_and_crlf_kept_for_the_parser(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"bad \xff\xfe byte\r\n")
+    assert LogTail(log).read_lines() == ["bad \ufffd\ufffd byte\r"]
+
+
+def test_from_start_false_skips_existing_content(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"old 1\nold 2\n")
+    tail = LogTail(log, from_start=False)
+    assert tail.read_lines() == []
+    append(log, b"new\n")
+    assert tail.read_lines() == ["new"]
+
+
+def test_missing_file_is_counted_then_read_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "later.log"
+    tail = LogTail(log, from_start=False)
+    assert tail.read_lines() == []
+    assert tail.errors["missing"] >= 1
+    log.write_bytes(b"first line of a new file\n")
+    assert tail.read_lines() == ["first line of a new file"]
+
+
+def test_max_bytes_bounds_one_call(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"".join(b"line %03d\n" % i for i in range(100)))  # 9 bytes a line
+    tail = LogTail(log)
+    first = tail.read_lines(max_bytes=95)
+    assert first == [f"line {i:03d}" for i in range(10)]  # 95 bytes: 10 lines and a partial
+    rest: list[str] = []
+    while batch := tail.read_lines(max_bytes=95):
+        rest += batch
+    assert first + rest == [f"line {i:03d}" for i in range(100)]
+
+
+def test_truncation_restarts_from_zero(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"a\nb\npartial")
+    tail = LogTail(log)
+    assert tail.read_lines() == ["a", "b"]
+    log.write_bytes(b"")  # truncate in place (copytruncate, or "> train.log")
+    append(log, b"c\n")
+    assert tail.read_lines() == ["c"]  # the stale partial line is dropped, not glued to "c"
+    assert tail.counts["truncations"] == 1 and tail.counts["partial_dropped"] == 1
+    append(log, b"d\n")
+    assert tail.read_lines() == ["d"]
+    assert tail.counts["truncations"] == 1
+
+
+def test_rotation_drains_the_old_file_first(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"1\n2\n")
+    tail = LogTail(log)
+    assert tail.read_lines() == ["1", "2"]
+    append(log, b"3\nunterminated")  # written before the rotation, not yet read
+    os.rename(log, tmp_path / "train.log.1")
+    assert tail.read_lines() == ["3"]  # path missing for now: keep reading the old file
+    log.write_bytes(b"new 1\nnew 2\n")
+    assert tail.read_lines() == ["unterminated", "new 1", "new 2"]
+    assert tail.counts["rotations"] == 1 and tail.counts["partial_at_rotation"] == 1
+    append(log, b"new 3\n")
+    assert tail.read_lines() == ["new 3"]
+    append(tmp_path / "train.log.1", b"late write to the old file\n")
+    assert tail.read_lines() == []  # the old file is no longer followed
+    assert tail.errors == {}
+
+
+def test_rotation_with_a_small_budget_loses_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"")
+    tail = LogTail(log)
+    append(log, b"".join(b"old %02d\n" % i for i in range(20)))
+    os.rename(log, tmp_path / "train.log.1")
+    log.write_bytes(b"".join(b"new %02d\n" % i for i in range(20)))
+    got: list[str] = []
+    for _ in range(100):
+        got += tail.read_lines(max_bytes=13)
+    assert got == [f"old {i:02d}" for i in range(20)] + [f"new {i:02d}" for i in range(20)]
+
+
+def test_overlong_partial_line_is_handed_over(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"x" * 5000)
+    tail = LogTail(log, max_line_bytes=1000)
+    assert tail.read_lines() == ["x" * 5000]
+    assert tail.counts["partial_overlong"] == 1
+
+
+def test_unreadable_path_never_raises(tmp_path: Path) -> None:
+    tail = LogTail(tmp_path)  # a directory: open() fails
+    assert tail.read_lines() == []
+    assert tail.read_lines() == []
+    assert sum(tail.errors.values()) == 2
+    tail.close()

@@ -1,0 +1,221 @@
+"""`perfd agent`: collectors → batches → the aggregator, plus the node's own /metrics.
+
+The agent never touches the training job: it reads logs, NVML and /proc. When the aggregator is
+gone, batches wait in the spool (bounded; the oldest are dropped and counted beyond its cap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import Metric
+
+from perfd.agent.config import AgentConfig
+from perfd.agent.scheduler import Scheduler
+from perfd.collector import Collected, Registry
+from perfd.exporters.prometheus import plain_families, series_families
+from perfd.jobinfo_json import job_info_to_json
+from perfd.model import Sample
+
+log = logging.getLogger(__name__)
+
+
+def default_registry() -> Registry:
+    """Every collector shipped with perfd, by name."""
+    import collectors.host
+    import collectors.megatron
+    import collectors.nvml
+
+    reg = Registry()
+    for mod in (collectors.megatron, collectors.nvml, collectors.host):
+        mod.register(reg)
+    return reg
+
+
+class NodeView:
+    """Latest value of every node series the agent produced, for its own /metrics."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def update(self, samples: list[Sample]) -> None:
+        with self._lock:
+            for s in samples:
+                self._latest[(s.name, tuple(sorted(s.labels.items())))] = s.value
+
+    def rows(self) -> list[tuple[Mapping[str, str], str, float]]:
+        with self._lock:
+            return [(dict(lbl), name, v) for (name, lbl), v in self._latest.items()]
+
+
+class _AgentMetrics:
+    """Scrape-time view: node series + the agent's self-metrics (catalog names)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[Metric]:
+        a = self.agent
+        yield from series_families(a.view.rows(), {"job_name": a.cfg.job})
+        yield from series_families(a.self_metric_rows())
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, registry: Registry | None = None) -> None:
+        self.cfg = cfg
+        self.registry = registry or default_registry()
+        self.scheduler = Scheduler()
+        self.view = NodeView()
+        self.client: Any = None  # AgentClient when streaming (imported lazily: grpc)
+        self.config_errors: dict[str, str] = {}
+        self.metrics_port: int | None = None
+        self.samples_total: dict[str, int] = {}
+        self.submit_errors = 0
+        self._started = time.time()
+        self._jobinfo_sent: dict[str, str] = {}
+
+    # ---- set-up -------------------------------------------------------------------------------
+    def build(self) -> None:
+        for name, ccfg in self.cfg.collectors.items():
+            conf = {"job": self.cfg.job, **ccfg}
+            try:
+                col = self.registry.create(name, conf)
+            except Exception as exc:  # bad collector config: say which, run the others
+                self.config_errors[name] = str(exc)
+                log.error("collector %s not started: %s", name, exc)
+                continue
+            interval = conf.get("interval_s")
+            self.scheduler.add(col, float(interval) if interval is not None else None)
+
+    def start_metrics_server(self) -> None:
+        if self.cfg.metrics_port is None:
+            return
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(_AgentMetrics(self))  # type: ignore[arg-type]
+        server, _thread = start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_host,
+                                            registry=reg)
+        self.metrics_port = int(server.server_address[1])
+        log.info("agent /metrics on %s:%d", self.cfg.metrics_host, self.metrics_port)
+
+    # ---- self metrics -------------------------------------------------------------------------
+    def self_metric_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
+        node = {"node": self.cfg.node}
+        rows: list[tuple[Mapping[str, str], str, float]] = []
+        for name, st in self.scheduler.states.items():
+            for reason, n in st.collector.errors.items():
+                rows.append(({**node, "collector": name, "reason": reason},
+                             "perfd_agent_collector_errors_total", float(n)))
+            rows.append(({**node, "collector": name}, "perfd_agent_samples_total",
+                         float(self.samples_total.get(name, 0))))
+        for name in self.config_errors:
+            rows.append(({**node, "collector": name, "reason": "config"},
+                         "perfd_agent_collector_errors_total", 1.0))
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        rows.append((node, "perfd_agent_cpu_seconds_total", ru.ru_utime + ru.ru_stime))
+        try:
+            with open(f"/proc/{os.getpid()}/statm") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            rows.append((node, "perfd_agent_resident_memory_bytes", float(rss)))
+        except (OSError, ValueError, IndexError):
+            pass
+        if self.client is not None:
+            c = self.client.counters()
+            rows.append((node, "perfd_agent_spool_bytes", float(c.get("bytes", 0))))
+            rows.append((node, "perfd_agent_spool_dropped_samples_total",
+                         float(c.get("dropped_samples", 0))))
+            rows.append((node, "perfd_agent_send_failures_total", float(c.get("stream_errors", 0))))
+            rows.append((node, "perfd_agent_connected", float(c.get("connected", 0))))
+        return rows
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def _forward(self, items: list[tuple[str, Collected]]) -> None:
+        samples: list[Sample] = []
+        steps = []
+        events: list[dict[str, Any]] = []
+        job_info: dict[str, str] = {}
+        for name, out in items:
+            for s in out.samples:
+                s.labels.setdefault("node", self.cfg.node)
+            samples.extend(out.samples)
+            steps.extend(out.steps)
+            events.extend(out.events)
+            self.samples_total[name] = self.samples_total.get(name, 0) + len(out.samples)
+            for job, info in out.job_info.items():
+                text = job_info_to_json(info)
+                if self._jobinfo_sent.get(job) != text:
+                    job_info[job] = text
+        self.view.update(samples)
+        if self.client is None or not (samples or steps or events or job_info):
+            return
+        try:
+            self.client.submit(samples, steps, events, job_info_json=job_info or None)
+            self._jobinfo_sent.update(job_info)
+        except Exception as exc:  # an oversized batch or a spool failure: counted, agent lives
+            self.submit_errors += 1
+            log.warning("could not queue a batch for the aggregator: %s", exc)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.build()
+        self.scheduler.start()
+        self.start_metrics_server()
+        client_task: asyncio.Task[None] | None = None
+        if self.cfg.aggregator:
+            from perfd.transport.client import AgentClient
+            from perfd.transport.spool import Spool
+
+            caps = {name: ("ok" if st.capabilities and st.capabilities.available
+                           else f"unavailable: {st.capabilities.reason if st.capabilities else '?'}")
+                    for name, st in self.scheduler.states.items()}
+            self.client = AgentClient(
+                self.cfg.aggregator, self.cfg.agent_id,
+                spool=Spool(self.cfg.spool_dir, max_bytes=self.cfg.spool_max_bytes),
+                node=self.cfg.node, jobs=[self.cfg.job], capabilities=caps,
+                on_command=self._on_command)
+            client_task = asyncio.create_task(self.client.run())
+        try:
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=self.cfg.batch_interval_s)
+                except asyncio.TimeoutError:
+                    pass
+                self._forward(self.scheduler.drain())
+        finally:
+            self.scheduler.stop()
+            self._forward(self.scheduler.drain())  # what the collectors produced last
+            if self.client is not None and client_task is not None:
+                await self.client.flush(timeout=3.0)  # best effort; the spool keeps the rest
+                client_task.cancel()
+                try:
+                    await client_task
+                except asyncio.CancelledError:
+                    pass
+                self.client.close()
+
+    def _on_command(self, cmd: Any) -> None:
+        # Captures arrive with the capture work; until then a command is logged, never executed.
+        log.warning("command %s (%s) received; this agent has no executor for it yet",
+                    getattr(cmd, "id", "?"), getattr(cmd, "kind", "?"))
+
+
+def run_agent(cfg: AgentConfig) -> int:
+    """Run until SIGINT/SIGTERM. Returns the process exit code."""
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        agent = Agent(cfg)
+        await agent.run(stop)
+
+    asyncio.run(main())
+    return 0

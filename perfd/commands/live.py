@@ -1,0 +1,62 @@
+"""`perfd agent`, `perfd aggregator`, `perfd record nvml`: argument parsing and start-up."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def _agent(args: argparse.Namespace) -> int:
+    from perfd.agent.config import ConfigError, apply_overrides, load_config
+    from perfd.agent.main import run_agent
+
+    try:
+        cfg = apply_overrides(
+            load_config(args.config), aggregator=args.aggregator, job=args.job,
+            megatron_log=args.megatron_log, nvml=args.nvml, metrics_port=args.metrics_port,
+            node=args.node, agent_id=args.agent_id, spool_dir=args.spool_dir,
+            host=None if args.host is None else args.host == "on")
+    except ConfigError as exc:
+        print(f"perfd agent: configuration error: {exc}", file=sys.stderr)
+        return 2
+    return run_agent(cfg)
+
+
+def _aggregator(args: argparse.Namespace) -> int:
+    from perfd.aggregator.main import AggregatorConfig, run_aggregator
+
+    cfg = AggregatorConfig(grpc_host=args.grpc_host, grpc_port=args.grpc_port,
+                           http_host=args.http_host, http_port=args.http_port, gpu=args.gpu,
+                           peak_tflops=args.peak_tflops)
+    return run_aggregator(cfg, ready_file=args.ready_file)
+
+
+def register(sub: SubParsers) -> None:
+    a = sub.add_parser("agent", help="run the per-node agent")
+    a.add_argument("--config", help="YAML config file (flags below override it)")
+    a.add_argument("--aggregator", help="HOST:PORT of the aggregator's gRPC endpoint "
+                   "(omit to run locally: only the agent's own /metrics)")
+    a.add_argument("--job", help="job name")
+    a.add_argument("--megatron-log", help="tail this Megatron-LM log")
+    a.add_argument("--nvml", help="real | replay:FILE | off (default real)")
+    a.add_argument("--host", choices=["on", "off"], help="host metrics via psutil (default on)")
+    a.add_argument("--metrics-port", type=int, help="port of the agent's /metrics (0: any free "
+                   "port; -1: none; default 9400)")
+    a.add_argument("--node", help="node name (default: host name)")
+    a.add_argument("--agent-id", help="agent id (default: node name)")
+    a.add_argument("--spool-dir", help="directory of the on-disk spool (default: in memory)")
+    a.set_defaults(handler=_agent)
+
+    g = sub.add_parser("aggregator", help="run the aggregator (gRPC ingest, /metrics, JSON API)")
+    g.add_argument("--grpc-host", default="0.0.0.0")
+    g.add_argument("--grpc-port", type=int, default=50051)
+    g.add_argument("--http-host", default="0.0.0.0")
+    g.add_argument("--http-port", type=int, default=9401)
+    g.add_argument("--gpu", help="GPU name for the peak table when agents do not report one")
+    g.add_argument("--peak-tflops", type=float, help="override the peak dense TFLOP/s per GPU")
+    g.add_argument("--ready-file", help="write 'GRPC_PORT HTTP_PORT' here once listening")
+    g.set_defaults(handler=_aggregator)
