@@ -59,6 +59,7 @@ _NVML = "collectors/nvml (NVML)"
 _GPM = "collectors/nvml (GPM, Hopper and newer; absent elsewhere)"
 _HOST = "collectors/host (psutil)"
 _AGENT = "perfd agent"
+_AGGREGATOR = "perfd aggregator"
 
 CATALOG: tuple[MetricDef, ...] = (
     # --- job: training -------------------------------------------------------------------
@@ -163,6 +164,22 @@ CATALOG: tuple[MetricDef, ...] = (
        _AGENT, AGENT),
     _m("perfd_agent_cpu_seconds_total", "counter", "seconds", "CPU time used by the agent", _AGENT, AGENT),
     _m("perfd_agent_resident_memory_bytes", "gauge", "bytes", "Agent resident memory", _AGENT, AGENT),
+    _m("perfd_agent_connected", "gauge", "count", "1 while the agent's stream to the aggregator is up",
+       _AGENT, AGENT),
+    # --- aggregator self-metrics ----------------------------------------------------------
+    _m("perfd_aggregator_samples_total", "counter", "count", "Samples ingested", _AGGREGATOR, ()),
+    _m("perfd_aggregator_step_records_total", "counter", "count", "Step records ingested", _AGGREGATOR,
+       ()),
+    _m("perfd_aggregator_batches_total", "counter", "count", "Batches ingested (duplicates excluded)",
+       _AGGREGATOR, ()),
+    _m("perfd_aggregator_duplicate_batches_total", "counter", "count",
+       "Batches received again after a reconnect and not delivered twice", _AGGREGATOR, ()),
+    _m("perfd_aggregator_decode_errors_total", "counter", "count", "Batches that could not be decoded",
+       _AGGREGATOR, ()),
+    _m("perfd_aggregator_agents_connected", "gauge", "count", "Agents with an open stream", _AGGREGATOR,
+       ()),
+    _m("perfd_aggregator_agent_dropped_samples_total", "counter", "count",
+       "Samples the agents report their spools dropped (oldest first, beyond the cap)", _AGGREGATOR, ()),
     _m("perfd_agent_captures_total", "counter", "count", "Captures run, by tool and outcome", _AGENT,
        (*AGENT, "tool", "status")),
 )

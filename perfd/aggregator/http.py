@@ -49,6 +49,17 @@ class _StateCollector:
                 labels["job_name"] = job
             rows.append((labels, s.name, s.value))
         yield from series_families(rows)
+        t = self.state.transport_stats or {}
+        own = {
+            "perfd_aggregator_samples_total": self.state.stats.samples,
+            "perfd_aggregator_step_records_total": self.state.stats.steps,
+            "perfd_aggregator_batches_total": t.get("batches"),
+            "perfd_aggregator_duplicate_batches_total": t.get("duplicates"),
+            "perfd_aggregator_decode_errors_total": t.get("decode_errors"),
+            "perfd_aggregator_agents_connected": t.get("agents_connected"),
+            "perfd_aggregator_agent_dropped_samples_total": t.get("agent_dropped_samples"),
+        }
+        yield from series_families([({}, k, float(v)) for k, v in own.items() if v is not None])
 
 
 def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:

@@ -35,6 +35,18 @@ def _aggregator(args: argparse.Namespace) -> int:
     return run_aggregator(cfg, ready_file=args.ready_file)
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from perfd.demo.run import run_demo
+
+    return run_demo(args)
+
+
+def _rules_check(args: argparse.Namespace) -> int:
+    from perfd.rules.cli import run_rules_check
+
+    return run_rules_check(args.files)
+
+
 def register(sub: SubParsers) -> None:
     a = sub.add_parser("agent", help="run the per-node agent")
     a.add_argument("--config", help="YAML config file (flags below override it)")
@@ -60,3 +72,18 @@ def register(sub: SubParsers) -> None:
     g.add_argument("--peak-tflops", type=float, help="override the peak dense TFLOP/s per GPU")
     g.add_argument("--ready-file", help="write 'GRPC_PORT HTTP_PORT' here once listening")
     g.set_defaults(handler=_aggregator)
+
+    d = sub.add_parser("demo", help="run aggregator + agent locally on recorded real data "
+                       "and show the job report")
+    d.add_argument("--speed", type=float, default=1.0, help="replay speed of the Megatron log")
+    d.add_argument("--nvml", help="real | replay:FILE | off (default: the shipped recording)")
+    d.add_argument("--plain", action="store_true", help="line output instead of a live table")
+    d.add_argument("--keep-running", action="store_true",
+                   help="leave aggregator and agent running after the report")
+    d.set_defaults(handler=_demo)
+
+    r = sub.add_parser("rules", help="rule packs")
+    rsub = r.add_subparsers(dest="rules_cmd", required=True)
+    rc = rsub.add_parser("check", help="validate rule packs; every error as FILE:LINE: reason")
+    rc.add_argument("files", nargs="+")
+    rc.set_defaults(handler=_rules_check)

@@ -64,6 +64,13 @@ class Report:
     recommendations: list[Recommendation]
     job: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Report:
+        """The inverse of to_json (the demo renders the aggregator's report this way)."""
+        return cls(ReportSummary(**d["summary"]), [ReportMetric(**m) for m in d["metrics"]],
+                   [Finding(**f) for f in d["findings"]],
+                   [Recommendation(**r) for r in d["recommendations"]])
+
     def to_json(self) -> dict[str, Any]:
         return {
             "summary": _clean(dataclasses.asdict(self.summary)),

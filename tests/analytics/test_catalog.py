@@ -44,7 +44,7 @@ def test_names_follow_conventions() -> None:
     names = catalog.names()
     assert len(names) == len(set(names)), "duplicate metric names"
     for m in catalog.CATALOG:
-        assert re.fullmatch(r"perfd_(job|gpu|host|agent)_[a-z0-9]+(_[a-z0-9]+)*", m.name), m.name
+        assert re.fullmatch(r"perfd_(job|gpu|host|agent|aggregator)_[a-z0-9]+(_[a-z0-9]+)*", m.name), m.name
         assert m.kind in ("gauge", "counter", "histogram")
         assert (m.kind == "counter") == m.name.endswith("_total"), m.name
         base = m.name.removesuffix("_total")

@@ -1,0 +1,287 @@
+"""Breakdown of a GPU timeline (the HTA method, DESIGN.md §3 "Captures"), as pure functions.
+
+Per CUDA device::
+
+    span          = first kernel/memcpy/memset start → last end
+    busy          = union(all kernels)            idle = span − busy
+    compute       = union(non-NCCL kernels)       comm = union(NCCL kernels)   (name contains "nccl")
+    comm_exposed  = union(NCCL) − union(compute)  (interval difference: comm no compute overlaps)
+    overlap       = 1 − exposed / comm            (None without communication)
+    memcpy        = union(memcpy and memset)      (reported apart; not part of busy)
+    sendrecv      = union(ncclDevKernel_SendRecv / ncclKernel_SendRecv): pipeline p2p, which
+                    *includes waiting for the peer stage*, i.e. the pipeline bubble
+
+Kernels from several streams overlap and nest, so every total is a length of a union, never a sum
+of durations (except the per-name kernel and NVTX tables, which count each event, like
+``nsys stats``). Unions and differences work on sorted lists: O(n log n) for the sort, linear after.
+Timestamps are nanoseconds (floats: Chrome traces give fractional µs).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+Interval = tuple[float, float]
+
+NS_PER_MS = 1e6
+_SENDRECV = ("nccldevkernel_sendrecv", "ncclkernel_sendrecv")
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    device: int
+    start_ns: float
+    end_ns: float
+    name: str
+    stream: int | None = None
+    pid: int | None = None  # the process that launched it (attributes NVTX ranges to devices)
+
+
+@dataclass(frozen=True)
+class MemEvent:
+    device: int
+    start_ns: float
+    end_ns: float
+    kind: str = "memcpy"  # memcpy | memset
+    stream: int | None = None
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class NvtxRange:
+    """An annotated range. ``device`` set: a GPU-side projection (Kineto gpu_user_annotation);
+    else it belongs to the devices whose kernels ``pid`` launched (all devices when pid is None)."""
+
+    start_ns: float
+    end_ns: float
+    name: str
+    device: int | None = None
+    pid: int | None = None
+
+
+@dataclass
+class TraceData:
+    """What a loader read from one capture file."""
+
+    kernels: list[KernelEvent] = field(default_factory=list)
+    memcpys: list[MemEvent] = field(default_factory=list)
+    nvtx: list[NvtxRange] = field(default_factory=list)
+    source: str = ""
+    rank: int | None = None
+
+
+# --- interval arithmetic ----------------------------------------------------------------------
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    """Sorted, disjoint intervals covering the same time; empty/negative intervals are dropped."""
+    out: list[Interval] = []
+    for s, e in sorted(iv for iv in intervals if iv[1] > iv[0]):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def total(merged: Sequence[Interval]) -> float:
+    """Length of disjoint intervals (the output of :func:`union`)."""
+    return sum(e - s for s, e in merged)
+
+
+def difference(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
+    """a − b for two outputs of :func:`union`: the parts of a that no interval of b covers."""
+    out: list[Interval] = []
+    j = 0
+    for s, e in a:
+        cur = s
+        # b intervals that end before this one starts can never matter again (a is sorted).
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            bs, be = b[k]
+            if bs > cur:
+                out.append((cur, bs))
+            cur = max(cur, be)
+            if cur >= e:
+                break
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def intersection(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
+    """a ∩ b for two outputs of :func:`union`."""
+    out: list[Interval] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < e:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def is_nccl(name: str) -> bool:
+    return "nccl" in name.lower()
+
+
+def is_sendrecv(name: str) -> bool:
+    low = name.lower()
+    return any(p in low for p in _SENDRECV)
+
+
+# --- results ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelStat:
+    name: str
+    count: int
+    total_ms: float  # sum of durations (overlapping launches each count)
+    share: float  # total_ms / busy_ms (shares can sum above 1 when streams overlap)
+
+
+@dataclass(frozen=True)
+class NvtxStat:
+    name: str
+    count: int
+    total_ms: float  # sum of durations, as nsys stats reports it
+
+
+@dataclass(frozen=True)
+class DeviceBreakdown:
+    device: int
+    span_ms: float
+    busy_ms: float
+    idle_ms: float
+    compute_ms: float
+    comm_ms: float
+    comm_exposed_ms: float
+    overlap_ratio: float | None  # None when the device ran no communication
+    memcpy_ms: float
+    sendrecv_ms: float
+    kernel_count: int
+    top_kernels: tuple[KernelStat, ...]
+    nvtx: tuple[NvtxStat, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "device": self.device, "span_ms": self.span_ms, "busy_ms": self.busy_ms, "idle_ms": self.idle_ms,
+            "compute_ms": self.compute_ms, "comm_ms": self.comm_ms, "comm_exposed_ms": self.comm_exposed_ms,
+            "overlap_ratio": self.overlap_ratio, "memcpy_ms": self.memcpy_ms, "sendrecv_ms": self.sendrecv_ms,
+            "kernel_count": self.kernel_count,
+            "top_kernels": [{"name": k.name, "count": k.count, "total_ms": k.total_ms, "share": k.share}
+                            for k in self.top_kernels],
+            "nvtx": [{"name": n.name, "count": n.count, "total_ms": n.total_ms} for n in self.nvtx],
+        }
+
+    def ratio(self, part_ms: float) -> float | None:
+        """part ÷ span (e.g. idle or exposed share of the captured window); None for an empty span."""
+        return part_ms / self.span_ms if self.span_ms > 0 else None
+
+
+@dataclass(frozen=True)
+class CaptureAnalysis:
+    devices: tuple[DeviceBreakdown, ...]
+    source: str = ""
+    rank: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"devices": [d.to_json() for d in self.devices], "source": self.source}
+        if self.rank is not None:
+            out["rank"] = self.rank
+        return out
+
+    def device(self, index: int) -> DeviceBreakdown:
+        for d in self.devices:
+            if d.device == index:
+                return d
+        raise KeyError(index)
+
+
+def _ms(ns: float) -> float:
+    return ns / NS_PER_MS
+
+
+def _kernel_table(kernels: Sequence[KernelEvent], busy_ns: float, top_n: int) -> tuple[KernelStat, ...]:
+    count: dict[str, int] = defaultdict(int)
+    dur: dict[str, float] = defaultdict(float)
+    for k in kernels:
+        count[k.name] += 1
+        dur[k.name] += max(k.end_ns - k.start_ns, 0.0)
+    ranked = sorted(dur, key=lambda n: (-dur[n], n))[:top_n]
+    return tuple(KernelStat(n, count[n], _ms(dur[n]), dur[n] / busy_ns if busy_ns > 0 else 0.0)
+                 for n in ranked)
+
+
+def _nvtx_table(ranges: Iterable[NvtxRange], top_n: int) -> tuple[NvtxStat, ...]:
+    count: dict[str, int] = defaultdict(int)
+    dur: dict[str, float] = defaultdict(float)
+    for r in ranges:
+        if r.end_ns > r.start_ns:
+            count[r.name] += 1
+            dur[r.name] += r.end_ns - r.start_ns
+    ranked = sorted(dur, key=lambda n: (-dur[n], n))[:top_n]
+    return tuple(NvtxStat(n, count[n], _ms(dur[n])) for n in ranked)
+
+
+def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
+                   nvtx: Iterable[NvtxRange] = (), top_n: int = 10) -> DeviceBreakdown:
+    """The breakdown of one device from its own events."""
+    starts = [k.start_ns for k in kernels] + [m.start_ns for m in memcpys]
+    ends = [k.end_ns for k in kernels] + [m.end_ns for m in memcpys]
+    span = max(ends) - min(starts) if starts else 0.0
+    busy = union((k.start_ns, k.end_ns) for k in kernels)
+    compute = union((k.start_ns, k.end_ns) for k in kernels if not is_nccl(k.name))
+    comm = union((k.start_ns, k.end_ns) for k in kernels if is_nccl(k.name))
+    sendrecv = union((k.start_ns, k.end_ns) for k in kernels if is_sendrecv(k.name))
+    exposed = difference(comm, compute)
+    busy_ns, comm_ns, exposed_ns = total(busy), total(comm), total(exposed)
+    return DeviceBreakdown(
+        device=device,
+        span_ms=_ms(span),
+        busy_ms=_ms(busy_ns),
+        idle_ms=_ms(max(span - busy_ns, 0.0)),
+        compute_ms=_ms(total(compute)),
+        comm_ms=_ms(comm_ns),
+        comm_exposed_ms=_ms(exposed_ns),
+        overlap_ratio=1.0 - exposed_ns / comm_ns if comm_ns > 0 else None,
+        memcpy_ms=_ms(total(union((m.start_ns, m.end_ns) for m in memcpys))),
+        sendrecv_ms=_ms(total(sendrecv)),
+        kernel_count=len(kernels),
+        top_kernels=_kernel_table(kernels, busy_ns, top_n),
+        nvtx=_nvtx_table(nvtx, top_n),
+    )
+
+
+def analyze_intervals(kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent] = (),
+                      nvtx: Iterable[NvtxRange] = (), source: str = "", rank: int | None = None,
+                      top_n: int = 10) -> CaptureAnalysis:
+    """The breakdown of every device that ran a kernel or a copy, sorted by device."""
+    k_by: dict[int, list[KernelEvent]] = defaultdict(list)
+    m_by: dict[int, list[MemEvent]] = defaultdict(list)
+    pids: dict[int, set[int]] = defaultdict(set)
+    for k in kernels:
+        k_by[k.device].append(k)
+        if k.pid is not None:
+            pids[k.device].add(k.pid)
+    for m in memcpys:
+        m_by[m.device].append(m)
+        if m.pid is not None:
+            pids[m.device].add(m.pid)
+    ranges = list(nvtx)
+    devices = []
+    for dev in sorted(set(k_by) | set(m_by)):
+        mine = [r for r in ranges if r.device == dev
+                or (r.device is None and (r.pid is None or r.pid in pids[dev]))]
+        devices.append(analyze_device(dev, k_by[dev], m_by[dev], mine, top_n))
+    return CaptureAnalysis(tuple(devices), source, rank)
+
+
+def analyze_trace(data: TraceData, top_n: int = 10) -> CaptureAnalysis:
+    return analyze_intervals(data.kernels, data.memcpys, data.nvtx, data.source, data.rank, top_n)

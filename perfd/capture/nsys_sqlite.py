@@ -1,0 +1,221 @@
+"""Read an nsys capture: the SQLite export (stdlib sqlite3), exporting a ``.nsys-rep`` first.
+
+Tables used (``nsys export --type sqlite``; any of them may be missing — a capture without NVTX or
+without copies is normal):
+
+- ``CUPTI_ACTIVITY_KIND_KERNEL(start, end, deviceId, streamId, globalPid, shortName, demangledName)``
+  with the names as ids into ``StringIds(id, value)``;
+- ``CUPTI_ACTIVITY_KIND_MEMCPY`` / ``CUPTI_ACTIVITY_KIND_MEMSET(start, end, deviceId, streamId)``;
+- ``NVTX_EVENTS(start, end, text, textId, globalTid)``: ranges only (marks have no end).
+
+Times are nanoseconds. ``globalPid``/``globalTid`` carry the process id in bits 24..47, which is
+how NVTX ranges (recorded per thread) are matched to the devices a process ran kernels on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
+
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+NVTX = "NVTX_EVENTS"
+STRINGS = "StringIds"
+
+# Where nsys lives on the GPU test machines (not on PATH there; DESIGN.md §3).
+NSYS_FALLBACK = "/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys"
+REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+
+
+class NsysNotFoundError(RuntimeError):
+    pass
+
+
+class NsysExportError(RuntimeError):
+    pass
+
+
+def find_nsys() -> str:
+    """The nsys binary: $PERFD_NSYS, else ``nsys`` on PATH, else the known install location."""
+    env = os.environ.get("PERFD_NSYS")
+    if env:
+        if Path(env).is_file() and os.access(env, os.X_OK):
+            return env
+        raise NsysNotFoundError(f"PERFD_NSYS={env} is not an executable file")
+    on_path = shutil.which("nsys")
+    if on_path:
+        return on_path
+    if Path(NSYS_FALLBACK).is_file() and os.access(NSYS_FALLBACK, os.X_OK):
+        return NSYS_FALLBACK
+    raise NsysNotFoundError("nsys not found: set PERFD_NSYS, put nsys on PATH, or install Nsight Systems "
+                            f"(looked for {NSYS_FALLBACK})")
+
+
+def export_sqlite(report: str | Path, out: str | Path | None = None, nsys: str | None = None,
+                  timeout_s: float = 900.0) -> Path:
+    """``nsys export --type sqlite -o OUT REPORT``; OUT defaults to REPORT with a .sqlite suffix.
+
+    An argument list, never a shell string: paths come from capture metadata.
+    """
+    rep = Path(report)
+    dest = Path(out) if out is not None else rep.with_suffix(".sqlite")
+    exe = nsys or find_nsys()
+    cmd = [exe, "export", "--type", "sqlite", "--force-overwrite=true", "-o", str(dest), str(rep)]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NsysExportError(f"{' '.join(cmd)}: {e}") from e
+    if res.returncode != 0 or not dest.is_file():
+        tail = (res.stderr or res.stdout).strip()[-2000:]
+        raise NsysExportError(f"{' '.join(cmd)} exited {res.returncode}: {tail}")
+    return dest
+
+
+def _tables(con: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+
+
+def _columns(con: sqlite3.Connection, table: str) -> set[str]:
+    # Table names come from our constants, never from input: safe to format in.
+    return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+
+
+def _pid(global_id: int | None) -> int | None:
+    return None if global_id is None else (int(global_id) >> 24) & 0xFFFFFF
+
+
+def _connect(path: str | Path) -> sqlite3.Connection:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no such capture export: {p}")
+    # Read-only: an analysis must never modify the evidence.
+    return sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+
+
+def read_nsys_sqlite(path: str | Path) -> TraceData:
+    """Kernels, copies/memsets and NVTX ranges of an nsys SQLite export."""
+    con = _connect(path)
+    try:
+        tables = _tables(con)
+        has_strings = STRINGS in tables
+        data = TraceData(source=str(path))
+        if KERNEL in tables:
+            cols = _columns(con, KERNEL)
+            name_cols = [c for c in ("shortName", "demangledName") if c in cols]
+            joins, picks = "", []
+            for i, c in enumerate(name_cols):
+                if has_strings:
+                    joins += f" LEFT JOIN {STRINGS} s{i} ON s{i}.id = k.{c}"
+                    picks.append(f"s{i}.value")
+                else:
+                    picks.append(f"CAST(k.{c} AS TEXT)")
+            name_sql = f"COALESCE({', '.join(picks)}, '?')" if picks else "'?'"
+            stream = "k.streamId" if "streamId" in cols else "NULL"
+            gpid = "k.globalPid" if "globalPid" in cols else "NULL"
+            q = (f"SELECT k.start, k.end, k.deviceId, {stream}, {gpid}, {name_sql} FROM {KERNEL} k{joins} "
+                 "WHERE k.end IS NOT NULL")
+            data.kernels = [KernelEvent(int(dev), float(s), float(e), str(name), stream_id, _pid(gp))
+                            for s, e, dev, stream_id, gp, name in con.execute(q)]
+        for table, kind in ((MEMCPY, "memcpy"), (MEMSET, "memset")):
+            if table not in tables:
+                continue
+            cols = _columns(con, table)
+            stream = "streamId" if "streamId" in cols else "NULL"
+            gpid = "globalPid" if "globalPid" in cols else "NULL"
+            q = f"SELECT start, end, deviceId, {stream}, {gpid} FROM {table} WHERE end IS NOT NULL"
+            data.memcpys.extend(MemEvent(int(dev), float(s), float(e), kind, stream_id, _pid(gp))
+                                for s, e, dev, stream_id, gp in con.execute(q))
+        if NVTX in tables:
+            data.nvtx = _read_nvtx(con, has_strings)
+        return data
+    finally:
+        con.close()
+
+
+def _read_nvtx(con: sqlite3.Connection, has_strings: bool) -> list[NvtxRange]:
+    cols = _columns(con, NVTX)
+    picks = ["e.text"] if "text" in cols else []
+    join = ""
+    if "textId" in cols and has_strings:
+        join = f" LEFT JOIN {STRINGS} t ON t.id = e.textId"
+        picks.append("t.value")
+    name_sql = f"COALESCE({', '.join(picks)}, '?')" if picks else "'?'"
+    tid = "e.globalTid" if "globalTid" in cols else "NULL"
+    # Ranges only: marks and domain/string registrations have no end.
+    q = (f"SELECT e.start, e.end, {name_sql}, {tid} FROM {NVTX} e{join} "
+         "WHERE e.end IS NOT NULL AND e.end > e.start")
+    return [NvtxRange(float(s), float(e), str(name), None, _pid(gt)) for s, e, name, gt in con.execute(q)]
+
+
+def analyze_nsys(path: str | Path, sqlite_out: str | Path | None = None, top_n: int = 10) -> CaptureAnalysis:
+    """Breakdown of an nsys capture: a SQLite export, or a report exported first (an up-to-date
+    export next to the report is reused)."""
+    p = Path(path)
+    if p.suffix in REPORT_SUFFIXES:
+        dest = Path(sqlite_out) if sqlite_out is not None else p.with_suffix(".sqlite")
+        if not (dest.is_file() and dest.stat().st_mtime >= p.stat().st_mtime):
+            dest = export_sqlite(p, dest)
+        p = dest
+    data = read_nsys_sqlite(p)
+    data.source = str(path)
+    return analyze_trace(data, top_n)
+
+
+# --- the direct SQL cross-check ---------------------------------------------------------------
+# Busy time as a union computed in SQL alone (gaps-and-islands with window functions), so it shares
+# no code with analysis.union(): a kernel starts a new island when it starts after every earlier
+# kernel of its device has ended.
+_UNION_SQL = """
+WITH k AS (SELECT k.deviceId AS d, k.start AS s, k.end AS e FROM {table} AS k
+        WHERE k.end IS NOT NULL {where}),
+m AS (SELECT d, s, e, MAX(e) OVER (PARTITION BY d ORDER BY s, e
+        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end FROM k),
+g AS (SELECT d, s, e, SUM(CASE WHEN prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END)
+        OVER (PARTITION BY d ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island FROM m)
+SELECT d, SUM(len) FROM (SELECT d, MAX(e) - MIN(s) AS len FROM g GROUP BY d, island) GROUP BY d
+"""
+
+
+def direct_sql_check(sqlite_path: str | Path) -> dict[str, object]:
+    """Per device, with plain SQL and no Python interval code: kernel count, SUM(end-start) of all
+    and of NCCL kernels, per-stream sums (on one stream kernels never overlap, so a single-stream
+    device's busy time must equal its sum), and the busy / NCCL unions via window functions.
+
+    ``{"devices": {dev: {...ms...}}}``; compare with :func:`analyze_nsys` (the 1% accuracy check).
+    """
+    con = _connect(sqlite_path)
+    try:
+        tables = _tables(con)
+        out: dict[int, dict[str, object]] = {}
+        if KERNEL not in tables:
+            return {"devices": {}}
+        name = "(SELECT value FROM StringIds WHERE id = k.shortName)" if STRINGS in tables else "''"
+        nccl = f"LOWER({name}) LIKE '%nccl%'"
+        q = (f"SELECT k.deviceId, COUNT(*), SUM(k.end - k.start), "
+             f"SUM(CASE WHEN {nccl} THEN k.end - k.start ELSE 0 END), "
+             f"SUM(CASE WHEN {nccl} THEN 0 ELSE k.end - k.start END), MIN(k.start), MAX(k.end) "
+             f"FROM {KERNEL} k WHERE k.end IS NOT NULL GROUP BY k.deviceId")
+        for dev, n, total_ns, nccl_ns, other_ns, first, last in con.execute(q):
+            out[int(dev)] = {"kernel_count": n, "kernel_sum_ms": total_ns / 1e6, "nccl_sum_ms": nccl_ns / 1e6,
+                             "non_nccl_sum_ms": other_ns / 1e6, "kernel_span_ms": (last - first) / 1e6,
+                             "streams": {}}
+        for dev, stream, n, total_ns in con.execute(
+                f"SELECT deviceId, streamId, COUNT(*), SUM(end - start) FROM {KERNEL} "
+                "WHERE end IS NOT NULL GROUP BY deviceId, streamId"):
+            streams = out[int(dev)]["streams"]
+            assert isinstance(streams, dict)
+            streams[int(stream)] = {"kernel_count": n, "kernel_sum_ms": total_ns / 1e6}
+        for key, where in (("busy_union_ms", ""), ("nccl_union_ms", f"AND {nccl}")):
+            for dev, ns in con.execute(_UNION_SQL.format(table=KERNEL, where=where)):
+                out[int(dev)][key] = ns / 1e6
+        for dev_stats in out.values():
+            dev_stats.setdefault("nccl_union_ms", 0.0)
+        return {"devices": out}
+    finally:
+        con.close()

@@ -1,0 +1,246 @@
+"""`perfd demo`: the whole live pipeline on one machine, fed with recorded real data.
+
+Starts a real `perfd aggregator` and a real `perfd agent` (separate processes, loopback gRPC),
+writes a real Megatron-LM log into a file at the pace of its own timestamps (the agent tails it
+as it grows), has the agent replay a real NVML recording, shows live progress, and ends with the
+job report as the aggregator computed it. Everything replayed is labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from perfd.report import render_text
+from perfd.report.report import Report
+
+DATA = Path(__file__).resolve().parent / "data"
+DEMO_LOG = DATA / "megatron_h200x2_tp1_pp2.log"
+JOB = "demo-gpt-pp2"
+_TS = re.compile(r"^ \[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] iteration")
+
+
+def default_nvml_recording() -> Path | None:
+    """The real NVML recording shipped with the nvml collector (package data)."""
+    import collectors.nvml
+
+    rec_dir = Path(collectors.nvml.__file__).resolve().parent / "data"
+    found = sorted(rec_dir.glob("*.jsonl")) if rec_dir.is_dir() else []
+    return found[0] if found else None
+
+
+def gpu_present() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = int(pynvml.nvmlDeviceGetCount())
+        pynvml.nvmlShutdown()
+        return n > 0
+    except Exception:  # no library, no driver, no GPU: all mean "no"
+        return False
+
+
+def paced_chunks(lines: list[str], speed: float) -> Iterator[tuple[float, str]]:
+    """(delay before writing, text) chunks: everything up to an iteration line, written when the
+    original log printed that line (its timestamp), sped up ``speed`` times."""
+    prev: datetime | None = None
+    buf: list[str] = []
+    for line in lines:
+        m = _TS.match(line)
+        if m:
+            ts = datetime.fromisoformat(m.group(1))
+            delay = 0.0 if prev is None else max(0.0, (ts - prev).total_seconds()) / speed
+            prev = ts
+            yield delay, "".join(buf)
+            buf = []
+        buf.append(line)
+    yield 0.0, "".join(buf)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=3) as r:
+        return json.loads(r.read())
+
+
+def _spawn(args: list[str], out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args],
+                            stdout=out.open("wb"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _pct(v: Any) -> str:
+    return "—" if v is None else f"{100 * v:.1f}%"
+
+
+def _num(v: Any, fmt: str = "{:.1f}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def _progress_table(summary: dict[str, Any] | None, stats: dict[str, Any] | None,
+                    gpus: list[dict[str, str]], nvml_label: str) -> Table:
+    t = Table(title=f"perfd demo — job {JOB} (REPLAY of a recorded Megatron-LM run; NVML: "
+              f"{nvml_label})", title_justify="left")
+    for col in ("iteration", "step ms", "TFLOP/s/GPU (perfd | logged)", "MFU", "exposed comm",
+                "PP bubble (analytic | idle max)", "data", "bottleneck"):
+        t.add_column(col)
+    it = (summary or {}).get("latest") or {}
+    if it:
+        t.add_row(str(it.get("iteration")), _num(it.get("step_time_ms")),
+                  f"{_num(it.get('model_tflops_per_gpu'))} | {_num(it.get('megatron_tflops_per_gpu'))}",
+                  _pct(it.get("mfu")), _pct(it.get("comm_exposed_share")),
+                  f"{_pct(it.get('pp_bubble_analytic'))} | {_pct(it.get('pp_idle_max'))}",
+                  _pct(it.get("data_share")), str(it.get("bottleneck")))
+    else:
+        t.add_row("waiting for the first iteration…", *[""] * 7)
+    if stats:
+        t.caption = (f"aggregator: {stats.get('samples_ingested', 0)} samples, "
+                     f"{stats.get('step_records_ingested', 0)} step records ingested, "
+                     f"{stats.get('transport', {}).get('agents_connected', 0)} agent(s) connected"
+                     + "".join(f"\nGPU {g['gpu']} {g.get('model', '')}: {g['text']}" for g in gpus))
+    return t
+
+
+def _gpu_rows(metrics_text: str) -> list[dict[str, str]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    want = {"perfd_gpu_utilization_ratio": "util", "perfd_gpu_sm_util_ratio": "SM",
+            "perfd_gpu_tensor_util_ratio": "tensor", "perfd_gpu_dram_bw_util_ratio": "DRAM bw",
+            "perfd_gpu_power_watts": "W"}
+    rows: dict[str, dict[str, str]] = {}
+    for fam in text_string_to_metric_families(metrics_text):
+        if fam.name not in want:
+            continue
+        for s in fam.samples:
+            g = s.labels.get("gpu", "?")
+            row = rows.setdefault(g, {"gpu": g, "model": s.labels.get("model", ""), "text": ""})
+            val = f"{s.value:.0f} W" if want[fam.name] == "W" else f"{want[fam.name]} {100 * s.value:.0f}%"
+            row["text"] += (", " if row["text"] else "") + val
+    return [rows[k] for k in sorted(rows)]
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    console = Console()
+    speed = float(args.speed)
+    nvml = args.nvml
+    if nvml is None:
+        rec = default_nvml_recording()
+        nvml = f"replay:{rec}" if rec else "off"
+    nvml_label = "real GPU" if nvml == "real" else (f"REPLAY of {Path(nvml[7:]).name}"
+                                                    if nvml.startswith("replay:") else "off")
+    if nvml != "real" and gpu_present():
+        console.print("[cyan]A GPU is present: `perfd demo --nvml real` shows its live NVML/GPM "
+                      "counters instead of the recording.[/cyan]")
+    work = Path(tempfile.mkdtemp(prefix="perfd-demo-"))
+    ready = work / "aggregator.ready"
+    agg = _spawn(["aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host",
+                  "127.0.0.1", "--http-port", "0", "--gpu", "NVIDIA H200", "--ready-file",
+                  str(ready)], work / "aggregator.out")
+    agent: subprocess.Popen[bytes] | None = None
+    try:
+        deadline = time.monotonic() + 30
+        while not (ready.exists() and ready.read_text().strip()):
+            if agg.poll() is not None or time.monotonic() > deadline:
+                console.print((work / "aggregator.out").read_text()[-2000:])
+                console.print("[red]the aggregator did not start[/red]")
+                return 1
+            time.sleep(0.1)
+        grpc_port, http_port = map(int, ready.read_text().split())
+        base = f"http://127.0.0.1:{http_port}"
+        log = work / "train.log"
+        log.touch()
+        agent_port = _free_port()
+        agent = _spawn(["agent", "--aggregator", f"127.0.0.1:{grpc_port}", "--job", JOB,
+                        "--megatron-log", str(log), "--nvml", nvml, "--metrics-port",
+                        str(agent_port), "--node", "demo-node"], work / "agent.out")
+        console.print(f"aggregator: {base}/metrics and {base}/api/jobs   agent: "
+                      f"http://127.0.0.1:{agent_port}/metrics   files: {work}")
+        lines = DEMO_LOG.read_text().splitlines(keepends=True)
+        summary: dict[str, Any] | None = None
+        stats: dict[str, Any] | None = None
+        gpus: list[dict[str, str]] = []
+        live_ok = console.is_terminal and not args.plain
+
+        def refresh() -> None:
+            nonlocal summary, stats, gpus
+            with contextlib.suppress(OSError, ValueError):
+                stats = _get_json(f"{base}/api/stats")
+                summary = _get_json(f"{base}/api/jobs/{JOB}/summary")
+            with contextlib.suppress(OSError, ValueError):
+                with urllib.request.urlopen(f"{base}/metrics", timeout=3) as r:
+                    gpus = _gpu_rows(r.read().decode())
+
+        with Live(_progress_table(None, None, [], nvml_label), console=console,
+                  refresh_per_second=4, transient=False) if live_ok else contextlib.nullcontext() as live:
+            for delay, chunk in paced_chunks(lines, speed):
+                end = time.monotonic() + delay
+                while time.monotonic() < end:
+                    time.sleep(min(0.25, max(0.0, end - time.monotonic())))
+                with log.open("a") as f:
+                    f.write(chunk)
+                refresh()
+                if live is not None:
+                    live.update(_progress_table(summary, stats, gpus, nvml_label))
+                elif summary and summary.get("latest"):
+                    it = summary["latest"]
+                    console.print(f"iteration {it['iteration']}: step {_num(it.get('step_time_ms'))} ms,"
+                                  f" MFU {_pct(it.get('mfu'))}, exposed comm "
+                                  f"{_pct(it.get('comm_exposed_share'))}, bottleneck {it.get('bottleneck')}")
+            # The last iteration is emitted once the log has been quiet for a moment.
+            want_last = max(int(m.group(1)) for m in re.finditer(r"iteration\s+(\d+)/", "".join(lines)))
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                refresh()
+                if live is not None:
+                    live.update(_progress_table(summary, stats, gpus, nvml_label))
+                if summary and (summary.get("overview") or {}).get("last_iteration") == want_last:
+                    break
+                time.sleep(0.5)
+        if not summary or not summary.get("report"):
+            console.print("[red]no report from the aggregator[/red]; agent output:")
+            console.print((work / "agent.out").read_text()[-3000:])
+            return 1
+        console.print()
+        console.print(render_text(Report.from_json(summary["report"])))
+        console.print(f"\n(replayed {summary['overview']['iterations_seen']} iterations through "
+                      f"agent → gRPC → aggregator; JSON: {base}/api/jobs/{JOB}/summary while it runs)")
+        if args.keep_running:
+            console.print("aggregator and agent keep running; Ctrl-C to stop")
+            with contextlib.suppress(KeyboardInterrupt):
+                while agg.poll() is None:
+                    time.sleep(1)
+        return 0
+    finally:
+        for p in (agent, agg):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in (agent, agg):
+            if p is not None:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()

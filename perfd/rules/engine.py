@@ -1,0 +1,264 @@
+"""Evaluate rules over the current metric values: pending → firing with ``for:``, capture budgets,
+and one capture per process at a time.
+
+All time comes from the ``now`` argument (the clock is only a default), so every behaviour is
+testable without sleeping. Semantics follow Prometheus alerting rules: a condition that holds starts
+*pending* at that evaluation; once it has held for ``for`` seconds it is *firing* and stays so on
+every evaluation while it holds; the first evaluation where it does not hold (or its scope or a
+value is gone: absent never fires) resolves it and the next episode starts a fresh ``for`` wait.
+
+Scope keys: a job name (``str``) for job scope, ``(job, rank)`` for rank scope, and
+``(job, node, gpu)`` for gpu scope. The caller passes one metric dict per key; each rule runs over
+the keys of its own scope.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from perfd.rules.expr import Values
+from perfd.rules.model import Action, Annotations, CaptureAction, CaptureTargets, Rule, Scope, Severity
+
+ScopeKey = str | tuple[str, int] | tuple[str, str, str]
+# Mapping is invariant in its key type: a TypeVar lets callers pass dict[str, ...] for jobs alone.
+K = TypeVar("K", bound=ScopeKey)
+# Given the job, the firing's scope key, the rule's targets and the scope's values: the ranks to
+# capture, or None when they are not known here (the executor resolves them; the arbiter then holds
+# the whole job).
+TargetResolver = Callable[[str, ScopeKey, CaptureTargets, Values], tuple[int, ...] | None]
+
+HOUR_S = 3600.0
+
+# Why a firing capture rule did not get to capture.
+COOLDOWN, RATE, QUOTA, BUSY = "cooldown", "rate", "quota", "busy"
+
+
+def scope_of(key: ScopeKey) -> Scope:
+    if isinstance(key, str):
+        return "job"
+    if len(key) == 2:
+        return "rank"
+    if len(key) == 3:
+        return "gpu"
+    raise ValueError(f"not a scope key: {key!r}")
+
+
+def job_of(key: ScopeKey) -> str:
+    return key if isinstance(key, str) else key[0]
+
+
+@dataclass
+class Firing:
+    """A rule firing for one scope key at one evaluation."""
+
+    rule: Rule
+    key: ScopeKey
+    values: dict[str, float | None]  # the values the condition read (the evidence)
+    since: float  # when the condition started holding (start of pending)
+    firing_since: float  # the evaluation at which it turned from pending to firing
+    new: bool  # True at the evaluation where it turned firing (once per episode)
+    capture_allowed: bool = False
+    suppressed_reason: str | None = None  # cooldown | rate | quota | busy (capture rules only)
+    ranks: tuple[int, ...] | None = None  # ranks reserved in the arbiter; None = the whole job
+
+    @property
+    def job(self) -> str:
+        return job_of(self.key)
+
+    @property
+    def severity(self) -> Severity:
+        return self.rule.severity
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return self.rule.labels
+
+    @property
+    def annotations(self) -> Annotations:
+        return self.rule.annotations
+
+    @property
+    def action(self) -> Action:
+        return self.rule.action
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain values for events and the JSON API."""
+        action = self.rule.action
+        key: object = self.key if isinstance(self.key, str) else list(self.key)
+        return {
+            "rule": self.rule.name, "scope": scope_of(self.key), "key": key, "job": self.job,
+            "severity": self.severity, "labels": dict(self.labels),
+            "annotations": self.annotations.as_dict(), "values": dict(self.values), "since": self.since,
+            "firing_since": self.firing_since, "new": self.new,
+            "action": action.as_dict() if isinstance(action, CaptureAction) else {"type": "alert"},
+            "capture_allowed": self.capture_allowed, "suppressed_reason": self.suppressed_reason,
+            "ranks": None if self.ranks is None else list(self.ranks),
+        }
+
+
+@dataclass
+class AlertState:
+    rule: str
+    key: ScopeKey
+    pending_since: float
+    firing_since: float | None = None
+
+    @property
+    def state(self) -> str:
+        return "pending" if self.firing_since is None else "firing"
+
+
+class CaptureArbiter:
+    """At most one capture per process (rank) at a time: one CUPTI client (DESIGN.md §3).
+
+    ``ranks=None`` reserves the whole job (targets not resolved to ranks yet). Thread-safe: the
+    executor releases from its own thread when a capture ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ranks: dict[str, set[int]] = {}
+        self._whole: set[str] = set()
+
+    def try_acquire(self, job: str, ranks: Collection[int] | None) -> bool:
+        with self._lock:
+            held = self._ranks.get(job, set())
+            if job in self._whole or (ranks is None and held):
+                return False
+            if ranks is None:
+                self._whole.add(job)
+                return True
+            if held & set(ranks):
+                return False
+            self._ranks.setdefault(job, set()).update(ranks)
+            return True
+
+    def release(self, job: str, ranks: Collection[int] | None) -> None:
+        with self._lock:
+            if ranks is None:
+                self._whole.discard(job)
+                return
+            held = self._ranks.get(job)
+            if held is not None:
+                held.difference_update(ranks)
+                if not held:
+                    del self._ranks[job]
+
+    def busy(self, job: str, rank: int | None = None) -> bool:
+        with self._lock:
+            if job in self._whole:
+                return True
+            held = self._ranks.get(job, set())
+            return bool(held) if rank is None else rank in held
+
+
+@dataclass
+class _Budget:
+    """Captures of one rule for one job: the times they started (last hour)."""
+
+    times: deque[float] = field(default_factory=deque)
+
+    def check(self, action: CaptureAction, now: float, used_bytes: int) -> str | None:
+        while self.times and self.times[0] <= now - HOUR_S:
+            self.times.popleft()
+        if self.times and now < self.times[-1] + action.cooldown_s:
+            return COOLDOWN
+        if len(self.times) >= action.max_per_hour:
+            return RATE
+        if action.disk_quota_bytes is not None and used_bytes >= action.disk_quota_bytes:
+            return QUOTA
+        return None
+
+
+def default_targets(job: str, key: ScopeKey, targets: CaptureTargets,
+                    values: Values) -> tuple[int, ...] | None:
+    """Explicit ranks, or the rank of a rank-scope firing; anything else is resolved by the executor."""
+    if targets.ranks is not None:
+        return targets.ranks
+    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], int) and targets.slowest_rank:
+        return (key[1],)  # a rank-scope rule naming "the slowest rank" means the rank that fired
+    return None
+
+
+class RuleEngine:
+    def __init__(self, rules: Iterable[Rule], clock: Callable[[], float] | None = None,
+                 arbiter: CaptureArbiter | None = None,
+                 resolve_targets: TargetResolver | None = None) -> None:
+        self.rules: tuple[Rule, ...] = tuple(rules)
+        names = [r.name for r in self.rules]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate rule names: {', '.join(dupes)}")
+        self.clock = clock or time.time
+        self.arbiter = arbiter if arbiter is not None else CaptureArbiter()
+        self.resolve_targets = resolve_targets or default_targets
+        self._states: dict[tuple[str, ScopeKey], AlertState] = {}
+        self._budgets: dict[tuple[str, str], _Budget] = {}
+        # (rule, key) pairs resolved by the last evaluate() call (they had been pending or firing).
+        self.last_resolved: list[AlertState] = []
+
+    def evaluate(self, now: float | None, scope_values: Mapping[K, Values],
+                 disk_used: Mapping[str, int] | None = None) -> list[Firing]:
+        """One evaluation round. ``disk_used``: bytes of captures already on disk, per job."""
+        t = self.clock() if now is None else now
+        used = disk_used or {}
+        by_scope: dict[Scope, list[tuple[ScopeKey, Values]]] = {"job": [], "rank": [], "gpu": []}
+        for k, v in scope_values.items():
+            by_scope[scope_of(k)].append((k, v))
+        firings: list[Firing] = []
+        live: set[tuple[str, ScopeKey]] = set()
+        for rule in self.rules:
+            for key, values in by_scope[rule.scope]:
+                if not rule.expr.evaluate(values):
+                    continue
+                sk = (rule.name, key)
+                live.add(sk)
+                st = self._states.get(sk)
+                if st is None:
+                    st = self._states[sk] = AlertState(rule.name, key, t)
+                if st.firing_since is None:
+                    if t - st.pending_since < rule.for_s:
+                        continue
+                    st.firing_since = t
+                    new = True
+                else:
+                    new = False
+                f = Firing(rule, key, rule.expr.snapshot(values), st.pending_since, st.firing_since, new)
+                if isinstance(rule.action, CaptureAction):
+                    self._try_capture(f, rule.action, t, used.get(f.job, 0), values)
+                firings.append(f)
+        self.last_resolved = [st for sk, st in self._states.items() if sk not in live]
+        for st in self.last_resolved:
+            del self._states[(st.rule, st.key)]
+        return firings
+
+    def _try_capture(self, f: Firing, action: CaptureAction, now: float, used_bytes: int,
+                     values: Values) -> None:
+        budget = self._budgets.setdefault((f.rule.name, f.job), _Budget())
+        reason = budget.check(action, now, used_bytes)
+        if reason is None:
+            ranks = self.resolve_targets(f.job, f.key, action.targets, values)
+            if self.arbiter.try_acquire(f.job, ranks):
+                budget.times.append(now)  # cooldown and the hourly window count from the start
+                f.capture_allowed, f.ranks = True, ranks
+                return
+            reason = BUSY
+        f.suppressed_reason = reason
+
+    def capture_finished(self, firing: Firing) -> None:
+        """Release the processes a capture held (call when it ends, however it ends)."""
+        if firing.capture_allowed:
+            self.arbiter.release(firing.job, firing.ranks)
+
+    def states(self) -> list[AlertState]:
+        """Every pending or firing (rule, scope key), in no particular order."""
+        return list(self._states.values())
+
+    def captures_in_last_hour(self, rule: str, job: str, now: float) -> int:
+        b = self._budgets.get((rule, job))
+        return 0 if b is None else sum(1 for x in b.times if x > now - HOUR_S)

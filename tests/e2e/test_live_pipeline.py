@@ -1,0 +1,139 @@
+"""End to end with real processes on loopback: `perfd aggregator` + `perfd agent` tailing a
+Megatron-LM log that grows while the test runs. What the aggregator serves must equal what
+`perfd analyze megatron` computes for the same log."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from perfd.commands.analyze import analyze_megatron_file
+from perfd.exporters.prometheus import JOB_GAUGES
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT.parent / "shared" / "fixtures" / "megatron" / "h200x2_tp1_pp2_gbs64_mbs4.log"
+DATA = ROOT / "tests" / "data" / "megatron"
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return bytes(r.read())
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+            if last:
+                return last
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; last={last!r}")
+
+
+def _perfd(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env,
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def _stop(p: subprocess.Popen[bytes], name: str, log: Path) -> None:
+    p.send_signal(signal.SIGTERM)
+    try:
+        rc = p.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError(f"{name} did not stop on SIGTERM:\n{log.read_text()[-3000:]}") from None
+    assert rc == 0, f"{name} exited {rc}:\n{log.read_text()[-3000:]}"
+
+
+@pytest.mark.parametrize("source", [FIXTURE, DATA / "dp2_all_timers.log"], ids=["pp2", "dp2"])
+def test_agent_to_aggregator_matches_offline_analysis(tmp_path: Path, source: Path) -> None:
+    lines = source.read_text().splitlines(keepends=True)
+    ready = tmp_path / "ready"
+    agg = _perfd("aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host",
+                 "127.0.0.1", "--http-port", "0", "--gpu", "NVIDIA H200", "--ready-file",
+                 str(ready), log=tmp_path / "aggregator.out")
+    agent = None
+    try:
+        grpc_port, http_port = map(int, _wait(lambda: ready.exists() and ready.read_text().split(),
+                                              20, "aggregator ready"))
+        base = f"http://127.0.0.1:{http_port}"
+        train_log = tmp_path / "train.log"
+        half = len(lines) // 2
+        train_log.write_text("".join(lines[:half]))
+        metrics_port = _free_port()
+        agent = _perfd("agent", "--aggregator", f"127.0.0.1:{grpc_port}", "--job", "e2e",
+                       "--megatron-log", str(train_log), "--nvml", "off", "--host", "off",
+                       "--metrics-port", str(metrics_port), log=tmp_path / "agent.out")
+        # The log grows while the pipeline runs, in chunks that cut lines in the middle.
+        rest = "".join(lines[half:])
+        step = max(1, len(rest) // 7)
+        for i in range(0, len(rest), step):
+            with train_log.open("a") as f:
+                f.write(rest[i:i + step])
+            time.sleep(0.3)
+
+        offline_parsed, offline = analyze_megatron_file(str(train_log), job="e2e", gpu="NVIDIA H200")
+        n = len(offline_parsed.records)
+        last_it = offline_parsed.records[-1].iteration
+
+        def caught_up():
+            s = json.loads(_get(f"{base}/api/jobs/e2e/summary"))
+            ov = s["overview"]
+            return s if ov["iterations_seen"] == n and ov["last_iteration"] == last_it else None
+
+        summary = _wait(caught_up, 30, f"aggregator to see {n} iterations")
+        want = offline.to_json()
+        assert summary["summary"] == json.loads(json.dumps(want["summary"]))
+        assert summary["latest"] == json.loads(json.dumps(want["iterations"][-1]))
+        assert summary["job"]["layout"] == want["job"]["layout"]
+
+        # /metrics: each job gauge equals the offline value of the last iteration (absent if None).
+        fams = {f.name: f for f in text_string_to_metric_families(_get(f"{base}/metrics").decode())}
+        latest = want["iterations"][-1]
+        checked = 0
+        for name, (key, scale) in JOB_GAUGES.items():
+            v = latest.get(key)
+            got = [s.value for s in fams[name].samples if s.labels.get("job_name") == "e2e"] \
+                if name in fams else []
+            if v is None:
+                assert got == [], f"{name} must be absent when {key} is None"
+            else:
+                assert len(got) == 1 and math.isclose(got[0], v * scale, rel_tol=1e-12), (name, got, v)
+                checked += 1
+        assert checked >= 10
+        mfu = [s for s in fams["perfd_job_mfu_ratio"].samples][0].value
+        assert 0 < mfu < 1
+
+        stats = json.loads(_get(f"{base}/api/stats"))
+        assert stats["step_records_ingested"] >= n
+        assert stats["transport"]["decode_errors"] == 0
+        # The agent's own endpoint answers, with its self-metrics.
+        agent_metrics = _get(f"http://127.0.0.1:{metrics_port}/metrics").decode()
+        assert "perfd_agent_cpu_seconds_total" in agent_metrics
+    finally:
+        if agent is not None:
+            _stop(agent, "agent", tmp_path / "agent.out")
+        _stop(agg, "aggregator", tmp_path / "aggregator.out")
