@@ -224,8 +224,9 @@ def run_demo(args: argparse.Namespace) -> int:
             console.print("[red]no report from the aggregator[/red]; agent output:")
             console.print((work / "agent.out").read_text()[-3000:])
             return 1
-        console.print()
-        console.print(render_text(Report.from_json(summary["report"])))
+        # Plain print: the report is already wrapped, and rich would re-wrap it to the console.
+        print()
+        print(render_text(Report.from_json(summary["report"])), flush=True)
         console.print(f"\n(replayed {summary['overview']['iterations_seen']} iterations through "
                       f"agent → gRPC → aggregator; JSON: {base}/api/jobs/{JOB}/summary while it runs)")
         if args.keep_running:
