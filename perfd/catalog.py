@@ -14,7 +14,7 @@ from typing import Literal
 Kind = Literal["gauge", "counter", "histogram"]
 
 JOB = ("job_name",)
-GPU = ("node", "gpu")
+GPU = ("node", "gpu", "uuid", "model")
 HOST = ("node",)
 AGENT = ("node",)
 
@@ -30,6 +30,10 @@ LABELS: dict[str, str] = {
     "collector": "collector name",
     "interface": "network interface",
     "device": "block device",
+    "uuid": "GPU UUID (one per GPU: bounded like gpu)",
+    "model": "GPU model name as NVML reports it (one per GPU)",
+    "cpu": "CPU index (only with the host collector's per_cpu: true)",
+    "replay": "present (\"1\") on samples replayed from a recording",
     "link": "NVLink index",
     "tool": "capture tool (kineto, nsys)",
     "status": "capture outcome (ok, failed, skipped)",
@@ -112,9 +116,12 @@ CATALOG: tuple[MetricDef, ...] = (
     # --- GPU ------------------------------------------------------------------------------
     _m("perfd_gpu_utilization_ratio", "gauge", "ratio",
        "NVML utilisation: share of time a kernel was resident (not SM busy)", _NVML, GPU),
+    _m("perfd_gpu_memory_utilization_ratio", "gauge", "ratio",
+       "NVML memory-controller utilisation: share of time device memory was read or written", _NVML, GPU),
     _m("perfd_gpu_memory_used_bytes", "gauge", "bytes", "Device memory used", _NVML, GPU),
     _m("perfd_gpu_memory_total_bytes", "gauge", "bytes", "Device memory total", _NVML, GPU),
     _m("perfd_gpu_power_watts", "gauge", "watts", "Power draw", _NVML, GPU),
+    _m("perfd_gpu_power_limit_watts", "gauge", "watts", "Enforced power limit (slow interval)", _NVML, GPU),
     _m("perfd_gpu_energy_joules_total", "counter", "joules", "Energy since driver load (slow call)",
        _NVML, GPU),
     _m("perfd_gpu_temperature_celsius", "gauge", "celsius", "GPU temperature", _NVML, GPU),
@@ -126,6 +133,8 @@ CATALOG: tuple[MetricDef, ...] = (
        _NVML, (*GPU, "reason")),
     _m("perfd_gpu_ecc_errors_total", "counter", "count", "ECC errors (volatile)", _NVML, (*GPU, "type")),
     _m("perfd_gpu_xid_errors_total", "counter", "count", "XID errors seen", _NVML, GPU),
+    _m("perfd_gpu_xid_last", "gauge", "count", "Code of the last XID error seen (present only once one "
+       "was seen)", _NVML, GPU),
     _m("perfd_gpu_processes", "gauge", "count", "Compute processes on the GPU", _NVML, GPU),
     _m("perfd_gpu_sm_util_ratio", "gauge", "ratio", "GPM SM utilisation", _GPM, GPU),
     _m("perfd_gpu_sm_occupancy_ratio", "gauge", "ratio", "GPM SM occupancy", _GPM, GPU),
@@ -133,6 +142,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_gpu_dram_bw_util_ratio", "gauge", "ratio", "GPM DRAM bandwidth utilisation", _GPM, GPU),
     _m("perfd_gpu_fp16_util_ratio", "gauge", "ratio", "GPM FP16 pipe utilisation", _GPM, GPU),
     _m("perfd_gpu_fp32_util_ratio", "gauge", "ratio", "GPM FP32 pipe utilisation", _GPM, GPU),
+    _m("perfd_gpu_fp64_util_ratio", "gauge", "ratio", "GPM FP64 pipe utilisation", _GPM, GPU),
     _m("perfd_gpu_pcie_rx_bytes_per_second", "gauge", "bytes_per_second", "PCIe receive rate", _GPM, GPU),
     _m("perfd_gpu_pcie_tx_bytes_per_second", "gauge", "bytes_per_second", "PCIe transmit rate", _GPM, GPU),
     _m("perfd_gpu_nvlink_rx_bytes_per_second", "gauge", "bytes_per_second", "NVLink receive rate (all links)",
@@ -141,16 +151,17 @@ CATALOG: tuple[MetricDef, ...] = (
        "links)", _GPM, GPU),
     # --- host -----------------------------------------------------------------------------
     _m("perfd_host_cpu_util_ratio", "gauge", "ratio", "CPU utilisation, all cores", _HOST, HOST),
+    _m("perfd_host_load1", "gauge", "count", "1-minute load average", _HOST, HOST),
     _m("perfd_host_memory_used_bytes", "gauge", "bytes", "Host memory used", _HOST, HOST),
     _m("perfd_host_memory_total_bytes", "gauge", "bytes", "Host memory total", _HOST, HOST),
     _m("perfd_host_net_rx_bytes_per_second", "gauge", "bytes_per_second", "Network receive rate", _HOST,
        (*HOST, "interface")),
     _m("perfd_host_net_tx_bytes_per_second", "gauge", "bytes_per_second", "Network transmit rate", _HOST,
        (*HOST, "interface")),
-    _m("perfd_host_disk_read_bytes_per_second", "gauge", "bytes_per_second", "Disk read rate", _HOST,
-       (*HOST, "device")),
-    _m("perfd_host_disk_write_bytes_per_second", "gauge", "bytes_per_second", "Disk write rate", _HOST,
-       (*HOST, "device")),
+    _m("perfd_host_disk_read_bytes_per_second", "gauge", "bytes_per_second",
+       "Disk read rate, all physical disks", _HOST, HOST),
+    _m("perfd_host_disk_write_bytes_per_second", "gauge", "bytes_per_second",
+       "Disk write rate, all physical disks", _HOST, HOST),
     # --- agent self-metrics ---------------------------------------------------------------
     _m("perfd_agent_collector_errors_total", "counter", "count", "Collector failures, by reason", _AGENT,
        (*AGENT, "collector", "reason")),

@@ -1,0 +1,100 @@
+"""Compute processes per GPU, named via psutil, reported as events when the set of pids changes.
+
+Why events and not samples: a pid or a command line is not a label value (unbounded). The aggregator
+needs them to map ranks to GPUs and to name a foreign process that shares a rank's GPU, which only
+changes when processes come and go. So a ``gpu_processes`` event goes out when the pid set of a GPU
+changes, and again every ``event_interval_s`` (a late-joining aggregator learns the state), while
+the count goes out every collect as ``perfd_gpu_processes``.
+
+Caveat: NVML reports pids in the host's pid namespace. An agent in a container without the host
+pid namespace (``hostPID: true`` in Kubernetes) sees other pids: the names are then absent, or, if a
+container process happens to have the same pid, wrong. Run the agent in the host pid namespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+CMDLINE_MAX = 200
+
+NameLookup = Callable[[int], "tuple[str | None, str | None]"]
+
+
+def psutil_lookup(pid: int) -> tuple[str | None, str | None]:
+    """(name, cmdline) of ``pid`` when visible to this process, else Nones. Never raises."""
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        name = p.name()
+        try:
+            cmd = " ".join(p.cmdline())
+        except (psutil.AccessDenied, psutil.ZombieProcess):
+            cmd = None
+        return name, cmd
+    except Exception:  # NoSuchProcess, AccessDenied, psutil missing: the name is absent
+        return None, None
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    used_memory_bytes: int | None
+
+    @classmethod
+    def from_nvml(cls, obj: Any) -> GpuProcess:
+        used = getattr(obj, "usedGpuMemory", None)
+        return cls(pid=int(obj.pid), used_memory_bytes=int(used) if used is not None else None)
+
+
+class ProcessTracker:
+    """Remembers each GPU's pid set and when it last reported it; caches names per pid."""
+
+    def __init__(self, event_interval_s: float = 60.0, lookup: NameLookup = psutil_lookup) -> None:
+        self.event_interval_s = event_interval_s
+        self._lookup = lookup
+        self._last: dict[str, tuple[frozenset[int], float]] = {}  # gpu -> (pids, last event time)
+        self._names: dict[int, tuple[str | None, str | None]] = {}
+
+    def update(self, labels: dict[str, str], procs: list[GpuProcess], now: float) -> dict[str, Any] | None:
+        """The event to emit for this GPU now, or None (same pids, reported recently)."""
+        gpu = labels["gpu"]
+        pids = frozenset(p.pid for p in procs)
+        last = self._last.get(gpu)
+        if last is not None and last[0] == pids and now - last[1] < self.event_interval_s:
+            return None
+        changed = last is None or last[0] != pids
+        self._last[gpu] = (pids, now)
+        self._forget_gone()
+        payload = []
+        for p in sorted(procs, key=lambda q: q.pid):
+            name, cmd = self._name(p.pid)
+            payload.append({
+                "pid": p.pid, "name": name,
+                "cmdline": cmd[:CMDLINE_MAX] if cmd is not None else None,
+                "used_memory_bytes": p.used_memory_bytes,
+            })
+        return {
+            "kind": "gpu_processes", "severity": "info", "time": now, "labels": dict(labels),
+            "text": f"{len(payload)} compute process(es) on GPU {gpu}" + (" (changed)" if changed else ""),
+            "changed": changed, "payload": payload,
+        }
+
+    def _name(self, pid: int) -> tuple[str | None, str | None]:
+        cached = self._names.get(pid)
+        if cached is not None:
+            return cached
+        found = self._lookup(pid)
+        if found[0] is not None:  # a failed lookup is retried at the next event, not cached
+            self._names[pid] = found
+        return found
+
+    def _forget_gone(self) -> None:
+        # A pid no GPU reports any more may be reused by another process later: drop its name.
+        live: set[int] = set()
+        for pids, _ in self._last.values():
+            live |= pids
+        for pid in [p for p in self._names if p not in live]:
+            del self._names[pid]
