@@ -1,0 +1,347 @@
+"""Agent side of the transport: spool every batch, keep one bidi stream, resend until acknowledged.
+
+``submit()`` is cheap and never blocks on the network: it encodes the batch, gives it the next
+sequence number and appends it to the :class:`~perfd.transport.spool.Spool`. ``run()`` is a
+long-lived task that keeps one stream to the aggregator: Hello (with the whole series table),
+then the spooled batches in order with at most ``window`` unacknowledged on the wire. Cumulative
+Acks drop batches from the spool. After any failure (aggregator dead, stream broken, keepalive
+timeout) it reconnects with exponential backoff and jitter and resends everything unacknowledged;
+the aggregator dedupes on (agent, spool epoch, seq). ``run()`` only ever ends by cancellation.
+
+``submit()`` may be called from other threads (collectors run in threads): the spool is guarded
+by a lock and the stream task is woken through the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from perfd import __version__
+from perfd.model import Sample, StepRecord
+from perfd.transport.codec import (
+    Command,
+    SeriesTable,
+    command_from_pb,
+    encode_batch,
+    encode_hello,
+    frame_batch,
+)
+from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.spool import Spool
+
+log = logging.getLogger(__name__)
+
+STREAM_METHOD = "/perfd.v1.Ingest/Stream"
+
+
+def _passthrough(b: bytes) -> bytes:
+    return b  # every request is serialized before it is written (batches come framed from the spool)
+
+
+def channel_options(max_message_bytes: int = 64 << 20) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        # A network cut without RST would otherwise leave the stream "open" for the kernel's TCP
+        # timeout (minutes): ping every 20 s and give up after 10 s without an answer.
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.max_pings_without_data", 0),
+        # We reconnect with our own backoff and a fresh channel: no hidden channel-level backoff.
+        ("grpc.initial_reconnect_backoff_ms", 500),
+        ("grpc.max_reconnect_backoff_ms", 30_000),
+        ("grpc.enable_retries", 0),
+    ]
+
+
+class AgentClient:
+    """One agent's connection to the aggregator. Create, ``asyncio.create_task(client.run())``,
+    call ``submit()`` as data arrives; cancel the task and ``close()`` on shutdown."""
+
+    def __init__(
+        self,
+        target: str,
+        agent_id: str,
+        *,
+        spool: Spool | None = None,
+        node: str = "",
+        jobs: Iterable[str] = (),
+        capabilities: Mapping[str, str] | None = None,
+        version: str = __version__,
+        window: int = 16,
+        on_command: Callable[[Command], object] | None = None,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        max_series: int = 100_000,
+        max_batch_bytes: int = 32 << 20,
+        grpc_options: Sequence[tuple[str, Any]] | None = None,
+    ) -> None:
+        self.target = target
+        self.agent_id = agent_id
+        self.spool = spool if spool is not None else Spool(None)
+        self.table = SeriesTable(self.spool.directory / "series.jsonl" if self.spool.directory else None)
+        self.node = node
+        self.jobs = list(jobs)
+        self.capabilities = dict(capabilities or {})
+        self.version = version
+        self.window = max(1, window)
+        self.on_command = on_command
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.max_series = max_series
+        self.max_batch_bytes = max_batch_bytes
+        self._grpc_options = list(grpc_options) if grpc_options is not None else channel_options()
+        self._lock = threading.Lock()  # guards spool and table: submit() may run on other threads
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._inflight: deque[int] = deque()  # seqs sent on this stream and not yet acknowledged
+        self._last_sent = 0
+        self._max_sent = 0  # highest seq ever sent, across streams: anything at or below is a resend
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._answered = False  # the aggregator has sent something on the current stream
+        # Counters for the agent's own /metrics.
+        self.connected = False
+        self.connects = 0
+        self.reconnects = 0
+        self.batches_submitted = 0
+        self.batches_sent = 0
+        self.batches_acked = 0
+        self.resent = 0  # sends of a seq already sent by this process (after a reconnect)
+        self.commands_received = 0
+        self.command_errors = 0
+        self.stream_errors = 0
+        self.last_error = ""
+
+    # ------------------------------------------------------------------ producer side
+
+    def submit(
+        self,
+        samples: Iterable[Sample] = (),
+        steps: Iterable[StepRecord] = (),
+        events: Iterable[Mapping[str, Any]] = (),
+        *,
+        columns: tuple[Sequence[int], Sequence[int], Sequence[float]] | None = None,
+        job_info_json: Mapping[str, str] | None = None,
+    ) -> int:
+        """Encode and spool one batch; returns its seq (0 if there was nothing to send).
+
+        ``columns`` = (series_ids, timestamps_ns, values) with ids from ``client.series_id()``:
+        the cheap path for collectors with fixed series. Raises ValueError for a batch larger
+        than ``max_batch_bytes`` (the aggregator would refuse it forever): submit smaller ones.
+        """
+        with self._lock:
+            if len(self.table) > self.max_series and self.spool.pending_count() == 0:
+                # Series churn (jobs come and go) would grow the table, and every Hello, without
+                # bound. With nothing pending no spooled batch refers to an id: start over.
+                self.table.clear()
+            seq = self.spool.next_seq()
+            batch = encode_batch(self.agent_id, seq, samples, steps, events, self.table, columns=columns,
+                                 job_info_json=job_info_json, dropped_batches=self.spool.dropped_batches,
+                                 dropped_samples=self.spool.dropped_samples)
+            if not (batch.values or batch.steps or batch.events or batch.job_info_json or batch.series):
+                return 0
+            data = batch.SerializeToString()
+            if len(data) > self.max_batch_bytes:
+                self.table.untake([d.id for d in batch.series])
+                raise ValueError(f"batch of {len(data)} bytes exceeds max_batch_bytes={self.max_batch_bytes}")
+            self.spool.append(seq, data, len(batch.values))
+            self.batches_submitted += 1
+        self._notify()
+        return seq
+
+    def series_id(self, name: str, labels: Mapping[str, str] | None = None) -> int:
+        """Id of a series for ``submit(columns=...)`` (stable for the life of the spool)."""
+        with self._lock:
+            return self.table.id_for(name, labels)
+
+    def _notify(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is None or wake is None or loop.is_closed():
+            return  # run() not started yet: it reads the spool when it starts
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            wake.set()
+        else:
+            loop.call_soon_threadsafe(wake.set)
+
+    # ------------------------------------------------------------------ stream side
+
+    async def run(self) -> None:
+        """Keep a stream to the aggregator forever; never raises except CancelledError."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        delay = self.backoff_initial_s
+        first = True
+        while True:
+            if not first:
+                self.reconnects += 1
+            first = False
+            healthy = False
+            try:
+                healthy = await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # grpc errors, a broken stream, anything: log, back off, retry
+                self._note_error(e)
+            finally:
+                self.connected = False
+            if healthy:
+                delay = self.backoff_initial_s  # the aggregator answered: start the backoff over
+            # Jitter (a uniform draw in [delay/2, delay]) keeps a thousand agents that lost the
+            # same aggregator from reconnecting in lockstep.
+            await asyncio.sleep(delay * (0.5 + random.random() / 2))
+            delay = min(delay * 2, self.backoff_max_s)
+
+    def _note_error(self, e: BaseException) -> None:
+        self.stream_errors += 1
+        if isinstance(e, grpc.aio.AioRpcError):
+            msg = f"{e.code().name}: {e.details()}"
+        else:
+            msg = f"{type(e).__name__}: {e}"
+        # One line per change of error, not one per retry.
+        if msg != self.last_error:
+            log.warning("perfd agent %s: stream to %s ended (%s); reconnecting with backoff",
+                        self.agent_id, self.target, msg)
+        self.last_error = msg
+
+    async def _session(self) -> bool:
+        """One stream, until it breaks. Returns whether the aggregator answered on it."""
+        self._answered = False
+        channel = grpc.aio.insecure_channel(self.target, options=self._grpc_options)
+        call = None
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            call = channel.stream_stream(STREAM_METHOD, request_serializer=_passthrough,
+                                         response_deserializer=pb.AggregatorMessage.FromString)()
+            with self._lock:
+                hello = encode_hello(self.agent_id, self.node, self.version, self.jobs, self.capabilities,
+                                     self.spool.epoch, self.table)
+                self.table.take_new()  # the Hello defines every series; batches need not repeat them
+                self._inflight.clear()
+                self._last_sent = self.spool.acked_seq  # resend everything unacknowledged
+            await call.write(hello.SerializeToString())
+            self.connects += 1
+            tasks = [asyncio.create_task(self._read_loop(call)), asyncio.create_task(self._write_loop(call))]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()  # re-raise the error that ended the stream, if any
+            return self._answered
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                try:
+                    await t
+                except BaseException:  # already reported through t.result() above
+                    pass
+            if call is not None:
+                call.cancel()
+            await channel.close(grace=None)
+
+    async def _read_loop(self, call: Any) -> None:
+        async for msg in call:
+            which = msg.WhichOneof("msg")
+            if which == "ack":
+                self._answered = self.connected = True
+                self._apply_ack(msg.ack.acked_seq)
+            elif which == "command":
+                self._answered = True
+                self._dispatch(command_from_pb(msg.command))
+        # The aggregator closed the stream (shutdown): the session ends and run() reconnects.
+
+    async def _write_loop(self, call: Any) -> None:
+        assert self._wake is not None
+        while True:
+            self._wake.clear()  # before reading the spool, so a submit() in between is not missed
+            room = self.window - len(self._inflight)
+            recs: list[tuple[int, bytes]] = []
+            if room > 0:
+                with self._lock:
+                    recs = self.spool.read(self._last_sent, room)
+            if not recs:
+                await self._wake.wait()
+                continue
+            for seq, data in recs:
+                await call.write(frame_batch(data))
+                self._inflight.append(seq)
+                self._last_sent = seq
+                self.batches_sent += 1
+                if seq <= self._max_sent:
+                    self.resent += 1
+                else:
+                    self._max_sent = seq
+
+    def _apply_ack(self, seq: int) -> None:
+        with self._lock:
+            before = self.spool.pending_count()
+            self.spool.ack(seq)
+            self.batches_acked += before - self.spool.pending_count()
+        while self._inflight and self._inflight[0] <= seq:
+            self._inflight.popleft()
+        self._last_sent = max(self._last_sent, seq)  # the Ack after Hello may cover unsent batches
+        if self._wake is not None:
+            self._wake.set()
+
+    def _dispatch(self, cmd: Command) -> None:
+        self.commands_received += 1
+        if self.on_command is None:
+            log.warning("perfd agent %s: command %s (%s) received but no handler is set",
+                        self.agent_id, cmd.id, cmd.kind)
+            return
+        try:
+            res = self.on_command(cmd)
+            if inspect.isawaitable(res):
+                task = asyncio.ensure_future(res)
+                self._tasks.add(task)  # keep a reference until it finishes
+                task.add_done_callback(self._command_done)
+        except Exception:
+            self.command_errors += 1
+            log.exception("perfd agent %s: command handler failed for %s", self.agent_id, cmd)
+
+    def _command_done(self, task: asyncio.Future[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.command_errors += 1
+            log.error("perfd agent %s: command handler failed", self.agent_id, exc_info=task.exception())
+
+    # ------------------------------------------------------------------ housekeeping
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait until every submitted batch is acknowledged; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self.spool.pending_count() == 0:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            out = self.spool.stats()
+        out.update(connected=int(self.connected), connects=self.connects, reconnects=self.reconnects,
+                   batches_submitted=self.batches_submitted, batches_sent=self.batches_sent,
+                   batches_acked=self.batches_acked, resent=self.resent, inflight=len(self._inflight),
+                   commands_received=self.commands_received, command_errors=self.command_errors,
+                   stream_errors=self.stream_errors, series=len(self.table),
+                   series_journal_errors=self.table.journal_errors)
+        return out
+
+    def close(self) -> None:
+        """Persist the spool state. Cancel the run() task first."""
+        with self._lock:
+            self.spool.close()

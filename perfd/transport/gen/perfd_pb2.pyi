@@ -1,0 +1,303 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AgentMessage(_message.Message):
+    __slots__ = ("hello", "batch")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    batch: Batch
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("agent_id", "node", "version", "jobs", "capabilities", "spool_epoch", "series")
+    class CapabilitiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    node: str
+    version: str
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    capabilities: _containers.ScalarMap[str, str]
+    spool_epoch: str
+    series: _containers.RepeatedCompositeFieldContainer[SeriesDef]
+    def __init__(self, agent_id: _Optional[str] = ..., node: _Optional[str] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ..., capabilities: _Optional[_Mapping[str, str]] = ..., spool_epoch: _Optional[str] = ..., series: _Optional[_Iterable[_Union[SeriesDef, _Mapping]]] = ...) -> None: ...
+
+class SeriesDef(_message.Message):
+    __slots__ = ("id", "name", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    name: str
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("agent_id", "seq", "created_ns", "series", "series_ids", "timestamps_ns", "values", "steps", "events", "job_info_json", "dropped_batches", "dropped_samples")
+    class JobInfoJsonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    CREATED_NS_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    SERIES_IDS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMPS_NS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    JOB_INFO_JSON_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    seq: int
+    created_ns: int
+    series: _containers.RepeatedCompositeFieldContainer[SeriesDef]
+    series_ids: _containers.RepeatedScalarFieldContainer[int]
+    timestamps_ns: _containers.RepeatedScalarFieldContainer[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    steps: _containers.RepeatedCompositeFieldContainer[StepRecord]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    job_info_json: _containers.ScalarMap[str, str]
+    dropped_batches: int
+    dropped_samples: int
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_ns: _Optional[int] = ..., series: _Optional[_Iterable[_Union[SeriesDef, _Mapping]]] = ..., series_ids: _Optional[_Iterable[int]] = ..., timestamps_ns: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., dropped_batches: _Optional[int] = ..., dropped_samples: _Optional[int] = ...) -> None: ...
+
+class StepRecord(_message.Message):
+    __slots__ = ("job", "iteration", "rank", "scope", "end_time", "train_iters", "step_time_ms", "logged_tflops_per_gpu", "consumed_samples", "global_batch_size", "learning_rate", "lm_loss", "loss_scale", "grad_norm", "skipped_iterations", "nan_iterations", "interval", "fields", "timers", "straggler", "memory_mb", "source", "disturbed_by_capture")
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class TimersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Timer
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Timer, _Mapping]] = ...) -> None: ...
+    class MemoryMbEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: MemoryReport
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[MemoryReport, _Mapping]] = ...) -> None: ...
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_ITERS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    LOGGED_TFLOPS_PER_GPU_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    LM_LOSS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_SCALE_FIELD_NUMBER: _ClassVar[int]
+    GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    NAN_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    TIMERS_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DISTURBED_BY_CAPTURE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    iteration: int
+    rank: int
+    scope: str
+    end_time: float
+    train_iters: int
+    step_time_ms: float
+    logged_tflops_per_gpu: float
+    consumed_samples: int
+    global_batch_size: int
+    learning_rate: float
+    lm_loss: float
+    loss_scale: float
+    grad_norm: float
+    skipped_iterations: int
+    nan_iterations: int
+    interval: int
+    fields: _containers.ScalarMap[str, str]
+    timers: _containers.MessageMap[str, Timer]
+    straggler: StragglerLine
+    memory_mb: _containers.MessageMap[int, MemoryReport]
+    source: Provenance
+    disturbed_by_capture: bool
+    def __init__(self, job: _Optional[str] = ..., iteration: _Optional[int] = ..., rank: _Optional[int] = ..., scope: _Optional[str] = ..., end_time: _Optional[float] = ..., train_iters: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., logged_tflops_per_gpu: _Optional[float] = ..., consumed_samples: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., lm_loss: _Optional[float] = ..., loss_scale: _Optional[float] = ..., grad_norm: _Optional[float] = ..., skipped_iterations: _Optional[int] = ..., nan_iterations: _Optional[int] = ..., interval: _Optional[int] = ..., fields: _Optional[_Mapping[str, str]] = ..., timers: _Optional[_Mapping[str, Timer]] = ..., straggler: _Optional[_Union[StragglerLine, _Mapping]] = ..., memory_mb: _Optional[_Mapping[int, MemoryReport]] = ..., source: _Optional[_Union[Provenance, _Mapping]] = ..., disturbed_by_capture: _Optional[bool] = ...) -> None: ...
+
+class Timer(_message.Message):
+    __slots__ = ("min_ms", "max_ms", "per_rank")
+    class PerRankEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    MIN_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    PER_RANK_FIELD_NUMBER: _ClassVar[int]
+    min_ms: float
+    max_ms: float
+    per_rank: _containers.ScalarMap[int, float]
+    def __init__(self, min_ms: _Optional[float] = ..., max_ms: _Optional[float] = ..., per_rank: _Optional[_Mapping[int, float]] = ...) -> None: ...
+
+class MemoryReport(_message.Message):
+    __slots__ = ("mb",)
+    class MbEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    MB_FIELD_NUMBER: _ClassVar[int]
+    mb: _containers.ScalarMap[str, float]
+    def __init__(self, mb: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class RankValue(_message.Message):
+    __slots__ = ("value", "rank", "unit")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    value: float
+    rank: int
+    unit: str
+    def __init__(self, value: _Optional[float] = ..., rank: _Optional[int] = ..., unit: _Optional[str] = ...) -> None: ...
+
+class StragglerQuantity(_message.Message):
+    __slots__ = ("min", "max")
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    min: RankValue
+    max: RankValue
+    def __init__(self, min: _Optional[_Union[RankValue, _Mapping]] = ..., max: _Optional[_Union[RankValue, _Mapping]] = ...) -> None: ...
+
+class StragglerLine(_message.Message):
+    __slots__ = ("time", "quantities", "line_no")
+    class QuantitiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: StragglerQuantity
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[StragglerQuantity, _Mapping]] = ...) -> None: ...
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    QUANTITIES_FIELD_NUMBER: _ClassVar[int]
+    LINE_NO_FIELD_NUMBER: _ClassVar[int]
+    time: str
+    quantities: _containers.MessageMap[str, StragglerQuantity]
+    line_no: int
+    def __init__(self, time: _Optional[str] = ..., quantities: _Optional[_Mapping[str, StragglerQuantity]] = ..., line_no: _Optional[int] = ...) -> None: ...
+
+class Provenance(_message.Message):
+    __slots__ = ("collector", "detail")
+    COLLECTOR_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    collector: str
+    detail: str
+    def __init__(self, collector: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("time_ns", "kind", "severity", "text", "labels", "job", "links")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class LinksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    time_ns: int
+    kind: str
+    severity: str
+    text: str
+    labels: _containers.ScalarMap[str, str]
+    job: str
+    links: _containers.ScalarMap[str, str]
+    def __init__(self, time_ns: _Optional[int] = ..., kind: _Optional[str] = ..., severity: _Optional[str] = ..., text: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., job: _Optional[str] = ..., links: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class AggregatorMessage(_message.Message):
+    __slots__ = ("ack", "command")
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ack: Ack
+    command: Command
+    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("acked_seq",)
+    ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    acked_seq: int
+    def __init__(self, acked_seq: _Optional[int] = ...) -> None: ...
+
+class Command(_message.Message):
+    __slots__ = ("id", "kind", "job", "ranks", "args")
+    class ArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: str
+    job: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    args: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., job: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., args: _Optional[_Mapping[str, str]] = ...) -> None: ...
