@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.model import JobInfo, Sample, StepRecord
+from perfd.model import CollectiveRecord, JobInfo, Sample, StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ class Collected:
     samples: list[Sample] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # kind, severity, text, labels
+    collectives: list[CollectiveRecord] = field(default_factory=list)  # NCCL / Flight Recorder ops
     # What a job's start-up says about it (layout, model spec), sent when it first appears or
     # changes, keyed by job name.
     job_info: dict[str, JobInfo] = field(default_factory=dict)
@@ -63,14 +64,14 @@ class Collector(abc.ABC):
     def probe(self) -> Capabilities:
         """Find out once what this node supports. Must not raise."""
 
-    def start(self) -> None:
+    def start(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Acquire resources (open files, init libraries). Called once after probe."""
 
     @abc.abstractmethod
     def collect(self, now: float) -> Collected:
         """Read the source. Must not raise; count errors instead."""
 
-    def stop(self) -> None:
+    def stop(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources. Called once."""
 
 

@@ -176,6 +176,51 @@ class JobInfo:
 
 
 @dataclass
+class CollectiveRecord:
+    """One collective or point-to-point operation on one rank, as one source saw it.
+
+    Sources: ``"flight_recorder"`` (PyTorch's ring of recent collectives, dumped on request) and
+    ``"nccl_inspector"`` (NCCL's profiler plugin, one JSON line per sampled operation). What a source
+    does not report stays ``None``: Flight Recorder has no duration unless the job set
+    ``TORCH_NCCL_ENABLE_TIMING=1``; the Inspector knows the rank within the communicator, not the
+    global rank.
+    """
+
+    job: str
+    source: str  # "flight_recorder" | "nccl_inspector"
+    op: str  # canonical: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all,
+    #          send, recv, barrier, ... (unknown names kept as printed, lower-cased)
+    rank: int | None = None  # global rank (Flight Recorder: the dump's rank)
+    raw_op: str | None = None  # as the source printed it: "nccl:all_reduce", "AllReduce"
+    pg_id: int | None = None  # Flight Recorder process-group uid (creation order in the process)
+    pg_name: str | None = None  # Flight Recorder pg name; Inspector comm_name when present
+    pg_desc: str | None = None  # Flight Recorder pg description ("default_pg", "undefined", ...)
+    comm_id: str | None = None  # Inspector communicator hash ("0x7f8c496ae9f661")
+    pg_ranks: list[int] | None = None  # global ranks of the group, when the source lists them
+    group_rank: int | None = None  # this rank's index within the group
+    group_size: int | None = None
+    nnodes: int | None = None
+    collective_seq_id: int | None = None  # per process group, counts collectives
+    p2p_seq_id: int | None = None  # per process group, counts point-to-point ops
+    is_p2p: bool = False
+    peer: int | None = None  # p2p peer, rank within the group
+    bytes: int | None = None  # the larger of input and output bytes (the nccl-tests "size")
+    dtype: str | None = None  # torch name ("BFloat16"); the Inspector prints none
+    state: str | None = None  # Flight Recorder: scheduled | started | completed
+    time_created_ns: int | None = None  # epoch ns, when the op was enqueued (Flight Recorder)
+    # epoch ns; Flight Recorder: when the watchdog noticed completion (coarse); Inspector: when the
+    # record was written (an upper bound of the completion time)
+    time_completed_ns: int | None = None
+    duration_ms: float | None = None  # Flight Recorder's includes waiting for peers
+    algbw_gbs: float | None = None
+    busbw_gbs: float | None = None
+    timing_source: str | None = None  # Inspector: kernel_gpu | kernel_cpu | collective_cpu
+    host: str | None = None
+    pid: int | None = None
+    provenance: Provenance | None = None
+
+
+@dataclass
 class Sample:
     """One time-series point from a collector (NVML, host, ...). Labels stay bounded."""
 

@@ -1,0 +1,8 @@
+"""Receiver for the perfd step hook (perfd.hook.StepHook): Unix datagrams -> StepRecords.
+
+See README.md in this folder for the wire format, configuration and limits.
+"""
+
+from collectors.hook.collector import HookCollector, HookConfig, HookPeer
+
+__all__ = ["HookCollector", "HookConfig", "HookPeer"]

@@ -1,0 +1,299 @@
+"""The ``hook`` collector: receives step records from perfd step hooks in training processes.
+
+Binds a Unix datagram socket (the path the hooks send to) and turns each record into a
+``StepRecord`` for the rank the hook reports: step time, data wait as the timer ``data-wait``, and
+the hook's rolling percentiles as fields. It also sends profile requests back to a rank's hook
+(``request_profile``), to the address its records came from, and reports the hook's answers as
+``hook_profile`` events.
+
+Why a receiver thread: Linux queues at most ``net.unix.max_dgram_qlen`` datagrams (default 10) at
+a Unix datagram socket whatever ``SO_RCVBUF`` says; beyond that the hooks' ``sendto`` fails with
+EAGAIN and the records are dropped (the hook counts them). A collector that drained only once per
+``collect()`` would lose records of a few fast ranks. So a daemon thread blocks in ``recvfrom`` and
+appends raw datagrams to a bounded deque (oldest dropped and counted beyond ``max_queued``);
+``collect()`` takes them from the deque without blocking and decodes them. (The hooks also batch
+records, ~10 datagrams per second per rank.)
+
+Never raises from ``collect``: malformed datagrams are counted by reason and dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import stat
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from perfd.collector import Capabilities, Collected, Collector
+from perfd.hook import wire
+from perfd.model import Provenance, StepRecord, TimerValue
+
+
+@dataclass
+class HookConfig:
+    socket_path: str = wire.DEFAULT_SOCKET_PATH
+    job: str = ""
+    mode: int = 0o660  # who may send: the job must run as the agent's user or group (else 0o666)
+    rcvbuf_bytes: int = 1 << 20
+    max_records_per_collect: int = 100_000
+    max_queued: int = 200_000  # received, not yet collected; beyond: oldest dropped, counted
+    include_warmup: bool = True
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> HookConfig:
+        known = {"socket_path", "job", "mode", "rcvbuf_bytes", "max_records_per_collect", "max_queued",
+                 "include_warmup"}
+        unknown = set(cfg) - known
+        if unknown:
+            raise ValueError(f"hook: unknown config key(s) {sorted(unknown)}; known: {sorted(known)}")
+        mode = cfg.get("mode", 0o660)
+        if isinstance(mode, str):
+            mode = int(mode, 8)
+        if not isinstance(mode, int) or not 0 <= mode <= 0o777:
+            raise ValueError(f"hook: mode must be an octal permission like 0660, not {mode!r}")
+        out = cls(socket_path=str(cfg.get("socket_path", wire.socket_path_from_env())),
+                  job=str(cfg.get("job", "")), mode=mode,
+                  rcvbuf_bytes=int(cfg.get("rcvbuf_bytes", 1 << 20)),
+                  max_records_per_collect=int(cfg.get("max_records_per_collect", 100_000)),
+                  max_queued=int(cfg.get("max_queued", 200_000)),
+                  include_warmup=bool(cfg.get("include_warmup", True)))
+        if min(out.rcvbuf_bytes, out.max_records_per_collect, out.max_queued) <= 0:
+            raise ValueError("hook: rcvbuf_bytes, max_records_per_collect and max_queued must be > 0")
+        return out
+
+
+@dataclass
+class HookPeer:
+    """A training process that has sent us records."""
+
+    rank: int
+    pid: int
+    address: str | bytes
+    last_step: int
+    last_seen: float
+
+
+def _ms(ns: int | None) -> float | None:
+    return None if ns is None else ns / 1e6
+
+
+class HookCollector(Collector):
+    name = "hook"
+    default_interval_s = 1.0
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.config = HookConfig.from_dict(dict(config or {}))
+        self.sock: socket.socket | None = None
+        self.peers: dict[int, HookPeer] = {}  # rank -> latest sender
+        self.counts: dict[str, int] = {}
+        self._next_request_id = 1
+        self._queue: deque[tuple[bytes, Any]] = deque()
+        self._queue_dropped = 0  # written by the receiver thread only
+        self._queue_dropped_seen = 0
+        self._recv_errors = 0
+        self._recv_errors_seen = 0
+        self._rx: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def _c(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def probe(self) -> Capabilities:
+        path = self.config.socket_path
+        parent = os.path.dirname(path) or "."
+        if not os.path.isdir(parent):
+            return Capabilities(False, f"directory {parent!r} for the hook socket does not exist")
+        if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return Capabilities(False, f"{path!r} exists and is not a socket; refusing to remove it")
+        return Capabilities(True)
+
+    def start(self) -> None:
+        path = self.config.socket_path
+        try:
+            if os.path.lexists(path) and stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)  # a stale socket from an earlier agent: nobody is bound to it
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.settimeout(0.2)  # the receiver thread wakes up this often to see stop()
+            with contextlib.suppress(OSError):  # the kernel caps it (net.core.rmem_max): fine
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.config.rcvbuf_bytes)
+            sock.bind(path)
+            os.chmod(path, self.config.mode)
+        except OSError as exc:
+            self.count_error("bind_failed", f"{path}: {exc}")
+            return
+        self.sock = sock
+        self._stopping.clear()
+        self._rx = threading.Thread(target=self._receive, args=(sock,), name="perfd-hook-rx", daemon=True)
+        self._rx.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._rx is not None:
+            self._rx.join(timeout=2.0)
+            self._rx = None
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+            with contextlib.suppress(OSError):
+                os.unlink(self.config.socket_path)
+
+    def _receive(self, sock: socket.socket) -> None:
+        """Receiver thread: only recvfrom and append, so it keeps up with many ranks."""
+        queue, limit = self._queue, self.config.max_queued
+        while not self._stopping.is_set():
+            try:
+                item = sock.recvfrom(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stopping.is_set():
+                    return
+                self._recv_errors += 1  # reported by collect(); the thread lives on
+                self._stopping.wait(0.1)
+                continue
+            if len(queue) >= limit:
+                queue.popleft()
+                self._queue_dropped += 1
+            queue.append(item)
+
+    def collect(self, now: float) -> Collected:
+        out = Collected()
+        if self.sock is None:
+            self.start()
+            if self.sock is None:
+                return out
+        dropped = self._queue_dropped
+        if dropped > self._queue_dropped_seen:
+            n = dropped - self._queue_dropped_seen
+            self._queue_dropped_seen = dropped
+            self.errors["queue_full"] = self.errors.get("queue_full", 0) + n - 1
+            self.count_error("queue_full", "the agent is not collecting fast enough")
+        if self._recv_errors > self._recv_errors_seen:
+            self._recv_errors_seen = self._recv_errors
+            self.count_error("recv_failed")
+        queue = self._queue
+        for _ in range(self.config.max_records_per_collect):
+            try:
+                data, addr = queue.popleft()
+            except IndexError:
+                break
+            try:
+                self._handle(data, addr, now, out)
+            except Exception as exc:  # a bug or a hostile datagram must not stop the drain
+                self.count_error("internal_error", repr(exc))
+        else:
+            self._c("drain_limit_reached")  # more remain; the next collect goes on
+        return out
+
+    def _handle(self, datagram: bytes, addr: Any, now: float, out: Collected) -> None:
+        records, problem = wire.split_records(datagram)
+        if problem is not None:
+            self.count_error(f"malformed:{problem}")
+        for kind, data in records:
+            self._record(kind, data, addr, now, out)
+
+    def _record(self, kind: int, data: bytes, addr: Any, now: float, out: Collected) -> None:
+        if kind == wire.KIND_STEP:
+            msg = wire.unpack_step(data)
+            self._peer(msg.rank, msg.pid, addr, msg.step, now)
+            rec = self._step_record(msg)
+            if rec is not None:
+                out.steps.append(rec)
+        elif kind == wire.KIND_PROFILE_STATUS:
+            st = wire.unpack_profile_status(data)
+            state = wire.PROFILE_STATE_NAMES.get(st.state, f"state_{st.state}")
+            severity = "warning" if st.state in (wire.PROFILE_FAILED, wire.PROFILE_REJECTED) else "info"
+            out.events.append({
+                "kind": "hook_profile", "severity": severity, "time": now, "job": self.config.job,
+                "text": (f"rank {st.rank} (pid {st.pid}) profile request {st.request_id}: "
+                         f"{state} at step {st.step}"),
+                "labels": {"job": self.config.job, "rank": str(st.rank), "state": state,
+                           "request_id": str(st.request_id), "step": str(st.step)},
+                "rank": st.rank, "state": state, "request_id": st.request_id, "step": st.step,
+            })
+        else:
+            self.count_error("malformed:unexpected_kind")
+
+    def _peer(self, rank: int, pid: int, addr: Any, step: int, now: float) -> None:
+        if not addr:
+            self._c("unaddressed_sender")  # a hook that could not bind cannot get requests
+            return
+        p = self.peers.get(rank)
+        if p is None or p.pid != pid or p.address != addr:
+            self.peers[rank] = HookPeer(rank, pid, addr, step, now)
+        else:
+            p.last_step, p.last_seen = step, now
+
+    def _step_record(self, m: wire.StepMsg) -> StepRecord | None:
+        warmup = bool(m.flags & wire.FLAG_WARMUP)
+        if warmup and not self.config.include_warmup:
+            self._c("warmup_skipped")
+            return None
+        if m.rank < 0:
+            self.count_error("malformed:no_rank")
+            return None
+        fields: dict[str, str] = {"timing": "cuda" if m.flags & wire.FLAG_CUDA else "host",
+                                  "pid": str(m.pid), "percentile_window": str(m.window_n)}
+        for key, val in (("step_time_p50_ms", m.p50_ns), ("step_time_p90_ms", m.p90_ns),
+                         ("step_time_p99_ms", m.p99_ns), ("compute_ms", m.compute_ns)):
+            if val is not None:
+                fields[key] = f"{val / 1e6:.6g}"
+        if m.tokens_per_step is not None:
+            fields["tokens_per_step"] = f"{m.tokens_per_step:.10g}"
+        if m.flops_per_step is not None:
+            fields["flops_per_step"] = f"{m.flops_per_step:.10g}"
+        if warmup:
+            fields["warmup"] = "true"
+        if m.send_drops or m.harvest_drops:
+            fields["hook_send_drops"] = str(m.send_drops)
+            fields["hook_harvest_drops"] = str(m.harvest_drops)
+        timers: dict[str, TimerValue] = {}
+        wait = _ms(m.data_wait_ns)
+        if wait is not None:
+            timers["data-wait"] = TimerValue(min_ms=wait, max_ms=wait, per_rank={m.rank: wait})
+        self._c("records")
+        return StepRecord(
+            job=self.config.job, iteration=m.step, rank=m.rank, end_time=m.end_time_ns / 1e9,
+            step_time_ms=m.step_ns / 1e6, interval=1, fields=fields, timers=timers,
+            source=Provenance("hook", f"rank{m.rank}:pid{m.pid}"),
+            disturbed_by_capture=bool(m.flags & wire.FLAG_PROFILING),
+        )
+
+    # ------------------------------------------------------------------------------ requests
+
+    def request_profile(self, rank: int, start_step: int, num_steps: int) -> int | None:
+        """Ask ``rank``'s hook to run cudaProfilerStart/Stop around steps [start, start+num).
+
+        Returns the request id (its answer arrives as a ``hook_profile`` event), or None when the
+        rank is unknown here or the send failed (counted). Pick ``start_step`` a few steps ahead of
+        the rank's last reported step: the hook polls for requests at most every 50 ms and a start
+        that has passed begins at the next step (the ``accepted`` event says which).
+        """
+        return self._send_request(rank, wire.ProfileRequest(0, start_step, num_steps))
+
+    def cancel_profile(self, rank: int) -> int | None:
+        return self._send_request(rank, wire.ProfileRequest(0, 0, 0, cancel=True))
+
+    def _send_request(self, rank: int, req: wire.ProfileRequest) -> int | None:
+        peer = self.peers.get(rank)
+        if peer is None or self.sock is None:
+            self.count_error("profile_request_unknown_rank", f"rank {rank}")
+            return None
+        req.request_id = self._next_request_id
+        self._next_request_id = (self._next_request_id + 1) & 0xFFFFFFFF or 1
+        try:
+            self.sock.sendto(wire.pack_profile_request(req), peer.address)
+        except BlockingIOError:
+            self.count_error("profile_request_busy", f"rank {rank}")
+            return None
+        except OSError as exc:
+            reason = "gone" if exc.errno in (errno.ECONNREFUSED, errno.ENOENT) else "failed"
+            self.count_error(f"profile_request_{reason}", f"rank {rank}: {exc}")
+            return None
+        return req.request_id

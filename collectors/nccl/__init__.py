@@ -1,0 +1,23 @@
+"""NCCL timings: PyTorch Flight Recorder dumps and NCCL Inspector JSON lines (no torch import).
+
+See README.md in this folder for what each source needs in the job's environment, costs, limits.
+"""
+
+from collectors.nccl.collector import NcclCollector
+from collectors.nccl.flight_recorder import (
+    FlightRecorderDump,
+    FlightRecorderTracker,
+    RestrictedUnpickler,
+    load_dump_bytes,
+    parse_dump,
+)
+from collectors.nccl.hangs import HangReport, detect_hangs
+from collectors.nccl.inspector import InspectorReader, bus_bw_factor, check_busbw, parse_line
+from collectors.nccl.trigger import DumpReader, env_for_flight_recorder, find_pipes, trigger_dump
+
+__all__ = [
+    "DumpReader", "FlightRecorderDump", "FlightRecorderTracker", "HangReport", "InspectorReader",
+    "NcclCollector", "RestrictedUnpickler", "bus_bw_factor", "check_busbw", "detect_hangs",
+    "env_for_flight_recorder", "find_pipes", "load_dump_bytes", "parse_dump", "parse_line",
+    "trigger_dump",
+]

@@ -1,0 +1,74 @@
+"""A PyTorch Lightning callback driving :class:`perfd.hook.StepHook`.
+
+``trainer = Trainer(callbacks=[lightning_callback(tokens_per_step=...)])``. The ``Callback`` subclass
+is created on the first call, importing ``lightning.pytorch`` (or the older ``pytorch_lightning``)
+only then: importing this module needs neither.
+
+Step = one optimizer step, numbered ``trainer.global_step`` after it (the number other sources use).
+Lightning has no hook before a batch is fetched, so the step is opened at the end of the previous
+one: the fetch of the step's first micro-batch is its data wait (later micro-batches of a
+gradient-accumulation step count as compute).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from perfd.hook.step import StepHook
+
+_CLASS: type | None = None
+
+
+def _base() -> type:
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        base: type = mod.Callback
+        return base
+    raise ImportError("perfd.hook.lightning needs lightning (or pytorch_lightning) installed")
+
+
+def _make_class() -> type:
+    base = _base()
+
+    class PerfdLightningCallback(base):  # type: ignore[valid-type,misc]
+        def __init__(self, hook: StepHook) -> None:
+            super().__init__()
+            self.hook = hook
+            self._opened_at: int | None = None  # global_step when the open step began
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self._open(trainer)
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if self._opened_at is None:
+                self._open(trainer)
+            self.hook.data_ready()  # only the first call of a step counts
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:
+            if self._opened_at is not None and trainer.global_step > self._opened_at:
+                self.hook.step_end()  # the optimizer stepped: one step done
+                self._open(trainer)
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            self.hook.abandon_step()
+            self._opened_at = None
+            self.hook.close(timeout_s=1.0)
+
+        def _open(self, trainer: Any) -> None:
+            self._opened_at = int(trainer.global_step)
+            self.hook.step_begin(self._opened_at + 1)
+
+    return PerfdLightningCallback
+
+
+def lightning_callback(hook: StepHook | None = None, **hook_kwargs: Any) -> Any:
+    """A Lightning ``Callback`` instance around ``hook`` (or a new ``StepHook(**hook_kwargs)``)."""
+    global _CLASS
+    if _CLASS is None:
+        _CLASS = _make_class()
+    return _CLASS(hook if hook is not None else StepHook(**hook_kwargs))

@@ -1,0 +1,112 @@
+"""The Lightning and Hugging Face callbacks, driven with stand-in framework modules (neither
+framework is installed here): the call order each framework documents, and the steps it yields."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+import perfd.hook.hf as hf
+import perfd.hook.lightning as lightning
+from perfd.hook import StepHook, wire
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
+    path = str(tmp_path / "hook.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.setblocking(False)
+    yield path, sock
+    sock.close()
+
+
+def received(sock: socket.socket) -> list[wire.StepMsg]:
+    out: list[wire.StepMsg] = []
+    while True:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return out
+        recs, problem = wire.split_records(data)
+        assert problem is None
+        out += [wire.unpack_step(d) for k, d in recs if k == wire.KIND_STEP]
+
+
+def test_importing_the_hook_imports_no_framework_and_no_torch() -> None:
+    code = ("import sys, perfd.hook, perfd.hook.hf, perfd.hook.lightning, collectors.hook; "
+            "bad = [m for m in ('torch', 'transformers', 'lightning', 'pytorch_lightning') "
+            "if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_calling_without_the_framework_says_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import fails
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
+    monkeypatch.setitem(sys.modules, "pytorch_lightning", None)
+    monkeypatch.setattr(hf, "_CLASS", None)
+    monkeypatch.setattr(lightning, "_CLASS", None)
+    with pytest.raises(ImportError, match="transformers"):
+        hf.hf_callback(cuda=False)
+    with pytest.raises(ImportError, match="lightning"):
+        lightning.lightning_callback(cuda=False)
+
+
+def test_hf_callback_steps(agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("transformers")
+
+    class TrainerCallback:
+        pass
+
+    fake.TrainerCallback = TrainerCallback  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    monkeypatch.setattr(hf, "_CLASS", None)
+    hook = StepHook(agent[0], warmup_steps=0, cuda=False, rank=0)
+    cb = hf.hf_callback(hook)
+    assert isinstance(cb, TrainerCallback)
+    cb = cast(Any, cb)
+    state = types.SimpleNamespace(global_step=10)  # resumed at step 10
+    cb.on_train_begin(None, state, None)
+    for _ in range(3):
+        cb.on_step_begin(None, state, None)  # batch fetched: data ready
+        state.global_step += 1
+        cb.on_step_end(None, state, None)
+    cb.on_train_end(None, state, None)
+    got = received(agent[1])
+    assert [m.step for m in got] == [11, 12, 13]
+    assert all(m.flags & wire.FLAG_HAS_DATA for m in got)
+    assert hook.counters()["unpaired"] == 0
+
+
+def test_lightning_callback_with_gradient_accumulation(agent: tuple[str, socket.socket],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("pytorch_lightning")
+
+    class Callback:
+        pass
+
+    fake.Callback = Callback  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", None)  # only the old package "installed"
+    monkeypatch.setitem(sys.modules, "pytorch_lightning", fake)
+    monkeypatch.setattr(lightning, "_CLASS", None)
+    hook = StepHook(agent[0], warmup_steps=0, cuda=False, rank=0)
+    cb: Any = lightning.lightning_callback(hook)
+    assert isinstance(cb, Callback)  # (narrowing to Callback would hide the hook methods)
+    cb = cast(Any, cb)
+    trainer = types.SimpleNamespace(global_step=0)
+    cb.on_train_start(trainer, None)
+    for batch_idx in range(6):  # accumulate 2 micro-batches per optimizer step
+        cb.on_train_batch_start(trainer, None, None, batch_idx)
+        if batch_idx % 2 == 1:
+            trainer.global_step += 1
+        cb.on_train_batch_end(trainer, None, None, None, batch_idx)
+    cb.on_train_end(trainer, None)
+    assert [m.step for m in received(agent[1])] == [1, 2, 3]
