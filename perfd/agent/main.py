@@ -22,7 +22,7 @@ from prometheus_client.core import Metric
 from perfd.agent.config import AgentConfig
 from perfd.agent.scheduler import Scheduler
 from perfd.collector import Collected, Registry
-from perfd.exporters.prometheus import plain_families, series_families
+from perfd.exporters.prometheus import series_families
 from perfd.jobinfo_json import job_info_to_json
 from perfd.model import Sample
 
@@ -101,7 +101,7 @@ class Agent:
         if self.cfg.metrics_port is None:
             return
         reg = CollectorRegistry(auto_describe=False)
-        reg.register(_AgentMetrics(self))  # type: ignore[arg-type]
+        reg.register(_AgentMetrics(self))
         server, _thread = start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_host,
                                             registry=reg)
         self.metrics_port = int(server.server_address[1])

@@ -44,9 +44,9 @@ class _StateCollector:
         rows = []
         for agent, s in self.state.node_series():
             labels = dict(s.labels)
-            job = self.state.agent_job.get(agent)
-            if job:
-                labels["job_name"] = job
+            agent_job = self.state.agent_job.get(agent)
+            if agent_job:
+                labels["job_name"] = agent_job
             rows.append((labels, s.name, s.value))
         yield from series_families(rows)
         t = self.state.transport_stats or {}
@@ -82,7 +82,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s", format % args)
 
     def _send(self, code: int, body: bytes, ctype: str) -> None:
@@ -96,7 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(code, json.dumps(obj, indent=2, allow_nan=False, default=str).encode(),
                    "application/json")
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+    def do_GET(self) -> None:
         state = self.server.state
         path = urlparse(self.path).path.rstrip("/") or "/"
         try:
@@ -136,7 +136,7 @@ class HttpServer:
         self._srv = _Server((host, port), _Handler)
         self._srv.state = state
         self._srv.registry = CollectorRegistry(auto_describe=False)
-        self._srv.registry.register(_StateCollector(state))  # type: ignore[arg-type]
+        self._srv.registry.register(_StateCollector(state))
         self.port = int(self._srv.server_address[1])
         self._thread = threading.Thread(target=self._srv.serve_forever, name="http", daemon=True)
 

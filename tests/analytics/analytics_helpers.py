@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from megatron_fixture_data import ROWS, TIMER_NAMES
-
 from perfd.model import (
     JobInfo,
     ModelSpec,
@@ -14,6 +12,7 @@ from perfd.model import (
     StragglerLine,
     TimerValue,
 )
+from tests.analytics.megatron_fixture_data import ROWS, TIMER_NAMES
 
 FIXTURE_LOG = "h200x2_tp1_pp2_gbs64_mbs4.log"
 

@@ -20,12 +20,12 @@ pytestmark = pytest.mark.skipif(not FIXTURE.exists(), reason=f"shared fixture mi
 
 
 @pytest.fixture(scope="module")
-def parsed():  # type: ignore[no-untyped-def]
+def parsed():
     log = megatron.parse_file(FIXTURE, job="fixture")
     return log, analyze_run(log.job_info, log.records, gpu_name="NVIDIA H200")
 
 
-def test_layout_and_bubble(parsed) -> None:  # type: ignore[no-untyped-def]
+def test_layout_and_bubble(parsed) -> None:
     log, a = parsed
     lay = log.job_info.layout
     assert (lay.tp, lay.pp, lay.dp) == (1, 2, 1)
@@ -35,7 +35,7 @@ def test_layout_and_bubble(parsed) -> None:  # type: ignore[no-untyped-def]
     assert a.job["flops_per_iteration"] == 55_765_855_371_264
 
 
-def test_tflops_within_1pct_on_every_steady_iteration(parsed) -> None:  # type: ignore[no-untyped-def]
+def test_tflops_within_1pct_on_every_steady_iteration(parsed) -> None:
     _, a = parsed
     steady = a.steady_iterations()
     assert len(steady) == 36 and [it.iteration for it in steady] == list(range(5, 41))
@@ -46,7 +46,7 @@ def test_tflops_within_1pct_on_every_steady_iteration(parsed) -> None:  # type: 
         assert it.tflops_check_ok is True
 
 
-def test_mfu_against_h200_peak(parsed) -> None:  # type: ignore[no-untyped-def]
+def test_mfu_against_h200_peak(parsed) -> None:
     _, a = parsed
     assert a.job["gpu"]["peak_tflops"] == 989.0 and a.job["gpu"]["dtype"] == "bf16"
     med = a.summary["medians"]
@@ -57,7 +57,7 @@ def test_mfu_against_h200_peak(parsed) -> None:  # type: ignore[no-untyped-def]
     assert "h200x2_tp1_pp2_gbs64_mbs4.log:1769" in it38.sources["step_time_ms"]
 
 
-def test_stage_idle_and_imbalance(parsed) -> None:  # type: ignore[no-untyped-def]
+def test_stage_idle_and_imbalance(parsed) -> None:
     _, a = parsed
     med = a.summary["medians"]
     assert med["pp_idle_min"] == pytest.approx(0.08, abs=0.01)  # heavier stage ~8%
@@ -70,7 +70,7 @@ def test_stage_idle_and_imbalance(parsed) -> None:  # type: ignore[no-untyped-de
     assert "Stage imbalance dominates the pipeline bubble" in text
 
 
-def test_other_shares(parsed) -> None:  # type: ignore[no-untyped-def]
+def test_other_shares(parsed) -> None:
     _, a = parsed
     med = a.summary["medians"]
     assert med["data_share"] == pytest.approx(0.039, abs=0.002)
@@ -85,7 +85,7 @@ LAYOUTS = ["tp2_mha_gelu", "tp2_swiglu_gqa_untied", "pp2_vpp2_interleaved", "dp2
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
-def real_log(request):  # type: ignore[no-untyped-def]
+def real_log(request):
     path = REAL_LOGS / f"{request.param}.log"
     if not path.exists():
         pytest.skip(f"missing {path}")
@@ -93,7 +93,7 @@ def real_log(request):  # type: ignore[no-untyped-def]
     return request.param, log, analyze_run(log.job_info, log.records, gpu_name="NVIDIA H200")
 
 
-def test_real_logs_tflops_match_on_every_steady_iteration(real_log) -> None:  # type: ignore[no-untyped-def]
+def test_real_logs_tflops_match_on_every_steady_iteration(real_log) -> None:
     name, _, a = real_log
     steady = a.steady_iterations()
     assert len(steady) >= 10, name
@@ -104,7 +104,7 @@ def test_real_logs_tflops_match_on_every_steady_iteration(real_log) -> None:  # 
     assert a.summary["tflops_check_n_disagree"] == 0
 
 
-def test_real_logs_layout_specific_metrics(real_log) -> None:  # type: ignore[no-untyped-def]
+def test_real_logs_layout_specific_metrics(real_log) -> None:
     name, log, a = real_log
     med, src = a.summary["medians"], a.job["flops_source"] or ""
     ids = {f.id for f in a.findings}

@@ -5,7 +5,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from analytics_helpers import fixture_job
 
 from perfd.analytics.flops import (
     FORMULA_6N,
@@ -18,6 +17,7 @@ from perfd.analytics.flops import (
     six_n_flops,
 )
 from perfd.model import ModelSpec
+from tests.analytics.analytics_helpers import fixture_job
 
 FIXTURE_FLOPS = 55_765_855_371_264  # T·[6hfE·L + 6L(h(q+2kv)+qh) + 6hV] + T·s·L·6q, below
 

@@ -7,12 +7,12 @@ import json
 import statistics
 
 import pytest
-from analytics_helpers import fixture_job, fixture_record, fixture_records, fixture_row
-from megatron_fixture_data import ROWS
 
 from perfd.analytics import analyze_run
 from perfd.analytics.megatron_job import resolve_dtype
 from perfd.model import ParallelLayout, StepRecord, TimerValue
+from tests.analytics.analytics_helpers import fixture_job, fixture_record, fixture_records, fixture_row
+from tests.analytics.megatron_fixture_data import ROWS
 
 ITERATION_KEYS = {
     "iteration", "step_time_ms", "megatron_tflops_per_gpu", "model_tflops_per_gpu", "mfu", "data_share",

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from analytics_helpers import fixture_record, fixture_row
 
 from perfd.analytics.common import GRAD_SYNC_TIMERS, PP_P2P_TIMERS
 from perfd.analytics.gpus import peak_tflops
 from perfd.analytics.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
 from perfd.model import StepRecord, TimerValue
+from tests.analytics.analytics_helpers import fixture_record, fixture_row
 
 FIXTURE_FLOPS = 55_765_855_371_264
 

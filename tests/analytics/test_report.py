@@ -6,12 +6,12 @@ import io
 import json
 
 import pytest
-from analytics_helpers import fixture_job, fixture_records
 from rich.console import Console
 
 from perfd import catalog
 from perfd.analytics import analyze_run, grade_mfu
 from perfd.report import Report, build_report, render_rich, render_text
+from tests.analytics.analytics_helpers import fixture_job, fixture_records
 
 
 @pytest.mark.parametrize(("mfu", "grade"), [

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from analytics_helpers import fixture_records
-
 from perfd.analytics.steady import steady_state, warmup_count
 from perfd.model import StepRecord
+from tests.analytics.analytics_helpers import fixture_records
 
 
 def test_fixture_warmup_excluded() -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from analytics_helpers import fixture_record, fixture_row
 
 from perfd.analytics.stragglers import RankOrder, StragglerResult, detect, persistent, rank_order
 from perfd.model import ParallelLayout, RankValue, StepRecord, StragglerLine, TimerValue
+from tests.analytics.analytics_helpers import fixture_record, fixture_row
 
 DP2 = ParallelLayout(world_size=2, tp=1, pp=1, dp=2, cp=1)
 PP2_DP2 = ParallelLayout(world_size=4, tp=1, pp=2, dp=2, cp=1)

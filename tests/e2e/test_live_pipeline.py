@@ -132,7 +132,7 @@ def test_agent_to_aggregator_matches_offline_analysis(tmp_path: Path, source: Pa
                 assert len(got) == 1 and math.isclose(got[0], v * scale, rel_tol=1e-12), (name, got, v)
                 checked += 1
         assert checked >= 10
-        mfu = [s for s in fams["perfd_job_mfu_ratio"].samples][0].value
+        mfu = fams["perfd_job_mfu_ratio"].samples[0].value
         assert 0 < mfu < 1
 
         stats = json.loads(_get(f"{base}/api/stats"))
