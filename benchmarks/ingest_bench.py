@@ -41,17 +41,20 @@ def _agents_main(port: int, n_agents: int, samples_per_batch: int, window: int, 
             columns.append((ids, [t0 + j for j in range(samples_per_batch)],
                             [float(j) for j in range(samples_per_batch)]))
         tasks = [asyncio.create_task(c.run()) for c in clients]
+        cpu0, wall0 = time.process_time(), time.perf_counter()
         while not stop.is_set():
             # Top every agent up to two windows pending, then yield: the aggregator's acks pace us.
             for c, cols in zip(clients, columns, strict=True):
                 while c.spool.pending_count() < 2 * window:
                     c.submit(columns=cols)
             await asyncio.sleep(0.001)
+        agent_cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
         counters = [c.counters() for c in clients]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         report.send({
+            "agent_cpu_cores": agent_cores,
             "agent_batches_sent": sum(x["batches_sent"] for x in counters),
             "agent_resent": sum(x["resent"] for x in counters),
             "agent_reconnects": sum(x["reconnects"] for x in counters),
@@ -131,11 +134,11 @@ def machine() -> dict[str, str]:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"{'agents':>6} {'samples/batch':>13} {'samples/s':>12} {'batches/s':>10} "
-          f"{'server cores':>12} {'samples/cpu-s':>13} {'acks/batch':>10} {'dups':>5}")
+          f"{'server cores':>12} {'samples/cpu-s':>13} {'agent cores':>11} {'acks/batch':>10} {'dups':>5}")
     for r in rows:
         print(f"{r['agents']:>6} {r['samples_per_batch']:>13} {r['samples_per_s']:>12,.0f} "
               f"{r['batches_per_s']:>10,.0f} {r['server_cpu_cores']:>12.2f} "
-              f"{r['samples_per_server_cpu_s']:>13,.0f} "
+              f"{r['samples_per_server_cpu_s']:>13,.0f} {r.get('agent_cpu_cores', float('nan')):>11.2f} "
               f"{r['acks_per_batch']:>10.2f} {r['duplicates']:>5}")
 
 
