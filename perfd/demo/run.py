@@ -184,6 +184,7 @@ def run_demo(args: argparse.Namespace) -> int:
         stats: dict[str, Any] | None = None
         gpus: list[dict[str, str]] = []
         live_ok = console.is_terminal and not args.plain
+        shown: Any = None  # plain mode: the iteration last printed
 
         def refresh() -> None:
             nonlocal summary, stats, gpus
@@ -205,11 +206,14 @@ def run_demo(args: argparse.Namespace) -> int:
                 refresh()
                 if live is not None:
                     live.update(_progress_table(summary, stats, gpus, nvml_label))
-                elif summary and summary.get("latest"):
+                elif summary and summary.get("latest") and summary["latest"]["iteration"] != shown:
                     it = summary["latest"]
-                    console.print(f"iteration {it['iteration']}: step {_num(it.get('step_time_ms'))} ms,"
-                                  f" MFU {_pct(it.get('mfu'))}, exposed comm "
-                                  f"{_pct(it.get('comm_exposed_share'))}, bottleneck {it.get('bottleneck')}")
+                    shown = it["iteration"]
+                    gpu_text = "; ".join(f"GPU {g['gpu']} ({nvml_label}): {g['text']}" for g in gpus)
+                    print(f"iteration {it['iteration']}: step {_num(it.get('step_time_ms'))} ms, "
+                          f"MFU {_pct(it.get('mfu'))}, exposed comm {_pct(it.get('comm_exposed_share'))}"
+                          f", bottleneck {it.get('bottleneck')}" + (f" | {gpu_text}" if gpu_text else ""),
+                          flush=True)
             # The last iteration is emitted once the log has been quiet for a moment.
             want_last = max(int(m.group(1)) for m in re.finditer(r"iteration\s+(\d+)/", "".join(lines)))
             deadline = time.monotonic() + 15
@@ -227,8 +231,8 @@ def run_demo(args: argparse.Namespace) -> int:
         # Plain print: the report is already wrapped, and rich would re-wrap it to the console.
         print()
         print(render_text(Report.from_json(summary["report"])), flush=True)
-        console.print(f"\n(replayed {summary['overview']['iterations_seen']} iterations through "
-                      f"agent → gRPC → aggregator; JSON: {base}/api/jobs/{JOB}/summary while it runs)")
+        print(f"\n(replayed {summary['overview']['iterations_seen']} iterations through agent → gRPC → "
+              f"aggregator; NVML: {nvml_label}; files in {work})", flush=True)
         if args.keep_running:
             console.print("aggregator and agent keep running; Ctrl-C to stop")
             with contextlib.suppress(KeyboardInterrupt):
