@@ -85,8 +85,9 @@ class DecodedBatch:
     ``series_ids``, ``timestamps_ns`` and ``values`` are equal-length sequences (the protobuf
     repeated containers, not lists: index them, iterate them, or hand them to ``numpy.array``).
     ``series`` is the stream's whole id → Series table (shared, updated in place by later
-    batches); ``new_series`` lists the ids this batch (re)defined, so a consumer that caches
-    per-series state keyed by (agent, id) knows when a definition changed.
+    batches); ``new_series`` lists the ids (re)defined since the previous batch delivered on this
+    stream — for the first batch of a stream that includes every id of the agent's Hello — so a
+    consumer that caches per-series state keyed by (agent, id) knows when to refresh it.
     """
 
     agent_id: str

@@ -93,6 +93,9 @@ class _Conn:
         self.agent_id: str | None = None
         self.epoch = ""
         self.series: dict[int, Series] = {}
+        # Ids the Hello (re)defined, reported in the first delivered batch's new_series: after a
+        # reconnect with a new spool epoch the same id may name another series.
+        self.hello_ids: list[int] = []
         self.commands: deque[pb.Command] = deque()
         self.ack_due = 0
         self.ack_sent = -1  # so that the Ack answering the Hello goes out even when it is 0
@@ -261,6 +264,7 @@ class IngestServer:
 
     def _hello(self, conn: _Conn, hello: pb.Hello) -> None:
         info = decode_hello(hello, conn.series, peer=conn.peer)
+        conn.hello_ids = [d.id for d in hello.series]
         conn.agent_id, conn.epoch = info.agent_id, info.spool_epoch
         self._streams[info.agent_id] = conn  # a newer stream replaces one not yet seen to be dead
         # Tell the agent what we already hold, so it does not resend batches whose Ack was lost.
@@ -294,6 +298,9 @@ class IngestServer:
     def _deliver(self, agent: str, conn: _Conn, b: pb.Batch) -> None:
         try:
             decoded = decode_batch(b, conn.series)
+            if conn.hello_ids:
+                decoded.new_series = conn.hello_ids + decoded.new_series
+                conn.hello_ids = []
         except Exception as e:
             self.decode_errors += 1
             self._log_once(agent, "decode", f"batch {b.seq} from agent {agent} failed to decode "

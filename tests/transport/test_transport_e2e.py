@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 import pytest
@@ -77,6 +78,10 @@ def client(port: int, agent: str = "a1", **kw: Any) -> AgentClient:
     kw.setdefault("backoff_initial_s", 0.05)
     kw.setdefault("backoff_max_s", 0.3)
     return AgentClient(f"{HOST}:{port}", agent, node="n1", jobs=["llama"], **kw)
+
+
+def _connected(c: AgentClient) -> bool:
+    return c.counters()["connected"] == 1
 
 
 async def stop_task(t: asyncio.Task[None]) -> None:
@@ -401,5 +406,24 @@ def test_run_never_raises_while_the_aggregator_is_absent():
         assert not t.done()  # still retrying, no exception escaped
         assert c.counters()["spool_pending_batches"] == 1
         await stop_task(t)
+
+    run(body())
+
+
+def test_first_batch_of_a_stream_reports_the_hello_series_as_new():
+    async def body() -> None:
+        new: list[list[int]] = []
+        srv = IngestServer(lambda agent, b: new.append(list(b.new_series)))
+        port = await serve(srv, 0)
+        for _ in range(2):  # the same agent id twice, with a fresh spool: ids mean other series
+            c = client(port)
+            c.series_id("other")  # id 0 now names "other", defined by the Hello only
+            t = asyncio.create_task(c.run())
+            await wait_until(partial(_connected, c))
+            c.submit([Sample("m", 1.0, 1.0)])
+            c.submit([Sample("m", 2.0, 2.0), Sample("m3", 1.0, 1.0)])
+            assert await c.flush(10)
+            await stop_task(t)
+        assert new == [[0, 1], [2], [0, 1], [2]]
 
     run(body())
