@@ -1,7 +1,7 @@
 """Regenerate ``perfd/transport/gen/`` from ``perfd.proto``: ``python -m perfd.transport.regen``.
 
 Uses ``grpc_tools.protoc`` (the ``grpcio-tools`` dev dependency), so the generated code matches
-the protobuf/grpc versions pinned in the environment. ``tests/transport/test_regen.py`` runs
+the protobuf/grpc versions pinned in the environment. ``tests/transport/test_transport_regen.py`` runs
 :func:`generate` into a temporary directory and fails when the committed files differ.
 """
 

@@ -59,13 +59,79 @@ def scrape(port: int) -> dict[str, float]:
     return vals
 
 
+# The agent samples every 1 s and publishes every 0.5 s, so its /metrics trails a load change by
+# up to ~1.5 s: readings that close to a phase change compare two different loads.
+SETTLE_S = 2.0
+
+
+def summarize(rows: list[dict[str, Any]], timeline: dict[str, Any]) -> tuple[list[str], bool]:
+    starts = [p["start"] for p in timeline.get("phases", [])]
+    good = [r for r in rows if "agent" in r]
+    settled = [r for r in good if r["phase"] in {p["name"] for p in timeline.get("phases", [])}
+               and all(not (0 <= r["time"] - t0 < SETTLE_S) for t0 in starts)]
+    lines = [f"{len(good)} paired readings, {len(settled)} of them at least {SETTLE_S:g} s after a load "
+             "change (the comparison below uses those).", "",
+             "| metric | nvidia-smi field | readings | within tolerance | median diff | tolerance |",
+             "|---|---|---|---|---|---|"]
+    ok_all = True
+    for metric, (field, scale, tol, kind) in PAIRS.items():
+        diffs: list[float] = []
+        for r in settled:
+            if metric in r["agent"]:
+                ref = r["smi"][field] * scale
+                d = abs(r["agent"][metric] - ref)
+                diffs.append(d / ref if kind == "rel" and ref else d)
+        within = sum(d <= tol for d in diffs)
+        ok_all &= bool(diffs) and within >= 0.9 * len(diffs)
+        med = statistics.median(diffs) if diffs else float("nan")
+        rel = " (rel)" if kind == "rel" else ""
+        lines.append(f"| `{metric}` | {field} | {len(diffs)} | {within} | {med:.4g}{rel} | {tol:g}{rel} |")
+    lines += ["", "Per phase, medians (agent / nvidia-smi):", "",
+              "| phase | n | util % | power W | SM clock MHz | temperature C |", "|---|---|---|---|---|---|"]
+    for ph in [p["name"] for p in timeline.get("phases", [])]:
+        rs = [r for r in settled if r["phase"] == ph]
+        if not rs:
+            continue
+        def pair(metric: str, field: str, scale: float, rs: list[dict[str, Any]] = rs) -> str:
+            a = statistics.median(r["agent"][metric] for r in rs if metric in r["agent"]) / scale
+            b = statistics.median(r["smi"][field] for r in rs)
+            return f"{a:.0f} / {b:.0f}"
+        lines.append(f"| {ph} | {len(rs)} | {pair('perfd_gpu_utilization_ratio', 'utilization.gpu', 0.01)} | "
+                     f"{pair('perfd_gpu_power_watts', 'power.draw', 1)} | "
+                     f"{pair('perfd_gpu_sm_clock_hertz', 'clocks.sm', 1e6)} | "
+                     f"{pair('perfd_gpu_temperature_celsius', 'temperature.gpu', 1)} |")
+    phases: dict[str, list[dict[str, float]]] = {}
+    for r in settled:
+        phases.setdefault(r["phase"], []).append(r["agent"])
+    gpm = ["perfd_gpu_utilization_ratio", "perfd_gpu_sm_util_ratio", "perfd_gpu_sm_occupancy_ratio",
+           "perfd_gpu_tensor_util_ratio", "perfd_gpu_dram_bw_util_ratio"]
+    lines += ["", "GPM medians seen on the agent's /metrics, by phase:", "",
+              "| phase | n | NVML util | SM util | SM occupancy | tensor util | DRAM bw util |",
+              "|---|---|---|---|---|---|---|"]
+    for ph, vals in phases.items():
+        cells = []
+        for k in gpm:
+            xs = [v[k] for v in vals if k in v]
+            cells.append(f"{100 * statistics.median(xs):.1f}%" if xs else "absent")
+        lines.append(f"| {ph} | {len(vals)} | " + " | ".join(cells) + " |")
+    return lines, ok_all
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--phase-s", type=float, default=4.0)
+    ap.add_argument("--analyze-only", action="store_true",
+                    help="re-read OUT/agent_vs_smi.json and the timeline; write the table again")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.analyze_only:
+        lines, ok = summarize(json.loads((out / "agent_vs_smi.json").read_text()),
+                              json.loads((out / "agent_vs_smi_timeline.json").read_text()))
+        (out / "agent_vs_smi.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return 0 if ok else 1
     port = free_port()
     marker = out / "agent_phase_marker"
     agent = subprocess.Popen([sys.executable, "-m", "perfd.cli", "agent", "--nvml", "real", "--host",
@@ -94,38 +160,9 @@ def main() -> int:
         agent.send_signal(signal.SIGTERM)
         agent_rc = agent.wait(timeout=20)
     (out / "agent_vs_smi.json").write_text(json.dumps(rows, indent=1))
-    good = [r for r in rows if "agent" in r]
-    lines = ["| metric | nvidia-smi field | paired readings | within tolerance | median diff | tolerance |",
-             "|---|---|---|---|---|---|"]
-    ok_all = True
-    for metric, (field, scale, tol, kind) in PAIRS.items():
-        diffs: list[float] = []
-        for r in good:
-            if metric in r["agent"]:
-                ref = r["smi"][field] * scale
-                d = abs(r["agent"][metric] - ref)
-                diffs.append(d / ref if kind == "rel" and ref else d)
-        within = sum(d <= tol for d in diffs)
-        ok_all &= bool(diffs) and within >= 0.9 * len(diffs)
-        med = statistics.median(diffs) if diffs else float("nan")
-        rel = " (rel)" if kind == "rel" else ""
-        lines.append(f"| `{metric}` | {field} | {len(diffs)} | {within} | {med:.4g}{rel} | {tol:g}{rel} |")
-    phases: dict[str, list[dict[str, float]]] = {}
-    for r in good:
-        phases.setdefault(r["phase"], []).append(r["agent"])
-    gpm = ["perfd_gpu_utilization_ratio", "perfd_gpu_sm_util_ratio", "perfd_gpu_sm_occupancy_ratio",
-           "perfd_gpu_tensor_util_ratio", "perfd_gpu_dram_bw_util_ratio"]
-    lines += ["", "GPM medians seen on the agent's /metrics, by phase:", "",
-              "| phase | n | NVML util | SM util | SM occupancy | tensor util | DRAM bw util |",
-              "|---|---|---|---|---|---|---|"]
-    for ph, vals in phases.items():
-        cells = []
-        for k in gpm:
-            xs = [v[k] for v in vals if k in v]
-            cells.append(f"{100 * statistics.median(xs):.1f}%" if xs else "absent")
-        lines.append(f"| {ph} | {len(vals)} | " + " | ".join(cells) + " |")
-    lines.append(f"\nagent exit code after SIGTERM: {agent_rc}; load exit code: {load.returncode}; "
-                 f"readings with errors: {len(rows) - len(good)}")
+    timeline = json.loads((out / "agent_vs_smi_timeline.json").read_text())
+    lines, ok_all = summarize(rows, timeline)
+    lines.append(f"\nagent exit code after SIGTERM: {agent_rc}; load exit code: {load.returncode}")
     (out / "agent_vs_smi.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if ok_all and agent_rc == 0 else 1
