@@ -65,13 +65,23 @@ def _agents_main(port: int, n_agents: int, samples_per_batch: int, window: int, 
 
 def run_ingest_bench(n_agents: int, samples_per_batch: int, seconds: float, *, window: int = 16,
                      n_series: int = 256, warmup_s: float = 2.0,
-                     ack_interval_s: float = 0.002) -> dict[str, Any]:
-    """Measure samples/s and batches/s ingested by one aggregator process; returns the numbers."""
+                     ack_interval_s: float = 0.002, sink: str = "count") -> dict[str, Any]:
+    """Measure samples/s and batches/s ingested by one aggregator process; returns the numbers.
+
+    ``sink="count"`` measures the transport alone (the callback only counts); ``sink="aggregator"``
+    hands every batch to the real aggregator's ingest (latest value per series, job state)."""
 
     async def main() -> dict[str, Any]:
         got = {"batches": 0, "samples": 0}
+        real: Any = None
+        if sink == "aggregator":
+            from perfd.aggregator.main import Aggregator, AggregatorConfig
+
+            real = Aggregator(AggregatorConfig()).on_batch
 
         def on_batch(agent: str, b: DecodedBatch) -> None:
+            if real is not None:
+                real(agent, b)
             got["batches"] += 1
             got["samples"] += len(b.values)
 
@@ -100,6 +110,7 @@ def run_ingest_bench(n_agents: int, samples_per_batch: int, seconds: float, *, w
         wall = w1 - w0
         sc = srv.counters()
         return {
+            "sink": sink,
             "agents": n_agents,
             "samples_per_batch": samples_per_batch,
             "seconds": round(wall, 2),
@@ -148,12 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", default="1000,5000", help="comma-separated samples per batch")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--sink", choices=["count", "aggregator"], default="count",
+                    help="count: the transport alone; aggregator: the real aggregator ingest")
     ns = ap.parse_args(argv)
     print(" ".join(f"{k}={v}" for k, v in machine().items()))
     rows = []
     for a in (int(x) for x in ns.agents.split(",")):
         for s in (int(x) for x in ns.samples.split(",")):
-            rows.append(run_ingest_bench(a, s, ns.seconds, window=ns.window))
+            rows.append(run_ingest_bench(a, s, ns.seconds, window=ns.window, sink=ns.sink))
             print_table(rows[-1:])
     print()
     print_table(rows)

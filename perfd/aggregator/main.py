@@ -33,7 +33,7 @@ class Aggregator:
         self.cfg = cfg
         self.state = AggregatorState(cfg.max_iterations_per_job, gpu_override=cfg.gpu,
                                      peak_tflops=cfg.peak_tflops)
-        self.server = IngestServer(self._on_batch, self._on_hello)
+        self.server = IngestServer(self.on_batch, self._on_hello)
         self.http: HttpServer | None = None
         self.grpc_port = 0
         # (agent, series id) -> (name, sorted labels): converted once per definition, not per sample.
@@ -55,7 +55,7 @@ class Aggregator:
                     cache[sid] = (s.name, tuple(sorted(s.labels.items())))
         return cache
 
-    def _on_batch(self, agent_id: str, batch: DecodedBatch) -> None:
+    def on_batch(self, agent_id: str, batch: DecodedBatch) -> None:
         st = self.state
         for job, text in batch.job_info_json.items():
             try:

@@ -1,0 +1,40 @@
+"""`perfd bench ...`: the measurements in benchmarks/ (needs a source checkout)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import sys
+from pathlib import Path
+
+BENCHES = {
+    "ingest": ("benchmarks.ingest_bench", "samples/s one aggregator ingests from agents on loopback"),
+    "parse": ("benchmarks.parse_bench", "Megatron log parse rate"),
+    "hook": ("benchmarks.hook_overhead", "host cost of the step hook per step (--gpu: paired loop)"),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (ingest, parse, hook)")
+    p.add_argument("which", choices=sorted(BENCHES), help="; ".join(f"{k}: {v[1]}" for k, v in BENCHES.items()))
+    p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark (see its --help)")
+    p.set_defaults(handler=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    module = BENCHES[args.which][0]
+    root = Path(__file__).resolve().parents[2]  # the checkout perfd runs from (editable install)
+    if (root / "benchmarks").is_dir() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        print(f"perfd bench: {module} not found ({exc}); run from a perfd source checkout",
+              file=sys.stderr)
+        return 2
+    argv = [a for a in args.args if a != "--"]
+    if inspect.signature(mod.main).parameters:
+        return int(mod.main(argv) or 0)
+    sys.argv = [module, *argv]  # a benchmark that reads sys.argv itself
+    return int(mod.main() or 0)
