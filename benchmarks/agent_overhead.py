@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     md = [f"GPU {summary['gpu']}, torch {summary['torch']}; step: {summary['step']}", "",
           "| | value |", "|---|---|",
           f"| median step, agent off | {summary['median_step_ms_off']:.3f} ms |",
-          f"| median step, agent on (NVML+GPM 10 Hz, host 1 Hz, log tail) | {summary['median_step_ms_on']:.3f} ms |",
+          "| median step, agent on (NVML+GPM 10 Hz, host 1 Hz, log tail) | "
+          f"{summary['median_step_ms_on']:.3f} ms |",
           f"| per-pair ratio on/off | {', '.join(f'{r:.4f}' for r in ratios)} |",
           f"| median slowdown | {100 * summary['median_slowdown']:+.2f}% |",
           f"| agent CPU (share of one core) | {100 * summary['agent_cpu_core_share_median']:.1f}% |",

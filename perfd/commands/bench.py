@@ -17,7 +17,8 @@ BENCHES = {
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (ingest, parse, hook)")
-    p.add_argument("which", choices=sorted(BENCHES), help="; ".join(f"{k}: {v[1]}" for k, v in BENCHES.items()))
+    p.add_argument("which", choices=sorted(BENCHES),
+                   help="; ".join(f"{k}: {v[1]}" for k, v in BENCHES.items()))
     p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark (see its --help)")
     p.set_defaults(handler=run_bench)
 
