@@ -38,6 +38,38 @@ def psutil_lookup(pid: int) -> tuple[str | None, str | None]:
         return None, None
 
 
+# Environment variables that say which rank a process is: torchrun/torch.distributed, SLURM, Open
+# MPI, and perfd launch's job name. Only these are read; the rest of a process's environment (which
+# may hold secrets) is never looked at or sent.
+RANK_ENV = {
+    "RANK": "rank", "LOCAL_RANK": "local_rank", "WORLD_SIZE": "world_size",
+    "SLURM_PROCID": "rank", "SLURM_LOCALID": "local_rank", "SLURM_NTASKS": "world_size",
+    "OMPI_COMM_WORLD_RANK": "rank", "OMPI_COMM_WORLD_LOCAL_RANK": "local_rank",
+    "OMPI_COMM_WORLD_SIZE": "world_size",
+}
+EnvLookup = Callable[[int], "dict[str, int]"]
+
+
+def psutil_rank_env(pid: int) -> dict[str, int]:
+    """{rank, local_rank, world_size} from the process's environment where visible (same user or
+    root, host pid namespace); empty when not. The first variable found for a key wins, in the
+    order of RANK_ENV (torch's own variables first). Never raises."""
+    try:
+        import psutil
+
+        env = psutil.Process(pid).environ()
+    except Exception:  # AccessDenied, NoSuchProcess, psutil missing
+        return {}
+    out: dict[str, int] = {}
+    for var, key in RANK_ENV.items():
+        if key not in out and var in env:
+            try:
+                out[key] = int(env[var])
+            except ValueError:
+                continue
+    return out
+
+
 @dataclass
 class GpuProcess:
     pid: int
@@ -52,9 +84,12 @@ class GpuProcess:
 class ProcessTracker:
     """Remembers each GPU's pid set and when it last reported it; caches names per pid."""
 
-    def __init__(self, event_interval_s: float = 60.0, lookup: NameLookup = psutil_lookup) -> None:
+    def __init__(self, event_interval_s: float = 60.0, lookup: NameLookup = psutil_lookup,
+                 env_lookup: EnvLookup = psutil_rank_env) -> None:
         self.event_interval_s = event_interval_s
         self._lookup = lookup
+        self._env_lookup = env_lookup
+        self._ranks: dict[int, dict[str, int]] = {}
         self._last: dict[str, tuple[frozenset[int], float]] = {}  # gpu -> (pids, last event time)
         self._names: dict[int, tuple[str | None, str | None]] = {}
 
@@ -71,10 +106,17 @@ class ProcessTracker:
         payload = []
         for p in sorted(procs, key=lambda q: q.pid):
             name, cmd = self._name(p.pid)
+            if p.pid not in self._ranks:
+                self._ranks[p.pid] = self._env_lookup(p.pid)
+            rank = self._ranks[p.pid]
             payload.append({
                 "pid": p.pid, "name": name,
                 "cmdline": cmd[:CMDLINE_MAX] if cmd is not None else None,
                 "used_memory_bytes": p.used_memory_bytes,
+                # The basis for rank -> GPU attribution; absent (None) when the environment is not
+                # visible, never guessed from the GPU index.
+                "rank": rank.get("rank"), "local_rank": rank.get("local_rank"),
+                "world_size": rank.get("world_size"),
             })
         return {
             "kind": "gpu_processes", "severity": "info", "time": now, "labels": dict(labels),
@@ -98,3 +140,5 @@ class ProcessTracker:
             live |= pids
         for pid in [p for p in self._names if p not in live]:
             del self._names[pid]
+        for pid in [p for p in self._ranks if p not in live]:
+            del self._ranks[pid]

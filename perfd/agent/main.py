@@ -146,6 +146,8 @@ class Agent:
         for name, out in items:
             for s in out.samples:
                 s.labels.setdefault("node", self.cfg.node)
+            for ev in out.events:  # the aggregator keys GPU state by (node, gpu)
+                ev.setdefault("labels", {}).setdefault("node", self.cfg.node)
             samples.extend(out.samples)
             steps.extend(out.steps)
             events.extend(out.events)

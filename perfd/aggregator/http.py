@@ -19,6 +19,7 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
 from perfd.exporters.prometheus import job_families, series_families
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,13 @@ class _StateCollector:
             if analysis is not None and analysis.iterations:
                 latest[job] = analysis.iterations[-1].to_json()
         yield from job_families(latest)
+        rank_rows = []
+        for job in latest:
+            procs, _values, _thr = self.state.gpu_view(job)
+            for r, pl in place_ranks(procs).items():
+                rank_rows.append(({"job_name": job, "rank": str(r), "node": pl.node, "gpu": pl.gpu},
+                                  "perfd_job_rank_info", 1.0))
+        yield from series_families(rank_rows)
         rows = []
         for agent, s in self.state.node_series():
             labels = dict(s.labels)
@@ -62,20 +70,52 @@ class _StateCollector:
         yield from series_families([({}, k, float(v)) for k, v in own.items() if v is not None])
 
 
+def rank_view(state: AggregatorState, job: str, world_size: int | None,
+              candidates: list[int]) -> dict[str, Any]:
+    """Where each rank runs (from the process lists the agents report) and, for the candidate
+    slow ranks, what their GPUs show."""
+    procs, values, throttles = state.gpu_view(job)
+    placements = place_ranks(procs, world_size)
+    ranks = []
+    for r, pl in sorted(placements.items()):
+        key = (pl.node, pl.gpu)
+        ranks.append({"rank": r, "node": pl.node, "gpu": pl.gpu, "pid": pl.pid,
+                      "local_rank": pl.local_rank, "gpu_values": values.get(key, {}),
+                      "throttle_reasons": throttles.get(key, []),
+                      "other_processes": [dict(p) for p in foreign_processes(
+                          pl, procs.get(key, []), [q.pid for q in placements.values()])]})
+    hints = gpu_hints(candidates, placements, values, throttles, procs) if candidates else []
+    return {"ranks": ranks, "gpu_hints": [h.to_json() for h in hints],
+            "source": "collectors/nvml process lists (RANK from each process's environment) "
+                      "joined with the latest NVML values of its GPU"}
+
+
+def _candidates(full: dict[str, Any]) -> list[int]:
+    """Slow-rank candidates: persistent stragglers, else the latest iteration's flagged ranks."""
+    summary = full.get("summary") or {}
+    ranks = list(summary.get("straggler_persistent_ranks") or [])
+    if not ranks and full.get("iterations"):
+        ranks = list(full["iterations"][-1].get("straggler_candidate_ranks") or [])
+    return [int(r) for r in ranks]
+
+
 def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
     overview = state.job_overview(job)
     if overview is None:
         return None
     analysis = state.analysis(job, force=True)
     if analysis is None or not analysis.iterations:
-        return {"overview": overview, "latest": None, "summary": None, "report": None}
+        return {"overview": overview, "latest": None, "summary": None, "report": None,
+                **rank_view(state, job, None, [])}
     full = analysis.to_json()
+    world = (full.get("job") or {}).get("layout", {}).get("world_size")
     return {
         "overview": overview,
         "job": full["job"],
         "latest": full["iterations"][-1],
         "summary": full["summary"],
         "report": full["report"],
+        **rank_view(state, job, world, _candidates(full)),
     }
 
 

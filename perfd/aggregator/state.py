@@ -18,6 +18,7 @@ from perfd.analytics.megatron_job import RunAnalysis, analyze_run
 from perfd.model import JobInfo, StepRecord
 
 LabelKey = tuple[tuple[str, str], ...]
+GpuKey = tuple[str, str]  # (node, gpu index)
 
 
 @dataclass
@@ -65,6 +66,8 @@ class AggregatorState:
         self.agent_job: dict[str, str] = {}
         self.agent_seen: dict[str, float] = {}
         self.events: list[dict[str, Any]] = []  # newest last, bounded
+        # (node, gpu) -> (agent, latest process list from the NVML collector)
+        self.gpu_procs: dict[GpuKey, tuple[str, list[dict[str, Any]]]] = {}
         self.stats = Stats()
         self.max_iterations = max_iterations_per_job
         self.min_recompute_s = min_recompute_s
@@ -134,8 +137,37 @@ class AggregatorState:
         with self._lock:
             self.stats.events += len(events)
             for ev in events:
+                labels = ev.get("labels") or {}
+                if ev.get("kind") == "gpu_processes" and isinstance(ev.get("payload"), list):
+                    # The latest process list of each GPU replaces the previous one.
+                    key = (labels.get("node", agent_id), labels.get("gpu", "?"))
+                    self.gpu_procs[key] = (agent_id, list(ev["payload"]))
+                    continue  # state, not history: kept above, not in the event log
                 self.events.append({**ev, "agent": agent_id})
             del self.events[:-1000]
+
+    def gpu_view(self, job: str) -> tuple[dict[GpuKey, list[dict[str, Any]]],
+                                          dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]:
+        """For the job's agents: process lists, latest GPU values and active throttle reasons,
+        each keyed by (node, gpu)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            agents = set(js.agents) if js else set()
+            procs = {k: list(v[1]) for k, v in self.gpu_procs.items() if v[0] in agents}
+            values: dict[GpuKey, dict[str, float]] = {}
+            throttles: dict[GpuKey, list[str]] = {}
+            for (agent, name, labels), s in self.series.items():
+                if agent not in agents or not name.startswith("perfd_gpu_"):
+                    continue
+                lab = dict(labels)
+                key = (lab.get("node", agent), lab.get("gpu", "?"))
+                if "reason" in lab:
+                    if name == "perfd_gpu_throttle_active" and s.value >= 1:
+                        throttles.setdefault(key, []).append(lab["reason"])
+                    continue
+                if "type" not in lab:
+                    values.setdefault(key, {})[name] = s.value
+            return procs, values, throttles
 
     # ---- read side (HTTP thread) --------------------------------------------------------------
     def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:

@@ -51,6 +51,7 @@ class DecodedEvent(TypedDict):
     labels: dict[str, str]
     job: str
     links: dict[str, str]
+    payload: Any  # structured detail sent as JSON (None when the event had none)
 
 
 @dataclass(frozen=True)
@@ -307,11 +308,21 @@ def event_to_pb(ev: Mapping[str, Any], m: pb.Event) -> None:
     m.job = str(ev.get("job", ""))
     m.labels.update({str(k): str(v) for k, v in (ev.get("labels") or {}).items()})
     m.links.update({str(k): str(v) for k, v in (ev.get("links") or {}).items()})
+    if ev.get("payload") is not None:
+        # JSON, not a nested message: payloads differ by event kind and are read by few consumers.
+        m.payload_json = json.dumps(ev["payload"], separators=(",", ":"), default=str)
 
 
 def event_from_pb(m: pb.Event) -> DecodedEvent:
+    payload: Any = None
+    if m.payload_json:
+        try:
+            payload = json.loads(m.payload_json)
+        except ValueError:  # a bad payload loses the detail, not the event
+            payload = {"unparsed": m.payload_json[:1000]}
     return DecodedEvent(time_ns=m.time_ns, time=m.time_ns / 1e9, kind=m.kind, severity=m.severity,
-                        text=m.text, labels=dict(m.labels), job=m.job, links=dict(m.links))
+                        text=m.text, labels=dict(m.labels), job=m.job, links=dict(m.links),
+                        payload=payload)
 
 
 # ------------------------------------------------------------------------------------ batches

@@ -140,7 +140,18 @@ def test_events_and_job_info_round_trip():
     assert e0["time_ns"] == 1_763_700_000_500_000_000 and e0["kind"] == "capture_started"
     assert e0["labels"] == {"tool": "nsys"} and e0["links"]["capture_id"] == "c1" and e0["job"] == "llama"
     assert e1["time_ns"] == 5 and e1["severity"] == "info"
+    assert e0["payload"] is None and e1["payload"] is None
     assert d.job_info_json == {"llama": '{"framework": "megatron"}'}
+
+
+def test_event_payload_survives_the_wire():
+    """The NVML collector's process lists travel as an event payload: it must not be dropped."""
+    procs = [{"pid": 42, "name": "python", "cmdline": "python train.py", "used_memory_bytes": 1 << 30,
+              "rank": 3, "local_rank": 1}]
+    ev = {"time": 1.0, "kind": "gpu_processes", "labels": {"gpu": "1"}, "payload": procs}
+    b = encode_batch("a", 1, [], [], [ev], SeriesTable())
+    (e,) = decode_batch(pb.Batch.FromString(b.SerializeToString()), {}).events
+    assert e["payload"] == procs
 
 
 def test_frame_batch_is_a_serialized_agent_message():

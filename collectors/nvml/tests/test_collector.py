@@ -218,7 +218,8 @@ def test_process_events_only_on_change_and_periodically() -> None:
     ev = first[0]
     assert ev["labels"] == {"gpu": "0", "uuid": dev.uuid, "model": "NVIDIA H200"}
     assert ev["payload"] == [{"pid": 100, "name": "python", "cmdline": long_cmd[:200],
-                              "used_memory_bytes": 2 * 2**30}]
+                              "used_memory_bytes": 2 * 2**30,
+                              "rank": None, "local_rank": None, "world_size": None}]
     assert events(1.0) == [] and events(2.0) == []
     dev.procs.append((200, None))  # a foreign process joins
     ev2 = events(3.0)

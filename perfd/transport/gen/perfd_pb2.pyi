@@ -236,7 +236,7 @@ class Provenance(_message.Message):
     def __init__(self, collector: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("time_ns", "kind", "severity", "text", "labels", "job", "links")
+    __slots__ = ("time_ns", "kind", "severity", "text", "labels", "job", "links", "payload_json")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +258,7 @@ class Event(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
     time_ns: int
     kind: str
     severity: str
@@ -265,7 +266,8 @@ class Event(_message.Message):
     labels: _containers.ScalarMap[str, str]
     job: str
     links: _containers.ScalarMap[str, str]
-    def __init__(self, time_ns: _Optional[int] = ..., kind: _Optional[str] = ..., severity: _Optional[str] = ..., text: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., job: _Optional[str] = ..., links: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    payload_json: str
+    def __init__(self, time_ns: _Optional[int] = ..., kind: _Optional[str] = ..., severity: _Optional[str] = ..., text: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., job: _Optional[str] = ..., links: _Optional[_Mapping[str, str]] = ..., payload_json: _Optional[str] = ...) -> None: ...
 
 class AggregatorMessage(_message.Message):
     __slots__ = ("ack", "command")

@@ -1,0 +1,30 @@
+import os
+import subprocess
+import sys
+import time
+
+from collectors.nvml.processes import GpuProcess, ProcessTracker, psutil_rank_env
+
+
+def test_rank_env_of_a_real_process_and_nothing_else_of_its_environment():
+    env = {**os.environ, "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "SECRET_TOKEN": "x",
+           "SLURM_PROCID": "99"}
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        time.sleep(0.2)
+        assert psutil_rank_env(p.pid) == {"rank": 5, "local_rank": 1, "world_size": 8}
+    finally:
+        p.kill()
+        p.wait()
+    assert psutil_rank_env(p.pid) == {}  # gone: absent, never raises
+
+
+def test_process_events_carry_rank_or_none():
+    ranks = {100: {"rank": 0, "local_rank": 0, "world_size": 2}}
+    t = ProcessTracker(60.0, lookup=lambda pid: ("python", f"python train.py {pid}"),
+                       env_lookup=lambda pid: ranks.get(pid, {}))
+    ev = t.update({"gpu": "0"}, [GpuProcess(100, 1 << 30), GpuProcess(200, 1 << 20)], now=0.0)
+    assert ev is not None
+    by_pid = {p["pid"]: p for p in ev["payload"]}
+    assert by_pid[100]["rank"] == 0 and by_pid[100]["world_size"] == 2
+    assert by_pid[200]["rank"] is None and by_pid[200]["local_rank"] is None

@@ -1,0 +1,47 @@
+from typing import Any
+
+from perfd.analytics.attribution import RankPlacement, foreign_processes, gpu_hints, place_ranks
+
+PROCS: dict[tuple[str, str], list[dict[str, Any]]] = {
+    ("node-a", "0"): [{"pid": 10, "rank": 0, "local_rank": 0, "world_size": 4, "cmdline": "python train.py"}],
+    ("node-a", "1"): [{"pid": 11, "rank": 1, "local_rank": 1, "world_size": 4, "cmdline": "python train.py"},
+                      {"pid": 99, "rank": None, "name": "python", "cmdline": "python notebook.py"}],
+    ("node-b", "0"): [{"pid": 20, "rank": 2, "local_rank": 0, "world_size": 4, "cmdline": "python train.py"},
+                      {"pid": 30, "rank": 0, "world_size": 8, "cmdline": "python other_job.py"}],
+    ("node-b", "1"): [{"pid": 21, "rank": 3, "local_rank": 1, "world_size": 4, "cmdline": "python train.py"}],
+}
+VALUES = {
+    ("node-a", "0"): {"perfd_gpu_sm_clock_hertz": 1.98e9, "perfd_gpu_temperature_celsius": 50},
+    ("node-a", "1"): {"perfd_gpu_sm_clock_hertz": 1.98e9, "perfd_gpu_temperature_celsius": 51},
+    ("node-b", "0"): {"perfd_gpu_sm_clock_hertz": 1.98e9, "perfd_gpu_temperature_celsius": 52},
+    ("node-b", "1"): {"perfd_gpu_sm_clock_hertz": 1.35e9, "perfd_gpu_temperature_celsius": 78},
+}
+
+
+def test_ranks_are_placed_from_declared_ranks_only_and_other_jobs_are_ignored():
+    pl = place_ranks(PROCS, world_size=4)
+    assert {r: (p.node, p.gpu) for r, p in pl.items()} == {
+        0: ("node-a", "0"), 1: ("node-a", "1"), 2: ("node-b", "0"), 3: ("node-b", "1")}
+    assert pl[0].pid == 10  # the other job's rank 0 (world size 8) did not overwrite it
+
+
+def test_hints_name_the_throttled_gpu_and_the_co_tenant():
+    pl = place_ranks(PROCS, world_size=4)
+    throttles = {("node-b", "1"): ["hw_thermal", "gpu_idle"]}
+    hints = {h.rank: h for h in gpu_hints([3, 1, 0, 7], pl, VALUES, throttles, PROCS)}
+    h3 = hints[3]
+    assert (h3.node, h3.gpu) == ("node-b", "1")
+    text = " ".join(h3.observations)
+    assert "SM clock 1350 MHz" in text and "hw_thermal" in text and "gpu_idle" not in text
+    assert "temperature 78 C" in text
+    h1 = hints[1]
+    assert "pid 99 (python notebook.py)" in " ".join(h1.observations)
+    assert h1.evidence["foreign_processes"][0]["pid"] == 99
+    assert "looks like the others" in hints[0].observations[0]
+    assert hints[7].node is None and "unknown" in hints[7].observations[0]
+
+
+def test_foreign_processes_excludes_the_jobs_own_ranks():
+    pl = RankPlacement(2, "node-b", "0", 20)
+    others = foreign_processes(pl, PROCS[("node-b", "0")], [10, 11, 20, 21])
+    assert [p["pid"] for p in others] == [30]

@@ -1,0 +1,82 @@
+"""A failing collector is counted in a metric, logged once, and the agent runs on."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import collectors.megatron
+from perfd.agent.config import AgentConfig
+from perfd.agent.main import Agent
+from perfd.collector import Capabilities, Collected, Collector, Registry
+from perfd.model import Sample
+
+
+class Exploding(Collector):
+    name = "exploding"
+    default_interval_s = 0.05
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+
+    def probe(self) -> Capabilities:
+        return Capabilities(True)
+
+    def collect(self, now: float) -> Collected:
+        raise RuntimeError("the source broke")  # breaks the contract: the scheduler must cope
+
+
+class Healthy(Collector):
+    name = "healthy"
+    default_interval_s = 0.05
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.n = 0
+
+    def probe(self) -> Capabilities:
+        return Capabilities(True)
+
+    def collect(self, now: float) -> Collected:
+        self.n += 1
+        return Collected(samples=[Sample("perfd_host_load1", float(self.n), now)])
+
+
+def test_failures_are_counted_logged_once_and_the_agent_keeps_running(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    reg = Registry()
+    reg.register("exploding", Exploding)
+    reg.register("healthy", Healthy)
+    collectors.megatron.register(reg)
+    reg.register("bad-config", lambda cfg: (_ for _ in ()).throw(ValueError("path is required")))
+    cfg = AgentConfig(job="j", metrics_port=0, metrics_host="127.0.0.1", collectors={
+        "exploding": {}, "healthy": {}, "bad-config": {},
+        "megatron": {"path": str(tmp_path / "not-there.log")}}).finish()
+    agent = Agent(cfg, reg)
+
+    async def body() -> str:
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        await asyncio.sleep(1.0)
+        assert agent.metrics_port
+        text = urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics").read().decode()
+        stop.set()
+        await task
+        return text
+
+    with caplog.at_level(logging.WARNING):
+        metrics = asyncio.run(body())
+    boom = agent.scheduler.states["exploding"]
+    assert boom.failures >= 5 and boom.collector.errors["collect-raised"] == boom.failures
+    assert sum("collect-raised" in r.getMessage() for r in caplog.records) == 1  # logged once
+    assert agent.scheduler.states["healthy"].collector.n >= 5  # the others ran on
+    assert 'perfd_agent_collector_errors_total{collector="exploding",node=' in metrics
+    assert 'reason="collect-raised"' in metrics
+    assert 'collector="bad-config"' in metrics and 'reason="config"' in metrics
+    assert 'collector="megatron"' in metrics and "tail:missing" in metrics
+    assert "perfd_host_load1" in metrics
