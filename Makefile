@@ -4,7 +4,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint typecheck proto clean
+.PHONY: setup demo test lint typecheck proto docs clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -27,6 +27,9 @@ test: lint typecheck
 
 proto: setup
 	$(BIN)/python -m perfd.transport.regen
+
+docs: setup
+	$(BIN)/perfd catalog --doc > docs/metrics.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

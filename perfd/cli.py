@@ -31,7 +31,8 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _add_catalog(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("catalog", help="list every metric perfd reports")
-    p.add_argument("--markdown", action="store_true", help="as a Markdown table (docs/)")
+    p.add_argument("--markdown", action="store_true", help="as a Markdown table")
+    p.add_argument("--doc", action="store_true", help="the whole docs/metrics.md page")
 
 
 def build_parser() -> argparse.ArgumentParser:
