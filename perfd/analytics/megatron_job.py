@@ -69,6 +69,8 @@ class IterationResult:
     straggler_compute_spread: float | None = None
     straggler_compute_spread_flagged: bool | None = None
     straggler_candidate_ranks: list[int] = field(default_factory=list)
+    # rank -> its forward+backward compute / the median of its stage (per-rank timers only)
+    straggler_rank_compute_ratio: dict[int, float] = field(default_factory=dict)
     straggler_notes: list[str] = field(default_factory=list)
     bottleneck: str = "unknown"
     lm_loss: float | None = None
@@ -270,6 +272,7 @@ def _analyze(job: JobInfo, records: Sequence[StepRecord], gpu_name: str | None,
         it.straggler_compute_spread = st.compute_spread
         it.straggler_compute_spread_flagged = st.compute_spread_flagged
         it.straggler_candidate_ranks = st.flagged_ranks
+        it.straggler_rank_compute_ratio = dict(st.per_rank_ratio)
         it.straggler_notes = list(st.notes)
         srcs["straggler"] = ("megatron: straggler detector line (MnRtt/MxRtt)" if rec.straggler
                              else "megatron: timers only (no straggler line; needs --log-straggler)")

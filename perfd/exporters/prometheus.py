@@ -50,6 +50,7 @@ def job_families(job_iterations: Mapping[str, Mapping[str, Any]]) -> Iterator[Me
     """Families for every job's latest analysed iteration: {job name: iteration JSON}."""
     fams = {n: _gauge(n, ["job_name"]) for n in JOB_GAUGES}
     bottleneck = _gauge("perfd_job_bottleneck_info", ["job_name", "class"])
+    rank_ratio = _gauge("perfd_job_rank_compute_ratio", ["job_name", "rank"])
     for job, it in sorted(job_iterations.items()):
         for name, (key, scale) in JOB_GAUGES.items():
             v = it.get(key)
@@ -58,8 +59,11 @@ def job_families(job_iterations: Mapping[str, Mapping[str, Any]]) -> Iterator[Me
         cls = it.get("bottleneck")
         if isinstance(cls, str):
             bottleneck.add_metric([job, cls], 1.0)
+        for rank, ratio in sorted((it.get("straggler_rank_compute_ratio") or {}).items()):
+            rank_ratio.add_metric([job, str(rank)], float(ratio))
     yield from fams.values()
     yield bottleneck
+    yield rank_ratio
 
 
 def series_families(series: Iterable[tuple[Mapping[str, str], str, float]],

@@ -132,6 +132,12 @@ def test_agent_to_aggregator_matches_offline_analysis(tmp_path: Path, source: Pa
                 assert len(got) == 1 and math.isclose(got[0], v * scale, rel_tol=1e-12), (name, got, v)
                 checked += 1
         assert checked >= 10
+        per_rank = latest.get("straggler_rank_compute_ratio") or {}
+        got_ranks = {s.labels["rank"]: s.value for s in fams["perfd_job_rank_compute_ratio"].samples
+                     if s.labels.get("job_name") == "e2e"} if "perfd_job_rank_compute_ratio" in fams else {}
+        assert got_ranks == {str(k): v for k, v in per_rank.items()}
+        if "dp2" in source.name:
+            assert set(got_ranks) == {"0", "1"}  # per-rank timers ('all' option) give per-rank series
         mfu = fams["perfd_job_mfu_ratio"].samples[0].value
         assert 0 < mfu < 1
 
