@@ -64,7 +64,8 @@ def test_failures_are_counted_logged_once_and_the_agent_keeps_running(
         task = asyncio.create_task(agent.run(stop))
         await asyncio.sleep(1.0)
         assert agent.metrics_port
-        text = urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics").read().decode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics") as r:
+            text: str = r.read().decode()
         stop.set()
         await task
         return text
@@ -74,7 +75,8 @@ def test_failures_are_counted_logged_once_and_the_agent_keeps_running(
     boom = agent.scheduler.states["exploding"]
     assert boom.failures >= 5 and boom.collector.errors["collect-raised"] == boom.failures
     assert sum("collect-raised" in r.getMessage() for r in caplog.records) == 1  # logged once
-    assert agent.scheduler.states["healthy"].collector.n >= 5  # the others ran on
+    healthy = agent.scheduler.states["healthy"].collector
+    assert isinstance(healthy, Healthy) and healthy.n >= 5  # the others ran on
     assert 'perfd_agent_collector_errors_total{collector="exploding",node=' in metrics
     assert 'reason="collect-raised"' in metrics
     assert 'collector="bad-config"' in metrics and 'reason="config"' in metrics
