@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
 from perfd.exporters.prometheus import job_families, series_families
@@ -28,8 +29,9 @@ log = logging.getLogger(__name__)
 class _StateCollector:
     """prometheus_client custom collector reading the aggregator state at scrape time."""
 
-    def __init__(self, state: AggregatorState) -> None:
+    def __init__(self, state: AggregatorState, per_rank_series: bool = True) -> None:
         self.state = state
+        self.per_rank_series = per_rank_series  # False: no per-rank series (very large jobs)
 
     def collect(self) -> Iterator[Metric]:
         latest: dict[str, dict[str, Any]] = {}
@@ -41,9 +43,9 @@ class _StateCollector:
                 continue
             if analysis is not None and analysis.iterations:
                 latest[job] = analysis.iterations[-1].to_json()
-        yield from job_families(latest)
+        yield from job_families(latest, per_rank=self.per_rank_series)
         rank_rows = []
-        for job in latest:
+        for job in (latest if self.per_rank_series else ()):
             procs, _values, _thr = self.state.gpu_view(job)
             for r, pl in place_ranks(procs).items():
                 rank_rows.append(({"job_name": job, "rank": str(r), "node": pl.node, "gpu": pl.gpu},
@@ -57,6 +59,7 @@ class _StateCollector:
                 labels["job_name"] = agent_job
             rows.append((labels, s.name, s.value))
         yield from series_families(rows)
+        yield from series_families(self.state.collective_rows(self.per_rank_series))
         t = self.state.transport_stats or {}
         own = {
             "perfd_aggregator_samples_total": self.state.stats.samples,
@@ -76,12 +79,13 @@ def rank_view(state: AggregatorState, job: str, world_size: int | None,
     slow ranks, what their GPUs show."""
     procs, values, throttles = state.gpu_view(job)
     placements = place_ranks(procs, world_size)
+    pods = state.pods_by_gpu()  # Kubernetes: the pod each GPU is allocated to (collectors/k8s)
     ranks = []
     for r, pl in sorted(placements.items()):
         key = (pl.node, pl.gpu)
         ranks.append({"rank": r, "node": pl.node, "gpu": pl.gpu, "pid": pl.pid,
                       "local_rank": pl.local_rank, "gpu_values": values.get(key, {}),
-                      "throttle_reasons": throttles.get(key, []),
+                      "throttle_reasons": throttles.get(key, []), "pod": pods.get(key),
                       "other_processes": [dict(p) for p in foreign_processes(
                           pl, procs.get(key, []), [q.pid for q in placements.values()])]})
     hints = gpu_hints(candidates, placements, values, throttles, procs) if candidates else []
@@ -106,7 +110,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
     analysis = state.analysis(job, force=True)
     if analysis is None or not analysis.iterations:
         return {"overview": overview, "latest": None, "summary": None, "report": None,
-                **rank_view(state, job, None, [])}
+                **rank_view(state, job, None, []), "collectives": collectives_json(state, job)}
     full = analysis.to_json()
     world = (full.get("job") or {}).get("layout", {}).get("world_size")
     return {
@@ -116,7 +120,28 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
         "summary": full["summary"],
         "report": full["report"],
         **rank_view(state, job, world, _candidates(full)),
+        "collectives": collectives_json(state, job),
     }
+
+
+def collectives_json(state: AggregatorState, job: str) -> dict[str, Any] | None:
+    """The job's collective analysis (perfd.analytics.collectives); None without NCCL data."""
+    try:
+        a = state.collective_analysis(job, force=True)
+    except Exception as exc:  # counted in the store; the rest of the summary still answers
+        log.exception("collective analysis of job %s failed", job)
+        return {"error": repr(exc)}
+    return a.to_json() if a is not None else None
+
+
+def job_iterations(state: AggregatorState, job: str) -> dict[str, Any] | None:
+    """Every analysed iteration the aggregator holds for ``job`` (the per-iteration JSON of
+    `perfd analyze megatron --json`), oldest first; None for an unknown job."""
+    if state.job_overview(job) is None:
+        return None
+    analysis = state.analysis(job, force=True)
+    its = [it.to_json() for it in analysis.iterations] if analysis is not None else []
+    return {"job_name": job, "iterations": its}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -136,6 +161,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(code, json.dumps(obj, indent=2, allow_nan=False, default=str).encode(),
                    "application/json")
 
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        try:
+            _post(self)
+        except BrokenPipeError:
+            pass
+        except Exception as exc:
+            log.exception("HTTP POST %s failed", self.path)
+            self._json(500, {"error": repr(exc)})
+
     def do_GET(self) -> None:
         state = self.server.state
         path = urlparse(self.path).path.rstrip("/") or "/"
@@ -146,8 +180,20 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, b"ok\n", "text/plain")
             elif path == "/api/stats":
                 self._json(200, state.stats_json())
+            elif path == "/api/captures":
+                caps = self.server.captures
+                self._json(200, {"captures": caps.list() if caps else []})
+            elif path == "/api/events":
+                self._json(200, {"events": state.recent_events()})
             elif path == "/api/jobs":
                 self._json(200, {"jobs": [state.job_overview(j) for j in state.job_names()]})
+            elif path.startswith("/api/jobs/") and path.endswith("/iterations"):
+                job = unquote(path[len("/api/jobs/"):-len("/iterations")])
+                its = job_iterations(state, job)
+                if its is None:
+                    self._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
+                else:
+                    self._json(200, its)
             elif path.startswith("/api/jobs/") and path.endswith("/summary"):
                 job = unquote(path[len("/api/jobs/"):-len("/summary")])
                 summary = job_summary(state, job)
@@ -157,7 +203,9 @@ class _Handler(BaseHTTPRequestHandler):
                     self._json(200, summary)
             else:
                 self._json(404, {"error": f"no such path {path}", "paths": [
-                    "/metrics", "/healthz", "/api/stats", "/api/jobs", "/api/jobs/<job>/summary"]})
+                    "/metrics", "/healthz", "/api/stats", "/api/jobs", "/api/jobs/<job>/summary",
+                    "/api/jobs/<job>/iterations", "/api/captures", "/api/events", "POST /api/captures",
+                    "POST /api/alertmanager"]})
         except BrokenPipeError:
             pass
         except Exception as exc:  # a bug must answer 500, not kill the server thread
@@ -165,18 +213,64 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(500, {"error": repr(exc)})
 
 
+MAX_BODY = 1 << 20
+
+
+def _post(handler: _Handler) -> None:
+    """POST /api/captures {job, ranks?, steps?, tool?} and POST /api/alertmanager (webhook v4)."""
+    path = urlparse(handler.path).path.rstrip("/")
+    caps = handler.server.captures
+    length = int(handler.headers.get("Content-Length") or 0)
+    if length > MAX_BODY:
+        handler._json(413, {"error": f"body larger than {MAX_BODY} bytes"})
+        return
+    try:
+        body = json.loads(handler.rfile.read(length) or b"{}")
+        if not isinstance(body, dict):
+            raise ValueError("the body must be a JSON object")
+    except ValueError as exc:
+        handler._json(400, {"error": f"invalid JSON: {exc}"})
+        return
+    if caps is None:
+        handler._json(503, {"error": "captures are not enabled on this aggregator"})
+        return
+    try:
+        if path == "/api/captures":
+            if not body.get("job"):
+                raise ValueError("'job' is required")
+            ranks = body.get("ranks")
+            if ranks is not None and not (isinstance(ranks, list) and all(isinstance(r, int) for r in ranks)):
+                raise ValueError("'ranks' must be a list of integers")
+            rec = caps.request(str(body["job"]), ranks, str(body.get("tool", "auto")),
+                               int(body.get("steps", 3)), "manual")
+            handler._json(202 if rec.status != "refused" else 409, rec.to_json())
+        elif path == "/api/alertmanager":
+            from perfd.aggregator.captures import alertmanager_requests
+
+            made = [caps.request(r["job"], r["ranks"], r["tool"], r["steps"], r["origin"]).to_json()
+                    for r in alertmanager_requests(body)]
+            handler._json(200, {"captures": made})
+        else:
+            handler._json(404, {"error": f"no POST handler for {path}"})
+    except (ValueError, TypeError) as exc:
+        handler._json(400, {"error": str(exc)})
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     state: AggregatorState
+    captures: CaptureCoordinator | None
     registry: CollectorRegistry
 
 
 class HttpServer:
-    def __init__(self, state: AggregatorState, host: str, port: int) -> None:
+    def __init__(self, state: AggregatorState, host: str, port: int,
+                 captures: CaptureCoordinator | None = None, per_rank_series: bool = True) -> None:
         self._srv = _Server((host, port), _Handler)
         self._srv.state = state
+        self._srv.captures = captures
         self._srv.registry = CollectorRegistry(auto_describe=False)
-        self._srv.registry.register(_StateCollector(state))
+        self._srv.registry.register(_StateCollector(state, per_rank_series))
         self.port = int(self._srv.server_address[1])
         self._thread = threading.Thread(target=self._srv.serve_forever, name="http", daemon=True)
 

@@ -8,9 +8,13 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.state import AggregatorState, LabelKey
+from perfd.aggregator.wandb_sync import WandbSync
 from perfd.jobinfo_json import job_info_from_json
+from perfd.rules.engine import RuleEngine
+from perfd.rules.loader import default_pack_path, load_pack
 from perfd.transport.codec import DecodedBatch, HelloInfo, Series
 from perfd.transport.server import IngestServer
 
@@ -26,6 +30,15 @@ class AggregatorConfig:
     gpu: str | None = None  # override the GPU name used for the peak table
     peak_tflops: float | None = None
     max_iterations_per_job: int = 5000
+    per_rank_series: bool = True  # False: /metrics leaves out per-rank series (very large jobs)
+    # Rule packs evaluated every rules_interval_s; None = the shipped default pack, [] = no rules.
+    rules_files: list[str] | None = None
+    rules_interval_s: float = 5.0
+    # Weights & Biases: one run per job (perfd.exporters.wandb); None = off.
+    wandb_project: str | None = None
+    wandb_mode: str = "offline"  # offline (no server; `wandb sync` later) | online | disabled
+    wandb_dir: str | None = None  # where runs are written (default: ./perfd-wandb)
+    wandb_interval_s: float = 10.0
 
 
 class Aggregator:
@@ -36,9 +49,34 @@ class Aggregator:
         self.server = IngestServer(self.on_batch, self._on_hello)
         self.http: HttpServer | None = None
         self.grpc_port = 0
+        self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.server.send_command,
+                                           cfg.rules_interval_s)
+        self._rules_task: asyncio.Task[None] | None = None
         # (agent, series id) -> (name, sorted labels): converted once per definition, not per sample.
         self._series: dict[str, dict[int, tuple[str, LabelKey]]] = {}
         self.job_info_errors = 0
+        self.wandb: WandbSync | None = None
+        self._wandb_task: asyncio.Task[None] | None = None
+        if cfg.wandb_project:
+            from perfd.exporters.wandb import WandbExporter
+
+            exporter = WandbExporter(cfg.wandb_project, cfg.wandb_mode, cfg.wandb_dir)
+            self.wandb = WandbSync(self.state, exporter, self.captures.list, cfg.wandb_interval_s)
+
+    @staticmethod
+    def _engine(cfg: AggregatorConfig) -> RuleEngine | None:
+        files = [str(default_pack_path())] if cfg.rules_files is None else cfg.rules_files
+        rules = [r for f in files for r in load_pack(f).rules]  # a bad pack stops start-up: loud
+        return RuleEngine(rules) if rules else None
+
+    async def _rules_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.rules_interval_s)
+            try:
+                # Analysis may run here (rate-limited): off the event loop, so ingest never waits.
+                await asyncio.get_running_loop().run_in_executor(None, self.captures.evaluate)
+            except Exception:  # a rule bug must not stop ingest; it is logged each time
+                log.exception("rule evaluation failed")
 
     def _on_hello(self, hello: HelloInfo) -> None:
         self.state.hello(hello.agent_id, hello.jobs)
@@ -68,18 +106,31 @@ class Aggregator:
                               batch.timestamps_ns, batch.values)
         if batch.steps:
             st.ingest_steps(agent_id, batch.steps)
+        if batch.collectives:
+            st.ingest_collectives(agent_id, batch.collectives)
         if batch.events:
             st.ingest_events(agent_id, [dict(e) for e in batch.events])
 
     async def start(self) -> None:
         self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
         self.state.transport_stats = _LiveCounters(self)
-        self.http = HttpServer(self.state, self.cfg.http_host, self.cfg.http_port)
+        self.http = HttpServer(self.state, self.cfg.http_host, self.cfg.http_port, self.captures,
+                               per_rank_series=self.cfg.per_rank_series)
         self.http.start()
+        if self.captures.engine is not None:
+            self._rules_task = asyncio.create_task(self._rules_loop())
+        if self.wandb is not None:
+            self._wandb_task = asyncio.create_task(self.wandb.run())
         log.info("aggregator: gRPC on %s:%d, HTTP on %s:%d", self.cfg.grpc_host, self.grpc_port,
                  self.cfg.http_host, self.http.port)
 
     async def stop(self) -> None:
+        if self._rules_task is not None:
+            self._rules_task.cancel()
+        if self._wandb_task is not None:
+            self._wandb_task.cancel()
+        if self.wandb is not None:
+            await self.wandb.close()
         await self.server.stop(grace=1.0)
         if self.http is not None:
             self.http.stop()

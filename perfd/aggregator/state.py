@@ -8,14 +8,21 @@ re-analysed once per batch).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd.aggregator.collectives import CollectiveStore, metric_rows
+from perfd.analytics.attribution import place_ranks
+from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.megatron_job import RunAnalysis, analyze_run
-from perfd.model import JobInfo, StepRecord
+from perfd.model import CollectiveRecord, JobInfo, StepRecord, TimerValue
+
+log = logging.getLogger(__name__)
 
 LabelKey = tuple[tuple[str, str], ...]
 GpuKey = tuple[str, str]  # (node, gpu index)
@@ -68,12 +75,19 @@ class AggregatorState:
         self.events: list[dict[str, Any]] = []  # newest last, bounded
         # (node, gpu) -> (agent, latest process list from the NVML collector)
         self.gpu_procs: dict[GpuKey, tuple[str, list[dict[str, Any]]]] = {}
+        # node -> latest GPU -> pod allocation from the k8s collector (kubelet pod-resources)
+        self.gpu_pods: dict[str, list[dict[str, Any]]] = {}
+        # Called (outside the lock) with every event ingested: capture progress goes to the
+        # capture coordinator this way.
+        self.event_listeners: list[Callable[[dict[str, Any]], None]] = []
         self.stats = Stats()
         self.max_iterations = max_iterations_per_job
         self.min_recompute_s = min_recompute_s
         self.gpu_override = gpu_override
         self.peak_tflops = peak_tflops
         self.transport_stats: Mapping[str, int] | None = None  # set by the server for /api/stats
+        # NCCL collective records and hang events, per job (its own lock; see aggregator/collectives).
+        self.collectives = CollectiveStore()
 
     # ---- ingest (gRPC side) -----------------------------------------------------------------
     def _job(self, name: str) -> JobState:
@@ -133,7 +147,17 @@ class AggregatorState:
                     del js.records[oldest]
                     self.stats.dropped_steps += 1
 
+    def ingest_collectives(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None:
+        with self._lock:
+            self.agent_seen[agent_id] = time.time()
+            for job in {r.job for r in recs}:
+                self._job(job).agents.add(agent_id)
+        self.collectives.ingest(agent_id, recs)
+
     def ingest_events(self, agent_id: str, events: Sequence[dict[str, Any]]) -> None:
+        for ev in events:
+            if ev.get("kind") == "nccl_hang":  # merged across agents by the collective analysis
+                self.collectives.add_hang_event(agent_id, ev)
         with self._lock:
             self.stats.events += len(events)
             for ev in events:
@@ -143,8 +167,14 @@ class AggregatorState:
                     key = (labels.get("node", agent_id), labels.get("gpu", "?"))
                     self.gpu_procs[key] = (agent_id, list(ev["payload"]))
                     continue  # state, not history: kept above, not in the event log
+                if ev.get("kind") == "gpu_pods" and isinstance(ev.get("payload"), list):
+                    self.gpu_pods[labels.get("node", agent_id)] = list(ev["payload"])
+                    continue
                 self.events.append({**ev, "agent": agent_id})
             del self.events[:-1000]
+        for listener in self.event_listeners:
+            for ev in events:
+                listener(ev)
 
     def gpu_view(self, job: str) -> tuple[dict[GpuKey, list[dict[str, Any]]],
                                           dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]:
@@ -169,6 +199,22 @@ class AggregatorState:
                     values.setdefault(key, {})[name] = s.value
             return procs, values, throttles
 
+    def pods_by_gpu(self) -> dict[GpuKey, dict[str, Any]]:
+        """(node, gpu index) -> the pod and container its GPU is allocated to (collectors/k8s),
+        joined on the GPU UUID of the node's NVML series, or on the index the kubelet gave."""
+        with self._lock:
+            index_of = {(dict(lab).get("node", agent), dict(lab)["uuid"]): dict(lab).get("gpu", "?")
+                        for (agent, name, lab) in self.series
+                        if name == "perfd_gpu_memory_total_bytes" and "uuid" in dict(lab)}
+            out: dict[GpuKey, dict[str, Any]] = {}
+            for node, owners in self.gpu_pods.items():
+                for o in owners:
+                    uuid = o.get("uuid")
+                    gpu = index_of.get((node, str(uuid))) if uuid else o.get("gpu")
+                    if gpu is not None:
+                        out[(node, str(gpu))] = o
+            return out
+
     # ---- read side (HTTP thread) --------------------------------------------------------------
     def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:
         """The job's analysis, recomputed if new data arrived (rate-limited)."""
@@ -180,7 +226,7 @@ class AggregatorState:
             if js.analysis is not None and not stale:
                 return js.analysis
             info = js.job_info or JobInfo()
-            records = list(js.records.values())
+            records = job_level_steps(list(js.records.values()))
             gpu = self.gpu_override or js.gpu_name
             js.dirty = False
         # Analysis outside the lock: ingest must never wait for it.
@@ -195,6 +241,46 @@ class AggregatorState:
         with self._lock:
             js.analysis, js.analysis_time = result, time.time()
         return result
+
+    def collective_analysis(self, job: str, force: bool = False) -> CollectiveAnalysis | None:
+        """The job's collective analysis (None when no collective record or hang event came in)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            steps_key = (len(js.records), js.last_step_time) if js else (0, 0.0)
+
+        def inputs() -> tuple[list[StepRecord], Any, dict[int, str], str | None]:
+            procs, _values, _thr = self.gpu_view(job)
+            placed = {r: p.node for r, p in place_ranks(procs).items()}
+            with self._lock:
+                js = self.jobs.get(job)
+                if js is None:
+                    return [], None, placed, self.gpu_override
+                layout = js.job_info.layout if js.job_info else None
+                return list(js.records.values()), layout, placed, self.gpu_override or js.gpu_name
+
+        return self.collectives.analysis(job, steps_key, inputs, force=force)
+
+    def collective_rows(self, per_rank: bool = True) -> list[tuple[Mapping[str, str], str, float]]:
+        """/metrics rows of every job's collective analysis, plus the store's own counters."""
+        rows: list[tuple[Mapping[str, str], str, float]] = []
+        for job in self.collectives.job_names():
+            try:
+                a = self.collective_analysis(job)
+            except Exception:  # counted in the store; one bad job must not break the scrape
+                log.exception("collective analysis of job %s failed", job)
+                continue
+            if a is not None:
+                rows.extend(metric_rows(job, a, per_rank))
+        rows.append(({}, "perfd_aggregator_collective_records_total", float(self.collectives.ingested)))
+        rows.append(({}, "perfd_aggregator_collective_records_dropped_total",
+                     float(self.collectives.dropped)))
+        return rows
+
+    def recent_events(self, job: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        with self._lock:
+            evs = [e for e in self.events if job is None or e.get("job") in ("", None, job)
+                   or (e.get("labels") or {}).get("job") == job]
+        return evs[-limit:]
 
     def job_names(self) -> list[str]:
         with self._lock:
@@ -239,3 +325,31 @@ class AggregatorState:
         if self.transport_stats is not None:
             out["transport"] = dict(self.transport_stats)
         return out
+
+
+def job_level_steps(records: list[StepRecord]) -> list[StepRecord]:
+    """One record per iteration for :func:`analyze_run`. Records of one rank each (the step hook)
+    are folded into one ``"all"`` record per iteration when the job has no job-level records: the
+    slowest rank's step (the iteration ends when it does), timers merged per rank."""
+    job_level = [r for r in records if not isinstance(r.rank, int)]
+    if job_level or not records:
+        return job_level
+    by_it: dict[int, list[StepRecord]] = {}
+    for r in records:
+        by_it.setdefault(r.iteration, []).append(r)
+    out = []
+    for rs in by_it.values():
+        slow = max(rs, key=lambda r: r.step_time_ms if r.step_time_ms is not None else -1.0)
+        timers: dict[str, TimerValue] = {}
+        for r in rs:
+            for name, tv in r.timers.items():
+                t = timers.setdefault(name, TimerValue())
+                vals = dict(tv.per_rank) or ({r.rank: tv.max_ms} if isinstance(r.rank, int)
+                                             and tv.max_ms is not None else {})
+                t.per_rank.update(vals)
+        for t in timers.values():
+            if t.per_rank:
+                t.min_ms, t.max_ms = min(t.per_rank.values()), max(t.per_rank.values())
+        ends = [r.end_time for r in rs if r.end_time is not None]
+        out.append(dataclasses.replace(slow, rank="all", timers=timers, end_time=max(ends) if ends else None))
+    return out

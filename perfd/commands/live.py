@@ -19,7 +19,8 @@ def _agent(args: argparse.Namespace) -> int:
             load_config(args.config), aggregator=args.aggregator, job=args.job,
             megatron_log=args.megatron_log, nvml=args.nvml, metrics_port=args.metrics_port,
             node=args.node, agent_id=args.agent_id, spool_dir=args.spool_dir,
-            host=None if args.host is None else args.host == "on")
+            host=None if args.host is None else args.host == "on",
+            launch_manifest=args.launch_manifest)
     except ConfigError as exc:
         print(f"perfd agent: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -31,7 +32,12 @@ def _aggregator(args: argparse.Namespace) -> int:
 
     cfg = AggregatorConfig(grpc_host=args.grpc_host, grpc_port=args.grpc_port,
                            http_host=args.http_host, http_port=args.http_port, gpu=args.gpu,
-                           peak_tflops=args.peak_tflops)
+                           peak_tflops=args.peak_tflops,
+                           rules_files=[] if args.no_rules else args.rules,
+                           rules_interval_s=args.rules_interval,
+                           per_rank_series=not args.no_rank_series,
+                           wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
+                           wandb_dir=args.wandb_dir, wandb_interval_s=args.wandb_interval)
     return run_aggregator(cfg, ready_file=args.ready_file)
 
 
@@ -61,6 +67,9 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--node", help="node name (default: host name)")
     a.add_argument("--agent-id", help="agent id (default: node name)")
     a.add_argument("--spool-dir", help="directory of the on-disk spool (default: in memory)")
+    a.add_argument("--launch-manifest", metavar="FILE", help="watch a job started by `perfd launch`: "
+                   "its job name and the megatron (its log), nccl (its Flight Recorder dumps) and hook "
+                   "(its socket) collectors")
     a.set_defaults(handler=_agent)
 
     g = sub.add_parser("aggregator", help="run the aggregator (gRPC ingest, /metrics, JSON API)")
@@ -71,6 +80,19 @@ def register(sub: SubParsers) -> None:
     g.add_argument("--gpu", help="GPU name for the peak table when agents do not report one")
     g.add_argument("--peak-tflops", type=float, help="override the peak dense TFLOP/s per GPU")
     g.add_argument("--ready-file", help="write 'GRPC_PORT HTTP_PORT' here once listening")
+    g.add_argument("--no-rank-series", action="store_true",
+                   help="leave per-rank series (perfd_job_rank_*) out of /metrics: bounds label "
+                   "cardinality for very large jobs; the JSON API still has them")
+    g.add_argument("--rules", action="append", metavar="FILE",
+                   help="rule pack to evaluate (repeatable; default: the shipped rules/default.yaml)")
+    g.add_argument("--no-rules", action="store_true", help="evaluate no rules (no automatic captures)")
+    g.add_argument("--rules-interval", type=float, default=5.0, help="seconds between evaluations")
+    g.add_argument("--wandb-project", help="log each job to a Weights & Biases run in this project "
+                   "(needs perfd[wandb]); off without it")
+    g.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"],
+                   help="offline (default) writes runs under --wandb-dir for `wandb sync`; online uploads")
+    g.add_argument("--wandb-dir", help="directory of the W&B runs (default: ./perfd-wandb)")
+    g.add_argument("--wandb-interval", type=float, default=10.0, help="seconds between W&B exports")
     g.set_defaults(handler=_aggregator)
 
     d = sub.add_parser("demo", help="run aggregator + agent locally on recorded real data "

@@ -1,0 +1,275 @@
+"""Rules → capture commands, on the aggregator.
+
+Every ``interval_s`` the rule engine evaluates each job's latest numbers (job scope), per-rank
+numbers (rank scope) and GPU numbers (gpu scope). A firing capture rule becomes a ``capture``
+command to the agents that host the target ranks; alerts and firings become events. The same path
+serves captures asked for by hand (`perfd capture`, POST /api/captures) and by Alertmanager (its
+webhook), so cooldowns, rate limits and "one capture per process" hold whoever asks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.aggregator.state import AggregatorState
+from perfd.analytics.attribution import place_ranks
+from perfd.exporters.prometheus import JOB_GAUGES
+from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine
+from perfd.rules.expr import series_key
+from perfd.rules.model import CaptureAction, CaptureTargets
+from perfd.transport.codec import Command
+
+log = logging.getLogger(__name__)
+
+SendCommand = Callable[[str, Command], bool]
+STALE_CAPTURE_S = 600.0  # a capture nobody reported on releases its processes after this
+
+
+@dataclass
+class CaptureRecord:
+    id: str
+    job: str
+    ranks: list[int] | None
+    tool: str
+    steps: int
+    origin: str  # "rule:NAME" | "manual" | "alertmanager:ALERTNAME"
+    requested_at: float
+    agents: list[str] = field(default_factory=list)
+    status: str = "requested"  # requested | started | finished | failed | undeliverable
+    reason: str = ""
+    updated_at: float = 0.0
+    result: Any = None  # what the agent reported (analysis summary, artifact paths)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def job_values(latest: Mapping[str, Any]) -> dict[str, float | None]:
+    """Catalog name -> value from an iteration's analysis JSON (absent stays None)."""
+    out: dict[str, float | None] = {}
+    for name, (key, scale) in JOB_GAUGES.items():
+        v = latest.get(key)
+        out[name] = float(v) * scale if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return out
+
+
+class CaptureCoordinator:
+    def __init__(self, state: AggregatorState, engine: RuleEngine | None, send: SendCommand,
+                 interval_s: float = 5.0) -> None:
+        self.state = state
+        self.engine = engine
+        self.send = send
+        self.interval_s = interval_s
+        self.arbiter = engine.arbiter if engine is not None else CaptureArbiter()
+        if engine is not None:
+            engine.resolve_targets = self._resolve_targets
+        self._lock = threading.Lock()  # the HTTP thread and the evaluation task both come here
+        self.captures: dict[str, CaptureRecord] = {}
+        self._firing_of: dict[str, Firing | tuple[str, tuple[int, ...] | None]] = {}
+        self.evaluations = 0
+        self.firings_total = 0
+        state.event_listeners.append(self.on_event)  # capture progress reported by the agents
+
+    # ---- targets ---------------------------------------------------------------------------
+    def _latest(self, job: str) -> dict[str, Any]:
+        a = self.state.analysis(job)
+        return a.iterations[-1].to_json() if a is not None and a.iterations else {}
+
+    def slowest_rank(self, job: str) -> int | None:
+        it = self._latest(job)
+        ratios = it.get("straggler_rank_compute_ratio") or {}
+        if ratios:
+            return int(max(ratios, key=lambda r: ratios[r]))
+        r = it.get("straggler_rtt_max_rank")
+        return int(r) if isinstance(r, int) else None
+
+    def _resolve_targets(self, job: str, key: Any, targets: CaptureTargets,
+                         values: Mapping[str, float | None]) -> tuple[int, ...] | None:
+        if targets.ranks is not None:
+            return tuple(targets.ranks)
+        if isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], int):
+            return (key[1],)  # a rank-scope firing targets the rank that fired
+        if targets.slowest_rank:
+            r = self.slowest_rank(job)
+            return (r,) if r is not None else None
+        procs, _v, _t = self.state.gpu_view(job)
+        placed = place_ranks(procs)
+        if targets.node is not None:
+            ranks = tuple(sorted(r for r, p in placed.items() if p.node == targets.node))
+            return ranks or None
+        if targets.pp_stage is not None:
+            a = self.state.analysis(job)
+            lay = (a.job.get("layout") if a is not None else None) or {}
+            pp, world = lay.get("pp"), lay.get("world_size")
+            if pp and world:
+                per_stage = world // pp  # Megatron's default order puts pp outermost
+                lo = targets.pp_stage * per_stage
+                return tuple(range(lo, lo + per_stage))
+        return None  # the whole job
+
+    # ---- evaluation ------------------------------------------------------------------------
+    def scope_values(self) -> dict[Any, dict[str, float | None]]:
+        out: dict[Any, dict[str, float | None]] = {}
+        for job in self.state.job_names():
+            it = self._latest(job)
+            if it:
+                out[job] = job_values(it)
+                for rank, ratio in (it.get("straggler_rank_compute_ratio") or {}).items():
+                    out[(job, int(rank))] = {"perfd_job_rank_compute_ratio": float(ratio)}
+            _procs, values, throttles = self.state.gpu_view(job)
+            for (node, gpu), vals in values.items():
+                gv: dict[str, float | None] = dict(vals)
+                for reason in throttles.get((node, gpu), []):
+                    gv[series_key("perfd_gpu_throttle_active", {"reason": reason})] = 1.0
+                out[(job, node, gpu)] = gv
+        return out
+
+    def evaluate(self, now: float | None = None) -> list[Firing]:
+        if self.engine is None:
+            return []
+        t = time.time() if now is None else now
+        self._expire(t)
+        with self._lock:
+            firings = self.engine.evaluate(t, self.scope_values(), self._disk_used())
+            self.evaluations += 1
+            for f in firings:
+                if f.new:
+                    self.firings_total += 1
+                    self.state.ingest_events("aggregator", [{
+                        "kind": "rule_firing", "severity": f.severity, "job": f.job, "time": t,
+                        "text": f"rule {f.rule.name} firing: {f.annotations.summary or f.rule.expr.text}",
+                        "labels": {**f.labels, "rule": f.rule.name}, "payload": f.to_dict()}])
+                if f.capture_allowed and isinstance(f.action, CaptureAction):
+                    rec = self._dispatch(f.job, list(f.ranks) if f.ranks is not None else None,
+                                         f.action.tool, f.action.steps, f"rule:{f.rule.name}", t)
+                    self._firing_of[rec.id] = f
+                    if rec.status == "undeliverable":
+                        self._release(rec.id)
+        return firings
+
+    # ---- requests by hand or by Alertmanager -------------------------------------------------
+    def request(self, job: str, ranks: Sequence[int] | None, tool: str, steps: int, origin: str,
+                now: float | None = None) -> CaptureRecord:
+        """A capture not from our own rules: still one capture per process at a time."""
+        t = time.time() if now is None else now
+        if tool not in ("kineto", "nsys", "auto"):
+            raise ValueError(f"tool must be kineto, nsys or auto, got {tool!r}")
+        if steps < 1:
+            raise ValueError("steps must be >= 1")
+        with self._lock:
+            rk = tuple(ranks) if ranks else None
+            if not self.arbiter.try_acquire(job, rk):
+                rec = CaptureRecord(uuid.uuid4().hex[:12], job, list(rk) if rk else None, tool, steps,
+                                    origin, t, status="refused",
+                                    reason="busy: a capture is running on these processes", updated_at=t)
+                self.captures[rec.id] = rec
+                return rec
+            rec = self._dispatch(job, list(rk) if rk else None, tool, steps, origin, t)
+            self._firing_of[rec.id] = (job, rk)
+            if rec.status == "undeliverable":
+                self._release(rec.id)
+            return rec
+
+    # ---- bookkeeping -----------------------------------------------------------------------
+    def _dispatch(self, job: str, ranks: list[int] | None, tool: str, steps: int, origin: str,
+                  t: float) -> CaptureRecord:
+        rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t, updated_at=t)
+        agents = self._agents_for(job, ranks)
+        cmd = Command(kind="capture", job=job, ranks=tuple(ranks or ()), id=rec.id,
+                      args={"tool": tool, "steps": str(steps), "start_iteration": "next",
+                            "origin": origin})
+        for agent in agents:
+            if self.send(agent, cmd):
+                rec.agents.append(agent)
+        if not rec.agents:
+            rec.status, rec.reason = "undeliverable", (
+                "no connected agent hosts the job" if not agents else "agents not connected")
+        self.captures[rec.id] = rec
+        log.info("capture %s for job %s ranks %s (%s) -> agents %s: %s", rec.id, job, ranks, origin,
+                 rec.agents, rec.status)
+        return rec
+
+    def _agents_for(self, job: str, ranks: list[int] | None) -> list[str]:
+        """Agents whose node hosts a target rank; every agent of the job when placement is unknown
+        (each agent captures only the ranks it hosts)."""
+        procs, _v, _t = self.state.gpu_view(job)
+        placed = place_ranks(procs)
+        agents_all = sorted(self.state.jobs[job].agents) if job in self.state.jobs else []
+        if not ranks or not placed:
+            return agents_all
+        nodes = {placed[r].node for r in ranks if r in placed}
+        by_node = {agent: node for (node, _gpu), (agent, _p) in self.state.gpu_procs.items()}
+        chosen = sorted({a for a, n in by_node.items() if n in nodes and a in agents_all})
+        return chosen or agents_all
+
+    def on_event(self, ev: Mapping[str, Any]) -> None:
+        """Capture progress reported by an agent (capture_started/finished/failed)."""
+        kind = str(ev.get("kind", ""))
+        if not kind.startswith("capture_"):
+            return
+        cid = (ev.get("links") or {}).get("capture_id")
+        with self._lock:
+            rec = self.captures.get(str(cid)) if cid else None
+            if rec is None:
+                return
+            rec.updated_at = time.time()
+            rec.status = {"capture_started": "started", "capture_finished": "finished",
+                          "capture_failed": "failed"}.get(kind, rec.status)
+            rec.reason = str(ev.get("text", ""))
+            if ev.get("payload") is not None:
+                rec.result = ev.get("payload")
+            if rec.status in ("finished", "failed"):
+                self._release(rec.id)
+
+    def _release(self, cid: str) -> None:
+        f = self._firing_of.pop(cid, None)
+        if isinstance(f, Firing) and self.engine is not None:
+            self.engine.capture_finished(f)
+        elif isinstance(f, tuple):
+            self.arbiter.release(f[0], f[1])
+
+    def _expire(self, now: float) -> None:
+        with self._lock:
+            for cid, rec in list(self.captures.items()):
+                if rec.status in ("requested", "started") and now - rec.requested_at > STALE_CAPTURE_S:
+                    rec.status, rec.reason, rec.updated_at = "failed", "no report from the agent", now
+                    self._release(cid)
+
+    def _disk_used(self) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for rec in self.captures.values():
+            size = (rec.result or {}).get("artifact_bytes") if isinstance(rec.result, dict) else None
+            if isinstance(size, int):
+                used[rec.job] = used.get(rec.job, 0) + size
+        return used
+
+    def list(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [r.to_json() for r in sorted(self.captures.values(), key=lambda r: r.requested_at)]
+
+
+def alertmanager_requests(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Capture requests from an Alertmanager webhook body (version 4): each firing alert that
+    names a job (label ``job_name``) asks for a capture. Labels ``perfd_tool``, ``perfd_steps``
+    and ``rank`` (or ``perfd_ranks``: "0,3") refine it. Resolved alerts ask for nothing."""
+    out = []
+    for alert in body.get("alerts") or []:
+        if not isinstance(alert, Mapping) or alert.get("status") != "firing":
+            continue
+        labels = alert.get("labels") or {}
+        job = labels.get("job_name")
+        if not job:
+            continue
+        ranks_text = labels.get("perfd_ranks") or labels.get("rank")
+        ranks = [int(x) for x in str(ranks_text).split(",") if x.strip().isdigit()] if ranks_text else None
+        steps_text = str(labels.get("perfd_steps", "3"))
+        out.append({"job": str(job), "ranks": ranks or None, "tool": str(labels.get("perfd_tool", "auto")),
+                    "steps": int(steps_text) if steps_text.isdigit() else 3,
+                    "origin": f"alertmanager:{labels.get('alertname', '?')}"})
+    return out

@@ -1,0 +1,101 @@
+"""Rules → capture commands on the aggregator: cooldown, one capture per process, manual and
+Alertmanager requests, progress from the agents' events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from collectors.megatron import parse_file
+from perfd.aggregator.captures import CaptureCoordinator, alertmanager_requests
+from perfd.aggregator.state import AggregatorState
+from perfd.rules.engine import RuleEngine
+from perfd.rules.loader import parse_pack
+from perfd.transport.codec import Command
+
+ROOT = Path(__file__).resolve().parents[2]
+LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+PACK = """
+rules:
+  - name: mfu_forced
+    expr: mfu < 100%
+    for: 0s
+    severity: warning
+    action:
+      type: capture
+      tool: kineto
+      targets: {slowest_rank: true}
+      steps: 3
+      cooldown: 10m
+      max_per_hour: 4
+"""
+
+
+def _state() -> AggregatorState:
+    st = AggregatorState(gpu_override="NVIDIA H200")
+    parsed = parse_file(LOG, job="j")
+    st.hello("agent-1", ["j"])
+    st.ingest_job_info("agent-1", "j", parsed.job_info)
+    st.ingest_steps("agent-1", parsed.records)
+    return st
+
+
+def _coordinator(st: AggregatorState, sent: list[tuple[str, Command]]) -> CaptureCoordinator:
+    pack, errors = parse_pack(PACK, "test.yaml")
+    assert pack is not None, errors
+    engine = RuleEngine(pack.rules)
+
+    def send(agent: str, cmd: Command) -> bool:
+        sent.append((agent, cmd))
+        return True
+
+    return CaptureCoordinator(st, engine, send)
+
+
+def test_a_firing_rule_sends_one_capture_then_respects_cooldown_and_release():
+    st = _state()
+    sent: list[tuple[str, Command]] = []
+    co = _coordinator(st, sent)
+    co.evaluate(now=1000.0)
+    assert len(sent) == 1
+    agent, cmd = sent[0]
+    assert agent == "agent-1" and cmd.kind == "capture" and cmd.job == "j"
+    assert cmd.args["tool"] == "kineto" and cmd.args["steps"] == "3"
+    assert cmd.ranks == (1,)  # the slowest rank: the straggler detector's max rank on the fixture
+    (rec,) = co.list()
+    assert rec["status"] == "requested" and rec["origin"] == "rule:mfu_forced"
+    assert any(e["kind"] == "rule_firing" for e in st.recent_events())
+
+    co.evaluate(now=1005.0)  # still firing: cooldown (and the busy process) hold it back
+    assert len(sent) == 1
+    # A manual request for the same process while the capture runs: refused, one CUPTI client.
+    refused = co.request("j", [1], "nsys", 2, "manual", now=1006.0)
+    assert refused.status == "refused" and "busy" in refused.reason
+    # The agent reports the capture done: the process is free again for a manual capture.
+    st.ingest_events("agent-1", [{"kind": "capture_finished", "text": "ok",
+                                  "links": {"capture_id": rec["id"]}, "payload": {"devices": []}}])
+    assert co.list()[0]["status"] == "finished"
+    ok = co.request("j", [1], "nsys", 2, "manual", now=1007.0)
+    assert ok.status == "requested" and len(sent) == 2
+    co.evaluate(now=1010.0)  # the rule is still in its cooldown
+    assert len(sent) == 2
+
+
+def test_undeliverable_when_no_agent_and_the_process_is_released():
+    st = AggregatorState()
+    st.ingest_job_info("gone", "j2", parse_file(LOG, job="j2").job_info)
+    st.jobs["j2"].agents.clear()
+    co = CaptureCoordinator(st, None, lambda agent, cmd: False)
+    rec = co.request("j2", [0], "kineto", 3, "manual", now=1.0)
+    assert rec.status == "undeliverable"
+    assert co.request("j2", [0], "kineto", 3, "manual", now=2.0).status == "undeliverable"  # not "busy"
+
+
+def test_alertmanager_webhook_body_to_requests():
+    body = {"version": "4", "status": "firing", "alerts": [
+        {"status": "firing", "labels": {"alertname": "PerfdMfuLow", "job_name": "j", "perfd_tool": "nsys",
+                                        "perfd_ranks": "0,3", "perfd_steps": "5"}},
+        {"status": "resolved", "labels": {"alertname": "Old", "job_name": "j"}},
+        {"status": "firing", "labels": {"alertname": "NoJob"}},
+    ]}
+    assert alertmanager_requests(body) == [
+        {"job": "j", "ranks": [0, 3], "tool": "nsys", "steps": 5, "origin": "alertmanager:PerfdMfuLow"}]
