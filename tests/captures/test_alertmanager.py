@@ -12,6 +12,7 @@ import time
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,7 @@ def _free_port() -> int:
 
 
 def test_alertmanager_alert_becomes_a_capture_command(tmp_path: Path) -> None:
-    async def body() -> tuple[list[Command], list[dict]]:
+    async def body() -> tuple[list[Command], list[dict[str, Any]]]:
         agg = Aggregator(AggregatorConfig(grpc_host="127.0.0.1", grpc_port=0, http_host="127.0.0.1",
                                           http_port=0, rules_files=[]))
         await agg.start()
