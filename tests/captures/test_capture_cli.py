@@ -21,7 +21,12 @@ def test_capture_cli_round_trip(capsys: pytest.CaptureFixture[str]) -> None:
     st.hello("agent-1", ["j"])
     st.ingest_job_info("agent-1", "j", parse_file(LOG, job="j").job_info)
     sent: list[tuple[str, Command]] = []
-    co = CaptureCoordinator(st, None, lambda a, c: sent.append((a, c)) is None)
+
+    def send(agent: str, cmd: Command) -> bool:
+        sent.append((agent, cmd))
+        return True
+
+    co = CaptureCoordinator(st, None, send)
     http = HttpServer(st, "127.0.0.1", 0, co)
     http.start()
     try:
