@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
@@ -134,13 +134,17 @@ def collectives_json(state: AggregatorState, job: str) -> dict[str, Any] | None:
     return a.to_json() if a is not None else None
 
 
-def job_iterations(state: AggregatorState, job: str) -> dict[str, Any] | None:
+def job_iterations(state: AggregatorState, job: str, sources: bool = True) -> dict[str, Any] | None:
     """Every analysed iteration the aggregator holds for ``job`` (the per-iteration JSON of
-    `perfd analyze megatron --json`), oldest first; None for an unknown job."""
+    `perfd analyze megatron --json`), oldest first; None for an unknown job. ``sources=False``
+    drops each iteration's ``sources`` (most of its size; the summary's report keeps them)."""
     if state.job_overview(job) is None:
         return None
     analysis = state.analysis(job, force=True)
     its = [it.to_json() for it in analysis.iterations] if analysis is not None else []
+    if not sources:
+        for it in its:
+            it.pop("sources", None)
     return {"job_name": job, "iterations": its}
 
 
@@ -161,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(code, json.dumps(obj, indent=2, allow_nan=False, default=str).encode(),
                    "application/json")
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+    def do_POST(self) -> None:
         try:
             _post(self)
         except BrokenPipeError:
@@ -189,7 +193,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(200, {"jobs": [state.job_overview(j) for j in state.job_names()]})
             elif path.startswith("/api/jobs/") and path.endswith("/iterations"):
                 job = unquote(path[len("/api/jobs/"):-len("/iterations")])
-                its = job_iterations(state, job)
+                its = job_iterations(state, job, parse_qs(urlparse(self.path).query).get(
+                    "sources", ["1"])[0] != "0")
                 if its is None:
                     self._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
                 else:

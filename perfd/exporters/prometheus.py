@@ -46,8 +46,10 @@ def _name_for_family(name: str) -> str:
     return name[: -len("_total")] if name.endswith("_total") else name
 
 
-def job_families(job_iterations: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
-    """Families for every job's latest analysed iteration: {job name: iteration JSON}."""
+def job_families(job_iterations: Mapping[str, Mapping[str, Any]],
+                 per_rank: bool = True) -> Iterator[Metric]:
+    """Families for every job's latest analysed iteration: {job name: iteration JSON}.
+    ``per_rank=False`` leaves out the per-rank series (bounded cardinality for very large jobs)."""
     fams = {n: _gauge(n, ["job_name"]) for n in JOB_GAUGES}
     bottleneck = _gauge("perfd_job_bottleneck_info", ["job_name", "class"])
     rank_ratio = _gauge("perfd_job_rank_compute_ratio", ["job_name", "rank"])
@@ -59,7 +61,8 @@ def job_families(job_iterations: Mapping[str, Mapping[str, Any]]) -> Iterator[Me
         cls = it.get("bottleneck")
         if isinstance(cls, str):
             bottleneck.add_metric([job, cls], 1.0)
-        for rank, ratio in sorted((it.get("straggler_rank_compute_ratio") or {}).items()):
+        per_rank_ratios = (it.get("straggler_rank_compute_ratio") or {}) if per_rank else {}
+        for rank, ratio in sorted(per_rank_ratios.items()):
             rank_ratio.add_metric([job, str(rank)], float(ratio))
     yield from fams.values()
     yield bottleneck

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# System programs the integration tests run for real (Debian/Ubuntu packages). Idempotent: run it
+# as often as you like; CI (.ci/run) runs it before `make test`. Tests that need a program skip
+# with a reason when it is missing, so `make test` also works on a machine without them.
+#
+# One package per line; append new ones to the list.
+set -euo pipefail
+
+PACKAGES=(
+  prometheus               # prometheus + promtool: tests/integrations (check metrics/rules, real scrape)
+  prometheus-alertmanager  # amtool: alert routing config in deploy/prometheus
+  munge                    # SLURM authentication: tests/deploy/test_slurm.py runs a real single-node SLURM
+  slurmctld                #   its controller,
+  slurmd                   #   its node daemon,
+  slurm-client             #   sbatch, srun, squeue, scancel, scontrol, sinfo
+  systemd                  # systemd-analyze verify: deploy/systemd units (tests/deploy)
+  shellcheck               # deploy/slurm scripts (tests/deploy/test_slurm.py)
+)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; else
+    echo "install-system-deps: not root and no sudo; skipping (tests that need these skip)" >&2
+    exit 0
+  fi
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "install-system-deps: no apt-get here; install by hand: ${PACKAGES[*]}" >&2
+  exit 0
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-system-deps: all installed (${PACKAGES[*]})"
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,151 @@
+"""The aggregator's collective records: bounded per-job retention, dedupe, analysis, /metrics rows.
+
+Ingest (gRPC event loop) and readers (HTTP thread) share one lock of this store's own; the analysis
+(:func:`perfd.analytics.collectives.analyze_collectives`) runs outside it, rate-limited, and only
+when records, hang events or the job's step records changed.
+
+Dedupe: a batch re-delivered after a reconnect, or an op that two dumps both show, replaces the
+record it repeats: Flight Recorder records are keyed by (rank, process group, sequence number,
+p2p), Inspector records by (host, pid, communicator, rank in it, sequence number, p2p).
+Retention: the newest ``max_records_per_job`` records per job (oldest dropped first, counted).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics.collectives import CollectiveAnalysis, CollectiveConfig, analyze_collectives
+from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
+
+Row = tuple[Mapping[str, str], str, float]
+
+
+def record_key(r: CollectiveRecord) -> Hashable:
+    seq = r.p2p_seq_id if r.is_p2p else r.collective_seq_id
+    if r.rank is not None and r.pg_id is not None:
+        return (r.source, r.rank, r.pg_id, seq, r.is_p2p)
+    return (r.source, r.host, r.pid, r.comm_id or r.pg_name, r.group_rank, seq, r.is_p2p, r.op)
+
+
+@dataclass
+class JobCollectives:
+    records: dict[Hashable, CollectiveRecord] = field(default_factory=dict)  # oldest first
+    rank_agent: dict[int, str] = field(default_factory=dict)  # rank -> agent whose dumps hold it
+    hang_events: list[dict[str, Any]] = field(default_factory=list)
+    version: int = 0
+    dropped: int = 0
+    analysis: CollectiveAnalysis | None = None
+    analysis_key: tuple[Any, ...] | None = None
+    analysis_time: float = 0.0
+
+
+class CollectiveStore:
+    def __init__(self, max_records_per_job: int = 20_000, max_hang_events: int = 500,
+                 min_recompute_s: float = 0.5, config: CollectiveConfig | None = None) -> None:
+        self._lock = threading.Lock()
+        self.jobs: dict[str, JobCollectives] = {}
+        self.max_records = max_records_per_job
+        self.max_hang_events = max_hang_events
+        self.min_recompute_s = min_recompute_s
+        self.config = config or CollectiveConfig()
+        self.job_config: dict[str, CollectiveConfig] = {}  # per-job overrides (links, thresholds)
+        self.ingested = 0
+        self.dropped = 0
+        self.analysis_errors = 0
+
+    def ingest(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None:
+        with self._lock:
+            self.ingested += len(recs)
+            touched: dict[str, JobCollectives] = {}
+            for r in recs:
+                jc = touched.get(r.job) or self.jobs.setdefault(r.job, JobCollectives())
+                touched[r.job] = jc
+                key = record_key(r)
+                jc.records.pop(key, None)  # re-insert: a re-delivered record counts as new
+                jc.records[key] = r
+                if r.rank is not None and r.source == "flight_recorder":
+                    jc.rank_agent[r.rank] = agent_id
+            for jc in touched.values():
+                jc.version += 1
+                excess = len(jc.records) - self.max_records
+                if excess > 0:
+                    for key in list(itertools.islice(jc.records, excess)):
+                        del jc.records[key]
+                    jc.dropped += excess
+                    self.dropped += excess
+
+    def add_hang_event(self, agent_id: str, ev: Mapping[str, Any]) -> None:
+        job = str(ev.get("job") or (ev.get("labels") or {}).get("job") or "")
+        with self._lock:
+            jc = self.jobs.setdefault(job, JobCollectives())
+            jc.hang_events.append({**ev, "agent": agent_id})
+            del jc.hang_events[:-self.max_hang_events]
+            jc.version += 1
+
+    def has_job(self, job: str) -> bool:
+        with self._lock:
+            return job in self.jobs
+
+    def analysis(self, job: str, steps_key: tuple[Any, ...], inputs: Callable[[], tuple[
+            list[StepRecord], ParallelLayout | None, dict[int, str], str | None]],
+            force: bool = False) -> CollectiveAnalysis | None:
+        """The job's analysis; ``inputs()`` (called only when recomputing) gives its step records,
+        layout, rank -> node placement (from the NVML process lists) and GPU name."""
+        with self._lock:
+            jc = self.jobs.get(job)
+            if jc is None:
+                return None
+            key = (jc.version, *steps_key)
+            fresh = jc.analysis is not None and (
+                jc.analysis_key == key
+                or (not force and time.time() - jc.analysis_time < self.min_recompute_s))
+            if fresh:
+                return jc.analysis
+            records = list(jc.records.values())
+            hangs = list(jc.hang_events)
+            agent_nodes = dict(jc.rank_agent)
+            cfg = self.job_config.get(job, self.config)
+        steps, layout, placed, gpu = inputs()
+        nodes = {**agent_nodes, **placed}  # NVML placement wins; else the agent that read the dump
+        try:
+            result = analyze_collectives(job, records, steps, layout=layout, rank_nodes=nodes,
+                                         gpu_name=gpu, hang_events=hangs, config=cfg)
+        except Exception:
+            with self._lock:
+                self.analysis_errors += 1
+            raise
+        with self._lock:
+            jc.analysis, jc.analysis_key, jc.analysis_time = result, key, time.time()
+        return result
+
+    def job_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self.jobs)
+
+
+def metric_rows(job: str, a: CollectiveAnalysis, per_rank: bool = True) -> list[Row]:
+    """/metrics rows (catalog names) for one job's collective analysis; absent values are left out."""
+    lab = {"job_name": job}
+    rows: list[Row] = []
+    if a.comm_total_share is not None:
+        rows.append((lab, "perfd_job_comm_total_ratio", a.comm_total_share))
+    for group, v in sorted(a.comm_share_by_group.items()):
+        rows.append(({**lab, "group": group}, "perfd_job_comm_total_group_ratio", v))
+    for b in a.bandwidth:
+        gl = {**lab, "group": b.group, "scope": b.scope}
+        rows.append((gl, "perfd_job_collective_busbw_bytes_per_second", b.median_busbw_gbs * 1e9))
+        if b.ratio is not None:
+            rows.append((gl, "perfd_job_collective_busbw_link_ratio", b.ratio))
+    if a.n_records or a.hangs:
+        rows.append((lab, "perfd_job_collective_hang_active", float(a.active_hangs)))
+    if per_rank:
+        for w in a.waits:
+            if w.last_share is not None:
+                rows.append(({**lab, "rank": str(w.rank)}, "perfd_job_collective_last_arrival_ratio",
+                             w.last_share))
+    return rows

@@ -1,0 +1,108 @@
+"""`perfd report --job J --html OUT`: the job report as one self-contained HTML file with charts.
+
+Data either live from an aggregator's JSON API (``--aggregator URL``: ``/api/jobs/<job>/summary``
+and ``/api/jobs/<job>/iterations``) or offline from a Megatron-LM log (``--log FILE``, the same
+analysis as ``perfd analyze megatron``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+
+class ReportError(Exception):
+    pass
+
+
+def _get_json(url: str, timeout: float) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")[:500]
+        raise ReportError(f"{url}: HTTP {exc.code}: {body}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ReportError(f"{url}: {exc}") from None
+
+
+def _base_url(aggregator: str) -> str:
+    url = aggregator if "://" in aggregator else f"http://{aggregator}"
+    return url.rstrip("/")
+
+
+def from_aggregator(aggregator: str, job: str, timeout: float = 10.0) -> dict[str, Any]:
+    """{job, iterations, summary, report, ranks} from a running aggregator."""
+    base = _base_url(aggregator)
+    summary = _get_json(f"{base}/api/jobs/{quote(job, safe='')}/summary", timeout)
+    if summary.get("report") is None:
+        raise ReportError(f"the aggregator has no analysed iterations for job {job!r} yet")
+    try:
+        its = _get_json(f"{base}/api/jobs/{quote(job, safe='')}/iterations?sources=0", timeout)["iterations"]
+    except ReportError:  # an aggregator without the endpoint: the latest iteration only
+        its = [summary["latest"]] if summary.get("latest") else []
+    return {"job": summary.get("job") or {}, "iterations": its, "summary": summary.get("summary") or {},
+            "report": summary["report"], "ranks": summary.get("ranks") or []}
+
+
+def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | None,
+             dtype: str | None) -> dict[str, Any]:
+    from perfd.commands.analyze import analyze_megatron_file
+
+    if not Path(log).is_file():
+        raise ReportError(f"no such log file: {log}")
+    parsed, analysis = analyze_megatron_file(log, job, gpu, peak_tflops, dtype)
+    if not parsed.records:
+        raise ReportError(f"no Megatron iteration lines found in {log}")
+    out: dict[str, Any] = analysis.to_json()
+    return out
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from perfd import __version__
+    from perfd.report.html import render_html
+
+    try:
+        if args.aggregator:
+            if not args.job:
+                raise ReportError("--job is required with --aggregator")
+            data = from_aggregator(args.aggregator, args.job, args.timeout)
+            source = f"aggregator {_base_url(args.aggregator)}, job {args.job}"
+        elif args.log:
+            data = from_log(args.log, args.job, args.gpu, args.peak_tflops, args.dtype)
+            source = f"log {args.log}" + (f" (GPU given: {args.gpu})" if args.gpu else "")
+        else:
+            raise ReportError("give --aggregator URL or --log FILE")
+    except ReportError as exc:
+        print(f"perfd report: {exc}", file=sys.stderr)
+        return 2
+    generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    page = render_html(data, source=source, generated=generated, version=__version__)
+    if args.html == "-":
+        sys.stdout.write(page)
+    else:
+        Path(args.html).write_text(page, encoding="utf-8")
+        print(f"perfd report: wrote {args.html} ({len(page) // 1024} KiB, "
+              f"{len(data.get('iterations') or [])} iterations)", file=sys.stderr)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("report", help="write the job report as one self-contained HTML file with charts")
+    p.add_argument("--job", help="job name (required with --aggregator; default with --log: the file name)")
+    p.add_argument("--html", required=True, metavar="OUT", help="output file ('-' for stdout)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--aggregator", metavar="URL", help="aggregator HTTP address, e.g. http://host:9401")
+    src.add_argument("--log", metavar="FILE", help="analyse this Megatron-LM log offline instead")
+    p.add_argument("--gpu", help="with --log: GPU name for the peak (e.g. 'NVIDIA H200')")
+    p.add_argument("--peak-tflops", type=float, help="with --log: peak dense TFLOP/s per GPU")
+    p.add_argument("--dtype", help="with --log: training dtype for the peak (default: from the log)")
+    p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds (--aggregator)")
+    p.set_defaults(handler=run_report)

@@ -1,0 +1,342 @@
+"""The report as one self-contained HTML file: charts (inline SVG) and the four-part report.
+
+``render_html(data)`` takes the JSON of an analysed run — ``RunAnalysis.to_json()`` (offline, from a
+log) or the aggregator's ``/api/jobs/<job>/summary`` joined with ``/api/jobs/<job>/iterations`` —
+and returns the page. Pure: no I/O, no clock (the caller passes the time it was made), nothing
+fetched when the page is opened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import Any
+
+from perfd.report.report import format_value
+from perfd.report.svg import (
+    BLUE,
+    GREEN,
+    GREY,
+    ORANGE,
+    PURPLE,
+    SKY,
+    VERMILLION,
+    Series,
+    Stack,
+    heatmap,
+    line_chart,
+    stacked_bars,
+)
+
+MAX_BARS = 240  # more iterations than this are averaged into bins in the breakdown and heat map
+MAX_HEATMAP_ROWS = 512  # beyond this many ranks, the heat map shows the slowest ones
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;margin:0;
+background:#f6f7f9}
+main{max-width:980px;margin:0 auto;padding:18px 24px 40px;background:#fff}
+h1{font-size:22px;margin:6px 0 2px} h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+h3{font-size:15px;margin:18px 0 4px} .meta{color:#555;font-size:13px}
+.badge{display:inline-block;padding:2px 10px;border-radius:10px;color:#fff;font-weight:600}
+.severe,.critical{background:#b2182b} .communication-overhead,.warning{background:#c77c00}
+.good{background:#2b8a3e} .excellent{background:#1b6e2e} .unknown,.info{background:#777}
+.tiles{display:grid;grid-template-columns:repeat(auto-fill,minmax(170px,1fr));gap:8px;margin:12px 0}
+.tile{border:1px solid #ddd;border-radius:6px;padding:8px 10px} .tile b{display:block;font-size:20px}
+.tile span{color:#555;font-size:12px}
+table{border-collapse:collapse;width:100%;font-size:13px} td,th{border-bottom:1px solid #e4e4e4;
+padding:4px 6px;text-align:left;vertical-align:top} td.v{text-align:right;white-space:nowrap}
+.src{color:#666;font-size:12px;word-break:break-word} code{font-size:12px}
+figure{margin:10px 0 18px} figcaption{color:#555;font-size:12.5px;margin-top:2px}
+svg.chart text{font:11px system-ui,sans-serif;fill:#333} svg.chart .axis{font-size:12px;fill:#444}
+svg.chart .legend{font-size:12px} svg.chart .note{font-size:11px;fill:#666}
+.note{color:#666;font-size:13px;background:#f4f4f4;padding:8px 10px;border-radius:4px}
+ol li,ul li{margin-bottom:6px} @media print{body{background:#fff} main{max-width:none}}
+"""
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _pct(v: float) -> str:
+    return f"{v * 100:.0f}%" if abs(v) >= 0.1 or v == 0 else f"{v * 100:.1f}%"
+
+
+def _bins(its: Sequence[Mapping[str, Any]], limit: int) -> list[list[Mapping[str, Any]]]:
+    """Consecutive iterations grouped so that there are at most ``limit`` groups."""
+    size = max(1, -(-len(its) // limit))
+    return [list(its[i:i + size]) for i in range(0, len(its), size)]
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    vs = [v for v in values if v is not None]
+    return sum(vs) / len(vs) if vs else None
+
+
+def _label(group: Sequence[Mapping[str, Any]]) -> str:
+    a, b = group[0].get("iteration"), group[-1].get("iteration")
+    return f"{a}" if a == b else f"{a}–{b}"
+
+
+def _steady_band(summary: Mapping[str, Any]) -> tuple[float, float, str] | None:
+    a, b = summary.get("steady_first_iteration"), summary.get("steady_last_iteration")
+    if isinstance(a, int) and isinstance(b, int):
+        return (a - 0.5, b + 0.5, f"steady state {a}–{b}")
+    return None
+
+
+def _series(its: Sequence[Mapping[str, Any]], key: str,
+            scale: float = 1.0) -> list[tuple[float, float | None]]:
+    out: list[tuple[float, float | None]] = []
+    for it in its:
+        v = _num(it.get(key))
+        out.append((float(it["iteration"]), None if v is None else v * scale))
+    return out
+
+
+def _has(its: Sequence[Mapping[str, Any]], key: str) -> bool:
+    return any(_num(it.get(key)) is not None for it in its)
+
+
+def _step_cap(its: Sequence[Mapping[str, Any]]) -> float | None:
+    """An axis top that keeps the steady state readable: 1.6× the largest steady step time, used
+    only when warm-up or disturbed iterations run far above it."""
+    steady = [v for it in its if it.get("steady_state") and (v := _num(it.get("step_time_ms")))]
+    every = [v for it in its if (v := _num(it.get("step_time_ms")))]
+    if not steady or not every or max(every) <= 2.0 * max(steady):
+        return None
+    return 1.6 * max(steady)
+
+
+def step_and_mfu_charts(its: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
+    band = _steady_band(summary)
+    step = line_chart([Series("step time (ms)", BLUE, _series(its, "step_time_ms"))],
+                      title="Step time per iteration", xlabel="iteration", ylabel="step time",
+                      yfmt=lambda v: f"{v:g} ms", band=band, y_max=_step_cap(its))
+    out = [_figure(step, "Step time per iteration (Megatron's elapsed time per iteration). The shaded "
+                   "range is the steady state the medians are taken over; warm-up and disturbed "
+                   "iterations are outside it; ▲ marks a value above the axis (hover for it).")]
+    if _has(its, "mfu"):
+        mfu = line_chart([Series("MFU", GREEN, _series(its, "mfu"))], title="MFU per iteration",
+                         xlabel="iteration", ylabel="MFU", yfmt=_pct, band=band,
+                         hlines=[(0.3, "30%: below is severe"), (0.4, "40%: good"), (0.5, "50%: excellent")])
+        out.append(_figure(mfu, "Model FLOPs utilisation: model TFLOP/s per GPU ÷ peak dense TFLOP/s of "
+                           "the GPU for the training dtype."))
+    else:
+        out.append(_note("MFU is absent: the GPU (and so its peak) is unknown. Pass --gpu or "
+                         "--peak-tflops, or let the agent's NVML collector report the GPU."))
+    return "\n".join(out)
+
+
+def breakdown_chart(its: Sequence[Mapping[str, Any]]) -> str:
+    """Stacked per iteration (ms): data loading, exposed DP comm, exposed PP comm, other exposed
+    comm, and the remainder (compute and everything else)."""
+    if not _has(its, "step_time_ms"):
+        return _note("No step times: no time breakdown.")
+    parts = (("data loading", ORANGE, "data_share"), ("exposed DP comm", BLUE, "comm_exposed_dp_share"),
+             ("exposed PP comm", SKY, "comm_exposed_pp_share"))
+    groups = _bins(its, MAX_BARS)
+    labels = [_label(g) for g in groups]
+    cols: dict[str, list[float | None]] = {p[0]: [] for p in parts}
+    other: list[float | None] = []
+    rest: list[float | None] = []
+    for g in groups:
+        per_it: dict[str, list[float | None]] = {p[0]: [] for p in parts}
+        oth: list[float | None] = []
+        rem: list[float | None] = []
+        for it in g:
+            step = _num(it.get("step_time_ms"))
+            if step is None:
+                continue
+            shares = {label: _num(it.get(key)) for label, _, key in parts}
+            for label, v in shares.items():
+                per_it[label].append(None if v is None else v * step)
+            known = sum(v for v in shares.values() if v is not None)
+            total = _num(it.get("comm_exposed_share"))
+            split = sum(v for k, v in shares.items() if k != "data loading" and v is not None)
+            extra = total - split if total is not None and total - split > 1e-9 else None
+            oth.append(None if extra is None else extra * step)
+            rem.append(max(0.0, 1.0 - known - (extra or 0.0)) * step)
+        for label in cols:
+            cols[label].append(_mean(per_it[label]))
+        other.append(_mean(oth))
+        rest.append(_mean(rem))
+    stacks = [Stack(label, color, cols[label]) for label, color, _ in parts if any(cols[label])]
+    if any(v for v in other):
+        stacks.append(Stack("exposed comm (not split)", PURPLE, other))
+    stacks.append(Stack("compute + other (remainder)", GREEN, rest))
+    chart = stacked_bars(labels, stacks, title="Time breakdown per iteration", xlabel="iteration",
+                         ylabel="time per iteration", yfmt=lambda v: f"{v:.0f} ms", y_max=_step_cap(its))
+    binned = " Bars average consecutive iterations." if len(groups) < len(its) else ""
+    return _figure(chart, "Where each iteration's time goes (ms). Exposed communication is time the CPU "
+                   "timeline waits on communication timers (Σ max across ranks: an upper bound); the "
+                   "remainder is compute and everything not attributed. Absent parts are left out, "
+                   "never shown as zero." + binned)
+
+
+def pipeline_chart(its: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
+    if not (_has(its, "pp_idle_max") or any((_num(it.get("pp_bubble_analytic")) or 0) > 0 for it in its)):
+        return ""  # no pipeline parallelism: nothing to show
+    series = [Series("analytic bubble", GREY, _series(its, "pp_bubble_analytic"), dashed=True),
+              Series("idle, most idle stage", VERMILLION, _series(its, "pp_idle_max")),
+              Series("idle, least idle stage", ORANGE, _series(its, "pp_idle_min"))]
+    chart = line_chart([s for s in series if any(y is not None for _, y in s.points)],
+                       title="Pipeline bubble: analytic vs measured stage idle", xlabel="iteration",
+                       ylabel="share of forward-backward", yfmt=_pct, band=_steady_band(summary))
+    return _figure(chart, "Analytic bubble (p−1)/(m+p−1) against the measured idle share of each pipeline "
+                   "stage; the gap between them is stage imbalance.")
+
+
+def rank_heatmap(its: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, Any]] = ()) -> str:
+    """Per-rank compute ÷ stage median per iteration (from per-rank timers), or a note why not."""
+    have = [it for it in its if it.get("straggler_rank_compute_ratio")]
+    if not have:
+        return _note("No per-rank heat map: this run has no per-rank compute times. Megatron's default "
+                     "timer option (minmax) prints only the min and max across ranks; run with "
+                     "--timing-log-option all (or capture the ranks) to see every rank.")
+    all_ranks = sorted({int(r) for it in have for r in it["straggler_rank_compute_ratio"]})
+    groups = _bins(have, MAX_BARS)
+    matrix: dict[int, list[float | None]] = {r: [] for r in all_ranks}
+    for g in groups:
+        by_rank = [{str(k): v for k, v in it["straggler_rank_compute_ratio"].items()} for it in g]
+        for r in all_ranks:
+            matrix[r].append(_mean([_num(d.get(str(r))) for d in by_rank]))
+    shown = all_ranks
+    note = ""
+    if len(all_ranks) > MAX_HEATMAP_ROWS:
+        worst = sorted(all_ranks, key=lambda r: -max((v for v in matrix[r] if v is not None), default=0))
+        shown = sorted(worst[:MAX_HEATMAP_ROWS])
+        note = f" Showing the {MAX_HEATMAP_ROWS} slowest of {len(all_ranks)} ranks."
+    where = {int(p["rank"]): f"{p.get('node')}/gpu{p.get('gpu')}" for p in ranks if "rank" in p}
+    rows = [f"rank {r}" + (f" {where[r]}" if r in where and len(shown) <= 32 else "") for r in shown]
+    dev = max((abs(v - 1) for r in shown for v in matrix[r] if v is not None), default=0.1)
+    chart = heatmap(rows, [_label(g) for g in groups], [matrix[r] for r in shown],
+                    title="Per-rank compute ÷ stage median", xlabel="iteration", ylabel="rank",
+                    spread=min(0.5, max(0.1, dev)), vfmt=lambda v: f"{v:.2f}×")
+    return _figure(chart, "Each rank's forward+backward compute ÷ the median of its pipeline stage, per "
+                   "iteration. Red: slower than its peers (> 1.1× persistently marks a straggler); blue: "
+                   "faster; grey: absent." + note)
+
+
+def _e(v: Any) -> str:
+    return escape(str(v))
+
+
+def _figure(svg: str, caption: str) -> str:
+    return f"<figure>{svg}<figcaption>{escape(caption)}</figcaption></figure>"
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{escape(text)}</p>'
+
+
+def _tiles(med: Mapping[str, Any]) -> str:
+    tiles = [("MFU", med.get("mfu"), "ratio"),
+             ("step time", _scaled(med.get("step_time_ms"), 1e-3), "seconds"),
+             ("model TFLOP/s per GPU", med.get("model_tflops_per_gpu"), "tflops"),
+             ("exposed comm", med.get("comm_exposed_share"), "ratio"),
+             ("PP stage idle (max)", med.get("pp_idle_max"), "ratio"),
+             ("PP bubble (analytic)", med.get("pp_bubble_analytic"), "ratio"),
+             ("data loading", med.get("data_share"), "ratio")]
+    cells = [f'<div class="tile"><b>{escape(format_value(_num(v), unit))}</b><span>{escape(name)}'
+             "</span></div>" for name, v, unit in tiles if _num(v) is not None]
+    if not cells:
+        return ""
+    return f'<div class="tiles">{"".join(cells)}</div><p class="meta">Steady-state medians.</p>'
+
+
+def _scaled(v: Any, k: float) -> float | None:
+    n = _num(v)
+    return None if n is None else n * k
+
+
+def summary_section(report: Mapping[str, Any]) -> str:
+    """Part one of the report: status (the MFU grade) and bottleneck class."""
+    s = report.get("summary") or {}
+    status = str(s.get("status") or "unknown")
+    return "\n".join([
+        '<h2 id="summary">Summary</h2>',
+        f'<p><span class="badge {_e(status)}">{_e(status)}</span> {_e(s.get("status_text", ""))}</p>',
+        f"<p><b>{_e(s.get('headline', ''))}</b></p>",
+        f"<p>Bottleneck: <b>{_e(s.get('bottleneck', 'unknown'))}</b> — "
+        f"{_e(s.get('bottleneck_reason', ''))}<br>Steady state: {_e(s.get('steady', ''))}</p>"])
+
+
+def report_sections(report: Mapping[str, Any]) -> str:
+    """Parts two to four: metrics with their sources, findings, recommendations."""
+    out = ['<h2 id="metrics">Metrics (steady-state medians, each with its source)</h2>']
+    rows = []
+    for m in report.get("metrics") or []:
+        value = format_value(_num(m.get("value")), str(m.get("unit")))
+        rows.append(f"<tr><td><code>{_e(m['name'])}</code><div class=src>{_e(m.get('description', ''))}"
+                    f"</div></td><td class=v>{_e(value)}</td>"
+                    f"<td class=src>{_e(m.get('source', ''))}</td></tr>")
+    out.append("<table><tr><th>metric</th><th>value</th><th>source</th></tr>" + "".join(rows) + "</table>")
+    out.append('<h2 id="findings">Findings</h2>')
+    findings = report.get("findings") or []
+    if not findings:
+        out.append("<p>None.</p>")
+    for f in findings:
+        sev = str(f.get("severity", "info"))
+        ev = f" <span class=src>evidence: {_e(f['iterations'])}</span>" \
+            if f.get("iterations") else ""
+        out.append(f'<h3><span class="badge {_e(sev)}">{_e(sev)}</span> {_e(f.get("title", ""))} '
+                   f'<span class=src>({_e(f.get("id", ""))})</span></h3>'
+                   f"<p>{_e(f.get('observation', ''))}{ev}</p>")
+    out.append('<h2 id="recommendations">Recommendations (by priority)</h2>')
+    recs = report.get("recommendations") or []
+    if not recs:
+        out.append("<p>None.</p>")
+    else:
+        items = [f"<li><b>{_e(r.get('action', ''))}</b> <span class=src>(finding "
+                 f"{_e(r.get('finding_id', ''))})</span>"
+                 + (f"<br>{_e(r['detail'])}" if r.get("detail") else "") + "</li>"
+                 for r in sorted(recs, key=lambda r: r.get("priority", 0))]
+        out.append("<ol>" + "".join(items) + "</ol>")
+    return "\n".join(out)
+
+
+def _meta(job: Mapping[str, Any]) -> str:
+    lay, gpu = job.get("layout") or {}, job.get("gpu") or {}
+    peak = _num(gpu.get("peak_tflops"))
+    bits = [f"GPU {gpu.get('name') or gpu.get('model') or 'unknown'}"
+            + (f" (peak {peak:g} TFLOP/s {gpu.get('dtype') or ''})" if peak is not None else ""),
+            "layout " + ", ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "vpp")
+                                  if lay.get(k) is not None),
+            f"world size {lay.get('world_size')}", f"micro-batches {lay.get('microbatches')}"]
+    if job.get("framework"):
+        bits.append(f"{job['framework']} {job.get('framework_version') or ''}".strip())
+    return " · ".join(escape(str(b)) for b in bits)
+
+
+def render_html(data: Mapping[str, Any], *, source: str = "", generated: str = "",
+                version: str = "") -> str:
+    """The whole page. ``data``: {job, iterations, summary, report} (+ optional ``ranks``: the
+    aggregator's rank placements, which label the heat map rows)."""
+    job = data.get("job") or {}
+    its = sorted((it for it in data.get("iterations") or [] if isinstance(it.get("iteration"), int)),
+                 key=lambda it: int(it["iteration"]))
+    summary = data.get("summary") or {}
+    report = data.get("report") or {}
+    name = str(job.get("name") or (report.get("summary") or {}).get("job_name") or "job")
+    meds = summary.get("medians") or {}
+    charts = [step_and_mfu_charts(its, summary),
+              '<h3 id="breakdown">Time breakdown</h3>', breakdown_chart(its),
+              '<h3 id="heatmap">Per-rank heat map</h3>', rank_heatmap(its, data.get("ranks") or [])]
+    pp = pipeline_chart(its, summary)
+    if pp:
+        charts += ['<h3 id="pipeline">Pipeline bubble</h3>', pp]
+    if not its:
+        charts = [_note("No analysed iterations yet: no charts.")]
+    foot = " · ".join(x for x in (f"perfd {version}" if version else "",
+                                  f"source: {source}" if source else "",
+                                  f"generated {generated}" if generated else "") if x)
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>perfd report: {escape(name)}</title><style>{_CSS}</style></head><body><main>",
+        f"<h1>perfd report: {escape(name)}</h1>", f'<p class="meta">{_meta(job)}</p>',
+        f'<p class="meta">{len(its)} iterations analysed · {_e(foot)}</p>',
+        summary_section(report), _tiles(meds), '<h2 id="charts">Charts</h2>', *charts,
+        report_sections(report),
+        "</main></body></html>", ""])

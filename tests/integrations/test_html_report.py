@@ -1,0 +1,189 @@
+"""`perfd report --html`: one self-contained page with the charts and the four-part report."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from collectors.megatron import parse_file
+from perfd.aggregator.http import _StateCollector, job_iterations
+from perfd.aggregator.state import AggregatorState
+from perfd.cli import main as perfd_main
+from perfd.commands.analyze import analyze_megatron_file
+from perfd.exporters.prometheus import job_families
+from perfd.report.html import render_html
+from perfd.report.report import format_value
+from perfd.report.svg import diverging_color, nice_ticks
+from tests.integrations.integrations_helpers import ROOT
+
+FIXTURE = ROOT.parent / "shared" / "fixtures" / "megatron" / "h200x2_tp1_pp2_gbs64_mbs4.log"
+DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _pp2_log() -> Path:
+    return FIXTURE if FIXTURE.exists() else DEMO_LOG  # the demo ships a copy of the shared fixture
+
+
+def _svgs(page: str) -> list[ET.Element]:
+    return [ET.fromstring(s) for s in re.findall(r"<svg .*?</svg>", page, flags=re.S)]
+
+
+def _page(log: Path, gpu: str = "NVIDIA H200") -> tuple[str, dict[str, Any]]:
+    _, analysis = analyze_megatron_file(str(log), gpu=gpu)
+    data = analysis.to_json()
+    return render_html(data, source=f"log {log.name}", generated="2026-01-01 00:00:00 UTC",
+                       version="test"), data
+
+
+def test_report_of_the_shared_fixture_has_charts_and_numbers() -> None:
+    page, data = _page(_pp2_log())
+    med = data["summary"]["medians"]
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    # Self-contained: nothing fetched when opened, no script.
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "<script" not in page and "@import" not in page
+    # The four parts, in order, and the charts.
+    heads = [h for h in ("Summary", "Charts", "Metrics (steady-state", "Findings", "Recommendations")]
+    positions = [page.index(f">{h}") for h in heads]
+    assert positions == sorted(positions)
+    for title in ("Step time per iteration", "MFU per iteration", "Time breakdown per iteration",
+                  "Pipeline bubble: analytic vs measured stage idle"):
+        assert f"<title>{title}</title>" in page, title
+    # Numbers: the report's medians, formatted as the text report formats them.
+    assert format_value(med["mfu"], "ratio") == "8.4%" and "8.4%" in page
+    assert "336.8 ms" in page and "82.8 TFLOP/s" in page
+    assert format_value(med["pp_idle_max"], "ratio") in page
+    assert format_value(med["pp_bubble_analytic"], "ratio") in page
+    for m in data["report"]["metrics"]:
+        assert f"<code>{m['name']}</code>" in page
+    for f in data["report"]["findings"]:
+        assert f["id"] in page
+    for r in data["report"]["recommendations"]:
+        assert r["finding_id"] in page
+    # Per-rank heat map: the fixture has minmax timers only, so the page says why there is none.
+    assert "No per-rank heat map" in page and "--timing-log-option all" in page
+    # Every chart is well-formed SVG; one point per iteration on the step-time line.
+    svgs = _svgs(page)
+    assert len(svgs) == 4
+    step = next(s for s in svgs if s.findtext(f"{SVG}title") == "Step time per iteration")
+    n = len(data["iterations"])
+    points = step.findall(f".//{SVG}circle")
+    off_scale = step.findall(f".//{SVG}path")  # warm-up iterations above the axis
+    assert len(points) + len(off_scale) == n
+    assert any("5868" in (p.findtext(f"{SVG}title") or "") for p in off_scale)  # iteration 1's 5.9 s
+    # Stacked breakdown: four parts per steady iteration (data, DP comm, PP comm, remainder).
+    bars = next(s for s in svgs if s.findtext(f"{SVG}title") == "Time breakdown per iteration")
+    rects = [r for r in bars.findall(f".//{SVG}rect") if r.find(f"{SVG}title") is not None]
+    titles = [r.findtext(f"{SVG}title") or "" for r in rects]
+    for it in data["iterations"]:
+        if it["steady_state"]:
+            assert sum(t.startswith(f"iteration {it['iteration']}:") for t in titles) == 4, it["iteration"]
+    last = [r.findtext(f"{SVG}title") or "" for r in rects[-4:]]
+    it = data["iterations"][-1]
+    assert f"data loading {it['data_share'] * it['step_time_ms']:.0f} ms" in last[0]
+
+
+def test_per_rank_heat_map_from_per_rank_timers() -> None:
+    page, data = _page(DP2)
+    assert "No per-rank heat map" not in page
+    heat = next(s for s in _svgs(page) if s.findtext(f"{SVG}title") == "Per-rank compute ÷ stage median")
+    cells = [r for r in heat.findall(f".//{SVG}rect") if r.find(f"{SVG}title") is not None]
+    n = len(data["iterations"])
+    assert len(cells) == 2 * n  # 2 ranks × every iteration
+    it = data["iterations"][13]  # iteration 14: rank 0 at 1.15× its stage median
+    r0 = it["straggler_rank_compute_ratio"]["0"]
+    assert f"rank 0, iteration {it['iteration']}: {r0:.2f}×" in page
+    # No pipeline parallelism: no pipeline chart (it would be a flat zero line).
+    assert "Pipeline bubble" not in page
+
+
+def test_heat_map_bins_many_iterations_and_labels_rank_placement() -> None:
+    _, analysis = analyze_megatron_file(str(DP2), gpu="NVIDIA H200")
+    data = analysis.to_json()
+    many = []
+    for k in range(20):  # 600 iterations: binned to at most 240 columns
+        for it in data["iterations"]:
+            many.append({**it, "iteration": it["iteration"] + 30 * k})
+    data["iterations"] = many
+    data["ranks"] = [{"rank": 0, "node": "n1", "gpu": "0"}, {"rank": 1, "node": "n2", "gpu": "3"}]
+    page = render_html(data)
+    heat = next(s for s in _svgs(page) if s.findtext(f"{SVG}title") == "Per-rank compute ÷ stage median")
+    cells = [r for r in heat.findall(f".//{SVG}rect") if r.find(f"{SVG}title") is not None]
+    assert 2 * 200 <= len(cells) <= 2 * 240
+    assert "rank 1 n2/gpu3" in page
+    assert "Bars average consecutive iterations" in page
+
+
+def test_absent_values_are_said_not_drawn_as_zero() -> None:
+    page, data = _page(_pp2_log(), gpu="")  # no GPU: no peak, so no MFU
+    assert all(it["mfu"] is None for it in data["iterations"])
+    assert "MFU is absent" in page and "MFU per iteration" not in page
+    assert render_html({"job": {}, "iterations": [], "summary": {}, "report": {}}).count("No analysed") == 1
+
+
+def test_cli_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.html"
+    assert perfd_main(["report", "--log", str(_pp2_log()), "--gpu", "NVIDIA H200", "--html", str(out)]) == 0
+    assert "MFU 8.4%" in out.read_text()
+    assert perfd_main(["report", "--log", str(tmp_path / "missing.log"), "--html", str(out)]) == 2
+    assert "no such log file" in capsys.readouterr().err
+    assert perfd_main(["report", "--html", str(out)]) == 2
+    assert perfd_main(["report", "--aggregator", "http://127.0.0.1:9", "--html", str(out)]) == 2  # no --job
+
+
+def test_cli_aggregator_unreachable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.integrations.integrations_helpers import free_port
+
+    port = free_port()  # nothing listens there
+    rc = perfd_main(["report", "--job", "j", "--aggregator", f"127.0.0.1:{port}", "--timeout", "2",
+                     "--html", str(tmp_path / "r.html")])
+    assert rc == 2 and f"127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_svg_helpers() -> None:
+    assert nice_ticks(0, 7.3) == [0, 2, 4, 6, 8]
+    assert nice_ticks(0, 0.084)[-1] >= 0.084
+    assert diverging_color(1.0, 1.0, 0.2) == "#f7f7f7"
+    assert diverging_color(1.2, 1.0, 0.2) == "#b2182b" and diverging_color(0.5, 1.0, 0.2) == "#2166ac"
+
+
+def test_per_rank_series_switch_and_iterations_api() -> None:
+    st = AggregatorState(gpu_override="NVIDIA H200")
+    parsed = parse_file(DP2, job="big")
+    st.hello("a1", ["big"])
+    st.ingest_job_info("a1", "big", parsed.job_info)
+    st.ingest_steps("a1", parsed.records)
+    st.ingest_events("a1", [{"kind": "gpu_processes", "labels": {"node": "n1", "gpu": str(r)},
+                             "payload": [{"pid": 100 + r, "rank": r, "world_size": 2}]} for r in (0, 1)])
+    text = {}
+    for on in (True, False):
+        reg = CollectorRegistry()
+        reg.register(_StateCollector(st, per_rank_series=on))
+        text[on] = generate_latest(reg).decode()
+    assert 'perfd_job_rank_compute_ratio{job_name="big",rank="1"}' in text[True]
+    assert 'perfd_job_rank_info{gpu="1",job_name="big",node="n1",rank="1"} 1.0' in text[True]
+    assert "perfd_job_rank_compute_ratio{" not in text[False] and "perfd_job_rank_info{" not in text[False]
+    assert 'perfd_job_mfu_ratio{job_name="big"}' in text[False]  # job series stay
+    # The JSON API keeps the per-rank values either way.
+    its = job_iterations(st, "big")
+    assert its is not None and len(its["iterations"]) == len(parsed.records)
+    assert its["iterations"][-1]["straggler_rank_compute_ratio"]
+    assert job_iterations(st, "nope") is None
+    one = {"j": {"straggler_rank_compute_ratio": {"0": 1.2}}}
+    fams = {f.name: f for f in job_families(one, per_rank=False)}
+    assert fams["perfd_job_rank_compute_ratio"].samples == []
+
+
+def test_no_rank_series_flag() -> None:
+    from perfd.cli import build_parser
+
+    args = build_parser().parse_args(["aggregator", "--no-rank-series"])
+    assert args.no_rank_series is True
+    assert build_parser().parse_args(["aggregator"]).no_rank_series is False
