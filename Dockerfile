@@ -1,7 +1,16 @@
 # perfd agent / aggregator image. GPU access comes from the NVIDIA container toolkit
-# (`--gpus all` / the device plugin), which injects libnvidia-ml; the image carries no driver.
-# nsys, when wanted for captures, is mounted from the host (PERFD_NSYS=/path/to/nsys).
+# (`--gpus all`, or the NVIDIA runtime with NVIDIA_VISIBLE_DEVICES=all as in deploy/k8s), which
+# injects libnvidia-ml; the image carries no driver.
+# nsys, for captures, is mounted from the host when present: -v /opt/nvidia/nsight-systems/VER:/opt/nsys:ro
+# -e PERFD_NSYS=/opt/nsys/bin/nsys (deploy/k8s/agent-daemonset.yaml does the same with a hostPath).
+#
+#   docker build -t perfd:0.1.0 .                          # agent + aggregator
+#   docker build --build-arg WITH_WANDB=1 -t perfd:0.1.0 .   # + Weights & Biases export
 FROM python:3.12-slim
+
+ARG WITH_WANDB=""
+# No .pyc writes (the root filesystem may be read-only) and unbuffered logs.
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 
 # Run as an unprivileged user; the agent only reads NVML, /proc and log files.
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin perfd
@@ -11,7 +20,9 @@ COPY pyproject.toml README.md ./
 COPY perfd ./perfd
 COPY collectors ./collectors
 COPY rules ./rules
-RUN pip install --no-cache-dir . && rm -rf /root/.cache
+RUN pip install --no-cache-dir . \
+    && if [ -n "$WITH_WANDB" ]; then pip install --no-cache-dir "wandb==0.31.0"; fi \
+    && rm -rf /root/.cache
 
 USER 10001
 # 9400: agent /metrics; 9401: aggregator /metrics + JSON API; 50051: aggregator gRPC ingest

@@ -27,6 +27,7 @@ test: lint typecheck
 
 proto: setup
 	$(BIN)/python -m perfd.transport.regen
+	$(BIN)/python -m collectors.k8s.regen
 
 docs: setup
 	$(BIN)/perfd catalog --doc > docs/metrics.md

@@ -21,10 +21,10 @@ from prometheus_client.core import Metric
 
 from perfd.agent.config import AgentConfig
 from perfd.agent.scheduler import Scheduler
-from perfd.collector import Collected, Registry
+from perfd.collector import Collected, Collector, Registry
 from perfd.exporters.prometheus import series_families
 from perfd.jobinfo_json import job_info_to_json
-from perfd.model import Sample
+from perfd.model import CollectiveRecord, Sample
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +32,35 @@ log = logging.getLogger(__name__)
 def default_registry() -> Registry:
     """Every collector shipped with perfd, by name."""
     import collectors.host
+    import collectors.k8s
     import collectors.megatron
     import collectors.nvml
 
     reg = Registry()
-    for mod in (collectors.megatron, collectors.nvml, collectors.host):
+    for mod in (collectors.megatron, collectors.nvml, collectors.host, collectors.k8s):
         mod.register(reg)
+    reg.register("nccl", _nccl_collector)
+    reg.register("hook", _hook_collector)
     return reg
+
+
+def _nccl_collector(cfg: dict[str, Any]) -> Collector:
+    from collectors.nccl import NcclCollector  # imported when configured: the agent stays lean
+
+    # interval_s is the scheduler's (Agent.build reads it); the collector's own keys are stricter.
+    return NcclCollector({k: v for k, v in cfg.items() if k != "interval_s"})
+
+
+def _hook_collector(cfg: dict[str, Any]) -> Collector:
+    from collectors.hook import HookCollector
+
+    return HookCollector({k: v for k, v in cfg.items() if k != "interval_s"})
+
+
+# A hang event's structured detail (ranks as lists, age) travels as its payload: the wire keeps
+# only kind, severity, text, labels, job, links and payload.
+_HANG_DETAIL = ("ranks_not_joined", "stuck_ranks", "unknown_ranks", "age_s", "user_frame")
+MAX_COLLECTIVES_PER_BATCH = 20_000
 
 
 class NodeView:
@@ -142,26 +164,34 @@ class Agent:
         samples: list[Sample] = []
         steps = []
         events: list[dict[str, Any]] = []
+        collectives: list[CollectiveRecord] = []
         job_info: dict[str, str] = {}
         for name, out in items:
             for s in out.samples:
                 s.labels.setdefault("node", self.cfg.node)
             for ev in out.events:  # the aggregator keys GPU state by (node, gpu)
                 ev.setdefault("labels", {}).setdefault("node", self.cfg.node)
+                if ev.get("kind") == "nccl_hang" and "payload" not in ev:
+                    ev["payload"] = {k: ev[k] for k in _HANG_DETAIL if k in ev}
             samples.extend(out.samples)
             steps.extend(out.steps)
             events.extend(out.events)
+            collectives.extend(out.collectives)
             self.samples_total[name] = self.samples_total.get(name, 0) + len(out.samples)
             for job, info in out.job_info.items():
                 text = job_info_to_json(info)
                 if self._jobinfo_sent.get(job) != text:
                     job_info[job] = text
         self.view.update(samples)
-        if self.client is None or not (samples or steps or events or job_info):
+        if self.client is None or not (samples or steps or events or job_info or collectives):
             return
+        n = MAX_COLLECTIVES_PER_BATCH  # a first Flight Recorder dump of many ranks can be large
         try:
-            self.client.submit(samples, steps, events, job_info_json=job_info or None)
+            self.client.submit(samples, steps, events, job_info_json=job_info or None,
+                               collectives=collectives[:n])
             self._jobinfo_sent.update(job_info)
+            for i in range(n, len(collectives), n):
+                self.client.submit(collectives=collectives[i:i + n])
         except Exception as exc:  # an oversized batch or a spool failure: counted, agent lives
             self.submit_errors += 1
             log.warning("could not queue a batch for the aggregator: %s", exc)

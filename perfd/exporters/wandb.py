@@ -1,0 +1,233 @@
+"""Weights & Biases export: one W&B run per job, one history row per analysed iteration.
+
+Knows nothing of collectors: it is handed what ``RunAnalysis.to_json()`` gives (``job``,
+``iterations``, ``summary``) and logs it with ``wandb.log({...}, step=iteration)`` under the
+catalog's names (the same table as the Prometheus exporter, ``JOB_GAUGES``), so a W&B chart and a
+Prometheus query of one metric show the same number. Rules kept here:
+
+- an iteration is logged once per run: only iterations above the last one logged go out, in order
+  (W&B steps only go forward, so a record arriving after a later iteration was logged is left out);
+- an absent value (None, NaN, a bool) is not logged at all, never as 0;
+- ``log_capture`` attaches a capture report as a W&B artifact (type ``perfd-capture``) holding the
+  report as a ``wandb.Table`` and the raw JSON;
+- ``mode="offline"`` (the default) writes the run under ``directory`` and needs no server; upload
+  later with ``wandb sync DIR/wandb/offline-run-*``.
+
+``wandb`` is an optional dependency (``pip install 'perfd[wandb]'``), imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import math
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.exporters.prometheus import JOB_GAUGES
+
+log = logging.getLogger(__name__)
+
+RANK_RATIO = "perfd_job_rank_compute_ratio"
+# Keys of the analysis JSON ``job`` block that become the run's config (what the job is).
+CONFIG_KEYS = ("framework", "framework_version", "torch_version", "layout", "model", "gpu",
+               "flops_per_iteration", "flops_formula", "timing_log_option", "log_interval")
+MODES = ("offline", "online", "disabled")
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def iteration_metrics(it: Mapping[str, Any]) -> dict[str, float]:
+    """Catalog name -> value for one iteration's analysis JSON; absent values are left out.
+    Per-rank compute ratios become ``perfd_job_rank_compute_ratio/rank=N`` (a W&B section)."""
+    out: dict[str, float] = {}
+    for name, (key, scale) in JOB_GAUGES.items():
+        v = _number(it.get(key))
+        if v is not None:
+            out[name] = v * scale
+    ratios = it.get("straggler_rank_compute_ratio") or {}
+    if isinstance(ratios, Mapping):
+        for rank, ratio in ratios.items():
+            v = _number(ratio)
+            if v is not None:
+                out[f"{RANK_RATIO}/rank={rank}"] = v
+    return out
+
+
+def summary_metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The run summary: steady-state medians under ``steady/<catalog name>``, and the bottleneck."""
+    out: dict[str, Any] = {}
+    medians = summary.get("medians") or {}
+    for name, (key, scale) in JOB_GAUGES.items():
+        v = _number(medians.get(key)) if isinstance(medians, Mapping) else None
+        if v is not None:
+            out[f"steady/{name}"] = v * scale
+    for key in ("bottleneck", "bottleneck_reason", "n_steady", "steady_first_iteration",
+                "steady_last_iteration"):
+        v = summary.get(key)
+        if v is not None:
+            out[key] = v
+    return out
+
+
+def job_config(job: str, block: Mapping[str, Any]) -> dict[str, Any]:
+    """W&B config of a job's run: its name and what the analysis knows of layout, model and GPU."""
+    cfg: dict[str, Any] = {"job": job}
+    for key in CONFIG_KEYS:
+        if block.get(key) is not None:
+            cfg[key] = block[key]
+    return cfg
+
+
+def capture_rows(capture: Mapping[str, Any], prefix: str = "") -> list[list[str]]:
+    """A capture report flattened to (key, value) rows: dotted keys, JSON text for leaves."""
+    rows: list[list[str]] = []
+    for key, value in capture.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            rows.extend(capture_rows(value, path + "."))
+        else:
+            rows.append([path, json.dumps(value, default=str)
+                         if not isinstance(value, str) else value])
+    return rows
+
+
+@dataclass
+class _JobRun:
+    run: Any
+    config: dict[str, Any]
+    last_step: int | None = None
+    logged: int = 0
+    captures: set[str] = field(default_factory=set)
+
+
+class WandbExporter:
+    """One W&B run per job. Thread-safe: one lock around every W&B call of this exporter."""
+
+    def __init__(self, project: str, mode: str = "offline", directory: str | None = None,
+                 entity: str | None = None, wandb_module: Any = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"wandb mode must be one of {MODES}, got {mode!r}")
+        self.project = project
+        self.mode = mode
+        self.directory = os.path.abspath(directory or os.path.join(os.getcwd(), "perfd-wandb"))
+        self.entity = entity
+        self._wandb = wandb_module
+        self._runs: dict[str, _JobRun] = {}
+        self._lock = threading.Lock()
+
+    # ---- set-up --------------------------------------------------------------------------------
+    def _module(self) -> Any:
+        if self._wandb is None:
+            os.makedirs(self.directory, exist_ok=True)
+            # Everything W&B writes (artifact staging, cache, settings) stays under our directory:
+            # the aggregator may run with a read-only root filesystem and no home directory.
+            for var, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"),
+                             ("WANDB_CONFIG_DIR", "config"), ("WANDB_ARTIFACT_DIR", "artifacts")):
+                os.environ.setdefault(var, os.path.join(self.directory, sub))
+            self._wandb = importlib.import_module("wandb")
+        return self._wandb
+
+    def _run(self, job: str, block: Mapping[str, Any]) -> _JobRun:
+        jr = self._runs.get(job)
+        cfg = job_config(job, block)
+        if jr is None:
+            wandb = self._module()
+            settings = wandb.Settings(mode=self.mode, silent=True, console="off", x_disable_stats=True,
+                                      save_code=False, disable_git=True, x_save_requirements=False)
+            run = wandb.init(project=self.project, entity=self.entity, name=job, dir=self.directory,
+                             config=cfg, job_type="perfd", reinit="create_new", settings=settings)
+            jr = self._runs[job] = _JobRun(run, cfg)
+            log.info("wandb: run %s for job %s (%s, %s)", getattr(run, "id", "?"), job, self.mode,
+                     self.directory)
+        elif cfg != jr.config:  # job info or the GPU name arrived after the first iterations
+            jr.run.config.update(cfg, allow_val_change=True)
+            jr.config = cfg
+        return jr
+
+    # ---- export --------------------------------------------------------------------------------
+    def last_step(self, job: str) -> int | None:
+        """The last iteration logged for ``job`` (None before the first)."""
+        with self._lock:
+            jr = self._runs.get(job)
+            return jr.last_step if jr else None
+
+    def log_analysis(self, job: str, analysis: Mapping[str, Any]) -> int:
+        """Log the iterations of ``analysis`` (RunAnalysis.to_json() shape: job, iterations, and
+        optionally summary) that were not logged yet. Returns how many history rows went out."""
+        iterations: Iterable[Mapping[str, Any]] = analysis.get("iterations") or []
+        with self._lock:
+            jr = self._run(job, analysis.get("job") or {})
+            n = 0
+            for it in sorted(iterations, key=lambda x: int(x.get("iteration", -1))):
+                step = it.get("iteration")
+                if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+                    continue
+                if jr.last_step is not None and step <= jr.last_step:
+                    continue  # logged before (or older than what was: W&B steps only go forward)
+                values = iteration_metrics(it)
+                jr.last_step = step
+                if not values:
+                    continue
+                jr.run.log(values, step=step)
+                jr.logged += 1
+                n += 1
+            summary = analysis.get("summary")
+            if isinstance(summary, Mapping):
+                s = summary_metrics(summary)
+                if s:
+                    jr.run.summary.update(s)
+            return n
+
+    def log_capture(self, job: str, capture: Mapping[str, Any]) -> str | None:
+        """Attach a capture report to the job's run as an artifact (a table of its fields and the
+        raw JSON). Each capture id is attached once; returns the artifact name (None if skipped)."""
+        cid = str(capture.get("id") or "")
+        if not cid:
+            raise ValueError("a capture report needs an 'id'")
+        with self._lock:
+            jr = self._run(job, {}) if job not in self._runs else self._runs[job]
+            if cid in jr.captures:
+                return None
+            wandb = self._module()
+            name = "capture-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in cid)
+            meta = {k: capture.get(k) for k in ("id", "job", "tool", "status", "origin", "ranks", "steps")
+                    if capture.get(k) is not None}
+            art = wandb.Artifact(name, type="perfd-capture", metadata=meta)
+            art.add(wandb.Table(columns=["key", "value"], data=capture_rows(capture)), "report")
+            with art.new_file("capture.json") as f:
+                json.dump(capture, f, indent=1, default=str)
+            jr.run.log_artifact(art)
+            jr.captures.add(cid)
+            return name
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return {j: {"logged": r.logged, "last_step": -1 if r.last_step is None else r.last_step,
+                        "captures": len(r.captures)} for j, r in self._runs.items()}
+
+    def run_dir(self, job: str) -> str | None:
+        """Directory of the job's run (``.../offline-run-*`` in offline mode)."""
+        with self._lock:
+            jr = self._runs.get(job)
+            return str(jr.run.dir).removesuffix("/files") if jr else None
+
+    def finish(self, job: str | None = None) -> None:
+        """Close the run of ``job`` (or every run): flushes it to disk."""
+        with self._lock:
+            for name in [job] if job is not None else list(self._runs):
+                jr = self._runs.pop(name, None)
+                if jr is not None:
+                    try:
+                        jr.run.finish()
+                    except Exception:  # one run failing to close must not keep the others open
+                        log.exception("wandb: finishing the run of %s failed", name)

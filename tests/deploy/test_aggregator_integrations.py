@@ -1,0 +1,174 @@
+"""The aggregator's side of the integrations: `perfd aggregator --wandb-project` writes each job's
+iterations to an offline W&B run (real processes on loopback, read back with W&B's own reader), and
+the k8s collector's GPU -> pod events are joined with the NVML series by GPU UUID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfd.aggregator.state import AggregatorState
+from perfd.aggregator.wandb_sync import WandbSync
+from perfd.commands.analyze import analyze_megatron_file
+from perfd.exporters.wandb import iteration_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+            if last:
+                return last
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; last={last!r}")
+
+
+def _perfd(*args: str, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env,
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _stop(p: subprocess.Popen[bytes], log: Path) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+            raise AssertionError(f"did not stop on SIGTERM:\n{log.read_text()[-3000:]}") from None
+    assert p.returncode == 0, log.read_text()[-3000:]
+
+
+def _history(run_dir: Path) -> list[dict[str, Any]]:
+    (wb,) = run_dir.glob("run-*.wandb")
+    res = subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(wb)],
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr
+    recs = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    return [r["history"]["item"] for r in recs if r["type"] == "history"]
+
+
+@pytest.mark.slow
+def test_aggregator_logs_each_job_to_an_offline_wandb_run(tmp_path: Path):
+    pytest.importorskip("wandb", reason="wandb is the optional extra perfd[wandb] (in the dev extra)")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR", "WANDB_MODE"):
+        env.pop(var, None)  # the exporter puts them under --wandb-dir
+    ready = tmp_path / "ready"
+    wandb_dir = tmp_path / "wandb-runs"
+    agg_log, agent_log = tmp_path / "aggregator.out", tmp_path / "agent.out"
+    agg = _perfd("aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1",
+                 "--http-port", "0", "--no-rules", "--ready-file", str(ready), "--wandb-project", "perfd-e2e",
+                 "--wandb-dir", str(wandb_dir), "--wandb-interval", "1", log=agg_log, env=env)
+    agent = None
+    try:
+        grpc_port, http_port = map(int, _wait(lambda: ready.exists() and ready.read_text().split(), 30,
+                                              "aggregator ready"))
+        agent = _perfd("agent", "--aggregator", f"127.0.0.1:{grpc_port}", "--job", "wb-job",
+                       "--megatron-log", str(DEMO_LOG), "--nvml", "off", "--host", "off",
+                       "--metrics-port", "-1", log=agent_log, env=env)
+
+        def seen() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/jobs", timeout=5) as r:
+                jobs = json.load(r)["jobs"]
+            return bool(jobs) and jobs[0]["iterations_seen"] == 40
+        _wait(seen, 60, "the aggregator to see 40 iterations")
+        # A round of the W&B task has run once the offline run exists (the rest comes at stop).
+        _wait(lambda: list(wandb_dir.glob("wandb/offline-run-*/run-*.wandb")), 30, "the offline run")
+        _stop(agent, agent_log)
+        agent = None
+    finally:
+        if agent is not None:
+            _stop(agent, agent_log)
+        _stop(agg, agg_log)  # the last W&B round and run.finish() happen here
+
+    (run_dir,) = (p for p in (wandb_dir / "wandb").glob("offline-run-*") if p.is_dir())
+    history = _history(run_dir)
+    _, offline = analyze_megatron_file(str(DEMO_LOG), job="wb-job")
+    want = [it.to_json() for it in offline.iterations]
+    assert [h["_step"] for h in history] == [it["iteration"] for it in want] == list(range(1, 41))
+    for h, it in zip(history, want, strict=True):
+        assert {k: v for k, v in h.items() if not k.startswith("_")} == iteration_metrics(it)
+    assert "perfd_job_mfu_ratio" not in history[-1]  # no GPU named: MFU absent, not 0
+    assert history[-1]["perfd_job_step_time_seconds"] == want[-1]["step_time_ms"] * 1e-3
+
+
+class _RecordingExporter:
+    def __init__(self) -> None:
+        self.analyses: list[tuple[str, list[int]]] = []
+        self.captures: list[str] = []
+        self._last: dict[str, int] = {}
+
+    def last_step(self, job: str) -> int | None:
+        return self._last.get(job)
+
+    def log_analysis(self, job: str, analysis: dict[str, Any]) -> int:
+        its = [it["iteration"] for it in analysis["iterations"]]
+        self.analyses.append((job, its))
+        self._last[job] = max(its)
+        return len(its)
+
+    def log_capture(self, job: str, capture: dict[str, Any]) -> str:
+        self.captures.append(str(capture["id"]))
+        return str(capture["id"])
+
+    def finish(self, job: str | None = None) -> None:
+        pass
+
+
+def test_wandb_sync_sends_only_new_iterations_and_finished_captures_once():
+    from collectors.megatron import parse_file
+
+    parsed = parse_file(DEMO_LOG, job="j")
+    state = AggregatorState(min_recompute_s=0.0)
+    state.ingest_job_info("a1", "j", parsed.job_info)
+    state.ingest_steps("a1", parsed.records[:10])
+    exporter = _RecordingExporter()
+    caps = [{"id": "c1", "job": "j", "status": "started"}]
+    sync = WandbSync(state, exporter, lambda: caps, interval_s=1.0)  # type: ignore[arg-type]
+    assert sync.sync_once() == 10
+    assert sync.sync_once() == 0 and exporter.captures == []
+    state.ingest_steps("a1", parsed.records[10:])
+    caps[0]["status"] = "finished"
+    assert sync.sync_once() == 30
+    sync.sync_once()
+    assert exporter.analyses == [("j", list(range(1, 11))), ("j", list(range(11, 41)))]
+    assert exporter.captures == ["c1"]
+
+
+def test_gpu_pods_join_nvml_series_by_uuid():
+    state = AggregatorState()
+    uuid0, uuid1 = "GPU-aaaa", "GPU-bbbb"
+    defs = {1: ("perfd_gpu_memory_total_bytes", (("gpu", "0"), ("model", "NVIDIA H100"), ("node", "n1"),
+                                                 ("uuid", uuid0))),
+            2: ("perfd_gpu_memory_total_bytes", (("gpu", "1"), ("model", "NVIDIA H100"), ("node", "n1"),
+                                                 ("uuid", uuid1)))}
+    state.ingest_samples("n1", defs, [1, 2], [1, 1], [80e9, 80e9])
+    pod = {"device": uuid1, "uuid": uuid1, "namespace": "ml", "pod": "train-0", "container": "trainer",
+           "resource": "nvidia.com/gpu"}
+    by_index = {"device": "0", "gpu": "0", "namespace": "ml", "pod": "other", "container": "c",
+                "resource": "nvidia.com/gpu"}
+    state.ingest_events("n1", [{"kind": "gpu_pods", "labels": {"node": "n1"}, "payload": [pod]},
+                               {"kind": "gpu_pods", "labels": {"node": "n2"}, "payload": [by_index]}])
+    assert state.pods_by_gpu() == {("n1", "1"): pod, ("n2", "0"): by_index}
+    assert state.events == []  # state, not history
+    # A newer allocation replaces the node's previous one.
+    state.ingest_events("n1", [{"kind": "gpu_pods", "labels": {"node": "n1"}, "payload": []}])
+    assert state.pods_by_gpu() == {("n2", "0"): by_index}

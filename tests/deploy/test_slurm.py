@@ -1,0 +1,266 @@
+"""deploy/slurm on a real single-node SLURM (Debian's munge, slurmctld, slurmd, slurm-client).
+
+The test writes a slurm.conf for this host (all state, logs and sockets in a temp dir, ports picked
+free on loopback), starts munged, slurmctld and slurmd as root in the foreground, and submits
+deploy/slurm/example.sbatch with `sbatch --wait`, the training replaced by a recorded Megatron-LM
+log and NVML by its recording (TRAIN_CMD, PERFD_NVML). It then checks what perfd-slurm-run left:
+the aggregator saw the node's agent and every iteration, the prolog recorded the job on the node,
+the epilog cleaned up after a job whose batches were all delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SLURM_DIR = ROOT / "deploy" / "slurm"
+MEGATRON_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+NVML_RECORDING = ROOT / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
+PROGRAMS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel",
+            "sinfo")
+
+pytestmark = pytest.mark.slow
+
+
+def _skip_reason() -> str | None:
+    missing = [p for p in PROGRAMS if shutil.which(p) is None
+               and not Path("/usr/sbin", p).exists()]
+    if missing:
+        return (f"SLURM/munge programs missing: {', '.join(missing)} "
+                "(ci/install-system-deps.sh installs munge slurmctld slurmd slurm-client)")
+    if os.geteuid() != 0:
+        return "a test SLURM runs slurmd as root (SlurmdUser=root): not root here"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _which(p: str) -> str:
+    return shutil.which(p) or str(Path("/usr/sbin", p))
+
+
+def _wait(pred, timeout: float, what: str, logs: list[Path]) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.2)
+    tails = "\n".join(f"--- {p}:\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.exists())
+    pytest.fail(f"timed out after {timeout}s waiting for {what}\n{tails}")
+
+
+SLURM_CONF = """\
+ClusterName=perfdtest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={d}/munge/munge.sock
+CredType=cred/munge
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/log/slurmctld.log
+SlurmdLogFile={d}/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=debug
+# No cgroups: process tracking through /proc, no task confinement.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+SwitchType=switch/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+ReturnToService=2
+SchedulerType=sched/builtin
+KillWait=5
+MinJobAge=300
+# The example asks for 8 tasks and 8 GPUs per node: this node claims 16 CPUs and 8 GPUs whose
+# "device files" are plain files (slurmd logs that they are not devices and allocates them anyway).
+SlurmdParameters=config_overrides
+GresTypes=gpu
+Prolog={d}/scripts/prolog.sh
+Epilog={d}/scripts/epilog.sh
+PrologFlags=Alloc
+NodeName={host} NodeAddr=127.0.0.1 CPUs=16 Gres=gpu:8 State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[tuple[Path, dict[str, str]]]:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    d = Path(tempfile.mkdtemp(prefix="perfd-slurm-", dir="/tmp"))  # short: socket path limits
+    for sub in ("munge", "state", "spool", "log", "scripts", "dev", "nodes", "out"):
+        (d / sub).mkdir()
+    (d / "munge").chmod(0o711)
+    key = d / "munge" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    for i in range(8):
+        (d / "dev" / f"nvidia{i}").touch()
+    # The prolog and epilog as deployed: copied beside a perfd-slurm.env naming their directory.
+    for name in ("prolog.sh", "epilog.sh"):
+        shutil.copy2(SLURM_DIR / name, d / "scripts" / name)
+    (d / "scripts" / "perfd-slurm.env").write_text(f"PERFD_SLURM_DIR={d}/nodes\n")
+    host = socket.gethostname().split(".")[0]
+    conf = SLURM_CONF.format(host=host, d=d, ctld_port=_free_port(), d_port=_free_port())
+    (d / "slurm.conf").write_text(conf)
+    (d / "gres.conf").write_text(f"NodeName={host} Name=gpu File={d}/dev/nvidia[0-7]\n")
+    env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
+    logs = [d / "log" / n
+            for n in ("munged.out", "slurmctld.out", "slurmd.out", "slurmctld.log", "slurmd.log")]
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, argv: list[str]) -> None:
+        out = open(d / "log" / f"{name}.out", "wb")  # the child keeps its own descriptor
+        procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                      stdin=subprocess.DEVNULL, start_new_session=True))
+        out.close()
+
+    try:
+        start("munged", [_which("munged"), "-F", "--force", f"--key-file={key}",
+                         f"--socket={d}/munge/munge.sock", f"--pid-file={d}/munge/munged.pid",
+                         f"--log-file={d}/munge/munged.log", f"--seed-file={d}/munge/munged.seed"])
+        _wait(lambda: (d / "munge" / "munge.sock").exists(), 20, "munged's socket", logs)
+        start("slurmctld", [_which("slurmctld"), "-D", "-f", str(d / "slurm.conf")])
+        _wait(lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True,
+                                     timeout=10).stdout.count("UP") > 0, 30, "slurmctld", logs)
+        start("slurmd", [_which("slurmd"), "-D", "-f", str(d / "slurm.conf")])
+
+        def node_idle() -> bool:
+            r = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=env, capture_output=True, text=True,
+                               timeout=10)
+            return r.stdout.strip() == "idle"
+        _wait(node_idle, 30, "the node to be idle", logs)
+        yield d, env
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=5)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_example_sbatch_runs_agents_and_aggregator_on_slurm(slurm):
+    d, env = slurm
+    out = d / "out"
+    nodes = d / "nodes"
+    job_env = {
+        **env,
+        "PERFD_BIN": str(Path(sys.executable).parent),  # the venv running the tests
+        "PERFD_SLURM_SCRIPTS": str(SLURM_DIR),
+        "PERFD_NVML": f"replay:{NVML_RECORDING}",
+        "PERFD_BIND": "127.0.0.1",              # loopback only
+        "PERFD_AGGREGATOR_HOST": "127.0.0.1",
+        "PERFD_OUT": str(out),
+        "PERFD_SLURM_DIR": str(nodes),
+        # The "training": record what the prolog wrote, then print a real Megatron-LM log.
+        "TRAIN_CMD": f'cp "$PERFD_SLURM_DIR/$SLURM_JOB_ID/job.env" "$PERFD_OUT/prolog-job.env"; '
+                     f'cat "{MEGATRON_LOG}"',
+    }
+    if not (Path(job_env["PERFD_BIN"]) / "perfd").exists():
+        pytest.skip(f"no perfd executable beside {sys.executable} (install perfd into that environment)")
+    res = subprocess.run(["sbatch", "--wait", "--parsable", "--nodes=1", f"--output={out}/batch-%j.out",
+                          str(SLURM_DIR / "example.sbatch")],
+                         env=job_env, capture_output=True, text=True, timeout=180)
+    job_id = res.stdout.strip().split(";")[0]
+    batch_out = next(out.glob("batch-*.out"), None)
+    agg_log = out / "aggregator.log"
+    diag = (f"sbatch rc={res.returncode} stdout={res.stdout!r} stderr={res.stderr!r}\n"
+            f"batch output:\n{batch_out.read_text(errors='replace')[-3000:] if batch_out else '(none)'}\n"
+            f"aggregator.log:\n{agg_log.read_text()[-2000:] if agg_log.exists() else ''}")
+    assert res.returncode == 0, diag
+    assert job_id.isdigit(), diag
+
+    # The wrapper ran: the training went through the log, the aggregator ran on this (first) node.
+    host = socket.gethostname().split(".")[0]
+    assert (out / "train.log").read_bytes() == MEGATRON_LOG.read_bytes()
+    assert (out / "aggregator.ports").read_text().split()[0].isdigit(), diag
+    assert (out / f"agent-{host}.log").exists(), diag
+
+    # The aggregator saw the node's agent, every iteration, the job's layout and the replayed GPU.
+    stats = json.loads((out / "stats.json").read_text())
+    assert host in stats["agents_seen"], stats
+    assert stats["step_records_ingested"] >= 40 and stats["samples_ingested"] > 0, stats
+    (job,) = json.loads((out / "jobs.json").read_text())["jobs"]
+    assert job["job"] == f"gpt-8b-{job_id}"  # SLURM_JOB_NAME-SLURM_JOB_ID
+    assert job["agents"] == [host]
+    assert (job["first_iteration"], job["last_iteration"], job["iterations_seen"]) == (1, 40, 40)
+    assert job["has_job_info"] is True and job["gpu"] == "NVIDIA H100 80GB HBM3"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["latest"]["iteration"] == 40 and summary["job"]["layout"]["pp"] == 2, diag
+
+    # Prolog: the job's node-local record, from SLURM's own variables.
+    prolog_env = dict(line.split("=", 1) for line in (out / "prolog-job.env").read_text().splitlines()
+                      if "=" in line and not line.startswith("#"))
+    assert prolog_env["SLURM_JOB_ID"] == job_id and prolog_env["SLURMD_NODENAME"] == host
+    assert prolog_env["SLURM_JOB_USER"] == "root"
+    # Epilog: every batch was acknowledged, so the job's directory is gone and nothing was kept.
+    _wait(lambda: not (nodes / job_id).exists(), 20, "the epilog to remove the job's directory",
+          [d / "log" / "slurmd.log"])
+    assert not (nodes / "unsent").exists()
+
+
+def test_epilog_keeps_a_spool_with_unsent_batches(tmp_path: Path):
+    """The epilog on its own: a spool whose last batch was never acknowledged is kept."""
+    if shutil.which("python3") is None:
+        pytest.skip("python3 not on PATH (the epilog reads the spool state with it)")
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    for name in ("prolog.sh", "epilog.sh"):
+        shutil.copy2(SLURM_DIR / name, scripts / name)
+    nodes = tmp_path / "nodes"
+    (scripts / "perfd-slurm.env").write_text(f"PERFD_SLURM_DIR={nodes}\n")
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77", "SLURM_JOB_USER": "someone",
+           "SLURMD_NODENAME": "n1", "SLURM_JOB_GPUS": "0,1"}
+    subprocess.run([str(scripts / "prolog.sh")], env=env, check=True, timeout=30)
+    job_env = (nodes / "77" / "job.env").read_text()
+    assert "SLURM_JOB_GPUS=0,1" in job_env and "SLURMD_NODENAME=n1" in job_env
+    (nodes / "77" / "spool" / "state.json").write_text(json.dumps({"last_seq": 9, "acked_seq": 7}))
+    subprocess.run([str(scripts / "epilog.sh")], env=env, check=True, timeout=30)
+    assert not (nodes / "77").exists()
+    assert json.loads((nodes / "unsent" / "77" / "spool" / "state.json").read_text())["last_seq"] == 9
+    # All acknowledged: removed.
+    subprocess.run([str(scripts / "prolog.sh")], env={**env, "SLURM_JOB_ID": "78"}, check=True, timeout=30)
+    (nodes / "78" / "spool" / "state.json").write_text(json.dumps({"last_seq": 9, "acked_seq": 9}))
+    subprocess.run([str(scripts / "epilog.sh")], env={**env, "SLURM_JOB_ID": "78"}, check=True, timeout=30)
+    assert not (nodes / "78").exists() and not (nodes / "unsent" / "78").exists()
+
+
+def test_slurm_scripts_pass_shellcheck():
+    exe = shutil.which("shellcheck")
+    if exe is None:
+        pytest.skip("shellcheck not installed (ci/install-system-deps.sh installs it)")
+    scripts = [SLURM_DIR / n for n in ("perfd-slurm-run", "prolog.sh", "epilog.sh", "example.sbatch")]
+    res = subprocess.run([exe, "--shell=bash", *map(str, scripts)], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr

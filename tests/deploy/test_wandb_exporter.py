@@ -1,0 +1,192 @@
+"""W&B export: a real offline run written by the exporter, read back from its .wandb file.
+
+The reader is W&B's own offline one (`wandb leet inspect --json RUN.wandb`, shipped with the
+wandb package; no server, no network): every history row, the run's config and the capture
+artifact are compared with the analysis they came from.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collectors.megatron import parse_file
+from perfd.analytics import analyze_run
+from perfd.exporters.prometheus import JOB_GAUGES
+from perfd.exporters.wandb import WandbExporter, capture_rows, iteration_metrics, summary_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+DP2_LOG = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"  # per-rank timers, no PP
+
+
+def _analysis(path: Path, job: str) -> dict[str, Any]:
+    parsed = parse_file(path, job=job)
+    return analyze_run(parsed.job_info, parsed.records, gpu_name="NVIDIA H200").to_json()
+
+
+def _expected(it: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for name, (key, scale) in JOB_GAUGES.items():
+        v = it.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[name] = float(v) * scale
+    for rank, ratio in (it.get("straggler_rank_compute_ratio") or {}).items():
+        out[f"perfd_job_rank_compute_ratio/rank={rank}"] = float(ratio)
+    return out
+
+
+# ---- pure parts (no wandb needed) --------------------------------------------------------------
+
+class _FakeRun:
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict[str, float]]] = []
+        self.summary: dict[str, Any] = {}
+        self.config_updates: list[dict[str, Any]] = []
+        self.config = self
+        self.dir = "/nowhere/files"
+
+    def update(self, cfg: dict[str, Any], allow_val_change: bool = False) -> None:
+        self.config_updates.append(cfg)
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.rows.append((step, values))
+
+    def finish(self) -> None:
+        pass
+
+
+class _FakeWandb:
+    def __init__(self) -> None:
+        self.runs: list[_FakeRun] = []
+
+    def Settings(self, **kw: Any) -> dict[str, Any]:  # wandb's name
+        return kw
+
+    def init(self, **kw: Any) -> _FakeRun:
+        run = _FakeRun()
+        self.runs.append(run)
+        return run
+
+
+def test_absent_values_are_not_logged_and_ranks_are_sections():
+    it = {"iteration": 7, "step_time_ms": 250.0, "mfu": None, "lm_loss": float("nan"),
+          "tflops_check_ok": True, "straggler_rank_compute_ratio": {"3": 1.2}}
+    assert iteration_metrics(it) == {"perfd_job_iteration": 7.0, "perfd_job_step_time_seconds": 0.25,
+                                     "perfd_job_rank_compute_ratio/rank=3": 1.2}
+    s = summary_metrics({"medians": {"mfu": 0.4, "data_share": None}, "bottleneck": "pipeline-bound"})
+    assert s == {"steady/perfd_job_mfu_ratio": 0.4, "bottleneck": "pipeline-bound"}
+
+
+def test_each_iteration_is_logged_once_in_order():
+    fake = _FakeWandb()
+    ex = WandbExporter("p", wandb_module=fake)
+    its = [{"iteration": i, "step_time_ms": 100.0 + i} for i in (1, 2, 3)]
+    assert ex.log_analysis("j", {"job": {}, "iterations": its[:2]}) == 2
+    assert ex.log_analysis("j", {"job": {}, "iterations": list(reversed(its))}) == 1
+    assert ex.log_analysis("j", {"job": {}, "iterations": its}) == 0
+    late = {"iteration": 2, "step_time_ms": 999.0}  # older than the last logged: W&B steps go forward
+    assert ex.log_analysis("j", {"job": {}, "iterations": [late]}) == 0
+    assert [s for s, _ in fake.runs[0].rows] == [1, 2, 3]
+    # Job info learned later updates the run's config, once.
+    ex.log_analysis("j", {"job": {"layout": {"tp": 2}}, "iterations": []})
+    ex.log_analysis("j", {"job": {"layout": {"tp": 2}}, "iterations": []})
+    assert fake.runs[0].config_updates == [{"job": "j", "layout": {"tp": 2}}]
+    assert len(fake.runs) == 1 and ex.last_step("j") == 3
+
+
+def test_bad_mode_is_refused():
+    with pytest.raises(ValueError, match="mode"):
+        WandbExporter("p", mode="cloud")
+
+
+# ---- a real offline run ------------------------------------------------------------------------
+
+def _read_offline_run(run_dir: Path) -> list[dict[str, Any]]:
+    """Every record of the run's transaction log, through W&B's own offline reader."""
+    files = sorted(run_dir.glob("run-*.wandb"))
+    assert len(files) == 1, f"expected one run-*.wandb in {run_dir}: {files}"
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    res = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(files[0])],
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr
+    return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture
+def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    pytest.importorskip("wandb", reason="wandb is the optional extra perfd[wandb] (in the dev extra)")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for var, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"),
+                     ("WANDB_CONFIG_DIR", "config"), ("WANDB_ARTIFACT_DIR", "artifacts")):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    return tmp_path
+
+
+def test_offline_run_reads_back_equal_to_the_analysis(wandb_env: Path):
+    demo = _analysis(DEMO_LOG, "gpt-demo")
+    dp2 = _analysis(DP2_LOG, "dp2")
+    assert len(demo["iterations"]) > 20
+    ex = WandbExporter("perfd-test", mode="offline", directory=str(wandb_env / "runs"))
+    # The aggregator calls this every few seconds with the analysis so far: half, then all, twice.
+    half = len(demo["iterations"]) // 2
+    assert ex.log_analysis("gpt-demo", {"job": demo["job"], "iterations": demo["iterations"][:half]}) == half
+    assert ex.log_analysis("gpt-demo", demo) == len(demo["iterations"]) - half
+    assert ex.log_analysis("gpt-demo", demo) == 0
+    assert ex.log_analysis("dp2", dp2) == len(dp2["iterations"])
+    capture = {"id": "cap-0001", "job": "gpt-demo", "tool": "nsys", "status": "finished", "ranks": [1],
+               "steps": 3, "result": {"iterations": [30, 32], "breakdown": {"compute": 0.71, "idle": 0.2}}}
+    assert ex.log_capture("gpt-demo", capture) == "capture-cap-0001"
+    assert ex.log_capture("gpt-demo", capture) is None  # attached once
+    run_dirs = {job: Path(d) for job in ("gpt-demo", "dp2") if (d := ex.run_dir(job))}
+    ex.finish()
+
+    for job, analysis in (("gpt-demo", demo), ("dp2", dp2)):
+        records = _read_offline_run(run_dirs[job])
+        run = next(r["run"] for r in records if r["type"] == "run")
+        assert run["display_name"] == job and run["project"] == "perfd-test"
+        config = run["config"]["update"]
+        assert config["job"] == job
+        assert config["layout"] == analysis["job"]["layout"]
+        assert config["model"] == analysis["job"]["model"]
+        assert config["gpu"]["name"] == "NVIDIA H200"
+        history = [r["history"]["item"] for r in records if r["type"] == "history"]
+        steps = [h["_step"] for h in history]
+        assert steps == [it["iteration"] for it in analysis["iterations"]], "each iteration once, in order"
+        for h, it in zip(history, analysis["iterations"], strict=True):
+            logged = {k: v for k, v in h.items() if not k.startswith("_")}
+            assert logged == _expected(it), f"{job} iteration {it['iteration']}"
+        summaries: dict[str, Any] = {}
+        for r in records:
+            if r["type"] == "summary":
+                summaries.update(r["summary"].get("update") or {})
+        medians = analysis["summary"]["medians"]
+        assert medians["mfu"] is not None
+        assert summaries["steady/perfd_job_mfu_ratio"] == medians["mfu"]
+        assert summaries["bottleneck"] == analysis["summary"]["bottleneck"]
+
+    # What the fixtures exercise: per-rank ratios (dp2), and metrics absent for a job (no PP in dp2).
+    dp2_keys = {k for it in dp2["iterations"] for k in _expected(it)}
+    assert any(k.startswith("perfd_job_rank_compute_ratio/rank=") for k in dp2_keys)
+    assert "perfd_job_pp_stage_idle_max_ratio" not in dp2_keys
+    assert "perfd_job_pp_stage_idle_max_ratio" in {k for it in demo["iterations"] for k in _expected(it)}
+
+    # The capture: an artifact of the run, with the report as a table and the raw JSON.
+    records = _read_offline_run(run_dirs["gpt-demo"])
+    arts = [r["artifact"] for r in records if r["type"] == "artifact"]
+    assert [(a["name"], a["type"]) for a in arts] == [("capture-cap-0001", "perfd-capture")]
+    entries = {e["path"]: Path(e["local_path"]) for e in arts[0]["manifest"]["contents"]}
+    assert set(entries) == {"capture.json", "report.table.json"}
+    for p in entries.values():  # staged under our directory, not in a home directory
+        assert str(p).startswith(str(wandb_env)), p
+    assert json.loads(entries["capture.json"].read_text()) == capture
+    table = json.loads(entries["report.table.json"].read_text())
+    assert table["columns"] == ["key", "value"]
+    assert table["data"] == capture_rows(capture)
+    assert ["result.breakdown.compute", "0.71"] in table["data"]
