@@ -1,0 +1,289 @@
+"""nsys captures of running jobs (DESIGN.md §3 "Captures"): no profiler attaches to a running process,
+so the job starts under nsys in one of two ways, and perfd drives it from there.
+
+1. **Interactive session** — the job (or each rank) starts under
+   ``nsys launch --session-new=NAME --trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none CMD...``
+   (:func:`nsys_launch_argv`); nothing is recorded until ``nsys start --session=NAME -o OUT``, and
+   ``nsys stop --session=NAME`` writes ``OUT.nsys-rep``. Windows can repeat. A session covers every
+   process started under it: one session per rank (:func:`session_name` with the rank) makes
+   per-rank captures possible; a job-wide session captures all of its ranks at once.
+2. **Step-aligned ranges** — the job runs under
+   ``nsys profile -c cudaProfilerApi --capture-range-end=repeat -o BASE ...``
+   (:func:`nsys_range_argv`; ``BASE`` holds ``%q{RANK}`` so each rank writes its own reports when
+   nsys wraps each rank) and the perfd step hook calls ``cudaProfilerStart()``/``Stop()`` at the step
+   boundaries the agent asks for (``collectors.hook`` ``request_profile``). Each range becomes a
+   report ``BASE.1.nsys-rep``, ``BASE.2.nsys-rep``, ... when it closes.
+
+Every nsys call is an argument list with a timeout, never a shell string. After a capture the report
+is exported to SQLite and analysed (:func:`perfd.capture.nsys_sqlite.analyze_nsys`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from perfd.capture.analysis import CaptureAnalysis
+from perfd.capture.nsys_sqlite import NsysNotFoundError, analyze_nsys, export_sqlite, find_nsys
+
+DEFAULT_TRACE = "cuda,nvtx,osrt"
+_SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_REPORT_RE = r"^{stem}(?:\.(\d+))?\.(?:nsys-rep|qdrep)$"
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+__all__ = ["NsysError", "NsysExecutor", "NsysNotFoundError", "nsys_launch_argv",
+           "nsys_range_argv", "range_reports", "session_name", "wait_stable"]
+
+
+class NsysError(RuntimeError):
+    pass
+
+
+def session_name(job: str, rank: int | None = None) -> str:
+    """The session name perfd uses for a job (``perfd-<job>``) or one rank (``perfd-<job>-r<rank>``)."""
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", job).strip("._-")[:40] or "job"
+    return f"perfd-{base}" if rank is None else f"perfd-{base}-r{int(rank)}"
+
+
+def _check_session(name: str) -> str:
+    if not _SESSION_RE.match(name):
+        raise ValueError(f"bad nsys session name {name!r} (letters, digits, _ . -; at most 64)")
+    return name
+
+
+def nsys_launch_argv(nsys: str, session: str, cmd: Sequence[str], trace: str = DEFAULT_TRACE,
+                     extra: Sequence[str] = ()) -> list[str]:
+    """``nsys launch`` for an interactive session: records nothing until ``nsys start``."""
+    if not cmd:
+        raise ValueError("no command to launch")
+    return [nsys, "launch", f"--session-new={_check_session(session)}", f"--trace={trace}", "--sample=none",
+            "--cpuctxsw=none", *extra, *cmd]
+
+
+def nsys_range_argv(nsys: str, output_base: str | Path, cmd: Sequence[str], trace: str = DEFAULT_TRACE,
+                    repeat: int | None = None, extra: Sequence[str] = ()) -> list[str]:
+    """``nsys profile`` that records only between cudaProfilerStart/Stop, every time (one report per
+    range: ``<base>.1.nsys-rep``, ...). Put ``%q{RANK}`` in ``output_base`` when nsys wraps each rank."""
+    if not cmd:
+        raise ValueError("no command to profile")
+    if repeat is not None and repeat < 1:
+        raise ValueError("repeat must be >= 1")
+    end = "repeat" if repeat is None else f"repeat:{repeat}"
+    return [nsys, "profile", "-c", "cudaProfilerApi", f"--capture-range-end={end}", f"--trace={trace}",
+            "--sample=none", "--cpuctxsw=none", "--force-overwrite=true", "-o", str(output_base), *extra,
+            *cmd]
+
+
+def range_reports(output_base: str | Path, since: float | None = None) -> dict[int, Path]:
+    """Reports of a range profile with this output base (``BASE.nsys-rep`` is index 0,
+    ``BASE.N.nsys-rep`` index N), only those modified at or after ``since`` (epoch s) when given."""
+    base = Path(output_base)
+    if not base.parent.is_dir():
+        return {}
+    rx = re.compile(_REPORT_RE.format(stem=re.escape(base.name)))
+    found: dict[int, Path] = {}
+    for p in base.parent.iterdir():
+        m = rx.match(p.name)
+        if not m:
+            continue
+        if since is not None:
+            try:
+                if p.stat().st_mtime < since:
+                    continue
+            except OSError:
+                continue
+        found[int(m.group(1) or 0)] = p
+    return found
+
+
+def wait_stable(paths: Callable[[], Sequence[Path]], timeout_s: float, settle_s: float = 1.0,
+                poll_s: float = 0.2, stop: Callable[[], bool] | None = None) -> list[Path] | None:
+    """Wait until ``paths()`` is non-empty and every file's size stayed the same for ``settle_s``.
+    Returns the files, or None at the timeout (or when ``stop()`` says so)."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[Path, int] = {}
+    stable_since: float | None = None
+    while True:
+        now = time.monotonic()
+        current: dict[Path, int] = {}
+        for p in paths():
+            with contextlib.suppress(OSError):
+                current[p] = p.stat().st_size
+        if current and current == last and all(v > 0 for v in current.values()):
+            if stable_since is None:
+                stable_since = now
+            if now - stable_since >= settle_s:
+                return sorted(current)
+        else:
+            stable_since = None
+        last = current
+        if now >= deadline or (stop is not None and stop()):
+            return None
+        time.sleep(poll_s)
+
+
+class NsysExecutor:
+    """Runs nsys commands for captures. ``nsys``: the binary (default :func:`find_nsys`, looked up
+    when first needed so that an agent without nsys still starts; :meth:`available` says why not)."""
+
+    def __init__(self, nsys: str | None = None, timeout_s: float = 60.0, export_timeout_s: float = 900.0,
+                 range_dir: str | Path | None = None, runner: Runner | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self._nsys = nsys
+        self.timeout_s = timeout_s
+        self.export_timeout_s = export_timeout_s
+        self.range_dir = Path(range_dir) if range_dir is not None else None
+        self.runner: Runner = runner or subprocess.run
+        self.env = env
+
+    @property
+    def nsys(self) -> str:
+        if self._nsys is None:
+            self._nsys = find_nsys()
+        return self._nsys
+
+    def available(self) -> str | None:
+        """None when nsys can be run, else the reason."""
+        try:
+            self.nsys  # noqa: B018 - resolves the binary
+        except NsysNotFoundError as exc:
+            return str(exc)
+        return None
+
+    def _run(self, args: list[str], timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = [self.nsys, *args]
+        try:
+            res = self.runner(cmd, capture_output=True, text=True, timeout=timeout_s or self.timeout_s,
+                              check=False, env=self.env)
+        except subprocess.TimeoutExpired as exc:
+            raise NsysError(f"{' '.join(cmd)}: no answer within {exc.timeout:.0f} s") from exc
+        except OSError as exc:
+            raise NsysError(f"{' '.join(cmd)}: {exc}") from exc
+        if res.returncode != 0:
+            tail = ((res.stderr or "") + (res.stdout or "")).strip()[-1500:]
+            raise NsysError(f"{' '.join(cmd)} exited {res.returncode}: {tail}")
+        return res
+
+    # -- interactive sessions -----------------------------------------------------------------
+    def sessions(self) -> list[str]:
+        """Names of the nsys sessions of this user (``nsys sessions list``: a header row, then one row
+        per session whose last column is its name)."""
+        res = self._run(["sessions", "list"])
+        return [ln.split()[-1] for ln in res.stdout.splitlines()
+                if len(ln.split()) >= 2 and "NAME" not in ln.split()]
+
+    def start(self, session: str, output: str | Path) -> float:
+        """``nsys start --session=S -o OUT``; returns the time (epoch s) it returned (collection on)."""
+        self._run(["start", f"--session={_check_session(session)}", "-o", str(output),
+                   "--force-overwrite=true"])
+        return time.time()
+
+    def stop(self, session: str, output: str | Path, timeout_s: float | None = None) -> Path:
+        """``nsys stop --session=S``, then wait for ``OUT.nsys-rep`` to be complete."""
+        self._run(["stop", f"--session={_check_session(session)}"], timeout_s)
+        rep = report_path(output)
+        got = wait_stable(lambda: [rep] if rep.exists() else [], timeout_s or self.timeout_s, settle_s=0.5)
+        if got is None:
+            raise NsysError(f"nsys stop --session={session} returned but {rep} did not appear")
+        return rep
+
+    def run_window(self, sessions: Sequence[str], out_dir: Path, window_s: float,
+                   wait: Callable[[float], object], on_started: Callable[[float], None],
+                   stop_timeout_s: float) -> tuple[dict[str, Path], list[str]]:
+        """One capture window on several sessions: start each (``-o out_dir/<session>``), call
+        ``on_started(time)``, ``wait(window_s)``, stop each. Returns ({session: report}, errors).
+        A failed start cancels the sessions already started and raises NsysError."""
+        started: list[str] = []
+        try:
+            for s in sessions:
+                self.start(s, out_dir / s)
+                started.append(s)
+        except NsysError:
+            for s in started:
+                self.cancel(s)
+            raise
+        on_started(time.time())
+        wait(window_s)
+        reports: dict[str, Path] = {}
+        errors: list[str] = []
+        for s in started:
+            try:
+                reports[s] = self.stop(s, out_dir / s, timeout_s=stop_timeout_s)
+            except NsysError as exc:
+                errors.append(str(exc))
+        return reports, errors
+
+    def cancel(self, session: str) -> None:
+        """``nsys cancel --session=S`` (a window that must not be kept); errors are ignored."""
+        with contextlib.suppress(NsysError, NsysNotFoundError):
+            self._run(["cancel", f"--session={_check_session(session)}"])
+
+    # -- step-aligned ranges ------------------------------------------------------------------
+    def range_base(self, job: str, rank: int) -> Path | None:
+        """Where rank ``rank`` of ``job`` writes its range reports (``<range_dir>/<job>/rank<r>``)."""
+        if self.range_dir is None:
+            return None
+        return self.range_dir / session_name(job) / f"rank{int(rank)}"
+
+    # -- analysis -----------------------------------------------------------------------------
+    def export_and_analyze(self, report: str | Path) -> tuple[Path, CaptureAnalysis]:
+        """Export a report to SQLite next to it and analyse it."""
+        rep = Path(report)
+        sqlite = export_sqlite(rep, rep.with_suffix(".sqlite"), nsys=self.nsys,
+                               timeout_s=self.export_timeout_s)
+        return sqlite, analyze_nsys(sqlite)
+
+
+def report_path(output: str | Path) -> Path:
+    """The report nsys writes for ``-o OUTPUT`` (it adds ``.nsys-rep`` unless already there)."""
+    p = Path(output)
+    return p if p.suffix in (".nsys-rep", ".qdrep") else p.with_name(p.name + ".nsys-rep")
+
+
+def nsys_range_env(range_dir: str | Path, job: str) -> dict[str, str]:
+    """Directory for a job's range reports, created; use with :func:`nsys_range_argv` as
+    ``<dir>/rank%q{RANK}``."""
+    d = Path(range_dir) / session_name(job)
+    d.mkdir(parents=True, exist_ok=True)
+    return {"PERFD_NSYS_RANGE_DIR": str(d)}
+
+
+def first_event_epoch(sqlite_path: str | Path) -> float | None:
+    """Wall time (epoch s) of the first kernel in an nsys export, when the export says when its
+    session started (``TARGET_INFO_SESSION_START_TIME.utcEpochNs``; event times are ns from it)."""
+    import sqlite3
+
+    p = Path(sqlite_path)
+    if not p.is_file():
+        return None
+    try:
+        con = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        base = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+        first = con.execute("SELECT MIN(start) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+        if base and first and base[0] is not None and first[0] is not None:
+            return (int(base[0]) + int(first[0])) / 1e9
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+    return None
+
+
+def nsys_version(nsys: str | None = None, timeout_s: float = 30.0) -> str | None:
+    """``nsys --version`` (first line), or None when it cannot be run."""
+    try:
+        exe = nsys or find_nsys()
+        res = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=timeout_s,
+                             check=False, env=dict(os.environ))
+    except (OSError, subprocess.TimeoutExpired, NsysNotFoundError):
+        return None
+    return (res.stdout or res.stderr).strip().splitlines()[0] if (res.stdout or res.stderr).strip() else None

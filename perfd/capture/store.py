@@ -1,0 +1,231 @@
+"""Capture artifacts on disk under a size quota: one folder and one JSON manifest per capture.
+
+Layout: ``<root>/<capture id>/manifest.json`` plus the capture's artifacts (traces, reports,
+exports) in the same folder. The manifest (DESIGN.md §5 "Capture") holds::
+
+    id, job, ranks, tool, mode, steps {start, count} or window {start_ms, duration_ms},
+    status ok | failed | timeout | skipped | running, reason,
+    artifacts [{name, path, bytes, kind, rank, pid, pruned}],
+    analysis {rank: CaptureAnalysis JSON},
+    timings {requested_at, started_at, first_event_at, trace_ready_at, finished_at} (epoch s),
+    latency_s (requested → started), args, context, pids {rank: pid}
+
+The quota counts artifact bytes (manifests are small and always kept). Before a capture starts,
+:meth:`CaptureStore.check_quota` refuses when the store is already at its quota; after it finishes,
+:meth:`CaptureStore.prune` deletes the artifacts of the oldest finished captures (their manifests
+stay, the artifacts marked ``pruned``) until the total is within the quota again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+STATUSES = ("running", "ok", "failed", "timeout", "skipped")
+_ID_RE = re.compile(r"^c[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class CaptureStoreError(ValueError):
+    pass
+
+
+def safe_name(text: str, limit: int = 64) -> str:
+    """A file-name-safe spelling of ``text`` (job names come from configs and commands)."""
+    out = _SAFE.sub("_", text).strip("._")[:limit]
+    return out or "_"
+
+
+def _now() -> float:
+    return time.time()
+
+
+class CaptureStore:
+    """Thread-safe: captures run in worker threads and the API lists them from another."""
+
+    def __init__(self, root: str | Path, quota_bytes: int, clock: Callable[[], float] = _now) -> None:
+        if quota_bytes <= 0:
+            raise ValueError("quota_bytes must be > 0")
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.quota_bytes = int(quota_bytes)
+        self.clock = clock
+        self._lock = threading.RLock()
+
+    # -- paths --------------------------------------------------------------------------------
+    def capture_dir(self, capture_id: str) -> Path:
+        if not _ID_RE.match(capture_id):
+            raise CaptureStoreError(f"not a capture id: {capture_id!r}")
+        return self.root / capture_id
+
+    def inside(self, path: str | Path) -> Path:
+        """``path`` resolved, if it lies under the store root; CaptureStoreError otherwise."""
+        p = Path(path)
+        resolved = (p if p.is_absolute() else self.root / p).resolve()
+        if resolved != self.root and self.root not in resolved.parents:
+            raise CaptureStoreError(f"{path} is outside the capture store {self.root}")
+        return resolved
+
+    # -- quota --------------------------------------------------------------------------------
+    def used_bytes(self) -> int:
+        """Bytes of every file in the store except manifests (what the quota counts)."""
+        total = 0
+        with self._lock:
+            for dirpath, _dirs, files in os.walk(self.root):
+                for f in files:
+                    if f == MANIFEST:
+                        continue
+                    with contextlib.suppress(OSError):
+                        total += os.lstat(os.path.join(dirpath, f)).st_size
+        return total
+
+    def check_quota(self, estimate_bytes: int = 0) -> str | None:
+        """None when a capture may start, else the reason it may not."""
+        used = self.used_bytes()
+        if used + max(0, estimate_bytes) > self.quota_bytes or used >= self.quota_bytes:
+            return (f"quota: capture store {self.root} holds {used} bytes of its "
+                    f"{self.quota_bytes}-byte quota"
+                    + (f" (+{estimate_bytes} expected)" if estimate_bytes else ""))
+        return None
+
+    # -- manifests ----------------------------------------------------------------------------
+    def new_capture(self, job: str, ranks: Iterable[int], tool: str, **fields: Any) -> dict[str, Any]:
+        """Create the folder and a ``running`` manifest; returns the manifest."""
+        with self._lock:
+            for _ in range(10):
+                cid = time.strftime("c%Y%m%d-%H%M%S-", time.gmtime(self.clock())) + secrets.token_hex(3)
+                d = self.root / cid
+                try:
+                    d.mkdir()
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise CaptureStoreError("could not allocate a capture id")
+            manifest: dict[str, Any] = {
+                "id": cid, "job": job, "ranks": sorted(set(ranks)), "tool": tool, "status": "running",
+                "reason": None, "artifacts": [], "analysis": {},
+                "timings": {"requested_at": self.clock(), "started_at": None, "first_event_at": None,
+                            "trace_ready_at": None, "finished_at": None},
+                "latency_s": None, "dir": str(d),
+            }
+            manifest.update(fields)
+            self.write(manifest)
+            return manifest
+
+    def write(self, manifest: Mapping[str, Any]) -> None:
+        """Write a manifest atomically (a reader never sees half of one)."""
+        d = self.capture_dir(str(manifest["id"]))
+        tmp = d / f".{MANIFEST}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with self._lock:
+            tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
+            tmp.replace(d / MANIFEST)
+
+    def read(self, capture_id: str) -> dict[str, Any]:
+        data = json.loads((self.capture_dir(capture_id) / MANIFEST).read_text())
+        if not isinstance(data, dict):
+            raise CaptureStoreError(f"{capture_id}: manifest is not an object")
+        return data
+
+    def add_artifact(self, manifest: dict[str, Any], path: str | Path, kind: str,
+                     rank: int | None = None, pid: int | None = None) -> dict[str, Any]:
+        """Record a file (it must lie under the store) in the manifest (not written yet)."""
+        p = self.inside(path)
+        entry = {"name": p.name, "path": str(p), "bytes": p.stat().st_size if p.exists() else 0,
+                 "kind": kind, "rank": rank, "pid": pid, "pruned": False}
+        arts = manifest.setdefault("artifacts", [])
+        arts[:] = [a for a in arts if a.get("path") != entry["path"]] + [entry]
+        return entry
+
+    def finish(self, manifest: dict[str, Any], status: str, reason: str | None = None) -> dict[str, Any]:
+        """Set the final status, refresh artifact sizes, write, and prune to the quota."""
+        if status not in STATUSES or status == "running":
+            raise ValueError(f"final status must be one of ok, failed, timeout, skipped; not {status!r}")
+        manifest["status"] = status
+        manifest["reason"] = reason
+        manifest.setdefault("timings", {})["finished_at"] = self.clock()
+        for a in manifest.get("artifacts", []):
+            with contextlib.suppress(OSError):
+                if not a.get("pruned"):
+                    a["bytes"] = Path(a["path"]).stat().st_size
+        self.write(manifest)
+        self.prune()
+        with contextlib.suppress(CaptureStoreError, OSError, ValueError):
+            return self.read(str(manifest["id"]))  # prune may have marked its artifacts
+        return manifest
+
+    def prune(self) -> list[str]:
+        """Delete artifacts of the oldest finished captures until the store fits its quota.
+
+        Manifests are kept (artifacts marked ``pruned``); running captures are never touched.
+        Returns the ids whose artifacts were deleted.
+        """
+        pruned: list[str] = []
+        with self._lock:
+            used = self.used_bytes()
+            if used <= self.quota_bytes:
+                return pruned
+            finished = [m for m in self.list() if m.get("status") != "running"]
+            finished.sort(key=lambda m: ((m.get("timings") or {}).get("finished_at") or 0.0, m["id"]))
+            for m in finished:
+                if used <= self.quota_bytes:
+                    break
+                d = self.capture_dir(m["id"])
+                freed = 0
+                for entry in sorted(d.iterdir()):
+                    if entry.name == MANIFEST or entry.name.startswith(f".{MANIFEST}"):
+                        continue
+                    freed += _size(entry)
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        with contextlib.suppress(OSError):
+                            entry.unlink()
+                if not freed:
+                    continue
+                for a in m.get("artifacts", []):
+                    a["pruned"] = True
+                m["pruned_at"] = self.clock()
+                self.write(m)
+                used -= freed
+                pruned.append(m["id"])
+        return pruned
+
+
+    def list(self, job: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Manifests, newest first (by requested time)."""
+        out = []
+        with self._lock:
+            for d in self.root.iterdir():
+                if not _ID_RE.match(d.name):
+                    continue
+                try:
+                    m = self.read(d.name)
+                except (OSError, ValueError):
+                    continue
+                if job is None or m.get("job") == job:
+                    out.append(m)
+        out.sort(key=lambda m: (m.get("timings") or {}).get("requested_at") or 0.0, reverse=True)
+        return out[:limit] if limit is not None else out
+
+def _size(p: Path) -> int:
+    if p.is_file() or p.is_symlink():
+        with contextlib.suppress(OSError):
+            return p.lstat().st_size
+        return 0
+    total = 0
+    for dirpath, _dirs, files in os.walk(p):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+    return total

@@ -1,0 +1,291 @@
+"""The capture manager end to end on one machine: commands in, Kineto (a protocol-exact stand-in for
+libkineto, and a real CPU torch process when torch is installed) or nsys (a stand-in binary) captures
+out, with manifests, analyses, events, the busy rule, the quota and argument validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfd.capture.kineto_daemon import CONFIG_ACTIVITIES, CONFIG_EVENTS, KinetoDaemon, kineto_env
+from perfd.capture.manager import BUSY_REASON, CaptureManager, parse_command
+from perfd.capture.nsys_exec import NsysExecutor, session_name
+from perfd.capture.store import CaptureStore
+from perfd.transport.codec import Command
+from tests.capture.test_kineto_daemon import FakeLibkineto, start_torch_job, torch_available
+from tests.capture.test_nsys_exec import calls, make_fake_nsys
+
+TRACE = {"traceEvents": [
+    {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 0.0, "dur": 2000.0},
+    {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "pid": 0, "tid": 13, "ts": 1000.0,
+     "dur": 2000.0},
+], "distributedInfo": {"rank": 1}}
+
+
+class FakeRank(threading.Thread):
+    """A training process's libkineto poll thread: asks every ``period`` s, traces when told (writes
+    ``<log>_<pid>.json`` after ``trace_s``), reports busy meanwhile."""
+
+    def __init__(self, daemon_name: str, pid: int, period: float = 0.2, trace_s: float = 0.4,
+                 write: bool = True) -> None:
+        super().__init__(daemon=True)
+        self.client = FakeLibkineto(daemon_name)
+        self.pid, self.period, self.trace_s, self.write = pid, period, trace_s, write
+        self.configs: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        busy_until = 0.0
+        pending: str | None = None
+        while not self.stop.is_set():
+            busy = time.time() < busy_until
+            mask = CONFIG_EVENTS if busy else CONFIG_EVENTS | CONFIG_ACTIVITIES
+            got = self.client.request([self.pid, 1], mask)
+            if pending is not None and not busy:
+                if self.write:
+                    path = pending.split("ACTIVITIES_LOG_FILE=")[1].splitlines()[0]
+                    Path(path.replace(".json", f"_{self.pid}.json")).write_text(json.dumps(TRACE))
+                pending = None
+            if got:
+                self.configs.append(got)
+                pending, busy_until = got, time.time() + self.trace_s
+            time.sleep(self.period)
+        self.client.close()
+
+
+@pytest.fixture
+def env(tmp_path):
+    daemon = KinetoDaemon(socket_name=f"perfd-test-{uuid.uuid4().hex[:12]}", socket_dir="").start()
+    events: list[dict[str, Any]] = []
+    store = CaptureStore(tmp_path / "captures", quota_bytes=10**7)
+    pids = {0: 1000, 1: 1001}
+    mgr = CaptureManager(store, daemon, None, pids_for_ranks=lambda job, ranks: {
+        r: p for r, p in pids.items() if not ranks or r in ranks}, emit=events.append, settle_s=0.2,
+        kineto_poll_s=0.2)
+    ranks = [FakeRank(daemon.socket_name, p) for p in pids.values()]
+    for r in ranks:
+        r.start()
+    yield mgr, events, ranks
+    mgr.close()
+    for r in ranks:
+        r.stop.set()
+    daemon.stop()
+
+
+def cmd(ranks=(1,), **args: str) -> Command:
+    return Command("capture", "job1", tuple(ranks), {"tool": "kineto", "steps": "3", **args}, id="cmd-1")
+
+
+def kinds(events):
+    return [e["kind"] for e in events]
+
+
+def test_kineto_capture_of_one_rank(env):
+    mgr, events, ranks = env
+    cid = mgr.handle(cmd(rule="low_mfu", fired_at=str(time.time() - 0.5)))
+    assert cid is not None
+    assert mgr.wait_idle(20)
+    m = mgr.store.read(cid)
+    assert m["status"] == "ok", m["reason"]
+    assert m["tool"] == "kineto" and m["ranks"] == [1] and m["pids"] == {"1": 1001}
+    assert [a["name"] for a in m["artifacts"]] == ["rank1_1001.json"]
+    dev = m["analysis"]["1"]["devices"][0]
+    assert dev["busy_ms"] == pytest.approx(3.0) and dev["comm_exposed_ms"] == pytest.approx(1.0)
+    t = m["timings"]
+    order = ("requested_at", "started_at", "first_event_at", "trace_ready_at", "finished_at")
+    assert [t[k] for k in order] == sorted(t[k] for k in order)
+    assert 0 <= m["latency_s"] <= 1.0  # the 0.2 s poll
+    assert m["latency_from_firing_s"] >= m["latency_s"]
+    assert "PROFILE_START_ITERATION=0" in m["config"] and "ACTIVITIES_ITERATIONS=3" in m["config"]
+    assert ranks[1].configs and not ranks[0].configs  # only the targeted process got a config
+    assert kinds(events) == ["capture_started", "capture_finished"]
+    fin = events[-1]
+    assert fin["labels"] == {"job": "job1", "tool": "kineto", "ranks": "1", "rule": "low_mfu"}
+    assert fin["links"] == {"capture_id": cid, "steps": "next+3"}
+    summary = fin["payload"]["ranks"]["1"]["devices"][0]
+    assert summary["top_kernel"] in ("gemm", "ncclDevKernel_AllReduce") and "top_kernels" not in summary
+    assert len(json.dumps(fin["payload"])) < 2000
+    assert mgr.busy() == {}
+
+
+def test_second_capture_of_a_busy_process_is_refused(env):
+    mgr, events, _ = env
+    first = mgr.handle(cmd(ranks=(0, 1)))
+    second = mgr.handle(cmd(ranks=(1,)))
+    assert first is not None and second is None
+    refused = [e for e in events if e["kind"] == "capture_failed"]
+    assert refused and refused[0]["payload"]["reason"].startswith(BUSY_REASON)
+    assert mgr.wait_idle(20)
+    assert mgr.store.read(first)["status"] == "ok"
+    assert any(m["status"] == "skipped" and BUSY_REASON in m["reason"] for m in mgr.list())
+    again = mgr.handle(cmd(ranks=(1,)))  # free once the first one ended
+    assert again is not None and mgr.wait_idle(20)
+
+
+@pytest.mark.parametrize(("args", "ranks", "why"), [
+    ({"tool": "perf"}, (1,), "tool="),
+    ({"steps": "0"}, (1,), "steps=0"),
+    ({"steps": "many"}, (1,), "not an integer"),
+    ({"log_file": "/etc/passwd"}, (1,), "names a path"),
+    ({"output_dir": "../x"}, (1,), "names a path"),
+    ({"timeout_s": "nan"}, (1,), "timeout_s"),
+    ({}, (7,), "no process known for rank(s) [7]"),
+])
+def test_bad_requests_are_refused_with_a_reason(env, args, ranks, why):
+    mgr, events, _ = env
+    assert mgr.handle(cmd(ranks=ranks, **args)) is None
+    assert events[-1]["kind"] == "capture_failed" and why in events[-1]["payload"]["reason"]
+    assert mgr.list()[0]["status"] == "skipped"
+
+
+def test_quota_refuses(env):
+    mgr, events, _ = env
+    (mgr.store.root / "junk").write_bytes(b"x" * (mgr.store.quota_bytes + 1))
+    assert mgr.handle(cmd()) is None
+    assert "quota" in events[-1]["payload"]["reason"]
+
+
+def test_unknown_args_are_kept_not_used(tmp_path):
+    args = {"steps": "5", "start_iteration": "40", "roundup": "10", "colour": "blue", "rule": "r"}
+    req = parse_command(Command("capture", "j", (2, 1, 2), args), time.time())
+    assert req.ranks == (1, 2) and req.steps == 5 and req.start_iteration == 40 and req.roundup == 10
+    assert req.ignored_args == ["colour"] and req.context == {"rule": "r"}
+    assert req.steps_link() == "40-44"
+
+
+def test_process_that_never_polls_fails_with_the_fix(tmp_path):
+    daemon = KinetoDaemon(socket_name=f"perfd-test-{uuid.uuid4().hex[:12]}", socket_dir="").start()
+    events: list[dict[str, Any]] = []
+    mgr = CaptureManager(CaptureStore(tmp_path, 10**6), daemon, pids_for_ranks=lambda j, r: {0: 4242},
+                         emit=events.append, kineto_poll_s=0.1)
+    try:
+        cid = mgr.handle(Command("capture", "j", (0,), {"timeout_s": "3"}))
+        assert cid and mgr.wait_idle(10)
+        m = mgr.store.read(cid)
+        assert m["status"] == "failed" and "KINETO_USE_DAEMON=1" in m["reason"]
+        assert kinds(events) == ["capture_failed"]
+    finally:
+        daemon.stop()
+
+
+def test_answered_but_no_trace_times_out(tmp_path):
+    daemon = KinetoDaemon(socket_name=f"perfd-test-{uuid.uuid4().hex[:12]}", socket_dir="").start()
+    rank = FakeRank(daemon.socket_name, 5000, write=False)
+    rank.start()
+    mgr = CaptureManager(CaptureStore(tmp_path, 10**6), daemon, pids_for_ranks=lambda j, r: {0: 5000},
+                         settle_s=0.2, kineto_poll_s=0.2)
+    try:
+        cid = mgr.handle(Command("capture", "j", (0,), {"timeout_s": "3"}))
+        assert cid and mgr.wait_idle(10)
+        m = mgr.store.read(cid)
+        assert m["status"] == "timeout" and "no trace" in m["reason"] and m["latency_s"] is not None
+    finally:
+        rank.stop.set()
+        daemon.stop()
+
+
+def test_nsys_session_capture(tmp_path):
+    exe, state = make_fake_nsys(tmp_path, sessions=(session_name("job1"),))
+    events: list[dict[str, Any]] = []
+    mgr = CaptureManager(CaptureStore(tmp_path / "caps", 10**6), None, NsysExecutor(nsys=str(exe)),
+                         pids_for_ranks=lambda j, r: {0: 10, 1: 11}, emit=events.append)
+    cid = mgr.handle(Command("capture", "job1", (1,), {"tool": "auto", "duration_ms": "200"}))
+    assert cid and mgr.wait_idle(30)
+    m = mgr.store.read(cid)
+    assert m["status"] == "ok", m["reason"]
+    assert m["tool"] == "nsys" and m["mode"] == "session" and m["sessions"] == ["perfd-job1"]
+    assert "every process" in m["scope"]
+    assert sorted(a["kind"] for a in m["artifacts"]) == ["nsys_report", "nsys_sqlite"]
+    assert m["analysis"]["perfd-job1"]["devices"][0]["comm_ms"] == pytest.approx(3.0)
+    assert m["latency_s"] is not None and m["latency_s"] < 10
+    assert kinds(events) == ["capture_started", "capture_finished"]
+    assert [c[0] for c in calls(state)] == ["sessions", "start", "stop", "export"]
+
+
+def test_nsys_per_rank_sessions_and_missing_session(tmp_path):
+    exe, _ = make_fake_nsys(tmp_path, sessions=(session_name("job1", 0), session_name("job1", 1)))
+    mgr = CaptureManager(CaptureStore(tmp_path / "caps", 10**6), None, NsysExecutor(nsys=str(exe)),
+                         pids_for_ranks=lambda j, r: {0: 10, 1: 11})
+    cid = mgr.handle(Command("capture", "job1", (1,), {"tool": "nsys", "duration_ms": "100"}))
+    assert cid and mgr.wait_idle(30)
+    assert mgr.store.read(cid)["sessions"] == ["perfd-job1-r1"]
+    other = mgr.handle(Command("capture", "job2", (), {"tool": "nsys", "duration_ms": "100"}))
+    assert other and mgr.wait_idle(30)
+    reason = mgr.store.read(other)["reason"]
+    assert "Session perfd-job2 not found" in reason and "perfd launch --nsys" in reason
+
+
+def test_nsys_step_aligned_range_through_the_hook(tmp_path):
+    exe, _ = make_fake_nsys(tmp_path)
+    range_dir = tmp_path / "caps" / "nsys-ranges"
+    ex = NsysExecutor(nsys=str(exe), range_dir=range_dir)
+    base = ex.range_base("job1", 1)
+    assert base is not None
+    base.parent.mkdir(parents=True)
+    asked: list[tuple[int, int, int]] = []
+    mgr: CaptureManager
+
+    def hook(rank: int, start: int, n: int) -> int:
+        asked.append((rank, start, n))
+
+        def training() -> None:  # the hook's answers, then nsys writing the range's report
+            time.sleep(0.1)
+            for state in ("accepted", "started"):
+                mgr.on_hook_event({"kind": "hook_profile", "request_id": 9, "state": state, "step": 42,
+                                   "rank": rank, "time": time.time()})
+            time.sleep(0.2)
+            (base.parent / "rank1.1.nsys-rep").write_bytes(b"R" * 100)
+
+        threading.Thread(target=training, daemon=True).start()
+        return 9
+
+    mgr = CaptureManager(CaptureStore(tmp_path / "caps", 10**6), None, ex, hook_requester=hook,
+                         pids_for_ranks=lambda j, r: {1: 11}, settle_s=0.2, hook_last_step=lambda r: 40)
+    cid = mgr.handle(Command("capture", "job1", (1,), {"tool": "nsys", "steps": "2"}))
+    assert cid and mgr.wait_idle(30)
+    m = mgr.store.read(cid)
+    assert m["status"] == "ok", m["reason"]
+    assert asked == [(1, 42, 2)] and m["mode"] == "range" and m["steps"] == {"start": 42, "count": 2}
+    assert [a["name"] for a in m["artifacts"]] == ["rank1_rank1.1.nsys-rep", "rank1_rank1.1.sqlite"]
+    assert not (base.parent / "rank1.1.nsys-rep").exists()  # moved into the capture
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch_available(), reason="torch is not installed (CPU torch enables this test)")
+def test_real_torch_process_end_to_end(tmp_path):
+    sdir = Path(tempfile.mkdtemp(prefix="pk", dir="/tmp"))
+    store = CaptureStore(tmp_path / "captures", 10**8)
+    env = kineto_env(poll_s=1, config_dir=tmp_path, socket_dir=str(sdir), trace_dir=store.root)
+    events: list[dict[str, Any]] = []
+    with KinetoDaemon(socket_dir=str(sdir)) as daemon:
+        proc = start_torch_job(tmp_path, env, 30)
+        mgr = CaptureManager(store, daemon, pids_for_ranks=lambda j, r: {0: proc.pid}, emit=events.append)
+        try:
+            deadline = time.time() + 20
+            while proc.pid not in daemon.requests_seen and time.time() < deadline:
+                time.sleep(0.1)
+            if proc.pid not in daemon.requests_seen:
+                pytest.skip("this torch build never polled the daemon")
+            cid = mgr.handle(Command("capture", "cpu-job", (0,), {"steps": "3", "timeout_s": "40"}))
+            assert cid and mgr.wait_idle(45)
+        finally:
+            mgr.close()
+            proc.kill()
+            proc.communicate()
+            shutil.rmtree(sdir, ignore_errors=True)
+    m = store.read(cid)
+    assert m["status"] == "ok", m["reason"]
+    assert m["artifacts"][0]["name"] == f"rank0_{proc.pid}.json" and m["artifacts"][0]["bytes"] > 1000
+    assert m["latency_s"] <= 1.5
+    assert m["analysis"]["0"]["devices"] == []  # CPU only: no kernels, and nothing invented
+    assert kinds(events) == ["capture_started", "capture_finished"]
+    assert os.path.exists(m["artifacts"][0]["path"])

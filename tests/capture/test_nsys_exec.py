@@ -1,0 +1,187 @@
+"""nsys command lines and the executor, against a stand-in ``nsys`` (a script that logs its argv,
+keeps sessions in a folder, writes a report on ``stop`` and a real-schema SQLite on ``export``)."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from perfd.capture.nsys_exec import (
+    NsysError,
+    NsysExecutor,
+    nsys_launch_argv,
+    nsys_range_argv,
+    range_reports,
+    report_path,
+    session_name,
+    wait_stable,
+)
+from perfd.capture.nsys_sqlite import NsysNotFoundError
+
+FAKE_NSYS = r'''#!{python}
+import json, os, sqlite3, sys, time
+STATE = {state!r}
+args = sys.argv[1:]
+with open(os.path.join(STATE, "calls.jsonl"), "a") as f:
+    f.write(json.dumps(args) + "\n")
+def opt(name):
+    for i, a in enumerate(args):
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+    return None
+sessions = os.path.join(STATE, "sessions")
+os.makedirs(sessions, exist_ok=True)
+cmd = args[0] if args else ""
+if os.path.exists(os.path.join(STATE, "fail_" + cmd)):
+    print("fake nsys: " + cmd + " failed on purpose", file=sys.stderr)
+    sys.exit(1)
+if cmd == "sessions":
+    print("      ID      TIME     STATE     LAUNCH NAME")
+    for i, name in enumerate(sorted(os.listdir(sessions))):
+        print(f"  {{1000 + i}}  00:01  Started  1  {{name}}")
+elif cmd == "start":
+    s = opt("--session")
+    if not os.path.exists(os.path.join(sessions, s)):
+        print(f"Session {{s}} not found", file=sys.stderr); sys.exit(1)
+    with open(os.path.join(sessions, s), "w") as f:
+        f.write(opt("-o"))
+elif cmd == "stop":
+    s = opt("--session")
+    out = open(os.path.join(sessions, s)).read()
+    with open(out + ".nsys-rep", "wb") as f:
+        f.write(b"NSYS" * 64)
+elif cmd == "cancel":
+    pass
+elif cmd == "export":
+    dest, rep = opt("-o"), args[-1]
+    con = sqlite3.connect(dest)
+    con.executescript("""
+        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER,
+            streamId INTEGER, globalPid INTEGER, shortName INTEGER, demangledName INTEGER);
+        CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INTEGER, utcTime TEXT, localTime TEXT);
+        INSERT INTO StringIds VALUES (1, 'gemm'), (2, 'ncclDevKernel_AllReduce');
+        INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (1000000, 3000000, 0, 7, 0, 1, 1);
+        INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (2000000, 5000000, 0, 13, 0, 2, 2);
+        INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (1700000000000000000, '', '');
+    """)
+    con.commit(); con.close()
+elif cmd == "--version":
+    print("NVIDIA Nsight Systems version 2025.3.1 (fake)")
+else:
+    print("unknown command", file=sys.stderr); sys.exit(2)
+'''
+
+
+def make_fake_nsys(tmp: Path, sessions: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """(nsys script, state folder); ``sessions`` exist as if started by ``nsys launch``."""
+    state = tmp / "nsys-state"
+    (state / "sessions").mkdir(parents=True, exist_ok=True)
+    for s in sessions:
+        (state / "sessions" / s).write_text("")
+    exe = tmp / "nsys"
+    exe.write_text(FAKE_NSYS.format(python=sys.executable, state=str(state)))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return exe, state
+
+
+def calls(state: Path) -> list[list[str]]:
+    p = state / "calls.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def test_command_lines_are_argument_lists():
+    argv = nsys_launch_argv("/x/nsys", "perfd-job", ["torchrun", "--nproc_per_node", "2", "train.py"])
+    assert argv == ["/x/nsys", "launch", "--session-new=perfd-job", "--trace=cuda,nvtx,osrt", "--sample=none",
+                    "--cpuctxsw=none", "torchrun", "--nproc_per_node", "2", "train.py"]
+    argv = nsys_range_argv("/x/nsys", "/caps/r/rank%q{RANK}", ["python", "t.py"], repeat=5)
+    assert argv[:5] == ["/x/nsys", "profile", "-c", "cudaProfilerApi", "--capture-range-end=repeat:5"]
+    assert argv[-4:] == ["-o", "/caps/r/rank%q{RANK}", "python", "t.py"]
+    with pytest.raises(ValueError):
+        nsys_launch_argv("nsys", "bad name; rm -rf /", ["x"])
+    with pytest.raises(ValueError):
+        nsys_launch_argv("nsys", "ok", [])
+    assert session_name("my job/1") == "perfd-my_job_1" and session_name("j", 3) == "perfd-j-r3"
+    assert report_path("/a/out") == Path("/a/out.nsys-rep")
+    assert report_path("/a/o.nsys-rep") == Path("/a/o.nsys-rep")
+
+
+def test_session_start_stop_export_analyze(tmp_path):
+    exe, state = make_fake_nsys(tmp_path, sessions=("perfd-j",))
+    ex = NsysExecutor(nsys=str(exe), timeout_s=20)
+    assert ex.available() is None
+    assert ex.sessions() == ["perfd-j"]
+    out = tmp_path / "cap" / "perfd-j"
+    out.parent.mkdir()
+    t = ex.start("perfd-j", out)
+    assert abs(t - time.time()) < 30
+    rep = ex.stop("perfd-j", out)
+    assert rep == out.with_name("perfd-j.nsys-rep") and rep.stat().st_size == 256
+    sqlite, analysis = ex.export_and_analyze(rep)
+    assert sqlite.suffix == ".sqlite"
+    dev = analysis.device(0)
+    assert dev.busy_ms == pytest.approx(4.0) and dev.comm_ms == pytest.approx(3.0)
+    assert dev.comm_exposed_ms == pytest.approx(2.0)
+    seen = calls(state)
+    assert ["start", "--session=perfd-j", "-o", str(out), "--force-overwrite=true"] in seen
+    assert ["stop", "--session=perfd-j"] in seen
+    assert any(c[:3] == ["export", "--type", "sqlite"] for c in seen)
+    from perfd.capture.nsys_exec import first_event_epoch
+
+    assert first_event_epoch(sqlite) == pytest.approx(1_700_000_000.001)
+
+
+def test_errors_are_clear(tmp_path, monkeypatch):
+    exe, state = make_fake_nsys(tmp_path)
+    ex = NsysExecutor(nsys=str(exe), timeout_s=20)
+    with pytest.raises(NsysError, match="Session perfd-x not found"):
+        ex.start("perfd-x", tmp_path / "o")
+    (state / "fail_sessions").write_text("")
+    with pytest.raises(NsysError, match="exited 1"):
+        ex.sessions()
+    monkeypatch.setenv("PERFD_NSYS", str(tmp_path / "missing"))
+    missing = NsysExecutor()
+    assert "PERFD_NSYS" in (missing.available() or "")
+    with pytest.raises(NsysNotFoundError):
+        missing.sessions()
+    slow = tmp_path / "slow"
+    slow.write_text(f"#!{sys.executable}\nimport time; time.sleep(30)\n")
+    slow.chmod(0o755)
+    with pytest.raises(NsysError, match="no answer within 1 s"):
+        NsysExecutor(nsys=str(slow), timeout_s=1).sessions()
+
+
+def test_range_reports_and_wait_stable(tmp_path):
+    base = tmp_path / "perfd-j" / "rank1"
+    assert range_reports(base) == {}
+    base.parent.mkdir()
+    (base.parent / "rank1.1.nsys-rep").write_bytes(b"a")
+    (base.parent / "rank10.1.nsys-rep").write_bytes(b"b")  # another rank's
+    (base.parent / "rank1.nsys-rep").write_bytes(b"c")
+    got = range_reports(base)
+    assert sorted(got) == [0, 1] and got[1].name == "rank1.1.nsys-rep"
+    assert range_reports(base, since=time.time() + 60) == {}
+    growing = tmp_path / "growing"
+    growing.write_bytes(b"x")
+
+    def grow() -> None:
+        for _ in range(5):
+            time.sleep(0.1)
+            with growing.open("ab") as f:
+                f.write(b"x" * 100)
+
+    t = threading.Thread(target=grow)
+    t.start()
+    got_files = wait_stable(lambda: [growing], timeout_s=10, settle_s=0.4, poll_s=0.05)
+    t.join()
+    assert got_files == [growing] and growing.stat().st_size == 501
+    assert wait_stable(lambda: [], timeout_s=0.2, poll_s=0.05) is None
+
