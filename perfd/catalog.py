@@ -37,6 +37,8 @@ LABELS: dict[str, str] = {
     "link": "NVLink index",
     "tool": "capture tool (kineto, nsys)",
     "status": "capture outcome (ok, failed, skipped)",
+    "group": "parallel group class of a process group (tp, cp, ep, dp, pp, world, other)",
+    "scope": "link a process group crosses (intra-node, inter-node, unknown)",
 }
 
 
@@ -46,7 +48,7 @@ class MetricDef:
     kind: Kind
     unit: str  # "ratio" (a share in [0, 1]), "times" (a quotient >= 0, e.g. max/min), "seconds",
     # "bytes", "bytes_per_second", "watts", "joules", "celsius", "hertz", "tflops", "count", "info",
-    # "bitmask", "iteration", "loss"
+    # "bitmask", "iteration", "loss", "tokens", "tokens_per_second", "requests_per_second"
     description: str
     source: str
     labels: tuple[str, ...]
@@ -64,6 +66,12 @@ _GPM = "collectors/nvml (GPM, Hopper and newer; absent elsewhere)"
 _HOST = "collectors/host (psutil)"
 _AGENT = "perfd agent"
 _AGGREGATOR = "perfd aggregator"
+_SERVING = "collectors/sglang (scheduler log lines, else /metrics) via perfd.analytics.serving"
+_SERVING_LOG = "collectors/sglang (scheduler log lines) via perfd.analytics.serving"
+_SERVING_METRICS = ("collectors/sglang (/metrics histograms, --enable-metrics) via "
+                    "perfd.analytics.serving_histogram")
+_SERVING_ANALYTICS = "perfd.analytics.serving over collectors/sglang + model spec"
+_NCCL = "collectors/nccl (Flight Recorder, NCCL Inspector) + perfd.analytics.collectives"
 
 CATALOG: tuple[MetricDef, ...] = (
     # --- job: training -------------------------------------------------------------------
@@ -87,8 +95,23 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_job_comm_exposed_pp_ratio", "gauge", "ratio",
        "Exposed pipeline p2p send/recv wait ÷ step (includes waiting for the peer stage)", _ANALYTICS, JOB),
     _m("perfd_job_comm_total_ratio", "gauge", "ratio",
-       "Union of collective/p2p time ÷ step (NCCL Inspector, Flight Recorder, captures)",
-       "collectors/nccl, captures", JOB),
+       "Union of collective/p2p time ÷ step, median over ranks of each rank's median over its latest "
+       "iterations (Flight Recorder durations; needs TORCH_NCCL_ENABLE_TIMING=1)", _NCCL, JOB),
+    _m("perfd_job_comm_total_group_ratio", "gauge", "ratio",
+       "Union of one parallel group class's collective time ÷ step (group from process-group ranks "
+       "and the job layout)", _NCCL, (*JOB, "group")),
+    _m("perfd_job_collective_busbw_bytes_per_second", "gauge", "bytes_per_second",
+       "Median achieved bus bandwidth of ops ≥ 64 MiB (nccl-tests factors; per op the member with "
+       "the shortest duration)", _NCCL, (*JOB, "group", "scope")),
+    _m("perfd_job_collective_busbw_link_ratio", "gauge", "ratio",
+       "Achieved bus bandwidth ÷ the capability of the link the group crosses (NVLink, network)",
+       _NCCL, (*JOB, "group", "scope")),
+    _m("perfd_job_collective_hang_active", "gauge", "count",
+       "Collectives stuck past the agents' hang threshold and not yet completed (all agents merged)",
+       _NCCL, JOB),
+    _m("perfd_job_collective_last_arrival_ratio", "gauge", "ratio",
+       "Share of collectives (with a clear spread) where this rank had the shortest duration: the "
+       "others waited for it", _NCCL, (*JOB, "rank")),
     _m("perfd_job_pp_bubble_analytic_ratio", "gauge", "ratio",
        "Analytic pipeline bubble (p−1)/(m+p−1), interleaved (p−1)/(v·m+p−1)", _ANALYTICS, JOB),
     _m("perfd_job_pp_stage_idle_max_ratio", "gauge", "ratio",
@@ -116,6 +139,56 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_job_nan_iterations_total", "counter", "count", "Iterations with a NaN loss", _MEGATRON, JOB),
     _m("perfd_job_bottleneck_info", "gauge", "info",
        "1 for the job's current bottleneck class (label class)", _ANALYTICS, (*JOB, "class")),
+    # --- job: serving (SGLang) --------------------------------------------------------------
+    _m("perfd_serving_input_throughput_tokens_per_second", "gauge", "tokens_per_second",
+       "Prompt tokens computed per second (cached prefix tokens excluded), over the window",
+       _SERVING, JOB),
+    _m("perfd_serving_gen_throughput_tokens_per_second", "gauge", "tokens_per_second",
+       "Generated (decode) tokens per second, over the window", _SERVING, JOB),
+    _m("perfd_serving_running_requests", "gauge", "count",
+       "Requests in the running batch (mean over the window)", _SERVING, JOB),
+    _m("perfd_serving_queued_requests", "gauge", "count",
+       "Requests waiting in the queue (mean over the window)", _SERVING, JOB),
+    _m("perfd_serving_queue_growth_requests_per_second", "gauge", "requests_per_second",
+       "Least-squares slope of the queue length over the window (> 0: the queue grows)", _SERVING_LOG, JOB),
+    _m("perfd_serving_batch_fill_ratio", "gauge", "ratio",
+       "Running requests ÷ max_running_requests (start-up line)", _SERVING_LOG, JOB),
+    _m("perfd_serving_kv_cache_usage_ratio", "gauge", "ratio",
+       "KV cache pool usage ('token usage'; hybrid models: the fuller pool), mean over the window",
+       _SERVING, JOB),
+    _m("perfd_serving_prefix_cache_hit_ratio", "gauge", "ratio",
+       "Prompt tokens served from the prefix (radix) cache ÷ all prompt tokens, over the window",
+       _SERVING, JOB),
+    _m("perfd_serving_prefix_cache_hit_batches_ratio", "gauge", "ratio",
+       "Share of prefill batches that reused any cached prefix (do prompts share prefixes?)",
+       _SERVING_LOG, JOB),
+    _m("perfd_serving_ttft_p50_seconds", "gauge", "seconds",
+       "Median time to first token over the window (Δ histogram between scrapes)", _SERVING_METRICS, JOB),
+    _m("perfd_serving_ttft_p99_seconds", "gauge", "seconds",
+       "P99 time to first token over the window (Δ histogram between scrapes)", _SERVING_METRICS, JOB),
+    _m("perfd_serving_itl_p50_seconds", "gauge", "seconds",
+       "Median inter-token latency over the window (inter_token_latency or time_per_output_token histogram)",
+       _SERVING_METRICS, JOB),
+    _m("perfd_serving_itl_p99_seconds", "gauge", "seconds",
+       "P99 inter-token latency over the window (inter_token_latency or time_per_output_token histogram)",
+       _SERVING_METRICS, JOB),
+    _m("perfd_serving_e2e_latency_p50_seconds", "gauge", "seconds",
+       "Median end-to-end request latency over the window", _SERVING_METRICS, JOB),
+    _m("perfd_serving_e2e_latency_p99_seconds", "gauge", "seconds",
+       "P99 end-to-end request latency over the window", _SERVING_METRICS, JOB),
+    _m("perfd_serving_cuda_graph_ratio", "gauge", "ratio",
+       "Share of logged decode batches that ran with CUDA graphs", _SERVING_LOG, JOB),
+    _m("perfd_serving_spec_accept_length", "gauge", "tokens",
+       "Speculative decoding: mean accepted tokens per step ('accept len')", _SERVING, JOB),
+    _m("perfd_serving_decode_mbu_ratio", "gauge", "ratio",
+       "Decode memory-bandwidth utilisation: (weights + KV in use) bytes per step × steps/s ÷ peak "
+       "bandwidth, per GPU", _SERVING_ANALYTICS + " + perfd.analytics.gpus bandwidth table", JOB),
+    _m("perfd_serving_decode_mfu_ratio", "gauge", "ratio",
+       "Decode model FLOPs utilisation: 2·N_active × generated tokens/s ÷ (GPUs × peak dense FLOP/s)",
+       _SERVING_ANALYTICS + " + perfd.analytics.gpus peak table", JOB),
+    _m("perfd_serving_prefill_mfu_ratio", "gauge", "ratio",
+       "Prefill model FLOPs utilisation: 2·N_active × computed prompt tokens/s ÷ (GPUs × peak dense FLOP/s)",
+       _SERVING_ANALYTICS + " + perfd.analytics.gpus peak table", JOB),
     # --- GPU ------------------------------------------------------------------------------
     _m("perfd_gpu_utilization_ratio", "gauge", "ratio",
        "NVML utilisation: share of time a kernel was resident (not SM busy)", _NVML, GPU),
@@ -192,6 +265,10 @@ CATALOG: tuple[MetricDef, ...] = (
        _AGGREGATOR, ()),
     _m("perfd_aggregator_agents_connected", "gauge", "count", "Agents with an open stream", _AGGREGATOR,
        ()),
+    _m("perfd_aggregator_collective_records_total", "counter", "count",
+       "Collective records ingested (Flight Recorder, NCCL Inspector)", _AGGREGATOR, ()),
+    _m("perfd_aggregator_collective_records_dropped_total", "counter", "count",
+       "Collective records dropped oldest-first beyond the per-job retention", _AGGREGATOR, ()),
     _m("perfd_aggregator_agent_dropped_samples_total", "counter", "count",
        "Samples the agents report their spools dropped (oldest first, beyond the cap)", _AGGREGATOR, ()),
     _m("perfd_agent_captures_total", "counter", "count", "Captures run, by tool and outcome", _AGENT,

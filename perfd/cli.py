@@ -27,6 +27,9 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     m.add_argument("--json", action="store_true", help="print JSON instead of the text report")
     m.add_argument("--iterations", action="store_true",
                    help="text mode: also print a per-iteration table")
+    from perfd.commands.analyze import add_sglang_arguments
+
+    add_sglang_arguments(asub.add_parser("sglang", help="analyse an SGLang server log (and its /metrics)"))
 
 
 def _add_catalog(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -85,8 +85,16 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
                     megatron_log: str | None = None, nvml: str | None = None,
                     metrics_port: int | None = None, node: str | None = None,
                     agent_id: str | None = None, spool_dir: str | None = None,
-                    host: bool | None = None) -> AgentConfig:
-    """Command-line flags win over the file (so a job can be watched without a config file)."""
+                    host: bool | None = None, launch_manifest: str | None = None) -> AgentConfig:
+    """Command-line flags win over the file (so a job can be watched without a config file).
+
+    ``launch_manifest``: a `perfd launch` manifest; its job name (unless ``job`` is given) and the
+    collectors that read what the launch set up (megatron on its log, nccl on its Flight Recorder
+    dumps, hook on its socket). Its paths win over the file's; the file's other keys (intervals,
+    thresholds) stay.
+    """
+    if launch_manifest is not None:
+        _apply_manifest(cfg, launch_manifest)
     if aggregator is not None:
         cfg.aggregator = aggregator or None
     if job is not None:
@@ -118,3 +126,25 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
     elif "host" not in cfg.collectors:
         cfg.collectors["host"] = {}
     return cfg.finish()
+
+
+def _apply_manifest(cfg: AgentConfig, path: str) -> None:
+    from perfd.launch import load_manifest
+
+    try:
+        m = load_manifest(path)
+    except ValueError as exc:
+        raise ConfigError(f"--launch-manifest: {exc}") from exc
+    cfg.job = m["job"]
+    for name, conf in m["collectors"].items():
+        if not isinstance(conf, dict):
+            raise ConfigError(f"--launch-manifest {path}: collectors.{name} must be a mapping")
+        _deep_merge(cfg.collectors.setdefault(name, {}), conf)
+
+
+def _deep_merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _deep_merge(into[k], v)
+        else:
+            into[k] = v

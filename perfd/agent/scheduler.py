@@ -84,7 +84,7 @@ class Scheduler:
                 out = Collected()
             st.runs += 1
             st.last_duration_s = time.monotonic() - t0
-            if out.samples or out.steps or out.events or out.job_info:
+            if out.samples or out.steps or out.events or out.job_info or out.collectives:
                 st.samples += len(out.samples)
                 st.steps += len(out.steps)
                 st.events += len(out.events)

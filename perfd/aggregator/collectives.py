@@ -12,6 +12,7 @@ Retention: the newest ``max_records_per_job`` records per job (oldest dropped fi
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -149,3 +150,36 @@ def metric_rows(job: str, a: CollectiveAnalysis, per_rank: bool = True) -> list[
                 rows.append(({**lab, "rank": str(w.rank)}, "perfd_job_collective_last_arrival_ratio",
                              w.last_share))
     return rows
+
+
+def collective_configs(inter_link: str | None = None, inter: Sequence[str] = (),
+                       intra: Sequence[str] = ()) -> tuple[CollectiveConfig, dict[str, CollectiveConfig]]:
+    """(default, per job) from command-line values ``[JOB=]GBS`` (bus bandwidth in GB/s that the
+    inter-node network / the intra-node link reaches per GPU). Raises ValueError with the bad value."""
+    from perfd.analytics.collective_groups import LINKS
+
+    base = CollectiveConfig()
+    if inter_link is not None:
+        if inter_link not in LINKS:
+            raise ValueError(f"unknown link {inter_link!r}; known: {', '.join(sorted(LINKS))}")
+        base.inter_node_link = inter_link
+    per_job: dict[str, dict[str, float]] = {}
+    for field_name, values in (("inter_node_busbw_gbs", inter), ("intra_node_busbw_gbs", intra)):
+        for v in values:
+            job, sep, num = v.rpartition("=")
+            try:
+                gbs = float(num)
+            except ValueError:
+                raise ValueError(f"{v!r}: expected [JOB=]GBS, e.g. 25 or llama=50") from None
+            if gbs <= 0:
+                raise ValueError(f"{v!r}: bandwidth must be > 0")
+            if sep:
+                per_job.setdefault(job, {})[field_name] = gbs
+            else:
+                setattr(base, field_name, gbs)
+    out: dict[str, CollectiveConfig] = {}
+    for job, kw in per_job.items():
+        cfg = out[job] = dataclasses.replace(base)
+        for key, gbs_value in kw.items():
+            setattr(cfg, key, gbs_value)
+    return base, out

@@ -6,12 +6,13 @@ import asyncio
 import logging
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.state import AggregatorState, LabelKey
 from perfd.aggregator.wandb_sync import WandbSync
+from perfd.analytics.collectives import CollectiveConfig
 from perfd.jobinfo_json import job_info_from_json
 from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import default_pack_path, load_pack
@@ -39,6 +40,9 @@ class AggregatorConfig:
     wandb_mode: str = "offline"  # offline (no server; `wandb sync` later) | online | disabled
     wandb_dir: str | None = None  # where runs are written (default: ./perfd-wandb)
     wandb_interval_s: float = 10.0
+    # Collective analysis (link capabilities): the default and per-job overrides.
+    collectives: CollectiveConfig | None = None
+    collectives_per_job: dict[str, CollectiveConfig] = field(default_factory=dict)
 
 
 class Aggregator:
@@ -46,6 +50,9 @@ class Aggregator:
         self.cfg = cfg
         self.state = AggregatorState(cfg.max_iterations_per_job, gpu_override=cfg.gpu,
                                      peak_tflops=cfg.peak_tflops)
+        if cfg.collectives is not None:  # link capabilities for the collective analysis
+            self.state.collectives.config = cfg.collectives
+        self.state.collectives.job_config.update(cfg.collectives_per_job)
         self.server = IngestServer(self.on_batch, self._on_hello)
         self.http: HttpServer | None = None
         self.grpc_port = 0

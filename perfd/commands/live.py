@@ -28,9 +28,17 @@ def _agent(args: argparse.Namespace) -> int:
 
 
 def _aggregator(args: argparse.Namespace) -> int:
+    from perfd.aggregator.collectives import collective_configs
     from perfd.aggregator.main import AggregatorConfig, run_aggregator
 
-    cfg = AggregatorConfig(grpc_host=args.grpc_host, grpc_port=args.grpc_port,
+    try:
+        coll, coll_jobs = collective_configs(args.inter_node_link, args.inter_node_busbw_gbs or (),
+                                             args.intra_node_busbw_gbs or ())
+    except ValueError as exc:
+        print(f"perfd aggregator: {exc}", file=sys.stderr)
+        return 2
+    cfg = AggregatorConfig(collectives=coll, collectives_per_job=coll_jobs,
+                           grpc_host=args.grpc_host, grpc_port=args.grpc_port,
                            http_host=args.http_host, http_port=args.http_port, gpu=args.gpu,
                            peak_tflops=args.peak_tflops,
                            rules_files=[] if args.no_rules else args.rules,
@@ -80,6 +88,14 @@ def register(sub: SubParsers) -> None:
     g.add_argument("--gpu", help="GPU name for the peak table when agents do not report one")
     g.add_argument("--peak-tflops", type=float, help="override the peak dense TFLOP/s per GPU")
     g.add_argument("--ready-file", help="write 'GRPC_PORT HTTP_PORT' here once listening")
+    g.add_argument("--inter-node-link", help="network link type between nodes for the collective "
+                   "bandwidth check: ib-100g, ib-200g (default: 25 GB/s per GPU), ib-400g, ib-800g")
+    g.add_argument("--inter-node-busbw-gbs", action="append", metavar="[JOB=]GBS",
+                   help="bus bandwidth (GB/s per GPU) the inter-node network reaches, for all jobs or "
+                   "JOB (repeatable); overrides --inter-node-link")
+    g.add_argument("--intra-node-busbw-gbs", action="append", metavar="[JOB=]GBS",
+                   help="bus bandwidth (GB/s) of the link inside a node (default: from the GPU model, "
+                   "e.g. NVLink 4 = 450)")
     g.add_argument("--no-rank-series", action="store_true",
                    help="leave per-rank series (perfd_job_rank_*) out of /metrics: bounds label "
                    "cardinality for very large jobs; the JSON API still has them")

@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 
 from perfd import __version__
-from perfd.model import Sample, StepRecord
+from perfd.model import CollectiveRecord, Sample, StepRecord
 from perfd.transport.codec import (
     Command,
     SeriesTable,
@@ -132,6 +132,7 @@ class AgentClient:
         *,
         columns: tuple[Sequence[int], Sequence[int], Sequence[float]] | None = None,
         job_info_json: Mapping[str, str] | None = None,
+        collectives: Iterable[CollectiveRecord] = (),
     ) -> int:
         """Encode and spool one batch; returns its seq (0 if there was nothing to send).
 
@@ -147,8 +148,9 @@ class AgentClient:
             seq = self.spool.next_seq()
             batch = encode_batch(self.agent_id, seq, samples, steps, events, self.table, columns=columns,
                                  job_info_json=job_info_json, dropped_batches=self.spool.dropped_batches,
-                                 dropped_samples=self.spool.dropped_samples)
-            if not (batch.values or batch.steps or batch.events or batch.job_info_json or batch.series):
+                                 dropped_samples=self.spool.dropped_samples, collectives=collectives)
+            if not (batch.values or batch.steps or batch.events or batch.job_info_json or batch.series
+                    or batch.collectives):
                 return 0
             data = batch.SerializeToString()
             if len(data) > self.max_batch_bytes:

@@ -44,7 +44,8 @@ def test_names_follow_conventions() -> None:
     names = catalog.names()
     assert len(names) == len(set(names)), "duplicate metric names"
     for m in catalog.CATALOG:
-        assert re.fullmatch(r"perfd_(job|gpu|host|agent|aggregator)_[a-z0-9]+(_[a-z0-9]+)*", m.name), m.name
+        domain = r"perfd_(job|serving|gpu|host|agent|aggregator)_"
+        assert re.fullmatch(domain + r"[a-z0-9]+(_[a-z0-9]+)*", m.name), m.name
         assert m.kind in ("gauge", "counter", "histogram")
         assert (m.kind == "counter") == m.name.endswith("_total"), m.name
         base = m.name.removesuffix("_total")
@@ -64,7 +65,7 @@ def test_labels_are_bounded_and_never_job() -> None:
         assert "job" not in m.labels, m.name  # reserved by Prometheus: the label is job_name
         assert set(m.labels) <= set(catalog.LABELS), (m.name, m.labels)
         assert len(m.labels) == len(set(m.labels))
-        if m.name.startswith("perfd_job_"):
+        if m.name.startswith(("perfd_job_", "perfd_serving_")):
             assert m.labels[0] == "job_name"
         if m.name.startswith("perfd_gpu_"):
             assert m.labels[:2] == ("node", "gpu")

@@ -57,7 +57,7 @@ class SeriesDef(_message.Message):
     def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("agent_id", "seq", "created_ns", "series", "series_ids", "timestamps_ns", "values", "steps", "events", "job_info_json", "dropped_batches", "dropped_samples")
+    __slots__ = ("agent_id", "seq", "created_ns", "series", "series_ids", "timestamps_ns", "values", "steps", "events", "job_info_json", "dropped_batches", "dropped_samples", "collectives", "rank_lists")
     class JobInfoJsonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,8 @@ class Batch(_message.Message):
     JOB_INFO_JSON_FIELD_NUMBER: _ClassVar[int]
     DROPPED_BATCHES_FIELD_NUMBER: _ClassVar[int]
     DROPPED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    RANK_LISTS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     seq: int
     created_ns: int
@@ -89,7 +91,77 @@ class Batch(_message.Message):
     job_info_json: _containers.ScalarMap[str, str]
     dropped_batches: int
     dropped_samples: int
-    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_ns: _Optional[int] = ..., series: _Optional[_Iterable[_Union[SeriesDef, _Mapping]]] = ..., series_ids: _Optional[_Iterable[int]] = ..., timestamps_ns: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., dropped_batches: _Optional[int] = ..., dropped_samples: _Optional[int] = ...) -> None: ...
+    collectives: _containers.RepeatedCompositeFieldContainer[CollectiveRecord]
+    rank_lists: _containers.RepeatedCompositeFieldContainer[RankList]
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_ns: _Optional[int] = ..., series: _Optional[_Iterable[_Union[SeriesDef, _Mapping]]] = ..., series_ids: _Optional[_Iterable[int]] = ..., timestamps_ns: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., dropped_batches: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., collectives: _Optional[_Iterable[_Union[CollectiveRecord, _Mapping]]] = ..., rank_lists: _Optional[_Iterable[_Union[RankList, _Mapping]]] = ...) -> None: ...
+
+class RankList(_message.Message):
+    __slots__ = ("ranks",)
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CollectiveRecord(_message.Message):
+    __slots__ = ("job", "source", "op", "rank", "raw_op", "pg_id", "pg_name", "pg_desc", "comm_id", "pg_ranks_index", "group_rank", "group_size", "nnodes", "collective_seq_id", "p2p_seq_id", "is_p2p", "peer", "bytes", "dtype", "state", "time_created_ns", "time_completed_ns", "duration_ms", "algbw_gbs", "busbw_gbs", "timing_source", "host", "pid", "provenance")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    RAW_OP_FIELD_NUMBER: _ClassVar[int]
+    PG_ID_FIELD_NUMBER: _ClassVar[int]
+    PG_NAME_FIELD_NUMBER: _ClassVar[int]
+    PG_DESC_FIELD_NUMBER: _ClassVar[int]
+    COMM_ID_FIELD_NUMBER: _ClassVar[int]
+    PG_RANKS_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NNODES_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    P2P_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    IS_P2P_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TIME_CREATED_NS_FIELD_NUMBER: _ClassVar[int]
+    TIME_COMPLETED_NS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    ALGBW_GBS_FIELD_NUMBER: _ClassVar[int]
+    BUSBW_GBS_FIELD_NUMBER: _ClassVar[int]
+    TIMING_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    PROVENANCE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    source: str
+    op: str
+    rank: int
+    raw_op: str
+    pg_id: int
+    pg_name: str
+    pg_desc: str
+    comm_id: str
+    pg_ranks_index: int
+    group_rank: int
+    group_size: int
+    nnodes: int
+    collective_seq_id: int
+    p2p_seq_id: int
+    is_p2p: bool
+    peer: int
+    bytes: int
+    dtype: str
+    state: str
+    time_created_ns: int
+    time_completed_ns: int
+    duration_ms: float
+    algbw_gbs: float
+    busbw_gbs: float
+    timing_source: str
+    host: str
+    pid: int
+    provenance: Provenance
+    def __init__(self, job: _Optional[str] = ..., source: _Optional[str] = ..., op: _Optional[str] = ..., rank: _Optional[int] = ..., raw_op: _Optional[str] = ..., pg_id: _Optional[int] = ..., pg_name: _Optional[str] = ..., pg_desc: _Optional[str] = ..., comm_id: _Optional[str] = ..., pg_ranks_index: _Optional[int] = ..., group_rank: _Optional[int] = ..., group_size: _Optional[int] = ..., nnodes: _Optional[int] = ..., collective_seq_id: _Optional[int] = ..., p2p_seq_id: _Optional[int] = ..., is_p2p: _Optional[bool] = ..., peer: _Optional[int] = ..., bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., state: _Optional[str] = ..., time_created_ns: _Optional[int] = ..., time_completed_ns: _Optional[int] = ..., duration_ms: _Optional[float] = ..., algbw_gbs: _Optional[float] = ..., busbw_gbs: _Optional[float] = ..., timing_source: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ...) -> None: ...
 
 class StepRecord(_message.Message):
     __slots__ = ("job", "iteration", "rank", "scope", "end_time", "train_iters", "step_time_ms", "logged_tflops_per_gpu", "consumed_samples", "global_batch_size", "learning_rate", "lm_loss", "loss_scale", "grad_norm", "skipped_iterations", "nan_iterations", "interval", "fields", "timers", "straggler", "memory_mb", "source", "disturbed_by_capture")

@@ -1,0 +1,51 @@
+"""`perfd launch [options] -- CMD ...`: argument parsing; the work is in perfd/launch.py."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from perfd.launch import LaunchOptions, run_launch
+
+    return run_launch(LaunchOptions(
+        command=list(args.cmd), job=args.job, agent_socket=args.agent_socket,
+        flight_recorder=args.flight_recorder, fr_timing=args.fr_timing, fr_buffer=args.fr_buffer,
+        kineto=args.kineto, nsys_session=args.nsys, nsys_trace=args.nsys_trace, log=args.log,
+        manifest=args.manifest, run_dir=args.run_dir))
+
+
+def register(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "launch", help="run a training command with the environment perfd needs (Flight Recorder, "
+        "Kineto daemon mode, nsys session, step hook socket), tee its output to a log",
+        description="Runs CMD (an argument list, never a shell string), copies its output to the "
+        "terminal and to --log, passes SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to its process "
+        "group and exits with its status (128+N when killed by signal N). Writes a JSON manifest "
+        "for `perfd agent --launch-manifest FILE`.")
+    p.add_argument("--job", default="default", help="job name (PERFD_JOB; default: %(default)s)")
+    p.add_argument("--agent-socket", help="the step hook's socket, where the agent's hook collector "
+                   "listens (PERFD_HOOK_SOCKET; default: $PERFD_HOOK_SOCKET or /tmp/perfd-hook.sock)")
+    p.add_argument("--flight-recorder", metavar="DIR", help="set up PyTorch Flight Recorder dumps in "
+                   "DIR (dump FIFOs <DIR>/frp_<rank>.pipe, dumps <DIR>/fr_dump_<rank>)")
+    p.add_argument("--fr-timing", action="store_true", help="also TORCH_NCCL_ENABLE_TIMING=1 (collective "
+                   "durations, needed for the communication share). Opt-in: with "
+                   "CUDA_DEVICE_MAX_CONNECTIONS=1 it can break compute/communication overlap "
+                   "(PyTorch issue 143890); measure its cost first")
+    p.add_argument("--fr-buffer", type=int, default=2000, help="Flight Recorder ring entries "
+                   "(default: %(default)s); dump more often than the ring takes to wrap")
+    p.add_argument("--kineto", action="store_true", help="Kineto daemon mode (KINETO_USE_DAEMON=1, a "
+                   "1 s config poll) so perfd can trace the running job on demand")
+    p.add_argument("--nsys", metavar="SESSION", help="run under `nsys launch --session-new=SESSION` "
+                   "(nsys from $PERFD_NSYS, PATH or the known install path)")
+    p.add_argument("--nsys-trace", default="cuda,nvtx,osrt", help="nsys --trace (default: %(default)s)")
+    p.add_argument("--log", help="copy of the command's output (default: <run dir>/output.log)")
+    p.add_argument("--manifest", help="launch manifest (default: <run dir>/launch.json)")
+    p.add_argument("--run-dir", help="directory for the log, manifest and Kineto config "
+                   "(default: $TMPDIR/perfd-launch/<job>)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS ...]")
+    p.set_defaults(handler=_launch)

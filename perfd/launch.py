@@ -1,0 +1,363 @@
+"""`perfd launch`: run a training command with the environment perfd needs, and watch it.
+
+``perfd launch [--job NAME] [--flight-recorder DIR] [--fr-timing] [--kineto] [--nsys SESSION]
+[--agent-socket PATH] [--log FILE] [--manifest FILE] -- CMD ...``
+
+- The command is an argument list, never a shell string.
+- Environment added to the inherited one (and listed in the manifest):
+  ``PERFD_JOB``, ``PERFD_LAUNCH_MANIFEST``, ``PERFD_HOOK_SOCKET`` (where the optional step hook
+  sends, :mod:`perfd.hook`), ``PYTHONUNBUFFERED=1`` unless already set (log lines reach the agent
+  as they are printed, not when a 8 KiB buffer fills);
+  with ``--flight-recorder DIR``: the FIFO and dump paths of PyTorch's Flight Recorder
+  (:func:`collectors.nccl.env_for_flight_recorder`); ``--fr-timing`` adds
+  ``TORCH_NCCL_ENABLE_TIMING=1`` (fills ``duration_ms``, which the communication share needs).
+  Timing is opt-in: it records a CUDA event before every collective, and under
+  ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (Megatron's setting for TP/SP overlap) that can serialize
+  communication behind compute (PyTorch issue 143890). Measure its cost on the job
+  (``tests/gpu/verify_nccl_live.py`` does, paired runs) before leaving it on;
+  with ``--kineto``: ``KINETO_USE_DAEMON=1`` and ``KINETO_CONFIG`` naming a base config that makes
+  PyTorch ask perfd's Kineto daemon for a trace config every second
+  (:func:`perfd.capture.kineto_daemon.kineto_env`).
+- ``--nsys SESSION`` wraps the command in ``nsys launch --session-new=SESSION ...``
+  (:func:`perfd.capture.nsys_exec.nsys_launch_argv`; nsys from ``$PERFD_NSYS``, ``PATH`` or the
+  known install path; a clear error when it is missing).
+- The command's stdout and stderr (one pipe, so their interleaving is kept) are copied to this
+  terminal and to ``--log`` (default ``<run dir>/output.log``) as they arrive, byte for byte,
+  partial lines included: the agent's log collectors tail that file.
+- SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed to the command's process group
+  (the command runs in a session of its own, so Ctrl-C reaches it once, through perfd).
+- The exit status is the command's; 128 + N when it was killed by signal N; 127 when it could not
+  be started (not found), 126 when not executable, 2 for a usage error (e.g. nsys missing).
+- A JSON manifest (``--manifest``, default ``<run dir>/launch.json``) says what was set up: job,
+  pid, the variables set, the log, the dump directory, and the collector configuration an agent
+  needs (``perfd agent --launch-manifest FILE``). It is rewritten with the exit status at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+MANIFEST_VERSION = 1
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                     signal.SIGUSR2)
+FR_TIMING_NOTE = ("TORCH_NCCL_ENABLE_TIMING=1 records a CUDA event before every collective; with "
+                  "CUDA_DEVICE_MAX_CONNECTIONS=1 it can serialize communication behind compute "
+                  "(PyTorch issue 143890): measure its cost before leaving it on")
+
+
+class LaunchError(Exception):
+    """A problem found before the command starts (exit status 2)."""
+
+
+@dataclass
+class LaunchOptions:
+    command: list[str]
+    job: str = "default"
+    agent_socket: str | None = None  # the hook's socket (PERFD_HOOK_SOCKET)
+    flight_recorder: str | None = None  # dump directory; None: Flight Recorder not set up
+    fr_timing: bool = False
+    fr_buffer: int = 2000
+    kineto: bool = False
+    nsys_session: str | None = None
+    nsys_trace: str = "cuda,nvtx,osrt"
+    log: str | None = None
+    manifest: str | None = None
+    run_dir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # extra variables (tests, wrappers)
+
+
+@dataclass
+class LaunchPlan:
+    argv: list[str]
+    env_set: dict[str, str]  # what perfd adds to the inherited environment
+    run_dir: Path
+    log_path: Path
+    manifest_path: Path
+    hook_socket: str
+    fr_dir: Path | None = None
+    nsys: dict[str, str] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def collectors(self, job: str) -> dict[str, dict[str, Any]]:
+        """The agent collectors that read what this launch sets up (``perfd agent --launch-manifest``)."""
+        out: dict[str, dict[str, Any]] = {"megatron": {"path": str(self.log_path)},
+                                          "hook": {"socket_path": self.hook_socket}}
+        if self.fr_dir is not None:
+            out["nccl"] = {"flight_recorder": {"pipe_prefix": str(self.fr_dir / "frp_"),
+                                               "dump_prefix": str(self.fr_dir / "fr_dump_")}}
+        return out
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")[:60] or "job"
+
+
+def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -> LaunchPlan:
+    """Work out the command line, environment and paths; creates the run and dump directories.
+    Raises LaunchError for what would make the launch fail (no command, nsys missing)."""
+    from perfd.hook import wire
+
+    environ = os.environ if environ is None else environ
+    cmd = list(opts.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise LaunchError("no command given: perfd launch [options] -- CMD [ARGS ...]")
+    if opts.fr_buffer <= 0:
+        raise LaunchError("--fr-buffer must be > 0 (0 disables Flight Recorder and its dump pipe)")
+    tmp = Path(environ.get("TMPDIR") or tempfile.gettempdir())
+    run_dir = Path(opts.run_dir) if opts.run_dir else tmp / "perfd-launch" / _safe(opts.job)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = Path(opts.log) if opts.log else run_dir / "output.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    manifest = Path(opts.manifest) if opts.manifest else run_dir / "launch.json"
+    hook_socket = opts.agent_socket or environ.get(wire.SOCKET_ENV) or wire.DEFAULT_SOCKET_PATH
+    env: dict[str, str] = {"PERFD_JOB": opts.job, "PERFD_LAUNCH_MANIFEST": str(manifest.resolve()),
+                           wire.SOCKET_ENV: hook_socket}
+    if "PYTHONUNBUFFERED" not in environ:
+        env["PYTHONUNBUFFERED"] = "1"
+    plan = LaunchPlan(cmd, env, run_dir, log_path, manifest, hook_socket)
+    if opts.flight_recorder:
+        from collectors.nccl import env_for_flight_recorder
+
+        plan.fr_dir = Path(opts.flight_recorder).resolve()
+        plan.fr_dir.mkdir(parents=True, exist_ok=True)
+        env.update(env_for_flight_recorder(plan.fr_dir, buffer_entries=opts.fr_buffer, timing=opts.fr_timing))
+        if opts.fr_timing:
+            plan.notes.append(FR_TIMING_NOTE)
+    elif opts.fr_timing:
+        raise LaunchError("--fr-timing needs --flight-recorder DIR")
+    if opts.kineto:
+        from perfd.capture.kineto_daemon import kineto_env
+
+        env.update(kineto_env(poll_s=1, config_dir=run_dir))
+    env.update(opts.env)
+    if opts.nsys_session:
+        from perfd.capture.nsys_exec import nsys_launch_argv
+        from perfd.capture.nsys_sqlite import NsysNotFoundError, find_nsys
+
+        try:
+            nsys = find_nsys()
+        except NsysNotFoundError as exc:
+            raise LaunchError(str(exc)) from None
+        try:
+            plan.argv = nsys_launch_argv(nsys, opts.nsys_session, cmd, trace=opts.nsys_trace)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
+        plan.nsys = {"binary": nsys, "session": opts.nsys_session, "trace": opts.nsys_trace}
+    return plan
+
+
+def manifest_data(plan: LaunchPlan, opts: LaunchOptions, pid: int | None, status: str,
+                  started: float, exit_code: int | None = None, ended: float | None = None) -> dict[str, Any]:
+    return {
+        "version": MANIFEST_VERSION, "job": opts.job, "status": status, "pid": pid,
+        "launcher_pid": os.getpid(), "started": started, "ended": ended, "exit_code": exit_code,
+        "command": plan.argv,
+        "cwd": os.getcwd(), "env": plan.env_set, "env_keys": sorted(plan.env_set),
+        "log": str(plan.log_path.resolve()), "run_dir": str(plan.run_dir.resolve()),
+        "flight_recorder": None if plan.fr_dir is None else {
+            "dir": str(plan.fr_dir), "pipe_prefix": str(plan.fr_dir / "frp_"),
+            "dump_prefix": str(plan.fr_dir / "fr_dump_"), "timing": opts.fr_timing,
+            "buffer_entries": opts.fr_buffer},
+        "hook_socket": plan.hook_socket,
+        "kineto": {"config": plan.env_set.get("KINETO_CONFIG")} if opts.kineto else None,
+        "nsys": plan.nsys, "notes": plan.notes, "collectors": plan.collectors(opts.job),
+    }
+
+
+def write_manifest(path: Path, data: Mapping[str, Any]) -> None:
+    """Atomically (temporary file + rename): a reader never sees half a manifest."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a launch manifest; ValueError (with the reason) when it is unusable."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as exc:
+        raise ValueError(f"{p}: cannot read: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{p}: not JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
+        raise ValueError(f"{p}: not a perfd launch manifest (version {MANIFEST_VERSION})")
+    if not isinstance(data.get("collectors"), dict) or not isinstance(data.get("job"), str):
+        raise ValueError(f"{p}: manifest without 'job' or 'collectors'")
+    return data
+
+
+class Tee:
+    """Copies everything read from ``fd`` to each output as it arrives (bytes, partial lines too).
+
+    An output that fails (a closed terminal, a full disk) is dropped and counted; the others go on.
+    After :meth:`finish` the thread reads on until end of file, or until the pipe stays quiet for
+    ``quiet_s`` (a leftover grandchild may hold it open for ever).
+    """
+
+    def __init__(self, fd: int, outputs: Sequence[IO[bytes]], quiet_s: float = 1.0) -> None:
+        self.fd = fd
+        self.outputs = list(outputs)
+        self.errors: dict[int, str] = {}
+        self.bytes = 0
+        self.quiet_s = quiet_s
+        self._finish = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="perfd-launch-tee", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        last_data = time.monotonic()
+        while True:
+            try:
+                ready, _, _ = select.select([self.fd], [], [], 0.1)
+            except (OSError, ValueError):
+                return
+            if not ready:
+                if self._finish.is_set() and time.monotonic() - last_data >= self.quiet_s:
+                    return
+                continue
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            last_data = time.monotonic()
+            self.bytes += len(chunk)
+            for i, out in enumerate(self.outputs):
+                if i in self.errors:
+                    continue
+                try:
+                    out.write(chunk)
+                    out.flush()
+                except (OSError, ValueError) as exc:
+                    self.errors[i] = repr(exc)
+
+    def finish(self, timeout_s: float = 10.0) -> None:
+        self._finish.set()
+        self._thread.join(timeout_s)
+
+
+def exit_status(returncode: int) -> int:
+    """The shell convention: a child killed by signal N exits 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_launch(opts: LaunchOptions, terminal: IO[bytes] | None = None, err: IO[str] | None = None) -> int:
+    """Run the command to completion; returns the exit status (see the module docstring)."""
+    err = err if err is not None else sys.stderr
+    terminal = terminal if terminal is not None else sys.stdout.buffer
+    try:
+        plan = plan_launch(opts)
+    except LaunchError as exc:
+        print(f"perfd launch: {exc}", file=err)
+        return 2
+    for note in plan.notes:
+        print(f"perfd launch: note: {note}", file=err)
+    started = time.time()
+    stdin = subprocess.DEVNULL if sys.stdin is None or _isatty(sys.stdin) else None
+    try:
+        log = plan.log_path.open("wb")
+    except OSError as exc:
+        print(f"perfd launch: cannot write the log {plan.log_path}: {exc.strerror}", file=err)
+        return 2
+    fwd = _Forwarder()
+    with log:
+        previous = fwd.install()  # before the child exists: a signal in between is held, then passed
+        try:
+            try:
+                child = subprocess.Popen(plan.argv, env={**os.environ, **plan.env_set}, stdin=stdin,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+            except FileNotFoundError:
+                print(f"perfd launch: command not found: {plan.argv[0]}", file=err)
+                return 127
+            except PermissionError:
+                print(f"perfd launch: not executable: {plan.argv[0]}", file=err)
+                return 126
+            assert child.stdout is not None
+            fwd.attach(child.pid)
+            write_manifest(plan.manifest_path, manifest_data(plan, opts, child.pid, "running", started))
+            print(f"perfd launch: job {opts.job!r} pid {child.pid}; log {plan.log_path}; manifest "
+                  f"{plan.manifest_path}", file=err, flush=True)
+            tee = Tee(child.stdout.fileno(), [terminal, log])
+            tee.start()
+            try:
+                rc = child.wait()
+            finally:
+                tee.finish()
+                child.stdout.close()
+        finally:
+            _restore(previous)
+    status = exit_status(rc)
+    write_manifest(plan.manifest_path, manifest_data(plan, opts, child.pid, "exited", started, status,
+                                                     time.time()))
+    for i, why in tee.errors.items():
+        print(f"perfd launch: output {['terminal', 'log'][i]} failed: {why}", file=err)
+    return status
+
+
+def _isatty(f: Any) -> bool:
+    try:
+        return bool(f.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+class _Forwarder:
+    """Passes the usual termination and user signals on to the child's process group; signals that
+    arrive before the child exists are held and passed once it does."""
+
+    def __init__(self) -> None:
+        self.pgid: int | None = None
+        self.pending: list[int] = []
+
+    def _handler(self, signum: int, _frame: Any) -> None:
+        if self.pgid is None:
+            self.pending.append(signum)
+            return
+        try:
+            os.killpg(self.pgid, signum)
+        except ProcessLookupError:
+            pass
+
+    def install(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # handlers can only be set from the main thread (tests call run_launch elsewhere)
+        previous: dict[int, Any] = {}
+        for sig in FORWARDED_SIGNALS:
+            try:
+                previous[sig] = signal.signal(sig, self._handler)
+            except (OSError, ValueError):
+                continue
+        return previous
+
+    def attach(self, pgid: int) -> None:
+        self.pgid = pgid  # start_new_session: the child leads its own process group
+        while self.pending:
+            self._handler(self.pending.pop(0), None)
+
+
+def _restore(previous: Mapping[int, Any]) -> None:
+    for sig, h in previous.items():
+        try:
+            signal.signal(sig, h)
+        except (OSError, ValueError, TypeError):
+            pass

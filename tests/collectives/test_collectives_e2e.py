@@ -1,0 +1,158 @@
+"""End to end on loopback with real processes: `perfd launch` runs a stand-in training process that
+sends step-hook records and writes Flight Recorder dumps (the recorded H200 ones) where the launch
+told it to; `perfd agent --launch-manifest` picks up the nccl and hook collectors from the manifest;
+`perfd aggregator` serves the collective analysis. What it serves must equal the analysis of the same
+records computed in this process."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfd.analytics.collectives import analyze_collectives
+from perfd.model import StepRecord
+from tests.collectives.collective_helpers import FIXTURES, MS, load_fixture_records
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+CHILD = r"""
+import json, os, shutil, sys, time
+sys.path.insert(0, {root!r})
+from perfd.hook import wire
+from perfd.hook.sender import DatagramSender
+plan = json.load(open({plan!r}))
+sock, dump = os.environ["PERFD_HOOK_SOCKET"], os.environ["TORCH_FR_DUMP_TEMP_FILE"]
+deadline = time.time() + 30
+while not os.path.exists(sock) and time.time() < deadline:
+    time.sleep(0.05)
+sender = DatagramSender(sock)
+for rank, step, end_ns in plan["steps"]:
+    sender.send(wire.pack_step(wire.StepMsg(rank=rank, pid=os.getpid(), step=step, end_time_ns=end_ns,
+                                            step_ns=200_000_000)))
+    time.sleep(0.002)
+for i in range(4):  # what the ranks' monitor threads write when the agent asks
+    for rank in (0, 1):
+        shutil.copy(os.path.join(plan["fixtures"], f"dump{{i:02d}}_rank{{rank}}"), dump + str(rank))
+    time.sleep(1.6)
+print("stand-in training done", flush=True)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _steps() -> list[tuple[int, int, int]]:
+    recs = load_fixture_records("timing", job="ddp")
+    out = []
+    for rank in (0, 1):
+        ts = sorted(r.time_created_ns for r in recs if r.rank == rank and r.time_created_ns)
+        ends = [a + 50 * MS for a, b in itertools.pairwise(ts) if b - a > 100 * MS]
+        out += [(rank, i, t) for i, t in enumerate(ends)]
+    return out
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def test_launch_agent_aggregator_collectives(tmp_path: Path) -> None:
+    steps = _steps()
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"steps": steps, "fixtures": str(FIXTURES / "timing")}))
+    child = tmp_path / "child.py"
+    child.write_text(CHILD.format(root=str(ROOT), plan=str(plan)))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ready = tmp_path / "ready"
+    http = _free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = {n: (tmp_path / f"{n}.out").open("wb") for n in ("aggregator", "launch", "agent")}
+    try:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0",
+             "--http-host", "127.0.0.1", "--http-port", str(http), "--ready-file", str(ready), "--no-rules"],
+            cwd=ROOT, env=env, stdout=logs["aggregator"], stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 30
+        while not (ready.exists() and ready.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        grpc_port = int(ready.read_text().split()[0])
+        manifest = tmp_path / "run" / "launch.json"
+        launch = subprocess.Popen(
+            [sys.executable, "-m", "perfd.cli", "launch", "--job", "ddp", "--run-dir", str(tmp_path / "run"),
+             "--flight-recorder", str(tmp_path / "fr"), "--agent-socket", str(tmp_path / "hook.sock"), "--",
+             sys.executable, str(child)], cwd=ROOT, env=env, stdout=logs["launch"], stderr=subprocess.STDOUT)
+        procs.append(launch)
+        while not manifest.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cfg = tmp_path / "agent.yaml"  # tuning from the file, paths from the manifest
+        cfg.write_text("batch_interval_s: 0.2\ncollectors:\n  nccl:\n    flight_recorder:\n"
+                       "      interval_s: 0.5\n      read_existing: true\n")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "perfd.cli", "agent", "--config", str(cfg), "--launch-manifest",
+             str(manifest), "--aggregator", f"127.0.0.1:{grpc_port}", "--nvml", "off", "--host", "off",
+             "--metrics-port", "-1", "--node", "n1"], cwd=ROOT, env=env, stdout=logs["agent"],
+            stderr=subprocess.STDOUT))
+        assert launch.wait(timeout=60) == 0
+        url = f"http://127.0.0.1:{http}/api/jobs/ddp/summary"
+        want = _expected(steps)
+        got: dict[str, Any] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                got = _get(url).get("collectives") or {}
+            except OSError as exc:
+                got = {"http_error": repr(exc)}
+            if got.get("records", 0) >= want["records"] and len(got.get("iterations", [])) >= len(
+                    want["iterations"]):
+                break
+            time.sleep(0.3)
+        else:
+            jobs = _get(f"http://127.0.0.1:{http}/api/jobs")
+            pytest.fail(f"aggregator never caught up: {json.dumps(got)[:2000]}\n{jobs}\n"
+                        + "\n".join((tmp_path / f"{n}.out").read_text()[-2000:] for n in logs))
+        assert got["method"]["name"] == "step_windows"
+        assert got["summary"]["comm_total_share"] == pytest.approx(want["summary"]["comm_total_share"])
+        shares = {it["iteration"]: it["share_by_rank"] for it in got["iterations"]}
+        assert shares == {it["iteration"]: pytest.approx(it["share_by_rank"]) for it in want["iterations"]}
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        assert 'perfd_job_comm_total_ratio{job_name="ddp"}' in metrics
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+        for f in logs.values():
+            f.close()
+
+
+def _expected(steps: list[tuple[int, int, int]]) -> dict[str, Any]:
+    recs = load_fixture_records("timing", job="ddp")
+    records = [StepRecord(job="ddp", iteration=i, rank=rank, end_time=t / 1e9, step_time_ms=200.0)
+               for rank, i, t in steps]
+    a = analyze_collectives("ddp", recs, records)
+    out = a.to_json()
+    out["records"] = len([r for r in recs if r.duration_ms is not None])
+    return out
