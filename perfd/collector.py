@@ -71,6 +71,11 @@ class Collector(abc.ABC):
     def collect(self, now: float) -> Collected:
         """Read the source. Must not raise; count errors instead."""
 
+    def flush(self, now: float) -> Collected:
+        """Called once at shutdown, after the last collect: hand over anything held back (a log
+        parser's pending record). Must not raise."""
+        return Collected()
+
     def stop(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources. Called once."""
 

@@ -83,6 +83,15 @@ class MegatronCollector(Collector):
             out.job_info[self.job] = self._sent_info
         return out
 
+    def flush(self, now: float) -> Collected:
+        """At shutdown: read what is left of the log and emit the pending iteration (the job's
+        last one, when the agent stops soon after the job)."""
+        out = self.collect(now)
+        if self._pending:
+            out.steps.extend(self.parser.flush())
+            self._pending = False
+        return out
+
     def stop(self) -> None:
         if self.tail is not None:
             self.tail.close()

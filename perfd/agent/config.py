@@ -27,6 +27,12 @@ class AgentConfig:
     spool_max_bytes: int = 256 * 1024 * 1024
     batch_interval_s: float = 0.5
     collectors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Captures asked for by the aggregator (needs `aggregator`): where artifacts go, their quota,
+    # and whether to serve the Kineto on-demand protocol (off where dynolog already does).
+    captures: bool = True
+    capture_dir: str | None = None  # default: <tmp>/perfd-captures
+    capture_quota_bytes: int = 2 * 1024**3
+    kineto_daemon: bool = True
 
     def finish(self) -> AgentConfig:
         """Fill defaults that depend on the machine, then validate."""
@@ -74,7 +80,7 @@ def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:
         raise ConfigError(f"{p}: unknown keys {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
     for key, value in data.items():
         expected = type(getattr(cfg, key))
-        if value is not None and key not in ("aggregator", "metrics_port", "spool_dir") and \
+        if value is not None and key not in ("aggregator", "metrics_port", "spool_dir", "capture_dir") and \
                 not isinstance(value, expected) and not (expected is float and isinstance(value, int)):
             raise ConfigError(f"{p}: {key} must be {expected.__name__}, got {type(value).__name__}")
         setattr(cfg, key, value)

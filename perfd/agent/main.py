@@ -105,6 +105,7 @@ class Agent:
         self.submit_errors = 0
         self._started = time.time()
         self._jobinfo_sent: dict[str, str] = {}
+        self.captures: Any = None  # AgentCaptures when the aggregator can ask for captures
 
     # ---- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
@@ -183,6 +184,8 @@ class Agent:
                 if self._jobinfo_sent.get(job) != text:
                     job_info[job] = text
         self.view.update(samples)
+        if self.captures is not None and events:
+            self.captures.observe(events)  # rank -> pid, and the hook's profile progress
         if self.client is None or not (samples or steps or events or job_info or collectives):
             return
         n = MAX_COLLECTIVES_PER_BATCH  # a first Flight Recorder dump of many ranks can be large
@@ -214,6 +217,8 @@ class Agent:
                 node=self.cfg.node, jobs=[self.cfg.job], capabilities=caps,
                 on_command=self._on_command)
             client_task = asyncio.create_task(self.client.run())
+            if self.cfg.captures:
+                self._start_captures()
         try:
             while not stop.is_set():
                 try:
@@ -224,6 +229,8 @@ class Agent:
         finally:
             self.scheduler.stop()
             self._forward(self.scheduler.drain())  # what the collectors produced last
+            if self.captures is not None:
+                self.captures.close()
             if self.client is not None and client_task is not None:
                 await self.client.flush(timeout=3.0)  # best effort; the spool keeps the rest
                 client_task.cancel()
@@ -233,10 +240,34 @@ class Agent:
                     pass
                 self.client.close()
 
+    def _start_captures(self) -> None:
+        from perfd.agent.captures import AgentCaptures
+
+        hook = self.scheduler.states.get("hook")
+        try:
+            self.captures = AgentCaptures(self.cfg.job, self.cfg.capture_dir, self.cfg.capture_quota_bytes,
+                                          self._emit_event, kineto=self.cfg.kineto_daemon,
+                                          hook=hook.collector if hook is not None else None)
+        except Exception as exc:  # no capture store (disk, permissions): say so, monitor on
+            log.error("captures disabled: %s", exc)
+
+    def _emit_event(self, ev: dict[str, Any]) -> None:
+        """Capture progress, from the capture threads: straight to the spool and the aggregator."""
+        ev.setdefault("labels", {}).setdefault("node", self.cfg.node)
+        ev.setdefault("job", self.cfg.job)
+        if self.client is not None:
+            try:
+                self.client.submit(events=[ev])
+            except Exception as exc:
+                self.submit_errors += 1
+                log.warning("could not queue a capture event: %s", exc)
+
     def _on_command(self, cmd: Any) -> None:
-        # Captures arrive with the capture work; until then a command is logged, never executed.
-        log.warning("command %s (%s) received; this agent has no executor for it yet",
-                    getattr(cmd, "id", "?"), getattr(cmd, "kind", "?"))
+        if self.captures is None:
+            log.warning("command %s (%s) received; captures are disabled on this agent",
+                        getattr(cmd, "id", "?"), getattr(cmd, "kind", "?"))
+            return
+        self.captures.handle(cmd)
 
 
 def run_agent(cfg: AgentConfig) -> int:

@@ -114,6 +114,19 @@ class Scheduler:
         for st in self.states.values():
             if st.thread is not None:
                 st.thread.join(timeout_s)
+                if st.thread.is_alive():  # stuck in a collect: do not flush under its feet
+                    st.collector.count_error("stop-timeout", f"collect still running after {timeout_s}s")
+                else:
+                    try:
+                        out = st.collector.flush(time.time())
+                    except Exception as exc:
+                        st.collector.count_error("flush-raised", repr(exc))
+                        out = Collected()
+                    if out.samples or out.steps or out.events or out.job_info or out.collectives:
+                        try:
+                            self._out.put_nowait((st.collector.name, out))
+                        except queue.Full:
+                            self.dropped_outputs += 1
             try:
                 st.collector.stop()
             except Exception as exc:

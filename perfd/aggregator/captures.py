@@ -45,6 +45,7 @@ class CaptureRecord:
     reason: str = ""
     updated_at: float = 0.0
     result: Any = None  # what the agent reported (analysis summary, artifact paths)
+    agent_capture_ids: list[str] = field(default_factory=list)  # the agents' store ids
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -213,11 +214,18 @@ class CaptureCoordinator:
         kind = str(ev.get("kind", ""))
         if not kind.startswith("capture_"):
             return
-        cid = (ev.get("links") or {}).get("capture_id")
+        links = ev.get("links") or {}
         with self._lock:
-            rec = self.captures.get(str(cid)) if cid else None
+            rec = None
+            for key in ("command_id", "capture_id"):  # agents name our request by command_id
+                cid = links.get(key)
+                if cid and str(cid) in self.captures:
+                    rec = self.captures[str(cid)]
+                    break
             if rec is None:
                 return
+            if links.get("capture_id") and links.get("capture_id") != rec.id:
+                rec.agent_capture_ids = sorted({*rec.agent_capture_ids, str(links["capture_id"])})
             rec.updated_at = time.time()
             rec.status = {"capture_started": "started", "capture_finished": "finished",
                           "capture_failed": "failed"}.get(kind, rec.status)

@@ -265,7 +265,10 @@ class CaptureManager:
         if req.context.get("rule"):
             labels["rule"] = req.context["rule"]
         ev = {"kind": kind, "severity": severity, "time": self.clock(), "job": req.job, "text": text,
-              "labels": labels, "links": {"capture_id": capture_id, "steps": req.steps_link()},
+              "labels": labels,
+              # command_id: the aggregator's id for the request (its /api/captures record);
+              # capture_id: this agent's store id (the folder with the artifacts and manifest).
+              "links": {"capture_id": capture_id, "command_id": req.command_id, "steps": req.steps_link()},
               "payload": payload or {}}
         if self.emit_cb is not None:
             try:

@@ -110,7 +110,7 @@ def test_kineto_capture_of_one_rank(env):
     assert kinds(events) == ["capture_started", "capture_finished"]
     fin = events[-1]
     assert fin["labels"] == {"job": "job1", "tool": "kineto", "ranks": "1", "rule": "low_mfu"}
-    assert fin["links"] == {"capture_id": cid, "steps": "next+3"}
+    assert fin["links"] == {"capture_id": cid, "command_id": "cmd-1", "steps": "next+3"}
     summary = fin["payload"]["ranks"]["1"]["devices"][0]
     assert summary["top_kernel"] in ("gemm", "ncclDevKernel_AllReduce") and "top_kernels" not in summary
     assert len(json.dumps(fin["payload"])) < 2000

@@ -1,0 +1,82 @@
+"""The agent's capture executor: capture commands from the aggregator → Kineto/nsys on this node.
+
+Knows which pid is which rank from the NVML collector's process lists (each process's RANK), asks
+the step hook for step-aligned nsys ranges when the job runs one, and reports progress back as
+events (capture_started / capture_finished / capture_failed) through the same stream as the data.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from perfd.capture.kineto_daemon import KinetoDaemon, KinetoDaemonError
+from perfd.capture.manager import CaptureManager
+from perfd.capture.nsys_exec import NsysExecutor
+from perfd.capture.store import CaptureStore
+from perfd.collector import Collector
+
+log = logging.getLogger(__name__)
+
+
+class AgentCaptures:
+    def __init__(self, job: str, root: str | None, quota_bytes: int,
+                 emit: Callable[[dict[str, Any]], None], kineto: bool = True,
+                 hook: Collector | None = None) -> None:
+        self.job = job
+        self.root = Path(root) if root else Path(tempfile.gettempdir()) / "perfd-captures"
+        self.store = CaptureStore(self.root, quota_bytes)
+        self.kineto: KinetoDaemon | None = None
+        if kineto:
+            try:
+                self.kineto = KinetoDaemon()
+                self.kineto.start()
+            except (KinetoDaemonError, OSError) as exc:
+                # dynolog may already serve this node: its socket name is taken. Kineto captures
+                # are then refused with this reason; nsys captures still work.
+                log.warning("Kineto daemon not started: %s", exc)
+                self.kineto = None
+        nsys = NsysExecutor(range_dir=str(self.root / "nsys-ranges"))
+        self._lock = threading.Lock()
+        self._rank_pid: dict[int, int] = {}
+        requester = getattr(hook, "request_profile", None)
+        peers = getattr(hook, "peers", None)
+        self.manager = CaptureManager(
+            self.store, self.kineto, nsys if nsys.available() else None,
+            hook_requester=requester, pids_for_ranks=self._pids_for_ranks, emit=emit,
+            hook_last_step=(lambda r: getattr(peers.get(r), "last_step", None)) if peers is not None
+            else None)
+
+    def observe(self, events: list[dict[str, Any]]) -> None:
+        """Learn rank → pid from process lists; pass the hook's profile events to the manager."""
+        for ev in events:
+            kind = ev.get("kind")
+            if kind == "gpu_processes" and isinstance(ev.get("payload"), list):
+                with self._lock:
+                    for p in ev["payload"]:
+                        if isinstance(p.get("rank"), int):
+                            self._rank_pid[int(p["rank"])] = int(p["pid"])
+            elif kind == "hook_profile":
+                self.manager.on_hook_event(ev)
+
+    def _pids_for_ranks(self, job: str, ranks: tuple[int, ...]) -> Mapping[int, int]:
+        with self._lock:
+            if not ranks:
+                return dict(self._rank_pid)
+            return {r: self._rank_pid[r] for r in ranks if r in self._rank_pid}
+
+    def handle(self, command: Any) -> None:
+        if getattr(command, "kind", "") == "capture":
+            self.manager.handle(command)
+        else:
+            log.warning("command %s of kind %s: no executor for it", getattr(command, "id", "?"),
+                        getattr(command, "kind", "?"))
+
+    def close(self) -> None:
+        self.manager.close()
+        if self.kineto is not None:
+            self.kineto.stop()
