@@ -2,7 +2,7 @@
 so the job starts under nsys in one of two ways, and perfd drives it from there.
 
 1. **Interactive session** — the job (or each rank) starts under
-   ``nsys launch --session-new=NAME --trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none CMD...``
+   ``nsys launch --session-new=NAME --trace=cuda,nvtx,osrt CMD...``
    (:func:`nsys_launch_argv`); nothing is recorded until ``nsys start --session=NAME -o OUT``, and
    ``nsys stop --session=NAME`` writes ``OUT.nsys-rep``. Windows can repeat. A session covers every
    process started under it: one session per rank (:func:`session_name` with the rank) makes
@@ -62,8 +62,10 @@ def nsys_launch_argv(nsys: str, session: str, cmd: Sequence[str], trace: str = D
     """``nsys launch`` for an interactive session: records nothing until ``nsys start``."""
     if not cmd:
         raise ValueError("no command to launch")
-    return [nsys, "launch", f"--session-new={_check_session(session)}", f"--trace={trace}", "--sample=none",
-            "--cpuctxsw=none", *extra, *cmd]
+    # --sample and --cpuctxsw are refused by `launch` since nsys 2021.5 (seen on 2025.3: "The
+    # sample switch can be set on the profile and start commands"): they go on `start` instead.
+    return [nsys, "launch", f"--session-new={_check_session(session)}", f"--trace={trace}",
+            *extra, *cmd]
 
 
 def nsys_range_argv(nsys: str, output_base: str | Path, cmd: Sequence[str], trace: str = DEFAULT_TRACE,
@@ -180,7 +182,8 @@ class NsysExecutor:
 
     def start(self, session: str, output: str | Path) -> float:
         """``nsys start --session=S -o OUT``; returns the time (epoch s) it returned (collection on)."""
-        self._run(["start", f"--session={_check_session(session)}", "-o", str(output),
+        self._run(["start", f"--session={_check_session(session)}", "--sample=none", "--cpuctxsw=none",
+                   "-o", str(output),
                    "--force-overwrite=true"])
         return time.time()
 

@@ -100,8 +100,8 @@ def calls(state: Path) -> list[list[str]]:
 
 def test_command_lines_are_argument_lists():
     argv = nsys_launch_argv("/x/nsys", "perfd-job", ["torchrun", "--nproc_per_node", "2", "train.py"])
-    assert argv == ["/x/nsys", "launch", "--session-new=perfd-job", "--trace=cuda,nvtx,osrt", "--sample=none",
-                    "--cpuctxsw=none", "torchrun", "--nproc_per_node", "2", "train.py"]
+    assert argv == ["/x/nsys", "launch", "--session-new=perfd-job", "--trace=cuda,nvtx,osrt",
+                    "torchrun", "--nproc_per_node", "2", "train.py"]
     argv = nsys_range_argv("/x/nsys", "/caps/r/rank%q{RANK}", ["python", "t.py"], repeat=5)
     assert argv[:5] == ["/x/nsys", "profile", "-c", "cudaProfilerApi", "--capture-range-end=repeat:5"]
     assert argv[-4:] == ["-o", "/caps/r/rank%q{RANK}", "python", "t.py"]
@@ -131,7 +131,8 @@ def test_session_start_stop_export_analyze(tmp_path):
     assert dev.busy_ms == pytest.approx(4.0) and dev.comm_ms == pytest.approx(3.0)
     assert dev.comm_exposed_ms == pytest.approx(2.0)
     seen = calls(state)
-    assert ["start", "--session=perfd-j", "-o", str(out), "--force-overwrite=true"] in seen
+    assert ["start", "--session=perfd-j", "--sample=none", "--cpuctxsw=none", "-o", str(out),
+            "--force-overwrite=true"] in seen
     assert ["stop", "--session=perfd-j"] in seen
     assert any(c[:3] == ["export", "--type", "sqlite"] for c in seen)
     from perfd.capture.nsys_exec import first_event_epoch
