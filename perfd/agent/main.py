@@ -35,9 +35,10 @@ def default_registry() -> Registry:
     import collectors.k8s
     import collectors.megatron
     import collectors.nvml
+    import collectors.sglang
 
     reg = Registry()
-    for mod in (collectors.megatron, collectors.nvml, collectors.host, collectors.k8s):
+    for mod in (collectors.megatron, collectors.nvml, collectors.host, collectors.k8s, collectors.sglang):
         mod.register(reg)
     reg.register("nccl", _nccl_collector)
     reg.register("hook", _hook_collector)

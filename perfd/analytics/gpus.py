@@ -182,3 +182,48 @@ def peak_tflops(
     return PeakResult(value, canon, row.model, ceiling,
                       Provenance("gpus", f"peak table: {row.model} {canon} {value:g} TFLOP/s "
                                  f"({row.datasheet})"))
+
+
+# --- peak memory bandwidth (for serving MBU) -------------------------------------------------
+# A separate table from the FLOP/s rows above: bandwidth differs between variants the peak table
+# groups together (an A100 40GB has 1.555 TB/s, the 80GB 2.0 TB/s), so it is keyed by its own
+# patterns over the NVML name. Datasheet HBM/GDDR bandwidth in bytes/s; a GPU not listed is absent.
+MEMORY_BANDWIDTH: dict[str, tuple[tuple[str, ...], float, str]] = {
+    # model: (NVML name patterns, bytes/s, datasheet)
+    "H100 PCIe": ((r"\bH100\b.*\bPCIe\b",), 2.0e12, "NVIDIA H100 PCIe datasheet: 2.0 TB/s"),
+    "H100 SXM": ((r"\bH100\b.*\b(HBM3|SXM\d?)\b", r"\bH100\s+SXM"), 3.35e12,
+                 "NVIDIA H100 SXM5 datasheet: 3.35 TB/s"),
+    "H200": ((r"(?<![A-Z])H200\b",), 4.8e12, "NVIDIA H200 datasheet: 4.8 TB/s"),
+    "A100 80GB": ((r"\bA100\b.*\b80GB\b",), 2.0e12, "NVIDIA A100 80GB datasheet: ~2.0 TB/s"),
+    "B200": ((r"(?<![A-Z])B200\b",), 8.0e12, "NVIDIA HGX B200 datasheet: 8 TB/s per GPU"),
+    "L40S": ((r"\bL40S\b",), 0.864e12, "NVIDIA L40S datasheet: 864 GB/s"),
+}
+
+
+@dataclass(frozen=True)
+class BandwidthResult:
+    """Peak memory bandwidth a serving job's MBU is measured against, or why there is none."""
+
+    bytes_per_s: float | None
+    gpu_model: str | None
+    source: Provenance | None
+    reason: str | None = None
+
+
+def peak_memory_bandwidth(gpu_name: str | None, override_bytes_per_s: float | None = None) -> BandwidthResult:
+    """Datasheet memory bandwidth for an NVML device name; ``override_bytes_per_s`` wins. Never
+    guessed: an unknown GPU gives ``bytes_per_s=None`` with the reason."""
+    if override_bytes_per_s is not None:
+        if override_bytes_per_s <= 0:
+            why = f"configured bandwidth {override_bytes_per_s} is not positive"
+            return BandwidthResult(None, None, None, why)
+        src = Provenance("config", f"peak_bandwidth={override_bytes_per_s:g} B/s (override)")
+        return BandwidthResult(float(override_bytes_per_s), None, src)
+    if not gpu_name:
+        return BandwidthResult(None, None, None, "GPU name unknown; give --gpu or the peak bandwidth")
+    for model, (patterns, bw, sheet) in MEMORY_BANDWIDTH.items():
+        if any(re.search(p, gpu_name, flags=re.IGNORECASE) for p in patterns):
+            src = Provenance("gpus", f"bandwidth table: {model} {bw / 1e12:g} TB/s ({sheet})")
+            return BandwidthResult(bw, model, src)
+    why = f"GPU {gpu_name!r} not in the bandwidth table; give the peak bandwidth in config"
+    return BandwidthResult(None, None, None, why)

@@ -110,6 +110,17 @@ ALIASES: dict[str, str] = {
     "xid_errors": "perfd_gpu_xid_errors_total", "gpu_processes": "perfd_gpu_processes",
     "sm_util": "perfd_gpu_sm_util_ratio", "sm_occupancy": "perfd_gpu_sm_occupancy_ratio",
     "tensor_util": "perfd_gpu_tensor_util_ratio", "dram_bw_util": "perfd_gpu_dram_bw_util_ratio",
+    # serving (SGLang): alias=perfd_serving_<name>
+    **{a: f"perfd_serving_{n}" for a, n in (p.split("=") for p in (
+        "input_throughput=input_throughput_tokens_per_second gen_throughput=gen_throughput_tokens_per_second "
+        "running_requests=running_requests queued_requests=queued_requests batch_fill=batch_fill_ratio "
+        "queue_growth=queue_growth_requests_per_second kv_usage=kv_cache_usage_ratio "
+        "cuda_graph=cuda_graph_ratio prefix_hit=prefix_cache_hit_ratio "
+        "prefix_hit_batches=prefix_cache_hit_batches_ratio ttft_p50=ttft_p50_seconds "
+        "ttft_p99=ttft_p99_seconds itl_p50=itl_p50_seconds itl_p99=itl_p99_seconds "
+        "e2e_p50=e2e_latency_p50_seconds e2e_p99=e2e_latency_p99_seconds decode_mbu=decode_mbu_ratio "
+        "spec_accept_length=spec_accept_length decode_mfu=decode_mfu_ratio "
+        "prefill_mfu=prefill_mfu_ratio").split())},
     # host
     "host_cpu_util": "perfd_host_cpu_util_ratio", "host_memory_used": "perfd_host_memory_used_bytes",
     **{f"throttle_{r}": series_key("perfd_gpu_throttle_active", {"reason": r}) for r in THROTTLE_REASONS},

@@ -1,0 +1,192 @@
+"""Serving findings and recommendations: DESIGN.md §2's serving playbook over a ServingSummary.
+
+The thresholds are the ones of ``rules/serving.yaml`` (a test evaluates both on the same values, so
+the live rules and the offline report cannot disagree). Pure.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from perfd.analytics.findings import SEVERITY_ORDER, Finding, Recommendation
+from perfd.analytics.serving_records import ServerInfo
+
+ITL_TAIL_RATIO = 3.0  # P99 inter-token latency above 3× the P50: decode is being interrupted
+TTFT_P99_HIGH_S = 2.0  # P99 time to first token above 2 s
+PREFIX_HIT_LOW = 0.30  # prefix-cache hit below 30% ...
+PREFIX_REUSE_BATCHES = 0.50  # ... while at least half the prefill batches reuse some prefix
+KV_NEAR_FULL = 0.95
+KV_LOW = 0.20
+QUEUE_GROWTH_PER_S = 0.1  # queued requests growing by > 6 per minute ...
+BATCH_SMALL = 0.50  # ... while the running batch is under half of max_running_requests
+CUDA_GRAPH_LOW = 0.90
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 1e3:.1f} ms"
+
+
+def derive_serving_findings(s: Any, server: ServerInfo | None) -> tuple[list[Finding], list[Recommendation]]:
+    """Findings (with evidence) and recommendations (each tied to a finding), ordered."""
+    f: list[Finding] = []
+    r: list[Recommendation] = []
+    def val(key: str) -> float | None:
+        return s.value(key) if key in s.values else None
+
+    src: dict[str, str] = defaultdict(str)
+    src.update({k: (str(mv.source) if mv.source else (mv.reason or "")) for k, mv in s.values.items()})
+    span = s.extras.get("window", "")
+    chunk = server.chunked_prefill_size if server else None
+    if chunk is None and server is not None:
+        chunk = server.arg_int("chunked_prefill_size")
+    policy = server.arg_str("schedule_policy") if server else None
+    mrr = server.max_running_requests if server else None
+
+    # --- latency --------------------------------------------------------------------------------
+    p50, p99 = val("itl_p50"), val("itl_p99")
+    if p50 and p99 is not None and p99 > ITL_TAIL_RATIO * p50:
+        f.append(Finding(
+            "itl-tail", "warning", f"Inter-token latency P99 {p99 / p50:.1f}× the P50",
+            f"P99 inter-token latency {_ms(p99)} against a P50 of {_ms(p50)} (> {ITL_TAIL_RATIO:g}×): "
+            "decode steps wait behind prefill chunks scheduled between them.",
+            {"itl_p50_s": p50, "itl_p99_s": p99, "ratio": p99 / p50, "chunked_prefill_size": chunk},
+            span, src["itl_p99"]))
+        act = (f"Lower --chunked-prefill-size (now {chunk}, try {max(chunk // 2, 512)})" if chunk
+               else "Use a smaller --chunked-prefill-size")
+        r.append(Recommendation(
+            "", "itl-tail", 0, act + " so prefill interrupts decode in shorter slices",
+            "or separate prefill from decode (--enable-mixed-chunk, PD disaggregation); weigh against "
+            "TTFT (finding ttft-high)", p99 / p50 / 10))
+    ttft = val("ttft_p99")
+    if ttft is not None and ttft > TTFT_P99_HIGH_S:
+        queued_now = val("queued_requests")
+        f.append(Finding(
+            "ttft-high", "warning", f"P99 time to first token {ttft:.2f} s",
+            f"P99 TTFT {ttft:.2f} s (> {TTFT_P99_HIGH_S:g} s; P50 {_ms(val('ttft_p50'))}): long prompts "
+            "take many prefill chunks, or requests wait in the queue (mean queued "
+            f"{'n/a' if queued_now is None else f'{queued_now:.1f}'}).",
+            {"ttft_p50_s": val("ttft_p50"), "ttft_p99_s": ttft, "queued": queued_now,
+             "chunked_prefill_size": chunk}, span, src["ttft_p99"]))
+        act = (f"Raise --chunked-prefill-size (now {chunk}, try {chunk * 2}) for long prompts" if chunk
+               else "Use a larger --chunked-prefill-size for long prompts")
+        r.append(Recommendation(
+            "", "ttft-high", 0, act, "if requests queue instead, add capacity (finding queue-growing); "
+            "this trades against inter-token latency", ttft / 10))
+
+    # --- prefix cache ---------------------------------------------------------------------------
+    hit, reuse = val("prefix_hit"), val("prefix_hit_batches")
+    if hit is not None and hit < PREFIX_HIT_LOW and reuse is not None and reuse >= PREFIX_REUSE_BATCHES:
+        f.append(Finding(
+            "prefix-hit-low", "warning", f"Prefix-cache hit {_pct(hit)} although prompts share prefixes",
+            f"Only {_pct(hit)} of prompt tokens came from the radix cache, yet {_pct(reuse)} of prefill "
+            "batches reused some cached prefix: prompts share prefixes that the cache does not keep or "
+            "the schedule does not exploit.",
+            {"prefix_hit": hit, "prefill_batches_with_hit": reuse, "schedule_policy": policy},
+            span, src["prefix_hit"]))
+        act = ("Schedule by longest prefix match (--schedule-policy lpm)" if policy != "lpm"
+               else "Keep more prefixes cached: more KV room (--mem-fraction-static); with several DP "
+                    "ranks route requests cache-aware")
+        r.append(Recommendation("", "prefix-hit-low", 0, act, f"schedule policy now: {policy or 'unknown'}",
+                                PREFIX_HIT_LOW - hit))
+
+    # --- KV cache and queueing ------------------------------------------------------------------
+    kv, queued, growth, fill = val("kv_usage"), val("queued_requests"), val("queue_growth"), val("batch_fill")
+    if kv is not None and kv > KV_NEAR_FULL:
+        f.append(Finding(
+            "kv-near-full", "warning", f"KV cache {_pct(kv)} full",
+            f"The KV pool averages {_pct(kv)} used (> {KV_NEAR_FULL:.0%}): new requests wait for memory "
+            "and running ones may be retracted.",
+            {"kv_usage": kv, "queued": queued}, span, src["kv_usage"]))
+        r.append(Recommendation(
+            "", "kv-near-full", 0, "Give the KV cache more room: raise --mem-fraction-static, quantize it "
+            "(--kv-cache-dtype fp8_e4m3), or serve a GQA model",
+            "fewer --max-running-requests trades throughput for fewer retractions", kv - 0.5))
+    if kv is not None and kv < KV_LOW and queued is not None and queued > 0:
+        f.append(Finding(
+            "kv-low-while-queued", "warning", f"KV cache only {_pct(kv)} used while requests wait",
+            f"{queued:.1f} requests queued on average while the KV pool is {_pct(kv)} used: the limit is "
+            "not memory.", {"kv_usage": kv, "queued": queued, "max_running_requests": mrr},
+            span, src["kv_usage"]))
+        run = val("running_requests")
+        if mrr and run is not None and run >= 0.9 * mrr:
+            act = f"Raise --max-running-requests (now {mrr})"
+            why = f"the running batch ({run:.0f}) is at the cap"
+        else:
+            act = ("Admit more prefill per step: a larger --chunked-prefill-size / --max-prefill-tokens, "
+                   "or a lower --schedule-conservativeness")
+            why = (f"the running batch ({run:.0f}) is far below max_running_requests={mrr}"
+                   if mrr and run is not None else "max_running_requests unknown")
+        r.append(Recommendation("", "kv-low-while-queued", 0, act, why, KV_LOW - kv))
+    if growth is not None and growth > QUEUE_GROWTH_PER_S and fill is not None and fill < BATCH_SMALL:
+        mem = kv is not None and kv >= 0.8
+        cause = (f" and the KV cache is {_pct(kv)} used: the KV cache is too small for more concurrent "
+                 "requests" if mem else ".")
+        f.append(Finding(
+            "queue-growing", "warning", f"Queue grows {growth * 60:.1f}/min while the batch is small",
+            f"Queued requests grow by {growth:.2f}/s while the running batch is {_pct(fill)} of "
+            f"max_running_requests={mrr}" + cause,
+            {"queue_growth_per_s": growth, "batch_fill": fill, "kv_usage": kv}, span, src["queue_growth"]))
+        act = ("KV cache too small: more GPU memory for it (--mem-fraction-static, more GPUs), a GQA "
+               "model or KV quantization (--kv-cache-dtype fp8_e4m3)" if mem else
+               "Admit requests faster: a larger --chunked-prefill-size / --max-prefill-tokens, or a lower "
+               "--schedule-conservativeness")
+        r.append(Recommendation("", "queue-growing", 0, act, "or add replicas: the queue will not drain",
+                                1.0))
+
+    # --- CUDA graphs ----------------------------------------------------------------------------
+    cg = val("cuda_graph")
+    if cg is not None and cg < CUDA_GRAPH_LOW:
+        run = val("running_requests")
+        f.append(Finding(
+            "cuda-graph-low", "info", f"{_pct(1 - cg)} of decode batches ran without CUDA graphs",
+            f"Only {_pct(cg)} of logged decode batches used CUDA graphs: batches above "
+            "--cuda-graph-max-bs (or with unsupported features) run eagerly, paying launch overhead.",
+            {"cuda_graph_share": cg, "running_requests": run}, span, src["cuda_graph"]))
+        r.append(Recommendation(
+            "", "cuda-graph-low", 0, "Raise --cuda-graph-max-bs to cover the running batch",
+            "mean running batch n/a" if run is None else f"mean running batch {run:.1f}", (1 - cg) / 4))
+
+    # --- efficiency (evidence, not a judgement) ----------------------------------------------------
+    mbu, dmfu, pmfu = val("decode_mbu"), val("decode_mfu"), val("prefill_mfu")
+    steps = s.extras.get("decode_steps_per_s")
+    if mbu is not None or dmfu is not None or pmfu is not None:
+        f.append(Finding(
+            "efficiency", "info",
+            f"Decode MBU {_pct(mbu)}, decode MFU {_pct(dmfu)}, prefill MFU {_pct(pmfu)}",
+            f"Decode reads weights + KV at {_pct(mbu)} of peak memory bandwidth"
+            + (f" (~{steps:.1f} steps/s)" if steps else "")
+            + f"; model FLOPs at {_pct(dmfu)} (decode) + {_pct(pmfu)} (prefill) of peak. Decode is "
+            "bandwidth-bound: MBU, not MFU, is its ceiling; a small running batch keeps both low.",
+            {"decode_mbu": mbu, "decode_mfu": dmfu, "prefill_mfu": pmfu, "decode_steps_per_s": steps,
+             "decode_bytes_per_step_per_gpu": s.extras.get("decode_bytes_per_step_per_gpu")},
+            span, src["decode_mbu"] if mbu is not None else src["decode_mfu"]))
+    else:
+        f.append(Finding("efficiency-absent", "info", "MBU / MFU not available",
+                         f"decode MBU: {src['decode_mbu']}; decode MFU: {src['decode_mfu']}", {}, span))
+    if val("ttft_p99") is None and val("itl_p99") is None:
+        f.append(Finding(
+            "latency-absent", "info", "No latency percentiles",
+            f"TTFT/ITL/e2e percentiles come only from SGLang's /metrics histograms: {src['ttft_p99']}. "
+            "Start SGLang with --enable-metrics and pass its /metrics URL.", {}, span))
+
+    f.sort(key=lambda x: SEVERITY_ORDER.get(x.severity, 3))
+    sev = {x.id: SEVERITY_ORDER.get(x.severity, 3) for x in f}
+    r.sort(key=lambda x: (sev.get(x.finding_id, 3), -(x.impact if x.impact is not None else -1.0)))
+    for i, rec in enumerate(r, start=1):
+        rec.priority, rec.id = i, f"R{i}"
+    return f, r
+
+
+def serving_status(findings: list[Finding]) -> tuple[str, str]:
+    """(status, text) of the report summary: the worst finding's severity."""
+    worst = min((SEVERITY_ORDER.get(x.severity, 3) for x in findings), default=3)
+    if worst == 0:
+        return "critical", "a serving SLO or capacity problem needs action"
+    if worst == 1:
+        return "warning", "the serving playbook has suggestions"
+    return "healthy", "no serving problem found in the window"
