@@ -3,6 +3,7 @@ serving gauges (catalog names, label ``job_name``) computed over a sliding windo
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from perfd.model import Sample
 
 CONFIG_KEYS = frozenset({"log_path", "metrics_url", "interval_s", "job", "window_s", "from_start",
                          "scrape_interval_s", "scrape_timeout_s", "model", "gpu", "peak_tflops",
-                         "peak_bandwidth", "max_bytes_per_collect"})
+                         "peak_bandwidth", "max_bytes_per_collect", "report_interval_s"})
 
 
 class SglangCollector(Collector):
@@ -46,6 +47,10 @@ class SglangCollector(Collector):
         self.scrape_interval_s = float(config.get("scrape_interval_s", 5.0))
         self.scrape_timeout_s = float(config.get("scrape_timeout_s", 2.0))
         self.from_start = bool(config.get("from_start", True))
+        # The four-part serving report, built here (where the records are) and sent as an event
+        # every report_interval_s: the aggregator shows the latest one in the job summary.
+        self.report_interval_s = float(config.get("report_interval_s", 30.0))
+        self._last_report = -math.inf
         self.max_bytes_per_collect = int(config.get("max_bytes_per_collect", 4 << 20))
         if self.default_interval_s <= 0 or self.scrape_interval_s <= 0:
             raise ValueError("sglang: interval_s and scrape_interval_s must be > 0")
@@ -90,10 +95,26 @@ class SglangCollector(Collector):
             self.counts["catching_up"] = self.counts.get("catching_up", 0) + 1
             return out
         self.last_metrics = self.window.metrics()
+        if mono - self._last_report >= self.report_interval_s and (
+                self.window.records() or self.window.scrape_pair()[1] is not None):
+            self._last_report = mono
+            out.events.append(self._report_event(now))
         labels = {"job_name": self.job}
         out.samples.extend(Sample(name, value, now, dict(labels))
                            for name, value in sorted(self.last_metrics.items()))
         return out
+
+    def _report_event(self, now: float) -> dict[str, Any]:
+        from perfd.analytics.serving import ServingAnalysis
+        from perfd.analytics.serving_findings import derive_serving_findings
+        from perfd.report.serving import build_serving_report
+
+        summary = self.window.summary()
+        findings, recs = derive_serving_findings(summary, self.window.server)
+        report = build_serving_report(ServingAnalysis(self.job, summary, findings, recs, self.window.server))
+        return {"kind": "serving_report", "severity": "info", "time": now, "job": self.job,
+                "text": f"serving report of {self.job}: {report.summary.headline}",
+                "labels": {"job": self.job}, "payload": report.to_json()}
 
     def _read_log(self, now: float) -> bool:
         """Feed new lines to the window; True when the read hit its byte budget (more is waiting)."""

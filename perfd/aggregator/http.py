@@ -107,9 +107,13 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
     overview = state.job_overview(job)
     if overview is None:
         return None
+    serving = state.serving_view(job)
     analysis = state.analysis(job, force=True)
     if analysis is None or not analysis.iterations:
-        return {"overview": overview, "latest": None, "summary": None, "report": None,
+        # A serving job (or a training job before its first iteration): its report, if any, is
+        # the serving report.
+        return {"overview": overview, "latest": None, "summary": None,
+                "report": serving["report"] if serving else None, "serving": serving,
                 **rank_view(state, job, None, []), "collectives": collectives_json(state, job)}
     full = analysis.to_json()
     world = (full.get("job") or {}).get("layout", {}).get("world_size")
@@ -121,6 +125,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
         "report": full["report"],
         **rank_view(state, job, world, _candidates(full)),
         "collectives": collectives_json(state, job),
+        "serving": serving,
     }
 
 
