@@ -45,6 +45,7 @@ class AgentCaptures:
         self._rank_pid: dict[int, int] = {}
         requester = getattr(hook, "request_profile", None)
         peers = getattr(hook, "peers", None)
+        self._hook_peers: Mapping[int, Any] | None = peers
         self.manager = CaptureManager(
             self.store, self.kineto, nsys if nsys.available() else None,
             hook_requester=requester, pids_for_ranks=self._pids_for_ranks, emit=emit,
@@ -64,10 +65,18 @@ class AgentCaptures:
                 self.manager.on_hook_event(ev)
 
     def _pids_for_ranks(self, job: str, ranks: tuple[int, ...]) -> Mapping[int, int]:
+        """rank -> pid: from the GPU process lists (RANK in each process's environment), else from
+        the step hook, whose datagrams carry the sender's rank and pid (jobs without a GPU
+        context yet, or an agent without NVML)."""
         with self._lock:
-            if not ranks:
-                return dict(self._rank_pid)
-            return {r: self._rank_pid[r] for r in ranks if r in self._rank_pid}
+            known = dict(self._rank_pid)
+        for rank, peer in list((self._hook_peers or {}).items()):
+            pid = getattr(peer, "pid", None)
+            if isinstance(pid, int) and rank not in known:
+                known[int(rank)] = pid
+        if not ranks:
+            return known
+        return {r: known[r] for r in ranks if r in known}
 
     def handle(self, command: Any) -> None:
         if getattr(command, "kind", "") == "capture":

@@ -1,0 +1,172 @@
+"""The whole capture path on a real job: a rule fires on the aggregator → a capture command → the
+agent that hosts the target rank → a Kineto trace of that rank only, for the requested steps.
+
+    python3 tests/gpu/verify_rule_capture.py OUT_DIR [--cpu]
+
+Runs `perfd aggregator` with a rule forced to fire (step time > 0 on the job), `perfd launch --kineto`
+around a 2-rank torchrun job whose loop uses the perfd step hook (so the aggregator has step
+records), and `perfd agent --launch-manifest` (hook collector; NVML for rank → pid, or /proc with
+--cpu). Measures the time from the rule's firing to the capture start (the daemon answering the
+rank's poll) and to the trace, and checks that only the target rank wrote a trace. --cpu runs the
+same path without a GPU (gloo, CPU ops), to check the plumbing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TRAIN = r'''
+import os, time, torch, torch.distributed as dist
+from perfd.hook import StepHook
+cuda = os.environ.get("VRC_CPU") != "1"
+# NCCL needs one GPU per rank; with a single GPU both ranks share it through gloo.
+dist.init_process_group("nccl" if cuda and torch.cuda.device_count() >= 2 else "gloo")
+rank = dist.get_rank()
+dev = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+if cuda:
+    torch.cuda.set_device(dev)
+n = 2048 if cuda else 256
+model = torch.nn.Sequential(*[torch.nn.Linear(n, n) for _ in range(4)]).to(dev)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(64, n, device=dev)
+hook = StepHook(warmup_steps=2, cuda=cuda)
+Path = __import__("pathlib").Path
+Path(os.environ["VRC_DIR"], f"rank{rank}.pid").write_text(str(os.getpid()))
+deadline = time.time() + float(os.environ.get("VRC_SECONDS", "60"))
+while time.time() < deadline:
+    with hook.step():
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+    time.sleep(0.02)
+hook.close()
+dist.destroy_process_group()
+'''
+
+RULES = """
+rules:
+  - name: forced_capture
+    expr: step_time > 0
+    for: 0s
+    severity: info
+    action:
+      type: capture
+      tool: kineto
+      targets: {ranks: [1]}
+      steps: 3
+      cooldown: 1h
+      max_per_hour: 1
+"""
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--seconds", type=float, default=60)
+    a = ap.parse_args()
+    out: Path = a.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train.py").write_text(TRAIN)
+    (out / "rules.yaml").write_text(RULES)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+           "VRC_DIR": str(out), "VRC_SECONDS": str(a.seconds)}
+    if a.cpu:
+        env["VRC_CPU"] = "1"
+    procs: list[subprocess.Popen[bytes]] = []
+    result: dict[str, Any] = {"cpu": a.cpu}
+    try:
+        ready = out / "agg.ready"
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0",
+             "--http-host", "127.0.0.1", "--http-port", "0", "--rules", str(out / "rules.yaml"),
+             "--rules-interval", "1", "--ready-file", str(ready)],
+            cwd=ROOT, env=env, stdout=(out / "aggregator.out").open("wb"), stderr=subprocess.STDOUT))
+        deadline = time.time() + 30
+        while not (ready.exists() and ready.read_text().strip()):
+            if time.time() > deadline:
+                raise RuntimeError("aggregator did not start")
+            time.sleep(0.1)
+        grpc_port, http_port = map(int, ready.read_text().split())
+        base = f"http://127.0.0.1:{http_port}"
+        sock = str(out / "hook.sock")
+        manifest = out / "launch.json"
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "perfd.cli", "launch", "--job", "rc", "--kineto", "--agent-socket", sock,
+             "--manifest", str(manifest), "--log", str(out / "job.log"), "--",
+             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+             str(out / "train.py")],
+            cwd=ROOT, env=env, stdout=(out / "launch.out").open("wb"), stderr=subprocess.STDOUT))
+        deadline = time.time() + 30
+        while not manifest.exists():
+            if time.time() > deadline:
+                raise RuntimeError("no launch manifest")
+            time.sleep(0.1)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "perfd.cli", "agent", "--launch-manifest", str(manifest), "--aggregator",
+             f"127.0.0.1:{grpc_port}", "--nvml", "off" if a.cpu else "real", "--host", "off",
+             "--metrics-port", "-1"],
+            cwd=ROOT, env=env, stdout=(out / "agent.out").open("wb"), stderr=subprocess.STDOUT))
+        t0 = time.time()
+        capture: dict[str, Any] | None = None
+        while time.time() - t0 < a.seconds - 5:
+            caps = _get(f"{base}/api/captures")["captures"]
+            if caps and caps[0]["status"] in ("finished", "failed", "undeliverable"):
+                capture = caps[0]
+                break
+            time.sleep(0.5)
+        events = _get(f"{base}/api/events")["events"]
+        firing = next((e for e in events if e.get("kind") == "rule_firing"), None)
+        result["capture"] = capture
+        result["rule_fired_at"] = firing.get("time") if firing else None
+        result["events"] = [{k: e.get(k) for k in ("kind", "time", "text")} for e in events][-10:]
+        traces = sorted(p.name for p in Path(os.environ.get("TMPDIR", "/tmp"), "perfd-captures").rglob("*.json")
+                        if not p.name.startswith("manifest"))
+        result["trace_files"] = traces
+        pids = {r: (out / f"rank{r}.pid").read_text().strip() for r in (0, 1) if (out / f"rank{r}.pid").exists()}
+        result["rank_pids"] = pids
+        payload = (capture or {}).get("result") or {}
+        result["latency_s"] = payload.get("latency_s")
+        if firing and capture:
+            result["firing_to_request_s"] = round(capture["requested_at"] - firing["time"], 3)
+        ok = bool(capture and capture["status"] == "finished" and capture["ranks"] == [1]
+                  and traces and all(f"_{pids.get(1)}" in t or "rank1" in t for t in traces))
+        result["ok"] = ok
+    except Exception as exc:
+        result["error"] = repr(exc)
+        result["ok"] = False
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    (out / "rule_capture.json").write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps(result, indent=1, default=str))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
