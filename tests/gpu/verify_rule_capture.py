@@ -139,10 +139,11 @@ def main() -> int:
         result["capture"] = capture
         result["rule_fired_at"] = firing.get("time") if firing else None
         result["events"] = [{k: e.get(k) for k in ("kind", "time", "text")} for e in events][-10:]
-        traces = sorted(p.name for p in Path(os.environ.get("TMPDIR", "/tmp"), "perfd-captures").rglob("*.json")
-                        if not p.name.startswith("manifest"))
+        store = Path(os.environ.get("TMPDIR", "/tmp"), "perfd-captures")
+        traces = sorted(p.name for p in store.rglob("*.json") if not p.name.startswith("manifest"))
         result["trace_files"] = traces
-        pids = {r: (out / f"rank{r}.pid").read_text().strip() for r in (0, 1) if (out / f"rank{r}.pid").exists()}
+        pids = {r: (out / f"rank{r}.pid").read_text().strip() for r in (0, 1)
+                if (out / f"rank{r}.pid").exists()}
         result["rank_pids"] = pids
         payload = (capture or {}).get("result") or {}
         result["latency_s"] = payload.get("latency_s")
