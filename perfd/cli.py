@@ -30,6 +30,9 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     from perfd.commands.analyze import add_sglang_arguments
 
     add_sglang_arguments(asub.add_parser("sglang", help="analyse an SGLang server log (and its /metrics)"))
+    from perfd.commands.analyze_capture import add_arguments as add_capture_arguments
+
+    add_capture_arguments(asub)
 
 
 def _add_catalog(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -59,6 +59,10 @@ def analyze_megatron_file(path: str, job: str | None = None, gpu: str | None = N
 def run_analyze(args: argparse.Namespace) -> int:
     if args.what == "sglang":
         return run_sglang(args)
+    if args.what in ("nsys", "trace"):
+        from perfd.commands import analyze_capture
+
+        return analyze_capture.run(args)
     if args.what != "megatron":  # argparse enforces the choices; kept for new analysers
         print(f"perfd: unknown analyser {args.what}", file=sys.stderr)
         return 2

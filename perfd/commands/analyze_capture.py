@@ -1,0 +1,56 @@
+"""`perfd analyze nsys FILE` and `perfd analyze trace FILE`: per-device breakdown of a capture."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_arguments(asub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    n = asub.add_parser("nsys", help="breakdown of an nsys capture (.nsys-rep or exported .sqlite)")
+    n.add_argument("file")
+    n.add_argument("--json", action="store_true", help="print JSON")
+    n.add_argument("--check-sql", action="store_true",
+                   help="also compute busy/NCCL with plain SQL over the export (the accuracy check)")
+    t = asub.add_parser("trace", help="breakdown of a Kineto / Chrome trace (.json or .json.gz)")
+    t.add_argument("file")
+    t.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        print(f"perfd: no such file: {path}", file=sys.stderr)
+        return 2
+    try:
+        if args.what == "nsys":
+            from perfd.capture.nsys_sqlite import analyze_nsys, direct_sql_check
+
+            analysis = analyze_nsys(path)
+            out: dict[str, Any] = analysis.to_json()
+            if args.check_sql:
+                sqlite = path if path.suffix == ".sqlite" else path.with_suffix(".sqlite")
+                out["sql_check"] = direct_sql_check(sqlite)
+        else:
+            from perfd.capture.chrome_trace import analyze_chrome_trace
+
+            out = analyze_chrome_trace(path).to_json()
+    except Exception as exc:  # unreadable input: say what and where, no traceback
+        print(f"perfd: cannot analyse {path}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(out, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
+    devices: list[dict[str, Any]] = list(out.get("devices") or [])
+    for d in devices:
+        print(f"device {d['device']}: span {d['span_ms']:.1f} ms, busy {d['busy_ms']:.1f}, idle "
+              f"{d['idle_ms']:.1f}, compute {d['compute_ms']:.1f}, NCCL {d['comm_ms']:.1f} "
+              f"(exposed {d['comm_exposed_ms']:.1f}), memcpy {d['memcpy_ms']:.1f}, "
+              f"SendRecv {d['sendrecv_ms']:.1f} ms")
+        for k in (d.get("top_kernels") or [])[:5]:
+            print(f"    {k['total_ms']:9.2f} ms  {k['count']:6d}x  {k['name'][:90]}")
+    return 0
