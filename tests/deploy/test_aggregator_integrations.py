@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -20,23 +19,12 @@ from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.wandb import iteration_metrics
+from tests.procs import wait_for as _wait
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 
 
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-            if last:
-                return last
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last={last!r}")
 
 
 def _perfd(*args: str, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:

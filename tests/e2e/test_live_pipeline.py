@@ -8,11 +8,9 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.prometheus import JOB_GAUGES
+from tests.procs import free_port as _free_port
+from tests.procs import http_get as _get
+from tests.procs import wait_for as _wait
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT.parent / "shared" / "fixtures" / "megatron" / "h200x2_tp1_pp2_gbs64_mbs4.log"
@@ -27,29 +28,10 @@ DATA = ROOT / "tests" / "data" / "megatron"
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return bytes(r.read())
 
 
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-            if last:
-                return last
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last={last!r}")
 
 
 def _perfd(*args: str, log: Path) -> subprocess.Popen[bytes]:

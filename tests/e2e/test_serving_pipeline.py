@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,29 +18,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from perfd import catalog
 from perfd.report.report import Report
+from tests.procs import http_get as _get
+from tests.procs import wait_for as _wait
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
 pytestmark = pytest.mark.slow
 
 
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return bytes(r.read())
 
 
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-            if last:
-                return last
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last={last!r}")
 
 
 def test_serving_metrics_and_report_reach_the_aggregator(tmp_path: Path) -> None:
