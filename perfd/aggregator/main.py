@@ -72,7 +72,14 @@ class Aggregator:
 
     @staticmethod
     def _engine(cfg: AggregatorConfig) -> RuleEngine | None:
-        files = [str(default_pack_path())] if cfg.rules_files is None else cfg.rules_files
+        if cfg.rules_files is None:
+            default = default_pack_path()
+            if not default.is_file():  # an install without the shipped packs: say so, run on
+                log.warning("no default rule pack at %s: no rules evaluated (give --rules FILE)", default)
+                return None
+            files = [str(default)]
+        else:
+            files = cfg.rules_files
         rules = [r for f in files for r in load_pack(f).rules]  # a bad pack stops start-up: loud
         return RuleEngine(rules) if rules else None
 

@@ -9,6 +9,7 @@ the last of two duplicate keys.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -436,6 +437,12 @@ def load_pack(path: str | Path) -> RulePack:
     return pack
 
 
-def default_pack_path() -> Path:
-    """``rules/default.yaml`` at the repository root (beside the ``perfd`` package)."""
-    return Path(__file__).resolve().parents[2] / "rules" / "default.yaml"
+def default_pack_path(name: str = "default.yaml") -> Path:
+    """A shipped pack: ``rules/NAME`` beside the ``perfd`` package (a source checkout), else the copy
+    an installed wheel puts under ``<prefix>/share/perfd/rules/`` (pyproject's data-files). Returns
+    the first that exists, or the checkout path (whose absence the caller reports)."""
+    checkout = Path(__file__).resolve().parents[2] / "rules" / name
+    if checkout.is_file():
+        return checkout
+    installed = Path(sys.prefix) / "share" / "perfd" / "rules" / name
+    return installed if installed.is_file() else checkout
