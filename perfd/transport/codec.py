@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict
@@ -222,6 +222,15 @@ class SeriesTable:
 # ------------------------------------------------------------------------------------ steps
 
 
+def _set_present(src: Any, dst: Any, names: Iterable[str], conv: Callable[[Any], Any]) -> None:
+    """Copy the fields of ``src`` that are not None onto the proto3 ``optional`` fields of ``dst``:
+    an absent value stays unset (absent on the other side), never 0."""
+    for name in names:
+        v = getattr(src, name)
+        if v is not None:
+            setattr(dst, name, conv(v))
+
+
 def step_to_pb(rec: StepRecord, m: pb.StepRecord) -> None:
     """Fill ``m`` (e.g. ``batch.steps.add()``) from ``rec``; None fields are left unset."""
     m.job = rec.job
@@ -230,14 +239,8 @@ def step_to_pb(rec: StepRecord, m: pb.StepRecord) -> None:
         m.rank = rec.rank
     else:
         m.scope = rec.rank
-    for name in _OPT_FLOAT:
-        v = getattr(rec, name)
-        if v is not None:
-            setattr(m, name, float(v))
-    for name in _OPT_INT:
-        v = getattr(rec, name)
-        if v is not None:
-            setattr(m, name, int(v))
+    _set_present(rec, m, _OPT_FLOAT, float)
+    _set_present(rec, m, _OPT_INT, int)
     m.fields.update(rec.fields)
     for tname, tv in rec.timers.items():
         t = m.timers[tname]
@@ -348,18 +351,9 @@ def collective_to_pb(rec: CollectiveRecord, m: pb.CollectiveRecord,
     """Fill ``m`` from ``rec``; None fields are left unset. ``pg_ranks`` goes into the batch's
     ``rank_lists`` once per distinct list (``rank_lists`` maps a list to its index)."""
     m.job, m.source, m.op, m.is_p2p = rec.job, rec.source, rec.op, rec.is_p2p
-    for name in _COLL_OPT_STR:
-        v = getattr(rec, name)
-        if v is not None:
-            setattr(m, name, str(v))
-    for name in _COLL_OPT_INT:
-        v = getattr(rec, name)
-        if v is not None:
-            setattr(m, name, int(v))
-    for name in _COLL_OPT_FLOAT:
-        v = getattr(rec, name)
-        if v is not None:
-            setattr(m, name, float(v))
+    _set_present(rec, m, _COLL_OPT_STR, str)
+    _set_present(rec, m, _COLL_OPT_INT, int)
+    _set_present(rec, m, _COLL_OPT_FLOAT, float)
     if rec.pg_ranks is not None:
         key = tuple(rec.pg_ranks)
         idx = rank_lists.get(key)
