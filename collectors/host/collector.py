@@ -80,6 +80,10 @@ class HostConfig:
                    disk_refresh_s=float(cfg.get("disk_refresh_s", 60.0)))
 
 
+# Per-CPU times come in clock ticks (10 ms); a step back of up to two ticks is noise (see Deltas).
+CPU_TIME_JITTER_S = 0.02
+
+
 class Deltas:
     """Previous value and time per counter; ``rate()`` gives the per-second rate or None."""
 
@@ -87,14 +91,19 @@ class Deltas:
         self._prev: dict[str, tuple[float, float]] = {}
         self._on_reset = on_reset
 
-    def delta(self, key: str, value: float, t: float) -> tuple[float, float] | None:
+    def delta(self, key: str, value: float, t: float, jitter: float = 0.0) -> tuple[float, float] | None:
         """(value delta, seconds) since the previous call for ``key``; None on the first call,
-        when no time passed, or when the counter went backwards (counted via ``on_reset``)."""
+        when no time passed, or when the counter went backwards by more than ``jitter`` (counted
+        via ``on_reset``). A step back within ``jitter`` reads as no change: per-CPU times in
+        /proc/stat are known to step back by a tick on some kernels and hypervisors, which is
+        noise, not a counter reset."""
         prev = self._prev.get(key)
         self._prev[key] = (value, t)
         if prev is None:
             return None
         dv, dt = value - prev[0], t - prev[1]
+        if -jitter <= dv < 0:
+            dv = 0.0
         if dv < 0:
             self._on_reset(key)
             return None
@@ -113,11 +122,13 @@ class Deltas:
 
 def cpu_busy_total(times: Any) -> tuple[float, float]:
     """(busy, total) seconds from a psutil cpu_times tuple. Linux counts guest time inside user and
-    nice already, so guest fields are left out of the total; idle and iowait are not busy."""
+    nice already, so guest fields are left out of the total; idle and iowait are not busy.
+    Busy is summed from its own fields, not taken as total - idle: the subtraction's rounding
+    made an idle CPU's busy time step back by an ulp, which read as a counter reset."""
     fields = times._asdict()
-    total = sum(v for k, v in fields.items() if k not in ("guest", "guest_nice"))
-    idle = fields.get("idle", 0.0) + fields.get("iowait", 0.0)
-    return total - idle, total
+    counted = {k: v for k, v in fields.items() if k not in ("guest", "guest_nice")}
+    busy = sum(v for k, v in counted.items() if k not in ("idle", "iowait"))
+    return busy, sum(counted.values())
 
 
 class HostCollector(Collector):
@@ -185,8 +196,8 @@ class HostCollector(Collector):
         emit("perfd_host_load1", self._ps.getloadavg()[0])
 
     def _busy_ratio(self, key: str, busy: float, total: float, t: float) -> float | None:
-        db = self._deltas.delta(f"{key}:busy", busy, t)
-        dt = self._deltas.delta(f"{key}:total", total, t)
+        db = self._deltas.delta(f"{key}:busy", busy, t, jitter=CPU_TIME_JITTER_S)
+        dt = self._deltas.delta(f"{key}:total", total, t, jitter=CPU_TIME_JITTER_S)
         if db is None or dt is None or dt[0] <= 0:
             return None
         return min(max(db[0] / dt[0], 0.0), 1.0)

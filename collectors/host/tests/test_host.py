@@ -205,6 +205,31 @@ def test_deltas() -> None:
     assert d.rate("a", 100, 5.0) is None
 
 
+def test_deltas_jitter_is_no_change_not_a_reset() -> None:
+    resets: list[str] = []
+    d = Deltas(resets.append)
+    d.delta("c", 100.0, 0.0, jitter=0.02)
+    assert d.delta("c", 99.99, 1.0, jitter=0.02) == (0.0, 1.0) and resets == []
+    assert d.delta("c", 99.0, 2.0, jitter=0.02) is None and resets == ["c"]
+
+
+def test_idle_cpu_busy_time_does_not_step_back() -> None:
+    # Found in CI: an idle CPU's busy time computed as total - idle stepped back by an ulp
+    # between two reads (idle grew, busy fields did not), and the CPU's series was dropped as
+    # a counter reset. Busy summed from its own fields is exactly unchanged.
+    before = CpuTimes(0.1, 0.0, 0.2, 1234567.89, 0.7, 0.0, 0.0, 0.0, 0.0, 0.0)
+    after = before._replace(idle=1234567.89 + 0.13)
+    assert cpu_busy_total(after)[0] == cpu_busy_total(before)[0]
+    col, ps, clock = make({"per_cpu": True})
+    ps.cpu, ps.percpu = before, [before]
+    col.collect(0.0)
+    clock.t += 1
+    ps.cpu, ps.percpu = after, [after._replace(system=0.19)]  # busy one tick back: noise
+    got = by_name(col.collect(1.0))
+    assert got["perfd_host_cpu_util_ratio"] == [({}, 0.0), ({"cpu": "0"}, 0.0)]
+    assert not col.errors
+
+
 @pytest.mark.parametrize("cfg", [{"interval_s": 0}, {"interfaces": "eth0"}, {"max_interfaces": -1},
                                  {"exclude_interfaces": "lo"}, {"pid": 1}])
 def test_bad_config(cfg: dict[str, Any]) -> None:
