@@ -23,7 +23,9 @@
   known install path; a clear error when it is missing).
 - The command's stdout and stderr (one pipe, so their interleaving is kept) are copied to this
   terminal and to ``--log`` (default ``<run dir>/output.log``) as they arrive, byte for byte,
-  partial lines included: the agent's log collectors tail that file.
+  partial lines included: the agent's log collectors tail that file. Beside it,
+  ``<log>.times`` (:mod:`perfd.linetimes`) says when each line arrived, to the microsecond: the
+  agent takes an iteration's end time from there rather than from the log's one-second stamps.
 - SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed to the command's process group
   (the command runs in a session of its own, so Ctrl-C reaches it once, through perfd).
 - The exit status is the command's; 128 + N when it was killed by signal N; 127 when it could not
@@ -49,6 +51,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+from perfd import linetimes
 
 MANIFEST_VERSION = 1
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
@@ -93,7 +97,8 @@ class LaunchPlan:
 
     def collectors(self, job: str) -> dict[str, dict[str, Any]]:
         """The agent collectors that read what this launch sets up (``perfd agent --launch-manifest``)."""
-        out: dict[str, dict[str, Any]] = {"megatron": {"path": str(self.log_path)},
+        times = str(linetimes.sidecar_path(self.log_path))
+        out: dict[str, dict[str, Any]] = {"megatron": {"path": str(self.log_path), "line_times": times},
                                           "hook": {"socket_path": self.hook_socket}}
         if self.fr_dir is not None:
             out["nccl"] = {"flight_recorder": {"pipe_prefix": str(self.fr_dir / "frp_"),
@@ -210,9 +215,15 @@ class Tee:
     ``quiet_s`` (a leftover grandchild may hold it open for ever).
     """
 
-    def __init__(self, fd: int, outputs: Sequence[IO[bytes]], quiet_s: float = 1.0) -> None:
+    def __init__(self, fd: int, outputs: Sequence[IO[bytes]], quiet_s: float = 1.0,
+                 times: IO[bytes] | None = None, times_for: int = 1) -> None:
         self.fd = fd
         self.outputs = list(outputs)
+        # ``times``: the ``.times`` sidecar (perfd.linetimes) of output ``times_for`` (the log):
+        # when each read that carried a newline arrived, for step boundaries finer than the
+        # log's own one-second stamps.
+        self.times = times
+        self.times_for = times_for
         self.errors: dict[int, str] = {}
         self.bytes = 0
         self.quiet_s = quiet_s
@@ -239,6 +250,7 @@ class Tee:
                 return
             if not chunk:
                 return
+            now_ns = time.time_ns()
             last_data = time.monotonic()
             self.bytes += len(chunk)
             for i, out in enumerate(self.outputs):
@@ -249,6 +261,18 @@ class Tee:
                     out.flush()
                 except (OSError, ValueError) as exc:
                     self.errors[i] = repr(exc)
+            self._note_time(chunk, now_ns)
+
+    def _note_time(self, chunk: bytes, now_ns: int) -> None:
+        # The log holds every byte read so far (until it fails): its size is self.bytes.
+        if self.times is None or b"\n" not in chunk or self.times_for in self.errors:
+            return
+        try:
+            self.times.write(linetimes.format_record(self.bytes, now_ns))
+            self.times.flush()
+        except (OSError, ValueError) as exc:
+            self.errors[-1] = f"line times: {exc!r}"
+            self.times = None
 
     def finish(self, timeout_s: float = 10.0) -> None:
         self._finish.set()
@@ -278,6 +302,12 @@ def run_launch(opts: LaunchOptions, terminal: IO[bytes] | None = None, err: IO[s
     except OSError as exc:
         print(f"perfd launch: cannot write the log {plan.log_path}: {exc.strerror}", file=err)
         return 2
+    try:  # the sidecar is an aid: without it the log's own time stamps are used
+        times: IO[bytes] | None = linetimes.sidecar_path(plan.log_path).open("wb")
+    except OSError as exc:
+        print(f"perfd launch: note: cannot write {linetimes.sidecar_path(plan.log_path)}: {exc.strerror}; "
+              "step boundaries fall back to the log's time stamps", file=err)
+        times = None
     fwd = _Forwarder()
     with log:
         previous = fwd.install()  # before the child exists: a signal in between is held, then passed
@@ -297,7 +327,7 @@ def run_launch(opts: LaunchOptions, terminal: IO[bytes] | None = None, err: IO[s
             write_manifest(plan.manifest_path, manifest_data(plan, opts, child.pid, "running", started))
             print(f"perfd launch: job {opts.job!r} pid {child.pid}; log {plan.log_path}; manifest "
                   f"{plan.manifest_path}", file=err, flush=True)
-            tee = Tee(child.stdout.fileno(), [terminal, log])
+            tee = Tee(child.stdout.fileno(), [terminal, log], times=times, times_for=1)
             tee.start()
             try:
                 rc = child.wait()
@@ -309,8 +339,14 @@ def run_launch(opts: LaunchOptions, terminal: IO[bytes] | None = None, err: IO[s
     status = exit_status(rc)
     write_manifest(plan.manifest_path, manifest_data(plan, opts, child.pid, "exited", started, status,
                                                      time.time()))
+    if times is not None:
+        try:
+            times.close()
+        except OSError:
+            pass
     for i, why in tee.errors.items():
-        print(f"perfd launch: output {['terminal', 'log'][i]} failed: {why}", file=err)
+        what = "line times" if i < 0 else ["terminal", "log"][i]
+        print(f"perfd launch: output {what} failed: {why}", file=err)
     return status
 
 

@@ -10,15 +10,18 @@ from typing import Any
 from collectors.megatron.parser import MegatronLogParser
 from collectors.megatron.tail import LogTail
 from perfd.collector import Capabilities, Collected, Collector
+from perfd.linetimes import LineTimes
 from perfd.model import JobInfo
 
 
 class MegatronCollector(Collector):
     """Config: ``path`` (required), ``job`` (default: the agent's job), ``from_start`` (default
-    true), ``flush_after_s`` (default 2): when the log has been quiet that long, the pending
-    iteration is emitted without waiting for the next iteration line (Megatron prints the
-    iteration line, its timers and the straggler line within milliseconds; a quiet log means the
-    record is complete, or the job stopped)."""
+    true), ``line_times`` (the ``.times`` sidecar `perfd launch` writes beside the log, see
+    perfd.linetimes; an iteration's end time then comes from when its line was printed, not from
+    the log's one-second stamp), ``flush_after_s`` (default 2): when the log has been quiet
+    that long, the pending iteration is emitted without waiting for the next iteration line
+    (Megatron prints the iteration line, its timers and the straggler line within milliseconds;
+    a quiet log means the record is complete, or the job stopped)."""
 
     name = "megatron"
     default_interval_s = 0.5
@@ -34,6 +37,8 @@ class MegatronCollector(Collector):
         self.max_bytes_per_collect = int(config.get("max_bytes_per_collect", 4 << 20))
         self.parser = MegatronLogParser(job=self.job, source_name=Path(self.path).name)
         self.tail: LogTail | None = None
+        lt = config.get("line_times")
+        self.line_times = LineTimes(str(lt)) if lt else None
         self._last_data = time.monotonic()
         self._pending = False  # the parser holds an iteration not yet emitted
         self._sent_info: JobInfo | None = None
@@ -54,7 +59,7 @@ class MegatronCollector(Collector):
         out = Collected()
         if self.tail is None:
             return out
-        lines = self.tail.read_lines(max_bytes=self.max_bytes_per_collect)
+        lines = self.tail.read_lines_at(max_bytes=self.max_bytes_per_collect)
         for reason, n in self.tail.errors.items():  # mirror tail failures into our error counts
             for _ in range(n - self._tail_errors_seen.get(reason, 0)):
                 self.count_error(f"tail:{reason}", self.path)
@@ -62,9 +67,12 @@ class MegatronCollector(Collector):
         mono = time.monotonic()
         if lines:
             self._last_data = mono
-            for line in lines:
-                recs = self.parser.feed(line)
-                out.steps.extend(recs)
+            lt = self.line_times
+            for line, offset in lines:
+                # Only iteration lines need the time; the lookup is a bisect (a file read when
+                # the sidecar is behind).
+                arrived = lt.time_for(offset) if lt is not None and "iteration" in line else None
+                out.steps.extend(self.parser.feed(line, arrived))
             self._pending = True
         elif self._pending and mono - self._last_data >= self.flush_after_s:
             out.steps.extend(self.parser.flush())

@@ -95,14 +95,18 @@ class MegatronLogParser:
         # whether it was the run's first-iteration log ("certain" | "maybe").
         self._prev_record: StepRecord | None = None
         self._prev_first: str | None = None
+        self._arrived: float | None = None  # the line being fed: when it was printed, if known
 
     # ---------------------------------------------------------------------------------------
     # Public API
     # ---------------------------------------------------------------------------------------
 
-    def feed(self, line: str) -> list[StepRecord]:
-        """Parse one raw line (trailing newline optional); return the records it completed."""
+    def feed(self, line: str, arrived: float | None = None) -> list[StepRecord]:
+        """Parse one raw line (trailing newline optional); return the records it completed.
+        ``arrived``: when the line was printed (epoch seconds, perfd.linetimes), finer than the
+        log's own one-second stamp; it becomes an iteration line's end time."""
         out: list[StepRecord] = []
+        self._arrived = arrived
         try:
             text = line[:-1] if line.endswith("\n") else line
             for piece in text.split("\n"):  # a caller passing several lines at once still works
@@ -405,11 +409,13 @@ class MegatronLogParser:
     def _start_record(self, it: IterationLine, line: str, out: list[StepRecord]) -> None:
         self._complete(out)
         self._count("iteration_lines")
+        if self._arrived is not None:
+            self._count("end_times_from_line_arrival")
         rec = StepRecord(
             job=self.job,
             iteration=it.iteration,
             rank="last",
-            end_time=it.end_time,
+            end_time=it.end_time if self._arrived is None else self._arrived,
             train_iters=it.train_iters,
             fields=dict(it.pairs),
             source=Provenance(COLLECTOR, f"{self.source_name}:{self._line_no}"),

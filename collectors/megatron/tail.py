@@ -32,6 +32,7 @@ class LogTail:
         self._fh: BinaryIO | None = None
         self._id: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
         self._partial = b""
+        self._offsets: list[int | None] = []  # per line of the current read_lines_at call
         # Open now, not at the first read: a rotation between the two must not hide the file we
         # were asked to follow. from_start=False skips what is there now; a file that does not
         # exist yet is opened at the first read and read from its start.
@@ -41,13 +42,20 @@ class LogTail:
 
     def read_lines(self, max_bytes: int = 1 << 20) -> list[str]:
         """New complete lines (without their newline), reading at most ``max_bytes`` this call."""
+        return [line for line, _ in self.read_lines_at(max_bytes)]
+
+    def read_lines_at(self, max_bytes: int = 1 << 20) -> list[tuple[str, int | None]]:
+        """As :meth:`read_lines`, each line with the file offset of its newline (None for a line
+        handed over without one: cut at a rotation, or over-long); see perfd.linetimes."""
         out: list[bytes] = []
+        self._offsets = []
         try:
             self._read(out, max(1, max_bytes))
         except Exception as exc:  # never raise into the agent: count it
             self._error(f"unexpected:{type(exc).__name__}")
         self._count("lines", len(out))
-        return [b.decode("utf-8", "replace") for b in out]
+        offsets = self._offsets + [None] * (len(out) - len(self._offsets))
+        return [(b.decode("utf-8", "replace"), o) for b, o in zip(out, offsets, strict=False)]
 
     def close(self) -> None:
         if self._fh is not None:
@@ -111,6 +119,7 @@ class LogTail:
             if self._partial:
                 # The old file is finished: its unterminated last line will never be completed.
                 out.append(self._partial)
+                self._offsets.append(None)
                 self._partial = b""
                 self._count("partial_at_rotation")
             self.close()
@@ -137,6 +146,7 @@ class LogTail:
         if self._fh is None:
             return 0
         try:
+            base = self._fh.tell() - len(self._partial)  # where the pending partial line starts
             data = self._fh.read(budget)
         except OSError:
             self._error("read_failed")
@@ -146,10 +156,15 @@ class LogTail:
         self._count("bytes", len(data))
         parts = (self._partial + data).split(b"\n")
         self._partial = parts.pop()
+        for part in parts:
+            base += len(part)
+            self._offsets.append(base)  # the newline's offset
+            base += 1
         out.extend(parts)
         if len(self._partial) > self.max_line_bytes:
             # A "line" this long is not a log line; hand it over rather than grow without bound.
             out.append(self._partial)
+            self._offsets.append(None)
             self._partial = b""
             self._count("partial_overlong")
         return len(data)

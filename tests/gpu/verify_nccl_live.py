@@ -136,6 +136,8 @@ def worker(mode: str, run_dir: Path) -> None:
             prof.stop()
             prof.export_chrome_trace(str(run_dir / f"trace_rank{rank}.json"))
             prof = None
+            if not SMOKE:
+                _save_fr_entries(torch, run_dir / f"fr_rank{rank}.json")
     if hook is not None:
         hook.close(timeout_s=1.0)
     (run_dir / f"steps_rank{rank}.json").write_text(json.dumps({
@@ -148,6 +150,59 @@ def worker(mode: str, run_dir: Path) -> None:
         time.sleep(3.0)  # the agent triggers a dump every second: the last steps get dumped too
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _save_fr_entries(torch: Any, path: Path) -> None:
+    """This rank's Flight Recorder ring, as the job sees it right after the profiled steps: the
+    driver matches each collective's duration_ms with its NCCL kernel in the Kineto trace."""
+    import pickle
+
+    try:
+        raw = pickle.loads(torch._C._distributed_c10d._dump_nccl_trace())  # our own process's ring
+        rows = [{"seq": e.get("collective_seq_id"), "pg": e.get("pg_id"), "op": e.get("profiling_name"),
+                 "created_ns": e.get("time_created_ns"), "duration_ms": e.get("duration_ms"),
+                 "started_ns": e.get("time_discovered_started_ns"), "state": e.get("state"),
+                 "sizes": e.get("input_sizes")} for e in raw.get("entries", [])]
+        path.write_text(json.dumps(rows))
+    except Exception as exc:  # diagnostics only: never fail the run
+        path.write_text(json.dumps({"error": repr(exc)}))
+
+
+def match_fr_to_kernels(fr_path: Path, trace_path: Path) -> dict[str, Any]:
+    """Per collective: Flight Recorder duration_ms against its NCCL kernel's duration in the Kineto
+    trace. The profiled steps' collectives are the last len(kernels) entries of process group 0
+    created before the trace's last kernel (one stream, same order on both sides)."""
+    rows = json.loads(fr_path.read_text())
+    if isinstance(rows, dict):
+        return {"error": rows.get("error")}
+    trace = json.loads(trace_path.read_text())
+    nccl = ("ncclDevKernel", "ncclKernel")
+    all_k = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"]
+    kernels = sorted((e for e in all_k if str(e.get("name", "")).startswith(nccl)),
+                     key=lambda e: float(e["ts"]))
+    compute = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+                     for e in all_k if not str(e.get("name", "")).startswith(nccl))
+    fr = sorted((r for r in rows if r.get("pg") == 0 and r.get("duration_ms") is not None),
+                key=lambda r: r["seq"] or 0)
+    if not kernels or len(fr) < len(kernels):
+        return {"error": f"{len(kernels)} NCCL kernels, {len(fr)} timed Flight Recorder entries"}
+    sel = fr[-len(kernels):]
+    pairs = []
+    for k, r in zip(kernels, sel, strict=True):
+        ks, kd = float(k["ts"]), float(k.get("dur", 0))
+        # compute kernels running at the NCCL kernel's start: SMs it had to wait for
+        busy_at_start = any(a <= ks < b for a, b in compute)
+        pairs.append({"seq": r["seq"], "fr_ms": r["duration_ms"], "kernel_ms": kd / 1e3,
+                      "excess_ms": r["duration_ms"] - kd / 1e3, "compute_running_at_start": busy_at_start})
+    fr_sum = sum(p["fr_ms"] for p in pairs)
+    k_sum = sum(p["kernel_ms"] for p in pairs)
+    overl = [p["excess_ms"] for p in pairs if p["compute_running_at_start"]]
+    alone = [p["excess_ms"] for p in pairs if not p["compute_running_at_start"]]
+    return {"n": len(pairs), "fr_sum_ms": fr_sum, "kernel_sum_ms": k_sum,
+            "ratio": fr_sum / k_sum if k_sum else None,
+            "median_excess_ms_compute_running": statistics.median(overl) if overl else None,
+            "median_excess_ms_alone": statistics.median(alone) if alone else None,
+            "n_compute_running": len(overl), "first_pairs": pairs[:12]}
 
 
 # ------------------------------------------------------------------------------------ driver helpers
@@ -302,6 +357,11 @@ def part_live(out: Path, budget: float) -> dict[str, Any]:
                 "timeline_span_ms": dev.span_ms, "timeline_exposed_ms": dev.comm_exposed_ms,
                 "timeline_device": dev.device,
                 "diff_points": None if perfd is None or timeline is None else 100 * (perfd - timeline)}
+            try:
+                fr_file = out / "run" / f"fr_rank{r}.json"
+                per_rank[str(r)]["fr_vs_kernels"] = match_fr_to_kernels(fr_file, trace)
+            except Exception as exc:
+                per_rank[str(r)]["fr_vs_kernels"] = {"error": repr(exc)}
         res["profiled_iterations"] = profiled
         res["per_rank"] = per_rank
         diffs = [abs(v["diff_points"]) for v in per_rank.values() if v["diff_points"] is not None]
@@ -431,6 +491,18 @@ def markdown(results: dict[str, Any]) -> str:
             bw = [(b["group"], round(b["median_busbw_gbs"]), b["link"], b["ratio"])
                   for b in live.get("bandwidth", [])]
             method = live.get("method", {}).get("name")
+            lines += ["", "Flight Recorder duration vs the same collective's NCCL kernel (Kineto):", ""]
+            for r, v in sorted(live.get("per_rank", {}).items()):
+                m = v.get("fr_vs_kernels") or {}
+                if "error" in m:
+                    lines.append(f"- rank {r}: {m['error']}")
+                    continue
+                lines.append(
+                    f"- rank {r}: {m.get('n')} collectives, FR {m.get('fr_sum_ms', 0):.1f} ms vs kernels "
+                    f"{m.get('kernel_sum_ms', 0):.1f} ms (x{m.get('ratio') or 0:.2f}); median excess "
+                    f"{m.get('median_excess_ms_compute_running')} ms when compute kernels ran at the "
+                    f"NCCL kernel's start ({m.get('n_compute_running')}), "
+                    f"{m.get('median_excess_ms_alone')} ms otherwise")
             lines += ["", f"perfd steady-state (median over the run): {_pct(s.get('comm_total_share'))}, "
                       f"by group {s.get('comm_share_by_group')}; method: {method}.",
                       f"Bus bandwidth (group, GB/s, link, ratio to the link): {bw}",
