@@ -265,7 +265,8 @@ class Procs:
         cfg.write_text("batch_interval_s: 0.2\ncollectors:\n  nccl:\n    flight_recorder:\n"
                        f"      interval_s: 1\n      hang_threshold_s: {HANG_THRESHOLD_S}\n")
         self.perfd("agent", "agent", "--config", str(cfg), "--launch-manifest", str(manifest), "--aggregator",
-                   f"127.0.0.1:{grpc_port}", "--nvml", "off", "--host", "off", "--metrics-port", "-1")
+                   f"127.0.0.1:{grpc_port}", "--nvml", "off" if SMOKE else "real", "--host", "off",
+                   "--metrics-port", "-1")  # NVML: the GPU's name, hence its link's bus bandwidth
 
     def stop(self) -> None:
         for _, p in reversed(self.procs):

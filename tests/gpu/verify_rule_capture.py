@@ -1,7 +1,7 @@
 """The whole capture path on a real job: a rule fires on the aggregator → a capture command → the
 agent that hosts the target rank → a Kineto trace of that rank only, for the requested steps.
 
-    python3 tests/gpu/verify_rule_capture.py OUT_DIR [--cpu]
+    python3 tests/gpu/verify_rule_capture.py OUT_DIR [--cpu] [--tool kineto|nsys]
 
 Runs `perfd aggregator` with a rule forced to fire (step time > 0 on the job), `perfd launch --kineto`
 around a 2-rank torchrun job whose loop uses the perfd step hook (so the aggregator has step
@@ -9,6 +9,14 @@ records), and `perfd agent --launch-manifest` (hook collector; NVML for rank →
 --cpu). Measures the time from the rule's firing to the capture start (the daemon answering the
 rank's poll) and to the trace, and checks that only the target rank wrote a trace. --cpu runs the
 same path without a GPU (gloo, CPU ops), to check the plumbing.
+
+``--tool nsys`` (``source .gpu-libs/nsys-env.sh`` first): each rank runs under its own
+``nsys profile -c cudaProfilerApi --capture-range-end=repeat`` (``torchrun --no-python``, the
+prefix from perfd.capture.nsys_exec.nsys_range_argv, reports under the agent's range directory
+``<capture dir>/nsys-ranges/<session>/rank<r>``); the rule asks for an nsys range of 3 steps on
+rank 1, which the step hook opens and closes with cudaProfilerStart/Stop at step boundaries. Checks:
+a report from rank 1 only, analysed by the agent (devices, busy, NCCL time), and the time from the
+firing to the range start.
 """
 
 from __future__ import annotations
@@ -65,12 +73,27 @@ rules:
     severity: info
     action:
       type: capture
-      tool: kineto
+      tool: TOOL
       targets: {ranks: [1]}
       steps: 3
       cooldown: 1h
       max_per_hour: 1
 """
+
+
+def job_argv(tool: str, out: Path, capture_dir: Path) -> list[str]:
+    """The torchrun command; for nsys ranges each rank is wrapped in its own ``nsys profile``
+    writing where the agent looks for range reports (NsysExecutor.range_base)."""
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    if tool != "nsys":
+        return [*run, str(out / "train.py")]
+    from perfd.capture.nsys_exec import nsys_range_argv, session_name
+    from perfd.capture.nsys_sqlite import find_nsys
+
+    base = capture_dir / "nsys-ranges" / session_name("rc") / "rank%q{RANK}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    prefix = nsys_range_argv(find_nsys(), str(base), ["CMD"])[:-1]
+    return [*run, "--no-python", *prefix, sys.executable, str(out / "train.py")]
 
 
 def _get(url: str) -> Any:
@@ -83,11 +106,18 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--tool", choices=("kineto", "nsys"), default="kineto")
     a = ap.parse_args()
     out: Path = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "train.py").write_text(TRAIN)
-    (out / "rules.yaml").write_text(RULES)
+    rules = RULES.replace("TOOL", a.tool)
+    if a.tool == "nsys":
+        rules = rules.replace("      steps: 3\n", "      steps: 3\n      mode: range\n      timeout_s: 150\n")
+    (out / "rules.yaml").write_text(rules)
+    capture_dir = out / "captures"
+    agent_cfg = out / "agent.yaml"
+    agent_cfg.write_text(f"capture_dir: {capture_dir}\n")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
            "VRC_DIR": str(out), "VRC_SECONDS": str(a.seconds)}
     if a.cpu:
@@ -113,8 +143,7 @@ def main() -> int:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "perfd.cli", "launch", "--job", "rc", "--kineto", "--agent-socket", sock,
              "--manifest", str(manifest), "--log", str(out / "job.log"), "--",
-             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-             str(out / "train.py")],
+             *job_argv(a.tool, out, capture_dir)],
             cwd=ROOT, env=env, stdout=(out / "launch.out").open("wb"), stderr=subprocess.STDOUT))
         deadline = time.time() + 30
         while not manifest.exists():
@@ -124,7 +153,7 @@ def main() -> int:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "perfd.cli", "agent", "--launch-manifest", str(manifest), "--aggregator",
              f"127.0.0.1:{grpc_port}", "--nvml", "off" if a.cpu else "real", "--host", "off",
-             "--metrics-port", "-1"],
+             "--metrics-port", "-1", "--config", str(agent_cfg)],
             cwd=ROOT, env=env, stdout=(out / "agent.out").open("wb"), stderr=subprocess.STDOUT))
         t0 = time.time()
         capture: dict[str, Any] | None = None
@@ -139,8 +168,13 @@ def main() -> int:
         result["capture"] = capture
         result["rule_fired_at"] = firing.get("time") if firing else None
         result["events"] = [{k: e.get(k) for k in ("kind", "time", "text")} for e in events][-10:]
-        store = Path(os.environ.get("TMPDIR", "/tmp"), "perfd-captures")
-        traces = sorted(p.name for p in store.rglob("*.json") if not p.name.startswith("manifest"))
+        store = capture_dir
+        if a.tool == "nsys":
+            # <capture dir>/nsys-ranges/<session>/rank<r>.<n>.nsys-rep: which ranks wrote a report
+            traces = sorted(f"{p.parent.name}/{p.name}" for p in store.rglob("*.nsys-rep")
+                            if p.parent.parent.name == "nsys-ranges")
+        else:
+            traces = sorted(p.name for p in store.rglob("*.json") if not p.name.startswith("manifest"))
         result["trace_files"] = traces
         pids = {r: (out / f"rank{r}.pid").read_text().strip() for r in (0, 1)
                 if (out / f"rank{r}.pid").exists()}
@@ -149,8 +183,12 @@ def main() -> int:
         result["latency_s"] = payload.get("latency_s")
         if firing and capture:
             result["firing_to_request_s"] = round(capture["requested_at"] - firing["time"], 3)
-        ok = bool(capture and capture["status"] == "finished" and capture["ranks"] == [1]
-                  and traces and all(f"_{pids.get(1)}" in t or "rank1" in t for t in traces))
+        if a.tool == "nsys":  # reports are per rank directory: rank1/... only
+            ok = bool(capture and capture["status"] == "finished" and capture["ranks"] == [1]
+                      and traces and all(t.split("/")[1].startswith("rank1.") for t in traces))
+        else:
+            ok = bool(capture and capture["status"] == "finished" and capture["ranks"] == [1]
+                      and traces and all(f"_{pids.get(1)}" in t or "rank1" in t for t in traces))
         result["ok"] = ok
     except Exception as exc:
         result["error"] = repr(exc)
