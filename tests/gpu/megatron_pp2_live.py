@@ -98,7 +98,7 @@ def run(out: Path, megatron: Path) -> dict[str, Any]:
         manifest = run_dir / "launch.json"
         wait_for(manifest.exists, 30, "launch manifest")
         ps.agent(manifest, grpc_port)
-        rc = launch.wait(timeout=420)
+        rc = launch.wait(timeout=float(os.environ.get("MEGATRON_TIMEOUT_S", "240")))
         res["job_exit"], res["job_seconds"] = rc, round(time.monotonic() - t0, 1)
         url = f"http://127.0.0.1:{http}/api/jobs/{JOB}/summary"
         want = set(range(PROFILE_START, PROFILE_END))
