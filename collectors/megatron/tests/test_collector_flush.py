@@ -22,3 +22,12 @@ def test_last_iteration_is_flushed_at_stop(tmp_path: Path) -> None:
     assert [r.iteration for r in last.steps] == [40]
     assert col.flush(2.0).steps == []  # flushed once
     col.stop()
+
+
+def test_sample_config_builds_a_collector() -> None:
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "sample.yaml").read_text())
+    col = MegatronCollector(cfg)
+    assert col.path.endswith("train.log") and col.job == "gpt-8b"
+    assert col.line_times is not None and str(col.line_times.path).endswith("train.log.times")
