@@ -6,8 +6,13 @@ versions ``comm_name``), ``metadata`` (``hostname``, ``pid``, ``dump_timestamp_u
 ``coll_perf`` (``coll``, ``coll_sn``, ``coll_msg_size_bytes``, ``coll_exec_time_us``,
 ``coll_timing_source``, ``coll_algobw_gbs``, ``coll_busbw_gbs``) or ``p2p_perf`` (the same under a
 ``p2p_`` prefix, plus ``p2p_peer``). Its dump thread writes, per communicator and per interval, the
-*last* operation completed since the previous write: the records are a sample, and ``coll_sn``
-gaps are normal.
+*last* operation completed since the previous write (NCCL 2.28/2.29; later versions write every
+op of at least 8 KiB): the records are a sample, and ``coll_sn`` gaps are normal. ``coll_sn``
+counts each op type on its own (NCCL's ``seqNumber[func]``): an AllGather and an AllReduce of
+one communicator can both be number 0. ``coll_timing_source`` ``kernel_gpu`` means the time is the
+kernels' own GPU execution, the most exact NCCL time there is; ``dump_timestamp_us`` is when the
+line was written, not when the op ran. The plugin writes nothing unless
+``NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS`` is set (its dump thread is the only writer).
 
 Each file is followed with :class:`collectors.megatron.tail.LogTail` (complete lines only,
 truncation and rotation handled); new files are picked up by rescanning the directory. A line that
@@ -32,8 +37,15 @@ from perfd.model import CollectiveRecord, ParseIssue, Provenance
 INSPECTOR_OPS: dict[str, str] = {
     "AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
     "Broadcast": "broadcast", "Reduce": "reduce", "Send": "send", "Recv": "recv",
-    "SendRecv": "send_recv", "AllToAll": "all_to_all", "Gather": "gather", "Scatter": "scatter",
+    "SendRecv": "send_recv", "AllToAll": "all_to_all", "All2All": "all_to_all", "Gather": "gather",
+    "Scatter": "scatter", "AllGatherV": "all_gather_v",
 }
+# NCCL 2.28's plugin prints "Invalid" for ops its name table lacks (AlltoAll, Gather, Scatter):
+# kept as a record of an unknown op (its time is real), counted as ``unknown_op``.
+UNKNOWN_OP_NAMES = frozenset({"Invalid", "Unknown"})
+# NCCL 2.28's plugin has no type size for uint8/bool and multiplies the count by -1: a size that
+# reads as >= 2**63 is that, not a real size (it stays unknown).
+MAX_PLAUSIBLE_BYTES = 1 << 62
 
 
 _PER_RANK_SIZE_OPS = frozenset({"all_gather", "reduce_scatter"})
@@ -132,9 +144,12 @@ def parse_line(line: str, job: str, source: str = "") -> CollectiveRecord:
     raw_op = perf.get(pre)
     if not isinstance(raw_op, str) or not raw_op:
         raise InspectorLineError(f"bad-field:{pre}")
-    op = INSPECTOR_OPS.get(raw_op, raw_op.lower())
+    op = "unknown" if raw_op in UNKNOWN_OP_NAMES else INSPECTOR_OPS.get(raw_op, raw_op.lower())
     sn = _int(perf, f"{pre}_sn")
     size = _int(perf, f"{pre}_msg_size_bytes")
+    if size is not None and not 0 <= size < MAX_PLAUSIBLE_BYTES:
+        size = None  # see MAX_PLAUSIBLE_BYTES; the bandwidths printed with it are as wrong
+        perf = {k: v for k, v in perf.items() if not k.endswith(("_algobw_gbs", "_busbw_gbs"))}
     exec_us = _num(perf, f"{pre}_exec_time_us")
     n_ranks = _int(header, "n_ranks", required=False)
     comm_id = header.get("id")
@@ -192,7 +207,7 @@ class InspectorReader:
         self.counts: dict[str, int] = {}
         self.issues: list[ParseIssue] = []
         self._files: dict[str, _File] = {}
-        self._last_sn: dict[tuple[str, str, bool], int] = {}
+        self._last_sn: dict[tuple[str, str, int | None, bool, str], int] = {}
         self._next_scan = 0.0
         self._gone: set[str] = set()
         # Files present now: read from their start, or skip what they hold (from_start=False).
@@ -254,8 +269,13 @@ class InspectorReader:
                 self.issues.pop(0)
             self.issues.append(ParseIssue(line_no, exc.reason, text[:200]))
             return
+        if rec.op == "unknown":
+            self._c("unknown_op")
+        elif rec.bytes is None:
+            self._c("implausible_size")
         seq = rec.p2p_seq_id if rec.is_p2p else rec.collective_seq_id
-        key = (name, rec.comm_id or "", rec.is_p2p)
+        # Sequence numbers are per communicator, rank and op type (NCCL's seqNumber[func]).
+        key = (name, rec.comm_id or "", rec.group_rank, rec.is_p2p, rec.raw_op or rec.op)
         if seq is not None:
             last = self._last_sn.get(key)
             if last is not None and seq <= last:

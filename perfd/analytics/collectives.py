@@ -434,7 +434,8 @@ def _bandwidth(records: Sequence[CollectiveRecord], cls: Mapping[int, str], node
         if r.source == FR and r.duration_ms and r.pg_name is not None:
             key = (FR, r.pg_name, seq)
         elif r.source == INSPECTOR and (r.comm_id or r.pg_name):
-            key = (INSPECTOR, str(r.comm_id or r.pg_name), seq)
+            # the Inspector numbers each op type on its own (NCCL's seqNumber[func])
+            key = (INSPECTOR, f"{r.comm_id or r.pg_name}/{r.op}", seq)
         else:
             continue
         cur = best.get(key)

@@ -255,3 +255,16 @@ def test_recorded_h200_dumps_with_step_windows_from_the_run():
             assert share * w.ms >= 0.5 * total_ms
     assert 0 < (a.comm_total_share or 0) < 0.2  # the workload sleeps 200 ms per step
     assert {g["class"] for g in a.groups} == {"world"}
+
+
+def test_inspector_ops_with_the_same_sequence_number_are_distinct_for_bandwidth():
+    # NCCL numbers each op type on its own: all-reduce #0..3 and all-gather #0..3 of one
+    # communicator are eight ops, not four.
+    def insp(op: str, seq: int, busbw: float) -> CollectiveRecord:
+        return CollectiveRecord(job="j", source="nccl_inspector", op=op, raw_op=op, comm_id="0xabc",
+                                group_rank=0, group_size=2, nnodes=1, collective_seq_id=seq,
+                                bytes=256 << 20, duration_ms=1.0, busbw_gbs=busbw)
+    recs = [insp("all_reduce", s, 300.0) for s in range(4)] + [insp("all_gather", s, 100.0) for s in range(4)]
+    (b,) = analyze_collectives("j", recs, gpu_name="NVIDIA H200").bandwidth
+    assert b.n_ops == 8 and b.ops == {"all_reduce": 4, "all_gather": 4}
+    assert b.scope == "intra-node" and b.median_busbw_gbs == 200.0

@@ -146,3 +146,41 @@ def test_deleted_file_is_drained_then_dropped(tmp_path: Path) -> None:
     path.unlink()
     assert [r.collective_seq_id for r in reader.read()] == [2]
     assert reader.counts["files_gone"] == 1
+
+
+# What NCCL 2.28.9's plugin writes, from its source (ext-profiler/inspector at v2.28.9-1): no
+# comm_name, a sequence number per op type, "Invalid" for ops its name table lacks, and -1 x count
+# as the size of uint8/bool collectives.
+def v2289(coll: str, sn: int, size: int = 268435456, exec_us: int = 930, busbw: float = 288.64) -> str:
+    return json.dumps({
+        "header": {"id": "0x1234abcd5678ef", "rank": 0, "n_ranks": 2, "nnodes": 1},
+        "metadata": {"inspector_output_format_version": "v4.0", "git_rev": "v2.28.9-1",
+                     "rec_mechanism": "nccl_profiler_interface", "dump_timestamp_us": 1795305705478021,
+                     "hostname": "node0", "pid": 7101},
+        "coll_perf": {"coll": coll, "coll_sn": sn, "coll_msg_size_bytes": size, "coll_exec_time_us": exec_us,
+                      "coll_timing_source": "kernel_gpu", "coll_algobw_gbs": busbw, "coll_busbw_gbs": busbw}})
+
+
+def test_sequence_numbers_are_per_op_type(tmp_path: Path) -> None:
+    # A DDP start-up: broadcast #0, then all-reduces #0, #1. All three are distinct ops.
+    (tmp_path / "node0-pid7101.log").write_text(
+        "\n".join([v2289("Broadcast", 0, busbw=288.64), v2289("AllReduce", 0), v2289("AllReduce", 1),
+                   v2289("AllReduce", 1)]) + "\n")
+    reader = InspectorReader(tmp_path, "j", rescan_s=0.0)
+    got = [(r.op, r.collective_seq_id) for r in reader.read()]
+    assert got == [("broadcast", 0), ("all_reduce", 0), ("all_reduce", 1)]
+    assert reader.counts["duplicate"] == 1  # only the repeated all-reduce #1
+
+
+def test_invalid_op_name_and_implausible_size(tmp_path: Path) -> None:
+    unknown = parse_line(v2289("Invalid", 3, size=1 << 20, exec_us=10, busbw=1.0), "j")
+    assert unknown.op == "unknown" and unknown.raw_op == "Invalid" and unknown.duration_ms == 0.01
+    bogus = parse_line(v2289("AllReduce", 4, size=18446744073709550616, busbw=9.9e9), "j")
+    assert bogus.bytes is None and bogus.busbw_gbs is None and bogus.algbw_gbs is None
+    assert bogus.duration_ms == 0.93  # the time is still the kernels' own
+    (tmp_path / "n-pid1.log").write_text(v2289("Invalid", 3, size=1 << 20, exec_us=10, busbw=1.0) + "\n"
+                                         + v2289("AllReduce", 4, size=18446744073709550616) + "\n")
+    reader = InspectorReader(tmp_path, "j", rescan_s=0.0)
+    assert len(reader.read()) == 2
+    assert reader.counts["unknown_op"] == 1 and reader.counts["implausible_size"] == 1
+    assert "busbw_mismatch" not in reader.counts
