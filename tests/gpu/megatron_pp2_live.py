@@ -54,6 +54,7 @@ def megatron_argv(megatron: Path, tb_dir: Path) -> list[str]:
 
 def step_ranges(trace: Path) -> dict[int, tuple[float, float, float]]:
     """ProfilerStep#N on the GPU: N -> (span ms, NCCL-kernel union ms inside it, start ms)."""
+    from perfd.capture.analysis import total, union
     from perfd.capture.chrome_trace import read_chrome_trace
 
     data = read_chrome_trace(trace)
@@ -64,17 +65,7 @@ def step_ranges(trace: Path) -> dict[int, tuple[float, float, float]]:
             continue
         n = int(r.name.split("#")[1])
         cut = [(max(s, r.start_ns), min(e, r.end_ns)) for s, e in nccl if e > r.start_ns and s < r.end_ns]
-        union, cur_s, cur_e = 0.0, None, None
-        for s, e in sorted(cut):
-            if cur_e is None or s > cur_e:
-                if cur_e is not None and cur_s is not None:
-                    union += cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        if cur_e is not None and cur_s is not None:
-            union += cur_e - cur_s
-        out[n] = ((r.end_ns - r.start_ns) / 1e6, union / 1e6, r.start_ns / 1e6)
+        out[n] = ((r.end_ns - r.start_ns) / 1e6, total(union(cut)) / 1e6, r.start_ns / 1e6)
     return out
 
 
