@@ -1,21 +1,32 @@
-"""Host cost of the perfd step hook (DESIGN.md §4 target: <= 10 µs per step, never blocking).
+"""Host cost of the perfd step hook (DESIGN.md §4 target: <= 10 µs per step on the training
+thread, never blocking).
+
+What is timed is the training thread inside the hook calls: ``step_begin()`` (+ ``data_ready()``)
+and ``step_end()``, each pair on its own, median and p99, minus the cost of the timer itself. With
+CUDA events the hook only records events there; querying, elapsed times, records and sending run on
+its harvester thread, whose CPU time per step is given in the notes ("harvester ... ns/step"):
+that work still takes the GIL, so the paired loop rows are the end-to-end check.
 
 CPU part (runs anywhere, torch not needed):
-  - ns per ``step_begin()+step_end()`` pair, median (and p99) over 100k pairs, each pair timed on
-    its own, minus the cost of the timer itself; with the agent absent, present (drained by another
-    process), and slow (bound, never read); batched (default) and unbatched (one datagram a step);
+  - host timing (harvested inline in step_end) with the agent absent, present (drained by another
+    process) and slow (bound, never read); batched (default) and unbatched (one datagram a step);
+  - with steps of 20 µs of host work that release the GIL once (as a torch op does): host timing
+    with the harvester thread (``harvest_interval_s=0.05``) and inline, and the CUDA step path with
+    no-op events (no GPU: the hook's Python around the event record) with the harvester thread
+    (the CUDA default) and inline;
   - encoding one step record: ``struct`` (what the hook uses) against ``json.dumps``.
 GPU part (``--gpu``, needs torch with CUDA):
-  - the same pair cost with CUDA events (``cuda=True``);
-  - the hook's CUDA calls one by one (torch API and the driver fast path), and the hook's cost per
-    step with 3 events, 2 events (``cuda_data_event=False``) and through the torch API;
+  - the CUDA calls one by one with an idle launch queue (torch API and perfd's driver fast path);
+  - the training-thread cost per step with CUDA events: 1 event a step (the default), 2 events
+    (``cuda_data_event=True``), the harvester inline on the training thread
+    (``harvest_interval_s=0``, as the hook did before), and through the torch API;
   - a cross-check that the driver and torch paths measure the same GPU time;
   - paired loop timing: the same loop (compute-bound: 4 bf16 8192^3 matmuls; launch-bound: 200
     64^3 matmuls) with and without the hook, alternating blocks (ABAB...) so drift hits both,
     reporting the median per-step difference and its IQR, for each hook variant.
 
     python benchmarks/hook_overhead.py                 # CPU part
-    python benchmarks/hook_overhead.py --gpu           # both (on the GPU machine)
+    python3 benchmarks/hook_overhead.py --gpu          # both (on the GPU machine)
     python benchmarks/hook_overhead.py --pairs 20000   # quicker
 """
 
@@ -56,8 +67,16 @@ def _timer_floor(n: int) -> float:
 
 
 def _pairs(hook: StepHook, n: int, floor: float, data: bool = False,
-           work: Callable[[], None] | None = None) -> tuple[float, float]:
-    """Median and p99 ns of the hook calls alone, per step (timed around the hook calls only)."""
+           work: Callable[[], None] | None = None, warmup: int = 0) -> tuple[float, float]:
+    """Median and p99 ns of the hook calls alone, per step (timed around the hook calls only).
+    ``warmup`` untimed steps first (the first step creates the hook's CUDA events)."""
+    for _ in range(warmup):
+        hook.step_begin()
+        if data:
+            hook.data_ready()
+        if work is not None:
+            work()
+        hook.step_end()
     pc = time.perf_counter_ns
     samples = [0] * n
     for i in range(n):
@@ -137,8 +156,26 @@ def cpu_part(n: int) -> list[Row]:
                                     ("agent present, unbatched", {"flush_interval_s": 0}, False)):
                 hook = StepHook(present, cuda=False, rank=0, **kw)  # type: ignore[arg-type]
                 med, p99 = _pairs(hook, n, floor, data=data)
-                rows.append((f"host timing, {label}", med, p99, _drops(hook)))
                 hook.close()
+                rows.append((f"host timing, {label}", med, p99, _drops(hook) + _harvester(hook)))
+            # With 20 µs of host work a step that lets go of the GIL once, as a torch op does: a
+            # harvester thread gets to run only when the training thread releases the GIL (or
+            # after sys.getswitchinterval(), 5 ms, of pure Python), and a step of no work at all
+            # would only measure how a starved harvester drops.
+            cases: tuple[tuple[str, bool, dict[str, Any]], ...] = (
+                    ("host timing, harvester thread", False, {"harvest_interval_s": 0.05}),
+                    ("host timing, inline harvest", False, {}),
+                    # The CUDA step path without a GPU: events whose record() does nothing, so
+                    # what is left is the hook's own Python around it (add a cuEventRecord, ~3 µs).
+                    ("no-op events, harvester thread (CUDA default)", True, {}),
+                    ("no-op events, inline harvest", True, {"harvest_interval_s": 0}))
+            for label, cuda, extra in cases:
+                if cuda:
+                    extra = {**extra, "marker_factory": _NoopEvent}
+                hook = StepHook(present, cuda=cuda, rank=0, **extra)
+                med, p99 = _pairs(hook, n, floor, data=True, work=_host_work, warmup=100)
+                hook.close()
+                rows.append((f"{label}, 20 µs steps", med, p99, _drops(hook) + _harvester(hook)))
         finally:
             proc.terminate()
     rows += _encode_costs(n)
@@ -149,6 +186,40 @@ def cpu_part(n: int) -> list[Row]:
 def _drops(hook: StepHook) -> str:
     c = hook.counters()
     return f"sent {c['sent']}, dropped {c['send_drops']}"
+
+
+def _harvester(hook: StepHook) -> str:
+    """Where the harvesting ran and, for the thread, its CPU time and queries per reported step."""
+    c = hook.counters()
+    drops = f", harvest drops {c['harvest_drops']}"
+    if c["harvester"] != "thread":
+        return f"{drops}, harvested inline"
+    n = max(1, c["steps_reported"])
+    return (f"{drops}, harvester {c['harvest_cpu_ns'] / n:.0f} ns/step CPU, {c['queries'] / n:.3f} "
+            f"queries/step, {c['harvest_passes']} passes")
+
+
+def _host_work() -> None:
+    """20 µs of host work that releases the GIL once (as any torch op does)."""
+    time.sleep(0)
+    t_end = time.perf_counter_ns() + 20_000
+    while time.perf_counter_ns() < t_end:
+        pass
+
+
+class _NoopEvent:
+    """A marker that costs nothing: the CPU-only stand-in for a CUDA event."""
+
+    __slots__ = ()
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_ns(self, end: Any) -> int:
+        return 1000
 
 
 # ------------------------------------------------------------------------------------ GPU
@@ -196,10 +267,14 @@ def gpu_part(n: int, blocks: int, steps_per_block: int) -> list[Row]:
 
     api = CudaApi(torch)
     m1, m2 = CudaMarker(api), CudaMarker(api)
-    m1.record()
-    m2.record()  # first records go through torch (creates the events)
+    m1.prime()
+    m2.prime()  # torch creates the events (the hook does this for its pool before the first step)
     torch.cuda.synchronize()
-    for name, fn in (("perfd: CudaApi.raw_stream()", api.raw_stream),
+    drv, raw = api.driver, api.raw_stream()
+    calls: list[tuple[str, Callable[[], Any]]] = [("perfd: CudaApi.raw_stream()", api.raw_stream)]
+    if drv is not None:  # the bare ctypes call, without the current-stream lookup
+        calls.append(("perfd: cuEventRecord via ctypes", lambda: drv.record(m1.handle, raw)))
+    for name, fn in (*calls,
                      (f"perfd: CudaMarker.record() [{api.name}]", m1.record),
                      (f"perfd: CudaMarker.query() [{api.name}]", m2.query),
                      (f"perfd: CudaMarker.elapsed_ns() [{api.name}]", lambda: m1.elapsed_ns(m2))):
@@ -224,21 +299,25 @@ def gpu_part(n: int, blocks: int, steps_per_block: int) -> list[Row]:
         proc.start()
         ready.wait(10)
         try:
-            for which, data_event in (("auto", True), ("auto", False), ("torch", True)):
+            # The training thread's cost per step: the hook calls only (the harvester runs beside).
+            variants: tuple[tuple[str, str, dict[str, Any]], ...] = (
+                    ("auto", "1 event/step, harvester thread (default)", {}),
+                    ("auto", "2 events/step (cuda_data_event=True)", {"cuda_data_event": True}),
+                    ("auto", "1 event/step, inline harvest", {"harvest_interval_s": 0}),
+                    ("torch", "1 event/step, harvester thread", {}))
+            for which, label, kw in variants:
                 os.environ["PERFD_HOOK_CUDA_API"] = which
-                hook = StepHook(path, cuda=True, rank=0, cuda_data_event=data_event)
+                hook = StepHook(path, cuda=True, rank=0, **kw)
                 assert hook.cuda, hook.last_error
-                med, p99 = _pairs(hook, min(n, 20000), floor, data=True, work=host_bound)
-                c = hook.counters()
+                med, p99 = _pairs(hook, min(n, 20000), floor, data=True, work=host_bound, warmup=100)
                 hook.close(timeout_s=5)
-                events = "3 events" if data_event else "2 events (cuda_data_event=False)"
-                rows.append((f"CUDA via {c['cuda_api']}, {events}", med, p99,
-                             f"{_drops(hook)}, harvest drops {c['harvest_drops']}, "
-                             f"driver errors {c['cuda_driver_errors']}"))
+                c = hook.counters()
+                rows.append((f"CUDA via {c['cuda_api']}, {label}", med, p99,
+                             f"{_drops(hook)}, driver errors {c['cuda_driver_errors']}{_harvester(hook)}"))
             os.environ.pop("PERFD_HOOK_CUDA_API", None)
             rows += _cross_check(torch, path)
             for label, size, per_step in (("compute-bound step", 8192, 4), ("launch-bound step", 64, 200)):
-                for variant in ("cuda", "cuda, no data event", "host timing"):
+                for variant in _VARIANTS:
                     rows.append(_paired(torch, path, label, size, per_step, blocks, steps_per_block, variant))
         finally:
             proc.terminate()
@@ -262,6 +341,15 @@ def _cross_check(torch: Any, path: str) -> list[Row]:
     return rows
 
 
+# Paired-loop hook variants: StepHook keyword arguments.
+_VARIANTS: dict[str, dict[str, Any]] = {
+    "cuda": {},  # the default: 1 event a step, harvester thread
+    "cuda, data event": {"cuda_data_event": True},
+    "cuda, inline harvest": {"harvest_interval_s": 0},
+    "host timing": {"cuda": False},
+}
+
+
 def _paired(torch: Any, path: str, label: str, size: int, per_step: int, blocks: int,
             steps_per_block: int, variant: str) -> Row:
     """Throughput with and without the hook: blocks of steps alternate (ABAB...), each block ends
@@ -273,7 +361,7 @@ def _paired(torch: Any, path: str, label: str, size: int, per_step: int, blocks:
         for _ in range(per_step):
             torch.mm(a, a)
 
-    hook = StepHook(path, cuda=variant != "host timing", rank=0, cuda_data_event=variant == "cuda")
+    hook = StepHook(path, rank=0, **_VARIANTS[variant])
     for _ in range(20):  # warm-up both paths
         step()
         with hook.step():
@@ -316,10 +404,11 @@ def main() -> None:
         rows += gpu_part(args.pairs, args.blocks, args.steps_per_block)
     print(f"perfd step hook overhead  (python {sys.version.split()[0]}, {args.pairs} pairs per case, "
           f"record {wire.STEP.size} B; target <= 10000 ns/step)")
-    print(f"{'case':<46} {'median ns':>10} {'p99 ns':>10}  note")
+    width = max(46, *(len(r[0]) for r in rows))
+    print(f"{'case':<{width}} {'median ns':>10} {'p99 ns':>10}  note")
     for name, med, p99, note in rows:
         p99s = "" if math.isnan(p99) else f"{p99:10.0f}"
-        print(f"{name:<46} {med:10.0f} {p99s:>10}  {note}")
+        print(f"{name:<{width}} {med:10.0f} {p99s:>10}  {note}")
 
 
 if __name__ == "__main__":

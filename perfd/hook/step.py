@@ -1,28 +1,48 @@
 """``StepHook``: step boundaries from inside the training loop, sent to the local perfd agent.
 
-Contract with the training thread (DESIGN.md §4): a few µs of host time per step, never a device
-synchronization, never an exception, never a wait when the agent is slow or gone.
+Contract with the training thread (DESIGN.md §4): at most ~10 µs of host time per step, never a
+device synchronization, never an exception, never a wait when the agent is slow or gone.
 
-- Step boundaries are CUDA events recorded on the current stream (``cuda=True``) or host
-  ``perf_counter_ns`` stamps (``cuda=False``); one code path for both.
-- Events are harvested with ``query()`` at later step ends, oldest first, and only when complete:
-  the GPU typically runs a step or two behind the host, so step N is reported at step N+1 or N+2.
-  Events come from a fixed pool; if the GPU falls ``pool_size`` steps behind, the oldest pending
-  measurement is dropped and counted (``harvest_drops``) and its events reused.
-- Back-to-back steps share a marker: when ``step_begin()`` comes within 2 µs of host time after
-  the previous ``step_end()`` returned, no GPU work can have been enqueued in between (a launch
-  alone takes longer), so the previous end event is this step's begin and no begin event is
-  recorded; ``step_end()`` does not query the event it has just recorded (it cannot be done yet).
-  With the CUDA driver fast path that leaves ~2 records, 1 query and 2 elapsed-time reads a step.
-- Data wait is host time from ``step_begin()`` to ``data_ready()`` (the loader is a host-side
-  wait); compute is the GPU time from the ``data_ready()`` event to the step's end event.
-- The first ``warmup_steps`` steps are reported but flagged and left out of the rolling p50/p90/p99.
-- Records (104-byte structs) are batched: one datagram every ``flush_interval_s`` or 32 records,
-  whichever comes first. A Unix datagram receiver queues only ~10 datagrams (Linux
-  ``net.unix.max_dgram_qlen``), and one ``sendto`` per step would cost a syscall per step; batching
-  makes both small. ``flush_interval_s=0`` sends each record at once.
-- Profile requests from the agent arrive on the same socket, polled at most every 50 ms at step
-  begin; ``cudaProfilerStart()``/``cudaProfilerStop()`` run exactly at the requested step boundaries.
+The step path, with CUDA events: ``step_begin()`` takes a ``perf_counter_ns`` (and polls for
+profile requests at most every 50 ms); ``data_ready()`` a ``perf_counter_ns`` (data wait is host
+time); ``step_end()`` records one event (``cuEventRecord``, a cached ctypes function pointer),
+reads ``time.time_ns()`` and appends the step to a deque bounded at ``pool_size``. Nothing is
+queried, measured, encoded or sent there. One event marks each step boundary: a ``step_begin()``
+within 2 µs of host time after the last ``step_end()`` returned (too soon for any GPU work to be
+enqueued) takes that end event as its begin; after a real gap a begin event is recorded. When the
+deque is full the oldest pending step is dropped and counted (``harvest_drops``), or this one if
+the harvester is in a pass right then (the step path never waits for it). ``cuda_data_event=True``
+adds an event at ``data_ready()``, for the GPU time from there to the end (compute). It is off by
+default: a record costs ~3.4 µs on an H100 host, a third of the budget, for one field nothing
+downstream uses (host timing always reports compute).
+
+A step's events and stamps live in a reusable slot; there are ``pool_size + 2`` (pending, open,
+held), so one is free while the deque has room. torch creates an event at its first record: the
+hook records every slot's events once at the first ``step_begin()``, so no step creates one.
+
+The harvester, a daemon thread (``perfd-hook-harvest``), wakes every ``harvest_interval_s`` (50 ms)
+or when the deque is half full. Events on one stream complete in order: one ``query()`` on the
+newest pending end event settles all older ones (when the GPU is behind it, a galloping search back
+from the newest takes a few). Then per step the elapsed times, percentiles, the 104-byte struct,
+and datagrams of up to 32 records, one at least every ``flush_interval_s`` (a Unix datagram
+receiver queues only ~10, ``net.unix.max_dgram_qlen``). The thread first makes the training
+thread's CUDA context current (``cuCtxSetCurrent``) and takes the thread-local stream-capture mode
+(so that its queries cannot break a CUDA graph capture on the training thread). Its work takes
+the GIL (its driver calls keep it, as torch's do: ``timing._load_driver``), so in a GIL-bound loop
+it runs when the loop releases the GIL (any torch op does) or after ``sys.getswitchinterval()``;
+``counters()["harvest_cpu_ns"]`` is its cost. It holds a weak reference to the hook and ends at
+``close()``, at interpreter exit (atexit) or when the hook is garbage; a forked child has none
+(``_after_fork_in_child``).
+
+Harvesting stays inline in ``step_end()`` where a thread buys nothing: host timing (``cuda=False``
+or no GPU: no query to save, and the GIL would serialize the record's few µs of Python with the
+loop anyway) and ``flush_interval_s=0`` (each record sent at once: tests, debugging).
+``harvest_interval_s=0`` forces inline, ``> 0`` the thread. Inline, a CUDA end event is not queried
+by the ``step_end()`` that recorded it (it cannot be done): step N is reported at step N+1 or N+2.
+
+The first ``warmup_steps`` steps are reported but flagged and left out of the rolling p50/p90/p99.
+Profile requests are polled on the training thread, which calls ``cudaProfilerStart()``/
+``cudaProfilerStop()`` exactly at the requested step boundaries; statuses go out with the next pass.
 """
 
 from __future__ import annotations
@@ -30,13 +50,15 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from perfd.hook import wire
+from perfd.hook import lifecycle, wire
 from perfd.hook.sender import DatagramSender
 from perfd.hook.timing import (
     CudaApi,
@@ -53,28 +75,42 @@ _POLL_INTERVAL_NS = 50_000_000
 # Host time after step_end() returned within which step_begin() may reuse its end marker: a
 # Python loop iteration takes well under it, any torch op launch (3-20 µs measured) well over.
 _ALIAS_GAP_NS = 2_000
+_HARVEST_INTERVAL_S = 0.05
+# The longest anything waits for the harvester: a pass holds the lock for µs to a few ms; a pass
+# stuck in the driver must not hang close() or flush().
+_LOCK_TIMEOUT_S = 1.0
+_JOIN_TIMEOUT_S = 2.0
 
 
 class _Slot:
-    """One step's markers and host stamps; slots are reused, never allocated per step."""
+    """One step's events and host stamps; slots are reused, never allocated per step.
 
-    __slots__ = ("alias_prev", "begin", "data", "data_event", "end", "has_data", "index", "profiling", "step",
-                 "t_begin", "t_data", "wall_end_ns")
+    Hand-over between the threads: the training thread writes a slot taken from the free deque
+    and appends it to the pending deque at step_end(), never touching it again; the harvester
+    reads it from there and puts it back on the free deque. A slot whose begin is the previous
+    step's end (``prev``) needs that slot's end intact: the harvester keeps the last slot it read
+    (``_held``) until it has read the next one, and the training thread only aliases the last
+    slot it appended, so the slot referred to is always pending or held, never free.
+    """
 
-    def __init__(self, make: MarkerFactory) -> None:
+    __slots__ = ("begin", "data", "data_event", "end", "index", "prev", "profiling", "step", "t_begin",
+                 "t_data", "wall_end_ns")
+
+    def __init__(self, make: MarkerFactory, data_event: bool) -> None:
         self.begin: Marker = make()
-        self.data: Marker = make()
         self.end: Marker = make()
+        self.data: Marker | None = make() if data_event else None
         self.step = 0
         self.index = 0
+        self.prev: _Slot | None = None  # the step whose end event is this one's begin
         self.t_begin = 0
-        self.t_data = 0
-        self.has_data = False
-        self.data_event = False
+        self.t_data = -1  # host stamp of data_ready(), -1 when not called
+        self.data_event = False  # the data event was recorded in this step
         self.profiling = False
         self.wall_end_ns = 0
-        # The previous step whose end marker is this step's begin (see StepHook._ALIAS_GAP_NS).
-        self.alias_prev: _Slot | None = None
+
+    def markers(self) -> list[Marker]:
+        return [m for m in (self.begin, self.end, self.data) if m is not None]
 
 
 class _StepContext:
@@ -103,17 +139,21 @@ class StepHook:
     the hook count from 1. ``socket_path`` defaults to ``$PERFD_HOOK_SOCKET`` or
     ``/tmp/perfd-hook.sock``. ``rank`` defaults to ``$RANK``, then ``torch.distributed.get_rank()``
     once initialised, else 0. ``marker_factory`` and ``profiler`` replace the CUDA events and the
-    CUDA profiler API (tests, other accelerators).
+    CUDA profiler API (tests, other accelerators). ``pool_size``: steps that may wait to be
+    harvested. ``harvest_interval_s``: see the module docstring (None: the thread with CUDA events
+    and batching, else inline).
     """
 
     def __init__(self, socket_path: str | None = None, warmup_steps: int = 5,
                  tokens_per_step: float | None = None, flops_per_step: float | None = None,
-                 cuda: bool = True, *, rank: int | None = None, window: int = 100, pool_size: int = 16,
+                 cuda: bool = True, *, rank: int | None = None, window: int = 100, pool_size: int = 256,
                  marker_factory: MarkerFactory | None = None, profiler: ProfilerControl | None = None,
                  enabled: bool | None = None, flush_interval_s: float = 0.1, batch_records: int = 32,
-                 cuda_data_event: bool = True) -> None:
+                 cuda_data_event: bool = False, harvest_interval_s: float | None = None) -> None:
         if pool_size < 2:
             raise ValueError("pool_size must be >= 2")
+        if harvest_interval_s is not None and harvest_interval_s < 0:
+            raise ValueError("harvest_interval_s must be >= 0")
         self.enabled = (os.environ.get("PERFD_HOOK_DISABLE", "") not in ("1", "true")
                         if enabled is None else enabled)
         self.warmup_steps = max(0, warmup_steps)
@@ -121,13 +161,18 @@ class StepHook:
         self.flops_per_step = flops_per_step
         self.pid = os.getpid()
         self.stats = RollingPercentiles(window)
-        # counters (plain ints: a dict update per step costs more)
-        self.steps_begun = 0
-        self.steps_reported = 0
-        self.harvest_drops = 0
+        # Counters: plain ints (a dict update per step costs more), each written by one thread.
+        self.steps_begun = 0  # training thread
+        self.steps_reported = 0  # harvester
+        self.harvest_drops = 0  # training thread
         self.unpaired = 0
-        self.internal_errors = 0
+        self.alias_misses = 0  # kept for counters(): with slots a begin event cannot go missing
+        self._step_errors = 0
+        self._harvest_errors = 0
         self.last_error: str | None = None
+        self.harvest_passes = 0
+        self.harvest_cpu_ns = 0  # CPU time of the harvester thread's passes
+        self.queries = 0  # query() calls made while harvesting
         self.cuda = False
         self._torch: Any = None
         self.cuda_api: CudaApi | None = None
@@ -146,15 +191,20 @@ class StepHook:
             else:
                 self.last_error = "cuda requested but not available: host timing"
         self._flags = wire.FLAG_CUDA if self.cuda else 0
-        # A third event per step gives the GPU time from data_ready() to the step's end (compute).
-        # It costs one record (~2-3 µs of host time with CUDA): cuda_data_event=False saves it,
-        # and compute is then absent (data wait, a host time, is still measured).
-        self._data_event = cuda_data_event or not self.cuda
+        self._data_event = cuda_data_event or not self.cuda  # host markers cost ~0.1 µs: always
         self._rank = rank if rank is not None else _env_rank()
         self._pool_size = pool_size
-        self._free: list[_Slot] = [_Slot(make) for _ in range(pool_size)] if self.enabled else []
+        # Slots in use at most: pool_size pending, the open one, the one the harvester holds. So
+        # with the deque bounded at pool_size the free deque never runs dry (if it did, the step
+        # would go unmeasured and be counted).
+        n_slots = pool_size + 2 if self.enabled else 0
+        self._slots = [_Slot(make, self._data_event) for _ in range(n_slots)]
+        self._markers: list[Marker] = [m for slot in self._slots for m in slot.markers()]
+        self._free: deque[_Slot] = deque(self._slots)
         self._pending: deque[_Slot] = deque()
-        self._cur: _Slot | None = None
+        self._held: _Slot | None = None  # harvester: the last slot it read
+        self._cur: _Slot | None = None  # the open step
+        self._last: _Slot | None = None  # training thread: the last slot appended, if still aliasable
         self._next_step = 1
         self._ctx = _StepContext(self)
         self._profiler = profiler
@@ -162,11 +212,10 @@ class StepHook:
         self._profiling = False
         self._profile_stop = 0
         self._profile_id = 0
-        # Host markers cost ~0.1 µs and are always done: neither saving is worth it there.
+        # Host markers cost ~0.1 µs and are always recorded; a CUDA end just recorded cannot be done.
         self._alias = self.cuda
         self._keep_newest = 1 if self.cuda else 0
         self._end_returned = 0
-        self.alias_misses = 0
         self._next_poll = 0
         self.sender = DatagramSender(socket_path or wire.socket_path_from_env())
         self._batch = bytearray()
@@ -174,8 +223,23 @@ class StepHook:
         self._batch_max = max(1, batch_records)
         self._flush_ns = int(flush_interval_s * 1e9)
         self._flush_at = time.perf_counter_ns() + self._flush_ns
+        if harvest_interval_s is None:
+            harvest_interval_s = _HARVEST_INTERVAL_S if self.cuda and flush_interval_s > 0 else 0.0
+        self.harvest_interval_s = harvest_interval_s
+        self._threaded = harvest_interval_s > 0 and self.enabled
+        self._wake_at = max(1, pool_size // 2) if self._threaded else -1
+        self._lock = threading.Lock()  # harvest state: pending pops, _held, batch, stats, sender
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._final_deadline = 0.0
+        self._closed = False
+        self._ready = False
+        self._bound = False  # the harvester thread has made the CUDA context current
+        self._outbox: deque[bytes] = deque()  # profile statuses for the harvester to send
+        lifecycle.track(self)  # closed at exit, fixed up in a forked child
 
-    # ------------------------------------------------------------------------------- public
+    # ------------------------------------------------------------------------------- the step path
 
     def step(self, step: int | None = None) -> _StepContext:
         """``with hook.step(): ...``: begin on enter, end on exit (abandoned if the body raises)."""
@@ -186,6 +250,8 @@ class StepHook:
         if not self.enabled:
             return
         try:
+            if not self._ready:
+                self._first_use()
             if self._cur is not None:  # begin twice without an end: the previous one is dropped
                 self.unpaired += 1
                 self.abandon_step()
@@ -193,27 +259,38 @@ class StepHook:
             self._next_step = n + 1
             if self._rank is None:
                 self._resolve_rank()
-            now = time.perf_counter_ns()
+            now = t_begin = time.perf_counter_ns()
             if now >= self._next_poll:
                 self._next_poll = now + _POLL_INTERVAL_NS
                 self._poll_control(n)
+                t_begin = -1
             was_profiling = self._profiling
             if self._req is not None and n >= self._req.start_step:
                 self._start_profile(n)
-            slot = self._free.pop() if self._free else self._reuse_oldest()
-            slot.step = n
-            slot.index = self.steps_begun
+                t_begin = -1
             self.steps_begun += 1
-            slot.has_data = False
+            free = self._free
+            if not free:  # cannot happen (pool_size + 2 slots); if it did: unmeasured, counted
+                self.harvest_drops += 1
+                return
+            slot = free.pop()
+            slot.step = n
+            slot.index = self.steps_begun - 1
             slot.profiling = self._profiling
-            slot.t_begin = time.perf_counter_ns()
-            pending = self._pending
-            if (self._alias and pending and now - self._end_returned < _ALIAS_GAP_NS
+            slot.t_data = -1
+            slot.data_event = False
+            slot.t_begin = t_begin if t_begin >= 0 else time.perf_counter_ns()
+            last = self._last
+            if (last is not None and self._alias and now - self._end_returned < _ALIAS_GAP_NS
                     and was_profiling == self._profiling):
-                slot.alias_prev = pending[-1]  # its end marker becomes ours at its harvest
+                slot.prev = last  # the previous step's end event is this step's begin
             else:
-                slot.alias_prev = None
-                slot.begin.record()
+                slot.prev = None
+                try:
+                    slot.begin.record()
+                except BaseException:
+                    free.append(slot)
+                    raise
             self._cur = slot
         except Exception as exc:  # never into the training loop
             self._internal(exc)
@@ -221,128 +298,163 @@ class StepHook:
     def data_ready(self) -> None:
         """The batch is on hand: what came before was data wait, what follows is compute."""
         slot = self._cur
-        if slot is None or slot.has_data or not self.enabled:
+        if slot is None or slot.t_data >= 0:
             return
         try:
             slot.t_data = time.perf_counter_ns()
-            if self._data_event:
-                slot.data.record()
-            slot.data_event = self._data_event
-            slot.has_data = True
+            data = slot.data
+            if data is not None:
+                data.record()
+                slot.data_event = True
         except Exception as exc:
             self._internal(exc)
 
     def step_end(self) -> None:
-        slot = self._cur
         if not self.enabled:
             return
+        slot = self._cur
         if slot is None:
             self.unpaired += 1
             return
         try:
             self._cur = None
-            slot.end.record()
-            slot.wall_end_ns = time.time_ns()
-            self._pending.append(slot)
+            pending = self._pending
+            if len(pending) < self._pool_size or self._drop_oldest():
+                try:
+                    slot.end.record()
+                except BaseException:
+                    self._free.append(slot)
+                    self._last = None
+                    raise
+                slot.wall_end_ns = time.time_ns()
+                pending.append(slot)  # the slot is the harvester's from here on
+                self._last = slot
+            else:
+                self.harvest_drops += 1  # no room, and the harvester is busy: this step is dropped
+                self._free.append(slot)
+                self._last = None
             if self._profiling and slot.step >= self._profile_stop:
                 self._stop_profile(slot.step, wire.PROFILE_STOPPED)
-            self._harvest(keep=self._keep_newest)  # a CUDA end just recorded cannot be done yet
+            if self._threaded:
+                if len(pending) == self._wake_at:
+                    self._wake.set()  # half full before the next tick: harvest now
+            else:  # no harvester thread: nothing to lock against, as before
+                self._harvest_locked(self._keep_newest)
         except Exception as exc:
             self._internal(exc)
         self._end_returned = time.perf_counter_ns()
 
     def abandon_step(self) -> None:
         """Forget the open step (it raised, or the loop ended between begin and end)."""
-        if self._cur is not None:
-            self._cur.alias_prev = None
-            self._free.append(self._cur)
+        slot = self._cur
+        if slot is not None:
             self._cur = None
+            self._free.append(slot)
+            self._last = None  # the abandoned step's work lies between: the next one begins anew
+
+    def _drop_oldest(self) -> bool:
+        """The deque is full: give up the oldest pending measurement, unless the harvester is in a
+        pass right now (then False: never wait for it, drop this step instead)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._pending:
+                self._retire(self._pending.popleft())
+            self.harvest_drops += 1
+        finally:
+            self._lock.release()
+        return True
+
+    # ------------------------------------------------------------------------------- harvesting
 
     def harvest(self) -> int:
-        """Report every finished step, oldest first, without waiting. Returns how many."""
-        return self._harvest(keep=0)
+        """Report every finished step, oldest first, without waiting for the GPU. Returns how many.
+        The harvester thread does this by itself. Safe from any thread that has the training
+        thread's CUDA context current (the training thread has)."""
+        return self._harvest(0)
 
     def _harvest(self, keep: int) -> int:
-        done = 0
+        if not self._lock.acquire(timeout=_LOCK_TIMEOUT_S):
+            return 0
+        try:
+            return self._harvest_locked(keep)
+        except Exception as exc:
+            self._internal(exc, harvester=True)
+            return 0
+        finally:
+            self._lock.release()
+
+    def _harvest_locked(self, keep: int) -> int:
+        # Events on one stream complete in order, so the newest complete end event settles every
+        # older step: one query when the GPU has caught up, a few (_settled) when it has not.
         pending = self._pending
-        while len(pending) > keep:
+        n = len(pending) - keep
+        if n <= 0:
+            return 0
+        self.queries += 1
+        if not pending[n - 1].end.query():
+            n = self._settled(n)
+        done = 0
+        while done < n:
             slot = pending[0]
-            if not slot.end.query():
-                break  # later steps on the same stream cannot be done either
+            prev = slot.prev
+            step_ns = (slot.begin if prev is None else prev.end).elapsed_ns(slot.end)
+            if step_ns is None:
+                break  # not complete after all (another stream, say): the next pass
             pending.popleft()
             try:
-                self._report(slot)
-                done += 1
-            finally:
-                self._hand_over(slot)
-                self._free.append(slot)
+                self._report(slot, step_ns)
+            finally:  # _retire(slot), inlined: once per step
+                held = self._held
+                if held is not None:
+                    self._free.append(held)
+                self._held = slot
+            done += 1
         return done
 
-    def _hand_over(self, prev: _Slot) -> None:
-        """``prev`` leaves: a step that uses its end marker as begin takes the marker (swap)."""
-        for nxt in (self._pending[0] if self._pending else None, self._cur):
-            if nxt is not None and nxt.alias_prev is prev:
-                nxt.begin, prev.end = prev.end, nxt.begin
-                nxt.alias_prev = None
-                return
+    def _settled(self, n: int) -> int:
+        """How many of the ``n`` oldest pending steps have completed, the newest of them known not
+        to be: a galloping search back from the newest (the GPU is usually a step or two behind),
+        then a binary search. O(log n) queries, never one per step."""
+        pending = self._pending
+        hi, lo, gap = n - 1, -1, 1  # pending[hi] is not complete; pending[lo] is (-1: none known)
+        while hi - gap > lo:
+            i = hi - gap
+            self.queries += 1
+            if pending[i].end.query():
+                lo = i
+                break
+            hi, gap = i, gap * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            self.queries += 1
+            if pending[mid].end.query():
+                lo = mid
+            else:
+                hi = mid
+        return lo + 1
 
-    def close(self, timeout_s: float = 0.0) -> None:
-        """End of training: harvest what is done (waiting up to ``timeout_s`` by polling, never
-        a device sync), stop a running profile range, close the socket."""
-        if not self.enabled:
-            self.sender.close()
-            return
-        try:
-            deadline = time.monotonic() + timeout_s
-            self.harvest()
-            while self._pending and time.monotonic() < deadline:
-                time.sleep(0.001)
-                self.harvest()
-            if self._profiling:
-                self._stop_profile(self._next_step - 1, wire.PROFILE_STOPPED)
-            self.flush()
-        except Exception as exc:
-            self._internal(exc)
-        self.sender.close()
+    def _retire(self, slot: _Slot) -> None:
+        """``slot`` has been read (or given up): it is held until the next one has been read too
+        (that one may begin at its end event); the one held before goes back to the free deque.
+        (Inlined in _harvest_locked: keep the two alike.)"""
+        held = self._held
+        if held is not None:
+            self._free.append(held)
+        self._held = slot
 
-    def counters(self) -> dict[str, Any]:
-        return {"steps_begun": self.steps_begun, "steps_reported": self.steps_reported,
-                "pending": len(self._pending), "batched": self._batch_n, "harvest_drops": self.harvest_drops,
-                "unpaired": self.unpaired, "internal_errors": self.internal_errors,
-                "alias_misses": self.alias_misses,
-                "sent": self.sender.sent, "send_drops": self.sender.dropped,
-                "send_drop_reasons": dict(self.sender.drops), "cuda": self.cuda,
-                "profiling": self._profiling, "last_error": self.last_error,
-                "cuda_api": self.cuda_api.name if self.cuda_api else None,
-                "cuda_driver_errors": self.cuda_api.driver_errors if self.cuda_api else 0}
-
-    # ------------------------------------------------------------------------------- internals
-
-    def _internal(self, exc: BaseException) -> None:
-        self.internal_errors += 1
-        self.last_error = f"{type(exc).__name__}: {exc}"[:300]
-
-    def _reuse_oldest(self) -> _Slot:
-        # The GPU (or harvesting) is pool_size steps behind: give up the oldest measurement.
-        self.harvest_drops += 1
-        slot = self._pending.popleft()
-        self._hand_over(slot)
-        return slot
-
-    def _report(self, slot: _Slot) -> None:
-        # The hot path of every step: locals only, no allocation beyond the packed bytes.
-        if slot.alias_prev is not None:  # its begin marker never arrived (should not happen)
-            self.alias_misses += 1
-            slot.alias_prev = None
-            return
-        step_ns = slot.begin.elapsed_ns(slot.end)
+    def _report(self, slot: _Slot, step_ns: int) -> None:
+        # Per record: locals only, no allocation beyond the packed bytes.
         flags = self._flags
         data_ns = compute_ns = -1
-        if slot.has_data:
+        t_data = slot.t_data
+        if t_data >= 0:
             flags |= wire.FLAG_HAS_DATA
-            data_ns = slot.t_data - slot.t_begin
-            if slot.data_event:
-                compute_ns = slot.data.elapsed_ns(slot.end)
+            data_ns = t_data - slot.t_begin
+            if slot.data_event and slot.data is not None:
+                compute = slot.data.elapsed_ns(slot.end)
+                if compute is not None:
+                    compute_ns = compute
         if slot.profiling:
             flags |= wire.FLAG_PROFILING
         stats = self.stats
@@ -362,15 +474,167 @@ class StepHook:
         self.steps_reported += 1
         self._batch_n += 1
         if self._batch_n >= self._batch_max or time.perf_counter_ns() >= self._flush_at:
-            self.flush()
+            self._flush()
 
     def flush(self) -> None:
-        """Send the batched records now (one datagram). Never blocks or raises."""
+        """Send the batched records now (one datagram). Never raises; waits at most for the end of
+        a harvester pass."""
+        if self._lock.acquire(timeout=_LOCK_TIMEOUT_S):
+            try:
+                self._flush()
+            finally:
+                self._lock.release()
+
+    def _flush(self) -> None:
         if self._batch_n:
             self.sender.send(bytes(self._batch), self._batch_n)
             self._batch.clear()
             self._batch_n = 0
         self._flush_at = time.perf_counter_ns() + self._flush_ns
+
+    def _pass(self) -> None:
+        """One wake-up of the harvester thread."""
+        t0 = time.thread_time_ns()
+        try:
+            api = self.cuda_api
+            if api is not None and not self._bound:
+                self._bound = True  # once: a failure falls back to the torch API, counted
+                api.bind_context()
+            self._send_outbox()
+            if self._lock.acquire(timeout=_LOCK_TIMEOUT_S):
+                try:
+                    self._harvest_locked(0)
+                    if self._batch_n and time.perf_counter_ns() >= self._flush_at:
+                        self._flush()
+                finally:
+                    self._lock.release()
+        except Exception as exc:
+            self._internal(exc, harvester=True)
+        self.harvest_passes += 1
+        self.harvest_cpu_ns += time.thread_time_ns() - t0
+
+    def _last_passes(self) -> None:
+        """The harvester's last act, at close(): harvest until nothing is pending or the deadline."""
+        self._pass()
+        while self._pending and time.monotonic() < self._final_deadline:
+            time.sleep(0.001)
+            self._pass()
+
+    def _send_outbox(self) -> None:
+        out = self._outbox
+        while out:
+            self.sender.send(out.popleft())
+
+    # ------------------------------------------------------------------------------- lifecycle
+
+    def _first_use(self) -> None:
+        """At the first ``step_begin()``, on the training thread (its device is set by then): have
+        every pooled event created, capture the CUDA context, start the harvester."""
+        self._ready = True
+        try:
+            for m in self._markers:
+                prime = getattr(m, "prime", None)
+                if prime is not None:
+                    prime()
+            if self.cuda_api is not None:
+                self.cuda_api.capture_context()
+        except Exception as exc:  # unprimed events are created at their first record instead
+            self._internal(exc)
+        if self._threaded:
+            t = threading.Thread(target=lifecycle.harvest_loop,
+                                 args=(weakref.ref(self), self._wake, self.harvest_interval_s),
+                                 name="perfd-hook-harvest", daemon=True)
+            try:
+                t.start()
+                self._thread = t
+            except RuntimeError as exc:  # no thread to be had: harvest inline
+                self._threaded = False
+                self._wake_at = -1
+                self._internal(exc)
+
+    def close(self, timeout_s: float = 0.0) -> None:
+        """End of training: stop the harvester, report what is done (waiting up to ``timeout_s``
+        by polling, never a device sync), stop a running profile range, send what is batched,
+        close the socket. Idempotent; run for every open hook at interpreter exit."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.enabled:
+            self.sender.close()
+            return
+        try:
+            t = self._thread
+            self._final_deadline = time.monotonic() + timeout_s
+            self._stop = True
+            self._wake.set()
+            if t is not None and t.is_alive() and t is not threading.current_thread():
+                # The harvester makes the last harvest itself: its thread has the CUDA context
+                # current, this one (atexit: the main thread) may have another or none.
+                t.join(timeout_s + _JOIN_TIMEOUT_S)  # stuck in the driver: go on without it
+            else:
+                self._harvest(0)
+                while self._pending and time.monotonic() < self._final_deadline:
+                    time.sleep(0.001)
+                    self._harvest(0)
+            self._thread = None
+            if self._profiling:
+                self._stop_profile(self._next_step - 1, wire.PROFILE_STOPPED)
+            self._send_outbox()
+            self.flush()
+        except Exception as exc:
+            self._internal(exc)
+        self.sender.close()
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: the harvester thread is gone and the lock may have been held."""
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+        self.pid = os.getpid()
+        if not self.enabled or self._closed:
+            return
+        if self._ready or self.steps_begun:
+            # A worker forked from the training process (a DataLoader worker, say): the parent owns
+            # the measurements, and CUDA cannot be used in a forked child. Every call becomes a
+            # no-op; nothing batched is sent twice; exit does nothing.
+            self.enabled = False
+            self._closed = True
+            self._cur = None
+            self._pending.clear()
+            self._outbox.clear()
+            self._batch.clear()
+            self._batch_n = 0
+        else:  # created, never used: the child may be the one that trains; its own reply address
+            old = self.sender
+            self.sender = DatagramSender(old.path, retry_s=old.retry_ns / 1e9)
+            old.close()
+
+    @property
+    def internal_errors(self) -> int:
+        return self._step_errors + self._harvest_errors
+
+    def counters(self) -> dict[str, Any]:
+        return {"steps_begun": self.steps_begun, "steps_reported": self.steps_reported,
+                "pending": len(self._pending), "batched": self._batch_n, "harvest_drops": self.harvest_drops,
+                "unpaired": self.unpaired, "internal_errors": self.internal_errors,
+                "alias_misses": self.alias_misses,
+                "sent": self.sender.sent, "send_drops": self.sender.dropped,
+                "send_drop_reasons": dict(self.sender.drops), "cuda": self.cuda,
+                "profiling": self._profiling, "last_error": self.last_error,
+                "cuda_api": self.cuda_api.name if self.cuda_api else None,
+                "cuda_driver_errors": self.cuda_api.driver_errors if self.cuda_api else 0,
+                "harvester": "thread" if self._threaded else "inline",
+                "harvest_passes": self.harvest_passes, "harvest_cpu_ns": self.harvest_cpu_ns,
+                "queries": self.queries}
+
+    # ------------------------------------------------------------------------------- internals
+
+    def _internal(self, exc: BaseException, harvester: bool = False) -> None:
+        if harvester:  # one counter per thread: += is not atomic across threads
+            self._harvest_errors += 1
+        else:
+            self._step_errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:300]
 
     def _resolve_rank(self) -> None:
         # At the first step: by then a distributed job has initialised its process group (the
@@ -384,12 +648,16 @@ class StepHook:
         if self._rank is None:
             self._rank = 0
 
-    # profile control --------------------------------------------------------------------
+    # profile control (training thread) ----------------------------------------------------
 
     def _status(self, state: int, request_id: int, step: int) -> None:
         rank = -1 if self._rank is None else self._rank
-        status = wire.ProfileStatus(state, rank, self.pid, request_id, step)
-        self.sender.send(wire.pack_profile_status(status))
+        msg = wire.pack_profile_status(wire.ProfileStatus(state, rank, self.pid, request_id, step))
+        if self._threaded and not self._closed:
+            self._outbox.append(msg)  # the sender is the harvester's: no syscall, no lock here
+            self._wake.set()
+        else:
+            self.sender.send(msg)
 
     def _poll_control(self, next_step: int) -> None:
         for _ in range(8):  # bounded: a flood of requests must not stall a step

@@ -4,6 +4,11 @@ A marker is recorded at a step boundary and read later: ``query()`` says whether
 (a CUDA event completes when the GPU stream reaches it) and ``elapsed_ns`` measures between two.
 The host marker is the same interface on ``time.perf_counter_ns`` (CPU-only runs and tests), so the
 hook has one code path. Nothing here imports torch at module import.
+
+Threads: ``record()`` runs on the training thread; ``query()`` and ``elapsed_ns()`` may run on the
+hook's harvester thread (see ``perfd.hook.step``), which first makes the training thread's CUDA
+context current (:meth:`CudaApi.capture_context` / :meth:`CudaApi.bind_context`). A marker is
+never recorded and read at the same time: the hook hands it from one thread to the other.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ class Marker(Protocol):
 
     def query(self) -> bool: ...
 
-    def elapsed_ns(self, end: Any) -> int: ...
+    def elapsed_ns(self, end: Any) -> int | None: ...  # None: not complete yet, ask again later
 
 
 MarkerFactory = Callable[[], Marker]
@@ -45,6 +50,7 @@ class HostMarker:
 # CUDA driver results the fast path understands; anything else switches it off.
 _CUDA_SUCCESS = 0
 _CUDA_ERROR_NOT_READY = 600
+_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
 
 
 class CudaApi:
@@ -65,6 +71,11 @@ class CudaApi:
       off for good (``driver_errors``) and the torch API is used from then on.
 
     ``PERFD_HOOK_CUDA_API=torch`` forces the torch API.
+
+    The driver binds a context per thread: the hook's harvester thread calls ``bind_context()``
+    with the context the training thread had current when the events were created
+    (``capture_context()``), so its ``cuEventQuery``/``cuEventElapsedTime`` see the same events.
+    Which calls release the GIL: see ``_load_driver``.
     """
 
     def __init__(self, torch: Any, use_driver: bool = True) -> None:
@@ -77,6 +88,9 @@ class CudaApi:
         self.driver_errors = 0
         self.last_driver_error: int | None = None
         self.driver: Any = _load_driver() if use_driver else None
+        self.context: int | None = None  # CUcontext of the training thread, once captured
+        self.device: int | None = None  # and its device
+        self._exchange_capture_mode: Any = _load_capture_mode()  # with either API
 
     @property
     def name(self) -> str:
@@ -98,36 +112,104 @@ class CudaApi:
         self.driver_errors += 1
         self.last_driver_error = rc
 
+    def capture_context(self) -> None:
+        """On the training thread, after torch has used the device: remember its current context."""
+        self.device = int(self._get_device())
+        drv = self.driver
+        if drv is None:
+            return
+        ctx = drv.c_void_p()
+        rc = drv.ctx_get(drv.byref(ctx))
+        if rc != _CUDA_SUCCESS:
+            self.driver_failed(rc)
+        elif ctx.value:
+            self.context = int(ctx.value)
+
+    def bind_context(self) -> bool:
+        """On another thread: make the captured context current there (a driver call on a thread
+        without it fails with CUDA_ERROR_INVALID_CONTEXT); with the torch API, the device (the
+        runtime would use device 0's). False when there is nothing to bind.
+
+        Also puts that thread in the thread-local stream-capture mode. It never captures a CUDA
+        graph, but in the default (global) mode an event query from it while the training thread
+        captures one is a prohibited call that invalidates the capture; thread-local mode ignores
+        other threads' captures (what torch's NCCL watchdog does for its event queries)."""
+        fn = self._exchange_capture_mode
+        if fn is not None:
+            import ctypes
+
+            fn(ctypes.byref(ctypes.c_int(_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)))
+        drv = self.driver
+        if drv is not None and self.context is not None:
+            rc = drv.ctx_set(self.context)
+            if rc == _CUDA_SUCCESS:
+                return True
+            self.driver_failed(rc)
+        if self.device is None:
+            return False
+        self.torch._C._cuda_setDevice(self.device)  # this thread's device only
+        return True
+
 
 def _load_driver() -> Any:
+    """The driver entry points. ``cuEventRecord`` (training thread) goes through ``CDLL``, which
+    releases the GIL for the call, as before: it can wait for room in a full launch queue.
+    ``cuEventQuery`` and ``cuEventElapsedTime`` (harvester thread) go through ``PyDLL``, which keeps
+    it: they never wait for the GPU (an incomplete event is CUDA_ERROR_NOT_READY), take ~1-2 µs,
+    and torch's own ``Event.query()``/``elapsed_time()`` make the same calls holding the GIL. A
+    harvester that let go of the GIL at each of them would have to win it back from the training
+    thread every time, which in a loop that releases the GIL once a step (the worst case, e.g.
+    one torch op and host work) reports about one step per step and falls behind: keeping it, a
+    pass runs through to its next datagram (one ``sendto`` per 32 records)."""
     try:
         import ctypes
 
         lib = ctypes.CDLL("libcuda.so.1")  # already loaded by torch: the same driver instance
+        keep_gil = ctypes.PyDLL("libcuda.so.1")  # the same library, its calls keep the GIL
         vp, fp = ctypes.c_void_p, ctypes.POINTER(ctypes.c_float)
         lib.cuEventRecord.argtypes, lib.cuEventRecord.restype = [vp, vp], ctypes.c_int
-        lib.cuEventQuery.argtypes, lib.cuEventQuery.restype = [vp], ctypes.c_int
-        elapsed = getattr(lib, "cuEventElapsedTime_v2", None) or lib.cuEventElapsedTime
+        keep_gil.cuEventQuery.argtypes, keep_gil.cuEventQuery.restype = [vp], ctypes.c_int
+        elapsed = getattr(keep_gil, "cuEventElapsedTime_v2", None) or keep_gil.cuEventElapsedTime
         elapsed.argtypes, elapsed.restype = [fp, vp, vp], ctypes.c_int
-        return _Driver(lib.cuEventRecord, lib.cuEventQuery, elapsed, ctypes.c_float, ctypes.byref)
+        lib.cuCtxGetCurrent.argtypes, lib.cuCtxGetCurrent.restype = [ctypes.POINTER(vp)], ctypes.c_int
+        lib.cuCtxSetCurrent.argtypes, lib.cuCtxSetCurrent.restype = [vp], ctypes.c_int
+        return _Driver(lib.cuEventRecord, keep_gil.cuEventQuery, elapsed, lib.cuCtxGetCurrent,
+                       lib.cuCtxSetCurrent, ctypes.c_float, ctypes.c_void_p, ctypes.byref)
+    except (OSError, AttributeError):
+        return None
+
+
+def _load_capture_mode() -> Any:
+    """``cuThreadExchangeStreamCaptureMode`` (CUDA >= 10.1), or None."""
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+        fn.argtypes, fn.restype = [ctypes.POINTER(ctypes.c_int)], ctypes.c_int
+        return fn
     except (OSError, AttributeError):
         return None
 
 
 class _Driver:
-    __slots__ = ("byref", "c_float", "elapsed", "query", "record")
+    """The driver entry points, resolved once: each call is a cached ctypes function pointer."""
 
-    def __init__(self, record: Any, query: Any, elapsed: Any, c_float: Any, byref: Any) -> None:
+    __slots__ = ("byref", "c_float", "c_void_p", "ctx_get", "ctx_set", "elapsed", "query", "record")
+
+    def __init__(self, record: Any, query: Any, elapsed: Any, ctx_get: Any, ctx_set: Any, c_float: Any,
+                 c_void_p: Any, byref: Any) -> None:
         self.record, self.query, self.elapsed = record, query, elapsed
-        self.c_float, self.byref = c_float, byref
+        self.ctx_get, self.ctx_set = ctx_get, ctx_set
+        self.c_float, self.c_void_p, self.byref = c_float, c_void_p, byref
 
 
 class CudaMarker:
     """A ``torch.cuda.Event(enable_timing=True)`` recorded on the current stream.
 
     ``query()`` never blocks (``cuEventQuery`` / ``cudaEventQuery``). ``elapsed_ns`` is only called
-    once the end marker has completed (the hook harvests in order), so it never waits either. The
-    first record goes through torch, which creates the event on the current device; later calls
+    once the end marker has completed (the hook harvests in order), so it never waits either. torch
+    creates the event at its first record, on the current device: the hook does that for its whole
+    pool once, with :meth:`prime`, before the first step, so no step creates an event. Later calls
     use the driver fast path of :class:`CudaApi` when it is on.
     """
 
@@ -138,11 +220,19 @@ class CudaMarker:
         self.ev = api.torch.cuda.Event(enable_timing=True)
         self.handle = 0
 
+    def prime(self) -> None:
+        """Have torch create the event now (a record on the current stream), not in a step."""
+        if not self.handle:
+            self.ev.record(self.api.stream())
+            self.handle = int(self.ev.cuda_event)
+
     def record(self) -> None:
+        # The step path: one cached ctypes pointer and torch's raw current stream (~0.5 µs; the
+        # stream is looked up every time because the loop may switch streams).
         api = self.api
         drv = api.driver
         if drv is not None and self.handle:
-            rc = drv.record(self.handle, api.raw_stream())
+            rc = drv.record(self.handle, api._get_raw_stream(api._get_device()))
             if rc == _CUDA_SUCCESS:
                 return
             api.driver_failed(rc)
@@ -161,13 +251,18 @@ class CudaMarker:
             self.api.driver_failed(rc)
         return bool(self.ev.query())
 
-    def elapsed_ns(self, end: CudaMarker) -> int:
+    def elapsed_ns(self, end: CudaMarker) -> int | None:
+        """GPU time between the two markers; None if one is not complete yet (the driver says
+        CUDA_ERROR_NOT_READY instead of waiting: e.g. events on two streams completing out of
+        order), which the hook takes as "ask again later", not as a driver failure."""
         drv = self.api.driver
         if drv is not None and self.handle and end.handle:
             ms = drv.c_float()
             rc = drv.elapsed(drv.byref(ms), self.handle, end.handle)
             if rc == _CUDA_SUCCESS:
                 return int(ms.value * 1e6)
+            if rc == _CUDA_ERROR_NOT_READY:
+                return None
             self.api.driver_failed(rc)
         return int(self.ev.elapsed_time(end.ev) * 1e6)  # elapsed_time is in ms (float)
 

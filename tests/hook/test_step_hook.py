@@ -213,7 +213,7 @@ class FakeEvent:
 def test_harvest_waits_for_query_and_reports_in_order(agent: tuple[str, socket.socket]) -> None:
     path, sock = agent
     gpu = FakeGpu()
-    hook = Hook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker)
+    hook = Hook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker, cuda_data_event=True)
     for _ in range(3):
         with hook.step():
             hook.data_ready()
@@ -295,7 +295,7 @@ def test_pool_exhaustion_drops_the_oldest_and_counts(agent: tuple[str, socket.so
     for _ in range(10):  # the GPU never catches up meanwhile
         with hook.step():
             pass
-    assert hook.harvest_drops == 6  # 4 slots: from step 5 on, each begin reuses the oldest
+    assert hook.harvest_drops == 6  # 4 pending at most: from step 5 on, each end drops the oldest
     gpu.advance()
     hook.harvest()
     got = steps_of(drain(sock))
