@@ -37,10 +37,16 @@ sock, dump = os.environ["PERFD_HOOK_SOCKET"], os.environ["TORCH_FR_DUMP_TEMP_FIL
 deadline = time.time() + 30
 while not os.path.exists(sock) and time.time() < deadline:
     time.sleep(0.05)
-sender = DatagramSender(sock)
+sender = DatagramSender(sock, retry_s=0.05)
 for rank, step, end_ns in plan["steps"]:
-    sender.send(wire.pack_step(wire.StepMsg(rank=rank, pid=os.getpid(), step=step, end_time_ns=end_ns,
-                                            step_ns=200_000_000)))
+    msg = wire.pack_step(wire.StepMsg(rank=rank, pid=os.getpid(), step=step, end_time_ns=end_ns,
+                                      step_ns=200_000_000))
+    # The real hook drops when the agent is slow; this stand-in must deliver every record, so it
+    # retries: the socket queue holds few datagrams (net.unix.max_dgram_qlen, 10 on some hosts) and
+    # a loaded machine can leave the agent behind.
+    until = time.time() + 10
+    while not sender.send(msg) and time.time() < until:
+        time.sleep(0.01)
     time.sleep(0.002)
 for i in range(4):  # what the ranks' monitor threads write when the agent asks
     for rank in (0, 1):
