@@ -8,7 +8,6 @@ events (capture_started / capture_finished / capture_failed) through the same st
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 from perfd.capture.kineto_daemon import KinetoDaemon, KinetoDaemonError
 from perfd.capture.manager import CaptureManager
-from perfd.capture.nsys_exec import NsysExecutor
+from perfd.capture.nsys_exec import RANGE_SUBDIR, NsysExecutor, default_capture_root
 from perfd.capture.store import CaptureStore
 from perfd.collector import Collector
 
@@ -28,7 +27,7 @@ class AgentCaptures:
                  emit: Callable[[dict[str, Any]], None], kineto: bool = True,
                  hook: Collector | None = None) -> None:
         self.job = job
-        self.root = Path(root) if root else Path(tempfile.gettempdir()) / "perfd-captures"
+        self.root = Path(root) if root else default_capture_root()
         self.store = CaptureStore(self.root, quota_bytes)
         self.kineto: KinetoDaemon | None = None
         if kineto:
@@ -40,7 +39,7 @@ class AgentCaptures:
                 # are then refused with this reason; nsys captures still work.
                 log.warning("Kineto daemon not started: %s", exc)
                 self.kineto = None
-        nsys = NsysExecutor(range_dir=str(self.root / "nsys-ranges"))
+        nsys = self.nsys = NsysExecutor(range_dir=str(self.root / RANGE_SUBDIR))
         self._lock = threading.Lock()
         self._rank_pid: dict[int, int] = {}
         requester = getattr(hook, "request_profile", None)

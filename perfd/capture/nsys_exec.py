@@ -82,6 +82,28 @@ def nsys_range_argv(nsys: str, output_base: str | Path, cmd: Sequence[str], trac
             *cmd]
 
 
+RANGE_SUBDIR = "nsys-ranges"  # under the agent's capture directory
+
+
+def default_capture_root() -> Path:
+    """The agent's capture directory when none is configured (``capture_dir``)."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / "perfd-captures"
+
+
+def rank_range_prefix(nsys: str, job: str, capture_root: str | Path | None = None,
+                      trace: str = DEFAULT_TRACE) -> list[str]:
+    """What goes between ``torchrun --no-python`` and ``python train.py`` so that each rank runs
+    under its own range profile, writing where the agent on this node looks for it
+    (``<capture dir>/nsys-ranges/perfd-<job>/rank<RANK>``; nsys expands ``%q{RANK}``). A rule or
+    ``perfd capture --tool nsys`` then records only the targeted ranks, at step boundaries set by
+    the step hook."""
+    root = Path(capture_root) if capture_root is not None else default_capture_root()
+    base = root / RANGE_SUBDIR / session_name(job) / "rank%q{RANK}"
+    return nsys_range_argv(nsys, str(base), ["CMD"], trace=trace)[:-1]
+
+
 def range_reports(output_base: str | Path, since: float | None = None) -> dict[int, Path]:
     """Reports of a range profile with this output base (``BASE.nsys-rep`` is index 0,
     ``BASE.N.nsys-rep`` index N), only those modified at or after ``since`` (epoch s) when given."""

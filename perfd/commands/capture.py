@@ -21,6 +21,35 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--wait", type=float, default=0.0,
                    help="seconds to wait for the capture to finish, printing its status")
     p.set_defaults(handler=run_capture)
+    n = sub.add_parser("nsys-prefix", help="print the per-rank nsys range wrapper for torchrun --no-python")
+    n.add_argument("--job", required=True, help="the job name the agent knows it by")
+    n.add_argument("--capture-dir", help="the agent's capture_dir (default: <tmp>/perfd-captures)")
+    n.add_argument("--trace", default="cuda,nvtx,osrt", help="nsys --trace (default cuda,nvtx,osrt)")
+    n.set_defaults(handler=run_nsys_prefix)
+
+
+def run_nsys_prefix(args: argparse.Namespace) -> int:
+    """``torchrun --no-python --nproc_per_node 8 $(perfd nsys-prefix --job J) python train.py``:
+    each rank under its own ``nsys profile -c cudaProfilerApi``, so a capture records only the
+    ranks it targets (the step hook in the loop opens and closes the ranges)."""
+    from perfd.capture.nsys_exec import rank_range_prefix
+    from perfd.capture.nsys_sqlite import NsysNotFoundError, find_nsys
+
+    try:
+        nsys = find_nsys()
+    except NsysNotFoundError as exc:
+        print(f"perfd nsys-prefix: {exc}", file=sys.stderr)
+        return 2
+    words = rank_range_prefix(nsys, args.job, args.capture_dir, args.trace)
+    # Printed for $(...), where the shell splits on white space and does not remove quotes: the
+    # words are printed as they are, and a word that white space would split is refused.
+    bad = [w for w in words if any(c.isspace() for c in w)]
+    if bad:
+        print(f"perfd nsys-prefix: {bad[0]!r} would be split by the shell; use a capture dir without spaces",
+              file=sys.stderr)
+        return 2
+    print(" ".join(words))
+    return 0
 
 
 def _call(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:

@@ -186,3 +186,31 @@ def test_range_reports_and_wait_stable(tmp_path):
     assert got_files == [growing] and growing.stat().st_size == 501
     assert wait_stable(lambda: [], timeout_s=0.2, poll_s=0.05) is None
 
+
+
+def test_rank_range_prefix_writes_where_the_agent_looks(tmp_path, monkeypatch, capsys):
+    from perfd.agent.captures import AgentCaptures
+    from perfd.capture.nsys_exec import rank_range_prefix
+    from perfd.cli import main
+
+    words = rank_range_prefix("/opt/nsys", "gpt 8b", tmp_path / "caps")
+    assert words[:4] == ["/opt/nsys", "profile", "-c", "cudaProfilerApi"]
+    base = words[words.index("-o") + 1]
+    caps = AgentCaptures("gpt 8b", str(tmp_path / "caps"), 1 << 30, emit=lambda e: None, kineto=False)
+    try:
+        agent_base = caps.nsys.range_base("gpt 8b", 3)  # where the agent's manager looks
+    finally:
+        caps.close()
+    assert base.replace("%q{RANK}", "3") == str(agent_base)  # nsys expands %q{RANK} per rank
+    # The command prints plain words for torchrun --no-python $(perfd nsys-prefix ...).
+    nsys = tmp_path / "nsys"
+    nsys.write_text("#!/bin/sh\n")
+    nsys.chmod(0o755)
+    monkeypatch.setenv("PERFD_NSYS", str(nsys))
+    assert main(["nsys-prefix", "--job", "j", "--capture-dir", str(tmp_path / "c")]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == rank_range_prefix(str(nsys), "j", tmp_path / "c")
+    assert main(["nsys-prefix", "--job", "j", "--capture-dir", str(tmp_path / "a b")]) == 2
+    assert "split by the shell" in capsys.readouterr().err
+    monkeypatch.setenv("PERFD_NSYS", str(tmp_path / "missing"))
+    assert main(["nsys-prefix", "--job", "j"]) == 2

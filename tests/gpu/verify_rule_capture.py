@@ -12,7 +12,7 @@ same path without a GPU (gloo, CPU ops), to check the plumbing.
 
 ``--tool nsys`` (``source .gpu-libs/nsys-env.sh`` first): each rank runs under its own
 ``nsys profile -c cudaProfilerApi --capture-range-end=repeat`` (``torchrun --no-python``, the
-prefix from perfd.capture.nsys_exec.nsys_range_argv, reports under the agent's range directory
+prefix `perfd nsys-prefix` prints, reports under the agent's range directory
 ``<capture dir>/nsys-ranges/<session>/rank<r>``); the rule asks for an nsys range of 3 steps on
 rank 1, which the step hook opens and closes with cudaProfilerStart/Stop at step boundaries. Checks:
 a report from rank 1 only, analysed by the agent (devices, busy, NCCL time), and the time from the
@@ -87,12 +87,11 @@ def job_argv(tool: str, out: Path, capture_dir: Path) -> list[str]:
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     if tool != "nsys":
         return [*run, str(out / "train.py")]
-    from perfd.capture.nsys_exec import nsys_range_argv, session_name
+    from perfd.capture.nsys_exec import rank_range_prefix
     from perfd.capture.nsys_sqlite import find_nsys
 
-    base = capture_dir / "nsys-ranges" / session_name("rc") / "rank%q{RANK}"
-    base.parent.mkdir(parents=True, exist_ok=True)
-    prefix = nsys_range_argv(find_nsys(), str(base), ["CMD"])[:-1]
+    prefix = rank_range_prefix(find_nsys(), "rc", capture_dir)  # what `perfd nsys-prefix` prints
+    Path(prefix[prefix.index("-o") + 1]).parent.mkdir(parents=True, exist_ok=True)
     return [*run, "--no-python", *prefix, sys.executable, str(out / "train.py")]
 
 
