@@ -529,7 +529,10 @@ def _findings(a: CollectiveAnalysis, groups: Mapping[Any, Mapping[str, Any]], no
                          f"Total communication {_pct(a.comm_total_share)} of {per}",
                          f"Union of collective time ÷ {per}, median over ranks: {_pct(a.comm_total_share)}"
                          f" (by group: {parts or 'n/a'}). Method: {a.method}. Total, not exposed: "
-                         "overlapped communication is included.",
+                         "overlapped communication is included. Flight Recorder durations start when "
+                         "a collective is ready on its NCCL stream, so they include any wait of its "
+                         "kernel to start (e.g. for SMs held by overlapping compute): an upper bound of "
+                         "the kernels' own time (2×H200 DDP: 7–10 points above the timeline).",
                          {"comm_total_share": a.comm_total_share, "by_group": a.comm_share_by_group,
                           "by_rank": {str(k): v for k, v in a.comm_share_by_rank.items()},
                           "windows": a.n_windows, "method": a.method},
