@@ -7,8 +7,6 @@ import socket
 import subprocess
 import sys
 import types
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -16,16 +14,6 @@ import pytest
 import perfd.hook.hf as hf
 import perfd.hook.lightning as lightning
 from perfd.hook import StepHook, wire
-
-
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
-    path = str(tmp_path / "hook.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.setblocking(False)
-    yield path, sock
-    sock.close()
 
 
 def received(sock: socket.socket) -> list[wire.StepMsg]:

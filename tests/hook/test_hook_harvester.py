@@ -14,7 +14,6 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +22,9 @@ import pytest
 import perfd.hook.step
 from perfd.hook import StepHook, wire
 
-
-@pytest.fixture(autouse=True)
-def _generous_alias_gap(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A step_begin() within 2 µs of the previous step_end() reuses its end event; a loaded machine
-    can miss that window by chance, which would make event counts depend on timing (as in
-    test_step_hook.py). A real gap is made by resetting ``_end_returned``."""
-    monkeypatch.setattr(perfd.hook.step, "_ALIAS_GAP_NS", 50_000_000)
-
-
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
-    path = str(tmp_path / "hook.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.setblocking(False)
-    yield path, sock
-    sock.close()
+# Event counts below must not depend on timing (tests/hook/conftest.py); a real gap is made by
+# resetting ``_end_returned``.
+pytestmark = pytest.mark.usefixtures("generous_alias_gap")
 
 
 def drain(sock: socket.socket) -> list[tuple[int, bytes]]:

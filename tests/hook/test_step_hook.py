@@ -7,7 +7,6 @@ import os
 import random
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,26 +17,8 @@ from perfd.hook import RollingPercentiles, StepHook, wire
 Hook = functools.partial(StepHook, flush_interval_s=0)  # one datagram per record: tests read at once
 
 
-@pytest.fixture(autouse=True)
-def _generous_alias_gap(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The hook reuses the previous end marker as the next begin when step_begin() follows
-    step_end() within 2 µs of host time. A loaded CI machine can miss that by chance, which would
-    make the event counts below depend on timing: widen the window to 50 ms in the tests (the
-    tests that need a real gap sleep well past it)."""
-    import perfd.hook.step
-
-    monkeypatch.setattr(perfd.hook.step, "_ALIAS_GAP_NS", 50_000_000)
-
-
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
-    """A bare receiving socket standing in for the agent."""
-    path = str(tmp_path / "hook.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.setblocking(False)
-    yield path, sock
-    sock.close()
+# Event counts below must not depend on timing (tests/hook/conftest.py).
+pytestmark = pytest.mark.usefixtures("generous_alias_gap")
 
 
 def drain(sock: socket.socket) -> list[tuple[bytes, Any]]:

@@ -1,0 +1,31 @@
+"""Fixtures shared by the step hook's tests."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import perfd.hook.step
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
+    """A bare, non-blocking receiving socket standing in for the agent: (its path, the socket)."""
+    path = str(tmp_path / "hook.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.setblocking(False)
+    yield path, sock
+    sock.close()
+
+
+@pytest.fixture
+def generous_alias_gap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook reuses the previous end marker as the next begin when step_begin() follows
+    step_end() within 2 µs of host time. A loaded CI machine can miss that by chance, which would
+    make event counts depend on timing: the tests that count events widen the window to 50 ms (the
+    ones that need a real gap sleep well past it, or reset ``_end_returned``)."""
+    monkeypatch.setattr(perfd.hook.step, "_ALIAS_GAP_NS", 50_000_000)
