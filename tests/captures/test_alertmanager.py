@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -19,16 +18,11 @@ import pytest
 from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
+from tests.procs import free_port
 
 AM = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 pytestmark = pytest.mark.skipif(AM is None, reason="alertmanager not installed "
                                 "(Debian prometheus-alertmanager; ci/install-system-deps.sh installs it)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_alertmanager_alert_becomes_a_capture_command(tmp_path: Path) -> None:
@@ -41,7 +35,7 @@ def test_alertmanager_alert_becomes_a_capture_command(tmp_path: Path) -> None:
         client = AgentClient(f"127.0.0.1:{agg.grpc_port}", "node-1", node="node-1", jobs=["llama"],
                              on_command=got.append)
         task = asyncio.create_task(client.run())
-        am_port = _free_port()
+        am_port = free_port()
         cfg = tmp_path / "am.yml"
         cfg.write_text(json.dumps({  # JSON is YAML
             "route": {"receiver": "perfd", "group_wait": "0s", "group_interval": "1s",

@@ -9,8 +9,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +21,7 @@ import pytest
 from perfd.analytics.collectives import analyze_collectives
 from perfd.model import StepRecord
 from tests.collectives.collective_helpers import FIXTURES, MS, load_fixture_records
+from tests.procs import free_port, http_get, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -56,17 +55,6 @@ print("stand-in training done", flush=True)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
-
-
 def _steps() -> list[tuple[int, int, int]]:
     recs = load_fixture_records("timing", job="ddp")
     out = []
@@ -77,15 +65,6 @@ def _steps() -> list[tuple[int, int, int]]:
     return out
 
 
-def _stop(p: subprocess.Popen[bytes]) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
 def test_launch_agent_aggregator_collectives(tmp_path: Path) -> None:
     steps = _steps()
     plan = tmp_path / "plan.json"
@@ -94,7 +73,7 @@ def test_launch_agent_aggregator_collectives(tmp_path: Path) -> None:
     child.write_text(CHILD.format(root=str(ROOT), plan=str(plan)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     ready = tmp_path / "ready"
-    http = _free_port()
+    http = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     logs = {n: (tmp_path / f"{n}.out").open("wb") for n in ("aggregator", "launch", "agent")}
     try:
@@ -129,7 +108,7 @@ def test_launch_agent_aggregator_collectives(tmp_path: Path) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                got = _get(url).get("collectives") or {}
+                got = json.loads(http_get(url)).get("collectives") or {}
             except OSError as exc:
                 got = {"http_error": repr(exc)}
             if got.get("records", 0) >= want["records"] and len(got.get("iterations", [])) >= len(
@@ -137,7 +116,7 @@ def test_launch_agent_aggregator_collectives(tmp_path: Path) -> None:
                 break
             time.sleep(0.3)
         else:
-            jobs = _get(f"http://127.0.0.1:{http}/api/jobs")
+            jobs = json.loads(http_get(f"http://127.0.0.1:{http}/api/jobs"))
             pytest.fail(f"aggregator never caught up: {json.dumps(got)[:2000]}\n{jobs}\n"
                         + "\n".join((tmp_path / f"{n}.out").read_text()[-2000:] for n in logs))
         assert got["method"]["name"] == "step_windows"
@@ -149,7 +128,7 @@ def test_launch_agent_aggregator_collectives(tmp_path: Path) -> None:
         assert 'perfd_job_comm_total_ratio{job_name="ddp"}' in metrics
     finally:
         for p in reversed(procs):
-            _stop(p)
+            stop(p)
         for f in logs.values():
             f.close()
 

@@ -28,7 +28,7 @@ from collectors.nccl.flight_recorder import FlightRecorderTracker, load_dump_byt
 from perfd.analytics.collectives import analyze_collectives
 from perfd.launch import load_manifest
 from tests.collectives.collective_helpers import FIXTURES
-from tests.procs import free_port, http_get, wait_for
+from tests.procs import free_port, http_get, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -158,12 +158,6 @@ def test_megatron_windows_from_line_times(tmp_path: Path) -> None:
         assert got["summary"]["comm_total_share"] == pytest.approx(want["summary"]["comm_total_share"])
     finally:
         for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            stop(p)
         for f in logs.values():
             f.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.procs import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = ROOT / "deploy" / "slurm"
@@ -43,12 +44,6 @@ def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "a test SLURM runs slurmd as root (SlurmdUser=root): not root here"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _which(p: str) -> str:
@@ -128,7 +123,7 @@ def slurm() -> Iterator[tuple[Path, dict[str, str]]]:
         shutil.copy2(SLURM_DIR / name, d / "scripts" / name)
     (d / "scripts" / "perfd-slurm.env").write_text(f"PERFD_SLURM_DIR={d}/nodes\n")
     host = socket.gethostname().split(".")[0]
-    conf = SLURM_CONF.format(host=host, d=d, ctld_port=_free_port(), d_port=_free_port())
+    conf = SLURM_CONF.format(host=host, d=d, ctld_port=free_port(), d_port=free_port())
     (d / "slurm.conf").write_text(conf)
     (d / "gres.conf").write_text(f"NodeName={host} Name=gpu File={d}/dev/nvidia[0-7]\n")
     env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
@@ -160,13 +155,7 @@ def slurm() -> Iterator[tuple[Path, dict[str, str]]]:
         yield d, env
     finally:
         for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(timeout=5)
+            stop(p)
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -10,11 +10,9 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,10 @@ from typing import Any, TypeVar
 import pytest
 
 from perfd import catalog
+from tests.procs import free_port as free_port
+from tests.procs import http_get
+
+get = http_get  # the integration tests import get and free_port from here
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
@@ -49,17 +51,6 @@ def need(program: str) -> str:
             pytest.fail(why + " and PERFD_REQUIRE_SYSTEM_DEPS=1")
         pytest.skip(why)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def get(url: str, timeout: float = 5.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return bytes(r.read())
 
 
 def wait_for(pred: Callable[[], T | None], timeout: float, what: str) -> T:
