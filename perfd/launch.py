@@ -253,6 +253,8 @@ class Tee:
             now_ns = time.time_ns()
             last_data = time.monotonic()
             self.bytes += len(chunk)
+            # The time first: a reader that sees a line in the log then always finds its time.
+            self._note_time(chunk, now_ns)
             for i, out in enumerate(self.outputs):
                 if i in self.errors:
                     continue
@@ -261,10 +263,9 @@ class Tee:
                     out.flush()
                 except (OSError, ValueError) as exc:
                     self.errors[i] = repr(exc)
-            self._note_time(chunk, now_ns)
 
     def _note_time(self, chunk: bytes, now_ns: int) -> None:
-        # The log holds every byte read so far (until it fails): its size is self.bytes.
+        # The log will hold every byte read so far (until it fails): its size is self.bytes.
         if self.times is None or b"\n" not in chunk or self.times_for in self.errors:
             return
         try:
