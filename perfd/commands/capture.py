@@ -8,6 +8,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 
@@ -47,6 +48,12 @@ def run_nsys_prefix(args: argparse.Namespace) -> int:
     if bad:
         print(f"perfd nsys-prefix: {bad[0]!r} would be split by the shell; use a capture dir without spaces",
               file=sys.stderr)
+        return 2
+    out_dir = Path(words[words.index("-o") + 1]).parent
+    try:  # nsys does not create the report's directory; the agent finds the job by it, too
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"perfd nsys-prefix: cannot create {out_dir}: {exc.strerror}", file=sys.stderr)
         return 2
     print(" ".join(words))
     return 0
