@@ -50,7 +50,7 @@ def run_nsys_prefix(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     out_dir = Path(words[words.index("-o") + 1]).parent
-    try:  # nsys does not create the report's directory; the agent finds the job by it, too
+    try:  # made here, not left to nsys: the agent also finds the job by this directory
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         print(f"perfd nsys-prefix: cannot create {out_dir}: {exc.strerror}", file=sys.stderr)

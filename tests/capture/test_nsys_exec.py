@@ -210,7 +210,7 @@ def test_rank_range_prefix_writes_where_the_agent_looks(tmp_path, monkeypatch, c
     assert main(["nsys-prefix", "--job", "j", "--capture-dir", str(tmp_path / "c")]) == 0
     printed = capsys.readouterr().out.split()
     assert printed == rank_range_prefix(str(nsys), "j", tmp_path / "c")
-    assert (tmp_path / "c" / "nsys-ranges" / "perfd-j").is_dir()  # nsys would not create it
+    assert (tmp_path / "c" / "nsys-ranges" / "perfd-j").is_dir()  # made before nsys runs
     assert main(["nsys-prefix", "--job", "j", "--capture-dir", str(tmp_path / "a b")]) == 2
     assert "split by the shell" in capsys.readouterr().err
     monkeypatch.setenv("PERFD_NSYS", str(tmp_path / "missing"))
