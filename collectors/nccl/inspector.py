@@ -9,9 +9,9 @@ versions ``comm_name``), ``metadata`` (``hostname``, ``pid``, ``dump_timestamp_u
 *last* operation completed since the previous write (NCCL 2.28/2.29; later versions write every
 op of at least 8 KiB): the records are a sample, and ``coll_sn`` gaps are normal. ``coll_sn``
 counts each op type on its own (NCCL's ``seqNumber[func]``): an AllGather and an AllReduce of
-one communicator can both be number 0. ``coll_timing_source`` ``kernel_gpu`` means the time is the
-kernels' own GPU execution, the most exact NCCL time there is; ``dump_timestamp_us`` is when the
-line was written, not when the op ran. The plugin writes nothing unless
+one communicator can both be number 0 (read from the plugin's source, v2.28.9-1).
+``coll_timing_source`` ``kernel_gpu`` means the time is the kernels' own GPU execution;
+``dump_timestamp_us`` is when the line was written, not when the op ran. The plugin writes nothing unless
 ``NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS`` is set (its dump thread is the only writer).
 
 Each file is followed with :class:`collectors.megatron.tail.LogTail` (complete lines only,
