@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfd.collector import Capabilities, Collected, Collector
+from perfd.events import HOOK_PROFILE
 from perfd.hook import wire
 from perfd.model import Provenance, StepRecord, TimerValue
 
@@ -210,7 +211,7 @@ class HookCollector(Collector):
             state = wire.PROFILE_STATE_NAMES.get(st.state, f"state_{st.state}")
             severity = "warning" if st.state in (wire.PROFILE_FAILED, wire.PROFILE_REJECTED) else "info"
             out.events.append({
-                "kind": "hook_profile", "severity": severity, "time": now, "job": self.config.job,
+                "kind": HOOK_PROFILE.name, "severity": severity, "time": now, "job": self.config.job,
                 "text": (f"rank {st.rank} (pid {st.pid}) profile request {st.request_id}: "
                          f"{state} at step {st.step}"),
                 "labels": {"job": self.config.job, "rank": str(st.rank), "state": state,

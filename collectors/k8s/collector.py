@@ -22,8 +22,9 @@ from collectors.k8s.podresources import (
     owners_json,
 )
 from perfd.collector import Capabilities, Collected, Collector
+from perfd.events import GPU_PODS
 
-EVENT_KIND = "gpu_pods"
+EVENT_KIND = GPU_PODS.name
 
 
 @dataclass

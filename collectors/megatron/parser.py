@@ -32,6 +32,7 @@ from collectors.megatron.lines import (
     to_float,
     to_int,
 )
+from perfd.events import VALIDATION
 from perfd.model import JobInfo, ParseIssue, Provenance, StepRecord, StragglerLine, TimerValue
 
 COLLECTOR = "megatron"
@@ -225,7 +226,7 @@ class MegatronLogParser:
             self._close_timers()
             self._count("validation_lines")
             self.events.append({
-                "kind": "validation",
+                "kind": VALIDATION.name,
                 "label": validation.label,
                 "iteration": validation.iteration,
                 "values": validation.values,

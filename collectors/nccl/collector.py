@@ -23,6 +23,7 @@ from collectors.nccl.hangs import HangReport, detect_hangs
 from collectors.nccl.inspector import InspectorReader
 from collectors.nccl.trigger import DumpReader, find_pipes, trigger_dump
 from perfd.collector import Capabilities, Collected, Collector
+from perfd.events import NCCL_HANG
 
 
 @dataclass
@@ -188,7 +189,7 @@ class NcclCollector(Collector):
             if h.unknown_ranks:
                 labels["ranks_without_dump"] = ",".join(map(str, h.unknown_ranks))
             out.events.append({
-                "kind": "nccl_hang", "severity": "critical", "time": now, "job": self.config.job,
+                "kind": NCCL_HANG.name, "severity": "critical", "time": now, "job": self.config.job,
                 "text": h.text(), "labels": labels,
                 "ranks_not_joined": list(h.missing_ranks), "stuck_ranks": list(h.stuck_ranks),
                 "unknown_ranks": list(h.unknown_ranks), "age_s": h.age_s, "user_frame": h.user_frame,

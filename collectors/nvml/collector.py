@@ -20,6 +20,7 @@ from collectors.nvml.processes import GpuProcess, NameLookup, ProcessTracker, ps
 from collectors.nvml.replay import NvmlReplay
 from collectors.nvml.wrapper import Nvml
 from perfd.collector import Capabilities, Collected, Collector
+from perfd.events import GPU_LOST, XID
 from perfd.model import Sample
 
 # Clock event ("throttle") reasons, bit -> label value. A fixed, bounded set: bits outside it
@@ -249,7 +250,7 @@ class RealNvml:
             self._collect_device(dev, now, slow, out)
             if dev.lost:
                 self.owner.count_error("gpu-lost", f"gpu {dev.index} {dev.uuid}")
-                out.events.append({"kind": "gpu_lost", "severity": "critical", "time": now,
+                out.events.append({"kind": GPU_LOST.name, "severity": "critical", "time": now,
                                    "labels": dev.labels, "text": f"GPU {dev.index} is lost (NVML GpuIsLost)"})
         return out
 
@@ -336,8 +337,9 @@ class RealNvml:
             xid = int(getattr(data, "eventData", 0))
             self._xid_seen[dev.index] = self._xid_seen.get(dev.index, 0) + 1
             self._xid_last[dev.index] = xid
-            out.events.append({"kind": "xid", "severity": "critical", "time": now, "labels": dev.labels,
-                               "text": f"XID {xid} on GPU {dev.index}", "payload": {"xid": xid}})
+            out.events.append({"kind": XID.name, "severity": "critical", "time": now,
+                               "labels": dev.labels, "text": f"XID {xid} on GPU {dev.index}",
+                               "payload": {"xid": xid}})
         emit("perfd_gpu_xid_errors_total", self._xid_seen.get(dev.index, 0))
         if dev.index in self._xid_last:
             emit("perfd_gpu_xid_last", self._xid_last[dev.index])

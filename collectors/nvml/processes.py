@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from perfd.events import GPU_PROCESSES
+
 CMDLINE_MAX = 200
 
 NameLookup = Callable[[int], "tuple[str | None, str | None]"]
@@ -119,7 +121,7 @@ class ProcessTracker:
                 "world_size": rank.get("world_size"),
             })
         return {
-            "kind": "gpu_processes", "severity": "info", "time": now, "labels": dict(labels),
+            "kind": GPU_PROCESSES.name, "severity": "info", "time": now, "labels": dict(labels),
             "text": f"{len(payload)} compute process(es) on GPU {gpu}" + (" (changed)" if changed else ""),
             "changed": changed, "payload": payload,
         }

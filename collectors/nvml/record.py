@@ -26,6 +26,7 @@ from typing import Any
 from collectors.nvml.collector import NvmlCollector
 from collectors.nvml.replay import FORMAT_VERSION
 from collectors.nvml.wrapper import Nvml
+from perfd.events import GPU_PROCESSES
 
 _PHASE_MAX = 64
 
@@ -133,7 +134,7 @@ def trim_recording(src: str | Path, dst: str | Path, phases: Sequence[str]) -> i
             rec = json.loads(line)
             if rec.get("type") == "collect":
                 procs = {str(e.get("labels", {}).get("gpu")): e for e in rec.get("events") or []
-                         if e.get("kind") == "gpu_processes"}
+                         if e.get("kind") == GPU_PROCESSES.name}
                 if rec.get("phase") not in keep:
                     pending.update(procs)
                     continue

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from perfd.collector import Capabilities, Collected, Collector
+from perfd.events import REPLAY_FINISHED
 from perfd.model import Sample
 
 REPLAY_LABEL = ("replay", "1")
@@ -207,7 +208,7 @@ class NvmlReplay:
         for frame, at in due:
             self._emit(frame, self._anchor + at / self.speed, out)
         if self.finished:
-            out.events.append({"kind": "replay_finished", "severity": "info", "time": now,
+            out.events.append({"kind": REPLAY_FINISHED.name, "severity": "info", "time": now,
                                "labels": {REPLAY_LABEL[0]: REPLAY_LABEL[1]},
                                "text": f"nvml replay of {self.path} reached its end"})
         return out

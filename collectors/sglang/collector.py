@@ -14,6 +14,7 @@ from collectors.sglang.parser import SglangLogParser
 from perfd.analytics.serving import ServingWindow
 from perfd.analytics.serving_spec import ServingModelSpec
 from perfd.collector import Capabilities, Collected, Collector
+from perfd.events import SERVING_REPORT
 from perfd.model import Sample
 
 CONFIG_KEYS = frozenset({"log_path", "metrics_url", "interval_s", "job", "window_s", "from_start",
@@ -112,7 +113,7 @@ class SglangCollector(Collector):
         summary = self.window.summary()
         findings, recs = derive_serving_findings(summary, self.window.server)
         report = build_serving_report(ServingAnalysis(self.job, summary, findings, recs, self.window.server))
-        return {"kind": "serving_report", "severity": "info", "time": now, "job": self.job,
+        return {"kind": SERVING_REPORT.name, "severity": "info", "time": now, "job": self.job,
                 "text": f"serving report of {self.job}: {report.summary.headline}",
                 "labels": {"job": self.job}, "payload": report.to_json()}
 

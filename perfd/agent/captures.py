@@ -18,6 +18,7 @@ from perfd.capture.manager import CaptureManager
 from perfd.capture.nsys_exec import RANGE_SUBDIR, NsysExecutor, default_capture_root
 from perfd.capture.store import CaptureStore
 from perfd.collector import Collector
+from perfd.events import GPU_PROCESSES, HOOK_PROFILE, payload_of
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +56,13 @@ class AgentCaptures:
         """Learn rank → pid from process lists; pass the hook's profile events to the manager."""
         for ev in events:
             kind = ev.get("kind")
-            if kind == "gpu_processes" and isinstance(ev.get("payload"), list):
+            procs = payload_of(ev, GPU_PROCESSES) if kind == GPU_PROCESSES.name else None
+            if procs is not None:
                 with self._lock:
-                    for p in ev["payload"]:
-                        if isinstance(p.get("rank"), int):
+                    for p in procs:
+                        if isinstance(p.get("rank"), int) and isinstance(p.get("pid"), int):
                             self._rank_pid[int(p["rank"])] = int(p["pid"])
-            elif kind == "hook_profile":
+            elif kind == HOOK_PROFILE.name:
                 self.manager.on_hook_event(ev)
 
     def _pids_for_ranks(self, job: str, ranks: tuple[int, ...]) -> Mapping[int, int]:

@@ -22,6 +22,7 @@ from prometheus_client.core import Metric
 from perfd.agent.config import AgentConfig
 from perfd.agent.scheduler import Scheduler
 from perfd.collector import Collected, Collector, Registry
+from perfd.events import NCCL_HANG
 from perfd.exporters.prometheus import series_families
 from perfd.jobinfo_json import job_info_to_json
 from perfd.model import CollectiveRecord, Sample
@@ -173,7 +174,7 @@ class Agent:
                 s.labels.setdefault("node", self.cfg.node)
             for ev in out.events:  # the aggregator keys GPU state by (node, gpu)
                 ev.setdefault("labels", {}).setdefault("node", self.cfg.node)
-                if ev.get("kind") == "nccl_hang" and "payload" not in ev:
+                if ev.get("kind") == NCCL_HANG.name and "payload" not in ev:
                     ev["payload"] = {k: ev[k] for k in _HANG_DETAIL if k in ev}
             samples.extend(out.samples)
             steps.extend(out.steps)

@@ -19,6 +19,7 @@ from typing import Any
 
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import place_ranks
+from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.exporters.prometheus import JOB_GAUGES
 from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine
 from perfd.rules.expr import series_key
@@ -143,7 +144,7 @@ class CaptureCoordinator:
                 if f.new:
                     self.firings_total += 1
                     self.state.ingest_events("aggregator", [{
-                        "kind": "rule_firing", "severity": f.severity, "job": f.job, "time": t,
+                        "kind": RULE_FIRING.name, "severity": f.severity, "job": f.job, "time": t,
                         "text": f"rule {f.rule.name} firing: {f.annotations.summary or f.rule.expr.text}",
                         "labels": {**f.labels, "rule": f.rule.name}, "payload": f.to_dict()}])
                 if f.capture_allowed and isinstance(f.action, CaptureAction):
@@ -201,18 +202,18 @@ class CaptureCoordinator:
         (each agent captures only the ranks it hosts)."""
         procs, _v, _t = self.state.gpu_view(job)
         placed = place_ranks(procs)
-        agents_all = sorted(self.state.jobs[job].agents) if job in self.state.jobs else []
+        agents_all = sorted(self.state.job_agents(job))
         if not ranks or not placed:
             return agents_all
         nodes = {placed[r].node for r in ranks if r in placed}
-        by_node = {agent: node for (node, _gpu), (agent, _p) in self.state.gpu_procs.items()}
-        chosen = sorted({a for a, n in by_node.items() if n in nodes and a in agents_all})
+        node_of = self.state.nodes.node_of_agent()
+        chosen = sorted({a for a, n in node_of.items() if n in nodes and a in agents_all})
         return chosen or agents_all
 
     def on_event(self, ev: Mapping[str, Any]) -> None:
         """Capture progress reported by an agent (capture_started/finished/failed)."""
         kind = str(ev.get("kind", ""))
-        if not kind.startswith("capture_"):
+        if kind not in CAPTURE_PROGRESS:
             return
         links = ev.get("links") or {}
         with self._lock:
@@ -227,8 +228,7 @@ class CaptureCoordinator:
             if links.get("capture_id") and links.get("capture_id") != rec.id:
                 rec.agent_capture_ids = sorted({*rec.agent_capture_ids, str(links["capture_id"])})
             rec.updated_at = time.time()
-            rec.status = {"capture_started": "started", "capture_finished": "finished",
-                          "capture_failed": "failed"}.get(kind, rec.status)
+            rec.status = CAPTURE_PROGRESS[kind]
             rec.reason = str(ev.get("text", ""))
             if ev.get("payload") is not None:
                 rec.result = ev.get("payload")

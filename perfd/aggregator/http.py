@@ -54,7 +54,7 @@ class _StateCollector:
         rows = []
         for agent, s in self.state.node_series():
             labels = dict(s.labels)
-            agent_job = self.state.agent_job.get(agent)
+            agent_job = self.state.job_of_agent(agent)
             if agent_job:
                 labels["job_name"] = agent_job
             rows.append((labels, s.name, s.value))
@@ -62,8 +62,8 @@ class _StateCollector:
         yield from series_families(self.state.collective_rows(self.per_rank_series))
         t = self.state.transport_stats or {}
         own = {
-            "perfd_aggregator_samples_total": self.state.stats.samples,
-            "perfd_aggregator_step_records_total": self.state.stats.steps,
+            "perfd_aggregator_samples_total": self.state.nodes.samples,
+            "perfd_aggregator_step_records_total": self.state.jobs.stats.steps,
             "perfd_aggregator_batches_total": t.get("batches"),
             "perfd_aggregator_duplicate_batches_total": t.get("duplicates"),
             "perfd_aggregator_decode_errors_total": t.get("decode_errors"),

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd.events import NCCL_HANG
 from perfd.model import CollectiveRecord
 
 _AGE = re.compile(r"stuck (\d+(?:\.\d+)?)s")
@@ -124,7 +125,7 @@ def merge_hangs(events: Iterable[Mapping[str, Any]], progress: Progress) -> list
     be younger than that agent's threshold)."""
     groups: dict[tuple[str, bool, int], list[Mapping[str, Any]]] = {}
     for ev in events:
-        if ev.get("kind") != "nccl_hang":
+        if ev.get("kind") != NCCL_HANG.name:
             continue
         labels = ev.get("labels") or {}
         pg = labels.get("process_group")

@@ -43,11 +43,13 @@ from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.capture.kineto_daemon import KinetoDaemon, build_config, trace_complete
 from perfd.capture.nsys_exec import NsysError, NsysExecutor, range_reports, session_name, wait_stable
 from perfd.capture.store import CaptureStore
+from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, CAPTURE_STARTED, HOOK_PROFILE
 
 if TYPE_CHECKING:  # the agent passes perfd.transport.codec.Command; anything with these fields will do
     from perfd.transport.codec import Command
 
 log = logging.getLogger(__name__)
+STARTED = CAPTURE_STARTED.name
 
 PidsForRanks = Callable[[str, tuple[int, ...]], Mapping[int, int]]  # (job, ranks; () = all) -> rank: pid
 HookRequester = Callable[[int, int, int], "int | None"]  # (rank, start_step, num_steps) -> request id
@@ -231,7 +233,7 @@ class CaptureManager:
 
     def on_hook_event(self, event: Mapping[str, Any]) -> None:
         """Feed ``hook_profile`` events from the hook collector (step-aligned nsys ranges)."""
-        if event.get("kind") != "hook_profile":
+        if event.get("kind") != HOOK_PROFILE.name:
             return
         with self._hook_cond, contextlib.suppress(TypeError, ValueError):
             self._hook_events.setdefault(int(event.get("request_id", -1)), []).append(dict(event))
@@ -288,7 +290,7 @@ class CaptureManager:
             cid = str(self.store.finish(m, "skipped", reason)["id"])
         except Exception as exc:  # a full or broken disk must not hide the refusal itself
             log.warning("capture manager: could not record a refused capture: %s", exc)
-        self._emit("capture_failed", req,
+        self._emit(CAPTURE_FAILED.name, req,
                    f"capture of job {req.job} ranks {list(req.ranks)} refused: {reason}",
                    "warning", cid, {"status": "skipped", "reason": reason})
         return None
@@ -338,7 +340,8 @@ class CaptureManager:
                              for r, a in (final.get("analysis") or {}).items()}}
         ok = status == "ok"
         outcome = ("finished" + (f" ({reason})" if reason else "")) if ok else f"{status}: {reason}"
-        self._emit("capture_finished" if ok else "capture_failed", req, f"{req.tool} capture {cid} of job "
+        kind = CAPTURE_FINISHED if ok else CAPTURE_FAILED
+        self._emit(kind.name, req, f"{req.tool} capture {cid} of job "
                    f"{req.job} ranks {list(req.ranks)} {outcome}", "info" if ok else "warning", cid, payload)
         with self._lock:
             self._threads.pop(cid, None)
@@ -429,7 +432,7 @@ class CaptureManager:
             lat = m["timings"]["started_at"] - m["timings"]["requested_at"]
             self.store.write(m)
             got_ranks = sorted(by_pid[p] for p in answered)
-            self._emit("capture_started", req, f"Kineto trace config handed to rank(s) {got_ranks} of job "
+            self._emit(STARTED, req, f"Kineto trace config handed to rank(s) {got_ranks} of job "
                        f"{req.job} {lat:.2f} s after the request", "info", m["id"],
                        {"latency_s": round(lat, 3), "unanswered": list(why.values())})
             missing = dict(why)
@@ -501,7 +504,7 @@ class CaptureManager:
             m["timings"]["started_at"] = m["timings"]["first_event_at"] = t
             self.store.write(m)
             lat = t - m["timings"]["requested_at"]
-            self._emit("capture_started", req, f"nsys collection on {', '.join(sessions)} started "
+            self._emit(STARTED, req, f"nsys collection on {', '.join(sessions)} started "
                        f"{lat:.2f} s after the request", "info", m["id"], {"latency_s": round(lat, 3)})
 
         window_s = min((req.duration_ms or 3000) / 1000.0, max(0.0, deadline - time.monotonic()))
@@ -559,7 +562,7 @@ class CaptureManager:
         m["steps"] = {"start": min(int(s.get("step", 0)) for s in states.values()), "count": req.steps}
         lat = m["timings"]["started_at"] - m["timings"]["requested_at"]
         self.store.write(m)
-        self._emit("capture_started", req, f"cudaProfilerStart on rank(s) {sorted(states)} {lat:.2f} s after "
+        self._emit(STARTED, req, f"cudaProfilerStart on rank(s) {sorted(states)} {lat:.2f} s after "
                    "the request", "info", m["id"], {"latency_s": round(lat, 3)})
         problems = []
         for r in req.ranks:

@@ -156,7 +156,7 @@ def test_gpu_pods_join_nvml_series_by_uuid():
     state.ingest_events("n1", [{"kind": "gpu_pods", "labels": {"node": "n1"}, "payload": [pod]},
                                {"kind": "gpu_pods", "labels": {"node": "n2"}, "payload": [by_index]}])
     assert state.pods_by_gpu() == {("n1", "1"): pod, ("n2", "0"): by_index}
-    assert state.events == []  # state, not history
+    assert state.recent_events() == []  # state, not history
     # A newer allocation replaces the node's previous one.
     state.ingest_events("n1", [{"kind": "gpu_pods", "labels": {"node": "n1"}, "payload": []}])
     assert state.pods_by_gpu() == {("n2", "0"): by_index}

@@ -1,0 +1,202 @@
+"""The job store: each job's info, step records, agents and the cached analysis of its run.
+
+Ingest (the gRPC event loop) and readers (the HTTP thread, the rules loop) meet here, so every
+access goes through one lock. Ingest does no analysis: a job is marked dirty and its analysis is
+recomputed on the next read, at most every ``min_recompute_s`` (a busy job is not re-analysed once
+per batch), and outside the lock so that ingest never waits for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics.megatron_job import RunAnalysis, analyze_run
+from perfd.model import JobInfo, StepRecord, TimerValue
+
+
+@dataclass
+class JobState:
+    name: str
+    job_info: JobInfo | None = None
+    job_info_agent: str | None = None
+    # (iteration, rank scope) -> record. Re-delivery of a batch replaces, never duplicates.
+    records: dict[tuple[int, str], StepRecord] = field(default_factory=dict)
+    agents: set[str] = field(default_factory=set)
+    gpu_name: str | None = None  # from the NVML samples of the job's agents ("model" label)
+    analysis: RunAnalysis | None = None
+    analysis_time: float = 0.0
+    dirty: bool = False
+    last_step_time: float = 0.0  # wall time the last step record arrived
+
+
+@dataclass
+class JobStats:
+    steps: int = 0
+    dropped_steps: int = 0  # older than the retention window
+    analysis_errors: int = 0
+
+
+class JobStore:
+    def __init__(self, max_iterations_per_job: int = 5000, min_recompute_s: float = 0.5,
+                 gpu_override: str | None = None, peak_tflops: float | None = None) -> None:
+        self._lock = threading.Lock()
+        self.jobs: dict[str, JobState] = {}
+        self.agent_job: dict[str, str] = {}  # agent -> the job it last said it serves
+        self.stats = JobStats()
+        self.max_iterations = max_iterations_per_job
+        self.min_recompute_s = min_recompute_s
+        self.gpu_override = gpu_override
+        self.peak_tflops = peak_tflops
+
+    def _job(self, name: str) -> JobState:
+        js = self.jobs.get(name)
+        if js is None:
+            js = self.jobs[name] = JobState(name)
+        return js
+
+    # ---- ingest ------------------------------------------------------------------------------
+    def hello(self, agent_id: str, jobs: Sequence[str]) -> None:
+        with self._lock:
+            for j in jobs:
+                self._job(j).agents.add(agent_id)
+                self.agent_job[agent_id] = j
+
+    def add_agent(self, job: str, agent_id: str) -> None:
+        with self._lock:
+            self._job(job).agents.add(agent_id)
+
+    def note_gpu_model(self, agent_id: str, model: str) -> None:
+        """The GPU model an agent's NVML series name: the job's GPU for the peak table."""
+        with self._lock:
+            job = self.agent_job.get(agent_id)
+            if job:
+                self._job(job).gpu_name = model
+
+    def ingest_job_info(self, agent_id: str, job: str, info: JobInfo) -> None:
+        with self._lock:
+            js = self._job(job)
+            js.agents.add(agent_id)
+            js.job_info, js.job_info_agent = info, agent_id
+            js.dirty = True
+
+    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord]) -> None:
+        with self._lock:
+            self.stats.steps += len(steps)
+            for rec in steps:
+                js = self._job(rec.job)
+                js.agents.add(agent_id)
+                js.records[(rec.iteration, str(rec.rank))] = rec
+                js.dirty = True
+                js.last_step_time = time.time()
+                if len(js.records) > self.max_iterations:
+                    oldest = min(js.records)
+                    del js.records[oldest]
+                    self.stats.dropped_steps += 1
+
+    # ---- read side ---------------------------------------------------------------------------
+    def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:
+        """The job's analysis, recomputed if new data arrived (rate-limited)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            if js is None:
+                return None
+            stale = js.dirty and (force or time.time() - js.analysis_time >= self.min_recompute_s)
+            if js.analysis is not None and not stale:
+                return js.analysis
+            info = js.job_info or JobInfo()
+            records = job_level_steps(list(js.records.values()))
+            gpu = self.gpu_override or js.gpu_name
+            js.dirty = False
+        try:
+            result = analyze_run(info, records, gpu_name=gpu, peak_tflops=self.peak_tflops,
+                                 job_name=job)
+        except Exception:
+            with self._lock:
+                self.stats.analysis_errors += 1
+                js.dirty = True
+            raise
+        with self._lock:
+            js.analysis, js.analysis_time = result, time.time()
+        return result
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self.jobs)
+
+    def agents_of(self, job: str) -> set[str]:
+        with self._lock:
+            js = self.jobs.get(job)
+            return set(js.agents) if js else set()
+
+    def job_of(self, agent_id: str) -> str | None:
+        with self._lock:
+            return self.agent_job.get(agent_id)
+
+    def gpu_of(self, job: str) -> str | None:
+        with self._lock:
+            js = self.jobs.get(job)
+            return self.gpu_override or (js.gpu_name if js else None)
+
+    def steps_key(self, job: str) -> tuple[int, float]:
+        """Changes whenever the job's step records do (cache key of derived analyses)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            return (len(js.records), js.last_step_time) if js else (0, 0.0)
+
+    def records_and_layout(self, job: str) -> tuple[list[StepRecord], Any, str | None] | None:
+        with self._lock:
+            js = self.jobs.get(job)
+            if js is None:
+                return None
+            layout = js.job_info.layout if js.job_info else None
+            return list(js.records.values()), layout, self.gpu_override or js.gpu_name
+
+    def overview(self, job: str) -> dict[str, Any] | None:
+        with self._lock:
+            js = self.jobs.get(job)
+            if js is None:
+                return None
+            its = sorted(it for it, _ in js.records)
+            return {
+                "job": job,
+                "agents": sorted(js.agents),
+                "gpu": self.gpu_override or js.gpu_name,
+                "iterations_seen": len(js.records),
+                "first_iteration": its[0] if its else None,
+                "last_iteration": its[-1] if its else None,
+                "has_job_info": js.job_info is not None,
+                "last_step_age_s": (time.time() - js.last_step_time) if js.last_step_time else None,
+            }
+
+
+def job_level_steps(records: list[StepRecord]) -> list[StepRecord]:
+    """One record per iteration for :func:`analyze_run`. Records of one rank each (the step hook)
+    are folded into one ``"all"`` record per iteration when the job has no job-level records: the
+    slowest rank's step (the iteration ends when it does), timers merged per rank."""
+    job_level = [r for r in records if not isinstance(r.rank, int)]
+    if job_level or not records:
+        return job_level
+    by_it: dict[int, list[StepRecord]] = {}
+    for r in records:
+        by_it.setdefault(r.iteration, []).append(r)
+    out = []
+    for rs in by_it.values():
+        slow = max(rs, key=lambda r: r.step_time_ms if r.step_time_ms is not None else -1.0)
+        timers: dict[str, TimerValue] = {}
+        for r in rs:
+            for name, tv in r.timers.items():
+                t = timers.setdefault(name, TimerValue())
+                vals = dict(tv.per_rank) or ({r.rank: tv.max_ms} if isinstance(r.rank, int)
+                                             and tv.max_ms is not None else {})
+                t.per_rank.update(vals)
+        for t in timers.values():
+            if t.per_rank:
+                t.min_ms, t.max_ms = min(t.per_rank.values()), max(t.per_rank.values())
+        ends = [r.end_time for r in rs if r.end_time is not None]
+        out.append(dataclasses.replace(slow, rank="all", timers=timers, end_time=max(ends) if ends else None))
+    return out

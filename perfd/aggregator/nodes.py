@@ -1,0 +1,149 @@
+"""The node/GPU view: the latest value of every node series, each GPU's process list and pod.
+
+Fed by the agents' samples and by two state events (perfd.events GPU_PROCESSES, GPU_PODS); read to
+place ranks on GPUs, to explain a slow rank by its GPU's state, and for /metrics. One lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from perfd.events import GPU_PODS, GPU_PROCESSES, payload_of
+
+LabelKey = tuple[tuple[str, str], ...]
+GpuKey = tuple[str, str]  # (node, gpu index)
+# Any GPU series names the GPU model; this one is sampled on every GPU and rarely changes.
+MODEL_SERIES = "perfd_gpu_memory_total_bytes"
+
+
+@dataclass
+class NodeSeries:
+    """Latest value of one time series from one agent."""
+
+    name: str
+    labels: LabelKey
+    time_ns: int
+    value: float
+
+
+class NodeView:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.series: dict[tuple[str, str, LabelKey], NodeSeries] = {}  # (agent, name, labels)
+        self.agent_seen: dict[str, float] = {}
+        self.samples = 0
+        # (node, gpu) -> (agent, latest process list from the NVML collector)
+        self.gpu_procs: dict[GpuKey, tuple[str, list[dict[str, Any]]]] = {}
+        # node -> latest GPU -> pod allocation from the k8s collector (kubelet pod-resources)
+        self.gpu_pods: dict[str, list[dict[str, Any]]] = {}
+
+    def seen(self, agent_id: str) -> None:
+        with self._lock:
+            self.agent_seen[agent_id] = time.time()
+
+    def ingest_samples(self, agent_id: str, series_defs: Mapping[int, tuple[str, LabelKey]],
+                       series_ids: Sequence[int], timestamps_ns: Sequence[int],
+                       values: Sequence[float], on_model: Callable[[str], None]) -> None:
+        """Keep the latest value per series. Columnar in, no object per sample: the dict built
+        from zip keeps the last occurrence of each id, at C speed. ``on_model`` hears the GPU
+        model an agent's series name (the job store keeps it for the peak table)."""
+        latest = dict(zip(series_ids, zip(timestamps_ns, values, strict=True), strict=True))
+        model: str | None = None
+        with self._lock:
+            self.samples += len(values)
+            self.agent_seen[agent_id] = time.time()
+            for sid, (ts, val) in latest.items():
+                name, labels = series_defs[sid]
+                key = (agent_id, name, labels)
+                cur = self.series.get(key)
+                if cur is None:
+                    self.series[key] = NodeSeries(name, labels, ts, val)
+                elif ts >= cur.time_ns:
+                    cur.time_ns, cur.value = ts, val
+                if name == MODEL_SERIES:
+                    model = dict(labels).get("model") or model
+        if model:
+            on_model(model)
+
+    # ---- state events ------------------------------------------------------------------------
+    def on_gpu_processes(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+        """The latest process list of a GPU replaces the previous one; False if malformed."""
+        payload = payload_of(ev, GPU_PROCESSES)
+        if payload is None:
+            return False
+        labels = ev.get("labels") or {}
+        with self._lock:
+            self.gpu_procs[(labels.get("node", agent_id), labels.get("gpu", "?"))] = (agent_id, payload)
+        return True
+
+    def on_gpu_pods(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+        payload = payload_of(ev, GPU_PODS)
+        if payload is None:
+            return False
+        with self._lock:
+            self.gpu_pods[(ev.get("labels") or {}).get("node", agent_id)] = payload
+        return True
+
+    # ---- read side ---------------------------------------------------------------------------
+    def gpu_view(self, agents: set[str]) -> tuple[dict[GpuKey, list[dict[str, Any]]],
+                                                  dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]:
+        """For the given agents: process lists, latest GPU values and active throttle reasons,
+        each keyed by (node, gpu)."""
+        with self._lock:
+            procs = {k: list(v[1]) for k, v in self.gpu_procs.items() if v[0] in agents}
+            values: dict[GpuKey, dict[str, float]] = {}
+            throttles: dict[GpuKey, list[str]] = {}
+            for (agent, name, labels), s in self.series.items():
+                if agent not in agents or not name.startswith("perfd_gpu_"):
+                    continue
+                lab = dict(labels)
+                key = (lab.get("node", agent), lab.get("gpu", "?"))
+                if "reason" in lab:
+                    if name == "perfd_gpu_throttle_active" and s.value >= 1:
+                        throttles.setdefault(key, []).append(lab["reason"])
+                    continue
+                if "type" not in lab:
+                    values.setdefault(key, {})[name] = s.value
+            return procs, values, throttles
+
+    def node_of_agent(self) -> dict[str, str]:
+        """agent -> the node whose GPUs' processes it reports."""
+        with self._lock:
+            return {agent: node for (node, _gpu), (agent, _p) in self.gpu_procs.items()}
+
+    def pods_by_gpu(self) -> dict[GpuKey, dict[str, Any]]:
+        """(node, gpu index) -> the pod and container its GPU is allocated to (collectors/k8s),
+        joined on the GPU UUID of the node's NVML series, or on the index the kubelet gave."""
+        with self._lock:
+            index_of = {(dict(lab).get("node", agent), dict(lab)["uuid"]): dict(lab).get("gpu", "?")
+                        for (agent, name, lab) in self.series
+                        if name == MODEL_SERIES and "uuid" in dict(lab)}
+            out: dict[GpuKey, dict[str, Any]] = {}
+            for node, owners in self.gpu_pods.items():
+                for o in owners:
+                    uuid = o.get("uuid")
+                    gpu = index_of.get((node, str(uuid))) if uuid else o.get("gpu")
+                    if gpu is not None:
+                        out[(node, str(gpu))] = o
+            return out
+
+    def serving_values(self, agents: set[str], job: str) -> dict[str, float]:
+        """Latest serving series (catalog names) of a job's agents."""
+        with self._lock:
+            return {name: s.value for (agent, name, labels), s in self.series.items()
+                    if name.startswith("perfd_serving_") and agent in agents
+                    and dict(labels).get("job_name", job) == job}
+
+    def snapshot(self) -> list[tuple[str, NodeSeries]]:
+        """(agent id, series) pairs for export; a copy, safe to iterate without the lock."""
+        with self._lock:
+            return [(k[0], NodeSeries(s.name, s.labels, s.time_ns, s.value))
+                    for k, s in self.series.items()]
+
+    def agents_seen(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self.agent_seen)

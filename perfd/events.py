@@ -1,0 +1,114 @@
+"""The ONE catalog of event kinds: name, payload type, who produces it, who consumes it.
+
+Events travel as plain mappings (``kind``, ``severity``, ``time``, ``job``, ``text``, ``labels``,
+``links``, ``payload``; see perfd.transport.codec) so that an agent and an aggregator of different
+versions still talk. Every producer names its kind through a constant here, and every consumer
+looks its kind up here, so a kind is spelled once. ``payload_of`` checks a payload against its
+declared shape before a consumer reads it: a malformed payload from the network is refused (and
+counted by the caller), never half-read.
+
+Two sorts of kind: *history* events go into the aggregator's bounded event log (a rule firing, an
+XID); *state* events replace the previous value for their key (the latest process list of a GPU)
+and never enter the log. Pure data: imports nothing of perfd but plain types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict
+
+Severity = Literal["info", "warning", "critical"]
+
+
+class GpuProcess(TypedDict, total=False):
+    """One process on a GPU (collectors/nvml processes): RANK etc. come from its environment."""
+
+    pid: int
+    name: str | None
+    cmdline: str | None
+    used_memory_bytes: int | None
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+
+
+class GpuOwner(TypedDict, total=False):
+    """The pod a GPU is allocated to (collectors/k8s, kubelet pod-resources API)."""
+
+    device: str  # as the kubelet gives it: a GPU-/MIG- UUID, or an index
+    uuid: str
+    gpu: str
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+
+
+@dataclass(frozen=True)
+class EventKind:
+    name: str
+    payload: Literal["none", "list", "mapping", "any"]  # the payload's JSON shape
+    item: type | None  # the TypedDict of each list element / of the mapping, where declared
+    state: bool  # True: latest value per key (not history)
+    producer: str
+    consumers: tuple[str, ...]
+    description: str
+
+
+def _k(name: str, payload: Literal["none", "list", "mapping", "any"], state: bool, producer: str,
+       consumers: tuple[str, ...], description: str, item: type | None = None) -> EventKind:
+    return EventKind(name, payload, item, state, producer, consumers, description)
+
+
+_AGG_LOG = "aggregator event log (/api/events)"
+
+GPU_PROCESSES = _k("gpu_processes", "list", True, "collectors/nvml (processes)",
+                   ("perfd/aggregator/nodes.py: rank placement, GPU hints",),
+                   "The processes on one GPU (labels node, gpu)", GpuProcess)
+GPU_PODS = _k("gpu_pods", "list", True, "collectors/k8s",
+              ("perfd/aggregator/nodes.py: GPU -> pod",), "GPU -> pod allocation of a node", GpuOwner)
+SERVING_REPORT = _k("serving_report", "mapping", True, "collectors/sglang",
+                    ("perfd/aggregator/serving.py",), "Latest serving analysis of a job")
+NCCL_HANG = _k("nccl_hang", "mapping", False, "collectors/nccl (Flight Recorder hang detector)",
+               ("perfd/aggregator/collectives.py: hangs merged across agents", _AGG_LOG),
+               "A collective stuck past the hang threshold (and its resolution)")
+HOOK_PROFILE = _k("hook_profile", "mapping", False, "collectors/hook",
+                  ("perfd/agent/captures.py: cudaProfilerApi ranges",),
+                  "A rank's step hook state (profiler range open/closed)")
+GPU_LOST = _k("gpu_lost", "none", False, "collectors/nvml", (_AGG_LOG,), "A GPU fell off the bus")
+XID = _k("xid", "mapping", False, "collectors/nvml", (_AGG_LOG,), "An XID error on a GPU")
+VALIDATION = _k("validation", "any", False, "collectors/megatron (parser)", (_AGG_LOG,),
+                "A log value refused by validation")
+REPLAY_FINISHED = _k("replay_finished", "none", False, "collectors/nvml (replay)", (_AGG_LOG,),
+                     "A recorded NVML replay reached its end")
+RULE_FIRING = _k("rule_firing", "mapping", False, "perfd/aggregator/captures.py (rules engine)",
+                 (_AGG_LOG, "perfd.exporters.wandb"), "A rule started firing")
+CAPTURE_STARTED = _k("capture_started", "any", False, "perfd/capture/manager.py (agent)",
+                     ("perfd/aggregator/captures.py: capture records", _AGG_LOG), "A capture began")
+CAPTURE_FINISHED = _k("capture_finished", "any", False, "perfd/capture/manager.py (agent)",
+                      ("perfd/aggregator/captures.py: capture records", _AGG_LOG),
+                      "A capture finished; payload: its analysis and artifacts")
+CAPTURE_FAILED = _k("capture_failed", "any", False, "perfd/capture/manager.py (agent)",
+                    ("perfd/aggregator/captures.py: capture records", _AGG_LOG), "A capture failed")
+
+KINDS: dict[str, EventKind] = {k.name: k for k in (
+    GPU_PROCESSES, GPU_PODS, SERVING_REPORT, NCCL_HANG, HOOK_PROFILE, GPU_LOST, XID, VALIDATION,
+    REPLAY_FINISHED, RULE_FIRING, CAPTURE_STARTED, CAPTURE_FINISHED, CAPTURE_FAILED)}
+CAPTURE_PROGRESS: dict[str, str] = {  # capture event kind -> capture record status
+    CAPTURE_STARTED.name: "started", CAPTURE_FINISHED.name: "finished", CAPTURE_FAILED.name: "failed"}
+
+
+def get(name: str) -> EventKind | None:
+    return KINDS.get(name)
+
+
+def payload_of(ev: Mapping[str, Any], kind: EventKind) -> Any:
+    """The event's payload if it has ``kind``'s declared shape, else None (the caller counts it).
+    List payloads keep only mapping elements: one bad element does not drop a process list."""
+    p = ev.get("payload")
+    if kind.payload == "list":
+        return [dict(x) for x in p if isinstance(x, Mapping)] if isinstance(p, list) else None
+    if kind.payload == "mapping":
+        return dict(p) if isinstance(p, Mapping) else None
+    return p
