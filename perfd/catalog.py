@@ -8,8 +8,10 @@ label is ``job_name`` (Prometheus reserves ``job`` for the scrape job), then ``n
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Kind = Literal["gauge", "counter", "histogram"]
 
@@ -42,8 +44,23 @@ LABELS: dict[str, str] = {
 }
 
 
+# Where a job metric shows besides /metrics (every catalog metric is exported by name there).
+Show = Literal["summary", "report", "html", "table", "wandb"]
+SUMMARY: Show = "summary"  # a steady-state median in the analysis summary
+REPORT: Show = "report"  # a row of the report's Metrics part (text, rich, JSON)
+HTML: Show = "html"  # a tile of the HTML report
+TABLE: Show = "table"  # a column of the per-iteration text table
+WANDB: Show = "wandb"  # a W&B history key (and its steady median in the run summary)
+_JOB_SHOWS: frozenset[Show] = frozenset({SUMMARY, REPORT, WANDB})
+
+
 @dataclass(frozen=True)
 class MetricDef:
+    """One metric, declared once. For a per-iteration job metric, ``attr`` names the attribute of
+    the analysis' per-iteration result (perfd.analytics.megatron_job.IterationResult) and
+    ``scale`` turns it into the catalog unit: every consumer (Prometheus, W&B, rules, the report,
+    its tables and tiles) derives its value from these two through :func:`job_values`."""
+
     name: str
     kind: Kind
     unit: str  # "ratio" (a share in [0, 1]), "times" (a quotient >= 0, e.g. max/min), "seconds",
@@ -52,11 +69,19 @@ class MetricDef:
     description: str
     source: str
     labels: tuple[str, ...]
+    attr: str | None = None
+    scale: float = 1.0
+    alias: str | None = None  # the short name rules may use for it
+    shows: frozenset[Show] = frozenset()
+    short: str | None = None  # a person's short label (table header, HTML tile)
 
 
-def _m(name: str, kind: Kind, unit: str, description: str, source: str,
-       labels: tuple[str, ...]) -> MetricDef:
-    return MetricDef(name, kind, unit, description, source, labels)
+def _m(name: str, kind: Kind, unit: str, description: str, source: str, labels: tuple[str, ...], *,
+       attr: str | None = None, scale: float = 1.0, alias: str | None = None,
+       shows: tuple[Show, ...] = (), short: str | None = None) -> MetricDef:
+    return MetricDef(name, kind, unit, description, source, labels, attr, scale, alias,
+                     frozenset(shows) | (_JOB_SHOWS if attr and attr != "iteration" else frozenset()),
+                     short)
 
 
 _MEGATRON = "collectors/megatron (iteration line, timers)"
@@ -74,29 +99,60 @@ _SERVING_ANALYTICS = "perfd.analytics.serving over collectors/sglang + model spe
 _NCCL = "collectors/nccl (Flight Recorder, NCCL Inspector) + perfd.analytics.collectives"
 
 CATALOG: tuple[MetricDef, ...] = (
-    # --- job: training -------------------------------------------------------------------
-    _m("perfd_job_iteration", "gauge", "iteration", "Last iteration number seen", _MEGATRON, JOB),
-    _m("perfd_job_step_time_seconds", "gauge", "seconds", "Elapsed time per iteration", _MEGATRON, JOB),
-    _m("perfd_job_logged_tflops_per_gpu", "gauge", "tflops",
-       "Framework's own throughput figure (Megatron 'throughput per GPU (TFLOP/s/GPU)')", _MEGATRON, JOB),
-    _m("perfd_job_model_tflops_per_gpu", "gauge", "tflops",
-       "Achieved model TFLOP/s per GPU, perfd's FLOPs formula ÷ step time ÷ world size", _ANALYTICS, JOB),
+    # --- job: training (per-iteration analysis; in report order) --------------------------
     _m("perfd_job_mfu_ratio", "gauge", "ratio",
        "Model FLOPs utilisation: model TFLOP/s per GPU ÷ peak dense TFLOP/s of the GPU for the dtype",
-       _ANALYTICS + " + perfd.analytics.gpus peak table", JOB),
+       _ANALYTICS + " + perfd.analytics.gpus peak table", JOB, attr="mfu", alias="mfu",
+       shows=(HTML, TABLE), short="MFU"),
+    _m("perfd_job_model_tflops_per_gpu", "gauge", "tflops",
+       "Achieved model TFLOP/s per GPU, perfd's FLOPs formula ÷ step time ÷ world size", _ANALYTICS, JOB,
+       attr="model_tflops_per_gpu", alias="tflops", shows=(HTML, TABLE), short="model TFLOP/s per GPU"),
+    _m("perfd_job_logged_tflops_per_gpu", "gauge", "tflops",
+       "Framework's own throughput figure (Megatron 'throughput per GPU (TFLOP/s/GPU)')", _MEGATRON, JOB,
+       attr="megatron_tflops_per_gpu", alias="logged_tflops", shows=(TABLE,), short="logged TFLOP/s per GPU"),
     _m("perfd_job_tflops_gap_ratio", "gauge", "ratio",
-       "(perfd − logged) / logged TFLOP/s per GPU; beyond 1% the FLOPs model is suspect", _ANALYTICS, JOB),
+       "(perfd − logged) / logged TFLOP/s per GPU; beyond 1% the FLOPs model is suspect", _ANALYTICS, JOB,
+       attr="tflops_rel_gap", alias="tflops_gap", short="TFLOP/s gap"),
+    _m("perfd_job_step_time_seconds", "gauge", "seconds", "Elapsed time per iteration", _MEGATRON, JOB,
+       attr="step_time_ms", scale=1e-3, alias="step_time", shows=(HTML, TABLE), short="step time"),
+    _m("perfd_job_data_loading_ratio", "gauge", "ratio",
+       "batch-generator time (max across ranks) ÷ step; > 0.2 bottleneck, < 0.05 healthy",
+       _ANALYTICS, JOB, attr="data_share", alias="data_share", shows=(HTML, TABLE), short="data loading"),
     _m("perfd_job_comm_exposed_ratio", "gauge", "ratio",
        "Exposed communication ÷ step: Σ max-across-ranks of the comm timers the CPU waits on",
-       _ANALYTICS, JOB),
+       _ANALYTICS, JOB, attr="comm_exposed_share", alias="comm_exposed", shows=(HTML, TABLE),
+       short="exposed comm"),
     _m("perfd_job_comm_exposed_dp_ratio", "gauge", "ratio",
        "Exposed gradient sync (all-grads-sync, params-all-gather, finalize-grads all-reduces) ÷ step",
-       _ANALYTICS, JOB),
+       _ANALYTICS, JOB, attr="comm_exposed_dp_share", alias="comm_exposed_dp", shows=(TABLE,),
+       short="exposed DP comm"),
     _m("perfd_job_comm_exposed_pp_ratio", "gauge", "ratio",
-       "Exposed pipeline p2p send/recv wait ÷ step (includes waiting for the peer stage)", _ANALYTICS, JOB),
+       "Exposed pipeline p2p send/recv wait ÷ step (includes waiting for the peer stage)", _ANALYTICS, JOB,
+       attr="comm_exposed_pp_share", alias="comm_exposed_pp", shows=(TABLE,), short="exposed PP comm"),
+    _m("perfd_job_pp_bubble_analytic_ratio", "gauge", "ratio",
+       "Analytic pipeline bubble (p−1)/(m+p−1), interleaved (p−1)/(v·m+p−1)", _ANALYTICS, JOB,
+       attr="pp_bubble_analytic", alias="pp_bubble", shows=(HTML,), short="PP bubble (analytic)"),
+    _m("perfd_job_pp_stage_idle_max_ratio", "gauge", "ratio",
+       "Idle share of forward-backward of the most idle (lighter) pipeline stage", _ANALYTICS, JOB,
+       attr="pp_idle_max", alias="pp_idle_max", shows=(HTML, TABLE), short="PP stage idle (max)"),
+    _m("perfd_job_pp_stage_idle_min_ratio", "gauge", "ratio",
+       "Idle share of forward-backward of the least idle (heavier) pipeline stage", _ANALYTICS, JOB,
+       attr="pp_idle_min", alias="pp_idle_min", shows=(TABLE,), short="PP stage idle (min)"),
+    _m("perfd_job_pp_imbalance_ratio", "gauge", "ratio",
+       "Max stage idle − analytic bubble: the part of the bubble due to stage imbalance", _ANALYTICS, JOB,
+       attr="pp_imbalance", alias="pp_imbalance", short="PP imbalance"),
+    _m("perfd_job_straggler_ratio", "gauge", "times",
+       "Slowest ÷ fastest rank time (Megatron straggler detector rtt, ≥ 1); > 1.1 marks a candidate",
+       _ANALYTICS, JOB, attr="straggler_rtt_ratio", alias="straggler_ratio", shows=(TABLE,),
+       short="straggler spread"),
+    _m("perfd_job_lm_loss", "gauge", "loss", "Language-model loss (absent on NaN-loss iterations)",
+       _MEGATRON, JOB, attr="lm_loss", alias="lm_loss", short="loss"),
+    _m("perfd_job_iteration", "gauge", "iteration", "Last iteration number seen", _MEGATRON, JOB,
+       attr="iteration", alias="iteration", shows=(WANDB,)),
     _m("perfd_job_comm_total_ratio", "gauge", "ratio",
        "Union of collective/p2p time ÷ step, median over ranks of each rank's median over its latest "
-       "iterations (Flight Recorder durations; needs TORCH_NCCL_ENABLE_TIMING=1)", _NCCL, JOB),
+       "iterations (Flight Recorder durations; needs TORCH_NCCL_ENABLE_TIMING=1)", _NCCL, JOB,
+       alias="comm_total"),
     _m("perfd_job_comm_total_group_ratio", "gauge", "ratio",
        "Union of one parallel group class's collective time ÷ step (group from process-group ranks "
        "and the job layout)", _NCCL, (*JOB, "group")),
@@ -112,110 +168,107 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_job_collective_last_arrival_ratio", "gauge", "ratio",
        "Share of collectives (with a clear spread) where this rank had the shortest duration: the "
        "others waited for it", _NCCL, (*JOB, "rank")),
-    _m("perfd_job_pp_bubble_analytic_ratio", "gauge", "ratio",
-       "Analytic pipeline bubble (p−1)/(m+p−1), interleaved (p−1)/(v·m+p−1)", _ANALYTICS, JOB),
-    _m("perfd_job_pp_stage_idle_max_ratio", "gauge", "ratio",
-       "Idle share of forward-backward of the most idle (lighter) pipeline stage", _ANALYTICS, JOB),
-    _m("perfd_job_pp_stage_idle_min_ratio", "gauge", "ratio",
-       "Idle share of forward-backward of the least idle (heavier) pipeline stage", _ANALYTICS, JOB),
-    _m("perfd_job_pp_imbalance_ratio", "gauge", "ratio",
-       "Max stage idle − analytic bubble: the part of the bubble due to stage imbalance", _ANALYTICS, JOB),
-    _m("perfd_job_data_loading_ratio", "gauge", "ratio",
-       "batch-generator time (max across ranks) ÷ step; > 0.2 bottleneck, < 0.05 healthy",
-       _ANALYTICS, JOB),
-    _m("perfd_job_straggler_ratio", "gauge", "times",
-       "Slowest ÷ fastest rank time (Megatron straggler detector rtt, ≥ 1); > 1.1 marks a candidate",
-       _ANALYTICS, JOB),
     _m("perfd_job_rank_compute_ratio", "gauge", "times",
        "A rank's forward+backward compute ÷ the median of its pipeline stage (per-rank timers)",
-       _ANALYTICS, (*JOB, "rank")),
+       _ANALYTICS, (*JOB, "rank"), alias="rank_compute_ratio"),
     _m("perfd_job_rank_info", "gauge", "info",
        "1 per rank: the node and GPU it runs on (from the RANK in its process environment)",
        "collectors/nvml process lists", (*JOB, "rank", "node", "gpu")),
-    _m("perfd_job_lm_loss", "gauge", "loss", "Language-model loss (absent on NaN-loss iterations)",
-       _MEGATRON, JOB),
     _m("perfd_job_skipped_iterations_total", "counter", "count", "Iterations skipped (loss-scale overflow)",
-       _MEGATRON, JOB),
-    _m("perfd_job_nan_iterations_total", "counter", "count", "Iterations with a NaN loss", _MEGATRON, JOB),
+       _MEGATRON, JOB, alias="skipped_iterations"),
+    _m("perfd_job_nan_iterations_total", "counter", "count", "Iterations with a NaN loss", _MEGATRON, JOB,
+       alias="nan_iterations"),
     _m("perfd_job_bottleneck_info", "gauge", "info",
        "1 for the job's current bottleneck class (label class)", _ANALYTICS, (*JOB, "class")),
     # --- job: serving (SGLang) --------------------------------------------------------------
     _m("perfd_serving_input_throughput_tokens_per_second", "gauge", "tokens_per_second",
        "Prompt tokens computed per second (cached prefix tokens excluded), over the window",
-       _SERVING, JOB),
+       _SERVING, JOB, alias="input_throughput"),
     _m("perfd_serving_gen_throughput_tokens_per_second", "gauge", "tokens_per_second",
-       "Generated (decode) tokens per second, over the window", _SERVING, JOB),
+       "Generated (decode) tokens per second, over the window", _SERVING, JOB, alias="gen_throughput"),
     _m("perfd_serving_running_requests", "gauge", "count",
-       "Requests in the running batch (mean over the window)", _SERVING, JOB),
+       "Requests in the running batch (mean over the window)", _SERVING, JOB, alias="running_requests"),
     _m("perfd_serving_queued_requests", "gauge", "count",
-       "Requests waiting in the queue (mean over the window)", _SERVING, JOB),
+       "Requests waiting in the queue (mean over the window)", _SERVING, JOB, alias="queued_requests"),
     _m("perfd_serving_queue_growth_requests_per_second", "gauge", "requests_per_second",
-       "Least-squares slope of the queue length over the window (> 0: the queue grows)", _SERVING_LOG, JOB),
+       "Least-squares slope of the queue length over the window (> 0: the queue grows)", _SERVING_LOG, JOB,
+       alias="queue_growth"),
     _m("perfd_serving_batch_fill_ratio", "gauge", "ratio",
-       "Running requests ÷ max_running_requests (start-up line)", _SERVING_LOG, JOB),
+       "Running requests ÷ max_running_requests (start-up line)", _SERVING_LOG, JOB, alias="batch_fill"),
     _m("perfd_serving_kv_cache_usage_ratio", "gauge", "ratio",
        "KV cache pool usage ('token usage'; hybrid models: the fuller pool), mean over the window",
-       _SERVING, JOB),
+       _SERVING, JOB, alias="kv_usage"),
     _m("perfd_serving_prefix_cache_hit_ratio", "gauge", "ratio",
        "Prompt tokens served from the prefix (radix) cache ÷ all prompt tokens, over the window",
-       _SERVING, JOB),
+       _SERVING, JOB, alias="prefix_hit"),
     _m("perfd_serving_prefix_cache_hit_batches_ratio", "gauge", "ratio",
        "Share of prefill batches that reused any cached prefix (do prompts share prefixes?)",
-       _SERVING_LOG, JOB),
+       _SERVING_LOG, JOB, alias="prefix_hit_batches"),
     _m("perfd_serving_ttft_p50_seconds", "gauge", "seconds",
-       "Median time to first token over the window (Δ histogram between scrapes)", _SERVING_METRICS, JOB),
+       "Median time to first token over the window (Δ histogram between scrapes)", _SERVING_METRICS, JOB,
+       alias="ttft_p50"),
     _m("perfd_serving_ttft_p99_seconds", "gauge", "seconds",
-       "P99 time to first token over the window (Δ histogram between scrapes)", _SERVING_METRICS, JOB),
+       "P99 time to first token over the window (Δ histogram between scrapes)", _SERVING_METRICS, JOB,
+       alias="ttft_p99"),
     _m("perfd_serving_itl_p50_seconds", "gauge", "seconds",
        "Median inter-token latency over the window (inter_token_latency or time_per_output_token histogram)",
-       _SERVING_METRICS, JOB),
+       _SERVING_METRICS, JOB, alias="itl_p50"),
     _m("perfd_serving_itl_p99_seconds", "gauge", "seconds",
        "P99 inter-token latency over the window (inter_token_latency or time_per_output_token histogram)",
-       _SERVING_METRICS, JOB),
+       _SERVING_METRICS, JOB, alias="itl_p99"),
     _m("perfd_serving_e2e_latency_p50_seconds", "gauge", "seconds",
-       "Median end-to-end request latency over the window", _SERVING_METRICS, JOB),
+       "Median end-to-end request latency over the window", _SERVING_METRICS, JOB, alias="e2e_p50"),
     _m("perfd_serving_e2e_latency_p99_seconds", "gauge", "seconds",
-       "P99 end-to-end request latency over the window", _SERVING_METRICS, JOB),
+       "P99 end-to-end request latency over the window", _SERVING_METRICS, JOB, alias="e2e_p99"),
     _m("perfd_serving_cuda_graph_ratio", "gauge", "ratio",
-       "Share of logged decode batches that ran with CUDA graphs", _SERVING_LOG, JOB),
+       "Share of logged decode batches that ran with CUDA graphs", _SERVING_LOG, JOB, alias="cuda_graph"),
     _m("perfd_serving_spec_accept_length", "gauge", "tokens",
-       "Speculative decoding: mean accepted tokens per step ('accept len')", _SERVING, JOB),
+       "Speculative decoding: mean accepted tokens per step ('accept len')", _SERVING, JOB,
+       alias="spec_accept_length"),
     _m("perfd_serving_decode_mbu_ratio", "gauge", "ratio",
        "Decode memory-bandwidth utilisation: (weights + KV in use) bytes per step × steps/s ÷ peak "
-       "bandwidth, per GPU", _SERVING_ANALYTICS + " + perfd.analytics.gpus bandwidth table", JOB),
+       "bandwidth, per GPU", _SERVING_ANALYTICS + " + perfd.analytics.gpus bandwidth table", JOB,
+       alias="decode_mbu"),
     _m("perfd_serving_decode_mfu_ratio", "gauge", "ratio",
        "Decode model FLOPs utilisation: 2·N_active × generated tokens/s ÷ (GPUs × peak dense FLOP/s)",
-       _SERVING_ANALYTICS + " + perfd.analytics.gpus peak table", JOB),
+       _SERVING_ANALYTICS + " + perfd.analytics.gpus peak table", JOB, alias="decode_mfu"),
     _m("perfd_serving_prefill_mfu_ratio", "gauge", "ratio",
        "Prefill model FLOPs utilisation: 2·N_active × computed prompt tokens/s ÷ (GPUs × peak dense FLOP/s)",
-       _SERVING_ANALYTICS + " + perfd.analytics.gpus peak table", JOB),
+       _SERVING_ANALYTICS + " + perfd.analytics.gpus peak table", JOB, alias="prefill_mfu"),
     # --- GPU ------------------------------------------------------------------------------
     _m("perfd_gpu_utilization_ratio", "gauge", "ratio",
-       "NVML utilisation: share of time a kernel was resident (not SM busy)", _NVML, GPU),
+       "NVML utilisation: share of time a kernel was resident (not SM busy)", _NVML, GPU, alias="gpu_util"),
     _m("perfd_gpu_memory_utilization_ratio", "gauge", "ratio",
        "NVML memory-controller utilisation: share of time device memory was read or written", _NVML, GPU),
-    _m("perfd_gpu_memory_used_bytes", "gauge", "bytes", "Device memory used", _NVML, GPU),
-    _m("perfd_gpu_memory_total_bytes", "gauge", "bytes", "Device memory total", _NVML, GPU),
-    _m("perfd_gpu_power_watts", "gauge", "watts", "Power draw", _NVML, GPU),
+    _m("perfd_gpu_memory_used_bytes", "gauge", "bytes", "Device memory used", _NVML, GPU,
+       alias="gpu_memory_used"),
+    _m("perfd_gpu_memory_total_bytes", "gauge", "bytes", "Device memory total", _NVML, GPU,
+       alias="gpu_memory_total"),
+    _m("perfd_gpu_power_watts", "gauge", "watts", "Power draw", _NVML, GPU, alias="gpu_power"),
     _m("perfd_gpu_power_limit_watts", "gauge", "watts", "Enforced power limit (slow interval)", _NVML, GPU),
     _m("perfd_gpu_energy_joules_total", "counter", "joules", "Energy since driver load (slow call)",
        _NVML, GPU),
-    _m("perfd_gpu_temperature_celsius", "gauge", "celsius", "GPU temperature", _NVML, GPU),
-    _m("perfd_gpu_sm_clock_hertz", "gauge", "hertz", "SM clock", _NVML, GPU),
-    _m("perfd_gpu_mem_clock_hertz", "gauge", "hertz", "Memory clock", _NVML, GPU),
+    _m("perfd_gpu_temperature_celsius", "gauge", "celsius", "GPU temperature", _NVML, GPU,
+       alias="gpu_temperature"),
+    _m("perfd_gpu_sm_clock_hertz", "gauge", "hertz", "SM clock", _NVML, GPU, alias="sm_clock"),
+    _m("perfd_gpu_mem_clock_hertz", "gauge", "hertz", "Memory clock", _NVML, GPU, alias="mem_clock"),
     _m("perfd_gpu_throttle_reasons", "gauge", "bitmask",
-       "Clock throttle reasons bitmask (nvmlDeviceGetCurrentClocksEventReasons)", _NVML, GPU),
+       "Clock throttle reasons bitmask (nvmlDeviceGetCurrentClocksEventReasons)", _NVML, GPU,
+       alias="throttle_reasons"),
     _m("perfd_gpu_throttle_active", "gauge", "count", "1 while a throttle reason is active, else 0",
        _NVML, (*GPU, "reason")),
     _m("perfd_gpu_ecc_errors_total", "counter", "count", "ECC errors (volatile)", _NVML, (*GPU, "type")),
-    _m("perfd_gpu_xid_errors_total", "counter", "count", "XID errors seen", _NVML, GPU),
+    _m("perfd_gpu_xid_errors_total", "counter", "count", "XID errors seen", _NVML, GPU, alias="xid_errors"),
     _m("perfd_gpu_xid_last", "gauge", "count", "Code of the last XID error seen (present only once one "
        "was seen)", _NVML, GPU),
-    _m("perfd_gpu_processes", "gauge", "count", "Compute processes on the GPU", _NVML, GPU),
-    _m("perfd_gpu_sm_util_ratio", "gauge", "ratio", "GPM SM utilisation", _GPM, GPU),
-    _m("perfd_gpu_sm_occupancy_ratio", "gauge", "ratio", "GPM SM occupancy", _GPM, GPU),
-    _m("perfd_gpu_tensor_util_ratio", "gauge", "ratio", "GPM any-tensor-core utilisation", _GPM, GPU),
-    _m("perfd_gpu_dram_bw_util_ratio", "gauge", "ratio", "GPM DRAM bandwidth utilisation", _GPM, GPU),
+    _m("perfd_gpu_processes", "gauge", "count", "Compute processes on the GPU", _NVML, GPU,
+       alias="gpu_processes"),
+    _m("perfd_gpu_sm_util_ratio", "gauge", "ratio", "GPM SM utilisation", _GPM, GPU, alias="sm_util"),
+    _m("perfd_gpu_sm_occupancy_ratio", "gauge", "ratio", "GPM SM occupancy", _GPM, GPU, alias="sm_occupancy"),
+    _m("perfd_gpu_tensor_util_ratio", "gauge", "ratio", "GPM any-tensor-core utilisation", _GPM, GPU,
+       alias="tensor_util"),
+    _m("perfd_gpu_dram_bw_util_ratio", "gauge", "ratio", "GPM DRAM bandwidth utilisation", _GPM, GPU,
+       alias="dram_bw_util"),
     _m("perfd_gpu_fp16_util_ratio", "gauge", "ratio", "GPM FP16 pipe utilisation", _GPM, GPU),
     _m("perfd_gpu_fp32_util_ratio", "gauge", "ratio", "GPM FP32 pipe utilisation", _GPM, GPU),
     _m("perfd_gpu_fp64_util_ratio", "gauge", "ratio", "GPM FP64 pipe utilisation", _GPM, GPU),
@@ -226,9 +279,11 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_gpu_nvlink_tx_bytes_per_second", "gauge", "bytes_per_second", "NVLink transmit rate (all "
        "links)", _GPM, GPU),
     # --- host -----------------------------------------------------------------------------
-    _m("perfd_host_cpu_util_ratio", "gauge", "ratio", "CPU utilisation, all cores", _HOST, HOST),
+    _m("perfd_host_cpu_util_ratio", "gauge", "ratio", "CPU utilisation, all cores", _HOST, HOST,
+       alias="host_cpu_util"),
     _m("perfd_host_load1", "gauge", "count", "1-minute load average", _HOST, HOST),
-    _m("perfd_host_memory_used_bytes", "gauge", "bytes", "Host memory used", _HOST, HOST),
+    _m("perfd_host_memory_used_bytes", "gauge", "bytes", "Host memory used", _HOST, HOST,
+       alias="host_memory_used"),
     _m("perfd_host_memory_total_bytes", "gauge", "bytes", "Host memory total", _HOST, HOST),
     _m("perfd_host_net_rx_bytes_per_second", "gauge", "bytes_per_second", "Network receive rate", _HOST,
        (*HOST, "interface")),
@@ -297,8 +352,54 @@ def names() -> list[str]:
 
 def render_markdown(catalog: tuple[MetricDef, ...] = CATALOG) -> str:
     """The catalog as a Markdown table (for docs)."""
-    rows = ["| name | kind | unit | labels | description | source |", "|---|---|---|---|---|---|"]
+    rows = ["| name | kind | unit | labels | rule alias | description | source |",
+            "|---|---|---|---|---|---|---|"]
     for m in catalog:
-        cells = [f"`{m.name}`", m.kind, m.unit, ", ".join(m.labels), m.description, m.source]
+        cells = [f"`{m.name}`", m.kind, m.unit, ", ".join(m.labels), f"`{m.alias}`" if m.alias else "",
+                 m.description, m.source]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows) + "\n"
+
+
+# --- job metrics of the per-iteration analysis --------------------------------------------------
+def job_metrics(show: Show | None = None) -> tuple[MetricDef, ...]:
+    """The per-iteration job metrics (those with an ``attr``), in catalog order; with ``show``, only
+    those shown there."""
+    return tuple(m for m in CATALOG if m.attr and (show is None or show in m.shows))
+
+
+def _field(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def job_value(metric: MetricDef, obj: Any) -> float | None:
+    """One job metric of an iteration result (or of its JSON, or of a summary's medians), in the
+    catalog unit; None when absent (never 0)."""
+    if metric.attr is None:
+        return None
+    v = _number(_field(obj, metric.attr))
+    return None if v is None else v * metric.scale
+
+
+def job_values(obj: Any, show: Show | None = None) -> dict[str, float]:
+    """{catalog name: value} of every job metric present in an iteration result — the typed
+    IterationResult, its JSON, or a summary's ``medians`` (keyed by the same attributes). The one
+    mapping every consumer uses; absent values are left out."""
+    out: dict[str, float] = {}
+    for m in job_metrics(show):
+        v = job_value(m, obj)
+        if v is not None:
+            out[m.name] = v
+    return out
+
+
+def aliases() -> dict[str, str]:
+    """Short alias -> catalog name, for rule expressions."""
+    return {m.alias: m.name for m in CATALOG if m.alias}

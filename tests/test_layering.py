@@ -10,14 +10,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _imports(path: Path) -> set[str]:
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path, package: str | None = None) -> set[str]:
+    """Every module ``path`` imports when it runs: top-level and function-level imports, relative
+    ones resolved; imports under ``if TYPE_CHECKING:`` (never executed) are not counted."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    if package is None:
+        package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     out: set[str] = set()
-    for node in ast.walk(tree):
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            todo.extend(node.orelse)
+            continue
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)  # `from perfd import events`
+        todo.extend(ast.iter_child_nodes(node))
     return out
 
 
@@ -34,12 +56,93 @@ def _violations(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
     return bad
 
 
-def test_analytics_are_pure():
-    files = _files("perfd", "analytics") + _files("perfd", "report")
+_IO = ("os", "io", "socket", "subprocess", "pathlib", "time", "grpc", "prometheus_client")
+_LIVE = ("collectors", "perfd.transport", "perfd.aggregator", "perfd.agent", "perfd.exporters")
+
+
+def test_analytics_are_pure_and_below_the_report():
+    files = _files("perfd", "analytics")
     assert files, "no analytics sources found"
-    assert not _violations(files, ("os", "io", "socket", "subprocess", "pathlib", "time", "grpc",
-                                   "collectors", "perfd.transport", "perfd.aggregator",
-                                   "perfd.agent", "perfd.exporters", "prometheus_client"))
+    assert not _violations(files, (*_IO, *_LIVE, "perfd.report", "perfd.commands", "perfd.cli"))
+
+
+def test_report_is_pure():
+    files = _files("perfd", "report")
+    assert files, "no report sources found"
+    assert not _violations(files, (*_IO, *_LIVE, "perfd.commands", "perfd.cli"))
+
+
+def _package(module: str) -> str | None:
+    """The unit the cycle check works on: perfd.<subpackage or module>, collectors.<name>."""
+    parts = module.split(".")
+    if parts[0] not in ("perfd", "collectors") or len(parts) < 2:
+        return None
+    return ".".join(parts[:2])
+
+
+def _package_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for f in _files("perfd") + _files("collectors"):
+        src = _package(".".join(f.relative_to(ROOT).with_suffix("").parts))
+        if src is None:
+            continue
+        for mod in _imports(f):
+            dst = _package(mod)
+            target = ROOT.joinpath(*dst.split(".")) if dst else None
+            if target is not None and dst != src and (target.exists() or target.with_suffix(".py").exists()):
+                graph.setdefault(src, set()).add(str(dst))
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one package (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_between_packages():
+    """Function-level imports count: a cycle hidden inside a function is still a cycle."""
+    graph = _package_graph()
+    assert "perfd.report" in graph["perfd.aggregator"] | graph["perfd.commands"]  # the graph is real
+    assert not _cycles(graph), f"import cycles between packages: {_cycles(graph)}"
+
+
+def test_the_cycle_check_sees_a_function_level_cycle(tmp_path: Path):
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    probe = tmp_path / "probe.py"
+    probe.write_text("from typing import TYPE_CHECKING\n"
+                     "if TYPE_CHECKING:\n    from perfd.agent import main\n"
+                     "def g():\n    from perfd.report import build_report\n    return build_report\n"
+                     "from . import flops\n")
+    mods = _imports(probe, package="perfd.analytics")
+    assert "perfd.report" in mods and "perfd.analytics.flops" in mods
+    assert not any(m.startswith("perfd.agent") for m in mods)
 
 
 def test_collectors_know_nothing_of_transport_or_exporters():

@@ -17,10 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd import catalog
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import place_ranks
+from perfd.analytics.megatron_job import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
-from perfd.exporters.prometheus import JOB_GAUGES
 from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine
 from perfd.rules.expr import series_key
 from perfd.rules.model import CaptureAction, CaptureTargets
@@ -52,15 +53,6 @@ class CaptureRecord:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def job_values(latest: Mapping[str, Any]) -> dict[str, float | None]:
-    """Catalog name -> value from an iteration's analysis JSON (absent stays None)."""
-    out: dict[str, float | None] = {}
-    for name, (key, scale) in JOB_GAUGES.items():
-        v = latest.get(key)
-        out[name] = float(v) * scale if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-    return out
-
-
 class CaptureCoordinator:
     def __init__(self, state: AggregatorState, engine: RuleEngine | None, send: SendCommand,
                  interval_s: float = 5.0) -> None:
@@ -79,17 +71,18 @@ class CaptureCoordinator:
         state.event_listeners.append(self.on_event)  # capture progress reported by the agents
 
     # ---- targets ---------------------------------------------------------------------------
-    def _latest(self, job: str) -> dict[str, Any]:
+    def _latest(self, job: str) -> IterationResult | None:
         a = self.state.analysis(job)
-        return a.iterations[-1].to_json() if a is not None and a.iterations else {}
+        return a.iterations[-1] if a is not None and a.iterations else None
 
     def slowest_rank(self, job: str) -> int | None:
         it = self._latest(job)
-        ratios = it.get("straggler_rank_compute_ratio") or {}
+        if it is None:
+            return None
+        ratios = it.straggler_rank_compute_ratio
         if ratios:
-            return int(max(ratios, key=lambda r: ratios[r]))
-        r = it.get("straggler_rtt_max_rank")
-        return int(r) if isinstance(r, int) else None
+            return max(ratios, key=lambda r: ratios[r])
+        return it.straggler_rtt_max_rank
 
     def _resolve_targets(self, job: str, key: Any, targets: CaptureTargets,
                          values: Mapping[str, float | None]) -> tuple[int, ...] | None:
@@ -120,10 +113,12 @@ class CaptureCoordinator:
         out: dict[Any, dict[str, float | None]] = {}
         for job in self.state.job_names():
             it = self._latest(job)
-            if it:
-                out[job] = job_values(it)
-                for rank, ratio in (it.get("straggler_rank_compute_ratio") or {}).items():
-                    out[(job, int(rank))] = {"perfd_job_rank_compute_ratio": float(ratio)}
+            if it is not None:
+                # every job metric is a key; an absent one is None (a rule on it stays pending)
+                present = catalog.job_values(it)
+                out[job] = {m.name: present.get(m.name) for m in catalog.job_metrics()}
+                for rank, ratio in it.straggler_rank_compute_ratio.items():
+                    out[(job, rank)] = {"perfd_job_rank_compute_ratio": float(ratio)}
             _procs, values, throttles = self.state.gpu_view(job)
             for (node, gpu), vals in values.items():
                 gv: dict[str, float | None] = dict(vals)

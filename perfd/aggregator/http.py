@@ -21,7 +21,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
+from perfd.analytics.megatron_job import IterationResult
 from perfd.exporters.prometheus import job_families, series_families
+from perfd.report import analysis_json
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ class _StateCollector:
         self.per_rank_series = per_rank_series  # False: no per-rank series (very large jobs)
 
     def collect(self) -> Iterator[Metric]:
-        latest: dict[str, dict[str, Any]] = {}
+        latest: dict[str, IterationResult] = {}
         for job in self.state.job_names():
             try:
                 analysis = self.state.analysis(job)
@@ -42,7 +44,7 @@ class _StateCollector:
                 log.exception("analysis of job %s failed", job)
                 continue
             if analysis is not None and analysis.iterations:
-                latest[job] = analysis.iterations[-1].to_json()
+                latest[job] = analysis.iterations[-1]
         yield from job_families(latest, per_rank=self.per_rank_series)
         rank_rows = []
         for job in (latest if self.per_rank_series else ()):
@@ -115,7 +117,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
         return {"overview": overview, "latest": None, "summary": None,
                 "report": serving["report"] if serving else None, "serving": serving,
                 **rank_view(state, job, None, []), "collectives": collectives_json(state, job)}
-    full = analysis.to_json()
+    full = analysis_json(analysis)
     world = (full.get("job") or {}).get("layout", {}).get("world_size")
     return {
         "overview": overview,

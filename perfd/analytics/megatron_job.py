@@ -12,8 +12,9 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from perfd import catalog
 from perfd.analytics import bottleneck as bn
 from perfd.analytics.common import MetricValue, finite, median
 from perfd.analytics.findings import Finding, Recommendation, derive_findings
@@ -25,17 +26,11 @@ from perfd.analytics.steady import SteadyState, steady_state
 from perfd.analytics.stragglers import PersistentStragglers, StragglerResult, detect, persistent, rank_order
 from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
 
-if TYPE_CHECKING:
-    from perfd.report import Report
 
-# Per-iteration metrics summarised as medians over the steady state.
-SUMMARY_METRICS: tuple[str, ...] = (
-    "step_time_ms", "megatron_tflops_per_gpu", "model_tflops_per_gpu", "tflops_rel_gap", "mfu",
-    "mfu_vs_measured_ceiling", "data_share", "comm_exposed_share", "comm_exposed_dp_share",
-    "comm_exposed_pp_share", "pp_bubble_analytic", "pp_idle_min", "pp_idle_max", "pp_imbalance",
-    "pp_lighter_compute_ms", "pp_heavier_compute_ms", "straggler_rtt_ratio", "straggler_compute_spread",
-    "lm_loss",
-)
+def _internal(why: str, summary: bool = False) -> Any:
+    """A numeric field that is deliberately not a catalog metric (``why``); ``summary``: its
+    steady-state median is kept in the summary for the findings."""
+    return field(default=None, metadata={"internal": why, "summary": summary})
 
 
 @dataclass
@@ -49,7 +44,8 @@ class IterationResult:
     tflops_rel_gap: float | None = None  # (perfd − logged) / logged
     tflops_check_ok: bool | None = None
     mfu: float | None = None  # ratio in [0, 1]
-    mfu_vs_measured_ceiling: float | None = None
+    mfu_vs_measured_ceiling: float | None = _internal("MFU against the measured matmul ceiling: a "
+                                                      "finding's context, not a dashboard number", True)
     data_share: float | None = None
     comm_exposed_share: float | None = None
     comm_exposed_dp_share: float | None = None
@@ -59,14 +55,15 @@ class IterationResult:
     pp_idle_min: float | None = None  # heavier stage
     pp_idle_max: float | None = None  # lighter stage
     pp_imbalance: float | None = None  # pp_idle_max − pp_bubble_analytic
-    pp_lighter_compute_ms: float | None = None
-    pp_heavier_compute_ms: float | None = None
+    pp_lighter_compute_ms: float | None = _internal("evidence of the stage-imbalance finding", True)
+    pp_heavier_compute_ms: float | None = _internal("evidence of the stage-imbalance finding", True)
     pp_idle_method: str | None = None
     straggler_rtt_ratio: float | None = None
-    straggler_rtt_max_rank: int | None = None
-    straggler_rtt_min_rank: int | None = None
+    straggler_rtt_max_rank: int | None = _internal("a rank number, not a measurement")
+    straggler_rtt_min_rank: int | None = _internal("a rank number, not a measurement")
     straggler_between_stages: bool = False
-    straggler_compute_spread: float | None = None
+    straggler_compute_spread: float | None = _internal("max/min forward-backward across ranks: "
+                                                       "the straggler finding's evidence", True)
     straggler_compute_spread_flagged: bool | None = None
     straggler_candidate_ranks: list[int] = field(default_factory=list)
     # rank -> its forward+backward compute / the median of its stage (per-rank timers only)
@@ -80,6 +77,14 @@ class IterationResult:
 
     def to_json(self) -> dict[str, Any]:
         return {k: _json_value(v) for k, v in dataclasses.asdict(self).items()}
+
+
+# Per-iteration metrics summarised as medians over the steady state: the catalog's summary metrics
+# and the internal fields the findings need.
+SUMMARY_METRICS: tuple[str, ...] = (
+    *(m.attr for m in catalog.job_metrics(catalog.SUMMARY) if m.attr),
+    *(f.name for f in dataclasses.fields(IterationResult) if f.metadata.get("summary")),
+)
 
 
 @dataclass
@@ -99,20 +104,13 @@ class RunAnalysis:
     def steady_iterations(self) -> list[IterationResult]:
         return [it for it in self.iterations if it.steady_state]
 
-    @property
-    def report(self) -> Report:
-        """The four-part report (perfd.report.build_report) of this analysis."""
-        from perfd.report import build_report  # the report layer builds on this one
-
-        return build_report(self)
-
     def to_json(self) -> dict[str, Any]:
-        """Keys exactly: job, iterations, summary, report. None stays None (null), never 0."""
+        """Keys: job, iterations, summary. None stays None (null), never 0. The report is built
+        above this layer (perfd.report.analysis_json adds it)."""
         return {
             "job": _json_value(self.job),
             "iterations": [it.to_json() for it in self.iterations],
             "summary": _json_value(self.summary),
-            "report": self.report.to_json(),
         }
 
 
@@ -229,7 +227,7 @@ def _analyze(job: JobInfo, records: Sequence[StepRecord], gpu_name: str | None,
         if tput.value is None and fl.available and fl.formula == FORMULA_6N:
             tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
         it.model_tflops_per_gpu = tput.value
-        srcs["model_tflops_per_gpu"] = _src(tput)
+        srcs["model_tflops_per_gpu"] = srcs["tflops_rel_gap"] = _src(tput)
         if tput.source is not None and tput.source.collector == "analytics":
             chk = crosscheck_tflops(tput.value, it.megatron_tflops_per_gpu)
             it.tflops_rel_gap, it.tflops_check_ok = chk.rel_gap, chk.agrees
@@ -276,6 +274,7 @@ def _analyze(job: JobInfo, records: Sequence[StepRecord], gpu_name: str | None,
         it.straggler_notes = list(st.notes)
         srcs["straggler"] = ("megatron: straggler detector line (MnRtt/MxRtt)" if rec.straggler
                              else "megatron: timers only (no straggler line; needs --log-straggler)")
+        srcs["straggler_rtt_ratio"] = srcs["straggler"]
 
         it.bottleneck = bn.classify(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share,
                                     lay.pp, it.pp_idle_max, it.pp_bubble_analytic, gpm).cls

@@ -74,8 +74,10 @@ def run_analyze(args: argparse.Namespace) -> int:
     if not parsed.records:
         print(f"perfd: no Megatron iteration lines found in {args.log} "
               f"({parsed.counts.get('lines', 0)} lines read)", file=sys.stderr)
+    from perfd.report import analysis_json, build_report, render_text
+
     if args.json:
-        out = analysis.to_json()
+        out = analysis_json(analysis)
         out["parse"] = {
             "counts": dict(parsed.counts),
             "issues": [
@@ -86,9 +88,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         json.dump(out, sys.stdout, indent=2, allow_nan=False, default=str)
         sys.stdout.write("\n")
         return 0
-    from perfd.report import render_text
-
-    print(render_text(analysis.report, iterations=analysis if args.iterations else None))
+    print(render_text(build_report(analysis), iterations=analysis if args.iterations else None))
     if parsed.issues:
         print(f"\n{len(parsed.issues)} log lines could not be used (see --json 'parse').")
     return 0

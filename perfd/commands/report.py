@@ -61,7 +61,9 @@ def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | No
     parsed, analysis = analyze_megatron_file(log, job, gpu, peak_tflops, dtype)
     if not parsed.records:
         raise ReportError(f"no Megatron iteration lines found in {log}")
-    out: dict[str, Any] = analysis.to_json()
+    from perfd.report import analysis_json
+
+    out: dict[str, Any] = analysis_json(analysis)
     return out
 
 

@@ -14,31 +14,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from perfd import catalog
 
-# Catalog name -> (key in an iteration's analysis JSON, scale). One table, so the aggregator's
-# /metrics and `perfd analyze megatron --json` can be compared key by key (tests do).
-JOB_GAUGES: dict[str, tuple[str, float]] = {
-    "perfd_job_iteration": ("iteration", 1.0),
-    "perfd_job_step_time_seconds": ("step_time_ms", 1e-3),
-    "perfd_job_logged_tflops_per_gpu": ("megatron_tflops_per_gpu", 1.0),
-    "perfd_job_model_tflops_per_gpu": ("model_tflops_per_gpu", 1.0),
-    "perfd_job_mfu_ratio": ("mfu", 1.0),
-    "perfd_job_tflops_gap_ratio": ("tflops_rel_gap", 1.0),
-    "perfd_job_comm_exposed_ratio": ("comm_exposed_share", 1.0),
-    "perfd_job_comm_exposed_dp_ratio": ("comm_exposed_dp_share", 1.0),
-    "perfd_job_comm_exposed_pp_ratio": ("comm_exposed_pp_share", 1.0),
-    "perfd_job_pp_bubble_analytic_ratio": ("pp_bubble_analytic", 1.0),
-    "perfd_job_pp_stage_idle_max_ratio": ("pp_idle_max", 1.0),
-    "perfd_job_pp_stage_idle_min_ratio": ("pp_idle_min", 1.0),
-    "perfd_job_pp_imbalance_ratio": ("pp_imbalance", 1.0),
-    "perfd_job_data_loading_ratio": ("data_share", 1.0),
-    "perfd_job_straggler_ratio": ("straggler_rtt_ratio", 1.0),
-    "perfd_job_lm_loss": ("lm_loss", 1.0),
-}
-
 
 def _gauge(name: str, labels: Sequence[str]) -> GaugeMetricFamily:
     d = catalog.get(name)
     return GaugeMetricFamily(name, f"{d.description} [source: {d.source}]", labels=list(labels))
+
+
+def _field(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
 
 
 def _name_for_family(name: str) -> str:
@@ -46,23 +29,21 @@ def _name_for_family(name: str) -> str:
     return name[: -len("_total")] if name.endswith("_total") else name
 
 
-def job_families(job_iterations: Mapping[str, Mapping[str, Any]],
-                 per_rank: bool = True) -> Iterator[Metric]:
-    """Families for every job's latest analysed iteration: {job name: iteration JSON}.
+def job_families(job_iterations: Mapping[str, Any], per_rank: bool = True) -> Iterator[Metric]:
+    """Families for every job's latest analysed iteration: {job name: iteration result} (the
+    typed result or its JSON; values through perfd.catalog.job_values, the one mapping).
     ``per_rank=False`` leaves out the per-rank series (bounded cardinality for very large jobs)."""
-    fams = {n: _gauge(n, ["job_name"]) for n in JOB_GAUGES}
+    fams = {m.name: _gauge(m.name, ["job_name"]) for m in catalog.job_metrics()}
     bottleneck = _gauge("perfd_job_bottleneck_info", ["job_name", "class"])
     rank_ratio = _gauge("perfd_job_rank_compute_ratio", ["job_name", "rank"])
     for job, it in sorted(job_iterations.items()):
-        for name, (key, scale) in JOB_GAUGES.items():
-            v = it.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                fams[name].add_metric([job], float(v) * scale)
-        cls = it.get("bottleneck")
+        for name, value in catalog.job_values(it).items():
+            fams[name].add_metric([job], value)
+        cls = _field(it, "bottleneck")
         if isinstance(cls, str):
             bottleneck.add_metric([job, cls], 1.0)
-        per_rank_ratios = (it.get("straggler_rank_compute_ratio") or {}) if per_rank else {}
-        for rank, ratio in sorted(per_rank_ratios.items()):
+        per_rank_ratios = (_field(it, "straggler_rank_compute_ratio") or {}) if per_rank else {}
+        for rank, ratio in sorted(per_rank_ratios.items(), key=lambda kv: int(kv[0])):
             rank_ratio.add_metric([job, str(rank)], float(ratio))
     yield from fams.values()
     yield bottleneck

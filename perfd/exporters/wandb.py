@@ -2,7 +2,7 @@
 
 Knows nothing of collectors: it is handed what ``RunAnalysis.to_json()`` gives (``job``,
 ``iterations``, ``summary``) and logs it with ``wandb.log({...}, step=iteration)`` under the
-catalog's names (the same table as the Prometheus exporter, ``JOB_GAUGES``), so a W&B chart and a
+catalog's names (perfd.catalog.job_values, the mapping the Prometheus exporter uses), so a W&B chart and a
 Prometheus query of one metric show the same number. Rules kept here:
 
 - an iteration is logged once per run: only iterations above the last one logged go out, in order
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.exporters.prometheus import JOB_GAUGES
+from perfd import catalog
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +49,7 @@ def _number(v: Any) -> float | None:
 def iteration_metrics(it: Mapping[str, Any]) -> dict[str, float]:
     """Catalog name -> value for one iteration's analysis JSON; absent values are left out.
     Per-rank compute ratios become ``perfd_job_rank_compute_ratio/rank=N`` (a W&B section)."""
-    out: dict[str, float] = {}
-    for name, (key, scale) in JOB_GAUGES.items():
-        v = _number(it.get(key))
-        if v is not None:
-            out[name] = v * scale
+    out = catalog.job_values(it, catalog.WANDB)
     ratios = it.get("straggler_rank_compute_ratio") or {}
     if isinstance(ratios, Mapping):
         for rank, ratio in ratios.items():
@@ -67,10 +63,8 @@ def summary_metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The run summary: steady-state medians under ``steady/<catalog name>``, and the bottleneck."""
     out: dict[str, Any] = {}
     medians = summary.get("medians") or {}
-    for name, (key, scale) in JOB_GAUGES.items():
-        v = _number(medians.get(key)) if isinstance(medians, Mapping) else None
-        if v is not None:
-            out[f"steady/{name}"] = v * scale
+    if isinstance(medians, Mapping):
+        out.update({f"steady/{name}": v for name, v in catalog.job_values(medians, catalog.WANDB).items()})
     for key in ("bottleneck", "bottleneck_reason", "n_steady", "steady_first_iteration",
                 "steady_last_iteration"):
         v = summary.get(key)

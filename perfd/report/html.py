@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from perfd import catalog
 from perfd.report.report import format_value
 from perfd.report.svg import (
     BLUE,
@@ -231,23 +232,13 @@ def _note(text: str) -> str:
 
 
 def _tiles(med: Mapping[str, Any]) -> str:
-    tiles = [("MFU", med.get("mfu"), "ratio"),
-             ("step time", _scaled(med.get("step_time_ms"), 1e-3), "seconds"),
-             ("model TFLOP/s per GPU", med.get("model_tflops_per_gpu"), "tflops"),
-             ("exposed comm", med.get("comm_exposed_share"), "ratio"),
-             ("PP stage idle (max)", med.get("pp_idle_max"), "ratio"),
-             ("PP bubble (analytic)", med.get("pp_bubble_analytic"), "ratio"),
-             ("data loading", med.get("data_share"), "ratio")]
-    cells = [f'<div class="tile"><b>{escape(format_value(_num(v), unit))}</b><span>{escape(name)}'
-             "</span></div>" for name, v, unit in tiles if _num(v) is not None]
+    tiles = [(d.short or d.name, catalog.job_value(d, med), d.unit)
+             for d in catalog.job_metrics(catalog.HTML)]
+    cells = [f'<div class="tile"><b>{escape(format_value(v, unit))}</b><span>{escape(name)}'
+             "</span></div>" for name, v, unit in tiles if v is not None]
     if not cells:
         return ""
     return f'<div class="tiles">{"".join(cells)}</div><p class="meta">Steady-state medians.</p>'
-
-
-def _scaled(v: Any, k: float) -> float | None:
-    n = _num(v)
-    return None if n is None else n * k
 
 
 def summary_section(report: Mapping[str, Any]) -> str:

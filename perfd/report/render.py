@@ -11,6 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from perfd import catalog
 from perfd.report.report import Report, format_value
 
 if TYPE_CHECKING:
@@ -62,38 +63,24 @@ def render_text(report: Report, iterations: RunAnalysis | None = None, width: in
     return "\n".join(out) + "\n"
 
 
-_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    # header, IterationResult attribute, catalog unit
-    ("step", "step_time_ms", "ms"),
-    ("logged TF", "megatron_tflops_per_gpu", "tf"),
-    ("perfd TF", "model_tflops_per_gpu", "tf"),
-    ("MFU", "mfu", "ratio"),
-    ("data", "data_share", "ratio"),
-    ("comm", "comm_exposed_share", "ratio"),
-    ("comm DP", "comm_exposed_dp_share", "ratio"),
-    ("comm PP", "comm_exposed_pp_share", "ratio"),
-    ("idle max", "pp_idle_max", "ratio"),
-    ("idle min", "pp_idle_min", "ratio"),
-    ("strag", "straggler_rtt_ratio", "times"),
-)
-
-
-def _cell(value: float | None, kind: str) -> str:
+def _cell(value: float | None, unit: str) -> str:
+    """A table cell: narrower than format_value (ms without unit, TFLOP/s as a number)."""
     if value is None:
         return "-"
-    if kind == "ms":
-        return f"{value:.1f}"
-    if kind == "tf":
+    if unit == "seconds":
+        return f"{value * 1e3:.1f}"
+    if unit == "tflops":
         return f"{value:.2f}"
-    return format_value(value, kind)
+    return format_value(value, unit)
 
 
 def _iteration_table(analysis: RunAnalysis) -> list[str]:
     """One row per iteration; '-' marks an absent value, '*' a steady-state iteration."""
-    head = f"{'iter':>6}  " + "  ".join(f"{h:>9}" for h, _, _ in _COLUMNS)
-    rows = ["ITERATIONS (* = steady state, - = absent)", head]
+    cols = [(d, d.alias or d.name) for d in catalog.job_metrics(catalog.TABLE)]  # headed by alias
+    head = f"{'iter':>6}  " + "  ".join(f"{h:>{max(9, len(h))}}" for _, h in cols)
+    rows = ["ITERATIONS (* = steady state, - = absent; step_time in ms, TFLOP/s per GPU)", head]
     for it in analysis.iterations:
-        cells = "  ".join(f"{_cell(getattr(it, attr), kind):>9}" for _, attr, kind in _COLUMNS)
+        cells = "  ".join(f"{_cell(catalog.job_value(d, it), d.unit):>{max(9, len(h))}}" for d, h in cols)
         rows.append(f"{it.iteration:>5}{'*' if it.steady_state else ' '}  {cells}")
     return rows
 

@@ -15,25 +15,6 @@ from perfd import catalog
 from perfd.analytics.findings import Finding, Recommendation, grade_mfu
 from perfd.analytics.megatron_job import RunAnalysis
 
-# (catalog name, summary median key, scale to the catalog unit, iteration source key)
-_REPORTED: tuple[tuple[str, str, float, str], ...] = (
-    ("perfd_job_mfu_ratio", "mfu", 1.0, "mfu"),
-    ("perfd_job_model_tflops_per_gpu", "model_tflops_per_gpu", 1.0, "model_tflops_per_gpu"),
-    ("perfd_job_logged_tflops_per_gpu", "megatron_tflops_per_gpu", 1.0, "megatron_tflops_per_gpu"),
-    ("perfd_job_tflops_gap_ratio", "tflops_rel_gap", 1.0, "model_tflops_per_gpu"),
-    ("perfd_job_step_time_seconds", "step_time_ms", 1e-3, "step_time_ms"),
-    ("perfd_job_data_loading_ratio", "data_share", 1.0, "data_share"),
-    ("perfd_job_comm_exposed_ratio", "comm_exposed_share", 1.0, "comm_exposed_share"),
-    ("perfd_job_comm_exposed_dp_ratio", "comm_exposed_dp_share", 1.0, "comm_exposed_dp_share"),
-    ("perfd_job_comm_exposed_pp_ratio", "comm_exposed_pp_share", 1.0, "comm_exposed_pp_share"),
-    ("perfd_job_pp_bubble_analytic_ratio", "pp_bubble_analytic", 1.0, "pp_bubble_analytic"),
-    ("perfd_job_pp_stage_idle_max_ratio", "pp_idle_max", 1.0, "pp_idle_max"),
-    ("perfd_job_pp_stage_idle_min_ratio", "pp_idle_min", 1.0, "pp_idle_min"),
-    ("perfd_job_pp_imbalance_ratio", "pp_imbalance", 1.0, "pp_imbalance"),
-    ("perfd_job_straggler_ratio", "straggler_rtt_ratio", 1.0, "straggler"),
-    ("perfd_job_lm_loss", "lm_loss", 1.0, "lm_loss"),
-)
-
 
 @dataclass
 class ReportSummary:
@@ -112,14 +93,12 @@ def build_report(analysis: RunAnalysis) -> Report:
     steady_its = analysis.steady_iterations()
     span = analysis.steady.range_text()
     metrics: list[ReportMetric] = []
-    for name, key, scale, src_key in _REPORTED:
-        d = catalog.get(name)
-        value = med.get(key)
-        src = _source_of(steady_its, src_key)
+    for d in catalog.job_metrics(catalog.REPORT):
+        value = catalog.job_value(d, med)
+        src = _source_of(steady_its, d.attr or "")
         if value is not None:
-            value *= scale
             src = f"median over {span}; per iteration (last shown): {src}"
-        metrics.append(ReportMetric(name, value, d.unit, src, d.description))
+        metrics.append(ReportMetric(d.name, value, d.unit, src, d.description))
     job = analysis.job
     lay = job["layout"]
     gpu = job["gpu"]
@@ -131,6 +110,12 @@ def build_report(analysis: RunAnalysis) -> Report:
     summary = ReportSummary(job.get("name"), grade, grade_text, med.get("mfu"), s["bottleneck"],
                             s["bottleneck_reason"], span, headline)
     return Report(summary, metrics, list(analysis.findings), list(analysis.recommendations), job)
+
+
+def analysis_json(analysis: RunAnalysis) -> dict[str, Any]:
+    """The analysis as JSON with its report: keys job, iterations, summary, report (what
+    `perfd analyze megatron --json` prints and the aggregator serves)."""
+    return {**analysis.to_json(), "report": build_report(analysis).to_json()}
 
 
 def _source_of(steady_its: list[Any], key: str) -> str:

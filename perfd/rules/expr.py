@@ -87,42 +87,12 @@ def base_name(key: str) -> str:
     return key.split("{", 1)[0]
 
 
+# Short alias -> series key: the catalog's aliases (declared with each metric), plus aliases of one
+# labelled series (an ECC error type, a throttle reason), which no single catalog entry can name.
 ALIASES: dict[str, str] = {
-    # job (training)
-    "iteration": "perfd_job_iteration", "step_time": "perfd_job_step_time_seconds",
-    "mfu": "perfd_job_mfu_ratio", "tflops": "perfd_job_model_tflops_per_gpu",
-    "logged_tflops": "perfd_job_logged_tflops_per_gpu", "tflops_gap": "perfd_job_tflops_gap_ratio",
-    "comm_exposed": "perfd_job_comm_exposed_ratio", "comm_exposed_dp": "perfd_job_comm_exposed_dp_ratio",
-    "comm_exposed_pp": "perfd_job_comm_exposed_pp_ratio", "comm_total": "perfd_job_comm_total_ratio",
-    "pp_bubble": "perfd_job_pp_bubble_analytic_ratio", "pp_idle_max": "perfd_job_pp_stage_idle_max_ratio",
-    "pp_idle_min": "perfd_job_pp_stage_idle_min_ratio", "pp_imbalance": "perfd_job_pp_imbalance_ratio",
-    "data_share": "perfd_job_data_loading_ratio", "straggler_ratio": "perfd_job_straggler_ratio",
-    "rank_compute_ratio": "perfd_job_rank_compute_ratio", "lm_loss": "perfd_job_lm_loss",
-    "skipped_iterations": "perfd_job_skipped_iterations_total",
-    "nan_iterations": "perfd_job_nan_iterations_total",
-    # GPU
-    "gpu_util": "perfd_gpu_utilization_ratio", "gpu_memory_used": "perfd_gpu_memory_used_bytes",
-    "gpu_memory_total": "perfd_gpu_memory_total_bytes", "gpu_power": "perfd_gpu_power_watts",
-    "gpu_temperature": "perfd_gpu_temperature_celsius", "sm_clock": "perfd_gpu_sm_clock_hertz",
-    "mem_clock": "perfd_gpu_mem_clock_hertz", "throttle_reasons": "perfd_gpu_throttle_reasons",
+    **catalog.aliases(),
     "ecc_corrected": series_key("perfd_gpu_ecc_errors_total", {"type": "corrected"}),
     "ecc_uncorrected": series_key("perfd_gpu_ecc_errors_total", {"type": "uncorrected"}),
-    "xid_errors": "perfd_gpu_xid_errors_total", "gpu_processes": "perfd_gpu_processes",
-    "sm_util": "perfd_gpu_sm_util_ratio", "sm_occupancy": "perfd_gpu_sm_occupancy_ratio",
-    "tensor_util": "perfd_gpu_tensor_util_ratio", "dram_bw_util": "perfd_gpu_dram_bw_util_ratio",
-    # serving (SGLang): alias=perfd_serving_<name>
-    **{a: f"perfd_serving_{n}" for a, n in (p.split("=") for p in (
-        "input_throughput=input_throughput_tokens_per_second gen_throughput=gen_throughput_tokens_per_second "
-        "running_requests=running_requests queued_requests=queued_requests batch_fill=batch_fill_ratio "
-        "queue_growth=queue_growth_requests_per_second kv_usage=kv_cache_usage_ratio "
-        "cuda_graph=cuda_graph_ratio prefix_hit=prefix_cache_hit_ratio "
-        "prefix_hit_batches=prefix_cache_hit_batches_ratio ttft_p50=ttft_p50_seconds "
-        "ttft_p99=ttft_p99_seconds itl_p50=itl_p50_seconds itl_p99=itl_p99_seconds "
-        "e2e_p50=e2e_latency_p50_seconds e2e_p99=e2e_latency_p99_seconds decode_mbu=decode_mbu_ratio "
-        "spec_accept_length=spec_accept_length decode_mfu=decode_mfu_ratio "
-        "prefill_mfu=prefill_mfu_ratio").split())},
-    # host
-    "host_cpu_util": "perfd_host_cpu_util_ratio", "host_memory_used": "perfd_host_memory_used_bytes",
     **{f"throttle_{r}": series_key("perfd_gpu_throttle_active", {"reason": r}) for r in THROTTLE_REASONS},
 }
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from collectors.megatron import parse_file
+from perfd import catalog
 from perfd.analytics import analyze_run
-from perfd.exporters.prometheus import JOB_GAUGES
 from perfd.exporters.wandb import WandbExporter, capture_rows, iteration_metrics, summary_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,10 +32,10 @@ def _analysis(path: Path, job: str) -> dict[str, Any]:
 
 def _expected(it: dict[str, Any]) -> dict[str, float]:
     out = {}
-    for name, (key, scale) in JOB_GAUGES.items():
-        v = it.get(key)
+    for m in catalog.job_metrics(catalog.WANDB):
+        v = it.get(m.attr or "")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[name] = float(v) * scale
+            out[m.name] = float(v) * m.scale
     for rank, ratio in (it.get("straggler_rank_compute_ratio") or {}).items():
         out[f"perfd_job_rank_compute_ratio/rank={rank}"] = float(ratio)
     return out

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from perfd import catalog
 from perfd.commands.analyze import analyze_megatron_file
-from perfd.exporters.prometheus import JOB_GAUGES
 from tests.procs import free_port as _free_port
 from tests.procs import http_get as _get
 from tests.procs import wait_for as _wait
@@ -106,7 +106,8 @@ def test_agent_to_aggregator_matches_offline_analysis(tmp_path: Path, source: Pa
         fams = {f.name: f for f in text_string_to_metric_families(_get(f"{base}/metrics").decode())}
         latest = want["iterations"][-1]
         checked = 0
-        for name, (key, scale) in JOB_GAUGES.items():
+        for m in catalog.job_metrics():
+            name, key, scale = m.name, m.attr or "", m.scale
             v = latest.get(key)
             got = [s.value for s in fams[name].samples if s.labels.get("job_name") == "e2e"] \
                 if name in fams else []

@@ -17,7 +17,7 @@ from perfd.cli import main as perfd_main
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.prometheus import job_families
 from perfd.report.html import render_html
-from perfd.report.report import format_value
+from perfd.report.report import analysis_json, format_value
 from perfd.report.svg import diverging_color, nice_ticks
 from tests.integrations.integrations_helpers import ROOT
 
@@ -37,7 +37,7 @@ def _svgs(page: str) -> list[ET.Element]:
 
 def _page(log: Path, gpu: str = "NVIDIA H200") -> tuple[str, dict[str, Any]]:
     _, analysis = analyze_megatron_file(str(log), gpu=gpu)
-    data = analysis.to_json()
+    data = analysis_json(analysis)
     return render_html(data, source=f"log {log.name}", generated="2026-01-01 00:00:00 UTC",
                        version="test"), data
 
@@ -106,7 +106,7 @@ def test_per_rank_heat_map_from_per_rank_timers() -> None:
 
 def test_heat_map_bins_many_iterations_and_labels_rank_placement() -> None:
     _, analysis = analyze_megatron_file(str(DP2), gpu="NVIDIA H200")
-    data = analysis.to_json()
+    data = analysis_json(analysis)
     many = []
     for k in range(20):  # 600 iterations: binned to at most 240 columns
         for it in data["iterations"]:
