@@ -23,6 +23,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from perfd.analytics import kernels as kernels_mod
+
 Interval = tuple[float, float]
 
 NS_PER_MS = 1e6
@@ -168,6 +170,15 @@ class DeviceBreakdown:
     kernel_count: int
     top_kernels: tuple[KernelStat, ...]
     nvtx: tuple[NvtxStat, ...]
+    # perfd.analytics.kernels category -> summed duration (ms) of its kernels (memcpy: copies)
+    category_ms: dict[str, float] = field(default_factory=dict)
+    kernel_median_us: float | None = None
+    softmax_ms: float = 0.0  # softmax kernels of their own: attention computed unfused
+
+    def categories(self) -> dict[str, float]:
+        """category -> share of the summed kernel (and copy) time, largest first."""
+        tot = sum(self.category_ms.values())
+        return {k: v / tot for k, v in sorted(self.category_ms.items(), key=lambda kv: -kv[1])} if tot else {}
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -178,6 +189,8 @@ class DeviceBreakdown:
             "top_kernels": [{"name": k.name, "count": k.count, "total_ms": k.total_ms, "share": k.share}
                             for k in self.top_kernels],
             "nvtx": [{"name": n.name, "count": n.count, "total_ms": n.total_ms} for n in self.nvtx],
+            "categories": self.categories(), "category_ms": dict(self.category_ms),
+            "kernel_median_us": self.kernel_median_us, "softmax_ms": self.softmax_ms,
         }
 
     def ratio(self, part_ms: float) -> float | None:
@@ -242,6 +255,13 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
     sendrecv = union((k.start_ns, k.end_ns) for k in kernels if is_sendrecv(k.name))
     exposed = difference(comm, compute)
     busy_ns, comm_ns, exposed_ns = total(busy), total(comm), total(exposed)
+    cat_ns: dict[str, float] = defaultdict(float)
+    for k in kernels:
+        cat_ns[kernels_mod.category(k.name)] += max(k.end_ns - k.start_ns, 0.0)
+    for mc in memcpys:
+        cat_ns[kernels_mod.MEMCPY] += max(mc.end_ns - mc.start_ns, 0.0)
+    durations = sorted(max(k.end_ns - k.start_ns, 0.0) for k in kernels)
+    softmax_ns = sum(max(k.end_ns - k.start_ns, 0.0) for k in kernels if kernels_mod.is_softmax(k.name))
     return DeviceBreakdown(
         device=device,
         span_ms=_ms(span),
@@ -256,6 +276,9 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         kernel_count=len(kernels),
         top_kernels=_kernel_table(kernels, busy_ns, top_n),
         nvtx=_nvtx_table(nvtx, top_n),
+        category_ms={c: _ms(v) for c, v in cat_ns.items()},
+        kernel_median_us=durations[len(durations) // 2] / 1e3 if durations else None,
+        softmax_ms=_ms(softmax_ns),
     )
 
 

@@ -58,7 +58,8 @@ Emit = Callable[[dict[str, Any]], None]
 TOOLS = ("kineto", "nsys", "auto")
 INFO_KEYS = ("rule", "firing", "fired_at", "reason", "requested_by", "source")
 _SUMMARY_KEYS = ("device", "span_ms", "busy_ms", "idle_ms", "compute_ms", "comm_ms", "comm_exposed_ms",
-                 "overlap_ratio", "memcpy_ms", "sendrecv_ms", "kernel_count")
+                 "overlap_ratio", "memcpy_ms", "sendrecv_ms", "kernel_count", "categories", "category_ms",
+                 "kernel_median_us", "softmax_ms")
 BUSY_REASON = "busy: one CUPTI client per process"
 
 
@@ -145,11 +146,17 @@ def parse_command(cmd: Command, now: float) -> CaptureRequest:
         ignored_args=sorted(set(args) - known))
 
 
+def _rounded(v: Any) -> Any:
+    if isinstance(v, float):
+        return round(v, 4)
+    return {k: _rounded(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+
 def device_summary(analysis: CaptureAnalysis) -> list[dict[str, Any]]:
     """The per-device numbers of an analysis, without the kernel and NVTX tables (event payloads)."""
     out = []
     for d in analysis.to_json()["devices"]:  # type: ignore[attr-defined]
-        row = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items() if k in _SUMMARY_KEYS}
+        row = {k: _rounded(v) for k, v in d.items() if k in _SUMMARY_KEYS}
         if d.get("top_kernels"):
             row["top_kernel"] = d["top_kernels"][0]["name"][:120]
         out.append(row)

@@ -41,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # unreadable input: say what and where, no traceback
         print(f"perfd: cannot analyse {path}: {exc}", file=sys.stderr)
         return 1
+    from perfd.analytics.capture_findings import diagnose_capture
+
+    diag = diagnose_capture(list(out.get("devices") or []), label=path.name)
+    out.update(diag.to_json())  # findings, recommendations, bottleneck, bottleneck_reason
     if args.json:
         json.dump(out, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -51,6 +55,15 @@ def run(args: argparse.Namespace) -> int:
               f"{d['idle_ms']:.1f}, compute {d['compute_ms']:.1f}, NCCL {d['comm_ms']:.1f} "
               f"(exposed {d['comm_exposed_ms']:.1f}), memcpy {d['memcpy_ms']:.1f}, "
               f"SendRecv {d['sendrecv_ms']:.1f} ms")
+        cats = d.get("categories") or {}
+        if cats:
+            shown = ", ".join(f"{c} {v:.0%}" for c, v in cats.items() if v >= 0.01)
+            print(f"    kernel time by category: {shown}")
         for k in (d.get("top_kernels") or [])[:5]:
             print(f"    {k['total_ms']:9.2f} ms  {k['count']:6d}x  {k['name'][:90]}")
+    print(f"\nbottleneck: {diag.bottleneck} — {diag.bottleneck_reason}")
+    for f in diag.findings:
+        print(f"  [{f.severity}] {f.title}\n      {f.observation}")
+    for r in diag.recommendations:
+        print(f"  {r.priority}. {r.action}" + (f" ({r.detail})" if r.detail else ""))
     return 0

@@ -1,0 +1,67 @@
+"""GPU kernel categories from kernel names (capture analysis, DESIGN.md §3 "Captures").
+
+A capture lists thousands of kernels by name; a person needs the few categories that say what the
+GPU spent its time on: matrix multiplies, attention, pointwise work, normalisation, reductions, the
+optimizer, and NCCL by operation. Names come from cuBLAS/cuBLASLt (``nvjet_*``, ``*gemm*``,
+``*xmma*``), CUTLASS, FlashAttention / cuDNN attention, PyTorch's ATen kernels
+(``vectorized_elementwise_kernel``, ``reduce_kernel``, ``softmax_warp_forward``, ...), Apex /
+Transformer Engine, and NCCL (``ncclDevKernel_AllReduce_Sum_bf16_RING_LL``). The order of the
+checks matters (an attention kernel may contain "gemm"; ``multi_tensor_apply`` contains "tensor"),
+so it is written out here once. No library does this for ATen/NCCL names, hence by hand.
+"""
+
+from __future__ import annotations
+
+GEMM = "gemm"
+ATTENTION = "attention"
+ELEMENTWISE = "elementwise"
+NORMALIZATION = "normalization"
+REDUCTION = "reduction"
+OPTIMIZER = "optimizer"
+MEMCPY = "memcpy"  # copies and memsets (timeline events of their own, not kernels)
+OTHER = "other"
+NCCL_PREFIX = "nccl:"  # NCCL kernels: "nccl:" + operation (allreduce, allgather, sendrecv, ...)
+
+CATEGORIES: tuple[str, ...] = (GEMM, ATTENTION, ELEMENTWISE, NORMALIZATION, REDUCTION, OPTIMIZER, MEMCPY,
+                               OTHER)
+NCCL_OPS: tuple[str, ...] = ("allreduce", "allgather", "reducescatter", "sendrecv", "broadcast", "reduce",
+                             "alltoall")
+
+_OPTIMIZER = ("multi_tensor", "adam", "sgd_", "lamb", "adagrad", "fused_optimizer")
+_ATTENTION = ("flash", "fmha", "attention", "attn", "softmax", "sdpa", "mha_", "scaled_dot")
+_NORMALIZATION = ("layer_norm", "layernorm", "rms_norm", "rmsnorm", "batch_norm", "batchnorm",
+                  "group_norm", "ln_fwd", "ln_bwd", "norm_kernel")
+_GEMM = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "splitkreduce", "s884", "s1688",
+         "h884", "h1688", "hmma", "wgmma", "sm90_", "sm80_", "ampere_", "volta_", "turing_")
+_REDUCTION = ("reduce_kernel", "reduce_", "reduction", "_sum_", "argmax", "cross_entropy", "nll_loss",
+              "norm_", "topk", "cumsum")
+_ELEMENTWISE = ("elementwise", "dropout", "gelu", "silu", "swiglu", "relu", "bias", "add_", "mul_",
+                "copy", "fill", "index", "cat", "where", "cast", "rope", "rotary", "masked", "clamp",
+                "pow", "tanh", "exp", "scatter", "gather")
+
+
+def nccl_op(name: str) -> str:
+    """The NCCL operation of a kernel name (``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` ->
+    ``allreduce``); "other" for one this table does not know."""
+    low = name.lower().replace("_", "")
+    for op in ("reducescatter", "allreduce", "allgather", "sendrecv", "broadcast", "alltoall"):
+        if op in low:
+            return op
+    return "reduce" if "reduce" in low else "other"
+
+
+def category(name: str) -> str:
+    """The category of one kernel name (see the module doc for the order of the checks)."""
+    low = name.lower()
+    if "nccl" in low:
+        return NCCL_PREFIX + nccl_op(name)
+    for cat, keys in ((OPTIMIZER, _OPTIMIZER), (ATTENTION, _ATTENTION), (NORMALIZATION, _NORMALIZATION),
+                      (GEMM, _GEMM), (REDUCTION, _REDUCTION), (ELEMENTWISE, _ELEMENTWISE)):
+        if any(k in low for k in keys):
+            return cat
+    return OTHER
+
+
+def is_softmax(name: str) -> bool:
+    """Softmax as a kernel of its own: attention computed unfused (QKᵀ, softmax, ·V apart)."""
+    return "softmax" in name.lower()

@@ -1,0 +1,92 @@
+"""Kernel categories and capture findings, on recorded real captures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from perfd.analytics import kernels as kc
+from perfd.analytics.capture_findings import diagnose_capture
+from perfd.capture.analysis import KernelEvent, MemEvent, analyze_intervals
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
+PP2 = json.loads((DATA / "megatron_pp2_nsys_h200x2.analysis.json").read_text())
+
+
+@pytest.mark.parametrize(("name", "cat"), [
+    # names as they appear in the recorded H200 captures (Megatron-LM local transformer, torch 2.11)
+    ("ncclDevKernel_SendRecv", "nccl:sendrecv"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "nccl:allreduce"),
+    ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "nccl:reducescatter"),
+    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", kc.GEMM),
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma", kc.GEMM),
+    ("softmax_warp_forward", kc.ATTENTION),
+    ("flash_fwd_kernel", kc.ATTENTION),
+    ("vectorized_elementwise_kernel", kc.ELEMENTWISE),
+    ("fused_dropout_kernel_vec", kc.ELEMENTWISE),
+    ("CatArrayBatchedCopy", kc.ELEMENTWISE),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16>", kc.NORMALIZATION),
+    ("void at::native::reduce_kernel<512, 1>", kc.REDUCTION),
+    ("void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor>", kc.OPTIMIZER),
+    ("some_custom_kernel", kc.OTHER),
+])
+def test_kernel_categories(name: str, cat: str) -> None:
+    assert kc.category(name) == cat
+
+
+def test_pp2_sendrecv_is_pipeline_waiting() -> None:
+    """The real Megatron PP=2 nsys capture: stage 0's SendRecv time (29% of its busy time) is read
+    as waiting for the peer stage, not as bandwidth; the stage without p2p gets no such finding."""
+    d = diagnose_capture(PP2["devices"], label="pp2.nsys-rep", pipeline=True)
+    ids = {f.id for f in d.findings}
+    assert "capture-sendrecv-wait-0" in ids and "capture-sendrecv-wait-1" not in ids
+    f0 = next(f for f in d.findings if f.id == "capture-sendrecv-wait-0")
+    assert f0.evidence["sendrecv_ms"] == pytest.approx(319.28, abs=0.01)
+    assert "not link bandwidth" in f0.observation
+    rec = next(r for r in d.recommendations if r.finding_id == f0.id)
+    assert "micro-batches" in rec.action
+    # the top kernels carry the categories of an old breakdown, and say so
+    assert f0.evidence["categories_from"] == "the top 10 kernels only"
+    assert f0.evidence["categories"]["nccl:sendrecv"] > 0.3
+
+
+def test_pp2_unfused_pointwise_kernels_and_softmax() -> None:
+    d = diagnose_capture(PP2["devices"], label="pp2.nsys-rep")
+    f1 = next(f for f in d.findings if f.id == "capture-unfused-1")
+    assert f1.evidence["pointwise_share"] > 0.5 and f1.evidence["softmax_ms"] == pytest.approx(47.5, abs=0.1)
+    rec = next(r for r in d.recommendations if r.finding_id == f1.id)
+    assert "Transformer Engine" in rec.action and "FlashAttention" in rec.detail
+    assert d.bottleneck in ("memory-bound", "sync-bound", "pipeline-bound")  # the largest weight wins
+    assert d.bottleneck_reason.endswith("(pp2.nsys-rep)")
+
+
+def _k(dev: int, t0: float, dur_us: float, name: str) -> KernelEvent:
+    return KernelEvent(dev, t0, t0 + dur_us * 1e3, name)
+
+
+def test_launch_bound_from_tiny_kernels_with_gaps() -> None:
+    ks = [_k(0, i * 20e3, 4.0, "vectorized_elementwise_kernel") for i in range(500)]  # 4 µs every 20 µs
+    a = analyze_intervals(ks, [MemEvent(0, 0.0, 1e3)])
+    dev = a.to_json()["devices"][0]  # type: ignore[index]
+    assert dev["kernel_median_us"] == pytest.approx(4.0) and dev["categories"]["elementwise"] > 0.9
+    d = diagnose_capture([dev])
+    assert d.bottleneck == "launch-overhead"
+    assert any("CUDA graphs" in r.action for r in d.recommendations)
+
+
+def test_slower_than_steady_and_compute_bound() -> None:
+    ks = [_k(0, i * 1e6, 990.0, "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT") for i in range(300)]
+    dev = analyze_intervals(ks).to_json()["devices"][0]  # type: ignore[index]
+    d = diagnose_capture([dev], iterations=3, steady_compute_ms=40.0)
+    slow = next(f for f in d.findings if f.id == "capture-slower-than-steady-0")
+    assert slow.evidence["ratio"] == pytest.approx(297.0 / 3 / 40.0, rel=1e-3)
+    assert d.bottleneck == "compute-bound"
+    usual = diagnose_capture([dev], iterations=3, steady_compute_ms=200.0)  # 99 ms per iteration < 200
+    assert not any("slower" in f.id for f in usual.findings)
+
+
+def test_no_devices_no_class() -> None:
+    d = diagnose_capture([])
+    assert d.bottleneck == "unknown" and not d.findings
