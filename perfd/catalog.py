@@ -78,10 +78,11 @@ class MetricDef:
 
 def _m(name: str, kind: Kind, unit: str, description: str, source: str, labels: tuple[str, ...], *,
        attr: str | None = None, scale: float = 1.0, alias: str | None = None,
-       shows: tuple[Show, ...] = (), short: str | None = None) -> MetricDef:
+       shows: tuple[Show, ...] = (), hide: tuple[Show, ...] = (), short: str | None = None) -> MetricDef:
+    """A job metric with ``attr`` shows in the summary, the report and W&B unless ``hide`` says not."""
+    default = _JOB_SHOWS if attr and attr != "iteration" else frozenset()
     return MetricDef(name, kind, unit, description, source, labels, attr, scale, alias,
-                     frozenset(shows) | (_JOB_SHOWS if attr and attr != "iteration" else frozenset()),
-                     short)
+                     (frozenset(shows) | default) - frozenset(hide), short)
 
 
 _MEGATRON = "collectors/megatron (iteration line, timers)"
@@ -147,6 +148,11 @@ CATALOG: tuple[MetricDef, ...] = (
        short="straggler spread"),
     _m("perfd_job_lm_loss", "gauge", "loss", "Language-model loss (absent on NaN-loss iterations)",
        _MEGATRON, JOB, attr="lm_loss", alias="lm_loss", short="loss"),
+    _m("perfd_job_incident_lost_seconds", "gauge", "seconds",
+       "Time this iteration lost against the steady median, while it is part of an incident (absent "
+       "outside incidents; summed over an incident it is the incident's cost)",
+       "perfd.analytics.incidents over collectors/megatron", JOB, attr="incident_lost_ms", scale=1e-3,
+       alias="incident_lost", hide=(SUMMARY, REPORT), short="lost to incident"),
     _m("perfd_job_iteration", "gauge", "iteration", "Last iteration number seen", _MEGATRON, JOB,
        attr="iteration", alias="iteration", shows=(WANDB,)),
     _m("perfd_job_comm_total_ratio", "gauge", "ratio",
@@ -178,6 +184,14 @@ CATALOG: tuple[MetricDef, ...] = (
        _MEGATRON, JOB, alias="skipped_iterations"),
     _m("perfd_job_nan_iterations_total", "counter", "count", "Iterations with a NaN loss", _MEGATRON, JOB,
        alias="nan_iterations"),
+    _m("perfd_job_incidents_total", "counter", "count",
+       "Incidents opened (stretches of iterations that departed from steady state)",
+       "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incidents"),
+    _m("perfd_job_incident_lost_seconds_total", "counter", "seconds",
+       "Seconds lost to incidents against the steady median (open incidents: so far)",
+       "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incident_lost_total"),
+    _m("perfd_job_incidents_open", "gauge", "count", "Incidents still open",
+       "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incidents_open"),
     _m("perfd_job_bottleneck_info", "gauge", "info",
        "1 for the job's current bottleneck class (label class)", _ANALYTICS, (*JOB, "class")),
     # --- job: serving (SGLang) --------------------------------------------------------------

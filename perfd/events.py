@@ -92,9 +92,16 @@ CAPTURE_FINISHED = _k("capture_finished", "any", False, "perfd/capture/manager.p
 CAPTURE_FAILED = _k("capture_failed", "any", False, "perfd/capture/manager.py (agent)",
                     ("perfd/aggregator/captures.py: capture records", _AGG_LOG), "A capture failed")
 
+INCIDENT_OPENED = _k("incident_opened", "mapping", False, "perfd/aggregator/incidents.py",
+                     (_AGG_LOG, "Alertmanager/Grafana via /api/events"),
+                     "A stretch of iterations departs from steady state (who, why, cost so far)")
+INCIDENT_CLOSED = _k("incident_closed", "mapping", False, "perfd/aggregator/incidents.py",
+                     (_AGG_LOG,), "An incident ended (its cost and evidence are kept)")
+
 KINDS: dict[str, EventKind] = {k.name: k for k in (
     GPU_PROCESSES, GPU_PODS, SERVING_REPORT, NCCL_HANG, HOOK_PROFILE, GPU_LOST, XID, VALIDATION,
-    REPLAY_FINISHED, RULE_FIRING, CAPTURE_STARTED, CAPTURE_FINISHED, CAPTURE_FAILED)}
+    REPLAY_FINISHED, RULE_FIRING, CAPTURE_STARTED, CAPTURE_FINISHED, CAPTURE_FAILED, INCIDENT_OPENED,
+    INCIDENT_CLOSED)}
 CAPTURE_PROGRESS: dict[str, str] = {  # capture event kind -> capture record status
     CAPTURE_STARTED.name: "started", CAPTURE_FINISHED.name: "finished", CAPTURE_FAILED.name: "failed"}
 

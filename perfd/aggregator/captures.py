@@ -9,6 +9,7 @@ webhook), so cooldowns, rate limits and "one capture per process" hold whoever a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any
 from perfd import catalog
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import place_ranks
+from perfd.analytics.capture_findings import diagnose_capture, steady_compute_ms
 from perfd.analytics.megatron_job import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine
@@ -48,6 +50,12 @@ class CaptureRecord:
     updated_at: float = 0.0
     result: Any = None  # what the agent reported (analysis summary, artifact paths)
     agent_capture_ids: list[str] = field(default_factory=list)  # the agents' store ids
+    started_at: float | None = None  # epoch s, when an agent reported the capture running
+    finished_at: float | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)  # perfd.analytics.capture_findings
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
+    bottleneck: str | None = None  # the class the captured timeline supports
+    bottleneck_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -63,12 +71,15 @@ class CaptureCoordinator:
         self.arbiter = engine.arbiter if engine is not None else CaptureArbiter()
         if engine is not None:
             engine.resolve_targets = self._resolve_targets
-        self._lock = threading.Lock()  # the HTTP thread and the evaluation task both come here
+        # The HTTP thread and the evaluation task both come here; re-entrant because evaluating
+        # analyses jobs, whose analysis asks this coordinator for the job's capture windows.
+        self._lock = threading.RLock()
         self.captures: dict[str, CaptureRecord] = {}
         self._firing_of: dict[str, Firing | tuple[str, tuple[int, ...] | None]] = {}
         self.evaluations = 0
         self.firings_total = 0
         state.event_listeners.append(self.on_event)  # capture progress reported by the agents
+        state.captures_of = self.of_job
 
     # ---- targets ---------------------------------------------------------------------------
     def _latest(self, job: str) -> IterationResult | None:
@@ -222,13 +233,53 @@ class CaptureCoordinator:
                 return
             if links.get("capture_id") and links.get("capture_id") != rec.id:
                 rec.agent_capture_ids = sorted({*rec.agent_capture_ids, str(links["capture_id"])})
-            rec.updated_at = time.time()
+            now = time.time()
+            t = ev.get("time")
+            at = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else now
+            rec.updated_at = now
             rec.status = CAPTURE_PROGRESS[kind]
             rec.reason = str(ev.get("text", ""))
+            if rec.status == "started" and rec.started_at is None:
+                rec.started_at = at
+            elif rec.status in ("finished", "failed"):
+                rec.finished_at = at
+                rec.started_at = rec.started_at or at
             if ev.get("payload") is not None:
                 rec.result = ev.get("payload")
+                if rec.status == "finished":
+                    self._diagnose(rec)
             if rec.status in ("finished", "failed"):
                 self._release(rec.id)
+
+    def _diagnose(self, rec: CaptureRecord) -> None:
+        """The capture's findings, against the job's steady compute per iteration where the timers
+        give it (called with the lock held; the analysis is cached, not recomputed here)."""
+        ranks = (rec.result or {}).get("ranks") if isinstance(rec.result, dict) else None
+        if not isinstance(ranks, dict):
+            return
+        a = self.state.jobs.cached_analysis(rec.job)
+        got = self.state.jobs.records_and_layout(rec.job)
+        steady = a.steady.iterations if a is not None else []
+        findings, recs, classes = [], [], []
+        for rank, part in sorted(ranks.items()):
+            devices = part.get("devices") if isinstance(part, dict) else None
+            if not isinstance(devices, list):
+                continue
+            r = int(rank) if str(rank).isdigit() else None
+            base = steady_compute_ms(got[0], steady, r) if got is not None else None
+            d = diagnose_capture(devices, label=f"capture {rec.id} rank {rank}", iterations=rec.steps,
+                                 steady_compute_ms=base)
+            findings += [dataclasses.asdict(f) for f in d.findings]
+            recs += [dataclasses.asdict(x) for x in d.recommendations]
+            if d.bottleneck != "unknown":
+                classes.append((d.bottleneck, d.bottleneck_reason))
+        rec.findings, rec.recommendations = findings, recs
+        if classes:
+            rec.bottleneck, rec.bottleneck_reason = classes[0]
+
+    def of_job(self, job: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [r.to_json() for r in self.captures.values() if r.job == job]
 
     def _release(self, cid: str) -> None:
         f = self._firing_of.pop(cid, None)

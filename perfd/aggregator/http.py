@@ -62,6 +62,7 @@ class _StateCollector:
             rows.append((labels, s.name, s.value))
         yield from series_families(rows)
         yield from series_families(self.state.collective_rows(self.per_rank_series))
+        yield from series_families(self.state.incidents.metric_rows())
         t = self.state.transport_stats or {}
         own = {
             "perfd_aggregator_samples_total": self.state.nodes.samples,
@@ -116,8 +117,9 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
         # the serving report.
         return {"overview": overview, "latest": None, "summary": None,
                 "report": serving["report"] if serving else None, "serving": serving,
-                **rank_view(state, job, None, []), "collectives": collectives_json(state, job)}
-    full = analysis_json(analysis)
+                **rank_view(state, job, None, []), "collectives": collectives_json(state, job),
+                "incidents": state.incidents.incidents(job)}
+    full = analysis_json(analysis, state.incidents.incidents(job))
     world = (full.get("job") or {}).get("layout", {}).get("world_size")
     return {
         "overview": overview,
@@ -128,6 +130,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
         **rank_view(state, job, world, _candidates(full)),
         "collectives": collectives_json(state, job),
         "serving": serving,
+        "incidents": full["incidents"],
     }
 
 
@@ -206,6 +209,13 @@ class _Handler(BaseHTTPRequestHandler):
                     self._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
                 else:
                     self._json(200, its)
+            elif path.startswith("/api/jobs/") and path.endswith("/incidents"):
+                job = unquote(path[len("/api/jobs/"):-len("/incidents")])
+                if state.job_overview(job) is None:
+                    self._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
+                else:
+                    state.analysis(job, force=True)  # incidents are updated from a fresh analysis
+                    self._json(200, {"job_name": job, "incidents": state.incidents.incidents(job)})
             elif path.startswith("/api/jobs/") and path.endswith("/summary"):
                 job = unquote(path[len("/api/jobs/"):-len("/summary")])
                 summary = job_summary(state, job)
@@ -216,8 +226,8 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._json(404, {"error": f"no such path {path}", "paths": [
                     "/metrics", "/healthz", "/api/stats", "/api/jobs", "/api/jobs/<job>/summary",
-                    "/api/jobs/<job>/iterations", "/api/captures", "/api/events", "POST /api/captures",
-                    "POST /api/alertmanager"]})
+                    "/api/jobs/<job>/iterations", "/api/jobs/<job>/incidents", "/api/captures",
+                    "/api/events", "POST /api/captures", "POST /api/alertmanager"]})
         except BrokenPipeError:
             pass
         except Exception as exc:  # a bug must answer 500, not kill the server thread

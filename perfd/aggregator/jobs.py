@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,9 @@ class JobStore:
         self.min_recompute_s = min_recompute_s
         self.gpu_override = gpu_override
         self.peak_tflops = peak_tflops
+        # job -> (start, end) epoch seconds of its captures: iterations ending inside one (or the
+        # step after) are marked disturbed, whatever the source of the step records.
+        self.capture_windows: Callable[[str], list[tuple[float, float]]] = lambda job: []
 
     def _job(self, name: str) -> JobState:
         js = self.jobs.get(name)
@@ -101,6 +104,7 @@ class JobStore:
     # ---- read side ---------------------------------------------------------------------------
     def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:
         """The job's analysis, recomputed if new data arrived (rate-limited)."""
+        windows = self.capture_windows(job)  # outside the lock: it asks the capture coordinator
         with self._lock:
             js = self.jobs.get(job)
             if js is None:
@@ -112,6 +116,7 @@ class JobStore:
             records = job_level_steps(list(js.records.values()))
             gpu = self.gpu_override or js.gpu_name
             js.dirty = False
+        records = mark_disturbed(records, windows)
         try:
             result = analyze_run(info, records, gpu_name=gpu, peak_tflops=self.peak_tflops,
                                  job_name=job)
@@ -123,6 +128,12 @@ class JobStore:
         with self._lock:
             js.analysis, js.analysis_time = result, time.time()
         return result
+
+    def cached_analysis(self, job: str) -> RunAnalysis | None:
+        """The last analysis computed, without recomputing (for callers holding other locks)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            return js.analysis if js else None
 
     def names(self) -> list[str]:
         with self._lock:
@@ -172,6 +183,21 @@ class JobStore:
                 "has_job_info": js.job_info is not None,
                 "last_step_age_s": (time.time() - js.last_step_time) if js.last_step_time else None,
             }
+
+
+def mark_disturbed(records: list[StepRecord], windows: Sequence[tuple[float, float]]) -> list[StepRecord]:
+    """Records whose iteration overlaps a capture window, marked ``disturbed_by_capture`` (a
+    capture slows the iterations it starts and stops in; DESIGN.md §3)."""
+    if not windows:
+        return records
+    out = []
+    for r in records:
+        end = r.end_time
+        start = end - r.step_time_ms / 1e3 if end is not None and r.step_time_ms is not None else end
+        hit = end is not None and start is not None and any(s <= end and start <= e for s, e in windows)
+        out.append(dataclasses.replace(r, disturbed_by_capture=True) if hit and not r.disturbed_by_capture
+                   else r)
+    return out
 
 
 def job_level_steps(records: list[StepRecord]) -> list[StepRecord]:

@@ -84,13 +84,19 @@ class Aggregator:
         return RuleEngine(rules) if rules else None
 
     async def _rules_loop(self) -> None:
+        """Every rules interval: analyse jobs with new data (incidents open and close even when
+        nobody reads the API), then evaluate the rules."""
         while True:
             await asyncio.sleep(self.cfg.rules_interval_s)
             try:
                 # Analysis may run here (rate-limited): off the event loop, so ingest never waits.
-                await asyncio.get_running_loop().run_in_executor(None, self.captures.evaluate)
+                await asyncio.get_running_loop().run_in_executor(None, self._tick)
             except Exception:  # a rule bug must not stop ingest; it is logged each time
                 log.exception("rule evaluation failed")
+
+    def _tick(self) -> None:
+        self.state.refresh()
+        self.captures.evaluate()
 
     def _on_hello(self, hello: HelloInfo) -> None:
         self.state.hello(hello.agent_id, hello.jobs)
@@ -131,8 +137,7 @@ class Aggregator:
         self.http = HttpServer(self.state, self.cfg.http_host, self.cfg.http_port, self.captures,
                                per_rank_series=self.cfg.per_rank_series)
         self.http.start()
-        if self.captures.engine is not None:
-            self._rules_task = asyncio.create_task(self._rules_loop())
+        self._rules_task = asyncio.create_task(self._rules_loop())
         if self.wandb is not None:
             self._wandb_task = asyncio.create_task(self.wandb.run())
         log.info("aggregator: gRPC on %s:%d, HTTP on %s:%d", self.cfg.grpc_host, self.grpc_port,

@@ -4,6 +4,7 @@
 - perfd/aggregator/nodes.py — node/GPU view: latest node series, process lists, GPU -> pod;
 - perfd/aggregator/collectives.py — NCCL collective records and hangs;
 - perfd/aggregator/eventlog.py — the event log, and the routing of events by kind (perfd.events);
+- perfd/aggregator/incidents.py — each job's incidents with the GPU evidence of the time;
 - serving reports (below) — the latest serving analysis of each serving job.
 
 Ingest is called from the gRPC event loop; readers (HTTP /metrics and the JSON API, the rules loop)
@@ -21,10 +22,12 @@ from typing import Any
 
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.eventlog import EventLog
+from perfd.aggregator.incidents import IncidentTracker
 from perfd.aggregator.jobs import JobState, JobStore, job_level_steps
 from perfd.aggregator.nodes import GpuKey, LabelKey, NodeSeries, NodeView
-from perfd.analytics.attribution import place_ranks
+from perfd.analytics.attribution import gpu_hints, place_ranks
 from perfd.analytics.collectives import CollectiveAnalysis
+from perfd.analytics.incidents import Incident, hang_incident
 from perfd.analytics.megatron_job import RunAnalysis
 from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_REPORT, payload_of
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
@@ -32,6 +35,13 @@ from perfd.model import CollectiveRecord, JobInfo, StepRecord
 log = logging.getLogger(__name__)
 
 __all__ = ["AggregatorState", "GpuKey", "JobState", "LabelKey", "NodeSeries", "job_level_steps"]
+
+# The GPU series an incident keeps as evidence of the time (besides gpu_hints' comparison).
+_SNAPSHOT_SERIES = frozenset({
+    "perfd_gpu_sm_clock_hertz", "perfd_gpu_power_watts", "perfd_gpu_power_limit_watts",
+    "perfd_gpu_temperature_celsius", "perfd_gpu_utilization_ratio", "perfd_gpu_xid_errors_total",
+    "perfd_gpu_xid_last", "perfd_gpu_throttle_reasons", "perfd_gpu_processes", "perfd_gpu_sm_util_ratio",
+    "perfd_gpu_tensor_util_ratio", "perfd_gpu_dram_bw_util_ratio", "perfd_gpu_memory_used_bytes"})
 
 
 @dataclass
@@ -52,6 +62,12 @@ class AggregatorState:
         # job -> (received at, latest serving report JSON from the SGLang collector)
         self._serving_lock = threading.Lock()
         self.serving_reports: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.incidents = IncidentTracker(lambda evs: self.ingest_events("aggregator", evs))
+        self._tracked: dict[str, RunAnalysis] = {}  # job -> the analysis incidents were taken from
+        # Set by the capture coordinator: the job's capture records (JSON), for incidents and for
+        # marking the iterations a capture disturbed.
+        self.captures_of: Callable[[str], list[dict[str, Any]]] = lambda job: []
+        self.jobs.capture_windows = self._capture_windows
         self.log.handle(GPU_PROCESSES, self.nodes.on_gpu_processes)
         self.log.handle(GPU_PODS, self.nodes.on_gpu_pods)
         self.log.handle(NCCL_HANG, self._on_hang)
@@ -113,8 +129,66 @@ class AggregatorState:
         return self.nodes.pods_by_gpu()
 
     def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:
-        """The job's analysis, recomputed if new data arrived (rate-limited)."""
-        return self.jobs.analysis(job, force)
+        """The job's analysis, recomputed if new data arrived (rate-limited); each new analysis
+        updates the job's incidents with the evidence the aggregator holds now."""
+        a = self.jobs.analysis(job, force)
+        if a is not None and self._tracked.get(job) is not a:
+            self._tracked[job] = a
+            self._track_incidents(job, a)
+        return a
+
+    def refresh(self) -> None:
+        """Analyse every job that has new data and update its incidents (the aggregator's periodic
+        tick: incidents open and close while nobody reads the API)."""
+        for job in self.job_names():
+            try:
+                self.analysis(job)
+            except Exception:  # counted in the job store's stats; other jobs go on
+                log.exception("analysis of job %s failed", job)
+
+    def _track_incidents(self, job: str, a: RunAnalysis) -> None:
+        found = list(a.incidents)
+        try:
+            coll = self.collective_analysis(job)
+        except Exception:  # counted in the collective store
+            coll = None
+        last_it = a.iterations[-1].iteration if a.iterations else None
+        now = time.time()
+        for h in coll.hangs if coll is not None else []:
+            found.append(hang_incident(h.to_json(), last_it, now))
+        self.incidents.update(job, found, lambda inc: self._gpu_snapshot(job, inc), self.captures_of(job),
+                              now)
+
+    def _gpu_snapshot(self, job: str, inc: Incident) -> dict[str, Any]:
+        """rank -> what its GPU shows now, for the ranks an incident names; with none named, the
+        job's ranks whose GPU stands out (a co-tenant, throttling, a low clock)."""
+        procs, values, throttles = self.gpu_view(job)
+        placed = place_ranks(procs)
+        ranks = list(inc.ranks) or sorted(placed)
+        out: dict[str, Any] = {}
+        for h in gpu_hints(ranks, placed, values, throttles, procs):
+            if not inc.ranks and any("looks like the others" in o for o in h.observations):
+                continue
+            snap = h.to_json()
+            vals: dict[str, float] = {}
+            reasons: list[str] = []
+            if h.node is not None and h.gpu is not None:
+                vals, reasons = values.get((h.node, h.gpu), {}), list(throttles.get((h.node, h.gpu), []))
+            snap["gpu_values"] = {k: v for k, v in vals.items() if k in _SNAPSHOT_SERIES}
+            snap["throttle_reasons"] = reasons
+            snap["taken_at"] = time.time()
+            out[str(h.rank)] = snap
+        return out
+
+    def _capture_windows(self, job: str) -> list[tuple[float, float]]:
+        """(start, end) of the job's captures: the iterations they touch are disturbed."""
+        out = []
+        for c in self.captures_of(job):
+            t0 = c.get("started_at")
+            t1 = c.get("finished_at") or (None if c.get("status") == "started" else t0)
+            if isinstance(t0, (int, float)):
+                out.append((float(t0), float(t1) if isinstance(t1, (int, float)) else time.time()))
+        return out
 
     def collective_analysis(self, job: str, force: bool = False) -> CollectiveAnalysis | None:
         """The job's collective analysis (None when no collective record or hang event came in)."""

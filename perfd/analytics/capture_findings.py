@@ -10,12 +10,15 @@ finding for that rule, never a guess.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics import kernels as kc
+from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
 from perfd.analytics.findings import Finding, Recommendation
+from perfd.model import StepRecord
 
 ELEMENTWISE_HEAVY = 0.35  # pointwise + normalisation share of kernel time: unfused model code
 GEMM_DOMINANT = 0.5  # GEMM + attention share: the GPU does the model's math
@@ -39,6 +42,30 @@ class CaptureDiagnosis:
         return {"findings": [asdict(f) for f in self.findings],
                 "recommendations": [asdict(r) for r in self.recommendations],
                 "bottleneck": self.bottleneck, "bottleneck_reason": self.bottleneck_reason}
+
+
+COMPUTE_TIMERS = (FORWARD_COMPUTE, BACKWARD_COMPUTE)  # Megatron timers: the rank's model compute
+
+
+def steady_compute_ms(records: Sequence[StepRecord], steady: Iterable[int], rank: int | None = None
+                      ) -> float | None:
+    """Median forward+backward compute per steady iteration (Megatron timers, ms): of ``rank``
+    where the timers are per rank, else the slowest rank's. None without both timers."""
+    want = set(steady)
+    vals = []
+    for r in records:
+        if r.iteration not in want:
+            continue
+        parts = []
+        for name in COMPUTE_TIMERS:
+            tv = r.timers.get(name)
+            v = (tv.per_rank.get(rank) if tv is not None and rank is not None and tv.per_rank else None)
+            if v is None and tv is not None:
+                v = tv.max_ms
+            parts.append(v)
+        if all(p is not None for p in parts):
+            vals.append(sum(p for p in parts if p is not None))
+    return statistics.median(vals) if vals else None
 
 
 def _num(d: Mapping[str, Any], key: str) -> float | None:

@@ -239,11 +239,16 @@ def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[R
         _mfu_recommendation(r, grade, job, ds, idle_max, dp_part)
 
     excl = a.summary.get("excluded", {})
-    outliers = {k: v for k, v in excl.items() if "median" in v}
+    outliers = {k: v for k, v in excl.items() if "median" in v and not v.startswith("incident")}
     if outliers:
         f.append(Finding("steady-state-outliers", "info", f"{len(outliers)} slow iteration(s) left out",
                          "; ".join(f"iteration {k}: {v}" for k, v in outliers.items()), {}, span))
 
+    return order_findings(f, r)
+
+
+def order_findings(f: list[Finding], r: list[Recommendation]) -> tuple[list[Finding], list[Recommendation]]:
+    """Findings by severity; recommendations by expected gain (impact), numbered R1, R2, ..."""
     f.sort(key=lambda x: SEVERITY_ORDER.get(x.severity, 3))
     r.sort(key=lambda x: -(x.impact if x.impact is not None else -1.0))
     for i, rec in enumerate(r, start=1):

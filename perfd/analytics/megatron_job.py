@@ -17,9 +17,10 @@ from typing import Any
 from perfd import catalog
 from perfd.analytics import bottleneck as bn
 from perfd.analytics.common import MetricValue, finite, median
-from perfd.analytics.findings import Finding, Recommendation, derive_findings
+from perfd.analytics.findings import Finding, Recommendation, derive_findings, order_findings
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
+from perfd.analytics.incidents import Incident, detect_incidents, incident_findings
 from perfd.analytics.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
 from perfd.analytics.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.steady import SteadyState, steady_state
@@ -71,6 +72,7 @@ class IterationResult:
     straggler_notes: list[str] = field(default_factory=list)
     bottleneck: str = "unknown"
     lm_loss: float | None = None
+    incident_lost_ms: float | None = None  # step − steady median, inside an incident only
     steady_state: bool = False
     excluded_reason: str | None = None
     sources: dict[str, str] = field(default_factory=dict)  # metric -> source, or "absent: why"
@@ -100,17 +102,19 @@ class RunAnalysis:
     stragglers: PersistentStragglers
     flops: FlopsResult
     peak: PeakResult
+    incidents: list[Incident] = field(default_factory=list)
 
     def steady_iterations(self) -> list[IterationResult]:
         return [it for it in self.iterations if it.steady_state]
 
     def to_json(self) -> dict[str, Any]:
-        """Keys: job, iterations, summary. None stays None (null), never 0. The report is built
+        """Keys: job, iterations, summary, incidents. None stays None (null), never 0. The report is built
         above this layer (perfd.report.analysis_json adds it)."""
         return {
             "job": _json_value(self.job),
             "iterations": [it.to_json() for it in self.iterations],
             "summary": _json_value(self.summary),
+            "incidents": [_json_value(i.to_json()) for i in self.incidents],
         }
 
 
@@ -280,14 +284,43 @@ def _analyze(job: JobInfo, records: Sequence[StepRecord], gpu_name: str | None,
                                     lay.pp, it.pp_idle_max, it.pp_bubble_analytic, gpm).cls
         iterations.append(it)
 
+    incidents = _mark_incidents(iterations, ordered, steady)
     steady_its = [it for it in iterations if it.steady_state]
     pers = persistent([straggler_results[it.iteration] for it in steady_its])
     summary = _summary(iterations, steady_its, steady, pers, lay, gpm)
     job_block = _job_block(job, job_name, ordered, world, gpu_name, peak, canon_dtype, dtype_src,
                            flops_job)
-    analysis = RunAnalysis(job_block, iterations, summary, [], [], steady, pers, flops_job, peak)
-    analysis.findings, analysis.recommendations = derive_findings(analysis, job)
+    summary["incidents_n"] = len(incidents)
+    summary["incidents_cost_s"] = (sum(i.cost_s for i in incidents if i.cost_s is not None)
+                                   if incidents else None)
+    analysis = RunAnalysis(job_block, iterations, summary, [], [], steady, pers, flops_job, peak, incidents)
+    fs, rs = derive_findings(analysis, job)
+    run_s = sum(it.step_time_ms for it in iterations if it.step_time_ms is not None) / 1e3
+    inc_f, inc_r = incident_findings([i.to_json() for i in incidents], run_s or None)
+    analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])
     return analysis
+
+
+def _mark_incidents(iterations: list[IterationResult], ordered: Sequence[StepRecord],
+                    steady: SteadyState) -> list[Incident]:
+    """Find the incidents, take their iterations out of the steady state (saying which incident),
+    and note each one's time lost against the steady median."""
+    incidents, ref = detect_incidents(iterations, {r.iteration: r.end_time for r in ordered},
+                                      {r.iteration: r.disturbed_by_capture for r in ordered},
+                                      steady.warmup_records, steady.reference_step_ms)
+    by_it = {it.iteration: it for it in iterations}
+    for inc in incidents:
+        for i in range(inc.first_iteration, inc.last_iteration + 1):
+            it = by_it.get(i)
+            if it is None:
+                continue
+            if it.step_time_ms is not None and ref is not None:
+                it.incident_lost_ms = it.step_time_ms - ref
+            reason = f"incident {inc.id}: {inc.cause}"
+            it.steady_state, it.excluded_reason = False, reason
+            steady.steady[i] = False
+            steady.excluded[i] = reason
+    return incidents
 
 
 def _summary(iterations: list[IterationResult], steady_its: list[IterationResult], steady: SteadyState,

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.findings import Finding, Recommendation, grade_mfu
+from perfd.analytics.findings import Finding, Recommendation, grade_mfu, order_findings
+from perfd.analytics.incidents import incident_findings
 from perfd.analytics.megatron_job import RunAnalysis
 
 
@@ -86,9 +88,19 @@ def format_value(value: float | None, unit: str) -> str:
     return f"{value:.4g}"
 
 
-def build_report(analysis: RunAnalysis) -> Report:
-    """The four-part report of one analysed run."""
+def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None) -> Report:
+    """The four-part report of one analysed run. ``incidents``: the live aggregator's record of
+    the job's incidents (with the GPU evidence of the time, kept after the iterations left its
+    retention); without it the report uses the incidents the analysis found in the iterations."""
     s, med = analysis.summary, analysis.summary["medians"]
+    findings, recs = list(analysis.findings), list(analysis.recommendations)
+    if incidents is not None:
+        findings = [f for f in findings if not f.id.startswith("incident-")]
+        recs = [r for r in recs if not r.finding_id.startswith("incident-")]
+        run_s = sum(it.step_time_ms for it in analysis.iterations if it.step_time_ms is not None) / 1e3
+        inc_f, inc_r = incident_findings(incidents, run_s or None)
+        findings, recs = order_findings([*findings, *inc_f], [*recs, *inc_r])
+    incs = list(incidents) if incidents is not None else [i.to_json() for i in analysis.incidents]
     grade, grade_text = grade_mfu(med.get("mfu"))
     steady_its = analysis.steady_iterations()
     span = analysis.steady.range_text()
@@ -107,15 +119,26 @@ def build_report(analysis: RunAnalysis) -> Report:
                 f"{gpu.get('model') or 'unknown GPU'}"
                 f", bottleneck {s['bottleneck']}; TP={lay.get('tp')} PP={lay.get('pp')} DP={lay.get('dp')}, "
                 f"{lay.get('microbatches')} micro-batches")
+    worst = max((i for i in incs if isinstance(i.get("cost_s"), (int, float))),
+                key=lambda i: float(i["cost_s"]), default=None)
+    if worst is not None:  # the largest recoverable loss leads
+        headline += (f". Largest loss: {worst.get('cause')} — {float(worst['cost_s']):.0f} s lost "
+                     f"(iterations {worst.get('first_iteration')}–{worst.get('last_iteration')}"
+                     + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
     summary = ReportSummary(job.get("name"), grade, grade_text, med.get("mfu"), s["bottleneck"],
                             s["bottleneck_reason"], span, headline)
-    return Report(summary, metrics, list(analysis.findings), list(analysis.recommendations), job)
+    return Report(summary, metrics, findings, recs, job)
 
 
-def analysis_json(analysis: RunAnalysis) -> dict[str, Any]:
-    """The analysis as JSON with its report: keys job, iterations, summary, report (what
-    `perfd analyze megatron --json` prints and the aggregator serves)."""
-    return {**analysis.to_json(), "report": build_report(analysis).to_json()}
+def analysis_json(analysis: RunAnalysis,
+                  incidents: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The analysis as JSON with its report: keys job, iterations, summary, incidents, report (what
+    `perfd analyze megatron --json` prints and the aggregator serves; the aggregator passes the
+    incidents it kept)."""
+    out = {**analysis.to_json(), "report": build_report(analysis, incidents).to_json()}
+    if incidents is not None:
+        out["incidents"] = list(incidents)
+    return out
 
 
 def _source_of(steady_its: list[Any], key: str) -> str:

@@ -165,9 +165,10 @@ def test_world_size_from_layout_product() -> None:
 
 def test_to_json_shape() -> None:
     a = analyze_run(fixture_job(), fixture_records(), gpu_name="NVIDIA H200")
-    assert list(a.to_json()) == ["job", "iterations", "summary"]  # the report is built above analytics
+    assert list(a.to_json()) == ["job", "iterations", "summary", "incidents"]  # no report: built above
     doc = analysis_json(a)  # what `perfd analyze megatron --json` prints
-    assert list(doc) == ["job", "iterations", "summary", "report"]
+    assert list(doc) == ["job", "iterations", "summary", "incidents", "report"]
+    assert doc["incidents"] == []  # the shared fixture's slow iterations are jitter, not incidents
     assert ITERATION_KEYS <= set(doc["iterations"][0])
     assert any("straggler" in k for k in doc["iterations"][0])
     assert doc["job"]["layout"]["microbatches"] == 16 and doc["job"]["gpu"]["peak_tflops"] == 989.0
