@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd.analytics.bottleneck import GpmReading
+from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.megatron_job import RunAnalysis, analyze_run
 from perfd.model import JobInfo, StepRecord, TimerValue
 
@@ -55,6 +57,10 @@ class JobStore:
         # job -> (start, end) epoch seconds of its captures: iterations ending inside one (or the
         # step after) are marked disturbed, whatever the source of the step records.
         self.capture_windows: Callable[[str], list[tuple[float, float]]] = lambda job: []
+        # job -> what the other views know for its bottleneck class: GPM of its GPUs, and the class
+        # its latest capture's timeline supports.
+        self.class_inputs: Callable[[str], tuple[GpmReading | None, TimelineClass | None]] = \
+            lambda job: (None, None)
 
     def _job(self, name: str) -> JobState:
         js = self.jobs.get(name)
@@ -105,6 +111,7 @@ class JobStore:
     def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:
         """The job's analysis, recomputed if new data arrived (rate-limited)."""
         windows = self.capture_windows(job)  # outside the lock: it asks the capture coordinator
+        gpm, timeline = self.class_inputs(job)
         with self._lock:
             js = self.jobs.get(job)
             if js is None:
@@ -119,7 +126,7 @@ class JobStore:
         records = mark_disturbed(records, windows)
         try:
             result = analyze_run(info, records, gpu_name=gpu, peak_tflops=self.peak_tflops,
-                                 job_name=job)
+                                 job_name=job, gpm=gpm, timeline=timeline)
         except Exception:
             with self._lock:
                 self.stats.analysis_errors += 1

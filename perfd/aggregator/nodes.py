@@ -12,10 +12,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from perfd.analytics.bottleneck import GpmReading
 from perfd.events import GPU_PODS, GPU_PROCESSES, payload_of
 
 LabelKey = tuple[tuple[str, str], ...]
 GpuKey = tuple[str, str]  # (node, gpu index)
+# catalog name -> GpmReading field
+_GPM_FIELDS = {"perfd_gpu_sm_util_ratio": "sm_util", "perfd_gpu_sm_occupancy_ratio": "sm_occupancy",
+               "perfd_gpu_tensor_util_ratio": "tensor_util", "perfd_gpu_dram_bw_util_ratio": "dram_bw_util",
+               "perfd_gpu_utilization_ratio": "nvml_util"}
 # Any GPU series names the GPU model; this one is sampled on every GPU and rarely changes.
 MODEL_SERIES = "perfd_gpu_memory_total_bytes"
 
@@ -143,6 +148,17 @@ class NodeView:
         with self._lock:
             return [(k[0], NodeSeries(s.name, s.labels, s.time_ns, s.value))
                     for k, s in self.series.items()]
+
+    def gpm(self, agents: set[str]) -> GpmReading | None:
+        """Mean GPM (and NVML) utilisation over the GPUs of the given agents, None without GPM."""
+        sums: dict[str, list[float]] = {}
+        with self._lock:
+            for (agent, name, _labels), s in self.series.items():
+                if agent in agents and name in _GPM_FIELDS:
+                    sums.setdefault(_GPM_FIELDS[name], []).append(s.value)
+        if not any(k != "nvml_util" for k in sums):
+            return None
+        return GpmReading(**{k: sum(v) / len(v) for k, v in sums.items()})
 
     def agents_seen(self) -> dict[str, float]:
         with self._lock:

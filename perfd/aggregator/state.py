@@ -26,7 +26,9 @@ from perfd.aggregator.incidents import IncidentTracker
 from perfd.aggregator.jobs import JobState, JobStore, job_level_steps
 from perfd.aggregator.nodes import GpuKey, LabelKey, NodeSeries, NodeView
 from perfd.analytics.attribution import gpu_hints, place_ranks
+from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
+from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.incidents import Incident, hang_incident
 from perfd.analytics.megatron_job import RunAnalysis
 from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_REPORT, payload_of
@@ -68,6 +70,7 @@ class AggregatorState:
         # marking the iterations a capture disturbed.
         self.captures_of: Callable[[str], list[dict[str, Any]]] = lambda job: []
         self.jobs.capture_windows = self._capture_windows
+        self.jobs.class_inputs = self._class_inputs
         self.log.handle(GPU_PROCESSES, self.nodes.on_gpu_processes)
         self.log.handle(GPU_PODS, self.nodes.on_gpu_pods)
         self.log.handle(NCCL_HANG, self._on_hang)
@@ -179,6 +182,15 @@ class AggregatorState:
             snap["taken_at"] = time.time()
             out[str(h.rank)] = snap
         return out
+
+    def _class_inputs(self, job: str) -> tuple[GpmReading | None, TimelineClass | None]:
+        """GPM of the job's GPUs and the class its latest analysed capture supports."""
+        timeline = None
+        for c in sorted(self.captures_of(job), key=lambda c: c.get("finished_at") or 0.0):
+            if c.get("bottleneck") and c.get("bottleneck") != "unknown":
+                timeline = TimelineClass(str(c["bottleneck"]), str(c.get("bottleneck_reason") or ""),
+                                         f"capture {c.get('id')} ({c.get('tool')}, ranks {c.get('ranks')})")
+        return self.nodes.gpm(self.jobs.agents_of(job)), timeline
 
     def _capture_windows(self, job: str) -> list[tuple[float, float]]:
         """(start, end) of the job's captures: the iterations they touch are disturbed."""

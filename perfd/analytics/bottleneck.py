@@ -55,6 +55,7 @@ class Bottleneck:
     cls: str
     reason: str
     evidence: dict[str, float] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # evidence key -> where it comes from
 
 
 def classify_gpm(

@@ -17,6 +17,7 @@ from typing import Any
 from perfd import catalog
 from perfd.analytics import bottleneck as bn
 from perfd.analytics.common import MetricValue, finite, median
+from perfd.analytics.diagnosis import TimelineClass, classify_job
 from perfd.analytics.findings import Finding, Recommendation, derive_findings, order_findings
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
@@ -182,14 +183,15 @@ def analyze_run(
     *,
     job_name: str | None = None,
     gpm: bn.GpmReading | None = None,
+    timeline: TimelineClass | None = None,
 ) -> RunAnalysis:
     """Analyse a Megatron run's step records (any order; one record per logged iteration)."""
-    return _analyze(job, records, gpu_name, peak_tflops, dtype, job_name, gpm)
+    return _analyze(job, records, gpu_name, peak_tflops, dtype, job_name, gpm, timeline)
 
 
 def _analyze(job: JobInfo, records: Sequence[StepRecord], gpu_name: str | None,
              peak_override: float | None, dtype: str | None, job_name: str | None,
-             gpm: bn.GpmReading | None) -> RunAnalysis:
+             gpm: bn.GpmReading | None, timeline: TimelineClass | None) -> RunAnalysis:
     lay = job.layout
     world = _world_size(lay)
     canon_dtype, dtype_src = resolve_dtype(job, dtype)
@@ -280,14 +282,15 @@ def _analyze(job: JobInfo, records: Sequence[StepRecord], gpu_name: str | None,
                              else "megatron: timers only (no straggler line; needs --log-straggler)")
         srcs["straggler_rtt_ratio"] = srcs["straggler"]
 
-        it.bottleneck = bn.classify(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share,
-                                    lay.pp, it.pp_idle_max, it.pp_bubble_analytic, gpm).cls
+        it.bottleneck = classify_job(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share,
+                                     lay.pp, it.pp_idle_max, it.pp_bubble_analytic, it.mfu, gpm,
+                                     timeline).cls
         iterations.append(it)
 
     incidents = _mark_incidents(iterations, ordered, steady)
     steady_its = [it for it in iterations if it.steady_state]
     pers = persistent([straggler_results[it.iteration] for it in steady_its])
-    summary = _summary(iterations, steady_its, steady, pers, lay, gpm)
+    summary = _summary(iterations, steady_its, steady, pers, lay, gpm, timeline)
     job_block = _job_block(job, job_name, ordered, world, gpu_name, peak, canon_dtype, dtype_src,
                            flops_job)
     summary["incidents_n"] = len(incidents)
@@ -324,7 +327,8 @@ def _mark_incidents(iterations: list[IterationResult], ordered: Sequence[StepRec
 
 
 def _summary(iterations: list[IterationResult], steady_its: list[IterationResult], steady: SteadyState,
-             pers: PersistentStragglers, lay: ParallelLayout, gpm: bn.GpmReading | None) -> dict[str, Any]:
+             pers: PersistentStragglers, lay: ParallelLayout, gpm: bn.GpmReading | None,
+             timeline: TimelineClass | None) -> dict[str, Any]:
     med: dict[str, Any] = {}
     for name in SUMMARY_METRICS:
         med[name] = median(getattr(it, name) for it in steady_its)
@@ -332,8 +336,8 @@ def _summary(iterations: list[IterationResult], steady_its: list[IterationResult
     cv = (statistics.pstdev(steps) / statistics.fmean(steps)) if len(steps) >= 2 else None
     checks = [it for it in steady_its if it.tflops_check_ok is not None]
     gaps = [abs(it.tflops_rel_gap) for it in checks if it.tflops_rel_gap is not None]
-    cls = bn.classify(med["data_share"], med["comm_exposed_share"], med["comm_exposed_dp_share"], lay.pp,
-                      med["pp_idle_max"], med["pp_bubble_analytic"], gpm)
+    cls = classify_job(med["data_share"], med["comm_exposed_share"], med["comm_exposed_dp_share"], lay.pp,
+                       med["pp_idle_max"], med["pp_bubble_analytic"], med["mfu"], gpm, timeline)
     its = steady.iterations
     return {
         "n_iterations": len(iterations),
@@ -349,6 +353,8 @@ def _summary(iterations: list[IterationResult], steady_its: list[IterationResult
         "tflops_check_max_abs_gap": max(gaps) if gaps else None,
         "bottleneck": cls.cls,
         "bottleneck_reason": cls.reason,
+        "bottleneck_evidence": dict(cls.evidence),
+        "bottleneck_sources": dict(cls.sources),
         "straggler_persistent_ranks": pers.ranks,
         "straggler_flag_fraction": {str(k): v for k, v in pers.fraction.items()},
         "straggler_between_stages_fraction": (
