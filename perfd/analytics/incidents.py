@@ -144,7 +144,9 @@ def _incident(its: Sequence[IterationLike], ref: float, end_times: Mapping[int, 
             rtt_max[it.straggler_rtt_max_rank] += 1
     for r, n in rtt_max.items():
         named[r] += n
-    ranks = [r for r, _ in named.most_common()]
+    # Per-rank timers are the most direct evidence: a flagged rank's compute ratio orders first.
+    ranks = sorted(named, key=lambda r: (-(ratios.get(r, 0.0) if ratios.get(r, 0.0) > STRAGGLER_STEP_FACTOR
+                                           else 0.0), -named[r], r))
     if ranks and STRAGGLER not in kinds:
         kinds.append(STRAGGLER)
     first, last = its[0].iteration, its[-1].iteration

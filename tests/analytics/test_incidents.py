@@ -1,0 +1,42 @@
+"""Incident detection (perfd.analytics.incidents) on the per-iteration results."""
+
+from __future__ import annotations
+
+from perfd.analytics.incidents import CAPTURE, SLOW, detect_incidents, incident_findings
+from perfd.analytics.megatron_job import IterationResult
+
+
+def _its(steps: list[float]) -> list[IterationResult]:
+    return [IterationResult(i + 1, step_time_ms=s) for i, s in enumerate(steps)]
+
+
+def test_a_slow_stretch_with_a_flicker_is_one_incident_and_jitter_is_none() -> None:
+    steps = [900.0] * 3 + [500.0] * 10 + [1300, 1250, 510, 1280, 1300] + [500.0] * 10 + [640.0] + [500.0] * 5
+    its = _its(steps)
+    ends = {it.iteration: 1000.0 + it.iteration for it in its}
+    incs, ref = detect_incidents(its, ends, {}, 3, None)
+    assert ref == 500.0
+    (inc,) = incs  # the lone 640 ms step (1.28x) cost less than one step: jitter, not an incident
+    assert (inc.first_iteration, inc.last_iteration, inc.kinds) == (14, 18, [SLOW])
+    assert inc.cost_s == sum(s - 500.0 for s in steps[13:18]) / 1e3
+    assert inc.start_time == ends[13] and inc.end_time == ends[18] and not inc.open
+    assert "no per-rank data names a rank" in inc.cause
+
+
+def test_an_open_incident_and_a_capture_window() -> None:
+    its = _its([500.0] * 10 + [505.0, 500.0] + [2000.0, 2100.0])
+    incs, _ = detect_incidents(its, {}, {11: True}, 0, None)
+    assert [(i.first_iteration, i.last_iteration) for i in incs] == [(11, 14)]
+    assert set(incs[0].kinds) == {CAPTURE, SLOW} and incs[0].open
+
+
+def test_a_named_rank_and_its_finding() -> None:
+    its = _its([500.0] * 10 + [1200.0] * 4)
+    for it in its[10:]:
+        it.straggler_candidate_ranks = [3]
+        it.straggler_rank_compute_ratio = {0: 0.9, 3: 2.1}
+    (inc,), _ = detect_incidents(its, {}, {}, 0, None)
+    assert inc.ranks == [3] and "rank 3 computed up to 2.10×" in inc.cause
+    fs, rs = incident_findings([inc.to_json()], run_s=10.0)
+    assert fs[0].id == f"incident-{inc.id}" and fs[0].evidence["ranks"] == [3]
+    assert inc.cost_s is not None and rs[0].impact == inc.cost_s / 10.0 and "rank 3" in rs[0].action

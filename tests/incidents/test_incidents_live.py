@@ -1,0 +1,143 @@
+"""Incidents through the aggregator, on recorded real data: a capture-disturbed window (a real
+Megatron DP=2 log and a real capture breakdown), a collective hang (real Flight Recorder dumps of
+a hung DDP job), and a slow stretch whose rank's GPU was shared (the log's rank 1 slowed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from collectors.megatron import parse_file
+from perfd import events
+from perfd.aggregator.captures import CaptureCoordinator
+from perfd.aggregator.http import _StateCollector, job_summary
+from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.state import AggregatorState
+from perfd.model import StepRecord, TimerValue
+from tests.collectives.test_collectives_aggregator import FakeClient, _recorded_hang_collected, _through_wire
+
+ROOT = Path(__file__).resolve().parents[2]
+DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
+PP2_CAPTURE = json.loads((ROOT / "tests" / "data" / "captures" / "megatron_pp2_nsys_h200x2.analysis.json")
+                         .read_text())
+
+
+def _state_with(records: list[StepRecord]) -> AggregatorState:
+    parsed = parse_file(DP2, job="dp2")
+    st = AggregatorState(min_recompute_s=0.0)
+    st.hello("agent-a", ["dp2"])
+    st.ingest_job_info("agent-a", "dp2", parsed.job_info)
+    st.ingest_steps("agent-a", records)
+    return st
+
+
+def test_capture_disturbed_window_is_an_incident_with_the_capture_and_its_findings() -> None:
+    parsed = parse_file(DP2, job="dp2")
+    st = _state_with(parsed.records)
+    co = CaptureCoordinator(st, None, lambda agent, cmd: True)
+    by_it = {r.iteration: r for r in parsed.records}
+    assert by_it[16].end_time and by_it[14].end_time
+    rec = co.request("dp2", [1], "kineto", 3, "manual", now=by_it[14].end_time)
+    payload = {"status": "ok", "ranks": {"1": {"devices": [dict(PP2_CAPTURE["devices"][0], device=1)]}}}
+    st.ingest_events("agent-a", [
+        {"kind": events.CAPTURE_STARTED.name, "time": by_it[14].end_time + 0.01,
+         "links": {"command_id": rec.id}},
+        {"kind": events.CAPTURE_FINISHED.name, "time": by_it[16].end_time - 0.01,
+         "links": {"command_id": rec.id}, "payload": payload}])
+    assert co.captures[rec.id].status == "finished" and co.captures[rec.id].findings  # findings joined
+    a = st.analysis("dp2", force=True)
+    assert a is not None
+    (inc,) = [i for i in st.incidents.incidents("dp2") if "capture-disturbed" in i["kinds"]]
+    # the capture touched iterations 15-16; the real log's own slow iterations just before merge in
+    assert inc["first_iteration"] <= 15 and inc["last_iteration"] == 16
+    assert [c["id"] for c in inc["captures"]] == [rec.id]
+    assert inc["captures"][0]["findings"], "the capture's findings travel with the incident"
+    assert all(not it.steady_state for it in a.iterations if 15 <= it.iteration <= 16)
+    assert a.summary["excluded"]["15"].startswith(f"incident {inc['id']}")
+    kinds = [e["kind"] for e in st.recent_events("dp2")]
+    assert events.INCIDENT_OPENED.name in kinds
+
+
+def _slowed(records: list[StepRecord], its: range, rank: int, factor: float) -> list[StepRecord]:
+    """Rank ``rank``'s compute and the step slowed by ``factor`` over ``its`` (a co-tenant)."""
+    out = []
+    for r in records:
+        if r.iteration not in its:
+            out.append(r)
+            continue
+        timers = {}
+        for name, tv in r.timers.items():
+            per = dict(tv.per_rank)
+            if name in ("forward-compute", "backward-compute") and rank in per:
+                per[rank] *= factor
+            timers[name] = TimerValue(min(per.values()) if per else tv.min_ms, max(per.values()) if per
+                                      else tv.max_ms, per)
+        out.append(dataclasses.replace(r, timers=timers, step_time_ms=(r.step_time_ms or 0) * factor))
+    return out
+
+
+def test_a_shared_gpu_names_the_rank_the_foreign_process_and_the_cost_after_it_ended() -> None:
+    parsed = parse_file(DP2, job="dp2")
+    slow = range(14, 22)
+    st = _state_with(_slowed(parsed.records, slow, 1, 2.5))
+    # What the agent's NVML collector reported while it happened: rank 1's GPU shared.
+    procs: list[dict[str, Any]] = [{"pid": 4101, "name": "python", "cmdline": "python train.py", "rank": 1}]
+    foreign = {"pid": 5555, "name": "python", "cmdline": "python matmul_burn.py --bf16", "rank": None}
+    st.ingest_events("agent-a", [
+        {"kind": events.GPU_PROCESSES.name, "labels": {"node": "n1", "gpu": "0"},
+         "payload": [{"pid": 4100, "name": "python", "cmdline": "python train.py", "rank": 0}]},
+        {"kind": events.GPU_PROCESSES.name, "labels": {"node": "n1", "gpu": "1"},
+         "payload": [*procs, foreign]}])
+    a = st.analysis("dp2", force=True)
+    assert a is not None
+    (inc,) = st.incidents.incidents("dp2")
+    assert inc["ranks"][0] == 1 and inc["first_iteration"] <= 14 and inc["last_iteration"] == 21
+    steady_ms = a.summary["medians"]["step_time_ms"]
+    its = [it for it in a.iterations if inc["first_iteration"] <= it.iteration <= inc["last_iteration"]]
+    want = sum((it.step_time_ms or 0.0) - steady_ms for it in its) / 1e3  # Σ(step − steady median)
+    assert abs(inc["cost_s"] - want) <= 0.10 * want and inc["cost_s"] > 4.0  # 8 steps at 2.5x
+    assert "pid 5555" in inc["cause"] and "matmul_burn.py" in inc["cause"]
+    # The co-tenant leaves; the evidence of the time stays with the incident.
+    st.ingest_events("agent-a", [{"kind": events.GPU_PROCESSES.name, "labels": {"node": "n1", "gpu": "1"},
+                                  "payload": procs}])
+    st.ingest_steps("agent-a", [dataclasses.replace(parsed.records[-1], iteration=31)])
+    st.analysis("dp2", force=True)
+    (inc2,) = st.incidents.incidents("dp2")
+    assert "pid 5555" in inc2["cause"]
+    s = job_summary(st, "dp2")
+    assert s is not None and s["incidents"][0]["id"] == inc2["id"]
+    headline = s["report"]["summary"]["headline"]
+    assert "rank 1's GPU" in headline and "s lost" in headline
+    f = next(x for x in s["report"]["findings"] if x["id"] == f"incident-{inc2['id']}")
+    assert "pid 5555" in f["observation"]
+    rec = next(r for r in s["report"]["recommendations"] if r["finding_id"] == f["id"])
+    assert "other processes off rank 1's GPU" in rec["action"]
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    reg = CollectorRegistry()
+    reg.register(_StateCollector(st))
+    text = generate_latest(reg).decode()
+    assert 'perfd_job_incidents_total{job_name="dp2"} 1.0' in text
+    assert 'perfd_job_incident_lost_seconds_total{job_name="dp2"}' in text
+
+
+def test_a_recorded_hang_is_an_incident_naming_the_rank_that_never_joined(tmp_path: Path) -> None:
+    out, _ = _recorded_hang_collected(tmp_path)
+    from perfd.agent.config import AgentConfig
+    from perfd.agent.main import Agent
+
+    agent = Agent(AgentConfig(job="ddp", node="n1", metrics_port=None))
+    agent.client = FakeClient()
+    agent._forward([("nccl", out)])
+    (call,) = agent.client.calls
+    agg = Aggregator(AggregatorConfig(rules_files=[]))
+    agg.on_batch("n1", _through_wire(call))
+    agg.state.refresh()
+    (inc,) = agg.state.incidents.incidents("ddp")
+    assert inc["kinds"] == ["hang"] and inc["ranks"] == [1] and inc["open"]
+    assert "never reached it" in inc["cause"]
+    s = job_summary(agg.state, "ddp")
+    assert s is not None and s["incidents"][0]["id"] == inc["id"]
+    assert agg.state.incidents.open_incidents("ddp")
