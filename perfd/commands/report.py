@@ -39,7 +39,7 @@ def _base_url(aggregator: str) -> str:
 
 
 def from_aggregator(aggregator: str, job: str, timeout: float = 10.0) -> dict[str, Any]:
-    """{job, iterations, summary, report, ranks} from a running aggregator."""
+    """{job, iterations, summary, report, ranks, incidents} from a running aggregator."""
     base = _base_url(aggregator)
     summary = _get_json(f"{base}/api/jobs/{quote(job, safe='')}/summary", timeout)
     if summary.get("report") is None:
@@ -49,7 +49,8 @@ def from_aggregator(aggregator: str, job: str, timeout: float = 10.0) -> dict[st
     except ReportError:  # an aggregator without the endpoint: the latest iteration only
         its = [summary["latest"]] if summary.get("latest") else []
     return {"job": summary.get("job") or {}, "iterations": its, "summary": summary.get("summary") or {},
-            "report": summary["report"], "ranks": summary.get("ranks") or []}
+            "report": summary["report"], "ranks": summary.get("ranks") or [],
+            "incidents": summary.get("incidents") or []}
 
 
 def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | None,

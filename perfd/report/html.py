@@ -109,14 +109,29 @@ def _step_cap(its: Sequence[Mapping[str, Any]]) -> float | None:
     return 1.6 * max(steady)
 
 
-def step_and_mfu_charts(its: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
+def _incident_marks(incidents: Sequence[Mapping[str, Any]]) -> list[tuple[float, float, str]]:
+    out = []
+    for inc in incidents:
+        a, b = inc.get("first_iteration"), inc.get("last_iteration")
+        if isinstance(a, int) and isinstance(b, int):
+            cost = inc.get("cost_s")
+            lost = f": {cost:.1f} s lost" if isinstance(cost, (int, float)) else ""
+            out.append((a - 0.5, b + 0.5, f"incident {inc.get('id')} (iterations {a}–{b}){lost} — "
+                                          f"{inc.get('cause', '')}"))
+    return out
+
+
+def step_and_mfu_charts(its: Sequence[Mapping[str, Any]], summary: Mapping[str, Any],
+                        incidents: Sequence[Mapping[str, Any]] = ()) -> str:
     band = _steady_band(summary)
     step = line_chart([Series("step time (ms)", BLUE, _series(its, "step_time_ms"))],
                       title="Step time per iteration", xlabel="iteration", ylabel="step time",
-                      yfmt=lambda v: f"{v:g} ms", band=band, y_max=_step_cap(its))
+                      yfmt=lambda v: f"{v:g} ms", band=band, y_max=_step_cap(its),
+                      marks=_incident_marks(incidents))
     out = [_figure(step, "Step time per iteration (Megatron's elapsed time per iteration). The shaded "
                    "range is the steady state the medians are taken over; warm-up and disturbed "
-                   "iterations are outside it; ▲ marks a value above the axis (hover for it).")]
+                   "iterations are outside it; red ranges are incidents (hover for who, why and the "
+                   "time lost); ▲ marks a value above the axis (hover for it).")]
     if _has(its, "mfu"):
         mfu = line_chart([Series("MFU", GREEN, _series(its, "mfu"))], title="MFU per iteration",
                          xlabel="iteration", ylabel="MFU", yfmt=_pct, band=band,
@@ -302,7 +317,7 @@ def _meta(job: Mapping[str, Any]) -> str:
 
 def render_html(data: Mapping[str, Any], *, source: str = "", generated: str = "",
                 version: str = "") -> str:
-    """The whole page. ``data``: {job, iterations, summary, report} (+ optional ``ranks``: the
+    """The whole page. ``data``: {job, iterations, summary, incidents, report} (+ optional ``ranks``: the
     aggregator's rank placements, which label the heat map rows)."""
     job = data.get("job") or {}
     its = sorted((it for it in data.get("iterations") or [] if isinstance(it.get("iteration"), int)),
@@ -311,7 +326,7 @@ def render_html(data: Mapping[str, Any], *, source: str = "", generated: str = "
     report = data.get("report") or {}
     name = str(job.get("name") or (report.get("summary") or {}).get("job_name") or "job")
     meds = summary.get("medians") or {}
-    charts = [step_and_mfu_charts(its, summary),
+    charts = [step_and_mfu_charts(its, summary, data.get("incidents") or []),
               '<h3 id="breakdown">Time breakdown</h3>', breakdown_chart(its),
               '<h3 id="heatmap">Per-rank heat map</h3>', rank_heatmap(its, data.get("ranks") or [])]
     pp = pipeline_chart(its, summary)

@@ -138,8 +138,9 @@ def _int_ticks(x0: float, x1: float, n: int = 10) -> list[float]:
 def line_chart(series: Sequence[Series], *, title: str, xlabel: str, ylabel: str, yfmt: Fmt,
                band: tuple[float, float, str] | None = None, hlines: Sequence[tuple[float, str]] = (),
                width: int = 920, height: int = 260, y_from_zero: bool = True,
-               y_max: float | None = None) -> str:
+               y_max: float | None = None, marks: Sequence[tuple[float, float, str]] = ()) -> str:
     """Lines over x (iterations). ``band`` shades an x range (e.g. steady state) with a label;
+    ``marks`` shade further x ranges in red with a hover text (e.g. incidents);
     ``hlines`` draws labelled reference lines (drawn only when inside the value range); values above
     ``y_max`` (e.g. warm-up outliers) sit on the top edge as ▲ markers that show their value."""
     xs = [x for s in series for x, _ in s.points]
@@ -156,6 +157,12 @@ def line_chart(series: Sequence[Series], *, title: str, xlabel: str, ylabel: str
         bx0, bx1 = fr.px(max(band[0], fr.x0)), fr.px(min(band[1], fr.x1))
         body.append(f'<rect x="{_num(bx0)}" y="{fr.top}" width="{_num(max(bx1 - bx0, 1))}" height="{fr.ph}" '
                     f'fill="#eef6ee"><title>{escape(band[2])}</title></rect>')
+    for m0, m1, text in marks:
+        mx0, mx1 = fr.px(max(m0, fr.x0)), fr.px(min(m1, fr.x1))
+        if mx1 > mx0 or m0 <= fr.x1:
+            body.append(f'<rect class="incident" x="{_num(mx0)}" y="{fr.top}" '
+                        f'width="{_num(max(mx1 - mx0, 2))}" height="{fr.ph}" fill="#f8d7d7" opacity="0.7">'
+                        f'<title>{escape(text)}</title></rect>')
     body += fr.axes(_int_ticks(fr.x0, fr.x1), ticks, lambda v: f"{v:g}", yfmt, xlabel, ylabel)
     if band is not None:
         body.append(f'<text x="{_num(fr.px(max(band[0], fr.x0)) + 4)}" y="{fr.top + 12}" '

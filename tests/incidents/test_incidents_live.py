@@ -141,3 +141,15 @@ def test_a_recorded_hang_is_an_incident_naming_the_rank_that_never_joined(tmp_pa
     s = job_summary(agg.state, "ddp")
     assert s is not None and s["incidents"][0]["id"] == inc["id"]
     assert agg.state.incidents.open_incidents("ddp")
+
+
+def test_the_html_report_marks_incidents_on_the_step_time_chart() -> None:
+    from perfd.report import analysis_json
+    from perfd.report.html import render_html
+
+    parsed = parse_file(DP2, job="dp2")
+    st = _state_with(_slowed(parsed.records, range(14, 22), 1, 2.5))
+    a = st.analysis("dp2", force=True)
+    assert a is not None
+    page = render_html(analysis_json(a, st.incidents.incidents("dp2")))
+    assert page.count('class="incident"') == 1 and "s lost" in page and "rank 1 computed" in page
