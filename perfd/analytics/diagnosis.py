@@ -43,14 +43,15 @@ def classify_job(data_share: float | None, comm_exposed: float | None, comm_grad
     src = {k: "megatron timers (perfd.analytics.metrics)" for k in ev}
     if timers.cls != "unknown":
         return bn.Bottleneck(timers.cls, timers.reason + " [timers]", ev, src)
-    if timeline is not None and timeline.cls != "unknown":
-        return bn.Bottleneck(timeline.cls, f"{timeline.reason} [{timeline.source}]", ev,
-                             {**src, "timeline": timeline.source})
     g = None
-    if gpm is not None:
+    if gpm is not None:  # its numbers are evidence whichever source decides
         g = bn.classify_gpm(gpm.sm_util, gpm.sm_occupancy, gpm.tensor_util, gpm.dram_bw_util, gpm.nvml_util)
         ev.update(g.evidence)
         src.update({k: "collectors/nvml GPM of the job's GPUs (mean)" for k in g.evidence})
+    if timeline is not None and timeline.cls != "unknown":
+        gpm_note = f"; GPM: {g.reason}" if g is not None else ""
+        return bn.Bottleneck(timeline.cls, f"{timeline.reason} [{timeline.source}]{gpm_note}", ev,
+                             {**src, "timeline": timeline.source})
     if g is not None and g.cls != "unknown":
         return bn.Bottleneck(g.cls, g.reason + " [GPM]", ev, src)
     known = [x for x in (data_share, comm_exposed) if x is not None]
