@@ -153,3 +153,45 @@ def test_the_html_report_marks_incidents_on_the_step_time_chart() -> None:
     assert a is not None
     page = render_html(analysis_json(a, st.incidents.incidents("dp2")))
     assert page.count('class="incident"') == 1 and "s lost" in page and "rank 1 computed" in page
+
+
+NVML_REC = ROOT / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
+
+
+def _recorded_gpu(phase: str, t_min: float) -> list[dict[str, Any]]:
+    """One collect of the real H100 NVML recording (a matmul loop under the power cap: SM clock
+    1305 MHz, sw_power_cap active; idle: 1980 MHz, nothing active)."""
+    for line in NVML_REC.read_text().splitlines():
+        d = json.loads(line)
+        if d.get("type") == "collect" and d.get("phase") == phase and d["t"] >= t_min:
+            return list(d["samples"])
+    raise AssertionError(f"no {phase} sample in the recording")
+
+
+def test_a_throttled_gpu_is_named_with_its_clock_and_throttle_reason() -> None:
+    parsed = parse_file(DP2, job="dp2")
+    st = _state_with(_slowed(parsed.records, range(14, 22), 1, 1.6))
+    defs: dict[int, tuple[str, tuple[tuple[str, str], ...]]] = {}
+    ids, ts, vals = [], [], []
+    for gpu, samples in (("0", _recorded_gpu("idle", 1.0)), ("1", _recorded_gpu("matmul", 7.0))):
+        for s in samples:
+            labels = tuple(sorted({**s["labels"], "gpu": gpu, "node": "n1"}.items()))
+            defs[len(defs)] = (s["name"], labels)
+            ids.append(len(defs) - 1)
+            ts.append(1)
+            vals.append(float(s["value"]))
+    st.ingest_samples("agent-a", defs, ids, ts, vals)
+    st.ingest_events("agent-a", [
+        {"kind": events.GPU_PROCESSES.name, "labels": {"node": "n1", "gpu": g},
+         "payload": [{"pid": 4100 + int(g), "name": "python", "cmdline": "python train.py", "rank": int(g)}]}
+        for g in ("0", "1")])
+    st.analysis("dp2", force=True)
+    (inc,) = st.incidents.incidents("dp2")
+    assert inc["ranks"][0] == 1
+    assert "clocks throttled: sw_power_cap" in inc["cause"] and "1305 MHz" in inc["cause"]
+    snap = inc["evidence"]["gpu"]["1"]
+    assert snap["gpu_values"]["perfd_gpu_power_watts"] > 600 and "sw_power_cap" in snap["throttle_reasons"]
+    summary = job_summary(st, "dp2")
+    assert summary is not None
+    rec = next(r for r in summary["report"]["recommendations"] if r["finding_id"] == f"incident-{inc['id']}")
+    assert "cooling, power and clocks" in rec["action"]
