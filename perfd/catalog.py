@@ -41,6 +41,7 @@ LABELS: dict[str, str] = {
     "status": "capture outcome (ok, failed, skipped)",
     "group": "parallel group class of a process group (tp, cp, ep, dp, pp, world, other)",
     "scope": "link a process group crosses (intra-node, inter-node, unknown)",
+    "state": "job liveness (running, stalled, ended)",
 }
 
 
@@ -192,6 +193,13 @@ CATALOG: tuple[MetricDef, ...] = (
        "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incident_lost_total"),
     _m("perfd_job_incidents_open", "gauge", "count", "Incidents still open",
        "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incidents_open"),
+    _m("perfd_job_last_step_timestamp_seconds", "gauge", "seconds",
+       "Wall time (epoch) the job's last step record reached the aggregator; stays after the job ends",
+       _AGGREGATOR, JOB, alias="last_step_timestamp"),
+    _m("perfd_job_state_info", "gauge", "info",
+       "1 for the job's liveness state (label state: running, stalled = no step while its processes are "
+       "on their GPUs, ended); a stalled or ended job's derived gauges leave /metrics",
+       _AGGREGATOR + " (perfd.analytics.liveness)", (*JOB, "state")),
     _m("perfd_job_bottleneck_info", "gauge", "info",
        "1 for the job's current bottleneck class (label class)", _ANALYTICS, (*JOB, "class")),
     # --- job: serving (SGLang) --------------------------------------------------------------

@@ -122,7 +122,7 @@ class CaptureCoordinator:
     # ---- evaluation ------------------------------------------------------------------------
     def scope_values(self) -> dict[Any, dict[str, float | None]]:
         out: dict[Any, dict[str, float | None]] = {}
-        for job in self.state.job_names():
+        for job in self.state.running_jobs():  # rules stop evaluating a stalled or ended job
             it = self._latest(job)
             if it is not None:
                 # every job metric is a key; an absent one is None (a rule on it stays pending)

@@ -37,7 +37,7 @@ class _StateCollector:
 
     def collect(self) -> Iterator[Metric]:
         latest: dict[str, IterationResult] = {}
-        for job in self.state.job_names():
+        for job in self.state.running_jobs():  # a stalled or ended job's derived gauges leave
             try:
                 analysis = self.state.analysis(job)
             except Exception:  # counted in stats; one bad job must not break the scrape
@@ -63,6 +63,7 @@ class _StateCollector:
         yield from series_families(rows)
         yield from series_families(self.state.collective_rows(self.per_rank_series))
         yield from series_families(self.state.incidents.metric_rows())
+        yield from series_families(self.state.liveness_rows())
         t = self.state.transport_stats or {}
         own = {
             "perfd_aggregator_samples_total": self.state.nodes.samples,

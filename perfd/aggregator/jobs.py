@@ -189,6 +189,7 @@ class JobStore:
                 "last_iteration": its[-1] if its else None,
                 "has_job_info": js.job_info is not None,
                 "last_step_age_s": (time.time() - js.last_step_time) if js.last_step_time else None,
+                "last_step_time": js.last_step_time or None,
             }
 
 

@@ -43,6 +43,9 @@ class AggregatorConfig:
     # Collective analysis (link capabilities): the default and per-job overrides.
     collectives: CollectiveConfig | None = None
     collectives_per_job: dict[str, CollectiveConfig] = field(default_factory=dict)
+    # Seconds without a step after which a job is stalled or ended (None: 10 of its own median
+    # steps, at least 60 s; perfd.analytics.liveness).
+    job_stale_after_s: float | None = None
 
 
 class Aggregator:
@@ -53,6 +56,7 @@ class Aggregator:
         if cfg.collectives is not None:  # link capabilities for the collective analysis
             self.state.collectives.config = cfg.collectives
         self.state.collectives.job_config.update(cfg.collectives_per_job)
+        self.state.job_stale_after_s = cfg.job_stale_after_s
         self.server = IngestServer(self.on_batch, self._on_hello)
         self.http: HttpServer | None = None
         self.grpc_port = 0

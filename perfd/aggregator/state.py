@@ -30,6 +30,7 @@ from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.incidents import Incident, hang_incident
+from perfd.analytics.liveness import RUNNING, job_state, stale_after
 from perfd.analytics.megatron_job import RunAnalysis
 from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_REPORT, payload_of
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
@@ -61,6 +62,7 @@ class AggregatorState:
         self.log = EventLog()
         self.stats = Stats()
         self.transport_stats: Mapping[str, int] | None = None  # set by the server for /api/stats
+        self.job_stale_after_s: float | None = None  # --job-stale-after (None: from the job's steps)
         # job -> (received at, latest serving report JSON from the SGLang collector)
         self._serving_lock = threading.Lock()
         self.serving_reports: dict[str, tuple[float, dict[str, Any]]] = {}
@@ -256,7 +258,42 @@ class AggregatorState:
         return self.jobs.job_of(agent_id)
 
     def job_overview(self, job: str) -> dict[str, Any] | None:
-        return self.jobs.overview(job)
+        """The job's overview, with its liveness: ``state`` running | stalled | ended."""
+        ov = self.jobs.overview(job)
+        if ov is None:
+            return None
+        a = self.jobs.cached_analysis(job)
+        med_ms = a.summary["medians"].get("step_time_ms") if a is not None else None
+        procs, _v, _t = self.gpu_view(job)
+        placed = place_ranks(procs)
+        alive = bool(placed) if procs else None
+        state, why = job_state(ov["last_step_age_s"], med_ms / 1e3 if med_ms else None, alive,
+                               self.job_stale_after_s)
+        ov.update(state=state, state_reason=why,
+                  stale_after_s=stale_after(med_ms / 1e3 if med_ms else None, self.job_stale_after_s))
+        return ov
+
+    def running_jobs(self) -> list[str]:
+        """Jobs whose derived gauges belong on /metrics and in rule evaluation."""
+        out = []
+        for job in self.job_names():
+            ov = self.job_overview(job)
+            if ov is not None and ov["state"] == RUNNING:
+                out.append(job)
+        return out
+
+    def liveness_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
+        """/metrics rows: each job's last step time and state (kept for every known job)."""
+        rows: list[tuple[Mapping[str, str], str, float]] = []
+        for job in self.job_names():
+            ov = self.job_overview(job)
+            if ov is None:
+                continue
+            if ov.get("last_step_time"):
+                rows.append(({"job_name": job}, "perfd_job_last_step_timestamp_seconds",
+                             float(ov["last_step_time"])))
+            rows.append(({"job_name": job, "state": ov["state"]}, "perfd_job_state_info", 1.0))
+        return rows
 
     def node_series(self) -> list[tuple[str, NodeSeries]]:
         """(agent id, series) pairs for export; a copy, safe to iterate without a lock."""

@@ -45,7 +45,11 @@ def _aggregator(args: argparse.Namespace) -> int:
                            rules_interval_s=args.rules_interval,
                            per_rank_series=not args.no_rank_series,
                            wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
-                           wandb_dir=args.wandb_dir, wandb_interval_s=args.wandb_interval)
+                           wandb_dir=args.wandb_dir, wandb_interval_s=args.wandb_interval,
+                           job_stale_after_s=args.job_stale_after)
+    if args.job_stale_after is not None and args.job_stale_after <= 0:
+        print("perfd aggregator: --job-stale-after must be > 0 seconds", file=sys.stderr)
+        return 2
     return run_aggregator(cfg, ready_file=args.ready_file)
 
 
@@ -103,6 +107,10 @@ def register(sub: SubParsers) -> None:
                    help="rule pack to evaluate (repeatable; default: the shipped rules/default.yaml)")
     g.add_argument("--no-rules", action="store_true", help="evaluate no rules (no automatic captures)")
     g.add_argument("--rules-interval", type=float, default=5.0, help="seconds between evaluations")
+    g.add_argument("--job-stale-after", type=float, metavar="SECONDS",
+                   help="seconds without a step after which a job is stalled (its processes still on "
+                        "their GPUs) or ended; its derived gauges then leave /metrics and rules stop "
+                        "evaluating it (default: 10 of the job's median steps, at least 60 s)")
     g.add_argument("--wandb-project", help="log each job to a Weights & Biases run in this project "
                    "(needs perfd[wandb]); off without it")
     g.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"],

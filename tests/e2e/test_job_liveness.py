@@ -1,0 +1,114 @@
+"""A job that stops stepping leaves /metrics: real aggregator and agent processes, a Megatron log that
+stops growing. Liveness (perfd.analytics.liveness): running → ended (no GPU processes known) here;
+stalled vs ended from the GPU process lists is checked on the aggregator state below."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from collectors.megatron import parse_file
+from perfd import events
+from perfd.aggregator.http import _StateCollector
+from perfd.aggregator.state import AggregatorState
+from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
+from tests.procs import http_get as _get
+from tests.procs import wait_for as _wait
+
+ROOT = Path(__file__).resolve().parents[2]
+DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
+
+
+def test_stale_after_and_states() -> None:
+    assert stale_after(0.5) == 60.0 and stale_after(20.0) == 200.0 and stale_after(None, 5.0) == 5.0
+    assert job_state(3.0, 0.5, True)[0] == RUNNING
+    assert job_state(100.0, 0.5, True)[0] == STALLED
+    assert job_state(100.0, 0.5, False)[0] == ENDED
+    state, why = job_state(100.0, 0.5, None)
+    assert state == ENDED and "without NVML" in why
+
+
+def _metrics(st: AggregatorState) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    reg = CollectorRegistry()
+    reg.register(_StateCollector(st))
+    return generate_latest(reg).decode()
+
+
+def test_a_hung_job_is_stalled_an_exited_one_ended_and_both_leave_the_derived_gauges() -> None:
+    parsed = parse_file(DP2, job="dp2")
+    st = AggregatorState(min_recompute_s=0.0)
+    st.job_stale_after_s = 5.0
+    st.hello("a", ["dp2"])
+    st.ingest_job_info("a", "dp2", parsed.job_info)
+    st.ingest_steps("a", parsed.records)
+    procs = [{"pid": 10 + r, "name": "python", "cmdline": "python pretrain_gpt.py", "rank": r}
+             for r in (0, 1)]
+    st.ingest_events("a", [{"kind": events.GPU_PROCESSES.name, "labels": {"node": "n", "gpu": str(r)},
+                            "payload": [procs[r]]} for r in (0, 1)])
+    st.analysis("dp2", force=True)
+    assert st.job_overview("dp2")["state"] == RUNNING  # type: ignore[index]
+    assert 'perfd_job_step_time_seconds{job_name="dp2"}' in _metrics(st)
+    st.jobs.jobs["dp2"].last_step_time -= 60  # a minute without a step, processes still there
+    ov = st.job_overview("dp2")
+    assert ov is not None and ov["state"] == STALLED and "hung" in ov["state_reason"]
+    text = _metrics(st)
+    assert 'perfd_job_state_info{job_name="dp2",state="stalled"} 1.0' in text
+    assert 'perfd_job_step_time_seconds{job_name="dp2"}' not in text
+    assert 'perfd_job_last_step_timestamp_seconds{job_name="dp2"}' in text
+    st.ingest_events("a", [{"kind": events.GPU_PROCESSES.name, "labels": {"node": "n", "gpu": str(r)},
+                            "payload": []} for r in (0, 1)])
+    assert st.job_overview("dp2")["state"] == ENDED  # type: ignore[index]
+
+
+@pytest.mark.slow
+def test_a_job_that_stops_leaves_metrics_with_real_processes(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ready = tmp_path / "ready"
+    agg = subprocess.Popen([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-host", "127.0.0.1",
+                            "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0", "--gpu",
+                            "NVIDIA H200", "--job-stale-after", "5", "--rules-interval", "0.5",
+                            "--ready-file", str(ready)], cwd=ROOT, env=env,
+                           stdout=(tmp_path / "agg.out").open("wb"), stderr=subprocess.STDOUT)
+    agent = None
+    try:
+        grpc_port, http_port = map(int, _wait(lambda: ready.exists() and ready.read_text().split(), 20,
+                                              "aggregator ready"))
+        base = f"http://127.0.0.1:{http_port}"
+        log = tmp_path / "train.log"
+        log.write_text(DP2.read_text())
+        agent = subprocess.Popen([sys.executable, "-m", "perfd.cli", "agent", "--aggregator",
+                                  f"127.0.0.1:{grpc_port}", "--job", "live", "--megatron-log", str(log),
+                                  "--nvml", "off", "--host", "off", "--metrics-port", "-1"],
+                                 cwd=ROOT, env=env,
+                                 stdout=(tmp_path / "agent.out").open("wb"), stderr=subprocess.STDOUT)
+
+        def state() -> str | None:
+            jobs = json.loads(_get(f"{base}/api/jobs"))["jobs"]
+            return next((j["state"] for j in jobs
+                         if j and j["job"] == "live" and j["iterations_seen"] == 30), None)
+
+        assert _wait(lambda: state() == RUNNING, 30, "the job running")
+        assert 'perfd_job_step_time_seconds{job_name="live"}' in _get(f"{base}/metrics").decode()
+        t0 = time.time()
+        assert _wait(lambda: state() == ENDED, 30, "the job ended (no step for 5 s, no NVML)")
+        assert time.time() - t0 >= 1.0
+        text = _get(f"{base}/metrics").decode()
+        assert 'perfd_job_step_time_seconds{job_name="live"}' not in text
+        assert 'perfd_job_state_info{job_name="live",state="ended"} 1.0' in text
+    finally:
+        for p in (agent, agg):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
