@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from perfd.aggregator.state import AggregatorState
-from perfd.exporters.wandb import WandbExporter
+from perfd.analytics.attribution import place_ranks
+from perfd.exporters.wandb import WandbExporter, node_metrics
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class WandbSync:
             new = [it.to_json() for it in analysis.iterations if last is None or it.iteration > last]
             if new:
                 rows += self.exporter.log_analysis(job, {"job": analysis.job, "iterations": new,
-                                                         "summary": analysis.summary})
+                                                         "summary": analysis.summary},
+                                                   node_metrics(self._gpu_values(job)))
         for cap in (self.captures() if self.captures else ()):
             cid = str(cap.get("id") or "")
             if cid and cap.get("status") in DONE and cid not in self._captures_done:
@@ -53,6 +55,12 @@ class WandbSync:
                 self._captures_done.add(cid)
         self.rounds += 1
         return rows
+
+    def _gpu_values(self, job: str) -> dict[str, dict[str, float]]:
+        """rank=N -> the latest values of the GPU that rank runs on (placement from the NVML
+        process lists; GPUs with no placed rank are left out)."""
+        procs, values, _thr = self.state.gpu_view(job)
+        return {f"rank={r}": dict(values.get((p.node, p.gpu), {})) for r, p in place_ranks(procs).items()}
 
     async def run(self) -> None:
         while True:

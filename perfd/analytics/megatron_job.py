@@ -40,6 +40,8 @@ class IterationResult:
     """The metrics of one iteration (one step record); None = absent, see ``sources``."""
 
     iteration: int
+    end_time: float | None = _internal("wall time (epoch s) the iteration ended: a timestamp, not a "
+                                       "measurement (W&B rows take it as their _timestamp)")
     step_time_ms: float | None = None
     megatron_tflops_per_gpu: float | None = None  # the log's own figure
     model_tflops_per_gpu: float | None = None  # perfd's (formula, else logged, else 6N)
@@ -205,7 +207,8 @@ def _analyze(job: JobInfo, records: Sequence[StepRecord], gpu_name: str | None,
     iterations: list[IterationResult] = []
     straggler_results: dict[int, StragglerResult] = {}
     for rec in ordered:
-        it = IterationResult(rec.iteration, step_time_ms=finite(rec.step_time_ms),
+        it = IterationResult(rec.iteration, end_time=finite(rec.end_time),
+                             step_time_ms=finite(rec.step_time_ms),
                              megatron_tflops_per_gpu=finite(rec.logged_tflops_per_gpu),
                              lm_loss=finite(rec.lm_loss))
         it.steady_state = steady.steady.get(rec.iteration, False)

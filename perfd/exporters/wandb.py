@@ -10,6 +10,9 @@ Prometheus query of one metric show the same number. Rules kept here:
 - an absent value (None, NaN, a bool) is not logged at all, never as 0;
 - ``log_capture`` attaches a capture report as a W&B artifact (type ``perfd-capture``) holding the
   report as a ``wandb.Table`` and the raw JSON;
+- every row is committed when written (the newest iteration does not wait for the next), its
+  ``_timestamp`` is the iteration's own end time, and the newest row carries the job's GPU and
+  host values (``perfd_gpu_*/rank=N``) for the node metrics the catalog shows in W&B;
 - ``mode="offline"`` (the default) writes the run under ``directory`` and needs no server; upload
   later with ``wandb sync DIR/wandb/offline-run-*``.
 
@@ -24,7 +27,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +59,19 @@ def iteration_metrics(it: Mapping[str, Any]) -> dict[str, float]:
             v = _number(ratio)
             if v is not None:
                 out[f"{RANK_RATIO}/rank={rank}"] = v
+    return out
+
+
+def node_metrics(gpus: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """{rank or node label: {catalog name: value}} -> W&B keys ``<name>/<label>`` for the node
+    metrics the catalog shows in W&B (GPU utilisation, SM/tensor/DRAM, power, clocks, host CPU)."""
+    shown = {m.name for m in catalog.all_metrics() if catalog.WANDB in m.shows and not m.attr}
+    out: dict[str, float] = {}
+    for label, values in gpus.items():
+        for name, v in values.items():
+            x = _number(v)
+            if name in shown and x is not None:
+                out[f"{name}/{label}"] = x
     return out
 
 
@@ -141,8 +157,10 @@ class WandbExporter:
             run = wandb.init(project=self.project, entity=self.entity, name=job, dir=self.directory,
                              config=cfg, job_type="perfd", reinit="create_new", settings=settings)
             jr = self._runs[job] = _JobRun(run, cfg)
-            log.info("wandb: run %s for job %s (%s, %s)", getattr(run, "id", "?"), job, self.mode,
-                     self.directory)
+            where = str(getattr(run, "dir", self.directory)).removesuffix("/files")
+            url = getattr(run, "url", None) if self.mode == "online" else None
+            log.warning("wandb: job %s -> run %s at %s%s", job, getattr(run, "id", "?"), url or where,
+                        f" (upload later: wandb sync {where})" if self.mode == "offline" else "")
         elif cfg != jr.config:  # job info or the GPU name arrived after the first iterations
             jr.run.config.update(cfg, allow_val_change=True)
             jr.config = cfg
@@ -155,24 +173,33 @@ class WandbExporter:
             jr = self._runs.get(job)
             return jr.last_step if jr else None
 
-    def log_analysis(self, job: str, analysis: Mapping[str, Any]) -> int:
+    def log_analysis(self, job: str, analysis: Mapping[str, Any],
+                     latest_extra: Mapping[str, float] | None = None) -> int:
         """Log the iterations of ``analysis`` (RunAnalysis.to_json() shape: job, iterations, and
-        optionally summary) that were not logged yet. Returns how many history rows went out."""
-        iterations: Iterable[Mapping[str, Any]] = analysis.get("iterations") or []
+        optionally summary) that were not logged yet, each committed as it is written (none waits
+        for the next). Each row's ``_timestamp`` is the iteration's own end time where known.
+        ``latest_extra`` (GPU and host values now) joins the newest row. Returns the rows written."""
+        iterations = sorted((it for it in analysis.get("iterations") or []),
+                            key=lambda x: int(x.get("iteration", -1)))
         with self._lock:
             jr = self._run(job, analysis.get("job") or {})
             n = 0
-            for it in sorted(iterations, key=lambda x: int(x.get("iteration", -1))):
+            for i, it in enumerate(iterations):
                 step = it.get("iteration")
                 if not isinstance(step, int) or isinstance(step, bool) or step < 0:
                     continue
                 if jr.last_step is not None and step <= jr.last_step:
                     continue  # logged before (or older than what was: W&B steps only go forward)
-                values = iteration_metrics(it)
+                values: dict[str, float] = dict(iteration_metrics(it))
+                if i == len(iterations) - 1 and latest_extra:
+                    values.update(latest_extra)
                 jr.last_step = step
                 if not values:
                     continue
-                jr.run.log(values, step=step)
+                end = _number(it.get("end_time"))
+                if end is not None:
+                    values["_timestamp"] = end  # the iteration's time, not when perfd wrote it
+                jr.run.log(values, step=step, commit=True)
                 jr.logged += 1
                 n += 1
             summary = analysis.get("summary")

@@ -107,7 +107,8 @@ class _RecordingExporter:
     def last_step(self, job: str) -> int | None:
         return self._last.get(job)
 
-    def log_analysis(self, job: str, analysis: dict[str, Any]) -> int:
+    def log_analysis(self, job: str, analysis: dict[str, Any],
+                     latest_extra: dict[str, float] | None = None) -> int:
         its = [it["iteration"] for it in analysis["iterations"]]
         self.analyses.append((job, its))
         self._last[job] = max(its)

@@ -18,7 +18,13 @@ import pytest
 from collectors.megatron import parse_file
 from perfd import catalog
 from perfd.analytics import analyze_run
-from perfd.exporters.wandb import WandbExporter, capture_rows, iteration_metrics, summary_metrics
+from perfd.exporters.wandb import (
+    WandbExporter,
+    capture_rows,
+    iteration_metrics,
+    node_metrics,
+    summary_metrics,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
@@ -54,7 +60,8 @@ class _FakeRun:
     def update(self, cfg: dict[str, Any], allow_val_change: bool = False) -> None:
         self.config_updates.append(cfg)
 
-    def log(self, values: dict[str, float], step: int) -> None:
+    def log(self, values: dict[str, float], step: int, commit: bool | None = None) -> None:
+        assert commit is True  # each row goes out when written, never held for the next
         self.rows.append((step, values))
 
     def finish(self) -> None:
@@ -98,6 +105,19 @@ def test_each_iteration_is_logged_once_in_order():
     ex.log_analysis("j", {"job": {"layout": {"tp": 2}}, "iterations": []})
     assert fake.runs[0].config_updates == [{"job": "j", "layout": {"tp": 2}}]
     assert len(fake.runs) == 1 and ex.last_step("j") == 3
+
+
+def test_rows_carry_the_iteration_time_and_the_newest_the_gpu_values():
+    fake = _FakeWandb()
+    ex = WandbExporter("p", wandb_module=fake)
+    its = [{"iteration": i, "step_time_ms": 100.0, "end_time": 1_800_000_000.0 + i} for i in (1, 2)]
+    gpus = node_metrics({"rank=0": {"perfd_gpu_sm_util_ratio": 0.46, "perfd_gpu_power_watts": 650.0,
+                                    "perfd_gpu_ecc_errors_total": 0.0}})
+    assert gpus == {"perfd_gpu_sm_util_ratio/rank=0": 0.46, "perfd_gpu_power_watts/rank=0": 650.0}
+    ex.log_analysis("j", {"job": {}, "iterations": its}, gpus)
+    (_s1, r1), (_s2, r2) = fake.runs[0].rows
+    assert r1["_timestamp"] == 1_800_000_001.0 and "perfd_gpu_sm_util_ratio/rank=0" not in r1
+    assert r2["_timestamp"] == 1_800_000_002.0 and r2["perfd_gpu_power_watts/rank=0"] == 650.0
 
 
 def test_bad_mode_is_refused():
@@ -162,6 +182,7 @@ def test_offline_run_reads_back_equal_to_the_analysis(wandb_env: Path):
         for h, it in zip(history, analysis["iterations"], strict=True):
             logged = {k: v for k, v in h.items() if not k.startswith("_")}
             assert logged == _expected(it), f"{job} iteration {it['iteration']}"
+            assert h["_timestamp"] == it["end_time"], "the row's time is the iteration's own"
         summaries: dict[str, Any] = {}
         for r in records:
             if r["type"] == "summary":
