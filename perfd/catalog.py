@@ -193,6 +193,9 @@ CATALOG: tuple[MetricDef, ...] = (
        "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incident_lost_total"),
     _m("perfd_job_incidents_open", "gauge", "count", "Incidents still open",
        "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incidents_open"),
+    _m("perfd_job_step_duration_seconds", "histogram", "seconds",
+       "Distribution of step times (every job-level step record once; buckets 50 ms to 2 min): "
+       "histogram_quantile(0.99, ...) gives the step-time tail", _MEGATRON, JOB),
     _m("perfd_job_last_step_timestamp_seconds", "gauge", "seconds",
        "Wall time (epoch) the job's last step record reached the aggregator; stays after the job ends",
        _AGGREGATOR, JOB, alias="last_step_timestamp"),

@@ -22,7 +22,7 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
 from perfd.analytics.megatron_job import IterationResult
-from perfd.exporters.prometheus import job_families, series_families
+from perfd.exporters.prometheus import histogram_families, job_families, series_families
 from perfd.report import analysis_json
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ class _StateCollector:
             if analysis is not None and analysis.iterations:
                 latest[job] = analysis.iterations[-1]
         yield from job_families(latest, per_rank=self.per_rank_series)
+        yield from histogram_families("perfd_job_step_duration_seconds",
+                                      self.state.jobs.step_histograms(sorted(latest)))
         rank_rows = []
         for job in (latest if self.per_rank_series else ()):
             procs, _values, _thr = self.state.gpu_view(job)

@@ -9,6 +9,7 @@ per batch), and outside the lock so that ingest never waits for it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,26 @@ from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.megatron_job import RunAnalysis, analyze_run
 from perfd.model import JobInfo, StepRecord, TimerValue
+
+# Bucket upper bounds (s) of the step-time histogram: 50 ms to 2 min, about ×1.5 apart.
+STEP_BUCKETS_S: tuple[float, ...] = (0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.45, 0.7, 1.0, 1.5, 2.25, 3.5, 5.0,
+                                     7.5, 11.0, 17.0, 25.0, 40.0, 60.0, 120.0)
+
+
+@dataclass
+class StepHistogram:
+    """Cumulative step-time histogram of a job (Prometheus semantics: counts only grow), fed once
+    per job-level step record; retention never takes counts back."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS_S) + 1))
+    total_s: float = 0.0
+    n: int = 0
+
+    def observe(self, seconds: float) -> None:
+        i = next((k for k, b in enumerate(STEP_BUCKETS_S) if seconds <= b), len(STEP_BUCKETS_S))
+        self.counts[i] += 1
+        self.total_s += seconds
+        self.n += 1
 
 
 @dataclass
@@ -34,6 +55,7 @@ class JobState:
     analysis_time: float = 0.0
     dirty: bool = False
     last_step_time: float = 0.0  # wall time the last step record arrived
+    step_hist: StepHistogram = field(default_factory=StepHistogram)
 
 
 @dataclass
@@ -99,7 +121,11 @@ class JobStore:
             for rec in steps:
                 js = self._job(rec.job)
                 js.agents.add(agent_id)
-                js.records[(rec.iteration, str(rec.rank))] = rec
+                key = (rec.iteration, str(rec.rank))
+                if key not in js.records and not isinstance(rec.rank, int) and rec.step_time_ms is not None \
+                        and math.isfinite(rec.step_time_ms) and rec.step_time_ms >= 0:
+                    js.step_hist.observe(rec.step_time_ms / 1e3)  # a re-sent record is not counted again
+                js.records[key] = rec
                 js.dirty = True
                 js.last_step_time = time.time()
                 if len(js.records) > self.max_iterations:
@@ -141,6 +167,21 @@ class JobStore:
         with self._lock:
             js = self.jobs.get(job)
             return js.analysis if js else None
+
+    def step_histograms(self, jobs: Sequence[str]) -> list[tuple[str, list[tuple[str, float]], float]]:
+        """(job, [(le, cumulative count)], sum seconds) for /metrics."""
+        out = []
+        with self._lock:
+            for job in jobs:
+                js = self.jobs.get(job)
+                if js is None or js.step_hist.n == 0:
+                    continue
+                h, acc, buckets = js.step_hist, 0, []
+                for b, c in zip([*map(str, STEP_BUCKETS_S), "+Inf"], h.counts, strict=True):
+                    acc += c
+                    buckets.append((b, float(acc)))
+                out.append((job, buckets, h.total_s))
+        return out
 
     def names(self) -> list[str]:
         with self._lock:

@@ -342,7 +342,13 @@ def _summary(iterations: list[IterationResult], steady_its: list[IterationResult
     cls = classify_job(med["data_share"], med["comm_exposed_share"], med["comm_exposed_dp_share"], lay.pp,
                        med["pp_idle_max"], med["pp_bubble_analytic"], med["mfu"], gpm, timeline)
     its = steady.iterations
+    post = sorted(it.step_time_ms for it in iterations[steady.warmup_records:] if it.step_time_ms is not None)
     return {
+        # over every iteration after warm-up, incidents included: the tail is where the time goes
+        "step_time_distribution_ms": ({"p50": _pctl(post, 0.5), "p90": _pctl(post, 0.9),
+                                       "p99": _pctl(post, 0.99), "max": post[-1], "n": len(post),
+                                       "over": "iterations after warm-up, incidents included"}
+                                      if post else None),
         "n_iterations": len(iterations),
         "n_steady": len(steady_its),
         "steady_first_iteration": its[0] if its else None,
@@ -365,6 +371,11 @@ def _summary(iterations: list[IterationResult], steady_its: list[IterationResult
             if steady_its else None),
         "straggler_compute_spread_fraction": pers.anonymous_fraction,
     }
+
+
+def _pctl(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of sorted values (no interpolation: a value that occurred)."""
+    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))]
 
 
 def _job_block(job: JobInfo, job_name: str | None, records: Sequence[StepRecord], world: int | None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from perfd import catalog
 
@@ -48,6 +48,16 @@ def job_families(job_iterations: Mapping[str, Any], per_rank: bool = True) -> It
     yield from fams.values()
     yield bottleneck
     yield rank_ratio
+
+
+def histogram_families(name: str, rows: Iterable[tuple[str, Sequence[tuple[str, float]], float]]
+                       ) -> Iterator[Metric]:
+    """One histogram family (catalog ``name``) from (job, [(le, cumulative count)], sum)."""
+    d = catalog.get(name)
+    fam = HistogramMetricFamily(name, f"{d.description} [source: {d.source}]", labels=["job_name"])
+    for job, buckets, total in rows:
+        fam.add_metric([job], list(buckets), total)
+    yield fam
 
 
 def series_families(series: Iterable[tuple[Mapping[str, str], str, float]],

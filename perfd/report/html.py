@@ -144,6 +144,51 @@ def step_and_mfu_charts(its: Sequence[Mapping[str, Any]], summary: Mapping[str, 
     return "\n".join(out)
 
 
+def step_distribution(its: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
+    """A histogram of step times after warm-up, with p50/p90/p99 (the tail is where time goes)."""
+    dist = summary.get("step_time_distribution_ms") or {}
+    first = summary.get("steady_first_iteration")
+    warm = int(summary.get("warmup_records") or 0)
+    steps = [v for it in its[warm:] if (v := _num(it.get("step_time_ms"))) is not None]
+    if not steps or not dist:
+        return _note("No step times after warm-up: no distribution.")
+    lo, hi = min(steps), max(steps)
+    n_bins = min(30, max(5, len(steps) // 4))
+    width = (hi - lo) / n_bins or 1.0
+    counts = [0] * n_bins
+    for v in steps:
+        counts[min(n_bins - 1, int((v - lo) / width))] += 1
+    labels = [f"{lo + i * width:.0f}" for i in range(n_bins)]
+    chart = stacked_bars(labels, [Stack("iterations", BLUE, [float(c) for c in counts])],
+                         title="Step time distribution", xlabel="step time (ms, bin start)",
+                         ylabel="iterations", yfmt=lambda v: f"{v:.0f}")
+    return _figure(chart, f"Step times of {dist.get('n')} iterations after warm-up (incidents included"
+                          f"{'' if first is None else '; steady state from ' + str(first)}): p50 "
+                          f"{dist.get('p50'):.1f} ms, p90 {dist.get('p90'):.1f} ms, "
+                          f"p99 {dist.get('p99'):.1f} ms, max {dist.get('max'):.1f} ms.")
+
+
+def gpu_table(ranks: Sequence[Mapping[str, Any]]) -> str:
+    """Rank → node/GPU placement with each GPU's latest telemetry (from the live aggregator)."""
+    if not ranks:
+        return _note("No rank placement: the report was made offline, or the agents sent no GPU process "
+                     "lists (the agent needs NVML and the host pid namespace).")
+    cols = [m for m in catalog.all_metrics() if catalog.WANDB in m.shows and m.name.startswith("perfd_gpu_")]
+    head = "".join(f"<th>{escape(m.short or m.name.removeprefix('perfd_gpu_'))}</th>" for m in cols)
+    rows = []
+    for r in ranks:
+        vals = r.get("gpu_values") or {}
+        cells = "".join(f"<td>{escape(format_value(_num(vals.get(m.name)), m.unit))}</td>" for m in cols)
+        extra = ", ".join([*(r.get("throttle_reasons") or []),
+                           *(f"pid {p.get('pid')} ({p.get('cmdline') or p.get('name')})"
+                             for p in r.get("other_processes") or [])])
+        rows.append(f"<tr><td>{_e(r.get('rank'))}</td><td>{_e(r.get('node'))}</td><td>{_e(r.get('gpu'))}</td>"
+                    f"<td>{_e(r.get('pid'))}</td>{cells}<td>{escape(extra)}</td></tr>")
+    return ('<table class="gpus"><tr><th>rank</th><th>node</th><th>GPU</th><th>pid</th>' + head
+            + "<th>throttling, other processes</th></tr>" + "".join(rows) + "</table>"
+            + '<p class="meta">Latest values the agents sent (NVML and GPM), per rank\'s GPU.</p>')
+
+
 def breakdown_chart(its: Sequence[Mapping[str, Any]]) -> str:
     """Stacked per iteration (ms): data loading, exposed DP comm, exposed PP comm, other exposed
     comm, and the remainder (compute and everything else)."""
@@ -327,6 +372,8 @@ def render_html(data: Mapping[str, Any], *, source: str = "", generated: str = "
     name = str(job.get("name") or (report.get("summary") or {}).get("job_name") or "job")
     meds = summary.get("medians") or {}
     charts = [step_and_mfu_charts(its, summary, data.get("incidents") or []),
+              '<h3 id="distribution">Step time distribution</h3>', step_distribution(its, summary),
+              '<h3 id="gpus">GPUs</h3>', gpu_table(data.get("ranks") or []),
               '<h3 id="breakdown">Time breakdown</h3>', breakdown_chart(its),
               '<h3 id="heatmap">Per-rank heat map</h3>', rank_heatmap(its, data.get("ranks") or [])]
     pp = pipeline_chart(its, summary)

@@ -71,7 +71,15 @@ def test_report_of_the_shared_fixture_has_charts_and_numbers() -> None:
     assert "No per-rank heat map" in page and "--timing-log-option all" in page
     # Every chart is well-formed SVG; one point per iteration on the step-time line.
     svgs = _svgs(page)
-    assert len(svgs) == 4
+    assert len(svgs) == 5  # step time, MFU, step-time distribution, breakdown, pipeline
+    dist = next(s for s in svgs if s.findtext(f"{SVG}title") == "Step time distribution")
+    bars_n = [r for r in dist.findall(f".//{SVG}rect") if r.find(f"{SVG}title") is not None]
+    warm = data["summary"]["warmup_records"]
+    assert sum(int((r.findtext(f"{SVG}title") or "").rsplit(" ", 1)[-1]) for r in bars_n) == \
+        len(data["iterations"]) - warm  # every post-warm-up iteration in one bin
+    d = data["summary"]["step_time_distribution_ms"]
+    assert d["p50"] <= d["p90"] <= d["p99"] <= d["max"] and f"p99 {d['p99']:.1f} ms" in page
+    assert "No rank placement" in page  # offline: no GPU table, and the page says why
     step = next(s for s in svgs if s.findtext(f"{SVG}title") == "Step time per iteration")
     n = len(data["iterations"])
     points = step.findall(f".//{SVG}circle")
