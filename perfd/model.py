@@ -9,12 +9,18 @@ invented".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 # Where a step record's numbers come from, when not one specific rank:
 #   "last"  - printed by the last rank on behalf of the job (Megatron's iteration line);
 #   "all"   - aggregated over all ranks (Megatron's minmax timers give min and max across ranks).
 RankScope = int | Literal["last", "all"]
+
+# The capture tools, declared once: rules (perfd/rules), the capture coordinator, the CLI and the
+# agent's capture manager all derive from this. "auto" = nsys when the job runs under a perfd nsys
+# session or range profile, else Kineto (perfd/capture/manager.py decides).
+CaptureTool = Literal["kineto", "nsys", "auto"]
+CAPTURE_TOOLS: tuple[CaptureTool, ...] = get_args(CaptureTool)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import place_ranks
 from perfd.exporters.prometheus import JOB_GAUGES
+from perfd.model import CAPTURE_TOOLS
 from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine
 from perfd.rules.expr import series_key
 from perfd.rules.model import CaptureAction, CaptureTargets
@@ -159,8 +160,8 @@ class CaptureCoordinator:
                 now: float | None = None) -> CaptureRecord:
         """A capture not from our own rules: still one capture per process at a time."""
         t = time.time() if now is None else now
-        if tool not in ("kineto", "nsys", "auto"):
-            raise ValueError(f"tool must be kineto, nsys or auto, got {tool!r}")
+        if tool not in CAPTURE_TOOLS:
+            raise ValueError(f"tool must be one of {', '.join(CAPTURE_TOOLS)}, got {tool!r}")
         if steps < 1:
             raise ValueError("steps must be >= 1")
         with self._lock:
