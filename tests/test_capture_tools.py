@@ -18,10 +18,9 @@ def _tool_literals(path: Path) -> list[int]:
     tree = ast.parse(path.read_text(), filename=str(path))
     out: list[int] = []
     for node in ast.walk(tree):
-        elts = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else None
-        if elts is None:
+        if not isinstance(node, ast.Tuple | ast.List | ast.Set):
             continue
-        names = {e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        names = {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
         if names >= set(CAPTURE_TOOLS):
             out.append(node.lineno)
     return out
