@@ -60,6 +60,7 @@ class _StateCollector:
             rows.append((labels, s.name, s.value))
         yield from series_families(rows)
         yield from series_families(self.state.collective_rows(self.per_rank_series))
+        yield from series_families(self.state.serving.rows())
         t = self.state.transport_stats or {}
         own = {
             "perfd_aggregator_samples_total": self.state.stats.samples,

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
+from perfd.aggregator.serving import ServingStore
 from perfd.analytics.attribution import place_ranks
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.megatron_job import RunAnalysis, analyze_run
-from perfd.model import CollectiveRecord, JobInfo, StepRecord, TimerValue
+from perfd.model import SERVING_DATA_EVENT, CollectiveRecord, JobInfo, StepRecord, TimerValue
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,8 @@ class AggregatorState:
         self.events: list[dict[str, Any]] = []  # newest last, bounded
         # (node, gpu) -> (agent, latest process list from the NVML collector)
         self.gpu_procs: dict[GpuKey, tuple[str, list[dict[str, Any]]]] = {}
-        # job -> (received at, latest serving report JSON from the SGLang collector)
-        self.serving_reports: dict[str, tuple[float, dict[str, Any]]] = {}
+        # SGLang records per job and their analysis (its own lock; see aggregator/serving).
+        self.serving = ServingStore()
         # node -> latest GPU -> pod allocation from the k8s collector (kubelet pod-resources)
         self.gpu_pods: dict[str, list[dict[str, Any]]] = {}
         # Called (outside the lock) with every event ingested: capture progress goes to the
@@ -164,11 +165,10 @@ class AggregatorState:
             self.stats.events += len(events)
             for ev in events:
                 labels = ev.get("labels") or {}
-                if ev.get("kind") == "serving_report" and isinstance(ev.get("payload"), dict):
-                    job = str(ev.get("job") or labels.get("job") or self.agent_job.get(agent_id, ""))
-                    self.serving_reports[job] = (time.time(), ev["payload"])
-                    self._job(job).agents.add(agent_id)
-                    continue  # the latest report is state, not history
+                if ev.get("kind") == SERVING_DATA_EVENT:  # data for the analysis, not history
+                    if (job := self.serving.ingest(ev.get("payload"))) is not None:
+                        self._job(job).agents.add(agent_id)
+                    continue
                 if ev.get("kind") == "gpu_processes" and isinstance(ev.get("payload"), list):
                     # The latest process list of each GPU replaces the previous one.
                     key = (labels.get("node", agent_id), labels.get("gpu", "?"))
@@ -285,18 +285,7 @@ class AggregatorState:
 
     def serving_view(self, job: str) -> dict[str, Any] | None:
         """Latest serving numbers (catalog names) and report of a serving job; None if not one."""
-        with self._lock:
-            js = self.jobs.get(job)
-            agents = set(js.agents) if js else set()
-            metrics = {name: s.value for (agent, name, labels), s in self.series.items()
-                       if name.startswith("perfd_serving_") and agent in agents
-                       and dict(labels).get("job_name", job) == job}
-            rep = self.serving_reports.get(job)
-        if not metrics and rep is None:
-            return None
-        return {"metrics": metrics, "report": rep[1] if rep else None,
-                "report_age_s": round(time.time() - rep[0], 3) if rep else None,
-                "source": "collectors/sglang (scheduler log lines and /metrics), per job"}
+        return self.serving.view(job)
 
     def recent_events(self, job: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
         with self._lock:
@@ -340,6 +329,8 @@ class AggregatorState:
                 "events_ingested": self.stats.events,
                 "step_records_dropped_retention": self.stats.dropped_steps,
                 "analysis_errors": self.stats.analysis_errors,
+                "serving_records_ingested": self.serving.records,
+                "serving_errors": dict(self.serving.errors),
                 "jobs": len(self.jobs),
                 "agents_seen": {a: round(now - t, 3) for a, t in self.agent_seen.items()},
                 "uptime_s": round(now - self.stats.started, 3),

@@ -12,7 +12,7 @@ from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.findings import SEVERITY_ORDER, Finding, Recommendation
-from perfd.analytics.serving_records import ServerInfo
+from perfd.model import ServerInfo
 
 # Thresholds: perfd/analytics/thresholds.py (declared once; rules/serving.yaml is checked against it).
 ITL_TAIL_RATIO = th.ITL_TAIL_RATIO.value
