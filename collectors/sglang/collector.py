@@ -71,9 +71,9 @@ class SglangCollector(Collector):
                               ("peak_bandwidth", config.get("peak_bandwidth"))) if v is not None}
         self.server: ServerInfo | None = None
         self._server_changed = False
-        # Records not sent yet, as (time on the log's clock or None, record). While the tail catches
-        # up on an old log only the last window_s of them are kept: older ones would leave the
-        # aggregator's window at once.
+        # Records not sent yet, as (time on the log's clock or None, record). Only the last window_s
+        # of them are kept (this matters while the tail catches up on an old log): older ones would
+        # leave the aggregator's window at once.
         self._pending: deque[tuple[float | None, ServingRecord]] = deque()
         self._latest_log_time = -math.inf
         self._scrape: MetricsSnapshot | None = None
@@ -110,8 +110,8 @@ class SglangCollector(Collector):
                 for issue in snap.issues:
                     self.count_error("scrape:exposition-issue", issue)
                 self._scrape = snap
+        self._prune_pending()
         if behind:  # more of the log is waiting: what was read does not describe "now" yet
-            self._prune_pending()
             self.counts["catching_up"] = self.counts.get("catching_up", 0) + 1
             return out
         out.events.extend(self._data_events(now, mono))

@@ -126,3 +126,16 @@ def test_nothing_is_sent_while_catching_up_on_an_old_log(tmp_path: Path) -> None
     data = [ServingData.from_json(ev["payload"]) for ev in out.events]
     assert data[0].server is not None and data[0].server.max_running_requests == 4096
     assert sum(len(d.records) for d in data) == c.counts["records_sent"] > 0
+
+
+def test_records_older_than_the_window_are_not_sent_after_catching_up(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text((DATA / "sglang_0_5_5_dp2.log").read_text())  # batch lines span 42 s
+    c = SglangCollector({"log_path": str(log), "max_bytes_per_collect": 512, "window_s": 10})
+    c.start()
+    while not (out := c.collect(2.0)).events:
+        pass
+    sent = [r for ev in out.events for r in ServingData.from_json(ev["payload"]).records]
+    times = [r.time for r in sent if r.time is not None]
+    assert c.counts["records_pruned"] > 0 and sent and max(times) - min(times) <= 10
+    assert c.counts["records_sent"] == len(sent)
