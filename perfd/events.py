@@ -68,8 +68,9 @@ GPU_PROCESSES = _k("gpu_processes", "list", True, "collectors/nvml (processes)",
                    "The processes on one GPU (labels node, gpu)", GpuProcess)
 GPU_PODS = _k("gpu_pods", "list", True, "collectors/k8s",
               ("perfd/aggregator/nodes.py: GPU -> pod",), "GPU -> pod allocation of a node", GpuOwner)
-SERVING_REPORT = _k("serving_report", "mapping", True, "collectors/sglang",
-                    ("perfd/aggregator/serving.py",), "Latest serving analysis of a job")
+SERVING_DATA = _k("serving_data", "mapping", True, "collectors/sglang",
+                  ("perfd/aggregator/serving.py: the job's serving window and analysis",),
+                  "SGLang log records, server facts and a /metrics scrape (perfd.model.ServingData)")
 NCCL_HANG = _k("nccl_hang", "mapping", False, "collectors/nccl (Flight Recorder hang detector)",
                ("perfd/aggregator/collectives.py: hangs merged across agents", _AGG_LOG),
                "A collective stuck past the hang threshold (and its resolution)")
@@ -99,7 +100,7 @@ INCIDENT_CLOSED = _k("incident_closed", "mapping", False, "perfd/aggregator/inci
                      (_AGG_LOG,), "An incident ended (its cost and evidence are kept)")
 
 KINDS: dict[str, EventKind] = {k.name: k for k in (
-    GPU_PROCESSES, GPU_PODS, SERVING_REPORT, NCCL_HANG, HOOK_PROFILE, GPU_LOST, XID, VALIDATION,
+    GPU_PROCESSES, GPU_PODS, SERVING_DATA, NCCL_HANG, HOOK_PROFILE, GPU_LOST, XID, VALIDATION,
     REPLAY_FINISHED, RULE_FIRING, CAPTURE_STARTED, CAPTURE_FINISHED, CAPTURE_FAILED, INCIDENT_OPENED,
     INCIDENT_CLOSED)}
 CAPTURE_PROGRESS: dict[str, str] = {  # capture event kind -> capture record status

@@ -1,21 +1,23 @@
-"""The agent-side SGLang collector: tails the server log, scrapes ``/metrics``, and emits the job's
-serving gauges (catalog names, label ``job_name``) computed over a sliding window."""
+"""The agent-side SGLang collector: tails the server log, scrapes ``/metrics``, and sends what it read
+as plain records (``perfd.model.ServingData`` in ``serving_data`` events). The aggregator analyses
+them (perfd/aggregator/serving.py), as it does Megatron's step records: the job's serving gauges and
+report are computed there, by the same functions ``perfd analyze sglang`` uses offline."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from collectors.megatron.tail import LogTail
 from collectors.sglang.metrics import scrape
 from collectors.sglang.parser import SglangLogParser
-from perfd.analytics.serving import ServingWindow
 from perfd.analytics.serving_spec import ServingModelSpec
 from perfd.collector import Capabilities, Collected, Collector
-from perfd.events import SERVING_REPORT
-from perfd.model import Sample
+from perfd.events import SERVING_DATA
+from perfd.model import MetricsSnapshot, ServerInfo, ServingData, ServingRecord
 
 CONFIG_KEYS = frozenset({"log_path", "metrics_url", "interval_s", "job", "window_s", "from_start",
                          "scrape_interval_s", "scrape_timeout_s", "model", "gpu", "peak_tflops",
@@ -26,12 +28,15 @@ class SglangCollector(Collector):
     """Config (see sample.yaml): ``log_path`` and/or ``metrics_url`` (at least one), ``job``,
     ``interval_s`` (default 2), ``window_s`` (default 60), ``scrape_interval_s`` (default 5),
     ``from_start`` (default true: the start-up lines hold max_running_requests and the weight and KV
-    pool sizes; while the tail is still catching up on an existing log nothing is emitted, so old
+    pool sizes; while the tail is still catching up on an existing log nothing is sent, so old
     lines never pass for current numbers), ``model`` (ServingModelSpec keys, for MBU/MFU), ``gpu``
-    (NVML name, for the peaks), ``peak_tflops``, ``peak_bandwidth`` (bytes/s)."""
+    (NVML name, for the peaks), ``peak_tflops``, ``peak_bandwidth`` (bytes/s), ``report_interval_s``
+    (default 30: how often the server's start-up facts are sent again). ``window_s``, ``model``,
+    ``gpu`` and the peaks travel with the data: the aggregator's analysis uses them."""
 
     name = "sglang"
     default_interval_s = 2.0
+    MAX_RECORDS_PER_EVENT = 2000  # ~1 MB of JSON: well under the transport's message size
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
@@ -48,24 +53,38 @@ class SglangCollector(Collector):
         self.scrape_interval_s = float(config.get("scrape_interval_s", 5.0))
         self.scrape_timeout_s = float(config.get("scrape_timeout_s", 2.0))
         self.from_start = bool(config.get("from_start", True))
-        # The four-part serving report, built here (where the records are) and sent as an event
-        # every report_interval_s: the aggregator shows the latest one in the job summary.
+        # The server's start-up facts are resent every report_interval_s (not only when they change),
+        # so an aggregator that restarted gets them back.
         self.report_interval_s = float(config.get("report_interval_s", 30.0))
-        self._last_report = -math.inf
+        self._last_server_sent = -math.inf
         self.max_bytes_per_collect = int(config.get("max_bytes_per_collect", 4 << 20))
         if self.default_interval_s <= 0 or self.scrape_interval_s <= 0:
             raise ValueError("sglang: interval_s and scrape_interval_s must be > 0")
-        spec = ServingModelSpec.from_mapping(config.get("model"))
-        self.window = ServingWindow(float(config.get("window_s", 60.0)), spec=spec,
-                                    gpu_name=config.get("gpu"), peak_tflops=config.get("peak_tflops"),
-                                    peak_bandwidth=config.get("peak_bandwidth"))
+        self.window_s = float(config.get("window_s", 60.0))
+        if self.window_s <= 0:
+            raise ValueError("sglang: window_s must be > 0")
+        # Checked here so a bad model spec fails at start-up, where a person reads the error; the
+        # aggregator reads the same mapping (the analysis settings travel with the data).
+        self.spec = ServingModelSpec.from_mapping(config.get("model"))
+        self.analysis_config: dict[str, Any] = {
+            k: v for k, v in (("window_s", self.window_s), ("model", config.get("model")),
+                              ("gpu", config.get("gpu")), ("peak_tflops", config.get("peak_tflops")),
+                              ("peak_bandwidth", config.get("peak_bandwidth"))) if v is not None}
+        self.server: ServerInfo | None = None
+        self._server_changed = False
+        # Records not sent yet, as (time on the log's clock or None, record). Only the last window_s
+        # of them are kept (this matters while the tail catches up on an old log): older ones would
+        # leave the aggregator's window at once.
+        self._pending: deque[tuple[float | None, ServingRecord]] = deque()
+        self._latest_log_time = -math.inf
+        self._scrape: MetricsSnapshot | None = None
         self.parser = SglangLogParser(Path(self.log_path).name if self.log_path else "sglang.log")
         self.tail: LogTail | None = None
         self._last_scrape = -float("inf")
         self._tail_errors_seen: dict[str, int] = {}
-        self.last_metrics: dict[str, float] = {}
-        self.counts: dict[str, int] = {}  # catching_up: collects skipped while reading an old log
-
+        # catching_up: collects that sent nothing while reading an old log; records_pruned: records
+        # older than the window dropped while catching up; records_sent, events_sent
+        self.counts: dict[str, int] = {}
     def probe(self) -> Capabilities:
         features = {"log": self.log_path is not None, "metrics": self.metrics_url is not None}
         reason = ""
@@ -91,31 +110,45 @@ class SglangCollector(Collector):
             else:
                 for issue in snap.issues:
                     self.count_error("scrape:exposition-issue", issue)
-                self.window.add_scrape(snap)
-        if behind:  # more of the log is waiting: the window does not describe "now" yet
+                self._scrape = snap
+        self._prune_pending()
+        if behind:  # more of the log is waiting: what was read does not describe "now" yet
             self.counts["catching_up"] = self.counts.get("catching_up", 0) + 1
             return out
-        self.last_metrics = self.window.metrics()
-        if mono - self._last_report >= self.report_interval_s and (
-                self.window.records() or self.window.scrape_pair()[1] is not None):
-            self._last_report = mono
-            out.events.append(self._report_event(now))
-        labels = {"job_name": self.job}
-        out.samples.extend(Sample(name, value, now, dict(labels))
-                           for name, value in sorted(self.last_metrics.items()))
+        out.events.extend(self._data_events(now, mono))
         return out
 
-    def _report_event(self, now: float) -> dict[str, Any]:
-        from perfd.analytics.serving import ServingAnalysis
-        from perfd.analytics.serving_findings import derive_serving_findings
-        from perfd.report.serving import build_serving_report
+    def _prune_pending(self) -> None:
+        cut = self._latest_log_time - self.window_s
+        while self._pending and self._pending[0][0] is not None and self._pending[0][0] < cut:
+            self._pending.popleft()
+            self.counts["records_pruned"] = self.counts.get("records_pruned", 0) + 1
 
-        summary = self.window.summary()
-        findings, recs = derive_serving_findings(summary, self.window.server)
-        report = build_serving_report(ServingAnalysis(self.job, summary, findings, recs, self.window.server))
-        return {"kind": SERVING_REPORT.name, "severity": "info", "time": now, "job": self.job,
-                "text": f"serving report of {self.job}: {report.summary.headline}",
-                "labels": {"job": self.job}, "payload": report.to_json()}
+    def _data_events(self, now: float, mono: float) -> list[dict[str, Any]]:
+        """The ServingData events of this collect: pending records (in chunks, so one event stays
+        small), the server facts when changed or due, the scrape taken since the last send."""
+        send_server = self.server is not None and (
+            self._server_changed or mono - self._last_server_sent >= self.report_interval_s)
+        if not self._pending and self._scrape is None and not send_server:
+            return []
+        recs = [r for _, r in self._pending]
+        self._pending.clear()
+        chunks = [recs[i:i + self.MAX_RECORDS_PER_EVENT]
+                  for i in range(0, len(recs), self.MAX_RECORDS_PER_EVENT)] or [[]]
+        events = []
+        for i, chunk in enumerate(chunks):
+            last = i == len(chunks) - 1
+            data = ServingData(self.job, chunk, self.server if send_server and i == 0 else None,
+                               self._scrape if last else None, self.analysis_config)
+            events.append({"kind": SERVING_DATA.name, "severity": "info", "time": now, "job": self.job,
+                           "text": f"{len(chunk)} serving record(s) of {self.job}",
+                           "labels": {"job": self.job}, "payload": data.to_json()})
+        if send_server:
+            self._server_changed, self._last_server_sent = False, mono
+        self._scrape = None
+        self.counts["records_sent"] = self.counts.get("records_sent", 0) + len(recs)
+        self.counts["events_sent"] = self.counts.get("events_sent", 0) + len(events)
+        return events
 
     def _read_log(self, now: float) -> bool:
         """Feed new lines to the window; True when the read hit its byte budget (more is waiting)."""
@@ -131,10 +164,14 @@ class SglangCollector(Collector):
         for line in lines:
             recs.extend(self.parser.feed(line))
         if self.parser.server_changed:
-            self.window.set_server(self.parser.server)
+            if self.parser.server is not None:
+                self.server, self._server_changed = self.parser.server, True
             self.parser.server_changed = False
-        if recs:
-            self.window.add_records(recs, now)
+        for r in recs:
+            t = r.timeline()
+            if t is not None:
+                self._latest_log_time = max(self._latest_log_time, t)
+            self._pending.append((t, r))
         for issue in self.parser.issues:
             self.count_error(f"parse:{issue.reason.split(':', 1)[0]}",
                              f"line {issue.line_no}: {issue.text[:80]}")

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from perfd.analytics.serving_records import BatchKind, ServerInfo, ServingRecord
+from perfd.model import BatchKind, ServerInfo, ServingRecord
 
 MAX_LINE = 64 * 1024
 

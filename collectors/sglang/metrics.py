@@ -16,7 +16,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from perfd.analytics.serving_records import HistogramSeries, LabelSet, MetricsSnapshot
+from perfd.model import HistogramSeries, LabelSet, MetricsSnapshot
 
 MAX_BYTES = 16 << 20  # an exposition larger than this is not SGLang's
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collectors.sglang.lines import MAX_LINE, BatchParse, parse_batch_line, parse_startup_line, split_prefix
-from perfd.analytics.serving_records import ServerInfo, ServingRecord
-from perfd.model import ParseIssue, Provenance
+from perfd.model import ParseIssue, Provenance, ServerInfo, ServingRecord
 
 MAX_ISSUES = 10_000
 DAY_S = 86400.0

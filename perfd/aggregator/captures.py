@@ -24,6 +24,7 @@ from perfd.analytics.attribution import place_ranks
 from perfd.analytics.capture_findings import diagnose_capture, steady_compute_ms
 from perfd.analytics.megatron_job import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
+from perfd.model import CAPTURE_TOOLS
 from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine
 from perfd.rules.expr import series_key
 from perfd.rules.model import CaptureAction, CaptureTargets
@@ -166,8 +167,8 @@ class CaptureCoordinator:
                 now: float | None = None) -> CaptureRecord:
         """A capture not from our own rules: still one capture per process at a time."""
         t = time.time() if now is None else now
-        if tool not in ("kineto", "nsys", "auto"):
-            raise ValueError(f"tool must be kineto, nsys or auto, got {tool!r}")
+        if tool not in CAPTURE_TOOLS:
+            raise ValueError(f"tool must be one of {', '.join(CAPTURE_TOOLS)}, got {tool!r}")
         if steps < 1:
             raise ValueError("steps must be >= 1")
         with self._lock:

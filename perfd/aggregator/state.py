@@ -5,7 +5,7 @@
 - perfd/aggregator/collectives.py — NCCL collective records and hangs;
 - perfd/aggregator/eventlog.py — the event log, and the routing of events by kind (perfd.events);
 - perfd/aggregator/incidents.py — each job's incidents with the GPU evidence of the time;
-- serving reports (below) — the latest serving analysis of each serving job.
+- perfd/aggregator/serving.py — SGLang records per job and their analysis (serving view).
 
 Ingest is called from the gRPC event loop; readers (HTTP /metrics and the JSON API, the rules loop)
 run in other threads: each part has its own lock, and no method holds two at once.
@@ -14,7 +14,6 @@ run in other threads: each part has its own lock, and no method holds two at onc
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from perfd.aggregator.eventlog import EventLog
 from perfd.aggregator.incidents import IncidentTracker
 from perfd.aggregator.jobs import JobState, JobStore, job_level_steps
 from perfd.aggregator.nodes import GpuKey, LabelKey, NodeSeries, NodeView
+from perfd.aggregator.serving import ServingStore
 from perfd.analytics.attribution import gpu_hints, place_ranks
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
@@ -32,7 +32,7 @@ from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.incidents import Incident, hang_incident
 from perfd.analytics.liveness import RUNNING, job_state, stale_after
 from perfd.analytics.megatron_job import RunAnalysis
-from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_REPORT, payload_of
+from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_DATA
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 
 log = logging.getLogger(__name__)
@@ -63,9 +63,8 @@ class AggregatorState:
         self.stats = Stats()
         self.transport_stats: Mapping[str, int] | None = None  # set by the server for /api/stats
         self.job_stale_after_s: float | None = None  # --job-stale-after (None: from the job's steps)
-        # job -> (received at, latest serving report JSON from the SGLang collector)
-        self._serving_lock = threading.Lock()
-        self.serving_reports: dict[str, tuple[float, dict[str, Any]]] = {}
+        # SGLang records per job and their analysis (its own lock; see aggregator/serving).
+        self.serving = ServingStore()
         self.incidents = IncidentTracker(lambda evs: self.ingest_events("aggregator", evs))
         self._tracked: dict[str, RunAnalysis] = {}  # job -> the analysis incidents were taken from
         # Set by the capture coordinator: the job's capture records (JSON), for incidents and for
@@ -76,7 +75,7 @@ class AggregatorState:
         self.log.handle(GPU_PROCESSES, self.nodes.on_gpu_processes)
         self.log.handle(GPU_PODS, self.nodes.on_gpu_pods)
         self.log.handle(NCCL_HANG, self._on_hang)
-        self.log.handle(SERVING_REPORT, self._on_serving_report)
+        self.log.handle(SERVING_DATA, self._on_serving_data)
 
     @property
     def event_listeners(self) -> list[Callable[[Mapping[str, Any]], None]]:
@@ -113,13 +112,11 @@ class AggregatorState:
         self.collectives.add_hang_event(agent_id, ev)  # merged across agents by the analysis
         return True
 
-    def _on_serving_report(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
-        payload = payload_of(ev, SERVING_REPORT)
-        if payload is None:
-            return False
-        job = str(ev.get("job") or (ev.get("labels") or {}).get("job") or self.jobs.job_of(agent_id) or "")
-        with self._serving_lock:
-            self.serving_reports[job] = (time.time(), payload)
+    def _on_serving_data(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+        """SGLang records for the job's serving analysis (state: the window, not history)."""
+        job = self.serving.ingest(ev.get("payload"))
+        if job is None:
+            return False  # refused and counted by the serving store
         self.jobs.add_agent(job, agent_id)
         return True
 
@@ -236,14 +233,7 @@ class AggregatorState:
 
     def serving_view(self, job: str) -> dict[str, Any] | None:
         """Latest serving numbers (catalog names) and report of a serving job; None if not one."""
-        metrics = self.nodes.serving_values(self.jobs.agents_of(job), job)
-        with self._serving_lock:
-            rep = self.serving_reports.get(job)
-        if not metrics and rep is None:
-            return None
-        return {"metrics": metrics, "report": rep[1] if rep else None,
-                "report_age_s": round(time.time() - rep[0], 3) if rep else None,
-                "source": "collectors/sglang (scheduler log lines and /metrics), per job"}
+        return self.serving.view(job)
 
     def recent_events(self, job: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
         return self.log.recent(job, limit)
@@ -307,6 +297,8 @@ class AggregatorState:
             "step_records_ingested": js.steps,
             "events_ingested": self.log.ingested,
             "events_malformed": dict(self.log.malformed),
+            "serving_records_ingested": self.serving.records,
+            "serving_errors": dict(self.serving.errors),
             "step_records_dropped_retention": js.dropped_steps,
             "analysis_errors": js.analysis_errors,
             "jobs": len(self.jobs.names()),

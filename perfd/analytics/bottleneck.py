@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from perfd.analytics import thresholds as th
+
 BOTTLENECK_CLASSES: tuple[str, ...] = (
     "compute-bound",
     "memory-bound",
@@ -21,20 +23,18 @@ BOTTLENECK_CLASSES: tuple[str, ...] = (
     "unknown",
 )
 
-DATA_BOUND_SHARE = 0.2
-DATA_HEALTHY_SHARE = 0.05
-COMM_BOUND_SHARE = 0.3
-PIPELINE_BOUND_SHARE = 0.15
-
-# GPM thresholds (ratios), from the H200 measurements in DESIGN.md: a bf16 matmul loop shows
-# tensor util 0.94 / DRAM 0.18, a device copy loop tensor 0 / DRAM 0.88, tiny kernels NVML util
-# 0.34 with SM util 0.0004.
-GPM_TENSOR_BUSY = 0.5
-GPM_DRAM_BUSY = 0.5
-GPM_SM_BUSY = 0.8
-GPM_SM_STARVED = 0.2
-GPM_NVML_ACTIVE = 0.2
-GPM_IDLE = 0.05
+# Thresholds: perfd/analytics/thresholds.py (declared once, with why; the rule packs are checked
+# against them).
+DATA_BOUND_SHARE = th.DATA_BOUND_SHARE.value
+DATA_HEALTHY_SHARE = th.DATA_HEALTHY_SHARE.value
+COMM_BOUND_SHARE = th.COMM_BOUND_SHARE.value
+PIPELINE_BOUND_SHARE = th.PIPELINE_BOUND_SHARE.value
+GPM_TENSOR_BUSY = th.GPM_TENSOR_BUSY.value
+GPM_DRAM_BUSY = th.GPM_DRAM_BUSY.value
+GPM_SM_BUSY = th.GPM_SM_BUSY.value
+GPM_SM_STARVED = th.GPM_SM_STARVED.value
+GPM_NVML_ACTIVE = th.GPM_NVML_ACTIVE.value
+GPM_IDLE = th.GPM_IDLE.value
 
 
 @dataclass(frozen=True)

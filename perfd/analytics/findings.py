@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from perfd.analytics import bottleneck as bn
+from perfd.analytics import thresholds as th
 from perfd.analytics.pipeline import microbatches_for_bubble, rebalance_estimate
 from perfd.analytics.stragglers import rank_order
 from perfd.model import JobInfo
@@ -24,9 +25,9 @@ GRADES: tuple[tuple[str, str], ...] = (
     ("excellent", "MFU > 50%: excellent"),
 )
 
-BUBBLE_TARGET = 0.05
-GRAD_SYNC_SHARE = 0.2
-JITTER_CV = 0.10
+BUBBLE_TARGET = th.BUBBLE_TARGET.value
+GRAD_SYNC_SHARE = th.GRAD_SYNC_SHARE.value
+JITTER_CV = th.JITTER_CV.value
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
@@ -35,11 +36,11 @@ def grade_mfu(mfu: float | None) -> tuple[str, str]:
     > 0.50 excellent; None -> unknown."""
     if mfu is None:
         return "unknown", "MFU unknown"
-    if mfu < 0.30:
+    if mfu < th.MFU_SEVERE.value:
         return GRADES[0]
-    if mfu < 0.40:
+    if mfu < th.MFU_GOOD.value:
         return GRADES[1]
-    if mfu <= 0.50:
+    if mfu <= th.MFU_EXCELLENT.value:
         return GRADES[2]
     return GRADES[3]
 
@@ -125,7 +126,7 @@ def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[R
         ev = {"pp": pp, "microbatches": m, "vpp": lay.vpp, "bubble_analytic": bubble,
               "idle_lighter_stage": idle_max, "idle_heavier_stage": idle_min, "imbalance": imb,
               "lighter_compute_ms": light, "heavier_compute_ms": heavy}
-        if imb > 0.05 and imb > bubble and light and heavy:
+        if imb > th.PP_IMBALANCE_MIN.value and imb > bubble and light and heavy:
             f.append(Finding("pp-imbalance", "warning", "Stage imbalance dominates the pipeline bubble",
                              f"The lighter stage idles {_pct(idle_max)} of forward-backward, the heavier "
                              f"{_pct(idle_min)}, while the analytic bubble is {_pct(bubble)} (p={pp}, m={m}"
@@ -137,7 +138,7 @@ def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[R
                              a.iterations[-1].pp_idle_method == "minmax-pairing" else "megatron timers"))
             r.append(Recommendation("", "pp-imbalance", 0, _rebalance_action(a, job, light, heavy),
                                     _rebalance_detail(a, job, light, heavy), imb))
-        if bubble > 0.1 or (idle_max > 0.2 and imb <= bubble):
+        if bubble > th.PP_BUBBLE_HIGH.value or (idle_max > th.PP_IDLE_HIGH.value and imb <= bubble):
             need = microbatches_for_bubble(pp, BUBBLE_TARGET, lay.vpp)
             v2 = (pp - 1) / (2 * m + pp - 1) if m else None
             f.append(Finding("pp-bubble", "warning", f"Pipeline bubble {_pct(max(bubble, idle_max))}",
@@ -167,7 +168,7 @@ def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[R
                    else "More gradient accumulation per step (more micro-batches) to amortise the reduce")
             r.append(Recommendation("", "comm-grad-sync", 0, act, f"DP={lay.dp}; check inter-node bandwidth",
                                     dp_part))
-        if pp_part is not None and pp and pp > 1 and pp_part > 0.05:
+        if pp_part is not None and pp and pp > 1 and pp_part > th.PP_WAIT_SHARE.value:
             f.append(Finding("comm-pp-wait", "info", f"Exposed p2p wait {_pct(pp_part)} is pipeline waiting",
                              f"Exposed communication {_pct(total)} of the step: pipeline send/recv "
                              f"{_pct(pp_part)}, gradient sync {_pct(dp_part)}. The p2p timers include "
@@ -205,22 +206,23 @@ def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[R
                                     f"CV {cv:.1%}", cv / 2))
 
     # --- stragglers --------------------------------------------------------------------------
+    ratio = th.STRAGGLER_RATIO.value
     for rank in a.summary["straggler_persistent_ranks"]:
         frac = a.summary["straggler_flag_fraction"].get(str(rank))
         fid = f"straggler-rank-{rank}"
         f.append(Finding(fid, "warning", f"Rank {rank} is a persistent straggler",
-                         f"Rank {rank} was > 1.1× its peers in {_pct(frac)} of steady iterations.",
+                         f"Rank {rank} was > {ratio:g}× its peers in {_pct(frac)} of steady iterations.",
                          {"rank": rank, "flag_fraction": frac, "rtt_ratio": med.get("straggler_rtt_ratio")},
                          span))
         r.append(Recommendation("", fid, 0, f"Check rank {rank}'s GPU health: clocks, throttle reasons, "
                                 "power, temperature, XID errors, another process on its GPU; then uneven "
                                 "sharding", "join with the NVML collector's samples for that GPU",
-                                (med.get("straggler_rtt_ratio") or 1.1) - 1))
+                                (med.get("straggler_rtt_ratio") or th.STRAGGLER_RATIO.value) - 1))
     anon = a.summary.get("straggler_compute_spread_fraction")
-    if anon is not None and anon >= 0.5:
-        f.append(Finding("straggler-spread", "warning", "Compute time spread across ranks > 1.1×",
-                         f"forward/backward compute max/min across ranks exceeds 1.1× in {_pct(anon)} of "
-                         f"steady iterations (pp=1: same work on every rank).",
+    if anon is not None and anon >= th.STRAGGLER_PERSISTENT_FRACTION.value:
+        f.append(Finding("straggler-spread", "warning", f"Compute time spread across ranks > {ratio:g}×",
+                         f"forward/backward compute max/min across ranks exceeds {ratio:g}× in "
+                         f"{_pct(anon)} of steady iterations (pp=1: same work on every rank).",
                          {"compute_spread": med.get("straggler_compute_spread"), "fraction": anon}, span))
         r.append(Recommendation("", "straggler-spread", 0, "Name the slow rank: --timing-log-option all "
                                 "(per-rank timers) or --log-straggler", "", None))

@@ -6,9 +6,10 @@ offline and live numbers cannot drift apart:
 - ``summarize(records, server, scrape, prev_scrape, spec, ...) -> ServingSummary``: every number
   as a MetricValue (value + source, or None + reason);
 - ``serving_job_metrics(records_or_window, ...) -> {catalog name: value}``: only present values;
-- ``ServingWindow``: a bounded, time-windowed accumulator (records + scrapes) the aggregator or the
-  collector holds per job;
-- ``analyze_serving(...) -> ServingAnalysis``: summary + findings + recommendations.
+- ``ServingWindow``: a bounded, time-windowed accumulator (records + scrapes) the aggregator holds
+  per job (perfd/aggregator/serving.py, from the records the SGLang collector sends);
+- ``analyze_serving(...) -> ServingAnalysis``: summary + findings + recommendations (offline: all
+  records at once); ``analyze_window(job, window)`` the same over a live window.
 
 How log lines from several schedulers combine: each line belongs to the scheduler that printed it,
 named by its DP tag (TP/PP/EP ranks print the same numbers, or only rank 0 prints). Per scheduler
@@ -29,7 +30,6 @@ from typing import Any
 from perfd.analytics import serving_histogram as sh
 from perfd.analytics.common import MetricValue
 from perfd.analytics.findings import Finding, Recommendation
-from perfd.analytics.serving_records import MetricsSnapshot, ServerInfo, ServingRecord
 from perfd.analytics.serving_spec import (
     Resolved,
     ServingModelSpec,
@@ -39,7 +39,7 @@ from perfd.analytics.serving_spec import (
     peaks,
     resolve,
 )
-from perfd.model import Provenance
+from perfd.model import MetricsSnapshot, Provenance, ServerInfo, ServingRecord
 
 # summary key -> catalog name (perfd/catalog.py, "serving" section)
 CATALOG_NAMES: dict[str, str] = {
@@ -541,3 +541,13 @@ def analyze_serving(job: str, records: Sequence[ServingRecord], server: ServerIn
                   lifetime_percentiles)
     f, r = derive_serving_findings(s, server)
     return ServingAnalysis(job, s, f, r, server)
+
+
+def analyze_window(job: str, window: ServingWindow) -> ServingAnalysis:
+    """Summary, findings and recommendations of one serving job over its live window (the
+    aggregator); the same findings as ``analyze_serving``."""
+    from perfd.analytics.serving_findings import derive_serving_findings
+
+    s = window.summary()
+    f, r = derive_serving_findings(s, window.server)
+    return ServingAnalysis(job, s, f, r, window.server)

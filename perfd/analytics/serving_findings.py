@@ -1,7 +1,8 @@
 """Serving findings and recommendations: DESIGN.md §2's serving playbook over a ServingSummary.
 
-The thresholds are the ones of ``rules/serving.yaml`` (a test evaluates both on the same values, so
-the live rules and the offline report cannot disagree). Pure.
+The thresholds are declared in ``perfd/analytics/thresholds.py``; ``rules/serving.yaml`` is checked
+against them (tests/test_thresholds.py) and a test evaluates both on the same values, so the live
+rules and the offline report cannot disagree. Pure.
 """
 
 from __future__ import annotations
@@ -9,18 +10,20 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from perfd.analytics import thresholds as th
 from perfd.analytics.findings import SEVERITY_ORDER, Finding, Recommendation
-from perfd.analytics.serving_records import ServerInfo
+from perfd.model import ServerInfo
 
-ITL_TAIL_RATIO = 3.0  # P99 inter-token latency above 3× the P50: decode is being interrupted
-TTFT_P99_HIGH_S = 2.0  # P99 time to first token above 2 s
-PREFIX_HIT_LOW = 0.30  # prefix-cache hit below 30% ...
-PREFIX_REUSE_BATCHES = 0.50  # ... while at least half the prefill batches reuse some prefix
-KV_NEAR_FULL = 0.95
-KV_LOW = 0.20
-QUEUE_GROWTH_PER_S = 0.1  # queued requests growing by > 6 per minute ...
-BATCH_SMALL = 0.50  # ... while the running batch is under half of max_running_requests
-CUDA_GRAPH_LOW = 0.90
+# Thresholds: perfd/analytics/thresholds.py (declared once; rules/serving.yaml is checked against it).
+ITL_TAIL_RATIO = th.ITL_TAIL_RATIO.value
+TTFT_P99_HIGH_S = th.TTFT_P99_HIGH_S.value
+PREFIX_HIT_LOW = th.PREFIX_HIT_LOW.value
+PREFIX_REUSE_BATCHES = th.PREFIX_REUSE_BATCHES.value
+KV_NEAR_FULL = th.KV_NEAR_FULL.value
+KV_LOW = th.KV_LOW.value
+QUEUE_GROWTH_PER_S = th.QUEUE_GROWTH_PER_S.value
+BATCH_SMALL = th.BATCH_SMALL.value
+CUDA_GRAPH_LOW = th.CUDA_GRAPH_LOW.value
 
 
 def _pct(x: float | None) -> str:

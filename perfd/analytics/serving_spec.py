@@ -25,8 +25,7 @@ from typing import Any
 
 from perfd.analytics.common import MetricValue
 from perfd.analytics.gpus import normalize_dtype, peak_memory_bandwidth, peak_tflops
-from perfd.analytics.serving_records import ServerInfo
-from perfd.model import Provenance
+from perfd.model import Provenance, ServerInfo
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 # SGLang --kv-cache-dtype values

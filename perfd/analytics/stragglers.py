@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from perfd.analytics import thresholds as th
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE, median, pp_stage_of_rank
 from perfd.model import ParallelLayout, StepRecord, TimerValue
 
-STRAGGLER_RATIO = 1.1
-PERSISTENT_FRACTION = 0.5
+STRAGGLER_RATIO = th.STRAGGLER_RATIO.value
+PERSISTENT_FRACTION = th.STRAGGLER_PERSISTENT_FRACTION.value
 
 
 @dataclass(frozen=True)

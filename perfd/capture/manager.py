@@ -44,6 +44,7 @@ from perfd.capture.kineto_daemon import KinetoDaemon, build_config, trace_comple
 from perfd.capture.nsys_exec import NsysError, NsysExecutor, range_reports, session_name, wait_stable
 from perfd.capture.store import CaptureStore
 from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, CAPTURE_STARTED, HOOK_PROFILE
+from perfd.model import CAPTURE_TOOLS
 
 if TYPE_CHECKING:  # the agent passes perfd.transport.codec.Command; anything with these fields will do
     from perfd.transport.codec import Command
@@ -55,7 +56,7 @@ PidsForRanks = Callable[[str, tuple[int, ...]], Mapping[int, int]]  # (job, rank
 HookRequester = Callable[[int, int, int], "int | None"]  # (rank, start_step, num_steps) -> request id
 Emit = Callable[[dict[str, Any]], None]
 
-TOOLS = ("kineto", "nsys", "auto")
+TOOLS = CAPTURE_TOOLS
 INFO_KEYS = ("rule", "firing", "fired_at", "reason", "requested_by", "source")
 _SUMMARY_KEYS = ("device", "span_ms", "busy_ms", "idle_ms", "compute_ms", "comm_ms", "comm_exposed_ms",
                  "overlap_ratio", "memcpy_ms", "sendrecv_ms", "kernel_count", "categories", "category_ms",

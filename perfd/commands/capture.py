@@ -11,6 +11,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from perfd.model import CAPTURE_TOOLS
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("capture", help="request a Kineto or nsys capture of a job's ranks")
@@ -18,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--job", required=True)
     p.add_argument("--ranks", help="comma-separated ranks (default: every rank of the job)")
     p.add_argument("--steps", type=int, default=3, help="iterations to capture")
-    p.add_argument("--tool", choices=["kineto", "nsys", "auto"], default="auto")
+    p.add_argument("--tool", choices=CAPTURE_TOOLS, default="auto")
     p.add_argument("--wait", type=float, default=0.0,
                    help="seconds to wait for the capture to finish, printing its status")
     p.set_defaults(handler=run_capture)

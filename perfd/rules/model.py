@@ -13,15 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from perfd.model import CAPTURE_TOOLS, CaptureTool
 from perfd.rules.expr import BYTE_UNITS, TIME_UNITS, Expr
 
 Severity = Literal["info", "warning", "critical"]
 Scope = Literal["job", "rank", "gpu"]
-Tool = Literal["kineto", "nsys", "auto"]
+Tool = CaptureTool
 
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
 SCOPES: tuple[Scope, ...] = ("job", "rank", "gpu")
-TOOLS: tuple[Tool, ...] = ("kineto", "nsys", "auto")
+TOOLS: tuple[Tool, ...] = CAPTURE_TOOLS
 
 # Capture budget defaults. A Kineto trace of 3 iterations was ~43 MB per rank on the shared
 # Megatron run (DESIGN.md §3), so 2 GiB holds a few captures of a handful of ranks.

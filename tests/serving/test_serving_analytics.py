@@ -16,8 +16,8 @@ from perfd.analytics.serving import (
     serving_job_metrics,
     summarize,
 )
-from perfd.analytics.serving_records import ServerInfo, ServingRecord
 from perfd.analytics.serving_spec import ServingModelSpec, decode_step_rate, resolve
+from perfd.model import ServerInfo, ServingRecord
 
 DATA = Path(__file__).resolve().parents[2] / "collectors" / "sglang" / "tests" / "data"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -150,7 +150,7 @@ def test_window_drops_old_records_and_keeps_a_scrape_baseline() -> None:
     assert len(w.records()) == 3
     w.add_records([rec("decode", 75.0 + i) for i in range(4)], now=0.0)
     assert len(w.records()) == 5 and w.dropped == 2
-    from perfd.analytics.serving_records import MetricsSnapshot
+    from perfd.model import MetricsSnapshot
 
     for t in (0.0, 30.0, 61.0, 95.0):
         w.add_scrape(MetricsSnapshot(time=t, source="x"))

@@ -15,7 +15,7 @@ from perfd.analytics.serving_histogram import (
     merge_series,
     window_quantile,
 )
-from perfd.analytics.serving_records import HistogramSeries, MetricsSnapshot
+from perfd.model import HistogramSeries, MetricsSnapshot
 
 INF = math.inf
 

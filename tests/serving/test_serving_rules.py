@@ -13,7 +13,7 @@ from perfd import catalog
 from perfd.analytics.common import MetricValue
 from perfd.analytics.serving import CATALOG_NAMES, ServingSummary
 from perfd.analytics.serving_findings import derive_serving_findings
-from perfd.analytics.serving_records import ServerInfo
+from perfd.model import ServerInfo
 from perfd.rules.cli import run_rules_check
 from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import load_pack

@@ -1,0 +1,151 @@
+"""The diagnosis playbook's thresholds (DESIGN.md §2 "Diagnosis playbook"), declared once. Pure data.
+
+The findings (``findings.py``, ``serving_findings.py``), the bottleneck class (``bottleneck.py``) and
+the stragglers (``stragglers.py``) read ``.value`` from here. The rule packs that encode the same
+playbook elsewhere — ``rules/default.yaml``, ``rules/serving.yaml`` (perfd's own rules, which also
+trigger captures) and ``deploy/prometheus/perfd.rules.yml`` (Alertmanager; ``deploy/k8s`` renders its
+PrometheusRule from it) — are hand-written YAML with prose that quotes the numbers, so they are
+*checked* against this module rather than generated: ``tests/test_thresholds.py`` finds each rule
+named in ``rules`` below and fails when its comparison or its ``for:`` differs from the value here.
+
+Values are in base units: ratios in [0, 1], seconds. Each says why (``why``) and where DESIGN.md
+defines it (``design``). Where the rule packs hold the same value for a different time, the
+difference is written next to the value (``RuleRef.note``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Pack = Literal["default", "serving", "prometheus"]
+
+# Why perfd's own rules wait 5 minutes and the Alertmanager alerts 10-15: a perfd rule's action is a
+# capture, which must catch the problem while it happens (its cooldown and hourly cap bound the cost);
+# an alert reaches a person, who should only hear of a state that persisted.
+_PAGE_LATER = ("deliberate: the alert pages a person, so it waits for a state that persisted; "
+               "perfd's own rule fires after 5m because its action is a capture, which must catch "
+               "the problem while it happens (cooldown and max_per_hour bound the cost)")
+
+
+@dataclass(frozen=True)
+class RuleRef:
+    """A rule that compares a metric with the threshold: which pack, the rule (or alert) name, the
+    operand the comparison is on, the operator, and its ``for:`` (None: fires at once)."""
+
+    pack: Pack
+    name: str
+    operand: str
+    op: str
+    for_: str | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Threshold:
+    value: float
+    why: str
+    design: str  # the DESIGN.md section that defines it
+    rules: tuple[RuleRef, ...] = ()
+
+
+_D2 = "DESIGN.md §2 Diagnosis playbook"
+
+# --- training: MFU grades -----------------------------------------------------------------------------
+MFU_SEVERE = Threshold(
+    0.30, "below 30% of peak the cause is usually communication (TP across nodes) or data loading",
+    "DESIGN.md §2 MFU grades",
+    (RuleRef("default", "mfu_severe", "mfu", "<", "5m"),
+     RuleRef("prometheus", "PerfdJobMFULow", "job_name:perfd_job_mfu_ratio:avg_over_time_10m", "<",
+             "15m", _PAGE_LATER)))
+MFU_GOOD = Threshold(0.40, "30-40% is communication overhead; 40-50% is normal for large models",
+                     "DESIGN.md §2 MFU grades")
+MFU_EXCELLENT = Threshold(0.50, "above 50% only kernel-level work (fusions, FP8) remains",
+                          "DESIGN.md §2 MFU grades")
+
+# --- training: shares of the step ---------------------------------------------------------------------
+DATA_BOUND_SHARE = Threshold(
+    0.20, "the batch generator taking a fifth of the step is a data-loading bottleneck", _D2,
+    (RuleRef("default", "data_loading_bottleneck", "data_share", ">", "5m"),
+     RuleRef("prometheus", "PerfdJobDataLoadingHigh",
+             "job_name:perfd_job_data_loading_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
+DATA_HEALTHY_SHARE = Threshold(0.05, "a healthy input pipeline costs under 5% of the step", _D2)
+COMM_BOUND_SHARE = Threshold(
+    0.30, "exposed (not overlapped) communication above 30% of the step dominates it", _D2,
+    (RuleRef("default", "comm_exposed_high", "comm_exposed", ">", "5m"),
+     RuleRef("prometheus", "PerfdJobExposedCommHigh",
+             "job_name:perfd_job_comm_exposed_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
+GRAD_SYNC_SHARE = Threshold(
+    0.20, "exposed DP gradient sync above 20%: overlap it with backward or accumulate more", _D2,
+    (RuleRef("default", "dp_allreduce_high", "comm_exposed_dp", ">", "5m"),
+     RuleRef("prometheus", "PerfdJobDataParallelSyncHigh",
+             "job_name:perfd_job_comm_exposed_dp_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
+PIPELINE_BOUND_SHARE = Threshold(
+    0.15, "a stage idling more than 15% of forward-backward: bubble or stage imbalance", _D2,
+    (RuleRef("default", "pp_stage_idle_high", "pp_idle_max", ">", "5m"),
+     RuleRef("prometheus", "PerfdJobPipelineIdleHigh",
+             "job_name:perfd_job_pp_stage_idle_max_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
+BUBBLE_TARGET = Threshold(0.05, "the micro-batch count recommended brings the analytic bubble to 5%",
+                          "DESIGN.md §2 Pipeline bubble")
+PP_BUBBLE_HIGH = Threshold(0.10, "an analytic bubble above 10% is worth more micro-batches",
+                           "DESIGN.md §2 Pipeline bubble")
+PP_IDLE_HIGH = Threshold(0.20, "a stage idling 20% without imbalance is a bubble to report",
+                         "DESIGN.md §2 Pipeline bubble")
+PP_IMBALANCE_MIN = Threshold(0.05, "imbalance under 5 points is noise next to the bubble",
+                             "DESIGN.md §2 Pipeline bubble")
+PP_WAIT_SHARE = Threshold(0.05, "exposed p2p above 5% of the step is pipeline waiting worth naming",
+                          "DESIGN.md §2 Communication")
+JITTER_CV = Threshold(0.10, "step times varying more than 10% (CV) point at host-side gaps", _D2)
+
+# --- training: stragglers ----------------------------------------------------------------------------
+STRAGGLER_RATIO = Threshold(
+    1.1, "a rank more than 1.1x its peers makes every collective wait for it", "DESIGN.md §2 Stragglers",
+    (RuleRef("default", "straggler_persistent", "perfd_job_rank_compute_ratio", ">", "5m"),
+     RuleRef("prometheus", "PerfdRankStraggler",
+             "job_name_rank:perfd_job_rank_compute_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER),
+     RuleRef("prometheus", "PerfdJobStragglerSpread",
+             "job_name:perfd_job_straggler_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
+STRAGGLER_PERSISTENT_FRACTION = Threshold(
+    0.5, "flagged in half of the steady iterations is persistent, not a one-off",
+    "DESIGN.md §2 Stragglers")
+
+# --- GPM classes (ratios), from the H200 measurements in DESIGN.md §3: a bf16 matmul loop shows tensor
+# util 0.94 / DRAM 0.18, a device copy loop tensor 0 / DRAM 0.88, tiny kernels NVML util 0.34 with SM
+# util 0.0004.
+_GPM = "DESIGN.md §2 Bottleneck class, §3 GPM"
+GPM_TENSOR_BUSY = Threshold(0.5, "tensor pipes busy half the time: compute-bound", _GPM)
+GPM_DRAM_BUSY = Threshold(0.5, "DRAM bandwidth half used: memory-bound", _GPM)
+GPM_SM_BUSY = Threshold(0.8, "SMs busy without tensor/DRAM saturation: CUDA-core bound", _GPM)
+GPM_SM_STARVED = Threshold(0.2, "SMs mostly idle while kernels are resident: launch overhead", _GPM)
+GPM_NVML_ACTIVE = Threshold(0.2, "NVML util (a kernel resident) above which the GPU counts as used", _GPM)
+GPM_IDLE = Threshold(0.05, "below 5% on NVML and SM the GPU is idle, no class applies", _GPM)
+
+# --- serving (DESIGN.md §2 serving playbook) ----------------------------------------------------------
+_S2 = "DESIGN.md §2 Diagnosis playbook (serving)"
+ITL_TAIL_RATIO = Threshold(3.0, "P99 inter-token latency above 3x the P50: decode is interrupted by "
+                                "prefill chunks", _S2,
+                           (RuleRef("serving", "serving_itl_tail", "itl_p99", ">", "5m"),))
+TTFT_P99_HIGH_S = Threshold(2.0, "P99 time to first token above 2 s: long prefills or queueing", _S2,
+                            (RuleRef("serving", "serving_ttft_high", "ttft_p99", ">", "5m"),))
+PREFIX_HIT_LOW = Threshold(0.30, "under 30% of prompt tokens from the radix cache ...", _S2,
+                           (RuleRef("serving", "serving_prefix_hit_low", "prefix_hit", "<", "10m"),))
+PREFIX_REUSE_BATCHES = Threshold(
+    0.50, "... while half the prefill batches reuse a prefix: sharing the schedule misses", _S2,
+    (RuleRef("serving", "serving_prefix_hit_low", "prefix_hit_batches", ">=", "10m"),))
+KV_NEAR_FULL = Threshold(0.95, "KV pool 95% full: admissions wait, requests get retracted", _S2,
+                         (RuleRef("serving", "serving_kv_near_full", "kv_usage", ">", "2m"),))
+KV_LOW = Threshold(0.20, "KV pool under 20% used while requests queue: memory is not the limit", _S2,
+                   (RuleRef("serving", "serving_kv_low_while_queued", "kv_usage", "<", "5m"),))
+QUEUE_GROWTH_PER_S = Threshold(0.1, "queue growing by more than 6 requests a minute ...", _S2,
+                               (RuleRef("serving", "serving_queue_growing_small_batch", "queue_growth",
+                                        ">", "5m"),))
+BATCH_SMALL = Threshold(0.50, "... while the running batch is under half of max_running_requests", _S2,
+                        (RuleRef("serving", "serving_queue_growing_small_batch", "batch_fill", "<",
+                                 "5m"),))
+CUDA_GRAPH_LOW = Threshold(0.90, "more than 10% of decode batches run eagerly (launch overhead)", _S2,
+                           (RuleRef("serving", "serving_cuda_graph_low", "cuda_graph", "<", "10m"),))
+
+
+def all_thresholds() -> dict[str, Threshold]:
+    """Every threshold of this module by name (for the consistency test and the docs)."""
+    return {k: v for k, v in globals().items() if isinstance(v, Threshold)}

@@ -1,0 +1,44 @@
+"""The capture tool list is declared once (perfd.model.CaptureTool); everyone else derives from it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from perfd.capture import manager
+from perfd.commands import capture as capture_cmd
+from perfd.model import CAPTURE_TOOLS
+from perfd.rules import model as rules_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool_literals(path: Path) -> list[int]:
+    """Line numbers of tuple/list/set literals (or Literal[...] subscripts) naming every tool."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: list[int] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Tuple | ast.List | ast.Set):
+            continue
+        names = {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        if names >= set(CAPTURE_TOOLS):
+            out.append(node.lineno)
+    return out
+
+
+def test_tool_list_written_only_in_model():
+    found = {str(p.relative_to(ROOT)): lines
+             for d in ("perfd", "collectors") for p in (ROOT / d).rglob("*.py")
+             if "tests" not in p.parts and (lines := _tool_literals(p))}
+    assert found == {"perfd/model.py": found.get("perfd/model.py", [])}, found
+    assert "perfd/model.py" in found
+
+
+def test_consumers_use_the_declaration():
+    assert rules_model.TOOLS == manager.TOOLS == CAPTURE_TOOLS == ("kineto", "nsys", "auto")
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    capture_cmd.register(ap.add_subparsers())
+    ns = ap.parse_args(["capture", "--job", "j", "--tool", "nsys"])
+    assert ns.tool == "nsys"
