@@ -54,22 +54,24 @@ _D2 = "DESIGN.md §2 Diagnosis playbook"
 # --- training: MFU grades -----------------------------------------------------------------------------
 MFU_SEVERE = Threshold(
     0.30, "below 30% of peak the cause is usually communication (TP across nodes) or data loading",
-    "DESIGN.md §2 MFU grades",
+    "DESIGN.md §2 MFU (grades)",
     (RuleRef("default", "mfu_severe", "mfu", "<", "5m"),
      RuleRef("prometheus", "PerfdJobMFULow", "job_name:perfd_job_mfu_ratio:avg_over_time_10m", "<",
              "15m", _PAGE_LATER)))
 MFU_GOOD = Threshold(0.40, "30-40% is communication overhead; 40-50% is normal for large models",
-                     "DESIGN.md §2 MFU grades")
+                     "DESIGN.md §2 MFU (grades)")
 MFU_EXCELLENT = Threshold(0.50, "above 50% only kernel-level work (fusions, FP8) remains",
-                          "DESIGN.md §2 MFU grades")
+                          "DESIGN.md §2 MFU (grades)")
 
 # --- training: shares of the step ---------------------------------------------------------------------
 DATA_BOUND_SHARE = Threshold(
-    0.20, "the batch generator taking a fifth of the step is a data-loading bottleneck", _D2,
+    0.20, "the batch generator taking a fifth of the step is a data-loading bottleneck",
+    "DESIGN.md §2 Data-loading share",
     (RuleRef("default", "data_loading_bottleneck", "data_share", ">", "5m"),
      RuleRef("prometheus", "PerfdJobDataLoadingHigh",
              "job_name:perfd_job_data_loading_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
-DATA_HEALTHY_SHARE = Threshold(0.05, "a healthy input pipeline costs under 5% of the step", _D2)
+DATA_HEALTHY_SHARE = Threshold(0.05, "a healthy input pipeline costs under 5% of the step",
+                               "DESIGN.md §2 Data-loading share")
 COMM_BOUND_SHARE = Threshold(
     0.30, "exposed (not overlapped) communication above 30% of the step dominates it", _D2,
     (RuleRef("default", "comm_exposed_high", "comm_exposed", ">", "5m"),
@@ -94,7 +96,7 @@ PP_IDLE_HIGH = Threshold(0.20, "a stage idling 20% without imbalance is a bubble
 PP_IMBALANCE_MIN = Threshold(0.05, "imbalance under 5 points is noise next to the bubble",
                              "DESIGN.md §2 Pipeline bubble")
 PP_WAIT_SHARE = Threshold(0.05, "exposed p2p above 5% of the step is pipeline waiting worth naming",
-                          "DESIGN.md §2 Communication")
+                          "DESIGN.md §2 Communication share")
 JITTER_CV = Threshold(0.10, "step times varying more than 10% (CV) point at host-side gaps", _D2)
 
 # --- training: stragglers ----------------------------------------------------------------------------
