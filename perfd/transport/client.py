@@ -65,6 +65,9 @@ def channel_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[
         ("grpc.initial_reconnect_backoff_ms", 500),
         ("grpc.max_reconnect_backoff_ms", 30_000),
         ("grpc.enable_retries", 0),
+        # A fresh channel must mean a fresh TCP connection: with gRPC's global subchannel pool a
+        # new channel to the same target reuses the old connection, half-open one included.
+        ("grpc.use_local_subchannel_pool", 1),
     ]
 
 
