@@ -204,8 +204,8 @@ class Agent:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.build()
+        self.start_metrics_server()  # first: a port in use stops start-up before any thread runs
         self.scheduler.start()
-        self.start_metrics_server()
         client_task: asyncio.Task[None] | None = None
         if self.cfg.aggregator:
             from perfd.transport.client import AgentClient

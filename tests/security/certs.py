@@ -40,8 +40,8 @@ class CA:
                  [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
                  critical=False))
         if server:
-            b = b.add_extension(x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = b.sign(self.key, hashes.SHA256())
         return (cert.public_bytes(serialization.Encoding.PEM),
                 key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,

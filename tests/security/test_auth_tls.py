@@ -140,7 +140,8 @@ def test_http_needs_the_token_except_metrics_and_healthz(tmp_path: Path) -> None
         code, body_ = await asyncio.to_thread(_http, base + "/api/captures", "POST", capture, auth)
         assert code == 202, body_  # accepted (undeliverable: no agent), not refused for auth
         _, metrics = await asyncio.to_thread(_http, base + "/metrics")
-        assert f'perfd_aggregator_refused_total{{reason="{L.REFUSED_UNAUTHENTICATED}"}} 14.0' in metrics.decode()
+        line = f'perfd_aggregator_refused_total{{reason="{L.REFUSED_UNAUTHENTICATED}"}} 14.0'
+        assert line in metrics.decode()
 
     _run(_cfg(auth_token_file=tok), body)
 
@@ -163,8 +164,7 @@ def _tls_files(tmp_path: Path) -> dict[str, str]:
     out["b_cert"], out["b_key"] = ca.write(tmp_path, "agent-b", "agent-b", server=False)
     out["evil_cert"], out["evil_key"] = other.write(tmp_path, "evil", "agent-a", server=False)
     # A server certificate from the other CA, for the reload test.
-    out["other_server_cert"], out["other_server_key"] = other.write(tmp_path, "other-server", "x", server=True)
-    out["_ca_obj"] = ""
+    out["other_server_cert"], out["other_server_key"] = other.write(tmp_path, "other-server", "x", True)
     return out
 
 
@@ -173,13 +173,13 @@ def test_mutual_tls_admits_the_right_client_certificate_only(tmp_path: Path) -> 
 
     async def body(agg: Aggregator) -> None:
         target = f"localhost:{agg.grpc_port}"
-        cases = {
-            "plaintext": dict(),
-            "no client cert": dict(tls=ClientTls(f["ca"])),
-            "cert of another CA": dict(tls=ClientTls(f["ca"], f["evil_cert"], f["evil_key"])),
+        cases: dict[str, ClientTls | None] = {
+            "plaintext": None,
+            "no client cert": ClientTls(f["ca"]),
+            "cert of another CA": ClientTls(f["ca"], f["evil_cert"], f["evil_key"]),
         }
-        for i, (name, kw) in enumerate(cases.items()):
-            c = AgentClient(target, f"bad-{i}", jobs=[f"job-{i}"], backoff_initial_s=0.05, **kw)
+        for i, (name, tls) in enumerate(cases.items()):
+            c = AgentClient(target, f"bad-{i}", jobs=[f"job-{i}"], backoff_initial_s=0.05, tls=tls)
             c.submit(steps=_steps(f"job-{i}", range(1, 3)))
             await _client_run(c, 1.0)
             assert c.batches_acked == 0, name
@@ -208,7 +208,8 @@ def test_server_certificate_is_re_read_without_a_restart(tmp_path: Path) -> None
         assert await first.flush(10)
         t.cancel()
         # A client that trusts only the other CA cannot connect to the certificate in use ...
-        other = AgentClient(target, "node-b", jobs=["j2"], tls=ClientTls(f["other_ca"]), backoff_initial_s=0.05)
+        other = AgentClient(target, "node-b", jobs=["j2"], tls=ClientTls(f["other_ca"]),
+                            backoff_initial_s=0.05)
         other.submit(steps=_steps("j2", range(1, 3)))
         await _client_run(other, 1.0)
         assert other.batches_acked == 0
