@@ -81,7 +81,7 @@ def run_capture(args: argparse.Namespace) -> int:
         print(f"perfd capture: --ranks must be integers, got {args.ranks!r}", file=sys.stderr)
         return 2
     base = args.aggregator.rstrip("/")
-    if args.auth_token_file:
+    if getattr(args, "auth_token_file", None):  # a Namespace made by hand may lack it
         from perfd.transport.security import SecurityConfigError, TokenFile
 
         try:

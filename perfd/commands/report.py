@@ -77,7 +77,7 @@ def run_report(args: argparse.Namespace) -> int:
             if not args.job:
                 raise ReportError("--job is required with --aggregator")
             headers = None
-            if args.auth_token_file:
+            if getattr(args, "auth_token_file", None):  # a Namespace made by hand may lack it
                 from perfd.transport.security import SecurityConfigError, TokenFile
 
                 try:

@@ -272,7 +272,8 @@ class IngestServer:
         limit: an open socket alone does not count."""
         loop = self._loop
         now = loop.time() if loop is not None and not loop.is_closed() else 0.0
-        return sorted(a for a, c in self._streams.items() if self._live(c, now))
+        # A copy first: the HTTP thread reads this while the event loop adds and removes streams.
+        return sorted(a for a, c in list(self._streams.items()) if self._live(c, now))
 
     # ------------------------------------------------------------------ the stream
 

@@ -293,6 +293,7 @@ def test_without_credentials_a_reconnect_supersedes_the_old_stream() -> None:
         a2 = AgentClient(target, "node-1", jobs=["j"])
         ta2 = asyncio.create_task(a2.run())
         assert await _until(lambda: srv.streams_superseded == 1)
+        ta.cancel()  # the old agent is gone (else it would reconnect and supersede in turn)
         assert await _until(lambda: a2.connected)
         a.on_command = old_got.append
         a2.on_command = new_got.append
