@@ -28,4 +28,5 @@ USER 10001
 # 9400: agent /metrics; 9401: aggregator /metrics + JSON API; 50051: aggregator gRPC ingest
 EXPOSE 9400 9401 50051
 ENTRYPOINT ["perfd"]
-CMD ["agent", "--metrics-port", "9400"]
+# --listen-all: inside a container, loopback is unreachable from the host and from Prometheus.
+CMD ["agent", "--metrics-port", "9400", "--listen-all"]

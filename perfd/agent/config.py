@@ -22,7 +22,7 @@ class AgentConfig:
     job: str = "default"
     aggregator: str | None = None  # host:port; None = local only (own /metrics, no streaming)
     metrics_port: int | None = 9400  # None = no HTTP endpoint; 0 = ephemeral (tests)
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"  # loopback unless told (--metrics-host, --listen-all)
     spool_dir: str | None = None  # None = in memory (lost on restart; fine for demos and tests)
     spool_max_bytes: int = 256 * 1024 * 1024
     batch_interval_s: float = 0.5
@@ -33,6 +33,12 @@ class AgentConfig:
     capture_dir: str | None = None  # default: <tmp>/perfd-captures
     capture_quota_bytes: int = 2 * 1024**3
     kineto_daemon: bool = True
+    # Security (perfd.transport.security): the CA that signed the aggregator's certificate (TLS),
+    # this agent's certificate and key (mutual TLS), and the shared bearer token.
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    auth_token_file: str | None = None
 
     def finish(self) -> AgentConfig:
         """Fill defaults that depend on the machine, then validate."""
@@ -50,6 +56,10 @@ class AgentConfig:
             host, sep, port = self.aggregator.rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise ConfigError(f"aggregator must be HOST:PORT, got {self.aggregator!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert and tls_key go together")
+        if self.tls_cert is not None and self.tls_ca is None:
+            raise ConfigError("tls_cert needs tls_ca (the CA that signed the aggregator's certificate)")
         for name, cfg in self.collectors.items():
             if not isinstance(cfg, dict):
                 raise ConfigError(f"collectors.{name} must be a mapping, got {type(cfg).__name__}")
@@ -57,6 +67,8 @@ class AgentConfig:
 
 
 _TOP_KEYS = {f for f in AgentConfig.__dataclass_fields__}
+_OPTIONAL_KEYS = ("aggregator", "metrics_port", "spool_dir", "capture_dir", "tls_ca", "tls_cert", "tls_key",
+                  "auth_token_file")
 
 
 def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:
@@ -80,7 +92,7 @@ def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:
         raise ConfigError(f"{p}: unknown keys {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
     for key, value in data.items():
         expected = type(getattr(cfg, key))
-        if value is not None and key not in ("aggregator", "metrics_port", "spool_dir", "capture_dir") and \
+        if value is not None and key not in _OPTIONAL_KEYS and \
                 not isinstance(value, expected) and not (expected is float and isinstance(value, int)):
             raise ConfigError(f"{p}: {key} must be {expected.__name__}, got {type(value).__name__}")
         setattr(cfg, key, value)
@@ -91,7 +103,10 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
                     megatron_log: str | None = None, nvml: str | None = None,
                     metrics_port: int | None = None, node: str | None = None,
                     agent_id: str | None = None, spool_dir: str | None = None,
-                    host: bool | None = None, launch_manifest: str | None = None) -> AgentConfig:
+                    host: bool | None = None, launch_manifest: str | None = None,
+                    metrics_host: str | None = None, listen_all: bool = False,
+                    tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+                    auth_token_file: str | None = None) -> AgentConfig:
     """Command-line flags win over the file (so a job can be watched without a config file).
 
     ``launch_manifest``: a `perfd launch` manifest; its job name (unless ``job`` is given) and the
@@ -111,6 +126,14 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
         cfg.agent_id = agent_id
     if spool_dir is not None:
         cfg.spool_dir = spool_dir
+    if metrics_host is not None:
+        cfg.metrics_host = metrics_host
+    elif listen_all:
+        cfg.metrics_host = "0.0.0.0"
+    for key, val in (("tls_ca", tls_ca), ("tls_cert", tls_cert), ("tls_key", tls_key),
+                     ("auth_token_file", auth_token_file)):
+        if val is not None:
+            setattr(cfg, key, val)
     if metrics_port is not None:
         cfg.metrics_port = metrics_port if metrics_port >= 0 else None
     if megatron_log is not None:

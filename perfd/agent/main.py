@@ -11,6 +11,7 @@ import logging
 import os
 import resource
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -130,7 +131,7 @@ class Agent:
         server, _thread = start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_host,
                                             registry=reg)
         self.metrics_port = int(server.server_address[1])
-        log.info("agent /metrics on %s:%d", self.cfg.metrics_host, self.metrics_port)
+        log.info("agent listening: /metrics on %s:%d", self.cfg.metrics_host, self.metrics_port)
 
     # ---- self metrics -------------------------------------------------------------------------
     def self_metric_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
@@ -155,11 +156,12 @@ class Agent:
             pass
         if self.client is not None:
             c = self.client.counters()
-            rows.append((node, "perfd_agent_spool_bytes", float(c.get("bytes", 0))))
+            rows.append((node, "perfd_agent_spool_bytes", float(c["spool_bytes"])))
             rows.append((node, "perfd_agent_spool_dropped_samples_total",
                          float(c.get("dropped_samples", 0))))
             rows.append((node, "perfd_agent_send_failures_total", float(c.get("stream_errors", 0))))
             rows.append((node, "perfd_agent_connected", float(c.get("connected", 0))))
+            rows.append((node, "perfd_agent_ack_timeouts_total", float(c.get("ack_timeouts", 0))))
         return rows
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -203,11 +205,12 @@ class Agent:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.build()
+        self.start_metrics_server()  # first: a port in use stops start-up before any thread runs
         self.scheduler.start()
-        self.start_metrics_server()
         client_task: asyncio.Task[None] | None = None
         if self.cfg.aggregator:
             from perfd.transport.client import AgentClient
+            from perfd.transport.security import ClientTls, TokenFile
             from perfd.transport.spool import Spool
 
             caps = {name: ("ok" if st.capabilities and st.capabilities.available
@@ -217,7 +220,13 @@ class Agent:
                 self.cfg.aggregator, self.cfg.agent_id,
                 spool=Spool(self.cfg.spool_dir, max_bytes=self.cfg.spool_max_bytes),
                 node=self.cfg.node, jobs=[self.cfg.job], capabilities=caps,
-                on_command=self._on_command)
+                on_command=self._on_command,
+                tls=(ClientTls(self.cfg.tls_ca, self.cfg.tls_cert, self.cfg.tls_key)
+                     if self.cfg.tls_ca else None),
+                token=TokenFile(self.cfg.auth_token_file) if self.cfg.auth_token_file else None)
+            log.info("agent %s streaming to %s (%s, %s)", self.cfg.agent_id, self.cfg.aggregator,
+                     ("mutual TLS" if self.cfg.tls_cert else "TLS") if self.cfg.tls_ca else "plaintext",
+                     "bearer token" if self.cfg.auth_token_file else "no token")
             client_task = asyncio.create_task(self.client.run())
             if self.cfg.captures:
                 self._start_captures()
@@ -282,5 +291,9 @@ def run_agent(cfg: AgentConfig) -> int:
         agent = Agent(cfg)
         await agent.run(stop)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (OSError, ValueError) as exc:  # a port in use, a TLS or token file that cannot be used
+        print(f"perfd agent: {exc}", file=sys.stderr)
+        return 2
     return 0

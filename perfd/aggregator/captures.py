@@ -14,17 +14,20 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
+from perfd import limits as L
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import place_ranks
 from perfd.analytics.capture_findings import diagnose_capture, steady_compute_ms
 from perfd.analytics.megatron_job import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS
+from perfd.refusals import Refusals
 from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine
 from perfd.rules.expr import series_key
 from perfd.rules.model import CaptureAction, CaptureTargets
@@ -34,6 +37,10 @@ log = logging.getLogger(__name__)
 
 SendCommand = Callable[[str, Command], bool]
 STALE_CAPTURE_S = 600.0  # a capture nobody reported on releases its processes after this
+
+
+class CaptureRateLimited(Exception):
+    """Too many capture requests for one job (perfd.limits.CAPTURE_REQUESTS_PER_JOB)."""
 
 
 @dataclass
@@ -64,8 +71,16 @@ class CaptureRecord:
 
 class CaptureCoordinator:
     def __init__(self, state: AggregatorState, engine: RuleEngine | None, send: SendCommand,
-                 interval_s: float = 5.0) -> None:
+                 interval_s: float = 5.0, *, limits: L.Limits | None = None,
+                 refusals: Refusals | None = None,
+                 hosts: Callable[[str], set[str]] | None = None) -> None:
         self.state = state
+        self.limits = limits if limits is not None else L.Limits()
+        self.refusals = refusals if refusals is not None else Refusals()
+        # The agents hosting a job (perfd.aggregator.guard): the only ones a capture command goes
+        # to. None: every agent the state saw for the job (a coordinator without a guard).
+        self.hosts = hosts
+        self._requests: dict[str, deque[float]] = {}  # job -> times of recent requests
         self.engine = engine
         self.send = send
         self.interval_s = interval_s
@@ -171,13 +186,32 @@ class CaptureCoordinator:
             raise ValueError(f"tool must be one of {', '.join(CAPTURE_TOOLS)}, got {tool!r}")
         if steps < 1:
             raise ValueError("steps must be >= 1")
+        if steps > self.limits.max_capture_steps:
+            self.refusals.refuse(L.REFUSED_CAPTURE_STEPS, f"capture of {steps} steps for job {job[:64]!r} "
+                                 f"({origin}); cap {self.limits.max_capture_steps}")
+            raise ValueError(f"steps must be <= {self.limits.max_capture_steps}")
         with self._lock:
+            recent = self._requests.setdefault(job, deque())
+            while recent and t - recent[0] > self.limits.capture_rate_window_s:
+                recent.popleft()
+            if len(recent) >= self.limits.capture_requests_per_job:
+                self.refusals.refuse(L.REFUSED_CAPTURE_RATE, f"capture request for job {job[:64]!r} "
+                                     f"({origin}): {len(recent)} in the last "
+                                     f"{self.limits.capture_rate_window_s:g} s")
+                raise CaptureRateLimited(
+                    f"at most {self.limits.capture_requests_per_job} capture requests per job every "
+                    f"{self.limits.capture_rate_window_s:g} s")
+            recent.append(t)
+            if len(self._requests) > self.limits.max_jobs:  # jobs come and go: forget idle ones
+                window = self.limits.capture_rate_window_s
+                for j in [j for j, d in self._requests.items() if not d or t - d[-1] > window]:
+                    del self._requests[j]
             rk = tuple(ranks) if ranks else None
             if not self.arbiter.try_acquire(job, rk):
                 rec = CaptureRecord(uuid.uuid4().hex[:12], job, list(rk) if rk else None, tool, steps,
                                     origin, t, status="refused",
                                     reason="busy: a capture is running on these processes", updated_at=t)
-                self.captures[rec.id] = rec
+                self._keep(rec)
                 return rec
             rec = self._dispatch(job, list(rk) if rk else None, tool, steps, origin, t)
             self._firing_of[rec.id] = (job, rk)
@@ -199,17 +233,32 @@ class CaptureCoordinator:
         if not rec.agents:
             rec.status, rec.reason = "undeliverable", (
                 "no connected agent hosts the job" if not agents else "agents not connected")
-        self.captures[rec.id] = rec
+        self._keep(rec)
         log.info("capture %s for job %s ranks %s (%s) -> agents %s: %s", rec.id, job, ranks, origin,
                  rec.agents, rec.status)
         return rec
 
+    def _keep(self, rec: CaptureRecord) -> None:
+        """Store a record; beyond max_capture_records the oldest ended ones go first (those still
+        running are kept: their agents will report on them)."""
+        self.captures[rec.id] = rec
+        over = len(self.captures) - self.limits.max_capture_records
+        if over > 0:
+            ended = sorted((r for r in self.captures.values() if r.status not in ("requested", "started")),
+                           key=lambda r: r.requested_at)
+            for r in ended[:over]:
+                del self.captures[r.id]
+                self._firing_of.pop(r.id, None)
+
     def _agents_for(self, job: str, ranks: list[int] | None) -> list[str]:
-        """Agents whose node hosts a target rank; every agent of the job when placement is unknown
-        (each agent captures only the ranks it hosts)."""
+        """Agents whose node hosts a target rank; every host of the job when placement is unknown
+        (each agent captures only the ranks it hosts). Never an agent that does not host the job."""
         procs, _v, _t = self.state.gpu_view(job)
         placed = place_ranks(procs)
-        agents_all = sorted(self.state.job_agents(job))
+        if self.hosts is not None:
+            agents_all = sorted(self.hosts(job))
+        else:
+            agents_all = sorted(self.state.job_agents(job))
         if not ranks or not placed:
             return agents_all
         nodes = {placed[r].node for r in ranks if r in placed}
@@ -313,8 +362,11 @@ def alertmanager_requests(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Capture requests from an Alertmanager webhook body (version 4): each firing alert that
     names a job (label ``job_name``) asks for a capture. Labels ``perfd_tool``, ``perfd_steps``
     and ``rank`` (or ``perfd_ranks``: "0,3") refine it. Resolved alerts ask for nothing."""
-    out = []
-    for alert in body.get("alerts") or []:
+    out: list[dict[str, Any]] = []
+    alerts = body.get("alerts") or []
+    if not isinstance(alerts, list):
+        raise ValueError("'alerts' must be a list")
+    for alert in alerts:
         if not isinstance(alert, Mapping) or alert.get("status") != "firing":
             continue
         labels = alert.get("labels") or {}
@@ -325,6 +377,6 @@ def alertmanager_requests(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         ranks = [int(x) for x in str(ranks_text).split(",") if x.strip().isdigit()] if ranks_text else None
         steps_text = str(labels.get("perfd_steps", "3"))
         out.append({"job": str(job), "ranks": ranks or None, "tool": str(labels.get("perfd_tool", "auto")),
-                    "steps": int(steps_text) if steps_text.isdigit() else 3,
+                    "steps": int(steps_text) if steps_text.isdigit() and len(steps_text) < 9 else 3,
                     "origin": f"alertmanager:{labels.get('alertname', '?')}"})
     return out

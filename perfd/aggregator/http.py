@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,12 +19,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from perfd.aggregator.captures import CaptureCoordinator
+from perfd import limits as L
+from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
 from perfd.analytics.megatron_job import IterationResult
 from perfd.exporters.prometheus import histogram_families, job_families, series_families
+from perfd.refusals import Refusals
 from perfd.report import analysis_json
+from perfd.transport.security import TokenFile
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +35,11 @@ log = logging.getLogger(__name__)
 class _StateCollector:
     """prometheus_client custom collector reading the aggregator state at scrape time."""
 
-    def __init__(self, state: AggregatorState, per_rank_series: bool = True) -> None:
+    def __init__(self, state: AggregatorState, per_rank_series: bool = True,
+                 refusals: Refusals | None = None) -> None:
         self.state = state
         self.per_rank_series = per_rank_series  # False: no per-rank series (very large jobs)
+        self.refusals = refusals
 
     def collect(self) -> Iterator[Metric]:
         latest: dict[str, IterationResult] = {}
@@ -78,6 +84,10 @@ class _StateCollector:
             "perfd_aggregator_agent_dropped_samples_total": t.get("agent_dropped_samples"),
         }
         yield from series_families([({}, k, float(v)) for k, v in own.items() if v is not None])
+        if self.refusals is not None:
+            counts = self.refusals.snapshot()
+            yield from series_families([({"reason": r}, "perfd_aggregator_refused_total",
+                                         float(counts.get(r, 0))) for r in L.REFUSED_REASONS])
 
 
 def rank_view(state: AggregatorState, job: str, world_size: int | None,
@@ -162,8 +172,33 @@ def job_iterations(state: AggregatorState, job: str, sources: bool = True) -> di
     return {"job_name": job, "iterations": its}
 
 
+# Paths anyone who reaches the port may read, token or not: Prometheus scrapes and liveness probes.
+OPEN_PATHS = ("/metrics", "/healthz")
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    timeout = L.HTTP_IDLE_TIMEOUT_S  # socket timeout: an idle or trickling client is dropped
+
+    def _authorized(self) -> bool:
+        """With a token configured every path but OPEN_PATHS needs ``Authorization: Bearer``;
+        answers 401 (counted) when it is missing or wrong."""
+        token = self.server.token
+        path = urlparse(self.path).path.rstrip("/") or "/"
+        if token is None or path in OPEN_PATHS or token.check(self.headers.get("Authorization")):
+            return True
+        self.server.refusals.refuse(L.REFUSED_UNAUTHENTICATED, f"HTTP {self.command} {path} from "
+                                    f"{self.client_address[0]} without a valid bearer token")
+        body = json.dumps({"error": "a bearer token is required (Authorization: Bearer <token>)"}).encode()
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", 'Bearer realm="perfd"')
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+        return False
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s", format % args)
@@ -180,6 +215,8 @@ class _Handler(BaseHTTPRequestHandler):
                    "application/json")
 
     def do_POST(self) -> None:
+        if not self._authorized():
+            return
         try:
             _post(self)
         except BrokenPipeError:
@@ -189,6 +226,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(500, {"error": repr(exc)})
 
     def do_GET(self) -> None:
+        if not self._authorized():
+            return
         state = self.server.state
         path = urlparse(self.path).path.rstrip("/") or "/"
         try:
@@ -239,16 +278,35 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(500, {"error": repr(exc)})
 
 
-MAX_BODY = 1 << 20
+def _body_length(handler: _Handler) -> int | None:
+    """The body's length from Content-Length, refused (answered, counted, None) before a byte of
+    it is read when it is absent with chunked encoding, not a number, negative or over the cap."""
+    refusals = handler.server.refusals
+    if handler.headers.get("Transfer-Encoding"):
+        code, err = 411, "send the body with a Content-Length (no chunked encoding)"
+    else:
+        raw = handler.headers.get("Content-Length") or "0"
+        try:
+            length = int(raw)
+        except ValueError:
+            length = -1
+        if 0 <= length <= L.MAX_HTTP_BODY_BYTES:
+            return length
+        code, err = (413, f"body larger than {L.MAX_HTTP_BODY_BYTES} bytes") if length > 0 else (
+            400, f"invalid Content-Length {raw[:32]!r}")
+    refusals.refuse(L.REFUSED_HTTP_BODY,
+                    f"HTTP POST {handler.path[:80]} from {handler.client_address[0]}: {err}")
+    handler.close_connection = True  # the unread body must not be parsed as the next request
+    handler._json(code, {"error": err})
+    return None
 
 
 def _post(handler: _Handler) -> None:
     """POST /api/captures {job, ranks?, steps?, tool?} and POST /api/alertmanager (webhook v4)."""
     path = urlparse(handler.path).path.rstrip("/")
     caps = handler.server.captures
-    length = int(handler.headers.get("Content-Length") or 0)
-    if length > MAX_BODY:
-        handler._json(413, {"error": f"body larger than {MAX_BODY} bytes"})
+    length = _body_length(handler)
+    if length is None:
         return
     try:
         body = json.loads(handler.rfile.read(length) or b"{}")
@@ -267,15 +325,32 @@ def _post(handler: _Handler) -> None:
             ranks = body.get("ranks")
             if ranks is not None and not (isinstance(ranks, list) and all(isinstance(r, int) for r in ranks)):
                 raise ValueError("'ranks' must be a list of integers")
-            rec = caps.request(str(body["job"]), ranks, str(body.get("tool", "auto")),
-                               int(body.get("steps", 3)), "manual")
+            steps = body.get("steps", 3)
+            if not isinstance(steps, int) or isinstance(steps, bool):
+                raise ValueError("'steps' must be an integer")
+            try:
+                rec = caps.request(str(body["job"]), ranks, str(body.get("tool", "auto")), steps, "manual")
+            except CaptureRateLimited as exc:
+                handler._json(429, {"error": str(exc)})
+                return
             handler._json(202 if rec.status != "refused" else 409, rec.to_json())
         elif path == "/api/alertmanager":
             from perfd.aggregator.captures import alertmanager_requests
 
-            made = [caps.request(r["job"], r["ranks"], r["tool"], r["steps"], r["origin"]).to_json()
-                    for r in alertmanager_requests(body)]
-            handler._json(200, {"captures": made})
+            reqs = alertmanager_requests(body)
+            if len(reqs) > L.MAX_ALERTS_PER_WEBHOOK:
+                handler.server.refusals.refuse(
+                    L.REFUSED_WEBHOOK_ALERTS, f"Alertmanager POST with {len(reqs)} capture alerts; the first "
+                    f"{L.MAX_ALERTS_PER_WEBHOOK} considered", len(reqs) - L.MAX_ALERTS_PER_WEBHOOK)
+            made, refused = [], []
+            for r in reqs[:L.MAX_ALERTS_PER_WEBHOOK]:
+                try:
+                    rec = caps.request(r["job"], r["ranks"], r["tool"], r["steps"], r["origin"])
+                    made.append(rec.to_json())
+                except (CaptureRateLimited, ValueError) as exc:
+                    refused.append({"job": r["job"], "origin": r["origin"], "error": str(exc)})
+            handler._json(200, {"captures": made, "refused": refused,
+                                "ignored_alerts": max(0, len(reqs) - L.MAX_ALERTS_PER_WEBHOOK)})
         else:
             handler._json(404, {"error": f"no POST handler for {path}"})
     except (ValueError, TypeError) as exc:
@@ -284,19 +359,54 @@ def _post(handler: _Handler) -> None:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # SO_REUSEADDR only (no SO_REUSEPORT): a port another process listens on refuses to bind.
+    allow_reuse_address = True
     state: AggregatorState
     captures: CaptureCoordinator | None
     registry: CollectorRegistry
+    token: TokenFile | None
+    refusals: Refusals
+
+    def __init__(self, addr: tuple[str, int]) -> None:
+        self._slots = threading.BoundedSemaphore(L.MAX_HTTP_CONNECTIONS)
+        super().__init__(addr, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # A thread per connection, at most MAX_HTTP_CONNECTIONS of them: beyond, answer 503 at once.
+        if not self._slots.acquire(blocking=False):
+            self.refusals.refuse(L.REFUSED_HTTP_CONNECTIONS, f"HTTP connection from {client_address[0]}: "
+                                 f"{L.MAX_HTTP_CONNECTIONS} already open")
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                                b"Connection: close\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(request, socket.socket):
+            log.debug("HTTP connection from %s ended with an error", client_address, exc_info=True)
 
 
 class HttpServer:
     def __init__(self, state: AggregatorState, host: str, port: int,
-                 captures: CaptureCoordinator | None = None, per_rank_series: bool = True) -> None:
-        self._srv = _Server((host, port), _Handler)
+                 captures: CaptureCoordinator | None = None, per_rank_series: bool = True,
+                 token: TokenFile | None = None, refusals: Refusals | None = None) -> None:
+        self._srv = _Server((host, port))
         self._srv.state = state
         self._srv.captures = captures
+        self._srv.token = token
+        self._srv.refusals = refusals if refusals is not None else Refusals()
         self._srv.registry = CollectorRegistry(auto_describe=False)
-        self._srv.registry.register(_StateCollector(state, per_rank_series))
+        self._srv.registry.register(_StateCollector(state, per_rank_series, self._srv.refusals))
         self.port = int(self._srv.server_address[1])
         self._thread = threading.Thread(target=self._srv.serve_forever, name="http", daemon=True)
 

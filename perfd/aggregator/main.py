@@ -5,18 +5,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from perfd import limits as L
 from perfd.aggregator.captures import CaptureCoordinator
+from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.state import AggregatorState, LabelKey
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collectives import CollectiveConfig
 from perfd.jobinfo_json import job_info_from_json
+from perfd.refusals import Refusals
 from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import default_pack_path, load_pack
 from perfd.transport.codec import DecodedBatch, HelloInfo, Series
+from perfd.transport.security import ServerTls, TokenFile
 from perfd.transport.server import IngestServer
 
 log = logging.getLogger(__name__)
@@ -24,10 +29,17 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AggregatorConfig:
-    grpc_host: str = "0.0.0.0"
+    grpc_host: str = L.LOOPBACK  # secure by default: another address (or --listen-all) opens it up
     grpc_port: int = 50051
-    http_host: str = "0.0.0.0"
+    http_host: str = L.LOOPBACK
     http_port: int = 9401
+    # Security (perfd.transport.security): TLS for gRPC (mutual with tls_client_ca) and a bearer
+    # token for gRPC and the HTTP API (all of it but /metrics and /healthz).
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    auth_token_file: str | None = None
+    limits: L.Limits = field(default_factory=L.Limits)
     gpu: str | None = None  # override the GPU name used for the peak table
     peak_tflops: float | None = None
     max_iterations_per_job: int = 5000
@@ -57,11 +69,23 @@ class Aggregator:
             self.state.collectives.config = cfg.collectives
         self.state.collectives.job_config.update(cfg.collectives_per_job)
         self.state.job_stale_after_s = cfg.job_stale_after_s
-        self.server = IngestServer(self.on_batch, self._on_hello)
+        self.refusals = Refusals()
+        self.guard = Guard(cfg.limits, self.refusals)
+        tls = None
+        if cfg.tls_cert or cfg.tls_key or cfg.tls_client_ca:
+            if not (cfg.tls_cert and cfg.tls_key):
+                raise ValueError("--tls-cert and --tls-key go together (--tls-client-ca needs both)")
+            tls = ServerTls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+        self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
+        self.server = IngestServer(self.on_batch, self._on_hello, tls=tls, token=self.token,
+                                   limits=cfg.limits, refusals=self.refusals)
         self.http: HttpServer | None = None
         self.grpc_port = 0
         self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.server.send_command,
-                                           cfg.rules_interval_s)
+                                           cfg.rules_interval_s, limits=cfg.limits,
+                                           refusals=self.refusals, hosts=self.guard.hosts)
+        # agent -> series ids refused (caps): their samples are left out, the rest delivered.
+        self._refused_series: dict[str, set[int]] = {}
         self._rules_task: asyncio.Task[None] | None = None
         # (agent, series id) -> (name, sorted labels): converted once per definition, not per sample.
         self._series: dict[str, dict[int, tuple[str, LabelKey]]] = {}
@@ -103,49 +127,77 @@ class Aggregator:
         self.captures.evaluate()
 
     def _on_hello(self, hello: HelloInfo) -> None:
-        self.state.hello(hello.agent_id, hello.jobs)
+        self.state.hello(hello.agent_id, self.guard.hello(hello.agent_id, hello.jobs))
 
     def _series_defs(self, batch: DecodedBatch) -> Mapping[int, tuple[str, LabelKey]]:
         cache = self._series.setdefault(batch.agent_id, {})
+        refused = self._refused_series.setdefault(batch.agent_id, set())
         table: Mapping[int, Series] = batch.series
+
+        def define(sid: int, s: Series) -> None:
+            known = sid in cache
+            if known or self.guard.admit_series(batch.agent_id, s.name, s.labels):
+                cache[sid] = (s.name, tuple(sorted(s.labels.items())))
+                refused.discard(sid)
+            else:
+                refused.add(sid)
+
         for sid in batch.new_series:
-            s = table[sid]
-            cache[sid] = (s.name, tuple(sorted(s.labels.items())))
-        if len(cache) < len(table):  # first batch after an aggregator restart: fill all at once
+            define(sid, table[sid])
+        if len(cache) + len(refused) < len(table):  # first batch after an aggregator restart
             for sid, s in table.items():
-                if sid not in cache:
-                    cache[sid] = (s.name, tuple(sorted(s.labels.items())))
+                if sid not in cache and sid not in refused:
+                    define(sid, s)
         return cache
 
     def on_batch(self, agent_id: str, batch: DecodedBatch) -> None:
-        st = self.state
+        st, guard = self.state, self.guard
         for job, text in batch.job_info_json.items():
+            if not guard.may_write(agent_id, job, "job info"):
+                continue
             try:
                 st.ingest_job_info(agent_id, job, job_info_from_json(text))
             except (ValueError, TypeError) as exc:
                 self.job_info_errors += 1
                 log.warning("agent %s sent unusable job info for %s: %s", agent_id, job, exc)
         if batch.n_samples:
-            st.ingest_samples(agent_id, self._series_defs(batch), batch.series_ids,
-                              batch.timestamps_ns, batch.values)
-        if batch.steps:
-            st.ingest_steps(agent_id, batch.steps)
-        if batch.collectives:
-            st.ingest_collectives(agent_id, batch.collectives)
-        if batch.events:
-            st.ingest_events(agent_id, [dict(e) for e in batch.events])
+            defs = self._series_defs(batch)
+            ids, ts, vals = batch.series_ids, batch.timestamps_ns, batch.values
+            refused = self._refused_series.get(agent_id)
+            if refused:  # the slow path only for an agent with refused series
+                keep = [i for i, sid in enumerate(ids) if sid not in refused]
+                ids, ts, vals = [ids[i] for i in keep], [ts[i] for i in keep], [vals[i] for i in keep]
+            if ids:
+                st.ingest_samples(agent_id, defs, ids, ts, vals)
+        steps = guard.steps(agent_id, batch.steps) if batch.steps else []
+        if steps:
+            st.ingest_steps(agent_id, steps)
+        colls = guard.collectives(agent_id, batch.collectives) if batch.collectives else []
+        if colls:
+            st.ingest_collectives(agent_id, colls)
+        events = guard.events(agent_id, [dict(e) for e in batch.events]) if batch.events else []
+        if events:
+            st.ingest_events(agent_id, events)
 
     async def start(self) -> None:
         self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
         self.state.transport_stats = _LiveCounters(self)
-        self.http = HttpServer(self.state, self.cfg.http_host, self.cfg.http_port, self.captures,
-                               per_rank_series=self.cfg.per_rank_series)
+        try:
+            self.http = HttpServer(self.state, self.cfg.http_host, self.cfg.http_port, self.captures,
+                                   per_rank_series=self.cfg.per_rank_series, token=self.token,
+                                   refusals=self.refusals)
+        except OSError as exc:
+            await self.server.stop(None)
+            raise OSError(f"cannot listen for HTTP on {self.cfg.http_host}:{self.cfg.http_port}: "
+                          f"{exc.strerror or exc}") from exc
         self.http.start()
         self._rules_task = asyncio.create_task(self._rules_loop())
         if self.wandb is not None:
             self._wandb_task = asyncio.create_task(self.wandb.run())
-        log.info("aggregator: gRPC on %s:%d, HTTP on %s:%d", self.cfg.grpc_host, self.grpc_port,
-                 self.cfg.http_host, self.http.port)
+        grpc_sec = ("mutual TLS" if self.cfg.tls_client_ca else "TLS") if self.cfg.tls_cert else "plaintext"
+        auth = "bearer token required" if self.token else "no token"
+        log.info("aggregator listening: gRPC %s:%d (%s, %s); HTTP %s:%d (%s outside /metrics and /healthz)",
+                 self.cfg.grpc_host, self.grpc_port, grpc_sec, auth, self.cfg.http_host, self.http.port, auth)
 
     async def stop(self) -> None:
         if self._rules_task is not None:
@@ -168,6 +220,7 @@ class _LiveCounters(Mapping[str, int]):
     def _d(self) -> dict[str, int]:
         d = self.agg.server.counters()
         d["job_info_errors"] = self.agg.job_info_errors
+        d.update({f"refused_{k}": v for k, v in self.agg.refusals.snapshot().items()})
         return d
 
     def __getitem__(self, k: str) -> int:
@@ -189,13 +242,19 @@ def run_aggregator(cfg: AggregatorConfig, ready_file: str | None = None) -> int:
         agg = Aggregator(cfg)
         await agg.start()
         assert agg.http is not None
-        print(f"perfd aggregator: gRPC {cfg.grpc_host}:{agg.grpc_port}, "
-              f"HTTP http://{cfg.http_host}:{agg.http.port}/metrics", flush=True)
+        print(f"perfd aggregator: listening on gRPC {cfg.grpc_host}:{agg.grpc_port}"
+              f"{' (TLS)' if cfg.tls_cert else ''}, HTTP http://{cfg.http_host}:{agg.http.port}/metrics"
+              f"{' (token required but for /metrics and /healthz)' if cfg.auth_token_file else ''}",
+              flush=True)
         if ready_file:  # lets a supervisor (the demo, tests) learn the bound ports
             with open(ready_file, "w") as f:
                 f.write(f"{agg.grpc_port} {agg.http.port}\n")
         await stop.wait()
         await agg.stop()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (OSError, ValueError) as exc:  # a port in use, a TLS or token file that cannot be used
+        print(f"perfd aggregator: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--ranks", help="comma-separated ranks (default: every rank of the job)")
     p.add_argument("--steps", type=int, default=3, help="iterations to capture")
     p.add_argument("--tool", choices=CAPTURE_TOOLS, default="auto")
+    p.add_argument("--auth-token-file", metavar="FILE", help="the bearer token the aggregator requires")
     p.add_argument("--wait", type=float, default=0.0,
                    help="seconds to wait for the capture to finish, printing its status")
     p.set_defaults(handler=run_capture)
@@ -61,10 +62,13 @@ def run_nsys_prefix(args: argparse.Namespace) -> int:
     return 0
 
 
+_HEADERS: dict[str, str] = {"Content-Type": "application/json"}
+
+
 def _call(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET",
-                                 headers={"Content-Type": "application/json"})
+                                 headers=_HEADERS)
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.loads(r.read())
@@ -79,6 +83,14 @@ def run_capture(args: argparse.Namespace) -> int:
         print(f"perfd capture: --ranks must be integers, got {args.ranks!r}", file=sys.stderr)
         return 2
     base = args.aggregator.rstrip("/")
+    if getattr(args, "auth_token_file", None):  # a Namespace made by hand may lack it
+        from perfd.transport.security import SecurityConfigError, TokenFile
+
+        try:
+            _HEADERS["Authorization"] = TokenFile(args.auth_token_file).header()
+        except SecurityConfigError as exc:
+            print(f"perfd capture: {exc}", file=sys.stderr)
+            return 2
     try:
         code, rec = _call(f"{base}/api/captures", {"job": args.job, "ranks": ranks, "steps": args.steps,
                                                    "tool": args.tool})

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from perfd import limits as L
+
 if TYPE_CHECKING:
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -20,7 +22,9 @@ def _agent(args: argparse.Namespace) -> int:
             megatron_log=args.megatron_log, nvml=args.nvml, metrics_port=args.metrics_port,
             node=args.node, agent_id=args.agent_id, spool_dir=args.spool_dir,
             host=None if args.host is None else args.host == "on",
-            launch_manifest=args.launch_manifest)
+            launch_manifest=args.launch_manifest, metrics_host=args.metrics_host,
+            listen_all=args.listen_all, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+            auth_token_file=args.auth_token_file)
     except ConfigError as exc:
         print(f"perfd agent: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -37,9 +41,19 @@ def _aggregator(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"perfd aggregator: {exc}", file=sys.stderr)
         return 2
+    if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_client_ca and not args.tls_cert):
+        print("perfd aggregator: --tls-cert and --tls-key go together; --tls-client-ca needs both",
+              file=sys.stderr)
+        return 2
+    every = L.ALL_INTERFACES if args.listen_all else L.LOOPBACK
+    limits = L.Limits(max_message_bytes=args.max_message_bytes, max_jobs=args.max_jobs,
+                      max_series=args.max_series, max_capture_steps=args.max_capture_steps,
+                      capture_requests_per_job=args.capture_requests_per_job)
     cfg = AggregatorConfig(collectives=coll, collectives_per_job=coll_jobs,
-                           grpc_host=args.grpc_host, grpc_port=args.grpc_port,
-                           http_host=args.http_host, http_port=args.http_port, gpu=args.gpu,
+                           grpc_host=args.grpc_host or every, grpc_port=args.grpc_port,
+                           http_host=args.http_host or every, http_port=args.http_port, gpu=args.gpu,
+                           tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
+                           auth_token_file=args.auth_token_file, limits=limits,
                            peak_tflops=args.peak_tflops,
                            rules_files=[] if args.no_rules else args.rules,
                            rules_interval_s=args.rules_interval,
@@ -82,13 +96,40 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--launch-manifest", metavar="FILE", help="watch a job started by `perfd launch`: "
                    "its job name and the megatron (its log), nccl (its Flight Recorder dumps) and hook "
                    "(its socket) collectors")
+    a.add_argument("--metrics-host", help="address of the agent's /metrics (default 127.0.0.1)")
+    a.add_argument("--listen-all", action="store_true",
+                   help="serve /metrics on every interface (0.0.0.0) unless --metrics-host is given")
+    a.add_argument("--tls-ca", metavar="FILE", help="CA certificate that signed the aggregator's: "
+                   "connect over TLS (files are read again at every reconnect)")
+    a.add_argument("--tls-cert", metavar="FILE", help="this agent's certificate, for mutual TLS")
+    a.add_argument("--tls-key", metavar="FILE", help="this agent's private key, for mutual TLS")
+    a.add_argument("--auth-token-file", metavar="FILE",
+                   help="file holding the shared bearer token the aggregator requires")
     a.set_defaults(handler=_agent)
 
     g = sub.add_parser("aggregator", help="run the aggregator (gRPC ingest, /metrics, JSON API)")
-    g.add_argument("--grpc-host", default="0.0.0.0")
+    g.add_argument("--grpc-host", help="address of the gRPC ingest (default 127.0.0.1; see --listen-all)")
     g.add_argument("--grpc-port", type=int, default=50051)
-    g.add_argument("--http-host", default="0.0.0.0")
+    g.add_argument("--http-host", help="address of /metrics and the API (default 127.0.0.1)")
     g.add_argument("--http-port", type=int, default=9401)
+    g.add_argument("--listen-all", action="store_true",
+                   help="listen on every interface (0.0.0.0) where no --grpc-host/--http-host is given")
+    g.add_argument("--tls-cert", metavar="FILE", help="server certificate: gRPC over TLS (re-read when "
+                   "it changes, no restart)")
+    g.add_argument("--tls-key", metavar="FILE", help="server private key (with --tls-cert)")
+    g.add_argument("--tls-client-ca", metavar="FILE", help="CA of the agents' certificates: mutual TLS, "
+                   "an agent id is bound to its certificate")
+    g.add_argument("--auth-token-file", metavar="FILE", help="shared bearer token: required on gRPC and "
+                   "on every HTTP path but /metrics and /healthz (re-read when the file changes)")
+    g.add_argument("--max-message-bytes", type=int, default=L.MAX_MESSAGE_BYTES,
+                   help="largest gRPC message accepted")
+    g.add_argument("--max-jobs", type=int, default=L.MAX_JOBS, help="job names held; more are refused")
+    g.add_argument("--max-series", type=int, default=L.MAX_SERIES, help="node series held; more are refused")
+    g.add_argument("--max-capture-steps", type=int, default=L.MAX_CAPTURE_STEPS,
+                   help="most iterations one requested capture may cover (API and webhook)")
+    g.add_argument("--capture-requests-per-job", type=int, default=L.CAPTURE_REQUESTS_PER_JOB,
+                   help=f"capture requests accepted per job every {L.CAPTURE_RATE_WINDOW_S:g} s "
+                   "(API and webhook)")
     g.add_argument("--gpu", help="GPU name for the peak table when agents do not report one")
     g.add_argument("--peak-tflops", type=float, help="override the peak dense TFLOP/s per GPU")
     g.add_argument("--ready-file", help="write 'GRPC_PORT HTTP_PORT' here once listening")

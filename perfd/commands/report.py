@@ -22,9 +22,9 @@ class ReportError(Exception):
     pass
 
 
-def _get_json(url: str, timeout: float) -> Any:
+def _get_json(url: str, timeout: float, headers: dict[str, str] | None = None) -> Any:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as exc:
         body = exc.read().decode(errors="replace")[:500]
@@ -38,14 +38,17 @@ def _base_url(aggregator: str) -> str:
     return url.rstrip("/")
 
 
-def from_aggregator(aggregator: str, job: str, timeout: float = 10.0) -> dict[str, Any]:
-    """{job, iterations, summary, report, ranks, incidents} from a running aggregator."""
+def from_aggregator(aggregator: str, job: str, timeout: float = 10.0,
+                    headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """{job, iterations, summary, report, ranks, incidents} from a running aggregator (``headers``:
+    the Authorization header where the aggregator needs a token)."""
     base = _base_url(aggregator)
-    summary = _get_json(f"{base}/api/jobs/{quote(job, safe='')}/summary", timeout)
+    summary = _get_json(f"{base}/api/jobs/{quote(job, safe='')}/summary", timeout, headers)
     if summary.get("report") is None:
         raise ReportError(f"the aggregator has no analysed iterations for job {job!r} yet")
     try:
-        its = _get_json(f"{base}/api/jobs/{quote(job, safe='')}/iterations?sources=0", timeout)["iterations"]
+        its = _get_json(f"{base}/api/jobs/{quote(job, safe='')}/iterations?sources=0", timeout,
+                        headers)["iterations"]
     except ReportError:  # an aggregator without the endpoint: the latest iteration only
         its = [summary["latest"]] if summary.get("latest") else []
     return {"job": summary.get("job") or {}, "iterations": its, "summary": summary.get("summary") or {},
@@ -76,7 +79,15 @@ def run_report(args: argparse.Namespace) -> int:
         if args.aggregator:
             if not args.job:
                 raise ReportError("--job is required with --aggregator")
-            data = from_aggregator(args.aggregator, args.job, args.timeout)
+            headers = None
+            if getattr(args, "auth_token_file", None):  # a Namespace made by hand may lack it
+                from perfd.transport.security import SecurityConfigError, TokenFile
+
+                try:
+                    headers = {"Authorization": TokenFile(args.auth_token_file).header()}
+                except SecurityConfigError as exc:
+                    raise ReportError(str(exc)) from None
+            data = from_aggregator(args.aggregator, args.job, args.timeout, headers)
             source = f"aggregator {_base_url(args.aggregator)}, job {args.job}"
         elif args.log:
             data = from_log(args.log, args.job, args.gpu, args.peak_tflops, args.dtype)
@@ -108,4 +119,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--peak-tflops", type=float, help="with --log: peak dense TFLOP/s per GPU")
     p.add_argument("--dtype", help="with --log: training dtype for the peak (default: from the log)")
     p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds (--aggregator)")
+    p.add_argument("--auth-token-file", metavar="FILE",
+                   help="with --aggregator: the bearer token it requires")
     p.set_defaults(handler=run_report)

@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 
 from perfd import __version__
+from perfd import limits as L
 from perfd.model import CollectiveRecord, Sample, StepRecord
 from perfd.transport.codec import (
     Command,
@@ -37,6 +38,7 @@ from perfd.transport.codec import (
     frame_batch,
 )
 from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.security import AUTH_HEADER, ClientTls, TokenFile
 from perfd.transport.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -48,20 +50,29 @@ def _passthrough(b: bytes) -> bytes:
     return b  # every request is serialized before it is written (batches come framed from the spool)
 
 
-def channel_options(max_message_bytes: int = 64 << 20) -> list[tuple[str, int]]:
+def channel_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    ms = 1000
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         # A network cut without RST would otherwise leave the stream "open" for the kernel's TCP
-        # timeout (minutes): ping every 20 s and give up after 10 s without an answer.
-        ("grpc.keepalive_time_ms", 20_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
+        # timeout (minutes): ping every KEEPALIVE_TIME_S and give up after KEEPALIVE_TIMEOUT_S.
+        ("grpc.keepalive_time_ms", int(L.KEEPALIVE_TIME_S * ms)),
+        ("grpc.keepalive_timeout_ms", int(L.KEEPALIVE_TIMEOUT_S * ms)),
+        ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         # We reconnect with our own backoff and a fresh channel: no hidden channel-level backoff.
         ("grpc.initial_reconnect_backoff_ms", 500),
         ("grpc.max_reconnect_backoff_ms", 30_000),
         ("grpc.enable_retries", 0),
+        # A fresh channel must mean a fresh TCP connection: with gRPC's global subchannel pool a
+        # new channel to the same target reuses the old connection, half-open one included.
+        ("grpc.use_local_subchannel_pool", 1),
     ]
+
+
+class AckTimeout(Exception):
+    """No acknowledgement (Ack or command) from the aggregator within the ack timeout."""
 
 
 class AgentClient:
@@ -82,9 +93,13 @@ class AgentClient:
         on_command: Callable[[Command], object] | None = None,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
-        max_series: int = 100_000,
-        max_batch_bytes: int = 32 << 20,
+        max_series: int = L.MAX_SERIES_PER_AGENT,
+        max_batch_bytes: int = L.MAX_BATCH_BYTES,
         grpc_options: Sequence[tuple[str, Any]] | None = None,
+        tls: ClientTls | None = None,
+        token: TokenFile | None = None,
+        heartbeat_s: float = L.HEARTBEAT_S,
+        ack_timeout_s: float = L.ACK_TIMEOUT_S,
     ) -> None:
         self.target = target
         self.agent_id = agent_id
@@ -101,6 +116,11 @@ class AgentClient:
         self.max_series = max_series
         self.max_batch_bytes = max_batch_bytes
         self._grpc_options = list(grpc_options) if grpc_options is not None else channel_options()
+        self.tls = tls
+        self.token = token
+        self.heartbeat_s = heartbeat_s
+        self.ack_timeout_s = ack_timeout_s
+        self._last_heard = 0.0  # loop time the aggregator last sent anything on this stream
         self._lock = threading.Lock()  # guards spool and table: submit() may run on other threads
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -110,7 +130,11 @@ class AgentClient:
         self._tasks: set[asyncio.Future[Any]] = set()
         self._answered = False  # the aggregator has sent something on the current stream
         # Counters for the agent's own /metrics.
+        # True from the first acknowledgement of a stream until ack_timeout_s pass without one, or
+        # the stream ends: it follows acknowledgements, not the socket.
         self.connected = False
+        self.ack_timeouts = 0
+        self.heartbeats_sent = 0
         self.connects = 0
         self.reconnects = 0
         self.batches_submitted = 0
@@ -222,21 +246,28 @@ class AgentClient:
     async def _session(self) -> bool:
         """One stream, until it breaks. Returns whether the aggregator answered on it."""
         self._answered = False
-        channel = grpc.aio.insecure_channel(self.target, options=self._grpc_options)
+        if self.tls is not None:  # files read again for every channel: renewed ones apply now
+            channel = grpc.aio.secure_channel(self.target, self.tls.credentials(), options=self._grpc_options)
+        else:
+            channel = grpc.aio.insecure_channel(self.target, options=self._grpc_options)
+        metadata = ((AUTH_HEADER, self.token.header()),) if self.token is not None else None
         call = None
         tasks: list[asyncio.Task[None]] = []
         try:
             call = channel.stream_stream(STREAM_METHOD, request_serializer=_passthrough,
-                                         response_deserializer=pb.AggregatorMessage.FromString)()
+                                         response_deserializer=pb.AggregatorMessage.FromString)(
+                                             metadata=metadata)
             with self._lock:
                 hello = encode_hello(self.agent_id, self.node, self.version, self.jobs, self.capabilities,
                                      self.spool.epoch, self.table)
                 self.table.take_new()  # the Hello defines every series; batches need not repeat them
                 self._inflight.clear()
                 self._last_sent = self.spool.acked_seq  # resend everything unacknowledged
+            self._last_heard = asyncio.get_running_loop().time()
             await call.write(hello.SerializeToString())
             self.connects += 1
-            tasks = [asyncio.create_task(self._read_loop(call)), asyncio.create_task(self._write_loop(call))]
+            tasks = [asyncio.create_task(self._read_loop(call)), asyncio.create_task(self._write_loop(call)),
+                     asyncio.create_task(self._watchdog())]
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 t.result()  # re-raise the error that ended the stream, if any
@@ -253,8 +284,22 @@ class AgentClient:
                 call.cancel()
             await channel.close(grace=None)
 
+    async def _watchdog(self) -> None:
+        """End the stream when the aggregator has acknowledged nothing for ack_timeout_s: a
+        half-open or black-holed connection looks open to the socket and, for a while, to gRPC."""
+        loop = asyncio.get_running_loop()
+        while True:
+            silent = loop.time() - self._last_heard
+            if silent > self.ack_timeout_s:
+                self.ack_timeouts += 1
+                self.connected = False
+                raise AckTimeout(f"no acknowledgement from the aggregator for {silent:.1f} s")
+            await asyncio.sleep(min(1.0, self.ack_timeout_s / 10))
+
     async def _read_loop(self, call: Any) -> None:
+        loop = asyncio.get_running_loop()
         async for msg in call:
+            self._last_heard = loop.time()
             which = msg.WhichOneof("msg")
             if which == "ack":
                 self._answered = self.connected = True
@@ -274,7 +319,13 @@ class AgentClient:
                 with self._lock:
                     recs = self.spool.read(self._last_sent, room)
             if not recs:
-                await self._wake.wait()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.heartbeat_s)
+                except asyncio.TimeoutError:
+                    # Nothing to send for a while: ask for an Ack so both sides keep seeing one.
+                    msg = pb.AgentMessage(heartbeat=pb.Heartbeat(sent_ns=time.time_ns()))
+                    await call.write(msg.SerializeToString())
+                    self.heartbeats_sent += 1
                 continue
             for seq, data in recs:
                 await call.write(frame_batch(data))
@@ -340,6 +391,7 @@ class AgentClient:
                    batches_acked=self.batches_acked, resent=self.resent, inflight=len(self._inflight),
                    commands_received=self.commands_received, command_errors=self.command_errors,
                    stream_errors=self.stream_errors, series=len(self.table),
+                   ack_timeouts=self.ack_timeouts, heartbeats_sent=self.heartbeats_sent,
                    series_journal_errors=self.table.journal_errors)
         return out
 

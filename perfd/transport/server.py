@@ -30,6 +30,8 @@ from typing import Any
 
 import grpc
 
+from perfd import limits as L
+from perfd.refusals import Refusals
 from perfd.transport.codec import (
     Command,
     DecodedBatch,
@@ -40,6 +42,7 @@ from perfd.transport.codec import (
     decode_hello,
 )
 from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.security import AUTH_HEADER, ServerTls, TokenFile, peer_identity
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +50,21 @@ OnBatch = Callable[[str, DecodedBatch], None]
 OnHello = Callable[[HelloInfo], None]
 
 
-def server_options(max_message_bytes: int = 64 << 20) -> list[tuple[str, int]]:
+def server_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    ms = 1000
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
-        # Agents ping every 20 s to notice a dead network; let them, even when no data flows.
+        # A port already in use must refuse to start: with SO_REUSEPORT a second aggregator would
+        # share the port and take some agents' connections.
+        ("grpc.so_reuseport", 0),
+        # Agents ping every KEEPALIVE_TIME_S to notice a dead network; let them, even idle.
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", int(L.KEEPALIVE_TIME_S * ms) // 2),
         ("grpc.http2.max_ping_strikes", 0),
         # And notice dead agents ourselves, so their stream (and its registry entry) goes away.
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_time_ms", int(L.KEEPALIVE_TIME_S * ms)),
+        ("grpc.keepalive_timeout_ms", int(L.KEEPALIVE_TIMEOUT_S * ms)),
         ("grpc.http2.max_pings_without_data", 0),  # an idle agent sends no data: keep pinging it
     ]
 
@@ -88,8 +95,9 @@ class SeqTracker:
 class _Conn:
     """One agent stream's state, shared by its reader task and its response generator."""
 
-    def __init__(self, peer: str) -> None:
+    def __init__(self, peer: str, identity: str, now: float) -> None:
         self.peer = peer
+        self.identity = identity
         self.agent_id: str | None = None
         self.epoch = ""
         self.series: dict[int, Series] = {}
@@ -99,14 +107,36 @@ class _Conn:
         self.commands: deque[pb.Command] = deque()
         self.ack_due = 0
         self.ack_sent = -1  # so that the Ack answering the Hello goes out even when it is 0
+        self.ack_forced = False  # a Heartbeat asks for an Ack even when nothing new is covered
         self.last_ack_at = 0.0
+        self.opened_at = now
+        self.last_msg_at = now  # loop time of the last message from the agent
         self.closed = False
+        self.close_reason: tuple[grpc.StatusCode, str] | None = None
         self.wake = asyncio.Event()
+
+    def close(self, code: grpc.StatusCode, reason: str) -> None:
+        if not self.closed:
+            self.close_reason = (code, reason)
+            self.closed = True
+        self.wake.set()
+
+
+class StreamRefused(Exception):
+    def __init__(self, code: grpc.StatusCode, reason: str, text: str) -> None:
+        super().__init__(text)
+        self.code, self.reason = code, reason
 
 
 class IngestServer:
     """``grpc.aio`` ingest server. ``on_batch(agent_id, batch)`` runs on the event loop for every
-    batch: keep it synchronous and fast (append columns, update indexes), or hand off."""
+    batch: keep it synchronous and fast (append columns, update indexes), or hand off.
+
+    Security (docs/reliability.md): with ``token`` every stream must carry ``authorization:
+    Bearer <token>`` metadata; with ``tls`` the port speaks TLS (mutual when it names a client
+    CA). Each agent id is bound to the identity of its first stream (perfd.transport.security):
+    another identity claiming it is refused and counted. Without any credentials the binding holds
+    while the bound stream is open (the peer's address is all there is to go on)."""
 
     SERVICE = "perfd.v1.Ingest"
 
@@ -117,20 +147,33 @@ class IngestServer:
         *,
         seq_state: SeqTracker | None = None,
         ack_interval_s: float = 0.002,
-        max_message_bytes: int = 64 << 20,
+        max_message_bytes: int | None = None,
+        tls: ServerTls | None = None,
+        token: TokenFile | None = None,
+        limits: L.Limits | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self._on_batch = on_batch
         self._on_hello = on_hello
         self.seq_state = seq_state if seq_state is not None else SeqTracker()
         self.ack_interval_s = ack_interval_s
-        self._max_message_bytes = max_message_bytes
+        self.limits = limits if limits is not None else L.Limits()
+        if max_message_bytes is not None:
+            self.limits.max_message_bytes = max_message_bytes
+        self.tls = tls
+        self.token = token
+        self.refusals = refusals if refusals is not None else Refusals()
         self._server: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._streams: dict[str, _Conn] = {}  # agent_id -> its newest stream (commands go there)
+        self._streams: dict[str, _Conn] = {}  # agent_id -> its live stream (commands go there)
+        self._identities: dict[str, str] = {}  # agent_id -> the identity it is bound to
+        self._open = 0
         self._agent_losses: dict[str, tuple[int, int]] = {}
         self._logged_errors: set[tuple[str, str]] = set()
         # Counters.
         self.streams_opened = 0
+        self.streams_superseded = 0
+        self.heartbeats = 0
         self.batches = 0
         self.samples = 0
         self.steps = 0
@@ -147,10 +190,11 @@ class IngestServer:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Bind and start; returns the bound port (``port=0`` picks a free one)."""
+    async def start(self, host: str = L.LOOPBACK, port: int = 0) -> int:
+        """Bind and start; returns the bound port (``port=0`` picks a free one). Raises OSError
+        when the address cannot be bound (in use, not local): no port sharing."""
         self._loop = asyncio.get_running_loop()
-        server = grpc.aio.server(options=server_options(self._max_message_bytes))
+        server = grpc.aio.server(options=server_options(self.limits.max_message_bytes))
         handler = grpc.stream_stream_rpc_method_handler(
             self._stream,
             request_deserializer=pb.AgentMessage.FromString,
@@ -159,9 +203,18 @@ class IngestServer:
         service = grpc.method_handlers_generic_handler(self.SERVICE, {"Stream": handler})
         server.add_generic_rpc_handlers((service,))
         addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        bound = server.add_insecure_port(addr)
+        try:
+            if self.tls is not None:
+                bound = server.add_secure_port(addr, self.tls.credentials())
+            else:
+                bound = server.add_insecure_port(addr)
+        except RuntimeError as exc:  # grpcio raises where older versions returned 0
+            bound, why = 0, str(exc)
+        else:
+            why = ""
         if not bound:
-            raise OSError(f"could not bind the ingest server to {addr}")
+            await server.stop(None)
+            raise OSError(f"cannot listen for gRPC on {addr}: address in use or not local {why}".rstrip())
         await server.start()
         self._server = server
         return int(bound)
@@ -182,9 +235,9 @@ class IngestServer:
     # ------------------------------------------------------------------ commands
 
     def send_command(self, agent_id: str, command: Command) -> bool:
-        """Queue ``command`` to the agent's current stream. False (and counted) when that agent has
-        no stream: a capture command is only meaningful now, so it is not kept for later.
-        Safe to call from another thread."""
+        """Queue ``command`` to the agent's live stream (the one bound to the agent's identity).
+        False (and counted) when that agent has none: a capture command is only meaningful now,
+        so it is not kept for later. Safe to call from another thread."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
@@ -211,25 +264,60 @@ class IngestServer:
         conn.wake.set()
         return True
 
+    def _live(self, conn: _Conn, now: float) -> bool:
+        return not conn.closed and now - conn.last_msg_at <= self.limits.agent_silence_s
+
     def connected_agents(self) -> list[str]:
-        return sorted(a for a, c in self._streams.items() if not c.closed)
+        """Agents whose stream carried a message (each one acknowledged) within the silence
+        limit: an open socket alone does not count."""
+        loop = self._loop
+        now = loop.time() if loop is not None and not loop.is_closed() else 0.0
+        # A copy first: the HTTP thread reads this while the event loop adds and removes streams.
+        return sorted(a for a, c in list(self._streams.items()) if self._live(c, now))
 
     # ------------------------------------------------------------------ the stream
+
+    def _authenticate(self, context: Any) -> str:
+        token_ok = False
+        if self.token is not None:
+            md = dict(context.invocation_metadata() or ())
+            if not self.token.check(md.get(AUTH_HEADER)):
+                raise StreamRefused(grpc.StatusCode.UNAUTHENTICATED, L.REFUSED_UNAUTHENTICATED,
+                                    f"stream from {context.peer()} without a valid bearer token")
+            token_ok = True
+        return peer_identity(context, token_ok)
 
     async def _stream(self, request_iterator: AsyncIterator[pb.AgentMessage],
                       context: Any) -> AsyncIterator[pb.AggregatorMessage]:
         loop = asyncio.get_running_loop()
-        conn = _Conn(peer=str(context.peer()))
+        try:
+            identity = self._authenticate(context)
+            if self._open >= self.limits.max_streams:
+                raise StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, L.REFUSED_STREAMS,
+                                    f"{self._open} streams open (cap {self.limits.max_streams})")
+        except StreamRefused as exc:
+            self.refusals.refuse(exc.reason, str(exc))
+            await context.abort(exc.code, str(exc))
+            return
+        conn = _Conn(peer=str(context.peer()), identity=identity, now=loop.time())
+        self._open += 1
         self.streams_opened += 1
         reader = asyncio.create_task(self._read(request_iterator, conn))
+        # Liveness checks run at least this often even when nothing wakes the stream.
+        tick = max(0.05, min(1.0, self.limits.agent_silence_s / 4, self.limits.hello_timeout_s / 4))
         try:
             while True:
-                await conn.wake.wait()
+                try:
+                    await asyncio.wait_for(conn.wake.wait(), timeout=tick)
+                except asyncio.TimeoutError:
+                    self._check_liveness(conn, loop.time())
                 conn.wake.clear()
+                if conn.closed:
+                    break
                 while conn.commands:
                     self.commands_sent += 1
                     yield pb.AggregatorMessage(command=conn.commands.popleft())
-                if conn.agent_id is not None and conn.ack_due > conn.ack_sent:
+                if conn.agent_id is not None and (conn.ack_due > conn.ack_sent or conn.ack_forced):
                     # Acks coalesce: at most one per ack_interval_s per stream, and the next one
                     # covers every batch accepted meanwhile. Each message costs the server
                     # ~0.1 ms of gRPC machinery, so a busy agent should not get an Ack per batch.
@@ -238,35 +326,90 @@ class IngestServer:
                     if wait > 0 and not reader.done():
                         await asyncio.sleep(wait)
                     conn.last_ack_at = loop.time()
-                    conn.ack_sent = conn.ack_due
+                    conn.ack_sent = max(conn.ack_sent, conn.ack_due)
+                    conn.ack_forced = False
                     self.acks_sent += 1
-                    yield pb.AggregatorMessage(ack=pb.Ack(acked_seq=conn.ack_sent))
+                    yield pb.AggregatorMessage(ack=pb.Ack(acked_seq=max(conn.ack_sent, 0)))
                 if reader.done():
                     break
         finally:
+            self._open -= 1
             reader.cancel()
             if conn.agent_id is not None and self._streams.get(conn.agent_id) is conn:
                 del self._streams[conn.agent_id]
+        if conn.close_reason is not None:
+            await context.abort(*conn.close_reason)
         if not reader.cancelled() and reader.exception() is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(reader.exception()))
+            err = reader.exception()
+            if isinstance(err, StreamRefused):
+                await context.abort(err.code, str(err))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+    def _check_liveness(self, conn: _Conn, now: float) -> None:
+        if conn.agent_id is None and now - conn.opened_at > self.limits.hello_timeout_s:
+            self.refusals.refuse(L.REFUSED_HELLO_TIMEOUT, f"stream from {conn.peer} sent no Hello "
+                                 f"within {self.limits.hello_timeout_s:g} s; closed")
+            conn.close(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello")
+        elif conn.agent_id is not None and now - conn.last_msg_at > self.limits.agent_silence_s:
+            self.refusals.refuse(L.REFUSED_SILENT, f"agent {conn.agent_id} ({conn.peer}) sent nothing "
+                                 f"for {self.limits.agent_silence_s:g} s; stream closed")
+            conn.close(grpc.StatusCode.UNAVAILABLE, "silent stream")
 
     async def _read(self, it: AsyncIterator[pb.AgentMessage], conn: _Conn) -> None:
+        loop = asyncio.get_running_loop()
         try:
             async for msg in it:
+                conn.last_msg_at = loop.time()
                 which = msg.WhichOneof("msg")
                 if which == "batch":
                     self._batch(conn, msg.batch)
                 elif which == "hello":
                     self._hello(conn, msg.hello)
+                elif which == "heartbeat":
+                    self.heartbeats += 1
+                    conn.ack_forced = conn.agent_id is not None
+                    conn.wake.set()
         finally:
             conn.closed = True
             conn.wake.set()
 
+    def _bind(self, conn: _Conn, agent_id: str) -> None:
+        """Bind ``agent_id`` to this stream's identity, or refuse (see the class docstring)."""
+        bound = self._identities.get(agent_id)
+        live = self._streams.get(agent_id)
+        if bound is not None and bound != conn.identity:
+            unauthenticated = bound.startswith("addr:") and conn.identity.startswith("addr:")
+            if not unauthenticated or (live is not None and not live.closed):
+                raise StreamRefused(grpc.StatusCode.PERMISSION_DENIED, L.REFUSED_IDENTITY,
+                                    f"agent id {agent_id!r} is bound to other credentials; "
+                                    f"refused the stream from {conn.peer}")
+        self._identities[agent_id] = conn.identity
+        if live is not None and live is not conn and not live.closed:
+            # The same agent again (a reconnect after a cut the old stream has not noticed yet):
+            # the newer stream wins and the older one is closed at once.
+            self.streams_superseded += 1
+            live.close(grpc.StatusCode.ABORTED, "superseded by a newer stream of the same agent")
+        self._streams[agent_id] = conn
+
     def _hello(self, conn: _Conn, hello: pb.Hello) -> None:
+        if conn.agent_id is not None:
+            self.protocol_errors += 1
+            raise ValueError("a second Hello on one stream")
+        if not hello.agent_id or len(hello.agent_id.encode()) > L.MAX_JOB_NAME_BYTES:
+            self.protocol_errors += 1
+            raise ValueError("Hello without a usable agent_id")
+        if len(hello.series) > self.limits.max_series_per_agent:
+            raise StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, L.REFUSED_SERIES,
+                                f"agent {hello.agent_id} defines {len(hello.series)} series "
+                                f"(cap {self.limits.max_series_per_agent})")
+        try:
+            self._bind(conn, hello.agent_id)
+        except StreamRefused as exc:
+            self.refusals.refuse(exc.reason, str(exc))
+            raise
         info = decode_hello(hello, conn.series, peer=conn.peer)
         conn.hello_ids = [d.id for d in hello.series]
         conn.agent_id, conn.epoch = info.agent_id, info.spool_epoch
-        self._streams[info.agent_id] = conn  # a newer stream replaces one not yet seen to be dead
         # Tell the agent what we already hold, so it does not resend batches whose Ack was lost.
         conn.ack_due = max(conn.ack_due, self.seq_state.last(info.agent_id, info.spool_epoch))
         conn.ack_sent = -1
@@ -295,7 +438,26 @@ class IngestServer:
         conn.ack_due = max(conn.ack_due, self.seq_state.last(agent, conn.epoch))
         conn.wake.set()
 
+    def _trim(self, agent: str, conn: _Conn, b: pb.Batch) -> bool:
+        """Apply the per-message caps; False when the whole batch is refused (it is acknowledged
+        all the same: resending it would be refused again)."""
+        if b.series and len(conn.series) + len(b.series) > self.limits.max_series_per_agent:
+            self.refusals.refuse(L.REFUSED_SERIES, f"batch {b.seq} of agent {agent} would define "
+                                 f"{len(conn.series) + len(b.series)} series (cap "
+                                 f"{self.limits.max_series_per_agent}); batch refused",
+                                 max(1, len(b.values)))
+            return False
+        big = [i for i, e in enumerate(b.events) if e.ByteSize() > self.limits.max_event_bytes]
+        for i in reversed(big):
+            del b.events[i]
+        if big:
+            self.refusals.refuse(L.REFUSED_EVENT_BYTES, f"{len(big)} event(s) of agent {agent} larger "
+                                 f"than {self.limits.max_event_bytes} bytes", len(big))
+        return True
+
     def _deliver(self, agent: str, conn: _Conn, b: pb.Batch) -> None:
+        if not self._trim(agent, conn, b):
+            return
         try:
             decoded = decode_batch(b, conn.series)
             if conn.hello_ids:
@@ -331,6 +493,8 @@ class IngestServer:
         return {
             "agents_connected": len(self.connected_agents()),
             "streams_opened": self.streams_opened,
+            "streams_superseded": self.streams_superseded,
+            "heartbeats": self.heartbeats,
             "batches": self.batches,
             "samples": self.samples,
             "steps": self.steps,

@@ -7,12 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "batch")
+    __slots__ = ("hello", "batch", "heartbeat")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     batch: Batch
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+    heartbeat: Heartbeat
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("sent_ns",)
+    SENT_NS_FIELD_NUMBER: _ClassVar[int]
+    sent_ns: int
+    def __init__(self, sent_ns: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("agent_id", "node", "version", "jobs", "capabilities", "spool_epoch", "series")

@@ -1,0 +1,95 @@
+"""Every cap perfd puts on what arrives from the network, declared once (docs/reliability.md).
+
+Pure data, like the catalog: the transport, the aggregator, the agent and the docs read it; flags
+override a few of them (``perfd aggregator --help``). Each refusal a cap causes is counted in
+``perfd_aggregator_refused_total{reason}`` with one of the ``REFUSED_*`` reasons below, and logged
+at most once per reason every ``REFUSAL_LOG_INTERVAL_S``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# ---- listening ------------------------------------------------------------------------------------
+LOOPBACK = "127.0.0.1"  # where every daemon listens unless given an address (or --listen-all)
+ALL_INTERFACES = "0.0.0.0"
+
+# ---- transport (gRPC) -----------------------------------------------------------------------------
+# One gRPC message, both directions. The agent keeps its batches below it (MAX_BATCH_BYTES).
+MAX_MESSAGE_BYTES = 16 << 20
+MAX_BATCH_BYTES = MAX_MESSAGE_BYTES - (64 << 10)  # room for the frame around a spooled batch
+MAX_STREAMS = 10_000  # open ingest streams, all agents together
+STREAMS_PER_AGENT = 1  # a newer stream of the same agent (same identity) closes the older one
+HELLO_TIMEOUT_S = 10.0  # a stream that has not said Hello by then is closed
+MAX_SERIES_PER_AGENT = 50_000  # series definitions one agent may hold at the aggregator
+MAX_EVENT_BYTES = 256 << 10  # one event on the wire (text + labels + payload)
+
+# Liveness (measured in tests/faults: a half-open link is noticed within LIVENESS_BUDGET_S).
+KEEPALIVE_TIME_S = 10.0  # gRPC HTTP/2 ping interval, both sides
+KEEPALIVE_TIMEOUT_S = 10.0  # a ping unanswered this long ends the connection
+HEARTBEAT_S = 5.0  # the agent sends a Heartbeat after this long without writing
+ACK_TIMEOUT_S = 20.0  # the agent drops a stream without any acknowledgement for this long
+AGENT_SILENCE_S = 20.0  # the aggregator drops a stream that sent nothing for this long
+LIVENESS_BUDGET_S = 30.0  # what docs/reliability.md promises
+
+# ---- aggregator state -----------------------------------------------------------------------------
+MAX_JOBS = 1_000  # distinct job names held
+MAX_SERIES = 1_000_000  # node series held, all agents together
+MAX_LABELS_PER_SERIES = 16
+MAX_LABEL_VALUE_BYTES = 256
+MAX_JOB_NAME_BYTES = 256
+
+# ---- captures -------------------------------------------------------------------------------------
+MAX_CAPTURE_STEPS = 50  # iterations one capture may cover (HTTP API and webhook alike)
+CAPTURE_REQUESTS_PER_JOB = 5  # requests (HTTP API and webhook) accepted per job ...
+CAPTURE_RATE_WINDOW_S = 300.0  # ... in this sliding window
+MAX_CAPTURE_RECORDS = 1_000  # capture records kept; the oldest finished ones are pruned first
+MAX_ALERTS_PER_WEBHOOK = 100  # alerts of one Alertmanager POST that may ask for a capture
+
+# ---- HTTP -----------------------------------------------------------------------------------------
+MAX_HTTP_BODY_BYTES = 1 << 20
+HTTP_IDLE_TIMEOUT_S = 30.0  # a connection that sends nothing this long is closed
+MAX_HTTP_CONNECTIONS = 64  # served at once; more are answered 503 and closed
+
+REFUSAL_LOG_INTERVAL_S = 60.0
+
+# ---- reasons of perfd_aggregator_refused_total ---------------------------------------------------
+REFUSED_UNAUTHENTICATED = "unauthenticated"  # no or wrong token / client certificate
+REFUSED_IDENTITY = "identity_mismatch"  # an agent id claimed by other credentials
+REFUSED_NOT_HOST = "not_host"  # step records or job info from an agent not hosting the job
+REFUSED_STREAMS = "streams"  # MAX_STREAMS open
+REFUSED_HELLO_TIMEOUT = "hello_timeout"
+REFUSED_SILENT = "silent_stream"  # AGENT_SILENCE_S without a message
+REFUSED_JOBS = "jobs_cap"
+REFUSED_SERIES = "series_cap"
+REFUSED_LABELS = "label_cap"  # too many labels or a label value too long
+REFUSED_EVENT_BYTES = "event_bytes"
+REFUSED_CAPTURE_RATE = "capture_rate"
+REFUSED_CAPTURE_STEPS = "capture_steps"
+REFUSED_WEBHOOK_ALERTS = "webhook_alerts"
+REFUSED_HTTP_BODY = "http_body"
+REFUSED_HTTP_CONNECTIONS = "http_connections"
+REFUSED_REASONS = (
+    REFUSED_UNAUTHENTICATED, REFUSED_IDENTITY, REFUSED_NOT_HOST, REFUSED_STREAMS,
+    REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_JOBS, REFUSED_SERIES, REFUSED_LABELS,
+    REFUSED_EVENT_BYTES, REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
+    REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS,
+)
+
+
+@dataclass
+class Limits:
+    """The caps in force in one aggregator (defaults above; flags override some)."""
+
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_streams: int = MAX_STREAMS
+    max_series_per_agent: int = MAX_SERIES_PER_AGENT
+    max_event_bytes: int = MAX_EVENT_BYTES
+    max_jobs: int = MAX_JOBS
+    max_series: int = MAX_SERIES
+    max_capture_steps: int = MAX_CAPTURE_STEPS
+    capture_requests_per_job: int = CAPTURE_REQUESTS_PER_JOB
+    capture_rate_window_s: float = CAPTURE_RATE_WINDOW_S
+    max_capture_records: int = MAX_CAPTURE_RECORDS
+    agent_silence_s: float = AGENT_SILENCE_S
+    hello_timeout_s: float = HELLO_TIMEOUT_S

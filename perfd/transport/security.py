@@ -1,0 +1,172 @@
+"""TLS, mutual TLS and the shared bearer token, for gRPC and the aggregator's HTTP API.
+
+Files are re-read when they change, never needing a restart: the server's certificate and key (and
+the client CA) through gRPC's dynamic SSL credentials, whose fetcher gRPC calls before every new
+TLS handshake; the agent's through a fresh channel on every reconnect; the token through its
+file's modification time. A file that cannot be read at start-up stops the daemon (a clear error);
+one that breaks later keeps the last good copy and is logged.
+
+Identity (what an agent id is bound to, see docs/reliability.md): the client certificate's subject
+(common name, else its first subject alternative name) under mutual TLS; ``token`` when only the
+shared token authenticates (every holder of the token is the same identity); the peer's address
+when nothing authenticates (loopback by default).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+AUTH_HEADER = "authorization"  # gRPC metadata key and HTTP header (gRPC wants it lower case)
+
+
+class SecurityConfigError(ValueError):
+    """A TLS or token file is missing, unreadable or inconsistent (start-up refuses)."""
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise SecurityConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
+    if not data.strip():
+        raise SecurityConfigError(f"{what} {path} is empty")
+    return data
+
+
+def _mtimes(paths: tuple[str, ...]) -> tuple[float, ...]:
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            out.append(st.st_mtime_ns + st.st_ino + st.st_size)  # a replaced file changes inode too
+        except OSError:
+            out.append(-1)
+    return tuple(out)
+
+
+class TokenFile:
+    """A bearer token read from a file (first line, surrounding blanks stripped), re-read when the
+    file changes. ``check()`` compares in constant time."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamp = _mtimes((path,))
+        self._token = self._load()
+
+    def _load(self) -> bytes:
+        token = _read(self.path, "token file").strip().splitlines()[0].strip()
+        if len(token) < 16:
+            raise SecurityConfigError(f"token in {self.path} is shorter than 16 characters")
+        return token
+
+    def token(self) -> bytes:
+        with self._lock:
+            stamp = _mtimes((self.path,))
+            if stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    self._token = self._load()
+                    log.info("token file %s re-read", self.path)
+                except SecurityConfigError as exc:
+                    log.error("%s; keeping the previous token", exc)
+            return self._token
+
+    def check(self, header: str | bytes | None) -> bool:
+        """True when ``header`` is ``Bearer <token>`` with the current token."""
+        if header is None:
+            return False
+        raw = header.encode() if isinstance(header, str) else header
+        scheme, _, value = raw.partition(b" ")
+        if scheme.lower() != b"bearer":
+            return False
+        return hmac.compare_digest(value.strip(), self.token())
+
+    def header(self) -> str:
+        return "Bearer " + self.token().decode()
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """The aggregator's certificate and key; ``client_ca`` set = mutual TLS (clients must present
+    a certificate that CA signed)."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+    def _config(self) -> Any:
+        pair = [(_read(self.key, "TLS key"), _read(self.cert, "TLS certificate"))]
+        ca = _read(self.client_ca, "client CA") if self.client_ca else None
+        return grpc.ssl_server_certificate_configuration(pair, root_certificates=ca)
+
+    def credentials(self) -> grpc.ServerCredentials:
+        paths = tuple(p for p in (self.cert, self.key, self.client_ca) if p)
+        lock = threading.Lock()
+        state = {"stamp": _mtimes(paths)}
+        initial = self._config()
+
+        def fetch() -> Any:
+            # Called by gRPC before every new handshake: cheap when nothing changed (three stats).
+            with lock:
+                stamp = _mtimes(paths)
+                if stamp == state["stamp"]:
+                    return None
+                state["stamp"] = stamp
+                try:
+                    cfg = self._config()
+                except SecurityConfigError as exc:
+                    log.error("TLS files changed but cannot be used (%s); keeping the previous ones", exc)
+                    return None
+                log.info("TLS certificate re-read from %s", self.cert)
+                return cfg
+
+        return grpc.dynamic_ssl_server_credentials(initial, fetch,
+                                                   require_client_authentication=self.client_ca is not None)
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """The agent's trust root (``ca``) and, for mutual TLS, its certificate and key. Read again for
+    every new channel, so renewed files apply at the next reconnect."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise SecurityConfigError("--tls-cert and --tls-key go together")
+        self.credentials()  # fail at start-up, not at the first connection
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        ca = _read(self.ca, "TLS CA")
+        if self.cert and self.key:
+            key, cert = _read(self.key, "TLS key"), _read(self.cert, "TLS certificate")
+            return grpc.ssl_channel_credentials(ca, key, cert)
+        return grpc.ssl_channel_credentials(ca)
+
+
+def peer_identity(context: Any, token_ok: bool) -> str:
+    """What an agent id is bound to, from a gRPC servicer context (see the module docstring)."""
+    auth = context.auth_context() or {}
+    for key in ("x509_common_name", "x509_subject_alternative_name"):
+        vals = auth.get(key)
+        if vals:
+            v = vals[0]
+            return "cert:" + (v.decode(errors="replace") if isinstance(v, bytes) else str(v))
+    if token_ok:
+        return "token"
+    peer = str(context.peer())  # "ipv4:127.0.0.1:54321" / "ipv6:[::1]:54321"
+    host = peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+    return "addr:" + host

@@ -1,0 +1,90 @@
+"""The daemons themselves: loopback by default, a port in use refuses to start (non-zero exit, a
+clear message), and the agent's spool-bytes metric reads the spool."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from perfd.agent.config import AgentConfig
+from perfd.agent.main import Agent
+from perfd.collector import Capabilities, Collected, Collector, Registry
+from perfd.model import Sample
+from tests.procs import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _perfd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_a_port_in_use_refuses_to_start() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = _perfd("aggregator", "--grpc-port", str(port), "--http-port", str(free_port()), "--no-rules")
+        assert r.returncode == 2, r.stderr
+        assert f"cannot listen for gRPC on 127.0.0.1:{port}" in r.stderr
+        r = _perfd("aggregator", "--grpc-port", str(free_port()), "--http-port", str(port), "--no-rules")
+        assert r.returncode == 2, r.stderr
+        assert f"cannot listen for HTTP on 127.0.0.1:{port}" in r.stderr
+        r = _perfd("agent", "--metrics-port", str(port), "--nvml", "off", "--host", "off")
+        assert r.returncode == 2 and "Address already in use" in r.stderr, r.stderr
+
+
+def test_defaults_listen_on_loopback_only() -> None:
+    from perfd.aggregator.main import AggregatorConfig
+
+    assert AggregatorConfig().grpc_host == "127.0.0.1" and AggregatorConfig().http_host == "127.0.0.1"
+    assert AgentConfig().metrics_host == "127.0.0.1"
+
+
+class _Ticker(Collector):
+    name = "ticker"
+    default_interval_s = 0.05
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+
+    def probe(self) -> Capabilities:
+        return Capabilities(True)
+
+    def collect(self, now: float) -> Collected:
+        return Collected(samples=[Sample("perfd_host_load1", 1.0, now)])
+
+
+def test_spool_bytes_metric_reads_the_spool(tmp_path: Path) -> None:
+    reg = Registry()
+    reg.register("ticker", _Ticker)
+    dead = free_port()  # nobody listens: every batch stays in the spool
+    cfg = AgentConfig(job="j", metrics_port=0, aggregator=f"127.0.0.1:{dead}",
+                      spool_dir=str(tmp_path / "spool"),
+                      batch_interval_s=0.1, captures=False, collectors={"ticker": {}}).finish()
+    agent = Agent(cfg, reg)
+
+    async def body() -> tuple[str, int]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        await asyncio.sleep(1.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics") as r:
+            text: str = r.read().decode()
+        held = agent.client.counters()["spool_bytes"]
+        stop.set()
+        await task
+        return text, held
+
+    text, held = asyncio.run(body())
+    m = re.search(r'^perfd_agent_spool_bytes\{node="[^"]*"\} ([0-9.e+]+)$', text, re.M)
+    assert m is not None and float(m.group(1)) > 0
+    assert held > 0
+    assert re.search(r"^perfd_agent_connected\{.*\} 0\.0$", text, re.M)  # never acknowledged
