@@ -92,6 +92,7 @@ class LaunchPlan:
     manifest_path: Path
     hook_socket: str
     fr_dir: Path | None = None
+    fr_buffer: int = 2000
     nsys: dict[str, str] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -102,7 +103,8 @@ class LaunchPlan:
                                           "hook": {"socket_path": self.hook_socket}}
         if self.fr_dir is not None:
             out["nccl"] = {"flight_recorder": {"pipe_prefix": str(self.fr_dir / "frp_"),
-                                               "dump_prefix": str(self.fr_dir / "fr_dump_")}}
+                                               "dump_prefix": str(self.fr_dir / "fr_dump_"),
+                                               "buffer_entries": self.fr_buffer}}
         return out
 
 
@@ -137,10 +139,17 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
     plan = LaunchPlan(cmd, env, run_dir, log_path, manifest, hook_socket)
     if opts.flight_recorder:
         from collectors.nccl import env_for_flight_recorder
+        from collectors.nccl.trigger import FRAMEWORK_DEFAULTS, framework_defaults
 
         plan.fr_dir = Path(opts.flight_recorder).resolve()
+        plan.fr_buffer = opts.fr_buffer
         plan.fr_dir.mkdir(parents=True, exist_ok=True)
         env.update(env_for_flight_recorder(plan.fr_dir, buffer_entries=opts.fr_buffer, timing=opts.fr_timing))
+        fw_env, fw_notes = framework_defaults(opts.fr_buffer, dict(environ))
+        for name in FRAMEWORK_DEFAULTS:  # the user's value of a framework-defaulted variable wins
+            env.pop(name, None)
+        env.update(fw_env)
+        plan.notes.extend(f"Flight Recorder: {n}" for n in fw_notes)
         if opts.fr_timing:
             plan.notes.append(FR_TIMING_NOTE)
     elif opts.fr_timing:

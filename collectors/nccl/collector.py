@@ -25,6 +25,8 @@ from collectors.nccl.trigger import DumpReader, find_pipes, trigger_dump
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import NCCL_HANG
 
+MIN_DUMP_INTERVAL_S = 0.5  # a dump pickles the ring on the training process: not more often than this
+
 
 @dataclass
 class FlightRecorderConfig:
@@ -33,6 +35,7 @@ class FlightRecorderConfig:
     interval_s: float = 10.0
     hang_threshold_s: float = 300.0
     read_existing: bool = False
+    buffer_entries: int = 2000  # the ring size the job runs with (perfd launch --fr-buffer)
 
 
 @dataclass
@@ -55,8 +58,8 @@ class NcclConfig:
         fr = ins = None
         if cfg.get("flight_recorder") is not None:
             f = _mapping(cfg["flight_recorder"], "nccl.flight_recorder")
-            _known(f, {"pipe_prefix", "dump_prefix", "interval_s", "hang_threshold_s", "read_existing"},
-                   "nccl.flight_recorder")
+            _known(f, {"pipe_prefix", "dump_prefix", "interval_s", "hang_threshold_s", "read_existing",
+                       "buffer_entries"}, "nccl.flight_recorder")
             for key in ("pipe_prefix", "dump_prefix"):
                 if not isinstance(f.get(key), str) or not f[key]:
                     raise ValueError(f"nccl.flight_recorder.{key} is required (a path prefix)")
@@ -64,7 +67,8 @@ class NcclConfig:
                 pipe_prefix=f["pipe_prefix"], dump_prefix=f["dump_prefix"],
                 interval_s=_positive(f, "interval_s", 10.0),
                 hang_threshold_s=_positive(f, "hang_threshold_s", 300.0),
-                read_existing=bool(f.get("read_existing", False)))
+                read_existing=bool(f.get("read_existing", False)),
+                buffer_entries=int(_positive(f, "buffer_entries", 2000)))
         if cfg.get("inspector") is not None:
             i = _mapping(cfg["inspector"], "nccl.inspector")
             _known(i, {"dir", "from_start", "rescan_s"}, "nccl.inspector")
@@ -107,6 +111,7 @@ class NcclCollector(Collector):
         self.dumps: DumpReader | None = None
         self.inspector: InspectorReader | None = None
         self._next_trigger = 0.0
+        self._pace = (time.monotonic(), 0)  # (when, tracker progress) at the last dump request
         self._reported_hangs: dict[tuple[str, bool, int], tuple[int, ...]] = {}
         self._synced: dict[str, int] = {}  # sub-reader counter -> value already passed to count_error
 
@@ -163,18 +168,33 @@ class NcclCollector(Collector):
         self._sync_counts("fr_dump", self.dumps.counts,
                           errors=("partial_retry", "corrupt", "refused_global", "too_large", "read_failed"))
         self._sync_counts("fr", self.tracker.counts,
-                          errors=("entries_lost_between_dumps", "rank_restarted", "duplicate_seq_in_dump"))
+                          errors=("entries_lost_between_dumps", "rank_restarted", "duplicate_seq_in_dump",
+                                  "only_active_dump"))
         if self.tracker.latest:
             hangs = detect_hangs(self.tracker.latest, int(now * 1e9), fr.hang_threshold_s)
             self._hang_events(now, hangs, out)
         mono = time.monotonic()
         if mono >= self._next_trigger:
-            self._next_trigger = mono + fr.interval_s
+            self._next_trigger = mono + self._dump_interval(mono, fr)
             for rank, pipe in sorted(find_pipes(fr.pipe_prefix).items()):
                 status = trigger_dump(pipe)
                 if status != "sent":
                     # no_reader: the rank exited or has not started; counted, never raised.
                     self.count_error(f"fr_trigger_{status}", f"rank {rank}: {pipe}")
+
+    def _dump_interval(self, mono: float, fr: FlightRecorderConfig) -> float:
+        """Seconds to the next dump: ``interval_s``, shortened so that the ring (``buffer_entries``
+        per rank) is at most half full between dumps at the collective rate seen since the last
+        one — so it does not wrap; what is still lost is counted (entries_lost_between_dumps)."""
+        assert self.tracker is not None
+        prev_mono, prev_progress = self._pace
+        self._pace = (mono, self.tracker.progress)
+        elapsed = mono - prev_mono
+        ranks = max(1, len(self.tracker.latest))
+        rate = (self.tracker.progress - prev_progress) / ranks / elapsed if elapsed > 0 else 0.0
+        if rate <= 0:
+            return fr.interval_s
+        return max(MIN_DUMP_INTERVAL_S, min(fr.interval_s, 0.5 * fr.buffer_entries / rate))
 
     def _hang_events(self, now: float, hangs: list[HangReport], out: Collected) -> None:
         for h in hangs:

@@ -377,6 +377,7 @@ class FlightRecorderTracker:
         self.latest: dict[int, FlightRecorderDump] = {}
         self.counts: dict[str, int] = {}
         self._ranks: dict[int, _RankState] = {}
+        self.progress = 0  # sequence numbers advanced over all ranks and groups (the dump pacing reads it)
 
     def _c(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -420,12 +421,22 @@ class FlightRecorderTracker:
                 out.append(r)
                 del st.pending[key]
                 st.emitted.setdefault(grp, set()).add(seq)
+        # A dump with entries, none of them completed, is an only-active dump
+        # (TORCH_INCLUDE_ONLY_ACTIVE=1, Megatron-LM's default): its sequence gaps are completed
+        # collectives the dump left out, not a wrapped ring. Said by name, not counted as lost.
+        only_active = bool(dump.entries) and all(fe.record.state != "completed" for fe in dump.entries)
+        if only_active:
+            self._c("only_active_dump")
         for grp, lo in min_seq.items():
             prev = st.max_seq.get(grp)
             if prev is not None and lo > prev + 1:
-                self._c("entries_lost_between_dumps", lo - prev - 1)  # the ring wrapped: dump more often
+                if only_active:
+                    self._c("entries_left_out_by_only_active", lo - prev - 1)
+                else:
+                    self._c("entries_lost_between_dumps", lo - prev - 1)  # the ring wrapped: dump more often
         for grp in min_seq:
             hi = max(k[2] for k in seen_now if (k[0], k[1]) == grp)
+            self.progress += max(0, hi - st.max_seq.get(grp, hi))
             st.max_seq[grp] = max(st.max_seq.get(grp, hi), hi)
         # Held entries that left the ring without becoming final: report what we know, once.
         for key in [k for k in st.pending if k not in seen_now]:

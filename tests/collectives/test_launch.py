@@ -61,7 +61,24 @@ def test_exit_code_output_env_and_manifest(tmp_path: Path) -> None:
 
 def test_timing_is_off_unless_asked(tmp_path: Path) -> None:
     plan = plan_launch(LaunchOptions(["true"], flight_recorder=str(tmp_path), run_dir=str(tmp_path / "r")))
-    assert "TORCH_NCCL_ENABLE_TIMING" not in plan.env_set and plan.notes == []
+    assert "TORCH_NCCL_ENABLE_TIMING" not in plan.env_set
+    assert not any("TORCH_NCCL_ENABLE_TIMING" in n for n in plan.notes)
+
+
+def test_framework_defaulted_fr_variables_are_set_unless_the_user_set_them(tmp_path: Path) -> None:
+    """Megatron-LM fills every Flight Recorder variable it finds unset once a dump path is set,
+    TORCH_INCLUDE_ONLY_ACTIVE=1 among them: perfd launch sets them first, and keeps the user's."""
+    plan = plan_launch(LaunchOptions(["true"], flight_recorder=str(tmp_path), run_dir=str(tmp_path / "r"),
+                                     fr_buffer=20000), environ={"TORCH_INCLUDE_STACK_TRACE": "0"})
+    env = plan.env_set
+    assert env["TORCH_INCLUDE_ONLY_ACTIVE"] == "0"
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == env["TORCH_FR_BUFFER_SIZE"] == "20000"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and env["TORCH_NCCL_EXTRA_DUMP_ON_EXEC"] == "0"
+    assert "TORCH_INCLUDE_STACK_TRACE" not in env  # the user's value stays
+    notes = "\n".join(plan.notes)
+    assert "set TORCH_INCLUDE_ONLY_ACTIVE=0: Megatron-LM defaults it to 1" in notes
+    assert "kept TORCH_INCLUDE_STACK_TRACE=0 from the environment" in notes
+    assert plan.collectors("j")["nccl"]["flight_recorder"]["buffer_entries"] == 20000
 
 
 def test_killed_by_sigterm_exits_143(tmp_path: Path) -> None:
@@ -218,7 +235,7 @@ def test_agent_configured_from_the_manifest(tmp_path: Path) -> None:
     assert cfg.job == "t1"
     fr_cfg = cfg.collectors["nccl"]["flight_recorder"]
     assert fr_cfg == {"interval_s": 1, "hang_threshold_s": 5, "pipe_prefix": str(tmp_path / "fr" / "frp_"),
-                      "dump_prefix": str(tmp_path / "fr" / "fr_dump_")}
+                      "dump_prefix": str(tmp_path / "fr" / "fr_dump_"), "buffer_entries": 2000}
     assert cfg.collectors["hook"] == {"socket_path": str(tmp_path / "h.sock")}
     assert apply_overrides(AgentConfig(), job="other", nvml="off",
                            launch_manifest=str(tmp_path / "run" / "launch.json")).job == "other"

@@ -274,3 +274,36 @@ def test_p2p_hang_names_the_peer() -> None:
     hangs = detect_hangs({0: parse_dump(dump([send]), 0, "j"), 1: parse_dump(dump([recv]), 1, "j")},
                          NOW, threshold_s=60)
     assert all(h.missing_ranks == [] for h in hangs) and "waiting for peer" in hangs[0].text()
+
+
+def test_an_only_active_dump_is_named_and_its_gaps_are_not_counted_lost() -> None:
+    """TORCH_INCLUDE_ONLY_ACTIVE=1 (Megatron-LM's default once a dump path is set): every dump holds
+    only in-flight collectives, so the sequence jumps between dumps are collectives left out, not a
+    wrapped ring."""
+    t = FlightRecorderTracker("j")
+    t.update(_p([entry(100, state="started", retired=False)]))
+    t.update(_p([entry(250, state="scheduled", retired=False), entry(251, state="started", retired=False)]))
+    assert t.counts["only_active_dump"] == 2
+    assert t.counts["entries_left_out_by_only_active"] == 149
+    assert "entries_lost_between_dumps" not in t.counts
+    assert t.progress == 151  # sequence numbers advanced: what the dump pacing reads
+
+
+def test_the_dump_interval_follows_the_collective_rate(tmp_path: Path) -> None:
+    from collectors.nccl import NcclCollector
+
+    c = NcclCollector({"job": "j", "flight_recorder": {"pipe_prefix": str(tmp_path / "frp_"),
+                                                       "dump_prefix": str(tmp_path / "d_"),
+                                                       "interval_s": 10, "buffer_entries": 2000}})
+    c.tracker = FlightRecorderTracker("j")
+    fr = c.config.flight_recorder
+    assert fr is not None and fr.buffer_entries == 2000
+    c._pace = (100.0, 0)
+    assert c._dump_interval(101.0, fr) == 10.0  # nothing seen yet: the configured interval
+    c.tracker.latest = {0: _p([]), 1: _p([], rank=1)}
+    c.tracker.progress = 2 * 1000  # 1,000 collectives per rank in one second
+    assert c._dump_interval(102.0, fr) == 0.5 * 2000 / 1000  # half the ring between dumps
+    c.tracker.progress += 2 * 100_000
+    assert c._dump_interval(103.0, fr) == 0.5  # never more often than MIN_DUMP_INTERVAL_S
+    c.tracker.progress += 2 * 50
+    assert c._dump_interval(104.0, fr) == 10.0  # slow again: back to the configured interval
