@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.gpu.verify_nccl_live import Procs, get_json, tail, wait_for
 
-JOB = "megatron-pp2"
+PP = int(os.environ.get("MEGATRON_PP", "2"))  # 1: data parallel over the two GPUs (DP=2)
+JOB = f"megatron-pp{PP}" if PP > 1 else "megatron-dp2"
 TRAIN_ITERS = int(os.environ.get("MEGATRON_ITERS", "70"))
 PROFILE_START, PROFILE_END = 50, 55
 
@@ -39,7 +40,7 @@ PROFILE_START, PROFILE_END = 50, 55
 def megatron_argv(megatron: Path, tb_dir: Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
             str(megatron / "pretrain_gpt.py"), "--tensor-model-parallel-size", "1",
-            "--pipeline-model-parallel-size", "2", "--num-layers", "8", "--hidden-size", "1024",
+            "--pipeline-model-parallel-size", str(PP), "--num-layers", "8", "--hidden-size", "1024",
             "--num-attention-heads", "16", "--seq-length", "1024", "--max-position-embeddings", "1024",
             "--micro-batch-size", "4", "--global-batch-size", "64", "--train-iters", str(TRAIN_ITERS),
             "--lr", "1e-4", "--lr-decay-style", "constant", "--bf16", "--mock-data",
