@@ -15,6 +15,7 @@ PACKAGES=(
   slurm-client             #   sbatch, srun, squeue, scancel, scontrol, sinfo
   systemd                  # systemd-analyze verify: deploy/systemd units (tests/deploy)
   shellcheck               # deploy/slurm scripts (tests/deploy/test_slurm.py)
+  tmux                     # a real terminal for `perfd top` (tests/e2e/test_top.py)
 )
 
 SUDO=""
