@@ -1,7 +1,8 @@
 """The ONE catalog of every metric perfd reports (Prometheus naming conventions).
 
 Names: ``perfd_<domain>_<what>_<unit>``; counters end in ``_total``; ratios are in [0, 1] and end in
-``_ratio``; base units (seconds, bytes, watts, joules, celsius, hertz). Labels are bounded: the job
+``_ratio``; quotients that can exceed 1 (unit "times") end in ``_times`` (older ones still end in
+``_ratio``); base units (seconds, bytes, watts, joules, celsius, hertz). Labels are bounded: the job
 label is ``job_name`` (Prometheus reserves ``job`` for the scrape job), then ``node``, ``gpu``
 (device index), ``rank`` and a few small enums. Pure data: exporters, docs and tests read it.
 """
@@ -39,6 +40,8 @@ LABELS: dict[str, str] = {
     "status": "capture outcome (ok, failed, skipped)",
     "group": "parallel group class of a process group (tp, cp, ep, dp, pp, world, other)",
     "scope": "link a process group crosses (intra-node, inter-node, unknown)",
+    "version": "perfd version (one per build)",
+    "python": "Python version the daemon runs on (one per build)",
 }
 
 
@@ -124,7 +127,8 @@ CATALOG: tuple[MetricDef, ...] = (
        "batch-generator time (max across ranks) ÷ step; > 0.2 bottleneck, < 0.05 healthy",
        _ANALYTICS, JOB),
     _m("perfd_job_straggler_ratio", "gauge", "times",
-       "Slowest ÷ fastest rank time (Megatron straggler detector rtt, ≥ 1); > 1.1 marks a candidate",
+       "DEPRECATED (removed in the release after 0.1): the same value as "
+       "perfd_job_straggler_rtt_spread_times, under a _ratio name that does not fit values ≥ 1",
        _ANALYTICS, JOB),
     _m("perfd_job_rank_compute_ratio", "gauge", "times",
        "A rank's forward+backward compute ÷ the median of its pipeline stage (per-rank timers)",
@@ -139,6 +143,9 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_job_nan_iterations_total", "counter", "count", "Iterations with a NaN loss", _MEGATRON, JOB),
     _m("perfd_job_bottleneck_info", "gauge", "info",
        "1 for the job's current bottleneck class (label class)", _ANALYTICS, (*JOB, "class")),
+    _m("perfd_job_straggler_rtt_spread_times", "gauge", "times",
+       "Slowest ÷ fastest rank time (Megatron straggler detector rtt, ≥ 1); > 1.1 marks a candidate",
+       _ANALYTICS, JOB),
     # --- job: serving (SGLang) --------------------------------------------------------------
     _m("perfd_serving_input_throughput_tokens_per_second", "gauge", "tokens_per_second",
        "Prompt tokens computed per second (cached prefix tokens excluded), over the window",
@@ -273,6 +280,8 @@ CATALOG: tuple[MetricDef, ...] = (
        "Samples the agents report their spools dropped (oldest first, beyond the cap)", _AGGREGATOR, ()),
     _m("perfd_agent_captures_total", "counter", "count", "Captures run, by tool and outcome", _AGENT,
        (*AGENT, "tool", "status")),
+    _m("perfd_build_info", "gauge", "info", "1, labelled with perfd's version and the Python it runs on",
+       "perfd agent and perfd aggregator", ("version", "python")),
 )
 
 _BY_NAME: dict[str, MetricDef] = {m.name: m for m in CATALOG}

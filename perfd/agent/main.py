@@ -22,7 +22,7 @@ from prometheus_client.core import Metric
 from perfd.agent.config import AgentConfig
 from perfd.agent.scheduler import Scheduler
 from perfd.collector import Collected, Collector, Registry
-from perfd.exporters.prometheus import series_families
+from perfd.exporters.prometheus import build_info_families, series_families
 from perfd.jobinfo_json import job_info_to_json
 from perfd.model import CollectiveRecord, Sample
 
@@ -91,6 +91,7 @@ class _AgentMetrics:
         a = self.agent
         yield from series_families(a.view.rows(), {"job_name": a.cfg.job})
         yield from series_families(a.self_metric_rows())
+        yield from build_info_families()
 
 
 class Agent:

@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
-from perfd.exporters.prometheus import job_families, series_families
+from perfd.exporters.prometheus import build_info_families, job_families, series_families
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class _StateCollector:
             "perfd_aggregator_agent_dropped_samples_total": t.get("agent_dropped_samples"),
         }
         yield from series_families([({}, k, float(v)) for k, v in own.items() if v is not None])
+        yield from build_info_families()
 
 
 def rank_view(state: AggregatorState, job: str, world_size: int | None,
