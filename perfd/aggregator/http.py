@@ -74,6 +74,34 @@ class _StateCollector:
         yield from build_info_families()
 
 
+# Labels that name a GPU; a GPU series with any other label (throttle reason, ECC type) is one of
+# several per GPU and stays out of the one-row-per-GPU view.
+_GPU_ROW_LABELS = frozenset({"node", "gpu", "uuid", "model", "replay", "job_name", "source"})
+
+
+def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
+    """The latest GPU series of the agents serving ``job``, one row per (node, gpu) with the
+    catalog names as keys (what `perfd top` shows; independent of what /metrics exports)."""
+    if job not in state.job_names():
+        return None
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for agent, s in state.node_series():
+        if state.agent_job.get(agent) != job or not s.name.startswith("perfd_gpu_"):
+            continue
+        labels = dict(s.labels)
+        if set(labels) - _GPU_ROW_LABELS:
+            continue
+        key = (labels.get("node", agent), labels.get("gpu", ""))
+        row = rows.setdefault(key, {"node": key[0], "gpu": key[1], "model": labels.get("model"),
+                                    "uuid": labels.get("uuid"), "replay": "replay" in labels,
+                                    "values": {}, "sources": {}})
+        row["values"][s.name] = s.value
+        if "source" in labels:
+            row["sources"][s.name] = labels["source"]
+    ordered = sorted(rows.items(), key=lambda kv: (kv[0][0], int(kv[0][1]) if kv[0][1].isdigit() else 0))
+    return {"job_name": job, "gpus": [row for _, row in ordered]}
+
+
 def rank_view(state: AggregatorState, job: str, world_size: int | None,
               candidates: list[int]) -> dict[str, Any]:
     """Where each rank runs (from the process lists the agents report) and, for the candidate
@@ -205,6 +233,13 @@ class _Handler(BaseHTTPRequestHandler):
                     self._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
                 else:
                     self._json(200, its)
+            elif path.startswith("/api/jobs/") and path.endswith("/gpus"):
+                job = unquote(path[len("/api/jobs/"):-len("/gpus")])
+                gpus = job_gpus(state, job)
+                if gpus is None:
+                    self._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
+                else:
+                    self._json(200, gpus)
             elif path.startswith("/api/jobs/") and path.endswith("/summary"):
                 job = unquote(path[len("/api/jobs/"):-len("/summary")])
                 summary = job_summary(state, job)
@@ -215,8 +250,8 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._json(404, {"error": f"no such path {path}", "paths": [
                     "/metrics", "/healthz", "/api/stats", "/api/jobs", "/api/jobs/<job>/summary",
-                    "/api/jobs/<job>/iterations", "/api/captures", "/api/events", "POST /api/captures",
-                    "POST /api/alertmanager"]})
+                    "/api/jobs/<job>/iterations", "/api/jobs/<job>/gpus", "/api/captures", "/api/events",
+                    "POST /api/captures", "POST /api/alertmanager"]})
         except BrokenPipeError:
             pass
         except Exception as exc:  # a bug must answer 500, not kill the server thread

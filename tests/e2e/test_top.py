@@ -1,0 +1,169 @@
+"""`perfd top` against a real aggregator and a real agent (the demo's inputs: a real Megatron-LM log
+that grows while the test runs, a real NVML recording replayed): `--once` output checked against
+the aggregator's own API, and the live view in a real terminal (tmux) refreshing in place."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.procs import free_port, http_get, stop, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+LOG = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"  # per-rank timers: a heat line
+NVML = ROOT / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
+JOB = "top-dp2"
+pytestmark = pytest.mark.slow
+
+
+def _perfd(*args: str, out: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env,
+                            stdout=out.open("wb"), stderr=subprocess.STDOUT)
+
+
+def _json(url: str) -> dict[str, Any]:
+    got: dict[str, Any] = json.loads(http_get(url))
+    return got
+
+
+class Live:
+    def __init__(self, base: str, train_log: Path, rest: list[str], agent_metrics: str) -> None:
+        self.base, self.train_log, self.rest, self.agent_metrics = base, train_log, rest, agent_metrics
+
+    def write_rest(self) -> None:
+        with self.train_log.open("a") as fh:
+            fh.writelines(self.rest)
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Live]:
+    lines = LOG.read_text().splitlines(keepends=True)
+    iters = [i for i, ln in enumerate(lines) if " iteration " in ln and "/" in ln]
+    cut = iters[len(iters) // 2] + 1  # half the iterations now, the rest later
+    train_log = tmp_path / "train.log"
+    train_log.write_text("".join(lines[:cut]))
+    ready = tmp_path / "ready"
+    agg = _perfd("aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1",
+                 "--http-port", "0", "--gpu", "NVIDIA H200", "--ready-file", str(ready),
+                 out=tmp_path / "aggregator.out")
+    agent = None
+    try:
+        grpc_port, http_port = map(int, wait_for(lambda: ready.exists() and ready.read_text().split(),
+                                                 30, "aggregator ready"))
+        metrics_port = free_port()
+        agent = _perfd("agent", "--aggregator", f"127.0.0.1:{grpc_port}", "--job", JOB, "--megatron-log",
+                       str(train_log), "--nvml", f"replay:{NVML}", "--host", "off", "--node", "node-a",
+                       "--metrics-port", str(metrics_port), out=tmp_path / "agent.out")
+        base = f"http://127.0.0.1:{http_port}"
+
+        def has_gpu_and_steps() -> bool:
+            gpus = _json(f"{base}/api/jobs/{JOB}/gpus")["gpus"]
+            jobs = _json(f"{base}/api/jobs")["jobs"]
+            return bool(gpus) and bool(jobs) and (jobs[0].get("iterations_seen") or 0) >= 5
+        wait_for(has_gpu_and_steps, 60, "steps and GPU series at the aggregator")
+        yield Live(base, train_log, lines[cut:], f"http://127.0.0.1:{metrics_port}/metrics")
+    finally:
+        if agent is not None:
+            stop(agent)
+        stop(agg)
+
+
+def _top(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "160"}
+    return subprocess.run([sys.executable, "-m", "perfd.cli", "top", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
+    summary = _json(f"{live.base}/api/jobs/{JOB}/summary")
+    gpus = _json(f"{live.base}/api/jobs/{JOB}/gpus")["gpus"]
+    r = _top("--aggregator", live.base, "--once", "--job", JOB)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert JOB in out and "incidents: none open" in out  # no incidents API yet: a 404 is "none"
+    mfu = summary["summary"]["medians"]["mfu"]
+    assert f"{100 * mfu:.1f}%" in out
+    ratios = summary["latest"]["straggler_rank_compute_ratio"]
+    assert ratios, "the dp2 log has per-rank timers"
+    slowest = max(ratios.items(), key=lambda kv: kv[1])
+    assert f"r{slowest[0]} {slowest[1]:.2f}×" in out
+    assert len(gpus) == 1 and gpus[0]["replay"] is True and gpus[0]["node"] == "node-a"
+    vals = gpus[0]["values"]
+    assert "(replay)" in out and "node-a" in out
+    assert f"{vals['perfd_gpu_sm_clock_hertz'] / 1e6:.0f}" in out
+    assert "perfd_gpu_power_watts" in vals
+
+
+def test_top_refuses_unknown_job_and_unreachable_aggregator(live: Live) -> None:
+    r = _top("--aggregator", live.base, "--once", "--job", "nope")
+    assert r.returncode == 1 and "no job named 'nope'" in r.stdout
+    r = _top("--aggregator", f"127.0.0.1:{free_port()}", "--once")
+    assert r.returncode == 2 and r.stderr.startswith("perfd: cannot reach the aggregator")
+
+
+def test_build_info_and_both_straggler_names_on_metrics(live: Live) -> None:
+    import platform
+
+    from perfd import __version__
+
+    agg = {s.name: s for f in text_string_to_metric_families(http_get(f"{live.base}/metrics").decode())
+           for s in f.samples}
+    agent = {s.name: s for f in text_string_to_metric_families(http_get(live.agent_metrics).decode())
+             for s in f.samples}
+    for got in (agg, agent):
+        info = got["perfd_build_info"]
+        assert info.value == 1.0
+        assert info.labels == {"version": __version__, "python": platform.python_version()}
+    old, new = agg.get("perfd_job_straggler_ratio"), agg.get("perfd_job_straggler_rtt_spread_times")
+    if old is None:  # this log's straggler lines may be absent: then both are
+        assert new is None
+    else:
+        assert new is not None and new.value == old.value and new.value >= 1.0
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (ci/install-system-deps.sh)")
+def test_top_refreshes_in_a_real_terminal(live: Live, tmp_path: Path) -> None:
+    name = f"perfd-top-{os.getpid()}"
+    cmd = f"{sys.executable} -m perfd.cli top --aggregator {live.base} --job {JOB} --interval 0.5"
+    env = {**os.environ, "TMUX": ""}
+    subprocess.run(["tmux", "-L", name, "new-session", "-d", "-s", name, "-x", "160", "-y", "60", "-c",
+                    str(ROOT), cmd], check=True, env=env, timeout=20)
+    try:
+        def pane() -> str:
+            return subprocess.run(["tmux", "-L", name, "capture-pane", "-p", "-t", name], capture_output=True,
+                                  text=True, timeout=10).stdout
+
+        first = wait_for(lambda: (p := pane()) and "GPUs" in p and JOB in p and p, 30, "first screen")
+        final = _final_iteration()
+        assert f" {final} " not in first  # the log's last iteration is not written yet
+        assert "slowest: r" in first and "(replay)" in first
+        live.write_rest()
+        wait_for(lambda: _json(f"{live.base}/api/jobs")["jobs"][0]["last_iteration"] == final, 60,
+                 "the rest of the log at the aggregator")
+        # The same pane, redrawn in place: the new last iteration shows, and the screen holds one
+        # copy of the header (a refresh that printed below the old screen would hold two).
+        refreshed = wait_for(lambda: (p := pane()) and f" {final} " in p and p, 30, "refreshed screen")
+        assert refreshed.count("perfd top —") == 1
+        assert refreshed.count("GPUs") == 1
+        subprocess.run(["tmux", "-L", name, "send-keys", "-t", name, "C-c"], check=True, timeout=10)
+        wait_for(lambda: subprocess.run(["tmux", "-L", name, "has-session", "-t", name],
+                                        capture_output=True, timeout=10).returncode != 0, 20,
+                 "perfd top to exit on Ctrl-C (the session closes with it)")
+    finally:
+        subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, timeout=10)
+
+
+def _final_iteration() -> int:
+    from collectors.megatron import parse_file
+
+    return max(r.iteration for r in parse_file(LOG).records)
