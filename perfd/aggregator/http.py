@@ -26,12 +26,21 @@ from perfd.exporters.prometheus import build_info_families, job_families, series
 log = logging.getLogger(__name__)
 
 
+# Series an agent serves on its own /metrics: left out of the aggregator's unless
+# --export-node-series (docs/prometheus.md).
+NODE_SERIES_PREFIXES = ("perfd_gpu_", "perfd_host_")
+
+
 class _StateCollector:
     """prometheus_client custom collector reading the aggregator state at scrape time."""
 
-    def __init__(self, state: AggregatorState, per_rank_series: bool = True) -> None:
+    def __init__(self, state: AggregatorState, per_rank_series: bool = True,
+                 export_node_series: bool = False) -> None:
         self.state = state
         self.per_rank_series = per_rank_series  # False: no per-rank series (very large jobs)
+        # The agents serve their node's GPU and host series themselves; re-exported here as well,
+        # a sum over both scrape jobs would count every GPU twice. Off unless asked for.
+        self.export_node_series = export_node_series
 
     def collect(self) -> Iterator[Metric]:
         latest: dict[str, dict[str, Any]] = {}
@@ -53,6 +62,8 @@ class _StateCollector:
         yield from series_families(rank_rows)
         rows = []
         for agent, s in self.state.node_series():
+            if not self.export_node_series and s.name.startswith(NODE_SERIES_PREFIXES):
+                continue
             labels = dict(s.labels)
             agent_job = self.state.agent_job.get(agent)
             if agent_job:
@@ -311,12 +322,13 @@ class _Server(ThreadingHTTPServer):
 
 class HttpServer:
     def __init__(self, state: AggregatorState, host: str, port: int,
-                 captures: CaptureCoordinator | None = None, per_rank_series: bool = True) -> None:
+                 captures: CaptureCoordinator | None = None, per_rank_series: bool = True,
+                 export_node_series: bool = False) -> None:
         self._srv = _Server((host, port), _Handler)
         self._srv.state = state
         self._srv.captures = captures
         self._srv.registry = CollectorRegistry(auto_describe=False)
-        self._srv.registry.register(_StateCollector(state, per_rank_series))
+        self._srv.registry.register(_StateCollector(state, per_rank_series, export_node_series))
         self.port = int(self._srv.server_address[1])
         self._thread = threading.Thread(target=self._srv.serve_forever, name="http", daemon=True)
 

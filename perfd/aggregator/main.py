@@ -32,6 +32,7 @@ class AggregatorConfig:
     peak_tflops: float | None = None
     max_iterations_per_job: int = 5000
     per_rank_series: bool = True  # False: /metrics leaves out per-rank series (very large jobs)
+    export_node_series: bool = False  # True: /metrics also re-exports the agents' GPU and host series
     # Rule packs evaluated every rules_interval_s; None = the shipped default pack, [] = no rules.
     rules_files: list[str] | None = None
     rules_interval_s: float = 5.0
@@ -129,7 +130,8 @@ class Aggregator:
         self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
         self.state.transport_stats = _LiveCounters(self)
         self.http = HttpServer(self.state, self.cfg.http_host, self.cfg.http_port, self.captures,
-                               per_rank_series=self.cfg.per_rank_series)
+                               per_rank_series=self.cfg.per_rank_series,
+                               export_node_series=self.cfg.export_node_series)
         self.http.start()
         if self.captures.engine is not None:
             self._rules_task = asyncio.create_task(self._rules_loop())

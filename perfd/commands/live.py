@@ -44,6 +44,7 @@ def _aggregator(args: argparse.Namespace) -> int:
                            rules_files=[] if args.no_rules else args.rules,
                            rules_interval_s=args.rules_interval,
                            per_rank_series=not args.no_rank_series,
+                           export_node_series=args.export_node_series,
                            wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
                            wandb_dir=args.wandb_dir, wandb_interval_s=args.wandb_interval)
     return run_aggregator(cfg, ready_file=args.ready_file)
@@ -99,6 +100,10 @@ def register(sub: SubParsers) -> None:
     g.add_argument("--no-rank-series", action="store_true",
                    help="leave per-rank series (perfd_job_rank_*) out of /metrics: bounds label "
                    "cardinality for very large jobs; the JSON API still has them")
+    g.add_argument("--export-node-series", action="store_true",
+                   help="also serve the agents' GPU and host series (perfd_gpu_*, perfd_host_*) on /metrics; "
+                   "off by default because each agent serves them itself and a sum over both would count "
+                   "every GPU twice (docs/prometheus.md); the JSON API has them either way")
     g.add_argument("--rules", action="append", metavar="FILE",
                    help="rule pack to evaluate (repeatable; default: the shipped rules/default.yaml)")
     g.add_argument("--no-rules", action="store_true", help="evaluate no rules (no automatic captures)")

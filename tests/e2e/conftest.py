@@ -44,7 +44,9 @@ class Live:
 
 
 @pytest.fixture
-def live(tmp_path: Path) -> Iterator[Live]:
+def live(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Live]:
+    """Parametrize indirectly with a list of extra aggregator arguments."""
+    extra = list(getattr(request, "param", []))
     lines = LOG.read_text().splitlines(keepends=True)
     iters = [i for i, ln in enumerate(lines) if " iteration " in ln and "/" in ln]
     cut = iters[len(iters) // 2] + 1  # half the iterations now, the rest later
@@ -52,7 +54,7 @@ def live(tmp_path: Path) -> Iterator[Live]:
     train_log.write_text("".join(lines[:cut]))
     ready = tmp_path / "ready"
     agg = _perfd("aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1",
-                 "--http-port", "0", "--gpu", "NVIDIA H200", "--ready-file", str(ready),
+                 "--http-port", "0", "--gpu", "NVIDIA H200", "--ready-file", str(ready), *extra,
                  out=tmp_path / "aggregator.out")
     agent = None
     try:

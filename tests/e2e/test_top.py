@@ -116,3 +116,22 @@ def _final_iteration() -> int:
     from collectors.megatron import parse_file
 
     return max(r.iteration for r in parse_file(LOG).records)
+
+
+def _node_series(url: str) -> set[str]:
+    text = http_get(url).decode()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name.startswith(("perfd_gpu_", "perfd_host_"))}
+
+
+def test_aggregator_leaves_node_series_to_the_agents_by_default(live: Live) -> None:
+    assert not _node_series(f"{live.base}/metrics")
+    assert "perfd_gpu_power_watts" in _node_series(live.agent_metrics)
+    # ... and perfd top / the API still see the GPUs.
+    assert _json(f"{live.base}/api/jobs/{JOB}/gpus")["gpus"]
+
+
+@pytest.mark.parametrize("live", [["--export-node-series"]], indirect=True)
+def test_export_node_series_puts_them_back(live: Live) -> None:
+    agg = _node_series(f"{live.base}/metrics")
+    assert "perfd_gpu_power_watts" in agg and agg <= _node_series(live.agent_metrics)
