@@ -42,6 +42,7 @@ LABELS: dict[str, str] = {
     "scope": "link a process group crosses (intra-node, inter-node, unknown)",
     "version": "perfd version (one per build)",
     "python": "Python version the daemon runs on (one per build)",
+    "source": "where a GPU series comes from when it is not NVML/GPM (dcgm-exporter)",
 }
 
 

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 def default_registry() -> Registry:
     """Every collector shipped with perfd, by name."""
+    import collectors.dcgm
     import collectors.host
     import collectors.k8s
     import collectors.megatron
@@ -38,7 +39,8 @@ def default_registry() -> Registry:
     import collectors.sglang
 
     reg = Registry()
-    for mod in (collectors.megatron, collectors.nvml, collectors.host, collectors.k8s, collectors.sglang):
+    for mod in (collectors.megatron, collectors.nvml, collectors.host, collectors.k8s, collectors.sglang,
+                collectors.dcgm):
         mod.register(reg)
     reg.register("nccl", _nccl_collector)
     reg.register("hook", _hook_collector)
