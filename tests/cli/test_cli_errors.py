@@ -146,3 +146,45 @@ def test_help_of_a_command_shows_example_and_defaults():
     assert r.returncode == 0
     assert "example:\n  perfd analyze sglang" in r.stdout
     assert "(default 10)" in r.stdout or "(default: 10.0)" in r.stdout
+
+
+def test_progress_bar_on_a_terminal_only(tmp_path):
+    """A big log shows a bar on stderr when stderr is a terminal (a pty here), nothing otherwise;
+    stdout (the report) is the same either way."""
+    import os
+    import pty
+
+    log = tmp_path / "big.log"
+    noise = "WARNING: a line another component printed between iterations\n" * 150_000  # ~9.5 MB
+    log.write_text(noise + MEGATRON.read_text())
+    args = [sys.executable, "-m", "perfd.cli", "analyze", "megatron", str(log), "--gpu", "NVIDIA H200"]
+    plain = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert plain.returncode == 0 and plain.stderr == ""
+    import threading
+
+    master, slave = pty.openpty()
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # read while it runs: a full pty buffer would block the child
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO once the child and our copy of the slave are closed
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        r = subprocess.run(args, stdout=subprocess.PIPE, stderr=slave, timeout=120, cwd=ROOT,
+                           env={**os.environ, "COLUMNS": "120", "TERM": "xterm"})
+    finally:
+        os.close(slave)
+        reader.join(timeout=10)
+        os.close(master)
+    seen = b"".join(chunks)
+    assert r.returncode == 0
+    assert r.stdout.decode() == plain.stdout
+    assert b"reading big.log" in seen
