@@ -264,10 +264,11 @@ def run_sglang(args: argparse.Namespace) -> int:
         parsed = parse_lines(sys.stdin, source_name="stdin") if args.log == "-" else parse_file(args.log)
     except (OSError, EOFError, LogFileError) as exc:
         return refuse(f"cannot read {args.log}: {exc}")
-    if not parsed.records:
-        return refuse(f"no SGLang 'Prefill batch' / 'Decode batch' lines in {args.log} "
-                      f"({parsed.counts.get('lines', 0)} lines read): is it an SGLang server log?")
     prev, cur, problems = _read_metrics(args.metrics, args.scrape_interval)
+    if not parsed.records and cur is None:  # nothing to analyse: neither log lines nor /metrics
+        metrics = f"; --metrics: {problems[0]}" if problems else ""
+        return refuse(f"no SGLang 'Prefill batch' / 'Decode batch' lines in {args.log} "
+                      f"({parsed.counts.get('lines', 0)} lines read): is it an SGLang server log?{metrics}")
     name = args.job or (Path(args.log).stem if args.log != "-" else "stdin")
     bw = args.peak_bandwidth_tbs * 1e12 if args.peak_bandwidth_tbs is not None else None
     analysis = analyze_serving(name, parsed.records, parsed.server, cur, prev, spec, args.gpu,
