@@ -1,8 +1,10 @@
 # Two commands do everything on a fresh machine (Python >= 3.10 with venv):
-#   make demo   - set up, then run the main job on the embedded default
+#   make demo   - set up a light venv (perfd and its runtime deps only: no torch), then run the demo
 #   make test   - set up, then lint, type-check and run the tests (what CI runs)
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The demo needs only what `pip install perfd` brings (no torch, no test tools): its own venv.
+DEMO_VENV ?= .venv-demo
 
 .PHONY: setup demo test lint typecheck proto docs clean
 setup: $(VENV)/.installed
@@ -13,8 +15,14 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-demo: setup
-	$(BIN)/perfd demo
+$(DEMO_VENV)/.installed: pyproject.toml
+	python3 -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/pip install -q --upgrade pip
+	$(DEMO_VENV)/bin/pip install -q -e .
+	touch $@
+
+demo: $(DEMO_VENV)/.installed
+	$(DEMO_VENV)/bin/perfd demo
 
 lint: setup
 	$(BIN)/ruff check .
@@ -33,4 +41,4 @@ docs: setup
 	$(BIN)/perfd catalog --doc > docs/metrics.md
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO_VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

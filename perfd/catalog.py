@@ -1,7 +1,8 @@
 """The ONE catalog of every metric perfd reports (Prometheus naming conventions).
 
 Names: ``perfd_<domain>_<what>_<unit>``; counters end in ``_total``; ratios are in [0, 1] and end in
-``_ratio``; base units (seconds, bytes, watts, joules, celsius, hertz). Labels are bounded: the job
+``_ratio``; quotients that can exceed 1 (unit "times") end in ``_times`` (older ones still end in
+``_ratio``); base units (seconds, bytes, watts, joules, celsius, hertz). Labels are bounded: the job
 label is ``job_name`` (Prometheus reserves ``job`` for the scrape job), then ``node``, ``gpu``
 (device index), ``rank`` and a few small enums. Pure data: exporters, docs and tests read it.
 """
@@ -42,6 +43,9 @@ LABELS: dict[str, str] = {
     "group": "parallel group class of a process group (tp, cp, ep, dp, pp, world, other)",
     "scope": "link a process group crosses (intra-node, inter-node, unknown)",
     "state": "job liveness (running, stalled, ended)",
+    "version": "perfd version (one per build)",
+    "python": "Python version the daemon runs on (one per build)",
+    "source": "where a GPU series comes from when it is not NVML/GPM (dcgm-exporter)",
 }
 
 
@@ -143,10 +147,14 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_job_pp_imbalance_ratio", "gauge", "ratio",
        "Max stage idle − analytic bubble: the part of the bubble due to stage imbalance", _ANALYTICS, JOB,
        attr="pp_imbalance", alias="pp_imbalance", short="PP imbalance"),
-    _m("perfd_job_straggler_ratio", "gauge", "times",
+    _m("perfd_job_straggler_rtt_spread_times", "gauge", "times",
        "Slowest ÷ fastest rank time (Megatron straggler detector rtt, ≥ 1); > 1.1 marks a candidate",
        _ANALYTICS, JOB, attr="straggler_rtt_ratio", alias="straggler_ratio", shows=(TABLE,),
        short="straggler spread"),
+    _m("perfd_job_straggler_ratio", "gauge", "times",
+       "DEPRECATED (removed in the release after 0.1): the same value as "
+       "perfd_job_straggler_rtt_spread_times, under a _ratio name that does not fit values ≥ 1",
+       _ANALYTICS, JOB, attr="straggler_rtt_ratio", hide=(SUMMARY, REPORT, WANDB)),
     _m("perfd_job_lm_loss", "gauge", "loss", "Language-model loss (absent on NaN-loss iterations)",
        _MEGATRON, JOB, attr="lm_loss", alias="lm_loss", short="loss"),
     _m("perfd_job_incident_lost_seconds", "gauge", "seconds",
@@ -364,6 +372,8 @@ CATALOG: tuple[MetricDef, ...] = (
        "Samples the agents report their spools dropped (oldest first, beyond the cap)", _AGGREGATOR, ()),
     _m("perfd_agent_captures_total", "counter", "count", "Captures run, by tool and outcome", _AGENT,
        (*AGENT, "tool", "status")),
+    _m("perfd_build_info", "gauge", "info", "1, labelled with perfd's version and the Python it runs on",
+       "perfd agent and perfd aggregator", ("version", "python")),
 )
 
 _BY_NAME: dict[str, MetricDef] = {m.name: m for m in CATALOG}

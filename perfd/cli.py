@@ -41,6 +41,72 @@ def _add_catalog(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--doc", action="store_true", help="the whole docs/metrics.md page")
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help shows its default (unless it says one itself, or there is none to show);
+    descriptions and the examples in epilogs keep their line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        d = action.default
+        if ("default" not in text and d not in (None, False, argparse.SUPPRESS, [])
+                and action.option_strings and action.nargs != 0):
+            text += f" (default: {d})"
+        return text
+
+
+# One example per command, shown at the end of its --help ("perfd analyze megatron" -> text).
+EXAMPLES: dict[str, str] = {
+    "perfd": "perfd demo\n  perfd analyze megatron train.log --gpu 'NVIDIA H200'\n  "
+             "perfd top --aggregator http://127.0.0.1:9401",
+    "perfd analyze": "perfd analyze megatron train.log --gpu 'NVIDIA H200' --dtype bf16",
+    "perfd analyze megatron": "perfd analyze megatron train.log.gz --gpu 'NVIDIA H100 80GB HBM3' "
+                              "--dtype bf16\n  "
+                              "perfd analyze megatron train.log --gpu 'NVIDIA H200' --json | jq .summary",
+    "perfd analyze sglang": "perfd analyze sglang server.log --gpu 'NVIDIA H200' --model-params 8B "
+                            "--dtype bf16 "
+                            "--metrics http://127.0.0.1:30000/metrics",
+    "perfd analyze nsys": "perfd analyze nsys capture.nsys-rep --json",
+    "perfd analyze trace": "perfd analyze trace /tmp/perfd-kineto/trace_1234.json.gz",
+    "perfd catalog": "perfd catalog --markdown > metrics.md",
+    "perfd agent": "perfd agent --aggregator 127.0.0.1:50051 --job gpt-8b --megatron-log /logs/train.log "
+                   "--nvml real --metrics-port 9400",
+    "perfd aggregator": "perfd aggregator --grpc-port 50051 --http-port 9401",
+    "perfd demo": "perfd demo --speed 4",
+    "perfd rules": "perfd rules check rules/*.yaml",
+    "perfd rules check": "perfd rules check rules/default.yaml rules/serving.yaml",
+    "perfd bench": "perfd bench parse",
+    "perfd report": "perfd report --html report.html --log train.log --gpu 'NVIDIA H200'\n  "
+                    "perfd report --html report.html --aggregator http://127.0.0.1:9401 --job gpt-8b",
+    "perfd launch": "perfd launch --job gpt-8b --kineto --flight-recorder /tmp/fr -- "
+                    "torchrun --nproc-per-node 8 "
+                    "pretrain_gpt.py ...",
+    "perfd capture": "perfd capture --job gpt-8b --ranks 1 --steps 3 --tool kineto",
+    "perfd nsys-prefix": "torchrun --no-python --nproc-per-node 2 $(perfd nsys-prefix --job gpt-8b) "
+                         "python train.py",
+    "perfd top": "perfd top --aggregator http://127.0.0.1:9401 --job gpt-8b\n  "
+                 "perfd top --once   # one screen, then exit (scripts)",
+}
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parser and every sub-command parser below it."""
+    out = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                out.extend(_subparsers(child))
+    return out
+
+
+def _finish(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub-)command the shared formatter and its example."""
+    for p in _subparsers(parser):
+        p.formatter_class = _HelpFormatter
+        example = EXAMPLES.get(p.prog)
+        if example and not p.epilog:
+            p.epilog = f"example:\n  {example}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perfd",
@@ -54,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     from perfd.commands import register_live_commands
 
     register_live_commands(sub)
+    _finish(parser)
     return parser
 
 

@@ -33,6 +33,7 @@ from collectors.megatron.lines import (
     to_int,
 )
 from perfd.events import VALIDATION
+from perfd.logfiles import iter_text_lines
 from perfd.model import JobInfo, ParseIssue, Provenance, StepRecord, StragglerLine, TimerValue
 
 COLLECTOR = "megatron"
@@ -499,8 +500,9 @@ def parse_lines(lines: Iterable[str], job: str = "megatron", source_name: str = 
 
 
 def parse_file(path: str | Path, job: str = "megatron") -> ParsedLog:
-    """Parse a whole log file. Bytes that are not UTF-8 are replaced; only OSError (an unreadable
-    path) is raised. Lines are split on b"\\n" alone, as LogTail does, so both see the same lines."""
+    """Parse a whole log file, plain, gzip or zstd (perfd.logfiles). Bytes that are not UTF-8 are
+    replaced; only OSError (an unreadable path, a corrupt archive), EOFError (a truncated one) and
+    LogFileError are raised. Lines are split on b"\\n" alone, as LogTail does, so both see the same
+    lines."""
     p = Path(path)
-    with p.open("rb") as fh:
-        return parse_lines((raw.decode("utf-8", "replace") for raw in fh), job=job, source_name=p.name)
+    return parse_lines(iter_text_lines(p), job=job, source_name=p.name)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collectors.sglang.lines import MAX_LINE, BatchParse, parse_batch_line, parse_startup_line, split_prefix
+from perfd.logfiles import iter_text_lines
 from perfd.model import ParseIssue, Provenance, ServerInfo, ServingRecord
 
 MAX_ISSUES = 10_000
@@ -108,6 +109,6 @@ def parse_lines(lines: Iterable[str], source_name: str = "sglang.log") -> Parsed
 
 
 def parse_file(path: str | Path) -> ParsedServingLog:
+    """Parse a whole log file, plain, gzip or zstd (perfd.logfiles)."""
     p = Path(path)
-    with p.open("r", encoding="utf-8", errors="replace") as fh:
-        return parse_lines(fh, source_name=p.name)
+    return parse_lines(iter_text_lines(p), source_name=p.name)

@@ -13,7 +13,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from perfd.capture.kineto_daemon import KinetoDaemon, KinetoDaemonError
+from perfd.capture.dynolog import (
+    DYNOLOG_PORT,
+    DynologClient,
+    DynologError,
+    DynologKineto,
+    kineto_socket_taken,
+)
+from perfd.capture.kineto_daemon import DEFAULT_SOCKET_NAME, KinetoDaemon, KinetoDaemonError
 from perfd.capture.manager import CaptureManager
 from perfd.capture.nsys_exec import RANGE_SUBDIR, NsysExecutor, default_capture_root
 from perfd.capture.store import CaptureStore
@@ -26,18 +33,29 @@ log = logging.getLogger(__name__)
 class AgentCaptures:
     def __init__(self, job: str, root: str | None, quota_bytes: int,
                  emit: Callable[[dict[str, Any]], None], kineto: bool = True,
-                 hook: Collector | None = None) -> None:
+                 hook: Collector | None = None, kineto_socket: str = DEFAULT_SOCKET_NAME,
+                 dynolog_port: int = DYNOLOG_PORT) -> None:
         self.job = job
         self.root = Path(root) if root else default_capture_root()
         self.store = CaptureStore(self.root, quota_bytes)
-        self.kineto: KinetoDaemon | None = None
-        if kineto:
+        self.kineto: KinetoDaemon | DynologKineto | None = None
+        if kineto and kineto_socket_taken(kineto_socket):
+            # dynolog serves this node (it holds the Kineto socket): do not fight it for the socket,
+            # hand our trace configs to it over its RPC port instead.
             try:
-                self.kineto = KinetoDaemon()
+                self.kineto = DynologKineto(DynologClient(port=dynolog_port)).start()
+                log.warning("the Kineto socket is taken: Kineto captures go through dynolog on port %d",
+                            dynolog_port)
+            except DynologError as exc:
+                log.warning("the Kineto socket is taken and dynolog does not answer (%s): Kineto "
+                            "captures are off; nsys captures still work", exc)
+        elif kineto:
+            try:
+                self.kineto = KinetoDaemon(socket_name=kineto_socket)
                 self.kineto.start()
             except (KinetoDaemonError, OSError) as exc:
-                # dynolog may already serve this node: its socket name is taken. Kineto captures
-                # are then refused with this reason; nsys captures still work.
+                # Taken between the check and the bind, or another failure: Kineto captures are
+                # then refused with this reason; nsys captures still work.
                 log.warning("Kineto daemon not started: %s", exc)
                 self.kineto = None
         nsys = self.nsys = NsysExecutor(range_dir=str(self.root / RANGE_SUBDIR))

@@ -24,7 +24,7 @@ from perfd.agent.config import AgentConfig
 from perfd.agent.scheduler import Scheduler
 from perfd.collector import Collected, Collector, Registry
 from perfd.events import NCCL_HANG
-from perfd.exporters.prometheus import series_families
+from perfd.exporters.prometheus import build_info_families, series_families
 from perfd.jobinfo_json import job_info_to_json
 from perfd.model import CollectiveRecord, Sample
 
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 def default_registry() -> Registry:
     """Every collector shipped with perfd, by name."""
+    import collectors.dcgm
     import collectors.host
     import collectors.k8s
     import collectors.megatron
@@ -40,7 +41,8 @@ def default_registry() -> Registry:
     import collectors.sglang
 
     reg = Registry()
-    for mod in (collectors.megatron, collectors.nvml, collectors.host, collectors.k8s, collectors.sglang):
+    for mod in (collectors.megatron, collectors.nvml, collectors.host, collectors.k8s, collectors.sglang,
+                collectors.dcgm):
         mod.register(reg)
     reg.register("nccl", _nccl_collector)
     reg.register("hook", _hook_collector)
@@ -93,6 +95,7 @@ class _AgentMetrics:
         a = self.agent
         yield from series_families(a.view.rows(), {"job_name": a.cfg.job})
         yield from series_families(a.self_metric_rows())
+        yield from build_info_families()
 
 
 class Agent:

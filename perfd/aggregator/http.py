@@ -24,7 +24,7 @@ from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
 from perfd.analytics.megatron_job import IterationResult
-from perfd.exporters.prometheus import histogram_families, job_families, series_families
+from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
 from perfd.refusals import Refusals
 from perfd.report import analysis_json
 from perfd.transport.security import TokenFile
@@ -32,14 +32,22 @@ from perfd.transport.security import TokenFile
 log = logging.getLogger(__name__)
 
 
+# Series an agent serves on its own /metrics: left out of the aggregator's unless
+# --export-node-series (docs/prometheus.md).
+NODE_SERIES_PREFIXES = ("perfd_gpu_", "perfd_host_")
+
+
 class _StateCollector:
     """prometheus_client custom collector reading the aggregator state at scrape time."""
 
     def __init__(self, state: AggregatorState, per_rank_series: bool = True,
-                 refusals: Refusals | None = None) -> None:
+                 refusals: Refusals | None = None, export_node_series: bool = False) -> None:
         self.state = state
         self.per_rank_series = per_rank_series  # False: no per-rank series (very large jobs)
         self.refusals = refusals
+        # The agents serve their node's GPU and host series themselves; re-exported here as well,
+        # a sum over both scrape jobs would count every GPU twice. Off unless asked for.
+        self.export_node_series = export_node_series
 
     def collect(self) -> Iterator[Metric]:
         latest: dict[str, IterationResult] = {}
@@ -63,6 +71,8 @@ class _StateCollector:
         yield from series_families(rank_rows)
         rows = []
         for agent, s in self.state.node_series():
+            if not self.export_node_series and s.name.startswith(NODE_SERIES_PREFIXES):
+                continue
             labels = dict(s.labels)
             agent_job = self.state.job_of_agent(agent)
             if agent_job:
@@ -88,6 +98,36 @@ class _StateCollector:
             counts = self.refusals.snapshot()
             yield from series_families([({"reason": r}, "perfd_aggregator_refused_total",
                                          float(counts.get(r, 0))) for r in L.REFUSED_REASONS])
+        yield from build_info_families()
+
+
+# Labels that name a GPU; a GPU series with any other label (throttle reason, ECC type) is one of
+# several per GPU and stays out of the one-row-per-GPU view.
+_GPU_ROW_LABELS = frozenset({"node", "gpu", "uuid", "model", "replay", "job_name", "source"})
+
+
+def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
+    """The latest GPU series of the agents serving ``job``, one row per (node, gpu) with the
+    catalog names as keys (what `perfd top` shows; independent of what /metrics exports)."""
+    if job not in state.job_names():
+        return None
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for agent, s in state.node_series():
+        if state.job_of_agent(agent) != job or not s.name.startswith("perfd_gpu_"):
+            continue
+        labels = dict(s.labels)
+        if set(labels) - _GPU_ROW_LABELS:
+            continue
+        key = (labels.get("node", agent), labels.get("gpu", ""))
+        row = rows.setdefault(key, {"node": key[0], "gpu": key[1], "model": labels.get("model"),
+                                    "uuid": labels.get("uuid"), "replay": "replay" in labels,
+                                    "values": {}, "sources": {}})
+        row["values"][s.name] = s.value
+        if "source" in labels:
+            row["sources"][s.name] = labels["source"]
+    ordered = sorted(rows.items(),
+                     key=lambda kv: (kv[0][0], int(kv[0][1]) if kv[0][1].isdigit() else 0))
+    return {"job_name": job, "gpus": [row for _, row in ordered]}
 
 
 def rank_view(state: AggregatorState, job: str, world_size: int | None,
@@ -259,6 +299,13 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     state.analysis(job, force=True)  # incidents are updated from a fresh analysis
                     self._json(200, {"job_name": job, "incidents": state.incidents.incidents(job)})
+            elif path.startswith("/api/jobs/") and path.endswith("/gpus"):
+                job = unquote(path[len("/api/jobs/"):-len("/gpus")])
+                gpus = job_gpus(state, job)
+                if gpus is None:
+                    self._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
+                else:
+                    self._json(200, gpus)
             elif path.startswith("/api/jobs/") and path.endswith("/summary"):
                 job = unquote(path[len("/api/jobs/"):-len("/summary")])
                 summary = job_summary(state, job)
@@ -269,8 +316,8 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._json(404, {"error": f"no such path {path}", "paths": [
                     "/metrics", "/healthz", "/api/stats", "/api/jobs", "/api/jobs/<job>/summary",
-                    "/api/jobs/<job>/iterations", "/api/jobs/<job>/incidents", "/api/captures",
-                    "/api/events", "POST /api/captures", "POST /api/alertmanager"]})
+                    "/api/jobs/<job>/iterations", "/api/jobs/<job>/incidents", "/api/jobs/<job>/gpus",
+                    "/api/captures", "/api/events", "POST /api/captures", "POST /api/alertmanager"]})
         except BrokenPipeError:
             pass
         except Exception as exc:  # a bug must answer 500, not kill the server thread
@@ -399,14 +446,16 @@ class _Server(ThreadingHTTPServer):
 class HttpServer:
     def __init__(self, state: AggregatorState, host: str, port: int,
                  captures: CaptureCoordinator | None = None, per_rank_series: bool = True,
-                 token: TokenFile | None = None, refusals: Refusals | None = None) -> None:
+                 token: TokenFile | None = None, refusals: Refusals | None = None,
+                 export_node_series: bool = False) -> None:
         self._srv = _Server((host, port))
         self._srv.state = state
         self._srv.captures = captures
         self._srv.token = token
         self._srv.refusals = refusals if refusals is not None else Refusals()
         self._srv.registry = CollectorRegistry(auto_describe=False)
-        self._srv.registry.register(_StateCollector(state, per_rank_series, self._srv.refusals))
+        self._srv.registry.register(_StateCollector(state, per_rank_series, self._srv.refusals,
+                                                    export_node_series))
         self.port = int(self._srv.server_address[1])
         self._thread = threading.Thread(target=self._srv.serve_forever, name="http", daemon=True)
 

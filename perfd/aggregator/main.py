@@ -44,6 +44,7 @@ class AggregatorConfig:
     peak_tflops: float | None = None
     max_iterations_per_job: int = 5000
     per_rank_series: bool = True  # False: /metrics leaves out per-rank series (very large jobs)
+    export_node_series: bool = False  # True: /metrics also re-exports the agents' GPU and host series
     # Rule packs evaluated every rules_interval_s; None = the shipped default pack, [] = no rules.
     rules_files: list[str] | None = None
     rules_interval_s: float = 5.0
@@ -185,7 +186,8 @@ class Aggregator:
         try:
             self.http = HttpServer(self.state, self.cfg.http_host, self.cfg.http_port, self.captures,
                                    per_rank_series=self.cfg.per_rank_series, token=self.token,
-                                   refusals=self.refusals)
+                                   refusals=self.refusals,
+                                   export_node_series=self.cfg.export_node_series)
         except OSError as exc:
             await self.server.stop(None)
             raise OSError(f"cannot listen for HTTP on {self.cfg.http_host}:{self.cfg.http_port}: "

@@ -57,6 +57,7 @@ class GpuModel:
     peak_tflops: dict[str, float]  # dtype -> dense TFLOP/s (datasheet); missing dtype = unknown
     measured_ceiling_tflops: dict[str, float] = field(default_factory=dict)  # dtype -> measured
     datasheet: str = ""  # where the figures come from
+    nvml_example: str = ""  # a name NVML reports for it (for messages that suggest a spelling)
 
 
 # Order matters: the first row whose pattern matches wins, so specific names come before
@@ -67,18 +68,21 @@ GPU_TABLE: tuple[GpuModel, ...] = (
         (r"\bGB200\b",),
         {"bf16": 2500.0, "fp16": 2500.0, "fp8": 5000.0},
         datasheet="NVIDIA GB200 NVL72 datasheet, per GPU, dense",
+        nvml_example="NVIDIA GB200",
     ),
     GpuModel(
         "B200",
         (r"(?<![A-Z])B200\b",),
         {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
         datasheet="NVIDIA HGX B200 datasheet, per GPU, dense",
+        nvml_example="NVIDIA B200",
     ),
     GpuModel(
         "H200 NVL",
         (r"\bH200\s+NVL\b",),
         {"bf16": 835.0, "fp16": 835.0, "fp8": 1670.0, "tf32": 418.0, "fp32": 60.0},
         datasheet="NVIDIA H200 NVL datasheet, dense",
+        nvml_example="NVIDIA H200 NVL",
     ),
     GpuModel(
         "H200",
@@ -86,24 +90,28 @@ GPU_TABLE: tuple[GpuModel, ...] = (
         {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "tf32": 494.0, "fp32": 67.0},
         measured_ceiling_tflops={"bf16": 790.0},
         datasheet="NVIDIA H200 SXM datasheet, dense",
+        nvml_example="NVIDIA H200",
     ),
     GpuModel(
         "GH200",
         (r"\bGH200\b",),
         {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "tf32": 494.0, "fp32": 67.0},
         datasheet="NVIDIA GH200 datasheet, dense",
+        nvml_example="NVIDIA GH200 480GB",
     ),
     GpuModel(
         "H100 PCIe",
         (r"\bH100\b.*\bPCIe\b",),
         {"bf16": 756.0, "fp16": 756.0, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.0},
         datasheet="NVIDIA H100 PCIe datasheet, dense",
+        nvml_example="NVIDIA H100 PCIe",
     ),
     GpuModel(
         "H100 NVL",
         (r"\bH100\s+NVL\b",),
         {"bf16": 835.0, "fp16": 835.0, "fp8": 1670.0, "tf32": 418.0, "fp32": 60.0},
         datasheet="NVIDIA H100 NVL datasheet, dense",
+        nvml_example="NVIDIA H100 NVL",
     ),
     GpuModel(
         "H100 SXM",
@@ -111,18 +119,21 @@ GPU_TABLE: tuple[GpuModel, ...] = (
         {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "tf32": 494.0, "fp32": 67.0},
         measured_ceiling_tflops={"bf16": 790.0},
         datasheet="NVIDIA H100 SXM5 datasheet, dense",
+        nvml_example="NVIDIA H100 80GB HBM3",
     ),
     GpuModel(
         "A100",
         (r"\bA100\b",),
         {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
         datasheet="NVIDIA A100 datasheet, dense (no fp8 on Ampere)",
+        nvml_example="NVIDIA A100-SXM4-80GB",
     ),
     GpuModel(
         "L40S",
         (r"\bL40S\b",),
         {"bf16": 362.0, "fp16": 362.0, "fp8": 733.0, "tf32": 183.0, "fp32": 91.6},
         datasheet="NVIDIA L40S datasheet, dense",
+        nvml_example="NVIDIA L40S",
     ),
 )
 
@@ -135,6 +146,29 @@ def lookup_gpu(nvml_name: str | None) -> GpuModel | None:
         if any(re.search(p, nvml_name, flags=re.IGNORECASE) for p in row.patterns):
             return row
     return None
+
+
+def gpu_suggestions(name: str, n: int = 4) -> tuple[list[str], list[str]]:
+    """For a GPU name the table does not know: (the closest known names, the variants it could
+    mean). "H100" is ambiguous (PCIe, NVL, SXM), so its variants are listed; "NVIDIA H2000" or
+    "RTX 4090" get the nearest spellings by similarity (difflib). Names are NVML spellings, the
+    form ``--gpu`` takes."""
+    import difflib
+
+    q = name.strip().upper()
+    token = q.removeprefix("NVIDIA").strip()
+    variants = [r.nvml_example for r in GPU_TABLE
+                if token and re.search(rf"(?<![A-Z0-9]){re.escape(token)}(?![0-9])", r.model.upper())]
+    known = {r.nvml_example.upper(): r.nvml_example for r in GPU_TABLE}
+    known.update({r.model.upper(): r.nvml_example for r in GPU_TABLE})
+    close = difflib.get_close_matches(q, list(known), n=n * 2, cutoff=0.4)
+    if not close and token:
+        close = difflib.get_close_matches(token, list(known), n=n * 2, cutoff=0.3)
+    closest: list[str] = []
+    for c in close:
+        if known[c] not in closest:
+            closest.append(known[c])
+    return closest[:n], variants
 
 
 @dataclass(frozen=True)
@@ -173,7 +207,8 @@ def peak_tflops(
         return PeakResult(None, canon, None, None, None,
                           reason=f"{why}; set peak_tflops in config to get MFU")
     if canon is None:
-        why = "training dtype unknown" if dtype is None else f"dtype {dtype!r} not recognised"
+        why = ("training dtype unknown (give --dtype, e.g. bf16)" if dtype is None
+               else f"dtype {dtype!r} not recognised (--dtype takes one of {', '.join(DTYPES)})")
         return PeakResult(None, None, row.model, None, None, reason=why)
     value = row.peak_tflops.get(canon)
     if value is None:

@@ -106,7 +106,7 @@ STRAGGLER_RATIO = Threshold(
      RuleRef("prometheus", "PerfdRankStraggler",
              "job_name_rank:perfd_job_rank_compute_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER),
      RuleRef("prometheus", "PerfdJobStragglerSpread",
-             "job_name:perfd_job_straggler_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
+             "job_name:perfd_job_straggler_rtt_spread_times:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
 STRAGGLER_PERSISTENT_FRACTION = Threshold(
     0.5, "flagged in half of the steady iterations is persistent, not a one-off",
     "DESIGN.md §2 Stragglers")
@@ -124,26 +124,49 @@ GPM_IDLE = Threshold(0.05, "below 5% on NVML and SM the GPU is idle, no class ap
 
 # --- serving (DESIGN.md §2 serving playbook) ----------------------------------------------------------
 _S2 = "DESIGN.md §2 Diagnosis playbook (serving)"
+
+
+def _alert(name: str) -> str:
+    """The operand of the serving alerts in deploy/prometheus/perfd.rules.yml."""
+    return f"max by (job_name) (perfd_serving_{name})"
+
+
 ITL_TAIL_RATIO = Threshold(3.0, "P99 inter-token latency above 3x the P50: decode is interrupted by "
                                 "prefill chunks", _S2,
-                           (RuleRef("serving", "serving_itl_tail", "itl_p99", ">", "5m"),))
+                           (RuleRef("serving", "serving_itl_tail", "itl_p99", ">", "5m"),
+                            RuleRef("prometheus", "PerfdServingITLTail", _alert("itl_p99_seconds"), ">",
+                                    "5m")))
 TTFT_P99_HIGH_S = Threshold(2.0, "P99 time to first token above 2 s: long prefills or queueing", _S2,
-                            (RuleRef("serving", "serving_ttft_high", "ttft_p99", ">", "5m"),))
+                            (RuleRef("serving", "serving_ttft_high", "ttft_p99", ">", "5m"),
+                             RuleRef("prometheus", "PerfdServingTTFTHigh", _alert("ttft_p99_seconds"), ">",
+                                     "5m")))
 PREFIX_HIT_LOW = Threshold(0.30, "under 30% of prompt tokens from the radix cache ...", _S2,
-                           (RuleRef("serving", "serving_prefix_hit_low", "prefix_hit", "<", "10m"),))
+                           (RuleRef("serving", "serving_prefix_hit_low", "prefix_hit", "<", "10m"),
+                            RuleRef("prometheus", "PerfdServingPrefixCacheHitLow",
+                                    _alert("prefix_cache_hit_ratio"), "<", "10m")))
 PREFIX_REUSE_BATCHES = Threshold(
     0.50, "... while half the prefill batches reuse a prefix: sharing the schedule misses", _S2,
-    (RuleRef("serving", "serving_prefix_hit_low", "prefix_hit_batches", ">=", "10m"),))
+    (RuleRef("serving", "serving_prefix_hit_low", "prefix_hit_batches", ">=", "10m"),
+     RuleRef("prometheus", "PerfdServingPrefixCacheHitLow", _alert("prefix_cache_hit_batches_ratio"), ">=",
+             "10m")))
 KV_NEAR_FULL = Threshold(0.95, "KV pool 95% full: admissions wait, requests get retracted", _S2,
-                         (RuleRef("serving", "serving_kv_near_full", "kv_usage", ">", "2m"),))
+                         (RuleRef("serving", "serving_kv_near_full", "kv_usage", ">", "2m"),
+                          RuleRef("prometheus", "PerfdServingKVCacheNearFull",
+                                  _alert("kv_cache_usage_ratio"), ">", "2m")))
 KV_LOW = Threshold(0.20, "KV pool under 20% used while requests queue: memory is not the limit", _S2,
-                   (RuleRef("serving", "serving_kv_low_while_queued", "kv_usage", "<", "5m"),))
+                   (RuleRef("serving", "serving_kv_low_while_queued", "kv_usage", "<", "5m"),
+                    RuleRef("prometheus", "PerfdServingKVCacheIdleWhileQueued",
+                            _alert("kv_cache_usage_ratio"), "<", "5m")))
 QUEUE_GROWTH_PER_S = Threshold(0.1, "queue growing by more than 6 requests a minute ...", _S2,
                                (RuleRef("serving", "serving_queue_growing_small_batch", "queue_growth",
-                                        ">", "5m"),))
+                                        ">", "5m"),
+                                RuleRef("prometheus", "PerfdServingQueueGrowing",
+                                        _alert("queue_growth_requests_per_second"), ">", "5m")))
 BATCH_SMALL = Threshold(0.50, "... while the running batch is under half of max_running_requests", _S2,
                         (RuleRef("serving", "serving_queue_growing_small_batch", "batch_fill", "<",
-                                 "5m"),))
+                                 "5m"),
+                         RuleRef("prometheus", "PerfdServingQueueGrowing", _alert("batch_fill_ratio"),
+                                 "<", "5m")))
 CUDA_GRAPH_LOW = Threshold(0.90, "more than 10% of decode batches run eagerly (launch overhead)", _S2,
                            (RuleRef("serving", "serving_cuda_graph_low", "cuda_graph", "<", "10m"),))
 

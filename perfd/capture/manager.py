@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfd.capture.analysis import CaptureAnalysis
 from perfd.capture.chrome_trace import analyze_chrome_trace
+from perfd.capture.dynolog import DynologKineto
 from perfd.capture.kineto_daemon import KinetoDaemon, build_config, trace_complete
 from perfd.capture.nsys_exec import NsysError, NsysExecutor, range_reports, session_name, wait_stable
 from perfd.capture.store import CaptureStore
@@ -175,7 +176,7 @@ def _reports(base: Path, since: float) -> list[Path]:
 
 
 class CaptureManager:
-    def __init__(self, store: CaptureStore, kineto: KinetoDaemon | None = None,
+    def __init__(self, store: CaptureStore, kineto: KinetoDaemon | DynologKineto | None = None,
                  nsys: NsysExecutor | None = None,
                  hook_requester: HookRequester | None = None, pids_for_ranks: PidsForRanks | None = None,
                  emit: Emit | None = None, *, clock: Callable[[], float] = time.time,
@@ -414,7 +415,7 @@ class CaptureManager:
         poll_s = max([self.kineto_poll_s, *(daemon.intervals.get(p, 0.0) for p in by_pid)])  # as seen
         arm_for = min(max(3 * poll_s + 2.0, 5.0), deadline - time.monotonic())
         try:
-            arming = daemon.arm(configs, expires_at=self.clock() + arm_for)
+            arming: Any = daemon.arm(configs, expires_at=self.clock() + arm_for)  # either backend's arming
         except ValueError as exc:
             raise _Failed("skipped", f"{BUSY_REASON}: {exc}") from exc
         try:
@@ -463,8 +464,8 @@ class CaptureManager:
         finally:
             daemon.disarm(arming)
 
-    def _wait_kineto_trace(self, daemon: KinetoDaemon, arming: Any, pid: int, d: Path, rank: int,
-                           deadline: float) -> Path | None:
+    def _wait_kineto_trace(self, daemon: KinetoDaemon | DynologKineto, arming: Any, pid: int, d: Path,
+                           rank: int, deadline: float) -> Path | None:
         """The rank's trace once complete: ``rank<r>_<pid>.json`` in the capture folder, or libkineto's
         default ``/tmp/libkineto_activities_<pid>.json`` (a libkineto that refused our path: moved in)."""
         since = arming.answered().get(pid, self.clock()) - 1.0

@@ -7,10 +7,11 @@ import argparse
 
 def register_live_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the sub-commands of the live pipeline (agent, aggregator, demo, record, ...)."""
-    from perfd.commands import bench, capture, launch, live, report
+    from perfd.commands import bench, capture, launch, live, report, top
 
     live.register(sub)
     bench.register(sub)
     report.register(sub)
     launch.register(sub)
     capture.register(sub)
+    top.register(sub)

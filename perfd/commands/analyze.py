@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,11 @@ def add_sglang_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model spec (for MBU/MFU; the log's start-up lines fill what they can)")
     g.add_argument("--model-params", help="total parameters, e.g. 8e9 or 8B")
     g.add_argument("--active-params", help="parameters active per token (MoE), e.g. 37B")
-    g.add_argument("--layers", type=int, dest="num_layers")
-    g.add_argument("--hidden", type=int, dest="hidden_size")
-    g.add_argument("--heads", type=int, dest="num_attention_heads")
-    g.add_argument("--kv-heads", type=int, dest="num_kv_heads")
-    g.add_argument("--head-dim", type=int)
+    g.add_argument("--layers", type=int, dest="num_layers", help="transformer layers")
+    g.add_argument("--hidden", type=int, dest="hidden_size", help="hidden size")
+    g.add_argument("--heads", type=int, dest="num_attention_heads", help="attention heads")
+    g.add_argument("--kv-heads", type=int, dest="num_kv_heads", help="key/value heads (GQA)")
+    g.add_argument("--head-dim", type=int, help="dimension per attention head")
     g.add_argument("--dtype", help="weights/compute dtype (bf16, fp16, fp8)")
     g.add_argument("--kv-dtype", help="KV cache dtype (default: SGLang's --kv-cache-dtype, else the dtype)")
     g.add_argument("--weight-bytes", help="all weights in bytes, e.g. 16e9 (overrides params × dtype)")
@@ -43,17 +44,87 @@ def add_sglang_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def analyze_megatron_file(path: str, job: str | None = None, gpu: str | None = None,
-                          peak_tflops: float | None = None, dtype: str | None = None) -> Any:
-    """Parse and analyse one log; returns the RunAnalysis (also used by the demo and tests)."""
-    from collectors.megatron import parse_file, parse_lines
+                          peak_tflops: float | None = None, dtype: str | None = None,
+                          progress: bool = False) -> Any:
+    """Parse and analyse one log (plain, gzip or zstd); returns (parsed, RunAnalysis) (also used by
+    the demo, perfd.api and tests). ``progress`` shows a bar on stderr while the file is read."""
+    from collectors.megatron import parse_lines
     from perfd.analytics.megatron_job import analyze_run
 
     name = job or (Path(path).stem if path != "-" else "stdin")
-    parsed = parse_lines(sys.stdin, job=name, source_name="stdin") if path == "-" else parse_file(
-        path, job=name)
+    if path == "-":
+        parsed = parse_lines(sys.stdin, job=name, source_name="stdin")
+    else:
+        parsed = parse_lines(_read_lines(path, progress), job=name, source_name=Path(path).name)
     analysis = analyze_run(parsed.job_info, parsed.records, gpu_name=gpu,
                            peak_tflops=peak_tflops, dtype=dtype)
     return parsed, analysis
+
+
+# Logs smaller than this are read before a bar could be seen.
+_PROGRESS_MIN_BYTES = 8 << 20
+
+
+def _read_lines(path: str, progress: bool) -> Iterator[str]:
+    """The log's lines; with ``progress`` and a big file, a transient bar on stderr counted in bytes
+    read (a compressed log has no known total: the bar then only shows bytes and speed)."""
+    from perfd.logfiles import compression_of, iter_text_lines, open_log
+
+    size = Path(path).stat().st_size
+    if not progress or size < _PROGRESS_MIN_BYTES:
+        yield from iter_text_lines(path)
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    total = size if compression_of(path) is None else None
+    with Progress(TextColumn("reading {task.description}"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), console=Console(stderr=True), transient=True) as bar, \
+            open_log(path) as fh:
+        task = bar.add_task(Path(path).name, total=total)
+        done = 0
+        for n, line in enumerate(fh):
+            done += len(line)
+            if n % 4096 == 0:
+                bar.update(task, completed=done)
+            yield line.decode("utf-8", "replace")
+
+
+def refuse(message: str) -> int:
+    """One line on stderr, exit status 2: how every refused input ends."""
+    print(f"perfd: {message}", file=sys.stderr)
+    return 2
+
+
+def check_gpu(gpu: str | None, peak_override: float | None) -> str | None:
+    """Why ``--gpu`` cannot be used (one line naming the closest known names and, for a short name
+    like "H100", the variants it could mean), or None when it is known or an override makes the
+    table unnecessary."""
+    from perfd.analytics.gpus import gpu_suggestions, lookup_gpu
+
+    if gpu is None or peak_override is not None or lookup_gpu(gpu) is not None:
+        return None
+    closest, variants = gpu_suggestions(gpu)
+    msg = f"unknown GPU {gpu!r} (--gpu takes the name NVML reports)"
+    if variants:
+        msg += f"; it could mean: {', '.join(repr(v) for v in variants)}"
+    others = [c for c in closest if c not in variants]
+    if others:
+        msg += f"; closest known: {', '.join(repr(c) for c in others)}"
+    return msg + "; or give --peak-tflops"
+
+
+def check_log(path: str) -> str | None:
+    """Why the log cannot be read (a directory, missing, not a file), or None."""
+    from perfd.logfiles import LogFileError, check_log_path
+
+    if path == "-":
+        return None
+    try:
+        check_log_path(path)
+    except LogFileError as exc:
+        return str(exc)
+    return None
 
 
 def run_analyze(args: argparse.Namespace) -> int:
@@ -66,14 +137,19 @@ def run_analyze(args: argparse.Namespace) -> int:
     if args.what != "megatron":  # argparse enforces the choices; kept for new analysers
         print(f"perfd: unknown analyser {args.what}", file=sys.stderr)
         return 2
-    if args.log != "-" and not Path(args.log).is_file():
-        print(f"perfd: no such log file: {args.log}", file=sys.stderr)
-        return 2
-    parsed, analysis = analyze_megatron_file(args.log, args.job, args.gpu, args.peak_tflops,
-                                             args.dtype)
+    why = check_log(args.log) or check_gpu(args.gpu, args.peak_tflops)
+    if why:
+        return refuse(why)
+    from perfd.logfiles import LogFileError
+
+    try:
+        parsed, analysis = analyze_megatron_file(args.log, args.job, args.gpu, args.peak_tflops,
+                                                 args.dtype, progress=sys.stderr.isatty())
+    except (OSError, EOFError, LogFileError) as exc:  # unreadable, corrupt or truncated archive
+        return refuse(f"cannot read {args.log}: {exc}")
     if not parsed.records:
-        print(f"perfd: no Megatron iteration lines found in {args.log} "
-              f"({parsed.counts.get('lines', 0)} lines read)", file=sys.stderr)
+        return refuse(f"no Megatron-LM iteration lines in {args.log} ({parsed.counts.get('lines', 0)} "
+                      "lines read): is it the stdout of a Megatron-LM run (another framework's log?)")
     from perfd.report import analysis_json, build_report, render_text
 
     if args.json:
@@ -174,24 +250,30 @@ def run_sglang(args: argparse.Namespace) -> int:
     from perfd.report import render_text
     from perfd.report.serving import build_serving_report
 
-    if args.log != "-" and not Path(args.log).is_file():
-        print(f"perfd: no such log file: {args.log}", file=sys.stderr)
-        return 2
+    peak_given = args.peak_tflops if args.peak_tflops is not None else args.peak_bandwidth_tbs
+    why = check_log(args.log) or check_gpu(args.gpu, peak_given)
+    if why:
+        return refuse(why)
     try:
         spec = _spec_from_args(args)
     except ValueError as exc:
-        print(f"perfd: {exc}", file=sys.stderr)
-        return 2
-    parsed = parse_lines(sys.stdin, source_name="stdin") if args.log == "-" else parse_file(args.log)
+        return refuse(str(exc))
+    from perfd.logfiles import LogFileError
+
+    try:
+        parsed = parse_lines(sys.stdin, source_name="stdin") if args.log == "-" else parse_file(args.log)
+    except (OSError, EOFError, LogFileError) as exc:
+        return refuse(f"cannot read {args.log}: {exc}")
     prev, cur, problems = _read_metrics(args.metrics, args.scrape_interval)
+    if not parsed.records and cur is None:  # nothing to analyse: neither log lines nor /metrics
+        metrics = f"; --metrics: {problems[0]}" if problems else ""
+        return refuse(f"no SGLang 'Prefill batch' / 'Decode batch' lines in {args.log} "
+                      f"({parsed.counts.get('lines', 0)} lines read): is it an SGLang server log?{metrics}")
     name = args.job or (Path(args.log).stem if args.log != "-" else "stdin")
     bw = args.peak_bandwidth_tbs * 1e12 if args.peak_bandwidth_tbs is not None else None
     analysis = analyze_serving(name, parsed.records, parsed.server, cur, prev, spec, args.gpu,
                                args.peak_tflops, bw, lifetime_percentiles=True)
     report = build_serving_report(analysis)
-    if not parsed.records:
-        print(f"perfd: no SGLang 'Prefill batch' / 'Decode batch' lines in {args.log} "
-              f"({parsed.counts.get('lines', 0)} lines read)", file=sys.stderr)
     for p in problems:
         print(f"perfd: metrics: {p}", file=sys.stderr)
     if args.json:

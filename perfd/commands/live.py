@@ -58,6 +58,7 @@ def _aggregator(args: argparse.Namespace) -> int:
                            rules_files=[] if args.no_rules else args.rules,
                            rules_interval_s=args.rules_interval,
                            per_rank_series=not args.no_rank_series,
+                           export_node_series=args.export_node_series,
                            wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
                            wandb_dir=args.wandb_dir, wandb_interval_s=args.wandb_interval,
                            job_stale_after_s=args.job_stale_after)
@@ -109,9 +110,11 @@ def register(sub: SubParsers) -> None:
 
     g = sub.add_parser("aggregator", help="run the aggregator (gRPC ingest, /metrics, JSON API)")
     g.add_argument("--grpc-host", help="address of the gRPC ingest (default 127.0.0.1; see --listen-all)")
-    g.add_argument("--grpc-port", type=int, default=50051)
+    g.add_argument("--grpc-port", type=int, default=50051,
+                   help="gRPC ingest port, agents connect here (default: %(default)s)")
     g.add_argument("--http-host", help="address of /metrics and the API (default 127.0.0.1)")
-    g.add_argument("--http-port", type=int, default=9401)
+    g.add_argument("--http-port", type=int, default=9401,
+                   help="port of /metrics and the JSON API (default: %(default)s)")
     g.add_argument("--listen-all", action="store_true",
                    help="listen on every interface (0.0.0.0) where no --grpc-host/--http-host is given")
     g.add_argument("--tls-cert", metavar="FILE", help="server certificate: gRPC over TLS (re-read when "
@@ -144,6 +147,10 @@ def register(sub: SubParsers) -> None:
     g.add_argument("--no-rank-series", action="store_true",
                    help="leave per-rank series (perfd_job_rank_*) out of /metrics: bounds label "
                    "cardinality for very large jobs; the JSON API still has them")
+    g.add_argument("--export-node-series", action="store_true",
+                   help="also serve the agents' GPU and host series (perfd_gpu_*, perfd_host_*) on /metrics; "
+                   "off by default because each agent serves them itself and a sum over both would count "
+                   "every GPU twice (docs/prometheus.md); the JSON API has them either way")
     g.add_argument("--rules", action="append", metavar="FILE",
                    help="rule pack to evaluate (repeatable; default: the shipped rules/default.yaml)")
     g.add_argument("--no-rules", action="store_true", help="evaluate no rules (no automatic captures)")

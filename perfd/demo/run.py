@@ -125,22 +125,18 @@ def _progress_table(summary: dict[str, Any] | None, stats: dict[str, Any] | None
     return t
 
 
-def _gpu_rows(metrics_text: str) -> list[dict[str, str]]:
-    from prometheus_client.parser import text_string_to_metric_families
-
+def _gpu_rows(gpus_json: dict[str, Any]) -> list[dict[str, str]]:
+    """One line per GPU from the aggregator's /api/jobs/<job>/gpus."""
     want = {"perfd_gpu_utilization_ratio": "util", "perfd_gpu_sm_util_ratio": "SM",
             "perfd_gpu_tensor_util_ratio": "tensor", "perfd_gpu_dram_bw_util_ratio": "DRAM bw",
             "perfd_gpu_power_watts": "W"}
-    rows: dict[str, dict[str, str]] = {}
-    for fam in text_string_to_metric_families(metrics_text):
-        if fam.name not in want:
-            continue
-        for s in fam.samples:
-            g = s.labels.get("gpu", "?")
-            row = rows.setdefault(g, {"gpu": g, "model": s.labels.get("model", ""), "text": ""})
-            val = f"{s.value:.0f} W" if want[fam.name] == "W" else f"{want[fam.name]} {100 * s.value:.0f}%"
-            row["text"] += (", " if row["text"] else "") + val
-    return [rows[k] for k in sorted(rows)]
+    rows: list[dict[str, str]] = []
+    for g in gpus_json.get("gpus") or []:
+        vals = g.get("values") or {}
+        text = ", ".join(f"{vals[n]:.0f} W" if short == "W" else f"{short} {100 * vals[n]:.0f}%"
+                         for n, short in want.items() if isinstance(vals.get(n), (int, float)))
+        rows.append({"gpu": str(g.get("gpu", "?")), "model": str(g.get("model") or ""), "text": text})
+    return rows
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -192,8 +188,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 stats = _get_json(f"{base}/api/stats")
                 summary = _get_json(f"{base}/api/jobs/{JOB}/summary")
             with contextlib.suppress(OSError, ValueError):
-                with urllib.request.urlopen(f"{base}/metrics", timeout=3) as r:
-                    gpus = _gpu_rows(r.read().decode())
+                gpus = _gpu_rows(_get_json(f"{base}/api/jobs/{JOB}/gpus"))
 
         with Live(_progress_table(None, None, [], nvml_label), console=console,
                   refresh_per_second=4, transient=False) if live_ok else contextlib.nullcontext() as live:

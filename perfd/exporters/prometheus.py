@@ -88,3 +88,13 @@ def plain_families(values: Mapping[str, tuple[Mapping[str, str], float]]) -> Ite
     """Self-metrics given as {name: (labels, value)} with catalog names."""
     for name, (labels, value) in sorted(values.items()):
         yield from series_families([(labels, name, value)])
+
+
+def build_info_families() -> Iterator[Metric]:
+    """perfd_build_info: which perfd (and Python) a daemon runs, for both daemons' /metrics."""
+    import platform
+
+    from perfd import __version__
+
+    yield from series_families([({"version": __version__, "python": platform.python_version()},
+                                 "perfd_build_info", 1.0)])

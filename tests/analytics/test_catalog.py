@@ -30,7 +30,7 @@ REQUIRED = [
 
 # unit -> the suffix the name must end with (counters add _total after it)
 UNIT_SUFFIX = {
-    "ratio": "_ratio", "times": "_ratio", "seconds": "_seconds", "bytes": "_bytes",
+    "ratio": "_ratio", "seconds": "_seconds", "bytes": "_bytes",
     "bytes_per_second": "_bytes_per_second", "watts": "_watts", "joules": "_joules", "celsius": "_celsius",
     "hertz": "_hertz", "info": "_info", "tflops": "_tflops_per_gpu",
 }
@@ -40,12 +40,20 @@ def test_required_names_present() -> None:
     assert set(REQUIRED) <= set(catalog.names())
 
 
+def base_of(name: str) -> str:
+    return name.removesuffix("_total")
+
+
 def test_names_follow_conventions() -> None:
     names = catalog.names()
     assert len(names) == len(set(names)), "duplicate metric names"
     for m in catalog.CATALOG:
         domain = r"perfd_(job|serving|gpu|host|agent|aggregator)_"
-        assert re.fullmatch(domain + r"[a-z0-9]+(_[a-z0-9]+)*", m.name), m.name
+        # perfd_build_info is the Prometheus convention for a build's info metric (<namespace>_build_info)
+        pattern = domain + r"[a-z0-9]+(_[a-z0-9]+)*"
+        assert m.name == "perfd_build_info" or re.fullmatch(pattern, m.name), m.name
+        if m.unit == "times":  # a quotient that can exceed 1: _times; the older ones still end in _ratio
+            assert base_of(m.name).endswith(("_times", "_ratio")), m.name
         assert m.kind in ("gauge", "counter", "histogram")
         assert (m.kind == "counter") == m.name.endswith("_total"), m.name
         base = m.name.removesuffix("_total")

@@ -39,6 +39,7 @@ RULES = """
 rules:
   - name: slow_rank_capture
     expr: rank_compute_ratio > 1.2
+    scope: rank
     for: 10s
     severity: warning
     action:

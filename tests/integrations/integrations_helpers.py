@@ -6,6 +6,7 @@ are required in CI; elsewhere a test that needs one skips and says which package
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -129,9 +130,11 @@ def start_live(tmp: Path, job: str = "itest", extra_aggregator_args: tuple[str, 
         live = Live(job, f"http://127.0.0.1:{http_port}", f"http://127.0.0.1:{metrics_port}", last_it, tmp)
 
         def caught_up() -> bool:
+            # GPU samples: from the JSON API (the aggregator's /metrics leaves node series to the agents).
             text = get(f"{live.aggregator_url}/metrics").decode()
+            gpus = json.loads(get(f"{live.aggregator_url}/api/jobs/{job}/gpus"))["gpus"]
             return f'perfd_job_iteration{{job_name="{job}"}} {float(last_it)}' in text \
-                and "perfd_gpu_power_watts{" in text
+                and any("perfd_gpu_power_watts" in g["values"] for g in gpus)
 
         wait_for(caught_up, 60, f"the aggregator to ingest iteration {last_it} and GPU samples")
         wait_for(lambda: b"perfd_gpu_power_watts{" in get(f"{live.agent_url}/metrics"), 20,

@@ -54,8 +54,10 @@ def test_promtool_check_metrics_passes(live: Live, endpoint: str) -> None:
         f"promtool check metrics on the {endpoint}:\n{r.stdout.decode()}{r.stderr.decode()}"
     names = {name for name, _ in _samples(text.decode())}
     if endpoint == "aggregator":
-        assert {"perfd_job_mfu_ratio", "perfd_job_step_time_seconds", "perfd_gpu_power_watts",
+        assert {"perfd_job_mfu_ratio", "perfd_job_step_time_seconds",
                 "perfd_aggregator_samples_total"} <= names
+        # The agent serves its node's series; the aggregator does not repeat them (no doubled sums).
+        assert not {n for n in names if n.startswith(("perfd_gpu_", "perfd_host_"))}
     else:
         assert {"perfd_gpu_sm_util_ratio", "perfd_agent_cpu_seconds_total",
                 "perfd_agent_spool_dropped_samples_total"} <= names
@@ -112,11 +114,12 @@ scrape_configs:
         it = _prom_query(base, f'perfd_job_iteration{{job_name="{live.job}"}}')
         assert float(it[0]["value"][1]) == live.last_iteration
 
-        # A GPU metric arrives twice, once per scrape job, each equal to its endpoint's value.
+        # A GPU metric arrives once, from the agent's scrape job (the aggregator leaves node series
+        # out unless --export-node-series), equal to the agent's value; a sum counts each GPU once.
         # (The memory total is constant in the NVML recording; utilisations move with its clock.)
         agent = _samples(get(f"{live.agent_url}/metrics").decode())
         gpu_rows = _prom_query(base, f'perfd_gpu_memory_total_bytes{{job_name="{live.job}"}}')
-        assert {r["metric"]["job"] for r in gpu_rows} == {"perfd-agent", "perfd-aggregator"}
+        assert [r["metric"]["job"] for r in gpu_rows] == ["perfd-agent"]
         for r in gpu_rows:
             m = dict(r["metric"])
             served = agent if m.pop("job") == "perfd-agent" else agg

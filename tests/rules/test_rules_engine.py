@@ -11,7 +11,7 @@ from perfd.rules.loader import parse_pack
 from perfd.rules.model import Rule
 
 MFU = "perfd_job_mfu_ratio"
-STRAG = "perfd_job_straggler_ratio"
+STRAG = "perfd_job_straggler_rtt_spread_times"  # alias straggler_ratio; the old name is deprecated
 RANK_RATIO = "perfd_job_rank_compute_ratio"
 GIB = 2**30
 

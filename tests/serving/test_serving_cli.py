@@ -93,8 +93,11 @@ def test_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["analyze", "sglang", str(tmp_path / "missing.log")]) == 2
     assert main(["analyze", "sglang", LOG, "--model-params", "lots"]) == 2
     assert "not a number" in capsys.readouterr().err
+    # Neither batch lines nor usable /metrics: refused with one line naming both (issue 13; it
+    # used to exit 0 with an 'unknown' report).
     empty = tmp_path / "empty.log"
     empty.write_text("hello\n")
-    out = run_json(capsys, str(empty), "--metrics", str(tmp_path / "nope.prom"))
-    assert out["records"] == [] and out["report"]["summary"]["status"] == "unknown"
-    assert out["metrics_problems"] and "nope.prom" in out["metrics_problems"][0]
+    capsys.readouterr()
+    assert main(["analyze", "sglang", str(empty), "--metrics", str(tmp_path / "nope.prom"), "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no SGLang" in err[0] and "nope.prom" in err[0]

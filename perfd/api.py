@@ -1,0 +1,145 @@
+"""perfd from Python (a notebook, a script): analyse a log, read a capture, query an aggregator.
+
+The same functions the CLI runs, returning the same JSON-shaped dicts that ``--json`` prints, so a
+notebook and ``perfd analyze ... --json`` cannot disagree. Input that cannot be used raises
+``PerfdInputError`` with the one line the CLI prints (never a page of absent values)::
+
+    import perfd.api as pa
+    run = pa.analyze_megatron_log("train.log.gz", gpu="NVIDIA H200")
+    run["summary"]["medians"]["mfu"]
+    pa.read_capture("trace_1234.json.gz")["devices"][0]["comm_exposed_ms"]
+    agg = pa.Aggregator("http://127.0.0.1:9401")
+    agg.summary(agg.jobs()[0]["job"])["latest"]["step_time_ms"]
+
+See docs/api.md. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Aggregator", "PerfdInputError", "analyze_megatron_log", "analyze_sglang_log", "read_capture"]
+
+
+class PerfdInputError(ValueError):
+    """Input perfd cannot use; the message is the one line `perfd analyze` prints."""
+
+
+def analyze_megatron_log(path: str | Path, gpu: str | None = None, dtype: str | None = None,
+                         peak_tflops: float | None = None, job: str | None = None) -> dict[str, Any]:
+    """`perfd analyze megatron PATH --json` as a dict: job, iterations, summary, report, parse."""
+    from perfd.commands.analyze import analyze_megatron_file, check_gpu, check_log
+    from perfd.logfiles import LogFileError
+
+    why = check_log(str(path)) or check_gpu(gpu, peak_tflops)
+    if why:
+        raise PerfdInputError(why)
+    try:
+        parsed, analysis = analyze_megatron_file(str(path), job, gpu, peak_tflops, dtype)
+    except (OSError, EOFError, LogFileError) as exc:
+        raise PerfdInputError(f"cannot read {path}: {exc}") from exc
+    if not parsed.records:
+        raise PerfdInputError(f"no Megatron-LM iteration lines in {path}")
+    out: dict[str, Any] = analysis.to_json()
+    out["parse"] = {"counts": dict(parsed.counts), "issues_total": len(parsed.issues)}
+    return out
+
+
+def analyze_sglang_log(path: str | Path, gpu: str | None = None, job: str | None = None) -> dict[str, Any]:
+    """The serving analysis of an SGLang server log (no /metrics, no model spec): records, summary,
+    report, as `perfd analyze sglang PATH --json` gives them without those options."""
+    from collectors.sglang.parser import parse_file
+    from perfd.analytics.serving import analyze_serving
+    from perfd.analytics.serving_spec import ServingModelSpec
+    from perfd.commands.analyze import check_gpu, check_log
+    from perfd.logfiles import LogFileError
+    from perfd.report.serving import build_serving_report
+
+    why = check_log(str(path)) or check_gpu(gpu, None)
+    if why:
+        raise PerfdInputError(why)
+    try:
+        parsed = parse_file(path)
+    except (OSError, EOFError, LogFileError) as exc:
+        raise PerfdInputError(f"cannot read {path}: {exc}") from exc
+    if not parsed.records:
+        raise PerfdInputError(f"no SGLang 'Prefill batch' / 'Decode batch' lines in {path}")
+    analysis = analyze_serving(job or Path(path).stem, parsed.records, parsed.server, None, None,
+                               ServingModelSpec(), gpu, None, None, lifetime_percentiles=True)
+    return {"records": [r.to_json() for r in parsed.records], "summary": analysis.to_json(),
+            "report": build_serving_report(analysis).to_json()}
+
+
+def read_capture(path: str | Path) -> dict[str, Any]:
+    """Per-device breakdown (busy, idle, compute, NCCL, exposed communication, top kernels) of a
+    Kineto/Chrome trace (.json, .json.gz) or an nsys capture (.nsys-rep, .sqlite)."""
+    p = Path(path)
+    if not p.is_file():
+        raise PerfdInputError(f"{path} is a directory" if p.is_dir() else f"no such capture file: {path}")
+    try:
+        if p.suffix in (".nsys-rep", ".sqlite", ".qdrep"):
+            from perfd.capture.nsys_sqlite import analyze_nsys
+
+            out: dict[str, Any] = analyze_nsys(p).to_json()
+        else:
+            from perfd.capture.chrome_trace import analyze_chrome_trace
+
+            out = analyze_chrome_trace(p).to_json()
+    except Exception as exc:  # not a trace: one line, as the CLI says it
+        raise PerfdInputError(f"cannot analyse {path}: {exc}") from exc
+    return out
+
+
+class Aggregator:
+    """A running `perfd aggregator`, through its HTTP API (read-only)."""
+
+    def __init__(self, url: str = "http://127.0.0.1:9401", timeout: float = 10.0) -> None:
+        self.url = (url if "://" in url else f"http://{url}").rstrip("/")
+        self.timeout = timeout
+
+    def _get(self, path: str) -> Any:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=self.timeout) as r:
+                return json.loads(r.read().decode("utf-8"))
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode("utf-8", "replace")[:300]
+            raise PerfdInputError(f"{self.url}{path}: HTTP {exc.code} {detail}") from exc
+
+    def _job(self, job: str, what: str) -> Any:
+        return self._get(f"/api/jobs/{urllib.parse.quote(job, safe='')}/{what}")
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job the aggregator knows, with its agents, iterations seen and last step's age."""
+        return list(self._get("/api/jobs")["jobs"])
+
+    def summary(self, job: str) -> dict[str, Any]:
+        """Latest values, steady-state medians, the report, rank placement, collectives, serving."""
+        return dict(self._job(job, "summary"))
+
+    def iterations(self, job: str, sources: bool = False) -> list[dict[str, Any]]:
+        """Every retained iteration's analysis (as `perfd analyze megatron --json` 'iterations')."""
+        return list(self._job(job, "iterations" + ("" if sources else "?sources=0"))["iterations"])
+
+    def gpus(self, job: str) -> list[dict[str, Any]]:
+        """The latest GPU series of the job's agents, one row per GPU (catalog names as keys)."""
+        return list(self._job(job, "gpus")["gpus"])
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._get("/api/stats"))
+
+    def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """/metrics parsed: {sample name: [(labels, value), ...]}."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.url + "/metrics", timeout=self.timeout) as r:
+            text = r.read().decode("utf-8")
+        out: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+        return out

@@ -1,0 +1,84 @@
+"""perfd.api as a notebook uses it: the same numbers as the CLI's --json, the same one-line
+refusals, and a real aggregator queried through its HTTP API."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import perfd.api as pa
+from tests.e2e.conftest import JOB, LOG, Live
+
+ROOT = Path(__file__).resolve().parents[2]
+SGLANG = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
+
+
+def test_analyze_megatron_log_equals_the_cli(tmp_path: Path) -> None:
+    cli = subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "megatron", str(LOG), "--gpu",
+                          "NVIDIA H200", "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert cli.returncode == 0, cli.stderr
+    want = json.loads(cli.stdout)
+    gz = tmp_path / "train.log.gz"
+    gz.write_bytes(gzip.compress(LOG.read_bytes()))
+    got = pa.analyze_megatron_log(gz, gpu="NVIDIA H200", job=LOG.stem)
+    assert got["summary"] == want["summary"]
+    # Sources name the file (train.log.gz here): everything else is equal.
+    def strip(its: list[dict[str, object]]) -> list[dict[str, object]]:
+        return [{k: v for k, v in it.items() if k != "sources"} for it in its]
+    assert strip(got["iterations"]) == strip(want["iterations"])
+    assert got["parse"]["counts"] == want["parse"]["counts"]
+
+
+def test_refusals_are_the_cli_lines(tmp_path: Path) -> None:
+    with pytest.raises(pa.PerfdInputError, match="is a directory"):
+        pa.analyze_megatron_log(tmp_path)
+    with pytest.raises(pa.PerfdInputError, match="it could mean: 'NVIDIA H100 PCIe'"):
+        pa.analyze_megatron_log(LOG, gpu="H100")
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    with pytest.raises(pa.PerfdInputError, match="no Megatron-LM iteration lines"):
+        pa.analyze_megatron_log(empty)
+    with pytest.raises(pa.PerfdInputError, match="no such capture file"):
+        pa.read_capture(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(pa.PerfdInputError, match="cannot analyse"):
+        pa.read_capture(bad)
+
+
+def test_sglang_and_capture(tmp_path: Path) -> None:
+    s = pa.analyze_sglang_log(SGLANG, gpu="NVIDIA H200")
+    assert s["records"]
+    assert s["report"]["summary"]
+    # A Kineto trace shape: one NCCL kernel overlapping one compute kernel on device 0.
+    ev = [{"ph": "X", "cat": "kernel", "name": "ampere_gemm", "ts": 0, "dur": 100, "pid": 0, "tid": 7,
+           "args": {"device": 0, "stream": 7}},
+          {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "ts": 50, "dur": 100, "pid": 0,
+           "tid": 8, "args": {"device": 0, "stream": 8}}]
+    trace = tmp_path / "trace.json.gz"
+    trace.write_bytes(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
+    cap = pa.read_capture(trace)
+    (dev,) = cap["devices"]
+    assert dev["span_ms"] == pytest.approx(0.150)
+    assert dev["comm_exposed_ms"] == pytest.approx(0.050)
+
+
+def test_aggregator_client_against_a_real_aggregator(live: Live) -> None:
+    agg = pa.Aggregator(live.base)
+    (job,) = agg.jobs()
+    assert job["job"] == JOB
+    summary = agg.summary(JOB)
+    its = agg.iterations(JOB)
+    assert its and its[-1]["iteration"] == summary["latest"]["iteration"]
+    (gpu,) = agg.gpus(JOB)
+    assert gpu["replay"] is True and gpu["values"]["perfd_gpu_power_watts"] > 0
+    metrics = agg.metrics()
+    (labels, value), = metrics["perfd_job_iteration"]
+    assert labels == {"job_name": JOB} and value >= its[-1]["iteration"] - 1
+    with pytest.raises(pa.PerfdInputError, match="HTTP 404"):
+        agg.summary("no-such-job")

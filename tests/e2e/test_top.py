@@ -1,0 +1,140 @@
+"""`perfd top` against a real aggregator and a real agent (the demo's inputs: a real Megatron-LM log
+that grows while the test runs, a real NVML recording replayed): `--once` output checked against
+the aggregator's own API, and the live view in a real terminal (tmux) refreshing in place."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import JOB, LOG, Live
+from tests.procs import free_port, http_get, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _json(url: str) -> dict[str, Any]:
+    got: dict[str, Any] = json.loads(http_get(url))
+    return got
+
+
+def _top(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "160"}
+    return subprocess.run([sys.executable, "-m", "perfd.cli", "top", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
+    summary = _json(f"{live.base}/api/jobs/{JOB}/summary")
+    gpus = _json(f"{live.base}/api/jobs/{JOB}/gpus")["gpus"]
+    r = _top("--aggregator", live.base, "--once", "--job", JOB)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert JOB in out and "incidents: none open" in out  # no incidents API yet: a 404 is "none"
+    mfu = summary["summary"]["medians"]["mfu"]
+    assert f"{100 * mfu:.1f}%" in out
+    ratios = summary["latest"]["straggler_rank_compute_ratio"]
+    assert ratios, "the dp2 log has per-rank timers"
+    slowest = max(ratios.items(), key=lambda kv: kv[1])
+    assert f"r{slowest[0]} {slowest[1]:.2f}×" in out
+    assert len(gpus) == 1 and gpus[0]["replay"] is True and gpus[0]["node"] == "node-a"
+    vals = gpus[0]["values"]
+    assert "(replay)" in out and "node-a" in out
+    assert f"{vals['perfd_gpu_sm_clock_hertz'] / 1e6:.0f}" in out
+    assert "perfd_gpu_power_watts" in vals
+
+
+def test_top_refuses_unknown_job_and_unreachable_aggregator(live: Live) -> None:
+    r = _top("--aggregator", live.base, "--once", "--job", "nope")
+    assert r.returncode == 1 and "no job named 'nope'" in r.stdout
+    r = _top("--aggregator", f"127.0.0.1:{free_port()}", "--once")
+    assert r.returncode == 2 and r.stderr.startswith("perfd: cannot reach the aggregator")
+
+
+def test_build_info_and_both_straggler_names_on_metrics(live: Live) -> None:
+    import platform
+
+    from perfd import __version__
+
+    agg = {s.name: s for f in text_string_to_metric_families(http_get(f"{live.base}/metrics").decode())
+           for s in f.samples}
+    agent = {s.name: s for f in text_string_to_metric_families(http_get(live.agent_metrics).decode())
+             for s in f.samples}
+    for got in (agg, agent):
+        info = got["perfd_build_info"]
+        assert info.value == 1.0
+        assert info.labels == {"version": __version__, "python": platform.python_version()}
+    old, new = agg.get("perfd_job_straggler_ratio"), agg.get("perfd_job_straggler_rtt_spread_times")
+    if old is None:  # this log's straggler lines may be absent: then both are
+        assert new is None
+    else:
+        assert new is not None and new.value == old.value and new.value >= 1.0
+
+
+def test_top_refreshes_in_a_real_terminal(live: Live, tmp_path: Path) -> None:
+    if shutil.which("tmux") is None:
+        if os.environ.get("PERFD_REQUIRE_SYSTEM_DEPS"):
+            pytest.fail("tmux missing: ci/install-system-deps.sh installs it")
+        pytest.skip("tmux not installed (ci/install-system-deps.sh)")
+    name = f"perfd-top-{os.getpid()}"
+    cmd = f"{sys.executable} -m perfd.cli top --aggregator {live.base} --job {JOB} --interval 0.5"
+    env = {**os.environ, "TMUX": ""}
+    subprocess.run(["tmux", "-L", name, "new-session", "-d", "-s", name, "-x", "160", "-y", "60", "-c",
+                    str(ROOT), cmd], check=True, env=env, timeout=20)
+    try:
+        def pane() -> str:
+            return subprocess.run(["tmux", "-L", name, "capture-pane", "-p", "-t", name], capture_output=True,
+                                  text=True, timeout=10).stdout
+
+        first = wait_for(lambda: (p := pane()) and "GPUs" in p and JOB in p and p, 30, "first screen")
+        final = _final_iteration()
+        assert f" {final} " not in first  # the log's last iteration is not written yet
+        assert "slowest: r" in first and "(replay)" in first
+        live.write_rest()
+        wait_for(lambda: _json(f"{live.base}/api/jobs")["jobs"][0]["last_iteration"] == final, 60,
+                 "the rest of the log at the aggregator")
+        # The same pane, redrawn in place: the new last iteration shows, and the screen holds one
+        # copy of the header (a refresh that printed below the old screen would hold two).
+        refreshed = wait_for(lambda: (p := pane()) and f" {final} " in p and p, 30, "refreshed screen")
+        assert refreshed.count("perfd top —") == 1
+        assert refreshed.count("GPUs") == 1
+        subprocess.run(["tmux", "-L", name, "send-keys", "-t", name, "C-c"], check=True, timeout=10)
+        wait_for(lambda: subprocess.run(["tmux", "-L", name, "has-session", "-t", name],
+                                        capture_output=True, timeout=10).returncode != 0, 20,
+                 "perfd top to exit on Ctrl-C (the session closes with it)")
+    finally:
+        subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, timeout=10)
+
+
+def _final_iteration() -> int:
+    from collectors.megatron import parse_file
+
+    return max(r.iteration for r in parse_file(LOG).records)
+
+
+def _node_series(url: str) -> set[str]:
+    text = http_get(url).decode()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name.startswith(("perfd_gpu_", "perfd_host_"))}
+
+
+def test_aggregator_leaves_node_series_to_the_agents_by_default(live: Live) -> None:
+    assert not _node_series(f"{live.base}/metrics")
+    assert "perfd_gpu_power_watts" in _node_series(live.agent_metrics)
+    # ... and perfd top / the API still see the GPUs.
+    assert _json(f"{live.base}/api/jobs/{JOB}/gpus")["gpus"]
+
+
+@pytest.mark.parametrize("live", [["--export-node-series"]], indirect=True)
+def test_export_node_series_puts_them_back(live: Live) -> None:
+    agg = _node_series(f"{live.base}/metrics")
+    assert "perfd_gpu_power_watts" in agg and agg <= _node_series(live.agent_metrics)
