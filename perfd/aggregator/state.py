@@ -183,13 +183,22 @@ class AggregatorState:
         return out
 
     def _class_inputs(self, job: str) -> tuple[GpmReading | None, TimelineClass | None]:
-        """GPM of the job's GPUs and the class its latest analysed capture supports."""
+        """GPM of the job's GPUs while it runs, and the class its latest capture supports — a
+        capture taken during an incident shows the incident, not the job, and is left out."""
         timeline = None
+        spans = [(i.get("start_time"), i.get("end_time")) for i in self.incidents.incidents(job)]
         for c in sorted(self.captures_of(job), key=lambda c: c.get("finished_at") or 0.0):
-            if c.get("bottleneck") and c.get("bottleneck") != "unknown":
+            t = c.get("started_at")
+            during = isinstance(t, (int, float)) and any(
+                a is not None and a - 1.0 <= t <= (b if b is not None else float("inf")) + 1.0
+                for a, b in spans)
+            if c.get("bottleneck") and c.get("bottleneck") != "unknown" and not during:
                 timeline = TimelineClass(str(c["bottleneck"]), str(c.get("bottleneck_reason") or ""),
                                          f"capture {c.get('id')} ({c.get('tool')}, ranks {c.get('ranks')})")
-        return self.nodes.gpm(self.jobs.agents_of(job)), timeline
+        ov = self.jobs.overview(job)
+        age = ov.get("last_step_age_s") if ov else None
+        running = age is None or age <= stale_after(None, self.job_stale_after_s)
+        return (self.nodes.gpm(self.jobs.agents_of(job)) if running else None), timeline
 
     def _capture_windows(self, job: str) -> list[tuple[float, float]]:
         """(start, end) of the job's captures: the iterations they touch are disturbed."""

@@ -58,6 +58,10 @@ def test_capture_disturbed_window_is_an_incident_with_the_capture_and_its_findin
     assert a.summary["excluded"]["15"].startswith(f"incident {inc['id']}")
     kinds = [e["kind"] for e in st.recent_events("dp2")]
     assert events.INCIDENT_OPENED.name in kinds
+    # A capture taken during an incident shows the incident, not the job: not the job's class.
+    st.ingest_steps("agent-a", [dataclasses.replace(parsed.records[-1], iteration=31)])
+    a2 = st.analysis("dp2", force=True)
+    assert a2 is not None and "timeline" not in a2.summary["bottleneck_sources"]
 
 
 def _slowed(records: list[StepRecord], its: range, rank: int, factor: float) -> list[StepRecord]:

@@ -1,0 +1,38 @@
+"""Offline, on the recorded real co-tenant run (tests/data/incidents/costraggler_dp2): the
+incident names rank 1 and its iterations, and its cost is Σ(step − steady median) within 10%."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LOG = ROOT / "tests" / "data" / "incidents" / "costraggler_dp2" / "dp2_cotenant.log"
+
+
+def test_analyze_megatron_names_the_slow_rank_its_iterations_and_the_cost() -> None:
+    res = subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "megatron", str(LOG), "--gpu",
+                          "NVIDIA H200", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    main = max(doc["incidents"], key=lambda i: i["cost_s"])
+    assert main["ranks"][0] == 1 and main["first_iteration"] <= 70 and main["last_iteration"] >= 89
+    its = {it["iteration"]: it["step_time_ms"] for it in doc["iterations"]}
+    inside = [its[i] for i in range(main["first_iteration"], main["last_iteration"] + 1)]
+    steady = statistics.median(v for k, v in its.items() if doc["iterations"][0]["iteration"] + 17 <= k
+                               and not main["first_iteration"] <= k <= main["last_iteration"])
+    want = sum(v - steady for v in inside) / 1e3
+    assert abs(main["cost_s"] - want) <= 0.10 * want and main["cost_s"] > 10
+    report = doc["report"]
+    assert "rank 1" in report["summary"]["headline"] and "s lost" in report["summary"]["headline"]
+    f = next(x for x in report["findings"] if x["id"] == f"incident-{main['id']}")
+    assert f["evidence"]["ranks"][0] == 1
+    # Offline there is no GPM and no capture: the class comes from the timers, and says so.
+    assert doc["summary"]["bottleneck"] == "compute-bound"
+    assert "kernel efficiency" in doc["summary"]["bottleneck_reason"]
+    text = subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "megatron", str(LOG), "--gpu",
+                           "NVIDIA H200"], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+    assert "Largest loss: rank 1" in text.replace("\n", " ").replace("  ", " ")
