@@ -40,9 +40,15 @@ def decode_job_info(text: str) -> tuple[JobInfo, list[str]]:
     d = json.loads(text)
     if not isinstance(d, dict):
         raise ValueError("job info JSON must be an object")
+    for key in ("layout", "spec", "startup_timers"):
+        if not isinstance(d.get(key) or {}, dict):  # a list here raised AttributeError
+            raise ValueError(f"job info {key} must be an object")
+    timers = d.get("startup_timers") or {}
+    if not all(isinstance(v, dict) and isinstance(v.get("per_rank") or {}, dict) for v in timers.values()):
+        raise ValueError("job info startup_timers must map names to timer objects")
     info = JobInfo(**_fields(JobInfo, {k: v for k, v in d.items()
                                        if k not in ("layout", "spec", "startup_timers")}))
     info.layout = ParallelLayout(**_fields(ParallelLayout, d.get("layout") or {}))
     info.spec = ModelSpec(**_fields(ModelSpec, d.get("spec") or {}))
-    info.startup_timers = {k: _timer(v) for k, v in (d.get("startup_timers") or {}).items()}
+    info.startup_timers = {k: _timer(v) for k, v in timers.items()}
     return info, check_job_info(info)

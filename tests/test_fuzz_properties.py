@@ -158,3 +158,24 @@ def test_rule_packs_give_errors_not_exceptions(lines: list[str]) -> None:
     pack, errors = parse_pack("\n".join(lines), "fuzz.yaml")
     assert (pack is None) == bool(errors)
     assert all(e.message for e in errors)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**40), 10**40) | st.floats() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20)
+JOB_INFO_KEYS = st.sampled_from(["layout", "spec", "startup_timers", "log_interval", "framework",
+                                 "tp", "pp", "num_layers", "hidden_size", "per_rank", "min_ms", "load"])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.recursive(JSON_VALUES, lambda inner: st.dictionaries(JOB_INFO_KEYS, inner, max_size=5),
+                    max_leaves=30))
+def test_job_info_from_the_network_is_decoded_or_refused(obj: object) -> None:
+    """What the aggregator's on_batch does with job info: ValueError/TypeError (counted as
+    job_info_errors) or a JobInfo within perfd.bounds, never another exception."""
+    try:
+        info, _ = decode_job_info(json.dumps(obj))
+    except (ValueError, TypeError):
+        return
+    assert bounds.check_job_info(info) == []
