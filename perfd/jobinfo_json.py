@@ -6,6 +6,7 @@ import dataclasses
 import json
 from typing import Any
 
+from perfd.bounds import check_job_info
 from perfd.model import JobInfo, ModelSpec, ParallelLayout, TimerValue
 
 
@@ -28,13 +29,26 @@ def _fields(cls: type, d: dict[str, Any]) -> dict[str, Any]:
 
 
 def job_info_from_json(text: str) -> JobInfo:
-    """Raises ValueError on text that is not a JobInfo object."""
+    """Raises ValueError on text that is not a JobInfo object; values outside perfd.bounds are
+    removed silently (use :func:`decode_job_info` to count them)."""
+    return decode_job_info(text)[0]
+
+
+def decode_job_info(text: str) -> tuple[JobInfo, list[str]]:
+    """The JobInfo of ``text`` with every value outside perfd.bounds removed (absent), and one
+    reason per value removed. Raises ValueError (or TypeError) on text that is not a JobInfo."""
     d = json.loads(text)
     if not isinstance(d, dict):
         raise ValueError("job info JSON must be an object")
+    for key in ("layout", "spec", "startup_timers"):
+        if not isinstance(d.get(key) or {}, dict):  # a list here raised AttributeError
+            raise ValueError(f"job info {key} must be an object")
+    timers = d.get("startup_timers") or {}
+    if not all(isinstance(v, dict) and isinstance(v.get("per_rank") or {}, dict) for v in timers.values()):
+        raise ValueError("job info startup_timers must map names to timer objects")
     info = JobInfo(**_fields(JobInfo, {k: v for k, v in d.items()
                                        if k not in ("layout", "spec", "startup_timers")}))
     info.layout = ParallelLayout(**_fields(ParallelLayout, d.get("layout") or {}))
     info.spec = ModelSpec(**_fields(ModelSpec, d.get("spec") or {}))
-    info.startup_timers = {k: _timer(v) for k, v in (d.get("startup_timers") or {}).items()}
-    return info
+    info.startup_timers = {k: _timer(v) for k, v in timers.items()}
+    return info, check_job_info(info)

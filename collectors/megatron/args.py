@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from collectors.megatron.lines import to_int
+from perfd.bounds import REASON as BOUNDS_REASON
+from perfd.bounds import check_job_info
 from perfd.model import JobInfo
 
 ARGS_HEADER_RE = re.compile(r"-{3,}\s*arguments\s*-{3,}")
@@ -272,10 +274,10 @@ def apply_arguments(info: JobInfo, facts: StartupFacts, issue: IssueSink) -> Non
         info.log_interval = a.get_int("log_interval")
     if a.raw.get("timing_log_option") not in (None, "None"):
         info.timing_log_option = a.raw["timing_log_option"]
-    apply_facts(info, facts)
+    apply_facts(info, facts, issue)
 
 
-def apply_facts(info: JobInfo, facts: StartupFacts) -> None:
+def apply_facts(info: JobInfo, facts: StartupFacts, issue: IssueSink) -> None:
     """Write what the world-size, micro-batch and padded-vocab lines stated (they agree with the
     arguments where both exist; the padded vocab is only known from its own line)."""
     lay, spec = info.layout, info.spec
@@ -297,6 +299,10 @@ def apply_facts(info: JobInfo, facts: StartupFacts) -> None:
         spec.padded_vocab_size = facts.vocab[1]
     if facts.virtual_stages_seen and lay.vpp is None and facts.virtual_stages and facts.virtual_stages > 1:
         lay.vpp = facts.virtual_stages
+    # A size no GPU could hold is corrupt input: it becomes absent, with a counted reason, before
+    # any analysis can spend unbounded time on it (perfd.bounds).
+    for reason in check_job_info(info):
+        issue(BOUNDS_REASON, reason)
 
 
 def _apply_virtual_stages(a: _Args, info: JobInfo) -> None:

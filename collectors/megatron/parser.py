@@ -319,7 +319,7 @@ class MegatronLogParser:
                 return True
             self._run_start(out)
             self._facts.world_sizes = sizes
-            margs.apply_facts(info, self._facts)
+            margs.apply_facts(info, self._facts, self._issue)
             return True
         stripped = line.strip()
         if margs.ARGS_HEADER_RE.fullmatch(stripped) or stripped == margs.OLD_ARGS_HEADER:
@@ -331,17 +331,17 @@ class MegatronLogParser:
         n = margs.parse_microbatches(line)
         if n is not None:
             self._facts.num_microbatches = n
-            margs.apply_facts(info, self._facts)
+            margs.apply_facts(info, self._facts, self._issue)
             return True
         vocab = margs.parse_padded_vocab(line)
         if vocab is not None:
             self._facts.vocab = vocab
-            margs.apply_facts(info, self._facts)
+            margs.apply_facts(info, self._facts, self._issue)
             return True
         seen, stages = margs.parse_virtual_stages(line)
         if seen:
             self._facts.virtual_stages_seen, self._facts.virtual_stages = True, stages
-            margs.apply_facts(info, self._facts)
+            margs.apply_facts(info, self._facts, self._issue)
             return True
         return False
 

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from perfd import finite_json
 from perfd import limits as L
 from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
 from perfd.aggregator.state import AggregatorState
@@ -251,7 +252,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _json(self, code: int, obj: Any) -> None:
-        self._send(code, json.dumps(obj, indent=2, allow_nan=False, default=str).encode(),
+        self._send(code, finite_json.dumps(obj, indent=2).encode(),
                    "application/json")
 
     def do_POST(self) -> None:

@@ -16,7 +16,8 @@ from perfd.aggregator.http import HttpServer
 from perfd.aggregator.state import AggregatorState, LabelKey
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collectives import CollectiveConfig
-from perfd.jobinfo_json import job_info_from_json
+from perfd.jobinfo_json import decode_job_info
+from perfd.limits import REFUSED_JOB_INFO_VALUE
 from perfd.refusals import Refusals
 from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import default_pack_path, load_pack
@@ -157,7 +158,11 @@ class Aggregator:
             if not guard.may_write(agent_id, job, "job info"):
                 continue
             try:
-                st.ingest_job_info(agent_id, job, job_info_from_json(text))
+                info, rejected = decode_job_info(text)
+                if rejected:  # the rest of the job info is kept: only the absurd values go
+                    self.refusals.refuse(REFUSED_JOB_INFO_VALUE, f"job info of {job[:80]} from agent "
+                                         f"{agent_id[:80]}: {'; '.join(rejected)[:400]}", len(rejected))
+                st.ingest_job_info(agent_id, job, info)
             except (ValueError, TypeError) as exc:
                 self.job_info_errors += 1
                 log.warning("agent %s sent unusable job info for %s: %s", agent_id, job, exc)

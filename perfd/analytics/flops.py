@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from perfd.bounds import SPEC_BOUNDS, in_bounds
 from perfd.model import ModelSpec, Provenance
 
 FORMULA_CURRENT = "megatron-core>=0.12"
@@ -84,6 +85,8 @@ def attention_formula(framework_version: str | None) -> tuple[str, int, str | No
 
 def moe_layer_pattern(freq: int | list[int], num_layers: int) -> list[int] | str:
     """Megatron's MoE layer pattern (1 = MoE layer), or an error message."""
+    if not in_bounds(num_layers, *SPEC_BOUNDS["num_layers"]):  # the list below has one per layer
+        return f"num_layers {num_layers} outside {list(SPEC_BOUNDS['num_layers'])}"
     if isinstance(freq, int):
         if freq <= 0:
             return f"moe_layer_freq {freq} is not positive"

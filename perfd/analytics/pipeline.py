@@ -10,6 +10,7 @@ idle is computed exactly.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from perfd.analytics.common import (
@@ -21,6 +22,7 @@ from perfd.analytics.common import (
     timer_max,
     timer_min,
 )
+from perfd.bounds import LAYOUT_BOUNDS, SPEC_BOUNDS, in_bounds
 from perfd.model import Provenance, StepRecord
 
 
@@ -170,6 +172,12 @@ def rebalance_estimate(num_layers: int | None, pp: int | None, lighter_ms: float
                        heavier_ms: float | None) -> RebalanceEstimate | None:
     """Best whole-layer move between the heaviest and the lightest stage, or None if unknowable."""
     if not num_layers or not pp or pp < 2 or num_layers % pp or lighter_ms is None or heavier_ms is None:
+        return None
+    # The loop below runs once per layer of a stage: a value from input past perfd.bounds would
+    # make it unbounded (num_layers 10^29 ran forever), so it is no estimate at all.
+    if not in_bounds(num_layers, *SPEC_BOUNDS["num_layers"]) or not in_bounds(pp, *LAYOUT_BOUNDS["pp"]):
+        return None
+    if not (math.isfinite(lighter_ms) and math.isfinite(heavier_ms)):
         return None
     per_stage = num_layers // pp
     if per_stage < 1 or lighter_ms <= 0:

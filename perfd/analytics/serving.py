@@ -101,7 +101,10 @@ class ServingSummary:
 
 def _mean(xs: Iterable[float | None]) -> float | None:
     v = [x for x in xs if x is not None and math.isfinite(x)]
-    return statistics.fmean(v) if v else None
+    try:
+        return statistics.fmean(v) if v else None
+    except OverflowError:  # finite values whose sum is not (a scrape past perfd.bounds): no mean
+        return None
 
 
 def _lines(recs: Sequence[ServingRecord]) -> str:

@@ -4,11 +4,12 @@ and of an SGLang server log (with its /metrics)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from perfd import finite_json
 
 
 def add_sglang_arguments(p: argparse.ArgumentParser) -> None:
@@ -161,7 +162,7 @@ def run_analyze(args: argparse.Namespace) -> int:
             ],
             "issues_total": len(parsed.issues),
         }
-        json.dump(out, sys.stdout, indent=2, allow_nan=False, default=str)
+        sys.stdout.write(finite_json.dumps(out, indent=2))
         sys.stdout.write("\n")
         return 0
     print(render_text(build_report(analysis), iterations=analysis if args.iterations else None))
@@ -288,7 +289,7 @@ def run_sglang(args: argparse.Namespace) -> int:
             "metrics_sources": [s.source for s in (prev, cur) if s is not None],
             "metrics_problems": problems,
         }
-        json.dump(out, sys.stdout, indent=2, allow_nan=False, default=str)
+        sys.stdout.write(finite_json.dumps(out, indent=2))
         sys.stdout.write("\n")
         return 0
     print(render_text(report))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from perfd import finite_json
 
 
 def add_arguments(asub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     diag = diagnose_capture(list(out.get("devices") or []), label=path.name)
     out.update(diag.to_json())  # findings, recommendations, bottleneck, bottleneck_reason
     if args.json:
-        json.dump(out, sys.stdout, indent=2, default=str)
+        sys.stdout.write(finite_json.dumps(out, indent=2))
         sys.stdout.write("\n")
         return 0
     devices: list[dict[str, Any]] = list(out.get("devices") or [])

@@ -330,10 +330,21 @@ _KEYWORDS = frozenset({"and", "or", "not"})
 
 
 # --- parser -----------------------------------------------------------------------------------
+# Limits that keep a hostile or generated expression from exhausting the stack: the parser and
+# the evaluator both recurse once per nesting level (a 1,000-deep expression raised
+# RecursionError), and an operator chain becomes a tree as deep as it is long.
+MAX_EXPR_DEPTH = 32  # nested parentheses, calls, 'not' and unary signs
+MAX_EXPR_TOKENS = 256  # a rule longer than this is not something a person reads
+
+
 class _Parser:
     def __init__(self, text: str, resolve: Resolver) -> None:
         self.text = text
         self.toks = tokenize(text)
+        if len(self.toks) > MAX_EXPR_TOKENS + 1:  # + the end token
+            raise ExprError(f"expression too long: {len(self.toks) - 1} tokens, at most {MAX_EXPR_TOKENS}",
+                            self.toks[MAX_EXPR_TOKENS].pos + 1)
+        self.depth = 0
         self.i = 0
         self.resolve = resolve
         self.keys: list[str] = []
@@ -384,7 +395,17 @@ class _Parser:
         return self.cond(node, "a rule expression")
 
     def parse_or(self) -> Node:
-        return self._logic("or", self.parse_and)
+        return self._nested(lambda: self._logic("or", self.parse_and))
+
+    def _nested(self, sub: Callable[[], Node]) -> Node:
+        """Every recursion of the grammar goes through here, so its depth is bounded."""
+        self.depth += 1
+        try:
+            if self.depth > MAX_EXPR_DEPTH:
+                raise ExprError(f"expression nested deeper than {MAX_EXPR_DEPTH} levels", self.tok.pos + 1)
+            return sub()
+        finally:
+            self.depth -= 1
 
     def parse_and(self) -> Node:
         return self._logic("and", self.parse_not)
@@ -402,7 +423,7 @@ class _Parser:
     def parse_not(self) -> Node:
         if self.at("not"):
             t = self.advance()
-            return Not(self.cond(self.parse_not(), "'not'"), t.pos)
+            return Not(self.cond(self._nested(self.parse_not), "'not'"), t.pos)
         return self.parse_cmp()
 
     def parse_cmp(self) -> Node:
@@ -434,7 +455,7 @@ class _Parser:
     def parse_unary(self) -> Node:
         if self.tok.kind == "op" and self.tok.text in "+-":
             t = self.advance()
-            operand = self.num(self.parse_unary(), f"unary '{t.text}'")
+            operand = self.num(self._nested(self.parse_unary), f"unary '{t.text}'")
             return Neg(operand, t.pos) if t.text == "-" else operand
         return self.parse_primary()
 

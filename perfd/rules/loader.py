@@ -361,11 +361,33 @@ def _parse_rule(ctx: _Ctx, node: Node, index: int, seen: dict[str, int]) -> Rule
 
 
 # --- packs ------------------------------------------------------------------------------------
+MAX_YAML_DEPTH = 32  # a pack is a few levels deep; PyYAML's composer recurses once per level
+
+
+class _DepthLimitedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses nesting past MAX_YAML_DEPTH with a YAML error (a 5,000-deep ``[[[``
+    raised RecursionError). Aliases are composed once, so billion-laughs stays cheap."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.peek_event().start_mark)  # type: ignore[no-untyped-call]
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def parse_pack(text: str, path: str = "<string>") -> tuple[RulePack | None, list[RuleError]]:
     """Validate a pack's text. Returns the pack (None when there are errors) and every error."""
     ctx = _Ctx(path)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_DepthLimitedLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         ctx.err(mark.line + 1 if mark else None, f"YAML: {e.problem or e}")
