@@ -32,6 +32,8 @@ from collectors.megatron.lines import (
     to_float,
     to_int,
 )
+from perfd.bounds import REASON as BOUND_REASON
+from perfd.bounds import check_job_info
 from perfd.events import VALIDATION
 from perfd.logfiles import iter_text_lines
 from perfd.model import JobInfo, ParseIssue, Provenance, StepRecord, StragglerLine, TimerValue
@@ -384,6 +386,10 @@ class MegatronLogParser:
         return self._pending.timers if self._pending is not None else self.job_info.startup_timers
 
     def _close_timers(self) -> None:
+        if self._timer_target is not None and self._timer_target is self.job_info.startup_timers:
+            # Start-up timers are job info: the same bounds as the rest of it (perfd.bounds).
+            for reason in check_job_info(self.job_info):
+                self._issue(BOUND_REASON, reason)
         self._timer_mode = None
         self._timer_target = None
         self._all_current = None
