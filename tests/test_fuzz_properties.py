@@ -40,7 +40,10 @@ INSPECTOR = json.dumps({
                   "coll_algobw_gbs": 288.63, "coll_busbw_gbs": 288.63}})
 PACK = ROOT / "rules" / "default.yaml"
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: CI runs the same examples every time (a new failure shows up in a change that causes
+# it, not at random); exploring further is `--hypothesis-seed=random` by hand.
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                    derandomize=True)
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 # What a corrupt or hostile source puts where a number belongs.
@@ -108,7 +111,7 @@ def test_sglang_parser_and_analysis(lines: list[str]) -> None:
     json.loads(finite_json.dumps(analysis.to_json()))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.one_of(
     st.text(max_size=300),
     st.builds(lambda pre, mid, post: INSPECTOR[:pre] + mid + INSPECTOR[post:],
@@ -124,7 +127,7 @@ def test_inspector_parser_raises_only_its_own_error(line: str) -> None:
     assert rec.job == "fuzz"
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.lists(st.tuples(st.integers(0, len(FR_DUMP) - 1), st.integers(0, 255)), max_size=8),
        st.integers(0, len(FR_DUMP)))
 def test_flight_recorder_unpickler_and_parser(flips: list[tuple[int, int]], cut: int) -> None:
@@ -140,7 +143,7 @@ def test_flight_recorder_unpickler_and_parser(flips: list[tuple[int, int]], cut:
     assert all(isinstance(v, int) and v > 0 for v in dump.issues.values())
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.one_of(
     st.text(max_size=200),
     st.text(alphabet="()+-*/<>=! andotr0123456789.gpu_util%ms", max_size=200),
@@ -168,7 +171,7 @@ JOB_INFO_KEYS = st.sampled_from(["layout", "spec", "startup_timers", "log_interv
                                  "tp", "pp", "num_layers", "hidden_size", "per_rank", "min_ms", "load"])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.recursive(JSON_VALUES, lambda inner: st.dictionaries(JOB_INFO_KEYS, inner, max_size=5),
                     max_leaves=30))
 def test_job_info_from_the_network_is_decoded_or_refused(obj: object) -> None:
