@@ -41,7 +41,7 @@ INSPECTOR = json.dumps({
 PACK = ROOT / "rules" / "default.yaml"
 
 # derandomize: CI runs the same examples every time (a new failure shows up in a change that causes
-# it, not at random); exploring further is `--hypothesis-seed=random` by hand.
+# it, not at random); to explore further, run it locally with derandomize=False.
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                     derandomize=True)
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
