@@ -13,17 +13,79 @@ decoded half-way, so bytes are buffered until their newline arrives and only the
 Never raises: OS errors are counted in ``errors`` by kind and the call returns what it has.
 Not detected: a file truncated and re-grown past our offset between two calls (its size never
 looks smaller); such a rewrite is read as if appended.
+
+Resuming (issue 12 item 3): :meth:`LogTail.position_at` names a point in the open file by the
+file's identity — device, inode and a hash of its head up to that point — and ``LogTail(...,
+resume=pos)`` starts there only when the path still names that file with that head
+(counts["resumed"]); a rotated or re-created log is read from its start
+(counts["resume_other_file"]). The head hashed is at most HEAD_BYTES and never past the offset,
+so bytes appended after the position was taken do not change it. The caller decides which offset
+is safe to save (the end of the last record the aggregator acknowledged); save_position and
+load_position keep it in a small JSON file written atomically.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+HEAD_BYTES = 4096  # how much of a file's head names it, beside device and inode
+
+
+@dataclass(frozen=True)
+class TailPosition:
+    dev: int
+    ino: int
+    head_len: int  # bytes hashed: min(HEAD_BYTES, offset)
+    head_sha256: str
+    offset: int  # where reading resumes: the first byte after the last line consumed
+
+
+def _head_hash(fh: BinaryIO, n: int) -> str | None:
+    """sha256 of the first ``n`` bytes, or None when the file holds fewer."""
+    fh.seek(0)
+    head = fh.read(n)
+    return hashlib.sha256(head).hexdigest() if len(head) == n else None
+
+
+def save_position(path: str | Path, pos: TailPosition) -> None:
+    """Write atomically (temp file, fsync, rename): a kill -9 leaves the old or the new one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as fh:
+        json.dump(asdict(pos), fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load_position(path: str | Path) -> TailPosition | None:
+    """The saved position, or None when there is none or it is unreadable (read from the start)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        pos = TailPosition(**{k: raw[k] for k in ("dev", "ino", "head_len", "head_sha256", "offset")})
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    ints = (pos.dev, pos.ino, pos.head_len, pos.offset)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
+        return None
+    if not isinstance(pos.head_sha256, str) or pos.head_len > min(HEAD_BYTES, pos.offset):
+        return None
+    return pos
+
 
 class LogTail:
-    def __init__(self, path: str | Path, from_start: bool = True, max_line_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        from_start: bool = True,
+        max_line_bytes: int = 1 << 20,
+        resume: TailPosition | None = None,
+    ) -> None:
         self.path = Path(path)
         self.from_start = from_start
         self.max_line_bytes = max_line_bytes
@@ -37,6 +99,8 @@ class LogTail:
         # were asked to follow. from_start=False skips what is there now; a file that does not
         # exist yet is opened at the first read and read from its start.
         self._open(at_end=not from_start, quiet=True)
+        if resume is not None and self._fh is not None:
+            self._resume(resume)
 
     # ---------------------------------------------------------------------------------------
 
@@ -56,6 +120,23 @@ class LogTail:
         self._count("lines", len(out))
         offsets = self._offsets + [None] * (len(out) - len(self._offsets))
         return [(b.decode("utf-8", "replace"), o) for b, o in zip(out, offsets, strict=False)]
+
+    def position_at(self, offset: int) -> TailPosition | None:
+        """The open file's identity with ``offset`` (e.g. one past a line's newline offset from
+        :meth:`read_lines_at`); None when no file is open or it is shorter than its head."""
+        if self._fh is None or self._id is None or offset < 0:
+            return None
+        n = min(HEAD_BYTES, offset)
+        try:
+            pos = self._fh.tell()
+            digest = _head_hash(self._fh, n)
+            self._fh.seek(pos)
+        except OSError:
+            self._error("read_failed")
+            return None
+        if digest is None:
+            return None
+        return TailPosition(self._id[0], self._id[1], n, digest, offset)
 
     def close(self) -> None:
         if self._fh is not None:
@@ -96,6 +177,22 @@ class LogTail:
             return False
         self._fh, self._id = fh, (st.st_dev, st.st_ino)
         return True
+
+    def _resume(self, pos: TailPosition) -> None:
+        """Seek to ``pos`` if the open file is the one it names; else read this file anew."""
+        assert self._fh is not None and self._id is not None
+        try:
+            size = os.fstat(self._fh.fileno()).st_size
+            same = (
+                self._id == (pos.dev, pos.ino)
+                and size >= pos.offset
+                and _head_hash(self._fh, pos.head_len) == pos.head_sha256
+            )
+            self._fh.seek(pos.offset if same else 0)
+        except OSError:
+            self._error("resume_failed")
+            return
+        self._count("resumed" if same else "resume_other_file")
 
     def _path_id(self) -> tuple[int, int] | None:
         try:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from collectors.megatron import LogTail
+from collectors.megatron.tail import HEAD_BYTES, load_position, save_position
 
 
 def append(path: Path, data: bytes) -> None:
@@ -131,3 +132,104 @@ def test_unreadable_path_never_raises(tmp_path: Path) -> None:
     assert tail.read_lines() == []
     assert sum(tail.errors.values()) == 2
     tail.close()
+
+
+# --- resuming at a saved position (issue 12 item 3) ---------------------------------------
+
+
+def _consumed(tail: LogTail, n: int) -> tuple[list[str], int]:
+    """Read lines, keep the first ``n`` as 'acknowledged', return them and the resume offset."""
+    got = tail.read_lines_at()
+    offset = got[n - 1][1]
+    assert offset is not None
+    return [line for line, _ in got[:n]], offset + 1
+
+
+def test_resume_restarts_after_the_last_acknowledged_line_nothing_lost_nothing_re_read(
+    tmp_path: Path,
+) -> None:
+    log, state = tmp_path / "train.log", tmp_path / "tail.json"
+    lines = [f"iteration {i}" for i in range(1, 121)]
+    log.write_bytes("".join(f"{x}\n" for x in lines[:50]).encode())
+    first = LogTail(log)
+    acked, offset = _consumed(first, 40)  # 10 lines read but never acknowledged
+    pos = first.position_at(offset)
+    assert pos is not None
+    save_position(state, pos)
+    first.close()
+    append(log, "".join(f"{x}\n" for x in lines[50:]).encode())  # written while "down"
+
+    second = LogTail(log, from_start=False, resume=load_position(state))
+    rest = second.read_lines()
+    assert acked + rest == lines  # 0 lost, 0 read twice
+    assert second.counts["resumed"] == 1
+
+
+def test_a_re_created_log_is_read_anew(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"old 1\nold 2\n")
+    tail = LogTail(log)
+    _, offset = _consumed(tail, 2)
+    pos = tail.position_at(offset)
+    assert pos is not None
+    tail.close()
+    log.unlink()
+    log.write_bytes(b"new 1\nnew 2\nnew 3\n")  # another file (inode may even be reused)
+    again = LogTail(log, resume=pos)
+    assert again.read_lines() == ["new 1", "new 2", "new 3"]
+    assert again.counts["resume_other_file"] == 1
+
+
+def test_a_log_rewritten_in_place_with_another_head_is_read_anew(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"run A line 1\nrun A line 2\n")
+    tail = LogTail(log)
+    _, offset = _consumed(tail, 1)
+    pos = tail.position_at(offset)
+    assert pos is not None
+    tail.close()
+    with log.open("r+b") as fh:  # same inode, same length, other bytes: not the file we read
+        fh.write(b"run B line 1\nrun B line 2\n")
+    again = LogTail(log, resume=pos)
+    assert again.read_lines() == ["run B line 1", "run B line 2"]
+    assert again.counts["resume_other_file"] == 1
+
+
+def test_a_log_shorter_than_the_saved_offset_is_read_anew(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"a\nb\nc\n")
+    tail = LogTail(log)
+    _, offset = _consumed(tail, 3)
+    pos = tail.position_at(offset)
+    assert pos is not None
+    tail.close()
+    os.truncate(log, 0)
+    append(log, b"a\n")
+    assert LogTail(log, resume=pos).read_lines() == ["a"]
+
+
+def test_head_hash_covers_only_bytes_before_the_offset(tmp_path: Path) -> None:
+    """A position taken early in a growing file still matches once more is appended."""
+    log = tmp_path / "train.log"
+    log.write_bytes(b"x\n")
+    tail = LogTail(log)
+    _, offset = _consumed(tail, 1)
+    pos = tail.position_at(offset)
+    assert pos is not None and pos.head_len == 2
+    append(log, b"y" * (2 * HEAD_BYTES) + b"\nz\n")
+    resumed = LogTail(log, resume=pos)
+    assert resumed.read_lines()[-1] == "z" and resumed.counts["resumed"] == 1
+
+
+def test_unreadable_or_malformed_state_file_means_no_position(tmp_path: Path) -> None:
+    state = tmp_path / "tail.json"
+    assert load_position(state) is None  # missing
+    for bad in (
+        "{",
+        "[]",
+        '{"dev": 1}',
+        '{"dev": -1, "ino": 1, "head_len": 0, "head_sha256": "", "offset": 0}',
+        '{"dev": 1, "ino": 1, "head_len": 9000, "head_sha256": "", "offset": 9000}',
+    ):
+        state.write_text(bad)
+        assert load_position(state) is None, bad
