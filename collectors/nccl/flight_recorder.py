@@ -290,6 +290,7 @@ def parse_dump(raw: Mapping[str, Any], rank: int, job: str, path: str | None = N
         fe = _parse_entry(e, rank, job, pg_config, issues, prov)
         if fe is not None:
             entries.append(fe)
+    entries = merge_batches(entries, issues)
     lib = raw.get("comm_lib_version")
     return FlightRecorderDump(rank=rank, version=str(version) if version is not None else None,
                               pg_config=pg_config, pg_status=pg_status, entries=entries,
@@ -341,6 +342,111 @@ def _parse_entry(e: Mapping[str, Any], rank: int, job: str, pg_config: Mapping[s
         rec.busbw_gbs = rec.algbw_gbs * factor if factor is not None else None
     return FrEntry(record=rec, retired=bool(e.get("retired", False)), record_id=_opt_int(e.get("record_id")),
                    timeout_ms=_opt_int(e.get("timeout_ms")), user_frame=_user_frame(e.get("frames")))
+
+
+# ---------------------------------------------------------------------------------- batches
+
+# Ops issued inside a coalescing group (torch.distributed.batch_isend_irecv, which Megatron-LM's
+# pipeline p2p uses; the coalescing manager) are recorded by ProcessGroupNCCL as one entry per op
+# WITHOUT CUDA events — they never leave "scheduled", never retire, never get a duration — followed
+# by one "nccl:coalesced" entry that carries the events, state and duration of the whole batch. All
+# of them share the batch's sequence number. Read one by one, the first member stood for the batch
+# (its siblings counted as duplicates), never completed, and looked like a hang; so a batch is
+# folded into one entry: the coalesced entry's state and timing, the members' ops, peers and bytes.
+
+_BATCH_HEAD = "coalesced"
+_P2P_OPS = frozenset({"send", "recv"})
+
+
+def _seq_key(r: CollectiveRecord) -> tuple[int, bool, int] | None:
+    seq = r.p2p_seq_id if r.is_p2p else r.collective_seq_id
+    return (r.pg_id, r.is_p2p, seq) if r.pg_id is not None and seq is not None else None
+
+
+def _batch_entry(head: FrEntry, members: list[FrEntry]) -> FrEntry:
+    """One entry for a batch: timing and state from ``head`` (the coalesced entry), the rest from the ops."""
+    h = head.record
+    ops = sorted({m.record.op for m in members})
+    if set(ops) <= _P2P_OPS:
+        op = ops[0] if len(ops) == 1 else "send_recv"
+    else:
+        op = ops[0] if len(ops) == 1 else _BATCH_HEAD
+    peers = {m.record.peer for m in members}
+    sizes = [m.record.bytes for m in members]
+    dtypes = {m.record.dtype for m in members}
+    nbytes = sum(b for b in sizes if b is not None) if all(b is not None for b in sizes) else None
+    first = members[0].record
+    rec = CollectiveRecord(
+        job=h.job, source=h.source, op=op, rank=h.rank,
+        raw_op=f"{h.raw_op}[{', '.join(m.record.raw_op or m.record.op for m in members)}]",
+        pg_id=h.pg_id, pg_name=h.pg_name, pg_desc=h.pg_desc, pg_ranks=h.pg_ranks, group_rank=h.group_rank,
+        group_size=h.group_size, collective_seq_id=first.collective_seq_id, p2p_seq_id=first.p2p_seq_id,
+        is_p2p=first.is_p2p, peer=peers.pop() if len(peers) == 1 else None, bytes=nbytes,
+        dtype=dtypes.pop() if len(dtypes) == 1 else None, state=h.state,
+        time_created_ns=first.time_created_ns,
+        time_completed_ns=h.time_completed_ns, duration_ms=h.duration_ms, provenance=h.provenance,
+    )
+    if rec.duration_ms is not None and rec.duration_ms > 0 and nbytes and rec.group_size:
+        rec.algbw_gbs = nbytes / (rec.duration_ms * 1e-3) / 1e9
+        factor = bus_bw_factor(op, rec.group_size)
+        rec.busbw_gbs = rec.algbw_gbs * factor if factor is not None else None
+    frame = next((m.user_frame for m in members if m.user_frame), head.user_frame)
+    return FrEntry(record=rec, retired=head.retired, record_id=head.record_id, timeout_ms=head.timeout_ms,
+                   user_frame=frame)
+
+
+def merge_batches(entries: list[FrEntry], issues: dict[str, int]) -> list[FrEntry]:
+    """Fold each coalesced batch into one entry (see above); ring order kept, at the head's place.
+
+    A batch's members are the entries sharing its sequence key; torch versions that record the
+    coalesced entry under the other sequence kind are matched by position instead (the head
+    follows its last member in the ring). Members whose head is not in the dump yet (the batch was
+    being recorded when the dump was taken) are left out of this dump, counted; a later dump has them.
+    """
+    by_key: dict[tuple[int, bool, int], list[int]] = {}
+    for i, fe in enumerate(entries):
+        k = _seq_key(fe.record)
+        if k is not None:
+            by_key.setdefault(k, []).append(i)
+    # Members are never retired and never seen completing (they have no events); a head claimed by
+    # position first, so that its own sequence group (a real collective's) is not folded into it.
+    def eventless(i: int) -> bool:
+        return not entries[i].retired and entries[i].record.state == "scheduled"
+
+    groups: list[tuple[list[int], list[int]]] = []
+    claimed: set[int] = set()
+    for idx in by_key.values():
+        heads = [i for i in idx if entries[i].record.op == _BATCH_HEAD]
+        members = [i for i in idx if entries[i].record.op != _BATCH_HEAD]
+        if heads or len(members) < 2 or not all(eventless(i) for i in members):
+            continue
+        nxt = members[-1] + 1
+        if (nxt < len(entries) and entries[nxt].record.op == _BATCH_HEAD
+                and entries[nxt].record.pg_id == entries[members[-1]].record.pg_id):
+            claimed.add(nxt)
+            groups.append(([nxt], members))
+        else:
+            groups.append(([], members))
+    for idx in by_key.values():
+        heads = [i for i in idx if entries[i].record.op == _BATCH_HEAD and i not in claimed]
+        members = [i for i in idx if entries[i].record.op != _BATCH_HEAD and eventless(i)]
+        if heads and members:
+            groups.append((heads, members))
+    merged: dict[int, FrEntry] = {}
+    drop: set[int] = set()
+    for heads, members in groups:
+        if not heads:
+            drop.update(members)
+            _count(issues, "batch_head_missing")
+            continue
+        head = heads[-1]
+        merged[head] = _batch_entry(entries[head], [entries[i] for i in members])
+        drop.update(members)
+        drop.update(heads[:-1])
+        _count(issues, "batches_merged")
+    if not merged and not drop:
+        return entries
+    return [merged.get(i, fe) for i, fe in enumerate(entries) if i not in drop]
 
 
 # ---------------------------------------------------------------------------------- dedupe

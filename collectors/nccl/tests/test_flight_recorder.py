@@ -307,3 +307,52 @@ def test_the_dump_interval_follows_the_collective_rate(tmp_path: Path) -> None:
     assert c._dump_interval(103.0, fr) == 0.5  # never more often than MIN_DUMP_INTERVAL_S
     c.tracker.progress += 2 * 50
     assert c._dump_interval(104.0, fr) == 10.0  # slow again: back to the configured interval
+
+
+def _batch(p2p_seq: int, rid: int, *, state: str = "completed", retired: bool = True,
+           duration_ms: float | None = 2.5) -> list[dict[str, Any]]:
+    """A batch_isend_irecv of rank 0 with rank 1 as ProcessGroupNCCL records it: one entry per op
+    with no CUDA events (left 'scheduled', never retired), then the 'nccl:coalesced' entry that
+    carries the batch's state and duration; all with the batch's p2p sequence number."""
+    send = entry(7, op="nccl:send 0->1", is_p2p=True, p2p_seq=p2p_seq, state="scheduled", retired=False,
+                 sizes=[[4, 1024]], dtypes=["BFloat16"], record_id=rid)
+    recv = entry(7, op="nccl:recv 0<-1", is_p2p=True, p2p_seq=p2p_seq, state="scheduled", retired=False,
+                 sizes=[[4, 1024]], dtypes=["BFloat16"], record_id=rid + 1)
+    head = entry(7, op="nccl:coalesced", is_p2p=True, p2p_seq=p2p_seq, state=state, retired=retired,
+                 sizes=[], dtypes=[], duration_ms=duration_ms, record_id=rid + 2)
+    return [send, recv, head]
+
+
+def test_a_batched_p2p_is_one_record_with_the_batch_timing() -> None:
+    d = parse_dump(dump(_batch(5, 10) + _batch(6, 13)), 0, "j")
+    assert d.issues["batches_merged"] == 2 and "duplicate_seq_in_dump" not in d.issues
+    a, b = (fe.record for fe in d.entries)
+    assert (a.op, a.p2p_seq_id, a.peer, a.bytes, a.duration_ms, a.state) == \
+        ("send_recv", 5, 1, 2 * 4 * 1024 * 2, 2.5, "completed")
+    assert a.raw_op == "nccl:coalesced[nccl:send 0->1, nccl:recv 0<-1]" and b.p2p_seq_id == 6
+    t = FlightRecorderTracker("j")
+    recs = t.update(d)
+    assert [r.p2p_seq_id for r in recs] == [5, 6] and all(r.duration_ms == 2.5 for r in recs)
+    assert "duplicate_seq_in_dump" not in t.counts
+
+
+def test_a_completed_batch_is_not_a_hang_but_a_stuck_one_is() -> None:
+    done = parse_dump(dump(_batch(5, 10)), 0, "j")
+    assert detect_hangs({0: done, 1: parse_dump(dump([entry(2)]), 1, "j")}, NOW, threshold_s=60) == []
+    stuck = parse_dump(dump(_batch(5, 10, state="started", retired=False, duration_ms=None)), 0, "j")
+    (h,) = detect_hangs({0: stuck, 1: parse_dump(dump([entry(2)]), 1, "j")}, NOW, threshold_s=60)
+    assert h.is_p2p and h.op == "send_recv" and h.stuck_ranks == [0]
+
+
+def test_batch_members_without_their_head_wait_for_the_next_dump() -> None:
+    members = _batch(5, 10)[:2]  # the dump was taken while the batch was being recorded
+    d = parse_dump(dump(members), 0, "j")
+    assert d.entries == [] and d.issues["batch_head_missing"] == 1
+
+
+def test_a_head_under_the_other_sequence_kind_is_matched_by_position() -> None:
+    send, recv, head = _batch(5, 10)
+    head.update(is_p2p=False, collective_seq_id=3)  # older torch: the coalesced work as a collective
+    d = parse_dump(dump([entry(3), send, recv, head]), 0, "j")
+    ops = [fe.record.op for fe in d.entries]
+    assert ops == ["all_reduce", "send_recv"] and d.entries[1].record.duration_ms == 2.5
