@@ -12,11 +12,12 @@ BENCHES = {
     "ingest": ("benchmarks.ingest_bench", "samples/s one aggregator ingests from agents on loopback"),
     "parse": ("benchmarks.parse_bench", "Megatron log parse rate"),
     "hook": ("benchmarks.hook_overhead", "host cost of the step hook per step (--gpu: paired loop)"),
+    "overhead": ("benchmarks.overhead_bench", "a Megatron-LM job with and without perfd (2 GPUs)"),
 }
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (ingest, parse, hook)")
+    p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (" + ", ".join(BENCHES) + ")")
     p.add_argument("which", choices=sorted(BENCHES),
                    help="; ".join(f"{k}: {v[1]}" for k, v in BENCHES.items()))
     p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark (see its --help)")

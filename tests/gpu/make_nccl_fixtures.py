@@ -8,7 +8,12 @@ It runs ``torchrun --nproc_per_node 2`` on this same file three times:
   - ``normal``: a small DDP loop plus explicit all_gather / reduce_scatter / broadcast / send-recv on
     the default group and a subgroup, Flight Recorder on (ring of 50 entries, to keep files small);
   - ``timing``: the same with ``TORCH_NCCL_ENABLE_TIMING=1`` (``duration_ms`` filled);
-  - ``hang``: rank 1 sleeps before an all_reduce that rank 0 has already entered and waits on.
+  - ``hang``: rank 1 sleeps before an all_reduce that rank 0 has already entered and waits on;
+  - ``batch_p2p``: ``timing`` + a batch_isend_irecv (send to and receive from the peer, as
+    Megatron-LM's pipeline does) every 5 steps: ProcessGroupNCCL records its ops without events and
+    one ``nccl:coalesced`` entry with the batch's timing;
+  - ``only_active``: ``batch_p2p`` with ``TORCH_INCLUDE_ONLY_ACTIVE=1`` (what Megatron-LM sets by
+    default once a dump path is in its environment): dumps hold only in-flight work.
 While each job runs, this driver does what the perfd agent does: write a byte to every
 ``frp_<rank>.pipe`` and keep each new, completely written ``fr_dump_<rank>`` it finds (in ``hang``
 mode, during rank 0's wait). Files are the raw bytes torch wrote. NCCL Inspector is enabled when
@@ -38,7 +43,8 @@ from collectors.nccl.flight_recorder import DumpError, load_dump_bytes  # noqa: 
 from collectors.nccl.trigger import env_for_flight_recorder, find_pipes, trigger_dump  # noqa: E402
 
 RING = 50
-MODES = ("normal", "timing", "hang")
+MODES = ("normal", "timing", "hang", "batch_p2p", "only_active")
+BATCHED = ("batch_p2p", "only_active")
 HANG_SLEEP_S = 25.0
 
 
@@ -96,6 +102,13 @@ def worker(mode: str, run_dir: Path) -> None:
                 dist.send(buf, 1)
             elif rank == 1:
                 dist.recv(buf, 0)
+            if mode in BATCHED:
+                peer = 1 - rank
+                sbuf = torch.full((4, 1024), float(rank), device=dev, dtype=torch.bfloat16)
+                rbuf = torch.empty(4, 1024, device=dev, dtype=torch.bfloat16)
+                ops = [dist.P2POp(dist.isend, sbuf, peer), dist.P2POp(dist.irecv, rbuf, peer)]
+                for req in dist.batch_isend_irecv(ops if rank == 0 else ops[::-1]):
+                    req.wait()
         torch.cuda.synchronize()
         time.sleep(0.2)  # stretch the run to ~15 s so the driver can trigger several dumps
     dist.barrier()
@@ -106,7 +119,10 @@ def worker(mode: str, run_dir: Path) -> None:
 
 
 def find_inspector() -> str | None:
-    roots = ["/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/opt"]
+    if os.environ.get("PERFD_NCCL_INSPECTOR"):
+        return os.environ["PERFD_NCCL_INSPECTOR"]
+    roots = [str(ROOT / ".gpu-libs"), "/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/lib/x86_64-linux-gnu",
+             "/opt"]
     for var in ("NCCL_HOME", "CUDA_HOME"):
         if os.environ.get(var):
             roots.append(os.environ[var])
@@ -182,7 +198,9 @@ def run_mode(mode: str, out: Path, plugin: str | None) -> dict[str, Any]:
     run_dir.mkdir(parents=True)
     mode_out = out / mode
     mode_out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **env_for_flight_recorder(run_dir, buffer_entries=RING, timing=mode == "timing")}
+    timing = mode not in ("normal", "hang")
+    env = {**os.environ, **env_for_flight_recorder(run_dir, buffer_entries=RING, timing=timing)}
+    env["TORCH_INCLUDE_ONLY_ACTIVE"] = "1" if mode == "only_active" else "0"
     env.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off on these machines
     if plugin is not None and mode != "hang":
         insp = run_dir / "inspector"
@@ -207,7 +225,8 @@ def run_mode(mode: str, out: Path, plugin: str | None) -> dict[str, Any]:
     collector.join(timeout=15)
     (mode_out / "torchrun.log").write_text("\n".join(output.splitlines()[-200:]) + "\n")
     result: dict[str, Any] = {"mode": mode, "rc": proc.returncode, "seconds": round(time.monotonic() - t0, 1),
-                              "dumps": log, "ring_entries": RING, "timing": mode == "timing"}
+                              "dumps": log, "ring_entries": RING, "timing": mode not in ("normal", "hang"),
+                              "only_active": mode == "only_active"}
     if mode == "hang":
         started = run_dir / "hang_started"
         result["hang_started_ns"] = int(started.read_text()) if started.exists() else None

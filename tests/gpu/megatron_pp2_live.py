@@ -167,6 +167,29 @@ def run(out: Path, megatron: Path) -> dict[str, Any]:
     return res
 
 
+def keep_last_dumps(fr_dir: Path, dest: Path, entries: int = 400) -> dict[str, Any]:
+    """Each rank's last Flight Recorder dump, cut to its newest ``entries`` entries (the ring holds
+    20,000 with stacks: tens of MB), for the test data; the full dumps are removed."""
+    import pickle
+
+    from collectors.nccl.flight_recorder import DumpError, load_dump_bytes
+
+    kept: dict[str, Any] = {}
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in sorted(fr_dir.glob("fr_dump_*")):
+        try:
+            d = load_dump_bytes(f.read_bytes())
+        except (OSError, DumpError) as exc:
+            kept[f.name] = repr(exc)
+            continue
+        n = len(d.get("entries") or [])
+        d["entries"] = (d.get("entries") or [])[-entries:]
+        (dest / f.name).write_bytes(pickle.dumps(d, protocol=2))
+        kept[f.name] = {"entries_in_dump": n, "kept": len(d["entries"]), "bytes": f.stat().st_size}
+        f.unlink()
+    return kept
+
+
 def markdown(res: dict[str, Any]) -> str:
     pct = lambda x: "n/a" if x is None else f"{100 * x:.2f}%"  # noqa: E731
     lines = ["# Megatron-LM PP=2 under perfd launch: communication share, perfd vs Kineto", "",
@@ -207,6 +230,7 @@ def main() -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     res = run(args.out, megatron)
+    res["kept_dumps"] = keep_last_dumps(args.out / "fr", args.out / "fr_kept")
     (args.out / "megatron_live.json").write_text(json.dumps(res, indent=1, default=str))
     md = markdown(res)
     (args.out / "megatron_live.md").write_text(md)
