@@ -154,6 +154,7 @@ class FlightRecorderDump:
     comm_lib_version: str | None = None
     issues: dict[str, int] = field(default_factory=dict)  # reason -> count, never fatal
     path: str | None = None
+    notes: dict[str, int] = field(default_factory=dict)  # what was read differently, not a problem
 
     def last_seq(self, pg_name: str, p2p: bool = False) -> int | None:
         """Highest sequence number this rank enqueued on a group (entries, or pg_status)."""
@@ -290,12 +291,13 @@ def parse_dump(raw: Mapping[str, Any], rank: int, job: str, path: str | None = N
         fe = _parse_entry(e, rank, job, pg_config, issues, prov)
         if fe is not None:
             entries.append(fe)
-    entries = merge_batches(entries, issues)
+    notes: dict[str, int] = {}
+    entries = merge_batches(entries, issues, notes)
     lib = raw.get("comm_lib_version")
     return FlightRecorderDump(rank=rank, version=str(version) if version is not None else None,
                               pg_config=pg_config, pg_status=pg_status, entries=entries,
                               comm_lib_version=lib if isinstance(lib, str) and lib else None,
-                              issues=issues, path=path)
+                              issues=issues, path=path, notes=notes)
 
 
 def _parse_entry(e: Mapping[str, Any], rank: int, job: str, pg_config: Mapping[str, PgInfo],
@@ -395,7 +397,7 @@ def _batch_entry(head: FrEntry, members: list[FrEntry]) -> FrEntry:
                    user_frame=frame)
 
 
-def merge_batches(entries: list[FrEntry], issues: dict[str, int]) -> list[FrEntry]:
+def merge_batches(entries: list[FrEntry], issues: dict[str, int], notes: dict[str, int]) -> list[FrEntry]:
     """Fold each coalesced batch into one entry (see above); ring order kept, at the head's place.
 
     A batch's members are the entries sharing its sequence key; torch versions that record the
@@ -443,7 +445,7 @@ def merge_batches(entries: list[FrEntry], issues: dict[str, int]) -> list[FrEntr
         merged[head] = _batch_entry(entries[head], [entries[i] for i in members])
         drop.update(members)
         drop.update(heads[:-1])
-        _count(issues, "batches_merged")
+        _count(notes, "batches_merged")
     if not merged and not drop:
         return entries
     return [merged.get(i, fe) for i, fe in enumerate(entries) if i not in drop]
@@ -495,6 +497,8 @@ class FlightRecorderTracker:
             self._c("rank_restarted")
             st = self._ranks[dump.rank] = _RankState()
         self.latest[dump.rank] = dump
+        for key, n in dump.notes.items():
+            self._c(key, n)
         out: list[CollectiveRecord] = []
         seen_now: set[_Key] = set()
         min_seq: dict[tuple[int, bool], int] = {}

@@ -111,8 +111,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "train.py").write_text(TRAIN)
     rules = RULES.replace("TOOL", a.tool)
-    if a.tool == "nsys":
-        rules = rules.replace("      steps: 3\n", "      steps: 3\n      mode: range\n      timeout_s: 150\n")
+    # nsys: no mode in the rule; the agent takes a range because each rank runs under the range
+    # prefix (the capture manager's _range_ready), as a user's job would.
     (out / "rules.yaml").write_text(rules)
     capture_dir = out / "captures"
     agent_cfg = out / "agent.yaml"

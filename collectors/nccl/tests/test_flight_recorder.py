@@ -325,7 +325,7 @@ def _batch(p2p_seq: int, rid: int, *, state: str = "completed", retired: bool = 
 
 def test_a_batched_p2p_is_one_record_with_the_batch_timing() -> None:
     d = parse_dump(dump(_batch(5, 10) + _batch(6, 13)), 0, "j")
-    assert d.issues["batches_merged"] == 2 and "duplicate_seq_in_dump" not in d.issues
+    assert d.notes["batches_merged"] == 2 and d.issues == {}
     a, b = (fe.record for fe in d.entries)
     assert (a.op, a.p2p_seq_id, a.peer, a.bytes, a.duration_ms, a.state) == \
         ("send_recv", 5, 1, 2 * 4 * 1024 * 2, 2.5, "completed")
