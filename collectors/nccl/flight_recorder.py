@@ -155,6 +155,7 @@ class FlightRecorderDump:
     issues: dict[str, int] = field(default_factory=dict)  # reason -> count, never fatal
     path: str | None = None
     notes: dict[str, int] = field(default_factory=dict)  # what was read differently, not a problem
+    only_active: bool = False  # every entry in flight (TORCH_INCLUDE_ONLY_ACTIVE=1), before batches fold
 
     def last_seq(self, pg_name: str, p2p: bool = False) -> int | None:
         """Highest sequence number this rank enqueued on a group (entries, or pg_status)."""
@@ -292,12 +293,13 @@ def parse_dump(raw: Mapping[str, Any], rank: int, job: str, path: str | None = N
         if fe is not None:
             entries.append(fe)
     notes: dict[str, int] = {}
+    only_active = bool(entries) and all(fe.record.state != "completed" for fe in entries)
     entries = merge_batches(entries, issues, notes)
     lib = raw.get("comm_lib_version")
     return FlightRecorderDump(rank=rank, version=str(version) if version is not None else None,
                               pg_config=pg_config, pg_status=pg_status, entries=entries,
                               comm_lib_version=lib if isinstance(lib, str) and lib else None,
-                              issues=issues, path=path, notes=notes)
+                              issues=issues, path=path, notes=notes, only_active=only_active)
 
 
 def _parse_entry(e: Mapping[str, Any], rank: int, job: str, pg_config: Mapping[str, PgInfo],
@@ -400,55 +402,63 @@ def _batch_entry(head: FrEntry, members: list[FrEntry]) -> FrEntry:
 def merge_batches(entries: list[FrEntry], issues: dict[str, int], notes: dict[str, int]) -> list[FrEntry]:
     """Fold each coalesced batch into one entry (see above); ring order kept, at the head's place.
 
-    A batch's members are the entries sharing its sequence key; torch versions that record the
-    coalesced entry under the other sequence kind are matched by position instead (the head
-    follows its last member in the ring). Members whose head is not in the dump yet (the batch was
-    being recorded when the dump was taken) are left out of this dump, counted; a later dump has them.
+    A head is matched to the event-less entries just before it (op ids consecutive in the ring)
+    that share its process group and its sequence number: the p2p one for a p2p batch (torch 2.11
+    records the head itself as a collective, with the collective counter of the moment), the
+    collective one for a coalesced collective. Left alone or dropped, by what the dump can prove:
+      - a head whose members left the ring: its batch was read from an earlier dump (noted);
+      - several members without their head: in a dump of only in-flight work (no completed entry
+        at all, TORCH_INCLUDE_ONLY_ACTIVE=1) the head completed and was left out, and so did the
+        batch (noted); otherwise the batch was being recorded when the dump was taken: left for a
+        later dump (counted as an issue). A lone member without its head stays: a p2p op in flight
+        looks the same (so an only-active dump of a pipeline job can still show single p2p ops
+        that finished long ago as in flight; perfd launch turns only-active off).
     """
-    by_key: dict[tuple[int, bool, int], list[int]] = {}
-    for i, fe in enumerate(entries):
-        k = _seq_key(fe.record)
-        if k is not None:
-            by_key.setdefault(k, []).append(i)
-    # Members are never retired and never seen completing (they have no events); a head claimed by
-    # position first, so that its own sequence group (a real collective's) is not folded into it.
-    def eventless(i: int) -> bool:
-        return not entries[i].retired and entries[i].record.state == "scheduled"
+    def eventless(fe: FrEntry) -> bool:
+        return not fe.retired and fe.record.state == "scheduled" and fe.record.op != _BATCH_HEAD
 
-    groups: list[tuple[list[int], list[int]]] = []
-    claimed: set[int] = set()
-    for idx in by_key.values():
-        heads = [i for i in idx if entries[i].record.op == _BATCH_HEAD]
-        members = [i for i in idx if entries[i].record.op != _BATCH_HEAD]
-        if heads or len(members) < 2 or not all(eventless(i) for i in members):
-            continue
-        nxt = members[-1] + 1
-        if (nxt < len(entries) and entries[nxt].record.op == _BATCH_HEAD
-                and entries[nxt].record.pg_id == entries[members[-1]].record.pg_id):
-            claimed.add(nxt)
-            groups.append(([nxt], members))
-        else:
-            groups.append(([], members))
-    for idx in by_key.values():
-        heads = [i for i in idx if entries[i].record.op == _BATCH_HEAD and i not in claimed]
-        members = [i for i in idx if entries[i].record.op != _BATCH_HEAD and eventless(i)]
-        if heads and members:
-            groups.append((heads, members))
+    only_active = bool(entries) and all(fe.record.state != "completed" for fe in entries)
     merged: dict[int, FrEntry] = {}
     drop: set[int] = set()
-    for heads, members in groups:
-        if not heads:
-            drop.update(members)
-            _count(issues, "batch_head_missing")
+    i = 0
+    while i < len(entries):
+        fe = entries[i]
+        r = fe.record
+        if not eventless(fe) or r.pg_id is None:
+            i += 1
             continue
-        head = heads[-1]
-        merged[head] = _batch_entry(entries[head], [entries[i] for i in members])
-        drop.update(members)
-        drop.update(heads[:-1])
-        _count(notes, "batches_merged")
+        seq = r.p2p_seq_id if r.is_p2p else r.collective_seq_id
+        j = i  # the run of event-less entries of one group and one sequence number
+        while (j + 1 < len(entries) and eventless(entries[j + 1]) and entries[j + 1].record.pg_id == r.pg_id
+               and entries[j + 1].record.is_p2p == r.is_p2p
+               and (entries[j + 1].record.p2p_seq_id if r.is_p2p else entries[j + 1].record.collective_seq_id)
+               == seq):
+            j += 1
+        members = list(range(i, j + 1))
+        head = j + 1 if j + 1 < len(entries) else None
+        if head is not None:
+            h = entries[head].record
+            h_seq = h.p2p_seq_id if r.is_p2p else h.collective_seq_id
+            if not (h.op == _BATCH_HEAD and h.pg_id == r.pg_id and h_seq == seq):
+                head = None
+        if head is not None:
+            merged[head] = _batch_entry(entries[head], [entries[k] for k in members])
+            drop.update(members)
+            _count(notes, "batches_merged")
+            i = head + 1
+            continue
+        if len(members) > 1:
+            drop.update(members)
+            _count(notes if only_active else issues,
+                   "batch_members_only_active" if only_active else "batch_head_missing")
+        i = j + 1
+    for k, fe in enumerate(entries):
+        if fe.record.op == _BATCH_HEAD and k not in merged:
+            drop.add(k)
+            _count(notes, "batch_head_without_members")
     if not merged and not drop:
         return entries
-    return [merged.get(i, fe) for i, fe in enumerate(entries) if i not in drop]
+    return [merged.get(k, fe) for k, fe in enumerate(entries) if k not in drop]
 
 
 # ---------------------------------------------------------------------------------- dedupe
@@ -497,8 +507,8 @@ class FlightRecorderTracker:
             self._c("rank_restarted")
             st = self._ranks[dump.rank] = _RankState()
         self.latest[dump.rank] = dump
-        for key, n in dump.notes.items():
-            self._c(key, n)
+        for note, n in dump.notes.items():
+            self._c(note, n)
         out: list[CollectiveRecord] = []
         seen_now: set[_Key] = set()
         min_seq: dict[tuple[int, bool], int] = {}
@@ -534,7 +544,7 @@ class FlightRecorderTracker:
         # A dump with entries, none of them completed, is an only-active dump
         # (TORCH_INCLUDE_ONLY_ACTIVE=1, Megatron-LM's default): its sequence gaps are completed
         # collectives the dump left out, not a wrapped ring. Said by name, not counted as lost.
-        only_active = bool(dump.entries) and all(fe.record.state != "completed" for fe in dump.entries)
+        only_active = dump.only_active
         if only_active:
             self._c("only_active_dump")
         for grp, lo in min_seq.items():

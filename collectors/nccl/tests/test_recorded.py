@@ -101,7 +101,7 @@ def test_hang_names_rank_1() -> None:
 
 
 def test_recorded_inspector_lines() -> None:
-    files = [f for mode in ("normal", "timing") for f in (DATA / mode / "inspector").glob("*.log")]
+    files = [f for mode in _runs() for f in (DATA / mode / "inspector").glob("*.log")]
     if not files:
         pytest.skip("recorded without the NCCL Inspector plugin")
     n = 0
@@ -113,3 +113,80 @@ def test_recorded_inspector_lines() -> None:
                 ok = check_busbw(r.op, r.bytes, r.duration_ms * 1000, r.group_size, r.busbw_gbs)
                 assert ok is not False, line
     assert n > 0
+
+
+def test_recorded_inspector_lines_are_kernel_timed_collectives_of_both_ranks() -> None:
+    """Recorded with the plugin built from NCCL v2.28.9-1 (manifest: plugin_by_mode)."""
+    files = sorted((DATA / "batch_p2p" / "inspector").glob("*.log"))
+    if not files:
+        pytest.skip("batch_p2p recorded without the NCCL Inspector plugin")
+    recs = [parse_line(line, "j") for f in files for line in f.read_text().splitlines()]
+    assert {r.group_rank for r in recs} == {0, 1}
+    assert {r.op for r in recs} >= {"all_reduce", "broadcast"}
+    assert all(r.source == "nccl_inspector" and (r.duration_ms or -1) >= 0 for r in recs)
+    assert all(r.bytes and r.group_size == 2 for r in recs)
+
+
+def _tracked(mode: str) -> tuple[FlightRecorderTracker, list[Any], list[Any]]:
+    t = FlightRecorderTracker("j")
+    recs: list[Any] = []
+    last: list[Any] = []
+    for rnd in _dumps(mode):
+        for d in rnd:
+            recs.extend(t.update(d))
+        last = rnd
+    return t, recs, last
+
+
+def test_recorded_batch_isend_irecv_is_one_timed_record_per_batch() -> None:
+    """ProcessGroupNCCL records a batch's ops without events and one 'nccl:coalesced' entry (as a
+    collective, with the batch's p2p sequence number) with its timing: read as one record each."""
+    if "batch_p2p" not in _runs():
+        pytest.skip("recorded before the batch_p2p mode existed")
+    t, recs, last = _tracked("batch_p2p")
+    assert t.counts.get("batches_merged", 0) > 0
+    assert "duplicate_seq_in_dump" not in t.counts  # (a 50-entry ring: entries are lost between dumps)
+    batches = [r for r in recs if r.op == "send_recv"]
+    assert batches and all(r.is_p2p and r.peer in (0, 1) and r.state == "completed" for r in batches)
+    # A duration for each, except where the tiny ring dropped the entry before its duration came.
+    assert sum(r.duration_ms is None for r in batches) <= t.counts.get("pending_left_ring", 0)
+    assert sum(r.duration_ms is not None for r in batches) >= len(batches) - 1
+    assert all(r.bytes == 2 * 4 * 1024 * 2 for r in batches)  # a 4x1024 bf16 send and recv
+    for rank in (0, 1):
+        seqs = [r.p2p_seq_id for r in batches if r.rank == rank]
+        assert len(seqs) == len(set(seqs))
+    now = max(d.entries[-1].record.time_created_ns or 0 for d in last) + 600 * 10**9
+    assert detect_hangs({d.rank: d for d in last}, now, threshold_s=60.0) == []
+
+
+def test_recorded_only_active_dumps_are_named_and_hold_no_false_hang() -> None:
+    """TORCH_INCLUDE_ONLY_ACTIVE=1: dumps hold in-flight work only — and the event-less members of
+    every finished batch, whose heads were left out as completed."""
+    if "only_active" not in _runs():
+        pytest.skip("recorded before the only_active mode existed")
+    t, recs, last = _tracked("only_active")
+    assert t.counts.get("only_active_dump", 0) > 0 and t.counts.get("batch_members_only_active", 0) > 0
+    assert "entries_lost_between_dumps" not in t.counts
+    assert recs == []
+    assert detect_hangs({d.rank: d for d in last}, 2**62, threshold_s=60.0) == []
+
+
+PP2 = Path(__file__).parent / "data" / "megatron_pp2_fr"
+
+
+def test_recorded_megatron_pp2_pipeline_p2p_has_a_duration_for_every_batch() -> None:
+    """Megatron-LM PP=2: before batches were folded, 1,768 sends against 117 recvs, no durations on
+    the pipeline group and 23 p2p "hangs" on a healthy job."""
+    dumps = {r: parse_dump(load_dump_bytes((PP2 / f"fr_dump_{r}").read_bytes()), r, "j") for r in (0, 1)}
+    for d in dumps.values():
+        assert d.issues == {} and d.notes["batches_merged"] > 30
+    t = FlightRecorderTracker("j")
+    recs = [r for d in dumps.values() for r in t.update(d)]
+    p2p = [r for r in recs if r.is_p2p]
+    assert p2p and all(r.duration_ms is not None and r.op in ("send", "recv", "send_recv") for r in p2p)
+    assert "duplicate_seq_in_dump" not in t.counts
+    pipe = {r: {x.p2p_seq_id for x in p2p if x.rank == r} for r in (0, 1)}
+    common = pipe[0] & pipe[1]
+    assert len(common) > 30  # both stages hold the same pipeline batches
+    now = max(fe.record.time_created_ns or 0 for d in dumps.values() for fe in d.entries) + 600 * 10**9
+    assert detect_hangs(dumps, now, threshold_s=60.0) == []
