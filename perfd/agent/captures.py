@@ -65,7 +65,7 @@ class AgentCaptures:
         peers = getattr(hook, "peers", None)
         self._hook_peers: Mapping[int, Any] | None = peers
         self.manager = CaptureManager(
-            self.store, self.kineto, nsys if nsys.available() else None,
+            self.store, self.kineto, nsys if nsys.available() is None else None,
             hook_requester=requester, pids_for_ranks=self._pids_for_ranks, emit=emit,
             hook_last_step=(lambda r: getattr(peers.get(r), "last_step", None)) if peers is not None
             else None)

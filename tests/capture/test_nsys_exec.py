@@ -215,3 +215,27 @@ def test_rank_range_prefix_writes_where_the_agent_looks(tmp_path, monkeypatch, c
     assert "split by the shell" in capsys.readouterr().err
     monkeypatch.setenv("PERFD_NSYS", str(tmp_path / "missing"))
     assert main(["nsys-prefix", "--job", "j"]) == 2
+
+
+def test_the_agent_hands_its_manager_nsys_only_when_nsys_can_run(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manager got the executor exactly when nsys was NOT found (available() returns None when
+    it can run, else the reason): on the GPU machine a rule's nsys capture failed with "no nsys
+    executor in this agent" although PERFD_NSYS named a working nsys."""
+    from perfd.agent.captures import AgentCaptures
+
+    nsys = tmp_path / "nsys"
+    nsys.write_text("#!/bin/sh\n")
+    nsys.chmod(0o755)
+    monkeypatch.setenv("PERFD_NSYS", str(nsys))
+    caps = AgentCaptures("j", str(tmp_path / "a"), 1 << 30, emit=lambda e: None, kineto=False)
+    try:
+        assert caps.manager.nsys is caps.nsys
+    finally:
+        caps.close()
+    monkeypatch.setenv("PERFD_NSYS", str(tmp_path / "missing"))
+    caps = AgentCaptures("j", str(tmp_path / "b"), 1 << 30, emit=lambda e: None, kineto=False)
+    try:
+        assert caps.manager.nsys is None
+    finally:
+        caps.close()
