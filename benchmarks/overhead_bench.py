@@ -60,10 +60,10 @@ def proc_rss_mb(pid: int) -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def megatron_args(megatron: Path, iters: int) -> list[str]:
-    """DP=2 on two GPUs, the shared fixture's model (8 layers, hidden 1024), mock data."""
+def megatron_args(megatron: Path, iters: int, layers: int, hidden: int) -> list[str]:
+    """DP=2 on two GPUs, GPT with ``layers`` x ``hidden``, mock data."""
     return [str(megatron / "pretrain_gpt.py"), "--tensor-model-parallel-size", "1",
-            "--pipeline-model-parallel-size", "1", "--num-layers", "8", "--hidden-size", "1024",
+            "--pipeline-model-parallel-size", "1", "--num-layers", str(layers), "--hidden-size", str(hidden),
             "--num-attention-heads", "16", "--seq-length", "1024", "--max-position-embeddings", "1024",
             "--micro-batch-size", "4", "--global-batch-size", "64", "--train-iters", str(iters),
             "--lr", "1e-4", "--lr-decay-style", "constant", "--bf16", "--mock-data",
@@ -85,8 +85,8 @@ def elapsed_ms(log: Path) -> dict[int, float]:
 
 
 class Runner:
-    def __init__(self, out: Path, megatron: Path, iters: int, warmup: int) -> None:
-        self.out, self.megatron, self.iters, self.warmup = out, megatron, iters, warmup
+    def __init__(self, out: Path, megatron: Path, iters: int, warmup: int, model: tuple[int, int]) -> None:
+        self.out, self.megatron, self.iters, self.warmup, self.model = out, megatron, iters, warmup, model
         self.env = {**os.environ, **ENV, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
         for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             self.env.pop(k, None)
@@ -127,7 +127,7 @@ class Runner:
                     str(free_port())]
         if variant == "hook":
             torchrun += ["-m", "perfd.hook.megatron"]
-        cmd = [*torchrun, *megatron_args(self.megatron, self.iters)]
+        cmd = [*torchrun, *megatron_args(self.megatron, self.iters, *self.model)]
         log = run_dir / "output.log"
         agent = None
         t0 = time.monotonic()
@@ -239,7 +239,8 @@ def _pct(x: float | None, digits: int = 2, signed: bool = False) -> str:
 def markdown(res: dict[str, Any]) -> str:
     s = res["summary"]
     plain = s["plain_median_step_ms"]
-    head = (f"{res['gpu']}; Megatron-LM DP=2 (8 layers, hidden 1024, gbs 64, mbs 4, bf16, mock data), "
+    head = (f"{res['gpu']}; Megatron-LM DP=2 ({res['layers']} layers, hidden {res['hidden']}, gbs 64, mbs 4, "
+            "bf16, mock data), "
             f"{res['iters']} iterations per run, median after iteration {res['warmup']}, "
             f"{res['rounds']} rounds (order rotated). Plain median step: "
             + (f"{plain:.1f} ms." if plain else "n/a (no plain run finished)."))
@@ -273,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=40, help="iterations per run (default: %(default)s)")
     ap.add_argument("--warmup", type=int, default=10, help="iterations left out (default: %(default)s)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="default: %(default)s")
+    ap.add_argument("--layers", type=int, default=12, help="GPT layers (default: %(default)s)")
+    ap.add_argument("--hidden", type=int, default=2048, help="GPT hidden size (default: %(default)s; "
+                    "a small model's steps are host-bound and vary by +-15%% run to run on 2xH200)")
     ap.add_argument("--probe-s", type=float, default=10.0, help="seconds per NVML probe; 0: none "
                     "(default: %(default)s)")
     ns = ap.parse_args(argv)
@@ -287,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
-    rn = Runner(out, Path(ns.megatron).resolve(), ns.iters, ns.warmup)
+    rn = Runner(out, Path(ns.megatron).resolve(), ns.iters, ns.warmup, (ns.layers, ns.hidden))
     runs: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
     gpu = "unknown GPU"
@@ -307,12 +311,14 @@ def main(argv: list[str] | None = None) -> int:
                 rec = rn.job(v, f"r{r}_{v}")
                 rec["round"] = r
                 runs.append(rec)
+                (out / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")  # kept if stopped
         if ns.probe_s > 0:
             for devices, interval in (([0], 0.1), ([0, 1], 0.1), ([0, 1], 1.0)):
                 probes.append(rn.probe(devices, interval, ns.probe_s))
     finally:
         rn.stop()
-    res = {"gpu": gpu, "iters": ns.iters, "warmup": ns.warmup, "rounds": ns.rounds, "runs": runs,
+    res = {"gpu": gpu, "layers": ns.layers, "hidden": ns.hidden, "iters": ns.iters, "warmup": ns.warmup,
+           "rounds": ns.rounds, "runs": runs,
            "summary": summarize(runs, probes, ns.rounds),
            "command": "perfd bench overhead " + " ".join(argv if argv is not None else sys.argv[1:])}
     (out / "overhead.json").write_text(json.dumps(res, indent=1) + "\n")
