@@ -39,6 +39,9 @@ class Collected:
     # What a job's start-up says about it (layout, model spec), sent when it first appears or
     # changes, keyed by job name.
     job_info: dict[str, JobInfo] = field(default_factory=dict)
+    # Where the collector can resume once this output is durable (JSON-able; the agent keeps the
+    # latest one per collector under its --state-dir and hands it back as config["resume"]).
+    checkpoint: dict[str, Any] | None = None
 
 
 class Collector(abc.ABC):

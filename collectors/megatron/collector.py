@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from collectors.megatron.parser import MegatronLogParser
-from collectors.megatron.tail import LogTail
+from collectors.megatron.tail import LogTail, TailPosition
 from perfd.collector import Capabilities, Collected, Collector
+from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.linetimes import LineTimes
 from perfd.model import JobInfo
 
@@ -21,7 +23,13 @@ class MegatronCollector(Collector):
     the log's one-second stamp), ``flush_after_s`` (default 2): when the log has been quiet
     that long, the pending iteration is emitted without waiting for the next iteration line
     (Megatron prints the iteration line, its timers and the straggler line within milliseconds;
-    a quiet log means the record is complete, or the job stopped)."""
+    a quiet log means the record is complete, or the job stopped).
+
+    Resuming (``resume``: the checkpoint of an earlier run, handed back by the agent's
+    --state-dir): the log is read again from the start of the iteration that was still pending
+    (its record not yet emitted, so nothing is read twice into a record and nothing is skipped),
+    and the job info parsed from the log's start-up block comes back with it. A rotated or
+    re-created log is read from its start (LogTail checks the file's identity)."""
 
     name = "megatron"
     default_interval_s = 0.5
@@ -43,6 +51,10 @@ class MegatronCollector(Collector):
         self._pending = False  # the parser holds an iteration not yet emitted
         self._sent_info: JobInfo | None = None
         self._tail_errors_seen: dict[str, int] = {}
+        self._resume = config.get("resume")
+        self._consumed = 0  # file offset after the last line read
+        self._pending_at: int | None = None  # file offset where the pending iteration's line starts
+        self.resumed_at: int | None = None
 
     def probe(self) -> Capabilities:
         # A log that does not exist yet is normal (the job starts after the agent): available,
@@ -53,7 +65,18 @@ class MegatronCollector(Collector):
                             {"file_exists": exists})
 
     def start(self) -> None:
-        self.tail = LogTail(self.path, from_start=self.from_start)
+        pos, ck = None, self._resume
+        if isinstance(ck, dict):
+            try:
+                pos = TailPosition(**ck["position"])
+                if ck.get("job_info"):
+                    self.parser.job_info, _ = decode_job_info(str(ck["job_info"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                self.count_error("resume:unreadable", str(exc)[:200])
+                pos = None
+        self.tail = LogTail(self.path, from_start=self.from_start, resume=pos)
+        if pos is not None and self.tail.counts.get("resumed"):
+            self.resumed_at = self._consumed = pos.offset
 
     def collect(self, now: float) -> Collected:
         out = Collected()
@@ -68,15 +91,26 @@ class MegatronCollector(Collector):
         if lines:
             self._last_data = mono
             lt = self.line_times
+            exact = True
             for line, offset in lines:
                 # Only iteration lines need the time; the lookup is a bisect (a file read when
                 # the sidecar is behind).
                 arrived = lt.time_for(offset) if lt is not None and "iteration" in line else None
+                before = self.parser.pending
                 out.steps.extend(self.parser.feed(line, arrived))
+                if self.parser.pending is not before:
+                    self._pending_at = self._consumed if self.parser.pending is not None else None
+                if offset is None:
+                    exact = False  # a line cut at a rotation or over-long: no offset to resume at
+                else:
+                    self._consumed = offset + 1
             self._pending = True
+            out.checkpoint = self._checkpoint() if exact else None
         elif self._pending and mono - self._last_data >= self.flush_after_s:
             out.steps.extend(self.parser.flush())
             self._pending = False
+            self._pending_at = None
+            out.checkpoint = self._checkpoint()
         if self.parser.events:
             out.events.extend(self.parser.events)
             self.parser.events.clear()
@@ -90,6 +124,17 @@ class MegatronCollector(Collector):
             self._sent_info = copy.deepcopy(info)
             out.job_info[self.job] = self._sent_info
         return out
+
+    def _checkpoint(self) -> dict[str, Any] | None:
+        """Resume at the pending iteration's line (or after the last line when none is pending)."""
+        if self.tail is None:
+            return None
+        at = self._pending_at if self._pending_at is not None else self._consumed
+        pos = self.tail.position_at(at)
+        if pos is None:
+            return None
+        info = self.parser.job_info
+        return {"position": asdict(pos), "job_info": job_info_to_json(info) if info.arguments else None}
 
     def flush(self, now: float) -> Collected:
         """At shutdown: read what is left of the log and emit the pending iteration (the job's

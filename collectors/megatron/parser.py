@@ -105,6 +105,11 @@ class MegatronLogParser:
     # Public API
     # ---------------------------------------------------------------------------------------
 
+    @property
+    def pending(self) -> StepRecord | None:
+        """The iteration whose record is not complete yet (its timers may still come)."""
+        return self._pending
+
     def feed(self, line: str, arrived: float | None = None) -> list[StepRecord]:
         """Parse one raw line (trailing newline optional); return the records it completed.
         ``arrived``: when the line was printed (epoch seconds, perfd.linetimes), finer than the

@@ -24,6 +24,10 @@ class AgentConfig:
     metrics_port: int | None = 9400  # None = no HTTP endpoint; 0 = ephemeral (tests)
     metrics_host: str = "127.0.0.1"  # loopback unless told (--metrics-host, --listen-all)
     spool_dir: str | None = None  # None = in memory (lost on restart; fine for demos and tests)
+    # Where collectors' checkpoints are kept (a log tail's position): a restarted agent resumes
+    # there instead of reading its logs again. Pair it with spool_dir (what was read but not yet
+    # acknowledged is in the spool).
+    state_dir: str | None = None
     spool_max_bytes: int = 256 * 1024 * 1024
     batch_interval_s: float = 0.5
     collectors: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -67,8 +71,8 @@ class AgentConfig:
 
 
 _TOP_KEYS = {f for f in AgentConfig.__dataclass_fields__}
-_OPTIONAL_KEYS = ("aggregator", "metrics_port", "spool_dir", "capture_dir", "tls_ca", "tls_cert", "tls_key",
-                  "auth_token_file")
+_OPTIONAL_KEYS = ("aggregator", "metrics_port", "spool_dir", "state_dir", "capture_dir", "tls_ca", "tls_cert",
+                  "tls_key", "auth_token_file")
 
 
 def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:
@@ -102,7 +106,7 @@ def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:
 def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str | None = None,
                     megatron_log: str | None = None, nvml: str | None = None,
                     metrics_port: int | None = None, node: str | None = None,
-                    agent_id: str | None = None, spool_dir: str | None = None,
+                    agent_id: str | None = None, spool_dir: str | None = None, state_dir: str | None = None,
                     host: bool | None = None, launch_manifest: str | None = None,
                     metrics_host: str | None = None, listen_all: bool = False,
                     tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
@@ -126,6 +130,8 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
         cfg.agent_id = agent_id
     if spool_dir is not None:
         cfg.spool_dir = spool_dir
+    if state_dir is not None:
+        cfg.state_dir = state_dir
     if metrics_host is not None:
         cfg.metrics_host = metrics_host
     elif listen_all:

@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
+from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import AgentConfig
 from perfd.agent.scheduler import Scheduler
 from perfd.collector import Collected, Collector, Registry
@@ -111,12 +112,18 @@ class Agent:
         self.submit_errors = 0
         self._started = time.time()
         self._jobinfo_sent: dict[str, str] = {}
+        self._jobinfo_last: dict[str, str] = {}  # job -> its latest job info, re-sent after a reconnect
+        self._reconnects_seen = 0
+        self._checkpoints = Checkpoints(cfg.state_dir) if cfg.state_dir else None
         self.captures: Any = None  # AgentCaptures when the aggregator can ask for captures
 
     # ---- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
         for name, ccfg in self.cfg.collectors.items():
             conf = {"job": self.cfg.job, **ccfg}
+            ck = self._checkpoints.load(name) if self._checkpoints is not None else None
+            if ck is not None:
+                conf["resume"] = ck
             try:
                 col = self.registry.create(name, conf)
             except Exception as exc:  # bad collector config: say which, run the others
@@ -174,6 +181,7 @@ class Agent:
         events: list[dict[str, Any]] = []
         collectives: list[CollectiveRecord] = []
         job_info: dict[str, str] = {}
+        checkpoints: dict[str, dict[str, Any]] = {}
         for name, out in items:
             for s in out.samples:
                 s.labels.setdefault("node", self.cfg.node)
@@ -188,12 +196,21 @@ class Agent:
             self.samples_total[name] = self.samples_total.get(name, 0) + len(out.samples)
             for job, info in out.job_info.items():
                 text = job_info_to_json(info)
+                self._jobinfo_last[job] = text
                 if self._jobinfo_sent.get(job) != text:
                     job_info[job] = text
+            if out.checkpoint is not None:
+                checkpoints[name] = out.checkpoint
+        if self.client is not None and self.client.reconnects != self._reconnects_seen:
+            # A new stream may reach an aggregator that lost what we sent (restarted without a
+            # state dir): send every job's info again; a durable one just overwrites it.
+            self._reconnects_seen = self.client.reconnects
+            job_info = {**self._jobinfo_last, **job_info}
         self.view.update(samples)
         if self.captures is not None and events:
             self.captures.observe(events)  # rank -> pid, and the hook's profile progress
         if self.client is None or not (samples or steps or events or job_info or collectives):
+            self._save_checkpoints(checkpoints)
             return
         n = MAX_COLLECTIVES_PER_BATCH  # a first Flight Recorder dump of many ranks can be large
         try:
@@ -202,9 +219,15 @@ class Agent:
             self._jobinfo_sent.update(job_info)
             for i in range(n, len(collectives), n):
                 self.client.submit(collectives=collectives[i:i + n])
+            self._save_checkpoints(checkpoints)  # what they cover is in the spool now
         except Exception as exc:  # an oversized batch or a spool failure: counted, agent lives
             self.submit_errors += 1
             log.warning("could not queue a batch for the aggregator: %s", exc)
+
+    def _save_checkpoints(self, checkpoints: Mapping[str, dict[str, Any]]) -> None:
+        if self._checkpoints is not None:
+            for name, ck in checkpoints.items():
+                self._checkpoints.save(name, ck)
 
     async def run(self, stop: asyncio.Event) -> None:
         self.build()

@@ -59,6 +59,14 @@ class EventLog:
             for ev in evs:
                 listener(ev)
 
+    def restore(self, evs: Sequence[Mapping[str, Any]]) -> None:
+        """Events read back from a state store, merged in time order (no handler or listener runs:
+        they did when the events first happened)."""
+        with self._lock:
+            self.events.extend(dict(e) for e in evs)
+            self.events.sort(key=lambda e: float(e.get("time") or 0.0))
+            del self.events[:-self.max_events]
+
     def recent(self, job: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
         with self._lock:
             evs = [e for e in self.events if job is None or e.get("job") in ("", None, job)

@@ -71,6 +71,20 @@ class IncidentTracker:
         if events:
             self.emit(events)
 
+    def export(self) -> dict[str, Any]:
+        """Everything kept, as JSON (for the aggregator's state store)."""
+        with self._lock:
+            return {"jobs": {j: dict(v) for j, v in self._jobs.items()},
+                    "opened_total": dict(self.opened_total), "lost_s_total": dict(self.lost_s_total)}
+
+    def load(self, doc: Mapping[str, Any]) -> None:
+        """Back from :meth:`export`: incidents already reported are matched, never re-announced."""
+        with self._lock:
+            self._jobs = {str(j): {str(k): dict(d) for k, d in v.items()}
+                          for j, v in doc.get("jobs", {}).items()}
+            self.opened_total = {str(j): int(n) for j, n in doc.get("opened_total", {}).items()}
+            self.lost_s_total = {str(j): float(n) for j, n in doc.get("lost_s_total", {}).items()}
+
     @staticmethod
     def _match(kept: Mapping[str, dict[str, Any]], inc: Incident) -> str | None:
         """The recorded incident this one continues: same id, else an overlapping iteration range

@@ -6,14 +6,16 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from perfd import limits as L
 from perfd.aggregator.captures import CaptureCoordinator
+from perfd.aggregator.durable import Journal, restore, save_documents
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.state import AggregatorState, LabelKey
+from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collectives import CollectiveConfig
 from perfd.jobinfo_json import decode_job_info
@@ -49,6 +51,8 @@ class AggregatorConfig:
     # Rule packs evaluated every rules_interval_s; None = the shipped default pack, [] = no rules.
     rules_files: list[str] | None = None
     rules_interval_s: float = 5.0
+    # --state-dir: job info, step records, events, rule/capture state survive a restart (SQLite, WAL).
+    state_dir: str | None = None
     # Weights & Biases: one run per job (perfd.exporters.wandb); None = off.
     wandb_project: str | None = None
     wandb_mode: str = "offline"  # offline (no server; `wandb sync` later) | online | disabled
@@ -79,8 +83,10 @@ class Aggregator:
                 raise ValueError("--tls-cert and --tls-key go together (--tls-client-ca needs both)")
             tls = ServerTls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
+        self.store: StateStore | None = StateStore(cfg.state_dir) if cfg.state_dir else None
         self.server = IngestServer(self.on_batch, self._on_hello, tls=tls, token=self.token,
-                                   limits=cfg.limits, refusals=self.refusals)
+                                   limits=cfg.limits, refusals=self.refusals,
+                                   journal=Journal(self.store) if self.store is not None else None)
         self.http: HttpServer | None = None
         self.grpc_port = 0
         self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.server.send_command,
@@ -127,9 +133,27 @@ class Aggregator:
     def _tick(self) -> None:
         self.state.refresh()
         self.captures.evaluate()
+        if self.store is not None:
+            save_documents(self, self.store)
 
     def _on_hello(self, hello: HelloInfo) -> None:
-        self.state.hello(hello.agent_id, self.guard.hello(hello.agent_id, hello.jobs))
+        self._on_hello_jobs(hello.agent_id, hello.jobs)
+
+    def _on_hello_jobs(self, agent_id: str, jobs: Sequence[str]) -> None:
+        self.state.hello(agent_id, self.guard.hello(agent_id, jobs))
+
+    def ingest_job_info_text(self, agent_id: str, job: str, text: str) -> None:
+        if not self.guard.may_write(agent_id, job, "job info"):
+            return
+        try:
+            info, rejected = decode_job_info(text)
+            if rejected:  # the rest of the job info is kept: only the absurd values go
+                self.refusals.refuse(REFUSED_JOB_INFO_VALUE, f"job info of {job[:80]} from agent "
+                                     f"{agent_id[:80]}: {'; '.join(rejected)[:400]}", len(rejected))
+            self.state.ingest_job_info(agent_id, job, info)
+        except (ValueError, TypeError) as exc:
+            self.job_info_errors += 1
+            log.warning("agent %s sent unusable job info for %s: %s", agent_id, job, exc)
 
     def _series_defs(self, batch: DecodedBatch) -> Mapping[int, tuple[str, LabelKey]]:
         cache = self._series.setdefault(batch.agent_id, {})
@@ -155,17 +179,7 @@ class Aggregator:
     def on_batch(self, agent_id: str, batch: DecodedBatch) -> None:
         st, guard = self.state, self.guard
         for job, text in batch.job_info_json.items():
-            if not guard.may_write(agent_id, job, "job info"):
-                continue
-            try:
-                info, rejected = decode_job_info(text)
-                if rejected:  # the rest of the job info is kept: only the absurd values go
-                    self.refusals.refuse(REFUSED_JOB_INFO_VALUE, f"job info of {job[:80]} from agent "
-                                         f"{agent_id[:80]}: {'; '.join(rejected)[:400]}", len(rejected))
-                st.ingest_job_info(agent_id, job, info)
-            except (ValueError, TypeError) as exc:
-                self.job_info_errors += 1
-                log.warning("agent %s sent unusable job info for %s: %s", agent_id, job, exc)
+            self.ingest_job_info_text(agent_id, job, text)
         if batch.n_samples:
             defs = self._series_defs(batch)
             ids, ts, vals = batch.series_ids, batch.timestamps_ns, batch.values
@@ -186,6 +200,9 @@ class Aggregator:
             st.ingest_events(agent_id, events)
 
     async def start(self) -> None:
+        if self.store is not None:  # everything back before the first agent connects
+            got = restore(self, self.store)
+            log.info("state restored from %s: %s", self.store.path, got)
         self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
         self.state.transport_stats = _LiveCounters(self)
         try:
@@ -216,6 +233,9 @@ class Aggregator:
         await self.server.stop(grace=1.0)
         if self.http is not None:
             self.http.stop()
+        if self.store is not None:
+            save_documents(self, self.store)
+            self.store.close()
 
 
 class _LiveCounters(Mapping[str, int]):
@@ -261,7 +281,7 @@ def run_aggregator(cfg: AggregatorConfig, ready_file: str | None = None) -> int:
 
     try:
         asyncio.run(main())
-    except (OSError, ValueError) as exc:  # a port in use, a TLS or token file that cannot be used
+    except (OSError, ValueError, StoreError) as exc:  # a port in use, an unusable TLS/token file or state dir
         print(f"perfd aggregator: {exc}", file=sys.stderr)
         return 2
     return 0

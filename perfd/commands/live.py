@@ -20,7 +20,7 @@ def _agent(args: argparse.Namespace) -> int:
         cfg = apply_overrides(
             load_config(args.config), aggregator=args.aggregator, job=args.job,
             megatron_log=args.megatron_log, nvml=args.nvml, metrics_port=args.metrics_port,
-            node=args.node, agent_id=args.agent_id, spool_dir=args.spool_dir,
+            node=args.node, agent_id=args.agent_id, spool_dir=args.spool_dir, state_dir=args.state_dir,
             host=None if args.host is None else args.host == "on",
             launch_manifest=args.launch_manifest, metrics_host=args.metrics_host,
             listen_all=args.listen_all, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
@@ -56,7 +56,7 @@ def _aggregator(args: argparse.Namespace) -> int:
                            auth_token_file=args.auth_token_file, limits=limits,
                            peak_tflops=args.peak_tflops,
                            rules_files=[] if args.no_rules else args.rules,
-                           rules_interval_s=args.rules_interval,
+                           rules_interval_s=args.rules_interval, state_dir=args.state_dir,
                            per_rank_series=not args.no_rank_series,
                            export_node_series=args.export_node_series,
                            wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
@@ -94,6 +94,10 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--node", help="node name (default: host name)")
     a.add_argument("--agent-id", help="agent id (default: node name)")
     a.add_argument("--spool-dir", help="directory of the on-disk spool (default: in memory)")
+    a.add_argument("--state-dir", metavar="DIR",
+                   help="keep each log tail's position here, so that a restarted agent (kill -9 included) "
+                        "resumes where it was instead of reading its logs again; use with --spool-dir "
+                        "(default: none)")
     a.add_argument("--launch-manifest", metavar="FILE", help="watch a job started by `perfd launch`: "
                    "its job name and the megatron (its log), nccl (its Flight Recorder dumps) and hook "
                    "(its socket) collectors")
@@ -155,6 +159,10 @@ def register(sub: SubParsers) -> None:
                    help="rule pack to evaluate (repeatable; default: the shipped rules/default.yaml)")
     g.add_argument("--no-rules", action="store_true", help="evaluate no rules (no automatic captures)")
     g.add_argument("--rules-interval", type=float, default=5.0, help="seconds between evaluations")
+    g.add_argument("--state-dir", metavar="DIR",
+                   help="keep job info, step records, events, rule and capture state in DIR (SQLite, WAL) "
+                        "so that a restart, kill -9 included, loses nothing: an agent's batch is "
+                        "acknowledged only once written there (default: none, state in memory only)")
     g.add_argument("--job-stale-after", type=float, metavar="SECONDS",
                    help="seconds without a step after which a job is stalled (its processes still on "
                         "their GPUs) or ended; its derived gauges then leave /metrics and rules stop "

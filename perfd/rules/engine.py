@@ -259,6 +259,21 @@ class RuleEngine:
         """Every pending or firing (rule, scope key), in no particular order."""
         return list(self._states.values())
 
+    def budgets(self) -> dict[tuple[str, str], _Budget]:
+        """(rule, job) -> the start times of its captures in the last hour (cooldown, max_per_hour)."""
+        return dict(self._budgets)
+
+    def restore(self, states: Iterable[tuple[str, ScopeKey, float, float | None]],
+                budgets: Mapping[tuple[str, str], deque[float]]) -> None:
+        """Back from a state store: pending/firing states of rules that still exist, and budgets."""
+        names = {r.name for r in self.rules}
+        for rule, key, pending, firing in states:
+            if rule in names:
+                self._states[(rule, key)] = AlertState(rule, key, pending, firing)
+        for (rule, job), times in budgets.items():
+            if rule in names:
+                self._budgets[(rule, job)] = _Budget(times)
+
     def captures_in_last_hour(self, rule: str, job: str, now: float) -> int:
         b = self._budgets.get((rule, job))
         return 0 if b is None else sum(1 for x in b.times if x > now - HOUR_S)

@@ -26,7 +26,7 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -67,6 +67,17 @@ def server_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[s
         ("grpc.keepalive_timeout_ms", int(L.KEEPALIVE_TIMEOUT_S * ms)),
         ("grpc.http2.max_pings_without_data", 0),  # an idle agent sends no data: keep pinging it
     ]
+
+
+class IngestJournal(Protocol):
+    """Where a durable aggregator writes what it accepted (perfd.aggregator.durable). The server
+    calls it on its event loop; :meth:`commit` runs before every Ack, so an Ack means durable."""
+
+    def hello(self, agent_id: str, hello: pb.Hello) -> None: ...
+    def batch(self, agent_id: str, batch: pb.Batch) -> None: ...
+    def seq(self, agent_id: str, epoch: str, seq: int) -> None: ...
+    def commit(self) -> bool: ...
+    def durable_seqs(self) -> dict[str, tuple[str, int]]: ...
 
 
 class SeqTracker:
@@ -152,8 +163,10 @@ class IngestServer:
         token: TokenFile | None = None,
         limits: L.Limits | None = None,
         refusals: Refusals | None = None,
+        journal: IngestJournal | None = None,
     ) -> None:
         self._on_batch = on_batch
+        self.journal = journal
         self._on_hello = on_hello
         self.seq_state = seq_state if seq_state is not None else SeqTracker()
         self.ack_interval_s = ack_interval_s
@@ -187,6 +200,7 @@ class IngestServer:
         self.commands_sent = 0
         self.commands_undeliverable = 0
         self.acks_sent = 0
+        self.store_failures = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -325,6 +339,14 @@ class IngestServer:
                     wait = conn.last_ack_at + self.ack_interval_s - loop.time()
                     if wait > 0 and not reader.done():
                         await asyncio.sleep(wait)
+                    if self.journal is not None and not self.journal.commit():
+                        # Not durable, so not acknowledged: forget what was accepted since the
+                        # last commit (the agent resends it from its spool) and drop the stream.
+                        self.seq_state = SeqTracker.load(self.journal.durable_seqs())
+                        self.store_failures += 1
+                        conn.close(grpc.StatusCode.UNAVAILABLE, "the aggregator could not make the "
+                                   "batches durable (its --state-dir); resend")
+                        break
                     conn.last_ack_at = loop.time()
                     conn.ack_sent = max(conn.ack_sent, conn.ack_due)
                     conn.ack_forced = False
@@ -410,6 +432,8 @@ class IngestServer:
         info = decode_hello(hello, conn.series, peer=conn.peer)
         conn.hello_ids = [d.id for d in hello.series]
         conn.agent_id, conn.epoch = info.agent_id, info.spool_epoch
+        if self.journal is not None:
+            self.journal.hello(info.agent_id, hello)
         # Tell the agent what we already hold, so it does not resend batches whose Ack was lost.
         conn.ack_due = max(conn.ack_due, self.seq_state.last(info.agent_id, info.spool_epoch))
         conn.ack_sent = -1
@@ -435,6 +459,8 @@ class IngestServer:
                 self.gap_batches += seq - last - 1
             self._deliver(agent, conn, b)
             self.seq_state.advance(agent, conn.epoch, seq)
+            if self.journal is not None:
+                self.journal.seq(agent, conn.epoch, seq)
         conn.ack_due = max(conn.ack_due, self.seq_state.last(agent, conn.epoch))
         conn.wake.set()
 
@@ -475,6 +501,8 @@ class IngestServer:
             self._log_once(agent, "deliver", f"on_batch raised for batch {b.seq} of agent {agent}: {e!r}; "
                            "counted and acknowledged")
             return
+        if self.journal is not None:
+            self.journal.batch(agent, b)
         self.batches += 1
         self.samples += len(decoded.values)
         self.steps += len(decoded.steps)
@@ -508,6 +536,7 @@ class IngestServer:
             "commands_sent": self.commands_sent,
             "commands_undeliverable": self.commands_undeliverable,
             "acks_sent": self.acks_sent,
+            "store_failures": self.store_failures,
             # What the agents report their spools dropped (latest figure per agent, summed).
             "agent_dropped_batches": sum(v[0] for v in self._agent_losses.values()),
             "agent_dropped_samples": sum(v[1] for v in self._agent_losses.values()),

@@ -1,0 +1,126 @@
+"""Wiring of the aggregator to its state store (``--state-dir``): what is written, when, and how
+it is read back at start. The store itself (SQLite, what "durable" means) is perfd.aggregator.store.
+
+Agent data goes through the ingest server's journal hooks (:class:`Journal`): a Hello's job list,
+each accepted batch without its samples, the dedupe seq — committed before each Ack. The
+aggregator's own state (capture records, rule states and capture budgets, incidents, the events it
+emitted) is written as documents by the rules loop (:func:`save_documents`, every rules interval),
+so a kill -9 loses at most one interval of it; it never re-emits an incident it had already
+reported, because the incident record comes back with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from perfd.aggregator.store import BATCH, HELLO, StateStore
+from perfd.transport.gen import perfd_pb2 as pb
+
+if TYPE_CHECKING:
+    from perfd.aggregator.main import Aggregator
+
+log = logging.getLogger(__name__)
+
+AGGREGATOR_AGENT = "aggregator"  # the agent id the aggregator's own events carry
+
+
+class Journal:
+    """perfd.transport.server.IngestJournal over a :class:`StateStore`."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+
+    def hello(self, agent_id: str, hello: pb.Hello) -> None:
+        self.store.journal(HELLO, agent_id, json.dumps(list(hello.jobs)).encode())
+
+    def batch(self, agent_id: str, batch: pb.Batch) -> None:
+        if not (batch.steps or batch.events or batch.job_info_json or batch.collectives):
+            return  # samples only: nothing the analysis keeps
+        kept = pb.Batch()
+        kept.CopyFrom(batch)
+        for name in ("series", "series_ids", "timestamps_ns", "values"):
+            kept.ClearField(name)
+        self.store.journal(BATCH, agent_id, kept.SerializeToString())
+        for job, text in batch.job_info_json.items():
+            self.store.put_job_info(job, agent_id, text)
+
+    def seq(self, agent_id: str, epoch: str, seq: int) -> None:
+        self.store.put_seq(agent_id, epoch, seq)
+
+    def commit(self) -> bool:
+        return self.store.commit()
+
+    def durable_seqs(self) -> dict[str, tuple[str, int]]:
+        return self.store.seqs()
+
+
+def restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
+    """Read everything back into a fresh aggregator, before it listens. Returns what was read."""
+    from perfd.transport.codec import decode_batch
+
+    counts = {"hellos": 0, "batches": 0, "job_infos": 0, "unreadable": 0}
+    for kind, agent, body in store.replay():
+        try:
+            if kind == HELLO:
+                agg._on_hello_jobs(agent, [str(j) for j in json.loads(body)])
+                counts["hellos"] += 1
+            elif kind == BATCH:
+                agg.on_batch(agent, decode_batch(pb.Batch.FromString(body), {}))
+                counts["batches"] += 1
+        except Exception as exc:  # one bad row must not keep the aggregator down
+            counts["unreadable"] += 1
+            log.warning("state store: a %s row of agent %s could not be replayed: %s", kind, agent, exc)
+    for job, agent, text in store.job_infos():  # the newest job info wins whatever was pruned
+        agg.ingest_job_info_text(agent, job, text)
+        counts["job_infos"] += 1
+    agg.server.seq_state = type(agg.server.seq_state).load(store.seqs())
+    _restore_documents(agg, store)
+    return counts
+
+
+def save_documents(agg: Aggregator, store: StateStore) -> None:
+    """The aggregator's own state, as JSON documents (called by the rules loop)."""
+    cap = agg.captures
+    store.put_doc("captures", cap.list())
+    eng = cap.engine
+    if eng is not None:
+        store.put_doc("rules", {
+            "states": [{"rule": s.rule, "key": s.key, "pending_since": s.pending_since,
+                        "firing_since": s.firing_since} for s in eng.states()],
+            "budgets": [{"rule": k[0], "job": k[1], "times": list(b.times)}
+                        for k, b in eng.budgets().items()]})
+    inc = agg.state.incidents
+    store.put_doc("incidents", inc.export())
+    store.put_doc("events", [e for e in agg.state.recent_events(limit=10_000)
+                             if e.get("agent") == AGGREGATOR_AGENT])
+
+
+def _key(k: Any) -> Any:
+    return tuple(k) if isinstance(k, list) else k  # JSON turned tuple keys into lists
+
+
+def _restore_documents(agg: Aggregator, store: StateStore) -> None:
+    from perfd.aggregator.captures import CaptureRecord
+
+    caps = store.get_doc("captures") or []
+    known = CaptureRecord.__dataclass_fields__
+    for d in caps:
+        rec = CaptureRecord(**{k: v for k, v in d.items() if k in known})
+        agg.captures.captures[rec.id] = rec
+    rules = store.get_doc("rules")
+    eng = agg.captures.engine
+    if rules and eng is not None:
+        eng.restore([(s["rule"], _key(s["key"]), float(s["pending_since"]),
+                      None if s["firing_since"] is None else float(s["firing_since"]))
+                     for s in rules.get("states", [])],
+                    {(b["rule"], b["job"]): deque(float(t) for t in b["times"])
+                     for b in rules.get("budgets", [])})
+    inc = store.get_doc("incidents")
+    if inc:
+        agg.state.incidents.load(inc)
+    evs = store.get_doc("events") or []
+    if evs:
+        agg.state.log.restore(evs)
