@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -14,6 +15,8 @@ from perfd.collector import Capabilities, Collected, Collector
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.linetimes import LineTimes
 from perfd.model import JobInfo
+
+log = logging.getLogger(__name__)
 
 
 class MegatronCollector(Collector):
@@ -77,6 +80,12 @@ class MegatronCollector(Collector):
         self.tail = LogTail(self.path, from_start=self.from_start, resume=pos)
         if pos is not None and self.tail.counts.get("resumed"):
             self.resumed_at = self._consumed = pos.offset
+            # A warning: a restart is worth seeing in the agent's output without -v.
+            log.warning("megatron: resumed %s at byte %d (what came before is in the spool)",
+                        self.path, pos.offset)
+        elif pos is not None:
+            log.warning("megatron: %s is another file than the checkpoint's (rotated or re-created): read "
+                     "from its start", self.path)
 
     def collect(self, now: float) -> Collected:
         out = Collected()

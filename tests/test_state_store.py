@@ -1,0 +1,61 @@
+"""perfd.aggregator.store: the aggregator's --state-dir (SQLite, WAL)."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfd.aggregator.store import BATCH, HELLO, StateStore, StoreError
+
+
+def test_journal_job_info_seqs_and_documents_come_back_after_reopening(tmp_path: Path) -> None:
+    s = StateStore(tmp_path / "st")
+    assert s._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    s.journal(HELLO, "a1", b'["job"]')
+    s.journal(BATCH, "a1", b"\x01\x02")
+    s.put_job_info("job", "a1", '{"arguments": {}}')
+    s.put_seq("a1", "epoch-1", 7)
+    uncommitted = StateStore(tmp_path / "st")  # a second reader sees only committed data
+    assert list(uncommitted.replay()) == [] and uncommitted.seqs() == {}
+    assert s.commit() and s.put_doc("rules", {"states": [1, 2]})
+    s.close()
+    r = StateStore(tmp_path / "st")
+    assert list(r.replay()) == [(HELLO, "a1", b'["job"]'), (BATCH, "a1", b"\x01\x02")]
+    assert r.job_infos() == [("job", "a1", '{"arguments": {}}')] and r.seqs() == {"a1": ("epoch-1", 7)}
+    assert r.get_doc("rules") == {"states": [1, 2]} and r.get_doc("missing") is None
+
+
+def test_prune_drops_the_oldest_batches_and_keeps_hellos_and_job_info(tmp_path: Path) -> None:
+    s = StateStore(tmp_path, max_batches=3)
+    s.journal(HELLO, "a", b"[]")
+    for i in range(6):
+        s.journal(BATCH, "a", bytes([i]))
+    s.put_job_info("j", "a", "{}")
+    assert s.commit()
+    assert s.prune() == 3
+    assert [b for k, _, b in s.replay()] == [b"[]", b"\x03", b"\x04", b"\x05"]
+    assert s.job_infos() == [("j", "a", "{}")]
+
+
+def test_a_failed_commit_is_reported_not_raised_and_nothing_of_it_is_kept(tmp_path: Path) -> None:
+    s = StateStore(tmp_path)
+    s.journal(BATCH, "a", b"x")
+    s._db.close()  # the disk went away under it
+    s._db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    s._open_txn = True  # COMMIT now fails: no transaction open on this connection
+    assert s.commit() is False and s.commit_failures == 1 and s.last_error
+
+
+def test_an_unusable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
+    f = tmp_path / "a-file"
+    f.write_text("")
+    with pytest.raises(StoreError, match="--state-dir"):
+        StateStore(f)
+    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", "0", "--http-port",
+                           "0", "--no-rules", "--state-dir", str(f / "sub")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--state-dir" in proc.stderr and "Traceback" not in proc.stderr
