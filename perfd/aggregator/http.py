@@ -53,11 +53,7 @@ class _StateCollector:
     def collect(self) -> Iterator[Metric]:
         latest: dict[str, IterationResult] = {}
         for job in self.state.running_jobs():  # a stalled or ended job's derived gauges leave
-            try:
-                analysis = self.state.analysis(job)
-            except Exception:  # counted in stats; one bad job must not break the scrape
-                log.exception("analysis of job %s failed", job)
-                continue
+            analysis = self.state.cached_analysis(job)  # built off the scrape path (Aggregator._refresh_loop)
             if analysis is not None and analysis.iterations:
                 latest[job] = analysis.iterations[-1]
         yield from job_families(latest, per_rank=self.per_rank_series)

@@ -51,6 +51,7 @@ class AggregatorConfig:
     # Rule packs evaluated every rules_interval_s; None = the shipped default pack, [] = no rules.
     rules_files: list[str] | None = None
     rules_interval_s: float = 5.0
+    refresh_interval_s: float = 0.5  # how often analyses of jobs with new data are rebuilt for /metrics
     # --state-dir: job info, step records, events, rule/capture state survive a restart (SQLite, WAL).
     state_dir: str | None = None
     # Weights & Biases: one run per job (perfd.exporters.wandb); None = off.
@@ -95,6 +96,7 @@ class Aggregator:
         # agent -> series ids refused (caps): their samples are left out, the rest delivered.
         self._refused_series: dict[str, set[int]] = {}
         self._rules_task: asyncio.Task[None] | None = None
+        self._refresh_task: asyncio.Task[None] | None = None
         # (agent, series id) -> (name, sorted labels): converted once per definition, not per sample.
         self._series: dict[str, dict[int, tuple[str, LabelKey]]] = {}
         self.job_info_errors = 0
@@ -118,6 +120,17 @@ class Aggregator:
             files = cfg.rules_files
         rules = [r for f in files for r in load_pack(f).rules]  # a bad pack stops start-up: loud
         return RuleEngine(rules) if rules else None
+
+    async def _refresh_loop(self) -> None:
+        """Analyses of jobs with new data, every refresh interval, on a worker thread: /metrics
+        serves the last one and never waits on an analysis (docs/reliability.md)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.cfg.refresh_interval_s)
+            try:
+                await loop.run_in_executor(None, self.state.refresh)
+            except Exception:
+                log.exception("analysis refresh failed")
 
     async def _rules_loop(self) -> None:
         """Every rules interval: analyse jobs with new data (incidents open and close even when
@@ -216,6 +229,7 @@ class Aggregator:
                           f"{exc.strerror or exc}") from exc
         self.http.start()
         self._rules_task = asyncio.create_task(self._rules_loop())
+        self._refresh_task = asyncio.create_task(self._refresh_loop())
         if self.wandb is not None:
             self._wandb_task = asyncio.create_task(self.wandb.run())
         grpc_sec = ("mutual TLS" if self.cfg.tls_client_ca else "TLS") if self.cfg.tls_cert else "plaintext"
@@ -226,6 +240,8 @@ class Aggregator:
     async def stop(self) -> None:
         if self._rules_task is not None:
             self._rules_task.cancel()
+        if self._refresh_task is not None:
+            self._refresh_task.cancel()
         if self._wandb_task is not None:
             self._wandb_task.cancel()
         if self.wandb is not None:

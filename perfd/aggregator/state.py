@@ -139,6 +139,11 @@ class AggregatorState:
             self._track_incidents(job, a)
         return a
 
+    def cached_analysis(self, job: str) -> RunAnalysis | None:
+        """The last analysis, never recomputed here (what /metrics serves: a scrape never waits on
+        an analysis; the aggregator's refresher keeps it current)."""
+        return self.jobs.cached_analysis(job)
+
     def refresh(self) -> None:
         """Analyse every job that has new data and update its incidents (the aggregator's periodic
         tick: incidents open and close while nobody reads the API)."""
