@@ -201,10 +201,11 @@ class Agent:
                     job_info[job] = text
             if out.checkpoint is not None:
                 checkpoints[name] = out.checkpoint
-        if self.client is not None and self.client.reconnects != self._reconnects_seen:
+        reconnects = getattr(self.client, "reconnects", 0)
+        if self.client is not None and reconnects != self._reconnects_seen:
             # A new stream may reach an aggregator that lost what we sent (restarted without a
             # state dir): send every job's info again; a durable one just overwrites it.
-            self._reconnects_seen = self.client.reconnects
+            self._reconnects_seen = reconnects
             job_info = {**self._jobinfo_last, **job_info}
         self.view.update(samples)
         if self.captures is not None and events:
