@@ -157,3 +157,40 @@ def test_agent_kill9_resumes_where_it_was(rig: Rig) -> None:
     assert int(m.group(2)) == saved_at > len(_megatron_lines(1)[0])
     print(f"agent kill -9 after ~60 iterations: resumed at byte {saved_at} of the log, "
           f"{N} of {N} iterations once, no record read twice")
+
+
+def test_sigterm_is_honoured_within_5_s_under_load(tmp_path: Path) -> None:
+    """Both daemons busy — a 3,000-iteration log being ingested and analysed, the shipped rule pack
+    evaluated every second — then SIGTERM: each exits cleanly within the 5 s promised."""
+    head, lines = _megatron_lines(3000)
+    log = tmp_path / "train.log"
+    log.write_text(head + "".join(lines))
+    r = Rig(tmp_path, free_port(), free_port(), free_port(), log)
+    try:
+        r._start("aggregator", ["aggregator", "--grpc-port", str(r.grpc_port), "--http-port",
+                                str(r.http_port), "--rules-interval", "1", "--gpu", "NVIDIA H200"])
+        wait_for(lambda: http_get(f"{r.base}/healthz"), 30, "aggregator up")
+        r.start_agent()
+
+        def busy() -> bool:
+            n = r.stats().get("step_records_ingested")
+            return isinstance(n, int) and n >= 1500
+
+        wait_for(busy, 60, "1,500 step records ingested")
+        took = {}
+        for name in ("agent", "aggregator"):
+            p = r.procs[name]
+            t0 = time.monotonic()
+            p.send_signal(signal.SIGTERM)
+            try:
+                rc = p.wait(5.0)
+            except subprocess.TimeoutExpired:
+                rc = None
+            took[name] = time.monotonic() - t0
+            assert rc == 0, f"{name} did not exit cleanly within 5 s of SIGTERM (rc {rc})"
+        print(f"SIGTERM under load: agent exited in {took['agent']:.2f} s, "
+              f"aggregator in {took['aggregator']:.2f} s")
+    finally:
+        for p in r.procs.values():
+            if p.poll() is None:
+                p.kill()
