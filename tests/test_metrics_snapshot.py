@@ -27,7 +27,7 @@ def test_a_scrape_does_not_wait_for_an_analysis_in_progress(monkeypatch: pytest.
     assert any(n.startswith("perfd_job_") for n in names_before)
 
     entered, release = threading.Event(), threading.Event()
-    real = jobs_mod.analyze_run
+    real = jobs_mod.analyze_run  # type: ignore[attr-defined]
 
     def slow(*a: Any, **k: Any) -> Any:
         entered.set()
