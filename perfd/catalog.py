@@ -81,6 +81,10 @@ class MetricDef:
     short: str | None = None  # a person's short label (table header, HTML tile)
 
 
+# Liveness series the aggregator writes outside a job's analysis (named here once, used there).
+JOB_STALLED_SECONDS = "perfd_job_stalled_seconds"
+
+
 def _m(name: str, kind: Kind, unit: str, description: str, source: str, labels: tuple[str, ...], *,
        attr: str | None = None, scale: float = 1.0, alias: str | None = None,
        shows: tuple[Show, ...] = (), hide: tuple[Show, ...] = (), short: str | None = None) -> MetricDef:
@@ -207,6 +211,10 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_job_last_step_timestamp_seconds", "gauge", "seconds",
        "Wall time (epoch) the job's last step record reached the aggregator; stays after the job ends",
        _AGGREGATOR, JOB, alias="last_step_timestamp"),
+    _m(JOB_STALLED_SECONDS, "gauge", "seconds",
+       "Seconds since the last step of a stalled job (no step past its stale limit while its rank "
+       "processes are on their GPUs: hung); 0 while it runs; absent once it ended",
+       _AGGREGATOR + " (perfd.analytics.liveness)", JOB, alias="stalled_seconds"),
     _m("perfd_job_state_info", "gauge", "info",
        "1 for the job's liveness state (label state: running, stalled = no step while its processes are "
        "on their GPUs, ended); a stalled or ended job's derived gauges leave /metrics",

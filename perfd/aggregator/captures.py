@@ -138,12 +138,17 @@ class CaptureCoordinator:
     # ---- evaluation ------------------------------------------------------------------------
     def scope_values(self) -> dict[Any, dict[str, float | None]]:
         out: dict[Any, dict[str, float | None]] = {}
+        for job in self.state.job_names():  # a stalled job keeps one value: how long it has been stalled
+            stalled = self.state.stalled_seconds(job)
+            if stalled:
+                out[job] = {catalog.JOB_STALLED_SECONDS: stalled}
         for job in self.state.running_jobs():  # rules stop evaluating a stalled or ended job
             it = self._latest(job)
             if it is not None:
                 # every job metric is a key; an absent one is None (a rule on it stays pending)
                 present = catalog.job_values(it)
                 out[job] = {m.name: present.get(m.name) for m in catalog.job_metrics()}
+                out[job][catalog.JOB_STALLED_SECONDS] = 0.0
                 for rank, ratio in it.straggler_rank_compute_ratio.items():
                     out[(job, rank)] = {"perfd_job_rank_compute_ratio": float(ratio)}
             _procs, values, throttles = self.state.gpu_view(job)

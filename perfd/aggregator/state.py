@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd import catalog
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.eventlog import EventLog
 from perfd.aggregator.incidents import IncidentTracker
@@ -30,7 +31,7 @@ from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.incidents import Incident, hang_incident
-from perfd.analytics.liveness import RUNNING, job_state, stale_after
+from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.analytics.megatron_job import RunAnalysis
 from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_DATA
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
@@ -286,6 +287,13 @@ class AggregatorState:
                 out.append(job)
         return out
 
+    def stalled_seconds(self, job: str) -> float | None:
+        """Seconds since the last step while stalled, 0.0 while running, None when ended/unknown."""
+        ov = self.job_overview(job)
+        if ov is None or ov["state"] == ENDED:
+            return None
+        return float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0
+
     def liveness_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
         """/metrics rows: each job's last step time and state (kept for every known job)."""
         rows: list[tuple[Mapping[str, str], str, float]] = []
@@ -297,6 +305,9 @@ class AggregatorState:
                 rows.append(({"job_name": job}, "perfd_job_last_step_timestamp_seconds",
                              float(ov["last_step_time"])))
             rows.append(({"job_name": job, "state": ov["state"]}, "perfd_job_state_info", 1.0))
+            if ov["state"] != ENDED:
+                rows.append(({"job_name": job}, catalog.JOB_STALLED_SECONDS,
+                             float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0))
         return rows
 
     def node_series(self) -> list[tuple[str, NodeSeries]]:

@@ -171,6 +171,16 @@ CUDA_GRAPH_LOW = Threshold(0.90, "more than 10% of decode batches run eagerly (l
                            (RuleRef("serving", "serving_cuda_graph_low", "cuda_graph", "<", "10m"),))
 
 
+# --- liveness ---------------------------------------------------------------------------------------
+JOB_STALLED = Threshold(
+    0.0, "any time past the stale limit (perfd.analytics.liveness: 10 median steps, at least 60 s) with "
+    "the job's processes alive is a hang; the minute of for: rides out a checkpoint or an evaluation pass "
+    "that the stale limit did not already cover",
+    "DESIGN.md §2 Diagnosis playbook (hangs)",
+    (RuleRef("default", "job_stalled", "stalled_seconds", ">", "1m",
+             "the Prometheus alert PerfdJobStalled waits the same minute on perfd_job_state_info"),))
+
+
 def all_thresholds() -> dict[str, Threshold]:
     """Every threshold of this module by name (for the consistency test and the docs)."""
     return {k: v for k, v in globals().items() if isinstance(v, Threshold)}

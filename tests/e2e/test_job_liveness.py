@@ -112,3 +112,44 @@ def test_a_job_that_stops_leaves_metrics_with_real_processes(tmp_path: Path) -> 
                     p.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+
+def test_the_shipped_job_stalled_rule_fires_on_a_hang_and_not_on_an_ended_job() -> None:
+    """rules/default.yaml `job_stalled` (stalled_seconds > 0 for 1m) through the aggregator's own
+    rule evaluation: a job that stops stepping with its processes on their GPUs fires after the
+    minute; the same job with its processes gone (ended) does not."""
+    import time as _time
+
+    from perfd.aggregator.captures import CaptureCoordinator
+    from perfd.rules.engine import RuleEngine
+    from perfd.rules.loader import load_pack
+
+    parsed = parse_file(DP2, job="dp2")
+    st = AggregatorState(min_recompute_s=0.0)
+    st.job_stale_after_s = 5.0
+    st.hello("a", ["dp2"])
+    st.ingest_job_info("a", "dp2", parsed.job_info)
+    st.ingest_steps("a", parsed.records)
+
+    def gpus(alive: bool) -> None:
+        procs = [{"pid": 10 + r, "name": "python", "cmdline": "python pretrain_gpt.py", "rank": r}
+                 for r in (0, 1)]
+        st.ingest_events("a", [{"kind": events.GPU_PROCESSES.name, "labels": {"node": "n", "gpu": str(r)},
+                                "payload": [procs[r]] if alive else []} for r in (0, 1)])
+
+    gpus(True)
+    st.analysis("dp2", force=True)
+    pack = load_pack(str(ROOT / "rules" / "default.yaml"))
+    coord = CaptureCoordinator(st, RuleEngine([r for r in pack.rules if r.name == "job_stalled"]),
+                               lambda agent, cmd: True)
+    t0 = _time.time()
+    assert coord.evaluate(t0) == [] and st.stalled_seconds("dp2") == 0.0  # running: 0, not absent
+    st.jobs.jobs["dp2"].last_step_time -= 60  # no step for a minute, processes still there
+    assert (st.stalled_seconds("dp2") or 0) >= 55
+    assert [f.rule.name for f in coord.evaluate(t0 + 1) if f.new] == []  # pending: for 1m
+    fired = [f for f in coord.evaluate(t0 + 62) if f.new]
+    assert [(f.rule.name, f.key) for f in fired] == [("job_stalled", "dp2")]
+    assert 'perfd_job_stalled_seconds{job_name="dp2"}' in _metrics(st)
+    gpus(False)  # the processes left: the job ended, it is not hung
+    assert st.stalled_seconds("dp2") is None
+    assert coord.evaluate(t0 + 124) == [] and "perfd_job_stalled_seconds" not in _metrics(st)
