@@ -12,6 +12,7 @@ import dataclasses
 import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,12 +57,17 @@ class JobState:
     dirty: bool = False
     last_step_time: float = 0.0  # wall time the last step record arrived
     step_hist: StepHistogram = field(default_factory=StepHistogram)
+    # Retention is by iteration, whatever the number of ranks reporting: iteration -> its records'
+    # rank scopes, oldest first, so the oldest iteration goes in O(1) (its own records only).
+    by_iteration: OrderedDict[int, list[str]] = field(default_factory=OrderedDict)
+    evicted_below: int | None = None  # iterations before this one left the window
 
 
 @dataclass
 class JobStats:
     steps: int = 0
-    dropped_steps: int = 0  # older than the retention window
+    dropped_steps: int = 0  # records that left the retention window (or arrived older than it)
+    evicted_iterations: int = 0
     analysis_errors: int = 0
 
 
@@ -122,16 +128,24 @@ class JobStore:
                 js = self._job(rec.job)
                 js.agents.add(agent_id)
                 key = (rec.iteration, str(rec.rank))
+                if js.evicted_below is not None and rec.iteration < js.evicted_below:
+                    self.stats.dropped_steps += 1  # older than the window: it would leave at once
+                    continue
                 if key not in js.records and not isinstance(rec.rank, int) and rec.step_time_ms is not None \
                         and math.isfinite(rec.step_time_ms) and rec.step_time_ms >= 0:
                     js.step_hist.observe(rec.step_time_ms / 1e3)  # a re-sent record is not counted again
+                if key not in js.records:
+                    js.by_iteration.setdefault(rec.iteration, []).append(key[1])
                 js.records[key] = rec
                 js.dirty = True
                 js.last_step_time = time.time()
-                if len(js.records) > self.max_iterations:
-                    oldest = min(js.records)
-                    del js.records[oldest]
-                    self.stats.dropped_steps += 1
+                while len(js.by_iteration) > self.max_iterations:
+                    it, scopes = js.by_iteration.popitem(last=False)
+                    for scope in scopes:
+                        js.records.pop((it, scope), None)
+                    self.stats.dropped_steps += len(scopes)
+                    self.stats.evicted_iterations += 1
+                    js.evicted_below = max(js.evicted_below or it + 1, it + 1)
 
     # ---- read side ---------------------------------------------------------------------------
     def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:

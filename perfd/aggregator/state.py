@@ -325,6 +325,7 @@ class AggregatorState:
             "serving_records_ingested": self.serving.records,
             "serving_errors": dict(self.serving.errors),
             "step_records_dropped_retention": js.dropped_steps,
+            "iterations_evicted_retention": js.evicted_iterations,
             "analysis_errors": js.analysis_errors,
             "jobs": len(self.jobs.names()),
             "agents_seen": {a: round(now - t, 3) for a, t in self.nodes.agents_seen().items()},

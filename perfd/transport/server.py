@@ -538,6 +538,7 @@ class IngestServer:
             "acks_sent": self.acks_sent,
             "store_failures": self.store_failures,
             # What the agents report their spools dropped (latest figure per agent, summed).
-            "agent_dropped_batches": sum(v[0] for v in self._agent_losses.values()),
-            "agent_dropped_samples": sum(v[1] for v in self._agent_losses.values()),
+            # Copies: the HTTP thread reads these while the event loop adds agents.
+            "agent_dropped_batches": sum(v[0] for v in list(self._agent_losses.values())),
+            "agent_dropped_samples": sum(v[1] for v in list(self._agent_losses.values())),
         }
