@@ -1,0 +1,33 @@
+"""`perfd bench scale` runs end to end, small: a real aggregator process, agents in a separate process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = ("agents", "agents_connected", "samples_per_s", "aggregator_cpu_cores", "aggregator_rss_bytes",
+        "metrics_scrape_s", "latency_p99_s")
+
+
+@pytest.mark.slow
+def test_bench_scale_reports_every_key_with_every_agent_connected() -> None:
+    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "scale", "--agents", "12",
+                           "--seconds", "5", "--procs", "2", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(k in res for k in KEYS)
+    assert res["agents"] == 12 and res["agents_connected"] == 12
+    assert res["samples_per_s"] > 0 and res["aggregator_rss_bytes"] > 0
+    assert res["latency_p99_s"] is not None  # the probe's step time reached /metrics
+
+
+def test_bench_scale_refuses_nonsense() -> None:
+    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "scale", "--agents", "0"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "must be positive" in proc.stderr
