@@ -47,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,7 @@ class LaunchOptions:
     manifest: str | None = None
     run_dir: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # extra variables (tests, wrappers)
+    wandb_run_id: str | None = None  # "auto": perfd picks one; None: the job's own WANDB_RUN_ID, if any
 
 
 @dataclass
@@ -95,12 +97,15 @@ class LaunchPlan:
     fr_buffer: int = 2000
     nsys: dict[str, str] | None = None
     notes: list[str] = field(default_factory=list)
+    wandb_run_id: str | None = None
 
     def collectors(self, job: str) -> dict[str, dict[str, Any]]:
         """The agent collectors that read what this launch sets up (``perfd agent --launch-manifest``)."""
         times = str(linetimes.sidecar_path(self.log_path))
         out: dict[str, dict[str, Any]] = {"megatron": {"path": str(self.log_path), "line_times": times},
                                           "hook": {"socket_path": self.hook_socket}}
+        if self.wandb_run_id:
+            out["megatron"]["wandb_run_id"] = self.wandb_run_id
         if self.fr_dir is not None:
             out["nccl"] = {"flight_recorder": {"pipe_prefix": str(self.fr_dir / "frp_"),
                                                "dump_prefix": str(self.fr_dir / "fr_dump_"),
@@ -159,6 +164,7 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
 
         env.update(kineto_env(poll_s=1, config_dir=run_dir))
     env.update(opts.env)
+    _wandb(plan, opts, environ)
     if opts.nsys_session:
         from perfd.capture.nsys_exec import nsys_launch_argv
         from perfd.capture.nsys_sqlite import NsysNotFoundError, find_nsys
@@ -173,6 +179,28 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
             raise LaunchError(str(exc)) from None
         plan.nsys = {"binary": nsys, "session": opts.nsys_session, "trace": opts.nsys_trace}
     return plan
+
+
+def _wandb(plan: LaunchPlan, opts: LaunchOptions, environ: Mapping[str, str]) -> None:
+    """The W&B run the job logs to, so perfd's export joins it: the job's own WANDB_RUN_ID wins;
+    else ``--wandb-run-id`` (``auto``: a new id) is exported with WANDB_RESUME=allow, which the
+    training script's ``wandb.init`` honours (Megatron-LM passes no id of its own)."""
+    own = environ.get("WANDB_RUN_ID") or opts.env.get("WANDB_RUN_ID")
+    if own:
+        plan.wandb_run_id = own
+        if opts.wandb_run_id and opts.wandb_run_id not in ("auto", own):
+            plan.notes.append(f"--wandb-run-id {opts.wandb_run_id} ignored: the job sets WANDB_RUN_ID={own}")
+        return
+    if not opts.wandb_run_id:
+        return
+    rid = uuid.uuid4().hex[:12] if opts.wandb_run_id == "auto" else opts.wandb_run_id
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", rid):
+        raise LaunchError(f"--wandb-run-id {rid!r}: W&B run ids are letters, digits, '_' and '-' "
+                          "(at most 64)")
+    plan.wandb_run_id = rid
+    plan.env_set["WANDB_RUN_ID"] = rid
+    plan.env_set.setdefault("WANDB_RESUME", environ.get("WANDB_RESUME") or "allow")
+    plan.notes.append(f"WANDB_RUN_ID={rid}: the training script's W&B run; perfd's export attaches to it")
 
 
 def manifest_data(plan: LaunchPlan, opts: LaunchOptions, pid: int | None, status: str,
@@ -190,6 +218,7 @@ def manifest_data(plan: LaunchPlan, opts: LaunchOptions, pid: int | None, status
         "hook_socket": plan.hook_socket,
         "kineto": {"config": plan.env_set.get("KINETO_CONFIG")} if opts.kineto else None,
         "nsys": plan.nsys, "notes": plan.notes, "collectors": plan.collectors(opts.job),
+        "wandb_run_id": plan.wandb_run_id,
     }
 
 

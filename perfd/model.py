@@ -180,6 +180,9 @@ class JobInfo:
     arguments: dict[str, str] = field(default_factory=dict)  # the raw arguments block
     # Timer blocks printed before the first iteration (startup-*, model-and-optimizer-setup, ...).
     startup_timers: dict[str, TimerValue] = field(default_factory=dict)
+    # The W&B run the training script logs to (perfd launch --wandb-run-id, or the job's own
+    # WANDB_RUN_ID): perfd's W&B export attaches to it instead of making a run of its own.
+    wandb_run_id: str | None = None
 
 
 @dataclass

@@ -55,6 +55,7 @@ class MegatronCollector(Collector):
         self._sent_info: JobInfo | None = None
         self._tail_errors_seen: dict[str, int] = {}
         self._resume = config.get("resume")
+        self.wandb_run_id = str(config["wandb_run_id"]) if config.get("wandb_run_id") else None
         self._consumed = 0  # file offset after the last line read
         self._pending_at: int | None = None  # file offset where the pending iteration's line starts
         self.resumed_at: int | None = None
@@ -129,6 +130,8 @@ class MegatronCollector(Collector):
                 self.count_error(f"parse:{issue.reason}", f"line {issue.line_no}: {issue.text[:80]}")
             issues.clear()
         info = self.parser.job_info
+        if self.wandb_run_id and info.wandb_run_id != self.wandb_run_id:
+            info.wandb_run_id = self.wandb_run_id  # from the launch manifest, not the log
         if lines and info.arguments and info != self._sent_info:
             self._sent_info = copy.deepcopy(info)
             out.job_info[self.job] = self._sent_info

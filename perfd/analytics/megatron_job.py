@@ -390,6 +390,7 @@ def _job_block(job: JobInfo, job_name: str | None, records: Sequence[StepRecord]
         "torch_version": job.torch_version,
         "timing_log_option": job.timing_log_option,
         "log_interval": job.log_interval,
+        "wandb_run_id": job.wandb_run_id,
         "layout": {**dataclasses.asdict(lay), "world_size": world, "microbatches": lay.microbatches()},
         "model": dataclasses.asdict(job.spec),
         "gpu": {

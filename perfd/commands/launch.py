@@ -16,7 +16,7 @@ def _launch(args: argparse.Namespace) -> int:
         command=list(args.cmd), job=args.job, agent_socket=args.agent_socket,
         flight_recorder=args.flight_recorder, fr_timing=args.fr_timing, fr_buffer=args.fr_buffer,
         kineto=args.kineto, nsys_session=args.nsys, nsys_trace=args.nsys_trace, log=args.log,
-        manifest=args.manifest, run_dir=args.run_dir))
+        manifest=args.manifest, run_dir=args.run_dir, wandb_run_id=args.wandb_run_id))
 
 
 def register(sub: SubParsers) -> None:
@@ -38,6 +38,11 @@ def register(sub: SubParsers) -> None:
                    "(PyTorch issue 143890); measure its cost first")
     p.add_argument("--fr-buffer", type=int, default=2000, help="Flight Recorder ring entries "
                    "(default: %(default)s); dump more often than the ring takes to wrap")
+    p.add_argument("--wandb-run-id", metavar="ID|auto",
+                   help="the W&B run the training script logs to: exported as WANDB_RUN_ID (with "
+                        "WANDB_RESUME=allow) so its wandb.init uses it, and the aggregator's W&B export "
+                        "(--wandb-project) attaches to the same run; auto picks a new id. A WANDB_RUN_ID "
+                        "already in the job's environment is used as is (default: none)")
     p.add_argument("--kineto", action="store_true", help="Kineto daemon mode (KINETO_USE_DAEMON=1, a "
                    "1 s config poll) so perfd can trace the running job on demand")
     p.add_argument("--nsys", metavar="SESSION", help="run under `nsys launch --session-new=SESSION` "

@@ -40,6 +40,9 @@ RANK_RATIO = "perfd_job_rank_compute_ratio"
 CONFIG_KEYS = ("framework", "framework_version", "torch_version", "layout", "model", "gpu",
                "flops_per_iteration", "flops_formula", "timing_log_option", "log_interval")
 MODES = ("offline", "online", "disabled")
+# In the training script's own run, perfd's keys live under this prefix, against this x axis.
+ATTACHED_PREFIX = "perfd/"
+ATTACHED_STEP = "perfd/iteration"
 
 
 def _number(v: Any) -> float | None:
@@ -115,6 +118,7 @@ def capture_rows(capture: Mapping[str, Any], prefix: str = "") -> list[list[str]
 class _JobRun:
     run: Any
     config: dict[str, Any]
+    attached: bool = False  # the training script's own run: perfd's keys under perfd/, own x axis
     last_step: int | None = None
     logged: int = 0
     captures: set[str] = field(default_factory=set)
@@ -154,15 +158,28 @@ class WandbExporter:
             wandb = self._module()
             settings = wandb.Settings(mode=self.mode, silent=True, console="off", x_disable_stats=True,
                                       save_code=False, disable_git=True, x_save_requirements=False)
-            run = wandb.init(project=self.project, entity=self.entity, name=job, dir=self.directory,
-                             config=cfg, job_type="perfd", reinit="create_new", settings=settings)
-            jr = self._runs[job] = _JobRun(run, cfg)
+            rid = block.get("wandb_run_id")
+            if isinstance(rid, str) and rid:
+                # The training script's run (perfd launch --wandb-run-id): join it. Its own step
+                # counter belongs to the script, so perfd logs under perfd/ against its own x axis
+                # (perfd/iteration) and never passes step= (W&B drops steps that go backwards).
+                run = wandb.init(project=self.project, entity=self.entity, id=rid, resume="allow",
+                                 dir=self.directory, reinit="create_new", settings=settings)
+                run.config.update({f"perfd/{k}": v for k, v in cfg.items()}, allow_val_change=True)
+                run.define_metric(ATTACHED_STEP)
+                run.define_metric(f"{ATTACHED_PREFIX}*", step_metric=ATTACHED_STEP)
+                jr = self._runs[job] = _JobRun(run, cfg, attached=True)
+            else:
+                run = wandb.init(project=self.project, entity=self.entity, name=job, dir=self.directory,
+                                 config=cfg, job_type="perfd", reinit="create_new", settings=settings)
+                jr = self._runs[job] = _JobRun(run, cfg)
             where = str(getattr(run, "dir", self.directory)).removesuffix("/files")
             url = getattr(run, "url", None) if self.mode == "online" else None
             log.warning("wandb: job %s -> run %s at %s%s", job, getattr(run, "id", "?"), url or where,
                         f" (upload later: wandb sync {where})" if self.mode == "offline" else "")
         elif cfg != jr.config:  # job info or the GPU name arrived after the first iterations
-            jr.run.config.update(cfg, allow_val_change=True)
+            jr.run.config.update({f"perfd/{k}": v for k, v in cfg.items()} if jr.attached else cfg,
+                                 allow_val_change=True)
             jr.config = cfg
         return jr
 
@@ -197,6 +214,13 @@ class WandbExporter:
                 if not values:
                     continue
                 end = _number(it.get("end_time"))
+                if jr.attached:
+                    values = {f"{ATTACHED_PREFIX}{k}": v for k, v in values.items()}
+                    values[ATTACHED_STEP] = float(step)
+                    jr.run.log(values, commit=True)
+                    jr.logged += 1
+                    n += 1
+                    continue
                 if end is not None:
                     values["_timestamp"] = end  # the iteration's time, not when perfd wrote it
                 jr.run.log(values, step=step, commit=True)
@@ -206,7 +230,8 @@ class WandbExporter:
             if isinstance(summary, Mapping):
                 s = summary_metrics(summary)
                 if s:
-                    jr.run.summary.update(s)
+                    jr.run.summary.update({f"{ATTACHED_PREFIX}{k}": v for k, v in s.items()}
+                                          if jr.attached else s)
             return n
 
     def log_capture(self, job: str, capture: Mapping[str, Any]) -> str | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from perfd.agent.config import AgentConfig, ConfigError, apply_overrides
-from perfd.launch import LaunchOptions, load_manifest, plan_launch, run_launch
+from perfd.launch import LaunchError, LaunchOptions, load_manifest, plan_launch, run_launch
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -261,3 +261,19 @@ def test_manifest_is_written_while_running(tmp_path: Path) -> None:
     finally:
         assert p.wait(timeout=30) == 0
     assert load_manifest(man)["status"] == "exited"
+
+
+def test_wandb_run_id_reaches_the_job_and_the_agents_collector(tmp_path: Path) -> None:
+    plan = plan_launch(LaunchOptions(["true"], run_dir=str(tmp_path / "a"), wandb_run_id="auto"), environ={})
+    rid = plan.env_set["WANDB_RUN_ID"]
+    assert len(rid) == 12 and plan.env_set["WANDB_RESUME"] == "allow"
+    assert plan.collectors("j")["megatron"]["wandb_run_id"] == rid == plan.wandb_run_id
+    # The job's own WANDB_RUN_ID wins (and is not set again); a run id W&B would refuse is an error.
+    own = plan_launch(LaunchOptions(["true"], run_dir=str(tmp_path / "b"), wandb_run_id="other"),
+                      environ={"WANDB_RUN_ID": "mine"})
+    assert own.wandb_run_id == "mine" and "WANDB_RUN_ID" not in own.env_set
+    assert any("ignored" in n for n in own.notes)
+    with pytest.raises(LaunchError, match="wandb-run-id"):
+        plan_launch(LaunchOptions(["true"], run_dir=str(tmp_path / "c"), wandb_run_id="a b"), environ={})
+    assert "WANDB_RUN_ID" not in plan_launch(LaunchOptions(["true"], run_dir=str(tmp_path / "d")),
+                                             environ={}).env_set

@@ -211,3 +211,38 @@ def test_offline_run_reads_back_equal_to_the_analysis(wandb_env: Path):
     assert table["columns"] == ["key", "value"]
     assert table["data"] == capture_rows(capture)
     assert ["result.breakdown.compute", "0.71"] in table["data"]
+
+
+def test_attaches_to_the_training_scripts_own_run(wandb_env: Path) -> None:
+    """`perfd launch --wandb-run-id` exports WANDB_RUN_ID (+ WANDB_RESUME=allow) to the job; the
+    training script's wandb.init takes it, and perfd's export joins the same run id with its keys
+    under perfd/ against perfd/iteration (never step=, which belongs to the script). Offline, the two
+    writers leave two transaction logs of one run id (`wandb sync` uploads both into that run)."""
+    rid = "trainrun42"
+    script = ("import wandb\nrun = wandb.init(project='perfd-test')\n"
+              "[run.log({'loss': 1.0 / (i + 1)}, step=i) for i in range(1, 4)]\n"
+              "print(run.id)\nrun.finish()\n")
+    env = {**__import__("os").environ, "WANDB_RUN_ID": rid, "WANDB_RESUME": "allow",
+           "WANDB_DIR": str(wandb_env / "train")}
+    (wandb_env / "train").mkdir()
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == rid, proc.stderr[-2000:]
+
+    demo = _analysis(DEMO_LOG, "gpt-demo")
+    demo["job"]["wandb_run_id"] = rid  # what the launch manifest gives the agent, the agent the job info
+    ex = WandbExporter("perfd-test", mode="offline", directory=str(wandb_env / "perfd"))
+    assert ex.log_analysis("gpt-demo", demo) == len(demo["iterations"])
+    run_dir = Path(ex.run_dir("gpt-demo") or "")
+    ex.finish()
+    assert run_dir.name.endswith(f"-{rid}")
+    trained = list((wandb_env / "train").rglob(f"run-{rid}.wandb"))
+    assert len(trained) == 1, "the training script's own run under the same id"
+    records = _read_offline_run(run_dir)
+    run = next(r["run"] for r in records if r["type"] == "run")
+    assert run["run_id"] == rid
+    history = [r["history"]["item"] for r in records if r["type"] == "history"]
+    assert [h["perfd/iteration"] for h in history] == [float(it["iteration"]) for it in demo["iterations"]]
+    first = {k: v for k, v in history[0].items() if not k.startswith("_") and k != "perfd/iteration"}
+    assert first and all(k.startswith("perfd/") for k in first)
+    assert first == {f"perfd/{k}": v for k, v in _expected(demo["iterations"][0]).items()}
