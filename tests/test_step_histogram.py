@@ -19,6 +19,7 @@ def test_step_histogram_counts_each_record_once_and_buckets_are_cumulative() -> 
     st.ingest_job_info("a", "dp2", parsed.job_info)
     st.ingest_steps("a", parsed.records)
     st.ingest_steps("a", parsed.records[:10])  # a re-sent batch after a reconnect
+    st.refresh()  # the aggregator's refresher: /metrics serves the last analysis
     reg = CollectorRegistry()
     reg.register(_StateCollector(st))
     text = generate_latest(reg).decode()

@@ -30,6 +30,9 @@ class AgentConfig:
     state_dir: str | None = None
     spool_max_bytes: int = 256 * 1024 * 1024
     batch_interval_s: float = 0.5
+    # Node samples forwarded to the aggregator: each series' newest value at most this often
+    # (perfd.agent.reduce); every sample stays on the agent's /metrics. 0: every sample.
+    aggregator_sample_interval_s: float = 2.0
     collectors: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Captures asked for by the aggregator (needs `aggregator`): where artifacts go, their quota,
     # and whether to serve the Kineto on-demand protocol (off where dynolog already does).

@@ -22,6 +22,7 @@ from prometheus_client.core import Metric
 
 from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import AgentConfig
+from perfd.agent.reduce import SampleReducer
 from perfd.agent.scheduler import Scheduler
 from perfd.collector import Collected, Collector, Registry
 from perfd.events import NCCL_HANG
@@ -115,6 +116,7 @@ class Agent:
         self._jobinfo_last: dict[str, str] = {}  # job -> its latest job info, re-sent after a reconnect
         self._reconnects_seen = 0
         self._checkpoints = Checkpoints(cfg.state_dir) if cfg.state_dir else None
+        self.reducer = SampleReducer(cfg.aggregator_sample_interval_s)
         self.captures: Any = None  # AgentCaptures when the aggregator can ask for captures
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -207,7 +209,8 @@ class Agent:
             # state dir): send every job's info again; a durable one just overwrites it.
             self._reconnects_seen = reconnects
             job_info = {**self._jobinfo_last, **job_info}
-        self.view.update(samples)
+        self.view.update(samples)  # the agent's /metrics: every sample
+        samples = self.reducer.reduce(samples, time.time())  # the aggregator: latest every few seconds
         if self.captures is not None and events:
             self.captures.observe(events)  # rank -> pid, and the hook's profile progress
         if self.client is None or not (samples or steps or events or job_info or collectives):

@@ -170,6 +170,7 @@ def test_per_rank_series_switch_and_iterations_api() -> None:
     st.ingest_steps("a1", parsed.records)
     st.ingest_events("a1", [{"kind": "gpu_processes", "labels": {"node": "n1", "gpu": str(r)},
                              "payload": [{"pid": 100 + r, "rank": r, "world_size": 2}]} for r in (0, 1)])
+    st.refresh()  # what the aggregator's refresher does: /metrics serves the last analysis
     text = {}
     for on in (True, False):
         reg = CollectorRegistry()
