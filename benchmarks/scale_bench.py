@@ -38,11 +38,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from perfd.agent.config import AgentConfig  # noqa: E402
+
 GPUS, SERIES_PER_GPU = 8, 25
 PROBE_JOB = "scale-probe"
 
 
-def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any) -> None:
+def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any, sample_every: float) -> None:
     """One load process: agents ``first`` .. ``first + n - 1``, each a real AgentClient stream."""
     from perfd.model import StepRecord
     from perfd.transport import AgentClient
@@ -63,7 +65,10 @@ def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any) ->
             for j, c in enumerate(clients):
                 if c.spool.pending_count() > 8:
                     continue  # the aggregator is behind: what a real agent's spool holds back
-                vals = [float((it + k) % 100) for k in range(len(ids[j]))]
+                # What a real agent forwards (perfd.agent.reduce): each series' newest value every
+                # `sample_every` seconds; the step record of each iteration at once.
+                send_samples = sample_every <= 1.0 or (it + first + j) % round(sample_every) == 0
+                vals = [float((it + k) % 100) for k in range(len(ids[j]))] if send_samples else []
                 steps = [StepRecord(job="scale-job", iteration=it, rank="last", end_time=now_ns / 1e9,
                                     step_time_ms=1000.0)]
                 if first + j == 0:  # the probe: its step time says when it left
@@ -71,7 +76,7 @@ def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any) ->
                     steps.append(StepRecord(job=PROBE_JOB, iteration=it, rank="last", end_time=now_ns / 1e9,
                                             step_time_ms=mark))
                     marks.put((mark, time.time()))
-                c.submit(steps=steps, columns=(ids[j], [now_ns] * len(ids[j]), vals))
+                c.submit(steps=steps, columns=(ids[j] if vals else [], [now_ns] * len(vals), vals))
             await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - tick)))
         cpu.put((time.process_time() - t_cpu) / max(1e-9, time.perf_counter() - t_wall))
         for t in tasks:
@@ -104,7 +109,8 @@ def _probe_value(text: str) -> float | None:
     return None
 
 
-def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0) -> dict[str, Any]:
+def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
+              sample_every: float = 1.0) -> dict[str, Any]:
     import psutil
 
     grpc_port, http_port = free_port(), free_port()
@@ -134,7 +140,8 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0) ->
         per = [agents // procs + (1 if i < agents % procs else 0) for i in range(procs)]
         first = 0
         for n in per:
-            p = ctx.Process(target=_load, args=(grpc_port, first, n, stop, marks, cpu), daemon=True)
+            p = ctx.Process(target=_load, args=(grpc_port, first, n, stop, marks, cpu, sample_every),
+                            daemon=True)
             p.start()
             loaders.append(p)
             first += n
@@ -167,7 +174,9 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0) ->
             "agents": agents, "procs": procs, "seconds": seconds,
             "agents_connected": tr.get("agents_connected"),
             "samples_per_s": (s1["samples_ingested"] - s0["samples_ingested"]) / wall,
-            "offered_samples_per_s": agents * GPUS * SERIES_PER_GPU,
+            "offered_samples_per_s": agents * GPUS * SERIES_PER_GPU / max(1.0, round(sample_every)),
+            "node_samples_per_s_on_agents": agents * GPUS * SERIES_PER_GPU,
+            "sample_interval_s": sample_every,
             "step_records_per_s": (s1["step_records_ingested"] - s0["step_records_ingested"]) / wall,
             "aggregator_cpu_cores": ((c1.user + c1.system) - (c0.user + c0.system)) / wall,
             "aggregator_rss_bytes": rss,
@@ -210,11 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="measured window (default: %(default)s)")
     ap.add_argument("--procs", type=int, default=2, help="load processes (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--sample-interval", type=float, default=AgentConfig.aggregator_sample_interval_s,
+                    help="seconds between an agent's forwarded values of one series, as perfd.agent.reduce "
+                         "does (default: the agent's default, %(default)s; 1: every 1 Hz sample)")
     ns = ap.parse_args(argv)
     if ns.agents < 1 or ns.procs < 1 or ns.seconds <= 0:
         print("perfd bench scale: --agents, --procs and --seconds must be positive", file=sys.stderr)
         return 2
-    res = run_scale(ns.agents, ns.seconds, min(ns.procs, ns.agents))
+    res = run_scale(ns.agents, ns.seconds, min(ns.procs, ns.agents), sample_every=ns.sample_interval)
     if ns.json:
         print(json.dumps(res))
     else:
