@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from perfd.transport.shard import pick_aggregator
+
 
 class ConfigError(ValueError):
     """A configuration problem, with the file and key it came from."""
@@ -59,6 +61,12 @@ class AgentConfig:
             raise ConfigError(f"batch_interval_s must be > 0, got {self.batch_interval_s}")
         if self.spool_max_bytes < 1024 * 1024:
             raise ConfigError(f"spool_max_bytes must be at least 1 MiB, got {self.spool_max_bytes}")
+        if self.aggregator is not None and "," in self.aggregator:
+            # Several aggregators, sharded by job: every agent of the job picks the same one.
+            try:
+                self.aggregator = pick_aggregator(self.job, self.aggregator.split(","))
+            except ValueError as exc:
+                raise ConfigError(f"aggregator: {exc}") from exc
         if self.aggregator is not None:
             host, sep, port = self.aggregator.rpartition(":")
             if not sep or not host or not port.isdigit():

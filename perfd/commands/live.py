@@ -83,8 +83,9 @@ def _rules_check(args: argparse.Namespace) -> int:
 def register(sub: SubParsers) -> None:
     a = sub.add_parser("agent", help="run the per-node agent")
     a.add_argument("--config", help="YAML config file (flags below override it)")
-    a.add_argument("--aggregator", help="HOST:PORT of the aggregator's gRPC endpoint "
-                   "(omit to run locally: only the agent's own /metrics)")
+    a.add_argument("--aggregator", help="HOST:PORT of the aggregator's gRPC endpoint, or a comma-separated "
+                   "list of aggregators sharded by job (every agent of a job picks the same one by "
+                   "rendezvous hashing of the job name); omit to run locally: only the agent's own /metrics")
     a.add_argument("--job", help="job name")
     a.add_argument("--megatron-log", help="tail this Megatron-LM log")
     a.add_argument("--nvml", help="real | replay:FILE | off (default real)")

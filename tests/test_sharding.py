@@ -1,0 +1,120 @@
+"""Aggregators sharded by job: every agent of a job picks the same aggregator (rendezvous hashing),
+and each aggregator holds only its jobs — two real aggregators, agents from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from perfd.agent.config import apply_overrides, load_config
+from perfd.transport.shard import pick_aggregator
+from tests.faults.test_network_faults import _megatron_lines
+from tests.procs import free_port, http_get, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_rendezvous_is_stable_and_moves_few_jobs_when_an_aggregator_is_added() -> None:
+    two = ["a:1", "b:1"]
+    jobs = [f"job-{i}" for i in range(400)]
+    first = {j: pick_aggregator(j, two) for j in jobs}
+    assert first == {j: pick_aggregator(j, list(reversed(two))) for j in jobs}  # order does not matter
+    assert 120 < sum(v == "a:1" for v in first.values()) < 280  # both get jobs
+    three = {j: pick_aggregator(j, [*two, "c:1"]) for j in jobs}
+    moved = [j for j in jobs if three[j] != first[j]]
+    assert all(three[j] == "c:1" for j in moved) and len(moved) < 200  # only to the new one
+
+
+def test_the_agent_resolves_its_shard_from_the_job() -> None:
+    cfg = apply_overrides(load_config(None), aggregator="h1:5,h2:5", job="gpt-a", nvml="off", host=False)
+    assert cfg.aggregator == pick_aggregator("gpt-a", ["h1:5", "h2:5"])
+
+
+def test_two_aggregators_each_hold_only_their_jobs(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        aggs = []
+        for i in range(2):
+            g, h = free_port(), free_port()
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "perfd.cli",
+                        "aggregator",
+                        "--grpc-port",
+                        str(g),
+                        "--http-port",
+                        str(h),
+                        "--no-rules",
+                    ],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=(tmp_path / f"agg{i}.out").open("wb"),
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            aggs.append((f"127.0.0.1:{g}", f"http://127.0.0.1:{h}"))
+        for _, base in aggs:
+            wait_for(lambda base=base: http_get(f"{base}/healthz"), 30, "aggregator up")
+        targets = ",".join(a for a, _ in aggs)
+        # Two jobs that land on different shards.
+        names = [f"job-{i}" for i in range(50)]
+        j0 = next(j for j in names if pick_aggregator(j, [a for a, _ in aggs]) == aggs[0][0])
+        j1 = next(j for j in names if pick_aggregator(j, [a for a, _ in aggs]) == aggs[1][0])
+        head, lines = _megatron_lines(12)
+        for i, job in enumerate((j0, j1)):
+            log = tmp_path / f"{job}.log"
+            log.write_text(head + "".join(lines))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "perfd.cli",
+                        "agent",
+                        "--aggregator",
+                        targets,
+                        "--job",
+                        job,
+                        "--megatron-log",
+                        str(log),
+                        "--nvml",
+                        "off",
+                        "--host",
+                        "off",
+                        "--metrics-port",
+                        "-1",
+                        "--agent-id",
+                        f"node-{i}",
+                    ],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=(tmp_path / f"agent{i}.out").open("wb"),
+                    stderr=subprocess.STDOUT,
+                )
+            )
+
+        def jobs_at(base: str) -> list[str]:
+            return sorted(
+                j["job"] if isinstance(j, dict) else j
+                for j in json.loads(http_get(f"{base}/api/jobs"))["jobs"]
+            )
+
+        wait_for(lambda: jobs_at(aggs[0][1]) and jobs_at(aggs[1][1]), 60, "both jobs at their shards")
+        assert jobs_at(aggs[0][1]) == [j0] and jobs_at(aggs[1][1]) == [j1]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
