@@ -7,6 +7,7 @@ gone, batches wait in the spool (bounded; the oldest are dropped and counted bey
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import os
 import resource
@@ -31,6 +32,10 @@ from perfd.jobinfo_json import job_info_to_json
 from perfd.model import CollectiveRecord, Sample
 
 log = logging.getLogger(__name__)
+
+# SIGTERM is honoured within 5 s (docs/reliability.md); the agent's own steps get 4 of them, the rest
+# is the interpreter's exit.
+SHUTDOWN_BUDGET_S = 4.0
 
 
 def default_registry() -> Registry:
@@ -107,6 +112,7 @@ class Agent:
         self.scheduler = Scheduler()
         self.view = NodeView()
         self.client: Any = None  # AgentClient when streaming (imported lazily: grpc)
+        self._client_task: asyncio.Task[None] | None = None
         self.config_errors: dict[str, str] = {}
         self.metrics_port: int | None = None
         self.samples_total: dict[str, int] = {}
@@ -237,7 +243,6 @@ class Agent:
         self.build()
         self.start_metrics_server()  # first: a port in use stops start-up before any thread runs
         self.scheduler.start()
-        client_task: asyncio.Task[None] | None = None
         if self.cfg.aggregator:
             from perfd.transport.client import AgentClient
             from perfd.transport.security import ClientTls, TokenFile
@@ -257,7 +262,7 @@ class Agent:
             log.info("agent %s streaming to %s (%s, %s)", self.cfg.agent_id, self.cfg.aggregator,
                      ("mutual TLS" if self.cfg.tls_cert else "TLS") if self.cfg.tls_ca else "plaintext",
                      "bearer token" if self.cfg.auth_token_file else "no token")
-            client_task = asyncio.create_task(self.client.run())
+            self._client_task = asyncio.create_task(self.client.run())
             if self.cfg.captures:
                 self._start_captures()
         try:
@@ -268,18 +273,46 @@ class Agent:
                     pass
                 self._forward(self.scheduler.drain())
         finally:
-            self.scheduler.stop()
-            self._forward(self.scheduler.drain())  # what the collectors produced last
-            if self.captures is not None:
-                self.captures.close()
-            if self.client is not None and client_task is not None:
-                await self.client.flush(timeout=3.0)  # best effort; the spool keeps the rest
-                client_task.cancel()
-                try:
-                    await client_task
-                except asyncio.CancelledError:
-                    pass
-                self.client.close()
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        """Stop within SHUTDOWN_BUDGET_S of the signal, whatever is busy: each step gets what is left
+        of one deadline. Nothing is lost by cutting a step short — every submitted batch is already
+        in the spool, and the next start sends what the aggregator did not acknowledge."""
+        t0 = time.monotonic()
+        deadline = t0 + SHUTDOWN_BUDGET_S
+        # A shutdown that still overruns says where it is stuck (every thread's stack, on stderr).
+        faulthandler.dump_traceback_later(SHUTDOWN_BUDGET_S + 0.3, exit=False)
+        phases: list[str] = []
+
+        def left(share: float = 1.0) -> float:
+            return max(0.0, (deadline - time.monotonic()) * share)
+
+        def mark(name: str) -> None:
+            phases.append(f"{name} {time.monotonic() - t0:.2f}s")
+
+        self.scheduler.stop(timeout_s=left(0.4))
+        mark("collectors")
+        self._forward(self.scheduler.drain())  # what the collectors produced last
+        mark("forward")
+        if self.captures is not None:
+            self.captures.close()
+            mark("captures")
+        if self.client is not None and self._client_task is not None:
+            flushed = await self.client.flush(timeout=left(0.6))  # best effort; the spool keeps the rest
+            mark("flush" if flushed else "flush (cut short: the spool keeps the rest)")
+            self._client_task.cancel()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._client_task), timeout=max(0.05, left()))
+            except (asyncio.CancelledError, asyncio.TimeoutError):
+                pass
+            mark("stream")
+            self.client.close()
+        faulthandler.cancel_dump_traceback_later()
+        took = time.monotonic() - t0
+        # A slow stop is worth a line at the default level: it names the step that took the time.
+        log.log(logging.WARNING if took > 1.0 else logging.INFO, "agent stopped in %.2f s (%s)", took,
+                ", ".join(phases))
 
     def _start_captures(self) -> None:
         from perfd.agent.captures import AgentCaptures

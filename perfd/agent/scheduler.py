@@ -110,10 +110,12 @@ class Scheduler:
         return items
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop every collector, waiting at most ``timeout_s`` in all (not per collector)."""
         self._stop.set()
+        deadline = time.monotonic() + timeout_s
         for st in self.states.values():
             if st.thread is not None:
-                st.thread.join(timeout_s)
+                st.thread.join(max(0.0, deadline - time.monotonic()))
                 if st.thread.is_alive():  # stuck in a collect: do not flush under its feet
                     st.collector.count_error("stop-timeout", f"collect still running after {timeout_s}s")
                 else:

@@ -187,9 +187,12 @@ def test_sigterm_is_honoured_within_5_s_under_load(tmp_path: Path) -> None:
             except subprocess.TimeoutExpired:
                 rc = None
             took[name] = time.monotonic() - t0
-            assert rc == 0, f"{name} did not exit cleanly within 5 s of SIGTERM (rc {rc})"
+            out = (tmp_path / f"{name}.1.out").read_text(errors="replace")
+            assert rc == 0, (f"{name} did not exit cleanly within 5 s of SIGTERM (rc {rc}); "
+                             f"its output ends:\n{out[-6000:]}")
+        phases = re.search(r"agent stopped in .*", (tmp_path / "agent.1.out").read_text())
         print(f"SIGTERM under load: agent exited in {took['agent']:.2f} s, "
-              f"aggregator in {took['aggregator']:.2f} s")
+              f"aggregator in {took['aggregator']:.2f} s; {phases.group(0) if phases else ''}")
     finally:
         for p in r.procs.values():
             if p.poll() is None:
