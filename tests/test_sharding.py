@@ -3,6 +3,7 @@ and each aggregator holds only its jobs — two real aggregators, agents from th
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -62,7 +63,7 @@ def test_two_aggregators_each_hold_only_their_jobs(tmp_path: Path) -> None:
             )
             aggs.append((f"127.0.0.1:{g}", f"http://127.0.0.1:{h}"))
         for _, base in aggs:
-            wait_for(lambda base=base: http_get(f"{base}/healthz"), 30, "aggregator up")
+            wait_for(functools.partial(http_get, f"{base}/healthz"), 30, "aggregator up")
         targets = ",".join(a for a, _ in aggs)
         # Two jobs that land on different shards.
         names = [f"job-{i}" for i in range(50)]
