@@ -9,6 +9,7 @@ set -euo pipefail
 PACKAGES=(
   prometheus               # prometheus + promtool: tests/integrations (check metrics/rules, real scrape)
   prometheus-alertmanager  # amtool: alert routing config in deploy/prometheus
+  victoria-metrics         # a remote-write store: tests/integrations/test_remote_write.py
   munge                    # SLURM authentication: tests/deploy/test_slurm.py runs a real single-node SLURM
   slurmctld                #   its controller,
   slurmd                   #   its node daemon,

@@ -21,6 +21,7 @@ class ProtoPackage:
     proto: Path  # the .proto file; its directory is the include path
     gen_dir: Path  # where the committed generated code lives
     command: str  # how to regenerate, for the generated __init__ and --help
+    grpc: bool = True  # False for messages only (no service, no _pb2_grpc module)
 
     @property
     def stem(self) -> str:
@@ -29,7 +30,7 @@ class ProtoPackage:
     @property
     def generated(self) -> tuple[str, ...]:
         s = self.stem
-        return ("__init__.py", f"{s}_pb2.py", f"{s}_pb2.pyi", f"{s}_pb2_grpc.py")
+        return ("__init__.py", f"{s}_pb2.py", f"{s}_pb2.pyi", *((f"{s}_pb2_grpc.py",) if self.grpc else ()))
 
     def generate(self, out_dir: Path) -> list[Path]:
         """Write the generated modules into ``out_dir`` and return their paths."""
@@ -40,20 +41,22 @@ class ProtoPackage:
         # file's bare name and the generated modules import each other by bare name (fixed below).
         proto_include = str(Path(protoc.__file__).resolve().parent / "_proto")
         args = ["grpc_tools.protoc", f"-I{self.proto.parent}", f"-I{proto_include}",
-                f"--python_out={out_dir}", f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}",
-                str(self.proto)]
+                f"--python_out={out_dir}", f"--pyi_out={out_dir}",
+                *([f"--grpc_python_out={out_dir}"] if self.grpc else []), str(self.proto)]
         rc = protoc.main(args)
         if rc != 0:
             raise RuntimeError(f"protoc failed with exit status {rc}: {' '.join(args)}")
         s = self.stem
+        (out_dir / "__init__.py").write_text(
+            f'"""Generated from {self.proto.name} by `{self.command}`. Do not edit."""\n')
+        if not self.grpc:
+            return [out_dir / name for name in self.generated]
         grpc_py = out_dir / f"{s}_pb2_grpc.py"
         fixed, n = re.subn(rf"^import {s}_pb2 as (\w+)$", rf"from . import {s}_pb2 as \1",
                            grpc_py.read_text(), flags=re.M)
         if n != 1:
             raise RuntimeError(f"did not find the `import {s}_pb2` line to fix in {grpc_py.name}")
         grpc_py.write_text(fixed)
-        (out_dir / "__init__.py").write_text(
-            f'"""Generated from {self.proto.name} by `{self.command}`. Do not edit."""\n')
         return [out_dir / name for name in self.generated]
 
     def stale_files(self, gen_dir: Path | None = None) -> list[str]:

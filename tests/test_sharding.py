@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfd.agent.config import apply_overrides, load_config
@@ -35,87 +36,66 @@ def test_the_agent_resolves_its_shard_from_the_job() -> None:
     assert cfg.aggregator == pick_aggregator("gpt-a", ["h1:5", "h2:5"])
 
 
-def test_two_aggregators_each_hold_only_their_jobs(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        aggs = []
-        for i in range(2):
-            g, h = free_port(), free_port()
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "perfd.cli",
-                        "aggregator",
-                        "--grpc-port",
-                        str(g),
-                        "--http-port",
-                        str(h),
-                        "--no-rules",
-                    ],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=(tmp_path / f"agg{i}.out").open("wb"),
-                    stderr=subprocess.STDOUT,
-                )
-            )
-            aggs.append((f"127.0.0.1:{g}", f"http://127.0.0.1:{h}"))
-        for _, base in aggs:
-            wait_for(functools.partial(http_get, f"{base}/healthz"), 30, "aggregator up")
-        targets = ",".join(a for a, _ in aggs)
-        # Two jobs that land on different shards.
-        names = [f"job-{i}" for i in range(50)]
-        j0 = next(j for j in names if pick_aggregator(j, [a for a, _ in aggs]) == aggs[0][0])
-        j1 = next(j for j in names if pick_aggregator(j, [a for a, _ in aggs]) == aggs[1][0])
-        head, lines = _megatron_lines(12)
-        for i, job in enumerate((j0, j1)):
-            log = tmp_path / f"{job}.log"
-            log.write_text(head + "".join(lines))
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "perfd.cli",
-                        "agent",
-                        "--aggregator",
-                        targets,
-                        "--job",
-                        job,
-                        "--megatron-log",
-                        str(log),
-                        "--nvml",
-                        "off",
-                        "--host",
-                        "off",
-                        "--metrics-port",
-                        "-1",
-                        "--agent-id",
-                        f"node-{i}",
-                    ],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=(tmp_path / f"agent{i}.out").open("wb"),
-                    stderr=subprocess.STDOUT,
-                )
-            )
+@dataclass
+class ShardedPair:
+    """Two real aggregators and one agent per job, the agents given both addresses."""
 
-        def jobs_at(base: str) -> list[str]:
-            return sorted(
-                j["job"] if isinstance(j, dict) else j
-                for j in json.loads(http_get(f"{base}/api/jobs"))["jobs"]
-            )
+    aggs: list[tuple[str, str]]  # (gRPC HOST:PORT, HTTP base URL)
+    jobs: list[str]  # jobs[i] lands on aggs[i]
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-        wait_for(lambda: jobs_at(aggs[0][1]) and jobs_at(aggs[1][1]), 60, "both jobs at their shards")
-        assert jobs_at(aggs[0][1]) == [j0] and jobs_at(aggs[1][1]) == [j1]
-    finally:
-        for p in procs:
+    def stop(self) -> None:
+        for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in procs:
+        for p in self.procs:
             try:
                 p.wait(15)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def start_sharded_pair(tmp_path: Path, aggregator_args: tuple[str, ...] = ()) -> ShardedPair:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    pair = ShardedPair([], [])
+    try:
+        for i in range(2):
+            g, h = free_port(), free_port()
+            pair.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", str(g),
+                 "--http-port", str(h), "--no-rules", *aggregator_args], cwd=ROOT, env=env,
+                stdout=(tmp_path / f"agg{i}.out").open("wb"), stderr=subprocess.STDOUT))
+            pair.aggs.append((f"127.0.0.1:{g}", f"http://127.0.0.1:{h}"))
+        for _, base in pair.aggs:
+            wait_for(functools.partial(http_get, f"{base}/healthz"), 30, "aggregator up")
+        addrs = [a for a, _ in pair.aggs]
+        names = [f"job-{i}" for i in range(50)]
+        pair.jobs = [next(j for j in names if pick_aggregator(j, addrs) == a) for a in addrs]
+        head, lines = _megatron_lines(12)
+        for i, job in enumerate(pair.jobs):
+            log = tmp_path / f"{job}.log"
+            log.write_text(head + "".join(lines))
+            pair.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "perfd.cli", "agent", "--aggregator", ",".join(addrs), "--job", job,
+                 "--megatron-log", str(log), "--nvml", "off", "--host", "off", "--metrics-port", "-1",
+                 "--agent-id", f"node-{i}"], cwd=ROOT, env=env,
+                stdout=(tmp_path / f"agent{i}.out").open("wb"), stderr=subprocess.STDOUT))
+    except BaseException:
+        pair.stop()
+        raise
+    return pair
+
+
+def jobs_at(base: str) -> list[str]:
+    jobs = json.loads(http_get(f"{base}/api/jobs"))["jobs"]
+    return sorted(j["job"] if isinstance(j, dict) else j for j in jobs)
+
+
+def test_two_aggregators_each_hold_only_their_jobs(tmp_path: Path) -> None:
+    pair = start_sharded_pair(tmp_path)
+    try:
+        (_, b0), (_, b1) = pair.aggs
+        wait_for(lambda: jobs_at(b0) and jobs_at(b1), 60, "both jobs at their shards")
+        assert jobs_at(b0) == [pair.jobs[0]] and jobs_at(b1) == [pair.jobs[1]]
+    finally:
+        pair.stop()

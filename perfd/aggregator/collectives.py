@@ -94,16 +94,17 @@ class CollectiveStore:
 
     def analysis(self, job: str, steps_key: tuple[Any, ...], inputs: Callable[[], tuple[
             list[StepRecord], ParallelLayout | None, dict[int, str], str | None]],
-            force: bool = False) -> CollectiveAnalysis | None:
+            force: bool = False, cached: bool = False) -> CollectiveAnalysis | None:
         """The job's analysis; ``inputs()`` (called only when recomputing) gives its step records,
-        layout, rank -> node placement (from the NVML process lists) and GPU name."""
+        layout, rank -> node placement (from the NVML process lists) and GPU name. ``cached``: the
+        last analysis whatever its age, if there is one (the JSON API; the refresher renews it)."""
         with self._lock:
             jc = self.jobs.get(job)
             if jc is None:
                 return None
             key = (jc.version, *steps_key)
             fresh = jc.analysis is not None and (
-                jc.analysis_key == key
+                cached or jc.analysis_key == key
                 or (not force and time.time() - jc.analysis_time < self.min_recompute_s))
             if fresh:
                 return jc.analysis

@@ -10,7 +10,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -26,6 +26,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
 from perfd.analytics.megatron_job import IterationResult
 from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
+from perfd.exporters.remote_write import TargetStats
 from perfd.refusals import Refusals
 from perfd.report import analysis_json
 from perfd.transport.security import TokenFile
@@ -49,6 +50,8 @@ class _StateCollector:
         # The agents serve their node's GPU and host series themselves; re-exported here as well,
         # a sum over both scrape jobs would count every GPU twice. Off unless asked for.
         self.export_node_series = export_node_series
+        # The remote writer's counters per target, when it runs (it writes what this collects).
+        self.remote_write: Callable[[], Mapping[str, TargetStats]] | None = None
 
     def collect(self) -> Iterator[Metric]:
         latest: dict[str, IterationResult] = {}
@@ -95,6 +98,13 @@ class _StateCollector:
             counts = self.refusals.snapshot()
             yield from series_families([({"reason": r}, "perfd_aggregator_refused_total",
                                          float(counts.get(r, 0))) for r in L.REFUSED_REASONS])
+        if self.remote_write is not None:
+            rw = self.remote_write()
+            counters = (("perfd_aggregator_remote_write_samples_total", "samples_sent"),
+                        ("perfd_aggregator_remote_write_failed_requests_total", "requests_failed"),
+                        ("perfd_aggregator_remote_write_dropped_samples_total", "samples_dropped"))
+            yield from series_families([({"target": t}, name, float(getattr(st, attr)))
+                                        for t, st in rw.items() for name, attr in counters])
         yield from build_info_families()
 
 
@@ -162,7 +172,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
     if overview is None:
         return None
     serving = state.serving_view(job)
-    analysis = state.analysis(job, force=True)
+    analysis = state.served_analysis(job)
     if analysis is None or not analysis.iterations:
         # A serving job (or a training job before its first iteration): its report, if any, is
         # the serving report.
@@ -188,7 +198,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
 def collectives_json(state: AggregatorState, job: str) -> dict[str, Any] | None:
     """The job's collective analysis (perfd.analytics.collectives); None without NCCL data."""
     try:
-        a = state.collective_analysis(job, force=True)
+        a = state.collective_analysis(job, cached=True)
     except Exception as exc:  # counted in the store; the rest of the summary still answers
         log.exception("collective analysis of job %s failed", job)
         return {"error": repr(exc)}
@@ -201,7 +211,7 @@ def job_iterations(state: AggregatorState, job: str, sources: bool = True) -> di
     drops each iteration's ``sources`` (most of its size; the summary's report keeps them)."""
     if state.job_overview(job) is None:
         return None
-    analysis = state.analysis(job, force=True)
+    analysis = state.served_analysis(job)
     its = [it.to_json() for it in analysis.iterations] if analysis is not None else []
     if not sources:
         for it in its:
@@ -294,7 +304,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if state.job_overview(job) is None:
                     self._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
                 else:
-                    state.analysis(job, force=True)  # incidents are updated from a fresh analysis
+                    state.served_analysis(job)  # a job's first analysis opens its incidents
                     self._json(200, {"job_name": job, "incidents": state.incidents.incidents(job)})
             elif path.startswith("/api/jobs/") and path.endswith("/gpus"):
                 job = unquote(path[len("/api/jobs/"):-len("/gpus")])
@@ -451,8 +461,8 @@ class HttpServer:
         self._srv.token = token
         self._srv.refusals = refusals if refusals is not None else Refusals()
         self._srv.registry = CollectorRegistry(auto_describe=False)
-        self._srv.registry.register(_StateCollector(state, per_rank_series, self._srv.refusals,
-                                                    export_node_series))
+        self.collector = _StateCollector(state, per_rank_series, self._srv.refusals, export_node_series)
+        self._srv.registry.register(self.collector)
         self.port = int(self._srv.server_address[1])
         self._thread = threading.Thread(target=self._srv.serve_forever, name="http", daemon=True)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from perfd.aggregator.state import AggregatorState, LabelKey
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collectives import CollectiveConfig
+from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, RemoteWriter, target_name
 from perfd.jobinfo_json import decode_job_info
 from perfd.limits import REFUSED_JOB_INFO_VALUE
 from perfd.refusals import Refusals
@@ -65,6 +67,10 @@ class AggregatorConfig:
     # Seconds without a step after which a job is stalled or ended (None: 10 of its own median
     # steps, at least 60 s; perfd.analytics.liveness).
     job_stale_after_s: float | None = None
+    # Prometheus remote-write of what /metrics shows (perfd.exporters.remote_write); [] = off.
+    remote_write: list[str] = field(default_factory=list)
+    remote_write_interval_s: float = DEFAULT_INTERVAL_S
+    remote_write_labels: dict[str, str] = field(default_factory=dict)  # default: perfd_aggregator=HOST:PORT
 
 
 class Aggregator:
@@ -107,6 +113,7 @@ class Aggregator:
 
             exporter = WandbExporter(cfg.wandb_project, cfg.wandb_mode, cfg.wandb_dir)
             self.wandb = WandbSync(self.state, exporter, self.captures.list, cfg.wandb_interval_s)
+        self.remote: RemoteWriter | None = None
 
     @staticmethod
     def _engine(cfg: AggregatorConfig) -> RuleEngine | None:
@@ -228,6 +235,8 @@ class Aggregator:
             raise OSError(f"cannot listen for HTTP on {self.cfg.http_host}:{self.cfg.http_port}: "
                           f"{exc.strerror or exc}") from exc
         self.http.start()
+        if self.cfg.remote_write:
+            self._start_remote_write()
         self._rules_task = asyncio.create_task(self._rules_loop())
         self._refresh_task = asyncio.create_task(self._refresh_loop())
         if self.wandb is not None:
@@ -237,7 +246,20 @@ class Aggregator:
         log.info("aggregator listening: gRPC %s:%d (%s, %s); HTTP %s:%d (%s outside /metrics and /healthz)",
                  self.cfg.grpc_host, self.grpc_port, grpc_sec, auth, self.cfg.http_host, self.http.port, auth)
 
+    def _start_remote_write(self) -> None:
+        assert self.http is not None
+        labels = self.cfg.remote_write_labels or {
+            "perfd_aggregator": f"{socket.gethostname()}:{self.grpc_port}"}
+        self.remote = RemoteWriter(self.cfg.remote_write, self.http.collector.collect, labels,
+                                   interval_s=self.cfg.remote_write_interval_s)
+        self.http.collector.remote_write = self.remote.stats
+        self.remote.start()
+        log.info("remote-write every %.0f s to %s (labels %s)", self.cfg.remote_write_interval_s,
+                 ", ".join(target_name(u) for u in self.cfg.remote_write), labels)
+
     async def stop(self) -> None:
+        if self.remote is not None:
+            self.remote.stop()
         if self._rules_task is not None:
             self._rules_task.cancel()
         if self._refresh_task is not None:

@@ -145,14 +145,25 @@ class AggregatorState:
         an analysis; the aggregator's refresher keeps it current)."""
         return self.jobs.cached_analysis(job)
 
+    def served_analysis(self, job: str) -> RunAnalysis | None:
+        """What the JSON API answers with: the refresher's last analysis, so a request never waits
+        on one — computed here only for a job that has none yet."""
+        a = self.cached_analysis(job)
+        return a if a is not None else self.analysis(job)
+
     def refresh(self) -> None:
         """Analyse every job that has new data and update its incidents (the aggregator's periodic
-        tick: incidents open and close while nobody reads the API)."""
+        tick: incidents open and close while nobody reads the API, and what /metrics and the API
+        serve stays at most one tick old)."""
         for job in self.job_names():
             try:
                 self.analysis(job)
             except Exception:  # counted in the job store's stats; other jobs go on
                 log.exception("analysis of job %s failed", job)
+            try:
+                self.collective_analysis(job)  # a job with collective records and no steps too
+            except Exception:  # counted in the collective store
+                log.exception("collective analysis of job %s failed", job)
 
     def _track_incidents(self, job: str, a: RunAnalysis) -> None:
         found = list(a.incidents)
@@ -216,8 +227,10 @@ class AggregatorState:
                 out.append((float(t0), float(t1) if isinstance(t1, (int, float)) else time.time()))
         return out
 
-    def collective_analysis(self, job: str, force: bool = False) -> CollectiveAnalysis | None:
-        """The job's collective analysis (None when no collective record or hang event came in)."""
+    def collective_analysis(self, job: str, force: bool = False, cached: bool = False
+                            ) -> CollectiveAnalysis | None:
+        """The job's collective analysis (None when no collective record or hang event came in);
+        ``cached``: the last one whatever its age, if there is one (the JSON API)."""
 
         def inputs() -> tuple[list[StepRecord], Any, dict[int, str], str | None]:
             procs, _values, _thr = self.gpu_view(job)
@@ -228,7 +241,7 @@ class AggregatorState:
             records, layout, gpu = got
             return records, layout, placed, gpu
 
-        return self.collectives.analysis(job, self.jobs.steps_key(job), inputs, force=force)
+        return self.collectives.analysis(job, self.jobs.steps_key(job), inputs, force=force, cached=cached)
 
     def collective_rows(self, per_rank: bool = True) -> list[tuple[Mapping[str, str], str, float]]:
         """/metrics rows of every job's collective analysis, plus the store's own counters."""

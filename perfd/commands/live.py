@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from perfd import limits as L
+from perfd.exporters.remote_write import DEFAULT_INTERVAL_S
 
 if TYPE_CHECKING:
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -45,6 +46,16 @@ def _aggregator(args: argparse.Namespace) -> int:
         print("perfd aggregator: --tls-cert and --tls-key go together; --tls-client-ca needs both",
               file=sys.stderr)
         return 2
+    labels: dict[str, str] = {}
+    for item in args.remote_write_label:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            print(f"perfd aggregator: --remote-write-label wants NAME=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        labels[name.strip()] = value
+    if args.remote_write_interval <= 0:
+        print("perfd aggregator: --remote-write-interval must be > 0 seconds", file=sys.stderr)
+        return 2
     every = L.ALL_INTERFACES if args.listen_all else L.LOOPBACK
     limits = L.Limits(max_message_bytes=args.max_message_bytes, max_jobs=args.max_jobs,
                       max_series=args.max_series, max_capture_steps=args.max_capture_steps,
@@ -61,7 +72,10 @@ def _aggregator(args: argparse.Namespace) -> int:
                            export_node_series=args.export_node_series,
                            wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
                            wandb_dir=args.wandb_dir, wandb_interval_s=args.wandb_interval,
-                           job_stale_after_s=args.job_stale_after)
+                           job_stale_after_s=args.job_stale_after,
+                           remote_write=args.remote_write or [],
+                           remote_write_interval_s=args.remote_write_interval,
+                           remote_write_labels=labels)
     if args.job_stale_after is not None and args.job_stale_after <= 0:
         print("perfd aggregator: --job-stale-after must be > 0 seconds", file=sys.stderr)
         return 2
@@ -174,6 +188,16 @@ def register(sub: SubParsers) -> None:
                    help="offline (default) writes runs under --wandb-dir for `wandb sync`; online uploads")
     g.add_argument("--wandb-dir", help="directory of the W&B runs (default: ./perfd-wandb)")
     g.add_argument("--wandb-interval", type=float, default=10.0, help="seconds between W&B exports")
+    g.add_argument("--remote-write", action="append", metavar="URL",
+                   help="also push what /metrics shows to this Prometheus remote-write endpoint "
+                   "(repeatable; e.g. http://prometheus:9090/api/v1/write, VictoriaMetrics "
+                   "http://vm:8428/api/v1/write, Mimir .../api/v1/push): the cluster-wide view of "
+                   "aggregators sharded by job (needs perfd[remote-write]; docs/scale.md)")
+    g.add_argument("--remote-write-interval", type=float, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
+                   help="seconds between remote writes (default: %(default)s)")
+    g.add_argument("--remote-write-label", action="append", metavar="NAME=VALUE", default=[],
+                   help="label added to every series written (repeatable; default: "
+                   "perfd_aggregator=HOST:GRPC_PORT, so two shards' own series stay apart)")
     g.set_defaults(handler=_aggregator)
 
     d = sub.add_parser("demo", help="run aggregator + agent locally on recorded real data "

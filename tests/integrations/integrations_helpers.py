@@ -34,7 +34,8 @@ PROM_DIR = ROOT / "deploy" / "prometheus"
 RULES = PROM_DIR / "perfd.rules.yml"
 
 # Program -> the Debian package that provides it (ci/install-system-deps.sh installs them).
-PACKAGES = {"prometheus": "prometheus", "promtool": "prometheus", "amtool": "prometheus-alertmanager"}
+PACKAGES = {"prometheus": "prometheus", "promtool": "prometheus", "amtool": "prometheus-alertmanager",
+            "victoria-metrics": "victoria-metrics"}
 
 T = TypeVar("T")
 

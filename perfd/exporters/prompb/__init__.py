@@ -1,0 +1,1 @@
+"""Prometheus remote-write messages (generated from remote.proto)."""

@@ -1,0 +1,1 @@
+"""Generated from remote.proto by `python -m perfd.exporters.prompb.regen`. Do not edit."""
