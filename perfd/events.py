@@ -81,6 +81,8 @@ GPU_LOST = _k("gpu_lost", "none", False, "collectors/nvml", (_AGG_LOG,), "A GPU 
 XID = _k("xid", "mapping", False, "collectors/nvml", (_AGG_LOG,), "An XID error on a GPU")
 VALIDATION = _k("validation", "any", False, "collectors/megatron (parser)", (_AGG_LOG,),
                 "A log value refused by validation")
+LOG_GAP = _k("log_gap", "mapping", False, "collectors/megatron (tail)", (_AGG_LOG,),
+            "The log tail fell too far behind and skipped ahead: the bytes and iterations not read")
 REPLAY_FINISHED = _k("replay_finished", "none", False, "collectors/nvml (replay)", (_AGG_LOG,),
                      "A recorded NVML replay reached its end")
 RULE_FIRING = _k("rule_firing", "mapping", False, "perfd/aggregator/captures.py (rules engine)",
@@ -100,7 +102,7 @@ INCIDENT_CLOSED = _k("incident_closed", "mapping", False, "perfd/aggregator/inci
                      (_AGG_LOG,), "An incident ended (its cost and evidence are kept)")
 
 KINDS: dict[str, EventKind] = {k.name: k for k in (
-    GPU_PROCESSES, GPU_PODS, SERVING_DATA, NCCL_HANG, HOOK_PROFILE, GPU_LOST, XID, VALIDATION,
+    GPU_PROCESSES, GPU_PODS, SERVING_DATA, NCCL_HANG, HOOK_PROFILE, GPU_LOST, XID, VALIDATION, LOG_GAP,
     REPLAY_FINISHED, RULE_FIRING, CAPTURE_STARTED, CAPTURE_FINISHED, CAPTURE_FAILED, INCIDENT_OPENED,
     INCIDENT_CLOSED)}
 CAPTURE_PROGRESS: dict[str, str] = {  # capture event kind -> capture record status

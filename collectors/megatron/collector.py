@@ -12,11 +12,16 @@ from typing import Any
 from collectors.megatron.parser import MegatronLogParser
 from collectors.megatron.tail import LogTail, TailPosition
 from perfd.collector import Capabilities, Collected, Collector
+from perfd.events import LOG_GAP
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.linetimes import LineTimes
 from perfd.model import JobInfo
 
 log = logging.getLogger(__name__)
+
+# A tail this far behind its log skips ahead: at the parse rate measured on per-rank timers
+# (benchmarks/README.md, "Log tail") that is tens of seconds of catch-up.
+DEFAULT_MAX_LAG_BYTES = 64 << 20
 
 
 class MegatronCollector(Collector):
@@ -46,6 +51,14 @@ class MegatronCollector(Collector):
         self.from_start = bool(config.get("from_start", True))
         self.flush_after_s = float(config.get("flush_after_s", 2.0))
         self.max_bytes_per_collect = int(config.get("max_bytes_per_collect", 4 << 20))
+        # Further behind than this, the tail skips ahead (counted, an event): see LogTail.
+        lag = config.get("max_lag_bytes", DEFAULT_MAX_LAG_BYTES)
+        self.max_lag_bytes = int(lag) if lag is not None else None
+        if self.max_lag_bytes is not None and self.max_lag_bytes < 2 * self.max_bytes_per_collect:
+            raise ValueError("collectors.megatron.max_lag_bytes must be at least twice "
+                             f"max_bytes_per_collect ({2 * self.max_bytes_per_collect}), "
+                             f"got {self.max_lag_bytes}")
+        self._skips_seen = 0
         self.parser = MegatronLogParser(job=self.job, source_name=Path(self.path).name)
         self.tail: LogTail | None = None
         lt = config.get("line_times")
@@ -78,6 +91,7 @@ class MegatronCollector(Collector):
             except (KeyError, TypeError, ValueError) as exc:
                 self.count_error("resume:unreadable", str(exc)[:200])
                 pos = None
+        # No skipping before training starts: the start-up block (layout, model) is read whole.
         self.tail = LogTail(self.path, from_start=self.from_start, resume=pos)
         if pos is not None and self.tail.counts.get("resumed"):
             self.resumed_at = self._consumed = pos.offset
@@ -97,6 +111,10 @@ class MegatronCollector(Collector):
             for _ in range(n - self._tail_errors_seen.get(reason, 0)):
                 self.count_error(f"tail:{reason}", self.path)
             self._tail_errors_seen[reason] = n
+        if self.tail.counts.get("skips", 0) != self._skips_seen:
+            self._skipped_ahead(out)
+        if self.tail.max_lag_bytes is None and self.parser.pending is not None:
+            self.tail.max_lag_bytes = self.max_lag_bytes  # an iteration line: the start-up block is read
         mono = time.monotonic()
         if lines:
             self._last_data = mono
@@ -136,6 +154,24 @@ class MegatronCollector(Collector):
             self._sent_info = copy.deepcopy(info)
             out.job_info[self.job] = self._sent_info
         return out
+
+    def _skipped_ahead(self, out: Collected) -> None:
+        """The tail jumped ahead: close the iteration in progress (its lines after the jump are
+        gone), count the jump and say so in an event with what was passed over."""
+        assert self.tail is not None
+        self._skips_seen = self.tail.counts.get("skips", 0)
+        last = self.parser.pending.iteration if self.parser.pending is not None else None
+        out.steps.extend(self.parser.flush())
+        self._pending_at = None
+        skipped = self.tail.counts.get("skipped_bytes", 0)
+        self.count_error("tail:skipped_ahead", f"{self.path}: {skipped} bytes passed over in all")
+        log.warning("megatron: %s is more than %d bytes ahead of the tail: skipped ahead (%d bytes passed "
+                    "over in all, after iteration %s)", self.path, self.max_lag_bytes, skipped, last)
+        out.events.append({"kind": LOG_GAP.name, "severity": "warning", "time": time.time(), "job": self.job,
+                           "text": f"log tail skipped ahead in {Path(self.path).name}: "
+                                   f"{skipped} bytes not read in all",
+                           "payload": {"skipped_bytes_total": skipped, "skips": self._skips_seen,
+                                       "after_iteration": last, "path": self.path}})
 
     def _checkpoint(self) -> dict[str, Any] | None:
         """Resume at the pending iteration's line (or after the last line when none is pending)."""

@@ -196,8 +196,15 @@ class MegatronLogParser:
                 if self._all_current not in target:
                     self._note_step_timer(self._all_current)
                 tv = target.setdefault(self._all_current, TimerValue())
-                tv.per_rank[row[0]] = row[1]
-                tv.min_ms, tv.max_ms = min(tv.per_rank.values()), max(tv.per_rank.values())
+                rank, value = row
+                if rank in tv.per_rank or tv.min_ms is None or tv.max_ms is None:
+                    # A rank printed twice replaces its value: recompute (rare). Otherwise min and
+                    # max move with each row — recomputing them per row is O(ranks²) a block.
+                    tv.per_rank[rank] = value
+                    tv.min_ms, tv.max_ms = min(tv.per_rank.values()), max(tv.per_rank.values())
+                else:
+                    tv.per_rank[rank] = value
+                    tv.min_ms, tv.max_ms = min(tv.min_ms, value), max(tv.max_ms, value)
                 self._count("timer_lines")
                 self._timer_gap = 0
                 return True

@@ -14,6 +14,11 @@ Never raises: OS errors are counted in ``errors`` by kind and the call returns w
 Not detected: a file truncated and re-grown past our offset between two calls (its size never
 looks smaller); such a rewrite is read as if appended.
 
+Falling behind (``max_lag_bytes``): when more than that many unread bytes wait, the tail jumps to
+``max_lag_bytes // 2`` before the end, drops the line it lands in, and counts what it passed over
+(counts["skips"], counts["skipped_bytes"]); the caller turns that into an event. A tail far behind
+a fast log would otherwise report an hour-old job as current; a gap that says so is better.
+
 Resuming (issue 12 item 3): :meth:`LogTail.position_at` names a point in the open file by the
 file's identity — device, inode and a hash of its head up to that point — and ``LogTail(...,
 resume=pos)`` starts there only when the path still names that file with that head
@@ -85,10 +90,13 @@ class LogTail:
         from_start: bool = True,
         max_line_bytes: int = 1 << 20,
         resume: TailPosition | None = None,
+        max_lag_bytes: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.from_start = from_start
         self.max_line_bytes = max_line_bytes
+        self.max_lag_bytes = max_lag_bytes
+        self._skip_partial = False  # after a skip: the line landed in is dropped up to its newline
         self.errors: dict[str, int] = {}  # reason -> count (missing, open_failed, read_failed, ...)
         self.counts: dict[str, int] = {}  # lines, bytes, truncations, rotations, partial_*
         self._fh: BinaryIO | None = None
@@ -236,6 +244,17 @@ class LogTail:
                     self._count("partial_dropped")
                     self._partial = b""
                 self._fh.seek(0)
+            elif self.max_lag_bytes is not None and size - pos > self.max_lag_bytes:
+                to = size - self.max_lag_bytes // 2
+                try:
+                    self._fh.seek(to)
+                except OSError:
+                    self._error("seek_failed")
+                    return
+                self._count("skips")
+                self._count("skipped_bytes", to - pos + len(self._partial))
+                self._partial = b""
+                self._skip_partial = True
         self._drain(out, budget)
 
     def _drain(self, out: list[bytes], budget: int) -> int:
@@ -251,6 +270,15 @@ class LogTail:
         if not data:
             return 0
         self._count("bytes", len(data))
+        if self._skip_partial:  # landed mid-line after a skip: that line's head is gone
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._count("skipped_bytes", len(data))
+                return len(data)
+            self._count("skipped_bytes", nl + 1)
+            base += nl + 1
+            data = data[nl + 1:]
+            self._skip_partial = False
         parts = (self._partial + data).split(b"\n")
         self._partial = parts.pop()
         for part in parts:

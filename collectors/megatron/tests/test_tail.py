@@ -233,3 +233,34 @@ def test_unreadable_or_malformed_state_file_means_no_position(tmp_path: Path) ->
     ):
         state.write_text(bad)
         assert load_position(state) is None, bad
+
+
+def test_far_behind_it_skips_ahead_counts_every_byte_and_resumes_on_a_whole_line(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    append(log, b"start\n")
+    tail = LogTail(log, max_lag_bytes=4096)
+    assert tail.read_lines() == ["start"]
+    lines = [f"line {i:06d} " + "x" * 50 for i in range(2000)]  # ~120 kB appended at once
+    payload = "".join(f"{ln}\n" for ln in lines).encode()
+    append(log, payload)
+    got: list[str] = []
+    while True:
+        more = tail.read_lines(max_bytes=1 << 20)
+        if not more:
+            break
+        got.extend(more)
+    assert tail.counts["skips"] == 1
+    assert got and set(got) <= set(lines)  # every line handed over is whole
+    assert got == lines[-len(got):]  # and they are the newest, in order
+    read = sum(len(g) + 1 for g in got)
+    assert tail.counts["skipped_bytes"] + read == len(payload)  # nothing passed over uncounted
+    assert read <= 4096 // 2
+
+
+def test_a_tail_that_keeps_up_never_skips(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    tail = LogTail(log, max_lag_bytes=4096)
+    for i in range(200):
+        append(log, f"line {i}\n".encode())
+        assert tail.read_lines() == [f"line {i}"]
+    assert "skips" not in tail.counts
