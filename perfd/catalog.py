@@ -46,6 +46,7 @@ LABELS: dict[str, str] = {
     "version": "perfd version (one per build)",
     "python": "Python version the daemon runs on (one per build)",
     "source": "where a GPU series comes from when it is not NVML/GPM (dcgm-exporter)",
+    "target": "remote-write URL, scheme, host and path only (one per --remote-write)",
 }
 
 

@@ -69,7 +69,10 @@ def live(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Live]:
         def has_gpu_and_steps() -> bool:
             gpus = _json(f"{base}/api/jobs/{JOB}/gpus")["gpus"]
             jobs = _json(f"{base}/api/jobs")["jobs"]
-            return bool(gpus) and bool(jobs) and (jobs[0].get("iterations_seen") or 0) >= 5
+            # The summary is the refresher's last analysis: wait until it has iterations too.
+            latest = _json(f"{base}/api/jobs/{JOB}/summary").get("latest") if jobs else None
+            return bool(gpus) and bool(jobs) and (jobs[0].get("iterations_seen") or 0) >= 5 \
+                and latest is not None
         wait_for(has_gpu_and_steps, 60, "steps and GPU series at the aggregator")
         yield Live(base, train_log, lines[cut:], f"http://127.0.0.1:{metrics_port}/metrics")
     finally:

@@ -93,7 +93,9 @@ def test_agent_to_aggregator_matches_offline_analysis(tmp_path: Path, source: Pa
         def caught_up():
             s = json.loads(_get(f"{base}/api/jobs/e2e/summary"))
             ov = s["overview"]
-            return s if ov["iterations_seen"] == n and ov["last_iteration"] == last_it else None
+            # The summary is the refresher's last analysis (at most one tick behind the data).
+            analysed = (s.get("latest") or {}).get("iteration")
+            return s if ov["iterations_seen"] == n and ov["last_iteration"] == last_it == analysed else None
 
         summary = _wait(caught_up, 30, f"aggregator to see {n} iterations")
         want = offline.to_json()
