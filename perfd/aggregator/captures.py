@@ -120,7 +120,7 @@ class CaptureCoordinator:
         if targets.slowest_rank:
             r = self.slowest_rank(job)
             return (r,) if r is not None else None
-        procs, _v, _t = self.state.gpu_view(job)
+        procs = self.state.gpu_procs(job)
         placed = place_ranks(procs)
         if targets.node is not None:
             ranks = tuple(sorted(r for r, p in placed.items() if p.node == targets.node))
@@ -258,7 +258,7 @@ class CaptureCoordinator:
     def _agents_for(self, job: str, ranks: list[int] | None) -> list[str]:
         """Agents whose node hosts a target rank; every host of the job when placement is unknown
         (each agent captures only the ranks it hosts). Never an agent that does not host the job."""
-        procs, _v, _t = self.state.gpu_view(job)
+        procs = self.state.gpu_procs(job)
         placed = place_ranks(procs)
         if self.hosts is not None:
             agents_all = sorted(self.hosts(job))

@@ -34,11 +34,6 @@ from perfd.transport.security import TokenFile
 log = logging.getLogger(__name__)
 
 
-# Series an agent serves on its own /metrics: left out of the aggregator's unless
-# --export-node-series (docs/prometheus.md).
-NODE_SERIES_PREFIXES = ("perfd_gpu_", "perfd_host_")
-
-
 class _StateCollector:
     """prometheus_client custom collector reading the aggregator state at scrape time."""
 
@@ -64,15 +59,12 @@ class _StateCollector:
                                       self.state.jobs.step_histograms(sorted(latest)))
         rank_rows = []
         for job in (latest if self.per_rank_series else ()):
-            procs, _values, _thr = self.state.gpu_view(job)
-            for r, pl in place_ranks(procs).items():
+            for r, pl in place_ranks(self.state.gpu_procs(job)).items():
                 rank_rows.append(({"job_name": job, "rank": str(r), "node": pl.node, "gpu": pl.gpu},
                                   "perfd_job_rank_info", 1.0))
         yield from series_families(rank_rows)
         rows = []
-        for agent, s in self.state.node_series():
-            if not self.export_node_series and s.name.startswith(NODE_SERIES_PREFIXES):
-                continue
+        for agent, s in self.state.node_series(self.export_node_series):
             labels = dict(s.labels)
             agent_job = self.state.job_of_agent(agent)
             if agent_job:
@@ -119,7 +111,7 @@ def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
     if job not in state.job_names():
         return None
     rows: dict[tuple[str, str], dict[str, Any]] = {}
-    for agent, s in state.node_series():
+    for agent, s in state.job_node_series(job):
         if state.job_of_agent(agent) != job or not s.name.startswith("perfd_gpu_"):
             continue
         labels = dict(s.labels)

@@ -23,6 +23,11 @@ _GPM_FIELDS = {"perfd_gpu_sm_util_ratio": "sm_util", "perfd_gpu_sm_occupancy_rat
                "perfd_gpu_utilization_ratio": "nvml_util"}
 # Any GPU series names the GPU model; this one is sampled on every GPU and rarely changes.
 MODEL_SERIES = "perfd_gpu_memory_total_bytes"
+# Series an agent serves on its own /metrics (GPU and host): the aggregator keeps their latest values
+# for its joins, and leaves them off its /metrics unless asked (docs/prometheus.md).
+NODE_SERIES_PREFIXES = ("perfd_gpu_", "perfd_host_")
+
+SeriesKey = tuple[str, LabelKey]  # (name, labels) within one agent
 
 
 @dataclass
@@ -38,7 +43,14 @@ class NodeSeries:
 class NodeView:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.series: dict[tuple[str, str, LabelKey], NodeSeries] = {}  # (agent, name, labels)
+        # agent -> (name, labels) -> latest value. Per agent, so a job's reads touch only its
+        # agents' series; node series (GPU, host) apart from the rest, so /metrics — which leaves
+        # them to the agents — never walks them (400k at 2,000 agents).
+        self.node: dict[str, dict[SeriesKey, NodeSeries]] = {}
+        self.other: dict[str, dict[SeriesKey, NodeSeries]] = {}
+        # agent -> the GPM/utilisation series among its node series (the same objects): what every
+        # analysis reads, without walking the agent's other GPU series.
+        self.gpm_series: dict[str, dict[SeriesKey, NodeSeries]] = {}
         self.agent_seen: dict[str, float] = {}
         self.samples = 0
         # (node, gpu) -> (agent, latest process list from the NVML collector)
@@ -61,12 +73,17 @@ class NodeView:
         with self._lock:
             self.samples += len(values)
             self.agent_seen[agent_id] = time.time()
+            node = self.node.setdefault(agent_id, {})
+            other = self.other.setdefault(agent_id, {})
             for sid, (ts, val) in latest.items():
                 name, labels = series_defs[sid]
-                key = (agent_id, name, labels)
-                cur = self.series.get(key)
+                table = node if name.startswith(NODE_SERIES_PREFIXES) else other
+                key = (name, labels)
+                cur = table.get(key)
                 if cur is None:
-                    self.series[key] = NodeSeries(name, labels, ts, val)
+                    table[key] = cur = NodeSeries(name, labels, ts, val)
+                    if name in _GPM_FIELDS:
+                        self.gpm_series.setdefault(agent_id, {})[key] = cur
                 elif ts >= cur.time_ns:
                     cur.time_ns, cur.value = ts, val
                 if name == MODEL_SERIES:
@@ -102,18 +119,25 @@ class NodeView:
             procs = {k: list(v[1]) for k, v in self.gpu_procs.items() if v[0] in agents}
             values: dict[GpuKey, dict[str, float]] = {}
             throttles: dict[GpuKey, list[str]] = {}
-            for (agent, name, labels), s in self.series.items():
-                if agent not in agents or not name.startswith("perfd_gpu_"):
-                    continue
-                lab = dict(labels)
-                key = (lab.get("node", agent), lab.get("gpu", "?"))
-                if "reason" in lab:
-                    if name == "perfd_gpu_throttle_active" and s.value >= 1:
-                        throttles.setdefault(key, []).append(lab["reason"])
-                    continue
-                if "type" not in lab:
-                    values.setdefault(key, {})[name] = s.value
+            for agent in agents:
+                for (name, labels), s in self.node.get(agent, {}).items():
+                    if not name.startswith("perfd_gpu_"):
+                        continue
+                    lab = dict(labels)
+                    key = (lab.get("node", agent), lab.get("gpu", "?"))
+                    if "reason" in lab:
+                        if name == "perfd_gpu_throttle_active" and s.value >= 1:
+                            throttles.setdefault(key, []).append(lab["reason"])
+                        continue
+                    if "type" not in lab:
+                        values.setdefault(key, {})[name] = s.value
             return procs, values, throttles
+
+    def procs_of(self, agents: set[str]) -> dict[GpuKey, list[dict[str, Any]]]:
+        """The process lists of the given agents' GPUs (what rank placement needs, without the
+        GPU values gpu_view also gathers)."""
+        with self._lock:
+            return {k: list(v[1]) for k, v in self.gpu_procs.items() if v[0] in agents}
 
     def node_of_agent(self) -> dict[str, str]:
         """agent -> the node whose GPUs' processes it reports."""
@@ -125,7 +149,7 @@ class NodeView:
         joined on the GPU UUID of the node's NVML series, or on the index the kubelet gave."""
         with self._lock:
             index_of = {(dict(lab).get("node", agent), dict(lab)["uuid"]): dict(lab).get("gpu", "?")
-                        for (agent, name, lab) in self.series
+                        for agent, table in self.node.items() for (name, lab) in table
                         if name == MODEL_SERIES and "uuid" in dict(lab)}
             out: dict[GpuKey, dict[str, Any]] = {}
             for node, owners in self.gpu_pods.items():
@@ -139,22 +163,30 @@ class NodeView:
     def serving_values(self, agents: set[str], job: str) -> dict[str, float]:
         """Latest serving series (catalog names) of a job's agents."""
         with self._lock:
-            return {name: s.value for (agent, name, labels), s in self.series.items()
-                    if name.startswith("perfd_serving_") and agent in agents
-                    and dict(labels).get("job_name", job) == job}
+            return {name: s.value for agent in agents
+                    for (name, labels), s in self.other.get(agent, {}).items()
+                    if name.startswith("perfd_serving_") and dict(labels).get("job_name", job) == job}
 
-    def snapshot(self) -> list[tuple[str, NodeSeries]]:
-        """(agent id, series) pairs for export; a copy, safe to iterate without the lock."""
+    def snapshot(self, node_series: bool = True) -> list[tuple[str, NodeSeries]]:
+        """(agent id, series) pairs for export, node series (GPU, host) only when asked; a copy,
+        safe to iterate without the lock."""
         with self._lock:
-            return [(k[0], NodeSeries(s.name, s.labels, s.time_ns, s.value))
-                    for k, s in self.series.items()]
+            tables = [self.other, self.node] if node_series else [self.other]
+            return [(agent, NodeSeries(s.name, s.labels, s.time_ns, s.value))
+                    for t in tables for agent, table in t.items() for s in table.values()]
+
+    def snapshot_of(self, agents: set[str]) -> list[tuple[str, NodeSeries]]:
+        """As :meth:`snapshot`, the given agents' series only (node series included)."""
+        with self._lock:
+            return [(agent, NodeSeries(s.name, s.labels, s.time_ns, s.value))
+                    for agent in agents for t in (self.other, self.node) for s in t.get(agent, {}).values()]
 
     def gpm(self, agents: set[str]) -> GpmReading | None:
         """Mean GPM (and NVML) utilisation over the GPUs of the given agents, None without GPM."""
         sums: dict[str, list[float]] = {}
         with self._lock:
-            for (agent, name, _labels), s in self.series.items():
-                if agent in agents and name in _GPM_FIELDS:
+            for agent in agents:
+                for (name, _labels), s in self.gpm_series.get(agent, {}).items():
                     sums.setdefault(_GPM_FIELDS[name], []).append(s.value)
         if not any(k != "nvml_util" for k in sums):
             return None

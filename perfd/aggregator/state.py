@@ -128,6 +128,10 @@ class AggregatorState:
         each keyed by (node, gpu)."""
         return self.nodes.gpu_view(self.jobs.agents_of(job))
 
+    def gpu_procs(self, job: str) -> dict[GpuKey, list[dict[str, Any]]]:
+        """The process lists of the job's agents' GPUs (rank placement), without their values."""
+        return self.nodes.procs_of(self.jobs.agents_of(job))
+
     def pods_by_gpu(self) -> dict[GpuKey, dict[str, Any]]:
         return self.nodes.pods_by_gpu()
 
@@ -233,7 +237,7 @@ class AggregatorState:
         ``cached``: the last one whatever its age, if there is one (the JSON API)."""
 
         def inputs() -> tuple[list[StepRecord], Any, dict[int, str], str | None]:
-            procs, _values, _thr = self.gpu_view(job)
+            procs = self.gpu_procs(job)
             placed = {r: p.node for r, p in place_ranks(procs).items()}
             got = self.jobs.records_and_layout(job)
             if got is None:
@@ -282,7 +286,7 @@ class AggregatorState:
             return None
         a = self.jobs.cached_analysis(job)
         med_ms = a.summary["medians"].get("step_time_ms") if a is not None else None
-        procs, _v, _t = self.gpu_view(job)
+        procs = self.gpu_procs(job)
         placed = place_ranks(procs)
         alive = bool(placed) if procs else None
         state, why = job_state(ov["last_step_age_s"], med_ms / 1e3 if med_ms else None, alive,
@@ -323,9 +327,14 @@ class AggregatorState:
                              float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0))
         return rows
 
-    def node_series(self) -> list[tuple[str, NodeSeries]]:
-        """(agent id, series) pairs for export; a copy, safe to iterate without a lock."""
-        return self.nodes.snapshot()
+    def node_series(self, node_series: bool = True) -> list[tuple[str, NodeSeries]]:
+        """(agent id, series) pairs for export, GPU and host series only when ``node_series``; a
+        copy, safe to iterate without a lock."""
+        return self.nodes.snapshot(node_series)
+
+    def job_node_series(self, job: str) -> list[tuple[str, NodeSeries]]:
+        """(agent id, series) of the job's agents only."""
+        return self.nodes.snapshot_of(self.jobs.agents_of(job))
 
     def stats_json(self) -> dict[str, Any]:
         now = time.time()

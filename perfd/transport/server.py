@@ -181,6 +181,8 @@ class IngestServer:
         self._streams: dict[str, _Conn] = {}  # agent_id -> its live stream (commands go there)
         self._identities: dict[str, str] = {}  # agent_id -> the identity it is bound to
         self._open = 0
+        self._conns: set[_Conn] = set()  # open streams, for the one liveness task
+        self._liveness_task: asyncio.Task[None] | None = None
         self._agent_losses: dict[str, tuple[int, int]] = {}
         self._logged_errors: set[tuple[str, str]] = set()
         # Counters.
@@ -231,6 +233,7 @@ class IngestServer:
             raise OSError(f"cannot listen for gRPC on {addr}: address in use or not local {why}".rstrip())
         await server.start()
         self._server = server
+        self._liveness_task = asyncio.create_task(self._liveness_loop())
         return int(bound)
 
     async def stop(self, grace: float | None = 1.0) -> None:
@@ -238,6 +241,9 @@ class IngestServer:
 
         Always call it before the event loop ends: a grpc.aio server that is still running when
         its loop closes can keep the interpreter from exiting (seen under pytest)."""
+        if self._liveness_task is not None:
+            self._liveness_task.cancel()
+            self._liveness_task = None
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
@@ -317,14 +323,12 @@ class IngestServer:
         self._open += 1
         self.streams_opened += 1
         reader = asyncio.create_task(self._read(request_iterator, conn))
-        # Liveness checks run at least this often even when nothing wakes the stream.
-        tick = max(0.05, min(1.0, self.limits.agent_silence_s / 4, self.limits.hello_timeout_s / 4))
+        self._conns.add(conn)  # the liveness task closes (and wakes) it when it goes silent
         try:
             while True:
-                try:
-                    await asyncio.wait_for(conn.wake.wait(), timeout=tick)
-                except asyncio.TimeoutError:
-                    self._check_liveness(conn, loop.time())
+                # No timeout here: a wait_for per stream per tick is a task each, thousands a
+                # second at 2,000 agents; one task checks every stream's liveness instead.
+                await conn.wake.wait()
                 conn.wake.clear()
                 if conn.closed:
                     break
@@ -356,6 +360,7 @@ class IngestServer:
                     break
         finally:
             self._open -= 1
+            self._conns.discard(conn)
             reader.cancel()
             if conn.agent_id is not None and self._streams.get(conn.agent_id) is conn:
                 del self._streams[conn.agent_id]
@@ -366,6 +371,16 @@ class IngestServer:
             if isinstance(err, StreamRefused):
                 await context.abort(err.code, str(err))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+    async def _liveness_loop(self) -> None:
+        """Every open stream's liveness, checked at least every tick (one task for all)."""
+        loop = asyncio.get_running_loop()
+        tick = max(0.05, min(1.0, self.limits.agent_silence_s / 4, self.limits.hello_timeout_s / 4))
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            for conn in list(self._conns):
+                self._check_liveness(conn, now)
 
     def _check_liveness(self, conn: _Conn, now: float) -> None:
         if conn.agent_id is None and now - conn.opened_at > self.limits.hello_timeout_s:
