@@ -187,6 +187,8 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
             "latency_p99_s": sorted(lat)[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None,
             "latency_samples": len(lat),
             "stream_resends": tr.get("duplicates"),
+            "streams_opened": tr.get("streams_opened"),
+            "warmup_s": warmup_s,
         }
         stop.set()
         loads = []
@@ -219,14 +221,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="measured window (default: %(default)s)")
     ap.add_argument("--procs", type=int, default=2, help="load processes (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--warmup", type=float, default=5.0,
+                    help="seconds between starting the agents and the measured window: thousands of "
+                         "agents connecting at once take a while (default: %(default)s)")
     ap.add_argument("--sample-interval", type=float, default=AgentConfig.aggregator_sample_interval_s,
                     help="seconds between an agent's forwarded values of one series, as perfd.agent.reduce "
                          "does (default: the agent's default, %(default)s; 1: every 1 Hz sample)")
     ns = ap.parse_args(argv)
-    if ns.agents < 1 or ns.procs < 1 or ns.seconds <= 0:
-        print("perfd bench scale: --agents, --procs and --seconds must be positive", file=sys.stderr)
+    if ns.agents < 1 or ns.procs < 1 or ns.seconds <= 0 or ns.warmup < 0:
+        print("perfd bench scale: --agents, --procs and --seconds must be positive, --warmup >= 0",
+              file=sys.stderr)
         return 2
-    res = run_scale(ns.agents, ns.seconds, min(ns.procs, ns.agents), sample_every=ns.sample_interval)
+    res = run_scale(ns.agents, ns.seconds, min(ns.procs, ns.agents), warmup_s=ns.warmup,
+                    sample_every=ns.sample_interval)
     if ns.json:
         print(json.dumps(res))
     else:
