@@ -83,6 +83,8 @@ EXAMPLES: dict[str, str] = {
     "perfd capture": "perfd capture --job gpt-8b --ranks 1 --steps 3 --tool kineto",
     "perfd nsys-prefix": "torchrun --no-python --nproc-per-node 2 $(perfd nsys-prefix --job gpt-8b) "
                          "python train.py",
+    "perfd nsys-exec": "RANK=0 perfd nsys-exec --job gpt-8b -- python train.py   "
+                       "# what nsys-prefix prints does this per rank",
     "perfd top": "perfd top --aggregator http://127.0.0.1:9401 --job gpt-8b\n  "
                  "perfd top --once   # one screen, then exit (scripts)",
 }

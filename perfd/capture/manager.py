@@ -42,7 +42,14 @@ from perfd.capture.analysis import CaptureAnalysis
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.capture.dynolog import DynologKineto
 from perfd.capture.kineto_daemon import KinetoDaemon, build_config, trace_complete
-from perfd.capture.nsys_exec import NsysError, NsysExecutor, range_reports, session_name, wait_stable
+from perfd.capture.nsys_exec import (
+    NsysError,
+    NsysExecutor,
+    range_reports,
+    report_path,
+    session_name,
+    wait_stable,
+)
 from perfd.capture.store import CaptureStore
 from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, CAPTURE_STARTED, HOOK_PROFILE
 from perfd.model import CAPTURE_TOOLS
@@ -173,6 +180,10 @@ class _Failed(Exception):
 
 def _reports(base: Path, since: float) -> list[Path]:
     return sorted(range_reports(base, since).values())
+
+
+def _existing(path: Path) -> list[Path]:
+    return [path] if path.exists() else []
 
 
 class CaptureManager:
@@ -316,7 +327,7 @@ class CaptureManager:
             if tool == "kineto":
                 reason = self._kineto(req, m, pids, deadline)
             elif mode == "range":
-                reason = self._nsys_range(req, m, deadline)
+                reason = self._nsys_range(req, m, deadline, sessions)
             else:
                 reason = self._nsys_session(req, m, deadline, sessions)
             status = "ok"
@@ -358,11 +369,20 @@ class CaptureManager:
     def _choose(self, req: CaptureRequest) -> tuple[str, str, list[str]]:
         want = req.tool
         if want in ("nsys", "auto") and self.nsys is not None and self.nsys.available() is None:
+            have = self._listed_sessions()
+            per_rank = [session_name(req.job, r) for r in req.ranks]
+            # Steps asked for, each rank in its own session, a hook to open the range: a step-aligned
+            # range in the session (reported when it closes; nsys_exec mode 2).
+            steps = req.mode == "range" or (req.mode is None and req.duration_ms is None)
+            if (steps and self.hook_requester is not None and per_rank and have is not None
+                    and all(s in have for s in per_rank)):
+                return "nsys", "range", per_rank
             if req.mode == "range" or (req.mode is None and self._range_ready(req)):
                 if self.hook_requester is None or self.nsys.range_dir is None:
-                    raise _Failed("failed", "nsys range captures need the step hook and a range directory")
+                    raise _Failed("failed", "nsys range captures need the step hook and either per-rank "
+                                            "sessions (perfd nsys-prefix) or a range directory")
                 return "nsys", "range", []
-            sessions = self._sessions_for(req)
+            sessions = self._sessions_for(req, have)
             if req.mode == "session" or want == "nsys" or sessions:
                 return "nsys", "session", sessions
         if want == "nsys":
@@ -380,19 +400,24 @@ class CaptureManager:
         base = self.nsys.range_base(req.job, req.ranks[0])
         return base is not None and base.parent.is_dir()
 
-    def _sessions_for(self, req: CaptureRequest) -> list[str]:
-        """The nsys sessions to start: one per rank when each rank has its own, else the job's."""
+    def _listed_sessions(self) -> set[str] | None:
+        """The nsys sessions on this node, or None when ``nsys sessions list`` failed."""
         assert self.nsys is not None
+        try:
+            return set(self.nsys.sessions())
+        except NsysError as exc:
+            log.info("nsys sessions list failed: %s", exc)
+            return None
+
+    def _sessions_for(self, req: CaptureRequest, have: set[str] | None) -> list[str]:
+        """The nsys sessions to start: one per rank when each rank has its own, else the job's."""
         # Asked for nsys by name: try the job's session even when the listing did not show it
         # (``nsys start`` then says plainly what is wrong).
         fallback = [session_name(req.job)] if req.tool == "nsys" else []
-        try:
-            have = set(self.nsys.sessions())
-        except NsysError as exc:
-            log.info("nsys sessions list failed: %s", exc)
+        if have is None:
             return fallback
         per_rank = [session_name(req.job, r) for r in req.ranks]
-        if all(s in have for s in per_rank):
+        if per_rank and all(s in have for s in per_rank):
             return per_rank
         return [session_name(req.job)] if session_name(req.job) in have else fallback
 
@@ -542,11 +567,66 @@ class CaptureManager:
         self.store.add_artifact(m, sqlite, "nsys_sqlite", rank)
         m.setdefault("analysis", {})[key] = {**a.to_json(), "summary": device_summary(a)}
 
-    def _nsys_range(self, req: CaptureRequest, m: dict[str, Any], deadline: float) -> str:
-        nsys, ask = self.nsys, self.hook_requester
-        assert nsys is not None and ask is not None
+    def _nsys_range(self, req: CaptureRequest, m: dict[str, Any], deadline: float,
+                    sessions: list[str]) -> str:
+        """A step-aligned range on each rank: in the rank's session when ``sessions`` (one per rank,
+        armed here with ``nsys start -c cudaProfilerApi``), else under the rank's range profile."""
+        nsys = self.nsys
+        assert nsys is not None
         d = self.store.capture_dir(m["id"])
-        since = self.clock() - 1.0
+        armed: dict[int, str] = {}
+        if sessions:
+            m["sessions"] = sessions
+            try:
+                for r, s in zip(req.ranks, sessions, strict=True):
+                    nsys.start_range(s, d / f"rank{r}")
+                    armed[r] = s
+            except NsysError as exc:
+                for s in armed.values():
+                    nsys.cancel(s)
+                raise _Failed("failed", f"{exc} (is rank {req.ranks[len(armed)]} running under "
+                                        "perfd nsys-prefix?)") from exc
+        try:
+            self._open_ranges(req, m, deadline)
+        except _Failed:
+            for s in armed.values():  # a session left armed would record the next range nobody asked for
+                nsys.cancel(s)
+            raise
+        problems = []
+        for r in req.ranks:
+            if r in armed:
+                rep = report_path(d / f"rank{r}")
+                got = wait_stable(functools.partial(_existing, rep), max(0.0, deadline - time.monotonic()),
+                                  settle_s=self.settle_s, stop=self._closing.is_set)
+                if not got:
+                    nsys.cancel(armed[r])
+                    problems.append(f"rank {r}: session {armed[r]} wrote no report before the timeout")
+                    continue
+                dest = got[-1]
+            else:
+                base = nsys.range_base(req.job, r)
+                assert base is not None
+                got = wait_stable(functools.partial(_reports, base, m["timings"]["requested_at"] - 1.0),
+                                  max(0.0, deadline - time.monotonic()), settle_s=self.settle_s,
+                                  stop=self._closing.is_set)
+                if not got:
+                    problems.append(f"rank {r}: no report under {base.parent} before the timeout (a "
+                                    "range profile writes its reports when the process exits; per-rank "
+                                    "sessions report at once: perfd nsys-prefix)")
+                    continue
+                rep = got[-1]
+                dest = d / f"rank{r}_{rep.name}"
+                rep.replace(dest)
+            m["timings"]["trace_ready_at"] = self.clock()
+            self._export(m, dest, str(r), CaptureRequest(req.job, (r,)))
+        if len(problems) == len(req.ranks):
+            raise _Failed("timeout", "; ".join(problems))
+        return "; ".join(problems)
+
+    def _open_ranges(self, req: CaptureRequest, m: dict[str, Any], deadline: float) -> None:
+        """Ask each rank's step hook for the range and wait until every one reported its start."""
+        ask = self.hook_requester
+        assert ask is not None
         requests: dict[int, int] = {}
         for r in req.ranks:
             start = req.start_iteration
@@ -573,23 +653,6 @@ class CaptureManager:
         self.store.write(m)
         self._emit(STARTED, req, f"cudaProfilerStart on rank(s) {sorted(states)} {lat:.2f} s after "
                    "the request", "info", m["id"], {"latency_s": round(lat, 3)})
-        problems = []
-        for r in req.ranks:
-            base = nsys.range_base(req.job, r)
-            assert base is not None
-            got = wait_stable(functools.partial(_reports, base, since), max(0.0, deadline - time.monotonic()),
-                              settle_s=self.settle_s, stop=self._closing.is_set)
-            if not got:
-                problems.append(f"rank {r}: no report under {base.parent} before the timeout")
-                continue
-            rep = got[-1]
-            dest = d / f"rank{r}_{rep.name}"
-            rep.replace(dest)
-            m["timings"]["trace_ready_at"] = self.clock()
-            self._export(m, dest, str(r), CaptureRequest(req.job, (r,)))
-        if len(problems) == len(req.ranks):
-            raise _Failed("timeout", "; ".join(problems))
-        return "; ".join(problems)
 
     def _wait_hook(self, requests: Mapping[int, int], want: Iterable[str],
                    deadline: float) -> dict[int, dict[str, Any]]:

@@ -1,5 +1,5 @@
 """nsys captures of running jobs (DESIGN.md §3 "Captures"): no profiler attaches to a running process,
-so the job starts under nsys in one of two ways, and perfd drives it from there.
+so the job starts under nsys in one of three ways, and perfd drives it from there.
 
 1. **Interactive session** — the job (or each rank) starts under
    ``nsys launch --session-new=NAME --trace=cuda,nvtx,osrt CMD...``
@@ -7,12 +7,23 @@ so the job starts under nsys in one of two ways, and perfd drives it from there.
    ``nsys stop --session=NAME`` writes ``OUT.nsys-rep``. Windows can repeat. A session covers every
    process started under it: one session per rank (:func:`session_name` with the rank) makes
    per-rank captures possible; a job-wide session captures all of its ranks at once.
-2. **Step-aligned ranges** — the job runs under
+2. **Step-aligned ranges in a per-rank session** (what ``perfd nsys-prefix`` prints, the default) —
+   each rank starts under its own session (``perfd nsys-exec``: ``nsys launch
+   --session-new=perfd-<job>-r<RANK>``); a capture runs ``nsys start --session=S -c cudaProfilerApi
+   --capture-range-end=stop -o OUT`` (:meth:`NsysExecutor.start_range`), then the perfd step hook
+   calls ``cudaProfilerStart()``/``Stop()`` at the step boundaries the agent asks for
+   (``collectors.hook`` ``request_profile``). nsys writes ``OUT.nsys-rep`` when the range closes and
+   the session waits for the next ``start``: step-aligned, repeatable, reported at once.
+3. **Range profile** (``perfd nsys-prefix --mode profile``) —
    ``nsys profile -c cudaProfilerApi --capture-range-end=repeat -o BASE ...``
-   (:func:`nsys_range_argv`; ``BASE`` holds ``%q{RANK}`` so each rank writes its own reports when
-   nsys wraps each rank) and the perfd step hook calls ``cudaProfilerStart()``/``Stop()`` at the step
-   boundaries the agent asks for (``collectors.hook`` ``request_profile``). Each range becomes a
-   report ``BASE.1.nsys-rep``, ``BASE.2.nsys-rep``, ... when it closes.
+   (:func:`nsys_range_argv`; ``BASE`` holds ``%q{RANK}``) with the same hook ranges. Measured on nsys
+   2025.3.1 (tests/gpu/nsys_range_timing.sh, docs/evidence/README.md): a ``repeat`` range's report is
+   written only when the process exits, so a capture in this mode ends when the job does; mode 2
+   does not have that limit.
+
+In modes 2 and 3 nsys flushes the range's trace inside ``cudaProfilerStop``: the captured rank's
+thread waited 2.6–3.1 s there for a 2 s range of ~700 kernels (the same measurement), so the rank
+loses that time once per capture (and the ranks that wait on it in a collective with it).
 
 Every nsys call is an argument list with a timeout, never a shell string. After a capture the report
 is exported to SQLite and analysed (:func:`perfd.capture.nsys_sqlite.analyze_nsys`).
@@ -38,16 +49,21 @@ _REPORT_RE = r"^{stem}(?:\.(\d+))?\.(?:nsys-rep|qdrep)$"
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 __all__ = ["NsysError", "NsysExecutor", "NsysNotFoundError", "nsys_launch_argv",
-           "nsys_range_argv", "range_reports", "session_name", "wait_stable"]
+           "nsys_range_argv", "range_reports", "rank_session_prefix", "session_name", "wait_stable"]
 
 
 class NsysError(RuntimeError):
     pass
 
 
+def _session_base(job: str) -> str:
+    """The job's part of its session names: letters, digits, _ . - only (so also one shell word)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", job).strip("._-")[:40] or "job"
+
+
 def session_name(job: str, rank: int | None = None) -> str:
     """The session name perfd uses for a job (``perfd-<job>``) or one rank (``perfd-<job>-r<rank>``)."""
-    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", job).strip("._-")[:40] or "job"
+    base = _session_base(job)
     return f"perfd-{base}" if rank is None else f"perfd-{base}-r{int(rank)}"
 
 
@@ -80,6 +96,25 @@ def nsys_range_argv(nsys: str, output_base: str | Path, cmd: Sequence[str], trac
     return [nsys, "profile", "-c", "cudaProfilerApi", f"--capture-range-end={end}", f"--trace={trace}",
             "--sample=none", "--cpuctxsw=none", "--force-overwrite=true", "-o", str(output_base), *extra,
             *cmd]
+
+
+def rank_session_prefix(job: str, trace: str = DEFAULT_TRACE,
+                        perfd: Sequence[str] | None = None) -> list[str]:
+    """What goes between ``torchrun --no-python`` and ``python train.py`` so that each rank runs under
+    its own nsys session ``perfd-<job>-r<RANK>`` (``perfd nsys-exec`` reads ``RANK`` from torchrun's
+    environment and becomes ``nsys launch``). ``perfd``: how to run perfd (default: this Python with
+    ``-m perfd.cli``, which works wherever perfd is importable)."""
+    import sys
+
+    head = list(perfd) if perfd is not None else [sys.executable, "-m", "perfd.cli"]
+    # The job's session base, not its name: the same sessions, and one word for $(...).
+    return [*head, "nsys-exec", "--job", _session_base(job), "--trace", trace, "--"]
+
+
+def rank_session_argv(nsys: str, job: str, rank: int, cmd: Sequence[str],
+                      trace: str = DEFAULT_TRACE) -> list[str]:
+    """``nsys launch`` of one rank in its own session (what ``perfd nsys-exec`` runs)."""
+    return nsys_launch_argv(nsys, session_name(job, rank), cmd, trace=trace)
 
 
 RANGE_SUBDIR = "nsys-ranges"  # under the agent's capture directory
@@ -206,6 +241,15 @@ class NsysExecutor:
         """``nsys start --session=S -o OUT``; returns the time (epoch s) it returned (collection on)."""
         self._run(["start", f"--session={_check_session(session)}", "--sample=none", "--cpuctxsw=none",
                    "-o", str(output),
+                   "--force-overwrite=true"])
+        return time.time()
+
+    def start_range(self, session: str, output: str | Path) -> float:
+        """``nsys start --session=S -c cudaProfilerApi --capture-range-end=stop -o OUT``: the session
+        records from the process's next ``cudaProfilerStart`` to its ``cudaProfilerStop``, writes
+        ``OUT.nsys-rep`` then, and waits for the next start (measured on nsys 2025.3.1)."""
+        self._run(["start", f"--session={_check_session(session)}", "-c", "cudaProfilerApi",
+                   "--capture-range-end=stop", "--sample=none", "--cpuctxsw=none", "-o", str(output),
                    "--force-overwrite=true"])
         return time.time()
 

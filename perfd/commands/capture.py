@@ -27,18 +27,40 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--wait", type=float, default=0.0,
                    help="seconds to wait for the capture to finish, printing its status")
     p.set_defaults(handler=run_capture)
-    n = sub.add_parser("nsys-prefix", help="print the per-rank nsys range wrapper for torchrun --no-python")
+    n = sub.add_parser("nsys-prefix", help="print the per-rank nsys wrapper for torchrun --no-python")
     n.add_argument("--job", required=True, help="the job name the agent knows it by")
-    n.add_argument("--capture-dir", help="the agent's capture_dir (default: <tmp>/perfd-captures)")
-    n.add_argument("--trace", default="cuda,nvtx,osrt", help="nsys --trace (default cuda,nvtx,osrt)")
+    n.add_argument("--mode", choices=("session", "profile"), default="session",
+                   help="session: each rank in its own nsys session, every capture reported when its "
+                   "range closes; profile: each rank under `nsys profile -c cudaProfilerApi` (nsys "
+                   "writes the reports only when the rank exits) (default: %(default)s)")
+    n.add_argument("--capture-dir", help="profile mode: the agent's capture_dir (default: "
+                   "<tmp>/perfd-captures)")
+    n.add_argument("--trace", default="cuda,nvtx,osrt", help="nsys --trace (default: %(default)s)")
     n.set_defaults(handler=run_nsys_prefix)
+    e = sub.add_parser("nsys-exec", help="run one rank under `nsys launch` in its own session "
+                       "perfd-<job>-r$RANK (what nsys-prefix prints; torchrun sets RANK)")
+    e.add_argument("--job", required=True, help="the job name the agent knows it by")
+    e.add_argument("--trace", default="cuda,nvtx,osrt", help="nsys --trace (default: %(default)s)")
+    e.add_argument("cmd", nargs=argparse.REMAINDER, help="the rank's command, after --")
+    e.set_defaults(handler=run_nsys_exec)
+
+
+def _words_for_shell(words: list[str]) -> str | None:
+    """Printed for $(...), where the shell splits on white space and does not remove quotes: the
+    words are printed as they are, and a word that white space would split is refused."""
+    bad = [w for w in words if any(c.isspace() for c in w)]
+    if bad:
+        print(f"perfd nsys-prefix: {bad[0]!r} would be split by the shell; use a path without spaces",
+              file=sys.stderr)
+        return None
+    return " ".join(words)
 
 
 def run_nsys_prefix(args: argparse.Namespace) -> int:
     """``torchrun --no-python --nproc_per_node 8 $(perfd nsys-prefix --job J) python train.py``:
-    each rank under its own ``nsys profile -c cudaProfilerApi``, so a capture records only the
-    ranks it targets (the step hook in the loop opens and closes the ranges)."""
-    from perfd.capture.nsys_exec import rank_range_prefix
+    each rank under its own nsys session (or range profile), so a capture records only the ranks it
+    targets (the step hook in the loop opens and closes the ranges)."""
+    from perfd.capture.nsys_exec import rank_range_prefix, rank_session_prefix
     from perfd.capture.nsys_sqlite import NsysNotFoundError, find_nsys
 
     try:
@@ -46,13 +68,15 @@ def run_nsys_prefix(args: argparse.Namespace) -> int:
     except NsysNotFoundError as exc:
         print(f"perfd nsys-prefix: {exc}", file=sys.stderr)
         return 2
+    if args.mode == "session":
+        line = _words_for_shell(rank_session_prefix(args.job, args.trace))
+        if line is None:
+            return 2
+        print(line)
+        return 0
     words = rank_range_prefix(nsys, args.job, args.capture_dir, args.trace)
-    # Printed for $(...), where the shell splits on white space and does not remove quotes: the
-    # words are printed as they are, and a word that white space would split is refused.
-    bad = [w for w in words if any(c.isspace() for c in w)]
-    if bad:
-        print(f"perfd nsys-prefix: {bad[0]!r} would be split by the shell; use a capture dir without spaces",
-              file=sys.stderr)
+    line = _words_for_shell(words)
+    if line is None:
         return 2
     out_dir = Path(words[words.index("-o") + 1]).parent
     try:  # made here, not left to nsys: the agent also finds the job by this directory
@@ -60,8 +84,39 @@ def run_nsys_prefix(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"perfd nsys-prefix: cannot create {out_dir}: {exc.strerror}", file=sys.stderr)
         return 2
-    print(" ".join(words))
+    print(line)
     return 0
+
+
+def run_nsys_exec(args: argparse.Namespace) -> int:
+    """Become ``nsys launch --session-new=perfd-<job>-r<RANK> CMD`` (exec: the rank's process is nsys,
+    then the command, with no perfd process left between them and torchrun)."""
+    import os
+
+    from perfd.capture.nsys_exec import rank_session_argv
+    from perfd.capture.nsys_sqlite import NsysNotFoundError, find_nsys
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        print("perfd nsys-exec: no command (perfd nsys-exec --job J -- python train.py)", file=sys.stderr)
+        return 2
+    rank = os.environ.get("RANK", "")
+    if not rank.isdigit():
+        print(f"perfd nsys-exec: RANK is {rank or 'unset'}: run it under torchrun (torchrun --no-python "
+              "... $(perfd nsys-prefix --job J) python train.py)", file=sys.stderr)
+        return 2
+    try:
+        nsys = find_nsys()
+        argv = rank_session_argv(nsys, args.job, int(rank), cmd, trace=args.trace)
+    except (NsysNotFoundError, ValueError) as exc:
+        print(f"perfd nsys-exec: {exc}", file=sys.stderr)
+        return 2
+    try:
+        os.execv(argv[0], argv)
+    except OSError as exc:
+        print(f"perfd nsys-exec: cannot run {argv[0]}: {exc.strerror}", file=sys.stderr)
+        return 126
+    return 0  # not reached: execv replaced this process
 
 
 _HEADERS: dict[str, str] = {"Content-Type": "application/json"}

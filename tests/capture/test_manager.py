@@ -259,6 +259,76 @@ def test_nsys_step_aligned_range_through_the_hook(tmp_path):
     assert not (base.parent / "rank1.1.nsys-rep").exists()  # moved into the capture
 
 
+def _session_range_manager(tmp_path: Path, hook_states: tuple[str, ...], write_report: bool = True,
+                           ) -> tuple[CaptureManager, Path, list[tuple[int, int, int]]]:
+    """A manager for a job whose ranks 0 and 1 run in their own nsys sessions (perfd nsys-prefix);
+    the stand-in hook answers with ``hook_states`` and, like nsys at the range's close, writes the
+    report where ``nsys start -o`` pointed the rank's session."""
+    exe, state = make_fake_nsys(tmp_path, sessions=(session_name("job1", 0), session_name("job1", 1)))
+    asked: list[tuple[int, int, int]] = []
+    mgr: CaptureManager
+
+    def hook(rank: int, start: int, n: int) -> int:
+        asked.append((rank, start, n))
+
+        def training() -> None:
+            time.sleep(0.1)
+            for st in hook_states:
+                mgr.on_hook_event({"kind": "hook_profile", "request_id": 20 + rank, "state": st,
+                                   "step": start, "rank": rank, "time": time.time()})
+            time.sleep(0.2)
+            out = (state / "sessions" / session_name("job1", rank)).read_text()  # set by nsys start
+            if write_report and "started" in hook_states:
+                Path(out + ".nsys-rep").write_bytes(b"R" * 100)
+
+        threading.Thread(target=training, daemon=True).start()
+        return 20 + rank
+
+    mgr = CaptureManager(CaptureStore(tmp_path / "caps", 10**6), None, NsysExecutor(nsys=str(exe)),
+                         hook_requester=hook, pids_for_ranks=lambda j, r: {0: 10, 1: 11}, settle_s=0.2,
+                         hook_last_step=lambda r: 40)
+    return mgr, state, asked
+
+
+def test_nsys_step_aligned_range_in_each_ranks_session(tmp_path):
+    """Each rank in its own session: the capture arms the targeted rank's session with
+    ``nsys start -c cudaProfilerApi --capture-range-end=stop``, the hook opens and closes the range,
+    and the report nsys writes at the close is exported at once — no wait for the job's end."""
+    mgr, state, asked = _session_range_manager(tmp_path, ("accepted", "started"))
+    cid = mgr.handle(Command("capture", "job1", (1,), {"tool": "auto", "steps": "2"}))
+    assert cid and mgr.wait_idle(30)
+    m = mgr.store.read(cid)
+    assert m["status"] == "ok", m["reason"]
+    assert m["tool"] == "nsys" and m["mode"] == "range" and m["sessions"] == ["perfd-job1-r1"]
+    assert asked == [(1, 42, 2)] and m["steps"] == {"start": 42, "count": 2}
+    assert [a["name"] for a in m["artifacts"]] == ["rank1.nsys-rep", "rank1.sqlite"]
+    assert m["analysis"]["1"]["devices"][0]["comm_ms"] == pytest.approx(3.0)
+    cs = calls(state)
+    assert [c[0] for c in cs] == ["sessions", "start", "export"]
+    assert cs[1][:4] == ["start", "--session=perfd-job1-r1", "-c", "cudaProfilerApi"]
+    assert "--capture-range-end=stop" in cs[1]
+
+
+def test_nsys_session_range_refused_by_the_hook_disarms_the_session(tmp_path):
+    mgr, state, _ = _session_range_manager(tmp_path, ("rejected",))
+    cid = mgr.handle(Command("capture", "job1", (0, 1), {"tool": "nsys", "steps": "2"}))
+    assert cid and mgr.wait_idle(30)
+    m = mgr.store.read(cid)
+    assert m["status"] == "failed" and "rejected the profile range" in m["reason"]
+    # Both armed sessions cancelled: a session left armed would record the next range nobody asked for.
+    assert sorted(c[1] for c in calls(state) if c[0] == "cancel") == ["--session=perfd-job1-r0",
+                                                                     "--session=perfd-job1-r1"]
+
+
+def test_nsys_session_range_without_a_report_times_out_and_disarms(tmp_path):
+    mgr, state, _ = _session_range_manager(tmp_path, ("accepted", "started"), write_report=False)
+    cid = mgr.handle(Command("capture", "job1", (1,), {"tool": "nsys", "steps": "2", "timeout_s": "2"}))
+    assert cid and mgr.wait_idle(30)
+    m = mgr.store.read(cid)
+    assert m["status"] == "timeout" and "session perfd-job1-r1 wrote no report" in m["reason"]
+    assert [c[1] for c in calls(state) if c[0] == "cancel"] == ["--session=perfd-job1-r1"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not torch_available(), reason="torch is not installed (CPU torch enables this test)")
 def test_real_torch_process_end_to_end(tmp_path):

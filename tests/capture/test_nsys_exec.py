@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -207,11 +208,12 @@ def test_rank_range_prefix_writes_where_the_agent_looks(tmp_path, monkeypatch, c
     nsys.write_text("#!/bin/sh\n")
     nsys.chmod(0o755)
     monkeypatch.setenv("PERFD_NSYS", str(nsys))
-    assert main(["nsys-prefix", "--job", "j", "--capture-dir", str(tmp_path / "c")]) == 0
+    assert main(["nsys-prefix", "--job", "j", "--mode", "profile", "--capture-dir", str(tmp_path / "c")]) == 0
     printed = capsys.readouterr().out.split()
     assert printed == rank_range_prefix(str(nsys), "j", tmp_path / "c")
     assert (tmp_path / "c" / "nsys-ranges" / "perfd-j").is_dir()  # made before nsys runs
-    assert main(["nsys-prefix", "--job", "j", "--capture-dir", str(tmp_path / "a b")]) == 2
+    assert main(["nsys-prefix", "--job", "j", "--mode", "profile",
+                 "--capture-dir", str(tmp_path / "a b")]) == 2
     assert "split by the shell" in capsys.readouterr().err
     monkeypatch.setenv("PERFD_NSYS", str(tmp_path / "missing"))
     assert main(["nsys-prefix", "--job", "j"]) == 2
@@ -239,3 +241,55 @@ def test_the_agent_hands_its_manager_nsys_only_when_nsys_can_run(tmp_path: Path,
         assert caps.manager.nsys is None
     finally:
         caps.close()
+
+
+def test_nsys_prefix_runs_each_rank_in_its_own_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The default prefix: the printed words, run as torchrun --no-python runs them (RANK set),
+    become ``nsys launch --session-new=perfd-<job>-r<RANK> CMD`` — the session name the capture
+    manager looks for."""
+    import os
+    import subprocess
+
+    from perfd.capture.nsys_exec import rank_session_prefix
+    from perfd.cli import main
+
+    argv_file = tmp_path / "argv.json"
+    nsys = tmp_path / "nsys"
+    nsys.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    f"open({str(argv_file)!r}, 'w').write(json.dumps(sys.argv[1:]))\n")
+    nsys.chmod(0o755)
+    monkeypatch.setenv("PERFD_NSYS", str(nsys))
+    assert main(["nsys-prefix", "--job", "gpt 8b"]) == 0
+    words = capsys.readouterr().out.split()
+    assert words == rank_session_prefix("gpt 8b")
+    env = {**os.environ, "RANK": "3", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    res = subprocess.run([*words, "python", "train.py", "--lr", "1"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(argv_file.read_text())
+    assert got == ["launch", f"--session-new={session_name('gpt 8b', 3)}", "--trace=cuda,nvtx,osrt",
+                   "python", "train.py", "--lr", "1"]
+    assert session_name("gpt 8b", 3) == "perfd-gpt_8b-r3"
+    # Refusals: no RANK (not under torchrun), no command.
+    env.pop("RANK")
+    res = subprocess.run([*words, "python", "train.py"], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "RANK is unset" in res.stderr
+    assert main(["nsys-exec", "--job", "j", "--"]) == 2
+    assert "no command" in capsys.readouterr().err
+
+
+def test_start_range_arms_a_session_for_the_next_profiler_range(tmp_path: Path) -> None:
+    seen: list[list[str]] = []
+
+    def runner(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    ex = NsysExecutor(nsys="/x/nsys", runner=runner)
+    ex.start_range("perfd-j-r1", tmp_path / "rank1")
+    assert seen == [["/x/nsys", "start", "--session=perfd-j-r1", "-c", "cudaProfilerApi",
+                     "--capture-range-end=stop", "--sample=none", "--cpuctxsw=none", "-o",
+                     str(tmp_path / "rank1"), "--force-overwrite=true"]]
+    with pytest.raises(ValueError):
+        ex.start_range("bad name; rm -rf /", tmp_path / "x")

@@ -10,18 +10,21 @@ records), and `perfd agent --launch-manifest` (hook collector; NVML for rank →
 rank's poll) and to the trace, and checks that only the target rank wrote a trace. --cpu runs the
 same path without a GPU (gloo, CPU ops), to check the plumbing.
 
-``--tool nsys`` (``source .gpu-libs/nsys-env.sh`` first): each rank runs under its own
-``nsys profile -c cudaProfilerApi --capture-range-end=repeat`` (``torchrun --no-python``, the
-prefix `perfd nsys-prefix` prints, reports under the agent's range directory
-``<capture dir>/nsys-ranges/<session>/rank<r>``); the rule asks for an nsys range of 3 steps on
-rank 1, which the step hook opens and closes with cudaProfilerStart/Stop at step boundaries. Checks:
-a report from rank 1 only, analysed by the agent (devices, busy, NCCL time), and the time from the
-firing to the range start.
+``--tool nsys`` (``source .gpu-libs/nsys-env.sh`` first): each rank runs under the prefix
+`perfd nsys-prefix` prints (``torchrun --no-python``): with ``--nsys-mode session`` (default) each
+rank in its own nsys session, armed per capture with ``nsys start -c cudaProfilerApi``; with
+``--nsys-mode profile`` under ``nsys profile -c cudaProfilerApi --capture-range-end=repeat``
+(reports under ``<capture dir>/nsys-ranges/<session>/rank<r>``, written when the rank exits). The
+rule asks for an nsys range of 3 steps on rank 1, which the step hook opens and closes with
+cudaProfilerStart/Stop at step boundaries. Checks: a report from rank 1 only, analysed by the agent
+(devices, busy, NCCL time), the time from the firing to the range start and to the report, and each
+rank's step times around the range (``rank<r>.steps``: nsys flushes inside cudaProfilerStop).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -50,6 +53,7 @@ opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 x = torch.randn(64, n, device=dev)
 hook = StepHook(warmup_steps=2, cuda=cuda)
 Path = __import__("pathlib").Path
+ends = []
 Path(os.environ["VRC_DIR"], f"rank{rank}.pid").write_text(str(os.getpid()))
 deadline = time.time() + float(os.environ.get("VRC_SECONDS", "60"))
 while time.time() < deadline:
@@ -60,6 +64,9 @@ while time.time() < deadline:
         for p in model.parameters():
             dist.all_reduce(p.grad)
         opt.step()
+    ends.append(time.time())
+    if len(ends) % 25 == 0:  # as it goes: a rank can be left waiting in a collective at the end
+        Path(os.environ["VRC_DIR"], f"rank{rank}.steps").write_text("\n".join(f"{t:.4f}" for t in ends))
     time.sleep(0.02)
 hook.close()
 dist.destroy_process_group()
@@ -81,18 +88,15 @@ rules:
 """
 
 
-def job_argv(tool: str, out: Path, capture_dir: Path) -> list[str]:
-    """The torchrun command; for nsys ranges each rank is wrapped in its own ``nsys profile``
-    writing where the agent looks for range reports (NsysExecutor.range_base)."""
+def job_argv(tool: str, out: Path, capture_dir: Path, nsys_mode: str, env: dict[str, str]) -> list[str]:
+    """The torchrun command; for nsys each rank is wrapped in what ``perfd nsys-prefix`` prints."""
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     if tool != "nsys":
         return [*run, str(out / "train.py")]
-    from perfd.capture.nsys_exec import rank_range_prefix
-    from perfd.capture.nsys_sqlite import find_nsys
-
-    prefix = rank_range_prefix(find_nsys(), "rc", capture_dir)  # what `perfd nsys-prefix` prints
-    Path(prefix[prefix.index("-o") + 1]).parent.mkdir(parents=True, exist_ok=True)
-    return [*run, "--no-python", *prefix, sys.executable, str(out / "train.py")]
+    res = subprocess.run([sys.executable, "-m", "perfd.cli", "nsys-prefix", "--job", "rc", "--mode",
+                          nsys_mode, "--capture-dir", str(capture_dir)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True, timeout=60)
+    return [*run, "--no-python", *res.stdout.split(), sys.executable, str(out / "train.py")]
 
 
 def _get(url: str) -> Any:
@@ -106,13 +110,14 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--tool", choices=("kineto", "nsys"), default="kineto")
+    ap.add_argument("--nsys-mode", choices=("session", "profile"), default="session")
     a = ap.parse_args()
     out: Path = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "train.py").write_text(TRAIN)
     rules = RULES.replace("TOOL", a.tool)
-    # nsys: no mode in the rule; the agent takes a range because each rank runs under the range
-    # prefix (the capture manager's _range_ready), as a user's job would.
+    # nsys: no mode in the rule; the agent takes a range because each rank runs under the prefix
+    # (its own session, or a range profile), as a user's job would.
     (out / "rules.yaml").write_text(rules)
     capture_dir = out / "captures"
     agent_cfg = out / "agent.yaml"
@@ -142,7 +147,7 @@ def main() -> int:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "perfd.cli", "launch", "--job", "rc", "--kineto", "--agent-socket", sock,
              "--manifest", str(manifest), "--log", str(out / "job.log"), "--",
-             *job_argv(a.tool, out, capture_dir)],
+             *job_argv(a.tool, out, capture_dir, a.nsys_mode, env)],
             cwd=ROOT, env=env, stdout=(out / "launch.out").open("wb"), stderr=subprocess.STDOUT))
         deadline = time.time() + 30
         while not manifest.exists():
@@ -162,16 +167,16 @@ def main() -> int:
                 capture = caps[0]
                 break
             time.sleep(0.5)
+        while time.time() - t0 < a.seconds + 3:
+            time.sleep(0.5)  # the job runs to its end, writing its step times
         events = _get(f"{base}/api/events")["events"]
         firing = next((e for e in events if e.get("kind") == "rule_firing"), None)
         result["capture"] = capture
         result["rule_fired_at"] = firing.get("time") if firing else None
         result["events"] = [{k: e.get(k) for k in ("kind", "time", "text")} for e in events][-10:]
         store = capture_dir
-        if a.tool == "nsys":
-            # <capture dir>/nsys-ranges/<session>/rank<r>.<n>.nsys-rep: which ranks wrote a report
-            traces = sorted(f"{p.parent.name}/{p.name}" for p in store.rglob("*.nsys-rep")
-                            if p.parent.parent.name == "nsys-ranges")
+        if a.tool == "nsys":  # every report, wherever nsys wrote it (a capture's dir, or nsys-ranges/)
+            traces = sorted(p.name for p in store.rglob("*.nsys-rep"))
         else:
             traces = sorted(p.name for p in store.rglob("*.json") if not p.name.startswith("manifest"))
         result["trace_files"] = traces
@@ -182,9 +187,25 @@ def main() -> int:
         result["latency_s"] = payload.get("latency_s")
         if firing and capture:
             result["firing_to_request_s"] = round(capture["requested_at"] - firing["time"], 3)
-        if a.tool == "nsys":  # reports are per rank directory: rank1/... only
+        if capture:
+            result["capture_record"] = capture
+            if capture.get("finished_at") and firing:
+                result["firing_to_finished_s"] = round(capture["finished_at"] - firing["time"], 3)
+        result["step_s"] = {}
+        for r in (0, 1):
+            f = out / f"rank{r}.steps"
+            if f.exists():
+                ends = [float(x) for x in f.read_text().split()]
+                steps = [b - a for a, b in itertools.pairwise(ends)]
+                d = sorted(steps)
+                if d:  # the slow steps with their end times (the range's steps are in the capture)
+                    slow = [(i + 1, round(v, 3), round(ends[i + 1], 3)) for i, v in enumerate(steps)
+                            if v > 5 * d[len(d) // 2]]
+                    result["step_s"][r] = {"n": len(d), "median": round(d[len(d) // 2], 4),
+                                           "max": round(d[-1], 4), "slow": slow[:10]}
+        if a.tool == "nsys":  # rank 1's reports only (rank1.nsys-rep, or rank1.<n>.nsys-rep)
             ok = bool(capture and capture["status"] == "finished" and capture["ranks"] == [1]
-                      and traces and all(t.split("/")[1].startswith("rank1.") for t in traces))
+                      and traces and all(t.startswith("rank1") for t in traces))
         else:
             ok = bool(capture and capture["status"] == "finished" and capture["ranks"] == [1]
                       and traces and all(f"_{pids.get(1)}" in t or "rank1" in t for t in traces))
