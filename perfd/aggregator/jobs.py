@@ -19,7 +19,7 @@ from typing import Any
 
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.diagnosis import TimelineClass
-from perfd.analytics.megatron_job import RunAnalysis, analyze_run
+from perfd.analytics.megatron_job import AnalysisMemo, RunAnalysis, analyze_run
 from perfd.model import JobInfo, StepRecord, TimerValue
 
 # Bucket upper bounds (s) of the step-time histogram: 50 ms to 2 min, about ×1.5 apart.
@@ -61,6 +61,13 @@ class JobState:
     # rank scopes, oldest first, so the oldest iteration goes in O(1) (its own records only).
     by_iteration: OrderedDict[int, list[str]] = field(default_factory=OrderedDict)
     evicted_below: int | None = None  # iterations before this one left the window
+    # Incremental analysis: the per-iteration work of the last analysis (AnalysisMemo), and the
+    # record objects it was keyed on kept stable from one analysis to the next — per-rank records
+    # folded per iteration, capture-disturbed copies — so only changed iterations are recomputed.
+    memo: AnalysisMemo = field(default_factory=AnalysisMemo)
+    folded: dict[int, tuple[tuple[StepRecord, ...], StepRecord]] = field(default_factory=dict)
+    disturbed: dict[int, tuple[StepRecord, StepRecord]] = field(default_factory=dict)
+    analysis_lock: threading.Lock = field(default_factory=threading.Lock)  # one analysis at a time
 
 
 @dataclass
@@ -160,13 +167,14 @@ class JobStore:
             if js.analysis is not None and not stale:
                 return js.analysis
             info = js.job_info or JobInfo()
-            records = job_level_steps(list(js.records.values()))
+            raw = list(js.records.values())
             gpu = self.gpu_override or js.gpu_name
             js.dirty = False
-        records = mark_disturbed(records, windows)
         try:
-            result = analyze_run(info, records, gpu_name=gpu, peak_tflops=self.peak_tflops,
-                                 job_name=job, gpm=gpm, timeline=timeline)
+            with js.analysis_lock:  # the memo and the caches belong to one analysis at a time
+                records = mark_disturbed(job_level_steps(raw, js.folded), windows, js.disturbed)
+                result = analyze_run(info, records, gpu_name=gpu, peak_tflops=self.peak_tflops,
+                                     job_name=job, gpm=gpm, timeline=timeline, memo=js.memo)
         except Exception:
             with self._lock:
                 self.stats.analysis_errors += 1
@@ -248,9 +256,12 @@ class JobStore:
             }
 
 
-def mark_disturbed(records: list[StepRecord], windows: Sequence[tuple[float, float]]) -> list[StepRecord]:
+def mark_disturbed(records: list[StepRecord], windows: Sequence[tuple[float, float]],
+                   cache: dict[int, tuple[StepRecord, StepRecord]] | None = None) -> list[StepRecord]:
     """Records whose iteration overlaps a capture window, marked ``disturbed_by_capture`` (a
-    capture slows the iterations it starts and stops in; DESIGN.md §3)."""
+    capture slows the iterations it starts and stops in; DESIGN.md §3). ``cache`` (iteration ->
+    (record, its marked copy)) hands back the same copy for the same record, so that an
+    incremental analysis sees an unchanged iteration as unchanged."""
     if not windows:
         return records
     out = []
@@ -258,15 +269,32 @@ def mark_disturbed(records: list[StepRecord], windows: Sequence[tuple[float, flo
         end = r.end_time
         start = end - r.step_time_ms / 1e3 if end is not None and r.step_time_ms is not None else end
         hit = end is not None and start is not None and any(s <= end and start <= e for s, e in windows)
-        out.append(dataclasses.replace(r, disturbed_by_capture=True) if hit and not r.disturbed_by_capture
-                   else r)
+        if not hit or r.disturbed_by_capture:
+            out.append(r)
+            continue
+        kept = cache.get(r.iteration) if cache is not None else None
+        marked = (kept[1] if kept is not None and kept[0] is r
+                  else dataclasses.replace(r, disturbed_by_capture=True))
+        if cache is not None:
+            cache[r.iteration] = (r, marked)
+        out.append(marked)
+    if cache is not None and len(cache) > len(records):
+        present = {r.iteration for r in records}
+        for i in [i for i in cache if i not in present]:
+            del cache[i]
     return out
 
 
-def job_level_steps(records: list[StepRecord]) -> list[StepRecord]:
+_FoldCache = dict[int, tuple[tuple[StepRecord, ...], StepRecord]]
+
+
+def job_level_steps(records: list[StepRecord], cache: _FoldCache | None = None) -> list[StepRecord]:
     """One record per iteration for :func:`analyze_run`. Records of one rank each (the step hook)
     are folded into one ``"all"`` record per iteration when the job has no job-level records: the
-    slowest rank's step (the iteration ends when it does), timers merged per rank."""
+    slowest rank's step (the iteration ends when it does), timers merged per rank. ``cache``
+    (iteration -> (its rank records, the fold)) hands back the same fold while an iteration's rank
+    records are the same objects: folding is done once per change, and an incremental analysis
+    sees an unchanged iteration as unchanged."""
     job_level = [r for r in records if not isinstance(r.rank, int)]
     if job_level or not records:
         return job_level
@@ -274,18 +302,34 @@ def job_level_steps(records: list[StepRecord]) -> list[StepRecord]:
     for r in records:
         by_it.setdefault(r.iteration, []).append(r)
     out = []
-    for rs in by_it.values():
-        slow = max(rs, key=lambda r: r.step_time_ms if r.step_time_ms is not None else -1.0)
-        timers: dict[str, TimerValue] = {}
-        for r in rs:
-            for name, tv in r.timers.items():
-                t = timers.setdefault(name, TimerValue())
-                vals = dict(tv.per_rank) or ({r.rank: tv.max_ms} if isinstance(r.rank, int)
-                                             and tv.max_ms is not None else {})
-                t.per_rank.update(vals)
-        for t in timers.values():
-            if t.per_rank:
-                t.min_ms, t.max_ms = min(t.per_rank.values()), max(t.per_rank.values())
-        ends = [r.end_time for r in rs if r.end_time is not None]
-        out.append(dataclasses.replace(slow, rank="all", timers=timers, end_time=max(ends) if ends else None))
+    for it, rs in by_it.items():
+        kept = cache.get(it) if cache is not None else None
+        if (kept is not None and len(kept[0]) == len(rs)
+                and all(a is b for a, b in zip(kept[0], rs, strict=True))):
+            out.append(kept[1])
+            continue
+        folded = _fold(rs)
+        if cache is not None:
+            cache[it] = (tuple(rs), folded)
+        out.append(folded)
+    if cache is not None and len(cache) > len(by_it):
+        for i in [i for i in cache if i not in by_it]:
+            del cache[i]
     return out
+
+
+def _fold(rs: list[StepRecord]) -> StepRecord:
+    """One iteration's rank records as one ``"all"`` record."""
+    slow = max(rs, key=lambda r: r.step_time_ms if r.step_time_ms is not None else -1.0)
+    timers: dict[str, TimerValue] = {}
+    for r in rs:
+        for name, tv in r.timers.items():
+            t = timers.setdefault(name, TimerValue())
+            vals = dict(tv.per_rank) or ({r.rank: tv.max_ms} if isinstance(r.rank, int)
+                                         and tv.max_ms is not None else {})
+            t.per_rank.update(vals)
+    for t in timers.values():
+        if t.per_rank:
+            t.min_ms, t.max_ms = min(t.per_rank.values()), max(t.per_rank.values())
+    ends = [r.end_time for r in rs if r.end_time is not None]
+    return dataclasses.replace(slow, rank="all", timers=timers, end_time=max(ends) if ends else None)

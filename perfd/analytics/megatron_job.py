@@ -176,6 +176,115 @@ def _src(m: MetricValue) -> str:
     return f"{text} [{m.reason}]" if m.reason else text
 
 
+@dataclass
+class AnalysisMemo:
+    """Per-iteration work kept from one analysis of a growing run to the next (the aggregator keeps
+    one per job): an iteration whose record is the *same object* as last time, under the same job
+    context, is not computed again, so a new iteration costs its own work — the per-rank straggler
+    detection, exposed communication and stage idle — not a re-run over the history. What depends
+    on the whole run (steady state, incidents, the class with GPM and the timeline, the summary) is
+    still derived from every iteration, from these results. Plain data owned by the caller; the
+    analysis stays a function of its inputs (the same result with or without a memo: tested)."""
+
+    key: tuple[Any, ...] | None = None
+    entries: dict[int, tuple[StepRecord, IterationResult, StragglerResult]] = field(default_factory=dict)
+    hits: int = 0
+    misses: int = 0
+
+
+@dataclass
+class _Context:
+    """What every iteration's metrics depend on besides its record."""
+
+    job: JobInfo
+    world: int | None
+    peak: PeakResult
+    ranks: Any
+    flops_cache: dict[int | None, FlopsResult]
+
+
+def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, StragglerResult]:
+    """The metrics of one record that need only the record and the job (see AnalysisMemo)."""
+    job, lay, world, peak, ranks, flops_cache = (ctx.job, ctx.job.layout, ctx.world, ctx.peak, ctx.ranks,
+                                                 ctx.flops_cache)
+    it = IterationResult(rec.iteration, end_time=finite(rec.end_time),
+                         step_time_ms=finite(rec.step_time_ms),
+                         megatron_tflops_per_gpu=finite(rec.logged_tflops_per_gpu),
+                         lm_loss=finite(rec.lm_loss))
+    srcs = it.sources
+    srcs["step_time_ms"] = str(rec.source) if rec.source else "megatron: elapsed time per iteration"
+    srcs["lm_loss"] = ("megatron: lm loss" if it.lm_loss is not None
+                       else "absent: no lm loss on this iteration (NaN loss removes the field)")
+    srcs["megatron_tflops_per_gpu"] = ("megatron: throughput per GPU (TFLOP/s/GPU)"
+                                       if it.megatron_tflops_per_gpu is not None
+                                       else "absent: not in the log (needs --log-throughput)")
+
+    # Throughput, MFU, cross-check.
+    gbs = rec.global_batch_size if rec.global_batch_size is not None else lay.global_batch_size
+    if gbs not in flops_cache:
+        flops_cache[gbs] = model_flops(job.spec, gbs, job.framework_version)
+    fl = flops_cache[gbs]
+    tput = MetricValue.absent(fl.reason() or "model FLOPs unknown")
+    if fl.available and fl.formula != FORMULA_6N:
+        tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
+    if tput.value is None and it.megatron_tflops_per_gpu is not None:
+        tput = MetricValue(it.megatron_tflops_per_gpu, Provenance(
+            "megatron", "logged throughput per GPU (perfd's formula unavailable: "
+                        f"{tput.reason})"))
+    if tput.value is None and fl.available and fl.formula == FORMULA_6N:
+        tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
+    it.model_tflops_per_gpu = tput.value
+    srcs["model_tflops_per_gpu"] = srcs["tflops_rel_gap"] = _src(tput)
+    if tput.source is not None and tput.source.collector == "analytics":
+        chk = crosscheck_tflops(tput.value, it.megatron_tflops_per_gpu)
+        it.tflops_rel_gap, it.tflops_check_ok = chk.rel_gap, chk.agrees
+    m = mfu(tput, peak)
+    it.mfu = m.value
+    srcs["mfu"] = _src(m)
+    if tput.value is not None and peak.measured_ceiling_tflops:
+        it.mfu_vs_measured_ceiling = tput.value / peak.measured_ceiling_tflops
+
+    d = data_share(rec)
+    it.data_share = d.value
+    srcs["data_share"] = _src(d)
+
+    comm = exposed_comm(rec)
+    it.comm_exposed_share = comm.total.value
+    it.comm_exposed_dp_share = comm.grad_sync.value
+    it.comm_exposed_pp_share = comm.pp.value
+    it.comm_method = comm.method
+    srcs["comm_exposed_share"] = _src(comm.total)
+    srcs["comm_exposed_dp_share"] = _src(comm.grad_sync)
+    srcs["comm_exposed_pp_share"] = _src(comm.pp)
+
+    bubble = analytic_bubble(lay.pp, _microbatches(lay, gbs), lay.vpp)
+    idle = stage_idle(rec, lay.pp, bubble)
+    it.pp_bubble_analytic = bubble.value
+    it.pp_idle_max, it.pp_idle_min = idle.idle_max.value, idle.idle_min.value
+    it.pp_imbalance = idle.imbalance.value
+    it.pp_lighter_compute_ms, it.pp_heavier_compute_ms = idle.lighter_compute_ms, idle.heavier_compute_ms
+    it.pp_idle_method = idle.method
+    srcs["pp_bubble_analytic"] = _src(bubble)
+    srcs["pp_idle_max"] = _src(idle.idle_max)
+    srcs["pp_idle_min"] = _src(idle.idle_min)
+    srcs["pp_imbalance"] = _src(idle.imbalance)
+
+    st = detect(rec, ranks)
+    it.straggler_rtt_ratio = st.rtt_ratio
+    it.straggler_rtt_max_rank, it.straggler_rtt_min_rank = st.rtt_max_rank, st.rtt_min_rank
+    it.straggler_between_stages = st.line_between_stages
+    it.straggler_compute_spread = st.compute_spread
+    it.straggler_compute_spread_flagged = st.compute_spread_flagged
+    it.straggler_candidate_ranks = st.flagged_ranks
+    it.straggler_rank_compute_ratio = dict(st.per_rank_ratio)
+    it.straggler_notes = list(st.notes)
+    srcs["straggler"] = ("megatron: straggler detector line (MnRtt/MxRtt)" if rec.straggler
+                         else "megatron: timers only (no straggler line; needs --log-straggler)")
+    srcs["straggler_rtt_ratio"] = srcs["straggler"]
+    return it, st
+
+
+
 def analyze_run(
     job: JobInfo,
     records: list[StepRecord],
@@ -186,14 +295,17 @@ def analyze_run(
     job_name: str | None = None,
     gpm: bn.GpmReading | None = None,
     timeline: TimelineClass | None = None,
+    memo: AnalysisMemo | None = None,
 ) -> RunAnalysis:
-    """Analyse a Megatron run's step records (any order; one record per logged iteration)."""
-    return _analyze(job, records, gpu_name, peak_tflops, dtype, job_name, gpm, timeline)
+    """Analyse a Megatron run's step records (any order; one record per logged iteration).
+    ``memo``: keep per-iteration work for the next analysis of the same, grown run."""
+    return _analyze(job, records, gpu_name, peak_tflops, dtype, job_name, gpm, timeline, memo)
 
 
 def _analyze(job: JobInfo, records: Sequence[StepRecord], gpu_name: str | None,
              peak_override: float | None, dtype: str | None, job_name: str | None,
-             gpm: bn.GpmReading | None, timeline: TimelineClass | None) -> RunAnalysis:
+             gpm: bn.GpmReading | None, timeline: TimelineClass | None,
+             memo: AnalysisMemo | None = None) -> RunAnalysis:
     lay = job.layout
     world = _world_size(lay)
     canon_dtype, dtype_src = resolve_dtype(job, dtype)
@@ -204,91 +316,34 @@ def _analyze(job: JobInfo, records: Sequence[StepRecord], gpu_name: str | None,
     ordered = sorted(records, key=lambda r: r.iteration)
     steady = steady_state(ordered)
 
+    ctx = _Context(job, world, peak, ranks, flops_cache)
+    key = (job, gpu_name, peak_override, dtype)
+    if memo is not None and memo.key != key:
+        memo.key, memo.entries = key, {}
     iterations: list[IterationResult] = []
     straggler_results: dict[int, StragglerResult] = {}
     for rec in ordered:
-        it = IterationResult(rec.iteration, end_time=finite(rec.end_time),
-                             step_time_ms=finite(rec.step_time_ms),
-                             megatron_tflops_per_gpu=finite(rec.logged_tflops_per_gpu),
-                             lm_loss=finite(rec.lm_loss))
+        kept = memo.entries.get(rec.iteration) if memo is not None else None
+        if kept is not None and kept[0] is rec:
+            it, st = dataclasses.replace(kept[1]), kept[2]  # a copy: the lines below set its fields
+            memo.hits += 1  # type: ignore[union-attr]
+        else:
+            base, st = _iteration(rec, ctx)
+            if memo is not None:
+                memo.entries[rec.iteration] = (rec, base, st)
+                memo.misses += 1
+            it = dataclasses.replace(base)
+        straggler_results[rec.iteration] = st
         it.steady_state = steady.steady.get(rec.iteration, False)
         it.excluded_reason = steady.excluded.get(rec.iteration)
-        srcs = it.sources
-        srcs["step_time_ms"] = str(rec.source) if rec.source else "megatron: elapsed time per iteration"
-        srcs["lm_loss"] = ("megatron: lm loss" if it.lm_loss is not None
-                           else "absent: no lm loss on this iteration (NaN loss removes the field)")
-        srcs["megatron_tflops_per_gpu"] = ("megatron: throughput per GPU (TFLOP/s/GPU)"
-                                           if it.megatron_tflops_per_gpu is not None
-                                           else "absent: not in the log (needs --log-throughput)")
-
-        # Throughput, MFU, cross-check.
-        gbs = rec.global_batch_size if rec.global_batch_size is not None else lay.global_batch_size
-        if gbs not in flops_cache:
-            flops_cache[gbs] = model_flops(job.spec, gbs, job.framework_version)
-        fl = flops_cache[gbs]
-        tput = MetricValue.absent(fl.reason() or "model FLOPs unknown")
-        if fl.available and fl.formula != FORMULA_6N:
-            tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
-        if tput.value is None and it.megatron_tflops_per_gpu is not None:
-            tput = MetricValue(it.megatron_tflops_per_gpu, Provenance(
-                "megatron", "logged throughput per GPU (perfd's formula unavailable: "
-                            f"{tput.reason})"))
-        if tput.value is None and fl.available and fl.formula == FORMULA_6N:
-            tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
-        it.model_tflops_per_gpu = tput.value
-        srcs["model_tflops_per_gpu"] = srcs["tflops_rel_gap"] = _src(tput)
-        if tput.source is not None and tput.source.collector == "analytics":
-            chk = crosscheck_tflops(tput.value, it.megatron_tflops_per_gpu)
-            it.tflops_rel_gap, it.tflops_check_ok = chk.rel_gap, chk.agrees
-        m = mfu(tput, peak)
-        it.mfu = m.value
-        srcs["mfu"] = _src(m)
-        if tput.value is not None and peak.measured_ceiling_tflops:
-            it.mfu_vs_measured_ceiling = tput.value / peak.measured_ceiling_tflops
-
-        d = data_share(rec)
-        it.data_share = d.value
-        srcs["data_share"] = _src(d)
-
-        comm = exposed_comm(rec)
-        it.comm_exposed_share = comm.total.value
-        it.comm_exposed_dp_share = comm.grad_sync.value
-        it.comm_exposed_pp_share = comm.pp.value
-        it.comm_method = comm.method
-        srcs["comm_exposed_share"] = _src(comm.total)
-        srcs["comm_exposed_dp_share"] = _src(comm.grad_sync)
-        srcs["comm_exposed_pp_share"] = _src(comm.pp)
-
-        bubble = analytic_bubble(lay.pp, _microbatches(lay, gbs), lay.vpp)
-        idle = stage_idle(rec, lay.pp, bubble)
-        it.pp_bubble_analytic = bubble.value
-        it.pp_idle_max, it.pp_idle_min = idle.idle_max.value, idle.idle_min.value
-        it.pp_imbalance = idle.imbalance.value
-        it.pp_lighter_compute_ms, it.pp_heavier_compute_ms = idle.lighter_compute_ms, idle.heavier_compute_ms
-        it.pp_idle_method = idle.method
-        srcs["pp_bubble_analytic"] = _src(bubble)
-        srcs["pp_idle_max"] = _src(idle.idle_max)
-        srcs["pp_idle_min"] = _src(idle.idle_min)
-        srcs["pp_imbalance"] = _src(idle.imbalance)
-
-        st = detect(rec, ranks)
-        straggler_results[rec.iteration] = st
-        it.straggler_rtt_ratio = st.rtt_ratio
-        it.straggler_rtt_max_rank, it.straggler_rtt_min_rank = st.rtt_max_rank, st.rtt_min_rank
-        it.straggler_between_stages = st.line_between_stages
-        it.straggler_compute_spread = st.compute_spread
-        it.straggler_compute_spread_flagged = st.compute_spread_flagged
-        it.straggler_candidate_ranks = st.flagged_ranks
-        it.straggler_rank_compute_ratio = dict(st.per_rank_ratio)
-        it.straggler_notes = list(st.notes)
-        srcs["straggler"] = ("megatron: straggler detector line (MnRtt/MxRtt)" if rec.straggler
-                             else "megatron: timers only (no straggler line; needs --log-straggler)")
-        srcs["straggler_rtt_ratio"] = srcs["straggler"]
-
         it.bottleneck = classify_job(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share,
                                      lay.pp, it.pp_idle_max, it.pp_bubble_analytic, it.mfu, gpm,
                                      timeline).cls
         iterations.append(it)
+    if memo is not None and len(memo.entries) > len(ordered):  # evicted iterations leave the memo
+        present = {r.iteration for r in ordered}
+        for i in [i for i in memo.entries if i not in present]:
+            del memo.entries[i]
 
     incidents = _mark_incidents(iterations, ordered, steady)
     steady_its = [it for it in iterations if it.steady_state]
