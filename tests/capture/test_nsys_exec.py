@@ -293,3 +293,25 @@ def test_start_range_arms_a_session_for_the_next_profiler_range(tmp_path: Path) 
                      str(tmp_path / "rank1"), "--force-overwrite=true"]]
     with pytest.raises(ValueError):
         ex.start_range("bad name; rm -rf /", tmp_path / "x")
+
+
+def test_a_window_on_several_sessions_stops_them_side_by_side(tmp_path: Path) -> None:
+    """``nsys stop`` returns only once its report is written; stopped one after another, later ranks
+    recorded longer (3.5 s and 13.8 s for a 3 s window on Megatron-LM PP=2). Each stand-in ``stop``
+    here waits at a barrier for the other: stops issued one after another would break it."""
+    barrier = threading.Barrier(2, timeout=10)
+    order: list[str] = []
+
+    def runner(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        if cmd[1] == "stop":
+            barrier.wait()  # BrokenBarrierError if the other stop is not running at the same time
+            session = cmd[2].split("=", 1)[1]
+            (tmp_path / f"{session}.nsys-rep").write_bytes(b"R" * 64)
+        order.append(cmd[1])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    ex = NsysExecutor(nsys="/x/nsys", runner=runner)
+    reports, errors = ex.run_window(["perfd-j-r0", "perfd-j-r1"], tmp_path, 0.0, lambda s: None,
+                                    lambda t: None, stop_timeout_s=10)
+    assert errors == [] and sorted(reports) == ["perfd-j-r0", "perfd-j-r1"]
+    assert order.count("start") == 2 and order.count("stop") == 2
