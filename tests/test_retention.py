@@ -34,3 +34,38 @@ def test_a_resent_iteration_replaces_and_an_older_one_is_refused_and_counted() -
     store.ingest_steps("a", _iteration(1, 2))  # arrives after its iteration left the window
     assert sorted({k[0] for k in store.jobs["big"].records}) == [3, 4, 5]
     assert store.stats.dropped_steps == before + 3
+
+
+def _timed(it: int, ranks: int) -> StepRecord:
+    """One job-level record with per-rank timers, as Megatron-LM's --timing-log-option all gives."""
+    from perfd.model import TimerValue
+
+    timers = {name: TimerValue(per_rank={r: 10.0 + r for r in range(ranks)}) for name in ("fwd", "bwd")}
+    return StepRecord(job="big", iteration=it, rank="last", end_time=1e9 + it, step_time_ms=500.0,
+                      timers=timers)
+
+
+def test_retention_is_bounded_by_bytes_too_and_the_newest_iteration_stays() -> None:
+    from perfd.aggregator.jobs import record_bytes
+
+    one = record_bytes(_timed(1, 1000))
+    assert 150_000 < one < 300_000  # 2,000 per-rank values (the estimate, ~96 bytes each)
+    store = JobStore(max_iterations_per_job=5000, max_bytes_per_job=10 * one)
+    for it in range(1, 31):
+        store.ingest_steps("a", [_timed(it, 1000)])
+    js = store.jobs["big"]
+    assert sorted({k[0] for k in js.records}) == list(range(21, 31))  # 10 iterations fit the bytes
+    assert js.held_bytes == 10 * one
+    assert store.stats.evicted_iterations == 20 and store.stats.evicted_iterations_bytes == 20
+    store.ingest_steps("a", [_timed(30, 1000)])  # re-sent: replaces, the bytes do not grow
+    assert js.held_bytes == 10 * one
+    tiny = JobStore(max_bytes_per_job=1)  # below one record: the newest iteration is still kept
+    tiny.ingest_steps("a", [_timed(1, 10), _timed(2, 10)])
+    assert sorted({k[0] for k in tiny.jobs["big"].records}) == [2]
+
+
+def test_the_aggregator_takes_retention_from_its_flags() -> None:
+    from perfd.cli import main
+
+    assert main(["aggregator", "--retain-iterations", "0"]) == 2
+    assert main(["aggregator", "--retain-mib", "0"]) == 2

@@ -43,6 +43,21 @@ class StepHistogram:
         self.n += 1
 
 
+# Retention of each job's step records (issue 15): the newest RETAIN_ITERATIONS iterations, and no more
+# than RETAIN_BYTES of them (estimated by record_bytes): with per-rank timers a record of a
+# 1,000-rank job holds ~1.3 MB, so iterations alone would let one job take gigabytes. The oldest
+# iteration goes first, in O(1); the newest is always kept.
+RETAIN_ITERATIONS = 5000
+RETAIN_BYTES = 256 << 20
+
+
+def record_bytes(rec: StepRecord) -> int:
+    """Estimated memory of a held record: measured with tracemalloc on parsed Megatron-LM records
+    (~83 bytes per per-rank timer value, ~1 KB for the rest); an estimate, cheap at ingest."""
+    per_rank = sum(len(tv.per_rank) for tv in rec.timers.values())
+    return 1024 + 256 * len(rec.timers) + 96 * per_rank
+
+
 @dataclass
 class JobState:
     name: str
@@ -61,6 +76,8 @@ class JobState:
     # rank scopes, oldest first, so the oldest iteration goes in O(1) (its own records only).
     by_iteration: OrderedDict[int, list[str]] = field(default_factory=OrderedDict)
     evicted_below: int | None = None  # iterations before this one left the window
+    held_bytes: int = 0  # record_bytes of every record held
+    iteration_bytes: dict[int, int] = field(default_factory=dict)
     # Incremental analysis: the per-iteration work of the last analysis (AnalysisMemo), and the
     # record objects it was keyed on kept stable from one analysis to the next — per-rank records
     # folded per iteration, capture-disturbed copies — so only changed iterations are recomputed.
@@ -75,13 +92,16 @@ class JobStats:
     steps: int = 0
     dropped_steps: int = 0  # records that left the retention window (or arrived older than it)
     evicted_iterations: int = 0
+    evicted_iterations_bytes: int = 0  # of those, evicted for the byte bound
     analysis_errors: int = 0
 
 
 class JobStore:
-    def __init__(self, max_iterations_per_job: int = 5000, min_recompute_s: float = 0.5,
-                 gpu_override: str | None = None, peak_tflops: float | None = None) -> None:
+    def __init__(self, max_iterations_per_job: int = RETAIN_ITERATIONS, min_recompute_s: float = 0.5,
+                 gpu_override: str | None = None, peak_tflops: float | None = None,
+                 max_bytes_per_job: int = RETAIN_BYTES) -> None:
         self._lock = threading.Lock()
+        self.max_bytes = max_bytes_per_job
         self.jobs: dict[str, JobState] = {}
         self.agent_job: dict[str, str] = {}  # agent -> the job it last said it serves
         self.stats = JobStats()
@@ -141,17 +161,27 @@ class JobStore:
                 if key not in js.records and not isinstance(rec.rank, int) and rec.step_time_ms is not None \
                         and math.isfinite(rec.step_time_ms) and rec.step_time_ms >= 0:
                     js.step_hist.observe(rec.step_time_ms / 1e3)  # a re-sent record is not counted again
-                if key not in js.records:
+                size = record_bytes(rec)
+                old = js.records.get(key)
+                if old is None:
                     js.by_iteration.setdefault(rec.iteration, []).append(key[1])
+                else:  # a re-sent or corrected record replaces the held one
+                    size -= record_bytes(old)
                 js.records[key] = rec
+                js.held_bytes += size
+                js.iteration_bytes[rec.iteration] = js.iteration_bytes.get(rec.iteration, 0) + size
                 js.dirty = True
                 js.last_step_time = time.time()
-                while len(js.by_iteration) > self.max_iterations:
+                while len(js.by_iteration) > self.max_iterations or (
+                        js.held_bytes > self.max_bytes and len(js.by_iteration) > 1):
+                    by_bytes = len(js.by_iteration) <= self.max_iterations
                     it, scopes = js.by_iteration.popitem(last=False)
                     for scope in scopes:
                         js.records.pop((it, scope), None)
+                    js.held_bytes -= js.iteration_bytes.pop(it, 0)
                     self.stats.dropped_steps += len(scopes)
                     self.stats.evicted_iterations += 1
+                    self.stats.evicted_iterations_bytes += by_bytes
                     js.evicted_below = max(js.evicted_below or it + 1, it + 1)
 
     # ---- read side ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.durable import Journal, restore, save_documents
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import HttpServer
+from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.aggregator.state import AggregatorState, LabelKey
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
@@ -47,7 +48,8 @@ class AggregatorConfig:
     limits: L.Limits = field(default_factory=L.Limits)
     gpu: str | None = None  # override the GPU name used for the peak table
     peak_tflops: float | None = None
-    max_iterations_per_job: int = 5000
+    max_iterations_per_job: int = RETAIN_ITERATIONS  # --retain-iterations
+    max_bytes_per_job: int = RETAIN_BYTES  # --retain-mib
     per_rank_series: bool = True  # False: /metrics leaves out per-rank series (very large jobs)
     export_node_series: bool = False  # True: /metrics also re-exports the agents' GPU and host series
     # Rule packs evaluated every rules_interval_s; None = the shipped default pack, [] = no rules.
@@ -77,7 +79,7 @@ class Aggregator:
     def __init__(self, cfg: AggregatorConfig) -> None:
         self.cfg = cfg
         self.state = AggregatorState(cfg.max_iterations_per_job, gpu_override=cfg.gpu,
-                                     peak_tflops=cfg.peak_tflops)
+                                     peak_tflops=cfg.peak_tflops, max_bytes_per_job=cfg.max_bytes_per_job)
         if cfg.collectives is not None:  # link capabilities for the collective analysis
             self.state.collectives.config = cfg.collectives
         self.state.collectives.job_config.update(cfg.collectives_per_job)

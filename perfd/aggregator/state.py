@@ -23,7 +23,7 @@ from perfd import catalog
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.eventlog import EventLog
 from perfd.aggregator.incidents import IncidentTracker
-from perfd.aggregator.jobs import JobState, JobStore, job_level_steps
+from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS, JobState, JobStore, job_level_steps
 from perfd.aggregator.nodes import GpuKey, LabelKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.analytics.attribution import gpu_hints, place_ranks
@@ -55,9 +55,11 @@ class Stats:
 
 
 class AggregatorState:
-    def __init__(self, max_iterations_per_job: int = 5000, min_recompute_s: float = 0.5,
-                 gpu_override: str | None = None, peak_tflops: float | None = None) -> None:
-        self.jobs = JobStore(max_iterations_per_job, min_recompute_s, gpu_override, peak_tflops)
+    def __init__(self, max_iterations_per_job: int = RETAIN_ITERATIONS, min_recompute_s: float = 0.5,
+                 gpu_override: str | None = None, peak_tflops: float | None = None,
+                 max_bytes_per_job: int = RETAIN_BYTES) -> None:
+        self.jobs = JobStore(max_iterations_per_job, min_recompute_s, gpu_override, peak_tflops,
+                             max_bytes_per_job)
         self.nodes = NodeView()
         self.collectives = CollectiveStore()  # its own lock; see aggregator/collectives
         self.log = EventLog()
@@ -348,6 +350,7 @@ class AggregatorState:
             "serving_errors": dict(self.serving.errors),
             "step_records_dropped_retention": js.dropped_steps,
             "iterations_evicted_retention": js.evicted_iterations,
+            "iterations_evicted_retention_bytes": js.evicted_iterations_bytes,
             "analysis_errors": js.analysis_errors,
             "jobs": len(self.jobs.names()),
             "agents_seen": {a: round(now - t, 3) for a, t in self.nodes.agents_seen().items()},

@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from perfd import limits as L
+from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S
 
 if TYPE_CHECKING:
@@ -73,11 +74,16 @@ def _aggregator(args: argparse.Namespace) -> int:
                            wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
                            wandb_dir=args.wandb_dir, wandb_interval_s=args.wandb_interval,
                            job_stale_after_s=args.job_stale_after,
+                           max_iterations_per_job=args.retain_iterations,
+                           max_bytes_per_job=int(args.retain_mib * (1 << 20)),
                            remote_write=args.remote_write or [],
                            remote_write_interval_s=args.remote_write_interval,
                            remote_write_labels=labels)
     if args.job_stale_after is not None and args.job_stale_after <= 0:
         print("perfd aggregator: --job-stale-after must be > 0 seconds", file=sys.stderr)
+        return 2
+    if args.retain_iterations < 1 or not args.retain_mib > 0:
+        print("perfd aggregator: --retain-iterations must be >= 1 and --retain-mib > 0", file=sys.stderr)
         return 2
     return run_aggregator(cfg, ready_file=args.ready_file)
 
@@ -178,6 +184,12 @@ def register(sub: SubParsers) -> None:
                    help="keep job info, step records, events, rule and capture state in DIR (SQLite, WAL) "
                         "so that a restart, kill -9 included, loses nothing: an agent's batch is "
                         "acknowledged only once written there (default: none, state in memory only)")
+    g.add_argument("--retain-iterations", type=int, default=RETAIN_ITERATIONS, metavar="N",
+                   help="step records kept per job: the newest N iterations (default: %(default)s)")
+    g.add_argument("--retain-mib", type=float, default=RETAIN_BYTES / (1 << 20), metavar="MIB",
+                   help="and at most this many MiB of them per job, estimated (default: %(default)g; a "
+                   "1,000-rank job with per-rank timers holds ~1.3 MB an iteration); older iterations "
+                   "leave first, counted in /api/stats iterations_evicted_retention[_bytes]")
     g.add_argument("--job-stale-after", type=float, metavar="SECONDS",
                    help="seconds without a step after which a job is stalled (its processes still on "
                         "their GPUs) or ended; its derived gauges then leave /metrics and rules stop "
