@@ -24,9 +24,9 @@ from perfd.analytics.findings import Finding, Recommendation, derive_findings, o
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
 from perfd.analytics.incidents import Incident, detect_incidents, incident_findings
+from perfd.analytics.iteration_table import Table
 from perfd.analytics.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
 from perfd.analytics.pipeline import analytic_bubble, stage_idle
-from perfd.analytics.iteration_table import Table
 from perfd.analytics.steady import SteadyState, steady_state_of
 from perfd.analytics.stragglers import PersistentStragglers, StragglerResult, detect, persistent, rank_order
 from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
