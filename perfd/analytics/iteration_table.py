@@ -13,7 +13,9 @@ Plain data, no I/O: an analysis over a table is the same function of its inputs 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import zlib
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -21,6 +23,7 @@ from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
 
+PACKED = "packed"  # a field's metadata key: keep its values compressed (_Packed)
 _NO_INT = -(2**63)  # the int64 that stands for None in an ``int | None`` column
 _NO_BOOL = -1  # the int8 that stands for None in a ``bool | None`` column
 
@@ -113,6 +116,28 @@ class _Shared(_Column):
         return type(x)(x) if isinstance(x, list | dict) else x  # unshared, but still a copy
 
 
+class _Packed(_Column):
+    """Values unique to every row but alike between rows (a row's ``sources``: the same texts with
+    that iteration's numbers and line): each kept as JSON compressed against the first row's, ~20x
+    smaller than the strings. For fields whose metadata has ``packed``; JSON types only."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.zdict: bytes | None = None
+
+    def encode(self, v: Any) -> Any:
+        raw = json.dumps(v, separators=(",", ":")).encode()
+        if self.zdict is None:
+            self.zdict = raw  # the first row is the dictionary the others are compressed against
+        c = zlib.compressobj(zdict=self.zdict)
+        return c.compress(raw) + c.flush()
+
+    def decode(self, x: Any) -> Any:
+        assert self.zdict is not None
+        d = zlib.decompressobj(zdict=self.zdict)
+        return json.loads(d.decompress(x) + d.flush())
+
+
 # A field's annotation (a string: the result classes use ``from __future__ import annotations``)
 # -> its column. Any other annotation gets a shared-value column.
 _COLUMN_OF: dict[str, Callable[[], _Column]] = {
@@ -133,7 +158,7 @@ class Table(Sequence[T], Generic[T]):
         self.key = key
         self._fields = [f.name for f in dataclasses.fields(row_type)]  # type: ignore[arg-type]
         self._cols: dict[str, _Column] = {
-            f.name: _COLUMN_OF.get(str(f.type), _Shared)()
+            f.name: _Packed() if f.metadata.get(PACKED) else _COLUMN_OF.get(str(f.type), _Shared)()
             for f in dataclasses.fields(row_type)}  # type: ignore[arg-type]
         self._n = 0
 

@@ -24,7 +24,7 @@ from perfd.analytics.findings import Finding, Recommendation, derive_findings, o
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
 from perfd.analytics.incidents import Incident, detect_incidents, incident_findings
-from perfd.analytics.iteration_table import Table
+from perfd.analytics.iteration_table import PACKED, Table
 from perfd.analytics.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
 from perfd.analytics.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.steady import SteadyState, steady_state_of
@@ -81,15 +81,12 @@ class IterationResult:
     incident_lost_ms: float | None = None  # step − steady median, inside an incident only
     steady_state: bool = False
     excluded_reason: str | None = None
-    sources: dict[str, str] = field(default_factory=dict)  # metric -> source, or "absent: why"
+    # metric -> source, or "absent: why"; kept compressed in a run's table (it names the iteration's
+    # numbers and log line: ~3 KB of text an iteration)
+    sources: dict[str, str] = field(default_factory=dict, metadata={PACKED: True})
 
     def to_json(self) -> dict[str, Any]:
         return {k: _json_value(v) for k, v in dataclasses.asdict(self).items()}
-
-
-# Which iterations a JSON or text output lists row by row (`perfd analyze megatron --iterations`).
-ITERATIONS_ALL, ITERATIONS_STEADY, ITERATIONS_NONE = "all", "steady", "none"
-ITERATION_CHOICES = (ITERATIONS_ALL, ITERATIONS_STEADY, ITERATIONS_NONE)
 
 
 # Per-iteration metrics summarised as medians over the steady state: the catalog's summary metrics
@@ -138,18 +135,17 @@ class RunAnalysis:
         """The run's logged time: the sum of its step times."""
         return float(sum(s for s in self.values("step_time_ms") if s is not None)) / 1e3
 
-    def iteration_rows(self, which: str) -> Iterator[dict[str, Any]]:
-        """JSON rows of every iteration (``all``), of the steady ones (``steady``), or none."""
-        rows = self.iterations if which == ITERATIONS_ALL else (
-            self.steady_rows() if which == ITERATIONS_STEADY else ())
-        return (it.to_json() for it in rows)
+    def iteration_rows(self, steady_only: bool = False) -> Iterator[dict[str, Any]]:
+        """JSON rows of every iteration, or of the steady ones, built one at a time."""
+        return (it.to_json() for it in (self.steady_rows() if steady_only else self.iterations))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, iterations: bool = True) -> dict[str, Any]:
         """Keys: job, iterations, summary, incidents. None stays None (null), never 0. The report is built
-        above this layer (perfd.report.analysis_json adds it)."""
+        above this layer (perfd.report.analysis_json adds it). ``iterations=False``: no rows (a
+        caller that streams them, see iteration_rows)."""
         return {
             "job": _json_value(self.job),
-            "iterations": [it.to_json() for it in self.iterations],
+            "iterations": [it.to_json() for it in self.iterations] if iterations else [],
             "summary": _json_value(self.summary),
             "incidents": [_json_value(i.to_json()) for i in self.incidents],
         }

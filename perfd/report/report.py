@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,12 +129,15 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
     return Report(summary, metrics, findings, recs, job)
 
 
-def analysis_json(analysis: RunAnalysis,
-                  incidents: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+def analysis_json(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None, *,
+                  rows: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The analysis as JSON with its report: keys job, iterations, summary, incidents, report (what
     `perfd analyze megatron --json` prints and the aggregator serves; the aggregator passes the
-    incidents it kept)."""
-    out = {**analysis.to_json(), "report": build_report(analysis, incidents).to_json()}
+    incidents it kept). ``rows``: the iterations' rows (an iterator for finite_json.write to
+    stream, or none), instead of every iteration's as a list."""
+    out = {**analysis.to_json(iterations=rows is None), "report": build_report(analysis, incidents).to_json()}
+    if rows is not None:
+        out["iterations"] = rows
     if incidents is not None:
         out["incidents"] = list(incidents)
     return out
