@@ -12,6 +12,7 @@ Plain data, no I/O: an analysis over a table is the same function of its inputs 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -203,9 +204,10 @@ class Table(Sequence[T], Generic[T]):
         """A new table of these rows in ``order`` (indexes)."""
         out: Table[T] = Table(self.row_type, self.key)
         for name, col in self._cols.items():
-            new = out._cols[name]
+            new = copy.copy(col)  # the same encoding state (a packed column's dictionary)
             new.store = (array(col.store.typecode, (col.store[i] for i in order))
                          if isinstance(col.store, array) else [col.store[i] for i in order])
+            out._cols[name] = new
         out._n = len(order)
         return out
 
