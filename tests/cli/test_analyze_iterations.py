@@ -112,9 +112,9 @@ def _peak_bytes(log: Path) -> int:
         tracemalloc.stop()
 
 
-# What the analysis may keep per iteration (compact columns: ~0.6 KB measured). Before it streamed,
-# records, result objects and the JSON text cost ~13 KB an iteration on this log (tracemalloc peak,
-# 300 -> 1,200 iterations), growing ~10x the log's size.
+# What the analysis may keep per iteration (compact columns: ~0.5 KB measured). Before it streamed,
+# the records and result objects alone cost ~13 KB an iteration on this log (tracemalloc peak of
+# parse_lines + analyze_run, 300 -> 1,200 iterations; the JSON text came on top): ~7x the log.
 MAX_BYTES_PER_ITERATION = 2_000
 
 
