@@ -25,8 +25,9 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     m.add_argument("--dtype", help="training dtype for the peak (default: from the log's arguments)")
     m.add_argument("--job", default=None, help="job name (default: the file name)")
     m.add_argument("--json", action="store_true", help="print JSON instead of the text report")
-    m.add_argument("--iterations", action="store_true",
-                   help="text mode: also print a per-iteration table")
+    from perfd.commands.analyze import add_iterations_argument
+
+    add_iterations_argument(m)
     from perfd.commands.analyze import add_sglang_arguments
 
     add_sglang_arguments(asub.add_parser("sglang", help="analyse an SGLang server log (and its /metrics)"))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 NON_FINITE_KEY = "non_finite_removed"  # JSON paths of values that were inf/NaN, now null
 MAX_DEPTH = 200  # deeper than any result perfd builds; below the interpreter's recursion limit
@@ -46,3 +47,36 @@ def dumps(obj: Any, **kwargs: Any) -> str:
     if paths and isinstance(clean, dict):
         clean[NON_FINITE_KEY] = paths[:100]
     return json.dumps(clean, allow_nan=False, default=str, **kwargs)
+
+
+def write(obj: dict[str, Any], out: TextIO, indent: int = 2) -> None:
+    """``dumps(obj, indent=indent)`` written to ``out`` a piece at a time (the same text: tested). A
+    value of ``obj`` that is an Iterator (per-iteration rows) is written one element at a time, so
+    neither the list nor the text is ever whole in memory."""
+    pad = " " * indent
+    paths: list[str] = []
+
+    def text(x: Any, path: str, depth: int) -> str:  # x's JSON, indented to sit ``depth`` deep
+        clean, bad = sanitize(x)
+        paths.extend(f"{path}{p}" if p != "$" else path for p in bad)
+        s = json.dumps(clean, allow_nan=False, default=str, indent=indent)
+        return s.replace("\n", "\n" + pad * depth)
+
+    def items() -> Iterator[tuple[str, Any]]:
+        yield from obj.items()
+        if paths:  # after every value: the paths are known by then
+            yield NON_FINITE_KEY, paths[:100]
+
+    out.write("{")
+    first = True
+    for key, value in items():
+        out.write(("\n" if first else ",\n") + pad + json.dumps(key) + ": ")
+        first = False
+        if isinstance(value, Iterator):
+            n = 0
+            for n, row in enumerate(value, 1):
+                out.write(("[\n" if n == 1 else ",\n") + pad * 2 + text(row, f".{key}[{n - 1}]", 2))
+            out.write(f"\n{pad}]" if n else "[]")
+        else:
+            out.write(text(value, f".{key}", 1))
+    out.write("\n}" if not first else "}")

@@ -266,8 +266,7 @@ def _rebalance_action(a: RunAnalysis, job: JobInfo, light: float, heavy: float) 
 def _rebalance_detail(a: RunAnalysis, job: JobInfo, light: float, heavy: float) -> str:
     spec, lay = job.spec, job.layout
     parts: list[str] = []
-    slow = [it.straggler_rtt_max_rank for it in a.steady_iterations()
-            if it.straggler_rtt_max_rank is not None]
+    slow = [r for r in a.steady_values("straggler_rtt_max_rank") if r is not None]
     if slow and lay.pp:
         rank = max(set(slow), key=slow.count)
         stage = rank_order(lay, job.arguments).stage(rank)

@@ -83,7 +83,7 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
     and the steady median step they were measured against. ``reference_ms`` is the window's
     median; it is re-taken without the slow iterations, so a long incident does not raise the bar
     it is measured by."""
-    post = list(iterations[first_eligible:])
+    post = iterations[first_eligible:]  # a view of a long run's table: its rows are built one at a time
     ref = reference_ms
     if ref is None:
         ref = _median([it.step_time_ms for it in post if it.step_time_ms is not None])

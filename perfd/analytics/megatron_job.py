@@ -8,11 +8,13 @@ are missing is None (JSON null) with the reason, never 0.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
-from collections.abc import Sequence
+from array import array
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from perfd import catalog
 from perfd.analytics import bottleneck as bn
@@ -22,9 +24,10 @@ from perfd.analytics.findings import Finding, Recommendation, derive_findings, o
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
 from perfd.analytics.incidents import Incident, detect_incidents, incident_findings
+from perfd.analytics.iteration_table import PACKED, Table
 from perfd.analytics.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
 from perfd.analytics.pipeline import analytic_bubble, stage_idle
-from perfd.analytics.steady import SteadyState, steady_state
+from perfd.analytics.steady import SteadyState, steady_state_of
 from perfd.analytics.stragglers import PersistentStragglers, StragglerResult, detect, persistent, rank_order
 from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
 
@@ -78,7 +81,9 @@ class IterationResult:
     incident_lost_ms: float | None = None  # step − steady median, inside an incident only
     steady_state: bool = False
     excluded_reason: str | None = None
-    sources: dict[str, str] = field(default_factory=dict)  # metric -> source, or "absent: why"
+    # metric -> source, or "absent: why"; kept compressed in a run's table (it names the iteration's
+    # numbers and log line: ~3 KB of text an iteration)
+    sources: dict[str, str] = field(default_factory=dict, metadata={PACKED: True})
 
     def to_json(self) -> dict[str, Any]:
         return {k: _json_value(v) for k, v in dataclasses.asdict(self).items()}
@@ -97,7 +102,7 @@ class RunAnalysis:
     """Everything analyze_run found: job block, iterations, summary, findings, recommendations."""
 
     job: dict[str, Any]
-    iterations: list[IterationResult]
+    iterations: Table[IterationResult]  # a row is built when read: see iteration_table
     summary: dict[str, Any]
     findings: list[Finding]
     recommendations: list[Recommendation]
@@ -108,14 +113,39 @@ class RunAnalysis:
     incidents: list[Incident] = field(default_factory=list)
 
     def steady_iterations(self) -> list[IterationResult]:
-        return [it for it in self.iterations if it.steady_state]
+        """Every steady iteration's row, built at once: for short runs (tests); a long run's
+        readers take ``values``, ``steady_values`` or ``steady_rows``."""
+        return list(self.steady_rows())
 
-    def to_json(self) -> dict[str, Any]:
+    def steady_rows(self, newest_first: bool = False) -> Iterator[IterationResult]:
+        """The steady iterations' rows, built one at a time."""
+        flags = list(self.iterations.column("steady_state"))
+        order = range(len(flags) - 1, -1, -1) if newest_first else range(len(flags))
+        return (self.iterations[i] for i in order if flags[i])
+
+    def values(self, name: str) -> Iterator[Any]:
+        """One per-iteration field over every iteration, in order, without building rows."""
+        return self.iterations.column(name)
+
+    def steady_values(self, name: str) -> Iterator[Any]:
+        """One per-iteration field over the steady iterations, without building rows."""
+        return (v for v, s in zip(self.values(name), self.values("steady_state"), strict=True) if s)
+
+    def run_seconds(self) -> float:
+        """The run's logged time: the sum of its step times."""
+        return float(sum(s for s in self.values("step_time_ms") if s is not None)) / 1e3
+
+    def iteration_rows(self, steady_only: bool = False) -> Iterator[dict[str, Any]]:
+        """JSON rows of every iteration, or of the steady ones, built one at a time."""
+        return (it.to_json() for it in (self.steady_rows() if steady_only else self.iterations))
+
+    def to_json(self, iterations: bool = True) -> dict[str, Any]:
         """Keys: job, iterations, summary, incidents. None stays None (null), never 0. The report is built
-        above this layer (perfd.report.analysis_json adds it)."""
+        above this layer (perfd.report.analysis_json adds it). ``iterations=False``: no rows (a
+        caller that streams them, see iteration_rows)."""
         return {
             "job": _json_value(self.job),
-            "iterations": [it.to_json() for it in self.iterations],
+            "iterations": [it.to_json() for it in self.iterations] if iterations else [],
             "summary": _json_value(self.summary),
             "incidents": [_json_value(i.to_json()) for i in self.incidents],
         }
@@ -299,113 +329,181 @@ def analyze_run(
 ) -> RunAnalysis:
     """Analyse a Megatron run's step records (any order; one record per logged iteration).
     ``memo``: keep per-iteration work for the next analysis of the same, grown run."""
-    return _analyze(job, records, gpu_name, peak_tflops, dtype, job_name, gpm, timeline, memo)
+    run = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo)
+    for rec in sorted(records, key=lambda r: r.iteration):
+        run.add(rec)
+    return run.finish(job_name)
 
 
-def _analyze(job: JobInfo, records: Sequence[StepRecord], gpu_name: str | None,
-             peak_override: float | None, dtype: str | None, job_name: str | None,
-             gpm: bn.GpmReading | None, timeline: TimelineClass | None,
-             memo: AnalysisMemo | None = None) -> RunAnalysis:
-    lay = job.layout
-    world = _world_size(lay)
-    canon_dtype, dtype_src = resolve_dtype(job, dtype)
-    peak = peak_tflops(gpu_name, canon_dtype, peak_override)
-    flops_job = model_flops(job.spec, lay.global_batch_size, job.framework_version)
-    flops_cache: dict[int | None, FlopsResult] = {lay.global_batch_size: flops_job}
-    ranks = rank_order(lay, job.arguments)
-    ordered = sorted(records, key=lambda r: r.iteration)
-    steady = steady_state(ordered)
+class _Flags(NamedTuple):
+    """The two straggler facts persistence reads (stragglers.StragglerFlags), from a table row."""
 
-    ctx = _Context(job, world, peak, ranks, flops_cache)
-    key = (job, gpu_name, peak_override, dtype)
-    if memo is not None and memo.key != key:
-        memo.key, memo.entries = key, {}
-    iterations: list[IterationResult] = []
-    straggler_results: dict[int, StragglerResult] = {}
-    for rec in ordered:
+    flagged_ranks: list[int]
+    compute_spread_flagged: bool | None
+
+
+class RunBuilder:
+    """analyze_run in two steps, for a run too long to hold as records: ``add`` each record as it
+    is parsed (its per-iteration metrics are computed then, in compact columns, and the record can
+    go), ``finish`` for what needs the whole run (steady state, incidents, summary, findings).
+    Records may come in any order; the result is analyze_run's over the same records."""
+
+    def __init__(self, job: JobInfo, gpu_name: str | None = None, peak_override: float | None = None,
+                 dtype: str | None = None, *, gpm: bn.GpmReading | None = None,
+                 timeline: TimelineClass | None = None, memo: AnalysisMemo | None = None) -> None:
+        lay = job.layout
+        self.job, self.gpu_name, self.gpm, self.timeline, self.memo = job, gpu_name, gpm, timeline, memo
+        self.canon_dtype, self.dtype_src = resolve_dtype(job, dtype)
+        peak = peak_tflops(gpu_name, self.canon_dtype, peak_override)
+        self.flops_job = model_flops(job.spec, lay.global_batch_size, job.framework_version)
+        self.ctx = _Context(job, _world_size(lay), peak, rank_order(lay, job.arguments),
+                            {lay.global_batch_size: self.flops_job})
+        key = (job, gpu_name, peak_override, dtype)
+        if memo is not None and memo.key != key:
+            memo.key, memo.entries = key, {}
+        self.table: Table[IterationResult] = Table(IterationResult, key="iteration")
+        self.disturbed = array("b")  # per row: a perfd capture touched the iteration
+        self.first: tuple[int, str] | None = None  # (iteration, job) of the earliest record
+        self.in_order = True
+        self.present: set[int] = set()  # iterations seen, kept only to evict a memo's stale entries
+
+    def add(self, rec: StepRecord) -> None:
+        memo, lay = self.memo, self.job.layout
         kept = memo.entries.get(rec.iteration) if memo is not None else None
         if kept is not None and kept[0] is rec:
-            it, st = dataclasses.replace(kept[1]), kept[2]  # a copy: the lines below set its fields
+            it = dataclasses.replace(kept[1])  # a copy: the lines below set its fields
             memo.hits += 1  # type: ignore[union-attr]
         else:
-            base, st = _iteration(rec, ctx)
+            base, st = _iteration(rec, self.ctx)
             if memo is not None:
                 memo.entries[rec.iteration] = (rec, base, st)
                 memo.misses += 1
             it = dataclasses.replace(base)
-        straggler_results[rec.iteration] = st
-        it.steady_state = steady.steady.get(rec.iteration, False)
-        it.excluded_reason = steady.excluded.get(rec.iteration)
+        if memo is not None:
+            self.present.add(rec.iteration)
         it.bottleneck = classify_job(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share,
-                                     lay.pp, it.pp_idle_max, it.pp_bubble_analytic, it.mfu, gpm,
-                                     timeline).cls
-        iterations.append(it)
-    if memo is not None and len(memo.entries) > len(ordered):  # evicted iterations leave the memo
-        present = {r.iteration for r in ordered}
-        for i in [i for i in memo.entries if i not in present]:
-            del memo.entries[i]
+                                     lay.pp, it.pp_idle_max, it.pp_bubble_analytic, it.mfu, self.gpm,
+                                     self.timeline).cls
+        if self.first is None or rec.iteration < self.first[0]:
+            self.first = (rec.iteration, rec.job)
+        n = len(self.table)
+        if n and rec.iteration < self.table.get(n - 1, "iteration"):
+            self.in_order = False
+        self.table.append(it)
+        self.disturbed.append(rec.disturbed_by_capture)
 
-    incidents = _mark_incidents(iterations, ordered, steady)
-    steady_its = [it for it in iterations if it.steady_state]
-    pers = persistent([straggler_results[it.iteration] for it in steady_its])
-    summary = _summary(iterations, steady_its, steady, pers, lay, gpm, timeline)
-    job_block = _job_block(job, job_name, ordered, world, gpu_name, peak, canon_dtype, dtype_src,
-                           flops_job)
-    summary["incidents_n"] = len(incidents)
-    summary["incidents_cost_s"] = (sum(i.cost_s for i in incidents if i.cost_s is not None)
-                                   if incidents else None)
-    analysis = RunAnalysis(job_block, iterations, summary, [], [], steady, pers, flops_job, peak, incidents)
-    fs, rs = derive_findings(analysis, job)
-    run_s = sum(it.step_time_ms for it in iterations if it.step_time_ms is not None) / 1e3
-    inc_f, inc_r = incident_findings([i.to_json() for i in incidents], run_s or None)
-    analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])
-    return analysis
+    def finish(self, job_name: str | None = None) -> RunAnalysis:
+        memo, lay, ctx = self.memo, self.job.layout, self.ctx
+        if memo is not None and len(memo.entries) > len(self.present):  # evicted iterations leave
+            for i in [i for i in memo.entries if i not in self.present]:
+                del memo.entries[i]
+        table, disturbed = self.table, self.disturbed
+        if not self.in_order:  # a stable sort, as sorting the records was
+            order = sorted(range(len(table)), key=lambda i: table.get(i, "iteration"))
+            table, disturbed = table.take(order), array("b", (disturbed[i] for i in order))
+        steady = steady_state_of(array("q", table.column("iteration")), list(table.column("step_time_ms")),
+                                 disturbed)
+        for i, iteration in enumerate(table.column("iteration")):
+            table.put(i, steady_state=steady.steady.get(iteration, False),
+                      excluded_reason=steady.excluded.get(iteration))
+        incidents = _mark_incidents(table, disturbed, steady)
+        steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
+        pers = persistent(_flags(table, i) for i in steady_rows)
+        summary = _summary(table, steady_rows, steady, pers, lay, self.gpm, self.timeline)
+        name = job_name or (self.first[1] if self.first else None)
+        job_block = _job_block(self.job, name, ctx.world, self.gpu_name, ctx.peak, self.canon_dtype,
+                               self.dtype_src, self.flops_job)
+        summary["incidents_n"] = len(incidents)
+        summary["incidents_cost_s"] = (sum(i.cost_s for i in incidents if i.cost_s is not None)
+                                       if incidents else None)
+        analysis = RunAnalysis(job_block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
+                               incidents)
+        fs, rs = derive_findings(analysis, self.job)
+        run_s = analysis.run_seconds()
+        inc_f, inc_r = incident_findings([i.to_json() for i in incidents], run_s or None)
+        analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])
+        return analysis
 
 
-def _mark_incidents(iterations: list[IterationResult], ordered: Sequence[StepRecord],
+def _flags(table: Table[IterationResult], i: int) -> _Flags:
+    """Row ``i``'s straggler facts, taken from the last row of its iteration (as a dict of results
+    keyed by iteration held them)."""
+    j = table.last_index_of(table.get(i, "iteration"))
+    j = i if j is None else j
+    return _Flags(table.get(j, "straggler_candidate_ranks"), table.get(j, "straggler_compute_spread_flagged"))
+
+
+class _ByIteration(Mapping[int, Any]):
+    """iteration -> a value of its row; for a repeated iteration, its last row (as a dict built
+    over the rows would keep), without building that dict."""
+
+    def __init__(self, table: Table[IterationResult], value: Callable[[int], Any]) -> None:
+        self.table, self.value = table, value
+
+    def __getitem__(self, iteration: int) -> Any:
+        i = self.table.last_index_of(iteration)
+        if i is None:
+            raise KeyError(iteration)
+        return self.value(i)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(dict.fromkeys(self.table.column("iteration")))
+
+    def __len__(self) -> int:
+        return len(dict.fromkeys(self.table.column("iteration")))
+
+
+def _mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
                     steady: SteadyState) -> list[Incident]:
     """Find the incidents, take their iterations out of the steady state (saying which incident),
     and note each one's time lost against the steady median."""
-    incidents, ref = detect_incidents(iterations, {r.iteration: r.end_time for r in ordered},
-                                      {r.iteration: r.disturbed_by_capture for r in ordered},
+    incidents, ref = detect_incidents(table, _ByIteration(table, lambda i: table.get(i, "end_time")),
+                                      _ByIteration(table, lambda i: bool(disturbed[i])),
                                       steady.warmup_records, steady.reference_step_ms)
-    by_it = {it.iteration: it for it in iterations}
     for inc in incidents:
-        for i in range(inc.first_iteration, inc.last_iteration + 1):
-            it = by_it.get(i)
-            if it is None:
+        for iteration in range(inc.first_iteration, inc.last_iteration + 1):
+            i = table.last_index_of(iteration)
+            if i is None:
                 continue
-            if it.step_time_ms is not None and ref is not None:
-                it.incident_lost_ms = it.step_time_ms - ref
+            step = table.get(i, "step_time_ms")
+            if step is not None and ref is not None:
+                table.put(i, incident_lost_ms=step - ref)
             reason = f"incident {inc.id}: {inc.cause}"
-            it.steady_state, it.excluded_reason = False, reason
-            steady.steady[i] = False
-            steady.excluded[i] = reason
+            table.put(i, steady_state=False, excluded_reason=reason)
+            steady.steady[iteration] = False
+            steady.excluded[iteration] = reason
     return incidents
 
 
-def _summary(iterations: list[IterationResult], steady_its: list[IterationResult], steady: SteadyState,
+def _summary(table: Table[IterationResult], steady_rows: Sequence[int], steady: SteadyState,
              pers: PersistentStragglers, lay: ParallelLayout, gpm: bn.GpmReading | None,
              timeline: TimelineClass | None) -> dict[str, Any]:
+    def steady_values(name: str) -> list[Any]:
+        values = list(table.column(name))
+        return [values[i] for i in steady_rows]
+
     med: dict[str, Any] = {}
     for name in SUMMARY_METRICS:
-        med[name] = median(getattr(it, name) for it in steady_its)
-    steps = [it.step_time_ms for it in steady_its if it.step_time_ms is not None]
+        med[name] = median(steady_values(name))
+    steps = [s for s in steady_values("step_time_ms") if s is not None]
     cv = (statistics.pstdev(steps) / statistics.fmean(steps)) if len(steps) >= 2 else None
-    checks = [it for it in steady_its if it.tflops_check_ok is not None]
-    gaps = [abs(it.tflops_rel_gap) for it in checks if it.tflops_rel_gap is not None]
+    checks = [(ok, gap) for ok, gap in zip(steady_values("tflops_check_ok"), steady_values("tflops_rel_gap"),
+                                           strict=True) if ok is not None]
+    gaps = [abs(gap) for _, gap in checks if gap is not None]
     cls = classify_job(med["data_share"], med["comm_exposed_share"], med["comm_exposed_dp_share"], lay.pp,
                        med["pp_idle_max"], med["pp_bubble_analytic"], med["mfu"], gpm, timeline)
     its = steady.iterations
-    post = sorted(it.step_time_ms for it in iterations[steady.warmup_records:] if it.step_time_ms is not None)
+    post = sorted(s for s in itertools.islice(table.column("step_time_ms"), steady.warmup_records, None)
+                  if s is not None)
+    between = steady_values("straggler_between_stages")
     return {
         # over every iteration after warm-up, incidents included: the tail is where the time goes
         "step_time_distribution_ms": ({"p50": _pctl(post, 0.5), "p90": _pctl(post, 0.9),
                                        "p99": _pctl(post, 0.99), "max": post[-1], "n": len(post),
                                        "over": "iterations after warm-up, incidents included"}
                                       if post else None),
-        "n_iterations": len(iterations),
-        "n_steady": len(steady_its),
+        "n_iterations": len(table),
+        "n_steady": len(steady_rows),
         "steady_first_iteration": its[0] if its else None,
         "steady_last_iteration": its[-1] if its else None,
         "warmup_records": steady.warmup_records,
@@ -413,7 +511,7 @@ def _summary(iterations: list[IterationResult], steady_its: list[IterationResult
         "medians": med,
         "step_time_cv": cv,
         "tflops_check_n": len(checks),
-        "tflops_check_n_disagree": sum(1 for it in checks if it.tflops_check_ok is False),
+        "tflops_check_n_disagree": sum(1 for ok, _ in checks if ok is False),
         "tflops_check_max_abs_gap": max(gaps) if gaps else None,
         "bottleneck": cls.cls,
         "bottleneck_reason": cls.reason,
@@ -421,9 +519,8 @@ def _summary(iterations: list[IterationResult], steady_its: list[IterationResult
         "bottleneck_sources": dict(cls.sources),
         "straggler_persistent_ranks": pers.ranks,
         "straggler_flag_fraction": {str(k): v for k, v in pers.fraction.items()},
-        "straggler_between_stages_fraction": (
-            sum(1 for it in steady_its if it.straggler_between_stages) / len(steady_its)
-            if steady_its else None),
+        "straggler_between_stages_fraction": (sum(1 for b in between if b) / len(steady_rows)
+                                              if len(steady_rows) else None),
         "straggler_compute_spread_fraction": pers.anonymous_fraction,
     }
 
@@ -433,11 +530,9 @@ def _pctl(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))]
 
 
-def _job_block(job: JobInfo, job_name: str | None, records: Sequence[StepRecord], world: int | None,
-               gpu_name: str | None, peak: PeakResult, dtype: str | None, dtype_src: str,
-               fl: FlopsResult) -> dict[str, Any]:
+def _job_block(job: JobInfo, name: str | None, world: int | None, gpu_name: str | None, peak: PeakResult,
+               dtype: str | None, dtype_src: str, fl: FlopsResult) -> dict[str, Any]:
     lay = job.layout
-    name = job_name or (records[0].job if records else None)
     return {
         "name": name,
         "framework": job.framework,

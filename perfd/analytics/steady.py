@@ -48,23 +48,31 @@ def warmup_count(n_records: int) -> int:
 def steady_state(records: Sequence[StepRecord]) -> SteadyState:
     """Mark each record's iteration steady or not (records may come in any order)."""
     ordered = sorted(records, key=lambda r: r.iteration)
-    w = warmup_count(len(ordered))
-    post = ordered[w:]
-    ref = median(finite(r.step_time_ms) for r in post if not r.disturbed_by_capture)
+    return steady_state_of([r.iteration for r in ordered], [finite(r.step_time_ms) for r in ordered],
+                           [r.disturbed_by_capture for r in ordered])
+
+
+def steady_state_of(iterations: Sequence[int], steps: Sequence[float | None],
+                    disturbed: Sequence[int]) -> SteadyState:
+    """steady_state over columns already in iteration order, step times finite or None (a long
+    run's offline analysis keeps its records as columns, not objects)."""
+    w = warmup_count(len(iterations))
+    ref = median(steps[i] for i in range(w, len(iterations)) if not disturbed[i])
     steady: dict[int, bool] = {}
     excluded: dict[int, str] = {}
-    for i, rec in enumerate(ordered):
-        step = finite(rec.step_time_ms)
+    warmup = f"warm-up (first {w} records)"  # one string for every warm-up iteration
+    for i, iteration in enumerate(iterations):
+        step = steps[i]
         reason = None
         if i < w:
-            reason = f"warm-up (first {w} records)"
-        elif rec.disturbed_by_capture:
+            reason = warmup
+        elif disturbed[i]:
             reason = "disturbed by a perfd capture"
         elif step is None:
             reason = "no step time"
         elif ref is not None and step > OUTLIER_FACTOR * ref:
             reason = f"step {step:g} ms > {OUTLIER_FACTOR:g}× window median {ref:g} ms"
-        steady[rec.iteration] = reason is None
+        steady[iteration] = reason is None
         if reason is not None:
-            excluded[rec.iteration] = reason
+            excluded[iteration] = reason
     return SteadyState(steady, excluded, w, ref)

@@ -14,8 +14,9 @@ Three signals, per iteration:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE, median, pp_stage_of_rank
@@ -35,6 +36,16 @@ class RankOrder:
     def stage(self, rank: int) -> int | None:
         lay = self.layout
         return pp_stage_of_rank(rank, lay.world_size, lay.tp, lay.pp, lay.dp, lay.cp, self.order)
+
+
+class StragglerFlags(Protocol):
+    """What persistence reads of one iteration (a StragglerResult, or the same two facts)."""
+
+    @property
+    def flagged_ranks(self) -> list[int]: ...
+
+    @property
+    def compute_spread_flagged(self) -> bool | None: ...
 
 
 @dataclass
@@ -150,17 +161,22 @@ class PersistentStragglers:
     n_iterations: int
 
 
-def persistent(results: Sequence[StragglerResult]) -> PersistentStragglers:
-    """Persistence over a window (normally the steady-state iterations)."""
-    n = len(results)
-    if n == 0:
-        return PersistentStragglers([], {}, None, 0)
+def persistent(results: Iterable[StragglerFlags]) -> PersistentStragglers:
+    """Persistence over a window (normally the steady-state iterations); one pass, so a long run's
+    window can be streamed."""
+    n = 0
     counts: dict[int, int] = {}
+    spread_known = spread_flagged = 0
     for r in results:
+        n += 1
         for rank in r.flagged_ranks:
             counts[rank] = counts.get(rank, 0) + 1
+        if r.compute_spread_flagged is not None:
+            spread_known += 1
+            spread_flagged += bool(r.compute_spread_flagged)
+    if n == 0:
+        return PersistentStragglers([], {}, None, 0)
     fraction = {rank: c / n for rank, c in sorted(counts.items())}
-    spread_known = [r.compute_spread_flagged for r in results if r.compute_spread_flagged is not None]
-    anon = (sum(1 for f in spread_known if f) / len(spread_known)) if spread_known else None
+    anon = (spread_flagged / spread_known) if spread_known else None
     return PersistentStragglers(
         [rank for rank, f in fraction.items() if f >= PERSISTENT_FRACTION], fraction, anon, n)

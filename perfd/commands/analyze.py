@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,23 @@ def add_sglang_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int, help="tensor-parallel size (default: the log's server_args)")
     g.add_argument("--pp", type=int, help="pipeline-parallel size")
     g.add_argument("--gpus", type=int, help="GPUs serving the model in total")
+
+
+# Which iterations `perfd analyze megatron` lists row by row. Rows are on request: a long run's
+# would bury its summary (100,000 iterations are ~400 MB of JSON), which covers every iteration.
+ITERATIONS_ALL, ITERATIONS_STEADY, ITERATIONS_NONE = "all", "steady", "none"
+ITERATIONS_DEFAULT = ITERATIONS_NONE
+
+
+def add_iterations_argument(p: argparse.ArgumentParser) -> None:
+    """`--iterations [all|steady|none]` of `perfd analyze megatron` (the parser is built in perfd/cli.py)."""
+    choices = (ITERATIONS_ALL, ITERATIONS_STEADY, ITERATIONS_NONE)
+    p.add_argument("--iterations", nargs="?", choices=choices, const=ITERATIONS_ALL,
+                   default=ITERATIONS_DEFAULT, metavar="|".join(choices),
+                   help="per-iteration rows, in the JSON ('iterations') and as a table in the text "
+                   "report: all, the steady-state ones, or none (default: "
+                   f"{ITERATIONS_DEFAULT}; the summary covers every iteration either way); a bare "
+                   f"--iterations means {ITERATIONS_ALL}")
 
 
 def analyze_megatron_file(path: str, job: str | None = None, gpu: str | None = None,
@@ -141,20 +158,34 @@ def run_analyze(args: argparse.Namespace) -> int:
     why = check_log(args.log) or check_gpu(args.gpu, args.peak_tflops)
     if why:
         return refuse(why)
+    from perfd.commands import megatron_offline
     from perfd.logfiles import LogFileError
 
     try:
-        parsed, analysis = analyze_megatron_file(args.log, args.job, args.gpu, args.peak_tflops,
-                                                 args.dtype, progress=sys.stderr.isatty())
+        with megatron_offline.temporary_directory() as tmp:
+            path = megatron_offline.spooled_stdin(tmp) if args.log == "-" else args.log
+            name = args.job or (Path(args.log).stem if args.log != "-" else "stdin")
+            source = Path(args.log).name if args.log != "-" else "stdin"
+            parsed, analysis = megatron_offline.analyze_stream(
+                path, lambda p: _read_lines(p, sys.stderr.isatty()), name, source, args.gpu,
+                args.peak_tflops, args.dtype)
     except (OSError, EOFError, LogFileError) as exc:  # unreadable, corrupt or truncated archive
         return refuse(f"cannot read {args.log}: {exc}")
-    if not parsed.records:
+    if analysis is None:
         return refuse(f"no Megatron-LM iteration lines in {args.log} ({parsed.counts.get('lines', 0)} "
                       "lines read): is it the stdout of a Megatron-LM run (another framework's log?)")
     from perfd.report import analysis_json, build_report, render_text
 
+    steady_only = args.iterations == ITERATIONS_STEADY
     if args.json:
-        out = analysis_json(analysis)
+        # the rows are written as they are built (finite_json.write), never held as one list
+        rows: Iterable[dict[str, Any]] = ([] if args.iterations == ITERATIONS_NONE
+                                          else analysis.iteration_rows(steady_only))
+        out: dict[str, Any] = {}
+        for key, value in analysis_json(analysis, rows=rows).items():
+            out[key] = value
+            if key == "iterations":  # which rows they are, next to them
+                out["iterations_shown"] = args.iterations
         out["parse"] = {
             "counts": dict(parsed.counts),
             "issues": [
@@ -162,10 +193,11 @@ def run_analyze(args: argparse.Namespace) -> int:
             ],
             "issues_total": len(parsed.issues),
         }
-        sys.stdout.write(finite_json.dumps(out, indent=2))
+        finite_json.write(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    print(render_text(build_report(analysis), iterations=analysis if args.iterations else None))
+    table = analysis if args.iterations != ITERATIONS_NONE else None
+    print(render_text(build_report(analysis), iterations=table, steady_only=steady_only))
     if parsed.issues:
         print(f"\n{len(parsed.issues)} log lines could not be used (see --json 'parse').")
     return 0

@@ -26,8 +26,10 @@ def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
     return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent) or [indent]
 
 
-def render_text(report: Report, iterations: RunAnalysis | None = None, width: int = 100) -> str:
-    """The report as plain text, four sections; with ``iterations`` also a per-iteration table."""
+def render_text(report: Report, iterations: RunAnalysis | None = None, width: int = 100,
+                steady_only: bool = False) -> str:
+    """The report as plain text, four sections; with ``iterations`` also a per-iteration table (of
+    the steady-state iterations only with ``steady_only``)."""
     s = report.summary
     out: list[str] = ["SUMMARY"]
     out += _wrap(s.headline, "  ", width)
@@ -59,7 +61,7 @@ def render_text(report: Report, iterations: RunAnalysis | None = None, width: in
             out += _wrap(r.detail, " " * 6, width)
     if iterations is not None:
         out.append("")
-        out += _iteration_table(iterations)
+        out += _iteration_table(iterations, steady_only)
     return "\n".join(out) + "\n"
 
 
@@ -74,12 +76,12 @@ def _cell(value: float | None, unit: str) -> str:
     return format_value(value, unit)
 
 
-def _iteration_table(analysis: RunAnalysis) -> list[str]:
+def _iteration_table(analysis: RunAnalysis, steady_only: bool) -> list[str]:
     """One row per iteration; '-' marks an absent value, '*' a steady-state iteration."""
     cols = [(d, d.alias or d.name) for d in catalog.job_metrics(catalog.TABLE)]  # headed by alias
     head = f"{'iter':>6}  " + "  ".join(f"{h:>{max(9, len(h))}}" for _, h in cols)
     rows = ["ITERATIONS (* = steady state, - = absent; step_time in ms, TFLOP/s per GPU)", head]
-    for it in analysis.iterations:
+    for it in analysis.steady_rows() if steady_only else analysis.iterations:
         cells = "  ".join(f"{_cell(catalog.job_value(d, it), d.unit):>{max(9, len(h))}}" for d, h in cols)
         rows.append(f"{it.iteration:>5}{'*' if it.steady_state else ' '}  {cells}")
     return rows

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,17 +97,16 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
     if incidents is not None:
         findings = [f for f in findings if not f.id.startswith("incident-")]
         recs = [r for r in recs if not r.finding_id.startswith("incident-")]
-        run_s = sum(it.step_time_ms for it in analysis.iterations if it.step_time_ms is not None) / 1e3
+        run_s = analysis.run_seconds()
         inc_f, inc_r = incident_findings(incidents, run_s or None)
         findings, recs = order_findings([*findings, *inc_f], [*recs, *inc_r])
     incs = list(incidents) if incidents is not None else [i.to_json() for i in analysis.incidents]
     grade, grade_text = grade_mfu(med.get("mfu"))
-    steady_its = analysis.steady_iterations()
     span = analysis.steady.range_text()
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):
         value = catalog.job_value(d, med)
-        src = _source_of(steady_its, d.attr or "")
+        src = _source_of(analysis, d.attr or "")
         if value is not None:
             src = f"median over {span}; per iteration (last shown): {src}"
         metrics.append(ReportMetric(d.name, value, d.unit, src, d.description))
@@ -130,20 +129,23 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
     return Report(summary, metrics, findings, recs, job)
 
 
-def analysis_json(analysis: RunAnalysis,
-                  incidents: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+def analysis_json(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None, *,
+                  rows: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The analysis as JSON with its report: keys job, iterations, summary, incidents, report (what
     `perfd analyze megatron --json` prints and the aggregator serves; the aggregator passes the
-    incidents it kept)."""
-    out = {**analysis.to_json(), "report": build_report(analysis, incidents).to_json()}
+    incidents it kept). ``rows``: the iterations' rows (an iterator for finite_json.write to
+    stream, or none), instead of every iteration's as a list."""
+    out = {**analysis.to_json(iterations=rows is None), "report": build_report(analysis, incidents).to_json()}
+    if rows is not None:
+        out["iterations"] = rows
     if incidents is not None:
         out["incidents"] = list(incidents)
     return out
 
 
-def _source_of(steady_its: list[Any], key: str) -> str:
+def _source_of(analysis: RunAnalysis, key: str) -> str:
     """The source text of a metric, from the last steady iteration that has one."""
-    for it in reversed(steady_its):
+    for it in analysis.steady_rows(newest_first=True):
         src = it.sources.get(key)
         if src:
             return str(src)

@@ -20,7 +20,8 @@ SGLANG = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.l
 
 def test_analyze_megatron_log_equals_the_cli(tmp_path: Path) -> None:
     cli = subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "megatron", str(LOG), "--gpu",
-                          "NVIDIA H200", "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+                          "NVIDIA H200", "--json",
+                          "--iterations", "all"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert cli.returncode == 0, cli.stderr
     want = json.loads(cli.stdout)
     gz = tmp_path / "train.log.gz"

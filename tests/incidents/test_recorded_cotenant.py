@@ -15,7 +15,8 @@ LOG = ROOT / "tests" / "data" / "incidents" / "costraggler_dp2" / "dp2_cotenant.
 
 def test_analyze_megatron_names_the_slow_rank_its_iterations_and_the_cost() -> None:
     res = subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "megatron", str(LOG), "--gpu",
-                          "NVIDIA H200", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          "NVIDIA H200", "--json",
+                          "--iterations", "all"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     main = max(doc["incidents"], key=lambda i: i["cost_s"])
