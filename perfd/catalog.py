@@ -84,6 +84,8 @@ class MetricDef:
 
 # Liveness series the aggregator writes outside a job's analysis (named here once, used there).
 JOB_STALLED_SECONDS = "perfd_job_stalled_seconds"
+# The per-reason throttle flag (labelled by reason): rules and the GPU view read it by name.
+GPU_THROTTLE_ACTIVE = "perfd_gpu_throttle_active"
 
 
 def _m(name: str, kind: Kind, unit: str, description: str, source: str, labels: tuple[str, ...], *,
@@ -300,7 +302,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_gpu_throttle_reasons", "gauge", "bitmask",
        "Clock throttle reasons bitmask (nvmlDeviceGetCurrentClocksEventReasons)", _NVML, GPU,
        alias="throttle_reasons"),
-    _m("perfd_gpu_throttle_active", "gauge", "count", "1 while a throttle reason is active, else 0",
+    _m(GPU_THROTTLE_ACTIVE, "gauge", "count", "1 while a throttle reason is active, else 0",
        _NVML, (*GPU, "reason")),
     _m("perfd_gpu_ecc_errors_total", "counter", "count", "ECC errors (volatile)", _NVML, (*GPU, "type")),
     _m("perfd_gpu_xid_errors_total", "counter", "count", "XID errors seen", _NVML, GPU, alias="xid_errors"),

@@ -29,3 +29,27 @@ def test_latest_value_per_series_and_an_id_defined_again_resolves_anew() -> None
     view.ingest_samples("b", {7: util}, [7], [50], [0.9], models.append)
     assert view.node["b"][util].value == 0.9 and node[util].value == 0.7
     assert view.samples == 7
+
+
+def test_gpu_view_reads_the_latest_values_throttle_flags_and_only_the_names_asked() -> None:
+    view = NodeView()
+    lab = (("gpu", "1"), ("node", "n1"))
+    defs = {
+        1: ("perfd_gpu_utilization_ratio", lab),
+        2: ("perfd_gpu_temperature_celsius", lab),
+        3: ("perfd_gpu_throttle_active", (*lab, ("reason", "hw_thermal"))),
+        4: ("perfd_gpu_throttle_active", (*lab, ("reason", "sw_power_cap"))),
+        5: ("perfd_gpu_ecc_errors_total", (*lab, ("type", "corrected"))),  # typed: not a GPU value
+        6: ("perfd_host_cpu_ratio", (("node", "n1"),)),  # a host series: not a GPU's
+    }
+    view.ingest_samples("a", defs, [1, 2, 3, 4, 5, 6], [10] * 6, [0.5, 70.0, 1.0, 0.0, 3.0, 0.2],
+                        lambda _m: None)
+    view.ingest_samples("a", defs, [1, 4], [20, 20], [0.9, 1.0], lambda _m: None)  # values move on
+    _procs, values, throttles = view.gpu_view({"a"})
+    assert values == {("n1", "1"): {"perfd_gpu_utilization_ratio": 0.9, "perfd_gpu_temperature_celsius": 70.0}}
+    assert sorted(throttles[("n1", "1")]) == ["hw_thermal", "sw_power_cap"]
+    _procs, values, throttles = view.gpu_view({"a"}, {"perfd_gpu_temperature_celsius"})
+    assert values == {("n1", "1"): {"perfd_gpu_temperature_celsius": 70.0}} and throttles == {}
+    _procs, values, throttles = view.gpu_view({"a"}, {"perfd_gpu_throttle_active", "perfd_gpu_nope"})
+    assert values == {} and sorted(throttles[("n1", "1")]) == ["hw_thermal", "sw_power_cap"]
+    assert view.gpu_view({"b"}) == ({}, {}, {})  # another agent's GPUs are not this one's

@@ -29,7 +29,7 @@ from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS
 from perfd.refusals import Refusals
 from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine
-from perfd.rules.expr import series_key
+from perfd.rules.expr import base_name, series_key
 from perfd.rules.model import CaptureAction, CaptureTargets
 from perfd.transport.codec import Command
 
@@ -138,6 +138,8 @@ class CaptureCoordinator:
     # ---- evaluation ------------------------------------------------------------------------
     def scope_values(self) -> dict[Any, dict[str, float | None]]:
         out: dict[Any, dict[str, float | None]] = {}
+        # Only the GPU series some gpu-scope rule reads (a few of ~25 per GPU, on every GPU).
+        gpu_names = {base_name(k) for k in self.engine.reads("gpu")} if self.engine is not None else set()
         for job in self.state.job_names():  # a stalled job keeps one value: how long it has been stalled
             stalled = self.state.stalled_seconds(job)
             if stalled:
@@ -151,11 +153,13 @@ class CaptureCoordinator:
                 out[job][catalog.JOB_STALLED_SECONDS] = 0.0
                 for rank, ratio in it.straggler_rank_compute_ratio.items():
                     out[(job, rank)] = {"perfd_job_rank_compute_ratio": float(ratio)}
-            _procs, values, throttles = self.state.gpu_view(job)
+            if not gpu_names:
+                continue
+            _procs, values, throttles = self.state.gpu_view(job, gpu_names)
             for (node, gpu), vals in values.items():
                 gv: dict[str, float | None] = dict(vals)
                 for reason in throttles.get((node, gpu), []):
-                    gv[series_key("perfd_gpu_throttle_active", {"reason": reason})] = 1.0
+                    gv[series_key(catalog.GPU_THROTTLE_ACTIVE, {"reason": reason})] = 1.0
                 out[(job, node, gpu)] = gv
         return out
 

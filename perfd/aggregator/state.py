@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,11 +124,12 @@ class AggregatorState:
         return True
 
     # ---- read side (HTTP thread, rules loop) -----------------------------------------------------
-    def gpu_view(self, job: str) -> tuple[dict[GpuKey, list[dict[str, Any]]],
-                                          dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]:
+    def gpu_view(self, job: str, names: Collection[str] | None = None
+                 ) -> tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]],
+                            dict[GpuKey, list[str]]]:
         """For the job's agents: process lists, latest GPU values and active throttle reasons,
-        each keyed by (node, gpu)."""
-        return self.nodes.gpu_view(self.jobs.agents_of(job))
+        each keyed by (node, gpu); ``names``: only these GPU series."""
+        return self.nodes.gpu_view(self.jobs.agents_of(job), names)
 
     def gpu_procs(self, job: str) -> dict[GpuKey, list[dict[str, Any]]]:
         """The process lists of the job's agents' GPUs (rank placement), without their values."""

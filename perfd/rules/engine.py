@@ -202,6 +202,10 @@ class RuleEngine:
         # (rule, key) pairs resolved by the last evaluate() call (they had been pending or firing).
         self.last_resolved: list[AlertState] = []
 
+    def reads(self, scope: Scope) -> frozenset[str]:
+        """The series keys the rules of ``scope`` read: a caller gathers only these."""
+        return frozenset(k for r in self.rules if r.scope == scope for k in r.expr.keys)
+
     def evaluate(self, now: float | None, scope_values: Mapping[K, Values],
                  disk_used: Mapping[str, int] | None = None) -> list[Firing]:
         """One evaluation round. ``disk_used``: bytes of captures already on disk, per job."""

@@ -93,7 +93,7 @@ ALIASES: dict[str, str] = {
     **catalog.aliases(),
     "ecc_corrected": series_key("perfd_gpu_ecc_errors_total", {"type": "corrected"}),
     "ecc_uncorrected": series_key("perfd_gpu_ecc_errors_total", {"type": "uncorrected"}),
-    **{f"throttle_{r}": series_key("perfd_gpu_throttle_active", {"reason": r}) for r in THROTTLE_REASONS},
+    **{f"throttle_{r}": series_key(catalog.GPU_THROTTLE_ACTIVE, {"reason": r}) for r in THROTTLE_REASONS},
 }
 
 # Labels that identify the scope (and so never appear in a series key).

@@ -99,3 +99,21 @@ def test_alertmanager_webhook_body_to_requests():
     ]}
     assert alertmanager_requests(body) == [
         {"job": "j", "ranks": [0, 3], "tool": "nsys", "steps": 5, "origin": "alertmanager:PerfdMfuLow"}]
+
+
+def test_gpu_rules_see_only_the_series_they_read_and_fire_on_a_throttled_gpu():
+    from perfd.rules.loader import load_pack
+
+    st = _state()
+    lab = (("gpu", "0"), ("node", "n1"))
+    defs = {1: ("perfd_gpu_throttle_active", (*lab, ("reason", "hw_thermal"))),
+            2: ("perfd_gpu_xid_errors_total", lab),
+            3: ("perfd_gpu_temperature_celsius", lab)}  # read by no gpu rule of the pack
+    st.ingest_samples("agent-1", defs, [1, 2, 3], [1, 1, 1], [1.0, 0.0, 91.0])
+    engine = RuleEngine(load_pack(ROOT / "rules" / "default.yaml").rules)
+    co = CaptureCoordinator(st, engine, lambda _a, _c: True)
+    gv = co.scope_values()[("j", "n1", "0")]
+    assert gv == {'perfd_gpu_throttle_active{reason="hw_thermal"}': 1.0, "perfd_gpu_xid_errors_total": 0.0}
+    assert all(f.rule.name != "gpu_throttling" for f in co.evaluate(now=1000.0))  # pending
+    fired = co.evaluate(now=1061.0)  # the rule's `for: 1m`
+    assert [f.key for f in fired if f.rule.name == "gpu_throttling"] == [("j", "n1", "0")]
