@@ -46,7 +46,8 @@ def test_gpu_view_reads_the_latest_values_throttle_flags_and_only_the_names_aske
                         lambda _m: None)
     view.ingest_samples("a", defs, [1, 4], [20, 20], [0.9, 1.0], lambda _m: None)  # values move on
     _procs, values, throttles = view.gpu_view({"a"})
-    assert values == {("n1", "1"): {"perfd_gpu_utilization_ratio": 0.9, "perfd_gpu_temperature_celsius": 70.0}}
+    assert values == {("n1", "1"): {"perfd_gpu_utilization_ratio": 0.9,
+                                    "perfd_gpu_temperature_celsius": 70.0}}
     assert sorted(throttles[("n1", "1")]) == ["hw_thermal", "sw_power_cap"]
     _procs, values, throttles = view.gpu_view({"a"}, {"perfd_gpu_temperature_celsius"})
     assert values == {("n1", "1"): {"perfd_gpu_temperature_celsius": 70.0}} and throttles == {}

@@ -44,6 +44,10 @@ class IterationLike(Protocol):
     straggler_between_stages: bool
 
 
+# Those fields by name: a caller holding rows in columns builds only these (Table.project).
+DETECTION_FIELDS: tuple[str, ...] = tuple(IterationLike.__annotations__)
+
+
 @dataclass
 class Incident:
     id: str

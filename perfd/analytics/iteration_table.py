@@ -19,6 +19,7 @@ import math
 import zlib
 from array import array
 from bisect import bisect_right
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
 
@@ -154,12 +155,14 @@ class Table(Sequence[T], Generic[T]):
     """Rows of one dataclass (``row_type``) in columns. ``key`` names an int field the rows are
     appended in non-decreasing order of, for ``last_index_of``."""
 
-    def __init__(self, row_type: type[T], key: str) -> None:
+    def __init__(self, row_type: type[T], key: str, pack: bool = True) -> None:
+        """``pack``: compress the fields marked PACKED (False where the rows' objects are held
+        elsewhere anyway, and the time matters more than the bytes: the aggregator's memo)."""
         self.row_type = row_type
         self.key = key
         self._fields = [f.name for f in dataclasses.fields(row_type)]  # type: ignore[arg-type]
         self._cols: dict[str, _Column] = {
-            f.name: _Packed() if f.metadata.get(PACKED) else _COLUMN_OF.get(str(f.type), _Shared)()
+            f.name: _Packed() if pack and f.metadata.get(PACKED) else _COLUMN_OF.get(str(f.type), _Shared)()
             for f in dataclasses.fields(row_type)}  # type: ignore[arg-type]
         self._n = 0
 
@@ -211,6 +214,25 @@ class Table(Sequence[T], Generic[T]):
         out._n = len(order)
         return out
 
+    def project(self, names: Sequence[str]) -> Sequence[Any]:
+        """The rows with only ``names`` as fields (named tuples): a reader of a few fields of a long
+        table does not build, nor decode, the others."""
+        return _Projection(self, tuple(names), range(self._n))
+
+    def slice(self, lo: int, hi: int) -> Table[T]:
+        """A new table of rows ``lo`` .. ``hi - 1``; this one is left as it is (a reader may hold it)."""
+        out: Table[T] = Table.__new__(Table)
+        out.row_type, out.key, out._fields = self.row_type, self.key, self._fields
+        out._cols = {}
+        for name, col in self._cols.items():
+            new = copy.copy(col)  # the same encoding state (a packed column's dictionary)
+            if isinstance(new, _Shared):
+                new.seen = {}  # not the old table's: its values would outlive their rows
+            new.store = col.store[lo:hi]
+            out._cols[name] = new
+        out._n = len(range(self._n)[lo:hi])
+        return out
+
     def column(self, name: str) -> Iterator[Any]:
         """One field's values in row order, without building rows."""
         return self._cols[name].values()
@@ -249,3 +271,34 @@ class _View(Sequence[T]):
 
     def __iter__(self) -> Iterator[T]:
         return (self.table[i] for i in self.indexes)
+
+
+class _Projection(Sequence[Any]):
+    """Rows of a Table with only some fields, built one at a time (see Table.project)."""
+
+    def __init__(self, table: Table[Any], names: tuple[str, ...], indexes: range,
+                 row: Callable[..., Any] | None = None) -> None:
+        self.cols = [table._cols[n] for n in names]
+        self.names, self.indexes = names, indexes
+        self.row = row if row is not None else namedtuple("Row", names)
+
+    def __len__(self) -> int:
+        return len(self.indexes)
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Any]: ...
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            out = _Projection.__new__(_Projection)
+            out.cols, out.names, out.indexes, out.row = self.cols, self.names, self.indexes[i], self.row
+            return out
+        j = self.indexes[i]
+        return self.row(*(c.get(j) for c in self.cols))
+
+    def __iter__(self) -> Iterator[Any]:
+        cols, row = self.cols, self.row
+        return (row(*(c.get(j) for c in cols)) for j in self.indexes)

@@ -12,6 +12,7 @@ import itertools
 import math
 import statistics
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -23,7 +24,7 @@ from perfd.analytics.diagnosis import TimelineClass, classify_job
 from perfd.analytics.findings import Finding, Recommendation, derive_findings, order_findings
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
-from perfd.analytics.incidents import Incident, detect_incidents, incident_findings
+from perfd.analytics.incidents import DETECTION_FIELDS, Incident, detect_incidents, incident_findings
 from perfd.analytics.iteration_table import PACKED, Table
 from perfd.analytics.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
 from perfd.analytics.pipeline import analytic_bubble, stage_idle
@@ -220,6 +221,19 @@ class AnalysisMemo:
     entries: dict[int, tuple[StepRecord, IterationResult, StragglerResult]] = field(default_factory=dict)
     hits: int = 0
     misses: int = 0
+    # The last analysis' rows, to start the next one from: rows whose records are still held, in
+    # the same order, are taken over as a block rather than appended again one field at a time
+    # (at 5,000 held iterations that rebuild was ~0.5 s per refresh).
+    run: _KeptRun | None = None
+
+
+@dataclass
+class _KeptRun:
+    classify: tuple[Any, ...]  # what each row's class also depends on (GPM, the timeline)
+    records: list[StepRecord]  # the records of the table's rows, in row order
+    table: Table[IterationResult]  # shared with the analysis returned: never changed, only sliced
+    disturbed: array[int]
+    marked: list[int]  # rows given an incident_lost_ms by that analysis
 
 
 @dataclass
@@ -330,7 +344,8 @@ def analyze_run(
     """Analyse a Megatron run's step records (any order; one record per logged iteration).
     ``memo``: keep per-iteration work for the next analysis of the same, grown run."""
     run = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo)
-    for rec in sorted(records, key=lambda r: r.iteration):
+    ordered = sorted(records, key=lambda r: r.iteration)
+    for rec in ordered[run.resume(ordered):]:
         run.add(rec)
     return run.finish(job_name)
 
@@ -360,12 +375,40 @@ class RunBuilder:
                             {lay.global_batch_size: self.flops_job})
         key = (job, gpu_name, peak_override, dtype)
         if memo is not None and memo.key != key:
-            memo.key, memo.entries = key, {}
-        self.table: Table[IterationResult] = Table(IterationResult, key="iteration")
+            memo.key, memo.entries, memo.run = key, {}, None
+        # With a memo the rows' objects are held by it anyway: no compression, it only costs time.
+        self.table: Table[IterationResult] = Table(IterationResult, key="iteration", pack=memo is None)
         self.disturbed = array("b")  # per row: a perfd capture touched the iteration
         self.first: tuple[int, str] | None = None  # (iteration, job) of the earliest record
         self.in_order = True
         self.present: set[int] = set()  # iterations seen, kept only to evict a memo's stale entries
+        self.records: list[StepRecord] | None = [] if memo is not None else None  # row order
+
+    def resume(self, ordered: Sequence[StepRecord]) -> int:
+        """Take over the memo's last rows that ``ordered`` (sorted by iteration) starts with — the
+        same record objects in the same order, under the same context — and say how many of
+        ``ordered`` they cover; ``add`` the rest. 0 on a fresh builder or when nothing matches."""
+        memo = self.memo
+        kept = memo.run if memo is not None else None
+        if kept is None or len(self.table) or not ordered or kept.classify != (self.gpm, self.timeline):
+            return 0
+        prev = kept.records
+        k = bisect_left([r.iteration for r in prev], ordered[0].iteration)  # evicted rows lead
+        m = 0
+        while k + m < len(prev) and m < len(ordered) and prev[k + m] is ordered[m]:
+            m += 1
+        if m == 0:
+            return 0
+        self.table = kept.table.slice(k, k + m)
+        self.disturbed = kept.disturbed[k:k + m]
+        for i in kept.marked:  # finish marks the incidents anew
+            if k <= i < k + m:
+                self.table.put(i - k, incident_lost_ms=None)
+        self.first = (ordered[0].iteration, ordered[0].job)
+        self.present.update(r.iteration for r in ordered[:m])
+        self.records = list(ordered[:m])
+        memo.hits += m  # type: ignore[union-attr]
+        return m
 
     def add(self, rec: StepRecord) -> None:
         memo, lay = self.memo, self.job.layout
@@ -391,6 +434,8 @@ class RunBuilder:
             self.in_order = False
         self.table.append(it)
         self.disturbed.append(rec.disturbed_by_capture)
+        if self.records is not None:
+            self.records.append(rec)
 
     def finish(self, job_name: str | None = None) -> RunAnalysis:
         memo, lay, ctx = self.memo, self.job.layout, self.ctx
@@ -422,6 +467,10 @@ class RunBuilder:
         run_s = analysis.run_seconds()
         inc_f, inc_r = incident_findings([i.to_json() for i in incidents], run_s or None)
         analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])
+        if memo is not None:
+            memo.run = (_KeptRun((self.gpm, self.timeline), self.records, table, disturbed,
+                                 [i for i, v in enumerate(table.column("incident_lost_ms")) if v is not None])
+                        if self.in_order and self.records is not None else None)
         return analysis
 
 
@@ -457,7 +506,8 @@ def _mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
                     steady: SteadyState) -> list[Incident]:
     """Find the incidents, take their iterations out of the steady state (saying which incident),
     and note each one's time lost against the steady median."""
-    incidents, ref = detect_incidents(table, _ByIteration(table, lambda i: table.get(i, "end_time")),
+    incidents, ref = detect_incidents(table.project(DETECTION_FIELDS),
+                                      _ByIteration(table, lambda i: table.get(i, "end_time")),
                                       _ByIteration(table, lambda i: bool(disturbed[i])),
                                       steady.warmup_records, steady.reference_step_ms)
     for inc in incidents:

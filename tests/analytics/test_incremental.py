@@ -86,3 +86,24 @@ def test_per_rank_folds_and_capture_marks_keep_their_identity_while_unchanged() 
     m2 = mark_disturbed(third, windows, marks)
     hit = [i for i, r in enumerate(m1) if r.disturbed_by_capture]
     assert hit and all(m1[i] is m2[i] for i in range(5))
+
+
+@pytest.mark.parametrize("log", LOGS, ids=lambda p: p.stem)
+def test_a_sliding_window_of_held_iterations_matches_a_fresh_analysis_at_every_step(log: Path) -> None:
+    """What the aggregator does: iterations arrive at the end and leave at the start (retention);
+    each analysis takes over the last one's rows. Incidents come and go as their iterations enter
+    and leave the window, so rows marked by an earlier analysis must not keep its marks."""
+    parsed = parse_lines(log.read_text().splitlines(keepends=True), job="j")
+    recs = sorted(parsed.records, key=lambda r: r.iteration)
+    memo = AnalysisMemo()
+    width = max(8, len(recs) // 3)
+    seen_incidents = 0
+    for end in range(4, len(recs) + 1, 3):
+        window = recs[max(0, end - width):end]
+        live = analyze_run(parsed.job_info, window, gpu_name="NVIDIA H200", memo=memo)
+        fresh = analyze_run(parsed.job_info, window, gpu_name="NVIDIA H200")
+        assert live.to_json() == fresh.to_json(), end
+        seen_incidents += len(fresh.incidents)
+    assert memo.run is not None and len(memo.run.records) == min(width, len(recs))
+    if "cotenant" in log.name:
+        assert seen_incidents > 0  # the case the marks are about was exercised

@@ -56,3 +56,19 @@ def test_builder_takes_records_in_any_order() -> None:
     for rec in reversed(records):
         run.add(rec)
     assert analysis_json(run.finish()) == want
+
+
+def test_a_slice_is_a_new_table_and_a_projection_reads_only_its_fields() -> None:
+    rows = _results()
+    for pack in (True, False):
+        t: Table[IterationResult] = Table(IterationResult, key="iteration", pack=pack)
+        t.extend(rows)
+        s = t.slice(2, 6)
+        assert list(s) == rows[2:6]
+        s.put(0, mfu=0.5, excluded_reason="x")
+        s.append(rows[0])
+        assert t[2] == rows[2] and len(t) == len(rows) and len(s) == 5  # the original is untouched
+        proj = t.project(("iteration", "mfu"))
+        assert [(p.iteration, p.mfu) for p in proj] == [(r.iteration, r.mfu) for r in rows]
+        assert [p.iteration for p in proj[3:]] == [r.iteration for r in rows[3:]]
+        assert proj[-1]._fields == ("iteration", "mfu")
