@@ -75,7 +75,7 @@ class _StateCollector:
         yield from series_families(self.state.incidents.metric_rows())
         yield from series_families(self.state.liveness_rows())
         yield from series_families(self.state.serving.rows())
-        t = dict(self.state.transport_stats or {})  # one snapshot: each read walks every stream
+        t = self.state.transport_stats() if self.state.transport_stats is not None else {}
         own = {
             "perfd_aggregator_samples_total": self.state.nodes.samples,
             "perfd_aggregator_step_records_total": self.state.jobs.stats.steps,

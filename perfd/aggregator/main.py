@@ -221,12 +221,18 @@ class Aggregator:
         if events:
             st.ingest_events(agent_id, events)
 
+    def _transport_counters(self) -> dict[str, int]:
+        d = self.server.counters()
+        d["job_info_errors"] = self.job_info_errors
+        d.update({f"refused_{k}": v for k, v in self.refusals.snapshot().items()})
+        return d
+
     async def start(self) -> None:
         if self.store is not None:  # everything back before the first agent connects
             got = restore(self, self.store)
             log.info("state restored from %s: %s", self.store.path, got)
         self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
-        self.state.transport_stats = _LiveCounters(self)
+        self.state.transport_stats = self._transport_counters
         try:
             self.http = HttpServer(self.state, self.cfg.http_host, self.cfg.http_port, self.captures,
                                    per_rank_series=self.cfg.per_rank_series, token=self.token,
@@ -276,28 +282,6 @@ class Aggregator:
         if self.store is not None:
             save_documents(self, self.store)
             self.store.close()
-
-
-class _LiveCounters(Mapping[str, int]):
-    """The transport's counters, read when /api/stats is asked (not copied on every batch)."""
-
-    def __init__(self, agg: Aggregator) -> None:
-        self.agg = agg
-
-    def _d(self) -> dict[str, int]:
-        d = self.agg.server.counters()
-        d["job_info_errors"] = self.agg.job_info_errors
-        d.update({f"refused_{k}": v for k, v in self.agg.refusals.snapshot().items()})
-        return d
-
-    def __getitem__(self, k: str) -> int:
-        return self._d()[k]
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(self._d())
-
-    def __len__(self) -> int:
-        return len(self._d())
 
 
 def run_aggregator(cfg: AggregatorConfig, ready_file: str | None = None) -> int:

@@ -64,7 +64,9 @@ class AggregatorState:
         self.collectives = CollectiveStore()  # its own lock; see aggregator/collectives
         self.log = EventLog()
         self.stats = Stats()
-        self.transport_stats: Mapping[str, int] | None = None  # set by the server for /api/stats
+        # The transport's counters, taken when /api/stats or /metrics asks (once per read: each
+        # call walks every stream). Set by the aggregator.
+        self.transport_stats: Callable[[], dict[str, int]] | None = None
         self.job_stale_after_s: float | None = None  # --job-stale-after (None: from the job's steps)
         # SGLang records per job and their analysis (its own lock; see aggregator/serving).
         self.serving = ServingStore()
@@ -358,5 +360,5 @@ class AggregatorState:
             "uptime_s": round(now - self.stats.started, 3),
         }
         if self.transport_stats is not None:
-            out["transport"] = dict(self.transport_stats)
+            out["transport"] = self.transport_stats()
         return out
