@@ -29,6 +29,9 @@ KEEPALIVE_TIME_S = 10.0  # gRPC HTTP/2 ping interval, both sides
 KEEPALIVE_TIMEOUT_S = 10.0  # a ping unanswered this long ends the connection
 HEARTBEAT_S = 5.0  # the agent sends a Heartbeat after this long without writing
 ACK_TIMEOUT_S = 20.0  # the agent drops a stream without any acknowledgement for this long
+# The aggregator acknowledges a stream's batches at most this often (a Heartbeat at once): well
+# inside ACK_TIMEOUT_S and the agent's window, and an Ack is not free at 2,000 streams.
+ACK_INTERVAL_S = 2.0
 AGENT_SILENCE_S = 20.0  # the aggregator drops a stream that sent nothing for this long
 LIVENESS_BUDGET_S = 30.0  # what docs/reliability.md promises
 

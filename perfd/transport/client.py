@@ -129,6 +129,10 @@ class AgentClient:
         self._max_sent = 0  # highest seq ever sent, across streams: anything at or below is a resend
         self._tasks: set[asyncio.Future[Any]] = set()
         self._answered = False  # the aggregator has sent something on the current stream
+        # flush() wants its Acks now: the aggregator coalesces Acks (one per stream every couple of
+        # seconds) but answers a Heartbeat at once.
+        self._want_ack = False
+        self._asked_for = -1  # the newest seq in flight when a full window last asked for an Ack
         # Counters for the agent's own /metrics.
         # True from the first acknowledgement of a stream until ack_timeout_s pass without one, or
         # the stream ends: it follows acknowledgements, not the socket.
@@ -262,6 +266,7 @@ class AgentClient:
                                      self.spool.epoch, self.table)
                 self.table.take_new()  # the Hello defines every series; batches need not repeat them
                 self._inflight.clear()
+                self._asked_for = -1
                 self._last_sent = self.spool.acked_seq  # resend everything unacknowledged
             self._last_heard = asyncio.get_running_loop().time()
             await call.write(hello.SerializeToString())
@@ -319,13 +324,24 @@ class AgentClient:
                 with self._lock:
                     recs = self.spool.read(self._last_sent, room)
             if not recs:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=self.heartbeat_s)
-                except asyncio.TimeoutError:
-                    # Nothing to send for a while: ask for an Ack so both sides keep seeing one.
-                    msg = pb.AgentMessage(heartbeat=pb.Heartbeat(sent_ns=time.time_ns()))
-                    await call.write(msg.SerializeToString())
-                    self.heartbeats_sent += 1
+                # A full window waits for an Ack that the aggregator would otherwise send only at
+                # its next interval: ask once per window's worth (a spool being replayed after a
+                # reconnect moves a window per round trip, not per ack interval).
+                full = room <= 0 and self._inflight[-1] != self._asked_for
+                if full:
+                    self._asked_for = self._inflight[-1]
+                elif not (self._want_ack and self._inflight):
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout=self.heartbeat_s)
+                        continue
+                    except asyncio.TimeoutError:
+                        pass
+                # Nothing to send for a while, or flush() waits: ask for an Ack (both sides keep
+                # seeing one; the aggregator answers a Heartbeat without waiting).
+                self._want_ack = False
+                msg = pb.AgentMessage(heartbeat=pb.Heartbeat(sent_ns=time.time_ns()))
+                await call.write(msg.SerializeToString())
+                self.heartbeats_sent += 1
                 continue
             for seq, data in recs:
                 await call.write(frame_batch(data))
@@ -375,12 +391,17 @@ class AgentClient:
     async def flush(self, timeout: float) -> bool:
         """Wait until every submitted batch is acknowledged; False on timeout."""
         deadline = time.monotonic() + timeout
+        ask_at = 0.0
         while True:
             with self._lock:
                 if self.spool.pending_count() == 0:
                     return True
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 return False
+            if now >= ask_at:  # again now and then: batches sent after the last ask wait for theirs
+                self._want_ack, ask_at = True, now + 0.2
+                self._notify()
             await asyncio.sleep(0.01)
 
     def counters(self) -> dict[str, int]:

@@ -154,6 +154,51 @@ def test_cumulative_acks_drain_the_disk_spool(tmp_path):
     run(body())
 
 
+def test_acks_coalesce_per_interval_and_arrive_without_a_flush():
+    """A busy stream gets far fewer Acks than batches, and they still come on their own (the
+    server's timer, not the agent's 5 s heartbeat and not flush())."""
+    async def body() -> None:
+        sink = Sink()
+        srv = IngestServer(sink, ack_interval_s=0.3)
+        port = await serve(srv, 0)
+        c = client(port, window=1000)
+        task = asyncio.create_task(c.run())
+        await wait_until(lambda: _connected(c))
+        for i in range(50):
+            c.submit([Sample("m", float(i), 1.0 + i, {"gpu": "0"})])
+            await asyncio.sleep(0.01)
+        await wait_until(lambda: c.counters()["spool_pending_batches"] == 0)  # no flush(): nothing asks
+        assert sorted(sink.multiplicity()) == list(range(1, 51))
+        assert c.counters()["heartbeats_sent"] == 0
+        assert 2 <= srv.acks_sent < 20  # the Hello's, then about one per 0.3 s, not one per batch
+        await stop_task(task)
+        await srv.stop(None)
+
+    run(body())
+
+
+def test_flush_and_a_full_window_get_their_ack_at_once_whatever_the_interval():
+    """With an ack interval no test would wait out, a flush (a Heartbeat) and a replay through a
+    window of 4 (an ask per full window) are still acknowledged: nothing waits on the timer."""
+    async def body() -> None:
+        sink = Sink()
+        srv = IngestServer(sink, ack_interval_s=3600.0)
+        port = await serve(srv, 0)
+        c = client(port, window=4)
+        for i in range(40):  # spooled before the stream opens: replayed a window at a time
+            c.submit([Sample("m", float(i), 1.0 + i, {"gpu": "0"})])
+        task = asyncio.create_task(c.run())
+        await wait_until(lambda: c.counters()["spool_pending_batches"] == 0)
+        assert sorted(sink.multiplicity()) == list(range(1, 41))
+        c.submit([Sample("m", 1.0, 100.0, {"gpu": "0"})])
+        assert await c.flush(10)
+        assert c.counters()["batches_acked"] == 41
+        await stop_task(task)
+        await srv.stop(None)
+
+    run(body())
+
+
 async def _produce(c: AgentClient, stop: asyncio.Event, every_s: float = 0.004) -> None:
     i = 0
     while not stop.is_set():
