@@ -488,7 +488,15 @@ class IngestServer:
             if self.journal is not None:
                 self.journal.seq(agent, conn.epoch, seq)
         conn.ack_due = max(conn.ack_due, self.seq_state.last(agent, conn.epoch))
-        conn.wake.set()
+        if conn.ack_timer is None:
+            # The Ack's time is known now: a timer wakes the stream then, rather than a wake per
+            # batch that finds the Ack not yet due (a task step per batch for nothing).
+            loop = asyncio.get_running_loop()
+            wait = conn.last_ack_at + self.ack_interval_s - loop.time()
+            if wait > 0:
+                conn.ack_timer = loop.call_later(wait, self._ack_due, conn)
+            else:
+                conn.wake.set()
 
     def _trim(self, agent: str, conn: _Conn, b: pb.Batch) -> bool:
         """Apply the per-message caps; False when the whole batch is refused (it is acknowledged
