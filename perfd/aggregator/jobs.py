@@ -272,14 +272,14 @@ class JobStore:
             js = self.jobs.get(job)
             if js is None:
                 return None
-            its = sorted(it for it, _ in js.records)
+            its = [it for it, _ in js.records]  # min and max, not a sort: read on every scrape
             return {
                 "job": job,
                 "agents": sorted(js.agents),
                 "gpu": self.gpu_override or js.gpu_name,
                 "iterations_seen": len(js.records),
-                "first_iteration": its[0] if its else None,
-                "last_iteration": its[-1] if its else None,
+                "first_iteration": min(its) if its else None,
+                "last_iteration": max(its) if its else None,
                 "has_job_info": js.job_info is not None,
                 "last_step_age_s": (time.time() - js.last_step_time) if js.last_step_time else None,
                 "last_step_time": js.last_step_time or None,

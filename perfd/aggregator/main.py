@@ -202,6 +202,8 @@ class Aggregator:
         st, guard = self.state, self.guard
         for job, text in batch.job_info_json.items():
             self.ingest_job_info_text(agent_id, job, text)
+        if batch.new_series:  # also in a batch without samples: the ids' next samples need it
+            st.series_defined(agent_id, batch.new_series)
         if batch.n_samples:
             defs = self._series_defs(batch)
             ids, ts, vals = batch.series_ids, batch.timestamps_ns, batch.values

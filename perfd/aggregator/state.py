@@ -92,6 +92,10 @@ class AggregatorState:
         self.nodes.seen(agent_id)
         self.jobs.hello(agent_id, jobs)
 
+    def series_defined(self, agent_id: str, series_ids: Sequence[int]) -> None:
+        """A stream of the agent (re)defined these series ids (before samples that use them)."""
+        self.nodes.defined(agent_id, series_ids)
+
     def ingest_samples(self, agent_id: str, series_defs: Mapping[int, tuple[str, LabelKey]],
                        series_ids: Sequence[int], timestamps_ns: Sequence[int],
                        values: Sequence[float]) -> None:
