@@ -5,10 +5,12 @@
 The aggregator runs as it would in production (its own process, the shipped rule pack, /metrics);
 the load comes from ``--procs`` separate processes, each running its share of the agents as real
 ``AgentClient`` streams (perfd's own protocol and codec) in one asyncio loop. Each agent stands for a
-node of one training job: every second it sends 8 GPUs × 25 NVML-like series (200 samples) and the
-job-level step record of the iteration it is on; agent 0 also sends the step records of a probe job
-whose step time carries a marker, so the time from a sample leaving an agent to the derived series
-showing on /metrics can be measured (/metrics is polled until the marker appears).
+node of one training job: it sends 8 GPUs × 25 NVML-like series (200 samples, each series' newest
+value every ``--sample-interval`` s, as the agent forwards them) and every second the job-level step
+record of the iteration it is on (``--step-agents K``: only the first K agents do); agent 0 also
+sends the step records of a probe job whose step time carries a marker, so the time from a sample
+leaving an agent to the derived series showing on /metrics can be measured (/metrics is polled
+until the marker appears).
 
 Reported (``--json``: one object): agents, agents_connected (the aggregator's count: streams that
 carried a message within its silence limit), samples_per_s (ingested by the aggregator over the
@@ -44,7 +46,8 @@ GPUS, SERIES_PER_GPU = 8, 25
 PROBE_JOB = "scale-probe"
 
 
-def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any, sample_every: float) -> None:
+def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any, sample_every: float,
+          step_agents: int | None) -> None:
     """One load process: agents ``first`` .. ``first + n - 1``, each a real AgentClient stream."""
     from perfd.model import StepRecord
     from perfd.transport import AgentClient
@@ -69,13 +72,17 @@ def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any, sa
                 # `sample_every` seconds; the step record of each iteration at once.
                 send_samples = sample_every <= 1.0 or (it + first + j) % round(sample_every) == 0
                 vals = [float((it + k) % 100) for k in range(len(ids[j]))] if send_samples else []
-                steps = [StepRecord(job="scale-job", iteration=it, rank="last", end_time=now_ns / 1e9,
-                                    step_time_ms=1000.0)]
+                steps = []
+                if step_agents is None or first + j < step_agents:
+                    steps.append(StepRecord(job="scale-job", iteration=it, rank="last", end_time=now_ns / 1e9,
+                                            step_time_ms=1000.0))
                 if first + j == 0:  # the probe: its step time says when it left
                     mark = 1000.0 + (it % 1000)
                     steps.append(StepRecord(job=PROBE_JOB, iteration=it, rank="last", end_time=now_ns / 1e9,
                                             step_time_ms=mark))
                     marks.put((mark, time.time()))
+                if not steps and not vals:
+                    continue  # nothing new on this node this second: a real agent sends nothing
                 c.submit(steps=steps, columns=(ids[j] if vals else [], [now_ns] * len(vals), vals))
             await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - tick)))
         cpu.put((time.process_time() - t_cpu) / max(1e-9, time.perf_counter() - t_wall))
@@ -110,7 +117,7 @@ def _probe_value(text: str) -> float | None:
 
 
 def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
-              sample_every: float = 1.0) -> dict[str, Any]:
+              sample_every: float = 1.0, step_agents: int | None = None) -> dict[str, Any]:
     import psutil
 
     grpc_port, http_port = free_port(), free_port()
@@ -140,8 +147,8 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
         per = [agents // procs + (1 if i < agents % procs else 0) for i in range(procs)]
         first = 0
         for n in per:
-            p = ctx.Process(target=_load, args=(grpc_port, first, n, stop, marks, cpu, sample_every),
-                            daemon=True)
+            p = ctx.Process(target=_load, daemon=True,
+                            args=(grpc_port, first, n, stop, marks, cpu, sample_every, step_agents))
             p.start()
             loaders.append(p)
             first += n
@@ -177,6 +184,7 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
             "offered_samples_per_s": agents * GPUS * SERIES_PER_GPU / max(1.0, round(sample_every)),
             "node_samples_per_s_on_agents": agents * GPUS * SERIES_PER_GPU,
             "sample_interval_s": sample_every,
+            "step_agents": agents if step_agents is None else min(step_agents, agents),
             "step_records_per_s": (s1["step_records_ingested"] - s0["step_records_ingested"]) / wall,
             "aggregator_cpu_cores": ((c1.user + c1.system) - (c0.user + c0.system)) / wall,
             "aggregator_rss_bytes": rss,
@@ -227,13 +235,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-interval", type=float, default=AgentConfig.aggregator_sample_interval_s,
                     help="seconds between an agent's forwarded values of one series, as perfd.agent.reduce "
                          "does (default: the agent's default, %(default)s; 1: every 1 Hz sample)")
+    ap.add_argument("--step-agents", type=int, default=None,
+                    help="how many agents send the job's step record every second (default: all, the "
+                         "shape of the step hook on every rank; 1: a Megatron log, whose iteration "
+                         "lines come from the node of the last rank — the others send only their "
+                         "reduced samples)")
     ns = ap.parse_args(argv)
+    if ns.step_agents is not None and ns.step_agents < 0:
+        print("perfd bench scale: --step-agents must be >= 0", file=sys.stderr)
+        return 2
     if ns.agents < 1 or ns.procs < 1 or ns.seconds <= 0 or ns.warmup < 0:
         print("perfd bench scale: --agents, --procs and --seconds must be positive, --warmup >= 0",
               file=sys.stderr)
         return 2
     res = run_scale(ns.agents, ns.seconds, min(ns.procs, ns.agents), warmup_s=ns.warmup,
-                    sample_every=ns.sample_interval)
+                    sample_every=ns.sample_interval, step_agents=ns.step_agents)
     if ns.json:
         print(json.dumps(res))
     else:

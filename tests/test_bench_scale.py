@@ -31,3 +31,24 @@ def test_bench_scale_refuses_nonsense() -> None:
     proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "scale", "--agents", "0"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "must be positive" in proc.stderr
+
+
+@pytest.mark.slow
+def test_bench_scale_step_agents_only_those_send_step_records() -> None:
+    """`--step-agents 1`: a Megatron log's shape — one node sends the job's step records, the rest only
+    their reduced samples (every 2 s) — and every agent still stays connected."""
+    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "scale", "--agents", "12",
+                           "--seconds", "6", "--procs", "1", "--step-agents", "1", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["step_agents"] == 1 and res["agents_connected"] == 12
+    # Agent 0 sends the job's record and the probe's, one each a second; all 12 would be 13 a second.
+    assert 0 < res["step_records_per_s"] < 4
+    assert res["samples_per_s"] > 0 and res["latency_p99_s"] is not None
+
+
+def test_bench_scale_refuses_negative_step_agents() -> None:
+    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "scale", "--step-agents", "-1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--step-agents must be >= 0" in proc.stderr
