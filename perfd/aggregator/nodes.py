@@ -115,8 +115,8 @@ class NodeView:
             table[key] = cur = NodeSeries(name, labels, ts, val)
             if name in _GPM_FIELDS:
                 self.gpm_series.setdefault(agent_id, {})[key] = cur
+            lab = dict(labels)
             if name.startswith("perfd_gpu_"):
-                lab = dict(labels)
                 reason = lab.get("reason")
                 # a reason-labelled series counts only as a throttle flag; a typed one (e.g. ECC
                 # by type) is not a per-GPU value
@@ -124,8 +124,8 @@ class NodeView:
                 if flag or (reason is None and "type" not in lab):
                     self.gpu_index.setdefault(agent_id, {}).setdefault(name, []).append(
                         ((lab.get("node", agent_id), lab.get("gpu", "?")), reason or "", cur))
-            if name == MODEL_SERIES and dict(labels).get("model"):
-                self.model[agent_id] = dict(labels)["model"]
+            if name == MODEL_SERIES and lab.get("model"):
+                self.model[agent_id] = lab["model"]
         return cur
 
     # ---- state events ------------------------------------------------------------------------

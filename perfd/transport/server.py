@@ -288,19 +288,16 @@ class IngestServer:
     def _live(self, conn: _Conn, now: float) -> bool:
         return not conn.closed and now - conn.last_msg_at <= self.limits.agent_silence_s
 
-    def _count_live(self) -> int:
-        """len(connected_agents()) without the sort (read on every /metrics scrape)."""
+    def _live_agents(self) -> list[str]:
         loop = self._loop
         now = loop.time() if loop is not None and not loop.is_closed() else 0.0
-        return sum(1 for c in list(self._streams.values()) if self._live(c, now))
+        # A copy first: the HTTP thread reads this while the event loop adds and removes streams.
+        return [a for a, c in list(self._streams.items()) if self._live(c, now)]
 
     def connected_agents(self) -> list[str]:
         """Agents whose stream carried a message (each one acknowledged) within the silence
         limit: an open socket alone does not count."""
-        loop = self._loop
-        now = loop.time() if loop is not None and not loop.is_closed() else 0.0
-        # A copy first: the HTTP thread reads this while the event loop adds and removes streams.
-        return sorted(a for a, c in list(self._streams.items()) if self._live(c, now))
+        return sorted(self._live_agents())
 
     # ------------------------------------------------------------------ the stream
 
@@ -348,10 +345,7 @@ class IngestServer:
                     # (at 1,000 agents sending a batch a second, an Ack per batch was ~11% of the
                     # aggregator's CPU). A Heartbeat (what the agent sends to flush) and the end of
                     # the stream are answered at once; commands never wait (a timer, not a sleep).
-                    wait = conn.last_ack_at + self.ack_interval_s - loop.time()
-                    if wait > 0 and not conn.ack_forced and not reader.done():
-                        if conn.ack_timer is None:
-                            conn.ack_timer = loop.call_later(wait, self._ack_due, conn)
+                    if not conn.ack_forced and not reader.done() and not self._ack_now(conn, loop):
                         continue
                     if self.journal is not None and not self.journal.commit():
                         # Not durable, so not acknowledged: forget what was accepted since the
@@ -383,6 +377,17 @@ class IngestServer:
             if isinstance(err, StreamRefused):
                 await context.abort(err.code, str(err))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+    def _ack_now(self, conn: _Conn, loop: asyncio.AbstractEventLoop) -> bool:
+        """True when the stream's next Ack may go now; else a timer (one per stream) wakes the
+        stream when it may."""
+        if conn.ack_timer is not None:
+            return False
+        wait = conn.last_ack_at + self.ack_interval_s - loop.time()
+        if wait <= 0:
+            return True
+        conn.ack_timer = loop.call_later(wait, self._ack_due, conn)
+        return False
 
     @staticmethod
     def _ack_due(conn: _Conn) -> None:
@@ -494,15 +499,10 @@ class IngestServer:
             if self.journal is not None:
                 self.journal.seq(agent, conn.epoch, seq)
         conn.ack_due = max(conn.ack_due, self.seq_state.last(agent, conn.epoch))
-        if conn.ack_timer is None:
-            # The Ack's time is known now: a timer wakes the stream then, rather than a wake per
-            # batch that finds the Ack not yet due (a task step per batch for nothing).
-            loop = asyncio.get_running_loop()
-            wait = conn.last_ack_at + self.ack_interval_s - loop.time()
-            if wait > 0:
-                conn.ack_timer = loop.call_later(wait, self._ack_due, conn)
-            else:
-                conn.wake.set()
+        # The Ack's time is known now: a timer wakes the stream then, rather than a wake per batch
+        # that finds the Ack not yet due (a task step per batch for nothing).
+        if self._ack_now(conn, asyncio.get_running_loop()):
+            conn.wake.set()
 
     def _trim(self, agent: str, conn: _Conn, b: pb.Batch) -> bool:
         """Apply the per-message caps; False when the whole batch is refused (it is acknowledged
@@ -559,7 +559,7 @@ class IngestServer:
 
     def counters(self) -> dict[str, int]:
         return {
-            "agents_connected": self._count_live(),
+            "agents_connected": len(self._live_agents()),  # unsorted: read on every scrape
             "streams_opened": self.streams_opened,
             "streams_superseded": self.streams_superseded,
             "heartbeats": self.heartbeats,
