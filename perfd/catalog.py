@@ -372,6 +372,9 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_aggregator_agents_connected", "gauge", "count",
        "Agents whose stream carried a message within the silence limit (each one acknowledged)",
        _AGGREGATOR, ()),
+    _m("perfd_aggregator_event_loop_lag_seconds", "gauge", "seconds",
+       "How late the aggregator's event loop ran at its last one-second tick; new agent streams are "
+       "refused (reason overloaded) while it exceeds perfd.limits.MAX_LOOP_LAG_S", _AGGREGATOR, ()),
     _m("perfd_aggregator_refused_total", "counter", "count",
        "What a credential check or a cap turned away, by reason (perfd.limits REFUSED_*)", _AGGREGATOR,
        ("reason",)),

@@ -33,6 +33,11 @@ ACK_TIMEOUT_S = 20.0  # the agent drops a stream without any acknowledgement for
 # inside ACK_TIMEOUT_S and the agent's window, and an Ack is not free at 2,000 streams.
 ACK_INTERVAL_S = 2.0
 AGENT_SILENCE_S = 20.0  # the aggregator drops a stream that sent nothing for this long
+# New streams are refused (UNAVAILABLE; the agent backs off and comes back) while the aggregator's
+# event loop runs this late: accepting them would only delay every open stream's Acks towards
+# ACK_TIMEOUT_S, and agents that time out reconnect, send their Hello again and add to the load (at
+# 2,000 agents connecting at once on 2 cores that storm fed itself: 4,400 streams opened in 2 min).
+MAX_LOOP_LAG_S = ACK_TIMEOUT_S / 4
 LIVENESS_BUDGET_S = 30.0  # what docs/reliability.md promises
 
 # ---- aggregator state -----------------------------------------------------------------------------
@@ -63,6 +68,7 @@ REFUSED_NOT_HOST = "not_host"  # step records or job info from an agent not host
 REFUSED_STREAMS = "streams"  # MAX_STREAMS open
 REFUSED_HELLO_TIMEOUT = "hello_timeout"
 REFUSED_SILENT = "silent_stream"  # AGENT_SILENCE_S without a message
+REFUSED_OVERLOADED = "overloaded"  # a new stream while the event loop lags MAX_LOOP_LAG_S
 REFUSED_JOBS = "jobs_cap"
 REFUSED_SERIES = "series_cap"
 REFUSED_LABELS = "label_cap"  # too many labels or a label value too long
@@ -75,7 +81,7 @@ REFUSED_HTTP_CONNECTIONS = "http_connections"
 REFUSED_JOB_INFO_VALUE = "job_info_value"  # a value outside perfd.bounds (it becomes absent)
 REFUSED_REASONS = (
     REFUSED_UNAUTHENTICATED, REFUSED_IDENTITY, REFUSED_NOT_HOST, REFUSED_STREAMS,
-    REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_JOBS, REFUSED_SERIES, REFUSED_LABELS,
+    REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_OVERLOADED, REFUSED_JOBS, REFUSED_SERIES, REFUSED_LABELS,
     REFUSED_EVENT_BYTES, REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
     REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_JOB_INFO_VALUE,
 )
@@ -97,3 +103,4 @@ class Limits:
     max_capture_records: int = MAX_CAPTURE_RECORDS
     agent_silence_s: float = AGENT_SILENCE_S
     hello_timeout_s: float = HELLO_TIMEOUT_S
+    max_loop_lag_s: float = MAX_LOOP_LAG_S

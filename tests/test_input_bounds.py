@@ -197,3 +197,30 @@ def test_deep_rule_yaml_is_a_clear_error(text: str) -> None:
     pack, errors = parse_pack(text)
     assert pack is None and len(errors) == 1
     assert f"nested deeper than {MAX_YAML_DEPTH} levels" in errors[0].message
+
+
+def test_series_label_caps_count_bytes_of_utf8_not_characters() -> None:
+    """label_cap: more than MAX_LABELS_PER_SERIES labels, a key over MAX_LABEL_VALUE_BYTES
+    characters or a value over as many bytes of UTF-8 is refused and counted; at the cap it is
+    admitted (the fast path that skips encoding short values must not change the answer)."""
+    from perfd.aggregator.guard import Guard
+    from perfd.refusals import Refusals
+
+    m = L.MAX_LABEL_VALUE_BYTES
+    refusals = Refusals()
+    g = Guard(L.Limits(), refusals)
+    cases = [
+        ({}, True),
+        ({"gpu": "0", "node": "n1"}, True),
+        ({"k": "a" * m}, True),
+        ({"k": "a" * (m + 1)}, False),
+        ({"k": "\U0001F600" * (m // 4)}, True),  # 4 bytes each: exactly at the cap
+        ({"k": "\U0001F600" * (m // 4) + "a"}, False),
+        ({"k": "é" * (m // 2 + 1)}, False),  # 2 bytes each: fewer characters than the cap, too many bytes
+        ({"k" * (m + 1): "v"}, False),
+        ({f"l{i}": "v" for i in range(L.MAX_LABELS_PER_SERIES)}, True),
+        ({f"l{i}": "v" for i in range(L.MAX_LABELS_PER_SERIES + 1)}, False),
+    ]
+    got = [g.admit_series("a1", "perfd_gpu_x", labels) for labels, _ in cases]
+    assert got == [ok for _, ok in cases]
+    assert refusals.snapshot().get(L.REFUSED_LABELS) == sum(1 for _, ok in cases if not ok)

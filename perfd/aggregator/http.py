@@ -83,6 +83,8 @@ class _StateCollector:
             "perfd_aggregator_duplicate_batches_total": t.get("duplicates"),
             "perfd_aggregator_decode_errors_total": t.get("decode_errors"),
             "perfd_aggregator_agents_connected": t.get("agents_connected"),
+            "perfd_aggregator_event_loop_lag_seconds": (t["loop_lag_ms"] / 1000 if "loop_lag_ms" in t
+                                                       else None),
             "perfd_aggregator_agent_dropped_samples_total": t.get("agent_dropped_samples"),
         }
         yield from series_families([({}, k, float(v)) for k, v in own.items() if v is not None])

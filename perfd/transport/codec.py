@@ -521,9 +521,11 @@ def encode_hello(agent_id: str, node: str, version: str, jobs: Iterable[str],
                                           series=table.definitions()))
 
 
-def decode_hello(h: pb.Hello, series_by_id: dict[int, Series], peer: str = "") -> HelloInfo:
-    for d in h.series:
-        series_by_id[d.id] = Series(d.name, dict(d.labels))
+def decode_hello(h: pb.Hello, series_by_id: dict[int, Series] | None, peer: str = "") -> HelloInfo:
+    """``series_by_id`` receives the Hello's definitions; None: the caller holds them already."""
+    if series_by_id is not None:
+        for d in h.series:
+            series_by_id[d.id] = Series(d.name, dict(d.labels))
     return HelloInfo(agent_id=h.agent_id, node=h.node, version=h.version, jobs=tuple(h.jobs),
                      capabilities=dict(h.capabilities), spool_epoch=h.spool_epoch,
                      n_series=len(h.series), peer=peer)

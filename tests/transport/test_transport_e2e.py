@@ -460,9 +460,9 @@ def test_first_batch_of_a_stream_reports_the_hello_series_as_new():
         new: list[list[int]] = []
         srv = IngestServer(lambda agent, b: new.append(list(b.new_series)))
         port = await serve(srv, 0)
-        for _ in range(2):  # the same agent id twice, with a fresh spool: ids mean other series
+        for name in ("other", "another"):  # the same agent id twice, with a fresh spool
             c = client(port)
-            c.series_id("other")  # id 0 now names "other", defined by the Hello only
+            c.series_id(name)  # id 0 names another series each time, defined by the Hello only
             t = asyncio.create_task(c.run())
             await wait_until(partial(_connected, c))
             c.submit([Sample("m", 1.0, 1.0)])
@@ -472,3 +472,106 @@ def test_first_batch_of_a_stream_reports_the_hello_series_as_new():
         assert new == [[0, 1], [2], [0, 1], [2]]
 
     run(body())
+
+
+def test_a_reconnect_reports_only_the_series_it_redefines():
+    """The same agent on a new stream: ids whose definition the aggregator already holds are not
+    reported as redefined (nothing downstream resolves them again); a Hello byte for byte the last
+    one is not even decoded; a series added meanwhile, or an id that now means another series
+    (a new spool), is reported. Every sample still resolves."""
+    async def body() -> None:
+        new: list[list[int]] = []
+        sink = Sink()
+
+        def on_batch(agent: str, b: DecodedBatch) -> None:
+            new.append(list(b.new_series))
+            sink(agent, b)
+
+        srv = IngestServer(on_batch)
+        port = await serve(srv, 0)
+        c = client(port)
+
+        async def session(value: float) -> None:
+            t = asyncio.create_task(c.run())
+            await wait_until(partial(_connected, c))
+            c.submit([Sample("m", value, value)])
+            assert await c.flush(10)
+            await stop_task(t)
+
+        await session(1.0)  # the Hello defines nothing; the batch defines "m" as id 0
+        await session(2.0)  # the Hello defines id 0 as the aggregator holds it
+        assert (new, srv.hellos_reused) == ([[0], []], 0)
+        await session(3.0)  # the same Hello again: taken over
+        assert (new[-1], srv.hellos_reused) == ([], 1)
+        c.series_id("added")  # id 1: the next Hello differs in that one
+        await session(4.0)
+        assert (new[-1], srv.hellos_reused) == ([1], 1)
+        c2 = client(port, spool=Spool(None))  # a fresh spool: id 0 now means another series
+        c2.series_id("other")
+        t = asyncio.create_task(c2.run())
+        await wait_until(partial(_connected, c2))
+        c2.submit([Sample("m", 5.0, 5.0)])
+        assert await c2.flush(10)
+        await stop_task(t)
+        assert new[-1] == [0, 1]
+        assert [(name, v) for name, _lab, _ts, v in sink.samples] == [("m", v) for v in (1.0, 2.0, 3.0, 4.0, 5.0)]
+
+    run(body())
+
+
+def test_new_streams_are_refused_while_the_event_loop_lags_and_let_in_after():
+    """Overload: while the aggregator's event loop runs later than max_loop_lag_s, a new stream
+    is refused (UNAVAILABLE, counted as overloaded) before its Hello, and an open one keeps its
+    Acks; once the loop catches up the refused agent gets in on its own (backoff)."""
+    import threading
+
+    from perfd import limits as L
+
+    srv_loop = asyncio.new_event_loop()
+    started = threading.Event()
+    limits = L.Limits(agent_silence_s=1.0, hello_timeout_s=1.0)  # a liveness tick of 0.25 s
+    limits.max_loop_lag_s = 0.3
+    srv = IngestServer(lambda agent, b: None, limits=limits, ack_interval_s=0.1)
+    port_box: list[int] = []
+
+    def serve_thread() -> None:
+        asyncio.set_event_loop(srv_loop)
+        port_box.append(srv_loop.run_until_complete(srv.start(HOST, 0)))
+        started.set()
+        srv_loop.run_forever()
+
+    th = threading.Thread(target=serve_thread, daemon=True)
+    th.start()
+    assert started.wait(10)
+    blocking = threading.Event()
+
+    def block() -> None:  # the loop busy for 0.6 s at a time: its ticks wake ~0.6 s late
+        if blocking.is_set():
+            time.sleep(0.6)
+            srv_loop.call_later(0.01, block)
+
+    async def body() -> None:
+        port = port_box[0]
+        early = client(port, "early", heartbeat_s=0.2)
+        t1 = asyncio.create_task(early.run())
+        await wait_until(partial(_connected, early))
+        blocking.set()
+        srv_loop.call_soon_threadsafe(block)
+        await wait_until(lambda: srv.loop_lag_s > limits.max_loop_lag_s)
+        late = client(port, "late")
+        t2 = asyncio.create_task(late.run())
+        await wait_until(lambda: srv.refusals.snapshot().get(L.REFUSED_OVERLOADED, 0) >= 2)
+        assert not _connected(late)
+        assert _connected(early)  # its Heartbeats are still answered
+        blocking.clear()
+        await wait_until(partial(_connected, late))
+        await stop_task(t1)
+        await stop_task(t2)
+
+    try:
+        run(body())
+    finally:
+        blocking.clear()
+        asyncio.run_coroutine_threadsafe(srv.stop(None), srv_loop).result(10)
+        srv_loop.call_soon_threadsafe(srv_loop.stop)
+        th.join(10)
