@@ -16,6 +16,7 @@ from perfd.aggregator.durable import Journal, restore, save_documents
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
+from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
 from perfd.aggregator.state import AggregatorState, LabelKey
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
@@ -56,6 +57,7 @@ class AggregatorConfig:
     rules_files: list[str] | None = None
     rules_interval_s: float = 5.0
     refresh_interval_s: float = 0.5  # how often analyses of jobs with new data are rebuilt for /metrics
+    event_loop: str = EVENT_LOOPS[0]  # --event-loop: auto | uvloop | asyncio (run_aggregator)
     # --state-dir: job info, step records, events, rule/capture state survive a restart (SQLite, WAL).
     state_dir: str | None = None
     # Weights & Biases: one run per job (perfd.exporters.wandb); None = off.
@@ -297,8 +299,8 @@ def run_aggregator(cfg: AggregatorConfig, ready_file: str | None = None) -> int:
         assert agg.http is not None
         print(f"perfd aggregator: listening on gRPC {cfg.grpc_host}:{agg.grpc_port}"
               f"{' (TLS)' if cfg.tls_cert else ''}, HTTP http://{cfg.http_host}:{agg.http.port}/metrics"
-              f"{' (token required but for /metrics and /healthz)' if cfg.auth_token_file else ''}",
-              flush=True)
+              f"{' (token required but for /metrics and /healthz)' if cfg.auth_token_file else ''}"
+              f"; event loop {loop_name}", flush=True)
         if ready_file:  # lets a supervisor (the demo, tests) learn the bound ports
             with open(ready_file, "w") as f:
                 f.write(f"{agg.grpc_port} {agg.http.port}\n")
@@ -306,7 +308,8 @@ def run_aggregator(cfg: AggregatorConfig, ready_file: str | None = None) -> int:
         await agg.stop()
 
     try:
-        asyncio.run(main())
+        loop_name, run = event_loop_runner(cfg.event_loop)
+        run(main())
     except (OSError, ValueError, StoreError) as exc:  # a port in use, an unusable TLS/token file or state dir
         print(f"perfd aggregator: {exc}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from perfd import limits as L
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
+from perfd.aggregator.loops import EVENT_LOOPS
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ def _aggregator(args: argparse.Namespace) -> int:
                            peak_tflops=args.peak_tflops,
                            rules_files=[] if args.no_rules else args.rules,
                            rules_interval_s=args.rules_interval, state_dir=args.state_dir,
+                           event_loop=args.event_loop,
                            per_rank_series=not args.no_rank_series,
                            export_node_series=args.export_node_series,
                            wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
@@ -184,6 +186,10 @@ def register(sub: SubParsers) -> None:
                    help="keep job info, step records, events, rule and capture state in DIR (SQLite, WAL) "
                         "so that a restart, kill -9 included, loses nothing: an agent's batch is "
                         "acknowledged only once written there (default: none, state in memory only)")
+    g.add_argument("--event-loop", choices=EVENT_LOOPS, default=EVENT_LOOPS[0],
+                   help="the gRPC ingest's event loop: uvloop (installed with perfd on Linux and macOS) "
+                        "takes ~10%% less CPU per agent stream than asyncio's own (benchmarks/README.md, "
+                        "Scale); auto (default) uses it when it can be imported, else asyncio")
     g.add_argument("--retain-iterations", type=int, default=RETAIN_ITERATIONS, metavar="N",
                    help="step records kept per job: the newest N iterations (default: %(default)s)")
     g.add_argument("--retain-mib", type=float, default=RETAIN_BYTES / (1 << 20), metavar="MIB",

@@ -1,0 +1,74 @@
+"""`perfd aggregator --event-loop`: a real aggregator process ingests a real agent's batch and
+acknowledges it under either loop, and says which one it runs; a loop it cannot have is refused
+with exit 2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
+from perfd.model import StepRecord
+from perfd.transport import AgentClient
+from tests.procs import free_port, http_get, stop, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_runner_choice() -> None:
+    assert event_loop_runner("asyncio") == ("asyncio", asyncio.run)
+    pytest.importorskip("uvloop")
+    assert event_loop_runner("auto")[0] == event_loop_runner("uvloop")[0] == "uvloop"
+    with pytest.raises(ValueError, match="unknown event loop"):
+        event_loop_runner("tokio")
+
+
+def test_uvloop_asked_for_but_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop now raises ImportError
+    assert event_loop_runner("auto")[0] == "asyncio"
+    with pytest.raises(ValueError, match="not installed"):
+        event_loop_runner("uvloop")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("loop", [k for k in EVENT_LOOPS if k != "auto"])
+def test_aggregator_ingests_and_acks_under_each_loop(loop: str, tmp_path: Path) -> None:
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    g, h = free_port(), free_port()
+    out = tmp_path / "agg.out"
+    agg = subprocess.Popen([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", str(g),
+                            "--http-port", str(h), "--no-rules", "--event-loop", loop], cwd=ROOT,
+                           stdout=out.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: http_get(f"http://127.0.0.1:{h}/healthz"), 60, "the aggregator")
+        assert f"event loop {loop}" in out.read_text()
+
+        async def send() -> bool:
+            c = AgentClient(f"127.0.0.1:{g}", "n1", node="n1", jobs=["j"])
+            t = asyncio.create_task(c.run())
+            c.submit(steps=[StepRecord(job="j", iteration=1, rank="last", end_time=1.0, step_time_ms=900.0)])
+            ok = await c.flush(30)
+            t.cancel()
+            await asyncio.gather(t, return_exceptions=True)
+            return ok
+
+        assert asyncio.run(send())
+        stats = json.loads(http_get(f"http://127.0.0.1:{h}/api/stats"))
+        assert stats["step_records_ingested"] == 1
+        assert stats["transport"]["batches"] == 1
+    finally:
+        stop(agg)
+
+
+def test_an_unavailable_loop_is_refused_with_exit_2(tmp_path: Path) -> None:
+    env_code = ("import sys; sys.modules['uvloop'] = None; from perfd.cli import main; "
+                "sys.exit(main(['aggregator', '--grpc-port', '0', '--http-port', '0', '--event-loop', 'uvloop']))")
+    r = subprocess.run([sys.executable, "-c", env_code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "uvloop is not installed" in r.stderr
