@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perfd.agent.config import AgentConfig  # noqa: E402
+from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner  # noqa: E402
 
 GPUS, SERIES_PER_GPU = 8, 25
 PROBE_JOB = "scale-probe"
@@ -117,7 +118,8 @@ def _probe_value(text: str) -> float | None:
 
 
 def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
-              sample_every: float = 1.0, step_agents: int | None = None) -> dict[str, Any]:
+              sample_every: float = 1.0, step_agents: int | None = None,
+              event_loop: str = EVENT_LOOPS[0]) -> dict[str, Any]:
     import psutil
 
     grpc_port, http_port = free_port(), free_port()
@@ -127,7 +129,8 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
     import subprocess
 
     agg = subprocess.Popen([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", str(grpc_port),
-                            "--http-port", str(http_port), "--gpu", "NVIDIA H100 80GB HBM3"],
+                            "--http-port", str(http_port), "--gpu", "NVIDIA H100 80GB HBM3",
+                            "--event-loop", event_loop],
                            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{http_port}"
     ctx = mp.get_context("spawn")
@@ -185,6 +188,9 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
             "node_samples_per_s_on_agents": agents * GPUS * SERIES_PER_GPU,
             "sample_interval_s": sample_every,
             "step_agents": agents if step_agents is None else min(step_agents, agents),
+            "event_loop": event_loop_runner(event_loop)[0],
+            "overloaded_refusals": tr.get("refused_overloaded", 0),
+            "hellos_reused": tr.get("hellos_reused"),
             "step_records_per_s": (s1["step_records_ingested"] - s0["step_records_ingested"]) / wall,
             "aggregator_cpu_cores": ((c1.user + c1.system) - (c0.user + c0.system)) / wall,
             "aggregator_rss_bytes": rss,
@@ -240,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                          "shape of the step hook on every rank; 1: a Megatron log, whose iteration "
                          "lines come from the node of the last rank — the others send only their "
                          "reduced samples)")
+    ap.add_argument("--event-loop", choices=EVENT_LOOPS, default=EVENT_LOOPS[0],
+                    help="the aggregator's --event-loop (default: %(default)s)")
     ns = ap.parse_args(argv)
     if ns.step_agents is not None and ns.step_agents < 0:
         print("perfd bench scale: --step-agents must be >= 0", file=sys.stderr)
@@ -249,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     res = run_scale(ns.agents, ns.seconds, min(ns.procs, ns.agents), warmup_s=ns.warmup,
-                    sample_every=ns.sample_interval, step_agents=ns.step_agents)
+                    sample_every=ns.sample_interval, step_agents=ns.step_agents, event_loop=ns.event_loop)
     if ns.json:
         print(json.dumps(res))
     else:

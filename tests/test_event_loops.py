@@ -68,7 +68,8 @@ def test_aggregator_ingests_and_acks_under_each_loop(loop: str, tmp_path: Path) 
 
 def test_an_unavailable_loop_is_refused_with_exit_2(tmp_path: Path) -> None:
     env_code = ("import sys; sys.modules['uvloop'] = None; from perfd.cli import main; "
-                "sys.exit(main(['aggregator', '--grpc-port', '0', '--http-port', '0', '--event-loop', 'uvloop']))")
+                "sys.exit(main(['aggregator', '--grpc-port', '0', '--http-port', '0', "
+                "'--event-loop', 'uvloop']))")
     r = subprocess.run([sys.executable, "-c", env_code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "uvloop is not installed" in r.stderr

@@ -44,6 +44,7 @@ _OPT_FLOAT = ("end_time", "step_time_ms", "logged_tflops_per_gpu", "learning_rat
               "loss_scale", "grad_norm")
 _OPT_INT = ("train_iters", "consumed_samples", "global_batch_size", "skipped_iterations",
             "nan_iterations", "interval")
+_OPT_NAMES = _OPT_FLOAT + _OPT_INT
 # CollectiveRecord fields that are `optional` scalars on the wire, by Python type.
 _COLL_OPT_STR = ("raw_op", "pg_name", "pg_desc", "comm_id", "dtype", "state", "timing_source", "host")
 _COLL_OPT_INT = ("rank", "pg_id", "group_rank", "group_size", "nnodes", "collective_seq_id", "p2p_seq_id",
@@ -279,9 +280,12 @@ def step_from_pb(m: pb.StepRecord) -> StepRecord:
         rank = "last"  # the dataclass default; an encoder always sets one of the two
     else:
         raise ValueError(f"step record with unknown rank scope {m.scope!r}")
-    opt: dict[str, Any] = {}
-    for name in _OPT_FLOAT + _OPT_INT:
-        opt[name] = getattr(m, name) if m.HasField(name) else None
+    # The fields present, in one call: a record sets a few of its 13 optional scalars, and a
+    # HasField per name was most of this function (every node's record every second, with the hook).
+    opt: dict[str, Any] = dict.fromkeys(_OPT_NAMES)
+    for fd, value in m.ListFields():
+        if fd.name in opt:
+            opt[fd.name] = value
     straggler = None
     if m.HasField("straggler"):
         s = m.straggler
@@ -296,13 +300,13 @@ def step_from_pb(m: pb.StepRecord) -> StepRecord:
         job=m.job,
         iteration=m.iteration,
         rank=rank,
-        fields=dict(m.fields),
+        fields=dict(m.fields) if m.fields else {},
         timers={k: TimerValue(min_ms=t.min_ms if t.HasField("min_ms") else None,
                               max_ms=t.max_ms if t.HasField("max_ms") else None,
                               per_rank=dict(t.per_rank))
-                for k, t in m.timers.items()},
+                for k, t in m.timers.items()} if m.timers else {},
         straggler=straggler,
-        memory_mb={r: dict(rep.mb) for r, rep in m.memory_mb.items()},
+        memory_mb={r: dict(rep.mb) for r, rep in m.memory_mb.items()} if m.memory_mb else {},
         source=Provenance(m.source.collector, m.source.detail) if m.HasField("source") else None,
         disturbed_by_capture=m.disturbed_by_capture,
         **opt,
@@ -478,9 +482,10 @@ def decode_batch(batch: pb.Batch, series_by_id: dict[int, Series]) -> DecodedBat
         series_ids=batch.series_ids,
         timestamps_ns=batch.timestamps_ns,
         values=batch.values,
-        steps=[step_from_pb(s) for s in batch.steps],
-        events=[event_from_pb(e) for e in batch.events],
-        job_info_json=dict(batch.job_info_json),
+        # Empty containers skipped: most batches carry only samples or a step record.
+        steps=[step_from_pb(s) for s in batch.steps] if batch.steps else [],
+        events=[event_from_pb(e) for e in batch.events] if batch.events else [],
+        job_info_json=dict(batch.job_info_json) if batch.job_info_json else {},
         dropped_batches=batch.dropped_batches,
         dropped_samples=batch.dropped_samples,
         collectives=_collectives_from_pb(batch),

@@ -546,6 +546,8 @@ class IngestServer:
                                  f"{self.limits.max_series_per_agent}); batch refused",
                                  max(1, len(b.values)))
             return False
+        if not b.events:
+            return True
         big = [i for i, e in enumerate(b.events) if e.ByteSize() > self.limits.max_event_bytes]
         for i in reversed(big):
             del b.events[i]
