@@ -1,9 +1,10 @@
 """The aggregator's event loop: uvloop where it can be imported, else asyncio's own.
 
-grpc.aio runs on any asyncio loop; uvloop cuts the per-message cost of the gRPC ingest. At 2,000
-agent streams on 2 cores (`perfd bench scale --agents 2000`, benchmarks/README.md "Scale") the
-aggregator took 0.63 core under uvloop and 0.71 under asyncio's loop, one run each in the same
-session.
+grpc.aio runs on any asyncio loop; uvloop's costs less per message. The gRPC message path alone
+(`python benchmarks/grpc_loop_bench.py`: a bare grpc.aio server, 1,000 streams each sending a 2 KB
+message a second, 2-core VM): 0.137 core under uvloop, 0.155 under asyncio's loop, mean of 7 pairs,
+uvloop lower in 6 (-11%). That path is about half of the aggregator's CPU at 2,000 agents, so the
+aggregator gains ~5%, below the run-to-run spread of `perfd bench scale` on that VM (±0.07 core).
 """
 
 from __future__ import annotations

@@ -188,7 +188,7 @@ def register(sub: SubParsers) -> None:
                         "acknowledged only once written there (default: none, state in memory only)")
     g.add_argument("--event-loop", choices=EVENT_LOOPS, default=EVENT_LOOPS[0],
                    help="the gRPC ingest's event loop: uvloop (installed with perfd on Linux and macOS) "
-                        "takes ~10%% less CPU per agent stream than asyncio's own (benchmarks/README.md, "
+                        "takes ~11%% less CPU per gRPC message than asyncio's own (benchmarks/README.md, "
                         "Scale); auto (default) uses it when it can be imported, else asyncio")
     g.add_argument("--retain-iterations", type=int, default=RETAIN_ITERATIONS, metavar="N",
                    help="step records kept per job: the newest N iterations (default: %(default)s)")
