@@ -19,7 +19,12 @@ import statistics
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.scale_bench import free_port
 
 
 def _server(port: int, loop: str) -> None:
@@ -72,7 +77,7 @@ def _load(port: int, streams: int) -> None:
 def measure(loop: str, streams: int, warmup: float, seconds: float) -> float:
     import psutil
 
-    sock_port = _free_port()
+    sock_port = free_port()
     ctx = mp.get_context("spawn")
     srv = ctx.Process(target=_server, args=(sock_port, loop), daemon=True)
     srv.start()
@@ -89,14 +94,6 @@ def measure(loop: str, streams: int, warmup: float, seconds: float) -> float:
     finally:
         load.kill()
         srv.kill()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main(argv: list[str] | None = None) -> int:
