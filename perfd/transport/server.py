@@ -491,16 +491,15 @@ class IngestServer:
         if kept is not None and kept[0] == digest:
             self.hellos_reused += 1
             conn.series = kept[1]
-            self._tables.move_to_end(hello.agent_id)
             info = decode_hello(hello, None, peer=conn.peer)
         else:
             info = decode_hello(hello, conn.series, peer=conn.peer)
             before = kept[1] if kept is not None else {}
             conn.hello_ids = [i for i, s in conn.series.items() if before.get(i) != s]
             self._tables[hello.agent_id] = (digest, conn.series)
-            self._tables.move_to_end(hello.agent_id)
-            while len(self._tables) > self.limits.max_streams:
-                self._tables.popitem(last=False)
+        self._tables.move_to_end(hello.agent_id)
+        while len(self._tables) > self.limits.max_streams:
+            self._tables.popitem(last=False)
         conn.agent_id, conn.epoch = info.agent_id, info.spool_epoch
         if self.journal is not None:
             self.journal.hello(info.agent_id, hello)
