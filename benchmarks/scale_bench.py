@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from perfd.agent.config import AgentConfig  # noqa: E402
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner  # noqa: E402
+from perfd.aggregator.runtime import tune_gc  # noqa: E402
 
 GPUS, SERIES_PER_GPU = 8, 25
 PROBE_JOB = "scale-probe"
@@ -53,8 +54,12 @@ def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any, sa
     from perfd.model import StepRecord
     from perfd.transport import AgentClient
 
+    # 2,000 clients in one process keep as many reads pending as the aggregator does: the same
+    # collector thresholds, or this process's collections take CPU the aggregator needs.
+    tune_gc()
+
     async def main() -> None:
-        clients = [AgentClient(f"127.0.0.1:{port}", f"node-{i:05d}", jobs=["scale-job"], window=4)
+        clients = [AgentClient(f"127.0.0.1:{port}", f"node-{i:05d}", jobs=["scale-job"])
                    for i in range(first, first + n)]
         ids = [[c.series_id(f"perfd_gpu_metric_{k}", {"gpu": str(g), "node": f"node-{first + j:05d}"})
                 for g in range(GPUS) for k in range(SERIES_PER_GPU)] for j, c in enumerate(clients)]
@@ -67,7 +72,7 @@ def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any, sa
             it += 1
             now_ns = time.time_ns()
             for j, c in enumerate(clients):
-                if c.spool.pending_count() > 8:
+                if c.spool.pending_count() > c.window:
                     continue  # the aggregator is behind: what a real agent's spool holds back
                 # What a real agent forwards (perfd.agent.reduce): each series' newest value every
                 # `sample_every` seconds; the step record of each iteration at once.
@@ -180,6 +185,7 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
         rss = ps.memory_info().rss
         wall = t1 - t0
         tr = s1.get("transport") or {}
+        gc0, gc1 = (s0.get("transport") or {}).get("gc_ms"), tr.get("gc_ms")
         res: dict[str, Any] = {
             "agents": agents, "procs": procs, "seconds": seconds,
             "agents_connected": tr.get("agents_connected"),
@@ -194,6 +200,7 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
             "step_records_per_s": (s1["step_records_ingested"] - s0["step_records_ingested"]) / wall,
             "aggregator_cpu_cores": ((c1.user + c1.system) - (c0.user + c0.system)) / wall,
             "aggregator_rss_bytes": rss,
+            "aggregator_gc_cores": (gc1 - gc0) / 1000 / wall if gc0 is not None and gc1 is not None else None,
             "metrics_scrape_s": statistics.median(x[0] for x in scrapes) if scrapes else None,
             "metrics_scrape_max_s": max(x[0] for x in scrapes) if scrapes else None,
             "metrics_bytes": int(statistics.median(x[1] for x in scrapes)) if scrapes else None,

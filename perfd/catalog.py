@@ -375,6 +375,9 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_aggregator_event_loop_lag_seconds", "gauge", "seconds",
        "How late the aggregator's event loop ran at its last one-second tick; new agent streams are "
        "refused (reason overloaded) while it exceeds perfd.limits.MAX_LOOP_LAG_S", _AGGREGATOR, ()),
+    _m("perfd_aggregator_gc_seconds_total", "counter", "seconds",
+       "Time the aggregator process spent in Python's garbage collector (its event loop stalled "
+       "meanwhile); perfd.aggregator.runtime", _AGGREGATOR, ()),
     _m("perfd_aggregator_refused_total", "counter", "count",
        "What a credential check or a cap turned away, by reason (perfd.limits REFUSED_*)", _AGGREGATOR,
        ("reason",)),

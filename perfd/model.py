@@ -9,6 +9,7 @@ invented".
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
@@ -246,6 +247,11 @@ class Sample:
 
 BatchKind = Literal["prefill", "decode"]
 LabelSet = tuple[tuple[str, str], ...]  # sorted (name, value) pairs of one Prometheus series
+
+
+def label_set(labels: Mapping[str, str]) -> LabelSet:
+    """The canonical, hashable form of a label map (the one every layer keys a series on)."""
+    return tuple(sorted(labels.items()))
 
 
 @dataclass

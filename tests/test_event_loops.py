@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
+from perfd.aggregator.runtime import GC_THRESHOLDS, GRPC_EXPERIMENTS
 from perfd.model import StepRecord
 from perfd.transport import AgentClient
 from tests.procs import free_port, http_get, stop, wait_for
@@ -48,6 +50,8 @@ def test_aggregator_ingests_and_acks_under_each_loop(loop: str, tmp_path: Path) 
     try:
         wait_for(lambda: http_get(f"http://127.0.0.1:{h}/healthz"), 60, "the aggregator")
         assert f"event loop {loop}" in out.read_text()
+        # `perfd aggregator` chose its gRPC core experiments before loading grpc (perfd.aggregator.runtime).
+        assert f"GRPC_EXPERIMENTS={GRPC_EXPERIMENTS}" in out.read_text()
 
         async def send() -> bool:
             c = AgentClient(f"127.0.0.1:{g}", "n1", node="n1", jobs=["j"])
@@ -62,8 +66,36 @@ def test_aggregator_ingests_and_acks_under_each_loop(loop: str, tmp_path: Path) 
         stats = json.loads(http_get(f"http://127.0.0.1:{h}/api/stats"))
         assert stats["step_records_ingested"] == 1
         assert stats["transport"]["batches"] == 1
+        # The aggregator process runs with its own collector thresholds, and times the collector.
+        assert stats["transport"]["gc_ms"] >= 0
+        assert b"perfd_aggregator_gc_seconds_total " in http_get(f"http://127.0.0.1:{h}/metrics")
     finally:
         stop(agg)
+
+
+def test_tune_gc_sets_the_thresholds_and_times_collections() -> None:
+    """In a process of its own (the test process keeps its collector as it is)."""
+    code = ("import gc, json; from perfd.aggregator import runtime as g; "
+            "before = g.gc_seconds(); g.tune_gc(); x = [[] for _ in range(100000)]; gc.collect(); "
+            "print(json.dumps([before, g.gc_seconds(), list(gc.get_threshold()), "
+            "gc.get_freeze_count() > 0]))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    before, after, thresholds, frozen = json.loads(r.stdout)
+    assert before is None and after > 0 and thresholds == list(GC_THRESHOLDS) and frozen
+
+
+@pytest.mark.parametrize("preset", [None, "-some_experiment"])
+def test_grpc_experiments_chosen_before_grpc_loads_and_an_operators_setting_kept(preset: str | None) -> None:
+    code = ("import json, os; from perfd.aggregator import runtime as r; a = r.grpc_experiments(); "
+            "b = os.environ.get('GRPC_EXPERIMENTS'); import grpc; "
+            "print(json.dumps([a, b, r.grpc_experiments()]))")
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    if preset is not None:
+        env["GRPC_EXPERIMENTS"] = preset
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env=env)
+    chosen = preset or GRPC_EXPERIMENTS
+    assert json.loads(r.stdout) == [chosen, chosen, None]  # None: grpc loaded, too late to choose
 
 
 def test_an_unavailable_loop_is_refused_with_exit_2(tmp_path: Path) -> None:

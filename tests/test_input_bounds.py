@@ -204,6 +204,7 @@ def test_series_label_caps_count_bytes_of_utf8_not_characters() -> None:
     characters or a value over as many bytes of UTF-8 is refused and counted; at the cap it is
     admitted (the fast path that skips encoding short values must not change the answer)."""
     from perfd.aggregator.guard import Guard
+    from perfd.model import label_set
     from perfd.refusals import Refusals
 
     m = L.MAX_LABEL_VALUE_BYTES
@@ -221,6 +222,6 @@ def test_series_label_caps_count_bytes_of_utf8_not_characters() -> None:
         ({f"l{i}": "v" for i in range(L.MAX_LABELS_PER_SERIES)}, True),
         ({f"l{i}": "v" for i in range(L.MAX_LABELS_PER_SERIES + 1)}, False),
     ]
-    got = [g.admit_series("a1", "perfd_gpu_x", labels) for labels, _ in cases]
+    got = [g.admit_series("a1", "perfd_gpu_x", label_set(labels)) for labels, _ in cases]
     assert got == [ok for _, ok in cases]
     assert refusals.snapshot().get(L.REFUSED_LABELS) == sum(1 for _, ok in cases if not ok)

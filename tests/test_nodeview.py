@@ -1,10 +1,18 @@
-"""The aggregator's node view keeps the latest value per series: each series id resolves once to its
-series object, and an id that a new stream defines again resolves anew (never updates the series
-it meant before), also when the definition came in a batch without samples."""
+"""The aggregator's node view keeps each series' last value in per-agent columns: each series id
+resolves once to its slot, a batch shaped like an earlier one is copied as slices, and an id that a
+new stream defines again resolves anew (never updates the series it meant before), also when the
+definition came in a batch without samples."""
 
 from __future__ import annotations
 
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from perfd.aggregator.nodes import NodeView
+from perfd.transport.codec import F64, I64, U32
 
 
 def test_latest_value_per_series_and_an_id_defined_again_resolves_anew() -> None:
@@ -15,20 +23,24 @@ def test_latest_value_per_series_and_an_id_defined_again_resolves_anew() -> None
     name = ("perfd_gpu_memory_total_bytes", (("gpu", "0"), ("model", "NVIDIA H200")))
     defs = {1: util, 2: power, 3: name}
     view.ingest_samples("a", defs, [1, 1, 2, 3], [10, 30, 10, 10], [0.5, 0.7, 300.0, 1.0], models.append)
-    view.ingest_samples("a", defs, [1], [20], [0.1], models.append)  # older than the kept value
-    node = view.node["a"]
-    assert node[util].value == 0.7 and node[util].time_ns == 30
-    assert node[power].value == 300.0
+    view.ingest_samples("a", defs, [1], [20], [0.1], models.append)  # sent last: kept (its time is older)
+    def latest(agent: str, key: tuple[str, tuple[tuple[str, str], ...]]) -> tuple[int, float]:
+        s = view.latest(agent, *key)
+        assert s is not None
+        return s.time_ns, s.value
+
+    assert latest("a", util) == (20, 0.1)
+    assert latest("a", power) == (10, 300.0)
     assert models == ["NVIDIA H200", "NVIDIA H200"]
     # A restarted agent's new stream defines id 1 as another series (a new definition object).
     defs[1] = ("perfd_gpu_temperature_celsius", (("gpu", "0"),))
     view.defined("a", [1])
     view.ingest_samples("a", defs, [1], [40], [61.0], models.append)
-    assert node[util].value == 0.7  # the old series is not touched
-    assert node[defs[1]].value == 61.0
+    assert latest("a", util) == (20, 0.1)  # the old series is not touched
+    assert latest("a", defs[1]) == (40, 61.0)
     # The same series from another agent stays apart.
     view.ingest_samples("b", {7: util}, [7], [50], [0.9], models.append)
-    assert view.node["b"][util].value == 0.9 and node[util].value == 0.7
+    assert latest("b", util) == (50, 0.9) and latest("a", util) == (20, 0.1)
     assert view.samples == 7
 
 
@@ -78,6 +90,77 @@ def test_a_restarted_agent_numbering_its_series_anew_updates_the_right_series() 
                            again, stream))
     agg.on_batch("a", wire(2, [Sample("perfd_gpu_temperature_celsius", 62.0, 3.0, {"gpu": "0"})],
                            again, stream))
-    node = agg.state.nodes.node["a"]
-    assert node[("perfd_gpu_power_watts", (("gpu", "0"),))].value == 300.0
-    assert node[("perfd_gpu_temperature_celsius", (("gpu", "0"),))].value == 62.0
+    power = agg.state.nodes.latest("a", "perfd_gpu_power_watts", (("gpu", "0"),))
+    temp = agg.state.nodes.latest("a", "perfd_gpu_temperature_celsius", (("gpu", "0"),))
+    assert power is not None and power.value == 300.0
+    assert temp is not None and temp.value == 62.0
+
+
+# ---- the columnar path: a batch shaped like an earlier one is copied as slices ----------------
+
+_KEYS = [(f"perfd_gpu_m{k}", (("gpu", str(g)),)) for g in range(2) for k in range(3)]  # 6 series
+
+
+@st.composite
+def _batches(draw: st.DrawFn) -> list[tuple[str, list[int], list[int], list[float]]]:
+    """Batches of two agents drawn from a few shapes (so shapes repeat), ids repeated within a
+    batch, and (as "define") an agent's stream numbering its series anew."""
+    shapes = [list(range(6)), [3, 4, 5], [5, 0], [1, 1, 2]]
+    out: list[tuple[str, list[int], list[int], list[float]]] = []
+    t = 100
+    for _ in range(draw(st.integers(1, 25))):
+        agent = draw(st.sampled_from(["a", "b"]))
+        if draw(st.integers(0, 9)) == 0:
+            out.append((agent, [], [], []))  # "define": ids renumbered from here
+            continue
+        ids = draw(st.sampled_from(shapes))
+        t += draw(st.integers(-30, 20))  # a node's clock may step back: arrival order still rules
+        ts = [t + draw(st.sampled_from([0, 0, 0, -5, 3])) for _ in ids]
+        vals = [float(draw(st.integers(0, 99))) for _ in ids]
+        out.append((agent, ids, ts, vals))
+    return out
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_batches())
+def test_columns_keep_the_latest_value_of_each_series_whatever_the_batch_shapes(
+        batches: list[tuple[str, list[int], list[int], list[float]]]) -> None:
+    """Against a reference that keeps, sample by sample, the last value each series was sent: the
+    slice path (a repeated shape), the sample path (a new shape, an id twice in a batch) and ids
+    defined anew must all give the same values and times."""
+    view = NodeView()
+    ref: dict[tuple[str, tuple[str, tuple[tuple[str, str], ...]]], tuple[int, float]] = {}
+    offset = {"a": 0, "b": 0}  # a renumbered stream maps id i to series (i + offset) % 6
+    for agent, ids, ts, vals in batches:
+        if not ids:
+            offset[agent] += 1
+            view.defined(agent, list(range(6)))
+            continue
+        defs = {i: _KEYS[(i + offset[agent]) % 6] for i in range(6)}
+        view.ingest_samples(agent, defs, ids, ts, vals, lambda _m: None)
+        for sid, t, v in zip(ids, ts, vals, strict=True):
+            ref[(agent, defs[sid])] = (t, v)
+    for (agent, (name, labels)), (t, v) in ref.items():
+        got = view.latest(agent, name, labels)
+        assert got is not None and (got.time_ns, got.value) == (t, v), (agent, name, labels)
+    assert sorted((a, s.name, s.labels) for a, s in view.snapshot()) == sorted(
+        (a, k[0], k[1]) for a, k in ref)
+
+
+def test_a_repeated_batch_shape_is_learnt_then_copied_as_slices() -> None:
+    view = NodeView()
+    defs = {i: _KEYS[i] for i in range(6)}
+    view.ingest_samples("a", defs, list(range(6)), [10] * 6, [1.0] * 6, lambda _m: None)
+    cols = view._agents["a"]
+    assert cols.layouts == {bytes(array(U32, range(6))): 0}  # learnt from the first batch
+    view.ingest_samples("a", defs, array(U32, range(6)), array(I64, [20] * 6), array(F64, [2.0] * 6),
+                        lambda _m: None)
+    assert list(cols.values) == [2.0] * 6 and list(cols.times) == [20] * 6
+    view.ingest_samples("a", defs, [4, 5], [30, 30], [3.0, 4.0], lambda _m: None)  # another shape
+    assert list(cols.values) == [2.0] * 4 + [3.0, 4.0] and len(cols.layouts) == 2
+    view.ingest_samples("a", defs, [5, 5], [40, 41], [5.0, 6.0], lambda _m: None)  # an id twice
+    assert cols.values[5] == 6.0 and len(cols.layouts) == 2  # not a shape of consecutive slots
+    view.defined("a", [0])  # a new definition of id 0: the learnt shapes go
+    assert cols.layouts == {}
+    with pytest.raises(ValueError, match="differ in length"):
+        view.ingest_samples("a", defs, [1, 2], [50], [1.0, 2.0], lambda _m: None)

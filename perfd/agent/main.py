@@ -29,7 +29,7 @@ from perfd.collector import Collected, Collector, Registry
 from perfd.events import NCCL_HANG
 from perfd.exporters.prometheus import build_info_families, series_families
 from perfd.jobinfo_json import job_info_to_json
-from perfd.model import CollectiveRecord, Sample
+from perfd.model import CollectiveRecord, Sample, label_set
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class NodeView:
     def update(self, samples: list[Sample]) -> None:
         with self._lock:
             for s in samples:
-                self._latest[(s.name, tuple(sorted(s.labels.items())))] = s.value
+                self._latest[(s.name, label_set(s.labels))] = s.value
 
     def rows(self) -> list[tuple[Mapping[str, str], str, float]]:
         with self._lock:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from perfd.model import Sample
+from perfd.model import Sample, label_set
 
 _Key = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -34,7 +34,7 @@ class SampleReducer:
             return out
         for s in samples:
             self.seen += 1
-            self._held[(s.name, tuple(sorted(s.labels.items())))] = s
+            self._held[(s.name, label_set(s.labels))] = s
         out = []
         for key in [k for k in self._held if now - self._last_sent.get(k, -1e18) >= self.interval_s]:
             out.append(self._held.pop(key))

@@ -17,6 +17,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from perfd.aggregator.store import BATCH, HELLO, StateStore
+from perfd.transport.codec import SAMPLE_FIELDS
 from perfd.transport.gen import perfd_pb2 as pb
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class Journal:
             return  # samples only: nothing the analysis keeps
         kept = pb.Batch()
         kept.CopyFrom(batch)
-        for name in ("series", "series_ids", "timestamps_ns", "values"):
+        for name in SAMPLE_FIELDS:
             kept.ClearField(name)
         self.store.journal(BATCH, agent_id, kept.SerializeToString())
         for job, text in batch.job_info_json.items():

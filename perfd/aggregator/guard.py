@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 
 from perfd import limits as L
 from perfd.limits import Limits
-from perfd.model import CollectiveRecord, StepRecord
+from perfd.model import CollectiveRecord, LabelSet, StepRecord
 from perfd.refusals import Refusals
 
 
@@ -98,7 +98,7 @@ class Guard:
         return [e for e in events if not e.get("job") or self.admit_job(str(e["job"]), agent)]
 
     # ---- series ---------------------------------------------------------------------------------
-    def admit_series(self, agent: str, name: str, labels: dict[str, str]) -> bool:
+    def admit_series(self, agent: str, name: str, labels: LabelSet) -> bool:
         if len(labels) > L.MAX_LABELS_PER_SERIES or not _labels_fit(labels):
             self.refusals.refuse(L.REFUSED_LABELS, f"series {name[:64]} of agent {agent}: more than "
                                  f"{L.MAX_LABELS_PER_SERIES} labels or a value over "
@@ -116,11 +116,11 @@ class Guard:
         return not full
 
 
-def _labels_fit(labels: dict[str, str]) -> bool:
+def _labels_fit(labels: LabelSet) -> bool:
     """Every key within MAX_LABEL_VALUE_BYTES characters and every value within as many bytes of
     UTF-8. A value of n characters is at most 4n bytes, so only a long one is encoded: every series
     of an agent's first contact comes through here (2,000 agents × 200 series after a restart)."""
     m = L.MAX_LABEL_VALUE_BYTES
-    if not labels or (max(map(len, labels)) <= m and max(map(len, labels.values())) * 4 <= m):
+    if all(len(k) <= m and len(v) * 4 <= m for k, v in labels):
         return True
-    return all(len(k) <= m and len(v.encode()) <= m for k, v in labels.items())
+    return all(len(k) <= m and len(v.encode()) <= m for k, v in labels)

@@ -86,6 +86,7 @@ class _StateCollector:
             "perfd_aggregator_event_loop_lag_seconds": (t["loop_lag_ms"] / 1000 if "loop_lag_ms" in t
                                                        else None),
             "perfd_aggregator_agent_dropped_samples_total": t.get("agent_dropped_samples"),
+            "perfd_aggregator_gc_seconds_total": t["gc_ms"] / 1000 if "gc_ms" in t else None,
         }
         yield from series_families([({}, k, float(v)) for k, v in own.items() if v is not None])
         if self.refusals is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -17,7 +18,8 @@ from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
-from perfd.aggregator.state import AggregatorState, LabelKey
+from perfd.aggregator.runtime import gc_seconds, tune_gc
+from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collectives import CollectiveConfig
@@ -107,8 +109,8 @@ class Aggregator:
         self._refused_series: dict[str, set[int]] = {}
         self._rules_task: asyncio.Task[None] | None = None
         self._refresh_task: asyncio.Task[None] | None = None
-        # (agent, series id) -> (name, sorted labels): converted once per definition, not per sample.
-        self._series: dict[str, dict[int, tuple[str, LabelKey]]] = {}
+        # agent -> series id -> its definition, admitted by the guard (once per definition).
+        self._series: dict[str, dict[int, Series]] = {}
         self.job_info_errors = 0
         self.wandb: WandbSync | None = None
         self._wandb_task: asyncio.Task[None] | None = None
@@ -179,7 +181,7 @@ class Aggregator:
             self.job_info_errors += 1
             log.warning("agent %s sent unusable job info for %s: %s", agent_id, job, exc)
 
-    def _series_defs(self, batch: DecodedBatch) -> Mapping[int, tuple[str, LabelKey]]:
+    def _series_defs(self, batch: DecodedBatch) -> Mapping[int, Series]:
         cache = self._series.setdefault(batch.agent_id, {})
         refused = self._refused_series.setdefault(batch.agent_id, set())
         table: Mapping[int, Series] = batch.series
@@ -187,7 +189,7 @@ class Aggregator:
         def define(sid: int, s: Series) -> None:
             known = sid in cache
             if known or self.guard.admit_series(batch.agent_id, s.name, s.labels):
-                cache[sid] = (s.name, tuple(sorted(s.labels.items())))
+                cache[sid] = s
                 refused.discard(sid)
             else:
                 refused.add(sid)
@@ -208,7 +210,9 @@ class Aggregator:
             st.series_defined(agent_id, batch.new_series)
         if batch.n_samples:
             defs = self._series_defs(batch)
-            ids, ts, vals = batch.series_ids, batch.timestamps_ns, batch.values
+            ids: Sequence[int] = batch.series_ids
+            ts: Sequence[int] = batch.timestamps_ns
+            vals: Sequence[float] = batch.values
             refused = self._refused_series.get(agent_id)
             if refused:  # the slow path only for an agent with refused series
                 keep = [i for i, sid in enumerate(ids) if sid not in refused]
@@ -228,6 +232,9 @@ class Aggregator:
     def _transport_counters(self) -> dict[str, int]:
         d = self.server.counters()
         d["job_info_errors"] = self.job_info_errors
+        gc_s = gc_seconds()
+        if gc_s is not None:  # timed in the aggregator process (run_aggregator), not in a test's
+            d["gc_ms"] = round(gc_s * 1000)
         d.update({f"refused_{k}": v for k, v in self.refusals.snapshot().items()})
         return d
 
@@ -296,11 +303,13 @@ def run_aggregator(cfg: AggregatorConfig, ready_file: str | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
         agg = Aggregator(cfg)
         await agg.start()
+        tune_gc()
         assert agg.http is not None
         print(f"perfd aggregator: listening on gRPC {cfg.grpc_host}:{agg.grpc_port}"
               f"{' (TLS)' if cfg.tls_cert else ''}, HTTP http://{cfg.http_host}:{agg.http.port}/metrics"
               f"{' (token required but for /metrics and /healthz)' if cfg.auth_token_file else ''}"
-              f"; event loop {loop_name}", flush=True)
+              f"; event loop {loop_name}"
+              f"; GRPC_EXPERIMENTS={os.environ.get('GRPC_EXPERIMENTS', '(gRPC defaults)')}", flush=True)
         if ready_file:  # lets a supervisor (the demo, tests) learn the bound ports
             with open(ready_file, "w") as f:
                 f.write(f"{agg.grpc_port} {agg.http.port}\n")

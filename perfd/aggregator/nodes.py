@@ -2,12 +2,26 @@
 
 Fed by the agents' samples and by two state events (perfd.events GPU_PROCESSES, GPU_PODS); read to
 place ranks on GPUs, to explain a slow rank by its GPU's state, and for /metrics. One lock.
+
+An agent's latest values live in columns (:class:`AgentColumns`: an array of values and one of
+times, indexed by a slot per series), not in an object per series. An agent sends the same series
+in the same order batch after batch, so a batch whose id sequence was seen before is copied into
+the columns as two slices, in C, from the arrays the codec decoded (issue: scale, "columnar batches
+decoded into arrays"): at 2,000 agents the per-sample Python loop was ~18% of the aggregator's event
+loop, and 400k series objects made each full garbage collection ~240 ms.
+
+The value kept is the last one the agent sent. The transport hands over an agent's batches in the
+order it made them (per-agent sequence numbers, duplicates dropped; a new spool epoch is a newer
+process), and within a batch the samples are in the order taken, so arrival order is time order —
+and, unlike comparing timestamps, it does not freeze a series when the node's clock steps back.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from array import array
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,9 +29,11 @@ from typing import Any
 from perfd.analytics.bottleneck import GpmReading
 from perfd.catalog import GPU_THROTTLE_ACTIVE
 from perfd.events import GPU_PODS, GPU_PROCESSES, payload_of
+from perfd.model import LabelSet
+from perfd.transport.codec import F64, I64, U32
 
-LabelKey = tuple[tuple[str, str], ...]
 GpuKey = tuple[str, str]  # (node, gpu index)
+SeriesKey = tuple[str, LabelSet]  # (name, labels) within one agent
 # catalog name -> GpmReading field
 _GPM_FIELDS = {"perfd_gpu_sm_util_ratio": "sm_util", "perfd_gpu_sm_occupancy_ratio": "sm_occupancy",
                "perfd_gpu_tensor_util_ratio": "tensor_util", "perfd_gpu_dram_bw_util_ratio": "dram_bw_util",
@@ -27,42 +43,65 @@ MODEL_SERIES = "perfd_gpu_memory_total_bytes"
 # Series an agent serves on its own /metrics (GPU and host): the aggregator keeps their latest values
 # for its joins, and leaves them off its /metrics unless asked (docs/prometheus.md).
 NODE_SERIES_PREFIXES = ("perfd_gpu_", "perfd_host_")
-
-SeriesKey = tuple[str, LabelKey]  # (name, labels) within one agent
+# Id sequences remembered per agent: an agent sends a few shapes of batch (every series, or those
+# of one collector); past this many the memory is cleared and rebuilt from the next batches.
+_MAX_LAYOUTS = 16
 
 
 @dataclass
 class NodeSeries:
-    """Latest value of one time series from one agent."""
+    """Latest value of one time series from one agent (a copy, for export)."""
 
     name: str
-    labels: LabelKey
+    labels: LabelSet
     time_ns: int
     value: float
+
+
+class AgentColumns:
+    """One agent's series: what each slot is (decided once per series), and its latest time and
+    value in two columns indexed by slot."""
+
+    __slots__ = ("by_id", "gpm", "gpu_index", "keys", "layouts", "model", "node", "other", "slot_of",
+                 "times", "values")
+
+    def __init__(self) -> None:
+        self.keys: list[SeriesKey] = []  # slot -> (name, labels)
+        self.slot_of: dict[SeriesKey, int] = {}
+        self.times: array[int] = array(I64)
+        self.values: array[float] = array(F64)
+        # The stream's series id -> slot. An id a stream defines again (a restarted agent numbers
+        # its series anew) leaves it through NodeView.defined, so its next sample resolves anew.
+        self.by_id: dict[int, int] = {}
+        # A batch's id column (its bytes) -> the first of the consecutive slots it fills: a batch
+        # of that shape is two slice assignments.
+        self.layouts: dict[bytes, int] = {}
+        # Slots of node series (GPU, host: left to the agents' /metrics) and of the rest, so
+        # /metrics never walks the node series (400k at 2,000 agents).
+        self.node: list[int] = []
+        self.other: list[int] = []
+        self.gpm: list[tuple[str, int]] = []  # (GpmReading field, slot): what every analysis reads
+        # GPU series name -> [(node, gpu), throttle reason or "", slot]: what gpu_view reads,
+        # classified once per series rather than on every read (the rules read the GPU scope of
+        # every job every tick: at 2,000 agents that walk was 13% of the aggregator).
+        self.gpu_index: dict[str, list[tuple[GpuKey, str, int]]] = {}
+        self.model: str | None = None  # the GPU model its series name
+
+    def row(self, slot: int) -> NodeSeries:
+        name, labels = self.keys[slot]
+        return NodeSeries(name, labels, self.times[slot], self.values[slot])
+
+
+def _column(code: str, seq: Sequence[Any]) -> array[Any]:
+    return seq if isinstance(seq, array) and seq.typecode == code else array(code, seq)
 
 
 class NodeView:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # agent -> (name, labels) -> latest value. Per agent, so a job's reads touch only its
-        # agents' series; node series (GPU, host) apart from the rest, so /metrics — which leaves
-        # them to the agents — never walks them (400k at 2,000 agents).
-        self.node: dict[str, dict[SeriesKey, NodeSeries]] = {}
-        self.other: dict[str, dict[SeriesKey, NodeSeries]] = {}
-        # agent -> the GPM/utilisation series among its node series (the same objects): what every
-        # analysis reads, without walking the agent's other GPU series.
-        self.gpm_series: dict[str, dict[SeriesKey, NodeSeries]] = {}
-        # agent -> GPU series name -> [(node, gpu), throttle reason or "", its NodeSeries]: what
-        # gpu_view reads, classified once per series rather than on every read (the rules read the
-        # GPU scope of every job every tick: at 2,000 agents that walk was 13% of the aggregator).
-        self.gpu_index: dict[str, dict[str, list[tuple[GpuKey, str, NodeSeries]]]] = {}
+        self._agents: dict[str, AgentColumns] = {}
         self.agent_seen: dict[str, float] = {}
         self.samples = 0
-        # agent -> series id -> its NodeSeries: the hot path's map. An id a stream defines (again:
-        # a restarted agent numbers its series anew) leaves it through defined(), so its next
-        # sample resolves from the new definition.
-        self._resolved: dict[str, dict[int, NodeSeries]] = {}
-        self.model: dict[str, str] = {}  # agent -> the GPU model its series name
         # (node, gpu) -> (agent, latest process list from the NVML collector)
         self.gpu_procs: dict[GpuKey, tuple[str, list[dict[str, Any]]]] = {}
         # node -> latest GPU -> pod allocation from the k8s collector (kubelet pod-resources)
@@ -75,58 +114,86 @@ class NodeView:
     def defined(self, agent_id: str, series_ids: Sequence[int]) -> None:
         """The agent's stream (re)defined these ids: forget what they resolved to."""
         with self._lock:
-            objs = self._resolved.get(agent_id)
-            if objs:
+            cols = self._agents.get(agent_id)
+            if cols is not None and series_ids:
                 for sid in series_ids:
-                    objs.pop(sid, None)
+                    cols.by_id.pop(sid, None)
+                cols.layouts.clear()
 
-    def ingest_samples(self, agent_id: str, series_defs: Mapping[int, tuple[str, LabelKey]],
+    def ingest_samples(self, agent_id: str, series_defs: Mapping[int, SeriesKey],
                        series_ids: Sequence[int], timestamps_ns: Sequence[int],
                        values: Sequence[float], on_model: Callable[[str], None]) -> None:
-        """Keep the latest value per series. Columnar in, no object per sample: each id resolves to
-        its NodeSeries through a per-agent map, so a sample costs one lookup and a compare (the
-        name tests, the key and the table choice are made once per series; under cProfile at 500
-        agents 0.85 → 0.44 ms for a batch of 200; 39 → ~27 µs per 200 once the definition was no
-        longer looked up and compared per sample). Ids defined again must go through defined()
-        first.
-        ``on_model`` hears the GPU model an agent's series name (the job store keeps it for the
-        peak table)."""
+        """Keep each series' last value. Columnar in (the codec's arrays; other sequences are
+        converted), columnar kept: a batch shaped like an earlier one (the same ids in the same
+        order) is copied into the columns as two slices; any other batch goes sample by sample
+        (each id resolved to its slot) and teaches its shape. Ids defined again must go through
+        defined() first. ``on_model`` hears the GPU model an agent's series name (the job store
+        keeps it for the peak table)."""
+        ids, ts, vals = _column(U32, series_ids), _column(I64, timestamps_ns), _column(F64, values)
+        n = len(vals)
+        if not len(ids) == len(ts) == n:
+            raise ValueError(f"sample columns differ in length: {len(ids)}, {len(ts)}, {n}")
         with self._lock:
-            self.samples += len(values)
+            self.samples += n
             self.agent_seen[agent_id] = time.time()
-            objs = self._resolved.setdefault(agent_id, {})
-            for sid, ts, val in zip(series_ids, timestamps_ns, values, strict=True):
-                cur = objs.get(sid)
-                if cur is None:
-                    d = series_defs[sid]
-                    cur = objs[sid] = self._series(agent_id, d[0], d[1], ts, val)
-                if ts >= cur.time_ns:
-                    cur.time_ns, cur.value = ts, val
-            model = self.model.get(agent_id)
+            cols = self._agents.get(agent_id)
+            if cols is None:
+                cols = self._agents[agent_id] = AgentColumns()
+            if n:
+                key = ids.tobytes()
+                start = cols.layouts.get(key)
+                if start is not None:
+                    cols.values[start:start + n] = vals
+                    cols.times[start:start + n] = ts
+                else:
+                    self._scatter(agent_id, cols, series_defs, key, ids, ts, vals)
+            model = cols.model
         if model:
             on_model(model)
 
-    def _series(self, agent_id: str, name: str, labels: LabelKey, ts: int, val: float) -> NodeSeries:
-        """The agent's NodeSeries of (name, labels), made on first sight (lock held)."""
-        table = (self.node if name.startswith(NODE_SERIES_PREFIXES) else self.other).setdefault(agent_id, {})
+    def _scatter(self, agent_id: str, cols: AgentColumns, defs: Mapping[int, SeriesKey], key: bytes,
+                 ids: array[int], ts_col: array[int], val_col: array[float]) -> None:
+        """Sample by sample (lock held); remembers the batch's shape when its slots follow on."""
+        by_id, times, vals = cols.by_id, cols.times, cols.values
+        slots = []
+        for sid, ts, val in zip(ids, ts_col, val_col, strict=True):
+            slot = by_id.get(sid)
+            if slot is None:
+                name, labels = defs[sid]
+                slot = by_id[sid] = self._slot(agent_id, cols, name, labels)
+            times[slot], vals[slot] = ts, val
+            slots.append(slot)
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            if len(cols.layouts) >= _MAX_LAYOUTS:
+                cols.layouts.clear()
+            cols.layouts[key] = slots[0]
+
+    @staticmethod
+    def _slot(agent_id: str, cols: AgentColumns, name: str, labels: LabelSet) -> int:
+        """The agent's slot of (name, labels), made and classified on first sight (lock held)."""
         key = (name, labels)
-        cur = table.get(key)
-        if cur is None:
-            table[key] = cur = NodeSeries(name, labels, ts, val)
-            if name in _GPM_FIELDS:
-                self.gpm_series.setdefault(agent_id, {})[key] = cur
-            lab = dict(labels)
-            if name.startswith("perfd_gpu_"):
-                reason = lab.get("reason")
-                # a reason-labelled series counts only as a throttle flag; a typed one (e.g. ECC
-                # by type) is not a per-GPU value
-                flag = reason is not None and name == GPU_THROTTLE_ACTIVE
-                if flag or (reason is None and "type" not in lab):
-                    self.gpu_index.setdefault(agent_id, {}).setdefault(name, []).append(
-                        ((lab.get("node", agent_id), lab.get("gpu", "?")), reason or "", cur))
-            if name == MODEL_SERIES and lab.get("model"):
-                self.model[agent_id] = lab["model"]
-        return cur
+        slot = cols.slot_of.get(key)
+        if slot is not None:
+            return slot
+        slot = cols.slot_of[key] = len(cols.keys)
+        cols.keys.append(key)
+        cols.times.append(0)  # written by the sample that made the slot
+        cols.values.append(math.nan)
+        (cols.node if name.startswith(NODE_SERIES_PREFIXES) else cols.other).append(slot)
+        if name in _GPM_FIELDS:
+            cols.gpm.append((_GPM_FIELDS[name], slot))
+        lab = dict(labels)
+        if name.startswith("perfd_gpu_"):
+            reason = lab.get("reason")
+            # a reason-labelled series counts only as a throttle flag; a typed one (e.g. ECC
+            # by type) is not a per-GPU value
+            flag = reason is not None and name == GPU_THROTTLE_ACTIVE
+            if flag or (reason is None and "type" not in lab):
+                cols.gpu_index.setdefault(name, []).append(
+                    ((lab.get("node", agent_id), lab.get("gpu", "?")), reason or "", slot))
+        if name == MODEL_SERIES and lab.get("model"):
+            cols.model = lab["model"]
+        return slot
 
     # ---- state events ------------------------------------------------------------------------
     def on_gpu_processes(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
@@ -148,6 +215,17 @@ class NodeView:
         return True
 
     # ---- read side ---------------------------------------------------------------------------
+    def _columns(self, agents: Collection[str]) -> list[AgentColumns]:
+        """The columns of those of ``agents`` that sent samples (lock held)."""
+        return [c for a in agents if (c := self._agents.get(a)) is not None]
+
+    def latest(self, agent_id: str, name: str, labels: LabelSet) -> NodeSeries | None:
+        """The agent's latest value of one series, None if it never sent it."""
+        with self._lock:
+            cols = self._agents.get(agent_id)
+            slot = cols.slot_of.get((name, labels)) if cols is not None else None
+            return cols.row(slot) if cols is not None and slot is not None else None
+
     def gpu_view(self, agents: set[str], names: Collection[str] | None = None
                  ) -> tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]],
                             dict[GpuKey, list[str]]]:
@@ -158,16 +236,17 @@ class NodeView:
             values: dict[GpuKey, dict[str, float]] = {}
             throttles: dict[GpuKey, list[str]] = {}
             for agent in agents:
-                index = self.gpu_index.get(agent)
-                if not index:
+                cols = self._agents.get(agent)
+                if cols is None or not cols.gpu_index:
                     continue
+                index, vals = cols.gpu_index, cols.values
                 for name in (index if names is None else [n for n in names if n in index]):
-                    for key, reason, s in index[name]:
+                    for key, reason, slot in index[name]:
                         if reason:
-                            if s.value >= 1:
+                            if vals[slot] >= 1:
                                 throttles.setdefault(key, []).append(reason)
                         else:
-                            values.setdefault(key, {})[name] = s.value
+                            values.setdefault(key, {})[name] = vals[slot]
             return procs, values, throttles
 
     def procs_of(self, agents: set[str]) -> dict[GpuKey, list[dict[str, Any]]]:
@@ -185,9 +264,13 @@ class NodeView:
         """(node, gpu index) -> the pod and container its GPU is allocated to (collectors/k8s),
         joined on the GPU UUID of the node's NVML series, or on the index the kubelet gave."""
         with self._lock:
-            index_of = {(dict(lab).get("node", agent), dict(lab)["uuid"]): dict(lab).get("gpu", "?")
-                        for agent, table in self.node.items() for (name, lab) in table
-                        if name == MODEL_SERIES and "uuid" in dict(lab)}
+            index_of = {}
+            for agent, cols in self._agents.items():
+                for slot in cols.node:
+                    name, labels = cols.keys[slot]
+                    lab = dict(labels)
+                    if name == MODEL_SERIES and "uuid" in lab:
+                        index_of[(lab.get("node", agent), lab["uuid"])] = lab.get("gpu", "?")
             out: dict[GpuKey, dict[str, Any]] = {}
             for node, owners in self.gpu_pods.items():
                 for o in owners:
@@ -199,32 +282,35 @@ class NodeView:
 
     def serving_values(self, agents: set[str], job: str) -> dict[str, float]:
         """Latest serving series (catalog names) of a job's agents."""
+        out = {}
         with self._lock:
-            return {name: s.value for agent in agents
-                    for (name, labels), s in self.other.get(agent, {}).items()
-                    if name.startswith("perfd_serving_") and dict(labels).get("job_name", job) == job}
+            for cols in self._columns(agents):
+                for slot in cols.other:
+                    name, labels = cols.keys[slot]
+                    if name.startswith("perfd_serving_") and dict(labels).get("job_name", job) == job:
+                        out[name] = cols.values[slot]
+        return out
 
     def snapshot(self, node_series: bool = True) -> list[tuple[str, NodeSeries]]:
         """(agent id, series) pairs for export, node series (GPU, host) only when asked; a copy,
         safe to iterate without the lock."""
         with self._lock:
-            tables = [self.other, self.node] if node_series else [self.other]
-            return [(agent, NodeSeries(s.name, s.labels, s.time_ns, s.value))
-                    for t in tables for agent, table in t.items() for s in table.values()]
+            return [(agent, cols.row(slot)) for agent, cols in self._agents.items()
+                    for slot in (cols.other + cols.node if node_series else cols.other)]
 
     def snapshot_of(self, agents: set[str]) -> list[tuple[str, NodeSeries]]:
         """As :meth:`snapshot`, the given agents' series only (node series included)."""
         with self._lock:
-            return [(agent, NodeSeries(s.name, s.labels, s.time_ns, s.value))
-                    for agent in agents for t in (self.other, self.node) for s in t.get(agent, {}).values()]
+            return [(agent, cols.row(slot)) for agent in agents if (cols := self._agents.get(agent))
+                    for slot in cols.other + cols.node]
 
     def gpm(self, agents: set[str]) -> GpmReading | None:
         """Mean GPM (and NVML) utilisation over the GPUs of the given agents, None without GPM."""
         sums: dict[str, list[float]] = {}
         with self._lock:
-            for agent in agents:
-                for (name, _labels), s in self.gpm_series.get(agent, {}).items():
-                    sums.setdefault(_GPM_FIELDS[name], []).append(s.value)
+            for cols in self._columns(agents):
+                for field, slot in cols.gpm:
+                    sums.setdefault(field, []).append(cols.values[slot])
         if not any(k != "nvml_util" for k in sums):
             return None
         return GpmReading(**{k: sum(v) / len(v) for k, v in sums.items()})

@@ -24,7 +24,7 @@ from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.eventlog import EventLog
 from perfd.aggregator.incidents import IncidentTracker
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS, JobState, JobStore, job_level_steps
-from perfd.aggregator.nodes import GpuKey, LabelKey, NodeSeries, NodeView
+from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView, SeriesKey
 from perfd.aggregator.serving import ServingStore
 from perfd.analytics.attribution import gpu_hints, place_ranks
 from perfd.analytics.bottleneck import GpmReading
@@ -38,7 +38,7 @@ from perfd.model import CollectiveRecord, JobInfo, StepRecord
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AggregatorState", "GpuKey", "JobState", "LabelKey", "NodeSeries", "job_level_steps"]
+__all__ = ["AggregatorState", "GpuKey", "JobState", "NodeSeries", "job_level_steps"]
 
 # The GPU series an incident keeps as evidence of the time (besides gpu_hints' comparison).
 _SNAPSHOT_SERIES = frozenset({
@@ -96,7 +96,7 @@ class AggregatorState:
         """A stream of the agent (re)defined these series ids (before samples that use them)."""
         self.nodes.defined(agent_id, series_ids)
 
-    def ingest_samples(self, agent_id: str, series_defs: Mapping[int, tuple[str, LabelKey]],
+    def ingest_samples(self, agent_id: str, series_defs: Mapping[int, SeriesKey],
                        series_ids: Sequence[int], timestamps_ns: Sequence[int],
                        values: Sequence[float]) -> None:
         self.nodes.ingest_samples(agent_id, series_defs, series_ids, timestamps_ns, values,

@@ -36,6 +36,9 @@ def _agent(args: argparse.Namespace) -> int:
 
 def _aggregator(args: argparse.Namespace) -> int:
     from perfd.aggregator.collectives import collective_configs
+    from perfd.aggregator.runtime import grpc_experiments
+
+    grpc_experiments()  # before grpc is imported (the next line): its core reads it once
     from perfd.aggregator.main import AggregatorConfig, run_aggregator
 
     try:

@@ -36,6 +36,7 @@ from perfd.transport.codec import (
     encode_batch,
     encode_hello,
     frame_batch,
+    sample_count,
 )
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.security import AUTH_HEADER, ClientTls, TokenFile
@@ -177,14 +178,14 @@ class AgentClient:
             batch = encode_batch(self.agent_id, seq, samples, steps, events, self.table, columns=columns,
                                  job_info_json=job_info_json, dropped_batches=self.spool.dropped_batches,
                                  dropped_samples=self.spool.dropped_samples, collectives=collectives)
-            if not (batch.values or batch.steps or batch.events or batch.job_info_json or batch.series
+            if not (batch.values_le or batch.steps or batch.events or batch.job_info_json or batch.series
                     or batch.collectives):
                 return 0
             data = batch.SerializeToString()
             if len(data) > self.max_batch_bytes:
                 self.table.untake([d.id for d in batch.series])
                 raise ValueError(f"batch of {len(data)} bytes exceeds max_batch_bytes={self.max_batch_bytes}")
-            self.spool.append(seq, data, len(batch.values))
+            self.spool.append(seq, data, sample_count(batch))
             self.batches_submitted += 1
         self._notify()
         return seq

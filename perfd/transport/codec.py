@@ -1,9 +1,12 @@
 """Pure conversions between perfd.model values and the wire messages of ``perfd.proto``.
 
-Samples travel columnar (three packed arrays: series id, timestamp, value) and stay columnar on
-the receiving side: :func:`decode_batch` hands back the protobuf repeated containers themselves,
-so the aggregator pays no Python object per sample on its hot path (DESIGN.md §3 "Transport":
-~0.1 µs per sample columnar against 1–2 µs for a message per sample).
+Samples travel columnar (three fixed-width little-endian arrays in bytes fields: series id,
+timestamp, value) and stay columnar on the receiving side: :func:`decode_batch` hands back
+``array.array`` columns made with one copy each, so the aggregator pays no Python object per
+sample on its hot path (DESIGN.md §3 "Transport"). The arrays are laid out by hand rather than as
+packed repeated fields because the protobuf runtime turns each element of those into a Python
+object when read, ~60 ns each — ~40 µs of a 200-sample batch, the aggregator's largest cost per
+batch at 2,000 agents. Batches in the packed form (an older agent's spool) are still decoded.
 
 A series (metric name + bounded labels) gets a small integer id from the agent's
 :class:`SeriesTable`. A batch carries the definitions of the series first used since the previous
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +30,7 @@ from typing import Any, NamedTuple, TypedDict
 
 from perfd.model import (
     CollectiveRecord,
+    LabelSet,
     Provenance,
     RankScope,
     RankValue,
@@ -32,12 +38,23 @@ from perfd.model import (
     StepRecord,
     StragglerLine,
     TimerValue,
+    label_set,
 )
 from perfd.transport.gen import perfd_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
+SeriesKey = tuple[str, LabelSet]
+
+# The sample columns' array type codes: uint32 ids, int64 times (epoch ns), float64 values.
+U32 = next(c for c in "IL" if array(c).itemsize == 4)
+I64, F64 = "q", "d"
+_F64_BYTES = array(F64).itemsize
+_SWAP = sys.byteorder != "little"  # the wire is little-endian
+# The Batch fields that carry samples and their definitions, in both forms (the journal leaves
+# them out: node samples are not state the analysis keeps).
+SAMPLE_FIELDS = ("series", "series_ids", "timestamps_ns", "values", "series_ids_le", "timestamps_ns_le",
+                 "values_le")
 
 # StepRecord fields that are `optional` scalars on the wire: absent stays absent (None), never 0.
 _OPT_FLOAT = ("end_time", "step_time_ms", "logged_tflops_per_gpu", "learning_rate", "lm_loss",
@@ -53,8 +70,13 @@ _COLL_OPT_FLOAT = ("duration_ms", "algbw_gbs", "busbw_gbs")
 
 
 class Series(NamedTuple):
+    """One series' definition: its name and its labels as sorted (name, value) pairs — the one
+    form every layer keys on (a Series is a SeriesKey), made once when the definition is read.
+    Being a tuple of strings, it is no work for the garbage collector either: 400k of them, as
+    dicts, were most of what each full collection walked at 2,000 agents."""
+
     name: str
-    labels: dict[str, str]
+    labels: LabelSet
 
 
 class DecodedEvent(TypedDict):
@@ -98,8 +120,8 @@ class HelloInfo:
 class DecodedBatch:
     """One batch as the aggregator sees it. Samples stay columnar.
 
-    ``series_ids``, ``timestamps_ns`` and ``values`` are equal-length sequences (the protobuf
-    repeated containers, not lists: index them, iterate them, or hand them to ``numpy.array``).
+    ``series_ids``, ``timestamps_ns`` and ``values`` are equal-length ``array.array`` columns
+    (type codes U32, I64, F64: index them, slice them, or hand them to ``numpy.frombuffer``).
     ``series`` is the stream's whole id → Series table (shared, updated in place by later
     batches); ``new_series`` lists the ids (re)defined since the previous batch delivered on this
     stream — for the first batch of a stream that includes every id of the agent's Hello — so a
@@ -111,9 +133,9 @@ class DecodedBatch:
     created_ns: int
     series: Mapping[int, Series]
     new_series: list[int]
-    series_ids: Sequence[int]
-    timestamps_ns: Sequence[int]
-    values: Sequence[float]
+    series_ids: array[int]
+    timestamps_ns: array[int]
+    values: array[float]
     steps: list[StepRecord]
     events: list[DecodedEvent]
     job_info_json: dict[str, str]
@@ -151,7 +173,8 @@ class SeriesTable:
             for line in f:
                 try:
                     obj = json.loads(line)
-                    sid, name, labels = int(obj["id"]), str(obj["name"]), dict(obj["labels"])
+                    sid, name = int(obj["id"]), str(obj["name"])
+                    labels = label_set(dict(obj["labels"]))
                 except (ValueError, KeyError, TypeError):
                     self.journal_errors += 1
                     continue
@@ -159,7 +182,7 @@ class SeriesTable:
                     self.journal_errors += 1
                     continue
                 self._defs.append(Series(name, labels))
-                self._ids[(name, tuple(sorted(labels.items())))] = sid
+                self._ids[(name, labels)] = sid
         if self.journal_errors:
             # Rewrite without the damaged lines: appending after a torn line would tear the next.
             try:
@@ -169,11 +192,11 @@ class SeriesTable:
 
     def _line(self, sid: int) -> str:
         s = self._defs[sid]
-        return json.dumps({"id": sid, "name": s.name, "labels": s.labels}) + "\n"
+        return json.dumps({"id": sid, "name": s.name, "labels": dict(s.labels)}) + "\n"
 
     def _add(self, key: SeriesKey) -> int:
         sid = len(self._defs)
-        series = Series(key[0], dict(key[1]))
+        series = Series(*key)
         self._ids[key] = sid
         self._defs.append(series)
         self._new.append(sid)
@@ -187,7 +210,7 @@ class SeriesTable:
         return sid
 
     def id_for(self, name: str, labels: Mapping[str, str] | None = None) -> int:
-        key: SeriesKey = (name, tuple(sorted(labels.items())) if labels else ())
+        key: SeriesKey = (name, label_set(labels) if labels else ())
         sid = self._ids.get(key)
         return self._add(key) if sid is None else sid
 
@@ -206,7 +229,7 @@ class SeriesTable:
     def definitions(self, ids: Iterable[int] | None = None) -> list[pb.SeriesDef]:
         """Wire definitions of ``ids`` (default: every series, for a Hello)."""
         which = range(len(self._defs)) if ids is None else ids
-        return [pb.SeriesDef(id=i, name=self._defs[i].name, labels=self._defs[i].labels) for i in which]
+        return [pb.SeriesDef(id=i, name=self._defs[i].name, labels=dict(self._defs[i].labels)) for i in which]
 
     def clear(self) -> None:
         """Forget every id (ids restart at 0). Only safe when no spooled batch references them."""
@@ -269,26 +292,31 @@ def step_to_pb(rec: StepRecord, m: pb.StepRecord) -> None:
     m.disturbed_by_capture = rec.disturbed_by_capture
 
 
+_STEP_FD = pb.StepRecord.DESCRIPTOR.fields_by_name
+_OPT_FD = {_STEP_FD[n]: n for n in _OPT_NAMES}  # descriptor -> StepRecord field name
+_FD_RANK, _FD_SCOPE, _FD_FIELDS, _FD_TIMERS, _FD_STRAGGLER, _FD_MEMORY, _FD_SOURCE, _FD_DISTURBED = (
+    _STEP_FD[n] for n in ("rank", "scope", "fields", "timers", "straggler", "memory_mb", "source",
+                          "disturbed_by_capture"))
+
+
 def step_from_pb(m: pb.StepRecord) -> StepRecord:
-    which = m.WhichOneof("rank_scope")
+    # What the record holds, in one call (a record sets a few of its 23 fields): every test below is
+    # a dict lookup, not a call into the protobuf runtime — with the step hook every node sends a
+    # record each second, and a HasField or accessor per field was most of this function.
+    got: dict[Any, Any] = dict(m.ListFields())
     rank: RankScope
-    if which == "rank":
-        rank = m.rank
-    elif which == "scope" and m.scope in ("last", "all"):
-        rank = "last" if m.scope == "last" else "all"
-    elif which is None:
-        rank = "last"  # the dataclass default; an encoder always sets one of the two
+    if _FD_RANK in got:
+        rank = got[_FD_RANK]
+    elif _FD_SCOPE in got:
+        if got[_FD_SCOPE] not in ("last", "all"):
+            raise ValueError(f"step record with unknown rank scope {got[_FD_SCOPE]!r}")
+        rank = "last" if got[_FD_SCOPE] == "last" else "all"
     else:
-        raise ValueError(f"step record with unknown rank scope {m.scope!r}")
-    # The fields present, in one call: a record sets a few of its 13 optional scalars, and a
-    # HasField per name was most of this function (every node's record every second, with the hook).
-    opt: dict[str, Any] = dict.fromkeys(_OPT_NAMES)
-    for fd, value in m.ListFields():
-        if fd.name in opt:
-            opt[fd.name] = value
+        rank = "last"  # the dataclass default; an encoder always sets one of the two
+    opt: dict[str, Any] = {_OPT_FD[fd]: v for fd, v in got.items() if fd in _OPT_FD}
     straggler = None
-    if m.HasField("straggler"):
-        s = m.straggler
+    if _FD_STRAGGLER in got:
+        s = got[_FD_STRAGGLER]
         straggler = StragglerLine(
             time=s.time if s.HasField("time") else None,
             quantities={k: (RankValue(q.min.value, q.min.rank, q.min.unit),
@@ -296,19 +324,20 @@ def step_from_pb(m: pb.StepRecord) -> StepRecord:
                         for k, q in s.quantities.items()},
             line_no=s.line_no,
         )
+    source = got.get(_FD_SOURCE)
     return StepRecord(
         job=m.job,
         iteration=m.iteration,
         rank=rank,
-        fields=dict(m.fields) if m.fields else {},
+        fields=dict(got[_FD_FIELDS]) if _FD_FIELDS in got else {},
         timers={k: TimerValue(min_ms=t.min_ms if t.HasField("min_ms") else None,
                               max_ms=t.max_ms if t.HasField("max_ms") else None,
                               per_rank=dict(t.per_rank))
-                for k, t in m.timers.items()} if m.timers else {},
+                for k, t in got[_FD_TIMERS].items()} if _FD_TIMERS in got else {},
         straggler=straggler,
-        memory_mb={r: dict(rep.mb) for r, rep in m.memory_mb.items()} if m.memory_mb else {},
-        source=Provenance(m.source.collector, m.source.detail) if m.HasField("source") else None,
-        disturbed_by_capture=m.disturbed_by_capture,
+        memory_mb={r: dict(rep.mb) for r, rep in got[_FD_MEMORY].items()} if _FD_MEMORY in got else {},
+        source=Provenance(source.collector, source.detail) if source is not None else None,
+        disturbed_by_capture=_FD_DISTURBED in got,
         **opt,
     )
 
@@ -420,13 +449,13 @@ def encode_batch(
     """Build one Batch. ``samples`` are Sample objects; ``columns`` is the cheaper path for a
     collector that resolved its series ids once (``table.id_for``): (series_ids, timestamps_ns,
     values), appended after ``samples``. ``collectives`` are NCCL / Flight Recorder records."""
-    ids: list[int] = []
-    ts: list[int] = []
-    vals: list[float] = []
+    ids: array[int] = array(U32)
+    ts: array[int] = array(I64)
+    vals: array[float] = array(F64)
     lookup = table._ids
     for s in samples:  # hot loop on the agent: one dict lookup per sample, no message per sample
         lab = s.labels
-        key: SeriesKey = (s.name, tuple(sorted(lab.items())) if lab else ())
+        key: SeriesKey = (s.name, label_set(lab) if lab else ())
         sid = lookup.get(key)
         if sid is None:
             sid = table._add(key)
@@ -437,16 +466,15 @@ def encode_batch(
                  created_ns=time.time_ns() if created_ns is None else created_ns,
                  dropped_batches=dropped_batches, dropped_samples=dropped_samples)
     b.series.extend(table.definitions(table.take_new()))
-    b.series_ids.extend(ids)
-    b.timestamps_ns.extend(ts)
-    b.values.extend(vals)
     if columns is not None:
         cid, cts, cval = columns
         if not len(cid) == len(cts) == len(cval):
             raise ValueError(f"columns differ in length: {len(cid)}, {len(cts)}, {len(cval)}")
-        b.series_ids.extend(cid)
-        b.timestamps_ns.extend(cts)
-        b.values.extend(cval)
+        ids.extend(cid)
+        ts.extend(cts)
+        vals.extend(cval)
+    if vals:
+        b.series_ids_le, b.timestamps_ns_le, b.values_le = (_le_bytes(c) for c in (ids, ts, vals))
     for rec in steps:
         step_to_pb(rec, b.steps.add())
     for ev in events:
@@ -459,29 +487,65 @@ def encode_batch(
     return b
 
 
+def _le_bytes(col: array[Any]) -> bytes:
+    if _SWAP:
+        col = array(col.typecode, col)
+        col.byteswap()
+    return col.tobytes()
+
+
+def _le_array(code: str, raw: bytes, what: str) -> array[Any]:
+    col = array(code)
+    if len(raw) % col.itemsize:
+        raise ValueError(f"{what}: {len(raw)} bytes is not a whole number of {col.itemsize}-byte values")
+    col.frombytes(raw)
+    if _SWAP:
+        col.byteswap()
+    return col
+
+
+def sample_columns(batch: pb.Batch) -> tuple[array[int], array[int], array[float]]:
+    """The batch's (series ids, timestamps, values) as arrays, from either wire form; ValueError
+    when they differ in length or the batch mixes the forms."""
+    raw = (batch.series_ids_le, batch.timestamps_ns_le, batch.values_le)
+    if any(raw):
+        if batch.values or batch.series_ids or batch.timestamps_ns:
+            raise ValueError(f"batch {batch.seq}: samples in both the packed and the array form")
+        cols = (_le_array(U32, raw[0], "series_ids_le"), _le_array(I64, raw[1], "timestamps_ns_le"),
+                _le_array(F64, raw[2], "values_le"))
+    else:  # an older agent's packed form (or no samples)
+        cols = (array(U32, batch.series_ids), array(I64, batch.timestamps_ns), array(F64, batch.values))
+    if not len(cols[0]) == len(cols[1]) == len(cols[2]):
+        raise ValueError(f"batch {batch.seq}: columns differ in length: {len(cols[0])}, {len(cols[1])}, "
+                         f"{len(cols[2])}")
+    return cols
+
+
+def sample_count(batch: pb.Batch) -> int:
+    """How many samples the batch carries, in either wire form, without decoding them."""
+    return len(batch.values) + len(batch.values_le) // _F64_BYTES
+
+
 def decode_batch(batch: pb.Batch, series_by_id: dict[int, Series]) -> DecodedBatch:
     """Decode one Batch; ``series_by_id`` (the stream's table) is updated with its definitions.
 
-    Raises ValueError on an inconsistent batch (columns of different lengths, bad rank scope, a
-    collective naming a rank list the batch does not have).
+    Raises ValueError on an inconsistent batch (columns of different lengths or forms, bad rank
+    scope, a collective naming a rank list the batch does not have).
     """
     new_ids = []
     for d in batch.series:
-        series_by_id[d.id] = Series(d.name, dict(d.labels))
+        series_by_id[d.id] = Series(d.name, label_set(d.labels))
         new_ids.append(d.id)
-    n = len(batch.series_ids)
-    if len(batch.timestamps_ns) != n or len(batch.values) != n:
-        raise ValueError(f"batch {batch.seq}: columns differ in length: {n}, "
-                         f"{len(batch.timestamps_ns)}, {len(batch.values)}")
+    ids, ts, vals = sample_columns(batch)
     return DecodedBatch(
         agent_id=batch.agent_id,
         seq=batch.seq,
         created_ns=batch.created_ns,
         series=series_by_id,
         new_series=new_ids,
-        series_ids=batch.series_ids,
-        timestamps_ns=batch.timestamps_ns,
-        values=batch.values,
+        series_ids=ids,
+        timestamps_ns=ts,
+        values=vals,
         # Empty containers skipped: most batches carry only samples or a step record.
         steps=[step_from_pb(s) for s in batch.steps] if batch.steps else [],
         events=[event_from_pb(e) for e in batch.events] if batch.events else [],
@@ -530,7 +594,7 @@ def decode_hello(h: pb.Hello, series_by_id: dict[int, Series] | None, peer: str 
     """``series_by_id`` receives the Hello's definitions; None: the caller holds them already."""
     if series_by_id is not None:
         for d in h.series:
-            series_by_id[d.id] = Series(d.name, dict(d.labels))
+            series_by_id[d.id] = Series(d.name, label_set(d.labels))
     return HelloInfo(agent_id=h.agent_id, node=h.node, version=h.version, jobs=tuple(h.jobs),
                      capabilities=dict(h.capabilities), spool_epoch=h.spool_epoch,
                      n_series=len(h.series), peer=peer)

@@ -41,6 +41,7 @@ from perfd.transport.codec import (
     command_to_pb,
     decode_batch,
     decode_hello,
+    sample_count,
 )
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.security import AUTH_HEADER, ServerTls, TokenFile, peer_identity
@@ -543,7 +544,7 @@ class IngestServer:
             self.refusals.refuse(L.REFUSED_SERIES, f"batch {b.seq} of agent {agent} would define "
                                  f"{len(conn.series) + len(b.series)} series (cap "
                                  f"{self.limits.max_series_per_agent}); batch refused",
-                                 max(1, len(b.values)))
+                                 max(1, sample_count(b)))
             return False
         if not b.events:
             return True

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import struct
+from array import array
 
 import pytest
 
@@ -17,6 +19,8 @@ from perfd.transport.codec import (
     encode_batch,
     encode_hello,
     frame_batch,
+    sample_columns,
+    sample_count,
 )
 from perfd.transport.gen import perfd_pb2 as pb
 
@@ -94,12 +98,12 @@ def test_samples_are_columnar_and_series_defined_once():
     s1 = [Sample("gpu_power_watts", 300.0 + i, t0 + i, {"gpu": str(i % 2), "node": "n1"}) for i in range(4)]
     b1 = encode_batch("a", 1, s1, [], [], table)
     assert [d.id for d in b1.series] == [0, 1]
-    assert list(b1.series_ids) == [0, 1, 0, 1]
+    assert list(sample_columns(b1)[0]) == [0, 1, 0, 1]
     # Label order does not matter; a known series is not redefined in the next batch.
     b2 = encode_batch("a", 2, [Sample("gpu_power_watts", 1.0, t0, {"node": "n1", "gpu": "1"}),
                                Sample("host_cpu_ratio", 0.5, t0)], [], [], table)
     assert [d.id for d in b2.series] == [2]
-    assert list(b2.series_ids) == [1, 2]
+    assert list(sample_columns(b2)[0]) == [1, 2]
 
     series: dict[int, Series] = {}
     d1 = decode_batch(pb.Batch.FromString(b1.SerializeToString()), series)
@@ -108,9 +112,47 @@ def test_samples_are_columnar_and_series_defined_once():
     assert list(d1.values) == [300.0, 301.0, 302.0, 303.0]
     assert list(d1.timestamps_ns) == [int((t0 + i) * 1e9) for i in range(4)]
     names = [(series[i].name, series[i].labels) for i in d2.series_ids]
-    assert names == [("gpu_power_watts", {"gpu": "1", "node": "n1"}), ("host_cpu_ratio", {})]
-    # No Python object per sample on the receiving side: the protobuf containers are handed on.
-    assert not isinstance(d1.values, list)
+    # Labels arrive in the one canonical form: sorted (name, value) pairs.
+    assert names == [("gpu_power_watts", (("gpu", "1"), ("node", "n1"))), ("host_cpu_ratio", ())]
+    # No Python object per sample on the receiving side: arrays made with one copy each.
+    assert isinstance(d1.values, array) and isinstance(d1.series_ids, array)
+
+
+def test_samples_travel_as_little_endian_arrays_and_the_older_packed_form_still_decodes():
+    """The wire form is fixed: uint32 ids, int64 ns, float64 values, little-endian, in bytes fields.
+    A batch an older agent spooled in the packed repeated fields decodes to the same columns; a
+    batch with both forms, or a column not a whole number of values, is refused."""
+    table = SeriesTable()
+    sid = table.id_for("m", {"gpu": "0"})
+    b = encode_batch("a", 1, [], [], [], table, columns=([sid, sid], [10, -20], [1.5, 2.5]))
+    assert b.series_ids_le == struct.pack("<2I", 0, 0)
+    assert b.timestamps_ns_le == struct.pack("<2q", 10, -20)
+    assert b.values_le == struct.pack("<2d", 1.5, 2.5)
+    assert not b.series_ids and not b.values and sample_count(b) == 2
+    old = pb.Batch(agent_id="a", seq=1)  # what an agent before the array form spooled
+    old.series.extend(table.definitions())
+    old.series_ids.extend([sid, sid])
+    old.timestamps_ns.extend([10, -20])
+    old.values.extend([1.5, 2.5])
+    assert sample_count(old) == 2
+    new, was = decode_batch(b, {}), decode_batch(old, {})
+    assert [list(c) for c in (new.series_ids, new.timestamps_ns, new.values)] == \
+        [list(c) for c in (was.series_ids, was.timestamps_ns, was.values)] == [[0, 0], [10, -20], [1.5, 2.5]]
+    both = pb.Batch()
+    both.CopyFrom(b)
+    both.values.append(1.0)
+    with pytest.raises(ValueError, match="both"):
+        decode_batch(both, {})
+    torn = pb.Batch()
+    torn.CopyFrom(b)
+    torn.values_le = b.values_le[:-1]
+    with pytest.raises(ValueError, match="whole number"):
+        decode_batch(torn, {})
+    short = pb.Batch()
+    short.CopyFrom(b)
+    short.timestamps_ns_le = b.timestamps_ns_le[:8]
+    with pytest.raises(ValueError, match="differ in length"):
+        decode_batch(short, {})
 
 
 def test_columns_path_matches_sample_path():
@@ -118,7 +160,7 @@ def test_columns_path_matches_sample_path():
     sid = table.id_for("m", {"gpu": "0"})
     b = encode_batch("a", 1, [], [], [], table, columns=([sid, sid], [10, 20], [1.5, 2.5]))
     assert [d.name for d in b.series] == ["m"]
-    assert list(b.series_ids) == [0, 0] and list(b.timestamps_ns) == [10, 20] and list(b.values) == [1.5, 2.5]
+    assert [list(c) for c in sample_columns(b)] == [[0, 0], [10, 20], [1.5, 2.5]]
     with pytest.raises(ValueError):
         encode_batch("a", 2, [], [], [], table, columns=([sid], [1, 2], [1.0]))
 
@@ -183,7 +225,7 @@ def test_series_table_journal_survives_restart_and_skips_a_torn_line(tmp_path):
     t2 = SeriesTable(path)
     assert t2.journal_errors == 1 and len(t2) == 2
     assert t2.id_for("m", {"gpu": "1"}) == 1  # same id as before the restart
-    assert t2.series(0) == Series("m", {"gpu": "0"})
+    assert t2.series(0) == Series("m", (("gpu", "0"),))
     t2.id_for("m", {"gpu": "2"})  # appended after the repaired journal, readable next time
     t3 = SeriesTable(path)
-    assert t3.journal_errors == 0 and len(t3) == 3 and t3.series(2) == Series("m", {"gpu": "2"})
+    assert t3.journal_errors == 0 and len(t3) == 3 and t3.series(2) == Series("m", (("gpu", "2"),))

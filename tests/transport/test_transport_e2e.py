@@ -65,7 +65,7 @@ class Sink:
         self.seqs.append((agent, b.seq))
         for sid, ts, v in zip(b.series_ids, b.timestamps_ns, b.values, strict=True):
             s = b.series[sid]  # KeyError here would mean a series the stream never defined
-            self.samples.append((s.name, s.labels, ts, v))
+            self.samples.append((s.name, dict(s.labels), ts, v))
         self.steps.extend(b.steps)
         self.events.extend(dict(e) for e in b.events)
         self.job_info.update(b.job_info_json)

@@ -65,7 +65,7 @@ class SeriesDef(_message.Message):
     def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("agent_id", "seq", "created_ns", "series", "series_ids", "timestamps_ns", "values", "steps", "events", "job_info_json", "dropped_batches", "dropped_samples", "collectives", "rank_lists")
+    __slots__ = ("agent_id", "seq", "created_ns", "series", "series_ids", "timestamps_ns", "values", "steps", "events", "job_info_json", "dropped_batches", "dropped_samples", "collectives", "rank_lists", "series_ids_le", "timestamps_ns_le", "values_le")
     class JobInfoJsonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,9 @@ class Batch(_message.Message):
     DROPPED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     RANK_LISTS_FIELD_NUMBER: _ClassVar[int]
+    SERIES_IDS_LE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMPS_NS_LE_FIELD_NUMBER: _ClassVar[int]
+    VALUES_LE_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     seq: int
     created_ns: int
@@ -101,7 +104,10 @@ class Batch(_message.Message):
     dropped_samples: int
     collectives: _containers.RepeatedCompositeFieldContainer[CollectiveRecord]
     rank_lists: _containers.RepeatedCompositeFieldContainer[RankList]
-    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_ns: _Optional[int] = ..., series: _Optional[_Iterable[_Union[SeriesDef, _Mapping]]] = ..., series_ids: _Optional[_Iterable[int]] = ..., timestamps_ns: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., dropped_batches: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., collectives: _Optional[_Iterable[_Union[CollectiveRecord, _Mapping]]] = ..., rank_lists: _Optional[_Iterable[_Union[RankList, _Mapping]]] = ...) -> None: ...
+    series_ids_le: bytes
+    timestamps_ns_le: bytes
+    values_le: bytes
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_ns: _Optional[int] = ..., series: _Optional[_Iterable[_Union[SeriesDef, _Mapping]]] = ..., series_ids: _Optional[_Iterable[int]] = ..., timestamps_ns: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., dropped_batches: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., collectives: _Optional[_Iterable[_Union[CollectiveRecord, _Mapping]]] = ..., rank_lists: _Optional[_Iterable[_Union[RankList, _Mapping]]] = ..., series_ids_le: _Optional[bytes] = ..., timestamps_ns_le: _Optional[bytes] = ..., values_le: _Optional[bytes] = ...) -> None: ...
 
 class RankList(_message.Message):
     __slots__ = ("ranks",)

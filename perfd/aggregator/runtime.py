@@ -1,0 +1,63 @@
+"""The aggregator process's runtime: the garbage collector's thresholds (and the time it takes),
+and which gRPC core experiments it runs with. Process-wide settings, made by `perfd aggregator`
+only — a test or a library user running an Aggregator in its own process keeps its own.
+
+Garbage collector. Every open agent stream keeps a read pending for about its agent's batch
+interval. With Python's default thresholds (700, 10, 10) those objects outlive two young
+collections and are promoted: at 2,000 agents ~27k objects a second reached the oldest generation,
+so a full collection (~220 ms, the event loop stalled meanwhile) ran every ~5 s and the collector
+took 0.095 core in all. Young collections every 20,000 allocations let the pending reads die
+young: 0.001–0.013 core (benchmarks/README.md, "Scale"). Cyclic garbage waits a little longer, a few MB
+at most.
+
+gRPC core. By default gRPC 1.85 accepts and serves server connections on its EventEngine thread
+pool; with the experiment ``event_engine_listener`` off, on the poller the Python binding drives.
+For a grpc.aio server of many long-lived streams the second costs less: a bare server of 1,000
+streams of a message a second took 0.102 core against 0.137, lower in 3 of 3 rounds
+(benchmarks/grpc_loop_bench.py --grpc-experiments). An operator who sets GRPC_EXPERIMENTS keeps
+their own.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from typing import Any
+
+GC_THRESHOLDS = (20_000, 20, 10)
+GRPC_EXPERIMENTS = "-event_engine_listener"
+
+_spent = [0.0]  # seconds spent collecting since tune_gc
+_started = [0.0]
+
+
+def _timer(phase: str, _info: dict[str, Any]) -> None:
+    if phase == "start":
+        _started[0] = time.perf_counter()
+    else:
+        _spent[0] += time.perf_counter() - _started[0]
+
+
+def tune_gc() -> None:
+    """Set GC_THRESHOLDS, move what start-up made (modules, the rule pack: it lives as long as the
+    process) out of the collector's reach, and time every collection from now on. For the
+    aggregator process only: a test running an Aggregator in its own process keeps its collector."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    if _timer not in gc.callbacks:
+        gc.callbacks.append(_timer)
+
+
+def gc_seconds() -> float | None:
+    """Seconds the collector has run since tune_gc; None if it was not called (not timed)."""
+    return _spent[0] if _timer in gc.callbacks else None
+
+
+def grpc_experiments() -> str | None:
+    """Set GRPC_EXPERIMENTS for this process unless it is set; the value in effect, or None when
+    grpc is already imported (its core has read the variable: too late to choose)."""
+    if "grpc" in sys.modules:
+        return None
+    return os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
