@@ -13,6 +13,7 @@ BENCHES = {
     "parse": ("benchmarks.parse_bench", "Megatron log parse rate"),
     "tail": ("benchmarks.tail_bench", "Megatron log tail (read + parse), per-rank timers"),
     "hook": ("benchmarks.hook_overhead", "host cost of the step hook per step (--gpu: paired loop)"),
+    "decode": ("benchmarks.decode_bench", "one batch's parse, decode and ingest: array vs packed samples"),
     "analysis": ("benchmarks.analysis_bench", "re-analysis of a growing run: from scratch vs incremental"),
     "scale": ("benchmarks.scale_bench", "one aggregator under N simulated agents (separate processes)"),
     "overhead": ("benchmarks.overhead_bench", "a Megatron-LM job with and without perfd (2 GPUs)"),
