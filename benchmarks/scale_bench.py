@@ -15,7 +15,9 @@ until the marker appears).
 Reported (``--json``: one object): agents, agents_connected (the aggregator's count: streams that
 carried a message within its silence limit), samples_per_s (ingested by the aggregator over the
 measured window), offered_samples_per_s, aggregator_cpu_cores and aggregator_rss_bytes (psutil on
-its process), metrics_scrape_s and metrics_bytes (median of the scrapes), latency_p50_s and
+its process), aggregator_gc_cores (its garbage collector), aggregator_thread_cpu_cores (by thread:
+"main" is the event loop, "event_engine" gRPC's own threads, "python3" the HTTP and worker
+threads), metrics_scrape_s and metrics_bytes (median of the scrapes), latency_p50_s and
 latency_p99_s (sample to /metrics), and the load processes' CPU. Everything runs on this machine:
 with 2 cores the load processes compete with the aggregator, so read the figures as a lower bound
 of what a dedicated aggregator host does.
@@ -107,6 +109,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _thread_cpu(ps: Any) -> dict[str, float]:
+    """CPU seconds of the process's threads by kind: "main" (the event loop), then each OS thread
+    name (Python's own threads are all "python3"; gRPC names its "event_engine", ...)."""
+    out: dict[str, float] = {}
+    for t in ps.threads():
+        try:
+            name = Path(f"/proc/{ps.pid}/task/{t.id}/comm").read_text().strip()
+        except OSError:  # not Linux, or the thread has just ended
+            name = "thread"
+        key = "main" if t.id == ps.pid else name
+        out[key] = out.get(key, 0.0) + t.user_time + t.system_time
+    return out
+
+
 def _get(url: str, timeout: float = 30.0) -> tuple[bytes, float]:
     t0 = time.perf_counter()
     with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -166,7 +182,7 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
         def stats() -> dict[str, Any]:
             return dict(json.loads(_get(f"{base}/api/stats")[0]))
 
-        s0, c0, t0 = stats(), ps.cpu_times(), time.perf_counter()
+        s0, c0, t0, th0 = stats(), ps.cpu_times(), time.perf_counter(), _thread_cpu(ps)
         sent: dict[float, float] = {}
         lat: list[float] = []
         scrapes: list[tuple[float, int]] = []
@@ -181,7 +197,7 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
             if v is not None and round(v, 3) in sent:
                 lat.append(time.time() - sent.pop(round(v, 3)))
             time.sleep(0.2)
-        s1, c1, t1 = stats(), ps.cpu_times(), time.perf_counter()
+        s1, c1, t1, th1 = stats(), ps.cpu_times(), time.perf_counter(), _thread_cpu(ps)
         rss = ps.memory_info().rss
         wall = t1 - t0
         tr = s1.get("transport") or {}
@@ -201,6 +217,8 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
             "aggregator_cpu_cores": ((c1.user + c1.system) - (c0.user + c0.system)) / wall,
             "aggregator_rss_bytes": rss,
             "aggregator_gc_cores": (gc1 - gc0) / 1000 / wall if gc0 is not None and gc1 is not None else None,
+            "aggregator_thread_cpu_cores": {k: round(max(0.0, v - th0.get(k, 0.0)) / wall, 4)
+                                            for k, v in sorted(th1.items())},
             "metrics_scrape_s": statistics.median(x[0] for x in scrapes) if scrapes else None,
             "metrics_scrape_max_s": max(x[0] for x in scrapes) if scrapes else None,
             "metrics_bytes": int(statistics.median(x[1] for x in scrapes)) if scrapes else None,

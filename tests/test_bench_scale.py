@@ -25,6 +25,11 @@ def test_bench_scale_reports_every_key_with_every_agent_connected() -> None:
     assert res["agents"] == 12 and res["agents_connected"] == 12
     assert res["samples_per_s"] > 0 and res["aggregator_rss_bytes"] > 0
     assert res["latency_p99_s"] is not None  # the probe's step time reached /metrics
+    # The aggregator process times its collector, and its CPU splits by thread (the event loop first).
+    assert res["aggregator_gc_cores"] is not None and res["aggregator_gc_cores"] >= 0
+    threads = res["aggregator_thread_cpu_cores"]
+    assert "main" in threads and all(v >= 0 for v in threads.values())
+    assert sum(threads.values()) <= res["aggregator_cpu_cores"] + 0.05  # the same CPU, sliced
 
 
 def test_bench_scale_refuses_nonsense() -> None:
