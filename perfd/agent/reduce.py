@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from perfd.model import Sample, label_set
+from perfd.model import LabelSet, Sample, label_set
 
-_Key = tuple[str, tuple[tuple[str, str], ...]]
+_Key = tuple[str, LabelSet]
 
 
 class SampleReducer:

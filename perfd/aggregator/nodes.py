@@ -30,10 +30,9 @@ from perfd.analytics.bottleneck import GpmReading
 from perfd.catalog import GPU_THROTTLE_ACTIVE
 from perfd.events import GPU_PODS, GPU_PROCESSES, payload_of
 from perfd.model import LabelSet
-from perfd.transport.codec import F64, I64, U32
+from perfd.transport.codec import F64, I64, U32, SeriesKey
 
 GpuKey = tuple[str, str]  # (node, gpu index)
-SeriesKey = tuple[str, LabelSet]  # (name, labels) within one agent
 # catalog name -> GpmReading field
 _GPM_FIELDS = {"perfd_gpu_sm_util_ratio": "sm_util", "perfd_gpu_sm_occupancy_ratio": "sm_occupancy",
                "perfd_gpu_tensor_util_ratio": "tensor_util", "perfd_gpu_dram_bw_util_ratio": "dram_bw_util",

@@ -24,7 +24,7 @@ from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.eventlog import EventLog
 from perfd.aggregator.incidents import IncidentTracker
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS, JobState, JobStore, job_level_steps
-from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView, SeriesKey
+from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.analytics.attribution import gpu_hints, place_ranks
 from perfd.analytics.bottleneck import GpmReading
@@ -35,6 +35,7 @@ from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_a
 from perfd.analytics.megatron_job import RunAnalysis
 from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_DATA
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
+from perfd.transport.codec import SeriesKey
 
 log = logging.getLogger(__name__)
 
