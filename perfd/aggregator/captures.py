@@ -64,6 +64,7 @@ class CaptureRecord:
     recommendations: list[dict[str, Any]] = field(default_factory=list)
     bottleneck: str | None = None  # the class the captured timeline supports
     bottleneck_reason: str | None = None
+    slowdown: dict[str, float] = field(default_factory=dict)  # rank -> kernels' slowdown vs steady
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -302,7 +303,8 @@ class CaptureCoordinator:
                 rec.started_at = at
             elif rec.status in ("finished", "failed"):
                 rec.finished_at = at
-                rec.started_at = rec.started_at or at
+                if rec.status == "finished":  # a capture that failed before it started ran at no time
+                    rec.started_at = rec.started_at or at
             if ev.get("payload") is not None:
                 rec.result = ev.get("payload")
                 if rec.status == "finished":
@@ -332,6 +334,8 @@ class CaptureCoordinator:
             recs += [dataclasses.asdict(x) for x in d.recommendations]
             if d.bottleneck != "unknown":
                 classes.append((d.bottleneck, d.bottleneck_reason))
+            if d.slowdown:
+                rec.slowdown[str(rank)] = max(d.slowdown.values())
         rec.findings, rec.recommendations = findings, recs
         if classes:
             rec.bottleneck, rec.bottleneck_reason = classes[0]

@@ -15,7 +15,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from perfd.analytics.incidents import MAX_INCIDENTS, Incident, cause_text
+from perfd.analytics.attribution import xid_evidence
+from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, decide, merge
+from perfd.analytics.incidents import MAX_INCIDENTS, Incident, render_cause
 from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
 
 Emit = Callable[[list[dict[str, Any]]], None]
@@ -34,7 +36,10 @@ class IncidentTracker:
 
     def update(self, job: str, found: Sequence[Incident], snapshot: Snapshot,
                captures: Sequence[Mapping[str, Any]], now: float) -> None:
-        """Merge the incidents an analysis found into the job's record of them."""
+        """Merge the incidents an analysis found into the job's record of them. While an incident is
+        open, every update adds what the involved ranks' GPUs show now to the evidence it has seen
+        (typed, with first/last sighting and worst value); the verdict is decided over all of it, so
+        a cause seen while it ran is not lost when the GPU looks different at its close."""
         events: list[dict[str, Any]] = []
         with self._lock:
             kept = self._jobs.setdefault(job, {})
@@ -43,15 +48,32 @@ class IncidentTracker:
                 prev = kept.get(key) if key else None
                 if prev is not None and not prev["open"] and not inc.open:
                     continue  # closed and already recorded with its evidence of the time
-                gpu: dict[str, Any] = dict(prev["evidence"].get("gpu", {})) if prev else {}
+                pev = prev["evidence"] if prev else {}
+                gpu: dict[str, Any] = dict(pev.get("gpu", {}))
+                live = [e for d in pev.get("gpu_observed", []) if (e := Evidence.from_json(d)) is not None]
+                xid_base: dict[str, float] = dict(pev.get("xid_at_open", {}))
                 if inc.open or prev is None:
-                    fresh = snapshot(inc)  # the evidence as it is now, while it happens
-                    gpu.update(fresh)
-                hint = _hint_text(gpu, inc.ranks)
+                    for r, snap in snapshot(inc).items():  # the evidence as it is now, while it happens
+                        items = [e for d in snap.get("items", []) if (e := Evidence.from_json(d)) is not None]
+                        vals = snap.get("gpu_values") or {}
+                        count = vals.get("perfd_gpu_xid_errors_total")
+                        if isinstance(count, (int, float)):
+                            xid_base.setdefault(r, float(count))
+                            x = xid_evidence(int(r), xid_base[r], float(count),
+                                             vals.get("perfd_gpu_xid_last"), snap.get("taken_at"))
+                            items += [x] if x is not None else []
+                        live = merge(live, items)
+                        if _worth_keeping(snap, items, gpu.get(r)):
+                            gpu[r] = {**snap, "items": [e.to_json() for e in items]}
+                caps = _overlapping(captures, inc, now)
+                verdict = decide([*live, *inc.observed(), *_capture_evidence(caps)], inc.ranks,
+                                 _missing(inc, gpu))
                 doc = inc.to_json()
-                doc["cause"] = cause_text(inc, hint)
-                doc["evidence"] = {**doc["evidence"], "gpu": gpu}
-                doc["captures"] = _overlapping(captures, inc, now)
+                doc["verdict"] = verdict.to_json()
+                doc["cause"] = render_cause(inc, verdict)
+                doc["evidence"] = {**doc["evidence"], "gpu": gpu, "gpu_observed": [e.to_json() for e in live],
+                                   "xid_at_open": xid_base}
+                doc["captures"] = caps
                 doc["first_seen"] = prev["first_seen"] if prev else now
                 doc["updated_at"] = now
                 if prev is None:
@@ -117,14 +139,38 @@ class IncidentTracker:
             return rows
 
 
-def _hint_text(gpu: Mapping[str, Any], ranks: Sequence[int]) -> str | None:
-    """The GPU observations of the first named rank that has any (else of any rank that has)."""
-    order = [str(r) for r in ranks] + [k for k in gpu if k not in {str(r) for r in ranks}]
-    for r in order:
-        obs = [o for o in (gpu.get(r) or {}).get("observations", []) if "looks like the others" not in o]
-        if obs:
-            return f"rank {r}'s GPU: " + "; ".join(obs)
-    return None
+def _tier(items: Sequence[Evidence]) -> int:
+    return min((int(e.spec.tier) for e in items), default=99)
+
+
+def _worth_keeping(snap: Mapping[str, Any], items: Sequence[Evidence], old: Mapping[str, Any] | None) -> bool:
+    """Keep a rank's newest snapshot unless the kept one shows a cause higher in the causal order
+    (the GPU as it was while the co-tenant ran, not after it left)."""
+    if old is None:
+        return True
+    old_items = [e for d in old.get("items", []) if (e := Evidence.from_json(d)) is not None]
+    return _tier(items) <= _tier(old_items)
+
+
+def _missing(inc: Incident, gpu: Mapping[str, Any]) -> list[Missing]:
+    out = [] if inc.ranks or inc.single_rank else [Missing.PER_RANK_TIMERS]
+    placed = [s for s in gpu.values() if s.get("placed", True) and s.get("gpu") is not None]
+    if not placed:
+        out.append(Missing.RANK_PLACEMENT if gpu else Missing.GPU_STATE)
+    return out
+
+
+def _capture_evidence(caps: Sequence[Mapping[str, Any]]) -> list[Evidence]:
+    """A capture during the incident whose kernels ran slower than in steady state."""
+    out = []
+    for c in caps:
+        for rank, ratio in (c.get("slowdown") or {}).items():
+            if str(rank).isdigit() and isinstance(ratio, (int, float)):
+                t = c.get("started_at")
+                out.append(Evidence(EvidenceKind.CAPTURE_FINDING, int(rank), str(c.get("id")), float(ratio),
+                                    t, c.get("finished_at") or t, 1,
+                                    {"capture": c.get("id"), "tool": c.get("tool")}))
+    return out
 
 
 def _overlapping(captures: Sequence[Mapping[str, Any]], inc: Incident, now: float) -> list[dict[str, Any]]:
@@ -134,10 +180,11 @@ def _overlapping(captures: Sequence[Mapping[str, Any]], inc: Incident, now: floa
     end = inc.end_time if inc.end_time is not None and not inc.open else now
     out = []
     for c in captures:
-        t = c.get("started_at") or c.get("requested_at")
+        t = c.get("started_at")  # a capture that never started ran during nothing
         if isinstance(t, (int, float)) and inc.start_time - 1.0 <= t <= end + 1.0:
             out.append({k: c.get(k) for k in ("id", "tool", "ranks", "status", "origin", "requested_at",
-                                              "started_at", "finished_at", "findings", "bottleneck")})
+                                              "started_at", "finished_at", "findings", "bottleneck",
+                                              "slowdown")})
     return out
 
 

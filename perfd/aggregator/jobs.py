@@ -69,6 +69,7 @@ class JobState:
     gpu_name: str | None = None  # from the NVML samples of the job's agents ("model" label)
     analysis: RunAnalysis | None = None
     analysis_time: float = 0.0
+    class_key: tuple[Any, ...] = ()  # what the last analysis's class read (GPM, capture, GPM window)
     dirty: bool = False
     last_step_time: float = 0.0  # wall time the last step record arrived
     step_hist: StepHistogram = field(default_factory=StepHistogram)
@@ -114,8 +115,8 @@ class JobStore:
         self.capture_windows: Callable[[str], list[tuple[float, float]]] = lambda job: []
         # job -> what the other views know for its bottleneck class: GPM of its GPUs, and the class
         # its latest capture's timeline supports.
-        self.class_inputs: Callable[[str], tuple[GpmReading | None, TimelineClass | None]] = \
-            lambda job: (None, None)
+        self.class_inputs: Callable[[str], tuple[GpmReading | None, TimelineClass | None, str]] = \
+            lambda job: (None, None, "")
 
     def _job(self, name: str) -> JobState:
         js = self.jobs.get(name)
@@ -188,12 +189,15 @@ class JobStore:
     def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:
         """The job's analysis, recomputed if new data arrived (rate-limited)."""
         windows = self.capture_windows(job)  # outside the lock: it asks the capture coordinator
-        gpm, timeline = self.class_inputs(job)
+        gpm, timeline, gpm_when = self.class_inputs(job)
         with self._lock:
             js = self.jobs.get(job)
             if js is None:
                 return None
-            stale = js.dirty and (force or time.time() - js.analysis_time >= self.min_recompute_s)
+            # New records, or what the class reads changed (a capture finished, the job stopped
+            # stepping and its last steady window's GPM now stands for it).
+            changed = js.dirty or js.class_key != (gpm, timeline, gpm_when)
+            stale = changed and (force or time.time() - js.analysis_time >= self.min_recompute_s)
             if js.analysis is not None and not stale:
                 return js.analysis
             info = js.job_info or JobInfo()
@@ -204,7 +208,8 @@ class JobStore:
             with js.analysis_lock:  # the memo and the caches belong to one analysis at a time
                 records = mark_disturbed(job_level_steps(raw, js.folded), windows, js.disturbed)
                 result = analyze_run(info, records, gpu_name=gpu, peak_tflops=self.peak_tflops,
-                                     job_name=job, gpm=gpm, timeline=timeline, memo=js.memo)
+                                     job_name=job, gpm=gpm, timeline=timeline, memo=js.memo,
+                                     gpm_when=gpm_when)
         except Exception:
             with self._lock:
                 self.stats.analysis_errors += 1
@@ -212,6 +217,7 @@ class JobStore:
             raise
         with self._lock:
             js.analysis, js.analysis_time = result, time.time()
+            js.class_key = (gpm, timeline, gpm_when)
         return result
 
     def cached_analysis(self, job: str) -> RunAnalysis | None:

@@ -30,7 +30,7 @@ from perfd.analytics.attribution import gpu_hints, place_ranks
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
-from perfd.analytics.incidents import Incident, hang_incident
+from perfd.analytics.incidents import Incident, hang_incident, is_disturbance
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.analytics.megatron_job import RunAnalysis
 from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_DATA
@@ -40,6 +40,9 @@ from perfd.transport.codec import SeriesKey
 log = logging.getLogger(__name__)
 
 __all__ = ["AggregatorState", "GpuKey", "JobState", "NodeSeries", "job_level_steps"]
+
+GPM_LIVE = "GPM while the job stepped"
+GPM_LAST_STEADY = "GPM of the job's last steady window (the job is not stepping now)"
 
 # The GPU series an incident keeps as evidence of the time (besides gpu_hints' comparison).
 _SNAPSHOT_SERIES = frozenset({
@@ -73,6 +76,8 @@ class AggregatorState:
         self.serving = ServingStore()
         self.incidents = IncidentTracker(lambda evs: self.ingest_events("aggregator", evs))
         self._tracked: dict[str, RunAnalysis] = {}  # job -> the analysis incidents were taken from
+        # job -> GPM read while it stepped with no incident open: its class after it stops
+        self._steady_gpm: dict[str, GpmReading] = {}
         # Set by the capture coordinator: the job's capture records (JSON), for incidents and for
         # marking the iterations a capture disturbed.
         self.captures_of: Callable[[str], list[dict[str, Any]]] = lambda job: []
@@ -199,8 +204,9 @@ class AggregatorState:
         placed = place_ranks(procs)
         ranks = list(inc.ranks) or sorted(placed)
         out: dict[str, Any] = {}
-        for h in gpu_hints(ranks, placed, values, throttles, procs):
-            if not inc.ranks and any("looks like the others" in o for o in h.observations):
+        now = time.time()
+        for h in gpu_hints(ranks, placed, values, throttles, procs, now):
+            if not inc.ranks and not h.items:  # with no rank named, only GPUs that stand out
                 continue
             snap = h.to_json()
             vals: dict[str, float] = {}
@@ -209,15 +215,18 @@ class AggregatorState:
                 vals, reasons = values.get((h.node, h.gpu), {}), list(throttles.get((h.node, h.gpu), []))
             snap["gpu_values"] = {k: v for k, v in vals.items() if k in _SNAPSHOT_SERIES}
             snap["throttle_reasons"] = reasons
-            snap["taken_at"] = time.time()
+            snap["taken_at"] = now
             out[str(h.rank)] = snap
         return out
 
-    def _class_inputs(self, job: str) -> tuple[GpmReading | None, TimelineClass | None]:
-        """GPM of the job's GPUs while it runs, and the class its latest capture supports — a
-        capture taken during an incident shows the incident, not the job, and is left out."""
+    def _class_inputs(self, job: str) -> tuple[GpmReading | None, TimelineClass | None, str]:
+        """GPM of the job's GPUs while it steps (after it stops, the last reading taken while it
+        stepped with no incident open: its last steady window), the class its latest capture
+        supports, and which GPM window that is. A capture is left out only when it ran during a real
+        incident (it shows the incident, not the job); its own disturbance does not count."""
         timeline = None
-        spans = [(i.get("start_time"), i.get("end_time")) for i in self.incidents.incidents(job)]
+        spans = [(i.get("start_time"), i.get("end_time")) for i in self.incidents.incidents(job)
+                 if not is_disturbance(i)]
         for c in sorted(self.captures_of(job), key=lambda c: c.get("finished_at") or 0.0):
             t = c.get("started_at")
             during = isinstance(t, (int, float)) and any(
@@ -229,7 +238,12 @@ class AggregatorState:
         ov = self.jobs.overview(job)
         age = ov.get("last_step_age_s") if ov else None
         running = age is None or age <= stale_after(None, self.job_stale_after_s)
-        return (self.nodes.gpm(self.jobs.agents_of(job)) if running else None), timeline
+        if running:
+            gpm = self.nodes.gpm(self.jobs.agents_of(job))
+            if gpm is not None and not self.incidents.open_incidents(job):
+                self._steady_gpm[job] = gpm
+            return gpm, timeline, GPM_LIVE
+        return self._steady_gpm.get(job), timeline, GPM_LAST_STEADY
 
     def _capture_windows(self, job: str) -> list[tuple[float, float]]:
         """(start, end) of the job's captures: the iterations they touch are disturbed."""

@@ -12,11 +12,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd.analytics import thresholds as th
+from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, causal_key
+from perfd.analytics.verdict_text import missing_text, sentence
+
 GpuKey = tuple[str, str]  # (node, gpu index)
 
-# Throttle reasons that slow a GPU down (gpu_idle and applications_clocks are not slowdowns).
+# Throttle reasons that slow a GPU down (gpu_idle and applications_clocks are not slowdowns), and
+# those of them the hardware asserts (a fault or an emergency brake, above any software limit).
 SLOWING_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake",
                    "sync_boost")
+HARDWARE_REASONS = ("hw_slowdown", "hw_thermal", "hw_power_brake")
+CLOCK_DROP_RATIO = th.CLOCK_DROP_RATIO.value
+HOT_DELTA_C = th.HOT_DELTA_C.value
 
 
 @dataclass
@@ -31,15 +39,29 @@ class RankPlacement:
 
 @dataclass
 class GpuHint:
+    """What a rank's GPU shows against the job's other GPUs: typed evidence (``items``), and the
+    numbers read (``evidence``). ``observations`` are the items' sentences, for display only."""
+
     rank: int
     node: str | None
     gpu: str | None
-    observations: list[str] = field(default_factory=list)
+    items: list[Evidence] = field(default_factory=list)
     evidence: dict[str, Any] = field(default_factory=dict)
+    placed: bool = True
+
+    @property
+    def observations(self) -> list[str]:
+        if not self.placed:
+            return [missing_text(Missing.RANK_PLACEMENT)]
+        if not self.items:
+            return ["its GPU looks like the others (clock, throttling, temperature, no other process): look "
+                    "at its data loading or host instead"]
+        return [sentence(e) for e in self.items]
 
     def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "node": self.node, "gpu": self.gpu,
-                "observations": list(self.observations), "evidence": dict(self.evidence)}
+        return {"rank": self.rank, "node": self.node, "gpu": self.gpu, "placed": self.placed,
+                "observations": self.observations, "evidence": dict(self.evidence),
+                "items": [e.to_json() for e in self.items]}
 
 
 def place_ranks(processes: Mapping[GpuKey, Sequence[Mapping[str, Any]]],
@@ -75,9 +97,11 @@ def _median(values: Iterable[float | None]) -> float | None:
 def gpu_hints(candidates: Sequence[int], placements: Mapping[int, RankPlacement],
               gpu_values: Mapping[GpuKey, Mapping[str, float]],
               throttles: Mapping[GpuKey, Sequence[str]],
-              processes: Mapping[GpuKey, Sequence[Mapping[str, Any]]]) -> list[GpuHint]:
+              processes: Mapping[GpuKey, Sequence[Mapping[str, Any]]],
+              now: float | None = None) -> list[GpuHint]:
     """For each candidate (a straggler or slow rank), what its GPU shows against the job's other
-    GPUs: lower SM clock, an active slowing throttle reason, higher temperature, another process."""
+    GPUs, as typed evidence seen at ``now``: another process, throttle reasons (hardware slowdown,
+    thermal, power cap), a temperature well above the others, a lower SM clock."""
     job_gpus = {(p.node, p.gpu) for p in placements.values()}
     job_pids = [p.pid for p in placements.values()]
     med_clock = _median(gpu_values.get(k, {}).get("perfd_gpu_sm_clock_hertz") for k in job_gpus)
@@ -86,36 +110,52 @@ def gpu_hints(candidates: Sequence[int], placements: Mapping[int, RankPlacement]
     for rank in candidates:
         pl = placements.get(rank)
         if pl is None:
-            hints.append(GpuHint(rank, None, None, [
-                f"rank {rank}'s GPU is unknown: no process on the job's nodes declares RANK={rank} "
-                "(the agent needs the host pid namespace to read it)"]))
+            hints.append(GpuHint(rank, None, None, placed=False))
             continue
         key = (pl.node, pl.gpu)
         vals = gpu_values.get(key, {})
         h = GpuHint(rank, pl.node, pl.gpu, evidence={"pid": pl.pid, **{
             k: vals[k] for k in ("perfd_gpu_sm_clock_hertz", "perfd_gpu_power_watts",
-                                 "perfd_gpu_temperature_celsius", "perfd_gpu_utilization_ratio")
-            if k in vals}})
-        clock = vals.get("perfd_gpu_sm_clock_hertz")
-        if clock is not None and med_clock and clock < 0.95 * med_clock:
-            h.observations.append(f"SM clock {clock / 1e6:.0f} MHz, {100 * (1 - clock / med_clock):.0f}% "
-                                  f"below the job's median {med_clock / 1e6:.0f} MHz")
-        slowing = [r for r in throttles.get(key, ()) if r in SLOWING_REASONS]
-        if slowing:
-            h.observations.append("clocks throttled: " + ", ".join(slowing))
-            h.evidence["throttle_reasons"] = slowing
+                                 "perfd_gpu_power_limit_watts", "perfd_gpu_temperature_celsius",
+                                 "perfd_gpu_utilization_ratio") if k in vals}})
+
+        def add(kind: EvidenceKind, worst: float | None, key_: str = "", **detail: Any) -> None:
+            h.items.append(Evidence(kind, h.rank, key_, worst, now, now, 1,  # noqa: B023 (called at once)
+                                    {"node": h.node, "gpu": h.gpu, **detail}))  # noqa: B023
+
+        for p in foreign_processes(pl, processes.get(key, ()), job_pids):
+            mem = p.get("used_memory_bytes")
+            add(EvidenceKind.FOREIGN_PROCESS, float(mem) if isinstance(mem, (int, float)) else None,
+                str(p.get("pid")), **{k: p.get(k) for k in ("pid", "cmdline", "name", "user",
+                                                             "used_memory_bytes") if p.get(k) is not None})
+        reasons = [r for r in throttles.get(key, ()) if r in SLOWING_REASONS]
+        if reasons:
+            h.evidence["throttle_reasons"] = reasons
+        hw = [r for r in reasons if r in HARDWARE_REASONS]
+        if hw:
+            add(EvidenceKind.HW_SLOWDOWN, float(len(hw)), ",".join(hw), reasons=hw)
         temp = vals.get("perfd_gpu_temperature_celsius")
-        if temp is not None and med_temp is not None and temp >= med_temp + 10:
-            h.observations.append(f"temperature {temp:.0f} C against the job's median {med_temp:.0f} C")
-        others = foreign_processes(pl, processes.get(key, ()), job_pids)
-        if others:
-            names = ", ".join(
-                f"pid {p.get('pid')} ({p.get('cmdline') or p.get('name') or 'name not visible'})"
-                for p in others[:3])
-            h.observations.append(f"shares its GPU with {len(others)} other process(es): {names}")
-            h.evidence["foreign_processes"] = [dict(p) for p in others]
-        if not h.observations:
-            h.observations.append("its GPU looks like the others (clock, throttling, temperature, no "
-                                  "other process): look at its data loading or host instead")
+        hot = (temp is not None and med_temp is not None and len(job_gpus) > 1
+               and temp >= med_temp + HOT_DELTA_C)
+        if "sw_thermal" in reasons or hot:
+            add(EvidenceKind.THERMAL, temp, reasons=[r for r in reasons if r == "sw_thermal"],
+                median_celsius=med_temp if len(job_gpus) > 1 else None)
+        if "sw_power_cap" in reasons:
+            add(EvidenceKind.POWER_CAP, vals.get("perfd_gpu_power_watts"),
+                power_limit_watts=vals.get("perfd_gpu_power_limit_watts"))
+        clock = vals.get("perfd_gpu_sm_clock_hertz")
+        if clock is not None and med_clock and len(job_gpus) > 1 and clock < CLOCK_DROP_RATIO * med_clock:
+            add(EvidenceKind.CLOCK_DROP, clock, median_hertz=med_clock)
+        h.items.sort(key=causal_key)
         hints.append(h)
     return hints
+
+
+def xid_evidence(rank: int, before: float | None, now_count: float | None, xid_last: float | None,
+                 now: float | None) -> Evidence | None:
+    """An XID error on a rank's GPU *during* an incident: its count rose since ``before`` (an old
+    XID from before the incident is history, not this incident's cause)."""
+    if before is None or now_count is None or now_count <= before:
+        return None
+    return Evidence(EvidenceKind.XID, rank, "xid", xid_last, now, now, 1,
+                    {"xid_errors": now_count - before, "xid_last": xid_last})

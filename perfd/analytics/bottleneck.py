@@ -9,6 +9,7 @@ collector's readings can feed it directly. Otherwise the class is "unknown", wit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from perfd.analytics import thresholds as th
 
@@ -56,6 +57,14 @@ class Bottleneck:
     reason: str
     evidence: dict[str, float] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)  # evidence key -> where it comes from
+    votes: tuple[Any, ...] = ()  # perfd.analytics.diagnosis.Vote: each source's class and numbers
+    winner: str | None = None  # the source whose vote decided
+    why: str = ""  # why that source decided
+
+    def evidence_json(self) -> dict[str, Any]:
+        """``bottleneck_evidence`` of a summary: each source's vote, the winner and why."""
+        return {"votes": [v.to_json() for v in self.votes], "winner": self.winner, "why": self.why,
+                "numbers": dict(self.evidence)}
 
 
 def classify_gpm(

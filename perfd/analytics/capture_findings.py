@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics import kernels as kc
+from perfd.analytics import thresholds as th
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
 from perfd.analytics.findings import Finding, Recommendation
 from perfd.model import StepRecord
@@ -27,6 +28,8 @@ IDLE_HIGH = 0.2  # idle ÷ span: the GPU waits for the host
 TINY_KERNEL_US = 10.0  # median kernel shorter than this with idle gaps: launch-bound
 EXPOSED_COMM_HIGH = 0.2  # exposed NCCL ÷ span
 SLOWER_THAN_STEADY = 1.3  # kernel time per captured iteration ÷ the job's steady compute
+SHORT_GAPS_DOMINATE = th.SHORT_GAPS_DOMINATE.value
+SHORT_GAP_US = th.SHORT_GAP_S.value * 1e6
 
 
 @dataclass
@@ -35,13 +38,17 @@ class CaptureDiagnosis:
     recommendations: list[Recommendation] = field(default_factory=list)
     bottleneck: str = "unknown"
     bottleneck_reason: str = "no device in the capture"
+    # device -> compute kernel time per captured iteration ÷ the job's steady compute, where that is
+    # at least SLOWER_THAN_STEADY (typed: an incident's evidence reads this, not the finding's text)
+    slowdown: dict[int, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
 
         return {"findings": [asdict(f) for f in self.findings],
                 "recommendations": [asdict(r) for r in self.recommendations],
-                "bottleneck": self.bottleneck, "bottleneck_reason": self.bottleneck_reason}
+                "bottleneck": self.bottleneck, "bottleneck_reason": self.bottleneck_reason,
+                "slowdown": {str(k): v for k, v in self.slowdown.items()}}
 
 
 COMPUTE_TIMERS = (FORWARD_COMPUTE, BACKWARD_COMPUTE)  # Megatron timers: the rank's model compute
@@ -156,29 +163,40 @@ def diagnose_capture(devices: Sequence[Mapping[str, Any]], *, label: str = "capt
             classes.append((pointwise * busy / span, "memory-bound",
                             f"elementwise/normalisation {pointwise:.0%} of kernel time on device {d}"))
         if span and idle / span >= IDLE_HIGH:
+            short = _num(dev, "idle_short_ms")
+            gaps = _num(dev, "idle_gaps")
             tiny = median_us is not None and median_us < TINY_KERNEL_US
+            many_short = short is not None and idle > 0 and short / idle >= SHORT_GAPS_DOMINATE
             fid = f"capture-idle-{d}"
-            if tiny:
+            gap_text = (f"; {short / idle:.0%} of the idle is in {gaps:.0f} gaps shorter than "
+                        f"{SHORT_GAP_US / 1e3:.0f} ms" if short is not None and gaps and idle > 0 else "")
+            if tiny or many_short:
+                why = (f"the median kernel lasts {median_us:.1f} µs" if tiny else
+                       "the GPU waits a little before almost every kernel")
                 out.findings.append(Finding(
-                    fid, "warning", f"Device {d}: launch-bound (tiny kernels with idle gaps)",
-                    f"The GPU is idle {idle / span:.0%} of the captured window and the median kernel lasts "
-                    f"{median_us:.1f} µs: the host cannot launch kernels as fast as the GPU runs them.",
-                    {**ev, "kernel_median_us": median_us}, label, "capture timeline"))
+                    fid, "warning", f"Device {d}: launch-bound (idle in many short gaps between kernels)",
+                    f"The GPU is idle {idle / span:.0%} of the captured window (every GPU activity "
+                    f"counted as busy: kernels, copies, sets){gap_text}; {why}: the host cannot issue "
+                    "work as fast as the GPU runs it.",
+                    {**ev, "kernel_median_us": median_us, "idle_short_ms": short, "idle_gaps": gaps}, label,
+                    "capture timeline"))
                 out.recommendations.append(Recommendation(
                     "", fid, 0, "Cut launch overhead: CUDA graphs (--enable-cuda-graph / "
-                    "torch.cuda.graphs), kernel fusion, larger micro-batches", "", idle / span))
-                classes.append((idle / span, "launch-overhead", f"idle {idle / span:.0%} with "
-                                                                f"{median_us:.1f} µs median kernels"))
+                    "torch.cuda.graphs), kernel fusion (Transformer Engine, torch.compile), larger "
+                    "micro-batches", "", idle / span))
+                classes.append((idle / span, "launch-overhead", f"idle {idle / span:.0%} in short gaps" + (
+                    f" with {median_us:.1f} µs median kernels" if median_us is not None else "")))
             else:
                 out.findings.append(Finding(
                     fid, "warning", f"Device {d}: idle {idle / span:.0%} of the captured window",
-                    f"No kernel ran for {idle:.0f} ms of {span:.0f} ms: the GPU waited on the host (data "
-                    "loading, host-device synchronisation such as .item() or prints, Python overhead).",
-                    ev, label, "capture timeline"))
+                    f"No GPU activity for {idle:.0f} ms of {span:.0f} ms{gap_text}: the GPU waited on the "
+                    "host (data loading, host-device synchronisation such as .item() or prints, Python "
+                    "overhead).",
+                    {**ev, "idle_short_ms": short, "idle_gaps": gaps}, label, "capture timeline"))
                 out.recommendations.append(Recommendation(
                     "", fid, 0, "Find the host gaps: data-loader workers / pinned memory / prefetch; remove "
                     "synchronising calls (.item(), prints, .cpu()) from the training loop", "", idle / span))
-                classes.append((idle / span, "sync-bound", f"idle {idle / span:.0%} between kernels"))
+                classes.append((idle / span, "sync-bound", f"idle {idle / span:.0%} in long gaps"))
         if span and exposed / span >= EXPOSED_COMM_HIGH:
             fid = f"capture-comm-exposed-{d}"
             out.findings.append(Finding(
@@ -196,6 +214,7 @@ def diagnose_capture(devices: Sequence[Mapping[str, Any]], *, label: str = "capt
             per_it = compute / iterations
             ratio = per_it / steady_compute_ms
             if ratio >= SLOWER_THAN_STEADY:
+                out.slowdown[d] = ratio
                 fid = f"capture-slower-than-steady-{d}"
                 out.findings.append(Finding(
                     fid, "warning", f"Device {d}: kernels ran {ratio:.1f}× slower than in steady state",

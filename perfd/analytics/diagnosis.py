@@ -1,28 +1,43 @@
-"""The job's bottleneck class from every source present (DESIGN.md §2 "Bottleneck class").
+"""The job's bottleneck class from every source present, each with its vote (DESIGN.md §2
+"Bottleneck class").
 
-The ladder, most direct evidence first:
+Three sources vote, each with its class and numbers (:class:`Vote`):
 
-1. timer shares of the step (perfd.analytics.bottleneck.classify): data loading, gradient sync,
-   pipeline idle, exposed communication beyond their thresholds;
-2. the latest capture's timeline (perfd.analytics.capture_findings): what the kernels were;
-3. GPM counters of the job's GPUs (tensor / SM / DRAM utilisation);
-4. the timers alone: when data, communication and pipeline idle leave compute filling the step,
-   the class is compute-bound, and with a low MFU the reason says so — the kernels themselves run
-   below peak (kernel efficiency), and what a capture shows or would show.
+- **timers** split the step into data loading, exposed communication, pipeline idle and compute
+  (perfd.analytics.bottleneck.classify). A share beyond its threshold is where the step's time
+  goes, measured inside the step: it decides. Otherwise, when compute fills the step, the timers
+  vote compute-bound, the least they can say (they cannot see inside the kernels).
+- **capture**: the latest capture's timeline (perfd.analytics.capture_findings) saw every kernel of a
+  few steps: tiny kernels with idle gaps (launch-overhead), idle without them (sync-bound), pointwise
+  kernels (memory-bound), GEMMs filling the GPU (compute-bound), SendRecv waits (pipeline-bound).
+- **GPM** of the job's GPUs, taken only while the job steps (after it ends, its last steady window):
+  tensor cores busy (compute-bound), DRAM busy with tensor idle (memory-bound), SMs idle while
+  compute fills the step (launch-overhead: the host cannot feed the GPU), SMs busy without either
+  (compute-bound, kernel efficiency).
 
-"unknown" only when none of them can decide, naming what is missing. Every class carries its
-evidence, each number with its source. Pure.
+The winner: a timer share beyond its threshold, else the capture (the most direct view of the
+compute), else GPM, else the timers' compute-bound. ``unknown`` only when no source can decide,
+naming what is missing. The summary carries every vote and why the winner won. Pure.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, field
+from typing import Any
 
 from perfd.analytics import bottleneck as bn
+from perfd.analytics import thresholds as th
 
-COMPUTE_FILLS_STEP = 0.8  # 1 − data − exposed comm − pipeline idle: compute fills the step
-LOW_MFU = 0.4  # below the "good" grade: the kernels run far below peak
-GPM_TENSOR_LOW = 0.3  # tensor cores mostly idle while the SMs work: not GEMM-bound work
+COMPUTE_FILLS_STEP = th.COMPUTE_FILLS_STEP.value
+LOW_MFU = th.LOW_MFU.value
+GPM_TENSOR_LOW = th.GPM_TENSOR_LOW.value
+
+
+class ClassSource(str, enum.Enum):
+    TIMERS = "timers"
+    CAPTURE = "capture"
+    GPM = "gpm"
 
 
 @dataclass(frozen=True)
@@ -34,53 +49,182 @@ class TimelineClass:
     source: str  # e.g. "capture c2026... (kineto, rank 1)"
 
 
-def classify_job(data_share: float | None, comm_exposed: float | None, comm_grad_sync: float | None,
-                 pp: int | None, pp_idle_max: float | None, pp_bubble_analytic: float | None,
-                 mfu: float | None = None, gpm: bn.GpmReading | None = None,
-                 timeline: TimelineClass | None = None) -> bn.Bottleneck:
-    timers = bn.classify(data_share, comm_exposed, comm_grad_sync, pp, pp_idle_max, pp_bubble_analytic)
-    ev = dict(timers.evidence)
-    src = {k: "megatron timers (perfd.analytics.metrics)" for k in ev}
-    if timers.cls != "unknown":
-        return bn.Bottleneck(timers.cls, timers.reason + " [timers]", ev, src)
-    g = None
-    if gpm is not None:  # its numbers are evidence whichever source decides
-        g = bn.classify_gpm(gpm.sm_util, gpm.sm_occupancy, gpm.tensor_util, gpm.dram_bw_util, gpm.nvml_util)
-        ev.update(g.evidence)
-        src.update({k: "collectors/nvml GPM of the job's GPUs (mean)" for k in g.evidence})
+@dataclass(frozen=True)
+class StepShares:
+    """What the timers say of a step (ratios in [0, 1]; None = not measured)."""
+
+    data_share: float | None = None
+    comm_exposed: float | None = None
+    comm_grad_sync: float | None = None
+    pp: int | None = None
+    pp_idle_max: float | None = None
+    pp_bubble_analytic: float | None = None
+    mfu: float | None = None
+
+    def compute_share(self) -> float | None:
+        """1 − data − exposed comm − pipeline idle, when the timers give each part."""
+        pipe = self.pp_idle_max if self.pp and self.pp > 1 else 0.0
+        if self.data_share is None or self.comm_exposed is None or pipe is None:
+            return None
+        return 1.0 - self.data_share - self.comm_exposed - pipe
+
+
+@dataclass(frozen=True)
+class Vote:
+    source: ClassSource
+    cls: str
+    reason: str
+    numbers: dict[str, float] = field(default_factory=dict)
+    detail: str = ""  # where the source's data came from (a capture id, "GPM while stepping", ...)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source.value,
+            "class": self.cls,
+            "reason": self.reason,
+            "numbers": dict(self.numbers),
+            "detail": self.detail,
+        }
+
+
+_TIMERS_SRC = "step timers (perfd.analytics.metrics)"
+_GPM_SRC = "collectors/nvml GPM of the job's GPUs (mean)"
+
+
+def _timers_vote(s: StepShares) -> tuple[Vote | None, bool, dict[str, float]]:
+    """(the timers' vote, whether a share beyond its threshold decided it, the numbers)."""
+    t = bn.classify(s.data_share, s.comm_exposed, s.comm_grad_sync, s.pp, s.pp_idle_max, s.pp_bubble_analytic)
+    nums = dict(t.evidence)
+    if t.cls != "unknown":
+        return Vote(ClassSource.TIMERS, t.cls, t.reason, nums, _TIMERS_SRC), True, nums
+    compute = s.compute_share()
+    if compute is None:
+        return None, False, nums
+    nums["compute_share"] = compute
+    pipe = f", pipeline idle {s.pp_idle_max:.1%}" if s.pp and s.pp > 1 and s.pp_idle_max is not None else ""
+    why = (
+        f"compute fills {compute:.0%} of the step (data {s.data_share or 0.0:.1%}, exposed comm "
+        f"{s.comm_exposed or 0.0:.1%}{pipe})"
+    )
+    if compute < COMPUTE_FILLS_STEP:
+        return (
+            Vote(
+                ClassSource.TIMERS,
+                "unknown",
+                why + f" — under {COMPUTE_FILLS_STEP:.0%}, no part dominates",
+                nums,
+                _TIMERS_SRC,
+            ),
+            False,
+            nums,
+        )
+    if s.mfu is not None and s.mfu < LOW_MFU:
+        nums["mfu"] = s.mfu
+        why += (
+            f" yet MFU is {s.mfu:.0%}: kernel efficiency — the kernels run far below peak (the timers "
+            "cannot say which kernels: a capture's kernel categories can)"
+        )
+    return Vote(ClassSource.TIMERS, "compute-bound", why, nums, _TIMERS_SRC), False, nums
+
+
+def _gpm_vote(g: bn.GpmReading, compute_fills: bool, when: str) -> Vote:
+    c = bn.classify_gpm(g.sm_util, g.sm_occupancy, g.tensor_util, g.dram_bw_util, g.nvml_util)
+    nums = dict(c.evidence)
+    sm = g.sm_util
+    if (
+        compute_fills
+        and sm is not None
+        and sm < bn.GPM_SM_STARVED
+        and c.cls in ("unknown", "launch-overhead")
+    ):
+        # The step is spent in forward/backward on the host's timeline while the SMs sit idle: the
+        # host does not launch work fast enough (tiny kernels, Python overhead).
+        return Vote(
+            ClassSource.GPM,
+            "launch-overhead",
+            f"SMs busy only {sm:.0%} (GPM) while compute fills the step: the host cannot launch "
+            "kernels as fast as the GPU runs them",
+            nums,
+            when,
+        )
+    reason = c.reason
+    if c.cls in ("compute-bound", "unknown") and g.tensor_util is not None and g.tensor_util < GPM_TENSOR_LOW:
+        sm_ = f" (SM {sm:.0%})" if sm is not None else ""
+        reason += (
+            f"; tensor-core use {g.tensor_util:.0%}{sm_}: most kernel time is not matrix math (unfused "
+            "elementwise/softmax work or small GEMMs)"
+        )
+    return Vote(ClassSource.GPM, c.cls, reason, nums, when)
+
+
+def classify_job(
+    shares: StepShares,
+    gpm: bn.GpmReading | None = None,
+    timeline: TimelineClass | None = None,
+    gpm_when: str = "GPM while the job stepped",
+) -> bn.Bottleneck:
+    """The job's class with every source's vote; see the module docstring for who wins."""
+    timers, decisive, nums = _timers_vote(shares)
+    compute = nums.get("compute_share")
+    votes: list[Vote] = [v for v in (timers,) if v is not None]
     if timeline is not None and timeline.cls != "unknown":
-        gpm_note = f"; GPM: {g.reason}" if g is not None else ""
-        return bn.Bottleneck(timeline.cls, f"{timeline.reason} [{timeline.source}]{gpm_note}", ev,
-                             {**src, "timeline": timeline.source})
-    if g is not None and g.cls != "unknown":
-        return bn.Bottleneck(g.cls, g.reason + " [GPM]", ev, src)
-    known = [x for x in (data_share, comm_exposed) if x is not None]
-    pipe = pp_idle_max if pp and pp > 1 else 0.0
-    if data_share is not None and comm_exposed is not None and pipe is not None:
-        compute = 1.0 - sum(known) - pipe
-        ev["compute_share"] = compute
-        src["compute_share"] = "1 − data − exposed comm − pipeline idle (megatron timers)"
-        if compute >= COMPUTE_FILLS_STEP:
-            why = (f"compute fills {compute:.0%} of the step (data {data_share:.1%}, exposed comm "
-                   f"{comm_exposed:.1%}" + (f", pipeline idle {pipe:.1%}" if pp and pp > 1 else "") + ")")
-            if mfu is not None and mfu < LOW_MFU:
-                ev["mfu"] = mfu
-                src["mfu"] = "perfd.analytics.metrics (model FLOPs ÷ peak)"
-                why += f" yet MFU is {mfu:.0%}: kernel efficiency — the kernels themselves run far below peak"
-                tensor = gpm.tensor_util if gpm is not None else None
-                if tensor is not None and tensor < GPM_TENSOR_LOW:
-                    why += (f"; GPM tensor-core use {tensor:.0%} (SM "
-                            + (f"{gpm.sm_util:.0%}" if gpm is not None and gpm.sm_util is not None else "n/a")
-                            + "): most kernel time is not matrix math — unfused elementwise/softmax work "
-                              "or small GEMMs")
-                why += ("; a capture's kernel categories show which kernels (perfd capture --job J "
-                        "--steps 3)")
-            return bn.Bottleneck("compute-bound", why, ev, src)
-    missing = [name for name, v in (("data share (batch-generator timer)", data_share),
-                                    ("exposed communication (comm timers)", comm_exposed)) if v is None]
-    if gpm is None:
-        missing.append("GPM counters (agent with NVML on a Hopper or newer GPU)")
-    if timeline is None:
-        missing.append("a capture of the job")
-    gpm_note = f"; GPM: {g.reason}" if g is not None else ""
-    return bn.Bottleneck("unknown", f"{timers.reason}{gpm_note}; missing: {', '.join(missing)}", ev, src)
+        votes.append(Vote(ClassSource.CAPTURE, timeline.cls, timeline.reason, {}, timeline.source))
+    if gpm is not None:
+        votes.append(_gpm_vote(gpm, compute is not None and compute >= COMPUTE_FILLS_STEP, gpm_when))
+    src = {k: _TIMERS_SRC for k in nums}
+    for v in votes:
+        if v.source is ClassSource.GPM:
+            nums.update(v.numbers)
+            src.update({k: f"{_GPM_SRC}, {v.detail}" for k in v.numbers})
+    by = {v.source: v for v in votes if v.cls != "unknown"}
+    if decisive and timers is not None:
+        winner, why = (
+            timers,
+            "a share of the step beyond its threshold decides: it is where the step's time goes",
+        )
+    elif ClassSource.CAPTURE in by:
+        winner, why = (
+            by[ClassSource.CAPTURE],
+            ("the capture's timeline saw every kernel: the most direct view of what the compute time is"),
+        )
+    elif ClassSource.GPM in by:
+        winner, why = (
+            by[ClassSource.GPM],
+            "GPM shows how the GPU spends the compute time; no capture to say more",
+        )
+    elif ClassSource.TIMERS in by:
+        winner, why = by[ClassSource.TIMERS], "only the timers speak: compute fills the step"
+    else:
+        missing = [
+            name
+            for name, v in (
+                ("data share (a data-wait timer)", shares.data_share),
+                ("exposed communication (comm timers)", shares.comm_exposed),
+            )
+            if v is None
+        ]
+        if gpm is None:
+            missing.append("GPM counters while the job steps (agent with NVML on a Hopper or newer GPU)")
+        if timeline is None:
+            missing.append("a capture of the job")
+        said = "; ".join(f"{v.source.value}: {v.reason}" for v in votes)
+        reason = (said + "; " if said else "") + (
+            "missing: " + ", ".join(missing) if missing else "no source passes its threshold"
+        )
+        return bn.Bottleneck("unknown", reason, nums, src, tuple(votes), None, "no source can decide")
+    others = [v for v in votes if v is not winner]
+    agree = [v.source.value for v in others if v.cls == winner.cls]
+    differ = [f"{v.source.value} says {v.cls}" for v in others if v.cls not in (winner.cls, "unknown")]
+    differ += [f"{v.source.value}: {v.reason}" for v in others if v.cls == "unknown"]
+    note = (f"; {', '.join(agree)} agree" if agree else "") + (f"; {'; '.join(differ)}" if differ else "")
+    if winner.source is ClassSource.CAPTURE:
+        src["timeline"] = winner.detail
+    return bn.Bottleneck(
+        winner.cls,
+        f"{winner.reason} [{winner.source.value}]{note}",
+        nums,
+        src,
+        tuple(votes),
+        winner.source.value,
+        why,
+    )

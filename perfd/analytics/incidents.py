@@ -12,24 +12,40 @@ Pure functions over the per-iteration results of perfd.analytics.megatron_job; n
 
 from __future__ import annotations
 
+import enum
+import itertools
 import statistics
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from perfd.analytics import thresholds as th
+from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, Verdict, decide, verdict_from_json
 from perfd.analytics.findings import Finding, Recommendation
+from perfd.analytics.verdict_text import action_text, cause_text
 
-STEP_FACTOR = 1.2  # a step this much above the steady median is part of an incident
+STEP_FACTOR = th.STEP_FACTOR.value  # a step this much above the steady median starts an incident
+STEP_EXIT_FACTOR = th.STEP_EXIT_FACTOR.value  # ... and steps above this keep it going
 STRAGGLER_STEP_FACTOR = 1.1  # a flagged straggler rank whose step is this much slower: part of one
 MERGE_GAP = 2  # up to this many ordinary iterations inside one incident (it flickers)
-MIN_COST_STEPS = 1.0  # a slow stretch is an incident once it cost this many steady steps (jitter is not)
+MIN_COST_STEPS = th.INCIDENT_MIN_COST_STEPS.value
+MIN_COST_S = th.INCIDENT_MIN_COST_S.value
+MERGE_FRACTION = th.INCIDENT_MERGE_FRACTION.value
+EXPLAINS_SHARE = th.EXPLAINS_SHARE.value
 MAX_INCIDENTS = 100  # kept per job (the costliest, then the newest)
 
-SLOW = "slow-steps"
-STRAGGLER = "straggler"
-CAPTURE = "capture-disturbed"
-HANG = "hang"
+
+class IncidentKind(str, enum.Enum):
+    """What made iterations part of an incident (a closed set; JSON carries the value)."""
+
+    SLOW = "slow-steps"
+    STRAGGLER = "straggler"
+    CAPTURE = "capture-disturbed"
+    HANG = "hang"
+
+
+SLOW, STRAGGLER, CAPTURE, HANG = (k.value for k in IncidentKind)
 
 
 class IterationLike(Protocol):
@@ -37,6 +53,8 @@ class IterationLike(Protocol):
 
     iteration: int
     step_time_ms: float | None
+    data_share: float | None
+    comm_exposed_share: float | None
     straggler_candidate_ranks: list[int]
     straggler_rank_compute_ratio: dict[int, float]
     straggler_rtt_ratio: float | None
@@ -56,15 +74,18 @@ class Incident:
     kinds: list[str]
     ranks: list[int]  # the ranks the data names, most often named first
     n_iterations: int
-    cost_s: float | None  # Σ(step − steady median); None without step times
+    cost_s: float | None  # Σ(step − steady median) over its iterations perfd's captures did not touch
     steady_step_ms: float | None
     median_step_ms: float | None
     max_step_ms: float | None
     start_time: float | None = None  # epoch s: the end of the iteration before the first
     end_time: float | None = None  # epoch s: the end of the last iteration
     open: bool = False  # the run's latest iteration is still part of it
-    cause: str = ""  # one line: who and why, from the strongest evidence
+    cause: str = ""  # one line rendered from ``verdict`` (perfd.analytics.verdict_text), for display
     evidence: dict[str, Any] = field(default_factory=dict)
+    verdict: dict[str, Any] = field(default_factory=dict)  # perfd.analytics.evidence.Verdict JSON
+    capture_cost_s: float | None = None  # the part of the excess in iterations a perfd capture touched
+    single_rank: bool = False  # the job has one rank: it is the one
 
     @property
     def duration_s(self) -> float | None:
@@ -75,119 +96,235 @@ class Incident:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "duration_s": self.duration_s}
 
+    def observed(self) -> list[Evidence]:
+        """The typed evidence the incident carries (``evidence["observed"]``)."""
+        return [e for d in self.evidence.get("observed", []) if (e := Evidence.from_json(d)) is not None]
+
+    def slow_text(self) -> str:
+        return (f"steps {self.median_step_ms / self.steady_step_ms:.1f}× the steady median"
+                if self.median_step_ms and self.steady_step_ms else "slow steps")
+
+
+@dataclass
+class Detection:
+    """What detect_incidents found: incidents, perfd's own capture disturbances (listed apart,
+    never an incident), the jitter below the incident floor, and the steady median used."""
+
+    incidents: list[Incident]
+    disturbances: list[Incident]
+    jitter: dict[str, Any]
+    reference_ms: float | None
+
+    def __iter__(self) -> Iterator[Any]:  # (incidents, ref), as callers unpacked it
+        return iter((self.incidents, self.reference_ms))
+
 
 def _median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def _part_ms(it: IterationLike, share: float | None) -> float | None:
+    return share * it.step_time_ms if share is not None and it.step_time_ms is not None else None
+
+
+def min_cost_s(ref_ms: float) -> float:
+    """The incident floor: max(MIN_COST_STEPS steady steps, MIN_COST_S)."""
+    return max(MIN_COST_STEPS * ref_ms / 1e3, MIN_COST_S)
+
+
 def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int, float | None],
                      disturbed: Mapping[int, bool], first_eligible: int,
-                     reference_ms: float | None) -> tuple[list[Incident], float | None]:
+                     reference_ms: float | None, world_size: int | None = None) -> Detection:
     """Incidents among ``iterations`` (ordered; those before index ``first_eligible`` are warm-up),
     and the steady median step they were measured against. ``reference_ms`` is the window's
     median; it is re-taken without the slow iterations, so a long incident does not raise the bar
-    it is measured by."""
+    it is measured by. A stretch starts above STEP_FACTOR × the median and goes on while steps stay
+    above STEP_EXIT_FACTOR (hysteresis); stretches naming the same rank merge across short gaps; an
+    incident costs at least :func:`min_cost_s` — smaller departures are counted as jitter."""
     post = iterations[first_eligible:]  # a view of a long run's table: its rows are built one at a time
     ref = reference_ms
     if ref is None:
         ref = _median([it.step_time_ms for it in post if it.step_time_ms is not None])
     if ref is None:
-        return [], None
-    calm = [it.step_time_ms for it in post
-            if it.step_time_ms is not None and it.step_time_ms <= STEP_FACTOR * ref]
-    ref = _median(calm) or ref
+        return Detection([], [], {"n": 0, "cost_s": None}, None)
+    calm_its = [it for it in post if it.step_time_ms is not None and it.step_time_ms <= STEP_FACTOR * ref]
+    ref = _median([it.step_time_ms for it in calm_its if it.step_time_ms is not None]) or ref
+    steady_parts = (_median([v for it in calm_its if (v := _part_ms(it, it.data_share)) is not None]),
+                    _median([v for it in calm_its if (v := _part_ms(it, it.comm_exposed_share)) is not None]))
+    steady_shares = (_median([it.data_share for it in calm_its if it.data_share is not None]),
+                     _median([it.comm_exposed_share for it in calm_its if it.comm_exposed_share is not None]))
 
-    def flag(it: IterationLike) -> str | None:
+    flags: list[str | None] = []
+    inside = False
+    for it in post:
         step = it.step_time_ms
+        f: str | None = None
         if disturbed.get(it.iteration):
-            return CAPTURE
-        if step is None:
-            return None
-        if step > STEP_FACTOR * ref:
-            return SLOW
-        if it.straggler_candidate_ranks and step > STRAGGLER_STEP_FACTOR * ref:
-            return STRAGGLER
-        return None
+            f = CAPTURE
+        elif step is not None and (step > STEP_FACTOR * ref or (inside and step > STEP_EXIT_FACTOR * ref)):
+            f = SLOW
+        elif step is not None and it.straggler_candidate_ranks and step > STRAGGLER_STEP_FACTOR * ref:
+            f = STRAGGLER
+        inside = (f is not None and f != CAPTURE) or (inside and f == CAPTURE)
+        flags.append(f)
 
     runs: list[list[int]] = []  # indexes into post
     last_flag = -10**9
-    for i, it in enumerate(post):
-        if flag(it) is None:
+    for i, f in enumerate(flags):
+        if f is None:
             continue
         if runs and i - last_flag <= MERGE_GAP + 1:
             runs[-1].extend(range(last_flag + 1, i + 1))
         else:
             runs.append([i])
         last_flag = i
-    out = [_incident([post[i] for i in run], ref, end_times, disturbed, flag,
-                     is_open=run[-1] == len(post) - 1,
-                     prev_end=end_times.get(post[run[0] - 1].iteration) if run[0] > 0 else None)
-           for run in runs]
-    out = [x for x in out if CAPTURE in x.kinds or (x.cost_s or 0.0) * 1e3 >= MIN_COST_STEPS * ref]
-    out.sort(key=lambda x: x.first_iteration)
+    real = [r for r in runs if any(flags[i] not in (None, CAPTURE) for i in r)]
+    captures = [r for r in runs if r not in real]
+    real = _merge_same_cause(post, real, flags)
+
+    def build(run: list[int]) -> Incident:
+        return _incident([post[i] for i in run], [flags[i] for i in run], ref, end_times, disturbed,
+                         is_open=run[-1] == len(post) - 1,
+                         prev_end=end_times.get(post[run[0] - 1].iteration) if run[0] > 0 else None,
+                         steady_parts=steady_parts, steady_shares=steady_shares, world_size=world_size)
+
+    floor = min_cost_s(ref)
+    out, small = [], []
+    for r in real:
+        inc = build(r)
+        if (inc.cost_s or 0.0) >= floor:
+            out.append(inc)
+            continue
+        small.append(inc)  # jitter; the part a capture touched is still listed as its disturbance
+        touched = [i for i in r if flags[i] == CAPTURE]
+        for _, grp in itertools.groupby(enumerate(touched), key=lambda x: x[1] - x[0]):
+            captures.append([i for _, i in grp])
+    captures.sort()
+    jitter = {"n": len(small), "iterations": sum(x.n_iterations for x in small),
+              "cost_s": sum(x.cost_s or 0.0 for x in small) if small else None,
+              "floor_s": floor,
+              "worst_ratio": max((x.max_step_ms or 0.0) / ref for x in small) if small else None}
     if len(out) > MAX_INCIDENTS:  # keep the costliest; the report says how many were seen
         keep = sorted(out, key=lambda x: -(x.cost_s or 0.0))[:MAX_INCIDENTS]
         out = sorted(keep, key=lambda x: x.first_iteration)
-    return out, ref
+    return Detection(out, [build(r) for r in captures], jitter, ref)
 
 
-def _incident(its: Sequence[IterationLike], ref: float, end_times: Mapping[int, float | None],
-              disturbed: Mapping[int, bool], flag: Any, is_open: bool,
-              prev_end: float | None) -> Incident:
-    steps = [it.step_time_ms for it in its if it.step_time_ms is not None]
-    kinds = sorted({k for it in its if (k := flag(it)) is not None})
+def _lead_rank(its: Sequence[IterationLike]) -> int | None:
+    named: Counter[int] = Counter()
+    for it in its:
+        named.update(it.straggler_candidate_ranks)
+    return named.most_common(1)[0][0] if named else None
+
+
+def _merge_same_cause(post: Sequence[IterationLike], runs: list[list[int]],
+                      flags: Sequence[str | None]) -> list[list[int]]:
+    """Neighbouring stretches that name the same rank (or none) merge across a gap up to
+    MERGE_FRACTION of their combined length: one lasting episode, not fragments."""
+    out: list[list[int]] = []
+    for run in runs:
+        if out:
+            prev = out[-1]
+            gap = run[0] - prev[-1] - 1
+            same = _lead_rank([post[i] for i in prev]) == _lead_rank([post[i] for i in run])
+            if same and gap <= MERGE_FRACTION * (len(prev) + len(run)):
+                prev.extend(range(prev[-1] + 1, run[-1] + 1))
+                continue
+        out.append(list(run))
+    return out
+
+
+def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: float,
+              end_times: Mapping[int, float | None], disturbed: Mapping[int, bool], is_open: bool,
+              prev_end: float | None, steady_parts: tuple[float | None, float | None],
+              steady_shares: tuple[float | None, float | None], world_size: int | None) -> Incident:
+    own = [it for it in its if not disturbed.get(it.iteration)]
+    steps = [it.step_time_ms for it in own if it.step_time_ms is not None]
+    touched = [it.step_time_ms for it in its if disturbed.get(it.iteration) and it.step_time_ms is not None]
+    kinds = sorted({f for f in flags if f is not None})
     named: Counter[int] = Counter()
     ratios: dict[int, float] = {}
     rtt_max: Counter[int] = Counter()
-    for it in its:
+    seen: dict[tuple[EvidenceKind, int], list[float]] = {}  # (kind, rank) -> end times seen
+    for it in own:
+        t = end_times.get(it.iteration)
         named.update(it.straggler_candidate_ranks)
         for r, v in it.straggler_rank_compute_ratio.items():
             ratios[r] = max(ratios.get(r, 0.0), v)
+            if v > STRAGGLER_STEP_FACTOR and t is not None:
+                seen.setdefault((EvidenceKind.RANK_COMPUTE_RATIO, r), []).append(t)
         if it.straggler_rtt_max_rank is not None and not it.straggler_between_stages and \
                 (it.straggler_rtt_ratio or 0.0) > STRAGGLER_STEP_FACTOR:
             rtt_max[it.straggler_rtt_max_rank] += 1
+            if t is not None:
+                seen.setdefault((EvidenceKind.STRAGGLER_LINE, it.straggler_rtt_max_rank), []).append(t)
     for r, n in rtt_max.items():
         named[r] += n
     # Per-rank timers are the most direct evidence: a flagged rank's compute ratio orders first.
     ranks = sorted(named, key=lambda r: (-(ratios.get(r, 0.0) if ratios.get(r, 0.0) > STRAGGLER_STEP_FACTOR
                                            else 0.0), -named[r], r))
-    if ranks and STRAGGLER not in kinds:
+    single = world_size == 1
+    if not ranks and single:
+        ranks = [0]
+    if ranks and STRAGGLER not in kinds and not single:
         kinds.append(STRAGGLER)
+    items: list[Evidence] = []
+    for r, v in ratios.items():
+        if v > STRAGGLER_STEP_FACTOR:
+            ts = seen.get((EvidenceKind.RANK_COMPUTE_RATIO, r), [])
+            items.append(Evidence(EvidenceKind.RANK_COMPUTE_RATIO, r, "", v, min(ts, default=None),
+                                  max(ts, default=None), max(len(ts), 1)))
+    for r, n in rtt_max.items():
+        ts = seen.get((EvidenceKind.STRAGGLER_LINE, r), [])
+        items.append(Evidence(EvidenceKind.STRAGGLER_LINE, r, "", float(n), min(ts, default=None),
+                              max(ts, default=None), n))
+    excess = _median([s - ref for s in steps])
+    for kind, steady_ms, steady_share, attr in (
+            (EvidenceKind.DATA_WAIT, steady_parts[0], steady_shares[0], "data_share"),
+            (EvidenceKind.EXPOSED_COMM, steady_parts[1], steady_shares[1], "comm_exposed_share")):
+        during = [(pm, getattr(it, attr)) for it in own
+                  if (pm := _part_ms(it, getattr(it, attr))) is not None]
+        grew = _median([v for v, _ in during])
+        explains = grew is not None and excess and grew - (steady_ms or 0.0) >= EXPLAINS_SHARE * excess
+        if excess and excess > 0 and explains:
+            ts = [t for it in own if (t := end_times.get(it.iteration)) is not None]
+            items.append(Evidence(kind, ranks[0] if single else None, "", max(s for _, s in during),
+                                  min(ts, default=None), max(ts, default=None), len(during),
+                                  {"steady": steady_share, "grew_ms": (grew or 0.0) - (steady_ms or 0.0),
+                                   "excess_ms": excess}))
+    missing = [] if ranks else [Missing.PER_RANK_TIMERS]
+    verdict = decide(items, ranks, [*missing, Missing.GPU_STATE])
     first, last = its[0].iteration, its[-1].iteration
     start = prev_end
     if start is None and end_times.get(first) is not None and its[0].step_time_ms is not None:
         start = float(end_times[first] or 0.0) - its[0].step_time_ms / 1e3
     cost = sum(s - ref for s in steps) / 1e3 if steps else None
     ev: dict[str, Any] = {
-        "named_by_iterations": {str(r): named[r] for r in ranks},
+        "named_by_iterations": {str(r): named[r] for r in ranks if r in named},
         "rank_compute_ratio_max": {str(r): round(v, 4) for r, v in sorted(ratios.items())},
         "straggler_line_max_rank": {str(r): n for r, n in rtt_max.items()},
-        "disturbed_by_capture": sum(1 for it in its if disturbed.get(it.iteration)),
-        "source": "per-iteration analysis (Megatron timers, straggler detector)",
+        "disturbed_by_capture": len(its) - len(own),
+        "observed": [e.to_json() for e in items],
+        "source": "per-iteration analysis (step timers, straggler detector)",
     }
+    all_steps = steps + touched
     inc = Incident(f"inc-{first}", first, last, sorted(set(kinds)), ranks, len(its), cost, ref,
-                   _median(steps), max(steps) if steps else None, start, end_times.get(last), is_open,
-                   evidence=ev)
-    inc.cause = cause_text(inc)
+                   _median(steps or all_steps), max(all_steps) if all_steps else None, start,
+                   end_times.get(last), is_open, evidence=ev, verdict=verdict.to_json(),
+                   capture_cost_s=(sum(s - ref for s in touched) / 1e3 if touched else None),
+                   single_rank=single)
+    inc.cause = render_cause(inc, verdict)
     return inc
 
 
-def cause_text(inc: Incident, gpu_hint: str | None = None) -> str:
-    """One line a person reads first: who, and why as far as the evidence goes."""
-    slow = (f"steps {inc.median_step_ms / inc.steady_step_ms:.1f}× the steady median"
-            if inc.median_step_ms and inc.steady_step_ms else "slow steps")
+def render_cause(inc: Incident, verdict: Verdict) -> str:
+    """The incident's one line from its verdict (a capture-only stretch says so; a hang keeps the
+    line its detector wrote)."""
     if HANG in inc.kinds:
-        return inc.cause + (f"; {gpu_hint}" if gpu_hint else "")
-    if CAPTURE in inc.kinds and not inc.ranks:
-        return f"perfd's own capture disturbed {inc.n_iterations} iteration(s) ({slow})"
-    if inc.ranks:
-        r = inc.ranks[0]
-        ratio = inc.evidence.get("rank_compute_ratio_max", {}).get(str(r))
-        what = (f"rank {r} computed up to {ratio:.2f}× its stage's median" if ratio
-                else f"the straggler detector named rank {r} the slowest")
-        return f"{what}; {slow}" + (f"; {gpu_hint}" if gpu_hint else "")
-    return f"{slow}; no per-rank data names a rank (--timing-log-option all or --log-straggler would)" + (
-        f"; {gpu_hint}" if gpu_hint else "")
+        return inc.cause
+    if CAPTURE in inc.kinds and not inc.ranks and len(inc.kinds) == 1:
+        return f"perfd's own capture disturbed {inc.n_iterations} iteration(s) ({inc.slow_text()})"
+    return cause_text(verdict, inc.slow_text(), inc.single_rank)
 
 
 def hang_incident(hang: Mapping[str, Any], last_iteration: int | None, now: float) -> Incident:
@@ -218,10 +355,13 @@ def incident_findings(incidents: Sequence[Mapping[str, Any]], run_s: float | Non
                       ) -> tuple[list[Finding], list[Recommendation]]:
     """One finding per incident (the JSON of :class:`Incident`, as analysed offline or as the live
     aggregator kept it with the GPU evidence of the time), with a recommendation whose impact is
-    the share of the run it cost."""
+    the share of the run it cost. A stretch only perfd's own capture disturbed is no incident and
+    gets no finding here (the summary lists it apart)."""
     fs: list[Finding] = []
     rs: list[Recommendation] = []
     for inc in incidents:
+        if is_disturbance(inc):
+            continue
         first, last = inc.get("first_iteration"), inc.get("last_iteration")
         kinds, cost = list(inc.get("kinds") or []), inc.get("cost_s")
         lost = f"{cost:.1f} s lost" if isinstance(cost, (int, float)) else "time lost unknown"
@@ -230,44 +370,37 @@ def incident_findings(incidents: Sequence[Mapping[str, Any]], run_s: float | Non
         during = f" over {dur:.0f} s" if isinstance(dur, (int, float)) else ""
         fid = f"incident-{inc.get('id')}"
         ev = {k: v for k, v in (inc.get("evidence") or {}).items() if k != "source"}
-        caps = inc.get("captures") or []
+        caps = [c for c in inc.get("captures") or [] if c.get("started_at") is not None]
         cap_text = "".join(f" Capture {c.get('id')} ({c.get('tool')}, ranks {c.get('ranks')}) ran during it"
                            + (f": {c['findings'][0]['title']}" if c.get("findings") else "") + "."
                            for c in caps)
         steps = (f" {inc.get('n_iterations')} iteration(s); steady median {_ms(inc.get('steady_step_ms'))}, "
                  f"median during {_ms(inc.get('median_step_ms'))}, worst {_ms(inc.get('max_step_ms'))}. "
                  "Left out of the steady-state statistics." if inc.get("n_iterations") else "")
+        cap_cost = inc.get("capture_cost_s")
+        if isinstance(cap_cost, (int, float)):
+            steps += f" perfd's capture cost {cap_cost:.1f} s more inside it (not counted as lost)."
         fs.append(Finding(fid, "critical" if HANG in kinds else "warning",
                           f"Incident {span}: {lost}" + (" (still open)" if inc.get("open") else ""),
                           f"{inc.get('cause', '')}{during}.{steps}{cap_text}",
                           {"incident": inc.get("id"), "kinds": kinds, "ranks": inc.get("ranks") or [],
-                           "cost_s": cost, **ev, "captures": caps},
+                           "cost_s": cost, **ev, "captures": caps, "verdict": inc.get("verdict") or {}},
                           span, str((inc.get("evidence") or {}).get("source", ""))))
         impact = (cost / run_s) if isinstance(cost, (int, float)) and run_s else None
         rs.append(Recommendation("", fid, 0, _action(inc), str(inc.get("cause", "")), impact))
     return fs, rs
 
 
+def is_disturbance(inc: Mapping[str, Any]) -> bool:
+    """A stretch only perfd's own capture disturbed (kept state from before they were listed apart)."""
+    return list(inc.get("kinds") or []) == [CAPTURE]
+
+
 def _action(inc: Mapping[str, Any]) -> str:
-    kinds, ranks = inc.get("kinds") or [], list(inc.get("ranks") or [])
-    if HANG in kinds:
+    if HANG in (inc.get("kinds") or []):
         return ("Find why the named rank(s) never reached the collective (their last Flight Recorder "
                 "entries, a dead process, a lost GPU); set a NCCL timeout so a hang fails fast")
-    if CAPTURE in kinds and not ranks:
-        return "Nothing to fix: perfd's capture cost this time; captures are rate-limited by the rules"
-    gpu = (inc.get("evidence") or {}).get("gpu") or {}
-    for r in [*map(str, ranks), *gpu]:
-        g = gpu.get(r) or {}
-        obs = " ".join(g.get("observations") or [])
-        if "shares its GPU" in obs:
-            return (f"Keep other processes off rank {r}'s GPU (exclusive-process compute mode, or the "
-                    "scheduler's GPU isolation)")
-        if "throttled" in obs or "below the job's median" in obs:
-            return f"Check rank {r}'s GPU cooling, power and clocks ({obs})"
-    if ranks:
-        return (f"Check rank {ranks[0]}'s GPU: clocks, throttle reasons, other processes, XID errors "
-                "(perfd's live view of the incident shows them); then uneven data or sharding")
-    return "Look for host-side causes of the slow stretch: checkpointing, evaluation, other jobs on the node"
+    return action_text(verdict_from_json(inc.get("verdict")), list(inc.get("ranks") or []))
 
 
 def _ms(v: float | None) -> str:

@@ -20,11 +20,17 @@ from typing import Any, NamedTuple
 from perfd import catalog
 from perfd.analytics import bottleneck as bn
 from perfd.analytics.common import MetricValue, finite, median
-from perfd.analytics.diagnosis import TimelineClass, classify_job
+from perfd.analytics.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.findings import Finding, Recommendation, derive_findings, order_findings
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
-from perfd.analytics.incidents import DETECTION_FIELDS, Incident, detect_incidents, incident_findings
+from perfd.analytics.incidents import (
+    DETECTION_FIELDS,
+    Detection,
+    Incident,
+    detect_incidents,
+    incident_findings,
+)
 from perfd.analytics.iteration_table import PACKED, Table
 from perfd.analytics.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
 from perfd.analytics.pipeline import analytic_bubble, stage_idle
@@ -340,10 +346,12 @@ def analyze_run(
     gpm: bn.GpmReading | None = None,
     timeline: TimelineClass | None = None,
     memo: AnalysisMemo | None = None,
+    gpm_when: str = "GPM while the job stepped",
 ) -> RunAnalysis:
     """Analyse a Megatron run's step records (any order; one record per logged iteration).
     ``memo``: keep per-iteration work for the next analysis of the same, grown run."""
-    run = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo)
+    run = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo,
+                     gpm_when=gpm_when)
     ordered = sorted(records, key=lambda r: r.iteration)
     for rec in ordered[run.resume(ordered):]:
         run.add(rec)
@@ -365,9 +373,11 @@ class RunBuilder:
 
     def __init__(self, job: JobInfo, gpu_name: str | None = None, peak_override: float | None = None,
                  dtype: str | None = None, *, gpm: bn.GpmReading | None = None,
-                 timeline: TimelineClass | None = None, memo: AnalysisMemo | None = None) -> None:
+                 timeline: TimelineClass | None = None, memo: AnalysisMemo | None = None,
+                 gpm_when: str = "GPM while the job stepped") -> None:
         lay = job.layout
         self.job, self.gpu_name, self.gpm, self.timeline, self.memo = job, gpu_name, gpm, timeline, memo
+        self.gpm_when = gpm_when
         self.canon_dtype, self.dtype_src = resolve_dtype(job, dtype)
         peak = peak_tflops(gpu_name, self.canon_dtype, peak_override)
         self.flops_job = model_flops(job.spec, lay.global_batch_size, job.framework_version)
@@ -390,7 +400,8 @@ class RunBuilder:
         ``ordered`` they cover; ``add`` the rest. 0 on a fresh builder or when nothing matches."""
         memo = self.memo
         kept = memo.run if memo is not None else None
-        if kept is None or len(self.table) or not ordered or kept.classify != (self.gpm, self.timeline):
+        classify = (self.gpm, self.timeline, self.gpm_when)
+        if kept is None or len(self.table) or not ordered or kept.classify != classify:
             return 0
         prev = kept.records
         k = bisect_left([r.iteration for r in prev], ordered[0].iteration)  # evicted rows lead
@@ -424,9 +435,9 @@ class RunBuilder:
             it = dataclasses.replace(base)
         if memo is not None:
             self.present.add(rec.iteration)
-        it.bottleneck = classify_job(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share,
-                                     lay.pp, it.pp_idle_max, it.pp_bubble_analytic, it.mfu, self.gpm,
-                                     self.timeline).cls
+        it.bottleneck = classify_job(_shares(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share,
+                                             lay.pp, it.pp_idle_max, it.pp_bubble_analytic, it.mfu),
+                                     self.gpm, self.timeline, self.gpm_when).cls
         if self.first is None or rec.iteration < self.first[0]:
             self.first = (rec.iteration, rec.job)
         n = len(self.table)
@@ -451,16 +462,19 @@ class RunBuilder:
         for i, iteration in enumerate(table.column("iteration")):
             table.put(i, steady_state=steady.steady.get(iteration, False),
                       excluded_reason=steady.excluded.get(iteration))
-        incidents = _mark_incidents(table, disturbed, steady)
+        detection = _mark_incidents(table, disturbed, steady, ctx.world)
+        incidents = detection.incidents
         steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
         pers = persistent(_flags(table, i) for i in steady_rows)
-        summary = _summary(table, steady_rows, steady, pers, lay, self.gpm, self.timeline)
+        summary = _summary(table, steady_rows, steady, pers, lay, self.gpm, self.timeline, self.gpm_when)
         name = job_name or (self.first[1] if self.first else None)
         job_block = _job_block(self.job, name, ctx.world, self.gpu_name, ctx.peak, self.canon_dtype,
                                self.dtype_src, self.flops_job)
         summary["incidents_n"] = len(incidents)
         summary["incidents_cost_s"] = (sum(i.cost_s for i in incidents if i.cost_s is not None)
                                        if incidents else None)
+        summary["jitter"] = detection.jitter
+        summary["capture_disturbances"] = _disturbances_json(detection.disturbances)
         analysis = RunAnalysis(job_block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
         fs, rs = derive_findings(analysis, self.job)
@@ -468,7 +482,7 @@ class RunBuilder:
         inc_f, inc_r = incident_findings([i.to_json() for i in incidents], run_s or None)
         analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])
         if memo is not None:
-            memo.run = (_KeptRun((self.gpm, self.timeline), self.records, table, disturbed,
+            memo.run = (_KeptRun((self.gpm, self.timeline, self.gpm_when), self.records, table, disturbed,
                                  [i for i, v in enumerate(table.column("incident_lost_ms")) if v is not None])
                         if self.in_order and self.records is not None else None)
         return analysis
@@ -503,31 +517,32 @@ class _ByIteration(Mapping[int, Any]):
 
 
 def _mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
-                    steady: SteadyState) -> list[Incident]:
-    """Find the incidents, take their iterations out of the steady state (saying which incident),
-    and note each one's time lost against the steady median."""
-    incidents, ref = detect_incidents(table.project(DETECTION_FIELDS),
-                                      _ByIteration(table, lambda i: table.get(i, "end_time")),
-                                      _ByIteration(table, lambda i: bool(disturbed[i])),
-                                      steady.warmup_records, steady.reference_step_ms)
-    for inc in incidents:
+                    steady: SteadyState, world: int | None) -> Detection:
+    """Find the incidents and perfd's capture disturbances, take their iterations out of the steady
+    state (saying which), and note each incident iteration's time lost against the steady median."""
+    found = detect_incidents(table.project(DETECTION_FIELDS),
+                             _ByIteration(table, lambda i: table.get(i, "end_time")),
+                             _ByIteration(table, lambda i: bool(disturbed[i])),
+                             steady.warmup_records, steady.reference_step_ms, world)
+    ref = found.reference_ms
+    for inc, lost in [*((i, True) for i in found.incidents), *((d, False) for d in found.disturbances)]:
         for iteration in range(inc.first_iteration, inc.last_iteration + 1):
             i = table.last_index_of(iteration)
             if i is None:
                 continue
             step = table.get(i, "step_time_ms")
-            if step is not None and ref is not None:
+            if lost and step is not None and ref is not None and not disturbed[i]:
                 table.put(i, incident_lost_ms=step - ref)
-            reason = f"incident {inc.id}: {inc.cause}"
+            reason = f"incident {inc.id}: {inc.cause}" if lost else f"perfd capture ({inc.id})"
             table.put(i, steady_state=False, excluded_reason=reason)
             steady.steady[iteration] = False
             steady.excluded[iteration] = reason
-    return incidents
+    return found
 
 
 def _summary(table: Table[IterationResult], steady_rows: Sequence[int], steady: SteadyState,
              pers: PersistentStragglers, lay: ParallelLayout, gpm: bn.GpmReading | None,
-             timeline: TimelineClass | None) -> dict[str, Any]:
+             timeline: TimelineClass | None, gpm_when: str) -> dict[str, Any]:
     def steady_values(name: str) -> list[Any]:
         values = list(table.column(name))
         return [values[i] for i in steady_rows]
@@ -540,8 +555,9 @@ def _summary(table: Table[IterationResult], steady_rows: Sequence[int], steady: 
     checks = [(ok, gap) for ok, gap in zip(steady_values("tflops_check_ok"), steady_values("tflops_rel_gap"),
                                            strict=True) if ok is not None]
     gaps = [abs(gap) for _, gap in checks if gap is not None]
-    cls = classify_job(med["data_share"], med["comm_exposed_share"], med["comm_exposed_dp_share"], lay.pp,
-                       med["pp_idle_max"], med["pp_bubble_analytic"], med["mfu"], gpm, timeline)
+    cls = classify_job(_shares(med["data_share"], med["comm_exposed_share"], med["comm_exposed_dp_share"],
+                               lay.pp, med["pp_idle_max"], med["pp_bubble_analytic"], med["mfu"]),
+                       gpm, timeline, gpm_when)
     its = steady.iterations
     post = sorted(s for s in itertools.islice(table.column("step_time_ms"), steady.warmup_records, None)
                   if s is not None)
@@ -565,7 +581,7 @@ def _summary(table: Table[IterationResult], steady_rows: Sequence[int], steady: 
         "tflops_check_max_abs_gap": max(gaps) if gaps else None,
         "bottleneck": cls.cls,
         "bottleneck_reason": cls.reason,
-        "bottleneck_evidence": dict(cls.evidence),
+        "bottleneck_evidence": cls.evidence_json(),
         "bottleneck_sources": dict(cls.sources),
         "straggler_persistent_ranks": pers.ranks,
         "straggler_flag_fraction": {str(k): v for k, v in pers.fraction.items()},
@@ -573,6 +589,21 @@ def _summary(table: Table[IterationResult], steady_rows: Sequence[int], steady: 
                                               if len(steady_rows) else None),
         "straggler_compute_spread_fraction": pers.anonymous_fraction,
     }
+
+
+def _disturbances_json(ds: Sequence[Incident]) -> dict[str, Any]:
+    """perfd's own captures' disturbance, apart from the incidents: how many stretches and iterations,
+    and the excess time they took."""
+    costs = [s for d in ds for s in (d.cost_s, d.capture_cost_s) if s is not None]
+    return {"n": len(ds), "iterations": sum(d.n_iterations for d in ds),
+            "excess_s": sum(costs) if costs else None,
+            "stretches": [{"first_iteration": d.first_iteration, "last_iteration": d.last_iteration,
+                           "excess_s": d.capture_cost_s} for d in ds]}
+
+
+def _shares(data: float | None, comm: float | None, grad_sync: float | None, pp: int | None,
+            idle_max: float | None, bubble: float | None, mfu_: float | None) -> StepShares:
+    return StepShares(data, comm, grad_sync, pp, idle_max, bubble, mfu_)
 
 
 def _pctl(sorted_values: Sequence[float], q: float) -> float:

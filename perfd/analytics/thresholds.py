@@ -115,12 +115,50 @@ STRAGGLER_PERSISTENT_FRACTION = Threshold(
 # util 0.94 / DRAM 0.18, a device copy loop tensor 0 / DRAM 0.88, tiny kernels NVML util 0.34 with SM
 # util 0.0004.
 _GPM = "DESIGN.md §2 Bottleneck class, §3 GPM"
+
 GPM_TENSOR_BUSY = Threshold(0.5, "tensor pipes busy half the time: compute-bound", _GPM)
 GPM_DRAM_BUSY = Threshold(0.5, "DRAM bandwidth half used: memory-bound", _GPM)
 GPM_SM_BUSY = Threshold(0.8, "SMs busy without tensor/DRAM saturation: CUDA-core bound", _GPM)
 GPM_SM_STARVED = Threshold(0.2, "SMs mostly idle while kernels are resident: launch overhead", _GPM)
 GPM_NVML_ACTIVE = Threshold(0.2, "NVML util (a kernel resident) above which the GPU counts as used", _GPM)
 GPM_IDLE = Threshold(0.05, "below 5% on NVML and SM the GPU is idle, no class applies", _GPM)
+
+# --- training: the class from compute's share and MFU (perfd.analytics.diagnosis) ------------------------
+COMPUTE_FILLS_STEP = Threshold(0.8, "data, exposed communication and pipeline idle leave 80% of the step "
+                                    "to compute: what the GPU does with it decides the class", _D2)
+LOW_MFU = Threshold(0.40, "below the 'good' grade the kernels run far below peak: kernel efficiency",
+                    "DESIGN.md §2 MFU (grades)")
+GPM_TENSOR_LOW = Threshold(0.3, "tensor cores mostly idle while the SMs work: not GEMM-bound work", _GPM)
+
+# --- incidents (perfd.analytics.incidents) -----------------------------------------------------------
+_INC = "DESIGN.md §2 Stragglers; §4 (an incident's time lost)"
+STEP_FACTOR = Threshold(1.2, "a step 20% above the steady median starts an incident", _INC)
+STEP_EXIT_FACTOR = Threshold(1.1, "once in an incident, steps above 1.1x the median keep it open "
+                                  "(hysteresis: a stretch hovering near 1.2x is one incident, not fragments)",
+                             _INC)
+INCIDENT_MIN_COST_STEPS = Threshold(2.0, "an incident costs at least two steady steps; smaller departures "
+                                         "are jitter (counted in the summary, not listed)", _INC)
+INCIDENT_MIN_COST_S = Threshold(1.0, "... and at least a second: on a 40 ms step two steps are noise", _INC)
+INCIDENT_MERGE_FRACTION = Threshold(
+    0.25, "two stretches with the same cause merge across a gap up to a quarter of their combined length "
+    "(a lasting shift is one incident)", _INC)
+EXPLAINS_SHARE = Threshold(0.5, "a part of the step (data wait, exposed communication) that grew by half "
+                                "of the slowdown or more explains it", _INC)
+
+# --- capture timelines (perfd.capture.analysis, perfd.analytics.capture_findings) ---------------------
+SHORT_GAP_S = Threshold(
+    0.001, "an idle gap between GPU activities shorter than 1 ms is the host issuing work (launch/dispatch "
+    "overhead); a longer one is the host waiting (a sync, data)",
+    "DESIGN.md §2 Bottleneck class (a capture's timeline)")
+SHORT_GAPS_DOMINATE = Threshold(0.5, "half the idle in short gaps: the host issues work slower than the GPU "
+                                     "runs it (launch-bound), not a host wait",
+                                "DESIGN.md §2 Bottleneck class (a capture's timeline)")
+
+# --- GPU evidence (perfd.analytics.attribution) ------------------------------------------------------
+CLOCK_DROP_RATIO = Threshold(0.95, "an SM clock 5% below the job's median GPU is a clock drop",
+                             "DESIGN.md §2 Stragglers (root-cause hints)")
+HOT_DELTA_C = Threshold(10.0, "10 C above the job's median GPU is running hot",
+                        "DESIGN.md §2 Stragglers (root-cause hints)")
 
 # --- serving (DESIGN.md §2 serving playbook) ----------------------------------------------------------
 _S2 = "DESIGN.md §2 Diagnosis playbook (serving)"

@@ -3,31 +3,39 @@
 Per CUDA device::
 
     span          = first kernel/memcpy/memset start → last end
-    busy          = union(all kernels)            idle = span − busy
+    busy          = union(every GPU activity: kernels, memcpy, memset)      idle = span − busy
     compute       = union(non-NCCL kernels)       comm = union(NCCL kernels)   (name contains "nccl")
+    memcpy        = union(memcpy and memset)      (compute, comm and memcpy are parts of busy; they
+                                                   may overlap one another, busy counts the time once)
     comm_exposed  = union(NCCL) − union(compute)  (interval difference: comm no compute overlaps)
     overlap       = 1 − exposed / comm            (None without communication)
-    memcpy        = union(memcpy and memset)      (reported apart; not part of busy)
+    idle gaps     = the idle between activities, split at SHORT_GAP_US: many short gaps are the host
+                    issuing work slower than the GPU runs it (launch overhead); long ones are the
+                    host waiting (a sync, data, Python between steps)
     sendrecv      = union(ncclDevKernel_SendRecv / ncclKernel_SendRecv): pipeline p2p, which
                     *includes waiting for the peer stage*, i.e. the pipeline bubble
 
 Kernels from several streams overlap and nest, so every total is a length of a union, never a sum
 of durations (except the per-name kernel and NVTX tables, which count each event, like
 ``nsys stats``). Unions and differences work on sorted lists: O(n log n) for the sort, linear after.
-Timestamps are nanoseconds (floats: Chrome traces give fractional µs).
+Timestamps are nanoseconds (floats: Chrome traces give fractional µs). HolisticTraceAnalysis'
+temporal breakdown counts the same activities as busy; tests compare against it on real traces.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics import kernels as kernels_mod
+from perfd.analytics import thresholds as th
 
 Interval = tuple[float, float]
 
 NS_PER_MS = 1e6
+SHORT_GAP_US = th.SHORT_GAP_S.value * 1e6  # shorter idle gaps: launch/dispatch overhead, not a host wait
 _SENDRECV = ("nccldevkernel_sendrecv", "ncclkernel_sendrecv")
 
 
@@ -174,6 +182,9 @@ class DeviceBreakdown:
     category_ms: dict[str, float] = field(default_factory=dict)
     kernel_median_us: float | None = None
     softmax_ms: float = 0.0  # softmax kernels of their own: attention computed unfused
+    kernel_ms: float = 0.0  # union(all kernels): busy without the copies
+    idle_gaps: int = 0  # idle stretches between activities
+    idle_short_ms: float = 0.0  # idle in gaps shorter than SHORT_GAP_US
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -191,6 +202,7 @@ class DeviceBreakdown:
             "nvtx": [{"name": n.name, "count": n.count, "total_ms": n.total_ms} for n in self.nvtx],
             "categories": self.categories(), "category_ms": dict(self.category_ms),
             "kernel_median_us": self.kernel_median_us, "softmax_ms": self.softmax_ms,
+            "kernel_ms": self.kernel_ms, "idle_gaps": self.idle_gaps, "idle_short_ms": self.idle_short_ms,
         }
 
     def ratio(self, part_ms: float) -> float | None:
@@ -249,7 +261,9 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
     starts = [k.start_ns for k in kernels] + [m.start_ns for m in memcpys]
     ends = [k.end_ns for k in kernels] + [m.end_ns for m in memcpys]
     span = max(ends) - min(starts) if starts else 0.0
-    busy = union((k.start_ns, k.end_ns) for k in kernels)
+    kernel_busy = union((k.start_ns, k.end_ns) for k in kernels)
+    busy = union([*kernel_busy, *((m.start_ns, m.end_ns) for m in memcpys)])
+    gaps = [b[0] - a[1] for a, b in itertools.pairwise(busy)]
     compute = union((k.start_ns, k.end_ns) for k in kernels if not is_nccl(k.name))
     comm = union((k.start_ns, k.end_ns) for k in kernels if is_nccl(k.name))
     sendrecv = union((k.start_ns, k.end_ns) for k in kernels if is_sendrecv(k.name))
@@ -274,11 +288,14 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         memcpy_ms=_ms(total(union((m.start_ns, m.end_ns) for m in memcpys))),
         sendrecv_ms=_ms(total(sendrecv)),
         kernel_count=len(kernels),
-        top_kernels=_kernel_table(kernels, busy_ns, top_n),
+        top_kernels=_kernel_table(kernels, total(kernel_busy), top_n),
         nvtx=_nvtx_table(nvtx, top_n),
         category_ms={c: _ms(v) for c, v in cat_ns.items()},
         kernel_median_us=durations[len(durations) // 2] / 1e3 if durations else None,
         softmax_ms=_ms(softmax_ns),
+        kernel_ms=_ms(total(kernel_busy)),
+        idle_gaps=len(gaps),
+        idle_short_ms=_ms(sum(g for g in gaps if g < SHORT_GAP_US * 1e3)),
     )
 
 

@@ -172,8 +172,7 @@ def analyze_nsys(path: str | Path, sqlite_out: str | Path | None = None, top_n: 
 # no code with analysis.union(): a kernel starts a new island when it starts after every earlier
 # kernel of its device has ended.
 _UNION_SQL = """
-WITH k AS (SELECT k.deviceId AS d, k.start AS s, k.end AS e FROM {table} AS k
-        WHERE k.end IS NOT NULL {where}),
+WITH k AS ({source}),
 m AS (SELECT d, s, e, MAX(e) OVER (PARTITION BY d ORDER BY s, e
         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end FROM k),
 g AS (SELECT d, s, e, SUM(CASE WHEN prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END)
@@ -211,9 +210,17 @@ def direct_sql_check(sqlite_path: str | Path) -> dict[str, object]:
             streams = out[int(dev)]["streams"]
             assert isinstance(streams, dict)
             streams[int(stream)] = {"kernel_count": n, "kernel_sum_ms": total_ns / 1e6}
-        for key, where in (("busy_union_ms", ""), ("nccl_union_ms", f"AND {nccl}")):
-            for dev, ns in con.execute(_UNION_SQL.format(table=KERNEL, where=where)):
-                out[int(dev)][key] = ns / 1e6
+        def rows(table: str, where: str = "") -> str:
+            return (f"SELECT k.deviceId AS d, k.start AS s, k.end AS e FROM {table} AS k "
+                    f"WHERE k.end IS NOT NULL {where}")
+
+        # busy = every GPU activity (kernels, copies, sets); the kernels' own union beside it
+        activity = " UNION ALL ".join(rows(t) for t in (KERNEL, MEMCPY, MEMSET) if t in tables)
+        for key, source in (("busy_union_ms", activity), ("kernel_union_ms", rows(KERNEL)),
+                            ("nccl_union_ms", rows(KERNEL, f"AND {nccl}"))):
+            for dev, ns in con.execute(_UNION_SQL.format(source=source)):
+                if int(dev) in out:
+                    out[int(dev)][key] = ns / 1e6
         for dev_stats in out.values():
             dev_stats.setdefault("nccl_union_ms", 0.0)
         return {"devices": out}

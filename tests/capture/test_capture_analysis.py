@@ -102,8 +102,9 @@ def test_breakdown_partially_exposed_multi_stream() -> None:
     mem = [MemEvent(0, 9 * MS, 11 * MS, "memcpy"), MemEvent(0, 10 * MS, 11.5 * MS, "memset")]
     d = analyze_intervals(kernels, mem).device(0)
     assert d.span_ms == 15
-    assert d.busy_ms == 4 + 5 + 3  # [0,9) ∪ [12,15)
-    assert d.idle_ms == 3
+    # Busy counts every GPU activity once: kernels [0,9) ∪ [12,15), the copy and set [9,11.5).
+    assert d.busy_ms == 4 + 5 + 2.5 + 3 and d.kernel_ms == 4 + 5 + 3
+    assert d.idle_ms == 0.5 and d.idle_gaps == 1 and d.idle_short_ms == 0.5
     assert d.compute_ms == 6 and d.comm_ms == 8
     assert d.comm_exposed_ms == 5 + 1
     assert d.overlap_ratio == pytest.approx(1 - 6 / 8)
@@ -119,7 +120,7 @@ def test_breakdown_without_communication_and_memcpy_only_device() -> None:
     a = analyze_intervals([k(0, 0, 5, "gemm")], [MemEvent(1, 0, 2 * MS)])
     d0, d1 = a.devices
     assert d0.overlap_ratio is None and d0.comm_ms == 0 and d0.sendrecv_ms == 0
-    assert (d1.device, d1.span_ms, d1.busy_ms, d1.idle_ms, d1.memcpy_ms) == (1, 2, 0, 2, 2)
+    assert (d1.device, d1.span_ms, d1.busy_ms, d1.idle_ms, d1.memcpy_ms) == (1, 2, 2, 0, 2)
 
 
 def test_devices_are_separate() -> None:

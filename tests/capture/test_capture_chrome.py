@@ -55,7 +55,8 @@ def test_breakdown_from_a_kineto_trace(tmp_path: Path) -> None:
     assert a.rank == 1 and a.source == str(p)
     d0 = a.device(0)
     assert d0.span_ms == pytest.approx(0.082)  # memcpy at 0 µs → memset ends at 82 µs
-    assert d0.busy_ms == pytest.approx(0.030 + 0.010)  # [10, 40) ∪ [60, 70)
+    assert d0.kernel_ms == pytest.approx(0.030 + 0.010)  # kernels [10, 40) ∪ [60, 70)
+    assert d0.busy_ms == pytest.approx(0.047)  # ... and the copy and set outside them (HTA counts them too)
     assert d0.compute_ms == pytest.approx(0.02075)  # [10, 30) ∪ [30.5, 31.25)
     assert d0.comm_ms == pytest.approx(0.025)
     # AllReduce [25, 40) minus compute → [30, 30.5) ∪ [31.25, 40) = 9.25 µs; SendRecv 10 µs exposed.

@@ -131,7 +131,8 @@ def test_single_stream_device_matches_a_direct_sql_sum(capture: Path) -> None:
                                       "JOIN StringIds s ON s.id = k.shortName "
                                       "WHERE k.deviceId = 0 AND s.value LIKE '%nccl%'")
     [(last,)] = plain_sql(capture, "SELECT MAX(end) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = 0")
-    assert d0.busy_ms == pytest.approx(busy_ns / 1e6, rel=1e-12)
+    assert d0.kernel_ms == pytest.approx(busy_ns / 1e6, rel=1e-12)
+    assert d0.busy_ms >= d0.kernel_ms  # busy also counts the device's copies and sets
     assert d0.comm_ms == pytest.approx(nccl_ns / 1e6, rel=1e-12)
     assert d0.compute_ms == pytest.approx((busy_ns - nccl_ns) / 1e6, rel=1e-12)
     # One stream: nothing overlaps the NCCL kernels, all of their time is exposed.
@@ -149,15 +150,16 @@ def test_analysis_matches_direct_sql_check(capture: Path) -> None:
     assert isinstance(check, dict)
     for d in a.devices:
         c = check[d.device]
-        assert d.busy_ms == pytest.approx(c["busy_union_ms"], rel=1e-9)
+        assert d.busy_ms == pytest.approx(c["busy_union_ms"], rel=1e-9)  # kernels, copies and sets
+        assert d.kernel_ms == pytest.approx(c["kernel_union_ms"], rel=1e-9)
         assert d.comm_ms == pytest.approx(c["nccl_union_ms"], rel=1e-9)
         assert d.kernel_count == c["kernel_count"]
     c0 = check[0]
-    assert c0["busy_union_ms"] == pytest.approx(c0["kernel_sum_ms"])  # single stream: union == sum
+    assert c0["kernel_union_ms"] == pytest.approx(c0["kernel_sum_ms"])  # single stream: union == sum
     assert list(c0["streams"]) == [7]
     c1 = check[1]
     assert sorted(c1["streams"]) == [7, 20, 21]
-    assert c1["busy_union_ms"] < c1["kernel_sum_ms"]  # streams overlap on device 1
+    assert c1["kernel_union_ms"] < c1["kernel_sum_ms"]  # streams overlap on device 1
     d1 = a.device(1)
     assert 0 < d1.comm_exposed_ms < d1.comm_ms
     assert d1.overlap_ratio is not None and 0 < d1.overlap_ratio < 1

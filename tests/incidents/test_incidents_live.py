@@ -33,7 +33,7 @@ def _state_with(records: list[StepRecord]) -> AggregatorState:
     return st
 
 
-def test_capture_disturbed_window_is_an_incident_with_the_capture_and_its_findings() -> None:
+def test_a_capture_window_is_listed_apart_never_an_incident_and_informs_the_class() -> None:
     parsed = parse_file(DP2, job="dp2")
     st = _state_with(parsed.records)
     co = CaptureCoordinator(st, None, lambda agent, cmd: True)
@@ -49,19 +49,37 @@ def test_capture_disturbed_window_is_an_incident_with_the_capture_and_its_findin
     assert co.captures[rec.id].status == "finished" and co.captures[rec.id].findings  # findings joined
     a = st.analysis("dp2", force=True)
     assert a is not None
-    (inc,) = [i for i in st.incidents.incidents("dp2") if "capture-disturbed" in i["kinds"]]
-    # the capture touched iterations 15-16; the real log's own slow iterations just before merge in
-    assert inc["first_iteration"] <= 15 and inc["last_iteration"] == 16
-    assert [c["id"] for c in inc["captures"]] == [rec.id]
-    assert inc["captures"][0]["findings"], "the capture's findings travel with the incident"
+    # perfd's own disturbance is no incident: no incident, no incident_opened event, not the headline.
+    assert st.incidents.incidents("dp2") == []
+    assert events.INCIDENT_OPENED.name not in [e["kind"] for e in st.recent_events("dp2")]
+    dist = a.summary["capture_disturbances"]
+    assert dist["n"] == 1 and dist["stretches"][0]["last_iteration"] == 16
     assert all(not it.steady_state for it in a.iterations if 15 <= it.iteration <= 16)
-    assert a.summary["excluded"]["15"].startswith(f"incident {inc['id']}")
-    kinds = [e["kind"] for e in st.recent_events("dp2")]
-    assert events.INCIDENT_OPENED.name in kinds
-    # A capture taken during an incident shows the incident, not the job: not the job's class.
+    assert a.summary["excluded"]["15"].startswith("perfd capture")
+    summary = job_summary(st, "dp2")
+    assert summary is not None and "capture" not in summary["report"]["summary"]["headline"]
+    # The capture's timeline votes for the job's class although its iterations stay out of the steady
+    # state (it ran during no real incident).
     st.ingest_steps("agent-a", [dataclasses.replace(parsed.records[-1], iteration=31)])
     a2 = st.analysis("dp2", force=True)
-    assert a2 is not None and "timeline" not in a2.summary["bottleneck_sources"]
+    assert a2 is not None
+    assert a2.summary["bottleneck_sources"].get("timeline", "").startswith(f"capture {rec.id}")
+    assert "capture" in [v["source"] for v in a2.summary["bottleneck_evidence"]["votes"]]
+
+
+def test_a_capture_that_never_started_disturbs_nothing() -> None:
+    parsed = parse_file(DP2, job="dp2")
+    st = _state_with(parsed.records)
+    co = CaptureCoordinator(st, None, lambda agent, cmd: True)
+    by_it = {r.iteration: r for r in parsed.records}
+    t14 = by_it[14].end_time
+    assert t14 is not None
+    rec = co.request("dp2", [1], "kineto", 3, "manual", now=t14)
+    st.ingest_events("agent-a", [{"kind": events.CAPTURE_FAILED.name, "time": t14 + 0.01,
+                                  "links": {"command_id": rec.id}, "text": "no process known"}])
+    a = st.analysis("dp2", force=True)
+    assert a is not None and a.summary["capture_disturbances"]["n"] == 0
+    assert not any(str(v).startswith("perfd capture") for v in a.summary["excluded"].values())
 
 
 def _slowed(records: list[StepRecord], its: range, rank: int, factor: float) -> list[StepRecord]:
@@ -192,10 +210,13 @@ def test_a_throttled_gpu_is_named_with_its_clock_and_throttle_reason() -> None:
     st.analysis("dp2", force=True)
     (inc,) = st.incidents.incidents("dp2")
     assert inc["ranks"][0] == 1
-    assert "clocks throttled: sw_power_cap" in inc["cause"] and "1305 MHz" in inc["cause"]
+    # Typed: the power cap leads, the clock drop and the rank's compute ratio are its effects.
+    assert inc["verdict"]["cause"] == "power_cap" and inc["verdict"]["rank"] == 1
+    assert {e["kind"] for e in inc["verdict"]["effects"]} >= {"clock_drop", "rank_compute_ratio"}
+    assert "power-capped (sw_power_cap" in inc["cause"] and "1305 MHz" in inc["cause"]
     snap = inc["evidence"]["gpu"]["1"]
     assert snap["gpu_values"]["perfd_gpu_power_watts"] > 600 and "sw_power_cap" in snap["throttle_reasons"]
     summary = job_summary(st, "dp2")
     assert summary is not None
     rec = next(r for r in summary["report"]["recommendations"] if r["finding_id"] == f"incident-{inc['id']}")
-    assert "cooling, power and clocks" in rec["action"]
+    assert "power limit and power delivery" in rec["action"] and "rank 1" in rec["action"]

@@ -1,0 +1,456 @@
+"""On 1 GPU: what perfd concludes about a real Megatron-LM job, live, after the job and offline.
+
+    MEGATRON_DIR=... python3 tests/gpu/verdict_live.py OUT_DIR --config big|tiny [--cotenant-at S]
+
+Megatron-LM is not part of this repository: MEGATRON_DIR points at a checkout (core 0.20). Starts
+`perfd aggregator` with a rule that captures rank 0 with Kineto for 3 steps once the job has stepped
+for CAPTURE_AFTER_S seconds (a steady-state capture), `perfd launch --kineto` around `torchrun
+pretrain_gpt.py` (DP=1, one GPU), `perfd agent --launch-manifest --nvml real`, and beside them the
+NVML recorder (`python -m collectors.nvml.record`) so the run's GPU stream can be replayed in tests.
+``--cotenant-at S``: S seconds after the first iteration a foreign bf16 matmul process runs on the
+same GPU for COTENANT_S seconds.
+
+Polls the aggregator while the job runs (incidents with cause and first recommendation, the class),
+then reads it again after the job, and runs `perfd analyze megatron` on the log (offline) and
+`perfd analyze capture` on the capture's trace. Writes OUT_DIR/verdict_<config>.json and .md and
+keeps the raw material (log, NVML recording, the trace cut to its GPU events) in OUT_DIR/raw_<config>/.
+Exit 0 when the run's own criteria hold (see ``checks``), else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+COTENANT_S = float(os.environ.get("COTENANT_S", "45"))
+CAPTURE_AFTER_S = float(os.environ.get("CAPTURE_AFTER_S", "15"))
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    # ~715 ms steps on an H100: the co-tenant and capture-truth case
+    "big": {"layers": 12, "hidden": 2048, "heads": 16, "seq": 1024, "mbs": 4, "gbs": 32, "iters": 150},
+    # ~41 ms steps, MFU ~0.1%: the launch-bound case
+    "tiny": {"layers": 4, "hidden": 256, "heads": 4, "seq": 256, "mbs": 1, "gbs": 1, "iters": 700},
+}
+
+RULES = """
+rules:
+  - name: steady_capture
+    expr: step_time > 0
+    scope: job
+    for: {for_s}s
+    severity: info
+    action:
+      type: capture
+      tool: kineto
+      targets: {{ranks: [0]}}
+      steps: 3
+      cooldown: 1h
+      max_per_hour: 1
+"""
+
+BURN = """
+import os, time, torch
+x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+end = time.time() + float(os.environ["BURN_S"])
+while time.time() < end:
+    for _ in range(20):
+        y = x @ x
+    torch.cuda.synchronize()
+"""
+
+
+def megatron_argv(megatron: Path, c: dict[str, Any]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "1",
+        "--master_port",
+        "29541",
+        str(megatron / "pretrain_gpt.py"),
+        "--num-layers",
+        str(c["layers"]),
+        "--hidden-size",
+        str(c["hidden"]),
+        "--num-attention-heads",
+        str(c["heads"]),
+        "--seq-length",
+        str(c["seq"]),
+        "--max-position-embeddings",
+        str(c["seq"]),
+        "--micro-batch-size",
+        str(c["mbs"]),
+        "--global-batch-size",
+        str(c["gbs"]),
+        "--train-iters",
+        str(c["iters"]),
+        "--lr",
+        "1e-4",
+        "--lr-decay-style",
+        "constant",
+        "--bf16",
+        "--mock-data",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "32000",
+        "--transformer-impl",
+        "local",
+        "--no-persist-layer-norm",
+        "--no-gradient-accumulation-fusion",
+        "--no-masked-softmax-fusion",
+        "--log-interval",
+        "1",
+        "--log-throughput",
+        "--timing-log-level",
+        "2",
+        "--timing-log-option",
+        "all",
+        "--log-straggler",
+        "--eval-iters",
+        "0",
+        "--eval-interval",
+        "100000",
+        "--disable-bias-linear",
+        "--exit-interval",
+        str(c["iters"]),
+    ]
+
+
+def get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def log_steps(log: Path) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.search(r" iteration\s+(\d+)/.*elapsed time per iteration \(ms\): ([0-9.]+)", line)
+        if m:
+            out[int(m.group(1))] = float(m.group(2))
+    return out
+
+
+def view(summary: dict[str, Any]) -> dict[str, Any]:
+    """What a person reads of a job summary: the class with its votes, incidents, R1, headline."""
+    s = summary.get("summary") or {}
+    rep = summary.get("report") or {}
+    return {
+        "bottleneck": s.get("bottleneck"),
+        "bottleneck_reason": s.get("bottleneck_reason"),
+        "bottleneck_evidence": s.get("bottleneck_evidence"),
+        "bottleneck_sources": s.get("bottleneck_sources"),
+        "headline": (rep.get("summary") or {}).get("headline"),
+        "incidents": [
+            {
+                k: i.get(k)
+                for k in (
+                    "id",
+                    "first_iteration",
+                    "last_iteration",
+                    "kinds",
+                    "ranks",
+                    "cost_s",
+                    "open",
+                    "cause",
+                    "verdict",
+                )
+            }
+            for i in summary.get("incidents") or []
+        ],
+        "recommendations": [r.get("action") for r in rep.get("recommendations") or []][:4],
+        "jitter": s.get("jitter"),
+        "capture_disturbances": s.get("capture_disturbances"),
+    }
+
+
+def cut_trace(src: Path, dst: Path) -> None:
+    """Keep a Chrome trace's GPU events (kernels, copies, sets) and its metadata: the part a
+    timeline breakdown reads, small enough to keep as test data."""
+    doc = json.loads(src.read_text())
+    keep = [
+        e
+        for e in doc.get("traceEvents", [])
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") or e.get("ph") == "M"
+    ]
+    doc["traceEvents"] = keep
+    with gzip.open(dst, "wt") as f:
+        json.dump(doc, f)
+
+
+def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> dict[str, Any]:
+    c = CONFIGS[config]
+    job = f"verdict-{config}"
+    raw = out / f"raw_{config}"
+    raw.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {"job": job, "config": c, "cotenant_at": cotenant_at, "cotenant_s": COTENANT_S}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+        "NCCL_NVLS_ENABLE": "0",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    }
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, argv: list[str], extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**env, **(extra or {})},
+            stdout=(raw / f"{name}.out").open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        procs.append(p)
+        return p
+
+    try:
+        (raw / "rules.yaml").write_text(RULES.format(for_s=int(CAPTURE_AFTER_S)))
+        ready = raw / "agg.ready"
+        start(
+            "aggregator",
+            [
+                sys.executable,
+                "-m",
+                "perfd.cli",
+                "aggregator",
+                "--grpc-port",
+                "0",
+                "--http-port",
+                "0",
+                "--rules",
+                str(raw / "rules.yaml"),
+                "--rules-interval",
+                "1",
+                "--ready-file",
+                str(ready),
+            ],
+        )
+        t_end = time.time() + 30
+        while not (ready.exists() and ready.read_text().strip()):
+            if time.time() > t_end:
+                raise RuntimeError("aggregator did not start")
+            time.sleep(0.1)
+        grpc_port, http_port = map(int, ready.read_text().split())
+        base = f"http://127.0.0.1:{http_port}/api"
+        start(
+            "nvml_record",
+            [
+                sys.executable,
+                "-m",
+                "collectors.nvml.record",
+                str(raw / "nvml.jsonl"),
+                "--duration",
+                "600",
+                "--interval",
+                "0.5",
+                "--devices",
+                "0",
+            ],
+        )
+        run_dir = raw / "run"
+        t0 = time.time()
+        launch = start(
+            "launch",
+            [
+                sys.executable,
+                "-m",
+                "perfd.cli",
+                "launch",
+                "--job",
+                job,
+                "--run-dir",
+                str(run_dir),
+                "--kineto",
+                "--",
+                *megatron_argv(megatron, c),
+            ],
+        )
+        manifest = run_dir / "launch.json"
+        while not manifest.exists():
+            if time.time() - t0 > 30:
+                raise RuntimeError("no launch manifest")
+            time.sleep(0.1)
+        (raw / "agent.yaml").write_text(f"capture_dir: {raw / 'captures'}\nbatch_interval_s: 0.5\n")
+        start(
+            "agent",
+            [
+                sys.executable,
+                "-m",
+                "perfd.cli",
+                "agent",
+                "--launch-manifest",
+                str(manifest),
+                "--aggregator",
+                f"127.0.0.1:{grpc_port}",
+                "--nvml",
+                "real",
+                "--metrics-port",
+                "-1",
+                "--config",
+                str(raw / "agent.yaml"),
+            ],
+        )
+        log = run_dir / "output.log"
+        t_first = None
+        burn = None
+        t_burn = None
+        polls: list[dict[str, Any]] = []
+        while launch.poll() is None and time.time() - t0 < 420:
+            if t_first is None and log.exists() and log_steps(log):
+                t_first = time.time()
+                res["first_iteration_s_after_launch"] = round(t_first - t0, 1)
+            if (
+                cotenant_at is not None
+                and burn is None
+                and t_first is not None
+                and time.time() - t_first >= cotenant_at
+            ):
+                burn = start("cotenant", [sys.executable, "-c", BURN], {"BURN_S": str(COTENANT_S)})
+                t_burn = time.time()
+                res["cotenant"] = {
+                    "pid": burn.pid,
+                    "started_s_after_first_iteration": round(t_burn - t_first, 1),
+                }
+            try:
+                v = view(get(f"{base}/jobs/{job}/summary"))
+                polls.append(
+                    {
+                        "t": round(time.time() - t0, 1),
+                        "cotenant_running": burn is not None and burn.poll() is None,
+                        **v,
+                    }
+                )
+            except Exception as exc:
+                polls.append({"t": round(time.time() - t0, 1), "error": repr(exc)})
+            time.sleep(3)
+        res["job_exit"] = launch.poll()
+        res["polls"] = polls
+        time.sleep(8)  # the last iterations and the capture report reach the aggregator
+        res["after"] = view(get(f"{base}/jobs/{job}/summary"))
+        res["captures"] = get(f"{base}/captures")["captures"]
+        res["events"] = [
+            {"kind": e.get("kind"), "text": str(e.get("text"))[:400]} for e in get(f"{base}/events")["events"]
+        ]
+        steps = log_steps(log)
+        res["log_steps"] = len(steps)
+        for name in ("output.log", "output.log.times"):
+            if (run_dir / name).exists():
+                (raw / name.replace("output", f"megatron_{config}")).write_bytes(
+                    (run_dir / name).read_bytes()
+                )
+        off = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "perfd.cli",
+                "analyze",
+                "megatron",
+                str(log),
+                "--gpu",
+                "NVIDIA H100 80GB HBM3",
+                "--json",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        res["offline"] = (
+            view(json.loads(off.stdout)) if off.returncode == 0 else {"error": off.stderr[-2000:]}
+        )
+        traces = sorted((raw / "captures").rglob("*.json")) if (raw / "captures").exists() else []
+        res["traces"] = [str(t.relative_to(raw)) for t in traces]
+        for i, t in enumerate(traces[:2]):
+            cut_trace(t, raw / f"trace_{config}_{i}.json.gz")
+            ac = subprocess.run(
+                [sys.executable, "-m", "perfd.cli", "analyze", "trace", str(t), "--json"],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            res.setdefault("capture_analysis", []).append(
+                json.loads(ac.stdout) if ac.returncode == 0 else {"error": ac.stderr[-2000:]}
+            )
+        if t_burn is not None:
+            res["cotenant"]["ran_s"] = COTENANT_S
+    except Exception as exc:
+        res["error"] = f"{type(exc).__name__}: {exc}"
+        res["traceback"] = traceback.format_exc()[-3000:]
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+        for t in (raw / "captures").rglob("*.json") if (raw / "captures").exists() else []:
+            t.unlink()  # the full traces stay on the GPU machine; the cut ones come back
+    res["checks"] = checks(res, config)
+    return res
+
+
+def checks(res: dict[str, Any], config: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    after, off = res.get("after") or {}, res.get("offline") or {}
+    live = [p for p in res.get("polls", []) if p.get("bottleneck")]
+    out["class_live_last"] = live[-1]["bottleneck"] if live else None
+    out["class_after"] = after.get("bottleneck")
+    out["class_offline"] = off.get("bottleneck")
+    if res.get("cotenant"):
+        pid = res["cotenant"]["pid"]
+        incs = after.get("incidents") or []
+        main = max(incs, key=lambda i: i.get("cost_s") or 0.0) if incs else None
+        out["main_incident"] = main and {
+            k: main.get(k) for k in ("id", "first_iteration", "last_iteration", "cost_s", "cause")
+        }
+        out["cause_names_pid_after"] = bool(main and f"pid {pid}" in str(main.get("cause")))
+        recs = after.get("recommendations") or []
+        out["r1"] = recs[0] if recs else None
+        out["r1_names_other_process"] = bool(recs and "other processes" in recs[0])
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="big")
+    ap.add_argument("--cotenant-at", type=float, default=None)
+    args = ap.parse_args()
+    megatron = Path(os.environ.get("MEGATRON_DIR", "")).resolve()
+    if not (megatron / "pretrain_gpt.py").exists():
+        print("set MEGATRON_DIR to a Megatron-LM checkout", file=sys.stderr)
+        return 2
+    out: Path = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    res = run(out, megatron, args.config, args.cotenant_at)
+    (out / f"verdict_{args.config}.json").write_text(json.dumps(res, indent=1, default=str))
+    print(json.dumps(res.get("checks"), indent=1, default=str))
+    print(json.dumps(res.get("after"), indent=1, default=str)[:4000])
+    return 0 if not res.get("error") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
