@@ -25,6 +25,8 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     m.add_argument("--dtype", help="training dtype for the peak (default: from the log's arguments)")
     m.add_argument("--job", default=None, help="job name (default: the file name)")
     m.add_argument("--json", action="store_true", help="print JSON instead of the text report")
+    m.add_argument("--capture", metavar="TRACE", help="a capture of the job (Kineto/Chrome trace .json[.gz], "
+                   "nsys .nsys-rep or .sqlite): its timeline votes for the bottleneck class, as it does live")
     from perfd.commands.analyze import add_iterations_argument
 
     add_iterations_argument(m)

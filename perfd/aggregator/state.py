@@ -13,8 +13,11 @@ run in other threads: each part has its own lock, and no method holds two at onc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +45,20 @@ log = logging.getLogger(__name__)
 __all__ = ["AggregatorState", "GpuKey", "JobState", "NodeSeries", "job_level_steps"]
 
 GPM_LIVE = "GPM while the job stepped"
+STEPPING_MIN_S = 5.0  # a job whose last step is this recent (or STEPPING_STEPS steps) is stepping
+STEPPING_STEPS = 3
+STEADY_GPM_READINGS = 30  # readings whose median is the job's last steady window
+
+
+def _median_reading(rs: Sequence[GpmReading] | None) -> GpmReading | None:
+    """Field by field, the median of the readings that have the field."""
+    if not rs:
+        return None
+    out: dict[str, float | None] = {}
+    for f in dataclasses.fields(GpmReading):
+        xs = [v for r in rs if (v := getattr(r, f.name)) is not None]
+        out[f.name] = statistics.median(xs) if xs else None
+    return GpmReading(**out)
 GPM_LAST_STEADY = "GPM of the job's last steady window (the job is not stepping now)"
 
 # The GPU series an incident keeps as evidence of the time (besides gpu_hints' comparison).
@@ -76,8 +93,9 @@ class AggregatorState:
         self.serving = ServingStore()
         self.incidents = IncidentTracker(lambda evs: self.ingest_events("aggregator", evs))
         self._tracked: dict[str, RunAnalysis] = {}  # job -> the analysis incidents were taken from
-        # job -> GPM read while it stepped with no incident open: its class after it stops
-        self._steady_gpm: dict[str, GpmReading] = {}
+        # job -> GPM readings taken while it stepped with no incident open (the newest ones): their
+        # median stands for the job after it stops, so the idle readings as it ends do not
+        self._steady_gpm: dict[str, deque[GpmReading]] = {}
         # Set by the capture coordinator: the job's capture records (JSON), for incidents and for
         # marking the iterations a capture disturbed.
         self.captures_of: Callable[[str], list[dict[str, Any]]] = lambda job: []
@@ -238,12 +256,21 @@ class AggregatorState:
         ov = self.jobs.overview(job)
         age = ov.get("last_step_age_s") if ov else None
         running = age is None or age <= stale_after(None, self.job_stale_after_s)
-        if running:
+        if running and self._stepping(job, age):
             gpm = self.nodes.gpm(self.jobs.agents_of(job))
             if gpm is not None and not self.incidents.open_incidents(job):
-                self._steady_gpm[job] = gpm
+                self._steady_gpm.setdefault(job, deque(maxlen=STEADY_GPM_READINGS)).append(gpm)
             return gpm, timeline, GPM_LIVE
-        return self._steady_gpm.get(job), timeline, GPM_LAST_STEADY
+        return _median_reading(self._steady_gpm.get(job)), timeline, GPM_LAST_STEADY
+
+    def _stepping(self, job: str, age: float | None) -> bool:
+        """The job's last step came within a few steps' time: its GPUs' GPM shows its work (a job
+        that stopped but is not yet stale would show an idle GPU)."""
+        if age is None:
+            return False
+        a = self.jobs.cached_analysis(job)
+        step_ms = a.summary["medians"].get("step_time_ms") if a is not None else None
+        return age <= max(STEPPING_MIN_S, STEPPING_STEPS * (step_ms or 0.0) / 1e3)
 
     def _capture_windows(self, job: str) -> list[tuple[float, float]]:
         """(start, end) of the job's captures: the iterations they touch are disturbed."""

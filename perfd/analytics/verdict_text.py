@@ -10,6 +10,7 @@ from typing import Any
 from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, Verdict
 
 K = EvidenceKind
+CMDLINE_CHARS = 80  # a foreign process's command line as shown in one line (whitespace collapsed)
 
 
 def _mhz(hz: float | None) -> str:
@@ -32,7 +33,8 @@ def _gpu(e: Evidence) -> str:
 
 def _foreign(e: Evidence) -> str:
     d = e.detail
-    cmd = d.get("cmdline") or d.get("name") or "command line not visible"
+    cmd = " ".join(str(d.get("cmdline") or d.get("name") or "command line not visible").split())
+    cmd = cmd if len(cmd) <= CMDLINE_CHARS else cmd[: CMDLINE_CHARS - 1] + "…"
     return (
         f"{_gpu(e)} was shared with another process: pid {d.get('pid', e.key)} ({cmd}; "
         f"{_gib(d.get('used_memory_bytes'))}){_seen(e)}"
@@ -163,10 +165,11 @@ def cause_text(v: Verdict, slow: str, single_rank: bool = False) -> str:
     """The incident's one line: the lead cause, how slow, and what the lead also explains."""
     if v.lead is None:
         gaps = [missing_text(m) for m in v.missing if not (single_rank and m is Missing.PER_RANK_TIMERS)]
-        who = "the job's only rank" if single_rank else "no rank named"
-        return f"{slow}; unexplained: {who}" + (
-            f"; {'; '.join(gaps)}" if gaps else "; its GPU and timers showed nothing unusual"
-        )
+        why = "; ".join(gaps) if gaps else "its GPU and timers showed nothing unusual"
+        if single_rank:
+            rank = v.rank if v.rank is not None else 0
+            return f"the job's only rank ({rank}) ran {slow}; not explained: {why}"
+        return f"{slow}; not explained: {why}"
     text = f"{sentence(v.lead)}; {slow}"
     if v.effects:
         text += "; with its effects: " + "; ".join(sentence(e) for e in v.effects)

@@ -158,6 +158,14 @@ def run_analyze(args: argparse.Namespace) -> int:
     why = check_log(args.log) or check_gpu(args.gpu, args.peak_tflops)
     if why:
         return refuse(why)
+    timeline = None
+    if getattr(args, "capture", None):
+        from perfd.commands.analyze_capture import timeline_class
+
+        try:
+            timeline = timeline_class(args.capture)
+        except Exception as exc:  # unreadable capture: say what and where, no traceback
+            return refuse(f"cannot analyse the capture {args.capture}: {exc}")
     from perfd.commands import megatron_offline
     from perfd.logfiles import LogFileError
 
@@ -168,7 +176,7 @@ def run_analyze(args: argparse.Namespace) -> int:
             source = Path(args.log).name if args.log != "-" else "stdin"
             parsed, analysis = megatron_offline.analyze_stream(
                 path, lambda p: _read_lines(p, sys.stderr.isatty()), name, source, args.gpu,
-                args.peak_tflops, args.dtype)
+                args.peak_tflops, args.dtype, timeline)
     except (OSError, EOFError, LogFileError) as exc:  # unreadable, corrupt or truncated archive
         return refuse(f"cannot read {args.log}: {exc}")
     if analysis is None:

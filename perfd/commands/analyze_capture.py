@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from perfd import finite_json
+from perfd.analytics.diagnosis import TimelineClass
 
 
 def add_arguments(asub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -68,3 +69,21 @@ def run(args: argparse.Namespace) -> int:
     for r in diag.recommendations:
         print(f"  {r.priority}. {r.action}" + (f" ({r.detail})" if r.detail else ""))
     return 0
+
+
+def timeline_class(path: str) -> TimelineClass:
+    """The class a capture file's timeline supports (what a live capture gives the job's class)."""
+    from perfd.analytics.capture_findings import diagnose_capture
+
+    p = Path(path)
+    if p.suffix in (".nsys-rep", ".sqlite"):
+        from perfd.capture.nsys_sqlite import analyze_nsys
+
+        devices = analyze_nsys(p).to_json()["devices"]
+    else:
+        from perfd.capture.chrome_trace import analyze_chrome_trace
+
+        devices = analyze_chrome_trace(p).to_json()["devices"]
+    assert isinstance(devices, list)
+    d = diagnose_capture(devices, label=p.name)
+    return TimelineClass(d.bottleneck, d.bottleneck_reason, f"capture {p.name}")

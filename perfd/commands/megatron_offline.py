@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors.megatron.parser import MegatronLogParser
+from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.megatron_job import RunAnalysis, RunBuilder
 from perfd.model import JobInfo, ParseIssue
 
@@ -38,20 +39,21 @@ class OfflineParse:
 
 def analyze_stream(path: str, read_lines: Callable[[str], Iterable[str]], job: str, source_name: str,
                    gpu: str | None = None, peak_tflops: float | None = None,
-                   dtype: str | None = None) -> tuple[OfflineParse, RunAnalysis | None]:
+                   dtype: str | None = None, timeline: TimelineClass | None = None
+                   ) -> tuple[OfflineParse, RunAnalysis | None]:
     """Parse and analyse the log at ``path`` (``read_lines(path)`` gives its lines) without keeping
     its records; (parse facts, analysis), the analysis None when the log has no iteration."""
-    parse, run, first_job = _pass(read_lines(path), job, source_name, gpu, peak_tflops, dtype, None)
+    parse, run, first_job = _pass(read_lines(path), job, source_name, gpu, peak_tflops, dtype, None, timeline)
     if run is not None and parse.job_info != first_job:
         final = parse.job_info
-        parse, run, _ = _pass(read_lines(path), job, source_name, gpu, peak_tflops, dtype, final)
+        parse, run, _ = _pass(read_lines(path), job, source_name, gpu, peak_tflops, dtype, final, timeline)
         parse.passes = 2
     return parse, (run.finish() if run is not None else None)
 
 
 def _pass(lines: Iterable[str], job: str, source_name: str, gpu: str | None, peak: float | None,
-          dtype: str | None, fixed_job: JobInfo | None) -> tuple[OfflineParse, RunBuilder | None,
-                                                                  JobInfo | None]:
+          dtype: str | None, fixed_job: JobInfo | None, timeline: TimelineClass | None = None
+          ) -> tuple[OfflineParse, RunBuilder | None, JobInfo | None]:
     """One read of the log. The analysis takes ``fixed_job`` or, without it, the job info as the
     parser knows it at the first record (a copy: the parser goes on filling its own)."""
     parser = MegatronLogParser(job=job, source_name=source_name)
@@ -64,7 +66,7 @@ def _pass(lines: Iterable[str], job: str, source_name: str, gpu: str | None, pea
         for rec in records:
             if run is None:
                 used = fixed_job or copy.deepcopy(parser.job_info)
-                run = RunBuilder(used, gpu, peak, dtype)
+                run = RunBuilder(used, gpu, peak, dtype, timeline=timeline)
             run.add(rec)
             n += 1
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from perfd import catalog
 from perfd.analytics.findings import Finding, Recommendation, grade_mfu, order_findings
-from perfd.analytics.incidents import incident_findings
+from perfd.analytics.incidents import incident_findings, is_disturbance
 from perfd.analytics.megatron_job import RunAnalysis
 
 
@@ -113,11 +113,14 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
     job = analysis.job
     lay = job["layout"]
     gpu = job["gpu"]
-    headline = (f"{job.get('name') or 'job'}: MFU {format_value(med.get('mfu'), 'ratio')} ({grade}), "
-                f"{format_value(med.get('model_tflops_per_gpu'), 'tflops')} per GPU on "
-                f"{gpu.get('model') or 'unknown GPU'}"
-                f", bottleneck {s['bottleneck']}; TP={lay.get('tp')} PP={lay.get('pp')} DP={lay.get('dp')}, "
-                f"{lay.get('microbatches')} micro-batches")
+    mfu_text = (f"MFU {format_value(med.get('mfu'), 'ratio')} ({grade})" if med.get("mfu") is not None
+                else f"MFU unknown ({gpu.get('peak_reason') or 'no model FLOPs or peak'})")
+    tput = med.get("model_tflops_per_gpu")
+    headline = (f"{job.get('name') or 'job'}: {mfu_text}"
+                + (f", {format_value(tput, 'tflops')} per GPU" if tput is not None else "")
+                + (f" on {gpu['model']}" if gpu.get("model") else "")
+                + f", bottleneck {s['bottleneck']}" + layout_text(lay))
+    incs = [i for i in incs if not is_disturbance(i)]  # perfd's own capture is never the headline
     worst = max((i for i in incs if isinstance(i.get("cost_s"), (int, float))),
                 key=lambda i: float(i["cost_s"]), default=None)
     if worst is not None:  # the largest recoverable loss leads
@@ -127,6 +130,17 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
     summary = ReportSummary(job.get("name"), grade, grade_text, med.get("mfu"), s["bottleneck"],
                             s["bottleneck_reason"], span, headline)
     return Report(summary, metrics, findings, recs, job)
+
+
+def layout_text(lay: Mapping[str, Any]) -> str:
+    """"; TP=2 PP=4 DP=8, 16 micro-batches" with only the parts the job says; "" when none is known."""
+    dims = " ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep")
+                    if isinstance(lay.get(k), int) and (k in ("tp", "pp", "dp") or lay[k] > 1))
+    mb = lay.get("microbatches")
+    world = lay.get("world_size")
+    parts = [p for p in (dims, f"{mb} micro-batches" if isinstance(mb, int) else "",
+                         f"{world} ranks" if isinstance(world, int) and not dims else "") if p]
+    return ("; " + ", ".join(parts)) if parts else ""
 
 
 def analysis_json(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None, *,
