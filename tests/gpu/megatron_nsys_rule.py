@@ -43,17 +43,21 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB = "nsys-rule"
 TOTAL_S = float(os.environ.get("TOTAL_S", "540"))
 ITERS = int(os.environ.get("MEGATRON_ITERS", "600"))
-RULES = """
+# The condition of the issue's run; RULE_EXPR and NVML=off only serve a dry run of the plumbing
+# on a machine without a GPU (no NVML: no GPU name, no peak, no MFU).
+RULE_EXPR = os.environ.get("RULE_EXPR", "perfd_job_mfu_ratio < 60%")
+NVML = os.environ.get("NVML", "real")
+RULES = f"""
 rules:
   - name: low_mfu_nsys
-    expr: perfd_job_mfu_ratio < 60%
+    expr: {RULE_EXPR}
     for: 6s
     severity: warning
-    annotations: {summary: MFU under 60% for 6 s}
+    annotations: {{summary: "{RULE_EXPR} for 6 s"}}
     action:
       type: capture
       tool: nsys
-      targets: {ranks: [0]}
+      targets: {{ranks: [0]}}
       steps: 3
       cooldown: 1h
       max_per_hour: 1
@@ -176,16 +180,20 @@ class Run:
         self.wait_for("launch manifest", manifest.exists, 60)
         (out / "agent.yaml").write_text(f"capture_dir: {out / 'captures'}\nbatch_interval_s: 0.5\n")
         self.start("agent", [sys.executable, "-m", "perfd.cli", "agent", "--launch-manifest", str(manifest),
-                             "--aggregator", f"127.0.0.1:{grpc_port}", "--nvml", "real", "--metrics-port",
+                             "--aggregator", f"127.0.0.1:{grpc_port}", "--nvml", NVML, "--metrics-port",
                              "-1", "--config", str(out / "agent.yaml")])
         res["stage"] = "waiting for the capture"
         log = run_dir / "output.log"
+        self.manifest = manifest
         capture: dict[str, Any] | None = None
         fired_at_iteration: int | None = None
         next_print = 0.0
         while time.time() < self.deadline - 30:
             its = log_iterations(log)
             last_it = max(its) if its else None
+            if last_it is not None and "nsys_sessions" not in res:  # the rank's session, for the record
+                res["nsys_sessions"] = self.nsys_sessions()
+                self.say(f"first iteration logged; nsys sessions: {res['nsys_sessions']}")
             try:
                 caps = [c for c in get(f"{api}/captures")["captures"] if c.get("job") == JOB]
                 events = [e for e in get(f"{api}/events")["events"] if e.get("kind") in WATCHED]
@@ -244,12 +252,53 @@ class Run:
                          and cap.get("ranks") == [0] and cap.get("findings"))
         return res
 
+    def nsys_sessions(self) -> str:
+        from perfd.capture.nsys_sqlite import find_nsys
+
+        try:
+            res = subprocess.run([find_nsys(), "sessions", "list"], capture_output=True, text=True,
+                                 timeout=30, env=self.env)
+            return (res.stdout + res.stderr).strip()[-1000:]
+        except Exception as exc:
+            return repr(exc)
+
+    def job_pids(self) -> list[int]:
+        """Processes of this run's job (perfd launch gives each the manifest's path in its
+        environment): torchrun, nsys and the rank, wherever they moved in the process tree."""
+        manifest = getattr(self, "manifest", None)
+        if manifest is None:
+            return []
+        mark = f"PERFD_LAUNCH_MANIFEST={manifest.resolve()}".encode()
+        pids = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit() and int(d.name) != os.getpid():
+                try:
+                    if mark in (d / "environ").read_bytes().split(b"\0"):
+                        pids.append(int(d.name))
+                except OSError:
+                    continue
+        return pids
+
     def cleanup(self) -> None:
         for name in ("launch", "agent", "aggregator"):
             try:
                 self.stop(name)
             except Exception as exc:  # go on: every process must be stopped
                 self.say(f"stopping {name}: {exc!r}")
+        left = self.job_pids()  # a rank left behind would hold the GPU for the next run
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not left:
+                break
+            self.say(f"job processes still there: {left}; {sig.name}")
+            for pid in left:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            end = time.time() + 15
+            while left and time.time() < end:
+                time.sleep(0.5)
+                left = self.job_pids()
         outs = {n: self.out / f"{n}.out" for n in ("aggregator", "agent", "launch")}
         self.res["logs_tail"] = {n: p.read_text(errors="replace")[-2000:]
                                  for n, p in outs.items() if p.exists()}
