@@ -18,7 +18,8 @@ Each process's output goes to OUT_DIR as it is written (``aggregator.out``, ``ag
 new events, capture status) is printed and appended to ``progress.log`` every few seconds. Once the
 capture has ended the job is stopped (it is only there to be captured). Writes
 ``megatron_nsys_rule.json`` and ``.md``; exit 0 only when the capture finished on rank 0 with
-findings, 1 otherwise (the summary says where it stopped), 2 for a setup problem.
+findings, 1 otherwise (the summary says where it stopped), 2 for a setup problem. The nsys report
+and its SQLite export are deleted at the end (their sizes are kept) unless ``KEEP_REPORTS=1``.
 
 Bounds: everything ends within ``TOTAL_S`` (default 540 s, under a 10-minute command limit): the
 job runs under ``timeout``, each wait has a deadline, and every process started here is stopped.
@@ -247,6 +248,14 @@ class Run:
             s = started[0]
             res["range_start_step"] = s
             res["range_iterations_ms"] = {i: its.get(i) for i in range(s - 1, s + 5)}
+        # The report and its export are large (tens of MB): their sizes stay in the summary, the
+        # files only with KEEP_REPORTS=1 (the analysis is in the capture record already).
+        big = [p for p in (out / "captures").rglob("*") if p.suffix in (".nsys-rep", ".sqlite")] \
+            if (out / "captures").exists() else []
+        res["reports"] = {str(p.relative_to(out)): p.stat().st_size for p in big}
+        if os.environ.get("KEEP_REPORTS") != "1":
+            for p in big:
+                p.unlink()
         cap = res.get("capture") or {}
         res["ok"] = bool(cap.get("status") == "finished" and cap.get("tool") == "nsys"
                          and cap.get("ranks") == [0] and cap.get("findings"))
