@@ -21,15 +21,16 @@ from typing import Any
 
 from perfd import catalog
 from perfd import limits as L
+from perfd.aggregator import rule_scopes
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import place_ranks
 from perfd.analytics.capture_findings import diagnose_capture, steady_compute_ms
+from perfd.analytics.liveness import ENDED, RUNNING
 from perfd.analytics.megatron_job import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS
 from perfd.refusals import Refusals
 from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine
-from perfd.rules.expr import base_name, series_key
 from perfd.rules.model import CaptureAction, CaptureTargets
 from perfd.transport.codec import Command
 
@@ -138,30 +139,28 @@ class CaptureCoordinator:
 
     # ---- evaluation ------------------------------------------------------------------------
     def scope_values(self) -> dict[Any, dict[str, float | None]]:
-        out: dict[Any, dict[str, float | None]] = {}
-        # Only the GPU series some gpu-scope rule reads (a few of ~25 per GPU, on every GPU).
-        gpu_names = {base_name(k) for k in self.engine.reads("gpu")} if self.engine is not None else set()
-        for job in self.state.job_names():  # a stalled job keeps one value: how long it has been stalled
-            stalled = self.state.stalled_seconds(job)
-            if stalled:
-                out[job] = {catalog.JOB_STALLED_SECONDS: stalled}
-        for job in self.state.running_jobs():  # rules stop evaluating a stalled or ended job
+        """What the rules read: every job series /metrics exports, by scope, for each job that has
+        not ended (perfd.aggregator.rule_scopes); GPU series only where some rule reads them."""
+        states = {}
+        for job in self.state.job_names():
+            ov = self.state.job_overview(job)
+            if ov is not None:
+                states[job] = ov["state"]
+        ended = {j for j, s in states.items() if s == ENDED}
+        latest = {}
+        for job in (j for j, s in states.items() if s == RUNNING):  # /metrics: derived gauges while running
             it = self._latest(job)
             if it is not None:
-                # every job metric is a key; an absent one is None (a rule on it stays pending)
-                present = catalog.job_values(it)
-                out[job] = {m.name: present.get(m.name) for m in catalog.job_metrics()}
-                out[job][catalog.JOB_STALLED_SECONDS] = 0.0
-                for rank, ratio in it.straggler_rank_compute_ratio.items():
-                    out[(job, rank)] = {"perfd_job_rank_compute_ratio": float(ratio)}
-            if not gpu_names:
-                continue
-            _procs, values, throttles = self.state.gpu_view(job, gpu_names)
-            for (node, gpu), vals in values.items():
-                gv: dict[str, float | None] = dict(vals)
-                for reason in throttles.get((node, gpu), []):
-                    gv[series_key(catalog.GPU_THROTTLE_ACTIVE, {"reason": reason})] = 1.0
-                out[(job, node, gpu)] = gv
+                latest[job] = it
+        out: dict[Any, dict[str, float | None]] = {}
+        rule_scopes.add_rows(out, rule_scopes.job_rows(self.state, latest), ended)
+        for job in latest:  # every job metric is a key; an absent one is None (a rule on it stays pending)
+            vals = out.setdefault(job, {})
+            for m in catalog.job_metrics():
+                vals.setdefault(m.name, None)
+        if self.engine is not None:
+            rule_scopes.add_gpu_values(out, self.state, [j for j in states if j not in ended],
+                                       self.engine.reads("gpu"), self.engine.reads("rank"))
         return out
 
     def evaluate(self, now: float | None = None) -> list[Firing]:

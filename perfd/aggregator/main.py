@@ -28,7 +28,7 @@ from perfd.jobinfo_json import decode_job_info
 from perfd.limits import REFUSED_JOB_INFO_VALUE
 from perfd.refusals import Refusals
 from perfd.rules.engine import RuleEngine
-from perfd.rules.loader import default_pack_path, load_pack
+from perfd.rules.loader import check_files_warned, default_pack_path, load_pack
 from perfd.transport.codec import DecodedBatch, HelloInfo, Series
 from perfd.transport.security import ServerTls, TokenFile
 from perfd.transport.server import IngestServer
@@ -132,6 +132,8 @@ class Aggregator:
         else:
             files = cfg.rules_files
         rules = [r for f in files for r in load_pack(f).rules]  # a bad pack stops start-up: loud
+        for w in check_files_warned(files)[1]:  # loads, but never fires: say so once, at start-up
+            log.warning("%s", w)
         return RuleEngine(rules) if rules else None
 
     async def _refresh_loop(self) -> None:

@@ -33,7 +33,7 @@ import math
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -176,6 +176,13 @@ class _Failed(Exception):
     def __init__(self, status: str, reason: str) -> None:
         super().__init__(reason)
         self.status, self.reason = status, reason
+
+
+def next_range_start(last_step: int | None) -> int:
+    """The step a hook range asked for now starts at: two past the rank's last reported step (the
+    hook polls every 50 ms and its records arrive batched, so the next step may already be under
+    way; a start that has passed begins at the hook's next step, and its status says which)."""
+    return last_step + 2 if last_step is not None else 0
 
 
 def _reports(base: Path, since: float) -> list[Path]:
@@ -631,8 +638,7 @@ class CaptureManager:
         for r in req.ranks:
             start = req.start_iteration
             if start is None:
-                last = self.hook_last_step(r) if self.hook_last_step is not None else None
-                start = last + 2 if last is not None else 0  # a passed start begins at the next step
+                start = next_range_start(self.hook_last_step(r) if self.hook_last_step is not None else None)
             rid = ask(r, start, req.steps)
             if rid is None:
                 raise _Failed("failed", f"rank {r}: the step hook is unreachable "
@@ -644,8 +650,9 @@ class CaptureManager:
             raise _Failed("failed", "; ".join(f"rank {r}: the hook {s['state']} the profile range at step "
                                              f"{s.get('step')}" for r, s in sorted(bad.items())))
         if len(states) < len(requests):
-            raise _Failed("timeout", f"rank(s) {sorted(set(requests) - set(states))}: no cudaProfilerStart "
-                                     f"before the {req.timeout_s:.0f} s timeout")
+            late = sorted(set(requests) - set(states))
+            raise _Failed("timeout", f"rank(s) {late}: no cudaProfilerStart before the {req.timeout_s:.0f} s "
+                                     f"timeout{self._range_progress(late, requests)}")
         m["timings"]["started_at"] = m["timings"]["first_event_at"] = max(float(s.get("time") or self.clock())
                                                                           for s in states.values())
         m["steps"] = {"start": min(int(s.get("step", 0)) for s in states.values()), "count": req.steps}
@@ -653,6 +660,21 @@ class CaptureManager:
         self.store.write(m)
         self._emit(STARTED, req, f"cudaProfilerStart on rank(s) {sorted(states)} {lat:.2f} s after "
                    "the request", "info", m["id"], {"latency_s": round(lat, 3)})
+
+    def _range_progress(self, ranks: Sequence[int], requests: Mapping[int, int]) -> str:
+        """Why a range may not have opened: per rank, the step its hook accepted against the last
+        step it reported (a loop whose step numbers stop advancing never reaches the start)."""
+        parts = []
+        with self._hook_cond:
+            for r in ranks:
+                events = self._hook_events.get(requests[r], [])
+                acc = next((e for e in events if e.get("state") == "accepted"), None)
+                last = self.hook_last_step(r) if self.hook_last_step is not None else None
+                if acc is None:
+                    parts.append(f"rank {r}: the hook never answered the request")
+                else:
+                    parts.append(f"rank {r}: accepted for step {acc.get('step')}, last step reported {last}")
+        return f" ({'; '.join(parts)})" if parts else ""
 
     def _wait_hook(self, requests: Mapping[int, int], want: Iterable[str],
                    deadline: float) -> dict[int, dict[str, Any]]:

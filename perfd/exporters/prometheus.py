@@ -29,25 +29,38 @@ def _name_for_family(name: str) -> str:
     return name[: -len("_total")] if name.endswith("_total") else name
 
 
+Row = tuple[Mapping[str, str], str, float]  # (labels, catalog name, value)
+_BOTTLENECK = "perfd_job_bottleneck_info"
+_RANK_RATIO = "perfd_job_rank_compute_ratio"
+
+
+def iteration_rows(job: str, it: Any, per_rank: bool = True) -> list[Row]:
+    """The series of a job's latest analysed iteration (the typed result or its JSON): every
+    catalog job metric present (perfd.catalog.job_values, the one mapping), the bottleneck class and,
+    unless ``per_rank`` is False, each rank's compute ratio. /metrics and the rules both read these."""
+    lab = {"job_name": job}
+    rows: list[Row] = [(lab, name, value) for name, value in catalog.job_values(it).items()]
+    cls = _field(it, "bottleneck")
+    if isinstance(cls, str):
+        rows.append(({**lab, "class": cls}, _BOTTLENECK, 1.0))
+    per_rank_ratios = (_field(it, "straggler_rank_compute_ratio") or {}) if per_rank else {}
+    for rank, ratio in sorted(per_rank_ratios.items(), key=lambda kv: int(kv[0])):
+        rows.append(({**lab, "rank": str(rank)}, _RANK_RATIO, float(ratio)))
+    return rows
+
+
 def job_families(job_iterations: Mapping[str, Any], per_rank: bool = True) -> Iterator[Metric]:
-    """Families for every job's latest analysed iteration: {job name: iteration result} (the
-    typed result or its JSON; values through perfd.catalog.job_values, the one mapping).
-    ``per_rank=False`` leaves out the per-rank series (bounded cardinality for very large jobs)."""
-    fams = {m.name: _gauge(m.name, ["job_name"]) for m in catalog.job_metrics()}
-    bottleneck = _gauge("perfd_job_bottleneck_info", ["job_name", "class"])
-    rank_ratio = _gauge("perfd_job_rank_compute_ratio", ["job_name", "rank"])
+    """Families for every job's latest analysed iteration: {job name: iteration result}
+    (:func:`iteration_rows`). ``per_rank=False`` leaves out the per-rank series (bounded cardinality
+    for very large jobs)."""
+    names: dict[str, list[str]] = {m.name: ["job_name"] for m in catalog.job_metrics()}
+    names[_BOTTLENECK] = ["job_name", "class"]
+    names[_RANK_RATIO] = ["job_name", "rank"]
+    fams = {name: _gauge(name, labels) for name, labels in names.items()}
     for job, it in sorted(job_iterations.items()):
-        for name, value in catalog.job_values(it).items():
-            fams[name].add_metric([job], value)
-        cls = _field(it, "bottleneck")
-        if isinstance(cls, str):
-            bottleneck.add_metric([job, cls], 1.0)
-        per_rank_ratios = (_field(it, "straggler_rank_compute_ratio") or {}) if per_rank else {}
-        for rank, ratio in sorted(per_rank_ratios.items(), key=lambda kv: int(kv[0])):
-            rank_ratio.add_metric([job, str(rank)], float(ratio))
+        for row_labels, name, value in iteration_rows(job, it, per_rank):
+            fams[name].add_metric([row_labels[k] for k in names[name]], value)
     yield from fams.values()
-    yield bottleneck
-    yield rank_ratio
 
 
 def histogram_families(name: str, rows: Iterable[tuple[str, Sequence[tuple[str, float]], float]]

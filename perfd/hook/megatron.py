@@ -5,24 +5,33 @@
 Megatron-LM's ``train()`` (megatron/training/training.py) calls the module-level ``train_step``
 once per iteration and looks the name up at call time, so wrapping that one function brackets
 every iteration (data fetch, forward/backward of every micro-batch, the optimizer step) with
-``step_begin()`` / ``step_end()`` without touching the training code. The step number is
-Megatron's own iteration (``args.iteration`` after ``train_step`` returns is the iteration it ran,
-+1 from the count it had), so hook records join the log's iteration lines. Everything else
-(socket, rank, CUDA events) is :class:`perfd.hook.StepHook`'s defaults and environment
+``step_begin()`` / ``step_end()`` without touching the training code. Everything else (socket,
+rank, CUDA events) is :class:`perfd.hook.StepHook`'s defaults and environment
 (``PERFD_HOOK_SOCKET``, which ``perfd launch --agent-socket`` sets).
 
+Step numbers are the iteration numbers Megatron logs, so hook records join the log's iteration
+lines and a profile request for "step N" opens at the iteration the log calls N. ``train()`` keeps
+its count in a local ``iteration`` (the iterations done so far), hands it to ``train_step`` as
+``iteration=`` (core >= 0.17) and stores it in ``args.curr_iteration`` just before the call (every
+version since at least core 0.12), and logs ``iteration + 1`` for that step. ``args.iteration`` is
+NOT that counter: it is the iteration loaded from the checkpoint (0 for a fresh run) and stays put
+while training runs — reading it numbered every step of a fresh run 1, so a profile request for a
+later step never opened (seen on core 0.20 under ``perfd nsys-prefix``).
+
 If the Megatron-LM in use has no ``megatron.training.training.train_step`` (another layout), the
-script runs without the hook and says so on stderr once: the job is never stopped by perfd.
+script runs without the hook and says so on stderr once: the job is never stopped by perfd. If
+neither counter can be read, the hook numbers the steps itself (from 1).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import os
 import runpy
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from perfd.hook.step import StepHook
@@ -30,14 +39,33 @@ from perfd.hook.step import StepHook
 _TARGET = ("megatron.training.training", "train_step")
 
 
-def _iteration(module: Any) -> int | None:
-    """Megatron's iteration counter before this step (``get_args().iteration``), if readable."""
+def _param_index(fn: Callable[..., Any], name: str) -> int | None:
+    """Position of parameter ``name`` in ``fn``'s signature (for a caller that passes it
+    positionally), or None when it has none."""
     try:
-        args = module.get_args()
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    for i, p in enumerate(params):
+        if p.name == name and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            return i
+    return None
+
+
+def _done_before(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                 index: int | None) -> int | None:
+    """Iterations Megatron had completed before this ``train_step`` call: the ``iteration``
+    argument it was given, else ``get_args().curr_iteration``; None when neither is an int."""
+    it = kwargs.get("iteration")
+    if it is None and index is not None and len(args) > index:
+        it = args[index]
+    if isinstance(it, int) and not isinstance(it, bool):
+        return it
+    try:
+        it = getattr(module.get_args(), "curr_iteration", None)
     except Exception:
         return None
-    it = getattr(args, "iteration", None)
-    return it if isinstance(it, int) else None
+    return it if isinstance(it, int) and not isinstance(it, bool) else None
 
 
 def install(make_hook: Callable[[], Any] = StepHook) -> bool:
@@ -56,14 +84,15 @@ def install(make_hook: Callable[[], Any] = StepHook) -> bool:
     if getattr(original, "__perfd_hook__", False):
         return True
     hooks: list[Any] = []
+    index = _param_index(original, "iteration")
 
     @functools.wraps(original)
     def train_step(*args: Any, **kwargs: Any) -> Any:
         if not hooks:
             hooks.append(make_hook())
         h = hooks[0]
-        it = _iteration(module)
-        h.step_begin(None if it is None else it + 1)
+        done = _done_before(module, args, kwargs, index)
+        h.step_begin(None if done is None else done + 1)  # the number Megatron logs for this step
         try:
             out = original(*args, **kwargs)
         except BaseException:

@@ -41,6 +41,7 @@ from perfd.rules.model import (
     Scope,
     Severity,
     Tool,
+    carrying_scopes,
     parse_bytes,
     parse_duration,
 )
@@ -74,10 +75,16 @@ class _Ctx:
         self.path = path
         self.rule: str | None = None
         self.errors: list[RuleError] = []
+        self.warnings: list[RuleError] = []
 
     def err(self, node: Node | int | None, message: str) -> None:
         line = node if isinstance(node, int) or node is None else _line(node)
         self.errors.append(RuleError(self.path, line, self.rule, message))
+
+    def warn(self, node: Node | int | None, message: str) -> None:
+        """A rule that loads but cannot do what it says (it never fires)."""
+        line = node if isinstance(node, int) or node is None else _line(node)
+        self.warnings.append(RuleError(self.path, line, self.rule, f"warning: {message}"))
 
     def mapping(self, node: Node, what: str, allowed: tuple[str, ...]) -> dict[str, tuple[Node, Node]] | None:
         """Keys of a mapping node → (key node, value node); reports non-mappings, unknown and
@@ -170,11 +177,21 @@ def _parse_expr(ctx: _Ctx, node: Node, scope: Scope) -> Expr | None:
         ctx.err(line, f"expr: {e.message} (column {col})")
         return None
     for name in sorted(expr.metrics):
-        have = frozenset(catalog.get(name).labels) & SCOPE_LABELS["rank"]
+        metric = catalog.get(name)
+        have = frozenset(metric.labels) & SCOPE_LABELS["rank"]
         if not have <= SCOPE_LABELS[scope]:
             need = "rank" if "rank" in have else "gpu"
             ctx.err(node, f"expr: {name} (labels {', '.join(sorted(have))}) is not available at scope "
                           f"{scope}; use scope: {need}")
+            continue
+        # Accepted by its labels, yet absent at this scope on the aggregator: the rule would load and
+        # never fire (a value that is absent never fires), so say so.
+        scopes, why = carrying_scopes(metric)
+        if not scopes:
+            ctx.warn(node, f"expr: {name} is in no rule scope, so this rule never fires: {why}")
+        elif scope not in scopes:
+            ctx.warn(node, f"expr: {name} is not in the {scope} scope, so this rule never fires; it is in "
+                           f"the {' and '.join(sorted(scopes))} scope (use scope: {sorted(scopes)[0]})")
     return expr
 
 
@@ -385,34 +402,48 @@ class _DepthLimitedLoader(yaml.SafeLoader):
 
 def parse_pack(text: str, path: str = "<string>") -> tuple[RulePack | None, list[RuleError]]:
     """Validate a pack's text. Returns the pack (None when there are errors) and every error."""
+    pack, errors, _warnings = parse_pack_checked(text, path)
+    return pack, errors
+
+
+def parse_pack_checked(text: str, path: str = "<string>"
+                       ) -> tuple[RulePack | None, list[RuleError], list[RuleError]]:
+    """:func:`parse_pack`, and the warnings: rules that load but read a series their scope never
+    holds on the aggregator (:func:`perfd.rules.model.carrying_scopes`)."""
     ctx = _Ctx(path)
+    pack = _parse_pack(ctx, text)
+    return pack, ctx.errors, ctx.warnings
+
+
+def _parse_pack(ctx: _Ctx, text: str) -> RulePack | None:
+    path = ctx.path
     try:
         root = yaml.compose(text, Loader=_DepthLimitedLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         ctx.err(mark.line + 1 if mark else None, f"YAML: {e.problem or e}")
-        return None, ctx.errors
+        return None
     except yaml.YAMLError as e:
         ctx.err(None, f"YAML: {e}")
-        return None, ctx.errors
+        return None
     if root is None:
         ctx.err(1, "empty pack: expected a mapping with a 'rules' list")
-        return None, ctx.errors
+        return None
     top = ctx.mapping(root, "pack", PACK_KEYS)
     if top is None:
-        return None, ctx.errors
+        return None
     if "rules" not in top:
         ctx.err(root, "missing 'rules' (a list of rules)")
-        return None, ctx.errors
+        return None
     seq = top["rules"][1]
     if not isinstance(seq, SequenceNode):
         ctx.err(seq, "'rules' must be a list")
-        return None, ctx.errors
+        return None
     seen: dict[str, int] = {}
     rules = [_parse_rule(ctx, item, i, seen) for i, item in enumerate(seq.value)]
     if ctx.errors:
-        return None, ctx.errors
-    return RulePack(Path(path).stem, path, tuple(r for r in rules if r is not None)), []
+        return None
+    return RulePack(Path(path).stem, path, tuple(r for r in rules if r is not None))
 
 
 def _read(path: Path) -> tuple[str | None, RuleError | None]:
@@ -435,15 +466,23 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
 
 def check_files(paths: Iterable[str | Path]) -> list[RuleError]:
     """Every error of every file (directories expand to their YAML files)."""
+    return check_files_warned(paths)[0]
+
+
+def check_files_warned(paths: Iterable[str | Path]) -> tuple[list[RuleError], list[RuleError]]:
+    """Every error and every warning of every file (directories expand to their YAML files)."""
     errors: list[RuleError] = []
+    warnings: list[RuleError] = []
     for p in expand_paths(paths):
         text, err = _read(p)
         if err is not None:
             errors.append(err)
             continue
         assert text is not None
-        errors.extend(parse_pack(text, str(p))[1])
-    return errors
+        _pack, errs, warns = parse_pack_checked(text, str(p))
+        errors.extend(errs)
+        warnings.extend(warns)
+    return errors, warnings
 
 
 def load_pack(path: str | Path) -> RulePack:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from perfd.catalog import MetricDef
 from perfd.model import CAPTURE_TOOLS, CaptureTool
 from perfd.rules.expr import BYTE_UNITS, TIME_UNITS, Expr
 
@@ -39,6 +40,28 @@ SCOPE_LABELS: dict[Scope, frozenset[str]] = {
     "rank": frozenset({"job_name", "rank", "node", "gpu"}),
     "gpu": frozenset({"job_name", "node", "gpu"}),
 }
+
+
+# Labels of the scope a series belongs to, beyond job_name (which every scope has).
+_PLACE_LABELS = frozenset({"rank", "node", "gpu"})
+
+
+def carrying_scopes(metric: MetricDef) -> tuple[frozenset[Scope], str]:
+    """The scopes whose values hold ``metric`` on the aggregator (perfd.aggregator.rule_scopes builds
+    them), and why when there are none. A job series (labelled ``job_name``: everything /metrics
+    exports for a job) is at the scope its rank, node and gpu labels name; a GPU series at gpu scope
+    and, joined onto the rank that runs on that GPU, at rank scope. A histogram has no one value,
+    and host and perfd's own series are not per job: no scope holds them."""
+    if metric.kind == "histogram":
+        return frozenset(), "a histogram has no single value (query its buckets in PromQL)"
+    place = frozenset(metric.labels) & _PLACE_LABELS
+    if "job_name" in metric.labels:
+        if "rank" in place:
+            return frozenset({"rank"}), ""
+        return frozenset({"gpu" if place else "job"}), ""
+    if {"node", "gpu"} <= place:
+        return frozenset({"gpu", "rank"}), ""
+    return frozenset(), "not a per-job series (a host's or perfd's own; /metrics only)"
 
 
 # Durations (for, cooldown) and sizes (disk_quota) in pack keys.

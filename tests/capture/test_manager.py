@@ -359,3 +359,16 @@ def test_real_torch_process_end_to_end(tmp_path):
     assert m["analysis"]["0"]["devices"] == []  # CPU only: no kernels, and nothing invented
     assert kinds(events) == ["capture_started", "capture_finished"]
     assert os.path.exists(m["artifacts"][0]["path"])
+
+
+def test_a_range_that_never_opens_says_which_step_the_hook_waits_for(tmp_path):
+    """The hook accepted the range but never reached its start step (a loop whose step numbers do
+    not advance): the timeout names the accepted step and the last step the rank reported."""
+    mgr, state, _ = _session_range_manager(tmp_path, ("accepted",))
+    cid = mgr.handle(Command("capture", "job1", (1,), {"tool": "nsys", "steps": "2", "timeout_s": "2"}))
+    assert cid and mgr.wait_idle(30)
+    m = mgr.store.read(cid)
+    assert m["status"] == "timeout"
+    assert "no cudaProfilerStart" in m["reason"]
+    assert "accepted for step 42, last step reported 40" in m["reason"]
+    assert [c[1] for c in calls(state) if c[0] == "cancel"] == ["--session=perfd-job1-r1"]
