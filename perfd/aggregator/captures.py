@@ -71,6 +71,9 @@ class CaptureRecord:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+MAX_INCIDENT_RANKS = 4  # ranks one incident capture takes at most
+
+
 class CaptureCoordinator:
     def __init__(self, state: AggregatorState, engine: RuleEngine | None, send: SendCommand,
                  interval_s: float = 5.0, *, limits: L.Limits | None = None,
@@ -113,13 +116,29 @@ class CaptureCoordinator:
             return max(ratios, key=lambda r: ratios[r])
         return it.straggler_rtt_max_rank
 
+    def incident_ranks(self, job: str) -> tuple[int, ...]:
+        """For each open incident of the job, the costliest first: the rank its verdict blames, else
+        the ranks it names (at most MAX_INCIDENT_RANKS: a capture of every rank of a large job is not
+        what an incident needs)."""
+        out: list[int] = []
+        for inc in sorted(self.state.incidents.open_incidents(job), key=lambda i: -(i.get("cost_s") or 0.0)):
+            blamed = (inc.get("verdict") or {}).get("rank")
+            for r in [blamed] if isinstance(blamed, int) else inc.get("ranks") or []:
+                if isinstance(r, int) and r not in out:
+                    out.append(r)
+        return tuple(out[:MAX_INCIDENT_RANKS])
+
     def _resolve_targets(self, job: str, key: Any, targets: CaptureTargets,
                          values: Mapping[str, float | None]) -> tuple[int, ...] | None:
         if targets.ranks is not None:
             return tuple(targets.ranks)
         if isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], int):
             return (key[1],)  # a rank-scope firing targets the rank that fired
-        if targets.slowest_rank:
+        if targets.incident_ranks:
+            named = self.incident_ranks(job)
+            if named:
+                return named
+        if targets.slowest_rank or targets.incident_ranks:  # an incident naming no rank: the slowest
             r = self.slowest_rank(job)
             return (r,) if r is not None else None
         procs = self.state.gpu_procs(job)

@@ -50,7 +50,7 @@ PACK_KEYS = ("rules",)
 RULE_KEYS = ("name", "expr", "for", "severity", "labels", "annotations", "scope", "action")
 ANNOTATION_KEYS = ("summary", "description", "recommendation", "runbook_url")
 CAPTURE_KEYS = ("type", "tool", "targets", "steps", "cooldown", "max_per_hour", "disk_quota")
-TARGET_KEYS = ("slowest_rank", "pp_stage", "ranks", "node")
+TARGET_KEYS = ("slowest_rank", "pp_stage", "ranks", "node", "incident_ranks")
 
 # Rule names end up in labels, events and capture directory names: keep them plain.
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")
@@ -239,6 +239,11 @@ def _parse_targets(ctx: _Ctx, node: Node) -> CaptureTargets | None:
         if flag is False:
             ctx.err(v, "action.targets.slowest_rank must be true (name other targets instead)")
         return CaptureTargets(slowest_rank=True) if flag else None
+    if key == "incident_ranks":
+        flag = ctx.scalar(v, "action.targets.incident_ranks", (bool,))
+        if flag is False:
+            ctx.err(v, "action.targets.incident_ranks must be true (name other targets instead)")
+        return CaptureTargets(incident_ranks=True) if flag else None
     if key == "pp_stage":
         stage = ctx.scalar(v, "action.targets.pp_stage", (int,))
         if stage is not None and stage < 0:

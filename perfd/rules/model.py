@@ -129,9 +129,12 @@ class CaptureTargets:
     pp_stage: int | None = None
     ranks: tuple[int, ...] | None = None
     node: str | None = None
+    incident_ranks: bool = False  # the ranks the job's open incidents name (a one-rank job: its rank)
 
     @property
     def kind(self) -> str:
+        if self.incident_ranks:
+            return "incident_ranks"
         if self.ranks is not None:
             return "ranks"
         if self.pp_stage is not None:
@@ -141,6 +144,8 @@ class CaptureTargets:
         return "slowest_rank"
 
     def as_dict(self) -> dict[str, object]:
+        if self.incident_ranks:
+            return {"incident_ranks": True}
         if self.ranks is not None:
             return {"ranks": list(self.ranks)}
         if self.pp_stage is not None:
