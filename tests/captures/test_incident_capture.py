@@ -5,6 +5,8 @@ steady state) becomes typed evidence of the incident's verdict. On a real Megatr
 
 from __future__ import annotations
 
+import dataclasses
+
 from collectors.megatron import parse_file
 from perfd import events
 from perfd.aggregator.captures import CaptureCoordinator
@@ -24,7 +26,12 @@ def test_an_open_incident_is_captured_on_its_rank_and_the_capture_explains_it() 
     assert inc["ranks"][0] == 1
     sent: list[tuple[str, Command]] = []
     engine = RuleEngine(load_pack(default_pack_path()).rules)
-    co = CaptureCoordinator(st, engine, lambda agent, cmd: bool(sent.append((agent, cmd))) or True)
+
+    def send(agent: str, cmd: Command) -> bool:
+        sent.append((agent, cmd))
+        return True
+
+    co = CaptureCoordinator(st, engine, send)
     fired = [f.rule.name for f in co.evaluate(now=1000.0)]
     assert "incident_capture" in fired
     ((agent, cmd),) = sent
@@ -44,8 +51,7 @@ def test_an_open_incident_is_captured_on_its_rank_and_the_capture_explains_it() 
         {"kind": events.CAPTURE_FINISHED.name, "time": t + 2.0, "links": {"command_id": rec["id"]},
          "payload": {"status": "ok", "ranks": {"1": {"devices": [dev]}}}}])
     assert co.captures[rec["id"]].slowdown["1"] >= 2.3
-    st.ingest_steps("agent-a", [parsed.records[-1].__class__(**{**parsed.records[-1].__dict__,
-                                                               "iteration": 31})])
+    st.ingest_steps("agent-a", [dataclasses.replace(parsed.records[-1], iteration=31)])
     st.analysis("dp2", force=True)
     (inc,) = [i for i in st.incidents.incidents("dp2") if i["ranks"] and i["ranks"][0] == 1]
     assert [c["id"] for c in inc["captures"]] == [rec["id"]]
