@@ -167,6 +167,7 @@ def view(summary: dict[str, Any]) -> dict[str, Any]:
                     "open",
                     "cause",
                     "verdict",
+                    "captures",
                 )
             }
             for i in summary.get("incidents") or []
@@ -232,6 +233,8 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
                 "0",
                 "--http-port",
                 "0",
+                "--rules",
+                str(ROOT / "rules" / "default.yaml"),  # the shipped pack: incident_capture among them
                 "--rules",
                 str(raw / "rules.yaml"),
                 "--rules-interval",
@@ -374,9 +377,14 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
         res["offline"] = (
             view(json.loads(off.stdout)) if off.returncode == 0 else {"error": off.stderr[-2000:]}
         )
-        traces = sorted((raw / "captures").rglob("*.json")) if (raw / "captures").exists() else []
+        traces = (
+            sorted((raw / "captures").rglob("*.json"), key=lambda t: t.stat().st_mtime)
+            if (raw / "captures").exists()
+            else []
+        )
+        traces = [t for t in traces if t.stat().st_size > 10_000]  # helper processes write empty traces
         res["traces"] = [str(t.relative_to(raw)) for t in traces]
-        for i, t in enumerate(traces[:2]):
+        for i, t in enumerate(traces[:3]):
             cut_trace(t, raw / f"trace_{config}_{i}.json.gz")
             ac = subprocess.run(
                 [sys.executable, "-m", "perfd.cli", "analyze", "trace", str(t), "--json"],
@@ -386,8 +394,32 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
                 text=True,
                 timeout=300,
             )
-            res.setdefault("capture_analysis", []).append(
-                json.loads(ac.stdout) if ac.returncode == 0 else {"error": ac.stderr[-2000:]}
+            got = json.loads(ac.stdout) if ac.returncode == 0 else {"error": ac.stderr[-2000:]}
+            got["union_check"] = union_idle(t)
+            res.setdefault("capture_analysis", []).append(got)
+        if traces:  # offline with the same data as live: the log and the steady capture
+            off2 = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "perfd.cli",
+                    "analyze",
+                    "megatron",
+                    str(log),
+                    "--gpu",
+                    "NVIDIA H100 80GB HBM3",
+                    "--json",
+                    "--capture",
+                    str(traces[0]),
+                ],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            res["offline_with_capture"] = (
+                view(json.loads(off2.stdout)) if off2.returncode == 0 else {"error": off2.stderr[-2000:]}
             )
         if t_burn is not None:
             res["cotenant"]["ran_s"] = COTENANT_S
@@ -412,6 +444,35 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
     return res
 
 
+def union_idle(trace: Path) -> dict[str, float]:
+    """Idle share of a trace by a plain union of every GPU activity, written here apart from perfd's
+    code: the reference the capture breakdown must meet within 1 point."""
+    doc = json.loads(trace.read_text())
+    iv = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+        for e in doc.get("traceEvents", [])
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
+    busy, end, start = 0.0, None, iv[0][0] if iv else 0.0
+    cur_s = cur_e = None
+    for a, b in iv:
+        if cur_e is None or a > cur_e:
+            if cur_e is not None and cur_s is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    if cur_e is not None and cur_s is not None:
+        busy += cur_e - cur_s
+        end = max(b for _, b in iv)
+    span = (end - start) if end is not None else 0.0
+    return {
+        "span_ms": span / 1e3,
+        "busy_ms": busy / 1e3,
+        "idle_pct": 100.0 * (1 - busy / span) if span else 0.0,
+    }
+
+
 def checks(res: dict[str, Any], config: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     after, off = res.get("after") or {}, res.get("offline") or {}
@@ -419,6 +480,29 @@ def checks(res: dict[str, Any], config: str) -> dict[str, Any]:
     out["class_live_last"] = live[-1]["bottleneck"] if live else None
     out["class_after"] = after.get("bottleneck")
     out["class_offline"] = off.get("bottleneck")
+    out["class_offline_with_capture"] = (res.get("offline_with_capture") or {}).get("bottleneck")
+    out["one_class_live_after_offline"] = (
+        out["class_live_last"] == out["class_after"] == out["class_offline_with_capture"]
+    )
+    out["capture_idle"] = []
+    for ca in res.get("capture_analysis") or []:
+        devs = ca.get("devices") or []
+        if devs and ca.get("union_check"):
+            d = devs[0]
+            ours = 100.0 * d["idle_ms"] / d["span_ms"] if d.get("span_ms") else None
+            ref = ca["union_check"]["idle_pct"]
+            out["capture_idle"].append(
+                {
+                    "perfd_pct": ours,
+                    "union_pct": ref,
+                    "class": ca.get("bottleneck"),
+                    "within_1_point": ours is not None and abs(ours - ref) <= 1.0,
+                }
+            )
+    caps = res.get("captures") or []
+    out["captures"] = [
+        {k: c.get(k) for k in ("id", "origin", "status", "ranks", "tool", "bottleneck")} for c in caps
+    ]
     if res.get("cotenant"):
         pid = res["cotenant"]["pid"]
         incs = after.get("incidents") or []
@@ -427,9 +511,27 @@ def checks(res: dict[str, Any], config: str) -> dict[str, Any]:
             k: main.get(k) for k in ("id", "first_iteration", "last_iteration", "cost_s", "cause")
         }
         out["cause_names_pid_after"] = bool(main and f"pid {pid}" in str(main.get("cause")))
+        v = (main or {}).get("verdict") or {}
+        out["verdict_after"] = {
+            "cause": v.get("cause"),
+            "rank": v.get("rank"),
+            "pid": ((v.get("lead") or {}).get("detail") or {}).get("pid"),
+            "effects": [e.get("kind") for e in v.get("effects") or []],
+        }
+        during = [
+            i
+            for p in res.get("polls", [])
+            if p.get("cotenant_running")
+            for i in p.get("incidents") or []
+            if i.get("open")
+        ]
+        out["verdict_during"] = sorted({(i.get("verdict") or {}).get("cause") or "none" for i in during})
         recs = after.get("recommendations") or []
         out["r1"] = recs[0] if recs else None
-        out["r1_names_other_process"] = bool(recs and "other processes" in recs[0])
+        out["r1_names_other_process"] = bool(recs and recs[0].startswith("Keep other processes off"))
+        out["incident_captures"] = (
+            [c.get("id") for c in (main or {}).get("captures") or []] if main and "captures" in main else None
+        )
     return out
 
 
@@ -448,7 +550,13 @@ def main() -> int:
     res = run(out, megatron, args.config, args.cotenant_at)
     (out / f"verdict_{args.config}.json").write_text(json.dumps(res, indent=1, default=str))
     print(json.dumps(res.get("checks"), indent=1, default=str))
-    print(json.dumps(res.get("after"), indent=1, default=str)[:4000])
+    print(
+        json.dumps(
+            {k: v for k, v in (res.get("after") or {}).items() if k != "bottleneck_evidence"},
+            indent=1,
+            default=str,
+        )[:6000]
+    )
     return 0 if not res.get("error") else 1
 
 
