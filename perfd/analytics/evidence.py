@@ -32,6 +32,7 @@ class EvidenceKind(str, enum.Enum):
     THERMAL = "thermal"  # sw_thermal, or a temperature well above the job's other GPUs
     POWER_CAP = "power_cap"  # sw_power_cap
     CLOCK_DROP = "clock_drop"  # SM clock below the job's median
+    AFTER_CAPTURE = "after_capture"  # the slowdown began as perfd's own capture ended and outlasted it
     CAPTURE_FINDING = "capture_finding"  # a capture's timeline during the incident
     DATA_WAIT = "data_wait"  # data loading grew by a good part of the slowdown
     RANK_COMPUTE_RATIO = "rank_compute_ratio"  # per-rank timers: this rank computed longer
@@ -66,6 +67,7 @@ KIND_SPECS: dict[EvidenceKind, KindSpec] = {
     EvidenceKind.THERMAL: KindSpec(Tier.THERMAL_POWER, "max", "celsius", gpu_symptom=True),
     EvidenceKind.POWER_CAP: KindSpec(Tier.THERMAL_POWER, "max", "watts", gpu_symptom=True),
     EvidenceKind.CLOCK_DROP: KindSpec(Tier.THERMAL_POWER, "min", "hertz", gpu_symptom=True),
+    EvidenceKind.AFTER_CAPTURE: KindSpec(Tier.OWN_WORK, "max", "times"),
     EvidenceKind.CAPTURE_FINDING: KindSpec(Tier.OWN_WORK, "max", "times"),
     EvidenceKind.DATA_WAIT: KindSpec(Tier.OWN_WORK, "max", "ratio"),
     EvidenceKind.RANK_COMPUTE_RATIO: KindSpec(Tier.OWN_WORK, "max", "times", gpu_symptom=True),

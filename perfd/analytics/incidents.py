@@ -180,13 +180,31 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
         last_flag = i
     real = [r for r in runs if any(flags[i] not in (None, CAPTURE) for i in r)]
     captures = [r for r in runs if r not in real]
+    for r in real:  # a capture at the head of a stretch is a disturbance of its own, then the stretch
+        head = list(itertools.takewhile(lambda i: flags[i] in (CAPTURE, None), r))
+        if head and any(flags[i] == CAPTURE for i in head):
+            captures.append([i for i in head if flags[i] == CAPTURE])
+            del r[:len(head)]
+    captures.sort()
     real = _merge_same_cause(post, real, flags)
 
     def build(run: list[int]) -> Incident:
-        return _incident([post[i] for i in run], [flags[i] for i in run], ref, end_times, disturbed,
-                         is_open=run[-1] == len(post) - 1,
-                         prev_end=end_times.get(post[run[0] - 1].iteration) if run[0] > 0 else None,
-                         steady_parts=steady_parts, steady_shares=steady_shares, world_size=world_size)
+        inc = _incident([post[i] for i in run], [flags[i] for i in run], ref, end_times, disturbed,
+                        is_open=run[-1] == len(post) - 1,
+                        prev_end=end_times.get(post[run[0] - 1].iteration) if run[0] > 0 else None,
+                        steady_parts=steady_parts, steady_shares=steady_shares, world_size=world_size)
+        before = [c for c in captures if c[-1] < run[0] <= c[-1] + MERGE_GAP + 1]
+        if before and flags[run[0]] != CAPTURE:  # the slowdown started as perfd's capture ended
+            c = before[-1]
+            ev = Evidence(EvidenceKind.AFTER_CAPTURE, inc.ranks[0] if inc.ranks else None, "",
+                          (inc.median_step_ms or 0.0) / ref, inc.start_time, inc.end_time, inc.n_iterations,
+                          {"capture_first": post[c[0]].iteration, "capture_last": post[c[-1]].iteration})
+            inc.evidence["observed"] = [*inc.evidence.get("observed", []), ev.to_json()]
+            prior = verdict_from_json(inc.verdict)
+            verdict = decide(inc.observed(), inc.ranks, prior.missing if prior is not None else ())
+            inc.verdict = verdict.to_json()
+            inc.cause = render_cause(inc, verdict)
+        return inc
 
     floor = min_cost_s(ref)
     out, small = [], []

@@ -100,6 +100,15 @@ def _capture(e: Evidence) -> str:
     ) + (" with the same kernel mix: contention on the GPU" if d.get("same_mix") else "")
 
 
+def _after_capture(e: Evidence) -> str:
+    d = e.detail
+    span = f"iterations {d.get('capture_first')}–{d.get('capture_last')}"
+    if e.worst is None:
+        return f"it began as perfd's own capture ended ({span})"
+    return (f"it began as perfd's own capture ended ({span}) and the steps stayed {e.worst:.2f}× the median "
+            "before it: the profiler's cost outlasted the capture")
+
+
 def _data(e: Evidence) -> str:
     d = e.detail
     base = d.get("steady")
@@ -136,6 +145,7 @@ _SENTENCE: dict[EvidenceKind, Callable[[Evidence], str]] = {
     K.THERMAL: _thermal,
     K.POWER_CAP: _power,
     K.CLOCK_DROP: _clock,
+    K.AFTER_CAPTURE: _after_capture,
     K.CAPTURE_FINDING: _capture,
     K.DATA_WAIT: _data,
     K.RANK_COMPUTE_RATIO: _ratio,
@@ -209,6 +219,11 @@ def action_text(v: Verdict | None, ranks: Sequence[int] = ()) -> str:
         )
     if v.cause is K.CLOCK_DROP:
         return f"Check {who}'s clocks: locked or application clocks, throttle reasons"
+    if v.cause is K.AFTER_CAPTURE:
+        return (
+            "perfd's capture cost this: stop on-demand captures of this job (raise the rule's cooldown or "
+            "drop the rule) and restart its ranks when convenient to shed the profiler's overhead"
+        )
     if v.cause is K.CAPTURE_FINDING:
         return (
             f"Look for contention on {who}: the same kernels ran slower while captured (other processes, "

@@ -14,7 +14,7 @@ def test_a_slow_stretch_with_a_flicker_is_one_incident_and_jitter_is_none() -> N
     steps = [900.0] * 3 + [500.0] * 10 + [1300, 1250, 510, 1280, 1300] + [500.0] * 10 + [640.0] + [500.0] * 5
     its = _its(steps)
     ends = {it.iteration: 1000.0 + it.iteration for it in its}
-    incs, ref = detect_incidents(its, ends, {}, 3, None)
+    incs, ref = detect_incidents(its, ends, {}, 3, None)  # (incidents, ref), as before
     assert ref == 500.0
     (inc,) = incs  # the lone 640 ms step (1.28x) cost less than one step: jitter, not an incident
     assert (inc.first_iteration, inc.last_iteration, inc.kinds) == (14, 18, [SLOW])
@@ -23,11 +23,39 @@ def test_a_slow_stretch_with_a_flicker_is_one_incident_and_jitter_is_none() -> N
     assert "no per-rank data names a rank" in inc.cause
 
 
-def test_an_open_incident_and_a_capture_window() -> None:
+def test_a_slowdown_that_starts_as_perfds_capture_ends_is_blamed_on_the_capture() -> None:
     its = _its([500.0] * 10 + [505.0, 500.0] + [2000.0, 2100.0])
-    incs, _ = detect_incidents(its, {}, {11: True}, 0, None)
-    assert [(i.first_iteration, i.last_iteration) for i in incs] == [(11, 14)]
-    assert set(incs[0].kinds) == {CAPTURE, SLOW} and incs[0].open
+    found = detect_incidents(its, {}, {11: True}, 0, None)
+    (inc,) = found.incidents
+    assert (inc.first_iteration, inc.last_iteration, inc.kinds) == (13, 14, [SLOW]) and inc.open
+    assert inc.verdict["cause"] == "after_capture" and "perfd's own capture ended" in inc.cause
+    assert [(d.first_iteration, d.last_iteration) for d in found.disturbances] == [(11, 11)]
+
+
+def test_a_capture_inside_an_incident_is_left_out_of_its_cost() -> None:
+    steps = [500.0] * 10 + [1500.0] * 3 + [4000.0, 4000.0] + [1500.0] * 3 + [500.0] * 5
+    its = _its(steps)
+    found = detect_incidents(its, {}, {14: True, 15: True}, 0, None)
+    (inc,) = found.incidents
+    assert (inc.first_iteration, inc.last_iteration) == (11, 18) and set(inc.kinds) == {CAPTURE, SLOW}
+    assert inc.cost_s == 6 * 1.0  # the six slow steps the capture did not touch
+    assert inc.capture_cost_s == 2 * 3.5
+    assert found.disturbances == []
+
+
+def test_a_lasting_shift_near_the_threshold_is_one_incident_not_fragments() -> None:
+    # A data loader slowed for 80 steps: steps hover at 1.15-1.3x the median.
+    slow = [650.0 if i % 3 else 580.0 for i in range(80)]
+    its = _its([500.0] * 40 + slow + [500.0] * 40)
+    found = detect_incidents(its, {}, {}, 0, None)
+    assert [(i.first_iteration, i.last_iteration) for i in found.incidents] == [(42, 120)]  # 1.2x enters
+    assert found.jitter["n"] == 0
+
+
+def test_small_departures_are_jitter_below_the_floor() -> None:
+    its = _its([40.0] * 50 + [60.0, 55.0] + [40.0] * 50)  # 35 ms lost on a 40 ms step: not 1 s
+    found = detect_incidents(its, {}, {}, 0, None)
+    assert found.incidents == [] and found.jitter["n"] == 1 and found.jitter["iterations"] == 2
 
 
 def test_a_named_rank_and_its_finding() -> None:
