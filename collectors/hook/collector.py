@@ -1,8 +1,9 @@
 """The ``hook`` collector: receives step records from perfd step hooks in training processes.
 
 Binds a Unix datagram socket (the path the hooks send to) and turns each record into a
-``StepRecord`` for the rank the hook reports: step time, data wait as the timer ``data-wait``, and
-the hook's rolling percentiles as fields. It also sends profile requests back to a rank's hook
+``StepRecord`` for the rank the hook reports: step time, data wait and compute as the timers
+``data-wait`` and ``compute`` (the hook's vocabulary, perfd.analytics.common), and the hook's
+rolling percentiles, ``tokens_per_step`` and ``flops_per_step`` as fields. It also sends profile requests back to a rank's hook
 (``request_profile``), to the address its records came from, and reports the hook's answers as
 ``hook_profile`` events.
 
@@ -29,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import HOOK_PROFILE
 from perfd.hook import wire
@@ -255,9 +257,11 @@ class HookCollector(Collector):
             fields["hook_send_drops"] = str(m.send_drops)
             fields["hook_harvest_drops"] = str(m.harvest_drops)
         timers: dict[str, TimerValue] = {}
-        wait = _ms(m.data_wait_ns)
-        if wait is not None:
-            timers["data-wait"] = TimerValue(min_ms=wait, max_ms=wait, per_rank={m.rank: wait})
+        # The hook's phases under the names its vocabulary declares (perfd.analytics.common).
+        for name, ns in ((HOOK_DATA_WAIT, m.data_wait_ns), (HOOK_COMPUTE, m.compute_ns)):
+            ms = _ms(ns)
+            if ms is not None:
+                timers[name] = TimerValue(min_ms=ms, max_ms=ms, per_rank={m.rank: ms})
         self._c("records")
         return StepRecord(
             job=self.config.job, iteration=m.step, rank=m.rank, end_time=m.end_time_ns / 1e9,

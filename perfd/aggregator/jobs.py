@@ -196,8 +196,8 @@ class JobStore:
             stale = js.dirty and (force or time.time() - js.analysis_time >= self.min_recompute_s)
             if js.analysis is not None and not stale:
                 return js.analysis
-            info = js.job_info or JobInfo()
             raw = list(js.records.values())
+            info = job_info_of(js.job_info, raw)
             gpu = self.gpu_override or js.gpu_name
             js.dirty = False
         try:
@@ -284,6 +284,22 @@ class JobStore:
                 "last_step_age_s": (time.time() - js.last_step_time) if js.last_step_time else None,
                 "last_step_time": js.last_step_time or None,
             }
+
+
+def job_info_of(info: JobInfo | None, records: Sequence[StepRecord]) -> JobInfo:
+    """The job as its sources state it, completed from its per-rank step records: a job no log
+    describes (the step hook alone) is a PyTorch job, and where no source stated the world size it
+    is the number of ranks that report (each rank runs the hook; a rank that never reported would
+    make it low, and its absence shows in the per-rank records). Never guessed beyond that: TP, PP
+    and DP stay unknown unless stated."""
+    ranks = {r.rank for r in records if isinstance(r.rank, int)}
+    if info is None:
+        if not ranks:
+            return JobInfo()
+        info = JobInfo(framework="pytorch")
+    if info.layout.world_size is not None or not ranks:
+        return info
+    return dataclasses.replace(info, layout=dataclasses.replace(info.layout, world_size=len(ranks)))
 
 
 def mark_disturbed(records: list[StepRecord], windows: Sequence[tuple[float, float]],

@@ -54,12 +54,14 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from perfd.analytics.flops import flops_for_tokens
 from perfd.hook import lifecycle, wire
 from perfd.hook.sender import DatagramSender
+from perfd.model import ModelSpec
 from perfd.hook.timing import (
     CudaApi,
     HostMarker,
@@ -142,6 +144,13 @@ class StepHook:
     CUDA profiler API (tests, other accelerators). ``pool_size``: steps that may wait to be
     harvested. ``harvest_interval_s``: see the module docstring (None: the thread with CUDA events
     and batching, else inline).
+
+    ``tokens_per_step`` and ``flops_per_step`` are the whole job's per step (all ranks, as Megatron
+    counts an iteration): MFU = flops_per_step ÷ (step time · world size · peak). Without
+    ``flops_per_step``, ``model=`` (a :class:`perfd.model.ModelSpec` or a mapping of its fields:
+    num_layers, hidden_size, ffn_hidden_size, num_attention_heads, kv_channels, num_query_groups,
+    seq_length, padded_vocab_size, swiglu, ...) counts it from ``tokens_per_step`` with perfd's
+    formula (the one used for Megatron-LM, DESIGN.md §2), once, here.
     """
 
     def __init__(self, socket_path: str | None = None, warmup_steps: int = 5,
@@ -149,7 +158,8 @@ class StepHook:
                  cuda: bool = True, *, rank: int | None = None, window: int = 100, pool_size: int = 256,
                  marker_factory: MarkerFactory | None = None, profiler: ProfilerControl | None = None,
                  enabled: bool | None = None, flush_interval_s: float = 0.1, batch_records: int = 32,
-                 cuda_data_event: bool = False, harvest_interval_s: float | None = None) -> None:
+                 cuda_data_event: bool = False, harvest_interval_s: float | None = None,
+                 model: ModelSpec | Mapping[str, Any] | None = None) -> None:
         if pool_size < 2:
             raise ValueError("pool_size must be >= 2")
         if harvest_interval_s is not None and harvest_interval_s < 0:
@@ -158,6 +168,8 @@ class StepHook:
                         if enabled is None else enabled)
         self.warmup_steps = max(0, warmup_steps)
         self.tokens_per_step = tokens_per_step
+        if flops_per_step is None and tokens_per_step is not None and model is not None:
+            flops_per_step = flops_for_tokens(model, tokens_per_step)
         self.flops_per_step = flops_per_step
         self.pid = os.getpid()
         self.stats = RollingPercentiles(window)
@@ -754,3 +766,4 @@ def _import_torch() -> Any:
         return importlib.import_module("torch")
     except ImportError:
         return None
+

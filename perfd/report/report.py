@@ -88,6 +88,18 @@ def format_value(value: float | None, unit: str) -> str:
     return f"{value:.4g}"
 
 
+def layout_text(lay: Mapping[str, Any]) -> str:
+    """The job's layout as its sources stated it: only what is known ("TP=2 PP=1 DP=4, world size 8,
+    16 micro-batches"); an unknown size is left out, never printed as None."""
+    dims = " ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "vpp")
+                    if lay.get(k) is not None)
+    parts = [p for p in (dims,
+                         f"world size {lay['world_size']}" if lay.get("world_size") is not None else "",
+                         f"{lay['microbatches']} micro-batches" if lay.get("microbatches") is not None else "")
+             if p]
+    return ", ".join(parts) if parts else "layout unknown"
+
+
 def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None) -> Report:
     """The four-part report of one analysed run. ``incidents``: the live aggregator's record of
     the job's incidents (with the GPU evidence of the time, kept after the iterations left its
@@ -116,8 +128,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
     headline = (f"{job.get('name') or 'job'}: MFU {format_value(med.get('mfu'), 'ratio')} ({grade}), "
                 f"{format_value(med.get('model_tflops_per_gpu'), 'tflops')} per GPU on "
                 f"{gpu.get('model') or 'unknown GPU'}"
-                f", bottleneck {s['bottleneck']}; TP={lay.get('tp')} PP={lay.get('pp')} DP={lay.get('dp')}, "
-                f"{lay.get('microbatches')} micro-batches")
+                f", bottleneck {s['bottleneck']}; {layout_text(lay)}")
     worst = max((i for i in incs if isinstance(i.get("cost_s"), (int, float))),
                 key=lambda i: float(i["cost_s"]), default=None)
     if worst is not None:  # the largest recoverable loss leads
