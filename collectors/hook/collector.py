@@ -3,9 +3,9 @@
 Binds a Unix datagram socket (the path the hooks send to) and turns each record into a
 ``StepRecord`` for the rank the hook reports: step time, data wait and compute as the timers
 ``data-wait`` and ``compute`` (the hook's vocabulary, perfd.analytics.common), and the hook's
-rolling percentiles, ``tokens_per_step`` and ``flops_per_step`` as fields. It also sends profile requests back to a rank's hook
-(``request_profile``), to the address its records came from, and reports the hook's answers as
-``hook_profile`` events.
+rolling percentiles, ``tokens_per_step`` and ``flops_per_step`` as fields. It also sends profile
+requests back to a rank's hook (``request_profile``), to the address its records came from, and
+reports the hook's answers as ``hook_profile`` events.
 
 Why a receiver thread: Linux queues at most ``net.unix.max_dgram_qlen`` datagrams (default 10) at
 a Unix datagram socket whatever ``SO_RCVBUF`` says; beyond that the hooks' ``sendto`` fails with

@@ -79,7 +79,8 @@ def parse_version(version: str | None) -> tuple[int, int] | None:
     return int(m.group(1)), int(m.group(2))
 
 
-def attention_formula(framework_version: str | None, framework: str = "megatron") -> tuple[str, int, str | None]:
+def attention_formula(framework_version: str | None,
+                      framework: str = "megatron") -> tuple[str, int, str | None]:
     """(formula name, core-attention factor 6 or 12, note) for a framework and its version.
 
     Megatron-Core >= 0.12 halves the core attention for the causal mask; older cores do not, and

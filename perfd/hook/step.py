@@ -61,7 +61,6 @@ from typing import Any
 from perfd.analytics.flops import flops_for_tokens
 from perfd.hook import lifecycle, wire
 from perfd.hook.sender import DatagramSender
-from perfd.model import ModelSpec
 from perfd.hook.timing import (
     CudaApi,
     HostMarker,
@@ -70,6 +69,7 @@ from perfd.hook.timing import (
     RollingPercentiles,
     cuda_marker_factory,
 )
+from perfd.model import ModelSpec
 
 ProfilerControl = tuple[Callable[[], Any], Callable[[], Any]]  # (start, stop)
 

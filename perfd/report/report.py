@@ -93,10 +93,9 @@ def layout_text(lay: Mapping[str, Any]) -> str:
     16 micro-batches"); an unknown size is left out, never printed as None."""
     dims = " ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "vpp")
                     if lay.get(k) is not None)
-    parts = [p for p in (dims,
-                         f"world size {lay['world_size']}" if lay.get("world_size") is not None else "",
-                         f"{lay['microbatches']} micro-batches" if lay.get("microbatches") is not None else "")
-             if p]
+    world, micro = lay.get("world_size"), lay.get("microbatches")
+    parts = [p for p in (dims, f"world size {world}" if world is not None else "",
+                         f"{micro} micro-batches" if micro is not None else "") if p]
     return ", ".join(parts) if parts else "layout unknown"
 
 
