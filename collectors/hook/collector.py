@@ -21,6 +21,7 @@ Never raises from ``collect``: malformed datagrams are counted by reason and dro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import socket
@@ -31,10 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT
+from perfd.analytics.gpus import normalize_dtype
+from perfd.bounds import LAYOUT_BOUNDS, in_bounds
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import HOOK_PROFILE
 from perfd.hook import wire
-from perfd.model import Provenance, StepRecord, TimerValue
+from perfd.model import JobInfo, ModelSpec, ParallelLayout, Provenance, StepRecord, TimerValue
 
 
 @dataclass
@@ -103,6 +106,9 @@ class HookCollector(Collector):
         self._recv_errors_seen = 0
         self._rx: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._layout = ParallelLayout()  # what the hooks' job records said (KIND_JOB)
+        self._spec = ModelSpec()
+        self._job_sent: JobInfo | None = None
 
     def _c(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -208,6 +214,8 @@ class HookCollector(Collector):
             rec = self._step_record(msg)
             if rec is not None:
                 out.steps.append(rec)
+        elif kind == wire.KIND_JOB:
+            self._job(wire.unpack_job(data), out)
         elif kind == wire.KIND_PROFILE_STATUS:
             st = wire.unpack_profile_status(data)
             state = wire.PROFILE_STATE_NAMES.get(st.state, f"state_{st.state}")
@@ -222,6 +230,30 @@ class HookCollector(Collector):
             })
         else:
             self.count_error("malformed:unexpected_kind")
+
+    def _job(self, m: wire.JobMsg, out: Collected) -> None:
+        """The job as the hooks describe it: one JobInfo (framework "pytorch"), sent on change.
+        Ranks agree on it; where one names a size another does not, the named one is kept."""
+        if m.rank < 0:
+            self.count_error("malformed:no_rank")
+            return
+        lay, spec = self._layout, self._spec
+        for key in ("world_size", "tp", "pp", "dp", "cp", "ep"):
+            value = getattr(m, key)
+            if value is not None and in_bounds(value, *LAYOUT_BOUNDS[key]):
+                setattr(lay, key, value)
+            elif value is not None:
+                self.count_error("malformed:layout_out_of_bounds", f"{key}={value}")
+        if m.dtype is not None:
+            if normalize_dtype(m.dtype) is None:
+                self.count_error("malformed:unknown_dtype", repr(m.dtype))
+            else:
+                spec.dtype = m.dtype
+        info = JobInfo(framework="pytorch", layout=dataclasses.replace(lay), spec=dataclasses.replace(spec))
+        if info != self._job_sent:
+            self._job_sent = info
+            out.job_info[self.config.job] = info
+        self._c("job_records")
 
     def _peer(self, rank: int, pid: int, addr: Any, step: int, now: float) -> None:
         if not addr:

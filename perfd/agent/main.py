@@ -29,7 +29,7 @@ from perfd.collector import Collected, Collector, Registry
 from perfd.events import NCCL_HANG
 from perfd.exporters.prometheus import build_info_families, series_families
 from perfd.jobinfo_json import job_info_to_json
-from perfd.model import CollectiveRecord, Sample, label_set
+from perfd.model import CollectiveRecord, JobInfo, Sample, label_set, merge_job_info
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,7 @@ class Agent:
         self._started = time.time()
         self._jobinfo_sent: dict[str, str] = {}
         self._jobinfo_last: dict[str, str] = {}  # job -> its latest job info, re-sent after a reconnect
+        self._jobinfo_merged: dict[str, JobInfo] = {}
         self._reconnects_seen = 0
         self._checkpoints = Checkpoints(cfg.state_dir) if cfg.state_dir else None
         self.reducer = SampleReducer(cfg.aggregator_sample_interval_s)
@@ -203,7 +204,10 @@ class Agent:
             collectives.extend(out.collectives)
             self.samples_total[name] = self.samples_total.get(name, 0) + len(out.samples)
             for job, info in out.job_info.items():
-                text = job_info_to_json(info)
+                # Two describers of one job (a log and the step hooks) each send on change only:
+                # merged here, so neither's news is lost to the other's in the same batch.
+                merged = self._jobinfo_merged[job] = merge_job_info(self._jobinfo_merged.get(job), info)
+                text = job_info_to_json(merged)
                 self._jobinfo_last[job] = text
                 if self._jobinfo_sent.get(job) != text:
                     job_info[job] = text

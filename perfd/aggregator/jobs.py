@@ -20,7 +20,7 @@ from typing import Any
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.megatron_job import AnalysisMemo, RunAnalysis, analyze_run
-from perfd.model import JobInfo, StepRecord, TimerValue
+from perfd.model import HOOK_FRAMEWORK, JobInfo, StepRecord, TimerValue, merge_job_info
 
 # Bucket upper bounds (s) of the step-time histogram: 50 ms to 2 min, about ×1.5 apart.
 STEP_BUCKETS_S: tuple[float, ...] = (0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.45, 0.7, 1.0, 1.5, 2.25, 3.5, 5.0,
@@ -145,7 +145,7 @@ class JobStore:
         with self._lock:
             js = self._job(job)
             js.agents.add(agent_id)
-            js.job_info, js.job_info_agent = info, agent_id
+            js.job_info, js.job_info_agent = merge_job_info(js.job_info, info), agent_id
             js.dirty = True
 
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord]) -> None:
@@ -296,7 +296,7 @@ def job_info_of(info: JobInfo | None, records: Sequence[StepRecord]) -> JobInfo:
     if info is None:
         if not ranks:
             return JobInfo()
-        info = JobInfo(framework="pytorch")
+        info = JobInfo(framework=HOOK_FRAMEWORK)
     if info.layout.world_size is not None or not ranks:
         return info
     return dataclasses.replace(info, layout=dataclasses.replace(info.layout, world_size=len(ranks)))
