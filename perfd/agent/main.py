@@ -46,10 +46,11 @@ def default_registry() -> Registry:
     import collectors.megatron
     import collectors.nvml
     import collectors.sglang
+    import collectors.torchtitan
 
     reg = Registry()
     for mod in (collectors.megatron, collectors.nvml, collectors.host, collectors.k8s, collectors.sglang,
-                collectors.dcgm):
+                collectors.dcgm, collectors.torchtitan):
         mod.register(reg)
     reg.register("nccl", _nccl_collector)
     reg.register("hook", _hook_collector)
