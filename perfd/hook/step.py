@@ -58,7 +58,6 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-from perfd.analytics.flops import flops_for_tokens
 from perfd.hook import lifecycle, wire
 from perfd.hook.jobinfo import check_layout, job_msg
 from perfd.hook.sender import DatagramSender
@@ -174,6 +173,8 @@ class StepHook:
         self.warmup_steps = max(0, warmup_steps)
         self.tokens_per_step = tokens_per_step
         if flops_per_step is None and tokens_per_step is not None and model is not None:
+            from perfd.analytics.flops import flops_for_tokens  # only then: the loop imports no analytics
+
             flops_per_step = flops_for_tokens(model, tokens_per_step)
         self.flops_per_step = flops_per_step
         self.dtype, self.layout, self.mesh = dtype, check_layout(layout), mesh
