@@ -175,3 +175,15 @@ def test_perfd_analyze_torchtitan_offline(tmp_path: Path) -> None:
     bad = subprocess.run([*cmd, "analyze", "torchtitan", str(model)], capture_output=True, text=True,
                          timeout=120, cwd=Path(__file__).parents[3])
     assert bad.returncode == 2 and "no torchtitan step lines" in bad.stderr
+
+
+def test_the_gpu_scripts_reading_of_torchtitans_own_figures() -> None:
+    """tests/gpu/torchtitan_live.py compares perfd with torchtitan's own per-step MFU: its reading."""
+    from tests.gpu.torchtitan_live import titan_steps
+
+    got = titan_steps(LOG)
+    assert sorted(got) == list(range(1, 41))
+    p, recs = _parse()
+    for r in recs:
+        assert got[r.iteration]["mfu"] == pytest.approx(float(r.fields["mfu_pct"]) / 100)
+        assert got[r.iteration]["tflops"] == r.logged_tflops_per_gpu
