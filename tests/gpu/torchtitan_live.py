@@ -1,11 +1,16 @@
 """On 1 GPU: a real torchtitan run (llama3 "debugmodel" from its own configs), live through
 agent -> aggregator and offline from its log; perfd's MFU against torchtitan's.
 
-    python3 tests/gpu/torchtitan_wheels.py .whl          # here, with network: torchtitan + its deps
-    python3 tests/gpu/torchtitan_live.py OUT_DIR --wheels .whl   # on the GPU machine (carry .whl)
+    python3 tests/gpu/torchtitan_wheels.py .whl      # here, with network: .whl/part1, part2, ...
+    python3 tests/gpu/torchtitan_live.py --install .whl/part1   # GPU machine, one call per part
+    python3 tests/gpu/torchtitan_live.py --install .whl/part2   #   (carry that part: <= 60 MiB)
+    python3 tests/gpu/torchtitan_live.py OUT_DIR                # GPU machine, same warm machine
 
-torchtitan 0.3.0 is installed from the carried wheels (``pip install --no-index``) into a venv over
-the machine's own torch (``--system-site-packages``). Its wheel has no test assets, so the script
+torchtitan 0.3.0 is installed from the carried wheels (``pip install --no-index --no-deps
+--target``, one part per call: a call carries at most 64 MiB, pyarrow alone is 53) into
+``.titan-site`` at the repository root (ignored by git: it stays between calls on a warm machine),
+put on PYTHONPATH beside the machine's own torch, whatever environment that is in; an import of
+``torchtitan.train`` is checked first. Its wheel has no test assets, so the script
 makes them: a byte-level BPE tokenizer (2,000 tokens, under debugmodel's 2,048) trained with
 ``tokenizers`` on generated text, and a local JSON-lines dataset (``--dataloader.dataset_path``).
 Then ``perfd aggregator``, ``perfd launch --flight-recorder DIR --fr-timing -- torchrun ... -m
@@ -136,15 +141,28 @@ def compare(
     return out
 
 
-def run(out: Path, wheels: Path) -> dict[str, Any]:
+SITE = ROOT / ".titan-site"
+
+
+def install(part: Path) -> int:
+    """Install one part of the carried wheels into SITE."""
+    wheels = sorted(str(w) for w in part.glob("*.whl"))
+    if not wheels:
+        print(f"no wheels in {part}", file=sys.stderr)
+        return 2
+    cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--upgrade", "--target",
+           str(SITE)]
+    return subprocess.run([*cmd, *wheels]).returncode
+
+
+def run(out: Path) -> dict[str, Any]:
     res: dict[str, Any] = {"job": JOB, "steps": STEPS, "local_batch": LOCAL_BATCH, "model": MODEL}
     procs: list[subprocess.Popen[bytes]] = []
-    venv = out / "venv"
-    py = str(venv / "bin" / "python")
+    py = sys.executable
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+        "PYTHONPATH": f"{ROOT}:{SITE}:{os.environ.get('PYTHONPATH', '')}",
         "NCCL_NVLS_ENABLE": "0",
     }
 
@@ -161,25 +179,10 @@ def run(out: Path, wheels: Path) -> dict[str, Any]:
         return p
 
     try:
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-        pip = subprocess.run(
-            [
-                py,
-                "-m",
-                "pip",
-                "install",
-                "--no-index",
-                "--find-links",
-                str(wheels),
-                "-r",
-                str(wheels / "requirements.txt"),
-            ],
-            capture_output=True,
-            text=True,
-        )
-        res["pip"] = {"rc": pip.returncode, "tail": (pip.stdout + pip.stderr)[-2000:]}
-        if pip.returncode:
-            raise RuntimeError("torchtitan did not install from the carried wheels")
+        smoke = subprocess.run([py, "-c", "import torchtitan.train"], capture_output=True, text=True, env=env)
+        if smoke.returncode:
+            res["import_error"] = smoke.stderr[-2000:]
+            raise RuntimeError(f"torchtitan does not import from {SITE}: run --install .whl/partN first")
         res["versions"] = subprocess.run(
             [py, "-c", "import torch, torchtitan; print(torch.__version__, torchtitan.__version__)"],
             capture_output=True,
@@ -392,13 +395,18 @@ def run(out: Path, wheels: Path) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--wheels", type=Path, default=ROOT / ".whl", help="torchtitan_wheels.py's directory")
+    ap.add_argument("out", type=Path, nargs="?")
+    ap.add_argument("--install", type=Path, metavar="PART", help="install one part of torchtitan_wheels.py's "
+                    "directory into .titan-site, then exit")
     args = ap.parse_args()
+    if args.install is not None:
+        return install(args.install.resolve())
+    if args.out is None:
+        ap.error("OUT_DIR is required (or --install PART)")
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     random.seed(0)
-    res = run(out, args.wheels.resolve())
+    res = run(out)
     (out / "torchtitan_live.json").write_text(json.dumps(res, indent=1, default=str))
     md = "\n".join(
         [
