@@ -3,7 +3,7 @@ agent -> aggregator and offline from its log; perfd's MFU against torchtitan's.
 
     python3 tests/gpu/torchtitan_wheels.py .whl      # here, with network: .whl/part1, part2, ...
     python3 tests/gpu/torchtitan_live.py --install .whl/part1   # GPU machine, one call per part
-    python3 tests/gpu/torchtitan_live.py --install .whl/part2   #   (carry that part: <= 60 MiB)
+    python3 tests/gpu/torchtitan_live.py --install .whl/part2   #   (carry that part: <= 55 MiB)
     python3 tests/gpu/torchtitan_live.py OUT_DIR                # GPU machine, same warm machine
 
 torchtitan 0.3.0 is installed from the carried wheels (``pip install --no-index --no-deps

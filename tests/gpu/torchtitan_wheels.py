@@ -1,7 +1,7 @@
 """Download torchtitan 0.3.0 and every wheel it needs beyond torch into a directory, for a GPU
 machine without network (tests/gpu/torchtitan_live.py --install installs from it).
 
-    python3 tests/gpu/torchtitan_wheels.py .whl [--python 3.12] [--part-mib 60]
+    python3 tests/gpu/torchtitan_wheels.py .whl [--python 3.12] [--part-mib 55]
 
 Left out: torch (and what only torch needs: triton, nvidia-*, cuda-*), which the GPU machine has,
 and wandb with what only it needs (torchtitan imports it only when W&B logging is on). Each
@@ -46,7 +46,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("dest", type=Path)
     ap.add_argument("--python", default="3.12")
-    ap.add_argument("--part-mib", type=float, default=60.0)
+    ap.add_argument("--part-mib", type=float, default=55.0)
     args = ap.parse_args()
     dest: Path = args.dest
     dest.mkdir(parents=True, exist_ok=True)
