@@ -183,7 +183,7 @@ def test_the_gpu_scripts_reading_of_torchtitans_own_figures() -> None:
 
     got = titan_steps(LOG)
     assert sorted(got) == list(range(1, 41))
-    p, recs = _parse()
+    _, recs = _parse()
     for r in recs:
         assert got[r.iteration]["mfu"] == pytest.approx(float(r.fields["mfu_pct"]) / 100)
         assert got[r.iteration]["tflops"] == r.logged_tflops_per_gpu
