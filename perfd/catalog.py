@@ -97,8 +97,8 @@ def _m(name: str, kind: Kind, unit: str, description: str, source: str, labels: 
                      (frozenset(shows) | default) - frozenset(hide), short)
 
 
-_MEGATRON = "collectors/megatron (iteration line, timers)"
-_ANALYTICS = "perfd.analytics over collectors/megatron"
+_MEGATRON = "collectors/megatron (iteration line, timers), collectors/hook, collectors/torchtitan"
+_ANALYTICS = "perfd.analytics over the step sources (collectors/megatron, hook, torchtitan)"
 _NVML = "collectors/nvml (NVML)"
 _GPM = "collectors/nvml (GPM, Hopper and newer; absent elsewhere)"
 _HOST = "collectors/host (psutil)"
@@ -121,15 +121,18 @@ CATALOG: tuple[MetricDef, ...] = (
        "Achieved model TFLOP/s per GPU, perfd's FLOPs formula ÷ step time ÷ world size", _ANALYTICS, JOB,
        attr="model_tflops_per_gpu", alias="tflops", shows=(HTML, TABLE), short="model TFLOP/s per GPU"),
     _m("perfd_job_logged_tflops_per_gpu", "gauge", "tflops",
-       "Framework's own throughput figure (Megatron 'throughput per GPU (TFLOP/s/GPU)')", _MEGATRON, JOB,
+       "Framework's own throughput figure (Megatron 'throughput per GPU (TFLOP/s/GPU)', torchtitan "
+       "'tflops')", _MEGATRON, JOB,
        attr="megatron_tflops_per_gpu", alias="logged_tflops", shows=(TABLE,), short="logged TFLOP/s per GPU"),
     _m("perfd_job_tflops_gap_ratio", "gauge", "ratio",
-       "(perfd − logged) / logged TFLOP/s per GPU; beyond 1% the FLOPs model is suspect", _ANALYTICS, JOB,
+       "(perfd − logged) / logged TFLOP/s per GPU; beyond 1% (torchtitan: 2%) the FLOPs model is suspect",
+       _ANALYTICS, JOB,
        attr="tflops_rel_gap", alias="tflops_gap", short="TFLOP/s gap"),
     _m("perfd_job_step_time_seconds", "gauge", "seconds", "Elapsed time per iteration", _MEGATRON, JOB,
        attr="step_time_ms", scale=1e-3, alias="step_time", shows=(HTML, TABLE), short="step time"),
     _m("perfd_job_data_loading_ratio", "gauge", "ratio",
-       "batch-generator time (max across ranks) ÷ step; > 0.2 bottleneck, < 0.05 healthy",
+       "Data wait (Megatron's batch-generator, the step hook's data-wait; max across ranks) ÷ step; "
+       "> 0.2 bottleneck, < 0.05 healthy",
        _ANALYTICS, JOB, attr="data_share", alias="data_share", shows=(HTML, TABLE), short="data loading"),
     _m("perfd_job_comm_exposed_ratio", "gauge", "ratio",
        "Exposed communication ÷ step: Σ max-across-ranks of the comm timers the CPU waits on",

@@ -36,6 +36,9 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     from perfd.commands.analyze_capture import add_arguments as add_capture_arguments
 
     add_capture_arguments(asub)
+    from perfd.commands.analyze_torchtitan import add_arguments as add_torchtitan_arguments
+
+    add_torchtitan_arguments(asub)
 
 
 def _add_catalog(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,6 +68,8 @@ EXAMPLES: dict[str, str] = {
     "perfd analyze megatron": "perfd analyze megatron train.log.gz --gpu 'NVIDIA H100 80GB HBM3' "
                               "--dtype bf16\n  "
                               "perfd analyze megatron train.log --gpu 'NVIDIA H200' --json | jq .summary",
+    "perfd analyze torchtitan": "perfd analyze torchtitan train.log --model llama3_debug.yaml --dtype bf16 "
+                                "--gpu 'NVIDIA H100 80GB HBM3'",
     "perfd analyze sglang": "perfd analyze sglang server.log --gpu 'NVIDIA H200' --model-params 8B "
                             "--dtype bf16 "
                             "--metrics http://127.0.0.1:30000/metrics",

@@ -8,6 +8,7 @@ invented".
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -494,3 +495,27 @@ class ServingData:
 
 def _field_names(cls: type) -> set[str]:
     return {f.name for f in fields(cls)}
+
+
+HOOK_FRAMEWORK = "pytorch"  # the framework of the JobInfo the step hook's job records make
+
+
+def merge_job_info(held: JobInfo | None, new: JobInfo) -> JobInfo:
+    """One job, two describers: a framework's log (Megatron-LM, torchtitan) says the most, the step
+    hooks in the same job say the layout and dtype as the process sees them. The log's JobInfo is
+    kept whichever came first, its unknown layout sizes and dtype filled from the hooks'; the same
+    describer again replaces its own."""
+    if held is None or held.framework == new.framework:
+        return new
+    if new.framework == HOOK_FRAMEWORK:
+        base, hook = held, new
+    elif held.framework == HOOK_FRAMEWORK:
+        base, hook = new, held
+    else:
+        return new  # two logs of different frameworks: the latest says what the job is
+    layout = dataclasses.replace(base.layout, **{
+        f.name: getattr(hook.layout, f.name) for f in dataclasses.fields(hook.layout)
+        if getattr(base.layout, f.name) is None and getattr(hook.layout, f.name) is not None})
+    spec = base.spec if base.spec.dtype is not None or hook.spec.dtype is None else \
+        dataclasses.replace(base.spec, dtype=hook.spec.dtype)
+    return dataclasses.replace(base, layout=layout, spec=spec)

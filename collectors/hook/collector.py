@@ -1,10 +1,11 @@
 """The ``hook`` collector: receives step records from perfd step hooks in training processes.
 
 Binds a Unix datagram socket (the path the hooks send to) and turns each record into a
-``StepRecord`` for the rank the hook reports: step time, data wait as the timer ``data-wait``, and
-the hook's rolling percentiles as fields. It also sends profile requests back to a rank's hook
-(``request_profile``), to the address its records came from, and reports the hook's answers as
-``hook_profile`` events.
+``StepRecord`` for the rank the hook reports: step time, data wait and compute as the timers
+``data-wait`` and ``compute`` (the hook's vocabulary, perfd.analytics.common), and the hook's
+rolling percentiles, ``tokens_per_step`` and ``flops_per_step`` as fields. It also sends profile
+requests back to a rank's hook (``request_profile``), to the address its records came from, and
+reports the hook's answers as ``hook_profile`` events.
 
 Why a receiver thread: Linux queues at most ``net.unix.max_dgram_qlen`` datagrams (default 10) at
 a Unix datagram socket whatever ``SO_RCVBUF`` says; beyond that the hooks' ``sendto`` fails with
@@ -20,6 +21,7 @@ Never raises from ``collect``: malformed datagrams are counted by reason and dro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import socket
@@ -29,10 +31,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT
+from perfd.analytics.gpus import normalize_dtype
+from perfd.bounds import LAYOUT_BOUNDS, in_bounds
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import HOOK_PROFILE
 from perfd.hook import wire
-from perfd.model import Provenance, StepRecord, TimerValue
+from perfd.model import JobInfo, ModelSpec, ParallelLayout, Provenance, StepRecord, TimerValue
 
 
 @dataclass
@@ -101,6 +106,9 @@ class HookCollector(Collector):
         self._recv_errors_seen = 0
         self._rx: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._layout = ParallelLayout()  # what the hooks' job records said (KIND_JOB)
+        self._spec = ModelSpec()
+        self._job_sent: JobInfo | None = None
 
     def _c(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -206,6 +214,8 @@ class HookCollector(Collector):
             rec = self._step_record(msg)
             if rec is not None:
                 out.steps.append(rec)
+        elif kind == wire.KIND_JOB:
+            self._job(wire.unpack_job(data), out)
         elif kind == wire.KIND_PROFILE_STATUS:
             st = wire.unpack_profile_status(data)
             state = wire.PROFILE_STATE_NAMES.get(st.state, f"state_{st.state}")
@@ -220,6 +230,30 @@ class HookCollector(Collector):
             })
         else:
             self.count_error("malformed:unexpected_kind")
+
+    def _job(self, m: wire.JobMsg, out: Collected) -> None:
+        """The job as the hooks describe it: one JobInfo (framework "pytorch"), sent on change.
+        Ranks agree on it; where one names a size another does not, the named one is kept."""
+        if m.rank < 0:
+            self.count_error("malformed:no_rank")
+            return
+        lay, spec = self._layout, self._spec
+        for key in ("world_size", "tp", "pp", "dp", "cp", "ep"):
+            value = getattr(m, key)
+            if value is not None and in_bounds(value, *LAYOUT_BOUNDS[key]):
+                setattr(lay, key, value)
+            elif value is not None:
+                self.count_error("malformed:layout_out_of_bounds", f"{key}={value}")
+        if m.dtype is not None:
+            if normalize_dtype(m.dtype) is None:
+                self.count_error("malformed:unknown_dtype", repr(m.dtype))
+            else:
+                spec.dtype = m.dtype
+        info = JobInfo(framework="pytorch", layout=dataclasses.replace(lay), spec=dataclasses.replace(spec))
+        if info != self._job_sent:
+            self._job_sent = info
+            out.job_info[self.config.job] = info
+        self._c("job_records")
 
     def _peer(self, rank: int, pid: int, addr: Any, step: int, now: float) -> None:
         if not addr:
@@ -255,9 +289,11 @@ class HookCollector(Collector):
             fields["hook_send_drops"] = str(m.send_drops)
             fields["hook_harvest_drops"] = str(m.harvest_drops)
         timers: dict[str, TimerValue] = {}
-        wait = _ms(m.data_wait_ns)
-        if wait is not None:
-            timers["data-wait"] = TimerValue(min_ms=wait, max_ms=wait, per_rank={m.rank: wait})
+        # The hook's phases under the names its vocabulary declares (perfd.analytics.common).
+        for name, ns in ((HOOK_DATA_WAIT, m.data_wait_ns), (HOOK_COMPUTE, m.compute_ns)):
+            ms = _ms(ns)
+            if ms is not None:
+                timers[name] = TimerValue(min_ms=ms, max_ms=ms, per_rank={m.rank: ms})
         self._c("records")
         return StepRecord(
             job=self.config.job, iteration=m.step, rank=m.rank, end_time=m.end_time_ns / 1e9,

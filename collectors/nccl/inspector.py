@@ -56,9 +56,11 @@ def bus_bw_factor(op: str, n: int) -> float | None:
 
     all-reduce 2(n-1)/n (each byte is reduced and then broadcast: two passes of (n-1)/n);
     all-gather, reduce-scatter and all-to-all (n-1)/n (each rank moves the share it does not hold);
-    broadcast, reduce and point-to-point 1.
+    broadcast, reduce and point-to-point 1. None on one rank (or none): no data crosses a link, so
+    there is no bus bandwidth to speak of (bytes ÷ a local copy's time would read as a link far
+    beyond any real one).
     """
-    if n <= 0:
+    if n <= 1:
         return None
     if op == "all_reduce":
         return 2.0 * (n - 1) / n

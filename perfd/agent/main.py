@@ -29,7 +29,7 @@ from perfd.collector import Collected, Collector, Registry
 from perfd.events import NCCL_HANG
 from perfd.exporters.prometheus import build_info_families, series_families
 from perfd.jobinfo_json import job_info_to_json
-from perfd.model import CollectiveRecord, Sample, label_set
+from perfd.model import CollectiveRecord, JobInfo, Sample, label_set, merge_job_info
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,11 @@ def default_registry() -> Registry:
     import collectors.megatron
     import collectors.nvml
     import collectors.sglang
+    import collectors.torchtitan
 
     reg = Registry()
     for mod in (collectors.megatron, collectors.nvml, collectors.host, collectors.k8s, collectors.sglang,
-                collectors.dcgm):
+                collectors.dcgm, collectors.torchtitan):
         mod.register(reg)
     reg.register("nccl", _nccl_collector)
     reg.register("hook", _hook_collector)
@@ -120,6 +121,7 @@ class Agent:
         self._started = time.time()
         self._jobinfo_sent: dict[str, str] = {}
         self._jobinfo_last: dict[str, str] = {}  # job -> its latest job info, re-sent after a reconnect
+        self._jobinfo_merged: dict[str, JobInfo] = {}
         self._reconnects_seen = 0
         self._checkpoints = Checkpoints(cfg.state_dir) if cfg.state_dir else None
         self.reducer = SampleReducer(cfg.aggregator_sample_interval_s)
@@ -203,7 +205,10 @@ class Agent:
             collectives.extend(out.collectives)
             self.samples_total[name] = self.samples_total.get(name, 0) + len(out.samples)
             for job, info in out.job_info.items():
-                text = job_info_to_json(info)
+                # Two describers of one job (a log and the step hooks) each send on change only:
+                # merged here, so neither's news is lost to the other's in the same batch.
+                merged = self._jobinfo_merged[job] = merge_job_info(self._jobinfo_merged.get(job), info)
+                text = job_info_to_json(merged)
                 self._jobinfo_last[job] = text
                 if self._jobinfo_sent.get(job) != text:
                     job_info[job] = text

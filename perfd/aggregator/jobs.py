@@ -20,7 +20,7 @@ from typing import Any
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.megatron_job import AnalysisMemo, RunAnalysis, analyze_run
-from perfd.model import JobInfo, StepRecord, TimerValue
+from perfd.model import HOOK_FRAMEWORK, JobInfo, StepRecord, TimerValue, merge_job_info
 
 # Bucket upper bounds (s) of the step-time histogram: 50 ms to 2 min, about ×1.5 apart.
 STEP_BUCKETS_S: tuple[float, ...] = (0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.45, 0.7, 1.0, 1.5, 2.25, 3.5, 5.0,
@@ -146,7 +146,7 @@ class JobStore:
         with self._lock:
             js = self._job(job)
             js.agents.add(agent_id)
-            js.job_info, js.job_info_agent = info, agent_id
+            js.job_info, js.job_info_agent = merge_job_info(js.job_info, info), agent_id
             js.dirty = True
 
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord]) -> None:
@@ -200,8 +200,8 @@ class JobStore:
             stale = changed and (force or time.time() - js.analysis_time >= self.min_recompute_s)
             if js.analysis is not None and not stale:
                 return js.analysis
-            info = js.job_info or JobInfo()
             raw = list(js.records.values())
+            info = job_info_of(js.job_info, raw)
             gpu = self.gpu_override or js.gpu_name
             js.dirty = False
         try:
@@ -290,6 +290,22 @@ class JobStore:
                 "last_step_age_s": (time.time() - js.last_step_time) if js.last_step_time else None,
                 "last_step_time": js.last_step_time or None,
             }
+
+
+def job_info_of(info: JobInfo | None, records: Sequence[StepRecord]) -> JobInfo:
+    """The job as its sources state it, completed from its per-rank step records: a job no log
+    describes (the step hook alone) is a PyTorch job, and where no source stated the world size it
+    is the number of ranks that report (each rank runs the hook; a rank that never reported would
+    make it low, and its absence shows in the per-rank records). Never guessed beyond that: TP, PP
+    and DP stay unknown unless stated."""
+    ranks = {r.rank for r in records if isinstance(r.rank, int)}
+    if info is None:
+        if not ranks:
+            return JobInfo()
+        info = JobInfo(framework=HOOK_FRAMEWORK)
+    if info.layout.world_size is not None or not ranks:
+        return info
+    return dataclasses.replace(info, layout=dataclasses.replace(info.layout, world_size=len(ranks)))
 
 
 def mark_disturbed(records: list[StepRecord], windows: Sequence[tuple[float, float]],

@@ -45,6 +45,11 @@ LINKS: dict[str, LinkSpec] = {spec.name: spec for spec in (
     LinkSpec("ib-800g", 100.0, "800 Gb/s network per GPU (InfiniBand XDR)"),
 )}
 
+# A measured bus bandwidth above this multiple of the link's figure is not credible: nothing moved
+# at that rate (a one-rank group, a clock step, an op timed before it ran). The figures are what a
+# large collective reaches; NVLink SHARP all-reduces can beat them by ~10%, hence the margin.
+CREDIBLE_BUSBW_FACTOR = 1.5
+
 # GPU model (perfd.analytics.gpus row name) -> link between the GPUs of one node.
 INTRA_NODE_LINK: dict[str, str] = {
     "GB200": "nvlink5", "B200": "nvlink5", "H200": "nvlink4", "H200 NVL": "nvlink4", "GH200": "nvlink4",

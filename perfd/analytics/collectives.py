@@ -16,7 +16,10 @@ union ÷ the span the records cover (``observation_window``). The method is alwa
 **Bus bandwidth** of large ops (≥ 64 MiB, where it is meaningful) per group, against the link the
 group crosses (:mod:`perfd.analytics.collective_groups`). A Flight Recorder duration includes
 waiting for peers, so for each (group, sequence number) the rank with the shortest duration — the
-last to arrive, whose time is closest to the transfer itself — gives the op's bandwidth.
+last to arrive, whose time is closest to the transfer itself — gives the op's bandwidth. Only where
+data moves: a group of one rank moves nothing (its "bandwidth" is bytes ÷ a kernel launch), and a
+value above ``CREDIBLE_BUSBW_FACTOR`` × the link's figure is not credible; both are counted in
+``bandwidth_rejected`` and never exported.
 
 **Wait asymmetry**: for the same (group, sequence number) on every member, the rank with the
 shortest duration arrived last: the others waited for it. Per rank: how often it was last.
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics.collective_groups import (
+    CREDIBLE_BUSBW_FACTOR,
     DEFAULT_INTER_NODE_LINK,
     DEFAULT_ORDER,
     LinkChoice,
@@ -272,6 +276,8 @@ class CollectiveAnalysis:
     findings: list[Finding] = field(default_factory=list)
     recommendations: list[Recommendation] = field(default_factory=list)
     absent_reason: str | None = None
+    # large ops left out of the bandwidth, by reason: "single_rank_group", "not_credible"
+    bandwidth_rejected: dict[str, int] = field(default_factory=dict)
 
     @property
     def active_hangs(self) -> int:
@@ -289,6 +295,7 @@ class CollectiveAnalysis:
             "groups": self.groups,
             "iterations": [it.to_json() for it in self.iterations],
             "bandwidth": [b.to_json() for b in self.bandwidth],
+            "bandwidth_rejected": dict(self.bandwidth_rejected),
             "waits": [w.to_json() for w in self.waits],
             "hangs": [h.to_json() for h in self.hangs],
             "findings": [vars(f) for f in self.findings],
@@ -330,7 +337,7 @@ def analyze_collectives(job: str, records: Sequence[CollectiveRecord], steps: Se
                              comm_share_by_group={}, weighted_share=None, n_windows=0, bandwidth=[],
                              waits=[], hangs=[])
     _shares(out, timed, cls, steps, cfg)
-    out.bandwidth = _bandwidth(records, cls, nodes, gpu_name, cfg)
+    out.bandwidth = _bandwidth(records, cls, nodes, gpu_name, cfg, out.bandwidth_rejected)
     out.waits = _waits(timed)
     out.hangs = merge_hangs(hang_events, progress_of(records))
     out.findings, out.recommendations = _findings(out, groups, nodes, cfg)
@@ -424,12 +431,20 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
             excluded=next((v[4] for v in rows.values() if v[4]), None)))
 
 
+def _group_size(r: CollectiveRecord) -> int | None:
+    return r.group_size if r.group_size is not None else (len(r.pg_ranks) if r.pg_ranks else None)
+
+
 def _bandwidth(records: Sequence[CollectiveRecord], cls: Mapping[int, str], nodes: Mapping[int, str],
-               gpu_name: str | None, cfg: CollectiveConfig) -> list[GroupBandwidth]:
+               gpu_name: str | None, cfg: CollectiveConfig, rejected: dict[str, int]) -> list[GroupBandwidth]:
     best: dict[tuple[str, str, int], CollectiveRecord] = {}
     for r in records:
         seq = r.collective_seq_id
         if r.is_p2p or seq is None or r.bytes is None or r.bytes < cfg.min_bandwidth_bytes or not r.busbw_gbs:
+            continue
+        size = _group_size(r)
+        if size is not None and size <= 1:
+            rejected["single_rank_group"] = rejected.get("single_rank_group", 0) + 1
             continue
         if r.source == FR and r.duration_ms and r.pg_name is not None:
             key = (FR, r.pg_name, seq)
@@ -451,6 +466,9 @@ def _bandwidth(records: Sequence[CollectiveRecord], cls: Mapping[int, str], node
                 r.pg_ranks, nodes, gpu_name, r.nnodes, intra_link=cfg.intra_node_link,
                 inter_link=cfg.inter_node_link, intra_busbw_gbs=cfg.intra_node_busbw_gbs,
                 inter_busbw_gbs=cfg.inter_node_busbw_gbs)
+        if link.busbw_gbs and (r.busbw_gbs or 0.0) > CREDIBLE_BUSBW_FACTOR * link.busbw_gbs:
+            rejected["not_credible"] = rejected.get("not_credible", 0) + 1
+            continue
         agg.setdefault((cls.get(id(r), "other"), link.scope), (link, []))[1].append(r)
     out = []
     for (group, scope), (link, rs) in sorted(agg.items()):

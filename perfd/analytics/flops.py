@@ -24,7 +24,9 @@ missing.
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfd.bounds import SPEC_BOUNDS, in_bounds
@@ -33,6 +35,12 @@ from perfd.model import ModelSpec, Provenance
 FORMULA_CURRENT = "megatron-core>=0.12"
 FORMULA_LEGACY = "megatron-core<=0.11"
 FORMULA_6N = "6*N*tokens"
+FORMULA_TORCHTITAN = "torchtitan (no causal halving)"
+FORMULA_STATED = "flops_per_step (step hook)"
+
+# The step hook's fields (collectors/hook): the training script's own counts for the whole job per step.
+FIELD_FLOPS_PER_STEP = "flops_per_step"
+FIELD_TOKENS_PER_STEP = "tokens_per_step"
 
 
 @dataclass(frozen=True)
@@ -71,8 +79,18 @@ def parse_version(version: str | None) -> tuple[int, int] | None:
     return int(m.group(1)), int(m.group(2))
 
 
-def attention_formula(framework_version: str | None) -> tuple[str, int, str | None]:
-    """(formula name, core-attention factor 6 or 12, note) for a Megatron-Core version."""
+def attention_formula(framework_version: str | None,
+                      framework: str = "megatron") -> tuple[str, int, str | None]:
+    """(formula name, core-attention factor 6 or 12, note) for a framework and its version.
+
+    Megatron-Core >= 0.12 halves the core attention for the causal mask; older cores do not, and
+    neither does torchtitan (torchtitan/models/utils.py: "we follow the convention and do not account
+    for sparsity in causal attention", 6·L·heads·(qk+v head dims)·s per token = 12·s·q·L). Any other
+    framework (a plain PyTorch job with the step hook) is counted like current Megatron-Core."""
+    if framework == "torchtitan":
+        return FORMULA_TORCHTITAN, 12, None
+    if framework != "megatron":
+        return FORMULA_CURRENT, 6, None
     ver = parse_version(framework_version)
     if ver is None:
         what = "unknown" if not framework_version else f"unparseable ({framework_version!r})"
@@ -101,8 +119,10 @@ def megatron_flops(
     spec: ModelSpec,
     global_batch_size: int | None,
     framework_version: str | None = None,
+    framework: str = "megatron",
 ) -> FlopsResult:
-    """perfd's FLOPs per iteration with Megatron-Core's formula for ``framework_version``."""
+    """perfd's FLOPs per iteration with Megatron-Core's formula for ``framework_version`` (the
+    attention convention of ``framework``: attention_formula)."""
     missing: list[str] = []
     notes: list[str] = []
     for name in ("num_layers", "hidden_size", "num_attention_heads", "kv_channels", "seq_length",
@@ -164,7 +184,7 @@ def megatron_flops(
     f_dense = spec.ffn_hidden_size or 0
     f_shared = spec.moe_shared_expert_ffn_hidden_size or 0
 
-    formula, attn_factor, note = attention_formula(framework_version)
+    formula, attn_factor, note = attention_formula(framework_version, framework)
     if note:
         notes.append(note)
     tokens = global_batch_size * s
@@ -210,13 +230,14 @@ def model_flops(
     spec: ModelSpec,
     global_batch_size: int | None,
     framework_version: str | None = None,
+    framework: str = "megatron",
 ) -> FlopsResult:
     """perfd's formula first; 6·N·tokens when the formula's inputs are missing but N is known.
 
     (Megatron's logged throughput, the second preference of DESIGN.md, is applied per iteration
     by the MFU code, since it is a per-iteration figure, not a FLOPs count.)
     """
-    own = megatron_flops(spec, global_batch_size, framework_version)
+    own = megatron_flops(spec, global_batch_size, framework_version, framework)
     if own.available or spec.parameter_count is None:
         return own
     tokens = global_batch_size * spec.seq_length if (global_batch_size and spec.seq_length) else None
@@ -227,3 +248,65 @@ def model_flops(
     return FlopsResult(fallback.flops_per_iteration, fallback.formula, fallback.source, own.missing,
                        (*own.notes, *fallback.notes,
                         f"Megatron formula unavailable (missing: {', '.join(own.missing)})"))
+
+
+def _stated(fields: Mapping[str, str], key: str) -> float | None:
+    """A positive finite number a record states under ``key``, else None."""
+    text = fields.get(key)
+    if text is None:
+        return None
+    try:
+        x = float(text)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) and x > 0 else None
+
+
+def record_flops(fields: Mapping[str, str], spec: ModelSpec, framework_version: str | None = None,
+                 framework: str = "megatron") -> FlopsResult | None:
+    """FLOPs per step a step record states or implies (the step hook's fields, for the whole job):
+    its ``flops_per_step`` (the training script's own count), else its ``tokens_per_step`` × perfd's
+    formula per token from the model spec (6·N·tokens with only a parameter count). None when the
+    record states neither; an absent result (with what is missing) when it gives tokens without a
+    spec to count them with."""
+    flops = _stated(fields, FIELD_FLOPS_PER_STEP)
+    if flops is not None:
+        return FlopsResult(flops, FORMULA_STATED, Provenance(
+            "hook", f"flops_per_step={flops:.6g} stated by the training script (StepHook)"))
+    tokens = _stated(fields, FIELD_TOKENS_PER_STEP)
+    if tokens is None:
+        return None
+    if spec.seq_length is not None and spec.seq_length > 0:
+        per_seq = megatron_flops(spec, 1, framework_version, framework)
+        if per_seq.available:
+            assert per_seq.flops_per_iteration is not None and per_seq.source is not None
+            scale = tokens / spec.seq_length
+            return FlopsResult(per_seq.flops_per_iteration * scale, per_seq.formula, Provenance(
+                "analytics", f"{per_seq.source.detail.replace('gbs=1', f'tokens={tokens:.6g}')} "
+                             "(tokens_per_step from the step hook)"),
+                notes=per_seq.notes, breakdown={k: v * scale for k, v in per_seq.breakdown.items()})
+    if spec.parameter_count is not None:
+        return six_n_flops(spec.parameter_count, int(tokens))
+    own = megatron_flops(spec, 1, framework_version, framework)
+    return FlopsResult(None, None, None, own.missing or ("seq_length",),
+                       ("tokens_per_step known, but no model spec to count FLOPs per token (StepHook "
+                        "flops_per_step=, or model= with the model's shape)",))
+
+
+def flops_for_tokens(model: ModelSpec | Mapping[str, object], tokens_per_step: float) -> float:
+    """The whole job's model FLOPs per step for ``tokens_per_step`` tokens: perfd's formula from the
+    model's shape. Raises ValueError (at construction, not in the loop) naming what is missing or
+    unknown, rather than sending steps with no FLOPs."""
+    if isinstance(model, ModelSpec):
+        spec = model
+    else:
+        known = set(ModelSpec.__dataclass_fields__)
+        unknown = sorted(set(model) - known)
+        if unknown:
+            raise ValueError(f"model: unknown field(s) {unknown}; known: {sorted(known)}")
+        spec = ModelSpec(**dict(model))  # type: ignore[arg-type]
+    got = record_flops({"tokens_per_step": repr(float(tokens_per_step))}, spec, framework="pytorch")
+    if got is None or got.flops_per_iteration is None:
+        why = got.reason() if got is not None else "tokens_per_step is not a positive number"
+        raise ValueError(f"model: cannot count FLOPs per step: {why}")
+    return got.flops_per_iteration

@@ -26,7 +26,6 @@ from perfd.analytics.findings import Finding, Recommendation
 from perfd.analytics.verdict_text import action_text, cause_text
 
 STEP_FACTOR = th.STEP_FACTOR.value  # a step this much above the steady median starts an incident
-STEP_EXIT_FACTOR = th.STEP_EXIT_FACTOR.value  # ... and steps above this keep it going
 STRAGGLER_STEP_FACTOR = 1.1  # a flagged straggler rank whose step is this much slower: part of one
 MERGE_GAP = 2  # up to this many ordinary iterations inside one incident (it flickers)
 MIN_COST_STEPS = th.INCIDENT_MIN_COST_STEPS.value
@@ -138,9 +137,9 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
     """Incidents among ``iterations`` (ordered; those before index ``first_eligible`` are warm-up),
     and the steady median step they were measured against. ``reference_ms`` is the window's
     median; it is re-taken without the slow iterations, so a long incident does not raise the bar
-    it is measured by. A stretch starts above STEP_FACTOR × the median and goes on while steps stay
-    above STEP_EXIT_FACTOR (hysteresis); stretches naming the same rank merge across short gaps; an
-    incident costs at least :func:`min_cost_s` — smaller departures are counted as jitter."""
+    it is measured by. Steps above STEP_FACTOR × the median form stretches (MERGE_GAP ordinary steps
+    may flicker within one); stretches naming the same rank merge across gaps short against their
+    length; an incident costs at least :func:`min_cost_s` — smaller departures are counted as jitter."""
     post = iterations[first_eligible:]  # a view of a long run's table: its rows are built one at a time
     ref = reference_ms
     if ref is None:
@@ -155,17 +154,15 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
                      _median([it.comm_exposed_share for it in calm_its if it.comm_exposed_share is not None]))
 
     flags: list[str | None] = []
-    inside = False
     for it in post:
         step = it.step_time_ms
         f: str | None = None
         if disturbed.get(it.iteration):
             f = CAPTURE
-        elif step is not None and (step > STEP_FACTOR * ref or (inside and step > STEP_EXIT_FACTOR * ref)):
+        elif step is not None and step > STEP_FACTOR * ref:
             f = SLOW
         elif step is not None and it.straggler_candidate_ranks and step > STRAGGLER_STEP_FACTOR * ref:
             f = STRAGGLER
-        inside = (f is not None and f != CAPTURE) or (inside and f == CAPTURE)
         flags.append(f)
 
     runs: list[list[int]] = []  # indexes into post
@@ -238,14 +235,15 @@ def _lead_rank(its: Sequence[IterationLike]) -> int | None:
 def _merge_same_cause(post: Sequence[IterationLike], runs: list[list[int]],
                       flags: Sequence[str | None]) -> list[list[int]]:
     """Neighbouring stretches that name the same rank (or none) merge across a gap up to
-    MERGE_FRACTION of their combined length: one lasting episode, not fragments."""
+    MERGE_FRACTION of the shorter one's length: one lasting episode, not fragments (and a lone noisy
+    step near a long stretch does not stretch it)."""
     out: list[list[int]] = []
     for run in runs:
         if out:
             prev = out[-1]
             gap = run[0] - prev[-1] - 1
             same = _lead_rank([post[i] for i in prev]) == _lead_rank([post[i] for i in run])
-            if same and gap <= MERGE_FRACTION * (len(prev) + len(run)):
+            if same and gap <= MERGE_FRACTION * min(len(prev), len(run)):
                 prev.extend(range(prev[-1] + 1, run[-1] + 1))
                 continue
         out.append(list(run))

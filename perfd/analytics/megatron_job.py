@@ -22,7 +22,7 @@ from perfd.analytics import bottleneck as bn
 from perfd.analytics.common import MetricValue, finite, median
 from perfd.analytics.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.findings import Finding, Recommendation, derive_findings, order_findings
-from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops
+from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
 from perfd.analytics.incidents import (
     DETECTION_FIELDS,
@@ -32,7 +32,14 @@ from perfd.analytics.incidents import (
     incident_findings,
 )
 from perfd.analytics.iteration_table import PACKED, Table
-from perfd.analytics.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
+from perfd.analytics.metrics import (
+    crosscheck_tflops,
+    data_share,
+    exposed_comm,
+    logged_throughput_source,
+    mfu,
+    throughput_per_gpu,
+)
 from perfd.analytics.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.steady import SteadyState, steady_state_of
 from perfd.analytics.stragglers import PersistentStragglers, StragglerResult, detect, persistent, rank_order
@@ -265,28 +272,33 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     srcs["step_time_ms"] = str(rec.source) if rec.source else "megatron: elapsed time per iteration"
     srcs["lm_loss"] = ("megatron: lm loss" if it.lm_loss is not None
                        else "absent: no lm loss on this iteration (NaN loss removes the field)")
-    srcs["megatron_tflops_per_gpu"] = ("megatron: throughput per GPU (TFLOP/s/GPU)"
+    srcs["megatron_tflops_per_gpu"] = (f"{logged_throughput_source(job.framework)}"
                                        if it.megatron_tflops_per_gpu is not None
                                        else "absent: not in the log (needs --log-throughput)")
 
-    # Throughput, MFU, cross-check.
+    # Throughput, MFU, cross-check. FLOPs: what the record states (the step hook's flops_per_step
+    # or tokens_per_step), else the job's formula for the iteration's global batch.
     gbs = rec.global_batch_size if rec.global_batch_size is not None else lay.global_batch_size
-    if gbs not in flops_cache:
-        flops_cache[gbs] = model_flops(job.spec, gbs, job.framework_version)
-    fl = flops_cache[gbs]
+    stated = record_flops(rec.fields, job.spec, job.framework_version, job.framework) if rec.fields else None
+    if stated is not None:
+        fl = stated
+    else:
+        if gbs not in flops_cache:
+            flops_cache[gbs] = model_flops(job.spec, gbs, job.framework_version, job.framework)
+        fl = flops_cache[gbs]
     tput = MetricValue.absent(fl.reason() or "model FLOPs unknown")
     if fl.available and fl.formula != FORMULA_6N:
         tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
     if tput.value is None and it.megatron_tflops_per_gpu is not None:
         tput = MetricValue(it.megatron_tflops_per_gpu, Provenance(
-            "megatron", "logged throughput per GPU (perfd's formula unavailable: "
-                        f"{tput.reason})"))
+            job.framework, "logged throughput per GPU (perfd's formula unavailable: "
+                           f"{tput.reason})"))
     if tput.value is None and fl.available and fl.formula == FORMULA_6N:
         tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
     it.model_tflops_per_gpu = tput.value
     srcs["model_tflops_per_gpu"] = srcs["tflops_rel_gap"] = _src(tput)
     if tput.source is not None and tput.source.collector == "analytics":
-        chk = crosscheck_tflops(tput.value, it.megatron_tflops_per_gpu)
+        chk = crosscheck_tflops(tput.value, it.megatron_tflops_per_gpu, job.framework)
         it.tflops_rel_gap, it.tflops_check_ok = chk.rel_gap, chk.agrees
     m = mfu(tput, peak)
     it.mfu = m.value
@@ -380,7 +392,7 @@ class RunBuilder:
         self.gpm_when = gpm_when
         self.canon_dtype, self.dtype_src = resolve_dtype(job, dtype)
         peak = peak_tflops(gpu_name, self.canon_dtype, peak_override)
-        self.flops_job = model_flops(job.spec, lay.global_batch_size, job.framework_version)
+        self.flops_job = model_flops(job.spec, lay.global_batch_size, job.framework_version, job.framework)
         self.ctx = _Context(job, _world_size(lay), peak, rank_order(lay, job.arguments),
                             {lay.global_batch_size: self.flops_job})
         key = (job, gpu_name, peak_override, dtype)

@@ -1,8 +1,10 @@
 """Per-iteration metrics over one step record: throughput, MFU, data-loading and exposed
 communication shares (DESIGN.md §2). Pure functions; every result names its source.
 
-Timer values are Megatron's per-iteration means over the log interval, in ms, like the
-``elapsed time per iteration`` they are divided by.
+Phases are read through the record's source vocabulary (perfd.analytics.common.Vocabulary):
+Megatron's timers, the step hook's data wait, ... Timer values are per-iteration means over the
+source's interval (Megatron's log interval, one step for the hook), in ms, like the step time they
+are divided by.
 """
 
 from __future__ import annotations
@@ -10,13 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from perfd.analytics.common import (
-    BATCH_GENERATOR,
-    GRAD_SYNC_TIMERS,
-    PP_P2P_TIMERS,
     MetricValue,
     finite,
     record_source,
     timer_max,
+    vocabulary_of,
 )
 from perfd.analytics.gpus import PeakResult
 from perfd.model import Provenance, StepRecord
@@ -24,6 +24,30 @@ from perfd.model import Provenance, StepRecord
 # Megatron prints its throughput with one decimal: allow for that rounding in the cross-check.
 LOGGED_TFLOPS_RESOLUTION = 0.05
 CROSSCHECK_REL_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class LoggedThroughput:
+    """A framework's own throughput figure, and how far perfd's may be from it."""
+
+    source: str  # what the log line calls it
+    rel_tolerance: float
+    resolution: float  # half the last printed digit
+
+
+# Per framework. torchtitan: 2% — its FLOPs count includes 6·(norm weights) per token, which no
+# GEMM performs, and its time is the span between two log calls, perfd's the span between the
+# lines' arrival; it prints two decimals.
+LOGGED_THROUGHPUT: dict[str, LoggedThroughput] = {
+    "megatron": LoggedThroughput("megatron: throughput per GPU (TFLOP/s/GPU)", CROSSCHECK_REL_TOLERANCE,
+                                 LOGGED_TFLOPS_RESOLUTION),
+    "torchtitan": LoggedThroughput("torchtitan: tflops (per device)", 0.02, 0.005),
+}
+
+
+def logged_throughput_source(framework: str) -> str:
+    known = LOGGED_THROUGHPUT.get(framework)
+    return known.source if known else f"{framework}: logged throughput per GPU"
 
 
 def throughput_per_gpu(
@@ -67,27 +91,32 @@ class CrossCheck:
     agrees: bool | None  # None when either side is absent
 
 
-def crosscheck_tflops(model_tflops: float | None, logged_tflops: float | None) -> CrossCheck:
-    """Relative gap; beyond max(1%, 0.05/logged) (Megatron rounds to 0.1) it disagrees."""
+def crosscheck_tflops(model_tflops: float | None, logged_tflops: float | None,
+                      framework: str = "megatron") -> CrossCheck:
+    """Relative gap; beyond max(tolerance, resolution/logged) it disagrees (Megatron: 1%, and it
+    rounds to 0.1; torchtitan: LOGGED_THROUGHPUT)."""
     if model_tflops is None or logged_tflops is None or logged_tflops <= 0:
         return CrossCheck(model_tflops, logged_tflops, None, None, None)
+    known = LOGGED_THROUGHPUT.get(framework, LOGGED_THROUGHPUT["megatron"])
     gap = (model_tflops - logged_tflops) / logged_tflops
-    tol = max(CROSSCHECK_REL_TOLERANCE, LOGGED_TFLOPS_RESOLUTION / logged_tflops)
+    tol = max(known.rel_tolerance, known.resolution / logged_tflops)
     return CrossCheck(model_tflops, logged_tflops, gap, tol, abs(gap) <= tol)
 
 
 def data_share(rec: StepRecord) -> MetricValue:
-    """batch-generator time (max across ranks) ÷ step time. >0.2 bottleneck, <0.05 healthy."""
-    t = rec.timers.get(BATCH_GENERATOR)
-    bg = timer_max(t)
-    if bg is None:
-        return MetricValue.absent("no batch-generator timer (needs --timing-log-level >= 1)")
+    """Data wait (max across ranks) ÷ step time: Megatron's batch-generator timer, the hook's data
+    wait. >0.2 bottleneck, <0.05 healthy."""
+    voc = vocabulary_of(rec)
+    name = next((n for n in voc.data_wait if n in rec.timers), None)
+    wait = timer_max(rec.timers.get(name)) if name is not None else None
+    if name is None or wait is None:
+        return MetricValue.absent(voc.data_wait_absent)
     step = finite(rec.step_time_ms)
     if step is None or step <= 0:
         return MetricValue.absent("step time absent")
-    return MetricValue(bg / step, Provenance(
-        "megatron", f"timer batch-generator (max across ranks) {bg:g} ms ÷ elapsed time per "
-                    f"iteration {step:g} ms; {record_source(rec)}"))
+    return MetricValue(wait / step, Provenance(
+        voc.source, f"timer {name} ({voc.across_ranks}) {wait:g} ms ÷ step time {step:g} ms; "
+                    f"{record_source(rec)}"))
 
 
 @dataclass(frozen=True)
@@ -124,18 +153,19 @@ def _per_rank_sums(rec: StepRecord, names: tuple[str, ...]) -> dict[int, float] 
 
 
 def exposed_comm(rec: StepRecord) -> CommShare:
-    """Exposed communication share (total, grad-sync/DP part, PP part) from Megatron timers."""
+    """Exposed communication share (total, grad-sync/DP part, PP part) from the source's timers."""
+    voc = vocabulary_of(rec)
+    grad_sync_timers, pp_p2p_timers = voc.grad_sync, voc.pp_p2p
     step = finite(rec.step_time_ms)
-    present = [n for n in (*GRAD_SYNC_TIMERS, *PP_P2P_TIMERS) if n in rec.timers]
+    present = [n for n in (*grad_sync_timers, *pp_p2p_timers) if n in rec.timers]
     if not present:
-        none = MetricValue.absent("no communication timers in the log (needs --timing-log-level >= 1; "
-                                  "p2p timers need level 2)")
+        none = MetricValue.absent(voc.comm_absent)
         return CommShare(none, none, none)
     if step is None or step <= 0:
         none = MetricValue.absent("step time absent")
         return CommShare(none, none, none)
     src = record_source(rec)
-    all_names = (*GRAD_SYNC_TIMERS, *PP_P2P_TIMERS)
+    all_names = (*grad_sync_timers, *pp_p2p_timers)
     per_rank = _per_rank_sums(rec, all_names)
     timers_ms = {n: v for n in present if (v := timer_max(rec.timers[n])) is not None}
 
@@ -148,12 +178,12 @@ def exposed_comm(rec: StepRecord) -> CommShare:
             if sums:
                 rank, worst = max(sums.items(), key=lambda kv: kv[1])
                 return MetricValue(worst / step, Provenance(
-                    "megatron", f"per-rank Σ({', '.join(used)}) on worst rank {rank}: {worst:.2f} ms "
+                    voc.source, f"per-rank Σ({', '.join(used)}) on worst rank {rank}: {worst:.2f} ms "
                                 f"÷ step {step:g} ms; {src}"))
         total_ms = sum(timers_ms[n] for n in used)
         caveat = "" if len(used) == 1 else " (maxima may come from different ranks: upper bound)"
         return MetricValue(total_ms / step, Provenance(
-            "megatron", f"Σ max across ranks({', '.join(used)}) = {total_ms:.2f} ms ÷ step {step:g} ms"
+            voc.source, f"Σ max across ranks({', '.join(used)}) = {total_ms:.2f} ms ÷ step {step:g} ms"
                         f"{caveat}; {src}"))
 
     worst_rank = None
@@ -161,8 +191,8 @@ def exposed_comm(rec: StepRecord) -> CommShare:
         worst_rank = max(per_rank.items(), key=lambda kv: kv[1])[0]
     return CommShare(
         total=part(all_names, "communication"),
-        grad_sync=part(GRAD_SYNC_TIMERS, "gradient-sync"),
-        pp=part(PP_P2P_TIMERS, "pipeline p2p"),
+        grad_sync=part(grad_sync_timers, "gradient-sync"),
+        pp=part(pp_p2p_timers, "pipeline p2p"),
         timers_ms=timers_ms,
         method="per-rank" if per_rank is not None else "sum-of-max",
         worst_rank=worst_rank,

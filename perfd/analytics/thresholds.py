@@ -133,15 +133,12 @@ GPM_TENSOR_LOW = Threshold(0.3, "tensor cores mostly idle while the SMs work: no
 # --- incidents (perfd.analytics.incidents) -----------------------------------------------------------
 _INC = "DESIGN.md §2 Stragglers; §4 (an incident's time lost)"
 STEP_FACTOR = Threshold(1.2, "a step 20% above the steady median starts an incident", _INC)
-STEP_EXIT_FACTOR = Threshold(1.1, "once in an incident, steps above 1.1x the median keep it open "
-                                  "(hysteresis: a stretch hovering near 1.2x is one incident, not fragments)",
-                             _INC)
 INCIDENT_MIN_COST_STEPS = Threshold(2.0, "an incident costs at least two steady steps; smaller departures "
                                          "are jitter (counted in the summary, not listed)", _INC)
 INCIDENT_MIN_COST_S = Threshold(1.0, "... and at least a second: on a 40 ms step two steps are noise", _INC)
 INCIDENT_MERGE_FRACTION = Threshold(
-    0.25, "two stretches with the same cause merge across a gap up to a quarter of their combined length "
-    "(a lasting shift is one incident)", _INC)
+    0.25, "two stretches with the same cause merge across a gap up to a quarter of the shorter one's "
+    "length (a lasting shift is one incident; a lone noisy step does not stretch a long one)", _INC)
 EXPLAINS_SHARE = Threshold(0.5, "a part of the step (data wait, exposed communication) that grew by half "
                                 "of the slowdown or more explains it", _INC)
 

@@ -148,6 +148,10 @@ def check_log(path: str) -> str | None:
 def run_analyze(args: argparse.Namespace) -> int:
     if args.what == "sglang":
         return run_sglang(args)
+    if args.what == "torchtitan":
+        from perfd.commands import analyze_torchtitan
+
+        return analyze_torchtitan.run(args)
     if args.what in ("nsys", "trace"):
         from perfd.commands import analyze_capture
 

@@ -54,11 +54,12 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
 from perfd.hook import lifecycle, wire
+from perfd.hook.jobinfo import check_layout, job_msg
 from perfd.hook.sender import DatagramSender
 from perfd.hook.timing import (
     CudaApi,
@@ -68,6 +69,7 @@ from perfd.hook.timing import (
     RollingPercentiles,
     cuda_marker_factory,
 )
+from perfd.model import ModelSpec
 
 ProfilerControl = tuple[Callable[[], Any], Callable[[], Any]]  # (start, stop)
 
@@ -76,6 +78,7 @@ _POLL_INTERVAL_NS = 50_000_000
 # Python loop iteration takes well under it, any torch op launch (3-20 µs measured) well over.
 _ALIAS_GAP_NS = 2_000
 _HARVEST_INTERVAL_S = 0.05
+_JOB_INTERVAL_NS = 60_000_000_000  # the job record again: an agent restarted since learns it
 # The longest anything waits for the harvester: a pass holds the lock for µs to a few ms; a pass
 # stuck in the driver must not hang close() or flush().
 _LOCK_TIMEOUT_S = 1.0
@@ -142,6 +145,15 @@ class StepHook:
     CUDA profiler API (tests, other accelerators). ``pool_size``: steps that may wait to be
     harvested. ``harvest_interval_s``: see the module docstring (None: the thread with CUDA events
     and batching, else inline).
+
+    ``tokens_per_step`` and ``flops_per_step`` are the whole job's per step (all ranks, as Megatron
+    counts an iteration): MFU = flops_per_step ÷ (step time · world size · peak). Without
+    ``flops_per_step``, ``model=`` (a :class:`perfd.model.ModelSpec` or a mapping of its fields:
+    num_layers, hidden_size, ffn_hidden_size, num_attention_heads, kv_channels, num_query_groups,
+    seq_length, padded_vocab_size, swiglu, ...) counts it from ``tokens_per_step`` with perfd's
+    formula (the one used for Megatron-LM, DESIGN.md §2), once, here. ``dtype`` (the training dtype:
+    bf16, fp16, fp8, fp32; it picks the peak), ``layout`` (named sizes: world_size, tp, pp, dp, cp,
+    ep) and ``mesh`` (a DeviceMesh) tell the agent about the job: perfd.hook.jobinfo.
     """
 
     def __init__(self, socket_path: str | None = None, warmup_steps: int = 5,
@@ -149,7 +161,9 @@ class StepHook:
                  cuda: bool = True, *, rank: int | None = None, window: int = 100, pool_size: int = 256,
                  marker_factory: MarkerFactory | None = None, profiler: ProfilerControl | None = None,
                  enabled: bool | None = None, flush_interval_s: float = 0.1, batch_records: int = 32,
-                 cuda_data_event: bool = False, harvest_interval_s: float | None = None) -> None:
+                 cuda_data_event: bool = False, harvest_interval_s: float | None = None,
+                 model: ModelSpec | Mapping[str, Any] | None = None, dtype: str | None = None,
+                 layout: Mapping[str, int] | None = None, mesh: Any = None) -> None:
         if pool_size < 2:
             raise ValueError("pool_size must be >= 2")
         if harvest_interval_s is not None and harvest_interval_s < 0:
@@ -158,7 +172,13 @@ class StepHook:
                         if enabled is None else enabled)
         self.warmup_steps = max(0, warmup_steps)
         self.tokens_per_step = tokens_per_step
+        if flops_per_step is None and tokens_per_step is not None and model is not None:
+            from perfd.analytics.flops import flops_for_tokens  # only then: the loop imports no analytics
+
+            flops_per_step = flops_for_tokens(model, tokens_per_step)
         self.flops_per_step = flops_per_step
+        self.dtype, self.layout, self.mesh = dtype, check_layout(layout), mesh
+        self._job_due_ns = 0  # the job record goes out with the first flush, then every minute
         self.pid = os.getpid()
         self.stats = RollingPercentiles(window)
         # Counters: plain ints (a dict update per step costs more), each written by one thread.
@@ -487,7 +507,15 @@ class StepHook:
 
     def _flush(self) -> None:
         if self._batch_n:
-            self.sender.send(bytes(self._batch), self._batch_n)
+            now = time.perf_counter_ns()
+            with_job = now >= self._job_due_ns and self._rank is not None
+            if with_job:
+                assert self._rank is not None
+                self._job_due_ns = now + _JOB_INTERVAL_NS
+                self._batch[:0] = wire.pack_job(job_msg(self._rank, self.pid, self.dtype, self.layout,
+                                                        self.mesh))
+            if not self.sender.send(bytes(self._batch), self._batch_n) and with_job:
+                self._job_due_ns = 0  # not delivered: it goes with the next datagram
             self._batch.clear()
             self._batch_n = 0
         self._flush_at = time.perf_counter_ns() + self._flush_ns
@@ -754,3 +782,4 @@ def _import_torch() -> Any:
         return importlib.import_module("torch")
     except ImportError:
         return None
+

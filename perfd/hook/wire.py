@@ -21,6 +21,7 @@ DEFAULT_SOCKET_PATH = "/tmp/perfd-hook.sock"
 SOCKET_ENV = "PERFD_HOOK_SOCKET"
 
 KIND_STEP = 1
+KIND_JOB = 2
 KIND_PROFILE_STATUS = 3
 KIND_PROFILE_REQUEST = 16
 KIND_PROFILE_CANCEL = 17
@@ -34,6 +35,8 @@ FLAG_HAS_DATA = 1 << 3  # data_ready() was called: data_wait and compute are set
 # version, kind, flags, rank, pid, step, end_time_ns, step_ns, data_wait_ns, compute_ns,
 # p50_ns, p90_ns, p99_ns, window_n, send_drops, harvest_drops, tokens_per_step, flops_per_step
 STEP = struct.Struct("<BBHiIqqqqqqqqIIIdd")
+# version, kind, reserved, rank, pid, world, tp, pp, dp, cp, ep, dtype (ASCII, NUL-padded)
+JOB = struct.Struct("<BBHiIiiiiii8s")
 # version, kind, state, rank, pid, request_id, step
 PROFILE_STATUS = struct.Struct("<BBHiIIq")
 # version, kind, reserved, request_id, start_step, num_steps
@@ -105,6 +108,35 @@ def unpack_step(data: bytes) -> StepMsg:
 
 
 @dataclass
+class JobMsg:
+    """What a rank's hook knows of the job: its world size and parallel sizes (from
+    torch.distributed, a device mesh, or as the script named them) and the training dtype. Sent
+    once at the first flush and then every minute (a restarted agent learns it again)."""
+
+    rank: int
+    pid: int
+    world_size: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    dtype: str | None = None
+
+
+def pack_job(m: JobMsg) -> bytes:
+    dtype = (m.dtype or "").encode("ascii", "replace")[:8]
+    return JOB.pack(VERSION, KIND_JOB, 0, m.rank, m.pid & _U32, _i(m.world_size), _i(m.tp), _i(m.pp),
+                    _i(m.dp), _i(m.cp), _i(m.ep), dtype)
+
+
+def unpack_job(data: bytes) -> JobMsg:
+    _, _, _, rank, pid, world, tp, pp, dp, cp, ep, dtype = JOB.unpack(data)
+    text = dtype.rstrip(b"\0").decode("ascii", "replace")
+    return JobMsg(rank, pid, _o(world), _o(tp), _o(pp), _o(dp), _o(cp), _o(ep), text or None)
+
+
+@dataclass
 class ProfileStatus:
     state: int
     rank: int
@@ -148,7 +180,7 @@ def kind_of(data: bytes) -> int | None:
     return data[1]
 
 
-EXPECTED_SIZE = {KIND_STEP: STEP.size, KIND_PROFILE_STATUS: PROFILE_STATUS.size,
+EXPECTED_SIZE = {KIND_STEP: STEP.size, KIND_JOB: JOB.size, KIND_PROFILE_STATUS: PROFILE_STATUS.size,
                  KIND_PROFILE_REQUEST: PROFILE_REQUEST.size, KIND_PROFILE_CANCEL: PROFILE_REQUEST.size}
 
 

@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 
 from perfd import catalog
-from perfd.report.report import format_value
+from perfd.report.report import format_value, layout_text
 from perfd.report.svg import (
     BLUE,
     GREEN,
@@ -352,9 +352,7 @@ def _meta(job: Mapping[str, Any]) -> str:
     peak = _num(gpu.get("peak_tflops"))
     bits = [f"GPU {gpu.get('name') or gpu.get('model') or 'unknown'}"
             + (f" (peak {peak:g} TFLOP/s {gpu.get('dtype') or ''})" if peak is not None else ""),
-            "layout " + ", ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "vpp")
-                                  if lay.get(k) is not None),
-            f"world size {lay.get('world_size')}", f"micro-batches {lay.get('microbatches')}"]
+            "layout " + layout_text(lay)]
     if job.get("framework"):
         bits.append(f"{job['framework']} {job.get('framework_version') or ''}".strip())
     return " · ".join(escape(str(b)) for b in bits)

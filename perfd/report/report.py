@@ -88,6 +88,17 @@ def format_value(value: float | None, unit: str) -> str:
     return f"{value:.4g}"
 
 
+def layout_text(lay: Mapping[str, Any]) -> str:
+    """The job's layout as its sources stated it: only what is known ("TP=2 PP=1 DP=4, world size 8,
+    16 micro-batches"); an unknown size is left out, never printed as None."""
+    dims = " ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "vpp")
+                    if lay.get(k) is not None)
+    world, micro = lay.get("world_size"), lay.get("microbatches")
+    parts = [p for p in (dims, f"world size {world}" if world is not None else "",
+                         f"{micro} micro-batches" if micro is not None else "") if p]
+    return ", ".join(parts) if parts else "layout unknown"
+
+
 def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None) -> Report:
     """The four-part report of one analysed run. ``incidents``: the live aggregator's record of
     the job's incidents (with the GPU evidence of the time, kept after the iterations left its
@@ -119,7 +130,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
     headline = (f"{job.get('name') or 'job'}: {mfu_text}"
                 + (f", {format_value(tput, 'tflops')} per GPU" if tput is not None else "")
                 + (f" on {gpu['model']}" if gpu.get("model") else "")
-                + f", bottleneck {s['bottleneck']}" + layout_text(lay))
+                + f", bottleneck {s['bottleneck']}; {layout_text(lay)}")
     incs = [i for i in incs if not is_disturbance(i)]  # perfd's own capture is never the headline
     worst = max((i for i in incs if isinstance(i.get("cost_s"), (int, float))),
                 key=lambda i: float(i["cost_s"]), default=None)
@@ -130,17 +141,6 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
     summary = ReportSummary(job.get("name"), grade, grade_text, med.get("mfu"), s["bottleneck"],
                             s["bottleneck_reason"], span, headline)
     return Report(summary, metrics, findings, recs, job)
-
-
-def layout_text(lay: Mapping[str, Any]) -> str:
-    """"; TP=2 PP=4 DP=8, 16 micro-batches" with only the parts the job says; "" when none is known."""
-    dims = " ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep")
-                    if isinstance(lay.get(k), int) and (k in ("tp", "pp", "dp") or lay[k] > 1))
-    mb = lay.get("microbatches")
-    world = lay.get("world_size")
-    parts = [p for p in (dims, f"{mb} micro-batches" if isinstance(mb, int) else "",
-                         f"{world} ranks" if isinstance(world, int) and not dims else "") if p]
-    return ("; " + ", ".join(parts)) if parts else ""
 
 
 def analysis_json(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None, *,

@@ -93,3 +93,47 @@ def test_timer_name_sets() -> None:
             "non-tensor-parallel-grads-all-reduce", "layernorm-grads-all-reduce",
             "conditional-embedder-grads-all-reduce"} <= set(GRAD_SYNC_TIMERS)
     assert len(PP_P2P_TIMERS) == 6
+
+
+# ------------------------------------------------------------- one vocabulary, each source mapped once
+
+
+def test_each_source_is_read_through_its_own_vocabulary() -> None:
+    from perfd.analytics.common import VOCABULARIES, vocabulary_of
+    from perfd.model import Provenance
+
+    hook = StepRecord(job="j", iteration=7, rank="all", step_time_ms=50.0,
+                      timers={"data-wait": TimerValue(10.0, 12.0, {0: 10.0, 1: 12.0})},
+                      source=Provenance("hook", "rank1:pid9"))
+    d = data_share(hook)
+    assert d.value == pytest.approx(12.0 / 50.0)  # the slowest rank's wait
+    assert d.source is not None and d.source.collector == "hook" and "data-wait" in d.source.detail
+    c = exposed_comm(hook)
+    assert c.total.value is None and c.total.reason and "Flight Recorder" in c.total.reason
+    # A hook record that never called data_ready(): absent, saying how to get it.
+    bare = StepRecord(job="j", iteration=8, rank=0, step_time_ms=50.0, source=Provenance("hook", "r0"))
+    assert data_share(bare).value is None and "data_ready" in (data_share(bare).reason or "")
+    # Megatron's timer name means nothing in a hook record, and the hook's nothing in Megatron's.
+    mixed = StepRecord(job="j", iteration=9, step_time_ms=50.0, source=Provenance("megatron", "log:1"),
+                       timers={"data-wait": TimerValue(None, 5.0)})
+    assert data_share(mixed).value is None and "batch-generator" in (data_share(mixed).reason or "")
+    titan = StepRecord(job="j", iteration=10, step_time_ms=50.0, source=Provenance("torchtitan", "log:1"))
+    assert "step hook" in (data_share(titan).reason or "")
+    assert set(VOCABULARIES) == {"megatron", "hook", "torchtitan"}
+    assert vocabulary_of(StepRecord(job="j", iteration=1)).source == "megatron"  # no provenance: Megatron
+
+
+def test_torchtitan_crosscheck_allows_two_percent() -> None:
+    assert crosscheck_tflops(101.5, 100.0, "torchtitan").agrees is True
+    assert crosscheck_tflops(101.5, 100.0).agrees is False  # Megatron's 1%
+    assert crosscheck_tflops(103.0, 100.0, "torchtitan").agrees is False
+
+
+def test_layout_text_leaves_out_what_is_unknown() -> None:
+    from perfd.report.report import layout_text
+
+    assert layout_text({"tp": 1, "pp": 2, "dp": 1, "world_size": 2, "microbatches": 16}) == \
+        "TP=1 PP=2 DP=1, world size 2, 16 micro-batches"
+    assert layout_text({"tp": None, "pp": None, "dp": None, "world_size": 1, "microbatches": None}) == \
+        "world size 1"
+    assert layout_text({}) == "layout unknown"

@@ -141,6 +141,26 @@ def test_small_messages_do_not_count_for_bandwidth():
     assert analyze_collectives("j", recs, rank_nodes={0: "n", 1: "n"}, gpu_name="NVIDIA H200").bandwidth == []
 
 
+def test_a_one_rank_group_has_no_bus_bandwidth():
+    """Seen live on one H100 (DDP, world 1): a 241x-the-link "bus bandwidth" for group world, from
+    ops that move no data. A one-rank group is left out and counted, never exported."""
+    recs = [_big(0, s, 0.004, 108_000.0, ranks=[0]) for s in range(4)]
+    a = analyze_collectives("j", recs, rank_nodes={0: "n1"}, gpu_name="NVIDIA H100 80GB HBM3")
+    assert a.bandwidth == [] and a.bandwidth_rejected == {"single_rank_group": 4}
+    assert a.to_json()["bandwidth_rejected"] == {"single_rank_group": 4}
+    assert not any(f.id.startswith("collective-bandwidth") for f in a.findings)
+
+
+def test_a_bandwidth_beyond_the_link_is_not_credible():
+    """Above 1.5x the link's figure nothing real moved: counted as not credible, the rest kept."""
+    recs = [_big(r, s, 0.93, 290.0) for r in (0, 1) for s in range(4)]
+    recs += [_big(r, s, 0.01, 30_000.0) for r in (0, 1) for s in range(4, 6)]
+    a = analyze_collectives("j", recs, rank_nodes={0: "n1", 1: "n1"}, gpu_name="NVIDIA H200")
+    (b,) = a.bandwidth
+    assert b.n_ops == 4 and b.max_busbw_gbs == 290.0 and b.ratio == pytest.approx(290 / 450)
+    assert a.bandwidth_rejected == {"not_credible": 2}
+
+
 def test_inter_node_capability_is_configurable():
     recs = [_big(r, s, 10.0, 20.0) for r in (0, 1) for s in range(4)]
     nodes = {0: "n1", 1: "n2"}

@@ -54,7 +54,7 @@ def test_factors_as_in_nccl_tests() -> None:
     assert bus_bw_factor("all_reduce", 8) == pytest.approx(1.75)
     assert bus_bw_factor("all_gather", 8) == bus_bw_factor("reduce_scatter", 8) == pytest.approx(0.875)
     assert bus_bw_factor("broadcast", 8) == bus_bw_factor("reduce", 8) == bus_bw_factor("send", 2) == 1.0
-    assert bus_bw_factor("all_reduce", 1) == 0.0
+    assert bus_bw_factor("all_reduce", 1) is None and bus_bw_factor("broadcast", 1) is None  # nothing moves
     assert bus_bw_factor("mystery", 4) is None and bus_bw_factor("all_reduce", 0) is None
 
 

@@ -1,0 +1,81 @@
+"""What the step hook tells the agent about the job (``wire.KIND_JOB``): world size, parallel sizes
+and training dtype, so that a job no log describes still has a layout and a peak for its MFU.
+
+Sizes come from, in order: what the script named (``StepHook(layout={"tp": 2, ...})``), a device
+mesh (``StepHook(mesh=...)``: a ``torch.distributed.device_mesh.DeviceMesh`` whose dimension names
+say tp, pp, cp, ep, dp, or torchtitan's dp_replicate × dp_shard), and for the world size
+``torch.distributed`` once initialised, else ``$WORLD_SIZE``. A size none of them gives stays
+absent: never assumed to be 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from perfd.hook import wire
+
+LAYOUT_KEYS = ("world_size", "tp", "pp", "dp", "cp", "ep")
+# Device-mesh dimension names -> perfd's layout key. A data-parallel size split in two (HSDP:
+# replicate × shard) multiplies back into dp.
+_MESH_NAMES: dict[str, str] = {
+    "tp": "tp", "tensor": "tp", "pp": "pp", "pipeline": "pp", "cp": "cp", "context": "cp",
+    "ep": "ep", "expert": "ep", "dp": "dp", "data": "dp", "dp_replicate": "dp", "dp_shard": "dp",
+    "fsdp": "dp", "ddp": "dp", "replicate": "dp", "shard": "dp",
+}
+
+
+def check_layout(layout: Mapping[str, int] | None) -> dict[str, int]:
+    """The named sizes, validated at construction (a typo is an error there, not a silent drop)."""
+    out: dict[str, int] = {}
+    for key, value in (layout or {}).items():
+        if key not in LAYOUT_KEYS:
+            raise ValueError(f"layout: unknown key {key!r}; known: {list(LAYOUT_KEYS)}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"layout: {key} must be a positive int, got {value!r}")
+        out[key] = value
+    return out
+
+
+def mesh_sizes(mesh: Any) -> dict[str, int]:
+    """Layout sizes a device mesh names (unknown dimension names are left out); {} for anything
+    that is not a mesh with names."""
+    try:
+        names = tuple(mesh.mesh_dim_names or ())
+        shape = tuple(int(x) for x in mesh.mesh.shape)
+    except Exception:
+        return {}
+    out: dict[str, int] = {}
+    for name, size in zip(names, shape, strict=False):
+        key = _MESH_NAMES.get(str(name).lower())
+        if key is not None:
+            out[key] = out.get(key, 1) * size
+    if names and len(names) == len(shape):
+        total = 1
+        for size in shape:
+            total *= size
+        out["world_size"] = total
+    return out
+
+
+def _world_size() -> int | None:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:
+        pass
+    text = os.environ.get("WORLD_SIZE", "")
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def job_msg(rank: int, pid: int, dtype: str | None, layout: Mapping[str, int], mesh: Any) -> wire.JobMsg:
+    """The job record for this rank: named sizes win over the mesh, the mesh over the runtime."""
+    sizes: dict[str, int] = {**(mesh_sizes(mesh) if mesh is not None else {}), **layout}
+    if "world_size" not in sizes:
+        world = _world_size()
+        if world is not None:
+            sizes["world_size"] = world
+    return wire.JobMsg(rank, pid, dtype=dtype, **{k: sizes.get(k) for k in LAYOUT_KEYS})

@@ -1,0 +1,132 @@
+"""The Hugging Face Trainer and Lightning callbacks on the real frameworks, CPU, tiny models built
+from a config (no weights downloaded): each run's step records go through the agent's hook collector
+into the aggregator's job store, whose analysis has the data share (the loader sleeps a known time
+per batch) and the MFU (FLOPs counted by perfd's formula from the model's shape and the step's
+tokens, peak given: a CPU has no row in the peak table)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collectors.hook import HookCollector
+from perfd.aggregator.jobs import JobStore
+from perfd.analytics.flops import megatron_flops
+from perfd.collector import Collected
+from perfd.model import ModelSpec
+from perfd.report import build_report
+
+torch = pytest.importorskip("torch")
+
+STEPS = 12
+BATCH, SEQ, VOCAB = 4, 32, 128
+ITEM_SLEEP_S = 0.003  # the data wait: a slow dataset, per item
+PEAK = 0.1  # TFLOP/s: the test's "GPU"
+# GPT-2 shape (GELU MLP of 4h, MHA, tied embeddings: one logit GEMM) in perfd's ModelSpec fields.
+SPEC = {"num_layers": 2, "hidden_size": 32, "ffn_hidden_size": 128, "num_attention_heads": 2,
+        "kv_channels": 16, "seq_length": SEQ, "padded_vocab_size": VOCAB}
+FLOPS = megatron_flops(ModelSpec(**SPEC), BATCH, framework="pytorch").flops_per_iteration  # type: ignore[arg-type]
+
+pytestmark = pytest.mark.slow  # real frameworks: a few seconds each
+
+
+class SlowTokens(torch.utils.data.Dataset):  # type: ignore[misc,name-defined]
+    def __len__(self) -> int:
+        return BATCH * STEPS * 2
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        time.sleep(ITEM_SLEEP_S)
+        ids = torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def _gpt2() -> Any:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
+                                  n_inner=128)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[HookCollector]:
+    c = HookCollector({"socket_path": str(tmp_path / "hook.sock"), "job": "j"})
+    c.start()
+    yield c
+    c.stop()
+
+
+def _hook_kwargs(c: HookCollector) -> dict[str, Any]:
+    return {"socket_path": c.config.socket_path, "cuda": False, "warmup_steps": 2, "flush_interval_s": 0.05,
+            "tokens_per_step": BATCH * SEQ, "model": SPEC, "dtype": "fp32"}
+
+
+def _to_aggregator(c: HookCollector) -> Any:
+    out = Collected()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(out.steps) < STEPS:
+        got = c.collect(time.time())
+        out.steps += got.steps
+        out.job_info.update(got.job_info)
+        time.sleep(0.01)
+    assert sorted(r.iteration for r in out.steps) == list(range(1, STEPS + 1))
+    store = JobStore(min_recompute_s=0.0, peak_tflops=PEAK)
+    for job, info in out.job_info.items():
+        store.ingest_job_info("agent", job, info)
+    store.ingest_steps("agent", out.steps)
+    a = store.analysis("j", force=True)
+    assert a is not None
+    return a
+
+
+def _check(a: Any) -> None:
+    rows = [r for r in a.iterations if r.iteration > 2]  # after the hook's warm-up
+    assert a.job["framework"] == "pytorch" and a.job["layout"]["world_size"] == 1
+    assert a.job["gpu"]["dtype"] == "fp32"
+    for r in rows:
+        # Data share: the fetch of BATCH items sleeping ITEM_SLEEP_S each, at least, over the step.
+        assert r.data_share is not None and r.sources["data_share"].startswith("hook:timer data-wait")
+        assert r.data_share * r.step_time_ms >= BATCH * ITEM_SLEEP_S * 1e3 * 0.99
+        assert r.mfu == pytest.approx(FLOPS / (r.step_time_ms / 1e3 * 1e12) / PEAK, rel=1e-9)
+    assert "None" not in build_report(a).summary.headline
+
+
+def test_hf_trainer_callback(collector: HookCollector, tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from perfd.hook.hf import hf_callback
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=BATCH,
+        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
+        disable_tqdm=True)
+    trainer = transformers.Trainer(model=_gpt2(), args=args, train_dataset=SlowTokens(),
+                                   callbacks=[hf_callback(**_hook_kwargs(collector))])
+    trainer.train()
+    _check(_to_aggregator(collector))
+
+
+def test_lightning_callback(collector: HookCollector) -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    from perfd.hook.lightning import lightning_callback
+
+    class Module(pl.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _gpt2()
+
+        def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+            return self.model(**batch).loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    loader = torch.utils.data.DataLoader(SlowTokens(), batch_size=BATCH, num_workers=0)
+    trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[lightning_callback(**_hook_kwargs(collector))])
+    trainer.fit(Module(), loader)
+    _check(_to_aggregator(collector))

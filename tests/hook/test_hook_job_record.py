@@ -1,0 +1,80 @@
+"""The hook's job record (wire.KIND_JOB): world size, parallel sizes, dtype -> a JobInfo; merged with
+a framework log's JobInfo without losing either."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from collectors.hook import HookCollector
+from perfd.hook import StepHook, wire
+from perfd.hook.jobinfo import job_msg, mesh_sizes
+from perfd.model import JobInfo, ModelSpec, ParallelLayout, merge_job_info
+
+
+def test_job_record_round_trip() -> None:
+    m = wire.JobMsg(3, 1234, world_size=8, tp=2, pp=None, dp=4, dtype="bf16")
+    data = wire.pack_job(m)
+    assert len(data) == wire.JOB.size and wire.kind_of(data) == wire.KIND_JOB
+    assert wire.unpack_job(data) == m
+    records, problem = wire.split_records(data + wire.pack_step(wire.StepMsg(3, 1234, 1, 0, 5)))
+    assert problem is None and [k for k, _ in records] == [wire.KIND_JOB, wire.KIND_STEP]
+
+
+def test_mesh_and_named_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchtitan-style mesh names; HSDP's replicate x shard is DP; named sizes win."""
+    mesh = SimpleNamespace(mesh_dim_names=("dp_replicate", "dp_shard", "tp"),
+                           mesh=SimpleNamespace(shape=(2, 4, 2)))
+    assert mesh_sizes(mesh) == {"dp": 8, "tp": 2, "world_size": 16}
+    assert mesh_sizes(object()) == {}
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    m = job_msg(0, 1, "bf16", {"tp": 4}, mesh)
+    assert (m.world_size, m.tp, m.dp, m.pp) == (16, 4, 8, None)
+    m = job_msg(0, 1, None, {}, None)
+    assert (m.world_size, m.tp) == (4, None)  # $WORLD_SIZE, nothing else assumed
+
+
+def test_collector_turns_job_records_into_one_job_info(tmp_path: Path) -> None:
+    c = HookCollector({"socket_path": str(tmp_path / "h.sock"), "job": "j"})
+    c.start()
+    try:
+        hooks = [StepHook(str(tmp_path / "h.sock"), cuda=False, rank=r, flush_interval_s=0, dtype="bf16",
+                          layout={"world_size": 2, "dp": 2}) for r in (0, 1)]
+        for h in hooks:
+            with h.step():
+                h.data_ready()
+            h.close()
+        infos: list[JobInfo] = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and c.counts.get("job_records", 0) < 2:
+            infos += c.collect(time.time()).job_info.values()
+            time.sleep(0.01)
+        assert c.counts.get("job_records") == 2
+        assert len(infos) == 1  # the second rank said the same: not sent again
+        (info,) = infos
+        assert info.framework == "pytorch" and info.spec.dtype == "bf16"
+        assert (info.layout.world_size, info.layout.dp, info.layout.tp) == (2, 2, None)
+        # A bad size is counted and left out, never stored.
+        c._handle(wire.pack_job(wire.JobMsg(0, 1, world_size=0, dtype="int3")), None, 0.0,
+                  out := c.collect(time.time()))
+        assert c.errors.get("malformed:layout_out_of_bounds") == 1
+        assert c.errors.get("malformed:unknown_dtype") == 1 and not out.job_info
+    finally:
+        c.stop()
+
+
+def test_a_logs_job_info_keeps_its_own_and_takes_what_the_hooks_add() -> None:
+    meg = JobInfo(framework="megatron", framework_version="0.20.0",
+                  layout=ParallelLayout(world_size=8, tp=2, pp=2, dp=2), spec=ModelSpec(num_layers=8))
+    hook = JobInfo(framework="pytorch", layout=ParallelLayout(world_size=4, cp=1),
+                   spec=ModelSpec(dtype="bf16"))
+    for merged in (merge_job_info(meg, hook), merge_job_info(hook, meg)):  # either arrival order
+        assert merged.framework == "megatron" and merged.framework_version == "0.20.0"
+        assert (merged.layout.world_size, merged.layout.tp, merged.layout.cp) == (8, 2, 1)
+        assert merged.spec.num_layers == 8 and merged.spec.dtype == "bf16"
+    newer = JobInfo(framework="pytorch", layout=ParallelLayout(world_size=2))
+    assert merge_job_info(hook, newer) is newer  # the same describer replaces its own
+    assert merge_job_info(None, hook) is hook
