@@ -17,7 +17,12 @@ from typing import Any, Literal
 Kind = Literal["gauge", "counter", "histogram"]
 
 JOB = ("job_name",)
-GPU = ("node", "gpu", "uuid", "model")
+# DCGM-exporter's GPU identity labels -> the perfd label whose value each repeats, so a perfd GPU
+# series joins a DCGM-exporter series with on(UUID) (or on(Hostname, gpu)) as it is, no
+# label_replace (docs/prometheus.md "Joining DCGM-exporter"). Added at export to every GPU series
+# (perfd.exporters.prometheus): one value per GPU each, so cardinality is unchanged.
+DCGM_IDENTITY: dict[str, str] = {"UUID": "uuid", "modelName": "model", "Hostname": "node"}
+GPU = ("node", "gpu", "uuid", "model", "pci_bus_id", *DCGM_IDENTITY)
 HOST = ("node",)
 AGENT = ("node",)
 
@@ -35,6 +40,10 @@ LABELS: dict[str, str] = {
     "device": "block device",
     "uuid": "GPU UUID (one per GPU: bounded like gpu)",
     "model": "GPU model name as NVML reports it (one per GPU)",
+    "pci_bus_id": "GPU PCI bus id as NVML reports it, e.g. 00000000:3B:00.0 (one per GPU, as DCGM's)",
+    "UUID": "DCGM-exporter's name for the GPU UUID: the value of uuid (one per GPU)",
+    "modelName": "DCGM-exporter's name for the GPU model: the value of model (one per GPU)",
+    "Hostname": "DCGM-exporter's name for the node: the value of node (one per GPU series' node)",
     "cpu": "CPU index (only with the host collector's per_cpu: true)",
     "replay": "present (\"1\") on samples replayed from a recording",
     "link": "NVLink index",

@@ -22,14 +22,15 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
 from perfd.agent.checkpoints import Checkpoints
-from perfd.agent.config import AgentConfig
+from perfd.agent.config import DEFAULT_JOB, AgentConfig
 from perfd.agent.reduce import SampleReducer
 from perfd.agent.scheduler import Scheduler
 from perfd.collector import Collected, Collector, Registry
-from perfd.events import NCCL_HANG
+from perfd.events import GPU_PROCESSES, NCCL_HANG, payload_of
 from perfd.exporters.prometheus import build_info_families, series_families
 from perfd.jobinfo_json import job_info_to_json
 from perfd.model import CollectiveRecord, Sample, label_set
+from perfd.placement import declared_job
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class _AgentMetrics:
 
     def collect(self) -> Iterator[Metric]:
         a = self.agent
-        yield from series_families(a.view.rows(), {"job_name": a.cfg.job})
+        yield from series_families(a.node_rows())
         yield from series_families(a.self_metric_rows())
         yield from build_info_families()
 
@@ -124,11 +125,14 @@ class Agent:
         self._checkpoints = Checkpoints(cfg.state_dir) if cfg.state_dir else None
         self.reducer = SampleReducer(cfg.aggregator_sample_interval_s)
         self.captures: Any = None  # AgentCaptures when the aggregator can ask for captures
+        # GPU index -> the job its processes declare (perfd.placement), from the NVML collector's
+        # latest process list of each GPU; None: none declared. Read by the /metrics thread.
+        self.gpu_jobs: dict[str, str | None] = {}
 
     # ---- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
         for name, ccfg in self.cfg.collectors.items():
-            conf = {"job": self.cfg.job, **ccfg}
+            conf = {"job": self.cfg.job or DEFAULT_JOB, **ccfg}
             ck = self._checkpoints.load(name) if self._checkpoints is not None else None
             if ck is not None:
                 conf["resume"] = ck
@@ -150,6 +154,28 @@ class Agent:
                                             registry=reg)
         self.metrics_port = int(server.server_address[1])
         log.info("agent listening: /metrics on %s:%d", self.cfg.metrics_host, self.metrics_port)
+
+    # ---- /metrics -----------------------------------------------------------------------------
+    def node_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
+        """The node series, each GPU series in the job that runs on its GPU (perfd.placement), the
+        others in the agent's own job; without a job, no ``job_name`` label at all (a node agent
+        must not invent a job "default" for every GPU it watches)."""
+        jobs = dict(self.gpu_jobs)
+        own = self.cfg.job or None
+        out: list[tuple[Mapping[str, str], str, float]] = []
+        for labels, name, value in self.view.rows():
+            gpu = labels.get("gpu") if name.startswith("perfd_gpu_") else None
+            job = (jobs.get(gpu) or own) if gpu is not None else own
+            out.append(({**labels, "job_name": job} if job else labels, name, value))
+        return out
+
+    def _note_gpu_jobs(self, events: list[dict[str, Any]]) -> None:
+        for ev in events:
+            if ev.get("kind") == GPU_PROCESSES.name:
+                procs = payload_of(ev, GPU_PROCESSES)
+                gpu = (ev.get("labels") or {}).get("gpu")
+                if procs is not None and isinstance(gpu, str):
+                    self.gpu_jobs[gpu] = declared_job(procs)
 
     # ---- self metrics -------------------------------------------------------------------------
     def self_metric_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
@@ -216,6 +242,7 @@ class Agent:
             self._reconnects_seen = reconnects
             job_info = {**self._jobinfo_last, **job_info}
         self.view.update(samples)  # the agent's /metrics: every sample
+        self._note_gpu_jobs(events)
         samples = self.reducer.reduce(samples, time.time())  # the aggregator: latest every few seconds
         if self.captures is not None and events:
             self.captures.observe(events)  # rank -> pid, and the hook's profile progress
@@ -254,7 +281,7 @@ class Agent:
             self.client = AgentClient(
                 self.cfg.aggregator, self.cfg.agent_id,
                 spool=Spool(self.cfg.spool_dir, max_bytes=self.cfg.spool_max_bytes),
-                node=self.cfg.node, jobs=[self.cfg.job], capabilities=caps,
+                node=self.cfg.node, jobs=[self.cfg.job] if self.cfg.job else [], capabilities=caps,
                 on_command=self._on_command,
                 tls=(ClientTls(self.cfg.tls_ca, self.cfg.tls_cert, self.cfg.tls_key)
                      if self.cfg.tls_ca else None),
@@ -319,8 +346,9 @@ class Agent:
 
         hook = self.scheduler.states.get("hook")
         try:
-            self.captures = AgentCaptures(self.cfg.job, self.cfg.capture_dir, self.cfg.capture_quota_bytes,
-                                          self._emit_event, kineto=self.cfg.kineto_daemon,
+            self.captures = AgentCaptures(self.cfg.job or DEFAULT_JOB, self.cfg.capture_dir,
+                                          self.cfg.capture_quota_bytes, self._emit_event,
+                                          kineto=self.cfg.kineto_daemon,
                                           hook=hook.collector if hook is not None else None)
         except Exception as exc:  # no capture store (disk, permissions): say so, monitor on
             log.error("captures disabled: %s", exc)
@@ -328,7 +356,7 @@ class Agent:
     def _emit_event(self, ev: dict[str, Any]) -> None:
         """Capture progress, from the capture threads: straight to the spool and the aggregator."""
         ev.setdefault("labels", {}).setdefault("node", self.cfg.node)
-        ev.setdefault("job", self.cfg.job)
+        ev.setdefault("job", self.cfg.job or DEFAULT_JOB)
         if self.client is not None:
             try:
                 self.client.submit(events=[ev])

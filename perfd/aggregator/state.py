@@ -135,12 +135,27 @@ class AggregatorState:
                  ) -> tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]],
                             dict[GpuKey, list[str]]]:
         """For the job's agents: process lists, latest GPU values and active throttle reasons,
-        each keyed by (node, gpu); ``names``: only these GPU series."""
-        return self.nodes.gpu_view(self.jobs.agents_of(job), names)
+        each keyed by (node, gpu); ``names``: only these GPU series. The job's GPUs are those its
+        processes declare, whatever agent reports them, and its own agents' others
+        (perfd.placement): a node agent's GPUs join the job that runs on them."""
+        return self.nodes.gpu_view(self.jobs.agents_of(job), names, job=job)
 
     def gpu_procs(self, job: str) -> dict[GpuKey, list[dict[str, Any]]]:
-        """The process lists of the job's agents' GPUs (rank placement), without their values."""
-        return self.nodes.procs_of(self.jobs.agents_of(job))
+        """The process lists of the job's GPUs (rank placement), without their values."""
+        return self.nodes.procs_of(self.jobs.agents_of(job), job=job)
+
+    def job_gpu_series(self, job: str) -> list[tuple[str, NodeSeries]]:
+        """(agent, series) of the GPU series of the job's GPUs (as :meth:`gpu_view` finds them)."""
+        return self.nodes.job_gpu_series(job, self.jobs.agents_of(job))
+
+    def series_job(self, agent: str, series: NodeSeries) -> str | None:
+        """The job a node series is exported in: a GPU series in the job its GPU's processes
+        declare, else (and every other series) in its agent's job; None: no job."""
+        agent_job = self.jobs.job_of(agent)
+        if not series.name.startswith("perfd_gpu_"):
+            return agent_job
+        lab = dict(series.labels)
+        return self.nodes.gpu_job(agent, (lab.get("node", agent), lab.get("gpu", "?")), agent_job)
 
     def pods_by_gpu(self) -> dict[GpuKey, dict[str, Any]]:
         return self.nodes.pods_by_gpu()
