@@ -95,6 +95,8 @@ class MetricDef:
 JOB_STALLED_SECONDS = "perfd_job_stalled_seconds"
 # The per-reason throttle flag (labelled by reason): rules and the GPU view read it by name.
 GPU_THROTTLE_ACTIVE = "perfd_gpu_throttle_active"
+# One info series per GPU: its identity and its job, what a DCGM-exporter series joins on(UUID).
+GPU_INFO = "perfd_gpu_info"
 
 
 def _m(name: str, kind: Kind, unit: str, description: str, source: str, labels: tuple[str, ...], *,
@@ -289,6 +291,11 @@ CATALOG: tuple[MetricDef, ...] = (
        "Prefill model FLOPs utilisation: 2·N_active × computed prompt tokens/s ÷ (GPUs × peak dense FLOP/s)",
        _SERVING_ANALYTICS + " + perfd.analytics.gpus peak table", JOB, alias="prefill_mfu"),
     # --- GPU ------------------------------------------------------------------------------
+    _m(GPU_INFO, "gauge", "info",
+       "1 per GPU, labelled with its identity (DCGM-exporter's UUID, modelName, Hostname, pci_bus_id "
+       "too) and job_name, the job whose processes run on it (absent when none): join DCGM-exporter "
+       "series on(UUID) to put them in jobs (docs/prometheus.md)",
+       _AGENT + " (perfd.placement over collectors/nvml)", (*JOB, *GPU)),
     _m("perfd_gpu_utilization_ratio", "gauge", "ratio",
        "NVML utilisation: share of time a kernel was resident (not SM busy)", _NVML, GPU,
        alias="gpu_util", shows=(WANDB,)),

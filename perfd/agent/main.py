@@ -25,6 +25,7 @@ from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import DEFAULT_JOB, AgentConfig
 from perfd.agent.reduce import SampleReducer
 from perfd.agent.scheduler import Scheduler
+from perfd.catalog import GPU_INFO
 from perfd.collector import Collected, Collector, Registry
 from perfd.events import GPU_PROCESSES, NCCL_HANG, payload_of
 from perfd.exporters.prometheus import build_info_families, series_families
@@ -163,10 +164,16 @@ class Agent:
         jobs = dict(self.gpu_jobs)
         own = self.cfg.job or None
         out: list[tuple[Mapping[str, str], str, float]] = []
+        info: dict[str, Mapping[str, str]] = {}  # gpu -> its identity labels, for GPU_INFO
         for labels, name, value in self.view.rows():
             gpu = labels.get("gpu") if name.startswith("perfd_gpu_") else None
             job = (jobs.get(gpu) or own) if gpu is not None else own
-            out.append(({**labels, "job_name": job} if job else labels, name, value))
+            lbl = {**labels, "job_name": job} if job else labels
+            out.append((lbl, name, value))
+            # One series per GPU: identity only (no reason/type), NVML's (not another source's).
+            if gpu is not None and not set(labels) & {"reason", "type", "source"}:
+                info.setdefault(gpu, lbl)
+        out.extend((lbl, GPU_INFO, 1.0) for _gpu, lbl in sorted(info.items()))
         return out
 
     def _note_gpu_jobs(self, events: list[dict[str, Any]]) -> None:
