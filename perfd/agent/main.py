@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import itertools
 import logging
 import os
 import resource
@@ -19,15 +20,16 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import Metric
+from prometheus_client.core import HistogramMetricFamily, Metric
 
+from perfd import catalog
 from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import DEFAULT_JOB, AgentConfig
 from perfd.agent.reduce import SampleReducer
-from perfd.agent.scheduler import Scheduler
+from perfd.agent.scheduler import COLLECT_BUCKETS_S, Scheduler
 from perfd.catalog import GPU_INFO
 from perfd.collector import Collected, Collector, Registry
-from perfd.events import GPU_PROCESSES, NCCL_HANG, payload_of
+from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES, NCCL_HANG, payload_of
 from perfd.exporters.prometheus import build_info_families, series_families
 from perfd.jobinfo_json import job_info_to_json
 from perfd.model import CollectiveRecord, Sample, label_set
@@ -104,6 +106,7 @@ class _AgentMetrics:
         a = self.agent
         yield from series_families(a.node_rows())
         yield from series_families(a.self_metric_rows())
+        yield a.collect_duration_family()
         yield from build_info_families()
 
 
@@ -129,6 +132,7 @@ class Agent:
         # GPU index -> the job its processes declare (perfd.placement), from the NVML collector's
         # latest process list of each GPU; None: none declared. Read by the /metrics thread.
         self.gpu_jobs: dict[str, str | None] = {}
+        self.captures_done: dict[tuple[str, str], int] = {}  # (tool, status) -> captures ended so
 
     # ---- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
@@ -205,6 +209,8 @@ class Agent:
             rows.append((node, "perfd_agent_resident_memory_bytes", float(rss)))
         except (OSError, ValueError, IndexError):
             pass
+        for (tool, status), n in sorted(self.captures_done.items()):
+            rows.append(({**node, "tool": tool, "status": status}, "perfd_agent_captures_total", float(n)))
         if self.client is not None:
             c = self.client.counters()
             rows.append((node, "perfd_agent_spool_bytes", float(c["spool_bytes"])))
@@ -214,6 +220,32 @@ class Agent:
             rows.append((node, "perfd_agent_connected", float(c.get("connected", 0))))
             rows.append((node, "perfd_agent_ack_timeouts_total", float(c.get("ack_timeouts", 0))))
         return rows
+
+    def collect_duration_family(self) -> Metric:
+        """perfd_agent_collect_duration_seconds: each collector's collect() durations (scheduler)."""
+        d = catalog.get("perfd_agent_collect_duration_seconds")
+        fam = HistogramMetricFamily(d.name, f"{d.description} [source: {d.source}]",
+                                    labels=["node", "collector"])
+        bounds = (*map(str, COLLECT_BUCKETS_S), "+Inf")
+        for name, st in sorted(self.scheduler.states.items()):
+            counts, total = list(st.duration_counts), st.duration_sum_s  # a copy: the thread writes on
+            buckets = [(le, float(n)) for le, n in zip(bounds, itertools.accumulate(counts), strict=True)]
+            fam.add_metric([self.cfg.node, name], buckets, total)
+        return fam
+
+    def _count_capture(self, ev: Mapping[str, Any]) -> None:
+        """A capture that ended, by tool and outcome (the catalog's status enum: ok, failed, skipped)."""
+        kind = ev.get("kind")
+        if kind not in (CAPTURE_FINISHED.name, CAPTURE_FAILED.name):
+            return
+        payload = ev.get("payload")
+        status = str(payload.get("status") or "") if isinstance(payload, Mapping) else ""
+        if kind == CAPTURE_FINISHED.name:
+            status = "ok"
+        elif status not in ("failed", "skipped"):
+            status = "failed"
+        tool = str((ev.get("labels") or {}).get("tool") or "unknown")
+        self.captures_done[(tool, status)] = self.captures_done.get((tool, status), 0) + 1
 
     # ---- the loop -----------------------------------------------------------------------------
     def _forward(self, items: list[tuple[str, Collected]]) -> None:
@@ -364,6 +396,7 @@ class Agent:
         """Capture progress, from the capture threads: straight to the spool and the aggregator."""
         ev.setdefault("labels", {}).setdefault("node", self.cfg.node)
         ev.setdefault("job", self.cfg.job or DEFAULT_JOB)
+        self._count_capture(ev)
         if self.client is not None:
             try:
                 self.client.submit(events=[ev])

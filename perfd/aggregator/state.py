@@ -347,6 +347,10 @@ class AggregatorState:
                 rows.append(({"job_name": job}, "perfd_job_last_step_timestamp_seconds",
                              float(ov["last_step_time"])))
             rows.append(({"job_name": job, "state": ov["state"]}, "perfd_job_state_info", 1.0))
+            for name, key in (("perfd_job_skipped_iterations_total", "skipped_iterations_total"),
+                              ("perfd_job_nan_iterations_total", "nan_iterations_total")):
+                if ov.get(key) is not None:  # counters: kept for every known job, like the state
+                    rows.append(({"job_name": job}, name, float(ov[key])))
             if ov["state"] != ENDED:
                 rows.append(({"job_name": job}, catalog.JOB_STALLED_SECONDS,
                              float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0))
