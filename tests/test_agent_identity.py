@@ -29,7 +29,8 @@ def test_default_agent_ids_differ_for_the_node_agent_and_a_job_sidecar() -> None
 
 def test_placement_rules() -> None:
     procs: list[dict[str, Any]] = [{"pid": 1, "job": "a", "used_memory_bytes": 1 << 20},
-                                   {"pid": 2, "job": "b", "used_memory_bytes": 1 << 30}, {"pid": 3, "job": None}]
+                                   {"pid": 2, "job": "b", "used_memory_bytes": 1 << 30},
+                                   {"pid": 3, "job": None}]
     assert declared_job(procs) == "b"  # more GPU memory wins
     assert declared_job([{"pid": 1, "job": "z"}, {"pid": 2, "job": "a"}]) == "a"  # then the name: stable
     assert gpu_job([{"pid": 1}], "side") == "side" and gpu_job([], None) is None and gpu_job(None, "") is None
