@@ -21,7 +21,10 @@ JOB = ("job_name",)
 # series joins a DCGM-exporter series with on(UUID) (or on(Hostname, gpu)) as it is, no
 # label_replace (docs/prometheus.md "Joining DCGM-exporter"). Added at export to every GPU series
 # (perfd.exporters.prometheus): one value per GPU each, so cardinality is unchanged.
-DCGM_IDENTITY: dict[str, str] = {"UUID": "uuid", "modelName": "model", "Hostname": "node"}
+DCGM_IDENTITY: dict[str, str] = {"UUID": "uuid", "Hostname": "node"}
+# camelCase, which `promtool check metrics` reports on every series that carries it: only on the
+# one info series per GPU (GPU_INFO), whence group_left(modelName) brings it to any other.
+DCGM_INFO_IDENTITY: dict[str, str] = {"modelName": "model"}
 GPU = ("node", "gpu", "uuid", "model", "pci_bus_id", *DCGM_IDENTITY)
 HOST = ("node",)
 AGENT = ("node",)
@@ -42,7 +45,7 @@ LABELS: dict[str, str] = {
     "model": "GPU model name as NVML reports it (one per GPU)",
     "pci_bus_id": "GPU PCI bus id as NVML reports it, e.g. 00000000:3B:00.0 (one per GPU, as DCGM's)",
     "UUID": "DCGM-exporter's name for the GPU UUID: the value of uuid (one per GPU)",
-    "modelName": "DCGM-exporter's name for the GPU model: the value of model (one per GPU)",
+    "modelName": "DCGM-exporter's name for the GPU model: the value of model (perfd_gpu_info only)",
     "Hostname": "DCGM-exporter's name for the node: the value of node (one per GPU series' node)",
     "cpu": "CPU index (only with the host collector's per_cpu: true)",
     "replay": "present (\"1\") on samples replayed from a recording",
@@ -295,7 +298,7 @@ CATALOG: tuple[MetricDef, ...] = (
        "1 per GPU, labelled with its identity (DCGM-exporter's UUID, modelName, Hostname, pci_bus_id "
        "too) and job_name, the job whose processes run on it (absent when none): join DCGM-exporter "
        "series on(UUID) to put them in jobs (docs/prometheus.md)",
-       _AGENT + " (perfd.placement over collectors/nvml)", (*JOB, *GPU)),
+       _AGENT + " (perfd.placement over collectors/nvml)", (*JOB, *GPU, *DCGM_INFO_IDENTITY)),
     _m("perfd_gpu_utilization_ratio", "gauge", "ratio",
        "NVML utilisation: share of time a kernel was resident (not SM busy)", _NVML, GPU,
        alias="gpu_util", shows=(WANDB,)),

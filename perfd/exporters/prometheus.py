@@ -63,11 +63,15 @@ def histogram_families(name: str, rows: Iterable[tuple[str, Sequence[tuple[str, 
 GPU_PREFIX = "perfd_gpu_"
 
 
-def with_dcgm_identity(labels: Mapping[str, str]) -> dict[str, str]:
+def with_dcgm_identity(labels: Mapping[str, str], name: str = "") -> dict[str, str]:
     """A GPU series' labels plus DCGM-exporter's names for its identity (catalog.DCGM_IDENTITY:
-    UUID, modelName, Hostname), each the value of the perfd label it repeats, where that is set."""
+    UUID, Hostname; on catalog.GPU_INFO also DCGM_INFO_IDENTITY: modelName), each the value of the
+    perfd label it repeats, where that is set."""
     out = dict(labels)
-    for dcgm, ours in catalog.DCGM_IDENTITY.items():
+    names = catalog.DCGM_IDENTITY.items()
+    if name == catalog.GPU_INFO:
+        names = {**catalog.DCGM_IDENTITY, **catalog.DCGM_INFO_IDENTITY}.items()
+    for dcgm, ours in names:
         if ours in out and dcgm not in out:
             out[dcgm] = out[ours]
     return out
@@ -81,8 +85,8 @@ def series_families(series: Iterable[tuple[Mapping[str, str], str, float]],
     grouped: dict[str, list[tuple[dict[str, str], float]]] = {}
     for labels, name, value in series:
         lbl = {**labels, **(extra_labels or {})}
-        grouped.setdefault(name, []).append((with_dcgm_identity(lbl) if name.startswith(GPU_PREFIX) else lbl,
-                                             value))
+        grouped.setdefault(name, []).append(
+            (with_dcgm_identity(lbl, name) if name.startswith(GPU_PREFIX) else lbl, value))
     for name, rows in sorted(grouped.items()):
         try:
             d = catalog.get(name)

@@ -107,11 +107,12 @@ def test_node_agent_and_sidecar_on_one_node(tmp_path: Path) -> None:
         assert len(mem) == 1
         lab = mem[0].labels
         assert lab["job_name"] == JOB and lab["Hostname"] == NODE and lab["pci_bus_id"] == BUS
-        assert lab["UUID"] == lab["uuid"] and lab["modelName"] == lab["model"] == "NVIDIA H100 80GB HBM3"
+        assert lab["UUID"] == lab["uuid"] and lab["model"] == "NVIDIA H100 80GB HBM3"
         assert 'job_name="default"' not in text
         info = [s for f in text_string_to_metric_families(text) for s in f.samples
                 if s.name == "perfd_gpu_info"]
-        assert [(s.labels["job_name"], s.labels["UUID"], s.value) for s in info] == [(JOB, lab["UUID"], 1.0)]
+        assert [(s.labels["job_name"], s.labels["UUID"], s.labels["modelName"], s.value) for s in info] == \
+            [(JOB, lab["UUID"], lab["model"], 1.0)]
         assert not re.search(r'^perfd_host_', text, re.M)  # --host off
     finally:
         for p in agents:
