@@ -53,6 +53,11 @@ def test_a_node_agents_gpus_land_in_the_job_on_them() -> None:
     assert {r: (p.node, p.gpu) for r, p in place_ranks(procs).items()} == {0: (NODE, "0")}
     view_procs, values, _thr = state.gpu_view("gpt")
     assert list(view_procs) == list(values) == [(NODE, "0")]
+    # The job's GPU model (MFU's peak table) comes from the node agent's series of its GPU.
+    _gpu_series(state, f"{NODE}/node", ["0", "1", "2"])
+    overview = state.job_overview("gpt")
+    assert overview is not None and overview["gpu"] == "NVIDIA H100"
+    assert "other" not in state.job_names()  # placement never makes a job
 
 
 def test_the_job_follows_the_processes() -> None:

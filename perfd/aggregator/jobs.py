@@ -146,6 +146,14 @@ class JobStore:
             if job:
                 self._job(job).gpu_name = model
 
+    def set_gpu_model(self, job: str, model: str) -> None:
+        """The GPU model of a job's GPUs as another agent reports them (perfd.placement); only for a
+        job that exists (placement never creates one)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            if js is not None:
+                js.gpu_name = model
+
     def ingest_job_info(self, agent_id: str, job: str, info: JobInfo) -> None:
         with self._lock:
             js = self._job(job)

@@ -110,6 +110,7 @@ class NodeView:
         # as process lists arrive so a job's GPUs are found without walking every GPU.
         self._declared: dict[GpuKey, str] = {}
         self._placed: dict[str, set[GpuKey]] = {}
+        self._agent_gpus: dict[str, set[GpuKey]] = {}  # agent -> the GPUs whose process lists it sends
 
     def seen(self, agent_id: str) -> None:
         with self._lock:
@@ -209,6 +210,10 @@ class NodeView:
         key = (labels.get("node", agent_id), labels.get("gpu", "?"))
         job = declared_job(payload)
         with self._lock:
+            before = self.gpu_procs.get(key)
+            if before is not None and before[0] != agent_id:
+                self._agent_gpus.get(before[0], set()).discard(key)
+            self._agent_gpus.setdefault(agent_id, set()).add(key)
             self.gpu_procs[key] = (agent_id, payload)
             old = self._declared.pop(key, None)
             if old is not None:
@@ -236,6 +241,11 @@ class NodeView:
             return key in placed or (agent in job_agents and key not in declared)
 
         return agents, keep
+
+    def jobs_on(self, agent: str) -> set[str]:
+        """The jobs whose processes run on the GPUs this agent reports (a node agent's GPUs)."""
+        with self._lock:
+            return {j for k in self._agent_gpus.get(agent, ()) if (j := self._declared.get(k)) is not None}
 
     def gpu_job(self, agent: str, key: GpuKey, agent_job: str | None) -> str | None:
         """The job of one agent's GPU: what its processes declare, else the agent's own job."""

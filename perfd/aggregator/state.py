@@ -101,7 +101,14 @@ class AggregatorState:
                        series_ids: Sequence[int], timestamps_ns: Sequence[int],
                        values: Sequence[float]) -> None:
         self.nodes.ingest_samples(agent_id, series_defs, series_ids, timestamps_ns, values,
-                                  lambda model: self.jobs.note_gpu_model(agent_id, model))
+                                  lambda model: self._note_gpu_model(agent_id, model))
+
+    def _note_gpu_model(self, agent_id: str, model: str) -> None:
+        """The GPU model an agent's series name: its own job's (a sidecar with NVML), and that of
+        each job placed on its GPUs (a node agent's: the peak table of their MFU needs it)."""
+        self.jobs.note_gpu_model(agent_id, model)
+        for job in self.nodes.jobs_on(agent_id):
+            self.jobs.set_gpu_model(job, model)
 
     def ingest_job_info(self, agent_id: str, job: str, info: JobInfo) -> None:
         self.jobs.ingest_job_info(agent_id, job, info)
