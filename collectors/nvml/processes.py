@@ -13,7 +13,7 @@ container process happens to have the same pid, wrong. Run the agent in the host
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,7 @@ RANK_ENV = {
 # reports the GPU (a node DaemonSet's agent serves no job); see docs/prometheus.md.
 JOB_ENV = "PERFD_JOB"
 JOB_NAME_MAX = 256  # bytes, as the aggregator's cap on job names (perfd.limits.MAX_JOB_NAME_BYTES)
-EnvLookup = Callable[[int], "dict[str, int | str]"]
+EnvLookup = Callable[[int], "Mapping[str, int | str]"]
 
 
 def job_from_env(value: str | None) -> str | None:
@@ -115,7 +115,7 @@ class ProcessTracker:
         self.event_interval_s = event_interval_s
         self._lookup = lookup
         self._env_lookup = env_lookup
-        self._ranks: dict[int, dict[str, int | str]] = {}
+        self._ranks: dict[int, Mapping[str, int | str]] = {}
         self._last: dict[str, tuple[frozenset[int], float]] = {}  # gpu -> (pids, last event time)
         self._names: dict[int, tuple[str | None, str | None]] = {}
 
