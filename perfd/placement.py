@@ -14,9 +14,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 
+def declared_jobs(procs: Sequence[Mapping[str, Any]]) -> frozenset[str]:
+    """Every job some process on the GPU declares: each is a job of that GPU (its ranks run there;
+    the others' processes are the co-tenants its GPU hints name)."""
+    return frozenset(j for p in procs if isinstance(j := p.get("job"), str) and j)
+
+
 def declared_job(procs: Sequence[Mapping[str, Any]]) -> str | None:
-    """The job the GPU's processes declare. Two jobs on one GPU (time slicing, MPS) are rare; the
-    one holding more GPU memory wins, then the first name, so the answer is stable."""
+    """The one job a GPU's series are labelled with (job_name): the job its processes declare. Two
+    jobs on one GPU (time slicing, MPS, a stray process of another job) are rare; the one holding
+    more GPU memory wins, then the first name, so the answer is stable. Views of a job (its GPUs,
+    rank placement) take every GPU where it runs: :func:`declared_jobs`."""
     held: dict[str, int] = {}
     for p in procs:
         job = p.get("job")

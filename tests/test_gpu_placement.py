@@ -68,6 +68,25 @@ def test_the_job_follows_the_processes() -> None:
     assert rows is not None and [r["gpu"] for r in rows["gpus"]] == ["2"]
 
 
+def test_a_co_tenant_of_another_job_does_not_take_the_gpu_from_the_job() -> None:
+    """Another job's process on a rank's GPU holding more memory: the GPU's series are labelled with
+    that job, yet it stays one of this job's GPUs (its rank runs there), and the co-tenant is in its
+    process list for the GPU hints."""
+    state = _state()
+    _procs(state, f"{NODE}/node", "0", [{"pid": 10, "rank": 0, "job": "gpt", "used_memory_bytes": 1},
+                                        {"pid": 99, "job": "other", "used_memory_bytes": 1 << 30}])
+    procs = state.gpu_procs("gpt")
+    assert [p["pid"] for p in procs[(NODE, "0")]] == [10, 99]
+    assert state.gpu_procs("other").keys() == {(NODE, "0"), (NODE, "1")}
+    rows = job_gpus(state, "gpt")
+    assert rows is not None and [r["gpu"] for r in rows["gpus"]] == ["0"]
+    labels = {fam.name: [s.labels.get("job_name") for s in fam.samples if s.labels.get("gpu") == "0"]
+              for fam in _StateCollector(state, export_node_series=True).collect()}
+    assert labels["perfd_gpu_power_watts"] == ["other"]
+    _procs(state, f"{NODE}/node", "0", [{"pid": 10, "rank": 0, "job": "gpt"}])  # the co-tenant left
+    assert state.gpu_procs("other").keys() == {(NODE, "1")}
+
+
 def test_a_sidecar_with_nvml_keeps_undeclared_gpus_and_loses_declared_ones() -> None:
     state = AggregatorState()
     state.hello("s", ["mine"])

@@ -30,7 +30,7 @@ from perfd.analytics.bottleneck import GpmReading
 from perfd.catalog import GPU_THROTTLE_ACTIVE
 from perfd.events import GPU_PODS, GPU_PROCESSES, payload_of
 from perfd.model import LabelSet
-from perfd.placement import declared_job
+from perfd.placement import declared_job, declared_jobs
 from perfd.transport.codec import F64, I64, U32, SeriesKey
 
 GpuKey = tuple[str, str]  # (node, gpu index)
@@ -106,9 +106,11 @@ class NodeView:
         self.gpu_procs: dict[GpuKey, tuple[str, list[dict[str, Any]]]] = {}
         # node -> latest GPU -> pod allocation from the k8s collector (kubelet pod-resources)
         self.gpu_pods: dict[str, list[dict[str, Any]]] = {}
-        # Placement (perfd.placement): the job each GPU's processes declare, and its inverse, kept
-        # as process lists arrive so a job's GPUs are found without walking every GPU.
+        # Placement (perfd.placement), kept as process lists arrive so a job's GPUs are found
+        # without walking every GPU: the job a GPU's series are labelled with, and the inverse of
+        # every job its processes declare (a job's view takes each GPU where it runs).
         self._declared: dict[GpuKey, str] = {}
+        self._declared_all: dict[GpuKey, frozenset[str]] = {}
         self._placed: dict[str, set[GpuKey]] = {}
         self._agent_gpus: dict[str, set[GpuKey]] = {}  # agent -> the GPUs whose process lists it sends
 
@@ -208,23 +210,25 @@ class NodeView:
             return False
         labels = ev.get("labels") or {}
         key = (labels.get("node", agent_id), labels.get("gpu", "?"))
-        job = declared_job(payload)
+        label_job, jobs = declared_job(payload), declared_jobs(payload)
         with self._lock:
             before = self.gpu_procs.get(key)
             if before is not None and before[0] != agent_id:
                 self._agent_gpus.get(before[0], set()).discard(key)
             self._agent_gpus.setdefault(agent_id, set()).add(key)
             self.gpu_procs[key] = (agent_id, payload)
-            old = self._declared.pop(key, None)
-            if old is not None:
+            for old in self._declared_all.pop(key, frozenset()) - jobs:
                 held = self._placed.get(old)
                 if held is not None:
                     held.discard(key)
                     if not held:
                         del self._placed[old]
-            if job is not None:
-                self._declared[key] = job
-                self._placed.setdefault(job, set()).add(key)
+            self._declared.pop(key, None)
+            if label_job is not None:
+                self._declared[key] = label_job
+                self._declared_all[key] = jobs
+                for job in jobs:
+                    self._placed.setdefault(job, set()).add(key)
         return True
 
     # ---- placement ---------------------------------------------------------------------------
@@ -245,7 +249,7 @@ class NodeView:
     def jobs_on(self, agent: str) -> set[str]:
         """The jobs whose processes run on the GPUs this agent reports (a node agent's GPUs)."""
         with self._lock:
-            return {j for k in self._agent_gpus.get(agent, ()) if (j := self._declared.get(k)) is not None}
+            return {j for k in self._agent_gpus.get(agent, ()) for j in self._declared_all.get(k, ())}
 
     def gpu_job(self, agent: str, key: GpuKey, agent_job: str | None) -> str | None:
         """The job of one agent's GPU: what its processes declare, else the agent's own job."""
