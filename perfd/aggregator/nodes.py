@@ -372,12 +372,6 @@ class NodeView:
             return [(agent, cols.row(slot)) for agent, cols in self._agents.items()
                     for slot in (cols.other + cols.node if node_series else cols.other)]
 
-    def snapshot_of(self, agents: set[str]) -> list[tuple[str, NodeSeries]]:
-        """As :meth:`snapshot`, the given agents' series only (node series included)."""
-        with self._lock:
-            return [(agent, cols.row(slot)) for agent in agents if (cols := self._agents.get(agent))
-                    for slot in cols.other + cols.node]
-
     def gpm(self, agents: set[str]) -> GpmReading | None:
         """Mean GPM (and NVML) utilisation over the GPUs of the given agents, None without GPM."""
         sums: dict[str, list[float]] = {}

@@ -368,10 +368,6 @@ class AggregatorState:
         copy, safe to iterate without a lock."""
         return self.nodes.snapshot(node_series)
 
-    def job_node_series(self, job: str) -> list[tuple[str, NodeSeries]]:
-        """(agent id, series) of the job's agents only."""
-        return self.nodes.snapshot_of(self.jobs.agents_of(job))
-
     def stats_json(self) -> dict[str, Any]:
         now = time.time()
         js = self.jobs.stats
