@@ -17,7 +17,15 @@ from typing import Any, Literal
 Kind = Literal["gauge", "counter", "histogram"]
 
 JOB = ("job_name",)
-GPU = ("node", "gpu", "uuid", "model")
+# DCGM-exporter's GPU identity labels -> the perfd label whose value each repeats, so a perfd GPU
+# series joins a DCGM-exporter series with on(UUID) (or on(Hostname, gpu)) as it is, no
+# label_replace (docs/prometheus.md "Joining DCGM-exporter"). Added at export to every GPU series
+# (perfd.exporters.prometheus): one value per GPU each, so cardinality is unchanged.
+DCGM_IDENTITY: dict[str, str] = {"UUID": "uuid", "Hostname": "node"}
+# camelCase, which `promtool check metrics` reports on every series that carries it: only on the
+# one info series per GPU (GPU_INFO), whence group_left(modelName) brings it to any other.
+DCGM_INFO_IDENTITY: dict[str, str] = {"modelName": "model"}
+GPU = ("node", "gpu", "uuid", "model", "pci_bus_id", *DCGM_IDENTITY)
 HOST = ("node",)
 AGENT = ("node",)
 
@@ -35,6 +43,10 @@ LABELS: dict[str, str] = {
     "device": "block device",
     "uuid": "GPU UUID (one per GPU: bounded like gpu)",
     "model": "GPU model name as NVML reports it (one per GPU)",
+    "pci_bus_id": "GPU PCI bus id as NVML reports it, e.g. 00000000:3B:00.0 (one per GPU, as DCGM's)",
+    "UUID": "DCGM-exporter's name for the GPU UUID: the value of uuid (one per GPU)",
+    "modelName": "DCGM-exporter's name for the GPU model: the value of model (perfd_gpu_info only)",
+    "Hostname": "DCGM-exporter's name for the node: the value of node (one per GPU series' node)",
     "cpu": "CPU index (only with the host collector's per_cpu: true)",
     "replay": "present (\"1\") on samples replayed from a recording",
     "link": "NVLink index",
@@ -86,6 +98,8 @@ class MetricDef:
 JOB_STALLED_SECONDS = "perfd_job_stalled_seconds"
 # The per-reason throttle flag (labelled by reason): rules and the GPU view read it by name.
 GPU_THROTTLE_ACTIVE = "perfd_gpu_throttle_active"
+# One info series per GPU: its identity and its job, what a DCGM-exporter series joins on(UUID).
+GPU_INFO = "perfd_gpu_info"
 
 
 def _m(name: str, kind: Kind, unit: str, description: str, source: str, labels: tuple[str, ...], *,
@@ -283,6 +297,11 @@ CATALOG: tuple[MetricDef, ...] = (
        "Prefill model FLOPs utilisation: 2·N_active × computed prompt tokens/s ÷ (GPUs × peak dense FLOP/s)",
        _SERVING_ANALYTICS + " + perfd.analytics.gpus peak table", JOB, alias="prefill_mfu"),
     # --- GPU ------------------------------------------------------------------------------
+    _m(GPU_INFO, "gauge", "info",
+       "1 per GPU, labelled with its identity (DCGM-exporter's UUID, modelName, Hostname, pci_bus_id "
+       "too) and job_name, the job whose processes run on it (absent when none): join DCGM-exporter "
+       "series on(UUID) to put them in jobs (docs/prometheus.md)",
+       _AGENT + " (perfd.placement over collectors/nvml)", (*JOB, *GPU, *DCGM_INFO_IDENTITY)),
     _m("perfd_gpu_utilization_ratio", "gauge", "ratio",
        "NVML utilisation: share of time a kernel was resident (not SM busy)", _NVML, GPU,
        alias="gpu_util", shows=(WANDB,)),

@@ -31,6 +31,7 @@ class GpuProcess(TypedDict, total=False):
     rank: int | None
     local_rank: int | None
     world_size: int | None
+    job: str | None  # the PERFD_JOB its environment declares (perfd launch sets it): GPU -> job
 
 
 class GpuOwner(TypedDict, total=False):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -46,3 +48,22 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float
             pass
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}; last={last!r}")
+
+
+def placed_recording(src: Path, dst: Path, job: str, pci_bus_id: str) -> Path:
+    """A copy of an NVML recording (collectors/nvml/data) as a node agent would record it on a node
+    running ``job``: every process on the GPU declares the job (PERFD_JOB), the first one is rank 0,
+    and the GPU has NVML's PCI bus id. Replayed, it feeds the real agent's placement path."""
+    out = []
+    for line in src.read_text().splitlines():
+        rec = json.loads(line)
+        for s in rec.get("samples", []):
+            s["labels"]["pci_bus_id"] = pci_bus_id
+        for ev in rec.get("events", []):
+            ev.setdefault("labels", {})["pci_bus_id"] = pci_bus_id
+            if ev.get("kind") == "gpu_processes":
+                for i, p in enumerate(ev.get("payload") or []):
+                    p.update(job=job, rank=0 if i == 0 else None)
+        out.append(json.dumps(rec))
+    dst.write_text("\n".join(out) + "\n")
+    return dst

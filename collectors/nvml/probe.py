@@ -87,6 +87,9 @@ class DeviceState:
     uuid: str
     name: str
     memory_total: int | None = None
+    # NVML's bus id ("00000000:3B:00.0"), the value DCGM-exporter's pci_bus_id label carries; None
+    # where NVML does not answer (the label is then absent).
+    pci_bus_id: str | None = None
     chosen: dict[str, Variant] = field(default_factory=dict)  # reading key -> working variant
     slow_keys: frozenset[str] = frozenset()
     gpm_supported: bool = False
@@ -96,7 +99,10 @@ class DeviceState:
 
     @property
     def labels(self) -> dict[str, str]:
-        return {"gpu": str(self.index), "uuid": self.uuid, "model": self.name}
+        out = {"gpu": str(self.index), "uuid": self.uuid, "model": self.name}
+        if self.pci_bus_id:
+            out["pci_bus_id"] = self.pci_bus_id
+        return out
 
     def read(self, nvml: Nvml, key: str) -> Any | None:
         """Take one reading; drop it from this device for good on a permanent error."""
@@ -131,7 +137,8 @@ def probe_device(nvml: Nvml, index: int, gpm: bool | None, xid: bool) -> DeviceS
     uuid = nvml.call("nvmlDeviceGetUUID", handle)
     name = nvml.call("nvmlDeviceGetName", handle)
     dev = DeviceState(index=index, handle=handle, uuid=as_text(uuid) if uuid is not None else f"gpu{index}",
-                      name=as_text(name) if name is not None else "unknown")
+                      name=as_text(name) if name is not None else "unknown",
+                     pci_bus_id=_bus_id(nvml, handle))
     slow: set[str] = set()
     for r in readings(nvml):
         v, value = choose(nvml, handle, r)
@@ -149,6 +156,15 @@ def probe_device(nvml: Nvml, index: int, gpm: bool | None, xid: bool) -> DeviceS
     if xid:
         _register_xid(nvml, dev)
     return dev
+
+
+def _bus_id(nvml: Nvml, handle: Any) -> str | None:
+    """The device's PCI bus id, read once at probe (identity, like the UUID)."""
+    fn = next((f for f in ("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo") if nvml.has(f)), None)
+    info = nvml.call(fn, handle) if fn is not None else None
+    bus = getattr(info, "busId", None) if info is not None else None
+    text = as_text(bus).strip() if bus is not None else ""
+    return text or None
 
 
 def _register_xid(nvml: Nvml, dev: DeviceState) -> None:

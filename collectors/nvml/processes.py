@@ -13,7 +13,7 @@ container process happens to have the same pid, wrong. Run the agent in the host
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,35 +41,59 @@ def psutil_lookup(pid: int) -> tuple[str | None, str | None]:
 
 
 # Environment variables that say which rank a process is: torchrun/torch.distributed, SLURM, Open
-# MPI, and perfd launch's job name. Only these are read; the rest of a process's environment (which
-# may hold secrets) is never looked at or sent.
+# MPI; and JOB_ENV, the job it belongs to. Only these are read; the rest of a process's environment
+# (which may hold secrets) is never looked at or sent.
 RANK_ENV = {
     "RANK": "rank", "LOCAL_RANK": "local_rank", "WORLD_SIZE": "world_size",
     "SLURM_PROCID": "rank", "SLURM_LOCALID": "local_rank", "SLURM_NTASKS": "world_size",
     "OMPI_COMM_WORLD_RANK": "rank", "OMPI_COMM_WORLD_LOCAL_RANK": "local_rank",
     "OMPI_COMM_WORLD_SIZE": "world_size",
 }
-EnvLookup = Callable[[int], "dict[str, int]"]
+# The job a process belongs to: set by `perfd launch`, by perfd-slurm-run, or in a pod spec (from
+# the pod's perfd.dev/job label through the downward API). It places a GPU in a job whatever agent
+# reports the GPU (a node DaemonSet's agent serves no job); see docs/prometheus.md.
+JOB_ENV = "PERFD_JOB"
+JOB_NAME_MAX = 256  # bytes, as the aggregator's cap on job names (perfd.limits.MAX_JOB_NAME_BYTES)
+EnvLookup = Callable[[int], "Mapping[str, int | str]"]
 
 
-def psutil_rank_env(pid: int) -> dict[str, int]:
-    """{rank, local_rank, world_size} from the process's environment where visible (same user or
-    root, host pid namespace); empty when not. The first variable found for a key wins, in the
-    order of RANK_ENV (torch's own variables first). Never raises."""
+def job_from_env(value: str | None) -> str | None:
+    """A usable job name from JOB_ENV's value, None when absent, empty or over the cap."""
+    if value is None:
+        return None
+    value = value.strip()
+    return value if value and len(value.encode()) <= JOB_NAME_MAX else None
+
+
+def psutil_rank_env(pid: int) -> dict[str, int | str]:
+    """{rank, local_rank, world_size, job} from the process's environment where visible (same
+    user or root, host pid namespace); empty when not. The first variable found for a key wins, in
+    the order of RANK_ENV (torch's own variables first). Never raises."""
     try:
         import psutil
 
         env = psutil.Process(pid).environ()
     except Exception:  # AccessDenied, NoSuchProcess, psutil missing
         return {}
-    out: dict[str, int] = {}
+    out: dict[str, int | str] = {}
     for var, key in RANK_ENV.items():
         if key not in out and var in env:
             try:
                 out[key] = int(env[var])
             except ValueError:
                 continue
+    job = job_from_env(env.get(JOB_ENV))
+    if job is not None:
+        out["job"] = job
     return out
+
+
+def _text(v: object) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) else None
 
 
 @dataclass
@@ -91,7 +115,7 @@ class ProcessTracker:
         self.event_interval_s = event_interval_s
         self._lookup = lookup
         self._env_lookup = env_lookup
-        self._ranks: dict[int, dict[str, int]] = {}
+        self._ranks: dict[int, Mapping[str, int | str]] = {}
         self._last: dict[str, tuple[frozenset[int], float]] = {}  # gpu -> (pids, last event time)
         self._names: dict[int, tuple[str | None, str | None]] = {}
 
@@ -117,8 +141,8 @@ class ProcessTracker:
                 "used_memory_bytes": p.used_memory_bytes,
                 # The basis for rank -> GPU attribution; absent (None) when the environment is not
                 # visible, never guessed from the GPU index.
-                "rank": rank.get("rank"), "local_rank": rank.get("local_rank"),
-                "world_size": rank.get("world_size"),
+                "rank": _int(rank.get("rank")), "local_rank": _int(rank.get("local_rank")),
+                "world_size": _int(rank.get("world_size")), "job": _text(rank.get("job")),
             })
         return {
             "kind": GPU_PROCESSES.name, "severity": "info", "time": now, "labels": dict(labels),

@@ -17,11 +17,21 @@ class ConfigError(ValueError):
     """A configuration problem, with the file and key it came from."""
 
 
+# The job name of job-level data (a log, a hook socket) when no --job names it.
+DEFAULT_JOB = "default"
+# Collectors that read one job's own data. An agent running any of them serves a job (DEFAULT_JOB
+# when not named); an agent running none (NVML, host, k8s, dcgm: a node DaemonSet) serves no job,
+# and its GPU series belong to the job whose processes run on each GPU (docs/prometheus.md).
+JOB_COLLECTORS = frozenset({"megatron", "sglang", "nccl", "hook"})
+# The role part of a node agent's id (one that serves no job).
+NODE_ROLE = "node"
+
+
 @dataclass
 class AgentConfig:
     agent_id: str = ""
     node: str = ""
-    job: str = "default"
+    job: str = ""  # "": a node agent (no job-level collector), else the job it serves
     aggregator: str | None = None  # host:port; None = local only (own /metrics, no streaming)
     metrics_port: int | None = 9400  # None = no HTTP endpoint; 0 = ephemeral (tests)
     metrics_host: str = "127.0.0.1"  # loopback unless told (--metrics-host, --listen-all)
@@ -53,10 +63,14 @@ class AgentConfig:
         """Fill defaults that depend on the machine, then validate."""
         if not self.node:
             self.node = socket.gethostname()
+        if not self.job and set(self.collectors) & JOB_COLLECTORS:
+            self.job = DEFAULT_JOB
         if not self.agent_id:
-            # Stable across restarts on one node, so the aggregator's dedupe and the spool's
-            # sequence numbers line up after an agent restart.
-            self.agent_id = f"{self.node}"
+            # Stable across restarts (the aggregator's dedupe and the spool's sequence numbers line
+            # up after an agent restart) and distinct for the two agents a node usually runs: the
+            # node DaemonSet's ("<node>/node") and a job's sidecar ("<node>/<job>"). Two agents
+            # with one id supersede each other's streams on the aggregator.
+            self.agent_id = f"{self.node}/{self.job or NODE_ROLE}"
         if self.batch_interval_s <= 0:
             raise ConfigError(f"batch_interval_s must be > 0, got {self.batch_interval_s}")
         if self.spool_max_bytes < 1024 * 1024:
@@ -64,7 +78,8 @@ class AgentConfig:
         if self.aggregator is not None and "," in self.aggregator:
             # Several aggregators, sharded by job: every agent of the job picks the same one.
             try:
-                self.aggregator = pick_aggregator(self.job, self.aggregator.split(","))
+                # A node agent has no job to shard by: every node agent picks the DEFAULT_JOB shard.
+                self.aggregator = pick_aggregator(self.job or DEFAULT_JOB, self.aggregator.split(","))
             except ValueError as exc:
                 raise ConfigError(f"aggregator: {exc}") from exc
         if self.aggregator is not None:

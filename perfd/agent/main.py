@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import itertools
 import logging
 import os
 import resource
@@ -19,17 +20,20 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import Metric
+from prometheus_client.core import HistogramMetricFamily, Metric
 
+from perfd import catalog
 from perfd.agent.checkpoints import Checkpoints
-from perfd.agent.config import AgentConfig
+from perfd.agent.config import DEFAULT_JOB, AgentConfig
 from perfd.agent.reduce import SampleReducer
-from perfd.agent.scheduler import Scheduler
+from perfd.agent.scheduler import COLLECT_BUCKETS_S, Scheduler
+from perfd.catalog import GPU_INFO
 from perfd.collector import Collected, Collector, Registry
-from perfd.events import NCCL_HANG
+from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES, NCCL_HANG, payload_of
 from perfd.exporters.prometheus import build_info_families, series_families
 from perfd.jobinfo_json import job_info_to_json
 from perfd.model import CollectiveRecord, JobInfo, Sample, label_set, merge_job_info
+from perfd.placement import declared_job
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +105,9 @@ class _AgentMetrics:
 
     def collect(self) -> Iterator[Metric]:
         a = self.agent
-        yield from series_families(a.view.rows(), {"job_name": a.cfg.job})
+        yield from series_families(a.node_rows())
         yield from series_families(a.self_metric_rows())
+        yield a.collect_duration_family()
         yield from build_info_families()
 
 
@@ -126,11 +131,15 @@ class Agent:
         self._checkpoints = Checkpoints(cfg.state_dir) if cfg.state_dir else None
         self.reducer = SampleReducer(cfg.aggregator_sample_interval_s)
         self.captures: Any = None  # AgentCaptures when the aggregator can ask for captures
+        # GPU index -> the job its processes declare (perfd.placement), from the NVML collector's
+        # latest process list of each GPU; None: none declared. Read by the /metrics thread.
+        self.gpu_jobs: dict[str, str | None] = {}
+        self.captures_done: dict[tuple[str, str], int] = {}  # (tool, status) -> captures ended so
 
     # ---- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
         for name, ccfg in self.cfg.collectors.items():
-            conf = {"job": self.cfg.job, **ccfg}
+            conf = {"job": self.cfg.job or DEFAULT_JOB, **ccfg}
             ck = self._checkpoints.load(name) if self._checkpoints is not None else None
             if ck is not None:
                 conf["resume"] = ck
@@ -153,6 +162,34 @@ class Agent:
         self.metrics_port = int(server.server_address[1])
         log.info("agent listening: /metrics on %s:%d", self.cfg.metrics_host, self.metrics_port)
 
+    # ---- /metrics -----------------------------------------------------------------------------
+    def node_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
+        """The node series, each GPU series in the job that runs on its GPU (perfd.placement), the
+        others in the agent's own job; without a job, no ``job_name`` label at all (a node agent
+        must not invent a job "default" for every GPU it watches)."""
+        jobs = dict(self.gpu_jobs)
+        own = self.cfg.job or None
+        out: list[tuple[Mapping[str, str], str, float]] = []
+        info: dict[str, Mapping[str, str]] = {}  # gpu -> its identity labels, for GPU_INFO
+        for labels, name, value in self.view.rows():
+            gpu = labels.get("gpu") if name.startswith("perfd_gpu_") else None
+            job = (jobs.get(gpu) or own) if gpu is not None else own
+            lbl = {**labels, "job_name": job} if job else labels
+            out.append((lbl, name, value))
+            # One series per GPU: identity only (no reason/type), NVML's (not another source's).
+            if gpu is not None and not set(labels) & {"reason", "type", "source"}:
+                info.setdefault(gpu, lbl)
+        out.extend((lbl, GPU_INFO, 1.0) for _gpu, lbl in sorted(info.items()))
+        return out
+
+    def _note_gpu_jobs(self, events: list[dict[str, Any]]) -> None:
+        for ev in events:
+            if ev.get("kind") == GPU_PROCESSES.name:
+                procs = payload_of(ev, GPU_PROCESSES)
+                gpu = (ev.get("labels") or {}).get("gpu")
+                if procs is not None and isinstance(gpu, str):
+                    self.gpu_jobs[gpu] = declared_job(procs)
+
     # ---- self metrics -------------------------------------------------------------------------
     def self_metric_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
         node = {"node": self.cfg.node}
@@ -174,6 +211,8 @@ class Agent:
             rows.append((node, "perfd_agent_resident_memory_bytes", float(rss)))
         except (OSError, ValueError, IndexError):
             pass
+        for (tool, status), n in sorted(self.captures_done.items()):
+            rows.append(({**node, "tool": tool, "status": status}, "perfd_agent_captures_total", float(n)))
         if self.client is not None:
             c = self.client.counters()
             rows.append((node, "perfd_agent_spool_bytes", float(c["spool_bytes"])))
@@ -183,6 +222,32 @@ class Agent:
             rows.append((node, "perfd_agent_connected", float(c.get("connected", 0))))
             rows.append((node, "perfd_agent_ack_timeouts_total", float(c.get("ack_timeouts", 0))))
         return rows
+
+    def collect_duration_family(self) -> Metric:
+        """perfd_agent_collect_duration_seconds: each collector's collect() durations (scheduler)."""
+        d = catalog.get("perfd_agent_collect_duration_seconds")
+        fam = HistogramMetricFamily(d.name, f"{d.description} [source: {d.source}]",
+                                    labels=["node", "collector"])
+        bounds = (*map(str, COLLECT_BUCKETS_S), "+Inf")
+        for name, st in sorted(self.scheduler.states.items()):
+            counts, total = list(st.duration_counts), st.duration_sum_s  # a copy: the thread writes on
+            buckets = [(le, float(n)) for le, n in zip(bounds, itertools.accumulate(counts), strict=True)]
+            fam.add_metric([self.cfg.node, name], buckets, total)
+        return fam
+
+    def _count_capture(self, ev: Mapping[str, Any]) -> None:
+        """A capture that ended, by tool and outcome (the catalog's status enum: ok, failed, skipped)."""
+        kind = ev.get("kind")
+        if kind not in (CAPTURE_FINISHED.name, CAPTURE_FAILED.name):
+            return
+        payload = ev.get("payload")
+        status = str(payload.get("status") or "") if isinstance(payload, Mapping) else ""
+        if kind == CAPTURE_FINISHED.name:
+            status = "ok"
+        elif status not in ("failed", "skipped"):
+            status = "failed"
+        tool = str((ev.get("labels") or {}).get("tool") or "unknown")
+        self.captures_done[(tool, status)] = self.captures_done.get((tool, status), 0) + 1
 
     # ---- the loop -----------------------------------------------------------------------------
     def _forward(self, items: list[tuple[str, Collected]]) -> None:
@@ -221,6 +286,7 @@ class Agent:
             self._reconnects_seen = reconnects
             job_info = {**self._jobinfo_last, **job_info}
         self.view.update(samples)  # the agent's /metrics: every sample
+        self._note_gpu_jobs(events)
         samples = self.reducer.reduce(samples, time.time())  # the aggregator: latest every few seconds
         if self.captures is not None and events:
             self.captures.observe(events)  # rank -> pid, and the hook's profile progress
@@ -259,7 +325,7 @@ class Agent:
             self.client = AgentClient(
                 self.cfg.aggregator, self.cfg.agent_id,
                 spool=Spool(self.cfg.spool_dir, max_bytes=self.cfg.spool_max_bytes),
-                node=self.cfg.node, jobs=[self.cfg.job], capabilities=caps,
+                node=self.cfg.node, jobs=[self.cfg.job] if self.cfg.job else [], capabilities=caps,
                 on_command=self._on_command,
                 tls=(ClientTls(self.cfg.tls_ca, self.cfg.tls_cert, self.cfg.tls_key)
                      if self.cfg.tls_ca else None),
@@ -324,8 +390,9 @@ class Agent:
 
         hook = self.scheduler.states.get("hook")
         try:
-            self.captures = AgentCaptures(self.cfg.job, self.cfg.capture_dir, self.cfg.capture_quota_bytes,
-                                          self._emit_event, kineto=self.cfg.kineto_daemon,
+            self.captures = AgentCaptures(self.cfg.job or DEFAULT_JOB, self.cfg.capture_dir,
+                                          self.cfg.capture_quota_bytes, self._emit_event,
+                                          kineto=self.cfg.kineto_daemon,
                                           hook=hook.collector if hook is not None else None)
         except Exception as exc:  # no capture store (disk, permissions): say so, monitor on
             log.error("captures disabled: %s", exc)
@@ -333,7 +400,8 @@ class Agent:
     def _emit_event(self, ev: dict[str, Any]) -> None:
         """Capture progress, from the capture threads: straight to the spool and the aggregator."""
         ev.setdefault("labels", {}).setdefault("node", self.cfg.node)
-        ev.setdefault("job", self.cfg.job)
+        ev.setdefault("job", self.cfg.job or DEFAULT_JOB)
+        self._count_capture(ev)
         if self.client is not None:
             try:
                 self.client.submit(events=[ev])

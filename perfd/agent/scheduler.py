@@ -8,6 +8,7 @@ and counted (the sender is behind; the spool beyond it holds what was already ac
 
 from __future__ import annotations
 
+import bisect
 import logging
 import queue
 import threading
@@ -19,6 +20,11 @@ from perfd.collector import Capabilities, Collected, Collector
 log = logging.getLogger(__name__)
 
 
+# Bucket upper bounds (s) of perfd_agent_collect_duration_seconds: an NVML pass of 8 GPUs takes
+# ~1 ms, a log tail a few ms, a slow NVML call (energy, DESIGN.md §3) ~4 ms per GPU.
+COLLECT_BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
 @dataclass
 class CollectorState:
     collector: Collector
@@ -27,6 +33,9 @@ class CollectorState:
     runs: int = 0
     failures: int = 0  # collect() raised despite the contract: counted, the thread lives on
     last_duration_s: float = 0.0
+    # Cumulative histogram of collect() durations: counts per COLLECT_BUCKETS_S bucket (+Inf last).
+    duration_counts: list[int] = field(default_factory=lambda: [0] * (len(COLLECT_BUCKETS_S) + 1))
+    duration_sum_s: float = 0.0
     samples: int = 0
     steps: int = 0
     events: int = 0
@@ -83,7 +92,9 @@ class Scheduler:
                 st.collector.count_error("collect-raised", repr(exc))
                 out = Collected()
             st.runs += 1
-            st.last_duration_s = time.monotonic() - t0
+            st.last_duration_s = d = time.monotonic() - t0
+            st.duration_counts[bisect.bisect_left(COLLECT_BUCKETS_S, d)] += 1
+            st.duration_sum_s += d
             if out.samples or out.steps or out.events or out.job_info or out.collectives:
                 st.samples += len(out.samples)
                 st.steps += len(out.steps)

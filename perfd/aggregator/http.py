@@ -66,9 +66,9 @@ class _StateCollector:
         rows = []
         for agent, s in self.state.node_series(self.export_node_series):
             labels = dict(s.labels)
-            agent_job = self.state.job_of_agent(agent)
-            if agent_job:
-                labels["job_name"] = agent_job
+            series_job = self.state.series_job(agent, s)  # a GPU series: its GPU's job (placement)
+            if series_job:
+                labels["job_name"] = series_job
             rows.append((labels, s.name, s.value))
         yield from series_families(rows)
         yield from series_families(self.state.collective_rows(self.per_rank_series))
@@ -105,18 +105,17 @@ class _StateCollector:
 
 # Labels that name a GPU; a GPU series with any other label (throttle reason, ECC type) is one of
 # several per GPU and stays out of the one-row-per-GPU view.
-_GPU_ROW_LABELS = frozenset({"node", "gpu", "uuid", "model", "replay", "job_name", "source"})
+_GPU_ROW_LABELS = frozenset({"node", "gpu", "uuid", "model", "pci_bus_id", "replay", "job_name", "source"})
 
 
 def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
-    """The latest GPU series of the agents serving ``job``, one row per (node, gpu) with the
-    catalog names as keys (what `perfd top` shows; independent of what /metrics exports)."""
+    """The latest GPU series of the job's GPUs (whichever agent reports them: perfd.placement), one
+    row per (node, gpu) with the catalog names as keys (what `perfd top` shows; independent of what
+    /metrics exports)."""
     if job not in state.job_names():
         return None
     rows: dict[tuple[str, str], dict[str, Any]] = {}
-    for agent, s in state.job_node_series(job):
-        if state.job_of_agent(agent) != job or not s.name.startswith("perfd_gpu_"):
-            continue
+    for agent, s in state.job_gpu_series(job):
         labels = dict(s.labels)
         if set(labels) - _GPU_ROW_LABELS:
             continue

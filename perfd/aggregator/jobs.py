@@ -73,6 +73,11 @@ class JobState:
     dirty: bool = False
     last_step_time: float = 0.0  # wall time the last step record arrived
     step_hist: StepHistogram = field(default_factory=StepHistogram)
+    # Megatron's per-log-interval counts of skipped and NaN iterations, summed over the job-level
+    # records (each once: a re-sent record is not counted again), for the catalog's counters;
+    # None until a record carries the field (absent, not 0, when the log never prints it).
+    skipped_total: int | None = None
+    nan_total: int | None = None
     # Retention is by iteration, whatever the number of ranks reporting: iteration -> its records'
     # rank scopes, oldest first, so the oldest iteration goes in O(1) (its own records only).
     by_iteration: OrderedDict[int, list[str]] = field(default_factory=OrderedDict)
@@ -142,6 +147,14 @@ class JobStore:
             if job:
                 self._job(job).gpu_name = model
 
+    def set_gpu_model(self, job: str, model: str) -> None:
+        """The GPU model of a job's GPUs as another agent reports them (perfd.placement); only for a
+        job that exists (placement never creates one)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            if js is not None:
+                js.gpu_name = model
+
     def ingest_job_info(self, agent_id: str, job: str, info: JobInfo) -> None:
         with self._lock:
             js = self._job(job)
@@ -162,6 +175,11 @@ class JobStore:
                 if key not in js.records and not isinstance(rec.rank, int) and rec.step_time_ms is not None \
                         and math.isfinite(rec.step_time_ms) and rec.step_time_ms >= 0:
                     js.step_hist.observe(rec.step_time_ms / 1e3)  # a re-sent record is not counted again
+                if key not in js.records and not isinstance(rec.rank, int):
+                    if rec.skipped_iterations is not None:
+                        js.skipped_total = (js.skipped_total or 0) + max(0, rec.skipped_iterations)
+                    if rec.nan_iterations is not None:
+                        js.nan_total = (js.nan_total or 0) + max(0, rec.nan_iterations)
                 size = record_bytes(rec)
                 old = js.records.get(key)
                 if old is None:
@@ -289,6 +307,8 @@ class JobStore:
                 "has_job_info": js.job_info is not None,
                 "last_step_age_s": (time.time() - js.last_step_time) if js.last_step_time else None,
                 "last_step_time": js.last_step_time or None,
+                "skipped_iterations_total": js.skipped_total,
+                "nan_iterations_total": js.nan_total,
             }
 
 

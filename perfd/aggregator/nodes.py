@@ -30,6 +30,7 @@ from perfd.analytics.bottleneck import GpmReading
 from perfd.catalog import GPU_THROTTLE_ACTIVE
 from perfd.events import GPU_PODS, GPU_PROCESSES, payload_of
 from perfd.model import LabelSet
+from perfd.placement import declared_job, declared_jobs
 from perfd.transport.codec import F64, I64, U32, SeriesKey
 
 GpuKey = tuple[str, str]  # (node, gpu index)
@@ -105,6 +106,13 @@ class NodeView:
         self.gpu_procs: dict[GpuKey, tuple[str, list[dict[str, Any]]]] = {}
         # node -> latest GPU -> pod allocation from the k8s collector (kubelet pod-resources)
         self.gpu_pods: dict[str, list[dict[str, Any]]] = {}
+        # Placement (perfd.placement), kept as process lists arrive so a job's GPUs are found
+        # without walking every GPU: the job a GPU's series are labelled with, and the inverse of
+        # every job its processes declare (a job's view takes each GPU where it runs).
+        self._declared: dict[GpuKey, str] = {}
+        self._declared_all: dict[GpuKey, frozenset[str]] = {}
+        self._placed: dict[str, set[GpuKey]] = {}
+        self._agent_gpus: dict[str, set[GpuKey]] = {}  # agent -> the GPUs whose process lists it sends
 
     def seen(self, agent_id: str) -> None:
         with self._lock:
@@ -201,9 +209,67 @@ class NodeView:
         if payload is None:
             return False
         labels = ev.get("labels") or {}
+        key = (labels.get("node", agent_id), labels.get("gpu", "?"))
+        label_job, jobs = declared_job(payload), declared_jobs(payload)
         with self._lock:
-            self.gpu_procs[(labels.get("node", agent_id), labels.get("gpu", "?"))] = (agent_id, payload)
+            before = self.gpu_procs.get(key)
+            if before is not None and before[0] != agent_id:
+                self._agent_gpus.get(before[0], set()).discard(key)
+            self._agent_gpus.setdefault(agent_id, set()).add(key)
+            self.gpu_procs[key] = (agent_id, payload)
+            for old in self._declared_all.pop(key, frozenset()) - jobs:
+                held = self._placed.get(old)
+                if held is not None:
+                    held.discard(key)
+                    if not held:
+                        del self._placed[old]
+            self._declared.pop(key, None)
+            if label_job is not None:
+                self._declared[key] = label_job
+                self._declared_all[key] = jobs
+                for job in jobs:
+                    self._placed.setdefault(job, set()).add(key)
         return True
+
+    # ---- placement ---------------------------------------------------------------------------
+    def _scope(self, job: str, job_agents: Collection[str]) -> tuple[set[str], Callable[[str, GpuKey], bool]]:
+        """The agents that report ``job``'s GPUs, and whether one agent's GPU is the job's (lock
+        held): a GPU whose processes declare the job, whoever reports it; a GPU of the job's own
+        agents whose processes declare no job. A GPU another job's processes declare is not this
+        job's, even on this job's agent (perfd.placement)."""
+        placed = self._placed.get(job, set())
+        agents = set(job_agents) | {self.gpu_procs[k][0] for k in placed if k in self.gpu_procs}
+        declared = self._declared
+
+        def keep(agent: str, key: GpuKey) -> bool:
+            return key in placed or (agent in job_agents and key not in declared)
+
+        return agents, keep
+
+    def jobs_on(self, agent: str) -> set[str]:
+        """The jobs whose processes run on the GPUs this agent reports (a node agent's GPUs)."""
+        with self._lock:
+            return {j for k in self._agent_gpus.get(agent, ()) for j in self._declared_all.get(k, ())}
+
+    def gpu_job(self, agent: str, key: GpuKey, agent_job: str | None) -> str | None:
+        """The job of one agent's GPU: what its processes declare, else the agent's own job."""
+        with self._lock:
+            return self._declared.get(key) or agent_job or None
+
+    def job_gpu_series(self, job: str, job_agents: Collection[str]) -> list[tuple[str, NodeSeries]]:
+        """(agent, series) of every GPU series of the job's GPUs, whichever agent reports them."""
+        with self._lock:
+            agents, keep = self._scope(job, job_agents)
+            out = []
+            for agent in agents:
+                cols = self._agents.get(agent)
+                if cols is None:
+                    continue
+                for entries in cols.gpu_index.values():
+                    for key, _reason, slot in entries:
+                        if keep(agent, key):
+                            out.append((agent, cols.row(slot)))
+            return out
 
     def on_gpu_pods(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
         payload = payload_of(ev, GPU_PODS)
@@ -225,13 +291,17 @@ class NodeView:
             slot = cols.slot_of.get((name, labels)) if cols is not None else None
             return cols.row(slot) if cols is not None and slot is not None else None
 
-    def gpu_view(self, agents: set[str], names: Collection[str] | None = None
+    def gpu_view(self, agents: set[str], names: Collection[str] | None = None, job: str | None = None
                  ) -> tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]],
                             dict[GpuKey, list[str]]]:
         """For the given agents: process lists, latest GPU values and active throttle reasons,
-        each keyed by (node, gpu). ``names``: only these series (the rules read a few of ~25)."""
+        each keyed by (node, gpu). ``names``: only these series (the rules read a few of ~25).
+        ``job``: ``agents`` are that job's, and the view is of the job's GPUs (:meth:`_scope`)."""
         with self._lock:
-            procs = {k: list(v[1]) for k, v in self.gpu_procs.items() if v[0] in agents}
+            keep: Callable[[str, GpuKey], bool] = lambda _a, _k: True  # noqa: E731
+            if job is not None:
+                agents, keep = self._scope(job, agents)
+            procs = {k: list(v[1]) for k, v in self.gpu_procs.items() if v[0] in agents and keep(v[0], k)}
             values: dict[GpuKey, dict[str, float]] = {}
             throttles: dict[GpuKey, list[str]] = {}
             for agent in agents:
@@ -241,6 +311,8 @@ class NodeView:
                 index, vals = cols.gpu_index, cols.values
                 for name in (index if names is None else [n for n in names if n in index]):
                     for key, reason, slot in index[name]:
+                        if not keep(agent, key):
+                            continue
                         if reason:
                             if vals[slot] >= 1:
                                 throttles.setdefault(key, []).append(reason)
@@ -248,11 +320,14 @@ class NodeView:
                             values.setdefault(key, {})[name] = vals[slot]
             return procs, values, throttles
 
-    def procs_of(self, agents: set[str]) -> dict[GpuKey, list[dict[str, Any]]]:
+    def procs_of(self, agents: set[str], job: str | None = None) -> dict[GpuKey, list[dict[str, Any]]]:
         """The process lists of the given agents' GPUs (what rank placement needs, without the
-        GPU values gpu_view also gathers)."""
+        GPU values gpu_view also gathers); ``job``: of that job's GPUs, as :meth:`gpu_view`."""
         with self._lock:
-            return {k: list(v[1]) for k, v in self.gpu_procs.items() if v[0] in agents}
+            if job is None:
+                return {k: list(v[1]) for k, v in self.gpu_procs.items() if v[0] in agents}
+            agents, keep = self._scope(job, agents)
+            return {k: list(v[1]) for k, v in self.gpu_procs.items() if v[0] in agents and keep(v[0], k)}
 
     def node_of_agent(self) -> dict[str, str]:
         """agent -> the node whose GPUs' processes it reports."""
@@ -296,12 +371,6 @@ class NodeView:
         with self._lock:
             return [(agent, cols.row(slot)) for agent, cols in self._agents.items()
                     for slot in (cols.other + cols.node if node_series else cols.other)]
-
-    def snapshot_of(self, agents: set[str]) -> list[tuple[str, NodeSeries]]:
-        """As :meth:`snapshot`, the given agents' series only (node series included)."""
-        with self._lock:
-            return [(agent, cols.row(slot)) for agent in agents if (cols := self._agents.get(agent))
-                    for slot in cols.other + cols.node]
 
     def gpm(self, agents: set[str]) -> GpmReading | None:
         """Mean GPM (and NVML) utilisation over the GPUs of the given agents, None without GPM."""

@@ -124,7 +124,14 @@ class AggregatorState:
                        series_ids: Sequence[int], timestamps_ns: Sequence[int],
                        values: Sequence[float]) -> None:
         self.nodes.ingest_samples(agent_id, series_defs, series_ids, timestamps_ns, values,
-                                  lambda model: self.jobs.note_gpu_model(agent_id, model))
+                                  lambda model: self._note_gpu_model(agent_id, model))
+
+    def _note_gpu_model(self, agent_id: str, model: str) -> None:
+        """The GPU model an agent's series name: its own job's (a sidecar with NVML), and that of
+        each job placed on its GPUs (a node agent's: the peak table of their MFU needs it)."""
+        self.jobs.note_gpu_model(agent_id, model)
+        for job in self.nodes.jobs_on(agent_id):
+            self.jobs.set_gpu_model(job, model)
 
     def ingest_job_info(self, agent_id: str, job: str, info: JobInfo) -> None:
         self.jobs.ingest_job_info(agent_id, job, info)
@@ -158,12 +165,27 @@ class AggregatorState:
                  ) -> tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]],
                             dict[GpuKey, list[str]]]:
         """For the job's agents: process lists, latest GPU values and active throttle reasons,
-        each keyed by (node, gpu); ``names``: only these GPU series."""
-        return self.nodes.gpu_view(self.jobs.agents_of(job), names)
+        each keyed by (node, gpu); ``names``: only these GPU series. The job's GPUs are those its
+        processes declare, whatever agent reports them, and its own agents' others
+        (perfd.placement): a node agent's GPUs join the job that runs on them."""
+        return self.nodes.gpu_view(self.jobs.agents_of(job), names, job=job)
 
     def gpu_procs(self, job: str) -> dict[GpuKey, list[dict[str, Any]]]:
-        """The process lists of the job's agents' GPUs (rank placement), without their values."""
-        return self.nodes.procs_of(self.jobs.agents_of(job))
+        """The process lists of the job's GPUs (rank placement), without their values."""
+        return self.nodes.procs_of(self.jobs.agents_of(job), job=job)
+
+    def job_gpu_series(self, job: str) -> list[tuple[str, NodeSeries]]:
+        """(agent, series) of the GPU series of the job's GPUs (as :meth:`gpu_view` finds them)."""
+        return self.nodes.job_gpu_series(job, self.jobs.agents_of(job))
+
+    def series_job(self, agent: str, series: NodeSeries) -> str | None:
+        """The job a node series is exported in: a GPU series in the job its GPU's processes
+        declare, else (and every other series) in its agent's job; None: no job."""
+        agent_job = self.jobs.job_of(agent)
+        if not series.name.startswith("perfd_gpu_"):
+            return agent_job
+        lab = dict(series.labels)
+        return self.nodes.gpu_job(agent, (lab.get("node", agent), lab.get("gpu", "?")), agent_job)
 
     def pods_by_gpu(self) -> dict[GpuKey, dict[str, Any]]:
         return self.nodes.pods_by_gpu()
@@ -373,6 +395,10 @@ class AggregatorState:
                 rows.append(({"job_name": job}, "perfd_job_last_step_timestamp_seconds",
                              float(ov["last_step_time"])))
             rows.append(({"job_name": job, "state": ov["state"]}, "perfd_job_state_info", 1.0))
+            for name, key in (("perfd_job_skipped_iterations_total", "skipped_iterations_total"),
+                              ("perfd_job_nan_iterations_total", "nan_iterations_total")):
+                if ov.get(key) is not None:  # counters: kept for every known job, like the state
+                    rows.append(({"job_name": job}, name, float(ov[key])))
             if ov["state"] != ENDED:
                 rows.append(({"job_name": job}, catalog.JOB_STALLED_SECONDS,
                              float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0))
@@ -382,10 +408,6 @@ class AggregatorState:
         """(agent id, series) pairs for export, GPU and host series only when ``node_series``; a
         copy, safe to iterate without a lock."""
         return self.nodes.snapshot(node_series)
-
-    def job_node_series(self, job: str) -> list[tuple[str, NodeSeries]]:
-        """(agent id, series) of the job's agents only."""
-        return self.nodes.snapshot_of(self.jobs.agents_of(job))
 
     def stats_json(self) -> dict[str, Any]:
         now = time.time()

@@ -111,14 +111,16 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--aggregator", help="HOST:PORT of the aggregator's gRPC endpoint, or a comma-separated "
                    "list of aggregators sharded by job (every agent of a job picks the same one by "
                    "rendezvous hashing of the job name); omit to run locally: only the agent's own /metrics")
-    a.add_argument("--job", help="job name")
+    a.add_argument("--job", help="job name (default: none, a node agent whose GPU series go to the job "
+                   "whose processes declare PERFD_JOB on each GPU; \"default\" with a job's log or hook)")
     a.add_argument("--megatron-log", help="tail this Megatron-LM log")
     a.add_argument("--nvml", help="real | replay:FILE | off (default real)")
     a.add_argument("--host", choices=["on", "off"], help="host metrics via psutil (default on)")
     a.add_argument("--metrics-port", type=int, help="port of the agent's /metrics (0: any free "
                    "port; -1: none; default 9400)")
     a.add_argument("--node", help="node name (default: host name)")
-    a.add_argument("--agent-id", help="agent id (default: node name)")
+    a.add_argument("--agent-id", help="agent id, unique per agent process (default: NODE/JOB, or NODE/node "
+                   "for an agent with no job: a node's DaemonSet agent and a job's sidecar differ)")
     a.add_argument("--spool-dir", help="directory of the on-disk spool (default: in memory)")
     a.add_argument("--state-dir", metavar="DIR",
                    help="keep each log tail's position here, so that a restarted agent (kill -9 included) "

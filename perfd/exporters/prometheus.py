@@ -73,13 +73,33 @@ def histogram_families(name: str, rows: Iterable[tuple[str, Sequence[tuple[str, 
     yield fam
 
 
+GPU_PREFIX = "perfd_gpu_"
+
+
+def with_dcgm_identity(labels: Mapping[str, str], name: str = "") -> dict[str, str]:
+    """A GPU series' labels plus DCGM-exporter's names for its identity (catalog.DCGM_IDENTITY:
+    UUID, Hostname; on catalog.GPU_INFO also DCGM_INFO_IDENTITY: modelName), each the value of the
+    perfd label it repeats, where that is set."""
+    out = dict(labels)
+    names = catalog.DCGM_IDENTITY.items()
+    if name == catalog.GPU_INFO:
+        names = {**catalog.DCGM_IDENTITY, **catalog.DCGM_INFO_IDENTITY}.items()
+    for dcgm, ours in names:
+        if ours in out and dcgm not in out:
+            out[dcgm] = out[ours]
+    return out
+
+
 def series_families(series: Iterable[tuple[Mapping[str, str], str, float]],
                     extra_labels: Mapping[str, str] | None = None) -> Iterator[Metric]:
     """Families for node series (name, labels, value). Names not in the catalog are skipped:
-    the catalog is the contract with dashboards, nothing leaks past it."""
+    the catalog is the contract with dashboards, nothing leaks past it. GPU series also carry
+    DCGM-exporter's identity labels (:func:`with_dcgm_identity`), whoever exports them."""
     grouped: dict[str, list[tuple[dict[str, str], float]]] = {}
     for labels, name, value in series:
-        grouped.setdefault(name, []).append(({**labels, **(extra_labels or {})}, value))
+        lbl = {**labels, **(extra_labels or {})}
+        grouped.setdefault(name, []).append(
+            (with_dcgm_identity(lbl, name) if name.startswith(GPU_PREFIX) else lbl, value))
     for name, rows in sorted(grouped.items()):
         try:
             d = catalog.get(name)

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from perfd.agent.config import load_config
+from perfd.agent.config import apply_overrides, load_config
 from perfd.cli import build_parser
+from perfd.placement import gpu_job
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -229,6 +230,33 @@ def test_example_job_has_the_agent_as_a_sidecar_sharing_the_log():
     assert "emptyDir" in vol
     assert ns.megatron_log in " ".join(trainer["args"])  # the trainer writes where the agent reads
     assert ns.job == "job-1" and ns.aggregator.startswith("perfd-aggregator.perfd.svc:")
+
+
+def test_the_daemonset_agent_and_the_sidecar_pair_up_on_one_node(tmp_path: Path) -> None:
+    """Both given --node $(NODE_NAME): distinct agent ids, the DaemonSet's in no job, the trainer's
+    GPUs placed in the job through PERFD_JOB from the same pod label the sidecar's --job reads."""
+    ds = _find("DaemonSet", "perfd-agent")
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    node_ns = _parses(c["args"])
+    cfg_file = tmp_path / "agent.yaml"
+    cfg_file.write_text(_find("ConfigMap", "perfd-agent")["data"]["agent.yaml"])
+    node_cfg = apply_overrides(load_config(cfg_file), node=node_ns.node, job=node_ns.job)
+    pod = _find("Job")["spec"]["template"]["spec"]
+    (sidecar,) = pod["initContainers"]
+    (trainer,) = pod["containers"]
+    side_ns = _parses(sidecar["args"])
+    side_cfg = apply_overrides(load_config(None), node=side_ns.node, job=side_ns.job, nvml=side_ns.nvml,
+                               host=side_ns.host == "on", megatron_log=side_ns.megatron_log)
+    assert node_cfg.node == side_cfg.node == "node-1"
+    assert node_cfg.agent_id != side_cfg.agent_id
+    assert (node_cfg.job, side_cfg.job) == ("", "job-1")
+    assert "nvml" not in side_cfg.collectors and "host" not in side_cfg.collectors  # served once
+    env = {e["name"]: e for e in trainer["env"]}
+    label = "metadata.labels['perfd.dev/job']"
+    assert env["PERFD_JOB"]["valueFrom"]["fieldRef"]["fieldPath"] == label
+    side_env = {e["name"]: e for e in sidecar["env"]}
+    assert side_env["PERFD_JOB"]["valueFrom"]["fieldRef"]["fieldPath"] == label
+    assert gpu_job([{"pid": 1, "job": "job-1"}], node_cfg.job or None) == side_cfg.job
 
 
 def test_strict_kubernetes_schema_catches_a_typo():

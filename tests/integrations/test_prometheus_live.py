@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from perfd import catalog
 from perfd.cli import main as perfd_main
 from tests.integrations.integrations_helpers import (
     RULES,
@@ -50,7 +51,11 @@ def test_promtool_check_metrics_passes(live: Live, endpoint: str) -> None:
     text = get(f"{url}/metrics")
     r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
     # promtool prints one line per problem (naming, units, HELP, counters without _total) and exits 1.
-    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), \
+    # One finding is by design: DCGM-exporter's camelCase modelName, on the one info series per GPU
+    # made for joins with it (catalog.DCGM_INFO_IDENTITY; docs/prometheus.md).
+    allowed = {f"{catalog.GPU_INFO} label names should be written in 'snake_case' not 'camelCase'"}
+    found = [ln.strip() for ln in (r.stdout + r.stderr).decode().splitlines() if ln.strip()]
+    assert (r.returncode == 0 or found) and not set(found) - allowed, \
         f"promtool check metrics on the {endpoint}:\n{r.stdout.decode()}{r.stderr.decode()}"
     names = {name for name, _ in _samples(text.decode())}
     if endpoint == "aggregator":

@@ -91,3 +91,27 @@ def test_name_checks_catch_mistakes() -> None:
 @pytest.mark.parametrize("path", sorted(PROM_DIR.glob("*.yml")), ids=lambda p: p.name)
 def test_deploy_prometheus_files_are_yaml(path: Path) -> None:
     assert isinstance(yaml.safe_load(path.read_text()), dict)
+
+
+DCGM_RULES = PROM_DIR / "perfd-dcgm.rules.yml"
+
+
+def test_dcgm_join_rules_check_and_unit_tests() -> None:
+    """perfd-dcgm.rules.yml: valid, its unit tests pass (units converted, one info series per GPU,
+    the documented join), and each rule records a perfd catalog name in that metric's unit: the
+    conversions' targets are the catalog, not a hand list."""
+    promtool = need("promtool")
+    out = _run(promtool, "check", "rules", str(DCGM_RULES))
+    assert "SUCCESS" in out and "WARNING" not in out.upper()
+    assert "SUCCESS" in _run(promtool, "test", "rules", "perfd-dcgm.rules.test.yml")
+    doc = yaml.safe_load(DCGM_RULES.read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"]]
+    assert rules
+    for r in rules:
+        level, name, op = r["record"].split(":")
+        assert level == "gpu" and op in ("dcgm", "max"), r["record"]
+        assert not catalog_problems({name}) and name.startswith("perfd_gpu_"), r["record"]
+        used = promql_label_names(str(r["expr"]))
+        assert used <= KNOWN_LABELS, (r["record"], used - KNOWN_LABELS)
+        if op == "dcgm":  # DCGM-exporter's field in, perfd's unit out
+            assert "DCGM_FI_" in str(r["expr"]) and not promql_metric_names(str(r["expr"])), r["record"]

@@ -148,6 +148,9 @@ class FakePynvml:
     def nvmlDeviceGetName(self, h: Any) -> bytes:
         return self._dev(h).name.encode()  # old pynvml returned bytes
 
+    def nvmlDeviceGetPciInfo_v3(self, h: Any) -> Any:
+        return SimpleNamespace(busId=f"00000000:{0x18 + 0x10 * int(h.index):02X}:00.0".encode())
+
     # --- fast readings ---
     def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
         d = self._dev(h)

@@ -75,7 +75,8 @@ def test_values_units_and_labels() -> None:
     for s in c.samples:
         assert s.time == 1000.0
         assert {"gpu": "0", "uuid": dev.uuid, "model": "NVIDIA H200"}.items() <= s.labels.items()
-        assert set(s.labels) <= {"gpu", "uuid", "model", "reason", "type"}, s.labels
+        assert s.labels["pci_bus_id"] == "00000000:18:00.0"  # DCGM-exporter's join label, from NVML
+        assert set(s.labels) <= {"gpu", "uuid", "model", "pci_bus_id", "reason", "type"}, s.labels
 
 
 def test_every_emitted_name_is_declared_and_in_the_catalog() -> None:
@@ -216,10 +217,11 @@ def test_process_events_only_on_change_and_periodically() -> None:
     first = events(0.0)
     assert len(first) == 1
     ev = first[0]
-    assert ev["labels"] == {"gpu": "0", "uuid": dev.uuid, "model": "NVIDIA H200"}
+    assert ev["labels"] == {"gpu": "0", "uuid": dev.uuid, "model": "NVIDIA H200",
+                            "pci_bus_id": "00000000:18:00.0"}
     assert ev["payload"] == [{"pid": 100, "name": "python", "cmdline": long_cmd[:200],
                               "used_memory_bytes": 2 * 2**30,
-                              "rank": None, "local_rank": None, "world_size": None}]
+                              "rank": None, "local_rank": None, "world_size": None, "job": None}]
     assert events(1.0) == [] and events(2.0) == []
     dev.procs.append((200, None))  # a foreign process joins
     ev2 = events(3.0)

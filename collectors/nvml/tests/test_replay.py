@@ -21,7 +21,7 @@ DATA = Path(__file__).parent / "data"
 SYNTHETIC = DATA / "synthetic_example.jsonl"
 # Real recordings (tests/gpu/verify_nvml.py), kept as package data because the demo replays them.
 REAL = sorted((Path(__file__).parents[1] / "data").glob("*_phases.jsonl"))
-ALLOWED_LABELS = {"gpu", "uuid", "model", "reason", "type", "replay"}
+ALLOWED_LABELS = {"gpu", "uuid", "model", "pci_bus_id", "reason", "type", "replay"}
 
 
 def replay(path: Path, **cfg: Any) -> NvmlCollector:

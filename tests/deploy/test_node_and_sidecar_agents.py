@@ -1,0 +1,124 @@
+"""The documented Kubernetes pairing with real processes: a node agent (the DaemonSet's: NVML, no
+job) and a job's sidecar agent (its log, --nvml off) on one node, both given the same --node, one
+real aggregator. Their default agent ids differ (no stream supersedes the other, both stay
+connected), no job "default" appears, and the node agent's GPU lands in the job whose processes run
+on it: in /api/jobs/<job>/gpus, in rank placement and in job_name on the node agent's /metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.procs import free_port, http_get, placed_recording, stop, wait_for
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+LOG = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
+NVML = ROOT / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
+JOB = "gpt-pair"
+NODE = "gpu-node-7"
+BUS = "00000000:18:00.0"
+
+
+def _perfd(*args: str, out: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env,
+                            stdout=out.open("wb"), stderr=subprocess.STDOUT)
+
+
+def _json(url: str) -> Any:
+    return json.loads(http_get(url))
+
+
+def _connected(metrics_url: str) -> float | None:
+    for fam in text_string_to_metric_families(http_get(metrics_url).decode()):
+        if fam.name == "perfd_agent_connected":
+            return float(fam.samples[0].value)
+    return None
+
+
+def test_node_agent_and_sidecar_on_one_node(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    agg = _perfd("aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1",
+                 "--http-port", "0", "--gpu", "NVIDIA H100 80GB HBM3", "--ready-file", str(ready),
+                 out=tmp_path / "aggregator.out")
+    agents: list[subprocess.Popen[bytes]] = []
+    try:
+        grpc_port, http_port = map(int, wait_for(lambda: ready.exists() and ready.read_text().split(), 30,
+                                                 "aggregator ready"))
+        base = f"http://127.0.0.1:{http_port}"
+        recording = placed_recording(NVML, tmp_path / "node.jsonl", JOB, BUS)
+        node_cfg = tmp_path / "node-agent.yaml"  # the DaemonSet's: NVML (looping), no job
+        node_cfg.write_text(f"batch_interval_s: 0.2\naggregator_sample_interval_s: 0.5\n"
+                            f"collectors:\n  nvml: {{source: 'replay:{recording}', loop: true}}\n")
+        train_log = tmp_path / "train.log"
+        train_log.write_text(LOG.read_text())
+        node_port, side_port = free_port(), free_port()
+        common = ("--aggregator", f"127.0.0.1:{grpc_port}", "--node", NODE, "--host", "off")
+        agents.append(_perfd("agent", "--config", str(node_cfg), *common, "--metrics-port", str(node_port),
+                             out=tmp_path / "node-agent.out"))
+        agents.append(_perfd("agent", "--job", JOB, "--megatron-log", str(train_log), "--nvml", "off",
+                             *common, "--metrics-port", str(side_port), out=tmp_path / "sidecar.out"))
+        node_metrics = f"http://127.0.0.1:{node_port}/metrics"
+        side_metrics = f"http://127.0.0.1:{side_port}/metrics"
+
+        def both_in() -> dict[str, Any] | None:
+            stats = _json(f"{base}/api/stats")
+            gpus = _json(f"{base}/api/jobs/{JOB}/gpus")["gpus"] if JOB in _jobs(base) else []
+            return stats if len(stats["agents_seen"]) == 2 and gpus else None
+
+        stats = wait_for(both_in, 60, "both agents seen and the job's GPU placed")
+        assert set(stats["agents_seen"]) == {f"{NODE}/node", f"{NODE}/{JOB}"}
+
+        # For a while (the old code flipped within a second or two): both connected every time
+        # asked, and no stream of one agent ever superseded the other's.
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            assert _connected(node_metrics) == 1.0 and _connected(side_metrics) == 1.0
+            time.sleep(0.5)
+        transport = _json(f"{base}/api/stats")["transport"]
+        assert transport["streams_superseded"] == 0, transport
+        for p in agents:
+            assert p.poll() is None
+
+        # No phantom job: only the sidecar's job exists, and it holds the node agent's GPU.
+        assert _jobs(base) == [JOB]
+        (gpu,) = _json(f"{base}/api/jobs/{JOB}/gpus")["gpus"]
+        assert (gpu["node"], gpu["gpu"], gpu["model"]) == (NODE, "0", "NVIDIA H100 80GB HBM3")
+        assert gpu["values"]["perfd_gpu_memory_total_bytes"] > 0
+        # Rank placement sees the job's rank 0 on it (the node agent reported the process list).
+        summary = _json(f"{base}/api/jobs/{JOB}/summary")
+        assert [(r["rank"], r["node"], r["gpu"]) for r in summary["ranks"]] == [(0, NODE, "0")]
+
+        # The node agent's own /metrics: GPU series in the job, with DCGM-exporter's identity labels.
+        text = http_get(node_metrics).decode()
+        mem = [s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "perfd_gpu_memory_total_bytes"]
+        assert len(mem) == 1
+        lab = mem[0].labels
+        assert lab["job_name"] == JOB and lab["Hostname"] == NODE and lab["pci_bus_id"] == BUS
+        assert lab["UUID"] == lab["uuid"] and lab["model"] == "NVIDIA H100 80GB HBM3"
+        assert 'job_name="default"' not in text
+        info = [s for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "perfd_gpu_info"]
+        assert [(s.labels["job_name"], s.labels["UUID"], s.labels["modelName"], s.value) for s in info] == \
+            [(JOB, lab["UUID"], lab["model"], 1.0)]
+        assert not re.search(r'^perfd_host_', text, re.M)  # --host off
+    finally:
+        for p in agents:
+            stop(p)
+        stop(agg)
+
+
+def _jobs(base: str) -> list[str]:
+    return sorted(j["job"] for j in _json(f"{base}/api/jobs")["jobs"])

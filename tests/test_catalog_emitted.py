@@ -1,0 +1,80 @@
+"""Every metric the catalog declares is emitted by some code: a declared series that nothing writes
+is a dashboard panel, an alert or a rule that stays empty forever (perfd_agent_captures_total was).
+
+Derived from the catalog, not from a hand list. A per-iteration job metric (one with ``attr``) is
+emitted by the generic exporter: checked by running it. Any other metric must be named in the code
+of perfd/ or collectors/ outside the catalog: as a string (docstrings and comments do not count), or
+through the catalog constant that holds its name."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from perfd import catalog
+from perfd.exporters.prometheus import job_families
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def _constants() -> dict[str, str]:
+    """Catalog module constants that hold a metric name: constant -> name."""
+    names = set(catalog.names())
+    return {k: v for k, v in vars(catalog).items() if k.isupper() and isinstance(v, str) and v in names}
+
+
+def named_in_code() -> dict[str, set[str]]:
+    """metric name -> the source files (outside the catalog) whose code names it."""
+    consts = _constants()
+    names = set(catalog.names())
+    found: dict[str, set[str]] = {}
+    for top in ("perfd", "collectors"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            if path == ROOT / "perfd" / "catalog.py" or "tests" in rel.parts or "gen" in rel.parts:
+                continue
+            tree = ast.parse(path.read_text(), str(rel))
+            docs = _docstrings(tree)
+            for node in ast.walk(tree):
+                hit = None
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                    hit = node.value if node.value in names else None
+                elif isinstance(node, ast.Name) and node.id in consts:
+                    hit = consts[node.id]
+                elif isinstance(node, ast.Attribute) and node.attr in consts:
+                    hit = consts[node.attr]
+                elif isinstance(node, ast.alias) and node.name in consts:
+                    hit = consts[node.name]
+                if hit is not None:
+                    found.setdefault(hit, set()).add(str(rel))
+    return found
+
+
+def test_job_metrics_come_out_of_the_generic_exporter() -> None:
+    iteration = {m.attr: 1.0 for m in catalog.job_metrics() if m.attr}
+    emitted = {s.name for fam in job_families({"j": iteration}) for s in fam.samples}
+    assert {m.name for m in catalog.job_metrics()} <= emitted
+
+
+def test_every_other_catalog_metric_is_named_by_code() -> None:
+    found = named_in_code()
+    never = [m.name for m in catalog.all_metrics() if not m.attr and m.name not in found]
+    assert not never, f"declared in perfd/catalog.py, emitted nowhere: {never}"
+
+
+def test_the_check_sees_constants_and_ignores_docstrings(tmp_path: Path) -> None:
+    found = named_in_code()
+    assert "perfd/aggregator/state.py" in found[catalog.JOB_STALLED_SECONDS]  # through the constant
+    assert "perfd/agent/main.py" in found["perfd_agent_captures_total"]
+    tree = ast.parse('"""perfd_gpu_power_watts"""\nx = 1\n')
+    assert len(_docstrings(tree)) == 1
