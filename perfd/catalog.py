@@ -301,7 +301,7 @@ CATALOG: tuple[MetricDef, ...] = (
        "1 per GPU, labelled with its identity (DCGM-exporter's UUID, modelName, Hostname, pci_bus_id "
        "too) and job_name, the job whose processes run on it (absent when none): join DCGM-exporter "
        "series on(UUID) to put them in jobs (docs/prometheus.md)",
-       _AGENT + " (perfd.placement over collectors/nvml)", (*JOB, *GPU, *DCGM_INFO_IDENTITY)),
+       _AGENT + " (perfd.placement over collectors/nvml)", (*GPU, *JOB, *DCGM_INFO_IDENTITY)),
     _m("perfd_gpu_utilization_ratio", "gauge", "ratio",
        "NVML utilisation: share of time a kernel was resident (not SM busy)", _NVML, GPU,
        alias="gpu_util", shows=(WANDB,)),

@@ -45,8 +45,7 @@ NOT_EXERCISED = {
                                                    "DDP dumps hold smaller ones",
     "perfd_job_collective_busbw_link_ratio": "the same",
     "perfd_serving_spec_accept_length": "needs speculative decoding in the SGLang log",
-    "perfd_job_skipped_iterations_total": "declared in the catalog; nothing exports it",
-    "perfd_job_nan_iterations_total": "declared in the catalog; nothing exports it",
+    "perfd_gpu_info": "a GPU's identity for joins (node-level, job_name only where placed); no rule reads it",
 }
 
 
