@@ -32,7 +32,36 @@ def test_analyze_megatron_log_equals_the_cli(tmp_path: Path) -> None:
     def strip(its: list[dict[str, object]]) -> list[dict[str, object]]:
         return [{k: v for k, v in it.items() if k != "sources"} for it in its]
     assert strip(got["iterations"]) == strip(want["iterations"])
+    assert set(got) == set(want) - {"iterations_shown"} and got["report"]["summary"] == want["report"]["summary"]
     assert got["parse"]["counts"] == want["parse"]["counts"]
+
+
+def _python_blocks(md: Path) -> list[str]:
+    text = md.read_text()
+    return [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+
+
+def test_docs_first_example_runs_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/api.md's first example, run on the repository's log (the only change: the file name):
+    it reads run["report"]["findings"], which the API must give as the CLI's --json does."""
+    gz = tmp_path / "train.log.gz"
+    gz.write_bytes(gzip.compress(LOG.read_bytes()))
+    first = _python_blocks(ROOT / "docs" / "api.md")[0]
+    assert '"train.log.gz"' in first
+    exec(compile(first.replace('"train.log.gz"', repr(str(gz))), "docs/api.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert out.startswith("MFU ") and "bottleneck" in out and "\n- " in out
+
+
+def test_aggregator_down_raises_one_clear_error() -> None:
+    from tests.procs import free_port
+
+    agg = pa.Aggregator(f"127.0.0.1:{free_port()}", timeout=5)
+    for call in (agg.jobs, agg.stats, agg.metrics):
+        with pytest.raises(pa.AggregatorUnavailable, match=r"cannot reach the aggregator at http://127\.0\.0\.1:"):
+            call()
+    with pytest.raises(OSError):  # a ConnectionError: code catching OSError keeps working
+        agg.jobs()
 
 
 def test_refusals_are_the_cli_lines(tmp_path: Path) -> None:
