@@ -384,9 +384,9 @@ def _post(handler: _Handler) -> None:
                 return
             handler._json(202 if rec.status != "refused" else 409, rec.to_json())
         elif path == "/api/alertmanager":
-            from perfd.aggregator.captures import alertmanager_requests
+            from perfd.aggregator.captures import CAPTURE_LABEL, alertmanager_plan
 
-            reqs = alertmanager_requests(body)
+            reqs, unmarked = alertmanager_plan(body)
             if len(reqs) > L.MAX_ALERTS_PER_WEBHOOK:
                 handler.server.refusals.refuse(
                     L.REFUSED_WEBHOOK_ALERTS, f"Alertmanager POST with {len(reqs)} capture alerts; the first "
@@ -398,8 +398,12 @@ def _post(handler: _Handler) -> None:
                     made.append(rec.to_json())
                 except (CaptureRateLimited, ValueError) as exc:
                     refused.append({"job": r["job"], "origin": r["origin"], "error": str(exc)})
+            if unmarked:  # said in the reply and the log: a route sending every alert here shows up
+                log.info("Alertmanager POST: %d firing alert(s) without %s=\"true\" asked for no capture",
+                         unmarked, CAPTURE_LABEL)
             handler._json(200, {"captures": made, "refused": refused,
-                                "ignored_alerts": max(0, len(reqs) - L.MAX_ALERTS_PER_WEBHOOK)})
+                                "ignored_alerts": max(0, len(reqs) - L.MAX_ALERTS_PER_WEBHOOK),
+                                "not_capture_alerts": unmarked})
         else:
             handler._json(404, {"error": f"no POST handler for {path}"})
     except (ValueError, TypeError) as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from typing import TYPE_CHECKING
 
@@ -60,6 +61,12 @@ def _aggregator(args: argparse.Namespace) -> int:
         labels[name.strip()] = value
     if args.remote_write_interval <= 0:
         print("perfd aggregator: --remote-write-interval must be > 0 seconds", file=sys.stderr)
+        return 2
+    if args.wandb_project and importlib.util.find_spec("wandb") is None:
+        # Refused here, not at the first export round: the export runs every --wandb-interval and
+        # would log the same ModuleNotFoundError every round for the life of the aggregator.
+        print("perfd aggregator: --wandb-project needs the wandb package, which is not installed: "
+              "pip install 'perfd[wandb]' (or drop --wandb-project)", file=sys.stderr)
         return 2
     every = L.ALL_INTERFACES if args.listen_all else L.LOOPBACK
     limits = L.Limits(max_message_bytes=args.max_message_bytes, max_jobs=args.max_jobs,
