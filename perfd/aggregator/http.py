@@ -110,12 +110,22 @@ _GPU_ROW_LABELS = frozenset({"node", "gpu", "uuid", "model", "replay", "job_name
 
 def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
     """The latest GPU series of the agents serving ``job``, one row per (node, gpu) with the
-    catalog names as keys (what `perfd top` shows; independent of what /metrics exports)."""
+    catalog names as keys and the GPU's compute processes as its agent last reported them (pid,
+    user, name, command line, GPU memory, rank); and each of those nodes' host series (CPU,
+    memory). What `perfd top` shows, independent of what /metrics exports."""
     if job not in state.job_names():
         return None
     rows: dict[tuple[str, str], dict[str, Any]] = {}
+    hosts: dict[str, dict[str, float]] = {}
     for agent, s in state.job_node_series(job):
-        if state.job_of_agent(agent) != job or not s.name.startswith("perfd_gpu_"):
+        if state.job_of_agent(agent) != job:
+            continue
+        if s.name.startswith("perfd_host_"):
+            labels = dict(s.labels)
+            if set(labels) <= {"node"}:  # per-node series only (not per interface or disk)
+                hosts.setdefault(labels.get("node", agent), {})[s.name] = s.value
+            continue
+        if not s.name.startswith("perfd_gpu_"):
             continue
         labels = dict(s.labels)
         if set(labels) - _GPU_ROW_LABELS:
@@ -123,13 +133,17 @@ def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
         key = (labels.get("node", agent), labels.get("gpu", ""))
         row = rows.setdefault(key, {"node": key[0], "gpu": key[1], "model": labels.get("model"),
                                     "uuid": labels.get("uuid"), "replay": "replay" in labels,
-                                    "values": {}, "sources": {}})
+                                    "values": {}, "sources": {}, "processes": None})
         row["values"][s.name] = s.value
         if "source" in labels:
             row["sources"][s.name] = labels["source"]
+    for key, procs in state.gpu_procs(job).items():
+        if key in rows:
+            rows[key]["processes"] = [dict(p) for p in procs]
     ordered = sorted(rows.items(),
                      key=lambda kv: (kv[0][0], int(kv[0][1]) if kv[0][1].isdigit() else 0))
-    return {"job_name": job, "gpus": [row for _, row in ordered]}
+    return {"job_name": job, "gpus": [row for _, row in ordered],
+            "hosts": [{"node": n, "values": v} for n, v in sorted(hosts.items())]}
 
 
 def rank_view(state: AggregatorState, job: str, world_size: int | None,

@@ -119,8 +119,8 @@ def test_http_needs_the_token_except_metrics_and_healthz(tmp_path: Path) -> None
         base = f"http://127.0.0.1:{agg.http.port}"
         auth = {"Authorization": f"Bearer {TOKEN}"}
         capture = json.dumps({"job": "j", "steps": 2}).encode()
-        alert = json.dumps({"alerts": [{"status": "firing", "labels": {"job_name": "j", "perfd_capture": "true"}}]}
-                           ).encode()
+        alert = json.dumps({"alerts": [{"status": "firing",
+                                        "labels": {"job_name": "j", "perfd_capture": "true"}}]}).encode()
         calls = [
             ("/api/jobs", "GET", None), ("/api/stats", "GET", None), ("/api/captures", "GET", None),
             ("/api/events", "GET", None), ("/api/jobs/j/iterations", "GET", None),
