@@ -235,6 +235,8 @@ def register(sub: SubParsers) -> None:
     d.add_argument("--plain", action="store_true", help="line output instead of a live table")
     d.add_argument("--keep-running", action="store_true",
                    help="leave aggregator and agent running after the report")
+    d.add_argument("--keep-files", action="store_true",
+                   help="keep the run's folder (log, aggregator and agent output); removed by default")
     d.set_defaults(handler=_demo)
 
     r = sub.add_parser("rules", help="rule packs")

@@ -137,7 +137,8 @@ def _args(docs: list[dict[str, Any]], kind: str) -> list[str]:
 
 def test_aggregator_scheduling_values() -> None:
     base = _pod(_render(), "Deployment")
-    assert not {"nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"} & set(base)
+    unset = {"nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"}
+    assert not unset & set(base)
     docs = _render("aggregator.nodeSelector.pool=system", "aggregator.tolerations[0].key=dedicated",
                    "aggregator.tolerations[0].operator=Exists",
                    "aggregator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
@@ -149,7 +150,8 @@ def test_aggregator_scheduling_values() -> None:
     pod, agent = _pod(docs, "Deployment"), _pod(docs, "DaemonSet")
     assert pod["nodeSelector"] == {"pool": "system"}
     assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
-    term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    term = required["nodeSelectorTerms"]
     assert term == [{"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}]
     assert pod["priorityClassName"] == "perfd-high" and agent["priorityClassName"] == "system-node-critical"
     assert pod["imagePullSecrets"] == agent["imagePullSecrets"] == [{"name": "regcred"}]
@@ -165,7 +167,8 @@ def test_aggregator_persistence_keeps_the_state_dir() -> None:
     args = _args(docs, "Deployment")
     state = args[args.index("--state-dir") + 1]
     pvc = _one(docs, "PersistentVolumeClaim")
-    assert pvc["spec"]["resources"]["requests"]["storage"] == "20Gi" and pvc["spec"]["storageClassName"] == "fast"
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    assert pvc["spec"]["storageClassName"] == "fast"
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     pod = _pod(docs, "Deployment")
     vols = {v["name"]: v for v in pod["volumes"]}
