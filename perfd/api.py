@@ -21,7 +21,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perfd.transport.security import TokenFile
 
 __all__ = ["Aggregator", "AggregatorUnavailable", "PerfdInputError", "analyze_megatron_log",
            "analyze_sglang_log", "read_capture"]
@@ -110,13 +113,26 @@ class Aggregator:
     ``AggregatorUnavailable`` when it does not answer and ``PerfdInputError`` for an HTTP error
     (an unknown job: 404)."""
 
-    def __init__(self, url: str = "http://127.0.0.1:9401", timeout: float = 10.0) -> None:
+    def __init__(self, url: str = "http://127.0.0.1:9401", timeout: float = 10.0,
+                 auth_token_file: str | Path | None = None) -> None:
+        """``auth_token_file``: the bearer token of an aggregator started with --auth-token-file
+        (re-read when the file changes, as the daemons do)."""
         self.url = (url if "://" in url else f"http://{url}").rstrip("/")
         self.timeout = timeout
+        self._token: TokenFile | None = None
+        if auth_token_file is not None:
+            from perfd.transport.security import SecurityConfigError, TokenFile
+
+            try:
+                self._token = TokenFile(str(auth_token_file))
+            except SecurityConfigError as exc:
+                raise PerfdInputError(str(exc)) from exc
 
     def _read(self, path: str) -> bytes:
+        headers = {"Authorization": self._token.header()} if self._token is not None else {}
         try:
-            with urllib.request.urlopen(self.url + path, timeout=self.timeout) as r:
+            req = urllib.request.Request(self.url + path, headers=headers)
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
                 body: bytes = r.read()
                 return body
         except urllib.error.HTTPError as exc:
@@ -145,8 +161,13 @@ class Aggregator:
         return list(self._job(job, "iterations" + ("" if sources else "?sources=0"))["iterations"])
 
     def gpus(self, job: str) -> list[dict[str, Any]]:
-        """The latest GPU series of the job's agents, one row per GPU (catalog names as keys)."""
+        """The latest GPU series of the job's agents, one row per GPU (catalog names as keys under
+        ``values``) with its compute processes (pid, user, rank, GPU memory, command line)."""
         return list(self._job(job, "gpus")["gpus"])
+
+    def hosts(self, job: str) -> list[dict[str, Any]]:
+        """The latest host series (CPU, load, memory, ...) of the job's nodes, one row per node."""
+        return list(self._job(job, "gpus").get("hosts") or [])
 
     def stats(self) -> dict[str, Any]:
         return dict(self._get("/api/stats"))

@@ -113,3 +113,31 @@ def test_aggregator_client_against_a_real_aggregator(live: Live) -> None:
     assert labels == {"job_name": JOB} and value >= its[-1]["iteration"] - 1
     with pytest.raises(pa.PerfdInputError, match="HTTP 404"):
         agg.summary("no-such-job")
+
+
+def test_aggregator_client_with_a_token(tmp_path: Path) -> None:
+    import asyncio
+
+    from perfd.aggregator.main import Aggregator, AggregatorConfig
+
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-0123456789\n")
+
+    async def body() -> tuple[list[dict[str, object]], str]:
+        agg = Aggregator(AggregatorConfig(grpc_host="127.0.0.1", grpc_port=0, http_host="127.0.0.1",
+                                          http_port=0, rules_files=[], auth_token_file=str(token)))
+        await agg.start()
+        try:
+            assert agg.http is not None
+            url = f"http://127.0.0.1:{agg.http.port}"
+            jobs = await asyncio.to_thread(pa.Aggregator(url, auth_token_file=token).jobs)
+            try:
+                await asyncio.to_thread(pa.Aggregator(url).jobs)
+            except pa.PerfdInputError as exc:
+                return jobs, str(exc)
+            return jobs, ""
+        finally:
+            await agg.stop()
+
+    jobs, refused = asyncio.run(body())
+    assert jobs == [] and "HTTP 401" in refused
