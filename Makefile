@@ -17,9 +17,12 @@ $(VENV)/.installed: pyproject.toml
 
 $(DEMO_VENV)/.installed: pyproject.toml
 	python3 -m venv $(DEMO_VENV)
-	$(DEMO_VENV)/bin/pip install -q --upgrade pip
-	$(DEMO_VENV)/bin/pip install -q -e .
-	touch $@
+	@echo "installing perfd into $(DEMO_VENV) (once; pip's output in $(DEMO_VENV)/install.log)"
+	@$(DEMO_VENV)/bin/pip install -q --upgrade pip >$(DEMO_VENV)/install.log 2>&1 || \
+	  { tail -n 30 $(DEMO_VENV)/install.log; exit 1; }
+	@$(DEMO_VENV)/bin/pip install -q -e . >>$(DEMO_VENV)/install.log 2>&1 || \
+	  { tail -n 30 $(DEMO_VENV)/install.log; exit 1; }
+	@touch $@
 
 demo: $(DEMO_VENV)/.installed
 	$(DEMO_VENV)/bin/perfd demo

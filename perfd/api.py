@@ -21,13 +21,22 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Aggregator", "PerfdInputError", "analyze_megatron_log", "analyze_sglang_log", "read_capture"]
+if TYPE_CHECKING:
+    from perfd.transport.security import TokenFile
+
+__all__ = ["Aggregator", "AggregatorUnavailable", "PerfdInputError", "analyze_megatron_log",
+           "analyze_sglang_log", "read_capture"]
 
 
 class PerfdInputError(ValueError):
     """Input perfd cannot use; the message is the one line `perfd analyze` prints."""
+
+
+class AggregatorUnavailable(ConnectionError):
+    """The aggregator did not answer (down, wrong address, timed out, TLS refused); the message says
+    which address and why, in one line. A ConnectionError, so ``except OSError`` catches it too."""
 
 
 def analyze_megatron_log(path: str | Path, gpu: str | None = None, dtype: str | None = None,
@@ -45,7 +54,11 @@ def analyze_megatron_log(path: str | Path, gpu: str | None = None, dtype: str | 
         raise PerfdInputError(f"cannot read {path}: {exc}") from exc
     if not parsed.records:
         raise PerfdInputError(f"no Megatron-LM iteration lines in {path}")
-    out: dict[str, Any] = analysis.to_json()
+    from perfd.report import analysis_json
+
+    # The same keys as the CLI's --json (job, iterations, summary, report), so code written against
+    # one runs against the other.
+    out: dict[str, Any] = analysis_json(analysis)
     out["parse"] = {"counts": dict(parsed.counts), "issues_total": len(parsed.issues)}
     return out
 
@@ -96,19 +109,41 @@ def read_capture(path: str | Path) -> dict[str, Any]:
 
 
 class Aggregator:
-    """A running `perfd aggregator`, through its HTTP API (read-only)."""
+    """A running `perfd aggregator`, through its HTTP API (read-only). Every method raises
+    ``AggregatorUnavailable`` when it does not answer and ``PerfdInputError`` for an HTTP error
+    (an unknown job: 404)."""
 
-    def __init__(self, url: str = "http://127.0.0.1:9401", timeout: float = 10.0) -> None:
+    def __init__(self, url: str = "http://127.0.0.1:9401", timeout: float = 10.0,
+                 auth_token_file: str | Path | None = None) -> None:
+        """``auth_token_file``: the bearer token of an aggregator started with --auth-token-file
+        (re-read when the file changes, as the daemons do)."""
         self.url = (url if "://" in url else f"http://{url}").rstrip("/")
         self.timeout = timeout
+        self._token: TokenFile | None = None
+        if auth_token_file is not None:
+            from perfd.transport.security import SecurityConfigError, TokenFile
 
-    def _get(self, path: str) -> Any:
+            try:
+                self._token = TokenFile(str(auth_token_file))
+            except SecurityConfigError as exc:
+                raise PerfdInputError(str(exc)) from exc
+
+    def _read(self, path: str) -> bytes:
+        headers = {"Authorization": self._token.header()} if self._token is not None else {}
         try:
-            with urllib.request.urlopen(self.url + path, timeout=self.timeout) as r:
-                return json.loads(r.read().decode("utf-8"))
+            req = urllib.request.Request(self.url + path, headers=headers)
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                body: bytes = r.read()
+                return body
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode("utf-8", "replace")[:300]
             raise PerfdInputError(f"{self.url}{path}: HTTP {exc.code} {detail}") from exc
+        except (urllib.error.URLError, OSError) as exc:  # refused, unresolvable, timed out, TLS
+            why = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            raise AggregatorUnavailable(f"cannot reach the aggregator at {self.url}: {why}") from exc
+
+    def _get(self, path: str) -> Any:
+        return json.loads(self._read(path).decode("utf-8"))
 
     def _job(self, job: str, what: str) -> Any:
         return self._get(f"/api/jobs/{urllib.parse.quote(job, safe='')}/{what}")
@@ -126,8 +161,13 @@ class Aggregator:
         return list(self._job(job, "iterations" + ("" if sources else "?sources=0"))["iterations"])
 
     def gpus(self, job: str) -> list[dict[str, Any]]:
-        """The latest GPU series of the job's agents, one row per GPU (catalog names as keys)."""
+        """The latest GPU series of the job's agents, one row per GPU (catalog names as keys under
+        ``values``) with its compute processes (pid, user, rank, GPU memory, command line)."""
         return list(self._job(job, "gpus")["gpus"])
+
+    def hosts(self, job: str) -> list[dict[str, Any]]:
+        """The latest host series (CPU, load, memory, ...) of the job's nodes, one row per node."""
+        return list(self._job(job, "gpus").get("hosts") or [])
 
     def stats(self) -> dict[str, Any]:
         return dict(self._get("/api/stats"))
@@ -136,8 +176,7 @@ class Aggregator:
         """/metrics parsed: {sample name: [(labels, value), ...]}."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        with urllib.request.urlopen(self.url + "/metrics", timeout=self.timeout) as r:
-            text = r.read().decode("utf-8")
+        text = self._read("/metrics").decode("utf-8")
         out: dict[str, list[tuple[dict[str, str], float]]] = {}
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:

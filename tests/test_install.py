@@ -31,4 +31,21 @@ def test_make_demo_installs_perfd_without_extras_in_its_own_venv() -> None:
     demo = re.search(r"^demo: (.+)$", mk, re.M)
     assert demo and "setup" not in demo.group(1)  # not the dev venv (which has CPU torch for tests)
     install = re.search(r"^\$\(DEMO_VENV\)/\.installed:.*?(?=^\S)", mk, re.M | re.S)
-    assert install and "pip install -q -e .\n" in install.group(0) and "[dev]" not in install.group(0)
+    assert install and "pip install -q -e . " in install.group(0) and "[dev]" not in install.group(0)
+    # pip's progress and warnings go to a log: the first run's screen starts with the demo itself
+    assert all(">" in ln for ln in install.group(0).splitlines() if "pip install" in ln)
+
+
+def test_pyproject_license_is_an_spdx_expression_without_deprecation_warnings() -> None:
+    """setuptools >= 77 warns (four times per install) about `license = { text = ... }`: the
+    SPDX string form, with a build requirement that knows it."""
+    import warnings
+
+    from setuptools.config.pyprojecttoml import read_configuration  # type: ignore[import-untyped]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = read_configuration(ROOT / "pyproject.toml")
+    assert cfg["project"]["license"] == "Apache-2.0"
+    assert not [w for w in caught if "license" in str(w.message).lower()], [str(w.message) for w in caught]
+    assert "setuptools>=77" in cfg["build-system"]["requires"]

@@ -40,6 +40,24 @@ def psutil_lookup(pid: int) -> tuple[str | None, str | None]:
         return None, None
 
 
+UserLookup = Callable[[int], "str | None"]
+
+
+def psutil_user(pid: int) -> str | None:
+    """The user name owning ``pid`` (its uid as text where the name is not in this host's or
+    container's user database); None when the process is not visible. Never raises."""
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        try:
+            return str(p.username())
+        except KeyError:  # a uid with no name here (another container's user): the uid says who
+            return str(p.uids().real)
+    except Exception:  # NoSuchProcess, AccessDenied, psutil missing: absent
+        return None
+
+
 # Environment variables that say which rank a process is: torchrun/torch.distributed, SLURM, Open
 # MPI; and JOB_ENV, the job it belongs to. Only these are read; the rest of a process's environment
 # (which may hold secrets) is never looked at or sent.
@@ -111,10 +129,12 @@ class ProcessTracker:
     """Remembers each GPU's pid set and when it last reported it; caches names per pid."""
 
     def __init__(self, event_interval_s: float = 60.0, lookup: NameLookup = psutil_lookup,
-                 env_lookup: EnvLookup = psutil_rank_env) -> None:
+                 env_lookup: EnvLookup = psutil_rank_env, user_lookup: UserLookup = psutil_user) -> None:
         self.event_interval_s = event_interval_s
         self._lookup = lookup
         self._env_lookup = env_lookup
+        self._user_lookup = user_lookup
+        self._users: dict[int, str | None] = {}
         self._ranks: dict[int, Mapping[str, int | str]] = {}
         self._last: dict[str, tuple[frozenset[int], float]] = {}  # gpu -> (pids, last event time)
         self._names: dict[int, tuple[str | None, str | None]] = {}
@@ -135,8 +155,10 @@ class ProcessTracker:
             if p.pid not in self._ranks:
                 self._ranks[p.pid] = self._env_lookup(p.pid)
             rank = self._ranks[p.pid]
+            if self._users.get(p.pid) is None:  # looked up once per pid (retried while unknown)
+                self._users[p.pid] = self._user_lookup(p.pid)
             payload.append({
-                "pid": p.pid, "name": name,
+                "pid": p.pid, "name": name, "user": self._users[p.pid],
                 "cmdline": cmd[:CMDLINE_MAX] if cmd is not None else None,
                 "used_memory_bytes": p.used_memory_bytes,
                 # The basis for rank -> GPU attribution; absent (None) when the environment is not
@@ -168,3 +190,5 @@ class ProcessTracker:
             del self._names[pid]
         for pid in [p for p in self._ranks if p not in live]:
             del self._ranks[pid]
+        for pid in [p for p in self._users if p not in live]:
+            del self._users[pid]

@@ -160,7 +160,10 @@ class Agent:
         server, _thread = start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_host,
                                             registry=reg)
         self.metrics_port = int(server.server_address[1])
-        log.info("agent listening: /metrics on %s:%d", self.cfg.metrics_host, self.metrics_port)
+        # Printed, not logged: at the default verbosity (warnings) an info line never shows, and the
+        # address (the bound port with --metrics-port 0) is what a person starting it needs.
+        print(f"perfd agent: listening on http://{self.cfg.metrics_host}:{self.metrics_port}/metrics",
+              flush=True)
 
     # ---- /metrics -----------------------------------------------------------------------------
     def node_rows(self) -> list[tuple[Mapping[str, str], str, float]]:

@@ -389,11 +389,21 @@ class CaptureCoordinator:
             return [r.to_json() for r in sorted(self.captures.values(), key=lambda r: r.requested_at)]
 
 
-def alertmanager_requests(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Capture requests from an Alertmanager webhook body (version 4): each firing alert that
-    names a job (label ``job_name``) asks for a capture. Labels ``perfd_tool``, ``perfd_steps``
-    and ``rank`` (or ``perfd_ranks``: "0,3") refine it. Resolved alerts ask for nothing."""
+# The label an alert must carry, with this value, to ask for a capture through the webhook: an
+# Alertmanager route that sends every alert here (a catch-all receiver, a copied route without the
+# matcher) must not turn each firing job alert into a profiler run.
+CAPTURE_LABEL = "perfd_capture"
+CAPTURE_LABEL_VALUE = "true"
+
+
+def alertmanager_plan(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """Capture requests from an Alertmanager webhook body (version 4), and how many firing alerts
+    asked for none because they lack ``perfd_capture="true"``. A firing alert asks for a capture
+    when it carries ``perfd_capture="true"`` and names a job (label ``job_name``); ``perfd_tool``,
+    ``perfd_steps`` and ``rank`` (or ``perfd_ranks``: "0,3") refine it. Resolved alerts ask for
+    nothing."""
     out: list[dict[str, Any]] = []
+    unmarked = 0
     alerts = body.get("alerts") or []
     if not isinstance(alerts, list):
         raise ValueError("'alerts' must be a list")
@@ -401,6 +411,11 @@ def alertmanager_requests(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(alert, Mapping) or alert.get("status") != "firing":
             continue
         labels = alert.get("labels") or {}
+        if not isinstance(labels, Mapping):
+            continue
+        if str(labels.get(CAPTURE_LABEL, "")).lower() != CAPTURE_LABEL_VALUE:
+            unmarked += 1
+            continue
         job = labels.get("job_name")
         if not job:
             continue
@@ -410,4 +425,9 @@ def alertmanager_requests(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         out.append({"job": str(job), "ranks": ranks or None, "tool": str(labels.get("perfd_tool", "auto")),
                     "steps": int(steps_text) if steps_text.isdigit() and len(steps_text) < 9 else 3,
                     "origin": f"alertmanager:{labels.get('alertname', '?')}"})
-    return out
+    return out, unmarked
+
+
+def alertmanager_requests(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The capture requests of alertmanager_plan, without the count of unmarked alerts."""
+    return alertmanager_plan(body)[0]

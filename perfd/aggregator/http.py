@@ -110,11 +110,20 @@ _GPU_ROW_LABELS = frozenset({"node", "gpu", "uuid", "model", "pci_bus_id", "repl
 
 def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
     """The latest GPU series of the job's GPUs (whichever agent reports them: perfd.placement), one
-    row per (node, gpu) with the catalog names as keys (what `perfd top` shows; independent of what
-    /metrics exports)."""
+    row per (node, gpu) with the catalog names as keys and the GPU's compute processes as its agent
+    last reported them (pid, user, name, command line, GPU memory, rank); and the host series (CPU,
+    memory) of the nodes the job's agents run on. What `perfd top` shows, independent of what
+    /metrics exports."""
     if job not in state.job_names():
         return None
     rows: dict[tuple[str, str], dict[str, Any]] = {}
+    hosts: dict[str, dict[str, float]] = {}
+    agents = state.jobs.agents_of(job)
+    for agent, s in state.nodes.snapshot():
+        if agent in agents and s.name.startswith("perfd_host_"):
+            labels = dict(s.labels)
+            if set(labels) <= {"node"}:  # per-node series only (not per interface or disk)
+                hosts.setdefault(labels.get("node", agent), {})[s.name] = s.value
     for agent, s in state.job_gpu_series(job):
         labels = dict(s.labels)
         if set(labels) - _GPU_ROW_LABELS:
@@ -122,13 +131,17 @@ def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
         key = (labels.get("node", agent), labels.get("gpu", ""))
         row = rows.setdefault(key, {"node": key[0], "gpu": key[1], "model": labels.get("model"),
                                     "uuid": labels.get("uuid"), "replay": "replay" in labels,
-                                    "values": {}, "sources": {}})
+                                    "values": {}, "sources": {}, "processes": None})
         row["values"][s.name] = s.value
         if "source" in labels:
             row["sources"][s.name] = labels["source"]
+    for key, procs in state.gpu_procs(job).items():
+        if key in rows:
+            rows[key]["processes"] = [dict(p) for p in procs]
     ordered = sorted(rows.items(),
                      key=lambda kv: (kv[0][0], int(kv[0][1]) if kv[0][1].isdigit() else 0))
-    return {"job_name": job, "gpus": [row for _, row in ordered]}
+    return {"job_name": job, "gpus": [row for _, row in ordered],
+            "hosts": [{"node": n, "values": v} for n, v in sorted(hosts.items())]}
 
 
 def rank_view(state: AggregatorState, job: str, world_size: int | None,
@@ -383,9 +396,9 @@ def _post(handler: _Handler) -> None:
                 return
             handler._json(202 if rec.status != "refused" else 409, rec.to_json())
         elif path == "/api/alertmanager":
-            from perfd.aggregator.captures import alertmanager_requests
+            from perfd.aggregator.captures import CAPTURE_LABEL, alertmanager_plan
 
-            reqs = alertmanager_requests(body)
+            reqs, unmarked = alertmanager_plan(body)
             if len(reqs) > L.MAX_ALERTS_PER_WEBHOOK:
                 handler.server.refusals.refuse(
                     L.REFUSED_WEBHOOK_ALERTS, f"Alertmanager POST with {len(reqs)} capture alerts; the first "
@@ -397,8 +410,12 @@ def _post(handler: _Handler) -> None:
                     made.append(rec.to_json())
                 except (CaptureRateLimited, ValueError) as exc:
                     refused.append({"job": r["job"], "origin": r["origin"], "error": str(exc)})
+            if unmarked:  # said in the reply and the log: a route sending every alert here shows up
+                log.info("Alertmanager POST: %d firing alert(s) without %s=\"true\" asked for no capture",
+                         unmarked, CAPTURE_LABEL)
             handler._json(200, {"captures": made, "refused": refused,
-                                "ignored_alerts": max(0, len(reqs) - L.MAX_ALERTS_PER_WEBHOOK)})
+                                "ignored_alerts": max(0, len(reqs) - L.MAX_ALERTS_PER_WEBHOOK),
+                                "not_capture_alerts": unmarked})
         else:
             handler._json(404, {"error": f"no POST handler for {path}"})
     except (ValueError, TypeError) as exc:

@@ -57,10 +57,18 @@ class WandbSync:
         return rows
 
     def _gpu_values(self, job: str) -> dict[str, dict[str, float]]:
-        """rank=N -> the latest values of the GPU that rank runs on (placement from the NVML
-        process lists; GPUs with no placed rank are left out)."""
+        """W&B label -> the latest values of one GPU of the job's agents: ``rank=N`` for the GPU a
+        rank runs on (placement from the NVML process lists), ``node=X,gpu=I`` for every other GPU
+        (no rank placed on it: the process environment was not visible, the job is not started
+        yet, or the GPU is idle), so a job whose ranks cannot be placed still gets its GPU charts."""
         procs, values, _thr = self.state.gpu_view(job)
-        return {f"rank={r}": dict(values.get((p.node, p.gpu), {})) for r, p in place_ranks(procs).items()}
+        placed = place_ranks(procs)
+        out = {f"rank={r}": dict(values.get((p.node, p.gpu), {})) for r, p in placed.items()}
+        taken = {(p.node, p.gpu) for p in placed.values()}
+        for (node, gpu), vals in sorted(values.items()):
+            if (node, gpu) not in taken and vals:
+                out[f"node={node},gpu={gpu}"] = dict(vals)
+        return out
 
     async def run(self) -> None:
         while True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from typing import TYPE_CHECKING
 
@@ -60,6 +61,12 @@ def _aggregator(args: argparse.Namespace) -> int:
         labels[name.strip()] = value
     if args.remote_write_interval <= 0:
         print("perfd aggregator: --remote-write-interval must be > 0 seconds", file=sys.stderr)
+        return 2
+    if args.wandb_project and importlib.util.find_spec("wandb") is None:
+        # Refused here, not at the first export round: the export runs every --wandb-interval and
+        # would log the same ModuleNotFoundError every round for the life of the aggregator.
+        print("perfd aggregator: --wandb-project needs the wandb package, which is not installed: "
+              "pip install 'perfd[wandb]' (or drop --wandb-project)", file=sys.stderr)
         return 2
     every = L.ALL_INTERFACES if args.listen_all else L.LOOPBACK
     limits = L.Limits(max_message_bytes=args.max_message_bytes, max_jobs=args.max_jobs,
@@ -230,6 +237,8 @@ def register(sub: SubParsers) -> None:
     d.add_argument("--plain", action="store_true", help="line output instead of a live table")
     d.add_argument("--keep-running", action="store_true",
                    help="leave aggregator and agent running after the report")
+    d.add_argument("--keep-files", action="store_true",
+                   help="keep the run's folder (log, aggregator and agent output); removed by default")
     d.set_defaults(handler=_demo)
 
     r = sub.add_parser("rules", help="rule packs")

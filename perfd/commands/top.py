@@ -1,23 +1,34 @@
 """`perfd top`: a terminal view of a running aggregator, over its HTTP API only (no /metrics parsing,
 so it shows the same whatever /metrics exports).
 
-Per job: iterations, age of the last step, MFU, step time (steady median, p50/p90/max of the
-latest steady iterations, coefficient of variation), the bottleneck class; for the job in focus a
-per-rank heat line (each rank's compute ÷ its stage median, from per-rank timers), a GPU table
-(util, SM, tensor, DRAM, power, clocks, temperature) and open incidents. A value the aggregator does
-not have is shown as "–", never 0. `--once` prints one screen and exits (scripts, tests); otherwise
-the screen refreshes in place (rich.live) every --interval seconds.
+Every job: iterations, age of the last step, MFU, step time after warm-up (p50/p90/max, coefficient
+of variation), the bottleneck class and its open incidents. The job in focus also gets a per-rank
+heat line (each rank's compute ÷ its stage median, from per-rank timers), a GPU table as dense as
+nvitop's (utilisation, SM, tensor, DRAM, memory used/total, power/limit, clocks, temperature), the
+processes on those GPUs (pid, user, rank, GPU memory, command), its nodes' CPU and memory, and its
+open incidents (cause, kinds, ranks, iterations, time lost). A value the aggregator does not have is
+"–", never 0.
+
+The focus stays on the job it was given or first chose (the job with the newest step) until that
+job is gone; in a terminal, n / Tab and p move it to the next / previous job, q quits. `--once`
+prints one screen and exits (scripts, tests), as wide as the content (never cut at 80 columns when
+written to a file); otherwise the screen refreshes in place (rich.live) every --interval seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import select
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,19 +38,28 @@ from rich.text import Text
 
 NA = "–"
 # Heat levels for a rank's compute ratio: below 1.0 is a fast rank, 1.1 marks a straggler candidate
-# (DESIGN.md §2 "Stragglers"), each level ~0.05 wider.
+# (perfd.analytics.thresholds), each level ~0.05 wider.
 _BLOCKS = "▁▂▃▄▅▆▇█"
+# Each refresh reads every listed job's summary (one request each): beyond this many jobs only the
+# newest ones are read, so a cluster-wide aggregator is not asked for hundreds of reports per refresh.
+MAX_JOB_SUMMARIES = 16
+# Width of `--once` output that is not a terminal (a file, a pipe): wide enough for every column and
+# a whole command line (collectors/nvml keeps 200 characters of it), so nothing is cut or wrapped as
+# rich does at its default 80 for a non-terminal. Tables take only the width their content needs.
+FILE_WIDTH = 300
+GIB = float(1 << 30)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("top", help="watch a running aggregator in the terminal (jobs, ranks, GPUs)")
     p.add_argument("--aggregator", default="http://127.0.0.1:9401", metavar="URL",
                    help="the aggregator's HTTP address")
-    p.add_argument("--job", help="the job to show in detail (default: the job with the latest step)")
+    p.add_argument("--job", help="the job to show in detail (default: the job with the latest step when "
+                                 "top starts; n / p switch jobs)")
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes")
     p.add_argument("--once", action="store_true", help="print one screen and exit (for scripts)")
-    p.add_argument("--window", type=int, default=100, metavar="N",
-                   help="latest steady iterations the step-time spread is taken over")
+    p.add_argument("--auth-token-file", metavar="FILE",
+                   help="the bearer token the aggregator requires (its --auth-token-file)")
     p.set_defaults(handler=run)
 
 
@@ -50,28 +70,65 @@ class Snapshot:
     base: str
     jobs: list[dict[str, Any]] = field(default_factory=list)
     focus: str | None = None
-    summary: dict[str, Any] | None = None
-    iterations: list[dict[str, Any]] = field(default_factory=list)
+    summaries: dict[str, dict[str, Any]] = field(default_factory=dict)  # job -> its /summary
+    job_errors: dict[str, str] = field(default_factory=dict)  # job -> why its summary is missing
     gpus: list[dict[str, Any]] = field(default_factory=list)
-    incidents: list[dict[str, Any]] | None = None  # None: the aggregator has no incidents API
+    # The focus job's newest per-rank compute ratios and their iteration: Megatron prints an
+    # iteration's line before its timers, so the latest iteration often has none yet.
+    rank_ratios: tuple[int, dict[str, Any]] | None = None
+    hosts: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     taken_at: float = 0.0
 
+    @property
+    def summary(self) -> dict[str, Any] | None:
+        return self.summaries.get(self.focus) if self.focus else None
 
-def _get(base: str, path: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(base.rstrip("/") + path, timeout=timeout) as r:
-        return json.loads(r.read().decode("utf-8"))
+
+Getter = Callable[[str], Any]
+
+
+def http_getter(base: str, token: str | None = None, timeout: float = 5.0) -> Getter:
+    headers = {"Authorization": token} if token else {}
+
+    def get(path: str) -> Any:
+        req = urllib.request.Request(base.rstrip("/") + path, headers=headers)
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read().decode("utf-8"))
+    return get
 
 
 def _job_path(job: str, what: str) -> str:
     return f"/api/jobs/{urllib.parse.quote(job, safe='')}/{what}"
 
 
-def fetch(base: str, job: str | None) -> Snapshot:
+def _newest_first(jobs: list[dict[str, Any]]) -> list[str]:
+    def age(j: dict[str, Any]) -> float:
+        a = j.get("last_step_age_s")
+        return float(a) if isinstance(a, (int, float)) else float("inf")
+    return [str(j.get("job")) for j in sorted(jobs, key=age)]
+
+
+def choose_focus(names: list[str], newest: list[str], asked: str | None, previous: str | None) -> str | None:
+    """The job in detail: the one asked for; else the one shown before while it still exists (the
+    focus must not jump to whichever job stepped last); else the job with the newest step."""
+    if asked is not None:
+        return asked
+    if previous in names:
+        return previous
+    return newest[0] if newest else None
+
+
+def fetch(base: str, job: str | None, previous: str | None = None, get: Getter | None = None) -> Snapshot:
     """Read one screen's data; an unreachable aggregator gives a Snapshot with ``error`` set."""
+    get = get or http_getter(base)
     snap = Snapshot(base=base, taken_at=time.time())
     try:
-        snap.jobs = list(_get(base, "/api/jobs").get("jobs", []))
+        snap.jobs = list(get("/api/jobs").get("jobs", []))
+    except urllib.error.HTTPError as exc:
+        snap.error = f"the aggregator at {base} answered HTTP {exc.code}" + (
+            " (give --auth-token-file)" if exc.code == 401 else "")
+        return snap
     except (OSError, ValueError) as exc:
         snap.error = f"cannot reach the aggregator at {base}: {exc}"
         return snap
@@ -79,28 +136,39 @@ def fetch(base: str, job: str | None) -> Snapshot:
     if job is not None and job not in names:
         snap.error = f"no job named {job!r} (jobs: {', '.join(names) or 'none'})"
         return snap
-    if job is None and snap.jobs:  # the job whose last step is newest
-        ages = [(j.get("last_step_age_s") if j.get("last_step_age_s") is not None else float("inf"),
-                 str(j.get("job"))) for j in snap.jobs]
-        job = min(ages)[1]
-    snap.focus = job
-    if job is None:
+    newest = _newest_first(snap.jobs)
+    snap.focus = choose_focus(names, newest, job, previous)
+    wanted = newest[:MAX_JOB_SUMMARIES]
+    if snap.focus is not None and snap.focus not in wanted:
+        wanted.append(snap.focus)
+    for name in wanted:
+        try:
+            snap.summaries[name] = dict(get(_job_path(name, "summary")))
+        except urllib.error.HTTPError as exc:
+            snap.job_errors[name] = f"HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            snap.job_errors[name] = str(exc)
+    for name in names:
+        if name not in wanted:
+            snap.job_errors[name] = f"not read: more than {MAX_JOB_SUMMARIES} jobs (--job {name})"
+    if snap.focus is None:
         return snap
+    if snap.focus in snap.job_errors:
+        snap.error = f"{snap.focus}: {snap.job_errors[snap.focus]}"
     try:
-        snap.summary = _get(base, _job_path(job, "summary"))
-        snap.iterations = list(_get(base, _job_path(job, "iterations") + "?sources=0").get("iterations", []))
-        snap.gpus = list(_get(base, _job_path(job, "gpus")).get("gpus", []))
-    except urllib.error.HTTPError as exc:
-        snap.error = f"{job}: HTTP {exc.code} from the aggregator"
-    except (OSError, ValueError) as exc:
-        snap.error = f"{job}: {exc}"
-    try:
-        got = _get(base, _job_path(job, "incidents"))
-        snap.incidents = list(got.get("incidents", []) if isinstance(got, dict) else got)
-    except urllib.error.HTTPError as exc:
-        snap.incidents = [] if exc.code == 404 else None
+        its = get(_job_path(snap.focus, "iterations") + "?sources=0").get("iterations", [])
+        snap.rank_ratios = next(((int(it.get("iteration", 0)), ratios) for it in reversed(its)
+                                 if (ratios := it.get("straggler_rank_compute_ratio"))), None)
     except (OSError, ValueError):
-        snap.incidents = None
+        pass  # the heat line says it has no per-rank values; the rest of the screen still shows
+    try:
+        got = get(_job_path(snap.focus, "gpus"))
+        snap.gpus = list(got.get("gpus", []))
+        snap.hosts = list(got.get("hosts") or [])
+    except urllib.error.HTTPError as exc:
+        snap.error = f"{snap.focus}: HTTP {exc.code} from the aggregator"
+    except (OSError, ValueError) as exc:
+        snap.error = f"{snap.focus}: {exc}"
     return snap
 
 
@@ -120,28 +188,20 @@ def _ms(v: Any) -> str:
     return NA if x is None else f"{x:.0f} ms"
 
 
-def step_spread(iterations: list[dict[str, Any]], window: int) -> dict[str, float] | None:
-    """p50 / p90 / max step time (ms) over the latest ``window`` steady iterations (all iterations
-    when none is steady yet); None without step times."""
-    steady = [it for it in iterations if it.get("steady_state")] or iterations
-    times = [x for it in steady[-window:] if (x := _num(it.get("step_time_ms"))) is not None]
-    if not times:
-        return None
-    times.sort()
-
-    def q(p: float) -> float:
-        return times[min(len(times) - 1, round(p * (len(times) - 1)))]
-
-    return {"p50": q(0.5), "p90": q(0.9), "max": times[-1], "n": float(len(times))}
+def open_incidents(incidents: Any) -> list[dict[str, Any]]:
+    """The incidents still open (``open: true``); a closed one is history, not a current problem."""
+    if not isinstance(incidents, list):
+        return []
+    return [i for i in incidents if isinstance(i, dict) and i.get("open") is True]
 
 
-def heat_line(ratios: dict[str, Any]) -> Text:
+def heat_line(ratios: dict[str, Any], iteration: int | None = None) -> Text:
     """One block per rank, higher and redder the slower the rank computes against its stage
     median; then the slowest ranks by name."""
-    if not ratios:
+    items = sorted((int(r), float(v)) for r, v in (ratios or {}).items() if _num(v) is not None)
+    if not items:
         return Text("per-rank compute: " + NA + " (needs per-rank timers: --timing-log-option all)")
-    items = sorted(((int(r), float(v)) for r, v in ratios.items() if _num(v) is not None))
-    line = Text("ranks ")
+    line = Text("ranks " if iteration is None else f"ranks (iteration {iteration}) ")
     for _rank, v in items:
         level = max(0, min(len(_BLOCKS) - 1, int((v - 0.95) / 0.05) + 1)) if v >= 0.95 else 0
         style = "green" if v < 1.05 else "yellow" if v < 1.1 else "dark_orange" if v < 1.2 else "bold red"
@@ -151,47 +211,64 @@ def heat_line(ratios: dict[str, Any]) -> Text:
     return line
 
 
-def _jobs_table(snap: Snapshot, window: int) -> Table:
-    t = Table(title="jobs", title_justify="left", expand=False)
-    for col in ("job", "iter", "last step", "MFU", "step p50", "p90", "max", "cv", "bottleneck"):
+def _job_cells(summary: dict[str, Any] | None, why_missing: str | None) -> list[str]:
+    """MFU, step p50/p90/max (after warm-up), cv, bottleneck, open incidents of one job."""
+    if summary is None:
+        return [NA] * 5 + [why_missing or NA, NA]
+    s = summary.get("summary") or {}
+    if not s:  # a serving job, or a training job before its first iteration
+        kind = "serving" if summary.get("serving") else "no iteration analysed yet"
+        return [NA] * 5 + [kind, str(len(open_incidents(summary.get("incidents"))))]
+    dist = s.get("step_time_distribution_ms") or {}
+    cv = _num(s.get("step_time_cv"))
+    return [_pct((s.get("medians") or {}).get("mfu")), _ms(dist.get("p50")), _ms(dist.get("p90")),
+            _ms(dist.get("max")), NA if cv is None else f"{cv:.3f}", str(s.get("bottleneck") or NA),
+            str(len(open_incidents(summary.get("incidents"))))]
+
+
+def _jobs_table(snap: Snapshot) -> Table:
+    t = Table(title="jobs (step times after warm-up)", title_justify="left", expand=False)
+    for col in ("job", "iter", "last step", "MFU", "step p50", "p90", "max", "cv", "bottleneck", "open inc."):
         t.add_column(col, justify="left" if col in ("job", "bottleneck") else "right")
     for j in snap.jobs:
         name = str(j.get("job"))
         age = _num(j.get("last_step_age_s"))
-        row = [name + (" *" if name == snap.focus else ""), str(j.get("last_iteration") or NA),
+        it = j.get("last_iteration")
+        row = [name + (" *" if name == snap.focus else ""), NA if it is None else str(it),
                NA if age is None else f"{age:.0f} s ago"]
-        if name == snap.focus and snap.summary is not None:
-            med = (snap.summary.get("summary") or {}).get("medians") or {}
-            spread = step_spread(snap.iterations, window)
-            cv = _num((snap.summary.get("summary") or {}).get("step_time_cv"))
-            row += [_pct(med.get("mfu")),
-                    _ms(spread["p50"]) if spread else NA, _ms(spread["p90"]) if spread else NA,
-                    _ms(spread["max"]) if spread else NA, NA if cv is None else f"{cv:.3f}",
-                    str((snap.summary.get("summary") or {}).get("bottleneck") or NA)]
-        else:
-            row += [NA] * 6
-        t.add_row(*row)
+        t.add_row(*row, *_job_cells(snap.summaries.get(name), snap.job_errors.get(name)))
     return t
 
 
-_GPU_COLS: tuple[tuple[str, str, str], ...] = (
-    # header, catalog name, format
-    ("util", "perfd_gpu_utilization_ratio", "pct"),
-    ("SM", "perfd_gpu_sm_util_ratio", "pct"),
-    ("tensor", "perfd_gpu_tensor_util_ratio", "pct"),
-    ("DRAM", "perfd_gpu_dram_bw_util_ratio", "pct"),
-    ("power", "perfd_gpu_power_watts", "W"),
-    ("SM clk", "perfd_gpu_sm_clock_hertz", "MHz"),
-    ("mem clk", "perfd_gpu_mem_clock_hertz", "MHz"),
-    ("temp", "perfd_gpu_temperature_celsius", "C"),
+def _used_of(used: float | None, total: float | None, scale: float = 1.0, digits: int = 0) -> str:
+    """"used/total pct%" with what is known of the three (the unit is in the column's head)."""
+    if used is None and total is None:
+        return NA
+    u = NA if used is None else f"{used / scale:.{digits}f}"
+    tt = NA if total is None else f"{total / scale:.{digits}f}"
+    pct = f" {100 * used / total:.0f}%" if used is not None and total else ""
+    return f"{u}/{tt}{pct}"
+
+
+_GPU_RATIOS: tuple[tuple[str, str], ...] = (
+    ("util", "perfd_gpu_utilization_ratio"),
+    ("SM", "perfd_gpu_sm_util_ratio"),
+    ("tensor", "perfd_gpu_tensor_util_ratio"),
+    ("DRAM", "perfd_gpu_dram_bw_util_ratio"),
 )
+
+
+def _short_model(model: Any) -> str:
+    return str(model).removeprefix("NVIDIA ") if model else NA
 
 
 def _gpu_table(gpus: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> Table:
     t = Table(title="GPUs", title_justify="left")
     for col in ("node", "gpu", "rank", "model"):
         t.add_column(col)
-    for head, _, _ in _GPU_COLS:
+    for head, _ in _GPU_RATIOS:
+        t.add_column(head, justify="right")
+    for head in ("memory GiB", "power W", "SM MHz", "mem MHz", "temp"):
         t.add_column(head, justify="right")
     rank_of = {(str(r.get("node")), str(r.get("gpu"))): str(r.get("rank")) for r in ranks
                if isinstance(r, dict)}
@@ -199,38 +276,103 @@ def _gpu_table(gpus: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> Table
         vals = g.get("values") or {}
         where = (str(g.get("node")), str(g.get("gpu")))
         cells = [*where, rank_of.get(where, NA),
-                 str(g.get("model") or NA) + (" (replay)" if g.get("replay") else "")]
-        for _, name, fmt in _GPU_COLS:
+                 _short_model(g.get("model")) + (" (replay)" if g.get("replay") else "")]
+        for _, name in _GPU_RATIOS:
             v = _num(vals.get(name))
-            if v is None:
-                cells.append(NA)
-            elif fmt == "pct":
-                cells.append(f"{100 * v:.0f}%")
-            elif fmt == "W":
-                cells.append(f"{v:.0f} W")
-            elif fmt == "MHz":
-                cells.append(f"{v / 1e6:.0f}")
-            else:
-                cells.append(f"{v:.0f}°C")
+            cells.append(NA if v is None else f"{100 * v:.0f}%")
+        cells.append(_used_of(_num(vals.get("perfd_gpu_memory_used_bytes")),
+                              _num(vals.get("perfd_gpu_memory_total_bytes")), GIB, 1))
+        cells.append(_used_of(_num(vals.get("perfd_gpu_power_watts")),
+                              _num(vals.get("perfd_gpu_power_limit_watts"))))
+        for name in ("perfd_gpu_sm_clock_hertz", "perfd_gpu_mem_clock_hertz"):
+            v = _num(vals.get(name))
+            cells.append(NA if v is None else f"{v / 1e6:.0f}")
+        v = _num(vals.get("perfd_gpu_temperature_celsius"))
+        cells.append(NA if v is None else f"{v:.0f}°C")
         t.add_row(*cells)
     return t
 
 
-def _incidents(incidents: list[dict[str, Any]] | None) -> Text:
-    if incidents is None:
+def _process_table(gpus: list[dict[str, Any]]) -> RenderableType:
+    """Every compute process on the job's GPUs, as the agents last reported them."""
+    rows = [(g, p) for g in gpus for p in (g.get("processes") or []) if isinstance(p, dict)]
+    if not rows:
+        unknown = any(g.get("processes") is None for g in gpus)
+        return Text("processes: " + (NA + " (no process list from the agents yet)" if unknown else "none"))
+    t = Table(title="processes", title_justify="left")
+    for col in ("node", "gpu", "pid", "user", "rank", "GPU mem"):
+        # never squeezed: the command line gives way (cut with "…") when the screen is narrow
+        t.add_column(col, justify="right" if col in ("pid", "rank", "GPU mem") else "left", no_wrap=True,
+                     min_width=len(col))
+    # The one column rich may shrink (it shrinks wrappable columns first); the cell's own no_wrap and
+    # ellipsis keep each command on one line.
+    t.add_column("command")
+    for g, p in rows:
+        cmd = p.get("cmdline") or p.get("name") or NA + " (not visible to the agent)"
+        t.add_row(*(_proc_cell(g, p, c) for c in ("node", "gpu", "pid", "user", "rank", "GPU mem")),
+                  Text(str(cmd), no_wrap=True, overflow="ellipsis"))
+    return t
+
+
+def _proc_cell(g: dict[str, Any], p: dict[str, Any], col: str) -> str:
+    if col in ("node", "gpu"):
+        return str(g.get(col))
+    if col == "GPU mem":
+        mem = _num(p.get("used_memory_bytes"))
+        return NA if mem is None else f"{mem / GIB:.1f} GiB"
+    v = p.get(col)
+    return NA if v is None or v == "" else str(v)
+
+
+def _host_table(hosts: list[dict[str, Any]]) -> RenderableType:
+    if not hosts:
+        return Text("hosts: " + NA + " (no host series from the agents: --host on)")
+    t = Table(title="hosts", title_justify="left")
+    for col in ("node", "CPU", "load1", "memory GiB"):
+        t.add_column(col, justify="left" if col == "node" else "right")
+    for h in hosts:
+        vals = h.get("values") or {}
+        cpu, load = _num(vals.get("perfd_host_cpu_util_ratio")), _num(vals.get("perfd_host_load1"))
+        t.add_row(str(h.get("node")), NA if cpu is None else f"{100 * cpu:.0f}%",
+                  NA if load is None else f"{load:.1f}",
+                  _used_of(_num(vals.get("perfd_host_memory_used_bytes")),
+                           _num(vals.get("perfd_host_memory_total_bytes")), GIB, 1))
+    return t
+
+
+def _span(a: Any, b: Any) -> str:
+    return f"iteration {a}" if a == b else f"iterations {a}–{b}"
+
+
+def incidents_text(incidents: Any) -> Text:
+    """Open incidents, each with what the aggregator says of it (cause, kinds, ranks, time lost);
+    closed ones only counted."""
+    if not isinstance(incidents, list):
         return Text("incidents: " + NA + " (not available from this aggregator)")
-    if not incidents:
-        return Text("incidents: none open")
-    out = Text(f"incidents: {len(incidents)} open\n", style="bold")
-    for inc in incidents[:8]:
-        desc = inc.get("summary") or inc.get("text") or inc.get("kind") or json.dumps(inc)[:100]
-        out.append(f"  • {desc}\n")
+    opened = open_incidents(incidents)
+    closed = len(incidents) - len(opened)
+    tail = f" ({closed} closed)" if closed else ""
+    if not opened:
+        return Text(f"incidents: none open{tail}")
+    out = Text(f"incidents: {len(opened)} open{tail}\n", style="bold")
+    for inc in opened[:8]:
+        cost = _num(inc.get("cost_s"))
+        ranks = inc.get("ranks") or []
+        out.append(f"  • {_span(inc.get('first_iteration'), inc.get('last_iteration'))}"
+                   f"{', ranks ' + ', '.join(map(str, ranks[:8])) if ranks else ''}"
+                   f" [{', '.join(map(str, inc.get('kinds') or [])) or NA}]"
+                   f"{f', {cost:.1f} s lost so far' if cost is not None else ''}: "
+                   f"{inc.get('cause') or NA}\n")
+    if len(opened) > 8:
+        out.append(f"  … and {len(opened) - 8} more\n")
     return out
 
 
-def render(snap: Snapshot, window: int = 100) -> RenderableType:
+def render(snap: Snapshot, keys: bool = False) -> RenderableType:
     when = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))
     head = Text(f"perfd top — {snap.base} — {when}", style="bold")
+    if keys and len(snap.jobs) > 1:
+        head.append("   n/p: next/previous job, q: quit", style="dim")
     parts: list[RenderableType] = [head]
     if snap.error:
         parts.append(Text(snap.error, style="bold red"))
@@ -238,37 +380,128 @@ def render(snap: Snapshot, window: int = 100) -> RenderableType:
         if not snap.error:
             parts.append(Text("no jobs yet"))
         return Group(*parts)
-    parts.append(_jobs_table(snap, window))
-    if snap.focus and snap.summary is not None:
-        latest = snap.summary.get("latest") or {}
-        headline = ((snap.summary.get("report") or {}).get("summary") or {}).get("headline")
-        parts.append(Text(str(headline or snap.focus)))
-        parts.append(heat_line(latest.get("straggler_rank_compute_ratio") or {}))
-        parts.append(_gpu_table(snap.gpus, list(snap.summary.get("ranks") or [])))
-        parts.append(_incidents(snap.incidents))
+    parts.append(_jobs_table(snap))
+    summary = snap.summary
+    if snap.focus and summary is not None:
+        latest = summary.get("latest") or {}
+        headline = ((summary.get("report") or {}).get("summary") or {}).get("headline")
+        parts.append(Text(f"{snap.focus} *: {headline or 'no report yet'}"))
+        if snap.rank_ratios is not None:
+            parts.append(heat_line(snap.rank_ratios[1], snap.rank_ratios[0]))
+        else:
+            parts.append(heat_line(latest.get("straggler_rank_compute_ratio") or {}))
+        parts.append(_gpu_table(snap.gpus, list(summary.get("ranks") or [])))
+        parts.append(_process_table(snap.gpus))
+        parts.append(_host_table(snap.hosts))
+        parts.append(incidents_text(summary.get("incidents")))
     return Group(*parts)
 
 
+# --- the live loop ----------------------------------------------------------------------------------
+
+class Keys:
+    """Single key presses from a terminal (cbreak mode, restored on exit), read by a thread."""
+
+    def __init__(self) -> None:
+        self.pressed: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def take(self) -> list[str]:
+        with self._lock:
+            got, self.pressed = self.pressed, []
+        return got
+
+    @contextmanager
+    def reading(self) -> Iterator[bool]:
+        """Yields whether keys are read (only when stdin is a terminal)."""
+        if not sys.stdin.isatty():
+            yield False
+            return
+        import termios
+        import tty
+
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+        tty.setcbreak(fd)
+        thread = threading.Thread(target=self._loop, args=(fd,), daemon=True, name="perfd-top-keys")
+        thread.start()
+        try:
+            yield True
+        finally:
+            self._stop.set()
+            thread.join(timeout=1)
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+    def _loop(self, fd: int) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if ready:
+                ch = os.read(fd, 1).decode("utf-8", "replace")
+                with self._lock:
+                    self.pressed.append(ch)
+
+
+def step_focus(jobs: list[dict[str, Any]], focus: str | None, delta: int) -> str | None:
+    names = [str(j.get("job")) for j in jobs]
+    if not names:
+        return focus
+    i = names.index(focus) if focus in names else -delta
+    return names[(i + delta) % len(names)]
+
+
+def _console(once: bool) -> Console:
+    if once and not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+        return Console(width=FILE_WIDTH)
+    return Console()
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.interval <= 0 or args.window <= 0:
-        print("perfd: --interval and --window must be > 0", file=sys.stderr)
+    if args.interval <= 0:
+        print("perfd: --interval must be > 0", file=sys.stderr)
         return 2
     base = args.aggregator if "://" in args.aggregator else f"http://{args.aggregator}"
-    console = Console()
+    token = None
+    if getattr(args, "auth_token_file", None):  # a Namespace made by hand may lack it
+        from perfd.transport.security import SecurityConfigError, TokenFile
+
+        try:
+            token = TokenFile(args.auth_token_file).header()
+        except SecurityConfigError as exc:
+            print(f"perfd top: {exc}", file=sys.stderr)
+            return 2
+    get = http_getter(base, token)
+    console = _console(args.once)
     if args.once:
-        snap = fetch(base, args.job)
+        snap = fetch(base, args.job, get=get)
         if snap.error and not snap.jobs:
             print(f"perfd: {snap.error}", file=sys.stderr)
             return 2
-        console.print(render(snap, args.window))
+        console.print(render(snap))
         return 1 if snap.error else 0
     from rich.live import Live
 
+    keys = Keys()
+    asked = args.job
     try:
-        with Live(render(fetch(base, args.job), args.window), console=console, auto_refresh=False,
-                  screen=False) as live:
-            while True:
-                time.sleep(args.interval)
-                live.update(render(fetch(base, args.job), args.window), refresh=True)
+        with keys.reading() as reading:
+            snap = fetch(base, asked, get=get)
+            with Live(render(snap, reading), console=console, auto_refresh=False, screen=False) as live:
+                next_at = time.monotonic() + args.interval
+                while True:
+                    time.sleep(0.05)
+                    pressed = keys.take()
+                    if "q" in pressed:
+                        return 0
+                    moves = sum(1 if k in ("n", "\t") else -1 if k == "p" else 0 for k in pressed)
+                    if moves:  # a key moves the focus now; it stays where the key put it
+                        asked = step_focus(snap.jobs, snap.focus, moves)
+                    elif time.monotonic() < next_at:
+                        continue
+                    snap = fetch(base, asked, snap.focus, get=get)
+                    if snap.error and asked is not None and asked != args.job and snap.focus is None:
+                        asked = args.job  # the job moved to went away: back to the default choice
+                    live.update(render(snap, reading), refresh=True)
+                    next_at = time.monotonic() + args.interval
     except KeyboardInterrupt:
         return 0

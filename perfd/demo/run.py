@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -101,28 +102,94 @@ def _num(v: Any, fmt: str = "{:.1f}") -> str:
     return "—" if v is None else fmt.format(v)
 
 
-def _progress_table(summary: dict[str, Any] | None, stats: dict[str, Any] | None,
-                    gpus: list[dict[str, str]], nvml_label: str) -> Table:
-    t = Table(title=f"perfd demo — job {JOB} (REPLAY of a recorded Megatron-LM run; NVML: "
-              f"{nvml_label})", title_justify="left")
+# Rows of the live table: the newest iterations (every one reaches the plain output and the report).
+TABLE_ROWS = 10
+
+
+def warmup_note(it: dict[str, Any]) -> str:
+    """Why an iteration is left out of the steady-state figures (warm-up, a capture), or ""."""
+    why = it.get("excluded_reason")
+    if why:
+        return f"{why}: left out of the steady-state figures"
+    return "" if it.get("steady_state", True) else "not steady yet: left out of the steady-state figures"
+
+
+def iteration_line(it: dict[str, Any]) -> str:
+    note = warmup_note(it)
+    return (f"iteration {it['iteration']}: step {_num(it.get('step_time_ms'))} ms, "
+            f"MFU {_pct(it.get('mfu'))}, exposed comm {_pct(it.get('comm_exposed_share'))}, "
+            f"bottleneck {it.get('bottleneck')}"
+            + (f"  [{note}]" if note else ""))
+
+
+def gpu_caption(gpus: list[dict[str, str]], nvml: str) -> str:
+    """The GPU line, saying plainly when it is a recording of another run and not this job's GPUs."""
+    if not gpus:
+        return ""
+    if nvml.startswith("replay:"):
+        head = (f"GPU panel: a RECORDING of another run ({Path(nvml[7:]).name}: an NVIDIA GPU running test "
+                "kernels), replayed beside this job's log to show the GPU view; it is not this job's GPUs")
+    else:
+        head = "GPU panel: this machine's GPUs, live"
+    return head + "".join(f"\n  GPU {g['gpu']} {g.get('model', '')}: {g['text']}" for g in gpus)
+
+
+def _progress_table(iterations: list[dict[str, Any]], stats: dict[str, Any] | None,
+                    gpus: list[dict[str, str]], nvml: str) -> Table:
+    t = Table(title=f"perfd demo — job {JOB} (REPLAY of a recorded 2×H200 Megatron-LM run; the newest "
+              f"{TABLE_ROWS} iterations)", title_justify="left")
     for col in ("iteration", "step ms", "TFLOP/s/GPU (perfd | logged)", "MFU", "exposed comm",
-                "PP bubble (analytic | idle max)", "data", "bottleneck"):
+                "PP bubble (analytic | idle max)", "data", "bottleneck", "note"):
         t.add_column(col)
-    it = (summary or {}).get("latest") or {}
-    if it:
+    for it in iterations[-TABLE_ROWS:]:
         t.add_row(str(it.get("iteration")), _num(it.get("step_time_ms")),
                   f"{_num(it.get('model_tflops_per_gpu'))} | {_num(it.get('megatron_tflops_per_gpu'))}",
                   _pct(it.get("mfu")), _pct(it.get("comm_exposed_share")),
                   f"{_pct(it.get('pp_bubble_analytic'))} | {_pct(it.get('pp_idle_max'))}",
-                  _pct(it.get("data_share")), str(it.get("bottleneck")))
-    else:
-        t.add_row("waiting for the first iteration…", *[""] * 7)
+                  _pct(it.get("data_share")), str(it.get("bottleneck")), warmup_note(it))
+    if not iterations:
+        t.add_row("waiting for the first iteration…", *[""] * 8)
     if stats:
         t.caption = (f"aggregator: {stats.get('samples_ingested', 0)} samples, "
                      f"{stats.get('step_records_ingested', 0)} step records ingested, "
                      f"{stats.get('transport', {}).get('agents_connected', 0)} agent(s) connected"
-                     + "".join(f"\nGPU {g['gpu']} {g.get('model', '')}: {g['text']}" for g in gpus))
+                     + (f"\n{gpu_caption(gpus, nvml)}" if gpus else ""))
+        t.caption_justify = "left"
     return t
+
+
+def reading_notes(summary: dict[str, Any], nvml: str) -> list[str]:
+    """What a first reader of the demo's report needs beside it: the generic MFU-grade hint set
+    against what this run measured, where the matmul ceiling comes from, what the GPU panel was."""
+    s = summary.get("summary") or {}
+    med = s.get("medians") or {}
+    notes: list[str] = []
+    mfu, data, dp = med.get("mfu"), med.get("data_share"), med.get("comm_exposed_dp_share")
+    if isinstance(mfu, (int, float)) and mfu < 0.30 and isinstance(data, (int, float)) \
+            and isinstance(dp, (int, float)):
+        notes.append(
+            f"The MFU grade's hint (\"usually communication or data loading\") is the general rule for "
+            f"MFU < 30%. This run measured data loading at {_pct(data)} and exposed gradient sync at "
+            f"{_pct(dp)} of the step: neither explains it here. What does: "
+            f"{s.get('bottleneck') or 'unknown'} — {s.get('bottleneck_reason') or 'no reason given'}.")
+    if med.get("mfu_vs_measured_ceiling") is not None:
+        notes.append("The 790 TFLOP/s matmul ceiling is measured, not a datasheet figure: an 8192³ bf16 "
+                     "matmul loop on the H200 and H100 SXM of the machines perfd is tested on "
+                     "(perfd/analytics/gpus.py); MFU itself is against the 989 TFLOP/s datasheet peak.")
+    first = s.get("steady_first_iteration")
+    if s.get("warmup_records"):
+        notes.append(f"Iterations before {first} are warm-up (the first one includes start-up, compilation "
+                     "and the first communicator set-up): shown, but left out of every steady-state figure.")
+    if nvml.startswith("replay:"):
+        notes.append("The GPU panel replayed a recording of another run (an NVIDIA GPU running test "
+                     "kernels): it shows what the GPU view looks like, not this job's GPUs. "
+                     "`perfd demo --nvml real` on a GPU machine shows its live counters.")
+    return notes
+
+
+def _iterations(base: str) -> list[dict[str, Any]]:
+    got = _get_json(f"{base}/api/jobs/{JOB}/iterations?sources=0")
+    return list(got.get("iterations") or [])
 
 
 def _gpu_rows(gpus_json: dict[str, Any]) -> list[dict[str, str]]:
@@ -146,7 +213,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if nvml is None:
         rec = default_nvml_recording()
         nvml = f"replay:{rec}" if rec else "off"
-    nvml_label = "real GPU" if nvml == "real" else (f"REPLAY of {Path(nvml[7:]).name}"
+    nvml_label = "real GPU" if nvml == "real" else (f"a recording of another run ({Path(nvml[7:]).name})"
                                                     if nvml.startswith("replay:") else "off")
     if nvml != "real" and gpu_present():
         console.print("[cyan]A GPU is present: `perfd demo --nvml real` shows its live NVML/GPM "
@@ -157,6 +224,7 @@ def run_demo(args: argparse.Namespace) -> int:
                   "127.0.0.1", "--http-port", "0", "--gpu", "NVIDIA H200", "--ready-file",
                   str(ready)], work / "aggregator.out")
     agent: subprocess.Popen[bytes] | None = None
+    ok = False
     try:
         deadline = time.monotonic() + 30
         while not (ready.exists() and ready.read_text().strip()):
@@ -170,27 +238,47 @@ def run_demo(args: argparse.Namespace) -> int:
         log = work / "train.log"
         log.touch()
         agent_port = _free_port()
-        agent = _spawn(["agent", "--aggregator", f"127.0.0.1:{grpc_port}", "--job", JOB,
-                        "--megatron-log", str(log), "--nvml", nvml, "--metrics-port",
-                        str(agent_port), "--node", "demo-node"], work / "agent.out")
+        # Captures (none is asked for, but the agent makes its folder) live in the demo's folder too.
+        (work / "agent.yaml").write_text(json.dumps({"capture_dir": str(work / "captures")}))
+        agent = _spawn(["agent", "--config", str(work / "agent.yaml"), "--aggregator",
+                        f"127.0.0.1:{grpc_port}", "--job", JOB, "--megatron-log", str(log), "--nvml", nvml,
+                        "--metrics-port", str(agent_port), "--node", "demo-node"], work / "agent.out")
         console.print(f"aggregator: {base}/metrics and {base}/api/jobs   agent: "
-                      f"http://127.0.0.1:{agent_port}/metrics   files: {work}")
+                      f"http://127.0.0.1:{agent_port}/metrics   (while the demo runs"
+                      f"{'' if args.keep_running else '; --keep-running keeps them up after'})")
         lines = DEMO_LOG.read_text().splitlines(keepends=True)
         summary: dict[str, Any] | None = None
         stats: dict[str, Any] | None = None
         gpus: list[dict[str, str]] = []
+        iterations: list[dict[str, Any]] = []
         live_ok = console.is_terminal and not args.plain
-        shown: Any = None  # plain mode: the iteration last printed
+        printed = 0  # plain mode: iterations printed so far (every one, in order)
+        gpu_said = False
 
         def refresh() -> None:
-            nonlocal summary, stats, gpus
+            nonlocal summary, stats, gpus, iterations
             with contextlib.suppress(OSError, ValueError):
                 stats = _get_json(f"{base}/api/stats")
                 summary = _get_json(f"{base}/api/jobs/{JOB}/summary")
+                iterations = _iterations(base)
             with contextlib.suppress(OSError, ValueError):
                 gpus = _gpu_rows(_get_json(f"{base}/api/jobs/{JOB}/gpus"))
 
-        with Live(_progress_table(None, None, [], nvml_label), console=console,
+        def show(live: Any) -> None:
+            nonlocal printed, gpu_said
+            if live is not None:
+                live.update(_progress_table(iterations, stats, gpus, nvml))
+                return
+            if gpus and not gpu_said:
+                print(gpu_caption(gpus, nvml), flush=True)
+                gpu_said = True
+            # Every iteration the aggregator holds, once, in order: several can arrive between two
+            # refreshes (the log writes them in a burst), and none is skipped.
+            for it in iterations[printed:]:
+                print(iteration_line(it), flush=True)
+            printed = max(printed, len(iterations))
+
+        with Live(_progress_table([], None, [], nvml), console=console,
                   refresh_per_second=4, transient=False) if live_ok else contextlib.nullcontext() as live:
             for delay, chunk in paced_chunks(lines, speed):
                 end = time.monotonic() + delay
@@ -199,24 +287,15 @@ def run_demo(args: argparse.Namespace) -> int:
                 with log.open("a") as f:
                     f.write(chunk)
                 refresh()
-                if live is not None:
-                    live.update(_progress_table(summary, stats, gpus, nvml_label))
-                elif summary and summary.get("latest") and summary["latest"]["iteration"] != shown:
-                    it = summary["latest"]
-                    shown = it["iteration"]
-                    gpu_text = "; ".join(f"GPU {g['gpu']} ({nvml_label}): {g['text']}" for g in gpus)
-                    print(f"iteration {it['iteration']}: step {_num(it.get('step_time_ms'))} ms, "
-                          f"MFU {_pct(it.get('mfu'))}, exposed comm {_pct(it.get('comm_exposed_share'))}"
-                          f", bottleneck {it.get('bottleneck')}" + (f" | {gpu_text}" if gpu_text else ""),
-                          flush=True)
+                show(live)
             # The last iteration is emitted once the log has been quiet for a moment.
             want_last = max(int(m.group(1)) for m in re.finditer(r"iteration\s+(\d+)/", "".join(lines)))
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:
                 refresh()
-                if live is not None:
-                    live.update(_progress_table(summary, stats, gpus, nvml_label))
-                if summary and (summary.get("overview") or {}).get("last_iteration") == want_last:
+                show(live)
+                if summary and (summary.get("overview") or {}).get("last_iteration") == want_last \
+                        and iterations and iterations[-1].get("iteration") == want_last:
                     break
                 time.sleep(0.5)
         if not summary or not summary.get("report"):
@@ -226,13 +305,25 @@ def run_demo(args: argparse.Namespace) -> int:
         # Plain print: the report is already wrapped, and rich would re-wrap it to the console.
         print()
         print(render_text(Report.from_json(summary["report"])), flush=True)
+        notes = reading_notes(summary, nvml)
+        if notes:
+            print("\nReading this report:")
+            for n in notes:
+                print(f"- {n}")
         print(f"\n(replayed {summary['overview']['iterations_seen']} iterations through agent → gRPC → "
-              f"aggregator; NVML: {nvml_label}; files in {work})", flush=True)
+              f"aggregator; NVML: {nvml_label})", flush=True)
         if args.keep_running:
-            console.print("aggregator and agent keep running; Ctrl-C to stop")
+            console.print(f"aggregator and agent keep running: perfd top --aggregator {base}   "
+                          f"(files in {work}); Ctrl-C to stop")
             with contextlib.suppress(KeyboardInterrupt):
                 while agg.poll() is None:
                     time.sleep(1)
+        else:
+            print("The aggregator and agent have stopped (their URLs above are closed). Next step, on your "
+                  "own job: perfd analyze megatron train.log --gpu \"NVIDIA H200\" (a finished log), or "
+                  "perfd aggregator + perfd agent --megatron-log train.log (live; README \"Using it\").",
+                  flush=True)
+        ok = True
         return 0
     finally:
         for p in (agent, agg):
@@ -244,3 +335,10 @@ def run_demo(args: argparse.Namespace) -> int:
                     p.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     p.kill()
+                    p.wait(timeout=10)
+        # The run's files (log, process output) are the demo's own: gone with it, unless kept or
+        # needed to see what failed.
+        if getattr(args, "keep_files", False) or not ok:
+            print(f"(files kept in {work})", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)

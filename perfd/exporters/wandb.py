@@ -12,7 +12,8 @@ Prometheus query of one metric show the same number. Rules kept here:
   report as a ``wandb.Table`` and the raw JSON;
 - every row is committed when written (the newest iteration does not wait for the next), its
   ``_timestamp`` is the iteration's own end time, and the newest row carries the job's GPU and
-  host values (``perfd_gpu_*/rank=N``) for the node metrics the catalog shows in W&B;
+  host values (``perfd_gpu_*/rank=N``, or
+  ``perfd_gpu_*/node=X,gpu=I`` for a GPU no rank is placed on) for the node metrics the catalog shows in W&B;
 - ``mode="offline"`` (the default) writes the run under ``directory`` and needs no server; upload
   later with ``wandb sync DIR/wandb/offline-run-*``.
 

@@ -56,7 +56,7 @@ def test_alertmanager_alert_becomes_a_capture_command(tmp_path: Path) -> None:
                     pass
                 await asyncio.sleep(0.2)
             alert = [{"labels": {"alertname": "PerfdMfuLow", "job_name": "llama", "perfd_tool": "kineto",
-                                 "perfd_ranks": "0", "perfd_steps": "3"},
+                                 "perfd_ranks": "0", "perfd_steps": "3", "perfd_capture": "true"},
                       "startsAt": datetime.now(timezone.utc).isoformat()}]
             req = urllib.request.Request(f"http://127.0.0.1:{am_port}/api/v2/alerts",
                                          data=json.dumps(alert).encode(), method="POST",

@@ -93,12 +93,26 @@ def test_undeliverable_when_no_agent_and_the_process_is_released():
 def test_alertmanager_webhook_body_to_requests():
     body = {"version": "4", "status": "firing", "alerts": [
         {"status": "firing", "labels": {"alertname": "PerfdMfuLow", "job_name": "j", "perfd_tool": "nsys",
-                                        "perfd_ranks": "0,3", "perfd_steps": "5"}},
-        {"status": "resolved", "labels": {"alertname": "Old", "job_name": "j"}},
-        {"status": "firing", "labels": {"alertname": "NoJob"}},
+                                        "perfd_ranks": "0,3", "perfd_steps": "5", "perfd_capture": "true"}},
+        {"status": "resolved", "labels": {"alertname": "Old", "job_name": "j", "perfd_capture": "true"}},
+        {"status": "firing", "labels": {"alertname": "NoJob", "perfd_capture": "true"}},
     ]}
     assert alertmanager_requests(body) == [
         {"job": "j", "ranks": [0, 3], "tool": "nsys", "steps": 5, "origin": "alertmanager:PerfdMfuLow"}]
+
+
+def test_alertmanager_alerts_without_perfd_capture_ask_for_nothing():
+    """A route that sends every alert to the webhook: firing job alerts without
+    perfd_capture="true" (absent, "false") are counted, not captured."""
+    from perfd.aggregator.captures import alertmanager_plan
+
+    body = {"version": "4", "status": "firing", "alerts": [
+        {"status": "firing", "labels": {"alertname": "PerfdJobMFULow", "job_name": "j"}},
+        {"status": "firing", "labels": {"alertname": "Mine", "job_name": "j", "perfd_capture": "false"}},
+        {"status": "firing", "labels": {"alertname": "Wanted", "job_name": "j", "perfd_capture": "true"}},
+    ]}
+    reqs, unmarked = alertmanager_plan(body)
+    assert [r["origin"] for r in reqs] == ["alertmanager:Wanted"] and unmarked == 2
 
 
 def test_gpu_rules_see_only_the_series_they_read_and_fire_on_a_throttled_gpu():

@@ -161,3 +161,41 @@ def test_gpu_pods_join_nvml_series_by_uuid():
     # A newer allocation replaces the node's previous one.
     state.ingest_events("n1", [{"kind": "gpu_pods", "labels": {"node": "n1"}, "payload": []}])
     assert state.pods_by_gpu() == {("n2", "0"): by_index}
+
+
+def test_wandb_project_without_wandb_is_refused_at_start(tmp_path: Path) -> None:
+    """Without the wandb package (hidden here as an absent module) the aggregator refuses to start
+    with one line and exit 2, instead of starting and logging a traceback every export round."""
+    code = ("import sys; sys.modules['wandb'] = None\n"
+            "from perfd.cli import main\n"
+            "sys.exit(main(['aggregator', '--grpc-port', '0', '--http-port', '0', '--no-rules', "
+            f"'--ready-file', {str(tmp_path / 'ready')!r}, '--wandb-project', 'p']))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("perfd aggregator: --wandb-project needs the wandb package, which is not "
+                                "installed: pip install 'perfd[wandb]' (or drop --wandb-project)")
+    assert not (tmp_path / "ready").exists()
+
+
+class _GpuViewState:
+    """gpu_view as AggregatorState gives it: rank 0's process on node-a GPU 0; GPU 1 busy with no
+    process whose environment could be read; node-b GPU 0 with values and no process list."""
+
+    def gpu_view(self, job: str) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]]:
+        procs = {("node-a", "0"): [{"pid": 10, "rank": 0, "local_rank": 0, "world_size": 1}],
+                 ("node-a", "1"): [{"pid": 11, "rank": None}]}
+        values = {("node-a", "0"): {"perfd_gpu_power_watts": 300.0},
+                  ("node-a", "1"): {"perfd_gpu_power_watts": 120.0},
+                  ("node-b", "0"): {"perfd_gpu_power_watts": 90.0}}
+        return procs, values, {}
+
+
+def test_wandb_gets_gpu_keys_for_gpus_without_rank_placement() -> None:
+    from perfd.exporters.wandb import node_metrics
+
+    sync = WandbSync(_GpuViewState(), _RecordingExporter())  # type: ignore[arg-type]
+    assert node_metrics(sync._gpu_values("j")) == {
+        "perfd_gpu_power_watts/rank=0": 300.0,
+        "perfd_gpu_power_watts/node=node-a,gpu=1": 120.0,
+        "perfd_gpu_power_watts/node=node-b,gpu=0": 90.0}

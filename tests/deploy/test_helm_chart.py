@@ -123,3 +123,131 @@ def test_default_render_passes_only_flags_this_perfd_has() -> None:
     for kind in ("Deployment", "DaemonSet"):
         args = _one(docs, kind)["spec"]["template"]["spec"]["containers"][0]["args"]
         parser.parse_args([a.replace("$(NODE_NAME)", "node-1") for a in args])
+
+
+def _pod(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    spec: dict[str, Any] = _one(docs, kind)["spec"]["template"]["spec"]
+    return spec
+
+
+def _args(docs: list[dict[str, Any]], kind: str) -> list[str]:
+    args: list[str] = _pod(docs, kind)["containers"][0]["args"]
+    return args
+
+
+def test_aggregator_scheduling_values() -> None:
+    base = _pod(_render(), "Deployment")
+    unset = {"nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"}
+    assert not unset & set(base)
+    docs = _render("aggregator.nodeSelector.pool=system", "aggregator.tolerations[0].key=dedicated",
+                   "aggregator.tolerations[0].operator=Exists",
+                   "aggregator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+                   ".nodeSelectorTerms[0].matchExpressions[0].key=gpu",
+                   "aggregator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+                   ".nodeSelectorTerms[0].matchExpressions[0].operator=DoesNotExist",
+                   "aggregator.priorityClassName=perfd-high", "agent.priorityClassName=system-node-critical",
+                   "imagePullSecrets[0].name=regcred")
+    pod, agent = _pod(docs, "Deployment"), _pod(docs, "DaemonSet")
+    assert pod["nodeSelector"] == {"pool": "system"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    term = required["nodeSelectorTerms"]
+    assert term == [{"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}]
+    assert pod["priorityClassName"] == "perfd-high" and agent["priorityClassName"] == "system-node-critical"
+    assert pod["imagePullSecrets"] == agent["imagePullSecrets"] == [{"name": "regcred"}]
+    # The agent keeps its GPU-node selector and tolerations; the aggregator's are its own.
+    assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    _validate(docs)
+
+
+def test_aggregator_persistence_keeps_the_state_dir() -> None:
+    assert "--state-dir" not in _args(_render(), "Deployment")
+    docs = _render("aggregator.persistence.enabled=true", "aggregator.persistence.size=20Gi",
+                   "aggregator.persistence.storageClassName=fast")
+    args = _args(docs, "Deployment")
+    state = args[args.index("--state-dir") + 1]
+    pvc = _one(docs, "PersistentVolumeClaim")
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    assert pvc["spec"]["storageClassName"] == "fast"
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    pod = _pod(docs, "Deployment")
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "data")
+    assert vols["data"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert state.startswith(mount["mountPath"] + "/")  # the journal is on the claim
+    assert _one(docs, "Deployment")["spec"]["strategy"]["type"] == "Recreate"  # one writer of a RWO claim
+    _validate(docs)
+    # An existing claim: used, none made.
+    docs = _render("aggregator.persistence.enabled=true", "aggregator.persistence.existingClaim=mine")
+    assert not [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    vols = {v["name"]: v for v in _pod(docs, "Deployment")["volumes"]}
+    assert vols["data"]["persistentVolumeClaim"]["claimName"] == "mine"
+
+
+def test_auth_token_secret_reaches_aggregator_and_agents() -> None:
+    assert not [d for d in _render() if d["kind"] == "Secret"]
+    docs = _render("auth.enabled=true")
+    secret = _one(docs, "Secret")
+    import base64
+
+    assert len(base64.b64decode(secret["data"]["token"])) == 48
+    for kind in ("Deployment", "DaemonSet"):
+        pod, args = _pod(docs, kind), _args(docs, kind)
+        path = args[args.index("--auth-token-file") + 1]
+        vols = {v["name"]: v for v in pod["volumes"]}
+        mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "auth")
+        assert vols["auth"]["secret"]["secretName"] == secret["metadata"]["name"]
+        assert path == f"{mount['mountPath']}/token" and mount["readOnly"] is True
+        build_parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in args])  # flags this perfd has
+    _validate(docs)
+    # An existing Secret and key: referenced, none made.
+    docs = _render("auth.enabled=true", "auth.existingSecret=cluster-token", "auth.secretKey=perfd")
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    args = _args(docs, "DaemonSet")
+    assert args[args.index("--auth-token-file") + 1] == "/etc/perfd/auth/perfd"
+    vols = {v["name"]: v for v in _pod(docs, "DaemonSet")["volumes"]}
+    assert vols["auth"]["secret"]["secretName"] == "cluster-token"
+
+
+def test_grafana_dashboards_configmap_holds_the_dashboards_as_shipped() -> None:
+    assert len([d for d in _render() if d["kind"] == "ConfigMap"]) == 1  # the agent's only
+    docs = _render("grafana.dashboards.enabled=true")
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "grafana" in d["metadata"]["name"]]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    for name in ("perfd-dashboard.json", "perfd-serving-dashboard.json"):
+        assert json.loads(cm["data"][name]) == json.loads((ROOT / "deploy" / "grafana" / name).read_text())
+    _validate(docs)
+
+
+def test_agent_host_pid_and_uid_are_values() -> None:
+    pod = _pod(_render(), "DaemonSet")
+    sc = pod["containers"][0]["securityContext"]
+    assert pod["hostPID"] is True and sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
+    docs = _render("agent.hostPID=false", "agent.runAsUser=65534")
+    pod = _pod(docs, "DaemonSet")
+    sc = pod["containers"][0]["securityContext"]
+    assert pod["hostPID"] is False and sc["runAsUser"] == 65534 and sc["runAsNonRoot"] is True
+    _validate(docs)
+
+
+def test_docs_the_chart_cites_exist() -> None:
+    import re
+
+    text = "".join(p.read_text() for p in CHART.rglob("*") if p.is_file() and p.suffix in (".yaml", ".tpl"))
+    cited = set(re.findall(r"docs/[\w./-]+\.md", text))
+    assert "docs/security.md" in cited
+    assert all((ROOT / c).is_file() for c in cited), cited
+
+
+def _validate(docs: list[dict[str, Any]]) -> None:
+    kv = pytest.importorskip("kubernetes_validate")
+    from kubernetes_validate.utils import latest_version
+
+    for d in docs:
+        if d["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue
+        for version in (*K8S_VERSIONS, latest_version()):
+            try:
+                kv.validate(d, version, strict=True)
+            except kv.ValidationError as exc:
+                pytest.fail(f"{d['kind']}/{d['metadata']['name']} invalid for {version}: {exc.message}")

@@ -2,10 +2,15 @@
 
 The test writes a slurm.conf for this host (all state, logs and sockets in a temp dir, ports picked
 free on loopback), starts munged, slurmctld and slurmd as root in the foreground, and submits
-deploy/slurm/example.sbatch with `sbatch --wait`, the training replaced by a recorded Megatron-LM
-log and NVML by its recording (TRAIN_CMD, PERFD_NVML). It then checks what perfd-slurm-run left:
-the aggregator saw the node's agent and every iteration, the prolog recorded the job on the node,
-the epilog cleaned up after a job whose batches were all delivered.
+deploy/slurm/example.sbatch with `sbatch --wait`: its srun starts one task per GPU as it would the
+training, each task's program replaced by a script that records the torch.distributed variables it
+was given (rank 0 then prints a recorded Megatron-LM log), NVML replaced by its recording
+(TRAIN_PROGRAM, PERFD_NVML), and aggregator options passed through (a value with a space included).
+It then checks what perfd-slurm-run left: every rank got RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/
+MASTER_PORT, the aggregator ran on loopback with a token made for the job (the API refuses without
+it), on the ports derived from the job id, listed for Prometheus while the job ran; it saw the
+node's agent and every iteration; the prolog recorded the job on the node, the epilog cleaned up
+after a job whose batches were all delivered.
 """
 
 from __future__ import annotations
@@ -159,23 +164,42 @@ def slurm() -> Iterator[tuple[Path, dict[str, str]]]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+TASK_SH = """\
+#!/bin/bash
+# One "training" task: record what torch.distributed would read; rank 0 prints the recorded log.
+env | grep -E '^(RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT)=' | sort >"$PERFD_OUT/rank-$RANK.env"
+if [ "$RANK" = 0 ]; then
+  cp "$PERFD_SLURM_DIR/$SLURM_JOB_ID/job.env" "$PERFD_OUT/prolog-job.env"
+  cp "$PERFD_PROMETHEUS_SD_DIR"/perfd-*.json "$PERFD_OUT/sd-while-running.json"
+  cat "{log}"
+fi
+"""
+
+
 def test_example_sbatch_runs_agents_and_aggregator_on_slurm(slurm):
     d, env = slurm
     out = d / "out"
     nodes = d / "nodes"
+    sd = d / "sd"
+    sd.mkdir()
+    task = d / "scripts" / "task.sh"
+    task.write_text(TASK_SH.replace("{log}", str(MEGATRON_LOG)))
+    opts = d / "scripts" / "aggregator.opts"
+    opts.write_text("--peak-tflops\n500\n--gpu\nNVIDIA H200\n")  # one argument per line, spaces kept
     job_env = {
         **env,
         "PERFD_BIN": str(Path(sys.executable).parent),  # the venv running the tests
         "PERFD_SLURM_SCRIPTS": str(SLURM_DIR),
         "PERFD_NVML": f"replay:{NVML_RECORDING}",
-        "PERFD_BIND": "127.0.0.1",              # loopback only
         "PERFD_AGGREGATOR_HOST": "127.0.0.1",
         "PERFD_OUT": str(out),
         "PERFD_SLURM_DIR": str(nodes),
-        # The "training": record what the prolog wrote, then print a real Megatron-LM log.
-        "TRAIN_CMD": f'cp "$PERFD_SLURM_DIR/$SLURM_JOB_ID/job.env" "$PERFD_OUT/prolog-job.env"; '
-                     f'cat "{MEGATRON_LOG}"',
+        "PERFD_PROMETHEUS_SD_DIR": str(sd),
+        "PERFD_AGGREGATOR_OPTS_FILE": str(opts),
+        "TRAIN_PROGRAM": f"bash {task}",
     }
+    for var in ("PERFD_BIND", "PERFD_GRPC_PORT", "PERFD_HTTP_PORT", "PERFD_AUTH_TOKEN_FILE", "TRAIN_CMD"):
+        job_env.pop(var, None)  # the defaults are under test
     if not (Path(job_env["PERFD_BIN"]) / "perfd").exists():
         pytest.skip(f"no perfd executable beside {sys.executable} (install perfd into that environment)")
     res = subprocess.run(["sbatch", "--wait", "--parsable", "--nodes=1", f"--output={out}/batch-%j.out",
@@ -193,8 +217,32 @@ def test_example_sbatch_runs_agents_and_aggregator_on_slurm(slurm):
     # The wrapper ran: the training went through the log, the aggregator ran on this (first) node.
     host = socket.gethostname().split(".")[0]
     assert (out / "train.log").read_bytes() == MEGATRON_LOG.read_bytes()
-    assert (out / "aggregator.ports").read_text().split()[0].isdigit(), diag
+    grpc_port, http_port = map(int, (out / "aggregator.ports").read_text().split())
+    # Ports known before the job started: derived from its id (one node: no fallback needed here).
+    assert (grpc_port, http_port) == (40000 + 2 * (int(job_id) % 10000), 40001 + 2 * (int(job_id) % 10000))
     assert (out / f"agent-{host}.log").exists(), diag
+    # A one-node job: the aggregator listened on loopback, with a token only the job's user reads.
+    agg_text = agg_log.read_text()
+    assert f"gRPC 127.0.0.1:{grpc_port}" in agg_text and "token required" in agg_text, agg_text
+    token = out / "token"
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text().strip()) == 64
+    batch_text = batch_out.read_text() if batch_out else ""
+    assert f"perfd top --aggregator http://127.0.0.1:{http_port} --auth-token-file {token}" in batch_text
+    # Prometheus file_sd: the target was listed while the job ran and removed after.
+    (listed,) = json.loads((out / "sd-while-running.json").read_text())
+    assert listed["targets"] == [f"127.0.0.1:{http_port}"] and listed["labels"]["slurm_job_id"] == job_id
+    assert not list(sd.iterdir())
+
+    # Every rank got what torch.distributed's env:// rendezvous reads, from SLURM's own numbering.
+    ranks = {}
+    for f in sorted(out.glob("rank-*.env")):
+        ranks[f.name] = dict(line.split("=", 1) for line in f.read_text().splitlines())
+    assert len(ranks) == 8, (sorted(ranks), diag)
+    assert sorted(int(r["RANK"]) for r in ranks.values()) == list(range(8))
+    assert {r["RANK"] for r in ranks.values()} == {r["LOCAL_RANK"] for r in ranks.values()}  # one node
+    assert {r["WORLD_SIZE"] for r in ranks.values()} == {"8"}
+    assert {r["MASTER_ADDR"] for r in ranks.values()} == {host}
+    assert {r["MASTER_PORT"] for r in ranks.values()} == {str(20000 + int(job_id) % 10000)}
 
     # The aggregator saw the node's agent, every iteration, the job's layout and the replayed GPU.
     stats = json.loads((out / "stats.json").read_text())
@@ -204,9 +252,12 @@ def test_example_sbatch_runs_agents_and_aggregator_on_slurm(slurm):
     assert job["job"] == f"gpt-8b-{job_id}"  # SLURM_JOB_NAME-SLURM_JOB_ID
     assert job["agents"] == [host]
     assert (job["first_iteration"], job["last_iteration"], job["iterations_seen"]) == (1, 40, 40)
-    assert job["has_job_info"] is True and job["gpu"] == "NVIDIA H100 80GB HBM3"
+    # --gpu "NVIDIA H200" (a value with a space) reached the aggregator: it overrides the replayed
+    # recording's NVIDIA H100 name.
+    assert job["has_job_info"] is True and job["gpu"] == "NVIDIA H200"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["latest"]["iteration"] == 40 and summary["job"]["layout"]["pp"] == 2, diag
+    assert summary["job"]["gpu"]["peak_tflops"] == 500.0  # the aggregator options reached it
 
     # Prolog: the job's node-local record, from SLURM's own variables.
     prolog_env = dict(line.split("=", 1) for line in (out / "prolog-job.env").read_text().splitlines()

@@ -62,7 +62,7 @@ def live(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Live]:
                                                  30, "aggregator ready"))
         metrics_port = free_port()
         agent = _perfd("agent", "--aggregator", f"127.0.0.1:{grpc_port}", "--job", JOB, "--megatron-log",
-                       str(train_log), "--nvml", f"replay:{NVML}", "--host", "off", "--node", "node-a",
+                       str(train_log), "--nvml", f"replay:{NVML}", "--host", "on", "--node", "node-a",
                        "--metrics-port", str(metrics_port), out=tmp_path / "agent.out")
         base = f"http://127.0.0.1:{http_port}"
 

@@ -32,7 +32,37 @@ def test_analyze_megatron_log_equals_the_cli(tmp_path: Path) -> None:
     def strip(its: list[dict[str, object]]) -> list[dict[str, object]]:
         return [{k: v for k, v in it.items() if k != "sources"} for it in its]
     assert strip(got["iterations"]) == strip(want["iterations"])
+    assert set(got) == set(want) - {"iterations_shown"}
+    assert got["report"]["summary"] == want["report"]["summary"]
     assert got["parse"]["counts"] == want["parse"]["counts"]
+
+
+def _python_blocks(md: Path) -> list[str]:
+    text = md.read_text()
+    return [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+
+
+def test_docs_first_example_runs_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/api.md's first example, run on the repository's log (the only change: the file name):
+    it reads run["report"]["findings"], which the API must give as the CLI's --json does."""
+    gz = tmp_path / "train.log.gz"
+    gz.write_bytes(gzip.compress(LOG.read_bytes()))
+    first = _python_blocks(ROOT / "docs" / "api.md")[0]
+    assert '"train.log.gz"' in first
+    exec(compile(first.replace('"train.log.gz"', repr(str(gz))), "docs/api.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert out.startswith("MFU ") and "bottleneck" in out and "\n- " in out
+
+
+def test_aggregator_down_raises_one_clear_error() -> None:
+    from tests.procs import free_port
+
+    agg = pa.Aggregator(f"127.0.0.1:{free_port()}", timeout=5)
+    for call in (agg.jobs, agg.stats, agg.metrics):
+        with pytest.raises(pa.AggregatorUnavailable, match=r"cannot reach the aggregator at http://127\.0\.0\.1:"):
+            call()
+    with pytest.raises(OSError):  # a ConnectionError: code catching OSError keeps working
+        agg.jobs()
 
 
 def test_refusals_are_the_cli_lines(tmp_path: Path) -> None:
@@ -83,3 +113,31 @@ def test_aggregator_client_against_a_real_aggregator(live: Live) -> None:
     assert labels == {"job_name": JOB} and value >= its[-1]["iteration"] - 1
     with pytest.raises(pa.PerfdInputError, match="HTTP 404"):
         agg.summary("no-such-job")
+
+
+def test_aggregator_client_with_a_token(tmp_path: Path) -> None:
+    import asyncio
+
+    from perfd.aggregator.main import Aggregator, AggregatorConfig
+
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-0123456789\n")
+
+    async def body() -> tuple[list[dict[str, object]], str]:
+        agg = Aggregator(AggregatorConfig(grpc_host="127.0.0.1", grpc_port=0, http_host="127.0.0.1",
+                                          http_port=0, rules_files=[], auth_token_file=str(token)))
+        await agg.start()
+        try:
+            assert agg.http is not None
+            url = f"http://127.0.0.1:{agg.http.port}"
+            jobs = await asyncio.to_thread(pa.Aggregator(url, auth_token_file=token).jobs)
+            try:
+                await asyncio.to_thread(pa.Aggregator(url).jobs)
+            except pa.PerfdInputError as exc:
+                return jobs, str(exc)
+            return jobs, ""
+        finally:
+            await agg.stop()
+
+    jobs, refused = asyncio.run(body())
+    assert jobs == [] and "HTTP 401" in refused

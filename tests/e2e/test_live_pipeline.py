@@ -23,8 +23,7 @@ from tests.procs import http_get as _get
 from tests.procs import wait_for as _wait
 
 ROOT = Path(__file__).resolve().parents[2]
-# The shared fixture (../shared/fixtures/megatron/h200x2_tp1_pp2_gbs64_mbs4.log), as embedded for the
-# demo: byte-identical, and present in every checkout.
+# The real 2×H200 run's log (Megatron-Core 0.20.0, TP=1 PP=2), as the demo ships it: in every checkout.
 FIXTURE = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 DATA = ROOT / "tests" / "data" / "megatron"
 pytestmark = pytest.mark.slow

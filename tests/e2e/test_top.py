@@ -39,18 +39,29 @@ def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
     r = _top("--aggregator", live.base, "--once", "--job", JOB)
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert JOB in out and "incidents: none open" in out  # no incidents API yet: a 404 is "none"
+    assert JOB in out and "incidents: none open" in out
     mfu = summary["summary"]["medians"]["mfu"]
     assert f"{100 * mfu:.1f}%" in out
-    ratios = summary["latest"]["straggler_rank_compute_ratio"]
-    assert ratios, "the dp2 log has per-rank timers"
-    slowest = max(ratios.items(), key=lambda kv: kv[1])
-    assert f"r{slowest[0]} {slowest[1]:.2f}×" in out
+    dist = summary["summary"]["step_time_distribution_ms"]
+    assert all(f"{dist[q]:.0f} ms" in out for q in ("p50", "p90", "max"))
+    # The newest iteration with per-rank timers (the latest may not have its timers yet)
+    its = _json(f"{live.base}/api/jobs/{JOB}/iterations?sources=0")["iterations"]
+    it = next(it for it in reversed(its) if it["straggler_rank_compute_ratio"])
+    slowest = max(it["straggler_rank_compute_ratio"].items(), key=lambda kv: kv[1])
+    assert f"ranks (iteration {it['iteration']})" in out and f"r{slowest[0]} {slowest[1]:.2f}×" in out
     assert len(gpus) == 1 and gpus[0]["replay"] is True and gpus[0]["node"] == "node-a"
     vals = gpus[0]["values"]
     assert "(replay)" in out and "node-a" in out
     assert f"{vals['perfd_gpu_sm_clock_hertz'] / 1e6:.0f}" in out
     assert "perfd_gpu_power_watts" in vals
+    # nvitop's columns: memory used/total, power/limit; the recording's processes; the host
+    used, total = vals["perfd_gpu_memory_used_bytes"], vals["perfd_gpu_memory_total_bytes"]
+    assert f"{used / 2**30:.1f}/{total / 2**30:.1f} {100 * used / total:.0f}%" in out
+    procs = gpus[0]["processes"]
+    assert procs and all(f" {p['pid']} " in out for p in procs)
+    (host,) = _json(f"{live.base}/api/jobs/{JOB}/gpus")["hosts"]
+    assert host["node"] == "node-a" and "perfd_host_cpu_util_ratio" in host["values"]
+    assert "hosts" in out and "load1" in out
 
 
 def test_top_refuses_unknown_job_and_unreachable_aggregator(live: Live) -> None:
@@ -107,10 +118,14 @@ def test_top_refreshes_in_a_real_terminal(live: Live, tmp_path: Path) -> None:
         refreshed = wait_for(lambda: (p := pane()) and f" {final} " in p and p, 30, "refreshed screen")
         assert refreshed.count("perfd top —") == 1
         assert refreshed.count("GPUs") == 1
-        subprocess.run(["tmux", "-L", name, "send-keys", "-t", name, "C-c"], check=True, timeout=10)
+        assert "processes" in refreshed and "hosts" in refreshed
+        # Keys are read in the terminal: n with one job keeps the focus, q quits (the terminal's
+        # mode restored; the session closes with the process).
+        subprocess.run(["tmux", "-L", name, "send-keys", "-t", name, "n"], check=True, timeout=10)
+        subprocess.run(["tmux", "-L", name, "send-keys", "-t", name, "q"], check=True, timeout=10)
         wait_for(lambda: subprocess.run(["tmux", "-L", name, "has-session", "-t", name],
                                         capture_output=True, timeout=10).returncode != 0, 20,
-                 "perfd top to exit on Ctrl-C (the session closes with it)")
+                 "perfd top to exit on q (the session closes with it)")
     finally:
         subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, timeout=10)
 

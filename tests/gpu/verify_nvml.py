@@ -320,7 +320,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
                          "nvidia-smi": cell["smi_median"], "pairs": cell["pairs"],
                          "agree": cell["agree_ratio"], "ok": cell["ok"]})
     parts.append(_md_table(rows, ["phase", "quantity", "perfd", "nvidia-smi", "pairs", "agree", "ok"]))
-    parts += ["", "## GPM medians per phase (DESIGN.md §2)", ""]
+    parts += ["", "## GPM medians per phase (the table in collectors/nvml/README.md)", ""]
     parts.append(_md_table(summary.get("gpm_table", []), ["phase"] + [c for c, _, _ in GPM_COLUMNS]))
     parts += ["", "### Checks", ""]
     parts.append(_md_table(summary.get("checks", []), ["phase", "metric", "op", "bound", "median", "status"]))

@@ -21,14 +21,13 @@ from perfd.report.report import analysis_json, format_value
 from perfd.report.svg import diverging_color, nice_ticks
 from tests.integrations.integrations_helpers import ROOT
 
-FIXTURE = ROOT.parent / "shared" / "fixtures" / "megatron" / "h200x2_tp1_pp2_gbs64_mbs4.log"
 DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
 SVG = "{http://www.w3.org/2000/svg}"
 
 
 def _pp2_log() -> Path:
-    return FIXTURE if FIXTURE.exists() else DEMO_LOG  # the demo ships a copy of the shared fixture
+    return DEMO_LOG  # the real 2×H200 TP=1 PP=2 run, in every checkout
 
 
 def _svgs(page: str) -> list[ET.Element]:

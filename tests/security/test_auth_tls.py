@@ -119,7 +119,8 @@ def test_http_needs_the_token_except_metrics_and_healthz(tmp_path: Path) -> None
         base = f"http://127.0.0.1:{agg.http.port}"
         auth = {"Authorization": f"Bearer {TOKEN}"}
         capture = json.dumps({"job": "j", "steps": 2}).encode()
-        alert = json.dumps({"alerts": [{"status": "firing", "labels": {"job_name": "j"}}]}).encode()
+        alert = json.dumps({"alerts": [{"status": "firing",
+                                        "labels": {"job_name": "j", "perfd_capture": "true"}}]}).encode()
         calls = [
             ("/api/jobs", "GET", None), ("/api/stats", "GET", None), ("/api/captures", "GET", None),
             ("/api/events", "GET", None), ("/api/jobs/j/iterations", "GET", None),
@@ -350,7 +351,8 @@ def test_http_body_limits_and_capture_caps(tmp_path: Path) -> None:
                                               json.dumps({"job": "j", "steps": 2}).encode())
             codes.append(code)
         assert codes.count(429) == 3 and agg.refusals.get(L.REFUSED_CAPTURE_RATE) == 3
-        alerts = {"alerts": [{"status": "firing", "labels": {"job_name": "k", "alertname": f"a{i}"}}
+        alerts = {"alerts": [{"status": "firing", "labels": {"job_name": "k", "alertname": f"a{i}",
+                                                             "perfd_capture": "true"}}
                              for i in range(5_000)]}
         code, reply = await asyncio.to_thread(_http, base + "/api/alertmanager", "POST",
                                               json.dumps(alerts).encode())

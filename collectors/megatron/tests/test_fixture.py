@@ -1,4 +1,4 @@
-"""The real Megatron-LM log (shared fixture, core 0.20.0, 2x H200, TP=1 PP=2 DP=1), its trimmed
+"""The real Megatron-LM log (perfd/demo/data, core 0.20.0, 2x H200, TP=1 PP=2 DP=1), its trimmed
 copy in tests/data, the hand-written logs of other eras and options, and streaming == whole-file."""
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from perfd.model import StepRecord
 
 DATA = Path(__file__).resolve().parent / "data"
 _REPO = Path(__file__).resolve().parents[3]
-_FIXTURE_REL = "shared/fixtures/megatron/h200x2_tp1_pp2_gbs64_mbs4.log"
-# shared/ sits beside the repository (/work/shared next to /work/main), or inside a checkout.
-FIXTURE = next((p for p in (_REPO.parent / _FIXTURE_REL, _REPO / _FIXTURE_REL) if p.exists()),
-               _REPO.parent / _FIXTURE_REL)
+# The real 2×H200 log as the demo ships it (perfd/demo/data): in every checkout, so these tests
+# never skip for want of a file outside the repository.
+FIXTURE = _REPO / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 TRIMMED = DATA / "h200x2_tp1_pp2_trimmed.log"
 STEP_TIMERS = {
     "forward-backward", "embedding-grads-all-reduce", "all-grads-sync", "optimizer-copy-to-main-grad",
@@ -26,7 +25,7 @@ STEP_TIMERS = {
     "backward-send", "forward-send-backward-recv", "backward-send-forward-recv",
 }
 
-needs_fixture = pytest.mark.skipif(not FIXTURE.exists(), reason=f"shared fixture missing: {FIXTURE}")
+needs_fixture = pytest.mark.skipif(not FIXTURE.exists(), reason=f"fixture missing: {FIXTURE}")
 
 
 @needs_fixture

@@ -33,7 +33,8 @@ def make(devices: list[FakeDevice] | None = None, config: dict[str, Any] | None 
     fake = FakePynvml(devices, **fake_kw)
     table = names or {}
     col = NvmlCollector(config or {}, nvml=Nvml(module=fake),
-                        process_lookup=lambda pid: table.get(pid, (None, None)))
+                        process_lookup=lambda pid: table.get(pid, (None, None)),
+                        user_lookup=lambda pid: "alice" if pid in table else None)
     return col, fake
 
 
@@ -219,7 +220,7 @@ def test_process_events_only_on_change_and_periodically() -> None:
     ev = first[0]
     assert ev["labels"] == {"gpu": "0", "uuid": dev.uuid, "model": "NVIDIA H200",
                             "pci_bus_id": "00000000:18:00.0"}
-    assert ev["payload"] == [{"pid": 100, "name": "python", "cmdline": long_cmd[:200],
+    assert ev["payload"] == [{"pid": 100, "name": "python", "user": "alice", "cmdline": long_cmd[:200],
                               "used_memory_bytes": 2 * 2**30,
                               "rank": None, "local_rank": None, "world_size": None, "job": None}]
     assert events(1.0) == [] and events(2.0) == []

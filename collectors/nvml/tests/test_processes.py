@@ -3,7 +3,7 @@ import subprocess
 import sys
 import time
 
-from collectors.nvml.processes import GpuProcess, ProcessTracker, psutil_rank_env
+from collectors.nvml.processes import GpuProcess, ProcessTracker, psutil_rank_env, psutil_user
 
 
 def test_rank_env_of_a_real_process_and_nothing_else_of_its_environment():
@@ -47,3 +47,18 @@ def test_process_events_carry_rank_or_none():
     by_pid = {p["pid"]: p for p in ev["payload"]}
     assert by_pid[100]["rank"] == 0 and by_pid[100]["world_size"] == 2
     assert by_pid[200]["rank"] is None and by_pid[200]["local_rank"] is None
+
+
+def test_user_of_a_real_process_and_of_a_gone_one():
+    import getpass
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert psutil_user(p.pid) == getpass.getuser()
+        t = ProcessTracker(60.0, lookup=lambda pid: ("python", None), env_lookup=lambda pid: {})
+        ev = t.update({"gpu": "0"}, [GpuProcess(p.pid, 1 << 30)], now=0.0)
+        assert ev is not None and ev["payload"][0]["user"] == getpass.getuser()
+    finally:
+        p.kill()
+        p.wait()
+    assert psutil_user(p.pid) is None  # gone: absent, never raises

@@ -18,3 +18,31 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "perfd.aggregator" -}}
 {{ .Release.Name }}-aggregator
 {{- end -}}
+
+
+{{- define "perfd.authSecret" -}}
+{{ .Values.auth.existingSecret | default (printf "%s-auth" .Release.Name) }}
+{{- end -}}
+
+{{/* Pod-spec fields both workloads take from values: pull secrets, priority class. */}}
+{{- define "perfd.podCommon" -}}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}

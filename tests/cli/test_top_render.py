@@ -1,0 +1,153 @@
+"""`perfd top`'s screen from what the aggregator's API answers (the JSON shapes of /api/jobs,
+/summary and /gpus, as tests/e2e/test_top.py checks against a real aggregator): every job's MFU and
+step percentiles, incidents read by their real keys and only the open ones counted, the focus
+that stays put, the nvitop-like GPU, process and host tables, and --once output not cut at 80
+columns when written to a file."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from perfd.commands import top
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _summary(mfu: float, p50: float, incidents: list[dict[str, Any]], bottleneck: str) -> dict[str, Any]:
+    return {"summary": {"medians": {"mfu": mfu}, "bottleneck": bottleneck, "step_time_cv": 0.05,
+                        "step_time_distribution_ms": {"p50": p50, "p90": p50 * 1.1, "max": p50 * 1.5,
+                                                      "n": 20}},
+            "latest": {"straggler_rank_compute_ratio": {"0": 1.0, "1": 1.31}},
+            "report": {"summary": {"headline": f"{bottleneck}, MFU {100 * mfu:.1f}%"}},
+            "ranks": [{"rank": 0, "node": "n1", "gpu": "0"}, {"rank": 1, "node": "n1", "gpu": "1"}],
+            "incidents": incidents}
+
+
+CLOSED = {"id": "i1", "open": False, "first_iteration": 3, "last_iteration": 5, "ranks": [1],
+          "kinds": ["data_stall"], "cost_s": 2.0, "cause": "rank 1 waited on data"}
+OPEN = {"id": "i2", "open": True, "first_iteration": 40, "last_iteration": 44, "ranks": [1],
+        "kinds": ["straggler", "thermal"], "cost_s": 12.5,
+        "cause": "rank 1 slow: GPU 1 at 87°C, clocks throttled (hw_thermal)"}
+GPUS = {"gpus": [
+    {"node": "n1", "gpu": "0", "model": "NVIDIA H200", "replay": False, "values": {
+        "perfd_gpu_utilization_ratio": 0.98, "perfd_gpu_memory_used_bytes": 70 * 2**30,
+        "perfd_gpu_memory_total_bytes": 140 * 2**30, "perfd_gpu_power_watts": 612.0,
+        "perfd_gpu_power_limit_watts": 700.0, "perfd_gpu_temperature_celsius": 66.0},
+     "processes": [{"pid": 4242, "user": "alice", "rank": 0, "used_memory_bytes": 69 * 2**30,
+                    "cmdline": "python pretrain_gpt.py --tensor-model-parallel-size 1", "name": "python"}]},
+    {"node": "n1", "gpu": "1", "model": "NVIDIA H200", "replay": False, "values": {
+        "perfd_gpu_utilization_ratio": 0.99, "perfd_gpu_power_watts": 700.0},
+     "processes": [{"pid": 4243, "user": "alice", "rank": 1, "used_memory_bytes": None, "cmdline": None,
+                    "name": None},
+                   {"pid": 777, "user": "bob", "rank": None, "used_memory_bytes": 8 * 2**30,
+                    "cmdline": "python stress.py", "name": "python"}]}],
+    "hosts": [{"node": "n1", "values": {"perfd_host_cpu_util_ratio": 0.37, "perfd_host_load1": 11.5,
+                                        "perfd_host_memory_used_bytes": 200 * 2**30,
+                                        "perfd_host_memory_total_bytes": 2000 * 2**30}}]}
+
+
+def _api(ages: dict[str, float], summaries: dict[str, dict[str, Any]]) -> top.Getter:
+    def get(path: str) -> Any:
+        if path == "/api/jobs":
+            return {"jobs": [{"job": j, "last_iteration": 44, "last_step_age_s": a} for j, a in ages.items()]}
+        _, _, job, what = path.split("/", 4)[1:]
+        job = urllib.parse.unquote(job)
+        return summaries[job] if what == "summary" else GPUS
+    return get
+
+
+def _screen(snap: top.Snapshot) -> str:
+    console = Console(width=250, file=io.StringIO(), color_system=None)
+    console.print(top.render(snap))
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert isinstance(out, str)
+    return out
+
+
+SUMS = {"alpha": _summary(0.412, 800.0, [CLOSED], "compute-bound"),
+        "beta": _summary(0.087, 380.0, [CLOSED, OPEN], "straggler")}
+
+
+def test_every_job_has_its_mfu_step_percentiles_and_open_incidents() -> None:
+    snap = top.fetch("http://agg", None, get=_api({"alpha": 1.0, "beta": 3.0}, SUMS))
+    out = _screen(snap)
+    rows = {ln.split("│")[1].strip().rstrip(" *"): [c.strip() for c in ln.split("│")[2:-1]]
+            for ln in out.splitlines() if ln.startswith("│") and ("alpha" in ln or "beta" in ln)}
+    # iter, last step, MFU, p50, p90, max, cv, bottleneck, open incidents
+    assert rows["alpha"][2:6] == ["41.2%", "800 ms", "880 ms", "1200 ms"]
+    assert rows["beta"][2:6] == ["8.7%", "380 ms", "418 ms", "570 ms"]
+    assert rows["alpha"][-1] == "0" and rows["beta"][-1] == "1"  # a closed incident is not open
+
+
+def test_incidents_read_their_real_keys_and_closed_ones_are_only_counted() -> None:
+    text = top.incidents_text([CLOSED, OPEN]).plain
+    assert text.startswith("incidents: 1 open (1 closed)")
+    assert ("iterations 40–44, ranks 1 [straggler, thermal], 12.5 s lost so far: rank 1 slow: GPU 1 at "
+            "87°C, clocks throttled (hw_thermal)") in text
+    assert "{" not in text and "rank 1 waited on data" not in text  # no raw JSON, no closed cause
+    assert top.incidents_text([CLOSED]).plain == "incidents: none open (1 closed)"
+    assert top.incidents_text([]).plain == "incidents: none open"
+
+
+def test_focus_stays_on_its_job_while_another_steps_later() -> None:
+    first = top.fetch("http://agg", None, get=_api({"alpha": 1.0, "beta": 3.0}, SUMS))
+    assert first.focus == "alpha"  # newest step at start
+    # beta now has the newest step: the view stays on alpha
+    again = top.fetch("http://agg", None, first.focus, get=_api({"alpha": 4.0, "beta": 0.5}, SUMS))
+    assert again.focus == "alpha"
+    gone = top.fetch("http://agg", None, "gamma", get=_api({"alpha": 4.0, "beta": 0.5}, SUMS))
+    assert gone.focus == "beta"  # the job shown before is gone: the newest again
+    assert top.step_focus(again.jobs, "alpha", 1) == "beta"
+    assert top.step_focus(again.jobs, "beta", 1) == "alpha"
+    assert top.step_focus(again.jobs, "alpha", -1) == "beta"
+
+
+def test_gpu_process_and_host_tables_are_dense() -> None:
+    out = _screen(top.fetch("http://agg", "beta", get=_api({"alpha": 1.0, "beta": 3.0}, SUMS)))
+    assert "70.0/140.0 50%" in out  # memory used/total GiB and share
+    assert "612/700 87%" in out and "700/–" in out  # power / limit, a limit not reported
+    proc = next(ln for ln in out.splitlines() if "4242" in ln)
+    assert "alice" in proc and "69.0 GiB" in proc
+    assert "python pretrain_gpt.py --tensor-model-parallel-size 1" in proc
+    foreign = next(ln for ln in out.splitlines() if " 777 " in ln)
+    assert "bob" in foreign and "8.0 GiB" in foreign and "python stress.py" in foreign
+    assert "not visible to the agent" in next(ln for ln in out.splitlines() if "4243" in ln)
+    host = next(ln for ln in out.splitlines() if ln.startswith("│ n1 ") and "11.5" in ln)
+    assert "37%" in host and "200.0/2000.0 10%" in host
+
+
+def test_once_to_a_file_is_not_cut_at_80_columns(tmp_path: Path, monkeypatch: Any) -> None:
+    """`perfd top --once > file`: rich's default width for a non-terminal is 80; the long command
+    line and the full GPU table must reach the file whole."""
+    snap_json = tmp_path / "api.json"
+    snap_json.write_text(json.dumps({"sums": SUMS, "gpus": GPUS}))
+    code = (
+        "import json, sys\n"
+        "from perfd.commands import top\n"
+        f"d = json.load(open({str(snap_json)!r}))\n"
+        "def get(path):\n"
+        "    if path == '/api/jobs':\n"
+        "        return {'jobs': [{'job': 'beta', 'last_iteration': 44, 'last_step_age_s': 1.0}]}\n"
+        "    return d['sums']['beta'] if path.endswith('/summary') else d['gpus']\n"
+        "top.http_getter = lambda base, token=None, timeout=5.0: get\n"
+        "sys.exit(top.run(top.argparse.Namespace(aggregator='agg', job=None, interval=2.0, once=True)))\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("COLUMNS", "LINES")}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "python pretrain_gpt.py --tensor-model-parallel-size 1" in r.stdout
+    assert max(len(ln) for ln in r.stdout.splitlines()) > 80
+    assert "…" not in r.stdout
+
+
+def test_refuses_bad_interval() -> None:
+    assert top.run(argparse.Namespace(aggregator="x", job=None, interval=0.0, once=True)) == 2

@@ -1,0 +1,46 @@
+"""`perfd demo` as a first-time user runs it (`make demo` runs the same command): every iteration
+shown in order with the warm-up marked, the GPU panel said to be a recording of another run, the
+report followed by notes that do not let the MFU grade's generic hint contradict what was measured,
+where the 790 TFLOP/s ceiling comes from, a next-step line, and no folder left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def test_demo_plain_output_a_first_user_can_read(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    r = subprocess.run([sys.executable, "-m", "perfd.cli", "demo", "--plain", "--speed", "20"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=180)
+    out = r.stdout
+    assert r.returncode == 0, out[-3000:] + r.stderr[-3000:]
+    shown = [int(m.group(1)) for m in re.finditer(r"^iteration (\d+): ", out, re.M)]
+    assert shown == list(range(1, 41))  # every iteration, once, in order: none skipped
+    first = next(ln for ln in out.splitlines() if ln.startswith("iteration 1: "))
+    assert "step 5868.0 ms" in first and "warm-up" in first and "left out of the steady-state" in first
+    assert "warm-up" not in next(ln for ln in out.splitlines() if ln.startswith("iteration 5: "))
+    assert "a RECORDING of another run (h100_phases.jsonl" in out and "it is not this job's GPUs" in out
+    notes = out[out.index("Reading this report:"):]
+    assert "data loading at 3.9%" in notes and "exposed gradient sync at 0.3%" in notes
+    assert "neither explains it here" in notes and "pipeline-bound" in notes
+    assert "790 TFLOP/s matmul ceiling is measured" in notes and "8192³ bf16" in notes
+    assert "their URLs above are closed" in out and "Next step" in out
+    assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())  # no /tmp/perfd-demo-* behind
+
+
+def test_demo_keep_files_keeps_them(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    r = subprocess.run([sys.executable, "-m", "perfd.cli", "demo", "--plain", "--speed", "40",
+                        "--keep-files"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:]
+    (kept,) = tmp_path.glob("perfd-demo-*")
+    assert (kept / "train.log").is_file() and f"(files kept in {kept})" in r.stdout
