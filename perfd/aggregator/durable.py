@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from perfd.aggregator.store import BATCH, HELLO, StateStore
+from perfd.aggregator.store import BATCH, HELLO, StateStore, StoreError
 from perfd.transport.codec import SAMPLE_FIELDS
 from perfd.transport.gen import perfd_pb2 as pb
 
@@ -54,12 +55,24 @@ class Journal:
     def commit(self) -> bool:
         return self.store.commit()
 
-    def durable_seqs(self) -> dict[str, tuple[str, int]]:
-        return self.store.seqs()
+    def lost(self, agent_id: str) -> bool:
+        return self.store.lost(agent_id)
+
+    def recover(self, agent_id: str) -> tuple[str, int] | None:
+        return self.store.recover(agent_id)
 
 
 def restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
-    """Read everything back into a fresh aggregator, before it listens. Returns what was read."""
+    """Read everything back into a fresh aggregator, before it listens. Returns what was read;
+    StoreError (one clear line, exit 2) when the file cannot be read through."""
+    try:
+        return _restore(agg, store)
+    except sqlite3.Error as exc:  # damage quick_check at open did not see: say so, no traceback
+        raise StoreError(f"{store.path} cannot be read back ({exc}): move it away to start with an "
+                         "empty state, or put back a good copy") from exc
+
+
+def _restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
     from perfd.transport.codec import decode_batch
 
     counts = {"hellos": 0, "batches": 0, "job_infos": 0, "unreadable": 0}

@@ -161,6 +161,7 @@ class Aggregator:
         self.captures.evaluate()
         if self.store is not None:
             save_documents(self, self.store)
+            self.store.prune()  # the journal keeps its newest max_batches batches
 
     def _on_hello(self, hello: HelloInfo) -> None:
         self._on_hello_jobs(hello.agent_id, hello.jobs)
@@ -236,6 +237,10 @@ class Aggregator:
         if gc_s is not None:  # timed in the aggregator process (run_aggregator), not in a test's
             d["gc_ms"] = round(gc_s * 1000)
         d.update({f"refused_{k}": v for k, v in self.refusals.snapshot().items()})
+        if self.store is not None:
+            st = self.store.stats()
+            d.update({f"state_store_{k}": int(st[k]) for k in (
+                "commits", "commit_failures", "rollbacks", "agents_lost", "journal_batches", "pruned")})
         return d
 
     async def start(self) -> None:

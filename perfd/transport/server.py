@@ -73,13 +73,19 @@ def server_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[s
 
 class IngestJournal(Protocol):
     """Where a durable aggregator writes what it accepted (perfd.aggregator.durable). The server
-    calls it on its event loop; :meth:`commit` runs before every Ack, so an Ack means durable."""
+    calls it on its event loop; :meth:`commit` runs before every Ack, so an Ack means durable.
+
+    Durability is per agent: a failed transaction (whoever committed it: the aggregator's own
+    documents share it) marks every agent that had written into it :meth:`lost`. A lost agent's
+    stream is closed before anything more of it is accepted or acknowledged, and its dedupe state
+    goes back to what :meth:`recover` says is on disk, so its resend is taken again."""
 
     def hello(self, agent_id: str, hello: pb.Hello) -> None: ...
     def batch(self, agent_id: str, batch: pb.Batch) -> None: ...
     def seq(self, agent_id: str, epoch: str, seq: int) -> None: ...
     def commit(self) -> bool: ...
-    def durable_seqs(self) -> dict[str, tuple[str, int]]: ...
+    def lost(self, agent_id: str) -> bool: ...
+    def recover(self, agent_id: str) -> tuple[str, int] | None: ...
 
 
 class SeqTracker:
@@ -96,6 +102,13 @@ class SeqTracker:
     def advance(self, agent_id: str, epoch: str, seq: int) -> None:
         if seq > self.last(agent_id, epoch):
             self._last[agent_id] = (epoch, seq)
+
+    def reset(self, agent_id: str, state: tuple[str, int] | None) -> None:
+        """The agent's state back to ``state`` (what is durable), even below what was accepted."""
+        if state is None:
+            self._last.pop(agent_id, None)
+        else:
+            self._last[agent_id] = state
 
     def export(self) -> dict[str, tuple[str, int]]:
         return dict(self._last)
@@ -366,14 +379,14 @@ class IngestServer:
                     # the stream are answered at once; commands never wait (a timer, not a sleep).
                     if not conn.ack_forced and not reader.done() and not self._ack_now(conn, loop):
                         continue
-                    if self.journal is not None and not self.journal.commit():
-                        # Not durable, so not acknowledged: forget what was accepted since the
-                        # last commit (the agent resends it from its spool) and drop the stream.
-                        self.seq_state = SeqTracker.load(self.journal.durable_seqs())
-                        self.store_failures += 1
-                        conn.close(grpc.StatusCode.UNAVAILABLE, "the aggregator could not make the "
-                                   "batches durable (its --state-dir); resend")
-                        break
+                    if self.journal is not None:
+                        # Acknowledge only what is on disk: a failed commit (this one, or one of the
+                        # rules thread's in the shared transaction) took this agent's rows if it
+                        # had any pending; its stream is then closed and nothing acknowledged. An
+                        # agent with nothing pending is acknowledged whatever happened to others.
+                        self.journal.commit()
+                        if not self._durable(conn, conn.agent_id):
+                            break
                     conn.last_ack_at = loop.time()
                     conn.ack_sent = max(conn.ack_sent, conn.ack_due)
                     conn.ack_forced = False
@@ -435,10 +448,27 @@ class IngestServer:
                                  f"for {self.limits.agent_silence_s:g} s; stream closed")
             conn.close(grpc.StatusCode.UNAVAILABLE, "silent stream")
 
+    def _durable(self, conn: _Conn, agent: str) -> bool:
+        """False when writes of ``agent`` not yet acknowledged were lost (a failed commit): the
+        dedupe state goes back to what is on disk (so the resend is accepted), ``conn`` is closed
+        (the agent resends from its spool on a new stream) and nothing more is acknowledged."""
+        j = self.journal
+        if j is None or not j.lost(agent):
+            return True
+        state = j.recover(agent)
+        self.seq_state.reset(agent, state)
+        conn.ack_due = min(conn.ack_due, state[1] if state is not None and state[0] == conn.epoch else 0)
+        self.store_failures += 1
+        conn.close(grpc.StatusCode.UNAVAILABLE, "the aggregator could not make the batches durable "
+                   "(its --state-dir); resend")
+        return False
+
     async def _read(self, it: AsyncIterator[pb.AgentMessage], conn: _Conn) -> None:
         loop = asyncio.get_running_loop()
         try:
             async for msg in it:
+                if conn.closed:  # closed under it (lost writes, superseded): take nothing more
+                    break
                 conn.last_msg_at = loop.time()
                 which = msg.WhichOneof("msg")
                 if which == "batch":
@@ -503,6 +533,8 @@ class IngestServer:
             self._tables.popitem(last=False)
         conn.agent_id, conn.epoch = info.agent_id, info.spool_epoch
         if self.journal is not None:
+            if self.journal.lost(info.agent_id):  # its older stream had lost writes: start from disk
+                self.seq_state.reset(info.agent_id, self.journal.recover(info.agent_id))
             self.journal.hello(info.agent_id, hello)
         # Tell the agent what we already hold, so it does not resend batches whose Ack was lost.
         conn.ack_due = max(conn.ack_due, self.seq_state.last(info.agent_id, info.spool_epoch))
@@ -519,6 +551,8 @@ class IngestServer:
         if agent is None:
             self.protocol_errors += 1
             raise ValueError("Batch before Hello")
+        if not self._durable(conn, agent):
+            return
         seq = b.seq
         last = self.seq_state.last(agent, conn.epoch)
         if seq <= last:
