@@ -81,11 +81,16 @@ REFUSED_WEBHOOK_ALERTS = "webhook_alerts"
 REFUSED_HTTP_BODY = "http_body"
 REFUSED_HTTP_CONNECTIONS = "http_connections"
 REFUSED_JOB_INFO_VALUE = "job_info_value"  # a value outside perfd.bounds (it becomes absent)
+# A step record for an (iteration, rank) of a job already held from another agent: the held one stays
+# (event perfd.events.STEP_CONFLICT names both agents).
+REFUSED_STEP_CONFLICT = "step_conflict"
+REFUSED_WORSE_DUPLICATE = "worse_duplicate"  # a copy of a held step record lacking some of its values
 REFUSED_REASONS = (
     REFUSED_UNAUTHENTICATED, REFUSED_IDENTITY, REFUSED_NOT_HOST, REFUSED_STREAMS,
     REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_OVERLOADED, REFUSED_JOBS, REFUSED_SERIES, REFUSED_LABELS,
     REFUSED_EVENT_BYTES, REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
-    REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_JOB_INFO_VALUE,
+    REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT,
+    REFUSED_WORSE_DUPLICATE,
 )
 
 

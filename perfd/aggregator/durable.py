@@ -73,9 +73,23 @@ def restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
 
 
 def _restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
+    counts = {"hellos": 0, "batches": 0, "job_infos": 0, "unreadable": 0}
+    agg.state.replaying = True
+    try:
+        _replay(agg, store, counts)
+    finally:
+        agg.state.replaying = False
+    for job, agent, text in store.job_infos():  # the newest job info wins whatever was pruned
+        agg.ingest_job_info_text(agent, job, text)
+        counts["job_infos"] += 1
+    agg.server.seq_state = type(agg.server.seq_state).load(store.seqs())
+    _restore_documents(agg, store)
+    return counts
+
+
+def _replay(agg: Aggregator, store: StateStore, counts: dict[str, int]) -> None:
     from perfd.transport.codec import decode_batch
 
-    counts = {"hellos": 0, "batches": 0, "job_infos": 0, "unreadable": 0}
     for kind, agent, body in store.replay():
         try:
             if kind == HELLO:
@@ -87,12 +101,6 @@ def _restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
         except Exception as exc:  # one bad row must not keep the aggregator down
             counts["unreadable"] += 1
             log.warning("state store: a %s row of agent %s could not be replayed: %s", kind, agent, exc)
-    for job, agent, text in store.job_infos():  # the newest job info wins whatever was pruned
-        agg.ingest_job_info_text(agent, job, text)
-        counts["job_infos"] += 1
-    agg.server.seq_state = type(agg.server.seq_state).load(store.seqs())
-    _restore_documents(agg, store)
-    return counts
 
 
 def save_documents(agg: Aggregator, store: StateStore) -> None:

@@ -222,7 +222,16 @@ class Aggregator:
                 st.ingest_samples(agent_id, defs, ids, ts, vals)
         steps = guard.steps(agent_id, batch.steps) if batch.steps else []
         if steps:
-            st.ingest_steps(agent_id, steps)
+            kept_out = st.ingest_steps(agent_id, steps)
+            for (job, holder), its in kept_out.other_agent.items():
+                self.refusals.refuse(L.REFUSED_STEP_CONFLICT, f"{len(its)} step record(s) of job "
+                                     f"{job[:64]!r} from agent {agent_id[:64]} for iterations held "
+                                     f"from agent {holder[:64]}; the held ones kept", len(its))
+            for job, its in kept_out.worse.items():
+                self.refusals.refuse(L.REFUSED_WORSE_DUPLICATE, f"{len(its)} copy(ies) of held step "
+                                     f"records of job {job[:64]!r} (e.g. iteration {its[0]}) from agent "
+                                     f"{agent_id[:64]} lack values the held ones have; kept the held ones",
+                                     len(its))
         colls = guard.collectives(agent_id, batch.collectives) if batch.collectives else []
         if colls:
             st.ingest_collectives(agent_id, colls)
