@@ -8,7 +8,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from perfd import limits as L
@@ -97,20 +97,19 @@ class Aggregator:
             tls = ServerTls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
         self.store: StateStore | None = StateStore(cfg.state_dir) if cfg.state_dir else None
+        # agent -> series id -> its definition, admitted by the guard (once per definition).
+        self._series: dict[str, dict[int, Series]] = {}
         self.server = IngestServer(self.on_batch, self._on_hello, tls=tls, token=self.token,
                                    limits=cfg.limits, refusals=self.refusals,
-                                   journal=Journal(self.store) if self.store is not None else None)
+                                   journal=Journal(self.store) if self.store is not None else None,
+                                   admit_series=self._admit_series)
         self.http: HttpServer | None = None
         self.grpc_port = 0
         self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.server.send_command,
                                            cfg.rules_interval_s, limits=cfg.limits,
                                            refusals=self.refusals, hosts=self.guard.hosts)
-        # agent -> series ids refused (caps): their samples are left out, the rest delivered.
-        self._refused_series: dict[str, set[int]] = {}
         self._rules_task: asyncio.Task[None] | None = None
         self._refresh_task: asyncio.Task[None] | None = None
-        # agent -> series id -> its definition, admitted by the guard (once per definition).
-        self._series: dict[str, dict[int, Series]] = {}
         self.job_info_errors = 0
         self.wandb: WandbSync | None = None
         self._wandb_task: asyncio.Task[None] | None = None
@@ -182,26 +181,21 @@ class Aggregator:
             self.job_info_errors += 1
             log.warning("agent %s sent unusable job info for %s: %s", agent_id, job, exc)
 
-    def _series_defs(self, batch: DecodedBatch) -> Mapping[int, Series]:
-        cache = self._series.setdefault(batch.agent_id, {})
-        refused = self._refused_series.setdefault(batch.agent_id, set())
-        table: Mapping[int, Series] = batch.series
-
-        def define(sid: int, s: Series) -> None:
-            known = sid in cache
-            if known or self.guard.admit_series(batch.agent_id, s.name, s.labels):
-                cache[sid] = s
-                refused.discard(sid)
-            else:
-                refused.add(sid)
-
-        for sid in batch.new_series:
-            define(sid, table[sid])
-        if len(cache) + len(refused) < len(table):  # first batch after an aggregator restart
-            for sid, s in table.items():
-                if sid not in cache and sid not in refused:
-                    define(sid, s)
-        return cache
+    def _admit_series(self, agent_id: str, sid: int, s: Series) -> bool:
+        """The ingest server asks for each series definition it reads (IngestServer.admit_series):
+        a definition held already is admitted again without counting it twice against the cap (a
+        reconnect redefines every series); a refused one is kept nowhere, here or in the server."""
+        cache = self._series.get(agent_id)
+        if cache is not None and cache.get(sid) == s:
+            return True
+        if self.guard.admit_series(agent_id, s.name, s.labels):
+            if cache is None:
+                cache = self._series[agent_id] = {}
+            cache[sid] = s
+            return True
+        if cache is not None:
+            cache.pop(sid, None)  # the id now names a refused series
+        return False
 
     def on_batch(self, agent_id: str, batch: DecodedBatch) -> None:
         st, guard = self.state, self.guard
@@ -210,16 +204,8 @@ class Aggregator:
         if batch.new_series:  # also in a batch without samples: the ids' next samples need it
             st.series_defined(agent_id, batch.new_series)
         if batch.n_samples:
-            defs = self._series_defs(batch)
-            ids: Sequence[int] = batch.series_ids
-            ts: Sequence[int] = batch.timestamps_ns
-            vals: Sequence[float] = batch.values
-            refused = self._refused_series.get(agent_id)
-            if refused:  # the slow path only for an agent with refused series
-                keep = [i for i, sid in enumerate(ids) if sid not in refused]
-                ids, ts, vals = [ids[i] for i in keep], [ts[i] for i in keep], [vals[i] for i in keep]
-            if ids:
-                st.ingest_samples(agent_id, defs, ids, ts, vals)
+            # batch.series holds admitted series only: samples of a refused one are dropped there
+            st.ingest_samples(agent_id, batch.series, batch.series_ids, batch.timestamps_ns, batch.values)
         steps = guard.steps(agent_id, batch.steps) if batch.steps else []
         if steps:
             kept_out = st.ingest_steps(agent_id, steps)

@@ -391,6 +391,7 @@ class AggregatorState:
         js = self.jobs.stats
         out: dict[str, Any] = {
             "samples_ingested": self.nodes.samples,
+            "samples_undefined": self.nodes.undefined_samples,  # their series refused or never defined
             "step_records_ingested": js.steps,
             "events_ingested": self.log.ingested,
             "events_malformed": dict(self.log.malformed),

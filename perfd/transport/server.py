@@ -34,6 +34,7 @@ import grpc
 from perfd import limits as L
 from perfd.refusals import Refusals
 from perfd.transport.codec import (
+    AdmitSeries,
     Command,
     DecodedBatch,
     HelloInfo,
@@ -50,6 +51,9 @@ log = logging.getLogger(__name__)
 
 OnBatch = Callable[[str, DecodedBatch], None]
 OnHello = Callable[[HelloInfo], None]
+# (agent id, series id, definition) -> whether the series is held (the aggregator's caps). A refused
+# definition is kept nowhere: its samples are dropped as samples of an undefined id.
+AdmitSeries3 = Callable[[str, int, Series], bool]
 
 
 def server_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -180,8 +184,10 @@ class IngestServer:
         limits: L.Limits | None = None,
         refusals: Refusals | None = None,
         journal: IngestJournal | None = None,
+        admit_series: AdmitSeries3 | None = None,
     ) -> None:
         self._on_batch = on_batch
+        self.admit_series = admit_series
         self.journal = journal
         self._on_hello = on_hello
         self.seq_state = seq_state if seq_state is not None else SeqTracker()
@@ -524,9 +530,11 @@ class IngestServer:
             conn.series = kept[1]
             info = decode_hello(hello, None, peer=conn.peer)
         else:
-            info = decode_hello(hello, conn.series, peer=conn.peer)
+            info = decode_hello(hello, conn.series, peer=conn.peer, admit=self._admitter(hello.agent_id))
             before = kept[1] if kept is not None else {}
             conn.hello_ids = [i for i, s in conn.series.items() if before.get(i) != s]
+            if before and len(conn.series) < len(hello.series):  # some refused: ids held before go
+                conn.hello_ids += [d.id for d in hello.series if d.id in before and d.id not in conn.series]
             self._tables[hello.agent_id] = (digest, conn.series)
         self._tables.move_to_end(hello.agent_id)
         while len(self._tables) > self.limits.max_streams:
@@ -571,6 +579,10 @@ class IngestServer:
         if self._ack_now(conn, asyncio.get_running_loop()):
             conn.wake.set()
 
+    def _admitter(self, agent: str) -> AdmitSeries | None:
+        admit = self.admit_series
+        return None if admit is None else (lambda sid, s: admit(agent, sid, s))
+
     def _trim(self, agent: str, conn: _Conn, b: pb.Batch) -> bool:
         """Apply the per-message caps; False when the whole batch is refused (it is acknowledged
         all the same: resending it would be refused again)."""
@@ -594,7 +606,7 @@ class IngestServer:
         if not self._trim(agent, conn, b):
             return
         try:
-            decoded = decode_batch(b, conn.series)
+            decoded = decode_batch(b, conn.series, self._admitter(agent) if b.series else None)
             if conn.hello_ids:
                 decoded.new_series = conn.hello_ids + decoded.new_series
                 conn.hello_ids = []
