@@ -75,7 +75,7 @@ class StateStore:
             self._db.execute("PRAGMA busy_timeout=5000")
             # A damaged file must stop start-up with one clear line, not fail half-way through the
             # replay (random bytes inside a page pass the header checks of the PRAGMAs above).
-            check = [str(r[0]) for r in self._db.execute("PRAGMA quick_check(5)")]
+            check = [" ".join(str(r[0]).split()) for r in self._db.execute("PRAGMA quick_check(3)")]
             if check != ["ok"]:
                 raise StoreError(f"{self.path} is damaged ({'; '.join(check)[:300]}): move it away to "
                                  "start with an empty state, or put back a good copy")
