@@ -30,7 +30,7 @@ from perfd.refusals import Refusals
 from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import default_pack_path, load_pack
 from perfd.transport.codec import DecodedBatch, HelloInfo, Series
-from perfd.transport.security import ServerTls, TokenFile
+from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
 from perfd.transport.server import IngestServer
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,8 @@ class AggregatorConfig:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     auth_token_file: str | None = None
+    # Which agent ids and jobs each client certificate may use (perfd.transport.security.IdentityPolicy).
+    identity_policy: str | None = None
     limits: L.Limits = field(default_factory=L.Limits)
     gpu: str | None = None  # override the GPU name used for the peak table
     peak_tflops: float | None = None
@@ -89,12 +91,17 @@ class Aggregator:
         self.state.collectives.job_config.update(cfg.collectives_per_job)
         self.state.job_stale_after_s = cfg.job_stale_after_s
         self.refusals = Refusals()
-        self.guard = Guard(cfg.limits, self.refusals)
         tls = None
         if cfg.tls_cert or cfg.tls_key or cfg.tls_client_ca:
             if not (cfg.tls_cert and cfg.tls_key):
                 raise ValueError("--tls-cert and --tls-key go together (--tls-client-ca needs both)")
             tls = ServerTls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+        policy = None
+        if cfg.identity_policy:
+            if not cfg.tls_client_ca:  # identities come from client certificates
+                raise ValueError("--identity-policy needs mutual TLS (--tls-client-ca)")
+            policy = IdentityPolicy(cfg.identity_policy)
+        self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None)
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
         self.store: StateStore | None = StateStore(cfg.state_dir) if cfg.state_dir else None
         # agent -> series id -> its definition, admitted by the guard (once per definition).
@@ -102,7 +109,7 @@ class Aggregator:
         self.server = IngestServer(self.on_batch, self._on_hello, tls=tls, token=self.token,
                                    limits=cfg.limits, refusals=self.refusals,
                                    journal=Journal(self.store) if self.store is not None else None,
-                                   admit_series=self._admit_series)
+                                   admit_series=self._admit_series, policy=policy)
         self.http: HttpServer | None = None
         self.grpc_port = 0
         self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.server.send_command,
@@ -180,6 +187,13 @@ class Aggregator:
         except (ValueError, TypeError) as exc:
             self.job_info_errors += 1
             log.warning("agent %s sent unusable job info for %s: %s", agent_id, job, exc)
+
+    def _job_allowed(self, agent_id: str, job: str) -> bool:
+        """The identity policy's word on ``agent_id`` writing ``job``. An agent with no identity
+        bound is one replayed from the state store at start: what it wrote passed the policy when
+        it arrived."""
+        policy, identity = self.server.policy, self.server.identity_of(agent_id)
+        return policy is None or identity is None or policy.may_write_job(identity, job)
 
     def _admit_series(self, agent_id: str, sid: int, s: Series) -> bool:
         """The ingest server asks for each series definition it reads (IngestServer.admit_series):

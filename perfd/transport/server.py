@@ -45,7 +45,7 @@ from perfd.transport.codec import (
     sample_count,
 )
 from perfd.transport.gen import perfd_pb2 as pb
-from perfd.transport.security import AUTH_HEADER, ServerTls, TokenFile, peer_identity
+from perfd.transport.security import AUTH_HEADER, IdentityPolicy, ServerTls, TokenFile, peer_identity
 
 log = logging.getLogger(__name__)
 
@@ -185,9 +185,11 @@ class IngestServer:
         refusals: Refusals | None = None,
         journal: IngestJournal | None = None,
         admit_series: AdmitSeries3 | None = None,
+        policy: IdentityPolicy | None = None,
     ) -> None:
         self._on_batch = on_batch
         self.admit_series = admit_series
+        self.policy = policy
         self.journal = journal
         self._on_hello = on_hello
         self.seq_state = seq_state if seq_state is not None else SeqTracker()
@@ -489,8 +491,16 @@ class IngestServer:
             conn.closed = True
             conn.wake.set()
 
+    def identity_of(self, agent_id: str) -> str | None:
+        """The identity ``agent_id`` is bound to (None before its first stream)."""
+        return self._identities.get(agent_id)
+
     def _bind(self, conn: _Conn, agent_id: str) -> None:
         """Bind ``agent_id`` to this stream's identity, or refuse (see the class docstring)."""
+        if self.policy is not None and not self.policy.may_use_agent_id(conn.identity, agent_id):
+            raise StreamRefused(grpc.StatusCode.PERMISSION_DENIED, L.REFUSED_POLICY,
+                                f"the identity policy does not let {conn.identity} ({conn.peer}) use agent "
+                                f"id {agent_id[:64]!r}")
         bound = self._identities.get(agent_id)
         live = self._streams.get(agent_id)
         if bound is not None and bound != conn.identity:
