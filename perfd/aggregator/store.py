@@ -34,6 +34,13 @@ log = logging.getLogger(__name__)
 
 HELLO, BATCH = "hello", "batch"
 DEFAULT_MAX_BATCHES = 200_000  # journal rows kept; the oldest batches go first (job info is kept apart)
+# The WAL is checkpointed into the database every this many pages (SQLite's default is 1,000, 4 MB)
+# and its file cut back to WAL_LIMIT_BYTES after: a commit rewrites the journal's last page and the
+# seq page, so the WAL grows ~3x faster than the data, and on a 3 MB disk it filled the disk before
+# reaching 4 MB — after which not even a checkpoint had room to run (measured: tests/faults).
+WAL_CHECKPOINT_PAGES = 256
+WAL_LIMIT_BYTES = 1 << 20
+FAILURE_LOG_INTERVAL_S = 60.0  # a full disk fails every commit: one log line per interval
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS journal (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL,
@@ -72,6 +79,8 @@ class StateStore:
             if str(mode).lower() != "wal":
                 raise StoreError(f"{self.path}: SQLite refused WAL mode ({mode})")
             self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
+            self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
             self._db.execute("PRAGMA busy_timeout=5000")
             # A damaged file must stop start-up with one clear line, not fail half-way through the
             # replay (random bytes inside a page pass the header checks of the PRAGMAs above).
@@ -105,6 +114,8 @@ class StateStore:
         self.agents_lost = 0  # agents whose unacknowledged writes a rollback took
         self.pruned = 0
         self.last_error: str | None = None
+        self._logged_at = -FAILURE_LOG_INTERVAL_S
+        self._unlogged = 0
 
     # ---- the journal (ingest thread) ---------------------------------------------------------
     def _begin(self) -> None:
@@ -135,11 +146,23 @@ class StateStore:
         except sqlite3.Error:
             pass  # SQLite may have rolled it back itself (SQLITE_FULL, SQLITE_IOERR)
         self._open_txn = False
+        try:
+            # Give the WAL's space back: on a small disk the WAL itself fills it before it reaches
+            # the auto-checkpoint size, and then no commit could ever succeed again.
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error:
+            pass
         self.rollbacks += 1
         self.agents_lost += len(self._pending - self._lost)
         self._lost |= self._pending
-        log.error("state store: %s: rolled back; nothing of it is acknowledged (%d agent(s) resend "
-                  "from their spools)", why, len(self._pending))
+        now = time.monotonic()
+        if now - self._logged_at >= FAILURE_LOG_INTERVAL_S:
+            more = f"; {self._unlogged} more failure(s) since the last line" if self._unlogged else ""
+            log.error("state store: %s: rolled back, nothing of it acknowledged (%d agent(s) resend from "
+                      "their spools)%s", why, len(self._pending), more)
+            self._logged_at, self._unlogged = now, 0
+        else:
+            self._unlogged += 1
         self._pending.clear()
         self._pending_seqs.clear()
         self._pending_batches = 0

@@ -10,15 +10,25 @@ would. The figures printed are recorded in docs/reliability.md.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.store import BATCH, StateStore
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.gen import perfd_pb2 as pb
+from tests.procs import free_port, http_get, stop, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ENOSPC = "database or disk is full"
 
@@ -122,3 +132,84 @@ def test_disk_full_while_two_agents_stream_loses_no_acknowledged_iteration(tmp_p
     assert counters["commit_failures"] > 0
     assert acked_while_full == {"node-a": 0, "node-b": 0}  # nothing acknowledged that is not on disk
     assert lost == {"a": [], "b": []}
+
+
+def _tmpfs_namespaces() -> bool:
+    """Whether this machine lets an unprivileged user namespace mount a tmpfs (``unshare -rm``)."""
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        p = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"],
+                           capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return p.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _tmpfs_namespaces(), reason="needs `unshare -rm` to mount a tmpfs")
+def test_a_real_full_tmpfs_loses_no_acknowledged_iteration(tmp_path: Path) -> None:
+    """A real aggregator process whose --state-dir is a 3 MB tmpfs of its own (a mount namespace),
+    filled up by a file while two agents stream, then freed."""
+    n = 300
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    grpc_port, http_port = free_port(), free_port()
+    agg_cmd = (f"mount -t tmpfs -o size=3m tmpfs {mnt} && exec {sys.executable} -m perfd.cli aggregator "
+               f"--grpc-port {grpc_port} --http-port {http_port} --no-rules --rules-interval 0.2 "
+               f"--state-dir {mnt}/state")
+    p = subprocess.Popen(["unshare", "-rm", "sh", "-c", agg_cmd], cwd=ROOT,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                         stdout=(tmp_path / "agg.out").open("wb"), stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{http_port}"
+    inside = Path(f"/proc/{p.pid}/root") / str(mnt).lstrip("/")  # the tmpfs, seen from here
+    filler = inside / "filler"
+    bulk = "x" * 1500  # a Megatron line with its timers is about this long
+
+    def fill() -> None:
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:  # ENOSPC: the disk is full
+                pass
+
+    async def stream() -> None:
+        clients = [AgentClient(f"127.0.0.1:{grpc_port}", f"node-{j}", jobs=[j], backoff_initial_s=0.1,
+                               backoff_max_s=0.5) for j in ("a", "b")]
+        tasks = [asyncio.create_task(c.run()) for c in clients]
+        try:
+            for i in range(1, n + 1):
+                for c, j in zip(clients, ("a", "b"), strict=True):
+                    c.submit(steps=[StepRecord(job=j, iteration=i, step_time_ms=100.0,
+                                               fields={"line": bulk})])
+                if i == n // 3:
+                    await asyncio.to_thread(fill)
+                if i == 2 * n // 3:
+                    filler.unlink()
+                await asyncio.sleep(0.03)
+            for c in clients:
+                assert await c.flush(120)
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    try:
+        wait_for(lambda: http_get(f"{base}/healthz"), 30, "aggregator up")
+        asyncio.run(stream())
+        stats = json.loads(http_get(f"{base}/api/stats"))["transport"]
+        copy = tmp_path / "copy"  # what a restart would read: the database and its WAL, as they are
+        copy.mkdir()
+        for name in ("state.sqlite3", "state.sqlite3-wal"):
+            if (inside / "state" / name).exists():
+                shutil.copyfile(inside / "state" / name, copy / name)
+    finally:
+        stop(p)
+    held = on_disk(copy)
+    lost = {j: len(set(range(1, n + 1)) - held.get(j, set())) for j in ("a", "b")}
+    print(f"FIGURES real tmpfs: {stats['state_store_commit_failures']} failed commits, "
+          f"{stats['store_failures']} streams closed for lost writes; iterations missing on disk after "
+          f"space was freed: a {lost['a']}, b {lost['b']} of {n} each")
+    assert stats["state_store_commit_failures"] > 0  # the disk did fill
+    assert lost == {"a": 0, "b": 0}
