@@ -53,7 +53,7 @@ OnBatch = Callable[[str, DecodedBatch], None]
 OnHello = Callable[[HelloInfo], None]
 # (agent id, series id, definition) -> whether the series is held (the aggregator's caps). A refused
 # definition is kept nowhere: its samples are dropped as samples of an undefined id.
-AdmitSeries3 = Callable[[str, int, Series], bool]
+SeriesAdmission = Callable[[str, int, Series], bool]
 
 
 def server_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -184,7 +184,7 @@ class IngestServer:
         limits: L.Limits | None = None,
         refusals: Refusals | None = None,
         journal: IngestJournal | None = None,
-        admit_series: AdmitSeries3 | None = None,
+        admit_series: SeriesAdmission | None = None,
         policy: IdentityPolicy | None = None,
     ) -> None:
         self._on_batch = on_batch
