@@ -96,6 +96,9 @@ CAPTURE_FINISHED = _k("capture_finished", "any", False, "perfd/capture/manager.p
 CAPTURE_FAILED = _k("capture_failed", "any", False, "perfd/capture/manager.py (agent)",
                     ("perfd/aggregator/captures.py: capture records", _AGG_LOG), "A capture failed")
 
+STEP_CONFLICT = _k("step_conflict", "mapping", False, "perfd/aggregator/state.py (job store)",
+                   (_AGG_LOG,), "Step records of a job from one agent for (iteration, rank) pairs held from "
+                   "another: refused, the held ones kept (payload: job, holder, sender, iterations)")
 INCIDENT_OPENED = _k("incident_opened", "mapping", False, "perfd/aggregator/incidents.py",
                      (_AGG_LOG, "Alertmanager/Grafana via /api/events"),
                      "A stretch of iterations departs from steady state (who, why, cost so far)")
@@ -105,7 +108,7 @@ INCIDENT_CLOSED = _k("incident_closed", "mapping", False, "perfd/aggregator/inci
 KINDS: dict[str, EventKind] = {k.name: k for k in (
     GPU_PROCESSES, GPU_PODS, SERVING_DATA, NCCL_HANG, HOOK_PROFILE, GPU_LOST, XID, VALIDATION, LOG_GAP,
     REPLAY_FINISHED, RULE_FIRING, CAPTURE_STARTED, CAPTURE_FINISHED, CAPTURE_FAILED, INCIDENT_OPENED,
-    INCIDENT_CLOSED)}
+    INCIDENT_CLOSED, STEP_CONFLICT)}
 CAPTURE_PROGRESS: dict[str, str] = {  # capture event kind -> capture record status
     CAPTURE_STARTED.name: "started", CAPTURE_FINISHED.name: "finished", CAPTURE_FAILED.name: "failed"}
 

@@ -66,6 +66,7 @@ REFUSAL_LOG_INTERVAL_S = 60.0
 # ---- reasons of perfd_aggregator_refused_total ---------------------------------------------------
 REFUSED_UNAUTHENTICATED = "unauthenticated"  # no or wrong token / client certificate
 REFUSED_IDENTITY = "identity_mismatch"  # an agent id claimed by other credentials
+REFUSED_POLICY = "identity_policy"  # an agent id or a job the identity policy does not give that identity
 REFUSED_NOT_HOST = "not_host"  # step records or job info from an agent not hosting the job
 REFUSED_STREAMS = "streams"  # MAX_STREAMS open
 REFUSED_HELLO_TIMEOUT = "hello_timeout"
@@ -81,11 +82,16 @@ REFUSED_WEBHOOK_ALERTS = "webhook_alerts"
 REFUSED_HTTP_BODY = "http_body"
 REFUSED_HTTP_CONNECTIONS = "http_connections"
 REFUSED_JOB_INFO_VALUE = "job_info_value"  # a value outside perfd.bounds (it becomes absent)
+# A step record for an (iteration, rank) of a job already held from another agent: the held one stays
+# (event perfd.events.STEP_CONFLICT names both agents).
+REFUSED_STEP_CONFLICT = "step_conflict"
+REFUSED_WORSE_DUPLICATE = "worse_duplicate"  # a copy of a held step record lacking some of its values
 REFUSED_REASONS = (
-    REFUSED_UNAUTHENTICATED, REFUSED_IDENTITY, REFUSED_NOT_HOST, REFUSED_STREAMS,
+    REFUSED_UNAUTHENTICATED, REFUSED_IDENTITY, REFUSED_POLICY, REFUSED_NOT_HOST, REFUSED_STREAMS,
     REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_OVERLOADED, REFUSED_JOBS, REFUSED_SERIES, REFUSED_LABELS,
     REFUSED_EVENT_BYTES, REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
-    REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_JOB_INFO_VALUE,
+    REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT,
+    REFUSED_WORSE_DUPLICATE,
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sqlite3
 import subprocess
 import sys
@@ -59,3 +60,44 @@ def test_an_unusable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
                            "0", "--no-rules", "--state-dir", str(f / "sub")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--state-dir" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_damaged_state_file_stops_start_up_with_one_clear_line(tmp_path: Path) -> None:
+    """4 KB of random bytes in the middle of the file (the issue's build died in the replay with an
+    uncaught sqlite3.DatabaseError traceback)."""
+    s = StateStore(tmp_path)
+    s.journal(HELLO, "a", b'["j"]')
+    for _ in range(500):
+        s.journal(BATCH, "a", random.Random(0).randbytes(2000))
+    assert s.commit()
+    s.close()
+    f = tmp_path / "state.sqlite3"
+    with open(f, "r+b") as fh:
+        fh.seek(f.stat().st_size // 2)
+        fh.write(random.Random(1).randbytes(4096))
+    with pytest.raises(StoreError, match="is damaged"):
+        StateStore(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", "0", "--http-port",
+                           "0", "--no-rules", "--state-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is damaged" in lines[0] and "move it away" in lines[0], proc.stderr
+
+
+def test_the_rules_loop_prunes_the_journal_even_while_ingest_holds_a_transaction(tmp_path: Path) -> None:
+    from perfd.aggregator.main import Aggregator, AggregatorConfig
+
+    agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], state_dir=str(tmp_path)))
+    store = agg.store
+    assert store is not None
+    store.max_batches = 3
+    for i in range(10):
+        store.journal(BATCH, "a", bytes([i]))
+    assert store.commit()
+    store.journal(BATCH, "a", b"\x0a")  # ingest's next transaction is open (the usual case when busy)
+    agg._tick()  # what the rules loop runs every interval
+    assert store.commit()
+    assert [b for _, _, b in store.replay()] == [b"\x08", b"\x09", b"\x0a"]
+    assert store.stats()["journal_batches"] == 3 and store.pruned == 8
+    store.close()

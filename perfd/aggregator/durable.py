@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from perfd.aggregator.store import BATCH, HELLO, StateStore
+from perfd.aggregator.store import BATCH, HELLO, StateStore, StoreError
 from perfd.transport.codec import SAMPLE_FIELDS
 from perfd.transport.gen import perfd_pb2 as pb
 
@@ -54,15 +55,41 @@ class Journal:
     def commit(self) -> bool:
         return self.store.commit()
 
-    def durable_seqs(self) -> dict[str, tuple[str, int]]:
-        return self.store.seqs()
+    def lost(self, agent_id: str) -> bool:
+        return self.store.lost(agent_id)
+
+    def recover(self, agent_id: str) -> tuple[str, int] | None:
+        return self.store.recover(agent_id)
 
 
 def restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
-    """Read everything back into a fresh aggregator, before it listens. Returns what was read."""
+    """Read everything back into a fresh aggregator, before it listens. Returns what was read;
+    StoreError (one clear line, exit 2) when the file cannot be read through."""
+    try:
+        return _restore(agg, store)
+    except sqlite3.Error as exc:  # damage quick_check at open did not see: say so, no traceback
+        raise StoreError(f"{store.path} cannot be read back ({exc}): move it away to start with an "
+                         "empty state, or put back a good copy") from exc
+
+
+def _restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
+    counts = {"hellos": 0, "batches": 0, "job_infos": 0, "unreadable": 0}
+    agg.state.replaying = True
+    try:
+        _replay(agg, store, counts)
+    finally:
+        agg.state.replaying = False
+    for job, agent, text in store.job_infos():  # the newest job info wins whatever was pruned
+        agg.ingest_job_info_text(agent, job, text)
+        counts["job_infos"] += 1
+    agg.server.seq_state = type(agg.server.seq_state).load(store.seqs())
+    _restore_documents(agg, store)
+    return counts
+
+
+def _replay(agg: Aggregator, store: StateStore, counts: dict[str, int]) -> None:
     from perfd.transport.codec import decode_batch
 
-    counts = {"hellos": 0, "batches": 0, "job_infos": 0, "unreadable": 0}
     for kind, agent, body in store.replay():
         try:
             if kind == HELLO:
@@ -74,12 +101,6 @@ def restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
         except Exception as exc:  # one bad row must not keep the aggregator down
             counts["unreadable"] += 1
             log.warning("state store: a %s row of agent %s could not be replayed: %s", kind, agent, exc)
-    for job, agent, text in store.job_infos():  # the newest job info wins whatever was pruned
-        agg.ingest_job_info_text(agent, job, text)
-        counts["job_infos"] += 1
-    agg.server.seq_state = type(agg.server.seq_state).load(store.seqs())
-    _restore_documents(agg, store)
-    return counts
 
 
 def save_documents(agg: Aggregator, store: StateStore) -> None:

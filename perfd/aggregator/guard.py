@@ -7,6 +7,10 @@ records and job info; anything else is refused and counted (``not_host``). Captu
 hosts only. Since an agent id is bound to its credentials (perfd.transport.server), a host cannot
 be impersonated by a client holding other credentials.
 
+With an identity policy (``--identity-policy``, mutual TLS; perfd.transport.security) an agent may
+name, host and write only the jobs its certificate's entry gives it (``identity_policy``), whether
+or not it is a host: a Hello naming another's job makes nobody its host.
+
 Caps (perfd.limits): job names held (``jobs_cap``), series held and labels per series
 (``series_cap``, ``label_cap``).
 """
@@ -14,7 +18,7 @@ Caps (perfd.limits): job names held (``jobs_cap``), series held and labels per s
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from perfd import limits as L
 from perfd.limits import Limits
@@ -23,9 +27,11 @@ from perfd.refusals import Refusals
 
 
 class Guard:
-    def __init__(self, limits: Limits, refusals: Refusals) -> None:
+    def __init__(self, limits: Limits, refusals: Refusals,
+                 job_allowed: Callable[[str, str], bool] | None = None) -> None:
         self.limits = limits
         self.refusals = refusals
+        self.job_allowed = job_allowed  # (agent, job) -> whether the identity policy allows it
         self._lock = threading.Lock()  # the HTTP thread reads hosts (capture routing)
         self._hosts: dict[str, set[str]] = {}
         self._jobs: set[str] = set()
@@ -38,6 +44,10 @@ class Guard:
             return self._admit(job, agent)
 
     def _admit(self, job: str, agent: str) -> bool:
+        if self.job_allowed is not None and not self.job_allowed(agent, job):
+            self.refusals.refuse(L.REFUSED_POLICY, f"job {job[:64]!r} from agent {agent[:64]}: not one "
+                                 "the identity policy gives its certificate")
+            return False
         if job in self._jobs:
             return True
         if len(job.encode()) > L.MAX_JOB_NAME_BYTES:

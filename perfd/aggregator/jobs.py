@@ -58,13 +58,39 @@ def record_bytes(rec: StepRecord) -> int:
     return 1024 + 256 * len(rec.timers) + 96 * per_rank
 
 
+# The optional fields of a step record whose absence makes a copy of a held record worse (a field
+# a bit flip made unparseable comes through as absent, never as a wrong zero: DESIGN.md §2).
+_OPTIONAL = tuple(f.name for f in dataclasses.fields(StepRecord)
+                  if f.name not in ("job", "iteration", "rank", "fields", "timers", "memory_mb", "source",
+                                    "disturbed_by_capture"))
+
+
+def worse_than(new: StepRecord, held: StepRecord) -> bool:
+    """Whether ``new`` lacks something ``held`` has: a value, a timer, a rank's memory report."""
+    return (any(getattr(held, f) is not None and getattr(new, f) is None for f in _OPTIONAL)
+            or not held.timers.keys() <= new.timers.keys()
+            or not held.memory_mb.keys() <= new.memory_mb.keys())
+
+
+@dataclass
+class StepConflicts:
+    """What :meth:`JobStore.ingest_steps` kept out: records of another agent for an (iteration,
+    rank) already held, by (job, the agent whose record is held); and copies worse than the held
+    record, by job."""
+
+    other_agent: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    worse: dict[str, list[int]] = field(default_factory=dict)
+
+
 @dataclass
 class JobState:
     name: str
     job_info: JobInfo | None = None
     job_info_agent: str | None = None
-    # (iteration, rank scope) -> record. Re-delivery of a batch replaces, never duplicates.
+    # (iteration, rank scope) -> record. Re-delivery of a batch replaces, never duplicates; only the
+    # agent that sent a record may replace it (``owner``), and never with a worse copy.
     records: dict[tuple[int, str], StepRecord] = field(default_factory=dict)
+    owner: dict[tuple[int, str], str] = field(default_factory=dict)  # record key -> agent that sent it
     agents: set[str] = field(default_factory=set)
     gpu_name: str | None = None  # from the NVML samples of the job's agents ("model" label)
     analysis: RunAnalysis | None = None
@@ -100,6 +126,8 @@ class JobStats:
     evicted_iterations: int = 0
     evicted_iterations_bytes: int = 0  # of those, evicted for the byte bound
     analysis_errors: int = 0
+    conflicts: int = 0  # records of another agent for an (iteration, rank) already held: kept out
+    worse_duplicates: int = 0  # copies of a held record lacking some of its values: kept out
 
 
 class JobStore:
@@ -162,7 +190,10 @@ class JobStore:
             js.job_info, js.job_info_agent = merge_job_info(js.job_info, info), agent_id
             js.dirty = True
 
-    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord]) -> None:
+    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord]) -> StepConflicts:
+        """Hold the records (a held one is replaced only by its own agent, and not by a worse
+        copy); returns what was kept out, for the caller to count and report."""
+        out = StepConflicts()
         with self._lock:
             self.stats.steps += len(steps)
             for rec in steps:
@@ -172,7 +203,18 @@ class JobStore:
                 if js.evicted_below is not None and rec.iteration < js.evicted_below:
                     self.stats.dropped_steps += 1  # older than the window: it would leave at once
                     continue
-                if key not in js.records and not isinstance(rec.rank, int) and rec.step_time_ms is not None \
+                old = js.records.get(key)
+                if old is not None:
+                    holder = js.owner.get(key, agent_id)
+                    if holder != agent_id:
+                        self.stats.conflicts += 1
+                        out.other_agent.setdefault((rec.job, holder), []).append(rec.iteration)
+                        continue
+                    if worse_than(rec, old):
+                        self.stats.worse_duplicates += 1
+                        out.worse.setdefault(rec.job, []).append(rec.iteration)
+                        continue
+                if old is None and not isinstance(rec.rank, int) and rec.step_time_ms is not None \
                         and math.isfinite(rec.step_time_ms) and rec.step_time_ms >= 0:
                     js.step_hist.observe(rec.step_time_ms / 1e3)  # a re-sent record is not counted again
                 if key not in js.records and not isinstance(rec.rank, int):
@@ -181,10 +223,10 @@ class JobStore:
                     if rec.nan_iterations is not None:
                         js.nan_total = (js.nan_total or 0) + max(0, rec.nan_iterations)
                 size = record_bytes(rec)
-                old = js.records.get(key)
                 if old is None:
                     js.by_iteration.setdefault(rec.iteration, []).append(key[1])
-                else:  # a re-sent or corrected record replaces the held one
+                    js.owner[key] = agent_id
+                else:  # a re-sent or corrected record of the same agent replaces the held one
                     size -= record_bytes(old)
                 js.records[key] = rec
                 js.held_bytes += size
@@ -197,11 +239,13 @@ class JobStore:
                     it, scopes = js.by_iteration.popitem(last=False)
                     for scope in scopes:
                         js.records.pop((it, scope), None)
+                        js.owner.pop((it, scope), None)
                     js.held_bytes -= js.iteration_bytes.pop(it, 0)
                     self.stats.dropped_steps += len(scopes)
                     self.stats.evicted_iterations += 1
                     self.stats.evicted_iterations_bytes += by_bytes
                     js.evicted_below = max(js.evicted_below or it + 1, it + 1)
+        return out
 
     # ---- read side ---------------------------------------------------------------------------
     def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:

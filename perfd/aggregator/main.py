@@ -8,7 +8,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from perfd import limits as L
@@ -30,7 +30,7 @@ from perfd.refusals import Refusals
 from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import check_files_warned, default_pack_path, load_pack
 from perfd.transport.codec import DecodedBatch, HelloInfo, Series
-from perfd.transport.security import ServerTls, TokenFile
+from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
 from perfd.transport.server import IngestServer
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,8 @@ class AggregatorConfig:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     auth_token_file: str | None = None
+    # Which agent ids and jobs each client certificate may use (perfd.transport.security.IdentityPolicy).
+    identity_policy: str | None = None
     limits: L.Limits = field(default_factory=L.Limits)
     gpu: str | None = None  # override the GPU name used for the peak table
     peak_tflops: float | None = None
@@ -89,28 +91,32 @@ class Aggregator:
         self.state.collectives.job_config.update(cfg.collectives_per_job)
         self.state.job_stale_after_s = cfg.job_stale_after_s
         self.refusals = Refusals()
-        self.guard = Guard(cfg.limits, self.refusals)
         tls = None
         if cfg.tls_cert or cfg.tls_key or cfg.tls_client_ca:
             if not (cfg.tls_cert and cfg.tls_key):
                 raise ValueError("--tls-cert and --tls-key go together (--tls-client-ca needs both)")
             tls = ServerTls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+        policy = None
+        if cfg.identity_policy:
+            if not cfg.tls_client_ca:  # identities come from client certificates
+                raise ValueError("--identity-policy needs mutual TLS (--tls-client-ca)")
+            policy = IdentityPolicy(cfg.identity_policy)
+        self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None)
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
         self.store: StateStore | None = StateStore(cfg.state_dir) if cfg.state_dir else None
+        # agent -> series id -> its definition, admitted by the guard (once per definition).
+        self._series: dict[str, dict[int, Series]] = {}
         self.server = IngestServer(self.on_batch, self._on_hello, tls=tls, token=self.token,
                                    limits=cfg.limits, refusals=self.refusals,
-                                   journal=Journal(self.store) if self.store is not None else None)
+                                   journal=Journal(self.store) if self.store is not None else None,
+                                   admit_series=self._admit_series, policy=policy)
         self.http: HttpServer | None = None
         self.grpc_port = 0
         self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.server.send_command,
                                            cfg.rules_interval_s, limits=cfg.limits,
                                            refusals=self.refusals, hosts=self.guard.hosts)
-        # agent -> series ids refused (caps): their samples are left out, the rest delivered.
-        self._refused_series: dict[str, set[int]] = {}
         self._rules_task: asyncio.Task[None] | None = None
         self._refresh_task: asyncio.Task[None] | None = None
-        # agent -> series id -> its definition, admitted by the guard (once per definition).
-        self._series: dict[str, dict[int, Series]] = {}
         self.job_info_errors = 0
         self.wandb: WandbSync | None = None
         self._wandb_task: asyncio.Task[None] | None = None
@@ -163,6 +169,7 @@ class Aggregator:
         self.captures.evaluate()
         if self.store is not None:
             save_documents(self, self.store)
+            self.store.prune()  # the journal keeps its newest max_batches batches
 
     def _on_hello(self, hello: HelloInfo) -> None:
         self._on_hello_jobs(hello.agent_id, hello.jobs)
@@ -183,26 +190,28 @@ class Aggregator:
             self.job_info_errors += 1
             log.warning("agent %s sent unusable job info for %s: %s", agent_id, job, exc)
 
-    def _series_defs(self, batch: DecodedBatch) -> Mapping[int, Series]:
-        cache = self._series.setdefault(batch.agent_id, {})
-        refused = self._refused_series.setdefault(batch.agent_id, set())
-        table: Mapping[int, Series] = batch.series
+    def _job_allowed(self, agent_id: str, job: str) -> bool:
+        """The identity policy's word on ``agent_id`` writing ``job``. An agent with no identity
+        bound is one replayed from the state store at start: what it wrote passed the policy when
+        it arrived."""
+        policy, identity = self.server.policy, self.server.identity_of(agent_id)
+        return policy is None or identity is None or policy.may_write_job(identity, job)
 
-        def define(sid: int, s: Series) -> None:
-            known = sid in cache
-            if known or self.guard.admit_series(batch.agent_id, s.name, s.labels):
-                cache[sid] = s
-                refused.discard(sid)
-            else:
-                refused.add(sid)
-
-        for sid in batch.new_series:
-            define(sid, table[sid])
-        if len(cache) + len(refused) < len(table):  # first batch after an aggregator restart
-            for sid, s in table.items():
-                if sid not in cache and sid not in refused:
-                    define(sid, s)
-        return cache
+    def _admit_series(self, agent_id: str, sid: int, s: Series) -> bool:
+        """The ingest server asks for each series definition it reads (IngestServer.admit_series):
+        a definition held already is admitted again without counting it twice against the cap (a
+        reconnect redefines every series); a refused one is kept nowhere, here or in the server."""
+        cache = self._series.get(agent_id)
+        if cache is not None and cache.get(sid) == s:
+            return True
+        if self.guard.admit_series(agent_id, s.name, s.labels):
+            if cache is None:
+                cache = self._series[agent_id] = {}
+            cache[sid] = s
+            return True
+        if cache is not None:
+            cache.pop(sid, None)  # the id now names a refused series
+        return False
 
     def on_batch(self, agent_id: str, batch: DecodedBatch) -> None:
         st, guard = self.state, self.guard
@@ -211,19 +220,20 @@ class Aggregator:
         if batch.new_series:  # also in a batch without samples: the ids' next samples need it
             st.series_defined(agent_id, batch.new_series)
         if batch.n_samples:
-            defs = self._series_defs(batch)
-            ids: Sequence[int] = batch.series_ids
-            ts: Sequence[int] = batch.timestamps_ns
-            vals: Sequence[float] = batch.values
-            refused = self._refused_series.get(agent_id)
-            if refused:  # the slow path only for an agent with refused series
-                keep = [i for i, sid in enumerate(ids) if sid not in refused]
-                ids, ts, vals = [ids[i] for i in keep], [ts[i] for i in keep], [vals[i] for i in keep]
-            if ids:
-                st.ingest_samples(agent_id, defs, ids, ts, vals)
+            # batch.series holds admitted series only: samples of a refused one are dropped there
+            st.ingest_samples(agent_id, batch.series, batch.series_ids, batch.timestamps_ns, batch.values)
         steps = guard.steps(agent_id, batch.steps) if batch.steps else []
         if steps:
-            st.ingest_steps(agent_id, steps)
+            kept_out = st.ingest_steps(agent_id, steps)
+            for (job, holder), its in kept_out.other_agent.items():
+                self.refusals.refuse(L.REFUSED_STEP_CONFLICT, f"{len(its)} step record(s) of job "
+                                     f"{job[:64]!r} from agent {agent_id[:64]} for iterations held "
+                                     f"from agent {holder[:64]}; the held ones kept", len(its))
+            for job, its in kept_out.worse.items():
+                self.refusals.refuse(L.REFUSED_WORSE_DUPLICATE, f"{len(its)} copy(ies) of held step "
+                                     f"records of job {job[:64]!r} (e.g. iteration {its[0]}) from agent "
+                                     f"{agent_id[:64]} lack values the held ones have; kept the held ones",
+                                     len(its))
         colls = guard.collectives(agent_id, batch.collectives) if batch.collectives else []
         if colls:
             st.ingest_collectives(agent_id, colls)
@@ -238,6 +248,10 @@ class Aggregator:
         if gc_s is not None:  # timed in the aggregator process (run_aggregator), not in a test's
             d["gc_ms"] = round(gc_s * 1000)
         d.update({f"refused_{k}": v for k, v in self.refusals.snapshot().items()})
+        if self.store is not None:
+            st = self.store.stats()
+            d.update({f"state_store_{k}": int(st[k]) for k in (
+                "commits", "commit_failures", "rollbacks", "agents_lost", "journal_batches", "pruned")})
         return d
 
     async def start(self) -> None:

@@ -102,6 +102,7 @@ class NodeView:
         self._agents: dict[str, AgentColumns] = {}
         self.agent_seen: dict[str, float] = {}
         self.samples = 0
+        self.undefined_samples = 0  # samples of an id with no held definition: dropped
         # (node, gpu) -> (agent, latest process list from the NVML collector)
         self.gpu_procs: dict[GpuKey, tuple[str, list[dict[str, Any]]]] = {}
         # node -> latest GPU -> pod allocation from the k8s collector (kubelet pod-resources)
@@ -166,11 +167,14 @@ class NodeView:
         for sid, ts, val in zip(ids, ts_col, val_col, strict=True):
             slot = by_id.get(sid)
             if slot is None:
-                name, labels = defs[sid]
-                slot = by_id[sid] = self._slot(agent_id, cols, name, labels)
+                sk = defs.get(sid)
+                if sk is None:  # a series the caps refused (held nowhere), or never defined
+                    self.undefined_samples += 1
+                    continue
+                slot = by_id[sid] = self._slot(agent_id, cols, sk[0], sk[1])
             times[slot], vals[slot] = ts, val
             slots.append(slot)
-        if slots == list(range(slots[0], slots[0] + len(slots))):
+        if len(slots) == len(ids) and slots == list(range(slots[0], slots[0] + len(slots))):
             if len(cols.layouts) >= _MAX_LAYOUTS:
                 cols.layouts.clear()
             cols.layouts[key] = slots[0]

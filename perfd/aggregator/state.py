@@ -26,7 +26,14 @@ from perfd import catalog
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.eventlog import EventLog
 from perfd.aggregator.incidents import IncidentTracker
-from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS, JobState, JobStore, job_level_steps
+from perfd.aggregator.jobs import (
+    RETAIN_BYTES,
+    RETAIN_ITERATIONS,
+    JobState,
+    JobStore,
+    StepConflicts,
+    job_level_steps,
+)
 from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.analytics.attribution import gpu_hints, place_ranks
@@ -36,7 +43,8 @@ from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.incidents import Incident, hang_incident, is_disturbance
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.analytics.megatron_job import RunAnalysis
-from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_DATA
+from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_DATA, STEP_CONFLICT
+from perfd.limits import REFUSAL_LOG_INTERVAL_S
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.transport.codec import SeriesKey
 
@@ -96,6 +104,9 @@ class AggregatorState:
         # job -> GPM readings taken while it stepped with no incident open (the newest ones): their
         # median stands for the job after it stops, so the idle readings as it ends do not
         self._steady_gpm: dict[str, deque[GpmReading]] = {}
+        # (job, holder, sender) -> (when its conflict event was last emitted, records since)
+        self.replaying = False  # the state store's replay: its events come back with the documents
+        self._conflicts: dict[tuple[str, str, str], tuple[float, int]] = {}
         # Set by the capture coordinator: the job's capture records (JSON), for incidents and for
         # marking the iterations a capture disturbed.
         self.captures_of: Callable[[str], list[dict[str, Any]]] = lambda job: []
@@ -136,8 +147,37 @@ class AggregatorState:
     def ingest_job_info(self, agent_id: str, job: str, info: JobInfo) -> None:
         self.jobs.ingest_job_info(agent_id, job, info)
 
-    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord]) -> None:
-        self.jobs.ingest_steps(agent_id, steps)
+    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord]) -> StepConflicts:
+        """Hold the records; those of another agent for an (iteration, rank) already held are kept
+        out, and an event names both agents (at most one per job, holder and sender every
+        REFUSAL_LOG_INTERVAL_S: a flood of conflicting records must not push real events out of
+        the bounded log). Returns what was kept out, for the caller to count."""
+        out = self.jobs.ingest_steps(agent_id, steps)
+        if not out.other_agent or self.replaying:
+            return out
+        now = time.time()
+        evs = []
+        for (job, holder), its in out.other_agent.items():
+            key = (job, holder, agent_id)
+            pending = self._conflicts.get(key)
+            n = len(its) + (pending[1] if pending is not None else 0)
+            if pending is not None and now - pending[0] < REFUSAL_LOG_INTERVAL_S:
+                self._conflicts[key] = (pending[0], n)
+                continue
+            self._conflicts[key] = (now, 0)
+            evs.append({"kind": STEP_CONFLICT.name, "severity": "warning", "job": job, "time": now,
+                        "text": f"{n} step record(s) of job {job[:80]} from agent {agent_id[:80]} for "
+                                f"iterations already held from agent {holder[:80]} (e.g. {its[0]}): "
+                                f"refused, the held records kept",
+                        "labels": {"holder": holder, "sender": agent_id},
+                        "payload": {"job": job, "holder": holder, "sender": agent_id, "records": n,
+                                    "iterations": sorted(set(its))[:20]}})
+        if len(self._conflicts) > 10_000:  # senders and jobs come from the network: keep it bounded
+            self._conflicts = {k: v for k, v in self._conflicts.items()
+                               if now - v[0] < REFUSAL_LOG_INTERVAL_S}
+        if evs:
+            self.ingest_events("aggregator", evs)
+        return out
 
     def ingest_collectives(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None:
         self.nodes.seen(agent_id)
@@ -414,6 +454,7 @@ class AggregatorState:
         js = self.jobs.stats
         out: dict[str, Any] = {
             "samples_ingested": self.nodes.samples,
+            "samples_undefined": self.nodes.undefined_samples,  # their series refused or never defined
             "step_records_ingested": js.steps,
             "events_ingested": self.log.ingested,
             "events_malformed": dict(self.log.malformed),
@@ -423,6 +464,8 @@ class AggregatorState:
             "iterations_evicted_retention": js.evicted_iterations,
             "iterations_evicted_retention_bytes": js.evicted_iterations_bytes,
             "analysis_errors": js.analysis_errors,
+            "step_records_conflicting": js.conflicts,
+            "step_records_worse_duplicates": js.worse_duplicates,
             "jobs": len(self.jobs.names()),
             "agents_seen": {a: round(now - t, 3) for a, t in self.nodes.agents_seen().items()},
             "uptime_s": round(now - self.stats.started, 3),

@@ -76,7 +76,8 @@ def _aggregator(args: argparse.Namespace) -> int:
                            grpc_host=args.grpc_host or every, grpc_port=args.grpc_port,
                            http_host=args.http_host or every, http_port=args.http_port, gpu=args.gpu,
                            tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
-                           auth_token_file=args.auth_token_file, limits=limits,
+                           auth_token_file=args.auth_token_file, identity_policy=args.identity_policy,
+                           limits=limits,
                            peak_tflops=args.peak_tflops,
                            rules_files=[] if args.no_rules else args.rules,
                            rules_interval_s=args.rules_interval, state_dir=args.state_dir,
@@ -161,6 +162,8 @@ def register(sub: SubParsers) -> None:
     g.add_argument("--tls-key", metavar="FILE", help="server private key (with --tls-cert)")
     g.add_argument("--tls-client-ca", metavar="FILE", help="CA of the agents' certificates: mutual TLS, "
                    "an agent id is bound to its certificate")
+    g.add_argument("--identity-policy", metavar="FILE", help="with --tls-client-ca: the agent ids and jobs "
+                   "each client certificate may use (YAML; docs/reliability.md); others are refused")
     g.add_argument("--auth-token-file", metavar="FILE", help="shared bearer token: required on gRPC and "
                    "on every HTTP path but /metrics and /healthz (re-read when the file changes)")
     g.add_argument("--max-message-bytes", type=int, default=L.MAX_MESSAGE_BYTES,

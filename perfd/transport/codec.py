@@ -524,16 +524,30 @@ def sample_count(batch: pb.Batch) -> int:
     return len(batch.values) + len(batch.values_le) // _F64_BYTES
 
 
-def decode_batch(batch: pb.Batch, series_by_id: dict[int, Series]) -> DecodedBatch:
-    """Decode one Batch; ``series_by_id`` (the stream's table) is updated with its definitions.
+AdmitSeries = Callable[[int, Series], bool]
+
+
+def _define(defs: Iterable[pb.SeriesDef], series_by_id: dict[int, Series], admit: AdmitSeries | None) -> None:
+    """Put ``defs`` into the stream's table; one ``admit`` refuses is left out — an id redefined as
+    a refused series loses its old meaning — so a refused series holds no memory here."""
+    for d in defs:
+        s = Series(d.name, label_set(d.labels))
+        if admit is None or admit(d.id, s):
+            series_by_id[d.id] = s
+        else:
+            series_by_id.pop(d.id, None)
+
+
+def decode_batch(batch: pb.Batch, series_by_id: dict[int, Series],
+                 admit: AdmitSeries | None = None) -> DecodedBatch:
+    """Decode one Batch; ``series_by_id`` (the stream's table) is updated with its definitions
+    (those ``admit`` accepts). ``new_series`` lists every id the batch defined, refused or not.
 
     Raises ValueError on an inconsistent batch (columns of different lengths or forms, bad rank
     scope, a collective naming a rank list the batch does not have).
     """
-    new_ids = []
-    for d in batch.series:
-        series_by_id[d.id] = Series(d.name, label_set(d.labels))
-        new_ids.append(d.id)
+    _define(batch.series, series_by_id, admit)
+    new_ids = [d.id for d in batch.series]
     ids, ts, vals = sample_columns(batch)
     return DecodedBatch(
         agent_id=batch.agent_id,
@@ -588,11 +602,12 @@ def encode_hello(agent_id: str, node: str, version: str, jobs: Iterable[str],
                                           series=table.definitions()))
 
 
-def decode_hello(h: pb.Hello, series_by_id: dict[int, Series] | None, peer: str = "") -> HelloInfo:
-    """``series_by_id`` receives the Hello's definitions; None: the caller holds them already."""
+def decode_hello(h: pb.Hello, series_by_id: dict[int, Series] | None, peer: str = "",
+                 admit: AdmitSeries | None = None) -> HelloInfo:
+    """``series_by_id`` receives the Hello's definitions (those ``admit`` accepts); None: the
+    caller holds them already."""
     if series_by_id is not None:
-        for d in h.series:
-            series_by_id[d.id] = Series(d.name, label_set(d.labels))
+        _define(h.series, series_by_id, admit)
     return HelloInfo(agent_id=h.agent_id, node=h.node, version=h.version, jobs=tuple(h.jobs),
                      capabilities=dict(h.capabilities), spool_epoch=h.spool_epoch,
                      n_series=len(h.series), peer=peer)

@@ -14,6 +14,8 @@ when nothing authenticates (loopback by default).
 
 from __future__ import annotations
 
+import fnmatch
+import glob
 import hmac
 import logging
 import os
@@ -27,6 +29,8 @@ import grpc
 log = logging.getLogger(__name__)
 
 AUTH_HEADER = "authorization"  # gRPC metadata key and HTTP header (gRPC wants it lower case)
+CERT_PREFIX = "cert:"  # peer_identity's prefix for an identity taken from a client certificate
+IDENTITY_PLACEHOLDER = "{identity}"  # in an identity policy's agent patterns: the certificate's name
 
 
 class SecurityConfigError(ValueError):
@@ -164,9 +168,105 @@ def peer_identity(context: Any, token_ok: bool) -> str:
         vals = auth.get(key)
         if vals:
             v = vals[0]
-            return "cert:" + (v.decode(errors="replace") if isinstance(v, bytes) else str(v))
+            return CERT_PREFIX + (v.decode(errors="replace") if isinstance(v, bytes) else str(v))
     if token_ok:
         return "token"
     peer = str(context.peer())  # "ipv4:127.0.0.1:54321" / "ipv6:[::1]:54321"
     host = peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
     return "addr:" + host
+
+
+
+@dataclass(frozen=True)
+class _PolicyEntry:
+    pattern: str  # a certificate identity, or an fnmatch pattern of them
+    agents: tuple[str, ...]  # agent id patterns ("{identity}" stands for the certificate's name)
+    jobs: tuple[str, ...]  # job name patterns
+
+
+class IdentityPolicy:
+    """Which agent ids and jobs each client certificate may use (``perfd aggregator
+    --identity-policy FILE``, with mutual TLS). Without it a certificate may claim any unbound
+    agent id and name any job in its Hello; with it, a certificate matching no entry is refused,
+    and one that does may use only the agent ids and write only the jobs its entry names.
+
+    The file (YAML or JSON)::
+
+        identities:
+          node-017.example.com:             # a client certificate's common name (else first SAN)
+            agents: [node-017]               # agent ids it may use (fnmatch patterns)
+            jobs: ["llama-*"]                # jobs it may host and write (default: any)
+          "*.gpu.example.com":               # a pattern: the first entry matching, in file order,
+            agents: ["{identity}"]           # after an exact name; {identity} = the name itself
+
+    Re-read when the file changes (a broken file keeps the last good one, logged)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamp = _mtimes((path,))
+        self._entries = self._load()
+
+    def _load(self) -> list[_PolicyEntry]:
+        import yaml
+
+        try:
+            doc = yaml.safe_load(_read(self.path, "identity policy"))
+        except yaml.YAMLError as exc:
+            raise SecurityConfigError(f"identity policy {self.path}: not YAML/JSON: {exc}") from exc
+        ids = doc.get("identities") if isinstance(doc, dict) else None
+        if not isinstance(ids, dict) or not ids:
+            raise SecurityConfigError(f"identity policy {self.path}: wants a non-empty mapping "
+                                      "'identities: {NAME: {agents: [...], jobs: [...]}}'")
+        out = []
+        for name, spec in ids.items():
+            spec = spec if spec is not None else {}
+            if not isinstance(spec, dict) or set(spec) - {"agents", "jobs"}:
+                raise SecurityConfigError(f"identity policy {self.path}: entry {name!r} takes only "
+                                          "'agents' and 'jobs' lists")
+            lists = []
+            for key in ("agents", "jobs"):
+                v = spec.get(key, ["*"])
+                if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                    raise SecurityConfigError(f"identity policy {self.path}: {name!r}.{key} must be a "
+                                              "list of names or patterns")
+                lists.append(tuple(v))
+            out.append(_PolicyEntry(str(name), lists[0], lists[1]))
+        return out
+
+    def _current(self) -> list[_PolicyEntry]:
+        with self._lock:
+            stamp = _mtimes((self.path,))
+            if stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    self._entries = self._load()
+                    log.info("identity policy %s re-read", self.path)
+                except SecurityConfigError as exc:
+                    log.error("%s; keeping the previous policy", exc)
+            return self._entries
+
+    def entry(self, identity: str | None) -> tuple[str, _PolicyEntry] | None:
+        """(certificate name, its entry) for a stream identity (peer_identity); None when no entry
+        applies — a stream without a client certificate included."""
+        if identity is None or not identity.startswith(CERT_PREFIX):
+            return None
+        name = identity[len(CERT_PREFIX):]
+        entries = self._current()
+        for e in entries:
+            if e.pattern == name:
+                return name, e
+        for e in entries:
+            if fnmatch.fnmatchcase(name, e.pattern):
+                return name, e
+        return None
+
+    def may_use_agent_id(self, identity: str, agent_id: str) -> bool:
+        got = self.entry(identity)
+        return got is not None and any(
+            fnmatch.fnmatchcase(agent_id, p.replace(IDENTITY_PLACEHOLDER, glob.escape(got[0])))
+            for p in got[1].agents)
+
+    def may_write_job(self, identity: str | None, job: str) -> bool:
+        got = self.entry(identity)
+        return got is not None and any(fnmatch.fnmatchcase(job, p) for p in got[1].jobs)

@@ -34,6 +34,7 @@ import grpc
 from perfd import limits as L
 from perfd.refusals import Refusals
 from perfd.transport.codec import (
+    AdmitSeries,
     Command,
     DecodedBatch,
     HelloInfo,
@@ -44,12 +45,15 @@ from perfd.transport.codec import (
     sample_count,
 )
 from perfd.transport.gen import perfd_pb2 as pb
-from perfd.transport.security import AUTH_HEADER, ServerTls, TokenFile, peer_identity
+from perfd.transport.security import AUTH_HEADER, IdentityPolicy, ServerTls, TokenFile, peer_identity
 
 log = logging.getLogger(__name__)
 
 OnBatch = Callable[[str, DecodedBatch], None]
 OnHello = Callable[[HelloInfo], None]
+# (agent id, series id, definition) -> whether the series is held (the aggregator's caps). A refused
+# definition is kept nowhere: its samples are dropped as samples of an undefined id.
+SeriesAdmission = Callable[[str, int, Series], bool]
 
 
 def server_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -73,13 +77,19 @@ def server_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[s
 
 class IngestJournal(Protocol):
     """Where a durable aggregator writes what it accepted (perfd.aggregator.durable). The server
-    calls it on its event loop; :meth:`commit` runs before every Ack, so an Ack means durable."""
+    calls it on its event loop; :meth:`commit` runs before every Ack, so an Ack means durable.
+
+    Durability is per agent: a failed transaction (whoever committed it: the aggregator's own
+    documents share it) marks every agent that had written into it :meth:`lost`. A lost agent's
+    stream is closed before anything more of it is accepted or acknowledged, and its dedupe state
+    goes back to what :meth:`recover` says is on disk, so its resend is taken again."""
 
     def hello(self, agent_id: str, hello: pb.Hello) -> None: ...
     def batch(self, agent_id: str, batch: pb.Batch) -> None: ...
     def seq(self, agent_id: str, epoch: str, seq: int) -> None: ...
     def commit(self) -> bool: ...
-    def durable_seqs(self) -> dict[str, tuple[str, int]]: ...
+    def lost(self, agent_id: str) -> bool: ...
+    def recover(self, agent_id: str) -> tuple[str, int] | None: ...
 
 
 class SeqTracker:
@@ -96,6 +106,13 @@ class SeqTracker:
     def advance(self, agent_id: str, epoch: str, seq: int) -> None:
         if seq > self.last(agent_id, epoch):
             self._last[agent_id] = (epoch, seq)
+
+    def reset(self, agent_id: str, state: tuple[str, int] | None) -> None:
+        """The agent's state back to ``state`` (what is durable), even below what was accepted."""
+        if state is None:
+            self._last.pop(agent_id, None)
+        else:
+            self._last[agent_id] = state
 
     def export(self) -> dict[str, tuple[str, int]]:
         return dict(self._last)
@@ -167,8 +184,12 @@ class IngestServer:
         limits: L.Limits | None = None,
         refusals: Refusals | None = None,
         journal: IngestJournal | None = None,
+        admit_series: SeriesAdmission | None = None,
+        policy: IdentityPolicy | None = None,
     ) -> None:
         self._on_batch = on_batch
+        self.admit_series = admit_series
+        self.policy = policy
         self.journal = journal
         self._on_hello = on_hello
         self.seq_state = seq_state if seq_state is not None else SeqTracker()
@@ -366,14 +387,14 @@ class IngestServer:
                     # the stream are answered at once; commands never wait (a timer, not a sleep).
                     if not conn.ack_forced and not reader.done() and not self._ack_now(conn, loop):
                         continue
-                    if self.journal is not None and not self.journal.commit():
-                        # Not durable, so not acknowledged: forget what was accepted since the
-                        # last commit (the agent resends it from its spool) and drop the stream.
-                        self.seq_state = SeqTracker.load(self.journal.durable_seqs())
-                        self.store_failures += 1
-                        conn.close(grpc.StatusCode.UNAVAILABLE, "the aggregator could not make the "
-                                   "batches durable (its --state-dir); resend")
-                        break
+                    if self.journal is not None:
+                        # Acknowledge only what is on disk: a failed commit (this one, or one of the
+                        # rules thread's in the shared transaction) took this agent's rows if it
+                        # had any pending; its stream is then closed and nothing acknowledged. An
+                        # agent with nothing pending is acknowledged whatever happened to others.
+                        self.journal.commit()
+                        if not self._durable(conn, conn.agent_id):
+                            break
                     conn.last_ack_at = loop.time()
                     conn.ack_sent = max(conn.ack_sent, conn.ack_due)
                     conn.ack_forced = False
@@ -435,10 +456,27 @@ class IngestServer:
                                  f"for {self.limits.agent_silence_s:g} s; stream closed")
             conn.close(grpc.StatusCode.UNAVAILABLE, "silent stream")
 
+    def _durable(self, conn: _Conn, agent: str) -> bool:
+        """False when writes of ``agent`` not yet acknowledged were lost (a failed commit): the
+        dedupe state goes back to what is on disk (so the resend is accepted), ``conn`` is closed
+        (the agent resends from its spool on a new stream) and nothing more is acknowledged."""
+        j = self.journal
+        if j is None or not j.lost(agent):
+            return True
+        state = j.recover(agent)
+        self.seq_state.reset(agent, state)
+        conn.ack_due = min(conn.ack_due, state[1] if state is not None and state[0] == conn.epoch else 0)
+        self.store_failures += 1
+        conn.close(grpc.StatusCode.UNAVAILABLE, "the aggregator could not make the batches durable "
+                   "(its --state-dir); resend")
+        return False
+
     async def _read(self, it: AsyncIterator[pb.AgentMessage], conn: _Conn) -> None:
         loop = asyncio.get_running_loop()
         try:
             async for msg in it:
+                if conn.closed:  # closed under it (lost writes, superseded): take nothing more
+                    break
                 conn.last_msg_at = loop.time()
                 which = msg.WhichOneof("msg")
                 if which == "batch":
@@ -453,8 +491,16 @@ class IngestServer:
             conn.closed = True
             conn.wake.set()
 
+    def identity_of(self, agent_id: str) -> str | None:
+        """The identity ``agent_id`` is bound to (None before its first stream)."""
+        return self._identities.get(agent_id)
+
     def _bind(self, conn: _Conn, agent_id: str) -> None:
         """Bind ``agent_id`` to this stream's identity, or refuse (see the class docstring)."""
+        if self.policy is not None and not self.policy.may_use_agent_id(conn.identity, agent_id):
+            raise StreamRefused(grpc.StatusCode.PERMISSION_DENIED, L.REFUSED_POLICY,
+                                f"the identity policy does not let {conn.identity} ({conn.peer}) use agent "
+                                f"id {agent_id[:64]!r}")
         bound = self._identities.get(agent_id)
         live = self._streams.get(agent_id)
         if bound is not None and bound != conn.identity:
@@ -494,15 +540,19 @@ class IngestServer:
             conn.series = kept[1]
             info = decode_hello(hello, None, peer=conn.peer)
         else:
-            info = decode_hello(hello, conn.series, peer=conn.peer)
+            info = decode_hello(hello, conn.series, peer=conn.peer, admit=self._admitter(hello.agent_id))
             before = kept[1] if kept is not None else {}
             conn.hello_ids = [i for i, s in conn.series.items() if before.get(i) != s]
+            if before and len(conn.series) < len(hello.series):  # some refused: ids held before go
+                conn.hello_ids += [d.id for d in hello.series if d.id in before and d.id not in conn.series]
             self._tables[hello.agent_id] = (digest, conn.series)
         self._tables.move_to_end(hello.agent_id)
         while len(self._tables) > self.limits.max_streams:
             self._tables.popitem(last=False)
         conn.agent_id, conn.epoch = info.agent_id, info.spool_epoch
         if self.journal is not None:
+            if self.journal.lost(info.agent_id):  # its older stream had lost writes: start from disk
+                self.seq_state.reset(info.agent_id, self.journal.recover(info.agent_id))
             self.journal.hello(info.agent_id, hello)
         # Tell the agent what we already hold, so it does not resend batches whose Ack was lost.
         conn.ack_due = max(conn.ack_due, self.seq_state.last(info.agent_id, info.spool_epoch))
@@ -519,6 +569,8 @@ class IngestServer:
         if agent is None:
             self.protocol_errors += 1
             raise ValueError("Batch before Hello")
+        if not self._durable(conn, agent):
+            return
         seq = b.seq
         last = self.seq_state.last(agent, conn.epoch)
         if seq <= last:
@@ -536,6 +588,10 @@ class IngestServer:
         # that finds the Ack not yet due (a task step per batch for nothing).
         if self._ack_now(conn, asyncio.get_running_loop()):
             conn.wake.set()
+
+    def _admitter(self, agent: str) -> AdmitSeries | None:
+        admit = self.admit_series
+        return None if admit is None else (lambda sid, s: admit(agent, sid, s))
 
     def _trim(self, agent: str, conn: _Conn, b: pb.Batch) -> bool:
         """Apply the per-message caps; False when the whole batch is refused (it is acknowledged
@@ -560,7 +616,7 @@ class IngestServer:
         if not self._trim(agent, conn, b):
             return
         try:
-            decoded = decode_batch(b, conn.series)
+            decoded = decode_batch(b, conn.series, self._admitter(agent) if b.series else None)
             if conn.hello_ids:
                 decoded.new_series = conn.hello_ids + decoded.new_series
                 conn.hello_ids = []
