@@ -379,6 +379,8 @@ def alertmanager_requests(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(alert, Mapping) or alert.get("status") != "firing":
             continue
         labels = alert.get("labels") or {}
+        if not isinstance(labels, Mapping):
+            raise ValueError("an alert's 'labels' must be an object")
         job = labels.get("job_name")
         if not job:
             continue

@@ -372,22 +372,28 @@ def test_capture_records_are_pruned() -> None:
     _run(_cfg(limits=L.Limits(max_capture_records=10)), body)
 
 
-def test_idle_http_connection_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_idle_and_trickling_http_connections_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that sends nothing is closed at the idle deadline; one that sends part of its
+    head is answered 408 at the header deadline and closed; both counted (http_deadline)."""
     import socket
 
-    from perfd.aggregator import http
-
-    monkeypatch.setattr(http._Handler, "timeout", 0.5)
+    monkeypatch.setattr(L, "HTTP_HEADER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(L, "HTTP_IDLE_TIMEOUT_S", 0.5)
 
     async def body(agg: Aggregator) -> None:
         assert agg.http is not None
 
-        def idle() -> bytes:
+        def talk(first: bytes) -> bytes:
             with socket.create_connection(("127.0.0.1", agg.http.port), timeout=10) as s:  # type: ignore[union-attr]
-                s.sendall(b"GET /api/st")  # and then nothing
-                return s.recv(100)  # b"" once the server closes it
+                s.sendall(first)  # and then nothing
+                got = b""
+                while chunk := s.recv(4096):  # until the server closes it
+                    got += chunk
+                return got
 
-        assert await asyncio.to_thread(idle) == b""
+        assert await asyncio.to_thread(talk, b"") == b""
+        assert (await asyncio.to_thread(talk, b"GET /api/st")).startswith(b"HTTP/1.0 408 ")
+        assert agg.refusals.get(L.REFUSED_HTTP_DEADLINE) == 2
 
     _run(_cfg(), body)
 
