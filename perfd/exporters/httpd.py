@@ -59,6 +59,9 @@ class BufferedHandler(BaseHTTPRequestHandler):
 
     app: Any
     response: bytes = b""
+    # Answers to a request line that does not parse carry a status line too (the stdlib's default,
+    # HTTP/0.9, writes the error page alone).
+    default_request_version = "HTTP/1.0"
 
     def __init__(self, raw: bytes, client_address: tuple[str, int], app: Any) -> None:
         self.app = app
@@ -74,6 +77,11 @@ class BufferedHandler(BaseHTTPRequestHandler):
 
     def finish(self) -> None:
         self.response = self.wfile.getvalue()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        if code == HTTPStatus.NOT_IMPLEMENTED:  # a method the handler has no do_X for: the client's
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command[:16]!r} not allowed"  # fault
+        super().send_error(code, message, explain)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s", format % args)

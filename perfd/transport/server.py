@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -197,6 +198,12 @@ class IngestServer:
         # How late the liveness task woke at its last tick: how far behind the event loop runs.
         self.loop_lag_s = 0.0
         self._agent_losses: dict[str, tuple[int, int]] = {}
+        # What other threads (the HTTP server's) read of the tables above: never the tables
+        # themselves, which the event loop changes while they iterate ("dictionary changed size
+        # during iteration", HTTP 500 under stream churn), but this immutable view the loop
+        # replaces whole at every liveness tick: (live agents, dropped batches, dropped samples).
+        self._published: tuple[tuple[str, ...], int, int] = ((), 0, 0)
+        self._loop_thread: int | None = None
         self._logged_errors: set[tuple[str, str]] = set()
         # Counters.
         self.streams_opened = 0
@@ -224,6 +231,7 @@ class IngestServer:
         """Bind and start; returns the bound port (``port=0`` picks a free one). Raises OSError
         when the address cannot be bound (in use, not local): no port sharing."""
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         server = grpc.aio.server(options=server_options(self.limits.max_message_bytes))
         handler = grpc.stream_stream_rpc_method_handler(
             self._stream,
@@ -301,16 +309,24 @@ class IngestServer:
     def _live(self, conn: _Conn, now: float) -> bool:
         return not conn.closed and now - conn.last_msg_at <= self.limits.agent_silence_s
 
-    def _live_agents(self) -> list[str]:
+    def _view(self) -> tuple[tuple[str, ...], int, int]:
+        """(live agents, dropped batches, dropped samples): computed on the event loop's thread
+        (the owner of the tables), else the view it last published (at most a tick old)."""
         loop = self._loop
-        now = loop.time() if loop is not None and not loop.is_closed() else 0.0
-        # A copy first: the HTTP thread reads this while the event loop adds and removes streams.
-        return [a for a, c in list(self._streams.items()) if self._live(c, now)]
+        if threading.get_ident() != self._loop_thread or loop is None or loop.is_closed():
+            return self._published
+        now = loop.time()
+        return (tuple(a for a, c in self._streams.items() if self._live(c, now)),
+                sum(v[0] for v in self._agent_losses.values()),
+                sum(v[1] for v in self._agent_losses.values()))
+
+    def _publish(self) -> None:
+        self._published = self._view()  # one reference swap: a reader sees the old or the new view
 
     def connected_agents(self) -> list[str]:
         """Agents whose stream carried a message (each one acknowledged) within the silence
-        limit: an open socket alone does not count."""
-        return sorted(self._live_agents())
+        limit: an open socket alone does not count. Safe from any thread (see _view)."""
+        return sorted(self._view()[0])
 
     # ------------------------------------------------------------------ the stream
 
@@ -424,6 +440,7 @@ class IngestServer:
             self.loop_lag_s = max(0.0, now - before - tick)
             for conn in list(self._conns):
                 self._check_liveness(conn, now)
+            self._publish()
 
     def _check_liveness(self, conn: _Conn, now: float) -> None:
         if conn.agent_id is None and now - conn.opened_at > self.limits.hello_timeout_s:
@@ -593,8 +610,10 @@ class IngestServer:
     # ------------------------------------------------------------------ counters
 
     def counters(self) -> dict[str, int]:
+        """Every counter; safe from any thread (the tables through _view, the rest are ints)."""
+        live, dropped_batches, dropped_samples = self._view()
         return {
-            "agents_connected": len(self._live_agents()),  # unsorted: read on every scrape
+            "agents_connected": len(live),
             "streams_opened": self.streams_opened,
             "streams_superseded": self.streams_superseded,
             "hellos_reused": self.hellos_reused,
@@ -615,7 +634,6 @@ class IngestServer:
             "loop_lag_ms": round(self.loop_lag_s * 1000),
             "store_failures": self.store_failures,
             # What the agents report their spools dropped (latest figure per agent, summed).
-            # Copies: the HTTP thread reads these while the event loop adds agents.
-            "agent_dropped_batches": sum(v[0] for v in list(self._agent_losses.values())),
-            "agent_dropped_samples": sum(v[1] for v in list(self._agent_losses.values())),
+            "agent_dropped_batches": dropped_batches,
+            "agent_dropped_samples": dropped_samples,
         }
