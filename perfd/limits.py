@@ -21,6 +21,9 @@ MAX_BATCH_BYTES = MAX_MESSAGE_BYTES - (64 << 10)  # room for the frame around a 
 MAX_STREAMS = 10_000  # open ingest streams, all agents together
 STREAMS_PER_AGENT = 1  # a newer stream of the same agent (same identity) closes the older one
 HELLO_TIMEOUT_S = 10.0  # a stream that has not said Hello by then is closed
+# An unauthenticated stream is ended once its first message arrived (or this long): ended under
+# the agent's first write, the agent would see "INTERNAL" instead of "UNAUTHENTICATED".
+REFUSAL_DRAIN_S = 1.0
 MAX_SERIES_PER_AGENT = 50_000  # series definitions one agent may hold at the aggregator
 MAX_EVENT_BYTES = 256 << 10  # one event on the wire (text + labels + payload)
 

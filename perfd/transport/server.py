@@ -356,6 +356,14 @@ class IngestServer:
                                     f"(limit {self.limits.max_loop_lag_s:g} s); retry later")
         except StreamRefused as exc:
             self.refusals.refuse(exc.reason, str(exc))
+            if exc.code == grpc.StatusCode.UNAUTHENTICATED:
+                # Take the Hello the agent is already writing before ending the stream: ended
+                # under that write, the agent's call finishes "INTERNAL: Internal error from Core"
+                # (gRPC core loses the status in the race) and the agent never learns why.
+                try:
+                    await asyncio.wait_for(anext(request_iterator), L.REFUSAL_DRAIN_S)
+                except (Exception, asyncio.CancelledError):
+                    pass
             await context.abort(exc.code, str(exc))
             return
         conn = _Conn(peer=str(context.peer()), identity=identity, now=loop.time())
