@@ -231,8 +231,9 @@ def _request(port: int, method: str, path: str, body: bytes) -> int:
         conn.close()
 
 
-NESTED = st.builds(lambda opener, n, tail: (opener * n + tail).encode(), st.sampled_from(["[", "{\"a\":", "[{\"b\":"]),
-                   st.integers(1, 20_000), st.sampled_from(["", "1", "]", "}"]))
+NESTED = st.builds(lambda opener, n, tail: (opener * n + tail).encode(),
+                   st.sampled_from(["[", "{\"a\":", "[{\"b\":"]), st.integers(1, 20_000),
+                   st.sampled_from(["", "1", "]", "}"]))
 ALERT_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.text(max_size=12) | st.just("firing"),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(

@@ -21,12 +21,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
+from perfd import limits as L
 from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import AgentConfig
 from perfd.agent.reduce import SampleReducer
 from perfd.agent.scheduler import Scheduler
 from perfd.collector import Collected, Collector, Registry
-from perfd import limits as L
 from perfd.events import NCCL_HANG
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, series_families

@@ -70,17 +70,17 @@ class BufferedHandler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         self.rfile = io.BytesIO(self._raw)
-        self.wfile = io.BytesIO()
+        self.wfile = self._out = io.BytesIO()
 
     def handle(self) -> None:
         self.handle_one_request()  # one request per connection
 
     def finish(self) -> None:
-        self.response = self.wfile.getvalue()
+        self.response = self._out.getvalue()
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        if code == HTTPStatus.NOT_IMPLEMENTED:  # a method the handler has no do_X for: the client's
-            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command[:16]!r} not allowed"  # fault
+        if code == HTTPStatus.NOT_IMPLEMENTED:  # no do_X for the method: the client's fault, a 4xx
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command[:16]!r} not allowed"
         super().send_error(code, message, explain)
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -112,8 +112,8 @@ LINGER_S = 2.0  # after an answer, unread input is drained this long so the clie
 
 
 class _Conn:
-    __slots__ = ("sock", "addr", "opened", "last_io", "buf", "need", "state", "events", "out", "sent",
-                 "deadline")
+    __slots__ = ("addr", "buf", "deadline", "events", "last_io", "need", "opened", "out", "sent", "sock",
+                 "state")
 
     def __init__(self, sock: socket.socket, addr: tuple[str, int], now: float) -> None:
         self.sock, self.addr = sock, addr
@@ -450,7 +450,8 @@ class HttpServer:
                     self._respond(conn, plain_response(408, "request not received in time"))
                 else:
                     self._close(conn)
-            elif conn.state == _WRITING and (now > conn.deadline or now - conn.last_io > L.HTTP_IDLE_TIMEOUT_S):
+            elif conn.state == _WRITING and (now > conn.deadline
+                                             or now - conn.last_io > L.HTTP_IDLE_TIMEOUT_S):
                 self.refusals.refuse(L.REFUSED_HTTP_DEADLINE, f"HTTP connection from {conn.addr[0]}: the "
                                      f"answer was not read in time ({conn.sent} of {len(conn.out)} bytes)")
                 self._close(conn)

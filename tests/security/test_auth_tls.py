@@ -133,8 +133,8 @@ def test_an_agent_without_the_token_is_told_it_is_unauthenticated(
     with caplog.at_level(logging.WARNING, logger="perfd.transport.client"):
         _run(_cfg(auth_token_file=tok), body)
     ended = [r.getMessage() for r in caplog.records if "stream to" in r.getMessage()]
-    assert len(ended) >= 10  # the peer's port differs each time, so each is logged
     assert all("UNAUTHENTICATED" in m and "--auth-token-file" in m for m in ended), ended
+    assert len(ended) >= 10  # the peer's port differs each time, so each is logged
 
 
 def test_http_needs_the_token_except_metrics_and_healthz(tmp_path: Path) -> None:

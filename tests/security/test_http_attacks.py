@@ -10,6 +10,7 @@ bounded, and the assertions count answers, not seconds.
 from __future__ import annotations
 
 import os
+import re
 import resource
 import shutil
 import socket
@@ -168,7 +169,8 @@ def test_agent_metrics_with_two_thousand_idle_connections(tmp_path: Path) -> Non
         with urllib.request.urlopen(f"http://127.0.0.1:{m}/metrics", timeout=10) as r:
             text = r.read().decode()
         # The connections beyond the cap made room by closing the oldest idle ones, counted.
-        assert f'perfd_agent_http_refused_total{{node=' in text and L.REFUSED_HTTP_CONNECTIONS in text
+        row = rf'^perfd_agent_http_refused_total{{node="[^"]*",reason="{L.REFUSED_HTTP_CONNECTIONS}"}} [1-9]'
+        assert re.search(row, text, re.M), text
     finally:
         stop(agent)
     assert "Traceback" not in (tmp_path / "agent.log").read_text(errors="replace")
