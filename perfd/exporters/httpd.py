@@ -203,9 +203,10 @@ class HttpServer:
         for t in self._threads:
             t.start()
 
-    def stop(self, timeout: float = 2.0) -> None:
-        """Close the listener and every connection; workers busy with a request are not waited
-        for longer than ``timeout`` (they are daemon threads)."""
+    def stop(self, timeout: float = 1.0) -> None:
+        """Close the listener and every connection (the front thread ends within ``timeout``).
+        Workers end once their current request is answered; they are daemon threads and are not
+        waited for: a slow API call must not hold up a SIGTERM."""
         self._stopping = True
         self._wake()
         for lane, q in self._lanes.items():
@@ -215,11 +216,10 @@ class HttpServer:
                         q.put_nowait(None)
                     except queue.Full:
                         pass
-        deadline = time.monotonic() + timeout
-        for t in self._threads:
-            if t.is_alive() and t is not threading.current_thread():
-                t.join(max(0.0, deadline - time.monotonic()))
-        if not self._threads[0].is_alive():
+        front = self._threads[0]
+        if front.is_alive() and front is not threading.current_thread():
+            front.join(timeout)
+        if not front.is_alive():
             self._close_all()
 
     def open_connections(self) -> int:
