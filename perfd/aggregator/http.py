@@ -282,8 +282,9 @@ class _Handler(httpd.BufferedHandler):
         state = self.app.state
         try:
             if path == "/metrics":
-                body, headers = httpd.metrics_response(self.app.registry, self.headers.get("Accept"),
-                                                       self.headers.get("Accept-Encoding"))
+                # The text format, uncompressed, whatever the scraper accepts: as before (the
+                # agent, like prometheus_client's own server, negotiates).
+                body, headers = httpd.metrics_response(self.app.registry, None, None)
                 self._send(200, body, headers[0][1], tuple(headers[1:]))
             elif path == "/healthz":
                 self._send(200, b"ok\n", "text/plain")
