@@ -204,7 +204,7 @@ class IngestServer:
         # replaces whole at every liveness tick: (live agents, dropped batches, dropped samples).
         self._published: tuple[tuple[str, ...], int, int] = ((), 0, 0)
         self._loop_thread: int | None = None
-        self._stopping = False  # set by stop(): nothing more is delivered
+        self._stopping = False  # begin_stop(): nothing more is delivered
         self._logged_errors: set[tuple[str, str]] = set()
         # Counters.
         self.streams_opened = 0
