@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[2]
 SLOW_CLIENTS = 64
 IDLE = 2000
+THREAD_SLACK = 4
 
 
 @pytest.fixture(autouse=True)
@@ -146,7 +147,9 @@ def test_two_thousand_idle_connections_open_and_metrics_still_answers(
     socks = _open_idle(port, IDLE)  # each connect within its 10 s timeout
     try:
         assert _get(f"http://127.0.0.1:{port}/metrics") == 200
-        assert _threads(proc.pid) <= threads  # a connection costs a buffer, never a thread
+        # A connection costs a buffer, never a thread (the slack: the daemon's executor may start
+        # a worker meanwhile; a thread per connection would add hundreds).
+        assert _threads(proc.pid) <= threads + THREAD_SLACK
     finally:
         for s in socks:
             s.close()
@@ -162,7 +165,7 @@ def test_agent_metrics_with_two_thousand_idle_connections(tmp_path: Path) -> Non
         socks = _open_idle(m, IDLE)
         try:
             assert _get(f"http://127.0.0.1:{m}/metrics") == 200
-            assert _threads(agent.pid) <= threads, (threads, _threads(agent.pid))
+            assert _threads(agent.pid) <= threads + THREAD_SLACK, (threads, _threads(agent.pid))
         finally:
             for s in socks:
                 s.close()
