@@ -381,6 +381,10 @@ CATALOG: tuple[MetricDef, ...] = (
        "(an acknowledgement within the ack timeout), 0 otherwise", _AGENT, AGENT),
     _m("perfd_agent_ack_timeouts_total", "counter", "count",
        "Streams the agent dropped for want of an acknowledgement (a dead or half-open link)", _AGENT, AGENT),
+    _m("perfd_agent_http_refused_total", "counter", "count",
+       "Connections and requests the agent's /metrics server turned away, by reason (perfd.limits "
+       "REFUSED_HTTP_*: a deadline missed, a head too large, connections over the cap)", _AGENT,
+       (*AGENT, "reason")),
     # --- aggregator self-metrics ----------------------------------------------------------
     _m("perfd_aggregator_samples_total", "counter", "count", "Samples ingested", _AGGREGATOR, ()),
     _m("perfd_aggregator_step_records_total", "counter", "count", "Step records ingested", _AGGREGATOR,

@@ -21,6 +21,9 @@ MAX_BATCH_BYTES = MAX_MESSAGE_BYTES - (64 << 10)  # room for the frame around a 
 MAX_STREAMS = 10_000  # open ingest streams, all agents together
 STREAMS_PER_AGENT = 1  # a newer stream of the same agent (same identity) closes the older one
 HELLO_TIMEOUT_S = 10.0  # a stream that has not said Hello by then is closed
+# An unauthenticated stream is ended once its first message arrived (or this long): ended under
+# the agent's first write, the agent would see "INTERNAL" instead of "UNAUTHENTICATED".
+REFUSAL_DRAIN_S = 1.0
 MAX_SERIES_PER_AGENT = 50_000  # series definitions one agent may hold at the aggregator
 MAX_EVENT_BYTES = 256 << 10  # one event on the wire (text + labels + payload)
 
@@ -57,9 +60,21 @@ MAX_CAPTURE_RECORDS = 1_000  # capture records kept; the oldest finished ones ar
 MAX_ALERTS_PER_WEBHOOK = 100  # alerts of one Alertmanager POST that may ask for a capture
 
 # ---- HTTP -----------------------------------------------------------------------------------------
+# perfd.exporters.httpd: one thread reads and writes every connection, workers only compute, so a
+# slow or idle client costs a buffer, never a thread; these bound what a connection may hold.
 MAX_HTTP_BODY_BYTES = 1 << 20
-HTTP_IDLE_TIMEOUT_S = 30.0  # a connection that sends nothing this long is closed
-MAX_HTTP_CONNECTIONS = 64  # served at once; more are answered 503 and closed
+MAX_HTTP_HEAD_BYTES = 64 << 10  # request line and headers (431 beyond)
+HTTP_HEADER_TIMEOUT_S = 5.0  # the request line and every header within this long of the accept
+HTTP_REQUEST_TIMEOUT_S = 30.0  # head and body within this long (1 MiB at 35 KB/s)
+HTTP_IDLE_TIMEOUT_S = 10.0  # a connection that sends nothing (or reads nothing of its answer) this long
+HTTP_WRITE_TIMEOUT_S = 30.0  # the whole answer read by the client within this long
+# Open connections (a buffer each); at the cap the one waiting longest for its request makes room.
+MAX_HTTP_CONNECTIONS = 512
+HTTP_LISTEN_BACKLOG = 1024  # the kernel caps it at net.core.somaxconn (4096 on current kernels)
+HTTP_PROBE_THREADS = 2  # the lane of /metrics and /healthz, which API clients cannot fill
+HTTP_API_THREADS = 4  # every other path
+HTTP_LANE_QUEUE = 64  # complete requests waiting for a lane's threads (503 beyond)
+HTTP_TICK_S = 0.25  # how often the deadlines are checked
 
 REFUSAL_LOG_INTERVAL_S = 60.0
 
@@ -80,7 +95,9 @@ REFUSED_CAPTURE_RATE = "capture_rate"
 REFUSED_CAPTURE_STEPS = "capture_steps"
 REFUSED_WEBHOOK_ALERTS = "webhook_alerts"
 REFUSED_HTTP_BODY = "http_body"
-REFUSED_HTTP_CONNECTIONS = "http_connections"
+REFUSED_HTTP_CONNECTIONS = "http_connections"  # MAX_HTTP_CONNECTIONS or a lane's queue full
+REFUSED_HTTP_DEADLINE = "http_deadline"  # a request (or the reading of its answer) past its deadline
+REFUSED_HTTP_HEAD = "http_head"  # a head over MAX_HTTP_HEAD_BYTES
 REFUSED_JOB_INFO_VALUE = "job_info_value"  # a value outside perfd.bounds (it becomes absent)
 # A step record for an (iteration, rank) of a job already held from another agent: the held one stays
 # (event perfd.events.STEP_CONFLICT names both agents).
@@ -90,8 +107,8 @@ REFUSED_REASONS = (
     REFUSED_UNAUTHENTICATED, REFUSED_IDENTITY, REFUSED_POLICY, REFUSED_NOT_HOST, REFUSED_STREAMS,
     REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_OVERLOADED, REFUSED_JOBS, REFUSED_SERIES, REFUSED_LABELS,
     REFUSED_EVENT_BYTES, REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
-    REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT,
-    REFUSED_WORSE_DUPLICATE,
+    REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_HTTP_DEADLINE, REFUSED_HTTP_HEAD,
+    REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE,
 )
 
 

@@ -9,11 +9,16 @@ Budgets are modest (a 2-core CI): ``max_examples`` 50-100, no deadline.
 
 from __future__ import annotations
 
+import http.client
 import json
+import logging
 import re
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from collectors.megatron import parse_lines as parse_megatron
@@ -182,3 +187,99 @@ def test_job_info_from_the_network_is_decoded_or_refused(obj: object) -> None:
     except (ValueError, TypeError):
         return
     assert bounds.check_job_info(info) == []
+
+
+# ---- the aggregator's HTTP API on a real socket ------------------------------------------------------
+# Every body a client may send gets an answer below 500 and leaves no traceback in the log: before,
+# 136 of 8,486 fuzzed requests answered 500 (deeply nested JSON reached the parser's recursion limit,
+# including on POST /healthz without a token; Alertmanager labels that were not an object).
+
+class _Tracebacks(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[tuple[int, _Tracebacks]]:
+    from perfd.aggregator.captures import CaptureCoordinator
+    from perfd.aggregator.http import HttpServer
+    from perfd.aggregator.state import AggregatorState
+
+    state = AggregatorState()
+    caps = CaptureCoordinator(state, None, lambda agent, cmd: False)
+    srv = HttpServer(state, "127.0.0.1", 0, caps)
+    errors = _Tracebacks()
+    logging.getLogger("perfd").addHandler(errors)
+    srv.start()
+    try:
+        yield srv.port, errors
+    finally:
+        srv.stop()
+        logging.getLogger("perfd").removeHandler(errors)
+
+
+def _request(port: int, method: str, path: str, body: bytes) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+NESTED = st.builds(lambda opener, n, tail: (opener * n + tail).encode(),
+                   st.sampled_from(["[", "{\"a\":", "[{\"b\":"]), st.integers(1, 20_000),
+                   st.sampled_from(["", "1", "]", "}"]))
+ALERT_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.text(max_size=12) | st.just("firing"),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["job_name", "rank", "perfd_ranks", "perfd_steps", "perfd_tool", "alertname",
+                         "status", "labels", "x"]), inner, max_size=5), max_leaves=15)
+BODIES = st.one_of(
+    NESTED,
+    st.binary(max_size=200),
+    JSON_VALUES.map(lambda v: json.dumps(v).encode()),
+    st.dictionaries(st.sampled_from(["job", "ranks", "steps", "tool", "alerts"]), ALERT_VALUES,
+                    max_size=5).map(lambda v: json.dumps(v).encode()),
+    st.lists(ALERT_VALUES, max_size=5).map(lambda a: json.dumps({"alerts": a}).encode()),
+)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(method=st.sampled_from(["POST", "POST", "GET", "PUT"]),
+       path=st.sampled_from(["/api/captures", "/api/alertmanager", "/healthz", "/metrics", "/api/jobs",
+                             "/api/jobs/x/summary", "/nowhere"]),
+       body=BODIES)
+@example(method="POST", path="/healthz", body=b"[" * 5000)  # no token needed: it was a 500
+@example(method="POST", path="/api/alertmanager", body=b'{"alerts": [{"status": "firing", "labels": ["x"]}]}')
+def test_http_bodies_get_an_answer_below_500(api: tuple[int, _Tracebacks], method: str, path: str,
+                                             body: bytes) -> None:
+    port, errors = api
+    status = _request(port, method, path, body)
+    assert status < 500, (method, path, body[:200], status)
+    assert not errors.records, [r.getMessage() for r in errors.records][:3]
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.one_of(st.binary(max_size=300),
+                 st.builds(lambda a, b: b"GET " + a + b" HTTP/1.1\r\n" + b + b"\r\n\r\n",
+                           st.binary(max_size=60), st.binary(max_size=120))))
+def test_raw_request_heads_get_an_answer_below_500(api: tuple[int, _Tracebacks], raw: bytes) -> None:
+    """Arbitrary bytes as a request: an answer below 500, or a closed connection (the head never
+    ended: the header deadline), never a traceback."""
+    port, errors = api
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(raw + b"\r\n\r\n")
+        s.shutdown(socket.SHUT_WR)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    if got:
+        assert got.startswith(b"HTTP/1."), got[:100]
+        assert int(got.split()[1]) < 500 or got.split()[1] == b"505", got[:200]  # 505: HTTP/2.0 asked
+    assert not errors.records, [r.getMessage() for r in errors.records][:3]

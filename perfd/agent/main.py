@@ -19,10 +19,11 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 from perfd import catalog
+from perfd import limits as L
 from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import DEFAULT_JOB, AgentConfig
 from perfd.agent.reduce import SampleReducer
@@ -30,10 +31,12 @@ from perfd.agent.scheduler import COLLECT_BUCKETS_S, Scheduler
 from perfd.catalog import GPU_INFO
 from perfd.collector import Collected, Collector, Registry
 from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES, NCCL_HANG, payload_of
+from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, series_families
 from perfd.jobinfo_json import job_info_to_json
 from perfd.model import CollectiveRecord, JobInfo, Sample, label_set, merge_job_info
 from perfd.placement import declared_job
+from perfd.refusals import Refusals
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +114,28 @@ class _AgentMetrics:
         yield from build_info_families()
 
 
+class _MetricsHandler(httpd.BufferedHandler):
+    """The agent's HTTP: /metrics and /healthz; anything else is 404."""
+
+    app: CollectorRegistry
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        if path == "/metrics":
+            body, headers = httpd.metrics_response(self.app, self.headers.get("Accept"),
+                                                   self.headers.get("Accept-Encoding"))
+        elif path == "/healthz":
+            body, headers = b"ok\n", [("Content-Type", "text/plain")]
+        else:
+            body, headers = b"only /metrics and /healthz here\n", [("Content-Type", "text/plain")]
+        self.send_response(200 if path in httpd.PROBE_PATHS else 404)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig, registry: Registry | None = None) -> None:
         self.cfg = cfg
@@ -121,6 +146,8 @@ class Agent:
         self._client_task: asyncio.Task[None] | None = None
         self.config_errors: dict[str, str] = {}
         self.metrics_port: int | None = None
+        self.http: httpd.HttpServer | None = None
+        self.http_refusals = Refusals()  # what the agent's own HTTP server turned away
         self.samples_total: dict[str, int] = {}
         self.submit_errors = 0
         self._started = time.time()
@@ -157,9 +184,12 @@ class Agent:
             return
         reg = CollectorRegistry(auto_describe=False)
         reg.register(_AgentMetrics(self))
-        server, _thread = start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_host,
-                                            registry=reg)
-        self.metrics_port = int(server.server_address[1])
+        # One thread for every connection and its deadlines, two for /metrics, one that answers
+        # 404: 2,000 idle connections cost buffers, not 2,000 threads (perfd.exporters.httpd).
+        self.http = httpd.HttpServer(self.cfg.metrics_host, self.cfg.metrics_port, _MetricsHandler, reg,
+                                     refusals=self.http_refusals, api_threads=1, name="agent-http")
+        self.http.start()
+        self.metrics_port = self.http.port
         # Printed, not logged: at the default verbosity (warnings) an info line never shows, and the
         # address (the bound port with --metrics-port 0) is what a person starting it needs.
         print(f"perfd agent: listening on http://{self.cfg.metrics_host}:{self.metrics_port}/metrics",
@@ -206,6 +236,9 @@ class Agent:
         for name in self.config_errors:
             rows.append(({**node, "collector": name, "reason": "config"},
                          "perfd_agent_collector_errors_total", 1.0))
+        counts = self.http_refusals.snapshot()
+        rows += [({**node, "reason": r}, "perfd_agent_http_refused_total", float(counts[r]))
+                 for r in L.REFUSED_REASONS if r in counts]
         ru = resource.getrusage(resource.RUSAGE_SELF)
         rows.append((node, "perfd_agent_cpu_seconds_total", ru.ru_utime + ru.ru_stime))
         try:
@@ -382,6 +415,9 @@ class Agent:
                 pass
             mark("stream")
             self.client.close()
+        if self.http is not None:
+            self.http.stop(timeout=max(0.05, left(0.5)))
+            mark("http")
         faulthandler.cancel_dump_traceback_later()
         took = time.monotonic() - t0
         # A slow stop is worth a line at the default level: it names the step that took the time.

@@ -412,7 +412,7 @@ def alertmanager_plan(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], in
             continue
         labels = alert.get("labels") or {}
         if not isinstance(labels, Mapping):
-            continue
+            raise ValueError("an alert's 'labels' must be an object")
         if str(labels.get(CAPTURE_LABEL, "")).lower() != CAPTURE_LABEL_VALUE:
             unmarked += 1
             continue

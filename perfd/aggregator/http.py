@@ -1,23 +1,20 @@
 """The aggregator's HTTP side: Prometheus /metrics and a small JSON API.
 
-Runs in its own thread (stdlib ThreadingHTTPServer): scrapes and API calls never block the gRPC
-event loop that ingests, and the loop never blocks a scrape.
+Served by perfd.exporters.httpd in threads of its own: scrapes and API calls never block the gRPC
+event loop that ingests, and the loop never blocks a scrape; a slow or idle client holds no thread,
+and /metrics and /healthz have a lane API clients cannot fill.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import socket
-import threading
 from collections.abc import Callable, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from perfd import finite_json
 from perfd import limits as L
@@ -25,6 +22,7 @@ from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
 from perfd.analytics.megatron_job import IterationResult
+from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
 from perfd.exporters.remote_write import TargetStats
 from perfd.refusals import Refusals
@@ -230,19 +228,25 @@ def job_iterations(state: AggregatorState, job: str, sources: bool = True) -> di
 OPEN_PATHS = ("/metrics", "/healthz")
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    timeout = L.HTTP_IDLE_TIMEOUT_S  # socket timeout: an idle or trickling client is dropped
+def _path(target: str) -> str | None:
+    """The path of a request target, unquoted later; None when it does not parse (answered 400)."""
+    try:
+        return urlparse(target).path.rstrip("/") or "/"
+    except ValueError:
+        return None
 
-    def _authorized(self) -> bool:
+
+class _Handler(httpd.BufferedHandler):
+    app: _App
+
+    def _authorized(self, path: str) -> bool:
         """With a token configured every path but OPEN_PATHS needs ``Authorization: Bearer``;
         answers 401 (counted) when it is missing or wrong."""
-        token = self.server.token
-        path = urlparse(self.path).path.rstrip("/") or "/"
+        token = self.app.token
         if token is None or path in OPEN_PATHS or token.check(self.headers.get("Authorization")):
             return True
-        self.server.refusals.refuse(L.REFUSED_UNAUTHENTICATED, f"HTTP {self.command} {path} from "
-                                    f"{self.client_address[0]} without a valid bearer token")
+        self.app.refusals.refuse(L.REFUSED_UNAUTHENTICATED, f"HTTP {self.command} {path[:80]} from "
+                                 f"{self.client_address[0]} without a valid bearer token")
         body = json.dumps({"error": "a bearer token is required (Authorization: Bearer <token>)"}).encode()
         self.send_response(401)
         self.send_header("WWW-Authenticate", 'Bearer realm="perfd"')
@@ -254,12 +258,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         return False
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http %s", format % args)
-
-    def _send(self, code: int, body: bytes, ctype: str) -> None:
+    def _send(self, code: int, body: bytes, ctype: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
+        for k, v in headers:
+            self.send_header(k, v)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -268,31 +271,39 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(code, finite_json.dumps(obj, indent=2).encode(),
                    "application/json")
 
+    def _target(self) -> str | None:
+        path = _path(self.path)
+        if path is None:
+            self._json(400, {"error": f"unparsable request target {self.path[:80]!r}"})
+        return path
+
     def do_POST(self) -> None:
-        if not self._authorized():
+        path = self._target()
+        if path is None or not self._authorized(path):
             return
         try:
-            _post(self)
-        except BrokenPipeError:
-            pass
+            _post(self, path)
         except Exception as exc:
             log.exception("HTTP POST %s failed", self.path)
             self._json(500, {"error": repr(exc)})
 
     def do_GET(self) -> None:
-        if not self._authorized():
+        path = self._target()
+        if path is None or not self._authorized(path):
             return
-        state = self.server.state
-        path = urlparse(self.path).path.rstrip("/") or "/"
+        state = self.app.state
         try:
             if path == "/metrics":
-                self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+                # The text format, uncompressed, whatever the scraper accepts: as before (the
+                # agent, like prometheus_client's own server, negotiates).
+                body, headers = httpd.metrics_response(self.app.registry, None, None)
+                self._send(200, body, headers[0][1], tuple(headers[1:]))
             elif path == "/healthz":
                 self._send(200, b"ok\n", "text/plain")
             elif path == "/api/stats":
                 self._json(200, state.stats_json())
             elif path == "/api/captures":
-                caps = self.server.captures
+                caps = self.app.captures
                 self._json(200, {"captures": caps.list() if caps else []})
             elif path == "/api/events":
                 self._json(200, {"events": state.recent_events()})
@@ -332,8 +343,6 @@ class _Handler(BaseHTTPRequestHandler):
                     "/metrics", "/healthz", "/api/stats", "/api/jobs", "/api/jobs/<job>/summary",
                     "/api/jobs/<job>/iterations", "/api/jobs/<job>/incidents", "/api/jobs/<job>/gpus",
                     "/api/captures", "/api/events", "POST /api/captures", "POST /api/alertmanager"]})
-        except BrokenPipeError:
-            pass
         except Exception as exc:  # a bug must answer 500, not kill the server thread
             log.exception("HTTP %s failed", path)
             self._json(500, {"error": repr(exc)})
@@ -342,7 +351,7 @@ class _Handler(BaseHTTPRequestHandler):
 def _body_length(handler: _Handler) -> int | None:
     """The body's length from Content-Length, refused (answered, counted, None) before a byte of
     it is read when it is absent with chunked encoding, not a number, negative or over the cap."""
-    refusals = handler.server.refusals
+    refusals = handler.app.refusals
     if handler.headers.get("Transfer-Encoding"):
         code, err = 411, "send the body with a Content-Length (no chunked encoding)"
     else:
@@ -362,10 +371,15 @@ def _body_length(handler: _Handler) -> int | None:
     return None
 
 
-def _post(handler: _Handler) -> None:
+POST_PATHS = ("/api/captures", "/api/alertmanager")
+
+
+def _post(handler: _Handler, path: str) -> None:
     """POST /api/captures {job, ranks?, steps?, tool?} and POST /api/alertmanager (webhook v4)."""
-    path = urlparse(handler.path).path.rstrip("/")
-    caps = handler.server.captures
+    if path not in POST_PATHS:  # before the body is parsed: nothing else takes one
+        handler._json(404, {"error": f"no POST handler for {path[:80]}", "paths": list(POST_PATHS)})
+        return
+    caps = handler.app.captures
     length = _body_length(handler)
     if length is None:
         return
@@ -373,6 +387,9 @@ def _post(handler: _Handler) -> None:
         body = json.loads(handler.rfile.read(length) or b"{}")
         if not isinstance(body, dict):
             raise ValueError("the body must be a JSON object")
+    except RecursionError:  # the C parser's answer to thousands of nested [ or {
+        handler._json(400, {"error": "invalid JSON: nested too deeply"})
+        return
     except ValueError as exc:
         handler._json(400, {"error": f"invalid JSON: {exc}"})
         return
@@ -400,7 +417,7 @@ def _post(handler: _Handler) -> None:
 
             reqs, unmarked = alertmanager_plan(body)
             if len(reqs) > L.MAX_ALERTS_PER_WEBHOOK:
-                handler.server.refusals.refuse(
+                handler.app.refusals.refuse(
                     L.REFUSED_WEBHOOK_ALERTS, f"Alertmanager POST with {len(reqs)} capture alerts; the first "
                     f"{L.MAX_ALERTS_PER_WEBHOOK} considered", len(reqs) - L.MAX_ALERTS_PER_WEBHOOK)
             made, refused = [], []
@@ -416,49 +433,22 @@ def _post(handler: _Handler) -> None:
             handler._json(200, {"captures": made, "refused": refused,
                                 "ignored_alerts": max(0, len(reqs) - L.MAX_ALERTS_PER_WEBHOOK),
                                 "not_capture_alerts": unmarked})
-        else:
-            handler._json(404, {"error": f"no POST handler for {path}"})
     except (ValueError, TypeError) as exc:
         handler._json(400, {"error": str(exc)})
+    except RecursionError:  # a value nested too deeply to print (a job name of 900 nested lists)
+        handler._json(400, {"error": "a value nested too deeply"})
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    # SO_REUSEADDR only (no SO_REUSEPORT): a port another process listens on refuses to bind.
-    allow_reuse_address = True
-    state: AggregatorState
-    captures: CaptureCoordinator | None
-    registry: CollectorRegistry
-    token: TokenFile | None
-    refusals: Refusals
+class _App:
+    """What the handlers serve: set once by HttpServer, read by its worker threads."""
 
-    def __init__(self, addr: tuple[str, int]) -> None:
-        self._slots = threading.BoundedSemaphore(L.MAX_HTTP_CONNECTIONS)
-        super().__init__(addr, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        # A thread per connection, at most MAX_HTTP_CONNECTIONS of them: beyond, answer 503 at once.
-        if not self._slots.acquire(blocking=False):
-            self.refusals.refuse(L.REFUSED_HTTP_CONNECTIONS, f"HTTP connection from {client_address[0]}: "
-                                 f"{L.MAX_HTTP_CONNECTIONS} already open")
-            try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                                b"Connection: close\r\n\r\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(request, socket.socket):
-            log.debug("HTTP connection from %s ended with an error", client_address, exc_info=True)
+    def __init__(self, state: AggregatorState, captures: CaptureCoordinator | None, token: TokenFile | None,
+                 refusals: Refusals) -> None:
+        self.state = state
+        self.captures = captures
+        self.token = token
+        self.refusals = refusals
+        self.registry = CollectorRegistry(auto_describe=False)
 
 
 class HttpServer:
@@ -466,20 +456,14 @@ class HttpServer:
                  captures: CaptureCoordinator | None = None, per_rank_series: bool = True,
                  token: TokenFile | None = None, refusals: Refusals | None = None,
                  export_node_series: bool = False) -> None:
-        self._srv = _Server((host, port))
-        self._srv.state = state
-        self._srv.captures = captures
-        self._srv.token = token
-        self._srv.refusals = refusals if refusals is not None else Refusals()
-        self._srv.registry = CollectorRegistry(auto_describe=False)
-        self.collector = _StateCollector(state, per_rank_series, self._srv.refusals, export_node_series)
-        self._srv.registry.register(self.collector)
-        self.port = int(self._srv.server_address[1])
-        self._thread = threading.Thread(target=self._srv.serve_forever, name="http", daemon=True)
+        self.app = _App(state, captures, token, refusals if refusals is not None else Refusals())
+        self.collector = _StateCollector(state, per_rank_series, self.app.refusals, export_node_series)
+        self.app.registry.register(self.collector)
+        self._srv = httpd.HttpServer(host, port, _Handler, self.app, refusals=self.app.refusals)
+        self.port = self._srv.port
 
     def start(self) -> None:
-        self._thread.start()
+        self._srv.start()
 
     def stop(self) -> None:
-        self._srv.shutdown()
-        self._srv.server_close()
+        self._srv.stop()

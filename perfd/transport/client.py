@@ -76,6 +76,27 @@ class AckTimeout(Exception):
     """No acknowledgement (Ack or command) from the aggregator within the ack timeout."""
 
 
+class StreamEnded(Exception):
+    """The status the aggregator ended a stream with, when a write on it failed first: a write
+    to a stream the server already closed fails with INTERNAL ("Internal error from Core") or "RPC
+    already finished", which names no reason; the call's own status does (UNAUTHENTICATED, ...)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code, self.details = code, details
+
+
+async def _ended_with(call: Any) -> StreamEnded | None:
+    try:
+        code = await asyncio.wait_for(call.code(), 2.0)
+        details = await call.details()
+    except Exception:  # no status in time, or none to read: the write's own error stands
+        return None
+    if code in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED):
+        return None
+    return StreamEnded(code, str(details or ""))
+
+
 class AgentClient:
     """One agent's connection to the aggregator. Create, ``asyncio.create_task(client.run())``,
     call ``submit()`` as data arrives; cancel the task and ``close()`` on shutdown."""
@@ -240,9 +261,14 @@ class AgentClient:
         self.stream_errors += 1
         if isinstance(e, grpc.aio.AioRpcError):
             msg = f"{e.code().name}: {e.details()}"
+        elif isinstance(e, StreamEnded):
+            msg = str(e)
         else:
             msg = f"{type(e).__name__}: {e}"
         # One line per change of error, not one per retry.
+        code = e.code() if isinstance(e, grpc.aio.AioRpcError) else getattr(e, "code", None)
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            msg += "; give the agent the aggregator's token (--auth-token-file)"
         if msg != self.last_error:
             log.warning("perfd agent %s: stream to %s ended (%s); reconnecting with backoff",
                         self.agent_id, self.target, msg)
@@ -278,6 +304,11 @@ class AgentClient:
             for t in done:
                 t.result()  # re-raise the error that ended the stream, if any
             return self._answered
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            ended = await _ended_with(call) if call is not None else None
+            if ended is not None and not (isinstance(exc, grpc.aio.AioRpcError) and exc.code() == ended.code):
+                raise ended from exc
+            raise
         finally:
             for t in tasks:
                 t.cancel()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -218,6 +219,13 @@ class IngestServer:
         # How late the liveness task woke at its last tick: how far behind the event loop runs.
         self.loop_lag_s = 0.0
         self._agent_losses: dict[str, tuple[int, int]] = {}
+        # What other threads (the HTTP server's) read of the tables above: never the tables
+        # themselves, which the event loop changes while they iterate ("dictionary changed size
+        # during iteration", HTTP 500 under stream churn), but this immutable view the loop
+        # replaces whole at every liveness tick: (live agents, dropped batches, dropped samples).
+        self._published: tuple[tuple[str, ...], int, int] = ((), 0, 0)
+        self._loop_thread: int | None = None
+        self._stopping = False  # begin_stop(): nothing more is delivered
         self._logged_errors: set[tuple[str, str]] = set()
         # Counters.
         self.streams_opened = 0
@@ -245,6 +253,7 @@ class IngestServer:
         """Bind and start; returns the bound port (``port=0`` picks a free one). Raises OSError
         when the address cannot be bound (in use, not local): no port sharing."""
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         server = grpc.aio.server(options=server_options(self.limits.max_message_bytes))
         handler = grpc.stream_stream_rpc_method_handler(
             self._stream,
@@ -276,12 +285,23 @@ class IngestServer:
 
         Always call it before the event loop ends: a grpc.aio server that is still running when
         its loop closes can keep the interpreter from exiting (seen under pytest)."""
+        self.begin_stop()
+        for conn in list(self._conns):
+            conn.close(grpc.StatusCode.UNAVAILABLE, "the aggregator is shutting down; resend what is "
+                       "not acknowledged")
         if self._liveness_task is not None:
             self._liveness_task.cancel()
             self._liveness_task = None
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
+
+    def begin_stop(self) -> None:
+        """Deliver nothing more from now on; the streams end at their next message. One flag, so a
+        signal handler may call it. Under a flood of batches the loop otherwise spent stop()'s
+        grace, and seconds after it (8.9 s measured), delivering batches no Ack would cover: the
+        agents resend them anyway, from their spools."""
+        self._stopping = True
 
     async def wait_for_termination(self) -> None:
         if self._server is not None:
@@ -322,16 +342,24 @@ class IngestServer:
     def _live(self, conn: _Conn, now: float) -> bool:
         return not conn.closed and now - conn.last_msg_at <= self.limits.agent_silence_s
 
-    def _live_agents(self) -> list[str]:
+    def _view(self) -> tuple[tuple[str, ...], int, int]:
+        """(live agents, dropped batches, dropped samples): computed on the event loop's thread
+        (the owner of the tables), else the view it last published (at most a tick old)."""
         loop = self._loop
-        now = loop.time() if loop is not None and not loop.is_closed() else 0.0
-        # A copy first: the HTTP thread reads this while the event loop adds and removes streams.
-        return [a for a, c in list(self._streams.items()) if self._live(c, now)]
+        if threading.get_ident() != self._loop_thread or loop is None or loop.is_closed():
+            return self._published
+        now = loop.time()
+        return (tuple(a for a, c in self._streams.items() if self._live(c, now)),
+                sum(v[0] for v in self._agent_losses.values()),
+                sum(v[1] for v in self._agent_losses.values()))
+
+    def _publish(self) -> None:
+        self._published = self._view()  # one reference swap: a reader sees the old or the new view
 
     def connected_agents(self) -> list[str]:
         """Agents whose stream carried a message (each one acknowledged) within the silence
-        limit: an open socket alone does not count."""
-        return sorted(self._live_agents())
+        limit: an open socket alone does not count. Safe from any thread (see _view)."""
+        return sorted(self._view()[0])
 
     # ------------------------------------------------------------------ the stream
 
@@ -361,6 +389,14 @@ class IngestServer:
                                     f"(limit {self.limits.max_loop_lag_s:g} s); retry later")
         except StreamRefused as exc:
             self.refusals.refuse(exc.reason, str(exc))
+            if exc.code == grpc.StatusCode.UNAUTHENTICATED:
+                # Take the Hello the agent is already writing before ending the stream: ended
+                # under that write, the agent's call finishes "INTERNAL: Internal error from Core"
+                # (gRPC core loses the status in the race) and the agent never learns why.
+                try:
+                    await asyncio.wait_for(anext(request_iterator), L.REFUSAL_DRAIN_S)
+                except (Exception, asyncio.CancelledError):
+                    pass
             await context.abort(exc.code, str(exc))
             return
         conn = _Conn(peer=str(context.peer()), identity=identity, now=loop.time())
@@ -445,6 +481,7 @@ class IngestServer:
             self.loop_lag_s = max(0.0, now - before - tick)
             for conn in list(self._conns):
                 self._check_liveness(conn, now)
+            self._publish()
 
     def _check_liveness(self, conn: _Conn, now: float) -> None:
         if conn.agent_id is None and now - conn.opened_at > self.limits.hello_timeout_s:
@@ -475,7 +512,7 @@ class IngestServer:
         loop = asyncio.get_running_loop()
         try:
             async for msg in it:
-                if conn.closed:  # closed under it (lost writes, superseded): take nothing more
+                if conn.closed or self._stopping:  # closed under it (lost writes, superseded), or stopping
                     break
                 conn.last_msg_at = loop.time()
                 which = msg.WhichOneof("msg")
@@ -649,8 +686,10 @@ class IngestServer:
     # ------------------------------------------------------------------ counters
 
     def counters(self) -> dict[str, int]:
+        """Every counter; safe from any thread (the tables through _view, the rest are ints)."""
+        live, dropped_batches, dropped_samples = self._view()
         return {
-            "agents_connected": len(self._live_agents()),  # unsorted: read on every scrape
+            "agents_connected": len(live),
             "streams_opened": self.streams_opened,
             "streams_superseded": self.streams_superseded,
             "hellos_reused": self.hellos_reused,
@@ -671,7 +710,6 @@ class IngestServer:
             "loop_lag_ms": round(self.loop_lag_s * 1000),
             "store_failures": self.store_failures,
             # What the agents report their spools dropped (latest figure per agent, summed).
-            # Copies: the HTTP thread reads these while the event loop adds agents.
-            "agent_dropped_batches": sum(v[0] for v in list(self._agent_losses.values())),
-            "agent_dropped_samples": sum(v[1] for v in list(self._agent_losses.values())),
+            "agent_dropped_batches": dropped_batches,
+            "agent_dropped_samples": dropped_samples,
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
@@ -109,6 +110,31 @@ def test_unauthenticated_batch_is_refused_and_the_token_lets_it_in(tmp_path: Pat
         assert ov is not None and ov["iterations_seen"] == 120
 
     _run(_cfg(auth_token_file=tok), body)
+
+
+def test_an_agent_without_the_token_is_told_it_is_unauthenticated(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every stream end the agent logs says UNAUTHENTICATED and what to do; before, about half
+    said "INTERNAL: Internal error from Core" or "RPC already finished" (the server ended the
+    stream under the agent's Hello and gRPC lost the status)."""
+    tok = _token_file(tmp_path)
+
+    async def body(agg: Aggregator) -> None:
+        c = AgentClient(f"127.0.0.1:{agg.grpc_port}", "tokenless", jobs=["j"], backoff_initial_s=0.02,
+                        backoff_max_s=0.05)
+        c.submit(steps=_steps("j", range(1, 3)))
+        task = asyncio.create_task(c.run())
+        try:
+            assert await _until(lambda: c.stream_errors >= 10, 30)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    with caplog.at_level(logging.WARNING, logger="perfd.transport.client"):
+        _run(_cfg(auth_token_file=tok), body)
+    ended = [r.getMessage() for r in caplog.records if "stream to" in r.getMessage()]
+    assert all("UNAUTHENTICATED" in m and "--auth-token-file" in m for m in ended), ended
+    assert len(ended) >= 10  # the peer's port differs each time, so each is logged
 
 
 def test_http_needs_the_token_except_metrics_and_healthz(tmp_path: Path) -> None:
@@ -374,22 +400,28 @@ def test_capture_records_are_pruned() -> None:
     _run(_cfg(limits=L.Limits(max_capture_records=10)), body)
 
 
-def test_idle_http_connection_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_idle_and_trickling_http_connections_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that sends nothing is closed at the idle deadline; one that sends part of its
+    head is answered 408 at the header deadline and closed; both counted (http_deadline)."""
     import socket
 
-    from perfd.aggregator import http
-
-    monkeypatch.setattr(http._Handler, "timeout", 0.5)
+    monkeypatch.setattr(L, "HTTP_HEADER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(L, "HTTP_IDLE_TIMEOUT_S", 0.5)
 
     async def body(agg: Aggregator) -> None:
         assert agg.http is not None
 
-        def idle() -> bytes:
+        def talk(first: bytes) -> bytes:
             with socket.create_connection(("127.0.0.1", agg.http.port), timeout=10) as s:  # type: ignore[union-attr]
-                s.sendall(b"GET /api/st")  # and then nothing
-                return s.recv(100)  # b"" once the server closes it
+                s.sendall(first)  # and then nothing
+                got = b""
+                while chunk := s.recv(4096):  # until the server closes it
+                    got += chunk
+                return got
 
-        assert await asyncio.to_thread(idle) == b""
+        assert await asyncio.to_thread(talk, b"") == b""
+        assert (await asyncio.to_thread(talk, b"GET /api/st")).startswith(b"HTTP/1.0 408 ")
+        assert agg.refusals.get(L.REFUSED_HTTP_DEADLINE) == 2
 
     _run(_cfg(), body)
 

@@ -576,3 +576,67 @@ def test_new_streams_are_refused_while_the_event_loop_lags_and_let_in_after():
         asyncio.run_coroutine_threadsafe(srv.stop(None), srv_loop).result(10)
         srv_loop.call_soon_threadsafe(srv_loop.stop)
         th.join(10)
+
+
+class _OwnedDict(dict):  # type: ignore[type-arg]
+    """A dict that fails the test when a thread other than its owner's iterates it: what the
+    event loop changes must reach the HTTP thread only through a snapshot the loop publishes."""
+
+    def __init__(self, owner: int, *args: Any) -> None:
+        super().__init__(*args)
+        self.owner = owner
+        self.foreign_reads: list[str] = []
+
+    def _check(self, how: str) -> None:
+        import threading
+
+        if threading.get_ident() != self.owner:
+            self.foreign_reads.append(how)
+            raise RuntimeError(f"{how} from another thread (dictionary changed size during iteration)")
+
+    def __iter__(self) -> Any:
+        self._check("__iter__")
+        return super().__iter__()
+
+    def items(self) -> Any:
+        self._check("items")
+        return super().items()
+
+    def values(self) -> Any:
+        self._check("values")
+        return super().values()
+
+    def keys(self) -> Any:
+        self._check("keys")
+        return super().keys()
+
+
+def test_other_threads_read_the_streams_only_through_the_published_view():
+    """counters() and connected_agents() from the HTTP thread never iterate the stream table
+    the event loop changes (issue: /metrics answered 500 under stream churn)."""
+    import threading
+
+    async def body() -> None:
+        srv = IngestServer(Sink())
+        port = await serve(srv, 0)
+        c = client(port, "a1")
+        task = asyncio.create_task(c.run())
+        c.submit([Sample("perfd_gpu_utilization_ratio", 0.5, 1.0, {"gpu": "0"})])
+        assert await c.flush(15)
+        me = threading.get_ident()
+        srv._streams = streams = _OwnedDict(me, srv._streams)
+        srv._agent_losses = losses = _OwnedDict(me, {"a1": (2, 30)})
+        assert srv.connected_agents() == ["a1"]  # on the loop: the tables themselves
+        # Off the loop: the view the loop published at its last liveness tick (a second at most).
+        deadline = time.monotonic() + 15
+        while (counters := await asyncio.to_thread(srv.counters))["agent_dropped_samples"] != 30:
+            assert time.monotonic() < deadline, counters
+            await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(srv.connected_agents) == ["a1"]
+        assert counters["agents_connected"] == 1
+        assert (counters["agent_dropped_batches"], counters["agent_dropped_samples"]) == (2, 30)
+        assert streams.foreign_reads == [] and losses.foreign_reads == []
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    run(body())

@@ -1,0 +1,179 @@
+"""HTTP under attack, against real daemons on loopback (docs/reliability.md "HTTP under attack").
+
+Before perfd.exporters.httpd each connection held a thread: 64 clients trickling their headers held
+every slot of the aggregator and /metrics answered 503 for as long as they lasted; its listen
+backlog of 5 made 2,000 connects take minutes; the agent's /metrics (prometheus_client's server)
+started a thread per idle connection (2,000 connections: 1,503 threads). Every loop here is
+bounded, and the assertions count answers, not seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from perfd import limits as L
+from tests.procs import free_port, stop, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[2]
+SLOW_CLIENTS = 64
+IDLE = 2000
+THREAD_SLACK = 4
+
+
+@pytest.fixture(autouse=True)
+def _enough_descriptors() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < IDLE + 200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4 * IDLE), hard))
+
+
+def _spawn(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def aggregator(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    h = free_port()
+    p = _spawn("aggregator", "--grpc-port", str(free_port()), "--http-port", str(h), "--no-rules",
+               log=tmp_path / "agg.log")
+    try:
+        wait_for(lambda: _get(f"http://127.0.0.1:{h}/healthz") == 200, 60, "aggregator up")
+        yield p, h
+    finally:
+        stop(p)
+    assert "Traceback" not in (tmp_path / "agg.log").read_text(errors="replace")
+
+
+def _get(url: str, timeout: float = 10.0) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            r.read()
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return 0
+
+
+def _threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads line")
+
+
+def _open_idle(port: int, n: int) -> list[socket.socket]:
+    return [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(n)]
+
+
+def test_slow_header_clients_do_not_starve_metrics(aggregator: tuple[subprocess.Popen[bytes], int]) -> None:
+    """64 clients send a request line and then one header line a second (inside the idle
+    deadline, so only the header deadline ends them) and reconnect as soon as they are closed;
+    meanwhile every /metrics probe answers 200, over more than one header deadline."""
+    _, port = aggregator
+    stop_ev = threading.Event()
+    reconnects = [0]
+
+    def attack() -> None:
+        socks: list[socket.socket | None] = [None] * SLOW_CLIENTS
+        n = 0
+        while not stop_ev.is_set():
+            for i, s in enumerate(socks):
+                try:
+                    if s is None:
+                        s = socks[i] = socket.create_connection(("127.0.0.1", port), timeout=5)
+                        s.sendall(b"GET / HTTP/1.1\r\n")
+                        s.settimeout(0.001)
+                        reconnects[0] += 1
+                        continue
+                    s.sendall(f"X-Slow-{n}: {n}\r\n".encode())
+                    if s.recv(4096) == b"":
+                        raise OSError("closed")
+                except TimeoutError:
+                    pass  # nothing from the server yet: still held open
+                except OSError:
+                    if s is not None:
+                        s.close()
+                    socks[i] = None
+            n += 1
+            stop_ev.wait(1.0)
+        for s in socks:
+            if s is not None:
+                s.close()
+
+    attacker = threading.Thread(target=attack, daemon=True)
+    attacker.start()
+    try:
+        wait_for(lambda: reconnects[0] >= SLOW_CLIENTS, 30, "every slow client connected")
+        codes = []
+        for _ in range(16):  # ~8 s: past HTTP_HEADER_TIMEOUT_S, so the attackers reconnect meanwhile
+            codes.append(_get(f"http://127.0.0.1:{port}/metrics"))
+            stop_ev.wait(0.5)
+    finally:
+        stop_ev.set()
+        attacker.join(10)
+    assert codes == [200] * len(codes), codes
+    assert reconnects[0] > SLOW_CLIENTS  # the header deadline closed them, and they came back
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert f'perfd_aggregator_refused_total{{reason="{L.REFUSED_HTTP_DEADLINE}"}}' in text
+    assert f'perfd_aggregator_refused_total{{reason="{L.REFUSED_HTTP_DEADLINE}"}} 0.0' not in text
+
+
+def test_two_thousand_idle_connections_open_and_metrics_still_answers(
+        aggregator: tuple[subprocess.Popen[bytes], int]) -> None:
+    proc, port = aggregator
+    if shutil.which("ss"):  # the listen backlog (Send-Q of a listening socket); it was 5
+        out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+        assert int(out.split()[2]) >= min(L.HTTP_LISTEN_BACKLOG, 4096), out
+    threads = _threads(proc.pid)
+    socks = _open_idle(port, IDLE)  # each connect within its 10 s timeout
+    try:
+        assert _get(f"http://127.0.0.1:{port}/metrics") == 200
+        # A connection costs a buffer, never a thread (the slack: the daemon's executor may start
+        # a worker meanwhile; a thread per connection would add hundreds).
+        assert _threads(proc.pid) <= threads + THREAD_SLACK
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_agent_metrics_with_two_thousand_idle_connections(tmp_path: Path) -> None:
+    m = free_port()
+    agent = _spawn("agent", "--metrics-port", str(m), "--nvml", "off", "--host", "off",
+                   log=tmp_path / "agent.log")
+    try:
+        wait_for(lambda: _get(f"http://127.0.0.1:{m}/metrics") == 200, 60, "agent up")
+        threads = _threads(agent.pid)
+        socks = _open_idle(m, IDLE)
+        try:
+            assert _get(f"http://127.0.0.1:{m}/metrics") == 200
+            assert _threads(agent.pid) <= threads + THREAD_SLACK, (threads, _threads(agent.pid))
+        finally:
+            for s in socks:
+                s.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{m}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        # The connections beyond the cap made room by closing the oldest idle ones, counted.
+        row = rf'^perfd_agent_http_refused_total{{node="[^"]*",reason="{L.REFUSED_HTTP_CONNECTIONS}"}} [1-9]'
+        assert re.search(row, text, re.M), text
+    finally:
+        stop(agent)
+    assert "Traceback" not in (tmp_path / "agent.log").read_text(errors="replace")
