@@ -319,7 +319,7 @@ class Agent:
 
         hook = self.scheduler.states.get("hook")
         try:
-            self.captures = AgentCaptures(self.cfg.job, self.cfg.capture_dir, self.cfg.capture_quota_bytes,
+            self.captures = AgentCaptures(self.cfg.job, self.cfg.capture_root(), self.cfg.capture_quota_bytes,
                                           self._emit_event, kineto=self.cfg.kineto_daemon,
                                           hook=hook.collector if hook is not None else None)
         except Exception as exc:  # no capture store (disk, permissions): say so, monitor on
