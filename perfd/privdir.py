@@ -179,9 +179,16 @@ def user_dir(*parts: str) -> Path:
 
 
 def runtime_dir() -> Path:
-    """Where this user's perfd sockets go: ``$XDG_RUNTIME_DIR/perfd`` (a per-user tmpfs the login
-    manager made 0700) when set and ours, else ``<tmp>/perfd-<uid>``. Computed the same way by the
-    agent and by a training process of the same user; not created here."""
+    """Where this user's perfd sockets go: ``/run/perfd`` for root (no other user can make a name in
+    /run), ``$XDG_RUNTIME_DIR/perfd`` (a per-user tmpfs the login manager made 0700) when set and
+    ours, else ``<tmp>/perfd-<uid>`` (which another user could make first: perfd then refuses it and
+    says so). Computed the same way by the agent and by a training process of the same user; not
+    created here."""
+    if os.geteuid() == 0:
+        with contextlib.suppress(OSError):
+            st = os.stat("/run")
+            if st.st_uid == 0 and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return Path("/run/perfd")
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and os.path.isabs(xdg):
         with contextlib.suppress(OSError):
