@@ -17,10 +17,10 @@ into writing, reading or deleting files it did not make.
 What is refused raises :class:`UnsafeDirError` with one sentence for a person. The caller gets an
 open descriptor: deleting and listing relative to it never leaves the directory it checked.
 
-Default locations (:func:`user_dir`) are per user, never a shared ``/tmp`` name: ``$XDG_STATE_HOME``
-or ``~/.local/state`` (from the password database, not ``$HOME``, which ``sudo`` may keep), then
-``<tmp>/perfd-<uid>`` when the home is unusable; :func:`runtime_dir` prefers ``$XDG_RUNTIME_DIR``
-for sockets.
+Default locations (:func:`user_dir`) are per user, never a shared ``/tmp`` name: ``$XDG_STATE_HOME``,
+``/var/lib/perfd`` for root where it exists, or ``~/.local/state`` (from the password database, not
+``$HOME``, which ``sudo`` may keep), then ``<tmp>/perfd-<uid>`` when the home is unusable;
+:func:`runtime_dir` gives sockets ``/run/perfd`` (root) or ``$XDG_RUNTIME_DIR/perfd``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+VAR_LIB = "/var/lib/perfd"  # root's state folder on hosts that have one (the systemd unit makes it)
 MAX_LINK_HOPS = 40  # as the kernel's own limit on symbolic links in one lookup
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
@@ -165,12 +166,16 @@ def _home() -> Path | None:
 
 
 def user_dir(*parts: str) -> Path:
-    """A per-user default location for perfd's files: ``$XDG_STATE_HOME/perfd/...`` or
-    ``~/.local/state/perfd/...``, else ``<tmp>/perfd-<uid>/...`` (not created here)."""
+    """A per-user default location for perfd's files: ``$XDG_STATE_HOME/perfd/...``; for root
+    ``/var/lib/perfd/...`` when that folder exists and is writable (systemd's ``StateDirectory=perfd``,
+    where ``ProtectSystem=strict`` leaves the home read-only); ``~/.local/state/perfd/...``; else
+    ``<tmp>/perfd-<uid>/...`` (not created here)."""
     xdg = os.environ.get("XDG_STATE_HOME")
     home = _home()
     if xdg and os.path.isabs(xdg):
         base = Path(xdg) / "perfd"
+    elif os.geteuid() == 0 and os.path.isdir(VAR_LIB) and os.access(VAR_LIB, os.W_OK):
+        base = Path(VAR_LIB)
     elif home is not None and os.access(home, os.W_OK):
         base = home / ".local" / "state" / "perfd"
     else:
