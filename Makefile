@@ -5,6 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # The demo needs only what `pip install perfd` brings (no torch, no test tools): its own venv.
 DEMO_VENV ?= .venv-demo
+# pytest workers for `make test`: most slow tests wait on real processes and timeouts, not on the
+# CPU, so more workers than cores still shortens the run (a 2-core machine: 4).
+TEST_WORKERS ?= 4
 
 .PHONY: setup demo test lint typecheck proto docs clean
 setup: $(VENV)/.installed
@@ -34,7 +37,7 @@ typecheck: setup
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 proto: setup
 	$(BIN)/python -m perfd.transport.regen

@@ -83,7 +83,8 @@ XID = _k("xid", "mapping", False, "collectors/nvml", (_AGG_LOG,), "An XID error 
 VALIDATION = _k("validation", "any", False, "collectors/megatron (parser)", (_AGG_LOG,),
                 "A log value refused by validation")
 LOG_GAP = _k("log_gap", "mapping", False, "collectors/megatron (tail)", (_AGG_LOG,),
-            "The log tail fell too far behind and skipped ahead: the bytes and iterations not read")
+            "Log lines not read: the tail fell too far behind and skipped ahead, or the log was "
+            "truncated or rotated and its unread part was nowhere to read (no <log>.1)")
 REPLAY_FINISHED = _k("replay_finished", "none", False, "collectors/nvml (replay)", (_AGG_LOG,),
                      "A recorded NVML replay reached its end")
 RULE_FIRING = _k("rule_firing", "mapping", False, "perfd/aggregator/captures.py (rules engine)",

@@ -44,7 +44,6 @@ import select
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -130,13 +129,29 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
         raise LaunchError("no command given: perfd launch [options] -- CMD [ARGS ...]")
     if opts.fr_buffer <= 0:
         raise LaunchError("--fr-buffer must be > 0 (0 disables Flight Recorder and its dump pipe)")
-    tmp = Path(environ.get("TMPDIR") or tempfile.gettempdir())
-    run_dir = Path(opts.run_dir) if opts.run_dir else tmp / "perfd-launch" / _safe(opts.job)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if opts.run_dir:
+        run_dir = Path(opts.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        # This user's own folder (0700, made race-free), never a shared /tmp name: another user who
+        # made /tmp/perfd-launch/<job> first could point output.log at any file of ours.
+        from perfd.privdir import UnsafeDirError, private_dir, user_dir
+
+        try:
+            run_dir = private_dir(user_dir("launch", _safe(opts.job)))
+        except UnsafeDirError as exc:
+            raise LaunchError(f"run dir: {exc} (or give --run-dir)") from None
     log_path = Path(opts.log) if opts.log else run_dir / "output.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     manifest = Path(opts.manifest) if opts.manifest else run_dir / "launch.json"
-    hook_socket = opts.agent_socket or environ.get(wire.SOCKET_ENV) or wire.DEFAULT_SOCKET_PATH
+    hook_socket = opts.agent_socket or environ.get(wire.SOCKET_ENV) or wire.default_socket_path()
+    if hook_socket == wire.default_socket_path():
+        from perfd.privdir import UnsafeDirError, private_dir
+
+        try:  # the agent of this user binds there; made private now so nobody else takes the name
+            private_dir(os.path.dirname(hook_socket))
+        except UnsafeDirError as exc:
+            raise LaunchError(f"hook socket folder: {exc} (or give --agent-socket)") from None
     env: dict[str, str] = {"PERFD_JOB": opts.job, "PERFD_LAUNCH_MANIFEST": str(manifest.resolve()),
                            wire.SOCKET_ENV: hook_socket}
     if "PYTHONUNBUFFERED" not in environ:

@@ -16,6 +16,12 @@ appends raw datagrams to a bounded deque (oldest dropped and counted beyond ``ma
 records, ~10 datagrams per second per rank.)
 
 Never raises from ``collect``: malformed datagrams are counted by reason and dropped.
+
+Where it listens: by default ``<runtime dir>/hook.sock`` (:func:`perfd.hook.wire.default_socket_path`),
+in a folder made private to this user (0700, :mod:`perfd.privdir`), so another local user can neither
+bind the name first (which disabled the collector when the default was ``/tmp/perfd-hook.sock``) nor
+send records into it. A socket path given in the config is used as given; a socket already there
+that belongs to another user is refused (counted as ``bind_failed`` with the owner), never removed.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import socket
 import stat
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT
@@ -38,11 +44,12 @@ from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import HOOK_PROFILE
 from perfd.hook import wire
 from perfd.model import JobInfo, ModelSpec, ParallelLayout, Provenance, StepRecord, TimerValue
+from perfd.privdir import UnsafeDirError, private_dir
 
 
 @dataclass
 class HookConfig:
-    socket_path: str = wire.DEFAULT_SOCKET_PATH
+    socket_path: str = field(default_factory=wire.default_socket_path)
     job: str = ""
     mode: int = 0o660  # who may send: the job must run as the agent's user or group (else 0o666)
     rcvbuf_bytes: int = 1 << 20
@@ -84,6 +91,16 @@ class HookPeer:
     last_seen: float
 
 
+def _foreign_owner(path: str) -> int | None:
+    """The uid owning ``path`` when it exists and is not ours (root's is foreign too: a root-owned
+    socket is not ours to remove unless we are root)."""
+    try:
+        uid = os.lstat(path).st_uid
+    except OSError:
+        return None
+    return uid if uid != os.geteuid() else None
+
+
 def _ms(ns: int | None) -> float | None:
     return None if ns is None else ns / 1e6
 
@@ -116,17 +133,33 @@ class HookCollector(Collector):
     def probe(self) -> Capabilities:
         path = self.config.socket_path
         parent = os.path.dirname(path) or "."
+        if path == wire.default_socket_path():
+            try:
+                private_dir(parent)  # this user's runtime folder: made 0700 here, another user's refused
+            except OSError as exc:
+                return Capabilities(False, f"hook socket folder: {exc}")
         if not os.path.isdir(parent):
             return Capabilities(False, f"directory {parent!r} for the hook socket does not exist")
         if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
             return Capabilities(False, f"{path!r} exists and is not a socket; refusing to remove it")
+        owner = _foreign_owner(path)
+        if owner is not None:
+            return Capabilities(False, f"{path!r} belongs to uid {owner}, not this user "
+                                       f"(uid {os.geteuid()}): another user's socket; refusing to remove "
+                                       "or share it")
         return Capabilities(True)
 
     def start(self) -> None:
         path = self.config.socket_path
         try:
+            if path == wire.default_socket_path():
+                private_dir(os.path.dirname(path))
+            owner = _foreign_owner(path)
+            if owner is not None:
+                raise UnsafeDirError(errno.EPERM, f"the socket belongs to uid {owner}, not this user "
+                                                  f"(uid {os.geteuid()}): refusing to remove it")
             if os.path.lexists(path) and stat.S_ISSOCK(os.lstat(path).st_mode):
-                os.unlink(path)  # a stale socket from an earlier agent: nobody is bound to it
+                os.unlink(path)  # a stale socket of ours from an earlier agent: nobody is bound to it
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             sock.settimeout(0.2)  # the receiver thread wakes up this often to see stop()
             with contextlib.suppress(OSError):  # the kernel caps it (net.core.rmem_max): fine

@@ -4,15 +4,23 @@ Byte-oriented on purpose: a UTF-8 character (or a line) split across two writes 
 decoded half-way, so bytes are buffered until their newline arrives and only then decoded
 (invalid bytes replaced). Handles:
 
-- truncation in place (``copytruncate``, ``> train.log``): the file shrinks below our offset ->
-  restart from 0, drop the stale partial line (counts["truncations"]);
+- truncation in place (``copytruncate``, ``> train.log``), told by content, not by size alone: the
+  file is shorter than our offset, *or* its head (the first HEAD_BYTES we read, kept) is no longer
+  the same — so a file truncated and grown past our offset between two calls is seen too
+  (counts["truncations"]). logrotate's ``copytruncate`` first copies the file to ``<name>.1``: when
+  that copy starts with our head and reaches our offset, its unread part (what was written between
+  our last read and the truncation) is read first, our partial line continued
+  (counts["rotated_tail_reads"]); then the truncated file from its start. Without such a copy the
+  unread part is lost, and counted: counts["truncations_unread"] (times) and
+  counts["unread_bytes"] (at least that many: what we had seen and not read yet);
 - rotation (``mv train.log train.log.1`` and a new ``train.log``): the path names another inode ->
   read the old file to its end first (nothing written before the rotation is lost), then open the
   new one from its start (counts["rotations"]).
 
 Never raises: OS errors are counted in ``errors`` by kind and the call returns what it has.
-Not detected: a file truncated and re-grown past our offset between two calls (its size never
-looks smaller); such a rewrite is read as if appended.
+Not detected: a rewrite whose first HEAD_BYTES equal the old ones (a log's head is its start-up
+block, which a copytruncate does not write again). Only ``<name>.1`` is looked at (logrotate's
+name; a ``dateext`` or already-compressed copy is not read: counted as unread).
 
 Falling behind (``max_lag_bytes``): when more than that many unread bytes wait, the tail jumps to
 ``max_lag_bytes // 2`` before the end, drops the line it lands in, and counts what it passed over
@@ -22,8 +30,12 @@ a fast log would otherwise report an hour-old job as current; a gap that says so
 Resuming (issue 12 item 3): :meth:`LogTail.position_at` names a point in the open file by the
 file's identity — device, inode and a hash of its head up to that point — and ``LogTail(...,
 resume=pos)`` starts there only when the path still names that file with that head
-(counts["resumed"]); a rotated or re-created log is read from its start
-(counts["resume_other_file"]). The head hashed is at most HEAD_BYTES and never past the offset,
+(counts["resumed"]). When the path names another file (rotated or truncated while the agent was
+down), ``<name>.1`` is read from the position when it is the file the position names (its head
+hashes the same and it reaches the offset: a renamed file or copytruncate's copy), then the new log
+from its start (counts["resumed"] and counts["resumed_rotated"]); else the log is read from its
+start and counts["resume_other_file"] says the old file's unread rest could not be read.
+The head hashed is at most HEAD_BYTES and never past the offset,
 so bytes appended after the position was taken do not change it. The caller decides which offset
 is safe to save (the end of the last record the aggregator acknowledged); save_position and
 load_position keep it in a small JSON file written atomically.
@@ -39,6 +51,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 HEAD_BYTES = 4096  # how much of a file's head names it, beside device and inode
+ROTATED_SUFFIX = ".1"  # where logrotate (copytruncate or rename) puts the newest old log
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,11 @@ class LogTail:
         self._id: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
         self._partial = b""
         self._offsets: list[int | None] = []  # per line of the current read_lines_at call
+        # The open file's first bytes as we read them (at most HEAD_BYTES): a truncation is told
+        # by these changing, even when the file has grown past our offset again.
+        self._head = b""
+        self._seen_size = 0  # the open file's size at our last look (unread bytes are counted)
+        self._reading_copy = False  # the open file is <name>.1, read before the path's file
         # Open now, not at the first read: a rotation between the two must not hide the file we
         # were asked to follow. from_start=False skips what is there now; a file that does not
         # exist yet is opened at the first read and read from its start.
@@ -154,6 +172,8 @@ class LogTail:
                 self._error("close_failed")
         self._fh = None
         self._id = None
+        self._head = b""
+        self._reading_copy = False
 
     # ---------------------------------------------------------------------------------------
 
@@ -184,10 +204,63 @@ class LogTail:
             self._error("open_failed")
             return False
         self._fh, self._id = fh, (st.st_dev, st.st_ino)
+        self._head, self._seen_size, self._reading_copy = b"", st.st_size, False
+        self._note_head()
+        return True
+
+    def _note_head(self) -> None:
+        """Keep the open file's head up to where we are (cheap: only while it is < HEAD_BYTES)."""
+        if self._fh is None or len(self._head) >= HEAD_BYTES:
+            return
+        try:
+            n = min(HEAD_BYTES, self._fh.tell())
+            if n > len(self._head):
+                self._head = os.pread(self._fh.fileno(), n, 0)
+        except OSError:
+            self._error("read_failed")
+
+    def _head_changed(self) -> bool:
+        if not self._head or self._fh is None:
+            return False
+        try:
+            return os.pread(self._fh.fileno(), len(self._head), 0) != self._head
+        except OSError:
+            self._error("read_failed")
+            return False
+
+    def _open_copy(self, head: bytes | None, head_len: int, head_sha: str | None, offset: int) -> bool:
+        """Open ``<name>.1`` at ``offset`` when it is the file we were reading: it starts with that
+        head (bytes, or their length and sha256) and reaches the offset. It then is the open file
+        until its end, the path's file after it (see _read)."""
+        if head_len <= 0:
+            return False  # nothing read yet: no head to know the copy by (and nothing unread in it)
+        copy = self.path.with_name(self.path.name + ROTATED_SUFFIX)
+        try:
+            fh = copy.open("rb")
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fh.fileno())
+            got = os.pread(fh.fileno(), head_len, 0)
+            same = (got == head if head is not None else
+                    len(got) == head_len and hashlib.sha256(got).hexdigest() == head_sha)
+            if not same or st.st_size < offset:
+                fh.close()
+                return False
+            fh.seek(offset)
+        except OSError:
+            fh.close()
+            self._error("read_failed")
+            return False
+        self.close()
+        self._fh, self._id = fh, (st.st_dev, st.st_ino)
+        self._head, self._seen_size, self._reading_copy = got, st.st_size, True
+        self._note_head()
         return True
 
     def _resume(self, pos: TailPosition) -> None:
-        """Seek to ``pos`` if the open file is the one it names; else read this file anew."""
+        """Seek to ``pos`` if the open file is the one it names; else read its unread rest from
+        ``<name>.1`` when that is the file, then this one anew."""
         assert self._fh is not None and self._id is not None
         try:
             size = os.fstat(self._fh.fileno()).st_size
@@ -200,7 +273,14 @@ class LogTail:
         except OSError:
             self._error("resume_failed")
             return
-        self._count("resumed" if same else "resume_other_file")
+        if same:
+            self._note_head()
+            self._count("resumed")
+        elif self._open_copy(None, pos.head_len, pos.head_sha256, pos.offset):
+            self._count("resumed")
+            self._count("resumed_rotated")
+        else:
+            self._count("resume_other_file")
 
     def _path_id(self) -> tuple[int, int] | None:
         try:
@@ -217,7 +297,8 @@ class LogTail:
             return
         path_id = self._path_id()
         if path_id is not None and path_id != self._id:
-            # Rotated: finish the old file first, then switch to the new one.
+            # Rotated (or reading copytruncate's copy): finish the old file first, then switch to
+            # the path's file.
             budget -= self._drain(out, budget)
             if budget <= 0:
                 return  # more of the old file may remain; next call goes on with it
@@ -227,8 +308,8 @@ class LogTail:
                 self._offsets.append(None)
                 self._partial = b""
                 self._count("partial_at_rotation")
+            self._count("rotations" if not self._reading_copy else "rotated_tail_done")
             self.close()
-            self._count("rotations")
             if not self._open(at_end=False):
                 return
         elif self._fh is not None:
@@ -238,12 +319,11 @@ class LogTail:
             except OSError:
                 self._error("stat_failed")
                 return
-            if size < pos:
-                self._count("truncations")
-                if self._partial:
-                    self._count("partial_dropped")
-                    self._partial = b""
-                self._fh.seek(0)
+            if size < pos or self._head_changed():
+                self._truncated(pos)
+                if self._reading_copy:
+                    self._read(out, budget)  # the copy's unread part, then the path's file
+                    return
             elif self.max_lag_bytes is not None and size - pos > self.max_lag_bytes:
                 to = size - self.max_lag_bytes // 2
                 try:
@@ -255,7 +335,30 @@ class LogTail:
                 self._count("skipped_bytes", to - pos + len(self._partial))
                 self._partial = b""
                 self._skip_partial = True
-        self._drain(out, budget)
+        if self._fh is not None:
+            self._drain(out, budget)
+            self._note_head()
+            try:
+                self._seen_size = os.fstat(self._fh.fileno()).st_size
+            except OSError:
+                self._error("stat_failed")
+
+    def _truncated(self, pos: int) -> None:
+        """The open file was truncated (and may have grown again): go on in logrotate's copy when
+        it holds our unread part, else count that part as lost and read the file from its start."""
+        assert self._fh is not None
+        self._count("truncations")
+        unread = max(0, self._seen_size - pos)
+        if self._open_copy(self._head, len(self._head), None, pos):
+            self._count("rotated_tail_reads")  # the partial line goes on in the copy
+            return
+        self._count("truncations_unread")
+        self._count("unread_bytes", unread)
+        if self._partial:
+            self._count("partial_dropped")
+            self._partial = b""
+        self._fh.seek(0)
+        self._head, self._seen_size = b"", 0
 
     def _drain(self, out: list[bytes], budget: int) -> int:
         """Read up to ``budget`` bytes from the open file into complete lines; bytes read."""

@@ -15,13 +15,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+from perfd.privdir import private_dir
+
 log = logging.getLogger(__name__)
 
 
 class Checkpoints:
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)  # ours, 0700, no link: another user's folder is refused
         self.write_errors = 0
 
     def _path(self, name: str) -> Path:

@@ -49,7 +49,7 @@ class AgentConfig:
     # Captures asked for by the aggregator (needs `aggregator`): where artifacts go, their quota,
     # and whether to serve the Kineto on-demand protocol (off where dynolog already does).
     captures: bool = True
-    capture_dir: str | None = None  # default: <tmp>/perfd-captures
+    capture_dir: str | None = None  # default: capture_root()
     capture_quota_bytes: int = 2 * 1024**3
     kineto_daemon: bool = True
     # Security (perfd.transport.security): the CA that signed the aggregator's certificate (TLS),
@@ -58,6 +58,13 @@ class AgentConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     auth_token_file: str | None = None
+
+    def capture_root(self) -> str | None:
+        """``capture_dir``, else ``<state_dir>/captures``; None: the per-user default
+        (perfd.capture.nsys_exec.default_capture_root). Never a shared /tmp name."""
+        if self.capture_dir:
+            return self.capture_dir
+        return os.path.join(self.state_dir, "captures") if self.state_dir else None
 
     def finish(self) -> AgentConfig:
         """Fill defaults that depend on the machine, then validate."""

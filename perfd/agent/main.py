@@ -429,7 +429,7 @@ class Agent:
 
         hook = self.scheduler.states.get("hook")
         try:
-            self.captures = AgentCaptures(self.cfg.job or DEFAULT_JOB, self.cfg.capture_dir,
+            self.captures = AgentCaptures(self.cfg.job or DEFAULT_JOB, self.cfg.capture_root(),
                                           self.cfg.capture_quota_bytes, self._emit_event,
                                           kineto=self.cfg.kineto_daemon,
                                           hook=hook.collector if hook is not None else None)

@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from perfd.privdir import private_dir
+
 log = logging.getLogger(__name__)
 
 HELLO, BATCH = "hello", "batch"
@@ -72,7 +74,7 @@ class StateStore:
         self.dir = Path(directory)
         self.max_batches = max_batches
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.dir)  # ours, 0700, no link: another user's folder is refused
             self.path = self.dir / "state.sqlite3"
             self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]

@@ -40,6 +40,16 @@ request (the process itself) or on the pid the kernel reports for the sender (``
 two differ when the job runs in another pid namespace). Launchers and helpers (torchrun, data-loader
 workers, compile workers) poll too — their first pid is their own, so they are never answered: an
 answered helper writes an empty trace.
+
+Who may ask: the name ``dynolog`` is abstract by default (what an unmodified job polls, with no
+change to it: that is the point of Kineto on demand), and any local user can send to an abstract
+socket and claim any pid in its request. So every request's sender is identified by the kernel
+(``SO_PASSCRED``: its uid travels with the datagram and cannot be forged without privilege), and an
+armed config is handed over only to root, to this daemon's own user, or to the uid that owns the
+armed process (``/proc/<pid>``): another user cannot take a job's trace config (and with it the
+trace) or make its capture fail. Refusals are counted in ``errors["foreign_sender"]``. Jobs perfd
+launches may use a file socket instead (``KINETO_IPC_SOCKET_DIR``, :func:`kineto_env`), in a
+folder of the job's user.
 """
 
 from __future__ import annotations
@@ -169,9 +179,13 @@ def kineto_env(poll_s: int = 1, config_dir: str | Path | None = None, socket_dir
     """
     if int(poll_s) != poll_s or poll_s < 1:
         raise ValueError("poll_s must be a whole number of seconds >= 1 (libkineto reads an int)")
-    tmp_root = Path(os.environ.get("TMPDIR", "/tmp"))
-    cdir = Path(config_dir) if config_dir is not None else tmp_root / "perfd-kineto"
-    cdir.mkdir(parents=True, exist_ok=True)
+    if config_dir is not None:
+        cdir = Path(config_dir)
+        cdir.mkdir(parents=True, exist_ok=True)
+    else:  # this user's own folder, never a shared /tmp name (the file below is written through it)
+        from perfd.privdir import private_dir, user_dir
+
+        cdir = private_dir(user_dir("kineto"))
     conf = cdir / "kineto-base.conf"
     tmp = conf.with_suffix(".tmp")
     tmp.write_text(f"ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS={int(poll_s)}\n")
@@ -430,7 +444,8 @@ class KinetoDaemon:
                 self._err("handler_failed")
                 log.warning("kineto daemon: %s", exc)
 
-    def handle_datagram(self, data: bytes, addr: str | bytes, sender_pid: int | None = None) -> bytes | None:
+    def handle_datagram(self, data: bytes, addr: str | bytes, sender_pid: int | None = None,
+                        sender_uid: int | None = None) -> bytes | None:
         """Process one datagram; returns the reply (None: no reply). The loop sends it; exposed for
         tests and for embedding the daemon in another event loop."""
         try:
@@ -451,18 +466,20 @@ class KinetoDaemon:
         except ValueError:
             self._err("malformed_req")  # dynolog does not answer a request without pids either
             return None
-        return pack_message(TYPE_REQUEST, self._on_request(config_type, job_id, pids, sender_pid).encode())
+        return pack_message(TYPE_REQUEST,
+                            self._on_request(config_type, job_id, pids, sender_pid, sender_uid).encode())
 
     def _handle(self, data: bytes, ancdata: list[tuple[int, int, bytes]], addr: object) -> None:
         sender: int | None = None
+        uid: int | None = None
         for level, kind, cdata in ancdata:
             if level == socket.SOL_SOCKET and kind == getattr(socket, "SCM_CREDENTIALS", -1) \
                     and len(cdata) >= _UCRED.size:
-                sender = _UCRED.unpack_from(cdata)[0]
+                sender, uid, _gid = _UCRED.unpack_from(cdata)
         if not isinstance(addr, (str, bytes)) or not addr:
             self._err("unaddressed")  # an unbound sender cannot be answered
             return
-        reply = self.handle_datagram(data, addr, sender)
+        reply = self.handle_datagram(data, addr, sender, uid)
         if reply is None or self.sock is None:
             return
         try:
@@ -471,7 +488,8 @@ class KinetoDaemon:
             self._err("send_failed")
             log.info("kineto daemon: reply to %r failed: %s", addr, exc)
 
-    def _on_request(self, config_type: int, job_id: int, pids: tuple[int, ...], sender: int | None) -> str:
+    def _on_request(self, config_type: int, job_id: int, pids: tuple[int, ...], sender: int | None,
+                    sender_uid: int | None = None) -> str:
         now = self.clock()
         me = pids[0]
         with self._lock:
@@ -487,6 +505,11 @@ class KinetoDaemon:
             key = me if me in self._by_pid else sender if sender in self._by_pid else None
             arming = self._by_pid.get(key) if key is not None else None
         if arming is None or key is None:
+            return ""
+        if sender_uid is not None and not _may_ask_for(sender_uid, key):
+            self._err("foreign_sender")  # another user claiming an armed pid: not answered
+            log.warning("kineto daemon: a request for armed pid %d came from uid %d, not the process's "
+                        "owner: refused", key, sender_uid)
             return ""
         can_accept = bool(config_type & CONFIG_ACTIVITIES)
         answer = ""
@@ -524,3 +547,13 @@ class KinetoDaemon:
             with self._lock:
                 self._cancel_locked(arming)
         return answer
+
+
+def _may_ask_for(uid: int, pid: int) -> bool:
+    """Root, this daemon's user, or the user owning process ``pid`` (see the module docstring)."""
+    if uid in (0, os.geteuid()):
+        return True
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == uid
+    except OSError:
+        return False  # no such process here: nobody's to take

@@ -121,10 +121,12 @@ RANGE_SUBDIR = "nsys-ranges"  # under the agent's capture directory
 
 
 def default_capture_root() -> Path:
-    """The agent's capture directory when none is configured (``capture_dir``)."""
-    import tempfile
+    """The agent's capture directory when neither ``capture_dir`` nor ``--state-dir`` is configured:
+    per user (``~/.local/state/perfd/captures``, :func:`perfd.privdir.user_dir`), never a shared
+    ``/tmp`` name that another user could make first."""
+    from perfd.privdir import user_dir
 
-    return Path(tempfile.gettempdir()) / "perfd-captures"
+    return user_dir("captures")
 
 
 def rank_range_prefix(nsys: str, job: str, capture_root: str | Path | None = None,

@@ -14,6 +14,11 @@ The quota counts artifact bytes (manifests are small and always kept). Before a 
 :meth:`CaptureStore.check_quota` refuses when the store is already at its quota; after it finishes,
 :meth:`CaptureStore.prune` deletes the artifacts of the oldest finished captures (their manifests
 stay, the artifacts marked ``pruned``) until the total is within the quota again.
+
+The root is a private directory (:mod:`perfd.privdir`): owned by the agent's user, mode 0700, not a
+symbolic link, made race-free; another user's folder is refused. Pruning works through directory
+descriptors and never follows a link: a capture folder that is a link, or a link inside one, is
+removed as a link (what it points to is left alone).
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ import json
 import os
 import re
 import secrets
-import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from perfd.privdir import open_private_dir, private_dir, rmtree_at
 
 MANIFEST = "manifest.json"
 STATUSES = ("running", "ok", "failed", "timeout", "skipped")
@@ -56,8 +63,8 @@ class CaptureStore:
     def __init__(self, root: str | Path, quota_bytes: int, clock: Callable[[], float] = _now) -> None:
         if quota_bytes <= 0:
             raise ValueError("quota_bytes must be > 0")
-        self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        # Checked (ours, 0700, no link) before anything is resolved or written under it.
+        self.root = private_dir(root).resolve()
         self.quota_bytes = int(quota_bytes)
         self.clock = clock
         self._lock = threading.RLock()
@@ -177,28 +184,22 @@ class CaptureStore:
                 return pruned
             finished = [m for m in self.list() if m.get("status") != "running"]
             finished.sort(key=lambda m: ((m.get("timings") or {}).get("finished_at") or 0.0, m["id"]))
-            for m in finished:
-                if used <= self.quota_bytes:
-                    break
-                d = self.capture_dir(m["id"])
-                freed = 0
-                for entry in sorted(d.iterdir()):
-                    if entry.name == MANIFEST or entry.name.startswith(f".{MANIFEST}"):
+            root_fd = open_private_dir(self.root, create=False)  # the root checked again, then held
+            try:
+                for m in finished:
+                    if used <= self.quota_bytes:
+                        break
+                    freed = _empty_capture_dir(root_fd, str(m["id"]))
+                    if not freed:
                         continue
-                    freed += _size(entry)
-                    if entry.is_dir() and not entry.is_symlink():
-                        shutil.rmtree(entry, ignore_errors=True)
-                    else:
-                        with contextlib.suppress(OSError):
-                            entry.unlink()
-                if not freed:
-                    continue
-                for a in m.get("artifacts", []):
-                    a["pruned"] = True
-                m["pruned_at"] = self.clock()
-                self.write(m)
-                used -= freed
-                pruned.append(m["id"])
+                    for a in m.get("artifacts", []):
+                        a["pruned"] = True
+                    m["pruned_at"] = self.clock()
+                    self.write(m)
+                    used -= freed
+                    pruned.append(m["id"])
+            finally:
+                os.close(root_fd)
         return pruned
 
 
@@ -207,8 +208,8 @@ class CaptureStore:
         out = []
         with self._lock:
             for d in self.root.iterdir():
-                if not _ID_RE.match(d.name):
-                    continue
+                if not _ID_RE.match(d.name) or d.is_symlink():
+                    continue  # a link is no capture folder of ours: not read, not pruned
                 try:
                     m = self.read(d.name)
                 except (OSError, ValueError):
@@ -218,14 +219,23 @@ class CaptureStore:
         out.sort(key=lambda m: (m.get("timings") or {}).get("requested_at") or 0.0, reverse=True)
         return out[:limit] if limit is not None else out
 
-def _size(p: Path) -> int:
-    if p.is_file() or p.is_symlink():
-        with contextlib.suppress(OSError):
-            return p.lstat().st_size
-        return 0
-    total = 0
-    for dirpath, _dirs, files in os.walk(p):
-        for f in files:
+def _empty_capture_dir(root_fd: int, capture_id: str) -> int:
+    """Delete everything in one capture folder but its manifest; bytes freed. The folder is opened
+    through the root's descriptor without following a link: a link is refused, not entered."""
+    try:
+        fd = os.open(capture_id, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root_fd)
+    except OSError:
+        return 0  # gone, or a link or file where a folder should be: nothing of ours to free
+    freed = 0
+    try:
+        for entry in sorted(os.scandir(fd), key=lambda e: e.name):
+            if entry.name == MANIFEST or entry.name.startswith(f".{MANIFEST}"):
+                continue
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-    return total
+                st = os.stat(entry.name, dir_fd=fd, follow_symlinks=False)
+                freed += rmtree_at(fd, entry.name) if stat.S_ISDIR(st.st_mode) else st.st_size
+                if not stat.S_ISDIR(st.st_mode):
+                    os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    return freed

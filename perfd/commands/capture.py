@@ -33,8 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="session: each rank in its own nsys session, every capture reported when its "
                    "range closes; profile: each rank under `nsys profile -c cudaProfilerApi` (nsys "
                    "writes the reports only when the rank exits) (default: %(default)s)")
-    n.add_argument("--capture-dir", help="profile mode: the agent's capture_dir (default: "
-                   "<tmp>/perfd-captures)")
+    n.add_argument("--capture-dir", help="profile mode: the agent's capture_dir (default: this "
+                   "user's ~/.local/state/perfd/captures; an agent with --state-dir DIR uses DIR/captures)")
     n.add_argument("--trace", default="cuda,nvtx,osrt", help="nsys --trace (default: %(default)s)")
     n.set_defaults(handler=run_nsys_prefix)
     e = sub.add_parser("nsys-exec", help="run one rank under `nsys launch` in its own session "

@@ -29,7 +29,8 @@ def register(sub: SubParsers) -> None:
         "for `perfd agent --launch-manifest FILE`.")
     p.add_argument("--job", default="default", help="job name (PERFD_JOB; default: %(default)s)")
     p.add_argument("--agent-socket", help="the step hook's socket, where the agent's hook collector "
-                   "listens (PERFD_HOOK_SOCKET; default: $PERFD_HOOK_SOCKET or /tmp/perfd-hook.sock)")
+                   "listens (PERFD_HOOK_SOCKET; default: $PERFD_HOOK_SOCKET or this user's private "
+                   "$XDG_RUNTIME_DIR/perfd/hook.sock, else $TMPDIR/perfd-<uid>/hook.sock)")
     p.add_argument("--flight-recorder", metavar="DIR", help="set up PyTorch Flight Recorder dumps in "
                    "DIR (dump FIFOs <DIR>/frp_<rank>.pipe, dumps <DIR>/fr_dump_<rank>)")
     p.add_argument("--fr-timing", action="store_true", help="also TORCH_NCCL_ENABLE_TIMING=1 (collective "
@@ -51,6 +52,6 @@ def register(sub: SubParsers) -> None:
     p.add_argument("--log", help="copy of the command's output (default: <run dir>/output.log)")
     p.add_argument("--manifest", help="launch manifest (default: <run dir>/launch.json)")
     p.add_argument("--run-dir", help="directory for the log, manifest and Kineto config "
-                   "(default: $TMPDIR/perfd-launch/<job>)")
+                   "(default: this user's private ~/.local/state/perfd/launch/<job>)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS ...]")
     p.set_defaults(handler=_launch)

@@ -140,7 +140,8 @@ class StepHook:
 
     Step numbers: pass ``step=`` (e.g. the optimizer step count, to join with other sources), or let
     the hook count from 1. ``socket_path`` defaults to ``$PERFD_HOOK_SOCKET`` or
-    ``/tmp/perfd-hook.sock``. ``rank`` defaults to ``$RANK``, then ``torch.distributed.get_rank()``
+    ``<runtime dir>/hook.sock`` (:func:`perfd.hook.wire.default_socket_path`).
+    ``rank`` defaults to ``$RANK``, then ``torch.distributed.get_rank()``
     once initialised, else 0. ``marker_factory`` and ``profiler`` replace the CUDA events and the
     CUDA profiler API (tests, other accelerators). ``pool_size``: steps that may wait to be
     harvested. ``harvest_interval_s``: see the module docstring (None: the thread with CUDA events

@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 
 VERSION = 1
-DEFAULT_SOCKET_PATH = "/tmp/perfd-hook.sock"
+SOCKET_NAME = "hook.sock"  # in this user's perfd runtime folder (perfd.privdir.runtime_dir)
 SOCKET_ENV = "PERFD_HOOK_SOCKET"
 
 KIND_STEP = 1
@@ -208,5 +208,15 @@ def split_records(data: bytes) -> tuple[list[tuple[int, bytes]], str | None]:
     return out, None
 
 
-def socket_path_from_env(default: str = DEFAULT_SOCKET_PATH) -> str:
-    return os.environ.get(SOCKET_ENV) or default
+def default_socket_path() -> str:
+    """``<runtime dir>/hook.sock``: ``$XDG_RUNTIME_DIR/perfd`` or ``<tmp>/perfd-<uid>``, a folder
+    only this user may enter — not a shared ``/tmp`` name another user could bind first. The agent
+    and a training process of the same user compute the same path; a job of another user is given
+    the agent's socket explicitly (``PERFD_HOOK_SOCKET``, ``perfd launch --agent-socket``)."""
+    from perfd.privdir import runtime_dir
+
+    return str(runtime_dir() / SOCKET_NAME)
+
+
+def socket_path_from_env(default: str | None = None) -> str:
+    return os.environ.get(SOCKET_ENV) or default or default_socket_path()

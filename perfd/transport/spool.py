@@ -37,6 +37,8 @@ from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
+from perfd.privdir import private_dir
+
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<IIQQ")  # length, crc32, seq, n_samples
@@ -150,7 +152,7 @@ class Spool:
         self._disk_bytes = 0
         self._state_written_at = 0.0
         if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            private_dir(self.directory)  # ours, 0700, no link: another user's folder is refused
             self._open_dir()
 
     # ------------------------------------------------------------------ public

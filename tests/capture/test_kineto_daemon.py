@@ -191,8 +191,10 @@ def test_registration_and_malformed_datagrams(daemon, client):
     assert daemon.errors.get("unknown_type") == 1
 
 
-def test_file_socket_mode(tmp_path):
-    sdir = str(tmp_path)
+def test_file_socket_mode():
+    # A short folder: a client binds DIR/dynoconfigclient<uuid>, and a Unix address holds 107 bytes
+    # (pytest's tmp_path under xdist, .../popen-gwN/test_file_socket_mode0/, is too long).
+    sdir = tempfile.mkdtemp(prefix="pk", dir="/tmp")
     with KinetoDaemon(socket_name="dynolog", socket_dir=sdir) as d:
         assert d.address == f"{sdir}/dynolog"
         assert (os.stat(d.address).st_mode & 0o777) == 0o666
@@ -203,6 +205,7 @@ def test_file_socket_mode(tmp_path):
         finally:
             c.close()
     assert not os.path.exists(f"{sdir}/dynolog")
+    shutil.rmtree(sdir, ignore_errors=True)
 
 
 def test_name_in_use_is_a_clear_error(daemon):
@@ -312,5 +315,7 @@ def test_real_torch_process_writes_an_iteration_aligned_trace(tmp_path):
     # At least the three requested optimizer steps. The CPU build here records ~0.5 s of steps
     # (23 at 25 ms a step): it ends the trace on its controller tick, not at the third step.
     assert len(steps) >= 3
-    answered = arming.answered()[proc.pid]
-    assert answered - armed <= 1.5  # the 1 s poll
+    # The 1 s poll of kineto_env is in effect (libkineto's default asks every 5 s): told by the
+    # period the daemon measured between the process's polls, which a loaded machine stretches
+    # less than it delays one answer.
+    assert proc.pid in arming.answered() and daemon.intervals[proc.pid] < 3.0

@@ -151,14 +151,22 @@ def _detect(what: str, pred: object, budget_s: float) -> float:
     return time.monotonic() - t0
 
 
-@pytest.mark.parametrize("blackhole_s", [60.0])
+# The black hole's length: longer than the agent's ack timeout and the aggregator's silence limit
+# (20 s each), so both must notice it, with a margin; every check below holds for any such length.
+# `make test` runs 25 s; docs/reliability.md's figure is the 60 s run the issue asked for:
+# PERFD_FAULT_BLACKHOLE_S=60 pytest -s tests/faults/test_network_faults.py
+BLACKHOLE_S = float(os.environ.get("PERFD_FAULT_BLACKHOLE_S", 25.0))
+
+
+@pytest.mark.parametrize("blackhole_s", [BLACKHOLE_S])
 def test_blackhole_loses_nothing_and_doubles_nothing(rig: Rig, blackhole_s: float) -> None:
-    """A 60 s black hole (the duration the issue asks for; a parameter, so a shorter run can be
-    added where time is short). Both "connected" gauges must drop within the liveness budget,
-    though no socket closed, and every iteration must arrive once after the network returns."""
+    """A black hole of ``blackhole_s`` (> both timeouts). Both "connected" gauges must drop within
+    the liveness budget, though no socket closed, and every iteration must arrive once after the
+    network returns."""
+    assert blackhole_s > max(L.ACK_TIMEOUT_S, L.AGENT_SILENCE_S), "too short to test detection"
     n = 120
     _, lines = _megatron_lines(n)
-    w = Writer(rig.log, lines, (blackhole_s + 20) / n)
+    w = Writer(rig.log, lines, (blackhole_s + 10) / n)  # writing before, during and after it
     w.start()
     wait_for(lambda: w.written >= 10, 30, "writer")
     before = rig.stats()

@@ -1,0 +1,60 @@
+"""A second OS user for the permission tests: what another local user can do to perfd's files.
+
+Running as root (CI does), the test makes the user with ``useradd`` (once; concurrent workers may
+race, so an existing user is fine) and runs the attacker's steps as that user in a real process.
+Not root: the tests that need one skip, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+NAME = "perfd-other"
+
+
+@dataclass(frozen=True)
+class OtherUser:
+    name: str
+    uid: int
+    gid: int
+
+    def run(self, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """``sh -c script`` with ``$1...`` = ``args`` as this user (a real process of another uid;
+        the shell and coreutils, since this user may not reach the project's Python)."""
+        return subprocess.run(["/bin/sh", "-c", script, "sh", *args], user=self.uid, group=self.gid,
+                              extra_groups=[], capture_output=True, text=True, timeout=60, check=True,
+                              cwd="/")
+
+
+def other_user() -> OtherUser:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create and act as a second OS user (useradd)")
+    if shutil.which("useradd") is None:
+        pytest.skip("useradd is not installed")
+    try:
+        pw = pwd.getpwnam(NAME)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", NAME],
+                       capture_output=True, check=False)
+        pw = pwd.getpwnam(NAME)  # made here or by a concurrent worker
+    return OtherUser(NAME, pw.pw_uid, pw.pw_gid)
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A fresh folder like /tmp (root's, mode 1777) that both users reach."""
+    d = Path(tempfile.mkdtemp(prefix="perfd-shared-", dir="/tmp"))
+    d.chmod(0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
