@@ -142,7 +142,7 @@ class CaptureCoordinator:
             r = self.slowest_rank(job)
             return (r,) if r is not None else None
         procs = self.state.gpu_procs(job)
-        placed = place_ranks(procs)
+        placed = place_ranks(procs, job=job)
         if targets.node is not None:
             ranks = tuple(sorted(r for r, p in placed.items() if p.node == targets.node))
             return ranks or None
@@ -282,7 +282,7 @@ class CaptureCoordinator:
         """Agents whose node hosts a target rank; every host of the job when placement is unknown
         (each agent captures only the ranks it hosts). Never an agent that does not host the job."""
         procs = self.state.gpu_procs(job)
-        placed = place_ranks(procs)
+        placed = place_ranks(procs, job=job)
         if self.hosts is not None:
             agents_all = sorted(self.hosts(job))
         else:

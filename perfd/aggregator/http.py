@@ -57,7 +57,7 @@ class _StateCollector:
                                       self.state.jobs.step_histograms(sorted(latest)))
         rank_rows = []
         for job in (latest if self.per_rank_series else ()):
-            for r, pl in place_ranks(self.state.gpu_procs(job)).items():
+            for r, pl in place_ranks(self.state.gpu_procs(job), job=job).items():
                 rank_rows.append(({"job_name": job, "rank": str(r), "node": pl.node, "gpu": pl.gpu},
                                   "perfd_job_rank_info", 1.0))
         yield from series_families(rank_rows)
@@ -147,7 +147,7 @@ def rank_view(state: AggregatorState, job: str, world_size: int | None,
     """Where each rank runs (from the process lists the agents report) and, for the candidate
     slow ranks, what their GPUs show."""
     procs, values, throttles = state.gpu_view(job)
-    placements = place_ranks(procs, world_size)
+    placements = place_ranks(procs, world_size, job=job)
     pods = state.pods_by_gpu()  # Kubernetes: the pod each GPU is allocated to (collectors/k8s)
     ranks = []
     for r, pl in sorted(placements.items()):

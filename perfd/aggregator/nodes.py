@@ -191,9 +191,9 @@ class NodeView:
         cols.times.append(0)  # written by the sample that made the slot
         cols.values.append(math.nan)
         (cols.node if name.startswith(NODE_SERIES_PREFIXES) else cols.other).append(slot)
-        if name in _GPM_FIELDS:
-            cols.gpm.append((_GPM_FIELDS[name], slot))
         lab = dict(labels)
+        if name in _GPM_FIELDS and "replay" not in lab:  # a recording of another run says nothing of this job
+            cols.gpm.append((_GPM_FIELDS[name], slot))
         if name.startswith("perfd_gpu_"):
             reason = lab.get("reason")
             # a reason-labelled series counts only as a throttle flag; a typed one (e.g. ECC

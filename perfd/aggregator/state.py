@@ -281,7 +281,7 @@ class AggregatorState:
         """rank -> what its GPU shows now, for the ranks an incident names; with none named, the
         job's ranks whose GPU stands out (a co-tenant, throttling, a low clock)."""
         procs, values, throttles = self.gpu_view(job)
-        placed = place_ranks(procs)
+        placed = place_ranks(procs, job=job)
         ranks = list(inc.ranks) or sorted(placed)
         out: dict[str, Any] = {}
         now = time.time()
@@ -351,7 +351,7 @@ class AggregatorState:
 
         def inputs() -> tuple[list[StepRecord], Any, dict[int, str], str | None]:
             procs = self.gpu_procs(job)
-            placed = {r: p.node for r, p in place_ranks(procs).items()}
+            placed = {r: p.node for r, p in place_ranks(procs, job=job).items()}
             got = self.jobs.records_and_layout(job)
             if got is None:
                 return [], None, placed, self.jobs.gpu_override
@@ -400,7 +400,7 @@ class AggregatorState:
         a = self.jobs.cached_analysis(job)
         med_ms = a.summary["medians"].get("step_time_ms") if a is not None else None
         procs = self.gpu_procs(job)
-        placed = place_ranks(procs)
+        placed = place_ranks(procs, job=job)
         alive = bool(placed) if procs else None
         state, why = job_state(ov["last_step_age_s"], med_ms / 1e3 if med_ms else None, alive,
                                self.job_stale_after_s)

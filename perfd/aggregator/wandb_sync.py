@@ -62,7 +62,7 @@ class WandbSync:
         (no rank placed on it: the process environment was not visible, the job is not started
         yet, or the GPU is idle), so a job whose ranks cannot be placed still gets its GPU charts."""
         procs, values, _thr = self.state.gpu_view(job)
-        placed = place_ranks(procs)
+        placed = place_ranks(procs, job=job)
         out = {f"rank={r}": dict(values.get((p.node, p.gpu), {})) for r, p in placed.items()}
         taken = {(p.node, p.gpu) for p in placed.values()}
         for (node, gpu), vals in sorted(values.items()):

@@ -65,14 +65,18 @@ class GpuHint:
 
 
 def place_ranks(processes: Mapping[GpuKey, Sequence[Mapping[str, Any]]],
-                world_size: int | None = None) -> dict[int, RankPlacement]:
-    """rank -> placement from the per-GPU process lists. With ``world_size`` given, processes that
-    declare another world size belong to another job and are not placed."""
+                world_size: int | None = None, job: str | None = None) -> dict[int, RankPlacement]:
+    """rank -> placement from the per-GPU process lists. Processes that declare another world size
+    (with ``world_size`` given) or another job (``job`` given; PERFD_JOB in their environment) belong
+    to another job and are not placed: on a shared GPU they stay foreign processes."""
     out: dict[int, RankPlacement] = {}
     for (node, gpu), procs in sorted(processes.items()):
         for p in procs:
             rank = p.get("rank")
             if not isinstance(rank, int):
+                continue
+            declared = p.get("job")
+            if job is not None and isinstance(declared, str) and declared and declared != job:
                 continue
             ws = p.get("world_size")
             if world_size is not None and isinstance(ws, int) and ws != world_size:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
+from perfd.analytics import thresholds as th
 from perfd.analytics.findings import Finding, Recommendation, grade_mfu, order_findings
 from perfd.analytics.incidents import incident_findings, is_disturbance
 from perfd.analytics.megatron_job import RunAnalysis
@@ -113,6 +114,12 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
         findings, recs = order_findings([*findings, *inc_f], [*recs, *inc_r])
     incs = list(incidents) if incidents is not None else [i.to_json() for i in analysis.incidents]
     grade, grade_text = grade_mfu(med.get("mfu"))
+    data, comm = med.get("data_share"), med.get("comm_exposed_share")
+    if grade == "severe" and isinstance(data, float) and isinstance(comm, float) \
+            and data < th.DATA_HEALTHY_SHARE.value and comm < th.COMM_BOUND_SHARE.value / 3:
+        # The grade's usual suspects are measured small here: say so rather than point at them.
+        grade_text = (f"MFU < 30%: severe — not data loading ({data:.1%}) nor exposed communication "
+                      f"({comm:.1%}) here: the bottleneck class says where the time goes")
     span = analysis.steady.range_text()
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):

@@ -52,3 +52,13 @@ def test_foreign_processes_excludes_the_jobs_own_ranks():
     pl = RankPlacement(2, "node-b", "0", 20)
     others = foreign_processes(pl, PROCS[("node-b", "0")], [10, 11, 20, 21])
     assert [p["pid"] for p in others] == [30]
+
+
+def test_a_rank_of_another_job_on_a_shared_gpu_stays_a_foreign_process():
+    procs = {("n", "0"): [{"pid": 10, "rank": 0, "job": "mine", "cmdline": "python train.py"},
+                          {"pid": 20, "rank": 0, "job": "theirs", "cmdline": "python other.py"}]}
+    pl = place_ranks(procs, job="mine")
+    assert pl[0].pid == 10  # the other job's rank 0 does not take this job's rank 0
+    (h,) = gpu_hints([0], pl, {}, {}, procs)
+    (fp,) = h.items
+    assert fp.kind is K.FOREIGN_PROCESS and fp.detail["pid"] == 20
