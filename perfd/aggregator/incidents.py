@@ -11,7 +11,9 @@ closes, and counts incidents and seconds lost per job for /metrics. Bounded: MAX
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,9 +22,48 @@ from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, decide, me
 from perfd.analytics.incidents import MAX_INCIDENTS, Incident, render_cause
 from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
 
+BASELINE_EVERY_S = 5.0  # a steady sighting of the job's GPUs at most this often
+BASELINE_MIN_SIGHTINGS = 3  # before this many, nothing is said about steady state
+
 Emit = Callable[[list[dict[str, Any]]], None]
 # incident -> {rank: GPU snapshot} of the ranks it involves (or of the job's GPUs that stand out)
 Snapshot = Callable[[Incident], dict[str, Any]]
+
+
+class GpuBaseline:
+    """What each rank's GPU showed while its job ran steadily (no incident open): how often each kind
+    of evidence was seen there. A power cap or a co-tenant present in steady state too cannot explain
+    a departure from it; the incident's evidence carries the share (``in_steady_state``) and the
+    verdict leaves such items out of its causes (perfd.analytics.evidence.decide)."""
+
+    def __init__(self, every_s: float = BASELINE_EVERY_S) -> None:
+        self._lock = threading.Lock()
+        self.every_s = every_s
+        self._n: dict[str, int] = {}  # job -> steady sightings taken
+        self._seen: dict[str, Counter[tuple[int, str]]] = {}  # job -> (rank, kind) -> sightings
+        self._at: dict[str, float] = {}
+
+    def due(self, job: str, now: float) -> bool:
+        with self._lock:
+            return now - self._at.get(job, float("-inf")) >= self.every_s
+
+    def add(self, job: str, items_by_rank: Mapping[int, Sequence[Evidence]], now: float) -> None:
+        with self._lock:
+            self._at[job] = now
+            self._n[job] = self._n.get(job, 0) + 1
+            seen = self._seen.setdefault(job, Counter())
+            for rank, items in items_by_rank.items():
+                seen.update({(rank, e.kind.value) for e in items})
+
+    def annotate(self, job: str, items: Sequence[Evidence]) -> list[Evidence]:
+        """The items with the share of steady sightings that showed them (once there are enough)."""
+        with self._lock:
+            n, seen = self._n.get(job, 0), self._seen.get(job, Counter())
+        if n < BASELINE_MIN_SIGHTINGS:
+            return list(items)
+        return [dataclasses.replace(e, detail={**e.detail,
+                                               "in_steady_state": seen[(e.rank, e.kind.value)] / n})
+                if e.rank is not None else e for e in items]
 
 
 class IncidentTracker:

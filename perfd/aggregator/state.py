@@ -25,7 +25,7 @@ from typing import Any
 from perfd import catalog
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.eventlog import EventLog
-from perfd.aggregator.incidents import IncidentTracker
+from perfd.aggregator.incidents import GpuBaseline, IncidentTracker
 from perfd.aggregator.jobs import (
     RETAIN_BYTES,
     RETAIN_ITERATIONS,
@@ -55,7 +55,7 @@ __all__ = ["AggregatorState", "GpuKey", "JobState", "NodeSeries", "job_level_ste
 GPM_LIVE = "GPM while the job stepped"
 STEPPING_MIN_S = 5.0  # a job whose last step is this recent (or STEPPING_STEPS steps) is stepping
 STEPPING_STEPS = 3
-STEADY_GPM_READINGS = 30  # readings whose median is the job's last steady window
+STEADY_GPM_READINGS = 60  # readings (one a second at most) whose median is the job's last steady window
 
 
 def _median_reading(rs: Sequence[GpmReading] | None) -> GpmReading | None:
@@ -100,10 +100,12 @@ class AggregatorState:
         # SGLang records per job and their analysis (its own lock; see aggregator/serving).
         self.serving = ServingStore()
         self.incidents = IncidentTracker(lambda evs: self.ingest_events("aggregator", evs))
+        self.gpu_baseline = GpuBaseline()
         self._tracked: dict[str, RunAnalysis] = {}  # job -> the analysis incidents were taken from
         # job -> GPM readings taken while it stepped with no incident open (the newest ones): their
         # median stands for the job after it stops, so the idle readings as it ends do not
         self._steady_gpm: dict[str, deque[GpmReading]] = {}
+        self._steady_gpm_at: dict[str, float] = {}
         # (job, holder, sender) -> (when its conflict event was last emitted, records since)
         self.replaying = False  # the state store's replay: its events come back with the documents
         self._conflicts: dict[tuple[str, str, str], tuple[float, int]] = {}
@@ -272,10 +274,25 @@ class AggregatorState:
             coll = None
         last_it = a.iterations[-1].iteration if a.iterations else None
         now = time.time()
+        open_now = bool(self.incidents.open_incidents(job)) or bool(a.incidents and a.incidents[-1].open)
+        if not open_now and self.gpu_baseline.due(job, now):
+            self._baseline_sighting(job, now)
         for h in coll.hangs if coll is not None else []:
             found.append(hang_incident(h.to_json(), last_it, now))
         self.incidents.update(job, found, lambda inc: self._gpu_snapshot(job, inc), self.captures_of(job),
                               now)
+
+    def _baseline_sighting(self, job: str, now: float) -> None:
+        """What every placed rank's GPU shows while the job runs steadily (perfd.aggregator.incidents
+        .GpuBaseline); only while it steps."""
+        ov = self.jobs.overview(job)
+        if not self._stepping(job, ov.get("last_step_age_s") if ov else None, STEPPING_MIN_S):
+            return
+        procs, values, throttles = self.gpu_view(job)
+        placed = place_ranks(procs, job=job)
+        if placed:
+            self.gpu_baseline.add(job, {h.rank: h.items for h in gpu_hints(sorted(placed), placed, values,
+                                                                            throttles, procs, now)}, now)
 
     def _gpu_snapshot(self, job: str, inc: Incident) -> dict[str, Any]:
         """rank -> what its GPU shows now, for the ranks an incident names; with none named, the
@@ -288,6 +305,7 @@ class AggregatorState:
         for h in gpu_hints(ranks, placed, values, throttles, procs, now):
             if not inc.ranks and not h.items:  # with no rank named, only GPUs that stand out
                 continue
+            h.items = self.gpu_baseline.annotate(job, h.items)
             snap = h.to_json()
             vals: dict[str, float] = {}
             reasons: list[str] = []
@@ -318,21 +336,26 @@ class AggregatorState:
         ov = self.jobs.overview(job)
         age = ov.get("last_step_age_s") if ov else None
         running = age is None or age <= stale_after(None, self.job_stale_after_s)
-        if running and self._stepping(job, age):
+        if running and self._stepping(job, age, STEPPING_MIN_S):
             gpm = self.nodes.gpm(self.jobs.agents_of(job))
-            if gpm is not None and not self.incidents.open_incidents(job):
+            now = time.time()
+            # Kept for after the job: at most one reading a second, only while a step came within the
+            # last two steps (a job that just stopped shows an idle GPU), and no incident open.
+            if gpm is not None and now - self._steady_gpm_at.get(job, 0.0) >= 1.0 \
+                    and self._stepping(job, age, 2.0, 2) and not self.incidents.open_incidents(job):
                 self._steady_gpm.setdefault(job, deque(maxlen=STEADY_GPM_READINGS)).append(gpm)
+                self._steady_gpm_at[job] = now
             return gpm, timeline, GPM_LIVE
         return _median_reading(self._steady_gpm.get(job)), timeline, GPM_LAST_STEADY
 
-    def _stepping(self, job: str, age: float | None) -> bool:
-        """The job's last step came within a few steps' time: its GPUs' GPM shows its work (a job
-        that stopped but is not yet stale would show an idle GPU)."""
+    def _stepping(self, job: str, age: float | None, min_s: float, steps: int = STEPPING_STEPS) -> bool:
+        """The job's last step came within ``steps`` steps' time (at least ``min_s``): its GPUs' GPM
+        shows its work (a job that stopped but is not yet stale would show an idle GPU)."""
         if age is None:
             return False
         a = self.jobs.cached_analysis(job)
         step_ms = a.summary["medians"].get("step_time_ms") if a is not None else None
-        return age <= max(STEPPING_MIN_S, STEPPING_STEPS * (step_ms or 0.0) / 1e3)
+        return age <= max(min_s, steps * (step_ms or 0.0) / 1e3)
 
     def _capture_windows(self, job: str) -> list[tuple[float, float]]:
         """(start, end) of the job's captures: the iterations they touch are disturbed."""

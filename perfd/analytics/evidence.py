@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from perfd.analytics import thresholds as th
+
 
 class EvidenceKind(str, enum.Enum):
     """What an observation is about. ``str`` so that JSON carries the value as it is."""
@@ -75,6 +77,10 @@ KIND_SPECS: dict[EvidenceKind, KindSpec] = {
     EvidenceKind.EXPOSED_COMM: KindSpec(Tier.COMMUNICATION, "max", "ratio"),
 }
 _ORDER = {k: i for i, k in enumerate(KIND_SPECS)}
+
+
+# Seen in this share of the rank's steady-state sightings or more: part of the job's normal state.
+STEADY_PRESENT = th.STEADY_PRESENT.value
 
 
 class Missing(str, enum.Enum):
@@ -185,8 +191,12 @@ def decide(items: Sequence[Evidence], ranks: Sequence[int] = (), missing: Sequen
     """The verdict over everything seen during an incident: the item highest in the causal order
     (ties: the rank the data names first, then the most sightings). GPU symptoms of lower tiers on
     the lead's rank are its effects; the rest is listed, also in causal order."""
+    # Evidence the rank's GPU showed in steady state too explains no departure from it.
+    steady = [e for e in items if (e.detail.get("in_steady_state") or 0.0) >= STEADY_PRESENT]
+    items = [e for e in items if e not in steady]
     if not items:
-        return Verdict(None, ranks[0] if ranks else None, None, missing=tuple(missing))
+        return Verdict(None, ranks[0] if ranks else None, None, also=tuple(sorted(steady, key=causal_key)),
+                       missing=tuple(missing))
     named = {r: i for i, r in enumerate(ranks)}
 
     def key(e: Evidence) -> tuple[int, int, int, int]:
@@ -197,7 +207,7 @@ def decide(items: Sequence[Evidence], ranks: Sequence[int] = (), missing: Sequen
     lead = ordered[0]
     effects = tuple(e for e in ordered[1:] if e.rank == lead.rank and e.spec.gpu_symptom
                     and e.spec.tier >= lead.spec.tier)
-    also = tuple(e for e in ordered[1:] if e not in effects)
+    also = tuple(e for e in ordered[1:] if e not in effects) + tuple(sorted(steady, key=causal_key))
     return Verdict(lead.kind, lead.rank, lead, effects, also, tuple(missing))
 
 

@@ -152,6 +152,9 @@ SHORT_GAPS_DOMINATE = Threshold(0.5, "half the idle in short gaps: the host issu
                                 "DESIGN.md §2 Bottleneck class (a capture's timeline)")
 
 # --- GPU evidence (perfd.analytics.attribution) ------------------------------------------------------
+STEADY_PRESENT = Threshold(0.5, "GPU evidence seen in half the rank's steady-state sightings is its normal "
+                                "state (a GPU always at its power cap): it explains no incident",
+                           "DESIGN.md §2 Who is to blame")
 CLOCK_DROP_RATIO = Threshold(0.95, "an SM clock 5% below the job's median GPU is a clock drop",
                              "DESIGN.md §2 Stragglers (root-cause hints)")
 HOT_DELTA_C = Threshold(10.0, "10 C above the job's median GPU is running hot",

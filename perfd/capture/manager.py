@@ -66,9 +66,9 @@ Emit = Callable[[dict[str, Any]], None]
 
 TOOLS = CAPTURE_TOOLS
 INFO_KEYS = ("rule", "firing", "fired_at", "reason", "requested_by", "source")
-_SUMMARY_KEYS = ("device", "span_ms", "busy_ms", "idle_ms", "compute_ms", "comm_ms", "comm_exposed_ms",
-                 "overlap_ratio", "memcpy_ms", "sendrecv_ms", "kernel_count", "categories", "category_ms",
-                 "kernel_median_us", "softmax_ms")
+# A device breakdown travels whole in the capture's events but for its tables (the aggregator's
+# diagnosis reads every number: a list of kept keys here once dropped the idle-gap split on the way).
+_TABLE_KEYS = frozenset({"top_kernels", "nvtx"})
 BUSY_REASON = "busy: one CUPTI client per process"
 
 
@@ -165,7 +165,7 @@ def device_summary(analysis: CaptureAnalysis) -> list[dict[str, Any]]:
     """The per-device numbers of an analysis, without the kernel and NVTX tables (event payloads)."""
     out = []
     for d in analysis.to_json()["devices"]:  # type: ignore[attr-defined]
-        row = {k: _rounded(v) for k, v in d.items() if k in _SUMMARY_KEYS}
+        row = {k: _rounded(v) for k, v in d.items() if k not in _TABLE_KEYS}
         if d.get("top_kernels"):
             row["top_kernel"] = d["top_kernels"][0]["name"][:120]
         out.append(row)

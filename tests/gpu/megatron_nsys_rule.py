@@ -41,6 +41,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script on the GPU machine, where perfd is not installed
+    sys.path.insert(0, str(ROOT))
+
 JOB = "nsys-rule"
 TOTAL_S = float(os.environ.get("TOTAL_S", "540"))
 ITERS = int(os.environ.get("MEGATRON_ITERS", "600"))

@@ -220,3 +220,39 @@ def test_a_throttled_gpu_is_named_with_its_clock_and_throttle_reason() -> None:
     assert summary is not None
     rec = next(r for r in summary["report"]["recommendations"] if r["finding_id"] == f"incident-{inc['id']}")
     assert "power limit and power delivery" in rec["action"] and "rank 1" in rec["action"]
+
+
+def test_a_power_cap_present_in_steady_state_explains_no_incident() -> None:
+    """The GPU was power-capped all along (a matmul-heavy job at its limit); rank 1 then computes
+    1.6x longer: the verdict is the rank's compute, the cap stays listed as part of steady state."""
+    parsed = parse_file(DP2, job="dp2")
+    st = _state_with([])
+    st.gpu_baseline.every_s = 0.0  # a steady sighting at every new analysis (the refresher: every 5 s)
+    defs: dict[int, tuple[str, tuple[tuple[str, str], ...]]] = {}
+    ids, ts, vals = [], [], []
+    for gpu in ("0", "1"):
+        for s in _recorded_gpu("matmul", 7.0):  # both GPUs power-capped, as in the recording
+            labels = tuple(sorted({**s["labels"], "gpu": gpu, "node": "n1"}.items()))
+            defs[len(defs)] = (s["name"], labels)
+            ids.append(len(defs) - 1)
+            ts.append(1)
+            vals.append(float(s["value"]))
+    st.ingest_samples("agent-a", defs, ids, ts, vals)
+    st.ingest_events("agent-a", [
+        {"kind": events.GPU_PROCESSES.name, "labels": {"node": "n1", "gpu": g},
+         "payload": [{"pid": 4100 + int(g), "name": "python", "cmdline": "python train.py", "rank": int(g)}]}
+        for g in ("0", "1")])
+    for r in parsed.records:  # the steady iterations arrive one by one, each analysed
+        if r.iteration >= 14:
+            break
+        st.ingest_steps("agent-a", [r])
+        st.analysis("dp2", force=True)
+    slowed = _slowed(parsed.records, range(14, 22), 1, 1.6)
+    st.ingest_steps("agent-a", [r for r in slowed if r.iteration >= 14])
+    st.analysis("dp2", force=True)
+    (inc,) = st.incidents.incidents("dp2")
+    v = inc["verdict"]
+    assert v["cause"] == "rank_compute_ratio" and v["rank"] == 1
+    cap = [e for e in v["also"] if e["kind"] == "power_cap"]
+    assert cap and cap[0]["detail"]["in_steady_state"] >= 0.5
+    assert "power" not in inc["cause"]
