@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -36,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from perfd.privdir import open_private_dir, private_dir, rmtree_at
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 STATUSES = ("running", "ok", "failed", "timeout", "skipped")
@@ -68,6 +71,7 @@ class CaptureStore:
         self.quota_bytes = int(quota_bytes)
         self.clock = clock
         self._lock = threading.RLock()
+        self.prune_refusals = 0  # prunes refused because the root no longer passed its checks
 
     # -- paths --------------------------------------------------------------------------------
     def capture_dir(self, capture_id: str) -> Path:
@@ -184,7 +188,12 @@ class CaptureStore:
                 return pruned
             finished = [m for m in self.list() if m.get("status") != "running"]
             finished.sort(key=lambda m: ((m.get("timings") or {}).get("finished_at") or 0.0, m["id"]))
-            root_fd = open_private_dir(self.root, create=False)  # the root checked again, then held
+            try:
+                root_fd = open_private_dir(self.root, create=False)  # the root checked again, then held
+            except OSError as exc:  # swapped or gone since start-up: delete nothing, say why
+                self.prune_refusals += 1
+                log.error("capture store %s: not pruned: %s", self.root, exc)
+                return pruned
             try:
                 for m in finished:
                     if used <= self.quota_bytes:

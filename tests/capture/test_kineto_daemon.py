@@ -277,6 +277,9 @@ def start_torch_job(tmp_path: Path, env_extra: dict[str, str], seconds: float) -
 
 
 @pytest.mark.slow
+# One worker runs the real torch processes one after another (`make test` runs pytest-xdist with
+# --dist loadgroup): two at once on a small machine starve each other's traced steps.
+@pytest.mark.xdist_group("torch_processes")
 @pytest.mark.skipif(not torch_available(), reason="torch is not installed (CPU torch enables this test)")
 def test_real_torch_process_writes_an_iteration_aligned_trace(tmp_path):
     """An unmodified torch process with KINETO_USE_DAEMON=1 and a 1 s poll: file-socket mode keeps

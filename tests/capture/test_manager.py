@@ -336,6 +336,9 @@ def test_nsys_session_range_without_a_report_times_out_and_disarms(tmp_path):
 
 
 @pytest.mark.slow
+# One worker runs the real torch processes one after another (`make test` runs pytest-xdist with
+# --dist loadgroup): two at once on a small machine starve each other's traced steps.
+@pytest.mark.xdist_group("torch_processes")
 @pytest.mark.skipif(not torch_available(), reason="torch is not installed (CPU torch enables this test)")
 def test_real_torch_process_end_to_end(tmp_path):
     sdir = Path(tempfile.mkdtemp(prefix="pk", dir="/tmp"))

@@ -34,6 +34,9 @@ def _top(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
+    # The per-rank timers reach the analysis after the first iterations (later on a loaded machine).
+    wait_for(lambda: (_json(f"{live.base}/api/jobs/{JOB}/summary").get("latest") or {})
+             .get("straggler_rank_compute_ratio"), 60, "per-rank compute ratios in the analysis")
     # The agent still sends (the NVML replay, the refresher's analysis): compare with an answer of
     # the aggregator that did not change while `top` ran, else look again.
     for _ in range(5):
@@ -104,7 +107,9 @@ def test_top_refreshes_in_a_real_terminal(live: Live, tmp_path: Path) -> None:
         pytest.skip("tmux not installed (ci/install-system-deps.sh)")
     name = f"perfd-top-{os.getpid()}"
     cmd = f"{sys.executable} -m perfd.cli top --aggregator {live.base} --job {JOB} --interval 0.5"
-    env = {**os.environ, "TMUX": ""}
+    # The terminal decides the size: COLUMNS/LINES inherited from the runner (pytest-xdist's workers
+    # set 80x24) would make rich draw for them, not for the 160-column pane.
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"TMUX": ""}
     subprocess.run(["tmux", "-L", name, "new-session", "-d", "-s", name, "-x", "160", "-y", "60", "-c",
                     str(ROOT), cmd], check=True, env=env, timeout=20)
     try:
@@ -115,7 +120,7 @@ def test_top_refreshes_in_a_real_terminal(live: Live, tmp_path: Path) -> None:
         # The first screen with every part drawn (a loaded machine may draw one refresh without the
         # straggler line: the aggregator's analysis comes a refresh later).
         first = wait_for(lambda: (p := pane()) and "GPUs" in p and JOB in p and "slowest: r" in p
-                         and "(replay)" in p and p, 30, "first screen")
+                         and "(replay)" in p and p, 60, "first screen")
         final = _final_iteration()
         assert f" {final} " not in first  # the log's last iteration is not written yet
         live.write_rest()

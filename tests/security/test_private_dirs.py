@@ -145,3 +145,15 @@ def test_default_capture_folder_is_per_user_not_a_shared_tmp_name(tmp_path: Path
     assert str(os.geteuid()) in str(root) or not str(root).startswith("/tmp/")
     assert AgentConfig(state_dir=str(tmp_path)).capture_root() == str(tmp_path / "captures")
     assert AgentConfig(capture_dir="/x", state_dir=str(tmp_path)).capture_root() == "/x"
+
+
+def test_a_store_root_swapped_for_a_link_is_not_pruned(tmp_path: Path) -> None:
+    target = _victim(tmp_path)
+    store = CaptureStore(tmp_path / "caps", quota_bytes=1000)
+    m = store.new_capture("j", [0], "kineto")
+    (store.capture_dir(m["id"]) / "rank0.json").write_bytes(b"y" * 2000)
+    moved = tmp_path / "caps-moved"
+    (tmp_path / "caps").rename(moved)
+    (tmp_path / "caps").symlink_to(target)  # the root's name now leads elsewhere
+    assert store.prune() == [] and store.prune_refusals == 1
+    assert (target / "important.txt").exists() and (moved / m["id"] / "rank0.json").exists()
