@@ -73,7 +73,7 @@ class Incident:
     kinds: list[str]
     ranks: list[int]  # the ranks the data names, most often named first
     n_iterations: int
-    cost_s: float | None  # Σ(step − steady median) over its iterations perfd's captures did not touch
+    cost_s: float | None  # Σ(step − steady median); a captured iteration counts up to the incident's level
     steady_step_ms: float | None
     median_step_ms: float | None
     max_step_ms: float | None
@@ -83,7 +83,7 @@ class Incident:
     cause: str = ""  # one line rendered from ``verdict`` (perfd.analytics.verdict_text), for display
     evidence: dict[str, Any] = field(default_factory=dict)
     verdict: dict[str, Any] = field(default_factory=dict)  # perfd.analytics.evidence.Verdict JSON
-    capture_cost_s: float | None = None  # the part of the excess in iterations a perfd capture touched
+    capture_cost_s: float | None = None  # what captured iterations took beyond the incident's own level
     single_rank: bool = False  # the job has one rank: it is the one
 
     @property
@@ -314,7 +314,12 @@ def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: fl
     start = prev_end
     if start is None and end_times.get(first) is not None and its[0].step_time_ms is not None:
         start = float(end_times[first] or 0.0) - its[0].step_time_ms / 1e3
-    cost = sum(s - ref for s in steps) / 1e3 if steps else None
+    # A perfd capture inside the incident: its iterations count as lost up to the incident's own
+    # level (the co-tenant slowed them too), and only what they took beyond it is the capture's.
+    level = max(_median(steps) or ref, ref)
+    cost = (sum(s - ref for s in steps) + sum(min(s, level) - ref for s in touched)) / 1e3 \
+        if steps or touched else None
+    capture_cost = sum(max(s - level, 0.0) for s in touched) / 1e3 if touched else None
     ev: dict[str, Any] = {
         "named_by_iterations": {str(r): named[r] for r in ranks if r in named},
         "rank_compute_ratio_max": {str(r): round(v, 4) for r, v in sorted(ratios.items())},
@@ -327,7 +332,7 @@ def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: fl
     inc = Incident(f"inc-{first}", first, last, sorted(set(kinds)), ranks, len(its), cost, ref,
                    _median(steps or all_steps), max(all_steps) if all_steps else None, start,
                    end_times.get(last), is_open, evidence=ev, verdict=verdict.to_json(),
-                   capture_cost_s=(sum(s - ref for s in touched) / 1e3 if touched else None),
+                   capture_cost_s=capture_cost,
                    single_rank=single)
     inc.cause = render_cause(inc, verdict)
     return inc

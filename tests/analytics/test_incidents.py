@@ -38,8 +38,9 @@ def test_a_capture_inside_an_incident_is_left_out_of_its_cost() -> None:
     found = detect_incidents(its, {}, {14: True, 15: True}, 0, None)
     (inc,) = found.incidents
     assert (inc.first_iteration, inc.last_iteration) == (11, 18) and set(inc.kinds) == {CAPTURE, SLOW}
-    assert inc.cost_s == 6 * 1.0  # the six slow steps the capture did not touch
-    assert inc.capture_cost_s == 2 * 3.5
+    # The captured steps count as lost up to the incident's own level (1.5 s); beyond it, the capture's.
+    assert inc.cost_s == 8 * 1.0
+    assert inc.capture_cost_s == 2 * 2.5
     assert found.disturbances == []
 
 
