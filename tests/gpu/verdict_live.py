@@ -351,6 +351,7 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
         ]
         steps = log_steps(log)
         res["log_steps"] = len(steps)
+        res["log_step_times"] = {str(k): v for k, v in steps.items()}
         for name in ("output.log", "output.log.times"):
             if (run_dir / name).exists():
                 (raw / name.replace("output", f"megatron_{config}")).write_bytes(
@@ -511,6 +512,14 @@ def checks(res: dict[str, Any], config: str) -> dict[str, Any]:
             k: main.get(k) for k in ("id", "first_iteration", "last_iteration", "cost_s", "cause")
         }
         out["cause_names_pid_after"] = bool(main and f"pid {pid}" in str(main.get("cause")))
+        steps = res.get("log_step_times") or {}
+        if main and steps:
+            a, b = main["first_iteration"], main["last_iteration"]
+            calm = [v for k, v in steps.items() if int(k) > 10 and not a <= int(k) <= b]
+            ref = sorted(calm)[len(calm) // 2] if calm else None
+            want = sum(v - ref for k, v in steps.items() if a <= int(k) <= b) / 1e3 if ref else None
+            out["cost_vs_log"] = {"cost_s": main.get("cost_s"), "log_sum_s": want,
+                                  "within_10pct": bool(want and abs((main.get("cost_s") or 0) - want) <= 0.1 * want)}
         v = (main or {}).get("verdict") or {}
         out["verdict_after"] = {
             "cause": v.get("cause"),
