@@ -518,8 +518,9 @@ def checks(res: dict[str, Any], config: str) -> dict[str, Any]:
             calm = [v for k, v in steps.items() if int(k) > 10 and not a <= int(k) <= b]
             ref = sorted(calm)[len(calm) // 2] if calm else None
             want = sum(v - ref for k, v in steps.items() if a <= int(k) <= b) / 1e3 if ref else None
+            gap = abs((main.get("cost_s") or 0) - want) if want else None
             out["cost_vs_log"] = {"cost_s": main.get("cost_s"), "log_sum_s": want,
-                                  "within_10pct": bool(want and abs((main.get("cost_s") or 0) - want) <= 0.1 * want)}
+                                  "within_10pct": bool(want and gap is not None and gap <= 0.1 * want)}
         v = (main or {}).get("verdict") or {}
         out["verdict_after"] = {
             "cause": v.get("cause"),
