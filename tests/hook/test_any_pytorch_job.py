@@ -189,6 +189,8 @@ def test_the_slow_data_stretch_is_one_incident_with_its_cost(run: dict[str, Any]
     steady = statistics.median(run["steps"][i] for i in range(10, 80))
     lost_s = sum(run["steps"][i] - steady for i in range(inc.first_iteration, inc.last_iteration + 1)) / 1e3
     assert inc.cost_s == pytest.approx(lost_s, rel=0.10)
+    # The cause is the data wait (typed), not a guess: it grew by most of the slowdown.
+    assert inc.verdict["cause"] == "data_wait" and "data loading took up to" in inc.cause
 
 
 def test_the_headline_names_only_what_is_known(analysed: dict[str, Any]) -> None:
