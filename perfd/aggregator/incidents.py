@@ -22,7 +22,7 @@ from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, decide, me
 from perfd.analytics.incidents import MAX_INCIDENTS, Incident, render_cause
 from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
 
-BASELINE_EVERY_S = 5.0  # a steady sighting of the job's GPUs at most this often
+BASELINE_EVERY_S = 1.0  # a steady sighting of the job's GPUs at most this often (a short job has seconds)
 BASELINE_MIN_SIGHTINGS = 3  # before this many, nothing is said about steady state
 
 Emit = Callable[[list[dict[str, Any]]], None]

@@ -25,6 +25,7 @@ SLOWING_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "h
 HARDWARE_REASONS = ("hw_slowdown", "hw_thermal", "hw_power_brake")
 CLOCK_DROP_RATIO = th.CLOCK_DROP_RATIO.value
 HOT_DELTA_C = th.HOT_DELTA_C.value
+POWER_AT_LIMIT = th.POWER_AT_LIMIT.value
 
 
 @dataclass
@@ -144,9 +145,12 @@ def gpu_hints(candidates: Sequence[int], placements: Mapping[int, RankPlacement]
         if "sw_thermal" in reasons or hot:
             add(EvidenceKind.THERMAL, temp, reasons=[r for r in reasons if r == "sw_thermal"],
                 median_celsius=med_temp if len(job_gpus) > 1 else None)
-        if "sw_power_cap" in reasons:
-            add(EvidenceKind.POWER_CAP, vals.get("perfd_gpu_power_watts"),
-                power_limit_watts=vals.get("perfd_gpu_power_limit_watts"))
+        power, limit = vals.get("perfd_gpu_power_watts"), vals.get("perfd_gpu_power_limit_watts")
+        # The flag alone is no cap that slows anything: NVML raises it for a moment on a GPU far below
+        # its limit (seen: 309 W of 700 W in a data-loader stall). A cap is the GPU at its limit.
+        at_limit = power is None or not limit or power >= POWER_AT_LIMIT * limit
+        if "sw_power_cap" in reasons and at_limit:
+            add(EvidenceKind.POWER_CAP, power, power_limit_watts=limit)
         clock = vals.get("perfd_gpu_sm_clock_hertz")
         if clock is not None and med_clock and len(job_gpus) > 1 and clock < CLOCK_DROP_RATIO * med_clock:
             add(EvidenceKind.CLOCK_DROP, clock, median_hertz=med_clock)

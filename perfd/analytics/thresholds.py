@@ -159,6 +159,9 @@ CLOCK_DROP_RATIO = Threshold(0.95, "an SM clock 5% below the job's median GPU is
                              "DESIGN.md §2 Stragglers (root-cause hints)")
 HOT_DELTA_C = Threshold(10.0, "10 C above the job's median GPU is running hot",
                         "DESIGN.md §2 Stragglers (root-cause hints)")
+POWER_AT_LIMIT = Threshold(0.9, "sw_power_cap counts as a power cap only with the GPU drawing 90% of its "
+                                "limit or more; NVML raises the flag for a moment far below it",
+                           "DESIGN.md §2 Stragglers (root-cause hints)")
 
 # --- serving (DESIGN.md §2 serving playbook) ----------------------------------------------------------
 _S2 = "DESIGN.md §2 Diagnosis playbook (serving)"

@@ -62,3 +62,16 @@ def test_a_rank_of_another_job_on_a_shared_gpu_stays_a_foreign_process():
     (h,) = gpu_hints([0], pl, {}, {}, procs)
     (fp,) = h.items
     assert fp.kind is K.FOREIGN_PROCESS and fp.detail["pid"] == 20
+
+
+def test_the_power_cap_flag_far_below_the_limit_is_no_cap():
+    pl = place_ranks(PROCS, world_size=4)
+    capped = {("node-b", "1"): ["sw_power_cap"]}
+    low = {**VALUES, ("node-b", "1"): {**VALUES[("node-b", "1")], "perfd_gpu_power_watts": 309.0,
+                                       "perfd_gpu_power_limit_watts": 700.0}}
+    (h,) = gpu_hints([3], pl, low, capped, PROCS)
+    assert K.POWER_CAP not in [e.kind for e in h.items]  # 309 W of 700 W: the flag, not a cap
+    high = {**VALUES, ("node-b", "1"): {**VALUES[("node-b", "1")], "perfd_gpu_power_watts": 695.0,
+                                        "perfd_gpu_power_limit_watts": 700.0}}
+    (h,) = gpu_hints([3], pl, high, capped, PROCS)
+    assert K.POWER_CAP in [e.kind for e in h.items]
