@@ -185,6 +185,10 @@ class JobInfo:
     # The W&B run the training script logs to (perfd launch --wandb-run-id, or the job's own
     # WANDB_RUN_ID): perfd's W&B export attaches to it instead of making a run of its own.
     wandb_run_id: str | None = None
+    # The job's first start-up timestamp (epoch s): the earliest ``[...] datetime:`` line Megatron-LM
+    # prints while it starts, or the first line's arrival time (perfd.linetimes). Goodput's start-up
+    # part runs from here to the first step.
+    started_at: float | None = None
 
 
 @dataclass

@@ -21,6 +21,7 @@ from collectors.megatron.lines import (
     IterationLine,
     parse_all_timer_name,
     parse_all_timer_rank,
+    parse_datetime_line,
     parse_iteration,
     parse_memory,
     parse_one_line_timers,
@@ -161,6 +162,8 @@ class MegatronLogParser:
             self._count("long_lines")
             line = line[:MAX_LINE_CHARS]
         line = strip_launcher_prefix(line)
+        if self._arrived is not None:
+            self._started(self._arrived)
         if not line.strip():
             self._count("empty")
             return
@@ -310,6 +313,12 @@ class MegatronLogParser:
             if self.job_info.timing_log_option is None:
                 self.job_info.timing_log_option = "one-line"
             return
+        if "datetime:" in line:
+            stamp = parse_datetime_line(line)
+            if stamp is not None:
+                self._count("datetime_lines")
+                self._started(stamp[1])
+                return
         if not self._startup_line(line, out):
             self._count("other")
 
@@ -362,6 +371,12 @@ class MegatronLogParser:
     # ---------------------------------------------------------------------------------------
     # State transitions
     # ---------------------------------------------------------------------------------------
+
+    def _started(self, when: float) -> None:
+        """The job's earliest time seen: the start of its goodput's wall time (a restart appended to
+        the log keeps the first run's)."""
+        if self.job_info.started_at is None or when < self.job_info.started_at:
+            self.job_info.started_at = when
 
     def _run_start(self, out: list[StepRecord]) -> None:
         """Start-up output: a new run (or a restart appended to the same log) begins here."""

@@ -31,6 +31,7 @@ from perfd.analytics.incidents import (
     detect_incidents,
     incident_findings,
 )
+from perfd.analytics.goodput import StepSpan, job_goodput, phase_seconds
 from perfd.analytics.iteration_table import PACKED, Table
 from perfd.analytics.metrics import (
     crosscheck_tflops,
@@ -405,6 +406,7 @@ class RunBuilder:
         self.in_order = True
         self.present: set[int] = set()  # iterations seen, kept only to evict a memo's stale entries
         self.records: list[StepRecord] | None = [] if memo is not None else None  # row order
+        self.spans: list[StepSpan] = []  # what goodput reads of each record (a few numbers)
 
     def resume(self, ordered: Sequence[StepRecord]) -> int:
         """Take over the memo's last rows that ``ordered`` (sorted by iteration) starts with — the
@@ -430,11 +432,20 @@ class RunBuilder:
         self.first = (ordered[0].iteration, ordered[0].job)
         self.present.update(r.iteration for r in ordered[:m])
         self.records = list(ordered[:m])
+        for rec in ordered[:m]:
+            self._span(rec)
         memo.hits += m  # type: ignore[union-attr]
         return m
 
+    def _span(self, rec: StepRecord) -> None:
+        end, step = finite(rec.end_time), finite(rec.step_time_ms)
+        if end is not None and step is not None and step >= 0:
+            self.spans.append(StepSpan(rec.iteration, end, step / 1e3, max(1, rec.interval or 1),
+                                       phase_seconds(rec.timers)))
+
     def add(self, rec: StepRecord) -> None:
         memo, lay = self.memo, self.job.layout
+        self._span(rec)
         kept = memo.entries.get(rec.iteration) if memo is not None else None
         if kept is not None and kept[0] is rec:
             it = dataclasses.replace(kept[1])  # a copy: the lines below set its fields
@@ -487,6 +498,10 @@ class RunBuilder:
                                        if incidents else None)
         summary["jitter"] = detection.jitter
         summary["capture_disturbances"] = _disturbances_json(detection.disturbances)
+        gp = job_goodput(self.spans, started_at=self.job.started_at, incident_cost_s=summary["incidents_cost_s"],
+                         profiling_s=summary["capture_disturbances"]["excess_s"],
+                         log_interval=self.job.log_interval)
+        summary["goodput"] = gp.to_json() if gp is not None else None
         analysis = RunAnalysis(job_block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
         fs, rs = derive_findings(analysis, self.job)
