@@ -30,6 +30,7 @@ of the window it lies in, never more than is left of it).
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -147,7 +148,7 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
         notes.append("no start-up timestamp: wall time starts at the first logged step")
     parts[TRAINING] += first.n * first.step_s
     runs, reached, run_floor = 1, first.iteration, -1  # run_floor: earlier runs reached this iteration
-    for prev, cur in zip(ordered, ordered[1:], strict=False):
+    for prev, cur in itertools.pairwise(ordered):
         window = cur.end_time - prev.end_time
         train = min(window, cur.n * cur.step_s)
         left = window - train
@@ -178,8 +179,33 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
     if stalled_until is not None and stalled_until > end:
         parts[STALL] += stalled_until - end
         end = stalled_until
-    for kind, secs in ((INCIDENT, incident_cost_s), (PROFILING, profiling_s)):
-        take = min(parts[TRAINING], max(0.0, secs or 0.0))
+    for kind, cost in ((INCIDENT, incident_cost_s), (PROFILING, profiling_s)):
+        take = min(parts[TRAINING], max(0.0, cost or 0.0))
         parts[kind] += take
         parts[TRAINING] -= take
     return Goodput(end - start, parts, start, end, runs, notes)
+
+
+def with_stall(gp: Mapping[str, Any], stalled_s: float) -> dict[str, Any]:
+    """A goodput JSON (``Goodput.to_json``) of a job that has not stepped for ``stalled_s`` while its
+    processes hold their GPUs: that time added as stall, to the parts and the wall alike."""
+    out: dict[str, Any] = dict(gp)
+    if stalled_s <= 0:
+        return out
+    parts = {**gp["parts_s"], STALL: gp["parts_s"].get(STALL, 0.0) + stalled_s}
+    wall = gp["wall_s"] + stalled_s
+    out.update(parts_s=parts, wall_s=wall, end_time=gp["end_time"] + stalled_s,
+               ratio=parts.get(TRAINING, 0.0) / wall if wall > 0 else None)
+    return out
+
+
+def metric_rows(job: str, gp: Mapping[str, Any], ratio_name: str, time_name: str
+                ) -> list[tuple[dict[str, str], str, float]]:
+    """/metrics rows of a goodput JSON: the ratio and the seconds of every kind (0 included: a kind
+    that took no time is a fact, and Prometheus rates need the series before it grows)."""
+    rows: list[tuple[dict[str, str], str, float]] = []
+    if gp.get("ratio") is not None:
+        rows.append(({"job_name": job}, ratio_name, float(gp["ratio"])))
+    for kind in KINDS:
+        rows.append(({"job_name": job, "kind": kind}, time_name, float(gp["parts_s"].get(kind, 0.0))))
+    return rows

@@ -23,6 +23,7 @@ from perfd.analytics.common import MetricValue, finite, median
 from perfd.analytics.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.findings import Finding, Recommendation, derive_findings, order_findings
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
+from perfd.analytics.goodput import StepSpan, job_goodput, phase_seconds
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
 from perfd.analytics.incidents import (
     DETECTION_FIELDS,
@@ -31,7 +32,6 @@ from perfd.analytics.incidents import (
     detect_incidents,
     incident_findings,
 )
-from perfd.analytics.goodput import StepSpan, job_goodput, phase_seconds
 from perfd.analytics.iteration_table import PACKED, Table
 from perfd.analytics.metrics import (
     crosscheck_tflops,
@@ -498,7 +498,8 @@ class RunBuilder:
                                        if incidents else None)
         summary["jitter"] = detection.jitter
         summary["capture_disturbances"] = _disturbances_json(detection.disturbances)
-        gp = job_goodput(self.spans, started_at=self.job.started_at, incident_cost_s=summary["incidents_cost_s"],
+        gp = job_goodput(self.spans, started_at=self.job.started_at,
+                         incident_cost_s=summary["incidents_cost_s"],
                          profiling_s=summary["capture_disturbances"]["excess_s"],
                          log_interval=self.job.log_interval)
         summary["goodput"] = gp.to_json() if gp is not None else None

@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from perfd import catalog
+from perfd.limits import RANK_RATIO_TOP_K
 
 
 def _gauge(name: str, labels: Sequence[str]) -> GaugeMetricFamily:
@@ -43,9 +44,30 @@ def iteration_rows(job: str, it: Any, per_rank: bool = True) -> list[Row]:
     cls = _field(it, "bottleneck")
     if isinstance(cls, str):
         rows.append(({**lab, "class": cls}, _BOTTLENECK, 1.0))
-    per_rank_ratios = (_field(it, "straggler_rank_compute_ratio") or {}) if per_rank else {}
-    for rank, ratio in sorted(per_rank_ratios.items(), key=lambda kv: int(kv[0])):
-        rows.append(({**lab, "rank": str(rank)}, _RANK_RATIO, float(ratio)))
+    ratios = _field(it, "straggler_rank_compute_ratio") or {}
+    if per_rank:
+        for rank, ratio in sorted(ratios.items(), key=lambda kv: int(kv[0])):
+            rows.append(({**lab, "rank": str(rank)}, _RANK_RATIO, float(ratio)))
+    rows.extend(rank_picture_rows(job, ratios))
+    return rows
+
+
+def bucket_label(le: float) -> str:
+    return "+Inf" if le == float("inf") else repr(le)
+
+
+def rank_picture_rows(job: str, ratios: Mapping[Any, float]) -> list[Row]:
+    """The rank x step picture at a cardinality no rank count changes: the RANK_RATIO_TOP_K slowest
+    ranks' compute ratios, and how many ranks fall at or below each RANK_RATIO_BUCKETS bound."""
+    if not ratios:
+        return []
+    lab = {"job_name": job}
+    slowest = sorted(ratios.items(), key=lambda kv: (-float(kv[1]), int(kv[0])))[:RANK_RATIO_TOP_K]
+    rows: list[Row] = [({**lab, "rank": str(r)}, catalog.RANK_RATIO_TOP, float(v)) for r, v in slowest]
+    values = sorted(float(v) for v in ratios.values())
+    for le in catalog.RANK_RATIO_BUCKETS:
+        n = sum(1 for v in values if v <= le)
+        rows.append(({**lab, "le": bucket_label(le)}, catalog.RANK_RATIO_RANKS, float(n)))
     return rows
 
 
@@ -56,6 +78,8 @@ def job_families(job_iterations: Mapping[str, Any], per_rank: bool = True) -> It
     names: dict[str, list[str]] = {m.name: ["job_name"] for m in catalog.job_metrics()}
     names[_BOTTLENECK] = ["job_name", "class"]
     names[_RANK_RATIO] = ["job_name", "rank"]
+    names[catalog.RANK_RATIO_TOP] = ["job_name", "rank"]
+    names[catalog.RANK_RATIO_RANKS] = ["job_name", "le"]
     fams = {name: _gauge(name, labels) for name, labels in names.items()}
     for job, it in sorted(job_iterations.items()):
         for row_labels, name, value in iteration_rows(job, it, per_rank):
