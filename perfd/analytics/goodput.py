@@ -209,3 +209,22 @@ def metric_rows(job: str, gp: Mapping[str, Any], ratio_name: str, time_name: str
     for kind in KINDS:
         rows.append(({"job_name": job, "kind": kind}, time_name, float(gp["parts_s"].get(kind, 0.0))))
     return rows
+
+
+def headline_text(gp: Mapping[str, Any] | None) -> str | None:
+    """One line for a report's headline: the ratio, the wall time and the largest non-training
+    parts, e.g. "goodput 70% of 155 s (start-up 30 s, incident 17 s)"."""
+    if not gp or gp.get("ratio") is None:
+        return None
+    lost = sorted(((k, v) for k, v in gp["parts_s"].items() if k != TRAINING and v >= 0.5),
+                  key=lambda kv: -kv[1])[:3]
+    tail = ", ".join(f"{k} {_dur(v)}" for k, v in lost)
+    return f"goodput {gp['ratio']:.0%} of {_dur(gp['wall_s'])}" + (f" ({tail})" if tail else "")
+
+
+def _dur(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
