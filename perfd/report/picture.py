@@ -137,7 +137,7 @@ def rank_heatmap(its: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, 
     dev = max((abs(v - 1) for r in shown for v in matrix[r] if v is not None), default=0.1)
     marks = _marks(groups, incidents, summary or {})
     chart = heatmap(rows, [_label(g) for g in groups], [matrix[r] for r in shown],
-                    title="Per-rank compute ÷ its group's median", xlabel="iteration", ylabel="rank",
+                    title="Per-rank compute ÷ stage median", xlabel="iteration", ylabel="rank",
                     spread=min(0.5, max(0.1, dev)), vfmt=lambda v: f"{v:.2f}×", groups=bounds, marks=marks)
     return _figure(chart, "Each rank's forward+backward compute ÷ the median of its group (its pipeline "
                    "stage; the data-parallel replicas without pipeline parallelism), per iteration, ranks "
