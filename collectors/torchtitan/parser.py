@@ -111,6 +111,8 @@ class TorchtitanLogParser:
             self._c("unrecognised_prefix")
             return []
         stamp = arrived if arrived is not None else _local_time(t.group(1), t.group(2))
+        if stamp is not None and (self.job_info.started_at is None or stamp < self.job_info.started_at):
+            self.job_info.started_at = stamp  # the job's first line: goodput's start-up begins here
         msg = t.group(4).strip()
         self._c("lines")
         if msg.startswith("step:"):

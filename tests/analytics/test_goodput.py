@@ -184,3 +184,32 @@ def test_restart_and_stall_kinds_on_spans() -> None:
     assert live["parts_s"]["stall"] == pytest.approx(90.0)
     assert sum(live["parts_s"].values()) == pytest.approx(live["wall_s"])
     assert job_goodput([]) is None
+
+
+def test_torchtitan_log_and_step_hook_records() -> None:
+    """Any job perfd analyses: a real torchtitan log (start-up from its first line), and step-hook
+    records (one per rank, folded per iteration; no start-up stamp, the wall starts at the first step)."""
+    from collectors.torchtitan.parser import TorchtitanLogParser
+    from perfd.aggregator.jobs import job_level_steps
+    from perfd.model import JobInfo, StepRecord
+
+    log = ROOT / "collectors/torchtitan/tests/data/llama3_debugmodel_1gpu.log"
+    parser = TorchtitanLogParser("titan", log.name)
+    records = [r for line in log.read_text().splitlines() for r in parser.feed(line)]
+    gp = analyze_run(parser.job_info, records).summary["goodput"]
+    stamps = [_epoch(m[1].replace(",", ".")) for line in log.read_text().splitlines()
+              if (m := re.match(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)", line))]
+    starts = [_epoch(m[1].replace(",", ".")) for line in log.read_text().splitlines()
+              if (m := re.match(r"\[titan\] (\S+ \S+) - root - INFO - Training starts", line))]
+    assert math.isclose(sum(gp["parts_s"].values()), gp["wall_s"], abs_tol=1e-6)
+    _near(gp["wall_s"], records[-1].end_time - stamps[0])  # type: ignore[operator]
+    _near(gp["parts_s"]["startup"], starts[0] - stamps[0])
+    _near(gp["parts_s"]["training"] + gp["parts_s"]["incident"] + gp["parts_s"]["other"],
+          records[-1].end_time - starts[0])  # type: ignore[operator]
+
+    hook = [StepRecord("h", it, rank=r, end_time=1000.0 + it * 0.5 + 0.01 * r, step_time_ms=500.0)
+            for it in range(1, 41) for r in (0, 1)]
+    gp = analyze_run(JobInfo(framework="hook"), job_level_steps(hook)).summary["goodput"]
+    assert gp["parts_s"]["startup"] == 0 and gp["notes"]
+    _near(gp["wall_s"], 1000.0 + 40 * 0.5 + 0.01 - (1000.5 + 0.01 - 0.5))
+    assert math.isclose(sum(gp["parts_s"].values()), gp["wall_s"], abs_tol=1e-6)
