@@ -264,6 +264,10 @@ class JobStore:
                 return js.analysis
             raw = list(js.records.values())
             info = job_info_of(js.job_info, raw)
+            if js.evicted_below is not None and info.started_at is not None:
+                # The first iterations left the window: from the start-up stamp to the first step
+                # held is not start-up. Goodput then covers the held iterations only.
+                info = dataclasses.replace(info, started_at=None)
             gpu = self.gpu_override or js.gpu_name
             js.dirty = False
         try:

@@ -145,7 +145,8 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
     if started_at is not None and started_at < first_start:
         parts[STARTUP], start = first_start - started_at, started_at
     elif started_at is None:
-        notes.append("no start-up timestamp: wall time starts at the first logged step")
+        notes.append("no start-up time (none logged, or the job's first iterations are no longer held): "
+                     "the wall time starts at the first step held")
     parts[TRAINING] += first.n * first.step_s
     runs, reached, run_floor = 1, first.iteration, -1  # run_floor: earlier runs reached this iteration
     for prev, cur in itertools.pairwise(ordered):
