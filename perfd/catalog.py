@@ -104,7 +104,7 @@ GPU_THROTTLE_ACTIVE = "perfd_gpu_throttle_active"
 GOODPUT_RATIO = "perfd_job_goodput_ratio"
 JOB_TIME = "perfd_job_time_seconds_total"
 # The rank x step picture at bounded cardinality: the slowest ranks, and a histogram over all ranks.
-RANK_RATIO_TOP = "perfd_job_rank_compute_ratio_top"
+RANK_RATIO_TOP = "perfd_job_slowest_rank_compute_times"
 RANK_RATIO_RANKS = "perfd_job_rank_compute_ratio_ranks"
 RANK_RATIO_BUCKETS: tuple[float, ...] = (0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.5, 2.0, math.inf)
 # One info series per GPU: its identity and its job, what a DCGM-exporter series joins on(UUID).
