@@ -113,6 +113,9 @@ class StepRecord:
     memory_mb: dict[int, dict[str, float]] = field(default_factory=dict)
     source: Provenance | None = None
     disturbed_by_capture: bool = False  # perfd's own capture touched this iteration
+    # The first record of a run of the job: the framework's start-up output came before it. On any
+    # record but the job's first, a restart (goodput counts the time before it as such).
+    first_of_run: bool = False
 
     def has_field(self, key: str) -> bool:
         return key in self.fields

@@ -101,6 +101,7 @@ class MegatronLogParser:
         self._prev_record: StepRecord | None = None
         self._prev_first: str | None = None
         self._arrived: float | None = None  # the line being fed: when it was printed, if known
+        self._startup_seen = False  # start-up output since the last record: the next one starts a run
 
     # ---------------------------------------------------------------------------------------
     # Public API
@@ -381,6 +382,7 @@ class MegatronLogParser:
     def _run_start(self, out: list[StepRecord]) -> None:
         """Start-up output: a new run (or a restart appended to the same log) begins here."""
         self._complete(out)  # the previous run's last record is complete
+        self._startup_seen = True
         self._prev_record = None
         self._prev_first = None
 
@@ -463,6 +465,9 @@ class MegatronLogParser:
             elif key.startswith(_THROUGHPUT_PREFIX):
                 rec.logged_tflops_per_gpu = to_float(value)
         rec.interval = self._interval(rec)
+        # Only start-up output seen marks a run's first record: a tail that starts (or an agent that
+        # restarts) in the middle of a run has not seen any, and is no restart of the job.
+        rec.first_of_run, self._startup_seen = self._startup_seen, False
         if it.truncated:
             self._issue("truncated-iteration-line", line)
         if it.intrusion is not None or it.bad_segments:

@@ -62,7 +62,7 @@ def record_bytes(rec: StepRecord) -> int:
 # a bit flip made unparseable comes through as absent, never as a wrong zero: DESIGN.md §2).
 _OPTIONAL = tuple(f.name for f in dataclasses.fields(StepRecord)
                   if f.name not in ("job", "iteration", "rank", "fields", "timers", "memory_mb", "source",
-                                    "disturbed_by_capture"))
+                                    "disturbed_by_capture", "first_of_run"))
 
 
 def worse_than(new: StepRecord, held: StepRecord) -> bool:

@@ -6,9 +6,11 @@ checkpoint save), or to now while the job is stalled. Each logged step record co
 iterations of ``step_s`` mean seconds, ending at ``end_time``; the window between two records is
 split, in this order of precedence:
 
-- *restart*: the next record belongs to a new run of the job — its iteration number goes back or
-  repeats, or it is Megatron-LM's first-iteration log of a resumed run (a record of one iteration
-  whose number is not a multiple of the log interval). The window minus the new record's own steps
+- *restart*: the next record belongs to a new run of the job — the framework's start-up output came
+  before it (``StepRecord.first_of_run``: what tells a resume apart live, where the aggregator holds
+  one record per iteration), its iteration number goes back or repeats, or it is Megatron-LM's
+  first-iteration log of a resumed run (a record of one iteration whose number is not a multiple of
+  the log interval). The window minus the new record's own steps
   and the previous run's final checkpoint save is the restart: the old processes ending, the new
   ones starting, loading the checkpoint.
 - *checkpoint* / *evaluation*: the log's own timers printed after a step (Megatron's
@@ -81,6 +83,7 @@ class StepSpan:
     step_s: float  # mean seconds per iteration
     n: int = 1  # iterations the record covers
     after_s: Mapping[str, float] = field(default_factory=dict)  # kind -> seconds paused after it
+    new_run: bool = False  # the framework's start-up output came before it (StepRecord.first_of_run)
 
 
 @dataclass
@@ -118,7 +121,7 @@ def phase_seconds(timers: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _new_run(prev: StepSpan, cur: StepSpan, log_interval: int | None) -> bool:
-    if cur.iteration <= prev.iteration:
+    if cur.new_run or cur.iteration <= prev.iteration:
         return True
     # Megatron-LM logs the first iteration of every run, fresh or resumed: one iteration, at a number
     # that is not a multiple of the log interval (a run's later logs are).

@@ -441,7 +441,7 @@ class RunBuilder:
         end, step = finite(rec.end_time), finite(rec.step_time_ms)
         if end is not None and step is not None and step >= 0:
             self.spans.append(StepSpan(rec.iteration, end, step / 1e3, max(1, rec.interval or 1),
-                                       phase_seconds(rec.timers)))
+                                       phase_seconds(rec.timers), rec.first_of_run))
 
     def add(self, rec: StepRecord) -> None:
         memo, lay = self.memo, self.job.layout

@@ -101,6 +101,10 @@ def test_two_runs_in_one_log_count_the_restart() -> None:
     its_a, stamps_a = _own_figures(a)
     its_b, stamps_b = _own_figures(b)
     assert gp["runs"] == 2 and gp["restarts"] == 1
+    # The parser marks the first record of each run (start-up output came before it), and no other.
+    records = parse_lines(a + b).records
+    assert [r.iteration for r in records if r.first_of_run] == [1, 1]
+    assert records.index(next(r for r in records[1:] if r.first_of_run)) == len(its_a)
     parts = gp["parts_s"]
     # restart: from the first run's last step to the second run's first step start
     first_b_start = its_b[0][0] - its_b[0][2] / 1e3
@@ -180,6 +184,15 @@ def test_restart_and_stall_kinds_on_spans() -> None:
     assert gp.parts[gpm.REDONE] == pytest.approx(6.0)  # iterations 6..11 again
     assert gp.parts[gpm.RESTART] == pytest.approx(306.0 - 1.0 - 171.0)
     assert sum(gp.parts.values()) == pytest.approx(gp.wall_s)
+    # Live, the aggregator holds one record per iteration: a resume whose records replaced the old
+    # run's shows iterations that only go up. The first record of the new run says it is one.
+    held = [StepSpan(i, 100.0 + i, 1.0) for i in range(1, 6)]
+    held += [StepSpan(6, 200.0, 1.0, new_run=True), *(StepSpan(i, 194.0 + i, 1.0) for i in range(7, 10))]
+    resumed = job_goodput(held)
+    assert resumed is not None and resumed.runs == 2
+    assert resumed.parts[gpm.RESTART] == pytest.approx(200.0 - 1.0 - 105.0) and resumed.parts[gpm.STALL] == 0
+    unmarked = job_goodput([StepSpan(s.iteration, s.end_time, s.step_s) for s in held])
+    assert unmarked is not None and unmarked.runs == 1 and unmarked.parts[gpm.STALL] > 90  # what it was
     live = with_stall(gp.to_json(), 30.0)
     assert live["parts_s"]["stall"] == pytest.approx(90.0)
     assert sum(live["parts_s"].values()) == pytest.approx(live["wall_s"])
@@ -196,6 +209,7 @@ def test_torchtitan_log_and_step_hook_records() -> None:
     log = ROOT / "collectors/torchtitan/tests/data/llama3_debugmodel_1gpu.log"
     parser = TorchtitanLogParser("titan", log.name)
     records = [r for line in log.read_text().splitlines() for r in parser.feed(line)]
+    assert [r.iteration for r in records if r.first_of_run] == [1]  # after "Training starts at step 1"
     gp = analyze_run(parser.job_info, records).summary["goodput"]
     stamps = [_epoch(m[1].replace(",", ".")) for line in log.read_text().splitlines()
               if (m := re.match(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)", line))]
