@@ -226,3 +226,22 @@ def test_heat_map_shows_the_cotenant_rank_as_a_band_under_its_incident() -> None
     widths = [float(r.get("width") or 0) for r in bar.findall(f".//{SVG}rect")
               if r.find(f"{SVG}title") is not None]
     assert sum(widths) == pytest.approx(920 - 32, abs=1.0) and gp["ratio"] == pytest.approx(0.70, abs=0.01)
+
+
+def test_heat_map_groups_ranks_by_pipeline_stage_and_marks_captures() -> None:
+    from perfd.report.picture import rank_heatmap
+
+    its = [{"iteration": i, "straggler_rank_compute_ratio": {str(r): 1.0 + 0.01 * r for r in range(4)}}
+           for i in range(1, 11)]
+    job = {"layout": {"world_size": 4, "tp": 1, "pp": 2, "dp": 2, "cp": 1}}
+    summary = {"capture_disturbances": {"stretches": [{"first_iteration": 4, "last_iteration": 5}]}}
+    html = rank_heatmap(its, (), job, summary, [])
+    svg = _svgs(html)[0]
+    labels = [t.text for t in svg.findall(f".//{SVG}text")]
+    assert "stage 0" in labels and "stage 1" in labels
+    rows = [t for t in labels if t and t.startswith("rank ")]
+    assert rows == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    assert len(svg.findall(f".//{SVG}line")) == 1  # the line between the two stages
+    captures = [r for r in svg.findall(f".//{SVG}rect") if (r.findtext(f"{SVG}title") or "").startswith(
+        "perfd capture (iterations 4–5)")]
+    assert len(captures) == 2  # the bar above and the outline over the columns
