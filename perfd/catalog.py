@@ -56,7 +56,6 @@ LABELS: dict[str, str] = {
     "scope": "link a process group crosses (intra-node, inter-node, unknown)",
     "state": "job liveness (running, stalled, ended)",
     "kind": "where a job's wall time went (perfd.analytics.goodput.KINDS: 10 values)",
-    "le": "upper bound of a bucket of ranks by compute ratio (RANK_RATIO_BUCKETS: 9 values)",
     "version": "perfd version (one per build)",
     "python": "Python version the daemon runs on (one per build)",
     "source": "where a GPU series comes from when it is not NVML/GPM (dcgm-exporter)",
@@ -222,10 +221,10 @@ CATALOG: tuple[MetricDef, ...] = (
     _m(RANK_RATIO_TOP, "gauge", "times",
        "perfd_job_rank_compute_ratio of the job's slowest ranks only (at most limits.RANK_RATIO_TOP_K "
        "per job, always exported: bounded however many ranks the job has)", _ANALYTICS, (*JOB, "rank")),
-    _m(RANK_RATIO_RANKS, "gauge", "count",
-       "Ranks whose compute ratio is at most le, at the latest analysed iteration (a histogram over "
-       "ranks, cumulative like Prometheus buckets: RANK_RATIO_BUCKETS series per job, any rank count; "
-       "the Grafana straggler heatmap)", _ANALYTICS, (*JOB, "le")),
+    _m(RANK_RATIO_RANKS, "histogram", "count",
+       "The job's ranks by compute ratio at the latest analysed iteration: a gauge histogram over ranks "
+       "(_bucket{le} = ranks at most le; _gcount, _gsum), RANK_RATIO_BUCKETS buckets per job for any "
+       "rank count (the Grafana rank heatmap)", _ANALYTICS, JOB),
     _m("perfd_job_rank_info", "gauge", "info",
        "1 per rank: the node and GPU it runs on (from the RANK in its process environment)",
        "collectors/nvml process lists", (*JOB, "rank", "node", "gpu")),

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from perfd import catalog
 from perfd.limits import RANK_RATIO_TOP_K
@@ -57,18 +63,21 @@ def bucket_label(le: float) -> str:
 
 
 def rank_picture_rows(job: str, ratios: Mapping[Any, float]) -> list[Row]:
-    """The rank x step picture at a cardinality no rank count changes: the RANK_RATIO_TOP_K slowest
-    ranks' compute ratios, and how many ranks fall at or below each RANK_RATIO_BUCKETS bound."""
-    if not ratios:
-        return []
-    lab = {"job_name": job}
+    """The rank x step picture at a cardinality no rank count changes, part one: the
+    RANK_RATIO_TOP_K slowest ranks' compute ratios (part two: :func:`rank_ratio_buckets`)."""
     slowest = sorted(ratios.items(), key=lambda kv: (-float(kv[1]), int(kv[0])))[:RANK_RATIO_TOP_K]
-    rows: list[Row] = [({**lab, "rank": str(r)}, catalog.RANK_RATIO_TOP, float(v)) for r, v in slowest]
+    return [({"job_name": job, "rank": str(r)}, catalog.RANK_RATIO_TOP, float(v)) for r, v in slowest]
+
+
+def rank_ratio_buckets(ratios: Mapping[Any, float]) -> tuple[list[tuple[str, float]], float] | None:
+    """How many ranks fall at or below each RANK_RATIO_BUCKETS bound (cumulative, as Prometheus
+    buckets are), and the sum of the ratios; None without per-rank ratios."""
     values = sorted(float(v) for v in ratios.values())
-    for le in catalog.RANK_RATIO_BUCKETS:
-        n = sum(1 for v in values if v <= le)
-        rows.append(({**lab, "le": bucket_label(le)}, catalog.RANK_RATIO_RANKS, float(n)))
-    return rows
+    if not values:
+        return None
+    counts = [(bucket_label(le), float(sum(1 for v in values if v <= le)))
+              for le in catalog.RANK_RATIO_BUCKETS]
+    return counts, sum(values)
 
 
 def job_families(job_iterations: Mapping[str, Any], per_rank: bool = True) -> Iterator[Metric]:
@@ -79,12 +88,17 @@ def job_families(job_iterations: Mapping[str, Any], per_rank: bool = True) -> It
     names[_BOTTLENECK] = ["job_name", "class"]
     names[_RANK_RATIO] = ["job_name", "rank"]
     names[catalog.RANK_RATIO_TOP] = ["job_name", "rank"]
-    names[catalog.RANK_RATIO_RANKS] = ["job_name", "le"]
     fams = {name: _gauge(name, labels) for name, labels in names.items()}
+    d = catalog.get(catalog.RANK_RATIO_RANKS)
+    ranks = GaugeHistogramMetricFamily(d.name, f"{d.description} [source: {d.source}]", labels=["job_name"])
     for job, it in sorted(job_iterations.items()):
         for row_labels, name, value in iteration_rows(job, it, per_rank):
             fams[name].add_metric([row_labels[k] for k in names[name]], value)
+        buckets = rank_ratio_buckets(_field(it, "straggler_rank_compute_ratio") or {})
+        if buckets is not None:
+            ranks.add_metric([job], buckets[0], buckets[1])
     yield from fams.values()
+    yield ranks
 
 
 def histogram_families(name: str, rows: Iterable[tuple[str, Sequence[tuple[str, float]], float]]

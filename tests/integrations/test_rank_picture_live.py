@@ -72,7 +72,14 @@ def test_goodput_and_rank_picture_panels_answer(live: Live, tmp_path: Path) -> N
     assert math.isclose(sum(times.values()), gp["wall_s"], rel_tol=1e-9)
     assert times["incident"] > 10 and times["startup"] > 0
     assert math.isclose(served[(catalog.GOODPUT_RATIO, job)], gp["ratio"], rel_tol=1e-12)
-    assert served[(catalog.RANK_RATIO_RANKS, (("job_name", live.job), ("le", "+Inf")))] == 2.0
+    assert served[(catalog.RANK_RATIO_RANKS + "_bucket", (("job_name", live.job), ("le", "+Inf")))] == 2.0
+    assert served[(catalog.RANK_RATIO_RANKS + "_gcount", job)] == 2.0
+    r = subprocess.run([need("promtool"), "check", "metrics"], input=text.encode(), capture_output=True,
+                       timeout=30)
+    found = [ln for ln in (r.stdout + r.stderr).decode().splitlines()
+             if any(n in ln for n in (catalog.GOODPUT_RATIO, catalog.JOB_TIME, catalog.RANK_RATIO_TOP,
+                                      catalog.RANK_RATIO_RANKS))]
+    assert not found, found  # promtool has nothing to say of the new series
 
     prometheus = need("prometheus")
     cfg = tmp_path / "prometheus.yml"
