@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +106,36 @@ class Goodput:
                 "restarts": self.runs - 1, "notes": list(self.notes)}
 
 
+class SpanColumns:
+    """Step spans held as columns (a few numbers a record: a long run's records are never all
+    objects at once): end time, step seconds, iteration, iterations covered; the pauses timed after
+    a record and the records that start a run, by row."""
+
+    def __init__(self) -> None:
+        self.end, self.step, self.iteration, self.n = array("d"), array("d"), array("q"), array("q")
+        self.after: dict[int, dict[str, float]] = {}
+        self.new_run: set[int] = set()
+
+    def add(self, s: StepSpan) -> None:
+        i = len(self.end)
+        self.end.append(s.end_time)
+        self.step.append(s.step_s)
+        self.iteration.append(s.iteration)
+        self.n.append(s.n)
+        if s.after_s:
+            self.after[i] = dict(s.after_s)
+        if s.new_run:
+            self.new_run.add(i)
+
+    def by_end_time(self) -> Iterator[StepSpan]:
+        """The spans in end-time order (the order they were added in, where that is it), one at a time."""
+        end = self.end
+        in_order = all(end[i] <= end[i + 1] for i in range(len(end) - 1))
+        for i in range(len(end)) if in_order else sorted(range(len(end)), key=end.__getitem__):
+            yield StepSpan(self.iteration[i], end[i], self.step[i], self.n[i], self.after.get(i, {}),
+                           i in self.new_run)
+
+
 def phase_seconds(timers: Mapping[str, Any]) -> dict[str, float]:
     """kind -> seconds from a record's timers (``TimerValue``-like: ``max_ms``, ``per_rank``): the
     slowest rank's time, which the training loop waits for."""
@@ -130,19 +161,30 @@ def _new_run(prev: StepSpan, cur: StepSpan, log_interval: int | None) -> bool:
 
 def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
                 incident_cost_s: float | None = None, profiling_s: float | None = None,
-                log_interval: int | None = None, stalled_until: float | None = None) -> Goodput | None:
+                log_interval: int | None = None, stalled_until: float | None = None,
+                median_step_s: float | None = None, by_end_time: bool = False) -> Goodput | None:
     """The job's goodput from its step records (any order: taken by end time), or None without a
     record. ``started_at``: the job's first start-up timestamp. ``stalled_until``: now, for a live job
-    that has stopped stepping while its processes are alive."""
-    ordered: Sequence[StepSpan] = sorted(
-        (s for s in spans if s.step_s >= 0 and s.n >= 1), key=lambda s: s.end_time)
-    if not ordered:
+    that has stopped stepping while its processes are alive. ``median_step_s`` (else the spans'
+    median) scales the stall threshold; with it and ``by_end_time`` (the spans come in end-time
+    order) the spans are read once, one at a time: a long run's are never all held."""
+    kept = (s for s in spans if s.step_s >= 0 and s.n >= 1)
+    ordered: Iterable[StepSpan]
+    if by_end_time and median_step_s is not None:
+        ordered, med = kept, median_step_s
+    else:
+        listed: Sequence[StepSpan] = sorted(kept, key=lambda s: s.end_time)
+        if not listed:
+            return None
+        ordered, med = listed, (median_step_s if median_step_s is not None
+                                else statistics.median(s.step_s for s in listed))
+    it = iter(ordered)
+    first = next(it, None)
+    if first is None:
         return None
     parts = dict.fromkeys(KINDS, 0.0)
     notes: list[str] = []
-    med = statistics.median(s.step_s for s in ordered)
     stall_min = max(GOODPUT_STALL_FLOOR_S.value, GOODPUT_STALL_STEPS.value * med)
-    first = ordered[0]
     first_start = first.end_time - first.n * first.step_s
     start = first_start
     if started_at is not None and started_at < first_start:
@@ -152,16 +194,16 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
                      "the wall time starts at the first step held")
     parts[TRAINING] += first.n * first.step_s
     runs, reached, run_floor = 1, first.iteration, -1  # run_floor: earlier runs reached this iteration
-    for prev, cur in itertools.pairwise(ordered):
+    last = first
+    for prev, cur in itertools.pairwise(itertools.chain((first,), it)):
+        last = cur
         window = cur.end_time - prev.end_time
         train = min(window, cur.n * cur.step_s)
         left = window - train
-        paused = 0.0
         for kind, secs in prev.after_s.items():
             take = min(left, secs)
             parts[kind] += take
             left -= take
-            paused += take
         if _new_run(prev, cur, log_interval):
             runs += 1
             run_floor = max(run_floor, reached)
@@ -175,7 +217,6 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
         parts[REDONE] += train * redo / cur.n
         parts[TRAINING] += train * (cur.n - redo) / cur.n
         reached = max(reached, cur.iteration)
-    last = ordered[-1]
     end = last.end_time
     for kind, secs in last.after_s.items():  # a save after the last logged step (the final one)
         parts[kind] += secs
