@@ -201,6 +201,8 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
         train = min(window, cur.n * cur.step_s)
         left = window - train
         for kind, secs in prev.after_s.items():
+            if kind not in parts or not secs > 0:  # only the pause kinds, and only real times
+                continue
             take = min(left, secs)
             parts[kind] += take
             left -= take
@@ -219,6 +221,8 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
         reached = max(reached, cur.iteration)
     end = last.end_time
     for kind, secs in last.after_s.items():  # a save after the last logged step (the final one)
+        if kind not in parts or not secs > 0:
+            continue
         parts[kind] += secs
         end += secs
     if stalled_until is not None and stalled_until > end:
