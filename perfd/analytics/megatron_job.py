@@ -501,7 +501,9 @@ class RunBuilder:
         med_ms = summary["medians"].get("step_time_ms")
         gp = job_goodput(self.spans.by_end_time(), started_at=self.job.started_at,
                          incident_cost_s=summary["incidents_cost_s"],
-                         profiling_s=summary["capture_disturbances"]["excess_s"],
+                         # perfd's own captures: their stretches, and their part inside incidents
+                         profiling_s=sum(c for c in (summary["capture_disturbances"]["excess_s"],
+                                                     *(i.capture_cost_s for i in incidents)) if c),
                          log_interval=self.job.log_interval, by_end_time=True,
                          median_step_s=med_ms / 1e3 if med_ms is not None else None)
         summary["goodput"] = gp.to_json() if gp is not None else None

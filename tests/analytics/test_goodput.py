@@ -227,3 +227,22 @@ def test_torchtitan_log_and_step_hook_records() -> None:
     assert gp["parts_s"]["startup"] == 0 and gp["notes"]
     _near(gp["wall_s"], 1000.0 + 40 * 0.5 + 0.01 - (1000.5 + 0.01 - 0.5))
     assert math.isclose(sum(gp["parts_s"].values()), gp["wall_s"], abs_tol=1e-6)
+
+
+def test_perfd_captures_count_as_profiling() -> None:
+    """perfd's own capture inside the co-tenant incident (iterations marked as the aggregator marks
+    a capture window's) and one on a steady stretch: their excess is profiling, not training, not
+    the incident's."""
+    import dataclasses
+
+    parsed = parse_lines(COTENANT.read_text().splitlines())
+    marked = [dataclasses.replace(r, disturbed_by_capture=True) if r.iteration in (75, 76, 130, 131) else r
+              for r in parsed.records]
+    analysis = analyze_run(parsed.job_info, marked)
+    s = analysis.summary
+    parts = s["goodput"]["parts_s"]
+    inside = sum(i.capture_cost_s or 0.0 for i in analysis.incidents)
+    assert inside > 0  # the two captured incident iterations' excess
+    assert parts["profiling"] == pytest.approx(inside + (s["capture_disturbances"]["excess_s"] or 0.0))
+    assert parts["incident"] == pytest.approx(s["incidents_cost_s"])
+    assert math.isclose(sum(parts.values()), s["goodput"]["wall_s"], abs_tol=1e-6)
