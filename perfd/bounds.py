@@ -102,4 +102,8 @@ def check_job_info(info: JobInfo) -> list[str]:
                    for v in values):
             reasons.append(f"startup timer {name[:80]} not a finite time")
             del info.startup_timers[name]
+    if info.started_at is not None and not (isinstance(info.started_at, (int, float))
+                                            and math.isfinite(info.started_at) and info.started_at >= 0):
+        reasons.append(f"started_at {_short(info.started_at)} not a finite epoch time")
+        info.started_at = None
     return reasons

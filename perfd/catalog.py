@@ -55,6 +55,7 @@ LABELS: dict[str, str] = {
     "group": "parallel group class of a process group (tp, cp, ep, dp, pp, world, other)",
     "scope": "link a process group crosses (intra-node, inter-node, unknown)",
     "state": "job liveness (running, stalled, ended)",
+    "kind": "where a job's wall time went (perfd.analytics.goodput.KINDS: 10 values)",
     "version": "perfd version (one per build)",
     "python": "Python version the daemon runs on (one per build)",
     "source": "where a GPU series comes from when it is not NVML/GPM (dcgm-exporter)",
@@ -98,6 +99,13 @@ class MetricDef:
 JOB_STALLED_SECONDS = "perfd_job_stalled_seconds"
 # The per-reason throttle flag (labelled by reason): rules and the GPU view read it by name.
 GPU_THROTTLE_ACTIVE = "perfd_gpu_throttle_active"
+# Goodput (perfd.analytics.goodput), written from a job's analysis summary.
+GOODPUT_RATIO = "perfd_job_goodput_ratio"
+JOB_TIME = "perfd_job_time_seconds_total"
+# The rank x step picture at bounded cardinality: the slowest ranks, and a histogram over all ranks.
+RANK_RATIO_TOP = "perfd_job_slowest_rank_compute_times"
+RANK_RATIO_RANKS = "perfd_job_rank_compute_ratio_ranks"
+RANK_RATIO_BUCKETS: tuple[float, ...] = (0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.5, 2.0, math.inf)
 # One info series per GPU: its identity and its job, what a DCGM-exporter series joins on(UUID).
 GPU_INFO = "perfd_gpu_info"
 
@@ -210,6 +218,13 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_job_rank_compute_ratio", "gauge", "times",
        "A rank's forward+backward compute ÷ the median of its pipeline stage (per-rank timers)",
        _ANALYTICS, (*JOB, "rank"), alias="rank_compute_ratio"),
+    _m(RANK_RATIO_TOP, "gauge", "times",
+       "perfd_job_rank_compute_ratio of the job's slowest ranks only (at most limits.RANK_RATIO_TOP_K "
+       "per job, always exported: bounded however many ranks the job has)", _ANALYTICS, (*JOB, "rank")),
+    _m(RANK_RATIO_RANKS, "histogram", "count",
+       "The job's ranks by compute ratio at the latest analysed iteration: a gauge histogram over ranks "
+       "(_bucket{le} = ranks at most le; _gcount, _gsum), RANK_RATIO_BUCKETS buckets per job for any "
+       "rank count (the Grafana rank heatmap)", _ANALYTICS, JOB),
     _m("perfd_job_rank_info", "gauge", "info",
        "1 per rank: the node and GPU it runs on (from the RANK in its process environment)",
        "collectors/nvml process lists", (*JOB, "rank", "node", "gpu")),
@@ -225,6 +240,14 @@ CATALOG: tuple[MetricDef, ...] = (
        "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incident_lost_total"),
     _m("perfd_job_incidents_open", "gauge", "count", "Incidents still open",
        "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incidents_open"),
+    _m(GOODPUT_RATIO, "gauge", "ratio",
+       "Goodput: steady training time ÷ the job's wall time since it started (perfd.analytics.goodput)",
+       _ANALYTICS + ", start-up timestamps and checkpoint/evaluate timers", JOB, alias="goodput"),
+    _m(JOB_TIME, "counter", "seconds",
+       "The job's wall time split by where it went (label kind: training, incident, profiling, redone, "
+       "checkpoint, evaluation, restart, stall, startup, other); the kinds add up to the wall time",
+       _ANALYTICS + ", start-up timestamps and checkpoint/evaluate timers", (*JOB, "kind"),
+       alias="job_time_total"),
     _m("perfd_job_step_duration_seconds", "histogram", "seconds",
        "Distribution of step times (every job-level step record once; buckets 50 ms to 2 min): "
        "histogram_quantile(0.99, ...) gives the step-time tail", _MEGATRON, JOB),

@@ -47,6 +47,7 @@ LIVENESS_BUDGET_S = 30.0  # what docs/reliability.md promises
 
 # ---- aggregator state -----------------------------------------------------------------------------
 MAX_JOBS = 1_000  # distinct job names held
+RANK_RATIO_TOP_K = 8  # slowest ranks per job always on /metrics (perfd_job_slowest_rank_compute_times)
 MAX_SERIES = 1_000_000  # node series held, all agents together
 MAX_LABELS_PER_SERIES = 16
 MAX_LABEL_VALUE_BYTES = 256

@@ -113,6 +113,9 @@ class StepRecord:
     memory_mb: dict[int, dict[str, float]] = field(default_factory=dict)
     source: Provenance | None = None
     disturbed_by_capture: bool = False  # perfd's own capture touched this iteration
+    # The first record of a run of the job: the framework's start-up output came before it. On any
+    # record but the job's first, a restart (goodput counts the time before it as such).
+    first_of_run: bool = False
 
     def has_field(self, key: str) -> bool:
         return key in self.fields
@@ -185,6 +188,10 @@ class JobInfo:
     # The W&B run the training script logs to (perfd launch --wandb-run-id, or the job's own
     # WANDB_RUN_ID): perfd's W&B export attaches to it instead of making a run of its own.
     wandb_run_id: str | None = None
+    # The job's first start-up timestamp (epoch s): the earliest ``[...] datetime:`` line Megatron-LM
+    # prints while it starts, or the first line's arrival time (perfd.linetimes). Goodput's start-up
+    # part runs from here to the first step.
+    started_at: float | None = None
 
 
 @dataclass

@@ -69,3 +69,17 @@ def test_the_aggregator_takes_retention_from_its_flags() -> None:
 
     assert main(["aggregator", "--retain-iterations", "0"]) == 2
     assert main(["aggregator", "--retain-mib", "0"]) == 2
+
+
+def test_goodput_after_eviction_covers_the_held_iterations_only() -> None:
+    """A job whose first iterations left the window: the time from its start-up stamp to the first
+    step held is not start-up (it trained then); goodput covers what is held, and says so."""
+    from perfd.model import JobInfo
+
+    store = JobStore(max_iterations_per_job=5, min_recompute_s=0.0)
+    for it in range(1, 11):
+        store.ingest_steps("a", [StepRecord(job="big", iteration=it, rank="last", end_time=1e9 + it,
+                                            step_time_ms=1000.0)])
+    store.jobs["big"].job_info = JobInfo(started_at=1e9 - 30)
+    gp = store.analysis("big", force=True).summary["goodput"]  # type: ignore[union-attr]
+    assert gp["parts_s"]["startup"] == 0 and gp["wall_s"] == 5.0 and gp["notes"]

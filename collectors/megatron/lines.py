@@ -82,6 +82,22 @@ def parse_timestamp(text: str) -> float | None:
     return seconds
 
 
+_DATETIME_RE = re.compile(
+    r"^\[(?P<label>[^\]]{1,200})\] datetime: (?P<date>\d{4}-\d{2}-\d{2}) (?P<clock>\d{2}:\d{2}:\d{2})"
+    r"(?:\.(?P<frac>\d{1,6}))?")
+
+
+def parse_datetime_line(line: str) -> tuple[str, float] | None:
+    """Megatron-LM's ``print_datetime``: ``[after megatron is initialized] datetime: 2026-11-22
+    11:35:46.052407`` -> (label, epoch seconds, read as UTC as the iteration stamps are)."""
+    m = _DATETIME_RE.match(line.strip())
+    if m is None:
+        return None
+    frac = m["frac"] or ""
+    when = parse_timestamp(f"[{m['date']} {m['clock']}{'.' + frac if frac else ''}]")
+    return None if when is None else (m["label"], when)
+
+
 def parse_pair(segment: str) -> tuple[str, str] | None:
     """``" lm loss: 1.057704E+01 "`` -> ("lm loss", "1.057704E+01"); None unless key: number."""
     s = segment.strip()

@@ -21,6 +21,7 @@ from collectors.megatron.lines import (
     IterationLine,
     parse_all_timer_name,
     parse_all_timer_rank,
+    parse_datetime_line,
     parse_iteration,
     parse_memory,
     parse_one_line_timers,
@@ -100,6 +101,7 @@ class MegatronLogParser:
         self._prev_record: StepRecord | None = None
         self._prev_first: str | None = None
         self._arrived: float | None = None  # the line being fed: when it was printed, if known
+        self._startup_seen = False  # start-up output since the last record: the next one starts a run
 
     # ---------------------------------------------------------------------------------------
     # Public API
@@ -161,6 +163,8 @@ class MegatronLogParser:
             self._count("long_lines")
             line = line[:MAX_LINE_CHARS]
         line = strip_launcher_prefix(line)
+        if self._arrived is not None:
+            self._started(self._arrived)
         if not line.strip():
             self._count("empty")
             return
@@ -310,6 +314,12 @@ class MegatronLogParser:
             if self.job_info.timing_log_option is None:
                 self.job_info.timing_log_option = "one-line"
             return
+        if "datetime:" in line:
+            stamp = parse_datetime_line(line)
+            if stamp is not None:
+                self._count("datetime_lines")
+                self._started(stamp[1])
+                return
         if not self._startup_line(line, out):
             self._count("other")
 
@@ -363,9 +373,16 @@ class MegatronLogParser:
     # State transitions
     # ---------------------------------------------------------------------------------------
 
+    def _started(self, when: float) -> None:
+        """The job's earliest time seen: the start of its goodput's wall time (a restart appended to
+        the log keeps the first run's)."""
+        if self.job_info.started_at is None or when < self.job_info.started_at:
+            self.job_info.started_at = when
+
     def _run_start(self, out: list[StepRecord]) -> None:
         """Start-up output: a new run (or a restart appended to the same log) begins here."""
         self._complete(out)  # the previous run's last record is complete
+        self._startup_seen = True
         self._prev_record = None
         self._prev_first = None
 
@@ -448,6 +465,9 @@ class MegatronLogParser:
             elif key.startswith(_THROUGHPUT_PREFIX):
                 rec.logged_tflops_per_gpu = to_float(value)
         rec.interval = self._interval(rec)
+        # Only start-up output seen marks a run's first record: a tail that starts (or an agent that
+        # restarts) in the middle of a run has not seen any, and is no restart of the job.
+        rec.first_of_run, self._startup_seen = self._startup_seen, False
         if it.truncated:
             self._issue("truncated-iteration-line", line)
         if it.intrusion is not None or it.bad_segments:

@@ -70,6 +70,7 @@ def _num(text: str) -> float | None:
 class _RankState:
     last_time: float | None = None  # when this rank's previous step (or start/validation) line printed
     last_step: int | None = None
+    run_started: bool = False  # "Training starts at step N" printed since its last step line
 
 
 @dataclass
@@ -111,6 +112,8 @@ class TorchtitanLogParser:
             self._c("unrecognised_prefix")
             return []
         stamp = arrived if arrived is not None else _local_time(t.group(1), t.group(2))
+        if stamp is not None and (self.job_info.started_at is None or stamp < self.job_info.started_at):
+            self.job_info.started_at = stamp  # the job's first line: goodput's start-up begins here
         msg = t.group(4).strip()
         self._c("lines")
         if msg.startswith("step:"):
@@ -162,6 +165,7 @@ class TorchtitanLogParser:
         elif (m := _STARTS.match(msg)) is not None:
             st = self._rank(rank)
             st.last_time, st.last_step = stamp, int(m.group(1)) - 1
+            st.run_started = True
 
     def _step(self, msg: str, rank: RankScope, stamp: float | None) -> StepRecord | None:
         m = _STEP.match(msg)
@@ -185,6 +189,7 @@ class TorchtitanLogParser:
         elif st.last_step is not None and step <= st.last_step:
             self._c("step_not_increasing")  # a restart from a checkpoint: timing starts again
         st.last_time, st.last_step = stamp, step
+        first_of_run, st.run_started = st.run_started, False
         mem = _MEMORY.match(kv.get("memory", ""))
         if mem is not None:
             fields["memory_max_reserved_gib"], fields["memory_max_reserved_pct"] = mem.group(1), mem.group(2)
@@ -198,7 +203,8 @@ class TorchtitanLogParser:
             step_time_ms=step_ms, logged_tflops_per_gpu=_num(kv.get("tflops", "")),
             global_batch_size=self.job_info.layout.global_batch_size,
             lm_loss=_num(kv.get("loss", "")), grad_norm=_num(kv.get("grad_norm", "")), interval=interval,
-            fields=fields, source=Provenance(COLLECTOR, f"{self.source_name}:{self.line_no}"))
+            fields=fields, source=Provenance(COLLECTOR, f"{self.source_name}:{self.line_no}"),
+            first_of_run=first_of_run)
 
 
 def _int(d: dict[str, str], key: str) -> int | None:

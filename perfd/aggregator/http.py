@@ -192,6 +192,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
         "job": full["job"],
         "latest": full["iterations"][-1],
         "summary": full["summary"],
+        "goodput": state.goodput(job, overview),  # the summary's, plus the stall of a hung job so far
         "report": full["report"],
         **rank_view(state, job, world, _candidates(full)),
         "collectives": collectives_json(state, job),

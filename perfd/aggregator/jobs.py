@@ -62,7 +62,7 @@ def record_bytes(rec: StepRecord) -> int:
 # a bit flip made unparseable comes through as absent, never as a wrong zero: DESIGN.md §2).
 _OPTIONAL = tuple(f.name for f in dataclasses.fields(StepRecord)
                   if f.name not in ("job", "iteration", "rank", "fields", "timers", "memory_mb", "source",
-                                    "disturbed_by_capture"))
+                                    "disturbed_by_capture", "first_of_run"))
 
 
 def worse_than(new: StepRecord, held: StepRecord) -> bool:
@@ -264,6 +264,10 @@ class JobStore:
                 return js.analysis
             raw = list(js.records.values())
             info = job_info_of(js.job_info, raw)
+            if js.evicted_below is not None and info.started_at is not None:
+                # The first iterations left the window: from the start-up stamp to the first step
+                # held is not start-up. Goodput then covers the held iterations only.
+                info = dataclasses.replace(info, started_at=None)
             gpu = self.gpu_override or js.gpu_name
             js.dirty = False
         try:

@@ -40,6 +40,8 @@ from perfd.analytics.attribution import gpu_hints, place_ranks
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
+from perfd.analytics.goodput import metric_rows as goodput_rows
+from perfd.analytics.goodput import with_stall
 from perfd.analytics.incidents import Incident, hang_incident, is_disturbance
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.analytics.megatron_job import RunAnalysis
@@ -465,7 +467,21 @@ class AggregatorState:
             if ov["state"] != ENDED:
                 rows.append(({"job_name": job}, catalog.JOB_STALLED_SECONDS,
                              float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0))
+            rows.extend(goodput_rows(job, gp, catalog.GOODPUT_RATIO, catalog.JOB_TIME)
+                        if (gp := self.goodput(job, ov)) is not None else ())
         return rows
+
+    def goodput(self, job: str, ov: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        """The job's goodput (perfd.analytics.goodput JSON) as of now: its analysis' split, plus the
+        time since its last step while it is stalled."""
+        a = self.jobs.cached_analysis(job)
+        gp = a.summary.get("goodput") if a is not None else None
+        if gp is None:
+            return None
+        ov = ov if ov is not None else self.job_overview(job)
+        if ov is not None and ov["state"] == STALLED:
+            return with_stall(gp, float(ov.get("last_step_age_s") or 0.0))
+        return dict(gp)
 
     def node_series(self, node_series: bool = True) -> list[tuple[str, NodeSeries]]:
         """(agent id, series) pairs for export, GPU and host series only when ``node_series``; a

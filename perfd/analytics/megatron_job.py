@@ -23,6 +23,7 @@ from perfd.analytics.common import MetricValue, finite, median
 from perfd.analytics.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.findings import Finding, Recommendation, derive_findings, order_findings
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
+from perfd.analytics.goodput import SpanColumns, StepSpan, job_goodput, phase_seconds
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
 from perfd.analytics.incidents import (
     DETECTION_FIELDS,
@@ -405,6 +406,7 @@ class RunBuilder:
         self.in_order = True
         self.present: set[int] = set()  # iterations seen, kept only to evict a memo's stale entries
         self.records: list[StepRecord] | None = [] if memo is not None else None  # row order
+        self.spans = SpanColumns()  # what goodput reads of each record
 
     def resume(self, ordered: Sequence[StepRecord]) -> int:
         """Take over the memo's last rows that ``ordered`` (sorted by iteration) starts with — the
@@ -430,11 +432,20 @@ class RunBuilder:
         self.first = (ordered[0].iteration, ordered[0].job)
         self.present.update(r.iteration for r in ordered[:m])
         self.records = list(ordered[:m])
+        for rec in ordered[:m]:
+            self._span(rec)
         memo.hits += m  # type: ignore[union-attr]
         return m
 
+    def _span(self, rec: StepRecord) -> None:
+        end, step = finite(rec.end_time), finite(rec.step_time_ms)
+        if end is not None and step is not None and step >= 0:
+            self.spans.add(StepSpan(rec.iteration, end, step / 1e3, max(1, rec.interval or 1),
+                                    phase_seconds(rec.timers), rec.first_of_run))
+
     def add(self, rec: StepRecord) -> None:
         memo, lay = self.memo, self.job.layout
+        self._span(rec)
         kept = memo.entries.get(rec.iteration) if memo is not None else None
         if kept is not None and kept[0] is rec:
             it = dataclasses.replace(kept[1])  # a copy: the lines below set its fields
@@ -487,6 +498,15 @@ class RunBuilder:
                                        if incidents else None)
         summary["jitter"] = detection.jitter
         summary["capture_disturbances"] = _disturbances_json(detection.disturbances)
+        med_ms = summary["medians"].get("step_time_ms")
+        gp = job_goodput(self.spans.by_end_time(), started_at=self.job.started_at,
+                         incident_cost_s=summary["incidents_cost_s"],
+                         # perfd's own captures: their stretches, and their part inside incidents
+                         profiling_s=sum(c for c in (summary["capture_disturbances"]["excess_s"],
+                                                     *(i.capture_cost_s for i in incidents)) if c),
+                         log_interval=self.job.log_interval, by_end_time=True,
+                         median_step_s=med_ms / 1e3 if med_ms is not None else None)
+        summary["goodput"] = gp.to_json() if gp is not None else None
         analysis = RunAnalysis(job_block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
         fs, rs = derive_findings(analysis, self.job)

@@ -221,6 +221,14 @@ JOB_STALLED = Threshold(
     (RuleRef("default", "job_stalled", "stalled_seconds", ">", "1m",
              "the Prometheus alert PerfdJobStalled waits the same minute on perfd_job_state_info"),))
 
+# --- goodput (perfd.analytics.goodput) ---------------------------------------------------------------
+_GP = "DESIGN.md §2 Goodput (defined in perfd/analytics/goodput.py)"
+GOODPUT_STALL_STEPS = Threshold(
+    5.0, "time between two logged steps that neither the steps, a checkpoint save nor an evaluation "
+    "explain is a stall once it exceeds five median steps (less is logging and host overhead)", _GP)
+GOODPUT_STALL_FLOOR_S = Threshold(
+    5.0, "... and at least 5 s: on a 40 ms step, five steps are a garbage-collection pause", _GP)
+
 
 def all_thresholds() -> dict[str, Threshold]:
     """Every threshold of this module by name (for the consistency test and the docs)."""

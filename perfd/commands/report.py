@@ -53,7 +53,7 @@ def from_aggregator(aggregator: str, job: str, timeout: float = 10.0,
         its = [summary["latest"]] if summary.get("latest") else []
     return {"job": summary.get("job") or {}, "iterations": its, "summary": summary.get("summary") or {},
             "report": summary["report"], "ranks": summary.get("ranks") or [],
-            "incidents": summary.get("incidents") or []}
+            "incidents": summary.get("incidents") or [], "goodput": summary.get("goodput")}
 
 
 def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | None,

@@ -211,24 +211,47 @@ def heat_line(ratios: dict[str, Any], iteration: int | None = None) -> Text:
     return line
 
 
+def goodput_of(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's goodput: the aggregator's live one (a hung job's stall included), else its analysis'."""
+    gp = summary.get("goodput") or (summary.get("summary") or {}).get("goodput")
+    return gp if isinstance(gp, dict) else None
+
+
+def goodput_text(gp: dict[str, Any] | None) -> Text:
+    """Where the job's wall time went, largest first."""
+    if gp is None or _num(gp.get("wall_s")) is None:
+        return Text("goodput: " + NA + " (no timed step yet)")
+    wall = float(gp["wall_s"])
+    parts = sorted(((k, float(v)) for k, v in (gp.get("parts_s") or {}).items() if _num(v)),
+                   key=lambda kv: -kv[1])
+    line = Text(f"goodput {_pct(gp.get('ratio'))} of {wall:.0f} s: ", style="bold")
+    line.append(", ".join(f"{k} {v:.0f} s" for k, v in parts if v >= 0.5 or k == "training"))
+    if gp.get("restarts"):
+        line.append(f"; {gp['restarts']} restart(s)")
+    return line
+
+
 def _job_cells(summary: dict[str, Any] | None, why_missing: str | None) -> list[str]:
-    """MFU, step p50/p90/max (after warm-up), cv, bottleneck, open incidents of one job."""
+    """MFU, goodput, step p50/p90/max (after warm-up), cv, bottleneck, open incidents of one job."""
     if summary is None:
-        return [NA] * 5 + [why_missing or NA, NA]
+        return [NA] * 6 + [why_missing or NA, NA]
     s = summary.get("summary") or {}
     if not s:  # a serving job, or a training job before its first iteration
         kind = "serving" if summary.get("serving") else "no iteration analysed yet"
-        return [NA] * 5 + [kind, str(len(open_incidents(summary.get("incidents"))))]
+        return [NA] * 6 + [kind, str(len(open_incidents(summary.get("incidents"))))]
     dist = s.get("step_time_distribution_ms") or {}
     cv = _num(s.get("step_time_cv"))
-    return [_pct((s.get("medians") or {}).get("mfu")), _ms(dist.get("p50")), _ms(dist.get("p90")),
+    gp = goodput_of(summary)
+    return [_pct((s.get("medians") or {}).get("mfu")), _pct(gp.get("ratio") if gp else None),
+            _ms(dist.get("p50")), _ms(dist.get("p90")),
             _ms(dist.get("max")), NA if cv is None else f"{cv:.3f}", str(s.get("bottleneck") or NA),
             str(len(open_incidents(summary.get("incidents"))))]
 
 
 def _jobs_table(snap: Snapshot) -> Table:
     t = Table(title="jobs (step times after warm-up)", title_justify="left", expand=False)
-    for col in ("job", "iter", "last step", "MFU", "step p50", "p90", "max", "cv", "bottleneck", "open inc."):
+    for col in ("job", "iter", "last step", "MFU", "goodput", "step p50", "p90", "max", "cv", "bottleneck",
+                "open inc."):
         t.add_column(col, justify="left" if col in ("job", "bottleneck") else "right")
     for j in snap.jobs:
         name = str(j.get("job"))
@@ -386,6 +409,7 @@ def render(snap: Snapshot, keys: bool = False) -> RenderableType:
         latest = summary.get("latest") or {}
         headline = ((summary.get("report") or {}).get("summary") or {}).get("headline")
         parts.append(Text(f"{snap.focus} *: {headline or 'no report yet'}"))
+        parts.append(goodput_text(goodput_of(summary)))
         if snap.rank_ratios is not None:
             parts.append(heat_line(snap.rank_ratios[1], snap.rank_ratios[0]))
         else:

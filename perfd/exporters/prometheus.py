@@ -10,9 +10,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from perfd import catalog
+from perfd.limits import RANK_RATIO_TOP_K
 
 
 def _gauge(name: str, labels: Sequence[str]) -> GaugeMetricFamily:
@@ -43,10 +50,34 @@ def iteration_rows(job: str, it: Any, per_rank: bool = True) -> list[Row]:
     cls = _field(it, "bottleneck")
     if isinstance(cls, str):
         rows.append(({**lab, "class": cls}, _BOTTLENECK, 1.0))
-    per_rank_ratios = (_field(it, "straggler_rank_compute_ratio") or {}) if per_rank else {}
-    for rank, ratio in sorted(per_rank_ratios.items(), key=lambda kv: int(kv[0])):
-        rows.append(({**lab, "rank": str(rank)}, _RANK_RATIO, float(ratio)))
+    ratios = _field(it, "straggler_rank_compute_ratio") or {}
+    if per_rank:
+        for rank, ratio in sorted(ratios.items(), key=lambda kv: int(kv[0])):
+            rows.append(({**lab, "rank": str(rank)}, _RANK_RATIO, float(ratio)))
+    rows.extend(rank_picture_rows(job, ratios))
     return rows
+
+
+def bucket_label(le: float) -> str:
+    return "+Inf" if le == float("inf") else repr(le)
+
+
+def rank_picture_rows(job: str, ratios: Mapping[Any, float]) -> list[Row]:
+    """The rank x step picture at a cardinality no rank count changes, part one: the
+    RANK_RATIO_TOP_K slowest ranks' compute ratios (part two: :func:`rank_ratio_buckets`)."""
+    slowest = sorted(ratios.items(), key=lambda kv: (-float(kv[1]), int(kv[0])))[:RANK_RATIO_TOP_K]
+    return [({"job_name": job, "rank": str(r)}, catalog.RANK_RATIO_TOP, float(v)) for r, v in slowest]
+
+
+def rank_ratio_buckets(ratios: Mapping[Any, float]) -> tuple[list[tuple[str, float]], float] | None:
+    """How many ranks fall at or below each RANK_RATIO_BUCKETS bound (cumulative, as Prometheus
+    buckets are), and the sum of the ratios; None without per-rank ratios."""
+    values = sorted(float(v) for v in ratios.values())
+    if not values:
+        return None
+    counts = [(bucket_label(le), float(sum(1 for v in values if v <= le)))
+              for le in catalog.RANK_RATIO_BUCKETS]
+    return counts, sum(values)
 
 
 def job_families(job_iterations: Mapping[str, Any], per_rank: bool = True) -> Iterator[Metric]:
@@ -56,11 +87,18 @@ def job_families(job_iterations: Mapping[str, Any], per_rank: bool = True) -> It
     names: dict[str, list[str]] = {m.name: ["job_name"] for m in catalog.job_metrics()}
     names[_BOTTLENECK] = ["job_name", "class"]
     names[_RANK_RATIO] = ["job_name", "rank"]
+    names[catalog.RANK_RATIO_TOP] = ["job_name", "rank"]
     fams = {name: _gauge(name, labels) for name, labels in names.items()}
+    d = catalog.get(catalog.RANK_RATIO_RANKS)
+    ranks = GaugeHistogramMetricFamily(d.name, f"{d.description} [source: {d.source}]", labels=["job_name"])
     for job, it in sorted(job_iterations.items()):
         for row_labels, name, value in iteration_rows(job, it, per_rank):
             fams[name].add_metric([row_labels[k] for k in names[name]], value)
+        buckets = rank_ratio_buckets(_field(it, "straggler_rank_compute_ratio") or {})
+        if buckets is not None:
+            ranks.add_metric([job], buckets[0], buckets[1])
     yield from fams.values()
+    yield ranks
 
 
 def histogram_families(name: str, rows: Iterable[tuple[str, Sequence[tuple[str, float]], float]]

@@ -79,9 +79,27 @@ def node_metrics(gpus: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     return out
 
 
+def goodput_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The job's goodput (perfd.analytics.goodput) under the catalog's names: the ratio, and the
+    seconds of each kind as ``perfd_job_time_seconds_total/kind=K`` (a W&B section)."""
+    gp = summary.get("goodput")
+    if not isinstance(gp, Mapping):
+        return {}
+    out: dict[str, float] = {}
+    ratio = _number(gp.get("ratio"))
+    if ratio is not None:
+        out[catalog.GOODPUT_RATIO] = ratio
+    for kind, secs in (gp.get("parts_s") or {}).items():
+        v = _number(secs)
+        if v is not None:
+            out[f"{catalog.JOB_TIME}/kind={kind}"] = v
+    return out
+
+
 def summary_metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The run summary: steady-state medians under ``steady/<catalog name>``, and the bottleneck."""
-    out: dict[str, Any] = {}
+    """The run summary: steady-state medians under ``steady/<catalog name>``, the bottleneck, and
+    the goodput (:func:`goodput_metrics`)."""
+    out: dict[str, Any] = dict(goodput_metrics(summary))
     medians = summary.get("medians") or {}
     if isinstance(medians, Mapping):
         out.update({f"steady/{name}": v for name, v in catalog.job_values(medians, catalog.WANDB).items()})
@@ -209,8 +227,9 @@ class WandbExporter:
                 if jr.last_step is not None and step <= jr.last_step:
                     continue  # logged before (or older than what was: W&B steps only go forward)
                 values: dict[str, float] = dict(iteration_metrics(it))
-                if i == len(iterations) - 1 and latest_extra:
-                    values.update(latest_extra)
+                if i == len(iterations) - 1:  # the job's goodput so far, charted over its iterations
+                    values.update(goodput_metrics(analysis.get("summary") or {}))
+                    values.update(latest_extra or {})
                 jr.last_step = step
                 if not values:
                     continue

@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 
 from perfd import catalog
+from perfd.report.picture import MAX_BARS, _bins, _figure, _label, _mean, _note, goodput_bar, rank_heatmap
 from perfd.report.report import format_value, layout_text
 from perfd.report.svg import (
     BLUE,
@@ -24,13 +25,9 @@ from perfd.report.svg import (
     VERMILLION,
     Series,
     Stack,
-    heatmap,
     line_chart,
     stacked_bars,
 )
-
-MAX_BARS = 240  # more iterations than this are averaged into bins in the breakdown and heat map
-MAX_HEATMAP_ROWS = 512  # beyond this many ranks, the heat map shows the slowest ones
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;margin:0;
@@ -61,22 +58,6 @@ def _num(v: Any) -> float | None:
 
 def _pct(v: float) -> str:
     return f"{v * 100:.0f}%" if abs(v) >= 0.1 or v == 0 else f"{v * 100:.1f}%"
-
-
-def _bins(its: Sequence[Mapping[str, Any]], limit: int) -> list[list[Mapping[str, Any]]]:
-    """Consecutive iterations grouped so that there are at most ``limit`` groups."""
-    size = max(1, -(-len(its) // limit))
-    return [list(its[i:i + size]) for i in range(0, len(its), size)]
-
-
-def _mean(values: Sequence[float | None]) -> float | None:
-    vs = [v for v in values if v is not None]
-    return sum(vs) / len(vs) if vs else None
-
-
-def _label(group: Sequence[Mapping[str, Any]]) -> str:
-    a, b = group[0].get("iteration"), group[-1].get("iteration")
-    return f"{a}" if a == b else f"{a}–{b}"
 
 
 def _steady_band(summary: Mapping[str, Any]) -> tuple[float, float, str] | None:
@@ -248,47 +229,8 @@ def pipeline_chart(its: Sequence[Mapping[str, Any]], summary: Mapping[str, Any])
                    "stage; the gap between them is stage imbalance.")
 
 
-def rank_heatmap(its: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, Any]] = ()) -> str:
-    """Per-rank compute ÷ stage median per iteration (from per-rank timers), or a note why not."""
-    have = [it for it in its if it.get("straggler_rank_compute_ratio")]
-    if not have:
-        return _note("No per-rank heat map: this run has no per-rank compute times. Megatron's default "
-                     "timer option (minmax) prints only the min and max across ranks; run with "
-                     "--timing-log-option all (or capture the ranks) to see every rank.")
-    all_ranks = sorted({int(r) for it in have for r in it["straggler_rank_compute_ratio"]})
-    groups = _bins(have, MAX_BARS)
-    matrix: dict[int, list[float | None]] = {r: [] for r in all_ranks}
-    for g in groups:
-        by_rank = [{str(k): v for k, v in it["straggler_rank_compute_ratio"].items()} for it in g]
-        for r in all_ranks:
-            matrix[r].append(_mean([_num(d.get(str(r))) for d in by_rank]))
-    shown = all_ranks
-    note = ""
-    if len(all_ranks) > MAX_HEATMAP_ROWS:
-        worst = sorted(all_ranks, key=lambda r: -max((v for v in matrix[r] if v is not None), default=0))
-        shown = sorted(worst[:MAX_HEATMAP_ROWS])
-        note = f" Showing the {MAX_HEATMAP_ROWS} slowest of {len(all_ranks)} ranks."
-    where = {int(p["rank"]): f"{p.get('node')}/gpu{p.get('gpu')}" for p in ranks if "rank" in p}
-    rows = [f"rank {r}" + (f" {where[r]}" if r in where and len(shown) <= 32 else "") for r in shown]
-    dev = max((abs(v - 1) for r in shown for v in matrix[r] if v is not None), default=0.1)
-    chart = heatmap(rows, [_label(g) for g in groups], [matrix[r] for r in shown],
-                    title="Per-rank compute ÷ stage median", xlabel="iteration", ylabel="rank",
-                    spread=min(0.5, max(0.1, dev)), vfmt=lambda v: f"{v:.2f}×")
-    return _figure(chart, "Each rank's forward+backward compute ÷ the median of its pipeline stage, per "
-                   "iteration. Red: slower than its peers (> 1.1× persistently marks a straggler); blue: "
-                   "faster; grey: absent." + note)
-
-
 def _e(v: Any) -> str:
     return escape(str(v))
-
-
-def _figure(svg: str, caption: str) -> str:
-    return f"<figure>{svg}<figcaption>{escape(caption)}</figcaption></figure>"
-
-
-def _note(text: str) -> str:
-    return f'<p class="note">{escape(text)}</p>'
 
 
 def _tiles(med: Mapping[str, Any]) -> str:
@@ -369,11 +311,14 @@ def render_html(data: Mapping[str, Any], *, source: str = "", generated: str = "
     report = data.get("report") or {}
     name = str(job.get("name") or (report.get("summary") or {}).get("job_name") or "job")
     meds = summary.get("medians") or {}
-    charts = [step_and_mfu_charts(its, summary, data.get("incidents") or []),
+    charts = ['<h3 id="goodput">Where the wall time went</h3>', goodput_bar(data.get("goodput") or
+                                                                          summary.get("goodput")),
+              step_and_mfu_charts(its, summary, data.get("incidents") or []),
               '<h3 id="distribution">Step time distribution</h3>', step_distribution(its, summary),
               '<h3 id="gpus">GPUs</h3>', gpu_table(data.get("ranks") or []),
               '<h3 id="breakdown">Time breakdown</h3>', breakdown_chart(its),
-              '<h3 id="heatmap">Per-rank heat map</h3>', rank_heatmap(its, data.get("ranks") or [])]
+              '<h3 id="heatmap">Per-rank heat map</h3>',
+              rank_heatmap(its, data.get("ranks") or [], job, summary, data.get("incidents") or [])]
     pp = pipeline_chart(its, summary)
     if pp:
         charts += ['<h3 id="pipeline">Pipeline bubble</h3>', pp]

@@ -15,6 +15,7 @@ from typing import Any
 from perfd import catalog
 from perfd.analytics import thresholds as th
 from perfd.analytics.findings import Finding, Recommendation, grade_mfu, order_findings
+from perfd.analytics.goodput import headline_text
 from perfd.analytics.incidents import incident_findings, is_disturbance
 from perfd.analytics.megatron_job import RunAnalysis
 
@@ -138,6 +139,9 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
                 + (f", {format_value(tput, 'tflops')} per GPU" if tput is not None else "")
                 + (f" on {gpu['model']}" if gpu.get("model") else "")
                 + f", bottleneck {s['bottleneck']}; {layout_text(lay)}")
+    goodput = headline_text(s.get("goodput"))
+    if goodput is not None:
+        headline += f"; {goodput}"
     incs = [i for i in incs if not is_disturbance(i)]  # perfd's own capture is never the headline
     worst = max((i for i in incs if isinstance(i.get("cost_s"), (int, float))),
                 key=lambda i: float(i["cost_s"]), default=None)

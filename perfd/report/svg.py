@@ -254,14 +254,29 @@ def diverging_color(v: float, center: float, spread: float) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
+@dataclass
+class ColumnMark:
+    """A range of a heat map's columns marked above it (an incident, a capture): first and last
+    column index, colour, and the hover text."""
+
+    first: int
+    last: int
+    color: str
+    text: str
+
+
 def heatmap(rows: Sequence[str], cols: Sequence[str], values: Sequence[Sequence[float | None]], *,
             title: str, xlabel: str, ylabel: str, center: float = 1.0, spread: float = 0.2,
-            vfmt: Fmt = lambda v: f"{v:.3f}", width: int = 920) -> str:
-    """rows × cols cells coloured by value (diverging around ``center``), with a colour bar."""
+            vfmt: Fmt = lambda v: f"{v:.3f}", width: int = 920,
+            groups: Sequence[tuple[int, str]] = (), marks: Sequence[ColumnMark] = ()) -> str:
+    """rows × cols cells coloured by value (diverging around ``center``), with a colour bar.
+    ``groups``: (first row, label) where a group of rows begins (a line and its label on the right);
+    ``marks``: column ranges drawn as bars above the cells and outlined over them."""
     if not rows or not cols:
         return _svg(width, 60, ['<text x="10" y="30" class="note">no values to plot</text>'], title)
-    cell_h = max(2.0, min(22.0, 360.0 / len(rows)))
-    left, top, right = 96, 30, 120
+    cell_h = max(2.0, min(36.0, 360.0 / len(rows)))
+    left, right = 96, 120
+    top = 30 + (14 if marks else 0)
     height = int(top + cell_h * len(rows) + 40)
     pw = width - left - right
     cw = pw / len(cols)
@@ -287,8 +302,22 @@ def heatmap(rows: Sequence[str], cols: Sequence[str], values: Sequence[Sequence[
     body.append(f'<text x="{left + pw / 2:.1f}" y="{height - 4}" text-anchor="middle" class="axis">'
                 f'{escape(xlabel)}</text>')
     body.append(f'<text x="14" y="{top - 10}" class="axis">{escape(ylabel)}</text>')
+    grid_h = cell_h * len(rows)
+    for first, label in groups:
+        y = top + first * cell_h
+        if first:
+            body.append(f'<line x1="{left - 90}" y1="{_num(y)}" x2="{left + pw}" y2="{_num(y)}" '
+                        'stroke="#222" stroke-width="1.5"/>')
+        body.append(f'<text x="{left + pw + 4}" y="{_num(y + 11)}" class="tick">{escape(label)}</text>')
+    for m in marks:
+        x0, w = left + m.first * cw, (m.last - m.first + 1) * cw
+        body.append(f'<rect x="{_num(x0)}" y="{top - 12}" width="{_num(max(w, 2.0))}" height="9" '
+                    f'fill="{m.color}"><title>{escape(m.text)}</title></rect>')
+        body.append(f'<rect x="{_num(x0)}" y="{top}" width="{_num(max(w, 2.0))}" height="{_num(grid_h)}" '
+                    f'fill="none" stroke="{m.color}" stroke-width="2" stroke-dasharray="4 2">'
+                    f'<title>{escape(m.text)}</title></rect>')
     # colour bar
-    bx, bh = width - right + 24, min(cell_h * len(rows), 200.0)
+    bx, bh = width - right + 60, min(cell_h * len(rows), 200.0)
     n = 20
     for i in range(n):
         v = center + spread - 2 * spread * (i + 0.5) / n

@@ -288,13 +288,14 @@ def step_to_pb(rec: StepRecord, m: pb.StepRecord) -> None:
         m.source.detail = rec.source.detail
         m.source.SetInParent()
     m.disturbed_by_capture = rec.disturbed_by_capture
+    m.first_of_run = rec.first_of_run
 
 
 _STEP_FD = pb.StepRecord.DESCRIPTOR.fields_by_name
 _OPT_FD = {_STEP_FD[n]: n for n in _OPT_NAMES}  # descriptor -> StepRecord field name
-_FD_RANK, _FD_SCOPE, _FD_FIELDS, _FD_TIMERS, _FD_STRAGGLER, _FD_MEMORY, _FD_SOURCE, _FD_DISTURBED = (
-    _STEP_FD[n] for n in ("rank", "scope", "fields", "timers", "straggler", "memory_mb", "source",
-                          "disturbed_by_capture"))
+(_FD_RANK, _FD_SCOPE, _FD_FIELDS, _FD_TIMERS, _FD_STRAGGLER, _FD_MEMORY, _FD_SOURCE, _FD_DISTURBED,
+ _FD_FIRST) = (_STEP_FD[n] for n in ("rank", "scope", "fields", "timers", "straggler", "memory_mb", "source",
+                                    "disturbed_by_capture", "first_of_run"))
 
 
 def step_from_pb(m: pb.StepRecord) -> StepRecord:
@@ -336,6 +337,7 @@ def step_from_pb(m: pb.StepRecord) -> StepRecord:
         memory_mb={r: dict(rep.mb) for r, rep in got[_FD_MEMORY].items()} if _FD_MEMORY in got else {},
         source=Provenance(source.collector, source.detail) if source is not None else None,
         disturbed_by_capture=_FD_DISTURBED in got,
+        first_of_run=_FD_FIRST in got,
         **opt,
     )
 

@@ -29,7 +29,9 @@ def _summary(mfu: float, p50: float, incidents: list[dict[str, Any]], bottleneck
             "latest": {"straggler_rank_compute_ratio": {"0": 1.0, "1": 1.31}},
             "report": {"summary": {"headline": f"{bottleneck}, MFU {100 * mfu:.1f}%"}},
             "ranks": [{"rank": 0, "node": "n1", "gpu": "0"}, {"rank": 1, "node": "n1", "gpu": "1"}],
-            "incidents": incidents}
+            "incidents": incidents,
+            "goodput": {"ratio": 0.9, "wall_s": 100.0, "restarts": 1,
+                        "parts_s": {"training": 90.0, "restart": 6.0, "checkpoint": 4.0, "stall": 0.0}}}
 
 
 CLOSED = {"id": "i1", "open": False, "first_iteration": 3, "last_iteration": 5, "ranks": [1],
@@ -82,9 +84,11 @@ def test_every_job_has_its_mfu_step_percentiles_and_open_incidents() -> None:
     out = _screen(snap)
     rows = {ln.split("│")[1].strip().rstrip(" *"): [c.strip() for c in ln.split("│")[2:-1]]
             for ln in out.splitlines() if ln.startswith("│") and ("alpha" in ln or "beta" in ln)}
-    # iter, last step, MFU, p50, p90, max, cv, bottleneck, open incidents
-    assert rows["alpha"][2:6] == ["41.2%", "800 ms", "880 ms", "1200 ms"]
-    assert rows["beta"][2:6] == ["8.7%", "380 ms", "418 ms", "570 ms"]
+    # iter, last step, MFU, goodput, p50, p90, max, cv, bottleneck, open incidents
+    assert rows["alpha"][2:7] == ["41.2%", "90.0%", "800 ms", "880 ms", "1200 ms"]
+    assert rows["beta"][2:7] == ["8.7%", "90.0%", "380 ms", "418 ms", "570 ms"]
+    # the job in focus: where its wall time went, largest first
+    assert "goodput 90.0% of 100 s: training 90 s, restart 6 s, checkpoint 4 s; 1 restart(s)" in out
     assert rows["alpha"][-1] == "0" and rows["beta"][-1] == "1"  # a closed incident is not open
 
 

@@ -21,6 +21,7 @@ from perfd.analytics import analyze_run
 from perfd.exporters.wandb import (
     WandbExporter,
     capture_rows,
+    goodput_metrics,
     iteration_metrics,
     node_metrics,
     summary_metrics,
@@ -88,6 +89,21 @@ def test_absent_values_are_not_logged_and_ranks_are_sections():
                                      "perfd_job_rank_compute_ratio/rank=3": 1.2}
     s = summary_metrics({"medians": {"mfu": 0.4, "data_share": None}, "bottleneck": "pipeline-bound"})
     assert s == {"steady/perfd_job_mfu_ratio": 0.4, "bottleneck": "pipeline-bound"}
+
+
+def test_goodput_goes_to_the_summary_and_the_newest_row():
+    gp = {"ratio": 0.7, "wall_s": 10.0, "parts_s": {"training": 7.0, "incident": 1.0, "startup": 2.0}}
+    s = summary_metrics({"medians": {}, "goodput": gp})
+    assert s == {"perfd_job_goodput_ratio": 0.7, "perfd_job_time_seconds_total/kind=training": 7.0,
+                 "perfd_job_time_seconds_total/kind=incident": 1.0,
+                 "perfd_job_time_seconds_total/kind=startup": 2.0}
+    fake = _FakeWandb()
+    ex = WandbExporter("p", wandb_module=fake)
+    its = [{"iteration": i, "step_time_ms": 100.0} for i in (1, 2)]
+    ex.log_analysis("j", {"job": {}, "iterations": its, "summary": {"goodput": gp}})
+    (_s1, r1), (_s2, r2) = fake.runs[0].rows
+    assert "perfd_job_goodput_ratio" not in r1 and r2["perfd_job_goodput_ratio"] == 0.7
+    assert fake.runs[0].summary["perfd_job_time_seconds_total/kind=incident"] == 1.0
 
 
 def test_each_iteration_is_logged_once_in_order():
@@ -179,9 +195,14 @@ def test_offline_run_reads_back_equal_to_the_analysis(wandb_env: Path):
         history = [r["history"]["item"] for r in records if r["type"] == "history"]
         steps = [h["_step"] for h in history]
         assert steps == [it["iteration"] for it in analysis["iterations"]], "each iteration once, in order"
-        for h, it in zip(history, analysis["iterations"], strict=True):
+        for n, (h, it) in enumerate(zip(history, analysis["iterations"], strict=True)):
             logged = {k: v for k, v in h.items() if not k.startswith("_")}
+            # the newest row of each log_analysis call also carries the job's goodput so far
+            goodput = {k: logged.pop(k) for k in list(logged) if k.startswith(("perfd_job_goodput",
+                                                                              "perfd_job_time_seconds"))}
             assert logged == _expected(it), f"{job} iteration {it['iteration']}"
+            if n == len(history) - 1:
+                assert goodput == goodput_metrics(analysis["summary"]) and goodput
             assert h["_timestamp"] == it["end_time"], "the row's time is the iteration's own"
         summaries: dict[str, Any] = {}
         for r in records:

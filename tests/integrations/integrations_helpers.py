@@ -165,6 +165,9 @@ def catalog_problems(names: set[str]) -> list[str]:
     for n in sorted(names):
         if n in kinds:
             continue
+        parent = re.sub(r"_(bucket|count|sum|gcount|gsum)$", "", n)
+        if parent != n and kinds.get(parent) == "histogram":  # a histogram's own series
+            continue
         if n + "_total" in kinds:
             problems.append(f"{n}: a counter; its samples are named {n}_total")
         else:

@@ -23,6 +23,7 @@ from tests.integrations.integrations_helpers import ROOT
 
 DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
+COTENANT = ROOT / "tests" / "data" / "incidents" / "costraggler_dp2" / "dp2_cotenant.log"
 SVG = "{http://www.w3.org/2000/svg}"
 
 
@@ -70,7 +71,7 @@ def test_report_of_the_shared_fixture_has_charts_and_numbers() -> None:
     assert "No per-rank heat map" in page and "--timing-log-option all" in page
     # Every chart is well-formed SVG; one point per iteration on the step-time line.
     svgs = _svgs(page)
-    assert len(svgs) == 5  # step time, MFU, step-time distribution, breakdown, pipeline
+    assert len(svgs) == 6  # goodput, step time, MFU, step-time distribution, breakdown, pipeline
     dist = next(s for s in svgs if s.findtext(f"{SVG}title") == "Step time distribution")
     bars_n = [r for r in dist.findall(f".//{SVG}rect") if r.find(f"{SVG}title") is not None]
     warm = data["summary"]["warmup_records"]
@@ -195,3 +196,52 @@ def test_no_rank_series_flag() -> None:
     args = build_parser().parse_args(["aggregator", "--no-rank-series"])
     assert args.no_rank_series is True
     assert build_parser().parse_args(["aggregator"]).no_rank_series is False
+
+
+def test_heat_map_shows_the_cotenant_rank_as_a_band_under_its_incident() -> None:
+    """The recorded co-tenant run: rank 1 (GPU shared with a foreign matmul, iterations 69-90) is a
+    red band — every one of its cells there above 1.1x — and the incident is marked over the same
+    columns; outside it neither rank stands out. The goodput bar adds up to the wall time."""
+    page, data = _page(COTENANT)
+    heat = next(s for s in _svgs(page) if s.findtext(f"{SVG}title") == "Per-rank compute ÷ stage median")
+    band: dict[int, list[float]] = {0: [], 1: []}
+    outside: list[float] = []
+    marks = []
+    for r in heat.findall(f".//{SVG}rect"):
+        text = r.findtext(f"{SVG}title") or ""
+        m = re.fullmatch(r"rank rank (\d+), iteration (\d+): ([\d.]+)×", text)
+        if m:
+            rank, it, v = int(m[1]), int(m[2]), float(m[3])
+            if 70 <= it <= 89:
+                band[rank].append(v)
+            elif it > 30 and not 69 <= it <= 90:
+                outside.append(v)
+        elif text.startswith("incident"):
+            marks.append(text)
+    assert len(band[1]) == 20 and min(band[1]) > 1.1 and max(band[0]) < 0.9
+    assert outside and max(outside) < 1.2  # past warm-up, a few single iterations reach 1.12x: noise
+    assert marks and all("iterations 69–90" in t for t in marks)
+    gp = data["summary"]["goodput"]
+    bar = next(s for s in _svgs(page) if s.findtext(f"{SVG}title") == "Where the wall time went")
+    widths = [float(r.get("width") or 0) for r in bar.findall(f".//{SVG}rect")
+              if r.find(f"{SVG}title") is not None]
+    assert sum(widths) == pytest.approx(920 - 32, abs=1.0) and gp["ratio"] == pytest.approx(0.70, abs=0.01)
+
+
+def test_heat_map_groups_ranks_by_pipeline_stage_and_marks_captures() -> None:
+    from perfd.report.picture import rank_heatmap
+
+    its = [{"iteration": i, "straggler_rank_compute_ratio": {str(r): 1.0 + 0.01 * r for r in range(4)}}
+           for i in range(1, 11)]
+    job = {"layout": {"world_size": 4, "tp": 1, "pp": 2, "dp": 2, "cp": 1}}
+    summary = {"capture_disturbances": {"stretches": [{"first_iteration": 4, "last_iteration": 5}]}}
+    html = rank_heatmap(its, (), job, summary, [])
+    svg = _svgs(html)[0]
+    labels = [t.text for t in svg.findall(f".//{SVG}text")]
+    assert "stage 0" in labels and "stage 1" in labels
+    rows = [t for t in labels if t and t.startswith("rank ")]
+    assert rows == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    assert len(svg.findall(f".//{SVG}line")) == 1  # the line between the two stages
+    captures = [r for r in svg.findall(f".//{SVG}rect") if (r.findtext(f"{SVG}title") or "").startswith(
+        "perfd capture (iterations 4–5)")]
+    assert len(captures) == 2  # the bar above and the outline over the columns

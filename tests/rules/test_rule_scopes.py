@@ -114,7 +114,7 @@ def exported_job_samples(st: AggregatorState) -> list[tuple[str, dict[str, str],
     """(catalog name, labels, value) of every job sample on /metrics, histograms left out."""
     out = []
     for fam in _StateCollector(st).collect():
-        if fam.type == "histogram":
+        if fam.type in ("histogram", "gaugehistogram"):
             continue
         for s in fam.samples:
             if "job_name" in s.labels:

@@ -51,6 +51,7 @@ def test_full_step_record_round_trips_exactly():
         memory_mb={0: {"allocated": 1024.5, "max allocated": 2048.0}, 1: {"allocated": 900.0}},
         source=Provenance("megatron", "train.log:1234"),
         disturbed_by_capture=True,
+        first_of_run=True,
     )
     (back,) = _roundtrip(rec)
     assert back == rec
