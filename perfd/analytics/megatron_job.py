@@ -8,9 +8,7 @@ are missing is None (JSON null) with the reason, never 0.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
-import statistics
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,8 +17,8 @@ from typing import Any, NamedTuple
 
 from perfd import catalog
 from perfd.analytics import bottleneck as bn
-from perfd.analytics.common import MetricValue, finite, median
-from perfd.analytics.diagnosis import StepShares, TimelineClass, classify_job
+from perfd.analytics.common import MetricValue, finite
+from perfd.analytics.diagnosis import TimelineClass, classify_job
 from perfd.analytics.findings import Finding, Recommendation, derive_findings, order_findings
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
 from perfd.analytics.goodput import SpanColumns, StepSpan, job_goodput, phase_seconds
@@ -42,6 +40,7 @@ from perfd.analytics.metrics import (
     throughput_per_gpu,
 )
 from perfd.analytics.pipeline import analytic_bubble, stage_idle
+from perfd.analytics.run_summary import disturbances_json, job_block, step_shares, summarize
 from perfd.analytics.steady import SteadyState, steady_state_of
 from perfd.analytics.stragglers import PersistentStragglers, StragglerResult, detect, persistent, rank_order
 from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
@@ -458,9 +457,9 @@ class RunBuilder:
             it = dataclasses.replace(base)
         if memo is not None:
             self.present.add(rec.iteration)
-        it.bottleneck = classify_job(_shares(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share,
-                                             lay.pp, it.pp_idle_max, it.pp_bubble_analytic, it.mfu),
-                                     self.gpm, self.timeline, self.gpm_when).cls
+        shares = step_shares(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share, lay.pp,
+                             it.pp_idle_max, it.pp_bubble_analytic, it.mfu)
+        it.bottleneck = classify_job(shares, self.gpm, self.timeline, self.gpm_when).cls
         if self.first is None or rec.iteration < self.first[0]:
             self.first = (rec.iteration, rec.job)
         n = len(self.table)
@@ -489,15 +488,16 @@ class RunBuilder:
         incidents = detection.incidents
         steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
         pers = persistent(_flags(table, i) for i in steady_rows)
-        summary = _summary(table, steady_rows, steady, pers, lay, self.gpm, self.timeline, self.gpm_when)
+        summary = summarize(table, steady_rows, steady, pers, lay, self.gpm, self.timeline, self.gpm_when,
+                            SUMMARY_METRICS)
         name = job_name or (self.first[1] if self.first else None)
-        job_block = _job_block(self.job, name, ctx.world, self.gpu_name, ctx.peak, self.canon_dtype,
-                               self.dtype_src, self.flops_job)
+        block = job_block(self.job, name, ctx.world, self.gpu_name, ctx.peak, self.canon_dtype,
+                          self.dtype_src, self.flops_job)
         summary["incidents_n"] = len(incidents)
         summary["incidents_cost_s"] = (sum(i.cost_s for i in incidents if i.cost_s is not None)
                                        if incidents else None)
         summary["jitter"] = detection.jitter
-        summary["capture_disturbances"] = _disturbances_json(detection.disturbances)
+        summary["capture_disturbances"] = disturbances_json(detection.disturbances)
         med_ms = summary["medians"].get("step_time_ms")
         gp = job_goodput(self.spans.by_end_time(), started_at=self.job.started_at,
                          incident_cost_s=summary["incidents_cost_s"],
@@ -507,7 +507,7 @@ class RunBuilder:
                          log_interval=self.job.log_interval, by_end_time=True,
                          median_step_s=med_ms / 1e3 if med_ms is not None else None)
         summary["goodput"] = gp.to_json() if gp is not None else None
-        analysis = RunAnalysis(job_block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
+        analysis = RunAnalysis(block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
         fs, rs = derive_findings(analysis, self.job)
         run_s = analysis.run_seconds()
@@ -570,106 +570,3 @@ def _mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
             steady.steady[iteration] = False
             steady.excluded[iteration] = reason
     return found
-
-
-def _summary(table: Table[IterationResult], steady_rows: Sequence[int], steady: SteadyState,
-             pers: PersistentStragglers, lay: ParallelLayout, gpm: bn.GpmReading | None,
-             timeline: TimelineClass | None, gpm_when: str) -> dict[str, Any]:
-    def steady_values(name: str) -> list[Any]:
-        values = list(table.column(name))
-        return [values[i] for i in steady_rows]
-
-    med: dict[str, Any] = {}
-    for name in SUMMARY_METRICS:
-        med[name] = median(steady_values(name))
-    steps = [s for s in steady_values("step_time_ms") if s is not None]
-    cv = (statistics.pstdev(steps) / statistics.fmean(steps)) if len(steps) >= 2 else None
-    checks = [(ok, gap) for ok, gap in zip(steady_values("tflops_check_ok"), steady_values("tflops_rel_gap"),
-                                           strict=True) if ok is not None]
-    gaps = [abs(gap) for _, gap in checks if gap is not None]
-    cls = classify_job(_shares(med["data_share"], med["comm_exposed_share"], med["comm_exposed_dp_share"],
-                               lay.pp, med["pp_idle_max"], med["pp_bubble_analytic"], med["mfu"]),
-                       gpm, timeline, gpm_when)
-    its = steady.iterations
-    post = sorted(s for s in itertools.islice(table.column("step_time_ms"), steady.warmup_records, None)
-                  if s is not None)
-    between = steady_values("straggler_between_stages")
-    return {
-        # over every iteration after warm-up, incidents included: the tail is where the time goes
-        "step_time_distribution_ms": ({"p50": _pctl(post, 0.5), "p90": _pctl(post, 0.9),
-                                       "p99": _pctl(post, 0.99), "max": post[-1], "n": len(post),
-                                       "over": "iterations after warm-up, incidents included"}
-                                      if post else None),
-        "n_iterations": len(table),
-        "n_steady": len(steady_rows),
-        "steady_first_iteration": its[0] if its else None,
-        "steady_last_iteration": its[-1] if its else None,
-        "warmup_records": steady.warmup_records,
-        "excluded": {str(k): v for k, v in sorted(steady.excluded.items())},
-        "medians": med,
-        "step_time_cv": cv,
-        "tflops_check_n": len(checks),
-        "tflops_check_n_disagree": sum(1 for ok, _ in checks if ok is False),
-        "tflops_check_max_abs_gap": max(gaps) if gaps else None,
-        "bottleneck": cls.cls,
-        "bottleneck_reason": cls.reason,
-        "bottleneck_evidence": cls.evidence_json(),
-        "bottleneck_sources": dict(cls.sources),
-        "straggler_persistent_ranks": pers.ranks,
-        "straggler_flag_fraction": {str(k): v for k, v in pers.fraction.items()},
-        "straggler_between_stages_fraction": (sum(1 for b in between if b) / len(steady_rows)
-                                              if len(steady_rows) else None),
-        "straggler_compute_spread_fraction": pers.anonymous_fraction,
-    }
-
-
-def _disturbances_json(ds: Sequence[Incident]) -> dict[str, Any]:
-    """perfd's own captures' disturbance, apart from the incidents: how many stretches and iterations,
-    and the excess time they took."""
-    costs = [s for d in ds for s in (d.cost_s, d.capture_cost_s) if s is not None]
-    return {"n": len(ds), "iterations": sum(d.n_iterations for d in ds),
-            "excess_s": sum(costs) if costs else None,
-            "stretches": [{"first_iteration": d.first_iteration, "last_iteration": d.last_iteration,
-                           "excess_s": d.capture_cost_s} for d in ds]}
-
-
-def _shares(data: float | None, comm: float | None, grad_sync: float | None, pp: int | None,
-            idle_max: float | None, bubble: float | None, mfu_: float | None) -> StepShares:
-    return StepShares(data, comm, grad_sync, pp, idle_max, bubble, mfu_)
-
-
-def _pctl(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of sorted values (no interpolation: a value that occurred)."""
-    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))]
-
-
-def _job_block(job: JobInfo, name: str | None, world: int | None, gpu_name: str | None, peak: PeakResult,
-               dtype: str | None, dtype_src: str, fl: FlopsResult) -> dict[str, Any]:
-    lay = job.layout
-    return {
-        "name": name,
-        "framework": job.framework,
-        "framework_version": job.framework_version,
-        "torch_version": job.torch_version,
-        "timing_log_option": job.timing_log_option,
-        "log_interval": job.log_interval,
-        "wandb_run_id": job.wandb_run_id,
-        "layout": {**dataclasses.asdict(lay), "world_size": world, "microbatches": lay.microbatches()},
-        "model": dataclasses.asdict(job.spec),
-        "gpu": {
-            "name": gpu_name,
-            "model": peak.gpu_model,
-            "dtype": dtype,
-            "dtype_source": dtype_src,
-            "peak_tflops": peak.peak_tflops,
-            "peak_source": str(peak.source) if peak.source else None,
-            "peak_reason": peak.reason,
-            "measured_ceiling_tflops": peak.measured_ceiling_tflops,
-        },
-        "flops_per_iteration": fl.flops_per_iteration,
-        "flops_formula": fl.formula,
-        "flops_source": str(fl.source) if fl.source else None,
-        "flops_missing": list(fl.missing),
-        "flops_notes": list(fl.notes),
-        "flops_breakdown": dict(fl.breakdown),
-    }

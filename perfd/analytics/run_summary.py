@@ -1,0 +1,130 @@
+"""The whole-run parts of a run analysis (perfd.analytics.megatron_job): the steady-state summary
+with the class and its votes, perfd's capture disturbances, the job block. Split from the per-
+iteration analysis to keep each module readable; pure, no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from perfd.analytics import bottleneck as bn
+from perfd.analytics.common import median
+from perfd.analytics.diagnosis import StepShares, TimelineClass, classify_job
+from perfd.analytics.flops import FlopsResult
+from perfd.analytics.gpus import PeakResult
+from perfd.analytics.incidents import Incident
+from perfd.analytics.iteration_table import Table
+from perfd.analytics.steady import SteadyState
+from perfd.analytics.stragglers import PersistentStragglers
+from perfd.model import JobInfo, ParallelLayout
+
+if TYPE_CHECKING:
+    from perfd.analytics.megatron_job import IterationResult
+
+
+def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady: SteadyState,
+             pers: PersistentStragglers, lay: ParallelLayout, gpm: bn.GpmReading | None,
+             timeline: TimelineClass | None, gpm_when: str, metrics: Sequence[str] = ()) -> dict[str, Any]:
+    def steady_values(name: str) -> list[Any]:
+        values = list(table.column(name))
+        return [values[i] for i in steady_rows]
+
+    med: dict[str, Any] = {}
+    for name in metrics:
+        med[name] = median(steady_values(name))
+    steps = [s for s in steady_values("step_time_ms") if s is not None]
+    cv = (statistics.pstdev(steps) / statistics.fmean(steps)) if len(steps) >= 2 else None
+    checks = [(ok, gap) for ok, gap in zip(steady_values("tflops_check_ok"), steady_values("tflops_rel_gap"),
+                                           strict=True) if ok is not None]
+    gaps = [abs(gap) for _, gap in checks if gap is not None]
+    cls = classify_job(step_shares(med["data_share"], med["comm_exposed_share"], med["comm_exposed_dp_share"],
+                               lay.pp, med["pp_idle_max"], med["pp_bubble_analytic"], med["mfu"]),
+                       gpm, timeline, gpm_when)
+    its = steady.iterations
+    post = sorted(s for s in itertools.islice(table.column("step_time_ms"), steady.warmup_records, None)
+                  if s is not None)
+    between = steady_values("straggler_between_stages")
+    return {
+        # over every iteration after warm-up, incidents included: the tail is where the time goes
+        "step_time_distribution_ms": ({"p50": pctl(post, 0.5), "p90": pctl(post, 0.9),
+                                       "p99": pctl(post, 0.99), "max": post[-1], "n": len(post),
+                                       "over": "iterations after warm-up, incidents included"}
+                                      if post else None),
+        "n_iterations": len(table),
+        "n_steady": len(steady_rows),
+        "steady_first_iteration": its[0] if its else None,
+        "steady_last_iteration": its[-1] if its else None,
+        "warmup_records": steady.warmup_records,
+        "excluded": {str(k): v for k, v in sorted(steady.excluded.items())},
+        "medians": med,
+        "step_time_cv": cv,
+        "tflops_check_n": len(checks),
+        "tflops_check_n_disagree": sum(1 for ok, _ in checks if ok is False),
+        "tflops_check_max_abs_gap": max(gaps) if gaps else None,
+        "bottleneck": cls.cls,
+        "bottleneck_reason": cls.reason,
+        "bottleneck_evidence": cls.evidence_json(),
+        "bottleneck_sources": dict(cls.sources),
+        "straggler_persistent_ranks": pers.ranks,
+        "straggler_flag_fraction": {str(k): v for k, v in pers.fraction.items()},
+        "straggler_between_stages_fraction": (sum(1 for b in between if b) / len(steady_rows)
+                                              if len(steady_rows) else None),
+        "straggler_compute_spread_fraction": pers.anonymous_fraction,
+    }
+
+
+def disturbances_json(ds: Sequence[Incident]) -> dict[str, Any]:
+    """perfd's own captures' disturbance, apart from the incidents: how many stretches and iterations,
+    and the excess time they took."""
+    costs = [s for d in ds for s in (d.cost_s, d.capture_cost_s) if s is not None]
+    return {"n": len(ds), "iterations": sum(d.n_iterations for d in ds),
+            "excess_s": sum(costs) if costs else None,
+            "stretches": [{"first_iteration": d.first_iteration, "last_iteration": d.last_iteration,
+                           "excess_s": d.capture_cost_s} for d in ds]}
+
+
+def step_shares(data: float | None, comm: float | None, grad_sync: float | None, pp: int | None,
+            idle_max: float | None, bubble: float | None, mfu_: float | None) -> StepShares:
+    return StepShares(data, comm, grad_sync, pp, idle_max, bubble, mfu_)
+
+
+def pctl(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of sorted values (no interpolation: a value that occurred)."""
+    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))]
+
+
+def job_block(job: JobInfo, name: str | None, world: int | None, gpu_name: str | None, peak: PeakResult,
+               dtype: str | None, dtype_src: str, fl: FlopsResult) -> dict[str, Any]:
+    lay = job.layout
+    return {
+        "name": name,
+        "framework": job.framework,
+        "framework_version": job.framework_version,
+        "torch_version": job.torch_version,
+        "timing_log_option": job.timing_log_option,
+        "log_interval": job.log_interval,
+        "wandb_run_id": job.wandb_run_id,
+        "layout": {**dataclasses.asdict(lay), "world_size": world, "microbatches": lay.microbatches()},
+        "model": dataclasses.asdict(job.spec),
+        "gpu": {
+            "name": gpu_name,
+            "model": peak.gpu_model,
+            "dtype": dtype,
+            "dtype_source": dtype_src,
+            "peak_tflops": peak.peak_tflops,
+            "peak_source": str(peak.source) if peak.source else None,
+            "peak_reason": peak.reason,
+            "measured_ceiling_tflops": peak.measured_ceiling_tflops,
+        },
+        "flops_per_iteration": fl.flops_per_iteration,
+        "flops_formula": fl.formula,
+        "flops_source": str(fl.source) if fl.source else None,
+        "flops_missing": list(fl.missing),
+        "flops_notes": list(fl.notes),
+        "flops_breakdown": dict(fl.breakdown),
+    }
