@@ -18,6 +18,9 @@
 set -u
 MEGATRON_DIR=${MEGATRON_DIR:?set MEGATRON_DIR to a Megatron-LM checkout}
 OUT_DIR=${OUT_DIR:-megatron-goodput}
+NPROC=${NPROC:-2}  # GPUs (one is enough for the goodput parts)
+NAMES=${NAMES:-resume resume_older}
+ITERS=${ITERS:-80}; FIRST=${FIRST:-50}  # train-iters of the job; where run 1 stops
 mkdir -p "$OUT_DIR"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONUNBUFFERED=1
@@ -28,23 +31,23 @@ COMMON=(--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 
   --no-persist-layer-norm --no-gradient-accumulation-fusion --no-masked-softmax-fusion
   --log-throughput --timing-log-level 2 --timing-log-option all --log-straggler --disable-bias-linear
   --micro-batch-size 4 --global-batch-size 64 --log-interval 1
-  --eval-interval 25 --eval-iters 5 --save-interval 20 --ckpt-format torch_dist)
+  --eval-interval ${EVAL_INTERVAL:-25} --eval-iters 5 --save-interval ${SAVE_INTERVAL:-20} --ckpt-format torch_dist)
 
 run() {  # log name, then Megatron arguments; appends to the log
   local name=$1; shift
   echo "=== $name: $*" >> "$OUT_DIR/$name.cmd"
-  (cd "$MEGATRON_DIR" && timeout 400 torchrun --nproc_per_node 2 pretrain_gpt.py "${COMMON[@]}" "$@") \
+  (cd "$MEGATRON_DIR" && timeout "${RUN_TIMEOUT:-400}" torchrun --nproc_per_node "$NPROC" pretrain_gpt.py "${COMMON[@]}" "$@") \
     >> "$OUT_DIR/$name.log" 2>&1
   echo "=== $name: exit $?"
 }
 
-for name in resume resume_older; do
+for name in $NAMES; do
   rm -rf "$OUT_DIR/ckpt-$name" "$OUT_DIR/$name.log" "$OUT_DIR/$name.cmd"
-  run "$name" --save "$OUT_DIR/ckpt-$name" --train-iters 80 --exit-interval 50
+  run "$name" --save "$OUT_DIR/ckpt-$name" --train-iters "$ITERS" --exit-interval "$FIRST"
   if [ "$name" = resume_older ]; then
     echo 40 > "$OUT_DIR/ckpt-$name/latest_checkpointed_iteration.txt"  # resume from iteration 40
   fi
-  run "$name" --save "$OUT_DIR/ckpt-$name" --load "$OUT_DIR/ckpt-$name" --train-iters 80
+  run "$name" --save "$OUT_DIR/ckpt-$name" --load "$OUT_DIR/ckpt-$name" --train-iters "$ITERS"
   grep -c "saving checkpoint at iteration" "$OUT_DIR/$name.log"
   grep -c "validation loss at iteration" "$OUT_DIR/$name.log"
   grep "loading .*checkpoint from\|successfully loaded checkpoint" "$OUT_DIR/$name.log" | head -4
