@@ -167,13 +167,13 @@ def test_a_real_full_tmpfs_loses_no_acknowledged_iteration(tmp_path: Path) -> No
     bulk = "x" * 1500  # a Megatron line with its timers is about this long
 
     def fill() -> None:
-        with open(filler, "wb") as f:
-            try:
+        try:  # closing the file flushes too, and may be where ENOSPC comes
+            with open(filler, "wb") as f:
                 while True:
                     f.write(b"\0" * 65536)
                     f.flush()
-            except OSError:  # ENOSPC: the disk is full
-                pass
+        except OSError:  # ENOSPC: the disk is full
+            pass
 
     async def stream() -> None:
         clients = [AgentClient(f"127.0.0.1:{grpc_port}", f"node-{j}", jobs=[j], backoff_initial_s=0.1,
