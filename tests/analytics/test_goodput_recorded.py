@@ -4,6 +4,7 @@ against the log's own figures, computed here from its lines, within 1%."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from datetime import datetime, timezone
@@ -43,7 +44,7 @@ def test_goodput_parts_match_the_logs_own_figures() -> None:
     # Training and incidents: every step's logged time, but never more than the wall time between its
     # line and the one before (Megatron's first iterations of a run log an elapsed time that overlaps
     # the previous one's: iteration 2 logs 2,067 ms 752 ms after iteration 1's line).
-    windows = {i: t - t_prev for (_, t_prev, _), (i, t, _) in zip(steps, steps[1:])}
+    windows = {i: t - t_prev for (_, t_prev, _), (i, t, _) in itertools.pairwise(steps)}
     want_train = sum(min(ms / 1e3, windows.get(i, ms / 1e3)) for i, _, ms in steps)
     assert math.isclose(parts["training"] + parts["incident"], want_train, rel_tol=0.01)
     assert parts["evaluation"] > 0 and parts["redone"] == 0.0
