@@ -356,10 +356,15 @@ _MEMORY_HEAD_RE = re.compile(
 )
 
 
+# Megatron-LM also reports memory around a checkpoint save, "[Rank 0] (before save_checkpoint for
+# iteration 10) memory (MB) | ...": a reading of that moment, not of an iteration's step.
+_MEMORY_MOMENT_RE = re.compile(r"\[Rank \d{1,9}\]\s*\((?:before|after) [^)]{1,200}\)\s*memory \(MB\)")
+
+
 @dataclass
 class MemoryLine:
     rank: int
-    iteration: int
+    iteration: int  # -1: a reading of a moment (a checkpoint save), no iteration's
     values: dict[str, float] = field(default_factory=dict)  # "allocated", "max allocated", ...
 
 
@@ -369,6 +374,9 @@ def parse_memory(line: str) -> MemoryLine | str | None:
         return None
     m = _MEMORY_HEAD_RE.search(line)
     if m is None:
+        moment = _MEMORY_MOMENT_RE.search(line)
+        if moment is not None:
+            return MemoryLine(int(line[line.index("[Rank") + 6:].split("]")[0]), -1)
         return "memory-line-unparseable" if "[Rank" in line else None
     out = MemoryLine(int(m["rank"]), int(m["it"]))
     for seg in line[m.end():].split("|"):

@@ -464,10 +464,10 @@ class MegatronLogParser:
                 setattr(rec, _INT_FIELDS[key], to_int(value))
             elif key.startswith(_THROUGHPUT_PREFIX):
                 rec.logged_tflops_per_gpu = to_float(value)
-        rec.interval = self._interval(rec)
         # Only start-up output seen marks a run's first record: a tail that starts (or an agent that
         # restarts) in the middle of a run has not seen any, and is no restart of the job.
         rec.first_of_run, self._startup_seen = self._startup_seen, False
+        rec.interval = self._interval(rec)
         if it.truncated:
             self._issue("truncated-iteration-line", line)
         if it.intrusion is not None or it.bad_segments:
@@ -495,11 +495,13 @@ class MegatronLogParser:
         li = self.job_info.log_interval
         prev = self._prev_record
         self._prev_record = rec
-        if prev is None or rec.iteration <= prev.iteration:  # first record seen, or a restart
+        # First record seen, a restart, or a run resumed after start-up output (iteration 21 after
+        # a checkpoint of 20 is a run's first log too, whatever the previous record's number).
+        if prev is None or rec.iteration <= prev.iteration or rec.first_of_run:
             if li and rec.iteration % li:
                 self._prev_first = "certain"
                 return 1
-            if rec.iteration == 1:
+            if rec.iteration == 1 or (rec.first_of_run and li == 1):
                 self._prev_first = "maybe"
                 return 1
             self._prev_first = None
