@@ -16,7 +16,7 @@ import enum
 import itertools
 import statistics
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -113,9 +113,6 @@ class Detection:
     disturbances: list[Incident]
     jitter: dict[str, Any]
     reference_ms: float | None
-
-    def __iter__(self) -> Iterator[Any]:  # (incidents, ref), as callers unpacked it
-        return iter((self.incidents, self.reference_ms))
 
 
 def _median(xs: Sequence[float]) -> float | None:

@@ -30,12 +30,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics import kernels as kernels_mod
-from perfd.analytics import thresholds as th
+from perfd.analytics.capture_findings import SHORT_GAP_US  # shorter idle gaps: launch overhead
 
 Interval = tuple[float, float]
 
 NS_PER_MS = 1e6
-SHORT_GAP_US = th.SHORT_GAP_S.value * 1e6  # shorter idle gaps: launch/dispatch overhead, not a host wait
 _SENDRECV = ("nccldevkernel_sendrecv", "ncclkernel_sendrecv")
 
 

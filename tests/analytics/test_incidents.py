@@ -14,7 +14,8 @@ def test_a_slow_stretch_with_a_flicker_is_one_incident_and_jitter_is_none() -> N
     steps = [900.0] * 3 + [500.0] * 10 + [1300, 1250, 510, 1280, 1300] + [500.0] * 10 + [640.0] + [500.0] * 5
     its = _its(steps)
     ends = {it.iteration: 1000.0 + it.iteration for it in its}
-    incs, ref = detect_incidents(its, ends, {}, 3, None)  # (incidents, ref), as before
+    found = detect_incidents(its, ends, {}, 3, None)
+    incs, ref = found.incidents, found.reference_ms
     assert ref == 500.0
     (inc,) = incs  # the lone 640 ms step (1.28x) cost less than one step: jitter, not an incident
     assert (inc.first_iteration, inc.last_iteration, inc.kinds) == (14, 18, [SLOW])
@@ -64,7 +65,7 @@ def test_a_named_rank_and_its_finding() -> None:
     for it in its[10:]:
         it.straggler_candidate_ranks = [3]
         it.straggler_rank_compute_ratio = {0: 0.9, 3: 2.1}
-    (inc,), _ = detect_incidents(its, {}, {}, 0, None)
+    (inc,) = detect_incidents(its, {}, {}, 0, None).incidents
     assert inc.ranks == [3] and "rank 3 computed up to 2.10×" in inc.cause
     fs, rs = incident_findings([inc.to_json()], run_s=10.0)
     assert fs[0].id == f"incident-{inc.id}" and fs[0].evidence["ranks"] == [3]
