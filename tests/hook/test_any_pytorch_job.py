@@ -182,13 +182,15 @@ def test_the_slow_data_stretch_is_one_incident_with_its_cost(run: dict[str, Any]
     mine = [i for i in a.incidents if i.first_iteration <= SLOW.stop and i.last_iteration >= SLOW.start]
     assert len(mine) == 1, [(i.first_iteration, i.last_iteration) for i in a.incidents]
     inc = mine[0]
-    # It covers the stretch; a loaded machine's slow steps next to it may join it (the cost below is
-    # checked against the loop's own clock over whatever range it took, so they cannot hide).
-    assert SLOW.start - 25 <= inc.first_iteration <= SLOW.start + 2
-    assert SLOW.stop - 3 <= inc.last_iteration <= SLOW.stop + 25
+    # It covers the stretch. A loaded machine's own slow steps next to it may join it (they were
+    # slow: the loop's clock says so); the stretch must still be most of what the incident cost,
+    # and the cost must be the loop's own clock over whatever range it took.
+    assert inc.first_iteration <= SLOW.start + 2 and inc.last_iteration >= SLOW.stop - 3
     steady = statistics.median(run["steps"][i] for i in range(10, 80))
     lost_s = sum(run["steps"][i] - steady for i in range(inc.first_iteration, inc.last_iteration + 1)) / 1e3
     assert inc.cost_s == pytest.approx(lost_s, rel=0.10)
+    in_stretch = sum(run["steps"][i] - steady for i in SLOW) / 1e3
+    assert in_stretch >= 0.8 * lost_s
     # The cause is the data wait (typed), not a guess: it grew by most of the slowdown.
     assert inc.verdict["cause"] == "data_wait" and "data loading took up to" in inc.cause
 
