@@ -18,6 +18,12 @@
   with ``--kineto``: ``KINETO_USE_DAEMON=1`` and ``KINETO_CONFIG`` naming a base config that makes
   PyTorch ask perfd's Kineto daemon for a trace config every second
   (:func:`perfd.capture.kineto_daemon.kineto_env`).
+- A torchtitan command (``-m torchtitan.train`` or its ``train.py``, under torchrun or python) is
+  read with the ``torchtitan`` log collector instead of Megatron-LM's. torchtitan sets the Flight
+  Recorder's dump file and ring size itself, over the environment (its ``--comm.save_traces_folder``
+  ``comm_traces`` under its dump folder, prefix ``rank_``, ``--comm.trace_buf_size`` 20000): with
+  ``--flight-recorder`` perfd appends ``--comm.*`` flags that point them where perfd reads, unless the
+  command already sets them (then a note says the dumps go elsewhere).
 - ``--nsys SESSION`` wraps the command in ``nsys launch --session-new=SESSION ...``
   (:func:`perfd.capture.nsys_exec.nsys_launch_argv`; nsys from ``$PERFD_NSYS``, ``PATH`` or the
   known install path; a clear error when it is missing).
@@ -62,6 +68,14 @@ FR_TIMING_NOTE = ("TORCH_NCCL_ENABLE_TIMING=1 records a CUDA event before every 
                   "(PyTorch issue 143890): measure its cost before leaving it on")
 
 
+# The command line of a torchtitan run, and the flags it takes for the Flight Recorder
+# (torchtitan 0.2.2 and 0.3.0, distributed/utils.py init_distributed: it overrides the variables
+# TORCH_FR_BUFFER_SIZE and TORCH_FR_DUMP_TEMP_FILE = os.path.join(dump_folder, folder) + prefix; an
+# absolute folder stays absolute under os.path.join).
+TORCHTITAN_ENTRIES = ("torchtitan.train", "torchtitan/train.py")
+TITAN_FR_FLAGS = ("--comm.save_traces_folder", "--comm.save_traces_file_prefix", "--comm.trace_buf_size")
+
+
 class LaunchError(Exception):
     """A problem found before the command starts (exit status 2)."""
 
@@ -97,19 +111,49 @@ class LaunchPlan:
     nsys: dict[str, str] | None = None
     notes: list[str] = field(default_factory=list)
     wandb_run_id: str | None = None
+    log_collector: str = "megatron"  # the collector that reads the command's log
 
     def collectors(self, job: str) -> dict[str, dict[str, Any]]:
         """The agent collectors that read what this launch sets up (``perfd agent --launch-manifest``)."""
         times = str(linetimes.sidecar_path(self.log_path))
-        out: dict[str, dict[str, Any]] = {"megatron": {"path": str(self.log_path), "line_times": times},
-                                          "hook": {"socket_path": self.hook_socket}}
-        if self.wandb_run_id:
+        log = {"path": str(self.log_path), "line_times": times}
+        out: dict[str, dict[str, Any]] = {self.log_collector: log, "hook": {"socket_path": self.hook_socket}}
+        if self.wandb_run_id and self.log_collector == "megatron":
             out["megatron"]["wandb_run_id"] = self.wandb_run_id
         if self.fr_dir is not None:
             out["nccl"] = {"flight_recorder": {"pipe_prefix": str(self.fr_dir / "frp_"),
                                                "dump_prefix": str(self.fr_dir / "fr_dump_"),
                                                "buffer_entries": self.fr_buffer}}
         return out
+
+
+def is_torchtitan(cmd: Sequence[str]) -> bool:
+    """Whether the command runs torchtitan's trainer (directly, under torchrun or python -m)."""
+    module, script = TORCHTITAN_ENTRIES
+    return any(a == module or a.replace("\\", "/").endswith(script) for a in cmd)
+
+
+def _titan_fr_flags(cmd: Sequence[str], fr_dir: Path, buffer: int) -> tuple[list[str], list[str]]:
+    """The ``--comm.*`` flags that make torchtitan dump its Flight Recorder ring where perfd reads it,
+    with perfd's ring size, each unless the command sets it (the user's value is kept, and said)."""
+    from collectors.nccl.trigger import DUMP_STEM
+
+    given = {a.split("=", 1)[0].replace("-", "_") for a in cmd}  # tyro takes --a.b_c, --a.b-c, --a.b_c=v
+    flags: list[str] = []
+    own: list[str] = []
+    for flag, value in zip(TITAN_FR_FLAGS, (str(fr_dir), DUMP_STEM, str(buffer)), strict=True):
+        if flag.replace("-", "_") in given:
+            own.append(flag)
+        else:
+            flags += [flag, value]
+    notes = []
+    if flags:
+        notes.append(f"torchtitan: appended {' '.join(flags)}: torchtitan sets the dump file and ring size "
+                     "over the environment (<dump_folder>/comm_traces/rank_, 20000 entries)")
+    if own:
+        notes.append(f"torchtitan: kept the command's {', '.join(own)}: its dumps may not land as "
+                     f"{fr_dir / DUMP_STEM}<rank>, where perfd reads them")
+    return flags, notes
 
 
 def _safe(name: str) -> str:
@@ -157,6 +201,8 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
     if "PYTHONUNBUFFERED" not in environ:
         env["PYTHONUNBUFFERED"] = "1"
     plan = LaunchPlan(cmd, env, run_dir, log_path, manifest, hook_socket)
+    if is_torchtitan(cmd):
+        plan.log_collector = "torchtitan"
     if opts.flight_recorder:
         from collectors.nccl import env_for_flight_recorder
         from collectors.nccl.trigger import FRAMEWORK_DEFAULTS, framework_defaults
@@ -170,6 +216,10 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
             env.pop(name, None)
         env.update(fw_env)
         plan.notes.extend(f"Flight Recorder: {n}" for n in fw_notes)
+        if plan.log_collector == "torchtitan":
+            flags, notes = _titan_fr_flags(cmd, plan.fr_dir, opts.fr_buffer)
+            cmd = plan.argv = [*cmd, *flags]
+            plan.notes.extend(f"Flight Recorder: {n}" for n in notes)
         if opts.fr_timing:
             plan.notes.append(FR_TIMING_NOTE)
     elif opts.fr_timing:

@@ -97,7 +97,7 @@ def layout_text(lay: Mapping[str, Any]) -> str:
                     if lay.get(k) is not None)
     world, micro = lay.get("world_size"), lay.get("microbatches")
     parts = [p for p in (dims, f"world size {world}" if world is not None else "",
-                         f"{micro} micro-batches" if micro is not None else "") if p]
+                         f"{micro} micro-batch{'es' if micro != 1 else ''}" if micro is not None else "") if p]
     return ", ".join(parts) if parts else "layout unknown"
 
 

@@ -137,3 +137,4 @@ def test_layout_text_leaves_out_what_is_unknown() -> None:
     assert layout_text({"tp": None, "pp": None, "dp": None, "world_size": 1, "microbatches": None}) == \
         "world size 1"
     assert layout_text({}) == "layout unknown"
+    assert layout_text({"world_size": 1, "microbatches": 1}) == "world size 1, 1 micro-batch"

@@ -81,6 +81,57 @@ def test_framework_defaulted_fr_variables_are_set_unless_the_user_set_them(tmp_p
     assert plan.collectors("j")["nccl"]["flight_recorder"]["buffer_entries"] == 20000
 
 
+TITAN = ["torchrun", "--nproc_per_node", "8", "-m", "torchtitan.train", "--model.name", "llama3"]
+
+
+def test_torchtitan_dumps_where_perfd_reads_them(tmp_path: Path) -> None:
+    """torchtitan overrides TORCH_FR_DUMP_TEMP_FILE with os.path.join(dump_folder, folder) + prefix
+    and TORCH_FR_BUFFER_SIZE with its ring size (seen on the H100: the dumps went to
+    dump/comm_traces/rank_0): launch appends its --comm.* flags so both are perfd's, and names the
+    torchtitan collector for the log."""
+    fr = tmp_path / "fr"
+    plan = plan_launch(LaunchOptions(TITAN, flight_recorder=str(fr), run_dir=str(tmp_path / "r"), fr_buffer=3000))
+    assert plan.argv[: len(TITAN)] == TITAN
+    extra = dict(zip(plan.argv[len(TITAN)::2], plan.argv[len(TITAN) + 1 :: 2], strict=True))
+    assert extra == {"--comm.save_traces_folder": str(fr.resolve()), "--comm.save_traces_file_prefix": "fr_dump_",
+                     "--comm.trace_buf_size": "3000"}
+    # what torchtitan does with them is what perfd's reader expects
+    titan_dump = os.path.join("/any/dump_folder", extra["--comm.save_traces_folder"]) + "/" + \
+        extra["--comm.save_traces_file_prefix"]
+    collectors = plan.collectors("j")
+    assert titan_dump == collectors["nccl"]["flight_recorder"]["dump_prefix"]
+    assert "megatron" not in collectors and collectors["torchtitan"]["path"] == str(plan.log_path)
+    assert any("torchtitan: appended --comm.save_traces_folder" in n for n in plan.notes)
+
+
+def test_torchtitan_flags_the_user_gave_are_kept(tmp_path: Path) -> None:
+    cmd = ["python", "/src/torchtitan/train.py", "--comm.save-traces-folder=traces"]
+    plan = plan_launch(LaunchOptions(cmd, flight_recorder=str(tmp_path / "fr"), run_dir=str(tmp_path / "r")))
+    assert plan.argv == [*cmd, "--comm.save_traces_file_prefix", "fr_dump_", "--comm.trace_buf_size", "2000"]
+    assert any("kept the command's --comm.save_traces_folder" in n for n in plan.notes)
+    # without --flight-recorder nothing is appended; any other command keeps Megatron-LM's collector
+    plain = plan_launch(LaunchOptions(TITAN, run_dir=str(tmp_path / "p")))
+    assert plain.argv == TITAN and "torchtitan" in plain.collectors("j")
+    other = plan_launch(LaunchOptions(["python", "pretrain_gpt.py"], flight_recorder=str(tmp_path / "f2"),
+                                      run_dir=str(tmp_path / "o")))
+    assert other.argv == ["python", "pretrain_gpt.py"] and "megatron" in other.collectors("j")
+
+
+def test_agent_reads_a_torchtitan_launch(tmp_path: Path) -> None:
+    """The manifest of a torchtitan launch configures the agent's torchtitan collector; the model
+    and dtype still come from the agent's own config."""
+    from perfd.launch import manifest_data, write_manifest
+
+    opts = LaunchOptions(TITAN, job="tt", flight_recorder=str(tmp_path / "fr"), run_dir=str(tmp_path / "r"))
+    plan = plan_launch(opts)
+    write_manifest(plan.manifest_path, manifest_data(plan, opts, None, "starting", time.time()))
+    cfg = AgentConfig(collectors={"torchtitan": {"dtype": "bf16", "model": {"num_layers": 2}}})
+    cfg = apply_overrides(cfg, launch_manifest=str(plan.manifest_path), nvml="off", host=False)
+    assert cfg.collectors["torchtitan"] == {"dtype": "bf16", "model": {"num_layers": 2},
+                                            "path": str(plan.log_path),
+                                            "line_times": str(plan.log_path) + ".times"}
+
+
 def test_killed_by_sigterm_exits_143(tmp_path: Path) -> None:
     rc, out, _, run = _run(tmp_path, """
         import os, signal

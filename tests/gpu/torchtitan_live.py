@@ -1,27 +1,31 @@
 """On 1 GPU: a real torchtitan run (llama3 "debugmodel" from its own configs), live through
 agent -> aggregator and offline from its log; perfd's MFU against torchtitan's.
 
-    python3 tests/gpu/torchtitan_wheels.py .whl      # here, with network: .whl/part1, part2, ...
-    python3 tests/gpu/torchtitan_live.py --install .whl/part1   # GPU machine, one call per part
-    python3 tests/gpu/torchtitan_live.py --install .whl/part2   #   (carry that part: <= 55 MiB)
-    python3 tests/gpu/torchtitan_live.py OUT_DIR                # GPU machine, same warm machine
+    # here, with network; HAVE = `pip list --format freeze` of the GPU machine (what it holds
+    # is left out: a few MiB remain); torch 2.11 there needs torchtitan 0.2.2 (0.3.0 needs newer)
+    python3 tests/gpu/torchtitan_wheels.py .whl/titan --have HAVE --torchtitan 0.2.2
+    # GPU machine, one call (carry .whl)
+    python3 tests/gpu/torchtitan_live.py --install .whl/titan/part1
+    python3 tests/gpu/torchtitan_live.py OUT_DIR
 
-torchtitan 0.3.0 is installed from the carried wheels (``pip install --no-index --no-deps
---target``, one part per call: a call carries at most 64 MiB, pyarrow alone is 53) into
-``.titan-site`` at the repository root (ignored by git: it stays between calls on a warm machine),
-put on PYTHONPATH beside the machine's own torch, whatever environment that is in; an import of
+torchtitan is installed from the carried wheels (``pip install --no-index --no-deps --target``, one
+part per call should the closure pass a call's 64 MiB) into ``.titan-site`` at the repository root
+(ignored by git: it stays between calls on a warm machine), put on PYTHONPATH beside the machine's
+own torch, whatever environment that is in; an import of
 ``torchtitan.train`` is checked first. Its wheel has no test assets, so the script
 makes them: a byte-level BPE tokenizer (2,000 tokens, under debugmodel's 2,048) trained with
 ``tokenizers`` on generated text, and a local JSON-lines dataset (``--dataloader.dataset_path``).
 Then ``perfd aggregator``, ``perfd launch --flight-recorder DIR --fr-timing -- torchrun ... -m
-torchtitan.train --module llama3 --config llama3_debugmodel`` and ``perfd agent --launch-manifest``
+torchtitan.train`` (its llama3 debugmodel, ``titan_args``) and ``perfd agent --launch-manifest``
 with the torchtitan collector on the launch's log (model shape and dtype in its config). Checks:
 
 - live: the aggregator's job is a torchtitan job; perfd's throughput agrees with torchtitan's
   tflops on every steady step it checked (``tflops_check_n_disagree == 0``, 2%), and perfd's median
   MFU is within 2% of the median of torchtitan's own ``mfu`` over the same steps;
 - offline: ``perfd analyze torchtitan`` on the same log gives the same agreement;
-- the headline has no "None".
+- the headline has no "None";
+- the Flight Recorder dumps the agent asks for land in perfd's folder (``fr/fr_dump_0``), not in
+  torchtitan's ``dump/comm_traces`` (perfd launch appends torchtitan's ``--comm.*`` flags).
 
 Writes OUT_DIR/torchtitan_live.json and .md, and the recorded log (titan_llama3_debug.log and its
 .times) for the collector's tests; exit 0 only when every check holds.
@@ -144,14 +148,41 @@ def compare(
 SITE = ROOT / ".titan-site"
 
 
+def titan_args(version: tuple[int, ...], work: Path) -> list[str]:
+    """torchtitan's command line for llama3 debugmodel: 0.3 names a config function (``--module
+    --config``, log_freq 1 in it); 0.2 takes the model and dataset as ``--model.*``/``--training.*``
+    flags and logs every 10 steps unless told."""
+    tok, data, dump = work / "assets" / "tokenizer", work / "assets" / "c4_test", work / "dump"
+    run = ["--training.steps", str(STEPS), "--training.local_batch_size", str(LOCAL_BATCH)]
+    if version >= (0, 3):
+        return [
+            "--module", "llama3", "--config", "llama3_debugmodel", "--hf_assets_path", str(tok),
+            "--dataloader.dataset_path", str(data), "--dump_folder", str(dump), *run,
+        ]  # fmt: skip
+    return [
+        "--model.name", "llama3", "--model.flavor", "debugmodel", "--model.hf_assets_path", str(tok),
+        "--training.dataset", "c4_test", "--training.dataset_path", str(data),
+        "--job.dump_folder", str(dump), "--metrics.log_freq", "1", *run,
+    ]  # fmt: skip
+
+
 def install(part: Path) -> int:
     """Install one part of the carried wheels into SITE."""
     wheels = sorted(str(w) for w in part.glob("*.whl"))
     if not wheels:
         print(f"no wheels in {part}", file=sys.stderr)
         return 2
-    cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--upgrade", "--target",
-           str(SITE)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-index",
+        "--no-deps",
+        "--upgrade",
+        "--target",
+        str(SITE),
+    ]
     return subprocess.run([*cmd, *wheels]).returncode
 
 
@@ -189,6 +220,7 @@ def run(out: Path) -> dict[str, Any]:
             text=True,
             env=env,
         ).stdout.strip()
+        titan_version = tuple(int(x) for x in res["versions"].split()[-1].split(".")[:2])
         work = out / "work"
         (work / "assets").mkdir(parents=True, exist_ok=True)
         (out / "assets.py").write_text(ASSETS)
@@ -250,20 +282,7 @@ def run(out: Path) -> dict[str, Any]:
                 "29551",
                 "-m",
                 "torchtitan.train",
-                "--module",
-                "llama3",
-                "--config",
-                "llama3_debugmodel",
-                "--hf_assets_path",
-                str(work / "assets" / "tokenizer"),
-                "--dataloader.dataset_path",
-                str(work / "assets" / "c4_test"),
-                "--training.steps",
-                str(STEPS),
-                "--training.local_batch_size",
-                str(LOCAL_BATCH),
-                "--dump_folder",
-                str(work / "dump"),
+                *titan_args(titan_version, work),
             ],
             cwd=work,
         )
@@ -278,12 +297,8 @@ def run(out: Path) -> dict[str, Any]:
                 {
                     "batch_interval_s": 0.5,
                     "collectors": {
-                        "torchtitan": {
-                            "path": str(log),
-                            "line_times": f"{log}.times",
-                            "dtype": "bf16",
-                            "model": MODEL,
-                        }
+                        # path and line_times come from the launch manifest (a torchtitan command)
+                        "torchtitan": {"dtype": "bf16", "model": MODEL}
                     },
                 }
             )
@@ -316,6 +331,16 @@ def run(out: Path) -> dict[str, Any]:
                 (out / name.replace("output", "titan_llama3_debug")).write_bytes(
                     (run_dir / name).read_bytes()
                 )
+        # torchtitan points the Flight Recorder's dump file into its own dump folder unless told:
+        # perfd launch appends --comm.* flags, so the agent's dump requests land in perfd's folder
+        man = json.loads(manifest.read_text())
+        res["fr"] = {
+            "perfd_folder": sorted(p.name for p in (out / "fr").glob("fr_dump_*")),
+            "torchtitan_comm_traces": sorted(p.name for p in (work / "dump").glob("comm_traces/*")),
+            "launch_notes": [n for n in man.get("notes", []) if "torchtitan" in n],
+            "agent_collectors": sorted(man.get("collectors", {})),
+        }
+        res["fr"]["ok"] = "fr_dump_0" in res["fr"]["perfd_folder"] and not res["fr"]["torchtitan_comm_traces"]
         titan = titan_steps(log)
         res["torchtitan_steps_logged"] = len(titan)
         summary = get(f"{base}/jobs/{JOB}/summary")
@@ -368,7 +393,7 @@ def run(out: Path) -> dict[str, Any]:
             res["offline"] = compare(data["iterations"], titan, data["summary"], ohead)
         else:
             res["offline"] = {"ok": False, "stderr": off.stderr[-2000:]}
-        res["ok"] = bool(res["live"]["ok"] and res["offline"]["ok"])
+        res["ok"] = bool(res["live"]["ok"] and res["offline"]["ok"] and res["fr"]["ok"])
     except Exception as exc:
         res["error"] = f"{type(exc).__name__}: {exc}"
         res["traceback"] = traceback.format_exc()[-3000:]
@@ -396,8 +421,12 @@ def run(out: Path) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("out", type=Path, nargs="?")
-    ap.add_argument("--install", type=Path, metavar="PART", help="install one part of torchtitan_wheels.py's "
-                    "directory into .titan-site, then exit")
+    ap.add_argument(
+        "--install",
+        type=Path,
+        metavar="PART",
+        help="install one part of torchtitan_wheels.py's directory into .titan-site, then exit",
+    )
     args = ap.parse_args()
     if args.install is not None:
         return install(args.install.resolve())
@@ -420,6 +449,8 @@ def main() -> int:
             f"Live: {res.get('live')}",
             "",
             f"Offline: {res.get('offline')}",
+            "",
+            f"Flight Recorder dumps: {res.get('fr')}",
             "",
             f"OK: {res.get('ok')}" + (f"; error {res.get('error')}" if res.get("error") else ""),
             "",

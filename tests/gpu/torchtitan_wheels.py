@@ -1,13 +1,20 @@
 """Download torchtitan 0.3.0 and every wheel it needs beyond torch into a directory, for a GPU
 machine without network (tests/gpu/torchtitan_live.py --install installs from it).
 
-    python3 tests/gpu/torchtitan_wheels.py .whl [--python 3.12] [--part-mib 55]
+    python3 tests/gpu/torchtitan_wheels.py .whl [--python 3.12] [--part-mib 55] [--have FILE]
+                                               [--torchtitan 0.2.2]
 
 Left out: torch (and what only torch needs: triton, nvidia-*, cuda-*), which the GPU machine has,
 and wandb with what only it needs (torchtitan imports it only when W&B logging is on). Each
 requirement is fetched with ``pip download --no-deps`` for the target Python and manylinux x86_64,
 its wheel's METADATA read for the next requirements (markers evaluated for that Python on Linux,
-extras not taken). The wheels are then split into DIR/part1, DIR/part2, ... of at most
+extras not taken). ``--torchtitan`` picks the release: 0.3.0 imports
+``torch.distributed.fsdp.DataParallelMeshDims``, which torch 2.11 lacks, so a machine with torch 2.11
+needs 0.2.2 (same log format; its CLI takes ``--model.*`` / ``--training.*`` flags instead of
+``--module/--config``). ``--have FILE`` names packages the GPU machine already holds (one name per line,
+``pip list --format freeze`` output works): they are left out too, which brings the closure from
+~160 MiB (pyarrow, pandas, numpy...) to a few MiB, one call's carry. The wheels are then split
+into DIR/part1, DIR/part2, ... of at most
 ``--part-mib`` MiB each (what one call to the GPU machine may carry), installed one part per call.
 Prints the closure as name==version lines and writes them to DIR/requirements.txt.
 """
@@ -26,13 +33,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 SKIP = ("torch", "triton", "wandb")
-ROOTS = ("torchtitan==0.3.0",)
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
 
 
-def _skip(name: str) -> bool:
+def _skip(name: str, have: set[str]) -> bool:
     n = canonicalize_name(name)
-    return n in SKIP or n.startswith(("nvidia-", "cuda-"))
+    return n in SKIP or n in have or n.startswith(("nvidia-", "cuda-"))
 
 
 def _requirements(wheel: Path) -> list[str]:
@@ -47,7 +53,14 @@ def main() -> int:
     ap.add_argument("dest", type=Path)
     ap.add_argument("--python", default="3.12")
     ap.add_argument("--part-mib", type=float, default=55.0)
+    ap.add_argument("--torchtitan", default="0.3.0", help="torchtitan release (0.2.2 for torch 2.11)")
+    ap.add_argument("--have", type=Path, help="packages the GPU machine already has, one per line")
     args = ap.parse_args()
+    have = set()
+    if args.have is not None:
+        for line in args.have.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                have.add(canonicalize_name(line.split("==")[0].strip()))
     dest: Path = args.dest
     dest.mkdir(parents=True, exist_ok=True)
     env = {
@@ -61,12 +74,12 @@ def main() -> int:
         "platform_python_implementation": "CPython",
         "extra": "",
     }
-    todo = [Requirement(r) for r in ROOTS]
+    todo = [Requirement(f"torchtitan=={args.torchtitan}")]
     done: dict[str, str] = {}
     while todo:
         req = todo.pop()
         name = canonicalize_name(req.name)
-        if name in done or _skip(name):
+        if name in done or _skip(name, have):
             continue
         platforms = [a for p in PLATFORMS for a in ("--platform", p)]
         cmd = [
