@@ -7,9 +7,11 @@ What the log says, and where perfd takes it from (formats read from torchtitan 0
   asctime is local time with milliseconds, ``2026-11-23 15:01:02,345``), possibly behind torchrun's
   ``[rankN]:`` prefix (``--role rank --tee 3``, what torchtitan's run_train.sh uses) and with ANSI
   colours unless ``metrics.disable_color_printing``;
-- start-up: ``torchtitan version: 0.3.0 (...)``; ``Building device mesh with parallelism: pp=1,
-  dp_replicate=1, dp_shard=8, cp=1, tp=1, ep=1``; ``Building llama3 debugmodel``; ``Model llama3
-  debugmodel size: 6,163,712 total parameters``; ``Peak FLOPS used for computing MFU: 9.890e+14``;
+- start-up (0.3.0; 0.2.2 alike, seen on an H100): ``torchtitan version: 0.3.0 (...)``;
+  ``Building device mesh with parallelism: pp=1, dp_replicate=1, dp_shard=8, cp=1, tp=1, ep=1``;
+  ``Building llama3 debugmodel`` (0.2.2: ``Building llama3 debugmodelwith {``, its arguments
+  after); ``Model llama3 debugmodel size: 6,163,712 total parameters``; ``Peak FLOPS used for
+  computing MFU: 9.890e+14``;
   ``Trainer is initialized with local batch size 8, global batch size 64, gradient accumulation
   steps 1, sequence length 2048, total steps 10 (warmup 2)``; ``Training starts at step 1``;
 - every ``metrics.log_freq`` steps (MetricsProcessor.log): ``step: 10  loss:  7.12345
@@ -50,7 +52,8 @@ _KV = re.compile(r"([a-z_]+):\s*(\S+)")
 _MEMORY = re.compile(r"^([0-9.]+)GiB\(([0-9.]+)%\)$")
 _VERSION = re.compile(r"^torchtitan version: (\S+)")
 _MESH = re.compile(r"^Building device mesh with parallelism: (.*)$")
-_BUILDING = re.compile(r"^Building (\S+) (\S+)$")
+# 0.2.2 runs the model arguments on: "Building llama3 debugmodelwith {" (no space; JSON lines follow)
+_BUILDING = re.compile(r"^Building (\S+) (\S+?)(?:\s?with \{.*)?$")
 _SIZE = re.compile(r"size: ([0-9,]+) total parameters")
 _PEAK = re.compile(r"^Peak FLOPS used for computing MFU: (\S+)")
 _TRAINER = re.compile(r"^Trainer is initialized with local batch size (\d+), global batch size (\d+), "

@@ -96,8 +96,8 @@ def layout_text(lay: Mapping[str, Any]) -> str:
     dims = " ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "vpp")
                     if lay.get(k) is not None)
     world, micro = lay.get("world_size"), lay.get("microbatches")
-    parts = [p for p in (dims, f"world size {world}" if world is not None else "",
-                         f"{micro} micro-batch{'es' if micro != 1 else ''}" if micro is not None else "") if p]
+    micro_text = f"{micro} micro-batch{'es' if micro != 1 else ''}" if micro is not None else ""
+    parts = [p for p in (dims, f"world size {world}" if world is not None else "", micro_text) if p]
     return ", ".join(parts) if parts else "layout unknown"
 
 

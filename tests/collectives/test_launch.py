@@ -90,11 +90,12 @@ def test_torchtitan_dumps_where_perfd_reads_them(tmp_path: Path) -> None:
     dump/comm_traces/rank_0): launch appends its --comm.* flags so both are perfd's, and names the
     torchtitan collector for the log."""
     fr = tmp_path / "fr"
-    plan = plan_launch(LaunchOptions(TITAN, flight_recorder=str(fr), run_dir=str(tmp_path / "r"), fr_buffer=3000))
+    plan = plan_launch(LaunchOptions(TITAN, flight_recorder=str(fr), run_dir=str(tmp_path / "r"),
+                                     fr_buffer=3000))
     assert plan.argv[: len(TITAN)] == TITAN
     extra = dict(zip(plan.argv[len(TITAN)::2], plan.argv[len(TITAN) + 1 :: 2], strict=True))
-    assert extra == {"--comm.save_traces_folder": str(fr.resolve()), "--comm.save_traces_file_prefix": "fr_dump_",
-                     "--comm.trace_buf_size": "3000"}
+    assert extra == {"--comm.save_traces_folder": str(fr.resolve()),
+                     "--comm.save_traces_file_prefix": "fr_dump_", "--comm.trace_buf_size": "3000"}
     # what torchtitan does with them is what perfd's reader expects
     titan_dump = os.path.join("/any/dump_folder", extra["--comm.save_traces_folder"]) + "/" + \
         extra["--comm.save_traces_file_prefix"]
