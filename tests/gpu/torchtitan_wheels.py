@@ -56,7 +56,7 @@ def main() -> int:
     ap.add_argument("--torchtitan", default="0.3.0", help="torchtitan release (0.2.2 for torch 2.11)")
     ap.add_argument("--have", type=Path, help="packages the GPU machine already has, one per line")
     args = ap.parse_args()
-    have = set()
+    have: set[str] = set()
     if args.have is not None:
         for line in args.have.read_text().splitlines():
             if line.strip() and not line.startswith("#"):
