@@ -76,7 +76,7 @@ _JOB_SHOWS: frozenset[Show] = frozenset({SUMMARY, REPORT, WANDB})
 @dataclass(frozen=True)
 class MetricDef:
     """One metric, declared once. For a per-iteration job metric, ``attr`` names the attribute of
-    the analysis' per-iteration result (perfd.analytics.megatron_job.IterationResult) and
+    the analysis' per-iteration result (perfd.analytics.run_analysis.IterationResult) and
     ``scale`` turns it into the catalog unit: every consumer (Prometheus, W&B, rules, the report,
     its tables and tiles) derives its value from these two through :func:`job_values`."""
 
@@ -145,7 +145,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_job_logged_tflops_per_gpu", "gauge", "tflops",
        "Framework's own throughput figure (Megatron 'throughput per GPU (TFLOP/s/GPU)', torchtitan "
        "'tflops')", _MEGATRON, JOB,
-       attr="megatron_tflops_per_gpu", alias="logged_tflops", shows=(TABLE,), short="logged TFLOP/s per GPU"),
+       attr="logged_tflops_per_gpu", alias="logged_tflops", shows=(TABLE,), short="logged TFLOP/s per GPU"),
     _m("perfd_job_tflops_gap_ratio", "gauge", "ratio",
        "(perfd − logged) / logged TFLOP/s per GPU; beyond 1% (torchtitan: 2%) the FLOPs model is suspect",
        _ANALYTICS, JOB,

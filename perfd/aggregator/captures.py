@@ -26,7 +26,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import place_ranks
 from perfd.analytics.capture_findings import diagnose_capture, steady_compute_ms
 from perfd.analytics.liveness import ENDED, RUNNING
-from perfd.analytics.megatron_job import IterationResult
+from perfd.analytics.run_analysis import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS
 from perfd.refusals import Refusals

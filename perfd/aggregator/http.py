@@ -21,7 +21,7 @@ from perfd import limits as L
 from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
-from perfd.analytics.megatron_job import IterationResult
+from perfd.analytics.run_analysis import IterationResult
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
 from perfd.exporters.remote_write import TargetStats

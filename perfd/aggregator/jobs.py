@@ -19,7 +19,7 @@ from typing import Any
 
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.diagnosis import TimelineClass
-from perfd.analytics.megatron_job import AnalysisMemo, RunAnalysis, analyze_run
+from perfd.analytics.run_analysis import AnalysisMemo, RunAnalysis, analyze_run
 from perfd.model import HOOK_FRAMEWORK, JobInfo, StepRecord, TimerValue, merge_job_info
 
 # Bucket upper bounds (s) of the step-time histogram: 50 ms to 2 min, about ×1.5 apart.

@@ -44,7 +44,7 @@ from perfd.analytics.goodput import metric_rows as goodput_rows
 from perfd.analytics.goodput import with_stall
 from perfd.analytics.incidents import Incident, hang_incident, is_disturbance
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
-from perfd.analytics.megatron_job import RunAnalysis
+from perfd.analytics.run_analysis import RunAnalysis
 from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_DATA, STEP_CONFLICT
 from perfd.limits import REFUSAL_LOG_INTERVAL_S
 from perfd.model import CollectiveRecord, JobInfo, StepRecord

@@ -11,7 +11,7 @@ from perfd.analytics.common import MetricValue
 from perfd.analytics.findings import Finding, Recommendation, grade_mfu
 from perfd.analytics.flops import FlopsResult, megatron_flops, model_flops, six_n_flops
 from perfd.analytics.gpus import GpuModel, PeakResult, lookup_gpu, peak_tflops
-from perfd.analytics.megatron_job import IterationResult, RunAnalysis, analyze_run
+from perfd.analytics.run_analysis import IterationResult, RunAnalysis, analyze_run
 
 __all__ = [
     "Bottleneck",

@@ -88,6 +88,8 @@ class Vocabulary:
     optimizer: tuple[str, ...]
     data_wait_absent: str
     comm_absent: str
+    throughput_absent: str = "the source states no throughput of its own"
+    straggler_absent: str = "no straggler line: the per-rank step records only"
     # How the values across ranks are read: "max across ranks" for Megatron's minmax timers, the
     # slowest rank's value for records folded from per-rank hooks.
     across_ranks: str = "max across ranks"
@@ -98,7 +100,9 @@ MEGATRON_VOCABULARY = Vocabulary(
     grad_sync=GRAD_SYNC_TIMERS, pp_p2p=PP_P2P_TIMERS, optimizer=(OPTIMIZER,),
     data_wait_absent="no batch-generator timer (needs --timing-log-level >= 1)",
     comm_absent="no communication timers in the log (needs --timing-log-level >= 1; p2p timers need "
-                "level 2)")
+                "level 2)",
+    throughput_absent="not in the log (needs --log-throughput)",
+    straggler_absent="timers only (no straggler line; needs --log-straggler)")
 HOOK_VOCABULARY = Vocabulary(
     "hook", data_wait=(HOOK_DATA_WAIT,), compute=(HOOK_COMPUTE,), grad_sync=(), pp_p2p=(), optimizer=(),
     data_wait_absent="the step hook reported no data wait (call hook.data_ready() once the batch is in)",
@@ -109,7 +113,9 @@ TORCHTITAN_VOCABULARY = Vocabulary(
     data_wait_absent="torchtitan's log line has no data-loading time (only its TensorBoard/W&B metrics "
                      "do): add the perfd step hook for it",
     comm_absent="torchtitan's log does not time communication: the total share comes from the Flight "
-                "Recorder (perfd launch --flight-recorder --fr-timing)")
+                "Recorder (perfd launch --flight-recorder --fr-timing)",
+    throughput_absent="no tflops on the step line",
+    straggler_absent="no straggler line: per-rank step lines ([rankN]: prefix) only")
 VOCABULARIES: dict[str, Vocabulary] = {v.source: v for v in (MEGATRON_VOCABULARY, HOOK_VOCABULARY,
                                                               TORCHTITAN_VOCABULARY)}
 

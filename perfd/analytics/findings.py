@@ -16,7 +16,7 @@ from perfd.analytics.stragglers import rank_order
 from perfd.model import JobInfo
 
 if TYPE_CHECKING:
-    from perfd.analytics.megatron_job import RunAnalysis
+    from perfd.analytics.run_analysis import RunAnalysis
 
 GRADES: tuple[tuple[str, str], ...] = (
     ("severe", "MFU < 30%: severe (usually communication or data loading)"),
@@ -109,7 +109,7 @@ def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[R
                          else "perfd FLOPs disagree with Megatron's logged throughput",
                          f"{n_chk - n_bad}/{n_chk} steady iterations within max(1%, log rounding); largest "
                          f"gap {_pct(gap)}; median perfd {med['model_tflops_per_gpu']:.2f} vs logged "
-                         f"{med['megatron_tflops_per_gpu']:.2f} TFLOP/s/GPU ({a.flops.formula}).",
+                         f"{med['logged_tflops_per_gpu']:.2f} TFLOP/s/GPU ({a.flops.formula}).",
                          {"n_checked": n_chk, "n_disagree": n_bad, "max_abs_gap": gap}, span,
                          str(a.flops.source) if a.flops.source else ""))
         if not ok:

@@ -1,4 +1,4 @@
-"""The whole-run parts of a run analysis (perfd.analytics.megatron_job): the steady-state summary
+"""The whole-run parts of a run analysis (perfd.analytics.run_analysis): the steady-state summary
 with the class and its votes, perfd's capture disturbances, the job block. Split from the per-
 iteration analysis to keep each module readable; pure, no I/O.
 """
@@ -24,7 +24,7 @@ from perfd.analytics.stragglers import PersistentStragglers
 from perfd.model import JobInfo, ParallelLayout
 
 if TYPE_CHECKING:
-    from perfd.analytics.megatron_job import IterationResult
+    from perfd.analytics.run_analysis import IterationResult
 
 
 def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady: SteadyState,

@@ -22,7 +22,7 @@ from typing import Any
 
 from collectors.megatron.parser import MegatronLogParser
 from perfd.analytics.diagnosis import TimelineClass
-from perfd.analytics.megatron_job import RunAnalysis, RunBuilder
+from perfd.analytics.run_analysis import RunAnalysis, RunBuilder
 from perfd.model import JobInfo, ParseIssue
 
 

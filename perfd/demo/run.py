@@ -143,7 +143,7 @@ def _progress_table(iterations: list[dict[str, Any]], stats: dict[str, Any] | No
         t.add_column(col)
     for it in iterations[-TABLE_ROWS:]:
         t.add_row(str(it.get("iteration")), _num(it.get("step_time_ms")),
-                  f"{_num(it.get('model_tflops_per_gpu'))} | {_num(it.get('megatron_tflops_per_gpu'))}",
+                  f"{_num(it.get('model_tflops_per_gpu'))} | {_num(it.get('logged_tflops_per_gpu'))}",
                   _pct(it.get("mfu")), _pct(it.get("comm_exposed_share")),
                   f"{_pct(it.get('pp_bubble_analytic'))} | {_pct(it.get('pp_idle_max'))}",
                   _pct(it.get("data_share")), str(it.get("bottleneck")), warmup_note(it))

@@ -15,7 +15,7 @@ from perfd import catalog
 from perfd.report.report import Report, format_value
 
 if TYPE_CHECKING:
-    from perfd.analytics.megatron_job import RunAnalysis
+    from perfd.analytics.run_analysis import RunAnalysis
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _STATUS_STYLE = {"severe": "bold red", "communication-overhead": "yellow", "good": "green",

@@ -17,7 +17,7 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.findings import Finding, Recommendation, grade_mfu, order_findings
 from perfd.analytics.goodput import headline_text
 from perfd.analytics.incidents import incident_findings, is_disturbance
-from perfd.analytics.megatron_job import RunAnalysis
+from perfd.analytics.run_analysis import RunAnalysis
 
 
 @dataclass

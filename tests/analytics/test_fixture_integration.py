@@ -40,9 +40,9 @@ def test_tflops_within_1pct_on_every_steady_iteration(parsed) -> None:
     steady = a.steady_iterations()
     assert len(steady) == 36 and [it.iteration for it in steady] == list(range(5, 41))
     for it in steady:
-        assert it.model_tflops_per_gpu is not None and it.megatron_tflops_per_gpu is not None
+        assert it.model_tflops_per_gpu is not None and it.logged_tflops_per_gpu is not None
         assert "formula:megatron-core>=0.12" in it.sources["model_tflops_per_gpu"]
-        assert abs(it.model_tflops_per_gpu - it.megatron_tflops_per_gpu) / it.megatron_tflops_per_gpu < 0.01
+        assert abs(it.model_tflops_per_gpu - it.logged_tflops_per_gpu) / it.logged_tflops_per_gpu < 0.01
         assert it.tflops_check_ok is True
 
 
@@ -99,8 +99,8 @@ def test_real_logs_tflops_match_on_every_steady_iteration(real_log) -> None:
     assert len(steady) >= 10, name
     for it in steady:
         assert "formula:megatron-core>=0.12" in it.sources["model_tflops_per_gpu"], name
-        assert it.model_tflops_per_gpu is not None and it.megatron_tflops_per_gpu is not None
-        assert abs(it.model_tflops_per_gpu / it.megatron_tflops_per_gpu - 1) < 0.01, (name, it.iteration)
+        assert it.model_tflops_per_gpu is not None and it.logged_tflops_per_gpu is not None
+        assert abs(it.model_tflops_per_gpu / it.logged_tflops_per_gpu - 1) < 0.01, (name, it.iteration)
     assert a.summary["tflops_check_n_disagree"] == 0
 
 

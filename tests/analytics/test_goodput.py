@@ -23,7 +23,7 @@ import pytest
 from collectors.megatron.parser import parse_lines
 from perfd.analytics import goodput as gpm
 from perfd.analytics.goodput import StepSpan, job_goodput, with_stall
-from perfd.analytics.megatron_job import analyze_run
+from perfd.analytics.run_analysis import analyze_run
 
 ROOT = Path(__file__).resolve().parents[2]
 COTENANT = ROOT / "tests/data/incidents/costraggler_dp2/dp2_cotenant.log"

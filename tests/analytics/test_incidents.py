@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from perfd.analytics.incidents import CAPTURE, SLOW, detect_incidents, incident_findings
-from perfd.analytics.megatron_job import IterationResult
+from perfd.analytics.run_analysis import IterationResult
 
 
 def _its(steps: list[float]) -> list[IterationResult]:

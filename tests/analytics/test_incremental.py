@@ -12,8 +12,8 @@ import pytest
 
 from collectors.megatron import parse_lines
 from perfd.aggregator.jobs import job_level_steps, mark_disturbed
-from perfd.analytics import megatron_job
-from perfd.analytics.megatron_job import AnalysisMemo, analyze_run
+from perfd.analytics import run_analysis
+from perfd.analytics.run_analysis import AnalysisMemo, analyze_run
 from perfd.model import TimerValue
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -27,13 +27,13 @@ def test_a_grown_run_recomputes_only_its_new_iterations_and_matches_a_fresh_anal
     recs = sorted(parsed.records, key=lambda r: r.iteration)
     assert len(recs) >= 20
     calls: list[int] = []
-    real = megatron_job._iteration
+    real = run_analysis._iteration
 
     def counting(rec, ctx):
         calls.append(rec.iteration)
         return real(rec, ctx)
 
-    monkeypatch.setattr(megatron_job, "_iteration", counting)
+    monkeypatch.setattr(run_analysis, "_iteration", counting)
     memo = AnalysisMemo()
     cut = len(recs) * 2 // 3
     analyze_run(parsed.job_info, recs[:cut], gpu_name="NVIDIA H200", memo=memo)

@@ -6,7 +6,7 @@ import dataclasses
 
 from perfd.analytics import analyze_run
 from perfd.analytics.iteration_table import Table
-from perfd.analytics.megatron_job import IterationResult, RunBuilder
+from perfd.analytics.run_analysis import IterationResult, RunBuilder
 from perfd.report import analysis_json
 from tests.analytics.analytics_helpers import fixture_job, fixture_records
 

@@ -23,7 +23,7 @@ import yaml
 
 from collectors.torchtitan.collector import TorchtitanCollector, model_spec
 from collectors.torchtitan.parser import TorchtitanLogParser
-from perfd.analytics.megatron_job import analyze_run
+from perfd.analytics.run_analysis import analyze_run
 from perfd.model import StepRecord
 from perfd.report import build_report
 
@@ -96,7 +96,7 @@ def test_without_a_model_spec_the_logged_throughput_stands_in() -> None:
     it = a.steady_iterations()[0]
     # The parameter count from the log gives 6·N·tokens; perfd says which count it used.
     assert a.flops.formula == "6*N*tokens" and it.mfu is not None
-    assert "torchtitan" in it.sources["megatron_tflops_per_gpu"]
+    assert "torchtitan" in it.sources["logged_tflops_per_gpu"]
 
 
 def test_per_rank_lines_make_per_rank_records() -> None:

@@ -1,4 +1,6 @@
-"""Analysis of one Megatron-LM run: per-iteration metrics, steady-state summary, findings.
+"""Analysis of one training run, whatever its step source (Megatron-LM's log, the step hook,
+torchtitan's log): per-iteration metrics, steady-state summary, findings. Each source's records
+are read through its vocabulary (perfd.analytics.common.Vocabulary), declared once there.
 
 ``analyze_run(job, records)`` is pure: it takes what the log parser produced (JobInfo and the
 StepRecords) and returns a RunAnalysis. Every number carries its source; a number whose inputs
@@ -17,7 +19,7 @@ from typing import Any, NamedTuple
 
 from perfd import catalog
 from perfd.analytics import bottleneck as bn
-from perfd.analytics.common import MetricValue, finite
+from perfd.analytics.common import MetricValue, finite, vocabulary_of
 from perfd.analytics.diagnosis import TimelineClass, classify_job
 from perfd.analytics.findings import Finding, Recommendation, derive_findings, order_findings
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
@@ -60,7 +62,7 @@ class IterationResult:
     end_time: float | None = _internal("wall time (epoch s) the iteration ended: a timestamp, not a "
                                        "measurement (W&B rows take it as their _timestamp)")
     step_time_ms: float | None = None
-    megatron_tflops_per_gpu: float | None = None  # the log's own figure
+    logged_tflops_per_gpu: float | None = None  # the log's own figure
     model_tflops_per_gpu: float | None = None  # perfd's (formula, else logged, else 6N)
     tflops_rel_gap: float | None = None  # (perfd − logged) / logged
     tflops_check_ok: bool | None = None
@@ -266,15 +268,16 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
                                                  ctx.flops_cache)
     it = IterationResult(rec.iteration, end_time=finite(rec.end_time),
                          step_time_ms=finite(rec.step_time_ms),
-                         megatron_tflops_per_gpu=finite(rec.logged_tflops_per_gpu),
+                         logged_tflops_per_gpu=finite(rec.logged_tflops_per_gpu),
                          lm_loss=finite(rec.lm_loss))
     srcs = it.sources
-    srcs["step_time_ms"] = str(rec.source) if rec.source else "megatron: elapsed time per iteration"
-    srcs["lm_loss"] = ("megatron: lm loss" if it.lm_loss is not None
-                       else "absent: no lm loss on this iteration (NaN loss removes the field)")
-    srcs["megatron_tflops_per_gpu"] = (f"{logged_throughput_source(job.framework)}"
-                                       if it.megatron_tflops_per_gpu is not None
-                                       else "absent: not in the log (needs --log-throughput)")
+    vocab = vocabulary_of(rec)
+    srcs["step_time_ms"] = str(rec.source) if rec.source else f"{vocab.source}: step time"
+    srcs["lm_loss"] = (f"{vocab.source}: loss" if it.lm_loss is not None
+                       else "absent: no loss on this iteration (a NaN loss removes the field)")
+    srcs["logged_tflops_per_gpu"] = (f"{logged_throughput_source(job.framework)}"
+                                     if it.logged_tflops_per_gpu is not None
+                                     else f"absent: {vocab.throughput_absent}")
 
     # Throughput, MFU, cross-check. FLOPs: what the record states (the step hook's flops_per_step
     # or tokens_per_step), else the job's formula for the iteration's global batch.
@@ -289,8 +292,8 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     tput = MetricValue.absent(fl.reason() or "model FLOPs unknown")
     if fl.available and fl.formula != FORMULA_6N:
         tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
-    if tput.value is None and it.megatron_tflops_per_gpu is not None:
-        tput = MetricValue(it.megatron_tflops_per_gpu, Provenance(
+    if tput.value is None and it.logged_tflops_per_gpu is not None:
+        tput = MetricValue(it.logged_tflops_per_gpu, Provenance(
             job.framework, "logged throughput per GPU (perfd's formula unavailable: "
                            f"{tput.reason})"))
     if tput.value is None and fl.available and fl.formula == FORMULA_6N:
@@ -298,7 +301,7 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     it.model_tflops_per_gpu = tput.value
     srcs["model_tflops_per_gpu"] = srcs["tflops_rel_gap"] = _src(tput)
     if tput.source is not None and tput.source.collector == "analytics":
-        chk = crosscheck_tflops(tput.value, it.megatron_tflops_per_gpu, job.framework)
+        chk = crosscheck_tflops(tput.value, it.logged_tflops_per_gpu, job.framework)
         it.tflops_rel_gap, it.tflops_check_ok = chk.rel_gap, chk.agrees
     m = mfu(tput, peak)
     it.mfu = m.value
@@ -341,7 +344,7 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     it.straggler_rank_compute_ratio = dict(st.per_rank_ratio)
     it.straggler_notes = list(st.notes)
     srcs["straggler"] = ("megatron: straggler detector line (MnRtt/MxRtt)" if rec.straggler
-                         else "megatron: timers only (no straggler line; needs --log-straggler)")
+                         else f"{vocab.source}: {vocab.straggler_absent}")
     srcs["straggler_rtt_ratio"] = srcs["straggler"]
     return it, st
 
@@ -360,7 +363,7 @@ def analyze_run(
     memo: AnalysisMemo | None = None,
     gpm_when: str = "GPM while the job stepped",
 ) -> RunAnalysis:
-    """Analyse a Megatron run's step records (any order; one record per logged iteration).
+    """Analyse a run's step records (any order; one record per logged iteration).
     ``memo``: keep per-iteration work for the next analysis of the same, grown run."""
     run = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo,
                      gpm_when=gpm_when)

@@ -9,14 +9,14 @@ import statistics
 import pytest
 
 from perfd.analytics import analyze_run
-from perfd.analytics.megatron_job import resolve_dtype
+from perfd.analytics.run_analysis import resolve_dtype
 from perfd.model import ParallelLayout, StepRecord, TimerValue
 from perfd.report import analysis_json
 from tests.analytics.analytics_helpers import fixture_job, fixture_record, fixture_records, fixture_row
 from tests.analytics.megatron_fixture_data import ROWS
 
 ITERATION_KEYS = {
-    "iteration", "step_time_ms", "megatron_tflops_per_gpu", "model_tflops_per_gpu", "mfu", "data_share",
+    "iteration", "step_time_ms", "logged_tflops_per_gpu", "model_tflops_per_gpu", "mfu", "data_share",
     "comm_exposed_share", "comm_exposed_dp_share", "comm_exposed_pp_share", "pp_bubble_analytic",
     "pp_idle_min", "pp_idle_max", "pp_imbalance", "steady_state", "sources",
 }
@@ -29,7 +29,7 @@ def test_fixture_run_summary() -> None:
     assert (s["steady_first_iteration"], s["steady_last_iteration"]) == (5, 40)
     assert med["step_time_ms"] == pytest.approx(336.8)
     assert med["model_tflops_per_gpu"] == pytest.approx(82.79, abs=0.01)
-    assert med["megatron_tflops_per_gpu"] == pytest.approx(82.8)
+    assert med["logged_tflops_per_gpu"] == pytest.approx(82.8)
     assert med["mfu"] == pytest.approx(82.79 / 989, abs=1e-4)
     assert med["pp_bubble_analytic"] == pytest.approx(1 / 17)
     assert med["pp_idle_max"] == pytest.approx(0.240, abs=0.002)  # lighter stage ~24%
@@ -49,9 +49,9 @@ def test_every_iteration_matches_logged_throughput() -> None:
     a = analyze_run(fixture_job(), fixture_records(), gpu_name="NVIDIA H200")
     for it in a.iterations:  # warm-up included: the formula holds on every line
         assert it.tflops_check_ok is True, it.iteration
-        assert it.model_tflops_per_gpu is not None and it.megatron_tflops_per_gpu is not None
-        assert abs(it.model_tflops_per_gpu - it.megatron_tflops_per_gpu) <= max(
-            0.01 * it.megatron_tflops_per_gpu, 0.05)
+        assert it.model_tflops_per_gpu is not None and it.logged_tflops_per_gpu is not None
+        assert abs(it.model_tflops_per_gpu - it.logged_tflops_per_gpu) <= max(
+            0.01 * it.logged_tflops_per_gpu, 0.05)
     it38 = next(it for it in a.iterations if it.iteration == 38)
     assert it38.model_tflops_per_gpu == pytest.approx(84.213, abs=1e-3)
     assert it38.mfu == pytest.approx(84.213 / 989, rel=1e-4)
