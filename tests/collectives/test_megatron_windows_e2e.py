@@ -130,7 +130,10 @@ def test_megatron_windows_from_line_times(tmp_path: Path) -> None:
         # seconds and would put several iterations in one second.
         assert all(e >= b for e, b in zip(ends, intended, strict=True))
         assert statistics.median(e - b for e, b in zip(ends, intended, strict=True)) < 0.05
-        assert all(b > a for a, b in itertools.pairwise(ends))
+        # In order; distinct but for lines a starved reader took in one read (the launch stamps a
+        # read, and a loaded 2-core machine can hold it back past the next boundary).
+        assert all(b >= a for a, b in itertools.pairwise(ends))
+        assert len(set(ends)) >= len(ends) - 2
         assert len({int(e) for e in ends}) < len(ends)  # several iterations share a second
 
         want = analyze_collectives("meg", _records(out), steps).to_json()
