@@ -222,7 +222,7 @@ JOB_STALLED = Threshold(
              "the Prometheus alert PerfdJobStalled waits the same minute on perfd_job_state_info"),))
 
 # --- goodput (perfd.analytics.goodput) ---------------------------------------------------------------
-_GP = "DESIGN.md §2 Goodput (defined in perfd/analytics/goodput.py)"
+_GP = "perfd/analytics/goodput.py (perfd's own definition of goodput; DESIGN.md §2 has none)"
 GOODPUT_STALL_STEPS = Threshold(
     5.0, "time between two logged steps that neither the steps, a checkpoint save nor an evaluation "
     "explain is a stall once it exceeds five median steps (less is logging and host overhead)", _GP)
