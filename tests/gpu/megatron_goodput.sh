@@ -45,7 +45,8 @@ for name in $NAMES; do
   rm -rf "$OUT_DIR/ckpt-$name" "$OUT_DIR/$name.log" "$OUT_DIR/$name.cmd"
   run "$name" --save "$OUT_DIR/ckpt-$name" --train-iters "$ITERS" --exit-interval "$FIRST"
   if [ "$name" = resume_older ]; then
-    echo 40 > "$OUT_DIR/ckpt-$name/latest_checkpointed_iteration.txt"  # resume from iteration 40
+    # resume from an earlier save (OLDER, default 40): the iterations after it are trained again
+    echo "${OLDER:-40}" > "$OUT_DIR/ckpt-$name/latest_checkpointed_iteration.txt"
   fi
   run "$name" --save "$OUT_DIR/ckpt-$name" --load "$OUT_DIR/ckpt-$name" --train-iters "$ITERS"
   grep -c "saving checkpoint at iteration" "$OUT_DIR/$name.log"
