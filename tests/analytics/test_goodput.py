@@ -1,8 +1,9 @@
 """Goodput of a job (perfd.analytics.goodput) on recorded Megatron-LM logs: the parts add up to the
 wall time, and each part matches the log's own figures (its timestamps and timers) within 1%.
 
-The recorded logs here have no checkpoint save and no resumed run (tests/gpu/megatron_goodput.sh
-records one). Two fixtures are therefore *constructed* from real logs, and say so:
+Recorded jobs that save, evaluate and resume are checked in test_goodput_recorded.py
+(tests/gpu/megatron_goodput.sh made them). The fixtures here are *constructed* from real logs, and
+say so:
 - a restart: two real runs (tests/data/megatron, recorded one after the other by the same script on
   the same machine, each a new set of processes starting at iteration 1) read as one log;
 - a checkpoint save and an evaluation: the lines Megatron-LM prints for them (the text of

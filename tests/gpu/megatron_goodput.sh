@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Records the Megatron-LM logs that goodput's checkpoint, evaluation and restart parts are checked
-# on (perfd.analytics.goodput; tests/analytics/test_goodput.py builds its fixtures from other real
-# logs until these exist). On a 2-GPU machine, one job, two runs appended to ONE log, as a job
+# Records the Megatron-LM logs that goodput's checkpoint, evaluation, restart and redone parts are
+# checked on (perfd.analytics.goodput; tests/analytics/test_goodput_recorded.py, on the H100
+# recordings tests/data/megatron/h100_resume_*.log). On a 1- or 2-GPU machine, one job, two runs appended to ONE log, as a job
 # restarted by its scheduler writes it:
 #   run 1: --save DIR --save-interval 20 --eval-interval 25, stopped by --exit-interval 50 after
 #          iteration 50 (saves at 20, 40 and the final one at 50; evaluations at 25 and 50);
