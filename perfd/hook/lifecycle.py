@@ -1,5 +1,5 @@
 """The step hook's harvester thread loop, and what becomes of every live hook at interpreter exit
-and in a forked child (``perfd.hook.step`` has the why of the thread itself)."""
+and in a forked child (``perfd.hook.harvest`` has the why of the thread itself)."""
 
 from __future__ import annotations
 

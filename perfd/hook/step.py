@@ -20,25 +20,10 @@ A step's events and stamps live in a reusable slot; there are ``pool_size + 2`` 
 held), so one is free while the deque has room. torch creates an event at its first record: the
 hook records every slot's events once at the first ``step_begin()``, so no step creates one.
 
-The harvester, a daemon thread (``perfd-hook-harvest``), wakes every ``harvest_interval_s`` (50 ms)
-or when the deque is half full. Events on one stream complete in order: one ``query()`` on the
-newest pending end event settles all older ones (when the GPU is behind it, a galloping search back
-from the newest takes a few). Then per step the elapsed times, percentiles, the 104-byte struct,
-and datagrams of up to 32 records, one at least every ``flush_interval_s`` (a Unix datagram
-receiver queues only ~10, ``net.unix.max_dgram_qlen``). The thread first makes the training
-thread's CUDA context current (``cuCtxSetCurrent``) and takes the thread-local stream-capture mode
-(so that its queries cannot break a CUDA graph capture on the training thread). Its work takes
-the GIL (its driver calls keep it, as torch's do: ``timing._load_driver``), so in a GIL-bound loop
-it runs when the loop releases the GIL (any torch op does) or after ``sys.getswitchinterval()``;
-``counters()["harvest_cpu_ns"]`` is its cost. It holds a weak reference to the hook and ends at
-``close()``, at interpreter exit (atexit) or when the hook is garbage; a forked child has none
-(``_after_fork_in_child``).
-
-Harvesting stays inline in ``step_end()`` where a thread buys nothing: host timing (``cuda=False``
-or no GPU: no query to save, and the GIL would serialize the record's few µs of Python with the
-loop anyway) and ``flush_interval_s=0`` (each record sent at once: tests, debugging).
-``harvest_interval_s=0`` forces inline, ``> 0`` the thread. Inline, a CUDA end event is not queried
-by the ``step_end()`` that recorded it (it cannot be done): step N is reported at step N+1 or N+2.
+What happens to a step after ``step_end()`` (the harvester thread, or inline harvesting), and why,
+is in ``perfd.hook.harvest``; the profile range protocol is in ``perfd.hook.profile``; the slot and
+the state the parts share, in ``perfd.hook.state``. ``StepHook`` is made of those parts (base
+classes) and keeps here the step path, its construction and its lifecycle.
 
 The first ``warmup_steps`` steps are reported but flagged and left out of the rolling p50/p90/p99.
 Profile requests are polled on the training thread, which calls ``cudaProfilerStart()``/
@@ -54,13 +39,16 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
 from perfd.hook import lifecycle, wire
-from perfd.hook.jobinfo import check_layout, job_msg
+from perfd.hook.harvest import Harvester
+from perfd.hook.jobinfo import check_layout
+from perfd.hook.profile import ProfileControl, ProfilerControl
 from perfd.hook.sender import DatagramSender
+from perfd.hook.state import Slot
 from perfd.hook.timing import (
     CudaApi,
     HostMarker,
@@ -71,49 +59,14 @@ from perfd.hook.timing import (
 )
 from perfd.model import ModelSpec
 
-ProfilerControl = tuple[Callable[[], Any], Callable[[], Any]]  # (start, stop)
-
 _POLL_INTERVAL_NS = 50_000_000
 # Host time after step_end() returned within which step_begin() may reuse its end marker: a
 # Python loop iteration takes well under it, any torch op launch (3-20 µs measured) well over.
 _ALIAS_GAP_NS = 2_000
 _HARVEST_INTERVAL_S = 0.05
-_JOB_INTERVAL_NS = 60_000_000_000  # the job record again: an agent restarted since learns it
-# The longest anything waits for the harvester: a pass holds the lock for µs to a few ms; a pass
-# stuck in the driver must not hang close() or flush().
-_LOCK_TIMEOUT_S = 1.0
+# The longest close() waits for the harvester thread to end (the lock's wait is
+# perfd.hook.harvest's _LOCK_TIMEOUT_S): a pass stuck in the driver must not hang close().
 _JOIN_TIMEOUT_S = 2.0
-
-
-class _Slot:
-    """One step's events and host stamps; slots are reused, never allocated per step.
-
-    Hand-over between the threads: the training thread writes a slot taken from the free deque
-    and appends it to the pending deque at step_end(), never touching it again; the harvester
-    reads it from there and puts it back on the free deque. A slot whose begin is the previous
-    step's end (``prev``) needs that slot's end intact: the harvester keeps the last slot it read
-    (``_held``) until it has read the next one, and the training thread only aliases the last
-    slot it appended, so the slot referred to is always pending or held, never free.
-    """
-
-    __slots__ = ("begin", "data", "data_event", "end", "index", "prev", "profiling", "step", "t_begin",
-                 "t_data", "wall_end_ns")
-
-    def __init__(self, make: MarkerFactory, data_event: bool) -> None:
-        self.begin: Marker = make()
-        self.end: Marker = make()
-        self.data: Marker | None = make() if data_event else None
-        self.step = 0
-        self.index = 0
-        self.prev: _Slot | None = None  # the step whose end event is this one's begin
-        self.t_begin = 0
-        self.t_data = -1  # host stamp of data_ready(), -1 when not called
-        self.data_event = False  # the data event was recorded in this step
-        self.profiling = False
-        self.wall_end_ns = 0
-
-    def markers(self) -> list[Marker]:
-        return [m for m in (self.begin, self.end, self.data) if m is not None]
 
 
 class _StepContext:
@@ -135,7 +88,7 @@ class _StepContext:
             self._hook.abandon_step()  # a step that raised is not a step time
 
 
-class StepHook:
+class StepHook(ProfileControl, Harvester):
     """Use as ``with hook.step(): ...`` or ``step_begin()`` / ``data_ready()`` / ``step_end()``.
 
     Step numbers: pass ``step=`` (e.g. the optimizer step count, to join with other sources), or let
@@ -144,8 +97,8 @@ class StepHook:
     ``rank`` defaults to ``$RANK``, then ``torch.distributed.get_rank()``
     once initialised, else 0. ``marker_factory`` and ``profiler`` replace the CUDA events and the
     CUDA profiler API (tests, other accelerators). ``pool_size``: steps that may wait to be
-    harvested. ``harvest_interval_s``: see the module docstring (None: the thread with CUDA events
-    and batching, else inline).
+    harvested. ``harvest_interval_s``: see ``perfd.hook.harvest`` (None: the thread with CUDA
+    events and batching, else inline).
 
     ``tokens_per_step`` and ``flops_per_step`` are the whole job's per step (all ranks, as Megatron
     counts an iteration): MFU = flops_per_step ÷ (step time · world size · peak). Without
@@ -190,13 +143,13 @@ class StepHook:
         self.alias_misses = 0  # kept for counters(): with slots a begin event cannot go missing
         self._step_errors = 0
         self._harvest_errors = 0
-        self.last_error: str | None = None
+        self.last_error = None
         self.harvest_passes = 0
         self.harvest_cpu_ns = 0  # CPU time of the harvester thread's passes
         self.queries = 0  # query() calls made while harvesting
         self.cuda = False
-        self._torch: Any = None
-        self.cuda_api: CudaApi | None = None
+        self._torch = None
+        self.cuda_api = None
         make: MarkerFactory = HostMarker
         if marker_factory is not None:
             make = marker_factory
@@ -219,17 +172,17 @@ class StepHook:
         # with the deque bounded at pool_size the free deque never runs dry (if it did, the step
         # would go unmeasured and be counted).
         n_slots = pool_size + 2 if self.enabled else 0
-        self._slots = [_Slot(make, self._data_event) for _ in range(n_slots)]
+        self._slots = [Slot(make, self._data_event) for _ in range(n_slots)]
         self._markers: list[Marker] = [m for slot in self._slots for m in slot.markers()]
-        self._free: deque[_Slot] = deque(self._slots)
-        self._pending: deque[_Slot] = deque()
-        self._held: _Slot | None = None  # harvester: the last slot it read
-        self._cur: _Slot | None = None  # the open step
-        self._last: _Slot | None = None  # training thread: the last slot appended, if still aliasable
+        self._free = deque(self._slots)
+        self._pending = deque()
+        self._held = None  # harvester: the last slot it read
+        self._cur: Slot | None = None  # the open step
+        self._last: Slot | None = None  # training thread: the last slot appended, if still aliasable
         self._next_step = 1
         self._ctx = _StepContext(self)
         self._profiler = profiler
-        self._req: wire.ProfileRequest | None = None
+        self._req = None
         self._profiling = False
         self._profile_stop = 0
         self._profile_id = 0
@@ -257,7 +210,7 @@ class StepHook:
         self._closed = False
         self._ready = False
         self._bound = False  # the harvester thread has made the CUDA context current
-        self._outbox: deque[bytes] = deque()  # profile statuses for the harvester to send
+        self._outbox = deque()  # profile statuses for the harvester to send
         lifecycle.track(self)  # closed at exit, fixed up in a forked child
 
     # ------------------------------------------------------------------------------- the step path
@@ -386,174 +339,6 @@ class StepHook:
             self._lock.release()
         return True
 
-    # ------------------------------------------------------------------------------- harvesting
-
-    def harvest(self) -> int:
-        """Report every finished step, oldest first, without waiting for the GPU. Returns how many.
-        The harvester thread does this by itself. Safe from any thread that has the training
-        thread's CUDA context current (the training thread has)."""
-        return self._harvest(0)
-
-    def _harvest(self, keep: int) -> int:
-        if not self._lock.acquire(timeout=_LOCK_TIMEOUT_S):
-            return 0
-        try:
-            return self._harvest_locked(keep)
-        except Exception as exc:
-            self._internal(exc, harvester=True)
-            return 0
-        finally:
-            self._lock.release()
-
-    def _harvest_locked(self, keep: int) -> int:
-        # Events on one stream complete in order, so the newest complete end event settles every
-        # older step: one query when the GPU has caught up, a few (_settled) when it has not.
-        pending = self._pending
-        n = len(pending) - keep
-        if n <= 0:
-            return 0
-        self.queries += 1
-        if not pending[n - 1].end.query():
-            n = self._settled(n)
-        done = 0
-        while done < n:
-            slot = pending[0]
-            prev = slot.prev
-            step_ns = (slot.begin if prev is None else prev.end).elapsed_ns(slot.end)
-            if step_ns is None:
-                break  # not complete after all (another stream, say): the next pass
-            pending.popleft()
-            try:
-                self._report(slot, step_ns)
-            finally:  # _retire(slot), inlined: once per step
-                held = self._held
-                if held is not None:
-                    self._free.append(held)
-                self._held = slot
-            done += 1
-        return done
-
-    def _settled(self, n: int) -> int:
-        """How many of the ``n`` oldest pending steps have completed, the newest of them known not
-        to be: a galloping search back from the newest (the GPU is usually a step or two behind),
-        then a binary search. O(log n) queries, never one per step."""
-        pending = self._pending
-        hi, lo, gap = n - 1, -1, 1  # pending[hi] is not complete; pending[lo] is (-1: none known)
-        while hi - gap > lo:
-            i = hi - gap
-            self.queries += 1
-            if pending[i].end.query():
-                lo = i
-                break
-            hi, gap = i, gap * 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            self.queries += 1
-            if pending[mid].end.query():
-                lo = mid
-            else:
-                hi = mid
-        return lo + 1
-
-    def _retire(self, slot: _Slot) -> None:
-        """``slot`` has been read (or given up): it is held until the next one has been read too
-        (that one may begin at its end event); the one held before goes back to the free deque.
-        (Inlined in _harvest_locked: keep the two alike.)"""
-        held = self._held
-        if held is not None:
-            self._free.append(held)
-        self._held = slot
-
-    def _report(self, slot: _Slot, step_ns: int) -> None:
-        # Per record: locals only, no allocation beyond the packed bytes.
-        flags = self._flags
-        data_ns = compute_ns = -1
-        t_data = slot.t_data
-        if t_data >= 0:
-            flags |= wire.FLAG_HAS_DATA
-            data_ns = t_data - slot.t_begin
-            if slot.data_event and slot.data is not None:
-                compute = slot.data.elapsed_ns(slot.end)
-                if compute is not None:
-                    compute_ns = compute
-        if slot.profiling:
-            flags |= wire.FLAG_PROFILING
-        stats = self.stats
-        if slot.index < self.warmup_steps:
-            flags |= wire.FLAG_WARMUP
-        else:
-            stats.add(step_ns)
-        pct = stats.p50_p90_p99()
-        p50, p90, p99 = pct if pct is not None else (-1, -1, -1)
-        tokens, flops = self.tokens_per_step, self.flops_per_step
-        rank = self._rank
-        self._batch += _STEP_PACK(
-            _VERSION, _KIND_STEP, flags, rank if rank is not None else -1, self.pid, slot.step,
-            slot.wall_end_ns, step_ns, data_ns, compute_ns, p50, p90, p99, len(stats),
-            self.sender.dropped & 0xFFFFFFFF, self.harvest_drops & 0xFFFFFFFF,
-            _NAN if tokens is None else tokens, _NAN if flops is None else flops)
-        self.steps_reported += 1
-        self._batch_n += 1
-        if self._batch_n >= self._batch_max or time.perf_counter_ns() >= self._flush_at:
-            self._flush()
-
-    def flush(self) -> None:
-        """Send the batched records now (one datagram). Never raises; waits at most for the end of
-        a harvester pass."""
-        if self._lock.acquire(timeout=_LOCK_TIMEOUT_S):
-            try:
-                self._flush()
-            finally:
-                self._lock.release()
-
-    def _flush(self) -> None:
-        if self._batch_n:
-            now = time.perf_counter_ns()
-            with_job = now >= self._job_due_ns and self._rank is not None
-            if with_job:
-                assert self._rank is not None
-                self._job_due_ns = now + _JOB_INTERVAL_NS
-                self._batch[:0] = wire.pack_job(job_msg(self._rank, self.pid, self.dtype, self.layout,
-                                                        self.mesh))
-            if not self.sender.send(bytes(self._batch), self._batch_n) and with_job:
-                self._job_due_ns = 0  # not delivered: it goes with the next datagram
-            self._batch.clear()
-            self._batch_n = 0
-        self._flush_at = time.perf_counter_ns() + self._flush_ns
-
-    def _pass(self) -> None:
-        """One wake-up of the harvester thread."""
-        t0 = time.thread_time_ns()
-        try:
-            api = self.cuda_api
-            if api is not None and not self._bound:
-                self._bound = True  # once: a failure falls back to the torch API, counted
-                api.bind_context()
-            self._send_outbox()
-            if self._lock.acquire(timeout=_LOCK_TIMEOUT_S):
-                try:
-                    self._harvest_locked(0)
-                    if self._batch_n and time.perf_counter_ns() >= self._flush_at:
-                        self._flush()
-                finally:
-                    self._lock.release()
-        except Exception as exc:
-            self._internal(exc, harvester=True)
-        self.harvest_passes += 1
-        self.harvest_cpu_ns += time.thread_time_ns() - t0
-
-    def _last_passes(self) -> None:
-        """The harvester's last act, at close(): harvest until nothing is pending or the deadline."""
-        self._pass()
-        while self._pending and time.monotonic() < self._final_deadline:
-            time.sleep(0.001)
-            self._pass()
-
-    def _send_outbox(self) -> None:
-        out = self._outbox
-        while out:
-            self.sender.send(out.popleft())
-
     # ------------------------------------------------------------------------------- lifecycle
 
     def _first_use(self) -> None:
@@ -638,10 +423,6 @@ class StepHook:
             self.sender = DatagramSender(old.path, retry_s=old.retry_ns / 1e9)
             old.close()
 
-    @property
-    def internal_errors(self) -> int:
-        return self._step_errors + self._harvest_errors
-
     def counters(self) -> dict[str, Any]:
         return {"steps_begun": self.steps_begun, "steps_reported": self.steps_reported,
                 "pending": len(self._pending), "batched": self._batch_n, "harvest_drops": self.harvest_drops,
@@ -658,13 +439,6 @@ class StepHook:
 
     # ------------------------------------------------------------------------------- internals
 
-    def _internal(self, exc: BaseException, harvester: bool = False) -> None:
-        if harvester:  # one counter per thread: += is not atomic across threads
-            self._harvest_errors += 1
-        else:
-            self._step_errors += 1
-        self.last_error = f"{type(exc).__name__}: {exc}"[:300]
-
     def _resolve_rank(self) -> None:
         # At the first step: by then a distributed job has initialised its process group (the
         # model is wrapped before the loop). Without one and without $RANK: a single process, 0.
@@ -676,95 +450,6 @@ class StepHook:
             pass
         if self._rank is None:
             self._rank = 0
-
-    # profile control (training thread) ----------------------------------------------------
-
-    def _status(self, state: int, request_id: int, step: int) -> None:
-        rank = -1 if self._rank is None else self._rank
-        msg = wire.pack_profile_status(wire.ProfileStatus(state, rank, self.pid, request_id, step))
-        if self._threaded and not self._closed:
-            self._outbox.append(msg)  # the sender is the harvester's: no syscall, no lock here
-            self._wake.set()
-        else:
-            self.sender.send(msg)
-
-    def _poll_control(self, next_step: int) -> None:
-        for _ in range(8):  # bounded: a flood of requests must not stall a step
-            msg = self.sender.recv()
-            if msg is None:
-                return
-            kind = wire.kind_of(msg)
-            if kind not in (wire.KIND_PROFILE_REQUEST, wire.KIND_PROFILE_CANCEL) \
-                    or len(msg) != wire.PROFILE_REQUEST.size:
-                continue
-            req = wire.unpack_profile_request(msg)
-            if req.cancel:
-                self._cancel(next_step)
-            elif self._req is not None or self._profiling or req.num_steps <= 0 \
-                    or self._profiler_fns() is None:
-                self._status(wire.PROFILE_REJECTED, req.request_id, req.start_step)
-            else:
-                # A start step already passed begins at the next boundary (the status says which).
-                req.start_step = max(req.start_step, next_step)
-                self._req = req
-                self._status(wire.PROFILE_ACCEPTED, req.request_id, req.start_step)
-
-    def _cancel(self, next_step: int) -> None:
-        if self._req is not None:
-            self._status(wire.PROFILE_CANCELLED, self._req.request_id, next_step)
-            self._req = None
-        elif self._profiling:
-            self._stop_profile(next_step - 1, wire.PROFILE_CANCELLED)
-
-    def _profiler_fns(self) -> ProfilerControl | None:
-        if self._profiler is None and self._torch is not None:
-            try:
-                cudart = self._torch.cuda.cudart()
-                self._profiler = (cudart.cudaProfilerStart, cudart.cudaProfilerStop)
-            except Exception as exc:
-                self._internal(exc)
-        return self._profiler
-
-    def _start_profile(self, step: int) -> None:
-        req, self._req = self._req, None
-        assert req is not None
-        fns = self._profiler_fns()
-        try:
-            if fns is None:
-                raise RuntimeError("no profiler control")
-            _check(fns[0]())
-        except Exception as exc:
-            self._internal(exc)
-            self._status(wire.PROFILE_FAILED, req.request_id, step)
-            return
-        self._profiling = True
-        self._profile_stop = step + req.num_steps - 1
-        self._profile_id = req.request_id
-        self._status(wire.PROFILE_STARTED, req.request_id, step)
-
-    def _stop_profile(self, step: int, state: int) -> None:
-        self._profiling = False
-        fns = self._profiler_fns()
-        try:
-            if fns is not None:
-                _check(fns[1]())
-        except Exception as exc:
-            self._internal(exc)
-            state = wire.PROFILE_FAILED
-        self._status(state, self._profile_id, step)
-
-
-_NAN = float("nan")
-_STEP_PACK = wire.STEP.pack
-_VERSION = wire.VERSION
-_KIND_STEP = wire.KIND_STEP
-
-
-def _check(rc: Any) -> None:
-    """cudart calls return a cudaError (0 = success); other controls return None."""
-    code = getattr(rc, "value", rc)
-    if isinstance(code, int) and code != 0:
-        raise RuntimeError(f"CUDA profiler API returned error {code}")
 
 
 def _env_rank() -> int | None:

@@ -6,7 +6,7 @@ The host marker is the same interface on ``time.perf_counter_ns`` (CPU-only runs
 hook has one code path. Nothing here imports torch at module import.
 
 Threads: ``record()`` runs on the training thread; ``query()`` and ``elapsed_ns()`` may run on the
-hook's harvester thread (see ``perfd.hook.step``), which first makes the training thread's CUDA
+hook's harvester thread (see ``perfd.hook.harvest``), which first makes the training thread's CUDA
 context current (:meth:`CudaApi.capture_context` / :meth:`CudaApi.bind_context`). A marker is
 never recorded and read at the same time: the hook hands it from one thread to the other.
 """

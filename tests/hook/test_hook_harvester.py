@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import perfd.hook.harvest
 import perfd.hook.step
 from perfd.hook import StepHook, wire
 
@@ -110,7 +111,8 @@ class Ev:
 
 
 class Clock:
-    """``time`` for perfd.hook.step: 100 ns per perf_counter_ns call, so host times are exact."""
+    """``time`` for perfd.hook.step and perfd.hook.harvest (one clock for both): 100 ns per
+    perf_counter_ns call, so host times are exact."""
 
     def __init__(self) -> None:
         self.t = 1_000_000
@@ -151,7 +153,9 @@ def timeline(hook: StepHook, gpu: Gpu) -> None:
 def test_records_for_a_known_timeline_match_the_inline_path(
         agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch, data_event: bool) -> None:
     path, sock = agent
-    monkeypatch.setattr(perfd.hook.step, "time", Clock())
+    clock = Clock()
+    monkeypatch.setattr(perfd.hook.step, "time", clock)
+    monkeypatch.setattr(perfd.hook.harvest, "time", clock)
     runs: dict[str, list[wire.StepMsg]] = {}
     for mode, kw in (("inline", {"harvest_interval_s": 0, "flush_interval_s": 0}),
                      ("thread", {"harvest_interval_s": 3600})):  # the thread sleeps: harvest at close

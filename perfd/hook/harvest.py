@@ -1,0 +1,248 @@
+"""The harvester side of ``StepHook`` (the ``Harvester`` base class): finished steps read off
+their markers, measured, packed into step records and sent in datagrams, on the harvester thread
+or inline in ``step_end()``.
+
+Separate from ``perfd.hook.step`` because it is the other thread's half: the training thread's
+step path only appends slots to the pending deque; everything here reads them off it, under the
+lock. The thread itself is started in ``perfd.hook.step`` (at the first step) and run by
+``perfd.hook.lifecycle``.
+
+The harvester, a daemon thread (``perfd-hook-harvest``), wakes every ``harvest_interval_s`` (50 ms)
+or when the deque is half full. Events on one stream complete in order: one ``query()`` on the
+newest pending end event settles all older ones (when the GPU is behind it, a galloping search back
+from the newest takes a few). Then per step the elapsed times, percentiles, the 104-byte struct,
+and datagrams of up to 32 records, one at least every ``flush_interval_s`` (a Unix datagram
+receiver queues only ~10, ``net.unix.max_dgram_qlen``). The thread first makes the training
+thread's CUDA context current (``cuCtxSetCurrent``) and takes the thread-local stream-capture mode
+(so that its queries cannot break a CUDA graph capture on the training thread). Its work takes
+the GIL (its driver calls keep it, as torch's do: ``timing._load_driver``), so in a GIL-bound loop
+it runs when the loop releases the GIL (any torch op does) or after ``sys.getswitchinterval()``;
+``counters()["harvest_cpu_ns"]`` is its cost. It holds a weak reference to the hook and ends at
+``close()``, at interpreter exit (atexit) or when the hook is garbage; a forked child has none
+(``_after_fork_in_child``).
+
+Harvesting stays inline in ``step_end()`` where a thread buys nothing: host timing (``cuda=False``
+or no GPU: no query to save, and the GIL would serialize the record's few µs of Python with the
+loop anyway) and ``flush_interval_s=0`` (each record sent at once: tests, debugging).
+``harvest_interval_s=0`` forces inline, ``> 0`` the thread. Inline, a CUDA end event is not queried
+by the ``step_end()`` that recorded it (it cannot be done): step N is reported at step N+1 or N+2.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from perfd.hook import wire
+from perfd.hook.jobinfo import job_msg
+from perfd.hook.state import HookState, Slot
+from perfd.hook.timing import CudaApi, RollingPercentiles
+
+_JOB_INTERVAL_NS = 60_000_000_000  # the job record again: an agent restarted since learns it
+# The longest anything waits for the harvester: a pass holds the lock for µs to a few ms; a pass
+# stuck in the driver must not hang close() or flush().
+_LOCK_TIMEOUT_S = 1.0
+
+_NAN = float("nan")
+_STEP_PACK = wire.STEP.pack
+_VERSION = wire.VERSION
+_KIND_STEP = wire.KIND_STEP
+
+
+class Harvester(HookState):
+    """Harvesting, batching and sending; ``StepHook`` sets the state declared here."""
+
+    _lock: threading.Lock
+    _pending: deque[Slot]
+    _free: deque[Slot]
+    _held: Slot | None
+    _flags: int
+    stats: RollingPercentiles
+    warmup_steps: int
+    tokens_per_step: float | None
+    flops_per_step: float | None
+    dtype: str | None
+    layout: dict[str, int]
+    mesh: Any
+    cuda_api: CudaApi | None
+    steps_reported: int
+    harvest_drops: int
+    harvest_passes: int
+    harvest_cpu_ns: int
+    queries: int
+    _batch: bytearray
+    _batch_n: int
+    _batch_max: int
+    _flush_ns: int
+    _flush_at: int
+    _job_due_ns: int
+    _bound: bool
+    _final_deadline: float
+
+    def harvest(self) -> int:
+        """Report every finished step, oldest first, without waiting for the GPU. Returns how many.
+        The harvester thread does this by itself. Safe from any thread that has the training
+        thread's CUDA context current (the training thread has)."""
+        return self._harvest(0)
+
+    def _harvest(self, keep: int) -> int:
+        if not self._lock.acquire(timeout=_LOCK_TIMEOUT_S):
+            return 0
+        try:
+            return self._harvest_locked(keep)
+        except Exception as exc:
+            self._internal(exc, harvester=True)
+            return 0
+        finally:
+            self._lock.release()
+
+    def _harvest_locked(self, keep: int) -> int:
+        # Events on one stream complete in order, so the newest complete end event settles every
+        # older step: one query when the GPU has caught up, a few (_settled) when it has not.
+        pending = self._pending
+        n = len(pending) - keep
+        if n <= 0:
+            return 0
+        self.queries += 1
+        if not pending[n - 1].end.query():
+            n = self._settled(n)
+        done = 0
+        while done < n:
+            slot = pending[0]
+            prev = slot.prev
+            step_ns = (slot.begin if prev is None else prev.end).elapsed_ns(slot.end)
+            if step_ns is None:
+                break  # not complete after all (another stream, say): the next pass
+            pending.popleft()
+            try:
+                self._report(slot, step_ns)
+            finally:  # _retire(slot), inlined: once per step
+                held = self._held
+                if held is not None:
+                    self._free.append(held)
+                self._held = slot
+            done += 1
+        return done
+
+    def _settled(self, n: int) -> int:
+        """How many of the ``n`` oldest pending steps have completed, the newest of them known not
+        to be: a galloping search back from the newest (the GPU is usually a step or two behind),
+        then a binary search. O(log n) queries, never one per step."""
+        pending = self._pending
+        hi, lo, gap = n - 1, -1, 1  # pending[hi] is not complete; pending[lo] is (-1: none known)
+        while hi - gap > lo:
+            i = hi - gap
+            self.queries += 1
+            if pending[i].end.query():
+                lo = i
+                break
+            hi, gap = i, gap * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            self.queries += 1
+            if pending[mid].end.query():
+                lo = mid
+            else:
+                hi = mid
+        return lo + 1
+
+    def _retire(self, slot: Slot) -> None:
+        """``slot`` has been read (or given up): it is held until the next one has been read too
+        (that one may begin at its end event); the one held before goes back to the free deque.
+        (Inlined in _harvest_locked: keep the two alike.)"""
+        held = self._held
+        if held is not None:
+            self._free.append(held)
+        self._held = slot
+
+    def _report(self, slot: Slot, step_ns: int) -> None:
+        # Per record: locals only, no allocation beyond the packed bytes.
+        flags = self._flags
+        data_ns = compute_ns = -1
+        t_data = slot.t_data
+        if t_data >= 0:
+            flags |= wire.FLAG_HAS_DATA
+            data_ns = t_data - slot.t_begin
+            if slot.data_event and slot.data is not None:
+                compute = slot.data.elapsed_ns(slot.end)
+                if compute is not None:
+                    compute_ns = compute
+        if slot.profiling:
+            flags |= wire.FLAG_PROFILING
+        stats = self.stats
+        if slot.index < self.warmup_steps:
+            flags |= wire.FLAG_WARMUP
+        else:
+            stats.add(step_ns)
+        pct = stats.p50_p90_p99()
+        p50, p90, p99 = pct if pct is not None else (-1, -1, -1)
+        tokens, flops = self.tokens_per_step, self.flops_per_step
+        rank = self._rank
+        self._batch += _STEP_PACK(
+            _VERSION, _KIND_STEP, flags, rank if rank is not None else -1, self.pid, slot.step,
+            slot.wall_end_ns, step_ns, data_ns, compute_ns, p50, p90, p99, len(stats),
+            self.sender.dropped & 0xFFFFFFFF, self.harvest_drops & 0xFFFFFFFF,
+            _NAN if tokens is None else tokens, _NAN if flops is None else flops)
+        self.steps_reported += 1
+        self._batch_n += 1
+        if self._batch_n >= self._batch_max or time.perf_counter_ns() >= self._flush_at:
+            self._flush()
+
+    def flush(self) -> None:
+        """Send the batched records now (one datagram). Never raises; waits at most for the end of
+        a harvester pass."""
+        if self._lock.acquire(timeout=_LOCK_TIMEOUT_S):
+            try:
+                self._flush()
+            finally:
+                self._lock.release()
+
+    def _flush(self) -> None:
+        if self._batch_n:
+            now = time.perf_counter_ns()
+            with_job = now >= self._job_due_ns and self._rank is not None
+            if with_job:
+                assert self._rank is not None
+                self._job_due_ns = now + _JOB_INTERVAL_NS
+                self._batch[:0] = wire.pack_job(job_msg(self._rank, self.pid, self.dtype, self.layout,
+                                                        self.mesh))
+            if not self.sender.send(bytes(self._batch), self._batch_n) and with_job:
+                self._job_due_ns = 0  # not delivered: it goes with the next datagram
+            self._batch.clear()
+            self._batch_n = 0
+        self._flush_at = time.perf_counter_ns() + self._flush_ns
+
+    def _pass(self) -> None:
+        """One wake-up of the harvester thread."""
+        t0 = time.thread_time_ns()
+        try:
+            api = self.cuda_api
+            if api is not None and not self._bound:
+                self._bound = True  # once: a failure falls back to the torch API, counted
+                api.bind_context()
+            self._send_outbox()
+            if self._lock.acquire(timeout=_LOCK_TIMEOUT_S):
+                try:
+                    self._harvest_locked(0)
+                    if self._batch_n and time.perf_counter_ns() >= self._flush_at:
+                        self._flush()
+                finally:
+                    self._lock.release()
+        except Exception as exc:
+            self._internal(exc, harvester=True)
+        self.harvest_passes += 1
+        self.harvest_cpu_ns += time.thread_time_ns() - t0
+
+    def _last_passes(self) -> None:
+        """The harvester's last act, at close(): harvest until nothing is pending or the deadline."""
+        self._pass()
+        while self._pending and time.monotonic() < self._final_deadline:
+            time.sleep(0.001)
+            self._pass()
+
+    def _send_outbox(self) -> None:
+        out = self._outbox
+        while out:
+            self.sender.send(out.popleft())
