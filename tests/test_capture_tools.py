@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from perfd.capture import manager
+from perfd.capture import request as capture_request
 from perfd.commands import capture as capture_cmd
 from perfd.model import CAPTURE_TOOLS
 from perfd.rules import model as rules_model
@@ -35,7 +35,7 @@ def test_tool_list_written_only_in_model():
 
 
 def test_consumers_use_the_declaration():
-    assert rules_model.TOOLS == manager.TOOLS == CAPTURE_TOOLS == ("kineto", "nsys", "auto")
+    assert rules_model.TOOLS == capture_request.TOOLS == CAPTURE_TOOLS == ("kineto", "nsys", "auto")
     import argparse
 
     ap = argparse.ArgumentParser()

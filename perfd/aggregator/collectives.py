@@ -20,7 +20,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.analytics.collectives import CollectiveAnalysis, CollectiveConfig, analyze_collectives
+from perfd.analytics.collective_config import CollectiveConfig
+from perfd.analytics.collectives import CollectiveAnalysis, analyze_collectives
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
 Row = tuple[Mapping[str, str], str, float]

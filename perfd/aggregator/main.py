@@ -26,7 +26,7 @@ from perfd.aggregator.runtime import gc_seconds, tune_gc
 from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
-from perfd.analytics.collectives import CollectiveConfig
+from perfd.analytics.collective_config import CollectiveConfig
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, RemoteWriter, target_name
 from perfd.jobinfo_json import decode_job_info
 from perfd.limits import REFUSED_JOB_INFO_VALUE

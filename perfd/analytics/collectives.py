@@ -2,187 +2,43 @@
 
 **Total communication share** (DESIGN.md §2: union of collective/p2p time ÷ iteration time), per
 rank, per iteration and per parallel group. Each Flight Recorder record with a duration (the job
-set ``TORCH_NCCL_ENABLE_TIMING=1``) becomes an interval ``[start, start + duration_ms]`` where
-``start`` is its enqueue time (``time_created_ns``), or the end of the previous op of the same
-process group (they run in order on that group's NCCL stream), whichever is later. Collectives are
-mapped to iterations by enqueue time: a rank's iteration N is the window between the end times of
-its step records N-1 and N (the hook's per-rank records, else the job's records, e.g. Megatron's
-iteration lines; both are host wall-clock like ``time_created_ns``). The share of a window is the
-length of the union of the intervals enqueued in it ÷ the window length. A window counts only when
-the records cover it (collectives enqueued before and after it, no sequence gap across it: the
-ring may wrap between dumps). Without step records with end times, one number per rank: the
-union ÷ the span the records cover (``observation_window``). The method is always in the output.
+set ``TORCH_NCCL_ENABLE_TIMING=1``) becomes an interval, mapped to a rank's iteration window by its
+enqueue time (:mod:`perfd.analytics.collective_windows` says how). The share of a window is the
+length of the union of the intervals enqueued in it ÷ the window length; only windows the records
+cover count. Without step records with end times, one number per rank: the union ÷ the span the
+records cover (``observation_window``). The method is always in the output.
 
 **Bus bandwidth** of large ops (≥ 64 MiB, where it is meaningful) per group, against the link the
-group crosses (:mod:`perfd.analytics.collective_groups`). A Flight Recorder duration includes
-waiting for peers, so for each (group, sequence number) the rank with the shortest duration — the
-last to arrive, whose time is closest to the transfer itself — gives the op's bandwidth. Only where
-data moves: a group of one rank moves nothing (its "bandwidth" is bytes ÷ a kernel launch), and a
-value above ``CREDIBLE_BUSBW_FACTOR`` × the link's figure is not credible; both are counted in
-``bandwidth_rejected`` and never exported.
+group crosses: :mod:`perfd.analytics.collective_bandwidth` (ops it cannot credit are counted in
+``bandwidth_rejected`` and never exported).
 
 **Wait asymmetry**: for the same (group, sequence number) on every member, the rank with the
 shortest duration arrived last: the others waited for it. Per rank: how often it was last.
 
-**Hangs**: :mod:`perfd.analytics.collective_hangs`.
+**Hangs**: :mod:`perfd.analytics.collective_hangs`. The settings: :class:`CollectiveConfig`
+(:mod:`perfd.analytics.collective_config`).
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.analytics.collective_groups import (
-    CREDIBLE_BUSBW_FACTOR,
-    DEFAULT_INTER_NODE_LINK,
-    DEFAULT_ORDER,
-    LinkChoice,
-    classify_group,
-    link_for_group,
-    world_size_from,
-)
+from perfd.analytics.collective_bandwidth import GroupBandwidth, group_bandwidth
+from perfd.analytics.collective_config import FR, CollectiveConfig
+from perfd.analytics.collective_groups import classify_group, world_size_from
 from perfd.analytics.collective_hangs import HangView, merge_hangs, progress_of
+from perfd.analytics.collective_windows import StepWindow, rank_timeline, step_windows, union_ns
 from perfd.analytics.findings import SEVERITY_ORDER, Finding, Recommendation
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
-FR = "flight_recorder"
-INSPECTOR = "nccl_inspector"
 DP_SHARE_HIGH = 0.2  # DESIGN.md playbook: DP all-reduce > 20% of the step
-
-
-@dataclass
-class CollectiveConfig:
-    intra_node_link: str | None = None  # None: from the GPU model (perfd.analytics.collective_groups)
-    inter_node_link: str = DEFAULT_INTER_NODE_LINK
-    intra_node_busbw_gbs: float | None = None  # overrides the link table
-    inter_node_busbw_gbs: float | None = None
-    min_bandwidth_bytes: int = 64 << 20
-    low_bandwidth_fraction: float = 0.5
-    recent_windows: int = 50  # the summary is over the latest complete windows of each rank
-    straggler_min_ops: int = 20
-    order: str = DEFAULT_ORDER
-    max_iterations_out: int = 100
-
-
-@dataclass(frozen=True)
-class StepWindow:
-    iteration: int
-    start_ns: int
-    end_ns: int
-    n_iterations: int  # iterations the window spans (> 1 when step records are sparse)
-    excluded: str | None = None  # "warmup" | "capture": kept out of the summary
-
-    @property
-    def ms(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e6
-
-
-def step_windows(steps: Iterable[StepRecord]) -> tuple[dict[int, list[StepWindow]], list[StepWindow]]:
-    """(per-rank windows from records of one rank, job windows from "last"/"all" records)."""
-    per_rank: dict[int, dict[int, StepRecord]] = {}
-    job: dict[int, StepRecord] = {}
-    for s in steps:
-        if s.end_time is None:
-            continue
-        if isinstance(s.rank, int):
-            per_rank.setdefault(s.rank, {})[s.iteration] = s
-        else:
-            cur = job.get(s.iteration)
-            if cur is None or (cur.end_time or 0.0) < s.end_time:
-                job[s.iteration] = s
-    return {r: _windows(v) for r, v in per_rank.items()}, _windows(job)
-
-
-def _windows(by_it: Mapping[int, StepRecord]) -> list[StepWindow]:
-    out: list[StepWindow] = []
-    its = sorted(by_it)
-    for a, b in itertools.pairwise(its):
-        ra, rb = by_it[a], by_it[b]
-        start, end = round((ra.end_time or 0.0) * 1e9), round((rb.end_time or 0.0) * 1e9)
-        if end <= start:
-            continue
-        excluded = ("warmup" if rb.fields.get("warmup") == "true"
-                    else "capture" if rb.disturbed_by_capture else None)
-        out.append(StepWindow(b, start, end, b - a, excluded))
-    return out
-
-
-def _union_ns(ivs: Iterable[tuple[int, int]]) -> int:
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(ivs):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None and cur_s is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    if cur_e is not None and cur_s is not None:
-        total += cur_e - cur_s
-    return total
 
 
 def _median(xs: Sequence[float]) -> float | None:
     return float(statistics.median(xs)) if xs else None
-
-
-@dataclass
-class _RankTimeline:
-    created: list[int]  # sorted enqueue times
-    ivs: list[tuple[int, int, str]]  # (start, end, group class), in the order of ``created``
-    gaps: list[tuple[int, int]]  # enqueue-time spans where sequence numbers are missing
-
-    def complete(self, w: StepWindow) -> bool:
-        if not self.created or w.start_ns < self.created[0] or w.end_ns > self.created[-1]:
-            return False
-        return not any(a < w.end_ns and b > w.start_ns for a, b in self.gaps)
-
-    def window(self, w: StepWindow) -> tuple[int, dict[str, int]]:
-        lo = bisect.bisect_right(self.created, w.start_ns)
-        hi = bisect.bisect_right(self.created, w.end_ns)
-        sel = self.ivs[lo:hi]
-        by: dict[str, list[tuple[int, int]]] = {}
-        for s, e, c in sel:
-            by.setdefault(c, []).append((s, e))
-        return _union_ns((s, e) for s, e, _ in sel), {c: _union_ns(v) for c, v in by.items()}
-
-
-def _timeline(recs: Sequence[CollectiveRecord], cls: Mapping[int, str]) -> _RankTimeline:
-    """``cls``: id(record) -> group class."""
-    queues: dict[tuple[int | None, bool, int | None], list[CollectiveRecord]] = {}
-    seqs: dict[tuple[int | None, bool], list[tuple[int, int]]] = {}
-    for r in recs:
-        seq = r.p2p_seq_id if r.is_p2p else r.collective_seq_id
-        queues.setdefault((r.pg_id, r.is_p2p, r.peer if r.is_p2p else None), []).append(r)
-        if seq is not None and r.time_created_ns is not None:
-            seqs.setdefault((r.pg_id, r.is_p2p), []).append((seq, r.time_created_ns))
-    items: list[tuple[int, int, int, str]] = []
-    for q in queues.values():
-        q.sort(key=lambda r: ((r.p2p_seq_id if r.is_p2p else r.collective_seq_id) or 0,
-                              r.time_created_ns or 0))
-        prev_end, prev_seq = None, None
-        for r in q:
-            created, dur = r.time_created_ns or 0, r.duration_ms or 0.0
-            seq = r.p2p_seq_id if r.is_p2p else r.collective_seq_id
-            # Ops of one group run in order on its stream: an op starts after the previous one ends.
-            start = created if prev_end is None or seq is None or prev_seq is None or seq != prev_seq + 1 \
-                else max(created, prev_end)
-            if r.is_p2p and prev_end is not None:
-                start = max(created, prev_end)  # p2p: one stream per peer pair, sequence shared
-            end = start + round(dur * 1e6)
-            items.append((created, start, end, cls.get(id(r), "other")))
-            prev_end, prev_seq = end, seq
-    items.sort()
-    gaps: list[tuple[int, int]] = []
-    for lst in seqs.values():
-        lst.sort()
-        for (s0, t0), (s1, t1) in itertools.pairwise(lst):
-            if s1 > s0 + 1:
-                gaps.append((min(t0, t1), max(t0, t1)))
-    return _RankTimeline([c for c, _, _, _ in items], [(s, e, c) for _, s, e, c in items], gaps)
 
 
 @dataclass
@@ -200,32 +56,6 @@ class IterationComm:
                 "share": self.share,
                 "share_by_rank": {str(r): v for r, v in sorted(self.share_by_rank.items())},
                 "by_group": self.by_group, "excluded": self.excluded}
-
-
-@dataclass
-class GroupBandwidth:
-    group: str
-    scope: str
-    link: str | None
-    capability_gbs: float | None
-    n_ops: int
-    median_busbw_gbs: float
-    max_busbw_gbs: float
-    median_bytes: float
-    ops: dict[str, int]
-    link_how: str
-    source: str
-
-    @property
-    def ratio(self) -> float | None:
-        return self.median_busbw_gbs / self.capability_gbs if self.capability_gbs else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"group": self.group, "scope": self.scope, "link": self.link,
-                "capability_gbs": self.capability_gbs, "n_ops": self.n_ops,
-                "median_busbw_gbs": self.median_busbw_gbs, "max_busbw_gbs": self.max_busbw_gbs,
-                "ratio": self.ratio, "median_bytes": self.median_bytes, "ops": self.ops,
-                "link_how": self.link_how, "source": self.source}
 
 
 @dataclass
@@ -337,7 +167,7 @@ def analyze_collectives(job: str, records: Sequence[CollectiveRecord], steps: Se
                              comm_share_by_group={}, weighted_share=None, n_windows=0, bandwidth=[],
                              waits=[], hangs=[])
     _shares(out, timed, cls, steps, cfg)
-    out.bandwidth = _bandwidth(records, cls, nodes, gpu_name, cfg, out.bandwidth_rejected)
+    out.bandwidth = group_bandwidth(records, cls, nodes, gpu_name, cfg, out.bandwidth_rejected)
     out.waits = _waits(timed)
     out.hangs = merge_hangs(hang_events, progress_of(records))
     out.findings, out.recommendations = _findings(out, groups, nodes, cfg)
@@ -361,7 +191,7 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
     rank_group: dict[int, dict[str, float]] = {}
     observed: dict[int, tuple[float, dict[str, float]]] = {}
     for rank, recs in by_rank.items():
-        tl = _timeline(recs, cls)
+        tl = rank_timeline(recs, cls)
         windows = rank_windows.get(rank) or job_windows
         used: list[tuple[StepWindow, int, dict[str, int]]] = []
         for w in windows:
@@ -387,11 +217,11 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
             continue
         span_ns = max(e for _, e, _ in tl.ivs) - tl.created[0]
         if span_ns > 0:
-            comm_ns = _union_ns((s, e) for s, e, _ in tl.ivs)
+            comm_ns = union_ns((s, e) for s, e, _ in tl.ivs)
             by_c: dict[str, list[tuple[int, int]]] = {}
             for s, e, c in tl.ivs:
                 by_c.setdefault(c, []).append((s, e))
-            observed[rank] = (comm_ns / span_ns, {c: _union_ns(v) / span_ns for c, v in by_c.items()})
+            observed[rank] = (comm_ns / span_ns, {c: union_ns(v) / span_ns for c, v in by_c.items()})
     if rank_share:
         out.method = "step_windows"
         out.method_detail = (
@@ -429,62 +259,6 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
             share_by_rank={r: v[0] for r, v in rows.items()},
             by_group={c: _median([v[2].get(c, 0.0) for v in rows.values()]) or 0.0 for c in classes},
             excluded=next((v[4] for v in rows.values() if v[4]), None)))
-
-
-def _group_size(r: CollectiveRecord) -> int | None:
-    return r.group_size if r.group_size is not None else (len(r.pg_ranks) if r.pg_ranks else None)
-
-
-def _bandwidth(records: Sequence[CollectiveRecord], cls: Mapping[int, str], nodes: Mapping[int, str],
-               gpu_name: str | None, cfg: CollectiveConfig, rejected: dict[str, int]) -> list[GroupBandwidth]:
-    best: dict[tuple[str, str, int], CollectiveRecord] = {}
-    for r in records:
-        seq = r.collective_seq_id
-        if r.is_p2p or seq is None or r.bytes is None or r.bytes < cfg.min_bandwidth_bytes or not r.busbw_gbs:
-            continue
-        size = _group_size(r)
-        if size is not None and size <= 1:
-            rejected["single_rank_group"] = rejected.get("single_rank_group", 0) + 1
-            continue
-        if r.source == FR and r.duration_ms and r.pg_name is not None:
-            key = (FR, r.pg_name, seq)
-        elif r.source == INSPECTOR and (r.comm_id or r.pg_name):
-            # the Inspector numbers each op type on its own (NCCL's seqNumber[func])
-            key = (INSPECTOR, f"{r.comm_id or r.pg_name}/{r.op}", seq)
-        else:
-            continue
-        cur = best.get(key)
-        if cur is None or (r.busbw_gbs or 0.0) > (cur.busbw_gbs or 0.0):
-            best[key] = r  # the highest busbw = the shortest time: the rank that waited least
-    agg: dict[tuple[str, str], tuple[LinkChoice, list[CollectiveRecord]]] = {}
-    link_cache: dict[tuple[tuple[int, ...] | None, int | None], LinkChoice] = {}
-    for r in best.values():
-        lk = (tuple(r.pg_ranks) if r.pg_ranks else None, r.nnodes)
-        link = link_cache.get(lk)
-        if link is None:
-            link = link_cache[lk] = link_for_group(
-                r.pg_ranks, nodes, gpu_name, r.nnodes, intra_link=cfg.intra_node_link,
-                inter_link=cfg.inter_node_link, intra_busbw_gbs=cfg.intra_node_busbw_gbs,
-                inter_busbw_gbs=cfg.inter_node_busbw_gbs)
-        if link.busbw_gbs and (r.busbw_gbs or 0.0) > CREDIBLE_BUSBW_FACTOR * link.busbw_gbs:
-            rejected["not_credible"] = rejected.get("not_credible", 0) + 1
-            continue
-        agg.setdefault((cls.get(id(r), "other"), link.scope), (link, []))[1].append(r)
-    out = []
-    for (group, scope), (link, rs) in sorted(agg.items()):
-        bws = [r.busbw_gbs or 0.0 for r in rs]
-        ops: dict[str, int] = {}
-        for r in rs:
-            ops[r.op] = ops.get(r.op, 0) + 1
-        srcs = sorted({r.source for r in rs})
-        out.append(GroupBandwidth(
-            group=group, scope=scope, link=link.link, capability_gbs=link.busbw_gbs, n_ops=len(rs),
-            median_busbw_gbs=float(statistics.median(bws)), max_busbw_gbs=max(bws),
-            median_bytes=float(statistics.median([float(r.bytes or 0) for r in rs])), ops=ops,
-            link_how=link.how,
-            source=", ".join(srcs) + (" (per op, the member with the shortest duration: Flight Recorder "
-                                      "durations include waiting for peers)" if FR in srcs else "")))
-    return out
 
 
 def _waits(timed: Sequence[CollectiveRecord]) -> list[RankWait]:

@@ -21,9 +21,10 @@ process at its next poll, exactly as ``dyno gputrace`` does. Protocol, as dynolo
   ``ACTIVITIES_DURATION_MSECS``), so traces land where perfd's own daemon would put them.
 
 :class:`DynologKineto` has the surface of :class:`perfd.capture.kineto_daemon.KinetoDaemon` that the
-capture manager uses (``arm``/``disarm``, an arming with ``wait_answered``/``answered``/``state``),
-so the manager's Kineto path runs unchanged. "Answered" here means dynolog accepted the config for
-that pid (the process applies it at its next poll, up to its poll period later).
+capture manager's Kineto run (:mod:`perfd.capture.kineto_capture`) uses (``arm``/``disarm``, an
+arming with ``wait_answered``/``answered``/``state``), so that run works unchanged. "Answered" here
+means dynolog accepted the config for that pid (the process applies it at its next poll, up to its
+poll period later).
 """
 
 from __future__ import annotations

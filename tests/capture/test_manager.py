@@ -23,8 +23,9 @@ from perfd.capture.kineto_daemon import (
     kineto_env,
     trace_complete,
 )
-from perfd.capture.manager import BUSY_REASON, CaptureManager, parse_command
+from perfd.capture.manager import CaptureManager
 from perfd.capture.nsys_exec import NsysExecutor, session_name
+from perfd.capture.request import BUSY_REASON, parse_command
 from perfd.capture.store import CaptureStore
 from perfd.transport.codec import Command
 from tests.capture.test_kineto_daemon import FakeLibkineto, start_torch_job, torch_available

@@ -9,8 +9,10 @@ import statistics
 
 import pytest
 
+from perfd.analytics.collective_config import CollectiveConfig
 from perfd.analytics.collective_groups import classify_group, link_for_group
-from perfd.analytics.collectives import CollectiveConfig, analyze_collectives, step_windows
+from perfd.analytics.collective_windows import step_windows
+from perfd.analytics.collectives import analyze_collectives
 from perfd.model import CollectiveRecord, ParallelLayout
 from tests.collectives.collective_helpers import MS, T0, fr, load_fixture_records, step
 

@@ -1,0 +1,72 @@
+"""What the capture manager and its per-tool runs (:mod:`perfd.capture.kineto_capture`,
+:mod:`perfd.capture.nsys_capture`) share: the context a run works in (store, clock, stop flag, event
+sink), the failure that ends a run with a status, and how a rank's analysis is kept in the manifest
+and summarised for events. Apart so that the runs record results exactly as the manager does without
+importing the manager (imports go manager → runs → here).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from perfd.capture.analysis import CaptureAnalysis
+from perfd.capture.request import CaptureRequest
+from perfd.capture.store import CaptureStore
+from perfd.events import CAPTURE_STARTED
+
+STARTED = CAPTURE_STARTED.name
+# A device breakdown travels whole in the capture's events but for its tables (the aggregator's
+# diagnosis reads every number: a list of kept keys here once dropped the idle-gap split on the way).
+_TABLE_KEYS = frozenset({"top_kernels", "nvtx"})
+
+# (kind, request, text, severity, capture id, payload) -> None: the manager's event emitter
+EventSink = Callable[[str, CaptureRequest, str, str, str, "dict[str, Any] | None"], None]
+
+
+class CaptureFailed(Exception):
+    """Ends a capture's run with a status (``failed``, ``timeout``, ``skipped``) and its reason."""
+
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The manager's parts a tool's run uses: its store and clock, how long a file must stay unchanged
+    to count as written (``settle_s``), the flag set when the manager closes, and its event sink."""
+
+    store: CaptureStore
+    clock: Callable[[], float]
+    settle_s: float
+    closing: threading.Event
+    emit: EventSink
+
+
+def _rounded(v: Any) -> Any:
+    if isinstance(v, float):
+        return round(v, 4)
+    return {k: _rounded(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+
+def device_summary(analysis: CaptureAnalysis) -> list[dict[str, Any]]:
+    """The per-device numbers of an analysis, without the kernel and NVTX tables (event payloads)."""
+    out = []
+    for d in analysis.to_json()["devices"]:  # type: ignore[attr-defined]
+        row = {k: _rounded(v) for k, v in d.items() if k not in _TABLE_KEYS}
+        if d.get("top_kernels"):
+            row["top_kernel"] = d["top_kernels"][0]["name"][:120]
+        out.append(row)
+    return out
+
+
+def record_analysis(m: dict[str, Any], rank: int, fn: Callable[[], CaptureAnalysis]) -> None:
+    """Run ``fn`` and keep its analysis (with the event summary) under the rank, or the error it raised."""
+    try:
+        a = fn()
+        m.setdefault("analysis", {})[str(rank)] = {**a.to_json(), "summary": device_summary(a)}
+    except Exception as exc:
+        m.setdefault("analysis", {})[str(rank)] = {"error": f"{type(exc).__name__}: {exc}"[:500]}

@@ -1,0 +1,118 @@
+"""A Kineto capture's run (the manager's worker calls :meth:`KinetoCapture.run`): hand each rank's
+trace config to the Kineto daemon, wait for the ranks to poll it, then for their traces, and analyse
+each. Apart from the manager, which only admits requests, picks the tool and keeps the bookkeeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, record_analysis
+from perfd.capture.chrome_trace import analyze_chrome_trace
+from perfd.capture.dynolog import DynologKineto
+from perfd.capture.kineto_daemon import KinetoDaemon, build_config, trace_complete
+from perfd.capture.nsys_exec import wait_stable
+from perfd.capture.request import BUSY_REASON, CaptureRequest
+
+
+class KinetoCapture:
+    def __init__(self, ctx: RunContext, daemon: KinetoDaemon | DynologKineto | None, poll_s: float) -> None:
+        self.ctx, self.daemon, self.poll_s = ctx, daemon, poll_s
+
+    def run(self, req: CaptureRequest, m: dict[str, Any], pids: dict[int, int], deadline: float) -> str:
+        daemon = self.daemon
+        assert daemon is not None
+        if not pids:
+            raise CaptureFailed("failed", "Kineto captures need the ranks' process ids (no process finder)")
+        d = self.ctx.store.capture_dir(m["id"])
+        by_pid = {pids[r]: r for r in req.ranks}
+        iterations = None if req.duration_ms is not None and req.start_iteration is None else req.steps
+        # A window starting now needs no warm-up wait (Kineto's default is seconds of it).
+        warmup = 0 if iterations is None and req.start_time_ms is None else None
+        configs = {pid: build_config(d / f"rank{r}.json", iterations, req.start_iteration, req.roundup,
+                                     req.duration_ms, req.start_time_ms,
+                                     req.warmup_s if req.warmup_s is not None else warmup)
+                   for pid, r in by_pid.items()}
+        m["config"] = next(iter(configs.values()))
+        poll_s = max([self.poll_s, *(daemon.intervals.get(p, 0.0) for p in by_pid)])  # as seen
+        arm_for = min(max(3 * poll_s + 2.0, 5.0), deadline - time.monotonic())
+        try:
+            # either backend's arming
+            arming: Any = daemon.arm(configs, expires_at=self.ctx.clock() + arm_for)
+        except ValueError as exc:
+            raise CaptureFailed("skipped", f"{BUSY_REASON}: {exc}") from exc
+        try:
+            arming.wait_answered(timeout=arm_for + 0.5)
+            answered = arming.answered()
+            why: dict[int, str] = {}
+            for pid, r in by_pid.items():
+                if pid in answered:
+                    continue
+                st = arming.state(pid)
+                if st.busy_polls:
+                    why[r] = f"rank {r} (pid {pid}): its Kineto profiler was busy (a trace already running)"
+                elif pid in daemon.requests_seen or pid in daemon.sender_pids.values():
+                    why[r] = f"rank {r} (pid {pid}): polled, but not within {arm_for:.0f} s"
+                else:
+                    why[r] = (f"rank {r} (pid {pid}) never polled the Kineto daemon: start the job with "
+                              "KINETO_USE_DAEMON=1 (perfd launch sets it)")
+            if not answered:
+                raise CaptureFailed("timeout" if all("polled, but" in w for w in why.values()) else "failed",
+                                    "; ".join(why.values()))
+            m["timings"]["started_at"] = max(answered.values())
+            m["answered_at"] = {str(by_pid[p]): t for p, t in answered.items()}
+            lat = m["timings"]["started_at"] - m["timings"]["requested_at"]
+            self.ctx.store.write(m)
+            got_ranks = sorted(by_pid[p] for p in answered)
+            self.ctx.emit(STARTED, req, f"Kineto trace config handed to rank(s) {got_ranks} of job "
+                          f"{req.job} {lat:.2f} s after the request", "info", m["id"],
+                          {"latency_s": round(lat, 3), "unanswered": list(why.values())})
+            missing = dict(why)
+            for pid in sorted(answered):
+                r = by_pid[pid]
+                got = self._wait_trace(daemon, arming, pid, d, r, deadline)
+                if got is None:
+                    missing[r] = f"rank {r} (pid {pid}): no trace within the {req.timeout_s:.0f} s timeout"
+                    continue
+                t, active = m["timings"], arming.state(pid).active_at
+                if active is not None:
+                    t["first_event_at"] = min(active, t.get("first_event_at") or active)
+                t["trace_ready_at"] = self.ctx.clock()
+                self.ctx.store.add_artifact(m, got, "kineto_trace", r, pid)
+                record_analysis(m, r, functools.partial(analyze_chrome_trace, got))
+            if len(missing) == len(by_pid):
+                timed_out = any("timeout" in w for w in missing.values())
+                raise CaptureFailed("timeout" if timed_out else "failed", "; ".join(missing.values()))
+            return ("partial: " + "; ".join(missing.values())) if missing else ""
+        finally:
+            daemon.disarm(arming)
+
+    def _wait_trace(self, daemon: KinetoDaemon | DynologKineto, arming: Any, pid: int, d: Path,
+                    rank: int, deadline: float) -> Path | None:
+        """The rank's trace once complete: ``rank<r>_<pid>.json`` in the capture folder, or libkineto's
+        default ``/tmp/libkineto_activities_<pid>.json`` (a libkineto that refused our path: moved in)."""
+        since = arming.answered().get(pid, self.ctx.clock()) - 1.0
+        client_pid = next((first for first, snd in dict(daemon.sender_pids).items() if snd == pid), pid)
+        fallback = Path(f"/tmp/libkineto_activities_{client_pid}.json")
+
+        def candidates() -> list[Path]:
+            found = [p for p in d.glob(f"rank{rank}_*.json*") if trace_complete(p)]
+            if not found and fallback.exists() and trace_complete(fallback):
+                with contextlib.suppress(OSError):
+                    if fallback.stat().st_mtime >= since:
+                        found = [fallback]
+            return found
+
+        got = wait_stable(candidates, max(0.0, deadline - time.monotonic()), settle_s=self.ctx.settle_s,
+                          stop=self.ctx.closing.is_set)
+        if not got:
+            return None
+        path = got[0]
+        if path.parent != d:
+            path = Path(shutil.move(path, d / f"rank{rank}_{client_pid}.json"))
+        return path

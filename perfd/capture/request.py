@@ -1,0 +1,116 @@
+"""A ``capture`` command's arguments, validated into a :class:`CaptureRequest` (the admission step of
+:mod:`perfd.capture.manager`). Apart from the manager because it is pure checking of untrusted
+input, with its limits in one place, and the per-tool runs read the request it yields.
+
+Arguments (strings; ``Command.ranks`` names the ranks, empty = every rank known here): ``tool``
+kineto | nsys | auto (nsys when the job runs under a perfd nsys session or range profile, else
+Kineto); ``steps`` (3); ``start_iteration`` ``next`` or N (Kineto counts optimizer steps from the
+process start, the hook the steps it is given; for the same iteration on every rank give N, or
+``roundup=R``: Kineto starts at the next multiple of R, so pick R above the poll period in steps);
+``duration_ms`` (a time window instead; nsys sessions always use one, 3000 by default);
+``start_time_ms`` (epoch ms, the same start on every node, Kineto); ``warmup_s``; ``mode`` session |
+range (nsys); ``timeout_s`` (120). Copied to the manifest: ``rule``, ``firing``, ``fired_at`` (epoch
+s: the latency from the firing is recorded too), ``reason``, ``requested_by``, ``source``. No
+argument is a path (the agent picks every path, under its store), nothing runs through a shell;
+unknown keys are ignored and listed in the manifest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from perfd.model import CAPTURE_TOOLS
+
+if TYPE_CHECKING:  # the agent passes perfd.transport.codec.Command; anything with these fields will do
+    from perfd.transport.codec import Command
+
+TOOLS = CAPTURE_TOOLS
+INFO_KEYS = ("rule", "firing", "fired_at", "reason", "requested_by", "source")
+BUSY_REASON = "busy: one CUPTI client per process"
+
+
+class CaptureArgError(ValueError):
+    pass
+
+
+@dataclass
+class CaptureRequest:
+    """A validated capture command."""
+
+    job: str
+    ranks: tuple[int, ...]
+    tool: str = "auto"
+    steps: int = 3
+    start_iteration: int | None = None  # None: the next iteration
+    roundup: int = 1
+    duration_ms: int | None = None
+    start_time_ms: int | None = None
+    warmup_s: int | None = None
+    mode: str | None = None  # nsys: session | range
+    timeout_s: float = 120.0
+    command_id: str = ""
+    context: dict[str, str] = field(default_factory=dict)
+    ignored_args: list[str] = field(default_factory=list)
+
+    def steps_link(self) -> str:
+        if self.duration_ms is not None and self.mode != "range" and self.start_iteration is None:
+            return f"{self.duration_ms}ms"
+        if self.start_iteration is None:
+            return f"next+{self.steps}"
+        return f"{self.start_iteration}-{self.start_iteration + self.steps - 1}"
+
+
+def _int(args: Mapping[str, str], key: str, lo: int, hi: int) -> int | None:
+    raw = args.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        v = int(str(raw).strip())
+    except ValueError:
+        raise CaptureArgError(f"{key}={raw!r} is not an integer") from None
+    if not lo <= v <= hi:
+        raise CaptureArgError(f"{key}={v} is outside [{lo}, {hi}]")
+    return v
+
+
+def parse_command(cmd: Command, now: float) -> CaptureRequest:
+    """Validate a ``capture`` command's arguments (CaptureArgError says which and why)."""
+    args = {str(k): str(v) for k, v in (cmd.args or {}).items()}
+    if not cmd.job:
+        raise CaptureArgError("no job")
+    for key in args:
+        if any(w in key.lower() for w in ("path", "file", "dir", "output")):
+            raise CaptureArgError(f"argument {key!r} names a path: the agent chooses every path (its store)")
+    tool = args.get("tool", "auto").strip().lower() or "auto"
+    if tool not in TOOLS:
+        raise CaptureArgError(f"tool={tool!r}: one of {', '.join(TOOLS)}")
+    ranks = tuple(sorted({int(r) for r in cmd.ranks}))
+    if any(r < 0 for r in ranks):
+        raise CaptureArgError("ranks must be >= 0")
+    start_raw = args.get("start_iteration", "next").strip().lower()
+    start = None if start_raw in ("", "next") else _int(args, "start_iteration", 0, 2**31 - 1)
+    mode = args.get("mode", "").strip().lower() or None
+    if mode not in (None, "session", "range"):
+        raise CaptureArgError(f"mode={mode!r}: session or range")
+    start_time = _int(args, "start_time_ms", 0, 2**62)
+    if start_time is not None and not now * 1000 - 1000 <= start_time <= now * 1000 + 3_600_000:
+        raise CaptureArgError("start_time_ms must lie within the next hour (epoch milliseconds)")
+    timeout = args.get("timeout_s")
+    try:
+        timeout_s = 120.0 if timeout in (None, "") else float(str(timeout))
+    except ValueError:
+        raise CaptureArgError(f"timeout_s={timeout!r} is not a number") from None
+    if not (math.isfinite(timeout_s) and 1.0 <= timeout_s <= 3600.0):
+        raise CaptureArgError("timeout_s must be within [1, 3600]")
+    known = {"tool", "steps", "start_iteration", "roundup", "duration_ms", "start_time_ms", "warmup_s",
+             "mode", "timeout_s", *INFO_KEYS}
+    return CaptureRequest(
+        job=cmd.job, ranks=ranks, tool=tool, steps=_int(args, "steps", 1, 1000) or 3, start_iteration=start,
+        roundup=_int(args, "roundup", 1, 1_000_000) or 1, duration_ms=_int(args, "duration_ms", 1, 600_000),
+        start_time_ms=start_time, warmup_s=_int(args, "warmup_s", 0, 600), mode=mode, timeout_s=timeout_s,
+        command_id=cmd.id, context={k: args[k][:500] for k in INFO_KEYS if k in args},
+        ignored_args=sorted(set(args) - known))
+
