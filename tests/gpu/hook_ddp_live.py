@@ -31,17 +31,17 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import time
 import traceback
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
+
+from tests.procs import Procs, get_json, http_get, run_env, start_agent, start_aggregator, wait_manifest
+
 JOB = "hook-ddp"
 STEPS = int(os.environ.get("HOOK_DDP_STEPS", "240"))
 SLOW = (80, 159)  # inclusive: the slow-data stretch
@@ -100,11 +100,6 @@ dist.destroy_process_group()
 '''
 
 
-def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
 def metric_lines(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     out = []
     for line in text.splitlines():
@@ -118,59 +113,31 @@ def metric_lines(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 
 def run(out: Path) -> dict[str, Any]:
     res: dict[str, Any] = {"job": JOB, "steps": STEPS, "slow": SLOW}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
-           "NCCL_NVLS_ENABLE": "0"}
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=(out / f"{name}.out").open("wb"),
-                             stderr=subprocess.STDOUT, start_new_session=True)
-        procs.append(p)
-        return p
-
+    procs = Procs(out, run_env(NCCL_NVLS_ENABLE="0"))
     try:
         (out / "rules.yaml").write_text(RULES)
         (out / "train.py").write_text(TRAIN)
-        ready = out / "agg.ready"
-        start("aggregator", [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-host", "127.0.0.1",
-                             "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0", "--rules",
-                             str(out / "rules.yaml"), "--rules-interval", "1", "--ready-file", str(ready)])
-        t_end = time.time() + 30
-        while not (ready.exists() and ready.read_text().strip()):
-            if time.time() > t_end:
-                raise RuntimeError("aggregator did not start")
-            time.sleep(0.1)
-        grpc_port, http_port = map(int, ready.read_text().split())
-        base = f"http://127.0.0.1:{http_port}"
+        grpc_port, _, base = start_aggregator(procs, "--rules", out / "rules.yaml", "--rules-interval", "1")
         run_dir = out / "run"
         own_path = out / "own_timing.json"
         t0 = time.time()
-        launch = start("launch", [sys.executable, "-m", "perfd.cli", "launch", "--job", JOB, "--run-dir",
-                                  str(run_dir), "--kineto", "--flight-recorder", str(out / "fr"),
-                                  "--fr-timing", "--", sys.executable, "-m", "torch.distributed.run",
-                                  "--nproc_per_node", "1",
-                                  "--master_port", "29541", str(out / "train.py"), str(STEPS), str(SLOW[0]),
-                                  str(SLOW[1]), str(own_path)])
-        manifest = run_dir / "launch.json"
-        while not manifest.exists():
-            if time.time() - t0 > 30:
-                raise RuntimeError("no launch manifest")
-            time.sleep(0.1)
+        launch = procs.perfd("launch", "launch", "--job", JOB, "--run-dir", str(run_dir), "--kineto",
+                             "--flight-recorder", str(out / "fr"), "--fr-timing", "--", sys.executable, "-m",
+                             "torch.distributed.run", "--nproc_per_node", "1", "--master_port", "29541",
+                             str(out / "train.py"), str(STEPS), str(SLOW[0]), str(SLOW[1]), str(own_path))
+        manifest = wait_manifest(run_dir / "launch.json", launch)
         (out / "agent.yaml").write_text(f"capture_dir: {out / 'captures'}\nbatch_interval_s: 0.5\n")
-        start("agent", [sys.executable, "-m", "perfd.cli", "agent", "--launch-manifest", str(manifest),
-                        "--aggregator", f"127.0.0.1:{grpc_port}", "--nvml", "real", "--metrics-port", "-1",
-                        "--config", str(out / "agent.yaml")])
+        start_agent(procs, grpc_port, manifest=manifest, config=out / "agent.yaml")
         while launch.poll() is None and time.time() - t0 < 540:
             time.sleep(2)
         res["job_exit"] = launch.poll()
         time.sleep(8)  # the last records, a Flight Recorder dump and a rules pass reach the aggregator
-        summary = get(f"{base}/api/jobs/{JOB}/summary")
-        incidents = get(f"{base}/api/jobs/{JOB}/incidents")["incidents"]
-        summary["iterations"] = get(f"{base}/api/jobs/{JOB}/iterations?sources=0")["iterations"]
-        events = get(f"{base}/api/events")["events"]
+        summary = get_json(f"{base}/api/jobs/{JOB}/summary")
+        incidents = get_json(f"{base}/api/jobs/{JOB}/incidents")["incidents"]
+        summary["iterations"] = get_json(f"{base}/api/jobs/{JOB}/iterations?sources=0")["iterations"]
+        events = get_json(f"{base}/api/events")["events"]
         (out / "aggregator_summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
-            metrics = r.read().decode()
+        metrics = http_get(f"{base}/metrics", timeout=10).decode()
         (out / "aggregator_metrics.txt").write_text(metrics)
         own = json.loads(own_path.read_text())
         steps = {int(k): v for k, v in own["steps"].items()}
@@ -180,19 +147,8 @@ def run(out: Path) -> dict[str, Any]:
         res["traceback"] = traceback.format_exc()[-3000:]
         res["ok"] = False
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-        res["logs"] = {n: (out / f"{n}.out").read_text(errors="replace")[-1500:]
-                       for n in ("aggregator", "agent", "launch") if (out / f"{n}.out").exists()}
+        procs.stop()
+        res["logs"] = procs.tails()
     return res
 
 

@@ -20,17 +20,17 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import time
 import traceback
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
+
+from tests.procs import Procs, get_json, run_env, start_agent, start_aggregator, wait_manifest
+
 JOB = "dp2-cotenant"
 ITERS = int(os.environ.get("MEGATRON_ITERS", "170"))
 WARM_S = float(os.environ.get("WARM_S", "75"))  # after the launch: start-up (~40 s) + steady steps
@@ -76,11 +76,6 @@ def megatron_argv(megatron: Path) -> list[str]:
             "--exit-interval", str(ITERS)]
 
 
-def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
 def log_steps(log: Path) -> dict[int, float]:
     out: dict[int, float] = {}
     for line in log.read_text(errors="replace").splitlines():
@@ -92,56 +87,30 @@ def log_steps(log: Path) -> dict[int, float]:
 
 def run(out: Path, megatron: Path) -> dict[str, Any]:
     res: dict[str, Any] = {"job": JOB, "warm_s": WARM_S, "co_tenant_s": CO_TENANT_S}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
-           "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-           "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(name: str, argv: list[str], extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen(argv, cwd=ROOT, env={**env, **(extra or {})},
-                             stdout=(out / f"{name}.out").open("wb"), stderr=subprocess.STDOUT,
-                             start_new_session=True)
-        procs.append(p)
-        return p
-
+    procs = Procs(out, run_env(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+                               NVSHMEM_DISABLE_NVLS="1", CUDA_DEVICE_MAX_CONNECTIONS="1"))
     try:
         (out / "rules.yaml").write_text(RULES)
-        ready = out / "agg.ready"
-        start("aggregator", [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-host", "127.0.0.1",
-                             "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0", "--rules",
-                             str(out / "rules.yaml"), "--rules-interval", "1", "--ready-file", str(ready)])
-        t_end = time.time() + 30
-        while not (ready.exists() and ready.read_text().strip()):
-            if time.time() > t_end:
-                raise RuntimeError("aggregator did not start")
-            time.sleep(0.1)
-        grpc_port, http_port = map(int, ready.read_text().split())
-        base = f"http://127.0.0.1:{http_port}/api"
+        grpc_port, _, url = start_aggregator(procs, "--rules", out / "rules.yaml", "--rules-interval", "1")
+        base = f"{url}/api"
         run_dir = out / "run"
         t0 = time.time()
-        launch = start("launch", [sys.executable, "-m", "perfd.cli", "launch", "--job", JOB, "--run-dir",
-                                  str(run_dir), "--kineto", "--flight-recorder", str(out / "fr"), "--",
-                                  *megatron_argv(megatron)])
-        manifest = run_dir / "launch.json"
-        while not manifest.exists():
-            if time.time() - t0 > 30:
-                raise RuntimeError("no launch manifest")
-            time.sleep(0.1)
+        launch = procs.perfd("launch", "launch", "--job", JOB, "--run-dir", str(run_dir), "--kineto",
+                             "--flight-recorder", str(out / "fr"), "--", *megatron_argv(megatron))
+        manifest = wait_manifest(run_dir / "launch.json", launch)
         (out / "agent.yaml").write_text(f"capture_dir: {out / 'captures'}\nbatch_interval_s: 0.5\n")
-        start("agent", [sys.executable, "-m", "perfd.cli", "agent", "--launch-manifest", str(manifest),
-                        "--aggregator", f"127.0.0.1:{grpc_port}", "--nvml", "real", "--metrics-port", "-1",
-                        "--config", str(out / "agent.yaml")])
+        start_agent(procs, grpc_port, manifest=manifest, config=out / "agent.yaml")
         while time.time() - t0 < WARM_S:
             time.sleep(1)
-        burn = start("cotenant", [sys.executable, "-c", BURN], {"CUDA_VISIBLE_DEVICES": "1",
-                                                                 "BURN_S": str(CO_TENANT_S)})
+        burn = procs.start("cotenant", [sys.executable, "-c", BURN],
+                           env={"CUDA_VISIBLE_DEVICES": "1", "BURN_S": str(CO_TENANT_S)})
         t_burn = time.time()
         res["cotenant"] = {"pid": burn.pid, "cmdline": f"{sys.executable} -c <bf16 matmul loop>",
                            "started_s_after_launch": round(t_burn - t0, 1)}
         seen: list[dict[str, Any]] = []
         while launch.poll() is None and time.time() - t0 < 480:
             try:
-                incs = get(f"{base}/jobs/{JOB}/incidents")["incidents"]
+                incs = get_json(f"{base}/jobs/{JOB}/incidents")["incidents"]
             except Exception as exc:  # not yet known to the aggregator
                 incs = [{"error": repr(exc)}]
             for inc in incs:
@@ -153,7 +122,7 @@ def run(out: Path, megatron: Path) -> dict[str, Any]:
         res["job_exit"] = launch.poll()
         res["incidents_while_running"] = seen
         time.sleep(6)  # the last iterations and the capture report reach the aggregator
-        summary = get(f"{base}/jobs/{JOB}/summary")
+        summary = get_json(f"{base}/jobs/{JOB}/summary")
         res["incidents_after"] = summary.get("incidents")
         res["report_headline"] = (summary.get("report") or {}).get("summary", {}).get("headline")
         res["bottleneck"] = (summary.get("summary") or {}).get("bottleneck")
@@ -166,9 +135,9 @@ def run(out: Path, megatron: Path) -> dict[str, Any]:
         res["captures"] = [{k: c.get(k) for k in ("id", "status", "ranks", "tool", "origin", "started_at",
                                                   "finished_at", "bottleneck", "bottleneck_reason")}
                            | {"findings": [f["title"] for f in c.get("findings") or []]}
-                           for c in get(f"{base}/captures")["captures"]]
+                           for c in get_json(f"{base}/captures")["captures"]]
         res["events"] = [{"kind": e.get("kind"), "text": str(e.get("text"))[:300]}
-                         for e in get(f"{base}/events")["events"]
+                         for e in get_json(f"{base}/events")["events"]
                          if e.get("kind") in ("incident_opened", "incident_closed", "rule_firing",
                                               "capture_started", "capture_finished", "capture_failed")]
         steps = log_steps(run_dir / "output.log")
@@ -199,19 +168,8 @@ def run(out: Path, megatron: Path) -> dict[str, Any]:
         res["traceback"] = traceback.format_exc()[-3000:]
         res["ok"] = False
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-        res["logs"] = {n: (out / f"{n}.out").read_text(errors="replace")[-1500:]
-                       for n in ("aggregator", "agent", "launch") if (out / f"{n}.out").exists()}
+        procs.stop()
+        res["logs"] = procs.tails()
     return res
 
 

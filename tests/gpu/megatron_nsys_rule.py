@@ -36,13 +36,13 @@ import subprocess
 import sys
 import time
 import traceback
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # run as a script on the GPU machine, where perfd is not installed
-    sys.path.insert(0, str(ROOT))
+# run as a script on the GPU machine, where perfd is not installed: the repository's perfd and tests
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.procs import ROOT, Procs, get_json, run_env, start_agent, start_aggregator, wait_manifest
 
 JOB = "nsys-rule"
 TOTAL_S = float(os.environ.get("TOTAL_S", "540"))
@@ -82,11 +82,6 @@ def megatron_args(megatron: Path) -> list[str]:
             "2", "--eval-iters", "0", "--eval-interval", "100000", "--disable-bias-linear"]
 
 
-def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
 def log_iterations(log: Path) -> dict[int, float]:
     """Megatron's logged iterations: number -> elapsed ms."""
     out: dict[int, float] = {}
@@ -104,51 +99,20 @@ class Run:
         self.out, self.megatron = out, megatron
         self.t0 = time.time()
         self.deadline = self.t0 + TOTAL_S
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1",
-                    "PYTHONPATH": f"{ROOT}:{megatron}:{os.environ.get('PYTHONPATH', '')}",
-                    "CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_NVLS_ENABLE": "0"}
+        self.env = run_env(megatron, CUDA_DEVICE_MAX_CONNECTIONS="1", NCCL_NVLS_ENABLE="0")
         self.res: dict[str, Any] = {"job": JOB, "stage": "setup"}
         self.progress = (out / "progress.log").open("a", buffering=1)
         self.seen_events: set[tuple[Any, ...]] = set()
+        self.procs = Procs(out, self.env, say=self.say)
 
     def say(self, msg: str) -> None:
         line = f"[{time.time() - self.t0:6.1f}s] {msg}"
         print(line, flush=True)
         self.progress.write(line + "\n")
 
-    def start(self, name: str, argv: list[str], cwd: Path = ROOT) -> subprocess.Popen[bytes]:
-        self.say(f"start {name}: {' '.join(argv)[:400]}")
-        p = subprocess.Popen(argv, cwd=cwd, env=self.env, stdout=(self.out / f"{name}.out").open("wb"),
-                             stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs[name] = p
-        return p
-
-    def stop(self, name: str, grace_s: float = 20.0) -> None:
-        p = self.procs.get(name)
-        if p is None or p.poll() is not None:
-            return
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-            p.wait(timeout=grace_s)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            self.say(f"{name} still running {grace_s:.0f} s after SIGTERM: SIGKILL")
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(timeout=10)
-
-    def wait_for(self, what: str, cond: Any, limit_s: float) -> Any:
-        end = min(time.time() + limit_s, self.deadline)
-        while time.time() < end:
-            got = cond()
-            if got:
-                return got
-            time.sleep(0.2)
-        raise TimeoutError(f"{what}: not within {limit_s:.0f} s")
+    def left_s(self, limit_s: float) -> float:
+        """``limit_s``, or what is left before the deadline if that is less."""
+        return max(0.0, min(limit_s, self.deadline - time.time()))
 
     # ----------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -165,27 +129,19 @@ class Run:
         res["nsys_version"] = nsys_version()
         self.say(f"nsys {res['nsys_version']}; prefix: {res['nsys_prefix']}")
         (out / "rules.yaml").write_text(RULES)
-        ready = out / "agg.ready"
-        self.start("aggregator", [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-host", "127.0.0.1",
-                                  "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0",
-                                  "--rules", str(out / "rules.yaml"), "--rules-interval", "1",
-                                  "--ready-file", str(ready)])
-        self.wait_for("aggregator ready", lambda: ready.exists() and ready.read_text().strip(), 60)
-        grpc_port, http_port = map(int, ready.read_text().split())
-        api = f"http://127.0.0.1:{http_port}/api"
+        grpc_port, _, url = start_aggregator(self.procs, "--rules", out / "rules.yaml", "--rules-interval",
+                                             "1", timeout=self.left_s(60))
+        api = f"{url}/api"
         run_dir = out / "run"
         job_s = max(60, int(self.deadline - time.time() - 60))  # the job ends before the script must
         cmd = ["timeout", "--signal=TERM", "--kill-after=20", str(job_s), sys.executable, "-m",
                "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "--no-python", *prefix,
                sys.executable, "-m", "perfd.hook.megatron", *megatron_args(self.megatron)]
-        launch = self.start("launch", [sys.executable, "-m", "perfd.cli", "launch", "--job", JOB, "--run-dir",
-                                       str(run_dir), "--agent-socket", str(out / "hook.sock"), "--", *cmd])
-        manifest = run_dir / "launch.json"
-        self.wait_for("launch manifest", manifest.exists, 60)
+        launch = self.procs.perfd("launch", "launch", "--job", JOB, "--run-dir", str(run_dir),
+                                  "--agent-socket", str(out / "hook.sock"), "--", *cmd)
+        manifest = wait_manifest(run_dir / "launch.json", launch, timeout=self.left_s(60))
         (out / "agent.yaml").write_text(f"capture_dir: {out / 'captures'}\nbatch_interval_s: 0.5\n")
-        self.start("agent", [sys.executable, "-m", "perfd.cli", "agent", "--launch-manifest", str(manifest),
-                             "--aggregator", f"127.0.0.1:{grpc_port}", "--nvml", NVML, "--metrics-port",
-                             "-1", "--config", str(out / "agent.yaml")])
+        start_agent(self.procs, grpc_port, manifest=manifest, nvml=NVML, config=out / "agent.yaml")
         res["stage"] = "waiting for the capture"
         log = run_dir / "output.log"
         self.manifest = manifest
@@ -199,8 +155,8 @@ class Run:
                 res["nsys_sessions"] = self.nsys_sessions()
                 self.say(f"first iteration logged; nsys sessions: {res['nsys_sessions']}")
             try:
-                caps = [c for c in get(f"{api}/captures")["captures"] if c.get("job") == JOB]
-                events = [e for e in get(f"{api}/events")["events"] if e.get("kind") in WATCHED]
+                caps = [c for c in get_json(f"{api}/captures")["captures"] if c.get("job") == JOB]
+                events = [e for e in get_json(f"{api}/events")["events"] if e.get("kind") in WATCHED]
             except OSError as exc:
                 caps, events = [], []
                 self.say(f"aggregator API: {exc}")
@@ -228,12 +184,12 @@ class Run:
         if capture:
             self.say(f"capture {capture['id']}: {capture['status']} — {capture.get('reason')}")
         self.say("stopping the job")
-        self.stop("launch")
+        self.procs.end("launch", grace_s=20)
         time.sleep(3)  # the agent's last events reach the aggregator
         try:
             res["events"] = [{"kind": e.get("kind"), "time": e.get("time"), "text": str(e.get("text"))[:400]}
-                             for e in get(f"{api}/events")["events"] if e.get("kind") in WATCHED]
-            caps = [c for c in get(f"{api}/captures")["captures"] if c.get("job") == JOB]
+                             for e in get_json(f"{api}/events")["events"] if e.get("kind") in WATCHED]
+            caps = [c for c in get_json(f"{api}/captures")["captures"] if c.get("job") == JOB]
             res["capture"] = caps[0] if caps else capture
         except OSError as exc:
             res["api_error_after"] = repr(exc)
@@ -292,11 +248,7 @@ class Run:
         return pids
 
     def cleanup(self) -> None:
-        for name in ("launch", "agent", "aggregator"):
-            try:
-                self.stop(name)
-            except Exception as exc:  # go on: every process must be stopped
-                self.say(f"stopping {name}: {exc!r}")
+        self.procs.stop(grace_s=20)  # the agent, then the job, the aggregator last
         left = self.job_pids()  # a rank left behind would hold the GPU for the next run
         for sig in (signal.SIGTERM, signal.SIGKILL):
             if not left:
@@ -311,9 +263,7 @@ class Run:
             while left and time.time() < end:
                 time.sleep(0.5)
                 left = self.job_pids()
-        outs = {n: self.out / f"{n}.out" for n in ("aggregator", "agent", "launch")}
-        self.res["logs_tail"] = {n: p.read_text(errors="replace")[-2000:]
-                                 for n, p in outs.items() if p.exists()}
+        self.res["logs_tail"] = self.procs.tails(n=2000)
         self.progress.close()
 
 

@@ -29,7 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.gpu.verify_nccl_live import Procs, get_json, tail, wait_for
+from tests.gpu.verify_nccl_live import agent, aggregator, new_procs
+from tests.procs import NOT_YET, get_json, tail, wait_for, wait_manifest
 
 PP = int(os.environ.get("MEGATRON_PP", "2"))  # 1: data parallel over the two GPUs (DP=2)
 JOB = f"megatron-pp{PP}" if PP > 1 else "megatron-dp2"
@@ -74,10 +75,10 @@ def run(out: Path, megatron: Path) -> dict[str, Any]:
     from perfd.capture.chrome_trace import analyze_chrome_trace
 
     res: dict[str, Any] = {"job": JOB, "profiled_iterations": list(range(PROFILE_START, PROFILE_END))}
-    ps = Procs(out)
+    ps = new_procs(out)
     url = ""
     try:
-        grpc_port, http = ps.aggregator()
+        grpc_port, http = aggregator(ps)
         run_dir = out / "run"
         tb = out / "tb" / "tensorboard"
         tb.mkdir(parents=True, exist_ok=True)
@@ -87,9 +88,7 @@ def run(out: Path, megatron: Path) -> dict[str, Any]:
         launch = ps.perfd("launch", "launch", "--job", JOB, "--run-dir", str(run_dir), "--flight-recorder",
                           str(out / "fr"), "--fr-timing", "--agent-socket", str(out / "hook.sock"), "--",
                           *megatron_argv(megatron, tb), env=env)
-        manifest = run_dir / "launch.json"
-        wait_for(manifest.exists, 30, "launch manifest")
-        ps.agent(manifest, grpc_port)
+        agent(ps, wait_manifest(run_dir / "launch.json", launch), grpc_port)
         rc = launch.wait(timeout=float(os.environ.get("MEGATRON_TIMEOUT_S", "240")))
         res["job_exit"], res["job_seconds"] = rc, round(time.monotonic() - t0, 1)
         url = f"http://127.0.0.1:{http}/api/jobs/{JOB}/summary"
@@ -100,7 +99,7 @@ def run(out: Path, megatron: Path) -> dict[str, Any]:
             its = {it["iteration"] for it in c.get("iterations", [])}
             return c if want <= its else None
 
-        wait_for(covered, 30, "the profiled iterations in the aggregator's analysis")
+        wait_for(covered, 30, "the profiled iterations in the aggregator's analysis", ignore=NOT_YET)
         time.sleep(2.0)
         summary = get_json(url)
         coll = summary["collectives"]

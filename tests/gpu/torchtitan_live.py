@@ -38,17 +38,18 @@ import json
 import os
 import random
 import re
-import signal
 import statistics
 import subprocess
 import sys
 import time
 import traceback
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
+
+from tests.procs import ROOT, Procs, get_json, run_env, start_agent, start_aggregator, wait_manifest
+
 JOB = "titan-debug"
 STEPS = int(os.environ.get("TITAN_STEPS", "150"))
 LOCAL_BATCH = int(os.environ.get("TITAN_LOCAL_BATCH", "32"))  # ~0.1 s steps: the line timing is µs
@@ -89,11 +90,6 @@ json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"},
           open(work / "tokenizer" / "tokenizer_config.json", "w"))
 """
 _STEP = re.compile(r"step:\s*(\d+)\s.*tflops: ([0-9.,]+)\s.*mfu: ([0-9.]+)%")
-
-
-def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
 
 
 def titan_steps(log: Path) -> dict[int, dict[str, float]]:
@@ -188,26 +184,9 @@ def install(part: Path) -> int:
 
 def run(out: Path) -> dict[str, Any]:
     res: dict[str, Any] = {"job": JOB, "steps": STEPS, "local_batch": LOCAL_BATCH, "model": MODEL}
-    procs: list[subprocess.Popen[bytes]] = []
     py = sys.executable
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": f"{ROOT}:{SITE}:{os.environ.get('PYTHONPATH', '')}",
-        "NCCL_NVLS_ENABLE": "0",
-    }
-
-    def start(name: str, argv: list[str], cwd: Path = ROOT) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdout=(out / f"{name}.out").open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        procs.append(p)
-        return p
+    env = run_env(SITE, NCCL_NVLS_ENABLE="0")
+    procs = Procs(out, env)
 
     try:
         smoke = subprocess.run([py, "-c", "import torchtitan.train"], capture_output=True, text=True, env=env)
@@ -227,70 +206,34 @@ def run(out: Path) -> dict[str, Any]:
         subprocess.run([py, str(out / "assets.py"), str(work / "assets")], check=True, env=env)
         (out / "model.yaml").write_text(json.dumps(MODEL))  # JSON is YAML
         (out / "rules.yaml").write_text("rules: []\n")
-        ready = out / "agg.ready"
-        start(
-            "aggregator",
-            [
-                py,
-                "-m",
-                "perfd.cli",
-                "aggregator",
-                "--grpc-host",
-                "127.0.0.1",
-                "--grpc-port",
-                "0",
-                "--http-host",
-                "127.0.0.1",
-                "--http-port",
-                "0",
-                "--rules",
-                str(out / "rules.yaml"),
-                "--ready-file",
-                str(ready),
-            ],
-        )
-        t_end = time.time() + 30
-        while not (ready.exists() and ready.read_text().strip()):
-            if time.time() > t_end:
-                raise RuntimeError("aggregator did not start")
-            time.sleep(0.1)
-        grpc_port, http_port = map(int, ready.read_text().split())
-        base = f"http://127.0.0.1:{http_port}/api"
+        grpc_port, _, url = start_aggregator(procs, "--rules", out / "rules.yaml")
+        base = f"{url}/api"
         run_dir = out / "run"
         t0 = time.time()
-        launch = start(
+        launch = procs.perfd(
             "launch",
-            [
-                py,
-                "-m",
-                "perfd.cli",
-                "launch",
-                "--job",
-                JOB,
-                "--run-dir",
-                str(run_dir),
-                "--flight-recorder",
-                str(out / "fr"),
-                "--fr-timing",
-                "--",
-                py,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node",
-                "1",
-                "--master_port",
-                "29551",
-                "-m",
-                "torchtitan.train",
-                *titan_args(titan_version, work),
-            ],
+            "launch",
+            "--job",
+            JOB,
+            "--run-dir",
+            str(run_dir),
+            "--flight-recorder",
+            str(out / "fr"),
+            "--fr-timing",
+            "--",
+            py,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "1",
+            "--master_port",
+            "29551",
+            "-m",
+            "torchtitan.train",
+            *titan_args(titan_version, work),
             cwd=work,
         )
-        manifest = run_dir / "launch.json"
-        while not manifest.exists():
-            if time.time() - t0 > 30:
-                raise RuntimeError("no launch manifest")
-            time.sleep(0.1)
+        manifest = wait_manifest(run_dir / "launch.json", launch)
         log = run_dir / "output.log"
         (out / "agent.yaml").write_text(
             json.dumps(
@@ -303,25 +246,7 @@ def run(out: Path) -> dict[str, Any]:
                 }
             )
         )
-        start(
-            "agent",
-            [
-                py,
-                "-m",
-                "perfd.cli",
-                "agent",
-                "--launch-manifest",
-                str(manifest),
-                "--aggregator",
-                f"127.0.0.1:{grpc_port}",
-                "--nvml",
-                "real",
-                "--metrics-port",
-                "-1",
-                "--config",
-                str(out / "agent.yaml"),
-            ],
-        )
+        start_agent(procs, grpc_port, manifest=manifest, config=out / "agent.yaml")
         while launch.poll() is None and time.time() - t0 < 540:
             time.sleep(2)
         res["job_exit"] = launch.poll()
@@ -343,8 +268,8 @@ def run(out: Path) -> dict[str, Any]:
         res["fr"]["ok"] = "fr_dump_0" in res["fr"]["perfd_folder"] and not res["fr"]["torchtitan_comm_traces"]
         titan = titan_steps(log)
         res["torchtitan_steps_logged"] = len(titan)
-        summary = get(f"{base}/jobs/{JOB}/summary")
-        rows = get(f"{base}/jobs/{JOB}/iterations?sources=0")["iterations"]
+        summary = get_json(f"{base}/jobs/{JOB}/summary")
+        rows = get_json(f"{base}/jobs/{JOB}/iterations?sources=0")["iterations"]
         (out / "aggregator_summary.json").write_text(json.dumps(summary, indent=1, default=str))
         job = summary.get("job") or {}
         res["live_job"] = {
@@ -399,22 +324,8 @@ def run(out: Path) -> dict[str, Any]:
         res["traceback"] = traceback.format_exc()[-3000:]
         res["ok"] = False
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-        res["logs"] = {
-            n: (out / f"{n}.out").read_text(errors="replace")[-2000:]
-            for n in ("aggregator", "agent", "launch")
-            if (out / f"{n}.out").exists()
-        }
+        procs.stop()
+        res["logs"] = procs.tails(n=2000)
     return res
 
 

@@ -24,16 +24,17 @@ import gzip
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 import traceback
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
+
+from tests.procs import ROOT, Procs, get_json, run_env, start_agent, start_aggregator, wait_manifest
+
 COTENANT_S = float(os.environ.get("COTENANT_S", "45"))
 CAPTURE_AFTER_S = float(os.environ.get("CAPTURE_AFTER_S", "15"))
 
@@ -130,11 +131,6 @@ def megatron_argv(megatron: Path, c: dict[str, Any]) -> list[str]:
     ]
 
 
-def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
 def log_steps(log: Path) -> dict[int, float]:
     out: dict[int, float] = {}
     for line in log.read_text(errors="replace").splitlines():
@@ -198,59 +194,21 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
     raw = out / f"raw_{config}"
     raw.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"job": job, "config": c, "cotenant_at": cotenant_at, "cotenant_s": COTENANT_S}
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
-        "NCCL_NVLS_ENABLE": "0",
-        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-    }
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(name: str, argv: list[str], extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env={**env, **(extra or {})},
-            stdout=(raw / f"{name}.out").open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        procs.append(p)
-        return p
-
+    env = run_env(NCCL_NVLS_ENABLE="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    procs = Procs(raw, env)
     try:
         (raw / "rules.yaml").write_text(RULES.format(for_s=int(CAPTURE_AFTER_S)))
-        ready = raw / "agg.ready"
-        start(
-            "aggregator",
-            [
-                sys.executable,
-                "-m",
-                "perfd.cli",
-                "aggregator",
-                "--grpc-port",
-                "0",
-                "--http-port",
-                "0",
-                "--rules",
-                str(ROOT / "rules" / "default.yaml"),  # the shipped pack: incident_capture among them
-                "--rules",
-                str(raw / "rules.yaml"),
-                "--rules-interval",
-                "1",
-                "--ready-file",
-                str(ready),
-            ],
+        grpc_port, _, url = start_aggregator(
+            procs,
+            "--rules",
+            ROOT / "rules" / "default.yaml",  # the shipped pack: incident_capture among them
+            "--rules",
+            raw / "rules.yaml",
+            "--rules-interval",
+            "1",
         )
-        t_end = time.time() + 30
-        while not (ready.exists() and ready.read_text().strip()):
-            if time.time() > t_end:
-                raise RuntimeError("aggregator did not start")
-            time.sleep(0.1)
-        grpc_port, http_port = map(int, ready.read_text().split())
-        base = f"http://127.0.0.1:{http_port}/api"
-        start(
+        base = f"{url}/api"
+        procs.start(
             "nvml_record",
             [
                 sys.executable,
@@ -267,47 +225,20 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
         )
         run_dir = raw / "run"
         t0 = time.time()
-        launch = start(
+        launch = procs.perfd(
             "launch",
-            [
-                sys.executable,
-                "-m",
-                "perfd.cli",
-                "launch",
-                "--job",
-                job,
-                "--run-dir",
-                str(run_dir),
-                "--kineto",
-                "--",
-                *megatron_argv(megatron, c),
-            ],
+            "launch",
+            "--job",
+            job,
+            "--run-dir",
+            str(run_dir),
+            "--kineto",
+            "--",
+            *megatron_argv(megatron, c),
         )
-        manifest = run_dir / "launch.json"
-        while not manifest.exists():
-            if time.time() - t0 > 30:
-                raise RuntimeError("no launch manifest")
-            time.sleep(0.1)
+        manifest = wait_manifest(run_dir / "launch.json", launch)
         (raw / "agent.yaml").write_text(f"capture_dir: {raw / 'captures'}\nbatch_interval_s: 0.5\n")
-        start(
-            "agent",
-            [
-                sys.executable,
-                "-m",
-                "perfd.cli",
-                "agent",
-                "--launch-manifest",
-                str(manifest),
-                "--aggregator",
-                f"127.0.0.1:{grpc_port}",
-                "--nvml",
-                "real",
-                "--metrics-port",
-                "-1",
-                "--config",
-                str(raw / "agent.yaml"),
-            ],
-        )
+        start_agent(procs, grpc_port, manifest=manifest, config=raw / "agent.yaml")
         log = run_dir / "output.log"
         t_first = None
         burn = None
@@ -323,14 +254,14 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
                 and t_first is not None
                 and time.time() - t_first >= cotenant_at
             ):
-                burn = start("cotenant", [sys.executable, "-c", BURN], {"BURN_S": str(COTENANT_S)})
+                burn = procs.start("cotenant", [sys.executable, "-c", BURN], env={"BURN_S": str(COTENANT_S)})
                 t_burn = time.time()
                 res["cotenant"] = {
                     "pid": burn.pid,
                     "started_s_after_first_iteration": round(t_burn - t_first, 1),
                 }
             try:
-                v = view(get(f"{base}/jobs/{job}/summary"))
+                v = view(get_json(f"{base}/jobs/{job}/summary"))
                 polls.append(
                     {
                         "t": round(time.time() - t0, 1),
@@ -344,10 +275,11 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
         res["job_exit"] = launch.poll()
         res["polls"] = polls
         time.sleep(8)  # the last iterations and the capture report reach the aggregator
-        res["after"] = view(get(f"{base}/jobs/{job}/summary"))
-        res["captures"] = get(f"{base}/captures")["captures"]
+        res["after"] = view(get_json(f"{base}/jobs/{job}/summary"))
+        res["captures"] = get_json(f"{base}/captures")["captures"]
         res["events"] = [
-            {"kind": e.get("kind"), "text": str(e.get("text"))[:400]} for e in get(f"{base}/events")["events"]
+            {"kind": e.get("kind"), "text": str(e.get("text"))[:400]}
+            for e in get_json(f"{base}/events")["events"]
         ]
         steps = log_steps(log)
         res["log_steps"] = len(steps)
@@ -428,17 +360,7 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
         res["error"] = f"{type(exc).__name__}: {exc}"
         res["traceback"] = traceback.format_exc()[-3000:]
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        procs.stop()
         for t in (raw / "captures").rglob("*.json") if (raw / "captures").exists() else []:
             t.unlink()  # the full traces stay on the GPU machine; the cut ones come back
     res["checks"] = checks(res, config)

@@ -27,19 +27,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 import traceback
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
+
+from tests.procs import (
+    NOT_YET,
+    Procs,
+    free_port,
+    get_json,
+    http_get,
+    run_env,
+    start_agent,
+    start_aggregator,
+    tail,
+    wait_for,
+    wait_manifest,
+)
 
 TOTAL_BUDGET_S = 330.0
 HANG_THRESHOLD_S = 5.0
@@ -208,101 +218,37 @@ def match_fr_to_kernels(fr_path: Path, trace_path: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ driver helpers
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def new_procs(out: Path) -> Procs:
+    """The processes of one part, with output in ``out``: no torchrun variables of our own passed on."""
+    return Procs(out, run_env(drop=("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")))
 
 
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
+def aggregator(ps: Procs) -> tuple[int, int]:
+    """``perfd aggregator`` without rules: (gRPC port, HTTP port)."""
+    grpc_port, http, _ = start_aggregator(ps, "--no-rules", ready=ps.out / "aggregator.ready",
+                                          http_port=free_port())
+    return grpc_port, http
 
 
-class Procs:
-    """Every process a part starts; stopped (SIGTERM, then SIGKILL) whatever happens."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1",
-                    "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-        for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-            self.env.pop(k, None)
-
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = (self.out / f"{name}.out").open("wb")
-        p = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **(env or {})}, stdout=log,
-                             stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append((name, p))
-        return p
-
-    def perfd(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        return self.start(name, [sys.executable, "-m", "perfd.cli", *args], env)
-
-    def aggregator(self) -> tuple[int, int]:
-        ready = self.out / "aggregator.ready"
-        http = free_port()
-        self.perfd("aggregator", "aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host",
-                   "127.0.0.1", "--http-port", str(http), "--ready-file", str(ready), "--no-rules")
-        wait_for(lambda: ready.exists() and ready.read_text().strip(), 30, "aggregator ready")
-        return int(ready.read_text().split()[0]), http
-
-    def launch(self, job: str, mode: str, fr_timing: bool, env: dict[str, str] | None = None) -> tuple[
-            subprocess.Popen[bytes], Path]:
-        run = self.out / "run"
-        run.mkdir(parents=True, exist_ok=True)
-        flags = ["--fr-timing"] if fr_timing else []
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                    str(free_port()), str(Path(__file__).resolve()), "--worker", mode, str(run)]
-        p = self.perfd("launch", "launch", "--job", job, "--run-dir", str(run), "--flight-recorder",
-                       str(self.out / "fr"), "--agent-socket", str(self.out / "hook.sock"), *flags, "--",
-                       *torchrun, env=env)
-        return p, run / "launch.json"
-
-    def agent(self, manifest: Path, grpc_port: int) -> None:
-        cfg = self.out / "agent.yaml"
-        cfg.write_text("batch_interval_s: 0.2\ncollectors:\n  nccl:\n    flight_recorder:\n"
-                       f"      interval_s: 1\n      hang_threshold_s: {HANG_THRESHOLD_S}\n")
-        self.perfd("agent", "agent", "--config", str(cfg), "--launch-manifest", str(manifest), "--aggregator",
-                   f"127.0.0.1:{grpc_port}", "--nvml", "off" if SMOKE else "real", "--host", "off",
-                   "--metrics-port", "-1")  # NVML: the GPU's name, hence its link's bus bandwidth
-
-    def stop(self) -> None:
-        for _, p in reversed(self.procs):
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for _, p in self.procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+def launch(ps: Procs, job: str, mode: str, fr_timing: bool, env: dict[str, str] | None = None) -> tuple[
+        subprocess.Popen[bytes], Path]:
+    run = ps.out / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    flags = ["--fr-timing"] if fr_timing else []
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                str(free_port()), str(Path(__file__).resolve()), "--worker", mode, str(run)]
+    p = ps.perfd("launch", "launch", "--job", job, "--run-dir", str(run), "--flight-recorder",
+                 str(ps.out / "fr"), "--agent-socket", str(ps.out / "hook.sock"), *flags, "--", *torchrun,
+                 env=env)
+    return p, run / "launch.json"
 
 
-def wait_for(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            v = pred()
-        except (OSError, ValueError, KeyError):
-            v = None
-        if v:
-            return v
-        time.sleep(0.2)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def tail(path: Path, n: int = 1500) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:]
-    except OSError:
-        return ""
+def agent(ps: Procs, manifest: Path, grpc_port: int) -> None:
+    cfg = ps.out / "agent.yaml"
+    cfg.write_text("batch_interval_s: 0.2\ncollectors:\n  nccl:\n    flight_recorder:\n"
+                   f"      interval_s: 1\n      hang_threshold_s: {HANG_THRESHOLD_S}\n")
+    nvml = "off" if SMOKE else "real"  # NVML: the GPU's name, hence its link's bus bandwidth
+    start_agent(ps, grpc_port, "--host", "off", manifest=manifest, nvml=nvml, config=cfg)
 
 
 # ------------------------------------------------------------------------------------ parts
@@ -312,14 +258,13 @@ def part_live(out: Path, budget: float) -> dict[str, Any]:
     from perfd.capture.chrome_trace import analyze_chrome_trace
 
     res: dict[str, Any] = {"job": "ddp-live"}
-    ps = Procs(out)
+    ps = new_procs(out)
     url = ""
     try:
-        grpc_port, http = ps.aggregator()
-        launch, manifest = ps.launch("ddp-live", "train", fr_timing=True)
-        wait_for(manifest.exists, 30, "launch manifest")
-        ps.agent(manifest, grpc_port)
-        rc = launch.wait(timeout=max(30.0, budget - 40))
+        grpc_port, http = aggregator(ps)
+        job, manifest = launch(ps, "ddp-live", "train", fr_timing=True)
+        agent(ps, wait_manifest(manifest, job), grpc_port)
+        rc = job.wait(timeout=max(30.0, budget - 40))
         res["job_exit"] = rc
         url = f"http://127.0.0.1:{http}/api/jobs/ddp-live/summary"
         steps = [json.loads((out / "run" / f"steps_rank{r}.json").read_text()) for r in (0, 1)]
@@ -333,7 +278,7 @@ def part_live(out: Path, budget: float) -> dict[str, Any]:
             its = {it["iteration"] for it in c.get("iterations", [])}
             return c if set(profiled) <= its else None
 
-        coll = wait_for(covered, 25, "the profiled iterations in the aggregator's analysis")
+        coll = wait_for(covered, 25, "the profiled iterations in the aggregator's analysis", ignore=NOT_YET)
         time.sleep(2.0)
         coll = get_json(url)["collectives"]
         res["perfd_summary"] = coll["summary"]
@@ -368,9 +313,9 @@ def part_live(out: Path, budget: float) -> dict[str, Any]:
         diffs = [abs(v["diff_points"]) for v in per_rank.values() if v["diff_points"] is not None]
         res["max_abs_diff_points"] = max(diffs) if len(diffs) == 2 else None
         res["ok"] = rc == 0 and len(diffs) == 2 and max(diffs) <= 3.0
-        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=5) as r:
-            res["metrics"] = [ln for ln in r.read().decode().splitlines()
-                              if ln.startswith(("perfd_job_comm_total", "perfd_job_collective"))]
+        metrics = http_get(f"http://127.0.0.1:{http}/metrics").decode()
+        res["metrics"] = [ln for ln in metrics.splitlines()
+                          if ln.startswith(("perfd_job_comm_total", "perfd_job_collective"))]
     except Exception as exc:
         res["error"] = f"{type(exc).__name__}: {exc}"
         res["traceback"] = traceback.format_exc()[-3000:]
@@ -394,13 +339,13 @@ def part_timing(out: Path, budget: float) -> dict[str, Any]:
     for i, timing in enumerate((False, True, True, False)):
         run_out = out / f"run{i}_{'on' if timing else 'off'}"
         run_out.mkdir(parents=True, exist_ok=True)
-        ps = Procs(run_out)
+        ps = new_procs(run_out)
         entry: dict[str, Any] = {"timing": timing}
         try:
             left = t_end - time.monotonic()
             if left < 30:
                 raise TimeoutError("no time left in this part's budget")
-            p, _ = ps.launch(f"bench{i}", "bench", fr_timing=timing, env={"PERFD_HOOK_DISABLE": "1"})
+            p, _ = launch(ps, f"bench{i}", "bench", fr_timing=timing, env={"PERFD_HOOK_DISABLE": "1"})
             entry["exit"] = p.wait(timeout=min(90.0, left))
             steps = [json.loads((run_out / "run" / f"steps_rank{r}.json").read_text()) for r in (0, 1)]
             entry["timing_env"] = steps[0]["timing_env"]
@@ -424,33 +369,32 @@ def part_timing(out: Path, budget: float) -> dict[str, Any]:
 
 def part_hang(out: Path, budget: float) -> dict[str, Any]:
     res: dict[str, Any] = {"threshold_s": HANG_THRESHOLD_S, "sleep_s": HANG_SLEEP_S, "dump_interval_s": 1.0}
-    ps = Procs(out)
+    ps = new_procs(out)
     try:
-        grpc_port, http = ps.aggregator()
-        launch, manifest = ps.launch("ddp-hang", "hang", fr_timing=False)
-        wait_for(manifest.exists, 30, "launch manifest")
-        ps.agent(manifest, grpc_port)
+        grpc_port, http = aggregator(ps)
+        job, manifest = launch(ps, "ddp-hang", "hang", fr_timing=False)
+        agent(ps, wait_manifest(manifest, job), grpc_port)
         started_file = out / "run" / "hang_started"
         started_ns = int(wait_for(lambda: started_file.exists() and started_file.read_text(), 60,
-                                  "rank 0 entering the all_reduce"))
+                                  "rank 0 entering the all_reduce", ignore=NOT_YET))
         url = f"http://127.0.0.1:{http}/api/jobs/ddp-hang/summary"
 
         def active() -> Any:
             hangs = (get_json(url).get("collectives") or {}).get("hangs") or []
             return [h for h in hangs if h["active"]] or None
 
-        hangs = wait_for(active, HANG_SLEEP_S + 5, "an active hang in the aggregator")
+        hangs = wait_for(active, HANG_SLEEP_S + 5, "an active hang in the aggregator", ignore=NOT_YET)
         detected_ns = time.time_ns()
         res["detected_after_s"] = (detected_ns - started_ns) / 1e9
         res["hang"] = hangs[0]
-        res["job_exit"] = launch.wait(timeout=HANG_SLEEP_S + 25)
+        res["job_exit"] = job.wait(timeout=HANG_SLEEP_S + 25)
 
         def resolved() -> Any:
             hs = (get_json(url).get("collectives") or {}).get("hangs") or []
             return hs if hs and all(h["resolved"] for h in hs) else None
 
         try:
-            res["after"] = wait_for(resolved, 15, "the hang resolved")
+            res["after"] = wait_for(resolved, 15, "the hang resolved", ignore=NOT_YET)
             res["resolved"] = True
         except TimeoutError:
             res["resolved"] = False

@@ -13,18 +13,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
+
+from tests.procs import ROOT, Procs, free_port, get_json, http_get, start_agent, start_aggregator
+
 LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 JOB, NODE = "pair", "gpu-node"
 FOREIGN_CODE = """
@@ -35,57 +34,28 @@ time.sleep(40)
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def get(url: str) -> Any:
-    body = urllib.request.urlopen(url, timeout=10).read()
-    return body.decode() if url.endswith("/metrics") else json.loads(body)
-
-
 def main() -> int:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "PERFD_JOB")}
-    ready = out / "ready"
-    perfd = [sys.executable, "-m", "perfd.cli"]
-    procs = [subprocess.Popen([*perfd, "aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0",
-                               "--http-host", "127.0.0.1", "--http-port", "0", "--ready-file", str(ready)],
-                              cwd=ROOT, env=env, stdout=(out / "aggregator.out").open("w"),
-                              stderr=subprocess.STDOUT)]
-    try:
-        while not (ready.exists() and ready.read_text().strip()):
-            time.sleep(0.1)
-        grpc_port, http_port = map(int, ready.read_text().split())
+    with Procs(out, env) as procs:
+        grpc_port, _, base = start_aggregator(procs, ready=out / "ready")
         log = out / "train.log"
         shutil.copy(LOG, log)
-        job_env = {**env, "PERFD_JOB": JOB, "HOLD_S": "40",
-                   "PYTHONPATH": f"{ROOT}:{env.get('PYTHONPATH', '')}"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                                       "-m", "tests.gpu._hold_gpu"], cwd=ROOT, env=job_env,
-                                      stdout=(out / "job.out").open("w"), stderr=subprocess.STDOUT))
-        procs.append(subprocess.Popen([sys.executable, "-c", FOREIGN_CODE],
-                                      env={**env, "PERFD_JOB": "other"}))
+        job_env = {"PERFD_JOB": JOB, "HOLD_S": "40", "PYTHONPATH": f"{ROOT}:{env.get('PYTHONPATH', '')}"}
+        procs.start("job", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
+                            "tests.gpu._hold_gpu"], env=job_env)
+        procs.start("foreign", [sys.executable, "-c", FOREIGN_CODE], env={"PERFD_JOB": "other"})
         time.sleep(8)  # CUDA contexts up before the agents' first process scan
         node_port, side_port = free_port(), free_port()
-        common = ["--aggregator", f"127.0.0.1:{grpc_port}", "--node", NODE]
-        procs.append(subprocess.Popen([*perfd, "agent", *common, "--nvml", "real",
-                                       "--metrics-port", str(node_port)],
-                                      cwd=ROOT, env=env, stdout=(out / "node-agent.out").open("w"),
-                                      stderr=subprocess.STDOUT))
-        procs.append(subprocess.Popen([*perfd, "agent", *common, "--job", JOB, "--megatron-log", str(log),
-                                       "--nvml", "off", "--host", "off", "--metrics-port", str(side_port)],
-                                      cwd=ROOT, env=env, stdout=(out / "sidecar.out").open("w"),
-                                      stderr=subprocess.STDOUT))
+        start_agent(procs, grpc_port, "--node", NODE, metrics_port=node_port, name="node-agent")
+        start_agent(procs, grpc_port, "--node", NODE, "--job", JOB, "--megatron-log", log, "--host", "off",
+                    nvml="off", metrics_port=side_port, name="sidecar")
         time.sleep(12)
-        base = f"http://127.0.0.1:{http_port}"
-        stats, jobs = get(f"{base}/api/stats"), get(f"{base}/api/jobs")
-        gpus, summary = get(f"{base}/api/jobs/{JOB}/gpus"), get(f"{base}/api/jobs/{JOB}/summary")
-        text = get(f"http://127.0.0.1:{node_port}/metrics")
+        stats, jobs = get_json(f"{base}/api/stats"), get_json(f"{base}/api/jobs")
+        gpus, summary = get_json(f"{base}/api/jobs/{JOB}/gpus"), get_json(f"{base}/api/jobs/{JOB}/summary")
+        text = http_get(f"http://127.0.0.1:{node_port}/metrics", timeout=10).decode()
         info = [dict(s.labels) for f in text_string_to_metric_families(text) for s in f.samples
                 if s.name == "perfd_gpu_info"]
         smi = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,pci.bus_id,name",
@@ -117,15 +87,6 @@ def main() -> int:
         for k, v in checks.items():
             print(f"{'OK  ' if v else 'FAIL'} {k}")
         return 0 if all(checks.values()) else 1
-    finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 if __name__ == "__main__":

@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
+
+from tests.procs import ROOT, Procs, free_port, get_json, http_get, start_agent, start_aggregator
+
 LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 FOREIGN_CODE = """
 import time, torch
@@ -32,44 +32,22 @@ time.sleep(25)
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> int:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    ready = out / "ready"
-    agg = subprocess.Popen([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-host", "127.0.0.1",
-                            "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0",
-                            "--ready-file", str(ready)], cwd=ROOT, env=env,
-                           stdout=(out / "aggregator.out").open("w"), stderr=subprocess.STDOUT)
-    procs = [agg]
-    try:
-        while not (ready.exists() and ready.read_text().strip()):
-            time.sleep(0.1)
-        grpc_port, http_port = map(int, ready.read_text().split())
+    with Procs(out, env) as procs:
+        grpc_port, _, base = start_aggregator(procs, ready=out / "ready")
         log = out / "train.log"
         shutil.copy(LOG, log)
-        job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                                "-m", "tests.gpu._hold_gpu"], cwd=ROOT,
-                               env={**env, "PYTHONPATH": f"{ROOT}:{env.get('PYTHONPATH', '')}"},
-                               stdout=(out / "job.out").open("w"), stderr=subprocess.STDOUT)
-        foreign = subprocess.Popen([sys.executable, "-c", FOREIGN_CODE], env=env)
-        procs += [job, foreign]
+        procs.start("job", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
+                            "tests.gpu._hold_gpu"], env={"PYTHONPATH": f"{ROOT}:{env.get('PYTHONPATH', '')}"})
+        foreign = procs.start("foreign", [sys.executable, "-c", FOREIGN_CODE])
         time.sleep(8)  # CUDA contexts up before the agent's first process scan
-        agent = subprocess.Popen([sys.executable, "-m", "perfd.cli", "agent", "--aggregator",
-                                  f"127.0.0.1:{grpc_port}", "--job", "attr", "--megatron-log", str(log),
-                                  "--nvml", "real", "--metrics-port", str(free_port())], cwd=ROOT, env=env,
-                                 stdout=(out / "agent.out").open("w"), stderr=subprocess.STDOUT)
-        procs.append(agent)
+        start_agent(procs, grpc_port, "--job", "attr", "--megatron-log", log, metrics_port=free_port())
         time.sleep(8)
-        base = f"http://127.0.0.1:{http_port}"
-        summary = json.loads(urllib.request.urlopen(f"{base}/api/jobs/attr/summary", timeout=10).read())
-        metrics = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+        summary = get_json(f"{base}/api/jobs/attr/summary")
+        metrics = http_get(f"{base}/metrics", timeout=10).decode()
         smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory",
                               "--format=csv,noheader"], capture_output=True, text=True).stdout
         result = {
@@ -87,15 +65,6 @@ def main() -> int:
             p["pid"] == foreign.pid for r in ranks.values() if r["gpu"] == "0" for p in r["other_processes"])
         print("OK: both ranks placed, the foreign process named" if ok else "FAILED")
         return 0 if ok else 1
-    finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 if __name__ == "__main__":

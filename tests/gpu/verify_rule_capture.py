@@ -26,16 +26,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
+
+from tests.procs import ROOT, Procs, get_json, run_env, start_agent, start_aggregator, wait_manifest
 
 TRAIN = r'''
 import os, time, torch, torch.distributed as dist
@@ -99,11 +98,6 @@ def job_argv(tool: str, out: Path, capture_dir: Path, nsys_mode: str, env: dict[
     return [*run, "--no-python", *res.stdout.split(), sys.executable, str(out / "train.py")]
 
 
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
@@ -122,54 +116,32 @@ def main() -> int:
     capture_dir = out / "captures"
     agent_cfg = out / "agent.yaml"
     agent_cfg.write_text(f"capture_dir: {capture_dir}\n")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
-           "VRC_DIR": str(out), "VRC_SECONDS": str(a.seconds)}
+    env = run_env(VRC_DIR=str(out), VRC_SECONDS=str(a.seconds))
     if a.cpu:
         env["VRC_CPU"] = "1"
-    procs: list[subprocess.Popen[bytes]] = []
+    procs = Procs(out, env)
     result: dict[str, Any] = {"cpu": a.cpu}
     try:
-        ready = out / "agg.ready"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0",
-             "--http-host", "127.0.0.1", "--http-port", "0", "--rules", str(out / "rules.yaml"),
-             "--rules-interval", "1", "--ready-file", str(ready)],
-            cwd=ROOT, env=env, stdout=(out / "aggregator.out").open("wb"), stderr=subprocess.STDOUT))
-        deadline = time.time() + 30
-        while not (ready.exists() and ready.read_text().strip()):
-            if time.time() > deadline:
-                raise RuntimeError("aggregator did not start")
-            time.sleep(0.1)
-        grpc_port, http_port = map(int, ready.read_text().split())
-        base = f"http://127.0.0.1:{http_port}"
+        grpc_port, _, base = start_aggregator(procs, "--rules", out / "rules.yaml", "--rules-interval", "1")
         sock = str(out / "hook.sock")
         manifest = out / "launch.json"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "perfd.cli", "launch", "--job", "rc", "--kineto", "--agent-socket", sock,
-             "--manifest", str(manifest), "--log", str(out / "job.log"), "--",
-             *job_argv(a.tool, out, capture_dir, a.nsys_mode, env)],
-            cwd=ROOT, env=env, stdout=(out / "launch.out").open("wb"), stderr=subprocess.STDOUT))
-        deadline = time.time() + 30
-        while not manifest.exists():
-            if time.time() > deadline:
-                raise RuntimeError("no launch manifest")
-            time.sleep(0.1)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "perfd.cli", "agent", "--launch-manifest", str(manifest), "--aggregator",
-             f"127.0.0.1:{grpc_port}", "--nvml", "off" if a.cpu else "real", "--host", "off",
-             "--metrics-port", "-1", "--config", str(agent_cfg)],
-            cwd=ROOT, env=env, stdout=(out / "agent.out").open("wb"), stderr=subprocess.STDOUT))
+        launch = procs.perfd("launch", "launch", "--job", "rc", "--kineto", "--agent-socket", sock,
+                             "--manifest", str(manifest), "--log", str(out / "job.log"), "--",
+                             *job_argv(a.tool, out, capture_dir, a.nsys_mode, env))
+        wait_manifest(manifest, launch)
+        start_agent(procs, grpc_port, "--host", "off", manifest=manifest, nvml="off" if a.cpu else "real",
+                    config=agent_cfg)
         t0 = time.time()
         capture: dict[str, Any] | None = None
         while time.time() - t0 < a.seconds - 5:
-            caps = _get(f"{base}/api/captures")["captures"]
+            caps = get_json(f"{base}/api/captures")["captures"]
             if caps and caps[0]["status"] in ("finished", "failed", "undeliverable"):
                 capture = caps[0]
                 break
             time.sleep(0.5)
         while time.time() - t0 < a.seconds + 3:
             time.sleep(0.5)  # the job runs to its end, writing its step times
-        events = _get(f"{base}/api/events")["events"]
+        events = get_json(f"{base}/api/events")["events"]
         firing = next((e for e in events if e.get("kind") == "rule_firing"), None)
         result["capture"] = capture
         result["rule_fired_at"] = firing.get("time") if firing else None
@@ -214,14 +186,7 @@ def main() -> int:
         result["error"] = repr(exc)
         result["ok"] = False
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        procs.stop(grace_s=20)
     (out / "rule_capture.json").write_text(json.dumps(result, indent=1, default=str))
     print(json.dumps(result, indent=1, default=str))
     return 0 if result["ok"] else 1

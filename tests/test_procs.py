@@ -1,0 +1,67 @@
+"""tests/procs.py's ``Procs`` on CPU, the plumbing the live GPU scripts (tests/gpu/) share: a real
+aggregator, a ``perfd launch`` of a small Python job and an agent on its manifest, the API asked,
+then everything stopped: each process gone, the agent before the aggregator, no stream cut under
+an agent (its log would say the stream ended, INTERNAL or UNAVAILABLE)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.procs import Procs, get_json, run_env, start_agent, start_aggregator, wait_for, wait_manifest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+JOB = "harness"
+TINY = """
+import time
+for i in range(1, 6):
+    print(f"step {i}", flush=True)
+    time.sleep(0.2)
+time.sleep(60)
+"""
+
+
+def test_procs_start_query_and_stop_in_order(tmp_path: Path) -> None:
+    (tmp_path / "tiny.py").write_text(TINY)
+    with Procs(tmp_path, run_env()) as procs:
+        grpc_port, _, base = start_aggregator(procs, "--no-rules")
+        run_dir = tmp_path / "run"
+        launch = procs.perfd(
+            "launch",
+            "launch",
+            "--job",
+            JOB,
+            "--run-dir",
+            str(run_dir),
+            "--",
+            sys.executable,
+            str(tmp_path / "tiny.py"),
+        )
+        manifest = wait_manifest(run_dir / "launch.json", launch)
+        start_agent(procs, grpc_port, "--host", "off", manifest=manifest, nvml="off")
+        jobs = wait_for(
+            lambda: [j for j in get_json(f"{base}/api/jobs")["jobs"] if j["job"] == JOB],
+            30,
+            "the job in /api/jobs",
+        )
+        assert jobs[0]["job"] == JOB
+        assert "step 5" in wait_for(lambda: (run_dir / "output.log").read_text(), 10, "the job's log")
+        assert launch.poll() is None  # still running: stop() ends it
+    gone = {name: p.poll() for name, _, p in procs.procs}
+    assert all(rc is not None for rc in gone.values()), gone
+    assert set(procs.exited) == {"aggregator", "launch", "agent"}
+    assert procs.exited["agent"] < procs.exited["launch"] < procs.exited["aggregator"]
+    logs = procs.tails(n=100_000)
+    assert set(logs) == {"aggregator", "agent", "launch"}
+    assert not [n for n, text in logs.items() if "INTERNAL" in text], logs
+    # An aggregator stopped under the agent: "stream to ... ended (UNAVAILABLE: the aggregator is
+    # shutting down ...)" or, mid-write, INTERNAL.
+    assert "ended (" not in logs["agent"], logs["agent"]
+
+
+def test_start_aggregator_fails_fast_when_it_exits(tmp_path: Path) -> None:
+    with Procs(tmp_path, run_env()) as procs, pytest.raises(RuntimeError, match="exited"):
+        start_aggregator(procs, "--rules", str(tmp_path / "missing.yaml"), timeout=30)
