@@ -24,6 +24,9 @@ GRADES: tuple[tuple[str, str], ...] = (
     ("good", "MFU 40–50%: good"),
     ("excellent", "MFU > 50%: excellent"),
 )
+# How a headline shows a grade: a grade is an MFU band, and the band 30–40% is named for its usual
+# cause; shown beside the MFU it would read as this job's cause, which the bottleneck class states.
+GRADE_LABELS: dict[str, str] = {"communication-overhead": "fair"}
 
 BUBBLE_TARGET = th.BUBBLE_TARGET.value
 GRAD_SYNC_SHARE = th.GRAD_SYNC_SHARE.value

@@ -14,7 +14,7 @@ from typing import Any
 
 from perfd import catalog
 from perfd.analytics import thresholds as th
-from perfd.analytics.findings import Finding, Recommendation, grade_mfu, order_findings
+from perfd.analytics.findings import GRADE_LABELS, Finding, Recommendation, grade_mfu, order_findings
 from perfd.analytics.goodput import headline_text
 from perfd.analytics.incidents import incident_findings, is_disturbance
 from perfd.analytics.run_analysis import RunAnalysis
@@ -121,6 +121,11 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
         # The grade's usual suspects are measured small here: say so rather than point at them.
         grade_text = (f"MFU < 30%: severe — not data loading ({data:.1%}) nor exposed communication "
                       f"({comm:.1%}) here: the bottleneck class says where the time goes")
+    elif grade == "communication-overhead" and isinstance(comm, float) \
+            and comm < th.COMM_BOUND_SHARE.value / 3:
+        grade_text = (f"MFU 30–40%: a band usually due to communication overhead — not here: exposed "
+                      f"communication {comm:.1%} of the step; the bottleneck class says where the time "
+                      "goes")
     span = analysis.steady.range_text()
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):
@@ -132,7 +137,8 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
     job = analysis.job
     lay = job["layout"]
     gpu = job["gpu"]
-    mfu_text = (f"MFU {format_value(med.get('mfu'), 'ratio')} ({grade})" if med.get("mfu") is not None
+    mfu_text = (f"MFU {format_value(med.get('mfu'), 'ratio')} ({GRADE_LABELS.get(grade, grade)})"
+                if med.get("mfu") is not None
                 else f"MFU unknown ({gpu.get('peak_reason') or 'no model FLOPs or peak'})")
     tput = med.get("model_tflops_per_gpu")
     headline = (f"{job.get('name') or 'job'}: {mfu_text}"

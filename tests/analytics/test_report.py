@@ -43,6 +43,21 @@ def test_fixture_report_parts() -> None:
     assert rep.recommendations[0].finding_id == "pp-imbalance"
 
 
+def test_the_30_40_band_is_no_cause_in_the_headline() -> None:
+    """The 30–40% grade is named for its usual cause; beside the MFU it would read as the job's.
+    (Seen on the H100: a hook job at 37.7% with 0.2% communication read "MFU 37.7%
+    (communication-overhead)".) The status keeps the grade; the headline says "fair"; with its
+    communication measured small the grade's text says so."""
+    a = analyze_run(fixture_job(), fixture_records(), gpu_name="NVIDIA H200")
+    a.summary["medians"].update(mfu=0.377, comm_exposed_share=0.002)
+    rep = build_report(a)
+    assert rep.summary.status == "communication-overhead"
+    assert "MFU 37.7% (fair)" in rep.summary.headline and "communication-overhead" not in rep.summary.headline
+    assert "not here: exposed communication 0.2%" in rep.summary.status_text
+    a.summary["medians"].update(comm_exposed_share=0.15)
+    assert build_report(a).summary.status_text == "MFU 30–40%: communication overhead"
+
+
 def test_render_text_and_json() -> None:
     rep = _report()
     text = render_text(rep)
