@@ -1,7 +1,7 @@
 """The ONE catalog of event kinds: name, payload type, who produces it, who consumes it.
 
 Events travel as plain mappings (``kind``, ``severity``, ``time``, ``job``, ``text``, ``labels``,
-``links``, ``payload``; see perfd.transport.codec) so that an agent and an aggregator of different
+``links``, ``payload``; see perfd.transport.record_codec) so that an agent and an aggregator of different
 versions still talk. Every producer names its kind through a constant here, and every consumer
 looks its kind up here, so a kind is spelled once. ``payload_of`` checks a payload against its
 declared shape before a consumer reads it: a malformed payload from the network is refused (and

@@ -74,8 +74,9 @@ def test_a_restarted_agent_numbering_its_series_anew_updates_the_right_series() 
     land there and the series id 0 meant before keeps its value."""
     from perfd.aggregator.main import Aggregator, AggregatorConfig
     from perfd.model import Sample
-    from perfd.transport.codec import DecodedBatch, Series, SeriesTable, decode_batch, encode_batch
+    from perfd.transport.codec import DecodedBatch, decode_batch, encode_batch
     from perfd.transport.gen import perfd_pb2 as pb
+    from perfd.transport.series import Series, SeriesTable
 
     def wire(seq: int, samples: list[Sample], table: SeriesTable, stream: dict[int, Series]) -> DecodedBatch:
         b = encode_batch("a", seq, samples, [], [], table)

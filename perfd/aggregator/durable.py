@@ -30,7 +30,7 @@ AGGREGATOR_AGENT = "aggregator"  # the agent id the aggregator's own events carr
 
 
 class Journal:
-    """perfd.transport.server.IngestJournal over a :class:`StateStore`."""
+    """perfd.transport.delivery.IngestJournal over a :class:`StateStore`."""
 
     def __init__(self, store: StateStore) -> None:
         self.store = store

@@ -33,8 +33,9 @@ from perfd.limits import REFUSED_JOB_INFO_VALUE
 from perfd.refusals import Refusals
 from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import check_files_warned, default_pack_path, load_pack
-from perfd.transport.codec import DecodedBatch, HelloInfo, Series
+from perfd.transport.codec import DecodedBatch, HelloInfo
 from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
+from perfd.transport.series import Series
 from perfd.transport.server import IngestServer
 
 log = logging.getLogger(__name__)

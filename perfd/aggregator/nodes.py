@@ -31,7 +31,8 @@ from perfd.catalog import GPU_THROTTLE_ACTIVE
 from perfd.events import GPU_PODS, GPU_PROCESSES, payload_of
 from perfd.model import LabelSet
 from perfd.placement import declared_job, declared_jobs
-from perfd.transport.codec import F64, I64, U32, SeriesKey
+from perfd.transport.codec import F64, I64, U32
+from perfd.transport.series import SeriesKey
 
 GpuKey = tuple[str, str]  # (node, gpu index)
 # catalog name -> GpmReading field

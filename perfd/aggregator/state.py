@@ -48,7 +48,7 @@ from perfd.analytics.run_analysis import RunAnalysis
 from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_DATA, STEP_CONFLICT
 from perfd.limits import REFUSAL_LOG_INTERVAL_S
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
-from perfd.transport.codec import SeriesKey
+from perfd.transport.series import SeriesKey
 
 log = logging.getLogger(__name__)
 

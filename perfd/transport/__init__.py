@@ -5,17 +5,11 @@ protocol. Regenerate ``gen/`` with ``python -m perfd.transport.regen``.
 """
 
 from perfd.transport.client import AgentClient
-from perfd.transport.codec import (
-    Command,
-    DecodedBatch,
-    DecodedEvent,
-    HelloInfo,
-    Series,
-    SeriesTable,
-    decode_batch,
-    encode_batch,
-)
-from perfd.transport.server import IngestServer, SeqTracker
+from perfd.transport.codec import Command, DecodedBatch, HelloInfo, decode_batch, encode_batch
+from perfd.transport.delivery import SeqTracker
+from perfd.transport.record_codec import DecodedEvent
+from perfd.transport.series import Series, SeriesTable
+from perfd.transport.server import IngestServer
 from perfd.transport.spool import Spool
 
 __all__ = [

@@ -31,7 +31,6 @@ from perfd import limits as L
 from perfd.model import CollectiveRecord, Sample, StepRecord
 from perfd.transport.codec import (
     Command,
-    SeriesTable,
     command_from_pb,
     encode_batch,
     encode_hello,
@@ -40,6 +39,7 @@ from perfd.transport.codec import (
 )
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.security import AUTH_HEADER, ClientTls, TokenFile
+from perfd.transport.series import SeriesTable
 from perfd.transport.spool import Spool
 
 log = logging.getLogger(__name__)

@@ -26,27 +26,36 @@ import hashlib
 import logging
 import threading
 import uuid
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Protocol
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 
 from perfd import limits as L
 from perfd.refusals import Refusals
+from perfd.transport.admission import (
+    StreamRefused,
+    admit_stream,
+    authenticate,
+    check_agent_id,
+    check_liveness,
+    trim_batch,
+)
 from perfd.transport.codec import (
     AdmitSeries,
     Command,
     DecodedBatch,
     HelloInfo,
-    Series,
     command_to_pb,
     decode_batch,
     decode_hello,
-    sample_count,
 )
+from perfd.transport.delivery import IngestJournal, SeqTracker
 from perfd.transport.gen import perfd_pb2 as pb
-from perfd.transport.security import AUTH_HEADER, IdentityPolicy, ServerTls, TokenFile, peer_identity
+from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
+from perfd.transport.series import Series
+from perfd.transport.stream import AgentStream
 
 log = logging.getLogger(__name__)
 
@@ -74,90 +83,6 @@ def server_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[s
         ("grpc.keepalive_timeout_ms", int(L.KEEPALIVE_TIMEOUT_S * ms)),
         ("grpc.http2.max_pings_without_data", 0),  # an idle agent sends no data: keep pinging it
     ]
-
-
-class IngestJournal(Protocol):
-    """Where a durable aggregator writes what it accepted (perfd.aggregator.durable). The server
-    calls it on its event loop; :meth:`commit` runs before every Ack, so an Ack means durable.
-
-    Durability is per agent: a failed transaction (whoever committed it: the aggregator's own
-    documents share it) marks every agent that had written into it :meth:`lost`. A lost agent's
-    stream is closed before anything more of it is accepted or acknowledged, and its dedupe state
-    goes back to what :meth:`recover` says is on disk, so its resend is taken again."""
-
-    def hello(self, agent_id: str, hello: pb.Hello) -> None: ...
-    def batch(self, agent_id: str, batch: pb.Batch) -> None: ...
-    def seq(self, agent_id: str, epoch: str, seq: int) -> None: ...
-    def commit(self) -> bool: ...
-    def lost(self, agent_id: str) -> bool: ...
-    def recover(self, agent_id: str) -> tuple[str, int] | None: ...
-
-
-class SeqTracker:
-    """Highest accepted seq per agent and spool epoch: the dedupe state. Export it to keep it
-    across an aggregator restart; a new epoch from an agent (its spool was lost) starts over."""
-
-    def __init__(self, state: Mapping[str, tuple[str, int]] | None = None) -> None:
-        self._last: dict[str, tuple[str, int]] = dict(state or {})
-
-    def last(self, agent_id: str, epoch: str) -> int:
-        e = self._last.get(agent_id)
-        return e[1] if e is not None and e[0] == epoch else 0
-
-    def advance(self, agent_id: str, epoch: str, seq: int) -> None:
-        if seq > self.last(agent_id, epoch):
-            self._last[agent_id] = (epoch, seq)
-
-    def reset(self, agent_id: str, state: tuple[str, int] | None) -> None:
-        """The agent's state back to ``state`` (what is durable), even below what was accepted."""
-        if state is None:
-            self._last.pop(agent_id, None)
-        else:
-            self._last[agent_id] = state
-
-    def export(self) -> dict[str, tuple[str, int]]:
-        return dict(self._last)
-
-    @classmethod
-    def load(cls, state: Mapping[str, tuple[str, int]]) -> SeqTracker:
-        return cls(state)
-
-
-class _Conn:
-    """One agent stream's state, shared by its reader task and its response generator."""
-
-    def __init__(self, peer: str, identity: str, now: float) -> None:
-        self.peer = peer
-        self.identity = identity
-        self.agent_id: str | None = None
-        self.epoch = ""
-        self.series: dict[int, Series] = {}
-        # Ids the Hello (re)defined, reported in the first delivered batch's new_series: after a
-        # reconnect with a new spool epoch the same id may name another series.
-        self.hello_ids: list[int] = []
-        self.commands: deque[pb.Command] = deque()
-        self.ack_due = 0
-        self.ack_sent = -1  # so that the Ack answering the Hello goes out even when it is 0
-        self.ack_forced = False  # a Heartbeat asks for an Ack even when nothing new is covered
-        self.last_ack_at = 0.0
-        self.ack_timer: asyncio.TimerHandle | None = None  # wakes the stream when its Ack is due
-        self.opened_at = now
-        self.last_msg_at = now  # loop time of the last message from the agent
-        self.closed = False
-        self.close_reason: tuple[grpc.StatusCode, str] | None = None
-        self.wake = asyncio.Event()
-
-    def close(self, code: grpc.StatusCode, reason: str) -> None:
-        if not self.closed:
-            self.close_reason = (code, reason)
-            self.closed = True
-        self.wake.set()
-
-
-class StreamRefused(Exception):
-    def __init__(self, code: grpc.StatusCode, reason: str, text: str) -> None:
-        super().__init__(text)
-        self.code, self.reason = code, reason
 
 
 class IngestServer:
@@ -203,7 +128,7 @@ class IngestServer:
         self.refusals = refusals if refusals is not None else Refusals()
         self._server: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._streams: dict[str, _Conn] = {}  # agent_id -> its live stream (commands go there)
+        self._streams: dict[str, AgentStream] = {}  # agent_id -> its live stream (commands go there)
         self._identities: dict[str, str] = {}  # agent_id -> the identity it is bound to
         # agent_id -> (digest of its last Hello, the id -> Series table its streams built). A new
         # stream's Hello is compared with it: byte for byte the same Hello (a reconnect after a
@@ -214,7 +139,7 @@ class IngestServer:
         # Least recently used first; at most limits.max_streams entries.
         self._tables: OrderedDict[str, tuple[bytes, dict[int, Series]]] = OrderedDict()
         self._open = 0
-        self._conns: set[_Conn] = set()  # open streams, for the one liveness task
+        self._conns: set[AgentStream] = set()  # open streams, for the one liveness task
         self._liveness_task: asyncio.Task[None] | None = None
         # How late the liveness task woke at its last tick: how far behind the event loop runs.
         self.loop_lag_s = 0.0
@@ -339,7 +264,7 @@ class IngestServer:
         conn.wake.set()
         return True
 
-    def _live(self, conn: _Conn, now: float) -> bool:
+    def _live(self, conn: AgentStream, now: float) -> bool:
         return not conn.closed and now - conn.last_msg_at <= self.limits.agent_silence_s
 
     def _view(self) -> tuple[tuple[str, ...], int, int]:
@@ -363,30 +288,12 @@ class IngestServer:
 
     # ------------------------------------------------------------------ the stream
 
-    def _authenticate(self, context: Any) -> str:
-        token_ok = False
-        if self.token is not None:
-            md = dict(context.invocation_metadata() or ())
-            if not self.token.check(md.get(AUTH_HEADER)):
-                raise StreamRefused(grpc.StatusCode.UNAUTHENTICATED, L.REFUSED_UNAUTHENTICATED,
-                                    f"stream from {context.peer()} without a valid bearer token")
-            token_ok = True
-        return peer_identity(context, token_ok)
-
     async def _stream(self, request_iterator: AsyncIterator[pb.AgentMessage],
                       context: Any) -> AsyncIterator[pb.AggregatorMessage]:
         loop = asyncio.get_running_loop()
         try:
-            identity = self._authenticate(context)
-            if self._open >= self.limits.max_streams:
-                raise StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, L.REFUSED_STREAMS,
-                                    f"{self._open} streams open (cap {self.limits.max_streams})")
-            if self.loop_lag_s > self.limits.max_loop_lag_s:
-                # Before the Hello is read: a refusal costs a stream open, an accepted agent its
-                # whole series table. Open streams keep being served.
-                raise StreamRefused(grpc.StatusCode.UNAVAILABLE, L.REFUSED_OVERLOADED,
-                                    f"overloaded: the event loop runs {self.loop_lag_s:.1f} s late "
-                                    f"(limit {self.limits.max_loop_lag_s:g} s); retry later")
+            identity = authenticate(context, self.token)
+            admit_stream(self._open, self.loop_lag_s, self.limits)
         except StreamRefused as exc:
             self.refusals.refuse(exc.reason, str(exc))
             if exc.code == grpc.StatusCode.UNAUTHENTICATED:
@@ -399,7 +306,7 @@ class IngestServer:
                     pass
             await context.abort(exc.code, str(exc))
             return
-        conn = _Conn(peer=str(context.peer()), identity=identity, now=loop.time())
+        conn = AgentStream(peer=str(context.peer()), identity=identity, now=loop.time())
         self._open += 1
         self.streams_opened += 1
         reader = asyncio.create_task(self._read(request_iterator, conn))
@@ -421,7 +328,8 @@ class IngestServer:
                     # (at 1,000 agents sending a batch a second, an Ack per batch was ~11% of the
                     # aggregator's CPU). A Heartbeat (what the agent sends to flush) and the end of
                     # the stream are answered at once; commands never wait (a timer, not a sleep).
-                    if not conn.ack_forced and not reader.done() and not self._ack_now(conn, loop):
+                    if (not conn.ack_forced and not reader.done()
+                            and not conn.ack_now(loop, self.ack_interval_s)):
                         continue
                     if self.journal is not None:
                         # Acknowledge only what is on disk: a failed commit (this one, or one of the
@@ -454,22 +362,6 @@ class IngestServer:
                 await context.abort(err.code, str(err))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
 
-    def _ack_now(self, conn: _Conn, loop: asyncio.AbstractEventLoop) -> bool:
-        """True when the stream's next Ack may go now; else a timer (one per stream) wakes the
-        stream when it may."""
-        if conn.ack_timer is not None:
-            return False
-        wait = conn.last_ack_at + self.ack_interval_s - loop.time()
-        if wait <= 0:
-            return True
-        conn.ack_timer = loop.call_later(wait, self._ack_due, conn)
-        return False
-
-    @staticmethod
-    def _ack_due(conn: _Conn) -> None:
-        conn.ack_timer = None
-        conn.wake.set()
-
     async def _liveness_loop(self) -> None:
         """Every open stream's liveness, checked at least every tick (one task for all)."""
         loop = asyncio.get_running_loop()
@@ -480,20 +372,10 @@ class IngestServer:
             now = loop.time()
             self.loop_lag_s = max(0.0, now - before - tick)
             for conn in list(self._conns):
-                self._check_liveness(conn, now)
+                check_liveness(conn, now, self.limits, self.refusals)
             self._publish()
 
-    def _check_liveness(self, conn: _Conn, now: float) -> None:
-        if conn.agent_id is None and now - conn.opened_at > self.limits.hello_timeout_s:
-            self.refusals.refuse(L.REFUSED_HELLO_TIMEOUT, f"stream from {conn.peer} sent no Hello "
-                                 f"within {self.limits.hello_timeout_s:g} s; closed")
-            conn.close(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello")
-        elif conn.agent_id is not None and now - conn.last_msg_at > self.limits.agent_silence_s:
-            self.refusals.refuse(L.REFUSED_SILENT, f"agent {conn.agent_id} ({conn.peer}) sent nothing "
-                                 f"for {self.limits.agent_silence_s:g} s; stream closed")
-            conn.close(grpc.StatusCode.UNAVAILABLE, "silent stream")
-
-    def _durable(self, conn: _Conn, agent: str) -> bool:
+    def _durable(self, conn: AgentStream, agent: str) -> bool:
         """False when writes of ``agent`` not yet acknowledged were lost (a failed commit): the
         dedupe state goes back to what is on disk (so the resend is accepted), ``conn`` is closed
         (the agent resends from its spool on a new stream) and nothing more is acknowledged."""
@@ -508,7 +390,7 @@ class IngestServer:
                    "(its --state-dir); resend")
         return False
 
-    async def _read(self, it: AsyncIterator[pb.AgentMessage], conn: _Conn) -> None:
+    async def _read(self, it: AsyncIterator[pb.AgentMessage], conn: AgentStream) -> None:
         loop = asyncio.get_running_loop()
         try:
             async for msg in it:
@@ -532,20 +414,10 @@ class IngestServer:
         """The identity ``agent_id`` is bound to (None before its first stream)."""
         return self._identities.get(agent_id)
 
-    def _bind(self, conn: _Conn, agent_id: str) -> None:
+    def _bind(self, conn: AgentStream, agent_id: str) -> None:
         """Bind ``agent_id`` to this stream's identity, or refuse (see the class docstring)."""
-        if self.policy is not None and not self.policy.may_use_agent_id(conn.identity, agent_id):
-            raise StreamRefused(grpc.StatusCode.PERMISSION_DENIED, L.REFUSED_POLICY,
-                                f"the identity policy does not let {conn.identity} ({conn.peer}) use agent "
-                                f"id {agent_id[:64]!r}")
-        bound = self._identities.get(agent_id)
         live = self._streams.get(agent_id)
-        if bound is not None and bound != conn.identity:
-            unauthenticated = bound.startswith("addr:") and conn.identity.startswith("addr:")
-            if not unauthenticated or (live is not None and not live.closed):
-                raise StreamRefused(grpc.StatusCode.PERMISSION_DENIED, L.REFUSED_IDENTITY,
-                                    f"agent id {agent_id!r} is bound to other credentials; "
-                                    f"refused the stream from {conn.peer}")
+        check_agent_id(self.policy, conn, agent_id, self._identities.get(agent_id), live)
         self._identities[agent_id] = conn.identity
         if live is not None and live is not conn and not live.closed:
             # The same agent again (a reconnect after a cut the old stream has not noticed yet):
@@ -554,7 +426,7 @@ class IngestServer:
             live.close(grpc.StatusCode.ABORTED, "superseded by a newer stream of the same agent")
         self._streams[agent_id] = conn
 
-    def _hello(self, conn: _Conn, hello: pb.Hello) -> None:
+    def _hello(self, conn: AgentStream, hello: pb.Hello) -> None:
         if conn.agent_id is not None:
             self.protocol_errors += 1
             raise ValueError("a second Hello on one stream")
@@ -601,7 +473,7 @@ class IngestServer:
             except Exception:
                 log.exception("on_hello failed for agent %s", info.agent_id)
 
-    def _batch(self, conn: _Conn, b: pb.Batch) -> None:
+    def _batch(self, conn: AgentStream, b: pb.Batch) -> None:
         agent = conn.agent_id
         if agent is None:
             self.protocol_errors += 1
@@ -623,34 +495,15 @@ class IngestServer:
         conn.ack_due = max(conn.ack_due, self.seq_state.last(agent, conn.epoch))
         # The Ack's time is known now: a timer wakes the stream then, rather than a wake per batch
         # that finds the Ack not yet due (a task step per batch for nothing).
-        if self._ack_now(conn, asyncio.get_running_loop()):
+        if conn.ack_now(asyncio.get_running_loop(), self.ack_interval_s):
             conn.wake.set()
 
     def _admitter(self, agent: str) -> AdmitSeries | None:
         admit = self.admit_series
         return None if admit is None else (lambda sid, s: admit(agent, sid, s))
 
-    def _trim(self, agent: str, conn: _Conn, b: pb.Batch) -> bool:
-        """Apply the per-message caps; False when the whole batch is refused (it is acknowledged
-        all the same: resending it would be refused again)."""
-        if b.series and len(conn.series) + len(b.series) > self.limits.max_series_per_agent:
-            self.refusals.refuse(L.REFUSED_SERIES, f"batch {b.seq} of agent {agent} would define "
-                                 f"{len(conn.series) + len(b.series)} series (cap "
-                                 f"{self.limits.max_series_per_agent}); batch refused",
-                                 max(1, sample_count(b)))
-            return False
-        if not b.events:
-            return True
-        big = [i for i, e in enumerate(b.events) if e.ByteSize() > self.limits.max_event_bytes]
-        for i in reversed(big):
-            del b.events[i]
-        if big:
-            self.refusals.refuse(L.REFUSED_EVENT_BYTES, f"{len(big)} event(s) of agent {agent} larger "
-                                 f"than {self.limits.max_event_bytes} bytes", len(big))
-        return True
-
-    def _deliver(self, agent: str, conn: _Conn, b: pb.Batch) -> None:
-        if not self._trim(agent, conn, b):
+    def _deliver(self, agent: str, conn: AgentStream, b: pb.Batch) -> None:
+        if not trim_batch(agent, conn, b, self.limits, self.refusals):
             return
         try:
             decoded = decode_batch(b, conn.series, self._admitter(agent) if b.series else None)

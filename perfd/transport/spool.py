@@ -3,7 +3,7 @@
 Layout of a spool directory::
 
     state.json                 epoch, last_seq, acked_seq, loss counters (atomically replaced)
-    series.jsonl               the agent's SeriesTable journal (written by codec.SeriesTable)
+    series.jsonl               the agent's SeriesTable journal (written by series.SeriesTable)
     00000000000000000001.seg   segment files, named by the first seq they hold
     ...
 

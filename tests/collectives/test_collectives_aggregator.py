@@ -21,8 +21,9 @@ from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState, job_level_steps
 from perfd.analytics.collective_hangs import Progress, merge_hangs
 from perfd.model import StepRecord, TimerValue
-from perfd.transport.codec import SeriesTable, decode_batch, encode_batch
+from perfd.transport.codec import decode_batch, encode_batch
 from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.series import SeriesTable
 from tests.collectives.collective_helpers import FIXTURES, MS, T0, fr, load_fixture_records, step
 
 

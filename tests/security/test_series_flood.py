@@ -25,7 +25,7 @@ from perfd import limits as L
 from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.model import Sample
 from perfd.transport.client import AgentClient
-from perfd.transport.codec import Series
+from perfd.transport.series import Series
 from tests.procs import free_port, http_get, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

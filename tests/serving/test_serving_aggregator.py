@@ -21,8 +21,8 @@ from perfd.model import (
     ServingRecord,
 )
 from perfd.report.serving import build_serving_report
-from perfd.transport.codec import event_from_pb, event_to_pb
 from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.record_codec import event_from_pb, event_to_pb
 
 LOG = Path(__file__).resolve().parents[2] / "collectors/sglang/tests/data/sglang_0_5_5_dp2.log"
 CFG = {"window_s": 1e9, "gpu": "NVIDIA H100 80GB HBM3", "model": {"params": 8.03e9, "dtype": "bf16"}}

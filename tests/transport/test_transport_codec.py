@@ -11,8 +11,6 @@ import pytest
 from perfd.model import Provenance, RankValue, Sample, StepRecord, StragglerLine, TimerValue
 from perfd.transport.codec import (
     Command,
-    Series,
-    SeriesTable,
     command_from_pb,
     command_to_pb,
     decode_batch,
@@ -23,6 +21,7 @@ from perfd.transport.codec import (
     sample_count,
 )
 from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.series import Series, SeriesTable
 
 
 def _roundtrip(*steps: StepRecord) -> list[StepRecord]:

@@ -11,8 +11,9 @@ import pytest
 
 from perfd.model import CollectiveRecord, Provenance
 from perfd.transport import AgentClient, DecodedBatch, IngestServer
-from perfd.transport.codec import SeriesTable, decode_batch, encode_batch
+from perfd.transport.codec import decode_batch, encode_batch
 from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.series import SeriesTable
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,0 +1,98 @@
+"""Who may open an ingest stream and what a stream may bring: authentication, the binding of an
+agent id to one identity, and the caps (open streams, event-loop lag, series, event size, silence).
+
+Apart from the server (perfd.transport.server) so that the checks that refuse a stream or part of
+a message read in one place. The server calls each where it always did, in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from perfd import limits as L
+from perfd.refusals import Refusals
+from perfd.transport.codec import sample_count
+from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.security import AUTH_HEADER, IdentityPolicy, TokenFile, peer_identity
+from perfd.transport.stream import AgentStream
+
+
+class StreamRefused(Exception):
+    def __init__(self, code: grpc.StatusCode, reason: str, text: str) -> None:
+        super().__init__(text)
+        self.code, self.reason = code, reason
+
+
+def authenticate(context: Any, token: TokenFile | None) -> str:
+    """The identity of the stream behind ``context``; with ``token`` it must carry the bearer token."""
+    token_ok = False
+    if token is not None:
+        md = dict(context.invocation_metadata() or ())
+        if not token.check(md.get(AUTH_HEADER)):
+            raise StreamRefused(grpc.StatusCode.UNAUTHENTICATED, L.REFUSED_UNAUTHENTICATED,
+                                f"stream from {context.peer()} without a valid bearer token")
+        token_ok = True
+    return peer_identity(context, token_ok)
+
+
+def admit_stream(open_streams: int, loop_lag_s: float, limits: L.Limits) -> None:
+    """Refuse a new stream past the stream cap, or while the event loop runs too late."""
+    if open_streams >= limits.max_streams:
+        raise StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, L.REFUSED_STREAMS,
+                            f"{open_streams} streams open (cap {limits.max_streams})")
+    if loop_lag_s > limits.max_loop_lag_s:
+        # Before the Hello is read: a refusal costs a stream open, an accepted agent its
+        # whole series table. Open streams keep being served.
+        raise StreamRefused(grpc.StatusCode.UNAVAILABLE, L.REFUSED_OVERLOADED,
+                            f"overloaded: the event loop runs {loop_lag_s:.1f} s late "
+                            f"(limit {limits.max_loop_lag_s:g} s); retry later")
+
+
+def check_agent_id(policy: IdentityPolicy | None, conn: AgentStream, agent_id: str, bound: str | None,
+                   live: AgentStream | None) -> None:
+    """Refuse ``conn`` the use of ``agent_id`` when the identity policy forbids it, or when the id
+    is ``bound`` to another identity (see IngestServer's docstring); ``live`` is the id's stream."""
+    if policy is not None and not policy.may_use_agent_id(conn.identity, agent_id):
+        raise StreamRefused(grpc.StatusCode.PERMISSION_DENIED, L.REFUSED_POLICY,
+                            f"the identity policy does not let {conn.identity} ({conn.peer}) use agent "
+                            f"id {agent_id[:64]!r}")
+    if bound is not None and bound != conn.identity:
+        unauthenticated = bound.startswith("addr:") and conn.identity.startswith("addr:")
+        if not unauthenticated or (live is not None and not live.closed):
+            raise StreamRefused(grpc.StatusCode.PERMISSION_DENIED, L.REFUSED_IDENTITY,
+                                f"agent id {agent_id!r} is bound to other credentials; "
+                                f"refused the stream from {conn.peer}")
+
+
+def trim_batch(agent: str, conn: AgentStream, b: pb.Batch, limits: L.Limits, refusals: Refusals) -> bool:
+    """Apply the per-message caps; False when the whole batch is refused (it is acknowledged
+    all the same: resending it would be refused again)."""
+    if b.series and len(conn.series) + len(b.series) > limits.max_series_per_agent:
+        refusals.refuse(L.REFUSED_SERIES, f"batch {b.seq} of agent {agent} would define "
+                        f"{len(conn.series) + len(b.series)} series (cap "
+                        f"{limits.max_series_per_agent}); batch refused",
+                        max(1, sample_count(b)))
+        return False
+    if not b.events:
+        return True
+    big = [i for i, e in enumerate(b.events) if e.ByteSize() > limits.max_event_bytes]
+    for i in reversed(big):
+        del b.events[i]
+    if big:
+        refusals.refuse(L.REFUSED_EVENT_BYTES, f"{len(big)} event(s) of agent {agent} larger "
+                        f"than {limits.max_event_bytes} bytes", len(big))
+    return True
+
+
+def check_liveness(conn: AgentStream, now: float, limits: L.Limits, refusals: Refusals) -> None:
+    """Close ``conn`` when it sent no Hello in time, or has been silent too long."""
+    if conn.agent_id is None and now - conn.opened_at > limits.hello_timeout_s:
+        refusals.refuse(L.REFUSED_HELLO_TIMEOUT, f"stream from {conn.peer} sent no Hello "
+                        f"within {limits.hello_timeout_s:g} s; closed")
+        conn.close(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello")
+    elif conn.agent_id is not None and now - conn.last_msg_at > limits.agent_silence_s:
+        refusals.refuse(L.REFUSED_SILENT, f"agent {conn.agent_id} ({conn.peer}) sent nothing "
+                        f"for {limits.agent_silence_s:g} s; stream closed")
+        conn.close(grpc.StatusCode.UNAVAILABLE, "silent stream")
