@@ -67,7 +67,8 @@ def test_every_numeric_rule_is_declared() -> None:
 
 def test_every_threshold_says_why_and_where() -> None:
     for name, t in th.all_thresholds().items():
-        assert t.why and t.design.startswith("DESIGN.md"), name
+        # DESIGN.md's section, or where DESIGN.md has none (goodput), the module that defines it
+        assert t.why and t.design.startswith(("DESIGN.md", "perfd/analytics/")), name
 
 
 def test_the_check_catches_a_drift() -> None:
