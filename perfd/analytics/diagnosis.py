@@ -6,7 +6,9 @@ Three sources vote, each with its class and numbers (:class:`Vote`):
 - **timers** split the step into data loading, exposed communication, pipeline idle and compute
   (perfd.analytics.bottleneck.classify). A share beyond its threshold is where the step's time
   goes, measured inside the step: it decides. Otherwise, when compute fills the step, the timers
-  vote compute-bound, the least they can say (they cannot see inside the kernels).
+  vote compute-bound, the least they can say (they cannot see inside the kernels) — when the MFU
+  shows the GPU doing model math (≥ 40% of peak), or NVML shows a kernel resident nearly all the
+  time; otherwise slow kernels and a host too slow to launch them look alike to them (unknown).
 - **capture**: the latest capture's timeline (perfd.analytics.capture_findings) saw every kernel of a
   few steps: tiny kernels with idle gaps (launch-overhead), idle without them (sync-bound), pointwise
   kernels (memory-bound), GEMMs filling the GPU (compute-bound), SendRecv waits (pipeline-bound).
@@ -16,7 +18,7 @@ Three sources vote, each with its class and numbers (:class:`Vote`):
   (compute-bound, kernel efficiency).
 
 The winner: a timer share beyond its threshold, else the capture (the most direct view of the
-compute), else GPM, else the timers' compute-bound. ``unknown`` only when no source can decide,
+compute), else GPM, else the timers' compute-bound (as above). ``unknown`` when no source can decide,
 naming what is missing. The summary carries every vote and why the winner won. Pure.
 """
 
@@ -31,6 +33,7 @@ from perfd.analytics import thresholds as th
 
 COMPUTE_FILLS_STEP = th.COMPUTE_FILLS_STEP.value
 LOW_MFU = th.LOW_MFU.value
+GPU_ALWAYS_BUSY = th.GPU_ALWAYS_BUSY.value
 GPM_TENSOR_LOW = th.GPM_TENSOR_LOW.value
 
 
@@ -91,7 +94,7 @@ _TIMERS_SRC = "step timers (perfd.analytics.metrics)"
 _GPM_SRC = "collectors/nvml GPM of the job's GPUs (mean)"
 
 
-def _timers_vote(s: StepShares) -> tuple[Vote | None, bool, dict[str, float]]:
+def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | None, bool, dict[str, float]]:
     """(the timers' vote, whether a share beyond its threshold decided it, the numbers)."""
     t = bn.classify(s.data_share, s.comm_exposed, s.comm_grad_sync, s.pp, s.pp_idle_max, s.pp_bubble_analytic)
     nums = dict(t.evidence)
@@ -118,11 +121,27 @@ def _timers_vote(s: StepShares) -> tuple[Vote | None, bool, dict[str, float]]:
             False,
             nums,
         )
-    if s.mfu is not None and s.mfu < LOW_MFU:
-        nums["mfu"] = s.mfu
+    if s.mfu is None or s.mfu < LOW_MFU:
+        # The host's compute timers also hold the time it takes to launch the kernels: with the
+        # model's math far below peak they cannot tell slow kernels from a host too slow to feed
+        # the GPU (the tiny and big H100 jobs: compute 98% of the step, launch-bound by their
+        # captures). Only a GPU that always has a kernel resident makes it the kernels.
+        if s.mfu is not None:
+            nums["mfu"] = s.mfu
+        low = f" yet MFU is {s.mfu:.0%}" if s.mfu is not None else " (MFU unknown)"
+        if resident is None or resident < GPU_ALWAYS_BUSY:
+            seen = (f"kernels resident only {resident:.0%} of the time (NVML)" if resident is not None
+                    else "no GPU-side evidence")
+            return (
+                Vote(ClassSource.TIMERS, "unknown", why + f"{low}: slow kernels or slow launches — the "
+                     f"timers cannot tell which, and {seen} (a capture or GPM can)", nums, _TIMERS_SRC),
+                False,
+                nums,
+            )
         why += (
-            f" yet MFU is {s.mfu:.0%}: kernel efficiency — the kernels run far below peak (the timers "
-            "cannot say which kernels: a capture's kernel categories can)"
+            f"{low} with kernels resident {resident:.0%} of the time (NVML): kernel efficiency — the "
+            "kernels run far below peak (the timers cannot say which kernels: a capture's kernel "
+            "categories can)"
         )
     return Vote(ClassSource.TIMERS, "compute-bound", why, nums, _TIMERS_SRC), False, nums
 
@@ -164,7 +183,7 @@ def classify_job(
     gpm_when: str = "GPM while the job stepped",
 ) -> bn.Bottleneck:
     """The job's class with every source's vote; see the module docstring for who wins."""
-    timers, decisive, nums = _timers_vote(shares)
+    timers, decisive, nums = _timers_vote(shares, gpm.nvml_util if gpm is not None else None)
     compute = nums.get("compute_share")
     votes: list[Vote] = [v for v in (timers,) if v is not None]
     if timeline is not None and timeline.cls != "unknown":

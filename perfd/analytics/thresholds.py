@@ -126,8 +126,12 @@ GPM_IDLE = Threshold(0.05, "below 5% on NVML and SM the GPU is idle, no class ap
 # --- training: the class from compute's share and MFU (perfd.analytics.diagnosis) ------------------------
 COMPUTE_FILLS_STEP = Threshold(0.8, "data, exposed communication and pipeline idle leave 80% of the step "
                                     "to compute: what the GPU does with it decides the class", _D2)
-LOW_MFU = Threshold(0.40, "below the 'good' grade the kernels run far below peak: kernel efficiency",
+LOW_MFU = Threshold(0.40, "below the 'good' grade, compute filling the step is slow kernels or a host too "
+                    "slow to launch them: the timers alone do not call it compute-bound",
                     "DESIGN.md §2 MFU (grades)")
+GPU_ALWAYS_BUSY = Threshold(0.8, "a kernel resident at least 80% of the time (NVML): the GPU always has "
+                            "work, so a low MFU with compute filling the step is the kernels' own "
+                            "(kernel efficiency), not the host's launches", _GPM)
 GPM_TENSOR_LOW = Threshold(0.3, "tensor cores mostly idle while the SMs work: not GEMM-bound work", _GPM)
 
 # --- incidents (perfd.analytics.incidents) -----------------------------------------------------------

@@ -52,16 +52,17 @@ def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
         summary = _json(f"{live.base}/api/jobs/{JOB}/summary")
         gpus = _json(f"{live.base}/api/jobs/{JOB}/gpus")["gpus"]
         r = _top("--aggregator", live.base, "--once", "--job", JOB)
-        if (_json(f"{live.base}/api/jobs/{JOB}/summary") == summary
-                and _json(f"{live.base}/api/jobs/{JOB}/gpus")["gpus"] == gpus):
+        after = _json(f"{live.base}/api/jobs/{JOB}/summary")
+        if after == summary and _json(f"{live.base}/api/jobs/{JOB}/gpus")["gpus"] == gpus:
             break
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert JOB in out and "incidents: none open" in out
-    mfu = summary["summary"]["medians"]["mfu"]
-    assert f"{100 * mfu:.1f}%" in out
-    dist = summary["summary"]["step_time_distribution_ms"]
-    assert all(f"{dist[q]:.0f} ms" in out for q in ("p50", "p90", "max"))
+    # Still changing after five tries (a loaded machine): `top` read the answer before or after.
+    seen = [s["summary"] for s in (summary, after)]
+    assert any(f"{100 * s['medians']['mfu']:.1f}%" in out for s in seen), out
+    assert any(all(f"{s['step_time_distribution_ms'][q]:.0f} ms" in out for q in ("p50", "p90", "max"))
+               for s in seen), out
     # The newest iteration with per-rank timers (the latest may not have its timers yet)
     its = _json(f"{live.base}/api/jobs/{JOB}/iterations?sources=0")["iterations"]
     it = next(it for it in reversed(its) if it["straggler_rank_compute_ratio"])
