@@ -128,7 +128,7 @@ def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | N
         # captures). Only a GPU that always has a kernel resident makes it the kernels.
         if s.mfu is not None:
             nums["mfu"] = s.mfu
-        low = f" yet MFU is {s.mfu:.0%}" if s.mfu is not None else " (MFU unknown)"
+        low = f" yet MFU is {s.mfu:.{0 if s.mfu >= 0.1 else 1}%}" if s.mfu is not None else " (MFU unknown)"
         if resident is None or resident < GPU_ALWAYS_BUSY:
             seen = (f"kernels resident only {resident:.0%} of the time (NVML)" if resident is not None
                     else "no GPU-side evidence")
