@@ -150,13 +150,14 @@ def rank_view(state: AggregatorState, job: str, world_size: int | None,
     placements = place_ranks(procs, world_size, job=job)
     pods = state.pods_by_gpu()  # Kubernetes: the pod each GPU is allocated to (collectors/k8s)
     ranks = []
+    job_pids = frozenset(q.pid for q in placements.values())
     for r, pl in sorted(placements.items()):
         key = (pl.node, pl.gpu)
         ranks.append({"rank": r, "node": pl.node, "gpu": pl.gpu, "pid": pl.pid,
                       "local_rank": pl.local_rank, "gpu_values": values.get(key, {}),
                       "throttle_reasons": throttles.get(key, []), "pod": pods.get(key),
                       "other_processes": [dict(p) for p in foreign_processes(
-                          pl, procs.get(key, []), [q.pid for q in placements.values()])]})
+                          pl, procs.get(key, []), job_pids)]})
     hints = gpu_hints(candidates, placements, values, throttles, procs) if candidates else []
     return {"ranks": ranks, "gpu_hints": [h.to_json() for h in hints],
             "source": "collectors/nvml process lists (RANK from each process's environment) "

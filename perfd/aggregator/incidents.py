@@ -24,6 +24,11 @@ from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
 
 BASELINE_EVERY_S = 1.0  # a steady sighting of the job's GPUs at most this often (a short job has seconds)
 BASELINE_MIN_SIGHTINGS = 3  # before this many, nothing is said about steady state
+# A sighting costs ~25 us of CPU per placed rank (8,000 ranks: ~0.2 s on a 2-core VM; `perfd bench
+# baseline`): a job of more ranks than this is sighted proportionally less often (8,000 ranks: every
+# ~7.8 s), so no job's sightings cost more than one of this many ranks at BASELINE_EVERY_S (~2.5% of a
+# core there). Jobs up to this size: every BASELINE_EVERY_S, as before.
+BASELINE_RANKS_PER_EVERY_S = 1024
 
 Emit = Callable[[list[dict[str, Any]]], None]
 # incident -> {rank: GPU snapshot} of the ranks it involves (or of the job's GPUs that stand out)
@@ -42,18 +47,33 @@ class GpuBaseline:
         self._n: dict[str, int] = {}  # job -> steady sightings taken
         self._seen: dict[str, Counter[tuple[int, str]]] = {}  # job -> (rank, kind) -> sightings
         self._at: dict[str, float] = {}
+        self._ranks: dict[str, int] = {}  # job -> ranks in its last sighting
+
+    def interval_s(self, job: str) -> float:
+        """Seconds between the job's sightings: ``every_s``, stretched for a job of more than
+        BASELINE_RANKS_PER_EVERY_S ranks (as many as its last sighting held) in proportion."""
+        with self._lock:
+            ranks = self._ranks.get(job, 0)
+        return self.every_s * max(1.0, ranks / BASELINE_RANKS_PER_EVERY_S)
 
     def due(self, job: str, now: float) -> bool:
+        every = self.interval_s(job)
         with self._lock:
-            return now - self._at.get(job, float("-inf")) >= self.every_s
+            return now - self._at.get(job, float("-inf")) >= every
 
     def add(self, job: str, items_by_rank: Mapping[int, Sequence[Evidence]], now: float) -> None:
         with self._lock:
             self._at[job] = now
+            self._ranks[job] = len(items_by_rank)
             self._n[job] = self._n.get(job, 0) + 1
             seen = self._seen.setdefault(job, Counter())
             for rank, items in items_by_rank.items():
                 seen.update({(rank, e.kind.value) for e in items})
+
+    def sightings(self, job: str) -> int:
+        """Steady sightings taken of the job."""
+        with self._lock:
+            return self._n.get(job, 0)
 
     def annotate(self, job: str, items: Sequence[Evidence]) -> list[Evidence]:
         """The items with the share of steady sightings that showed them (once there are enough)."""

@@ -36,7 +36,7 @@ from perfd.aggregator.jobs import (
 )
 from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
-from perfd.analytics.attribution import gpu_hints, place_ranks
+from perfd.analytics.attribution import HINT_SERIES, gpu_hints, place_ranks
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
@@ -77,6 +77,12 @@ _SNAPSHOT_SERIES = frozenset({
     "perfd_gpu_temperature_celsius", "perfd_gpu_utilization_ratio", "perfd_gpu_xid_errors_total",
     "perfd_gpu_xid_last", "perfd_gpu_throttle_reasons", "perfd_gpu_processes", "perfd_gpu_sm_util_ratio",
     "perfd_gpu_tensor_util_ratio", "perfd_gpu_dram_bw_util_ratio", "perfd_gpu_memory_used_bytes"})
+
+# What a steady sighting reads of each GPU: gpu_hints' values and the throttle flags, not its ~25 series
+# (8,000 GPUs on a 2-core VM: the view 120-144 ms with every series, 81-90 ms with these; benchmarks/README).
+_SIGHTING_SERIES = (*HINT_SERIES, catalog.GPU_THROTTLE_ACTIVE)
+# What an incident's snapshot reads: the series it keeps, gpu_hints' values and the throttle flags.
+_SNAPSHOT_READS = tuple(sorted(_SNAPSHOT_SERIES | set(HINT_SERIES) | {catalog.GPU_THROTTLE_ACTIVE}))
 
 
 @dataclass
@@ -290,7 +296,7 @@ class AggregatorState:
         ov = self.jobs.overview(job)
         if not self._stepping(job, ov.get("last_step_age_s") if ov else None, STEPPING_MIN_S):
             return
-        procs, values, throttles = self.gpu_view(job)
+        procs, values, throttles = self.gpu_view(job, _SIGHTING_SERIES)  # only what gpu_hints reads
         placed = place_ranks(procs, job=job)
         if placed:
             self.gpu_baseline.add(job, {h.rank: h.items for h in gpu_hints(sorted(placed), placed, values,
@@ -299,7 +305,7 @@ class AggregatorState:
     def _gpu_snapshot(self, job: str, inc: Incident) -> dict[str, Any]:
         """rank -> what its GPU shows now, for the ranks an incident names; with none named, the
         job's ranks whose GPU stands out (a co-tenant, throttling, a low clock)."""
-        procs, values, throttles = self.gpu_view(job)
+        procs, values, throttles = self.gpu_view(job, _SNAPSHOT_READS)
         placed = place_ranks(procs, job=job)
         ranks = list(inc.ranks) or sorted(placed)
         out: dict[str, Any] = {}

@@ -26,6 +26,9 @@ HARDWARE_REASONS = ("hw_slowdown", "hw_thermal", "hw_power_brake")
 CLOCK_DROP_RATIO = th.CLOCK_DROP_RATIO.value
 HOT_DELTA_C = th.HOT_DELTA_C.value
 POWER_AT_LIMIT = th.POWER_AT_LIMIT.value
+# The GPU values gpu_hints reads (besides the throttle flags): a caller may fetch only these.
+HINT_SERIES = ("perfd_gpu_sm_clock_hertz", "perfd_gpu_power_watts", "perfd_gpu_power_limit_watts",
+               "perfd_gpu_temperature_celsius", "perfd_gpu_utilization_ratio")
 
 
 @dataclass
@@ -89,8 +92,10 @@ def place_ranks(processes: Mapping[GpuKey, Sequence[Mapping[str, Any]]],
 def foreign_processes(placement: RankPlacement,
                       procs: Sequence[Mapping[str, Any]],
                       job_pids: Iterable[int]) -> list[Mapping[str, Any]]:
-    """Processes on a rank's GPU that are not ranks of this job (a co-tenant, a stray notebook)."""
-    mine = set(job_pids)
+    """Processes on a rank's GPU that are not ranks of this job (a co-tenant, a stray notebook).
+    ``job_pids`` as a set is used as it is: a caller asking for every rank passes one set, not a
+    copy per rank (8,000 ranks: 8,000 copies of 8,000 pids per call)."""
+    mine = job_pids if isinstance(job_pids, (set, frozenset)) else set(job_pids)
     return [p for p in procs if int(p.get("pid", -1)) not in mine]
 
 
@@ -108,7 +113,7 @@ def gpu_hints(candidates: Sequence[int], placements: Mapping[int, RankPlacement]
     GPUs, as typed evidence seen at ``now``: another process, throttle reasons (hardware slowdown,
     thermal, power cap), a temperature well above the others, a lower SM clock."""
     job_gpus = {(p.node, p.gpu) for p in placements.values()}
-    job_pids = [p.pid for p in placements.values()]
+    job_pids = frozenset(p.pid for p in placements.values())  # once, for every candidate
     med_clock = _median(gpu_values.get(k, {}).get("perfd_gpu_sm_clock_hertz") for k in job_gpus)
     med_temp = _median(gpu_values.get(k, {}).get("perfd_gpu_temperature_celsius") for k in job_gpus)
     hints = []
@@ -120,9 +125,7 @@ def gpu_hints(candidates: Sequence[int], placements: Mapping[int, RankPlacement]
         key = (pl.node, pl.gpu)
         vals = gpu_values.get(key, {})
         h = GpuHint(rank, pl.node, pl.gpu, evidence={"pid": pl.pid, **{
-            k: vals[k] for k in ("perfd_gpu_sm_clock_hertz", "perfd_gpu_power_watts",
-                                 "perfd_gpu_power_limit_watts", "perfd_gpu_temperature_celsius",
-                                 "perfd_gpu_utilization_ratio") if k in vals}})
+            k: vals[k] for k in HINT_SERIES if k in vals}})
 
         def add(kind: EvidenceKind, worst: float | None, key_: str = "", **detail: Any) -> None:
             h.items.append(Evidence(kind, h.rank, key_, worst, now, now, 1,  # noqa: B023 (called at once)

@@ -15,6 +15,7 @@ BENCHES = {
     "hook": ("benchmarks.hook_overhead", "host cost of the step hook per step (--gpu: paired loop)"),
     "decode": ("benchmarks.decode_bench", "one batch's parse, decode and ingest: array vs packed samples"),
     "analysis": ("benchmarks.analysis_bench", "re-analysis of a growing run: from scratch vs incremental"),
+    "baseline": ("benchmarks.baseline_bench", "a steady GPU sighting of an N-node job (all ranks placed)"),
     "scale": ("benchmarks.scale_bench", "one aggregator under N simulated agents (separate processes)"),
     "overhead": ("benchmarks.overhead_bench", "a Megatron-LM job with and without perfd (2 GPUs)"),
 }
