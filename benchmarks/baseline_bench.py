@@ -22,12 +22,17 @@ add a sighting (the early return would measure nothing).
 Timed per call (``time.perf_counter`` and process CPU time, median and p90 over ``--calls``):
 the sighting, and its parts (``gpu_view``, ``place_ranks``, ``gpu_hints`` over all ranks); and
 ``_gpu_snapshot`` for an incident naming one rank and for one naming none (the job's GPUs that stand
-out). ``cpu_share_at_1hz``: the sighting's median CPU time / BASELINE_EVERY_S, the share of one core
-such a job would cost while it steps at one sighting per BASELINE_EVERY_S; ``interval_s`` and
+out), reading the view anew each call (``one_rank``, ``no_rank``; the rank placement held, as no
+process list changes) and from a view already read (``*_view_held``: another incident of the same
+analysis pass, or a big job's kept view), and the view's read alone (``view_read``);
+``snapshot_view_kept_s``: how long a pass's snapshots keep one view of a job of this size.
+``cpu_share_at_1hz``: the sighting's median CPU time / BASELINE_EVERY_S, the share of one core such a
+job would cost while it steps at one sighting per BASELINE_EVERY_S; ``interval_s`` and
 ``cpu_share_at_interval``: the interval ``GpuBaseline.due`` keeps for a job of this size (stretched
 above BASELINE_RANKS_PER_EVERY_S ranks) and the share at that rate. A sighting is taken at most that
 often, and only when a new analysis comes (a job stepping slower takes one per step). Also timed:
-``job_overview`` (its liveness places every rank too; /metrics and the rules ask for it).
+``job_overview`` (its liveness asks whether any rank is placed; /metrics and the rules ask for it)
+and ``placed_ranks``, both with the job's placement held.
 """
 
 from __future__ import annotations
@@ -210,12 +215,18 @@ def run(nodes: int, gpus: int, calls: int) -> dict[str, Any]:
     none = Incident("bench-none", 1, 2, ["slow-steps"], [], 2, 1.0, 1000.0, 1500.0, 2000.0, open=True)
     snap_one = st._gpu_snapshot(JOB, one)
     snap_none = st._gpu_snapshot(JOB, none)
-    snapshot = {
+    view = st._read_snapshot_view(JOB)
+    snapshot = {  # the view read anew each call (the placement held: no process list changed)
         "one_rank": {**_timed(lambda: st._gpu_snapshot(JOB, one), calls),
                      "ranks_in_snapshot": len(snap_one)},
         "no_rank": {**_timed(lambda: st._gpu_snapshot(JOB, none), calls),
                     "ranks_in_snapshot": len(snap_none)},
+        "view_read": _timed(lambda: st._read_snapshot_view(JOB), calls),  # once per pass at most
+        # from a view already read (another incident of the same pass, or a big job's kept view)
+        "one_rank_view_held": _timed(lambda: st._gpu_snapshot(JOB, one, view), calls),
+        "no_rank_view_held": _timed(lambda: st._gpu_snapshot(JOB, none, view), calls),
     }
+    st.placed_ranks(JOB)  # held from here on (the snapshots above already filled it)
     sight = {"wall_s_median": statistics.median(times), "wall_s_p90": _p90(times),
              "cpu_s_median": statistics.median(cpus), "cpu_s_p90": _p90(cpus)}
     return {"nodes": nodes, "gpus_per_node": gpus, "ranks": ranks, "ranks_placed": len(placed),
@@ -224,7 +235,11 @@ def run(nodes: int, gpus: int, calls: int) -> dict[str, Any]:
             "cpu_share_at_1hz": sight["cpu_s_median"] / BASELINE_EVERY_S,
             "baseline_every_s": BASELINE_EVERY_S, "interval_s": interval,
             "cpu_share_at_interval": sight["cpu_s_median"] / interval, "parts": parts,
-            "gpu_snapshot": snapshot, "job_overview": _timed(lambda: st.job_overview(JOB), calls)}
+            "gpu_snapshot": snapshot,
+            # how long a pass's snapshots keep one view of this job (0: read at every pass)
+            "snapshot_view_kept_s": max(0.0, interval - BASELINE_EVERY_S),
+            "job_overview": _timed(lambda: st.job_overview(JOB), calls),  # placement held
+            "placed_ranks": _timed(lambda: st.placed_ranks(JOB), calls)}  # held: a copy of the mapping
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['wall_s_median'] * 1e3:.2f}) = {r['cpu_share_at_1hz'] * 100:.2f}% of a core at one per "
               f"{r['baseline_every_s']:g} s{at}; gpu_view {ms['gpu_view']:.2f}, place_ranks "
               f"{ms['place_ranks']:.2f}, gpu_hints {ms['gpu_hints']:.2f} ms; _gpu_snapshot one rank "
-              f"{snap['one_rank']:.2f} ms, none {snap['no_rank']:.2f} ms")
+              f"{snap['one_rank']:.2f} ms, none {snap['no_rank']:.2f} ms (view held: "
+              f"{snap['one_rank_view_held']:.2f}, {snap['no_rank_view_held']:.2f}); job_overview "
+              f"{r['job_overview']['cpu_s_median'] * 1e3:.2f} ms")
     print(f"({out['machine']}, {out['cpus']} CPUs, python {out['python']})")
     return 0
 

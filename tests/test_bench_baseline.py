@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.baseline_bench import JOB, build
 from perfd.aggregator.incidents import BASELINE_EVERY_S, BASELINE_RANKS_PER_EVERY_S, GpuBaseline
-from perfd.aggregator.state import _SIGHTING_SERIES, AggregatorState, GpuKey
+from perfd.aggregator.state import _SIGHTING_SERIES, GpuKey
 from perfd.analytics.attribution import gpu_hints, place_ranks
 from perfd.analytics.incidents import Incident
 from perfd.cli import main
@@ -33,7 +33,9 @@ def test_bench_baseline_places_every_rank_and_times_real_sightings(
     assert r["cpu_share_at_1hz"] == r["sighting"]["cpu_s_median"] / BASELINE_EVERY_S
     assert r["interval_s"] == BASELINE_EVERY_S  # 16 ranks: sighted every BASELINE_EVERY_S, as before
     assert set(r["parts"]) == {"gpu_view", "gpu_view_all_series", "place_ranks", "gpu_hints"}
-    assert set(r["gpu_snapshot"]) == {"one_rank", "no_rank"}
+    assert set(r["gpu_snapshot"]) == {"one_rank", "no_rank", "view_read", "one_rank_view_held",
+                                      "no_rank_view_held"}
+    assert r["snapshot_view_kept_s"] == 0.0 and "placed_ranks" in r  # 16 ranks: a view per pass
     assert r["gpu_snapshot"]["one_rank"]["ranks_in_snapshot"] == 1
     assert "job_overview" in r and out["cpus"] and out["python"]
 
@@ -61,7 +63,8 @@ def test_the_narrow_views_give_the_same_hints_and_snapshots(monkeypatch: pytest.
     incs = [Incident("one", 1, 2, ["straggler"], [96], 2, 1.0, 1.0, 1.0, 1.0, open=True),
             Incident("none", 1, 2, ["slow-steps"], [], 2, 1.0, 1.0, 1.0, 1.0, open=True)]
     snaps = [st._gpu_snapshot(JOB, inc) for inc in incs]
-    monkeypatch.setattr(st, "gpu_view", lambda job, names=None: AggregatorState.gpu_view(st, job))
+    every = st.nodes.gpu_view  # every GPU series, not the snapshot's
+    monkeypatch.setattr(st.nodes, "gpu_view", lambda agents, names=None, job=None: every(agents, None, job))
     assert [st._gpu_snapshot(JOB, inc) for inc in incs] == snaps
     assert snaps[0]["96"]["gpu_values"] and snaps[1]  # the hot GPU's values; GPUs that stand out
 

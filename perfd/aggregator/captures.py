@@ -23,7 +23,6 @@ from perfd import catalog
 from perfd import limits as L
 from perfd.aggregator import rule_scopes
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.attribution import place_ranks
 from perfd.analytics.capture_findings import diagnose_capture, steady_compute_ms
 from perfd.analytics.liveness import ENDED, RUNNING
 from perfd.analytics.run_analysis import IterationResult
@@ -141,8 +140,7 @@ class CaptureCoordinator:
         if targets.slowest_rank or targets.incident_ranks:  # an incident naming no rank: the slowest
             r = self.slowest_rank(job)
             return (r,) if r is not None else None
-        procs = self.state.gpu_procs(job)
-        placed = place_ranks(procs, job=job)
+        placed = self.state.placed_ranks(job)
         if targets.node is not None:
             ranks = tuple(sorted(r for r, p in placed.items() if p.node == targets.node))
             return ranks or None
@@ -281,8 +279,7 @@ class CaptureCoordinator:
     def _agents_for(self, job: str, ranks: list[int] | None) -> list[str]:
         """Agents whose node hosts a target rank; every host of the job when placement is unknown
         (each agent captures only the ranks it hosts). Never an agent that does not host the job."""
-        procs = self.state.gpu_procs(job)
-        placed = place_ranks(procs, job=job)
+        placed = self.state.placed_ranks(job)
         if self.hosts is not None:
             agents_all = sorted(self.hosts(job))
         else:

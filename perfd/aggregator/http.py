@@ -57,7 +57,7 @@ class _StateCollector:
                                       self.state.jobs.step_histograms(sorted(latest)))
         rank_rows = []
         for job in (latest if self.per_rank_series else ()):
-            for r, pl in place_ranks(self.state.gpu_procs(job), job=job).items():
+            for r, pl in self.state.placed_ranks(job).items():
                 rank_rows.append(({"job_name": job, "rank": str(r), "node": pl.node, "gpu": pl.gpu},
                                   "perfd_job_rank_info", 1.0))
         yield from series_families(rank_rows)

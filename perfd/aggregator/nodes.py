@@ -97,6 +97,13 @@ def _column(code: str, seq: Sequence[Any]) -> array[Any]:
     return seq if isinstance(seq, array) and seq.typecode == code else array(code, seq)
 
 
+def _placement_fields(procs: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """What of a process list rank placement and a job's GPUs depend on (perfd.placement,
+    perfd.analytics.attribution.place_ranks): per process its pid, rank, local_rank, world_size, job."""
+    return [(p.get("pid"), p.get("rank"), p.get("local_rank"), p.get("world_size"), p.get("job"))
+            if isinstance(p, Mapping) else (repr(p),) for p in procs]
+
+
 class NodeView:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -115,6 +122,12 @@ class NodeView:
         self._declared_all: dict[GpuKey, frozenset[str]] = {}
         self._placed: dict[str, set[GpuKey]] = {}
         self._agent_gpus: dict[str, set[GpuKey]] = {}  # agent -> the GPUs whose process lists it sends
+        # Counts the process-list changes that can move a rank placement or a job's GPUs: a GPU
+        # reported by another agent, or a process's pid, rank, local_rank, world_size or job that
+        # differs from the list held (a resend of the same processes, their memory or names aside,
+        # leaves it). Read without the lock by caches of placement (perfd.aggregator.gpu_views): an
+        # int, and a reader takes it before the data, so a change it races with makes it recompute.
+        self.placement_version = 0
 
     def seen(self, agent_id: str) -> None:
         with self._lock:
@@ -218,6 +231,9 @@ class NodeView:
         label_job, jobs = declared_job(payload), declared_jobs(payload)
         with self._lock:
             before = self.gpu_procs.get(key)
+            if before is None or before[0] != agent_id \
+                    or _placement_fields(before[1]) != _placement_fields(payload):
+                self.placement_version += 1
             if before is not None and before[0] != agent_id:
                 self._agent_gpus.get(before[0], set()).discard(key)
             self._agent_gpus.setdefault(agent_id, set()).add(key)

@@ -24,7 +24,6 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.attribution import place_ranks
 from perfd.exporters.prometheus import Row, iteration_rows
 from perfd.rules.engine import ScopeKey, job_of
 from perfd.rules.expr import SCOPE_LABELS, base_name, series_key
@@ -40,7 +39,7 @@ def job_rows(state: Any, latest: Mapping[str, Any], per_rank: bool = True) -> li
     for job, it in sorted(latest.items()):
         rows.extend(iteration_rows(job, it, per_rank))
     for job in sorted(latest) if per_rank else ():
-        for r, pl in place_ranks(state.gpu_procs(job), job=job).items():
+        for r, pl in state.placed_ranks(job).items():
             rows.append(({"job_name": job, "rank": str(r), "node": pl.node, "gpu": pl.gpu},
                          "perfd_job_rank_info", 1.0))
     rows.extend(state.collective_rows(per_rank))
@@ -110,7 +109,7 @@ def add_gpu_values(out: dict[Any, Values], state: Any, jobs: Iterable[str], gpu_
                 out.setdefault((job, node, gpu), {}).update(
                     {k: v for k, v in gv.items() if base_name(k) in gpu_names})
         if rank_names:
-            for rank, pl in place_ranks(state.gpu_procs(job), job=job).items():
+            for rank, pl in state.placed_ranks(job).items():
                 gv = per_gpu.get((pl.node, pl.gpu), {})
                 out.setdefault((job, rank), {}).update(
                     {k: v for k, v in gv.items() if base_name(k) in rank_names})

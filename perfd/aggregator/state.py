@@ -25,6 +25,7 @@ from typing import Any
 from perfd import catalog
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.eventlog import EventLog
+from perfd.aggregator.gpu_views import PlacementCache, SnapshotView
 from perfd.aggregator.incidents import GpuBaseline, IncidentTracker
 from perfd.aggregator.jobs import (
     RETAIN_BYTES,
@@ -36,7 +37,7 @@ from perfd.aggregator.jobs import (
 )
 from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
-from perfd.analytics.attribution import HINT_SERIES, gpu_hints, place_ranks
+from perfd.analytics.attribution import HINT_SERIES, RankPlacement, gpu_hints
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
@@ -98,6 +99,8 @@ class AggregatorState:
         self.jobs = JobStore(max_iterations_per_job, min_recompute_s, gpu_override, peak_tflops,
                              max_bytes_per_job)
         self.nodes = NodeView()
+        self._placements = PlacementCache(self.nodes)  # each job's rank placement (see gpu_views)
+        self._snapshot_views: dict[str, SnapshotView] = {}  # job -> the view its snapshots read last
         self.collectives = CollectiveStore()  # its own lock; see aggregator/collectives
         self.log = EventLog()
         self.stats = Stats()
@@ -224,6 +227,11 @@ class AggregatorState:
         """The process lists of the job's GPUs (rank placement), without their values."""
         return self.nodes.procs_of(self.jobs.agents_of(job), job=job)
 
+    def placed_ranks(self, job: str, world_size: int | None = None) -> dict[int, RankPlacement]:
+        """place_ranks over :meth:`gpu_procs` (a copy; its RankPlacements are shared, never mutate
+        them), held until a process list of the job changes or its agents do (gpu_views)."""
+        return dict(self._placements.get(job, self.jobs.agents_of(job), world_size).ranks)
+
     def job_gpu_series(self, job: str) -> list[tuple[str, NodeSeries]]:
         """(agent, series) of the GPU series of the job's GPUs (as :meth:`gpu_view` finds them)."""
         return self.nodes.job_gpu_series(job, self.jobs.agents_of(job))
@@ -287,8 +295,19 @@ class AggregatorState:
             self._baseline_sighting(job, now)
         for h in coll.hangs if coll is not None else []:
             found.append(hang_incident(h.to_json(), last_it, now))
-        self.incidents.update(job, found, lambda inc: self._gpu_snapshot(job, inc), self.captures_of(job),
-                              now)
+        views: list[SnapshotView] = []  # this pass's view of the job's GPUs: read once, whatever is open
+
+        def snapshot(inc: Incident) -> dict[str, Any]:
+            if not views:
+                views.append(self._snapshot_view(job))
+            if inc.id in views[0].served:  # a big job's kept view: already sighted for this incident
+                return {}
+            views[0].served.add(inc.id)
+            return self._gpu_snapshot(job, inc, views[0])
+
+        self.incidents.update(job, found, snapshot, self.captures_of(job), now)
+        if not self.incidents.open_incidents(job):
+            self._snapshot_views.pop(job, None)
 
     def _baseline_sighting(self, job: str, now: float) -> None:
         """What every placed rank's GPU shows while the job runs steadily (perfd.aggregator.incidents
@@ -296,20 +315,42 @@ class AggregatorState:
         ov = self.jobs.overview(job)
         if not self._stepping(job, ov.get("last_step_age_s") if ov else None, STEPPING_MIN_S):
             return
-        procs, values, throttles = self.gpu_view(job, _SIGHTING_SERIES)  # only what gpu_hints reads
-        placed = place_ranks(procs, job=job)
+        agents, version = self.jobs.agents_of(job), self.nodes.placement_version  # the version first
+        # only what gpu_hints reads
+        procs, values, throttles = self.nodes.gpu_view(agents, _SIGHTING_SERIES, job=job)
+        placed = self._placements.from_view(job, agents, version, procs)
         if placed:
             self.gpu_baseline.add(job, {h.rank: h.items for h in gpu_hints(sorted(placed), placed, values,
                                                                             throttles, procs, now)}, now)
 
-    def _gpu_snapshot(self, job: str, inc: Incident) -> dict[str, Any]:
-        """rank -> what its GPU shows now, for the ranks an incident names; with none named, the
-        job's ranks whose GPU stands out (a co-tenant, throttling, a low clock)."""
-        procs, values, throttles = self.gpu_view(job, _SNAPSHOT_READS)
-        placed = place_ranks(procs, job=job)
+    def _read_snapshot_view(self, job: str) -> SnapshotView:
+        """The job's GPUs as incident snapshots read them, now."""
+        agents, version = self.jobs.agents_of(job), self.nodes.placement_version  # the version first
+        procs, values, throttles = self.nodes.gpu_view(agents, _SNAPSHOT_READS, job=job)
+        taken_at = time.time()
+        return SnapshotView(taken_at, procs, values, throttles,
+                            self._placements.from_view(job, agents, version, procs))
+
+    def _snapshot_view(self, job: str) -> SnapshotView:
+        """The view an analysis pass's snapshots read: a job whose last steady sighting held more than
+        BASELINE_RANKS_PER_EVERY_S ranks keeps it while younger than its sighting interval less
+        BASELINE_EVERY_S (8,000 ranks: 6.8 s; reading it is most of a snapshot's ~0.2 s there), so
+        its snapshots cost no more than its sightings would; any other job reads it at every pass."""
+        held = self._snapshot_views.get(job)
+        keep_s = self.gpu_baseline.interval_s(job) - self.gpu_baseline.every_s  # 0 up to that size
+        if held is not None and keep_s > 0 and 0.0 <= time.time() - held.taken_at < keep_s:
+            return held
+        view = self._snapshot_views[job] = self._read_snapshot_view(job)
+        return view
+
+    def _gpu_snapshot(self, job: str, inc: Incident, view: SnapshotView | None = None) -> dict[str, Any]:
+        """rank -> what its GPU shows in ``view`` (by default read now), for the ranks an incident
+        names; with none named, the job's ranks whose GPU stands out (a co-tenant, throttling, a low
+        clock). ``taken_at`` and the evidence's times are when the view was read."""
+        v = view if view is not None else self._read_snapshot_view(job)
+        procs, values, throttles, placed, now = v.procs, v.values, v.throttles, v.placed, v.taken_at
         ranks = list(inc.ranks) or sorted(placed)
         out: dict[str, Any] = {}
-        now = time.time()
         for h in gpu_hints(ranks, placed, values, throttles, procs, now):
             if not inc.ranks and not h.items:  # with no rank named, only GPUs that stand out
                 continue
@@ -381,8 +422,7 @@ class AggregatorState:
         ``cached``: the last one whatever its age, if there is one (the JSON API)."""
 
         def inputs() -> tuple[list[StepRecord], Any, dict[int, str], str | None]:
-            procs = self.gpu_procs(job)
-            placed = {r: p.node for r, p in place_ranks(procs, job=job).items()}
+            placed = {r: p.node for r, p in self._placements.get(job, self.jobs.agents_of(job)).ranks.items()}
             got = self.jobs.records_and_layout(job)
             if got is None:
                 return [], None, placed, self.jobs.gpu_override
@@ -430,9 +470,8 @@ class AggregatorState:
             return None
         a = self.jobs.cached_analysis(job)
         med_ms = a.summary["medians"].get("step_time_ms") if a is not None else None
-        procs = self.gpu_procs(job)
-        placed = place_ranks(procs, job=job)
-        alive = bool(placed) if procs else None
+        placement = self._placements.get(job, self.jobs.agents_of(job))  # held: no placing per call
+        alive = bool(placement.ranks) if placement.gpus else None
         state, why = job_state(ov["last_step_age_s"], med_ms / 1e3 if med_ms else None, alive,
                                self.job_stale_after_s)
         ov.update(state=state, state_reason=why,

@@ -1,0 +1,96 @@
+"""Cached views of a job's GPUs for the aggregator's frequent readers.
+
+Placing every rank of a big job (perfd.analytics.attribution.place_ranks over every GPU's process
+list) costs ~2.5 us a rank (8,000 ranks: 16-20 ms on a 2-core VM, plus 30 ms to copy the lists out
+of the node view; `perfd bench baseline`), and /metrics, the rules, the liveness of every job and
+every incident snapshot asked for it anew. :class:`PlacementCache` keeps each job's placement until
+a process list changes in a way that can move it (NodeView.placement_version) or the job's agents
+change. :class:`SnapshotView` is what an analysis pass's incident snapshots read of the job's GPUs.
+
+Thread safety: entries are immutable (a frozen dataclass over a read-only mapping) and swapped under
+a lock; they are computed outside it, so two threads may both compute one, and either result is right.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from perfd.aggregator.nodes import GpuKey, NodeView
+from perfd.analytics.attribution import RankPlacement, place_ranks
+
+# (job, world size) placements held: far more than the jobs one aggregator serves; past it the least
+# recently computed go (a job that ended is never asked again).
+MAX_PLACEMENTS = 4096
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A job's rank placement as of ``version`` of the node view's process lists and its agents."""
+
+    version: int
+    agents: frozenset[str]
+    gpus: int  # GPUs of the job with a process list (0: nothing to place ranks from)
+    ranks: Mapping[int, RankPlacement]  # read-only; its RankPlacements are shared: never mutate them
+
+
+@dataclass(frozen=True)
+class SnapshotView:
+    """What incident snapshots read of a job's GPUs, and when (``taken_at``: the time it was read)."""
+
+    taken_at: float
+    procs: Mapping[GpuKey, list[dict[str, Any]]]
+    values: Mapping[GpuKey, dict[str, float]]
+    throttles: Mapping[GpuKey, list[str]]
+    placed: Mapping[int, RankPlacement]
+    # Incidents already given a snapshot from this view: a view kept for later passes (a big job) is
+    # not a new sighting of their evidence. Touched by the analysis pass only.
+    served: set[str] = field(default_factory=set, compare=False)
+
+
+class PlacementCache:
+    def __init__(self, nodes: NodeView) -> None:
+        self._nodes = nodes
+        self._lock = threading.Lock()
+        self._held: dict[tuple[str, int | None], Placement] = {}
+
+    def _hit(self, job: str, world_size: int | None, version: int,
+             agents: frozenset[str]) -> Placement | None:
+        with self._lock:
+            p = self._held.get((job, world_size))
+        return p if p is not None and p.version == version and p.agents == agents else None
+
+    def get(self, job: str, agents: Collection[str], world_size: int | None = None) -> Placement:
+        """place_ranks over the job's process lists (NodeView.procs_of), computed again only when
+        they changed (placement_version) or the job's agents did."""
+        agents_f = frozenset(agents)
+        version = self._nodes.placement_version  # before the data: a racing change makes it stale
+        hit = self._hit(job, world_size, version, agents_f)
+        if hit is not None:
+            return hit
+        procs = self._nodes.procs_of(set(agents_f), job=job)
+        ranks = MappingProxyType(place_ranks(procs, world_size, job=job))
+        return self._put(job, world_size, Placement(version, agents_f, len(procs), ranks))
+
+    def from_view(self, job: str, agents: Collection[str], version: int,
+                  procs: Mapping[GpuKey, list[dict[str, Any]]]) -> Mapping[int, RankPlacement]:
+        """The placement of ``procs``, the job's process lists read (NodeView.gpu_view with
+        ``job``: the same lists procs_of gives) after ``version`` was taken: the held one when
+        nothing changed since, else computed from them and held."""
+        agents_f = frozenset(agents)
+        hit = self._hit(job, None, version, agents_f)
+        if hit is not None and self._nodes.placement_version == version:
+            return hit.ranks
+        return self._put(job, None, Placement(version, agents_f, len(procs),
+                                              MappingProxyType(place_ranks(procs, job=job)))).ranks
+
+    def _put(self, job: str, world_size: int | None, p: Placement) -> Placement:
+        with self._lock:
+            self._held.pop((job, world_size), None)  # re-inserted last: the oldest go first
+            self._held[(job, world_size)] = p
+            while len(self._held) > MAX_PLACEMENTS:
+                del self._held[next(iter(self._held))]
+        return p
