@@ -288,7 +288,8 @@ def test_real_torch_process_writes_an_iteration_aligned_trace(tmp_path):
     sdir = Path(tempfile.mkdtemp(prefix="pk", dir="/tmp"))
     env = kineto_env(poll_s=1, config_dir=tmp_path, socket_dir=str(sdir), trace_dir=tmp_path)
     with KinetoDaemon(socket_dir=str(sdir)) as daemon:
-        proc = start_torch_job(tmp_path, env, 25)
+        proc = start_torch_job(tmp_path, env, 40)
+        steps: list[dict[str, Any]] = []
         try:
             deadline = time.time() + 20
             while proc.pid not in daemon.requests_seen and time.time() < deadline:
@@ -298,25 +299,33 @@ def test_real_torch_process_writes_an_iteration_aligned_trace(tmp_path):
                 out = proc.communicate()[0]
                 shutil.rmtree(sdir, ignore_errors=True)
                 pytest.skip(f"this torch build never polled the daemon (no daemon support?): {out[-500:]}")
-            armed = time.time()
-            arming = daemon.arm({proc.pid}, build_config(tmp_path / "trace.json", iterations=3), armed + 10)
-            assert arming.wait_answered(5), "the process did not poll within 5 s of arming"
-            assert arming.wait_idle(proc.pid, 20)
-            traces = list(tmp_path.glob("trace_*.json"))
-            deadline = time.time() + 10
-            while not traces and time.time() < deadline:
-                time.sleep(0.2)
-                traces = list(tmp_path.glob("trace_*.json"))
+            # Up to three armings: the CPU build ends a trace on its controller tick (~0.5 s of
+            # steps, 23 at 25 ms a step), and a 2-core machine running six test workers can starve
+            # the job through all of it (CI once got a trace with no step). Each arming must still
+            # give one trace of this process; one of them must hold the requested steps.
+            for attempt in range(3):
+                out_dir = tmp_path / f"arming{attempt}"
+                out_dir.mkdir()
+                config = build_config(out_dir / "trace.json", iterations=3)
+                arming = daemon.arm({proc.pid}, config, time.time() + 10)
+                assert arming.wait_answered(5), "the process did not poll within 5 s of arming"
+                assert arming.wait_idle(proc.pid, 20)
+                traces = list(out_dir.glob("trace_*.json"))
+                deadline = time.time() + 10
+                while not traces and time.time() < deadline:
+                    time.sleep(0.2)
+                    traces = list(out_dir.glob("trace_*.json"))
+                assert [t.name for t in traces] == [f"trace_{proc.pid}.json"]
+                doc = json.loads(traces[0].read_text())
+                steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("Optimizer.step")]
+                if len(steps) >= 3:
+                    break
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
     shutil.rmtree(sdir, ignore_errors=True)
-    assert [t.name for t in traces] == [f"trace_{proc.pid}.json"]
-    doc = json.loads(traces[0].read_text())
-    steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("Optimizer.step")]
-    # At least the three requested optimizer steps. The CPU build here records ~0.5 s of steps
-    # (23 at 25 ms a step): it ends the trace on its controller tick, not at the third step.
+    # At least the three requested optimizer steps, in one of the armings' traces.
     assert len(steps) >= 3
     # The 1 s poll of kineto_env is in effect (libkineto's default asks every 5 s): told by the
     # period the daemon measured between the process's polls, which a loaded machine stretches
