@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from perfd.analytics import bottleneck as bn
 from perfd.analytics import thresholds as th
+from perfd.analytics.common import MEGATRON_VOCABULARY, VOCABULARIES
 from perfd.analytics.pipeline import microbatches_for_bubble, rebalance_estimate
 from perfd.analytics.stragglers import rank_order
+from perfd.analytics.verdict_text import DATA_LOADING_ACTION
 from perfd.model import JobInfo
 
 if TYPE_CHECKING:
@@ -187,14 +189,16 @@ def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[R
     if ds is not None:
         sev = "critical" if ds > bn.DATA_BOUND_SHARE else "warning" if ds > bn.DATA_HEALTHY_SHARE else "info"
         state = "bottleneck" if sev == "critical" else "elevated" if sev == "warning" else "healthy"
+        # The timer the job's step source names its data wait by (a hook job has no batch-generator).
+        vocab = VOCABULARIES.get(job.framework, MEGATRON_VOCABULARY)
+        timer = vocab.data_wait[0] if vocab.data_wait else "data wait"
         f.append(Finding("data-loading", sev, f"Data loading {_pct(ds)} of the step: {state}",
-                         f"batch-generator (max across ranks) takes {_pct(ds)} of the step (healthy < "
+                         f"{timer} ({vocab.across_ranks}) takes {_pct(ds)} of the step (healthy < "
                          f"{bn.DATA_HEALTHY_SHARE:.0%}, bottleneck > {bn.DATA_BOUND_SHARE:.0%}).",
-                         {"data_share": ds}, span, "megatron timer batch-generator"))
+                         {"data_share": ds}, span, f"{vocab.source} timer {timer}"))
         if sev != "info":
-            r.append(Recommendation("", "data-loading", 0, "Speed up data loading: more DataLoader "
-                                    "workers, pinned memory, prefetch; check the dataset storage",
-                                    f"batch-generator {_pct(ds)} of the step", ds))
+            r.append(Recommendation("", "data-loading", 0, DATA_LOADING_ACTION,
+                                    f"{timer} {_pct(ds)} of the step", ds))
     cv = a.summary.get("step_time_cv")
     if cv is not None and cv > JITTER_CV:
         f.append(Finding("step-jitter", "warning", f"Step time jitter (CV {cv:.0%})",
@@ -253,9 +257,16 @@ def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[R
 
 
 def order_findings(f: list[Finding], r: list[Recommendation]) -> tuple[list[Finding], list[Recommendation]]:
-    """Findings by severity; recommendations by expected gain (impact), numbered R1, R2, ..."""
+    """Findings by severity; recommendations by expected gain (impact), numbered R1, R2, ...; of
+    recommendations with the same action (an incident's and the run's, both for slow data) the one
+    of most gain stays."""
     f.sort(key=lambda x: SEVERITY_ORDER.get(x.severity, 3))
     r.sort(key=lambda x: -(x.impact if x.impact is not None else -1.0))
+    kept: list[Recommendation] = []
+    for rec in r:
+        if all(rec.action != k.action for k in kept):
+            kept.append(rec)
+    r = kept
     for i, rec in enumerate(r, start=1):
         rec.priority, rec.id = i, f"R{i}"
     return f, r

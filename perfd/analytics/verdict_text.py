@@ -9,6 +9,11 @@ from typing import Any
 
 from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, Verdict
 
+# One action for slow data, whether an incident's verdict or the run's data share asks for it: the
+# report merges recommendations with the same action (perfd.analytics.findings.order_findings).
+DATA_LOADING_ACTION = ("Speed up data loading: more data-loader workers, pinned memory, prefetch; check "
+                       "the storage the data comes from")
+
 K = EvidenceKind
 CMDLINE_CHARS = 80  # a foreign process's command line as shown in one line (whitespace collapsed)
 
@@ -230,10 +235,7 @@ def action_text(v: Verdict | None, ranks: Sequence[int] = ()) -> str:
             "MPS clients, clocks)"
         )
     if v.cause is K.DATA_WAIT:
-        return (
-            "Speed up data loading: more data-loader workers, pinned memory, prefetch; check the "
-            "storage the data comes from"
-        )
+        return DATA_LOADING_ACTION
     if v.cause in (K.RANK_COMPUTE_RATIO, K.STRAGGLER_LINE):
         gpu_known = Missing.GPU_STATE not in v.missing and Missing.RANK_PLACEMENT not in v.missing
         if gpu_known:

@@ -102,3 +102,27 @@ def test_report_property_and_iteration_table() -> None:
 
 def test_catalog_all_metrics() -> None:
     assert catalog.all_metrics() == catalog.CATALOG
+
+
+def test_the_same_action_is_recommended_once_and_a_hook_jobs_data_finding_names_its_timer() -> None:
+    """The H100 hook job with slow data listed "Speed up data loading" twice (its incident's and the
+    run's data share), in two wordings, and its data finding read "batch-generator … megatron
+    timer": one action now, said once; the finding names the timer the hook measured."""
+    from perfd.analytics.findings import Recommendation, order_findings
+    from perfd.analytics.verdict_text import DATA_LOADING_ACTION
+    from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
+
+    recs = [Recommendation("", "data-loading", 0, DATA_LOADING_ACTION, "", 0.18),
+            Recommendation("", "incident-inc-80", 0, DATA_LOADING_ACTION, "", 0.6),
+            Recommendation("", "other", 0, "Something else", "", 0.1)]
+    _, out = order_findings([], recs)
+    assert [(r.finding_id, r.id) for r in out] == [("incident-inc-80", "R1"), ("other", "R2")]
+
+    records = [StepRecord("h", it, rank="all", end_time=1000.0 + 0.05 * it, step_time_ms=50.0,
+                          timers={"data-wait": TimerValue(12.0, 12.0, {0: 12.0})},
+                          source=Provenance("hook", f"rank0:{it}")) for it in range(1, 61)]
+    a = analyze_run(JobInfo(framework="hook"), records)
+    data = next(f for f in a.findings if f.id == "data-loading")
+    assert "data-wait" in data.observation and "batch-generator" not in data.observation
+    assert data.source == "hook timer data-wait"
+    assert [r.action for r in a.recommendations].count(DATA_LOADING_ACTION) == 1
