@@ -49,6 +49,8 @@ def test_aggregator_ingests_and_acks_under_each_loop(loop: str, tmp_path: Path) 
                            stdout=out.open("wb"), stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: http_get(f"http://127.0.0.1:{h}/healthz"), 60, "the aggregator")
+        # The start-up line is printed just after the servers start: /healthz can answer first.
+        wait_for(lambda: "; event loop " in out.read_text(), 30, "the aggregator's start-up line")
         assert f"event loop {loop}" in out.read_text()
         # `perfd aggregator` chose its gRPC core experiments before loading grpc (perfd.aggregator.runtime).
         assert f"GRPC_EXPERIMENTS={GRPC_EXPERIMENTS}" in out.read_text()
