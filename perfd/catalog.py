@@ -430,6 +430,18 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_aggregator_refused_total", "counter", "count",
        "What a credential check or a cap turned away, by reason (perfd.limits REFUSED_*)", _AGGREGATOR,
        ("reason",)),
+    _m("perfd_aggregator_jobs_held", "gauge", "count",
+       "Jobs held now (what --max-jobs counts: named by an open stream's Hello, or holding data not yet "
+       "pruned); perfd.aggregator.lifecycle", _AGGREGATOR, ()),
+    _m("perfd_aggregator_series_held", "gauge", "count",
+       "Node series definitions held now (what --max-series counts; an agent's leave when it is "
+       "forgotten)", _AGGREGATOR, ()),
+    _m("perfd_aggregator_jobs_pruned_total", "counter", "count",
+       "Jobs dropped after they ended: past --job-retention, or the one that ended first when a new job "
+       "met the cap or a quota", _AGGREGATOR, ()),
+    _m("perfd_aggregator_agents_forgotten_total", "counter", "count",
+       "Agents forgotten after their stream stayed closed for the agent retention (their series released)",
+       _AGGREGATOR, ()),
     _m("perfd_aggregator_collective_records_total", "counter", "count",
        "Collective records ingested (Flight Recorder, NCCL Inspector)", _AGGREGATOR, ()),
     _m("perfd_aggregator_collective_records_dropped_total", "counter", "count",

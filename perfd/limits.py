@@ -46,9 +46,23 @@ MAX_LOOP_LAG_S = ACK_TIMEOUT_S / 4
 LIVENESS_BUDGET_S = 30.0  # what docs/reliability.md promises
 
 # ---- aggregator state -----------------------------------------------------------------------------
+# What the caps count is what is held *now* (perfd.aggregator.lifecycle): a job while a live stream's
+# Hello names it or while its data is kept; a series while its agent is connected or recently was.
 MAX_JOBS = 1_000  # distinct job names held
+# Jobs one agent id may hold, and one identity (a client certificate, or the address of a client
+# without credentials; the shared bearer token names every agent alike, so it has no quota of its
+# own): one client cannot take the whole cap (a Hello naming 1,000 jobs took it, for good).
+MAX_JOBS_PER_AGENT = 100
+MAX_JOBS_PER_IDENTITY = 500
+# An ended job (perfd.analytics.liveness) is kept this long for its report and API, then pruned; a
+# new job arriving at the cap prunes the job that ended first, sooner.
+JOB_RETENTION_S = 24 * 3600.0
+# An agent whose stream closed is forgotten (its series leave the cap, its latest values the joins)
+# this long after, unless it comes back: longer than the 10-minute network cut the spool rides out.
+AGENT_RETENTION_S = 15 * 60.0
 RANK_RATIO_TOP_K = 8  # slowest ranks per job always on /metrics (perfd_job_slowest_rank_compute_times)
 MAX_SERIES = 1_000_000  # node series held, all agents together
+MAX_SERIES_PER_IDENTITY = 500_000  # ... of one identity (as MAX_JOBS_PER_IDENTITY)
 MAX_LABELS_PER_SERIES = 16
 MAX_LABEL_VALUE_BYTES = 256
 MAX_JOB_NAME_BYTES = 256
@@ -89,7 +103,9 @@ REFUSED_HELLO_TIMEOUT = "hello_timeout"
 REFUSED_SILENT = "silent_stream"  # AGENT_SILENCE_S without a message
 REFUSED_OVERLOADED = "overloaded"  # a new stream while the event loop lags MAX_LOOP_LAG_S
 REFUSED_JOBS = "jobs_cap"
+REFUSED_JOBS_QUOTA = "jobs_quota"  # an agent or identity at its own share of the jobs cap
 REFUSED_SERIES = "series_cap"
+REFUSED_SERIES_QUOTA = "series_quota"  # an identity at its own share of the series cap
 REFUSED_LABELS = "label_cap"  # too many labels or a label value too long
 REFUSED_EVENT_BYTES = "event_bytes"
 REFUSED_CAPTURE_RATE = "capture_rate"
@@ -106,8 +122,9 @@ REFUSED_STEP_CONFLICT = "step_conflict"
 REFUSED_WORSE_DUPLICATE = "worse_duplicate"  # a copy of a held step record lacking some of its values
 REFUSED_REASONS = (
     REFUSED_UNAUTHENTICATED, REFUSED_IDENTITY, REFUSED_POLICY, REFUSED_NOT_HOST, REFUSED_STREAMS,
-    REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_OVERLOADED, REFUSED_JOBS, REFUSED_SERIES, REFUSED_LABELS,
-    REFUSED_EVENT_BYTES, REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
+    REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_OVERLOADED, REFUSED_JOBS, REFUSED_JOBS_QUOTA,
+    REFUSED_SERIES, REFUSED_SERIES_QUOTA, REFUSED_LABELS, REFUSED_EVENT_BYTES, REFUSED_CAPTURE_RATE,
+    REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
     REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_HTTP_DEADLINE, REFUSED_HTTP_HEAD,
     REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE,
 )
@@ -122,7 +139,12 @@ class Limits:
     max_series_per_agent: int = MAX_SERIES_PER_AGENT
     max_event_bytes: int = MAX_EVENT_BYTES
     max_jobs: int = MAX_JOBS
+    max_jobs_per_agent: int = MAX_JOBS_PER_AGENT
+    max_jobs_per_identity: int = MAX_JOBS_PER_IDENTITY
     max_series: int = MAX_SERIES
+    max_series_per_identity: int = MAX_SERIES_PER_IDENTITY
+    job_retention_s: float = JOB_RETENTION_S
+    agent_retention_s: float = AGENT_RETENTION_S
     max_capture_steps: int = MAX_CAPTURE_STEPS
     capture_requests_per_job: int = CAPTURE_REQUESTS_PER_JOB
     capture_rate_window_s: float = CAPTURE_RATE_WINDOW_S

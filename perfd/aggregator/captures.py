@@ -101,6 +101,14 @@ class CaptureCoordinator:
         state.event_listeners.append(self.on_event)  # capture progress reported by the agents
         state.captures_of = self.of_job
 
+    def forget_job(self, job: str) -> None:
+        """The job was pruned (perfd.aggregator.lifecycle): its request window and its rules' states
+        and budgets go; its capture records stay, as history, within MAX_CAPTURE_RECORDS."""
+        with self._lock:
+            self._requests.pop(job, None)
+        if self.engine is not None:
+            self.engine.forget_job(job)
+
     # ---- targets ---------------------------------------------------------------------------
     def _latest(self, job: str) -> IterationResult | None:
         a = self.state.analysis(job)

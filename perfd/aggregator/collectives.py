@@ -130,6 +130,11 @@ class CollectiveStore:
         with self._lock:
             return sorted(self.jobs)
 
+    def forget(self, job: str) -> None:
+        with self._lock:
+            self.jobs.pop(job, None)
+            self.job_config.pop(job, None)
+
 
 def metric_rows(job: str, a: CollectiveAnalysis, per_rank: bool = True) -> list[Row]:
     """/metrics rows (catalog names) for one job's collective analysis; absent values are left out."""

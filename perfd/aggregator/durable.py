@@ -90,13 +90,15 @@ def _restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
 def _replay(agg: Aggregator, store: StateStore, counts: dict[str, int]) -> None:
     from perfd.transport.codec import decode_batch
 
-    for kind, agent, body in store.replay():
+    for t, kind, agent, body in store.replay_timed():
         try:
+            # Replayed at the time each row first arrived: a job that ended a day before the restart
+            # is a day old again, not one that stepped a moment ago (perfd.aggregator.lifecycle).
             if kind == HELLO:
-                agg._on_hello_jobs(agent, [str(j) for j in json.loads(body)])
+                agg._on_hello_jobs(agent, [str(j) for j in json.loads(body)], float(t))
                 counts["hellos"] += 1
             elif kind == BATCH:
-                agg.on_batch(agent, decode_batch(pb.Batch.FromString(body), {}))
+                agg.on_batch(agent, decode_batch(pb.Batch.FromString(body), {}), float(t))
                 counts["batches"] += 1
         except Exception as exc:  # one bad row must not keep the aggregator down
             counts["unreadable"] += 1

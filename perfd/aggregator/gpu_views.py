@@ -87,6 +87,11 @@ class PlacementCache:
         return self._put(job, None, Placement(version, agents_f, len(procs),
                                               MappingProxyType(place_ranks(procs, job=job)))).ranks
 
+    def forget(self, job: str) -> None:
+        with self._lock:
+            for key in [k for k in self._held if k[0] == job]:
+                del self._held[key]
+
     def _put(self, job: str, world_size: int | None, p: Placement) -> Placement:
         with self._lock:
             self._held.pop((job, world_size), None)  # re-inserted last: the oldest go first

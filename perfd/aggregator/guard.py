@@ -11,84 +11,201 @@ With an identity policy (``--identity-policy``, mutual TLS; perfd.transport.secu
 name, host and write only the jobs its certificate's entry gives it (``identity_policy``), whether
 or not it is a host: a Hello naming another's job makes nobody its host.
 
-Caps (perfd.limits): job names held (``jobs_cap``), series held and labels per series
-(``series_cap``, ``label_cap``).
+Caps (perfd.limits) count what is held *now*. A job is held by the agents that name it in a Hello
+or write it; the lifecycle (perfd.aggregator.lifecycle) releases an agent's hold when its stream
+ends on a job it only named, and a job whole when it is pruned — so the jobs cap frees as jobs end,
+also across a restart. Each agent id and each identity (a certificate, or the address of a client
+without credentials) holds at most its quota of the cap, so no one client takes all of it; at the
+cap (or a quota) the lifecycle is asked to make room by pruning the job that ended first
+(``make_room``), and only then is the newcomer refused. Series are counted per agent and identity
+and released when the lifecycle forgets an agent. Refusals carry the agent, so they are counted
+per reason and per agent (perfd.refusals).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from perfd import limits as L
 from perfd.limits import Limits
 from perfd.model import CollectiveRecord, LabelSet, StepRecord
 from perfd.refusals import Refusals
+from perfd.transport.security import SHARED_TOKEN_IDENTITY
+
+# Asked at the cap or a quota, with the jobs room may be made among: True when one was pruned.
+MakeRoom = Callable[[Collection[str]], bool]
+
+
+class _Full(Exception):
+    """A cap or quota is reached; ``among``: the held jobs whose pruning would make room."""
+
+    def __init__(self, reason: str, text: str, among: Collection[str]) -> None:
+        super().__init__(text)
+        self.reason, self.text, self.among = reason, text, among
 
 
 class Guard:
     def __init__(self, limits: Limits, refusals: Refusals,
-                 job_allowed: Callable[[str, str], bool] | None = None) -> None:
+                 job_allowed: Callable[[str, str], bool] | None = None,
+                 identity_of: Callable[[str], str | None] | None = None) -> None:
         self.limits = limits
         self.refusals = refusals
         self.job_allowed = job_allowed  # (agent, job) -> whether the identity policy allows it
+        self.identity_of = identity_of or (lambda agent: None)  # agent -> its bound identity
+        self.make_room: MakeRoom | None = None  # set by the lifecycle
         self._lock = threading.Lock()  # the HTTP thread reads hosts (capture routing)
         self._hosts: dict[str, set[str]] = {}
-        self._jobs: set[str] = set()
-        self.series = 0  # series definitions accepted, all agents together
+        self._holders: dict[str, set[str]] = {}  # job -> agents holding it
+        self._held_by: dict[str, set[str]] = {}  # agent -> jobs it holds
+        self._agent_identity: dict[str, str] = {}  # agent -> the identity its holds count against
+        self._identity_jobs: dict[str, dict[str, int]] = {}  # identity -> job -> its agents holding it
+        self.series = 0  # series definitions held, all agents together
+        self._series_of: dict[str, int] = {}  # agent -> series definitions held
+        self._identity_series: dict[str, int] = {}
 
     # ---- jobs -----------------------------------------------------------------------------------
-    def admit_job(self, job: str, agent: str) -> bool:
-        """True when ``job`` is held or there is room for it (counted and logged otherwise)."""
-        with self._lock:
-            return self._admit(job, agent)
+    def _quota_identity(self, agent: str) -> str | None:
+        """The identity whose quota ``agent``'s holds count against (None: no identity quota — not
+        bound yet, as when replaying the state store, or the shared token)."""
+        ident = self._agent_identity.get(agent) or self.identity_of(agent)
+        return None if ident is None or ident == SHARED_TOKEN_IDENTITY else ident
 
-    def _admit(self, job: str, agent: str) -> bool:
+    def _check(self, job: str, agent: str) -> bool:
+        """True: ``agent`` holds ``job`` now; False: refused (counted); _Full: room is needed."""
         if self.job_allowed is not None and not self.job_allowed(agent, job):
             self.refusals.refuse(L.REFUSED_POLICY, f"job {job[:64]!r} from agent {agent[:64]}: not one "
-                                 "the identity policy gives its certificate")
+                                 "the identity policy gives its certificate", agent=agent)
             return False
-        if job in self._jobs:
+        holders = self._holders.get(job)
+        if holders is not None and agent in holders:
             return True
         if len(job.encode()) > L.MAX_JOB_NAME_BYTES:
             self.refusals.refuse(L.REFUSED_LABELS, f"job name of {len(job.encode())} bytes from agent "
-                                 f"{agent} (cap {L.MAX_JOB_NAME_BYTES})")
+                                 f"{agent[:64]} (cap {L.MAX_JOB_NAME_BYTES})", agent=agent)
             return False
-        if len(self._jobs) >= self.limits.max_jobs:
-            self.refusals.refuse(L.REFUSED_JOBS, f"new job {job[:64]!r} from agent {agent}: "
-                                 f"{len(self._jobs)} jobs held (cap {self.limits.max_jobs})")
-            return False
-        self._jobs.add(job)
+        if holders is None and len(self._holders) >= self.limits.max_jobs:
+            raise _Full(L.REFUSED_JOBS, f"new job {job[:64]!r} from agent {agent[:64]}: "
+                        f"{len(self._holders)} jobs held (cap {self.limits.max_jobs})", tuple(self._holders))
+        mine = self._held_by.get(agent, set())
+        quota = min(self.limits.max_jobs_per_agent, self.limits.max_jobs)
+        if len(mine) >= quota:
+            raise _Full(L.REFUSED_JOBS_QUOTA, f"job {job[:64]!r} from agent {agent[:64]}: it holds "
+                        f"{len(mine)} jobs (quota {quota} per agent)", tuple(mine))
+        ident = self._quota_identity(agent)
+        theirs = self._identity_jobs.get(ident, {}) if ident is not None else {}
+        quota = min(self.limits.max_jobs_per_identity, self.limits.max_jobs)
+        if ident is not None and job not in theirs and len(theirs) >= quota:
+            raise _Full(L.REFUSED_JOBS_QUOTA, f"job {job[:64]!r} from agent {agent[:64]}: identity "
+                        f"{ident[:64]} holds {len(theirs)} jobs (quota {quota} per identity)", tuple(theirs))
+        self._holders.setdefault(job, set()).add(agent)
+        mine.add(job)
+        self._held_by[agent] = mine
+        if ident is not None:
+            self._agent_identity[agent] = ident
+            counts = self._identity_jobs.setdefault(ident, {})
+            counts[job] = counts.get(job, 0) + 1
         return True
+
+    def _admit(self, job: str, agent: str) -> bool:
+        """:meth:`_check`, with one attempt at making room when a cap or quota is reached. Called
+        without the lock: making room prunes a job, which releases it here."""
+        for attempt in (0, 1):
+            try:
+                with self._lock:
+                    return self._check(job, agent)
+            except _Full as full:
+                if attempt == 0 and self.make_room is not None and self.make_room(full.among):
+                    continue
+                self.refusals.refuse(full.reason, full.text, agent=agent)
+                return False
+        return False
+
+    def admit_job(self, job: str, agent: str) -> bool:
+        """True when ``agent`` holds ``job`` or may now (counted and logged otherwise)."""
+        return self._admit(job, agent)
 
     def hello(self, agent: str, jobs: Sequence[str]) -> list[str]:
         """The agent hosts the jobs its Hello names; returns those admitted."""
         out = []
-        with self._lock:
-            for job in jobs:
-                if self._admit(job, agent):
+        for job in jobs:
+            if self._admit(job, agent):
+                with self._lock:
                     self._hosts.setdefault(job, set()).add(agent)
-                    out.append(job)
+                out.append(job)
         return out
 
     def may_write(self, agent: str, job: str, what: str, n: int = 1) -> bool:
         """Whether ``agent`` may write ``job``'s step records / job info (it becomes the host of a
         job nobody hosts yet)."""
+        if not self._admit(job, agent):
+            return False
         with self._lock:
-            if not self._admit(job, agent):
-                return False
             hosts = self._hosts.setdefault(job, set())
             if not hosts:
                 hosts.add(agent)
             if agent in hosts:
                 return True
-        self.refusals.refuse(L.REFUSED_NOT_HOST, f"{n} {what} for job {job[:64]!r} from agent {agent}, "
-                             "which does not host it", n)
+        self.refusals.refuse(L.REFUSED_NOT_HOST, f"{n} {what} for job {job[:64]!r} from agent {agent[:64]}, "
+                             "which does not host it", n, agent=agent)
         return False
 
     def hosts(self, job: str) -> set[str]:
         with self._lock:
             return set(self._hosts.get(job, ()))
+
+    def held_jobs(self) -> list[str]:
+        """Every job held now (what the jobs cap counts)."""
+        with self._lock:
+            return sorted(self._holders)
+
+    def jobs_of(self, agent: str) -> set[str]:
+        with self._lock:
+            return set(self._held_by.get(agent, ()))
+
+    def release(self, agent: str, jobs: Iterable[str]) -> list[str]:
+        """``agent`` no longer holds ``jobs`` (nor hosts them); returns those now held by nobody,
+        which are released whole."""
+        gone = []
+        with self._lock:
+            for job in jobs:
+                holders = self._holders.get(job)
+                if holders is None or agent not in holders:
+                    continue
+                holders.discard(agent)
+                self._unhold(agent, job)
+                hosts = self._hosts.get(job)
+                if hosts is not None:
+                    hosts.discard(agent)
+                if not holders:
+                    del self._holders[job]
+                    self._hosts.pop(job, None)
+                    gone.append(job)
+        return gone
+
+    def forget_job(self, job: str) -> None:
+        """The job was pruned: nobody holds or hosts it any more."""
+        with self._lock:
+            for agent in self._holders.pop(job, set()):
+                self._unhold(agent, job)
+            self._hosts.pop(job, None)
+
+    def _unhold(self, agent: str, job: str) -> None:
+        mine = self._held_by.get(agent)
+        if mine is not None:
+            mine.discard(job)
+            if not mine:
+                del self._held_by[agent]
+        ident = self._agent_identity.get(agent)
+        counts = self._identity_jobs.get(ident) if ident is not None else None
+        if counts is not None and job in counts:
+            counts[job] -= 1
+            if counts[job] <= 0:
+                del counts[job]
+            if not counts:
+                del self._identity_jobs[ident or ""]
+        if agent not in self._held_by and self._series_of.get(agent, 0) == 0:
+            self._agent_identity.pop(agent, None)
 
     def steps(self, agent: str, steps: Sequence[StepRecord]) -> list[StepRecord]:
         by_job: dict[str, list[StepRecord]] = {}
@@ -110,20 +227,52 @@ class Guard:
     # ---- series ---------------------------------------------------------------------------------
     def admit_series(self, agent: str, name: str, labels: LabelSet) -> bool:
         if len(labels) > L.MAX_LABELS_PER_SERIES or not _labels_fit(labels):
-            self.refusals.refuse(L.REFUSED_LABELS, f"series {name[:64]} of agent {agent}: more than "
+            self.refusals.refuse(L.REFUSED_LABELS, f"series {name[:64]} of agent {agent[:64]}: more than "
                                  f"{L.MAX_LABELS_PER_SERIES} labels or a value over "
-                                 f"{L.MAX_LABEL_VALUE_BYTES} bytes")
+                                 f"{L.MAX_LABEL_VALUE_BYTES} bytes", agent=agent)
             return False
         with self._lock:
+            ident = self._quota_identity(agent)
+            quota = min(self.limits.max_series_per_identity, self.limits.max_series)
             if self.series >= self.limits.max_series:
-                full = True
+                why: tuple[str, str] | None = (L.REFUSED_SERIES,
+                                               f"{self.limits.max_series} series held (cap)")
+            elif ident is not None and self._identity_series.get(ident, 0) >= quota:
+                why = (L.REFUSED_SERIES_QUOTA, f"identity {ident[:64]} holds {quota} series (quota per "
+                                               "identity)")
             else:
+                why = None
                 self.series += 1
-                full = False
-        if full:
-            self.refusals.refuse(L.REFUSED_SERIES, f"series {name[:64]} of agent {agent}: "
-                                 f"{self.limits.max_series} series held (cap)")
-        return not full
+                self._series_of[agent] = self._series_of.get(agent, 0) + 1
+                if ident is not None:
+                    self._agent_identity[agent] = ident
+                    self._identity_series[ident] = self._identity_series.get(ident, 0) + 1
+        if why is not None:
+            self.refusals.refuse(why[0], f"series {name[:64]} of agent {agent[:64]}: {why[1]}", agent=agent)
+        return why is None
+
+    def release_series(self, agent: str, n: int | None = None) -> None:
+        """``n`` of the agent's series definitions are no longer held (None: all of them)."""
+        with self._lock:
+            held = self._series_of.get(agent, 0)
+            n = held if n is None else min(n, held)
+            if n <= 0:
+                return
+            self.series -= n
+            self._series_of[agent] = held - n
+            ident = self._agent_identity.get(agent)
+            if ident is not None and ident in self._identity_series:
+                self._identity_series[ident] = max(0, self._identity_series[ident] - n)
+                if not self._identity_series[ident]:
+                    del self._identity_series[ident]
+            if not self._series_of[agent]:
+                del self._series_of[agent]
+                if agent not in self._held_by:
+                    self._agent_identity.pop(agent, None)
+
+    def series_of(self, agent: str) -> int:
+        with self._lock:
+            return self._series_of.get(agent, 0)
 
 
 def _labels_fit(labels: LabelSet) -> bool:

@@ -85,6 +85,10 @@ class _StateCollector:
                                                        else None),
             "perfd_aggregator_agent_dropped_samples_total": t.get("agent_dropped_samples"),
             "perfd_aggregator_gc_seconds_total": t["gc_ms"] / 1000 if "gc_ms" in t else None,
+            "perfd_aggregator_jobs_held": t.get("jobs_held"),
+            "perfd_aggregator_series_held": t.get("series_held"),
+            "perfd_aggregator_jobs_pruned_total": t.get("jobs_pruned"),
+            "perfd_aggregator_agents_forgotten_total": t.get("agents_forgotten"),
         }
         yield from series_families([({}, k, float(v)) for k, v in own.items() if v is not None])
         if self.refusals is not None:
@@ -303,7 +307,9 @@ class _Handler(httpd.BufferedHandler):
             elif path == "/healthz":
                 self._send(200, b"ok\n", "text/plain")
             elif path == "/api/stats":
-                self._json(200, state.stats_json())
+                refused = self.app.refusals
+                self._json(200, {**state.stats_json(),
+                                 "refused_by_agent": refused.by_agent() if refused is not None else {}})
             elif path == "/api/captures":
                 caps = self.app.captures
                 self._json(200, {"captures": caps.list() if caps else []})

@@ -70,6 +70,11 @@ class GpuBaseline:
             for rank, items in items_by_rank.items():
                 seen.update({(rank, e.kind.value) for e in items})
 
+    def forget(self, job: str) -> None:
+        with self._lock:
+            for d in (self._n, self._seen, self._at, self._ranks):
+                d.pop(job, None)
+
     def sightings(self, job: str) -> int:
         """Steady sightings taken of the job."""
         with self._lock:
@@ -153,6 +158,12 @@ class IncidentTracker:
                     kept.pop(k)
         if events:
             self.emit(events)
+
+    def forget(self, job: str) -> None:
+        """The job was pruned: its incidents go with it (the totals on /metrics too)."""
+        with self._lock:
+            for d in (self._jobs, self.opened_total, self.lost_s_total):
+                d.pop(job, None)
 
     def export(self) -> dict[str, Any]:
         """Everything kept, as JSON (for the aggregator's state store)."""

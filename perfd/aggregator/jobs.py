@@ -98,6 +98,7 @@ class JobState:
     class_key: tuple[Any, ...] = ()  # what the last analysis's class read (GPM, capture, GPM window)
     dirty: bool = False
     last_step_time: float = 0.0  # wall time the last step record arrived
+    touched_at: float = field(default_factory=time.time)  # the last Hello, job info or step of the job
     step_hist: StepHistogram = field(default_factory=StepHistogram)
     # Megatron's per-log-interval counts of skipped and NaN iterations, summed over the job-level
     # records (each once: a re-sent record is not counted again), for the catalog's counters;
@@ -158,10 +159,12 @@ class JobStore:
         return js
 
     # ---- ingest ------------------------------------------------------------------------------
-    def hello(self, agent_id: str, jobs: Sequence[str]) -> None:
+    def hello(self, agent_id: str, jobs: Sequence[str], now: float | None = None) -> None:
         with self._lock:
             for j in jobs:
-                self._job(j).agents.add(agent_id)
+                js = self._job(j)
+                js.agents.add(agent_id)
+                js.touched_at = now if now is not None else time.time()
                 self.agent_job[agent_id] = j
 
     def add_agent(self, job: str, agent_id: str) -> None:
@@ -183,17 +186,21 @@ class JobStore:
             if js is not None:
                 js.gpu_name = model
 
-    def ingest_job_info(self, agent_id: str, job: str, info: JobInfo) -> None:
+    def ingest_job_info(self, agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None:
         with self._lock:
             js = self._job(job)
             js.agents.add(agent_id)
+            js.touched_at = now if now is not None else time.time()
             js.job_info, js.job_info_agent = merge_job_info(js.job_info, info), agent_id
             js.dirty = True
 
-    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord]) -> StepConflicts:
+    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None
+                     ) -> StepConflicts:
         """Hold the records (a held one is replaced only by its own agent, and not by a worse
-        copy); returns what was kept out, for the caller to count and report."""
+        copy); returns what was kept out, for the caller to count and report. ``now``: when they
+        arrived (a replay from the state store gives the time they first did)."""
         out = StepConflicts()
+        arrived = now if now is not None else time.time()
         with self._lock:
             self.stats.steps += len(steps)
             for rec in steps:
@@ -232,7 +239,7 @@ class JobStore:
                 js.held_bytes += size
                 js.iteration_bytes[rec.iteration] = js.iteration_bytes.get(rec.iteration, 0) + size
                 js.dirty = True
-                js.last_step_time = time.time()
+                js.last_step_time = js.touched_at = arrived
                 while len(js.by_iteration) > self.max_iterations or (
                         js.held_bytes > self.max_bytes and len(js.by_iteration) > 1):
                     by_bytes = len(js.by_iteration) <= self.max_iterations
@@ -310,6 +317,30 @@ class JobStore:
     def names(self) -> list[str]:
         with self._lock:
             return sorted(self.jobs)
+
+    def has_data(self, job: str) -> bool:
+        """The job holds step records or job info (a job only named in a Hello holds neither)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            return js is not None and (bool(js.records) or js.job_info is not None)
+
+    def activity(self, job: str) -> tuple[float, float] | None:
+        """(when its last step arrived, or 0.0; when anything of it last did), None: not held."""
+        with self._lock:
+            js = self.jobs.get(job)
+            return None if js is None else (js.last_step_time, js.touched_at)
+
+    def forget(self, job: str) -> None:
+        """Drop the job and everything held of it (pruned, or released with no data)."""
+        with self._lock:
+            self.jobs.pop(job, None)
+            for agent in [a for a, j in self.agent_job.items() if j == job]:
+                del self.agent_job[agent]
+
+    def forget_agent(self, agent_id: str) -> None:
+        """The agent is gone for good: it serves no job any more."""
+        with self._lock:
+            self.agent_job.pop(agent_id, None)
 
     def agents_of(self, job: str) -> set[str]:
         with self._lock:

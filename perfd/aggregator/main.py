@@ -21,6 +21,7 @@ from perfd.aggregator.durable import Journal, restore, save_documents
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
+from perfd.aggregator.lifecycle import Lifecycle
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
 from perfd.aggregator.runtime import gc_seconds, tune_gc
 from perfd.aggregator.state import AggregatorState
@@ -106,7 +107,8 @@ class Aggregator:
             if not cfg.tls_client_ca:  # identities come from client certificates
                 raise ValueError("--identity-policy needs mutual TLS (--tls-client-ca)")
             policy = IdentityPolicy(cfg.identity_policy)
-        self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None)
+        self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None,
+                           identity_of=lambda agent: self.server.identity_of(agent))
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
         self.store: StateStore | None = StateStore(cfg.state_dir) if cfg.state_dir else None
         # agent -> series id -> its definition, admitted by the guard (once per definition).
@@ -114,7 +116,8 @@ class Aggregator:
         self.server = IngestServer(self.on_batch, self._on_hello, tls=tls, token=self.token,
                                    limits=cfg.limits, refusals=self.refusals,
                                    journal=Journal(self.store) if self.store is not None else None,
-                                   admit_series=self._admit_series, policy=policy)
+                                   admit_series=self._admit_series, policy=policy,
+                                   on_stream_end=lambda agent: self.lifecycle.stream_ended(agent))
         self.http: HttpServer | None = None
         self.grpc_port = 0
         self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.server.send_command,
@@ -131,6 +134,7 @@ class Aggregator:
             exporter = WandbExporter(cfg.wandb_project, cfg.wandb_mode, cfg.wandb_dir)
             self.wandb = WandbSync(self.state, exporter, self.captures.list, cfg.wandb_interval_s)
         self.remote: RemoteWriter | None = None
+        self.lifecycle = Lifecycle(self)  # what is held now: releases, pruning, forgetting agents
 
     @staticmethod
     def _engine(cfg: AggregatorConfig) -> RuleEngine | None:
@@ -172,6 +176,7 @@ class Aggregator:
     def _tick(self) -> None:
         self.state.refresh()
         self.captures.evaluate()
+        self.lifecycle.housekeeping()
         if self.store is not None:
             save_documents(self, self.store)
             self.store.prune()  # the journal keeps its newest max_batches batches
@@ -179,10 +184,11 @@ class Aggregator:
     def _on_hello(self, hello: HelloInfo) -> None:
         self._on_hello_jobs(hello.agent_id, hello.jobs)
 
-    def _on_hello_jobs(self, agent_id: str, jobs: Sequence[str]) -> None:
-        self.state.hello(agent_id, self.guard.hello(agent_id, jobs))
+    def _on_hello_jobs(self, agent_id: str, jobs: Sequence[str], now: float | None = None) -> None:
+        self.lifecycle.hello(agent_id)
+        self.state.hello(agent_id, self.guard.hello(agent_id, jobs), now)
 
-    def ingest_job_info_text(self, agent_id: str, job: str, text: str) -> None:
+    def ingest_job_info_text(self, agent_id: str, job: str, text: str, now: float | None = None) -> None:
         if not self.guard.may_write(agent_id, job, "job info"):
             return
         try:
@@ -190,7 +196,7 @@ class Aggregator:
             if rejected:  # the rest of the job info is kept: only the absurd values go
                 self.refusals.refuse(REFUSED_JOB_INFO_VALUE, f"job info of {job[:80]} from agent "
                                      f"{agent_id[:80]}: {'; '.join(rejected)[:400]}", len(rejected))
-            self.state.ingest_job_info(agent_id, job, info)
+            self.state.ingest_job_info(agent_id, job, info, now)
         except (ValueError, TypeError) as exc:
             self.job_info_errors += 1
             log.warning("agent %s sent unusable job info for %s: %s", agent_id, job, exc)
@@ -207,8 +213,11 @@ class Aggregator:
         a definition held already is admitted again without counting it twice against the cap (a
         reconnect redefines every series); a refused one is kept nowhere, here or in the server."""
         cache = self._series.get(agent_id)
-        if cache is not None and cache.get(sid) == s:
+        held = cache.get(sid) if cache is not None else None
+        if held == s:
             return True
+        if held is not None:  # the id now names another series: the one it named is released
+            self.guard.release_series(agent_id, 1)
         if self.guard.admit_series(agent_id, s.name, s.labels):
             if cache is None:
                 cache = self._series[agent_id] = {}
@@ -218,10 +227,16 @@ class Aggregator:
             cache.pop(sid, None)  # the id now names a refused series
         return False
 
-    def on_batch(self, agent_id: str, batch: DecodedBatch) -> None:
+    def forget_series(self, agent_id: str) -> None:
+        """The agent was forgotten (perfd.aggregator.lifecycle): its series leave the cap."""
+        self._series.pop(agent_id, None)
+        self.guard.release_series(agent_id)
+
+    def on_batch(self, agent_id: str, batch: DecodedBatch, arrived_at: float | None = None) -> None:
+        """``arrived_at``: when the batch first arrived (the state store's replay), else now."""
         st, guard = self.state, self.guard
         for job, text in batch.job_info_json.items():
-            self.ingest_job_info_text(agent_id, job, text)
+            self.ingest_job_info_text(agent_id, job, text, arrived_at)
         if batch.new_series:  # also in a batch without samples: the ids' next samples need it
             st.series_defined(agent_id, batch.new_series)
         if batch.n_samples:
@@ -229,7 +244,7 @@ class Aggregator:
             st.ingest_samples(agent_id, batch.series, batch.series_ids, batch.timestamps_ns, batch.values)
         steps = guard.steps(agent_id, batch.steps) if batch.steps else []
         if steps:
-            kept_out = st.ingest_steps(agent_id, steps)
+            kept_out = st.ingest_steps(agent_id, steps, arrived_at)
             for (job, holder), its in kept_out.other_agent.items():
                 self.refusals.refuse(L.REFUSED_STEP_CONFLICT, f"{len(its)} step record(s) of job "
                                      f"{job[:64]!r} from agent {agent_id[:64]} for iterations held "
@@ -253,6 +268,7 @@ class Aggregator:
         if gc_s is not None:  # timed in the aggregator process (run_aggregator), not in a test's
             d["gc_ms"] = round(gc_s * 1000)
         d.update({f"refused_{k}": v for k, v in self.refusals.snapshot().items()})
+        d.update(self.lifecycle.counters())
         if self.store is not None:
             st = self.store.stats()
             d.update({f"state_store_{k}": int(st[k]) for k in (
@@ -264,6 +280,7 @@ class Aggregator:
             got = restore(self, self.store)
             log.info("state restored from %s: %s", self.store.path, got)
         self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
+        self.lifecycle.started(asyncio.get_running_loop())
         self.state.transport_stats = self._transport_counters
         try:
             self.http = HttpServer(self.state, self.cfg.http_host, self.cfg.http_port, self.captures,

@@ -407,3 +407,22 @@ class NodeView:
     def agents_seen(self) -> dict[str, float]:
         with self._lock:
             return dict(self.agent_seen)
+
+    def forget_agent(self, agent_id: str) -> None:
+        """Drop what the agent sent (its series' latest values, its GPUs' process lists and pods):
+        it is gone for good (perfd.aggregator.lifecycle)."""
+        with self._lock:
+            self._agents.pop(agent_id, None)
+            self.agent_seen.pop(agent_id, None)
+            gpus = self._agent_gpus.pop(agent_id, set())
+            for key in [k for k, (a, _p) in self.gpu_procs.items() if a == agent_id]:
+                del self.gpu_procs[key]
+                gpus.add(key)
+            for key in gpus:
+                self._declared.pop(key, None)
+                self._declared_all.pop(key, None)
+            for held in self._placed.values():
+                held.difference_update(gpus)
+            self._placed = {j: g for j, g in self._placed.items() if g}
+            if gpus:
+                self.placement_version += 1

@@ -105,6 +105,10 @@ class ServingStore:
         with self._lock:
             return sorted(self._jobs)
 
+    def forget(self, job: str) -> None:
+        with self._lock:
+            self._jobs.pop(job, None)
+
     def _analyse(self, job: str, js: _Job) -> None:
         """Recompute the job's gauges and report if data arrived and the last one is old enough.
         Called with the lock held."""

@@ -136,9 +136,9 @@ class AggregatorState:
         return self.log.listeners
 
     # ---- ingest (gRPC side) -----------------------------------------------------------------
-    def hello(self, agent_id: str, jobs: Sequence[str]) -> None:
+    def hello(self, agent_id: str, jobs: Sequence[str], now: float | None = None) -> None:
         self.nodes.seen(agent_id)
-        self.jobs.hello(agent_id, jobs)
+        self.jobs.hello(agent_id, jobs, now)
 
     def series_defined(self, agent_id: str, series_ids: Sequence[int]) -> None:
         """A stream of the agent (re)defined these series ids (before samples that use them)."""
@@ -157,15 +157,35 @@ class AggregatorState:
         for job in self.nodes.jobs_on(agent_id):
             self.jobs.set_gpu_model(job, model)
 
-    def ingest_job_info(self, agent_id: str, job: str, info: JobInfo) -> None:
-        self.jobs.ingest_job_info(agent_id, job, info)
+    def ingest_job_info(self, agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None:
+        self.jobs.ingest_job_info(agent_id, job, info, now)
 
-    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord]) -> StepConflicts:
+    def forget_job(self, job: str) -> None:
+        """Drop everything held of the job (perfd.aggregator.lifecycle prunes it)."""
+        self.jobs.forget(job)
+        self.collectives.forget(job)
+        self.serving.forget(job)
+        self.incidents.forget(job)
+        self.gpu_baseline.forget(job)
+        self._placements.forget(job)
+        self._snapshot_views.pop(job, None)
+        self._tracked.pop(job, None)
+        self._steady_gpm.pop(job, None)
+        self._steady_gpm_at.pop(job, None)
+        self._conflicts = {k: v for k, v in self._conflicts.items() if k[0] != job}
+
+    def forget_agent(self, agent_id: str) -> None:
+        """Drop what the agent sent that is not a job's (its node series, process lists)."""
+        self.nodes.forget_agent(agent_id)
+        self.jobs.forget_agent(agent_id)
+
+    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None
+                     ) -> StepConflicts:
         """Hold the records; those of another agent for an (iteration, rank) already held are kept
         out, and an event names both agents (at most one per job, holder and sender every
         REFUSAL_LOG_INTERVAL_S: a flood of conflicting records must not push real events out of
         the bounded log). Returns what was kept out, for the caller to count."""
-        out = self.jobs.ingest_steps(agent_id, steps)
+        out = self.jobs.ingest_steps(agent_id, steps, now)
         if not out.other_agent or self.replaying:
             return out
         now = time.time()

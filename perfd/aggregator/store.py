@@ -278,6 +278,10 @@ class StateStore:
         """(kind, agent, body) in arrival order."""
         yield from self._db.execute("SELECT kind, agent, body FROM journal ORDER BY id")
 
+    def replay_timed(self) -> Iterator[tuple[float, str, str, bytes]]:
+        """(arrival time, kind, agent, body) in arrival order."""
+        yield from self._db.execute("SELECT t, kind, agent, body FROM journal ORDER BY id")
+
     def stats(self) -> dict[str, Any]:
         return {"writes": self.writes, "commits": self.commits, "commit_failures": self.commit_failures,
                 "rollbacks": self.rollbacks, "agents_lost": self.agents_lost,

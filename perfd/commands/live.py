@@ -69,7 +69,14 @@ def _aggregator(args: argparse.Namespace) -> int:
               "pip install 'perfd[wandb]' (or drop --wandb-project)", file=sys.stderr)
         return 2
     every = L.ALL_INTERFACES if args.listen_all else L.LOOPBACK
+    for flag, v in (("--max-jobs-per-agent", args.max_jobs_per_agent),
+                    ("--job-retention", args.job_retention), ("--agent-retention", args.agent_retention)):
+        if v <= 0:
+            print(f"perfd aggregator: {flag} must be > 0", file=sys.stderr)
+            return 2
     limits = L.Limits(max_message_bytes=args.max_message_bytes, max_jobs=args.max_jobs,
+                      max_jobs_per_agent=args.max_jobs_per_agent, job_retention_s=args.job_retention,
+                      agent_retention_s=args.agent_retention, max_series_per_agent=args.max_series_per_agent,
                       max_series=args.max_series, max_capture_steps=args.max_capture_steps,
                       capture_requests_per_job=args.capture_requests_per_job)
     cfg = AggregatorConfig(collectives=coll, collectives_per_job=coll_jobs,
@@ -168,8 +175,20 @@ def register(sub: SubParsers) -> None:
                    "on every HTTP path but /metrics and /healthz (re-read when the file changes)")
     g.add_argument("--max-message-bytes", type=int, default=L.MAX_MESSAGE_BYTES,
                    help="largest gRPC message accepted")
-    g.add_argument("--max-jobs", type=int, default=L.MAX_JOBS, help="job names held; more are refused")
+    g.add_argument("--max-jobs", type=int, default=L.MAX_JOBS,
+                   help="jobs held now (named by an open stream or holding data not yet pruned); a new "
+                   "job at the cap prunes the one that ended first, else it is refused")
+    g.add_argument("--max-jobs-per-agent", type=int, default=L.MAX_JOBS_PER_AGENT,
+                   help="jobs one agent id may hold (one identity: "
+                   f"{L.MAX_JOBS_PER_IDENTITY}), so that no client takes the whole cap")
+    g.add_argument("--job-retention", type=float, default=L.JOB_RETENTION_S, metavar="SECONDS",
+                   help="how long an ended job's data, report and incidents are kept before it is pruned")
     g.add_argument("--max-series", type=int, default=L.MAX_SERIES, help="node series held; more are refused")
+    g.add_argument("--max-series-per-agent", type=int, default=L.MAX_SERIES_PER_AGENT,
+                   help=f"node series one agent may define (one identity: {L.MAX_SERIES_PER_IDENTITY})")
+    g.add_argument("--agent-retention", type=float, default=L.AGENT_RETENTION_S, metavar="SECONDS",
+                   help="an agent whose stream closed is forgotten this long after (its series released) "
+                   "unless it comes back")
     g.add_argument("--max-capture-steps", type=int, default=L.MAX_CAPTURE_STEPS,
                    help="most iterations one requested capture may cover (API and webhook)")
     g.add_argument("--capture-requests-per-job", type=int, default=L.CAPTURE_REQUESTS_PER_JOB,

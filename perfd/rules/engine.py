@@ -278,6 +278,11 @@ class RuleEngine:
             if rule in names:
                 self._budgets[(rule, job)] = _Budget(times)
 
+    def forget_job(self, job: str) -> None:
+        """The job was pruned: its pending/firing states and capture budgets go."""
+        self._states = {k: s for k, s in self._states.items() if job_of(s.key) != job}
+        self._budgets = {k: b for k, b in self._budgets.items() if k[1] != job}
+
     def captures_in_last_hour(self, rule: str, job: str, now: float) -> int:
         b = self._budgets.get((rule, job))
         return 0 if b is None else sum(1 for x in b.times if x > now - HOUR_S)

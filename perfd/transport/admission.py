@@ -15,7 +15,13 @@ from perfd import limits as L
 from perfd.refusals import Refusals
 from perfd.transport.codec import sample_count
 from perfd.transport.gen import perfd_pb2 as pb
-from perfd.transport.security import AUTH_HEADER, IdentityPolicy, TokenFile, peer_identity
+from perfd.transport.security import (
+    AUTH_HEADER,
+    UNAUTHENTICATED_PREFIX,
+    IdentityPolicy,
+    TokenFile,
+    peer_identity,
+)
 from perfd.transport.stream import AgentStream
 
 
@@ -59,7 +65,8 @@ def check_agent_id(policy: IdentityPolicy | None, conn: AgentStream, agent_id: s
                             f"the identity policy does not let {conn.identity} ({conn.peer}) use agent "
                             f"id {agent_id[:64]!r}")
     if bound is not None and bound != conn.identity:
-        unauthenticated = bound.startswith("addr:") and conn.identity.startswith("addr:")
+        unauthenticated = (bound.startswith(UNAUTHENTICATED_PREFIX)
+                           and conn.identity.startswith(UNAUTHENTICATED_PREFIX))
         if not unauthenticated or (live is not None and not live.closed):
             raise StreamRefused(grpc.StatusCode.PERMISSION_DENIED, L.REFUSED_IDENTITY,
                                 f"agent id {agent_id!r} is bound to other credentials; "
@@ -73,7 +80,7 @@ def trim_batch(agent: str, conn: AgentStream, b: pb.Batch, limits: L.Limits, ref
         refusals.refuse(L.REFUSED_SERIES, f"batch {b.seq} of agent {agent} would define "
                         f"{len(conn.series) + len(b.series)} series (cap "
                         f"{limits.max_series_per_agent}); batch refused",
-                        max(1, sample_count(b)))
+                        max(1, sample_count(b)), agent=agent)
         return False
     if not b.events:
         return True
@@ -82,7 +89,7 @@ def trim_batch(agent: str, conn: AgentStream, b: pb.Batch, limits: L.Limits, ref
         del b.events[i]
     if big:
         refusals.refuse(L.REFUSED_EVENT_BYTES, f"{len(big)} event(s) of agent {agent} larger "
-                        f"than {limits.max_event_bytes} bytes", len(big))
+                        f"than {limits.max_event_bytes} bytes", len(big), agent=agent)
     return True
 
 
@@ -94,5 +101,5 @@ def check_liveness(conn: AgentStream, now: float, limits: L.Limits, refusals: Re
         conn.close(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello")
     elif conn.agent_id is not None and now - conn.last_msg_at > limits.agent_silence_s:
         refusals.refuse(L.REFUSED_SILENT, f"agent {conn.agent_id} ({conn.peer}) sent nothing "
-                        f"for {limits.agent_silence_s:g} s; stream closed")
+                        f"for {limits.agent_silence_s:g} s; stream closed", agent=conn.agent_id)
         conn.close(grpc.StatusCode.UNAVAILABLE, "silent stream")

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 AUTH_HEADER = "authorization"  # gRPC metadata key and HTTP header (gRPC wants it lower case)
 CERT_PREFIX = "cert:"  # peer_identity's prefix for an identity taken from a client certificate
+UNAUTHENTICATED_PREFIX = "addr:"  # ... for a client without credentials: its address
 IDENTITY_PLACEHOLDER = "{identity}"  # in an identity policy's agent patterns: the certificate's name
 
 
@@ -161,6 +162,10 @@ class ClientTls:
         return grpc.ssl_channel_credentials(ca)
 
 
+# Every holder of the shared bearer token is this one identity: it tells no client from another.
+SHARED_TOKEN_IDENTITY = "token"
+
+
 def peer_identity(context: Any, token_ok: bool) -> str:
     """What an agent id is bound to, from a gRPC servicer context (see the module docstring)."""
     auth = context.auth_context() or {}
@@ -170,10 +175,10 @@ def peer_identity(context: Any, token_ok: bool) -> str:
             v = vals[0]
             return CERT_PREFIX + (v.decode(errors="replace") if isinstance(v, bytes) else str(v))
     if token_ok:
-        return "token"
+        return SHARED_TOKEN_IDENTITY
     peer = str(context.peer())  # "ipv4:127.0.0.1:54321" / "ipv6:[::1]:54321"
     host = peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
-    return "addr:" + host
+    return UNAUTHENTICATED_PREFIX + host
 
 
 

@@ -53,7 +53,7 @@ from perfd.transport.codec import (
 )
 from perfd.transport.delivery import IngestJournal, SeqTracker
 from perfd.transport.gen import perfd_pb2 as pb
-from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
+from perfd.transport.security import UNAUTHENTICATED_PREFIX, IdentityPolicy, ServerTls, TokenFile
 from perfd.transport.series import Series
 from perfd.transport.stream import AgentStream
 
@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 
 OnBatch = Callable[[str, DecodedBatch], None]
 OnHello = Callable[[HelloInfo], None]
+OnStreamEnd = Callable[[str], None]  # the agent whose live stream ended (it may come back)
 # (agent id, series id, definition) -> whether the series is held (the aggregator's caps). A refused
 # definition is kept nowhere: its samples are dropped as samples of an undefined id.
 SeriesAdmission = Callable[[str, int, Series], bool]
@@ -112,8 +113,10 @@ class IngestServer:
         journal: IngestJournal | None = None,
         admit_series: SeriesAdmission | None = None,
         policy: IdentityPolicy | None = None,
+        on_stream_end: OnStreamEnd | None = None,
     ) -> None:
         self._on_batch = on_batch
+        self._on_stream_end = on_stream_end
         self.admit_series = admit_series
         self.policy = policy
         self.journal = journal
@@ -354,6 +357,11 @@ class IngestServer:
             reader.cancel()
             if conn.agent_id is not None and self._streams.get(conn.agent_id) is conn:
                 del self._streams[conn.agent_id]
+                if self._on_stream_end is not None:
+                    try:
+                        self._on_stream_end(conn.agent_id)
+                    except Exception:
+                        log.exception("on_stream_end failed for agent %s", conn.agent_id)
         if conn.close_reason is not None:
             await context.abort(*conn.close_reason)
         if not reader.cancelled() and reader.exception() is not None:
@@ -414,6 +422,22 @@ class IngestServer:
         """The identity ``agent_id`` is bound to (None before its first stream)."""
         return self._identities.get(agent_id)
 
+    def live(self, agent_id: str) -> bool:
+        """The agent has an open stream now. Event-loop thread only."""
+        conn = self._streams.get(agent_id)
+        return conn is not None and not conn.closed
+
+    def forget_agent(self, agent_id: str) -> None:
+        """The aggregator forgot the agent (gone long enough, perfd.aggregator.lifecycle): its series
+        table goes (its next Hello is decoded and admitted afresh), and so does the binding of its id
+        to a client without credentials, which lasted only while its stream was open anyway. A
+        credential's binding stays. Event-loop thread only; nothing happens while it has a stream."""
+        if self.live(agent_id):
+            return
+        self._tables.pop(agent_id, None)
+        if self._identities.get(agent_id, "").startswith(UNAUTHENTICATED_PREFIX):
+            del self._identities[agent_id]
+
     def _bind(self, conn: AgentStream, agent_id: str) -> None:
         """Bind ``agent_id`` to this stream's identity, or refuse (see the class docstring)."""
         live = self._streams.get(agent_id)
@@ -434,9 +458,11 @@ class IngestServer:
             self.protocol_errors += 1
             raise ValueError("Hello without a usable agent_id")
         if len(hello.series) > self.limits.max_series_per_agent:
-            raise StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, L.REFUSED_SERIES,
-                                f"agent {hello.agent_id} defines {len(hello.series)} series "
-                                f"(cap {self.limits.max_series_per_agent})")
+            refused = StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, L.REFUSED_SERIES,
+                                    f"agent {hello.agent_id[:64]} defines {len(hello.series)} series "
+                                    f"(cap {self.limits.max_series_per_agent})")
+            self.refusals.refuse(refused.reason, str(refused), len(hello.series), agent=hello.agent_id)
+            raise refused
         try:
             self._bind(conn, hello.agent_id)
         except StreamRefused as exc:

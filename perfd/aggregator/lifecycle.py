@@ -1,0 +1,155 @@
+"""What the aggregator still holds, over a life of months: jobs and agents come and go, and the caps
+(perfd.aggregator.guard) count only what is held now.
+
+- A job only *named* in a Hello is held while a stream of an agent naming it is open: when the
+  stream ends (and at a restart, when no stream is open yet) the hold is released, and a job held by
+  nobody and holding no data is dropped. One Hello naming 1,000 jobs no longer takes the jobs cap
+  for the aggregator's whole life.
+- A job with data (step records, job info, collectives) is held until it is *pruned*: ended
+  (perfd.analytics.liveness) for ``job_retention_s``, or sooner when a newcomer meets the cap or a
+  quota — then the job that ended first among those held makes room. A running or stalled job is
+  never pruned.
+- An agent whose stream ended is *forgotten* ``agent_retention_s`` later unless it came back: its
+  series leave the series cap, its latest values and process lists the joins.
+
+Threads: the ingest event loop releases holds (stream end) and makes room (admission); the rules
+thread runs :meth:`Lifecycle.housekeeping` every tick (retention), and the rule engine, the capture
+coordinator and W&B drop a pruned job there, since their state is the rules thread's. Forgetting an
+agent touches the ingest server's tables, so the rules thread hands it to the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
+
+from perfd.analytics.liveness import ENDED
+
+if TYPE_CHECKING:
+    from perfd.aggregator.main import Aggregator
+
+log = logging.getLogger(__name__)
+
+
+class Lifecycle:
+    def __init__(self, agg: Aggregator, clock: Callable[[], float] = time.time) -> None:
+        self.agg = agg
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._gone_since: dict[str, float] = {}  # agent -> when its live stream ended
+        self._pruned: deque[str] = deque()  # jobs pruned on the event loop, for the rules thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.jobs_pruned = 0
+        self.jobs_released = 0  # named only in a Hello, released when no stream named them any more
+        self.agents_forgotten = 0
+        agg.guard.make_room = self.make_room
+
+    def started(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The aggregator restored its state and listens now: every agent it knows of is gone until
+        it connects again, and no job is held by a Hello any more (no stream is open)."""
+        self._loop = loop
+        now = self.clock()
+        agents = set(self.agg.state.nodes.agents_seen()) | {a for j in self.agg.guard.held_jobs()
+                                                              for a in self.agg.guard.hosts(j)}
+        for agent in agents:
+            self.stream_ended(agent, now)
+
+    # ---- event loop ----------------------------------------------------------------------------
+    def hello(self, agent: str) -> None:
+        with self._lock:
+            self._gone_since.pop(agent, None)
+
+    def stream_ended(self, agent: str, now: float | None = None) -> None:
+        """The agent's live stream ended: the jobs it only named are no longer held by it."""
+        with self._lock:
+            self._gone_since.setdefault(agent, self.clock() if now is None else now)
+        named_only = [j for j in self.agg.guard.jobs_of(agent) if not self._has_data(j)]
+        for job in self.agg.guard.release(agent, named_only):
+            self.agg.state.forget_job(job)
+            self.jobs_released += 1
+
+    def make_room(self, among: Collection[str]) -> bool:
+        """Prune the job that ended first among ``among`` (the guard asks at a cap or quota)."""
+        now = self.clock()
+        ended = [(t, j) for j in among if (t := self.ended_at(j, now)) is not None]
+        if not ended:
+            return False
+        _t, job = min(ended)
+        self._prune(job, "to make room for a new job")
+        return True
+
+    # ---- any thread ----------------------------------------------------------------------------
+    def _has_data(self, job: str) -> bool:
+        st = self.agg.state
+        return st.jobs.has_data(job) or st.collectives.has_job(job) or job in st.serving.job_names()
+
+    def _live(self, agent: str) -> bool:
+        with self._lock:
+            return agent not in self._gone_since
+
+    def ended_at(self, job: str, now: float) -> float | None:
+        """Since when the job counts as ended (the time of its last step, or of its last activity for
+        one that never stepped), None while it runs, is stalled or an agent of it is still here."""
+        st = self.agg.state
+        ov = st.job_overview(job)
+        holders = self.agg.guard.hosts(job) | st.job_agents(job)
+        if ov is None:  # held but with nothing in the job store (events only): ended once nobody is here
+            return None if any(self._live(a) for a in holders) else 0.0
+        if ov.get("last_step_time"):
+            return float(ov["last_step_time"]) if ov["state"] == ENDED else None
+        if any(self._live(a) for a in holders):
+            return None  # starting: no step yet, an agent of it still connected
+        act = st.jobs.activity(job)
+        return act[1] if act is not None else 0.0
+
+    def _prune(self, job: str, why: str) -> None:
+        log.info("job %s pruned %s", job, why)
+        self.agg.state.forget_job(job)
+        self.agg.guard.forget_job(job)
+        self._pruned.append(job)
+        self.jobs_pruned += 1
+
+    # ---- rules thread --------------------------------------------------------------------------
+    def housekeeping(self) -> None:
+        """Prune jobs ended longer than the retention, drop what a pruned job left with the rules,
+        captures and W&B, and forget agents gone longer than theirs. Called every rules tick."""
+        now = self.clock()
+        limits = self.agg.cfg.limits
+        known = set(self.agg.guard.held_jobs()) | set(self.agg.state.job_names())
+        for job in sorted(known):
+            t = self.ended_at(job, now)
+            if t is not None and now - t >= limits.job_retention_s:
+                self._prune(job, f"{limits.job_retention_s:.0f} s after it ended")
+        while self._pruned:
+            job = self._pruned.popleft()
+            self.agg.captures.forget_job(job)
+            if self.agg.wandb is not None:
+                self.agg.wandb.exporter.finish(job)
+        with self._lock:
+            due = [a for a, t in self._gone_since.items() if now - t >= limits.agent_retention_s]
+        if due and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._forget_agents, due)
+
+    def _forget_agents(self, agents: list[str]) -> None:
+        """On the event loop: forget agents still gone (one may have come back since)."""
+        for agent in agents:
+            if self.agg.server.live(agent) or self._live(agent):
+                continue
+            with self._lock:
+                self._gone_since.pop(agent, None)
+            self.agg.server.forget_agent(agent)
+            self.agg.forget_series(agent)
+            self.agg.state.forget_agent(agent)
+            self.agents_forgotten += 1
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            gone = len(self._gone_since)
+        return {"jobs_held": len(self.agg.guard.held_jobs()), "jobs_pruned": self.jobs_pruned,
+                "jobs_released": self.jobs_released, "agents_forgotten": self.agents_forgotten,
+                "agents_gone": gone, "series_held": self.agg.guard.series}
