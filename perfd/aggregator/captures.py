@@ -23,8 +23,12 @@ from perfd import catalog
 from perfd import limits as L
 from perfd.aggregator import rule_scopes
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.bottleneck import BottleneckClass
+from perfd.analytics.budget import NO_FLOPS, NO_TIMERS
 from perfd.analytics.capture_findings import diagnose_capture, steady_compute_ms
+from perfd.analytics.job_budget import contexts
 from perfd.analytics.liveness import ENDED, RUNNING
+from perfd.analytics.remedies import Framework
 from perfd.analytics.run_analysis import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS
@@ -64,6 +68,8 @@ class CaptureRecord:
     recommendations: list[dict[str, Any]] = field(default_factory=list)
     bottleneck: str | None = None  # the class the captured timeline supports
     bottleneck_reason: str | None = None
+    decided: dict[str, Any] | None = None  # {"rank", "device"} whose step budget decided the class
+    budget: dict[str, Any] | None = None  # that device's step budget (perfd.analytics.budget JSON)
     slowdown: dict[str, float] = field(default_factory=dict)  # rank -> kernels' slowdown vs steady
 
     def to_json(self) -> dict[str, Any]:
@@ -336,15 +342,21 @@ class CaptureCoordinator:
                 self._release(rec.id)
 
     def _diagnose(self, rec: CaptureRecord) -> None:
-        """The capture's findings, against the job's steady compute per iteration where the timers
-        give it (called with the lock held; the analysis is cached, not recomputed here)."""
+        """The capture's step budget, class, findings and remedies, in the job's context (framework,
+        FLOPs, steady timers) and against its steady compute per iteration where the timers give it
+        (called with the lock held; the analysis is cached, not recomputed here). The (rank, device)
+        whose budget decided the class is kept (``decided``): the job's analysis reads its breakdown."""
         ranks = (rec.result or {}).get("ranks") if isinstance(rec.result, dict) else None
         if not isinstance(ranks, dict):
             return
         a = self.state.jobs.cached_analysis(rec.job)
         got = self.state.jobs.records_and_layout(rec.job)
         steady = a.steady.iterations if a is not None else []
-        findings, recs, classes = [], [], []
+        framework = Framework.of(a.job.get("framework") if a is not None else None)
+        fl, timers = (contexts(a.summary["medians"], a.peak, (a.job.get("layout") or {}).get("pp"))
+                      if a is not None else (NO_FLOPS, NO_TIMERS))
+        findings, recs = [], []
+        best: tuple[float, str, int, Any] | None = None  # (top class share, rank, device, diagnosis)
         for rank, part in sorted(ranks.items()):
             devices = part.get("devices") if isinstance(part, dict) else None
             if not isinstance(devices, list):
@@ -352,16 +364,22 @@ class CaptureCoordinator:
             r = int(rank) if str(rank).isdigit() else None
             base = steady_compute_ms(got[0], steady, r) if got is not None else None
             d = diagnose_capture(devices, label=f"capture {rec.id} rank {rank}", iterations=rec.steps,
-                                 steady_compute_ms=base)
+                                 steady_compute_ms=base, framework=framework, flops=fl, timers=timers)
             findings += [dataclasses.asdict(f) for f in d.findings]
             recs += [dataclasses.asdict(x) for x in d.recommendations]
-            if d.bottleneck != "unknown":
-                classes.append((d.bottleneck, d.bottleneck_reason))
+            if d.bottleneck is not BottleneckClass.UNKNOWN and d.class_shares:
+                top = max(d.class_shares.values())
+                if best is None or top > best[0]:
+                    dev = max(d.budgets, key=lambda k: d.budgets[k].step_ms)
+                    best = (top, str(rank), dev, d)
             if d.slowdown:
                 rec.slowdown[str(rank)] = max(d.slowdown.values())
         rec.findings, rec.recommendations = findings, recs
-        if classes:
-            rec.bottleneck, rec.bottleneck_reason = classes[0]
+        if best is not None:
+            _top, rank, dev, d = best
+            rec.bottleneck, rec.bottleneck_reason = d.bottleneck.value, d.bottleneck_reason
+            rec.decided = {"rank": rank, "device": dev}
+            rec.budget = d.budgets[dev].to_json()
 
     def of_job(self, job: str) -> list[dict[str, Any]]:
         with self._lock:

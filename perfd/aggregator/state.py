@@ -44,6 +44,7 @@ from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.goodput import metric_rows as goodput_rows
 from perfd.analytics.goodput import with_stall
 from perfd.analytics.incidents import Incident, hang_incident, is_disturbance
+from perfd.analytics.job_budget import capture_timeline
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.analytics.run_analysis import RunAnalysis
 from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_DATA, STEP_CONFLICT
@@ -399,9 +400,9 @@ class AggregatorState:
             during = isinstance(t, (int, float)) and any(
                 a is not None and a - 1.0 <= t <= (b if b is not None else float("inf")) + 1.0
                 for a, b in spans)
-            if c.get("bottleneck") and c.get("bottleneck") != "unknown" and not during:
-                timeline = TimelineClass(str(c["bottleneck"]), str(c.get("bottleneck_reason") or ""),
-                                         f"capture {c.get('id')} ({c.get('tool')}, ranks {c.get('ranks')})")
+            got = capture_timeline(c) if not during else None
+            if got is not None:
+                timeline = got
         ov = self.jobs.overview(job)
         age = ov.get("last_step_age_s") if ov else None
         running = age is None or age <= stale_after(None, self.job_stale_after_s)

@@ -8,7 +8,8 @@ Public entry points:
 
 from perfd.analytics.bottleneck import Bottleneck, GpmReading, classify, classify_gpm
 from perfd.analytics.common import MetricValue
-from perfd.analytics.findings import Finding, Recommendation, grade_mfu
+from perfd.analytics.finding_types import Finding, Recommendation
+from perfd.analytics.findings import grade_mfu
 from perfd.analytics.flops import FlopsResult, megatron_flops, model_flops, six_n_flops
 from perfd.analytics.gpus import GpuModel, PeakResult, lookup_gpu, peak_tflops
 from perfd.analytics.run_analysis import IterationResult, RunAnalysis, analyze_run

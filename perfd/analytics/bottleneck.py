@@ -12,17 +12,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.common import TextEnum
 
-BOTTLENECK_CLASSES: tuple[str, ...] = (
-    "compute-bound",
-    "memory-bound",
-    "launch-overhead",
-    "communication-bound",
-    "sync-bound",
-    "data-bound",
-    "pipeline-bound",
-    "unknown",
-)
+
+class BottleneckClass(TextEnum):
+    COMPUTE = "compute-bound"
+    MEMORY = "memory-bound"
+    LAUNCH = "launch-overhead"
+    COMMUNICATION = "communication-bound"
+    SYNC = "sync-bound"
+    DATA = "data-bound"
+    PIPELINE = "pipeline-bound"
+    MIXED = "mixed"  # a capture's step budget with no class ahead by perfd.analytics.budget's margin
+    UNKNOWN = "unknown"
+
+    @staticmethod
+    def of(text: object) -> BottleneckClass:
+        """A class from its text (a kept record, a capture's JSON); unknown for anything else."""
+        try:
+            return BottleneckClass(str(text))
+        except ValueError:
+            return BottleneckClass.UNKNOWN
+
+
+B = BottleneckClass
+BOTTLENECK_CLASSES: tuple[str, ...] = tuple(c.value for c in BottleneckClass)
 
 # Thresholds: perfd/analytics/thresholds.py (declared once, with why; the rule packs are checked
 # against them).
@@ -53,7 +67,7 @@ class GpmReading:
 class Bottleneck:
     """A class from BOTTLENECK_CLASSES, why, and the numbers behind it."""
 
-    cls: str
+    cls: BottleneckClass
     reason: str
     evidence: dict[str, float] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)  # evidence key -> where it comes from
@@ -79,32 +93,32 @@ def classify_gpm(
                             ("tensor_util", tensor_util), ("dram_bw_util", dram_bw_util),
                             ("nvml_util", nvml_util)) if v is not None}
     if not ev:
-        return Bottleneck("unknown", "no GPM counters (GPU without GPM support or not sampled)")
+        return Bottleneck(B.UNKNOWN, "no GPM counters (GPU without GPM support or not sampled)")
     if (nvml_util is not None and nvml_util < GPM_IDLE
             and (sm_util is None or sm_util < GPM_IDLE)):
-        return Bottleneck("unknown", "GPU idle in the window: the job waits on the host or is not "
+        return Bottleneck(B.UNKNOWN, "GPU idle in the window: the job waits on the host or is not "
                                      "running", ev)
     tensor_busy = tensor_util is not None and tensor_util >= GPM_TENSOR_BUSY
     dram_busy = dram_bw_util is not None and dram_bw_util >= GPM_DRAM_BUSY
     if tensor_busy and dram_busy:
         assert tensor_util is not None and dram_bw_util is not None
         if tensor_util >= dram_bw_util:
-            return Bottleneck("compute-bound", f"tensor cores busy {tensor_util:.0%} (DRAM "
+            return Bottleneck(B.COMPUTE, f"tensor cores busy {tensor_util:.0%} (DRAM "
                                                f"{dram_bw_util:.0%})", ev)
-        return Bottleneck("memory-bound", f"DRAM bandwidth {dram_bw_util:.0%} (tensor "
+        return Bottleneck(B.MEMORY, f"DRAM bandwidth {dram_bw_util:.0%} (tensor "
                                           f"{tensor_util:.0%})", ev)
     if tensor_busy:
-        return Bottleneck("compute-bound", f"tensor cores busy {tensor_util:.0%}", ev)
+        return Bottleneck(B.COMPUTE, f"tensor cores busy {tensor_util:.0%}", ev)
     if dram_busy:
-        return Bottleneck("memory-bound", f"DRAM bandwidth utilisation {dram_bw_util:.0%}", ev)
+        return Bottleneck(B.MEMORY, f"DRAM bandwidth utilisation {dram_bw_util:.0%}", ev)
     if (sm_util is not None and sm_util < GPM_SM_STARVED
             and nvml_util is not None and nvml_util >= GPM_NVML_ACTIVE):
-        return Bottleneck("launch-overhead", f"kernels resident {nvml_util:.0%} of the time (NVML) but "
+        return Bottleneck(B.LAUNCH, f"kernels resident {nvml_util:.0%} of the time (NVML) but "
                                              f"SMs busy only {sm_util:.0%} (GPM): many tiny kernels", ev)
     if sm_util is not None and sm_util >= GPM_SM_BUSY:
-        return Bottleneck("compute-bound", f"SMs busy {sm_util:.0%} without tensor-core or DRAM "
+        return Bottleneck(B.COMPUTE, f"SMs busy {sm_util:.0%} without tensor-core or DRAM "
                                            "saturation (CUDA-core or latency-bound kernels)", ev)
-    return Bottleneck("unknown", "GPM counters match no pattern (moderate load everywhere)", ev)
+    return Bottleneck(B.UNKNOWN, "GPM counters match no pattern (moderate load everywhere)", ev)
 
 
 def classify(
@@ -124,25 +138,25 @@ def classify(
         if v is not None:
             ev[k] = v
     if data_share is not None and data_share > DATA_BOUND_SHARE:
-        return Bottleneck("data-bound", f"batch-generator takes {data_share:.1%} of the step "
+        return Bottleneck(B.DATA, f"batch-generator takes {data_share:.1%} of the step "
                                         f"(> {DATA_BOUND_SHARE:.0%})", ev)
     if comm_grad_sync is not None and comm_grad_sync > COMM_BOUND_SHARE:
-        return Bottleneck("communication-bound", f"gradient sync exposed {comm_grad_sync:.1%} of the "
+        return Bottleneck(B.COMMUNICATION, f"gradient sync exposed {comm_grad_sync:.1%} of the "
                                                  f"step (> {COMM_BOUND_SHARE:.0%})", ev)
     pipe = max((x for x in (pp_idle_max, pp_bubble_analytic) if x is not None), default=None)
     if pp is not None and pp > 1 and pipe is not None and pipe > PIPELINE_BOUND_SHARE:
-        return Bottleneck("pipeline-bound", f"a pipeline stage idles {pipe:.1%} of forward-backward "
+        return Bottleneck(B.PIPELINE, f"a pipeline stage idles {pipe:.1%} of forward-backward "
                                             f"(> {PIPELINE_BOUND_SHARE:.0%}); p2p waits are bubble", ev)
     if comm_exposed is not None and comm_exposed > COMM_BOUND_SHARE:
-        return Bottleneck("communication-bound", f"exposed communication {comm_exposed:.1%} of the "
+        return Bottleneck(B.COMMUNICATION, f"exposed communication {comm_exposed:.1%} of the "
                                                  f"step (> {COMM_BOUND_SHARE:.0%})", ev)
     if gpm is not None:
         g = classify_gpm(gpm.sm_util, gpm.sm_occupancy, gpm.tensor_util, gpm.dram_bw_util,
                          gpm.nvml_util)
-        if g.cls != "unknown":
+        if g.cls is not B.UNKNOWN:
             return Bottleneck(g.cls, g.reason, {**ev, **g.evidence})
         gpm_note = g.reason
     else:
         gpm_note = "no GPM counters"
     checked = ", ".join(f"{k} {v:.1%}" for k, v in ev.items()) or "no timer shares available"
-    return Bottleneck("unknown", f"no timer share beyond its threshold ({checked}); {gpm_note}", ev)
+    return Bottleneck(B.UNKNOWN, f"no timer share beyond its threshold ({checked}); {gpm_note}", ev)

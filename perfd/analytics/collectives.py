@@ -31,7 +31,7 @@ from perfd.analytics.collective_config import FR, CollectiveConfig
 from perfd.analytics.collective_groups import classify_group, world_size_from
 from perfd.analytics.collective_hangs import HangView, merge_hangs, progress_of
 from perfd.analytics.collective_windows import StepWindow, rank_timeline, step_windows, union_ns
-from perfd.analytics.findings import SEVERITY_ORDER, Finding, Recommendation
+from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
 DP_SHARE_HIGH = 0.2  # DESIGN.md playbook: DP all-reduce > 20% of the step
@@ -303,7 +303,7 @@ def _findings(a: CollectiveAnalysis, groups: Mapping[Any, Mapping[str, Any]], no
     src = "collectors/nccl (Flight Recorder)"
     for h in a.hangs:
         fid = f"collective-hang-{h.process_group}-{h.seq}"
-        f.append(Finding(fid, "critical" if h.active else "info",
+        f.append(Finding(fid, Severity.CRITICAL if h.active else Severity.INFO,
                          ("Collective hang: " if h.active else "Collective stalled, then completed: ")
                          + f"{h.op} #{h.seq} on group {h.process_group}", h.text(), h.to_json(), "",
                          "collectors/nccl hang detection (every agent's Flight Recorder dumps, merged)"))
@@ -317,7 +317,7 @@ def _findings(a: CollectiveAnalysis, groups: Mapping[Any, Mapping[str, Any]], no
         by_share = sorted(a.comm_share_by_group.items(), key=lambda x: -x[1])
         parts = ", ".join(f"{c} {_pct(v)}" for c, v in by_share)
         per = "the step" if a.method == "step_windows" else "the observed time"
-        f.append(Finding("comm-total-share", "info",
+        f.append(Finding("comm-total-share", Severity.INFO,
                          f"Total communication {_pct(a.comm_total_share)} of {per}",
                          f"Union of collective time ÷ {per}, median over ranks: {_pct(a.comm_total_share)}"
                          f" (by group: {parts or 'n/a'}). Method: {a.method}. Total, not exposed: "
@@ -331,7 +331,8 @@ def _findings(a: CollectiveAnalysis, groups: Mapping[Any, Mapping[str, Any]], no
                          f"{a.n_windows} windows per rank" if a.n_windows else "", src))
         dp = a.comm_share_by_group.get("dp")
         if dp is not None and dp > DP_SHARE_HIGH:
-            f.append(Finding("comm-dp-high", "warning", f"Data-parallel communication {_pct(dp)} of the step",
+            f.append(Finding("comm-dp-high", Severity.WARNING,
+                             f"Data-parallel communication {_pct(dp)} of the step",
                              f"DP collectives take {_pct(dp)} of each step (total, overlapped or not); "
                              f"> {DP_SHARE_HIGH:.0%} is the playbook's threshold.", {"dp_share": dp}, "",
                              src))
@@ -340,14 +341,15 @@ def _findings(a: CollectiveAnalysis, groups: Mapping[Any, Mapping[str, Any]], no
                                     "backward (DDP buckets / Megatron --overlap-grad-reduce)",
                                     "compare with the exposed share (perfd_job_comm_exposed_dp_ratio)", dp))
     elif a.absent_reason:
-        f.append(Finding("comm-total-absent", "info", "Total communication share not available",
+        f.append(Finding("comm-total-absent", Severity.INFO, "Total communication share not available",
                          a.absent_reason, {"records": a.n_records}, "", src))
     for b in a.bandwidth:
         ratio = b.ratio
         if ratio is None or ratio >= cfg.low_bandwidth_fraction:
             continue
         fid = f"collective-bandwidth-{b.group}-{b.scope}"
-        f.append(Finding(fid, "warning", f"{b.group} collectives at {_pct(ratio)} of the {b.scope} link",
+        f.append(Finding(fid, Severity.WARNING,
+                         f"{b.group} collectives at {_pct(ratio)} of the {b.scope} link",
                          f"{b.n_ops} ops ≥ {cfg.min_bandwidth_bytes >> 20} MiB on {b.group} groups reach a "
                          f"median {b.median_busbw_gbs:.0f} GB/s bus bandwidth (max {b.max_busbw_gbs:.0f}) "
                          f"against ~{b.capability_gbs:.0f} GB/s for {b.link} ({b.link_how}).", b.to_json(),
@@ -362,7 +364,7 @@ def _findings(a: CollectiveAnalysis, groups: Mapping[Any, Mapping[str, Any]], no
             continue
         hosts = {nodes[x] for x in g["ranks"] if x in nodes}
         if len(hosts) > 1:
-            f.append(Finding("tp-spans-nodes", "warning", "Tensor-parallel group spans nodes",
+            f.append(Finding("tp-spans-nodes", Severity.WARNING, "Tensor-parallel group spans nodes",
                              f"TP group {g['name']} (ranks {g['ranks']}) runs on {len(hosts)} nodes: every "
                              "layer's TP collectives cross the network.", {"group": g}, "", src))
             r.append(Recommendation("", "tp-spans-nodes", 0, "Keep tensor parallelism within the NVLink "
@@ -371,7 +373,7 @@ def _findings(a: CollectiveAnalysis, groups: Mapping[Any, Mapping[str, Any]], no
     flagged = [w for w in a.waits if w.flagged(cfg.straggler_min_ops)]
     for w in flagged:
         fid = f"collective-last-rank-{w.rank}"
-        f.append(Finding(fid, "warning", f"Rank {w.rank} arrives last at collectives",
+        f.append(Finding(fid, Severity.WARNING, f"Rank {w.rank} arrives last at collectives",
                          f"Rank {w.rank} had the shortest collective duration (the others waited for it) in "
                          f"{w.last}/{w.decisive} ({_pct(w.last_share)}) collectives with a clear spread, "
                          f"against {_pct(w.expected_last / w.decisive)} by chance.", w.to_json(), "", src))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import statistics
 from collections.abc import Iterable
@@ -9,6 +10,16 @@ from dataclasses import dataclass
 
 from perfd.model import Provenance, StepRecord, TimerValue
 
+
+class TextEnum(str, enum.Enum):
+    """A closed set of names that travel as text (JSON values, labels) and show as their value
+    whatever the Python version (3.12 changed how a str-mixin enum formats)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
 @dataclass(frozen=True)
 class MetricValue:

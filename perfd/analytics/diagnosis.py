@@ -25,11 +25,13 @@ naming what is missing. The summary carries every vote and why the winner won. P
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics import bottleneck as bn
 from perfd.analytics import thresholds as th
+from perfd.analytics.bottleneck import B, BottleneckClass
 
 COMPUTE_FILLS_STEP = th.COMPUTE_FILLS_STEP.value
 LOW_MFU = th.LOW_MFU.value
@@ -45,11 +47,16 @@ class ClassSource(str, enum.Enum):
 
 @dataclass(frozen=True)
 class TimelineClass:
-    """The class a capture's timeline supports (perfd.analytics.capture_findings)."""
+    """The class a capture's timeline supports (perfd.analytics.capture_findings), and what the run's
+    analysis needs to build the step budget from it: the device's breakdown (perfd.capture.analysis
+    JSON) and how many iterations it covered (None: inferred from the steady step time)."""
 
-    cls: str
+    cls: BottleneckClass
     reason: str
     source: str  # e.g. "capture c2026... (kineto, rank 1)"
+    device: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    iterations: int | None = None
+    capture_id: str = ""  # compared instead of the device: one capture, one breakdown
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ class StepShares:
 @dataclass(frozen=True)
 class Vote:
     source: ClassSource
-    cls: str
+    cls: BottleneckClass
     reason: str
     numbers: dict[str, float] = field(default_factory=dict)
     detail: str = ""  # where the source's data came from (a capture id, "GPM while stepping", ...)
@@ -83,7 +90,7 @@ class Vote:
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source.value,
-            "class": self.cls,
+            "class": str(self.cls),
             "reason": self.reason,
             "numbers": dict(self.numbers),
             "detail": self.detail,
@@ -98,7 +105,7 @@ def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | N
     """(the timers' vote, whether a share beyond its threshold decided it, the numbers)."""
     t = bn.classify(s.data_share, s.comm_exposed, s.comm_grad_sync, s.pp, s.pp_idle_max, s.pp_bubble_analytic)
     nums = dict(t.evidence)
-    if t.cls != "unknown":
+    if t.cls != B.UNKNOWN:
         return Vote(ClassSource.TIMERS, t.cls, t.reason, nums, _TIMERS_SRC), True, nums
     compute = s.compute_share()
     if compute is None:
@@ -113,7 +120,7 @@ def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | N
         return (
             Vote(
                 ClassSource.TIMERS,
-                "unknown",
+                B.UNKNOWN,
                 why + f" — under {COMPUTE_FILLS_STEP:.0%}, no part dominates",
                 nums,
                 _TIMERS_SRC,
@@ -133,7 +140,7 @@ def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | N
             seen = (f"kernels resident only {resident:.0%} of the time (NVML)" if resident is not None
                     else "no GPU-side evidence")
             return (
-                Vote(ClassSource.TIMERS, "unknown", why + f"{low}: slow kernels or slow launches — the "
+                Vote(ClassSource.TIMERS, B.UNKNOWN, why + f"{low}: slow kernels or slow launches — the "
                      f"timers cannot tell which, and {seen} (a capture or GPM can)", nums, _TIMERS_SRC),
                 False,
                 nums,
@@ -143,7 +150,7 @@ def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | N
             "kernels run far below peak (the timers cannot say which kernels: a capture's kernel "
             "categories can)"
         )
-    return Vote(ClassSource.TIMERS, "compute-bound", why, nums, _TIMERS_SRC), False, nums
+    return Vote(ClassSource.TIMERS, B.COMPUTE, why, nums, _TIMERS_SRC), False, nums
 
 
 def _gpm_vote(g: bn.GpmReading, compute_fills: bool, when: str) -> Vote:
@@ -154,20 +161,20 @@ def _gpm_vote(g: bn.GpmReading, compute_fills: bool, when: str) -> Vote:
         compute_fills
         and sm is not None
         and sm < bn.GPM_SM_STARVED
-        and c.cls in ("unknown", "launch-overhead")
+        and c.cls in (B.UNKNOWN, B.LAUNCH)
     ):
         # The step is spent in forward/backward on the host's timeline while the SMs sit idle: the
         # host does not launch work fast enough (tiny kernels, Python overhead).
         return Vote(
             ClassSource.GPM,
-            "launch-overhead",
+            B.LAUNCH,
             f"SMs busy only {sm:.0%} (GPM) while compute fills the step: the host cannot launch "
             "kernels as fast as the GPU runs them",
             nums,
             when,
         )
     reason = c.reason
-    if c.cls in ("compute-bound", "unknown") and g.tensor_util is not None and g.tensor_util < GPM_TENSOR_LOW:
+    if c.cls in (B.COMPUTE, B.UNKNOWN) and g.tensor_util is not None and g.tensor_util < GPM_TENSOR_LOW:
         sm_ = f" (SM {sm:.0%})" if sm is not None else ""
         reason += (
             f"; tensor-core use {g.tensor_util:.0%}{sm_}: most kernel time is not matrix math (unfused "
@@ -186,7 +193,7 @@ def classify_job(
     timers, decisive, nums = _timers_vote(shares, gpm.nvml_util if gpm is not None else None)
     compute = nums.get("compute_share")
     votes: list[Vote] = [v for v in (timers,) if v is not None]
-    if timeline is not None and timeline.cls != "unknown":
+    if timeline is not None and timeline.cls != B.UNKNOWN:
         votes.append(Vote(ClassSource.CAPTURE, timeline.cls, timeline.reason, {}, timeline.source))
     if gpm is not None:
         votes.append(_gpm_vote(gpm, compute is not None and compute >= COMPUTE_FILLS_STEP, gpm_when))
@@ -195,7 +202,7 @@ def classify_job(
         if v.source is ClassSource.GPM:
             nums.update(v.numbers)
             src.update({k: f"{_GPM_SRC}, {v.detail}" for k in v.numbers})
-    by = {v.source: v for v in votes if v.cls != "unknown"}
+    by = {v.source: v for v in votes if v.cls != B.UNKNOWN}
     if decisive and timers is not None:
         winner, why = (
             timers,
@@ -230,11 +237,13 @@ def classify_job(
         reason = (said + "; " if said else "") + (
             "missing: " + ", ".join(missing) if missing else "no source passes its threshold"
         )
-        return bn.Bottleneck("unknown", reason, nums, src, tuple(votes), None, "no source can decide")
+        return bn.Bottleneck(B.UNKNOWN, reason, nums, src, tuple(votes), None, "no source can decide")
     others = [v for v in votes if v is not winner]
     agree = [v.source.value for v in others if v.cls == winner.cls]
-    differ = [f"{v.source.value} says {v.cls}" for v in others if v.cls not in (winner.cls, "unknown")]
-    differ += [f"{v.source.value}: {v.reason}" for v in others if v.cls == "unknown"]
+    differ = [f"{v.source.value} says {v.cls}" for v in others if v.cls not in (winner.cls, B.UNKNOWN)]
+    # The timers' "cannot tell slow kernels from slow launches" is what a capture tells: not repeated.
+    differ += [f"{v.source.value}: {v.reason}" for v in others if v.cls == B.UNKNOWN
+               and not (winner.source is ClassSource.CAPTURE and v.source is ClassSource.TIMERS)]
     note = (f"; {', '.join(agree)} agree" if agree else "") + (f"; {'; '.join(differ)}" if differ else "")
     if winner.source is ClassSource.CAPTURE:
         src["timeline"] = winner.detail

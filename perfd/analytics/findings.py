@@ -1,18 +1,28 @@
-"""Findings (observation + evidence) and recommendations (prioritised, each tied to a finding).
+"""Findings (observation + evidence) and recommendations (prioritised, each tied to a finding) of
+one run: one small analyzer per question, registered in :data:`RUN_ANALYZERS`.
 
-The rules encode DESIGN.md's diagnosis playbook, with the job's own numbers. Pure: they read a
-RunAnalysis (and the JobInfo for arguments) and return plain dataclasses.
+The analyzers encode DESIGN.md's diagnosis playbook with the job's own numbers, and read the step
+budget (perfd.analytics.budget) for what the timers cannot see; remedies come from the one catalogue
+(perfd.analytics.remedies). Pure: they read a RunAnalysis (and the JobInfo for arguments) and return
+plain dataclasses; decisions read typed values (exclusion kinds, budget parts), never perfd's own
+sentences.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perfd.analytics import bottleneck as bn
+from perfd.analytics import budget_findings
 from perfd.analytics import thresholds as th
+from perfd.analytics.budget import Part, StepBudget
 from perfd.analytics.common import MEGATRON_VOCABULARY, VOCABULARIES
+from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.pipeline import microbatches_for_bubble, rebalance_estimate
+from perfd.analytics.remedies import Framework, gain, remedy
+from perfd.analytics.steady import Exclusion
 from perfd.analytics.stragglers import rank_order
 from perfd.analytics.verdict_text import DATA_LOADING_ACTION
 from perfd.model import JobInfo
@@ -33,7 +43,6 @@ GRADE_LABELS: dict[str, str] = {"communication-overhead": "fair"}
 BUBBLE_TARGET = th.BUBBLE_TARGET.value
 GRAD_SYNC_SHARE = th.GRAD_SYNC_SHARE.value
 JITTER_CV = th.JITTER_CV.value
-SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
 def grade_mfu(mfu: float | None) -> tuple[str, str]:
@@ -50,174 +59,200 @@ def grade_mfu(mfu: float | None) -> tuple[str, str]:
     return GRADES[3]
 
 
-@dataclass
-class Finding:
-    """An observation with its evidence (numbers and the iterations they cover)."""
-
-    id: str
-    severity: str  # critical | warning | info
-    title: str
-    observation: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    iterations: str = ""  # e.g. "iterations 5–40 (36 steady)"
-    source: str = ""
-
-
-@dataclass
-class Recommendation:
-    """An action, tied to a finding; priority 1 is the first thing to do."""
-
-    id: str
-    finding_id: str
-    priority: int
-    action: str
-    detail: str = ""
-    impact: float | None = None  # estimated share of the step at stake, for ordering
-
-
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[Recommendation]]:
-    """All findings and recommendations for one run, recommendations ordered by impact."""
-    f: list[Finding] = []
-    r: list[Recommendation] = []
-    med: dict[str, Any] = a.summary["medians"]
-    span = a.steady.range_text()
-    lay, args = job.layout, job.arguments
-    pp = lay.pp
+@dataclass(frozen=True)
+class RunContext:
+    """What every run analyzer reads: the analysis, the job, the steady medians, and the step budget
+    (from the capture that informs the job, else from the timers)."""
 
-    # --- MFU grade and the throughput cross-check -------------------------------------------
+    a: RunAnalysis
+    job: JobInfo
+    med: Mapping[str, Any]
+    span: str
+    budget: StepBudget | None
+    framework: Framework
+
+    def saving(self, part: Part, removes: float) -> float | None:
+        """The share of the step a remedy taking ``removes`` of ``part`` saves, per the budget."""
+        b = self.budget
+        if b is None or b.step_ms <= 0:
+            return None
+        saved, _ = gain(b.step_ms, b.ms(part), removes, b.mfu)
+        return saved / b.step_ms
+
+
+Out = tuple[list[Finding], list[Recommendation]]
+
+
+def mfu_grade(c: RunContext) -> Out:
+    a, med, span, peak = c.a, c.med, c.span, c.a.peak
     mfu = med.get("mfu")
-    grade, grade_text = grade_mfu(mfu)
-    peak = a.peak
-    if mfu is not None:
-        ceiling = (f"; {_pct(med.get('mfu_vs_measured_ceiling'))} of the measured "
-                   f"{peak.measured_ceiling_tflops:g} TFLOP/s matmul ceiling"
-                   if peak.measured_ceiling_tflops else "")
-        f.append(Finding("mfu-grade", {"severe": "critical", "communication-overhead": "warning"}
-                         .get(grade, "info"), f"MFU {_pct(mfu)}: {grade}",
-                         f"Median MFU {_pct(mfu)} = {med['model_tflops_per_gpu']:.1f} TFLOP/s per GPU of "
-                         f"{peak.peak_tflops:g} peak ({peak.gpu_model} {peak.dtype}){ceiling}. {grade_text}.",
-                         {"mfu": mfu, "model_tflops_per_gpu": med["model_tflops_per_gpu"],
-                          "peak_tflops": peak.peak_tflops, "grade": grade}, span, a.summary["bottleneck"]))
-    else:
+    if mfu is None:
         why = a.iterations[0].sources.get("mfu", "unknown") if a.iterations else "no iterations"
-        f.append(Finding("mfu-absent", "info", "MFU not available", f"MFU {why}", {}, span))
-    n_chk, n_bad = a.summary["tflops_check_n"], a.summary["tflops_check_n_disagree"]
-    if n_chk:
-        gap = a.summary["tflops_check_max_abs_gap"]
-        ok = n_bad == 0
-        f.append(Finding("tflops-crosscheck", "info" if ok else "warning",
-                         "perfd FLOPs agree with Megatron's logged throughput" if ok
-                         else "perfd FLOPs disagree with Megatron's logged throughput",
-                         f"{n_chk - n_bad}/{n_chk} steady iterations within max(1%, log rounding); largest "
-                         f"gap {_pct(gap)}; median perfd {med['model_tflops_per_gpu']:.2f} vs logged "
-                         f"{med['logged_tflops_per_gpu']:.2f} TFLOP/s/GPU ({a.flops.formula}).",
-                         {"n_checked": n_chk, "n_disagree": n_bad, "max_abs_gap": gap}, span,
-                         str(a.flops.source) if a.flops.source else ""))
-        if not ok:
-            r.append(Recommendation("", "tflops-crosscheck", 0, "Check the model spec perfd read "
-                                    "(vocab padding, GQA groups, SwiGLU, MoE, Megatron-Core version)",
-                                    f"largest gap {_pct(gap)} on {n_bad} iterations", None))
+        return [Finding("mfu-absent", Severity.INFO, "MFU not available", f"MFU {why}", {}, span)], []
+    grade, grade_text = grade_mfu(mfu)
+    ceiling = (f"; {_pct(med.get('mfu_vs_measured_ceiling'))} of the measured "
+               f"{peak.measured_ceiling_tflops:g} TFLOP/s matmul ceiling"
+               if peak.measured_ceiling_tflops else "")
+    sev = {"severe": Severity.CRITICAL, "communication-overhead": Severity.WARNING}.get(grade, Severity.INFO)
+    return [Finding("mfu-grade", sev, f"MFU {_pct(mfu)}: {grade}",
+                    f"Median MFU {_pct(mfu)} = {med['model_tflops_per_gpu']:.1f} TFLOP/s per GPU of "
+                    f"{peak.peak_tflops:g} peak ({peak.gpu_model} {peak.dtype}){ceiling}. {grade_text}.",
+                    {"mfu": mfu, "model_tflops_per_gpu": med["model_tflops_per_gpu"],
+                     "peak_tflops": peak.peak_tflops, "grade": grade}, span, a.summary["bottleneck"])], []
 
-    # --- pipeline: imbalance and bubble ------------------------------------------------------
+
+def tflops_crosscheck(c: RunContext) -> Out:
+    a, med = c.a, c.med
+    n_chk, n_bad = a.summary["tflops_check_n"], a.summary["tflops_check_n_disagree"]
+    if not n_chk:
+        return [], []
+    gap = a.summary["tflops_check_max_abs_gap"]
+    ok = n_bad == 0
+    f = Finding("tflops-crosscheck", Severity.INFO if ok else Severity.WARNING,
+                "perfd FLOPs agree with Megatron's logged throughput" if ok
+                else "perfd FLOPs disagree with Megatron's logged throughput",
+                f"{n_chk - n_bad}/{n_chk} steady iterations within max(1%, log rounding); largest gap "
+                f"{_pct(gap)}; median perfd {med['model_tflops_per_gpu']:.2f} vs logged "
+                f"{med['logged_tflops_per_gpu']:.2f} "
+                f"TFLOP/s/GPU ({a.flops.formula}).",
+                {"n_checked": n_chk, "n_disagree": n_bad, "max_abs_gap": gap}, c.span,
+                str(a.flops.source) if a.flops.source else "")
+    if ok:
+        return [f], []
+    return [f], [Recommendation("", "tflops-crosscheck", 0, "Check the model spec perfd read (vocab padding, "
+                                "GQA groups, SwiGLU, MoE, Megatron-Core version)",
+                                f"largest gap {_pct(gap)} on {n_bad} iterations", None)]
+
+
+def pipeline(c: RunContext) -> Out:
+    a, job, med, span = c.a, c.job, c.med, c.span
+    lay = job.layout
+    pp = lay.pp
     idle_max, idle_min = med.get("pp_idle_max"), med.get("pp_idle_min")
     bubble, imb = med.get("pp_bubble_analytic"), med.get("pp_imbalance")
     m = lay.microbatches()
-    if pp and pp > 1 and idle_max is not None and bubble is not None and imb is not None:
-        light, heavy = med.get("pp_lighter_compute_ms"), med.get("pp_heavier_compute_ms")
-        ev = {"pp": pp, "microbatches": m, "vpp": lay.vpp, "bubble_analytic": bubble,
-              "idle_lighter_stage": idle_max, "idle_heavier_stage": idle_min, "imbalance": imb,
-              "lighter_compute_ms": light, "heavier_compute_ms": heavy}
-        if imb > th.PP_IMBALANCE_MIN.value and imb > bubble and light and heavy:
-            f.append(Finding("pp-imbalance", "warning", "Stage imbalance dominates the pipeline bubble",
-                             f"The lighter stage idles {_pct(idle_max)} of forward-backward, the heavier "
-                             f"{_pct(idle_min)}, while the analytic bubble is {_pct(bubble)} (p={pp}, m={m}"
-                             f"{f', v={lay.vpp}' if lay.vpp and lay.vpp > 1 else ''}): {imb * 100:.1f} points"
-                             f" come from stage imbalance (forward+backward compute {light:.0f} vs "
-                             f"{heavy:.0f} ms, {heavy / light:.2f}×).", ev, span,
-                             "megatron timers forward-backward, forward-compute, backward-compute "
-                             "(minmax pairing is an inference)" if a.iterations and
-                             a.iterations[-1].pp_idle_method == "minmax-pairing" else "megatron timers"))
-            r.append(Recommendation("", "pp-imbalance", 0, _rebalance_action(a, job, light, heavy),
-                                    _rebalance_detail(a, job, light, heavy), imb))
-        if bubble > th.PP_BUBBLE_HIGH.value or (idle_max > th.PP_IDLE_HIGH.value and imb <= bubble):
-            need = microbatches_for_bubble(pp, BUBBLE_TARGET, lay.vpp)
-            v2 = (pp - 1) / (2 * m + pp - 1) if m else None
-            f.append(Finding("pp-bubble", "warning", f"Pipeline bubble {_pct(max(bubble, idle_max))}",
-                             f"Analytic 1F1B bubble {_pct(bubble)} with p={pp}, m={m}; the lighter stage "
-                             f"idles {_pct(idle_max)} of forward-backward.", ev, span))
-            r.append(Recommendation("", "pp-bubble", 0,
-                                    f"Raise micro-batches per iteration from {m} to ≥{need} "
-                                    f"(bubble ≤ {BUBBLE_TARGET:.0%}) or use interleaved PP",
-                                    f"m = global batch / (micro batch · DP); interleaving with v=2 would "
-                                    f"give {_pct(v2)} at m={m} (--num-layers-per-virtual-pipeline-stage)",
-                                    bubble))
+    if not (pp and pp > 1 and idle_max is not None and bubble is not None and imb is not None):
+        return [], []
+    f: list[Finding] = []
+    r: list[Recommendation] = []
+    light, heavy = med.get("pp_lighter_compute_ms"), med.get("pp_heavier_compute_ms")
+    ev = {"pp": pp, "microbatches": m, "vpp": lay.vpp, "bubble_analytic": bubble,
+          "idle_lighter_stage": idle_max, "idle_heavier_stage": idle_min, "imbalance": imb,
+          "lighter_compute_ms": light, "heavier_compute_ms": heavy}
+    if imb > th.PP_IMBALANCE_MIN.value and imb > bubble and light and heavy:
+        f.append(Finding("pp-imbalance", Severity.WARNING, "Stage imbalance dominates the pipeline bubble",
+                         f"The lighter stage idles {_pct(idle_max)} of forward-backward, the heavier "
+                         f"{_pct(idle_min)}, while the analytic bubble is {_pct(bubble)} (p={pp}, m={m}"
+                         f"{f', v={lay.vpp}' if lay.vpp and lay.vpp > 1 else ''}): {imb * 100:.1f} points"
+                         f" come from stage imbalance (forward+backward compute {light:.0f} vs "
+                         f"{heavy:.0f} ms, {heavy / light:.2f}×).", ev, span,
+                         "megatron timers forward-backward, forward-compute, backward-compute "
+                         "(minmax pairing is an inference)" if a.iterations and
+                         a.iterations[-1].pp_idle_method == "minmax-pairing" else "megatron timers"))
+        r.append(Recommendation("", "pp-imbalance", 0, _rebalance_action(a, job, light, heavy),
+                                _rebalance_detail(a, job, light, heavy), imb))
+    if bubble > th.PP_BUBBLE_HIGH.value or (idle_max > th.PP_IDLE_HIGH.value and imb <= bubble):
+        need = microbatches_for_bubble(pp, BUBBLE_TARGET, lay.vpp)
+        v2 = (pp - 1) / (2 * m + pp - 1) if m else None
+        f.append(Finding("pp-bubble", Severity.WARNING, f"Pipeline bubble {_pct(max(bubble, idle_max))}",
+                         f"Analytic 1F1B bubble {_pct(bubble)} with p={pp}, m={m}; the lighter stage "
+                         f"idles {_pct(idle_max)} of forward-backward.", ev, span))
+        r.append(Recommendation("", "pp-bubble", 0,
+                                f"Raise micro-batches per iteration from {m} to ≥{need} "
+                                f"(bubble ≤ {BUBBLE_TARGET:.0%}) or use interleaved PP",
+                                f"m = global batch / (micro batch · DP); interleaving with v=2 would "
+                                f"give {_pct(v2)} at m={m} (--num-layers-per-virtual-pipeline-stage)",
+                                bubble))
+    return f, r
 
-    # --- communication -----------------------------------------------------------------------
+
+def communication(c: RunContext) -> Out:
+    a, job, med, span = c.a, c.job, c.med, c.span
+    lay, args = job.layout, job.arguments
     total, dp_part, pp_part = (med.get("comm_exposed_share"), med.get("comm_exposed_dp_share"),
                                med.get("comm_exposed_pp_share"))
-    if total is not None:
-        ev_c = {"exposed_total": total, "exposed_grad_sync": dp_part, "exposed_pp_p2p": pp_part,
-                "method": a.iterations[-1].comm_method if a.iterations else None}
-        if dp_part is not None and dp_part > GRAD_SYNC_SHARE:
-            f.append(Finding("comm-grad-sync", "warning",
-                             f"Gradient sync exposed {_pct(dp_part)} of the step",
-                             f"all-grads-sync and the other gradient all-reduces take {_pct(dp_part)} of the "
-                             f"step (> {GRAD_SYNC_SHARE:.0%}).", ev_c, span))
-            overlap = args.get("overlap_grad_reduce")
-            act = ("Overlap the gradient reduce with backward (--overlap-grad-reduce, with "
-                   "--use-distributed-optimizer and --overlap-param-gather)" if overlap != "True"
-                   else "More gradient accumulation per step (more micro-batches) to amortise the reduce")
-            r.append(Recommendation("", "comm-grad-sync", 0, act, f"DP={lay.dp}; check inter-node bandwidth",
-                                    dp_part))
-        if pp_part is not None and pp and pp > 1 and pp_part > th.PP_WAIT_SHARE.value:
-            f.append(Finding("comm-pp-wait", "info", f"Exposed p2p wait {_pct(pp_part)} is pipeline waiting",
-                             f"Exposed communication {_pct(total)} of the step: pipeline send/recv "
-                             f"{_pct(pp_part)}, gradient sync {_pct(dp_part)}. The p2p timers include "
-                             f"waiting for the peer stage, the same time as the stage idle "
-                             f"({_pct(idle_max)}): a pipeline effect, not link bandwidth.", ev_c, span,
-                             "sum of max-across-ranks of the p2p timers (upper bound)"))
-        elif total > bn.COMM_BOUND_SHARE and (dp_part is None or dp_part <= GRAD_SYNC_SHARE):
-            f.append(Finding("comm-exposed", "warning", f"Exposed communication {_pct(total)}",
-                             f"Communication the CPU waits on takes {_pct(total)} of the step.", ev_c, span))
+    if total is None:
+        return [], []
+    f: list[Finding] = []
+    r: list[Recommendation] = []
+    ev_c = {"exposed_total": total, "exposed_grad_sync": dp_part, "exposed_pp_p2p": pp_part,
+            "method": a.iterations[-1].comm_method if a.iterations else None}
+    if dp_part is not None and dp_part > GRAD_SYNC_SHARE:
+        f.append(Finding("comm-grad-sync", Severity.WARNING,
+                         f"Gradient sync exposed {_pct(dp_part)} of the step",
+                         f"all-grads-sync and the other gradient all-reduces take {_pct(dp_part)} of the "
+                         f"step (> {GRAD_SYNC_SHARE:.0%}).", ev_c, span))
+        fix = remedy(Part.COMM_EXPOSED, c.framework)
+        act = (fix.action if fix is not None and args.get("overlap_grad_reduce") != "True"
+               else "More gradient accumulation per step (more micro-batches) to amortise the reduce")
+        r.append(Recommendation("", "comm-grad-sync", 0, act, f"DP={lay.dp}; check inter-node bandwidth",
+                                dp_part))
+    idle_max = med.get("pp_idle_max")
+    if pp_part is not None and lay.pp and lay.pp > 1 and pp_part > th.PP_WAIT_SHARE.value:
+        f.append(Finding("comm-pp-wait", Severity.INFO,
+                         f"Exposed p2p wait {_pct(pp_part)} is pipeline waiting",
+                         f"Exposed communication {_pct(total)} of the step: pipeline send/recv "
+                         f"{_pct(pp_part)}, gradient sync {_pct(dp_part)}. The p2p timers include "
+                         f"waiting for the peer stage, the same time as the stage idle "
+                         f"({_pct(idle_max)}): a pipeline effect, not link bandwidth.", ev_c, span,
+                         "sum of max-across-ranks of the p2p timers (upper bound)"))
+    elif total > bn.COMM_BOUND_SHARE and (dp_part is None or dp_part <= GRAD_SYNC_SHARE):
+        f.append(Finding("comm-exposed", Severity.WARNING, f"Exposed communication {_pct(total)}",
+                         f"Communication the CPU waits on takes {_pct(total)} of the step.", ev_c, span))
+    return f, r
 
-    # --- data loading and jitter -------------------------------------------------------------
-    ds = med.get("data_share")
-    if ds is not None:
-        sev = "critical" if ds > bn.DATA_BOUND_SHARE else "warning" if ds > bn.DATA_HEALTHY_SHARE else "info"
-        state = "bottleneck" if sev == "critical" else "elevated" if sev == "warning" else "healthy"
-        # The timer the job's step source names its data wait by (a hook job has no batch-generator).
-        vocab = VOCABULARIES.get(job.framework, MEGATRON_VOCABULARY)
-        timer = vocab.data_wait[0] if vocab.data_wait else "data wait"
-        f.append(Finding("data-loading", sev, f"Data loading {_pct(ds)} of the step: {state}",
-                         f"{timer} ({vocab.across_ranks}) takes {_pct(ds)} of the step (healthy < "
-                         f"{bn.DATA_HEALTHY_SHARE:.0%}, bottleneck > {bn.DATA_BOUND_SHARE:.0%}).",
-                         {"data_share": ds}, span, f"{vocab.source} timer {timer}"))
-        if sev != "info":
-            r.append(Recommendation("", "data-loading", 0, DATA_LOADING_ACTION,
-                                    f"{timer} {_pct(ds)} of the step", ds))
-    cv = a.summary.get("step_time_cv")
-    if cv is not None and cv > JITTER_CV:
-        f.append(Finding("step-jitter", "warning", f"Step time jitter (CV {cv:.0%})",
-                         f"Steady-state step times vary with a coefficient of variation of {cv:.1%}.",
-                         {"step_time_cv": cv, "median_step_ms": med.get("step_time_ms")}, span))
-        data_rec = next((x for x in r if x.finding_id == "data-loading"), None)
-        if data_rec is not None:  # jitter with slow data loading: one action covers both
-            data_rec.detail += f"; step time also jitters (CV {cv:.1%}, finding step-jitter)"
-        else:
-            r.append(Recommendation("", "step-jitter", 0, "Look for host-side gaps: garbage collection, "
-                                    "logging, checkpointing, other processes on the node",
-                                    f"CV {cv:.1%}", cv / 2))
 
-    # --- stragglers --------------------------------------------------------------------------
+def data_loading(c: RunContext) -> Out:
+    ds = c.med.get("data_share")
+    if ds is None:
+        return [], []
+    sev = (Severity.CRITICAL if ds > bn.DATA_BOUND_SHARE else Severity.WARNING if ds > bn.DATA_HEALTHY_SHARE
+           else Severity.INFO)
+    state = {Severity.CRITICAL: "bottleneck", Severity.WARNING: "elevated", Severity.INFO: "healthy"}[sev]
+    # The timer the job's step source names its data wait by (a hook job has no batch-generator).
+    vocab = VOCABULARIES.get(c.job.framework, MEGATRON_VOCABULARY)
+    timer = vocab.data_wait[0] if vocab.data_wait else "data wait"
+    f = Finding("data-loading", sev, f"Data loading {_pct(ds)} of the step: {state}",
+                f"{timer} ({vocab.across_ranks}) takes {_pct(ds)} of the step (healthy < "
+                f"{bn.DATA_HEALTHY_SHARE:.0%}, bottleneck > {bn.DATA_BOUND_SHARE:.0%}).",
+                {"data_share": ds}, c.span, f"{vocab.source} timer {timer}")
+    if sev is Severity.INFO:
+        return [f], []
+    fix = remedy(Part.DATA, c.framework)
+    detail = f"{timer} {_pct(ds)} of the step" + (f"; {fix.how}" if fix is not None and fix.how else "")
+    cv = c.a.summary.get("step_time_cv")
+    if cv is not None and cv > JITTER_CV:  # jitter with slow data loading: one action covers both
+        detail += f"; step time also jitters (CV {cv:.1%}, finding step-jitter)"
+    return [f], [Recommendation("", "data-loading", 0, DATA_LOADING_ACTION, detail, ds)]
+
+
+def jitter(c: RunContext) -> Out:
+    cv = c.a.summary.get("step_time_cv")
+    if cv is None or cv <= JITTER_CV:
+        return [], []
+    f = Finding("step-jitter", Severity.WARNING, f"Step time jitter (CV {cv:.0%})",
+                f"Steady-state step times vary with a coefficient of variation of {cv:.1%}.",
+                {"step_time_cv": cv, "median_step_ms": c.med.get("step_time_ms")}, c.span)
+    ds = c.med.get("data_share")
+    if ds is not None and ds > bn.DATA_HEALTHY_SHARE:
+        return [f], []  # the data-loading recommendation covers it (data_loading)
+    return [f], [Recommendation("", "step-jitter", 0, "Look for host-side gaps: garbage collection, logging, "
+                                "checkpointing, other processes on the node", f"CV {cv:.1%}", cv / 2)]
+
+
+def stragglers(c: RunContext) -> Out:
+    a, med, span = c.a, c.med, c.span
+    f: list[Finding] = []
+    r: list[Recommendation] = []
     ratio = th.STRAGGLER_RATIO.value
     for rank in a.summary["straggler_persistent_ranks"]:
         frac = a.summary["straggler_flag_fraction"].get(str(rank))
         fid = f"straggler-rank-{rank}"
-        f.append(Finding(fid, "warning", f"Rank {rank} is a persistent straggler",
+        f.append(Finding(fid, Severity.WARNING, f"Rank {rank} is a persistent straggler",
                          f"Rank {rank} was > {ratio:g}× its peers in {_pct(frac)} of steady iterations.",
                          {"rank": rank, "flag_fraction": frac, "rtt_ratio": med.get("straggler_rtt_ratio")},
                          span))
@@ -227,7 +262,8 @@ def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[R
                                 (med.get("straggler_rtt_ratio") or th.STRAGGLER_RATIO.value) - 1))
     anon = a.summary.get("straggler_compute_spread_fraction")
     if anon is not None and anon >= th.STRAGGLER_PERSISTENT_FRACTION.value:
-        f.append(Finding("straggler-spread", "warning", f"Compute time spread across ranks > {ratio:g}×",
+        f.append(Finding("straggler-spread", Severity.WARNING,
+                         f"Compute time spread across ranks > {ratio:g}×",
                          f"forward/backward compute max/min across ranks exceeds {ratio:g}× in "
                          f"{_pct(anon)} of steady iterations (pp=1: same work on every rank).",
                          {"compute_spread": med.get("straggler_compute_spread"), "fraction": anon}, span))
@@ -235,41 +271,85 @@ def derive_findings(a: RunAnalysis, job: JobInfo) -> tuple[list[Finding], list[R
                                 "(per-rank timers) or --log-straggler", "", None))
     between = a.summary.get("straggler_between_stages_fraction")
     if between:
-        f.append(Finding("straggler-between-stages", "info", "Straggler-detector spread is stage imbalance",
+        f.append(Finding("straggler-between-stages", Severity.INFO,
+                         "Straggler-detector spread is stage imbalance",
                          f"The straggler detector's rtt max/min (median "
-                         f"{med.get('straggler_rtt_ratio') or float('nan'):.2f}×) "
-                         f"is between ranks of different pipeline stages in {_pct(between)} of steady "
-                         "iterations: the slower rank is the heavier stage, not a straggler.",
+                         f"{med.get('straggler_rtt_ratio') or float('nan'):.2f}×) is between ranks of "
+                         "different "
+                         f"pipeline stages in {_pct(between)} of steady iterations: the slower rank is the "
+                         "heavier stage, not a straggler.",
                          {"rtt_ratio": med.get("straggler_rtt_ratio"), "fraction": between}, span,
                          "megatron straggler detector (MnRtt/MxRtt); stage from rank order (inference)"))
-
-    # --- MFU grade -> playbook entry points ---------------------------------------------------
-    if mfu is not None:
-        _mfu_recommendation(r, grade, job, ds, idle_max, dp_part)
-
-    excl = a.summary.get("excluded", {})
-    outliers = {k: v for k, v in excl.items() if "median" in v and not v.startswith("incident")}
-    if outliers:
-        f.append(Finding("steady-state-outliers", "info", f"{len(outliers)} slow iteration(s) left out",
-                         "; ".join(f"iteration {k}: {v}" for k, v in outliers.items()), {}, span))
-
-    return order_findings(f, r)
-
-
-def order_findings(f: list[Finding], r: list[Recommendation]) -> tuple[list[Finding], list[Recommendation]]:
-    """Findings by severity; recommendations by expected gain (impact), numbered R1, R2, ...; of
-    recommendations with the same action (an incident's and the run's, both for slow data) the one
-    of most gain stays."""
-    f.sort(key=lambda x: SEVERITY_ORDER.get(x.severity, 3))
-    r.sort(key=lambda x: -(x.impact if x.impact is not None else -1.0))
-    kept: list[Recommendation] = []
-    for rec in r:
-        if all(rec.action != k.action for k in kept):
-            kept.append(rec)
-    r = kept
-    for i, rec in enumerate(r, start=1):
-        rec.priority, rec.id = i, f"R{i}"
     return f, r
+
+
+def step_budget(c: RunContext) -> Out:
+    """The budget's own analyzers (perfd.analytics.budget_findings) for what the timers cannot see:
+    the kernels of a capture. The parts the timers measure (data, exposed communication, pipeline)
+    are the timers' analyzers' above."""
+    b = c.budget
+    if b is None or not b.has_kernels:
+        return [], []
+    covered = {p for p, key in ((Part.DATA, "data_share"), (Part.COMM_EXPOSED, "comm_exposed_share"))
+               if c.med.get(key) is not None}
+    if c.job.layout.pp and c.job.layout.pp > 1 and c.med.get("pp_idle_max") is not None:
+        covered.add(Part.PIPELINE)
+    return budget_findings.analyze(budget_findings.BudgetContext(b, c.framework, b.basis, frozenset(covered),
+                                                                 c.job.arguments))
+
+
+def next_step(c: RunContext) -> Out:
+    """Where the timers leave the step undivided (no capture yet) and MFU is low: what would divide it.
+    Never a check of something the run measured as fine: each candidate the timers ruled out is left
+    out, and one they cannot see is named."""
+    mfu, b = c.med.get("mfu"), c.budget
+    if mfu is None or mfu >= th.MFU_GOOD.value or (b is not None and b.has_kernels):
+        return [], []
+    compute = b.get(Part.COMPUTE) if b is not None else None
+    lay, h = c.job.layout, c.job.spec.hidden_size
+    notes: list[str] = []
+    if lay.tp is not None and lay.tp > 1:
+        notes.append(f"TP={lay.tp}: keep the tensor-parallel group within one node (NVLink)")
+    if h is not None and h <= 2048:
+        notes.append(f"hidden size {h}: small GEMMs run far below peak on this GPU")
+    basis = (f"compute beyond the model's FLOPs at the measured ceiling: {compute.ms:.0f} ms per step "
+             f"({compute.share:.0%}), not divided by the timers" if compute is not None else
+             "the timers do not divide the compute time")
+    name = c.a.job.get("name") or "JOB"
+    act = (f"Divide the compute time: a steady-state capture (perfd capture --job {name} "
+           "--tool kineto --steps 3, or a rule with a capture action) names the kernels that hold it, and "
+           "perfd turns them into a step budget with remedies")
+    # No impact: the time is not yet divided, so no loss is measured; a remedy for a measured part
+    # (the pipeline, data, communication) comes first.
+    return [], [Recommendation("", "mfu-grade", 0, act, "; ".join([basis, *notes]), None)]
+
+
+def outliers(c: RunContext) -> Out:
+    slow = {k: c.a.steady.excluded[k] for k, kind in sorted(c.a.steady.kinds.items())
+            if kind is Exclusion.OUTLIER}
+    if not slow:
+        return [], []
+    return [Finding("steady-state-outliers", Severity.INFO, f"{len(slow)} slow iteration(s) left out",
+                    "; ".join(f"iteration {k}: {v}" for k, v in slow.items()), {}, c.span)], []
+
+
+Analyzer = Callable[[RunContext], Out]
+# The one registry of the run's questions, in the order their findings are listed before ordering.
+RUN_ANALYZERS: tuple[Analyzer, ...] = (mfu_grade, tflops_crosscheck, pipeline, communication, data_loading,
+                                       jitter, stragglers, step_budget, next_step, outliers)
+
+
+def derive_findings(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = None
+                    ) -> tuple[list[Finding], list[Recommendation]]:
+    """All findings and recommendations for one run, recommendations ordered by impact."""
+    ctx = RunContext(a, job, a.summary["medians"], a.steady.range_text(), budget, Framework.of(job.framework))
+    f: list[Finding] = []
+    r: list[Recommendation] = []
+    for analyzer in RUN_ANALYZERS:
+        fs, rs = analyzer(ctx)
+        f += fs
+        r += rs
+    return order_findings(f, r)
 
 
 def _rebalance_action(a: RunAnalysis, job: JobInfo, light: float, heavy: float) -> str:
@@ -315,38 +395,3 @@ def _rebalance_detail(a: RunAnalysis, job: JobInfo, light: float, heavy: float) 
                              f"{spec.num_layers} layers on {lay.pp} stages rebalance at a finer grain "
                              "(more layers per stage, or virtual stages with an uneven split)")
     return "; ".join(parts)
-
-
-def _mfu_recommendation(r: list[Recommendation], grade: str, job: JobInfo, ds: float | None,
-                        idle_max: float | None, dp_part: float | None) -> None:
-    """The playbook's first steps for the MFU grade, with what the job's numbers already rule out."""
-    lay, h = job.layout, job.spec.hidden_size
-    checks: list[str] = []
-    if lay.tp is not None:
-        checks.append("TP=1: no tensor-parallel traffic" if lay.tp == 1
-                      else f"TP={lay.tp}: keep TP within the NVLink domain (one node)")
-    if ds is not None:
-        checks.append(f"data loading {_pct(ds)}: " + ("healthy" if ds < bn.DATA_HEALTHY_SHARE
-                                                      else "see finding data-loading"))
-    if lay.pp and lay.pp > 1 and idle_max is not None:
-        checks.append(f"pipeline: the lighter stage idles {_pct(idle_max)} of forward-backward")
-    if dp_part is not None:
-        checks.append(f"gradient sync {_pct(dp_part)} of the step")
-    if grade == "severe":
-        action = ("MFU < 30%: check tensor parallelism spanning nodes, then data loading, then the "
-                  "pipeline and the DP all-reduce")
-        if h is not None and h <= 2048:
-            checks.append(f"hidden size {h}: small GEMMs run far below peak on this GPU (an inference: "
-                          "part of the gap is per-kernel efficiency that no parallel setting recovers)")
-    elif grade == "communication-overhead":
-        action = ("MFU 30–40%: if the PP bubble is large, more micro-batches or interleaved PP; else "
-                  "look at DP all-reduce time (bandwidth)")
-    elif grade == "good":
-        overlap = job.arguments.get("overlap_grad_reduce") == "True" and \
-            job.arguments.get("overlap_param_gather") == "True"
-        action = ("MFU 40–50% is normal: overlap gradient reduce and parameter gather with compute "
-                  "(--overlap-grad-reduce --overlap-param-gather)" if not overlap
-                  else "MFU 40–50% with overlap on: remaining gains are kernel-level (fusions, FP8)")
-    else:
-        return
-    r.append(Recommendation("", "mfu-grade", 0, action, "; ".join(checks), None))

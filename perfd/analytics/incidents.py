@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, Verdict, decide, verdict_from_json
-from perfd.analytics.findings import Finding, Recommendation
+from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.verdict_text import action_text, cause_text
 
 STEP_FACTOR = th.STEP_FACTOR.value  # a step this much above the steady median starts an incident
@@ -398,7 +398,7 @@ def incident_findings(incidents: Sequence[Mapping[str, Any]], run_s: float | Non
         cap_cost = inc.get("capture_cost_s")
         if isinstance(cap_cost, (int, float)):
             steps += f" perfd's capture cost {cap_cost:.1f} s more inside it (not counted as lost)."
-        fs.append(Finding(fid, "critical" if HANG in kinds else "warning",
+        fs.append(Finding(fid, Severity.CRITICAL if HANG in kinds else Severity.WARNING,
                           f"Incident {span}: {lost}" + (" (still open)" if inc.get("open") else ""),
                           f"{inc.get('cause', '')}{during}.{steps}{cap_text}",
                           {"incident": inc.get("id"), "kinds": kinds, "ranks": inc.get("ranks") or [],

@@ -19,9 +19,10 @@ from typing import Any, NamedTuple
 
 from perfd import catalog
 from perfd.analytics import bottleneck as bn
-from perfd.analytics.common import MetricValue, finite, vocabulary_of
+from perfd.analytics.common import MetricValue, finite, timer_max, vocabulary_of
 from perfd.analytics.diagnosis import TimelineClass, classify_job
-from perfd.analytics.findings import Finding, Recommendation, derive_findings, order_findings
+from perfd.analytics.finding_types import Finding, Recommendation, order_findings
+from perfd.analytics.findings import derive_findings
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
 from perfd.analytics.goodput import SpanColumns, StepSpan, job_goodput, phase_seconds
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
@@ -33,6 +34,7 @@ from perfd.analytics.incidents import (
     incident_findings,
 )
 from perfd.analytics.iteration_table import PACKED, Table
+from perfd.analytics.job_budget import job_budget
 from perfd.analytics.metrics import (
     crosscheck_tflops,
     data_share,
@@ -43,7 +45,7 @@ from perfd.analytics.metrics import (
 )
 from perfd.analytics.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.run_summary import disturbances_json, job_block, step_shares, summarize
-from perfd.analytics.steady import SteadyState, steady_state_of
+from perfd.analytics.steady import Exclusion, SteadyState, steady_state_of
 from perfd.analytics.stragglers import PersistentStragglers, StragglerResult, detect, persistent, rank_order
 from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
 
@@ -74,6 +76,8 @@ class IterationResult:
     comm_exposed_dp_share: float | None = None
     comm_exposed_pp_share: float | None = None
     comm_method: str | None = None
+    optimizer_ms: float | None = _internal("the optimizer step's timer (Megatron's 'optimizer'): the step "
+                                           "budget's cross-check of a capture's optimizer kernels", True)
     pp_bubble_analytic: float | None = None
     pp_idle_min: float | None = None  # heavier stage
     pp_idle_max: float | None = None  # lighter stage
@@ -312,6 +316,8 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     d = data_share(rec)
     it.data_share = d.value
     srcs["data_share"] = _src(d)
+    if vocab.optimizer:
+        it.optimizer_ms = timer_max(rec.timers.get(vocab.optimizer[0]))
 
     comm = exposed_comm(rec)
     it.comm_exposed_share = comm.total.value
@@ -510,9 +516,11 @@ class RunBuilder:
                          log_interval=self.job.log_interval, by_end_time=True,
                          median_step_s=med_ms / 1e3 if med_ms is not None else None)
         summary["goodput"] = gp.to_json() if gp is not None else None
+        budget = job_budget(summary["medians"], ctx.peak, lay.pp, self.timeline)
+        summary["step_budget"] = budget.to_json() if budget is not None else None
         analysis = RunAnalysis(block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
-        fs, rs = derive_findings(analysis, self.job)
+        fs, rs = derive_findings(analysis, self.job, budget)
         run_s = analysis.run_seconds()
         inc_f, inc_r = incident_findings([i.to_json() for i in incidents], run_s or None)
         analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])
@@ -572,4 +580,5 @@ def _mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
             table.put(i, steady_state=False, excluded_reason=reason)
             steady.steady[iteration] = False
             steady.excluded[iteration] = reason
+            steady.kinds[iteration] = Exclusion.INCIDENT if lost else Exclusion.CAPTURE
     return found

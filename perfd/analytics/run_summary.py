@@ -61,6 +61,7 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
         "steady_last_iteration": its[-1] if its else None,
         "warmup_records": steady.warmup_records,
         "excluded": {str(k): v for k, v in sorted(steady.excluded.items())},
+        "excluded_kinds": {str(k): v.value for k, v in sorted(steady.kinds.items())},
         "medians": med,
         "step_time_cv": cv,
         "tflops_check_n": len(checks),

@@ -29,7 +29,7 @@ from typing import Any
 
 from perfd.analytics import serving_histogram as sh
 from perfd.analytics.common import MetricValue
-from perfd.analytics.findings import Finding, Recommendation
+from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.serving_spec import (
     Resolved,
     ServingModelSpec,

@@ -11,7 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.findings import SEVERITY_ORDER, Finding, Recommendation
+from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
 from perfd.model import ServerInfo
 
 # Thresholds: perfd/analytics/thresholds.py (declared once; rules/serving.yaml is checked against it).
@@ -54,7 +54,7 @@ def derive_serving_findings(s: Any, server: ServerInfo | None) -> tuple[list[Fin
     p50, p99 = val("itl_p50"), val("itl_p99")
     if p50 and p99 is not None and p99 > ITL_TAIL_RATIO * p50:
         f.append(Finding(
-            "itl-tail", "warning", f"Inter-token latency P99 {p99 / p50:.1f}× the P50",
+            "itl-tail", Severity.WARNING, f"Inter-token latency P99 {p99 / p50:.1f}× the P50",
             f"P99 inter-token latency {_ms(p99)} against a P50 of {_ms(p50)} (> {ITL_TAIL_RATIO:g}×): "
             "decode steps wait behind prefill chunks scheduled between them.",
             {"itl_p50_s": p50, "itl_p99_s": p99, "ratio": p99 / p50, "chunked_prefill_size": chunk},
@@ -69,7 +69,7 @@ def derive_serving_findings(s: Any, server: ServerInfo | None) -> tuple[list[Fin
     if ttft is not None and ttft > TTFT_P99_HIGH_S:
         queued_now = val("queued_requests")
         f.append(Finding(
-            "ttft-high", "warning", f"P99 time to first token {ttft:.2f} s",
+            "ttft-high", Severity.WARNING, f"P99 time to first token {ttft:.2f} s",
             f"P99 TTFT {ttft:.2f} s (> {TTFT_P99_HIGH_S:g} s; P50 {_ms(val('ttft_p50'))}): long prompts "
             "take many prefill chunks, or requests wait in the queue (mean queued "
             f"{'n/a' if queued_now is None else f'{queued_now:.1f}'}).",
@@ -85,7 +85,8 @@ def derive_serving_findings(s: Any, server: ServerInfo | None) -> tuple[list[Fin
     hit, reuse = val("prefix_hit"), val("prefix_hit_batches")
     if hit is not None and hit < PREFIX_HIT_LOW and reuse is not None and reuse >= PREFIX_REUSE_BATCHES:
         f.append(Finding(
-            "prefix-hit-low", "warning", f"Prefix-cache hit {_pct(hit)} although prompts share prefixes",
+            "prefix-hit-low", Severity.WARNING,
+            f"Prefix-cache hit {_pct(hit)} although prompts share prefixes",
             f"Only {_pct(hit)} of prompt tokens came from the radix cache, yet {_pct(reuse)} of prefill "
             "batches reused some cached prefix: prompts share prefixes that the cache does not keep or "
             "the schedule does not exploit.",
@@ -101,7 +102,7 @@ def derive_serving_findings(s: Any, server: ServerInfo | None) -> tuple[list[Fin
     kv, queued, growth, fill = val("kv_usage"), val("queued_requests"), val("queue_growth"), val("batch_fill")
     if kv is not None and kv > KV_NEAR_FULL:
         f.append(Finding(
-            "kv-near-full", "warning", f"KV cache {_pct(kv)} full",
+            "kv-near-full", Severity.WARNING, f"KV cache {_pct(kv)} full",
             f"The KV pool averages {_pct(kv)} used (> {KV_NEAR_FULL:.0%}): new requests wait for memory "
             "and running ones may be retracted.",
             {"kv_usage": kv, "queued": queued}, span, src["kv_usage"]))
@@ -111,7 +112,7 @@ def derive_serving_findings(s: Any, server: ServerInfo | None) -> tuple[list[Fin
             "fewer --max-running-requests trades throughput for fewer retractions", kv - 0.5))
     if kv is not None and kv < KV_LOW and queued is not None and queued > 0:
         f.append(Finding(
-            "kv-low-while-queued", "warning", f"KV cache only {_pct(kv)} used while requests wait",
+            "kv-low-while-queued", Severity.WARNING, f"KV cache only {_pct(kv)} used while requests wait",
             f"{queued:.1f} requests queued on average while the KV pool is {_pct(kv)} used: the limit is "
             "not memory.", {"kv_usage": kv, "queued": queued, "max_running_requests": mrr},
             span, src["kv_usage"]))
@@ -130,7 +131,7 @@ def derive_serving_findings(s: Any, server: ServerInfo | None) -> tuple[list[Fin
         cause = (f" and the KV cache is {_pct(kv)} used: the KV cache is too small for more concurrent "
                  "requests" if mem else ".")
         f.append(Finding(
-            "queue-growing", "warning", f"Queue grows {growth * 60:.1f}/min while the batch is small",
+            "queue-growing", Severity.WARNING, f"Queue grows {growth * 60:.1f}/min while the batch is small",
             f"Queued requests grow by {growth:.2f}/s while the running batch is {_pct(fill)} of "
             f"max_running_requests={mrr}" + cause,
             {"queue_growth_per_s": growth, "batch_fill": fill, "kv_usage": kv}, span, src["queue_growth"]))
@@ -146,7 +147,7 @@ def derive_serving_findings(s: Any, server: ServerInfo | None) -> tuple[list[Fin
     if cg is not None and cg < CUDA_GRAPH_LOW:
         run = val("running_requests")
         f.append(Finding(
-            "cuda-graph-low", "info", f"{_pct(1 - cg)} of decode batches ran without CUDA graphs",
+            "cuda-graph-low", Severity.INFO, f"{_pct(1 - cg)} of decode batches ran without CUDA graphs",
             f"Only {_pct(cg)} of logged decode batches used CUDA graphs: batches above "
             "--cuda-graph-max-bs (or with unsupported features) run eagerly, paying launch overhead.",
             {"cuda_graph_share": cg, "running_requests": run}, span, src["cuda_graph"]))
@@ -159,7 +160,7 @@ def derive_serving_findings(s: Any, server: ServerInfo | None) -> tuple[list[Fin
     steps = s.extras.get("decode_steps_per_s")
     if mbu is not None or dmfu is not None or pmfu is not None:
         f.append(Finding(
-            "efficiency", "info",
+            "efficiency", Severity.INFO,
             f"Decode MBU {_pct(mbu)}, decode MFU {_pct(dmfu)}, prefill MFU {_pct(pmfu)}",
             f"Decode reads weights + KV at {_pct(mbu)} of peak memory bandwidth"
             + (f" (~{steps:.1f} steps/s)" if steps else "")
@@ -169,11 +170,11 @@ def derive_serving_findings(s: Any, server: ServerInfo | None) -> tuple[list[Fin
              "decode_bytes_per_step_per_gpu": s.extras.get("decode_bytes_per_step_per_gpu")},
             span, src["decode_mbu"] if mbu is not None else src["decode_mfu"]))
     else:
-        f.append(Finding("efficiency-absent", "info", "MBU / MFU not available",
+        f.append(Finding("efficiency-absent", Severity.INFO, "MBU / MFU not available",
                          f"decode MBU: {src['decode_mbu']}; decode MFU: {src['decode_mfu']}", {}, span))
     if val("ttft_p99") is None and val("itl_p99") is None:
         f.append(Finding(
-            "latency-absent", "info", "No latency percentiles",
+            "latency-absent", Severity.INFO, "No latency percentiles",
             f"TTFT/ITL/e2e percentiles come only from SGLang's /metrics histograms: {src['ttft_p99']}. "
             "Start SGLang with --enable-metrics and pass its /metrics URL.", {}, span))
 

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from perfd.analytics.common import finite, median
+from perfd.analytics.common import TextEnum, finite, median
 from perfd.model import StepRecord
 
 WARMUP_MIN_ITERATIONS = 3
@@ -21,12 +21,24 @@ WARMUP_FRACTION = 0.10
 OUTLIER_FACTOR = 2.0
 
 
+class Exclusion(TextEnum):
+    """Why an iteration is left out of the steady state (``SteadyState.kinds``; the sentence saying
+    it with its numbers is ``SteadyState.excluded``, for people)."""
+
+    WARMUP = "warmup"
+    CAPTURE = "capture"  # disturbed by perfd's own capture
+    NO_STEP_TIME = "no_step_time"
+    OUTLIER = "outlier"  # slower than OUTLIER_FACTOR × the window's median
+    INCIDENT = "incident"  # part of an incident (perfd.analytics.incidents)
+
+
 @dataclass(frozen=True)
 class SteadyState:
-    """iteration -> steady?, and why each excluded iteration was left out."""
+    """iteration -> steady?, why each excluded iteration was left out (typed, and said)."""
 
     steady: dict[int, bool]
     excluded: dict[int, str] = field(default_factory=dict)
+    kinds: dict[int, Exclusion] = field(default_factory=dict)
     warmup_records: int = 0
     reference_step_ms: float | None = None  # median step time of the post-warm-up window
 
@@ -60,19 +72,21 @@ def steady_state_of(iterations: Sequence[int], steps: Sequence[float | None],
     ref = median(steps[i] for i in range(w, len(iterations)) if not disturbed[i])
     steady: dict[int, bool] = {}
     excluded: dict[int, str] = {}
+    kinds: dict[int, Exclusion] = {}
     warmup = f"warm-up (first {w} records)"  # one string for every warm-up iteration
     for i, iteration in enumerate(iterations):
         step = steps[i]
-        reason = None
+        kind: Exclusion | None = None
         if i < w:
-            reason = warmup
+            kind, reason = Exclusion.WARMUP, warmup
         elif disturbed[i]:
-            reason = "disturbed by a perfd capture"
+            kind, reason = Exclusion.CAPTURE, "disturbed by a perfd capture"
         elif step is None:
-            reason = "no step time"
+            kind, reason = Exclusion.NO_STEP_TIME, "no step time"
         elif ref is not None and step > OUTLIER_FACTOR * ref:
+            kind = Exclusion.OUTLIER
             reason = f"step {step:g} ms > {OUTLIER_FACTOR:g}× window median {ref:g} ms"
-        steady[iteration] = reason is None
-        if reason is not None:
-            excluded[iteration] = reason
-    return SteadyState(steady, excluded, w, ref)
+        steady[iteration] = kind is None
+        if kind is not None:
+            excluded[iteration], kinds[iteration] = reason, kind
+    return SteadyState(steady, excluded, kinds, w, ref)

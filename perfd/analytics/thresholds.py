@@ -154,6 +154,20 @@ SHORT_GAP_S = Threshold(
 SHORT_GAPS_DOMINATE = Threshold(0.5, "half the idle in short gaps: the host issues work slower than the GPU "
                                      "runs it (launch-bound), not a host wait",
                                 "DESIGN.md §2 Bottleneck class (a capture's timeline)")
+# --- step budget (perfd.analytics.budget, budget_findings) ------------------------------------------
+_BUDGET = "DESIGN.md §2 Bottleneck class; perfd/analytics/budget.py"
+BUDGET_PART_NAMED = Threshold(0.01, "a part holding 1% of the step or more is named in a finding, with its "
+                                    "ms", _BUDGET)
+BUDGET_PART_REMEDY = Threshold(0.03, "a part holding 3% of the step or more gets its remedy, with the "
+                                     "expected gain: below that a change is within a step's jitter", _BUDGET)
+BUDGET_PART_WARN = Threshold(0.10, "a part holding a tenth of the step is worth a warning", _BUDGET)
+GEMM_EFFICIENT = Threshold(0.6, "GEMMs running the model's FLOPs at 60% of the measured matmul ceiling or "
+                                "more are efficient: the time to win is elsewhere (a large bf16 matmul "
+                                "reaches ~790 of 989 TFLOP/s on an H100/H200: DESIGN.md §2)", _BUDGET)
+CLASS_MIXED_MARGIN = Threshold(
+    0.10, "a step budget names one class when that class's parts hold 10 points of the step more than any "
+    "other's; closer than that the job is \"mixed\" and the shares say how (perfd.analytics.budget)",
+    "DESIGN.md §2 Bottleneck class")
 
 # --- GPU evidence (perfd.analytics.attribution) ------------------------------------------------------
 STEADY_PRESENT = Threshold(0.5, "GPU evidence seen in half the rank's steady-state sightings is its normal "

@@ -14,6 +14,11 @@ Per CUDA device::
                     host waiting (a sync, data, Python between steps)
     sendrecv      = union(ncclDevKernel_SendRecv / ncclKernel_SendRecv): pipeline p2p, which
                     *includes waiting for the peer stage*, i.e. the pipeline bubble
+    parts         = every instant of the span given to one part of the step budget
+                    (perfd.analytics.budget.Part): the first of KERNEL_PRECEDENCE among the
+                    activities running then (a copy or a collective beside a GEMM is hidden by it),
+                    else idle in a short or a long gap. The parts add up to the span exactly, so a
+                    step's budget is the span's parts over the iterations captured.
 
 Kernels from several streams overlap and nest, so every total is a length of a union, never a sum
 of durations (except the per-name kernel and NVTX tables, which count each event, like
@@ -30,11 +35,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics import kernels as kernels_mod
-from perfd.analytics.capture_findings import SHORT_GAP_US  # shorter idle gaps: launch overhead
+from perfd.analytics import thresholds as th
+from perfd.analytics.budget import KERNEL_PRECEDENCE, Part, kernel_part
 
 Interval = tuple[float, float]
 
 NS_PER_MS = 1e6
+SHORT_GAP_US = th.SHORT_GAP_S.value * 1e6  # shorter idle gaps: launch overhead
+PART_TOP_N = 3  # kernels named per budget part
 _SENDRECV = ("nccldevkernel_sendrecv", "ncclkernel_sendrecv")
 
 
@@ -56,6 +64,7 @@ class MemEvent:
     kind: str = "memcpy"  # memcpy | memset
     stream: int | None = None
     pid: int | None = None
+    name: str = ""  # the tool's name for it ("Memcpy DtoD (Device -> Device)"), when it gives one
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,10 @@ class DeviceBreakdown:
     kernel_ms: float = 0.0  # union(all kernels): busy without the copies
     idle_gaps: int = 0  # idle stretches between activities
     idle_short_ms: float = 0.0  # idle in gaps shorter than SHORT_GAP_US
+    # perfd.analytics.budget.Part value -> exclusive ms over the span (they add up to span_ms), and
+    # each part's top kernels (name, count, summed ms)
+    parts_ms: dict[str, float] = field(default_factory=dict)
+    part_kernels: dict[str, tuple[KernelStat, ...]] = field(default_factory=dict)
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -202,6 +215,9 @@ class DeviceBreakdown:
             "categories": self.categories(), "category_ms": dict(self.category_ms),
             "kernel_median_us": self.kernel_median_us, "softmax_ms": self.softmax_ms,
             "kernel_ms": self.kernel_ms, "idle_gaps": self.idle_gaps, "idle_short_ms": self.idle_short_ms,
+            "parts_ms": dict(self.parts_ms),
+            "part_kernels": {p: [{"name": k.name, "count": k.count, "total_ms": k.total_ms} for k in ks]
+                             for p, ks in self.part_kernels.items()},
         }
 
     def ratio(self, part_ms: float) -> float | None:
@@ -254,6 +270,58 @@ def _nvtx_table(ranges: Iterable[NvtxRange], top_n: int) -> tuple[NvtxStat, ...]
     return tuple(NvtxStat(n, count[n], _ms(dur[n])) for n in ranked)
 
 
+def attribute_parts(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent]
+                    ) -> tuple[dict[str, float], dict[str, tuple[KernelStat, ...]]]:
+    """Every instant of the span given to one budget part (module doc), in ms; and each part's top
+    kernels by summed duration."""
+    unfused = any(kernels_mod.is_softmax(k.name) for k in kernels)
+    rank = {p: i for i, p in enumerate(KERNEL_PRECEDENCE)}
+    part_of_name: dict[str, Part] = {}
+    edges: list[tuple[float, int, int]] = []  # (time, +1 start / -1 end, part rank)
+    named: dict[Part, list[tuple[str, float]]] = defaultdict(list)
+    for k in kernels:
+        part = part_of_name.get(k.name)
+        if part is None:
+            part = part_of_name[k.name] = kernel_part(k.name, unfused)
+        if k.end_ns > k.start_ns:
+            edges += [(k.start_ns, 1, rank[part]), (k.end_ns, -1, rank[part])]
+        named[part].append((k.name, max(k.end_ns - k.start_ns, 0.0)))
+    for m in memcpys:
+        if m.end_ns > m.start_ns:
+            edges += [(m.start_ns, 1, rank[Part.MEMCPY]), (m.end_ns, -1, rank[Part.MEMCPY])]
+        named[Part.MEMCPY].append((m.name or m.kind, max(m.end_ns - m.start_ns, 0.0)))
+    edges.sort(key=lambda e: (e[0], e[1]))  # at one instant, ends before starts
+    active = [0] * len(KERNEL_PRECEDENCE)
+    out: dict[Part, float] = defaultdict(float)
+    prev: float | None = None
+    idle_from: float | None = None
+    for t, step, r in edges:
+        if prev is not None and t > prev:
+            top = next((i for i, n in enumerate(active) if n > 0), None)
+            if top is not None:
+                out[KERNEL_PRECEDENCE[top]] += t - prev
+        was_idle = not any(active)
+        active[r] += step
+        now_idle = not any(active)
+        if now_idle and not was_idle:
+            idle_from = t
+        elif was_idle and not now_idle and idle_from is not None:
+            gap = t - idle_from
+            out[Part.IDLE_SHORT if gap < SHORT_GAP_US * 1e3 else Part.IDLE_LONG] += gap
+            idle_from = None
+        prev = t
+    tops: dict[str, tuple[KernelStat, ...]] = {}
+    for part, evs in named.items():
+        count: dict[str, int] = defaultdict(int)
+        dur: dict[str, float] = defaultdict(float)
+        for name, d in evs:
+            count[name] += 1
+            dur[name] += d
+        ranked = sorted(dur, key=lambda n: (-dur[n], n))[:PART_TOP_N]
+        tops[part.value] = tuple(KernelStat(n, count[n], _ms(dur[n]), 0.0) for n in ranked)
+    return {p.value: _ms(v) for p, v in out.items() if v > 0}, tops
+
+
 def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
                    nvtx: Iterable[NvtxRange] = (), top_n: int = 10) -> DeviceBreakdown:
     """The breakdown of one device from its own events."""
@@ -275,6 +343,7 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         cat_ns[kernels_mod.MEMCPY] += max(mc.end_ns - mc.start_ns, 0.0)
     durations = sorted(max(k.end_ns - k.start_ns, 0.0) for k in kernels)
     softmax_ns = sum(max(k.end_ns - k.start_ns, 0.0) for k in kernels if kernels_mod.is_softmax(k.name))
+    parts_ms, part_kernels = attribute_parts(kernels, memcpys)
     return DeviceBreakdown(
         device=device,
         span_ms=_ms(span),
@@ -295,6 +364,8 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         kernel_ms=_ms(total(kernel_busy)),
         idle_gaps=len(gaps),
         idle_short_ms=_ms(sum(g for g in gaps if g < SHORT_GAP_US * 1e3)),
+        parts_ms=parts_ms,
+        part_kernels=part_kernels,
     )
 
 

@@ -89,7 +89,7 @@ def parse_chrome_trace(doc: Any, source: str = "") -> TraceData:
         if cat == "kernel":
             data.kernels.append(KernelEvent(dev, start, end, name, _stream(ev)))
         elif cat in _MEM:
-            data.memcpys.append(MemEvent(dev, start, end, _MEM[cat], _stream(ev)))
+            data.memcpys.append(MemEvent(dev, start, end, _MEM[cat], _stream(ev), name=name))
         else:
             gpu_ann.append(NvtxRange(start, end, name, dev))
     # The GPU-side projection is the one that belongs to a device; use the CPU ranges (for every

@@ -98,6 +98,12 @@ def _connect(path: str | Path) -> sqlite3.Connection:
     return sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
 
 
+# CUPTI_ActivityMemcpyKind, as nsys exports it (the names Kineto gives the same copies)
+_COPY_KINDS = {1: "Memcpy HtoD (Host -> Device)", 2: "Memcpy DtoH (Device -> Host)",
+               8: "Memcpy DtoD (Device -> Device)", 9: "Memcpy HtoH (Host -> Host)",
+               10: "Memcpy PtoP (Device -> Device)"}
+
+
 def read_nsys_sqlite(path: str | Path) -> TraceData:
     """Kernels, copies/memsets and NVTX ranges of an nsys SQLite export."""
     con = _connect(path)
@@ -128,9 +134,11 @@ def read_nsys_sqlite(path: str | Path) -> TraceData:
             cols = _columns(con, table)
             stream = "streamId" if "streamId" in cols else "NULL"
             gpid = "globalPid" if "globalPid" in cols else "NULL"
-            q = f"SELECT start, end, deviceId, {stream}, {gpid} FROM {table} WHERE end IS NOT NULL"
-            data.memcpys.extend(MemEvent(int(dev), float(s), float(e), kind, stream_id, _pid(gp))
-                                for s, e, dev, stream_id, gp in con.execute(q))
+            copy = "copyKind" if "copyKind" in cols else "NULL"
+            q = f"SELECT start, end, deviceId, {stream}, {gpid}, {copy} FROM {table} WHERE end IS NOT NULL"
+            data.memcpys.extend(MemEvent(int(dev), float(s), float(e), kind, stream_id, _pid(gp),
+                                         name=_COPY_KINDS.get(ck, "Memcpy") if kind == "memcpy" else "Memset")
+                                for s, e, dev, stream_id, gp, ck in con.execute(q))
         if NVTX in tables:
             data.nvtx = _read_nvtx(con, has_strings)
         return data

@@ -167,7 +167,10 @@ def run_analyze(args: argparse.Namespace) -> int:
         from perfd.commands.analyze_capture import timeline_class
 
         try:
-            timeline = timeline_class(args.capture)
+            steps = getattr(args, "capture_steps", None)
+            if steps is not None and steps < 1:
+                return refuse(f"--capture-steps must be >= 1 (got {steps})")
+            timeline = timeline_class(args.capture, steps)
         except Exception as exc:  # unreadable capture: say what and where, no traceback
             return refuse(f"cannot analyse the capture {args.capture}: {exc}")
     from perfd.commands import megatron_offline

@@ -71,8 +71,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def timeline_class(path: str) -> TimelineClass:
-    """The class a capture file's timeline supports (what a live capture gives the job's class)."""
+def timeline_class(path: str, steps: int | None = None) -> TimelineClass:
+    """The class a capture file's timeline supports and the breakdown of the device that decided it
+    (what a live capture gives the job's analysis). ``steps``: the iterations it holds (None: the
+    run's analysis infers them from its steady step time)."""
     from perfd.analytics.capture_findings import diagnose_capture
 
     p = Path(path)
@@ -85,5 +87,7 @@ def timeline_class(path: str) -> TimelineClass:
 
         devices = analyze_chrome_trace(p).to_json()["devices"]
     assert isinstance(devices, list)
-    d = diagnose_capture(devices, label=p.name)
-    return TimelineClass(d.bottleneck, d.bottleneck_reason, f"capture {p.name}")
+    d = diagnose_capture(devices, label=p.name, iterations=steps)
+    decided = (max(d.budgets, key=lambda k: d.budgets[k].step_ms) if d.budgets else None)
+    device = next((x for x in devices if isinstance(x, dict) and x.get("device") == decided), None)
+    return TimelineClass(d.bottleneck, d.bottleneck_reason, f"capture {p.name}", device, steps, p.name)

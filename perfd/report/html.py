@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 
 from perfd import catalog
+from perfd.report import budget_view
 from perfd.report.picture import MAX_BARS, _bins, _figure, _label, _mean, _note, goodput_bar, rank_heatmap
 from perfd.report.report import format_value, layout_text
 from perfd.report.svg import (
@@ -333,6 +334,7 @@ def render_html(data: Mapping[str, Any], *, source: str = "", generated: str = "
         f"<title>perfd report: {escape(name)}</title><style>{_CSS}</style></head><body><main>",
         f"<h1>perfd report: {escape(name)}</h1>", f'<p class="meta">{_meta(job)}</p>',
         f'<p class="meta">{len(its)} iterations analysed · {_e(foot)}</p>',
-        summary_section(report), _tiles(meds), '<h2 id="charts">Charts</h2>', *charts,
+        summary_section(report), _tiles(meds), budget_view.html_section(report.get("step_budget")),
+        '<h2 id="charts">Charts</h2>', *charts,
         report_sections(report),
         "</main></body></html>", ""])

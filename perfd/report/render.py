@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfd import catalog
+from perfd.report import budget_view
 from perfd.report.report import Report, format_value
 
 if TYPE_CHECKING:
@@ -36,6 +37,10 @@ def render_text(report: Report, iterations: RunAnalysis | None = None, width: in
     out.append(f"  status: {s.status} — {s.status_text}")
     out += _wrap(f"bottleneck: {s.bottleneck} — {s.bottleneck_reason}", "  ", width)
     out.append(f"  steady state: {s.steady}")
+    if report.step_budget:
+        out.append("")
+        out.append("STEP BUDGET (from the model's FLOPs at peak to the achieved step)")
+        out += budget_view.text_lines(report.step_budget, width)
     out.append("")
     out.append("METRICS (steady-state medians)")
     name_w = max((len(m.name) for m in report.metrics), default=10)
@@ -112,4 +117,7 @@ def render_rich(report: Report) -> RenderableType:
     recs.add_column("finding", no_wrap=True)
     for r in report.recommendations:
         recs.add_row(str(r.priority), f"{r.action}\n{r.detail}" if r.detail else r.action, r.finding_id)
-    return Group(Panel(head, title="Summary"), metrics, findings, recs)
+    parts: list[RenderableType] = [Panel(head, title="Summary")]
+    if report.step_budget:
+        parts.append(Panel(Text("\n".join(budget_view.text_lines(report.step_budget))), title="Step budget"))
+    return Group(*parts, metrics, findings, recs)

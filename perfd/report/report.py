@@ -14,7 +14,9 @@ from typing import Any
 
 from perfd import catalog
 from perfd.analytics import thresholds as th
-from perfd.analytics.findings import GRADE_LABELS, Finding, Recommendation, grade_mfu, order_findings
+from perfd.analytics.budget import StepBudget, classify
+from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
+from perfd.analytics.findings import GRADE_LABELS, grade_mfu
 from perfd.analytics.goodput import headline_text
 from perfd.analytics.incidents import incident_findings, is_disturbance
 from perfd.analytics.run_analysis import RunAnalysis
@@ -48,18 +50,20 @@ class Report:
     findings: list[Finding]
     recommendations: list[Recommendation]
     job: dict[str, Any] = field(default_factory=dict)
+    step_budget: dict[str, Any] | None = None  # perfd.analytics.budget JSON: where one step goes
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Report:
         """The inverse of to_json (the demo renders the aggregator's report this way)."""
         return cls(ReportSummary(**d["summary"]), [ReportMetric(**m) for m in d["metrics"]],
-                   [Finding(**f) for f in d["findings"]],
-                   [Recommendation(**r) for r in d["recommendations"]])
+                   [Finding(**{**f, "severity": Severity(f["severity"])}) for f in d["findings"]],
+                   [Recommendation(**r) for r in d["recommendations"]], step_budget=d.get("step_budget"))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "summary": _clean(dataclasses.asdict(self.summary)),
             "metrics": [_clean(dataclasses.asdict(m)) for m in self.metrics],
+            "step_budget": _clean(self.step_budget),
             "findings": [_clean(dataclasses.asdict(f)) for f in self.findings],
             "recommendations": [_clean(dataclasses.asdict(r)) for r in self.recommendations],
         }
@@ -116,7 +120,13 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
     incs = list(incidents) if incidents is not None else [i.to_json() for i in analysis.incidents]
     grade, grade_text = grade_mfu(med.get("mfu"))
     data, comm = med.get("data_share"), med.get("comm_exposed_share")
-    if grade == "severe" and isinstance(data, float) and isinstance(comm, float) \
+    budget = s.get("step_budget")
+    cls = classify(b) if (b := StepBudget.from_json(budget)) is not None else None
+    if grade in ("severe", "communication-overhead") and cls is not None:
+        # A capture divided the step: the budget, not the band's usual suspects, says where it goes.
+        grade_text = (f"{grade_text.split(':')[0]}: the step budget shows where the time goes — "
+                      f"{cls.cls} ({cls.reason()})")
+    elif grade == "severe" and isinstance(data, float) and isinstance(comm, float) \
             and data < th.DATA_HEALTHY_SHARE.value and comm < th.COMM_BOUND_SHARE.value / 3:
         # The grade's usual suspects are measured small here: say so rather than point at them.
         grade_text = (f"MFU < 30%: severe — not data loading ({data:.1%}) nor exposed communication "
@@ -157,7 +167,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
     summary = ReportSummary(job.get("name"), grade, grade_text, med.get("mfu"), s["bottleneck"],
                             s["bottleneck_reason"], span, headline)
-    return Report(summary, metrics, findings, recs, job)
+    return Report(summary, metrics, findings, recs, job, budget)
 
 
 def analysis_json(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None, *,

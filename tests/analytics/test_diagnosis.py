@@ -4,7 +4,7 @@ DESIGN.md §3 (the co-tenant DP=2 job: tensor 13%, SM 46%, DRAM 23%; tiny kernel
 
 from __future__ import annotations
 
-from perfd.analytics.bottleneck import GpmReading
+from perfd.analytics.bottleneck import BottleneckClass, GpmReading
 from perfd.analytics.diagnosis import StepShares, TimelineClass, classify_job
 
 DP2_GPM = GpmReading(sm_util=0.46, tensor_util=0.13, dram_bw_util=0.23, nvml_util=1.0)
@@ -28,7 +28,7 @@ def test_the_dp2_job_is_no_longer_unknown_kernel_efficiency() -> None:
 def test_timers_first_then_the_capture_then_gpm() -> None:
     b = classify_job(StepShares(0.3, 0.01, 0.01, 1), gpm=DP2_GPM)
     assert b.cls == "data-bound" and b.winner == "timers" and "beyond its threshold" in b.why
-    tl = TimelineClass("memory-bound", "elementwise/normalisation 51% of kernel time",
+    tl = TimelineClass(BottleneckClass.MEMORY, "elementwise/normalisation 51% of kernel time",
                        "capture c1 (kineto, [1])")
     b = classify_job(StepShares(0.01, 0.02, 0.02, 1, mfu=0.24), gpm=DP2_GPM, timeline=tl)
     assert b.cls == "memory-bound" and b.winner == "capture" and "gpm:" in b.reason

@@ -66,7 +66,7 @@ def test_render_text_and_json() -> None:
     assert "perfd_job_mfu_ratio" in text and "8.4%" in text and "1.31×" in text
     assert "1. Rebalance layers" in text
     doc = rep.to_json()
-    assert set(doc) == {"summary", "metrics", "findings", "recommendations"}
+    assert set(doc) == {"summary", "metrics", "step_budget", "findings", "recommendations"}
     assert doc["summary"]["status"] == "severe"
     assert doc["recommendations"][0]["finding_id"] == "pp-imbalance"
     json.dumps(doc, allow_nan=False)
@@ -108,7 +108,7 @@ def test_the_same_action_is_recommended_once_and_a_hook_jobs_data_finding_names_
     """The H100 hook job with slow data listed "Speed up data loading" twice (its incident's and the
     run's data share), in two wordings, and its data finding read "batch-generator … megatron
     timer": one action now, said once; the finding names the timer the hook measured."""
-    from perfd.analytics.findings import Recommendation, order_findings
+    from perfd.analytics.finding_types import Recommendation, order_findings
     from perfd.analytics.verdict_text import DATA_LOADING_ACTION
     from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
 

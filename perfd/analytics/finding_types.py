@@ -1,0 +1,67 @@
+"""The shapes every analyzer returns: a Finding (an observation with its evidence), a Recommendation
+(an action tied to a finding), and the closed set of severities. Apart from perfd.analytics.findings so
+that every analyzer module (run, budget, capture, collectives, serving, incidents) can import them
+without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics.common import TextEnum
+
+
+class Severity(TextEnum):
+    CRITICAL = "critical"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def order(self) -> int:
+        return _ORDER[self]
+
+
+_ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+SEVERITY_ORDER: dict[str, int] = {s.value: i for s, i in _ORDER.items()}  # by value, for JSON readers
+
+
+@dataclass
+class Finding:
+    """An observation with its evidence (numbers and the iterations they cover)."""
+
+    id: str
+    severity: Severity
+    title: str
+    observation: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    iterations: str = ""  # e.g. "iterations 5–40 (36 steady)"
+    source: str = ""
+
+
+@dataclass
+class Recommendation:
+    """An action, tied to a finding; priority 1 is the first thing to do."""
+
+    id: str
+    finding_id: str
+    priority: int
+    action: str
+    detail: str = ""
+    impact: float | None = None  # estimated share of the step at stake, for ordering
+
+
+def order_findings(f: list[Finding], r: list[Recommendation]) -> tuple[list[Finding], list[Recommendation]]:
+    """Findings by severity; recommendations by expected gain (impact), numbered R1, R2, ...; of
+    recommendations with the same action (an incident's and the run's, both for slow data) the one
+    of most gain stays."""
+    f.sort(key=lambda x: SEVERITY_ORDER.get(str(x.severity), 3))
+    r.sort(key=lambda x: -(x.impact if x.impact is not None else -1.0))
+    kept: list[Recommendation] = []
+    for rec in r:
+        if all(rec.action != k.action for k in kept):
+            kept.append(rec)
+    r = kept
+    for i, rec in enumerate(r, start=1):
+        rec.priority, rec.id = i, f"R{i}"
+    return f, r

@@ -1,0 +1,121 @@
+"""The step budget (perfd.analytics.budget JSON) as people read it: a waterfall from the model's FLOPs at
+the peak down to the achieved step, in text (the report, `perfd top`) and as an inline SVG (the HTML
+report). Pure: values in, text out; each part's name is perfd.analytics.budget_findings.part_name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import Any
+
+from perfd.analytics.budget import Part
+from perfd.analytics.budget_findings import part_name
+from perfd.report.svg import BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, _svg
+
+# One colour per part (Okabe-Ito, repeated with intent: the math parts blue/green, memory-bound
+# kernels orange/vermillion, waits grey/purple).
+PART_COLOR: dict[Part, str] = {
+    Part.IDEAL: GREEN, Part.CEILING_GAP: "#7fc9b3", Part.GEMM: BLUE, Part.COMPUTE: BLUE,
+    Part.ATTENTION: VERMILLION, Part.POINTWISE: ORANGE, Part.OPTIMIZER: YELLOW, Part.MEMCPY: "#b07aa1",
+    Part.COMM_EXPOSED: PURPLE, Part.PIPELINE: "#8c6bb1", Part.DATA: SKY, Part.IDLE_SHORT: GREY,
+    Part.IDLE_LONG: "#666666",
+}
+BAR_CHARS = 30
+
+
+def _parts(budget: Mapping[str, Any]) -> list[tuple[Part, float, float, str]]:
+    out = []
+    for p in budget.get("parts") or []:
+        try:
+            out.append((Part(str(p["part"])), float(p["ms"]), float(p["share"]), str(p.get("source") or "")))
+        except (KeyError, ValueError, TypeError):
+            continue
+    return out
+
+
+def heading(budget: Mapping[str, Any]) -> str:
+    """Where the budget comes from, in one line."""
+    step, steady = budget.get("step_ms"), budget.get("steady_step_ms")
+    its = budget.get("iterations")
+    bits = [str(budget.get("basis") or "")]
+    if isinstance(its, (int, float)) and its:
+        bits.append(f"{its:g} iterations")
+    if isinstance(step, (int, float)):
+        bits.append(f"{step:.0f} ms per step" + (f" (steady median {steady:.0f} ms)"
+                                                  if isinstance(steady, (int, float)) and
+                                                  abs(steady - step) > 0.5 else ""))
+    if budget.get("attribution") and budget.get("attribution") != "exclusive attribution":
+        bits.append(f"divided by {budget['attribution']}")
+    return "; ".join(b for b in bits if b)
+
+
+def text_lines(budget: Mapping[str, Any] | None, width: int = 100) -> list[str]:
+    """The waterfall as text lines: a part a line, its ms, share and a bar; then the step."""
+    if not budget:
+        return []
+    parts = _parts(budget)
+    name_w = max((len(part_name(p)) for p, *_ in parts), default=10)
+    bar_w = max(10, min(BAR_CHARS, width - name_w - 28))
+    out = [f"  {heading(budget)}"]
+    start = 0.0
+    for p, ms, share, source in parts:
+        lead = round(start * bar_w)
+        cells = max(1, round(share * bar_w)) if share > 0 else 0
+        bar = " " * lead + "█" * cells
+        out.append(f"  {part_name(p):<{name_w}} {ms:8.1f} ms {share:6.1%}  {bar:<{bar_w}}  {source}")
+        start += share
+    step = budget.get("step_ms")
+    if isinstance(step, (int, float)):
+        out.append(f"  {'= step':<{name_w}} {step:8.1f} ms")
+    return out
+
+
+def waterfall_svg(budget: Mapping[str, Any] | None, width: int = 920) -> str:
+    """A horizontal waterfall: each part a bar starting where the one before ended."""
+    parts = _parts(budget or {})
+    if not parts:
+        return ""
+    row, left, right = 22, 240, 110
+    height = row * (len(parts) + 1) + 30
+    step = float((budget or {}).get("step_ms") or sum(ms for _, ms, _, _ in parts)) or 1.0
+    scale = (width - left - right) / step
+    body: list[str] = []
+    x0 = 0.0
+    for i, (p, ms, share, source) in enumerate(parts):
+        y = 10 + i * row
+        body.append(f'<text x="{left - 8}" y="{y + 14}" text-anchor="end">{escape(part_name(p))}</text>')
+        body.append(f'<rect x="{left + x0 * scale:.1f}" y="{y + 3}" width="{max(ms * scale, 0.5):.1f}" '
+                    f'height="{row - 6}" fill="{PART_COLOR.get(p, GREY)}"><title>{escape(part_name(p))}: '
+                    f'{ms:.1f} ms per step ({share:.1%}; {escape(source)})</title></rect>')
+        body.append(f'<text x="{left + (x0 + ms) * scale + 6:.1f}" y="{y + 14}">{ms:.0f} ms '
+                    f'({share:.0%})</text>')
+        x0 += ms
+    y = 10 + len(parts) * row
+    body.append(f'<rect x="{left}" y="{y + 3}" width="{step * scale:.1f}" height="{row - 6}" fill="#333">'
+                f'<title>the step: {step:.1f} ms</title></rect>')
+    body.append(f'<text x="{left - 8}" y="{y + 14}" text-anchor="end"><tspan font-weight="600">= step'
+                f'</tspan></text><text x="{left + step * scale + 6:.1f}" y="{y + 14}">{step:.0f} ms</text>')
+    return _svg(width, height, body, "Step budget: from the model's FLOPs at peak to the achieved step")
+
+
+def html_section(budget: Mapping[str, Any] | None) -> str:
+    if not budget:
+        return ""
+    return (f'<h2 id="budget">Step budget</h2><p class="meta">{escape(heading(budget))}</p>'
+            f"<figure>{waterfall_svg(budget)}<figcaption>Where one step's time goes, each part in ms per "
+            "step and share of the step, with its source: the model's FLOPs at the GPU's peak, the gap to "
+            "the measured matmul ceiling, the GEMMs' own shortfall below it, then every other kind of "
+            "kernel, "
+            "communication and wait. With a capture every instant of the captured span is given to one "
+            "part; from the timers alone the compute is not divided.</figcaption></figure>")
+
+
+def compact(budget: Mapping[str, Any] | None, n: int = 5) -> str:
+    """The largest parts in one line (`perfd top`)."""
+    parts = sorted(_parts(budget or {}), key=lambda x: -x[1])[:n]
+    return ", ".join(f"{part_name(p)} {share:.0%}" for p, _ms, share, _s in parts)
+
+
+def parts_of(budget: Mapping[str, Any] | None) -> Sequence[tuple[Part, float, float, str]]:
+    return _parts(budget or {})
