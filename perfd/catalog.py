@@ -56,6 +56,7 @@ LABELS: dict[str, str] = {
     "scope": "link a process group crosses (intra-node, inter-node, unknown)",
     "state": "job liveness (running, stalled, ended)",
     "kind": "where a job's wall time went (perfd.analytics.goodput.KINDS: 10 values)",
+    "part": "a part of the step budget (perfd.analytics.budget.Part: 13 values)",
     "version": "perfd version (one per build)",
     "python": "Python version the daemon runs on (one per build)",
     "source": "where a GPU series comes from when it is not NVML/GPM (dcgm-exporter)",
@@ -102,6 +103,9 @@ GPU_THROTTLE_ACTIVE = "perfd_gpu_throttle_active"
 # Goodput (perfd.analytics.goodput), written from a job's analysis summary.
 GOODPUT_RATIO = "perfd_job_goodput_ratio"
 JOB_TIME = "perfd_job_time_seconds_total"
+# The step budget (perfd.analytics.budget), written from a job's analysis summary, one series per part.
+STEP_BUDGET_SECONDS = "perfd_job_step_budget_seconds"
+STEP_BUDGET_RATIO = "perfd_job_step_budget_ratio"
 # The rank x step picture at bounded cardinality: the slowest ranks, and a histogram over all ranks.
 RANK_RATIO_TOP = "perfd_job_slowest_rank_compute_times"
 RANK_RATIO_RANKS = "perfd_job_rank_compute_ratio_ranks"
@@ -248,6 +252,15 @@ CATALOG: tuple[MetricDef, ...] = (
        "checkpoint, evaluation, restart, stall, startup, other); the kinds add up to the wall time",
        _ANALYTICS + ", start-up timestamps and checkpoint/evaluate timers", (*JOB, "kind"),
        alias="job_time_total"),
+    _m(STEP_BUDGET_SECONDS, "gauge", "seconds",
+       "Where one step's time goes: seconds per step of each part of the step budget (label part: one of "
+       "perfd.analytics.budget.Part, a closed set); the parts add up to the step. From the capture that "
+       "informs the job, else the steady-state timers (compute then undivided)",
+       "perfd.analytics.budget over a capture's timeline (perfd.capture.analysis) and the step timers",
+       (*JOB, "part"), alias="step_budget"),
+    _m(STEP_BUDGET_RATIO, "gauge", "ratio", "The same parts as shares of the step (they add up to 1)",
+       "perfd.analytics.budget over a capture's timeline (perfd.capture.analysis) and the step timers",
+       (*JOB, "part"), alias="step_budget_share"),
     _m("perfd_job_step_duration_seconds", "histogram", "seconds",
        "Distribution of step times (every job-level step record once; buckets 50 ms to 2 min): "
        "histogram_quantile(0.99, ...) gives the step-time tail", _MEGATRON, JOB),

@@ -39,6 +39,7 @@ from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.analytics.attribution import HINT_SERIES, RankPlacement, gpu_hints
 from perfd.analytics.bottleneck import GpmReading
+from perfd.analytics.budget import metric_rows as budget_rows
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.goodput import metric_rows as goodput_rows
@@ -535,6 +536,10 @@ class AggregatorState:
                              float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0))
             rows.extend(goodput_rows(job, gp, catalog.GOODPUT_RATIO, catalog.JOB_TIME)
                         if (gp := self.goodput(job, ov)) is not None else ())
+            a = self.jobs.cached_analysis(job)
+            if a is not None and ov["state"] != ENDED:
+                rows.extend(budget_rows(job, a.summary.get("step_budget"), catalog.STEP_BUDGET_SECONDS,
+                                        catalog.STEP_BUDGET_RATIO))
         return rows
 
     def goodput(self, job: str, ov: Mapping[str, Any] | None = None) -> dict[str, Any] | None:

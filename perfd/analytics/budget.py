@@ -381,3 +381,18 @@ def classify(b: StepBudget) -> BudgetClass | None:
     (first, s1), (_second, s2) = ranked[0], ranked[1]
     lead = s1 - s2
     return BudgetClass(first if lead >= th.CLASS_MIXED_MARGIN.value else MIXED, shares, lead)
+
+
+def metric_rows(job: str, budget: Mapping[str, Any] | None, seconds_name: str, ratio_name: str
+                ) -> list[tuple[dict[str, str], str, float]]:
+    """/metrics rows of a budget JSON: each part's seconds per step and share (a bounded ``part``
+    label: :class:`Part`). No budget, no rows (absent, never 0)."""
+    b = StepBudget.from_json(budget)
+    if b is None:
+        return []
+    rows: list[tuple[dict[str, str], str, float]] = []
+    for p in b.parts:
+        labels = {"job_name": job, "part": p.part.value}
+        rows.append((labels, seconds_name, p.ms / 1e3))
+        rows.append((dict(labels), ratio_name, p.share))
+    return rows

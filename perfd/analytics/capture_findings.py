@@ -53,7 +53,7 @@ class CaptureDiagnosis:
     def to_json(self) -> dict[str, Any]:
         return {"findings": [dataclasses.asdict(f) for f in self.findings],
                 "recommendations": [dataclasses.asdict(r) for r in self.recommendations],
-                "bottleneck": self.bottleneck, "bottleneck_reason": self.bottleneck_reason,
+                "bottleneck": self.bottleneck.value, "bottleneck_reason": self.bottleneck_reason,
                 "slowdown": {str(k): v for k, v in self.slowdown.items()},
                 "budgets": {str(k): b.to_json() for k, b in self.budgets.items()},
                 "class_shares": dict(self.class_shares)}
@@ -129,7 +129,10 @@ def diagnose_capture(devices: Sequence[Mapping[str, Any]], *, label: str = "capt
         fs, rs = analyze(BudgetContext(b, framework, where))
         out.findings += [dataclasses.replace(f, id=f"{f.id}-{d}") for f in fs]
         out.recommendations += [dataclasses.replace(r, finding_id=f"{r.finding_id}-{d}") for r in rs]
-        c = classify(b)
+        # The class is the timeline's own (no timer moves its long gaps to "data"): the same trace
+        # gives the same class live, after the job and offline, whatever the timers said meanwhile.
+        own = from_capture(dev, iterations, basis=where) if timers.data else b
+        c = classify(own) if own is not None else None
         if c is not None:
             top = max(c.shares.values())
             if decided is None or top > decided[0]:

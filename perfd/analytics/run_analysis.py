@@ -468,7 +468,7 @@ class RunBuilder:
             self.present.add(rec.iteration)
         shares = step_shares(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share, lay.pp,
                              it.pp_idle_max, it.pp_bubble_analytic, it.mfu)
-        it.bottleneck = classify_job(shares, self.gpm, self.timeline, self.gpm_when).cls
+        it.bottleneck = classify_job(shares, self.gpm, self.timeline, self.gpm_when).cls.value
         if self.first is None or rec.iteration < self.first[0]:
             self.first = (rec.iteration, rec.job)
         n = len(self.table)

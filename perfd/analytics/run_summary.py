@@ -67,7 +67,7 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
         "tflops_check_n": len(checks),
         "tflops_check_n_disagree": sum(1 for ok, _ in checks if ok is False),
         "tflops_check_max_abs_gap": max(gaps) if gaps else None,
-        "bottleneck": cls.cls,
+        "bottleneck": cls.cls.value,
         "bottleneck_reason": cls.reason,
         "bottleneck_evidence": cls.evidence_json(),
         "bottleneck_sources": dict(cls.sources),

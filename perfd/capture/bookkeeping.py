@@ -21,6 +21,7 @@ STARTED = CAPTURE_STARTED.name
 # A device breakdown travels whole in the capture's events but for its tables (the aggregator's
 # diagnosis reads every number: a list of kept keys here once dropped the idle-gap split on the way).
 _TABLE_KEYS = frozenset({"top_kernels", "nvtx"})
+PART_KERNEL_NAME = 160  # characters of a kernel's name kept in an event (ATen names run to thousands)
 
 # (kind, request, text, severity, capture id, payload) -> None: the manager's event emitter
 EventSink = Callable[[str, CaptureRequest, str, str, str, "dict[str, Any] | None"], None]
@@ -57,6 +58,8 @@ def device_summary(analysis: CaptureAnalysis) -> list[dict[str, Any]]:
     out = []
     for d in analysis.to_json()["devices"]:  # type: ignore[attr-defined]
         row = {k: _rounded(v) for k, v in d.items() if k not in _TABLE_KEYS}
+        row["part_kernels"] = {p: [{**k, "name": str(k["name"])[:PART_KERNEL_NAME]} for k in ks]
+                               for p, ks in (d.get("part_kernels") or {}).items()}
         if d.get("top_kernels"):
             row["top_kernel"] = d["top_kernels"][0]["name"][:120]
         out.append(row)

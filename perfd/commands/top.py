@@ -36,6 +36,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from perfd.report import budget_view
+
 NA = "–"
 # Heat levels for a rank's compute ratio: below 1.0 is a fast rank, 1.1 marks a straggler candidate
 # (perfd.analytics.thresholds), each level ~0.05 wider.
@@ -231,6 +233,17 @@ def goodput_text(gp: dict[str, Any] | None) -> Text:
     return line
 
 
+def budget_text(summary: dict[str, Any]) -> Text:
+    """Where one step's time goes (perfd.analytics.budget), its largest parts first."""
+    budget = (summary.get("summary") or {}).get("step_budget")
+    if not isinstance(budget, dict):
+        return Text("step budget: " + NA + " (no timed step yet)")
+    line = Text(f"step budget {float(budget.get('step_ms') or 0):.0f} ms: ", style="bold")
+    line.append(budget_view.compact(budget))
+    line.append(f" ({budget.get('basis') or NA})", style="dim")
+    return line
+
+
 def _job_cells(summary: dict[str, Any] | None, why_missing: str | None) -> list[str]:
     """MFU, goodput, step p50/p90/max (after warm-up), cv, bottleneck, open incidents of one job."""
     if summary is None:
@@ -410,6 +423,7 @@ def render(snap: Snapshot, keys: bool = False) -> RenderableType:
         headline = ((summary.get("report") or {}).get("summary") or {}).get("headline")
         parts.append(Text(f"{snap.focus} *: {headline or 'no report yet'}"))
         parts.append(goodput_text(goodput_of(summary)))
+        parts.append(budget_text(summary))
         if snap.rank_ratios is not None:
             parts.append(heat_line(snap.rank_ratios[1], snap.rank_ratios[0]))
         else:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
+from perfd.analytics.budget import metric_rows as budget_rows
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +97,21 @@ def goodput_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def budget_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The step budget (perfd.analytics.budget) under the catalog's names, a W&B section each:
+    ``perfd_job_step_budget_seconds/part=P`` and ``perfd_job_step_budget_ratio/part=P``."""
+    budget = summary.get("step_budget")
+    out: dict[str, float] = {}
+    for labels, name, value in budget_rows("", budget if isinstance(budget, Mapping) else None,
+                                           catalog.STEP_BUDGET_SECONDS, catalog.STEP_BUDGET_RATIO):
+        out[f"{name}/part={labels['part']}"] = value
+    return out
+
+
 def summary_metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The run summary: steady-state medians under ``steady/<catalog name>``, the bottleneck, and
     the goodput (:func:`goodput_metrics`)."""
-    out: dict[str, Any] = dict(goodput_metrics(summary))
+    out: dict[str, Any] = {**goodput_metrics(summary), **budget_metrics(summary)}
     medians = summary.get("medians") or {}
     if isinstance(medians, Mapping):
         out.update({f"steady/{name}": v for name, v in catalog.job_values(medians, catalog.WANDB).items()})
@@ -229,6 +241,7 @@ class WandbExporter:
                 values: dict[str, float] = dict(iteration_metrics(it))
                 if i == len(iterations) - 1:  # the job's goodput so far, charted over its iterations
                     values.update(goodput_metrics(analysis.get("summary") or {}))
+                    values.update(budget_metrics(analysis.get("summary") or {}))
                     values.update(latest_extra or {})
                 jr.last_step = step
                 if not values:

@@ -68,7 +68,7 @@ def test_the_timers_alone_do_not_call_a_low_mfu_job_compute_bound() -> None:
 
 
 def test_a_capture_of_tiny_kernels_decides_launch_bound_and_gpm_agreement_is_said() -> None:
-    tl = TimelineClass("launch-overhead", "idle 97% with 2.1 µs median kernels", "capture c9 (kineto, [0])")
+    tl = TimelineClass(BottleneckClass.LAUNCH, "idle 97% with 2.1 µs median kernels", "capture c9 (kineto, [0])")
     b = classify_job(FILLS, gpm=TINY_GPM, timeline=tl)
     assert b.cls == "launch-overhead" and b.winner == "capture" and "gpm agree" in b.reason
     assert classify_job(FILLS, timeline=tl).cls == "launch-overhead"
@@ -76,7 +76,7 @@ def test_a_capture_of_tiny_kernels_decides_launch_bound_and_gpm_agreement_is_sai
 
 def test_the_class_is_a_function_of_the_same_data() -> None:
     # Live, after the job (the last steady window's GPM) and offline with the same inputs agree.
-    tl = TimelineClass("memory-bound", "elementwise 51%", "capture c1")
+    tl = TimelineClass(BottleneckClass.MEMORY, "elementwise 51%", "capture c1")
     live = classify_job(FILLS, gpm=DP2_GPM, timeline=tl, gpm_when="GPM while the job stepped")
     after = classify_job(FILLS, gpm=DP2_GPM, timeline=tl, gpm_when="GPM of the last steady window")
     assert live.cls == after.cls == "memory-bound"

@@ -20,6 +20,7 @@ from perfd import catalog
 from perfd.analytics import analyze_run
 from perfd.exporters.wandb import (
     WandbExporter,
+    budget_metrics,
     capture_rows,
     goodput_metrics,
     iteration_metrics,
@@ -197,12 +198,19 @@ def test_offline_run_reads_back_equal_to_the_analysis(wandb_env: Path):
         assert steps == [it["iteration"] for it in analysis["iterations"]], "each iteration once, in order"
         for n, (h, it) in enumerate(zip(history, analysis["iterations"], strict=True)):
             logged = {k: v for k, v in h.items() if not k.startswith("_")}
-            # the newest row of each log_analysis call also carries the job's goodput so far
+            # the newest row of each log_analysis call also carries the job's goodput so far and its
+            # step budget (one key per part: seconds per step and share)
             goodput = {k: logged.pop(k) for k in list(logged) if k.startswith(("perfd_job_goodput",
                                                                               "perfd_job_time_seconds"))}
+            budget = {k: logged.pop(k) for k in list(logged) if k.startswith("perfd_job_step_budget")}
             assert logged == _expected(it), f"{job} iteration {it['iteration']}"
             if n == len(history) - 1:
                 assert goodput == goodput_metrics(analysis["summary"]) and goodput
+                assert budget == budget_metrics(analysis["summary"]) and budget
+                parts = {p["part"]: p for p in analysis["summary"]["step_budget"]["parts"]}
+                assert budget[f"perfd_job_step_budget_seconds/part={next(iter(parts))}"] == \
+                    next(iter(parts.values()))["ms"] / 1e3
+                assert abs(sum(v for k, v in budget.items() if "ratio" in k) - 1.0) < 1e-9
             assert h["_timestamp"] == it["end_time"], "the row's time is the iteration's own"
         summaries: dict[str, Any] = {}
         for r in records:

@@ -1,0 +1,203 @@
+"""The step budget on recorded real captures (issue 34): the parts add up, agree with an independent
+breakdown of the same trace (HolisticTraceAnalysis' kernel and temporal breakdowns, within 2 points),
+and each recorded job gets its class and its own remedies — the big H100 Megatron job memory-bound
+with R1 fused attention and its expected gain, the tiny one launch-bound with CUDA graphs, the
+data-bound hook job the data loader, the PP=2 job the pipeline."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collectors.megatron import parse_file
+from perfd.analytics.bottleneck import B
+from perfd.analytics.budget import Part, StepBudget, TimerShares, classify, from_capture, from_timers
+from perfd.analytics.capture_findings import diagnose_capture
+from perfd.analytics.remedies import Framework
+from perfd.analytics.run_analysis import analyze_run
+from perfd.capture.chrome_trace import analyze_chrome_trace
+from perfd.commands.analyze_capture import timeline_class
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
+KINETO = DATA / "kineto_h100_megatron"
+BIG = KINETO / "big2048_rank0.json.gz"
+BIG_LOG = KINETO / "big2048_megatron.log"
+TINY = KINETO / "tiny_rank0.json.gz"
+HOOK = DATA / "hook_h100_data" / "hook_data_rank0.json.gz"
+H100 = "NVIDIA H100 80GB HBM3"
+TRACES = [BIG, KINETO / "big_rank0.json.gz", TINY, HOOK]
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)
+def test_every_instant_of_the_span_is_in_one_part(trace: Path) -> None:
+    dev = analyze_chrome_trace(trace).device(0)
+    assert sum(dev.parts_ms.values()) == pytest.approx(dev.span_ms, rel=1e-9)
+    assert dev.parts_ms.get("idle_short", 0.0) + dev.parts_ms.get("idle_long", 0.0) == \
+        pytest.approx(dev.idle_ms, rel=1e-9)
+    b = from_capture(dev.to_json(), 3)
+    assert b is not None and b.step_ms == pytest.approx(dev.span_ms / 3, rel=1e-9)
+    assert sum(p.share for p in b.parts) == pytest.approx(1.0)
+
+
+# --- the independent reference: HolisticTraceAnalysis on the same trace ---------------------------------
+# Written out here, apart from perfd's categorizer: which of HTA's per-name kernel sums belong where.
+_REF = {"gemm": re.compile(r"^nvjet|gemm|cutlass", re.I),
+        "attention": re.compile(r"softmax|masked_fill", re.I), "optimizer": re.compile(r"multi_tensor_apply")}
+
+
+def _hta(trace: Path, tmp: Path) -> dict[str, float]:
+    """Shares of the span from HTA: idle (temporal breakdown), memcpy (MEMORY kernels) and the kernel
+    groups above (per-name sums of the kernel breakdown)."""
+    from hta.trace_analysis import TraceAnalysis  # type: ignore[import-untyped]
+
+    d = tmp / trace.stem.split(".")[0]
+    d.mkdir()
+    shutil.copy(trace, d / trace.name)
+    logging.disable(logging.WARNING)
+    try:
+        ta = TraceAnalysis(trace_dir=str(d))
+        temporal = ta.get_temporal_breakdown(visualize=False)
+        _types, per_name = ta.get_gpu_kernel_breakdown(visualize=False, num_kernels=100_000,
+                                                      include_memory_kernels=True)
+    finally:
+        logging.disable(logging.NOTSET)
+    span = float(temporal["kernel_time(us)"].iloc[0])
+    out = {"idle": float(temporal["idle_time(us)"].iloc[0]) / span,
+           "memcpy": float(per_name[per_name["kernel_type"] == "MEMORY"]["sum (us)"].sum()) / span}
+    for part, pat in _REF.items():
+        rows = per_name[(per_name["kernel_type"] == "COMPUTATION") & per_name["name"].str.contains(pat)]
+        out[part] = float(rows["sum (us)"].sum()) / span
+    return out
+
+
+@pytest.mark.parametrize("trace", [BIG, TINY], ids=lambda p: p.name)
+def test_budget_parts_agree_with_hta_within_two_points(trace: Path, tmp_path: Path) -> None:
+    ref = _hta(trace, tmp_path)
+    b = from_capture(analyze_chrome_trace(trace).device(0).to_json(), None)
+    assert b is not None
+    ours = {"idle": (b.ms(Part.IDLE_SHORT) + b.ms(Part.IDLE_LONG)) / b.step_ms,
+            "memcpy": b.ms(Part.MEMCPY) / b.step_ms, "gemm": b.ms(Part.GEMM) / b.step_ms,
+            "attention": b.ms(Part.ATTENTION) / b.step_ms, "optimizer": b.ms(Part.OPTIMIZER) / b.step_ms}
+    for k, v in ref.items():
+        assert ours[k] == pytest.approx(v, abs=0.02), (k, ours[k], v)
+    if trace == BIG:  # what the reference finds on the big job, so that the test cannot pass empty
+        assert ref["gemm"] > 0.25 and ref["attention"] > 0.15 and ref["memcpy"] > 0.1 and ref["idle"] > 0.1
+
+
+# --- the recorded jobs read end to end ----------------------------------------------------------------
+def _big() -> Any:
+    parsed = parse_file(BIG_LOG, job="big2048")
+    return analyze_run(parsed.job_info, parsed.records, gpu_name=H100, job_name="big2048",
+                       timeline=timeline_class(str(BIG), 3))
+
+
+def test_the_big_h100_job_is_memory_bound_and_r1_is_the_largest_measured_loss() -> None:
+    """Issue 34's job (h=2048, 12 layers, seq 2048, mbs 4, local transformer, 1× H100): MFU ~20%, the
+    GPU busy 87% of the captured steps. Before: class unknown offline, R1 "MFU < 30%: check tensor
+    parallelism spanning nodes, then data loading...", the capture's record without findings."""
+    a = _big()
+    s = a.summary
+    assert s["bottleneck"] == "memory-bound" and s["bottleneck_evidence"]["winner"] == "capture"
+    b = StepBudget.from_json(s["step_budget"])
+    assert b is not None and b.has_kernels and b.iterations == 3
+    c = classify(b)
+    assert c is not None and c.shares[B.MEMORY] > c.shares[B.COMPUTE] + 0.1
+    # The GEMMs are not the problem: ~615 TFLOP/s, ~78% of the measured 790 TFLOP/s ceiling.
+    assert b.gemm_tflops is not None and 0.7 < b.gemm_tflops / 790 < 0.85
+    f = {x.id: x for x in a.findings}
+    assert f["budget-gemm"].severity == "info" and "efficient" in f["budget-gemm"].observation
+    # Findings name the unfused attention, the copies and the optimizer with their ms per step.
+    att, cp, opt = f["budget-attention"], f["budget-memcpy"], f["budget-optimizer"]
+    assert att.evidence["ms"] == pytest.approx(b.ms(Part.ATTENTION)) and 130 < att.evidence["ms"] < 160
+    assert "masked_fill_kernel" in att.observation and "softmax_warp_forward" in att.observation
+    assert 80 < cp.evidence["ms"] < 100 and "Memcpy DtoD" in cp.observation
+    # The optimizer is small: its kernels ~15 ms per step, and Megatron's own timer (~35 ms, host time
+    # and copies included) says the same order — not the 25% a categorizer that read "lambda" as the
+    # LAMB optimizer claimed.
+    assert 10 < opt.evidence["ms"] < 25 and 25 < opt.evidence["timer_ms"] < 45
+    r1 = a.recommendations[0]
+    assert r1.finding_id == "budget-attention" and "--attention-backend flash" in r1.action
+    assert re.search(r"MFU 20\.\d% → up to ~2[3-5]\.\d%", r1.detail), r1.detail
+    impacts = [r.impact for r in a.recommendations if r.impact is not None]
+    assert impacts == sorted(impacts, reverse=True)
+    # Nothing asks to check what the report measured as fine (TP=1, data 1.2%, comm 0.2%).
+    for r in a.recommendations:
+        assert "tensor parallelism" not in r.action and "data loading" not in r.action.lower()
+
+
+def test_the_same_trace_gives_the_same_class_with_or_without_the_timers() -> None:
+    """Live, the aggregator's capture record is diagnosed in the job's context (its timers); offline
+    `perfd analyze trace` has none: the class is the timeline's own either way."""
+    dev = analyze_chrome_trace(HOOK).device(0).to_json()
+    alone = diagnose_capture([dev], iterations=3)
+    timed = diagnose_capture([dev], iterations=3, timers=TimerShares(166.0, 0.927))
+    assert alone.bottleneck == timed.bottleneck == "sync-bound"
+    assert timed.budgets[0].ms(Part.DATA) > 100 and alone.budgets[0].ms(Part.DATA) == 0.0
+
+
+def test_the_tiny_job_is_launch_bound_with_cuda_graphs_first() -> None:
+    d = diagnose_capture([analyze_chrome_trace(TINY).device(0).to_json()], iterations=3,
+                         framework=Framework.MEGATRON)
+    assert d.bottleneck == "launch-overhead" and d.class_shares["launch-overhead"] > 0.9
+    r1 = d.recommendations[0]
+    assert "CUDA graphs" in r1.action and "--micro-batch-size" in r1.action
+
+
+def test_the_data_bound_hook_job_gets_the_data_loader_remedy() -> None:
+    """The recorded hook job (a slow loader; the H100 run's timers measured the data wait at 92.7% of
+    a 166 ms step: docs/evidence/budget_h100/hook_data_run1.json): its step budget, from the
+    capture and that data share, puts the long gaps under data wait, and R1 is PyTorch's DataLoader."""
+    run = json.loads((Path(__file__).resolve().parents[2] / "docs" / "evidence" / "budget_h100" /
+                      "hook_data_run1.json").read_text())
+    data = run["after"]["bottleneck_evidence"]["numbers"]["data_share"]
+    own = json.loads((HOOK.parent / "own_times.json").read_text())["steps"]
+    steady = sorted(ms for i, ms in own if i > 10)
+    step = steady[len(steady) // 2]
+    d = diagnose_capture([analyze_chrome_trace(HOOK).device(0).to_json()], iterations=3,
+                         framework=Framework.PYTORCH, timers=TimerShares(step, data))
+    b = d.budgets[0]
+    assert b.ms(Part.DATA) / b.step_ms > 0.8
+    r1 = d.recommendations[0]
+    assert r1.finding_id == "budget-data-0" and "DataLoader(num_workers" in r1.detail
+
+
+def test_the_pp2_job_gets_the_pipeline_remedies_from_its_timers() -> None:
+    """The shared real PP=2 log (2× H200, m=16): no capture, so the budget is the timers'; the pipeline
+    is its measured loss and its remedies lead (imbalance first: it is the larger part)."""
+    fixture = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+    parsed = parse_file(fixture, job="pp2")
+    a = analyze_run(parsed.job_info, parsed.records, gpu_name="NVIDIA H200", job_name="pp2")
+    assert a.summary["bottleneck"] == "pipeline-bound"
+    b = StepBudget.from_json(a.summary["step_budget"])
+    assert b is not None and not b.has_kernels and b.ms(Part.PIPELINE) > 0.1 * b.step_ms
+    assert a.recommendations[0].finding_id in ("pp-imbalance", "pp-bubble")
+    assert any(r.finding_id == "mfu-grade" and "capture" in r.action for r in a.recommendations)
+
+
+def test_a_timers_only_budget_adds_up_and_keeps_compute_whole() -> None:
+    b = from_timers(TimerShares(700.0, 0.02, 0.01, None, 30.0, 0.2))
+    assert b is not None and b.step_ms == pytest.approx(700.0)
+    assert b.ms(Part.COMPUTE) == pytest.approx(700 - 14 - 7 - 30)
+    assert classify(b) is None  # the timers do not see the kernels: no class from them here
+
+
+def test_an_unreadable_budget_is_absent_not_zero() -> None:
+    assert StepBudget.from_json({"step_ms": "x"}) is None and StepBudget.from_json(None) is None
+    assert from_capture({"device": 0}, 3) is None  # no breakdown: no budget, not an empty one
+    assert from_timers(TimerShares(700.0, None, 0.01)) is None  # a missing data share: no budget
+
+
+def test_trace_for_tests_is_what_its_readme_says() -> None:
+    readme = (KINETO / "README.md").read_text()
+    assert "big2048_rank0.json.gz" in readme and "seq 2048" in readme
+    with gzip.open(BIG, "rt") as f:
+        doc = json.load(f)
+    assert {e.get("cat") for e in doc["traceEvents"] if e.get("ph") == "X"} <= {"kernel", "gpu_memcpy",
+                                                                                "gpu_memset"}
