@@ -135,6 +135,7 @@ class Aggregator:
             self.wandb = WandbSync(self.state, exporter, self.captures.list, cfg.wandb_interval_s)
         self.remote: RemoteWriter | None = None
         self.lifecycle = Lifecycle(self)  # what is held now: releases, pruning, forgetting agents
+        self.ticks = 0  # rules ticks completed
 
     @staticmethod
     def _engine(cfg: AggregatorConfig) -> RuleEngine | None:
@@ -180,6 +181,7 @@ class Aggregator:
         if self.store is not None:
             save_documents(self, self.store)
             self.store.prune()  # the journal keeps its newest max_batches batches
+        self.ticks += 1  # a whole tick done: what arrived before it started is analysed (tests wait on it)
 
     def _on_hello(self, hello: HelloInfo) -> None:
         self._on_hello_jobs(hello.agent_id, hello.jobs)
