@@ -68,7 +68,8 @@ def test_the_timers_alone_do_not_call_a_low_mfu_job_compute_bound() -> None:
 
 
 def test_a_capture_of_tiny_kernels_decides_launch_bound_and_gpm_agreement_is_said() -> None:
-    tl = TimelineClass(BottleneckClass.LAUNCH, "idle 97% with 2.1 µs median kernels", "capture c9 (kineto, [0])")
+    tl = TimelineClass(BottleneckClass.LAUNCH, "idle 97% with 2.1 µs median kernels",
+                       "capture c9 (kineto, [0])")
     b = classify_job(FILLS, gpm=TINY_GPM, timeline=tl)
     assert b.cls == "launch-overhead" and b.winner == "capture" and "gpm agree" in b.reason
     assert classify_job(FILLS, timeline=tl).cls == "launch-overhead"
