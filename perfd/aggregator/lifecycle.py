@@ -43,6 +43,10 @@ class Lifecycle:
         self._lock = threading.Lock()
         self._gone_since: dict[str, float] = {}  # agent -> when its live stream ended
         self._pruned: deque[str] = deque()  # jobs pruned on the event loop, for the rules thread
+        # job -> since when it counts as ended, as of the last housekeeping (replaced whole there):
+        # making room reads it instead of asking every held job's state, which a flood of new names
+        # at the cap would ask 1,000 times a refusal.
+        self._ended: dict[str, float] | None = None  # None until the first housekeeping
         self._loop: asyncio.AbstractEventLoop | None = None
         self.jobs_pruned = 0
         self.jobs_released = 0  # named only in a Hello, released when no stream named them any more
@@ -58,6 +62,8 @@ class Lifecycle:
                                                               for a in self.agg.guard.hosts(j)}
         for agent in agents:
             self.stream_ended(agent, now)
+        self._ended = {j: t for j in set(self.agg.guard.held_jobs()) | set(self.agg.state.job_names())
+                       if (t := self.ended_at(j, now)) is not None}
 
     # ---- event loop ----------------------------------------------------------------------------
     def hello(self, agent: str) -> None:
@@ -74,14 +80,23 @@ class Lifecycle:
             self.jobs_released += 1
 
     def make_room(self, among: Collection[str]) -> bool:
-        """Prune the job that ended first among ``among`` (the guard asks at a cap or quota)."""
+        """Prune the job that ended first among ``among`` (the guard asks at a cap or quota): of the
+        jobs the last housekeeping found ended, the first one still ended now. Before the first
+        housekeeping (a restart's replay) every candidate's state is asked."""
         now = self.clock()
-        ended = [(t, j) for j in among if (t := self.ended_at(j, now)) is not None]
-        if not ended:
-            return False
-        _t, job = min(ended)
-        self._prune(job, "to make room for a new job")
-        return True
+        known = self._ended
+        if known is not None:
+            ranked = sorted((t, j) for j in among if (t := known.get(j)) is not None)
+        else:
+            ranked = sorted((t, j) for j in among if (t := self.ended_at(j, now)) is not None)
+        for _t, job in ranked[:8]:  # a few, not all: one that ran again since is skipped
+            if known is not None and self.ended_at(job, now) is None:
+                continue
+            self._prune(job, "to make room for a new job")
+            if known is not None:
+                known.pop(job, None)
+            return True
+        return False
 
     # ---- any thread ----------------------------------------------------------------------------
     def _has_data(self, job: str) -> bool:
@@ -121,10 +136,14 @@ class Lifecycle:
         now = self.clock()
         limits = self.agg.cfg.limits
         known = set(self.agg.guard.held_jobs()) | set(self.agg.state.job_names())
+        ended: dict[str, float] = {}
         for job in sorted(known):
             t = self.ended_at(job, now)
             if t is not None and now - t >= limits.job_retention_s:
                 self._prune(job, f"{limits.job_retention_s:.0f} s after it ended")
+            elif t is not None:
+                ended[job] = t
+        self._ended = ended
         while self._pruned:
             job = self._pruned.popleft()
             self.agg.captures.forget_job(job)

@@ -92,7 +92,8 @@ def test_aggregator_logs_each_job_to_an_offline_wandb_run(tmp_path: Path):
     _, offline = analyze_megatron_file(str(DEMO_LOG), job="wb-job")
     want = [it.to_json() for it in offline.iterations]
     assert [h["_step"] for h in history] == [it["iteration"] for it in want] == list(range(1, 41))
-    goodput = ("perfd_job_goodput_ratio", "perfd_job_time_seconds_total")  # the job's, on the newest row
+    # the job's goodput and step budget, on the newest row
+    goodput = ("perfd_job_goodput_ratio", "perfd_job_time_seconds_total", "perfd_job_step_budget")
     for h, it in zip(history, want, strict=True):
         assert {k: v for k, v in h.items() if not k.startswith(("_", *goodput))} == iteration_metrics(it)
     assert 0 < history[-1]["perfd_job_goodput_ratio"] <= 1

@@ -110,7 +110,9 @@ def run(out: Path) -> dict[str, Any]:
         res["job_exit"] = launch.poll()
         res["polls"] = polls[-3:]
         time.sleep(6)
-        res["after"] = view(get_json(f"{base}/jobs/{JOB}/summary"))
+        full = get_json(f"{base}/jobs/{JOB}/summary")
+        res["after"] = view(full)
+        res["medians"] = (full.get("summary") or {}).get("medians")
         res["captures"] = get_json(f"{base}/captures")["captures"]
         traces = sorted((raw / "captures").rglob("*.json"), key=lambda t: t.stat().st_mtime) \
             if (raw / "captures").exists() else []

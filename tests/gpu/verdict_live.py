@@ -147,7 +147,12 @@ def view(summary: dict[str, Any]) -> dict[str, Any]:
     """What a person reads of a job summary: the class with its votes, incidents, R1, headline."""
     s = summary.get("summary") or {}
     rep = summary.get("report") or {}
+    budget = s.get("step_budget") or {}
     return {
+        "step_budget": {"basis": budget.get("basis"), "step_ms": budget.get("step_ms"),
+                        "parts": {p.get("part"): round(float(p.get("ms") or 0), 1)
+                                  for p in budget.get("parts") or []}},
+        "r1_detail": (rep.get("recommendations") or [{}])[0].get("detail"),
         "bottleneck": s.get("bottleneck"),
         "bottleneck_reason": s.get("bottleneck_reason"),
         "bottleneck_evidence": s.get("bottleneck_evidence"),
@@ -227,7 +232,7 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
             ],
         )
         run_dir = raw / "run"
-        t0 = time.time()
+        t0 = res["t0"] = time.time()
         launch = procs.perfd(
             "launch",
             "launch",
@@ -274,7 +279,7 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
                 )
             except Exception as exc:
                 polls.append({"t": round(time.time() - t0, 1), "error": repr(exc)})
-            time.sleep(3)
+            time.sleep(1)
         res["job_exit"] = launch.poll()
         res["polls"] = polls
         time.sleep(8)  # the last iterations and the capture report reach the aggregator
@@ -404,6 +409,13 @@ def checks(res: dict[str, Any], config: str) -> dict[str, Any]:
     after, off = res.get("after") or {}, res.get("offline") or {}
     live = [p for p in res.get("polls", []) if p.get("bottleneck")]
     out["class_live_last"] = live[-1]["bottleneck"] if live else None
+    # How soon the finished steady capture informed the job: the first poll whose step budget is the
+    # capture's, against the capture's finish time (polls every second; the rules tick is 1 s).
+    fin = next((c for c in res.get("captures") or [] if c.get("status") == "finished"), None)
+    first = next((p for p in res.get("polls", [])
+                  if str((p.get("step_budget") or {}).get("basis") or "").startswith("capture")), None)
+    if fin and first and fin.get("finished_at") and res.get("t0"):
+        out["capture_informed_after_s"] = round(first["t"] - (fin["finished_at"] - res["t0"]), 1)
     out["class_after"] = after.get("bottleneck")
     out["class_offline"] = off.get("bottleneck")
     out["class_offline_with_capture"] = (res.get("offline_with_capture") or {}).get("bottleneck")
