@@ -408,6 +408,10 @@ def parse_exports(texts: Iterable[str]) -> NcuReport:
         if not text.strip():
             raise NcuParseError("empty input")
         _parse_one(text, parsed)
+    if parsed.truncated and parsed.launches:  # the last launch lost rows with the end: not a whole one
+        last = max(parsed.launches)
+        del parsed.launches[last]
+        parsed.problems.append(f"launch {last} dropped: the input ends inside its rows")
     if not parsed.launches:
         raise NcuParseError("no profiled kernel in the input (ncu profiled nothing in the range, or the "
                             "export holds only its header)")

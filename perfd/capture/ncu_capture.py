@@ -27,7 +27,7 @@ from perfd.analytics import ncu as ncu_mod
 from perfd.analytics import ncu_join
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
 from perfd.capture.hook_ranges import HookRanges
-from perfd.capture.ncu_exec import PAGES, NcuError, NcuExecutor, NcuNotFoundError, NcuTarget
+from perfd.capture.ncu_exec import PAGES, NcuError, NcuExecutor, NcuNotFoundError, NcuTarget, latest_timeline
 from perfd.capture.nsys_exec import wait_stable
 from perfd.capture.request import CaptureRequest
 
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 EVENT_KERNELS = 40  # per-kernel rows an event carries (the manifest keeps every one)
 EVENT_NAME_CHARS = 200
-TIMELINE_TOOLS = ("kineto", "nsys")  # captures whose analysis lists the timeline's top kernels
 
 # (rank's pid, ncu's pid) -> None when the rank runs under that ncu, else why not
 UnderCheck = Callable[[int, int], "str | None"]
@@ -193,19 +192,7 @@ class NcuCapture:
         return len(new.kernels)
 
     def _latest_timeline(self, job: str, rank: int) -> tuple[str | None, dict[str, Any] | None]:
-        """The newest timeline capture of the job in this store: (its id, one device's analysis),
-        the same rank's when it has one."""
-        for cap in self.ctx.store.list(job):
-            if cap.get("status") != "ok" or cap.get("tool") not in TIMELINE_TOOLS:
-                continue
-            analysis = cap.get("analysis") or {}
-            parts = [analysis.get(str(rank))] + [v for k, v in sorted(analysis.items()) if k != str(rank)]
-            for part in parts:
-                devices = part.get("devices") if isinstance(part, dict) else None
-                for dev in devices or []:
-                    if isinstance(dev, dict) and dev.get("top_kernels"):
-                        return str(cap.get("id")), dev
-        return None, None
+        return latest_timeline(self.ctx.store.list(job), rank)
 
 
 def event_rows(analysis: Mapping[str, Any]) -> dict[str, Any]:

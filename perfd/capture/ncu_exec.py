@@ -35,7 +35,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -214,6 +214,28 @@ def rank_prefix(job: str, ranks: Sequence[int], opts: NcuOptions, capture_dir: s
     if capture_dir is not None:
         words += ["--capture-dir", str(capture_dir)]
     return [*words, "--"]
+
+
+TIMELINE_TOOLS = ("kineto", "nsys")  # captures whose analysis lists the timeline's top kernels
+
+
+def latest_timeline(manifests: Iterable[Mapping[str, Any]], rank: int | None = None
+                    ) -> tuple[str | None, dict[str, Any] | None]:
+    """The newest finished Kineto/nsys capture among ``manifests`` (a store's, newest first): (its id,
+    one device's analysis with its top kernels), ``rank``'s when that capture has it."""
+    for cap in manifests:
+        if cap.get("status") != "ok" or cap.get("tool") not in TIMELINE_TOOLS:
+            continue
+        analysis = cap.get("analysis") or {}
+        if not isinstance(analysis, Mapping):
+            continue
+        mine = [analysis.get(str(rank))] if rank is not None else []
+        for part in mine + [v for k, v in sorted(analysis.items()) if rank is None or k != str(rank)]:
+            devices = part.get("devices") if isinstance(part, Mapping) else None
+            for dev in devices if isinstance(devices, list) else []:
+                if isinstance(dev, dict) and dev.get("top_kernels"):
+                    return str(cap.get("id")), dev
+    return None, None
 
 
 @dataclass
