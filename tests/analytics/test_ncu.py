@@ -64,7 +64,8 @@ def test_details_page_grouped_as_ncus_own_summary():
     fields = {"compute_throughput": (sol + "Compute (SM) Throughput", 0.01),
               "memory_throughput": (sol + "Memory Throughput", 0.01),
               "dram_throughput": (sol + "DRAM Throughput", 0.01),
-              "achieved_occupancy": (occ + "Achieved Occupancy", 0.01), "duration_ms": (sol + "Duration", 1.0),
+              "achieved_occupancy": (occ + "Achieved Occupancy", 0.01),
+              "duration_ms": (sol + "Duration", 1.0),
               "sm_clock_hz": (sol + "SM Frequency", 1e9),
               "registers_per_thread": (launch + "Registers Per Thread", 1.0),
               "threads_per_block": (launch + "Block Size", 1.0),
@@ -189,7 +190,8 @@ def raw_page(details: str, extra: dict[int, dict[str, tuple[str, str]]]) -> str:
     w.writerow([*ncu._IDENTITY, *names])
     w.writerow(["" for _ in ncu._IDENTITY] + [units[n] for n in names])
     for lid in sorted(launches):
-        w.writerow([ident[lid][k] for k in ncu._IDENTITY] + [launches[lid].get(n, ("", ""))[1] for n in names])
+        values = [launches[lid].get(n, ("", ""))[1] for n in names]
+        w.writerow([ident[lid][k] for k in ncu._IDENTITY] + values)
     return out.getvalue()
 
 
