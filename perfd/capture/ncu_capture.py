@@ -117,6 +117,8 @@ class NcuCapture:
         if not results:
             raise CaptureFailed("timeout" if m.get("range_overran") and not closed else "failed",
                                 reason or "no kernel profiled")
+        if len(closed) < len(requests):  # the rows are kept; the capture did not end as asked
+            raise CaptureFailed("timeout", reason)
         return reason
 
     def _watch(self, requests: Mapping[int, int], budget_s: float, deadline: float,
@@ -146,9 +148,12 @@ class NcuCapture:
         """Copy, import, parse and join one rank's report; the number of new kernels recorded."""
         assert self.ncu is not None
         rep = t.report
+        # ncu writes as it profiles (the probe's report had its final size within the profiled
+        # step): after the close, ten settle periods are plenty, and the deadline may be spent by then
+        flush_s = max(10 * self.ctx.settle_s, 2.0)
         grown = wait_stable(lambda: [rep] if _size(rep) > max(before, 0) else [],
-                            max(0.0, deadline - time.monotonic()), settle_s=self.ctx.settle_s,
-                            stop=self.ctx.closing.is_set)
+                            min(max(deadline - time.monotonic(), 3 * self.ctx.settle_s), flush_s),
+                            settle_s=self.ctx.settle_s, stop=self.ctx.closing.is_set)
         if not grown:
             spent = self.ncu.last_seen(t) + 1
             raise CaptureFailed("failed", f"ncu wrote nothing for the range (its report {rep.name} did not "
