@@ -217,25 +217,54 @@ def rank_prefix(job: str, ranks: Sequence[int], opts: NcuOptions, capture_dir: s
 
 
 TIMELINE_TOOLS = ("kineto", "nsys")  # captures whose analysis lists the timeline's top kernels
+TRACE_KINDS = ("kineto_trace", "nsys_sqlite")  # their artifacts the timeline can be read again from
+# Kernels of a timeline the join looks through: a capture's analysis keeps its top 10, where one
+# elementwise function alone has a dozen instantiations (the big H100 Megatron-LM capture: 18 of
+# vectorized_elementwise_kernel in its top 80), so the trace is read again when it is still there.
+JOIN_TOP_N = 200
 
 
 def latest_timeline(manifests: Iterable[Mapping[str, Any]], rank: int | None = None
                     ) -> tuple[str | None, dict[str, Any] | None]:
     """The newest finished Kineto/nsys capture among ``manifests`` (a store's, newest first): (its id,
-    one device's analysis with its top kernels), ``rank``'s when that capture has it."""
+    one device's analysis with its top kernels), ``rank``'s when that capture has it; the device's
+    JOIN_TOP_N kernels when the capture's trace is still on disk, else the ones it kept."""
     for cap in manifests:
         if cap.get("status") != "ok" or cap.get("tool") not in TIMELINE_TOOLS:
             continue
         analysis = cap.get("analysis") or {}
         if not isinstance(analysis, Mapping):
             continue
-        mine = [analysis.get(str(rank))] if rank is not None else []
-        for part in mine + [v for k, v in sorted(analysis.items()) if rank is None or k != str(rank)]:
+        keys = ([str(rank)] if rank is not None else []) + sorted(k for k in analysis if k != str(rank))
+        for key in keys:
+            part = analysis.get(key)
             devices = part.get("devices") if isinstance(part, Mapping) else None
             for dev in devices if isinstance(devices, list) else []:
                 if isinstance(dev, dict) and dev.get("top_kernels"):
-                    return str(cap.get("id")), dev
+                    return str(cap.get("id")), _widened(cap, key, dev)
     return None, None
+
+
+def _widened(cap: Mapping[str, Any], key: str, dev: dict[str, Any]) -> dict[str, Any]:
+    """``dev`` read again from its capture's trace with JOIN_TOP_N kernels (``dev`` when it cannot be)."""
+    from perfd.capture.chrome_trace import analyze_chrome_trace
+    from perfd.capture.nsys_sqlite import analyze_nsys
+
+    for art in cap.get("artifacts") or []:
+        if not isinstance(art, Mapping) or art.get("kind") not in TRACE_KINDS or art.get("pruned"):
+            continue
+        if art.get("rank") is not None and str(art.get("rank")) != key:
+            continue
+        path = Path(str(art.get("path")))
+        try:
+            read = analyze_nsys if art["kind"] == "nsys_sqlite" else analyze_chrome_trace
+            wide = read(path, top_n=JOIN_TOP_N).to_json()["devices"]
+        except Exception:  # gone, unreadable: the kept top kernels will do
+            continue
+        for d in wide if isinstance(wide, list) else []:
+            if isinstance(d, dict) and d.get("device") == dev.get("device") and d.get("top_kernels"):
+                return d
+    return dev
 
 
 @dataclass

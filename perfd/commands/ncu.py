@@ -206,12 +206,13 @@ def _texts(args: argparse.Namespace) -> list[str]:
 
 def _timeline(path: str, device: int | None) -> tuple[list[Any], dict[str, float] | None]:
     from perfd.analytics.ncu_join import timeline_kernels
+    from perfd.capture.ncu_exec import JOIN_TOP_N
 
     p = Path(path)
     if p.suffix in (".nsys-rep", ".sqlite"):
         from perfd.capture.nsys_sqlite import analyze_nsys
 
-        devices = analyze_nsys(p).to_json()["devices"]
+        devices = analyze_nsys(p, top_n=JOIN_TOP_N).to_json()["devices"]
     else:
         data = json.loads(p.read_text()) if p.suffix == ".json" else None
         if isinstance(data, dict) and "devices" in data:  # an analysis: perfd analyze trace|nsys --json
@@ -219,7 +220,7 @@ def _timeline(path: str, device: int | None) -> tuple[list[Any], dict[str, float
         else:
             from perfd.capture.chrome_trace import analyze_chrome_trace
 
-            devices = analyze_chrome_trace(p).to_json()["devices"]
+            devices = analyze_chrome_trace(p, top_n=JOIN_TOP_N).to_json()["devices"]
     assert isinstance(devices, list)
     dev = next((d for d in devices if isinstance(d, dict) and d.get("top_kernels")
                 and (device is None or d.get("device") == device)), None)

@@ -9,6 +9,7 @@ refusals both ways."""
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import sys
 import threading
@@ -28,6 +29,7 @@ from tests.analytics.test_ncu import TENSOR, raw_page
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DETAILS = DATA / "ncu" / "h100_mlp_sol_details_5.csv"
+BIG = DATA / "captures" / "kineto_h100_megatron" / "big_rank0.json.gz"
 # What ncu's HighPipeUtilization rule says of launch 3 of that export (the 256x128 GEMM): "Tensor is the
 # highest-utilized pipeline (95.2%)"; the export has no warp-stall values (its rules quote none).
 MLP_EXTRA = {3: {TENSOR: ("%", "95.2")}}
@@ -98,9 +100,18 @@ class Job:
             ncu=NcuExecutor(self.root, ncu=str(self.exe)), hook_canceller=self.cancel,
             under_check=lambda pid, ncu_pid: None if (pid, ncu_pid) == (11, 4242) else "not under that ncu")
 
-    def kineto_capture(self) -> str:
+    def kineto_capture(self, keep_trace: bool = True) -> str:
+        """A Kineto capture of rank 0 as the agent keeps one: the real trace as its artifact, the
+        analysis with the top 10 kernels."""
+        from perfd.capture.chrome_trace import analyze_chrome_trace
+
         m = self.store.new_capture("job1", (0,), "kineto")
-        m["analysis"] = {"0": {"devices": [megatron_device()]}}
+        trace = self.store.capture_dir(m["id"]) / "rank0_123.json.gz"
+        shutil.copyfile(BIG, trace)
+        self.store.add_artifact(m, trace, "kineto_trace", 0, 123)
+        m["analysis"] = {"0": analyze_chrome_trace(trace).to_json()}
+        if not keep_trace:
+            trace.unlink()
         return str(self.store.finish(m, "ok")["id"])
 
     def event(self, rid: int, state: str, step: int) -> None:
@@ -165,6 +176,17 @@ def test_one_step_range_imported_parsed_and_joined(tmp_path):
     rows = done["ranks"]["1"]["ncu_kernels"]
     assert len(rows) == 5 and all(len(r["name"]) <= 200 and "ids" not in r for r in rows)
     assert done["ranks"]["1"]["ncu_joined_to"] == kineto and done["ranks"]["1"]["ncu_categories"]
+
+
+def test_without_the_trace_the_join_has_the_kept_top_kernels_only(tmp_path):
+    """The earlier capture's trace was pruned: its top 10 hold no GELU (a multiply of the same
+    function is there, and is not taken for it)."""
+    job = Job(tmp_path)
+    kineto = job.kineto_capture(keep_trace=False)
+    a = job.capture()["analysis"]["1"]
+    assert a["joined_to"] == kineto
+    gelu = next(k for k in a["kernels"] if "GeluCUDAKernelImpl" in k["name"])
+    assert gelu["match"] == "none" and gelu["captured_share"] is None and gelu["category"]
 
 
 def test_a_range_after_the_budget_is_spent_says_so(tmp_path):
