@@ -214,6 +214,7 @@ class _Launch:
 @dataclass
 class _Parsed:
     launches: dict[int, _Launch] = field(default_factory=dict)
+    page_names: dict[int, str] = field(default_factory=dict)  # launch -> name, on the page being read
     pages: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     truncated: bool = False
@@ -255,6 +256,7 @@ def _parse_one(text: str, into: _Parsed) -> None:
     if truncated:
         into.truncated = True
         into.problems.append("the input ends inside a row (a truncated file?): its last row was dropped")
+    into.page_names = {}
     header = [h.strip().lstrip("\ufeff") for h in rows[0]]
     col = {h: i for i, h in enumerate(header)}
     for need in ("ID", "Kernel Name"):
@@ -281,13 +283,16 @@ def _launch(row: list[str], col: Mapping[str, int], into: _Parsed, line: int) ->
             return None
         return row[i].strip() or None
 
+    seen = into.page_names.setdefault(int(lid), name)
+    if seen != name:  # within one page a launch has one name
+        into.problems.append(f"line {line}: launch {int(lid)} is named {name[:60]!r} here and "
+                             f"{seen[:60]!r} before; row skipped")
+        return None
     got = into.launches.get(int(lid))
     if got is None:
         got = into.launches[int(lid)] = _Launch(int(lid), name, cell("Grid Size"), cell("Block Size"))
-    elif got.name != name:
-        into.problems.append(f"line {line}: launch {int(lid)} is named {name[:60]!r} here and "
-                             f"{got.name[:60]!r} before; row skipped")
-        return None
+    elif len(name) > len(got.name):  # another page's spelling of the same launch: keep the fuller one
+        got.name = name
     return got
 
 
@@ -335,12 +340,15 @@ def _wide_rows(rows: list[list[str]], header: list[str], col: Mapping[str, int],
             launch.raw[header[i]] = (units.get(i, ""), row[i])
 
 
-def _convert(kind: Kind, unit: str, text: str) -> tuple[float | None, bool]:
-    """(value in base units, unit understood)."""
+def _convert(kind: Kind, unit: str, text: str, name: str = "") -> tuple[float | None, bool]:
+    """(value in base units, unit understood). A raw metric named a percentage (``..pct..``) is one
+    whatever its unit cell says: a raw page exported without its units row still reads."""
     v = _number(text)
     if v is None:
         return None, True
     u = unit.strip().lower()
+    if kind == "pct" and not u and "pct" in name:
+        u = "%"
     scale = {"time": _TIME_MS, "freq": _FREQ_HZ, "pct": _PCT}.get(kind)
     if scale is None:
         return v, True
@@ -350,15 +358,15 @@ def _convert(kind: Kind, unit: str, text: str) -> tuple[float | None, bool]:
 
 
 def _field_value(f: _Field, launch: _Launch, problems: list[str]) -> float | None:
-    sources = [launch.labelled.get(k) for k in f.details] + [launch.raw.get(k) for k in f.raw]
-    if f.attr == "tensor_pipe" and not any(sources):
-        subs = [v for k, v in launch.raw.items() if _TENSOR_SUBPIPE.match(k)]
-        best = [x for x in (_convert("pct", u, t)[0] for u, t in subs) if x is not None]
+    sources = [(launch.labelled.get(k), "") for k in f.details] + [(launch.raw.get(k), k) for k in f.raw]
+    if f.attr == "tensor_pipe" and not any(s for s, _ in sources):
+        subs = [(v, k) for k, v in launch.raw.items() if _TENSOR_SUBPIPE.match(k)]
+        best = [x for x in (_convert("pct", u, t, k)[0] for (u, t), k in subs) if x is not None]
         return max(best) if best else None
-    for src in sources:
+    for src, raw_name in sources:
         if src is None:
             continue
-        v, known = _convert(f.kind, *src)
+        v, known = _convert(f.kind, src[0], src[1], raw_name)
         if not known:
             problems.append(f"launch {launch.id}: {f.attr} in unit {src[0]!r}, which perfd does not "
                             "convert: left absent")

@@ -242,3 +242,27 @@ def test_since_keeps_the_launches_after_an_id():
     assert [k.ids for k in rep.since(1).kernels] == [(0, 2), (1, 3)]
     assert [k.ids for k in rep.since(2).kernels] == [(1, 3)]
     assert rep.since(3).kernels == ()
+
+
+def test_a_raw_page_without_its_units_row_keeps_the_percentages():
+    """A percentage is one by its raw name; a duration without its unit cannot be scaled: absent."""
+    lines = raw_page(FULL, EXTRA).splitlines(keepends=True)
+    b = parse_csv(lines[0] + "".join(lines[2:]))
+    k = b.kernels[0]
+    assert k.compute_throughput == pytest.approx(parse_csv(FULL).kernels[0].compute_throughput)
+    assert k.tensor_pipe == pytest.approx(0.938)
+    assert k.duration_ms is None and any("duration_ms in unit ''" in p for p in b.problems)
+
+
+def test_pages_spelling_a_launch_differently_still_merge_by_id():
+    """The two pages of one report name a launch their own way (here: the raw page by its function
+    only); the launch is the same, the fuller name is kept."""
+    rows = list(csv.reader(io.StringIO(raw_page(MLP, {}))))
+    kn = rows[0].index("Kernel Name")
+    for r in rows[2:]:
+        r[kn] = function_name(r[kn])
+    out = io.StringIO()
+    csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(rows)
+    both = parse_exports([out.getvalue(), MLP])
+    assert both.launches == 5 and not both.problems
+    assert [k.name for k in both.kernels] == [k.name for k in parse_csv(MLP).kernels]
