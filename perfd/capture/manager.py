@@ -238,7 +238,7 @@ class CaptureManager:
         payload = {"status": status, "reason": reason or None, "latency_s": final.get("latency_s"),
                    "mode": final.get("mode"),
                    "bytes": sum(int(a.get("bytes") or 0) for a in final.get("artifacts", [])),
-                   "ranks": {r: {"devices": a.get("summary", []), **event_rows(a)}
+                   "ranks": {r: {"devices": a.get("summary", []), **event_rows(a, len(final["analysis"]))}
                              for r, a in (final.get("analysis") or {}).items()}}
         if "range_overran" in final:
             payload["range_overran"] = bool(final["range_overran"])

@@ -33,7 +33,9 @@ from perfd.capture.request import CaptureRequest
 
 log = logging.getLogger(__name__)
 
-EVENT_KERNELS = 40  # per-kernel rows an event carries (the manifest keeps every one)
+# Per-kernel rows one capture's event carries, all ranks together (the manifest keeps every one): a
+# row is ~1 KB, and an event must stay well under perfd.limits.MAX_EVENT_BYTES (256 KiB).
+EVENT_KERNELS = 60
 EVENT_NAME_CHARS = 200
 
 # (rank's pid, ncu's pid) -> None when the rank runs under that ncu, else why not
@@ -200,19 +202,21 @@ class NcuCapture:
         return latest_timeline(self.ctx.store.list(job), rank)
 
 
-def event_rows(analysis: Mapping[str, Any]) -> dict[str, Any]:
-    """What an ncu rank's analysis puts in the capture's event (bounded: the manifest has it all)."""
+def event_rows(analysis: Mapping[str, Any], ranks: int = 1) -> dict[str, Any]:
+    """What an ncu rank's analysis puts in the capture's event, ``ranks`` ranks sharing EVENT_KERNELS
+    rows (bounded: the manifest has them all)."""
     kernels = analysis.get("kernels")
     if not isinstance(kernels, list):
         return {}
     rows = []
-    for k in kernels[:EVENT_KERNELS]:
+    for k in kernels[: max(5, EVENT_KERNELS // max(ranks, 1))]:
         if isinstance(k, dict):
             rows.append({**{x: v for x, v in k.items() if x not in ("ids", "name", "timeline_name")},
                          "name": str(k.get("name", ""))[:EVENT_NAME_CHARS],
                          "timeline_name": (str(k["timeline_name"])[:EVENT_NAME_CHARS]
                                            if k.get("timeline_name") else None)})
-    return {"ncu_kernels": rows, "ncu_categories": analysis.get("categories") or [],
+    return {"ncu_kernels": rows, "ncu_kernels_total": len(kernels),
+            "ncu_categories": analysis.get("categories") or [],
             "ncu_joined_to": analysis.get("joined_to"), "ncu_clock_control": analysis.get("clock_control")}
 
 

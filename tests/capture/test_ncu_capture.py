@@ -294,3 +294,18 @@ def test_target_records_round_trip_and_bad_ones_are_refused(tmp_path):
 def test_budgets_out_of_bounds_are_refused(opts, why):
     with pytest.raises(ValueError, match=why):
         opts.check()
+
+
+def test_event_rows_stay_bounded_over_many_ranks():
+    from perfd.capture.ncu_capture import EVENT_KERNELS, event_rows
+
+    row = {"name": "x" * 5000, "timeline_name": "y" * 5000, "ids": list(range(100)), "bound": "memory-bound"}
+    part = {"kernels": [row] * 100, "categories": [{"category": "gemm"}], "joined_to": None}
+    one = event_rows(part)
+    assert len(one["ncu_kernels"]) == EVENT_KERNELS and one["ncu_kernels_total"] == 100
+    assert all(len(r["name"]) == 200 and len(r["timeline_name"]) == 200 and "ids" not in r
+               for r in one["ncu_kernels"])
+    eight = [event_rows(part, 8) for _ in range(8)]
+    assert sum(len(e["ncu_kernels"]) for e in eight) <= EVENT_KERNELS
+    assert len(json.dumps(eight)) < 256 * 1024 / 2
+    assert event_rows({"devices": []}) == {}  # a timeline capture's analysis adds nothing

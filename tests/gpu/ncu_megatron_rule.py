@@ -318,6 +318,7 @@ class Run:
         sizes: list[tuple[float, int]] = []
         capture: dict[str, Any] | None = None
         range_step: int | None = None
+        ended_at: int | None = None  # the last iteration logged when the capture ended
         range_open = False
         next_print = 0.0
         while time.time() < self.deadline - 45:
@@ -337,9 +338,14 @@ class Run:
                 imports.append(self.try_import(ncu, live, "during the range", launch))
             if caps and caps[0]["status"] in ENDED:
                 capture = caps[0]
+                if ended_at is None:
+                    ended_at = last
                 if not any(i["when"] == "after the range" for i in imports) and live.exists():
                     imports.append(self.try_import(ncu, live, "after the range", launch))
-                if range_step is None or (last is not None and last >= range_step + POST_STEPS + 1):
+                # the steps after: once the agent's import and the script's are done
+                if range_step is None or (
+                    last is not None and ended_at is not None and last >= ended_at + POST_STEPS
+                ):
                     break
             if launch.poll() is not None:
                 self.say(f"the ncu job ended (perfd launch exit {launch.returncode})")
@@ -363,6 +369,7 @@ class Run:
             self.res["api_error_after"] = repr(exc)
         self.res["capture"] = capture
         self.res["range_step"] = range_step
+        self.res["capture_ended_at_iteration"] = ended_at
         its = log_iterations(log)
         self.res["ncu_steps"] = {i: ms for i, (ms, _) in sorted(its.items())}
         self.stop_phase("ncu")
@@ -458,12 +465,16 @@ class Run:
         s = res.get("range_step")
         timing: dict[str, Any] = {"range_step": s, "ncu_run": steps, "baseline": res.get("baseline_steps")}
         if s is not None:
+            e = max(res.get("capture_ended_at_iteration") or s + 1, s + 1)
             before = [ms for i, ms in steps.items() if WARMUP_STEPS < i < s]
-            after = [ms for i, ms in steps.items() if s + 1 < i <= s + 1 + POST_STEPS]
+            # between the range and the capture's end the agent copies and imports the report (CPU)
+            importing = [ms for i, ms in steps.items() if s + 1 < i <= e]
+            after = [ms for i, ms in steps.items() if e < i <= e + POST_STEPS]
             res["step_summary"] = {
                 "before": stats(before),
                 "during_ms": steps.get(s),
                 "first_after_ms": steps.get(s + 1),
+                "while_the_agent_imports": stats(importing),
                 "after": stats(after),
                 "baseline": res.get("baseline_stats"),
             }
@@ -557,6 +568,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"- baseline (no ncu): {json.dumps(sm.get('baseline'))}",
         f"- under ncu, before the range: {json.dumps(sm.get('before'))}",
         f"- the range's step: {sm.get('during_ms')}; the next: {sm.get('first_after_ms')}",
+        f"- while the agent imports the report: {json.dumps(sm.get('while_the_agent_imports'))}",
         f"- after the range: {json.dumps(sm.get('after'))}",
         "",
         "Import while the job runs:",
