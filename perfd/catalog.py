@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from perfd.model import CAPTURE_TOOLS
+
 Kind = Literal["gauge", "counter", "histogram"]
 
 JOB = ("job_name",)
@@ -50,7 +52,7 @@ LABELS: dict[str, str] = {
     "cpu": "CPU index (only with the host collector's per_cpu: true)",
     "replay": "present (\"1\") on samples replayed from a recording",
     "link": "NVLink index",
-    "tool": "capture tool (kineto, nsys)",
+    "tool": f"capture tool ({', '.join(t for t in CAPTURE_TOOLS if t != 'auto')})",
     "status": "capture outcome (ok, failed, skipped)",
     "group": "parallel group class of a process group (tp, cp, ep, dp, pp, world, other)",
     "scope": "link a process group crosses (intra-node, inter-node, unknown)",

@@ -42,6 +42,9 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     from perfd.commands.analyze_torchtitan import add_arguments as add_torchtitan_arguments
 
     add_torchtitan_arguments(asub)
+    from perfd.commands.ncu import add_analyze_arguments as add_ncu_arguments
+
+    add_ncu_arguments(asub)
 
 
 def _add_catalog(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -78,6 +81,7 @@ EXAMPLES: dict[str, str] = {
                             "--metrics http://127.0.0.1:30000/metrics",
     "perfd analyze nsys": "perfd analyze nsys capture.nsys-rep --json",
     "perfd analyze trace": "perfd analyze trace /tmp/perfd-kineto/trace_1234.json.gz",
+    "perfd analyze ncu": "perfd analyze ncu rank0.ncu-rep --capture trace_1234.json.gz",
     "perfd catalog": "perfd catalog --markdown > metrics.md",
     "perfd agent": "perfd agent --aggregator 127.0.0.1:50051 --job gpt-8b --megatron-log /logs/train.log "
                    "--nvml real --metrics-port 9400",
@@ -96,6 +100,10 @@ EXAMPLES: dict[str, str] = {
                          "python train.py",
     "perfd nsys-exec": "RANK=0 perfd nsys-exec --job gpt-8b -- python train.py   "
                        "# what nsys-prefix prints does this per rank",
+    "perfd ncu-prefix": "torchrun --no-python --nproc-per-node 8 $(perfd ncu-prefix --job gpt-8b --ranks 3 "
+                        "--kernels-from latest) python train.py",
+    "perfd ncu-exec": "RANK=3 perfd ncu-exec --job gpt-8b --ranks 3 -- python train.py   "
+                      "# what ncu-prefix prints does this per rank",
     "perfd top": "perfd top --aggregator http://127.0.0.1:9401 --job gpt-8b\n  "
                  "perfd top --once   # one screen, then exit (scripts)",
 }

@@ -1,7 +1,7 @@
 """`perfd launch`: run a training command with the environment perfd needs, and watch it.
 
 ``perfd launch [--job NAME] [--flight-recorder DIR] [--fr-timing] [--kineto] [--nsys SESSION]
-[--agent-socket PATH] [--log FILE] [--manifest FILE] -- CMD ...``
+[--ncu RANKS] [--agent-socket PATH] [--log FILE] [--manifest FILE] -- CMD ...``
 
 - The command is an argument list, never a shell string.
 - Environment added to the inherited one (and listed in the manifest):
@@ -27,6 +27,12 @@
 - ``--nsys SESSION`` wraps the command in ``nsys launch --session-new=SESSION ...``
   (:func:`perfd.capture.nsys_exec.nsys_launch_argv`; nsys from ``$PERFD_NSYS``, ``PATH`` or the
   known install path; a clear error when it is missing).
+- ``--ncu RANKS`` runs a one-process command under ``perfd ncu-exec`` (:mod:`perfd.capture.ncu_exec`):
+  when its rank (RANK, else 0) is one of RANKS it starts under Nsight Compute with profiling off, its
+  kernel and time budgets from ``--ncu-launch-count``, ``--ncu-kernel-filter``, ``--ncu-clock-control``
+  and ``--ncu-time-budget``; an ncu capture (rule or ``perfd capture --tool ncu``) then profiles one
+  step. A torchrun command is refused: wrapping torchrun would put every rank under ncu, so the
+  chosen ranks go under ncu with ``$(perfd ncu-prefix ...)`` after ``torchrun --no-python``.
 - The command's stdout and stderr (one pipe, so their interleaving is kept) are copied to this
   terminal and to ``--log`` (default ``<run dir>/output.log``) as they arrive, byte for byte,
   partial lines included: the agent's log collectors tail that file. Beside it,
@@ -91,6 +97,9 @@ class LaunchOptions:
     kineto: bool = False
     nsys_session: str | None = None
     nsys_trace: str = "cuda,nvtx,osrt"
+    ncu_ranks: list[int] | None = None  # ranks that run under ncu (perfd ncu-exec)
+    ncu_options: Any = None  # perfd.capture.ncu_exec.NcuOptions (their defaults when None)
+    ncu_capture_dir: str | None = None  # the agent's capture_dir (where it finds the ranks under ncu)
     log: str | None = None
     manifest: str | None = None
     run_dir: str | None = None
@@ -109,6 +118,7 @@ class LaunchPlan:
     fr_dir: Path | None = None
     fr_buffer: int = 2000
     nsys: dict[str, str] | None = None
+    ncu: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     wandb_run_id: str | None = None
     log_collector: str = "megatron"  # the collector that reads the command's log
@@ -243,7 +253,34 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
         plan.nsys = {"binary": nsys, "session": opts.nsys_session, "trace": opts.nsys_trace}
+    if opts.ncu_ranks:
+        _ncu(plan, opts, cmd)
     return plan
+
+
+def is_torchrun(cmd: Sequence[str]) -> bool:
+    """Whether the command starts torchrun (``torchrun`` or ``python -m torch.distributed.run``)."""
+    return any(os.path.basename(a) == "torchrun" or a == "torch.distributed.run" for a in cmd[:4])
+
+
+def _ncu(plan: LaunchPlan, opts: LaunchOptions, cmd: list[str]) -> None:
+    """Wrap a one-process command in ``perfd ncu-exec`` (the ncu binary checked now, not at start)."""
+    from perfd.capture.ncu_exec import NcuNotFoundError, NcuOptions, find_ncu, rank_prefix
+
+    if opts.nsys_session:
+        raise LaunchError("--ncu and --nsys: one CUPTI client per process, choose one")
+    if is_torchrun(cmd):
+        raise LaunchError("--ncu wraps one process; under torchrun put $(perfd ncu-prefix --job "
+                          f"{opts.job} --ranks R) after torchrun --no-python, so only rank R runs under ncu")
+    try:
+        ncu = find_ncu()
+        o = (opts.ncu_options or NcuOptions()).check()
+        plan.argv = [*rank_prefix(opts.job, opts.ncu_ranks or [0], o, opts.ncu_capture_dir), *cmd]
+    except (NcuNotFoundError, ValueError) as exc:
+        raise LaunchError(f"--ncu: {exc}") from None
+    plan.ncu = {"binary": ncu, "ranks": list(opts.ncu_ranks or []), "launch_count": o.launch_count,
+                "kernel_filter": o.kernel_filter, "clock_control": o.clock_control,
+                "time_budget_s": o.time_budget_s, "capture_dir": opts.ncu_capture_dir}
 
 
 def _wandb(plan: LaunchPlan, opts: LaunchOptions, environ: Mapping[str, str]) -> None:
@@ -282,7 +319,7 @@ def manifest_data(plan: LaunchPlan, opts: LaunchOptions, pid: int | None, status
             "buffer_entries": opts.fr_buffer},
         "hook_socket": plan.hook_socket,
         "kineto": {"config": plan.env_set.get("KINETO_CONFIG")} if opts.kineto else None,
-        "nsys": plan.nsys, "notes": plan.notes, "collectors": plan.collectors(opts.job),
+        "nsys": plan.nsys, "ncu": plan.ncu, "notes": plan.notes, "collectors": plan.collectors(opts.job),
         "wandb_run_id": plan.wandb_run_id,
     }
 

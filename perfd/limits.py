@@ -73,6 +73,15 @@ CAPTURE_REQUESTS_PER_JOB = 5  # requests (HTTP API and webhook) accepted per job
 CAPTURE_RATE_WINDOW_S = 300.0  # ... in this sliding window
 MAX_CAPTURE_RECORDS = 1_000  # capture records kept; the oldest finished ones are pruned first
 MAX_ALERTS_PER_WEBHOOK = 100  # alerts of one Alertmanager POST that may ask for a capture
+# Nsight Compute ranges (perfd.capture.ncu_exec): what a rank under ncu may cost, fixed when it starts
+# (ncu's filters are its command line and count over the whole process). Measured on the H100
+# (/work/shared/gpu/README.md "Nsight Compute"): five sections, 13 replay passes per kernel, 60 kernels
+# in 36.4 s of one step, so ~0.61 s per kernel profiled; the default budget takes ~25 s.
+NCU_REPLAY_S_PER_KERNEL = 0.61
+NCU_LAUNCH_COUNT = 40  # kernels one rank profiles (its --launch-count), over all its ranges
+MAX_NCU_LAUNCH_COUNT = 1_000
+NCU_TIME_BUDGET_S = 90.0  # one range; past it the capture closes the range and says it overran
+MAX_NCU_TIME_BUDGET_S = 1_800.0
 
 # ---- HTTP -----------------------------------------------------------------------------------------
 # perfd.exporters.httpd: one thread reads and writes every connection, workers only compute, so a

@@ -21,8 +21,9 @@ RankScope = int | Literal["last", "all"]
 
 # The capture tools, declared once: rules (perfd/rules), the capture coordinator, the CLI and the
 # agent's capture manager all derive from this. "auto" = nsys when the job runs under a perfd nsys
-# session or range profile, else Kineto (perfd/capture/manager.py decides).
-CaptureTool = Literal["kineto", "nsys", "auto"]
+# session or range profile, else Kineto (perfd/capture/manager.py decides); never ncu, a kernel deep
+# dive asked for by name on ranks started under it (perfd ncu-prefix, perfd launch --ncu).
+CaptureTool = Literal["kineto", "nsys", "ncu", "auto"]
 CAPTURE_TOOLS: tuple[CaptureTool, ...] = get_args(CaptureTool)
 
 

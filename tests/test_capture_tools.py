@@ -35,10 +35,11 @@ def test_tool_list_written_only_in_model():
 
 
 def test_consumers_use_the_declaration():
-    assert rules_model.TOOLS == capture_request.TOOLS == CAPTURE_TOOLS == ("kineto", "nsys", "auto")
+    assert rules_model.TOOLS == capture_request.TOOLS == CAPTURE_TOOLS == ("kineto", "nsys", "ncu", "auto")
     import argparse
 
     ap = argparse.ArgumentParser()
     capture_cmd.register(ap.add_subparsers())
     ns = ap.parse_args(["capture", "--job", "j", "--tool", "nsys"])
     assert ns.tool == "nsys"
+    assert ap.parse_args(["capture", "--job", "j", "--tool", "ncu"]).tool == "ncu"

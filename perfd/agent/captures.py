@@ -1,8 +1,10 @@
-"""The agent's capture executor: capture commands from the aggregator → Kineto/nsys on this node.
+"""The agent's capture executor: capture commands from the aggregator → Kineto/nsys/ncu on this node.
 
 Knows which pid is which rank from the NVML collector's process lists (each process's RANK), asks
-the step hook for step-aligned nsys ranges when the job runs one, and reports progress back as
-events (capture_started / capture_finished / capture_failed) through the same stream as the data.
+the step hook for step-aligned nsys and ncu ranges when the job runs one (and cancels an ncu range
+past its time budget), and reports progress back as events (capture_started / capture_finished /
+capture_failed) through the same stream as the data. Ranks under ncu are found where ``perfd
+ncu-exec`` records them, under this agent's capture directory (``<capture_dir>/ncu``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from perfd.capture.dynolog import (
 )
 from perfd.capture.kineto_daemon import DEFAULT_SOCKET_NAME, KinetoDaemon, KinetoDaemonError
 from perfd.capture.manager import CaptureManager
+from perfd.capture.ncu_exec import NcuExecutor
 from perfd.capture.nsys_exec import RANGE_SUBDIR, NsysExecutor, default_capture_root
 from perfd.capture.store import CaptureStore
 from perfd.collector import Collector
@@ -62,13 +65,14 @@ class AgentCaptures:
         self._lock = threading.Lock()
         self._rank_pid: dict[int, int] = {}
         requester = getattr(hook, "request_profile", None)
+        canceller = getattr(hook, "cancel_profile", None)
         peers = getattr(hook, "peers", None)
         self._hook_peers: Mapping[int, Any] | None = peers
         self.manager = CaptureManager(
             self.store, self.kineto, nsys if nsys.available() is None else None,
             hook_requester=requester, pids_for_ranks=self._pids_for_ranks, emit=emit,
             hook_last_step=(lambda r: getattr(peers.get(r), "last_step", None)) if peers is not None
-            else None)
+            else None, ncu=NcuExecutor(self.root), hook_canceller=canceller)
 
     def observe(self, events: list[dict[str, Any]]) -> None:
         """Learn rank → pid from process lists; pass the hook's profile events to the manager."""

@@ -169,6 +169,16 @@ CLASS_MIXED_MARGIN = Threshold(
     "other's; closer than that the job is \"mixed\" and the shares say how (perfd.analytics.budget)",
     "DESIGN.md §2 Bottleneck class")
 
+# --- Nsight Compute speed of light (perfd.analytics.ncu: a kernel's class) -----------------------------
+# NVIDIA's own SOLBottleneck rule (Nsight Compute sections/SpeedOfLight.py: latency_bound_threshold 60,
+# no_bound_threshold 80, balanced_threshold 10), so perfd's class of a kernel says what ncu's report does.
+_NCU = "perfd/analytics/ncu.py (NVIDIA's SOLBottleneck rule of Nsight Compute; DESIGN.md has none)"
+SOL_LATENCY = Threshold(0.60, "neither the SM pipelines nor the memory system reach 60% of their peak: "
+                              "the kernel waits (latency: stalls, a small grid, low occupancy)", _NCU)
+SOL_HIGH = Threshold(0.80, "a unit past 80% of its peak bounds the kernel whatever the other does", _NCU)
+SOL_BALANCED_MARGIN = Threshold(0.10, "under the high bar, SM and memory within 10 points of each other "
+                                      "are balanced: both must shrink to speed the kernel up", _NCU)
+
 # --- GPU evidence (perfd.analytics.attribution) ------------------------------------------------------
 STEADY_PRESENT = Threshold(0.5, "GPU evidence seen in half the rank's steady-state sightings is its normal "
                                 "state (a GPU always at its power cap): it explains no incident",

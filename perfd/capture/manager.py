@@ -1,13 +1,14 @@
 """The agent's capture executor (DESIGN.md §3 "Captures", issue 5 item 3): ``capture`` commands in;
-Kineto or nsys captures of the targeted ranks, analysed and kept in the
+Kineto, nsys or ncu captures of the targeted ranks, analysed and kept in the
 :class:`~perfd.capture.store.CaptureStore`, and events out.
 
 ``handle(command)`` returns at once (it runs on the agent's event loop): it validates the arguments
 (:mod:`perfd.capture.request` lists them), finds the ranks' processes, refuses a process already
-being captured ("busy: one CUPTI client per process") or a full store, then runs the capture in a
-worker thread with a deadline: the tool is chosen here, the run itself is
-:class:`~perfd.capture.kineto_capture.KinetoCapture` or :class:`~perfd.capture.nsys_capture.NsysCapture`,
-and the manifest and events are written here.
+being captured ("busy: one CUPTI client per process"), a rank under ncu asked for Kineto or nsys
+(ncu is that process's CUPTI client) and ncu asked for a rank not under it, or a full store, then
+runs the capture in a worker thread with a deadline: the tool is chosen here, the run itself is
+:class:`~perfd.capture.kineto_capture.KinetoCapture`, :class:`~perfd.capture.nsys_capture.NsysCapture`
+or :class:`~perfd.capture.ncu_capture.NcuCapture`, and the manifest and events are written here.
 
 Events (``emit``): ``capture_started``, ``capture_finished``, ``capture_failed``; labels {job, tool,
 ranks}, links {capture_id, steps}, a small payload (status, reason, latency, per-rank device
@@ -26,9 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
 from perfd.capture.dynolog import DynologKineto
+from perfd.capture.hook_ranges import HookCanceller, HookRanges, HookRequester
 from perfd.capture.kineto_capture import KinetoCapture
 from perfd.capture.kineto_daemon import KinetoDaemon
-from perfd.capture.nsys_capture import HookRequester, NsysCapture
+from perfd.capture.ncu_capture import NcuCapture, UnderCheck, event_rows, under_ncu
+from perfd.capture.ncu_exec import NcuExecutor
+from perfd.capture.nsys_capture import NsysCapture
 from perfd.capture.nsys_exec import NsysExecutor, session_name
 from perfd.capture.request import BUSY_REASON, CaptureArgError, CaptureRequest, parse_command
 from perfd.capture.store import CaptureStore
@@ -49,7 +53,9 @@ class CaptureManager:
                  hook_requester: HookRequester | None = None, pids_for_ranks: PidsForRanks | None = None,
                  emit: Emit | None = None, *, clock: Callable[[], float] = time.time,
                  settle_s: float = 1.0, kineto_poll_s: float = 1.0,
-                 hook_last_step: Callable[[int], int | None] | None = None) -> None:
+                 hook_last_step: Callable[[int], int | None] | None = None,
+                 ncu: NcuExecutor | None = None, hook_canceller: HookCanceller | None = None,
+                 under_check: UnderCheck = under_ncu) -> None:
         self.store, self.kineto, self.nsys, self.emit_cb, self.clock = store, kineto, nsys, emit, clock
         self.hook_requester, self.pids_for_ranks = hook_requester, pids_for_ranks
         self.hook_last_step = hook_last_step
@@ -61,7 +67,9 @@ class CaptureManager:
         self.refused = 0
         ctx = RunContext(store, clock, settle_s, self._closing, self._emit)
         self._kineto_runs = KinetoCapture(ctx, kineto, kineto_poll_s)
-        self._nsys_runs = NsysCapture(ctx, nsys, hook_requester, hook_last_step)
+        self._ranges = HookRanges(ctx, hook_requester, hook_last_step, hook_canceller)
+        self._nsys_runs = NsysCapture(ctx, nsys, self._ranges)
+        self._ncu_runs = NcuCapture(ctx, ncu, self._ranges, under_check)
 
     # -- public -------------------------------------------------------------------------------
     def handle(self, command: Command) -> str | None:
@@ -86,6 +94,9 @@ class CaptureManager:
             which = f"rank(s) {missing}" if missing else "any rank"
             return self._refuse(req, f"no process known for {which} of job {req.job} on this node", now)
         keys = {r: (f"pid:{pids[r]}" if r in pids else f"{req.job}/rank:{r}") for r in req.ranks}
+        clash = self._ncu_clash(req, pids)
+        if clash is not None:
+            return self._refuse(req, clash, now, pids)
         quota = self.store.check_quota()
         if quota is not None:
             return self._refuse(req, quota, now, pids)
@@ -110,8 +121,24 @@ class CaptureManager:
         return str(m["id"])
 
     def on_hook_event(self, event: Mapping[str, Any]) -> None:
-        """Feed ``hook_profile`` events from the hook collector (step-aligned nsys ranges)."""
-        self._nsys_runs.on_hook_event(event)
+        """Feed ``hook_profile`` events from the hook collector (step-aligned nsys and ncu ranges)."""
+        self._ranges.on_hook_event(event)
+
+    def _ncu_clash(self, req: CaptureRequest, pids: Mapping[int, int]) -> str | None:
+        """Why the request cannot run on these ranks because of ncu: a rank under ncu has ncu as its
+        CUPTI client, so Kineto and nsys cannot profile it; ncu can profile only a rank under it."""
+        if req.tool == "ncu" and self._ncu_runs.ncu is None:
+            return "ncu captures are off in this agent (no ncu executor)"
+        if self._ncu_runs.ncu is None:
+            return None
+        for r in req.ranks:
+            t, why = self._ncu_runs.target(req.job, r, pids.get(r))
+            if req.tool == "ncu" and t is None:
+                return why
+            if req.tool != "ncu" and t is not None:
+                return (f"{BUSY_REASON}: rank {r} runs under ncu (pid {t.pid}), its CUPTI client; only "
+                        "an ncu capture can profile it")
+        return None
 
     def busy(self) -> dict[str, str]:
         with self._lock:
@@ -130,7 +157,7 @@ class CaptureManager:
 
     def close(self, timeout: float = 5.0) -> None:
         self._closing.set()
-        self._nsys_runs.wake()
+        self._ranges.wake()
         self.wait_idle(timeout)
 
     # -- events -------------------------------------------------------------------------------
@@ -179,6 +206,8 @@ class CaptureManager:
             m["mode"] = mode
             if tool == "kineto":
                 reason = self._kineto_runs.run(req, m, pids, deadline)
+            elif tool == "ncu":
+                reason = self._ncu_runs.run(req, m, pids, deadline)
             elif mode == "range":
                 reason = self._nsys_runs.run_range(req, m, deadline, sessions)
             else:
@@ -209,8 +238,10 @@ class CaptureManager:
         payload = {"status": status, "reason": reason or None, "latency_s": final.get("latency_s"),
                    "mode": final.get("mode"),
                    "bytes": sum(int(a.get("bytes") or 0) for a in final.get("artifacts", [])),
-                   "ranks": {r: {"devices": a.get("summary", [])}
+                   "ranks": {r: {"devices": a.get("summary", []), **event_rows(a, len(final["analysis"]))}
                              for r, a in (final.get("analysis") or {}).items()}}
+        if "range_overran" in final:
+            payload["range_overran"] = bool(final["range_overran"])
         ok = status == "ok"
         outcome = ("finished" + (f" ({reason})" if reason else "")) if ok else f"{status}: {reason}"
         kind = CAPTURE_FINISHED if ok else CAPTURE_FAILED
@@ -221,6 +252,8 @@ class CaptureManager:
 
     def _choose(self, req: CaptureRequest) -> tuple[str, str, list[str]]:
         want = req.tool
+        if want == "ncu":  # never picked by "auto": a rank under ncu asks for it by name (admission)
+            return "ncu", "range", []
         if want in ("nsys", "auto") and self.nsys is not None and self.nsys.available() is None:
             have = self._nsys_runs.listed_sessions()
             per_rank = [session_name(req.job, r) for r in req.ranks]

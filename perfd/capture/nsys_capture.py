@@ -1,23 +1,21 @@
 """An nsys capture's run (the manager's worker calls :meth:`NsysCapture.run_session` or
 :meth:`NsysCapture.run_range`): a time window on the job's or the ranks' nsys sessions, or a
-step-aligned range opened by each rank's step hook, whose ``hook_profile`` events arrive here; then
-each report exported and analysed. Also the session look-ups the manager's tool choice asks. Apart
-from the manager, which only admits requests, picks the tool and keeps the bookkeeping; the nsys
-calls themselves are :mod:`perfd.capture.nsys_exec`.
+step-aligned range opened by each rank's step hook (:class:`~perfd.capture.hook_ranges.HookRanges`,
+shared with ncu); then each report exported and analysed. Also the session look-ups the manager's
+tool choice asks. Apart from the manager, which only admits requests, picks the tool and keeps the
+bookkeeping; the nsys calls themselves are :mod:`perfd.capture.nsys_exec`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, device_summary
+from perfd.capture.hook_ranges import HookRanges
 from perfd.capture.nsys_exec import (
     NsysError,
     NsysExecutor,
@@ -27,18 +25,8 @@ from perfd.capture.nsys_exec import (
     wait_stable,
 )
 from perfd.capture.request import CaptureRequest
-from perfd.events import HOOK_PROFILE
 
 log = logging.getLogger(__name__)
-
-HookRequester = Callable[[int, int, int], "int | None"]  # (rank, start_step, num_steps) -> request id
-
-
-def next_range_start(last_step: int | None) -> int:
-    """The step a hook range asked for now starts at: two past the rank's last reported step (the
-    hook polls every 50 ms and its records arrive batched, so the next step may already be under
-    way; a start that has passed begins at the hook's next step, and its status says which)."""
-    return last_step + 2 if last_step is not None else 0
 
 
 def _reports(base: Path, since: float) -> list[Path]:
@@ -50,30 +38,13 @@ def _existing(path: Path) -> list[Path]:
 
 
 class NsysCapture:
-    def __init__(self, ctx: RunContext, nsys: NsysExecutor | None, hook_requester: HookRequester | None,
-                 hook_last_step: Callable[[int], int | None] | None) -> None:
-        self.ctx, self.nsys = ctx, nsys
-        self.hook_requester, self.hook_last_step = hook_requester, hook_last_step
-        self._hook_events: dict[int, list[dict[str, Any]]] = {}
-        self._hook_cond = threading.Condition()
-
-    def on_hook_event(self, event: Mapping[str, Any]) -> None:
-        """Feed ``hook_profile`` events from the hook collector (step-aligned nsys ranges)."""
-        if event.get("kind") != HOOK_PROFILE.name:
-            return
-        with self._hook_cond, contextlib.suppress(TypeError, ValueError):
-            self._hook_events.setdefault(int(event.get("request_id", -1)), []).append(dict(event))
-            self._hook_cond.notify_all()
-
-    def wake(self) -> None:
-        """Wake every wait for the hook (the manager is closing)."""
-        with self._hook_cond:
-            self._hook_cond.notify_all()
+    def __init__(self, ctx: RunContext, nsys: NsysExecutor | None, ranges: HookRanges) -> None:
+        self.ctx, self.nsys, self.ranges = ctx, nsys, ranges
 
     # -- sessions (the manager's tool choice) -----------------------------------------------------
     def range_ready(self, req: CaptureRequest) -> bool:
         """The job runs under a perfd range profile: its range directory exists."""
-        if self.nsys is None or self.nsys.range_dir is None or self.hook_requester is None:
+        if self.nsys is None or self.nsys.range_dir is None or not self.ranges.available:
             return False
         base = self.nsys.range_base(req.job, req.ranks[0])
         return base is not None and base.parent.is_dir()
@@ -165,7 +136,7 @@ class NsysCapture:
                 raise CaptureFailed("failed", f"{exc} (is rank {req.ranks[len(armed)]} running under "
                                               "perfd nsys-prefix?)") from exc
         try:
-            self._open_ranges(req, m, deadline)
+            self.ranges.open(req, m, deadline)
         except CaptureFailed:
             for s in armed.values():  # a session left armed would record the next range nobody asked for
                 nsys.cancel(s)
@@ -200,70 +171,3 @@ class NsysCapture:
         if len(problems) == len(req.ranks):
             raise CaptureFailed("timeout", "; ".join(problems))
         return "; ".join(problems)
-
-    def _open_ranges(self, req: CaptureRequest, m: dict[str, Any], deadline: float) -> None:
-        """Ask each rank's step hook for the range and wait until every one reported its start."""
-        ask = self.hook_requester
-        assert ask is not None
-        requests: dict[int, int] = {}
-        for r in req.ranks:
-            start = req.start_iteration
-            if start is None:
-                start = next_range_start(self.hook_last_step(r) if self.hook_last_step is not None else None)
-            rid = ask(r, start, req.steps)
-            if rid is None:
-                raise CaptureFailed("failed", f"rank {r}: the step hook is unreachable "
-                                              "(no hook records from it yet?)")
-            requests[r] = rid
-        states = self._wait_hook(requests, {"started"}, deadline)
-        bad = {r: s for r, s in states.items() if s.get("state") in ("rejected", "failed", "cancelled")}
-        if bad:
-            raise CaptureFailed("failed", "; ".join(f"rank {r}: the hook {s['state']} the profile range at "
-                                                    f"step {s.get('step')}" for r, s in sorted(bad.items())))
-        if len(states) < len(requests):
-            late = sorted(set(requests) - set(states))
-            raise CaptureFailed("timeout", f"rank(s) {late}: no cudaProfilerStart before the "
-                                           f"{req.timeout_s:.0f} s timeout"
-                                           f"{self._range_progress(late, requests)}")
-        m["timings"]["started_at"] = m["timings"]["first_event_at"] = max(
-            float(s.get("time") or self.ctx.clock()) for s in states.values())
-        m["steps"] = {"start": min(int(s.get("step", 0)) for s in states.values()), "count": req.steps}
-        lat = m["timings"]["started_at"] - m["timings"]["requested_at"]
-        self.ctx.store.write(m)
-        self.ctx.emit(STARTED, req, f"cudaProfilerStart on rank(s) {sorted(states)} {lat:.2f} s after "
-                      "the request", "info", m["id"], {"latency_s": round(lat, 3)})
-
-    def _range_progress(self, ranks: Sequence[int], requests: Mapping[int, int]) -> str:
-        """Why a range may not have opened: per rank, the step its hook accepted against the last
-        step it reported (a loop whose step numbers stop advancing never reaches the start)."""
-        parts = []
-        with self._hook_cond:
-            for r in ranks:
-                events = self._hook_events.get(requests[r], [])
-                acc = next((e for e in events if e.get("state") == "accepted"), None)
-                last = self.hook_last_step(r) if self.hook_last_step is not None else None
-                if acc is None:
-                    parts.append(f"rank {r}: the hook never answered the request")
-                else:
-                    parts.append(f"rank {r}: accepted for step {acc.get('step')}, last step reported {last}")
-        return f" ({'; '.join(parts)})" if parts else ""
-
-    def _wait_hook(self, requests: Mapping[int, int], want: Iterable[str],
-                   deadline: float) -> dict[int, dict[str, Any]]:
-        """Per rank, the first hook event for its request in ``want`` or a refusal; until the deadline."""
-        want = set(want) | {"rejected", "failed", "cancelled"}
-        out: dict[int, dict[str, Any]] = {}
-        with self._hook_cond:
-            while len(out) < len(requests) and not self.ctx.closing.is_set():
-                for r, rid in requests.items():
-                    if r not in out:
-                        events = self._hook_events.get(rid, [])
-                        hit = next((e for e in events if e.get("state") in want), None)
-                        if hit is not None:
-                            out[r] = hit
-                left = deadline - time.monotonic()
-                if len(out) == len(requests) or left <= 0:
-                    break
-                self._hook_cond.wait(min(left, 0.5))
-        return out
-

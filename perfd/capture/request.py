@@ -3,9 +3,11 @@
 input, with its limits in one place, and the per-tool runs read the request it yields.
 
 Arguments (strings; ``Command.ranks`` names the ranks, empty = every rank known here): ``tool``
-kineto | nsys | auto (nsys when the job runs under a perfd nsys session or range profile, else
-Kineto); ``steps`` (3); ``start_iteration`` ``next`` or N (Kineto counts optimizer steps from the
-process start, the hook the steps it is given; for the same iteration on every rank give N, or
+kineto | nsys | ncu | auto (nsys when the job runs under a perfd nsys session or range profile, else
+Kineto; ncu only by name, on ranks started under it: one step's range, its kernel and time budgets
+set when the rank started, :mod:`perfd.capture.ncu_exec`); ``steps`` (3; ncu: always 1);
+``start_iteration`` ``next`` or N (Kineto counts optimizer steps from the process start, the hook
+the steps it is given; for the same iteration on every rank give N, or
 ``roundup=R``: Kineto starts at the next multiple of R, so pick R above the poll period in steps);
 ``duration_ms`` (a time window instead; nsys sessions always use one, 3000 by default);
 ``start_time_ms`` (epoch ms, the same start on every node, Kineto); ``warmup_s``; ``mode`` session |

@@ -7,11 +7,12 @@ import argparse
 
 def register_live_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the sub-commands of the live pipeline (agent, aggregator, demo, record, ...)."""
-    from perfd.commands import bench, capture, launch, live, report, top
+    from perfd.commands import bench, capture, launch, live, ncu, report, top
 
     live.register(sub)
     bench.register(sub)
     report.register(sub)
     launch.register(sub)
     capture.register(sub)
+    ncu.register(sub)
     top.register(sub)

@@ -156,6 +156,10 @@ def run_analyze(args: argparse.Namespace) -> int:
         from perfd.commands import analyze_capture
 
         return analyze_capture.run(args)
+    if args.what == "ncu":
+        from perfd.commands.ncu import run_analyze_ncu
+
+        return run_analyze_ncu(args)
     if args.what != "megatron":  # argparse enforces the choices; kept for new analysers
         print(f"perfd: unknown analyser {args.what}", file=sys.stderr)
         return 2

@@ -15,14 +15,15 @@ from perfd.model import CAPTURE_TOOLS
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("capture", help="request a Kineto or nsys capture of a job's ranks")
+    p = sub.add_parser("capture", help="request a Kineto, nsys or ncu capture of a job's ranks")
     p.add_argument("--aggregator", default="http://127.0.0.1:9401", help="aggregator HTTP base URL")
     p.add_argument("--job", required=True, help="the job to capture, as the aggregator names it")
     p.add_argument("--ranks", help="comma-separated ranks (default: every rank of the job)")
     p.add_argument("--steps", type=int, default=3, help="iterations to capture")
     p.add_argument("--tool", choices=CAPTURE_TOOLS, default="auto",
                    help="capture tool; auto: nsys when the job runs under a perfd nsys session or "
-                   "range profile, else kineto")
+                   "range profile, else kineto; ncu: one step's kernel deep dive on ranks started under "
+                   "perfd ncu-prefix / perfd launch --ncu (never chosen by auto)")
     p.add_argument("--auth-token-file", metavar="FILE", help="the bearer token the aggregator requires")
     p.add_argument("--wait", type=float, default=0.0,
                    help="seconds to wait for the capture to finish, printing its status")

@@ -10,13 +10,28 @@ if TYPE_CHECKING:
 
 
 def _launch(args: argparse.Namespace) -> int:
+    import sys
+
+    from perfd.capture.ncu_exec import NcuOptions
     from perfd.launch import LaunchOptions, run_launch
 
+    ncu_ranks = None
+    if args.ncu is not None:
+        try:
+            ncu_ranks = sorted({int(x) for x in args.ncu.split(",") if x.strip()})
+        except ValueError:
+            ncu_ranks = []
+        if not ncu_ranks or any(r < 0 for r in ncu_ranks):
+            print(f"perfd launch: --ncu {args.ncu!r}: comma-separated ranks", file=sys.stderr)
+            return 2
     return run_launch(LaunchOptions(
         command=list(args.cmd), job=args.job, agent_socket=args.agent_socket,
         flight_recorder=args.flight_recorder, fr_timing=args.fr_timing, fr_buffer=args.fr_buffer,
         kineto=args.kineto, nsys_session=args.nsys, nsys_trace=args.nsys_trace, log=args.log,
-        manifest=args.manifest, run_dir=args.run_dir, wandb_run_id=args.wandb_run_id))
+        manifest=args.manifest, run_dir=args.run_dir, wandb_run_id=args.wandb_run_id,
+        ncu_ranks=ncu_ranks, ncu_capture_dir=args.capture_dir,
+        ncu_options=NcuOptions(args.launch_count, args.kernel_filter, args.clock_control,
+                               float(args.time_budget))))
 
 
 def register(sub: SubParsers) -> None:
@@ -49,6 +64,13 @@ def register(sub: SubParsers) -> None:
     p.add_argument("--nsys", metavar="SESSION", help="run under `nsys launch --session-new=SESSION` "
                    "(nsys from $PERFD_NSYS, PATH or the known install path)")
     p.add_argument("--nsys-trace", default="cuda,nvtx,osrt", help="nsys --trace (default: %(default)s)")
+    p.add_argument("--ncu", metavar="RANKS", help="run a one-process command under Nsight Compute with "
+                   "profiling off when its rank (RANK, else 0) is one of RANKS (comma-separated); an ncu "
+                   "capture then profiles one step within the budgets below (torchrun: use "
+                   "$(perfd ncu-prefix ...) after torchrun --no-python)")
+    from perfd.commands.ncu import add_budget_arguments
+
+    add_budget_arguments(p, prefix="ncu-")
     p.add_argument("--log", help="copy of the command's output (default: <run dir>/output.log)")
     p.add_argument("--manifest", help="launch manifest (default: <run dir>/launch.json)")
     p.add_argument("--run-dir", help="directory for the log, manifest and Kineto config "

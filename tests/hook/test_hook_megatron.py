@@ -15,7 +15,7 @@ import pytest
 
 import perfd.hook.step
 from collectors.hook.collector import HookCollector
-from perfd.capture.nsys_capture import next_range_start
+from perfd.capture.hook_ranges import next_range_start
 from perfd.collector import Collected
 from perfd.hook import megatron as hm
 from perfd.hook.step import StepHook

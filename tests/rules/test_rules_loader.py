@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from perfd.model import CAPTURE_TOOLS
 from perfd.rules.cli import run_rules_check
 from perfd.rules.loader import check_files, default_pack_path, load_pack, parse_pack
 from perfd.rules.model import (
@@ -144,7 +145,7 @@ def test_every_error_of_a_pack_with_its_line(tmp_path: Path) -> None:
         (10, "ok_rule", "duplicate rule name 'ok_rule' (first at line 2)"),
         (14, "bad_capture", "severity must be one of info, warning, critical, not 'fatal'"),
         (15, "bad_capture", "scope must be one of job, rank, gpu, not 'node'"),
-        (18, "bad_capture", "action.tool must be one of kineto, nsys, auto, not 'perf'"),
+        (18, "bad_capture", f"action.tool must be one of {', '.join(CAPTURE_TOOLS)}, not 'perf'"),
         (19, "bad_capture", "action.targets must name exactly one of"),
         (20, "bad_capture", "action.steps must be >= 1, not 0"),
         (21, "bad_capture", "action.cooldown: not a duration: 'soon'"),

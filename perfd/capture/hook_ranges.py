@@ -1,0 +1,131 @@
+"""Step-aligned profiler ranges through each rank's step hook, for the tools that record between
+``cudaProfilerStart`` and ``cudaProfilerStop`` (nsys ranges, ncu): ask the hook for the range
+(``collectors.hook`` ``request_profile``), follow its answers (``hook_profile`` events: accepted,
+started, stopped, rejected, failed, cancelled), and cancel a range that must end early. Apart from
+the tools' runs so that nsys and ncu open and watch ranges the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext
+from perfd.capture.request import CaptureRequest
+from perfd.events import HOOK_PROFILE
+
+HookRequester = Callable[[int, int, int], "int | None"]  # (rank, start_step, num_steps) -> request id
+HookCanceller = Callable[[int], "int | None"]  # rank -> request id of the cancel, None if not sent
+REFUSED = ("rejected", "failed", "cancelled")
+
+
+def next_range_start(last_step: int | None) -> int:
+    """The step a hook range asked for now starts at: two past the rank's last reported step (the
+    hook polls every 50 ms and its records arrive batched, so the next step may already be under
+    way; a start that has passed begins at the hook's next step, and its status says which)."""
+    return last_step + 2 if last_step is not None else 0
+
+
+class HookRanges:
+    def __init__(self, ctx: RunContext, requester: HookRequester | None,
+                 last_step: Callable[[int], int | None] | None,
+                 canceller: HookCanceller | None = None) -> None:
+        self.ctx, self.requester, self.last_step, self.canceller = ctx, requester, last_step, canceller
+        self._events: dict[int, list[dict[str, Any]]] = {}
+        self._cond = threading.Condition()
+
+    @property
+    def available(self) -> bool:
+        return self.requester is not None
+
+    def on_hook_event(self, event: Mapping[str, Any]) -> None:
+        """Feed ``hook_profile`` events from the hook collector."""
+        if event.get("kind") != HOOK_PROFILE.name:
+            return
+        with self._cond, contextlib.suppress(TypeError, ValueError):
+            self._events.setdefault(int(event.get("request_id", -1)), []).append(dict(event))
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Wake every wait (the manager is closing)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def open(self, req: CaptureRequest, m: dict[str, Any], deadline: float, steps: int | None = None,
+             what: str = "cudaProfilerStart") -> dict[int, int]:
+        """Ask each rank's hook for a range of ``steps`` (the request's by default) and wait until
+        every one reported its start: rank -> request id. Sets the manifest's start time and steps and
+        emits ``capture_started``; CaptureFailed when a hook refuses or the deadline passes."""
+        ask = self.requester
+        if ask is None:
+            raise CaptureFailed("failed", "no step hook in this agent to open a profiler range")
+        n = req.steps if steps is None else steps
+        requests: dict[int, int] = {}
+        for r in req.ranks:
+            start = req.start_iteration
+            if start is None:
+                start = next_range_start(self.last_step(r) if self.last_step is not None else None)
+            rid = ask(r, start, n)
+            if rid is None:
+                raise CaptureFailed("failed", f"rank {r}: the step hook is unreachable "
+                                              "(no hook records from it yet?)")
+            requests[r] = rid
+        states = self.wait(requests, {"started"}, deadline)
+        bad = {r: s for r, s in states.items() if s.get("state") in REFUSED}
+        if bad:
+            raise CaptureFailed("failed", "; ".join(f"rank {r}: the hook {s['state']} the profile range at "
+                                                    f"step {s.get('step')}" for r, s in sorted(bad.items())))
+        if len(states) < len(requests):
+            late = sorted(set(requests) - set(states))
+            raise CaptureFailed("timeout", f"rank(s) {late}: no cudaProfilerStart before the "
+                                           f"{req.timeout_s:.0f} s timeout{self.progress(late, requests)}")
+        m["timings"]["started_at"] = m["timings"]["first_event_at"] = max(
+            float(s.get("time") or self.ctx.clock()) for s in states.values())
+        m["steps"] = {"start": min(int(s.get("step", 0)) for s in states.values()), "count": n}
+        lat = m["timings"]["started_at"] - m["timings"]["requested_at"]
+        self.ctx.store.write(m)
+        self.ctx.emit(STARTED, req, f"{what} on rank(s) {sorted(states)} {lat:.2f} s after "
+                      "the request", "info", m["id"], {"latency_s": round(lat, 3)})
+        return requests
+
+    def cancel(self, rank: int) -> bool:
+        """Ask the rank's hook to end its range at the next step boundary (False: not sent)."""
+        return self.canceller is not None and self.canceller(rank) is not None
+
+    def progress(self, ranks: Sequence[int], requests: Mapping[int, int]) -> str:
+        """Why a range may not have opened: per rank, the step its hook accepted against the last
+        step it reported (a loop whose step numbers stop advancing never reaches the start)."""
+        parts = []
+        with self._cond:
+            for r in ranks:
+                events = self._events.get(requests[r], [])
+                acc = next((e for e in events if e.get("state") == "accepted"), None)
+                last = self.last_step(r) if self.last_step is not None else None
+                if acc is None:
+                    parts.append(f"rank {r}: the hook never answered the request")
+                else:
+                    parts.append(f"rank {r}: accepted for step {acc.get('step')}, last step reported {last}")
+        return f" ({'; '.join(parts)})" if parts else ""
+
+    def wait(self, requests: Mapping[int, int], want: Iterable[str], deadline: float,
+             refusals: bool = True) -> dict[int, dict[str, Any]]:
+        """Per rank, the first hook event for its request in ``want`` (or a refusal, unless
+        ``refusals`` is False); until the deadline (``time.monotonic()``)."""
+        want = set(want) | (set(REFUSED) if refusals else set())
+        out: dict[int, dict[str, Any]] = {}
+        with self._cond:
+            while len(out) < len(requests) and not self.ctx.closing.is_set():
+                for r, rid in requests.items():
+                    if r not in out:
+                        events = self._events.get(rid, [])
+                        hit = next((e for e in events if e.get("state") in want), None)
+                        if hit is not None:
+                            out[r] = hit
+                left = deadline - time.monotonic()
+                if len(out) == len(requests) or left <= 0:
+                    break
+                self._cond.wait(min(left, 0.5))
+        return out

@@ -1,0 +1,227 @@
+"""An ncu capture's run (the manager's worker calls :meth:`NcuCapture.run`): one step's range on
+ranks that run under ncu (:mod:`perfd.capture.ncu_exec`), opened and closed by their step hooks
+(:class:`~perfd.capture.hook_ranges.HookRanges`), watched against the rank's time budget, then the
+report ncu wrote copied into the capture, imported as CSV (both pages), parsed into per-kernel rows
+(:mod:`perfd.analytics.ncu`) and joined to the job's latest timeline capture in this agent's store
+(:mod:`perfd.analytics.ncu_join`).
+
+The kernel budget is ncu's own (``--launch-count``, fixed when the rank started): a range profiles at
+most the kernels left of it, and once it is spent a range records nothing — said so, never an
+empty success. The time budget is the capture's: a range still open when it passes is cancelled (the
+hook closes it at the next step boundary: inside a step ncu replays kernels on the training thread
+and nothing can end that step sooner), and the capture says it overran (``range_overran`` in the
+manifest and the event). A range is never left open: the cancel goes out at the budget, and again at
+the capture's deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from perfd.analytics import ncu as ncu_mod
+from perfd.analytics import ncu_join
+from perfd.capture.bookkeeping import CaptureFailed, RunContext
+from perfd.capture.hook_ranges import HookRanges
+from perfd.capture.ncu_exec import PAGES, NcuError, NcuExecutor, NcuNotFoundError, NcuTarget, latest_timeline
+from perfd.capture.nsys_exec import wait_stable
+from perfd.capture.request import CaptureRequest
+
+log = logging.getLogger(__name__)
+
+# Per-kernel rows one capture's event carries, all ranks together (the manifest keeps every one): a
+# row is ~1 KB, and an event must stay well under perfd.limits.MAX_EVENT_BYTES (256 KiB).
+EVENT_KERNELS = 60
+EVENT_NAME_CHARS = 200
+
+# (rank's pid, ncu's pid) -> None when the rank runs under that ncu, else why not
+UnderCheck = Callable[[int, int], "str | None"]
+
+
+def under_ncu(rank_pid: int, ncu_pid: int) -> str | None:
+    """None when ``rank_pid`` is ``ncu_pid`` or one of its descendants (the rank runs under it)."""
+    import psutil
+
+    if rank_pid == ncu_pid:
+        return None
+    try:
+        parents = {p.pid for p in psutil.Process(rank_pid).parents()}
+    except psutil.NoSuchProcess:
+        return f"process {rank_pid} is gone"
+    except psutil.Error as exc:
+        return f"process {rank_pid}: {exc}"
+    if ncu_pid in parents:
+        return None
+    return (f"process {rank_pid} is not under ncu (pid {ncu_pid}, recorded by perfd ncu-exec): the "
+            "record is from an earlier run")
+
+
+class NcuCapture:
+    def __init__(self, ctx: RunContext, ncu: NcuExecutor | None, ranges: HookRanges,
+                 check: UnderCheck = under_ncu) -> None:
+        self.ctx, self.ncu, self.ranges, self.check = ctx, ncu, ranges, check
+
+    # -- the manager's admission ----------------------------------------------------------------
+    def target(self, job: str, rank: int, pid: int | None) -> tuple[NcuTarget | None, str]:
+        """(the rank's ncu target, "") when it runs under ncu now, else (None, why not)."""
+        if self.ncu is None:
+            return None, "this agent has no ncu executor"
+        try:
+            t = self.ncu.target(job, rank)
+        except ValueError as exc:
+            return None, str(exc)
+        if t is None:
+            return None, (f"rank {rank} of job {job} does not run under ncu: start it under "
+                          "$(perfd ncu-prefix --job J --ranks R) after torchrun --no-python, or with "
+                          "perfd launch --ncu R")
+        if pid is not None:
+            why = self.check(pid, t.pid)
+            if why is not None:
+                return None, f"rank {rank}: {why}"
+        return t, ""
+
+    # -- the run --------------------------------------------------------------------------------
+    def run(self, req: CaptureRequest, m: dict[str, Any], pids: Mapping[int, int], deadline: float) -> str:
+        targets: dict[int, NcuTarget] = {}
+        for r in req.ranks:
+            t, why = self.target(req.job, r, pids.get(r))
+            if t is None:
+                raise CaptureFailed("failed", why)
+            targets[r] = t
+        assert self.ncu is not None
+        m["ncu"] = {str(r): t.to_json() for r, t in targets.items()}
+        notes = [] if req.steps == 1 else [f"ncu ranges are one step (asked for {req.steps}): the kernel "
+                                           "budget is ncu's, a longer range profiles nothing more"]
+        before = {r: _size(t.report) for r, t in targets.items()}
+        budget_s = min(t.options.time_budget_s for t in targets.values())
+        requests = self.ranges.open(req, m, deadline, steps=1, what="cudaProfilerStart under ncu")
+        closed = self._watch(requests, budget_s, deadline, m)
+        problems: list[str] = []
+        if m.get("range_overran"):
+            problems.append(f"the range overran its time budget of {budget_s:g} s: cancelled, "
+                            + ("closed at step(s) " + ", ".join(f"rank {r} {closed[r].get('step')}"
+                                                                for r in sorted(closed))
+                               if closed else "still open at the timeout"))
+        results = 0
+        for r, t in sorted(targets.items()):
+            if r not in closed:
+                problems.append(f"rank {r}: its range was still open at the capture's timeout (cancel sent: "
+                                "the hook closes it at the end of the step ncu is replaying)")
+            try:
+                results += self._analyse(req, m, r, t, before[r], deadline)
+            except CaptureFailed as exc:
+                problems.append(f"rank {r}: {exc.reason}")
+        reason = "; ".join(notes + problems)
+        if not results:
+            raise CaptureFailed("timeout" if m.get("range_overran") and not closed else "failed",
+                                reason or "no kernel profiled")
+        if len(closed) < len(requests):  # the rows are kept; the capture did not end as asked
+            raise CaptureFailed("timeout", reason)
+        return reason
+
+    def _watch(self, requests: Mapping[int, int], budget_s: float, deadline: float,
+               m: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        """Wait for every range to close within the time budget; cancel the ones that do not."""
+        budget_end = min(deadline, time.monotonic() + budget_s)
+        closed = self.ranges.wait(requests, {"stopped"}, budget_end)
+        late = {r: rid for r, rid in requests.items() if r not in closed}
+        m["range_overran"] = bool(late)
+        if late:
+            for r in late:
+                self.ranges.cancel(r)
+            closed.update(self.ranges.wait(late, {"stopped"}, deadline))
+            for r in late:
+                if r not in closed:
+                    self.ranges.cancel(r)  # again at the deadline: a range is never left open
+        m["range"] = {str(r): {"state": e.get("state"), "step": e.get("step"), "time": e.get("time")}
+                      for r, e in closed.items()}
+        times = [float(e["time"]) for e in closed.values() if isinstance(e.get("time"), int | float)]
+        if times:
+            m["timings"]["range_closed_at"] = max(times)
+        self.ctx.store.write(m)
+        return closed
+
+    def _analyse(self, req: CaptureRequest, m: dict[str, Any], rank: int, t: NcuTarget, before: int,
+                 deadline: float) -> int:
+        """Copy, import, parse and join one rank's report; the number of new kernels recorded."""
+        assert self.ncu is not None
+        rep = t.report
+        # ncu writes as it profiles (the probe's report had its final size within the profiled
+        # step): after the close, ten settle periods are plenty, and the deadline may be spent by then
+        flush_s = max(10 * self.ctx.settle_s, 2.0)
+        grown = wait_stable(lambda: [rep] if _size(rep) > max(before, 0) else [],
+                            min(max(deadline - time.monotonic(), 3 * self.ctx.settle_s), flush_s),
+                            settle_s=self.ctx.settle_s, stop=self.ctx.closing.is_set)
+        if not grown:
+            spent = self.ncu.last_seen(t) + 1
+            raise CaptureFailed("failed", f"ncu wrote nothing for the range (its report {rep.name} did not "
+                                          f"grow): its kernel budget of {t.options.launch_count} may be "
+                                          f"spent ({spent} launches reported here before), or no kernel "
+                                          "matched its filter")
+        d = self.ctx.store.capture_dir(m["id"])
+        dest = d / f"rank{rank}.ncu-rep"
+        shutil.copyfile(rep, dest)  # ncu keeps writing its own file at the next range
+        m["timings"]["trace_ready_at"] = self.ctx.clock()
+        self.ctx.store.add_artifact(m, dest, "ncu_report", rank)
+        try:
+            texts = []
+            for page in PAGES:
+                text = self.ncu.import_csv(dest, page)
+                out = d / f"rank{rank}_{page}.csv"
+                out.write_text(text)
+                self.ctx.store.add_artifact(m, out, f"ncu_{page}_csv", rank)
+                texts.append(text)
+            full = ncu_mod.parse_exports(texts)
+        except (NcuError, NcuNotFoundError, ncu_mod.NcuParseError, OSError) as exc:
+            m.setdefault("analysis", {})[str(rank)] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            raise CaptureFailed("failed", f"report not analysed ({exc}); kept as {dest.name}") from exc
+        new = full.since(self.ncu.last_seen(t))
+        self.ncu.saw(t, max((i for k in full.kernels for i in k.ids), default=-1))
+        if not new.kernels:
+            raise CaptureFailed("failed", f"no kernel profiled in this range (the report holds "
+                                          f"{full.launches} launches of earlier ranges: the kernel budget "
+                                          f"of {t.options.launch_count} is spent)")
+        joined_to, device = self._latest_timeline(req.job, rank)
+        timeline = ncu_join.timeline_kernels(device) if device else []
+        joined = ncu_join.join(new.kernels, timeline)
+        cats = device.get("categories") if device else None
+        summaries = ncu_join.summarize(joined, cats if isinstance(cats, Mapping) else None)
+        m.setdefault("analysis", {})[str(rank)] = {
+            "ncu": {k: v for k, v in new.to_json().items() if k != "kernels"},
+            "kernels": [j.to_json() for j in joined], "categories": [c.to_json() for c in summaries],
+            "joined_to": joined_to, "clock_control": t.options.clock_control,
+            "kernel_budget": t.options.launch_count, "kernel_filter": t.options.kernel_filter,
+        }
+        return len(new.kernels)
+
+    def _latest_timeline(self, job: str, rank: int) -> tuple[str | None, dict[str, Any] | None]:
+        return latest_timeline(self.ctx.store.list(job), rank)
+
+
+def event_rows(analysis: Mapping[str, Any], ranks: int = 1) -> dict[str, Any]:
+    """What an ncu rank's analysis puts in the capture's event, ``ranks`` ranks sharing EVENT_KERNELS
+    rows (bounded: the manifest has them all)."""
+    kernels = analysis.get("kernels")
+    if not isinstance(kernels, list):
+        return {}
+    rows = []
+    for k in kernels[: max(5, EVENT_KERNELS // max(ranks, 1))]:
+        if isinstance(k, dict):
+            rows.append({**{x: v for x, v in k.items() if x not in ("ids", "name", "timeline_name")},
+                         "name": str(k.get("name", ""))[:EVENT_NAME_CHARS],
+                         "timeline_name": (str(k["timeline_name"])[:EVENT_NAME_CHARS]
+                                           if k.get("timeline_name") else None)})
+    return {"ncu_kernels": rows, "ncu_kernels_total": len(kernels),
+            "ncu_categories": analysis.get("categories") or [],
+            "ncu_joined_to": analysis.get("joined_to"), "ncu_clock_control": analysis.get("clock_control")}
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return -1

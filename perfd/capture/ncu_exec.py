@@ -1,0 +1,320 @@
+"""Nsight Compute (ncu) for a running job (issue 34 item 5): the chosen ranks start under ncu with
+profiling off, and a capture opens one step's range through the step hook.
+
+Facts this rests on (measured on the H100, /work/shared/gpu/README.md "Nsight Compute", ncu 2025.3.1):
+
+- ``ncu --profile-from-start off --target-processes all ...`` cost nothing measurable outside the
+  profiled range (47-50 ms steps under ncu, 49 ms without); ``cudaProfilerStart``/``Stop`` (what
+  the step hook calls) open and close the range.
+- Inside it every kernel is replayed once per pass (13 passes for five sections: 60 kernels took
+  36.4 s of one step). So a range needs a kernel budget and a time budget. ncu's filters are its
+  command line: ``--launch-count`` (the kernel budget) and ``--kernel-name`` count over the whole
+  process, so they are chosen when the rank starts (:class:`NcuOptions`), and the time budget with
+  them. Once the budget is spent ncu profiles nothing more: a further range records nothing, and the
+  capture says so.
+- ncu locks the SM clock to base by default (1.43 GHz where the job ran at 1.98): perfd passes
+  ``--clock-control none`` unless asked for ``base``; each kernel's "SM Frequency" shows which.
+- ncu writes the report while it profiles (3.6 MB within the profiled step of a probe, the process
+  ran on for 15 s): the agent imports a copy once its size settles.
+- A profiled NCCL kernel never finishes its replays (its peers do not replay with it: NVIDIA/nccl
+  issues 466, 536): the kernel filter never names one, and without a list of names it excludes them.
+
+How a rank comes under ncu: ``perfd ncu-exec`` (what ``perfd ncu-prefix`` prints for ``torchrun
+--no-python``, and what ``perfd launch --ncu`` wraps a one-process command in) reads RANK; a chosen
+rank becomes ``ncu ... CMD`` (exec: same pid), any other rank the command itself (no cost at all).
+Before the exec it writes ``<capture dir>/ncu/<job>/rank<R>.json`` (the options, its pid), the
+report goes to ``rank<R>.ncu-rep`` beside it; the agent reads both there (:class:`NcuExecutor`).
+Every ncu call is an argument list with a timeout, never a shell string.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from perfd import limits as L
+from perfd.analytics.ncu_join import NO_NCCL_FILTER
+from perfd.capture.nsys_exec import session_name
+
+NCU_SUBDIR = "ncu"  # under the agent's capture directory
+NCU_GLOB = "/opt/nvidia/nsight-compute/*/ncu"  # where the GPU machines here have it (not on PATH)
+REPORT_SUFFIX = ".ncu-rep"
+TARGET_VERSION = 1
+# What perfd asks ncu for, and what perfd.analytics.ncu reads from it: speed of light (SM, memory,
+# DRAM %, duration, clocks), occupancy, registers and block size, the warp-stall breakdown (its
+# chart's metrics, --page raw), the pipe utilisations with the tensor pipes (same).
+SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "ComputeWorkloadAnalysis")
+PAGES = ("details", "raw")
+ClockControl = Literal["none", "base"]
+CLOCK_CONTROLS: tuple[ClockControl, ...] = ("none", "base")
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+class NcuNotFoundError(RuntimeError):
+    pass
+
+
+class NcuError(RuntimeError):
+    pass
+
+
+def find_ncu() -> str:
+    """The ncu binary: $PERFD_NCU, else ``ncu`` on PATH, else the newest under
+    /opt/nvidia/nsight-compute/<version>/ncu."""
+    env = os.environ.get("PERFD_NCU")
+    if env:
+        if Path(env).is_file() and os.access(env, os.X_OK):
+            return env
+        raise NcuNotFoundError(f"PERFD_NCU={env} is not an executable file")
+    on_path = shutil.which("ncu")
+    if on_path:
+        return on_path
+    found = sorted((p for p in glob.glob(NCU_GLOB) if os.access(p, os.X_OK)), key=_version_key)
+    if found:
+        return found[-1]
+    raise NcuNotFoundError(f"ncu not found: set PERFD_NCU, put ncu on PATH, or install Nsight Compute "
+                           f"(looked for {NCU_GLOB})")
+
+
+def _version_key(path: str) -> tuple[int, ...]:
+    ver = Path(path).parent.name
+    return tuple(int(x) for x in ver.split(".") if x.isdigit())
+
+
+@dataclass(frozen=True)
+class NcuOptions:
+    """What a rank under ncu may cost, fixed when it starts (ncu's filters are its command line)."""
+
+    launch_count: int = L.NCU_LAUNCH_COUNT  # the kernel budget: kernels profiled in the process
+    kernel_filter: str | None = None  # ncu --kernel-name (regex:...); None: every non-NCCL kernel
+    clock_control: ClockControl = "none"
+    time_budget_s: float = L.NCU_TIME_BUDGET_S  # one range: longer and the capture closes it
+
+    def check(self) -> NcuOptions:
+        """Itself, or ValueError saying which option is out of bounds and why."""
+        if not 1 <= self.launch_count <= L.MAX_NCU_LAUNCH_COUNT:
+            raise ValueError(f"launch count {self.launch_count}: between 1 and {L.MAX_NCU_LAUNCH_COUNT}")
+        if not 1.0 <= self.time_budget_s <= L.MAX_NCU_TIME_BUDGET_S:
+            raise ValueError(f"time budget {self.time_budget_s:g} s: between 1 and "
+                             f"{L.MAX_NCU_TIME_BUDGET_S:g}")
+        if self.clock_control not in CLOCK_CONTROLS:
+            raise ValueError(f"clock control {self.clock_control!r}: one of {', '.join(CLOCK_CONTROLS)}")
+        f = self.kernel_filter
+        if f is not None and (not f or any(c.isspace() for c in f) or len(f) > 4000):
+            raise ValueError("kernel filter: one word (no white space), at most 4000 characters")
+        expected = self.launch_count * L.NCU_REPLAY_S_PER_KERNEL
+        if expected > self.time_budget_s:
+            raise ValueError(f"{self.launch_count} kernels take about {expected:.0f} s to profile "
+                             f"(~{L.NCU_REPLAY_S_PER_KERNEL:g} s each, measured on the H100), beyond the "
+                             f"time budget of {self.time_budget_s:g} s: fewer kernels or a longer budget")
+        return self
+
+    def ncu_args(self) -> list[str]:
+        return ["--launch-count", str(self.launch_count), "--kernel-name",
+                self.kernel_filter or NO_NCCL_FILTER, "--clock-control", self.clock_control]
+
+
+def ncu_argv(ncu: str, report_base: str | Path, cmd: Sequence[str], opts: NcuOptions) -> list[str]:
+    """ncu with profiling off until the process calls cudaProfilerStart, writing ``<base>.ncu-rep``."""
+    if not cmd:
+        raise ValueError("no command to run under ncu")
+    sections = [a for s in SECTIONS for a in ("--section", s)]
+    return [ncu, "--profile-from-start", "off", "--target-processes", "all", *opts.check().ncu_args(),
+            *sections, "--force-overwrite", "-o", str(report_base), *cmd]
+
+
+def ncu_root(capture_root: str | Path) -> Path:
+    return Path(capture_root) / NCU_SUBDIR
+
+
+def rank_paths(capture_root: str | Path, job: str, rank: int) -> tuple[Path, Path]:
+    """(report base without suffix, target file) of one rank: ``<root>/ncu/perfd-<job>/rank<R>``."""
+    d = ncu_root(capture_root) / session_name(job)
+    return d / f"rank{int(rank)}", d / f"rank{int(rank)}.json"
+
+
+def report_file(base: Path) -> Path:
+    return base.with_name(base.name + REPORT_SUFFIX)
+
+
+@dataclass(frozen=True)
+class NcuTarget:
+    """A rank running under ncu, as ``perfd ncu-exec`` recorded it before becoming ncu."""
+
+    job: str
+    rank: int
+    pid: int  # ncu's (ncu-exec's, before the exec); the rank's process is its child
+    options: NcuOptions
+    report: Path
+    started_at: float
+    ncu: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job, "rank": self.rank, "pid": self.pid, "options": asdict(self.options),
+                "report": str(self.report), "started_at": self.started_at, "ncu": self.ncu}
+
+
+def write_target(capture_root: str | Path, job: str, rank: int, opts: NcuOptions, ncu: str,
+                 pid: int | None = None, now: float | None = None) -> NcuTarget:
+    base, path = rank_paths(capture_root, job, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t = NcuTarget(job, int(rank), os.getpid() if pid is None else pid, opts, report_file(base),
+                  time.time() if now is None else now, ncu)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    data = {"version": TARGET_VERSION, **t.to_json()}
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    return t
+
+
+def read_target(capture_root: str | Path, job: str, rank: int) -> NcuTarget | None:
+    """The rank's target, or None when it never ran under ncu here. ValueError for a file that is
+    not one. The report path is perfd's own (never read from the file)."""
+    base, path = rank_paths(capture_root, job, rank)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(data, dict) or data.get("version") != TARGET_VERSION:
+        raise ValueError(f"{path}: not a perfd ncu target (version {TARGET_VERSION})")
+    try:
+        o = data["options"]
+        opts = NcuOptions(int(o["launch_count"]), o.get("kernel_filter"), o.get("clock_control", "none"),
+                          float(o["time_budget_s"])).check()
+        return NcuTarget(job, int(rank), int(data["pid"]), opts, report_file(base),
+                         float(data["started_at"]), str(data.get("ncu") or ""))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: bad field ({exc})") from None
+
+
+def rank_prefix(job: str, ranks: Sequence[int], opts: NcuOptions, capture_dir: str | Path | None = None,
+                perfd: Sequence[str] | None = None) -> list[str]:
+    """What goes between ``torchrun --no-python`` and ``python train.py`` so that the chosen ranks run
+    under ncu (``perfd ncu-exec`` reads RANK); the others run the command as it is."""
+    import sys
+
+    head = list(perfd) if perfd is not None else [sys.executable, "-m", "perfd.cli"]
+    opts.check()
+    words = [*head, "ncu-exec", "--job", job, "--ranks", ",".join(str(r) for r in sorted(set(ranks))),
+             "--launch-count", str(opts.launch_count), "--clock-control", opts.clock_control,
+             "--time-budget", f"{opts.time_budget_s:g}"]
+    if opts.kernel_filter:
+        words += ["--kernel-filter", opts.kernel_filter]
+    if capture_dir is not None:
+        words += ["--capture-dir", str(capture_dir)]
+    return [*words, "--"]
+
+
+TIMELINE_TOOLS = ("kineto", "nsys")  # captures whose analysis lists the timeline's top kernels
+TRACE_KINDS = ("kineto_trace", "nsys_sqlite")  # their artifacts the timeline can be read again from
+# Kernels of a timeline the join looks through: a capture's analysis keeps its top 10, where one
+# elementwise function alone has a dozen instantiations (the big H100 Megatron-LM capture: 18 of
+# vectorized_elementwise_kernel in its top 80), so the trace is read again when it is still there.
+JOIN_TOP_N = 200
+
+
+def latest_timeline(manifests: Iterable[Mapping[str, Any]], rank: int | None = None
+                    ) -> tuple[str | None, dict[str, Any] | None]:
+    """The newest finished Kineto/nsys capture among ``manifests`` (a store's, newest first): (its id,
+    one device's analysis with its top kernels), ``rank``'s when that capture has it; the device's
+    JOIN_TOP_N kernels when the capture's trace is still on disk, else the ones it kept."""
+    for cap in manifests:
+        if cap.get("status") != "ok" or cap.get("tool") not in TIMELINE_TOOLS:
+            continue
+        analysis = cap.get("analysis") or {}
+        if not isinstance(analysis, Mapping):
+            continue
+        keys = ([str(rank)] if rank is not None else []) + sorted(k for k in analysis if k != str(rank))
+        for key in keys:
+            part = analysis.get(key)
+            devices = part.get("devices") if isinstance(part, Mapping) else None
+            for dev in devices if isinstance(devices, list) else []:
+                if isinstance(dev, dict) and dev.get("top_kernels"):
+                    return str(cap.get("id")), _widened(cap, key, dev)
+    return None, None
+
+
+def _widened(cap: Mapping[str, Any], key: str, dev: dict[str, Any]) -> dict[str, Any]:
+    """``dev`` read again from its capture's trace with JOIN_TOP_N kernels (``dev`` when it cannot be)."""
+    from perfd.capture.chrome_trace import analyze_chrome_trace
+    from perfd.capture.nsys_sqlite import analyze_nsys
+
+    for art in cap.get("artifacts") or []:
+        if not isinstance(art, Mapping) or art.get("kind") not in TRACE_KINDS or art.get("pruned"):
+            continue
+        if art.get("rank") is not None and str(art.get("rank")) != key:
+            continue
+        path = Path(str(art.get("path")))
+        try:
+            read = analyze_nsys if art["kind"] == "nsys_sqlite" else analyze_chrome_trace
+            wide = read(path, top_n=JOIN_TOP_N).to_json()["devices"]
+        except Exception:  # gone, unreadable: the kept top kernels will do
+            continue
+        for d in wide if isinstance(wide, list) else []:
+            if isinstance(d, dict) and d.get("device") == dev.get("device") and d.get("top_kernels"):
+                return d
+    return dev
+
+
+@dataclass
+class NcuExecutor:
+    """The agent's side: finds each rank's target and report, and imports reports as CSV.
+    ``ncu``: the binary (looked up when first needed, :meth:`available` says why not)."""
+
+    capture_root: Path
+    ncu: str | None = None
+    import_timeout_s: float = 300.0
+    runner: Runner = subprocess.run
+    env: Mapping[str, str] | None = None
+    _seen: dict[tuple[str, int, int], int] = field(default_factory=dict)  # (job, rank, pid) -> last ID
+
+    def binary(self) -> str:
+        if self.ncu is None:
+            self.ncu = find_ncu()
+        return self.ncu
+
+    def available(self) -> str | None:
+        try:
+            self.binary()
+        except NcuNotFoundError as exc:
+            return str(exc)
+        return None
+
+    def target(self, job: str, rank: int) -> NcuTarget | None:
+        return read_target(self.capture_root, job, rank)
+
+    def import_csv(self, report: Path, page: str) -> str:
+        """``ncu --import REPORT --csv --page PAGE``: the CSV text (NcuError with ncu's words)."""
+        if page not in PAGES:
+            raise ValueError(f"page {page!r}: one of {', '.join(PAGES)}")
+        cmd = [self.binary(), "--import", str(report), "--csv", "--page", page]
+        try:
+            res = self.runner(cmd, capture_output=True, text=True, timeout=self.import_timeout_s, check=False,
+                              env=None if self.env is None else dict(self.env))
+        except subprocess.TimeoutExpired as exc:
+            raise NcuError(f"{' '.join(cmd)}: no answer within {exc.timeout:.0f} s") from exc
+        except OSError as exc:
+            raise NcuError(f"{' '.join(cmd)}: {exc}") from exc
+        if res.returncode != 0:
+            tail = ((res.stderr or "") + (res.stdout or "")).strip()[-1500:]
+            raise NcuError(f"{' '.join(cmd)} exited {res.returncode}: {tail}")
+        return str(res.stdout)
+
+    def last_seen(self, t: NcuTarget) -> int:
+        """The last launch ID of this process already reported (-1: none)."""
+        return self._seen.get((t.job, t.rank, t.pid), -1)
+
+    def saw(self, t: NcuTarget, last_id: int) -> None:
+        key = (t.job, t.rank, t.pid)
+        self._seen[key] = max(self._seen.get(key, -1), last_id)

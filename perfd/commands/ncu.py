@@ -1,0 +1,300 @@
+"""`perfd ncu-prefix`, `perfd ncu-exec` (the chosen ranks of a job under Nsight Compute, profiling off
+until a capture opens a range) and `perfd analyze ncu REPORT` (a report's per-kernel rows offline).
+The work is in perfd/capture/ncu_exec.py, perfd/analytics/ncu.py and ncu_join.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from perfd import finite_json
+from perfd import limits as L
+
+
+def add_budget_arguments(p: argparse.ArgumentParser, filter_help: str = "", prefix: str = "") -> None:
+    """The options that fix what a rank under ncu may cost (ncu-prefix, ncu-exec; ``perfd launch``
+    takes them with ``prefix`` "ncu-": --ncu-launch-count, ...)."""
+    from perfd.capture.ncu_exec import CLOCK_CONTROLS
+
+    p.add_argument(f"--{prefix}launch-count", dest="launch_count", type=int, default=L.NCU_LAUNCH_COUNT,
+                   metavar="N",
+                   help="the kernel budget: kernels ncu profiles in the process, over all its ranges "
+                   f"(ncu --launch-count; ~{L.NCU_REPLAY_S_PER_KERNEL} s each)" + " (default: %(default)s)")
+    p.add_argument(f"--{prefix}kernel-filter", dest="kernel_filter", metavar="REGEX",
+                   help="ncu --kernel-name, e.g. regex:^(gemm_a|softmax_b)$ " + (filter_help or "(default: "
+                        "every kernel whose function does not begin with nccl: a replayed NCCL kernel "
+                        "waits for peers that never join, and hangs)"))
+    p.add_argument(f"--{prefix}clock-control", dest="clock_control", choices=CLOCK_CONTROLS, default="none",
+                   help="none: the job's clocks as they run (default); base: ncu locks the SM clock to "
+                   "base while it profiles (comparable runs, slower kernels)")
+    p.add_argument(f"--{prefix}time-budget", dest="time_budget", type=float, default=L.NCU_TIME_BUDGET_S,
+                   metavar="S",
+                   help="seconds one range may take; past it the capture cancels the range (it closes "
+                   "at the next step boundary) and says it overran (default: %(default)s)")
+    p.add_argument(f"--{prefix}capture-dir", dest="capture_dir", help="the agent's capture_dir, where it "
+                   "looks for ranks under ncu "
+                   "(default: this user's ~/.local/state/perfd/captures; an agent with --state-dir DIR "
+                   "uses DIR/captures)")
+
+
+def options_from(args: argparse.Namespace, kernel_filter: str | None = None) -> Any:
+    """NcuOptions from the budget arguments; ValueError naming the one out of bounds."""
+    from perfd.capture.ncu_exec import NcuOptions
+
+    return NcuOptions(args.launch_count, kernel_filter or args.kernel_filter, args.clock_control,
+                      float(args.time_budget)).check()
+
+
+def _ranks(text: str) -> list[int]:
+    try:
+        ranks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--ranks {text!r}: comma-separated integers") from None
+    if not ranks or any(r < 0 for r in ranks):
+        raise ValueError(f"--ranks {text!r}: at least one rank, none negative")
+    return ranks
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("ncu-prefix", help="print the wrapper that puts chosen ranks under Nsight Compute "
+                       "(profiling off) for torchrun --no-python")
+    p.add_argument("--job", required=True, help="the job name the agent knows it by")
+    p.add_argument("--ranks", default="0", help="comma-separated ranks to run under ncu (default: 0); the "
+                   "others run as they are, at no cost")
+    add_budget_arguments(p, "(default: the top kernels of --kernels-from, else every kernel whose function "
+                            "does not begin with nccl)")
+    p.add_argument("--kernels-from", metavar="latest|FILE.json",
+                   help="name filter from a capture's top kernels: latest = the job's newest Kineto/nsys "
+                   "capture in --capture-dir, or a capture analysis (perfd analyze trace|nsys --json)")
+    p.add_argument("--top", type=int, default=10, help="top kernels the filter names (default: %(default)s)")
+    p.set_defaults(handler=run_ncu_prefix)
+    e = sub.add_parser("ncu-exec", help="run one rank under ncu when RANK is one of --ranks, else as it is "
+                       "(what ncu-prefix prints; torchrun sets RANK)")
+    e.add_argument("--job", required=True, help="the job name the agent knows it by")
+    e.add_argument("--ranks", default="0", help="ranks to run under ncu (default: 0)")
+    add_budget_arguments(e)
+    e.add_argument("cmd", nargs=argparse.REMAINDER, help="the rank's command, after --")
+    e.set_defaults(handler=run_ncu_exec)
+
+
+def add_analyze_arguments(asub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    a = asub.add_parser("ncu", help="per-kernel rows of an Nsight Compute report (.ncu-rep through the ncu "
+                        "binary, or its CSV export)")
+    a.add_argument("report", help=".ncu-rep (ncu from $PERFD_NCU, PATH or /opt/nvidia/nsight-compute/*/ncu) "
+                   "or a CSV of ncu --import R --csv --page details|raw")
+    a.add_argument("--csv", action="append", default=[], metavar="FILE",
+                   help="another CSV page of the same report (details and raw merge by launch ID)")
+    a.add_argument("--capture", metavar="FILE", help="join to a capture's top kernels: a Kineto/Chrome "
+                   "trace (.json[.gz]), an nsys .nsys-rep/.sqlite, or a capture analysis JSON")
+    a.add_argument("--device", type=int, default=None, help="the capture's device to join to (default: the "
+                   "first with kernels)")
+    a.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _capture_dir(args: argparse.Namespace) -> Path:
+    from perfd.capture.nsys_exec import default_capture_root
+
+    return Path(args.capture_dir) if args.capture_dir else default_capture_root()
+
+
+def _filter_from(args: argparse.Namespace) -> tuple[str | None, str]:
+    """(kernel filter, where it came from) for --kernels-from."""
+    from perfd.analytics.ncu_join import kernel_filter, timeline_kernels
+    from perfd.capture.ncu_exec import latest_timeline
+
+    src = args.kernels_from
+    if src == "latest":
+        from perfd.capture.store import CaptureStore
+
+        store = CaptureStore(_capture_dir(args), quota_bytes=1)  # read only: nothing is written
+        cid, dev = latest_timeline(store.list(args.job))
+        where = f"capture {cid}" if cid else f"no Kineto/nsys capture of job {args.job} in {store.root}"
+    else:
+        try:
+            data = json.loads(Path(src).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--kernels-from {src}: {exc}") from None
+        devices = data.get("devices") if isinstance(data, dict) else None
+        dev = next((d for d in devices or [] if isinstance(d, dict) and d.get("top_kernels")), None)
+        where = src if dev else f"{src} lists no top kernels"
+    if dev is None:
+        return None, where
+    return kernel_filter(timeline_kernels(dev), args.top), where
+
+
+def run_ncu_prefix(args: argparse.Namespace) -> int:
+    """``torchrun --no-python ... $(perfd ncu-prefix --job J --ranks 1) python train.py``."""
+    from perfd.capture.ncu_exec import NcuNotFoundError, find_ncu, rank_prefix
+
+    try:
+        find_ncu()  # the ranks under ncu need it; say so now rather than when torchrun starts them
+        ranks = _ranks(args.ranks)
+        flt = None
+        if args.kernels_from and not args.kernel_filter:
+            flt, where = _filter_from(args)
+            print(f"perfd ncu-prefix: kernel filter from {where}: {flt or 'none (the budget alone)'}",
+                  file=sys.stderr)
+        opts = options_from(args, flt)
+        words = rank_prefix(args.job, ranks, opts, str(_capture_dir(args)))
+    except (NcuNotFoundError, ValueError) as exc:
+        print(f"perfd ncu-prefix: {exc}", file=sys.stderr)
+        return 2
+    bad = [w for w in words if any(c.isspace() for c in w)]
+    if bad:
+        print(f"perfd ncu-prefix: {bad[0]!r} would be split by the shell; use a path without spaces",
+              file=sys.stderr)
+        return 2
+    print(" ".join(words))
+    return 0
+
+
+def run_ncu_exec(args: argparse.Namespace) -> int:
+    """Become ``ncu ... CMD`` for a chosen rank (after recording the target the agent reads), else
+    ``CMD`` itself. exec: the rank's process keeps this pid, nothing of perfd stays between."""
+    from perfd.capture.ncu_exec import NcuNotFoundError, find_ncu, ncu_argv, rank_paths, write_target
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        print("perfd ncu-exec: no command (perfd ncu-exec --job J --ranks 0 -- python train.py)",
+              file=sys.stderr)
+        return 2
+    rank_text = os.environ.get("RANK", "")
+    if rank_text and not rank_text.isdigit():
+        print(f"perfd ncu-exec: RANK={rank_text!r} is not a rank", file=sys.stderr)
+        return 2
+    rank = int(rank_text) if rank_text else 0  # a process started without torchrun is rank 0
+    try:
+        chosen = rank in _ranks(args.ranks)
+        argv = list(cmd)
+        if chosen:
+            opts = options_from(args)
+            ncu = find_ncu()
+            root = _capture_dir(args)
+            base, _ = rank_paths(root, args.job, rank)
+            argv = ncu_argv(ncu, base, cmd, opts)
+            write_target(root, args.job, rank, opts, ncu)
+    except (NcuNotFoundError, ValueError, OSError) as exc:
+        print(f"perfd ncu-exec: {exc}", file=sys.stderr)
+        return 2
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        print(f"perfd ncu-exec: cannot run {argv[0]}: {exc.strerror}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    return 0  # not reached: exec replaced this process
+
+
+# --- perfd analyze ncu -------------------------------------------------------------------------------
+def _texts(args: argparse.Namespace) -> list[str]:
+    from perfd.capture.ncu_exec import PAGES, NcuExecutor
+
+    path = Path(args.report)
+    if path.suffix == ".ncu-rep":
+        ex = NcuExecutor(path.parent)
+        why = ex.available()
+        if why is not None:
+            raise ValueError(f"{path} is an ncu report and reading it needs the ncu binary: {why}")
+        texts = [ex.import_csv(path, page) for page in PAGES]
+    else:
+        texts = [path.read_text(errors="replace")]
+    return texts + [Path(c).read_text(errors="replace") for c in args.csv]
+
+
+def _timeline(path: str, device: int | None) -> tuple[list[Any], dict[str, float] | None]:
+    from perfd.analytics.ncu_join import timeline_kernels
+    from perfd.capture.ncu_exec import JOIN_TOP_N
+
+    p = Path(path)
+    if p.suffix in (".nsys-rep", ".sqlite"):
+        from perfd.capture.nsys_sqlite import analyze_nsys
+
+        devices = analyze_nsys(p, top_n=JOIN_TOP_N).to_json()["devices"]
+    else:
+        data = json.loads(p.read_text()) if p.suffix == ".json" else None
+        if isinstance(data, dict) and "devices" in data:  # an analysis: perfd analyze trace|nsys --json
+            devices = data["devices"]
+        else:
+            from perfd.capture.chrome_trace import analyze_chrome_trace
+
+            devices = analyze_chrome_trace(p, top_n=JOIN_TOP_N).to_json()["devices"]
+    assert isinstance(devices, list)
+    dev = next((d for d in devices if isinstance(d, dict) and d.get("top_kernels")
+                and (device is None or d.get("device") == device)), None)
+    if dev is None:
+        raise ValueError(f"{p.name}: no device{'' if device is None else f' {device}'} with kernels")
+    cats = dev.get("categories")
+    return timeline_kernels(dev), cats if isinstance(cats, dict) else None
+
+
+def run_analyze_ncu(args: argparse.Namespace) -> int:
+    from perfd.analytics.ncu import NcuParseError, parse_exports
+    from perfd.analytics.ncu_join import join, summarize
+    from perfd.capture.ncu_exec import NcuError
+
+    path = Path(args.report)
+    if not path.is_file():
+        print(f"perfd: no such file: {path}", file=sys.stderr)
+        return 2
+    try:
+        report = parse_exports(_texts(args))
+    except (NcuParseError, NcuError, ValueError, OSError) as exc:
+        print(f"perfd: cannot read the ncu report {path}: {exc}", file=sys.stderr)
+        return 1
+    timeline: list[Any] = []
+    cats = None
+    if args.capture:
+        try:
+            timeline, cats = _timeline(args.capture, args.device)
+        except Exception as exc:  # an unreadable capture: say what and where, no traceback
+            print(f"perfd: cannot read the capture {args.capture}: {exc}", file=sys.stderr)
+            return 1
+    joined = join(report.kernels, timeline)
+    summaries = summarize(joined, cats)
+    for problem in report.problems:
+        print(f"perfd: note: {problem}", file=sys.stderr)
+    if args.json:
+        out = {**{k: v for k, v in report.to_json().items() if k != "kernels"},
+               "kernels": [j.to_json() for j in joined], "categories": [c.to_json() for c in summaries]}
+        sys.stdout.write(finite_json.dumps(out, indent=2) + "\n")
+        return 0
+    print(render(report, joined, summaries, joined_to=args.capture))
+    return 0
+
+
+def _pct(v: float | None) -> str:
+    return "   -" if v is None else f"{100 * v:3.0f}%"
+
+
+def render(report: Any, joined: list[Any], summaries: list[Any], joined_to: str | None = None) -> str:
+    """The text view of an ncu report: per category, then per kernel."""
+    clock = report.sm_clock_hz
+    lines = [f"{len(report.kernels)} kernels, {report.launches} launches profiled (pages: "
+             f"{', '.join(report.pages)}); SM clock while profiled "
+             f"{'unknown' if clock is None else f'{clock / 1e9:.2f} GHz'}"
+             + ("; truncated input" if report.truncated else "")]
+    if summaries:
+        lines += ["", "by category (means weighted by profiled time; SOL = speed of light):"]
+        for c in summaries:
+            share = ("" if c.captured_share is None
+                     else f", {100 * c.captured_share:.0f}% of the captured time")
+            lines.append(f"  {c.category:<13} {c.kernels:3d} kernels{share}: compute SOL "
+                         f"{_pct(c.compute_throughput)}, memory SOL {_pct(c.memory_throughput)}, DRAM "
+                         f"{_pct(c.dram_throughput)}, tensor {_pct(c.tensor_pipe)}, occupancy "
+                         f"{_pct(c.achieved_occupancy)}; {c.bound.value if c.bound else 'class unknown'}"
+                         + (f"; top stall {c.top_stall}" if c.top_stall else ""))
+    lines += ["", "kernels" + (f" (joined to {Path(joined_to).name})" if joined_to else "") + ":",
+              "   share  calls    dur ms  comp   mem  dram  tens   occ  class          stall         name"]
+    for j in joined:
+        k = j.kernel
+        share = "     -" if j.captured_share is None else f"{100 * j.captured_share:5.1f}%"
+        dur = "       -" if k.duration_ms is None else f"{k.duration_ms:9.3f}"
+        stall = k.stalls[0].reason if k.stalls else "-"
+        lines.append(f"  {share} {k.invocations:6d} {dur} {_pct(k.compute_throughput)} "
+                     f"{_pct(k.memory_throughput)} {_pct(k.dram_throughput)} {_pct(k.tensor_pipe)} "
+                     f"{_pct(k.achieved_occupancy)}  {(k.bound.value if k.bound else '-'):<14} "
+                     f"{stall:<13} [{j.category}] {k.name[:90]}")
+    return "\n".join(lines)

@@ -1,0 +1,184 @@
+"""The ncu commands as a person runs them (the real CLI in a subprocess): `perfd analyze ncu` on the
+recorded exports (tests/data/ncu), `perfd ncu-prefix` / `perfd ncu-exec` putting only the chosen
+rank under ncu (a stand-in ncu binary that records its argv and runs the command, as ncu does while
+profiling is off), and `perfd launch --ncu`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfd.capture.ncu_exec import SECTIONS, read_target
+from perfd.capture.store import CaptureStore
+from tests.capture.test_ncu_capture import calls, make_fake_ncu, megatron_device
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+MLP = DATA / "ncu" / "h100_mlp_sol_details_5.csv"
+BIG = DATA / "captures" / "kineto_h100_megatron" / "big_rank0.json.gz"
+PP2 = DATA / "captures" / "megatron_pp2_nsys_h200x2.analysis.json"
+PY_PID = [sys.executable, "-c", "import os; print('pid', os.getpid())"]
+
+
+def perfd(*args: str | Path, env: dict[str, str] | None = None,
+          **extra: str) -> subprocess.CompletedProcess[str]:
+    e = {**(env if env is not None else os.environ), "PYTHONPATH": str(ROOT), **extra}
+    return subprocess.run([sys.executable, "-m", "perfd.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env=e)
+
+
+def no_ncu_env(tmp: Path) -> dict[str, str]:
+    """An environment where ncu cannot be found (no PERFD_NCU; a PATH without ncu; and the machines here
+    have no /opt/nvidia/nsight-compute)."""
+    env = {k: v for k, v in os.environ.items() if k != "PERFD_NCU"}
+    env["PATH"] = str(Path(sys.executable).parent)
+    return env
+
+
+def test_analyze_ncu_text_and_json():
+    r = perfd("analyze", "ncu", MLP)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("5 kernels, 5 launches profiled (pages: details); SM clock while profiled "
+                               "1.58 GHz")
+    assert "memory-bound" in r.stdout
+    assert "[normalization] void at::<unnamed>::vectorized_layer_norm" in r.stdout
+    j = perfd("analyze", "ncu", MLP, "--json")
+    out = json.loads(j.stdout)
+    assert len(out["kernels"]) == 5 and out["pages"] == ["details"] and out["truncated"] is False
+    assert {c["category"] for c in out["categories"]} >= {"gemm", "normalization"}
+    assert all(k["match"] == "none" and k["captured_share"] is None for k in out["kernels"])
+
+
+def test_analyze_ncu_joined_to_a_capture():
+    """The ncu rows of the MLP loop against the real Megatron-LM Kineto capture: the GELU, the bf16 add
+    and the layer norm are kernels both ran; the shares come from the capture."""
+    j = perfd("analyze", "ncu", MLP, "--capture", BIG, "--json")
+    assert j.returncode == 0, j.stderr
+    out = json.loads(j.stdout)
+    matched = [k for k in out["kernels"] if k["match"] != "none"]
+    assert matched and all(k["captured_share"] is not None for k in matched)
+    gemm = next(c for c in out["categories"] if c["category"] == "gemm")
+    assert gemm["captured_share"] == pytest.approx(megatron_device()["categories"]["gemm"])
+    t = perfd("analyze", "ncu", MLP, "--capture", BIG)
+    assert "% of the captured time" in t.stdout and "(joined to big_rank0.json.gz)" in t.stdout
+
+
+@pytest.mark.parametrize(("make", "code", "why"), [
+    (lambda d: d / "missing.csv", 2, "no such file"),
+    (lambda d: DATA / "ncu" / "h100_probe_console.txt", 1, "no ncu CSV header"),
+    (lambda d: (d / "empty.csv", (d / "empty.csv").write_text(""))[0], 1, "empty input"),
+    (lambda d: (d / "r.ncu-rep", (d / "r.ncu-rep").write_bytes(b"\x00NCU"))[0], 1,
+     "is an ncu report and reading it needs the ncu binary: ncu not found"),
+])
+def test_analyze_ncu_refuses_what_it_cannot_read(tmp_path, make, code, why):
+    r = perfd("analyze", "ncu", make(tmp_path), env=no_ncu_env(tmp_path))
+    assert r.returncode == code and why in r.stderr and r.stdout == ""
+    assert "Traceback" not in r.stderr
+
+
+def test_analyze_ncu_report_through_the_ncu_binary(tmp_path):
+    exe, state = make_fake_ncu(tmp_path)
+    rep = tmp_path / "rank0.ncu-rep"
+    rep.write_text(json.dumps({"details": str(MLP), "raw": str(MLP)}))  # the stand-in report
+    r = perfd("analyze", "ncu", rep, "--json", PERFD_NCU=str(exe))
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["kernels"]) == 5
+    assert [c[-1] for c in calls(state)] == ["details", "raw"]
+    bad = perfd("analyze", "ncu", MLP, "--capture", tmp_path / "nope.json")
+    assert bad.returncode == 1 and "cannot read the capture" in bad.stderr
+
+
+def test_ncu_exec_puts_only_the_chosen_rank_under_ncu(tmp_path):
+    exe, state = make_fake_ncu(tmp_path)
+    caps = tmp_path / "caps"
+    args = ("ncu-exec", "--job", "j1", "--ranks", "1,3", "--capture-dir", caps, "--", *PY_PID)
+    r = perfd(*args, RANK="1", PERFD_NCU=str(exe))
+    assert r.returncode == 0, r.stderr
+    pid = int(r.stdout.split()[-1])
+    t = read_target(caps, "j1", 1)
+    assert t is not None and t.pid == pid  # exec: the command is the process ncu-exec was
+    (argv,) = calls(state)
+    assert argv[:4] == ["--profile-from-start", "off", "--target-processes", "all"]
+    assert argv[argv.index("--launch-count") + 1] == "40"
+    assert argv[argv.index("--kernel-name") + 1] == "regex:^([^n]|n[^c]|nc[^c]|ncc[^l])"
+    assert argv[argv.index("--clock-control") + 1] == "none"
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--section"] == list(SECTIONS)
+    assert argv[argv.index("-o") + 1] == str(caps / "ncu" / "perfd-j1" / "rank1") and argv[-3:] == PY_PID
+    r = perfd(*args, RANK="2", PERFD_NCU=str(exe))  # not chosen: the command itself, nothing recorded
+    assert r.returncode == 0 and len(calls(state)) == 1 and read_target(caps, "j1", 2) is None
+    assert perfd(*args, RANK="x", PERFD_NCU=str(exe)).returncode == 2
+    r = perfd("ncu-exec", "--job", "j1", "--ranks", "1", RANK="1", PERFD_NCU=str(exe))
+    assert r.returncode == 2 and "no command" in r.stderr
+    r = perfd(*args, RANK="1", env=no_ncu_env(tmp_path))
+    assert r.returncode == 2 and "ncu not found" in r.stderr
+
+
+def test_ncu_prefix_with_a_filter_from_the_latest_capture(tmp_path):
+    exe, state = make_fake_ncu(tmp_path)
+    caps = tmp_path / "caps"
+    plain = perfd("ncu-prefix", "--job", "j1", "--ranks", "1", "--capture-dir", caps, PERFD_NCU=str(exe))
+    assert plain.returncode == 0, plain.stderr
+    words = plain.stdout.split()
+    assert words[words.index("--ranks") + 1] == "1" and words[-1] == "--" and "--kernel-filter" not in words
+    store = CaptureStore(caps, 10**8)
+    m = store.new_capture("j1", (0,), "kineto")
+    m["analysis"] = {"0": {"devices": [megatron_device()]}}
+    store.finish(m, "ok")
+    r = perfd("ncu-prefix", "--job", "j1", "--ranks", "1", "--capture-dir", caps, "--kernels-from", "latest",
+              "--top", "4", PERFD_NCU=str(exe))
+    assert r.returncode == 0, r.stderr
+    assert f"kernel filter from capture {m['id']}" in r.stderr
+    flt = r.stdout.split()[r.stdout.split().index("--kernel-filter") + 1]
+    assert flt == ("regex:^(nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT|nvjet_sm90_tst_256x128_64x4_1x2_"
+                   "h_bz_coopA_NNT|nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT|elementwise_kernel)$")
+    # what it printed runs: rank 1 goes under ncu with that filter
+    run = subprocess.run([*r.stdout.split(), *PY_PID], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": "1", "PERFD_NCU": str(exe)})
+    assert run.returncode == 0, run.stderr
+    argv = calls(state)[-1]
+    assert argv[argv.index("--kernel-name") + 1] == flt
+    f = perfd("ncu-prefix", "--job", "j1", "--kernels-from", PP2, "--capture-dir", caps, PERFD_NCU=str(exe))
+    flt = f.stdout.split()[f.stdout.split().index("--kernel-filter") + 1]
+    assert "nccl" not in flt.lower() and "vectorized_elementwise_kernel" in flt  # the PP=2 nsys analysis
+    none = perfd("ncu-prefix", "--job", "other", "--kernels-from", "latest", "--capture-dir", caps,
+                 PERFD_NCU=str(exe))
+    assert none.returncode == 0 and "no Kineto/nsys capture of job other" in none.stderr
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (("--launch-count", "500", "--time-budget", "60"), "500 kernels take about 305 s"),
+    (("--ranks", "a"), "comma-separated integers"),
+    (("--kernel-filter", "regex:a b"), "one word"),
+])
+def test_ncu_prefix_refuses_a_budget_out_of_bounds(tmp_path, args, why):
+    exe, _ = make_fake_ncu(tmp_path)
+    r = perfd("ncu-prefix", "--job", "j1", *args, PERFD_NCU=str(exe))
+    assert r.returncode == 2 and why in r.stderr and r.stdout == ""
+
+
+def test_launch_ncu_wraps_one_process_and_refuses_torchrun(tmp_path):
+    exe, state = make_fake_ncu(tmp_path)
+    caps = tmp_path / "caps"
+    r = perfd("launch", "--job", "j1", "--run-dir", tmp_path / "run", "--agent-socket", tmp_path / "h.sock",
+              "--ncu", "0", "--ncu-launch-count", "12", "--ncu-capture-dir", caps, "--", *PY_PID,
+              PERFD_NCU=str(exe))
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "run" / "launch.json").read_text())
+    assert manifest["ncu"]["ranks"] == [0] and manifest["ncu"]["launch_count"] == 12
+    assert manifest["command"][3:5] == ["ncu-exec", "--job"]
+    (argv,) = calls(state)
+    assert argv[argv.index("--launch-count") + 1] == "12" and argv[-3:] == PY_PID
+    t = read_target(caps, "j1", 0)
+    assert t is not None and t.options.launch_count == 12 and f"pid {t.pid}" in r.stdout
+    sock = tmp_path / "h.sock"
+    bad = perfd("launch", "--job", "j1", "--run-dir", tmp_path / "run2", "--agent-socket", sock,
+                "--ncu", "0", "--", "torchrun", "--nproc-per-node", "2", "train.py", PERFD_NCU=str(exe))
+    assert bad.returncode == 2 and "after torchrun --no-python" in bad.stderr
+    both = perfd("launch", "--job", "j1", "--run-dir", tmp_path / "run3", "--agent-socket", sock,
+                 "--ncu", "0", "--nsys", "s", "--", *PY_PID, PERFD_NCU=str(exe), PERFD_NSYS=str(exe))
+    assert both.returncode == 2 and "one CUPTI client per process" in both.stderr
