@@ -74,10 +74,10 @@ def test_report_of_the_shared_fixture_has_charts_and_numbers() -> None:
     # the step budget's waterfall, goodput, step time, MFU, step-time distribution, breakdown, pipeline
     assert len(svgs) == 7
     budget = next(s for s in svgs if (s.findtext(f"{SVG}title") or "").startswith("Step budget"))
-    bars = [r for r in budget.findall(f".//{SVG}rect") if r.find(f"{SVG}title") is not None]
+    budget_bars = [r for r in budget.findall(f".//{SVG}rect") if r.find(f"{SVG}title") is not None]
     parts = data["report"]["step_budget"]["parts"]
-    assert len(bars) == len(parts) + 1  # a bar per part, and the step
-    for p, r in zip(parts, bars, strict=False):
+    assert len(budget_bars) == len(parts) + 1  # a bar per part, and the step
+    for p, r in zip(parts, budget_bars, strict=False):
         assert f"{p['ms']:.1f} ms per step" in (r.findtext(f"{SVG}title") or "")
     dist = next(s for s in svgs if s.findtext(f"{SVG}title") == "Step time distribution")
     bars_n = [r for r in dist.findall(f".//{SVG}rect") if r.find(f"{SVG}title") is not None]
