@@ -45,7 +45,7 @@ from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.goodput import metric_rows as goodput_rows
 from perfd.analytics.goodput import with_stall
 from perfd.analytics.incidents import Incident, hang_incident, is_disturbance
-from perfd.analytics.job_budget import capture_timeline
+from perfd.analytics.job_budget import capture_timeline, ncu_of
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.analytics.run_analysis import RunAnalysis
 from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_DATA, STEP_CONFLICT
@@ -404,6 +404,10 @@ class AggregatorState:
             got = capture_timeline(c) if not during else None
             if got is not None:
                 timeline = got
+        if timeline is not None:  # an Nsight Compute capture's kernel figures join the budget's parts
+            ncu_id, ncu = ncu_of(self.captures_of(job))
+            if ncu:
+                timeline = dataclasses.replace(timeline, ncu=ncu, ncu_id=ncu_id)
         ov = self.jobs.overview(job)
         age = ov.get("last_step_age_s") if ov else None
         running = age is None or age <= stale_after(None, self.job_stale_after_s)

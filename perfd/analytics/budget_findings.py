@@ -60,6 +60,26 @@ def _short(name: str, width: int = 60) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
+def ncu_text(p: BudgetPart) -> str:
+    """What an Nsight Compute capture measured of the part's kernels (perfd.analytics.ncu_join
+    summaries in the part's ``ncu`` detail): speed of light and the class NVIDIA's rule gives them."""
+    out = []
+    for c in p.detail.get("ncu") or []:
+        if not isinstance(c, Mapping):
+            continue
+        figs = [f"{label} {float(v):.0%}" for label, key in
+                (("compute SOL", "compute_throughput"), ("memory SOL", "memory_throughput"),
+                 ("DRAM", "dram_throughput"), ("tensor pipe", "tensor_pipe"),
+                 ("occupancy", "achieved_occupancy"))
+                if isinstance(v := c.get(key), (int, float))]
+        bound = f"; mostly {c['bound']}" if c.get("bound") else ""
+        stall = f"; top stall {c['top_stall']}" if c.get("top_stall") else ""
+        out.append(f"{c.get('category')} ({c.get('kernels')} kernel(s)): {', '.join(figs) or 'no figures'}"
+                   f"{bound}{stall}")
+    return ("Nsight Compute" + (f" (capture {p.detail['ncu'][0].get('capture')})" if out else "") + ": "
+            + "; ".join(out)) if out else ""
+
+
 def _expected(b: StepBudget, p: BudgetPart, removes: float) -> tuple[float, str]:
     saved, mfu_after = gain(b.step_ms, p.ms, removes, b.mfu)
     after = f", MFU {b.mfu:.1%} → up to ~{mfu_after:.1%}" if mfu_after is not None and b.mfu else ""
@@ -78,11 +98,13 @@ def _part(ctx: BudgetContext, part: Part, title: str, why: str) -> Out:
     extra = ""
     if part is Part.OPTIMIZER and isinstance(p.detail.get("timer_ms"), (int, float)):
         extra = f"; the framework's own optimizer timer says {float(p.detail['timer_ms']):.0f} ms per step"
+    if ncu_text(p):
+        extra += f". {ncu_text(p)}"
     f = Finding(fid, sev, f"{title}: {p.ms:.0f} ms per step ({p.share:.0%})",
                 f"{why} {p.ms:.1f} ms of a {b.step_ms:.0f} ms step"
                 + (f" (top kernels per step: {kern})" if kern else "") + extra + ".",
                 {"part": part.value, "ms": p.ms, "share": p.share, "kernels": p.detail.get("kernels") or [],
-                 **({"timer_ms": p.detail["timer_ms"]} if "timer_ms" in p.detail else {})},
+                 **{k: p.detail[k] for k in ("timer_ms", "ncu") if k in p.detail}},
                 "", f"{ctx.label or b.basis} ({p.source.value})")
     r = remedy(part, ctx.framework)
     if r is None or p.share < th.BUDGET_PART_REMEDY.value:
@@ -154,9 +176,11 @@ def gemm(ctx: BudgetContext) -> Out:
                 f"The GEMMs (and fused attention) take {total:.0f} ms per step and run the model's FLOPs at "
                 f"{b.gemm_tflops:.0f} TFLOP/s: {of:.0%} of the {b.ceiling_tflops:g} TFLOP/s a large bf16 "
                 f"matmul reaches on this GPU" + (" — efficient: the time to win is outside them." if good else
-                                          " — small or odd-shaped matrices."),
+                                          " — small or odd-shaped matrices.")
+                + (f" {ncu_text(p)}." if ncu_text(p) else ""),
                 {"gemm_ms": total, "achieved_tflops": b.gemm_tflops, "ceiling_tflops": b.ceiling_tflops,
-                 "of_ceiling": of}, "", f"{ctx.label or b.basis} (capture + model FLOPs)")
+                 "of_ceiling": of, **({"ncu": p.detail["ncu"]} if p.detail.get("ncu") else {})}, "",
+                f"{ctx.label or b.basis} (capture + model FLOPs)")
     r = remedy(Part.GEMM, ctx.framework)
     if good or r is None or p.share < th.BUDGET_PART_REMEDY.value:
         return [f], []

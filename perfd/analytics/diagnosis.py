@@ -57,6 +57,10 @@ class TimelineClass:
     device: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
     iterations: int | None = None
     capture_id: str = ""  # compared instead of the device: one capture, one breakdown
+    # An Nsight Compute capture of the job: its per-category summaries (perfd.analytics.ncu_join
+    # CategorySummary JSON), detail of the budget's parts; compared by its capture id
+    ncu: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, hash=False)
+    ncu_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,21 @@ analyze megatron LOG --capture TRACE``). Pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
+from perfd.analytics import kernels as kc
 from perfd.analytics.bottleneck import BottleneckClass
-from perfd.analytics.budget import FlopsContext, StepBudget, TimerShares, from_capture, from_timers
+from perfd.analytics.budget import (
+    FlopsContext,
+    Part,
+    Source,
+    StepBudget,
+    TimerShares,
+    from_capture,
+    from_timers,
+)
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.gpus import PeakResult
 
@@ -45,14 +55,50 @@ def captured_iterations(device: Mapping[str, Any], iterations: int | None, step_
 
 def job_budget(medians: Mapping[str, Any], peak: PeakResult, pp: int | None,
                timeline: TimelineClass | None) -> StepBudget | None:
-    """The job's budget: from the capture that informs it, else from the timers alone."""
+    """The job's budget: from the capture that informs it (with an Nsight Compute capture's kernel
+    figures on its parts), else from the timers alone."""
     fl, timers = contexts(medians, peak, pp)
     if timeline is not None and timeline.device is not None:
         n = captured_iterations(timeline.device, timeline.iterations, timers.step_ms)
         b = from_capture(timeline.device, n, fl=fl, timers=timers, basis=timeline.source)
         if b is not None:
-            return b
+            return with_ncu(b, timeline.ncu, timeline.ncu_id)
     return from_timers(timers, fl)
+
+
+# perfd.analytics.kernels category of an ncu summary -> the budget part its kernels' time is in
+_NCU_PART = {kc.GEMM: Part.GEMM, kc.OPTIMIZER: Part.OPTIMIZER, kc.ELEMENTWISE: Part.POINTWISE,
+             kc.NORMALIZATION: Part.POINTWISE, kc.REDUCTION: Part.POINTWISE, kc.OTHER: Part.POINTWISE}
+
+
+def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id: str) -> StepBudget:
+    """``b`` with each ncu category summary in the ``ncu`` detail of the part its kernels' time is
+    in (attention: the unfused part when there is one, else the GEMMs, where fused attention is)."""
+    if not categories:
+        return b
+    by: dict[Part, list[Mapping[str, Any]]] = {}
+    for c in categories:
+        cat = str(c.get("category") or "")
+        part = (Part.ATTENTION if b.get(Part.ATTENTION) is not None else Part.GEMM) \
+            if cat == kc.ATTENTION else _NCU_PART.get(cat)
+        if part is not None:
+            by.setdefault(part, []).append({**c, "capture": capture_id})
+    parts = tuple(replace(p, detail={**p.detail, "ncu": by[p.part]}) if p.part in by else p for p in b.parts)
+    return replace(b, parts=parts, sources=(*b.sources, Source.NCU) if Source.NCU not in b.sources
+                   else b.sources)
+
+
+def ncu_of(captures: Sequence[Mapping[str, Any]]) -> tuple[str, tuple[Mapping[str, Any], ...]]:
+    """(capture id, per-category summaries) of a job's latest finished Nsight Compute capture."""
+    for c in sorted(captures, key=lambda c: c.get("finished_at") or 0.0, reverse=True):
+        result = c.get("result")
+        if c.get("tool") != "ncu" or c.get("status") != "finished" or not isinstance(result, Mapping):
+            continue
+        for part in (result.get("ranks") or {}).values():
+            cats = part.get("ncu_categories") if isinstance(part, Mapping) else None
+            if isinstance(cats, list) and cats:
+                return str(c.get("id") or ""), tuple(x for x in cats if isinstance(x, Mapping))
+    return "", ()
 
 
 def capture_timeline(capture: Mapping[str, Any]) -> TimelineClass | None:

@@ -9,11 +9,12 @@ Transformer Engine, and NCCL (``ncclDevKernel_AllReduce_Sum_bf16_RING_LL``). The
 checks matters (an attention kernel may contain "gemm"; ``multi_tensor_apply`` contains "tensor"),
 so it is written out here once. No library does this for ATen/NCCL names, hence by hand.
 
-ATen's kernel names carry the C++ lambdas they were instantiated with (``masked_fill_kernel(...)::
+ATen's kernel names carry the C++ lambdas they were instantiated with (ncu spells them
+``[lambda() (instance 2)]``) (``masked_fill_kernel(...)::
 {lambda()#1}::operator()``); those fragments are cut before matching, or "lambda" would read as the
 LAMB optimizer: on a real H100 Megatron-LM capture that made a masked fill, a dropout scale, GELU
 and a bf16 copy "optimizer" kernels (25% of the kernel time, against the 5% Megatron's own
-optimizer timer measured).
+optimizer timer measured). "hadamard" goes too (it holds "adam").
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def nccl_op(name: str) -> str:
     return "reduce" if "reduce" in low else "other"
 
 
-_LAMBDA = re.compile(r"\{lambda\([^{}]*\)#\d+\}|lambda")
+_LAMBDA = re.compile(r"\{lambda\([^{}]*\)#\d+\}|\[lambda\([^\[\]]*\) \(instance \d+\)\]|lambda|hadamard")
 
 
 def _matchable(name: str) -> str:

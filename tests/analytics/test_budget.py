@@ -18,7 +18,15 @@ import pytest
 
 from collectors.megatron import parse_file
 from perfd.analytics.bottleneck import B
-from perfd.analytics.budget import Part, StepBudget, TimerShares, classify, from_capture, from_timers
+from perfd.analytics.budget import (
+    FlopsContext,
+    Part,
+    StepBudget,
+    TimerShares,
+    classify,
+    from_capture,
+    from_timers,
+)
 from perfd.analytics.capture_findings import diagnose_capture
 from perfd.analytics.remedies import Framework
 from perfd.analytics.run_analysis import analyze_run
@@ -201,3 +209,29 @@ def test_trace_for_tests_is_what_its_readme_says() -> None:
         doc = json.load(f)
     assert {e.get("cat") for e in doc["traceEvents"] if e.get("ph") == "X"} <= {"kernel", "gpu_memcpy",
                                                                                 "gpu_memset"}
+
+
+def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
+    """An Nsight Compute capture's per-category summaries (the recorded H100 ncu export, joined to the
+    recorded Kineto trace of the job) sit on the parts their kernels' time is in, and the GEMM
+    finding says what ncu measured of them."""
+    from perfd.analytics import ncu_join
+    from perfd.analytics.budget_findings import BudgetContext, analyze, ncu_text
+    from perfd.analytics.job_budget import with_ncu
+    from perfd.analytics.ncu import parse_csv
+
+    ncu_dir = Path(__file__).resolve().parents[1] / "data" / "ncu"
+    report = parse_csv((ncu_dir / "h100_full_4gemm_details.csv").read_text())
+    dev = analyze_chrome_trace(BIG).device(0).to_json()
+    joined = ncu_join.join(report.kernels, ncu_join.timeline_kernels(dev))
+    cats = [c.to_json() for c in ncu_join.summarize(joined, dev["categories"])]  # type: ignore[arg-type]
+    assert any(c["category"] == "gemm" for c in cats)
+    b = from_capture(dev, 3, fl=FlopsContext(200.1e12 * 0.7073, 989.0, 790.0))  # the job's FLOPs per step
+    assert b is not None
+    nb = with_ncu(b, cats, "ncu1")
+    gemm = nb.get(Part.GEMM)
+    assert gemm is not None and gemm.detail["ncu"][0]["capture"] == "ncu1"
+    assert "compute SOL" in ncu_text(gemm) and "Nsight Compute (capture ncu1)" in ncu_text(gemm)
+    assert sum(p.ms for p in nb.parts) == pytest.approx(b.step_ms)  # the figures change no time
+    fs, _ = analyze(BudgetContext(nb, Framework.MEGATRON))
+    assert any("compute SOL" in f.observation for f in fs if f.id.startswith("budget-"))
