@@ -3,9 +3,15 @@ profiling off, and a capture opens one step's range through the step hook.
 
 Facts this rests on (measured on the H100, /work/shared/gpu/README.md "Nsight Compute", ncu 2025.3.1):
 
-- ``ncu --profile-from-start off --target-processes all ...`` cost nothing measurable outside the
-  profiled range (47-50 ms steps under ncu, 49 ms without); ``cudaProfilerStart``/``Stop`` (what
-  the step hook calls) open and close the range.
+- A process under ``ncu --profile-from-start off`` pays for every kernel launch, profiled or not:
+  ~80 µs a launch on the H100 (a loop of 2,000 one-element adds: 21 ms without ncu, 167-207 ms under
+  it with or without a name filter, mangled names, application-only or a launch count:
+  tests/gpu/ncu_launch_cost.sh, docs/evidence/ncu_h100). A step of few long kernels hardly notices
+  (4 MLP blocks, 60 kernels: 47-50 ms under ncu, 49 ms without); a launch-heavy one does: the small
+  Megatron-LM job of tests/gpu/ncu_megatron_rule.py stepped at 384 ms under ncu against 128 ms
+  without, for the life of the process. Arm ncu on one rank, for a diagnosis, knowingly:
+  ``perfd ncu-prefix`` estimates the cost from the job's latest capture (:func:`armed_cost_ms`).
+  ``cudaProfilerStart``/``Stop`` (what the step hook calls) open and close the range.
 - Inside it every kernel is replayed once per pass (13 passes for five sections: 60 kernels took
   36.4 s of one step). So a range needs a kernel budget and a time budget. ncu's filters are its
   command line: ``--launch-count`` (the kernel budget) and ``--kernel-name`` count over the whole
@@ -43,6 +49,20 @@ from typing import Any, Literal
 from perfd import limits as L
 from perfd.analytics.ncu_join import NO_NCCL_FILTER
 from perfd.capture.nsys_exec import session_name
+
+# Host time a kernel launch costs a process under ncu with profiling off (measured; module doc).
+NCU_ARMED_US_PER_LAUNCH = 80.0
+
+
+def armed_cost_ms(device: Mapping[str, Any], steps: float | None) -> tuple[float, float] | None:
+    """(launches per step, extra host ms per step) that arming ncu would cost a rank whose capture
+    ``device`` (perfd.capture.analysis JSON) held ``steps`` steps; None without the counts."""
+    n = device.get("kernel_count")
+    if not isinstance(n, int) or not steps or steps <= 0:
+        return None
+    per_step = n / steps
+    return per_step, per_step * NCU_ARMED_US_PER_LAUNCH / 1e3
+
 
 NCU_SUBDIR = "ncu"  # under the agent's capture directory
 NCU_GLOB = "/opt/nvidia/nsight-compute/*/ncu"  # where the GPU machines here have it (not on PATH)
@@ -241,7 +261,9 @@ def latest_timeline(manifests: Iterable[Mapping[str, Any]], rank: int | None = N
             devices = part.get("devices") if isinstance(part, Mapping) else None
             for dev in devices if isinstance(devices, list) else []:
                 if isinstance(dev, dict) and dev.get("top_kernels"):
-                    return str(cap.get("id")), _widened(cap, key, dev)
+                    asked = cap.get("steps")
+                    steps = asked.get("count") if isinstance(asked, Mapping) else None
+                    return str(cap.get("id")), {**_widened(cap, key, dev), "steps": steps}
     return None, None
 
 

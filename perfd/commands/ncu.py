@@ -104,7 +104,7 @@ def _capture_dir(args: argparse.Namespace) -> Path:
 def _filter_from(args: argparse.Namespace) -> tuple[str | None, str]:
     """(kernel filter, where it came from) for --kernels-from."""
     from perfd.analytics.ncu_join import kernel_filter, timeline_kernels
-    from perfd.capture.ncu_exec import latest_timeline
+    from perfd.capture.ncu_exec import NCU_ARMED_US_PER_LAUNCH, armed_cost_ms, latest_timeline
 
     src = args.kernels_from
     if src == "latest":
@@ -123,7 +123,19 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str]:
         where = src if dev else f"{src} lists no top kernels"
     if dev is None:
         return None, where
+    cost = armed_cost_ms(dev, dev.get("steps") or _steps_of(dev))
+    if cost is not None:
+        where += (f"; arming ncu costs ~{NCU_ARMED_US_PER_LAUNCH:.0f} µs a kernel launch for the life of "
+                  f"the process: this job launched ~{cost[0]:.0f} kernels a step, so expect up to "
+                  f"+{cost[1]:.0f} ms of host time per step on the ranks under ncu")
     return kernel_filter(timeline_kernels(dev), args.top), where
+
+
+def _steps_of(dev: dict[str, Any]) -> float | None:
+    """Steps a capture's device breakdown holds, from its NVTX ProfilerStep ranges where it has them."""
+    steps = [r for r in dev.get("nvtx") or [] if isinstance(r, dict)
+             and str(r.get("name", "")).startswith("ProfilerStep")]
+    return float(sum(int(r.get("count") or 0) for r in steps)) or None
 
 
 def run_ncu_prefix(args: argparse.Namespace) -> int:

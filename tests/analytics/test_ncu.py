@@ -266,3 +266,20 @@ def test_pages_spelling_a_launch_differently_still_merge_by_id():
     both = parse_exports([out.getvalue(), MLP])
     assert both.launches == 5 and not both.problems
     assert [k.name for k in both.kernels] == [k.name for k in parse_csv(MLP).kernels]
+
+
+def test_the_real_megatron_range_parses_with_every_field_from_both_pages() -> None:
+    """The range ncu took by rule on real Megatron-LM on the H100 (tests/gpu/ncu_megatron_rule.py,
+    docs/evidence/ncu_h100): 40 launches profiled in one step, 12 kernels; the raw page's metric names
+    (tensor pipe, warp stalls) are the ones ncu 2025.3.1 writes: every kernel has them."""
+    data = Path(__file__).resolve().parents[1] / "data" / "ncu"
+    both = parse_exports([(data / "h100_megatron_rank0_details.csv").read_text(),
+                          (data / "h100_megatron_rank0_raw.csv").read_text()])
+    assert both.launches == 40 and len(both.kernels) == 12
+    for k in both.kernels:
+        assert k.tensor_pipe is not None and len(k.stalls) == 3 and k.bound is not None
+        assert k.sm_clock_hz is not None and k.sm_clock_hz > 1.7e9  # --clock-control none: not locked to 1.43 GHz
+    gemms = [k for k in both.kernels if k.name.startswith("nvjet")]
+    assert gemms and max(k.tensor_pipe or 0.0 for k in gemms) > 0.5
+    raw_only = parse_exports([(data / "h100_megatron_rank0_raw.csv").read_text()])
+    assert [k.tensor_pipe for k in raw_only.kernels] == [k.tensor_pipe for k in both.kernels]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.capture.ncu_exec import SECTIONS, read_target
+from perfd.capture.ncu_exec import NCU_ARMED_US_PER_LAUNCH, SECTIONS, read_target
 from perfd.capture.store import CaptureStore
 from tests.capture.test_ncu_capture import calls, make_fake_ncu, megatron_device
 
@@ -127,12 +127,18 @@ def test_ncu_prefix_with_a_filter_from_the_latest_capture(tmp_path):
     assert words[words.index("--ranks") + 1] == "1" and words[-1] == "--" and "--kernel-filter" not in words
     store = CaptureStore(caps, 10**8)
     m = store.new_capture("j1", (0,), "kineto")
-    m["analysis"] = {"0": {"devices": [megatron_device()]}}
+    dev = megatron_device()
+    m["analysis"] = {"0": {"devices": [dev]}}
+    m["steps"] = {"start": 10, "count": 3}
     store.finish(m, "ok")
     r = perfd("ncu-prefix", "--job", "j1", "--ranks", "1", "--capture-dir", caps, "--kernels-from", "latest",
               "--top", "4", PERFD_NCU=str(exe))
     assert r.returncode == 0, r.stderr
     assert f"kernel filter from capture {m['id']}" in r.stderr
+    # What arming ncu will cost, from the capture's kernel launches per step (measured per launch).
+    per_step = int(dev["kernel_count"]) / 3
+    assert f"launched ~{per_step:.0f} kernels a step" in r.stderr
+    assert f"+{per_step * NCU_ARMED_US_PER_LAUNCH / 1e3:.0f} ms of host time per step" in r.stderr
     flt = r.stdout.split()[r.stdout.split().index("--kernel-filter") + 1]
     assert flt == ("regex:^(nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT|nvjet_sm90_tst_256x128_64x4_1x2_"
                    "h_bz_coopA_NNT|nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT|elementwise_kernel)$")
