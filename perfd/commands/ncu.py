@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        "(profiling off) for torchrun --no-python")
     p.add_argument("--job", required=True, help="the job name the agent knows it by")
     p.add_argument("--ranks", default="0", help="comma-separated ranks to run under ncu (default: 0); the "
-                   "others run as they are, at no cost")
+                   "others run as they are, at no cost; a rank under ncu pays ~80 µs a kernel launch")
     add_budget_arguments(p, "(default: the top kernels of --kernels-from, else every kernel whose function "
                             "does not begin with nccl)")
     p.add_argument("--kernels-from", metavar="latest|FILE.json",
