@@ -28,28 +28,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
 
-from tests.gpu.verdict_live import cut_trace, union_idle, view
+from tests.gpu.verdict_live import RULES, cut_trace, union_idle, view
 from tests.procs import ROOT, Procs, get_json, run_env, start_agent, start_aggregator, wait_manifest
 
 JOB = "hook-data"
 STEPS = int(os.environ.get("HOOK_STEPS", "500"))
 LOADER_MS = float(os.environ.get("LOADER_MS", "30"))
 CAPTURE_AFTER_S = float(os.environ.get("CAPTURE_AFTER_S", "12"))
-RULES = """
-rules:
-  - name: steady_capture
-    expr: step_time > 0
-    scope: job
-    for: {for_s}s
-    severity: info
-    action:
-      type: capture
-      tool: kineto
-      targets: {{ranks: [0]}}
-      steps: 3
-      cooldown: 1h
-      max_per_hour: 1
-"""
 TRAIN = r'''
 import json, sys, time
 import torch
