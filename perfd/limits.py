@@ -13,6 +13,13 @@ from dataclasses import dataclass
 # ---- listening ------------------------------------------------------------------------------------
 LOOPBACK = "127.0.0.1"  # where every daemon listens unless given an address (or --listen-all)
 ALL_INTERFACES = "0.0.0.0"
+# The agent's /metrics port unless given (--metrics-port, metrics_port:). Not 9400: that is
+# dcgm-exporter's default, and dcgm-exporter runs on the same GPU nodes (AKS's managed one listens
+# on 19400). The Prometheus wiki's "Default port allocations" range, 9100-9999, is fully allocated
+# (each port there is some exporter's), so this one is outside it, below Kubernetes' NodePort range
+# (30000-32767) and the kernel's ephemeral ports (32768-60999). Deploy files, the Dockerfile and the
+# docs repeat the number; tests/deploy/test_agent_port.py keeps them equal to this.
+AGENT_METRICS_PORT = 14400
 
 # ---- transport (gRPC) -----------------------------------------------------------------------------
 # One gRPC message, both directions. The agent keeps its batches below it (MAX_BATCH_BYTES).

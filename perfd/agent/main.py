@@ -186,8 +186,13 @@ class Agent:
         reg.register(_AgentMetrics(self))
         # One thread for every connection and its deadlines, two for /metrics, one that answers
         # 404: 2,000 idle connections cost buffers, not 2,000 threads (perfd.exporters.httpd).
-        self.http = httpd.HttpServer(self.cfg.metrics_host, self.cfg.metrics_port, _MetricsHandler, reg,
-                                     refusals=self.http_refusals, api_threads=1, name="agent-http")
+        try:
+            self.http = httpd.HttpServer(self.cfg.metrics_host, self.cfg.metrics_port, _MetricsHandler, reg,
+                                         refusals=self.http_refusals, api_threads=1, name="agent-http")
+        except OSError as exc:
+            raise httpd.bind_error(exc, self.cfg.metrics_host, self.cfg.metrics_port, "/metrics",
+                                   "--metrics-port N (metrics_port: in the config file)",
+                                   "--metrics-host or --listen-all") from exc
         self.http.start()
         self.metrics_port = self.http.port
         # Printed, not logged: at the default verbosity (warnings) an info line never shows, and the

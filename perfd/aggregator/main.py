@@ -28,6 +28,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collective_config import CollectiveConfig
+from perfd.exporters.httpd import bind_error
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, RemoteWriter, target_name
 from perfd.jobinfo_json import decode_job_info
 from perfd.limits import REFUSED_JOB_INFO_VALUE
@@ -279,7 +280,11 @@ class Aggregator:
         if self.store is not None:  # everything back before the first agent connects
             got = restore(self, self.store)
             log.info("state restored from %s: %s", self.store.path, got)
-        self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
+        try:
+            self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
+        except OSError as exc:  # the transport cannot tell in use from not local: both ways out
+            raise OSError(f"{exc}; choose another port with --grpc-port N or another address with "
+                          "--grpc-host") from exc
         self.lifecycle.started(asyncio.get_running_loop())
         self.state.transport_stats = self._transport_counters
         try:
@@ -289,8 +294,8 @@ class Aggregator:
                                    export_node_series=self.cfg.export_node_series)
         except OSError as exc:
             await self.server.stop(None)
-            raise OSError(f"cannot listen for HTTP on {self.cfg.http_host}:{self.cfg.http_port}: "
-                          f"{exc.strerror or exc}") from exc
+            raise bind_error(exc, self.cfg.http_host, self.cfg.http_port, "HTTP", "--http-port N",
+                             "--http-host") from exc
         self.http.start()
         if self.cfg.remote_write:
             self._start_remote_write()

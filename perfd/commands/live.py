@@ -132,7 +132,7 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--nvml", help="real | replay:FILE | off (default real)")
     a.add_argument("--host", choices=["on", "off"], help="host metrics via psutil (default on)")
     a.add_argument("--metrics-port", type=int, help="port of the agent's /metrics (0: any free "
-                   "port; -1: none; default 9400)")
+                   f"port; -1: none; default {L.AGENT_METRICS_PORT})")
     a.add_argument("--node", help="node name (default: host name)")
     a.add_argument("--agent-id", help="agent id, unique per agent process (default: NODE/JOB, or NODE/node "
                    "for an agent with no job: a node's DaemonSet agent and a job's sidecar differ)")
@@ -144,7 +144,7 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--launch-manifest", metavar="FILE", help="watch a job started by `perfd launch`: "
                    "its job name and the megatron (its log), nccl (its Flight Recorder dumps) and hook "
                    "(its socket) collectors")
-    a.add_argument("--metrics-host", help="address of the agent's /metrics (default 127.0.0.1)")
+    a.add_argument("--metrics-host", help=f"address of the agent's /metrics (default {L.LOOPBACK})")
     a.add_argument("--listen-all", action="store_true",
                    help="serve /metrics on every interface (0.0.0.0) unless --metrics-host is given")
     a.add_argument("--tls-ca", metavar="FILE", help="CA certificate that signed the aggregator's: "
