@@ -74,7 +74,7 @@ class AggregatorConfig:
     # Weights & Biases: one run per job (perfd.exporters.wandb); None = off.
     wandb_project: str | None = None
     wandb_mode: str = "offline"  # offline (no server; `wandb sync` later) | online | disabled
-    wandb_dir: str | None = None  # where runs are written (default: ./perfd-wandb)
+    wandb_dir: str | None = None  # where runs are written (perfd.exporters.wandb.default_directory)
     wandb_interval_s: float = 10.0
     # Collective analysis (link capabilities): the default and per-job overrides.
     collectives: CollectiveConfig | None = None
@@ -130,9 +130,10 @@ class Aggregator:
         self.wandb: WandbSync | None = None
         self._wandb_task: asyncio.Task[None] | None = None
         if cfg.wandb_project:
-            from perfd.exporters.wandb import WandbExporter
+            from perfd.exporters.wandb import WandbExporter, default_directory
 
-            exporter = WandbExporter(cfg.wandb_project, cfg.wandb_mode, cfg.wandb_dir)
+            exporter = WandbExporter(cfg.wandb_project, cfg.wandb_mode,
+                                     cfg.wandb_dir or default_directory(cfg.state_dir))
             self.wandb = WandbSync(self.state, exporter, self.captures.list, cfg.wandb_interval_s)
         self.remote: RemoteWriter | None = None
         self.lifecycle = Lifecycle(self)  # what is held now: releases, pruning, forgetting agents

@@ -110,7 +110,8 @@ class _RecordingExporter:
         return self._last.get(job)
 
     def log_analysis(self, job: str, analysis: dict[str, Any],
-                     latest_extra: dict[str, float] | None = None) -> int:
+                     latest_extra: dict[str, float] | None = None,
+                     extra_by_step: dict[int, dict[str, float]] | None = None) -> int:
         its = [it["iteration"] for it in analysis["iterations"]]
         self.analyses.append((job, its))
         self._last[job] = max(its)

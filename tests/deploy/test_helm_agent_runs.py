@@ -1,16 +1,17 @@
 """The Helm chart's pods run for real, exactly as rendered (issue 37: the rendered agent listened on
 127.0.0.1 only, so neither the PodMonitor nor the liveness probe could reach it).
 
-`helm template` renders the chart (default values, and a realistic set: another release and namespace,
-a token, TLS, persistence, dcgm-exporter's collector); this test plays the kubelet for the aggregator
-Deployment and the agent DaemonSet: each volume becomes a folder holding what the ConfigMap or Secret
-holds (hostPath and emptyDir volumes: empty folders), each container path in the args and the config
-file is mapped to its folder, `$(VAR)` is expanded from the container's env, and the Service's DNS
-name resolves to this machine. Then a real `perfd aggregator` and a real `perfd agent` start with
-exactly those args and that config, and the test GETs what Prometheus and the kubelet would: the
-PodMonitor's and the liveness probe's port and path on the pod's address (an address of this machine
-other than 127.0.0.1), and the aggregator's probes and ServiceMonitor endpoint the same way. The agent
-must be connected to the aggregator through the rendered token (and TLS)."""
+`helm template` renders the chart (default values, and a realistic set: another release and
+namespace, a token, TLS, persistence, dcgm-exporter's collector, the W&B export); this test plays
+the kubelet for the aggregator Deployment and the agent DaemonSet: each volume becomes a folder
+holding what the ConfigMap or Secret holds (hostPath and emptyDir volumes: empty folders), each
+container path in the args and the config file (and the working directory) is mapped to its folder,
+`$(VAR)` is expanded from the container's env, and the Service's DNS name resolves to this machine.
+Then a real `perfd aggregator` and a real `perfd agent` start with exactly those args and that
+config, and the test GETs what Prometheus and the kubelet would: the PodMonitor's and the liveness
+probe's port and path on the pod's address (an address of this machine other than 127.0.0.1), and
+the aggregator's probes and ServiceMonitor endpoint the same way. The agent must be connected to the
+aggregator through the rendered token (and TLS)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ class Pod:
 
     args: list[str]
     env: dict[str, str]
+    cwd: Path  # the container's workingDir, mapped (the repository when it sets none)
     ports: dict[str, int]  # container port name -> number
     container: dict[str, Any]
 
@@ -116,7 +118,7 @@ def _kubelet(docs: list[dict[str, Any]], kind: str, root: Path, secrets: dict[st
             mapped.write_text(yaml.safe_dump(cfg))
             args[i] = str(mapped)
     ports = {p["name"]: int(p["containerPort"]) for p in c.get("ports", [])}
-    return Pod(args, env, ports, c)
+    return Pod(args, env, Path(here(c["workingDir"])) if "workingDir" in c else ROOT, ports, c)
 
 
 def _probe_port(pod: Pod, probe: dict[str, Any]) -> int:
@@ -133,8 +135,8 @@ def procs() -> Iterator[list[tuple[subprocess.Popen[bytes], Path]]]:
 
 
 def _start(pod: Pod, out: Path, running: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
-    env = {**os.environ, **pod.env, "PYTHONUNBUFFERED": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "perfd.cli", *pod.args], cwd=ROOT, env=env,
+    env = {**os.environ, **pod.env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "perfd.cli", *pod.args], cwd=pod.cwd, env=env,
                          stdout=out.open("wb"), stderr=subprocess.STDOUT)
     running.append((p, out))
 
@@ -202,6 +204,10 @@ def test_rendered_pods_listen_where_prometheus_and_the_kubelet_look(
     assert "--auth-token-file" in aggregator.args and "--auth-token-file" in agent.args
     if realistic:
         assert "--tls-ca" in agent.args and "--tls-client-ca" in aggregator.args
+        # --wandb-project in the chart's aggregator: its runs go under the data volume, writable
+        # (the container's root filesystem is read-only), checked at start.
+        assert "--wandb-project" in aggregator.args
+        assert (tmp_path / "Deployment" / "data" / "state" / "wandb").is_dir()
     # The API wants the token; with it, the aggregator knows the agent by its node ($(NODE_NAME)).
     api = f"http://{pod_ip}:{aggregator.ports['metrics']}/api/stats"
     with pytest.raises(urllib.error.HTTPError) as refused:

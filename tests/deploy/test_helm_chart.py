@@ -28,7 +28,8 @@ DCGM_RULES = ROOT / "deploy" / "prometheus" / "perfd-dcgm.rules.yml"
 # runs the agent these render).
 REALISTIC = ("tls.enabled=true", "aggregator.exportNodeSeries=true", "monitoring.labels.release=prom",
              "auth.token=0123456789abcdef0123456789abcdef", "aggregator.persistence.enabled=true",
-             "agent.collectors.dcgm.url=http://127.0.0.1:9400/metrics")
+             "agent.collectors.dcgm.url=http://127.0.0.1:9400/metrics",
+             "aggregator.extraArgs={--wandb-project,perfd-cluster}")
 
 
 def _helm() -> str:
