@@ -190,7 +190,17 @@ class WandbExporter:
             for var, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"),
                              ("WANDB_CONFIG_DIR", "config"), ("WANDB_ARTIFACT_DIR", "artifacts")):
                 os.environ.setdefault(var, os.path.join(self.directory, sub))
-            self._wandb = importlib.import_module("wandb")
+            # W&B makes two temporary folders when imported (media, artifact staging), removed by
+            # atexit handlers: the aggregator ends with os._exit (perfd.aggregator.main), which runs
+            # none, so they were left in /tmp at every stop. Made under our directory instead (the
+            # default temporary folder is changed for the import only).
+            tmp = os.path.join(self.directory, "tmp")
+            os.makedirs(tmp, exist_ok=True)
+            saved, tempfile.tempdir = tempfile.tempdir, tmp
+            try:
+                self._wandb = importlib.import_module("wandb")
+            finally:
+                tempfile.tempdir = saved
         return self._wandb
 
     def _run(self, job: str, block: Mapping[str, Any]) -> _JobRun:

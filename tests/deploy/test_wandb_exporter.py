@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -150,8 +151,10 @@ def _read_offline_run(run_dir: Path) -> list[dict[str, Any]]:
     files = sorted(run_dir.glob("run-*.wandb"))
     assert len(files) == 1, f"expected one run-*.wandb in {run_dir}: {files}"
     wandb_cli = Path(sys.executable).parent / "wandb"
+    # TMPDIR: the wandb CLI writes its debug-cli.<user>.log there; in the test's folder, not in /tmp.
     res = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(files[0])],
-                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                         env={**os.environ, "TMPDIR": str(run_dir.parent)})
     assert res.returncode == 0, res.stderr
     return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
 
@@ -245,7 +248,7 @@ def test_attaches_to_the_training_scripts_own_run(wandb_env: Path) -> None:
     script = ("import wandb\nrun = wandb.init(project='perfd-test')\n"
               "[run.log({'loss': 1.0 / (i + 1)}, step=i) for i in range(1, 4)]\n"
               "print(run.id)\nrun.finish()\n")
-    env = {**__import__("os").environ, "WANDB_RUN_ID": rid, "WANDB_RESUME": "allow",
+    env = {**os.environ, "WANDB_RUN_ID": rid, "WANDB_RESUME": "allow",
            "WANDB_DIR": str(wandb_env / "train")}
     (wandb_env / "train").mkdir()
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
@@ -323,7 +326,7 @@ def test_an_unwritable_wandb_directory_is_refused_at_start(tmp_path: Path) -> No
     (tmp_path / "perfd-wandb").write_text("in the way\n")
     args = [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", "0", "--http-port", "0",
             "--no-rules", "--wandb-project", "p"]
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     assert f"cannot write W&B runs under {tmp_path / 'perfd-wandb'}" in r.stderr
