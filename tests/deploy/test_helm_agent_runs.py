@@ -191,7 +191,7 @@ def test_rendered_pods_listen_where_prometheus_and_the_kubelet_look(
     assert "perfd_build_info{" in body
 
     _start(agent, tmp_path / "agent.out", procs)
-    (pm,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    (pm,) = [d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"] == f"{release}-agent"]
     ep = pm["spec"]["podMetricsEndpoints"][0]
     scrape = f"http://{pod_ip}:{agent.ports[ep['port']]}{ep['path']}"
     # Connected: the agent reached the aggregator with the rendered token (and, realistic, TLS).

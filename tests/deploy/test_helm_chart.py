@@ -52,8 +52,8 @@ def _render(*sets: str, release: str = "perfd", namespace: str = "perfd") -> lis
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
-def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind]
+def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
     assert len(found) == 1, (kind, len(found))
     return found[0]
 
@@ -73,7 +73,8 @@ def test_rendered_objects_validate(sets: tuple[str, ...]) -> None:
     kinds = sorted(d["kind"] for d in docs)
     made = ["Secret", "PersistentVolumeClaim"] if sets else []  # the token given; the claim
     assert kinds == sorted(["ServiceAccount", "ServiceAccount", "ConfigMap", "DaemonSet", "Deployment",
-                            "Service", "ServiceMonitor", "PodMonitor", "PrometheusRule", "PrometheusRule",
+                            "Service", "ServiceMonitor", "PodMonitor", "PodMonitor", "PrometheusRule",
+                            "PrometheusRule",
                             "NetworkPolicy", *made])
     schemas = json.loads(CRDS.read_text())["schemas"]
     for d in docs:
@@ -104,7 +105,7 @@ def test_the_pieces_fit_together() -> None:
     assert sel.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     dsel = ds["spec"]["selector"]["matchLabels"]
     assert dsel.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
-    pm, sm = _one(docs, "PodMonitor"), _one(docs, "ServiceMonitor")
+    pm, sm = _one(docs, "PodMonitor", "perfd-agent"), _one(docs, "ServiceMonitor")
     assert pm["spec"]["selector"]["matchLabels"] == dsel and sm["spec"]["selector"]["matchLabels"] == sel
     # The agent's config points at the Service's gRPC port, and parses as an agent config.
     cfg = yaml.safe_load(_one(docs, "ConfigMap")["data"]["agent.yaml"])
@@ -277,12 +278,24 @@ def test_monitors_set_one_job_name_whatever_the_namespace_and_release() -> None:
     prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     static = {j["job_name"] for j in prom["scrape_configs"]}
     docs = _render(release="gpu-perf", namespace="monitoring")
-    pm, sm = _one(docs, "PodMonitor"), _one(docs, "ServiceMonitor")
+    pm, sm = _one(docs, "PodMonitor", "gpu-perf-agent"), _one(docs, "ServiceMonitor")
+    side = _one(docs, "PodMonitor", "gpu-perf-job-sidecars")
     relabels = {"PodMonitor": pm["spec"]["podMetricsEndpoints"][0]["relabelings"],
+                "sidecars": side["spec"]["podMetricsEndpoints"][0]["relabelings"],
                 "ServiceMonitor": sm["spec"]["endpoints"][0]["relabelings"]}
     jobs = {kind: [r["replacement"] for r in rs if r.get("targetLabel") == "job"]
             for kind, rs in relabels.items()}
-    assert jobs == {"PodMonitor": ["perfd-agent"], "ServiceMonitor": ["perfd-aggregator"]}
+    assert jobs == {"PodMonitor": ["perfd-agent"], "sidecars": ["perfd-agent"],
+                    "ServiceMonitor": ["perfd-aggregator"]}
+    # The sidecars' monitor finds deploy/k8s/example-training-job.yaml's pods and port, anywhere.
+    example = next(d for d in yaml.safe_load_all((ROOT / "deploy/k8s/example-training-job.yaml").read_text())
+                   if d and d["kind"] == "Job")
+    pod = example["spec"]["template"]
+    (expr,) = side["spec"]["selector"]["matchExpressions"]
+    assert expr["operator"] == "Exists" and expr["key"] in pod["metadata"]["labels"]
+    (agent,) = [c for c in pod["spec"]["initContainers"] if c["name"] == "perfd-agent"]
+    assert side["spec"]["podMetricsEndpoints"][0]["port"] in {p["name"] for p in agent["ports"]}
+    assert side["spec"]["namespaceSelector"] == {"any": True}
     assert {"perfd-agent", "perfd-aggregator"} <= static
     expr = next(r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
                 if r.get("alert") == "PerfdTargetDown")
