@@ -32,8 +32,9 @@ def collector(tmp_path: Path) -> Iterator[HookCollector]:
     c.stop()
 
 
-def collect_until(c: HookCollector, n_steps: int, n_events: int = 0, timeout: float = 5.0) -> Collected:
-    """The receiver thread is asynchronous: collect until the expected output has arrived."""
+def collect_until(c: HookCollector, n_steps: int, n_events: int = 0, timeout: float = 30.0) -> Collected:
+    """The receiver thread is asynchronous: collect until the expected output has arrived (the
+    timeout only bounds a failure: it returns as soon as everything is there, loaded machine or not)."""
     out = Collected()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -154,7 +155,7 @@ def test_malformed_datagrams_are_counted(collector: HookCollector) -> None:
         s.sendto(bad_rank, collector.config.socket_path)
     finally:
         s.close()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while sum(collector.errors.values()) < 6 and time.monotonic() < deadline:
         assert collector.collect(time.time()).steps == []
         time.sleep(0.01)
@@ -186,10 +187,10 @@ def test_profile_request_round_trip(collector: HookCollector) -> None:
         hook._next_poll = 0
         with hook.step():
             pass
-        got = collect_until(collector, 1, timeout=1.0)
+        got = collect_until(collector, 1, timeout=30.0)
         steps += got.steps
         events += got.events
-    events += collect_until(collector, 0, n_events=3 - len(events), timeout=2.0).events
+    events += collect_until(collector, 0, n_events=3 - len(events), timeout=30.0).events
     assert calls == [("start", 4), ("stop", 5)]
     assert [(e["state"], e["step"], e["rank"]) for e in events] == [("accepted", 4, 2), ("started", 4, 2),
                                                                     ("stopped", 5, 2)]
