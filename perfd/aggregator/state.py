@@ -518,21 +518,13 @@ class AggregatorState:
             return None
         return float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0
 
-    def node_info_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
-        """/metrics rows: the nodes each job that has not ended runs on (perfd_job_node_info).
-        Bounded by nodes, so exported under --no-rank-series too: the join of a node agent's host
-        series, which carry no job_name, to the job on(node) (issue 37: blank host panels). A join
-        key, not a value: no rule scope holds it (perfd.rules.model.carrying_scopes)."""
-        rows: list[tuple[Mapping[str, str], str, float]] = []
-        for job in self.job_names():
-            ov = self.job_overview(job)
-            if ov is not None and ov["state"] != ENDED:
-                rows.extend(({"job_name": job, "node": node}, catalog.JOB_NODE_INFO, 1.0)
-                            for node in sorted(self.job_nodes(job)))
-        return rows
-
-    def liveness_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
-        """/metrics rows: each job's last step time and state (kept for every known job)."""
+    def liveness_rows(self, node_info: bool = False) -> list[tuple[Mapping[str, str], str, float]]:
+        """/metrics rows: each job's last step time and state (kept for every known job). With
+        ``node_info`` (/metrics, not the rules): the nodes each job that has not ended runs on,
+        perfd_job_node_info, in the same pass over the jobs. Bounded by nodes, so exported under
+        --no-rank-series too: the join of a node agent's host series, which carry no job_name, to
+        the job on(node) (issue 37: blank host panels). A join key, not a value: no rule scope holds
+        it (perfd.rules.model.carrying_scopes)."""
         rows: list[tuple[Mapping[str, str], str, float]] = []
         for job in self.job_names():
             ov = self.job_overview(job)
@@ -549,6 +541,9 @@ class AggregatorState:
             if ov["state"] != ENDED:
                 rows.append(({"job_name": job}, catalog.JOB_STALLED_SECONDS,
                              float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0))
+                if node_info:
+                    rows.extend(({"job_name": job, "node": node}, catalog.JOB_NODE_INFO, 1.0)
+                                for node in sorted(self.job_nodes(job)))
             rows.extend(goodput_rows(job, gp, catalog.GOODPUT_RATIO, catalog.JOB_TIME)
                         if (gp := self.goodput(job, ov)) is not None else ())
         return rows
