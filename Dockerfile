@@ -25,8 +25,9 @@ RUN pip install --no-cache-dir . \
     && rm -rf /root/.cache
 
 USER 10001
-# 9400: agent /metrics; 9401: aggregator /metrics + JSON API; 50051: aggregator gRPC ingest
-EXPOSE 9400 9401 50051
+# 14400: agent /metrics (not 9400: dcgm-exporter's); 9401: aggregator /metrics + JSON API;
+# 50051: aggregator gRPC ingest
+EXPOSE 14400 9401 50051
 ENTRYPOINT ["perfd"]
 # --listen-all: inside a container, loopback is unreachable from the host and from Prometheus.
-CMD ["agent", "--metrics-port", "9400", "--listen-all"]
+CMD ["agent", "--metrics-port", "14400", "--listen-all"]

@@ -37,8 +37,10 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# --durations: the slowest tests, printed at the end of every run (a test that grows slow under load
+# shows there before it times out).
 test: lint typecheck
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 proto: setup
 	$(BIN)/python -m perfd.transport.regen

@@ -30,6 +30,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -144,7 +145,9 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
     import psutil
 
     grpc_port, http_port = free_port(), free_port()
+    # The aggregator's output: removed after a run, kept (and named on stderr) when the run failed.
     tmp = tempfile.mkdtemp(prefix="perfd-scale-")
+    ok = False
     out = open(os.path.join(tmp, "aggregator.out"), "wb")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     import subprocess
@@ -238,6 +241,7 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
                 break
         res["load_cpu_cores"] = sum(loads) if loads else None
         res["machine"] = f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}"
+        ok = True
         return res
     finally:
         stop.set()
@@ -251,6 +255,10 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
         except Exception:
             agg.kill()
         out.close()
+        if ok:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"perfd bench scale: the aggregator's output is kept in {tmp}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,6 +114,8 @@ RANK_RATIO_RANKS = "perfd_job_rank_compute_ratio_ranks"
 RANK_RATIO_BUCKETS: tuple[float, ...] = (0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.5, 2.0, math.inf)
 # One info series per GPU: its identity and its job, what a DCGM-exporter series joins on(UUID).
 GPU_INFO = "perfd_gpu_info"
+# One info series per (job, node): where the job runs, what host series join the job on.
+JOB_NODE_INFO = "perfd_job_node_info"
 
 
 def _m(name: str, kind: Kind, unit: str, description: str, source: str, labels: tuple[str, ...], *,
@@ -234,6 +236,11 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_job_rank_info", "gauge", "info",
        "1 per rank: the node and GPU it runs on (from the RANK in its process environment)",
        "collectors/nvml process lists", (*JOB, "rank", "node", "gpu")),
+    _m(JOB_NODE_INFO, "gauge", "info",
+       "1 per node the job runs on (its GPUs' processes declare the job, or its own agents run there), "
+       "exported with --no-rank-series too: joins a node agent's host series, which carry no job_name, "
+       "to the job (and on(node)); the dashboards' node variable",
+       "collectors/nvml process lists, the job's agents", (*JOB, "node")),
     _m("perfd_job_skipped_iterations_total", "counter", "count", "Iterations skipped (loss-scale overflow)",
        _MEGATRON, JOB, alias="skipped_iterations"),
     _m("perfd_job_nan_iterations_total", "counter", "count", "Iterations with a NaN loss", _MEGATRON, JOB,

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from perfd import __version__
+from perfd import limits as L
 
 
 def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -84,7 +85,7 @@ EXAMPLES: dict[str, str] = {
     "perfd analyze ncu": "perfd analyze ncu rank0.ncu-rep --capture trace_1234.json.gz",
     "perfd catalog": "perfd catalog --markdown > metrics.md",
     "perfd agent": "perfd agent --aggregator 127.0.0.1:50051 --job gpt-8b --megatron-log /logs/train.log "
-                   "--nvml real --metrics-port 9400",
+                   f"--nvml real --metrics-port {L.AGENT_METRICS_PORT}",
     "perfd aggregator": "perfd aggregator --grpc-port 50051 --http-port 9401",
     "perfd demo": "perfd demo --speed 4",
     "perfd rules": "perfd rules check rules/*.yaml",

@@ -13,6 +13,13 @@ from dataclasses import dataclass
 # ---- listening ------------------------------------------------------------------------------------
 LOOPBACK = "127.0.0.1"  # where every daemon listens unless given an address (or --listen-all)
 ALL_INTERFACES = "0.0.0.0"
+# The agent's /metrics port unless given (--metrics-port, metrics_port:). Not 9400: that is
+# dcgm-exporter's default, and dcgm-exporter runs on the same GPU nodes (AKS's managed one listens
+# on 19400). The Prometheus wiki's "Default port allocations" range, 9100-9999, is fully allocated
+# (each port there is some exporter's), so this one is outside it, below Kubernetes' NodePort range
+# (30000-32767) and the kernel's ephemeral ports (32768-60999). Deploy files, the Dockerfile and the
+# docs repeat the number; tests/deploy/test_agent_port.py keeps them equal to this.
+AGENT_METRICS_PORT = 14400
 
 # ---- transport (gRPC) -----------------------------------------------------------------------------
 # One gRPC message, both directions. The agent keeps its batches below it (MAX_BATCH_BYTES).
@@ -129,6 +136,9 @@ REFUSED_JOB_INFO_VALUE = "job_info_value"  # a value outside perfd.bounds (it be
 # (event perfd.events.STEP_CONFLICT names both agents).
 REFUSED_STEP_CONFLICT = "step_conflict"
 REFUSED_WORSE_DUPLICATE = "worse_duplicate"  # a copy of a held step record lacking some of its values
+# What perfd.exporters.httpd counts (the agent's /metrics and the aggregator's HTTP alike): the
+# agent serves perfd_agent_http_refused_total for each from 0.
+REFUSED_HTTP_REASONS = (REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_HTTP_DEADLINE, REFUSED_HTTP_HEAD)
 REFUSED_REASONS = (
     REFUSED_UNAUTHENTICATED, REFUSED_IDENTITY, REFUSED_POLICY, REFUSED_NOT_HOST, REFUSED_STREAMS,
     REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_OVERLOADED, REFUSED_JOBS, REFUSED_JOBS_QUOTA,

@@ -25,6 +25,11 @@ RankScope = int | Literal["last", "all"]
 # dive asked for by name on ranks started under it (perfd ncu-prefix, perfd launch --ncu).
 CaptureTool = Literal["kineto", "nsys", "ncu", "auto"]
 CAPTURE_TOOLS: tuple[CaptureTool, ...] = get_args(CaptureTool)
+# How a capture ended, as perfd_agent_captures_total{status} counts it (the agent serves every tool x
+# outcome from 0, so that increase() sees the first capture): ok, failed, or skipped (refused before
+# it began: busy ranks, quota, a request it cannot serve; the tool then may still be "auto").
+CaptureOutcome = Literal["ok", "failed", "skipped"]
+CAPTURE_OUTCOMES: tuple[CaptureOutcome, ...] = get_args(CaptureOutcome)
 
 
 @dataclass(frozen=True)

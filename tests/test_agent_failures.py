@@ -59,10 +59,19 @@ def test_failures_are_counted_logged_once_and_the_agent_keeps_running(
         "megatron": {"path": str(tmp_path / "not-there.log")}}).finish()
     agent = Agent(cfg, reg)
 
+    def ran_enough() -> bool:  # the condition the test reads, not a pause it hopes is long enough
+        st = agent.scheduler.states
+        healthy_n = getattr(st["healthy"].collector, "n", 0) if "healthy" in st else 0
+        forwarded = any(name == "perfd_host_load1" for _l, name, _v in agent.view.rows())
+        return "exploding" in st and st["exploding"].failures >= 5 and healthy_n >= 5 and forwarded and \
+            "megatron" in st and any(r.startswith("tail:") for r in st["megatron"].collector.errors)
+
     async def body() -> str:
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
-        await asyncio.sleep(1.0)
+        deadline = asyncio.get_running_loop().time() + 60
+        while not ran_enough() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
         assert agent.metrics_port
         with urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics") as r:
             text: str = r.read().decode()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,13 @@ KEYS = ("agents", "agents_connected", "samples_per_s", "aggregator_cpu_cores", "
 
 
 @pytest.mark.slow
-def test_bench_scale_reports_every_key_with_every_agent_connected() -> None:
+def test_bench_scale_reports_every_key_with_every_agent_connected(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "scale", "--agents", "12",
                            "--seconds", "5", "--procs", "2", "--json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not list(tmp_path.glob("perfd-scale-*"))  # a run that worked leaves no folder (issue 37)
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(k in res for k in KEYS)
     assert res["agents"] == 12 and res["agents_connected"] == 12

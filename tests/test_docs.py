@@ -19,3 +19,15 @@ def test_readme_shows_the_two_commands():
     readme = (ROOT / "README.md").read_text()
     assert "make demo" in readme and "make test" in readme
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_and_makefile_agree_on_the_test_workers():
+    """The README said TEST_WORKERS=4 while the Makefile ran 6 (issue 37): the number is the
+    Makefile's, and the README repeats it."""
+    import re
+
+    make = (ROOT / "Makefile").read_text()
+    (workers,) = re.findall(r"^TEST_WORKERS \?= (\d+)$", make, re.M)
+    said = set(re.findall(r"TEST_WORKERS=(\d+)", (ROOT / "README.md").read_text()))
+    assert said == {workers}, (said, workers)
+    assert re.search(r"pytest .*-n \$\(TEST_WORKERS\).*--durations=\d+", make)

@@ -165,3 +165,28 @@ def test_a_repeated_batch_shape_is_learnt_then_copied_as_slices() -> None:
     assert cols.layouts == {}
     with pytest.raises(ValueError, match="differ in length"):
         view.ingest_samples("a", defs, [1, 2], [50], [1.0, 2.0], lambda _m: None)
+
+
+def test_job_nodes_are_where_its_processes_or_its_agents_are() -> None:
+    """perfd_job_node_info's nodes (issue 37: what joins a node agent's host series to a job): the
+    node of a GPU whose processes declare the job, whoever reports it; of the job's own agents' GPUs
+    that no other job declares; and the nodes its own agents' series name. Not a node where only
+    another job runs."""
+    view = NodeView()
+
+    def procs(agent: str, node: str, gpu: str, job: str | None) -> None:
+        payload = [{"pid": 10, "job": job}] if job else [{"pid": 11}]
+        assert view.on_gpu_processes(agent, {"kind": "gpu_processes", "labels": {"node": node, "gpu": gpu},
+                                             "payload": payload})
+
+    procs("n1/node", "n1", "0", "gpt")        # a node agent, no job: its GPU runs gpt
+    procs("n2/node", "n2", "0", "other")      # another job's node
+    procs("n3/gpt", "n3", "0", None)           # gpt's own agent, a GPU no process declares
+    procs("n3/gpt", "n3", "1", "other")        # ... and one another job declares
+    view.ingest_samples("n4/gpt", {1: ("perfd_host_cpu_util_ratio", (("node", "n4"),))}, [1], [1], [0.5],
+                        lambda _m: None)       # gpt's sidecar on n4: its series name its node
+    assert view.job_nodes("gpt", {"n3/gpt", "n4/gpt"}) == {"n1", "n3", "n4"}
+    assert view.job_nodes("other", set()) == {"n2", "n3"}
+    assert view.job_nodes("idle", set()) == set()
+    view.forget_agent("n1/node")  # gone for good: its GPUs leave the job's nodes
+    assert view.job_nodes("gpt", {"n3/gpt"}) == {"n3"}

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from perfd import limits as L
 from perfd.transport.shard import pick_aggregator
 
 
@@ -33,8 +34,8 @@ class AgentConfig:
     node: str = ""
     job: str = ""  # "": a node agent (no job-level collector), else the job it serves
     aggregator: str | None = None  # host:port; None = local only (own /metrics, no streaming)
-    metrics_port: int | None = 9400  # None = no HTTP endpoint; 0 = ephemeral (tests)
-    metrics_host: str = "127.0.0.1"  # loopback unless told (--metrics-host, --listen-all)
+    metrics_port: int | None = L.AGENT_METRICS_PORT  # None = no HTTP endpoint; 0 = ephemeral (tests)
+    metrics_host: str = L.LOOPBACK  # loopback unless told (--metrics-host, --listen-all)
     spool_dir: str | None = None  # None = in memory (lost on restart; fine for demos and tests)
     # Where collectors' checkpoints are kept (a log tail's position): a restarted agent resumes
     # there instead of reading its logs again. Pair it with spool_dir (what was read but not yet

@@ -27,14 +27,22 @@ from perfd import limits as L
 from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import DEFAULT_JOB, AgentConfig
 from perfd.agent.reduce import SampleReducer
-from perfd.agent.scheduler import COLLECT_BUCKETS_S, Scheduler
+from perfd.agent.scheduler import COLLECT_BUCKETS_S, RUNNING_ERROR_REASONS, Scheduler
 from perfd.catalog import GPU_INFO
 from perfd.collector import Collected, Collector, Registry
 from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES, NCCL_HANG, payload_of
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, series_families
 from perfd.jobinfo_json import job_info_to_json
-from perfd.model import CollectiveRecord, JobInfo, Sample, label_set, merge_job_info
+from perfd.model import (
+    CAPTURE_OUTCOMES,
+    CAPTURE_TOOLS,
+    CollectiveRecord,
+    JobInfo,
+    Sample,
+    label_set,
+    merge_job_info,
+)
 from perfd.placement import declared_job
 from perfd.refusals import Refusals
 
@@ -186,8 +194,13 @@ class Agent:
         reg.register(_AgentMetrics(self))
         # One thread for every connection and its deadlines, two for /metrics, one that answers
         # 404: 2,000 idle connections cost buffers, not 2,000 threads (perfd.exporters.httpd).
-        self.http = httpd.HttpServer(self.cfg.metrics_host, self.cfg.metrics_port, _MetricsHandler, reg,
-                                     refusals=self.http_refusals, api_threads=1, name="agent-http")
+        try:
+            self.http = httpd.HttpServer(self.cfg.metrics_host, self.cfg.metrics_port, _MetricsHandler, reg,
+                                         refusals=self.http_refusals, api_threads=1, name="agent-http")
+        except OSError as exc:
+            raise httpd.bind_error(exc, self.cfg.metrics_host, self.cfg.metrics_port, "/metrics",
+                                   "--metrics-port N (metrics_port: in the config file)",
+                                   "--metrics-host or --listen-all") from exc
         self.http.start()
         self.metrics_port = self.http.port
         # Printed, not logged: at the default verbosity (warnings) an info line never shows, and the
@@ -227,8 +240,11 @@ class Agent:
     def self_metric_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
         node = {"node": self.cfg.node}
         rows: list[tuple[Mapping[str, str], str, float]] = []
+        # Counters with known label values are served from 0: increase() needs a sample before the
+        # first event to see it (issue 37: the first capture, the first collector error were missed).
         for name, st in self.scheduler.states.items():
-            for reason, n in st.collector.errors.items():
+            errors = {**dict.fromkeys(RUNNING_ERROR_REASONS, 0), **st.collector.errors}
+            for reason, n in errors.items():
                 rows.append(({**node, "collector": name, "reason": reason},
                              "perfd_agent_collector_errors_total", float(n)))
             rows.append(({**node, "collector": name}, "perfd_agent_samples_total",
@@ -237,8 +253,8 @@ class Agent:
             rows.append(({**node, "collector": name, "reason": "config"},
                          "perfd_agent_collector_errors_total", 1.0))
         counts = self.http_refusals.snapshot()
-        rows += [({**node, "reason": r}, "perfd_agent_http_refused_total", float(counts[r]))
-                 for r in L.REFUSED_REASONS if r in counts]
+        rows += [({**node, "reason": r}, "perfd_agent_http_refused_total", float(counts.get(r, 0)))
+                 for r in L.REFUSED_REASONS if r in counts or r in L.REFUSED_HTTP_REASONS]
         ru = resource.getrusage(resource.RUSAGE_SELF)
         rows.append((node, "perfd_agent_cpu_seconds_total", ru.ru_utime + ru.ru_stime))
         try:
@@ -247,7 +263,10 @@ class Agent:
             rows.append((node, "perfd_agent_resident_memory_bytes", float(rss)))
         except (OSError, ValueError, IndexError):
             pass
-        for (tool, status), n in sorted(self.captures_done.items()):
+        done = dict(self.captures_done)
+        if self.captures is not None:  # this agent can capture: every tool x outcome from 0
+            done = {**{(t, o): 0 for t in CAPTURE_TOOLS for o in CAPTURE_OUTCOMES}, **done}
+        for (tool, status), n in sorted(done.items()):
             rows.append(({**node, "tool": tool, "status": status}, "perfd_agent_captures_total", float(n)))
         if self.client is not None:
             c = self.client.counters()
@@ -280,7 +299,7 @@ class Agent:
         status = str(payload.get("status") or "") if isinstance(payload, Mapping) else ""
         if kind == CAPTURE_FINISHED.name:
             status = "ok"
-        elif status not in ("failed", "skipped"):
+        elif status not in CAPTURE_OUTCOMES or status == "ok":  # a failure event says failed or skipped
             status = "failed"
         tool = str((ev.get("labels") or {}).get("tool") or "unknown")
         self.captures_done[(tool, status)] = self.captures_done.get((tool, status), 0) + 1

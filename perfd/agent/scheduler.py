@@ -24,6 +24,13 @@ log = logging.getLogger(__name__)
 # ~1 ms, a log tail a few ms, a slow NVML call (energy, DESIGN.md §3) ~4 ms per GPU.
 COLLECT_BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
+# The reasons the scheduler itself counts for any collector (perfd_agent_collector_errors_total)
+# while the agent runs: the agent serves them from 0 for every collector, so that increase() sees
+# the first one (a collector found unavailable at start counts once, ever). Each collector's own
+# reasons (parse:..., fetch-failed:...) are open-ended and appear with their first count.
+UNAVAILABLE, START_FAILED, COLLECT_RAISED = "unavailable", "start-failed", "collect-raised"
+RUNNING_ERROR_REASONS = (UNAVAILABLE, START_FAILED, COLLECT_RAISED)
+
 
 @dataclass
 class CollectorState:
@@ -67,13 +74,13 @@ class Scheduler:
                 st.capabilities = Capabilities(False, f"probe failed: {exc!r}")
             if not st.capabilities.available:
                 log.warning("collector %s unavailable: %s", name, st.capabilities.reason)
-                st.collector.count_error("unavailable", st.capabilities.reason)
+                st.collector.count_error(UNAVAILABLE, st.capabilities.reason)
                 continue
             try:
                 st.collector.start()
             except Exception as exc:
                 st.capabilities = Capabilities(False, f"start failed: {exc!r}")
-                st.collector.count_error("start-failed", repr(exc))
+                st.collector.count_error(START_FAILED, repr(exc))
                 continue
             log.info("collector %s started every %.3gs (%s)", name, st.interval_s,
                      st.capabilities.features)
@@ -89,7 +96,7 @@ class Scheduler:
                 out = st.collector.collect(time.time())
             except Exception as exc:  # contract says never raise; if it does, count and go on
                 st.failures += 1
-                st.collector.count_error("collect-raised", repr(exc))
+                st.collector.count_error(COLLECT_RAISED, repr(exc))
                 out = Collected()
             st.runs += 1
             st.last_duration_s = d = time.monotonic() - t0

@@ -71,7 +71,7 @@ class _StateCollector:
         yield from series_families(rows)
         yield from series_families(self.state.collective_rows(self.per_rank_series))
         yield from series_families(self.state.incidents.metric_rows())
-        yield from series_families(self.state.liveness_rows())
+        yield from series_families(self.state.liveness_rows(node_info=True))
         yield from series_families(self.state.serving.rows())
         t = self.state.transport_stats() if self.state.transport_stats is not None else {}
         own = {

@@ -28,6 +28,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collective_config import CollectiveConfig
+from perfd.exporters.httpd import bind_error
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, RemoteWriter, target_name
 from perfd.jobinfo_json import decode_job_info
 from perfd.limits import REFUSED_JOB_INFO_VALUE
@@ -73,7 +74,7 @@ class AggregatorConfig:
     # Weights & Biases: one run per job (perfd.exporters.wandb); None = off.
     wandb_project: str | None = None
     wandb_mode: str = "offline"  # offline (no server; `wandb sync` later) | online | disabled
-    wandb_dir: str | None = None  # where runs are written (default: ./perfd-wandb)
+    wandb_dir: str | None = None  # where runs are written (perfd.exporters.wandb.default_directory)
     wandb_interval_s: float = 10.0
     # Collective analysis (link capabilities): the default and per-job overrides.
     collectives: CollectiveConfig | None = None
@@ -129,9 +130,10 @@ class Aggregator:
         self.wandb: WandbSync | None = None
         self._wandb_task: asyncio.Task[None] | None = None
         if cfg.wandb_project:
-            from perfd.exporters.wandb import WandbExporter
+            from perfd.exporters.wandb import WandbExporter, default_directory
 
-            exporter = WandbExporter(cfg.wandb_project, cfg.wandb_mode, cfg.wandb_dir)
+            exporter = WandbExporter(cfg.wandb_project, cfg.wandb_mode,
+                                     cfg.wandb_dir or default_directory(cfg.state_dir))
             self.wandb = WandbSync(self.state, exporter, self.captures.list, cfg.wandb_interval_s)
         self.remote: RemoteWriter | None = None
         self.lifecycle = Lifecycle(self)  # what is held now: releases, pruning, forgetting agents
@@ -281,7 +283,11 @@ class Aggregator:
         if self.store is not None:  # everything back before the first agent connects
             got = restore(self, self.store)
             log.info("state restored from %s: %s", self.store.path, got)
-        self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
+        try:
+            self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
+        except OSError as exc:  # the transport cannot tell in use from not local: both ways out
+            raise OSError(f"{exc}; choose another port with --grpc-port N or another address with "
+                          "--grpc-host") from exc
         self.lifecycle.started(asyncio.get_running_loop())
         self.state.transport_stats = self._transport_counters
         try:
@@ -291,8 +297,8 @@ class Aggregator:
                                    export_node_series=self.cfg.export_node_series)
         except OSError as exc:
             await self.server.stop(None)
-            raise OSError(f"cannot listen for HTTP on {self.cfg.http_host}:{self.cfg.http_port}: "
-                          f"{exc.strerror or exc}") from exc
+            raise bind_error(exc, self.cfg.http_host, self.cfg.http_port, "HTTP", "--http-port N",
+                             "--http-host") from exc
         self.http.start()
         if self.cfg.remote_write:
             self._start_remote_write()

@@ -63,8 +63,8 @@ class AgentColumns:
     """One agent's series: what each slot is (decided once per series), and its latest time and
     value in two columns indexed by slot."""
 
-    __slots__ = ("by_id", "gpm", "gpu_index", "keys", "layouts", "model", "node", "other", "slot_of",
-                 "times", "values")
+    __slots__ = ("by_id", "gpm", "gpu_index", "keys", "layouts", "model", "node", "nodes", "other",
+                 "slot_of", "times", "values")
 
     def __init__(self) -> None:
         self.keys: list[SeriesKey] = []  # slot -> (name, labels)
@@ -87,6 +87,7 @@ class AgentColumns:
         # every job every tick: at 2,000 agents that walk was 13% of the aggregator).
         self.gpu_index: dict[str, list[tuple[GpuKey, str, int]]] = {}
         self.model: str | None = None  # the GPU model its series name
+        self.nodes: set[str] = set()  # the node labels its series carry (where the agent runs)
 
     def row(self, slot: int) -> NodeSeries:
         name, labels = self.keys[slot]
@@ -206,6 +207,8 @@ class NodeView:
         cols.values.append(math.nan)
         (cols.node if name.startswith(NODE_SERIES_PREFIXES) else cols.other).append(slot)
         lab = dict(labels)
+        if "node" in lab:
+            cols.nodes.add(lab["node"])
         if name in _GPM_FIELDS and "replay" not in lab:  # a recording of another run says nothing of this job
             cols.gpm.append((_GPM_FIELDS[name], slot))
         if name.startswith("perfd_gpu_"):
@@ -271,6 +274,19 @@ class NodeView:
         """The jobs whose processes run on the GPUs this agent reports (a node agent's GPUs)."""
         with self._lock:
             return {j for k in self._agent_gpus.get(agent, ()) for j in self._declared_all.get(k, ())}
+
+    def job_nodes(self, job: str, job_agents: Collection[str]) -> set[str]:
+        """The nodes ``job`` runs on: those of the GPUs its processes declare (whoever reports
+        them: a node agent), of its own agents' GPUs no other job declares, and those its own
+        agents' series name. What joins a node agent's host series (no job_name) to the job."""
+        with self._lock:
+            nodes = {node for node, _gpu in self._placed.get(job, ())}
+            for agent in job_agents:
+                nodes.update(k[0] for k in self._agent_gpus.get(agent, ()) if k not in self._declared)
+                cols = self._agents.get(agent)
+                if cols is not None:
+                    nodes.update(cols.nodes)
+            return nodes
 
     def gpu_job(self, agent: str, key: GpuKey, agent_job: str | None) -> str | None:
         """The job of one agent's GPU: what its processes declare, else the agent's own job."""

@@ -254,6 +254,10 @@ class AggregatorState:
         them), held until a process list of the job changes or its agents do (gpu_views)."""
         return dict(self._placements.get(job, self.jobs.agents_of(job), world_size).ranks)
 
+    def job_nodes(self, job: str) -> set[str]:
+        """The nodes the job runs on (NodeView.job_nodes): what perfd_job_node_info exports."""
+        return self.nodes.job_nodes(job, self.jobs.agents_of(job))
+
     def job_gpu_series(self, job: str) -> list[tuple[str, NodeSeries]]:
         """(agent, series) of the GPU series of the job's GPUs (as :meth:`gpu_view` finds them)."""
         return self.nodes.job_gpu_series(job, self.jobs.agents_of(job))
@@ -520,8 +524,13 @@ class AggregatorState:
             return None
         return float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0
 
-    def liveness_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
-        """/metrics rows: each job's last step time and state (kept for every known job)."""
+    def liveness_rows(self, node_info: bool = False) -> list[tuple[Mapping[str, str], str, float]]:
+        """/metrics rows: each job's last step time and state (kept for every known job). With
+        ``node_info`` (/metrics, not the rules): the nodes each job that has not ended runs on,
+        perfd_job_node_info, in the same pass over the jobs. Bounded by nodes, so exported under
+        --no-rank-series too: the join of a node agent's host series, which carry no job_name, to
+        the job on(node) (issue 37: blank host panels). A join key, not a value: no rule scope holds
+        it (perfd.rules.model.carrying_scopes)."""
         rows: list[tuple[Mapping[str, str], str, float]] = []
         for job in self.job_names():
             ov = self.job_overview(job)
@@ -538,6 +547,9 @@ class AggregatorState:
             if ov["state"] != ENDED:
                 rows.append(({"job_name": job}, catalog.JOB_STALLED_SECONDS,
                              float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0))
+                if node_info:
+                    rows.extend(({"job_name": job, "node": node}, catalog.JOB_NODE_INFO, 1.0)
+                                for node in sorted(self.job_nodes(job)))
             rows.extend(goodput_rows(job, gp, catalog.GOODPUT_RATIO, catalog.JOB_TIME)
                         if (gp := self.goodput(job, ov)) is not None else ())
             a = self.jobs.cached_analysis(job)

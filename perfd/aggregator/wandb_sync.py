@@ -2,14 +2,22 @@
 run (perfd.exporters.wandb), and each finished capture's report is attached once.
 
 All W&B calls run in a worker thread (``asyncio.to_thread``): ``wandb.init`` starts a service
-process and may take a second, and ingest must never wait for it. A failing export is logged and
-retried on the next round; it never stops the aggregator.
+process and may take a second, and ingest must never wait for it. A failing export is logged (the
+traceback once per kind of failure, then a line with the count) and retried on the next round; it
+never stops the aggregator.
+
+GPU values per row: the aggregator holds only each GPU series' latest value, and an export round
+(--wandb-interval, 10 s) covers many iterations. Between rounds the task samples each job's GPU
+values whenever the job has stepped (every GPU_SAMPLE_S, as often as the agents forward them), and
+each exported iteration carries the sample taken once it had arrived: every row of a job with GPU
+data has its GPU keys (issue 37: only the newest row of each round had them, 3 of 40 steps).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -21,6 +29,14 @@ log = logging.getLogger(__name__)
 
 CapturesSource = Callable[[], Iterable[Mapping[str, Any]]]
 DONE = ("finished", "failed")
+# How often the jobs' GPU values are sampled between export rounds: the agents forward each node
+# series every aggregator_sample_interval_s (2 s), so sampling faster would repeat values.
+GPU_SAMPLE_S = 2.0
+# Samples held per job between rounds (a bound: a round every 10 s needs ~5).
+MAX_GPU_SAMPLES = 512
+
+# One GPU sample: (the job's newest iteration when it was taken, W&B key -> value).
+GpuSample = tuple[int, dict[str, float]]
 
 
 class WandbSync:
@@ -33,6 +49,22 @@ class WandbSync:
         self.rounds = 0
         self.errors = 0
         self._captures_done: set[str] = set()
+        self._gpu_samples: dict[str, list[GpuSample]] = {}
+        self._failures_seen: set[str] = set()
+
+    def sample_gpus(self) -> None:
+        """Take each job's GPU values now if it has stepped since its last sample (an idle job
+        adds nothing); what :meth:`sync_once` hands each iteration."""
+        for job in self.state.job_names():
+            ov = self.state.jobs.overview(job)
+            last = ov.get("last_iteration") if ov is not None else None
+            if not isinstance(last, int):
+                continue
+            held = self._gpu_samples.setdefault(job, [])
+            if held and held[-1][0] >= last:
+                continue
+            held.append((last, node_metrics(self._gpu_values(job))))
+            del held[:-MAX_GPU_SAMPLES]
 
     def sync_once(self, force: bool = False) -> int:
         """One round; returns the number of W&B history rows written. ``force`` re-analyses jobs
@@ -45,9 +77,11 @@ class WandbSync:
             last = self.exporter.last_step(job)
             new = [it.to_json() for it in analysis.iterations if last is None or it.iteration > last]
             if new:
+                newest = max(int(it["iteration"]) for it in new)
+                now = node_metrics(self._gpu_values(job))
                 rows += self.exporter.log_analysis(job, {"job": analysis.job, "iterations": new,
                                                          "summary": analysis.summary},
-                                                   node_metrics(self._gpu_values(job)))
+                                                   extra_by_step=self._by_step(job, new, newest, now))
         for cap in (self.captures() if self.captures else ()):
             cid = str(cap.get("id") or "")
             if cid and cap.get("status") in DONE and cid not in self._captures_done:
@@ -55,6 +89,21 @@ class WandbSync:
                 self._captures_done.add(cid)
         self.rounds += 1
         return rows
+
+    def _by_step(self, job: str, new: list[dict[str, Any]], newest: int,
+                 now: dict[str, float]) -> dict[int, dict[str, float]]:
+        """Each new iteration's GPU values: the first sample taken once it had arrived, else (it
+        arrived after the last sample) the values now. Samples past ``newest`` stay for the next
+        round (the analysis may lag the records a little)."""
+        held = self._gpu_samples.get(job, [])
+        out: dict[int, dict[str, float]] = {}
+        for it in new:
+            step = int(it["iteration"])
+            vals = next((v for seen, v in held if seen >= step), now)
+            if vals:
+                out[step] = vals
+        self._gpu_samples[job] = [s for s in held if s[0] > newest]
+        return out
 
     def _gpu_values(self, job: str) -> dict[str, dict[str, float]]:
         """W&B label -> the latest values of one GPU of the job's agents: ``rank=N`` for the GPU a
@@ -70,14 +119,33 @@ class WandbSync:
                 out[f"node={node},gpu={gpu}"] = dict(vals)
         return out
 
+    def _failed(self, what: str, exc: Exception) -> None:
+        """A failed round: the traceback the first time this kind of failure happens, one line after
+        (a disk that stays full must not print a traceback every round)."""
+        self.errors += 1
+        kind = f"{what}:{type(exc).__name__}:{exc}"
+        if kind not in self._failures_seen:
+            self._failures_seen.add(kind)
+            log.exception("W&B %s failed (retried in %.0f s; the same failure is logged in one line "
+                          "from now on)", what, self.interval_s)
+        else:
+            log.warning("W&B %s failed again: %s (%d failures)", what, exc, self.errors)
+
     async def run(self) -> None:
+        next_round = time.monotonic() + self.interval_s
         while True:
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(max(0.0, min(GPU_SAMPLE_S, next_round - time.monotonic())))
+            if time.monotonic() < next_round:
+                try:
+                    await asyncio.to_thread(self.sample_gpus)
+                except Exception as exc:
+                    self._failed("GPU sampling", exc)
+                continue
+            next_round = time.monotonic() + self.interval_s
             try:
                 await asyncio.to_thread(self.sync_once)
-            except Exception:  # W&B down, disk full, a bug: logged, retried next round
-                self.errors += 1
-                log.exception("W&B export failed (retried in %.0fs)", self.interval_s)
+            except Exception as exc:  # W&B down, disk full, a bug: logged, retried next round
+                self._failed("export", exc)
 
     async def close(self) -> None:
         """A last round (what arrived since the previous one), then every run is finished."""

@@ -68,6 +68,19 @@ def _aggregator(args: argparse.Namespace) -> int:
         print("perfd aggregator: --wandb-project needs the wandb package, which is not installed: "
               "pip install 'perfd[wandb]' (or drop --wandb-project)", file=sys.stderr)
         return 2
+    wandb_dir = args.wandb_dir
+    if args.wandb_project:
+        # Checked here too: a directory W&B cannot write (a read-only root filesystem under a
+        # relative default) failed at every export round, with a traceback each time (issue 37).
+        from perfd.exporters.wandb import default_directory, directory_problem
+
+        wandb_dir = wandb_dir or default_directory(args.state_dir)
+        problem = directory_problem(wandb_dir)
+        if problem is not None:
+            given = "" if args.wandb_dir else " (the default: --state-dir DIR/wandb, else ./perfd-wandb)"
+            print(f"perfd aggregator: cannot write W&B runs under {wandb_dir}{given}: {problem}; "
+                  "give a writable directory with --wandb-dir DIR", file=sys.stderr)
+            return 2
     every = L.ALL_INTERFACES if args.listen_all else L.LOOPBACK
     for flag, v in (("--max-jobs-per-agent", args.max_jobs_per_agent),
                     ("--job-retention", args.job_retention), ("--agent-retention", args.agent_retention)):
@@ -92,7 +105,7 @@ def _aggregator(args: argparse.Namespace) -> int:
                            per_rank_series=not args.no_rank_series,
                            export_node_series=args.export_node_series,
                            wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
-                           wandb_dir=args.wandb_dir, wandb_interval_s=args.wandb_interval,
+                           wandb_dir=wandb_dir, wandb_interval_s=args.wandb_interval,
                            job_stale_after_s=args.job_stale_after,
                            max_iterations_per_job=args.retain_iterations,
                            max_bytes_per_job=int(args.retain_mib * (1 << 20)),
@@ -132,7 +145,7 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--nvml", help="real | replay:FILE | off (default real)")
     a.add_argument("--host", choices=["on", "off"], help="host metrics via psutil (default on)")
     a.add_argument("--metrics-port", type=int, help="port of the agent's /metrics (0: any free "
-                   "port; -1: none; default 9400)")
+                   f"port; -1: none; default {L.AGENT_METRICS_PORT})")
     a.add_argument("--node", help="node name (default: host name)")
     a.add_argument("--agent-id", help="agent id, unique per agent process (default: NODE/JOB, or NODE/node "
                    "for an agent with no job: a node's DaemonSet agent and a job's sidecar differ)")
@@ -144,7 +157,7 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--launch-manifest", metavar="FILE", help="watch a job started by `perfd launch`: "
                    "its job name and the megatron (its log), nccl (its Flight Recorder dumps) and hook "
                    "(its socket) collectors")
-    a.add_argument("--metrics-host", help="address of the agent's /metrics (default 127.0.0.1)")
+    a.add_argument("--metrics-host", help=f"address of the agent's /metrics (default {L.LOOPBACK})")
     a.add_argument("--listen-all", action="store_true",
                    help="serve /metrics on every interface (0.0.0.0) unless --metrics-host is given")
     a.add_argument("--tls-ca", metavar="FILE", help="CA certificate that signed the aggregator's: "
@@ -238,7 +251,8 @@ def register(sub: SubParsers) -> None:
                    "(needs perfd[wandb]); off without it")
     g.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"],
                    help="offline (default) writes runs under --wandb-dir for `wandb sync`; online uploads")
-    g.add_argument("--wandb-dir", help="directory of the W&B runs (default: ./perfd-wandb)")
+    g.add_argument("--wandb-dir", help="directory of the W&B runs, checked writable at start (default: "
+                   "DIR/wandb with --state-dir DIR, else ./perfd-wandb)")
     g.add_argument("--wandb-interval", type=float, default=10.0, help="seconds between W&B exports")
     g.add_argument("--remote-write", action="append", metavar="URL",
                    help="also push what /metrics shows to this Prometheus remote-write endpoint "

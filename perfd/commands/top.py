@@ -13,6 +13,9 @@ The focus stays on the job it was given or first chose (the job with the newest 
 job is gone; in a terminal, n / Tab and p move it to the next / previous job, q quits. `--once`
 prints one screen and exits (scripts, tests), as wide as the content (never cut at 80 columns when
 written to a file); otherwise the screen refreshes in place (rich.live) every --interval seconds.
+A terminal narrower than NARROW_WIDTH gets the compact tables (step percentiles in one column, the
+GPU model in the title, no column headers cut to "…"), so a job's name and every value read whole
+at 80 columns. A stalled or ended job says so where its last step's age is, and an ended one is dim.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -49,6 +53,8 @@ MAX_JOB_SUMMARIES = 16
 # a whole command line (collectors/nvml keeps 200 characters of it), so nothing is cut or wrapped as
 # rich does at its default 80 for a non-terminal. Tables take only the width their content needs.
 FILE_WIDTH = 300
+# Below this many columns the tables take their compact form (the wide jobs table needs ~115).
+NARROW_WIDTH = 120
 GIB = float(1 << 30)
 
 
@@ -244,46 +250,91 @@ def budget_text(summary: dict[str, Any]) -> Text:
     return line
 
 
-def _job_cells(summary: dict[str, Any] | None, why_missing: str | None) -> list[str]:
-    """MFU, goodput, step p50/p90/max (after warm-up), cv, bottleneck, open incidents of one job."""
+def _job_cells(summary: dict[str, Any] | None, why_missing: str | None, narrow: bool = False) -> list[str]:
+    """MFU, goodput, step p50/p90/max (after warm-up), cv, bottleneck, open incidents of one job;
+    ``narrow``: the step percentiles in one cell ("p50/p90/max", ms), no cv, the class without its
+    "-bound" or "-overhead" (the header, "bound by", says it)."""
+    blanks = 3 if narrow else 6
     if summary is None:
-        return [NA] * 6 + [why_missing or NA, NA]
+        return [NA] * blanks + [why_missing or NA, NA]
     s = summary.get("summary") or {}
     if not s:  # a serving job, or a training job before its first iteration
         kind = "serving" if summary.get("serving") else "no iteration analysed yet"
-        return [NA] * 6 + [kind, str(len(open_incidents(summary.get("incidents"))))]
+        return [NA] * blanks + [kind, str(len(open_incidents(summary.get("incidents"))))]
     dist = s.get("step_time_distribution_ms") or {}
     cv = _num(s.get("step_time_cv"))
     gp = goodput_of(summary)
-    return [_pct((s.get("medians") or {}).get("mfu")), _pct(gp.get("ratio") if gp else None),
-            _ms(dist.get("p50")), _ms(dist.get("p90")),
-            _ms(dist.get("max")), NA if cv is None else f"{cv:.3f}", str(s.get("bottleneck") or NA),
-            str(len(open_incidents(summary.get("incidents"))))]
+    head = [_pct((s.get("medians") or {}).get("mfu")), _pct(gp.get("ratio") if gp else None)]
+    n_open = str(len(open_incidents(summary.get("incidents"))))
+    if narrow:
+        steps = [_num(dist.get(k)) for k in ("p50", "p90", "max")]
+        cell = NA if all(v is None for v in steps) else \
+            "/".join(NA if v is None else f"{v:.0f}" for v in steps)
+        # "bound by" heads the column: compute, communication, launch (launch-overhead), ...
+        return [*head, cell, str(s.get("bottleneck") or NA).removesuffix("-bound").removesuffix("-overhead"),
+                n_open]
+    return [*head, _ms(dist.get("p50")), _ms(dist.get("p90")),
+            _ms(dist.get("max")), NA if cv is None else f"{cv:.3f}", str(s.get("bottleneck") or NA), n_open]
 
 
-def _jobs_table(snap: Snapshot) -> Table:
-    t = Table(title="jobs (step times after warm-up)", title_justify="left", expand=False)
-    for col in ("job", "iter", "last step", "MFU", "goodput", "step p50", "p90", "max", "cv", "bottleneck",
-                "open inc."):
-        t.add_column(col, justify="left" if col in ("job", "bottleneck") else "right")
+def _age(seconds: float) -> str:
+    """A short age: 45s, 12m, 3h, 2d."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def last_step_cell(job: dict[str, Any]) -> Text:
+    """How long ago the job's last step was ("12s"), and its state when it is not running: a stalled
+    job (its processes alive, no step) in bold red, an ended one dim (the aggregator's liveness)."""
+    age = _num(job.get("last_step_age_s"))
+    state = job.get("state")
+    when = NA if age is None else _age(age)
+    if state == "ended":
+        return Text("ended" if age is None else f"ended {when}", style="dim")
+    if state == "stalled":
+        return Text(f"stalled {when}", style="bold red")
+    return Text(when)
+
+
+def _jobs_table(snap: Snapshot, narrow: bool = False) -> Table:
+    title = ("jobs (step ms: p50/p90/max after warm-up; last step: how long ago)" if narrow else
+             "jobs (step times after warm-up)")
+    t = Table(title=title, title_justify="left", expand=False, **_COMPACT if narrow else {})
+    heads = (("job", "last step", "MFU", "goodput", "step ms", "bound by", "inc") if narrow else
+             ("job", "iter", "last step", "MFU", "goodput", "step p50", "p90", "max", "cv", "bottleneck",
+              "open inc."))
+    for col in heads:
+        # The job's name and the cells' values are never cut; the bottleneck gives way first.
+        left = col in ("job", "bottleneck", "bound by", "last step")
+        t.add_column(col, justify="left" if left else "right", no_wrap=col not in ("bottleneck", "bound by"))
     for j in snap.jobs:
         name = str(j.get("job"))
-        age = _num(j.get("last_step_age_s"))
         it = j.get("last_iteration")
-        row = [name + (" *" if name == snap.focus else ""), NA if it is None else str(it),
-               NA if age is None else f"{age:.0f} s ago"]
-        t.add_row(*row, *_job_cells(snap.summaries.get(name), snap.job_errors.get(name)))
+        row: list[str | Text] = [name + (" *" if name == snap.focus else "")]
+        if not narrow:
+            row.append(NA if it is None else str(it))
+        row.append(last_step_cell(j))
+        t.add_row(*row, *_job_cells(snap.summaries.get(name), snap.job_errors.get(name), narrow),
+                  style="dim" if j.get("state") == "ended" else None)
     return t
 
 
-def _used_of(used: float | None, total: float | None, scale: float = 1.0, digits: int = 0) -> str:
+# The compact tables' form: no vertical rules, one space of padding, a rule under the header only.
+_COMPACT: dict[str, Any] = {"box": box.SIMPLE_HEAD, "padding": (0, 0), "pad_edge": False,
+                            "show_edge": False}
+
+
+def _used_of(used: float | None, total: float | None, scale: float = 1.0, digits: int = 0,
+             pct: bool = True) -> str:
     """"used/total pct%" with what is known of the three (the unit is in the column's head)."""
     if used is None and total is None:
         return NA
     u = NA if used is None else f"{used / scale:.{digits}f}"
     tt = NA if total is None else f"{total / scale:.{digits}f}"
-    pct = f" {100 * used / total:.0f}%" if used is not None and total else ""
-    return f"{u}/{tt}{pct}"
+    share = f" {100 * used / total:.0f}%" if pct and used is not None and total else ""
+    return f"{u}/{tt}{share}"
 
 
 _GPU_RATIOS: tuple[tuple[str, str], ...] = (
@@ -298,29 +349,41 @@ def _short_model(model: Any) -> str:
     return str(model).removeprefix("NVIDIA ") if model else NA
 
 
-def _gpu_table(gpus: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> Table:
-    t = Table(title="GPUs", title_justify="left")
-    for col in ("node", "gpu", "rank", "model"):
-        t.add_column(col)
+def _gpu_table(gpus: list[dict[str, Any]], ranks: list[dict[str, Any]], narrow: bool = False) -> Table:
+    """``narrow``: the model in the title (the one model of the job's GPUs, else a column), memory in
+    whole GiB and power without their percentages, the SM clock only."""
+    models = {_short_model(g.get("model")) + (" (replay)" if g.get("replay") else "") for g in gpus}
+    model_col = not narrow or len(models) > 1
+    title = "GPUs" if model_col or not models else f"GPUs ({models.pop()})"
+    t = Table(title=title, title_justify="left", **_COMPACT if narrow else {})
+    for col in ("node", "gpu", "rank", *(("model",) if model_col else ())):
+        t.add_column(col, no_wrap=narrow)
     for head, _ in _GPU_RATIOS:
         t.add_column(head, justify="right")
-    for head in ("memory GiB", "power W", "SM MHz", "mem MHz", "temp"):
-        t.add_column(head, justify="right")
+    for head in (("mem GiB", "power W", "MHz", "temp") if narrow else
+                 ("memory GiB", "power W", "SM MHz", "mem MHz", "temp")):
+        t.add_column(head, justify="right", no_wrap=narrow)
     rank_of = {(str(r.get("node")), str(r.get("gpu"))): str(r.get("rank")) for r in ranks
                if isinstance(r, dict)}
     for g in gpus:
         vals = g.get("values") or {}
         where = (str(g.get("node")), str(g.get("gpu")))
-        cells = [*where, rank_of.get(where, NA),
-                 _short_model(g.get("model")) + (" (replay)" if g.get("replay") else "")]
+        cells = [*where, rank_of.get(where, NA)]
+        if model_col:
+            cells.append(_short_model(g.get("model")) + (" (replay)" if g.get("replay") else ""))
         for _, name in _GPU_RATIOS:
             v = _num(vals.get(name))
             cells.append(NA if v is None else f"{100 * v:.0f}%")
-        cells.append(_used_of(_num(vals.get("perfd_gpu_memory_used_bytes")),
-                              _num(vals.get("perfd_gpu_memory_total_bytes")), GIB, 1))
-        cells.append(_used_of(_num(vals.get("perfd_gpu_power_watts")),
-                              _num(vals.get("perfd_gpu_power_limit_watts"))))
-        for name in ("perfd_gpu_sm_clock_hertz", "perfd_gpu_mem_clock_hertz"):
+        mem = (_num(vals.get("perfd_gpu_memory_used_bytes")), _num(vals.get("perfd_gpu_memory_total_bytes")))
+        power = (_num(vals.get("perfd_gpu_power_watts")), _num(vals.get("perfd_gpu_power_limit_watts")))
+        if narrow:
+            cells.append(_used_of(*mem, GIB, 0, pct=False))
+            cells.append(_used_of(*power, pct=False))
+        else:
+            cells.append(_used_of(*mem, GIB, 1))
+            cells.append(_used_of(*power))
+        for name in ("perfd_gpu_sm_clock_hertz",) if narrow else ("perfd_gpu_sm_clock_hertz",
+                                                                 "perfd_gpu_mem_clock_hertz"):
             v = _num(vals.get(name))
             cells.append(NA if v is None else f"{v / 1e6:.0f}")
         v = _num(vals.get("perfd_gpu_temperature_celsius"))
@@ -404,7 +467,9 @@ def incidents_text(incidents: Any) -> Text:
     return out
 
 
-def render(snap: Snapshot, keys: bool = False) -> RenderableType:
+def render(snap: Snapshot, keys: bool = False, width: int | None = None) -> RenderableType:
+    """The screen; ``width`` (the terminal's columns) below NARROW_WIDTH: the compact tables."""
+    narrow = width is not None and width < NARROW_WIDTH
     when = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))
     head = Text(f"perfd top — {snap.base} — {when}", style="bold")
     if keys and len(snap.jobs) > 1:
@@ -416,19 +481,21 @@ def render(snap: Snapshot, keys: bool = False) -> RenderableType:
         if not snap.error:
             parts.append(Text("no jobs yet"))
         return Group(*parts)
-    parts.append(_jobs_table(snap))
+    parts.append(_jobs_table(snap, narrow))
     summary = snap.summary
     if snap.focus and summary is not None:
         latest = summary.get("latest") or {}
         headline = ((summary.get("report") or {}).get("summary") or {}).get("headline")
-        parts.append(Text(f"{snap.focus} *: {headline or 'no report yet'}"))
+        state = next((j.get("state") for j in snap.jobs if str(j.get("job")) == snap.focus), None)
+        mark = f" [{state}]" if state in ("ended", "stalled") else ""
+        parts.append(Text(f"{snap.focus} *{mark}: {headline or 'no report yet'}"))
         parts.append(goodput_text(goodput_of(summary)))
         parts.append(budget_text(summary))
         if snap.rank_ratios is not None:
             parts.append(heat_line(snap.rank_ratios[1], snap.rank_ratios[0]))
         else:
             parts.append(heat_line(latest.get("straggler_rank_compute_ratio") or {}))
-        parts.append(_gpu_table(snap.gpus, list(summary.get("ranks") or [])))
+        parts.append(_gpu_table(snap.gpus, list(summary.get("ranks") or []), narrow))
         parts.append(_process_table(snap.gpus))
         parts.append(_host_table(snap.hosts))
         parts.append(incidents_text(summary.get("incidents")))
@@ -515,7 +582,7 @@ def run(args: argparse.Namespace) -> int:
         if snap.error and not snap.jobs:
             print(f"perfd: {snap.error}", file=sys.stderr)
             return 2
-        console.print(render(snap))
+        console.print(render(snap, width=console.width))
         return 1 if snap.error else 0
     from rich.live import Live
 
@@ -524,7 +591,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with keys.reading() as reading:
             snap = fetch(base, asked, get=get)
-            with Live(render(snap, reading), console=console, auto_refresh=False, screen=False) as live:
+            with Live(render(snap, reading, console.width), console=console, auto_refresh=False,
+                      screen=False) as live:
                 next_at = time.monotonic() + args.interval
                 while True:
                     time.sleep(0.05)
@@ -539,7 +607,7 @@ def run(args: argparse.Namespace) -> int:
                     snap = fetch(base, asked, snap.focus, get=get)
                     if snap.error and asked is not None and asked != args.job and snap.focus is None:
                         asked = args.job  # the job moved to went away: back to the default choice
-                    live.update(render(snap, reading), refresh=True)
+                    live.update(render(snap, reading, console.width), refresh=True)
                     next_at = time.monotonic() + args.interval
     except KeyboardInterrupt:
         return 0

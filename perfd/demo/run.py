@@ -206,7 +206,37 @@ def _gpu_rows(gpus_json: dict[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGHUP reached the demo: stop its aggregator and agent and remove its folder, as
+    Ctrl-C does (issue 37: `perfd demo --keep-running` killed by SIGTERM left both running and its
+    /tmp folder behind: Python's default for SIGTERM ends the process without a `finally`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame: Any) -> None:
+    for s in (signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the clean-up short
+        signal.signal(s, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    handled = (signal.SIGTERM, signal.SIGHUP)
+    before = {s: signal.signal(s, _raise_stopped) for s in handled}
+    try:
+        return _run_demo(args)
+    except (Stopped, KeyboardInterrupt) as exc:  # cleaned up by _run_demo's finally on the way here
+        signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+        print(f"perfd demo: stopped ({signal.Signals(signum).name})", file=sys.stderr, flush=True)
+        return 128 + int(signum)
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
     console = Console()
     speed = float(args.speed)
     nvml = args.nvml
@@ -224,7 +254,7 @@ def run_demo(args: argparse.Namespace) -> int:
                   "127.0.0.1", "--http-port", "0", "--gpu", "NVIDIA H200", "--ready-file",
                   str(ready)], work / "aggregator.out")
     agent: subprocess.Popen[bytes] | None = None
-    ok = False
+    ok = False  # False: something failed, the folder is kept to show what
     try:
         deadline = time.monotonic() + 30
         while not (ready.exists() and ready.read_text().strip()):
@@ -314,8 +344,8 @@ def run_demo(args: argparse.Namespace) -> int:
               f"aggregator; NVML: {nvml_label})", flush=True)
         if args.keep_running:
             console.print(f"aggregator and agent keep running: perfd top --aggregator {base}   "
-                          f"(files in {work}); Ctrl-C to stop")
-            with contextlib.suppress(KeyboardInterrupt):
+                          f"(files in {work}); Ctrl-C (or SIGTERM) stops them and removes the files")
+            with contextlib.suppress(KeyboardInterrupt, Stopped):
                 while agg.poll() is None:
                     time.sleep(1)
         else:
@@ -325,6 +355,9 @@ def run_demo(args: argparse.Namespace) -> int:
                   flush=True)
         ok = True
         return 0
+    except (Stopped, KeyboardInterrupt):
+        ok = True  # stopped by the user, not failed: nothing to keep for a diagnosis
+        raise
     finally:
         for p in (agent, agg):
             if p is not None and p.poll() is None:

@@ -157,6 +157,19 @@ def _path_of(head: bytes) -> str:
         return "/"
 
 
+def bind_error(exc: OSError, host: str, port: int, what: str, port_flag: str, host_flag: str) -> OSError:
+    """A failure to listen on ``host:port`` as a person reads it: what could not listen where, why,
+    and the flag to change (the kernel's "[Errno 98] Address already in use" names neither the port
+    nor the way out). A port in use: choose another port; an address not local: another address."""
+    if exc.errno == errno.EADDRINUSE:
+        why = "the port is already in use (another program listens on it)"
+        fix = f"another port with {port_flag}"
+    else:
+        why = exc.strerror or str(exc)
+        fix = f"another address with {host_flag} or another port with {port_flag}"
+    return OSError(f"cannot listen for {what} on {host}:{port}: {why}; choose {fix}")
+
+
 class HttpServer:
     """Listens on ``host:port`` (0: any free port; OSError when it cannot bind) and serves
     ``handler`` (a :class:`BufferedHandler` subclass) with ``app``. :meth:`start`, :meth:`stop`."""

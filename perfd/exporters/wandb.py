@@ -11,11 +11,14 @@ Prometheus query of one metric show the same number. Rules kept here:
 - ``log_capture`` attaches a capture report as a W&B artifact (type ``perfd-capture``) holding the
   report as a ``wandb.Table`` and the raw JSON;
 - every row is committed when written (the newest iteration does not wait for the next), its
-  ``_timestamp`` is the iteration's own end time, and the newest row carries the job's GPU and
-  host values (``perfd_gpu_*/rank=N``, or
-  ``perfd_gpu_*/node=X,gpu=I`` for a GPU no rank is placed on) for the node metrics the catalog shows in W&B;
+  ``_timestamp`` is the iteration's own end time, and each row carries the job's GPU and host
+  values as they were when its iteration arrived (``perfd_gpu_*/rank=N``, or
+  ``perfd_gpu_*/node=X,gpu=I`` for a GPU no rank is placed on; the aggregator's W&B task samples
+  them, perfd.aggregator.wandb_sync) for the node metrics the catalog shows in W&B;
 - ``mode="offline"`` (the default) writes the run under ``directory`` and needs no server; upload
-  later with ``wandb sync DIR/wandb/offline-run-*``.
+  later with ``wandb sync DIR/wandb/offline-run-*``. Without a directory: under the aggregator's
+  state dir, else ./perfd-wandb (:func:`default_directory`); one that cannot be written is refused at
+  start (:func:`directory_problem`), not found out at every export round.
 
 ``wandb`` is an optional dependency (``pip install 'perfd[wandb]'``), imported on first use.
 """
@@ -27,6 +30,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,6 +49,25 @@ MODES = ("offline", "online", "disabled")
 # In the training script's own run, perfd's keys live under this prefix, against this x axis.
 ATTACHED_PREFIX = "perfd/"
 ATTACHED_STEP = "perfd/iteration"
+
+
+def default_directory(state_dir: str | None) -> str:
+    """Where runs go without --wandb-dir: under the aggregator's state dir when it has one (written
+    and kept: a volume), else ./perfd-wandb."""
+    return os.path.join(state_dir, "wandb") if state_dir else os.path.join(os.getcwd(), "perfd-wandb")
+
+
+def directory_problem(path: str) -> str | None:
+    """Why W&B runs cannot be written under ``path`` (None: they can): it is made if missing, and a
+    file is written there and removed, as W&B will (a read-only root filesystem, a file in the way)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".perfd-write-check-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def _number(v: Any) -> float | None:
@@ -164,7 +187,7 @@ class WandbExporter:
             raise ValueError(f"wandb mode must be one of {MODES}, got {mode!r}")
         self.project = project
         self.mode = mode
-        self.directory = os.path.abspath(directory or os.path.join(os.getcwd(), "perfd-wandb"))
+        self.directory = os.path.abspath(directory or default_directory(None))
         self.entity = entity
         self._wandb = wandb_module
         self._runs: dict[str, _JobRun] = {}
@@ -179,7 +202,17 @@ class WandbExporter:
             for var, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"),
                              ("WANDB_CONFIG_DIR", "config"), ("WANDB_ARTIFACT_DIR", "artifacts")):
                 os.environ.setdefault(var, os.path.join(self.directory, sub))
-            self._wandb = importlib.import_module("wandb")
+            # W&B makes two temporary folders when imported (media, artifact staging), removed by
+            # atexit handlers: the aggregator ends with os._exit (perfd.aggregator.main), which runs
+            # none, so they were left in /tmp at every stop. Made under our directory instead (the
+            # default temporary folder is changed for the import only).
+            tmp = os.path.join(self.directory, "tmp")
+            os.makedirs(tmp, exist_ok=True)
+            saved, tempfile.tempdir = tempfile.tempdir, tmp
+            try:
+                self._wandb = importlib.import_module("wandb")
+            finally:
+                tempfile.tempdir = saved
         return self._wandb
 
     def _run(self, job: str, block: Mapping[str, Any]) -> _JobRun:
@@ -222,11 +255,13 @@ class WandbExporter:
             return jr.last_step if jr else None
 
     def log_analysis(self, job: str, analysis: Mapping[str, Any],
-                     latest_extra: Mapping[str, float] | None = None) -> int:
+                     latest_extra: Mapping[str, float] | None = None,
+                     extra_by_step: Mapping[int, Mapping[str, float]] | None = None) -> int:
         """Log the iterations of ``analysis`` (RunAnalysis.to_json() shape: job, iterations, and
         optionally summary) that were not logged yet, each committed as it is written (none waits
         for the next). Each row's ``_timestamp`` is the iteration's own end time where known.
-        ``latest_extra`` (GPU and host values now) joins the newest row. Returns the rows written."""
+        ``extra_by_step`` (GPU and host values as they were when that iteration arrived) joins each
+        row it has an entry for; ``latest_extra`` (values now) the newest. Returns the rows written."""
         iterations = sorted((it for it in analysis.get("iterations") or []),
                             key=lambda x: int(x.get("iteration", -1)))
         with self._lock:
@@ -239,6 +274,7 @@ class WandbExporter:
                 if jr.last_step is not None and step <= jr.last_step:
                     continue  # logged before (or older than what was: W&B steps only go forward)
                 values: dict[str, float] = dict(iteration_metrics(it))
+                values.update((extra_by_step or {}).get(step) or {})
                 if i == len(iterations) - 1:  # the job's goodput so far, charted over its iterations
                     values.update(goodput_metrics(analysis.get("summary") or {}))
                     values.update(budget_metrics(analysis.get("summary") or {}))

@@ -58,6 +58,8 @@ def carrying_scopes(metric: MetricDef) -> tuple[frozenset[Scope], str]:
     if "job_name" in metric.labels:
         if "rank" in place:
             return frozenset({"rank"}), ""
+        if place == {"node"}:  # where a job runs (perfd_job_node_info): a node, no GPU, no scope
+            return frozenset(), "a job's node, not a rule scope (join it in PromQL: on(node))"
         return frozenset({"gpu" if place else "job"}), ""
     if {"node", "gpu"} <= place:
         return frozenset({"gpu", "rank"}), ""

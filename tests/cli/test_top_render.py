@@ -155,3 +155,50 @@ def test_once_to_a_file_is_not_cut_at_80_columns(tmp_path: Path, monkeypatch: An
 
 def test_refuses_bad_interval() -> None:
     assert top.run(argparse.Namespace(aggregator="x", job=None, interval=0.0, once=True)) == 2
+
+
+def _narrow_screen(snap: top.Snapshot, width: int = 80) -> str:
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    console.print(top.render(snap, width=width))
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert isinstance(out, str)
+    return out
+
+
+def test_80_columns_read_whole_and_an_ended_job_is_marked() -> None:
+    """A terminal of 80 columns (issue 37: the job's name read "dem…", the bottleneck head "bott…",
+    and nothing said a job had ended): the compact tables keep every job name, head and value whole,
+    within 80 columns; the last-step column says ended / stalled (the aggregator's liveness), and the
+    job in focus says it too."""
+    sums = {"demo-gpt-8b-pretrain": _summary(0.412, 800.0, [CLOSED], "communication-bound"),
+            "beta": _summary(0.087, 380.0, [CLOSED, OPEN], "launch-overhead"), "gamma": SUMS["alpha"]}
+    base = _api({"demo-gpt-8b-pretrain": 1.0, "beta": 500.0, "gamma": 95.0}, sums)
+    states = {"demo-gpt-8b-pretrain": "running", "beta": "ended", "gamma": "stalled"}
+
+    def get(path: str) -> Any:
+        got = base(path)
+        if path == "/api/jobs":
+            for j in got["jobs"]:
+                j["state"] = states[j["job"]]
+        return got
+
+    out = _narrow_screen(top.fetch("http://agg", None, get=get))
+    lines = out.splitlines()
+    tables = out.split("\nprocesses")[0]  # (a long command line gives way there, by design)
+    assert max(len(ln) for ln in lines) <= 80 and "…" not in tables, out
+    row = {name: next(ln for ln in lines if ln.startswith(name)) for name in states}
+    assert row["demo-gpt-8b-pretrain"].split()[:4] == ["demo-gpt-8b-pretrain", "*", "1s", "41.2%"]
+    assert "800/880/1200" in row["demo-gpt-8b-pretrain"] and "communication" in row["demo-gpt-8b-pretrain"]
+    assert row["beta"].split()[1:3] == ["ended", "8m"] and row["beta"].split()[-2:] == ["launch", "1"]
+    assert row["gamma"].split()[1:3] == ["stalled", "95s"]
+    heads = next(ln for ln in lines if ln.startswith("job "))
+    assert heads.split() == ["job", "last", "step", "MFU", "goodput", "step", "ms", "bound", "by", "inc"]
+    assert "step ms: p50/p90/max" in out
+    # The GPU table: the one model in its title, every value whole.
+    assert "GPUs (H200)" in out and "70/140" in out and "612/700" in out and "66°C" in out
+    # The job in focus, once ended, says so.
+    ended = _narrow_screen(top.fetch("http://agg", "beta", get=get))
+    assert "beta * [ended]: launch-overhead, MFU 8.7%" in ended
+    # Wide (a file, a wide terminal): the full tables, with the same marks.
+    wide = _screen(top.fetch("http://agg", "beta", get=get))
+    assert "ended 8m" in wide and "stalled 95s" in wide and "70.0/140.0 50%" in wide

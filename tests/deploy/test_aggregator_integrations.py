@@ -46,8 +46,10 @@ def _stop(p: subprocess.Popen[bytes], log: Path) -> None:
 
 def _history(run_dir: Path) -> list[dict[str, Any]]:
     (wb,) = run_dir.glob("run-*.wandb")
+    # TMPDIR: the wandb CLI writes its debug-cli.<user>.log there; in the test's folder, not in /tmp.
     res = subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(wb)],
-                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                         env={**os.environ, "TMPDIR": str(run_dir.parent)})
     assert res.returncode == 0, res.stderr
     recs = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     return [r["history"]["item"] for r in recs if r["type"] == "history"]
@@ -111,7 +113,8 @@ class _RecordingExporter:
         return self._last.get(job)
 
     def log_analysis(self, job: str, analysis: dict[str, Any],
-                     latest_extra: dict[str, float] | None = None) -> int:
+                     latest_extra: dict[str, float] | None = None,
+                     extra_by_step: dict[int, dict[str, float]] | None = None) -> int:
         its = [it["iteration"] for it in analysis["iterations"]]
         self.analyses.append((job, its))
         self._last[job] = max(its)

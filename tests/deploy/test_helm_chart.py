@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,6 +22,14 @@ from tests.deploy.test_k8s_manifests import CRDS, K8S_VERSIONS, _strict
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "perfd"
 RULES = ROOT / "deploy" / "prometheus" / "perfd.rules.yml"
+DCGM_RULES = ROOT / "deploy" / "prometheus" / "perfd-dcgm.rules.yml"
+# What a cluster beside dcgm-exporter and kube-prometheus-stack would set: another release and
+# namespace, a given token, TLS, persistence, the W&B export (tests/deploy/test_helm_agent_runs.py
+# runs the agent these render).
+REALISTIC = ("tls.enabled=true", "aggregator.exportNodeSeries=true", "monitoring.labels.release=prom",
+             "auth.token=0123456789abcdef0123456789abcdef", "aggregator.persistence.enabled=true",
+             "agent.collectors.dcgm.url=http://127.0.0.1:9400/metrics",
+             "aggregator.extraArgs={--wandb-project,perfd-cluster}")
 
 
 def _helm() -> str:
@@ -36,15 +45,15 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([_helm(), *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
-def _render(*sets: str) -> list[dict[str, Any]]:
+def _render(*sets: str, release: str = "perfd", namespace: str = "perfd") -> list[dict[str, Any]]:
     flags = [a for s in sets for a in ("--set", s)]
-    r = _run("template", "perfd", str(CHART), "--namespace", "perfd", *flags)
+    r = _run("template", release, str(CHART), "--namespace", namespace, *flags)
     assert r.returncode == 0, r.stderr
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
-def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind]
+def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
     assert len(found) == 1, (kind, len(found))
     return found[0]
 
@@ -54,17 +63,19 @@ def test_helm_lint_strict() -> None:
     assert r.returncode == 0 and "0 chart(s) failed" in r.stdout, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("sets", [(), ("tls.enabled=true", "aggregator.exportNodeSeries=true",
-                                       "monitoring.labels.release=prom")], ids=["default", "tls"])
+@pytest.mark.parametrize("sets", [(), REALISTIC], ids=["default", "realistic"])
 def test_rendered_objects_validate(sets: tuple[str, ...]) -> None:
     kv = pytest.importorskip("kubernetes_validate")
     import jsonschema
     from kubernetes_validate.utils import latest_version
 
-    docs = _render(*sets)
+    docs = _render(*sets, release="gpu-perf", namespace="monitoring")
     kinds = sorted(d["kind"] for d in docs)
+    made = ["Secret", "PersistentVolumeClaim"] if sets else []  # the token given; the claim
     assert kinds == sorted(["ServiceAccount", "ServiceAccount", "ConfigMap", "DaemonSet", "Deployment",
-                            "Service", "ServiceMonitor", "PodMonitor", "PrometheusRule"])
+                            "Service", "ServiceMonitor", "PodMonitor", "PodMonitor", "PrometheusRule",
+                            "PrometheusRule",
+                            "NetworkPolicy", *made])
     schemas = json.loads(CRDS.read_text())["schemas"]
     for d in docs:
         if d["apiVersion"].startswith("monitoring.coreos.com/"):
@@ -94,7 +105,7 @@ def test_the_pieces_fit_together() -> None:
     assert sel.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     dsel = ds["spec"]["selector"]["matchLabels"]
     assert dsel.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
-    pm, sm = _one(docs, "PodMonitor"), _one(docs, "ServiceMonitor")
+    pm, sm = _one(docs, "PodMonitor", "perfd-agent"), _one(docs, "ServiceMonitor")
     assert pm["spec"]["selector"]["matchLabels"] == dsel and sm["spec"]["selector"]["matchLabels"] == sel
     # The agent's config points at the Service's gRPC port, and parses as an agent config.
     cfg = yaml.safe_load(_one(docs, "ConfigMap")["data"]["agent.yaml"])
@@ -108,9 +119,10 @@ def test_the_pieces_fit_together() -> None:
     known_only = [a for a in agg_args if not a.startswith("--tls")]
     tls_values = {"/etc/perfd/tls/tls.crt", "/etc/perfd/tls/tls.key", "/etc/perfd/tls/ca.crt"}
     parser.parse_args([a for a in known_only if a not in tls_values])
-    # The rules are deploy/prometheus/perfd.rules.yml, unchanged.
-    rule = _one(docs, "PrometheusRule")
-    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+    # The rules are deploy/prometheus/perfd.rules.yml and perfd-dcgm.rules.yml, unchanged.
+    rules = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PrometheusRule"}
+    assert rules == {"perfd": yaml.safe_load(RULES.read_text()),
+                     "perfd-dcgm": yaml.safe_load(DCGM_RULES.read_text())}
     # TLS mounts the secrets where the flags point.
     vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     assert vols["tls"]["secret"]["secretName"] == "perfd-aggregator-tls"
@@ -184,29 +196,113 @@ def test_aggregator_persistence_keeps_the_state_dir() -> None:
     assert vols["data"]["persistentVolumeClaim"]["claimName"] == "mine"
 
 
-def test_auth_token_secret_reaches_aggregator_and_agents() -> None:
-    assert not [d for d in _render() if d["kind"] == "Secret"]
-    docs = _render("auth.enabled=true")
-    secret = _one(docs, "Secret")
-    import base64
-
-    assert len(base64.b64decode(secret["data"]["token"])) == 48
+def _token_wiring(docs: list[dict[str, Any]], secret_name: str, key: str = "token") -> None:
+    """Both pods pass --auth-token-file at the mount of ``secret_name``'s ``key``."""
     for kind in ("Deployment", "DaemonSet"):
         pod, args = _pod(docs, kind), _args(docs, kind)
         path = args[args.index("--auth-token-file") + 1]
         vols = {v["name"]: v for v in pod["volumes"]}
         mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "auth")
-        assert vols["auth"]["secret"]["secretName"] == secret["metadata"]["name"]
-        assert path == f"{mount['mountPath']}/token" and mount["readOnly"] is True
+        assert vols["auth"]["secret"]["secretName"] == secret_name
+        assert path == f"{mount['mountPath']}/{key}" and mount["readOnly"] is True
         build_parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in args])  # flags this perfd has
-    _validate(docs)
-    # An existing Secret and key: referenced, none made.
-    docs = _render("auth.enabled=true", "auth.existingSecret=cluster-token", "auth.secretKey=perfd")
+
+
+def test_auth_is_on_by_default_with_a_secret_that_every_render_keeps() -> None:
+    import base64
+
+    # Default: on, the pods refer to <release>-auth, which the chart does not make (no token was
+    # given, and one generated at render time would change at every `helm template`).
+    docs = _render()
     assert not [d for d in docs if d["kind"] == "Secret"]
-    args = _args(docs, "DaemonSet")
-    assert args[args.index("--auth-token-file") + 1] == "/etc/perfd/auth/perfd"
-    vols = {v["name"]: v for v in _pod(docs, "DaemonSet")["volumes"]}
-    assert vols["auth"]["secret"]["secretName"] == "cluster-token"
+    _token_wiring(docs, "perfd-auth")
+    # A token given: the chart makes the Secret from it, byte-identical at every render.
+    token = "0123456789abcdef0123456789abcdef"
+    first, second = (_render(f"auth.token={token}") for _ in range(2))
+    secret = _one(first, "Secret")
+    assert secret == _one(second, "Secret")
+    assert base64.b64decode(secret["data"]["token"]).decode() == token
+    _token_wiring(first, secret["metadata"]["name"])
+    _validate(first)
+    # No template asks the cluster (lookup) or draws a random value: a render is a pure function of
+    # the values (GitOps renders without cluster access, and every render must agree).
+    for tpl in (CHART / "templates").iterdir():
+        text = tpl.read_text()
+        assert not {"lookup", "randAlphaNum", "randAlpha", "randNumeric", "randAscii", "uuidv4"} & \
+            set(re.findall(r"\b[a-zA-Z0-9]+\b", text)), tpl.name
+    # An existing Secret and key: referenced, none made.
+    docs = _render("auth.existingSecret=cluster-token", "auth.secretKey=perfd")
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    _token_wiring(docs, "cluster-token", "perfd")
+    # Both: ambiguous, refused with the reason; a short token: refused by the schema.
+    r = _run("template", "perfd", str(CHART), "--set", "auth.existingSecret=x",
+             "--set", f"auth.token={token}")
+    assert r.returncode != 0 and "existingSecret or token, not both" in r.stderr, r.stderr
+    r = _run("template", "perfd", str(CHART), "--set", "auth.token=short")
+    assert r.returncode != 0 and "values don't meet the specifications" in r.stderr, r.stderr
+    # Off only when asked: no flag, no mount.
+    docs = _render("auth.enabled=false")
+    for kind in ("Deployment", "DaemonSet"):
+        assert "--auth-token-file" not in _args(docs, kind)
+        assert "auth" not in {v["name"] for v in _pod(docs, kind)["volumes"]}
+
+
+def test_the_aggregator_admits_only_agents_and_prometheus() -> None:
+    """The aggregator listens on its pod's address (its Service needs it), behind a NetworkPolicy
+    that selects it and admits, per port, this release's agents and the configured peers only."""
+    docs = _render(release="gpu-perf", namespace="monitoring")
+    (np,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    dep, ds, svc = _one(docs, "Deployment"), _one(docs, "DaemonSet"), _one(docs, "Service")
+    assert np["spec"]["podSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    by_port = {r["ports"][0]["port"]: r["from"] for r in np["spec"]["ingress"]}
+    assert set(by_port) == {p["targetPort"] for p in svc["spec"]["ports"]} == {"grpc", "metrics"}
+    agents = {"podSelector": {"matchLabels": ds["spec"]["selector"]["matchLabels"]}}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["networkPolicy"]
+    assert by_port["grpc"] == [agents, *values["grpcFrom"]]
+    assert by_port["metrics"] == [agents, *values["httpFrom"]]
+    prom = [p for p in by_port["metrics"] if p.get("podSelector", {}).get("matchLabels") ==
+            {"app.kubernetes.io/name": "prometheus"}]
+    assert prom, "Prometheus (kube-prometheus-stack's pod label) reaches /metrics"
+    # Named ports resolve in the pods.
+    ports = {p["name"] for p in _pod(docs, "Deployment")["containers"][0]["ports"]}
+    assert {"grpc", "metrics"} <= ports
+    _validate(docs)
+    assert not [d for d in _render("networkPolicy.enabled=false") if d["kind"] == "NetworkPolicy"]
+
+
+def test_monitors_set_one_job_name_whatever_the_namespace_and_release() -> None:
+    """The operator would label targets job="<ns>/<PodMonitor>" and job="<Service>"; the monitors
+    relabel them to perfd-agent / perfd-aggregator, the names deploy/prometheus uses and the rules'
+    `up` selector matches (the rules also catch the operator's own names: perfd.rules.test.yml)."""
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    static = {j["job_name"] for j in prom["scrape_configs"]}
+    docs = _render(release="gpu-perf", namespace="monitoring")
+    pm, sm = _one(docs, "PodMonitor", "gpu-perf-agent"), _one(docs, "ServiceMonitor")
+    side = _one(docs, "PodMonitor", "gpu-perf-job-sidecars")
+    relabels = {"PodMonitor": pm["spec"]["podMetricsEndpoints"][0]["relabelings"],
+                "sidecars": side["spec"]["podMetricsEndpoints"][0]["relabelings"],
+                "ServiceMonitor": sm["spec"]["endpoints"][0]["relabelings"]}
+    jobs = {kind: [r["replacement"] for r in rs if r.get("targetLabel") == "job"]
+            for kind, rs in relabels.items()}
+    assert jobs == {"PodMonitor": ["perfd-agent"], "sidecars": ["perfd-agent"],
+                    "ServiceMonitor": ["perfd-aggregator"]}
+    # The sidecars' monitor finds deploy/k8s/example-training-job.yaml's pods and port, anywhere.
+    example = next(d for d in yaml.safe_load_all((ROOT / "deploy/k8s/example-training-job.yaml").read_text())
+                   if d and d["kind"] == "Job")
+    pod = example["spec"]["template"]
+    (expr,) = side["spec"]["selector"]["matchExpressions"]
+    assert expr["operator"] == "Exists" and expr["key"] in pod["metadata"]["labels"]
+    (agent,) = [c for c in pod["spec"]["initContainers"] if c["name"] == "perfd-agent"]
+    assert side["spec"]["podMetricsEndpoints"][0]["port"] in {p["name"] for p in agent["ports"]}
+    assert side["spec"]["namespaceSelector"] == {"any": True}
+    assert {"perfd-agent", "perfd-aggregator"} <= static
+    expr = next(r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
+                if r.get("alert") == "PerfdTargetDown")
+    matcher = re.search(r'up\{job=~"([^"]+)"\}', expr)
+    assert matcher is not None
+    for job in ("perfd-agent", "perfd-aggregator"):
+        assert re.fullmatch(matcher.group(1), job), (matcher.group(1), job)
 
 
 def test_grafana_dashboards_configmap_holds_the_dashboards_as_shipped() -> None:
@@ -231,8 +327,6 @@ def test_agent_host_pid_and_uid_are_values() -> None:
 
 
 def test_docs_the_chart_cites_exist() -> None:
-    import re
-
     text = "".join(p.read_text() for p in CHART.rglob("*") if p.is_file() and p.suffix in (".yaml", ".tpl"))
     cited = set(re.findall(r"docs/[\w./-]+\.md", text))
     assert "docs/security.md" in cited

@@ -92,7 +92,7 @@ def test_prometheus_operator_kinds_validate_against_their_crds():
         assert not errors, f"{fname}: {doc['kind']}: " + "; ".join(
             f"{'.'.join(map(str, e.path))}: {e.message}" for e in errors[:5])
         kinds.append(doc["kind"])
-    assert sorted(kinds) == ["PodMonitor", "PrometheusRule", "ServiceMonitor"]
+    assert sorted(kinds) == ["PodMonitor", "PodMonitor", "PrometheusRule", "ServiceMonitor"]
 
 
 def test_strict_crd_schema_catches_a_typo():
@@ -185,12 +185,27 @@ def test_aggregator_deployment_service_and_monitors_fit_together():
     sm = _find("ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
-    pm = _find("PodMonitor")
+    pm = _find("PodMonitor", "perfd-agent")
     ds = _find("DaemonSet", "perfd-agent")
     agent_labels = ds["spec"]["template"]["metadata"]["labels"]
     assert pm["spec"]["selector"]["matchLabels"].items() <= agent_labels.items()
     ds_ports = {p["name"] for p in ds["spec"]["template"]["spec"]["containers"][0]["ports"]}
     assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} <= ds_ports
+    assert "--listen-all" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    # The job sidecars' PodMonitor finds the example job's pod, its port, and an agent that listens
+    # on the pod's address (the sidecar topology: its captures are on its own /metrics).
+    side = _find("PodMonitor", "perfd-job-sidecars")
+    job = _find("Job", "gpt-8b-pretrain")
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    (expr,) = side["spec"]["selector"]["matchExpressions"]
+    assert expr == {"key": "perfd.dev/job", "operator": "Exists"} and expr["key"] in pod_labels
+    assert side["spec"]["namespaceSelector"] == {"any": True}
+    (sidecar,) = [c for c in job["spec"]["template"]["spec"]["initContainers"] if c["name"] == "perfd-agent"]
+    assert {e["port"] for e in side["spec"]["podMetricsEndpoints"]} <= {p["name"] for p in sidecar["ports"]}
+    assert "--listen-all" in sidecar["args"]
+    for monitor in (pm, side):  # one scrape job name for every agent, as the rules and dashboards select
+        (ep,) = monitor["spec"]["podMetricsEndpoints"]
+        assert {"targetLabel": "job", "replacement": "perfd-agent"} in ep["relabelings"]
 
     # The agents reach the aggregator through the Service.
     cm = yaml.safe_load(_find("ConfigMap", "perfd-agent")["data"]["agent.yaml"])

@@ -7,7 +7,9 @@ artifact are compared with the analysis they came from.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +29,7 @@ from perfd.exporters.wandb import (
     node_metrics,
     summary_metrics,
 )
+from tests.procs import stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
@@ -149,8 +152,10 @@ def _read_offline_run(run_dir: Path) -> list[dict[str, Any]]:
     files = sorted(run_dir.glob("run-*.wandb"))
     assert len(files) == 1, f"expected one run-*.wandb in {run_dir}: {files}"
     wandb_cli = Path(sys.executable).parent / "wandb"
+    # TMPDIR: the wandb CLI writes its debug-cli.<user>.log there; in the test's folder, not in /tmp.
     res = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(files[0])],
-                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                         env={**os.environ, "TMPDIR": str(run_dir.parent)})
     assert res.returncode == 0, res.stderr
     return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
 
@@ -251,7 +256,7 @@ def test_attaches_to_the_training_scripts_own_run(wandb_env: Path) -> None:
     script = ("import wandb\nrun = wandb.init(project='perfd-test')\n"
               "[run.log({'loss': 1.0 / (i + 1)}, step=i) for i in range(1, 4)]\n"
               "print(run.id)\nrun.finish()\n")
-    env = {**__import__("os").environ, "WANDB_RUN_ID": rid, "WANDB_RESUME": "allow",
+    env = {**os.environ, "WANDB_RUN_ID": rid, "WANDB_RESUME": "allow",
            "WANDB_DIR": str(wandb_env / "train")}
     (wandb_env / "train").mkdir()
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
@@ -275,3 +280,74 @@ def test_attaches_to_the_training_scripts_own_run(wandb_env: Path) -> None:
     first = {k: v for k, v in history[0].items() if not k.startswith("_") and k != "perfd/iteration"}
     assert first and all(k.startswith("perfd/") for k in first)
     assert first == {f"perfd/{k}": v for k, v in _expected(demo["iterations"][0]).items()}
+
+
+# ---- in the aggregator ---------------------------------------------------------------------------
+
+def test_every_row_carries_the_gpu_values_of_when_its_iteration_arrived() -> None:
+    """The aggregator's W&B task (issue 37: GPU keys on 3 of 40 rows, the newest of each round): the
+    job steps in three stretches, its GPU's power differs in each, the task samples between them as
+    its run loop does, and one export round then writes every iteration with the power of its own
+    stretch; iterations that arrived after the last sample get the values of the round."""
+    from perfd.aggregator.state import AggregatorState
+    from perfd.aggregator.wandb_sync import WandbSync
+
+    st = AggregatorState(gpu_override="NVIDIA H200", min_recompute_s=0.0)
+    parsed = parse_file(DEMO_LOG, job="gpt")
+    st.hello("n1/gpt", ["gpt"])
+    st.ingest_job_info("n1/gpt", "gpt", parsed.job_info)
+    st.ingest_events("n1/node", [{"kind": "gpu_processes", "labels": {"node": "n1", "gpu": "0"},
+                                  "payload": [{"pid": 7, "rank": 0, "world_size": 2, "job": "gpt"}]}])
+    power = ("perfd_gpu_power_watts", (("gpu", "0"), ("node", "n1")))
+    records = sorted(parsed.records, key=lambda r: r.iteration)
+    thirds = [records[: len(records) // 3], records[len(records) // 3: 2 * len(records) // 3],
+              records[2 * len(records) // 3:]]
+    fake = _FakeWandb()
+    sync = WandbSync(st, WandbExporter("p", wandb_module=fake))
+    watts = (300.0, 500.0, 700.0)
+    for n, (part, w) in enumerate(zip(thirds, watts, strict=True)):
+        st.ingest_samples("n1/node", {1: power}, [1], [n + 1], [w])
+        st.ingest_steps("n1/gpt", part)
+        if n < 2:
+            sync.sample_gpus()  # the run loop samples while the job steps; the last stretch: not yet
+    sync.sample_gpus()
+    st.ingest_samples("n1/node", {1: power}, [1], [9], [900.0])  # the values at the export round
+    assert sync.sync_once(force=True) > 0
+    rows = dict(fake.runs[0].rows)
+    key = "perfd_gpu_power_watts/rank=0"
+    assert all(key in values for values in rows.values()), "every row has the GPU's keys"
+    by_stretch = [{rows[r.iteration][key] for r in part if r.iteration in rows} for part in thirds]
+    assert by_stretch == [{300.0}, {500.0}, {700.0}]
+    # Steps after the last sample: the values of the round.
+    st.ingest_steps("n1/gpt", [dataclasses.replace(records[-1], iteration=records[-1].iteration + k)
+                               for k in (1, 2)])
+    assert sync.sync_once(force=True) == 2
+    assert [v[key] for _s, v in fake.runs[0].rows[-2:]] == [900.0, 900.0]
+
+
+def test_an_unwritable_wandb_directory_is_refused_at_start(tmp_path: Path) -> None:
+    """--wandb-project under a working directory W&B cannot write (the chart's read-only root
+    filesystem; here a file where the runs' folder would go, which stops root too): exit 2 at start
+    with one line naming the directory and --wandb-dir, never a traceback per export round. With
+    --state-dir the runs go under it, and the aggregator starts."""
+    pytest.importorskip("wandb", reason="wandb is the optional extra perfd[wandb] (in the dev extra)")
+    (tmp_path / "perfd-wandb").write_text("in the way\n")
+    args = [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", "0", "--http-port", "0",
+            "--no-rules", "--wandb-project", "p"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert f"cannot write W&B runs under {tmp_path / 'perfd-wandb'}" in r.stderr
+    assert "--wandb-dir DIR" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([*args, "--wandb-dir", str(tmp_path / "perfd-wandb" / "sub")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    ready = tmp_path / "ready"
+    p = subprocess.Popen([*args, "--state-dir", str(tmp_path / "state"), "--ready-file", str(ready)],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: (ready.exists() and ready.read_text().strip()) or p.poll() is not None, 60,
+                 "the aggregator ready")
+        assert p.poll() is None and (tmp_path / "state" / "wandb").is_dir()
+    finally:
+        stop(p)

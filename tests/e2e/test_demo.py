@@ -1,17 +1,22 @@
 """`perfd demo` as a first-time user runs it (`make demo` runs the same command): every iteration
 shown in order with the warm-up marked, the GPU panel said to be a recording of another run, the
 report followed by notes that do not let the MFU grade's generic hint contradict what was measured,
-where the 790 TFLOP/s ceiling comes from, a next-step line, and no folder left behind."""
+where the 790 TFLOP/s ceiling comes from, a next-step line, and no folder left behind, also when
+--keep-running is ended by a signal."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
+
+from tests.procs import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -44,3 +49,51 @@ def test_demo_keep_files_keeps_them(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout[-3000:]
     (kept,) = tmp_path.glob("perfd-demo-*")
     assert (kept / "train.log").is_file() and f"(files kept in {kept})" in r.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_keep_running_stops_everything_on_a_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    """`perfd demo --keep-running`, then SIGTERM (a supervisor, `kill`) or SIGINT (Ctrl-C): its
+    aggregator and agent stop and its folder goes (issue 37: SIGTERM left both running and the
+    /tmp/perfd-demo-* folder behind)."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    out = tmp_path / "demo.out"
+    p = subprocess.Popen([sys.executable, "-m", "perfd.cli", "demo", "--plain", "--speed", "40",
+                          "--keep-running"], cwd=ROOT, env=env, stdout=out.open("wb"),
+                         stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "keep running" in out.read_text() or p.poll() is not None, 180,
+                 "the demo to keep its daemons running")
+        assert p.poll() is None, out.read_text()[-3000:]
+        children = psutil.Process(p.pid).children(recursive=True)
+        assert len(children) >= 2  # the aggregator and the agent
+        (work,) = tmp_path.glob("perfd-demo-*")
+        p.send_signal(sig)
+        assert p.wait(timeout=60) == 0, out.read_text()[-3000:]  # asked to stop: it did, cleanly
+        _gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, alive
+        assert not work.exists() and not list(tmp_path.glob("perfd-demo-*"))
+        assert "Traceback" not in out.read_text()
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_a_sigterm_while_replaying_stops_everything_too(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    out = tmp_path / "demo.out"
+    p = subprocess.Popen([sys.executable, "-m", "perfd.cli", "demo", "--plain", "--speed", "1"], cwd=ROOT,
+                         env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "iteration 1:" in out.read_text() or p.poll() is not None, 120,
+                 "the demo's first iteration")
+        children = psutil.Process(p.pid).children(recursive=True)
+        assert p.poll() is None and len(children) >= 2, out.read_text()[-3000:]
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 128 + signal.SIGTERM, out.read_text()[-3000:]
+        _gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive and not list(tmp_path.glob("perfd-demo-*"))
+        assert "perfd demo: stopped (SIGTERM)" in out.read_text()
+    finally:
+        if p.poll() is None:
+            p.kill()

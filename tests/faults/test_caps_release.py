@@ -86,7 +86,7 @@ def test_the_jobs_cap_frees_as_jobs_end_and_after_a_kill9(tmp_path: Path) -> Non
         wait_for(lambda: set(_jobs(base).values()) == {"ended"} and len(_jobs(base)) == 3, 30,
                  "three jobs ended", ignore=NOT_YET)
         asyncio.run(_send(target, "node-4", jobs=["job-4"], steps=_steps("job-4")))
-        jobs = wait_for(lambda: "job-4" in (j := _jobs(base)) and j, 10, "job-4 held", ignore=NOT_YET)
+        jobs = wait_for(lambda: "job-4" in (j := _jobs(base)) and j, 30, "job-4 held", ignore=NOT_YET)
         st = _stats(base)["transport"]
         assert st.get("refused_jobs_cap", 0) == 0
         assert len(jobs) == 3 and "job-1" not in jobs  # the job that ended first made room
@@ -98,7 +98,7 @@ def test_the_jobs_cap_frees_as_jobs_end_and_after_a_kill9(tmp_path: Path) -> Non
         assert _held(base) <= 3
         grpc = int((tmp_path / "agg.ready").read_text().split()[0])
         asyncio.run(_send(f"127.0.0.1:{grpc}", "node-5", jobs=["job-5"], steps=_steps("job-5")))
-        jobs = wait_for(lambda: "job-5" in (j := _jobs(base)) and j, 10, "job-5 held after the restart",
+        jobs = wait_for(lambda: "job-5" in (j := _jobs(base)) and j, 30, "job-5 held after the restart",
                         ignore=NOT_YET)
         st = _stats(base)["transport"]
         print(f"FIGURES jobs cap: --max-jobs 3, jobs held after 5 jobs and a kill -9: {sorted(jobs)}; "
@@ -129,11 +129,11 @@ def test_a_hello_naming_1000_jobs_holds_its_quota_and_only_while_its_stream_is_o
         assert during["transport"]["refused_jobs_quota"] == 1000 - L.MAX_JOBS_PER_AGENT
         assert during["refused_by_agent"]["flooder"]["jobs_quota"] == 1000 - L.MAX_JOBS_PER_AGENT
         # Its stream closed: the jobs it only named are released.
-        wait_for(lambda: _held(base) == 1, 10, "the flooder's jobs released", ignore=NOT_YET)
+        wait_for(lambda: _held(base) == 1, 30, "the flooder's jobs released", ignore=NOT_YET)
         assert set(_jobs(base)) == {"train"}
         # ... and they stay released after a kill -9 and a restart (its Hello is in the journal).
         base = _kill9_and_restart(procs, args)
-        held = wait_for(lambda: _held(base) == 1 and _held(base), 10, "one job held after the restart",
+        held = wait_for(lambda: _held(base) == 1 and _held(base), 30, "one job held after the restart",
                         ignore=NOT_YET)
         print(f"FIGURES hello flood: 1,000 jobs named by one Hello: {L.MAX_JOBS_PER_AGENT} held while its "
               f"stream was open, {held} job held after it closed and after a kill -9")

@@ -147,7 +147,12 @@ def test_data_share_is_the_hooks_data_wait(run: dict[str, Any], analysed: dict[s
         perfd = statistics.median(rows[i].data_share for i in span)
         own = statistics.median(run["waits"][i] / run["steps"][i] for i in span)
         assert perfd == pytest.approx(own, abs=0.03), span
-    assert all(rows[i].data_share > 0.2 for i in SLOW)  # what a rule `data_share > 20%` reads
+    # Per step, what a rule `data_share > 20%` reads is the loop's own share (its clock over the same
+    # step); the stretch as a whole is data-bound. Not "every slow step above 20%": on a loaded
+    # machine one step's compute can take four times its 80 ms data wait (seen with two CPU burners).
+    for i in SLOW:
+        assert rows[i].data_share == pytest.approx(run["waits"][i] / run["steps"][i], abs=0.02), i
+    assert statistics.median(rows[i].data_share for i in SLOW) > 0.2
     assert rows[100].sources["data_share"].startswith("hook:timer data-wait")
     # The hook does not time communication: absent, saying where the share comes from.
     assert rows[100].comm_exposed_share is None
@@ -186,10 +191,22 @@ def test_the_slow_data_stretch_is_one_incident_with_its_cost(run: dict[str, Any]
     # slow: the loop's clock says so); the stretch must still be most of what the incident cost,
     # and the cost must be the loop's own clock over whatever range it took.
     assert inc.first_iteration <= SLOW.start + 2 and inc.last_iteration >= SLOW.stop - 3
-    steady = statistics.median(run["steps"][i] for i in range(10, 80))
-    lost_s = sum(run["steps"][i] - steady for i in range(inc.first_iteration, inc.last_iteration + 1)) / 1e3
-    assert inc.cost_s == pytest.approx(lost_s, rel=0.10)
-    in_stretch = sum(run["steps"][i] - steady for i in SLOW) / 1e3
+    # The cost is Σ(step − steady median) over the incident's iterations, checked against the loop's
+    # own clock over the same steps with the steady median the analysis measured them by (two clocks
+    # over one interval agree to ~0.01 ms a step). That median is the analysis' own: the median of
+    # the run's calm steps, all of them, below a cut it takes from the run; on a loaded machine the
+    # steps spread (19-43 ms seen) and a median the test re-took its own way (iterations 10-79 alone)
+    # missed by 10% (issue 37: 5.39 s against 4.89 s). So the test asks of it only what it must be:
+    # a central value of the loop's calm steps (between their quartiles).
+    ref = inc.steady_step_ms
+    assert ref is not None
+    calm = sorted(run["steps"][i] for i in range(10, STEPS + 1) if i not in SLOW)
+    assert calm[len(calm) // 4] <= ref <= calm[3 * len(calm) // 4], (ref, calm[len(calm) // 4],
+                                                                    calm[3 * len(calm) // 4])
+    span = range(inc.first_iteration, inc.last_iteration + 1)
+    lost_s = sum(run["steps"][i] - ref for i in span) / 1e3
+    assert inc.cost_s == pytest.approx(lost_s, rel=0.03)
+    in_stretch = sum(run["steps"][i] - ref for i in SLOW) / 1e3
     assert in_stretch >= 0.8 * lost_s
     # The cause is the data wait (typed), not a guess: it grew by most of the slowdown.
     assert inc.verdict["cause"] == "data_wait" and "data loading took up to" in inc.cause

@@ -58,14 +58,16 @@ def run(hook: StepHook, n: int, work_s: float = 0.0, data_s: float = 0.0) -> Non
 
 def test_agent_absent_drops_are_counted_and_cheap(tmp_path: Path) -> None:
     hook = StepHook(str(tmp_path / "nobody.sock"), cuda=False, rank=0)
-    t0 = time.perf_counter()
+    # The loop thread's own CPU clock: what the hook costs it, whatever else the machine runs (a
+    # wall clock on a loaded CI machine counts other processes' time too).
+    t0 = time.thread_time()
     run(hook, 2000)
-    per_step_us = (time.perf_counter() - t0) / 2000 * 1e6
+    per_step_us = (time.thread_time() - t0) / 2000 * 1e6
     hook.close()
     c = hook.counters()
     assert c["steps_reported"] == 2000 and c["sent"] == 0 and c["internal_errors"] == 0
     assert c["send_drops"] == 2000 and c["send_drop_reasons"] == {"agent_absent": 2000}
-    assert per_step_us < 200  # generous for CI; the benchmark measures the real figure
+    assert per_step_us < 200  # generous; the benchmark measures the real figure
 
 
 def test_agent_appears_after_backoff(tmp_path: Path) -> None:
@@ -87,13 +89,15 @@ def test_agent_appears_after_backoff(tmp_path: Path) -> None:
 def test_slow_agent_never_blocks_the_loop(agent: tuple[str, socket.socket]) -> None:
     path, sock = agent  # bound, never read: its queue fills (net.unix.max_dgram_qlen)
     hook = Hook(path, cuda=False, rank=0)
-    t0 = time.perf_counter()
+    # A blocking send would never return (the agent never reads): that the loop ends is the proof.
+    # Its cost on the loop thread's own CPU clock stays small (a wall bound fails on a loaded machine).
+    t0 = time.thread_time()
     run(hook, 3000)
-    elapsed = time.perf_counter() - t0
+    cpu_s = time.thread_time() - t0
     c = hook.counters()
     assert c["send_drop_reasons"].get("agent_busy", 0) > 0
     assert c["sent"] + c["send_drops"] == 3000 and c["internal_errors"] == 0
-    assert elapsed < 5.0
+    assert cpu_s < 5.0
     got = steps_of(drain(sock))
     assert len(got) == c["sent"] and [m.step for m in got] == list(range(1, len(got) + 1))
 
@@ -291,7 +295,9 @@ def test_close_waits_only_up_to_its_timeout(agent: tuple[str, socket.socket]) ->
         pass
     t0 = time.monotonic()
     hook.close(timeout_s=0.05)
-    assert 0.04 < time.monotonic() - t0 < 1.0
+    # It waited its timeout, and not for the pending marker (that never completes): the upper bound
+    # has room for a loaded machine's scheduling, far below forever.
+    assert 0.04 < time.monotonic() - t0 < 5.0
     assert hook.counters()["pending"] == 1
 
 

@@ -43,7 +43,8 @@ DCGM_FIELDS = {  # name: (value in DCGM-exporter's unit, HELP)
     "DCGM_FI_DEV_GPU_UTIL": (87, "GPU utilization (in %)."),
     "DCGM_FI_DEV_MEM_COPY_UTIL": (25, "Memory utilization (in %)."),
     "DCGM_FI_DEV_FB_USED": (3406, "Framebuffer memory used (in MiB)."),
-    "DCGM_FI_DEV_FB_TOTAL": (81559, "Framebuffer memory total (in MiB)."),  # 85,520,809,984 bytes
+    # dcgm-exporter's default counters: used and free, no total (81,559 MiB = 85,520,809,984 bytes)
+    "DCGM_FI_DEV_FB_FREE": (81559 - 3406, "Framebuffer memory free (in MiB)."),
     "DCGM_FI_DEV_SM_CLOCK": (1980, "SM clock frequency (in MHz)."),
     "DCGM_FI_DEV_MEM_CLOCK": (2619, "Memory clock frequency (in MHz)."),
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": (123456789, "Total energy consumption since boot (in mJ)."),

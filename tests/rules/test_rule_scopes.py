@@ -47,6 +47,10 @@ NOT_EXERCISED = {
     "perfd_serving_spec_accept_length": "needs speculative decoding in the SGLang log",
     "perfd_gpu_info": "a GPU's identity for joins (node-level, job_name only where placed); no rule reads it",
 }
+# Job series /metrics exports that no rule scope holds, and why: join keys for PromQL, not values.
+NOT_IN_SCOPES = {
+    catalog.JOB_NODE_INFO: "where a job runs, to join a node's host series to the job on(node)",
+}
 
 
 def _snapshot(t: float, n: float) -> MetricsSnapshot:
@@ -117,7 +121,7 @@ def exported_job_samples(st: AggregatorState) -> list[tuple[str, dict[str, str],
         if fam.type in ("histogram", "gaugehistogram"):
             continue
         for s in fam.samples:
-            if "job_name" in s.labels:
+            if "job_name" in s.labels and s.name not in NOT_IN_SCOPES:
                 out.append((s.name, dict(s.labels), s.value))
     return out
 
@@ -183,6 +187,13 @@ def test_a_rule_on_each_exported_series_fires(state: AggregatorState) -> None:
     engine = RuleEngine(pack.rules)
     fired = {(f.rule.name, f.key) for f in _coordinator(state, engine).evaluate(now=time.time())}
     assert want <= fired, sorted(want - fired)[:10]
+
+
+def test_join_keys_are_exported_and_held_by_no_scope(state: AggregatorState) -> None:
+    exported = {s.name for fam in _StateCollector(state).collect() for s in fam.samples}
+    for name in NOT_IN_SCOPES:
+        assert name in exported, name
+        assert not carrying_scopes(catalog.get(name))[0], name
 
 
 def test_the_scope_of_each_catalog_series_is_the_one_rules_check_assumes() -> None:

@@ -27,19 +27,30 @@ def _perfd(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def test_a_port_in_use_refuses_to_start() -> None:
+def test_a_port_in_use_refuses_to_start(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        # Each message names the address and the flag that moves it (issue 37: the agent said only
+        # "[Errno 98] Address already in use" when dcgm-exporter held its port).
         r = _perfd("aggregator", "--grpc-port", str(port), "--http-port", str(free_port()), "--no-rules")
         assert r.returncode == 2, r.stderr
-        assert f"cannot listen for gRPC on 127.0.0.1:{port}" in r.stderr
+        assert f"cannot listen for gRPC on 127.0.0.1:{port}" in r.stderr and "--grpc-port" in r.stderr
         r = _perfd("aggregator", "--grpc-port", str(free_port()), "--http-port", str(port), "--no-rules")
         assert r.returncode == 2, r.stderr
-        assert f"cannot listen for HTTP on 127.0.0.1:{port}" in r.stderr
+        assert f"cannot listen for HTTP on 127.0.0.1:{port}: the port is already in use" in r.stderr
+        assert "another port with --http-port" in r.stderr
         r = _perfd("agent", "--metrics-port", str(port), "--nvml", "off", "--host", "off")
-        assert r.returncode == 2 and "Address already in use" in r.stderr, r.stderr
+        assert r.returncode == 2, r.stderr
+        assert f"cannot listen for /metrics on 127.0.0.1:{port}: the port is already in use" in r.stderr
+        assert "another port with --metrics-port N (metrics_port: in the config file)" in r.stderr
+        assert "Traceback" not in r.stderr
+        # The same when the port comes from the config file.
+        cfg = tmp_path / "agent.yaml"
+        cfg.write_text(f"metrics_port: {port}\n")
+        r = _perfd("agent", "--config", str(cfg), "--nvml", "off", "--host", "off")
+        assert r.returncode == 2 and f"127.0.0.1:{port}: the port is already in use" in r.stderr, r.stderr
 
 
 def test_defaults_listen_on_loopback_only() -> None:

@@ -32,8 +32,9 @@ def collector(tmp_path: Path) -> Iterator[HookCollector]:
     c.stop()
 
 
-def collect_until(c: HookCollector, n_steps: int, n_events: int = 0, timeout: float = 5.0) -> Collected:
-    """The receiver thread is asynchronous: collect until the expected output has arrived."""
+def collect_until(c: HookCollector, n_steps: int, n_events: int = 0, timeout: float = 30.0) -> Collected:
+    """The receiver thread is asynchronous: collect until the expected output has arrived (the
+    timeout only bounds a failure: it returns as soon as everything is there, loaded machine or not)."""
     out = Collected()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -86,18 +87,46 @@ print(json.dumps([hook.sender.sent, hook.sender.dropped]))
 
 def test_eight_ranks_unbatched_are_not_lost_to_the_datagram_queue_limit(collector: HookCollector) -> None:
     # 8 processes x 200 steps, one datagram per step, ~8,000 datagrams/s together, collected
-    # at the end only: far beyond the ~10 datagrams a Unix socket queues. It passes because a
-    # receiver thread drains the socket continuously.
+    # at the end only: far beyond the ~10 datagrams a Unix socket queues. Everything a hook sent
+    # arrives and what it could not send is counted; the share dropped depends on how often this
+    # machine runs the receiver thread (none on an idle machine, 151 of 1,600 on a loaded CI one,
+    # issue 37), so the bound says only that a thread drains the socket: without one, all but the
+    # ~10 datagrams a socket queues would drop. That it drains at all is shown exactly below.
     procs = [subprocess.Popen([sys.executable, "-c", _CHILD, collector.config.socket_path, str(r)],
                               stdout=subprocess.PIPE, text=True) for r in range(8)]
     results = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
     sent = sum(r[0] for r in results)
     dropped = sum(r[1] for r in results)
     assert sent + dropped == 1600
-    out = collect_until(collector, sent)
+    out = collect_until(collector, sent, timeout=30)
     assert len(out.steps) == sent  # everything the hooks sent arrived
-    assert dropped <= 80, f"{dropped} records dropped (EAGAIN): the receiver thread fell behind"
+    assert dropped < 800, f"{dropped} records dropped (EAGAIN): the receiver thread fell behind"
     assert {s.rank for s in out.steps} == set(range(8))
+    print(f"FIGURES 8 unbatched ranks: {dropped} of 1600 dropped on this machine now")
+
+
+_BLOCKING_SENDER = """
+import socket, sys
+from perfd.hook import wire
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # blocking: waits while the queue is full
+for i in range(1, int(sys.argv[2]) + 1):
+    msg = wire.StepMsg(rank=0, pid=1, step=i, end_time_ns=i, step_ns=1_000_000)
+    s.sendto(wire.pack_step(msg), sys.argv[1])
+print("sent", flush=True)
+"""
+
+
+def test_the_receiver_thread_drains_the_socket_without_collect(collector: HookCollector) -> None:
+    """The drain itself, with no timing in it: a sender that blocks whenever the socket's queue is
+    full (~10 datagrams) sends 500 while collect() is never called. It finishes only because the
+    receiver thread keeps emptying the queue (without one it would block at the 11th), and then
+    all 500 are there, none dropped."""
+    p = subprocess.run([sys.executable, "-c", _BLOCKING_SENDER, collector.config.socket_path, "500"],
+                       capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[3])
+    assert p.returncode == 0 and "sent" in p.stdout, p.stderr
+    out = collect_until(collector, 500, timeout=30)
+    assert sorted(s.iteration for s in out.steps) == list(range(1, 501))
+    assert collector.errors == {}
 
 
 def test_warmup_can_be_left_out(tmp_path: Path) -> None:
@@ -126,7 +155,7 @@ def test_malformed_datagrams_are_counted(collector: HookCollector) -> None:
         s.sendto(bad_rank, collector.config.socket_path)
     finally:
         s.close()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while sum(collector.errors.values()) < 6 and time.monotonic() < deadline:
         assert collector.collect(time.time()).steps == []
         time.sleep(0.01)
@@ -158,10 +187,10 @@ def test_profile_request_round_trip(collector: HookCollector) -> None:
         hook._next_poll = 0
         with hook.step():
             pass
-        got = collect_until(collector, 1, timeout=1.0)
+        got = collect_until(collector, 1, timeout=30.0)
         steps += got.steps
         events += got.events
-    events += collect_until(collector, 0, n_events=3 - len(events), timeout=2.0).events
+    events += collect_until(collector, 0, n_events=3 - len(events), timeout=30.0).events
     assert calls == [("start", 4), ("stop", 5)]
     assert [(e["state"], e["step"], e["rank"]) for e in events] == [("accepted", 4, 2), ("started", 4, 2),
                                                                     ("stopped", 5, 2)]

@@ -123,12 +123,12 @@ def test_shuffled_real_lines_never_raise() -> None:
     ids=lambda s: repr(s[:24]),
 )
 def test_very_long_lines_are_fast_and_safe(line: str) -> None:
-    start = time.perf_counter()
+    start = time.thread_time()  # this thread's CPU: the parser's own cost, not a loaded machine's
     p = MegatronLogParser()
     p.feed(line)
     p.feed(line + "\n")
     p.flush()
-    assert time.perf_counter() - start < 2.0
+    assert time.thread_time() - start < 2.0
     assert p.counts["long_lines"] == 2
     assert "malformed:internal-error" not in p.counts
 
