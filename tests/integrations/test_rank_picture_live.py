@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 COTENANT = ROOT / "tests" / "data" / "incidents" / "costraggler_dp2" / "dp2_cotenant.log"
 DASHBOARD = ROOT / "deploy" / "grafana" / "perfd-dashboard.json"
 PANELS = ("Goodput", "Where the wall time went", "Ranks by compute ÷ stage median (any rank count)",
-          "Slowest ranks")
+          "Slowest ranks", "Step budget (seconds per step, by part)", "Step budget now (share of the step)")
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +113,18 @@ scrape_configs:
         assert counts == sorted(counts)  # cumulative over le, as the heatmap reads it
         top = _query(base, queries["Slowest ranks"])
         assert 1 <= len(top) <= RANK_RATIO_TOP_K and {r["metric"]["rank"] for r in top} <= {"0", "1"}
+        # The step budget's panels: a series per part, in seconds per step and as shares, equal to
+        # the budget the job's summary holds (from its timers here: no capture of this job).
+        budget = {p["part"]: p for p in summary["summary"]["step_budget"]["parts"]}
+        secs = {r["metric"]["part"]: float(r["value"][1])
+                for r in _query(base, queries["Step budget (seconds per step, by part)"])}
+        shares = {r["metric"]["part"]: float(r["value"][1])
+                  for r in _query(base, queries["Step budget now (share of the step)"])}
+        assert set(secs) == set(shares) == set(budget) and "compute" in budget
+        for part, p in budget.items():
+            assert math.isclose(secs[part], p["ms"] / 1e3, rel_tol=1e-9)
+            assert math.isclose(shares[part], p["share"], rel_tol=1e-9)
+        assert math.isclose(sum(shares.values()), 1.0, rel_tol=1e-9)
     finally:
         rc = stop(proc)
         assert rc == 0, out.read_text()[-3000:]
