@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -51,11 +52,22 @@ RETAIN_ITERATIONS = 5000
 RETAIN_BYTES = 256 << 20
 
 
+_ENTRY_BYTES = 40  # one slot of a dict, amortised (tracemalloc: 200 fields held 6.6 KB of dict)
+_RANK_MEMORY_BYTES = 232  # one rank's memory report: its dict ...
+_MEMORY_VALUE_BYTES = 100  # ... and each value in it
+
+
 def record_bytes(rec: StepRecord) -> int:
     """Estimated memory of a held record: measured with tracemalloc on parsed Megatron-LM records
-    (~83 bytes per per-rank timer value, ~1 KB for the rest); an estimate, cheap at ingest."""
+    (~83 bytes per per-rank timer value, ~1 KB for the rest), plus what its strings hold — the raw
+    key/value fields, the timer names — by ``sys.getsizeof`` (1,500 records with one 100 KB field
+    each held 150 MB that the estimate once did not see: issue 36 item 3). Cheap at ingest: no
+    string is walked."""
     per_rank = sum(len(tv.per_rank) for tv in rec.timers.values())
-    return 1024 + 256 * len(rec.timers) + 96 * per_rank
+    fields = sum(sys.getsizeof(k) + sys.getsizeof(v) + _ENTRY_BYTES for k, v in rec.fields.items())
+    names = sum(sys.getsizeof(n) for n in rec.timers)
+    memory = sum(_RANK_MEMORY_BYTES + _MEMORY_VALUE_BYTES * len(v) for v in rec.memory_mb.values())
+    return 1024 + 256 * len(rec.timers) + 96 * per_rank + fields + names + memory
 
 
 # The optional fields of a step record whose absence makes a copy of a held record worse (a field
