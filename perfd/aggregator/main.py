@@ -25,6 +25,7 @@ from perfd.aggregator.lifecycle import Lifecycle
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
 from perfd.aggregator.runtime import gc_seconds, tune_gc
 from perfd.aggregator.state import AggregatorState
+from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collective_config import CollectiveConfig
@@ -70,6 +71,7 @@ class AggregatorConfig:
     event_loop: str = EVENT_LOOPS[0]  # --event-loop: auto | uvloop | asyncio (run_aggregator)
     # --state-dir: job info, step records, events, rule/capture state survive a restart (SQLite, WAL).
     state_dir: str | None = None
+    state_max_bytes: int = DEFAULT_STATE_BYTES  # --state-max-mib: the state dir's journal, Hellos, documents
     # Weights & Biases: one run per job (perfd.exporters.wandb); None = off.
     wandb_project: str | None = None
     wandb_mode: str = "offline"  # offline (no server; `wandb sync` later) | online | disabled
@@ -110,12 +112,14 @@ class Aggregator:
         self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None,
                            identity_of=lambda agent: self.server.identity_of(agent))
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
-        self.store: StateStore | None = StateStore(cfg.state_dir) if cfg.state_dir else None
+        self.store: StateStore | None = (StateStore(cfg.state_dir, max_bytes=cfg.state_max_bytes)
+                                         if cfg.state_dir else None)
         # agent -> series id -> its definition, admitted by the guard (once per definition).
         self._series: dict[str, dict[int, Series]] = {}
         self.server = IngestServer(self.on_batch, self._on_hello, tls=tls, token=self.token,
                                    limits=cfg.limits, refusals=self.refusals,
-                                   journal=Journal(self.store) if self.store is not None else None,
+                                   journal=(Journal(self.store, cfg.limits.max_jobs_per_agent)
+                                            if self.store is not None else None),
                                    admit_series=self._admit_series, policy=policy,
                                    on_stream_end=lambda agent: self.lifecycle.stream_ended(agent))
         self.http: HttpServer | None = None
@@ -135,6 +139,7 @@ class Aggregator:
             self.wandb = WandbSync(self.state, exporter, self.captures.list, cfg.wandb_interval_s)
         self.remote: RemoteWriter | None = None
         self.lifecycle = Lifecycle(self)  # what is held now: releases, pruning, forgetting agents
+        self.restored: dict[str, int] = {}  # what the start-up replay read, and its milliseconds
 
     @staticmethod
     def _engine(cfg: AggregatorConfig) -> RuleEngine | None:
@@ -178,8 +183,10 @@ class Aggregator:
         self.captures.evaluate()
         self.lifecycle.housekeeping()
         if self.store is not None:
+            # The journal keeps its newest max_batches batches, within max_bytes; pruned first, so that
+            # the documents' commit makes the pruning durable in the same tick.
+            self.store.prune()
             save_documents(self, self.store)
-            self.store.prune()  # the journal keeps its newest max_batches batches
 
     def _on_hello(self, hello: HelloInfo) -> None:
         self._on_hello_jobs(hello.agent_id, hello.jobs)
@@ -272,13 +279,18 @@ class Aggregator:
         if self.store is not None:
             st = self.store.stats()
             d.update({f"state_store_{k}": int(st[k]) for k in (
-                "commits", "commit_failures", "rollbacks", "agents_lost", "journal_batches", "pruned")})
+                "commits", "commit_failures", "rollbacks", "agents_lost", "journal_batches", "pruned",
+                "pruned_for_bytes", "hellos", "held_bytes", "jobs_deleted", "rows_of_pruned_jobs")})
+            d.update({f"state_restored_{k}": v for k, v in self.restored.items()})
         return d
 
     async def start(self) -> None:
         if self.store is not None:  # everything back before the first agent connects
+            t0 = time.monotonic()
             got = restore(self, self.store)
-            log.info("state restored from %s: %s", self.store.path, got)
+            got["ms"] = round(1e3 * (time.monotonic() - t0))  # what a restart costs (bounded by the caps)
+            self.restored = got
+            log.info("state restored from %s in %.2f s: %s", self.store.path, got["ms"] / 1e3, got)
         self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
         self.lifecycle.started(asyncio.get_running_loop())
         self.state.transport_stats = self._transport_counters
