@@ -26,6 +26,12 @@ HELLO_TIMEOUT_S = 10.0  # a stream that has not said Hello by then is closed
 REFUSAL_DRAIN_S = 1.0
 MAX_SERIES_PER_AGENT = 50_000  # series definitions one agent may hold at the aggregator
 MAX_EVENT_BYTES = 256 << 10  # one event on the wire (text + labels + payload)
+# What the aggregator keeps of one history event (in its event log, its journal and its documents):
+# its text and payload within this many bytes, the rest cut and counted (reason event_cut). Kinds
+# whose payload another part reads whole (perfd.events: EventKind.whole) are journalled whole, and
+# only the event log's copy is cut. 2,400 events of 250 KB once grew the state file by 390 MB.
+MAX_KEPT_EVENT_BYTES = 16 << 10
+MAX_EVENT_LOG_BYTES = 16 << 20  # the event log (/api/events, the events document), all events together
 
 # Liveness (measured in tests/faults: a half-open link is noticed within LIVENESS_BUDGET_S).
 KEEPALIVE_TIME_S = 10.0  # gRPC HTTP/2 ping interval, both sides
@@ -78,6 +84,18 @@ MAX_ALERTS_PER_WEBHOOK = 100  # alerts of one Alertmanager POST that may ask for
 # perfd.exporters.httpd: one thread reads and writes every connection, workers only compute, so a
 # slow or idle client costs a buffer, never a thread; these bound what a connection may hold.
 MAX_HTTP_BODY_BYTES = 1 << 20
+# Answers: one answer larger than this is not sent (503, ``http_answer``: ask for less — the event
+# log is paged); all answers waiting for their clients to read them together at most the second,
+# the connection that has read nothing for longest making room (30 clients that never read a 50 MB
+# /api/events once held 2 GB).
+MAX_HTTP_ANSWER_BYTES = 64 << 20
+MAX_HTTP_OUTPUT_BYTES = 256 << 20
+# The kernel's send buffer of each HTTP connection (SO_SNDBUF; Linux doubles it): loopback autotuning
+# let one unread answer park 4 MB in the kernel, past every bound above.
+HTTP_SEND_BUFFER_BYTES = 256 << 10
+EVENTS_PAGE = 200  # /api/events: events per page by default (?limit=) ...
+MAX_EVENTS_PAGE = 1000  # ... at most ...
+MAX_EVENTS_PAGE_BYTES = 1 << 20  # ... and about this many bytes of events
 MAX_HTTP_HEAD_BYTES = 64 << 10  # request line and headers (431 beyond)
 HTTP_HEADER_TIMEOUT_S = 5.0  # the request line and every header within this long of the accept
 HTTP_REQUEST_TIMEOUT_S = 30.0  # head and body within this long (1 MiB at 35 KB/s)
@@ -108,6 +126,7 @@ REFUSED_SERIES = "series_cap"
 REFUSED_SERIES_QUOTA = "series_quota"  # an identity at its own share of the series cap
 REFUSED_LABELS = "label_cap"  # too many labels or a label value too long
 REFUSED_EVENT_BYTES = "event_bytes"
+REFUSED_EVENT_CUT = "event_cut"  # an event kept cut to MAX_KEPT_EVENT_BYTES (counted per event)
 REFUSED_CAPTURE_RATE = "capture_rate"
 REFUSED_CAPTURE_STEPS = "capture_steps"
 REFUSED_WEBHOOK_ALERTS = "webhook_alerts"
@@ -115,6 +134,8 @@ REFUSED_HTTP_BODY = "http_body"
 REFUSED_HTTP_CONNECTIONS = "http_connections"  # MAX_HTTP_CONNECTIONS or a lane's queue full
 REFUSED_HTTP_DEADLINE = "http_deadline"  # a request (or the reading of its answer) past its deadline
 REFUSED_HTTP_HEAD = "http_head"  # a head over MAX_HTTP_HEAD_BYTES
+# An answer over MAX_HTTP_ANSWER_BYTES, or a connection closed to keep MAX_HTTP_OUTPUT_BYTES.
+REFUSED_HTTP_ANSWER = "http_answer"
 REFUSED_JOB_INFO_VALUE = "job_info_value"  # a value outside perfd.bounds (it becomes absent)
 # A step record for an (iteration, rank) of a job already held from another agent: the held one stays
 # (event perfd.events.STEP_CONFLICT names both agents).
@@ -123,9 +144,10 @@ REFUSED_WORSE_DUPLICATE = "worse_duplicate"  # a copy of a held step record lack
 REFUSED_REASONS = (
     REFUSED_UNAUTHENTICATED, REFUSED_IDENTITY, REFUSED_POLICY, REFUSED_NOT_HOST, REFUSED_STREAMS,
     REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_OVERLOADED, REFUSED_JOBS, REFUSED_JOBS_QUOTA,
-    REFUSED_SERIES, REFUSED_SERIES_QUOTA, REFUSED_LABELS, REFUSED_EVENT_BYTES, REFUSED_CAPTURE_RATE,
-    REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
+    REFUSED_SERIES, REFUSED_SERIES_QUOTA, REFUSED_LABELS, REFUSED_EVENT_BYTES, REFUSED_EVENT_CUT,
+    REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
     REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_HTTP_DEADLINE, REFUSED_HTTP_HEAD,
+    REFUSED_HTTP_ANSWER,
     REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE,
 )
 

@@ -283,6 +283,26 @@ class _Handler(httpd.BufferedHandler):
             self._json(400, {"error": f"unparsable request target {self.path[:80]!r}"})
         return path
 
+    def _events(self) -> None:
+        """GET /api/events[?limit=N][&cursor=SEQ][&job=JOB]: without a cursor the newest events,
+        with one those after it; at most MAX_EVENTS_PAGE and about MAX_EVENTS_PAGE_BYTES a page,
+        oldest first. ``next_cursor``: pass it as ``cursor`` for what came after; ``more``: the page
+        left events out (after it with a cursor, before it without)."""
+        q = parse_qs(urlparse(self.path).query)
+        try:
+            limit = int(q.get("limit", [L.EVENTS_PAGE])[0])
+            cursor = int(q["cursor"][0]) if "cursor" in q else None
+        except ValueError:
+            self._json(400, {"error": "limit and cursor are integers"})
+            return
+        if not 1 <= limit <= L.MAX_EVENTS_PAGE or (cursor is not None and cursor < 0):
+            self._json(400, {"error": f"limit is 1..{L.MAX_EVENTS_PAGE}, cursor >= 0"})
+            return
+        log_ = self.app.state.log
+        evs, more = log_.page(q.get("job", [None])[0], limit, cursor, L.MAX_EVENTS_PAGE_BYTES)
+        last = evs[-1]["seq"] if evs else (cursor if cursor is not None else log_.seq)
+        self._json(200, {"events": evs, "next_cursor": last, "more": more})
+
     def do_POST(self) -> None:
         path = self._target()
         if path is None or not self._authorized(path):
@@ -314,7 +334,7 @@ class _Handler(httpd.BufferedHandler):
                 caps = self.app.captures
                 self._json(200, {"captures": caps.list() if caps else []})
             elif path == "/api/events":
-                self._json(200, {"events": state.recent_events()})
+                self._events()
             elif path == "/api/jobs":
                 self._json(200, {"jobs": [state.job_overview(j) for j in state.job_names()]})
             elif path.startswith("/api/jobs/") and path.endswith("/iterations"):

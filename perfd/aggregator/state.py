@@ -562,6 +562,7 @@ class AggregatorState:
             "step_records_ingested": js.steps,
             "events_ingested": self.log.ingested,
             "events_malformed": dict(self.log.malformed),
+            "event_log": self.log.stats(),  # held, bytes, last_seq, cut (events kept cut), cut_bytes
             "serving_records_ingested": self.serving.records,
             "serving_errors": dict(self.serving.errors),
             "step_records_dropped_retention": js.dropped_steps,

@@ -164,6 +164,7 @@ class IngestServer:
         self.samples = 0
         self.steps = 0
         self.events = 0
+        self.event_bytes_cut = 0  # of events kept cut (perfd.events.cut), before they were journalled
         self.duplicates = 0
         self.gaps = 0
         self.gap_batches = 0
@@ -529,8 +530,10 @@ class IngestServer:
         return None if admit is None else (lambda sid, s: admit(agent, sid, s))
 
     def _deliver(self, agent: str, conn: AgentStream, b: pb.Batch) -> None:
-        if not trim_batch(agent, conn, b, self.limits, self.refusals):
+        cut = trim_batch(agent, conn, b, self.limits, self.refusals)
+        if cut is None:
             return
+        self.event_bytes_cut += cut
         try:
             decoded = decode_batch(b, conn.series, self._admitter(agent) if b.series else None)
             if conn.hello_ids:
@@ -577,6 +580,7 @@ class IngestServer:
             "samples": self.samples,
             "steps": self.steps,
             "events": self.events,
+            "event_bytes_cut": self.event_bytes_cut,
             "duplicates": self.duplicates,
             "gaps": self.gaps,
             "gap_batches": self.gap_batches,
