@@ -113,6 +113,7 @@ REFUSAL_LOG_INTERVAL_S = 60.0
 
 # ---- reasons of perfd_aggregator_refused_total ---------------------------------------------------
 REFUSED_UNAUTHENTICATED = "unauthenticated"  # no or wrong token / client certificate
+REFUSED_TOKEN_ROTATED = "token_rotated"  # an open stream closed: its bearer token was rotated since
 REFUSED_IDENTITY = "identity_mismatch"  # an agent id claimed by other credentials
 REFUSED_POLICY = "identity_policy"  # an agent id or a job the identity policy does not give that identity
 REFUSED_NOT_HOST = "not_host"  # step records or job info from an agent not hosting the job
@@ -142,7 +143,8 @@ REFUSED_JOB_INFO_VALUE = "job_info_value"  # a value outside perfd.bounds (it be
 REFUSED_STEP_CONFLICT = "step_conflict"
 REFUSED_WORSE_DUPLICATE = "worse_duplicate"  # a copy of a held step record lacking some of its values
 REFUSED_REASONS = (
-    REFUSED_UNAUTHENTICATED, REFUSED_IDENTITY, REFUSED_POLICY, REFUSED_NOT_HOST, REFUSED_STREAMS,
+    REFUSED_UNAUTHENTICATED, REFUSED_TOKEN_ROTATED, REFUSED_IDENTITY, REFUSED_POLICY, REFUSED_NOT_HOST,
+    REFUSED_STREAMS,
     REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_OVERLOADED, REFUSED_JOBS, REFUSED_JOBS_QUOTA,
     REFUSED_SERIES, REFUSED_SERIES_QUOTA, REFUSED_LABELS, REFUSED_EVENT_BYTES, REFUSED_EVENT_CUT,
     REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,

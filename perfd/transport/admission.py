@@ -32,16 +32,17 @@ class StreamRefused(Exception):
         self.code, self.reason = code, reason
 
 
-def authenticate(context: Any, token: TokenFile | None) -> str:
-    """The identity of the stream behind ``context``; with ``token`` it must carry the bearer token."""
-    token_ok = False
+def authenticate(context: Any, token: TokenFile | None) -> tuple[str, int | None]:
+    """(the identity of the stream behind ``context``, the generation of the token it carried);
+    with ``token`` it must carry the bearer token."""
+    gen = None
     if token is not None:
         md = dict(context.invocation_metadata() or ())
-        if not token.check(md.get(AUTH_HEADER)):
+        gen = token.check_generation(md.get(AUTH_HEADER))
+        if gen is None:
             raise StreamRefused(grpc.StatusCode.UNAUTHENTICATED, L.REFUSED_UNAUTHENTICATED,
                                 f"stream from {context.peer()} without a valid bearer token")
-        token_ok = True
-    return peer_identity(context, token_ok)
+    return peer_identity(context, gen is not None), gen
 
 
 def admit_stream(open_streams: int, loop_lag_s: float, limits: L.Limits) -> None:

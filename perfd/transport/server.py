@@ -158,6 +158,7 @@ class IngestServer:
         # Counters.
         self.streams_opened = 0
         self.streams_superseded = 0
+        self.streams_closed_token_rotated = 0
         self.hellos_reused = 0
         self.heartbeats = 0
         self.batches = 0
@@ -296,7 +297,7 @@ class IngestServer:
                       context: Any) -> AsyncIterator[pb.AggregatorMessage]:
         loop = asyncio.get_running_loop()
         try:
-            identity = authenticate(context, self.token)
+            identity, token_gen = authenticate(context, self.token)
             admit_stream(self._open, self.loop_lag_s, self.limits)
         except StreamRefused as exc:
             self.refusals.refuse(exc.reason, str(exc))
@@ -311,6 +312,7 @@ class IngestServer:
             await context.abort(exc.code, str(exc))
             return
         conn = AgentStream(peer=str(context.peer()), identity=identity, now=loop.time())
+        conn.token_generation = token_gen
         self._open += 1
         self.streams_opened += 1
         reader = asyncio.create_task(self._read(request_iterator, conn))
@@ -380,9 +382,22 @@ class IngestServer:
             await asyncio.sleep(tick)
             now = loop.time()
             self.loop_lag_s = max(0.0, now - before - tick)
+            gen = self.token.current()[1] if self.token is not None else None  # one stat a tick
             for conn in list(self._conns):
                 check_liveness(conn, now, self.limits, self.refusals)
+                if gen is not None and conn.token_generation != gen and not conn.closed:
+                    self._token_rotated(conn)
             self._publish()
+
+    def _token_rotated(self, conn: AgentStream) -> None:
+        """The token changed since ``conn`` authenticated: close it (the agent reconnects with the
+        token its file holds now, or is refused)."""
+        self.streams_closed_token_rotated += 1
+        self.refusals.refuse(L.REFUSED_TOKEN_ROTATED, f"stream of agent {str(conn.agent_id)[:64]} "
+                             f"({conn.peer}) authenticated with a bearer token since rotated; closed",
+                             agent=conn.agent_id)
+        conn.close(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was rotated: reconnect with the new "
+                   "one")
 
     def _durable(self, conn: AgentStream, agent: str) -> bool:
         """False when writes of ``agent`` not yet acknowledged were lost (a failed commit): the
@@ -574,6 +589,7 @@ class IngestServer:
             "agents_connected": len(live),
             "streams_opened": self.streams_opened,
             "streams_superseded": self.streams_superseded,
+            "streams_closed_token_rotated": self.streams_closed_token_rotated,
             "hellos_reused": self.hellos_reused,
             "heartbeats": self.heartbeats,
             "batches": self.batches,

@@ -37,6 +37,7 @@ class AgentStream:
         self.last_msg_at = now  # loop time of the last message from the agent
         self.closed = False
         self.close_reason: tuple[grpc.StatusCode, str] | None = None
+        self.token_generation: int | None = None  # of the bearer token it authenticated with
         self.wake = asyncio.Event()
 
     def close(self, code: grpc.StatusCode, reason: str) -> None:
