@@ -106,7 +106,9 @@ CAPTURE_FAILED = _k("capture_failed", "any", False, "perfd/capture/manager.py (a
 
 STEP_CONFLICT = _k("step_conflict", "mapping", False, "perfd/aggregator/state.py (job store)",
                    (_AGG_LOG,), "Step records of a job from one agent for (iteration, rank) pairs held from "
-                   "another: refused, the held ones kept (payload: job, holder, sender, iterations)")
+                   "another: refused, the held ones kept; or (outcome: replaced) the held ones were written "
+                   "ahead of the job and the agent continuing it took them (payload: job, holder, sender, "
+                   "iterations)")
 INCIDENT_OPENED = _k("incident_opened", "mapping", False, "perfd/aggregator/incidents.py",
                      (_AGG_LOG, "Alertmanager/Grafana via /api/events"),
                      "A stretch of iterations departs from steady state (who, why, cost so far)")

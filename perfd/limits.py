@@ -142,6 +142,9 @@ REFUSED_JOB_INFO_VALUE = "job_info_value"  # a value outside perfd.bounds (it be
 # (event perfd.events.STEP_CONFLICT names both agents).
 REFUSED_STEP_CONFLICT = "step_conflict"
 REFUSED_WORSE_DUPLICATE = "worse_duplicate"  # a copy of a held step record lacking some of its values
+# Held step records of an agent that wrote a job's iterations ahead of it, replaced by the records of
+# the host that continues the job (docs/reliability.md "Who may write a job"); counted under that agent.
+REFUSED_STEP_AHEAD = "step_ahead"
 REFUSED_REASONS = (
     REFUSED_UNAUTHENTICATED, REFUSED_TOKEN_ROTATED, REFUSED_IDENTITY, REFUSED_POLICY, REFUSED_NOT_HOST,
     REFUSED_STREAMS,
@@ -150,7 +153,7 @@ REFUSED_REASONS = (
     REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
     REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_HTTP_DEADLINE, REFUSED_HTTP_HEAD,
     REFUSED_HTTP_ANSWER,
-    REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE,
+    REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE, REFUSED_STEP_AHEAD,
 )
 
 

@@ -111,6 +111,7 @@ class Aggregator:
             policy = IdentityPolicy(cfg.identity_policy)
         self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None,
                            identity_of=lambda agent: self.server.identity_of(agent))
+        self.state.jobs.standing = self.guard.standing  # who keeps an iteration two hosts wrote
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
         self.store: StateStore | None = (StateStore(cfg.state_dir, max_bytes=cfg.state_max_bytes)
                                          if cfg.state_dir else None)
@@ -256,6 +257,11 @@ class Aggregator:
                 self.refusals.refuse(L.REFUSED_STEP_CONFLICT, f"{len(its)} step record(s) of job "
                                      f"{job[:64]!r} from agent {agent_id[:64]} for iterations held "
                                      f"from agent {holder[:64]}; the held ones kept", len(its))
+            for (job, holder), its in kept_out.displaced.items():
+                self.refusals.refuse(L.REFUSED_STEP_AHEAD, f"{len(its)} step record(s) of job {job[:64]!r} "
+                                     f"from agent {holder[:64]} (e.g. iteration {its[0]}) were written ahead "
+                                     f"of the job: replaced by agent {agent_id[:64]}'s, which continues it",
+                                     len(its), agent=holder)
             for job, its in kept_out.worse.items():
                 self.refusals.refuse(L.REFUSED_WORSE_DUPLICATE, f"{len(its)} copy(ies) of held step "
                                      f"records of job {job[:64]!r} (e.g. iteration {its[0]}) from agent "

@@ -186,10 +186,18 @@ class AggregatorState:
         REFUSAL_LOG_INTERVAL_S: a flood of conflicting records must not push real events out of
         the bounded log). Returns what was kept out, for the caller to count."""
         out = self.jobs.ingest_steps(agent_id, steps, now)
-        if not out.other_agent or self.replaying:
+        if not (out.other_agent or out.displaced) or self.replaying:
             return out
         now = time.time()
         evs = []
+        for (job, ahead), its in out.displaced.items():  # rare: once per squatted stretch reached
+            evs.append({"kind": STEP_CONFLICT.name, "severity": "warning", "job": job, "time": now,
+                        "text": f"{len(its)} step record(s) of job {job[:80]} held from agent {ahead[:80]} "
+                                f"were written ahead of the job (e.g. iteration {its[0]}): replaced by agent "
+                                f"{agent_id[:80]}'s, which continues it",
+                        "labels": {"holder": ahead, "sender": agent_id},
+                        "payload": {"job": job, "holder": ahead, "sender": agent_id, "records": len(its),
+                                    "iterations": sorted(set(its))[:20], "outcome": "replaced"}})
         for (job, holder), its in out.other_agent.items():
             key = (job, holder, agent_id)
             pending = self._conflicts.get(key)
