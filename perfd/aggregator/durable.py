@@ -150,6 +150,7 @@ def save_documents(agg: Aggregator, store: StateStore) -> None:
                         for k, b in eng.budgets().items()]})
     inc = agg.state.incidents
     store.put_doc("incidents", inc.export())
+    store.put_doc("new_normal", agg.state.jobs.new_normals())
     store.put_doc("events", [e for e in agg.state.recent_events(limit=10_000)
                              if e.get("agent") == AGGREGATOR_AGENT])
 
@@ -177,6 +178,9 @@ def _restore_documents(agg: Aggregator, store: StateStore) -> None:
     inc = store.get_doc("incidents")
     if inc:
         agg.state.incidents.load(inc)
+    for job, it in (store.get_doc("new_normal") or {}).items():
+        if isinstance(it, int):  # a job pruned since is not held: nothing to set
+            agg.state.jobs.set_new_normal(str(job), it)
     evs = store.get_doc("events") or []
     if evs:
         agg.state.log.restore(evs)

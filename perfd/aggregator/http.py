@@ -399,12 +399,35 @@ def _body_length(handler: _Handler) -> int | None:
     return None
 
 
-POST_PATHS = ("/api/captures", "/api/alertmanager")
+POST_PATHS = ("/api/captures", "/api/alertmanager", "/api/jobs/<job>/new-normal")
+NEW_NORMAL = "/new-normal"
+
+
+def _new_normal(handler: _Handler, job: str, body: dict[str, Any]) -> None:
+    """POST /api/jobs/<job>/new-normal [{"iteration": N}]: the job's lasting shift
+    (perfd.analytics.changepoint) is its new normal from iteration N (default: after the last one
+    held); its cost stops being counted there."""
+    it = body.get("iteration")
+    if it is not None and (not isinstance(it, int) or isinstance(it, bool) or it < 0):
+        handler._json(400, {"error": "'iteration' must be a non-negative integer"})
+        return
+    state = handler.app.state
+    at = state.jobs.set_new_normal(job, it)
+    if at is None:
+        handler._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
+        return
+    a = state.analysis(job, force=True)  # its incidents close now, not at the next tick
+    shifts = [i.evidence.get("change_point") for i in (a.incidents if a is not None else [])
+              if "change_point" in i.evidence]
+    handler._json(200, {"job_name": job, "new_normal_at": at, "change_points": shifts})
 
 
 def _post(handler: _Handler, path: str) -> None:
-    """POST /api/captures {job, ranks?, steps?, tool?} and POST /api/alertmanager (webhook v4)."""
-    if path not in POST_PATHS:  # before the body is parsed: nothing else takes one
+    """POST /api/captures {job, ranks?, steps?, tool?}, POST /api/alertmanager (webhook v4) and
+    POST /api/jobs/<job>/new-normal."""
+    shift_job = (unquote(path[len("/api/jobs/"):-len(NEW_NORMAL)])
+                 if path.startswith("/api/jobs/") and path.endswith(NEW_NORMAL) else None)
+    if path not in POST_PATHS and not shift_job:  # before the body is parsed: nothing else takes one
         handler._json(404, {"error": f"no POST handler for {path[:80]}", "paths": list(POST_PATHS)})
         return
     caps = handler.app.captures
@@ -420,6 +443,9 @@ def _post(handler: _Handler, path: str) -> None:
         return
     except ValueError as exc:
         handler._json(400, {"error": f"invalid JSON: {exc}"})
+        return
+    if shift_job:
+        _new_normal(handler, shift_job, body)
         return
     if caps is None:
         handler._json(503, {"error": "captures are not enabled on this aggregator"})

@@ -135,6 +135,9 @@ class JobState:
     folded: dict[int, tuple[tuple[StepRecord, ...], StepRecord]] = field(default_factory=dict)
     disturbed: dict[int, tuple[StepRecord, StepRecord]] = field(default_factory=dict)
     analysis_lock: threading.Lock = field(default_factory=threading.Lock)  # one analysis at a time
+    # The iteration from which the user took a lasting shift's level as the new normal
+    # (perfd.analytics.changepoint; POST /api/jobs/<job>/new-normal): its cost stops there.
+    new_normal_at: int | None = None
 
 
 @dataclass
@@ -325,13 +328,14 @@ class JobStore:
                 # held is not start-up. Goodput then covers the held iterations only.
                 info = dataclasses.replace(info, started_at=None)
             gpu = self.gpu_override or js.gpu_name
+            new_normal_at = js.new_normal_at
             js.dirty = False
         try:
             with js.analysis_lock:  # the memo and the caches belong to one analysis at a time
                 records = mark_disturbed(job_level_steps(raw, js.folded), windows, js.disturbed)
                 result = analyze_run(info, records, gpu_name=gpu, peak_tflops=self.peak_tflops,
                                      job_name=job, gpm=gpm, timeline=timeline, memo=js.memo,
-                                     gpm_when=gpm_when)
+                                     gpm_when=gpm_when, new_normal_at=new_normal_at)
         except Exception:
             with self._lock:
                 self.stats.analysis_errors += 1
@@ -341,6 +345,23 @@ class JobStore:
             js.analysis, js.analysis_time = result, time.time()
             js.class_key = (gpm, timeline, gpm_when)
         return result
+
+    def set_new_normal(self, job: str, iteration: int | None = None) -> int | None:
+        """The job's current step level is its new normal from ``iteration`` (default: after the last
+        iteration held): a lasting shift's cost stops there. None when the job is not held."""
+        with self._lock:
+            js = self.jobs.get(job)
+            if js is None:
+                return None
+            if iteration is None:
+                iteration = max(js.by_iteration, default=0) + 1
+            js.new_normal_at, js.dirty = iteration, True
+            return iteration
+
+    def new_normals(self) -> dict[str, int]:
+        """job -> the iteration its new normal starts at (for the state store)."""
+        with self._lock:
+            return {j: js.new_normal_at for j, js in self.jobs.items() if js.new_normal_at is not None}
 
     def cached_analysis(self, job: str) -> RunAnalysis | None:
         """The last analysis computed, without recomputing (for callers holding other locks)."""

@@ -34,7 +34,9 @@ from perfd.jobinfo_json import decode_job_info
 from perfd.limits import REFUSED_JOB_INFO_VALUE
 from perfd.refusals import Refusals
 from perfd.rules.engine import RuleEngine
-from perfd.rules.loader import check_files_warned, default_pack_path, load_pack
+from perfd.rules.loader import default_pack_path
+from perfd.rules.model import RulePackError
+from perfd.rules.ruleset import load_rule_set
 from perfd.transport.codec import DecodedBatch, HelloInfo
 from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
 from perfd.transport.series import Series
@@ -152,10 +154,16 @@ class Aggregator:
             files = [str(default)]
         else:
             files = cfg.rules_files
-        rules = [r for f in files for r in load_pack(f).rules]  # a bad pack stops start-up: loud
-        for w in check_files_warned(files)[1]:  # loads, but never fires: say so once, at start-up
+        # One set, as `perfd rules check` builds it (perfd.rules.ruleset): a bad pack, or a rule named
+        # like one of an earlier pack without 'override: true', stops start-up with every error.
+        rs = load_rule_set(files)
+        if rs.errors:
+            raise RulePackError(rs.errors)
+        for w in rs.warnings:  # loads, but never fires (or overrides nothing): say so once, at start-up
             log.warning("%s", w)
-        return RuleEngine(rules) if rules else None
+        for old, new in rs.replaced:
+            log.info("rule %s of %s overrides the one of %s", new.name, new.origin, old.origin)
+        return RuleEngine(rs.rules) if rs.rules else None
 
     async def _refresh_loop(self) -> None:
         """Analyses of jobs with new data, every refresh interval, on a worker thread: /metrics

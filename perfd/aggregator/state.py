@@ -42,8 +42,8 @@ from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.goodput import metric_rows as goodput_rows
-from perfd.analytics.goodput import with_stall
-from perfd.analytics.incidents import Incident, hang_incident, is_disturbance
+from perfd.analytics.goodput import with_incidents, with_stall
+from perfd.analytics.incidents import HANG, Incident, hang_incident, is_disturbance
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.analytics.run_analysis import RunAnalysis
 from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_DATA, STEP_CONFLICT
@@ -545,12 +545,17 @@ class AggregatorState:
         return rows
 
     def goodput(self, job: str, ov: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-        """The job's goodput (perfd.analytics.goodput JSON) as of now: its analysis' split, plus the
-        time since its last step while it is stalled."""
+        """The job's goodput (perfd.analytics.goodput JSON) as of now: its analysis' split with the
+        incident part the cost of the incidents the job lists (the same incidents, whatever the
+        source: a hang's time is stall, not incident), plus the time since its last step while it is
+        stalled."""
         a = self.jobs.cached_analysis(job)
         gp = a.summary.get("goodput") if a is not None else None
         if gp is None:
             return None
+        listed = [c for i in self.incidents.incidents(job) if not is_disturbance(i)
+                  and HANG not in (i.get("kinds") or []) and isinstance(c := i.get("cost_s"), int | float)]
+        gp = with_incidents(gp, float(sum(listed)))
         ov = ov if ov is not None else self.job_overview(job)
         if ov is not None and ov["state"] == STALLED:
             return with_stall(gp, float(ov.get("last_step_age_s") or 0.0))

@@ -274,6 +274,8 @@ def register(sub: SubParsers) -> None:
 
     r = sub.add_parser("rules", help="rule packs")
     rsub = r.add_subparsers(dest="rules_cmd", required=True)
-    rc = rsub.add_parser("check", help="validate rule packs; every error as FILE:LINE: reason")
-    rc.add_argument("files", nargs="+")
+    rc = rsub.add_parser("check", help="validate the rule packs the aggregator would load (as with --rules "
+                         "FILE...; none: the shipped default); every error as FILE:LINE: reason")
+    rc.add_argument("files", nargs="*", help="rule packs in --rules order (a rule named like one of an "
+                    "earlier pack needs 'override: true')")
     rc.set_defaults(handler=_rules_check)
