@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aggregator-arg", action="append", default=[], metavar="ARG",
                     help="extra aggregator argument (repeatable), e.g. --aggregator-arg=--state-max-mib=64")
     a = ap.parse_args(argv)
+    if a.jobs < 1 or a.agents < 1 or a.steps < 1 or a.restarts < 0 or a.agents > a.jobs:
+        ap.error("--jobs, --agents and --steps must be positive, --agents at most --jobs, --restarts >= 0")
     # A restart ends every stream: each agent says so once per reconnect, which is not news here.
     logging.getLogger("perfd.transport.client").setLevel(logging.ERROR)
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="perfd-soak-"))
