@@ -63,7 +63,14 @@ def find_change_point(steps: Sequence[float | None]) -> ChangePoint | None:
     need = min_steps(n)
     if n < 2 * need:
         return None
-    cap = _CLIP * statistics.median(xs)
+    # Cheap refusal first (most runs have no shift; an analysis runs every refresh): the run ends
+    # above the midpoint of the two levels, itself ≥ (1 + STEP_FACTOR) / 2 × the level before, and a
+    # twentieth of the steps lie at or below that level (half the ≥ n/10 before the shift): so does
+    # the n/40-th smallest.
+    ordered = sorted(xs)
+    if statistics.median(xs[n - need:]) <= (1 + th.STEP_FACTOR.value) / 2 * ordered[n // 40]:
+        return None
+    cap = _CLIP * ordered[n // 2]
     clipped = [min(x, cap) for x in xs]
     s1, s2 = [0.0], [0.0]
     for x in clipped:
