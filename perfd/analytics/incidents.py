@@ -133,7 +133,8 @@ def min_cost_s(ref_ms: float) -> float:
 def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int, float | None],
                      disturbed: Mapping[int, bool], first_eligible: int,
                      reference_ms: float | None, world_size: int | None = None,
-                     new_normal_at: int | None = None) -> Detection:
+                     new_normal_at: int | None = None, steps: Sequence[float | None] | None = None
+                     ) -> Detection:
     """Incidents among ``iterations`` (ordered; those before index ``first_eligible`` are warm-up),
     and the steady median step they were measured against. ``reference_ms`` is the window's
     median; it is re-taken without the slow iterations, so a long incident does not raise the bar
@@ -142,9 +143,13 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
     length; an incident costs at least :func:`min_cost_s` — smaller departures are counted as jitter.
     A lasting shift (perfd.analytics.changepoint) is one incident of kind ``level-shift`` measured
     against the level before it, to the end or to ``new_normal_at`` (the user took the new level as
-    the new normal there: from it on that level is the reference)."""
+    the new normal there: from it on that level is the reference). ``steps``: the step times from
+    ``first_eligible`` on, None where disturbed, when the caller holds them as a column (a pass over
+    ``iterations`` builds every row)."""
     post = iterations[first_eligible:]  # a view of a long run's table: its rows are built one at a time
-    shift = find_change_point([None if disturbed.get(it.iteration) else it.step_time_ms for it in post])
+    if steps is None:
+        steps = [None if disturbed.get(it.iteration) else it.step_time_ms for it in post]
+    shift = find_change_point(steps)
     if shift is not None:
         shift = accept(shift, [it.iteration for it in post], new_normal_at)
     ref = reference_ms if shift is None else shift.before_ms

@@ -559,10 +559,12 @@ def _mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
                     steady: SteadyState, world: int | None, new_normal_at: int | None = None) -> Detection:
     """Find the incidents and perfd's capture disturbances, take their iterations out of the steady
     state (saying which), and note each incident iteration's time lost against the steady median."""
+    first = steady.warmup_records
+    steps = [None if disturbed[i] else s for i, s in enumerate(table.column("step_time_ms")) if i >= first]
     found = detect_incidents(table.project(DETECTION_FIELDS),
                              _ByIteration(table, lambda i: table.get(i, "end_time")),
                              _ByIteration(table, lambda i: bool(disturbed[i])),
-                             steady.warmup_records, steady.reference_step_ms, world, new_normal_at)
+                             first, steady.reference_step_ms, world, new_normal_at, steps)
     ref = found.reference_ms
     for inc, lost in [*((i, True) for i in found.incidents), *((d, False) for d in found.disturbances)]:
         for iteration in range(inc.first_iteration, inc.last_iteration + 1):
