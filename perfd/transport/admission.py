@@ -133,3 +133,15 @@ def check_liveness(conn: AgentStream, now: float, limits: L.Limits, refusals: Re
         refusals.refuse(L.REFUSED_SILENT, f"agent {conn.agent_id} ({conn.peer}) sent nothing "
                         f"for {limits.agent_silence_s:g} s; stream closed", agent=conn.agent_id)
         conn.close(grpc.StatusCode.UNAVAILABLE, "silent stream")
+
+
+def check_token(conn: AgentStream, generation: int | None, refusals: Refusals) -> bool:
+    """Close ``conn`` when the bearer token changed since it authenticated (``generation``: the
+    current one, None without a token): the agent reconnects with the token its file holds now, or
+    is refused. True when closed."""
+    if generation is None or conn.token_generation == generation or conn.closed:
+        return False
+    refusals.refuse(L.REFUSED_TOKEN_ROTATED, f"stream of agent {str(conn.agent_id)[:64]} ({conn.peer}) "
+                    "authenticated with a bearer token since rotated; closed", agent=conn.agent_id)
+    conn.close(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was rotated: reconnect with the new one")
+    return True

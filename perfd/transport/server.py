@@ -40,6 +40,7 @@ from perfd.transport.admission import (
     authenticate,
     check_agent_id,
     check_liveness,
+    check_token,
     trim_batch,
 )
 from perfd.transport.codec import (
@@ -297,7 +298,7 @@ class IngestServer:
                       context: Any) -> AsyncIterator[pb.AggregatorMessage]:
         loop = asyncio.get_running_loop()
         try:
-            identity, token_gen = authenticate(context, self.token)
+            identity, token_gen = authenticate(context, self.token)  # and the token's generation
             admit_stream(self._open, self.loop_lag_s, self.limits)
         except StreamRefused as exc:
             self.refusals.refuse(exc.reason, str(exc))
@@ -311,8 +312,7 @@ class IngestServer:
                     pass
             await context.abort(exc.code, str(exc))
             return
-        conn = AgentStream(peer=str(context.peer()), identity=identity, now=loop.time())
-        conn.token_generation = token_gen
+        conn = AgentStream(str(context.peer()), identity, loop.time(), token_gen)
         self._open += 1
         self.streams_opened += 1
         reader = asyncio.create_task(self._read(request_iterator, conn))
@@ -385,19 +385,8 @@ class IngestServer:
             gen = self.token.current()[1] if self.token is not None else None  # one stat a tick
             for conn in list(self._conns):
                 check_liveness(conn, now, self.limits, self.refusals)
-                if gen is not None and conn.token_generation != gen and not conn.closed:
-                    self._token_rotated(conn)
+                self.streams_closed_token_rotated += check_token(conn, gen, self.refusals)
             self._publish()
-
-    def _token_rotated(self, conn: AgentStream) -> None:
-        """The token changed since ``conn`` authenticated: close it (the agent reconnects with the
-        token its file holds now, or is refused)."""
-        self.streams_closed_token_rotated += 1
-        self.refusals.refuse(L.REFUSED_TOKEN_ROTATED, f"stream of agent {str(conn.agent_id)[:64]} "
-                             f"({conn.peer}) authenticated with a bearer token since rotated; closed",
-                             agent=conn.agent_id)
-        conn.close(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was rotated: reconnect with the new "
-                   "one")
 
     def _durable(self, conn: AgentStream, agent: str) -> bool:
         """False when writes of ``agent`` not yet acknowledged were lost (a failed commit): the
@@ -545,8 +534,7 @@ class IngestServer:
         return None if admit is None else (lambda sid, s: admit(agent, sid, s))
 
     def _deliver(self, agent: str, conn: AgentStream, b: pb.Batch) -> None:
-        cut = trim_batch(agent, conn, b, self.limits, self.refusals)
-        if cut is None:
+        if (cut := trim_batch(agent, conn, b, self.limits, self.refusals)) is None:
             return
         self.event_bytes_cut += cut
         try:
@@ -595,8 +583,7 @@ class IngestServer:
             "batches": self.batches,
             "samples": self.samples,
             "steps": self.steps,
-            "events": self.events,
-            "event_bytes_cut": self.event_bytes_cut,
+            "events": self.events, "event_bytes_cut": self.event_bytes_cut,
             "duplicates": self.duplicates,
             "gaps": self.gaps,
             "gap_batches": self.gap_batches,
