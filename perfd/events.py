@@ -55,11 +55,16 @@ class EventKind:
     producer: str
     consumers: tuple[str, ...]
     description: str
+    # A consumer besides the event log reads the whole payload (a state kind, the capture records, the
+    # hang merge): the event is kept whole up to the wire cap. Any other kind is only read in the log,
+    # and is kept there (and journalled) cut to perfd.limits.MAX_KEPT_EVENT_BYTES (:func:`cut`).
+    whole: bool = False
 
 
 def _k(name: str, payload: Literal["none", "list", "mapping", "any"], state: bool, producer: str,
-       consumers: tuple[str, ...], description: str, item: type | None = None) -> EventKind:
-    return EventKind(name, payload, item, state, producer, consumers, description)
+       consumers: tuple[str, ...], description: str, item: type | None = None,
+       whole: bool = False) -> EventKind:
+    return EventKind(name, payload, item, state, producer, consumers, description, whole or state)
 
 
 _AGG_LOG = "aggregator event log (/api/events)"
@@ -74,10 +79,10 @@ SERVING_DATA = _k("serving_data", "mapping", True, "collectors/sglang",
                   "SGLang log records, server facts and a /metrics scrape (perfd.model.ServingData)")
 NCCL_HANG = _k("nccl_hang", "mapping", False, "collectors/nccl (Flight Recorder hang detector)",
                ("perfd/aggregator/collectives.py: hangs merged across agents", _AGG_LOG),
-               "A collective stuck past the hang threshold (and its resolution)")
+               "A collective stuck past the hang threshold (and its resolution)", whole=True)
 HOOK_PROFILE = _k("hook_profile", "mapping", False, "collectors/hook",
                   ("perfd/agent/captures.py: cudaProfilerApi ranges",),
-                  "A rank's step hook state (profiler range open/closed)")
+                  "A rank's step hook state (profiler range open/closed)", whole=True)
 GPU_LOST = _k("gpu_lost", "none", False, "collectors/nvml", (_AGG_LOG,), "A GPU fell off the bus")
 XID = _k("xid", "mapping", False, "collectors/nvml", (_AGG_LOG,), "An XID error on a GPU")
 VALIDATION = _k("validation", "any", False, "collectors/megatron (parser)", (_AGG_LOG,),
@@ -90,16 +95,20 @@ REPLAY_FINISHED = _k("replay_finished", "none", False, "collectors/nvml (replay)
 RULE_FIRING = _k("rule_firing", "mapping", False, "perfd/aggregator/captures.py (rules engine)",
                  (_AGG_LOG, "perfd.exporters.wandb"), "A rule started firing")
 CAPTURE_STARTED = _k("capture_started", "any", False, "perfd/capture/manager.py (agent)",
-                     ("perfd/aggregator/captures.py: capture records", _AGG_LOG), "A capture began")
+                     ("perfd/aggregator/captures.py: capture records", _AGG_LOG), "A capture began",
+                     whole=True)
 CAPTURE_FINISHED = _k("capture_finished", "any", False, "perfd/capture/manager.py (agent)",
                       ("perfd/aggregator/captures.py: capture records", _AGG_LOG),
-                      "A capture finished; payload: its analysis and artifacts")
+                      "A capture finished; payload: its analysis and artifacts", whole=True)
 CAPTURE_FAILED = _k("capture_failed", "any", False, "perfd/capture/manager.py (agent)",
-                    ("perfd/aggregator/captures.py: capture records", _AGG_LOG), "A capture failed")
+                    ("perfd/aggregator/captures.py: capture records", _AGG_LOG), "A capture failed",
+                    whole=True)
 
 STEP_CONFLICT = _k("step_conflict", "mapping", False, "perfd/aggregator/state.py (job store)",
                    (_AGG_LOG,), "Step records of a job from one agent for (iteration, rank) pairs held from "
-                   "another: refused, the held ones kept (payload: job, holder, sender, iterations)")
+                   "another: refused, the held ones kept; or (outcome: replaced) the held ones were written "
+                   "ahead of the job and the agent continuing it took them (payload: job, holder, sender, "
+                   "iterations)")
 INCIDENT_OPENED = _k("incident_opened", "mapping", False, "perfd/aggregator/incidents.py",
                      (_AGG_LOG, "Alertmanager/Grafana via /api/events"),
                      "A stretch of iterations departs from steady state (who, why, cost so far)")
@@ -116,6 +125,32 @@ CAPTURE_PROGRESS: dict[str, str] = {  # capture event kind -> capture record sta
 
 def get(name: str) -> EventKind | None:
     return KINDS.get(name)
+
+
+def kept_whole(name: str) -> bool:
+    """Whether events of kind ``name`` are journalled whole (see EventKind.whole); an unknown kind is
+    only ever shown in the log."""
+    kind = KINDS.get(name)
+    return kind is not None and kind.whole
+
+
+CUT_MARK = "… [cut]"
+
+
+def cut(text: str, payload_json: str, cap: int) -> tuple[str, str, int]:
+    """What is kept of one event's ``text`` and payload (as JSON) within ``cap`` bytes of UTF-8
+    together, and how many bytes went. The text keeps its first quarter of the cap (marked as cut);
+    a payload that does not fit what is left is replaced by ``{"cut_bytes": N}`` — never half a JSON
+    document. Within the cap both come back as they were, 0 cut."""
+    t, p = len(text.encode()), len(payload_json.encode())
+    if t + p <= cap:
+        return text, payload_json, 0
+    if t > cap // 4:
+        text = text.encode()[:cap // 4].decode("utf-8", "ignore") + CUT_MARK
+    room = cap - len(text.encode())
+    if p > room:
+        payload_json = f'{{"cut_bytes": {p}}}'
+    return text, payload_json, t + p - len(text.encode()) - len(payload_json.encode())
 
 
 def payload_of(ev: Mapping[str, Any], kind: EventKind) -> Any:

@@ -33,6 +33,12 @@ HELLO_TIMEOUT_S = 10.0  # a stream that has not said Hello by then is closed
 REFUSAL_DRAIN_S = 1.0
 MAX_SERIES_PER_AGENT = 50_000  # series definitions one agent may hold at the aggregator
 MAX_EVENT_BYTES = 256 << 10  # one event on the wire (text + labels + payload)
+# What the aggregator keeps of one history event (in its event log, its journal and its documents):
+# its text and payload within this many bytes, the rest cut and counted (reason event_cut). Kinds
+# whose payload another part reads whole (perfd.events: EventKind.whole) are journalled whole, and
+# only the event log's copy is cut. 2,400 events of 250 KB once grew the state file by 390 MB.
+MAX_KEPT_EVENT_BYTES = 16 << 10
+MAX_EVENT_LOG_BYTES = 16 << 20  # the event log (/api/events, the events document), all events together
 
 # Liveness (measured in tests/faults: a half-open link is noticed within LIVENESS_BUDGET_S).
 KEEPALIVE_TIME_S = 10.0  # gRPC HTTP/2 ping interval, both sides
@@ -94,6 +100,18 @@ MAX_NCU_TIME_BUDGET_S = 1_800.0
 # perfd.exporters.httpd: one thread reads and writes every connection, workers only compute, so a
 # slow or idle client costs a buffer, never a thread; these bound what a connection may hold.
 MAX_HTTP_BODY_BYTES = 1 << 20
+# Answers: one answer larger than this is not sent (503, ``http_answer``: ask for less — the event
+# log is paged); all answers waiting for their clients to read them together at most the second,
+# the connection that has read nothing for longest making room (30 clients that never read a 50 MB
+# /api/events once held 2 GB).
+MAX_HTTP_ANSWER_BYTES = 64 << 20
+MAX_HTTP_OUTPUT_BYTES = 256 << 20
+# The kernel's send buffer of each HTTP connection (SO_SNDBUF; Linux doubles it): loopback autotuning
+# let one unread answer park 4 MB in the kernel, past every bound above.
+HTTP_SEND_BUFFER_BYTES = 256 << 10
+EVENTS_PAGE = 200  # /api/events: events per page by default (?limit=) ...
+MAX_EVENTS_PAGE = 1000  # ... at most ...
+MAX_EVENTS_PAGE_BYTES = 1 << 20  # ... and about this many bytes of events
 MAX_HTTP_HEAD_BYTES = 64 << 10  # request line and headers (431 beyond)
 HTTP_HEADER_TIMEOUT_S = 5.0  # the request line and every header within this long of the accept
 HTTP_REQUEST_TIMEOUT_S = 30.0  # head and body within this long (1 MiB at 35 KB/s)
@@ -111,6 +129,7 @@ REFUSAL_LOG_INTERVAL_S = 60.0
 
 # ---- reasons of perfd_aggregator_refused_total ---------------------------------------------------
 REFUSED_UNAUTHENTICATED = "unauthenticated"  # no or wrong token / client certificate
+REFUSED_TOKEN_ROTATED = "token_rotated"  # an open stream closed: its bearer token was rotated since
 REFUSED_IDENTITY = "identity_mismatch"  # an agent id claimed by other credentials
 REFUSED_POLICY = "identity_policy"  # an agent id or a job the identity policy does not give that identity
 REFUSED_NOT_HOST = "not_host"  # step records or job info from an agent not hosting the job
@@ -124,6 +143,7 @@ REFUSED_SERIES = "series_cap"
 REFUSED_SERIES_QUOTA = "series_quota"  # an identity at its own share of the series cap
 REFUSED_LABELS = "label_cap"  # too many labels or a label value too long
 REFUSED_EVENT_BYTES = "event_bytes"
+REFUSED_EVENT_CUT = "event_cut"  # an event kept cut to MAX_KEPT_EVENT_BYTES (counted per event)
 REFUSED_CAPTURE_RATE = "capture_rate"
 REFUSED_CAPTURE_STEPS = "capture_steps"
 REFUSED_WEBHOOK_ALERTS = "webhook_alerts"
@@ -131,21 +151,28 @@ REFUSED_HTTP_BODY = "http_body"
 REFUSED_HTTP_CONNECTIONS = "http_connections"  # MAX_HTTP_CONNECTIONS or a lane's queue full
 REFUSED_HTTP_DEADLINE = "http_deadline"  # a request (or the reading of its answer) past its deadline
 REFUSED_HTTP_HEAD = "http_head"  # a head over MAX_HTTP_HEAD_BYTES
+# An answer over MAX_HTTP_ANSWER_BYTES, or a connection closed to keep MAX_HTTP_OUTPUT_BYTES.
+REFUSED_HTTP_ANSWER = "http_answer"
 REFUSED_JOB_INFO_VALUE = "job_info_value"  # a value outside perfd.bounds (it becomes absent)
 # A step record for an (iteration, rank) of a job already held from another agent: the held one stays
 # (event perfd.events.STEP_CONFLICT names both agents).
 REFUSED_STEP_CONFLICT = "step_conflict"
 REFUSED_WORSE_DUPLICATE = "worse_duplicate"  # a copy of a held step record lacking some of its values
+# Held step records of an agent that wrote a job's iterations ahead of it, replaced by the records of
+# the host that continues the job (docs/reliability.md "Who may write a job"); counted under that agent.
+REFUSED_STEP_AHEAD = "step_ahead"
 # What perfd.exporters.httpd counts (the agent's /metrics and the aggregator's HTTP alike): the
 # agent serves perfd_agent_http_refused_total for each from 0.
-REFUSED_HTTP_REASONS = (REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_HTTP_DEADLINE, REFUSED_HTTP_HEAD)
+REFUSED_HTTP_REASONS = (REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_HTTP_DEADLINE, REFUSED_HTTP_HEAD,
+                        REFUSED_HTTP_ANSWER)
 REFUSED_REASONS = (
-    REFUSED_UNAUTHENTICATED, REFUSED_IDENTITY, REFUSED_POLICY, REFUSED_NOT_HOST, REFUSED_STREAMS,
+    REFUSED_UNAUTHENTICATED, REFUSED_TOKEN_ROTATED, REFUSED_IDENTITY, REFUSED_POLICY, REFUSED_NOT_HOST,
+    REFUSED_STREAMS,
     REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_OVERLOADED, REFUSED_JOBS, REFUSED_JOBS_QUOTA,
-    REFUSED_SERIES, REFUSED_SERIES_QUOTA, REFUSED_LABELS, REFUSED_EVENT_BYTES, REFUSED_CAPTURE_RATE,
-    REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
-    REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_HTTP_DEADLINE, REFUSED_HTTP_HEAD,
-    REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE,
+    REFUSED_SERIES, REFUSED_SERIES_QUOTA, REFUSED_LABELS, REFUSED_EVENT_BYTES, REFUSED_EVENT_CUT,
+    REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
+    *REFUSED_HTTP_REASONS,
+    REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE, REFUSED_STEP_AHEAD,
 )
 
 

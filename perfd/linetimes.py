@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
+import stat
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,14 @@ class LineTimes:
 
     def refresh(self) -> None:
         try:
-            with self.path.open("rb") as fh:
+            # Opened without blocking and read only as a regular file: a FIFO put at the path would
+            # otherwise hold the collector until a writer came (the log tail does the same).
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    self._count("not_regular")
+                    return
+                os.set_blocking(fd, True)
                 fh.seek(self._pos)
                 data = fh.read()
         except FileNotFoundError:

@@ -222,12 +222,15 @@ def start_aggregator(
     http_port: int = 0,
     timeout: float = 30.0,
     name: str = "aggregator",
+    verbose: bool = False,
 ) -> tuple[int, int, str]:
     """``perfd aggregator`` on loopback, gRPC on a free port, ``args`` added (rules and such); waits
-    for its ready file (``out/agg.ready`` unless given). Returns (gRPC port, HTTP port, base URL)."""
+    for its ready file (``out/agg.ready`` unless given). Returns (gRPC port, HTTP port, base URL).
+    ``verbose``: ``perfd -v`` (its INFO lines in the log, e.g. what a restart restored)."""
     ready = ready or procs.out / "agg.ready"
     p = procs.perfd(
         name,
+        *(["-v"] if verbose else []),
         "aggregator",
         "--grpc-host",
         "127.0.0.1",

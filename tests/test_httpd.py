@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +32,8 @@ class _Handler(httpd.BufferedHandler):
             self.app.entered.release()
             self.app.release.wait(30)
         body = b"ok\n"
+        if self.path.startswith("/api/mb/"):  # an answer of that many MB
+            body = b"x" * int(float(self.path.rsplit("/", 1)[1]) * 1e6)
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -94,3 +97,44 @@ def test_a_head_over_the_cap_is_refused(server: tuple[httpd.HttpServer, _App]) -
             got += chunk
     assert got.startswith(b"HTTP/1.0 431 ")
     assert srv.refusals.get(L.REFUSED_HTTP_HEAD) == 1
+
+
+def _read_all(s: socket.socket) -> bytes:
+    got = b""
+    while chunk := s.recv(1 << 16):
+        got += chunk
+    return got
+
+
+def test_answers_waiting_to_be_read_are_bounded_per_connection_and_in_all(
+        server: tuple[httpd.HttpServer, _App]) -> None:
+    """Clients that ask for a large answer and never read it hold at most the server's output bound:
+    those that have read nothing for longest are closed when a new answer needs room; an answer over
+    the per-connection bound is not sent at all (issue 36 item 4: 30 such clients held 2 GB)."""
+    srv, _ = server
+    srv.max_answer_bytes, srv.max_output_bytes = 4_000_000, 8_000_000
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        s.sendall(b"GET /api/mb/5 HTTP/1.0\r\n\r\n")
+        assert _read_all(s).startswith(b"HTTP/1.0 503 ")
+    assert srv.refusals.get(L.REFUSED_HTTP_ANSWER) == 1
+    stalled = []
+    for _ in range(10):  # 3 MB each, never read: 30 MB asked for
+        c = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        c.sendall(b"GET /api/mb/3 HTTP/1.0\r\n\r\n")
+        stalled.append(c)
+    try:
+        deadline = time.monotonic() + 30
+        while srv.answers < 1 + 10 and time.monotonic() < deadline:
+            time.sleep(0.05)  # every answer begun (each made room, or was refused)
+        assert srv.answers == 11 and srv.output_bytes <= srv.max_output_bytes
+        # ~3 of 10 fit (the kernel holds ~0.5 MB of each): the others made room or were refused
+        assert srv.refusals.get(L.REFUSED_HTTP_ANSWER) >= 1 + 5
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as reader:
+            reader.sendall(b"GET /api/mb/3 HTTP/1.0\r\n\r\n")
+            got = _read_all(reader)  # room is made for a client that reads
+        assert got.startswith(b"HTTP/1.0 200 ") and len(got) > 3_000_000
+        assert srv.output_bytes <= srv.max_output_bytes
+    finally:
+        for c in stalled:
+            c.close()

@@ -101,3 +101,68 @@ def test_the_rules_loop_prunes_the_journal_even_while_ingest_holds_a_transaction
     assert [b for _, _, b in store.replay()] == [b"\x08", b"\x09", b"\x0a"]
     assert store.stats()["journal_batches"] == 3 and store.pruned == 8
     store.close()
+
+
+def test_a_state_file_of_an_older_build_keeps_one_hello_per_agent(tmp_path: Path) -> None:
+    """Before, every Hello was a journal row, never pruned and replayed at each start."""
+    tmp_path.chmod(0o700)
+    db = sqlite3.connect(str(tmp_path / "state.sqlite3"))
+    db.executescript("""CREATE TABLE journal (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL,
+                        kind TEXT NOT NULL, agent TEXT NOT NULL, body BLOB NOT NULL);""")
+    rows = [(float(i), HELLO, f"a{i % 3}", f'["j{i}"]'.encode()) for i in range(30)]
+    rows.insert(10, (10.5, BATCH, "a0", b"\x01"))
+    db.executemany("INSERT INTO journal (t, kind, agent, body) VALUES (?, ?, ?, ?)", rows)
+    db.commit()
+    db.close()
+    s = StateStore(tmp_path)
+    assert list(s.replay()) == [(HELLO, "a0", b'["j27"]'), (HELLO, "a1", b'["j28"]'),
+                                (HELLO, "a2", b'["j29"]'), (BATCH, "a0", b"\x01")]
+    assert s.stats()["hellos"] == 3 and s.stats()["journal_batches"] == 1
+
+
+def test_the_state_is_pruned_by_bytes_oldest_batches_first(tmp_path: Path) -> None:
+    s = StateStore(tmp_path, max_bytes=10_000)
+    s.put_hello("a", b"[]")
+    for i in range(20):
+        s.journal(BATCH, "a", bytes([i]) * 1000)
+    assert s.commit()
+    assert s.prune() == 11 and s.held_bytes() <= 10_000
+    assert [b[0] for k, _, b in s.replay() if k == BATCH] == list(range(11, 20))
+    assert s.stats()["pruned_for_bytes"] == 11
+
+
+def test_a_pruned_job_leaves_the_state_and_a_tombstone_hides_it_in_batches_of_several_jobs(
+        tmp_path: Path) -> None:
+    from perfd.aggregator.main import Aggregator, AggregatorConfig
+    from perfd.model import StepRecord
+    from perfd.transport.codec import encode_batch
+    from perfd.transport.series import SeriesTable
+
+    def cfg() -> AggregatorConfig:
+        return AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], state_dir=str(tmp_path))
+
+    agg = Aggregator(cfg())
+    j = agg.server.journal
+    assert j is not None and agg.store is not None
+
+    def batch(seq: int, *jobs: str) -> None:
+        steps = [StepRecord(job=job, iteration=seq, rank="last", end_time=1e9 + seq, step_time_ms=100.0)
+                 for job in jobs]
+        j.batch("a", encode_batch("a", seq, (), steps, (), SeriesTable()))
+
+    batch(1, "old")
+    batch(2, "old", "other")
+    batch(3, "other")
+    assert agg.store.commit()
+    assert agg.store.forget_job("old") == 1  # its own row; the mixed one stays, behind a tombstone
+    assert agg.store.commit()
+    assert set(agg.store.tombstones()) == {"old"}
+    agg.store.close()
+    again = Aggregator(cfg())
+    assert again.store is not None
+    from perfd.aggregator.durable import restore
+
+    got = restore(again, again.store)
+    assert got["batches"] == 2 and again.state.job_names() == ["other"]
+    assert sorted(k[0] for k in again.state.jobs.jobs["other"].records) == [2, 3]
+    again.store.close()

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from collectors.megatron.gaps import TailGaps
 from collectors.megatron.parser import MegatronLogParser
 from collectors.megatron.tail import LogTail, TailPosition
 from perfd.collector import Capabilities, Collected, Collector
@@ -59,8 +60,7 @@ class MegatronCollector(Collector):
                              f"max_bytes_per_collect ({2 * self.max_bytes_per_collect}), "
                              f"got {self.max_lag_bytes}")
         self._skips_seen = 0
-        self._unread_seen = 0  # the tail's truncations_unread already reported
-        self._lost_at_resume: int | None = None  # the checkpoint's offset, when its file was gone
+        self.gaps = TailGaps(self.name, self.path, self.job, self.count_error)  # lost log: LOG_GAP events
         self.parser = MegatronLogParser(job=self.job, source_name=Path(self.path).name)
         self.tail: LogTail | None = None
         lt = config.get("line_times")
@@ -102,7 +102,7 @@ class MegatronCollector(Collector):
                         self.path, pos.offset, " of its rotated copy .1, then the new log from its start"
                         if self.tail.counts.get("resumed_rotated") else "")
         elif pos is not None:
-            self._lost_at_resume = pos.offset
+            self.gaps.lost_at_resume(pos.offset)
 
     def collect(self, now: float) -> Collected:
         out = Collected()
@@ -115,9 +115,7 @@ class MegatronCollector(Collector):
             self._tail_errors_seen[reason] = n
         if self.tail.counts.get("skips", 0) != self._skips_seen:
             self._skipped_ahead(out)
-        unread = self.tail.counts.get("truncations_unread", 0)
-        if self._lost_at_resume is not None or unread != self._unread_seen:
-            self._unread_lost(out)
+        out.events.extend(self.gaps.events(self.tail))
         if self.tail.max_lag_bytes is None and self.parser.pending is not None:
             self.tail.max_lag_bytes = self.max_lag_bytes  # an iteration line: the start-up block is read
         mono = time.monotonic()
@@ -177,29 +175,6 @@ class MegatronCollector(Collector):
                                    f"{skipped} bytes not read in all",
                            "payload": {"skipped_bytes_total": skipped, "skips": self._skips_seen,
                                        "after_iteration": last, "path": self.path}})
-
-    def _unread_lost(self, out: Collected) -> None:
-        """The log was truncated or rotated and its unread part could not be read (no copy
-        ``<log>.1`` holding it): count it and say so in a LOG_GAP event, as for a skip."""
-        assert self.tail is not None
-        at_resume, self._lost_at_resume = self._lost_at_resume, None
-        counts = self.tail.counts
-        if at_resume is not None:
-            what = (f"{self.path} is not the file of the checkpoint and no {Path(self.path).name}.1 holds "
-                    f"it: what was written after byte {at_resume} of the old file, if anything, was not read")
-            payload: dict[str, Any] = {"path": self.path, "checkpoint_offset": at_resume, "cause": "resume"}
-        else:
-            self._unread_seen = counts.get("truncations_unread", 0)
-            unread = counts.get("unread_bytes", 0)
-            what = (f"{self.path} was truncated (copytruncate or '>') with no {Path(self.path).name}.1 "
-                    f"holding its unread part: what was written since the last read is lost "
-                    f"(at least {unread} bytes in all)")
-            payload = {"path": self.path, "truncations_unread": self._unread_seen,
-                       "unread_bytes_at_least": unread, "cause": "truncation"}
-        self.count_error("tail:unread_lost", what)
-        log.warning("megatron: %s", what)
-        out.events.append({"kind": LOG_GAP.name, "severity": "warning", "time": time.time(), "job": self.job,
-                           "text": f"log lost before it was read: {what}", "payload": payload})
 
     def _checkpoint(self) -> dict[str, Any] | None:
         """Resume at the pending iteration's line (or after the last line when none is pending)."""

@@ -11,6 +11,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from collectors.megatron.gaps import TailGaps
 from collectors.megatron.tail import LogTail
 from collectors.sglang.metrics import scrape
 from collectors.sglang.parser import SglangLogParser
@@ -80,6 +81,7 @@ class SglangCollector(Collector):
         self._scrape: MetricsSnapshot | None = None
         self.parser = SglangLogParser(Path(self.log_path).name if self.log_path else "sglang.log")
         self.tail: LogTail | None = None
+        self.gaps: TailGaps | None = None
         self._last_scrape = -float("inf")
         self._tail_errors_seen: dict[str, int] = {}
         # catching_up: collects that sent nothing while reading an old log; records_pruned: records
@@ -95,12 +97,15 @@ class SglangCollector(Collector):
     def start(self) -> None:
         if self.log_path is not None:
             self.tail = LogTail(self.log_path, from_start=self.from_start)
+            self.gaps = TailGaps(self.name, self.log_path, self.job, self.count_error)
 
     def collect(self, now: float) -> Collected:
         out = Collected()
         behind = False
         if self.tail is not None:
             behind = self._read_log(now)
+            if self.gaps is not None:
+                out.events.extend(self.gaps.events(self.tail))
         mono = time.monotonic()
         if self.metrics_url is not None and mono - self._last_scrape >= self.scrape_interval_s:
             self._last_scrape = mono

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from collectors.megatron.gaps import TailGaps
 from collectors.megatron.tail import LogTail
 from collectors.torchtitan.parser import TorchtitanLogParser
 from perfd.analytics.gpus import normalize_dtype
@@ -64,6 +65,7 @@ class TorchtitanCollector(Collector):
         lt = config.get("line_times")
         self.line_times = LineTimes(str(lt)) if lt else None
         self.tail: LogTail | None = None
+        self.gaps = TailGaps(self.name, self.path, self.job, self.count_error)  # lost log: LOG_GAP events
         self._sent_info: JobInfo | None = None
         self._tail_errors_seen: dict[str, int] = {}
         self._issues_seen = 0
@@ -85,6 +87,7 @@ class TorchtitanCollector(Collector):
             for _ in range(n - self._tail_errors_seen.get(reason, 0)):
                 self.count_error(f"tail:{reason}", self.path)
             self._tail_errors_seen[reason] = n
+        out.events.extend(self.gaps.events(self.tail))
         lt = self.line_times
         for line, offset in lines:
             arrived = lt.time_for(offset) if lt is not None and "[titan]" in line else None

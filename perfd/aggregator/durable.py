@@ -11,14 +11,16 @@ reported, because the incident record comes back with it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sqlite3
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from perfd import limits as L
 from perfd.aggregator.store import BATCH, HELLO, StateStore, StoreError
-from perfd.transport.codec import SAMPLE_FIELDS
+from perfd.transport.codec import SAMPLE_FIELDS, DecodedBatch
 from perfd.transport.gen import perfd_pb2 as pb
 
 if TYPE_CHECKING:
@@ -30,13 +32,15 @@ AGGREGATOR_AGENT = "aggregator"  # the agent id the aggregator's own events carr
 
 
 class Journal:
-    """perfd.transport.delivery.IngestJournal over a :class:`StateStore`."""
+    """perfd.transport.delivery.IngestJournal over a :class:`StateStore`. ``max_hello_jobs``: the
+    jobs of a Hello kept (the guard admits no more per agent: perfd.limits.MAX_JOBS_PER_AGENT)."""
 
-    def __init__(self, store: StateStore) -> None:
+    def __init__(self, store: StateStore, max_hello_jobs: int = L.MAX_JOBS_PER_AGENT) -> None:
         self.store = store
+        self.max_hello_jobs = max_hello_jobs
 
     def hello(self, agent_id: str, hello: pb.Hello) -> None:
-        self.store.journal(HELLO, agent_id, json.dumps(list(hello.jobs)).encode())
+        self.store.journal(HELLO, agent_id, json.dumps(list(hello.jobs[:self.max_hello_jobs])).encode())
 
     def batch(self, agent_id: str, batch: pb.Batch) -> None:
         if not (batch.steps or batch.events or batch.job_info_json or batch.collectives):
@@ -45,7 +49,7 @@ class Journal:
         kept.CopyFrom(batch)
         for name in SAMPLE_FIELDS:
             kept.ClearField(name)
-        self.store.journal(BATCH, agent_id, kept.SerializeToString())
+        self.store.journal(BATCH, agent_id, kept.SerializeToString(), only_job(batch))
         for job, text in batch.job_info_json.items():
             self.store.put_job_info(job, agent_id, text)
 
@@ -60,6 +64,22 @@ class Journal:
 
     def recover(self, agent_id: str) -> tuple[str, int] | None:
         return self.store.recover(agent_id)
+
+
+def only_job(batch: pb.Batch) -> str | None:
+    """The one job a batch's data names (its row goes when that job is pruned), None: several or none."""
+    jobs = {r.job for r in batch.steps} | set(batch.job_info_json) | {c.job for c in batch.collectives}
+    jobs |= {e.job for e in batch.events if e.job}
+    return next(iter(jobs)) if len(jobs) == 1 else None
+
+
+def _without(batch: DecodedBatch, gone: set[str]) -> DecodedBatch:
+    """The batch without what it holds of the pruned jobs ``gone`` (its row named other jobs too)."""
+    return dataclasses.replace(
+        batch, steps=[r for r in batch.steps if r.job not in gone],
+        job_info_json={j: t for j, t in batch.job_info_json.items() if j not in gone},
+        collectives=[c for c in batch.collectives if c.job not in gone],
+        events=[e for e in batch.events if e.get("job") not in gone])
 
 
 def restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
@@ -90,15 +110,27 @@ def _restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
 def _replay(agg: Aggregator, store: StateStore, counts: dict[str, int]) -> None:
     from perfd.transport.codec import decode_batch
 
+    # A Hello holds a job only while its stream is open, and none is at a restart: of the jobs it
+    # names, only those with data come back (their hosts matter); the others would be released at
+    # once (perfd.aggregator.lifecycle) and could only take room at the cap meanwhile.
+    with_data = store.journal_jobs()
+    # Pruned jobs whose tombstone is younger than the row being replayed: the rows come in arrival
+    # order, so the set only shrinks as the replay goes on.
+    tombs = sorted((when, job) for job, when in store.tombstones().items())
+    gone, k = {job for _, job in tombs}, 0
     for t, kind, agent, body in store.replay_timed():
         try:
             # Replayed at the time each row first arrived: a job that ended a day before the restart
             # is a day old again, not one that stepped a moment ago (perfd.aggregator.lifecycle).
             if kind == HELLO:
-                agg._on_hello_jobs(agent, [str(j) for j in json.loads(body)], float(t))
+                agg._on_hello_jobs(agent, [str(j) for j in json.loads(body) if str(j) in with_data], float(t))
                 counts["hellos"] += 1
             elif kind == BATCH:
-                agg.on_batch(agent, decode_batch(pb.Batch.FromString(body), {}), float(t))
+                batch = decode_batch(pb.Batch.FromString(body), {})
+                while k < len(tombs) and tombs[k][0] < float(t):
+                    gone.discard(tombs[k][1])
+                    k += 1
+                agg.on_batch(agent, _without(batch, gone) if gone else batch, float(t))
                 counts["batches"] += 1
         except Exception as exc:  # one bad row must not keep the aggregator down
             counts["unreadable"] += 1
@@ -118,6 +150,7 @@ def save_documents(agg: Aggregator, store: StateStore) -> None:
                         for k, b in eng.budgets().items()]})
     inc = agg.state.incidents
     store.put_doc("incidents", inc.export())
+    store.put_doc("new_normal", agg.state.jobs.new_normals())
     store.put_doc("events", [e for e in agg.state.recent_events(limit=10_000)
                              if e.get("agent") == AGGREGATOR_AGENT])
 
@@ -145,6 +178,9 @@ def _restore_documents(agg: Aggregator, store: StateStore) -> None:
     inc = store.get_doc("incidents")
     if inc:
         agg.state.incidents.load(inc)
+    for job, it in (store.get_doc("new_normal") or {}).items():
+        if isinstance(it, int):  # a job pruned since is not held: nothing to set
+            agg.state.jobs.set_new_normal(str(job), it)
     evs = store.get_doc("events") or []
     if evs:
         agg.state.log.restore(evs)

@@ -4,16 +4,24 @@ A state event goes to the handler its kind registered (the node view for process
 serving view for serving reports, ...) and not into the log; a history event goes into the
 bounded log and to every listener (the capture coordinator follows capture progress this way). A
 new source registers a handler for its kind: no branch here.
+
+Bounded by count (``max_events``) and by bytes (perfd.limits.MAX_EVENT_LOG_BYTES): the oldest go
+first. What the log keeps of one event is at most MAX_KEPT_EVENT_BYTES of text and payload
+(perfd.events.cut; handlers and listeners got it whole), counted in ``cut`` and ``cut_bytes``. Each
+event kept gets a sequence number (``seq``, increasing), which /api/events pages by.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from perfd import events
+from perfd import limits as L
 
 log = logging.getLogger(__name__)
 
@@ -23,14 +31,35 @@ Listener = Callable[[Mapping[str, Any]], None]
 MAX_EVENTS = 1000  # history kept for /api/events, newest last
 
 
+def kept(ev: Mapping[str, Any]) -> tuple[dict[str, Any], int, int]:
+    """(what the log keeps of ``ev``, the bytes cut, its size as kept): text and payload within
+    MAX_KEPT_EVENT_BYTES (perfd.events.cut)."""
+    out = dict(ev)
+    text = str(out.get("text") or "")
+    payload = json.dumps(out.get("payload"), default=str) if out.get("payload") is not None else ""
+    t, p, n = events.cut(text, payload, L.MAX_KEPT_EVENT_BYTES)
+    if n:
+        out["text"] = t
+        out["payload"] = json.loads(p) if p else None
+    size = len(t) + len(p) + 256 + sum(len(str(k)) + len(str(v)) for key in ("labels", "links")
+                                       for k, v in (out.get(key) or {}).items())
+    return out, n, size
+
+
 class EventLog:
-    def __init__(self, max_events: int = MAX_EVENTS) -> None:
+    def __init__(self, max_events: int = MAX_EVENTS, max_bytes: int = L.MAX_EVENT_LOG_BYTES) -> None:
         self._lock = threading.Lock()
-        self.events: list[dict[str, Any]] = []
+        self.events: deque[dict[str, Any]] = deque()
+        self._sizes: deque[int] = deque()  # each event's size as kept, in the order of ``events``
+        self.bytes = 0
         self.handlers: dict[str, list[Handler]] = {}
         self.listeners: list[Listener] = []
         self.max_events = max_events
+        self.max_bytes = max_bytes
         self.ingested = 0
+        self.seq = 0  # the last event's sequence number
+        self.cut = 0  # events kept cut
+        self.cut_bytes = 0
         self.malformed: dict[str, int] = {}  # kind -> events refused for a malformed payload
 
     def handle(self, kind: events.EventKind, handler: Handler) -> None:
@@ -53,22 +82,65 @@ class EventLog:
             history.append({**ev, "agent": agent_id})
         with self._lock:
             self.ingested += len(evs)
-            self.events.extend(history)
-            del self.events[:-self.max_events]
+            self._keep(history)
         for listener in self.listeners:
             for ev in evs:
                 listener(ev)
 
+    def _keep(self, evs: Sequence[Mapping[str, Any]]) -> None:
+        """Append (lock held), each cut to what is kept and numbered; the oldest leave past the caps."""
+        for ev in evs:
+            out, n, size = kept(ev)
+            if n:
+                self.cut += 1
+                self.cut_bytes += n
+            self.seq += 1
+            out["seq"] = self.seq
+            self.events.append(out)
+            self._sizes.append(size)
+            self.bytes += size
+        while self.events and (len(self.events) > self.max_events or self.bytes > self.max_bytes):
+            self.events.popleft()
+            self.bytes -= self._sizes.popleft()
+
     def restore(self, evs: Sequence[Mapping[str, Any]]) -> None:
         """Events read back from a state store, merged in time order (no handler or listener runs:
-        they did when the events first happened)."""
+        they did when the events first happened); numbered anew."""
         with self._lock:
-            self.events.extend(dict(e) for e in evs)
-            self.events.sort(key=lambda e: float(e.get("time") or 0.0))
-            del self.events[:-self.max_events]
+            merged = sorted([*self.events, *(dict(e) for e in evs)],
+                            key=lambda e: float(e.get("time") or 0.0))
+            self.events.clear()
+            self._sizes.clear()
+            self.bytes = 0
+            self._keep(merged)
 
     def recent(self, job: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        return self.page(job, limit)[0]
+
+    def page(self, job: str | None = None, limit: int = 200, after: int | None = None,
+             max_bytes: int | None = None) -> tuple[list[dict[str, Any]], bool]:
+        """(events, more): with ``after`` (a ``seq``) the oldest events after it, else the newest —
+        at most ``limit`` and about ``max_bytes`` (at least one), oldest first either way; ``more``:
+        events past the page's end (with ``after``) or before its start (without) were left out."""
         with self._lock:
-            evs = [e for e in self.events if job is None or e.get("job") in ("", None, job)
-                   or (e.get("labels") or {}).get("job") == job]
-        return evs[-limit:]
+            rows = [(e, size) for e, size in zip(self.events, self._sizes, strict=True)
+                    if (after is None or e["seq"] > after) and _of_job(e, job)]
+        order = rows if after is not None else rows[::-1]
+        out: list[dict[str, Any]] = []
+        total = 0
+        for e, size in order:
+            if len(out) >= limit or (max_bytes is not None and out and total + size > max_bytes):
+                break
+            out.append(e)
+            total += size
+        more = len(out) < len(rows)
+        return (out if after is not None else out[::-1]), more
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"held": len(self.events), "bytes": self.bytes, "last_seq": self.seq, "cut": self.cut,
+                    "cut_bytes": self.cut_bytes}
+
+
+def _of_job(e: Mapping[str, Any], job: str | None) -> bool:
+    return job is None or e.get("job") in ("", None, job) or (e.get("labels") or {}).get("job") == job

@@ -4,8 +4,11 @@ Hosts of a job (docs/reliability.md, "Who may write a job"): the agents whose He
 (its ``--job``, or the job of its ``--launch-manifest``), plus the first agent that reported the
 job's job info or step records when no Hello had named it. Only hosts may write a job's step
 records and job info; anything else is refused and counted (``not_host``). Capture commands go to
-hosts only. Since an agent id is bound to its credentials (perfd.transport.server), a host cannot
-be impersonated by a client holding other credentials.
+hosts only. Between two hosts writing the same iteration, :meth:`Guard.standing` says who is
+trusted more (a Hello-named host over a first writer), and the job store lets the host that
+continues the job take an iteration another wrote ahead of it. Since an agent id is bound to its
+credentials (perfd.transport.server), a host cannot be impersonated by a client holding other
+credentials.
 
 With an identity policy (``--identity-policy``, mutual TLS; perfd.transport.security) an agent may
 name, host and write only the jobs its certificate's entry gives it (``identity_policy``), whether
@@ -56,6 +59,7 @@ class Guard:
         self.make_room: MakeRoom | None = None  # set by the lifecycle
         self._lock = threading.Lock()  # the HTTP thread reads hosts (capture routing)
         self._hosts: dict[str, set[str]] = {}
+        self._named: dict[str, set[str]] = {}  # job -> the hosts whose Hello names it (standing 2)
         self._holders: dict[str, set[str]] = {}  # job -> agents holding it
         self._held_by: dict[str, set[str]] = {}  # agent -> jobs it holds
         self._agent_identity: dict[str, str] = {}  # agent -> the identity its holds count against
@@ -132,8 +136,18 @@ class Guard:
             if self._admit(job, agent):
                 with self._lock:
                     self._hosts.setdefault(job, set()).add(agent)
+                    self._named.setdefault(job, set()).add(agent)
                 out.append(job)
         return out
+
+    def standing(self, job: str, agent: str) -> int:
+        """How far ``agent``'s step records of ``job`` are trusted against another agent's for the same
+        iteration (perfd.aggregator.jobs.JobStore._outranks): 2, a host its Hello named; 1, the host
+        that only wrote first (no Hello named the job then); 0, no host."""
+        with self._lock:
+            if agent in self._named.get(job, ()):
+                return 2
+            return 1 if agent in self._hosts.get(job, ()) else 0
 
     def may_write(self, agent: str, job: str, what: str, n: int = 1) -> bool:
         """Whether ``agent`` may write ``job``'s step records / job info (it becomes the host of a
@@ -177,9 +191,11 @@ class Guard:
                 hosts = self._hosts.get(job)
                 if hosts is not None:
                     hosts.discard(agent)
+                self._named.get(job, set()).discard(agent)
                 if not holders:
                     del self._holders[job]
                     self._hosts.pop(job, None)
+                    self._named.pop(job, None)
                     gone.append(job)
         return gone
 
@@ -189,6 +205,7 @@ class Guard:
             for agent in self._holders.pop(job, set()):
                 self._unhold(agent, job)
             self._hosts.pop(job, None)
+            self._named.pop(job, None)
 
     def _unhold(self, agent: str, job: str) -> None:
         mine = self._held_by.get(agent)

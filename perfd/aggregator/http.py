@@ -283,6 +283,26 @@ class _Handler(httpd.BufferedHandler):
             self._json(400, {"error": f"unparsable request target {self.path[:80]!r}"})
         return path
 
+    def _events(self) -> None:
+        """GET /api/events[?limit=N][&cursor=SEQ][&job=JOB]: without a cursor the newest events,
+        with one those after it; at most MAX_EVENTS_PAGE and about MAX_EVENTS_PAGE_BYTES a page,
+        oldest first. ``next_cursor``: pass it as ``cursor`` for what came after; ``more``: the page
+        left events out (after it with a cursor, before it without)."""
+        q = parse_qs(urlparse(self.path).query)
+        try:
+            limit = int(q.get("limit", [L.EVENTS_PAGE])[0])
+            cursor = int(q["cursor"][0]) if "cursor" in q else None
+        except ValueError:
+            self._json(400, {"error": "limit and cursor are integers"})
+            return
+        if not 1 <= limit <= L.MAX_EVENTS_PAGE or (cursor is not None and cursor < 0):
+            self._json(400, {"error": f"limit is 1..{L.MAX_EVENTS_PAGE}, cursor >= 0"})
+            return
+        log_ = self.app.state.log
+        evs, more = log_.page(q.get("job", [None])[0], limit, cursor, L.MAX_EVENTS_PAGE_BYTES)
+        last = evs[-1]["seq"] if evs else (cursor if cursor is not None else log_.seq)
+        self._json(200, {"events": evs, "next_cursor": last, "more": more})
+
     def do_POST(self) -> None:
         path = self._target()
         if path is None or not self._authorized(path):
@@ -314,7 +334,7 @@ class _Handler(httpd.BufferedHandler):
                 caps = self.app.captures
                 self._json(200, {"captures": caps.list() if caps else []})
             elif path == "/api/events":
-                self._json(200, {"events": state.recent_events()})
+                self._events()
             elif path == "/api/jobs":
                 self._json(200, {"jobs": [state.job_overview(j) for j in state.job_names()]})
             elif path.startswith("/api/jobs/") and path.endswith("/iterations"):
@@ -379,12 +399,35 @@ def _body_length(handler: _Handler) -> int | None:
     return None
 
 
-POST_PATHS = ("/api/captures", "/api/alertmanager")
+POST_PATHS = ("/api/captures", "/api/alertmanager", "/api/jobs/<job>/new-normal")
+NEW_NORMAL = "/new-normal"
+
+
+def _new_normal(handler: _Handler, job: str, body: dict[str, Any]) -> None:
+    """POST /api/jobs/<job>/new-normal [{"iteration": N}]: the job's lasting shift
+    (perfd.analytics.changepoint) is its new normal from iteration N (default: after the last one
+    held); its cost stops being counted there."""
+    it = body.get("iteration")
+    if it is not None and (not isinstance(it, int) or isinstance(it, bool) or it < 0):
+        handler._json(400, {"error": "'iteration' must be a non-negative integer"})
+        return
+    state = handler.app.state
+    at = state.jobs.set_new_normal(job, it)
+    if at is None:
+        handler._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
+        return
+    a = state.analysis(job, force=True)  # its incidents close now, not at the next tick
+    shifts = [i.evidence.get("change_point") for i in (a.incidents if a is not None else [])
+              if "change_point" in i.evidence]
+    handler._json(200, {"job_name": job, "new_normal_at": at, "change_points": shifts})
 
 
 def _post(handler: _Handler, path: str) -> None:
-    """POST /api/captures {job, ranks?, steps?, tool?} and POST /api/alertmanager (webhook v4)."""
-    if path not in POST_PATHS:  # before the body is parsed: nothing else takes one
+    """POST /api/captures {job, ranks?, steps?, tool?}, POST /api/alertmanager (webhook v4) and
+    POST /api/jobs/<job>/new-normal."""
+    shift_job = (unquote(path[len("/api/jobs/"):-len(NEW_NORMAL)])
+                 if path.startswith("/api/jobs/") and path.endswith(NEW_NORMAL) else None)
+    if path not in POST_PATHS and not shift_job:  # before the body is parsed: nothing else takes one
         handler._json(404, {"error": f"no POST handler for {path[:80]}", "paths": list(POST_PATHS)})
         return
     caps = handler.app.captures
@@ -400,6 +443,9 @@ def _post(handler: _Handler, path: str) -> None:
         return
     except ValueError as exc:
         handler._json(400, {"error": f"invalid JSON: {exc}"})
+        return
+    if shift_job:
+        _new_normal(handler, shift_job, body)
         return
     if caps is None:
         handler._json(503, {"error": "captures are not enabled on this aggregator"})

@@ -8,8 +8,10 @@ per batch), and outside the lock so that ingest never waits for it.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -51,11 +53,23 @@ RETAIN_ITERATIONS = 5000
 RETAIN_BYTES = 256 << 20
 
 
+_PREDECESSOR_PROBES = 8  # held iterations below a conflicting one looked at for its rank scope
+_ENTRY_BYTES = 40  # one slot of a dict, amortised (tracemalloc: 200 fields held 6.6 KB of dict)
+_RANK_MEMORY_BYTES = 232  # one rank's memory report: its dict ...
+_MEMORY_VALUE_BYTES = 100  # ... and each value in it
+
+
 def record_bytes(rec: StepRecord) -> int:
     """Estimated memory of a held record: measured with tracemalloc on parsed Megatron-LM records
-    (~83 bytes per per-rank timer value, ~1 KB for the rest); an estimate, cheap at ingest."""
+    (~83 bytes per per-rank timer value, ~1 KB for the rest), plus what its strings hold — the raw
+    key/value fields, the timer names — by ``sys.getsizeof`` (1,500 records with one 100 KB field
+    each held 150 MB that the estimate once did not see: issue 36 item 3). Cheap at ingest: no
+    string is walked."""
     per_rank = sum(len(tv.per_rank) for tv in rec.timers.values())
-    return 1024 + 256 * len(rec.timers) + 96 * per_rank
+    fields = sum(sys.getsizeof(k) + sys.getsizeof(v) + _ENTRY_BYTES for k, v in rec.fields.items())
+    names = sum(sys.getsizeof(n) for n in rec.timers)
+    memory = sum(_RANK_MEMORY_BYTES + _MEMORY_VALUE_BYTES * len(v) for v in rec.memory_mb.values())
+    return 1024 + 256 * len(rec.timers) + 96 * per_rank + fields + names + memory
 
 
 # The optional fields of a step record whose absence makes a copy of a held record worse (a field
@@ -75,11 +89,13 @@ def worse_than(new: StepRecord, held: StepRecord) -> bool:
 @dataclass
 class StepConflicts:
     """What :meth:`JobStore.ingest_steps` kept out: records of another agent for an (iteration,
-    rank) already held, by (job, the agent whose record is held); and copies worse than the held
-    record, by job."""
+    rank) already held, by (job, the agent whose record is held); copies worse than the held
+    record, by job; and the held records another agent's replaced (JobStore._outranks)."""
 
     other_agent: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     worse: dict[str, list[int]] = field(default_factory=dict)
+    # Held records of another agent replaced, by (job, the agent whose records they were).
+    displaced: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,6 +107,7 @@ class JobState:
     # agent that sent a record may replace it (``owner``), and never with a worse copy.
     records: dict[tuple[int, str], StepRecord] = field(default_factory=dict)
     owner: dict[tuple[int, str], str] = field(default_factory=dict)  # record key -> agent that sent it
+    iterations: list[int] = field(default_factory=list)  # the iterations held, sorted (for _outranks)
     agents: set[str] = field(default_factory=set)
     gpu_name: str | None = None  # from the NVML samples of the job's agents ("model" label)
     analysis: RunAnalysis | None = None
@@ -118,6 +135,9 @@ class JobState:
     folded: dict[int, tuple[tuple[StepRecord, ...], StepRecord]] = field(default_factory=dict)
     disturbed: dict[int, tuple[StepRecord, StepRecord]] = field(default_factory=dict)
     analysis_lock: threading.Lock = field(default_factory=threading.Lock)  # one analysis at a time
+    # The iteration from which the user took a lasting shift's level as the new normal
+    # (perfd.analytics.changepoint; POST /api/jobs/<job>/new-normal): its cost stops there.
+    new_normal_at: int | None = None
 
 
 @dataclass
@@ -128,6 +148,7 @@ class JobStats:
     evicted_iterations_bytes: int = 0  # of those, evicted for the byte bound
     analysis_errors: int = 0
     conflicts: int = 0  # records of another agent for an (iteration, rank) already held: kept out
+    displaced: int = 0  # records held from an agent that wrote them ahead of the job: replaced
     worse_duplicates: int = 0  # copies of a held record lacking some of its values: kept out
 
 
@@ -151,6 +172,8 @@ class JobStore:
         # its latest capture's timeline supports.
         self.class_inputs: Callable[[str], tuple[GpmReading | None, TimelineClass | None, str]] = \
             lambda job: (None, None, "")
+        # (job, agent) -> its standing as a writer of the job (perfd.aggregator.guard.Guard.standing).
+        self.standing: Callable[[str, str], int] = lambda job, agent: 0
 
     def _job(self, name: str) -> JobState:
         js = self.jobs.get(name)
@@ -211,13 +234,18 @@ class JobStore:
                     self.stats.dropped_steps += 1  # older than the window: it would leave at once
                     continue
                 old = js.records.get(key)
+                holder = js.owner.get(key, agent_id) if old is not None else agent_id
                 if old is not None:
-                    holder = js.owner.get(key, agent_id)
                     if holder != agent_id:
-                        self.stats.conflicts += 1
-                        out.other_agent.setdefault((rec.job, holder), []).append(rec.iteration)
-                        continue
-                    if worse_than(rec, old):
+                        if not self._outranks(js, key, agent_id, holder):
+                            self.stats.conflicts += 1
+                            out.other_agent.setdefault((rec.job, holder), []).append(rec.iteration)
+                            continue
+                        # The held record was written ahead of the job by an agent that does not
+                        # continue it (see _outranks): the job's own writer takes the iteration.
+                        self.stats.displaced += 1
+                        out.displaced.setdefault((rec.job, holder), []).append(rec.iteration)
+                    elif worse_than(rec, old):
                         self.stats.worse_duplicates += 1
                         out.worse.setdefault(rec.job, []).append(rec.iteration)
                         continue
@@ -231,10 +259,12 @@ class JobStore:
                         js.nan_total = (js.nan_total or 0) + max(0, rec.nan_iterations)
                 size = record_bytes(rec)
                 if old is None:
+                    if rec.iteration not in js.by_iteration:
+                        bisect.insort(js.iterations, rec.iteration)
                     js.by_iteration.setdefault(rec.iteration, []).append(key[1])
-                    js.owner[key] = agent_id
-                else:  # a re-sent or corrected record of the same agent replaces the held one
+                else:  # a re-sent or corrected record replaces the held one
                     size -= record_bytes(old)
+                js.owner[key] = agent_id
                 js.records[key] = rec
                 js.held_bytes += size
                 js.iteration_bytes[rec.iteration] = js.iteration_bytes.get(rec.iteration, 0) + size
@@ -244,6 +274,9 @@ class JobStore:
                         js.held_bytes > self.max_bytes and len(js.by_iteration) > 1):
                     by_bytes = len(js.by_iteration) <= self.max_iterations
                     it, scopes = js.by_iteration.popitem(last=False)
+                    i = bisect.bisect_left(js.iterations, it)
+                    if i < len(js.iterations) and js.iterations[i] == it:
+                        del js.iterations[i]
                     for scope in scopes:
                         js.records.pop((it, scope), None)
                         js.owner.pop((it, scope), None)
@@ -253,6 +286,25 @@ class JobStore:
                     self.stats.evicted_iterations_bytes += by_bytes
                     js.evicted_below = max(js.evicted_below or it + 1, it + 1)
         return out
+
+    def _outranks(self, js: JobState, key: tuple[int, str], sender: str, holder: str) -> bool:
+        """Whether ``sender``'s record takes the iteration ``key`` held from ``holder`` (lock held).
+        Standing first (perfd.aggregator.guard.Guard.standing: a host a Hello named outranks one that
+        only wrote first); at equal standing, the agent that continues the job there — whose record
+        of the nearest iteration below in the same rank scope is held — takes it from one that wrote
+        it ahead of the job (a stranger that wrote a job's future iterations before the job reached
+        them). Otherwise the held record stays (a run restarted on another node from an earlier
+        checkpoint keeps the first copy of the iterations it logs again)."""
+        s_new, s_old = self.standing(js.name, sender), self.standing(js.name, holder)
+        if s_new != s_old:
+            return s_new > s_old
+        it, scope = key
+        i = bisect.bisect_left(js.iterations, it)
+        for j in range(i - 1, max(-1, i - 1 - _PREDECESSOR_PROBES), -1):
+            prev = js.owner.get((js.iterations[j], scope))
+            if prev is not None:
+                return prev == sender
+        return False
 
     # ---- read side ---------------------------------------------------------------------------
     def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:
@@ -276,13 +328,14 @@ class JobStore:
                 # held is not start-up. Goodput then covers the held iterations only.
                 info = dataclasses.replace(info, started_at=None)
             gpu = self.gpu_override or js.gpu_name
+            new_normal_at = js.new_normal_at
             js.dirty = False
         try:
             with js.analysis_lock:  # the memo and the caches belong to one analysis at a time
                 records = mark_disturbed(job_level_steps(raw, js.folded), windows, js.disturbed)
                 result = analyze_run(info, records, gpu_name=gpu, peak_tflops=self.peak_tflops,
                                      job_name=job, gpm=gpm, timeline=timeline, memo=js.memo,
-                                     gpm_when=gpm_when)
+                                     gpm_when=gpm_when, new_normal_at=new_normal_at)
         except Exception:
             with self._lock:
                 self.stats.analysis_errors += 1
@@ -292,6 +345,23 @@ class JobStore:
             js.analysis, js.analysis_time = result, time.time()
             js.class_key = (gpm, timeline, gpm_when)
         return result
+
+    def set_new_normal(self, job: str, iteration: int | None = None) -> int | None:
+        """The job's current step level is its new normal from ``iteration`` (default: after the last
+        iteration held): a lasting shift's cost stops there. None when the job is not held."""
+        with self._lock:
+            js = self.jobs.get(job)
+            if js is None:
+                return None
+            if iteration is None:
+                iteration = max(js.by_iteration, default=0) + 1
+            js.new_normal_at, js.dirty = iteration, True
+            return iteration
+
+    def new_normals(self) -> dict[str, int]:
+        """job -> the iteration its new normal starts at (for the state store)."""
+        with self._lock:
+            return {j: js.new_normal_at for j, js in self.jobs.items() if js.new_normal_at is not None}
 
     def cached_analysis(self, job: str) -> RunAnalysis | None:
         """The last analysis computed, without recomputing (for callers holding other locks)."""

@@ -126,6 +126,8 @@ class Lifecycle:
         log.info("job %s pruned %s", job, why)
         self.agg.state.forget_job(job)
         self.agg.guard.forget_job(job)
+        if self.agg.store is not None:  # its journal rows too: a pruned job stays pruned at a restart
+            self.agg.store.forget_job(job)
         self._pruned.append(job)
         self.jobs_pruned += 1
 
@@ -164,6 +166,8 @@ class Lifecycle:
             self.agg.server.forget_agent(agent)
             self.agg.forget_series(agent)
             self.agg.state.forget_agent(agent)
+            if self.agg.store is not None:  # its Hello row: what a restart replays stays bounded
+                self.agg.store.forget_agent(agent)
             self.agents_forgotten += 1
 
     def counters(self) -> dict[str, int]:

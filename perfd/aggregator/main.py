@@ -25,6 +25,7 @@ from perfd.aggregator.lifecycle import Lifecycle
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
 from perfd.aggregator.runtime import gc_seconds, tune_gc
 from perfd.aggregator.state import AggregatorState
+from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collective_config import CollectiveConfig
@@ -34,7 +35,9 @@ from perfd.jobinfo_json import decode_job_info
 from perfd.limits import REFUSED_JOB_INFO_VALUE
 from perfd.refusals import Refusals
 from perfd.rules.engine import RuleEngine
-from perfd.rules.loader import check_files_warned, default_pack_path, load_pack
+from perfd.rules.loader import default_pack_path
+from perfd.rules.model import RulePackError
+from perfd.rules.ruleset import load_rule_set
 from perfd.transport.codec import DecodedBatch, HelloInfo
 from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
 from perfd.transport.series import Series
@@ -71,6 +74,7 @@ class AggregatorConfig:
     event_loop: str = EVENT_LOOPS[0]  # --event-loop: auto | uvloop | asyncio (run_aggregator)
     # --state-dir: job info, step records, events, rule/capture state survive a restart (SQLite, WAL).
     state_dir: str | None = None
+    state_max_bytes: int = DEFAULT_STATE_BYTES  # --state-max-mib: the state dir's journal, Hellos, documents
     # Weights & Biases: one run per job (perfd.exporters.wandb); None = off.
     wandb_project: str | None = None
     wandb_mode: str = "offline"  # offline (no server; `wandb sync` later) | online | disabled
@@ -110,13 +114,16 @@ class Aggregator:
             policy = IdentityPolicy(cfg.identity_policy)
         self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None,
                            identity_of=lambda agent: self.server.identity_of(agent))
+        self.state.jobs.standing = self.guard.standing  # who keeps an iteration two hosts wrote
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
-        self.store: StateStore | None = StateStore(cfg.state_dir) if cfg.state_dir else None
+        self.store: StateStore | None = (StateStore(cfg.state_dir, max_bytes=cfg.state_max_bytes)
+                                         if cfg.state_dir else None)
         # agent -> series id -> its definition, admitted by the guard (once per definition).
         self._series: dict[str, dict[int, Series]] = {}
         self.server = IngestServer(self.on_batch, self._on_hello, tls=tls, token=self.token,
                                    limits=cfg.limits, refusals=self.refusals,
-                                   journal=Journal(self.store) if self.store is not None else None,
+                                   journal=(Journal(self.store, cfg.limits.max_jobs_per_agent)
+                                            if self.store is not None else None),
                                    admit_series=self._admit_series, policy=policy,
                                    on_stream_end=lambda agent: self.lifecycle.stream_ended(agent))
         self.http: HttpServer | None = None
@@ -138,6 +145,7 @@ class Aggregator:
         self.remote: RemoteWriter | None = None
         self.lifecycle = Lifecycle(self)  # what is held now: releases, pruning, forgetting agents
         self.ticks = 0  # rules ticks completed
+        self.restored: dict[str, int] = {}  # what the start-up replay read, and its milliseconds
 
     @staticmethod
     def _engine(cfg: AggregatorConfig) -> RuleEngine | None:
@@ -149,10 +157,16 @@ class Aggregator:
             files = [str(default)]
         else:
             files = cfg.rules_files
-        rules = [r for f in files for r in load_pack(f).rules]  # a bad pack stops start-up: loud
-        for w in check_files_warned(files)[1]:  # loads, but never fires: say so once, at start-up
+        # One set, as `perfd rules check` builds it (perfd.rules.ruleset): a bad pack, or a rule named
+        # like one of an earlier pack without 'override: true', stops start-up with every error.
+        rs = load_rule_set(files)
+        if rs.errors:
+            raise RulePackError(rs.errors)
+        for w in rs.warnings:  # loads, but never fires (or overrides nothing): say so once, at start-up
             log.warning("%s", w)
-        return RuleEngine(rules) if rules else None
+        for old, new in rs.replaced:
+            log.info("rule %s of %s overrides the one of %s", new.name, new.origin, old.origin)
+        return RuleEngine(rs.rules) if rs.rules else None
 
     async def _refresh_loop(self) -> None:
         """Analyses of jobs with new data, every refresh interval, on a worker thread: /metrics
@@ -181,6 +195,9 @@ class Aggregator:
         self.captures.evaluate()
         self.lifecycle.housekeeping()
         if self.store is not None:
+            # The journal keeps its newest max_batches batches, within max_bytes; pruned first, so that
+            # the documents' commit makes the pruning durable in the same tick.
+            self.store.prune()
             save_documents(self, self.store)
             self.store.prune()  # the journal keeps its newest max_batches batches
         self.ticks += 1  # a whole tick done: what arrived before it started is analysed (tests wait on it)
@@ -253,6 +270,11 @@ class Aggregator:
                 self.refusals.refuse(L.REFUSED_STEP_CONFLICT, f"{len(its)} step record(s) of job "
                                      f"{job[:64]!r} from agent {agent_id[:64]} for iterations held "
                                      f"from agent {holder[:64]}; the held ones kept", len(its))
+            for (job, holder), its in kept_out.displaced.items():
+                self.refusals.refuse(L.REFUSED_STEP_AHEAD, f"{len(its)} step record(s) of job {job[:64]!r} "
+                                     f"from agent {holder[:64]} (e.g. iteration {its[0]}) were written ahead "
+                                     f"of the job: replaced by agent {agent_id[:64]}'s, which continues it",
+                                     len(its), agent=holder)
             for job, its in kept_out.worse.items():
                 self.refusals.refuse(L.REFUSED_WORSE_DUPLICATE, f"{len(its)} copy(ies) of held step "
                                      f"records of job {job[:64]!r} (e.g. iteration {its[0]}) from agent "
@@ -276,13 +298,18 @@ class Aggregator:
         if self.store is not None:
             st = self.store.stats()
             d.update({f"state_store_{k}": int(st[k]) for k in (
-                "commits", "commit_failures", "rollbacks", "agents_lost", "journal_batches", "pruned")})
+                "commits", "commit_failures", "rollbacks", "agents_lost", "journal_batches", "pruned",
+                "pruned_for_bytes", "hellos", "held_bytes", "jobs_deleted", "rows_of_pruned_jobs")})
+            d.update({f"state_restored_{k}": v for k, v in self.restored.items()})
         return d
 
     async def start(self) -> None:
         if self.store is not None:  # everything back before the first agent connects
+            t0 = time.monotonic()
             got = restore(self, self.store)
-            log.info("state restored from %s: %s", self.store.path, got)
+            got["ms"] = round(1e3 * (time.monotonic() - t0))  # what a restart costs (bounded by the caps)
+            self.restored = got
+            log.info("state restored from %s in %.2f s: %s", self.store.path, got["ms"] / 1e3, got)
         try:
             self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
         except OSError as exc:  # the transport cannot tell in use from not local: both ways out

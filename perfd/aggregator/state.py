@@ -43,8 +43,8 @@ from perfd.analytics.budget import metric_rows as budget_rows
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.goodput import metric_rows as goodput_rows
-from perfd.analytics.goodput import with_stall
-from perfd.analytics.incidents import Incident, hang_incident, is_disturbance
+from perfd.analytics.goodput import with_incidents, with_stall
+from perfd.analytics.incidents import HANG, Incident, hang_incident, is_disturbance
 from perfd.analytics.job_budget import capture_timeline, ncu_of
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.analytics.run_analysis import RunAnalysis
@@ -188,10 +188,18 @@ class AggregatorState:
         REFUSAL_LOG_INTERVAL_S: a flood of conflicting records must not push real events out of
         the bounded log). Returns what was kept out, for the caller to count."""
         out = self.jobs.ingest_steps(agent_id, steps, now)
-        if not out.other_agent or self.replaying:
+        if not (out.other_agent or out.displaced) or self.replaying:
             return out
         now = time.time()
         evs = []
+        for (job, ahead), its in out.displaced.items():  # rare: once per squatted stretch reached
+            evs.append({"kind": STEP_CONFLICT.name, "severity": "warning", "job": job, "time": now,
+                        "text": f"{len(its)} step record(s) of job {job[:80]} held from agent {ahead[:80]} "
+                                f"were written ahead of the job (e.g. iteration {its[0]}): replaced by agent "
+                                f"{agent_id[:80]}'s, which continues it",
+                        "labels": {"holder": ahead, "sender": agent_id},
+                        "payload": {"job": job, "holder": ahead, "sender": agent_id, "records": len(its),
+                                    "iterations": sorted(set(its))[:20], "outcome": "replaced"}})
         for (job, holder), its in out.other_agent.items():
             key = (job, holder, agent_id)
             pending = self._conflicts.get(key)
@@ -559,12 +567,17 @@ class AggregatorState:
         return rows
 
     def goodput(self, job: str, ov: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-        """The job's goodput (perfd.analytics.goodput JSON) as of now: its analysis' split, plus the
-        time since its last step while it is stalled."""
+        """The job's goodput (perfd.analytics.goodput JSON) as of now: its analysis' split with the
+        incident part the cost of the incidents the job lists (the same incidents, whatever the
+        source: a hang's time is stall, not incident), plus the time since its last step while it is
+        stalled."""
         a = self.jobs.cached_analysis(job)
         gp = a.summary.get("goodput") if a is not None else None
         if gp is None:
             return None
+        listed = [c for i in self.incidents.incidents(job) if not is_disturbance(i)
+                  and HANG not in (i.get("kinds") or []) and isinstance(c := i.get("cost_s"), int | float)]
+        gp = with_incidents(gp, float(sum(listed)))
         ov = ov if ov is not None else self.job_overview(job)
         if ov is not None and ov["state"] == STALLED:
             return with_stall(gp, float(ov.get("last_step_age_s") or 0.0))
@@ -584,6 +597,7 @@ class AggregatorState:
             "step_records_ingested": js.steps,
             "events_ingested": self.log.ingested,
             "events_malformed": dict(self.log.malformed),
+            "event_log": self.log.stats(),  # held, bytes, last_seq, cut (events kept cut), cut_bytes
             "serving_records_ingested": self.serving.records,
             "serving_errors": dict(self.serving.errors),
             "step_records_dropped_retention": js.dropped_steps,

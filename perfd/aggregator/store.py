@@ -1,9 +1,10 @@
 """The aggregator's durable state (``perfd aggregator --state-dir DIR``): SQLite in WAL mode.
 
 What is kept, and how it comes back after a restart (kill -9 included):
-  - a journal of what agents sent that the analysis needs — each Hello (agent, jobs) and each
-    batch *without its samples* (step records, events, collectives, job info: the protobuf bytes
-    as they arrived, so a replay goes through the same decode, guard and ingest as the live path);
+  - a journal of what agents sent that the analysis needs — each batch *without its samples* (step
+    records, events, collectives, job info: the protobuf bytes as they arrived, so a replay goes
+    through the same decode, guard and ingest as the live path), and each agent's latest Hello (its
+    jobs): one row per agent, replaced by the next Hello and deleted when the agent is forgotten;
   - the job info of each job (kept apart from the journal, so pruning old batches never loses it);
   - the dedupe state (highest batch seq per agent and spool epoch);
   - rule state (pending / firing since, capture budgets), capture records and the event history,
@@ -14,6 +15,13 @@ Durability: the ingest server acknowledges a batch only after :meth:`StateStore.
 (one transaction per acknowledgement, which coalesces many batches; ``synchronous=FULL``, so a
 commit survives a power cut, not only a killed process). A failed write is never acknowledged:
 the server closes the stream, the agent keeps the batches in its spool and resends them.
+
+Bounded (issue 36 item 2; a Hello per row once grew the file by 36 MB/s, replayed whole at start):
+the journal keeps its newest ``max_batches`` batches and, with the job info, Hellos and documents,
+at most ``max_bytes`` (``--state-max-mib``): the oldest batches go first. A job the lifecycle prunes
+loses its rows here too (its batches, its job info), so it stays pruned across a restart; a batch that
+also held other jobs' data stays, and a tombstone (job, when pruned) keeps the pruned job's part of it
+from being replayed — a tombstone goes once no journal row older than it is left.
 
 Why SQLite and not a file of our own: the stdlib has it, WAL gives one writer with readers beside
 it, and its transactions are what "acknowledged means durable" needs.
@@ -36,6 +44,10 @@ log = logging.getLogger(__name__)
 
 HELLO, BATCH = "hello", "batch"
 DEFAULT_MAX_BATCHES = 200_000  # journal rows kept; the oldest batches go first (job info is kept apart)
+# Bytes of the whole state (journal batches, Hellos, job info, documents): the oldest batches go
+# first to keep under it (``--state-max-mib``). What a restart replays is bounded by it too.
+DEFAULT_MAX_BYTES = 1 << 30
+MAX_TOMBSTONES = 10_000  # pruned jobs remembered (the oldest are forgotten first)
 # The WAL is checkpointed into the database every this many pages (SQLite's default is 1,000, 4 MB)
 # and its file cut back to WAL_LIMIT_BYTES after: a commit rewrites the journal's last page and the
 # seq page, so the WAL grows ~3x faster than the data, and on a 3 MB disk it filled the disk before
@@ -44,12 +56,16 @@ WAL_CHECKPOINT_PAGES = 256
 WAL_LIMIT_BYTES = 1 << 20
 FAILURE_LOG_INTERVAL_S = 60.0  # a full disk fails every commit: one log line per interval
 
+# journal.job: the one job a batch's step records, job info, collectives and events name (NULL:
+# several, or none), so that a pruned job's rows can be deleted.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS journal (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL,
                                     kind TEXT NOT NULL, agent TEXT NOT NULL, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS hello (agent TEXT PRIMARY KEY, t REAL NOT NULL, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS job_info (job TEXT PRIMARY KEY, agent TEXT NOT NULL, json TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS seq (agent TEXT PRIMARY KEY, epoch TEXT NOT NULL, seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS doc (name TEXT PRIMARY KEY, json TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pruned (job TEXT PRIMARY KEY, t REAL NOT NULL);
 """
 
 
@@ -70,9 +86,11 @@ class StateStore:
     dedupe state) — a later seq row committed over a hole would make the agent's resend of the lost
     batches look like duplicates."""
 
-    def __init__(self, directory: str | Path, max_batches: int = DEFAULT_MAX_BATCHES) -> None:
+    def __init__(self, directory: str | Path, max_batches: int = DEFAULT_MAX_BATCHES,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.dir = Path(directory)
         self.max_batches = max_batches
+        self.max_bytes = max_bytes
         try:
             private_dir(self.dir)  # ours, 0700, no link: another user's folder is refused
             self.path = self.dir / "state.sqlite3"
@@ -91,14 +109,28 @@ class StateStore:
                 raise StoreError(f"{self.path} is damaged ({'; '.join(check)[:300]}): move it away to "
                                  "start with an empty state, or put back a good copy")
             self._db.executescript(_SCHEMA)
+            self._migrate()
             self._durable_seqs = self._read_seqs()
-            self._batch_rows = int(self._db.execute("SELECT COUNT(*) FROM journal WHERE kind = ?",
-                                                    (BATCH,)).fetchone()[0])
+            rows, size = self._db.execute("SELECT COUNT(*), TOTAL(length(body)) FROM journal").fetchone()
+            self._batch_rows, self._batch_bytes = int(rows), int(size)
+            # Sizes of the rows replaced by key (a replacement gives back the old row's bytes).
+            self._hello_bytes = {str(a): int(n) for a, n in
+                                 self._db.execute("SELECT agent, length(body) FROM hello")}
+            self._info_bytes = {str(j): int(n) for j, n in
+                                self._db.execute("SELECT job, length(json) FROM job_info")}
+            self._doc_bytes = {str(d): int(n) for d, n in
+                               self._db.execute("SELECT name, length(json) FROM doc")}
             probe = self.dir / ".perfd-write-probe"
             probe.write_bytes(b"x")
             probe.unlink()
         except StoreError:
             raise
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError):  # locked, unreadable, a disk error: not damage
+                raise StoreError(f"--state-dir {self.dir}: cannot use it: {exc}") from exc
+            # Damage quick_check's first pages did not show: the sizes read at open found it.
+            raise StoreError(f"{self.path} is damaged ({exc}): move it away to start with an empty "
+                             "state, or put back a good copy") from exc
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"--state-dir {self.dir}: cannot use it: {exc}") from exc
         self._lock = threading.RLock()
@@ -107,6 +139,7 @@ class StateStore:
         self._pending: set[str] = set()  # agents with writes in it
         self._pending_seqs: dict[str, tuple[str, int]] = {}
         self._pending_batches = 0  # batch rows it adds (prune: removes)
+        self._pending_bytes = 0  # ... and their bytes
         self._lost: set[str] = set()
         self.writes = 0
         self.commits = 0
@@ -115,6 +148,10 @@ class StateStore:
         self.rollbacks = 0  # transactions lost whole
         self.agents_lost = 0  # agents whose unacknowledged writes a rollback took
         self.pruned = 0
+        self.pruned_bytes = 0  # of those, what the byte cap took ...
+        self.pruned_for_bytes = 0  # ... in rows
+        self.jobs_deleted = 0  # pruned jobs whose rows were deleted
+        self.rows_of_pruned_jobs = 0
         self.last_error: str | None = None
         self._logged_at = -FAILURE_LOG_INTERVAL_S
         self._unlogged = 0
@@ -168,20 +205,66 @@ class StateStore:
         self._pending.clear()
         self._pending_seqs.clear()
         self._pending_batches = 0
+        self._pending_bytes = 0
+        try:  # replaced rows' sizes are read back: the rollback may have undone some of them
+            self._hello_bytes = {str(a): int(n) for a, n in
+                                 self._db.execute("SELECT agent, length(body) FROM hello")}
+            self._info_bytes = {str(j): int(n) for j, n in
+                                self._db.execute("SELECT job, length(json) FROM job_info")}
+        except sqlite3.Error:
+            pass  # the disk is failing: the last known sizes stand
 
-    def journal(self, kind: str, agent: str, body: bytes) -> bool:
+    def _migrate(self) -> None:
+        """A state file of an older build: Hellos were journal rows (one per Hello, never pruned), and
+        the journal had no job column. Keep each agent's latest Hello, add the column."""
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(journal)")}
+        if "job" not in cols:
+            self._db.execute("ALTER TABLE journal ADD COLUMN job TEXT")
+        self._db.execute("CREATE INDEX IF NOT EXISTS journal_job ON journal (job)")
+        if self._db.execute("SELECT 1 FROM journal WHERE kind = ? LIMIT 1", (HELLO,)).fetchone() is None:
+            return
+        self._db.execute("BEGIN")  # one transaction: the Hellos move whole or not at all
+        try:
+            self._db.execute("INSERT OR REPLACE INTO hello (agent, t, body) SELECT agent, t, body "
+                             "FROM journal WHERE id IN (SELECT MAX(id) FROM journal WHERE kind = ? "
+                             "GROUP BY agent)", (HELLO,))
+            n = self._db.execute("DELETE FROM journal WHERE kind = ?", (HELLO,)).rowcount
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            self._db.execute("ROLLBACK")
+            raise
+        log.info("state store: %d Hello row(s) of an older build folded into one per agent", n)
+
+    def journal(self, kind: str, agent: str, body: bytes, job: str | None = None) -> bool:
+        """A batch (``job``: the one job its data names, if one), or a Hello (:meth:`put_hello`)."""
+        if kind == HELLO:
+            return self.put_hello(agent, body)
         with self._lock:
-            if not self._write(agent, "INSERT INTO journal (t, kind, agent, body) VALUES (?, ?, ?, ?)",
-                               (time.time(), kind, agent, body)):
+            if not self._write(agent, "INSERT INTO journal (t, kind, agent, body, job) "
+                                      "VALUES (?, ?, ?, ?, ?)", (time.time(), kind, agent, body, job)):
                 return False
             self.writes += 1
-            self._pending_batches += kind == BATCH
+            self._pending_batches += 1
+            self._pending_bytes += len(body)
+            return True
+
+    def put_hello(self, agent: str, body: bytes) -> bool:
+        """The agent's latest Hello (its jobs) replaces the one kept: one row per agent."""
+        with self._lock:
+            if not self._write(agent, "INSERT OR REPLACE INTO hello (agent, t, body) VALUES (?, ?, ?)",
+                               (agent, time.time(), body)):
+                return False
+            self.writes += 1
+            self._hello_bytes[agent] = len(body)
             return True
 
     def put_job_info(self, job: str, agent: str, text: str) -> bool:
         with self._lock:
-            return self._write(agent, "INSERT OR REPLACE INTO job_info (job, agent, json) VALUES (?, ?, ?)",
-                               (job, agent, text))
+            if not self._write(agent, "INSERT OR REPLACE INTO job_info (job, agent, json) VALUES (?, ?, ?)",
+                               (job, agent, text)):
+                return False
+            self._info_bytes[job] = len(text.encode())
+            return True
 
     def put_seq(self, agent: str, epoch: str, seq: int) -> bool:
         with self._lock:
@@ -219,32 +302,109 @@ class StateStore:
             self._open_txn = False
             self._durable_seqs.update(self._pending_seqs)
             self._batch_rows += self._pending_batches
+            self._batch_bytes += self._pending_bytes
             self._pending.clear()
             self._pending_seqs.clear()
             self._pending_batches = 0
+            self._pending_bytes = 0
             self.commits += 1
             self.commit_seconds += time.perf_counter() - t0
             return True
 
+    def held_bytes(self) -> int:
+        """Bytes of the state: journal batches (written so far), Hellos, job info, documents."""
+        with self._lock:
+            return (self._batch_bytes + self._pending_bytes + sum(self._hello_bytes.values())
+                    + sum(self._info_bytes.values()) + sum(self._doc_bytes.values()))
+
     def prune(self) -> int:
-        """Drop the oldest journalled batches past ``max_batches`` (Hellos are kept), inside the
-        open transaction if there is one (the ingest's next commit makes it durable): a busy
-        aggregator nearly always has one open. Called by the rules loop."""
+        """Drop the oldest journalled batches past ``max_batches`` and past ``max_bytes`` of the whole
+        state, and the tombstones no journal row needs any more; inside the open transaction if there
+        is one (the ingest's next commit makes it durable): a busy aggregator nearly always has one
+        open. Called by the rules loop."""
         with self._lock:
             excess = self._batch_rows + self._pending_batches - self.max_batches
-            if excess <= 0:
-                return 0
+            over = self.held_bytes() - self.max_bytes
+            if excess <= 0 and over <= 0:
+                return self._drop_tombstones()
             try:
                 self._begin()
-                cur = self._db.execute("DELETE FROM journal WHERE id IN (SELECT id FROM journal "
-                                       "WHERE kind = ? ORDER BY id LIMIT ?)", (BATCH, excess))
+                last, n, size = 0, 0, 0
+                if over > 0:  # the oldest rows whose bytes cover the excess
+                    for rid, length in self._db.execute("SELECT id, length(body) FROM journal ORDER BY id"):
+                        if size >= over and n >= excess:
+                            break
+                        last, n, size = int(rid), n + 1, size + int(length)
+                    self.pruned_for_bytes += max(0, n - max(excess, 0))
+                else:
+                    row = self._db.execute("SELECT id FROM journal ORDER BY id LIMIT 1 OFFSET ?",
+                                           (excess - 1,)).fetchone()
+                    last = int(row[0]) if row is not None else 0
+                if last:
+                    size = int(self._db.execute("SELECT TOTAL(length(body)) FROM journal WHERE id <= ?",
+                                                (last,)).fetchone()[0])
+                    n = max(0, self._db.execute("DELETE FROM journal WHERE id <= ?", (last,)).rowcount)
+                else:
+                    n, size = 0, 0
             except sqlite3.Error as exc:
                 self._fail(f"prune failed ({exc})")
                 return 0
-            n = max(0, cur.rowcount)
             self._pending_batches -= n
+            self._pending_bytes -= size
             self.pruned += n
+            self.pruned_bytes += size
+            return n + self._drop_tombstones()
+
+    def _drop_tombstones(self) -> int:
+        """Tombstones older than every journal row (nothing left they could hide), and the oldest past
+        MAX_TOMBSTONES (lock held). Returns 0: they are not journal rows."""
+        try:
+            if self._db.execute("SELECT 1 FROM pruned LIMIT 1").fetchone() is None:
+                return 0
+            self._begin()
+            self._db.execute("DELETE FROM pruned WHERE t < COALESCE((SELECT MIN(t) FROM journal), 1e300)")
+            self._db.execute("DELETE FROM pruned WHERE job IN (SELECT job FROM pruned ORDER BY t DESC "
+                             "LIMIT -1 OFFSET ?)", (MAX_TOMBSTONES,))
+        except sqlite3.Error as exc:
+            self._fail(f"tombstones could not be pruned ({exc})")
+        return 0
+
+    def forget_job(self, job: str, now: float | None = None) -> int:
+        """The lifecycle pruned ``job``: its batches and job info go, and a tombstone keeps its part of
+        batches that named other jobs too from coming back at a restart. Inside the open transaction
+        (made durable by the next commit). Returns the journal rows deleted."""
+        t = time.time() if now is None else now
+        with self._lock:
+            try:
+                self._begin()
+                size = int(self._db.execute("SELECT TOTAL(length(body)) FROM journal WHERE job = ?",
+                                            (job,)).fetchone()[0])
+                n = max(0, self._db.execute("DELETE FROM journal WHERE job = ?", (job,)).rowcount)
+                self._db.execute("DELETE FROM job_info WHERE job = ?", (job,))
+                if self._db.execute("SELECT 1 FROM journal WHERE job IS NULL AND t <= ? LIMIT 1",
+                                    (t,)).fetchone() is not None:
+                    self._db.execute("INSERT OR REPLACE INTO pruned (job, t) VALUES (?, ?)", (job, t))
+            except sqlite3.Error as exc:
+                self._fail(f"pruned job {job[:64]} could not be deleted ({exc})")
+                return 0
+            self._info_bytes.pop(job, None)
+            self._pending_batches -= n
+            self._pending_bytes -= size
+            self.jobs_deleted += 1
+            self.rows_of_pruned_jobs += n
             return n
+
+    def forget_agent(self, agent: str) -> None:
+        """The lifecycle forgot the agent (gone long enough): its Hello goes (its dedupe seq stays: it
+        may come back with batches to resend)."""
+        with self._lock:
+            try:
+                self._begin()
+                self._db.execute("DELETE FROM hello WHERE agent = ?", (agent,))
+            except sqlite3.Error as exc:
+                self._fail(f"agent {agent[:64]}'s Hello could not be deleted ({exc})")
+                return
+            self._hello_bytes.pop(agent, None)
 
     # ---- documents (rules thread) ---------------------------------------------------------------
     def put_doc(self, name: str, obj: Any) -> bool:
@@ -256,6 +416,7 @@ class StateStore:
             except sqlite3.Error as exc:
                 self._fail(f"document {name} could not be written ({exc})")
                 return False
+            self._doc_bytes[name] = len(text.encode())
             return self.commit()
 
     def get_doc(self, name: str) -> Any:
@@ -274,18 +435,39 @@ class StateStore:
     def job_infos(self) -> list[tuple[str, str, str]]:
         return list(self._db.execute("SELECT job, agent, json FROM job_info ORDER BY job"))
 
+    def journal_jobs(self) -> set[str]:
+        """The jobs the state holds data of: named by a batch alone, or with job info."""
+        return {str(j) for (j,) in self._db.execute(
+            "SELECT DISTINCT job FROM journal WHERE job IS NOT NULL UNION SELECT job FROM job_info")}
+
+    def tombstones(self) -> dict[str, float]:
+        """Pruned job -> when: rows that arrived by then hold nothing of that job any more."""
+        return {str(j): float(t) for j, t in self._db.execute("SELECT job, t FROM pruned")}
+
     def replay(self) -> Iterator[tuple[str, str, bytes]]:
-        """(kind, agent, body) in arrival order."""
-        yield from self._db.execute("SELECT kind, agent, body FROM journal ORDER BY id")
+        """(kind, agent, body): every agent's latest Hello, then the batches in arrival order."""
+        for _t, kind, agent, body in self.replay_timed():
+            yield kind, agent, body
 
     def replay_timed(self) -> Iterator[tuple[float, str, str, bytes]]:
-        """(arrival time, kind, agent, body) in arrival order."""
+        """(arrival time, kind, agent, body): every agent's latest Hello (in arrival order), then the
+        batches in arrival order."""
+        for t, agent, body in self._db.execute("SELECT t, agent, body FROM hello ORDER BY t"):
+            yield t, HELLO, agent, body
         yield from self._db.execute("SELECT t, kind, agent, body FROM journal ORDER BY id")
 
     def stats(self) -> dict[str, Any]:
+        with self._lock:
+            sizes = {"journal": self._batch_bytes + self._pending_bytes,
+                     "hellos": sum(self._hello_bytes.values()), "job_info": sum(self._info_bytes.values()),
+                     "documents": sum(self._doc_bytes.values())}
+            hellos = len(self._hello_bytes)
         return {"writes": self.writes, "commits": self.commits, "commit_failures": self.commit_failures,
                 "rollbacks": self.rollbacks, "agents_lost": self.agents_lost,
-                "journal_batches": self._batch_rows, "pruned": self.pruned,
+                "journal_batches": self._batch_rows, "pruned": self.pruned, "pruned_bytes": self.pruned_bytes,
+                "pruned_for_bytes": self.pruned_for_bytes, "hellos": hellos, "bytes": sizes,
+                "held_bytes": sum(sizes.values()), "max_bytes": self.max_bytes,
+                "jobs_deleted": self.jobs_deleted, "rows_of_pruned_jobs": self.rows_of_pruned_jobs,
                 "commit_ms_mean": (round(1e3 * self.commit_seconds / self.commits, 3)
                                    if self.commits else None),
                 "last_error": self.last_error, "path": str(self.path)}

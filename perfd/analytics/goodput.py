@@ -235,6 +235,23 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
     return Goodput(end - start, parts, start, end, runs, notes)
 
 
+def with_incidents(gp: Mapping[str, Any], incident_s: float) -> dict[str, Any]:
+    """A goodput JSON (``Goodput.to_json``) whose incident part is ``incident_s``: the cost of the
+    incidents the job lists. The live aggregator keeps an incident once seen, where a later analysis
+    may no longer find it (the warm-up window grows over an early one): the parts then follow the
+    incidents shown, the difference moving between training and incident (never past either)."""
+    out: dict[str, Any] = dict(gp)
+    parts = dict(gp["parts_s"])
+    have, train = parts.get(INCIDENT, 0.0), parts.get(TRAINING, 0.0)
+    move = min(max(0.0, incident_s) - have, train)  # > 0: from training to incident
+    if abs(move) < 1e-9:
+        return out
+    parts[INCIDENT], parts[TRAINING] = have + move, train - move
+    wall = gp["wall_s"]
+    out.update(parts_s=parts, ratio=parts[TRAINING] / wall if wall > 0 else None)
+    return out
+
+
 def with_stall(gp: Mapping[str, Any], stalled_s: float) -> dict[str, Any]:
     """A goodput JSON (``Goodput.to_json``) of a job that has not stepped for ``stalled_s`` while its
     processes hold their GPUs: that time added as stall, to the parts and the wall alike."""

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.changepoint import accept, find_change_point
 from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, Verdict, decide, verdict_from_json
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.verdict_text import action_text, cause_text
@@ -42,9 +43,10 @@ class IncidentKind(str, enum.Enum):
     STRAGGLER = "straggler"
     CAPTURE = "capture-disturbed"
     HANG = "hang"
+    LEVEL_SHIFT = "level-shift"  # a lasting shift: perfd.analytics.changepoint
 
 
-SLOW, STRAGGLER, CAPTURE, HANG = (k.value for k in IncidentKind)
+SLOW, STRAGGLER, CAPTURE, HANG, LEVEL_SHIFT = (k.value for k in IncidentKind)
 
 
 class IterationLike(Protocol):
@@ -130,20 +132,37 @@ def min_cost_s(ref_ms: float) -> float:
 
 def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int, float | None],
                      disturbed: Mapping[int, bool], first_eligible: int,
-                     reference_ms: float | None, world_size: int | None = None) -> Detection:
+                     reference_ms: float | None, world_size: int | None = None,
+                     new_normal_at: int | None = None, steps: Sequence[float | None] | None = None
+                     ) -> Detection:
     """Incidents among ``iterations`` (ordered; those before index ``first_eligible`` are warm-up),
     and the steady median step they were measured against. ``reference_ms`` is the window's
     median; it is re-taken without the slow iterations, so a long incident does not raise the bar
     it is measured by. Steps above STEP_FACTOR × the median form stretches (MERGE_GAP ordinary steps
     may flicker within one); stretches naming the same rank merge across gaps short against their
-    length; an incident costs at least :func:`min_cost_s` — smaller departures are counted as jitter."""
+    length; an incident costs at least :func:`min_cost_s` — smaller departures are counted as jitter.
+    A lasting shift (perfd.analytics.changepoint) is one incident of kind ``level-shift`` measured
+    against the level before it, to the end or to ``new_normal_at`` (the user took the new level as
+    the new normal there: from it on that level is the reference). ``steps``: the step times from
+    ``first_eligible`` on, None where disturbed, when the caller holds them as a column (a pass over
+    ``iterations`` builds every row)."""
     post = iterations[first_eligible:]  # a view of a long run's table: its rows are built one at a time
-    ref = reference_ms
+    if steps is None:
+        steps = [None if disturbed.get(it.iteration) else it.step_time_ms for it in post]
+    shift = find_change_point(steps)
+    if shift is not None:
+        shift = accept(shift, [it.iteration for it in post], new_normal_at)
+    ref = reference_ms if shift is None else shift.before_ms
     if ref is None:
         ref = _median([it.step_time_ms for it in post if it.step_time_ms is not None])
     if ref is None:
         return Detection([], [], {"n": 0, "cost_s": None}, None)
-    calm_its = [it for it in post if it.step_time_ms is not None and it.step_time_ms <= STEP_FACTOR * ref]
+    shifted = range(0) if shift is None else range(shift.index, shift.accepted_index or len(post))
+    # From where the user took the shift's level as the new normal, that level is the reference.
+    normal_from = shift.accepted_index if shift is not None else None
+    new_level = shift.after_ms if shift is not None else ref
+    calm_its = [it for i, it in enumerate(post) if it.step_time_ms is not None
+                and it.step_time_ms <= STEP_FACTOR * ref and (shift is None or i < shift.index)]
     ref = _median([it.step_time_ms for it in calm_its if it.step_time_ms is not None]) or ref
     steady_parts = (_median([v for it in calm_its if (v := _part_ms(it, it.data_share)) is not None]),
                     _median([v for it in calm_its if (v := _part_ms(it, it.comm_exposed_share)) is not None]))
@@ -151,14 +170,17 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
                      _median([it.comm_exposed_share for it in calm_its if it.comm_exposed_share is not None]))
 
     flags: list[str | None] = []
-    for it in post:
+    for i, it in enumerate(post):
         step = it.step_time_ms
         f: str | None = None
+        level = new_level if normal_from is not None and i >= normal_from else ref
         if disturbed.get(it.iteration):
             f = CAPTURE
-        elif step is not None and step > STEP_FACTOR * ref:
+        elif i in shifted:
+            f = LEVEL_SHIFT
+        elif step is not None and step > STEP_FACTOR * level:
             f = SLOW
-        elif step is not None and it.straggler_candidate_ranks and step > STRAGGLER_STEP_FACTOR * ref:
+        elif step is not None and it.straggler_candidate_ranks and step > STRAGGLER_STEP_FACTOR * level:
             f = STRAGGLER
         flags.append(f)
 
@@ -183,10 +205,16 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
     real = _merge_same_cause(post, real, flags)
 
     def build(run: list[int]) -> Incident:
-        inc = _incident([post[i] for i in run], [flags[i] for i in run], ref, end_times, disturbed,
+        level = new_level if normal_from is not None and run[0] >= normal_from else ref
+        inc = _incident([post[i] for i in run], [flags[i] for i in run], level, end_times, disturbed,
                         is_open=run[-1] == len(post) - 1,
                         prev_end=end_times.get(post[run[0] - 1].iteration) if run[0] > 0 else None,
                         steady_parts=steady_parts, steady_shares=steady_shares, world_size=world_size)
+        if shift is not None and LEVEL_SHIFT in inc.kinds:
+            inc.kinds = sorted({*inc.kinds, SLOW})  # still slow steps: the tracker matches it by kind too
+            accepted = post[shift.accepted_index].iteration if shift.accepted_index is not None else None
+            inc.evidence["change_point"] = shift.to_json(post[shift.index].iteration, accepted)
+            inc.cause = render_cause(inc, verdict_from_json(inc.verdict) or decide([], inc.ranks))
         before = [c for c in captures if c[-1] < run[0] <= c[-1] + MERGE_GAP + 1]
         if before and flags[run[0]] != CAPTURE:  # the slowdown started as perfd's capture ended
             c = before[-1]
@@ -342,6 +370,13 @@ def render_cause(inc: Incident, verdict: Verdict) -> str:
         return inc.cause
     if CAPTURE in inc.kinds and not inc.ranks and len(inc.kinds) == 1:
         return f"perfd's own capture disturbed {inc.n_iterations} iteration(s) ({inc.slow_text()})"
+    cp = inc.evidence.get("change_point")
+    if LEVEL_SHIFT in inc.kinds and isinstance(cp, Mapping):
+        normal = cp.get("new_normal_at")
+        return (f"step time shifted from {cp['before_ms']:.0f} to {cp['after_ms']:.0f} ms at iteration "
+                f"{cp['iteration']} and " + (f"stayed until taken as the new normal at iteration {normal}"
+                                             if normal is not None else "stays there")
+                + f"; {cause_text(verdict, inc.slow_text(), inc.single_rank)}")
     return cause_text(verdict, inc.slow_text(), inc.single_rank)
 
 

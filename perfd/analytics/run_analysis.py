@@ -368,11 +368,14 @@ def analyze_run(
     timeline: TimelineClass | None = None,
     memo: AnalysisMemo | None = None,
     gpm_when: str = "GPM while the job stepped",
+    new_normal_at: int | None = None,
 ) -> RunAnalysis:
     """Analyse a run's step records (any order; one record per logged iteration).
-    ``memo``: keep per-iteration work for the next analysis of the same, grown run."""
+    ``memo``: keep per-iteration work for the next analysis of the same, grown run.
+    ``new_normal_at``: the iteration from which a lasting shift's level is the new normal
+    (perfd.analytics.changepoint)."""
     run = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo,
-                     gpm_when=gpm_when)
+                     gpm_when=gpm_when, new_normal_at=new_normal_at)
     ordered = sorted(records, key=lambda r: r.iteration)
     for rec in ordered[run.resume(ordered):]:
         run.add(rec)
@@ -395,9 +398,10 @@ class RunBuilder:
     def __init__(self, job: JobInfo, gpu_name: str | None = None, peak_override: float | None = None,
                  dtype: str | None = None, *, gpm: bn.GpmReading | None = None,
                  timeline: TimelineClass | None = None, memo: AnalysisMemo | None = None,
-                 gpm_when: str = "GPM while the job stepped") -> None:
+                 gpm_when: str = "GPM while the job stepped", new_normal_at: int | None = None) -> None:
         lay = job.layout
         self.job, self.gpu_name, self.gpm, self.timeline, self.memo = job, gpu_name, gpm, timeline, memo
+        self.new_normal_at = new_normal_at
         self.gpm_when = gpm_when
         self.canon_dtype, self.dtype_src = resolve_dtype(job, dtype)
         peak = peak_tflops(gpu_name, self.canon_dtype, peak_override)
@@ -493,7 +497,7 @@ class RunBuilder:
         for i, iteration in enumerate(table.column("iteration")):
             table.put(i, steady_state=steady.steady.get(iteration, False),
                       excluded_reason=steady.excluded.get(iteration))
-        detection = _mark_incidents(table, disturbed, steady, ctx.world)
+        detection = _mark_incidents(table, disturbed, steady, ctx.world, self.new_normal_at)
         incidents = detection.incidents
         steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
         pers = persistent(_flags(table, i) for i in steady_rows)
@@ -560,13 +564,15 @@ class _ByIteration(Mapping[int, Any]):
 
 
 def _mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
-                    steady: SteadyState, world: int | None) -> Detection:
+                    steady: SteadyState, world: int | None, new_normal_at: int | None = None) -> Detection:
     """Find the incidents and perfd's capture disturbances, take their iterations out of the steady
     state (saying which), and note each incident iteration's time lost against the steady median."""
+    first = steady.warmup_records
+    steps = [None if disturbed[i] else s for i, s in enumerate(table.column("step_time_ms")) if i >= first]
     found = detect_incidents(table.project(DETECTION_FIELDS),
                              _ByIteration(table, lambda i: table.get(i, "end_time")),
                              _ByIteration(table, lambda i: bool(disturbed[i])),
-                             steady.warmup_records, steady.reference_step_ms, world)
+                             first, steady.reference_step_ms, world, new_normal_at, steps)
     ref = found.reference_ms
     for inc, lost in [*((i, True) for i in found.incidents), *((d, False) for d in found.disturbances)]:
         for iteration in range(inc.first_iteration, inc.last_iteration + 1):

@@ -145,6 +145,15 @@ INCIDENT_MERGE_FRACTION = Threshold(
     "length (a lasting shift is one incident; a lone noisy step does not stretch a long one)", _INC)
 EXPLAINS_SHARE = Threshold(0.5, "a part of the step (data wait, exposed communication) that grew by half "
                                 "of the slowdown or more explains it", _INC)
+# --- lasting shifts (perfd.analytics.changepoint) -------------------------------------------------------
+_CP = "perfd/analytics/changepoint.py (a lasting shift of the step time; DESIGN.md §2 has none)"
+CHANGE_POINT_MIN_STEPS = Threshold(
+    20.0, "a slowdown that has lasted 20 steps (and a tenth of the window) to the end of the run is a "
+          "change point, its cost counted against the level before it until the user takes the new "
+          "level as the new normal; shorter, it is an incident (the level after is STEP_FACTOR above)", _CP)
+CHANGE_POINT_LEVEL_SHARE = Threshold(
+    0.8, "a level: 80% of the steps after the change point above the midpoint of the two levels, and "
+         "80% of those before it below (a few spikes are not a shift)", _CP)
 
 # --- capture timelines (perfd.capture.analysis, perfd.analytics.capture_findings) ---------------------
 SHORT_GAP_S = Threshold(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from perfd import limits as L
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.aggregator.loops import EVENT_LOOPS
+from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ def _aggregator(args: argparse.Namespace) -> int:
                            peak_tflops=args.peak_tflops,
                            rules_files=[] if args.no_rules else args.rules,
                            rules_interval_s=args.rules_interval, state_dir=args.state_dir,
+                           state_max_bytes=int(args.state_max_mib * (1 << 20)),
                            event_loop=args.event_loop,
                            per_rank_series=not args.no_rank_series,
                            export_node_series=args.export_node_series,
@@ -114,6 +116,9 @@ def _aggregator(args: argparse.Namespace) -> int:
                            remote_write_labels=labels)
     if args.job_stale_after is not None and args.job_stale_after <= 0:
         print("perfd aggregator: --job-stale-after must be > 0 seconds", file=sys.stderr)
+        return 2
+    if not args.state_max_mib > 0:
+        print("perfd aggregator: --state-max-mib must be > 0", file=sys.stderr)
         return 2
     if args.retain_iterations < 1 or not args.retain_mib > 0:
         print("perfd aggregator: --retain-iterations must be >= 1 and --retain-mib > 0", file=sys.stderr)
@@ -233,6 +238,10 @@ def register(sub: SubParsers) -> None:
                    help="keep job info, step records, events, rule and capture state in DIR (SQLite, WAL) "
                         "so that a restart, kill -9 included, loses nothing: an agent's batch is "
                         "acknowledged only once written there (default: none, state in memory only)")
+    g.add_argument("--state-max-mib", type=float, default=DEFAULT_STATE_BYTES / (1 << 20), metavar="MIB",
+                   help="most MiB the --state-dir holds (journal, Hellos, job info, documents; default "
+                        "%(default)g): the oldest journalled batches go first, counted in /api/stats "
+                        "state_store.pruned_for_bytes; a restart replays no more than this")
     g.add_argument("--event-loop", choices=EVENT_LOOPS, default=EVENT_LOOPS[0],
                    help="the gRPC ingest's event loop: uvloop (installed with perfd on Linux and macOS) "
                         "takes ~11%% less CPU per gRPC message than asyncio's own (benchmarks/README.md, "
@@ -279,6 +288,8 @@ def register(sub: SubParsers) -> None:
 
     r = sub.add_parser("rules", help="rule packs")
     rsub = r.add_subparsers(dest="rules_cmd", required=True)
-    rc = rsub.add_parser("check", help="validate rule packs; every error as FILE:LINE: reason")
-    rc.add_argument("files", nargs="+")
+    rc = rsub.add_parser("check", help="validate the rule packs the aggregator would load (as with --rules "
+                         "FILE...; none: the shipped default); every error as FILE:LINE: reason")
+    rc.add_argument("files", nargs="*", help="rule packs in --rules order (a rule named like one of an "
+                    "earlier pack needs 'override: true')")
     rc.set_defaults(handler=_rules_check)

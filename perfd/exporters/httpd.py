@@ -18,7 +18,12 @@ threads. Here a connection costs a buffer, never a thread.
 - two lanes: the probe paths (/metrics, /healthz) have their own threads and queue, so API clients
   never starve Prometheus or a liveness probe; a full lane answers 503 (``http_connections``);
 - one request per connection (HTTP/1.0: the server closes after its answer), and a listen backlog
-  of HTTP_LISTEN_BACKLOG so that a burst of connects is not dropped by the kernel.
+  of HTTP_LISTEN_BACKLOG so that a burst of connects is not dropped by the kernel;
+- output: an answer over MAX_HTTP_ANSWER_BYTES is not sent (503, ``http_answer``), and the answers
+  waiting for their clients to read them hold at most MAX_HTTP_OUTPUT_BYTES together: a new answer
+  that would pass it closes the connections that have read nothing for longest (``http_answer``),
+  or, when no other answer is waiting, is answered 503 itself. 30 clients that asked for a 50 MB
+  answer and never read it once held 2 GB.
 
 Handlers are :class:`BufferedHandler` subclasses: http.server's own request parsing and response
 writing, run on the buffered request.
@@ -207,6 +212,10 @@ class HttpServer:
             self._threads += [threading.Thread(target=self._work, args=(self._lanes[lane],),
                                                name=f"{name}-{lane}-{i}", daemon=True) for i in range(n)]
         self._conns: dict[_Conn, None] = {}  # in accept order: the oldest first
+        self.output_bytes = 0  # answer bytes written to no client yet, all connections together
+        self.answers = 0  # answers begun (each request gets one)
+        self.max_answer_bytes = L.MAX_HTTP_ANSWER_BYTES
+        self.max_output_bytes = L.MAX_HTTP_OUTPUT_BYTES
         self._stopping = False
         self._accept_paused_until = 0.0
         self.server_address = self._lsock.getsockname()
@@ -317,7 +326,28 @@ class HttpServer:
     def _close(self, conn: _Conn) -> None:
         if self._conns.pop(conn, False) is None:
             self._watch(conn, 0)
+        self._drop_output(conn)
         conn.sock.close()
+
+    def _drop_output(self, conn: _Conn) -> None:
+        self.output_bytes -= len(conn.out) - conn.sent
+        conn.out, conn.sent = b"", 0
+
+    def _output_room(self, conn: _Conn, need: int) -> bool:
+        """Room for ``need`` more bytes of answers: the connections whose answer has waited longest
+        without a byte read are closed to make it (a client reading its answer keeps moving ahead);
+        False when no other answer is waiting."""
+        if self.output_bytes + need <= self.max_output_bytes:
+            return True
+        stalled = sorted((c for c in self._conns if c is not conn and c.state == _WRITING),
+                         key=lambda c: c.last_io)
+        for c in stalled:
+            self.refusals.refuse(L.REFUSED_HTTP_ANSWER, f"HTTP connection from {c.addr[0]} closed: its "
+                                 f"answer ({c.sent} of {len(c.out)} bytes read) held room another needs")
+            self._close(c)
+            if self.output_bytes + need <= self.max_output_bytes:
+                return True
+        return False
 
     def _accept(self) -> None:
         now = time.monotonic()
@@ -335,6 +365,10 @@ class HttpServer:
                         self._accept_paused_until = now + L.HTTP_TICK_S
                 return
             sock.setblocking(False)
+            try:  # what the kernel holds of an unread answer is bounded too, not only our buffer
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, L.HTTP_SEND_BUFFER_BYTES)
+            except OSError:
+                pass
             if len(self._conns) >= self.max_connections and not self._evict(
                     f"{self.max_connections} connections open"):
                 self.refusals.refuse(L.REFUSED_HTTP_CONNECTIONS, f"HTTP connection from {addr[0]}: "
@@ -417,7 +451,18 @@ class HttpServer:
             self._respond(conn, plain_response(503, "busy; retry"))
 
     def _respond(self, conn: _Conn, out: bytes) -> None:
+        if len(out) > self.max_answer_bytes:
+            self.refusals.refuse(L.REFUSED_HTTP_ANSWER, f"HTTP answer of {len(out)} bytes to {conn.addr[0]} "
+                                 f"not sent (over {self.max_answer_bytes})")
+            out = plain_response(503, f"the answer is {len(out)} bytes, over this server's "
+                                      f"{self.max_answer_bytes}: ask for less (e.g. /api/events?limit=)")
+        elif not self._output_room(conn, len(out)):
+            self.refusals.refuse(L.REFUSED_HTTP_ANSWER, f"HTTP answer of {len(out)} bytes to {conn.addr[0]} "
+                                 f"not sent: {self.output_bytes} bytes of answers wait to be read")
+            out = plain_response(503, "busy: too many answers wait to be read; retry")
         conn.state, conn.out, conn.sent = _WRITING, out, 0
+        self.output_bytes += len(out)
+        self.answers += 1
         conn.deadline = time.monotonic() + L.HTTP_WRITE_TIMEOUT_S
         self._write(conn)
 
@@ -431,6 +476,7 @@ class HttpServer:
             return
         if n:
             conn.sent += n
+            self.output_bytes -= n
             conn.last_io = time.monotonic()
         if conn.sent < len(conn.out):
             self._watch(conn, selectors.EVENT_WRITE)
@@ -442,7 +488,8 @@ class HttpServer:
         except OSError:
             self._close(conn)
             return
-        conn.state, conn.out, conn.deadline = _LINGERING, b"", time.monotonic() + LINGER_S
+        self._drop_output(conn)
+        conn.state, conn.deadline = _LINGERING, time.monotonic() + LINGER_S
         self._watch(conn, selectors.EVENT_READ)
 
     def _sweep(self, now: float) -> None:

@@ -47,7 +47,7 @@ from perfd.rules.model import (
 )
 
 PACK_KEYS = ("rules",)
-RULE_KEYS = ("name", "expr", "for", "severity", "labels", "annotations", "scope", "action")
+RULE_KEYS = ("name", "expr", "for", "severity", "labels", "annotations", "scope", "action", "override")
 ANNOTATION_KEYS = ("summary", "description", "recommendation", "runbook_url")
 CAPTURE_KEYS = ("type", "tool", "targets", "steps", "cooldown", "max_per_hour", "disk_quota")
 TARGET_KEYS = ("slowest_rank", "pp_stage", "ranks", "node", "incident_ranks")
@@ -376,10 +376,11 @@ def _parse_rule(ctx: _Ctx, node: Node, index: int, seen: dict[str, int]) -> Rule
     action: Action | None = AlertAction()
     if "action" in keys:
         action = _parse_action(ctx, keys["action"][1])
+    override = bool(ctx.scalar(keys["override"][1], "override", (bool,))) if "override" in keys else False
     if len(ctx.errors) != before or name is None or expr is None or action is None:
         return None
     return Rule(name=name, expr=expr, for_s=for_s, severity=severity, labels=labels, annotations=annotations,
-                scope=scope, action=action, origin=f"{ctx.path}:{_line(node)}")
+                scope=scope, action=action, origin=f"{ctx.path}:{_line(node)}", override=override)
 
 
 # --- packs ------------------------------------------------------------------------------------
@@ -451,7 +452,8 @@ def _parse_pack(ctx: _Ctx, text: str) -> RulePack | None:
     return RulePack(Path(path).stem, path, tuple(r for r in rules if r is not None))
 
 
-def _read(path: Path) -> tuple[str | None, RuleError | None]:
+def read_pack(path: Path) -> tuple[str | None, RuleError | None]:
+    """A pack's text, or the error that says why it cannot be read."""
     try:
         return path.read_text(encoding="utf-8"), None
     except (OSError, UnicodeDecodeError) as e:
@@ -479,7 +481,7 @@ def check_files_warned(paths: Iterable[str | Path]) -> tuple[list[RuleError], li
     errors: list[RuleError] = []
     warnings: list[RuleError] = []
     for p in expand_paths(paths):
-        text, err = _read(p)
+        text, err = read_pack(p)
         if err is not None:
             errors.append(err)
             continue
@@ -493,7 +495,7 @@ def check_files_warned(paths: Iterable[str | Path]) -> tuple[list[RuleError], li
 def load_pack(path: str | Path) -> RulePack:
     """A validated pack; raises RulePackError carrying all errors."""
     p = Path(path)
-    text, err = _read(p)
+    text, err = read_pack(p)
     if err is not None:
         raise RulePackError([err])
     assert text is not None

@@ -187,6 +187,9 @@ class Rule:
     scope: Scope = "job"
     action: Action = field(default_factory=AlertAction)
     origin: str = ""  # "FILE:LINE" of the rule, for messages
+    # YAML "override: true": replaces the rule of the same name in an earlier pack of the set
+    # (perfd.rules.ruleset); without it two packs naming one rule are an error.
+    override: bool = False
 
     @property
     def is_capture(self) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from perfd import events
 from perfd import limits as L
 from perfd.refusals import Refusals
 from perfd.transport.codec import sample_count
@@ -31,16 +32,17 @@ class StreamRefused(Exception):
         self.code, self.reason = code, reason
 
 
-def authenticate(context: Any, token: TokenFile | None) -> str:
-    """The identity of the stream behind ``context``; with ``token`` it must carry the bearer token."""
-    token_ok = False
+def authenticate(context: Any, token: TokenFile | None) -> tuple[str, int | None]:
+    """(the identity of the stream behind ``context``, the generation of the token it carried);
+    with ``token`` it must carry the bearer token."""
+    gen = None
     if token is not None:
         md = dict(context.invocation_metadata() or ())
-        if not token.check(md.get(AUTH_HEADER)):
+        gen = token.check_generation(md.get(AUTH_HEADER))
+        if gen is None:
             raise StreamRefused(grpc.StatusCode.UNAUTHENTICATED, L.REFUSED_UNAUTHENTICATED,
                                 f"stream from {context.peer()} without a valid bearer token")
-        token_ok = True
-    return peer_identity(context, token_ok)
+    return peer_identity(context, gen is not None), gen
 
 
 def admit_stream(open_streams: int, loop_lag_s: float, limits: L.Limits) -> None:
@@ -73,24 +75,52 @@ def check_agent_id(policy: IdentityPolicy | None, conn: AgentStream, agent_id: s
                                 f"refused the stream from {conn.peer}")
 
 
-def trim_batch(agent: str, conn: AgentStream, b: pb.Batch, limits: L.Limits, refusals: Refusals) -> bool:
-    """Apply the per-message caps; False when the whole batch is refused (it is acknowledged
-    all the same: resending it would be refused again)."""
+def trim_batch(agent: str, conn: AgentStream, b: pb.Batch, limits: L.Limits,
+               refusals: Refusals) -> int | None:
+    """Apply the per-message caps; None when the whole batch is refused (it is acknowledged all the
+    same: resending it would be refused again), else the bytes cut from its events. An event over
+    the wire cap is refused whole; one of a kind only the event log reads is cut to what the log
+    keeps (perfd.events.cut), before it is journalled or delivered."""
     if b.series and len(conn.series) + len(b.series) > limits.max_series_per_agent:
         refusals.refuse(L.REFUSED_SERIES, f"batch {b.seq} of agent {agent} would define "
                         f"{len(conn.series) + len(b.series)} series (cap "
                         f"{limits.max_series_per_agent}); batch refused",
                         max(1, sample_count(b)), agent=agent)
-        return False
+        return None
     if not b.events:
-        return True
+        return 0
     big = [i for i, e in enumerate(b.events) if e.ByteSize() > limits.max_event_bytes]
     for i in reversed(big):
         del b.events[i]
     if big:
         refusals.refuse(L.REFUSED_EVENT_BYTES, f"{len(big)} event(s) of agent {agent} larger "
                         f"than {limits.max_event_bytes} bytes", len(big), agent=agent)
-    return True
+    cut_n = cut_bytes = 0
+    for e in b.events:
+        if e.ByteSize() <= L.MAX_KEPT_EVENT_BYTES or events.kept_whole(e.kind):
+            continue
+        e.text, e.payload_json, n = events.cut(e.text, e.payload_json, L.MAX_KEPT_EVENT_BYTES)
+        n += _cut_map(e.labels) + _cut_map(e.links)
+        cut_n, cut_bytes = cut_n + 1, cut_bytes + n
+    if cut_n:
+        refusals.refuse(L.REFUSED_EVENT_CUT, f"{cut_n} event(s) of agent {agent} over "
+                        f"{L.MAX_KEPT_EVENT_BYTES} bytes kept cut ({cut_bytes} bytes cut)", cut_n,
+                        agent=agent)
+    return cut_bytes
+
+
+def _cut_map(m: Any) -> int:
+    """An event's labels or links within the caps of a series' labels; returns the bytes cut."""
+    cut = 0
+    for i, k in enumerate(sorted(m)):
+        v = m[k]
+        if i >= L.MAX_LABELS_PER_SERIES or len(k) > L.MAX_LABEL_VALUE_BYTES:
+            cut += len(k) + len(v)
+            del m[k]
+        elif len(v.encode()) > L.MAX_LABEL_VALUE_BYTES:
+            m[k] = v.encode()[:L.MAX_LABEL_VALUE_BYTES].decode("utf-8", "ignore")
+            cut += len(v.encode()) - len(m[k].encode())
+    return cut
 
 
 def check_liveness(conn: AgentStream, now: float, limits: L.Limits, refusals: Refusals) -> None:
@@ -103,3 +133,15 @@ def check_liveness(conn: AgentStream, now: float, limits: L.Limits, refusals: Re
         refusals.refuse(L.REFUSED_SILENT, f"agent {conn.agent_id} ({conn.peer}) sent nothing "
                         f"for {limits.agent_silence_s:g} s; stream closed", agent=conn.agent_id)
         conn.close(grpc.StatusCode.UNAVAILABLE, "silent stream")
+
+
+def check_token(conn: AgentStream, generation: int | None, refusals: Refusals) -> bool:
+    """Close ``conn`` when the bearer token changed since it authenticated (``generation``: the
+    current one, None without a token): the agent reconnects with the token its file holds now, or
+    is refused. True when closed."""
+    if generation is None or conn.token_generation == generation or conn.closed:
+        return False
+    refusals.refuse(L.REFUSED_TOKEN_ROTATED, f"stream of agent {str(conn.agent_id)[:64]} ({conn.peer}) "
+                    "authenticated with a bearer token since rotated; closed", agent=conn.agent_id)
+    conn.close(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was rotated: reconnect with the new one")
+    return True

@@ -61,13 +61,16 @@ def _mtimes(paths: tuple[str, ...]) -> tuple[float, ...]:
 
 class TokenFile:
     """A bearer token read from a file (first line, surrounding blanks stripped), re-read when the
-    file changes. ``check()`` compares in constant time."""
+    file changes. ``check()`` compares in constant time. ``generation`` counts the token's changes:
+    a stream that authenticated with an older generation is closed by the server (a rotated token
+    must not leave streams open on the old one)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._stamp = _mtimes((path,))
         self._token = self._load()
+        self.generation = 0
 
     def _load(self) -> bytes:
         token = _read(self.path, "token file").strip().splitlines()[0].strip()
@@ -76,26 +79,38 @@ class TokenFile:
         return token
 
     def token(self) -> bytes:
+        return self.current()[0]
+
+    def current(self) -> tuple[bytes, int]:
+        """(the token, its generation), re-read first when the file changed."""
         with self._lock:
             stamp = _mtimes((self.path,))
             if stamp != self._stamp:
                 self._stamp = stamp
                 try:
-                    self._token = self._load()
+                    token = self._load()
+                    if not hmac.compare_digest(token, self._token):
+                        self._token = token
+                        self.generation += 1
                     log.info("token file %s re-read", self.path)
                 except SecurityConfigError as exc:
                     log.error("%s; keeping the previous token", exc)
-            return self._token
+            return self._token, self.generation
 
     def check(self, header: str | bytes | None) -> bool:
         """True when ``header`` is ``Bearer <token>`` with the current token."""
+        return self.check_generation(header) is not None
+
+    def check_generation(self, header: str | bytes | None) -> int | None:
+        """The generation of the current token when ``header`` carries it, else None."""
         if header is None:
-            return False
+            return None
         raw = header.encode() if isinstance(header, str) else header
         scheme, _, value = raw.partition(b" ")
         if scheme.lower() != b"bearer":
-            return False
-        return hmac.compare_digest(value.strip(), self.token())
+            return None
+        token, gen = self.current()
+        return gen if hmac.compare_digest(value.strip(), token) else None
 
     def header(self) -> str:
         return "Bearer " + self.token().decode()

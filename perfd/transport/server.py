@@ -40,6 +40,7 @@ from perfd.transport.admission import (
     authenticate,
     check_agent_id,
     check_liveness,
+    check_token,
     trim_batch,
 )
 from perfd.transport.codec import (
@@ -158,12 +159,14 @@ class IngestServer:
         # Counters.
         self.streams_opened = 0
         self.streams_superseded = 0
+        self.streams_closed_token_rotated = 0
         self.hellos_reused = 0
         self.heartbeats = 0
         self.batches = 0
         self.samples = 0
         self.steps = 0
         self.events = 0
+        self.event_bytes_cut = 0  # of events kept cut (perfd.events.cut), before they were journalled
         self.duplicates = 0
         self.gaps = 0
         self.gap_batches = 0
@@ -295,7 +298,7 @@ class IngestServer:
                       context: Any) -> AsyncIterator[pb.AggregatorMessage]:
         loop = asyncio.get_running_loop()
         try:
-            identity = authenticate(context, self.token)
+            identity, token_gen = authenticate(context, self.token)  # and the token's generation
             admit_stream(self._open, self.loop_lag_s, self.limits)
         except StreamRefused as exc:
             self.refusals.refuse(exc.reason, str(exc))
@@ -309,7 +312,7 @@ class IngestServer:
                     pass
             await context.abort(exc.code, str(exc))
             return
-        conn = AgentStream(peer=str(context.peer()), identity=identity, now=loop.time())
+        conn = AgentStream(str(context.peer()), identity, loop.time(), token_gen)
         self._open += 1
         self.streams_opened += 1
         reader = asyncio.create_task(self._read(request_iterator, conn))
@@ -379,8 +382,10 @@ class IngestServer:
             await asyncio.sleep(tick)
             now = loop.time()
             self.loop_lag_s = max(0.0, now - before - tick)
+            gen = self.token.current()[1] if self.token is not None else None  # one stat a tick
             for conn in list(self._conns):
                 check_liveness(conn, now, self.limits, self.refusals)
+                self.streams_closed_token_rotated += check_token(conn, gen, self.refusals)
             self._publish()
 
     def _durable(self, conn: AgentStream, agent: str) -> bool:
@@ -529,8 +534,9 @@ class IngestServer:
         return None if admit is None else (lambda sid, s: admit(agent, sid, s))
 
     def _deliver(self, agent: str, conn: AgentStream, b: pb.Batch) -> None:
-        if not trim_batch(agent, conn, b, self.limits, self.refusals):
+        if (cut := trim_batch(agent, conn, b, self.limits, self.refusals)) is None:
             return
+        self.event_bytes_cut += cut
         try:
             decoded = decode_batch(b, conn.series, self._admitter(agent) if b.series else None)
             if conn.hello_ids:
@@ -571,12 +577,13 @@ class IngestServer:
             "agents_connected": len(live),
             "streams_opened": self.streams_opened,
             "streams_superseded": self.streams_superseded,
+            "streams_closed_token_rotated": self.streams_closed_token_rotated,
             "hellos_reused": self.hellos_reused,
             "heartbeats": self.heartbeats,
             "batches": self.batches,
             "samples": self.samples,
             "steps": self.steps,
-            "events": self.events,
+            "events": self.events, "event_bytes_cut": self.event_bytes_cut,
             "duplicates": self.duplicates,
             "gaps": self.gaps,
             "gap_batches": self.gap_batches,

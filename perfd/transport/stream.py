@@ -18,7 +18,7 @@ from perfd.transport.series import Series
 class AgentStream:
     """One agent stream's state, shared by its reader task and its response generator."""
 
-    def __init__(self, peer: str, identity: str, now: float) -> None:
+    def __init__(self, peer: str, identity: str, now: float, token_generation: int | None = None) -> None:
         self.peer = peer
         self.identity = identity
         self.agent_id: str | None = None
@@ -37,6 +37,7 @@ class AgentStream:
         self.last_msg_at = now  # loop time of the last message from the agent
         self.closed = False
         self.close_reason: tuple[grpc.StatusCode, str] | None = None
+        self.token_generation = token_generation  # of the bearer token it authenticated with
         self.wake = asyncio.Event()
 
     def close(self, code: grpc.StatusCode, reason: str) -> None:

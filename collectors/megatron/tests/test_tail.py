@@ -127,11 +127,14 @@ def test_overlong_partial_line_is_handed_over(tmp_path: Path) -> None:
 
 
 def test_unreadable_path_never_raises(tmp_path: Path) -> None:
-    tail = LogTail(tmp_path)  # a directory: open() fails
+    tail = LogTail(tmp_path)  # a directory: not a regular file, refused (counted once per file)
     assert tail.read_lines() == []
     assert tail.read_lines() == []
-    assert sum(tail.errors.values()) == 2
+    assert tail.errors == {"not_regular": 1}
     tail.close()
+    gone = LogTail(tmp_path / "missing.log")  # a missing file: counted at every try
+    assert gone.read_lines() == [] and gone.read_lines() == []
+    assert gone.errors == {"missing": 2}
 
 
 # --- resuming at a saved position (issue 12 item 3) ---------------------------------------
