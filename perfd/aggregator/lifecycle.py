@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Making room asks the held jobs' states again (a job may have ended since the last housekeeping) at
+# most this often: a flood of new names at the cap costs one pass a second, not one per refusal.
+REASK_ENDED_S = 1.0
+
 
 class Lifecycle:
     def __init__(self, agg: Aggregator, clock: Callable[[], float] = time.time) -> None:
@@ -47,6 +51,7 @@ class Lifecycle:
         # making room reads it instead of asking every held job's state, which a flood of new names
         # at the cap would ask 1,000 times a refusal.
         self._ended: dict[str, float] | None = None  # None until the first housekeeping
+        self._reasked_at = 0.0  # when making room last asked the candidates' states again
         self._loop: asyncio.AbstractEventLoop | None = None
         self.jobs_pruned = 0
         self.jobs_released = 0  # named only in a Hello, released when no stream named them any more
@@ -87,6 +92,12 @@ class Lifecycle:
         known = self._ended
         if known is not None:
             ranked = sorted((t, j) for j in among if (t := known.get(j)) is not None)
+            if not ranked and now - self._reasked_at >= REASK_ENDED_S:
+                # A job may have ended since the last housekeeping (a tick ago at most): ask again,
+                # at most once a REASK_ENDED_S, so that a flood of refusals asks once, not each time.
+                self._reasked_at = now
+                known.update((j, t) for j in among if (t := self.ended_at(j, now)) is not None)
+                ranked = sorted((t, j) for j in among if (t := known.get(j)) is not None)
         else:
             ranked = sorted((t, j) for j in among if (t := self.ended_at(j, now)) is not None)
         for _t, job in ranked[:8]:  # a few, not all: one that ran again since is skipped
