@@ -19,7 +19,8 @@ from typing import Any
 
 from perfd.analytics.attribution import xid_evidence
 from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, decide, merge
-from perfd.analytics.incidents import MAX_INCIDENTS, Incident, render_cause
+from perfd.analytics.host_evidence import oom_evidence
+from perfd.analytics.incidents import MAX_INCIDENTS, STALL, Incident, render_cause
 from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
 
 BASELINE_EVERY_S = 1.0  # a steady sighting of the job's GPUs at most this often (a short job has seconds)
@@ -110,14 +111,26 @@ class IncidentTracker:
         with self._lock:
             kept = self._jobs.setdefault(job, {})
             for inc in found:
+                if inc.kinds == [STALL] and inc.id not in kept and _taken_over(kept, inc):
+                    continue  # the analysis' incident of these iterations took the live stall over
                 key = self._match(kept, inc)
                 prev = kept.get(key) if key else None
-                if prev is not None and not prev["open"] and not inc.open:
+                # A live stall these iterations end (their slow step is the stop): one episode.
+                stalls = [] if STALL in inc.kinds else _stall_docs(kept, inc, key)
+                if prev is None and stalls:
+                    prev, key = stalls[0], str(stalls[0]["id"])
+                if prev is not None and not prev["open"] and not inc.open and not stalls:
                     continue  # closed and already recorded with its evidence of the time
                 pev = prev["evidence"] if prev else {}
                 gpu: dict[str, Any] = dict(pev.get("gpu", {}))
                 live = [e for d in pev.get("gpu_observed", []) if (e := Evidence.from_json(d)) is not None]
                 xid_base: dict[str, float] = dict(pev.get("xid_at_open", {}))
+                oom_base: dict[str, int] = dict(pev.get("oom_at_open", {}))
+                for d in stalls:
+                    if d is not prev:
+                        live = merge(live, [e for x in d["evidence"].get("gpu_observed", [])
+                                            if (e := Evidence.from_json(x)) is not None])
+                        gpu = {**d["evidence"].get("gpu", {}), **gpu}
                 if inc.open or prev is None:
                     for r, snap in snapshot(inc).items():  # the evidence as it is now, while it happens
                         items = [e for d in snap.get("items", []) if (e := Evidence.from_json(d)) is not None]
@@ -128,6 +141,13 @@ class IncidentTracker:
                             x = xid_evidence(int(r), xid_base[r], float(count),
                                              vals.get("perfd_gpu_xid_last"), snap.get("taken_at"))
                             items += [x] if x is not None else []
+                        host = snap.get("host")
+                        if isinstance(host, Mapping):  # the rank's process on its host (collectors/ranks)
+                            kills = host.get("oom_kills")
+                            if isinstance(kills, int):
+                                oom_base.setdefault(r, kills)
+                            o = oom_evidence(int(r), oom_base.get(r), host)
+                            items += [o] if o is not None else []
                         live = merge(live, items)
                         if _worth_keeping(snap, items, gpu.get(r)):
                             gpu[r] = {**snap, "items": [e.to_json() for e in items]}
@@ -138,10 +158,16 @@ class IncidentTracker:
                 doc["verdict"] = verdict.to_json()
                 doc["cause"] = render_cause(inc, verdict)
                 doc["evidence"] = {**doc["evidence"], "gpu": gpu, "gpu_observed": [e.to_json() for e in live],
-                                   "xid_at_open": xid_base}
+                                   "xid_at_open": xid_base, "oom_at_open": oom_base}
                 doc["captures"] = caps
                 doc["first_seen"] = prev["first_seen"] if prev else now
                 doc["updated_at"] = now
+                if stalls:  # the stall seen live, with its ranks' states and stacks, stays with it
+                    doc["kinds"] = sorted({*doc["kinds"], STALL})
+                    doc["evidence"]["stall"] = stalls[-1]["evidence"].get("stall")
+                    doc["first_seen"] = min(d["first_seen"] for d in stalls)
+                    for d in stalls:
+                        kept.pop(str(d["id"]), None)
                 if prev is None:
                     self.opened_total[job] = self.opened_total.get(job, 0) + 1
                     events.append(_event(INCIDENT_OPENED.name, job, doc, "warning"))
@@ -209,6 +235,21 @@ class IncidentTracker:
                 n_open = sum(1 for d in self._jobs.get(job, {}).values() if d.get("open"))
                 rows.append(({"job_name": job}, "perfd_job_incidents_open", float(n_open)))
             return rows
+
+
+def _overlaps(d: Mapping[str, Any], inc: Incident) -> bool:
+    return bool(d["first_iteration"] <= inc.last_iteration and inc.first_iteration <= d["last_iteration"])
+
+
+def _stall_docs(kept: Mapping[str, dict[str, Any]], inc: Incident, key: str | None) -> list[dict[str, Any]]:
+    """Live stalls (kept alone) over the iterations ``inc`` covers: it takes them over."""
+    return [d for k, d in kept.items() if k != key and d.get("kinds") == [STALL] and _overlaps(d, inc)]
+
+
+def _taken_over(kept: Mapping[str, dict[str, Any]], inc: Incident) -> bool:
+    """An incident of the analysis has taken this stall's iterations over (it carries the stall)."""
+    return any(STALL in d.get("kinds", ()) and d.get("kinds") != [STALL] and _overlaps(d, inc)
+               for d in kept.values())
 
 
 def _tier(items: Sequence[Evidence]) -> int:
