@@ -83,6 +83,7 @@ class RankProc:
     prev_psi: dict[str, int] = field(default_factory=dict)
     prev_psi_source: str | None = None
     cgroup: procfs.CgroupDirs | None = None
+    cgroup_text: str | None = None  # /proc/<pid>/cgroup as last read: a moved process is re-resolved
     oom_at_follow: int | None = None  # the cgroup's OOM kill count when the rank was first followed
 
 
@@ -206,9 +207,7 @@ class RanksCollector(Collector):
         st = procfs.read_stat(pid, self.config.proc)
         if st is None:
             return  # already gone: nothing to follow
-        self.ranks[key] = RankProc(job, rank, pid, source, st.start_ticks, st.state, now,
-                                   cgroup=procfs.cgroup_dirs(pid, self._mounts or procfs.Mounts(),
-                                                             self.config.proc))
+        self.ranks[key] = RankProc(job, rank, pid, source, st.start_ticks, st.state, now)
 
     def _discover(self, now: float) -> None:
         """The launch manifest's child and its descendants; those declaring RANK are ranks. A job
@@ -307,6 +306,13 @@ class RanksCollector(Collector):
         return min(1.0, busy / total) if total > 0 else None
 
     def _cgroup(self, rp: RankProc, row: dict[str, Any], dt: float | None) -> None:
+        text = procfs.read_text(f"{self.config.proc}/{rp.pid}/cgroup")
+        if text is not None and text != rp.cgroup_text:  # first read, or moved (a pod's resize, a test)
+            if rp.cgroup_text is not None:
+                rp.oom_at_follow = None
+            rp.cgroup_text = text
+            rp.cgroup = procfs.cgroup_dirs(rp.pid, self._mounts or procfs.Mounts(), self.config.proc)
+            rp.prev_thr, rp.prev_psi, rp.prev_psi_source = None, {}, None  # another cgroup's counters
         d = rp.cgroup
         if d is None:
             return

@@ -12,8 +12,9 @@ closes, and counts incidents and seconds lost per job for /metrics. Bounded: MAX
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
 
 BASELINE_EVERY_S = 1.0  # a steady sighting of the job's GPUs at most this often (a short job has seconds)
 BASELINE_MIN_SIGHTINGS = 3  # before this many, nothing is said about steady state
+BASELINE_LEVELS = 60  # the newest steady values kept per (rank, kind) on a scale: their median is its level
 # A sighting costs ~25 us of CPU per placed rank (8,000 ranks: ~0.2 s on a 2-core VM; `perfd bench
 # baseline`): a job of more ranks than this is sighted proportionally less often (8,000 ranks: every
 # ~7.8 s), so no job's sightings cost more than one of this many ranks at BASELINE_EVERY_S (~2.5% of a
@@ -47,6 +49,8 @@ class GpuBaseline:
         self.every_s = every_s
         self._n: dict[str, int] = {}  # job -> steady sightings taken
         self._seen: dict[str, Counter[tuple[int, str]]] = {}  # job -> (rank, kind) -> sightings
+        # job -> (rank, kind) -> its worst values in those sightings (kinds on a scale: their level)
+        self._levels: dict[str, dict[tuple[int, str], deque[float]]] = {}
         self._at: dict[str, float] = {}
         self._ranks: dict[str, int] = {}  # job -> ranks in its last sighting
 
@@ -68,12 +72,16 @@ class GpuBaseline:
             self._ranks[job] = len(items_by_rank)
             self._n[job] = self._n.get(job, 0) + 1
             seen = self._seen.setdefault(job, Counter())
+            levels = self._levels.setdefault(job, {})
             for rank, items in items_by_rank.items():
                 seen.update({(rank, e.kind.value) for e in items})
+                for e in items:
+                    if e.spec.steady_margin is not None and e.worst is not None:
+                        levels.setdefault((rank, e.kind.value), deque(maxlen=BASELINE_LEVELS)).append(e.worst)
 
     def forget(self, job: str) -> None:
         with self._lock:
-            for d in (self._n, self._seen, self._at, self._ranks):
+            for d in (self._n, self._seen, self._at, self._ranks, self._levels):
                 d.pop(job, None)
 
     def sightings(self, job: str) -> int:
@@ -85,11 +93,20 @@ class GpuBaseline:
         """The items with the share of steady sightings that showed them (once there are enough)."""
         with self._lock:
             n, seen = self._n.get(job, 0), self._seen.get(job, Counter())
+            levels = {k: statistics.median(v) for k, v in self._levels.get(job, {}).items() if v}
         if n < BASELINE_MIN_SIGHTINGS:
             return list(items)
-        return [dataclasses.replace(e, detail={**e.detail,
-                                               "in_steady_state": seen[(e.rank, e.kind.value)] / n})
-                if e.rank is not None else e for e in items]
+        out = []
+        for e in items:
+            if e.rank is None:
+                out.append(e)
+                continue
+            key = (e.rank, e.kind.value)
+            extra = {"in_steady_state": seen[key] / n}
+            if key in levels:
+                extra["steady_worst"] = levels[key]
+            out.append(dataclasses.replace(e, detail={**e.detail, **extra}))
+        return out
 
 
 class IncidentTracker:

@@ -55,7 +55,7 @@ from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.goodput import metric_rows as goodput_rows
 from perfd.analytics.goodput import with_stall
 from perfd.analytics.host_evidence import host_items
-from perfd.analytics.incidents import Incident, hang_incident, is_disturbance
+from perfd.analytics.incidents import STEP_FACTOR, Incident, hang_incident, is_disturbance
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.analytics.run_analysis import RunAnalysis
 from perfd.analytics.verdict_text import stall_text
@@ -331,7 +331,14 @@ class AggregatorState:
         last_it = a.iterations[-1].iteration if a.iterations else None
         now = time.time()
         open_now = bool(self.incidents.open_incidents(job)) or bool(a.incidents and a.incidents[-1].open)
-        if not open_now and self.gpu_baseline.due(job, now):
+        # Steady sightings only while the newest step is steady too: the seconds a slowdown takes to
+        # become an incident (its cost past the floor) must not teach the baseline that its cause is
+        # the job's normal state (a short job has few sightings: those seconds were most of them).
+        last = a.iterations[-1] if a.iterations else None
+        med = a.summary["medians"].get("step_time_ms")
+        calm = last is not None and last.steady_state and last.step_time_ms is not None and bool(med) \
+            and last.step_time_ms <= STEP_FACTOR * med
+        if not open_now and calm and self.gpu_baseline.due(job, now):
             self._baseline_sighting(job, now)
         for h in coll.hangs if coll is not None else []:
             found.append(hang_incident(h.to_json(), last_it, now))

@@ -48,8 +48,8 @@ class EvidenceKind(str, enum.Enum):
     PROCESS_STOPPED = "process_stopped"  # state T/t: SIGSTOP, a debugger, a frozen container
     OOM_KILL = "oom_kill"  # the OOM killer killed a process in the rank's cgroup
     PROCESS_GONE = "process_gone"  # the rank's process exited (or is a zombie) while the job ran
-    CPU_CONTENTION = "cpu_contention"  # other processes on the rank's CPUs; the rank waited for one
     CPU_THROTTLED = "cpu_throttled"  # the rank's cgroup hit its CPU quota (CFS throttling)
+    CPU_CONTENTION = "cpu_contention"  # other processes on the rank's CPUs; the rank waited for one
     MEMORY_PRESSURE = "memory_pressure"  # tasks stalled on memory (PSI), swap-in
     IO_BLOCKED = "io_blocked"  # the rank in disk sleep, tasks stalled on I/O (PSI)
 
@@ -71,6 +71,9 @@ class KindSpec:
     worse: str  # "max" or "min": which way the value gets worse
     unit: str  # of ``Evidence.worst``
     gpu_symptom: bool = False  # an effect a higher-tier GPU cause produces on the same GPU
+    # A kind measured on a scale (a share of time): seen in steady state too, it still explains an
+    # incident where its worst exceeds its steady level (``detail["steady_worst"]``) by this much.
+    steady_margin: float | None = None
 
 
 # The one declaration of each kind's place in the causal order. Within a tier, the order here
@@ -82,13 +85,19 @@ KIND_SPECS: dict[EvidenceKind, KindSpec] = {
     EvidenceKind.XID: KindSpec(Tier.HARDWARE, "max", "xid code"),
     EvidenceKind.HW_SLOWDOWN: KindSpec(Tier.HARDWARE, "max", "count", gpu_symptom=True),
     EvidenceKind.FOREIGN_PROCESS: KindSpec(Tier.FOREIGN_PROCESS, "max", "bytes"),
-    EvidenceKind.CPU_CONTENTION: KindSpec(Tier.FOREIGN_PROCESS, "max", "ratio"),  # the rank's run-queue wait
-    EvidenceKind.CPU_THROTTLED: KindSpec(Tier.FOREIGN_PROCESS, "max", "ratio"),  # periods throttled
+    # A CPU quota before contention: a throttled rank's threads count the throttled time as run-queue
+    # wait, and other processes fill the CPUs it may not use (seen here: 90% wait at a 0.1-CPU quota).
+    EvidenceKind.CPU_THROTTLED: KindSpec(Tier.FOREIGN_PROCESS, "max", "ratio",  # periods throttled
+                                         steady_margin=th.STEADY_MARGIN.value),
+    EvidenceKind.CPU_CONTENTION: KindSpec(Tier.FOREIGN_PROCESS, "max", "ratio",  # the rank's run-queue wait
+                                          steady_margin=th.STEADY_MARGIN.value),
     EvidenceKind.THERMAL: KindSpec(Tier.THERMAL_POWER, "max", "celsius", gpu_symptom=True),
     EvidenceKind.POWER_CAP: KindSpec(Tier.THERMAL_POWER, "max", "watts", gpu_symptom=True),
     EvidenceKind.CLOCK_DROP: KindSpec(Tier.THERMAL_POWER, "min", "hertz", gpu_symptom=True),
-    EvidenceKind.MEMORY_PRESSURE: KindSpec(Tier.THERMAL_POWER, "max", "ratio"),  # PSI memory some
-    EvidenceKind.IO_BLOCKED: KindSpec(Tier.THERMAL_POWER, "max", "ratio"),  # PSI io some
+    EvidenceKind.MEMORY_PRESSURE: KindSpec(Tier.THERMAL_POWER, "max", "ratio",  # PSI memory some
+                                           steady_margin=th.STEADY_MARGIN.value),
+    EvidenceKind.IO_BLOCKED: KindSpec(Tier.THERMAL_POWER, "max", "ratio",  # PSI io some
+                                      steady_margin=th.STEADY_MARGIN.value),
     EvidenceKind.AFTER_CAPTURE: KindSpec(Tier.OWN_WORK, "max", "times"),
     EvidenceKind.CAPTURE_FINDING: KindSpec(Tier.OWN_WORK, "max", "times"),
     EvidenceKind.DATA_WAIT: KindSpec(Tier.OWN_WORK, "max", "ratio"),
@@ -218,12 +227,23 @@ class Verdict:
                 "missing": [m.value for m in self.missing]}
 
 
+def in_steady_state(e: Evidence) -> bool:
+    """Seen in half the rank's steady sightings or more (its normal state), and — for a kind on a
+    scale — not worse now than there by its margin (KindSpec.steady_margin)."""
+    if (e.detail.get("in_steady_state") or 0.0) < STEADY_PRESENT:
+        return False
+    margin, level = e.spec.steady_margin, e.detail.get("steady_worst")
+    if margin is None or e.worst is None or not isinstance(level, (int, float)):
+        return True
+    return not (e.worst > level + margin if e.spec.worse == "max" else e.worst < level - margin)
+
+
 def decide(items: Sequence[Evidence], ranks: Sequence[int] = (), missing: Sequence[Missing] = ()) -> Verdict:
     """The verdict over everything seen during an incident: the item highest in the causal order
     (ties: the rank the data names first, then the most sightings). GPU symptoms of lower tiers on
     the lead's rank are its effects; the rest is listed, also in causal order."""
     # Evidence the rank's GPU showed in steady state too explains no departure from it.
-    steady = [e for e in items if (e.detail.get("in_steady_state") or 0.0) >= STEADY_PRESENT]
+    steady = [e for e in items if in_steady_state(e)]
     items = [e for e in items if e not in steady]
     if not items:
         return Verdict(None, ranks[0] if ranks else None, None, also=tuple(sorted(steady, key=causal_key)),

@@ -159,6 +159,11 @@ SHORT_GAPS_DOMINATE = Threshold(0.5, "half the idle in short gaps: the host issu
 STEADY_PRESENT = Threshold(0.5, "GPU evidence seen in half the rank's steady-state sightings is its normal "
                                 "state (a GPU always at its power cap): it explains no incident",
                            "DESIGN.md §2 Who is to blame")
+STEADY_MARGIN = Threshold(
+    0.15, "a host condition seen in steady state too (a shared machine's CPUs always contended) still "
+    "explains an incident when it got worse by this much (a ratio's points: the rank waited for a CPU 80% "
+    "of the time against 50% in steady state); GPU evidence is present or not, with no margin",
+    "DESIGN.md §2 Who is to blame")
 CLOCK_DROP_RATIO = Threshold(0.95, "an SM clock 5% below the job's median GPU is a clock drop",
                              "DESIGN.md §2 Stragglers (root-cause hints)")
 HOT_DELTA_C = Threshold(10.0, "10 C above the job's median GPU is running hot",

@@ -194,7 +194,9 @@ def _contention(e: Evidence) -> str:
     cmd = max(set(cmds), key=cmds.count) if cmds else "command line not visible"
     share = d.get("others_ratio")
     took = f"took {share:.0%} of" if isinstance(share, (int, float)) else "ran on"
-    wait = f"; the rank waited for a CPU {e.worst:.0%} of the time" if e.worst is not None else ""
+    level = d.get("steady_worst")
+    steady = f" ({level:.0%} in steady state)" if isinstance(level, (int, float)) else ""
+    wait = f"; the rank waited for a CPU {e.worst:.0%} of the time{steady}" if e.worst is not None else ""
     return (f"{len(others)} other process(es) (pid{'s' if len(others) > 1 else ''} {pids}, `{cmd}`) {took} "
             f"rank {e.rank}'s {cpus_text(d.get('allowed_cpus'))}{wait}{_seen(e)}")
 
