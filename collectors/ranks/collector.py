@@ -210,9 +210,9 @@ class RanksCollector(Collector):
         self.ranks[key] = RankProc(job, rank, pid, source, st.start_ticks, st.state, now)
 
     def _discover(self, now: float) -> None:
-        """The launch manifest's child and its descendants; those declaring RANK are ranks. A job
-        whose processes declare none (one process, no launcher) is rank 0: the child (as the step
-        hook numbers it)."""
+        """The launch manifest's child and its descendants; those declaring RANK are ranks. A job of
+        one process declaring none (no launcher) is rank 0, as the step hook numbers it; once
+        processes declaring ranks appear (a launcher's workers), that guess goes."""
         from perfd.launch import load_manifest
 
         path = self.config.launch_manifest
@@ -239,8 +239,11 @@ class RanksCollector(Collector):
             if isinstance(rank, int):
                 declared = True
                 self._follow(job, rank, p.pid, "launch", now)
-        if not declared and len(tree) >= 1:
+        held = self.ranks.get((job, 0))
+        if not declared and len(tree) == 1:  # one process, no launcher: it is the rank
             self._follow(job, 0, pid, "launch", now)
+        elif declared and held is not None and held.pid == pid and held.source == "launch":
+            del self.ranks[(job, 0)]  # the launcher taken for the rank before its workers started
 
     # ---- one rank ------------------------------------------------------------------------------
     def _measure(self, rp: RankProc, t: float, now: float,
@@ -385,10 +388,22 @@ class RanksCollector(Collector):
                 used = st.cpu_s - old.cpu_s
                 if used <= 0 or st.processor not in allowed:
                     continue
-                share = min(1.0, used / (dt * len(allowed)))
+                # A process that may run elsewhere too spent only part of its time here: as much as
+                # its allowed CPUs overlap the rank's (it migrates; the kernel keeps no per-CPU time
+                # per process).
+                aff = procfs.affinity(pid)
+                part = len(allowed & set(aff)) / len(aff) if aff else 1.0
+                share = min(1.0, used * part / (dt * len(allowed)))
                 found.append((share, pid, st, _descends(pid, own_roots, procs)))
-            foreign = [f for f in found if not f[3]]
-            row["others_ratio"] = min(1.0, sum(f[0] for f in foreign))
+            # The kernel's per-CPU accounting bounds what the others took: the CPUs' busy share less
+            # the rank's own use of them. Estimates over it are scaled down to it.
+            busy = row.get("allowed_busy_ratio")
+            mine = min(1.0, (row.get("cpu_cores") or 0.0) / len(allowed))
+            total = sum(f[0] for f in found)
+            if busy is not None and total > max(0.0, busy - mine) and total > 0:
+                k = max(0.0, busy - mine) / total
+                found = [(sh * k, pid, st, own) for sh, pid, st, own in found]
+            row["others_ratio"] = min(1.0, sum(f[0] for f in found if not f[3]))
             row["own_ratio"] = min(1.0, sum(f[0] for f in found if f[3]))
             top = sorted(found, key=lambda f: (-f[0], f[1]))[:L.RANK_OTHERS_TOP_N]
             row["others"] = [self._named(share, pid, st, own) for share, pid, st, own in top]
