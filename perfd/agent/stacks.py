@@ -93,14 +93,21 @@ class StackDumper:
             self.refused_busy += 1
             self._answer(cmd, {}, "busy: the previous stacks request is still running")
             return
-        t = threading.Thread(target=self._run, args=(cmd,), name="perfd-stacks", daemon=True)
+        t = threading.Thread(target=self._in_thread, args=(cmd,), name="perfd-stacks", daemon=True)
         try:
             t.start()
         except RuntimeError as exc:
             self._busy.release()
             self._answer(cmd, {}, f"no thread: {exc}")
 
-    def _run(self, cmd: Any) -> None:
+    def _in_thread(self, cmd: Any) -> None:
+        try:
+            self.run(cmd)
+        finally:
+            self._busy.release()
+
+    def run(self, cmd: Any) -> None:
+        """Dump the stacks ``cmd`` asks for, now, and emit the answer (the thread's work)."""
         try:
             job = str(getattr(cmd, "job", "") or "")
             pids = dict(self.pids_of(job))
@@ -116,8 +123,6 @@ class StackDumper:
         except Exception as exc:  # a bug must not kill the agent's thread silently
             log.exception("stacks request failed")
             self._answer(cmd, {}, f"failed: {exc!r}")
-        finally:
-            self._busy.release()
 
     def _answer(self, cmd: Any, ranks: Mapping[str, Any], note: str | None) -> None:
         job = str(getattr(cmd, "job", "") or "")

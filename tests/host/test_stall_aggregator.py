@@ -1,0 +1,200 @@
+"""The live stall through the aggregator's state, in process: a real Megatron-LM DP=2 log's records
+(tests/data/megatron/dp2_all_timers.log), the host state of real processes as the real ranks
+collector reports it (one SIGSTOPped), the Python stacks the real agent-side dumper takes with
+py-spy, and the Megatron parser's own checkpoint announcement. The clock is the test's: the job's
+silence is made by moving its last record's arrival back (as tests/e2e/test_job_liveness.py does),
+and each check is run at an explicit time."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collectors.megatron import parse_file, parse_lines
+from collectors.ranks import RanksCollector
+from perfd import events
+from perfd.agent.stacks import StackDumper
+from perfd.aggregator.state import AggregatorState
+from perfd.analytics.liveness import RUNNING, STALLED
+from perfd.transport.codec import COMMAND_STACKS, Command
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
+
+ROOT = Path(__file__).resolve().parents[2]
+DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
+JOB = "dp2"
+LOOP = "import time\ndef train_step():\n    while True:\n        time.sleep(0.01)\ntrain_step()\n"
+
+
+@pytest.fixture
+def ranks() -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
+    """Two real Python processes standing for the job's ranks 0 and 1."""
+    ps = [subprocess.Popen([sys.executable, "-c", LOOP], start_new_session=True) for _ in range(2)]
+    time.sleep(0.5)
+    yield ps[0], ps[1]
+    for p in ps:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        p.wait(timeout=10)
+
+
+class Harness:
+    def __init__(self, procs: tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]) -> None:
+        self.parsed = parse_file(DP2, job=JOB)
+        self.st = AggregatorState(min_recompute_s=0.0)
+        self.sent: list[tuple[str, Command]] = []
+
+        def send(agent: str, cmd: Command) -> bool:  # the server's send_command: queued to the stream
+            self.sent.append((agent, cmd))
+            return True
+
+        self.st.stalls.send = send
+        self.st.hello("agent-a", [JOB])
+        self.st.ingest_job_info("agent-a", JOB, self.parsed.job_info)
+        self.collector = RanksCollector({"job": JOB})
+        for rank, p in enumerate(procs):
+            self.collector.note(p.pid, rank, "gpu")
+        self.procs = procs
+
+    def records(self, upto: int) -> None:
+        self.st.ingest_steps("agent-a", [r for r in self.parsed.records if r.iteration <= upto])
+        self.st.analysis(JOB, force=True)
+
+    def observe(self, n: int = 2) -> None:
+        """What the agent's ranks collector reports, as the agent sends it."""
+        for i in range(n):
+            if i:
+                time.sleep(0.5)
+            out = self.collector.collect(time.time())
+        self.st.ingest_events("agent-a", [{**ev, "labels": {**ev["labels"], "node": "node-a"}}
+                                          for ev in out.events])
+
+    def silent_for(self, seconds: float) -> float:
+        """Make the job's last record have arrived ``seconds`` ago; returns now."""
+        js = self.st.jobs.jobs[JOB]
+        now = time.time()
+        js.last_step_time = now - seconds
+        return now
+
+    def incidents(self) -> list[dict[str, Any]]:
+        return self.st.incidents.incidents(JOB)
+
+
+def test_a_stopped_rank_opens_a_stall_with_stacks_and_the_slow_step_takes_it_over(ranks: Any) -> None:
+    h = Harness(ranks)
+    h.records(20)
+    h.observe()
+    now = h.silent_for(2.0)  # within the limit (the floor, 5 s: a record every ~0.35 s)
+    assert h.st.stalls.tick(h.st, JOB, now).status.value == "running" and not h.incidents()
+    os.kill(ranks[1].pid, signal.SIGSTOP)
+    h.observe()
+    now = h.silent_for(6.0)
+    h.st.stalls.tick(h.st, JOB, now)
+    (inc,) = h.incidents()
+    assert inc["kinds"] == ["stall"] and inc["open"] and inc["ranks"] == [1, 0]
+    assert (inc["first_iteration"], inc["last_iteration"]) == (21, 21)
+    assert inc["verdict"]["cause"] == "process_stopped" and inc["verdict"]["rank"] == 1
+    assert inc["cause"].startswith("stalled: no step for 6 s") and "rank 1's process" in inc["cause"]
+    stall = inc["evidence"]["stall"]
+    assert stall["ranks"]["1"]["state"] == "stopped" and stall["ranks"]["0"]["state"] == "sleeping"
+    ov = h.st.job_overview(JOB)
+    # Stopped (rank 1), and every rank idle (rank 0 sleeps in its loop, rank 1 is stopped)
+    assert ov is not None and ov["state"] == STALLED and ov["stall"]["reasons"][0] == "stopped"
+    rows = {name: v for lab, name, v in h.st.liveness_rows() if lab.get("job_name") == JOB}
+    assert rows["perfd_job_stalled_seconds"] >= 6.0
+    # One stacks request, to the agent that reports the ranks; its answer (py-spy on the stopped
+    # process, by the agent's own dumper) joins the stall.
+    ((agent, cmd),) = h.sent
+    assert agent == "agent-a" and cmd.kind == COMMAND_STACKS and cmd.ranks == (1, 0) and cmd.job == JOB
+    answers: list[dict[str, Any]] = []
+    StackDumper(answers.append, lambda job: h.collector.rank_pids(job)).run(cmd)
+    h.st.ingest_events("agent-a", [{**answers[0], "labels": {"job": JOB, "node": "node-a"}}])
+    h.st.stalls.tick(h.st, JOB, h.silent_for(8.0))
+    (inc,) = h.incidents()
+    stacks = inc["evidence"]["stall"]["stacks"]
+    assert "train_step (<string>:4)" in stacks["1"]["stack"] and stacks["1"]["node"] == "node-a"
+    assert inc["cost_s"] == pytest.approx(8.0 - inc["evidence"]["stall"]["cadence_s"], abs=0.5)
+    assert len(h.sent) == 1  # asked once per stall
+    # Steps resume: the record after the stop took the whole stop; its incident takes the stall over.
+    os.kill(ranks[1].pid, signal.SIGCONT)
+    h.observe()
+    last = h.parsed.records[20]
+    assert last.iteration == 21 and last.end_time is not None and last.step_time_ms is not None
+    slow = dataclasses.replace(last, step_time_ms=last.step_time_ms + 8000.0)
+    h.st.ingest_steps("agent-a", [slow, *h.parsed.records[21:]])
+    h.st.analysis(JOB, force=True)
+    h.st.stalls.tick(h.st, JOB)
+    (inc,) = h.incidents()
+    assert {"slow-steps", "stall"} <= set(inc["kinds"]) and not inc["open"]  # (straggler: DP=2's timers)
+    assert inc["verdict"]["cause"] == "process_stopped" and "rank 1's process" in inc["cause"]
+    assert "was stopped" in inc["cause"] and "steps" in inc["cause"]
+    assert inc["evidence"]["stall"]["stacks"]["1"]["stack"]  # kept with it
+    assert inc["cost_s"] == pytest.approx(8.0, abs=0.5)
+    assert h.st.job_overview(JOB)["state"] == RUNNING  # type: ignore[index]
+    kinds = [e["kind"] for e in h.st.recent_events(JOB)]
+    assert kinds.count(events.INCIDENT_OPENED.name) == 1 and kinds.count(events.INCIDENT_CLOSED.name) == 1
+
+
+def test_a_stall_no_slow_step_follows_closes_on_its_own(ranks: Any) -> None:
+    h = Harness(ranks)
+    h.records(20)
+    os.kill(ranks[0].pid, signal.SIGSTOP)
+    h.observe()
+    h.st.stalls.tick(h.st, JOB, h.silent_for(7.0))
+    assert [i["kinds"] for i in h.incidents()] == [["stall"]]
+    os.kill(ranks[0].pid, signal.SIGCONT)
+    h.records(30)  # the next records are ordinary (a log interval's mean, say)
+    h.st.stalls.tick(h.st, JOB)
+    (inc,) = h.incidents()
+    assert inc["kinds"] == ["stall"] and not inc["open"] and inc["verdict"]["cause"] == "process_stopped"
+    # Its cost: the silence to the record that ended it, beyond one usual interval.
+    assert 0.0 < inc["cost_s"] <= 7.0 + 1.0
+
+
+def test_an_announced_checkpoint_save_holds_the_stall_back(ranks: Any) -> None:
+    h = Harness(ranks)
+    h.records(20)
+    h.observe()
+    saving = parse_lines(["[2026-11-23 16:21:18.782183] saving checkpoint at iteration      20 to /ckpt "
+                          "in torch_dist format"], job=JOB).events
+    assert [e["payload"]["state"] for e in saving] == ["begin"]
+    h.st.ingest_events("agent-a", saving)
+    h.observe(3)
+    h.st.stalls.tick(h.st, JOB, h.silent_for(30.0))
+    assert h.incidents() == [] and h.st.job_overview(JOB)["state"] == RUNNING  # type: ignore[index]
+    saved = parse_lines(["  [2026-11-23 16:21:35.529378] successfully saved checkpoint from iteration"
+                         "      20 to /ckpt [ t 1/1 ]"], job=JOB).events
+    h.st.ingest_events("agent-a", saved)
+    h.observe()
+    check = h.st.stalls.tick(h.st, JOB, h.silent_for(30.0))
+    # The save ended and still no step: now the idle ranks are a stall (their loops only sleep).
+    assert check.status.value == "stalled"
+    (inc,) = h.incidents()
+    assert inc["evidence"]["stall"]["reasons"] == ["idle"] and inc["first_iteration"] == 21
+
+
+def test_malformed_host_events_are_counted_not_kept() -> None:
+    st = AggregatorState()
+    st.ingest_events("a", [
+        {"kind": events.RANK_PROCESSES.name, "payload": {"job": "j", "ranks": "nope"}},
+        {"kind": events.JOB_PHASE.name, "payload": {"job": "j", "phase": "lunch", "state": "begin"}},
+        {"kind": events.RANK_STACKS.name, "payload": {"job": "j", "ranks": []}},
+        {"kind": events.RANK_PROCESSES.name, "labels": {"node": "n"},
+         "payload": {"job": "j", "ranks": [{"rank": 0, "pid": 5, "state": "running"}, {"rank": "x"}]}},
+    ])
+    assert st.stats_json()["events_malformed"] == {
+        events.RANK_PROCESSES.name: 1, events.JOB_PHASE.name: 1, events.RANK_STACKS.name: 1}
+    assert list(st.hosts.observations("j")) == [0]  # the bad rank entry left out
+    assert st.recent_events() == []  # state, not history
