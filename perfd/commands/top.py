@@ -36,6 +36,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from perfd.analytics.verdict_text import cpus_text
+
 NA = "–"
 # Heat levels for a rank's compute ratio: below 1.0 is a fast rank, 1.1 marks a straggler candidate
 # (perfd.analytics.thresholds), each level ~0.05 wider.
@@ -43,6 +45,7 @@ _BLOCKS = "▁▂▃▄▅▆▇█"
 # Each refresh reads every listed job's summary (one request each): beyond this many jobs only the
 # newest ones are read, so a cluster-wide aggregator is not asked for hundreds of reports per refresh.
 MAX_JOB_SUMMARIES = 16
+MAX_RANK_HOST_ROWS = 16  # rank processes listed in the host panel (the rest are counted)
 # Width of `--once` output that is not a terminal (a file, a pipe): wide enough for every column and
 # a whole command line (collectors/nvml keeps 200 characters of it), so nothing is cut or wrapped as
 # rich does at its default 80 for a non-terminal. Tables take only the width their content needs.
@@ -77,6 +80,7 @@ class Snapshot:
     # iteration's line before its timers, so the latest iteration often has none yet.
     rank_ratios: tuple[int, dict[str, Any]] | None = None
     hosts: list[dict[str, Any]] = field(default_factory=list)
+    rank_hosts: list[dict[str, Any]] = field(default_factory=list)  # its rank processes (collectors/ranks)
     error: str | None = None
     taken_at: float = 0.0
 
@@ -165,6 +169,7 @@ def fetch(base: str, job: str | None, previous: str | None = None, get: Getter |
         got = get(_job_path(snap.focus, "gpus"))
         snap.gpus = list(got.get("gpus", []))
         snap.hosts = list(got.get("hosts") or [])
+        snap.rank_hosts = list(got.get("rank_hosts") or [])
     except urllib.error.HTTPError as exc:
         snap.error = f"{snap.focus}: HTTP {exc.code} from the aggregator"
     except (OSError, ValueError) as exc:
@@ -176,6 +181,11 @@ def fetch(base: str, job: str | None, previous: str | None = None, get: Getter |
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _pct0(v: Any) -> str:
+    x = _num(v)
+    return NA if x is None else f"{100 * x:.0f}%"
 
 
 def _pct(v: Any) -> str:
@@ -347,20 +357,57 @@ def _proc_cell(g: dict[str, Any], p: dict[str, Any], col: str) -> str:
     return NA if v is None or v == "" else str(v)
 
 
-def _host_table(hosts: list[dict[str, Any]]) -> RenderableType:
+def _host_table(hosts: list[dict[str, Any]], ranks: list[dict[str, Any]] | None = None
+                ) -> RenderableType:
+    """The nodes' CPU and memory, then the job's own rank processes on them: each one's state, the
+    CPU it used, how long it waited for one, its CPUs and how busy they were, and who else took them
+    (collectors/ranks) — the node-wide average alone hides a job pinned to two of its CPUs."""
+    parts: list[RenderableType] = []
     if not hosts:
-        return Text("hosts: " + NA + " (no host series from the agents: --host on)")
-    t = Table(title="hosts", title_justify="left")
-    for col in ("node", "CPU", "load1", "memory GiB"):
-        t.add_column(col, justify="left" if col == "node" else "right")
-    for h in hosts:
-        vals = h.get("values") or {}
-        cpu, load = _num(vals.get("perfd_host_cpu_util_ratio")), _num(vals.get("perfd_host_load1"))
-        t.add_row(str(h.get("node")), NA if cpu is None else f"{100 * cpu:.0f}%",
-                  NA if load is None else f"{load:.1f}",
-                  _used_of(_num(vals.get("perfd_host_memory_used_bytes")),
-                           _num(vals.get("perfd_host_memory_total_bytes")), GIB, 1))
+        parts.append(Text("hosts: " + NA + " (no host series from the agents: --host on)"))
+    else:
+        t = Table(title="hosts", title_justify="left")
+        for col in ("node", "CPU", "load1", "memory GiB"):
+            t.add_column(col, justify="left" if col == "node" else "right")
+        for h in hosts:
+            vals = h.get("values") or {}
+            cpu, load = _num(vals.get("perfd_host_cpu_util_ratio")), _num(vals.get("perfd_host_load1"))
+            t.add_row(str(h.get("node")), NA if cpu is None else f"{100 * cpu:.0f}%",
+                      NA if load is None else f"{load:.1f}",
+                      _used_of(_num(vals.get("perfd_host_memory_used_bytes")),
+                               _num(vals.get("perfd_host_memory_total_bytes")), GIB, 1))
+        parts.append(t)
+    if ranks:
+        parts.append(_rank_host_table(ranks))
+    return Group(*parts) if len(parts) > 1 else parts[0]
+
+
+def _rank_host_table(ranks: list[dict[str, Any]]) -> Table:
+    t = Table(title="rank processes", title_justify="left")
+    for col in ("rank", "node", "pid", "state", "CPU", "CPU wait", "CPUs", "CPUs busy", "others",
+                "throttled", "top other"):
+        t.add_column(col, justify="left" if col in ("node", "state", "CPUs", "top other") else "right")
+    for r in ranks[:MAX_RANK_HOST_ROWS]:
+        cores, wait = _num(r.get("cpu_cores")), _num(r.get("wait_ratio"))
+        busy, others, thr = (r.get(k) for k in ("allowed_busy_ratio", "others_ratio", "throttled_ratio"))
+        foreign = [o for o in r.get("others") or [] if not o.get("own")]
+        top_other = NA
+        if foreign:
+            o = foreign[0]
+            share = _num(o.get("cpu_ratio"))
+            took = f"{100 * share:.0f}% " if share is not None else ""
+            top_other = f"{o.get('pid')} {o.get('user') or ''} {took}{_short_cmd(o)}"
+        t.add_row(str(r.get("rank")), str(r.get("node") or NA), str(r.get("pid") or NA),
+                  str(r.get("state") or NA), NA if cores is None else f"{cores:.2f}", _pct0(wait),
+                  cpus_text(r.get("allowed_cpus") or []), _pct0(busy), _pct0(others), _pct0(thr), top_other)
+    if len(ranks) > MAX_RANK_HOST_ROWS:
+        t.caption = f"… and {len(ranks) - MAX_RANK_HOST_ROWS} more (GET /api/jobs/<job>/gpus: rank_hosts)"
     return t
+
+
+def _short_cmd(p: dict[str, Any]) -> str:
+    cmd = " ".join(str(p.get("cmdline") or p.get("name") or "").split())
+    return cmd if len(cmd) <= 40 else cmd[:39] + "…"
 
 
 def _span(a: Any, b: Any) -> str:
@@ -416,7 +463,7 @@ def render(snap: Snapshot, keys: bool = False) -> RenderableType:
             parts.append(heat_line(latest.get("straggler_rank_compute_ratio") or {}))
         parts.append(_gpu_table(snap.gpus, list(summary.get("ranks") or [])))
         parts.append(_process_table(snap.gpus))
-        parts.append(_host_table(snap.hosts))
+        parts.append(_host_table(snap.hosts, snap.rank_hosts))
         parts.append(incidents_text(summary.get("incidents")))
     return Group(*parts)
 
