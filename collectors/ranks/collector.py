@@ -30,6 +30,7 @@ from typing import Any
 from collectors.ranks import procfs
 from perfd import limits as L
 from perfd.analytics.thresholds import CPU_WAIT_SCAN
+from perfd.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import RANK_PROCESSES
 from perfd.model import Sample
@@ -443,19 +444,14 @@ class RanksCollector(Collector):
         for (job, rank), row in sorted(rows.items()):
             by_job.setdefault(job, []).append(row)
             lab = {"job_name": job, "rank": str(rank)} if job else {"rank": str(rank)}
-            emit("perfd_host_rank_state_info", 1.0, {**lab, "process_state": row["state"]})
-            for name, key in (("perfd_host_rank_cpu_cores", "cpu_cores"),
-                              ("perfd_host_rank_cpu_wait_ratio", "wait_ratio"),
-                              ("perfd_host_rank_allowed_cpus_busy_ratio", "allowed_busy_ratio"),
-                              ("perfd_host_rank_others_cpu_ratio", "others_ratio"),
-                              ("perfd_host_rank_cpu_throttled_ratio", "throttled_ratio"),
-                              ("perfd_host_rank_oom_kills_total", "oom_kills")):
+            emit(RANK_STATE_INFO, 1.0, {**lab, "process_state": row["state"]})
+            for name, key in RANK_HOST_SERIES.items():
                 if row.get(key) is not None:
                     emit(name, row[key], lab)
             if row.get("allowed_cpus") is not None:
-                emit("perfd_host_rank_allowed_cpus", len(row["allowed_cpus"]), lab)
+                emit(RANK_ALLOWED_CPUS, len(row["allowed_cpus"]), lab)
             for res, share in (row.get("pressure") or {}).items():
-                emit("perfd_host_rank_pressure_ratio", share, {**lab, "resource": res})
+                emit(RANK_PRESSURE, share, {**lab, "resource": res})
         for job, ranks in by_job.items():
             states = sorted({r["state"] for r in ranks})
             out.events.append({

@@ -81,6 +81,30 @@ def add_rows(out: dict[Any, Values], rows: Iterable[Row], skip_jobs: Collection[
         out.setdefault(key, {})[series_key(name, rest)] = value
 
 
+def add_rank_host_values(out: dict[Any, Values], state: Any, jobs: Iterable[str],
+                         rank_keys: Collection[str]) -> None:
+    """Each rank process's host series (collectors/ranks, the agents' /metrics) at rank scope, those
+    some rank-scope rule reads, from the host view's latest observations (perfd.aggregator.hosts):
+    ``rank_cpu_wait > 0.5`` fires for the rank that waits."""
+    names = {base_name(k) for k in rank_keys}
+    fields = {n: f for n, f in catalog.RANK_HOST_SERIES.items() if n in names}
+    extra = names & {catalog.RANK_STATE_INFO, catalog.RANK_ALLOWED_CPUS, catalog.RANK_PRESSURE}
+    if not fields and not extra:
+        return
+    for job in jobs:
+        for rank, obs in state.hosts.observations(job).items():
+            vals = out.setdefault((job, rank), {})
+            for name, field in fields.items():
+                v = obs.get(field)
+                vals[name] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+            if catalog.RANK_STATE_INFO in extra and isinstance(obs.get("state"), str):
+                vals[series_key(catalog.RANK_STATE_INFO, {"process_state": obs["state"]})] = 1.0
+            if catalog.RANK_ALLOWED_CPUS in extra and isinstance(obs.get("allowed_cpus"), list):
+                vals[catalog.RANK_ALLOWED_CPUS] = float(len(obs["allowed_cpus"]))
+            for res, share in (obs.get("pressure") or {}).items() if catalog.RANK_PRESSURE in extra else ():
+                vals[series_key(catalog.RANK_PRESSURE, {"resource": str(res)})] = float(share)
+
+
 def gpu_series_names() -> frozenset[str]:
     """Catalog names of the per-GPU series (the ones the GPU view holds)."""
     return frozenset(m.name for m in catalog.CATALOG

@@ -262,9 +262,10 @@ CUDA_GRAPH_LOW = Threshold(0.90, "more than 10% of decode batches run eagerly (l
 
 # --- liveness ---------------------------------------------------------------------------------------
 JOB_STALLED = Threshold(
-    0.0, "any time past the stale limit (perfd.analytics.liveness: 10 median steps, at least 60 s) with "
-    "the job's processes alive is a hang; the minute of for: rides out a checkpoint or an evaluation pass "
-    "that the stale limit did not already cover",
+    0.0, "any time stalled is a hang: a live stall (perfd.analytics.stall, seen within ~10 s with its "
+    "corroboration, never during an announced save or evaluation) or past the stale limit "
+    "(perfd.analytics.liveness: 10 median steps, at least 60 s) with the job's processes alive; the "
+    "minute of for: rides out an unannounced checkpoint or evaluation pass",
     "DESIGN.md §2 Diagnosis playbook (hangs)",
     (RuleRef("default", "job_stalled", "stalled_seconds", ">", "1m",
              "the Prometheus alert PerfdJobStalled waits the same minute on perfd_job_state_info"),))
