@@ -37,6 +37,7 @@ from perfd.model import Sample
 from perfd.procinfo import psutil_lookup, psutil_rank_env, psutil_user
 
 SOURCES = ("launch", "gpu", "hook")  # how a rank process became known; the first listed wins
+THREAD_FULL_EVERY = 10  # collects between readings of every thread's schedstat (see _measure)
 GONE_KEEP_S = 60.0  # a gone rank is reported this long (the stall and its incident read it), then dropped
 DISCOVER_EVERY_S = 5.0  # the launch manifest's process tree is walked this often
 
@@ -85,6 +86,8 @@ class RankProc:
     prev_psi_source: str | None = None
     cgroup: procfs.CgroupDirs | None = None
     cgroup_text: str | None = None  # /proc/<pid>/cgroup as last read: a moved process is re-resolved
+    collects: int = 0
+    active_tids: set[int] = field(default_factory=set)  # threads that ran or waited at the last reading
     oom_at_follow: int | None = None  # the cgroup's OOM kill count when the rank was first followed
 
 
@@ -114,6 +117,9 @@ class RanksCollector(Collector):
         self._prev_swap: tuple[float, int] | None = None
         self._discovered_at = float("-inf")
         self._names: dict[tuple[int, int], tuple[str | None, str | None, str | None]] = {}
+        # cgroup dirs -> its files' readings, this collect only (see _cgroup_files)
+        self._cg_cache: dict[tuple[Any, ...], tuple[procfs.Throttling | None,
+                                                    tuple[dict[str, int], str] | None, int | None]] = {}
         self.caps: Capabilities | None = None
         self.last_scan_s: float | None = None  # the last contention scan's duration (perfd bench ranks)
         self.last_scan_pids = 0
@@ -164,6 +170,7 @@ class RanksCollector(Collector):
             except Exception as exc:  # a manifest being rewritten, a process tree changing under us
                 self.count_error("discover-failed", repr(exc))
         cpus = procfs.read_cpu_times(self.config.proc)
+        self._cg_cache = {}
         rows: dict[tuple[str, int], dict[str, Any]] = {}
         for key, rp in list(self.ranks.items()):
             try:
@@ -274,18 +281,32 @@ class RanksCollector(Collector):
         if dt and d_faults is not None:
             row["major_faults_per_second"] = d_faults / dt
         rp.prev_cpu_s, rp.prev_faults = st.cpu_s, st.major_faults
-        sched = procfs.read_task_schedstat(rp.pid, L.MAX_RANK_THREADS, proc)
+        # Every thread's schedstat every THREAD_FULL_EVERY collects; between, only the threads that
+        # ran or waited at the last reading (and the main one): most of a training process's ~100
+        # threads sleep, and each read costs ~30 us (`perfd bench ranks`). A thread that wakes is
+        # counted from the next full reading on.
+        full = rp.collects % THREAD_FULL_EVERY == 0 or not rp.prev_sched
+        rp.collects += 1
+        sched = procfs.read_task_schedstat(rp.pid, L.MAX_RANK_THREADS, proc,
+                                           None if full else rp.active_tids | {rp.pid})
         if sched is not None:
             threads, left_out = sched
             if left_out:
                 self.count_error("threads-over-cap", f"rank {rp.rank}: {left_out} threads not read")
             run = wait = 0
+            active = set()
             for tid, (r, w) in threads.items():
                 old = rp.prev_sched.get(tid)
                 if old is not None and r >= old[0] and w >= old[1]:
                     run, wait = run + r - old[0], wait + w - old[1]
+                    if r > old[0] or w > old[1]:
+                        active.add(tid)
             if rp.prev_sched and run + wait > 0:
                 row["wait_ratio"] = wait / (run + wait)
+            # The next reading's deltas are over these threads, read now (a stale value of a thread
+            # not read since would stretch its delta over several intervals).
+            # (after the very first reading, every thread: the next one has their deltas to give)
+            rp.active_tids = active if rp.prev_sched else set(threads)
             rp.prev_sched = threads
         allowed = procfs.affinity(rp.pid)
         if allowed is not None:
@@ -321,7 +342,7 @@ class RanksCollector(Collector):
         if d is None:
             return
         row["cgroup"] = d.path
-        thr = procfs.read_throttling(d)
+        thr, psi, _oom = self._cgroup_files(d)
         if thr is not None:
             if thr.quota_cores is not None:
                 row["cpu_quota_cores"] = thr.quota_cores
@@ -330,7 +351,6 @@ class RanksCollector(Collector):
                 row["throttled_ratio"] = (thr.throttled - old.throttled) / (thr.periods - old.periods)
                 row["throttled_s"] = max(0.0, thr.throttled_s - old.throttled_s)
             rp.prev_thr = thr
-        psi = procfs.read_pressure(d, self.config.proc)
         if psi is not None:
             totals, source = psi
             if dt and rp.prev_psi_source == source:
@@ -344,8 +364,19 @@ class RanksCollector(Collector):
             rp.prev_psi, rp.prev_psi_source = totals, source
         self._oom(rp, row)
 
+    def _cgroup_files(self, d: procfs.CgroupDirs) -> tuple[procfs.Throttling | None,
+                                                             tuple[dict[str, int], str] | None, int | None]:
+        """A cgroup's throttling, pressure and OOM kills, read once per collect however many ranks
+        share it (a job's ranks usually do: its pod or its SLURM step)."""
+        key = (d.v2, d.v1_cpu, d.v1_memory, d.is_root)
+        got = self._cg_cache.get(key)
+        if got is None:
+            got = self._cg_cache[key] = (procfs.read_throttling(d), procfs.read_pressure(d, self.config.proc),
+                                         procfs.read_oom_kills(d))
+        return got
+
     def _oom(self, rp: RankProc, row: dict[str, Any]) -> None:
-        oom = procfs.read_oom_kills(rp.cgroup) if rp.cgroup is not None else None
+        oom = self._cgroup_files(rp.cgroup)[2] if rp.cgroup is not None else None
         if oom is None:
             return
         if rp.oom_at_follow is None:

@@ -73,15 +73,19 @@ def read_stat(pid: int, proc: str = PROC) -> ProcStat | None:
     return parse_stat(pid, text) if text is not None else None
 
 
-def read_task_schedstat(pid: int, max_threads: int, proc: str = PROC
+def read_task_schedstat(pid: int, max_threads: int, proc: str = PROC, only: set[int] | None = None
                         ) -> tuple[dict[int, tuple[int, int]], int] | None:
     """tid -> (ns on a CPU, ns waiting in a run queue) for the process's threads (at most
     ``max_threads``; the second value is how many were left out), None where the kernel keeps no
-    schedstats (no CONFIG_SCHED_INFO) or the process is gone."""
-    try:
-        tids = sorted(int(t) for t in os.listdir(f"{proc}/{pid}/task") if t.isdigit())
-    except OSError:
-        return None
+    schedstats (no CONFIG_SCHED_INFO) or the process is gone. ``only``: these threads alone (no
+    listing of the others)."""
+    if only is not None:
+        tids = sorted(only)
+    else:
+        try:
+            tids = sorted(int(t) for t in os.listdir(f"{proc}/{pid}/task") if t.isdigit())
+        except OSError:
+            return None
     out: dict[int, tuple[int, int]] = {}
     for tid in tids[:max_threads]:
         text = read_text(f"{proc}/{pid}/task/{tid}/schedstat")
@@ -330,6 +334,13 @@ def read_pressure(d: CgroupDirs | None, proc: str = PROC) -> tuple[dict[str, int
 
 
 def read_swap_in_pages(proc: str = PROC) -> int | None:
-    """Pages swapped in since boot, node-wide (/proc/vmstat pswpin)."""
-    vm = read_keyed(f"{proc}/vmstat")
-    return vm.get("pswpin") if vm is not None else None
+    """Pages swapped in since boot, node-wide (/proc/vmstat pswpin; its one line found, not every
+    line of the file parsed)."""
+    text = read_text(f"{proc}/vmstat")
+    at = text.find("\npswpin ") if text is not None else -1
+    if text is None or at < 0:
+        return None
+    try:
+        return int(text[at + 8:text.index("\n", at + 1)])
+    except ValueError:
+        return None

@@ -18,6 +18,7 @@ BENCHES = {
     "baseline": ("benchmarks.baseline_bench", "a steady GPU sighting of an N-node job (all ranks placed)"),
     "scale": ("benchmarks.scale_bench", "one aggregator under N simulated agents (separate processes)"),
     "overhead": ("benchmarks.overhead_bench", "a Megatron-LM job with and without perfd (2 GPUs)"),
+    "ranks": ("benchmarks.ranks_bench", "the agent's ranks collector per rank and per node (real processes)"),
 }
 
 
