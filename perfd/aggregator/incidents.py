@@ -185,6 +185,9 @@ class IncidentTracker:
                     doc["first_seen"] = min(d["first_seen"] for d in stalls)
                     for d in stalls:
                         kept.pop(str(d["id"]), None)
+                elif prev is not None and STALL in prev.get("kinds", ()) and STALL not in doc["kinds"]:
+                    doc["kinds"] = sorted({*doc["kinds"], STALL})  # taken over before: it stays so
+                    doc["evidence"]["stall"] = pev.get("stall")
                 if prev is None:
                     self.opened_total[job] = self.opened_total.get(job, 0) + 1
                     events.append(_event(INCIDENT_OPENED.name, job, doc, "warning"))
