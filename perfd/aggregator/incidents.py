@@ -165,7 +165,7 @@ class IncidentTracker:
                                 oom_base.setdefault(r, kills)
                             o = oom_evidence(int(r), oom_base.get(r), host)
                             items += [o] if o is not None else []
-                        live = merge(live, items)
+                        live = merge(live, [e for e in items if not _began_after(e, inc)])
                         if _worth_keeping(snap, items, gpu.get(r)):
                             gpu[r] = {**snap, "items": [e.to_json() for e in items]}
                 caps = _overlapping(captures, inc, now)
@@ -262,14 +262,29 @@ def _overlaps(d: Mapping[str, Any], inc: Incident) -> bool:
 
 
 def _stall_docs(kept: Mapping[str, dict[str, Any]], inc: Incident, key: str | None) -> list[dict[str, Any]]:
-    """Live stalls (kept alone) over the iterations ``inc`` covers: it takes them over."""
-    return [d for k, d in kept.items() if k != key and d.get("kinds") == [STALL] and _overlaps(d, inc)]
+    """Live stalls (kept alone) over the iterations ``inc`` covers: it takes them over. An open stall
+    reaches to whatever iteration comes next (steps done before the stop arrive with those after
+    it, from the stopped process: the slow one may be any of them)."""
+    return [d for k, d in kept.items() if k != key and d.get("kinds") == [STALL]
+            and (_overlaps(d, inc) or (d.get("open") and inc.last_iteration >= d["first_iteration"]))]
 
 
 def _taken_over(kept: Mapping[str, dict[str, Any]], inc: Incident) -> bool:
     """An incident of the analysis has taken this stall's iterations over (it carries the stall)."""
     return any(STALL in d.get("kinds", ()) and d.get("kinds") != [STALL] and _overlaps(d, inc)
                for d in kept.values())
+
+
+# Evidence whose first sighting is when it began (a process's state change), not when it was looked at.
+_ONSET_KINDS = frozenset({EvidenceKind.PROCESS_STOPPED, EvidenceKind.PROCESS_GONE})
+
+
+def _began_after(e: Evidence, inc: Incident) -> bool:
+    """A process stopped or gone only after the incident's last step: not its cause (an analysis
+    incident stays open after its last step while no record follows it — the live stall is the
+    stop's own incident)."""
+    return (e.kind in _ONSET_KINDS and STALL not in inc.kinds and inc.end_time is not None
+            and e.first_seen is not None and e.first_seen > inc.end_time)
 
 
 def _tier(items: Sequence[Evidence]) -> int:

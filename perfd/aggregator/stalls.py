@@ -45,7 +45,7 @@ class Stall:
     """A job's open stall (or one closed, waiting to be handed to the incident tracker)."""
 
     first_iteration: int
-    n_iterations: int
+    last_iteration: int  # while open: first + a log interval - 1; once closed: the newest that arrived
     started_at: float | None  # when the last record before it arrived
     opened_at: float
     check: StallCheck
@@ -83,7 +83,7 @@ class StallWatch:
         if check.status is Status.STALLED and (st is None or st.closed_at is not None):
             first = (last_it + 1) if last_it is not None else 0
             ov = state.jobs.overview(job) or {}
-            st = Stall(first, n_its, ov.get("last_step_time"), now, check)
+            st = Stall(first, first + max(1, n_its) - 1, ov.get("last_step_time"), now, check)
             with self._lock:
                 self._open[job] = st
                 self.opened_total[job] = self.opened_total.get(job, 0) + 1
@@ -95,6 +95,8 @@ class StallWatch:
                 check.status is Status.ENDED or (last_it is not None and last_it >= st.first_iteration))
             if resumed:
                 st.closed_at = now
+                if last_it is not None:  # steps done before the stop arrive with the resumed ones
+                    st.last_iteration = max(st.last_iteration, last_it)
             else:
                 st.check = check if check.status is not Status.RUNNING else st.check
         if st.closed_at is not None:
@@ -103,6 +105,8 @@ class StallWatch:
             if (seen is None or seen < st.first_iteration) and now - st.closed_at < CLOSE_GRACE_S \
                     and check.status is not Status.ENDED:
                 return check  # the analysis has not taken in the record that ended it yet
+            if seen is not None:
+                st.last_iteration = max(st.last_iteration, seen)
             with self._lock:
                 self._open.pop(job, None)
         self._update_incident(state, job, st, now)
@@ -173,6 +177,6 @@ class StallWatch:
                 check = dataclasses.replace(check, silent_s=max(0.0, arrived - st.started_at))
         a = state.jobs.cached_analysis(job)
         world = (a.job.get("layout") or {}).get("world_size") if a is not None else None
-        inc: Incident = stall_incident(check, st.first_iteration, st.n_iterations, st.started_at,
+        inc: Incident = stall_incident(check, st.first_iteration, st.last_iteration, st.started_at,
                                        st.opened_at, st.closed_at, single_rank=world == 1, extra=extra)
         state.track_live_incidents(job, [inc], now)

@@ -128,19 +128,20 @@ def _idle(r: RankSeen) -> bool:
     return r.gpu_util is None or r.gpu_util < GPU_BUSY
 
 
-def stall_incident(check: StallCheck, first_iteration: int, n_iterations: int, started_at: float | None,
+def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int, started_at: float | None,
                    opened_at: float, closed_at: float | None, single_rank: bool = False,
                    extra: Mapping[str, Any] | None = None) -> Incident:
-    """The incident of a live stall: the iterations the job was on when it stopped (the record after
-    its last covers ``n_iterations``: the log interval), its ranks (the stuck ones first), its cost so
-    far (the silence beyond one usual interval), open until steps resume. ``extra``: what the
-    aggregator gathered for it (stacks, each rank's last collective)."""
+    """The incident of a live stall: the iterations the job was on when it stopped (while open, the
+    one record after its last, ``last_iteration`` covering a log interval; once closed, up to the
+    newest the records that ended it reached: steps done before the stop can arrive after it, held in
+    the stopped process), its ranks (the stuck ones first), its cost so far (the silence beyond one
+    usual interval), open until steps resume. ``extra``: what the aggregator gathered for it (stacks,
+    each rank's last collective)."""
     silent = check.silent_s or 0.0
     cost = max(0.0, silent - (check.cadence_s or 0.0))
-    last = first_iteration + max(1, n_iterations) - 1
     ev = {"stall": {**check.to_json(), "opened_at": opened_at, "closed_at": closed_at, **(extra or {})},
           "source": "perfd aggregator, live stall detector (perfd.analytics.stall)"}
-    end = closed_at if closed_at is not None else None
+    last = max(first_iteration, last_iteration)
     return Incident(f"stall-{first_iteration}", first_iteration, last, [STALL], list(check.stuck_ranks), 0,
-                    cost, None, None, None, started_at, end, closed_at is None, evidence=ev,
+                    cost, None, None, None, started_at, closed_at, closed_at is None, evidence=ev,
                     single_rank=single_rank)

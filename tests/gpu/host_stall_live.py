@@ -301,8 +301,8 @@ def markdown(res: dict[str, Any]) -> str:
     burn, stop = res.get("burners") or {}, res.get("stop") or {}
     lines = [f"# Issue 35 live ({res.get('mode')}): the host and the hang", "",
              f"Job pinned to CPUs {res.get('pinned_to')}; {len(burn.get('pids') or [])} burners at "
-             f"{burn.get('started_s')} s; SIGSTOP at {stop.get('started_s')} s for {stop.get('stopped_s')} s; "
-             f"{c.get('saves')} checkpoint saves.", "", "| check | result |", "|---|---|"]
+             f"{burn.get('started_s')} s; SIGSTOP at {stop.get('started_s')} s for {stop.get('stopped_s')} "
+             f"s; {c.get('saves')} checkpoint saves.", "", "| check | result |", "|---|---|"]
     for k, v in c.items():
         lines.append(f"| {k} | {json.dumps(v, default=str)[:400]} |")
     if res.get("error"):

@@ -205,3 +205,29 @@ def test_malformed_host_events_are_counted_not_kept() -> None:
         events.RANK_PROCESSES.name: 1, events.JOB_PHASE.name: 1, events.RANK_STACKS.name: 1}
     assert list(st.hosts.observations("j")) == [0]  # the bad rank entry left out
     assert st.recent_events() == []  # state, not history
+
+
+def test_steps_held_in_the_stopped_process_arrive_after_it_and_the_stall_is_counted_once(ranks: Any) -> None:
+    """The step hook's records of the last steps before a stop sit in the stopped process (its sender
+    stops too) and arrive with the steps after it: the slow iteration is any of them, not the one
+    after the last record seen."""
+    h = Harness(ranks)
+    h.records(20)
+    os.kill(ranks[0].pid, signal.SIGSTOP)
+    h.observe()
+    h.st.stalls.tick(h.st, JOB, h.silent_for(9.0))
+    ((_, stall),) = [(i["id"], i) for i in h.incidents()]
+    assert stall["first_iteration"] == 21 and stall["open"]
+    os.kill(ranks[0].pid, signal.SIGCONT)
+    h.observe()
+    recs = h.parsed.records
+    slow = dataclasses.replace(recs[23], step_time_ms=(recs[23].step_time_ms or 0.0) + 9000.0)
+    h.st.ingest_steps("agent-a", [*recs[20:23], slow, *recs[24:]])  # 21-23 held, 24 took the stop
+    h.st.refresh()
+    h.st.refresh()
+    (inc,) = h.incidents()
+    assert inc["first_iteration"] <= 24 <= inc["last_iteration"] and "stall" in inc["kinds"]
+    assert inc["verdict"]["cause"] == "process_stopped" and inc["cost_s"] == pytest.approx(9.0, abs=0.5)
+    lost = {name: v for lab, name, v in h.st.incidents.metric_rows() if lab.get("job_name") == JOB}
+    assert lost["perfd_job_incident_lost_seconds_total"] == pytest.approx(inc["cost_s"], abs=0.6)
+    assert lost["perfd_job_incidents_total"] == 1.0
