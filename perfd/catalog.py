@@ -112,13 +112,8 @@ RANK_RATIO_RANKS = "perfd_job_rank_compute_ratio_ranks"
 RANK_RATIO_BUCKETS: tuple[float, ...] = (0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.5, 2.0, math.inf)
 # One info series per GPU: its identity and its job, what a DCGM-exporter series joins on(UUID).
 GPU_INFO = "perfd_gpu_info"
-# A rank process's series (collectors/ranks) -> the field of its observation (perfd.events.RankHost)
-# that holds the value: what the collector emits and what the rules read at rank scope.
-RANK_HOST_SERIES: dict[str, str] = {
-    "perfd_host_rank_cpu_cores": "cpu_cores", "perfd_host_rank_cpu_wait_ratio": "wait_ratio",
-    "perfd_host_rank_allowed_cpus_busy_ratio": "allowed_busy_ratio",
-    "perfd_host_rank_others_cpu_ratio": "others_ratio",
-    "perfd_host_rank_cpu_throttled_ratio": "throttled_ratio", "perfd_host_rank_oom_kills_total": "oom_kills"}
+# A rank process's series (collectors/ranks): the plain ones are perfd.events.RANK_HOST_SERIES (each
+# the value of a field of the rank's observation); these three are read otherwise.
 RANK_ALLOWED_CPUS = "perfd_host_rank_allowed_cpus"  # len(allowed_cpus)
 RANK_PRESSURE = "perfd_host_rank_pressure_ratio"  # pressure[resource], labelled resource
 RANK_STATE_INFO = "perfd_host_rank_state_info"

@@ -30,9 +30,9 @@ from typing import Any
 from collectors.ranks import procfs
 from perfd import limits as L
 from perfd.analytics.thresholds import CPU_WAIT_SCAN
-from perfd.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO
+from perfd.catalog import RANK_ALLOWED_CPUS, RANK_PRESSURE, RANK_STATE_INFO
 from perfd.collector import Capabilities, Collected, Collector
-from perfd.events import RANK_PROCESSES
+from perfd.events import RANK_HOST_SERIES, RANK_PROCESSES
 from perfd.model import Sample
 from perfd.procinfo import psutil_lookup, psutil_rank_env, psutil_user
 

@@ -24,6 +24,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from perfd import catalog
+from perfd.events import RANK_HOST_SERIES
 from perfd.exporters.prometheus import Row, iteration_rows
 from perfd.rules.engine import ScopeKey, job_of
 from perfd.rules.expr import SCOPE_LABELS, base_name, series_key
@@ -87,7 +88,7 @@ def add_rank_host_values(out: dict[Any, Values], state: Any, jobs: Iterable[str]
     some rank-scope rule reads, from the host view's latest observations (perfd.aggregator.hosts):
     ``rank_cpu_wait > 0.5`` fires for the rank that waits."""
     names = {base_name(k) for k in rank_keys}
-    fields = {n: f for n, f in catalog.RANK_HOST_SERIES.items() if n in names}
+    fields = {n: f for n, f in RANK_HOST_SERIES.items() if n in names}
     extra = names & {catalog.RANK_STATE_INFO, catalog.RANK_ALLOWED_CPUS, catalog.RANK_PRESSURE}
     if not fields and not extra:
         return

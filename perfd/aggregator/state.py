@@ -335,9 +335,9 @@ class AggregatorState:
         # become an incident (its cost past the floor) must not teach the baseline that its cause is
         # the job's normal state (a short job has few sightings: those seconds were most of them).
         last = a.iterations[-1] if a.iterations else None
-        med = a.summary["medians"].get("step_time_ms")
-        calm = last is not None and last.steady_state and last.step_time_ms is not None and bool(med) \
-            and last.step_time_ms <= STEP_FACTOR * med
+        med = a.summary["medians"].get("step_time_ms") if last is not None else None
+        calm = last is not None and last.steady_state and last.step_time_ms is not None and med is not None \
+            and 0 < last.step_time_ms <= STEP_FACTOR * med
         if not open_now and calm and self.gpu_baseline.due(job, now):
             self._baseline_sighting(job, now)
         for h in coll.hangs if coll is not None else []:

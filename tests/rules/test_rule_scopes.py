@@ -24,7 +24,7 @@ from perfd.aggregator import rule_scopes
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import _StateCollector
 from perfd.aggregator.state import AggregatorState
-from perfd.events import SERVING_DATA
+from perfd.events import RANK_HOST_SERIES, SERVING_DATA
 from perfd.model import HistogramSeries, MetricsSnapshot, ServingData
 from perfd.rules.cli import run_rules_check
 from perfd.rules.engine import RuleEngine, ScopeKey, scope_of
@@ -50,7 +50,7 @@ NOT_EXERCISED = {
     # like the GPU's, not re-exported here; rules read them at rank scope from the host view
     # (rule_scopes.add_rank_host_values; tests/host/test_rank_rules.py).
     **{name: "a rank process's host series: the agents' /metrics; rules read it from the host view"
-       for name in (*catalog.RANK_HOST_SERIES, catalog.RANK_STATE_INFO, catalog.RANK_ALLOWED_CPUS,
+       for name in (*RANK_HOST_SERIES, catalog.RANK_STATE_INFO, catalog.RANK_ALLOWED_CPUS,
                     catalog.RANK_PRESSURE)},
 }
 
