@@ -254,3 +254,11 @@ def test_caps_and_bad_notes_are_counted_not_followed(spawn: Any, monkeypatch: py
     assert list(c.ranks) == [("j", 0)] and c.errors.get("ranks-over-cap") == 1
     with pytest.raises(ValueError, match="unknown config key"):
         RanksCollector({"bogus": 1})
+
+
+def test_sample_yaml_is_a_valid_config() -> None:
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).parents[1] / "sample.yaml").read_text())
+    c = RanksCollector({**cfg, "job": "j"})
+    assert c.config.interval_s == 1.0 and c.config.scan is True and c.config.launch_manifest is None
