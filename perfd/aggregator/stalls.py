@@ -164,7 +164,22 @@ class StallWatch:
     def _update_incident(self, state: AggregatorState, job: str, st: Stall, now: float) -> None:
         version, last = state.collectives.last_per_rank(job)
         if version != st.collectives_version:
-            st.collectives, st.collectives_version = last, version
+            st.collectives = {r: {"last": c} for r, c in last.items()}
+            st.collectives_version = version
+            try:
+                coll = state.collective_analysis(job, cached=True)
+            except Exception:  # counted in the collective store
+                coll = None
+            # The op each rank is stuck in, or never reached (the hang detector's: its records are
+            # only the completed ones)
+            for h in coll.hangs if coll is not None else []:
+                if not h.active:
+                    continue
+                op = {"op": h.op, "seq": h.seq, "pg": h.process_group, "user_frame": h.user_frame}
+                for r in h.stuck_ranks:
+                    st.collectives.setdefault(r, {})["pending"] = op
+                for r in h.ranks_not_joined:
+                    st.collectives.setdefault(r, {})["not_joined"] = op
         stacks = state.hosts.stacks(job, st.command_id) if st.command_id else {}
         extra = {"stacks": stacks, "stacks_asked": {"command_id": st.command_id, "agents": st.agents_asked},
                  "collectives": {str(r): c for r, c in sorted(st.collectives.items())}}

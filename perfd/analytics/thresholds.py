@@ -179,7 +179,8 @@ CPU_WAIT_SCAN = Threshold(
     "runs on its CPUs (the scan reads every process: it runs only then)", _HOST)
 CPU_WAIT_CONTENTION = Threshold(
     0.25, "a rank waiting in the run queue a quarter of the time it wants a CPU is slowed by it: an "
-    "uncontended rank waits ~0-5% (measured here: 0.2% alone on its CPU, 67% beside two burners)", _HOST)
+    "uncontended rank waits ~0% (measured here: 0.005% alone on its CPU, 66% beside two spinning "
+    "burners, 80% beside four: tests/data/host)", _HOST)
 CPU_OTHERS_SHARE = Threshold(
     0.20, "processes outside the job taking a fifth of the rank's CPUs are the contention's cause; "
     "less, and the rank's own threads (data loader workers) oversubscribe them", _HOST)

@@ -24,6 +24,7 @@ from collectors.ranks import RanksCollector
 from perfd import events
 from perfd.agent.stacks import StackDumper
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.evidence import StallReason
 from perfd.analytics.liveness import RUNNING, STALLED
 from perfd.transport.codec import COMMAND_STACKS, Command
 
@@ -231,3 +232,52 @@ def test_steps_held_in_the_stopped_process_arrive_after_it_and_the_stall_is_coun
     lost = {name: v for lab, name, v in h.st.incidents.metric_rows() if lab.get("job_name") == JOB}
     assert lost["perfd_job_incident_lost_seconds_total"] == pytest.approx(inc["cost_s"], abs=0.6)
     assert lost["perfd_job_incidents_total"] == 1.0
+
+
+def test_a_pending_collective_corroborates_a_stall_of_busy_ranks(tmp_path: Path) -> None:
+    """Ranks spinning (as a rank does while NCCL waits for a peer) are not idle; what says the job is
+    stuck is the Flight Recorder: the recorded dumps of a real hung DDP job (rank 1 never joined),
+    through the real agent and aggregator path; each rank's newest collective joins the stall."""
+    from perfd.agent.config import AgentConfig
+    from perfd.agent.main import Agent
+    from perfd.aggregator.main import Aggregator, AggregatorConfig
+    from tests.collectives.test_collectives_aggregator import (
+        FakeClient,
+        _recorded_hang_collected,
+        _through_wire,
+    )
+
+    out, _ = _recorded_hang_collected(tmp_path)
+    agent = Agent(AgentConfig(job="ddp", node="n1", metrics_port=None))
+    agent.client = FakeClient()
+    agent._forward([("nccl", out)])
+    agg = Aggregator(AggregatorConfig(rules_files=[]))
+    st = agg.state
+    agg.on_batch("n1", _through_wire(agent.client.calls[0]))
+    parsed = parse_file(DP2, job="ddp")  # a real job's step records, for the job's cadence
+    st.ingest_steps("n1", parsed.records)
+    st.analysis("ddp", force=True)
+    spin = "import sys\nwhile True: pass\n"
+    ps = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(2)]
+    try:
+        c = RanksCollector({"job": "ddp"})
+        for rank, p in enumerate(ps):
+            c.note(p.pid, rank, "gpu")
+        for _ in range(2):
+            time.sleep(0.5)
+            got = c.collect(time.time())
+        st.ingest_events("n1", [{**e, "labels": {"node": "n1"}} for e in got.events])
+        st.jobs.jobs["ddp"].last_step_time = time.time() - 8.0
+        check = st.stalls.tick(st, "ddp")
+    finally:
+        for p in ps:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+    assert check.status.value == "stalled" and check.reasons == (StallReason.PENDING_COLLECTIVE,)
+    (inc,) = [i for i in st.incidents.incidents("ddp") if i["kinds"] == ["stall"]]
+    colls = inc["evidence"]["stall"]["collectives"]
+    # Each rank's last completed op (the dumps' records) and the one it is stuck in or never reached.
+    assert {r: c["last"]["seq"] for r, c in colls.items()} == {"0": 3, "1": 3}
+    assert colls["0"]["pending"]["op"] == "all_reduce" and colls["0"]["pending"]["seq"] == 4
+    assert colls["1"]["not_joined"]["seq"] == 4 and "pending" not in colls["1"]
+    assert "a collective pending in the Flight Recorder" in inc["cause"]
