@@ -205,6 +205,20 @@ class IncidentTracker:
         if events:
             self.emit(events)
 
+    def close_orphan_stalls(self, job: str, now: float) -> int:
+        """Close the job's open live-stall incidents no stall watch holds any more (kept across an
+        aggregator restart while the job resumed meanwhile): an open stall reaches forward to the
+        next incident, which it would otherwise take for its own. Returns how many it closed."""
+        events = []
+        with self._lock:
+            for doc in self._jobs.get(job, {}).values():
+                if doc.get("kinds") == [STALL] and doc.get("open"):
+                    doc.update(open=False, end_time=doc.get("end_time") or now, updated_at=now)
+                    events.append(_event(INCIDENT_CLOSED.name, job, doc, "info"))
+        if events:
+            self.emit(events)
+        return len(events)
+
     def forget(self, job: str) -> None:
         """The job was pruned: its incidents go with it (the totals on /metrics too)."""
         with self._lock:

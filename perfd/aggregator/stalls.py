@@ -89,6 +89,8 @@ class StallWatch:
                 self.opened_total[job] = self.opened_total.get(job, 0) + 1
             self._ask_stacks(state, job, st)
         elif st is None:
+            if check.status is Status.RUNNING and check.silent_s is not None:
+                state.incidents.close_orphan_stalls(job, now)  # one a restart left open: the job steps
             return check
         elif st.closed_at is None:
             resumed = check.status in (Status.RUNNING, Status.ENDED) and (

@@ -281,3 +281,22 @@ def test_a_pending_collective_corroborates_a_stall_of_busy_ranks(tmp_path: Path)
     assert colls["0"]["pending"]["op"] == "all_reduce" and colls["0"]["pending"]["seq"] == 4
     assert colls["1"]["not_joined"]["seq"] == 4 and "pending" not in colls["1"]
     assert "a collective pending in the Flight Recorder" in inc["cause"]
+
+
+def test_a_stall_a_restart_left_open_is_closed_once_the_job_steps(ranks: Any) -> None:
+    h = Harness(ranks)
+    h.records(20)
+    os.kill(ranks[0].pid, signal.SIGSTOP)
+    h.observe()
+    h.st.stalls.tick(h.st, JOB, h.silent_for(7.0))
+    kept = h.st.incidents.export()  # what --state-dir keeps; the aggregator restarts
+    os.kill(ranks[0].pid, signal.SIGCONT)
+    again = Harness(ranks)
+    again.st.incidents.load(kept)
+    again.records(30)  # it resumed while the aggregator was down: no slow step left to take it over
+    (inc,) = again.incidents()
+    assert inc["kinds"] == ["stall"] and inc["open"]
+    again.st.stalls.tick(again.st, JOB, again.silent_for(0.5))
+    (inc,) = again.incidents()
+    assert not inc["open"] and inc["verdict"]["cause"] == "process_stopped"
+    assert [e["kind"] for e in again.st.recent_events(JOB)] == [events.INCIDENT_CLOSED.name]
