@@ -72,6 +72,7 @@ class RankHost(TypedDict, total=False):
     observed_at: float  # epoch s of the reading
     cpu_cores: float  # CPU seconds per second over the last interval (all threads)
     wait_ratio: float  # run-queue wait ÷ (run + wait), all threads, last interval
+    cpu_demand_cores: float  # (run + wait) ÷ interval: the CPU its threads wanted
     allowed_cpus: list[int]
     allowed_busy_ratio: float  # busy share of the allowed CPUs (every process)
     others_ratio: float  # share of the allowed CPUs other processes took (contention scan)

@@ -29,7 +29,7 @@ from typing import Any
 
 from collectors.ranks import procfs
 from perfd import limits as L
-from perfd.analytics.thresholds import CPU_WAIT_SCAN
+from perfd.analytics.thresholds import CPU_THROTTLED_SHARE, CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
 from perfd.catalog import RANK_ALLOWED_CPUS, RANK_PRESSURE, RANK_STATE_INFO
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import RANK_HOST_SERIES, RANK_PROCESSES
@@ -37,6 +37,12 @@ from perfd.model import Sample
 from perfd.procinfo import psutil_lookup, psutil_rank_env, psutil_user
 
 SOURCES = ("launch", "gpu", "hook")  # how a rank process became known; the first listed wins
+# CPU a rank's threads must want (run + wait, in cores) for its wait share to mean contention: the
+# idle threshold of a stall (under it a rank makes no progress, and its few µs of wait say nothing).
+MIN_DEMAND = STALL_IDLE_CPU_CORES.value
+# States worth the event at every collect (a sleeping rank is a GPU job's normal state: it waits on
+# the device); the others go out on change, and every event_every_s.
+NOTABLE_STATES = frozenset({"stopped", "zombie", "gone", "disk_sleep"})
 THREAD_FULL_EVERY = 10  # collects between readings of every thread's schedstat (see _measure)
 GONE_KEEP_S = 60.0  # a gone rank is reported this long (the stall and its incident read it), then dropped
 DISCOVER_EVERY_S = 5.0  # the launch manifest's process tree is walked this often
@@ -49,10 +55,13 @@ class RanksConfig:
     launch_manifest: str | None = None
     scan: bool = True  # name the other processes on a waiting rank's CPUs
     proc: str = procfs.PROC
+    # A job's rank_processes event at least this often when nothing notable changes (every collect
+    # while a rank is stopped, gone, in disk sleep, waiting for a CPU or throttled): 0, every collect.
+    event_every_s: float = 5.0
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> RanksConfig:
-        known = {"interval_s", "job", "launch_manifest", "scan", "proc"}
+        known = {"interval_s", "job", "launch_manifest", "scan", "proc", "event_every_s"}
         unknown = set(cfg) - known
         if unknown:
             raise ValueError(f"ranks: unknown config key(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -60,9 +69,12 @@ class RanksConfig:
         if interval <= 0:
             raise ValueError(f"ranks: interval_s must be > 0, not {interval}")
         manifest = cfg.get("launch_manifest")
+        every = float(cfg.get("event_every_s", 5.0))
+        if every < 0:
+            raise ValueError(f"ranks: event_every_s must be >= 0, not {every}")
         return cls(interval_s=interval, job=str(cfg.get("job") or ""),
                    launch_manifest=str(manifest) if manifest else None, scan=bool(cfg.get("scan", True)),
-                   proc=str(cfg.get("proc", procfs.PROC)))
+                   proc=str(cfg.get("proc", procfs.PROC)), event_every_s=every)
 
 
 @dataclass
@@ -121,6 +133,7 @@ class RanksCollector(Collector):
         self._cg_cache: dict[tuple[Any, ...], tuple[procfs.Throttling | None,
                                                     tuple[dict[str, int], str] | None, int | None]] = {}
         self.caps: Capabilities | None = None
+        self._sent: dict[str, tuple[float, tuple[Any, ...]]] = {}  # job -> (last event, its marks)
         self.last_scan_s: float | None = None  # the last contention scan's duration (perfd bench ranks)
         self.last_scan_pids = 0
 
@@ -303,6 +316,8 @@ class RanksCollector(Collector):
                         active.add(tid)
             if rp.prev_sched and run + wait > 0:
                 row["wait_ratio"] = wait / (run + wait)
+                if dt:  # how much CPU its threads wanted: a ratio of almost nothing says nothing
+                    row["cpu_demand_cores"] = (run + wait) / 1e9 / dt
             # The next reading's deltas are over these threads, read now (a stale value of a thread
             # not read since would stretch its delta over several intervals).
             # (after the very first reading, every thread: the next one has their deltas to give)
@@ -389,8 +404,7 @@ class RanksCollector(Collector):
         """While some rank waits for a CPU, read every process's CPU time and last CPU each collect;
         with the previous scan, name what ran on each waiting rank's CPUs. No wait: no scan (and
         the previous one is dropped, so a later scan never spans a long gap)."""
-        waiting = [r for r in rows.values() if (r.get("wait_ratio") or 0.0) >= CPU_WAIT_SCAN.value
-                   and r.get("allowed_cpus")]
+        waiting = [r for r in rows.values() if _waits(r) and r.get("allowed_cpus")]
         if not self.config.scan or not waiting:
             self._prev_scan = None
             return
@@ -484,6 +498,16 @@ class RanksCollector(Collector):
             for res, share in (row.get("pressure") or {}).items():
                 emit(RANK_PRESSURE, share, {**lab, "resource": res})
         for job, ranks in by_job.items():
+            # The event every collect while something is worth it (a rank's state, idleness, wait or
+            # throttling changed, or any rank waits, is throttled or is not running); else every
+            # EVENT_EVERY_S: a quiet node's ranks cost the aggregator one decode every few seconds.
+            marks = tuple((r["rank"], *_marks(r)) for r in ranks)
+            busy = any(m[1] in NOTABLE_STATES or any(m[3:]) for m in marks)
+            last = self._sent.get(job)
+            every = self.config.event_every_s
+            if not busy and last is not None and last[1] == marks and now - last[0] < every:
+                continue
+            self._sent[job] = (now, marks)
             states = sorted({r["state"] for r in ranks})
             out.events.append({
                 "kind": RANK_PROCESSES.name, "severity": "info", "time": now, "job": job,
@@ -492,6 +516,21 @@ class RanksCollector(Collector):
                 "payload": {"job": job, "interval_s": self.config.interval_s, "ranks": ranks,
                             "node": {"swap_in_bytes_per_second": swap} if swap is not None else {}},
             })
+
+
+def _waits(row: dict[str, Any]) -> bool:
+    """The rank waits for a CPU: a share of the time it wanted one past CPU_WAIT_SCAN, and it wanted
+    some (a rank that barely runs waits a few µs a wake-up: a large share of almost nothing)."""
+    wait, demand = row.get("wait_ratio"), row.get("cpu_demand_cores")
+    return wait is not None and wait >= CPU_WAIT_SCAN.value and (demand is None or demand >= MIN_DEMAND)
+
+
+def _marks(row: dict[str, Any]) -> tuple[str, bool, bool, bool]:
+    """What changes the aggregator must hear of at once: the state, idle (no CPU: a stall's
+    corroboration), waiting for a CPU, throttled."""
+    cpu, thr = row.get("cpu_cores"), row.get("throttled_ratio")
+    return (str(row.get("state")), cpu is not None and cpu < STALL_IDLE_CPU_CORES.value, _waits(row),
+            thr is not None and thr >= CPU_THROTTLED_SHARE.value)
 
 
 def _descends(pid: int, roots: set[int], procs: dict[int, procfs.ProcStat]) -> bool:

@@ -36,6 +36,7 @@ class HostView:
         self._ranks: OrderedDict[str, dict[tuple[str, str], tuple[float, dict[str, Any]]]] = OrderedDict()
         # job -> source key -> {"phase", "since", "iteration"} while announced and not ended
         self._phases: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        self._phase_ended: dict[str, float] = {}  # job -> when its last announced pause ended
         # job -> command id -> agent -> payload
         self._stacks: dict[str, OrderedDict[str, dict[str, dict[str, Any]]]] = {}
 
@@ -56,6 +57,7 @@ class HostView:
                 old, _ = self._ranks.popitem(last=False)
                 self._phases.pop(old, None)
                 self._stacks.pop(old, None)
+                self._phase_ended.pop(old, None)
         return True
 
     def on_job_phase(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
@@ -68,7 +70,8 @@ class HostView:
         with self._lock:
             held = self._phases.setdefault(job, {})
             if p["state"] == "end":
-                held.pop(key, None)
+                if held.pop(key, None) is not None:
+                    self._phase_ended[job] = time.time()
             elif key in held or len(held) < MAX_PHASE_KEYS:
                 it = p.get("iteration")
                 held[key] = {"phase": p["phase"], "since": time.time(),
@@ -122,6 +125,11 @@ class HostView:
         first = min(held, key=lambda h: h["since"])
         return str(first["phase"]), float(first["since"])
 
+    def phase_ended_at(self, job: str) -> float | None:
+        """When the job's last announced pause ended (its steps come some seconds after)."""
+        with self._lock:
+            return self._phase_ended.get(job)
+
     def stacks(self, job: str, command_id: str) -> dict[str, dict[str, Any]]:
         """rank -> {pid, stack | error, node, agent} of one stacks request's answers so far."""
         with self._lock:
@@ -139,6 +147,7 @@ class HostView:
             self._ranks.pop(job, None)
             self._phases.pop(job, None)
             self._stacks.pop(job, None)
+            self._phase_ended.pop(job, None)
 
     def forget_agent(self, agent_id: str) -> None:
         with self._lock:

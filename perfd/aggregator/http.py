@@ -148,7 +148,8 @@ def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
 
 
 # What the host panel shows of each rank process (perfd.events.RankHost; absent keys stay absent).
-RANK_HOST_FIELDS = ("pid", "node", "state", "state_since", "cpu_cores", "wait_ratio", "allowed_cpus",
+RANK_HOST_FIELDS = ("pid", "node", "state", "state_since", "cpu_cores", "wait_ratio", "cpu_demand_cores",
+                    "allowed_cpus",
                     "allowed_busy_ratio", "others_ratio", "own_ratio", "others", "cgroup", "throttled_ratio",
                     "cpu_quota_cores", "pressure", "pressure_source", "oom_kills", "threads", "observed_at",
                     "arrived_at")

@@ -144,7 +144,7 @@ class StallWatch:
             coll = None
         pending = coll is not None and coll.active_hangs > 0
         check = check_stall(StallInputs(now, ov.get("last_step_time"), cadence, seen, pending,
-                                        state.hosts.active_phase(job)))
+                                        state.hosts.active_phase(job), state.hosts.phase_ended_at(job)))
         return check, its[-1], int(statistics.median(steps)) if steps else 1
 
     def _ask_stacks(self, state: AggregatorState, job: str, st: Stall) -> None:

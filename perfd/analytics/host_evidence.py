@@ -67,8 +67,10 @@ def host_items(rank: int, obs: Mapping[str, Any], node: str | None = None,
     wait = _num(obs.get("wait_ratio"))
     others = foreign_others(obs)
     share = _num(obs.get("others_ratio"))
+    demand = _num(obs.get("cpu_demand_cores"))
+    wants = demand is None or demand >= th.STALL_IDLE_CPU_CORES.value  # a share of almost nothing: no
     if wait is not None and wait >= th.CPU_WAIT_CONTENTION.value and share is not None \
-            and share >= th.CPU_OTHERS_SHARE.value and others:
+            and share >= th.CPU_OTHERS_SHARE.value and others and wants:
         add(K.CPU_CONTENTION, wait, others=others, others_ratio=share, allowed_cpus=obs.get("allowed_cpus"),
             cpu_cores=_num(obs.get("cpu_cores")), allowed_busy_ratio=_num(obs.get("allowed_busy_ratio")))
     throttled = _num(obs.get("throttled_ratio"))

@@ -2,7 +2,8 @@
 
 The job is *silent* once no step record has come for :func:`stall_limit` of its usual interval
 between records — STALL_CADENCE_FACTOR times the median gap between its records (the record
-cadence: with a log interval of 10 that is 10 steps, not one), and at least STALL_FLOOR_S. Silence
+cadence: with a log interval of 10 that is 10 steps, not one), and at least STALL_FLOOR_S (counted
+from the end of an announced pause when one ended since: its steps come some seconds after). Silence
 alone is not a stall (a record can be late): it is one when something corroborates it — a rank
 process stopped (SIGSTOP, a debugger), gone or blocked in disk sleep, every rank process idle (no
 CPU, and no GPU where the GPU is known), or a collective the Flight Recorder shows stuck. A
@@ -59,6 +60,7 @@ class StallInputs:
     ranks: Sequence[RankSeen] = ()  # fresh observations only
     pending_collective: bool = False
     phase: tuple[str, float] | None = None  # an announced pause not yet ended: (phase, since)
+    phase_ended_at: float | None = None  # when the last announced pause ended (the same clock as now)
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,10 @@ def check_stall(inp: StallInputs) -> StallCheck:
     """Where the job stands now (see the module docstring)."""
     if inp.last_record_at is None or inp.cadence_s is None or inp.cadence_s <= 0:
         return StallCheck(Status.RUNNING)
-    silent = max(0.0, inp.now - inp.last_record_at)
+    # An announced pause is not silence: after one, the job's silence counts from its end (its steps
+    # come a record interval and the pipeline's delay after it).
+    quiet_since = max(inp.last_record_at, inp.phase_ended_at or inp.last_record_at)
+    silent = max(0.0, inp.now - quiet_since)
     limit = stall_limit(inp.cadence_s)
     ranks = tuple(sorted(inp.ranks, key=lambda r: r.rank))
     if silent <= limit:

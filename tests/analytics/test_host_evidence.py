@@ -176,6 +176,12 @@ def test_stall_check() -> None:
     save = ("checkpoint", now - 30)
     assert check(60.0, [seen(0, "sleeping", 0.0)], phase=save).status is Status.HELD
     assert check(60.0, [seen(0, "stopped", 0.0)], phase=save).status is Status.STALLED
+    # After an announced pause the silence counts from its end: the steps come seconds after it.
+    sleeping = [seen(0, "sleeping", 0.0)]
+    ended = check_stall(StallInputs(now, now - 60.0, cadence, sleeping, phase_ended_at=now - 2))
+    assert ended.status is Status.RUNNING and ended.silent_s == 2.0
+    assert check_stall(StallInputs(now, now - 60.0, cadence, sleeping,
+                                   phase_ended_at=now - 6)).status is Status.STALLED
     old = ("checkpoint", now - th.STALL_PHASE_MAX_S.value - 1)
     assert check(60.0, [seen(0, "sleeping", 0.0)], phase=old).status is Status.STALLED
     doc = st.to_json()

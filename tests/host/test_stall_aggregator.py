@@ -64,7 +64,7 @@ class Harness:
         self.st.stalls.send = send
         self.st.hello("agent-a", [JOB])
         self.st.ingest_job_info("agent-a", JOB, self.parsed.job_info)
-        self.collector = RanksCollector({"job": JOB})
+        self.collector = RanksCollector({"job": JOB, "event_every_s": 0})
         for rank, p in enumerate(procs):
             self.collector.note(p.pid, rank, "gpu")
         self.procs = procs
@@ -186,8 +186,11 @@ def test_an_announced_checkpoint_save_holds_the_stall_back(ranks: Any) -> None:
                          "      20 to /ckpt [ t 1/1 ]"], job=JOB).events
     h.st.ingest_events("agent-a", saved)
     h.observe()
-    check = h.st.stalls.tick(h.st, JOB, h.silent_for(30.0))
-    # The save ended and still no step: now the idle ranks are a stall (their loops only sleep).
+    now = h.silent_for(30.0)
+    # Right after the save the silence counts from its end: the steps come seconds after it.
+    assert h.st.stalls.tick(h.st, JOB, now).status.value == "running"
+    check = h.st.stalls.tick(h.st, JOB, now + 6.0)
+    # The save ended 6 s ago and still no step: now the idle ranks are a stall (their loops only sleep).
     assert check.status.value == "stalled"
     (inc,) = h.incidents()
     assert inc["evidence"]["stall"]["reasons"] == ["idle"] and inc["first_iteration"] == 21
@@ -260,7 +263,7 @@ def test_a_pending_collective_corroborates_a_stall_of_busy_ranks(tmp_path: Path)
     spin = "import sys\nwhile True: pass\n"
     ps = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(2)]
     try:
-        c = RanksCollector({"job": "ddp"})
+        c = RanksCollector({"job": "ddp", "event_every_s": 0})
         for rank, p in enumerate(ps):
             c.note(p.pid, rank, "gpu")
         for _ in range(2):

@@ -67,7 +67,7 @@ def _row(rows: list[dict[str, Any]], rank: int) -> dict[str, Any]:
 def test_states_cpu_and_absent_before_two_readings(spawn: Any) -> None:
     busy, idle = spawn(SPIN), spawn(SLEEP)
     time.sleep(1.0)  # past the interpreters' start-up (its CPU is not the sleeper's steady use)
-    c = RanksCollector({"job": "j"})
+    c = RanksCollector({"job": "j", "event_every_s": 0})
     c.note(busy.pid, 0, "hook")
     c.note(idle.pid, 1, "gpu")
     first = _collect(c)
@@ -99,7 +99,7 @@ def test_states_cpu_and_absent_before_two_readings(spawn: Any) -> None:
 def test_burners_on_the_ranks_cpu_show_as_wait_and_are_named(spawn: Any) -> None:
     cpu = sorted(os.sched_getaffinity(0))[-1]
     rank = spawn(SPIN, str(cpu))
-    c = RanksCollector({"job": "j"})
+    c = RanksCollector({"job": "j", "event_every_s": 0})
     c.note(rank.pid, 0, "hook")
     _collect(c)
     burners = {spawn(SPIN, str(cpu)).pid for _ in range(2)}
@@ -129,7 +129,7 @@ def test_the_jobs_own_children_are_told_apart(spawn: Any) -> None:
     code = ("import os, sys\ncpu = int(sys.argv[1]); os.sched_setaffinity(0, {cpu})\n"
             "if os.fork() == 0:\n    while True: pass\nwhile True: pass\n")
     rank = spawn(code, str(cpu))
-    c = RanksCollector({"job": "j"})
+    c = RanksCollector({"job": "j", "event_every_s": 0})
     c.note(rank.pid, 0, "hook")
     rows = _collect(c, 5, 0.7)
     r = _row(rows, 0)
@@ -154,7 +154,7 @@ def test_the_launch_manifests_tree_gives_the_ranks(spawn: Any, tmp_path: Path) -
     manifest = tmp_path / "launch.json"
     manifest.write_text(json.dumps({"version": MANIFEST_VERSION, "job": "launched", "status": "running",
                                     "pid": parent.pid, "collectors": {}}))
-    c = RanksCollector({"job": "launched", "launch_manifest": str(manifest)})
+    c = RanksCollector({"job": "launched", "launch_manifest": str(manifest), "event_every_s": 0})
 
     def ranks() -> dict[int, int]:
         c._discovered_at = float("-inf")  # walk the tree at this collect
@@ -176,7 +176,7 @@ def test_a_manifest_job_without_rank_variables_is_rank_0(spawn: Any, tmp_path: P
     manifest = tmp_path / "launch.json"
     manifest.write_text(json.dumps({"version": MANIFEST_VERSION, "job": "single", "status": "running",
                                     "pid": one.pid, "collectors": {}}))
-    c = RanksCollector({"job": "single", "launch_manifest": str(manifest)})
+    c = RanksCollector({"job": "single", "launch_manifest": str(manifest), "event_every_s": 0})
     _collect(c)
     assert c.rank_pids("single") == {0: one.pid}
 
@@ -232,7 +232,7 @@ def test_a_cpu_quota_shows_as_throttling(spawn: Any) -> None:
     with quota:
         busy = spawn(SPIN)
         quota.add(busy.pid)
-        c = RanksCollector({"job": "j"})
+        c = RanksCollector({"job": "j", "event_every_s": 0})
         c.note(busy.pid, 0, "hook")
         rows = _collect(c, 3, 0.7)
         r = _row(rows, 0)
@@ -245,7 +245,7 @@ def test_a_cpu_quota_shows_as_throttling(spawn: Any) -> None:
 def test_caps_and_bad_notes_are_counted_not_followed(spawn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(L, "MAX_RANKS_PER_AGENT", 1)
     a, b = spawn(SLEEP), spawn(SLEEP)
-    c = RanksCollector({"job": "j"})
+    c = RanksCollector({"job": "j", "event_every_s": 0})
     c.note(a.pid, 0, "hook")
     c.note(b.pid, 1, "hook")
     c.note(b.pid, -1, "hook")  # no rank: ignored
@@ -262,3 +262,32 @@ def test_sample_yaml_is_a_valid_config() -> None:
     cfg = yaml.safe_load((Path(__file__).parents[1] / "sample.yaml").read_text())
     c = RanksCollector({**cfg, "job": "j"})
     assert c.config.interval_s == 1.0 and c.config.scan is True and c.config.launch_manifest is None
+
+
+def test_the_event_goes_out_on_change_and_every_few_seconds_otherwise(spawn: Any) -> None:
+    quiet = spawn(SLEEP)
+    time.sleep(1.0)  # past its start-up
+    c = RanksCollector({"job": "j", "event_every_s": 30})
+    c.note(quiet.pid, 0, "hook")
+
+    def events() -> int:
+        return len([e for e in c.collect(time.time()).events if e["kind"] == RANK_PROCESSES.name])
+
+    assert events() == 1  # the first reading
+    time.sleep(1.0)  # CPU time comes in 10 ms ticks: a second's window reads a sleeper as idle
+    assert events() == 1  # now with rates: the rank turned idle (a change)
+    time.sleep(1.0)
+    assert events() == 0  # nothing changed: not before event_every_s
+    os.kill(quiet.pid, signal.SIGSTOP)
+    time.sleep(0.3)  # (woken to take the signal, it reads R for a moment)
+
+    def after(s: float) -> int:
+        time.sleep(s)
+        return events()
+
+    assert [after(0.3) for _ in range(3)] == [1, 1, 1]  # stopped: every collect while it lasts
+    os.kill(quiet.pid, signal.SIGCONT)
+    time.sleep(1.0)
+    assert events() == 1  # back to sleeping: a change
+    out = c.collect(time.time())
+    assert out.samples  # the series go out every collect all the same

@@ -26,7 +26,7 @@ SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:
 def main() -> None:
     cpu = sys.argv[1] if len(sys.argv) > 1 else str(max(os.sched_getaffinity(0)))
     rank = subprocess.Popen([sys.executable, "-c", SPIN, cpu], start_new_session=True)
-    c = RanksCollector({"job": "j"})
+    c = RanksCollector({"job": "j", "event_every_s": 0})
     c.note(rank.pid, 0, "hook")
 
     def payload(n: int) -> dict[str, Any]:
