@@ -53,10 +53,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collectors.nvml.collector import THROTTLE_REASONS
 from collectors.nvml.processes import GpuProcess, ProcessTracker
+from perfd.aggregator.gpu_views import SIGHTING_SERIES as _SIGHTING_SERIES
 from perfd.aggregator.incidents import BASELINE_EVERY_S
 from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.runtime import GC_THRESHOLDS
-from perfd.aggregator.state import _SIGHTING_SERIES
 from perfd.analytics.attribution import gpu_hints, place_ranks
 from perfd.analytics.incidents import Incident
 from perfd.model import StepRecord

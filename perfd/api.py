@@ -169,6 +169,11 @@ class Aggregator:
         """The latest host series (CPU, load, memory, ...) of the job's nodes, one row per node."""
         return list(self._job(job, "gpus").get("hosts") or [])
 
+    def rank_hosts(self, job: str) -> list[dict[str, Any]]:
+        """Each rank process of the job as its node's agent last saw it (collectors/ranks): state,
+        CPU used, run-queue wait, allowed CPUs and how busy, the processes that took them."""
+        return list(self._job(job, "gpus").get("rank_hosts") or [])
+
     def stats(self) -> dict[str, Any]:
         return dict(self._get("/api/stats"))
 

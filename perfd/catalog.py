@@ -29,6 +29,8 @@ DCGM_IDENTITY: dict[str, str] = {"UUID": "uuid", "Hostname": "node"}
 DCGM_INFO_IDENTITY: dict[str, str] = {"modelName": "model"}
 GPU = ("node", "gpu", "uuid", "model", "pci_bus_id", *DCGM_IDENTITY)
 HOST = ("node",)
+# A job's rank process on a node (collectors/ranks): bounded by the ranks the node runs.
+HOST_RANK = ("node", "job_name", "rank")
 AGENT = ("node",)
 
 # Every label any metric may carry, with what bounds it.
@@ -50,6 +52,8 @@ LABELS: dict[str, str] = {
     "modelName": "DCGM-exporter's name for the GPU model: the value of model (perfd_gpu_info only)",
     "Hostname": "DCGM-exporter's name for the node: the value of node (one per GPU series' node)",
     "cpu": "CPU index (only with the host collector's per_cpu: true)",
+    "resource": "pressure stall resource (cpu, memory, io)",
+    "process_state": "a rank process's state (perfd.events.PROCESS_STATES: 7 values)",
     "replay": "present (\"1\") on samples replayed from a recording",
     "link": "NVLink index",
     "tool": f"capture tool ({', '.join(t for t in CAPTURE_TOOLS if t != 'auto')})",
@@ -117,6 +121,12 @@ GPU_INFO = "perfd_gpu_info"
 # One info series per (job, node): where the job runs, what host series join the job on.
 JOB_NODE_INFO = "perfd_job_node_info"
 
+# A rank process's series (collectors/ranks): the plain ones are perfd.events.RANK_HOST_SERIES (each
+# the value of a field of the rank's observation); these three are read otherwise.
+RANK_ALLOWED_CPUS = "perfd_host_rank_allowed_cpus"  # len(allowed_cpus)
+RANK_PRESSURE = "perfd_host_rank_pressure_ratio"  # pressure[resource], labelled resource
+RANK_STATE_INFO = "perfd_host_rank_state_info"
+
 
 def _m(name: str, kind: Kind, unit: str, description: str, source: str, labels: tuple[str, ...], *,
        attr: str | None = None, scale: float = 1.0, alias: str | None = None,
@@ -132,6 +142,7 @@ _ANALYTICS = "perfd.analytics over the step sources (collectors/megatron, hook, 
 _NVML = "collectors/nvml (NVML)"
 _GPM = "collectors/nvml (GPM, Hopper and newer; absent elsewhere)"
 _HOST = "collectors/host (psutil)"
+_RANKS = "collectors/ranks (/proc/<pid>, the rank's cgroup, /proc/pressure)"
 _AGENT = "perfd agent"
 _AGGREGATOR = "perfd aggregator"
 _SERVING = "collectors/sglang (scheduler log lines, else /metrics) via perfd.analytics.serving"
@@ -408,6 +419,37 @@ CATALOG: tuple[MetricDef, ...] = (
        "Disk read rate, all physical disks", _HOST, HOST),
     _m("perfd_host_disk_write_bytes_per_second", "gauge", "bytes_per_second",
        "Disk write rate, all physical disks", _HOST, HOST),
+    _m("perfd_host_swap_in_bytes_per_second", "gauge", "bytes_per_second",
+       "Pages swapped in, node-wide (/proc/vmstat pswpin × page size)", _RANKS, HOST),
+    # --- host: a job's rank processes (collectors/ranks) ------------------------------------------
+    _m(RANK_STATE_INFO, "gauge", "info",
+       "1 for the rank process's state (label process_state: running, sleeping, disk_sleep, stopped, "
+       "zombie, gone, other), from /proc/<pid>/stat", _RANKS, (*HOST_RANK, "process_state")),
+    _m("perfd_host_rank_cpu_cores", "gauge", "cores",
+       "CPU the rank process used, all threads: CPU seconds per second over the collect interval", _RANKS,
+       HOST_RANK),
+    _m("perfd_host_rank_cpu_wait_ratio", "gauge", "ratio",
+       "Time the rank's threads waited in a run queue ÷ (running + waiting) over the interval "
+       "(/proc/<pid>/task/*/schedstat): the direct measure of CPU contention; absent without schedstats",
+       _RANKS, HOST_RANK, alias="rank_cpu_wait"),
+    _m(RANK_ALLOWED_CPUS, "gauge", "count",
+       "CPUs the rank process may run on (sched_getaffinity)", _RANKS, HOST_RANK),
+    _m("perfd_host_rank_allowed_cpus_busy_ratio", "gauge", "ratio",
+       "Busy share of the rank's allowed CPUs, every process on them (/proc/stat per CPU)", _RANKS,
+       HOST_RANK),
+    _m("perfd_host_rank_others_cpu_ratio", "gauge", "ratio",
+       "Share of the rank's allowed CPUs that processes outside the job took (a scan of /proc/*/stat, run "
+       "only while the rank waits for a CPU; absent otherwise)", _RANKS, HOST_RANK),
+    _m("perfd_host_rank_cpu_throttled_ratio", "gauge", "ratio",
+       "CFS periods in which the rank's cgroup was throttled by its CPU quota ÷ periods (cgroup cpu.stat; "
+       "absent without a quota)", _RANKS, HOST_RANK, alias="rank_cpu_throttled"),
+    _m(RANK_PRESSURE, "gauge", "ratio",
+       "Pressure stall information of the rank's cgroup (the node's for the root cgroup): share of time "
+       "some task stalled on the resource, over the interval; absent where the kernel has no PSI",
+       _RANKS, (*HOST_RANK, "resource")),
+    _m("perfd_host_rank_oom_kills_total", "counter", "count",
+       "Processes the OOM killer killed in the rank's cgroup (memory.events oom_kill; v1 memory.oom_control)",
+       _RANKS, HOST_RANK),
     # --- agent self-metrics ---------------------------------------------------------------
     _m("perfd_agent_collector_errors_total", "counter", "count", "Collector failures, by reason", _AGENT,
        (*AGENT, "collector", "reason")),

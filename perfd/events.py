@@ -46,6 +46,47 @@ class GpuOwner(TypedDict, total=False):
     resource: str
 
 
+# A rank process's state as the agent reports it (proc(5) state letters, grouped): "gone" when its pid
+# no longer exists (or now belongs to another process), "other" for a letter not listed.
+PROCESS_STATES = ("running", "sleeping", "disk_sleep", "stopped", "zombie", "gone", "other")
+
+
+# The catalog series of a rank process (collectors/ranks) that each carry one field of its RankHost:
+# what the collector emits and what the rules read at rank scope (perfd.aggregator.rule_scopes).
+RANK_HOST_SERIES: dict[str, str] = {
+    "perfd_host_rank_cpu_cores": "cpu_cores", "perfd_host_rank_cpu_wait_ratio": "wait_ratio",
+    "perfd_host_rank_allowed_cpus_busy_ratio": "allowed_busy_ratio",
+    "perfd_host_rank_others_cpu_ratio": "others_ratio",
+    "perfd_host_rank_cpu_throttled_ratio": "throttled_ratio", "perfd_host_rank_oom_kills_total": "oom_kills"}
+
+
+class RankHost(TypedDict, total=False):
+    """One rank process as the agent sees it on its node (collectors/ranks): what the aggregator's
+    host evidence, live stall detector and host panel read. Absent keys: the platform does not say."""
+
+    rank: int
+    pid: int
+    source: str  # how the agent knows it: launch (manifest descendants), gpu (NVML process list), hook
+    state: str  # one of PROCESS_STATES
+    state_since: float  # epoch s the agent first saw it in this state
+    observed_at: float  # epoch s of the reading
+    cpu_cores: float  # CPU seconds per second over the last interval (all threads)
+    wait_ratio: float  # run-queue wait ÷ (run + wait), all threads, last interval
+    cpu_demand_cores: float  # (run + wait) ÷ interval: the CPU its threads wanted
+    allowed_cpus: list[int]
+    allowed_busy_ratio: float  # busy share of the allowed CPUs (every process)
+    others_ratio: float  # share of the allowed CPUs other processes took (contention scan)
+    others: list[dict[str, Any]]  # the top of them: pid, user, name, cmdline, cpu_ratio, own
+    cgroup: str
+    throttled_ratio: float  # cgroup CFS periods throttled ÷ periods, last interval
+    cpu_quota_cores: float  # the cgroup's CPU quota (cpu.max / cfs_quota_us), when one is set
+    pressure: dict[str, float]  # resource (cpu, memory, io) -> PSI "some" share, last interval
+    pressure_source: str  # "cgroup" or "node" (the rank's cgroup is the root: /proc/pressure)
+    oom_kills: int  # the cgroup's oom_kill counter
+    oom_kills_since_follow: int  # ... since the agent began following the rank
+    major_faults_per_second: float
+
+
 @dataclass(frozen=True)
 class EventKind:
     name: str
@@ -115,10 +156,27 @@ INCIDENT_OPENED = _k("incident_opened", "mapping", False, "perfd/aggregator/inci
 INCIDENT_CLOSED = _k("incident_closed", "mapping", False, "perfd/aggregator/incidents.py",
                      (_AGG_LOG,), "An incident ended (its cost and evidence are kept)")
 
+RANK_PROCESSES = _k("rank_processes", "mapping", True, "collectors/ranks",
+                    ("perfd/aggregator/hosts.py: each rank's host evidence, the live stall detector, the "
+                     "host panel of /api/jobs/<job>/gpus",),
+                    "The host state of one job's rank processes on a node (payload job, ranks: "
+                    "RankHost, node)",
+                    RankHost)
+JOB_PHASE = _k("job_phase", "mapping", True,
+               "collectors/megatron (save and evaluation lines), collectors/hook (StepHook.phase)",
+               ("perfd/aggregator/hosts.py: no live stall while a checkpoint save or an evaluation runs",),
+               "A checkpoint save or an evaluation began or ended (payload job, phase, state, iteration, "
+               "rank)")
+RANK_STACKS = _k("rank_stacks", "mapping", True, "perfd/agent/stacks.py (py-spy dump)",
+                 ("perfd/aggregator/hosts.py: the Python stacks of a stalled job's ranks, kept with the "
+                  "stall",),
+                 "Python stacks of a job's rank processes, taken when the aggregator asked (payload job, "
+                 "command_id, ranks: rank -> pid, stack or error)")
+
 KINDS: dict[str, EventKind] = {k.name: k for k in (
     GPU_PROCESSES, GPU_PODS, SERVING_DATA, NCCL_HANG, HOOK_PROFILE, GPU_LOST, XID, VALIDATION, LOG_GAP,
     REPLAY_FINISHED, RULE_FIRING, CAPTURE_STARTED, CAPTURE_FINISHED, CAPTURE_FAILED, INCIDENT_OPENED,
-    INCIDENT_CLOSED, STEP_CONFLICT)}
+    INCIDENT_CLOSED, STEP_CONFLICT, RANK_PROCESSES, JOB_PHASE, RANK_STACKS)}
 CAPTURE_PROGRESS: dict[str, str] = {  # capture event kind -> capture record status
     CAPTURE_STARTED.name: "started", CAPTURE_FINISHED.name: "finished", CAPTURE_FAILED.name: "failed"}
 

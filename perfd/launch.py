@@ -127,7 +127,9 @@ class LaunchPlan:
         """The agent collectors that read what this launch sets up (``perfd agent --launch-manifest``)."""
         times = str(linetimes.sidecar_path(self.log_path))
         log = {"path": str(self.log_path), "line_times": times}
-        out: dict[str, dict[str, Any]] = {self.log_collector: log, "hook": {"socket_path": self.hook_socket}}
+        out: dict[str, dict[str, Any]] = {self.log_collector: log, "hook": {"socket_path": self.hook_socket},
+                                          # the launched process tree: its ranks' host evidence
+                                          "ranks": {"launch_manifest": str(self.manifest_path.resolve())}}
         if self.wandb_run_id and self.log_collector == "megatron":
             out["megatron"]["wandb_run_id"] = self.wandb_run_id
         if self.fr_dir is not None:

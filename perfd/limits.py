@@ -96,6 +96,18 @@ MAX_NCU_LAUNCH_COUNT = 1_000
 NCU_TIME_BUDGET_S = 90.0  # one range; past it the capture closes the range and says it overran
 MAX_NCU_TIME_BUDGET_S = 1_800.0
 
+# ---- rank processes on a node (collectors/ranks, perfd/agent/stacks.py) ----------------------------
+# What the agent reads of a job's rank processes stays bounded whatever runs on the node: measured in
+# `perfd bench ranks` (benchmarks/README.md).
+MAX_RANKS_PER_AGENT = 256  # rank processes one agent follows (a node runs 8-16); more are counted
+MAX_RANK_THREADS = 1024  # threads of one rank whose schedstat is read per collect (Megatron: ~100)
+MAX_SCAN_PIDS = 16_384  # processes one contention scan reads (/proc/*/stat); past it counted, cut
+RANK_OTHERS_TOP_N = 8  # other processes named per rank (pid, user, command, CPU share): a payload
+MAX_RANK_PAYLOAD_CMDLINE = 200  # characters of a named process's command line
+STACK_TIMEOUT_S = 10.0  # one py-spy dump (it reads a stopped process too, --nonblocking)
+STACK_BYTES_PER_RANK = 16 << 10  # of one rank's stack text; the rest cut and said
+MAX_STACK_RANKS = 16  # ranks dumped per request (a stall names the stuck ones first)
+
 # ---- HTTP -----------------------------------------------------------------------------------------
 # perfd.exporters.httpd: one thread reads and writes every connection, workers only compute, so a
 # slow or idle client costs a buffer, never a thread; these bound what a connection may hold.

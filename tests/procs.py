@@ -228,6 +228,7 @@ def start_aggregator(
     for its ready file (``out/agg.ready`` unless given). Returns (gRPC port, HTTP port, base URL).
     ``verbose``: ``perfd -v`` (its INFO lines in the log, e.g. what a restart restored)."""
     ready = ready or procs.out / "agg.ready"
+    ready.unlink(missing_ok=True)  # a folder used again: an earlier run's file names the old ports
     p = procs.perfd(
         name,
         *(["-v"] if verbose else []),

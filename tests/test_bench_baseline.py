@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from benchmarks.baseline_bench import JOB, build
+from perfd.aggregator.gpu_views import SIGHTING_SERIES as _SIGHTING_SERIES
 from perfd.aggregator.incidents import BASELINE_EVERY_S, BASELINE_RANKS_PER_EVERY_S, GpuBaseline
-from perfd.aggregator.state import _SIGHTING_SERIES, GpuKey
+from perfd.aggregator.state import GpuKey
 from perfd.analytics.attribution import gpu_hints, place_ranks
 from perfd.analytics.incidents import Incident
 from perfd.cli import main

@@ -41,7 +41,7 @@ from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT
 from perfd.analytics.gpus import normalize_dtype
 from perfd.bounds import LAYOUT_BOUNDS, in_bounds
 from perfd.collector import Capabilities, Collected, Collector
-from perfd.events import HOOK_PROFILE
+from perfd.events import HOOK_PROFILE, JOB_PHASE
 from perfd.hook import wire
 from perfd.model import JobInfo, ModelSpec, ParallelLayout, Provenance, StepRecord, TimerValue
 from perfd.privdir import UnsafeDirError, private_dir
@@ -249,6 +249,8 @@ class HookCollector(Collector):
                 out.steps.append(rec)
         elif kind == wire.KIND_JOB:
             self._job(wire.unpack_job(data), out)
+        elif kind == wire.KIND_PHASE:
+            self._phase(wire.unpack_phase(data), now, out)
         elif kind == wire.KIND_PROFILE_STATUS:
             st = wire.unpack_profile_status(data)
             state = wire.PROFILE_STATE_NAMES.get(st.state, f"state_{st.state}")
@@ -263,6 +265,22 @@ class HookCollector(Collector):
             })
         else:
             self.count_error("malformed:unexpected_kind")
+
+    def _phase(self, m: wire.PhaseMsg, now: float, out: Collected) -> None:
+        """A rank announced a checkpoint save or an evaluation (StepHook.phase): a ``job_phase``
+        event, which keeps a pause the loop makes on purpose from reading as a stall."""
+        phase, state = wire.PHASES.get(m.phase), wire.PHASE_STATES.get(m.state)
+        if phase is None or state is None or m.rank < 0:
+            self.count_error("malformed:phase", f"phase {m.phase} state {m.state} rank {m.rank}")
+            return
+        self._c("phase_records")
+        out.events.append({
+            "kind": JOB_PHASE.name, "severity": "info", "time": now, "job": self.config.job,
+            "text": f"rank {m.rank} (pid {m.pid}): {phase} {state}s after step {m.step}",
+            "labels": {"job": self.config.job, "rank": str(m.rank)},
+            "payload": {"job": self.config.job, "phase": phase, "state": state, "iteration": m.step,
+                        "rank": m.rank, "pid": m.pid, "at": m.time_ns / 1e9, "source": "hook"},
+        })
 
     def _job(self, m: wire.JobMsg, out: Collected) -> None:
         """The job as the hooks describe it: one JobInfo (framework "pytorch"), sent on change.

@@ -209,6 +209,40 @@ def parse_validation(line: str) -> ValidationLine | None:
 
 
 # --------------------------------------------------------------------------------------------
+# Pauses the training loop announces (checkpoint saves, evaluations)
+# --------------------------------------------------------------------------------------------
+
+# Megatron-LM (core 0.20, megatron/training/checkpointing.py) before and after a save:
+#   "[2026-11-23 16:21:18.782183] saving checkpoint at iteration      10 to /ckpt in torch_dist format"
+#   "  [2026-11-23 16:21:35.529378] successfully saved checkpoint from iteration      10 to /ckpt [ ... ]"
+_SAVE_RE = re.compile(r"(?P<what>saving checkpoint at|successfully saved checkpoint from) iteration\s+"
+                      r"(?P<it>\d{1,18})(?!\d)")
+# evaluate() sets the rerun state machine to DISABLED as it starts (and back as it ends), which core
+# 0.20 logs; the "validation loss at iteration N" line follows the pass (seen in
+# tests/data/megatron/h100_resume_save_eval.log).
+_EVAL_BEGIN = "Setting RerunStateMachine mode RerunMode.DISABLED"
+
+
+@dataclass
+class PhaseLine:
+    phase: str  # perfd.analytics.goodput kinds: "checkpoint" or "evaluation"
+    state: str  # "begin" | "end"
+    iteration: int | None
+
+
+def parse_phase(line: str) -> PhaseLine | None:
+    """A checkpoint save's start or end, or an evaluation's start; None for any other line (the
+    evaluation's end is its validation line: :func:`parse_validation`)."""
+    if "checkpoint" in line:
+        m = _SAVE_RE.search(line)
+        if m is not None:
+            return PhaseLine("checkpoint", "begin" if m["what"].startswith("saving") else "end", int(m["it"]))
+    if _EVAL_BEGIN in line:
+        return PhaseLine("evaluation", "begin", None)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
 # Timers
 # --------------------------------------------------------------------------------------------
 

@@ -25,9 +25,11 @@ from collectors.megatron.lines import (
     parse_iteration,
     parse_memory,
     parse_one_line_timers,
+    parse_phase,
     parse_straggler,
     parse_timer_body,
     parse_timer_header,
+    parse_timestamp,
     parse_validation,
     strip_launcher_prefix,
     to_float,
@@ -35,7 +37,7 @@ from collectors.megatron.lines import (
 )
 from perfd.bounds import REASON as BOUND_REASON
 from perfd.bounds import check_job_info
-from perfd.events import VALIDATION
+from perfd.events import JOB_PHASE, VALIDATION
 from perfd.logfiles import iter_text_lines
 from perfd.model import JobInfo, ParseIssue, Provenance, StepRecord, StragglerLine, TimerValue
 
@@ -238,11 +240,28 @@ class MegatronLogParser:
             self._close_timers()
         return False
 
+    def _phase(self, phase: str, state: str, iteration: int | None, line: str) -> None:
+        """A pause the loop announces: a ``job_phase`` event (the live stall detector does not call
+        it a hang)."""
+        self._count(f"{phase}_{state}_lines")
+        self.events.append({
+            "kind": JOB_PHASE.name, "severity": "info", "job": self.job,
+            "text": f"{phase} {state}s" + (f" at iteration {iteration}" if iteration is not None else ""),
+            "payload": {"job": self.job, "phase": phase, "state": state, "iteration": iteration,
+                        "at": self._arrived if self._arrived is not None else parse_timestamp(line),
+                        "source": str(Provenance(COLLECTOR, f"{self.source_name}:{self._line_no}"))},
+        })
+
     def _dispatch(self, line: str, out: list[StepRecord]) -> None:
+        phase = parse_phase(line)
+        if phase is not None:
+            self._phase(phase.phase, phase.state, phase.iteration, line)
+            return
         # Validation before iteration: " validation loss at iteration 100 | lm loss value: ..."
         validation = parse_validation(line)
         if validation is not None:
             self._close_timers()
+            self._phase("evaluation", "end", validation.iteration, line)
             self._count("validation_lines")
             self.events.append({
                 "kind": VALIDATION.name,

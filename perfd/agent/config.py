@@ -141,7 +141,7 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
                     megatron_log: str | None = None, nvml: str | None = None,
                     metrics_port: int | None = None, node: str | None = None,
                     agent_id: str | None = None, spool_dir: str | None = None, state_dir: str | None = None,
-                    host: bool | None = None, launch_manifest: str | None = None,
+                    host: bool | None = None, launch_manifest: str | None = None, ranks: bool | None = None,
                     metrics_host: str | None = None, listen_all: bool = False,
                     tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
                     auth_token_file: str | None = None) -> AgentConfig:
@@ -194,6 +194,14 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
             cfg.collectors.pop("host", None)
     elif "host" not in cfg.collectors:
         cfg.collectors["host"] = {}
+    # The job's rank processes (collectors/ranks): on by default, like host; cheap with none to follow.
+    if ranks is not None:
+        if ranks:
+            cfg.collectors.setdefault("ranks", {})
+        else:
+            cfg.collectors.pop("ranks", None)
+    elif "ranks" not in cfg.collectors:
+        cfg.collectors["ranks"] = {}
     return cfg.finish()
 
 

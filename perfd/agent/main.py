@@ -28,6 +28,7 @@ from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import DEFAULT_JOB, AgentConfig
 from perfd.agent.reduce import SampleReducer
 from perfd.agent.scheduler import COLLECT_BUCKETS_S, RUNNING_ERROR_REASONS, Scheduler
+from perfd.agent.stacks import StackDumper
 from perfd.catalog import GPU_INFO
 from perfd.collector import Collected, Collector, Registry
 from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES, NCCL_HANG, payload_of
@@ -40,11 +41,13 @@ from perfd.model import (
     CollectiveRecord,
     JobInfo,
     Sample,
+    StepRecord,
     label_set,
     merge_job_info,
 )
 from perfd.placement import declared_job
 from perfd.refusals import Refusals
+from perfd.transport.codec import COMMAND_STACKS
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +63,13 @@ def default_registry() -> Registry:
     import collectors.k8s
     import collectors.megatron
     import collectors.nvml
+    import collectors.ranks
     import collectors.sglang
     import collectors.torchtitan
 
     reg = Registry()
     for mod in (collectors.megatron, collectors.nvml, collectors.host, collectors.k8s, collectors.sglang,
-                collectors.dcgm, collectors.torchtitan):
+                collectors.dcgm, collectors.torchtitan, collectors.ranks):
         mod.register(reg)
     reg.register("nccl", _nccl_collector)
     reg.register("hook", _hook_collector)
@@ -166,6 +170,7 @@ class Agent:
         self._checkpoints = Checkpoints(cfg.state_dir) if cfg.state_dir else None
         self.reducer = SampleReducer(cfg.aggregator_sample_interval_s)
         self.captures: Any = None  # AgentCaptures when the aggregator can ask for captures
+        self.stacks: StackDumper | None = None  # answers the aggregator's stacks requests (a stall)
         # GPU index -> the job its processes declare (perfd.placement), from the NVML collector's
         # latest process list of each GPU; None: none declared. Read by the /metrics thread.
         self.gpu_jobs: dict[str, str | None] = {}
@@ -235,6 +240,28 @@ class Agent:
                 gpu = (ev.get("labels") or {}).get("gpu")
                 if procs is not None and isinstance(gpu, str):
                     self.gpu_jobs[gpu] = declared_job(procs)
+
+    def _note_ranks(self, events: list[dict[str, Any]], steps: list[StepRecord]) -> None:
+        """Hand the rank processes the other collectors know to the ranks collector: each GPU
+        process that declares a RANK (collectors/nvml), each step hook's sender (its pid and rank)."""
+        st = self.scheduler.states.get("ranks")
+        note = getattr(st.collector, "note", None) if st is not None else None
+        if note is None:
+            return
+        seen: set[tuple[str | None, int, int, str]] = set()
+        for ev in events:
+            if ev.get("kind") != GPU_PROCESSES.name:
+                continue
+            for p in payload_of(ev, GPU_PROCESSES) or []:
+                rank, pid, job = p.get("rank"), p.get("pid"), p.get("job")
+                if isinstance(rank, int) and isinstance(pid, int):
+                    seen.add((job if isinstance(job, str) and job else None, rank, pid, "gpu"))
+        for rec in steps:
+            pid = rec.fields.get("pid") if rec.source is not None and rec.source.collector == "hook" else None
+            if isinstance(rec.rank, int) and pid is not None and pid.isdigit():
+                seen.add((rec.job, rec.rank, int(pid), "hook"))
+        for job, rank, pid, source in seen:
+            note(pid, rank, source, job)
 
     # ---- self metrics -------------------------------------------------------------------------
     def self_metric_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
@@ -342,6 +369,7 @@ class Agent:
             job_info = {**self._jobinfo_last, **job_info}
         self.view.update(samples)  # the agent's /metrics: every sample
         self._note_gpu_jobs(events)
+        self._note_ranks(events, steps)
         samples = self.reducer.reduce(samples, time.time())  # the aggregator: latest every few seconds
         if self.captures is not None and events:
             self.captures.observe(events)  # rank -> pid, and the hook's profile progress
@@ -455,6 +483,19 @@ class Agent:
         except Exception as exc:  # no capture store (disk, permissions): say so, monitor on
             log.error("captures disabled: %s", exc)
 
+    def _stacks(self) -> StackDumper:
+        """The stack dumper, made at the first request: its pids are the ranks collector's."""
+        if self.stacks is None:
+            st = self.scheduler.states.get("ranks")
+            col = st.collector if st is not None else None
+
+            def pids_of(job: str) -> Mapping[int, int]:
+                got = getattr(col, "rank_pids", None)
+                return got(job or None) if got is not None else {}
+
+            self.stacks = StackDumper(self._emit_event, pids_of)
+        return self.stacks
+
     def _emit_event(self, ev: dict[str, Any]) -> None:
         """Capture progress, from the capture threads: straight to the spool and the aggregator."""
         ev.setdefault("labels", {}).setdefault("node", self.cfg.node)
@@ -468,6 +509,9 @@ class Agent:
                 log.warning("could not queue a capture event: %s", exc)
 
     def _on_command(self, cmd: Any) -> None:
+        if getattr(cmd, "kind", "") == COMMAND_STACKS:
+            self._stacks().handle(cmd)
+            return
         if self.captures is None:
             log.warning("command %s (%s) received; captures are disabled on this agent",
                         getattr(cmd, "id", "?"), getattr(cmd, "kind", "?"))

@@ -192,6 +192,8 @@ class CaptureCoordinator:
         if self.engine is not None:
             rule_scopes.add_gpu_values(out, self.state, [j for j in states if j not in ended],
                                        self.engine.reads("gpu"), self.engine.reads("rank"))
+            rule_scopes.add_rank_host_values(out, self.state, [j for j in states if j not in ended],
+                                             self.engine.reads("rank"))
         return out
 
     def evaluate(self, now: float | None = None) -> list[Firing]:

@@ -130,6 +130,25 @@ class CollectiveStore:
         with self._lock:
             return sorted(self.jobs)
 
+    def last_per_rank(self, job: str) -> tuple[int, dict[int, dict[str, Any]]]:
+        """(the job's records version, rank -> its newest collective: op, group, sequence number,
+        state, whether it is still pending). What a stall shows of each rank's collectives."""
+        with self._lock:
+            jc = self.jobs.get(job)
+            if jc is None:
+                return 0, {}
+            newest: dict[int, CollectiveRecord] = {}
+            for r in jc.records.values():  # oldest first: the last one seen per rank is the newest
+                if r.rank is not None:
+                    old = newest.get(r.rank)
+                    if old is None or (r.time_created_ns or 0) >= (old.time_created_ns or 0):
+                        newest[r.rank] = r
+            version = jc.version
+        return version, {rank: {"op": r.op, "pg": r.pg_desc or r.pg_name, "seq": r.p2p_seq_id if r.is_p2p
+                                else r.collective_seq_id, "state": r.state, "source": r.source,
+                                "pending": r.state not in (None, "completed"), "bytes": r.bytes}
+                         for rank, r in newest.items()}
+
     def forget(self, job: str) -> None:
         with self._lock:
             self.jobs.pop(job, None)

@@ -14,13 +14,36 @@ a lock; they are computed outside it, so two threads may both compute one, and e
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from perfd import catalog
 from perfd.aggregator.nodes import GpuKey, NodeView
-from perfd.analytics.attribution import RankPlacement, place_ranks
+from perfd.analytics.attribution import HINT_SERIES, RankPlacement, gpu_hints, place_ranks
+from perfd.analytics.evidence import Evidence, causal_key
+from perfd.analytics.host_evidence import host_items
+
+# The GPU series an incident keeps as evidence of the time (besides gpu_hints' comparison).
+SNAPSHOT_SERIES = frozenset({
+    "perfd_gpu_sm_clock_hertz", "perfd_gpu_power_watts", "perfd_gpu_power_limit_watts",
+    "perfd_gpu_temperature_celsius", "perfd_gpu_utilization_ratio", "perfd_gpu_xid_errors_total",
+    "perfd_gpu_xid_last", "perfd_gpu_throttle_reasons", "perfd_gpu_processes", "perfd_gpu_sm_util_ratio",
+    "perfd_gpu_tensor_util_ratio", "perfd_gpu_dram_bw_util_ratio", "perfd_gpu_memory_used_bytes"})
+
+# What a steady sighting reads of each GPU: gpu_hints' values and the throttle flags, not its ~25 series
+# (8,000 GPUs on a 2-core VM: the view 120-144 ms with every series, 81-90 ms with these; benchmarks/README).
+SIGHTING_SERIES = (*HINT_SERIES, catalog.GPU_THROTTLE_ACTIVE)
+# What an incident's snapshot reads: the series it keeps, gpu_hints' values and the throttle flags.
+SNAPSHOT_READS = tuple(sorted(SNAPSHOT_SERIES | set(HINT_SERIES) | {catalog.GPU_THROTTLE_ACTIVE}))
+
+
+def swap_of(obs: Mapping[str, Any]) -> float | None:
+    """The node's swap-in rate reported beside a rank's observation."""
+    v = (obs.get("node_values") or {}).get("swap_in_bytes_per_second")
+    return float(v) if isinstance(v, (int, float)) else None
+
 
 # (job, world size) placements held: far more than the jobs one aggregator serves; past it the least
 # recently computed go (a job that ended is never asked again).
@@ -99,3 +122,35 @@ class PlacementCache:
             while len(self._held) > MAX_PLACEMENTS:
                 del self._held[next(iter(self._held))]
         return p
+
+
+def rank_snapshots(named: Sequence[int], v: SnapshotView, hosts: Mapping[int, Mapping[str, Any]],
+                   annotate: Callable[[list[Evidence]], list[Evidence]]) -> dict[str, Any]:
+    """rank -> what its GPU (in ``v``) and its process on its host (``hosts``: the ranks' latest
+    host observations, perfd.aggregator.hosts) show, as typed evidence, for the ranks an incident
+    names; with none named, the job's ranks whose GPU or host stands out (a co-tenant, throttling, a
+    low clock, CPU contention, a stopped process). ``annotate`` marks what steady state showed too.
+    ``taken_at`` and the evidence's times are when the view was read."""
+    procs, values, throttles, placed, now = v.procs, v.values, v.throttles, v.placed, v.taken_at
+    ranks = list(named) or sorted(set(placed) | set(hosts))
+    out: dict[str, Any] = {}
+    for h in gpu_hints(ranks, placed, values, throttles, procs, now):
+        obs = hosts.get(h.rank)
+        if obs is not None:
+            h.items = sorted([*h.items, *host_items(h.rank, obs, obs.get("node"), swap_of(obs))],
+                             key=causal_key)
+        if not named and not h.items:  # with no rank named, only those that stand out
+            continue
+        h.items = annotate(h.items)
+        snap = h.to_json()
+        if obs is not None:
+            snap["host"] = {k: x for k, x in obs.items() if k != "node_values"}
+        vals: dict[str, float] = {}
+        reasons: list[str] = []
+        if h.node is not None and h.gpu is not None:
+            vals, reasons = values.get((h.node, h.gpu), {}), list(throttles.get((h.node, h.gpu), []))
+        snap["gpu_values"] = {k: x for k, x in vals.items() if k in SNAPSHOT_SERIES}
+        snap["throttle_reasons"] = reasons
+        snap["taken_at"] = now
+        out[str(h.rank)] = snap
+    return out

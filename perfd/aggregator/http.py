@@ -19,6 +19,7 @@ from prometheus_client.core import Metric
 from perfd import finite_json
 from perfd import limits as L
 from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
+from perfd.aggregator.job_rows import liveness_rows
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
 from perfd.analytics.run_analysis import IterationResult
@@ -71,7 +72,7 @@ class _StateCollector:
         yield from series_families(rows)
         yield from series_families(self.state.collective_rows(self.per_rank_series))
         yield from series_families(self.state.incidents.metric_rows())
-        yield from series_families(self.state.liveness_rows(node_info=True))
+        yield from series_families(liveness_rows(self.state, node_info=True))
         yield from series_families(self.state.serving.rows())
         t = self.state.transport_stats() if self.state.transport_stats is not None else {}
         own = {
@@ -143,7 +144,23 @@ def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
     ordered = sorted(rows.items(),
                      key=lambda kv: (kv[0][0], int(kv[0][1]) if kv[0][1].isdigit() else 0))
     return {"job_name": job, "gpus": [row for _, row in ordered],
-            "hosts": [{"node": n, "values": v} for n, v in sorted(hosts.items())]}
+            "hosts": [{"node": n, "values": v} for n, v in sorted(hosts.items())],
+            "rank_hosts": rank_hosts(state, job)}
+
+
+# What the host panel shows of each rank process (perfd.events.RankHost; absent keys stay absent).
+RANK_HOST_FIELDS = ("pid", "node", "state", "state_since", "cpu_cores", "wait_ratio", "cpu_demand_cores",
+                    "allowed_cpus",
+                    "allowed_busy_ratio", "others_ratio", "own_ratio", "others", "cgroup", "throttled_ratio",
+                    "cpu_quota_cores", "pressure", "pressure_source", "oom_kills", "threads", "observed_at",
+                    "arrived_at")
+
+
+def rank_hosts(state: AggregatorState, job: str) -> list[dict[str, Any]]:
+    """Each rank process of the job as its node's agent last reported it (collectors/ranks): state,
+    CPU use, run-queue wait, allowed CPUs and their busy share, the processes that ran on them."""
+    return [{"rank": r, **{k: o[k] for k in RANK_HOST_FIELDS if k in o}}
+            for r, o in sorted(state.hosts.observations(job).items())]
 
 
 def rank_view(state: AggregatorState, job: str, world_size: int | None,

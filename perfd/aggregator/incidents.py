@@ -12,18 +12,21 @@ closes, and counts incidents and seconds lost per job for /metrics. Bounded: MAX
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from perfd.analytics.attribution import xid_evidence
 from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, decide, merge
-from perfd.analytics.incidents import MAX_INCIDENTS, Incident, render_cause
+from perfd.analytics.host_evidence import oom_evidence
+from perfd.analytics.incidents import MAX_INCIDENTS, STALL, Incident, render_cause
 from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
 
 BASELINE_EVERY_S = 1.0  # a steady sighting of the job's GPUs at most this often (a short job has seconds)
 BASELINE_MIN_SIGHTINGS = 3  # before this many, nothing is said about steady state
+BASELINE_LEVELS = 60  # the newest steady values kept per (rank, kind) on a scale: their median is its level
 # A sighting costs ~25 us of CPU per placed rank (8,000 ranks: ~0.2 s on a 2-core VM; `perfd bench
 # baseline`): a job of more ranks than this is sighted proportionally less often (8,000 ranks: every
 # ~7.8 s), so no job's sightings cost more than one of this many ranks at BASELINE_EVERY_S (~2.5% of a
@@ -46,6 +49,8 @@ class GpuBaseline:
         self.every_s = every_s
         self._n: dict[str, int] = {}  # job -> steady sightings taken
         self._seen: dict[str, Counter[tuple[int, str]]] = {}  # job -> (rank, kind) -> sightings
+        # job -> (rank, kind) -> its worst values in those sightings (kinds on a scale: their level)
+        self._levels: dict[str, dict[tuple[int, str], deque[float]]] = {}
         self._at: dict[str, float] = {}
         self._ranks: dict[str, int] = {}  # job -> ranks in its last sighting
 
@@ -67,12 +72,16 @@ class GpuBaseline:
             self._ranks[job] = len(items_by_rank)
             self._n[job] = self._n.get(job, 0) + 1
             seen = self._seen.setdefault(job, Counter())
+            levels = self._levels.setdefault(job, {})
             for rank, items in items_by_rank.items():
                 seen.update({(rank, e.kind.value) for e in items})
+                for e in items:
+                    if e.spec.steady_margin is not None and e.worst is not None:
+                        levels.setdefault((rank, e.kind.value), deque(maxlen=BASELINE_LEVELS)).append(e.worst)
 
     def forget(self, job: str) -> None:
         with self._lock:
-            for d in (self._n, self._seen, self._at, self._ranks):
+            for d in (self._n, self._seen, self._at, self._ranks, self._levels):
                 d.pop(job, None)
 
     def sightings(self, job: str) -> int:
@@ -84,11 +93,20 @@ class GpuBaseline:
         """The items with the share of steady sightings that showed them (once there are enough)."""
         with self._lock:
             n, seen = self._n.get(job, 0), self._seen.get(job, Counter())
+            levels = {k: statistics.median(v) for k, v in self._levels.get(job, {}).items() if v}
         if n < BASELINE_MIN_SIGHTINGS:
             return list(items)
-        return [dataclasses.replace(e, detail={**e.detail,
-                                               "in_steady_state": seen[(e.rank, e.kind.value)] / n})
-                if e.rank is not None else e for e in items]
+        out = []
+        for e in items:
+            if e.rank is None:
+                out.append(e)
+                continue
+            key = (e.rank, e.kind.value)
+            extra = {"in_steady_state": seen[key] / n}
+            if key in levels:
+                extra["steady_worst"] = levels[key]
+            out.append(dataclasses.replace(e, detail={**e.detail, **extra}))
+        return out
 
 
 class IncidentTracker:
@@ -110,14 +128,26 @@ class IncidentTracker:
         with self._lock:
             kept = self._jobs.setdefault(job, {})
             for inc in found:
+                if inc.kinds == [STALL] and inc.id not in kept and _taken_over(kept, inc):
+                    continue  # the analysis' incident of these iterations took the live stall over
                 key = self._match(kept, inc)
                 prev = kept.get(key) if key else None
-                if prev is not None and not prev["open"] and not inc.open:
+                # A live stall these iterations end (their slow step is the stop): one episode.
+                stalls = [] if STALL in inc.kinds else _stall_docs(kept, inc, key)
+                if prev is None and stalls:
+                    prev, key = stalls[0], str(stalls[0]["id"])
+                if prev is not None and not prev["open"] and not inc.open and not stalls:
                     continue  # closed and already recorded with its evidence of the time
                 pev = prev["evidence"] if prev else {}
                 gpu: dict[str, Any] = dict(pev.get("gpu", {}))
                 live = [e for d in pev.get("gpu_observed", []) if (e := Evidence.from_json(d)) is not None]
                 xid_base: dict[str, float] = dict(pev.get("xid_at_open", {}))
+                oom_base: dict[str, int] = dict(pev.get("oom_at_open", {}))
+                for d in stalls:
+                    if d is not prev:
+                        live = merge(live, [e for x in d["evidence"].get("gpu_observed", [])
+                                            if (e := Evidence.from_json(x)) is not None])
+                        gpu = {**d["evidence"].get("gpu", {}), **gpu}
                 if inc.open or prev is None:
                     for r, snap in snapshot(inc).items():  # the evidence as it is now, while it happens
                         items = [e for d in snap.get("items", []) if (e := Evidence.from_json(d)) is not None]
@@ -128,7 +158,14 @@ class IncidentTracker:
                             x = xid_evidence(int(r), xid_base[r], float(count),
                                              vals.get("perfd_gpu_xid_last"), snap.get("taken_at"))
                             items += [x] if x is not None else []
-                        live = merge(live, items)
+                        host = snap.get("host")
+                        if isinstance(host, Mapping):  # the rank's process on its host (collectors/ranks)
+                            kills = host.get("oom_kills")
+                            if isinstance(kills, int):
+                                oom_base.setdefault(r, kills)
+                            o = oom_evidence(int(r), oom_base.get(r), host)
+                            items += [o] if o is not None else []
+                        live = merge(live, [e for e in items if not _began_after(e, inc)])
                         if _worth_keeping(snap, items, gpu.get(r)):
                             gpu[r] = {**snap, "items": [e.to_json() for e in items]}
                 caps = _overlapping(captures, inc, now)
@@ -138,10 +175,19 @@ class IncidentTracker:
                 doc["verdict"] = verdict.to_json()
                 doc["cause"] = render_cause(inc, verdict)
                 doc["evidence"] = {**doc["evidence"], "gpu": gpu, "gpu_observed": [e.to_json() for e in live],
-                                   "xid_at_open": xid_base}
+                                   "xid_at_open": xid_base, "oom_at_open": oom_base}
                 doc["captures"] = caps
                 doc["first_seen"] = prev["first_seen"] if prev else now
                 doc["updated_at"] = now
+                if stalls:  # the stall seen live, with its ranks' states and stacks, stays with it
+                    doc["kinds"] = sorted({*doc["kinds"], STALL})
+                    doc["evidence"]["stall"] = stalls[-1]["evidence"].get("stall")
+                    doc["first_seen"] = min(d["first_seen"] for d in stalls)
+                    for d in stalls:
+                        kept.pop(str(d["id"]), None)
+                elif prev is not None and STALL in prev.get("kinds", ()) and STALL not in doc["kinds"]:
+                    doc["kinds"] = sorted({*doc["kinds"], STALL})  # taken over before: it stays so
+                    doc["evidence"]["stall"] = pev.get("stall")
                 if prev is None:
                     self.opened_total[job] = self.opened_total.get(job, 0) + 1
                     events.append(_event(INCIDENT_OPENED.name, job, doc, "warning"))
@@ -158,6 +204,20 @@ class IncidentTracker:
                     kept.pop(k)
         if events:
             self.emit(events)
+
+    def close_orphan_stalls(self, job: str, now: float) -> int:
+        """Close the job's open live-stall incidents no stall watch holds any more (kept across an
+        aggregator restart while the job resumed meanwhile): an open stall reaches forward to the
+        next incident, which it would otherwise take for its own. Returns how many it closed."""
+        events = []
+        with self._lock:
+            for doc in self._jobs.get(job, {}).values():
+                if doc.get("kinds") == [STALL] and doc.get("open"):
+                    doc.update(open=False, end_time=doc.get("end_time") or now, updated_at=now)
+                    events.append(_event(INCIDENT_CLOSED.name, job, doc, "info"))
+        if events:
+            self.emit(events)
+        return len(events)
 
     def forget(self, job: str) -> None:
         """The job was pruned: its incidents go with it (the totals on /metrics too)."""
@@ -209,6 +269,36 @@ class IncidentTracker:
                 n_open = sum(1 for d in self._jobs.get(job, {}).values() if d.get("open"))
                 rows.append(({"job_name": job}, "perfd_job_incidents_open", float(n_open)))
             return rows
+
+
+def _overlaps(d: Mapping[str, Any], inc: Incident) -> bool:
+    return bool(d["first_iteration"] <= inc.last_iteration and inc.first_iteration <= d["last_iteration"])
+
+
+def _stall_docs(kept: Mapping[str, dict[str, Any]], inc: Incident, key: str | None) -> list[dict[str, Any]]:
+    """Live stalls (kept alone) over the iterations ``inc`` covers: it takes them over. An open stall
+    reaches to whatever iteration comes next (steps done before the stop arrive with those after
+    it, from the stopped process: the slow one may be any of them)."""
+    return [d for k, d in kept.items() if k != key and d.get("kinds") == [STALL]
+            and (_overlaps(d, inc) or (d.get("open") and inc.last_iteration >= d["first_iteration"]))]
+
+
+def _taken_over(kept: Mapping[str, dict[str, Any]], inc: Incident) -> bool:
+    """An incident of the analysis has taken this stall's iterations over (it carries the stall)."""
+    return any(STALL in d.get("kinds", ()) and d.get("kinds") != [STALL] and _overlaps(d, inc)
+               for d in kept.values())
+
+
+# Evidence whose first sighting is when it began (a process's state change), not when it was looked at.
+_ONSET_KINDS = frozenset({EvidenceKind.PROCESS_STOPPED, EvidenceKind.PROCESS_GONE})
+
+
+def _began_after(e: Evidence, inc: Incident) -> bool:
+    """A process stopped or gone only after the incident's last step: not its cause (an analysis
+    incident stays open after its last step while no record follows it — the live stall is the
+    stop's own incident)."""
+    return (e.kind in _ONSET_KINDS and STALL not in inc.kinds and inc.end_time is not None
+            and e.first_seen is not None and e.first_seen > inc.end_time)
 
 
 def _tier(items: Sequence[Evidence]) -> int:

@@ -126,6 +126,7 @@ class Aggregator:
                                             if self.store is not None else None),
                                    admit_series=self._admit_series, policy=policy,
                                    on_stream_end=lambda agent: self.lifecycle.stream_ended(agent))
+        self.state.stalls.send = self.server.send_command  # a stall asks its agents for the ranks' stacks
         self.http: HttpServer | None = None
         self.grpc_port = 0
         self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.server.send_command,

@@ -24,6 +24,8 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from perfd import catalog
+from perfd.aggregator.job_rows import liveness_rows
+from perfd.events import RANK_HOST_SERIES
 from perfd.exporters.prometheus import Row, iteration_rows
 from perfd.rules.engine import ScopeKey, job_of
 from perfd.rules.expr import SCOPE_LABELS, base_name, series_key
@@ -44,7 +46,7 @@ def job_rows(state: Any, latest: Mapping[str, Any], per_rank: bool = True) -> li
                          "perfd_job_rank_info", 1.0))
     rows.extend(state.collective_rows(per_rank))
     rows.extend(state.incidents.metric_rows())
-    rows.extend(state.liveness_rows())
+    rows.extend(liveness_rows(state))
     rows.extend(state.serving.rows())
     return rows
 
@@ -79,6 +81,30 @@ def add_rows(out: dict[Any, Values], rows: Iterable[Row], skip_jobs: Collection[
         if job_of(key) in skip_jobs:
             continue
         out.setdefault(key, {})[series_key(name, rest)] = value
+
+
+def add_rank_host_values(out: dict[Any, Values], state: Any, jobs: Iterable[str],
+                         rank_keys: Collection[str]) -> None:
+    """Each rank process's host series (collectors/ranks, the agents' /metrics) at rank scope, those
+    some rank-scope rule reads, from the host view's latest observations (perfd.aggregator.hosts):
+    ``rank_cpu_wait > 0.5`` fires for the rank that waits."""
+    names = {base_name(k) for k in rank_keys}
+    fields = {n: f for n, f in RANK_HOST_SERIES.items() if n in names}
+    extra = names & {catalog.RANK_STATE_INFO, catalog.RANK_ALLOWED_CPUS, catalog.RANK_PRESSURE}
+    if not fields and not extra:
+        return
+    for job in jobs:
+        for rank, obs in state.hosts.observations(job).items():
+            vals = out.setdefault((job, rank), {})
+            for name, field in fields.items():
+                v = obs.get(field)
+                vals[name] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+            if catalog.RANK_STATE_INFO in extra and isinstance(obs.get("state"), str):
+                vals[series_key(catalog.RANK_STATE_INFO, {"process_state": obs["state"]})] = 1.0
+            if catalog.RANK_ALLOWED_CPUS in extra and isinstance(obs.get("allowed_cpus"), list):
+                vals[catalog.RANK_ALLOWED_CPUS] = float(len(obs["allowed_cpus"]))
+            for res, share in (obs.get("pressure") or {}).items() if catalog.RANK_PRESSURE in extra else ():
+                vals[series_key(catalog.RANK_PRESSURE, {"resource": str(res)})] = float(share)
 
 
 def gpu_series_names() -> frozenset[str]:

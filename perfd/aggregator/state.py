@@ -5,6 +5,8 @@
 - perfd/aggregator/collectives.py — NCCL collective records and hangs;
 - perfd/aggregator/eventlog.py — the event log, and the routing of events by kind (perfd.events);
 - perfd/aggregator/incidents.py — each job's incidents with the GPU evidence of the time;
+- perfd/aggregator/hosts.py — each job's rank processes on their hosts, announced pauses, stacks;
+- perfd/aggregator/stalls.py — each job's live stall (opened within seconds, closed when steps resume);
 - perfd/aggregator/serving.py — SGLang records per job and their analysis (serving view).
 
 Ingest is called from the gRPC event loop; readers (HTTP /metrics and the JSON API, the rules loop)
@@ -15,17 +17,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd import catalog
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.eventlog import EventLog
-from perfd.aggregator.gpu_views import PlacementCache, SnapshotView
+from perfd.aggregator.gpu_views import (
+    SIGHTING_SERIES,
+    SNAPSHOT_READS,
+    PlacementCache,
+    SnapshotView,
+    rank_snapshots,
+    swap_of,
+)
+from perfd.aggregator.hosts import HostView
 from perfd.aggregator.incidents import GpuBaseline, IncidentTracker
 from perfd.aggregator.jobs import (
     RETAIN_BYTES,
@@ -37,18 +44,29 @@ from perfd.aggregator.jobs import (
 )
 from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
-from perfd.analytics.attribution import HINT_SERIES, RankPlacement, gpu_hints
+from perfd.aggregator.stalls import StallWatch
+from perfd.aggregator.steady_gpm import SteadyGpm
+from perfd.analytics.attribution import RankPlacement, gpu_hints
 from perfd.analytics.bottleneck import GpmReading
-from perfd.analytics.budget import metric_rows as budget_rows
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
-from perfd.analytics.goodput import metric_rows as goodput_rows
 from perfd.analytics.goodput import with_incidents, with_stall
-from perfd.analytics.incidents import HANG, Incident, hang_incident, is_disturbance
+from perfd.analytics.host_evidence import host_items
+from perfd.analytics.incidents import HANG, STEP_FACTOR, Incident, hang_incident, is_disturbance
 from perfd.analytics.job_budget import capture_timeline, ncu_of
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.analytics.run_analysis import RunAnalysis
-from perfd.events import GPU_PODS, GPU_PROCESSES, NCCL_HANG, SERVING_DATA, STEP_CONFLICT
+from perfd.analytics.verdict_text import stall_text
+from perfd.events import (
+    GPU_PODS,
+    GPU_PROCESSES,
+    JOB_PHASE,
+    NCCL_HANG,
+    RANK_PROCESSES,
+    RANK_STACKS,
+    SERVING_DATA,
+    STEP_CONFLICT,
+)
 from perfd.limits import REFUSAL_LOG_INTERVAL_S
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.transport.series import SeriesKey
@@ -60,32 +78,7 @@ __all__ = ["AggregatorState", "GpuKey", "JobState", "NodeSeries", "job_level_ste
 GPM_LIVE = "GPM while the job stepped"
 STEPPING_MIN_S = 5.0  # a job whose last step is this recent (or STEPPING_STEPS steps) is stepping
 STEPPING_STEPS = 3
-STEADY_GPM_READINGS = 60  # readings (one a second at most) whose median is the job's last steady window
-
-
-def _median_reading(rs: Sequence[GpmReading] | None) -> GpmReading | None:
-    """Field by field, the median of the readings that have the field."""
-    if not rs:
-        return None
-    out: dict[str, float | None] = {}
-    for f in dataclasses.fields(GpmReading):
-        xs = [v for r in rs if (v := getattr(r, f.name)) is not None]
-        out[f.name] = statistics.median(xs) if xs else None
-    return GpmReading(**out)
 GPM_LAST_STEADY = "GPM of the job's last steady window (the job is not stepping now)"
-
-# The GPU series an incident keeps as evidence of the time (besides gpu_hints' comparison).
-_SNAPSHOT_SERIES = frozenset({
-    "perfd_gpu_sm_clock_hertz", "perfd_gpu_power_watts", "perfd_gpu_power_limit_watts",
-    "perfd_gpu_temperature_celsius", "perfd_gpu_utilization_ratio", "perfd_gpu_xid_errors_total",
-    "perfd_gpu_xid_last", "perfd_gpu_throttle_reasons", "perfd_gpu_processes", "perfd_gpu_sm_util_ratio",
-    "perfd_gpu_tensor_util_ratio", "perfd_gpu_dram_bw_util_ratio", "perfd_gpu_memory_used_bytes"})
-
-# What a steady sighting reads of each GPU: gpu_hints' values and the throttle flags, not its ~25 series
-# (8,000 GPUs on a 2-core VM: the view 120-144 ms with every series, 81-90 ms with these; benchmarks/README).
-_SIGHTING_SERIES = (*HINT_SERIES, catalog.GPU_THROTTLE_ACTIVE)
-# What an incident's snapshot reads: the series it keeps, gpu_hints' values and the throttle flags.
-_SNAPSHOT_READS = tuple(sorted(_SNAPSHOT_SERIES | set(HINT_SERIES) | {catalog.GPU_THROTTLE_ACTIVE}))
 
 
 @dataclass
@@ -114,11 +107,10 @@ class AggregatorState:
         self.serving = ServingStore()
         self.incidents = IncidentTracker(lambda evs: self.ingest_events("aggregator", evs))
         self.gpu_baseline = GpuBaseline()
+        self.hosts = HostView()  # the jobs' rank processes on their hosts (collectors/ranks)
+        self.stalls = StallWatch()  # live stalls; the aggregator sets stalls.send (stacks requests)
         self._tracked: dict[str, RunAnalysis] = {}  # job -> the analysis incidents were taken from
-        # job -> GPM readings taken while it stepped with no incident open (the newest ones): their
-        # median stands for the job after it stops, so the idle readings as it ends do not
-        self._steady_gpm: dict[str, deque[GpmReading]] = {}
-        self._steady_gpm_at: dict[str, float] = {}
+        self.steady_gpm = SteadyGpm()  # the GPM of each job's last steady window, for after it stops
         # (job, holder, sender) -> (when its conflict event was last emitted, records since)
         self.replaying = False  # the state store's replay: its events come back with the documents
         self._conflicts: dict[tuple[str, str, str], tuple[float, int]] = {}
@@ -131,6 +123,9 @@ class AggregatorState:
         self.log.handle(GPU_PODS, self.nodes.on_gpu_pods)
         self.log.handle(NCCL_HANG, self._on_hang)
         self.log.handle(SERVING_DATA, self._on_serving_data)
+        self.log.handle(RANK_PROCESSES, self.hosts.on_rank_processes)
+        self.log.handle(JOB_PHASE, self.hosts.on_job_phase)
+        self.log.handle(RANK_STACKS, self.hosts.on_rank_stacks)
 
     @property
     def event_listeners(self) -> list[Callable[[Mapping[str, Any]], None]]:
@@ -169,17 +164,19 @@ class AggregatorState:
         self.serving.forget(job)
         self.incidents.forget(job)
         self.gpu_baseline.forget(job)
+        self.hosts.forget(job)
+        self.stalls.forget(job)
         self._placements.forget(job)
         self._snapshot_views.pop(job, None)
         self._tracked.pop(job, None)
-        self._steady_gpm.pop(job, None)
-        self._steady_gpm_at.pop(job, None)
+        self.steady_gpm.forget(job)
         self._conflicts = {k: v for k, v in self._conflicts.items() if k[0] != job}
 
     def forget_agent(self, agent_id: str) -> None:
         """Drop what the agent sent that is not a job's (its node series, process lists)."""
         self.nodes.forget_agent(agent_id)
         self.jobs.forget_agent(agent_id)
+        self.hosts.forget_agent(agent_id)
 
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None
                      ) -> StepConflicts:
@@ -315,6 +312,10 @@ class AggregatorState:
                 self.collective_analysis(job)  # a job with collective records and no steps too
             except Exception:  # counted in the collective store
                 log.exception("collective analysis of job %s failed", job)
+            try:
+                self.stalls.tick(self, job)  # every tick: a stall shows while no data comes
+            except Exception:
+                log.exception("stall check of job %s failed", job)
 
     def _track_incidents(self, job: str, a: RunAnalysis) -> None:
         found = list(a.incidents)
@@ -325,10 +326,22 @@ class AggregatorState:
         last_it = a.iterations[-1].iteration if a.iterations else None
         now = time.time()
         open_now = bool(self.incidents.open_incidents(job)) or bool(a.incidents and a.incidents[-1].open)
-        if not open_now and self.gpu_baseline.due(job, now):
+        # Steady sightings only while the newest step is steady too: the seconds a slowdown takes to
+        # become an incident (its cost past the floor) must not teach the baseline that its cause is
+        # the job's normal state (a short job has few sightings: those seconds were most of them).
+        last = a.iterations[-1] if a.iterations else None
+        med = a.summary["medians"].get("step_time_ms") if last is not None else None
+        calm = last is not None and last.steady_state and last.step_time_ms is not None and med is not None \
+            and 0 < last.step_time_ms <= STEP_FACTOR * med
+        if not open_now and calm and self.gpu_baseline.due(job, now):
             self._baseline_sighting(job, now)
         for h in coll.hangs if coll is not None else []:
             found.append(hang_incident(h.to_json(), last_it, now))
+        self.track_live_incidents(job, found, now)
+
+    def track_live_incidents(self, job: str, found: Sequence[Incident], now: float) -> None:
+        """Merge incidents into the job's record, each given what its ranks' GPUs and hosts show now
+        (the analysis' incidents, a collective hang, a live stall: perfd/aggregator/stalls.py)."""
         views: list[SnapshotView] = []  # this pass's view of the job's GPUs: read once, whatever is open
 
         def snapshot(inc: Incident) -> dict[str, Any]:
@@ -351,16 +364,19 @@ class AggregatorState:
             return
         agents, version = self.jobs.agents_of(job), self.nodes.placement_version  # the version first
         # only what gpu_hints reads
-        procs, values, throttles = self.nodes.gpu_view(agents, _SIGHTING_SERIES, job=job)
+        procs, values, throttles = self.nodes.gpu_view(agents, SIGHTING_SERIES, job=job)
         placed = self._placements.from_view(job, agents, version, procs)
-        if placed:
-            self.gpu_baseline.add(job, {h.rank: h.items for h in gpu_hints(sorted(placed), placed, values,
-                                                                            throttles, procs, now)}, now)
+        hosts = self.hosts.observations(job, now)  # the ranks' hosts: CPU contention in steady state too
+        items = {h.rank: h.items for h in gpu_hints(sorted(placed), placed, values, throttles, procs, now)}
+        for r, obs in hosts.items():
+            items[r] = [*items.get(r, []), *host_items(r, obs, obs.get("node"), swap_of(obs))]
+        if items:
+            self.gpu_baseline.add(job, items, now)
 
     def _read_snapshot_view(self, job: str) -> SnapshotView:
         """The job's GPUs as incident snapshots read them, now."""
         agents, version = self.jobs.agents_of(job), self.nodes.placement_version  # the version first
-        procs, values, throttles = self.nodes.gpu_view(agents, _SNAPSHOT_READS, job=job)
+        procs, values, throttles = self.nodes.gpu_view(agents, SNAPSHOT_READS, job=job)
         taken_at = time.time()
         return SnapshotView(taken_at, procs, values, throttles,
                             self._placements.from_view(job, agents, version, procs))
@@ -382,23 +398,8 @@ class AggregatorState:
         names; with none named, the job's ranks whose GPU stands out (a co-tenant, throttling, a low
         clock). ``taken_at`` and the evidence's times are when the view was read."""
         v = view if view is not None else self._read_snapshot_view(job)
-        procs, values, throttles, placed, now = v.procs, v.values, v.throttles, v.placed, v.taken_at
-        ranks = list(inc.ranks) or sorted(placed)
-        out: dict[str, Any] = {}
-        for h in gpu_hints(ranks, placed, values, throttles, procs, now):
-            if not inc.ranks and not h.items:  # with no rank named, only GPUs that stand out
-                continue
-            h.items = self.gpu_baseline.annotate(job, h.items)
-            snap = h.to_json()
-            vals: dict[str, float] = {}
-            reasons: list[str] = []
-            if h.node is not None and h.gpu is not None:
-                vals, reasons = values.get((h.node, h.gpu), {}), list(throttles.get((h.node, h.gpu), []))
-            snap["gpu_values"] = {k: v for k, v in vals.items() if k in _SNAPSHOT_SERIES}
-            snap["throttle_reasons"] = reasons
-            snap["taken_at"] = now
-            out[str(h.rank)] = snap
-        return out
+        hosts = self.hosts.observations(job, v.taken_at)  # each rank's process on its host, as last reported
+        return rank_snapshots(inc.ranks, v, hosts, lambda items: self.gpu_baseline.annotate(job, items))
 
     def _class_inputs(self, job: str) -> tuple[GpmReading | None, TimelineClass | None, str]:
         """GPM of the job's GPUs while it steps (after it stops, the last reading taken while it
@@ -428,12 +429,11 @@ class AggregatorState:
             now = time.time()
             # Kept for after the job: at most one reading a second, only while a step came within the
             # last two steps (a job that just stopped shows an idle GPU), and no incident open.
-            if gpm is not None and now - self._steady_gpm_at.get(job, 0.0) >= 1.0 \
+            if gpm is not None and self.steady_gpm.due(job, now) \
                     and self._stepping(job, age, 2.0, 2) and not self.incidents.open_incidents(job):
-                self._steady_gpm.setdefault(job, deque(maxlen=STEADY_GPM_READINGS)).append(gpm)
-                self._steady_gpm_at[job] = now
+                self.steady_gpm.add(job, gpm, now)
             return gpm, timeline, GPM_LIVE
-        return _median_reading(self._steady_gpm.get(job)), timeline, GPM_LAST_STEADY
+        return self.steady_gpm.window(job), timeline, GPM_LAST_STEADY
 
     def _stepping(self, job: str, age: float | None, min_s: float, steps: int = STEPPING_STEPS) -> bool:
         """The job's last step came within ``steps`` steps' time (at least ``min_s``): its GPUs' GPM
@@ -512,6 +512,11 @@ class AggregatorState:
         alive = bool(placement.ranks) if placement.gpus else None
         state, why = job_state(ov["last_step_age_s"], med_ms / 1e3 if med_ms else None, alive,
                                self.job_stale_after_s)
+        live = self.stalls.stalled(job)  # a live stall (perfd.analytics.stall) says so within seconds
+        if live is not None and state == RUNNING:
+            state, why = STALLED, stall_text(live.silent_s, live.cadence_s, live.reasons)
+        if live is not None:
+            ov["stall"] = live.to_json()  # its ranks, each rank's process state
         ov.update(state=state, state_reason=why,
                   stale_after_s=stale_after(med_ms / 1e3 if med_ms else None, self.job_stale_after_s))
         return ov
@@ -531,40 +536,6 @@ class AggregatorState:
         if ov is None or ov["state"] == ENDED:
             return None
         return float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0
-
-    def liveness_rows(self, node_info: bool = False) -> list[tuple[Mapping[str, str], str, float]]:
-        """/metrics rows: each job's last step time and state (kept for every known job). With
-        ``node_info`` (/metrics, not the rules): the nodes each job that has not ended runs on,
-        perfd_job_node_info, in the same pass over the jobs. Bounded by nodes, so exported under
-        --no-rank-series too: the join of a node agent's host series, which carry no job_name, to
-        the job on(node) (issue 37: blank host panels). A join key, not a value: no rule scope holds
-        it (perfd.rules.model.carrying_scopes)."""
-        rows: list[tuple[Mapping[str, str], str, float]] = []
-        for job in self.job_names():
-            ov = self.job_overview(job)
-            if ov is None:
-                continue
-            if ov.get("last_step_time"):
-                rows.append(({"job_name": job}, "perfd_job_last_step_timestamp_seconds",
-                             float(ov["last_step_time"])))
-            rows.append(({"job_name": job, "state": ov["state"]}, "perfd_job_state_info", 1.0))
-            for name, key in (("perfd_job_skipped_iterations_total", "skipped_iterations_total"),
-                              ("perfd_job_nan_iterations_total", "nan_iterations_total")):
-                if ov.get(key) is not None:  # counters: kept for every known job, like the state
-                    rows.append(({"job_name": job}, name, float(ov[key])))
-            if ov["state"] != ENDED:
-                rows.append(({"job_name": job}, catalog.JOB_STALLED_SECONDS,
-                             float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0))
-                if node_info:
-                    rows.extend(({"job_name": job, "node": node}, catalog.JOB_NODE_INFO, 1.0)
-                                for node in sorted(self.job_nodes(job)))
-            rows.extend(goodput_rows(job, gp, catalog.GOODPUT_RATIO, catalog.JOB_TIME)
-                        if (gp := self.goodput(job, ov)) is not None else ())
-            a = self.jobs.cached_analysis(job)
-            if a is not None and ov["state"] != ENDED:
-                rows.extend(budget_rows(job, a.summary.get("step_budget"), catalog.STEP_BUDGET_SECONDS,
-                                        catalog.STEP_BUDGET_RATIO))
-        return rows
 
     def goodput(self, job: str, ov: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """The job's goodput (perfd.analytics.goodput JSON) as of now: its analysis' split with the

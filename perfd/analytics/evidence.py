@@ -1,18 +1,22 @@
 """Typed evidence about a slow rank, and the verdict it supports (DESIGN.md §2 "Who is to blame").
 
 Every observation that can explain a slowdown is an :class:`Evidence` of a closed set of kinds
-(:class:`EvidenceKind`): a foreign process on the rank's GPU (pid, command line, GPU memory), a
-power cap, thermal throttling, a hardware slowdown, an XID error, a clock drop, the rank's compute
-ratio, a straggler-detector line, a data wait, exposed communication, a capture's finding. An
+(:class:`EvidenceKind`): the rank's process stopped, gone or OOM-killed; a foreign process on the
+rank's GPU (pid, command line, GPU memory), other processes on the rank's CPUs (CPU contention) or
+its cgroup's CPU quota; a power cap, thermal throttling, memory pressure, blocked I/O; a hardware
+slowdown, an XID error, a clock drop, the rank's compute ratio, a straggler-detector line, a data
+wait, exposed communication, a capture's finding. An
 incident *accumulates* them over its life (:func:`merge`): each item keeps when it was first and last
 seen and its worst value, so what was true while the incident ran is not replaced by what the GPU
 shows when it closes (a co-tenant that left before the incident closed still explains it).
 
 The verdict (:func:`decide`) is the highest item in the causal order :data:`KIND_SPECS` declares —
-hardware faults, then a foreign process, then thermal or power limits, then the rank's own work,
-then communication — at any time during the incident. A foreign process outranks the power cap and
-clock drop it causes; those stay in the verdict as its effects. Nothing here is English but the
-names the renderer (:mod:`perfd.analytics.verdict_text`) turns into sentences. Pure; no I/O.
+the rank's process itself (stopped, gone, OOM-killed), hardware faults, then a foreign process (on
+its GPU or its CPUs, or a CPU quota), then the node's limits (thermal, power, memory, I/O), then the
+rank's own work, then communication — at any time during the incident. A foreign process outranks
+the power cap and clock drop it causes; those stay in the verdict as its effects. Nothing here is
+English but the names the renderer (:mod:`perfd.analytics.verdict_text`) turns into sentences. Pure;
+no I/O.
 """
 
 from __future__ import annotations
@@ -40,14 +44,23 @@ class EvidenceKind(str, enum.Enum):
     RANK_COMPUTE_RATIO = "rank_compute_ratio"  # per-rank timers: this rank computed longer
     STRAGGLER_LINE = "straggler_line"  # Megatron's straggler detector named the rank
     EXPOSED_COMM = "exposed_comm"  # exposed communication grew by a good part of the slowdown
+    # The rank's process as the agent saw it on its node (collectors/ranks; perfd.analytics.host_evidence).
+    PROCESS_STOPPED = "process_stopped"  # state T/t: SIGSTOP, a debugger, a frozen container
+    OOM_KILL = "oom_kill"  # the OOM killer killed a process in the rank's cgroup
+    PROCESS_GONE = "process_gone"  # the rank's process exited (or is a zombie) while the job ran
+    CPU_THROTTLED = "cpu_throttled"  # the rank's cgroup hit its CPU quota (CFS throttling)
+    CPU_CONTENTION = "cpu_contention"  # other processes on the rank's CPUs; the rank waited for one
+    MEMORY_PRESSURE = "memory_pressure"  # tasks stalled on memory (PSI), swap-in
+    IO_BLOCKED = "io_blocked"  # the rank in disk sleep, tasks stalled on I/O (PSI)
 
 
 class Tier(enum.IntEnum):
     """The causal order (DESIGN.md §2): lower explains higher, never the other way round."""
 
+    PROCESS = 0  # the rank's process itself: stopped, gone, OOM-killed (nothing else runs then)
     HARDWARE = 1
-    FOREIGN_PROCESS = 2
-    THERMAL_POWER = 3
+    FOREIGN_PROCESS = 2  # another process on the rank's GPU or CPUs, or a CPU quota: put on the rank
+    THERMAL_POWER = 3  # the node's limits with no foreign cause: thermal, power, memory, I/O
     OWN_WORK = 4
     COMMUNICATION = 5
 
@@ -58,17 +71,33 @@ class KindSpec:
     worse: str  # "max" or "min": which way the value gets worse
     unit: str  # of ``Evidence.worst``
     gpu_symptom: bool = False  # an effect a higher-tier GPU cause produces on the same GPU
+    # A kind measured on a scale (a share of time): seen in steady state too, it still explains an
+    # incident where its worst exceeds its steady level (``detail["steady_worst"]``) by this much.
+    steady_margin: float | None = None
 
 
 # The one declaration of each kind's place in the causal order. Within a tier, the order here
 # decides (an XID before a hardware slowdown; a capture's direct view before the timers' ratio).
 KIND_SPECS: dict[EvidenceKind, KindSpec] = {
+    EvidenceKind.PROCESS_STOPPED: KindSpec(Tier.PROCESS, "max", "seconds"),
+    EvidenceKind.OOM_KILL: KindSpec(Tier.PROCESS, "max", "count"),
+    EvidenceKind.PROCESS_GONE: KindSpec(Tier.PROCESS, "max", "count"),
     EvidenceKind.XID: KindSpec(Tier.HARDWARE, "max", "xid code"),
     EvidenceKind.HW_SLOWDOWN: KindSpec(Tier.HARDWARE, "max", "count", gpu_symptom=True),
     EvidenceKind.FOREIGN_PROCESS: KindSpec(Tier.FOREIGN_PROCESS, "max", "bytes"),
+    # A CPU quota before contention: a throttled rank's threads count the throttled time as run-queue
+    # wait, and other processes fill the CPUs it may not use (seen here: 90% wait at a 0.1-CPU quota).
+    EvidenceKind.CPU_THROTTLED: KindSpec(Tier.FOREIGN_PROCESS, "max", "ratio",  # periods throttled
+                                         steady_margin=th.STEADY_MARGIN.value),
+    EvidenceKind.CPU_CONTENTION: KindSpec(Tier.FOREIGN_PROCESS, "max", "ratio",  # the rank's run-queue wait
+                                          steady_margin=th.STEADY_MARGIN.value),
     EvidenceKind.THERMAL: KindSpec(Tier.THERMAL_POWER, "max", "celsius", gpu_symptom=True),
     EvidenceKind.POWER_CAP: KindSpec(Tier.THERMAL_POWER, "max", "watts", gpu_symptom=True),
     EvidenceKind.CLOCK_DROP: KindSpec(Tier.THERMAL_POWER, "min", "hertz", gpu_symptom=True),
+    EvidenceKind.MEMORY_PRESSURE: KindSpec(Tier.THERMAL_POWER, "max", "ratio",  # PSI memory some
+                                           steady_margin=th.STEADY_MARGIN.value),
+    EvidenceKind.IO_BLOCKED: KindSpec(Tier.THERMAL_POWER, "max", "ratio",  # PSI io some
+                                      steady_margin=th.STEADY_MARGIN.value),
     EvidenceKind.AFTER_CAPTURE: KindSpec(Tier.OWN_WORK, "max", "times"),
     EvidenceKind.CAPTURE_FINDING: KindSpec(Tier.OWN_WORK, "max", "times"),
     EvidenceKind.DATA_WAIT: KindSpec(Tier.OWN_WORK, "max", "ratio"),
@@ -81,6 +110,17 @@ _ORDER = {k: i for i, k in enumerate(KIND_SPECS)}
 
 # Seen in this share of the rank's steady-state sightings or more: part of the job's normal state.
 STEADY_PRESENT = th.STEADY_PRESENT.value
+
+
+class StallReason(str, enum.Enum):
+    """What corroborates a job's silence as a stall (perfd.analytics.stall; a closed set, said in
+    English by perfd.analytics.verdict_text)."""
+
+    STOPPED = "stopped"  # a rank process in state T/t
+    GONE = "gone"  # a rank process exited or a zombie, while others of the job live
+    IO_BLOCKED = "io_blocked"  # a rank process in disk sleep
+    IDLE = "idle"  # every rank process idle: no CPU, no GPU where known
+    PENDING_COLLECTIVE = "pending_collective"  # the Flight Recorder shows a collective stuck
 
 
 class Missing(str, enum.Enum):
@@ -187,12 +227,23 @@ class Verdict:
                 "missing": [m.value for m in self.missing]}
 
 
+def in_steady_state(e: Evidence) -> bool:
+    """Seen in half the rank's steady sightings or more (its normal state), and — for a kind on a
+    scale — not worse now than there by its margin (KindSpec.steady_margin)."""
+    if (e.detail.get("in_steady_state") or 0.0) < STEADY_PRESENT:
+        return False
+    margin, level = e.spec.steady_margin, e.detail.get("steady_worst")
+    if margin is None or e.worst is None or not isinstance(level, (int, float)):
+        return True
+    return not (e.worst > level + margin if e.spec.worse == "max" else e.worst < level - margin)
+
+
 def decide(items: Sequence[Evidence], ranks: Sequence[int] = (), missing: Sequence[Missing] = ()) -> Verdict:
     """The verdict over everything seen during an incident: the item highest in the causal order
     (ties: the rank the data names first, then the most sightings). GPU symptoms of lower tiers on
     the lead's rank are its effects; the rest is listed, also in causal order."""
     # Evidence the rank's GPU showed in steady state too explains no departure from it.
-    steady = [e for e in items if (e.detail.get("in_steady_state") or 0.0) >= STEADY_PRESENT]
+    steady = [e for e in items if in_steady_state(e)]
     items = [e for e in items if e not in steady]
     if not items:
         return Verdict(None, ranks[0] if ranks else None, None, also=tuple(sorted(steady, key=causal_key)),

@@ -22,9 +22,17 @@ from typing import Any, Protocol
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.changepoint import accept, find_change_point
-from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, Verdict, decide, verdict_from_json
+from perfd.analytics.evidence import (
+    Evidence,
+    EvidenceKind,
+    Missing,
+    StallReason,
+    Verdict,
+    decide,
+    verdict_from_json,
+)
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
-from perfd.analytics.verdict_text import action_text, cause_text
+from perfd.analytics.verdict_text import action_text, cause_text, sentence, stall_text
 
 STEP_FACTOR = th.STEP_FACTOR.value  # a step this much above the steady median starts an incident
 STRAGGLER_STEP_FACTOR = 1.1  # a flagged straggler rank whose step is this much slower: part of one
@@ -44,9 +52,10 @@ class IncidentKind(str, enum.Enum):
     CAPTURE = "capture-disturbed"
     HANG = "hang"
     LEVEL_SHIFT = "level-shift"  # a lasting shift: perfd.analytics.changepoint
+    STALL = "stall"  # no step for a while, corroborated live (perfd.analytics.stall)
 
 
-SLOW, STRAGGLER, CAPTURE, HANG, LEVEL_SHIFT = (k.value for k in IncidentKind)
+SLOW, STRAGGLER, CAPTURE, HANG, LEVEL_SHIFT, STALL = (k.value for k in IncidentKind)
 
 
 class IterationLike(Protocol):
@@ -368,6 +377,12 @@ def render_cause(inc: Incident, verdict: Verdict) -> str:
     line its detector wrote)."""
     if HANG in inc.kinds:
         return inc.cause
+    if inc.kinds == [STALL]:  # open, or closed with no slow step after it: the silence is its measure
+        st = inc.evidence.get("stall") or {}
+        reasons = [StallReason(r) for r in st.get("reasons") or [] if r in StallReason._value2member_map_]
+        if verdict.lead is not None:  # the lead names what the reasons would only hint at
+            return f"{stall_text(st.get('silent_s'), st.get('cadence_s'), ())}; {sentence(verdict.lead)}"
+        return stall_text(st.get("silent_s"), st.get("cadence_s"), reasons)
     if CAPTURE in inc.kinds and not inc.ranks and len(inc.kinds) == 1:
         return f"perfd's own capture disturbed {inc.n_iterations} iteration(s) ({inc.slow_text()})"
     cp = inc.evidence.get("change_point")

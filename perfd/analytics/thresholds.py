@@ -192,6 +192,11 @@ SOL_BALANCED_MARGIN = Threshold(0.10, "under the high bar, SM and memory within 
 STEADY_PRESENT = Threshold(0.5, "GPU evidence seen in half the rank's steady-state sightings is its normal "
                                 "state (a GPU always at its power cap): it explains no incident",
                            "DESIGN.md §2 Who is to blame")
+STEADY_MARGIN = Threshold(
+    0.15, "a host condition seen in steady state too (a shared machine's CPUs always contended) still "
+    "explains an incident when it got worse by this much (a ratio's points: the rank waited for a CPU 80% "
+    "of the time against 50% in steady state); GPU evidence is present or not, with no margin",
+    "DESIGN.md §2 Who is to blame")
 CLOCK_DROP_RATIO = Threshold(0.95, "an SM clock 5% below the job's median GPU is a clock drop",
                              "DESIGN.md §2 Stragglers (root-cause hints)")
 HOT_DELTA_C = Threshold(10.0, "10 C above the job's median GPU is running hot",
@@ -199,6 +204,46 @@ HOT_DELTA_C = Threshold(10.0, "10 C above the job's median GPU is running hot",
 POWER_AT_LIMIT = Threshold(0.9, "sw_power_cap counts as a power cap only with the GPU drawing 90% of its "
                                 "limit or more; NVML raises the flag for a moment far below it",
                            "DESIGN.md §2 Stragglers (root-cause hints)")
+
+# --- host evidence of a rank process (perfd.analytics.host_evidence, collectors/ranks) ------------------
+_HOST = "DESIGN.md §2 Who is to blame (host evidence of the rank's process: issue 35)"
+CPU_WAIT_SCAN = Threshold(
+    0.10, "a rank waiting for a CPU a tenth of the time it wants one starts the scan that names who else "
+    "runs on its CPUs (the scan reads every process: it runs only then)", _HOST)
+CPU_WAIT_CONTENTION = Threshold(
+    0.25, "a rank waiting in the run queue a quarter of the time it wants a CPU is slowed by it: an "
+    "uncontended rank waits ~0% (measured here: 0.005% alone on its CPU, 66% beside two spinning "
+    "burners, 80% beside four: tests/data/host)", _HOST)
+CPU_OTHERS_SHARE = Threshold(
+    0.20, "processes outside the job taking a fifth of the rank's CPUs are the contention's cause; "
+    "less, and the rank's own threads (data loader workers) oversubscribe them", _HOST)
+CPU_THROTTLED_SHARE = Threshold(
+    0.10, "a cgroup throttled in a tenth of its quota periods loses CPU time every tenth period (a "
+    "Kubernetes CPU limit slows data loaders this way)", _HOST)
+MEMORY_PRESSURE_SHARE = Threshold(
+    0.10, "tasks stalled on memory (PSI some) a tenth of the time: reclaim or swap is in the step's way",
+    _HOST)
+SWAP_IN_BYTES_PER_S = Threshold(
+    1 << 20, "swapping in more than 1 MiB/s while the rank runs: its pages (or a neighbour's) are on disk",
+    _HOST)
+IO_PRESSURE_SHARE = Threshold(
+    0.30, "tasks stalled on I/O (PSI some) 30% of the time, or the rank itself in disk sleep: it is "
+    "blocked in I/O", _HOST)
+
+# --- a stall seen live (perfd.analytics.stall) -----------------------------------------------------------
+_STALL = "DESIGN.md §2 Diagnosis playbook (hangs); issue 35 item 3"
+STALL_CADENCE_FACTOR = Threshold(
+    4.0, "no step record for four of the job's usual intervals between records (its log interval's "
+    "cadence, not the step time) is a stop, not jitter", _STALL)
+STALL_FLOOR_S = Threshold(
+    5.0, "... and at least 5 s: a record takes up to ~2.5 s from the rank to the aggregator (the log "
+    "tail's quiet flush 2 s, the collect and batch intervals), so a shorter silence is the pipeline", _STALL)
+STALL_IDLE_CPU_CORES = Threshold(
+    0.05, "a rank process using under 5% of a core makes no progress (a training loop runs a core or "
+    "more; a sleeping or blocked one, ~0)", _STALL)
+STALL_PHASE_MAX_S = Threshold(
+    1800.0, "an announced checkpoint save or evaluation holds a stall back for at most 30 minutes: one "
+    "still open after that is stuck itself", _STALL)
 
 # --- serving (DESIGN.md §2 serving playbook) ----------------------------------------------------------
 _S2 = "DESIGN.md §2 Diagnosis playbook (serving)"
@@ -251,9 +296,10 @@ CUDA_GRAPH_LOW = Threshold(0.90, "more than 10% of decode batches run eagerly (l
 
 # --- liveness ---------------------------------------------------------------------------------------
 JOB_STALLED = Threshold(
-    0.0, "any time past the stale limit (perfd.analytics.liveness: 10 median steps, at least 60 s) with "
-    "the job's processes alive is a hang; the minute of for: rides out a checkpoint or an evaluation pass "
-    "that the stale limit did not already cover",
+    0.0, "any time stalled is a hang: a live stall (perfd.analytics.stall, seen within ~10 s with its "
+    "corroboration, never during an announced save or evaluation) or past the stale limit "
+    "(perfd.analytics.liveness: 10 median steps, at least 60 s) with the job's processes alive; the "
+    "minute of for: rides out an unannounced checkpoint or evaluation pass",
     "DESIGN.md §2 Diagnosis playbook (hangs)",
     (RuleRef("default", "job_stalled", "stalled_seconds", ">", "1m",
              "the Prometheus alert PerfdJobStalled waits the same minute on perfd_job_state_info"),))

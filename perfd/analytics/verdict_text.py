@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, Verdict
+from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, StallReason, Verdict
 
 # One action for slow data, whether an incident's verdict or the run's data share asks for it: the
 # report merges recommendations with the same action (perfd.analytics.findings.order_findings).
@@ -143,7 +143,104 @@ def _comm(e: Evidence) -> str:
     ) + (f" (steady {base:.0%})" if isinstance(base, (int, float)) else "")
 
 
+def cpus_text(cpus: Any) -> str:
+    """``CPU 3``, ``CPUs 2–3``, ``CPUs 0, 2, 5`` (runs of consecutive CPUs as ranges)."""
+    xs = sorted({int(c) for c in cpus or [] if isinstance(c, int)})
+    if not xs:
+        return "its CPUs"
+    runs: list[list[int]] = []
+    for c in xs:
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    parts = [str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs]
+    return ("CPU " if len(xs) == 1 else "CPUs ") + ", ".join(parts[:6]) + (", …" if len(parts) > 6 else "")
+
+
+def _cmd(d: Mapping[str, Any]) -> str:
+    cmd = " ".join(str(d.get("cmdline") or d.get("name") or "command line not visible").split())
+    return cmd if len(cmd) <= CMDLINE_CHARS else cmd[: CMDLINE_CHARS - 1] + "…"
+
+
+def _proc(e: Evidence) -> str:
+    pid = e.detail.get("pid")
+    return f"rank {e.rank}'s process" + (f" (pid {pid})" if pid is not None else "") + \
+        (f" on {e.detail['node']}" if e.detail.get("node") else "")
+
+
+def _stopped(e: Evidence) -> str:
+    held = f" for {e.worst:.0f} s" if e.worst is not None and e.worst >= 1 else ""
+    return f"{_proc(e)} was stopped (state T: SIGSTOP, a debugger, or a frozen container){held}"
+
+
+def _gone(e: Evidence) -> str:
+    what = "a zombie (it exited; its parent has not reaped it)" if e.detail.get("state") == "zombie" \
+        else "gone (it exited)"
+    return f"{_proc(e)} was {what} while the job ran"
+
+
+def _oom(e: Evidence) -> str:
+    n = f"{e.worst:.0f} process(es)" if e.worst is not None else "a process"
+    cg = e.detail.get("cgroup")
+    return f"the OOM killer killed {n} in rank {e.rank}'s cgroup" + (f" ({cg})" if cg else "")
+
+
+def _contention(e: Evidence) -> str:
+    d = e.detail
+    others = [o for o in d.get("others") or [] if isinstance(o, Mapping)]
+    pids = ", ".join(str(o.get("pid")) for o in others[:4]) + (", …" if len(others) > 4 else "")
+    cmds = [_cmd(o) for o in others]
+    cmd = max(set(cmds), key=cmds.count) if cmds else "command line not visible"
+    share = d.get("others_ratio")
+    took = f"took {share:.0%} of" if isinstance(share, (int, float)) else "ran on"
+    level = d.get("steady_worst")
+    steady = f" ({level:.0%} in steady state)" if isinstance(level, (int, float)) else ""
+    wait = f"; the rank waited for a CPU {e.worst:.0%} of the time{steady}" if e.worst is not None else ""
+    return (f"{len(others)} other process(es) (pid{'s' if len(others) > 1 else ''} {pids}, `{cmd}`) {took} "
+            f"rank {e.rank}'s {cpus_text(d.get('allowed_cpus'))}{wait}{_seen(e)}")
+
+
+def _throttled(e: Evidence) -> str:
+    d = e.detail
+    quota = d.get("quota_cores")
+    limit = f" of {quota:.2g} CPU" if isinstance(quota, (int, float)) else ""
+    wait = d.get("wait_ratio")
+    return (f"rank {e.rank}'s cgroup hit its CPU quota{limit}: throttled in {e.worst:.0%} of its periods"
+            if e.worst is not None else f"rank {e.rank}'s cgroup was throttled by its CPU quota") + \
+        (f"; the rank waited for a CPU {wait:.0%} of the time" if isinstance(wait, (int, float)) else "") + \
+        _seen(e)
+
+
+def _memory(e: Evidence) -> str:
+    d = e.detail
+    where = "the node's" if d.get("pressure_source") == "node" else f"rank {e.rank}'s cgroup's"
+    text = f"{where} tasks stalled on memory {e.worst:.0%} of the time" if e.worst is not None \
+        else f"rank {e.rank}'s node was short of memory"
+    swap = d.get("swap_in_bytes_per_second")
+    swapping = f", swapping in {swap / 2**20:.1f} MiB/s" if isinstance(swap, (int, float)) else ""
+    return text + swapping + _seen(e)
+
+
+def _io(e: Evidence) -> str:
+    d = e.detail
+    parts = []
+    if d.get("state") == "disk_sleep":
+        parts.append("in disk sleep (state D)")
+    if e.worst is not None:
+        where = "the node's" if d.get("pressure_source") == "node" else "its cgroup's"
+        parts.append(f"{where} tasks stalled on I/O {e.worst:.0%} of the time")
+    return f"{_proc(e)} was blocked in I/O ({'; '.join(parts) or 'I/O pressure'}){_seen(e)}"
+
+
 _SENTENCE: dict[EvidenceKind, Callable[[Evidence], str]] = {
+    K.PROCESS_STOPPED: _stopped,
+    K.OOM_KILL: _oom,
+    K.PROCESS_GONE: _gone,
+    K.CPU_CONTENTION: _contention,
+    K.CPU_THROTTLED: _throttled,
+    K.MEMORY_PRESSURE: _memory,
+    K.IO_BLOCKED: _io,
     K.XID: _xid,
     K.HW_SLOWDOWN: _hw,
     K.FOREIGN_PROCESS: _foreign,
@@ -165,6 +262,24 @@ _MISSING: dict[Missing, str] = {
     Missing.RANK_PLACEMENT: "the rank's GPU is unknown (no process on the job's nodes declares its RANK; "
     "the agent needs the host pid namespace)",
 }
+
+
+_STALL: dict[StallReason, str] = {
+    StallReason.STOPPED: "a rank process stopped",
+    StallReason.GONE: "a rank process gone",
+    StallReason.IO_BLOCKED: "a rank process blocked in disk sleep",
+    StallReason.IDLE: "every rank process idle (no CPU, no GPU work)",
+    StallReason.PENDING_COLLECTIVE: "a collective pending in the Flight Recorder",
+}
+
+
+def stall_text(silent_s: float | None, cadence_s: float | None, reasons: Sequence[StallReason]) -> str:
+    """How a live stall reads before anything names its cause: the silence against the job's usual
+    interval between step records, and what corroborates it."""
+    quiet = f"no step for {silent_s:.0f} s" if silent_s is not None else "no step"
+    usual = f" (a step record every {cadence_s:.2g} s before)" if cadence_s else ""
+    seen = "; ".join(_STALL[r] for r in reasons)
+    return f"stalled: {quiet}{usual}" + (f"; {seen}" if seen else "")
 
 
 def sentence(e: Evidence) -> str:
@@ -191,6 +306,36 @@ def cause_text(v: Verdict, slow: str, single_rank: bool = False) -> str:
     return text
 
 
+def _host_action(v: Verdict, d: Mapping[str, Any]) -> str | None:
+    """The first thing to do when the rank's process or its host explains the incident."""
+    pid = d.get("pid")
+    who = f"rank {v.rank}'s process" + (f" (pid {pid})" if pid is not None else "")
+    if v.cause is K.PROCESS_STOPPED:
+        return (f"Find what stopped {who}: a debugger attached, a SIGSTOP from a scheduler "
+                "(suspend, preemption) or a frozen cgroup; `kill -CONT` it or restart the job, and set a "
+                "NCCL timeout so the other ranks do not wait for ever")
+    if v.cause in (K.OOM_KILL, K.PROCESS_GONE):
+        return (f"{who[0].upper()}{who[1:]} died: read the kernel log (dmesg: OOM kills) and its "
+                "output; give the job more host memory or use less (fewer data-loader workers, less "
+                "pinned memory), then restart it from its last checkpoint")
+    if v.cause is K.CPU_CONTENTION:
+        others = [o for o in d.get("others") or [] if isinstance(o, Mapping)]
+        pids = ", ".join(str(o.get("pid")) for o in others[:4])
+        return (f"Keep other processes off rank {v.rank}'s {cpus_text(d.get('allowed_cpus'))}"
+                + (f" (pid {pids})" if pids else "") + ": give the job dedicated cores (cpuset / taskset, "
+                "the Kubernetes static CPU manager) or move the other processes away")
+    if v.cause is K.CPU_THROTTLED:
+        return ("Raise or remove the job's CPU limit (Kubernetes resources.limits.cpu, cgroup cpu.max): "
+                "its quota throttles the rank and its data-loader workers")
+    if v.cause is K.MEMORY_PRESSURE:
+        return ("Give the job's node more free memory (fewer data-loader workers or prefetched batches, "
+                "no other memory-hungry processes); turn swap off for training nodes")
+    if v.cause is K.IO_BLOCKED:
+        return ("Check the storage the job reads and writes (data, checkpoints): its latency and "
+                "throughput, other jobs on it; stage data on local disk")
+    return None
+
+
 def action_text(v: Verdict | None, ranks: Sequence[int] = ()) -> str:
     """The first thing to do about an incident with this verdict."""
     r = v.rank if v is not None and v.rank is not None else (ranks[0] if ranks else None)
@@ -205,6 +350,9 @@ def action_text(v: Verdict | None, ranks: Sequence[int] = ()) -> str:
             "Look for host-side causes of the slow stretch: checkpointing, evaluation, other jobs on the node"
         )
     d: Mapping[str, Any] = v.lead.detail
+    host = _host_action(v, d)
+    if host is not None:
+        return host
     if v.cause in (K.XID, K.HW_SLOWDOWN):
         return (
             f"Drain {who} and check its health (XID codes in the driver log, nvidia-smi -q, the node's "

@@ -19,6 +19,7 @@ BENCHES = {
     "scale": ("benchmarks.scale_bench", "one aggregator under N simulated agents (separate processes)"),
     "soak": ("benchmarks.soak_bench", "an aggregator's long life: 5,000 short jobs, 100 agents, restarts"),
     "overhead": ("benchmarks.overhead_bench", "a Megatron-LM job with and without perfd (2 GPUs)"),
+    "ranks": ("benchmarks.ranks_bench", "the agent's ranks collector per rank and per node (real processes)"),
 }
 
 

@@ -35,14 +35,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from perfd.commands.top_tables import COMPACT, NA, gpu_table, host_table, ms, num, pct, process_table
 from perfd.report import budget_view
 
-NA = "–"
 # Heat levels for a rank's compute ratio: below 1.0 is a fast rank, 1.1 marks a straggler candidate
 # (perfd.analytics.thresholds), each level ~0.05 wider.
 _BLOCKS = "▁▂▃▄▅▆▇█"
@@ -55,7 +54,6 @@ MAX_JOB_SUMMARIES = 16
 FILE_WIDTH = 300
 # Below this many columns the tables take their compact form (the wide jobs table needs ~115).
 NARROW_WIDTH = 120
-GIB = float(1 << 30)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -85,6 +83,7 @@ class Snapshot:
     # iteration's line before its timers, so the latest iteration often has none yet.
     rank_ratios: tuple[int, dict[str, Any]] | None = None
     hosts: list[dict[str, Any]] = field(default_factory=list)
+    rank_hosts: list[dict[str, Any]] = field(default_factory=list)  # its rank processes (collectors/ranks)
     error: str | None = None
     taken_at: float = 0.0
 
@@ -173,6 +172,7 @@ def fetch(base: str, job: str | None, previous: str | None = None, get: Getter |
         got = get(_job_path(snap.focus, "gpus"))
         snap.gpus = list(got.get("gpus", []))
         snap.hosts = list(got.get("hosts") or [])
+        snap.rank_hosts = list(got.get("rank_hosts") or [])
     except urllib.error.HTTPError as exc:
         snap.error = f"{snap.focus}: HTTP {exc.code} from the aggregator"
     except (OSError, ValueError) as exc:
@@ -181,20 +181,6 @@ def fetch(base: str, job: str | None, previous: str | None = None, get: Getter |
 
 
 # --- rendering (pure: a Snapshot in, rich renderables out) ---------------------------------------
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _pct(v: Any) -> str:
-    x = _num(v)
-    return NA if x is None else f"{100 * x:.1f}%"
-
-
-def _ms(v: Any) -> str:
-    x = _num(v)
-    return NA if x is None else f"{x:.0f} ms"
-
 
 def open_incidents(incidents: Any) -> list[dict[str, Any]]:
     """The incidents still open (``open: true``); a closed one is history, not a current problem."""
@@ -206,7 +192,7 @@ def open_incidents(incidents: Any) -> list[dict[str, Any]]:
 def heat_line(ratios: dict[str, Any], iteration: int | None = None) -> Text:
     """One block per rank, higher and redder the slower the rank computes against its stage
     median; then the slowest ranks by name."""
-    items = sorted((int(r), float(v)) for r, v in (ratios or {}).items() if _num(v) is not None)
+    items = sorted((int(r), float(v)) for r, v in (ratios or {}).items() if num(v) is not None)
     if not items:
         return Text("per-rank compute: " + NA + " (needs per-rank timers: --timing-log-option all)")
     line = Text("ranks " if iteration is None else f"ranks (iteration {iteration}) ")
@@ -227,12 +213,12 @@ def goodput_of(summary: dict[str, Any]) -> dict[str, Any] | None:
 
 def goodput_text(gp: dict[str, Any] | None) -> Text:
     """Where the job's wall time went, largest first."""
-    if gp is None or _num(gp.get("wall_s")) is None:
+    if gp is None or num(gp.get("wall_s")) is None:
         return Text("goodput: " + NA + " (no timed step yet)")
     wall = float(gp["wall_s"])
-    parts = sorted(((k, float(v)) for k, v in (gp.get("parts_s") or {}).items() if _num(v)),
+    parts = sorted(((k, float(v)) for k, v in (gp.get("parts_s") or {}).items() if num(v)),
                    key=lambda kv: -kv[1])
-    line = Text(f"goodput {_pct(gp.get('ratio'))} of {wall:.0f} s: ", style="bold")
+    line = Text(f"goodput {pct(gp.get('ratio'))} of {wall:.0f} s: ", style="bold")
     line.append(", ".join(f"{k} {v:.0f} s" for k, v in parts if v >= 0.5 or k == "training"))
     if gp.get("restarts"):
         line.append(f"; {gp['restarts']} restart(s)")
@@ -262,19 +248,19 @@ def _job_cells(summary: dict[str, Any] | None, why_missing: str | None, narrow: 
         kind = "serving" if summary.get("serving") else "no iteration analysed yet"
         return [NA] * blanks + [kind, str(len(open_incidents(summary.get("incidents"))))]
     dist = s.get("step_time_distribution_ms") or {}
-    cv = _num(s.get("step_time_cv"))
+    cv = num(s.get("step_time_cv"))
     gp = goodput_of(summary)
-    head = [_pct((s.get("medians") or {}).get("mfu")), _pct(gp.get("ratio") if gp else None)]
+    head = [pct((s.get("medians") or {}).get("mfu")), pct(gp.get("ratio") if gp else None)]
     n_open = str(len(open_incidents(summary.get("incidents"))))
     if narrow:
-        steps = [_num(dist.get(k)) for k in ("p50", "p90", "max")]
+        steps = [num(dist.get(k)) for k in ("p50", "p90", "max")]
         cell = NA if all(v is None for v in steps) else \
             "/".join(NA if v is None else f"{v:.0f}" for v in steps)
         # "bound by" heads the column: compute, communication, launch (launch-overhead), ...
         return [*head, cell, str(s.get("bottleneck") or NA).removesuffix("-bound").removesuffix("-overhead"),
                 n_open]
-    return [*head, _ms(dist.get("p50")), _ms(dist.get("p90")),
-            _ms(dist.get("max")), NA if cv is None else f"{cv:.3f}", str(s.get("bottleneck") or NA), n_open]
+    return [*head, ms(dist.get("p50")), ms(dist.get("p90")),
+            ms(dist.get("max")), NA if cv is None else f"{cv:.3f}", str(s.get("bottleneck") or NA), n_open]
 
 
 def _age(seconds: float) -> str:
@@ -288,7 +274,7 @@ def _age(seconds: float) -> str:
 def last_step_cell(job: dict[str, Any]) -> Text:
     """How long ago the job's last step was ("12s"), and its state when it is not running: a stalled
     job (its processes alive, no step) in bold red, an ended one dim (the aggregator's liveness)."""
-    age = _num(job.get("last_step_age_s"))
+    age = num(job.get("last_step_age_s"))
     state = job.get("state")
     when = NA if age is None else _age(age)
     if state == "ended":
@@ -301,7 +287,7 @@ def last_step_cell(job: dict[str, Any]) -> Text:
 def _jobs_table(snap: Snapshot, narrow: bool = False) -> Table:
     title = ("jobs (step ms: p50/p90/max after warm-up; last step: how long ago)" if narrow else
              "jobs (step times after warm-up)")
-    t = Table(title=title, title_justify="left", expand=False, **_COMPACT if narrow else {})
+    t = Table(title=title, title_justify="left", expand=False, **COMPACT if narrow else {})
     heads = (("job", "last step", "MFU", "goodput", "step ms", "bound by", "inc") if narrow else
              ("job", "iter", "last step", "MFU", "goodput", "step p50", "p90", "max", "cv", "bottleneck",
               "open inc."))
@@ -321,124 +307,6 @@ def _jobs_table(snap: Snapshot, narrow: bool = False) -> Table:
     return t
 
 
-# The compact tables' form: no vertical rules, one space of padding, a rule under the header only.
-_COMPACT: dict[str, Any] = {"box": box.SIMPLE_HEAD, "padding": (0, 0), "pad_edge": False,
-                            "show_edge": False}
-
-
-def _used_of(used: float | None, total: float | None, scale: float = 1.0, digits: int = 0,
-             pct: bool = True) -> str:
-    """"used/total pct%" with what is known of the three (the unit is in the column's head)."""
-    if used is None and total is None:
-        return NA
-    u = NA if used is None else f"{used / scale:.{digits}f}"
-    tt = NA if total is None else f"{total / scale:.{digits}f}"
-    share = f" {100 * used / total:.0f}%" if pct and used is not None and total else ""
-    return f"{u}/{tt}{share}"
-
-
-_GPU_RATIOS: tuple[tuple[str, str], ...] = (
-    ("util", "perfd_gpu_utilization_ratio"),
-    ("SM", "perfd_gpu_sm_util_ratio"),
-    ("tensor", "perfd_gpu_tensor_util_ratio"),
-    ("DRAM", "perfd_gpu_dram_bw_util_ratio"),
-)
-
-
-def _short_model(model: Any) -> str:
-    return str(model).removeprefix("NVIDIA ") if model else NA
-
-
-def _gpu_table(gpus: list[dict[str, Any]], ranks: list[dict[str, Any]], narrow: bool = False) -> Table:
-    """``narrow``: the model in the title (the one model of the job's GPUs, else a column), memory in
-    whole GiB and power without their percentages, the SM clock only."""
-    models = {_short_model(g.get("model")) + (" (replay)" if g.get("replay") else "") for g in gpus}
-    model_col = not narrow or len(models) > 1
-    title = "GPUs" if model_col or not models else f"GPUs ({models.pop()})"
-    t = Table(title=title, title_justify="left", **_COMPACT if narrow else {})
-    for col in ("node", "gpu", "rank", *(("model",) if model_col else ())):
-        t.add_column(col, no_wrap=narrow)
-    for head, _ in _GPU_RATIOS:
-        t.add_column(head, justify="right")
-    for head in (("mem GiB", "power W", "MHz", "temp") if narrow else
-                 ("memory GiB", "power W", "SM MHz", "mem MHz", "temp")):
-        t.add_column(head, justify="right", no_wrap=narrow)
-    rank_of = {(str(r.get("node")), str(r.get("gpu"))): str(r.get("rank")) for r in ranks
-               if isinstance(r, dict)}
-    for g in gpus:
-        vals = g.get("values") or {}
-        where = (str(g.get("node")), str(g.get("gpu")))
-        cells = [*where, rank_of.get(where, NA)]
-        if model_col:
-            cells.append(_short_model(g.get("model")) + (" (replay)" if g.get("replay") else ""))
-        for _, name in _GPU_RATIOS:
-            v = _num(vals.get(name))
-            cells.append(NA if v is None else f"{100 * v:.0f}%")
-        mem = (_num(vals.get("perfd_gpu_memory_used_bytes")), _num(vals.get("perfd_gpu_memory_total_bytes")))
-        power = (_num(vals.get("perfd_gpu_power_watts")), _num(vals.get("perfd_gpu_power_limit_watts")))
-        if narrow:
-            cells.append(_used_of(*mem, GIB, 0, pct=False))
-            cells.append(_used_of(*power, pct=False))
-        else:
-            cells.append(_used_of(*mem, GIB, 1))
-            cells.append(_used_of(*power))
-        for name in ("perfd_gpu_sm_clock_hertz",) if narrow else ("perfd_gpu_sm_clock_hertz",
-                                                                 "perfd_gpu_mem_clock_hertz"):
-            v = _num(vals.get(name))
-            cells.append(NA if v is None else f"{v / 1e6:.0f}")
-        v = _num(vals.get("perfd_gpu_temperature_celsius"))
-        cells.append(NA if v is None else f"{v:.0f}°C")
-        t.add_row(*cells)
-    return t
-
-
-def _process_table(gpus: list[dict[str, Any]]) -> RenderableType:
-    """Every compute process on the job's GPUs, as the agents last reported them."""
-    rows = [(g, p) for g in gpus for p in (g.get("processes") or []) if isinstance(p, dict)]
-    if not rows:
-        unknown = any(g.get("processes") is None for g in gpus)
-        return Text("processes: " + (NA + " (no process list from the agents yet)" if unknown else "none"))
-    t = Table(title="processes", title_justify="left")
-    for col in ("node", "gpu", "pid", "user", "rank", "GPU mem"):
-        # never squeezed: the command line gives way (cut with "…") when the screen is narrow
-        t.add_column(col, justify="right" if col in ("pid", "rank", "GPU mem") else "left", no_wrap=True,
-                     min_width=len(col))
-    # The one column rich may shrink (it shrinks wrappable columns first); the cell's own no_wrap and
-    # ellipsis keep each command on one line.
-    t.add_column("command")
-    for g, p in rows:
-        cmd = p.get("cmdline") or p.get("name") or NA + " (not visible to the agent)"
-        t.add_row(*(_proc_cell(g, p, c) for c in ("node", "gpu", "pid", "user", "rank", "GPU mem")),
-                  Text(str(cmd), no_wrap=True, overflow="ellipsis"))
-    return t
-
-
-def _proc_cell(g: dict[str, Any], p: dict[str, Any], col: str) -> str:
-    if col in ("node", "gpu"):
-        return str(g.get(col))
-    if col == "GPU mem":
-        mem = _num(p.get("used_memory_bytes"))
-        return NA if mem is None else f"{mem / GIB:.1f} GiB"
-    v = p.get(col)
-    return NA if v is None or v == "" else str(v)
-
-
-def _host_table(hosts: list[dict[str, Any]]) -> RenderableType:
-    if not hosts:
-        return Text("hosts: " + NA + " (no host series from the agents: --host on)")
-    t = Table(title="hosts", title_justify="left")
-    for col in ("node", "CPU", "load1", "memory GiB"):
-        t.add_column(col, justify="left" if col == "node" else "right")
-    for h in hosts:
-        vals = h.get("values") or {}
-        cpu, load = _num(vals.get("perfd_host_cpu_util_ratio")), _num(vals.get("perfd_host_load1"))
-        t.add_row(str(h.get("node")), NA if cpu is None else f"{100 * cpu:.0f}%",
-                  NA if load is None else f"{load:.1f}",
-                  _used_of(_num(vals.get("perfd_host_memory_used_bytes")),
-                           _num(vals.get("perfd_host_memory_total_bytes")), GIB, 1))
-    return t
-
-
 def _span(a: Any, b: Any) -> str:
     return f"iteration {a}" if a == b else f"iterations {a}–{b}"
 
@@ -455,7 +323,7 @@ def incidents_text(incidents: Any) -> Text:
         return Text(f"incidents: none open{tail}")
     out = Text(f"incidents: {len(opened)} open{tail}\n", style="bold")
     for inc in opened[:8]:
-        cost = _num(inc.get("cost_s"))
+        cost = num(inc.get("cost_s"))
         ranks = inc.get("ranks") or []
         out.append(f"  • {_span(inc.get('first_iteration'), inc.get('last_iteration'))}"
                    f"{', ranks ' + ', '.join(map(str, ranks[:8])) if ranks else ''}"
@@ -495,9 +363,9 @@ def render(snap: Snapshot, keys: bool = False, width: int | None = None) -> Rend
             parts.append(heat_line(snap.rank_ratios[1], snap.rank_ratios[0]))
         else:
             parts.append(heat_line(latest.get("straggler_rank_compute_ratio") or {}))
-        parts.append(_gpu_table(snap.gpus, list(summary.get("ranks") or []), narrow))
-        parts.append(_process_table(snap.gpus))
-        parts.append(_host_table(snap.hosts))
+        parts.append(gpu_table(snap.gpus, list(summary.get("ranks") or []), narrow))
+        parts.append(process_table(snap.gpus))
+        parts.append(host_table(snap.hosts, snap.rank_hosts))
         parts.append(incidents_text(summary.get("incidents")))
     return Group(*parts)
 

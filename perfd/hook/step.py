@@ -67,6 +67,9 @@ _HARVEST_INTERVAL_S = 0.05
 # The longest close() waits for the harvester thread to end (the lock's wait is
 # perfd.hook.harvest's _LOCK_TIMEOUT_S): a pass stuck in the driver must not hang close().
 _JOIN_TIMEOUT_S = 2.0
+# A checkpoint/evaluation announcement waits at most this long for a harvester pass to end (it then
+# goes out with the harvester's next pass): the loop is about to pause anyway, a few ms are nothing.
+_PHASE_LOCK_TIMEOUT_S = 0.05
 
 
 class _StepContext:
@@ -86,6 +89,21 @@ class _StepContext:
             self._hook.step_end()
         else:
             self._hook.abandon_step()  # a step that raised is not a step time
+
+
+class _PhaseContext:
+    """``with hook.phase("checkpoint"): save(...)``: begin on enter, end on exit (raised or not)."""
+
+    def __init__(self, hook: StepHook, phase: str, step: int | None) -> None:
+        self._hook, self._phase, self._step = hook, phase, step
+
+    def __enter__(self) -> StepHook:
+        self._hook.phase_begin(self._phase, self._step)
+        return self._hook
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._hook.phase_end()
 
 
 class StepHook(ProfileControl, Harvester):
@@ -211,6 +229,7 @@ class StepHook(ProfileControl, Harvester):
         self._ready = False
         self._bound = False  # the harvester thread has made the CUDA context current
         self._outbox = deque()  # profile statuses for the harvester to send
+        self._phase_open: str | None = None  # the checkpoint save or evaluation announced, until its end
         lifecycle.track(self)  # closed at exit, fixed up in a forked child
 
     # ------------------------------------------------------------------------------- the step path
@@ -317,6 +336,48 @@ class StepHook(ProfileControl, Harvester):
         except Exception as exc:
             self._internal(exc)
         self._end_returned = time.perf_counter_ns()
+
+    # ------------------------------------------------------------------------------- pauses
+
+    def phase(self, phase: str, step: int | None = None) -> _PhaseContext:
+        """``with hook.phase("checkpoint"): ...`` around a checkpoint save (or ``"evaluation"``
+        around an evaluation pass): the agent hears at once that the loop pauses on purpose, and
+        perfd does not call the pause a stall (perfd.analytics.stall)."""
+        return _PhaseContext(self, phase, step)
+
+    def phase_begin(self, phase: str, step: int | None = None) -> None:
+        """A checkpoint save or an evaluation begins (``phase``: ``checkpoint`` or ``evaluation``;
+        ``step``: the step it follows, by default the last one begun). Sent at once, after the
+        records batched so far; never blocks the loop for long nor raises (an unknown phase name
+        is counted in ``counters()["internal_errors"]`` and ignored)."""
+        self._phase(phase, wire.PHASE_BEGIN, step)
+
+    def phase_end(self) -> None:
+        """The phase begun last has ended."""
+        self._phase(self._phase_open or "", wire.PHASE_END, None)
+
+    def _phase(self, phase: str, state: int, step: int | None) -> None:
+        if not self.enabled:
+            return
+        try:
+            code = wire.PHASE_CODES.get(phase)
+            if code is None:
+                raise ValueError(f"unknown phase {phase!r} (one of {', '.join(wire.PHASE_CODES)})")
+            self._phase_open = phase if state == wire.PHASE_BEGIN else None
+            if self._rank is None:
+                self._resolve_rank()
+            at = self._next_step - 1 if step is None else step
+            rec = wire.pack_phase(wire.PhaseMsg(self._rank or 0, self.pid, code, state, at, time.time_ns()))
+            if self._lock.acquire(timeout=_PHASE_LOCK_TIMEOUT_S):
+                try:
+                    self._flush()  # the steps before the pause reach the agent first
+                    self.sender.send(rec)
+                finally:
+                    self._lock.release()
+            else:  # the harvester is busy: it sends the announcement at its next pass
+                self._outbox.append(rec)
+        except Exception as exc:
+            self._internal(exc)
 
     def abandon_step(self) -> None:
         """Forget the open step (it raised, or the loop ended between begin and end)."""

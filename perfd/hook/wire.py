@@ -23,6 +23,7 @@ SOCKET_ENV = "PERFD_HOOK_SOCKET"
 KIND_STEP = 1
 KIND_JOB = 2
 KIND_PROFILE_STATUS = 3
+KIND_PHASE = 4  # a checkpoint save or an evaluation begins or ends (StepHook.phase)
 KIND_PROFILE_REQUEST = 16
 KIND_PROFILE_CANCEL = 17
 
@@ -41,6 +42,16 @@ JOB = struct.Struct("<BBHiIiiiiii8s")
 PROFILE_STATUS = struct.Struct("<BBHiIIq")
 # version, kind, reserved, request_id, start_step, num_steps
 PROFILE_REQUEST = struct.Struct("<BBHIqI")
+# version, kind, phase, rank, pid, step, time_ns (wall clock), state, padding
+PHASE = struct.Struct("<BBHiIqqB7x")
+
+# Phases a hook announces: the training loop pauses for them, so a stall detector must not call the
+# pause a hang (perfd.analytics.stall). The names are perfd.analytics.goodput's kinds.
+PHASES = {1: "checkpoint", 2: "evaluation"}
+PHASE_CODES = {name: code for code, name in PHASES.items()}
+PHASE_BEGIN = 1
+PHASE_END = 2
+PHASE_STATES = {PHASE_BEGIN: "begin", PHASE_END: "end"}
 
 # Profile status states.
 PROFILE_ACCEPTED = 1  # step = the first step that will be captured
@@ -173,6 +184,26 @@ def unpack_profile_request(data: bytes) -> ProfileRequest:
     return ProfileRequest(req, start, n, cancel=kind == KIND_PROFILE_CANCEL)
 
 
+@dataclass
+class PhaseMsg:
+    rank: int
+    pid: int
+    phase: int  # a PHASES code
+    state: int  # PHASE_BEGIN or PHASE_END
+    step: int
+    time_ns: int
+
+
+def pack_phase(m: PhaseMsg) -> bytes:
+    return PHASE.pack(VERSION, KIND_PHASE, m.phase & 0xFFFF, m.rank, m.pid & _U32, m.step, m.time_ns,
+                      m.state & 0xFF)
+
+
+def unpack_phase(data: bytes) -> PhaseMsg:
+    _, _, phase, rank, pid, step, time_ns, state = PHASE.unpack(data)
+    return PhaseMsg(rank, pid, phase, state, step, time_ns)
+
+
 def kind_of(data: bytes) -> int | None:
     """The kind byte of a datagram of this version, or None (wrong version, too short)."""
     if len(data) < 2 or data[0] != VERSION:
@@ -181,7 +212,8 @@ def kind_of(data: bytes) -> int | None:
 
 
 EXPECTED_SIZE = {KIND_STEP: STEP.size, KIND_JOB: JOB.size, KIND_PROFILE_STATUS: PROFILE_STATUS.size,
-                 KIND_PROFILE_REQUEST: PROFILE_REQUEST.size, KIND_PROFILE_CANCEL: PROFILE_REQUEST.size}
+                 KIND_PROFILE_REQUEST: PROFILE_REQUEST.size, KIND_PROFILE_CANCEL: PROFILE_REQUEST.size,
+                 KIND_PHASE: PHASE.size}
 
 
 def split_records(data: bytes) -> tuple[list[tuple[int, bytes]], str | None]:

@@ -113,7 +113,8 @@ def test_node_agent_and_sidecar_on_one_node(tmp_path: Path) -> None:
                 if s.name == "perfd_gpu_info"]
         assert [(s.labels["job_name"], s.labels["UUID"], s.labels["modelName"], s.value) for s in info] == \
             [(JOB, lab["UUID"], lab["model"], 1.0)]
-        assert not re.search(r'^perfd_host_', text, re.M)  # --host off
+        # --host off; the ranks collector follows no rank here: nothing perfd_host_*
+        assert not re.search(r'^perfd_host_', text, re.M), re.findall(r'^perfd_host_.*', text, re.M)
     finally:
         for p in agents:
             stop(p)

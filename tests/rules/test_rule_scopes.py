@@ -24,7 +24,7 @@ from perfd.aggregator import rule_scopes
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import _StateCollector
 from perfd.aggregator.state import AggregatorState
-from perfd.events import SERVING_DATA
+from perfd.events import RANK_HOST_SERIES, SERVING_DATA
 from perfd.model import HistogramSeries, MetricsSnapshot, ServingData
 from perfd.rules.cli import run_rules_check
 from perfd.rules.engine import RuleEngine, ScopeKey, scope_of
@@ -46,6 +46,12 @@ NOT_EXERCISED = {
     "perfd_job_collective_busbw_link_ratio": "the same",
     "perfd_serving_spec_accept_length": "needs speculative decoding in the SGLang log",
     "perfd_gpu_info": "a GPU's identity for joins (node-level, job_name only where placed); no rule reads it",
+    # A job's rank processes on their hosts (collectors/ranks): node series the agents' /metrics serve,
+    # like the GPU's, not re-exported here; rules read them at rank scope from the host view
+    # (rule_scopes.add_rank_host_values; tests/host/test_rank_rules.py).
+    **{name: "a rank process's host series: the agents' /metrics; rules read it from the host view"
+       for name in (*RANK_HOST_SERIES, catalog.RANK_STATE_INFO, catalog.RANK_ALLOWED_CPUS,
+                    catalog.RANK_PRESSURE)},
 }
 # Job series /metrics exports that no rule scope holds, and why: join keys for PromQL, not values.
 NOT_IN_SCOPES = {

@@ -1,0 +1,555 @@
+"""The ``ranks`` collector: the host state of each rank process of the agent's job(s) on this node.
+
+Which processes: the descendants of a `perfd launch` child that declare a RANK in their environment
+(the launch manifest), and the pids the agent hands over from the other collectors (:meth:`note`):
+the GPU process lists (collectors/nvml: pid, RANK, PERFD_JOB) and the step hook's records (each
+carries its sender's pid and rank). For each, every collect: its state (running, sleeping, disk
+sleep, stopped, zombie, gone), CPU use, allowed CPUs and their busy share, the time its threads
+waited in a run queue (``/proc/<pid>/task/*/schedstat``: wait ÷ (run + wait) is the direct measure
+of CPU contention), its cgroup's CFS throttling (cpu.stat), pressure stall information (the cgroup's
+``*.pressure``, the node's /proc/pressure for the root cgroup), OOM kills (memory.events) and major
+faults; the node's swap-in rate. While a rank waits for a CPU (thresholds.CPU_WAIT_SCAN) a scan of
+every process's CPU time names the processes that ran on its CPUs (pid, user, command, share), the
+job's own (a data loader worker: a descendant of a rank) told apart from the others.
+
+Samples carry the labels job_name and rank only (and node, added by the agent); pids, states and
+named processes travel in one ``rank_processes`` event per job and collect (perfd.events), never in
+labels. Whatever the platform does not provide (no schedstats, no PSI, no cgroup quota) is absent,
+never 0. Bounded: perfd.limits MAX_RANKS_PER_AGENT, MAX_RANK_THREADS, MAX_SCAN_PIDS, RANK_OTHERS_TOP_N.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from collectors.ranks import procfs
+from perfd import limits as L
+from perfd.analytics.thresholds import CPU_THROTTLED_SHARE, CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
+from perfd.catalog import RANK_ALLOWED_CPUS, RANK_PRESSURE, RANK_STATE_INFO
+from perfd.collector import Capabilities, Collected, Collector
+from perfd.events import RANK_HOST_SERIES, RANK_PROCESSES
+from perfd.model import Sample
+from perfd.procinfo import psutil_lookup, psutil_rank_env, psutil_user
+
+SOURCES = ("launch", "gpu", "hook")  # how a rank process became known; the first listed wins
+# CPU a rank's threads must want (run + wait, in cores) for its wait share to mean contention: the
+# idle threshold of a stall (under it a rank makes no progress, and its few µs of wait say nothing).
+MIN_DEMAND = STALL_IDLE_CPU_CORES.value
+# States worth the event at every collect (a sleeping rank is a GPU job's normal state: it waits on
+# the device); the others go out on change, and every event_every_s.
+NOTABLE_STATES = frozenset({"stopped", "zombie", "gone", "disk_sleep"})
+THREAD_FULL_EVERY = 10  # collects between readings of every thread's schedstat (see _measure)
+GONE_KEEP_S = 60.0  # a gone rank is reported this long (the stall and its incident read it), then dropped
+DISCOVER_EVERY_S = 5.0  # the launch manifest's process tree is walked this often
+
+
+@dataclass
+class RanksConfig:
+    interval_s: float = 1.0
+    job: str = ""
+    launch_manifest: str | None = None
+    scan: bool = True  # name the other processes on a waiting rank's CPUs
+    proc: str = procfs.PROC
+    # A job's rank_processes event at least this often when nothing notable changes (every collect
+    # while a rank is stopped, gone, in disk sleep, waiting for a CPU or throttled): 0, every collect.
+    event_every_s: float = 5.0
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> RanksConfig:
+        known = {"interval_s", "job", "launch_manifest", "scan", "proc", "event_every_s"}
+        unknown = set(cfg) - known
+        if unknown:
+            raise ValueError(f"ranks: unknown config key(s) {sorted(unknown)}; known: {sorted(known)}")
+        interval = float(cfg.get("interval_s", 1.0))
+        if interval <= 0:
+            raise ValueError(f"ranks: interval_s must be > 0, not {interval}")
+        manifest = cfg.get("launch_manifest")
+        every = float(cfg.get("event_every_s", 5.0))
+        if every < 0:
+            raise ValueError(f"ranks: event_every_s must be >= 0, not {every}")
+        return cls(interval_s=interval, job=str(cfg.get("job") or ""),
+                   launch_manifest=str(manifest) if manifest else None, scan=bool(cfg.get("scan", True)),
+                   proc=str(cfg.get("proc", procfs.PROC)), event_every_s=every)
+
+
+@dataclass
+class RankProc:
+    """One followed rank process and what the previous collect read of it (for deltas)."""
+
+    job: str
+    rank: int
+    pid: int
+    source: str
+    start_ticks: int | None = None
+    state: str = "other"
+    state_since: float = 0.0
+    gone_at: float | None = None
+    prev_t: float | None = None
+    prev_cpu_s: float | None = None
+    prev_faults: int | None = None
+    prev_sched: dict[int, tuple[int, int]] = field(default_factory=dict)
+    prev_thr: procfs.Throttling | None = None
+    prev_psi: dict[str, int] = field(default_factory=dict)
+    prev_psi_source: str | None = None
+    cgroup: procfs.CgroupDirs | None = None
+    cgroup_text: str | None = None  # /proc/<pid>/cgroup as last read: a moved process is re-resolved
+    collects: int = 0
+    active_tids: set[int] = field(default_factory=set)  # threads that ran or waited at the last reading
+    oom_at_follow: int | None = None  # the cgroup's OOM kill count when the rank was first followed
+
+
+def _delta(new: float | None, old: float | None) -> float | None:
+    if new is None or old is None or new < old:  # a counter that went back (a new cgroup): skip
+        return None
+    return new - old
+
+
+class RanksCollector(Collector):
+    """Per-rank host evidence (see the module docstring)."""
+
+    name = "ranks"
+
+    def __init__(self, config: dict[str, Any] | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.config = RanksConfig.from_dict(dict(config or {}))
+        self.default_interval_s = self.config.interval_s
+        self._clock = clock
+        self._lock = threading.Lock()  # guards _notes (the agent's thread) against collect's
+        self._notes: list[tuple[str, int, int, str]] = []  # (job, rank, pid, source) to take in
+        self.ranks: dict[tuple[str, int], RankProc] = {}
+        self._mounts: procfs.Mounts | None = None
+        self._prev_cpus: dict[int, tuple[int, int]] | None = None
+        self._prev_scan: tuple[float, dict[int, procfs.ProcStat]] | None = None
+        self._prev_swap: tuple[float, int] | None = None
+        self._discovered_at = float("-inf")
+        self._names: dict[tuple[int, int], tuple[str | None, str | None, str | None]] = {}
+        # cgroup dirs -> its files' readings, this collect only (see _cgroup_files)
+        self._cg_cache: dict[tuple[Any, ...], tuple[procfs.Throttling | None,
+                                                    tuple[dict[str, int], str] | None, int | None]] = {}
+        self.caps: Capabilities | None = None
+        self._sent: dict[str, tuple[float, tuple[Any, ...]]] = {}  # job -> (last event, its marks)
+        self.last_scan_s: float | None = None  # the last contention scan's duration (perfd bench ranks)
+        self.last_scan_pids = 0
+
+    # ---- what the agent tells it ---------------------------------------------------------------
+    def note(self, pid: int, rank: int, source: str, job: str | None = None) -> None:
+        """A rank process known to another collector (thread-safe; taken in at the next collect)."""
+        if source not in SOURCES or pid <= 0 or rank < 0:
+            return
+        with self._lock:
+            if len(self._notes) < 4 * L.MAX_RANKS_PER_AGENT:
+                self._notes.append((job or self.config.job, rank, pid, source))
+
+    def rank_pids(self, job: str | None = None) -> dict[int, int]:
+        """rank -> pid of the live rank processes followed (of ``job``, else the collector's)."""
+        want = job or self.config.job
+        return {r.rank: r.pid for (j, _), r in list(self.ranks.items()) if j == want and r.gone_at is None}
+
+    # ---- collector interface -------------------------------------------------------------------
+    def probe(self) -> Capabilities:
+        if self.caps is not None:
+            return self.caps
+        proc = self.config.proc
+        if not os.path.isdir(f"{proc}/self"):
+            self.caps = Capabilities(False, f"no {proc} filesystem (Linux only)")
+            return self.caps
+        self._mounts = procfs.read_mounts(proc)
+        me = os.getpid()
+        sched = procfs.read_task_schedstat(me, 4, proc)
+        self.caps = Capabilities(True, features={
+            "schedstat": sched is not None,
+            "psi": os.path.exists(f"{proc}/pressure/cpu"),
+            "cgroup_v2": self._mounts.v2 is not None,
+            "cgroup_v1_cpu": "cpu" in self._mounts.v1,
+        })
+        return self.caps
+
+    def collect(self, now: float) -> Collected:
+        out = Collected()
+        if not self.probe().available:
+            return out
+        t = self._clock()
+        self._take_notes(now)
+        if self.config.launch_manifest and t - self._discovered_at >= DISCOVER_EVERY_S:
+            self._discovered_at = t
+            try:
+                self._discover(now)
+            except Exception as exc:  # a manifest being rewritten, a process tree changing under us
+                self.count_error("discover-failed", repr(exc))
+        cpus = procfs.read_cpu_times(self.config.proc)
+        self._cg_cache = {}
+        rows: dict[tuple[str, int], dict[str, Any]] = {}
+        for key, rp in list(self.ranks.items()):
+            try:
+                row = self._measure(rp, t, now, cpus)
+            except Exception as exc:  # one rank's unreadable file must not cost the others
+                self.count_error("measure-failed", repr(exc))
+                continue
+            if row is None:
+                del self.ranks[key]
+                continue
+            rows[key] = row
+        self._prev_cpus = cpus
+        try:
+            self._contention(rows, t)
+        except Exception as exc:
+            self.count_error("scan-failed", repr(exc))
+        swap = self._swap_rate(t)
+        self._emit(rows, swap, now, out)
+        return out
+
+    # ---- discovery -----------------------------------------------------------------------------
+    def _take_notes(self, now: float) -> None:
+        with self._lock:
+            notes, self._notes = self._notes, []
+        for job, rank, pid, source in notes:
+            self._follow(job, rank, pid, source, now)
+
+    def _follow(self, job: str, rank: int, pid: int, source: str, now: float) -> None:
+        key = (job, rank)
+        held = self.ranks.get(key)
+        if held is not None and held.pid == pid:
+            if SOURCES.index(source) < SOURCES.index(held.source):
+                held.source = source
+            return
+        alive = held is not None and held.gone_at is None and \
+            procfs.read_stat(held.pid, self.config.proc) is not None
+        if held is not None and alive and SOURCES.index(source) > SOURCES.index(held.source):
+            return  # a live process from a better source keeps the rank
+        if held is None and len(self.ranks) >= L.MAX_RANKS_PER_AGENT:
+            self.count_error("ranks-over-cap", f"job {job} rank {rank}")
+            return
+        st = procfs.read_stat(pid, self.config.proc)
+        if st is None:
+            return  # already gone: nothing to follow
+        self.ranks[key] = RankProc(job, rank, pid, source, st.start_ticks, st.state, now)
+
+    def _discover(self, now: float) -> None:
+        """The launch manifest's child and its descendants; those declaring RANK are ranks. A job of
+        one process declaring none (no launcher) is rank 0, as the step hook numbers it; once
+        processes declaring ranks appear (a launcher's workers), that guess goes."""
+        from perfd.launch import load_manifest
+
+        path = self.config.launch_manifest
+        assert path is not None
+        try:
+            m = load_manifest(path)
+        except ValueError:
+            return  # not written yet (the launch starts the job first): next time
+        pid = m.get("pid")
+        if not isinstance(pid, int) or m.get("status") != "running":
+            return
+        import psutil
+
+        try:
+            root = psutil.Process(pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        job = str(m.get("job") or self.config.job)
+        # A rank's own children inherit its RANK (data-loader workers, a multiprocessing manager, compile
+        # workers): the rank is the topmost process declaring it, the one whose parent declares another
+        # rank or none. Followed otherwise, the last-listed child (an idle manager, seen on Megatron-LM)
+        # stood for the rank: "sleeping" while the rank itself was stopped.
+        ranks: dict[int, tuple[int, int | None]] = {}  # pid -> (rank, parent pid)
+        for p in tree[:L.MAX_RANKS_PER_AGENT * 4]:
+            rank = psutil_rank_env(p.pid).get("rank")
+            if isinstance(rank, int):
+                try:
+                    ranks[p.pid] = (rank, p.ppid())
+                except psutil.Error:
+                    continue
+        declared = bool(ranks)
+        for child, (rank, parent) in ranks.items():
+            if parent is None or parent not in ranks or ranks[parent][0] != rank:
+                self._follow(job, rank, child, "launch", now)
+        held = self.ranks.get((job, 0))
+        if not declared and len(tree) == 1:  # one process, no launcher: it is the rank
+            self._follow(job, 0, pid, "launch", now)
+        elif declared and held is not None and held.pid == pid and held.source == "launch":
+            del self.ranks[(job, 0)]  # the launcher taken for the rank before its workers started
+
+    # ---- one rank ------------------------------------------------------------------------------
+    def _measure(self, rp: RankProc, t: float, now: float,
+                 cpus: dict[int, tuple[int, int]] | None) -> dict[str, Any] | None:
+        proc = self.config.proc
+        st = procfs.read_stat(rp.pid, proc)
+        if st is None or (rp.start_ticks is not None and st.start_ticks != rp.start_ticks):
+            st = None
+        state = st.state if st is not None else "gone"
+        if state == "gone" and rp.gone_at is None:
+            rp.gone_at = now
+        if rp.gone_at is not None and now - rp.gone_at > GONE_KEEP_S:
+            return None
+        if state != rp.state:
+            rp.state, rp.state_since = state, now
+        row: dict[str, Any] = {"rank": rp.rank, "pid": rp.pid, "source": rp.source, "state": state,
+                               "state_since": rp.state_since, "observed_at": now}
+        if st is None:
+            self._oom(rp, row)  # the kill that ended it shows in its cgroup still
+            return row
+        dt = t - rp.prev_t if rp.prev_t is not None else None
+        row["threads"] = st.num_threads
+        d_cpu = _delta(st.cpu_s, rp.prev_cpu_s)
+        if dt and d_cpu is not None:
+            row["cpu_cores"] = d_cpu / dt
+        d_faults = _delta(st.major_faults, rp.prev_faults)
+        if dt and d_faults is not None:
+            row["major_faults_per_second"] = d_faults / dt
+        rp.prev_cpu_s, rp.prev_faults = st.cpu_s, st.major_faults
+        # Every thread's schedstat every THREAD_FULL_EVERY collects; between, only the threads that
+        # ran or waited at the last reading (and the main one): most of a training process's ~100
+        # threads sleep, and each read costs ~30 us (`perfd bench ranks`). A thread that wakes is
+        # counted from the next full reading on.
+        full = rp.collects % THREAD_FULL_EVERY == 0 or not rp.prev_sched
+        rp.collects += 1
+        sched = procfs.read_task_schedstat(rp.pid, L.MAX_RANK_THREADS, proc,
+                                           None if full else rp.active_tids | {rp.pid})
+        if sched is not None:
+            threads, left_out = sched
+            if left_out:
+                self.count_error("threads-over-cap", f"rank {rp.rank}: {left_out} threads not read")
+            run = wait = 0
+            active = set()
+            for tid, (r, w) in threads.items():
+                old = rp.prev_sched.get(tid)
+                if old is not None and r >= old[0] and w >= old[1]:
+                    run, wait = run + r - old[0], wait + w - old[1]
+                    if r > old[0] or w > old[1]:
+                        active.add(tid)
+            if rp.prev_sched and run + wait > 0:
+                row["wait_ratio"] = wait / (run + wait)
+                if dt:  # how much CPU its threads wanted: a ratio of almost nothing says nothing
+                    row["cpu_demand_cores"] = (run + wait) / 1e9 / dt
+            # The next reading's deltas are over these threads, read now (a stale value of a thread
+            # not read since would stretch its delta over several intervals).
+            # (after the very first reading, every thread: the next one has their deltas to give)
+            rp.active_tids = active if rp.prev_sched else set(threads)
+            rp.prev_sched = threads
+        allowed = procfs.affinity(rp.pid)
+        if allowed is not None:
+            row["allowed_cpus"] = allowed
+            busy = self._busy(allowed, cpus)
+            if busy is not None:
+                row["allowed_busy_ratio"] = busy
+        self._cgroup(rp, row, dt)
+        rp.prev_t = t
+        return row
+
+    def _busy(self, allowed: list[int], cpus: dict[int, tuple[int, int]] | None) -> float | None:
+        prev = self._prev_cpus
+        if cpus is None or prev is None:
+            return None
+        busy = total = 0
+        for c in allowed:
+            a, b = prev.get(c), cpus.get(c)
+            if a is None or b is None or b[1] < a[1] or b[0] < a[0]:
+                continue
+            busy, total = busy + b[0] - a[0], total + b[1] - a[1]
+        return min(1.0, busy / total) if total > 0 else None
+
+    def _cgroup(self, rp: RankProc, row: dict[str, Any], dt: float | None) -> None:
+        text = procfs.read_text(f"{self.config.proc}/{rp.pid}/cgroup")
+        if text is not None and text != rp.cgroup_text:  # first read, or moved (a pod's resize, a test)
+            if rp.cgroup_text is not None:
+                rp.oom_at_follow = None
+            rp.cgroup_text = text
+            rp.cgroup = procfs.cgroup_dirs(rp.pid, self._mounts or procfs.Mounts(), self.config.proc)
+            rp.prev_thr, rp.prev_psi, rp.prev_psi_source = None, {}, None  # another cgroup's counters
+        d = rp.cgroup
+        if d is None:
+            return
+        row["cgroup"] = d.path
+        thr, psi, _oom = self._cgroup_files(d)
+        if thr is not None:
+            if thr.quota_cores is not None:
+                row["cpu_quota_cores"] = thr.quota_cores
+            old = rp.prev_thr
+            if old is not None and thr.periods > old.periods and thr.throttled >= old.throttled:
+                row["throttled_ratio"] = (thr.throttled - old.throttled) / (thr.periods - old.periods)
+                row["throttled_s"] = max(0.0, thr.throttled_s - old.throttled_s)
+            rp.prev_thr = thr
+        if psi is not None:
+            totals, source = psi
+            if dt and rp.prev_psi_source == source:
+                shares = {}
+                for res, total in totals.items():
+                    dv = _delta(total, rp.prev_psi.get(res))
+                    if dv is not None:
+                        shares[res] = min(1.0, dv / 1e6 / dt)
+                if shares:
+                    row["pressure"], row["pressure_source"] = shares, source
+            rp.prev_psi, rp.prev_psi_source = totals, source
+        self._oom(rp, row)
+
+    def _cgroup_files(self, d: procfs.CgroupDirs) -> tuple[procfs.Throttling | None,
+                                                             tuple[dict[str, int], str] | None, int | None]:
+        """A cgroup's throttling, pressure and OOM kills, read once per collect however many ranks
+        share it (a job's ranks usually do: its pod or its SLURM step)."""
+        key = (d.v2, d.v1_cpu, d.v1_memory, d.is_root)
+        got = self._cg_cache.get(key)
+        if got is None:
+            got = self._cg_cache[key] = (procfs.read_throttling(d), procfs.read_pressure(d, self.config.proc),
+                                         procfs.read_oom_kills(d))
+        return got
+
+    def _oom(self, rp: RankProc, row: dict[str, Any]) -> None:
+        oom = self._cgroup_files(rp.cgroup)[2] if rp.cgroup is not None else None
+        if oom is None:
+            return
+        if rp.oom_at_follow is None:
+            rp.oom_at_follow = oom
+        row["oom_kills"] = oom
+        row["oom_kills_since_follow"] = oom - rp.oom_at_follow
+
+    # ---- who else runs on a waiting rank's CPUs ---------------------------------------------------
+    def _contention(self, rows: dict[tuple[str, int], dict[str, Any]], t: float) -> None:
+        """While some rank waits for a CPU, read every process's CPU time and last CPU each collect;
+        with the previous scan, name what ran on each waiting rank's CPUs. No wait: no scan (and
+        the previous one is dropped, so a later scan never spans a long gap)."""
+        waiting = [r for r in rows.values() if _waits(r) and r.get("allowed_cpus")]
+        if not self.config.scan or not waiting:
+            self._prev_scan = None
+            return
+        t0 = time.perf_counter()
+        procs, left_out = procfs.scan_processes(L.MAX_SCAN_PIDS, self.config.proc)
+        self.last_scan_s, self.last_scan_pids = time.perf_counter() - t0, len(procs)
+        if left_out:
+            self.count_error("scan-over-cap", f"{left_out} processes not read")
+        prev, self._prev_scan = self._prev_scan, (t, procs)
+        if prev is None or t - prev[0] > 3 * self.config.interval_s or t <= prev[0]:
+            return
+        dt, before = t - prev[0], prev[1]
+        ranks_by_job: dict[str, set[int]] = {}
+        for (job, _), rp in self.ranks.items():
+            ranks_by_job.setdefault(job, set()).add(rp.pid)
+        waiting_ids = {id(r) for r in waiting}
+        for (job, _), row in rows.items():
+            if id(row) not in waiting_ids:
+                continue
+            allowed = set(row["allowed_cpus"])
+            own_roots = ranks_by_job.get(job, set())
+            found = []
+            for pid, st in procs.items():
+                old = before.get(pid)
+                if pid == row["pid"] or old is None or old.start_ticks != st.start_ticks:
+                    continue
+                used = st.cpu_s - old.cpu_s
+                if used <= 0 or st.processor not in allowed:
+                    continue
+                # A process that may run elsewhere too spent only part of its time here: as much as
+                # its allowed CPUs overlap the rank's (it migrates; the kernel keeps no per-CPU time
+                # per process).
+                aff = procfs.affinity(pid)
+                part = len(allowed & set(aff)) / len(aff) if aff else 1.0
+                share = min(1.0, used * part / (dt * len(allowed)))
+                found.append((share, pid, st, _descends(pid, own_roots, procs)))
+            # The kernel's per-CPU accounting bounds what the others took: the CPUs' busy share less
+            # the rank's own use of them. Estimates over it are scaled down to it.
+            busy = row.get("allowed_busy_ratio")
+            mine = min(1.0, (row.get("cpu_cores") or 0.0) / len(allowed))
+            total = sum(f[0] for f in found)
+            if busy is not None and total > max(0.0, busy - mine) and total > 0:
+                k = max(0.0, busy - mine) / total
+                found = [(sh * k, pid, st, own) for sh, pid, st, own in found]
+            row["others_ratio"] = min(1.0, sum(f[0] for f in found if not f[3]))
+            row["own_ratio"] = min(1.0, sum(f[0] for f in found if f[3]))
+            top = sorted(found, key=lambda f: (-f[0], f[1]))[:L.RANK_OTHERS_TOP_N]
+            row["others"] = [self._named(share, pid, st, own) for share, pid, st, own in top]
+
+    def _named(self, share: float, pid: int, st: procfs.ProcStat, own: bool) -> dict[str, Any]:
+        key = (pid, st.start_ticks)
+        got = self._names.get(key)
+        if got is None:
+            name, cmd = psutil_lookup(pid)
+            got = (name or st.comm, cmd, psutil_user(pid))
+            if len(self._names) > 4 * L.MAX_SCAN_PIDS:
+                self._names.clear()
+            self._names[key] = got
+        name, cmd, user = got
+        cut = L.MAX_RANK_PAYLOAD_CMDLINE
+        return {"pid": pid, "name": name, "user": user, "cmdline": cmd[:cut] if cmd else None,
+                "cpu_ratio": round(share, 4), "cpu": st.processor, "own": own}
+
+    def _swap_rate(self, t: float) -> float | None:
+        pages = procfs.read_swap_in_pages(self.config.proc)
+        if pages is None:
+            return None
+        prev, self._prev_swap = self._prev_swap, (t, pages)
+        if prev is None or t <= prev[0] or pages < prev[1]:
+            return None
+        return (pages - prev[1]) * procfs.PAGE_SIZE / (t - prev[0])
+
+    # ---- output --------------------------------------------------------------------------------
+    def _emit(self, rows: dict[tuple[str, int], dict[str, Any]], swap: float | None, now: float,
+              out: Collected) -> None:
+        def emit(name: str, value: float, labels: dict[str, str]) -> None:
+            out.samples.append(Sample(name=name, value=float(value), time=now, labels=labels))
+
+        if swap is not None and rows:  # the ranks' memory-pressure context: none without a rank followed
+            emit("perfd_host_swap_in_bytes_per_second", swap, {})
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        for (job, rank), row in sorted(rows.items()):
+            by_job.setdefault(job, []).append(row)
+            lab = {"job_name": job, "rank": str(rank)} if job else {"rank": str(rank)}
+            emit(RANK_STATE_INFO, 1.0, {**lab, "process_state": row["state"]})
+            for name, key in RANK_HOST_SERIES.items():
+                if row.get(key) is not None:
+                    emit(name, row[key], lab)
+            if row.get("allowed_cpus") is not None:
+                emit(RANK_ALLOWED_CPUS, len(row["allowed_cpus"]), lab)
+            for res, share in (row.get("pressure") or {}).items():
+                emit(RANK_PRESSURE, share, {**lab, "resource": res})
+        for job, ranks in by_job.items():
+            # The event every collect while something is worth it (a rank's state, idleness, wait or
+            # throttling changed, or any rank waits, is throttled or is not running); else every
+            # EVENT_EVERY_S: a quiet node's ranks cost the aggregator one decode every few seconds.
+            marks = tuple((r["rank"], *_marks(r)) for r in ranks)
+            busy = any(m[1] in NOTABLE_STATES or any(m[3:]) for m in marks)
+            last = self._sent.get(job)
+            every = self.config.event_every_s
+            if not busy and last is not None and last[1] == marks and now - last[0] < every:
+                continue
+            self._sent[job] = (now, marks)
+            states = sorted({r["state"] for r in ranks})
+            out.events.append({
+                "kind": RANK_PROCESSES.name, "severity": "info", "time": now, "job": job,
+                "text": f"{len(ranks)} rank process(es) of job {job}: {', '.join(states)}",
+                "labels": {"job": job},
+                "payload": {"job": job, "interval_s": self.config.interval_s, "ranks": ranks,
+                            "node": {"swap_in_bytes_per_second": swap} if swap is not None else {}},
+            })
+
+
+def _waits(row: dict[str, Any]) -> bool:
+    """The rank waits for a CPU: a share of the time it wanted one past CPU_WAIT_SCAN, and it wanted
+    some (a rank that barely runs waits a few µs a wake-up: a large share of almost nothing)."""
+    wait, demand = row.get("wait_ratio"), row.get("cpu_demand_cores")
+    return wait is not None and wait >= CPU_WAIT_SCAN.value and (demand is None or demand >= MIN_DEMAND)
+
+
+def _marks(row: dict[str, Any]) -> tuple[str, bool, bool, bool]:
+    """What changes the aggregator must hear of at once: the state, idle (no CPU: a stall's
+    corroboration), waiting for a CPU, throttled."""
+    cpu, thr = row.get("cpu_cores"), row.get("throttled_ratio")
+    return (str(row.get("state")), cpu is not None and cpu < STALL_IDLE_CPU_CORES.value, _waits(row),
+            thr is not None and thr >= CPU_THROTTLED_SHARE.value)
+
+
+def _descends(pid: int, roots: set[int], procs: dict[int, procfs.ProcStat]) -> bool:
+    """Whether ``pid`` is a descendant of one of ``roots`` (the job's rank processes: a data loader
+    worker is the job's own), by the parent pids of the scan; at most 64 generations up."""
+    p = procs.get(pid)
+    for _ in range(64):
+        if p is None or p.ppid <= 1:
+            return False
+        if p.ppid in roots:
+            return True
+        p = procs.get(p.ppid)
+    return False

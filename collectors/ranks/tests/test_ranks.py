@@ -1,0 +1,305 @@
+"""collectors/ranks on real processes: states (running, sleeping, stopped, gone), CPU use, the
+run-queue wait of a rank with burners on its CPU and the burners named, the job's own children told
+apart, the launch manifest's process tree, the cgroup and PSI files of this machine, and what is
+absent (never 0) before two readings exist."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collectors.ranks import RanksCollector, procfs
+from perfd import limits as L
+from perfd.events import RANK_PROCESSES
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
+
+SPIN = "import os, sys\nif len(sys.argv) > 1: os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass\n"
+SLEEP = "import time\nwhile True: time.sleep(1)\n"
+
+
+@pytest.fixture
+def spawn() -> Iterator[Any]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(code: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        # Its own process group: what it forks or starts goes with it at the end.
+        p = subprocess.Popen([sys.executable, "-c", code, *args], env={**os.environ, **(env or {})},
+                             start_new_session=True)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        p.wait(timeout=10)
+
+
+def _collect(c: RanksCollector, n: int = 1, every: float = 0.5) -> list[dict[str, Any]]:
+    """The rows of the last of ``n`` collects ``every`` seconds apart."""
+    out = None
+    for i in range(n):
+        if i:
+            time.sleep(every)
+        out = c.collect(time.time())
+    assert out is not None
+    evs = [e for e in out.events if e["kind"] == RANK_PROCESSES.name]
+    return list(evs[0]["payload"]["ranks"]) if evs else []
+
+
+def _row(rows: list[dict[str, Any]], rank: int) -> dict[str, Any]:
+    return next(r for r in rows if r["rank"] == rank)
+
+
+def test_states_cpu_and_absent_before_two_readings(spawn: Any) -> None:
+    busy, idle = spawn(SPIN), spawn(SLEEP)
+    time.sleep(1.0)  # past the interpreters' start-up (its CPU is not the sleeper's steady use)
+    c = RanksCollector({"job": "j", "event_every_s": 0})
+    c.note(busy.pid, 0, "hook")
+    c.note(idle.pid, 1, "gpu")
+    first = _collect(c)
+    for r in first:  # one reading: no delta yet, so no rate — absent, never 0
+        assert "cpu_cores" not in r and "wait_ratio" not in r
+    rows = _collect(c, 2, 0.7)
+    b, i = _row(rows, 0), _row(rows, 1)
+    assert b["state"] == "running" and b["pid"] == busy.pid and b["source"] == "hook"
+    # A spinning process and a sleeping one (a loaded machine may give the spinner little CPU).
+    assert i["state"] == "sleeping" and i["cpu_cores"] < 0.05
+    assert b["cpu_cores"] > 0.02 and b["cpu_cores"] > 5 * i["cpu_cores"]
+    assert b["allowed_cpus"] == sorted(os.sched_getaffinity(busy.pid))
+    os.kill(busy.pid, signal.SIGSTOP)
+    t_stop = time.time()
+    rows = _collect(c, 2, 0.5)
+    b = _row(rows, 0)
+    assert b["state"] == "stopped" and b["cpu_cores"] < 0.02
+    assert t_stop - 0.1 <= b["state_since"] <= time.time()
+    idle.kill()
+    idle.wait(timeout=10)
+    assert _row(_collect(c), 1)["state"] == "gone"
+    out = c.collect(time.time())
+    names = {(s.name, s.labels.get("process_state")) for s in out.samples}
+    assert {("perfd_host_rank_state_info", "stopped"), ("perfd_host_rank_state_info", "gone")} <= names
+    assert all(s.labels.get("job_name") == "j" for s in out.samples if s.name.startswith("perfd_host_rank_"))
+    assert c.rank_pids() == {0: busy.pid}  # a gone rank is reported, not offered for stacks
+
+
+def test_burners_on_the_ranks_cpu_show_as_wait_and_are_named(spawn: Any) -> None:
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    rank = spawn(SPIN, str(cpu))
+    c = RanksCollector({"job": "j", "event_every_s": 0})
+    c.note(rank.pid, 0, "hook")
+    _collect(c)
+    burners = {spawn(SPIN, str(cpu)).pid for _ in range(2)}
+    # Scans run while the rank waits: the first sets the baseline, the next names who ran.
+    rows = _collect(c, 4, 0.7)
+    r = _row(rows, 0)
+    assert r["allowed_cpus"] == [cpu] and r["allowed_busy_ratio"] > 0.9
+    assert r["wait_ratio"] >= 0.4  # three spinners on one CPU: the rank runs a third of the time at best
+    named = {o["pid"]: o for o in r["others"]}
+    assert burners <= set(named), r["others"]
+    for pid in burners:
+        assert named[pid]["own"] is False and named[pid]["cpu"] == cpu and named[pid]["cpu_ratio"] > 0.02
+        assert named[pid]["user"] and SPIN.splitlines()[0] in (named[pid]["cmdline"] or "")
+    assert r["others_ratio"] >= sum(named[p]["cpu_ratio"] for p in burners) - 0.01
+    # Bounded by the kernel's per-CPU accounting: what others took is at most the busy share less the
+    # rank's own use of the CPU.
+    assert r["others_ratio"] + r["own_ratio"] <= r["allowed_busy_ratio"] - r["cpu_cores"] + 0.01
+    shares = [o["cpu_ratio"] for o in r["others"]]
+    assert shares == sorted(shares, reverse=True)
+    assert len(r["others"]) <= L.RANK_OTHERS_TOP_N
+    assert c.last_scan_pids > 0 and c.last_scan_s is not None
+
+
+def test_the_jobs_own_children_are_told_apart(spawn: Any) -> None:
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    # A "rank" that forks a spinning "data loader worker" pinned with it.
+    code = ("import os, sys\ncpu = int(sys.argv[1]); os.sched_setaffinity(0, {cpu})\n"
+            "if os.fork() == 0:\n    while True: pass\nwhile True: pass\n")
+    rank = spawn(code, str(cpu))
+    c = RanksCollector({"job": "j", "event_every_s": 0})
+    c.note(rank.pid, 0, "hook")
+    rows = _collect(c, 5, 0.7)
+    r = _row(rows, 0)
+    own = [o for o in r["others"] if o["own"]]
+    assert own and own[0]["cpu_ratio"] > 0.02  # the worker is named, as the job's own
+    assert r["own_ratio"] > 0.02
+    # It does not count as another process's contention: others_ratio is the foreign ones' alone
+    # (the named top N are the largest; what else ran is small).
+    foreign = sum(o["cpu_ratio"] for o in r["others"] if not o["own"])
+    assert r["others_ratio"] == pytest.approx(foreign, abs=0.01 * L.RANK_OTHERS_TOP_N + 0.05)
+    assert r["others_ratio"] + r["own_ratio"] <= 1.01
+
+
+def test_the_launch_manifests_tree_gives_the_ranks(spawn: Any, tmp_path: Path) -> None:
+    import psutil
+
+    from perfd.launch import MANIFEST_VERSION
+
+    # A launcher-like parent whose child declares RANK=3 (as torchrun's workers do); the worker starts
+    # a helper of its own (a data-loader worker, a multiprocessing manager), which inherits RANK=3.
+    worker = ("import subprocess, sys, time\n"
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])\n"
+              "while True: time.sleep(1)\n")
+    parent = spawn("import os, subprocess, sys, time\n"
+                   f"subprocess.Popen([sys.executable, '-c', {worker!r}],"
+                   " env={**os.environ, 'RANK': '3', 'LOCAL_RANK': '1', 'WORLD_SIZE': '4'})\n"
+                   "while True: time.sleep(1)\n")
+    manifest = tmp_path / "launch.json"
+    manifest.write_text(json.dumps({"version": MANIFEST_VERSION, "job": "launched", "status": "running",
+                                    "pid": parent.pid, "collectors": {}}))
+    c = RanksCollector({"job": "launched", "launch_manifest": str(manifest), "event_every_s": 0})
+
+    def ranks() -> dict[int, int]:
+        c._discovered_at = float("-inf")  # walk the tree at this collect
+        _collect(c)
+        return c.rank_pids("launched")
+
+    def tree() -> list[Any]:
+        return psutil.Process(parent.pid).children(recursive=True)
+
+    deadline = time.monotonic() + 20
+    while (3 not in ranks() or len(tree()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ranks()  # the whole tree (worker and helper) walked at least once
+    (top,) = psutil.Process(parent.pid).children()
+    assert len(tree()) == 2  # the worker and its helper, both declaring RANK=3
+    got = c.rank_pids("launched")
+    assert got == {3: top.pid}  # the worker, not the launcher nor the worker's helper
+    assert c.ranks[("launched", 3)].source == "launch"
+
+
+def test_a_manifest_job_without_rank_variables_is_rank_0(spawn: Any, tmp_path: Path) -> None:
+    from perfd.launch import MANIFEST_VERSION
+
+    one = spawn(SLEEP)
+    manifest = tmp_path / "launch.json"
+    manifest.write_text(json.dumps({"version": MANIFEST_VERSION, "job": "single", "status": "running",
+                                    "pid": one.pid, "collectors": {}}))
+    c = RanksCollector({"job": "single", "launch_manifest": str(manifest), "event_every_s": 0})
+    _collect(c)
+    assert c.rank_pids("single") == {0: one.pid}
+
+
+def test_cgroup_pressure_and_oom_files_of_this_machine() -> None:
+    mounts = procfs.read_mounts()
+    d = procfs.cgroup_dirs(os.getpid(), mounts)
+    assert d is not None and d.path.startswith("/")
+    text = procfs.read_text("/proc/self/cgroup") or ""
+    assert d.path in text  # the path /proc/self/cgroup names (v2's, else the cpu controller's)
+    psi = procfs.read_pressure(d)
+    if not os.path.exists("/proc/pressure/cpu"):
+        assert psi is None or psi[1] == "cgroup"
+    else:
+        assert psi is not None and set(psi[0]) <= {"cpu", "memory", "io"} and psi[0]["cpu"] >= 0
+    kills = procfs.read_oom_kills(d)
+    assert kills is None or kills >= 0
+
+
+def test_parsers_take_the_kernels_formats() -> None:
+    # This process's own stat line, its command name swapped for one with spaces and parentheses: the
+    # fields are read after the last ')', and match what the kernel and psutil say of this process.
+    import psutil
+
+    real = procfs.read_text(f"/proc/{os.getpid()}/stat") or ""
+    odd = real[:real.index("(") + 1] + "a (b) c" + real[real.rindex(")"):]
+    st, mine = procfs.parse_stat(os.getpid(), odd), procfs.read_stat(os.getpid())
+    assert st is not None and mine is not None and st.comm == "a (b) c"
+    assert (st.state, st.ppid, st.num_threads, st.start_ticks) == \
+        (mine.state, os.getppid(), mine.num_threads, mine.start_ticks)
+    me = psutil.Process()
+    assert st.num_threads == me.num_threads() and st.cpu_s <= sum(me.cpu_times()[:2]) + 0.02
+    assert st.processor in os.sched_getaffinity(0)
+    assert procfs.parse_stat(1, "garbage") is None
+    assert procfs.parse_psi("some avg10=0.00 avg60=0.00 avg300=0.00 total=42\n"
+                            "full avg10=0.00 avg60=0.00 avg300=0.00 total=7\n") == {"some": 42, "full": 7}
+    m = procfs.Mounts.parse(
+        "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+        "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
+        "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+        "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
+    assert m.v2 == "/sys/fs/cgroup/unified" and m.v1 == {"cpu": "/sys/fs/cgroup/cpu",
+                                                          "memory": "/sys/fs/cgroup/memory"}
+
+
+def test_a_cpu_quota_shows_as_throttling(spawn: Any) -> None:
+    from tests.host.cgroups import cpu_quota_cgroup
+
+    try:
+        quota = cpu_quota_cgroup(f"perfd-unit-{os.getpid()}", cores=0.1)
+    except OSError as exc:
+        pytest.skip(f"no cgroup CPU quota can be set here: {exc}")
+    with quota:
+        busy = spawn(SPIN)
+        quota.add(busy.pid)
+        c = RanksCollector({"job": "j", "event_every_s": 0})
+        c.note(busy.pid, 0, "hook")
+        rows = _collect(c, 3, 0.7)
+        r = _row(rows, 0)
+        assert r["cpu_quota_cores"] == pytest.approx(0.1)
+        assert r["throttled_ratio"] > 0.5  # a spinning process at 0.1 CPU is throttled most periods
+        assert r["cpu_cores"] < 0.2
+        quota.remove(busy.pid)
+
+
+def test_caps_and_bad_notes_are_counted_not_followed(spawn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(L, "MAX_RANKS_PER_AGENT", 1)
+    a, b = spawn(SLEEP), spawn(SLEEP)
+    c = RanksCollector({"job": "j", "event_every_s": 0})
+    c.note(a.pid, 0, "hook")
+    c.note(b.pid, 1, "hook")
+    c.note(b.pid, -1, "hook")  # no rank: ignored
+    c.note(b.pid, 2, "somewhere")  # not a known source: ignored
+    _collect(c)
+    assert list(c.ranks) == [("j", 0)] and c.errors.get("ranks-over-cap") == 1
+    with pytest.raises(ValueError, match="unknown config key"):
+        RanksCollector({"bogus": 1})
+
+
+def test_sample_yaml_is_a_valid_config() -> None:
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).parents[1] / "sample.yaml").read_text())
+    c = RanksCollector({**cfg, "job": "j"})
+    assert c.config.interval_s == 1.0 and c.config.scan is True and c.config.launch_manifest is None
+
+
+def test_the_event_goes_out_on_change_and_every_few_seconds_otherwise(spawn: Any) -> None:
+    quiet = spawn(SLEEP)
+    time.sleep(1.0)  # past its start-up
+    c = RanksCollector({"job": "j", "event_every_s": 30})
+    c.note(quiet.pid, 0, "hook")
+
+    def events() -> int:
+        return len([e for e in c.collect(time.time()).events if e["kind"] == RANK_PROCESSES.name])
+
+    assert events() == 1  # the first reading
+    time.sleep(1.0)  # CPU time comes in 10 ms ticks: a second's window reads a sleeper as idle
+    assert events() == 1  # now with rates: the rank turned idle (a change)
+    time.sleep(1.0)
+    assert events() == 0  # nothing changed: not before event_every_s
+    os.kill(quiet.pid, signal.SIGSTOP)
+    time.sleep(0.3)  # (woken to take the signal, it reads R for a moment)
+
+    def after(s: float) -> int:
+        time.sleep(s)
+        return events()
+
+    assert [after(0.3) for _ in range(3)] == [1, 1, 1]  # stopped: every collect while it lasts
+    os.kill(quiet.pid, signal.SIGCONT)
+    time.sleep(1.0)
+    assert events() == 1  # back to sleeping: a change
+    out = c.collect(time.time())
+    assert out.samples  # the series go out every collect all the same

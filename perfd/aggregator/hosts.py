@@ -1,0 +1,159 @@
+"""The aggregator's view of each job's rank processes on their hosts, and of the pauses it announced.
+
+Fed by three state events (perfd.events): ``rank_processes`` (collectors/ranks: each rank process's
+state, CPU, run-queue wait, the processes on its CPUs, its cgroup's throttling, pressure and OOM
+kills), ``job_phase`` (a checkpoint save or an evaluation begins or ends: the Megatron log, the step
+hook) and ``rank_stacks`` (the Python stacks the agent took when asked). Read by the incident
+snapshots (host evidence of the time, perfd.analytics.host_evidence), the live stall detector
+(perfd/aggregator/stalls.py) and the host panel (/api/jobs/<job>/gpus, `perfd top`). Latest values
+only, bounded: jobs (perfd.limits.MAX_JOBS), ranks per report (MAX_RANKS_PER_AGENT), phases and stack
+answers per job. One lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from perfd import limits as L
+from perfd.events import JOB_PHASE, RANK_PROCESSES, RANK_STACKS, payload_of
+
+PHASES = ("checkpoint", "evaluation")
+MAX_PHASE_KEYS = 4096  # announcing sources per job (a rank's hook, the log)
+MAX_STACK_ANSWERS = 8  # stacks answers kept per job (the newest)
+# A report older than this is not "now": the agent that sent it stopped reporting (gone, cut off).
+STALE_AFTER_S = 15.0
+
+
+class HostView:
+    def __init__(self, max_jobs: int = L.MAX_JOBS) -> None:
+        self._lock = threading.Lock()
+        self.max_jobs = max_jobs
+        # job -> (agent, node) -> (arrived at, payload of its latest rank_processes)
+        self._ranks: OrderedDict[str, dict[tuple[str, str], tuple[float, dict[str, Any]]]] = OrderedDict()
+        # job -> source key -> {"phase", "since", "iteration"} while announced and not ended
+        self._phases: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        self._phase_ended: dict[str, float] = {}  # job -> when its last announced pause ended
+        # job -> command id -> agent -> payload
+        self._stacks: dict[str, OrderedDict[str, dict[str, dict[str, Any]]]] = {}
+
+    # ---- state events (the gRPC side) -----------------------------------------------------------
+    def on_rank_processes(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+        p = payload_of(ev, RANK_PROCESSES)
+        if p is None or not isinstance(p.get("job"), str) or not isinstance(p.get("ranks"), list):
+            return False
+        ranks = [dict(r) for r in p["ranks"][:L.MAX_RANKS_PER_AGENT] if isinstance(r, Mapping)
+                 and isinstance(r.get("rank"), int) and isinstance(r.get("pid"), int)]
+        node = str((ev.get("labels") or {}).get("node") or agent_id)
+        job = p["job"]
+        with self._lock:
+            held = self._ranks.pop(job, None) or {}
+            held[(agent_id, node)] = (time.time(), {**p, "ranks": ranks})
+            self._ranks[job] = held  # newest last: the oldest job goes first past the cap
+            while len(self._ranks) > self.max_jobs:
+                old, _ = self._ranks.popitem(last=False)
+                self._phases.pop(old, None)
+                self._stacks.pop(old, None)
+                self._phase_ended.pop(old, None)
+        return True
+
+    def on_job_phase(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+        p = payload_of(ev, JOB_PHASE)
+        if p is None or p.get("phase") not in PHASES or p.get("state") not in ("begin", "end"):
+            return False
+        job = str(p.get("job") or ev.get("job") or "")
+        rank = p.get("rank")
+        key = (agent_id, str(rank) if isinstance(rank, int) else "log")
+        with self._lock:
+            held = self._phases.setdefault(job, {})
+            if p["state"] == "end":
+                if held.pop(key, None) is not None:
+                    self._phase_ended[job] = time.time()
+            elif key in held or len(held) < MAX_PHASE_KEYS:
+                it = p.get("iteration")
+                held[key] = {"phase": p["phase"], "since": time.time(),
+                             "iteration": it if isinstance(it, int) else None}
+        return True
+
+    def on_rank_stacks(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+        p = payload_of(ev, RANK_STACKS)
+        if p is None or not isinstance(p.get("ranks"), Mapping):
+            return False
+        job = str(p.get("job") or ev.get("job") or "")
+        cid = str(p.get("command_id") or "")
+        with self._lock:
+            held = self._stacks.setdefault(job, OrderedDict())
+            held.setdefault(cid, {})[agent_id] = {**p, "node": (ev.get("labels") or {}).get("node")}
+            held.move_to_end(cid)
+            while len(held) > MAX_STACK_ANSWERS:
+                held.popitem(last=False)
+        return True
+
+    # ---- readers ---------------------------------------------------------------------------------
+    def observations(self, job: str, now: float | None = None, max_age_s: float = STALE_AFTER_S
+                     ) -> dict[int, dict[str, Any]]:
+        """rank -> its newest observation (a RankHost mapping) with ``node``, ``agent`` and
+        ``arrived_at``, from reports that arrived within ``max_age_s``."""
+        now = time.time() if now is None else now
+        with self._lock:
+            reports = list((self._ranks.get(job) or {}).items())
+        out: dict[int, dict[str, Any]] = {}
+        for (agent, node), (arrived, p) in reports:
+            if now - arrived > max_age_s:
+                continue
+            for r in p["ranks"]:
+                held = out.get(r["rank"])
+                if held is None or arrived >= held["arrived_at"]:
+                    out[r["rank"]] = {**r, "node": node, "agent": agent, "arrived_at": arrived,
+                                      "node_values": dict(p.get("node") or {})}
+        return out
+
+    def agents_of(self, job: str) -> set[str]:
+        """The agents that report the job's rank processes (where a stacks request goes)."""
+        with self._lock:
+            return {agent for agent, _ in (self._ranks.get(job) or {})}
+
+    def active_phase(self, job: str) -> tuple[str, float] | None:
+        """The announced pause of the job still going (the one begun first), or None."""
+        with self._lock:
+            held = list((self._phases.get(job) or {}).values())
+        if not held:
+            return None
+        first = min(held, key=lambda h: h["since"])
+        return str(first["phase"]), float(first["since"])
+
+    def phase_ended_at(self, job: str) -> float | None:
+        """When the job's last announced pause ended (its steps come some seconds after)."""
+        with self._lock:
+            return self._phase_ended.get(job)
+
+    def stacks(self, job: str, command_id: str) -> dict[str, dict[str, Any]]:
+        """rank -> {pid, stack | error, node, agent} of one stacks request's answers so far."""
+        with self._lock:
+            held = self._stacks.get(job)
+            answers = dict(held.get(command_id) or {}) if held is not None else {}
+        out: dict[str, dict[str, Any]] = {}
+        for agent, p in answers.items():
+            for rank, entry in (p.get("ranks") or {}).items():
+                if isinstance(entry, Mapping):
+                    out[str(rank)] = {**entry, "node": p.get("node"), "agent": agent}
+        return out
+
+    def forget(self, job: str) -> None:
+        with self._lock:
+            self._ranks.pop(job, None)
+            self._phases.pop(job, None)
+            self._stacks.pop(job, None)
+            self._phase_ended.pop(job, None)
+
+    def forget_agent(self, agent_id: str) -> None:
+        with self._lock:
+            for held in self._ranks.values():
+                for key in [k for k in held if k[0] == agent_id]:
+                    del held[key]
+            for phases in self._phases.values():
+                for key in [k for k in phases if k[0] == agent_id]:
+                    del phases[key]

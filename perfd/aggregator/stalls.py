@@ -1,0 +1,199 @@
+"""Each job's live stall: checked every aggregator tick (perfd.analytics.stall decides), opened as an
+incident within seconds of the silence limit, with its ranks, each rank's process state, the Python
+stacks the agents take when asked (a ``stacks`` command, perfd/agent/stacks.py) and each rank's last
+collective; closed when steps resume.
+
+When the record that ends the silence arrives, the job's analysis sees one slow iteration (its step
+took the whole stop): that incident takes the stall over — its evidence (a stopped process, say) and
+its stall section — so the episode is one incident whose cost is Σ(step − steady median)
+(perfd/aggregator/incidents.py). A stall no slow step follows (the job exited, a record averaged over
+a long log interval) closes on its own, its cost the silence beyond one usual interval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from perfd.analytics.incidents import Incident
+from perfd.analytics.stall import RankSeen, StallCheck, StallInputs, Status, check_stall, stall_incident
+from perfd.transport.codec import COMMAND_STACKS, Command
+
+if TYPE_CHECKING:
+    from perfd.aggregator.state import AggregatorState
+
+log = logging.getLogger(__name__)
+
+CADENCE_RECORDS = 20  # the newest records whose gaps give the job's cadence (their median)
+# A closed stall waits this long for the analysis to take in the record that ended it (and the slow
+# incident to take the stall over) before it is recorded on its own.
+CLOSE_GRACE_S = 10.0
+GPU_UTIL = "perfd_gpu_utilization_ratio"
+
+SendCommand = Callable[[str, Command], bool]
+
+
+@dataclass
+class Stall:
+    """A job's open stall (or one closed, waiting to be handed to the incident tracker)."""
+
+    first_iteration: int
+    last_iteration: int  # while open: first + a log interval - 1; once closed: the newest that arrived
+    started_at: float | None  # when the last record before it arrived
+    opened_at: float
+    check: StallCheck
+    command_id: str | None = None
+    agents_asked: list[str] = field(default_factory=list)
+    collectives: dict[int, dict[str, Any]] = field(default_factory=dict)
+    collectives_version: int = -1
+    closed_at: float | None = None
+
+
+class StallWatch:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, Stall] = {}
+        self.send: SendCommand | None = None  # set by the aggregator: its server's send_command
+        self.opened_total: dict[str, int] = {}
+
+    def stalled(self, job: str) -> StallCheck | None:
+        """The job's open stall's latest check (None: no open stall)."""
+        with self._lock:
+            st = self._open.get(job)
+        return st.check if st is not None and st.closed_at is None else None
+
+    def forget(self, job: str) -> None:
+        with self._lock:
+            self._open.pop(job, None)
+            self.opened_total.pop(job, None)
+
+    def tick(self, state: AggregatorState, job: str, now: float | None = None) -> StallCheck:
+        """Check the job now; open, update or close its stall incident. Returns the check."""
+        now = time.time() if now is None else now
+        check, last_it, n_its = self._check(state, job, now)
+        with self._lock:
+            st = self._open.get(job)
+        if check.status is Status.STALLED and (st is None or st.closed_at is not None):
+            first = (last_it + 1) if last_it is not None else 0
+            ov = state.jobs.overview(job) or {}
+            st = Stall(first, first + max(1, n_its) - 1, ov.get("last_step_time"), now, check)
+            with self._lock:
+                self._open[job] = st
+                self.opened_total[job] = self.opened_total.get(job, 0) + 1
+            self._ask_stacks(state, job, st)
+        elif st is None:
+            if check.status is Status.RUNNING and check.silent_s is not None:
+                state.incidents.close_orphan_stalls(job, now)  # one a restart left open: the job steps
+            return check
+        elif st.closed_at is None:
+            resumed = check.status in (Status.RUNNING, Status.ENDED) and (
+                check.status is Status.ENDED or (last_it is not None and last_it >= st.first_iteration))
+            if resumed:
+                st.closed_at = now
+                if last_it is not None:  # steps done before the stop arrive with the resumed ones
+                    st.last_iteration = max(st.last_iteration, last_it)
+            else:
+                st.check = check if check.status is not Status.RUNNING else st.check
+        if st.closed_at is not None:
+            a = state.jobs.cached_analysis(job)
+            seen = a.iterations[-1].iteration if a is not None and len(a.iterations) else None
+            if (seen is None or seen < st.first_iteration) and now - st.closed_at < CLOSE_GRACE_S \
+                    and check.status is not Status.ENDED:
+                return check  # the analysis has not taken in the record that ended it yet
+            if seen is not None:
+                st.last_iteration = max(st.last_iteration, seen)
+            with self._lock:
+                self._open.pop(job, None)
+        self._update_incident(state, job, st, now)
+        return check
+
+    # ---- inputs --------------------------------------------------------------------------------------
+    def _check(self, state: AggregatorState, job: str, now: float) -> tuple[StallCheck, int | None, int]:
+        ov = state.jobs.overview(job)
+        a = state.jobs.cached_analysis(job)
+        if ov is None or a is None or len(a.iterations) < 3:
+            return StallCheck(Status.RUNNING), None, 1
+        rows = a.iterations
+        k = min(len(rows), CADENCE_RECORDS + 1)
+        ends = [rows.get(i, "end_time") for i in range(len(rows) - k, len(rows))]
+        its = [rows.get(i, "iteration") for i in range(len(rows) - k, len(rows))]
+        gaps = [b - a_ for a_, b in itertools.pairwise(ends) if a_ is not None and b is not None and b > a_]
+        steps = [b - a_ for a_, b in itertools.pairwise(its) if b > a_]
+        cadence = statistics.median(gaps) if gaps else None
+        placed = state.placed_ranks(job)
+        util: dict[int, float] = {}
+        if placed:
+            _, values, _ = state.gpu_view(job, (GPU_UTIL,))
+            for r, pl in placed.items():
+                v = values.get((pl.node, pl.gpu), {}).get(GPU_UTIL)
+                if v is not None:
+                    util[r] = v
+        obs = state.hosts.observations(job, now)
+        seen = [RankSeen(r, str(o.get("state")), o.get("cpu_cores"), util.get(r), o.get("pid"), o.get("node"))
+                for r, o in sorted(obs.items())]
+        try:
+            coll = state.collective_analysis(job, cached=True)
+        except Exception:  # counted in the collective store
+            coll = None
+        pending = coll is not None and coll.active_hangs > 0
+        check = check_stall(StallInputs(now, ov.get("last_step_time"), cadence, seen, pending,
+                                        state.hosts.active_phase(job), state.hosts.phase_ended_at(job)))
+        return check, its[-1], int(statistics.median(steps)) if steps else 1
+
+    def _ask_stacks(self, state: AggregatorState, job: str, st: Stall) -> None:
+        """A ``stacks`` command to every agent that reports the job's rank processes: their Python
+        stacks come back as ``rank_stacks`` events and join the stall."""
+        if self.send is None:
+            return
+        import uuid
+
+        st.command_id = uuid.uuid4().hex[:12]
+        cmd = Command(kind=COMMAND_STACKS, job=job, ranks=tuple(st.check.stuck_ranks), id=st.command_id)
+        for agent in sorted(state.hosts.agents_of(job)):
+            try:
+                if self.send(agent, cmd):
+                    st.agents_asked.append(agent)
+            except Exception:  # a closed stream: the stall goes on without that agent's stacks
+                log.exception("stacks request to agent %s failed", agent)
+
+    def _update_incident(self, state: AggregatorState, job: str, st: Stall, now: float) -> None:
+        version, last = state.collectives.last_per_rank(job)
+        if version != st.collectives_version:
+            st.collectives = {r: {"last": c} for r, c in last.items()}
+            st.collectives_version = version
+            try:
+                coll = state.collective_analysis(job, cached=True)
+            except Exception:  # counted in the collective store
+                coll = None
+            # The op each rank is stuck in, or never reached (the hang detector's: its records are
+            # only the completed ones)
+            for h in coll.hangs if coll is not None else []:
+                if not h.active:
+                    continue
+                op = {"op": h.op, "seq": h.seq, "pg": h.process_group, "user_frame": h.user_frame}
+                for r in h.stuck_ranks:
+                    st.collectives.setdefault(r, {})["pending"] = op
+                for r in h.ranks_not_joined:
+                    st.collectives.setdefault(r, {})["not_joined"] = op
+        stacks = state.hosts.stacks(job, st.command_id) if st.command_id else {}
+        extra = {"stacks": stacks, "stacks_asked": {"command_id": st.command_id, "agents": st.agents_asked},
+                 "collectives": {str(r): c for r, c in sorted(st.collectives.items())}}
+        check = st.check
+        if st.closed_at is not None and check.silent_s is not None:
+            # the silence ended when steps resumed: measured to then, not to now
+            ov = state.jobs.overview(job) or {}
+            arrived = ov.get("last_step_time")
+            if isinstance(arrived, (int, float)) and st.started_at is not None:
+                check = dataclasses.replace(check, silent_s=max(0.0, arrived - st.started_at))
+        a = state.jobs.cached_analysis(job)
+        world = (a.job.get("layout") or {}).get("world_size") if a is not None else None
+        inc: Incident = stall_incident(check, st.first_iteration, st.last_iteration, st.started_at,
+                                       st.opened_at, st.closed_at, single_rank=world == 1, extra=extra)
+        state.track_live_incidents(job, [inc], now)

@@ -1,0 +1,152 @@
+"""A stall seen live: a job whose ranks stopped stepping, told apart from a pause it announced.
+
+The job is *silent* once no step record has come for :func:`stall_limit` of its usual interval
+between records — STALL_CADENCE_FACTOR times the median gap between its records (the record
+cadence: with a log interval of 10 that is 10 steps, not one), and at least STALL_FLOOR_S (counted
+from the end of an announced pause when one ended since: its steps come some seconds after). Silence
+alone is not a stall (a record can be late): it is one when something corroborates it — a rank
+process stopped (SIGSTOP, a debugger), gone or blocked in disk sleep, every rank process idle (no
+CPU, and no GPU where the GPU is known), or a collective the Flight Recorder shows stuck. A
+checkpoint save or an evaluation that the log or the step hook announced holds the stall back (the
+loop pauses on purpose), unless a rank is stopped or gone (a stopped process is not saving), and for
+at most STALL_PHASE_MAX_S. The check is pure: the aggregator hands in what it holds
+(perfd/aggregator/stalls.py keeps the stall open, asks for stacks, and closes it when steps resume).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics import thresholds as th
+from perfd.analytics.evidence import StallReason
+from perfd.analytics.incidents import STALL, Incident
+
+STALL_CADENCE_FACTOR = th.STALL_CADENCE_FACTOR.value
+STALL_FLOOR_S = th.STALL_FLOOR_S.value
+IDLE_CPU_CORES = th.STALL_IDLE_CPU_CORES.value
+PHASE_MAX_S = th.STALL_PHASE_MAX_S.value
+GPU_BUSY = th.GPM_NVML_ACTIVE.value  # a kernel resident this share of the time: the GPU still works
+
+
+class Status(str, enum.Enum):
+    RUNNING = "running"  # a record came within the limit (or the job has no cadence yet)
+    SILENT = "silent"  # past the limit, nothing corroborates a stall (yet)
+    HELD = "held"  # past the limit during an announced checkpoint save or evaluation
+    STALLED = "stalled"
+    ENDED = "ended"  # every rank process is gone: the job exited, no stall
+
+
+@dataclass(frozen=True)
+class RankSeen:
+    """One rank process as its node's agent last reported it (perfd.events.RankHost), with its GPU's
+    utilisation where the rank is placed on one."""
+
+    rank: int
+    state: str
+    cpu_cores: float | None = None
+    gpu_util: float | None = None
+    pid: int | None = None
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class StallInputs:
+    now: float
+    last_record_at: float | None  # when the job's last step record arrived (the aggregator's clock)
+    cadence_s: float | None  # the job's median time between consecutive step records
+    ranks: Sequence[RankSeen] = ()  # fresh observations only
+    pending_collective: bool = False
+    phase: tuple[str, float] | None = None  # an announced pause not yet ended: (phase, since)
+    phase_ended_at: float | None = None  # when the last announced pause ended (the same clock as now)
+
+
+@dataclass(frozen=True)
+class StallCheck:
+    status: Status
+    silent_s: float | None = None
+    limit_s: float | None = None
+    cadence_s: float | None = None
+    reasons: tuple[StallReason, ...] = ()
+    stuck_ranks: tuple[int, ...] = ()  # those a reason names first, then the rest
+    phase: tuple[str, float] | None = None
+    ranks: tuple[RankSeen, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status.value, "silent_s": self.silent_s, "limit_s": self.limit_s,
+                "cadence_s": self.cadence_s, "reasons": [r.value for r in self.reasons],
+                "stuck_ranks": list(self.stuck_ranks),
+                "phase": {"phase": self.phase[0], "since": self.phase[1]} if self.phase else None,
+                "ranks": {str(r.rank): {"state": r.state, "cpu_cores": r.cpu_cores, "gpu_util": r.gpu_util,
+                                        "pid": r.pid, "node": r.node} for r in self.ranks}}
+
+
+def stall_limit(cadence_s: float) -> float:
+    """Seconds without a record after which a job is silent."""
+    return max(STALL_CADENCE_FACTOR * cadence_s, STALL_FLOOR_S)
+
+
+def check_stall(inp: StallInputs) -> StallCheck:
+    """Where the job stands now (see the module docstring)."""
+    if inp.last_record_at is None or inp.cadence_s is None or inp.cadence_s <= 0:
+        return StallCheck(Status.RUNNING)
+    # An announced pause is not silence: after one, the job's silence counts from its end (its steps
+    # come a record interval and the pipeline's delay after it).
+    quiet_since = max(inp.last_record_at, inp.phase_ended_at or inp.last_record_at)
+    silent = max(0.0, inp.now - quiet_since)
+    limit = stall_limit(inp.cadence_s)
+    ranks = tuple(sorted(inp.ranks, key=lambda r: r.rank))
+    if silent <= limit:
+        return StallCheck(Status.RUNNING, silent, limit, inp.cadence_s, ranks=ranks)
+    gone = [r for r in ranks if r.state in ("gone", "zombie")]
+    if ranks and len(gone) == len(ranks):
+        return StallCheck(Status.ENDED, silent, limit, inp.cadence_s, ranks=ranks)
+    stopped = [r for r in ranks if r.state == "stopped"]
+    blocked = [r for r in ranks if r.state == "disk_sleep"]
+    reasons: list[StallReason] = []
+    if stopped:
+        reasons.append(StallReason.STOPPED)
+    if gone:
+        reasons.append(StallReason.GONE)
+    if blocked:
+        reasons.append(StallReason.IO_BLOCKED)
+    alive = [r for r in ranks if r not in gone and r not in stopped]
+    if alive and all(_idle(r) for r in alive):
+        reasons.append(StallReason.IDLE)
+    if inp.pending_collective:
+        reasons.append(StallReason.PENDING_COLLECTIVE)
+    named = [*stopped, *gone, *blocked]
+    stuck = tuple(dict.fromkeys([r.rank for r in named] + [r.rank for r in ranks]))
+    phase = inp.phase if inp.phase is not None and inp.now - inp.phase[1] <= PHASE_MAX_S else None
+    if phase is not None and not (stopped or gone):
+        return StallCheck(Status.HELD, silent, limit, inp.cadence_s, tuple(reasons), stuck, phase, ranks)
+    status = Status.STALLED if reasons else Status.SILENT
+    return StallCheck(status, silent, limit, inp.cadence_s, tuple(reasons), stuck, phase, ranks)
+
+
+def _idle(r: RankSeen) -> bool:
+    """No CPU progress, and no GPU progress where the rank's GPU is known."""
+    if r.cpu_cores is None or r.cpu_cores >= IDLE_CPU_CORES:
+        return False
+    return r.gpu_util is None or r.gpu_util < GPU_BUSY
+
+
+def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int, started_at: float | None,
+                   opened_at: float, closed_at: float | None, single_rank: bool = False,
+                   extra: Mapping[str, Any] | None = None) -> Incident:
+    """The incident of a live stall: the iterations the job was on when it stopped (while open, the
+    one record after its last, ``last_iteration`` covering a log interval; once closed, up to the
+    newest the records that ended it reached: steps done before the stop can arrive after it, held in
+    the stopped process), its ranks (the stuck ones first), its cost so far (the silence beyond one
+    usual interval), open until steps resume. ``extra``: what the aggregator gathered for it (stacks,
+    each rank's last collective)."""
+    silent = check.silent_s or 0.0
+    cost = max(0.0, silent - (check.cadence_s or 0.0))
+    ev = {"stall": {**check.to_json(), "opened_at": opened_at, "closed_at": closed_at, **(extra or {})},
+          "source": "perfd aggregator, live stall detector (perfd.analytics.stall)"}
+    last = max(first_iteration, last_iteration)
+    return Incident(f"stall-{first_iteration}", first_iteration, last, [STALL], list(check.stuck_ranks), 0,
+                    cost, None, None, None, started_at, closed_at, closed_at is None, evidence=ev,
+                    single_rank=single_rank)

@@ -1,0 +1,192 @@
+"""perfd top's tables of a job's GPUs, their processes and its hosts, and the cell formats every
+panel of perfd top shares (pure: JSON of the aggregator's API in, rich renderables out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from perfd.analytics.verdict_text import cpus_text
+
+NA = "–"
+GIB = float(1 << 30)
+MAX_RANK_HOST_ROWS = 16  # rank processes listed in the host panel (the rest are counted)
+
+
+def num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def pct0(v: Any) -> str:
+    x = num(v)
+    return NA if x is None else f"{100 * x:.0f}%"
+
+
+def pct(v: Any) -> str:
+    x = num(v)
+    return NA if x is None else f"{100 * x:.1f}%"
+
+
+def ms(v: Any) -> str:
+    x = num(v)
+    return NA if x is None else f"{x:.0f} ms"
+
+
+
+# The compact tables' form: no vertical rules, one space of padding, a rule under the header only.
+COMPACT: dict[str, Any] = {"box": box.SIMPLE_HEAD, "padding": (0, 0), "pad_edge": False,
+                            "show_edge": False}
+
+
+def used_of(used: float | None, total: float | None, scale: float = 1.0, digits: int = 0,
+             pct: bool = True) -> str:
+    """"used/total pct%" with what is known of the three (the unit is in the column's head)."""
+    if used is None and total is None:
+        return NA
+    u = NA if used is None else f"{used / scale:.{digits}f}"
+    tt = NA if total is None else f"{total / scale:.{digits}f}"
+    share = f" {100 * used / total:.0f}%" if pct and used is not None and total else ""
+    return f"{u}/{tt}{share}"
+
+
+GPU_RATIOS: tuple[tuple[str, str], ...] = (
+    ("util", "perfd_gpu_utilization_ratio"),
+    ("SM", "perfd_gpu_sm_util_ratio"),
+    ("tensor", "perfd_gpu_tensor_util_ratio"),
+    ("DRAM", "perfd_gpu_dram_bw_util_ratio"),
+)
+
+
+def short_model(model: Any) -> str:
+    return str(model).removeprefix("NVIDIA ") if model else NA
+
+
+def gpu_table(gpus: list[dict[str, Any]], ranks: list[dict[str, Any]], narrow: bool = False) -> Table:
+    """``narrow``: the model in the title (the one model of the job's GPUs, else a column), memory in
+    whole GiB and power without their percentages, the SM clock only."""
+    models = {short_model(g.get("model")) + (" (replay)" if g.get("replay") else "") for g in gpus}
+    model_col = not narrow or len(models) > 1
+    title = "GPUs" if model_col or not models else f"GPUs ({models.pop()})"
+    t = Table(title=title, title_justify="left", **COMPACT if narrow else {})
+    for col in ("node", "gpu", "rank", *(("model",) if model_col else ())):
+        t.add_column(col, no_wrap=narrow)
+    for head, _ in GPU_RATIOS:
+        t.add_column(head, justify="right")
+    for head in (("mem GiB", "power W", "MHz", "temp") if narrow else
+                 ("memory GiB", "power W", "SM MHz", "mem MHz", "temp")):
+        t.add_column(head, justify="right", no_wrap=narrow)
+    rank_of = {(str(r.get("node")), str(r.get("gpu"))): str(r.get("rank")) for r in ranks
+               if isinstance(r, dict)}
+    for g in gpus:
+        vals = g.get("values") or {}
+        where = (str(g.get("node")), str(g.get("gpu")))
+        cells = [*where, rank_of.get(where, NA)]
+        if model_col:
+            cells.append(short_model(g.get("model")) + (" (replay)" if g.get("replay") else ""))
+        for _, name in GPU_RATIOS:
+            v = num(vals.get(name))
+            cells.append(NA if v is None else f"{100 * v:.0f}%")
+        mem = (num(vals.get("perfd_gpu_memory_used_bytes")), num(vals.get("perfd_gpu_memory_total_bytes")))
+        power = (num(vals.get("perfd_gpu_power_watts")), num(vals.get("perfd_gpu_power_limit_watts")))
+        if narrow:
+            cells.append(used_of(*mem, GIB, 0, pct=False))
+            cells.append(used_of(*power, pct=False))
+        else:
+            cells.append(used_of(*mem, GIB, 1))
+            cells.append(used_of(*power))
+        for name in ("perfd_gpu_sm_clock_hertz",) if narrow else ("perfd_gpu_sm_clock_hertz",
+                                                                 "perfd_gpu_mem_clock_hertz"):
+            v = num(vals.get(name))
+            cells.append(NA if v is None else f"{v / 1e6:.0f}")
+        v = num(vals.get("perfd_gpu_temperature_celsius"))
+        cells.append(NA if v is None else f"{v:.0f}°C")
+        t.add_row(*cells)
+    return t
+
+
+def process_table(gpus: list[dict[str, Any]]) -> RenderableType:
+    """Every compute process on the job's GPUs, as the agents last reported them."""
+    rows = [(g, p) for g in gpus for p in (g.get("processes") or []) if isinstance(p, dict)]
+    if not rows:
+        unknown = any(g.get("processes") is None for g in gpus)
+        return Text("processes: " + (NA + " (no process list from the agents yet)" if unknown else "none"))
+    t = Table(title="processes", title_justify="left")
+    for col in ("node", "gpu", "pid", "user", "rank", "GPU mem"):
+        # never squeezed: the command line gives way (cut with "…") when the screen is narrow
+        t.add_column(col, justify="right" if col in ("pid", "rank", "GPU mem") else "left", no_wrap=True,
+                     min_width=len(col))
+    # The one column rich may shrink (it shrinks wrappable columns first); the cell's own no_wrap and
+    # ellipsis keep each command on one line.
+    t.add_column("command")
+    for g, p in rows:
+        cmd = p.get("cmdline") or p.get("name") or NA + " (not visible to the agent)"
+        t.add_row(*(proc_cell(g, p, c) for c in ("node", "gpu", "pid", "user", "rank", "GPU mem")),
+                  Text(str(cmd), no_wrap=True, overflow="ellipsis"))
+    return t
+
+
+def proc_cell(g: dict[str, Any], p: dict[str, Any], col: str) -> str:
+    if col in ("node", "gpu"):
+        return str(g.get(col))
+    if col == "GPU mem":
+        mem = num(p.get("used_memory_bytes"))
+        return NA if mem is None else f"{mem / GIB:.1f} GiB"
+    v = p.get(col)
+    return NA if v is None or v == "" else str(v)
+
+
+def host_table(hosts: list[dict[str, Any]], ranks: list[dict[str, Any]] | None = None
+                ) -> RenderableType:
+    """The nodes' CPU and memory, then the job's own rank processes on them: each one's state, the
+    CPU it used, how long it waited for one, its CPUs and how busy they were, and who else took them
+    (collectors/ranks) — the node-wide average alone hides a job pinned to two of its CPUs."""
+    parts: list[RenderableType] = []
+    if not hosts:
+        parts.append(Text("hosts: " + NA + " (no host series from the agents: --host on)"))
+    else:
+        t = Table(title="hosts", title_justify="left")
+        for col in ("node", "CPU", "load1", "memory GiB"):
+            t.add_column(col, justify="left" if col == "node" else "right")
+        for h in hosts:
+            vals = h.get("values") or {}
+            cpu, load = num(vals.get("perfd_host_cpu_util_ratio")), num(vals.get("perfd_host_load1"))
+            t.add_row(str(h.get("node")), NA if cpu is None else f"{100 * cpu:.0f}%",
+                      NA if load is None else f"{load:.1f}",
+                      used_of(num(vals.get("perfd_host_memory_used_bytes")),
+                               num(vals.get("perfd_host_memory_total_bytes")), GIB, 1))
+        parts.append(t)
+    if ranks:
+        parts.append(rank_host_table(ranks))
+    return Group(*parts) if len(parts) > 1 else parts[0]
+
+
+def rank_host_table(ranks: list[dict[str, Any]]) -> Table:
+    t = Table(title="rank processes", title_justify="left")
+    for col in ("rank", "node", "pid", "state", "CPU", "CPU wait", "CPUs", "CPUs busy", "others",
+                "throttled", "top other"):
+        t.add_column(col, justify="left" if col in ("node", "state", "CPUs", "top other") else "right")
+    for r in ranks[:MAX_RANK_HOST_ROWS]:
+        cores, wait = num(r.get("cpu_cores")), num(r.get("wait_ratio"))
+        busy, others, thr = (r.get(k) for k in ("allowed_busy_ratio", "others_ratio", "throttled_ratio"))
+        foreign = [o for o in r.get("others") or [] if not o.get("own")]
+        top_other = NA
+        if foreign:
+            o = foreign[0]
+            share = num(o.get("cpu_ratio"))
+            took = f"{100 * share:.0f}% " if share is not None else ""
+            top_other = f"{o.get('pid')} {o.get('user') or ''} {took}{short_cmd(o)}"
+        t.add_row(str(r.get("rank")), str(r.get("node") or NA), str(r.get("pid") or NA),
+                  str(r.get("state") or NA), NA if cores is None else f"{cores:.2f}", pct0(wait),
+                  cpus_text(r.get("allowed_cpus") or []), pct0(busy), pct0(others), pct0(thr), top_other)
+    if len(ranks) > MAX_RANK_HOST_ROWS:
+        t.caption = f"… and {len(ranks) - MAX_RANK_HOST_ROWS} more (GET /api/jobs/<job>/gpus: rank_hosts)"
+    return t
+
+
+def short_cmd(p: dict[str, Any]) -> str:
+    cmd = " ".join(str(p.get("cmdline") or p.get("name") or "").split())
+    return cmd if len(cmd) <= 40 else cmd[:39] + "…"

@@ -1,0 +1,306 @@
+"""The live stall through the aggregator's state, in process: a real Megatron-LM DP=2 log's records
+(tests/data/megatron/dp2_all_timers.log), the host state of real processes as the real ranks
+collector reports it (one SIGSTOPped), the Python stacks the real agent-side dumper takes with
+py-spy, and the Megatron parser's own checkpoint announcement. The clock is the test's: the job's
+silence is made by moving its last record's arrival back (as tests/e2e/test_job_liveness.py does),
+and each check is run at an explicit time."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collectors.megatron import parse_file, parse_lines
+from collectors.ranks import RanksCollector
+from perfd import events
+from perfd.agent.stacks import StackDumper
+from perfd.aggregator.job_rows import liveness_rows
+from perfd.aggregator.state import AggregatorState
+from perfd.analytics.evidence import StallReason
+from perfd.analytics.liveness import RUNNING, STALLED
+from perfd.transport.codec import COMMAND_STACKS, Command
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
+
+ROOT = Path(__file__).resolve().parents[2]
+DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
+JOB = "dp2"
+LOOP = "import time\ndef train_step():\n    while True:\n        time.sleep(0.01)\ntrain_step()\n"
+
+
+@pytest.fixture
+def ranks() -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
+    """Two real Python processes standing for the job's ranks 0 and 1."""
+    ps = [subprocess.Popen([sys.executable, "-c", LOOP], start_new_session=True) for _ in range(2)]
+    time.sleep(0.5)
+    yield ps[0], ps[1]
+    for p in ps:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        p.wait(timeout=10)
+
+
+class Harness:
+    def __init__(self, procs: tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]) -> None:
+        self.parsed = parse_file(DP2, job=JOB)
+        self.st = AggregatorState(min_recompute_s=0.0)
+        self.sent: list[tuple[str, Command]] = []
+
+        def send(agent: str, cmd: Command) -> bool:  # the server's send_command: queued to the stream
+            self.sent.append((agent, cmd))
+            return True
+
+        self.st.stalls.send = send
+        self.st.hello("agent-a", [JOB])
+        self.st.ingest_job_info("agent-a", JOB, self.parsed.job_info)
+        self.collector = RanksCollector({"job": JOB, "event_every_s": 0})
+        for rank, p in enumerate(procs):
+            self.collector.note(p.pid, rank, "gpu")
+        self.procs = procs
+
+    def records(self, upto: int) -> None:
+        self.st.ingest_steps("agent-a", [r for r in self.parsed.records if r.iteration <= upto])
+        self.st.analysis(JOB, force=True)
+
+    def observe(self, n: int = 2) -> None:
+        """What the agent's ranks collector reports, as the agent sends it."""
+        for i in range(n):
+            if i:
+                time.sleep(0.5)
+            out = self.collector.collect(time.time())
+        self.st.ingest_events("agent-a", [{**ev, "labels": {**ev["labels"], "node": "node-a"}}
+                                          for ev in out.events])
+
+    def silent_for(self, seconds: float) -> float:
+        """Make the job's last record have arrived ``seconds`` ago; returns now."""
+        js = self.st.jobs.jobs[JOB]
+        now = time.time()
+        js.last_step_time = now - seconds
+        return now
+
+    def incidents(self) -> list[dict[str, Any]]:
+        return self.st.incidents.incidents(JOB)
+
+
+def test_a_stopped_rank_opens_a_stall_with_stacks_and_the_slow_step_takes_it_over(ranks: Any) -> None:
+    h = Harness(ranks)
+    h.records(20)
+    h.observe()
+    now = h.silent_for(2.0)  # within the limit (the floor, 5 s: a record every ~0.35 s)
+    assert h.st.stalls.tick(h.st, JOB, now).status.value == "running" and not h.incidents()
+    os.kill(ranks[1].pid, signal.SIGSTOP)
+    h.observe()
+    now = h.silent_for(6.0)
+    h.st.stalls.tick(h.st, JOB, now)
+    (inc,) = h.incidents()
+    assert inc["kinds"] == ["stall"] and inc["open"] and inc["ranks"] == [1, 0]
+    assert (inc["first_iteration"], inc["last_iteration"]) == (21, 21)
+    assert inc["verdict"]["cause"] == "process_stopped" and inc["verdict"]["rank"] == 1
+    assert inc["cause"].startswith("stalled: no step for 6 s") and "rank 1's process" in inc["cause"]
+    stall = inc["evidence"]["stall"]
+    assert stall["ranks"]["1"]["state"] == "stopped" and stall["ranks"]["0"]["state"] == "sleeping"
+    ov = h.st.job_overview(JOB)
+    # Stopped (rank 1), and every rank idle (rank 0 sleeps in its loop, rank 1 is stopped)
+    assert ov is not None and ov["state"] == STALLED and ov["stall"]["reasons"][0] == "stopped"
+    rows = {name: v for lab, name, v in liveness_rows(h.st) if lab.get("job_name") == JOB}
+    assert rows["perfd_job_stalled_seconds"] >= 6.0
+    # One stacks request, to the agent that reports the ranks; its answer (py-spy on the stopped
+    # process, by the agent's own dumper) joins the stall.
+    ((agent, cmd),) = h.sent
+    assert agent == "agent-a" and cmd.kind == COMMAND_STACKS and cmd.ranks == (1, 0) and cmd.job == JOB
+    answers: list[dict[str, Any]] = []
+    StackDumper(answers.append, lambda job: h.collector.rank_pids(job)).run(cmd)
+    h.st.ingest_events("agent-a", [{**answers[0], "labels": {"job": JOB, "node": "node-a"}}])
+    h.st.stalls.tick(h.st, JOB, h.silent_for(8.0))
+    (inc,) = h.incidents()
+    stacks = inc["evidence"]["stall"]["stacks"]
+    assert "train_step (<string>:4)" in stacks["1"]["stack"] and stacks["1"]["node"] == "node-a"
+    assert inc["cost_s"] == pytest.approx(8.0 - inc["evidence"]["stall"]["cadence_s"], abs=0.5)
+    assert len(h.sent) == 1  # asked once per stall
+    # Steps resume: the record after the stop took the whole stop; its incident takes the stall over.
+    os.kill(ranks[1].pid, signal.SIGCONT)
+    h.observe()
+    last = h.parsed.records[20]
+    assert last.iteration == 21 and last.end_time is not None and last.step_time_ms is not None
+    slow = dataclasses.replace(last, step_time_ms=last.step_time_ms + 8000.0)
+    h.st.ingest_steps("agent-a", [slow])
+    h.st.analysis(JOB, force=True)
+    h.st.stalls.tick(h.st, JOB)
+    (inc,) = h.incidents()
+    assert {"slow-steps", "stall"} <= set(inc["kinds"]) and inc["open"]  # (straggler: DP=2's timers)
+    assert inc["verdict"]["cause"] == "process_stopped" and "rank 1's process" in inc["cause"]
+    assert "was stopped" in inc["cause"] and "steps" in inc["cause"]
+    assert h.st.job_overview(JOB)["state"] == RUNNING  # type: ignore[index]
+    # The next steps close it; passes after the takeover update it from the analysis alone, and the
+    # stall (its kind, its ranks' states, stacks) stays with it.
+    h.st.ingest_steps("agent-a", h.parsed.records[21:])
+    h.st.analysis(JOB, force=True)
+    (inc,) = h.incidents()
+    assert {"slow-steps", "stall"} <= set(inc["kinds"]) and not inc["open"]
+    assert inc["verdict"]["cause"] == "process_stopped"
+    assert inc["evidence"]["stall"]["stacks"]["1"]["stack"]  # kept with it
+    assert inc["cost_s"] == pytest.approx(8.0, abs=0.5)
+    kinds = [e["kind"] for e in h.st.recent_events(JOB)]
+    assert kinds.count(events.INCIDENT_OPENED.name) == 1 and kinds.count(events.INCIDENT_CLOSED.name) == 1
+
+
+def test_a_stall_no_slow_step_follows_closes_on_its_own(ranks: Any) -> None:
+    h = Harness(ranks)
+    h.records(20)
+    os.kill(ranks[0].pid, signal.SIGSTOP)
+    h.observe()
+    h.st.stalls.tick(h.st, JOB, h.silent_for(7.0))
+    assert [i["kinds"] for i in h.incidents()] == [["stall"]]
+    os.kill(ranks[0].pid, signal.SIGCONT)
+    h.records(30)  # the next records are ordinary (a log interval's mean, say)
+    h.st.stalls.tick(h.st, JOB)
+    (inc,) = h.incidents()
+    assert inc["kinds"] == ["stall"] and not inc["open"] and inc["verdict"]["cause"] == "process_stopped"
+    # Its cost: the silence to the record that ended it, beyond one usual interval.
+    assert 0.0 < inc["cost_s"] <= 7.0 + 1.0
+
+
+def test_an_announced_checkpoint_save_holds_the_stall_back(ranks: Any) -> None:
+    h = Harness(ranks)
+    h.records(20)
+    h.observe()
+    saving = parse_lines(["[2026-11-23 16:21:18.782183] saving checkpoint at iteration      20 to /ckpt "
+                          "in torch_dist format"], job=JOB).events
+    assert [e["payload"]["state"] for e in saving] == ["begin"]
+    h.st.ingest_events("agent-a", saving)
+    h.observe(3)
+    h.st.stalls.tick(h.st, JOB, h.silent_for(30.0))
+    assert h.incidents() == [] and h.st.job_overview(JOB)["state"] == RUNNING  # type: ignore[index]
+    saved = parse_lines(["  [2026-11-23 16:21:35.529378] successfully saved checkpoint from iteration"
+                         "      20 to /ckpt [ t 1/1 ]"], job=JOB).events
+    h.st.ingest_events("agent-a", saved)
+    h.observe()
+    now = h.silent_for(30.0)
+    # Right after the save the silence counts from its end: the steps come seconds after it.
+    assert h.st.stalls.tick(h.st, JOB, now).status.value == "running"
+    check = h.st.stalls.tick(h.st, JOB, now + 6.0)
+    # The save ended 6 s ago and still no step: now the idle ranks are a stall (their loops only sleep).
+    assert check.status.value == "stalled"
+    (inc,) = h.incidents()
+    assert inc["evidence"]["stall"]["reasons"] == ["idle"] and inc["first_iteration"] == 21
+
+
+def test_malformed_host_events_are_counted_not_kept() -> None:
+    st = AggregatorState()
+    st.ingest_events("a", [
+        {"kind": events.RANK_PROCESSES.name, "payload": {"job": "j", "ranks": "nope"}},
+        {"kind": events.JOB_PHASE.name, "payload": {"job": "j", "phase": "lunch", "state": "begin"}},
+        {"kind": events.RANK_STACKS.name, "payload": {"job": "j", "ranks": []}},
+        {"kind": events.RANK_PROCESSES.name, "labels": {"node": "n"},
+         "payload": {"job": "j", "ranks": [{"rank": 0, "pid": 5, "state": "running"}, {"rank": "x"}]}},
+    ])
+    assert st.stats_json()["events_malformed"] == {
+        events.RANK_PROCESSES.name: 1, events.JOB_PHASE.name: 1, events.RANK_STACKS.name: 1}
+    assert list(st.hosts.observations("j")) == [0]  # the bad rank entry left out
+    assert st.recent_events() == []  # state, not history
+
+
+def test_steps_held_in_the_stopped_process_arrive_after_it_and_the_stall_is_counted_once(ranks: Any) -> None:
+    """The step hook's records of the last steps before a stop sit in the stopped process (its sender
+    stops too) and arrive with the steps after it: the slow iteration is any of them, not the one
+    after the last record seen."""
+    h = Harness(ranks)
+    h.records(20)
+    os.kill(ranks[0].pid, signal.SIGSTOP)
+    h.observe()
+    h.st.stalls.tick(h.st, JOB, h.silent_for(9.0))
+    ((_, stall),) = [(i["id"], i) for i in h.incidents()]
+    assert stall["first_iteration"] == 21 and stall["open"]
+    os.kill(ranks[0].pid, signal.SIGCONT)
+    h.observe()
+    recs = h.parsed.records
+    slow = dataclasses.replace(recs[23], step_time_ms=(recs[23].step_time_ms or 0.0) + 9000.0)
+    h.st.ingest_steps("agent-a", [*recs[20:23], slow, *recs[24:]])  # 21-23 held, 24 took the stop
+    h.st.refresh()
+    h.st.refresh()
+    (inc,) = h.incidents()
+    assert inc["first_iteration"] <= 24 <= inc["last_iteration"] and "stall" in inc["kinds"]
+    assert inc["verdict"]["cause"] == "process_stopped" and inc["cost_s"] == pytest.approx(9.0, abs=0.5)
+    lost = {name: v for lab, name, v in h.st.incidents.metric_rows() if lab.get("job_name") == JOB}
+    assert lost["perfd_job_incident_lost_seconds_total"] == pytest.approx(inc["cost_s"], abs=0.6)
+    assert lost["perfd_job_incidents_total"] == 1.0
+
+
+def test_a_pending_collective_corroborates_a_stall_of_busy_ranks(tmp_path: Path) -> None:
+    """Ranks spinning (as a rank does while NCCL waits for a peer) are not idle; what says the job is
+    stuck is the Flight Recorder: the recorded dumps of a real hung DDP job (rank 1 never joined),
+    through the real agent and aggregator path; each rank's newest collective joins the stall."""
+    from perfd.agent.config import AgentConfig
+    from perfd.agent.main import Agent
+    from perfd.aggregator.main import Aggregator, AggregatorConfig
+    from tests.collectives.test_collectives_aggregator import (
+        FakeClient,
+        _recorded_hang_collected,
+        _through_wire,
+    )
+
+    out, _ = _recorded_hang_collected(tmp_path)
+    agent = Agent(AgentConfig(job="ddp", node="n1", metrics_port=None))
+    agent.client = FakeClient()
+    agent._forward([("nccl", out)])
+    agg = Aggregator(AggregatorConfig(rules_files=[]))
+    st = agg.state
+    agg.on_batch("n1", _through_wire(agent.client.calls[0]))
+    parsed = parse_file(DP2, job="ddp")  # a real job's step records, for the job's cadence
+    st.ingest_steps("n1", parsed.records)
+    st.analysis("ddp", force=True)
+    spin = "import sys\nwhile True: pass\n"
+    ps = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(2)]
+    try:
+        c = RanksCollector({"job": "ddp", "event_every_s": 0})
+        for rank, p in enumerate(ps):
+            c.note(p.pid, rank, "gpu")
+        for _ in range(2):
+            time.sleep(0.5)
+            got = c.collect(time.time())
+        st.ingest_events("n1", [{**e, "labels": {"node": "n1"}} for e in got.events])
+        st.jobs.jobs["ddp"].last_step_time = time.time() - 8.0
+        check = st.stalls.tick(st, "ddp")
+    finally:
+        for p in ps:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+    assert check.status.value == "stalled" and check.reasons == (StallReason.PENDING_COLLECTIVE,)
+    (inc,) = [i for i in st.incidents.incidents("ddp") if i["kinds"] == ["stall"]]
+    colls = inc["evidence"]["stall"]["collectives"]
+    # Each rank's last completed op (the dumps' records) and the one it is stuck in or never reached.
+    assert {r: c["last"]["seq"] for r, c in colls.items()} == {"0": 3, "1": 3}
+    assert colls["0"]["pending"]["op"] == "all_reduce" and colls["0"]["pending"]["seq"] == 4
+    assert colls["1"]["not_joined"]["seq"] == 4 and "pending" not in colls["1"]
+    assert "a collective pending in the Flight Recorder" in inc["cause"]
+
+
+def test_a_stall_a_restart_left_open_is_closed_once_the_job_steps(ranks: Any) -> None:
+    h = Harness(ranks)
+    h.records(20)
+    os.kill(ranks[0].pid, signal.SIGSTOP)
+    h.observe()
+    h.st.stalls.tick(h.st, JOB, h.silent_for(7.0))
+    kept = h.st.incidents.export()  # what --state-dir keeps; the aggregator restarts
+    os.kill(ranks[0].pid, signal.SIGCONT)
+    again = Harness(ranks)
+    again.st.incidents.load(kept)
+    again.records(30)  # it resumed while the aggregator was down: no slow step left to take it over
+    (inc,) = again.incidents()
+    assert inc["kinds"] == ["stall"] and inc["open"]
+    again.st.stalls.tick(again.st, JOB, again.silent_for(0.5))
+    (inc,) = again.incidents()
+    assert not inc["open"] and inc["verdict"]["cause"] == "process_stopped"
+    assert [e["kind"] for e in again.st.recent_events(JOB)] == [events.INCIDENT_CLOSED.name]
