@@ -121,8 +121,15 @@ GPU_INFO = "perfd_gpu_info"
 # One info series per (job, node): where the job runs, what host series join the job on.
 JOB_NODE_INFO = "perfd_job_node_info"
 
-# A rank process's series (collectors/ranks): the plain ones are perfd.events.RANK_HOST_SERIES (each
-# the value of a field of the rank's observation); these three are read otherwise.
+# A rank process's series (collectors/ranks). The plain ones each carry one field of the rank's
+# observation (perfd.events.RankHost): series -> field, what the collector emits and what the rules read
+# at rank scope (perfd.aggregator.rule_scopes). The three after it are read otherwise.
+RANK_HOST_SERIES: dict[str, str] = {
+    "perfd_host_rank_cpu_cores": "cpu_cores", "perfd_host_rank_cpu_wait_ratio": "wait_ratio",
+    "perfd_host_rank_allowed_cpus_busy_ratio": "allowed_busy_ratio",
+    "perfd_host_rank_others_cpu_ratio": "others_ratio",
+    "perfd_host_rank_cpu_throttled_ratio": "throttled_ratio", "perfd_host_rank_oom_kills_total": "oom_kills"}
+_RANK_SERIES = {f: n for n, f in RANK_HOST_SERIES.items()}  # field -> series, for the declarations below
 RANK_ALLOWED_CPUS = "perfd_host_rank_allowed_cpus"  # len(allowed_cpus)
 RANK_PRESSURE = "perfd_host_rank_pressure_ratio"  # pressure[resource], labelled resource
 RANK_STATE_INFO = "perfd_host_rank_state_info"
@@ -425,29 +432,29 @@ CATALOG: tuple[MetricDef, ...] = (
     _m(RANK_STATE_INFO, "gauge", "info",
        "1 for the rank process's state (label process_state: running, sleeping, disk_sleep, stopped, "
        "zombie, gone, other), from /proc/<pid>/stat", _RANKS, (*HOST_RANK, "process_state")),
-    _m("perfd_host_rank_cpu_cores", "gauge", "cores",
+    _m(_RANK_SERIES["cpu_cores"], "gauge", "cores",
        "CPU the rank process used, all threads: CPU seconds per second over the collect interval", _RANKS,
        HOST_RANK),
-    _m("perfd_host_rank_cpu_wait_ratio", "gauge", "ratio",
+    _m(_RANK_SERIES["wait_ratio"], "gauge", "ratio",
        "Time the rank's threads waited in a run queue ÷ (running + waiting) over the interval "
        "(/proc/<pid>/task/*/schedstat): the direct measure of CPU contention; absent without schedstats",
        _RANKS, HOST_RANK, alias="rank_cpu_wait"),
     _m(RANK_ALLOWED_CPUS, "gauge", "count",
        "CPUs the rank process may run on (sched_getaffinity)", _RANKS, HOST_RANK),
-    _m("perfd_host_rank_allowed_cpus_busy_ratio", "gauge", "ratio",
+    _m(_RANK_SERIES["allowed_busy_ratio"], "gauge", "ratio",
        "Busy share of the rank's allowed CPUs, every process on them (/proc/stat per CPU)", _RANKS,
        HOST_RANK),
-    _m("perfd_host_rank_others_cpu_ratio", "gauge", "ratio",
+    _m(_RANK_SERIES["others_ratio"], "gauge", "ratio",
        "Share of the rank's allowed CPUs that processes outside the job took (a scan of /proc/*/stat, run "
        "only while the rank waits for a CPU; absent otherwise)", _RANKS, HOST_RANK),
-    _m("perfd_host_rank_cpu_throttled_ratio", "gauge", "ratio",
+    _m(_RANK_SERIES["throttled_ratio"], "gauge", "ratio",
        "CFS periods in which the rank's cgroup was throttled by its CPU quota ÷ periods (cgroup cpu.stat; "
        "absent without a quota)", _RANKS, HOST_RANK, alias="rank_cpu_throttled"),
     _m(RANK_PRESSURE, "gauge", "ratio",
        "Pressure stall information of the rank's cgroup (the node's for the root cgroup): share of time "
        "some task stalled on the resource, over the interval; absent where the kernel has no PSI",
        _RANKS, (*HOST_RANK, "resource")),
-    _m("perfd_host_rank_oom_kills_total", "counter", "count",
+    _m(_RANK_SERIES["oom_kills"], "counter", "count",
        "Processes the OOM killer killed in the rank's cgroup (memory.events oom_kill; v1 memory.oom_control)",
        _RANKS, HOST_RANK),
     # --- agent self-metrics ---------------------------------------------------------------

@@ -51,15 +51,6 @@ class GpuOwner(TypedDict, total=False):
 PROCESS_STATES = ("running", "sleeping", "disk_sleep", "stopped", "zombie", "gone", "other")
 
 
-# The catalog series of a rank process (collectors/ranks) that each carry one field of its RankHost:
-# what the collector emits and what the rules read at rank scope (perfd.aggregator.rule_scopes).
-RANK_HOST_SERIES: dict[str, str] = {
-    "perfd_host_rank_cpu_cores": "cpu_cores", "perfd_host_rank_cpu_wait_ratio": "wait_ratio",
-    "perfd_host_rank_allowed_cpus_busy_ratio": "allowed_busy_ratio",
-    "perfd_host_rank_others_cpu_ratio": "others_ratio",
-    "perfd_host_rank_cpu_throttled_ratio": "throttled_ratio", "perfd_host_rank_oom_kills_total": "oom_kills"}
-
-
 class RankHost(TypedDict, total=False):
     """One rank process as the agent sees it on its node (collectors/ranks): what the aggregator's
     host evidence, live stall detector and host panel read. Absent keys: the platform does not say."""

@@ -4,7 +4,7 @@ is a dashboard panel, an alert or a rule that stays empty forever (perfd_agent_c
 Derived from the catalog, not from a hand list. A per-iteration job metric (one with ``attr``) is
 emitted by the generic exporter: checked by running it. Any other metric must be named in the code
 of perfd/ or collectors/ outside the catalog: as a string (docstrings and comments do not count), or
-through the catalog constant that holds its name."""
+through the catalog constant that holds its name (or a mapping keyed by names: each of its keys)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,19 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return out
 
 
-def _constants() -> dict[str, str]:
-    """Catalog module constants that hold a metric name: constant -> name."""
+def _constants() -> dict[str, set[str]]:
+    """Catalog module constants that hold metric names (a name, or a mapping keyed by names):
+    constant -> names."""
     names = set(catalog.names())
-    return {k: v for k, v in vars(catalog).items() if k.isupper() and isinstance(v, str) and v in names}
+    out: dict[str, set[str]] = {}
+    for k, v in vars(catalog).items():
+        if not k.isupper():
+            continue
+        if isinstance(v, str) and v in names:
+            out[k] = {v}
+        elif isinstance(v, dict) and v and all(isinstance(n, str) and n in names for n in v):
+            out[k] = set(v)
+    return out
 
 
 def named_in_code() -> dict[str, set[str]]:
@@ -46,16 +55,16 @@ def named_in_code() -> dict[str, set[str]]:
             tree = ast.parse(path.read_text(), str(rel))
             docs = _docstrings(tree)
             for node in ast.walk(tree):
-                hit = None
+                hits: set[str] = set()
                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
-                    hit = node.value if node.value in names else None
+                    hits = {node.value} & names
                 elif isinstance(node, ast.Name) and node.id in consts:
-                    hit = consts[node.id]
+                    hits = consts[node.id]
                 elif isinstance(node, ast.Attribute) and node.attr in consts:
-                    hit = consts[node.attr]
+                    hits = consts[node.attr]
                 elif isinstance(node, ast.alias) and node.name in consts:
-                    hit = consts[node.name]
-                if hit is not None:
+                    hits = consts[node.name]
+                for hit in hits:
                     found.setdefault(hit, set()).add(str(rel))
     return found
 

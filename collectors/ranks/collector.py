@@ -30,9 +30,9 @@ from typing import Any
 from collectors.ranks import procfs
 from perfd import limits as L
 from perfd.analytics.thresholds import CPU_THROTTLED_SHARE, CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
-from perfd.catalog import RANK_ALLOWED_CPUS, RANK_PRESSURE, RANK_STATE_INFO
+from perfd.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO
 from perfd.collector import Capabilities, Collected, Collector
-from perfd.events import RANK_HOST_SERIES, RANK_PROCESSES
+from perfd.events import RANK_PROCESSES
 from perfd.model import Sample
 from perfd.procinfo import psutil_lookup, psutil_rank_env, psutil_user
 
@@ -538,7 +538,11 @@ def _marks(row: dict[str, Any]) -> tuple[str, bool, bool, bool]:
     """What changes the aggregator must hear of at once: the state, idle (no CPU: a stall's
     corroboration), waiting for a CPU, throttled."""
     cpu, thr = row.get("cpu_cores"), row.get("throttled_ratio")
-    return (str(row.get("state")), cpu is not None and cpu < STALL_IDLE_CPU_CORES.value, _waits(row),
+    # Running and sleeping alternate many times a second in a working rank: a flip between them is no
+    # change worth an event (the event still carries the exact state).
+    state = str(row.get("state"))
+    idle = cpu is not None and cpu < STALL_IDLE_CPU_CORES.value
+    return (state if state in NOTABLE_STATES else "live", idle, _waits(row),
             thr is not None and thr >= CPU_THROTTLED_SHARE.value)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from perfd import catalog
 from perfd.aggregator.job_rows import liveness_rows
-from perfd.events import RANK_HOST_SERIES
+from perfd.catalog import RANK_HOST_SERIES
 from perfd.exporters.prometheus import Row, iteration_rows
 from perfd.rules.engine import ScopeKey, job_of
 from perfd.rules.expr import SCOPE_LABELS, base_name, series_key

@@ -258,16 +258,23 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     incs = res.get("incidents_after") or []
     burners = set((res.get("burners") or {}).get("pids") or [])
+
+    def names_a_burner(i: dict[str, Any]) -> bool:
+        """The incident's verdict holds contention evidence naming a burner: as its lead, or beside
+        another lead (on a loaded machine the slow stretch can run on into the stop's incident)."""
+        v = i.get("verdict") or {}
+        return any(e.get("kind") == "cpu_contention"
+                   and burners & {o.get("pid") for o in (e.get("detail") or {}).get("others") or []}
+                   for e in [v.get("lead") or {}, *(v.get("also") or [])])
+
     cont = [i for i in incs if (i.get("verdict") or {}).get("cause") == "cpu_contention"]
-    named = [i for i in cont if burners & {o.get("pid") for o in
-                                           (((i.get("verdict") or {}).get("lead") or {}).get("detail") or {})
-                                           .get("others") or []}]
+    named = [i for i in incs if names_a_burner(i)]
     out["contention_names_a_burner"] = bool(named)
     out["contention_cause"] = named[0]["cause"] if named else (cont[0]["cause"] if cont else None)
     during_burn = {i.get("verdict_cause") for p in polls if p.get("burning") for i in p.get("incidents") or []
                    if i.get("open")}
     out["verdicts_while_burning"] = sorted(str(v) for v in during_burn)
-    out["not_data_loading"] = bool(named) and "data loading" not in named[0]["cause"]
+    out["not_data_loading"] = bool(named) and (named[0].get("verdict") or {}).get("cause") != "data_wait"
     stop = res.get("stop") or {}
     seen = stop.get("stalled_seen_s")
     out["stalled_seen_s_after_sigstop"] = seen

@@ -110,7 +110,9 @@ def test_a_stopped_rank_opens_a_stall_with_stacks_and_the_slow_step_takes_it_ove
     assert inc["verdict"]["cause"] == "process_stopped" and inc["verdict"]["rank"] == 1
     assert inc["cause"].startswith("stalled: no step for 6 s") and "rank 1's process" in inc["cause"]
     stall = inc["evidence"]["stall"]
-    assert stall["ranks"]["1"]["state"] == "stopped" and stall["ranks"]["0"]["state"] == "sleeping"
+    # Rank 0 is not stopped: a 10 ms sleeper reads "running" (R) when the machine's load keeps it waiting.
+    assert stall["ranks"]["1"]["state"] == "stopped"
+    assert stall["ranks"]["0"]["state"] in ("sleeping", "running")
     ov = h.st.job_overview(JOB)
     # Stopped (rank 1), and every rank idle (rank 0 sleeps in its loop, rank 1 is stopped)
     assert ov is not None and ov["state"] == STALLED and ov["stall"]["reasons"][0] == "stopped"

@@ -24,7 +24,8 @@ from perfd.aggregator import rule_scopes
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import _StateCollector
 from perfd.aggregator.state import AggregatorState
-from perfd.events import RANK_HOST_SERIES, SERVING_DATA
+from perfd.catalog import RANK_HOST_SERIES
+from perfd.events import SERVING_DATA
 from perfd.model import HistogramSeries, MetricsSnapshot, ServingData
 from perfd.rules.cli import run_rules_check
 from perfd.rules.engine import RuleEngine, ScopeKey, scope_of
