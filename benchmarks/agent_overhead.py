@@ -2,11 +2,12 @@
 
 A bf16 transformer-like training step (forward, backward, AdamW) runs in blocks; the agent runs
 beside it in every other block with NVML+GPM sampled at 10 Hz, host metrics at 1 Hz and the
-Megatron collector tailing a log the loop appends to. Step time is compared as a ratio between
+Megatron collector tailing a log the loop appends to, and the ranks collector following this
+process when it runs with RANK=0 in its environment. Step time is compared as a ratio between
 neighbouring blocks (ABAB...), so drift in clocks and temperature cancels. The agent's CPU time
 and resident memory are read from /proc while it runs.
 
-    python3 benchmarks/agent_overhead.py OUT_DIR [--pairs 4] [--block-s 8]
+    RANK=0 python3 benchmarks/agent_overhead.py OUT_DIR [--pairs 4] [--block-s 8]
 
 Needs torch with CUDA (the GPU machine's python3). Writes OUT_DIR/agent_overhead.json and .md.
 """
@@ -47,6 +48,18 @@ def proc_rss_mb(pid: int) -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def ranks_followed(port: int) -> int | None:
+    """Rank processes the agent's ranks collector reports on its /metrics (None: no answer)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    return sum(1 for line in text.splitlines() if line.startswith("perfd_host_rank_state_info{"))
+
+
 def build_step(torch: Any, hidden: int, layers: int, tokens: int) -> Any:
     dev = "cuda"
     blocks = torch.nn.Sequential(*[torch.nn.Sequential(
@@ -84,11 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     log = out / "train.log"
     log.write_text("")
     cfg = out / "agent.yaml"
+    port = free_port()
     cfg.write_text(json.dumps({  # JSON is YAML
-        "job": "overhead", "metrics_port": free_port(), "metrics_host": "127.0.0.1",
+        "job": "overhead", "metrics_port": port, "metrics_host": "127.0.0.1",
         "collectors": {"nvml": {"source": "real", "interval_s": 0.1, "gpm": "auto"},
                        "host": {"interval_s": 1.0},
-                       "megatron": {"path": str(log), "interval_s": 0.5}}}))
+                       "megatron": {"path": str(log), "interval_s": 0.5},
+                       # This process is the rank it follows when started with RANK=0 in its
+                       # environment (the GPU process list names it): the per-rank host cost.
+                       "ranks": {"interval_s": 1.0}}}))
     blocks: list[dict[str, Any]] = []
     it = 0
     for pair in range(ns.pairs):
@@ -116,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "p90_ms": 1000 * sorted(times)[int(0.9 * len(times))]}
             if agent is not None:
                 rec["agent_cpu_core_share"] = (proc_cpu_s(agent.pid) - cpu0) / ns.block_s
+                rec["ranks_followed"] = ranks_followed(port)
                 rec["agent_rss_mb"] = proc_rss_mb(agent.pid)
                 agent.send_signal(signal.SIGTERM)
                 rec["agent_exit"] = agent.wait(timeout=20)
@@ -136,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "median_slowdown": statistics.median(ratios) - 1,
         "agent_cpu_core_share_median": statistics.median(b["agent_cpu_core_share"] for b in ons),
         "agent_rss_mb_max": max(b["agent_rss_mb"] for b in ons),
+        "ranks_followed": [b.get("ranks_followed") for b in ons],
         "blocks": blocks,
     }
     (out / "agent_overhead.json").write_text(json.dumps(summary, indent=1))
@@ -147,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
           f"| per-pair ratio on/off | {', '.join(f'{r:.4f}' for r in ratios)} |",
           f"| median slowdown | {100 * summary['median_slowdown']:+.2f}% |",
           f"| agent CPU (share of one core) | {100 * summary['agent_cpu_core_share_median']:.1f}% |",
-          f"| agent RSS | {summary['agent_rss_mb_max']:.0f} MB |"]
+          f"| agent RSS | {summary['agent_rss_mb_max']:.0f} MB |",
+          f"| rank processes the ranks collector followed, per 'on' block | {summary['ranks_followed']} |"]
     (out / "agent_overhead.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0
