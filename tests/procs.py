@@ -63,26 +63,41 @@ def tail(path: Path, n: int = 1500) -> str:
         return ""
 
 
+PROGRESS_CAP = 4  # wait_for with progress: at most this many times its timeout in all
+
+
 def wait_for(
     pred: Callable[[], Any],
     timeout: float,
     what: str,
     interval: float = 0.2,
     ignore: tuple[type[Exception], ...] = (OSError,),
+    progress: Callable[[], Any] | None = None,
 ) -> Any:
     """Poll ``pred`` until it returns something truthy; the errors in ``ignore`` (by default
-    connection errors) count as "not yet". Raises WaitTimeout."""
+    connection errors) count as "not yet". Raises WaitTimeout.
+
+    ``progress``: a reading of what the awaited thing moves through (a job's iteration count). While
+    it changes the wait goes on, and ``timeout`` is the longest time without a change: on a loaded
+    machine a job steps slower but steps, and a wait on it must not run out for that (issue 37). It
+    ends anyway ``PROGRESS_CAP`` × ``timeout`` after it began (a job that steps but never shows the
+    awaited thing fails with the reason, not at the test runner's timeout)."""
     deadline = time.monotonic() + timeout
+    cap = time.monotonic() + PROGRESS_CAP * timeout
     last: Any = None
+    seen: Any = None
     while time.monotonic() < deadline:
         try:
             last = pred()
             if last:
                 return last
+            if progress is not None and (now := progress()) != seen:
+                seen, deadline = now, min(cap, time.monotonic() + timeout)
         except ignore:
             pass
         time.sleep(interval)
-    raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}; last={last!r}")
+    moved = f"; progress stood at {seen!r}" if progress is not None else ""
+    raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}; last={last!r}{moved}")
 
 
 def run_env(*paths: Path | str, drop: Sequence[str] = (), **extra: str) -> dict[str, str]:

@@ -96,20 +96,30 @@ MAX_COLLECTIVES_PER_BATCH = 20_000
 
 
 class NodeView:
-    """Latest value of every node series the agent produced, for its own /metrics."""
+    """Latest value of every node series the agent produced, for its own /metrics.
+
+    A collector's collect that emits a metric gives all of that metric's series from that collector:
+    its earlier series of the metric that it did not emit again are gone (a rank whose state went
+    from running to sleeping, an info series labelled with the state, is no longer both; a GPU
+    process that left is no longer listed). A metric a collect did not emit at all keeps its series
+    (collectors emit some metrics only at some collects)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._latest: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        # (collector, metric) -> label set -> value
+        self._latest: dict[tuple[str, str], dict[tuple[tuple[str, str], ...], float]] = {}
 
-    def update(self, samples: list[Sample]) -> None:
+    def update(self, collector: str, samples: list[Sample]) -> None:
+        fresh: dict[tuple[str, str], dict[tuple[tuple[str, str], ...], float]] = {}
+        for s in samples:
+            fresh.setdefault((collector, s.name), {})[label_set(s.labels)] = s.value
         with self._lock:
-            for s in samples:
-                self._latest[(s.name, label_set(s.labels))] = s.value
+            self._latest.update(fresh)
 
     def rows(self) -> list[tuple[Mapping[str, str], str, float]]:
         with self._lock:
-            return [(dict(lbl), name, v) for (name, lbl), v in self._latest.items()]
+            return [(dict(lbl), name, v) for (_, name), series in self._latest.items()
+                    for lbl, v in series.items()]
 
 
 class _AgentMetrics:
@@ -346,6 +356,7 @@ class Agent:
                 ev.setdefault("labels", {}).setdefault("node", self.cfg.node)
                 if ev.get("kind") == NCCL_HANG.name and "payload" not in ev:
                     ev["payload"] = {k: ev[k] for k in _HANG_DETAIL if k in ev}
+            self.view.update(name, out.samples)  # the agent's /metrics: every sample
             samples.extend(out.samples)
             steps.extend(out.steps)
             events.extend(out.events)
@@ -367,7 +378,6 @@ class Agent:
             # state dir): send every job's info again; a durable one just overwrites it.
             self._reconnects_seen = reconnects
             job_info = {**self._jobinfo_last, **job_info}
-        self.view.update(samples)  # the agent's /metrics: every sample
         self._note_gpu_jobs(events)
         self._note_ranks(events, steps)
         samples = self.reducer.reduce(samples, time.time())  # the aggregator: latest every few seconds

@@ -206,6 +206,10 @@ def _gpu_rows(gpus_json: dict[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
+REPORT_QUIET_S = 15.0  # the report's wait: this long without a new iteration at the aggregator ...
+REPORT_CAP_S = 120.0  # ... or this long in all
+
+
 class Stopped(Exception):
     """SIGTERM or SIGHUP reached the demo: stop its aggregator and agent and remove its folder, as
     Ctrl-C does (issue 37: `perfd demo --keep-running` killed by SIGTERM left both running and its
@@ -318,15 +322,20 @@ def _run_demo(args: argparse.Namespace) -> int:
                     f.write(chunk)
                 refresh()
                 show(live)
-            # The last iteration is emitted once the log has been quiet for a moment.
+            # The last iteration is emitted once the log has been quiet for a moment. Waited for while
+            # the aggregator moves (a loaded machine is slower, not stuck): QUIET_S without a new
+            # iteration there, or CAP_S in all, and the demo says what it has.
             want_last = max(int(m.group(1)) for m in re.finditer(r"iteration\s+(\d+)/", "".join(lines)))
-            deadline = time.monotonic() + 15
+            start = time.monotonic()
+            deadline, seen = start + REPORT_QUIET_S, None
             while time.monotonic() < deadline:
                 refresh()
                 show(live)
-                if summary and (summary.get("overview") or {}).get("last_iteration") == want_last \
-                        and iterations and iterations[-1].get("iteration") == want_last:
+                last = (summary.get("overview") or {}).get("last_iteration") if summary else None
+                if last == want_last and iterations and iterations[-1].get("iteration") == want_last:
                     break
+                if last != seen:
+                    seen, deadline = last, min(start + REPORT_CAP_S, time.monotonic() + REPORT_QUIET_S)
                 time.sleep(0.5)
         if not summary or not summary.get("report"):
             console.print("[red]no report from the aggregator[/red]; agent output:")

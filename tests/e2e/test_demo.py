@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -51,6 +52,15 @@ def test_demo_keep_files_keeps_them(tmp_path: Path) -> None:
     assert (kept / "train.log").is_file() and f"(files kept in {kept})" in r.stdout
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# The demo stops its agent and aggregator (10 s each, then SIGKILL) and removes its folder: on a loaded
+# 2-CPU machine (two test suites at once) that took over 60 s once.
+STOP_WAIT_S = 150
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_keep_running_stops_everything_on_a_signal(tmp_path: Path, sig: signal.Signals) -> None:
     """`perfd demo --keep-running`, then SIGTERM (a supervisor, `kill`) or SIGINT (Ctrl-C): its
@@ -58,9 +68,13 @@ def test_keep_running_stops_everything_on_a_signal(tmp_path: Path, sig: signal.S
     /tmp/perfd-demo-* folder behind)."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     out = tmp_path / "demo.out"
+    # SIGINT as a terminal's Ctrl-C delivers it: to a process that did not inherit it ignored. A test
+    # process can hold it ignored (a library's shutdown path sets SIG_IGN for SIGINT), and Python then
+    # installs no KeyboardInterrupt: the demo would be right to ignore the signal.
+    worker_sigint = signal.getsignal(signal.SIGINT)
     p = subprocess.Popen([sys.executable, "-m", "perfd.cli", "demo", "--plain", "--speed", "40",
                           "--keep-running"], cwd=ROOT, env=env, stdout=out.open("wb"),
-                         stderr=subprocess.STDOUT)
+                         stderr=subprocess.STDOUT, preexec_fn=_sigint_default)
     try:
         wait_for(lambda: "keep running" in out.read_text() or p.poll() is not None, 180,
                  "the demo to keep its daemons running")
@@ -68,8 +82,15 @@ def test_keep_running_stops_everything_on_a_signal(tmp_path: Path, sig: signal.S
         children = psutil.Process(p.pid).children(recursive=True)
         assert len(children) >= 2  # the aggregator and the agent
         (work,) = tmp_path.glob("perfd-demo-*")
+        t0 = time.monotonic()
         p.send_signal(sig)
-        assert p.wait(timeout=60) == 0, out.read_text()[-3000:]  # asked to stop: it did, cleanly
+        try:
+            rc = p.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"no exit {STOP_WAIT_S} s after {sig.name} (this test process's SIGINT: "
+                                 f"{worker_sigint!r}); demo output:\n{out.read_text()[-3000:]}") from None
+        print(f"demo --keep-running stopped {time.monotonic() - t0:.1f} s after {sig.name}")
+        assert rc == 0, out.read_text()[-3000:]  # asked to stop: it did, cleanly
         _gone, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, alive
         assert not work.exists() and not list(tmp_path.glob("perfd-demo-*"))
@@ -90,7 +111,7 @@ def test_a_sigterm_while_replaying_stops_everything_too(tmp_path: Path) -> None:
         children = psutil.Process(p.pid).children(recursive=True)
         assert p.poll() is None and len(children) >= 2, out.read_text()[-3000:]
         p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=60) == 128 + signal.SIGTERM, out.read_text()[-3000:]
+        assert p.wait(timeout=STOP_WAIT_S) == 128 + signal.SIGTERM, out.read_text()[-3000:]
         _gone, alive = psutil.wait_procs(children, timeout=30)
         assert not alive and not list(tmp_path.glob("perfd-demo-*"))
         assert "perfd demo: stopped (SIGTERM)" in out.read_text()

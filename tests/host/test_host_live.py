@@ -28,6 +28,9 @@ pytestmark = [pytest.mark.slow,
 
 LOOP = Path(__file__).with_name("hook_loop.py")
 JOB = "hostjob"
+# The loop's --duration: a cap only (each test ends it at its teardown), never a budget that a loaded
+# machine's slower steps overrun before the test has seen what it waits for (issue 37).
+LOOP_CAP_S = "600"
 BURN = ("import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\n"
         "end = time.time() + float(sys.argv[2])\nwhile time.time() < end:\n    pass\n")
 
@@ -46,6 +49,16 @@ class Live:
     def incidents(self) -> list[dict[str, Any]]:
         return list(get_json(f"{self.base}/api/jobs/{JOB}/incidents")["incidents"])
 
+    def iteration(self) -> int:
+        """The job's last iteration at the aggregator (0 before any): what the waits below follow."""
+        j = self.job()
+        return int((j or {}).get("last_iteration") or 0)
+
+    def wait(self, pred: Any, what: str, timeout: float = 60.0) -> Any:
+        """wait_for ``pred`` while the job steps: ``timeout`` is the longest time without a new
+        iteration (a loaded machine slows the loop; it does not stop it)."""
+        return wait_for(pred, timeout, what, interval=0.5, progress=self.iteration)
+
     def steady(self, iterations: int) -> None:
         """Wait for the job to have stepped ``iterations`` times and have a steady median."""
         def ready() -> bool:
@@ -54,7 +67,7 @@ class Live:
                 return False
             s = get_json(f"{self.base}/api/jobs/{JOB}/summary").get("summary") or {}
             return bool((s.get("medians") or {}).get("step_time_ms"))
-        wait_for(ready, 90, f"{iterations} iterations of {JOB} at the aggregator", interval=0.5)
+        self.wait(ready, f"{iterations} iterations of {JOB} at the aggregator", 90)
 
 
 @pytest.fixture
@@ -71,6 +84,14 @@ def live(tmp_path: Path) -> Iterator[Live]:
         yield Live(procs, base, sock)
 
 
+def _brief(incs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a failure shows of the incidents: enough to tell why (iterations, verdict, lead)."""
+    return [{k: i.get(k) for k in ("id", "kinds", "open", "first_iteration", "last_iteration", "cause")}
+            | {"lead": {k: v for k, v in _lead(i).items() if k != "detail"},
+               "others": [o.get("pid") for o in (_lead(i).get("detail") or {}).get("others") or []]}
+            for i in incs]
+
+
 def _lead(inc: dict[str, Any]) -> dict[str, Any]:
     return (inc.get("verdict") or {}).get("lead") or {}
 
@@ -78,7 +99,7 @@ def _lead(inc: dict[str, Any]) -> dict[str, Any]:
 def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None:
     # A steady stretch longer than the contention (~1,200 steps against ~250): the steady median stays
     # the uncontended step, so every contended step reads as slow.
-    live.loop("--cpus", "0", "--step-ms", "15", "--duration", "90")
+    live.loop("--cpus", "0", "--step-ms", "15", "--duration", LOOP_CAP_S)
     live.steady(1200)
     burners = [live.procs.start(f"burner{i}", [sys.executable, "-c", BURN, "0", "15"]) for i in range(4)]
     pids = {b.pid for b in burners}
@@ -87,7 +108,10 @@ def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None
         return next((i for i in live.incidents() if (i.get("verdict") or {}).get("cause") == "cpu_contention"
                      and pids & {o.get("pid") for o in _lead(i).get("detail", {}).get("others", [])}), None)
 
-    inc = wait_for(named, 60, "an incident whose cause is CPU contention naming a burner", interval=0.5)
+    try:
+        inc = live.wait(named, "an incident whose cause is CPU contention naming a burner")
+    except WaitTimeout:
+        raise AssertionError(f"burners {sorted(pids)}; incidents: {_brief(live.incidents())}") from None
     lead = _lead(inc)
     assert lead["tier"] == 2 and lead["rank"] == 0  # with a foreign process on the GPU, above own work
     assert lead["worst"] >= 0.25  # the rank waited for a CPU (thresholds.CPU_WAIT_CONTENTION)
@@ -97,10 +121,10 @@ def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None
         b.wait(timeout=60)
     # Once the burners are gone the incident closes (it may have grown at either end meanwhile: its
     # iterations overlap); the evidence of the time stays its cause.
-    done = wait_for(lambda: next((i for i in live.incidents() if not i["open"]
-                                  and i["first_iteration"] <= inc["last_iteration"]
-                                  and inc["first_iteration"] <= i["last_iteration"]), None),
-                    60, "the incident closed", interval=0.5)
+    done = live.wait(lambda: next((i for i in live.incidents() if not i["open"]
+                                   and i["first_iteration"] <= inc["last_iteration"]
+                                   and inc["first_iteration"] <= i["last_iteration"]), None),
+                     "the incident closed")
     assert (done.get("verdict") or {}).get("cause") == "cpu_contention"
     assert done["cost_s"] and done["cost_s"] > 2.0
     recs = get_json(f"{live.base}/api/jobs/{JOB}/summary")["report"]["recommendations"]
@@ -108,7 +132,7 @@ def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None
 
 
 def test_a_stopped_rank_is_stalled_within_10_s_and_its_cause_says_stopped(live: Live) -> None:
-    loop = live.loop("--step-ms", "10", "--duration", "120")
+    loop = live.loop("--step-ms", "10", "--duration", LOOP_CAP_S)
     live.steady(200)
     os.kill(loop.pid, signal.SIGSTOP)
     t_stop = time.monotonic()
@@ -134,7 +158,7 @@ def test_a_stopped_rank_is_stalled_within_10_s_and_its_cause_says_stopped(live: 
     finally:
         os.kill(loop.pid, signal.SIGCONT)
     stopped_s = time.monotonic() - t_stop
-    wait_for(lambda: (j := live.job()) and j["state"] == "running", 30, "the job running again", interval=0.5)
+    live.wait(lambda: (j := live.job()) and j["state"] == "running", "the job running again", 30)
 
     held: list[dict[str, Any]] = []
 
@@ -143,7 +167,7 @@ def test_a_stopped_rank_is_stalled_within_10_s_and_its_cause_says_stopped(live: 
         return next((i for i in held if "stall" in i["kinds"] and not i["open"]), None)
 
     try:
-        inc = wait_for(settled, 60, "the stall's incident closed", interval=0.5)
+        inc = live.wait(settled, "the stall's incident closed")
     except WaitTimeout:
         raise AssertionError(f"no closed stall incident; incidents: {held}") from None
     assert (inc.get("verdict") or {}).get("cause") == "process_stopped"
@@ -157,7 +181,7 @@ def test_a_stopped_rank_is_stalled_within_10_s_and_its_cause_says_stopped(live: 
 def test_an_announced_checkpoint_save_is_no_stall_an_unannounced_pause_is(live: Live) -> None:
     # Two 14 s pauses, the loop sleeping in both (no CPU: what a stall looks like): the first announced
     # as a checkpoint save (StepHook.phase), the second not.
-    live.loop("--step-ms", "10", "--duration", "75", "--pause-at", "600", "--announce", "yes",
+    live.loop("--step-ms", "10", "--duration", LOOP_CAP_S, "--pause-at", "600", "--announce", "yes",
               "--pause-at", "1300", "--announce", "no", "--pause-s", "14")
     live.steady(200)
     states: list[tuple[float, str, int]] = []
@@ -168,7 +192,7 @@ def test_an_announced_checkpoint_save_is_no_stall_an_unannounced_pause_is(live: 
             if j:
                 states.append((time.monotonic(), j["state"], j.get("last_iteration") or 0))
             return bool(j and (j.get("last_iteration") or 0) >= until_its)
-        wait_for(past, 60, f"iteration {until_its}", interval=0.25)
+        wait_for(past, 60, f"iteration {until_its}", interval=0.25, progress=live.iteration)
 
     watch(650)  # through the announced save
     saw = [s for _, s, it in states if 600 <= it < 650]
@@ -186,7 +210,7 @@ def test_a_cpu_quota_is_named_as_throttling(live: Live, tmp_path: Path) -> None:
     except OSError as exc:
         pytest.skip(f"no cgroup CPU quota can be set here: {exc}")
     with quota:
-        loop = live.loop("--step-ms", "10", "--duration", "90")
+        loop = live.loop("--step-ms", "10", "--duration", LOOP_CAP_S)
         live.steady(1500)  # longer than the throttled stretch (as above: the median stays uncontended)
         quota.add(loop.pid)  # from here the loop gets 0.1 CPU: its steps stretch ~10x
 
@@ -194,7 +218,7 @@ def test_a_cpu_quota_is_named_as_throttling(live: Live, tmp_path: Path) -> None:
             return next((i for i in live.incidents()
                          if (i.get("verdict") or {}).get("cause") == "cpu_throttled"), None)
 
-        inc = wait_for(named, 60, "an incident whose cause is the CPU quota", interval=0.5)
+        inc = live.wait(named, "an incident whose cause is the CPU quota")
         lead = _lead(inc)
         assert lead["tier"] == 2 and lead["worst"] >= 0.10
         assert lead["detail"]["quota_cores"] == pytest.approx(0.1)
