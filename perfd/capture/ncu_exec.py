@@ -38,7 +38,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -48,6 +47,7 @@ from typing import Any, Literal
 
 from perfd import limits as L
 from perfd.analytics.ncu_join import NO_NCCL_FILTER
+from perfd.capture.binaries import find_binary
 from perfd.capture.nsys_exec import session_name
 
 # Host time a kernel launch costs a process under ncu with profiling off (measured; module doc).
@@ -90,19 +90,8 @@ class NcuError(RuntimeError):
 def find_ncu() -> str:
     """The ncu binary: $PERFD_NCU, else ``ncu`` on PATH, else the newest under
     /opt/nvidia/nsight-compute/<version>/ncu."""
-    env = os.environ.get("PERFD_NCU")
-    if env:
-        if Path(env).is_file() and os.access(env, os.X_OK):
-            return env
-        raise NcuNotFoundError(f"PERFD_NCU={env} is not an executable file")
-    on_path = shutil.which("ncu")
-    if on_path:
-        return on_path
-    found = sorted((p for p in glob.glob(NCU_GLOB) if os.access(p, os.X_OK)), key=_version_key)
-    if found:
-        return found[-1]
-    raise NcuNotFoundError(f"ncu not found: set PERFD_NCU, put ncu on PATH, or install Nsight Compute "
-                           f"(looked for {NCU_GLOB})")
+    newest_first = sorted(glob.glob(NCU_GLOB), key=_version_key, reverse=True)
+    return find_binary("ncu", "PERFD_NCU", newest_first, "Nsight Compute", NCU_GLOB, NcuNotFoundError)
 
 
 def _version_key(path: str) -> tuple[int, ...]:

@@ -14,13 +14,12 @@ how NVTX ranges (recorded per thread) are matched to the devices a process ran k
 
 from __future__ import annotations
 
-import os
-import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
 
 from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
+from perfd.capture.binaries import find_binary
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -43,18 +42,8 @@ class NsysExportError(RuntimeError):
 
 def find_nsys() -> str:
     """The nsys binary: $PERFD_NSYS, else ``nsys`` on PATH, else the known install location."""
-    env = os.environ.get("PERFD_NSYS")
-    if env:
-        if Path(env).is_file() and os.access(env, os.X_OK):
-            return env
-        raise NsysNotFoundError(f"PERFD_NSYS={env} is not an executable file")
-    on_path = shutil.which("nsys")
-    if on_path:
-        return on_path
-    if Path(NSYS_FALLBACK).is_file() and os.access(NSYS_FALLBACK, os.X_OK):
-        return NSYS_FALLBACK
-    raise NsysNotFoundError("nsys not found: set PERFD_NSYS, put nsys on PATH, or install Nsight Systems "
-                            f"(looked for {NSYS_FALLBACK})")
+    return find_binary("nsys", "PERFD_NSYS", [NSYS_FALLBACK], "Nsight Systems", NSYS_FALLBACK,
+                       NsysNotFoundError)
 
 
 def export_sqlite(report: str | Path, out: str | Path | None = None, nsys: str | None = None,
