@@ -125,8 +125,13 @@ def test_a_pruned_job_stays_pruned_across_a_restart(tmp_path: Path) -> None:
             task.cancel()
 
         asyncio.run(info_then_leave())
-        wait_for(lambda: get_json(base + "/api/stats")["transport"]["jobs_pruned"] >= 1, 30,
-                 "the ended job pruned", ignore=NOT_YET)
+        st = wait_for(lambda: (s := get_json(base + "/api/stats")["transport"])["jobs_pruned"] >= 1 and s, 30,
+                      "the ended job pruned", ignore=NOT_YET)
+        # The pruning is durable once a later tick committed (a kill -9 before it replays the job: on a
+        # loaded machine the next commit came after the kill).
+        commits = st["state_store_commits"]
+        wait_for(lambda: get_json(base + "/api/stats")["transport"]["state_store_commits"] > commits + 1, 30,
+                 "a commit after the pruning", ignore=NOT_YET)
         # A live job meanwhile, so the restart has something to replay.
         asyncio.run(send(target, "node-new", ["new"], [_steps("new", 1, 20, time.time())]))
         _grpc, base = kill9_and_restart(procs, args)

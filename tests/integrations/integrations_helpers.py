@@ -115,7 +115,8 @@ def start_live(tmp: Path, job: str = "itest", extra_aggregator_args: tuple[str, 
                 log=tmp / "aggregator.out")
     procs = LiveProcs(agg)
     try:
-        ports = wait_for(lambda: ready.read_text().split() if ready.exists() else None, 20,
+        # 60 s: a loaded 2-CPU machine (two suites at once) took over 20 s to start one.
+        ports = wait_for(lambda: ready.read_text().split() if ready.exists() else None, 60,
                          "aggregator ready file")
         grpc_port, http_port = int(ports[0]), int(ports[1])
         train_log = tmp / "train.log"
