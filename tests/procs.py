@@ -65,6 +65,16 @@ def tail(path: Path, n: int = 1500) -> str:
 
 PROGRESS_CAP = 4  # wait_for with progress: at most this many times its timeout in all
 
+# The 1-minute load average per CPU over which processes a test pins to a CPU to contend with its job
+# are no longer what contends with it: one suite on this 2-CPU machine runs at ~3 per CPU, two suites at
+# once at 6-7, where every other test's processes share the job's CPU as much as each burner does.
+BUSY_LOAD_PER_CPU = 4.5
+
+
+def load_per_cpu() -> float:
+    """The 1-minute load average per CPU this process may use."""
+    return os.getloadavg()[0] / len(os.sched_getaffinity(0))
+
 
 def wait_for(
     pred: Callable[[], Any],
