@@ -219,10 +219,15 @@ def test_an_announced_checkpoint_save_is_no_stall_an_unannounced_pause_is(live: 
     assert not [i for i in live.incidents() if "stall" in i["kinds"]]
     watch(1350)  # through the silent pause: the same sleep, unannounced, is a stall
     assert "stalled" in [s for _, s, it in states if 1300 <= it < 1350]
-    (inc,) = [i for i in live.incidents() if "stall" in i["kinds"]]
-    # From the step after the last one the aggregator had when the silence began: 1301, or a step or
-    # two before where the load held the loop's last records back (1299 seen).
-    assert 1296 <= inc["first_iteration"] <= 1301 and "idle" in inc["evidence"]["stall"]["reasons"]
+    # The stall's incident holds the silent pause: it starts at the step after the last one the
+    # aggregator had when the silence began (1301, or a step or two before where the load held the
+    # loop's last records back: 1299 seen), or earlier where the load had already slowed the steps
+    # into an incident that the stall joined (one incident from 988 seen with two suites at once).
+    stalls = [i for i in live.incidents() if "stall" in i["kinds"]]
+    held = [i for i in stalls if i["first_iteration"] <= 1301 <= i["last_iteration"] + 1]
+    assert len(held) == 1, _brief(stalls)
+    assert "idle" in held[0]["evidence"]["stall"]["reasons"]
+    assert not [i for i in stalls if 600 <= i["first_iteration"] <= 650], _brief(stalls)  # not the save
 
 
 def test_a_cpu_quota_is_named_as_throttling(live: Live, tmp_path: Path) -> None:
