@@ -17,12 +17,11 @@ import json
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from perfd.model import StepRecord
-from perfd.transport.client import AgentClient
+from tests.faults.streams import send_batches
 from tests.procs import NOT_YET, Procs, get_json, http_get, run_env, start_aggregator, wait_for
 
 pytestmark = pytest.mark.slow
@@ -39,23 +38,6 @@ def rss_mb(pid: int) -> float:
 def aggregator_pid(procs: Procs) -> int:
     return next(p.pid for name, _role, p in procs.procs if name == "aggregator")
 
-
-async def send_batches(target: str, agent: str, batches: list[dict[str, Any]], jobs: list[str]) -> None:
-    """One agent: Hello naming ``jobs``, the batches (submit's keyword arguments), all acknowledged."""
-    c = AgentClient(target, agent, jobs=jobs)
-    task = asyncio.create_task(c.run())
-    try:
-        for b in batches:
-            c.submit(**b)
-            if c.spool.pending_count() >= 8:  # keep the spool (memory) small: wait for Acks
-                assert await c.flush(60)
-        assert await c.flush(60)
-    finally:
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
 
 
 def test_retain_mib_counts_the_raw_fields_of_step_records(tmp_path: Path) -> None:

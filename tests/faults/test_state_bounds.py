@@ -24,8 +24,9 @@ import grpc
 import pytest
 
 from perfd.model import StepRecord
-from perfd.transport.client import STREAM_METHOD, AgentClient
+from perfd.transport.client import STREAM_METHOD
 from perfd.transport.gen import perfd_pb2 as pb
+from tests.faults.streams import send_batches
 from tests.procs import NOT_YET, Procs, get_json, run_env, start_aggregator, wait_for
 
 pytestmark = pytest.mark.slow
@@ -47,26 +48,6 @@ async def hellos(target: str, agents: list[str], rounds: int, job_of: Any) -> No
     for _ in range(rounds):
         await asyncio.gather(*(one(a) for a in agents))
 
-
-async def send(target: str, agent: str, jobs: list[str], batches: list[list[StepRecord]],
-               info: dict[str, str] | None = None) -> None:
-    """``batches`` (then the jobs' ``info``) from one agent, each acknowledged."""
-    c = AgentClient(target, agent, jobs=jobs)
-    task = asyncio.create_task(c.run())
-    try:
-        for b in batches:
-            c.submit(steps=b)
-            if c.spool.pending_count() >= 8:
-                assert await c.flush(60)
-        if info:
-            c.submit(job_info_json=info)
-        assert await c.flush(60)
-    finally:
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
 
 
 def restored(procs: Procs) -> dict[str, int]:
@@ -122,8 +103,8 @@ def test_a_pruned_job_stays_pruned_across_a_restart(tmp_path: Path) -> None:
         # Its job info too (kept apart from the journal before), in the same stream as its steps: from a
         # second stream it came after the job had ended and been pruned where the load slowed the first
         # past --job-stale-after + --job-retention, and made the job anew.
-        asyncio.run(send(target, "node-old", ["old"], [_steps("old", 1 + 20 * k, 20, t0) for k in range(10)],
-                         info))
+        batches: list[dict[str, Any]] = [{"steps": _steps("old", 1 + 20 * k, 20, t0)} for k in range(10)]
+        asyncio.run(send_batches(target, "node-old", [*batches, {"job_info_json": info}], ["old"]))
         st = wait_for(lambda: (s := get_json(base + "/api/stats")["transport"])["jobs_pruned"] >= 1 and s, 30,
                       "the ended job pruned", ignore=NOT_YET)
         # The pruning is durable once a later tick committed (a kill -9 before it replays the job: on a
@@ -132,7 +113,7 @@ def test_a_pruned_job_stays_pruned_across_a_restart(tmp_path: Path) -> None:
         wait_for(lambda: get_json(base + "/api/stats")["transport"]["state_store_commits"] > commits + 1, 30,
                  "a commit after the pruning", ignore=NOT_YET)
         # A live job meanwhile, so the restart has something to replay.
-        asyncio.run(send(target, "node-new", ["new"], [_steps("new", 1, 20, time.time())]))
+        asyncio.run(send_batches(target, "node-new", [{"steps": _steps("new", 1, 20, time.time())}], ["new"]))
         # Restarted with a long retention: the live job, silent from here, must not be pruned by the
         # time it is looked for (a restart slowed by load took longer than the 1 + 2 s above), while a
         # replayed "old" would be held (ended) and seen.
@@ -157,8 +138,8 @@ def test_the_state_stays_under_state_max_mib_and_a_restart_replays_no_more(tmp_p
         grpc_port, _http, base = start_aggregator(procs, *args, verbose=True)
         t0 = time.time()
         # 300 batches of two 50 KB-field records: ~30 MB journalled in all.
-        asyncio.run(send(f"127.0.0.1:{grpc_port}", "node-a", ["big"],
-                         [_steps("big", 1 + 2 * k, 2, t0, field_kb=50) for k in range(300)]))
+        big = [{"steps": _steps("big", 1 + 2 * k, 2, t0, field_kb=50)} for k in range(300)]
+        asyncio.run(send_batches(f"127.0.0.1:{grpc_port}", "node-a", big, ["big"]))
         st = wait_for(lambda: (s := get_json(base + "/api/stats")["transport"])["state_store_held_bytes"]
                       <= 4 << 20 and s, 30, "the state under its cap", ignore=NOT_YET)
         commits = st["state_store_commits"]  # the pruning is durable once a later tick committed

@@ -1,0 +1,27 @@
+"""An agent's stream as the fault tests drive it: batches sent through the real AgentClient, each
+acknowledged (the spool kept small by waiting for Acks every few batches)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from perfd.transport.client import AgentClient
+
+
+async def send_batches(target: str, agent: str, batches: list[dict[str, Any]], jobs: list[str]) -> None:
+    """One agent: Hello naming ``jobs``, the batches (submit's keyword arguments), all acknowledged."""
+    c = AgentClient(target, agent, jobs=jobs)
+    task = asyncio.create_task(c.run())
+    try:
+        for b in batches:
+            c.submit(**b)
+            if c.spool.pending_count() >= 8:  # keep the spool (memory) small: wait for Acks
+                assert await c.flush(60)
+        assert await c.flush(60)
+    finally:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
