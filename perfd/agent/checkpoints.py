@@ -1,9 +1,30 @@
 """The agent's --state-dir: one small JSON file per collector with where it can resume.
 
-A collector puts a checkpoint in its output (perfd.collector.Collected.checkpoint); the agent writes
-it only once that output is in the spool (on disk with --spool-dir), so a restarted agent resumes
-after data it had made durable and before data it had not. Files are replaced atomically (temp
-file, fsync, rename): a kill -9 leaves the old checkpoint or the new one, never half of one.
+A collector puts a checkpoint (its position: a log tail's offset, say) in its output
+(perfd.collector.Collected.checkpoint). A restarted agent must resume after the data it had made
+safe and before the data it had not: resuming too early sends records again, too late loses them.
+"Safe" is the spool's word (``Spool.settled``): the batch is on disk in a segment, acknowledged by
+the aggregator, or dropped by the spool's cap (counted there).
+
+Two steps, so that a kill -9 at any point neither loses nor repeats a record:
+
+1. Just before the batch that carries the collector's new data is appended to the spool (under the
+   client's lock, with the batch's seq known: ``AgentClient.submit(on_seq=...)``), the file is
+   written with the new position *pending* on that seq, beside the *base* position (the newest one
+   whose batches were all safe).
+2. At start-up the file is resolved against the spool: the base, advanced through the pending
+   positions in order while their batches are safe. A kill between the file and the spool leaves
+   the pending batch unsafe (the old position: nothing was sent); one after leaves it safe (the new
+   position: nothing is read again).
+
+Pending positions fold into the base as their batches become safe (each later save). A batch
+held only in memory (the disk refused it) is not safe: the base waits for it, and a restart reads
+its data again rather than lose it. At most MAX_PENDING positions wait; beyond, the middle ones are
+dropped (a restart then resumes earlier: records sent again, never lost). With no spool (no
+aggregator) a position is its own base.
+
+Files are replaced atomically (temp file, fsync, rename): a kill -9 leaves the old file or the new
+one, never half of one. A file of the first format (the bare position) is read as a base.
 """
 
 from __future__ import annotations
@@ -12,6 +33,8 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +42,31 @@ from perfd.privdir import private_dir
 
 log = logging.getLogger(__name__)
 
+FORMAT = 2
+MAX_PENDING = 64  # positions waiting for their batches (a full disk holds batches in memory)
+
+
+@dataclass
+class _State:
+    base: dict[str, Any] | None = None
+    pending: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (seq, position), seq order
+
 
 class Checkpoints:
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, settled: Callable[[int], bool] | None = None) -> None:
+        """``settled(seq)``: the spool's word on whether batch ``seq`` is safe (None: no spool)."""
         self.dir = Path(directory)
         private_dir(self.dir)  # ours, 0700, no link: another user's folder is refused
+        self.settled = settled
         self.write_errors = 0
+        self._states: dict[str, _State] = {}
 
     def _path(self, name: str) -> Path:
         return self.dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.checkpoint.json"
 
     def load(self, name: str) -> dict[str, Any] | None:
+        """Where collector ``name`` resumes: the base, advanced through the pending positions whose
+        batches the spool holds safe."""
         try:
             obj = json.loads(self._path(name).read_text())
         except FileNotFoundError:
@@ -37,14 +74,50 @@ class Checkpoints:
         except (OSError, ValueError) as exc:
             log.warning("checkpoint of collector %s unreadable (%s): it starts afresh", name, exc)
             return None
-        return obj if isinstance(obj, dict) else None
+        if not isinstance(obj, dict):
+            return None
+        if obj.get("format") != FORMAT:
+            st = _State(base=obj)  # the first format: the position itself
+        else:
+            base = obj.get("base")
+            pending = [(p[0], p[1]) for p in obj.get("pending") or []
+                       if isinstance(p, list) and len(p) == 2 and isinstance(p[0], int)
+                       and isinstance(p[1], dict)]
+            st = _State(base if isinstance(base, dict) else None, pending)
+        self._fold(st)
+        self._states[name] = st
+        return st.base
 
-    def save(self, name: str, checkpoint: dict[str, Any]) -> bool:
+    def save(self, name: str, position: dict[str, Any], seq: int | None = None) -> bool:
+        """Collector ``name`` has reached ``position``; ``seq``: the spool batch about to carry what
+        it covers (None: nothing to send, it rides on the batches already pending)."""
+        st = self._states.setdefault(name, _State())
+        self._fold(st)
+        if seq is None:
+            seq = st.pending[-1][0] if st.pending else None
+        if seq is None or self.settled is None:
+            st.base, st.pending = position, []
+        else:
+            if st.pending and st.pending[-1][0] == seq:
+                st.pending[-1] = (seq, position)  # a newer position on the same batch
+            else:
+                st.pending.append((seq, position))
+            if len(st.pending) > MAX_PENDING:
+                del st.pending[1]
+        doc = {"format": FORMAT, "base": st.base, "pending": [list(p) for p in st.pending]}
+        return self._write(name, doc)
+
+    def _fold(self, st: _State) -> None:
+        """Pending positions whose batches are safe, in order, become the base."""
+        while st.pending and self.settled is not None and self.settled(st.pending[0][0]):
+            st.base = st.pending.pop(0)[1]
+
+    def _write(self, name: str, doc: dict[str, Any]) -> bool:
         path = self._path(name)
         tmp = path.with_name(path.name + ".tmp")
         try:
             with tmp.open("w") as fh:
-                json.dump(checkpoint, fh)
+                json.dump(doc, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)

@@ -48,6 +48,7 @@ from perfd.model import (
 from perfd.placement import declared_job
 from perfd.refusals import Refusals
 from perfd.transport.codec import COMMAND_STACKS
+from perfd.transport.spool import Spool
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,7 @@ class Agent:
         self._jobinfo_last: dict[str, str] = {}  # job -> its latest job info, re-sent after a reconnect
         self._jobinfo_merged: dict[str, JobInfo] = {}
         self._reconnects_seen = 0
+        self._spool: Spool | None = None  # opened before the collectors: their checkpoints resolve against it
         self._checkpoints = Checkpoints(cfg.state_dir) if cfg.state_dir else None
         self.reducer = SampleReducer(cfg.aggregator_sample_interval_s)
         self.captures: Any = None  # AgentCaptures when the aggregator can ask for captures
@@ -188,6 +190,10 @@ class Agent:
 
     # ---- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
+        if self.cfg.aggregator and self._spool is None:
+            self._spool = Spool(self.cfg.spool_dir, max_bytes=self.cfg.spool_max_bytes)
+            if self._checkpoints is not None:
+                self._checkpoints.settled = self._spool.settled
         for name, ccfg in self.cfg.collectors.items():
             conf = {"job": self.cfg.job or DEFAULT_JOB, **ccfg}
             ck = self._checkpoints.load(name) if self._checkpoints is not None else None
@@ -387,21 +393,28 @@ class Agent:
             self._save_checkpoints(checkpoints)
             return
         n = MAX_COLLECTIVES_PER_BATCH  # a first Flight Recorder dump of many ranks can be large
+        staged: list[int] = []
+
+        def stage(seq: int) -> None:  # the positions pend on the batch about to enter the spool
+            staged.append(seq)
+            self._save_checkpoints(checkpoints, seq)
+
         try:
             self.client.submit(samples, steps, events, job_info_json=job_info or None,
-                               collectives=collectives[:n])
+                               collectives=collectives[:n], on_seq=stage if checkpoints else None)
             self._jobinfo_sent.update(job_info)
             for i in range(n, len(collectives), n):
-                self.client.submit(collectives=collectives[i:i + n])
-            self._save_checkpoints(checkpoints)  # what they cover is in the spool now
+                self.client.submit(collectives=collectives[i:i + n], on_seq=stage if checkpoints else None)
+            if not staged:
+                self._save_checkpoints(checkpoints)  # nothing was sent: they ride on what is pending
         except Exception as exc:  # an oversized batch or a spool failure: counted, agent lives
             self.submit_errors += 1
             log.warning("could not queue a batch for the aggregator: %s", exc)
 
-    def _save_checkpoints(self, checkpoints: Mapping[str, dict[str, Any]]) -> None:
+    def _save_checkpoints(self, checkpoints: Mapping[str, dict[str, Any]], seq: int | None = None) -> None:
         if self._checkpoints is not None:
             for name, ck in checkpoints.items():
-                self._checkpoints.save(name, ck)
+                self._checkpoints.save(name, ck, seq)
 
     async def run(self, stop: asyncio.Event) -> None:
         self.build()
@@ -410,14 +423,13 @@ class Agent:
         if self.cfg.aggregator:
             from perfd.transport.client import AgentClient
             from perfd.transport.security import ClientTls, TokenFile
-            from perfd.transport.spool import Spool
 
             caps = {name: ("ok" if st.capabilities and st.capabilities.available
                            else f"unavailable: {st.capabilities.reason if st.capabilities else '?'}")
                     for name, st in self.scheduler.states.items()}
             self.client = AgentClient(
                 self.cfg.aggregator, self.cfg.agent_id,
-                spool=Spool(self.cfg.spool_dir, max_bytes=self.cfg.spool_max_bytes),
+                spool=self._spool,
                 node=self.cfg.node, jobs=[self.cfg.job] if self.cfg.job else [], capabilities=caps,
                 on_command=self._on_command,
                 tls=(ClientTls(self.cfg.tls_ca, self.cfg.tls_cert, self.cfg.tls_key)

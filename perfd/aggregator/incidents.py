@@ -22,6 +22,7 @@ from perfd.analytics.attribution import xid_evidence
 from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, decide, merge
 from perfd.analytics.host_evidence import oom_evidence
 from perfd.analytics.incidents import MAX_INCIDENTS, STALL, Incident, render_cause
+from perfd.analytics.stall import silence_cost_s
 from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
 
 BASELINE_EVERY_S = 1.0  # a steady sighting of the job's GPUs at most this often (a short job has seconds)
@@ -128,8 +129,12 @@ class IncidentTracker:
         with self._lock:
             kept = self._jobs.setdefault(job, {})
             for inc in found:
-                if inc.kinds == [STALL] and inc.id not in kept and _taken_over(kept, inc):
-                    continue  # the analysis' incident of these iterations took the live stall over
+                if inc.kinds == [STALL] and inc.id not in kept and (carrier := _taken_over(kept, inc)):
+                    # The analysis' incident of these iterations took the live stall over: it gets the
+                    # stall's latest (closed: its whole silence), and with it the cost's floor.
+                    kept[carrier] = with_stall_cost({**kept[carrier], "evidence": {
+                        **kept[carrier]["evidence"], "stall": inc.evidence.get("stall")}})
+                    continue
                 key = self._match(kept, inc)
                 prev = kept.get(key) if key else None
                 # A live stall these iterations end (their slow step is the stop): one episode.
@@ -188,6 +193,7 @@ class IncidentTracker:
                 elif prev is not None and STALL in prev.get("kinds", ()) and STALL not in doc["kinds"]:
                     doc["kinds"] = sorted({*doc["kinds"], STALL})  # taken over before: it stays so
                     doc["evidence"]["stall"] = pev.get("stall")
+                doc = with_stall_cost(doc)
                 if prev is None:
                     self.opened_total[job] = self.opened_total.get(job, 0) + 1
                     events.append(_event(INCIDENT_OPENED.name, job, doc, "warning"))
@@ -283,10 +289,38 @@ def _stall_docs(kept: Mapping[str, dict[str, Any]], inc: Incident, key: str | No
             and (_overlaps(d, inc) or (d.get("open") and inc.last_iteration >= d["first_iteration"]))]
 
 
-def _taken_over(kept: Mapping[str, dict[str, Any]], inc: Incident) -> bool:
-    """An incident of the analysis has taken this stall's iterations over (it carries the stall)."""
-    return any(STALL in d.get("kinds", ()) and d.get("kinds") != [STALL] and _overlaps(d, inc)
-               for d in kept.values())
+def _taken_over(kept: Mapping[str, dict[str, Any]], inc: Incident) -> str | None:
+    """The incident of the analysis that has taken this stall's iterations over (it carries the
+    stall), by its key; None when none has."""
+    return next((k for k, d in kept.items()
+                 if STALL in d.get("kinds", ()) and d.get("kinds") != [STALL] and _overlaps(d, inc)), None)
+
+
+def with_stall_cost(doc: dict[str, Any]) -> dict[str, Any]:
+    """An incident that carries a live stall: its cost is the larger of its steps' (Σ step − steady
+    median) and the stall's silence beyond one usual interval — a stop between two steps lies in no
+    step's time (perfd.analytics.stall.silence_cost_s), one inside a step in both (never added). Both
+    parts stay in ``cost_parts``: goodput counts only the steps' part as incident (the silence is
+    already its window's stall or other part). A stall alone has no steps' part."""
+    if STALL not in doc.get("kinds", ()):
+        return doc
+    parts = doc.get("cost_parts")
+    steps = parts.get("steps_s") if isinstance(parts, Mapping) else (
+        None if doc.get("kinds") == [STALL] else doc.get("cost_s"))
+    silence = silence_cost_s(doc["evidence"].get("stall"))
+    have = [v for v in (steps, silence) if isinstance(v, (int, float))]
+    return {**doc, "cost_s": max(have) if have else None,
+            "cost_parts": {"steps_s": steps, "silence_s": silence}}
+
+
+def step_cost_s(doc: Mapping[str, Any]) -> float | None:
+    """The part of an incident's cost that lies in its steps' time (goodput's incident part)."""
+    parts = doc.get("cost_parts")
+    if isinstance(parts, Mapping):
+        steps = parts.get("steps_s")
+        return float(steps) if isinstance(steps, (int, float)) else None
+    cost = doc.get("cost_s")
+    return float(cost) if isinstance(cost, (int, float)) else None
 
 
 # Evidence whose first sighting is when it began (a process's state change), not when it was looked at.

@@ -33,7 +33,7 @@ from perfd.aggregator.gpu_views import (
     swap_of,
 )
 from perfd.aggregator.hosts import HostView
-from perfd.aggregator.incidents import GpuBaseline, IncidentTracker
+from perfd.aggregator.incidents import GpuBaseline, IncidentTracker, step_cost_s
 from perfd.aggregator.jobs import (
     RETAIN_BYTES,
     RETAIN_ITERATIONS,
@@ -540,14 +540,15 @@ class AggregatorState:
     def goodput(self, job: str, ov: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """The job's goodput (perfd.analytics.goodput JSON) as of now: its analysis' split with the
         incident part the cost of the incidents the job lists (the same incidents, whatever the
-        source: a hang's time is stall, not incident), plus the time since its last step while it is
-        stalled."""
+        source: a hang's time is stall, not incident, and so is a live stall's silence between steps:
+        only the part of an incident's cost in its steps' time counts), plus the time since its last
+        step while it is stalled."""
         a = self.jobs.cached_analysis(job)
         gp = a.summary.get("goodput") if a is not None else None
         if gp is None:
             return None
         listed = [c for i in self.incidents.incidents(job) if not is_disturbance(i)
-                  and HANG not in (i.get("kinds") or []) and isinstance(c := i.get("cost_s"), int | float)]
+                  and HANG not in (i.get("kinds") or []) and (c := step_cost_s(i)) is not None]
         gp = with_incidents(gp, float(sum(listed)))
         ov = ov if ov is not None else self.job_overview(job)
         if ov is not None and ov["state"] == STALLED:

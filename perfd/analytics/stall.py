@@ -133,6 +133,18 @@ def _idle(r: RankSeen) -> bool:
     return r.gpu_util is None or r.gpu_util < GPU_BUSY
 
 
+def silence_cost_s(stall: Mapping[str, Any] | None) -> float | None:
+    """What a stall's silence cost (``StallCheck.to_json``): the time beyond one usual interval
+    between records. A floor under the cost of the incident that carries the stall: a stop that falls
+    between two steps (after one ended, before the next began) lies in no step's time, and only the
+    wall clock between records sees it."""
+    silent = (stall or {}).get("silent_s")
+    if not isinstance(silent, (int, float)):
+        return None
+    cadence = (stall or {}).get("cadence_s")
+    return max(0.0, float(silent) - (float(cadence) if isinstance(cadence, (int, float)) else 0.0))
+
+
 def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int, started_at: float | None,
                    opened_at: float, closed_at: float | None, single_rank: bool = False,
                    extra: Mapping[str, Any] | None = None) -> Incident:
@@ -142,10 +154,9 @@ def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int,
     the stopped process), its ranks (the stuck ones first), its cost so far (the silence beyond one
     usual interval), open until steps resume. ``extra``: what the aggregator gathered for it (stacks,
     each rank's last collective)."""
-    silent = check.silent_s or 0.0
-    cost = max(0.0, silent - (check.cadence_s or 0.0))
-    ev = {"stall": {**check.to_json(), "opened_at": opened_at, "closed_at": closed_at, **(extra or {})},
-          "source": "perfd aggregator, live stall detector (perfd.analytics.stall)"}
+    stall = {**check.to_json(), "opened_at": opened_at, "closed_at": closed_at, **(extra or {})}
+    ev = {"stall": stall, "source": "perfd aggregator, live stall detector (perfd.analytics.stall)"}
+    cost = silence_cost_s(stall) or 0.0
     last = max(first_iteration, last_iteration)
     return Incident(f"stall-{first_iteration}", first_iteration, last, [STALL], list(check.stuck_ranks), 0,
                     cost, None, None, None, started_at, closed_at, closed_at is None, evidence=ev,

@@ -183,8 +183,12 @@ class AgentClient:
         columns: tuple[Sequence[int], Sequence[int], Sequence[float]] | None = None,
         job_info_json: Mapping[str, str] | None = None,
         collectives: Iterable[CollectiveRecord] = (),
+        on_seq: Callable[[int], object] | None = None,
     ) -> int:
         """Encode and spool one batch; returns its seq (0 if there was nothing to send).
+
+        ``on_seq(seq)`` runs under the client's lock once the batch has its seq, just before it
+        enters the spool (the agent's collector checkpoints pend on it: perfd.agent.checkpoints).
 
         ``columns`` = (series_ids, timestamps_ns, values) with ids from ``client.series_id()``:
         the cheap path for collectors with fixed series. Raises ValueError for a batch larger
@@ -206,6 +210,8 @@ class AgentClient:
             if len(data) > self.max_batch_bytes:
                 self.table.untake([d.id for d in batch.series])
                 raise ValueError(f"batch of {len(data)} bytes exceeds max_batch_bytes={self.max_batch_bytes}")
+            if on_seq is not None:
+                on_seq(seq)
             self.spool.append(seq, data, sample_count(batch))
             self.batches_submitted += 1
         self._notify()

@@ -203,6 +203,23 @@ class Spool:
                 self._mem.push(seq, data, n_samples)
         self._enforce_cap()
 
+    def settled(self, seq: int) -> bool:
+        """Batch ``seq`` is safe from this process dying: acknowledged, on disk in a segment, or
+        dropped by the cap (below the oldest segment: counted in ``dropped_batches``). One held only
+        in memory (the disk refused it), or lost with a process that held it so, is not; nor is any
+        of an in-memory spool's until acknowledged (perfd.agent.checkpoints resumes by this)."""
+        if seq <= self.acked_seq:
+            return True
+        if self.directory is None or seq > self.last_seq or not self._segments:
+            return False
+        if seq < self._segments[0].first_seq:
+            return True
+        for seg in self._segments:
+            if seg.seqs and seg.seqs[0] <= seq <= seg.seqs[-1]:
+                i = bisect.bisect_left(seg.seqs, seq)
+                return i < len(seg.seqs) and seg.seqs[i] == seq
+        return False
+
     def retry_unwritten(self) -> int:
         """Write batches held in memory after a failed write; returns how many are still waiting."""
         if self.directory is None:

@@ -158,15 +158,19 @@ def test_one_agent_cannot_take_the_series_cap_and_a_gone_agent_releases_it(tmp_p
             await asyncio.to_thread(wait_for, lambda: _stats(base)["transport"].get("refused_series_cap", 0),
                                     10, "the 5,000-series agent refused", ignore=NOT_YET)
             junk.cancel()
-            await _send(target, "junk2", samples=_series("junk2", 1000))
-            real = asyncio.create_task(_send(target, "real", samples=_series("real", 50), stay_s=8.0))
-            await asyncio.to_thread(wait_for, lambda: _stats(base)["transport"]["series_held"] == 1050, 10,
-                                    "junk2's 1,000 and real's 50 series held", ignore=NOT_YET)
-            # junk2 is gone: 2 s later (--agent-retention) it is forgotten and its series leave the cap.
-            await asyncio.to_thread(wait_for, lambda: _stats(base)["transport"]["series_held"] == 50, 10,
-                                    "junk2's series released", ignore=NOT_YET)
+            # junk2 stays connected until real's series are held beside its own (gone before, it could
+            # be forgotten before real's stream came up on a loaded machine: 1,050 never held at once).
+            junk2 = asyncio.create_task(_send(target, "junk2", samples=_series("junk2", 1000), stay_s=120.0))
+            real = asyncio.create_task(_send(target, "real", samples=_series("real", 50), stay_s=120.0))
+            held = lambda: _stats(base)["transport"]["series_held"]  # noqa: E731
+            await asyncio.to_thread(wait_for, lambda: held() == 1050, 60,
+                                    "junk2's 1,000 and real's 50 series held", ignore=NOT_YET, progress=held)
+            # junk2 goes: 2 s later (--agent-retention) it is forgotten and its series leave the cap.
+            junk2.cancel()
+            await asyncio.to_thread(wait_for, lambda: held() == 50, 60, "junk2's series released",
+                                    ignore=NOT_YET)
             out = _stats(base)
-            await real
+            real.cancel()
             return out
 
         try:

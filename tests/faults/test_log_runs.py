@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults import checkpoint_file
 from tests.faults.test_network_faults import JOB, _megatron_lines
 from tests.faults.test_restarts import Rig
 from tests.procs import free_port, http_get, wait_for
@@ -80,10 +81,10 @@ def test_a_new_run_rewriting_the_log_while_the_agent_was_down_is_read_from_its_s
     ck = rig.tmp / "agent-state" / "megatron.checkpoint.json"
     # The agent has read past iteration 50 and its checkpoint is on disk (written once acknowledged).
     min_offset = len(head.encode()) + sum(len(x.encode()) for x in run_lines(1, 50, 120, 10.0))
-    wait_for(lambda: ck.exists() and json.loads(ck.read_text())["position"]["offset"] >= min_offset, 60,
-             "the agent's checkpoint past iteration 50", ignore=(OSError, ValueError, KeyError))
+    wait_for(lambda: ck.exists() and checkpoint_file.offsets(ck)[0] >= min_offset, 60,
+             "the agent's checkpoint past iteration 50", ignore=(OSError, ValueError, KeyError, IndexError))
     rig.kill9("agent")
-    saved_at = json.loads(ck.read_text())["position"]["offset"]
+    saved_at = max(checkpoint_file.offsets(ck))
     rig.log.write_text(head + "".join(run_lines(31, 120, 120, 5.0)))  # '>' : same inode, same head
     assert rig.log.stat().st_size > saved_at
     rig.start_agent()

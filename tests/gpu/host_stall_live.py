@@ -139,11 +139,22 @@ def poll(base: str) -> dict[str, Any]:
         "last_iteration": job.get("last_iteration"),
         "incidents": [{k: i.get(k) for k in INCIDENT_KEYS}
                       | {"verdict_cause": (i.get("verdict") or {}).get("cause"),
-                         "lead": (i.get("verdict") or {}).get("lead")} for i in incs],
+                         "lead": (i.get("verdict") or {}).get("lead")} | _stall_part(i) for i in incs],
         "rank_hosts": [{k: r.get(k) for k in HOST_KEYS}
                        | {"others": [{k: o.get(k) for k in ("pid", "cpu_ratio", "own")}
                                      for o in (r.get("others") or [])[:6]]} for r in hosts],
     }
+
+
+def _stall_part(inc: dict[str, Any]) -> dict[str, Any]:
+    """A stall incident's opening time (the aggregator's clock: when /api/jobs began to say stalled)
+    and the stacks its ranks' agents took, as far as they have come."""
+    st = (inc.get("evidence") or {}).get("stall")
+    if not isinstance(st, dict):
+        return {}
+    return {"stall_opened_at": st.get("opened_at"),
+            "stacks": {r: (s.get("stack") or "")[:600] or {"error": s.get("error")}
+                       for r, s in (st.get("stacks") or {}).items()}}
 
 
 def run(out: Path, a: argparse.Namespace, megatron: Path | None) -> dict[str, Any]:
@@ -213,8 +224,6 @@ def run(out: Path, a: argparse.Namespace, megatron: Path | None) -> dict[str, An
                         stop["stall_at_sight"] = p.get("stall")
                     if "top" not in stop and now - stop["at"] >= a.stop_s / 2:
                         stop["top"] = _top(raw / "top_stop.txt", http_port)
-                        stop["incidents_while_stopped"] = get_json(
-                            f"{base}/api/jobs/{JOB}/incidents")["incidents"]
                     if now - stop["at"] >= a.stop_s:
                         os.kill(stop["pid"], signal.SIGCONT)
                         stop["continued_at"] = now
@@ -276,17 +285,31 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
     out["verdicts_while_burning"] = sorted(str(v) for v in during_burn)
     out["not_data_loading"] = bool(named) and (named[0].get("verdict") or {}).get("cause") != "data_wait"
     stop = res.get("stop") or {}
-    seen = stop.get("stalled_seen_s")
+    # When the aggregator opened the stall (its clock, the same machine's): this script's polls can
+    # lag it by seconds on a loaded machine (a poll waits for `perfd top` to answer, say).
+    stopped_polls = [p for p in polls if p.get("stopped")]
+    opened = [i["stall_opened_at"] for p in stopped_polls for i in p.get("incidents") or []
+              if "stall" in (i.get("kinds") or []) and isinstance(i.get("stall_opened_at"), (int, float))]
+    at = stop.get("at")
+    seen = round(min(opened) - at, 2) if opened and at else stop.get("stalled_seen_s")
     out["stalled_seen_s_after_sigstop"] = seen
+    out["stalled_seen_by_poll_s"] = stop.get("stalled_seen_s")
     out["stalled_within_10_s"] = seen is not None and seen <= 10.0
     sight = stop.get("stall_at_sight") or {}
     out["rank_state_at_sight"] = {r: v.get("state") for r, v in (sight.get("ranks") or {}).items()}
-    out["state_stopped_at_sight"] = "stopped" in out["rank_state_at_sight"].values()
-    stall_incs = [i for i in stop.get("incidents_while_stopped") or [] if "stall" in (i.get("kinds") or [])]
-    stacks = (stall_incs[0]["evidence"]["stall"].get("stacks") or {}) if stall_incs else {}
-    out["stacks_while_stopped"] = {r: (s.get("stack") or s.get("error") or "")[:600]
-                                   for r, s in stacks.items()}
-    out["stack_taken"] = any("stack" in s for s in stacks.values())
+    # The rank's state as its agent read it, while it was stopped (the stall can be seen from the
+    # silence a collect before the agent has read the state: the first poll may not have it yet).
+    read = [p["t"] for p in stopped_polls if p.get("state") == "stalled"
+            and "stopped" in {v.get("state") for v in ((p.get("stall") or {}).get("ranks") or {}).values()}]
+    out["state_stopped_read_at_t"] = read[0] if read else None
+    out["state_stopped_while_stopped"] = bool(read)
+    stacks: dict[str, Any] = {}
+    for p in stopped_polls:  # the stacks as they came in while the rank was stopped
+        for i in p.get("incidents") or []:
+            stacks.update({r: v for r, v in (i.get("stacks") or {}).items()
+                           if isinstance(v, str) or r not in stacks})
+    out["stacks_while_stopped"] = stacks
+    out["stack_taken"] = any(isinstance(v, str) and v for v in stacks.values())
     after = [i for i in incs if "stall" in (i.get("kinds") or []) and not i.get("open")]
     out["stall_incident_after"] = after and {k: after[0].get(k) for k in ("id", "kinds", "cost_s", "cause")}
     out["cause_after_is_stopped"] = bool(after) and (after[0].get("verdict") or {}).get("cause") == \
@@ -302,7 +325,7 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
     out["stalled_polls_during_saves"] = stalled_in_save
     out["no_stall_during_saves"] = bool(saves) and not stalled_in_save
     out["all"] = all(out[k] for k in ("contention_names_a_burner", "not_data_loading", "stalled_within_10_s",
-                                      "state_stopped_at_sight", "stack_taken", "cause_after_is_stopped",
+                                      "state_stopped_while_stopped", "stack_taken", "cause_after_is_stopped",
                                       "cost_within_15pct", "no_stall_during_saves"))
     return out
 

@@ -158,6 +158,39 @@ def test_a_stopped_rank_opens_a_stall_with_stacks_and_the_slow_step_takes_it_ove
     assert kinds.count(events.INCIDENT_OPENED.name) == 1 and kinds.count(events.INCIDENT_CLOSED.name) == 1
 
 
+def test_a_stop_between_two_steps_costs_its_silence_in_the_incident_that_takes_it_over(ranks: Any) -> None:
+    """A stop that lands after one step ended and before the next began lies in no step's time: the
+    step after it is ordinary. Where a slow step of another cause (a little contention) covers the
+    stall's iterations, that incident takes the stall over; its cost is still the stop's silence (the
+    wall clock between records saw it), with the steps' part kept apart for goodput."""
+    h = Harness(ranks)
+    h.records(20)
+    os.kill(ranks[0].pid, signal.SIGSTOP)
+    h.observe()
+    h.st.stalls.tick(h.st, JOB, h.silent_for(9.0))
+    (stall,) = h.incidents()
+    assert stall["kinds"] == ["stall"] and stall["open"]
+    assert stall["cost_parts"]["steps_s"] is None and stall["cost_s"] == stall["cost_parts"]["silence_s"]
+    os.kill(ranks[0].pid, signal.SIGCONT)
+    h.observe()
+    recs = h.parsed.records
+    slow = dataclasses.replace(recs[20], step_time_ms=(recs[20].step_time_ms or 0.0) + 1500.0)
+    h.st.ingest_steps("agent-a", [slow, *recs[21:]])
+    h.st.analysis(JOB, force=True)
+    for _ in range(2):
+        h.st.stalls.tick(h.st, JOB)
+        h.st.refresh()
+    (inc,) = h.incidents()
+    assert {"slow-steps", "stall"} <= set(inc["kinds"]) and inc["verdict"]["cause"] == "process_stopped"
+    parts = inc["cost_parts"]
+    assert parts["steps_s"] == pytest.approx(1.5, abs=0.3)  # Σ(step − steady median): the 1.5 s only
+    assert parts["silence_s"] == pytest.approx(9.0 - inc["evidence"]["stall"]["cadence_s"], abs=0.6)
+    assert inc["cost_s"] == parts["silence_s"]  # the larger: the stop itself
+    # Goodput's incident part is the steps' part: the silence lies between records (stall or other).
+    gp = h.st.goodput(JOB)
+    assert gp is not None and gp["parts_s"]["incident"] == pytest.approx(parts["steps_s"], abs=0.01)
+
+
 def test_a_stall_no_slow_step_follows_closes_on_its_own(ranks: Any) -> None:
     h = Harness(ranks)
     h.records(20)
