@@ -507,6 +507,12 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_aggregator_series_held", "gauge", "count",
        "Node series definitions held now (what --max-series counts; an agent's leave when it is "
        "forgotten)", _AGGREGATOR, ()),
+    _m("perfd_aggregator_state_held_bytes", "gauge", "bytes",
+       "Bytes the --state-dir journal holds now (batches, Hellos, job info, documents: what "
+       "--state-max-mib counts); absent without a state dir. perfd.aggregator.store", _AGGREGATOR, ()),
+    _m("perfd_aggregator_state_max_bytes", "gauge", "bytes",
+       "The --state-dir cap (--state-max-mib) in bytes: held / max is how full the journal is (the oldest "
+       "batches go first past it)", _AGGREGATOR, ()),
     _m("perfd_aggregator_jobs_pruned_total", "counter", "count",
        "Jobs dropped after they ended: past --job-retention, or the one that ended first when a new job "
        "met the cap or a quota", _AGGREGATOR, ()),

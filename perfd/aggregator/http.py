@@ -89,6 +89,8 @@ class _StateCollector:
             "perfd_aggregator_jobs_held": t.get("jobs_held"),
             "perfd_aggregator_series_held": t.get("series_held"),
             "perfd_aggregator_jobs_pruned_total": t.get("jobs_pruned"),
+            "perfd_aggregator_state_held_bytes": t.get("state_store_held_bytes"),
+            "perfd_aggregator_state_max_bytes": t.get("state_store_max_bytes"),
             "perfd_aggregator_agents_forgotten_total": t.get("agents_forgotten"),
         }
         yield from series_families([({}, k, float(v)) for k, v in own.items() if v is not None])

@@ -300,7 +300,8 @@ class Aggregator:
             st = self.store.stats()
             d.update({f"state_store_{k}": int(st[k]) for k in (
                 "commits", "commit_failures", "rollbacks", "agents_lost", "journal_batches", "pruned",
-                "pruned_for_bytes", "hellos", "held_bytes", "jobs_deleted", "rows_of_pruned_jobs")})
+                "pruned_for_bytes", "hellos", "held_bytes", "max_bytes", "jobs_deleted",
+                "rows_of_pruned_jobs")})
             d.update({f"state_restored_{k}": v for k, v in self.restored.items()})
         return d
 

@@ -27,7 +27,7 @@ from perfd.model import StepRecord
 from perfd.transport.client import STREAM_METHOD
 from perfd.transport.gen import perfd_pb2 as pb
 from tests.faults.streams import send_batches
-from tests.procs import NOT_YET, Procs, get_json, run_env, start_aggregator, wait_for
+from tests.procs import NOT_YET, Procs, get_json, http_get, run_env, start_aggregator, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -153,4 +153,9 @@ def test_the_state_stays_under_state_max_mib_and_a_restart_replays_no_more(tmp_p
               f"batches pruned for bytes), files "
               f"{size / 1e6:.1f} MB; the restart replayed {got['batches']} batches in {got.get('ms')} ms")
         assert st["state_store_pruned_for_bytes"] > 200
+        # The same on /metrics (the restarted aggregator's), for an alert on how full the journal is.
+        text = http_get(base + "/metrics").decode()
+        gauges = dict(re.findall(r"^(perfd_aggregator_state_(?:held|max)_bytes) (\S+)$", text, re.M))
+        assert float(gauges["perfd_aggregator_state_max_bytes"]) == 4 << 20
+        assert 0 < float(gauges["perfd_aggregator_state_held_bytes"]) <= 4 << 20
         assert got["batches"] <= 45  # ~4 MB of ~100 KB batches
