@@ -20,6 +20,7 @@ import pytest
 from collectors.ranks import RanksCollector, procfs
 from perfd import limits as L
 from perfd.events import RANK_PROCESSES
+from tests.procs import BUSY_LOAD_PER_CPU, load_per_cpu
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
@@ -158,11 +159,14 @@ def test_the_jobs_own_children_are_told_apart(spawn: Any) -> None:
     own = [o for o in r["others"] if o["own"]]
     assert own and own[0]["cpu_ratio"] > 0.02  # the worker is named, as the job's own
     assert r["own_ratio"] > 0.02
-    # It does not count as another process's contention: others_ratio is the foreign ones' alone
-    # (the named top N are the largest; what else ran is small).
+    # It does not count as another process's contention: others_ratio is the foreign ones' alone,
+    # the named top N and what else ran, never the worker's share.
     foreign = sum(o["cpu_ratio"] for o in r["others"] if not o["own"])
-    assert r["others_ratio"] == pytest.approx(foreign, abs=0.01 * L.RANK_OTHERS_TOP_N + 0.05)
-    assert r["others_ratio"] + r["own_ratio"] <= 1.01
+    assert foreign - 0.01 <= r["others_ratio"] and r["others_ratio"] + r["own_ratio"] <= 1.01
+    if load_per_cpu() < BUSY_LOAD_PER_CPU:
+        # What else ran (beyond the named top N) is small here; with two suites at once it is not
+        # (0.69 against 0.50 named, seen).
+        assert r["others_ratio"] == pytest.approx(foreign, abs=0.01 * L.RANK_OTHERS_TOP_N + 0.05)
 
 
 def test_the_launch_manifests_tree_gives_the_ranks(spawn: Any, tmp_path: Path) -> None:
