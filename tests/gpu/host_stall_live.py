@@ -263,6 +263,28 @@ def _top(path: Path, http_port: int) -> str:
     return str(path.name)
 
 
+BURN_SLOWED = 1.5  # steps this much slower while the burners ran: the burn contended with the job
+
+
+def burn_slowdown(polls: list[dict[str, Any]]) -> float | None:
+    """Iterations per second in the 20 s before the burn over those while it ran (outside saves)."""
+    start = next((p["t"] for p in polls if p.get("burning")), None)
+    if start is None:
+        return None
+
+    def rate(rows: list[dict[str, Any]]) -> float | None:
+        its = [(p["t"], p["last_iteration"]) for p in rows if isinstance(p.get("last_iteration"), int)]
+        if len(its) < 3 or its[-1][0] <= its[0][0]:
+            return None
+        return float(its[-1][1] - its[0][1]) / float(its[-1][0] - its[0][0])
+
+    before = rate([p for p in polls if start - 20 <= p["t"] < start and not p.get("saving")])
+    during = rate([p for p in polls if p.get("burning") and p["t"] >= start + 2 and not p.get("saving")])
+    if not before or during is None:
+        return None
+    return round(before / during, 2) if during > 0 else float("inf")
+
+
 def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     incs = res.get("incidents_after") or []
@@ -284,6 +306,14 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
                    if i.get("open")}
     out["verdicts_while_burning"] = sorted(str(v) for v in during_burn)
     out["not_data_loading"] = bool(named) and (named[0].get("verdict") or {}).get("cause") != "data_wait"
+    # Did the burn slow the job at all? Iterations per second in the 20 s before it against while it
+    # ran (not saving): on one H100 machine the same burners left the rank most of a core (1.08×), and
+    # then no incident is the right answer, not a miss.
+    out["burn_slowdown"] = burn_slowdown(polls)
+    out["burn_slowed_steps"] = out["burn_slowdown"] is not None and out["burn_slowdown"] >= BURN_SLOWED
+    # None: the burn did not slow the steps, so there was no contention to name (not a failure)
+    out["contention_named_where_it_slowed"] = (out["contention_names_a_burner"] and out["not_data_loading"]
+                                               if out["burn_slowed_steps"] else None)
     stop = res.get("stop") or {}
     # When the aggregator opened the stall (its clock, the same machine's): this script's polls can
     # lag it by seconds on a loaded machine (a poll waits for `perfd top` to answer, say).
@@ -324,9 +354,9 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
                        and not p.get("stopped")]
     out["stalled_polls_during_saves"] = stalled_in_save
     out["no_stall_during_saves"] = bool(saves) and not stalled_in_save
-    out["all"] = all(out[k] for k in ("contention_names_a_burner", "not_data_loading", "stalled_within_10_s",
-                                      "state_stopped_while_stopped", "stack_taken", "cause_after_is_stopped",
-                                      "cost_within_15pct", "no_stall_during_saves"))
+    out["all"] = out["contention_named_where_it_slowed"] is not False and all(out[k] for k in (
+        "stalled_within_10_s", "state_stopped_while_stopped", "stack_taken", "cause_after_is_stopped",
+        "cost_within_15pct", "no_stall_during_saves"))
     return out
 
 
