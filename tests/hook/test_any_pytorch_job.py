@@ -28,6 +28,7 @@ from perfd.collector import Collected
 from perfd.hook import StepHook
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.report import build_report
+from tests.procs import BUSY_LOAD_PER_CPU, load_per_cpu
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -150,8 +151,11 @@ def test_data_share_is_the_hooks_data_wait(run: dict[str, Any], analysed: dict[s
     # Per step, what a rule `data_share > 20%` reads is the loop's own share (its clock over the same
     # step); the stretch as a whole is data-bound. Not "every slow step above 20%": on a loaded
     # machine one step's compute can take four times its 80 ms data wait (seen with two CPU burners).
+    # The two clocks read microseconds apart, unless the loop is preempted between them: with two suites
+    # at once on 2 CPUs that put 2 ms into a 95 ms step (0.822 against 0.843, seen).
+    tol = 0.02 if load_per_cpu() < BUSY_LOAD_PER_CPU else 0.05
     for i in SLOW:
-        assert rows[i].data_share == pytest.approx(run["waits"][i] / run["steps"][i], abs=0.02), i
+        assert rows[i].data_share == pytest.approx(run["waits"][i] / run["steps"][i], abs=tol), i
     assert statistics.median(rows[i].data_share for i in SLOW) > 0.2
     assert rows[100].sources["data_share"].startswith("hook:timer data-wait")
     # The hook does not time communication: absent, saying where the share comes from.
