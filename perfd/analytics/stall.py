@@ -52,6 +52,7 @@ class RankSeen:
     pid: int | None = None
     node: str | None = None
     wait_ratio: float | None = None  # run-queue wait ÷ (run + wait) over the agent's last interval
+    cpu_demand_cores: float | None = None  # (run + wait) ÷ the interval: how much CPU it wanted
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ class StallCheck:
                 "stuck_ranks": list(self.stuck_ranks),
                 "phase": {"phase": self.phase[0], "since": self.phase[1]} if self.phase else None,
                 "ranks": {str(r.rank): {"state": r.state, "cpu_cores": r.cpu_cores, "gpu_util": r.gpu_util,
-                                        "pid": r.pid, "node": r.node, "wait_ratio": r.wait_ratio}
+                                        "pid": r.pid, "node": r.node, "wait_ratio": r.wait_ratio,
+                                        "cpu_demand_cores": r.cpu_demand_cores}
                           for r in self.ranks}}
 
 
@@ -136,7 +138,8 @@ def _idle(r: RankSeen) -> bool:
     name the contention once they come)."""
     if r.cpu_cores is None or r.cpu_cores >= IDLE_CPU_CORES:
         return False
-    if r.wait_ratio is not None and r.wait_ratio >= STARVED_WAIT:
+    if (r.wait_ratio is not None and r.wait_ratio >= STARVED_WAIT and r.cpu_demand_cores is not None
+            and r.cpu_demand_cores >= IDLE_CPU_CORES):  # a ratio of almost nothing says nothing
         return False
     return r.gpu_util is None or r.gpu_util < GPU_BUSY
 
