@@ -313,6 +313,16 @@ GOODPUT_STALL_FLOOR_S = Threshold(
     5.0, "... and at least 5 s: on a 40 ms step, five steps are a garbage-collection pause", _GP)
 
 
+# --- perfd itself ------------------------------------------------------------------------------------
+STATE_NEAR_CAP = Threshold(
+    0.9, "the aggregator's --state-dir journal at 90% of --state-max-mib: past the cap the oldest "
+    "journalled batches are pruned and a restart replays no more of them; for 15 minutes, so that a "
+    "burst the pruning absorbs says nothing",
+    "DESIGN.md §4 Targets (an aggregator restart loses no acknowledged data)",
+    (RuleRef("prometheus", "PerfdAggregatorStateNearCap",
+             "perfd_aggregator_state_held_bytes / perfd_aggregator_state_max_bytes", ">", "15m"),))
+
+
 def all_thresholds() -> dict[str, Threshold]:
     """Every threshold of this module by name (for the consistency test and the docs)."""
     return {k: v for k, v in globals().items() if isinstance(v, Threshold)}
