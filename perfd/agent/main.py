@@ -179,6 +179,7 @@ class Agent:
         self._jobinfo_merged: dict[str, JobInfo] = {}
         self._reconnects_seen = 0
         self._spool: Spool | None = None  # opened before the collectors: their checkpoints resolve against it
+        self.ready_file: str | None = None  # run_agent's: where the /metrics port goes once listening
         self._checkpoints = Checkpoints(cfg.state_dir) if cfg.state_dir else None
         self.reducer = SampleReducer(cfg.aggregator_sample_interval_s)
         self.captures: Any = None  # AgentCaptures when the aggregator can ask for captures
@@ -419,6 +420,8 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         self.build()
         self.start_metrics_server()  # first: a port in use stops start-up before any thread runs
+        if self.ready_file:
+            _write_ready(self.ready_file, self.metrics_port if self.metrics_port is not None else -1)
         self.scheduler.start()
         if self.cfg.aggregator:
             from perfd.transport.client import AgentClient
@@ -541,14 +544,26 @@ class Agent:
         self.captures.handle(cmd)
 
 
-def run_agent(cfg: AgentConfig) -> int:
-    """Run until SIGINT/SIGTERM. Returns the process exit code."""
+def _write_ready(path: str, port: int) -> None:
+    """The port, whole or not at all (a supervisor polls the file): a temporary file renamed."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{port}\n")
+    os.replace(tmp, path)
+
+
+def run_agent(cfg: AgentConfig, ready_file: str | None = None) -> int:
+    """Run until SIGINT/SIGTERM. Returns the process exit code. ``ready_file``: once /metrics listens,
+    its port is written there (-1 without a /metrics server): with ``--metrics-port 0`` a supervisor
+    (the demo, tests) learns the port the agent bound, where a port picked free beforehand can be
+    taken by another program before the agent binds it (seen with two test suites at once)."""
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         agent = Agent(cfg)
+        agent.ready_file = ready_file
         await agent.run(stop)
 
     try:

@@ -34,7 +34,7 @@ def _agent(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"perfd agent: configuration error: {exc}", file=sys.stderr)
         return 2
-    return run_agent(cfg)
+    return run_agent(cfg, ready_file=args.ready_file)
 
 
 def _aggregator(args: argparse.Namespace) -> int:
@@ -155,6 +155,9 @@ def register(sub: SubParsers) -> None:
                         "cgroup throttling, pressure, OOM kills (default on; collectors/ranks)")
     a.add_argument("--metrics-port", type=int, help="port of the agent's /metrics (0: any free "
                    f"port; -1: none; default {L.AGENT_METRICS_PORT})")
+    a.add_argument("--ready-file", metavar="FILE",
+                   help="write the port /metrics listens on here once it listens (-1: no /metrics); with "
+                        "--metrics-port 0 a supervisor learns the port the agent bound")
     a.add_argument("--node", help="node name (default: host name)")
     a.add_argument("--agent-id", help="agent id, unique per agent process (default: NODE/JOB, or NODE/node "
                    "for an agent with no job: a node's DaemonSet agent and a job's sidecar differ)")

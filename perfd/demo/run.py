@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -75,12 +74,6 @@ def paced_chunks(lines: list[str], speed: float) -> Iterator[tuple[float, str]]:
             buf = []
         buf.append(line)
     yield 0.0, "".join(buf)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get_json(url: str) -> Any:
@@ -271,12 +264,23 @@ def _run_demo(args: argparse.Namespace) -> int:
         base = f"http://127.0.0.1:{http_port}"
         log = work / "train.log"
         log.touch()
-        agent_port = _free_port()
         # Captures (none is asked for, but the agent makes its folder) live in the demo's folder too.
         (work / "agent.yaml").write_text(json.dumps({"capture_dir": str(work / "captures")}))
+        # Port 0 and a ready file, as for the aggregator: a port picked free here could be taken by
+        # another program before the agent binds it.
+        agent_ready = work / "agent.ready"
         agent = _spawn(["agent", "--config", str(work / "agent.yaml"), "--aggregator",
                         f"127.0.0.1:{grpc_port}", "--job", JOB, "--megatron-log", str(log), "--nvml", nvml,
-                        "--metrics-port", str(agent_port), "--node", "demo-node"], work / "agent.out")
+                        "--metrics-port", "0", "--ready-file", str(agent_ready), "--node", "demo-node"],
+                       work / "agent.out")
+        deadline = time.monotonic() + 60
+        while not agent_ready.exists():
+            if agent.poll() is not None or time.monotonic() > deadline:
+                console.print((work / "agent.out").read_text()[-2000:])
+                console.print("[red]the agent did not start[/red]")
+                return 1
+            time.sleep(0.1)
+        agent_port = int(agent_ready.read_text())
         console.print(f"aggregator: {base}/metrics and {base}/api/jobs   agent: "
                       f"http://127.0.0.1:{agent_port}/metrics   (while the demo runs"
                       f"{'' if args.keep_running else '; --keep-running keeps them up after'})")
