@@ -136,8 +136,8 @@ class StallWatch:
                 if v is not None:
                     util[r] = v
         obs = state.hosts.observations(job, now)
-        seen = [RankSeen(r, str(o.get("state")), o.get("cpu_cores"), util.get(r), o.get("pid"), o.get("node"),
-                         o.get("wait_ratio"), o.get("cpu_demand_cores")) for r, o in sorted(obs.items())]
+        seen = [RankSeen(r, str(o.get("state")), o.get("cpu_cores"), util.get(r), o.get("pid"), o.get("node"))
+                for r, o in sorted(obs.items())]
         try:
             coll = state.collective_analysis(job, cached=True)
         except Exception:  # counted in the collective store

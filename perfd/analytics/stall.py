@@ -1,15 +1,15 @@
 """A stall seen live: a job whose ranks stopped stepping, told apart from a pause it announced.
 
-The job is *silent* once no step record has come for :func:`stall_limit` of its usual interval between
-records — STALL_CADENCE_FACTOR times the median gap between its records (the record cadence: with a log
-interval of 10 that is 10 steps, not one), and at least STALL_FLOOR_S (counted from the end of an
-announced pause when one ended since: its steps come some seconds after). Silence alone is not a stall
-(a record can be late): it is one when something corroborates it — a rank process stopped (SIGSTOP, a
-debugger), gone or blocked in disk sleep, every rank process idle (no CPU, and no GPU where the GPU is
-known; a rank waiting for a CPU is starved, not idle), or a collective the Flight Recorder shows stuck.
-A checkpoint save or an evaluation that the log or the step hook announced holds the stall back (the
-loop pauses on purpose), unless a rank is stopped or gone (a stopped process is not saving), and for at
-most STALL_PHASE_MAX_S. The check is pure: the aggregator hands in what it holds
+The job is *silent* once no step record has come for :func:`stall_limit` of its usual interval
+between records — STALL_CADENCE_FACTOR times the median gap between its records (the record
+cadence: with a log interval of 10 that is 10 steps, not one), and at least STALL_FLOOR_S (counted
+from the end of an announced pause when one ended since: its steps come some seconds after). Silence
+alone is not a stall (a record can be late): it is one when something corroborates it — a rank
+process stopped (SIGSTOP, a debugger), gone or blocked in disk sleep, every rank process idle (no
+CPU, and no GPU where the GPU is known), or a collective the Flight Recorder shows stuck. A
+checkpoint save or an evaluation that the log or the step hook announced holds the stall back (the
+loop pauses on purpose), unless a rank is stopped or gone (a stopped process is not saving), and for
+at most STALL_PHASE_MAX_S. The check is pure: the aggregator hands in what it holds
 (perfd/aggregator/stalls.py keeps the stall open, asks for stacks, and closes it when steps resume).
 """
 
@@ -28,7 +28,6 @@ STALL_CADENCE_FACTOR = th.STALL_CADENCE_FACTOR.value
 STALL_FLOOR_S = th.STALL_FLOOR_S.value
 IDLE_CPU_CORES = th.STALL_IDLE_CPU_CORES.value
 PHASE_MAX_S = th.STALL_PHASE_MAX_S.value
-STARVED_WAIT = th.CPU_WAIT_CONTENTION.value
 GPU_BUSY = th.GPM_NVML_ACTIVE.value  # a kernel resident this share of the time: the GPU still works
 
 
@@ -51,8 +50,6 @@ class RankSeen:
     gpu_util: float | None = None
     pid: int | None = None
     node: str | None = None
-    wait_ratio: float | None = None  # run-queue wait ÷ (run + wait) over the agent's last interval
-    cpu_demand_cores: float | None = None  # (run + wait) ÷ the interval: how much CPU it wanted
 
 
 @dataclass(frozen=True)
@@ -83,9 +80,7 @@ class StallCheck:
                 "stuck_ranks": list(self.stuck_ranks),
                 "phase": {"phase": self.phase[0], "since": self.phase[1]} if self.phase else None,
                 "ranks": {str(r.rank): {"state": r.state, "cpu_cores": r.cpu_cores, "gpu_util": r.gpu_util,
-                                        "pid": r.pid, "node": r.node, "wait_ratio": r.wait_ratio,
-                                        "cpu_demand_cores": r.cpu_demand_cores}
-                          for r in self.ranks}}
+                                        "pid": r.pid, "node": r.node} for r in self.ranks}}
 
 
 def stall_limit(cadence_s: float) -> float:
@@ -132,14 +127,8 @@ def check_stall(inp: StallInputs) -> StallCheck:
 
 
 def _idle(r: RankSeen) -> bool:
-    """No CPU progress, and no GPU progress where the rank's GPU is known. A rank that waited in the
-    run queue for a CPU (CPU_WAIT_CONTENTION of the time it wanted one) is starved, not idle: on a
-    machine whose CPUs others hold it makes no progress either, but nothing is stuck (its slow steps
-    name the contention once they come)."""
+    """No CPU progress, and no GPU progress where the rank's GPU is known."""
     if r.cpu_cores is None or r.cpu_cores >= IDLE_CPU_CORES:
-        return False
-    if (r.wait_ratio is not None and r.wait_ratio >= STARVED_WAIT and r.cpu_demand_cores is not None
-            and r.cpu_demand_cores >= IDLE_CPU_CORES):  # a ratio of almost nothing says nothing
         return False
     return r.gpu_util is None or r.gpu_util < GPU_BUSY
 
