@@ -23,6 +23,7 @@ import pytest
 from perfd import limits as L
 from perfd.model import Sample, StepRecord
 from perfd.transport.client import AgentClient
+from tests.faults.streams import streaming
 from tests.procs import NOT_YET, Procs, get_json, run_env, start_aggregator, wait_for
 
 pytestmark = pytest.mark.slow
@@ -36,16 +37,9 @@ async def _send(target: str, agent: str, *, jobs: Iterable[str] = (), steps: Ite
     steps, samples = list(steps), list(samples)
     if steps or samples:
         c.submit(samples=samples, steps=steps)
-    task = asyncio.create_task(c.run())
-    try:
+    async with streaming(c):
         assert await c.flush(30)
         await asyncio.sleep(stay_s)
-    finally:
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
 
 
 def _steps(job: str) -> list[StepRecord]:
