@@ -127,7 +127,8 @@ def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None
         if (load := max(load, load_per_cpu())) >= BUSY_LOAD_PER_CPU:
             # Every test's processes share CPU 0 with the loop as much as each burner: its steady state
             # already waits for a CPU most of the time, and the burners add no contention it lacked.
-            pytest.skip(f"load average {load:.1f} per CPU: the burners are not what contends here ({why})")
+            pytest.skip(f"load average {load:.1f} per CPU: the burners are not what contends here "
+                        f"({len(live.incidents())} incidents, none naming burners {sorted(pids)})")
         raise AssertionError(why) from None
     lead = _lead(inc)
     assert lead["tier"] == 2 and lead["rank"] == 0  # with a foreign process on the GPU, above own work

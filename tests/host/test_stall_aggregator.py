@@ -27,7 +27,9 @@ from perfd.aggregator.job_rows import liveness_rows
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.evidence import StallReason
 from perfd.analytics.liveness import RUNNING, STALLED
+from perfd.analytics.stall import IDLE_CPU_CORES
 from perfd.transport.codec import COMMAND_STACKS, Command
+from tests.procs import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
@@ -308,10 +310,21 @@ def test_a_pending_collective_corroborates_a_stall_of_busy_ranks(tmp_path: Path)
         c = RanksCollector({"job": "ddp", "event_every_s": 0})
         for rank, p in enumerate(ps):
             c.note(p.pid, rank, "gpu")
-        for _ in range(2):
+        c.collect(time.time())
+
+        def busy_reading() -> list[dict[str, Any]] | None:
+            # The premise, as the collector reads it: both spinners over the idle bound. Under two
+            # suites at once a 2-CPU machine can run 20 processes, and a 0.5 s window then gives a
+            # spinner less than 5% of a core (both ranks read idle, in both suites at once); the
+            # next windows give it its share again.
             time.sleep(0.5)
-            got = c.collect(time.time())
-        st.ingest_events("n1", [{**e, "labels": {"node": "n1"}} for e in got.events])
+            evs = c.collect(time.time()).events
+            rows = [r for e in evs for r in e["payload"]["ranks"]]
+            ok = len(rows) == 2 and all((r.get("cpu_cores") or 0.0) >= IDLE_CPU_CORES for r in rows)
+            return evs if ok else None
+
+        got = wait_for(busy_reading, 60, "both spinners read over the idle bound", interval=0)
+        st.ingest_events("n1", [{**e, "labels": {"node": "n1"}} for e in got])
         st.jobs.jobs["ddp"].last_step_time = time.time() - 8.0
         check = st.stalls.tick(st, "ddp")
     finally:
