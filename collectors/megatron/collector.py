@@ -12,6 +12,7 @@ from typing import Any
 from collectors.megatron.gaps import TailGaps
 from collectors.megatron.parser import MegatronLogParser
 from collectors.megatron.tail import LogTail, TailPosition
+from perfd.analytics.thresholds import STALL_PHASE_MAX_S
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import LOG_GAP
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 # A tail this far behind its log skips ahead: at the parse rate measured on per-rank timers
 # (benchmarks/README.md, "Log tail") that is tens of seconds of catch-up.
 DEFAULT_MAX_LAG_BYTES = 64 << 20
+PHASE_MAX_S = STALL_PHASE_MAX_S.value
 
 
 class MegatronCollector(Collector):
@@ -32,7 +34,8 @@ class MegatronCollector(Collector):
     the log's one-second stamp), ``flush_after_s`` (default 2): when the log has been quiet
     that long, the pending iteration is emitted without waiting for the next iteration line
     (Megatron prints the iteration line, its timers and the straggler line within milliseconds;
-    a quiet log means the record is complete, or the job stopped).
+    a quiet log means the record is complete, or the job stopped) — except during a checkpoint save
+    or an evaluation the log announced: its timer comes when it ends, and the record waits for it.
 
     Resuming (``resume``: the checkpoint of an earlier run, handed back by the agent's
     --state-dir): the log is read again from the start of the iteration that was still pending
@@ -137,7 +140,7 @@ class MegatronCollector(Collector):
                     self._consumed = offset + 1
             self._pending = True
             out.checkpoint = self._checkpoint() if exact else None
-        elif self._pending and mono - self._last_data >= self.flush_after_s:
+        elif self._pending and mono - self._last_data >= self.flush_after_s and not self._held(mono):
             out.steps.extend(self.parser.flush())
             self._pending = False
             self._pending_at = None
@@ -157,6 +160,12 @@ class MegatronCollector(Collector):
             self._sent_info = copy.deepcopy(info)
             out.job_info[self.job] = self._sent_info
         return out
+
+    def _held(self, mono: float) -> bool:
+        """The pending record waits out an announced save or evaluation (its timer comes as the
+        phase ends and belongs to it: emitted on the log's quiet, a 24 s save's time was lost live and
+        read as a stall); at most STALL_PHASE_MAX_S, the longest pause perfd believes announced."""
+        return self.parser.phase_open is not None and mono - self._last_data < PHASE_MAX_S
 
     def _skipped_ahead(self, out: Collected) -> None:
         """The tail jumped ahead: close the iteration in progress (its lines after the jump are

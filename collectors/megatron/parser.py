@@ -104,6 +104,11 @@ class MegatronLogParser:
         self._prev_first: str | None = None
         self._arrived: float | None = None  # the line being fed: when it was printed, if known
         self._startup_seen = False  # start-up output since the last record: the next one starts a run
+        # A checkpoint save or an evaluation the loop announced and has not ended: its timer
+        # (save-checkpoint, evaluate) is printed as it ends and belongs to the pending record, so a
+        # live reader holds that record while the phase is open (collector.py) rather than emit it
+        # on the log's quiet. Cleared by the phase's end or by the next iteration line.
+        self._phase_open: str | None = None
 
     # ---------------------------------------------------------------------------------------
     # Public API
@@ -113,6 +118,11 @@ class MegatronLogParser:
     def pending(self) -> StepRecord | None:
         """The iteration whose record is not complete yet (its timers may still come)."""
         return self._pending
+
+    @property
+    def phase_open(self) -> str | None:
+        """The announced pause still open ("checkpoint" | "evaluation"), else None."""
+        return self._phase_open
 
     def feed(self, line: str, arrived: float | None = None) -> list[StepRecord]:
         """Parse one raw line (trailing newline optional); return the records it completed.
@@ -244,6 +254,7 @@ class MegatronLogParser:
         """A pause the loop announces: a ``job_phase`` event (the live stall detector does not call
         it a hang)."""
         self._count(f"{phase}_{state}_lines")
+        self._phase_open = phase if state == "begin" else None
         self.events.append({
             "kind": JOB_PHASE.name, "severity": "info", "job": self.job,
             "text": f"{phase} {state}s" + (f" at iteration {iteration}" if iteration is not None else ""),
@@ -276,6 +287,7 @@ class MegatronLogParser:
             if isinstance(it, IterationLine):
                 self._close_args()
                 self._close_timers()
+                self._phase_open = None  # the loop steps again: whatever it announced is over
                 self._start_record(it, line, out)
                 return
             if isinstance(it, str):
@@ -430,8 +442,16 @@ class MegatronLogParser:
             self._step_timer_names.add(name)
 
     def _timer_owner(self) -> dict[str, TimerValue]:
-        """Timers printed after iteration N's line belong to N; before any, to start-up."""
-        return self._pending.timers if self._pending is not None else self.job_info.startup_timers
+        """Timers printed after iteration N's line belong to N; before any, to start-up. A block
+        after a record already handed out (a reader that emitted it on the log's quiet, before a
+        save's timer came) has no owner: counted (``timer_blocks_after_record``), never taken for
+        start-up's."""
+        if self._pending is not None:
+            return self._pending.timers
+        if self._prev_record is not None and not self._startup_seen:
+            self._count("timer_blocks_after_record")
+            return {}
+        return self.job_info.startup_timers
 
     def _close_timers(self) -> None:
         if self._timer_target is not None and self._timer_target is self.job_info.startup_timers:
