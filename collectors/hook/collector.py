@@ -37,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT
+from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT, HOOK_PAUSE_TIMERS
 from perfd.analytics.gpus import normalize_dtype
 from perfd.bounds import LAYOUT_BOUNDS, in_bounds
 from perfd.collector import Capabilities, Collected, Collector
@@ -105,6 +105,11 @@ def _ms(ns: int | None) -> float | None:
     return None if ns is None else ns / 1e6
 
 
+# Ranks of one node whose announced pauses are held at once (open, or ended and waiting for the
+# rank's next record): far above a node's GPUs; past it a pause is counted, not timed.
+MAX_PAUSE_RANKS = 4096
+
+
 class HookCollector(Collector):
     name = "hook"
     default_interval_s = 1.0
@@ -126,6 +131,8 @@ class HookCollector(Collector):
         self._layout = ParallelLayout()  # what the hooks' job records said (KIND_JOB)
         self._spec = ModelSpec()
         self._job_sent: JobInfo | None = None
+        self._pause_began: dict[int, tuple[str, int]] = {}  # rank -> (phase, hook's time_ns) while open
+        self._paused_ms: dict[int, dict[str, float]] = {}  # rank -> phase -> ms, until its next record
 
     def _c(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -274,6 +281,7 @@ class HookCollector(Collector):
             self.count_error("malformed:phase", f"phase {m.phase} state {m.state} rank {m.rank}")
             return
         self._c("phase_records")
+        self._time_pause(m, phase, state)
         out.events.append({
             "kind": JOB_PHASE.name, "severity": "info", "time": now, "job": self.config.job,
             "text": f"rank {m.rank} (pid {m.pid}): {phase} {state}s after step {m.step}",
@@ -281,6 +289,26 @@ class HookCollector(Collector):
             "payload": {"job": self.config.job, "phase": phase, "state": state, "iteration": m.step,
                         "rank": m.rank, "pid": m.pid, "at": m.time_ns / 1e9, "source": "hook"},
         })
+
+    def _time_pause(self, m: wire.PhaseMsg, phase: str, state: str) -> None:
+        """The pause's length by the hook's own clock (begin -> end), held for the rank's next
+        record (``HOOK_PAUSE_TIMERS``): goodput counts it as a checkpoint save or an evaluation in
+        the window before that record instead of an unexplained gap (a stall)."""
+        if state == "begin":
+            if m.rank in self._pause_began or len(self._pause_began) < MAX_PAUSE_RANKS:
+                self._pause_began[m.rank] = (phase, m.time_ns)
+            else:
+                self._c("pause_over_cap")
+            return
+        began = self._pause_began.pop(m.rank, None)
+        if began is None or began[0] != phase or m.time_ns < began[1]:
+            self._c("pause_end_unmatched")  # an end without its begin (a hook started mid-phase)
+            return
+        if m.rank not in self._paused_ms and len(self._paused_ms) >= MAX_PAUSE_RANKS:
+            self._c("pause_over_cap")
+            return
+        held = self._paused_ms.setdefault(m.rank, {})
+        held[phase] = held.get(phase, 0.0) + (m.time_ns - began[1]) / 1e6
 
     def _job(self, m: wire.JobMsg, out: Collected) -> None:
         """The job as the hooks describe it: one JobInfo (framework "pytorch"), sent on change.
@@ -317,6 +345,8 @@ class HookCollector(Collector):
             p.last_step, p.last_seen = step, now
 
     def _step_record(self, m: wire.StepMsg) -> StepRecord | None:
+        # Taken by the rank's next step whether or not it becomes a record: the pause lies before it.
+        paused = self._paused_ms.pop(m.rank, None)
         warmup = bool(m.flags & wire.FLAG_WARMUP)
         if warmup and not self.config.include_warmup:
             self._c("warmup_skipped")
@@ -345,6 +375,8 @@ class HookCollector(Collector):
             ms = _ms(ns)
             if ms is not None:
                 timers[name] = TimerValue(min_ms=ms, max_ms=ms, per_rank={m.rank: ms})
+        for phase, ms in (paused or {}).items():
+            timers[HOOK_PAUSE_TIMERS[phase]] = TimerValue(min_ms=ms, max_ms=ms, per_rank={m.rank: ms})
         self._c("records")
         return StepRecord(
             job=self.config.job, iteration=m.step, rank=m.rank, end_time=m.end_time_ns / 1e9,

@@ -16,7 +16,9 @@ split, in this order of precedence:
 - *checkpoint* / *evaluation*: the log's own timers printed after a step (Megatron's
   ``save-checkpoint``, ``save-checkpoint-non-persistent`` and ``evaluate``: the slowest rank's time,
   which the loop waits for); the training loop's interval timer stops around both, so they are not
-  inside any step time.
+  inside any step time. The step hook's announced phases (``with hook.phase("checkpoint")``), timed by
+  the hook and carried on the rank's next record (``paused-checkpoint``, ``paused-evaluation``),
+  count the same way in the window before that record.
 - *training*: the record's ``n × step_s``; of it, each incident's cost (Σ step − steady median,
   perfd.analytics.incidents) is *incident*, perfd's own captures' excess is *profiling*, and
   iterations a new run trains again (numbers at or below what an earlier run reached) are *redone*.
@@ -39,6 +41,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd.analytics.common import HOOK_PAUSE_TIMERS
 from perfd.analytics.thresholds import GOODPUT_STALL_FLOOR_S, GOODPUT_STALL_STEPS
 
 TRAINING = "training"
@@ -59,8 +62,8 @@ KIND_HELP: dict[str, str] = {
     INCIDENT: "the excess step time of incidents (Σ step − steady median)",
     PROFILING: "the excess step time of perfd's own captures",
     REDONE: "iterations trained again after a restart from an earlier checkpoint",
-    CHECKPOINT: "checkpoint saves (the framework's save-checkpoint timer)",
-    EVALUATION: "evaluation passes (the framework's evaluate timer)",
+    CHECKPOINT: "checkpoint saves (the framework's save-checkpoint timer, or the step hook's phase)",
+    EVALUATION: "evaluation passes (the framework's evaluate timer, or the step hook's phase)",
     RESTART: "from one run of the job ending to the next one's first step",
     STALL: "no step while the job should be stepping (unexplained gaps; a hang)",
     STARTUP: "from the job's start to its first step",
@@ -73,6 +76,8 @@ PHASE_TIMERS: dict[str, str] = {
     "save-checkpoint-non-persistent": CHECKPOINT,
     "evaluate": EVALUATION,
 }
+# Timers that time a pause *before* the step of their record: the step hook's announced phases.
+PAUSE_BEFORE_TIMERS: dict[str, str] = {timer: kind for kind, timer in HOOK_PAUSE_TIMERS.items()}
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ class StepSpan:
     n: int = 1  # iterations the record covers
     after_s: Mapping[str, float] = field(default_factory=dict)  # kind -> seconds paused after it
     new_run: bool = False  # the framework's start-up output came before it (StepRecord.first_of_run)
+    before_s: Mapping[str, float] = field(default_factory=dict)  # kind -> seconds paused before it
 
 
 @dataclass
@@ -114,6 +120,7 @@ class SpanColumns:
     def __init__(self) -> None:
         self.end, self.step, self.iteration, self.n = array("d"), array("d"), array("q"), array("q")
         self.after: dict[int, dict[str, float]] = {}
+        self.before: dict[int, dict[str, float]] = {}
         self.new_run: set[int] = set()
 
     def add(self, s: StepSpan) -> None:
@@ -124,6 +131,8 @@ class SpanColumns:
         self.n.append(s.n)
         if s.after_s:
             self.after[i] = dict(s.after_s)
+        if s.before_s:
+            self.before[i] = dict(s.before_s)
         if s.new_run:
             self.new_run.add(i)
 
@@ -133,14 +142,15 @@ class SpanColumns:
         in_order = all(end[i] <= end[i + 1] for i in range(len(end) - 1))
         for i in range(len(end)) if in_order else sorted(range(len(end)), key=end.__getitem__):
             yield StepSpan(self.iteration[i], end[i], self.step[i], self.n[i], self.after.get(i, {}),
-                           i in self.new_run)
+                           i in self.new_run, self.before.get(i, {}))
 
 
-def phase_seconds(timers: Mapping[str, Any]) -> dict[str, float]:
+def phase_seconds(timers: Mapping[str, Any], names: Mapping[str, str] = PHASE_TIMERS) -> dict[str, float]:
     """kind -> seconds from a record's timers (``TimerValue``-like: ``max_ms``, ``per_rank``): the
-    slowest rank's time, which the training loop waits for."""
+    slowest rank's time, which the training loop waits for. ``names``: timer -> kind
+    (PHASE_TIMERS: pauses after the record's step; PAUSE_BEFORE_TIMERS: before it)."""
     out: dict[str, float] = {}
-    for name, kind in PHASE_TIMERS.items():
+    for name, kind in names.items():
         tv = timers.get(name)
         if tv is None:
             continue
@@ -200,7 +210,7 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
         window = cur.end_time - prev.end_time
         train = min(window, cur.n * cur.step_s)
         left = window - train
-        for kind, secs in prev.after_s.items():
+        for kind, secs in (*prev.after_s.items(), *cur.before_s.items()):
             if kind not in parts or not secs > 0:  # only the pause kinds, and only real times
                 continue
             take = min(left, secs)

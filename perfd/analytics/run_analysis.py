@@ -24,7 +24,7 @@ from perfd.analytics.diagnosis import TimelineClass, classify_job
 from perfd.analytics.finding_types import Finding, Recommendation, order_findings
 from perfd.analytics.findings import derive_findings
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
-from perfd.analytics.goodput import SpanColumns, StepSpan, job_goodput, phase_seconds
+from perfd.analytics.goodput import PAUSE_BEFORE_TIMERS, SpanColumns, StepSpan, job_goodput, phase_seconds
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
 from perfd.analytics.incidents import (
     DETECTION_FIELDS,
@@ -453,7 +453,8 @@ class RunBuilder:
         end, step = finite(rec.end_time), finite(rec.step_time_ms)
         if end is not None and step is not None and step >= 0:
             self.spans.add(StepSpan(rec.iteration, end, step / 1e3, max(1, rec.interval or 1),
-                                    phase_seconds(rec.timers), rec.first_of_run))
+                                    phase_seconds(rec.timers), rec.first_of_run,
+                                    phase_seconds(rec.timers, PAUSE_BEFORE_TIMERS)))
 
     def add(self, rec: StepRecord) -> None:
         memo, lay = self.memo, self.job.layout
