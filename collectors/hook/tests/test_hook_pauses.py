@@ -86,3 +86,9 @@ def test_goodput_counts_a_long_pause_before_a_record_as_its_kind_not_a_stall() -
     assert without.parts["stall"] == pytest.approx(29.0) and without.parts["checkpoint"] == 0
     assert with_save.parts["checkpoint"] == pytest.approx(29.0) and with_save.parts["stall"] == 0
     assert with_save.wall_s == without.wall_s
+
+
+def test_every_hook_phase_has_a_pause_timer_and_is_a_goodput_kind() -> None:
+    from perfd.analytics.goodput import KINDS
+
+    assert set(HOOK_PAUSE_TIMERS) == set(wire.PHASES.values()) and set(HOOK_PAUSE_TIMERS) <= set(KINDS)
