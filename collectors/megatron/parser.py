@@ -444,12 +444,15 @@ class MegatronLogParser:
     def _timer_owner(self) -> dict[str, TimerValue]:
         """Timers printed after iteration N's line belong to N; before any, to start-up. A block
         after a record already handed out (a reader that emitted it on the log's quiet, before a
-        save's timer came) has no owner: counted (``timer_blocks_after_record``), never taken for
+        save's timer came) has no owner: an issue (``timer-after-record``), never taken for
         start-up's."""
         if self._pending is not None:
             return self._pending.timers
         if self._prev_record is not None and not self._startup_seen:
-            self._count("timer_blocks_after_record")
+            # An issue, so that the agent counts it (collector errors "parse:timer-after-record").
+            it = self._prev_record.iteration
+            self._issue("timer-after-record", f"a timer block after iteration {it}'s record was handed out: "
+                                              "its timers are lost")
             return {}
         return self.job_info.startup_timers
 
