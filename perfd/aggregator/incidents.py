@@ -175,7 +175,7 @@ class IncidentTracker:
                             gpu[r] = {**snap, "items": [e.to_json() for e in items]}
                 caps = _overlapping(captures, inc, now)
                 verdict = decide([*live, *inc.observed(), *_capture_evidence(caps)], inc.ranks,
-                                 _missing(inc, gpu))
+                                 _missing(inc, gpu), stalled=inc.kinds == [STALL])
                 doc = inc.to_json()
                 doc["verdict"] = verdict.to_json()
                 doc["cause"] = render_cause(inc, verdict)

@@ -74,15 +74,19 @@ class KindSpec:
     # A kind measured on a scale (a share of time): seen in steady state too, it still explains an
     # incident where its worst exceeds its steady level (``detail["steady_worst"]``) by this much.
     steady_margin: float | None = None
+    # Can stop a rank's progress outright, not only slow it: the only kinds that lead the verdict of
+    # a stall (no step at all). A rank that waits for a CPU 90% of the time still steps; a pending
+    # collective beside that contention is what says why nothing moves.
+    halts: bool = False
 
 
 # The one declaration of each kind's place in the causal order. Within a tier, the order here
 # decides (an XID before a hardware slowdown; a capture's direct view before the timers' ratio).
 KIND_SPECS: dict[EvidenceKind, KindSpec] = {
-    EvidenceKind.PROCESS_STOPPED: KindSpec(Tier.PROCESS, "max", "seconds"),
-    EvidenceKind.OOM_KILL: KindSpec(Tier.PROCESS, "max", "count"),
-    EvidenceKind.PROCESS_GONE: KindSpec(Tier.PROCESS, "max", "count"),
-    EvidenceKind.XID: KindSpec(Tier.HARDWARE, "max", "xid code"),
+    EvidenceKind.PROCESS_STOPPED: KindSpec(Tier.PROCESS, "max", "seconds", halts=True),
+    EvidenceKind.OOM_KILL: KindSpec(Tier.PROCESS, "max", "count", halts=True),
+    EvidenceKind.PROCESS_GONE: KindSpec(Tier.PROCESS, "max", "count", halts=True),
+    EvidenceKind.XID: KindSpec(Tier.HARDWARE, "max", "xid code", halts=True),
     EvidenceKind.HW_SLOWDOWN: KindSpec(Tier.HARDWARE, "max", "count", gpu_symptom=True),
     EvidenceKind.FOREIGN_PROCESS: KindSpec(Tier.FOREIGN_PROCESS, "max", "bytes"),
     # A CPU quota before contention: a throttled rank's threads count the throttled time as run-queue
@@ -97,7 +101,7 @@ KIND_SPECS: dict[EvidenceKind, KindSpec] = {
     EvidenceKind.MEMORY_PRESSURE: KindSpec(Tier.THERMAL_POWER, "max", "ratio",  # PSI memory some
                                            steady_margin=th.STEADY_MARGIN.value),
     EvidenceKind.IO_BLOCKED: KindSpec(Tier.THERMAL_POWER, "max", "ratio",  # PSI io some
-                                      steady_margin=th.STEADY_MARGIN.value),
+                                      steady_margin=th.STEADY_MARGIN.value, halts=True),
     EvidenceKind.AFTER_CAPTURE: KindSpec(Tier.OWN_WORK, "max", "times"),
     EvidenceKind.CAPTURE_FINDING: KindSpec(Tier.OWN_WORK, "max", "times"),
     EvidenceKind.DATA_WAIT: KindSpec(Tier.OWN_WORK, "max", "ratio"),
@@ -238,10 +242,13 @@ def in_steady_state(e: Evidence) -> bool:
     return not (e.worst > level + margin if e.spec.worse == "max" else e.worst < level - margin)
 
 
-def decide(items: Sequence[Evidence], ranks: Sequence[int] = (), missing: Sequence[Missing] = ()) -> Verdict:
+def decide(items: Sequence[Evidence], ranks: Sequence[int] = (), missing: Sequence[Missing] = (),
+           stalled: bool = False) -> Verdict:
     """The verdict over everything seen during an incident: the item highest in the causal order
     (ties: the rank the data names first, then the most sightings). GPU symptoms of lower tiers on
-    the lead's rank are its effects; the rest is listed, also in causal order."""
+    the lead's rank are its effects; the rest is listed, also in causal order. ``stalled``: the
+    incident is a stall alone (no step at all), which only a kind that halts (KindSpec.halts) can
+    lead; without one the verdict has no lead and the stall's own reasons say what holds it."""
     # Evidence the rank's GPU showed in steady state too explains no departure from it.
     steady = [e for e in items if in_steady_state(e)]
     items = [e for e in items if e not in steady]
@@ -255,10 +262,14 @@ def decide(items: Sequence[Evidence], ranks: Sequence[int] = (), missing: Sequen
                 else len(named) + 1, -e.n)
 
     ordered = sorted(items, key=key)
-    lead = ordered[0]
-    effects = tuple(e for e in ordered[1:] if e.rank == lead.rank and e.spec.gpu_symptom
+    if stalled and not any(e.spec.halts for e in ordered):
+        return Verdict(None, ranks[0] if ranks else None, None,
+                       also=tuple(ordered) + tuple(sorted(steady, key=causal_key)), missing=tuple(missing))
+    lead = next(e for e in ordered if e.spec.halts) if stalled else ordered[0]
+    rest = [e for e in ordered if e is not lead]
+    effects = tuple(e for e in rest if e.rank == lead.rank and e.spec.gpu_symptom
                     and e.spec.tier >= lead.spec.tier)
-    also = tuple(e for e in ordered[1:] if e not in effects) + tuple(sorted(steady, key=causal_key))
+    also = tuple(e for e in rest if e not in effects) + tuple(sorted(steady, key=causal_key))
     return Verdict(lead.kind, lead.rank, lead, effects, also, tuple(missing))
 
 

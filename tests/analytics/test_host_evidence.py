@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.evidence import Evidence, EvidenceKind, StallReason, Tier, decide
+from perfd.analytics.evidence import KIND_SPECS, Evidence, EvidenceKind, StallReason, Tier, decide
 from perfd.analytics.host_evidence import foreign_others, host_items, oom_evidence
 from perfd.analytics.stall import RankSeen, StallInputs, Status, check_stall, stall_limit
 from perfd.analytics.verdict_text import action_text, cause_text, cpus_text, sentence
@@ -114,6 +114,22 @@ def test_the_causal_order_of_host_evidence() -> None:
     assert decide([cont, throttled], [0]).cause is K.CPU_THROTTLED
     # A foreign process on the GPU comes first within the tier.
     assert decide([cont, foreign_gpu], [0]).cause is K.FOREIGN_PROCESS
+
+
+def test_a_stall_is_led_only_by_what_halts_a_rank() -> None:
+    # A stall (no step at all) on a loaded machine: the rank waited for a CPU 80% of the time, which
+    # slows it but does not stop it; the stall's own reasons (a pending collective) say what holds it.
+    t = 100.0
+    cont = host_items(0, obs("contention"))[0]
+    stopped = Evidence(K.PROCESS_STOPPED, 1, "", 20.0, t, t + 20, 3, {"pid": 7})
+    v = decide([cont], [0, 1], stalled=True)
+    assert v.cause is None and v.lead is None and v.also == (cont,)
+    assert decide([cont], [0, 1]).cause is K.CPU_CONTENTION  # slow steps: contention leads
+    # A stopped rank leads a stall, whichever rank the data names first; contention stays beside it.
+    v = decide([cont, stopped], [0, 1], stalled=True)
+    assert v.cause is K.PROCESS_STOPPED and v.rank == 1 and cont in v.also
+    assert {k for k, spec in KIND_SPECS.items() if spec.halts} == {
+        K.PROCESS_STOPPED, K.PROCESS_GONE, K.OOM_KILL, K.XID, K.IO_BLOCKED}
 
 
 def test_contention_in_steady_state_too_explains_only_when_worse_by_the_margin() -> None:
