@@ -150,13 +150,17 @@ def test_the_jobs_own_children_are_told_apart(spawn: Any) -> None:
     c = RanksCollector({"job": "j", "event_every_s": 0})
     c.note(rank.pid, 0, "hook")
     # The scan names what ran on a waiting rank's CPUs between two collects that both saw it wait:
-    # on a loaded machine some collects come late or read a short wait, so collect until one does.
+    # on a loaded machine some collects come late or read a short wait, and under two suites at once
+    # the worker's share can fall below the top N others named; so collect until a scan names it.
     r: dict[str, Any] = {}
     for _ in range(30):
         r = _row(_collect(c, 2, 0.7), 0)
-        if "others" in r:
+        if any(o["own"] for o in r.get("others", [])):
             break
-    own = [o for o in r["others"] if o["own"]]
+    own = [o for o in r.get("others", []) if o["own"]]
+    if not own and (load := load_per_cpu()) >= BUSY_LOAD_PER_CPU:
+        pytest.skip(f"load average {load:.1f} per CPU: the worker never ranked among the top "
+                    f"{L.RANK_OTHERS_TOP_N} processes on its CPU in 30 scans")
     assert own and own[0]["cpu_ratio"] > 0.02  # the worker is named, as the job's own
     assert r["own_ratio"] > 0.02
     # It does not count as another process's contention: others_ratio is the foreign ones' alone,
