@@ -31,18 +31,23 @@ from perfd.transport.codec import COMMAND_STACKS, Command
 
 ROOT = Path(__file__).resolve().parents[2]
 SAVE_EVAL_LOG = ROOT / "tests" / "data" / "megatron" / "h100_resume_save_eval.log"
-LOOP = "import time\ndef train_step():\n    while True:\n        time.sleep(0.01)\ntrain_step()\n"
+# Says when it is in train_step (line 4 is the loop a stack shows): stopped before that, a loaded
+# machine's stack was still the interpreter's imports.
+LOOP = ("import time\ndef train_step():\n    print('in', flush=True)\n    while True: time.sleep(0.01)\n"
+        "train_step()\n")
 
 
 @pytest.fixture
 def stopped_python() -> Iterator[subprocess.Popen[bytes]]:
-    p = subprocess.Popen([sys.executable, "-c", LOOP], start_new_session=True)
-    time.sleep(0.5)
+    p = subprocess.Popen([sys.executable, "-c", LOOP], start_new_session=True, stdout=subprocess.PIPE)
+    assert p.stdout is not None and p.stdout.readline() == b"in\n"
     os.kill(p.pid, signal.SIGSTOP)
     yield p
     os.kill(p.pid, signal.SIGCONT)
     p.kill()
     p.wait(timeout=10)
+    if p.stdout is not None:
+        p.stdout.close()
 
 
 def _drain(c: HookCollector, want: int, timeout: float = 10.0) -> Collected:

@@ -36,14 +36,19 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 ROOT = Path(__file__).resolve().parents[2]
 DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
 JOB = "dp2"
-LOOP = "import time\ndef train_step():\n    while True:\n        time.sleep(0.01)\ntrain_step()\n"
+# Says when it is in train_step (line 4 is the loop a stack shows): a fixed wait before a stop left a
+# loaded machine's stack in the interpreter's imports.
+LOOP = ("import time\ndef train_step():\n    print('in', flush=True)\n    while True: time.sleep(0.01)\n"
+        "train_step()\n")
 
 
 @pytest.fixture
 def ranks() -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
     """Two real Python processes standing for the job's ranks 0 and 1."""
-    ps = [subprocess.Popen([sys.executable, "-c", LOOP], start_new_session=True) for _ in range(2)]
-    time.sleep(0.5)
+    ps = [subprocess.Popen([sys.executable, "-c", LOOP], start_new_session=True, stdout=subprocess.PIPE)
+          for _ in range(2)]
+    for p in ps:
+        assert p.stdout is not None and p.stdout.readline() == b"in\n"
     yield ps[0], ps[1]
     for p in ps:
         for sig in (signal.SIGCONT, signal.SIGKILL):
@@ -52,6 +57,8 @@ def ranks() -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]
             except ProcessLookupError:
                 pass
         p.wait(timeout=10)
+        if p.stdout is not None:
+            p.stdout.close()
 
 
 class Harness:
