@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from perfd.analytics.evidence import StallReason
 from perfd.analytics.incidents import Incident
 from perfd.analytics.stall import RankSeen, StallCheck, StallInputs, Status, check_stall, stall_incident
 from perfd.transport.codec import COMMAND_STACKS, Command
@@ -38,6 +39,14 @@ CLOSE_GRACE_S = 10.0
 GPU_UTIL = "perfd_gpu_utilization_ratio"
 
 SendCommand = Callable[[str, Command], bool]
+
+# What a rank's own process shows (stopped, gone): a stall that had it keeps it over a later check
+# without it (the rank continued, the silence not over yet).
+_PROCESS_REASONS = frozenset({StallReason.STOPPED, StallReason.GONE})
+
+
+def _weaker(held: StallCheck, new: StallCheck) -> bool:
+    return bool(_PROCESS_REASONS & set(held.reasons)) and not _PROCESS_REASONS & set(new.reasons)
 
 
 @dataclass
@@ -99,8 +108,14 @@ class StallWatch:
                 st.closed_at = now
                 if last_it is not None:  # steps done before the stop arrive with the resumed ones
                     st.last_iteration = max(st.last_iteration, last_it)
-            else:
-                st.check = check if check.status is not Status.RUNNING else st.check
+            elif check.status is Status.SILENT or (check.status is Status.STALLED
+                                                   and _weaker(st.check, check)):
+                # Still silent, with less to show now (a stopped rank continued, idle or busy, and its
+                # records are not in yet): the stall keeps what made it one (the stopped state, the
+                # reasons) and only its silence grows. Before, a closed stop's evidence read "running".
+                st.check = dataclasses.replace(st.check, silent_s=check.silent_s)
+            elif check.status is not Status.RUNNING:
+                st.check = check
         if st.closed_at is not None:
             a = state.jobs.cached_analysis(job)
             seen = a.iterations[-1].iteration if a is not None and len(a.iterations) else None

@@ -227,6 +227,29 @@ def test_a_stall_no_slow_step_follows_closes_on_its_own(ranks: Any) -> None:
     assert before - silent_from - cadence - 0.01 <= inc["cost_s"] <= after - silent_from - cadence + 0.01
 
 
+def test_a_stopped_rank_continued_keeps_its_stop_as_the_stalls_corroboration(ranks: Any) -> None:
+    """After SIGCONT the rank runs again (here idle: the loop sleeps) before its records arrive: the
+    stall, still silent, keeps the stopped state that made it one, and its silence grows."""
+    h = Harness(ranks)
+    h.records(20)
+    os.kill(ranks[0].pid, signal.SIGSTOP)
+    h.observe()
+    h.st.stalls.tick(h.st, JOB, h.silent_for(9.0))
+    os.kill(ranks[0].pid, signal.SIGCONT)
+    h.observe()
+    check = h.st.stalls.tick(h.st, JOB, h.silent_for(12.0))
+    assert StallReason.STOPPED not in check.reasons  # the check now sees it running
+    (inc,) = h.incidents()
+    stall = inc["evidence"]["stall"]
+    assert stall["ranks"]["0"]["state"] == "stopped" and "stopped" in stall["reasons"]
+    assert stall["silent_s"] == pytest.approx(12.0, abs=0.5) and inc["open"]
+    h.records(30)
+    h.st.stalls.tick(h.st, JOB)
+    (inc,) = h.incidents()
+    assert not inc["open"] and inc["evidence"]["stall"]["ranks"]["0"]["state"] == "stopped"
+    assert inc["verdict"]["cause"] == "process_stopped"
+
+
 def test_an_announced_checkpoint_save_holds_the_stall_back(ranks: Any) -> None:
     h = Harness(ranks)
     h.records(20)
