@@ -154,10 +154,14 @@ def test_data_share_is_the_hooks_data_wait(run: dict[str, Any], analysed: dict[s
     # step); the stretch as a whole is data-bound. Not "every slow step above 20%": on a loaded
     # machine one step's compute can take four times its 80 ms data wait (seen with two CPU burners).
     # The two clocks read microseconds apart, unless the loop is preempted between them: with two suites
-    # at once on 2 CPUs that put 2 ms into a 95 ms step (0.822 against 0.843, seen).
-    tol = 0.02 if load_per_cpu() < BUSY_LOAD_PER_CPU else 0.05
-    for i in SLOW:
-        assert rows[i].data_share == pytest.approx(run["waits"][i] / run["steps"][i], abs=tol), i
+    # at once on 2 CPUs that put 2 ms into a 95 ms step (0.822 against 0.843), and once 5 ms (0.803
+    # against 0.855). So above the busy load, nine steps in ten within 2 points, not every one.
+    own_share = {i: run["waits"][i] / run["steps"][i] for i in SLOW}
+    off = [i for i in SLOW if rows[i].data_share != pytest.approx(own_share[i], abs=0.02)]
+    if load_per_cpu() < BUSY_LOAD_PER_CPU:
+        assert off == []
+    else:
+        assert len(off) <= len(SLOW) // 10, off
     assert statistics.median(rows[i].data_share for i in SLOW) > 0.2
     assert rows[100].sources["data_share"].startswith("hook:timer data-wait")
     # The hook does not time communication: absent, saying where the share comes from.
