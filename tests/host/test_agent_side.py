@@ -31,8 +31,8 @@ from perfd.transport.codec import COMMAND_STACKS, Command
 
 ROOT = Path(__file__).resolve().parents[2]
 SAVE_EVAL_LOG = ROOT / "tests" / "data" / "megatron" / "h100_resume_save_eval.log"
-# Says when it is in train_step (line 4 is the loop a stack shows): stopped before that, a loaded
-# machine's stack was still the interpreter's imports.
+# Says when it is in train_step, where a stack must show it (at the print or in the loop): stopped
+# before, a loaded machine's stack was still the interpreter's imports.
 LOOP = ("import time\ndef train_step():\n    print('in', flush=True)\n    while True: time.sleep(0.01)\n"
         "train_step()\n")
 
@@ -127,7 +127,7 @@ def test_a_stopped_process_stack_and_the_answers_when_py_spy_fails(tmp_path: Pat
     binary = find_py_spy()
     assert binary is not None  # a pinned dependency of perfd (pyproject.toml)
     got = dump_stack(binary, stopped_python.pid)
-    assert "train_step (<string>:4)" in got["stack"] and got["took_s"] < 10
+    assert "train_step (<string>:" in got["stack"] and got["took_s"] < 10
 
     def script(name: str, body: str) -> str:
         path = tmp_path / name

@@ -36,8 +36,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 ROOT = Path(__file__).resolve().parents[2]
 DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
 JOB = "dp2"
-# Says when it is in train_step (line 4 is the loop a stack shows): a fixed wait before a stop left a
-# loaded machine's stack in the interpreter's imports.
+# Says when it is in train_step, where a stack must show it (at the print or in the loop): a fixed wait
+# before a stop left a loaded machine's stack in the interpreter's imports.
 LOOP = ("import time\ndef train_step():\n    print('in', flush=True)\n    while True: time.sleep(0.01)\n"
         "train_step()\n")
 
@@ -137,7 +137,7 @@ def test_a_stopped_rank_opens_a_stall_with_stacks_and_the_slow_step_takes_it_ove
     h.st.stalls.tick(h.st, JOB, h.silent_for(8.0))
     (inc,) = h.incidents()
     stacks = inc["evidence"]["stall"]["stacks"]
-    assert "train_step (<string>:4)" in stacks["1"]["stack"] and stacks["1"]["node"] == "node-a"
+    assert "train_step (<string>:" in stacks["1"]["stack"] and stacks["1"]["node"] == "node-a"
     assert inc["cost_s"] == pytest.approx(8.0 - inc["evidence"]["stall"]["cadence_s"], abs=0.5)
     assert len(h.sent) == 1  # asked once per stall
     # Steps resume: the record after the stop took the whole stop; its incident takes the stall over.
