@@ -188,11 +188,16 @@ class IncidentTracker:
                     doc["kinds"] = sorted({*doc["kinds"], STALL})
                     doc["evidence"]["stall"] = stalls[-1]["evidence"].get("stall")
                     doc["first_seen"] = min(d["first_seen"] for d in stalls)
+                    # The episode began where the stall did: slow steps a few iterations after a pause
+                    # that lies between steps (seen under load: 1304 for a stall at 1301) take it over.
+                    began = min(d["first_iteration"] for d in stalls)
+                    doc["first_iteration"] = min(doc["first_iteration"], began)
                     for d in stalls:
                         kept.pop(str(d["id"]), None)
                 elif prev is not None and STALL in prev.get("kinds", ()) and STALL not in doc["kinds"]:
                     doc["kinds"] = sorted({*doc["kinds"], STALL})  # taken over before: it stays so
                     doc["evidence"]["stall"] = pev.get("stall")
+                    doc["first_iteration"] = min(doc["first_iteration"], prev["first_iteration"])
                 doc = with_stall_cost(doc)
                 if prev is None:
                     self.opened_total[job] = self.opened_total.get(job, 0) + 1

@@ -206,6 +206,31 @@ def test_a_stop_between_two_steps_costs_its_silence_in_the_incident_that_takes_i
     assert gp is not None and gp["parts_s"]["incident"] == pytest.approx(parts["steps_s"], abs=0.01)
 
 
+def test_slow_steps_after_the_stall_take_it_over_from_where_it_began(ranks: Any) -> None:
+    """A pause between two steps, then ordinary steps, then a few slow ones (a loaded machine): the
+    slow steps' incident takes the stall over, and the episode starts where the stall did."""
+    h = Harness(ranks)
+    h.records(20)
+    os.kill(ranks[0].pid, signal.SIGSTOP)
+    h.observe()
+    h.st.stalls.tick(h.st, JOB, h.silent_for(9.0))
+    os.kill(ranks[0].pid, signal.SIGCONT)
+    h.observe()
+    recs = h.parsed.records
+    slow = [dataclasses.replace(r, step_time_ms=(r.step_time_ms or 0.0) + 1500.0) for r in recs[26:28]]
+    h.st.ingest_steps("agent-a", [*recs[20:26], *slow, *recs[28:]])  # 21-26 ordinary, 27-28 slow
+    h.st.analysis(JOB, force=True)
+    for _ in range(2):
+        h.st.stalls.tick(h.st, JOB)
+        h.st.refresh()
+    (inc,) = h.incidents()
+    assert {"slow-steps", "stall"} <= set(inc["kinds"]) and inc["first_iteration"] == 21
+    assert inc["last_iteration"] >= 28 and inc["verdict"]["cause"] == "process_stopped"
+    h.st.refresh()  # and it stays so once recorded
+    (again,) = h.incidents()
+    assert again["first_iteration"] == 21
+
+
 def test_a_stall_no_slow_step_follows_closes_on_its_own(ranks: Any) -> None:
     h = Harness(ranks)
     h.records(20)
