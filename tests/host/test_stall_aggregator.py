@@ -92,6 +92,16 @@ class Harness:
         self.st.ingest_events("agent-a", [{**ev, "labels": {**ev["labels"], "node": "node-a"}}
                                           for ev in out.events])
 
+    def stall_then_continue(self, silent_s: float = 9.0) -> None:
+        """20 records, rank 0 stopped and seen so, a stall opened ``silent_s`` into the silence, then
+        the rank continued and seen so (its records not in yet)."""
+        self.records(20)
+        os.kill(self.procs[0].pid, signal.SIGSTOP)
+        self.observe()
+        self.st.stalls.tick(self.st, JOB, self.silent_for(silent_s))
+        os.kill(self.procs[0].pid, signal.SIGCONT)
+        self.observe()
+
     def silent_for(self, seconds: float) -> float:
         """Make the job's last record have arrived ``seconds`` ago; returns now."""
         js = self.st.jobs.jobs[JOB]
@@ -210,12 +220,7 @@ def test_slow_steps_after_the_stall_take_it_over_from_where_it_began(ranks: Any)
     """A pause between two steps, then ordinary steps, then a few slow ones (a loaded machine): the
     slow steps' incident takes the stall over, and the episode starts where the stall did."""
     h = Harness(ranks)
-    h.records(20)
-    os.kill(ranks[0].pid, signal.SIGSTOP)
-    h.observe()
-    h.st.stalls.tick(h.st, JOB, h.silent_for(9.0))
-    os.kill(ranks[0].pid, signal.SIGCONT)
-    h.observe()
+    h.stall_then_continue()
     recs = h.parsed.records
     slow = [dataclasses.replace(r, step_time_ms=(r.step_time_ms or 0.0) + 1500.0) for r in recs[26:28]]
     h.st.ingest_steps("agent-a", [*recs[20:26], *slow, *recs[28:]])  # 21-26 ordinary, 27-28 slow
@@ -256,12 +261,7 @@ def test_a_stopped_rank_continued_keeps_its_stop_as_the_stalls_corroboration(ran
     """After SIGCONT the rank runs again (here idle: the loop sleeps) before its records arrive: the
     stall, still silent, keeps the stopped state that made it one, and its silence grows."""
     h = Harness(ranks)
-    h.records(20)
-    os.kill(ranks[0].pid, signal.SIGSTOP)
-    h.observe()
-    h.st.stalls.tick(h.st, JOB, h.silent_for(9.0))
-    os.kill(ranks[0].pid, signal.SIGCONT)
-    h.observe()
+    h.stall_then_continue()
     check = h.st.stalls.tick(h.st, JOB, h.silent_for(12.0))
     assert StallReason.STOPPED not in check.reasons  # the check now sees it running
     (inc,) = h.incidents()
