@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 
-from perfd.model import JobInfo, ModelSpec, ParallelLayout
+from perfd.model import PACKAGES, JobInfo, ModelSpec, ParallelLayout
 
 REASON = "value-out-of-range"  # counted as malformed:<REASON> (parser) / job_info_value (aggregator)
 
@@ -102,6 +102,10 @@ def check_job_info(info: JobInfo) -> list[str]:
                    for v in values):
             reasons.append(f"startup timer {name[:80]} not a finite time")
             del info.startup_timers[name]
+    bad = [k for k, v in info.packages.items() if k not in PACKAGES or not isinstance(v, str) or len(v) > 64]
+    for k in bad:
+        reasons.append(f"package {_short(k)} unknown or its version not a short string")
+        del info.packages[k]
     if info.started_at is not None and not (isinstance(info.started_at, (int, float))
                                             and math.isfinite(info.started_at) and info.started_at >= 0):
         reasons.append(f"started_at {_short(info.started_at)} not a finite epoch time")

@@ -29,8 +29,8 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     m.add_argument("--capture", metavar="TRACE", help="a capture of the job (Kineto/Chrome trace .json[.gz], "
                    "nsys .nsys-rep or .sqlite): its timeline votes for the bottleneck class and gives the "
                    "step budget, as it does live")
-    m.add_argument("--capture-steps", type=int, metavar="N", help="iterations the capture holds (default: "
-                   "its span over the steady step time)")
+    m.add_argument("--capture-steps", type=int, metavar="N", help="iterations the capture holds, when the "
+                   "trace marks none (default: the steps it marks, else its span over the steady step time)")
     from perfd.commands.analyze import add_iterations_argument
 
     add_iterations_argument(m)

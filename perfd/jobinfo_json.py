@@ -40,7 +40,7 @@ def decode_job_info(text: str) -> tuple[JobInfo, list[str]]:
     d = json.loads(text)
     if not isinstance(d, dict):
         raise ValueError("job info JSON must be an object")
-    for key in ("layout", "spec", "startup_timers"):
+    for key in ("layout", "spec", "startup_timers", "packages"):
         if not isinstance(d.get(key) or {}, dict):  # a list here raised AttributeError
             raise ValueError(f"job info {key} must be an object")
     timers = d.get("startup_timers") or {}

@@ -198,6 +198,18 @@ class JobInfo:
     # prints while it starts, or the first line's arrival time (perfd.linetimes). Goodput's start-up
     # part runs from here to the first step.
     started_at: float | None = None
+    # Packages the job's remedies may need, as its start-up says (PACKAGES): name -> version, or
+    # "absent" where the log says it is not installed ("Transformer Engine version ... 0.0.0", "Apex
+    # is not installed"). A package the log says nothing of is not listed (unknown).
+    packages: dict[str, str] = field(default_factory=dict)
+
+
+# The packages perfd's remedies name (perfd.analytics.remedies), as JobInfo.packages keys.
+PACKAGE_TE = "transformer_engine"
+PACKAGE_APEX = "apex"
+PACKAGE_FLASH_ATTN = "flash_attn"
+PACKAGES: tuple[str, ...] = (PACKAGE_TE, PACKAGE_APEX, PACKAGE_FLASH_ATTN)
+ABSENT = "absent"
 
 
 @dataclass

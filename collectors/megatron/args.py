@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from collectors.megatron.lines import to_int
 from perfd.bounds import REASON as BOUNDS_REASON
 from perfd.bounds import check_job_info
-from perfd.model import JobInfo
+from perfd.model import ABSENT, PACKAGE_APEX, PACKAGE_TE, JobInfo
 
 ARGS_HEADER_RE = re.compile(r"-{3,}\s*arguments\s*-{3,}")
 ARGS_END_RE = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
@@ -61,6 +61,30 @@ def parse_argument_line(line: str) -> tuple[str, str] | None:
     rest = rest.lstrip(".")
     value = rest[1:] if rest.startswith(" ") else rest
     return m["name"], value.strip()
+
+
+# What Megatron-LM prints of the optional packages at start-up: the Transformer Engine version line
+# (0.0.0 when it is not installed, megatron/training/arguments.py) and the fallback warnings its
+# modules give without them ("Transformer Engine and Apex are not installed. Falling back to ...",
+# "Apex is not installed. Falling back to Torch Norm").
+_TE_VERSION = "Transformer Engine version"
+_NOT_INSTALLED = (("Transformer Engine and Apex are not installed", (PACKAGE_TE, PACKAGE_APEX)),
+                  ("Apex is not installed", (PACKAGE_APEX,)),
+                  ("Transformer Engine is not installed", (PACKAGE_TE,)))
+
+
+def parse_packages(line: str) -> list[tuple[str, str]]:
+    """(package, version or ABSENT) pairs a start-up line states; [] for any other line."""
+    if "installed" in line:
+        for text, names in _NOT_INSTALLED:
+            if text in line:
+                return [(n, ABSENT) for n in names]
+        return []
+    if _TE_VERSION in line:
+        v = version_after(line, _TE_VERSION)
+        if v is not None:
+            return [(PACKAGE_TE, ABSENT if v.split("+")[0] == "0.0.0" else v)]
+    return []
 
 
 def version_after(line: str, label: str) -> str | None:

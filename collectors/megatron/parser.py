@@ -39,7 +39,7 @@ from perfd.bounds import REASON as BOUND_REASON
 from perfd.bounds import check_job_info
 from perfd.events import JOB_PHASE, VALIDATION
 from perfd.logfiles import iter_text_lines
-from perfd.model import JobInfo, ParseIssue, Provenance, StepRecord, StragglerLine, TimerValue
+from perfd.model import ABSENT, JobInfo, ParseIssue, Provenance, StepRecord, StragglerLine, TimerValue
 
 COLLECTOR = "megatron"
 MAX_LINE_CHARS = 65_536  # longer lines are cut before parsing (an iteration line is ~500)
@@ -356,6 +356,12 @@ class MegatronLogParser:
 
     def _startup_line(self, line: str, out: list[StepRecord]) -> bool:
         info = self.job_info
+        packages = margs.parse_packages(line) if "installed" in line or "Engine version" in line else []
+        for name, version in packages:
+            if version != ABSENT or info.packages.get(name) in (None, ABSENT):  # a version line wins
+                info.packages[name] = version
+        if packages:
+            return True
         if "version" in line:
             version = margs.version_after(line, "Megatron-Core version")
             if version is not None:

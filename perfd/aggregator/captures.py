@@ -71,6 +71,7 @@ class CaptureRecord:
     decided: dict[str, Any] | None = None  # {"rank", "device"} whose step budget decided the class
     budget: dict[str, Any] | None = None  # that device's step budget (perfd.analytics.budget JSON)
     slowdown: dict[str, float] = field(default_factory=dict)  # rank -> kernels' slowdown vs steady
+    stack: bool = False  # Kineto with Python stacks (module names; a slower capture)
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -213,7 +214,8 @@ class CaptureCoordinator:
                         "labels": {**f.labels, "rule": f.rule.name}, "payload": f.to_dict()}])
                 if f.capture_allowed and isinstance(f.action, CaptureAction):
                     rec = self._dispatch(f.job, list(f.ranks) if f.ranks is not None else None,
-                                         f.action.tool, f.action.steps, f"rule:{f.rule.name}", t)
+                                         f.action.tool, f.action.steps, f"rule:{f.rule.name}", t,
+                                         f.action.stack)
                     self._firing_of[rec.id] = f
                     if rec.status == "undeliverable":
                         self._release(rec.id)
@@ -221,7 +223,7 @@ class CaptureCoordinator:
 
     # ---- requests by hand or by Alertmanager -------------------------------------------------
     def request(self, job: str, ranks: Sequence[int] | None, tool: str, steps: int, origin: str,
-                now: float | None = None) -> CaptureRecord:
+                now: float | None = None, stack: bool = False) -> CaptureRecord:
         """A capture not from our own rules: still one capture per process at a time."""
         t = time.time() if now is None else now
         if tool not in CAPTURE_TOOLS:
@@ -255,7 +257,7 @@ class CaptureCoordinator:
                                     reason="busy: a capture is running on these processes", updated_at=t)
                 self._keep(rec)
                 return rec
-            rec = self._dispatch(job, list(rk) if rk else None, tool, steps, origin, t)
+            rec = self._dispatch(job, list(rk) if rk else None, tool, steps, origin, t, stack)
             self._firing_of[rec.id] = (job, rk)
             if rec.status == "undeliverable":
                 self._release(rec.id)
@@ -263,12 +265,12 @@ class CaptureCoordinator:
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def _dispatch(self, job: str, ranks: list[int] | None, tool: str, steps: int, origin: str,
-                  t: float) -> CaptureRecord:
-        rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t, updated_at=t)
+                  t: float, stack: bool = False) -> CaptureRecord:
+        rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t, updated_at=t, stack=stack)
         agents = self._agents_for(job, ranks)
         cmd = Command(kind="capture", job=job, ranks=tuple(ranks or ()), id=rec.id,
                       args={"tool": tool, "steps": str(steps), "start_iteration": "next",
-                            "origin": origin})
+                            "origin": origin, **({"stack": "1"} if stack else {})})
         for agent in agents:
             if self.send(agent, cmd):
                 rec.agents.append(agent)
@@ -355,7 +357,7 @@ class CaptureCoordinator:
         got = self.state.jobs.records_and_layout(rec.job)
         steady = a.steady.iterations if a is not None else []
         framework = Framework.of(a.job.get("framework") if a is not None else None)
-        fl, timers = (contexts(a.summary["medians"], a.peak, (a.job.get("layout") or {}).get("pp"))
+        fl, timers = (contexts(a.summary["medians"], a.peak, (a.job.get("layout") or {}).get("pp"), a.flops)
                       if a is not None else (NO_FLOPS, NO_TIMERS))
         findings, recs = [], []
         best: tuple[float, str, int, Any] | None = None  # (top class share, rank, device, diagnosis)
@@ -366,7 +368,8 @@ class CaptureCoordinator:
             r = int(rank) if str(rank).isdigit() else None
             base = steady_compute_ms(got[0], steady, r) if got is not None else None
             d = diagnose_capture(devices, label=f"capture {rec.id} rank {rank}", iterations=rec.steps,
-                                 steady_compute_ms=base, framework=framework, flops=fl, timers=timers)
+                                 steady_compute_ms=base, framework=framework, flops=fl, timers=timers,
+                                 config=a.config if a is not None else None)
             findings += [dataclasses.asdict(f) for f in d.findings]
             recs += [dataclasses.asdict(x) for x in d.recommendations]
             if d.bottleneck is not BottleneckClass.UNKNOWN and d.class_shares:

@@ -442,7 +442,7 @@ def _new_normal(handler: _Handler, job: str, body: dict[str, Any]) -> None:
 
 
 def _post(handler: _Handler, path: str) -> None:
-    """POST /api/captures {job, ranks?, steps?, tool?}, POST /api/alertmanager (webhook v4) and
+    """POST /api/captures {job, ranks?, steps?, tool?, stack?}, POST /api/alertmanager (webhook v4) and
     POST /api/jobs/<job>/new-normal."""
     shift_job = (unquote(path[len("/api/jobs/"):-len(NEW_NORMAL)])
                  if path.startswith("/api/jobs/") and path.endswith(NEW_NORMAL) else None)
@@ -479,8 +479,12 @@ def _post(handler: _Handler, path: str) -> None:
             steps = body.get("steps", 3)
             if not isinstance(steps, int) or isinstance(steps, bool):
                 raise ValueError("'steps' must be an integer")
+            stack = body.get("stack", False)
+            if not isinstance(stack, bool):
+                raise ValueError("'stack' must be true or false")
             try:
-                rec = caps.request(str(body["job"]), ranks, str(body.get("tool", "auto")), steps, "manual")
+                rec = caps.request(str(body["job"]), ranks, str(body.get("tool", "auto")), steps, "manual",
+                                   stack=stack)
             except CaptureRateLimited as exc:
                 handler._json(429, {"error": str(exc)})
                 return

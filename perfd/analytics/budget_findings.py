@@ -1,21 +1,23 @@
-"""Findings and remedies from a step's time budget (perfd.analytics.budget): one small analyzer per
-part, registered in :data:`ANALYZERS`, each reading the typed budget and returning findings with
-their evidence and, where the part costs time a remedy can take back, a recommendation with its
-basis and a bounded expected gain (perfd.analytics.remedies). Pure; English only in the texts.
+"""Findings and remedies from a step's time budget (perfd.analytics.budget): what each part holds,
+by the ops that issued its kernels, and the remedies perfd.analytics.remedies fits to the job's own
+configuration, each a recommendation with its basis, its needs, its cost and a gain range. Pure;
+English only in the texts.
 
-A recommendation is only made for time the budget measured: never a check of something the same
-budget shows as fine (an efficient GEMM part gets an info finding saying so, and no action).
+A recommendation is made only for time the budget measured: never a check of something the same
+budget shows as fine (an efficient GEMM part gets an info finding saying so, and no action); and a
+gain whose range reaches below zero is said as one to measure, never promised.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.budget import BudgetClass, BudgetPart, Part, StepBudget, classify
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
-from perfd.analytics.remedies import Framework, gain, remedy
+from perfd.analytics.remedies import Advice, FitContext, Framework, JobConfig, fit
+from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
 
 
 @dataclass(frozen=True)
@@ -25,28 +27,42 @@ class BudgetContext:
     label: str = ""  # where the budget comes from, for the findings' source ("capture c1 rank 0")
     # Parts other analyzers speak for already (the run's timers: data, communication, pipeline)
     covered: frozenset[Part] = frozenset()
-    arguments: Mapping[str, str] = field(default_factory=dict)  # Megatron's arguments (flags already on)
+    config: JobConfig | None = None  # what the job runs with (remedies fit it); None: the framework alone
 
 
 Out = tuple[list[Finding], list[Recommendation]]
 
 _NAMES: dict[Part, str] = {
-    Part.IDEAL: "the model's FLOPs at peak", Part.CEILING_GAP: "peak → measured matmul ceiling",
-    Part.GEMM: "GEMMs below the ceiling", Part.ATTENTION: "attention, unfused", Part.OPTIMIZER: "optimizer",
-    Part.POINTWISE: "elementwise / normalisation", Part.MEMCPY: "memory copies",
+    Part.ATTENTION: "attention", Part.LINEAR: "linear layers", Part.GEMM: "GEMMs (op unknown)",
+    Part.ACTIVATION: "MLP activation", Part.NORM: "normalisation", Part.LOSS: "loss (cross-entropy)",
+    Part.EMBEDDING: "embedding", Part.OPTIMIZER: "optimizer", Part.GRAD_REDUCE: "gradient reduction",
+    Part.POINTWISE: "other pointwise", Part.MEMCPY: "copies and memsets",
     Part.COMM_EXPOSED: "exposed communication", Part.PIPELINE: "pipeline wait", Part.DATA: "data wait",
     Part.IDLE_SHORT: "idle, short gaps (launch)", Part.IDLE_LONG: "idle, long gaps (host waits)",
     Part.COMPUTE: "compute (not divided)",
 }
+# What each part holds, said once (the finding's opening words).
+_HOLDS: dict[Part, str] = {
+    Part.ATTENTION: "Core attention (QKᵀ, the mask, softmax, dropout and ·V, their backward and the copies "
+                    "autograd makes of the scores) takes",
+    Part.LINEAR: "The linear layers' GEMMs take", Part.GEMM: "Matmul kernels (their ops unknown) take",
+    Part.ACTIVATION: "The MLP activation takes", Part.NORM: "Normalisation takes",
+    Part.LOSS: "The cross-entropy over the logits takes", Part.EMBEDDING: "The embedding takes",
+    Part.OPTIMIZER: "The optimizer (step, gradient norm, zeroing) takes",
+    Part.GRAD_REDUCE: "Gradient accumulation and the data-parallel machinery's kernels take",
+    Part.POINTWISE: "Other pointwise work (residual adds, hidden dropout, casts, reshapes) takes",
+    Part.MEMCPY: "Copies and memsets no op above claims take",
+    Part.IDLE_SHORT: f"The GPU waits in gaps under {th.SHORT_GAP_S.value * 1e3:g} ms (the host issuing work) for",
+    Part.IDLE_LONG: f"The GPU waits in gaps of {th.SHORT_GAP_S.value * 1e3:g} ms or more (the host waiting: a "
+                    "synchronisation, Python between steps) for",
+    Part.DATA: "The step waits for its batch for", Part.COMM_EXPOSED: "Collectives run with no compute beside "
+    "them for", Part.PIPELINE: "Pipeline p2p waits (the bubble, not link bandwidth) take",
+}
+_PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAGE_FLASH_ATTN: "flash-attn"}
 
 
 def part_name(part: Part) -> str:
     return _NAMES[part]
-
-
-def _kernels_text(p: BudgetPart, n: int = 3) -> str:
-    ks = [k for k in p.detail.get("kernels") or [] if isinstance(k, Mapping)][:n]
-    return "; ".join(f"{_short(str(k['name']))} {float(k['ms']):.1f} ms ×{float(k['count']):.0f}" for k in ks)
 
 
 def _short(name: str, width: int = 60) -> str:
@@ -58,6 +74,17 @@ def _short(name: str, width: int = 60) -> str:
             return key
     name = " ".join(name.split())
     return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def _ops_text(p: BudgetPart, n: int = 4) -> str:
+    """The part's largest ops per step (by the op that issued the kernels), else its kernels."""
+    ops = p.detail.get("op_ms")
+    if isinstance(ops, Mapping) and ops:
+        top = sorted(((str(k), float(v)) for k, v in ops.items() if isinstance(v, (int, float))),
+                     key=lambda kv: -kv[1])[:n]
+        return "; ".join(f"{_short(k)} {v:.1f} ms" for k, v in top if v >= 0.05)
+    ks = [k for k in p.detail.get("kernels") or [] if isinstance(k, Mapping)][:3]
+    return "; ".join(f"{_short(str(k['name']))} {float(k['ms']):.1f} ms ×{float(k['count']):.0f}" for k in ks)
 
 
 def ncu_text(p: BudgetPart) -> str:
@@ -80,115 +107,123 @@ def ncu_text(p: BudgetPart) -> str:
             + "; ".join(out)) if out else ""
 
 
-def _expected(b: StepBudget, p: BudgetPart, removes: float) -> tuple[float, str]:
-    saved, mfu_after = gain(b.step_ms, p.ms, removes, b.mfu)
-    after = f", MFU {b.mfu:.1%} → up to ~{mfu_after:.1%}" if mfu_after is not None and b.mfu else ""
-    return saved, f"step −{saved:.0f} ms ({saved / b.step_ms:.0%}){after}"
-
-
-def _part(ctx: BudgetContext, part: Part, title: str, why: str) -> Out:
-    """The finding of one kernel part, and its remedy with the expected gain when it costs enough."""
+def parts(ctx: BudgetContext) -> Out:
+    """A finding for each part the budget names (1% of the step or more), with the ops that hold it."""
     b = ctx.budget
-    p = b.get(part)
-    if p is None or p.share < th.BUDGET_PART_NAMED.value or part in ctx.covered:
-        return [], []
-    kern = _kernels_text(p)
-    sev = Severity.WARNING if p.share >= th.BUDGET_PART_WARN.value else Severity.INFO
-    fid = f"budget-{part.value}"
-    extra = ""
-    if part is Part.OPTIMIZER and isinstance(p.detail.get("timer_ms"), (int, float)):
-        extra = f"; the framework's own optimizer timer says {float(p.detail['timer_ms']):.0f} ms per step"
-    if ncu_text(p):
-        extra += f". {ncu_text(p)}"
-    f = Finding(fid, sev, f"{title}: {p.ms:.0f} ms per step ({p.share:.0%})",
-                f"{why} {p.ms:.1f} ms of a {b.step_ms:.0f} ms step"
-                + (f" (top kernels per step: {kern})" if kern else "") + extra + ".",
-                {"part": part.value, "ms": p.ms, "share": p.share, "kernels": p.detail.get("kernels") or [],
-                 **{k: p.detail[k] for k in ("timer_ms", "ncu") if k in p.detail}},
-                "", f"{ctx.label or b.basis} ({p.source.value})")
-    r = remedy(part, ctx.framework)
-    if r is None or p.share < th.BUDGET_PART_REMEDY.value:
-        return [f], []
-    saved, text = _expected(b, p, r.removes)
-    detail = (f"basis: {part_name(part)} {p.ms:.0f} ms per step ({p.share:.0%}, {p.source.value}); typically "
-              f"removes ~{r.removes:.0%} of it ({r.why}) → {text}" + (f"; {r.how}" if r.how else ""))
-    return [f], [Recommendation("", fid, 0, r.action, detail, saved / b.step_ms)]
-
-
-def attention(ctx: BudgetContext) -> Out:
-    return _part(ctx, Part.ATTENTION, "Attention runs unfused",
-                 "The attention mask fill and softmax run as kernels of their own, reading and writing the "
-                 "s×s score matrix (QKᵀ and ·V are among the GEMMs):")
-
-
-def optimizer(ctx: BudgetContext) -> Out:
-    return _part(ctx, Part.OPTIMIZER, "Optimizer step", "The optimizer's kernels take")
-
-
-def pointwise(ctx: BudgetContext) -> Out:
-    return _part(ctx, Part.POINTWISE, "Elementwise and normalisation kernels",
-                 "Memory-bound pointwise kernels (dropout, activations, adds, layer norm, casts) take")
-
-
-def memcpy(ctx: BudgetContext) -> Out:
-    return _part(ctx, Part.MEMCPY, "Memory copies", "Copies and memsets on the device take")
-
-
-def idle_short(ctx: BudgetContext) -> Out:
-    return _part(ctx, Part.IDLE_SHORT, "Launch-bound gaps",
-                 f"The GPU waits a little before kernels (idle gaps under {th.SHORT_GAP_S.value * 1e3:g} ms: "
-                 "the host issues work slower than the GPU runs it):")
-
-
-def idle_long(ctx: BudgetContext) -> Out:
-    return _part(ctx, Part.IDLE_LONG, "Host waits",
-                 f"The GPU is idle in gaps of {th.SHORT_GAP_S.value * 1e3:g} ms or more (the host waiting: a "
-                 "synchronisation, Python between steps):")
-
-
-def data(ctx: BudgetContext) -> Out:
-    return _part(ctx, Part.DATA, "Data wait", "The step waits for its batch:")
-
-
-def communication(ctx: BudgetContext) -> Out:
-    return _part(ctx, Part.COMM_EXPOSED, "Exposed communication",
-                 "Collectives run with no compute beside them for")
-
-
-def pipeline(ctx: BudgetContext) -> Out:
-    return _part(ctx, Part.PIPELINE, "Pipeline wait",
-                 "SendRecv kernels run from the moment a stage posts its p2p until the peer stage delivers "
-                 "(the bubble, not link bandwidth):")
+    out: list[Finding] = []
+    for p in b.parts:
+        if p.share < th.BUDGET_PART_NAMED.value or p.part in ctx.covered or p.part is Part.COMPUTE:
+            continue
+        sev = Severity.WARNING if p.share >= th.BUDGET_PART_WARN.value and p.part not in (
+            Part.LINEAR, Part.GEMM) else Severity.INFO
+        ops = _ops_text(p)
+        extra = ""
+        if p.part is Part.OPTIMIZER and isinstance(p.detail.get("timer_ms"), (int, float)):
+            extra = f"; the framework's own optimizer timer says {float(p.detail['timer_ms']):.0f} ms per step"
+        if p.part is Part.ATTENTION and isinstance(p.detail.get("flops"), (int, float)):
+            extra = (f"; {'fused' if p.detail.get('fused') else 'unfused'}: its FLOPs would take "
+                     f"{float(p.detail.get('at_ceiling_ms') or 0):.0f} ms at the matmul ceiling")
+        if ncu_text(p):
+            extra += f". {ncu_text(p)}"
+        name = part_name(p.part)
+        out.append(Finding(f"budget-{p.part.value}", sev, f"{name[0].upper()}{name[1:]}: {p.ms:.0f} ms per step "
+                           f"({p.share:.0%})", f"{_HOLDS.get(p.part, 'It takes')} {p.ms:.1f} ms of a "
+                           f"{b.step_ms:.0f} ms step" + (f" (by op, per step: {ops})" if ops else "") + extra + ".",
+                           {"part": p.part.value, "ms": p.ms, "share": p.share,
+                            **{k: p.detail[k] for k in ("op_ms", "kernels", "timer_ms", "ncu", "flops")
+                               if k in p.detail}},
+                           "", f"{ctx.label or b.basis} ({p.source.value}, {b.attribution or 'timers'})"))
+    return out, []
 
 
 def gemm(ctx: BudgetContext) -> Out:
-    """The GEMMs' own efficiency against the measured ceiling: fine (info) or far below it (a remedy)."""
+    """The linear layers' (or the GEMMs') efficiency against the measured ceiling: fine (info) or far below
+    it (the bigger-GEMMs remedy speaks for it)."""
     b = ctx.budget
-    p = b.get(Part.GEMM)
-    if p is None or b.gemm_tflops is None or not b.ceiling_tflops:
+    p = b.get(Part.LINEAR) or b.get(Part.GEMM)
+    if p is None or not isinstance(p.detail.get("achieved_tflops"), (int, float)) or not b.ceiling_tflops:
         return [], []
-    of = b.gemm_tflops / b.ceiling_tflops
-    total = float(p.detail.get("gemm_ms") or 0.0)
+    achieved, of = float(p.detail["achieved_tflops"]), float(p.detail.get("of_ceiling") or 0.0)
     good = of >= th.GEMM_EFFICIENT.value
-    fid = "budget-gemm"
-    f = Finding(fid, Severity.INFO if good else Severity.WARNING,
-                f"GEMMs at {of:.0%} of the measured matmul ceiling",
-                f"The GEMMs (and fused attention) take {total:.0f} ms per step and run the model's FLOPs at "
-                f"{b.gemm_tflops:.0f} TFLOP/s: {of:.0%} of the {b.ceiling_tflops:g} TFLOP/s a large bf16 "
-                f"matmul reaches on this GPU" + (" — efficient: the time to win is outside them." if good else
-                                          " — small or odd-shaped matrices.")
-                + (f" {ncu_text(p)}." if ncu_text(p) else ""),
-                {"gemm_ms": total, "achieved_tflops": b.gemm_tflops, "ceiling_tflops": b.ceiling_tflops,
-                 "of_ceiling": of, **({"ncu": p.detail["ncu"]} if p.detail.get("ncu") else {})}, "",
-                f"{ctx.label or b.basis} (capture + model FLOPs)")
-    r = remedy(Part.GEMM, ctx.framework)
-    if good or r is None or p.share < th.BUDGET_PART_REMEDY.value:
-        return [f], []
-    saved, text = _expected(b, p, r.removes)
-    return [f], [Recommendation("", fid, 0, r.action,
-                                f"basis: GEMMs {of:.0%} of the ceiling, {p.ms:.0f} ms per step below it; "
-                                f"→ {text}",
-                                saved / b.step_ms)]
+    what = "linear layers" if p.part is Part.LINEAR else "GEMMs (and fused attention)"
+    return [Finding("budget-gemm", Severity.INFO if good else Severity.WARNING,
+                    f"{what[0].upper()}{what[1:]} at {of:.0%} of the measured matmul ceiling",
+                    f"The {what} take {p.ms:.0f} ms per step and run their FLOPs at {achieved:.0f} TFLOP/s: "
+                    f"{of:.0%} of the {b.ceiling_tflops:g} TFLOP/s a large bf16 matmul reaches on this GPU"
+                    + (" — efficient: the time to win is outside them." if good else " — small or odd-shaped "
+                       "matrices.") + (f" {ncu_text(p)}." if ncu_text(p) else ""),
+                    {"ms": p.ms, "achieved_tflops": achieved, "ceiling_tflops": b.ceiling_tflops,
+                     "of_ceiling": of}, "", f"{ctx.label or b.basis} (capture + model FLOPs)")], []
+
+
+def capture_cost(ctx: BudgetContext) -> Out:
+    """The capture's own slowdown of the steps it recorded, and how its steps were counted."""
+    b = ctx.budget
+    over = b.capture_overhead_ms
+    if over is None or b.steady_step_ms is None or b.steady_step_ms <= 0:
+        return [], []
+    share = over / b.steady_step_ms
+    how = {"trace": "the steps the trace marks", "request": "the steps the capture asked for",
+           "span": "the span over the steady step (the trace marks no step)"}.get(b.steps_from, "")
+    sev = Severity.WARNING if share > th.CAPTURE_SLOWDOWN.value else Severity.INFO
+    return [Finding("budget-capture-cost", sev, f"The capture slowed its steps by {share:+.0%}",
+                    f"The captured steps averaged {b.step_ms:.0f} ms against the steady {b.steady_step_ms:.0f} ms "
+                    f"({over:+.0f} ms): the profiler's own cost, which lands in the idle parts (the host runs "
+                    f"slower; the kernels do not)" + (f"; steps counted from {how}" if how else "")
+                    + (". Read the idle parts with that in mind." if share > th.CAPTURE_SLOWDOWN.value else "."),
+                    {"captured_step_ms": b.step_ms, "steady_step_ms": b.steady_step_ms, "overhead_ms": over,
+                     "steps": b.iterations, "steps_from": b.steps_from}, "", ctx.label or b.basis)], []
+
+
+def remedies(ctx: BudgetContext) -> Out:
+    """The remedies fitted to the job, each a recommendation with its gain range."""
+    b = ctx.budget
+    cfg = ctx.config or JobConfig(ctx.framework)
+    recs = []
+    for a in fit(FitContext(b, cfg)):
+        if a.part in ctx.covered:
+            continue
+        recs.append(recommendation(a, b))
+    return [], recs
+
+
+def recommendation(a: Advice, b: StepBudget) -> Recommendation:
+    """Advice as the report shows it: the action, then basis, expected change, needs, cost, notes."""
+    bits = []
+    if a.gain is not None:
+        bits.append(f"basis: {a.gain.basis}")
+        bits.append(f"expected: {gain_text(a, b)}")
+    if a.needs:
+        names = [_PACKAGE_NAMES.get(n, n) for n in a.needs]
+        bits.append(f"needs {(' or ' if a.needs_one else ' and ').join(names)}; the job's start-up says "
+                    + ("neither is" if a.needs_one and len(names) > 1 else "none is" if len(names) > 1
+                       else "it is not") + " installed")
+    if a.cost:
+        bits.append(f"cost: {a.cost}")
+    bits += list(a.notes)
+    impact = a.gain.mid_ms / b.step_ms if a.gain is not None and a.gain.promised and b.step_ms > 0 else None
+    return Recommendation("", f"budget-{a.part.value}", 0, a.action, "; ".join(bits), impact, a.remedy.value,
+                          [a.gain.low_ms, a.gain.high_ms] if a.gain is not None else None,
+                          [f.text() for f in a.flags], list(a.remove), list(a.needs))
+
+
+def gain_text(a: Advice, b: StepBudget) -> str:
+    g = a.gain
+    if g is None or b.step_ms <= 0:
+        return "not estimated"
+    lo, hi = g.low_ms, g.high_ms
+    if not g.promised:
+        return (f"between {abs(lo):.0f} ms slower and {hi:.0f} ms faster per step ({-lo / b.step_ms:+.0%} to "
+                f"{-hi / b.step_ms:+.0%}): measure before keeping it")
+    mfu = ""
+    if b.mfu is not None and b.step_ms - hi > 0:
+        mfu = (f", MFU {b.mfu:.1%} → {b.mfu * b.step_ms / (b.step_ms - lo):.1%}–"
+               f"{b.mfu * b.step_ms / (b.step_ms - hi):.1%}")
+    return f"step −{lo:.0f} to −{hi:.0f} ms ({_share(lo / b.step_ms)}–{_share(hi / b.step_ms)}){mfu}"
+
+
+def _share(x: float) -> str:
+    return f"{x:.1%}" if abs(x) < 0.1 else f"{x:.0%}"
 
 
 def bottleneck(ctx: BudgetContext) -> Out:
@@ -213,8 +248,7 @@ def waterfall_text(b: StepBudget) -> str:
 
 Analyzer = Callable[[BudgetContext], Out]
 # The one registry: every question the budget answers, in the order findings are listed.
-ANALYZERS: tuple[Analyzer, ...] = (bottleneck, gemm, attention, pointwise, memcpy, optimizer, idle_short,
-                                   idle_long, data, communication, pipeline)
+ANALYZERS: tuple[Analyzer, ...] = (bottleneck, capture_cost, gemm, parts, remedies)
 
 
 def analyze(ctx: BudgetContext, analyzers: Sequence[Analyzer] = ANALYZERS) -> Out:
@@ -225,3 +259,13 @@ def analyze(ctx: BudgetContext, analyzers: Sequence[Analyzer] = ANALYZERS) -> Ou
         fs += f
         rs += r
     return fs, rs
+
+
+def config_of(framework: str | None, version: str | None, arguments: Mapping[str, str],
+              packages: Mapping[str, str], layout: tuple[int | None, int | None],
+              batches: tuple[int | None, int | None], memory_mib: Mapping[str, float] | None,
+              gpu_memory_mib: float | None) -> JobConfig:
+    """A JobConfig from what a run's analysis holds (perfd.analytics.findings builds it)."""
+    return JobConfig(Framework.of(framework), version, dict(arguments), dict(packages), layout[0], layout[1],
+                     batches[0], batches[1], dict(memory_mib or {}), gpu_memory_mib)
+

@@ -32,7 +32,7 @@ from perfd.analytics.budget import (
 from perfd.analytics.budget_findings import BudgetContext, analyze
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
-from perfd.analytics.remedies import Framework
+from perfd.analytics.remedies import Framework, JobConfig
 from perfd.model import StepRecord
 
 SLOWER_THAN_STEADY = 1.3  # kernel time per captured iteration ÷ the job's steady compute
@@ -111,33 +111,37 @@ def _slower(out: CaptureDiagnosis, d: int, dev: Mapping[str, Any], label: str, i
 def diagnose_capture(devices: Sequence[Mapping[str, Any]], *, label: str = "capture",
                      iterations: int | None = None, steady_compute_ms: float | None = None,
                      framework: Framework = Framework.PYTORCH, flops: FlopsContext = NO_FLOPS,
-                     timers: TimerShares = NO_TIMERS) -> CaptureDiagnosis:
+                     timers: TimerShares = NO_TIMERS, config: JobConfig | None = None) -> CaptureDiagnosis:
     """Findings for each device of one capture. ``iterations``: how many training iterations the
     capture covered (the budget is per step; None: per captured span); ``steady_compute_ms``: the
     job's steady forward+backward compute per iteration (timers) — together they say whether kernels
     ran slower than usual while captured. ``framework``, ``flops``, ``timers``: the job's, for the
-    remedies, the waterfall's first steps and the data wait."""
+    remedies, the waterfall's first steps and the data wait; ``config``: what the job runs with (the
+    remedies fit it). A device whose trace marks its steps is divided by those, not ``iterations``."""
     out = CaptureDiagnosis()
     decided: tuple[float, BottleneckClass, str, dict[str, float]] | None = None
     for dev in devices:
         d = int(dev.get("device", -1))
         where = f"{label}, device {d}" if len(devices) > 1 else label
-        b = from_capture(dev, iterations, fl=flops, timers=timers, basis=where)
+        marked = dev.get("trace_steps")
+        steps = marked if isinstance(marked, int) and not isinstance(marked, bool) and marked > 0 else iterations
+        how = "trace" if steps is not None and steps == marked else "request" if steps else ""
+        b = from_capture(dev, steps, fl=flops, timers=timers, basis=where, steps_from=how)
         if b is None:
             continue
         out.budgets[d] = b
-        fs, rs = analyze(BudgetContext(b, framework, where))
+        fs, rs = analyze(BudgetContext(b, framework, where, config=config))
         out.findings += [dataclasses.replace(f, id=f"{f.id}-{d}") for f in fs]
         out.recommendations += [dataclasses.replace(r, finding_id=f"{r.finding_id}-{d}") for r in rs]
         # The class is the timeline's own (no timer moves its long gaps to "data"): the same trace
         # gives the same class live, after the job and offline, whatever the timers said meanwhile.
-        own = from_capture(dev, iterations, basis=where) if timers.data else b
+        own = from_capture(dev, steps, basis=where) if timers.data else b
         c = classify(own) if own is not None else None
         if c is not None:
             top = max(c.shares.values())
             if decided is None or top > decided[0]:
                 decided = (top, c.cls, f"{c.reason()} ({where})", c.shares_json())
-        _slower(out, d, dev, label, iterations, steady_compute_ms)
+        _slower(out, d, dev, label, steps, steady_compute_ms)
     if decided is not None:
         _top, out.bottleneck, out.bottleneck_reason, out.class_shares = decided
     elif devices:

@@ -21,7 +21,7 @@ from perfd.analytics.budget import Part, StepBudget
 from perfd.analytics.common import MEGATRON_VOCABULARY, VOCABULARIES
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.pipeline import microbatches_for_bubble, rebalance_estimate
-from perfd.analytics.remedies import Framework, gain, remedy
+from perfd.analytics.remedies import DATA_KNOBS, Framework, JobConfig
 from perfd.analytics.steady import Exclusion
 from perfd.analytics.stragglers import rank_order
 from perfd.analytics.verdict_text import DATA_LOADING_ACTION
@@ -36,6 +36,10 @@ GRADES: tuple[tuple[str, str], ...] = (
     ("good", "MFU 40–50%: good"),
     ("excellent", "MFU > 50%: excellent"),
 )
+# Each grade's band, and the causes its name points at (DESIGN.md §2 Grades): a report that measured
+# them small says so instead (explain_grade).
+_BANDS = {"severe": "MFU < 30%", "communication-overhead": "MFU 30–40%", "good": "MFU 40–50%",
+          "excellent": "MFU > 50%"}
 # How a headline shows a grade: a grade is an MFU band, and the band 30–40% is named for its usual
 # cause; shown beside the MFU it would read as this job's cause, which the bottleneck class states.
 GRADE_LABELS: dict[str, str] = {"communication-overhead": "fair"}
@@ -59,6 +63,42 @@ def grade_mfu(mfu: float | None) -> tuple[str, str]:
     return GRADES[3]
 
 
+def explain_grade(mfu: float | None, data: float | None, comm: float | None,
+                  budget_class: str | None = None) -> str:
+    """The grade said with this job's own measurements: never its band's usual causes where the same
+    report measured them small. ``budget_class``: what a capture's step budget says (its class text)."""
+    grade, text = grade_mfu(mfu)
+    band = _BANDS.get(grade)
+    if band is None or grade not in ("severe", "communication-overhead"):
+        return text
+    if budget_class:  # a capture divided the step: the budget, not the band's usual suspects
+        return f"{band}: the step budget shows where the time goes — {budget_class}"
+    small_data = data is not None and data < th.DATA_HEALTHY_SHARE.value
+    small_comm = comm is not None and comm < th.COMM_BOUND_SHARE.value / 3
+    if grade == "communication-overhead":
+        if small_comm:
+            return (f"{band}: a band usually due to communication overhead — not here: exposed communication "
+                    f"{comm:.1%} of the step; the bottleneck class says where the time goes")
+        return text
+    ruled = [f"data loading ({data:.1%})" if small_data else "", f"exposed communication ({comm:.1%})"
+             if small_comm else ""]
+    ruled = [r for r in ruled if r]
+    if not ruled:
+        return text
+    unknown = "" if data is not None and comm is not None else (
+        "; exposed communication is not timed" if comm is None else "; the data wait is not timed")
+    return (f"{band}: severe — not {' nor '.join(ruled)} here{unknown}: the bottleneck class says where the "
+            "time goes")
+
+
+def budget_class_text(b: StepBudget | None) -> str | None:
+    """The class a capture's budget supports, as text (None without a capture)."""
+    from perfd.analytics.budget import classify
+
+    c = classify(b) if b is not None else None
+    return budget_findings.class_text(c) if c is not None else None
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
@@ -74,14 +114,8 @@ class RunContext:
     span: str
     budget: StepBudget | None
     framework: Framework
-
-    def saving(self, part: Part, removes: float) -> float | None:
-        """The share of the step a remedy taking ``removes`` of ``part`` saves, per the budget."""
-        b = self.budget
-        if b is None or b.step_ms <= 0:
-            return None
-        saved, _ = gain(b.step_ms, b.ms(part), removes, b.mfu)
-        return saved / b.step_ms
+    config: JobConfig
+    live: bool = True  # the job may still run (a capture can be taken now); False: a finished log
 
 
 Out = tuple[list[Finding], list[Recommendation]]
@@ -93,7 +127,10 @@ def mfu_grade(c: RunContext) -> Out:
     if mfu is None:
         why = a.iterations[0].sources.get("mfu", "unknown") if a.iterations else "no iterations"
         return [Finding("mfu-absent", Severity.INFO, "MFU not available", f"MFU {why}", {}, span)], []
-    grade, grade_text = grade_mfu(mfu)
+    grade, _ = grade_mfu(mfu)
+    b = c.budget
+    cls = budget_class_text(b)
+    grade_text = explain_grade(mfu, med.get("data_share"), med.get("comm_exposed_share"), cls)
     ceiling = (f"; {_pct(med.get('mfu_vs_measured_ceiling'))} of the measured "
                f"{peak.measured_ceiling_tflops:g} TFLOP/s matmul ceiling"
                if peak.measured_ceiling_tflops else "")
@@ -186,8 +223,9 @@ def communication(c: RunContext) -> Out:
                          f"Gradient sync exposed {_pct(dp_part)} of the step",
                          f"all-grads-sync and the other gradient all-reduces take {_pct(dp_part)} of the "
                          f"step (> {GRAD_SYNC_SHARE:.0%}).", ev_c, span))
-        fix = remedy(Part.COMM_EXPOSED, c.framework)
-        act = (fix.action if fix is not None and args.get("overlap_grad_reduce") != "True"
+        overlap = (c.framework is Framework.MEGATRON and args.get("overlap_grad_reduce") != "True")
+        act = ("Overlap gradient communication with compute: --use-distributed-optimizer --overlap-grad-reduce "
+               "--overlap-param-gather" if overlap
                else "More gradient accumulation per step (more micro-batches) to amortise the reduce")
         r.append(Recommendation("", "comm-grad-sync", 0, act, f"DP={lay.dp}; check inter-node bandwidth",
                                 dp_part))
@@ -222,8 +260,7 @@ def data_loading(c: RunContext) -> Out:
                 {"data_share": ds}, c.span, f"{vocab.source} timer {timer}")
     if sev is Severity.INFO:
         return [f], []
-    fix = remedy(Part.DATA, c.framework)
-    detail = f"{timer} {_pct(ds)} of the step" + (f"; {fix.how}" if fix is not None and fix.how else "")
+    detail = f"{timer} {_pct(ds)} of the step; {DATA_KNOBS[c.framework]}"
     cv = c.a.summary.get("step_time_cv")
     if cv is not None and cv > JITTER_CV:  # jitter with slow data loading: one action covers both
         detail += f"; step time also jitters (CV {cv:.1%}, finding step-jitter)"
@@ -295,7 +332,7 @@ def step_budget(c: RunContext) -> Out:
     if c.job.layout.pp and c.job.layout.pp > 1 and c.med.get("pp_idle_max") is not None:
         covered.add(Part.PIPELINE)
     return budget_findings.analyze(budget_findings.BudgetContext(b, c.framework, b.basis, frozenset(covered),
-                                                                 c.job.arguments))
+                                                                 c.config))
 
 
 def next_step(c: RunContext) -> Out:
@@ -312,13 +349,22 @@ def next_step(c: RunContext) -> Out:
         notes.append(f"TP={lay.tp}: keep the tensor-parallel group within one node (NVLink)")
     if h is not None and h <= 2048:
         notes.append(f"hidden size {h}: small GEMMs run far below peak on this GPU")
-    basis = (f"compute beyond the model's FLOPs at the measured ceiling: {compute.ms:.0f} ms per step "
-             f"({compute.share:.0%}), not divided by the timers" if compute is not None else
-             "the timers do not divide the compute time")
+    ideal = b.ideal_ms if b is not None else None
+    basis = (f"compute {compute.ms:.0f} ms per step ({compute.share:.0%}), not divided by the timers"
+             + (f"; the model's FLOPs would take {ideal:.0f} ms of it at the peak" if ideal else "")
+             if compute is not None else "the timers do not divide the compute time")
     name = c.a.job.get("name") or "JOB"
-    act = (f"Divide the compute time: a steady-state capture (perfd capture --job {name} "
-           "--tool kineto --steps 3, or a rule with a capture action) names the kernels that hold it, and "
-           "perfd turns them into a step budget with remedies")
+    if c.live:
+        act = (f"Divide the compute time: a steady-state capture (perfd capture --job {name} "
+               "--tool kineto --steps 3, or a rule with a capture action) names the ops that hold it, and "
+               "perfd turns them into a step budget with remedies")
+    else:  # a finished log: how to have a capture next time, and how to pass it
+        launch = ("perfd launch --kineto -- torchrun ..." if c.framework is not Framework.PYTORCH
+                  else "the step hook in the loop")
+        act = (f"Divide the compute time next run: start the job under {launch} with perfd agent beside it, "
+               f"take a steady capture (perfd capture --job {name} --tool kineto --steps 3), then read it "
+               "with this log: perfd analyze megatron LOG --capture TRACE (or perfd report --html ... "
+               "--capture TRACE)")
     # No impact: the time is not yet divided, so no loss is measured; a remedy for a measured part
     # (the pipeline, data, communication) comes first.
     return [], [Recommendation("", "mfu-grade", 0, act, "; ".join([basis, *notes]), None)]
@@ -339,10 +385,33 @@ RUN_ANALYZERS: tuple[Analyzer, ...] = (mfu_grade, tflops_crosscheck, pipeline, c
                                        jitter, stragglers, step_budget, next_step, outliers)
 
 
-def derive_findings(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = None
+def job_config(a: RunAnalysis, job: JobInfo) -> JobConfig:
+    """What the job runs with, for the remedies: its framework and version, argument dump, missing
+    packages, layout and batch sizes, the log's memory report and the GPU's memory."""
+    lay = job.layout
+    memory = a.summary.get("memory_mib")
+    gpu = a.job.get("gpu")
+    gpu_mib = gpu.get("memory_mib") if isinstance(gpu, Mapping) else None
+    return budget_findings.config_of(job.framework, job.framework_version, job.arguments, job.packages,
+                                     (lay.dp, lay.pp), (lay.micro_batch_size or _int_arg(job, "micro_batch_size"),
+                                                        lay.global_batch_size or _int_arg(job, "global_batch_size")),
+                                     memory if isinstance(memory, Mapping) else None,
+                                     float(gpu_mib) if isinstance(gpu_mib, (int, float)) else None)
+
+
+def _int_arg(job: JobInfo, dest: str) -> int | None:
+    v = job.arguments.get(dest)
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def derive_findings(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = None, live: bool = True
                     ) -> tuple[list[Finding], list[Recommendation]]:
     """All findings and recommendations for one run, recommendations ordered by impact."""
-    ctx = RunContext(a, job, a.summary["medians"], a.steady.range_text(), budget, Framework.of(job.framework))
+    ctx = RunContext(a, job, a.summary["medians"], a.steady.range_text(), budget, Framework.of(job.framework),
+                     a.config or job_config(a, job), live)
     f: list[Finding] = []
     r: list[Recommendation] = []
     for analyzer in RUN_ANALYZERS:

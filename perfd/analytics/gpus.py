@@ -58,6 +58,7 @@ class GpuModel:
     measured_ceiling_tflops: dict[str, float] = field(default_factory=dict)  # dtype -> measured
     datasheet: str = ""  # where the figures come from
     nvml_example: str = ""  # a name NVML reports for it (for messages that suggest a spelling)
+    memory_gib: float | None = None  # the datasheet's memory (a name that states its size wins: "80GB")
 
 
 # Order matters: the first row whose pattern matches wins, so specific names come before
@@ -69,6 +70,7 @@ GPU_TABLE: tuple[GpuModel, ...] = (
         {"bf16": 2500.0, "fp16": 2500.0, "fp8": 5000.0},
         datasheet="NVIDIA GB200 NVL72 datasheet, per GPU, dense",
         nvml_example="NVIDIA GB200",
+        memory_gib=186,
     ),
     GpuModel(
         "B200",
@@ -76,6 +78,7 @@ GPU_TABLE: tuple[GpuModel, ...] = (
         {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
         datasheet="NVIDIA HGX B200 datasheet, per GPU, dense",
         nvml_example="NVIDIA B200",
+        memory_gib=180,
     ),
     GpuModel(
         "H200 NVL",
@@ -83,6 +86,7 @@ GPU_TABLE: tuple[GpuModel, ...] = (
         {"bf16": 835.0, "fp16": 835.0, "fp8": 1670.0, "tf32": 418.0, "fp32": 60.0},
         datasheet="NVIDIA H200 NVL datasheet, dense",
         nvml_example="NVIDIA H200 NVL",
+        memory_gib=141,
     ),
     GpuModel(
         "H200",
@@ -91,6 +95,7 @@ GPU_TABLE: tuple[GpuModel, ...] = (
         measured_ceiling_tflops={"bf16": 790.0},
         datasheet="NVIDIA H200 SXM datasheet, dense",
         nvml_example="NVIDIA H200",
+        memory_gib=141,
     ),
     GpuModel(
         "GH200",
@@ -98,6 +103,7 @@ GPU_TABLE: tuple[GpuModel, ...] = (
         {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "tf32": 494.0, "fp32": 67.0},
         datasheet="NVIDIA GH200 datasheet, dense",
         nvml_example="NVIDIA GH200 480GB",
+        memory_gib=96,
     ),
     GpuModel(
         "H100 PCIe",
@@ -105,6 +111,7 @@ GPU_TABLE: tuple[GpuModel, ...] = (
         {"bf16": 756.0, "fp16": 756.0, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.0},
         datasheet="NVIDIA H100 PCIe datasheet, dense",
         nvml_example="NVIDIA H100 PCIe",
+        memory_gib=80,
     ),
     GpuModel(
         "H100 NVL",
@@ -112,6 +119,7 @@ GPU_TABLE: tuple[GpuModel, ...] = (
         {"bf16": 835.0, "fp16": 835.0, "fp8": 1670.0, "tf32": 418.0, "fp32": 60.0},
         datasheet="NVIDIA H100 NVL datasheet, dense",
         nvml_example="NVIDIA H100 NVL",
+        memory_gib=94,
     ),
     GpuModel(
         "H100 SXM",
@@ -120,6 +128,7 @@ GPU_TABLE: tuple[GpuModel, ...] = (
         measured_ceiling_tflops={"bf16": 790.0},
         datasheet="NVIDIA H100 SXM5 datasheet, dense",
         nvml_example="NVIDIA H100 80GB HBM3",
+        memory_gib=80,
     ),
     GpuModel(
         "A100",
@@ -134,6 +143,7 @@ GPU_TABLE: tuple[GpuModel, ...] = (
         {"bf16": 362.0, "fp16": 362.0, "fp8": 733.0, "tf32": 183.0, "fp32": 91.6},
         datasheet="NVIDIA L40S datasheet, dense",
         nvml_example="NVIDIA L40S",
+        memory_gib=48,
     ),
 )
 
@@ -169,6 +179,21 @@ def gpu_suggestions(name: str, n: int = 4) -> tuple[list[str], list[str]]:
         if known[c] not in closest:
             closest.append(known[c])
     return closest[:n], variants
+
+
+_SIZE = re.compile(r"(\d{2,3})\s*GB\b", re.IGNORECASE)
+
+
+def gpu_memory_mib(gpu_name: str | None) -> float | None:
+    """The GPU's memory in MiB: the size its NVML name states ("NVIDIA H100 80GB HBM3"), else the peak
+    table's datasheet figure; None for a GPU neither knows."""
+    if not gpu_name:
+        return None
+    m = _SIZE.search(gpu_name)
+    if m:
+        return float(m.group(1)) * 1024
+    row = lookup_gpu(gpu_name)
+    return row.memory_gib * 1024 if row is not None and row.memory_gib else None
 
 
 @dataclass(frozen=True)

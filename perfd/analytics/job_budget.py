@@ -22,6 +22,7 @@ from perfd.analytics.budget import (
     from_timers,
 )
 from perfd.analytics.diagnosis import TimelineClass
+from perfd.analytics.flops import FORMULA_LEGACY, FlopsResult
 from perfd.analytics.gpus import PeakResult
 
 
@@ -30,45 +31,62 @@ def _num(d: Mapping[str, Any], key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def contexts(medians: Mapping[str, Any], peak: PeakResult, pp: int | None
-             ) -> tuple[FlopsContext, TimerShares]:
+def contexts(medians: Mapping[str, Any], peak: PeakResult, pp: int | None,
+             flops: FlopsResult | None = None) -> tuple[FlopsContext, TimerShares]:
     """The FLOPs and timer context of a budget from a run summary's steady medians: FLOPs per GPU per
-    step = model TFLOP/s per GPU × step time (both measured over the same steps)."""
+    step = model TFLOP/s per GPU × step time (both measured over the same steps); core attention's
+    share of them from the formula's terms (``flops.breakdown``). With pipeline stages the exposed
+    communication the budget holds is the data-parallel part: the p2p waits are the pipeline's idle,
+    counted once, there."""
     step, tflops = _num(medians, "step_time_ms"), _num(medians, "model_tflops_per_gpu")
-    flops = tflops * 1e12 * step / 1e3 if step and tflops else None
-    fl = FlopsContext(flops, peak.peak_tflops, peak.measured_ceiling_tflops)
-    pipe = _num(medians, "pp_idle_max") if pp and pp > 1 else 0.0
-    t = TimerShares(step, _num(medians, "data_share"), _num(medians, "comm_exposed_share"), pipe,
-                    _num(medians, "optimizer_ms"), _num(medians, "mfu"))
+    per_gpu = tflops * 1e12 * step / 1e3 if step and tflops else None
+    attn = None
+    if per_gpu and flops is not None and flops.flops_per_iteration and flops.breakdown.get("core_attention"):
+        attn = per_gpu * flops.breakdown["core_attention"] / flops.flops_per_iteration
+    halved = flops is None or flops.formula != FORMULA_LEGACY
+    fl = FlopsContext(per_gpu, peak.peak_tflops, peak.measured_ceiling_tflops, attn, halved)
+    staged = bool(pp and pp > 1)
+    pipe = _num(medians, "pp_idle_max") if staged else 0.0
+    comm = _num(medians, "comm_exposed_dp_share" if staged else "comm_exposed_share")
+    if staged and comm is None and _num(medians, "comm_exposed_share") is not None:
+        comm = max(0.0, (_num(medians, "comm_exposed_share") or 0.0) - (_num(medians, "comm_exposed_pp_share")
+                                                                        or 0.0))
+    t = TimerShares(step, _num(medians, "data_share"), comm, pipe, _num(medians, "optimizer_ms"),
+                    _num(medians, "mfu"))
     return fl, t
 
 
 def captured_iterations(device: Mapping[str, Any], iterations: int | None, step_ms: float | None
-                        ) -> float | None:
-    """How many steps a captured span holds: what the capture asked for, else the span over the steady
-    step (an offline trace whose step count is not recorded), at least one."""
+                        ) -> tuple[float | None, str]:
+    """How many steps a captured span holds, and how that is known: the steps the trace marks
+    (torch.optim's or the profiler's step annotations), else what the capture asked for, else the span
+    over the steady step (an offline trace that marks none), at least one."""
+    marked = device.get("trace_steps")
+    if isinstance(marked, int) and not isinstance(marked, bool) and marked > 0:
+        return float(marked), "trace"
     if iterations:
-        return float(iterations)
+        return float(iterations), "request"
     span = _num(device, "span_ms")
-    return max(1.0, round(span / step_ms)) if span and step_ms else None
+    return (max(1.0, round(span / step_ms)), "span") if span and step_ms else (None, "")
 
 
 def job_budget(medians: Mapping[str, Any], peak: PeakResult, pp: int | None,
-               timeline: TimelineClass | None) -> StepBudget | None:
+               timeline: TimelineClass | None, flops: FlopsResult | None = None) -> StepBudget | None:
     """The job's budget: from the capture that informs it (with an Nsight Compute capture's kernel
     figures on its parts), else from the timers alone."""
-    fl, timers = contexts(medians, peak, pp)
+    fl, timers = contexts(medians, peak, pp, flops)
     if timeline is not None and timeline.device is not None:
-        n = captured_iterations(timeline.device, timeline.iterations, timers.step_ms)
-        b = from_capture(timeline.device, n, fl=fl, timers=timers, basis=timeline.source)
+        n, how = captured_iterations(timeline.device, timeline.iterations, timers.step_ms)
+        b = from_capture(timeline.device, n, fl=fl, timers=timers, basis=timeline.source, steps_from=how)
         if b is not None:
             return with_ncu(b, timeline.ncu, timeline.ncu_id)
     return from_timers(timers, fl)
 
 
-# perfd.analytics.kernels category of an ncu summary -> the budget part its kernels' time is in
+# perfd.analytics.kernels category of an ncu summary -> the budget part its kernels' time is in (GEMMs:
+# the linear layers' part when the capture divided by op, else the GEMMs known by name)
 _NCU_PART = {kc.GEMM: Part.GEMM, kc.OPTIMIZER: Part.OPTIMIZER, kc.ELEMENTWISE: Part.POINTWISE,
-             kc.NORMALIZATION: Part.POINTWISE, kc.REDUCTION: Part.POINTWISE, kc.OTHER: Part.POINTWISE}
+             kc.NORMALIZATION: Part.NORM, kc.REDUCTION: Part.POINTWISE, kc.OTHER: Part.POINTWISE}
 
 
 def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id: str) -> StepBudget:
@@ -79,8 +97,11 @@ def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id:
     by: dict[Part, list[Mapping[str, Any]]] = {}
     for c in categories:
         cat = str(c.get("category") or "")
-        part = (Part.ATTENTION if b.get(Part.ATTENTION) is not None else Part.GEMM) \
+        math = Part.LINEAR if b.get(Part.LINEAR) is not None else Part.GEMM
+        part = (Part.ATTENTION if b.get(Part.ATTENTION) is not None else math) \
             if cat == kc.ATTENTION else _NCU_PART.get(cat)
+        if part is Part.GEMM:
+            part = math
         if part is not None:
             by.setdefault(part, []).append({**c, "capture": capture_id})
     parts = tuple(replace(p, detail={**p.detail, "ncu": by[p.part]}) if p.part in by else p for p in b.parts)

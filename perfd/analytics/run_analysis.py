@@ -22,7 +22,7 @@ from perfd.analytics import bottleneck as bn
 from perfd.analytics.common import MetricValue, finite, timer_max, vocabulary_of
 from perfd.analytics.diagnosis import TimelineClass, classify_job
 from perfd.analytics.finding_types import Finding, Recommendation, order_findings
-from perfd.analytics.findings import derive_findings
+from perfd.analytics.findings import derive_findings, job_config
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
 from perfd.analytics.goodput import PAUSE_BEFORE_TIMERS, SpanColumns, StepSpan, job_goodput, phase_seconds
 from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
@@ -47,7 +47,13 @@ from perfd.analytics.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.run_summary import disturbances_json, job_block, step_shares, summarize
 from perfd.analytics.steady import Exclusion, SteadyState, steady_state_of
 from perfd.analytics.stragglers import PersistentStragglers, StragglerResult, detect, persistent, rank_order
+from perfd.analytics.remedies import JobConfig
 from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
+
+# The values of Megatron-LM's memory report (``[Rank r] (after N iterations) memory (MB) | ...``) the
+# analysis keeps the largest of: what a remedy that costs memory (a larger micro-batch) is read against
+# ("allocated" between steps is the state the step keeps: weights, gradients, optimizer state).
+MEMORY_KEYS: tuple[str, ...] = ("allocated", "max allocated", "max reserved")
 
 
 def _internal(why: str, summary: bool = False) -> Any:
@@ -131,6 +137,7 @@ class RunAnalysis:
     flops: FlopsResult
     peak: PeakResult
     incidents: list[Incident] = field(default_factory=list)
+    config: JobConfig | None = None  # what the job runs with, for the remedies (findings.job_config)
 
     def steady_iterations(self) -> list[IterationResult]:
         """Every steady iteration's row, built at once: for short runs (tests); a long run's
@@ -369,13 +376,14 @@ def analyze_run(
     memo: AnalysisMemo | None = None,
     gpm_when: str = "GPM while the job stepped",
     new_normal_at: int | None = None,
+    live: bool = True,
 ) -> RunAnalysis:
     """Analyse a run's step records (any order; one record per logged iteration).
     ``memo``: keep per-iteration work for the next analysis of the same, grown run.
     ``new_normal_at``: the iteration from which a lasting shift's level is the new normal
-    (perfd.analytics.changepoint)."""
+    (perfd.analytics.changepoint). ``live=False``: a finished log (its advice is for the next run)."""
     run = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo,
-                     gpm_when=gpm_when, new_normal_at=new_normal_at)
+                     gpm_when=gpm_when, new_normal_at=new_normal_at, live=live)
     ordered = sorted(records, key=lambda r: r.iteration)
     for rec in ordered[run.resume(ordered):]:
         run.add(rec)
@@ -398,9 +406,11 @@ class RunBuilder:
     def __init__(self, job: JobInfo, gpu_name: str | None = None, peak_override: float | None = None,
                  dtype: str | None = None, *, gpm: bn.GpmReading | None = None,
                  timeline: TimelineClass | None = None, memo: AnalysisMemo | None = None,
-                 gpm_when: str = "GPM while the job stepped", new_normal_at: int | None = None) -> None:
+                 gpm_when: str = "GPM while the job stepped", new_normal_at: int | None = None,
+                 live: bool = True) -> None:
         lay = job.layout
         self.job, self.gpu_name, self.gpm, self.timeline, self.memo = job, gpu_name, gpm, timeline, memo
+        self.live = live
         self.new_normal_at = new_normal_at
         self.gpm_when = gpm_when
         self.canon_dtype, self.dtype_src = resolve_dtype(job, dtype)
@@ -419,6 +429,7 @@ class RunBuilder:
         self.present: set[int] = set()  # iterations seen, kept only to evict a memo's stale entries
         self.records: list[StepRecord] | None = [] if memo is not None else None  # row order
         self.spans = SpanColumns()  # what goodput reads of each record
+        self.memory_mib: dict[str, float] = {}  # the largest of each memory report value, any rank
 
     def resume(self, ordered: Sequence[StepRecord]) -> int:
         """Take over the memo's last rows that ``ordered`` (sorted by iteration) starts with — the
@@ -450,6 +461,11 @@ class RunBuilder:
         return m
 
     def _span(self, rec: StepRecord) -> None:
+        for report in rec.memory_mb.values():
+            for key in MEMORY_KEYS:
+                v = finite(report.get(key))
+                if v is not None and v >= 0 and v > self.memory_mib.get(key, -1.0):
+                    self.memory_mib[key] = v
         end, step = finite(rec.end_time), finite(rec.step_time_ms)
         if end is not None and step is not None and step >= 0:
             self.spans.add(StepSpan(rec.iteration, end, step / 1e3, max(1, rec.interval or 1),
@@ -521,11 +537,13 @@ class RunBuilder:
                          log_interval=self.job.log_interval, by_end_time=True,
                          median_step_s=med_ms / 1e3 if med_ms is not None else None)
         summary["goodput"] = gp.to_json() if gp is not None else None
-        budget = job_budget(summary["medians"], ctx.peak, lay.pp, self.timeline)
+        summary["memory_mib"] = dict(self.memory_mib) or None
+        budget = job_budget(summary["medians"], ctx.peak, lay.pp, self.timeline, self.flops_job)
         summary["step_budget"] = budget.to_json() if budget is not None else None
         analysis = RunAnalysis(block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
-        fs, rs = derive_findings(analysis, self.job, budget)
+        analysis.config = job_config(analysis, self.job)
+        fs, rs = derive_findings(analysis, self.job, budget, self.live)
         run_s = analysis.run_seconds()
         inc_f, inc_r = incident_findings([i.to_json() for i in incidents], run_s or None)
         analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])

@@ -16,7 +16,7 @@ from perfd.analytics import bottleneck as bn
 from perfd.analytics.common import median
 from perfd.analytics.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.flops import FlopsResult
-from perfd.analytics.gpus import PeakResult
+from perfd.analytics.gpus import gpu_memory_mib, PeakResult
 from perfd.analytics.incidents import Incident
 from perfd.analytics.iteration_table import Table
 from perfd.analytics.steady import SteadyState
@@ -121,6 +121,7 @@ def job_block(job: JobInfo, name: str | None, world: int | None, gpu_name: str |
             "peak_source": str(peak.source) if peak.source else None,
             "peak_reason": peak.reason,
             "measured_ceiling_tflops": peak.measured_ceiling_tflops,
+            "memory_mib": gpu_memory_mib(gpu_name),
         },
         "flops_per_iteration": fl.flops_per_iteration,
         "flops_formula": fl.formula,

@@ -29,14 +29,18 @@ temporal breakdown counts the same activities as busy; tests compare against it 
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics import kernels as kernels_mod
 from perfd.analytics import thresholds as th
-from perfd.analytics.budget import KERNEL_PRECEDENCE, Part, kernel_part
+from perfd.analytics.budget import KERNEL_PRECEDENCE, Part
+from perfd.analytics.op_parts import kernel_part
+from perfd.capture.ops import Flow, HostRange, Launch, Method, OpAttribution, attribute
 
 Interval = tuple[float, float]
 
@@ -54,6 +58,7 @@ class KernelEvent:
     name: str
     stream: int | None = None
     pid: int | None = None  # the process that launched it (attributes NVTX ranges to devices)
+    corr: int | None = None  # the correlation id of the runtime call that launched it
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class MemEvent:
     stream: int | None = None
     pid: int | None = None
     name: str = ""  # the tool's name for it ("Memcpy DtoD (Device -> Device)"), when it gives one
+    corr: int | None = None
 
 
 @dataclass(frozen=True)
@@ -81,13 +87,21 @@ class NvtxRange:
 
 @dataclass
 class TraceData:
-    """What a loader read from one capture file."""
+    """What a loader read from one capture file. ``ranges``, ``launches`` and ``flows`` are the host
+    side (empty when the capture has no CPU activity: attribution then falls back to kernel names);
+    ``syncs`` the runtime calls that waited for the device; ``steps`` the training steps the trace
+    marks (torch.optim's ``Optimizer.step#`` or the profiler's ``ProfilerStep#``), None if none."""
 
     kernels: list[KernelEvent] = field(default_factory=list)
     memcpys: list[MemEvent] = field(default_factory=list)
     nvtx: list[NvtxRange] = field(default_factory=list)
     source: str = ""
     rank: int | None = None
+    ranges: list[HostRange] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+    flows: list[Flow] = field(default_factory=list)
+    syncs: list[Launch] = field(default_factory=list)
+    steps: int | None = None
 
 
 # --- interval arithmetic ----------------------------------------------------------------------
@@ -197,6 +211,17 @@ class DeviceBreakdown:
     # each part's top kernels (name, count, summed ms)
     parts_ms: dict[str, float] = field(default_factory=dict)
     part_kernels: dict[str, tuple[KernelStat, ...]] = field(default_factory=dict)
+    part_ops: dict[str, tuple[KernelStat, ...]] = field(default_factory=dict)  # the ops that decided each
+    part_op_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # part -> issuing op -> summed ms
+    attribution: str = ""  # perfd.capture.ops.Method: how the time was divided
+    attention_fused: bool = False  # attention time with no softmax kernel of its own: one fused kernel
+    trace_steps: int | None = None  # the training steps the trace marks (TraceData.steps)
+    # The host's synchronisations (device-wide; stream/event waits apart) and the GPU idle from each
+    # one's return to the device's next activity: the host launching again (None: no host side)
+    syncs: int | None = None
+    sync_gap_ms: float | None = None
+    stream_syncs: int | None = None
+    stream_sync_gap_ms: float | None = None
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -218,6 +243,12 @@ class DeviceBreakdown:
             "parts_ms": dict(self.parts_ms),
             "part_kernels": {p: [{"name": k.name, "count": k.count, "total_ms": k.total_ms} for k in ks]
                              for p, ks in self.part_kernels.items()},
+            "part_ops": {p: [{"name": k.name, "count": k.count, "total_ms": k.total_ms} for k in ks]
+                         for p, ks in self.part_ops.items()},
+            "part_op_ms": {p: dict(d) for p, d in self.part_op_ms.items()},
+            "attribution": self.attribution, "attention_fused": self.attention_fused,
+            "trace_steps": self.trace_steps, "syncs": self.syncs, "sync_gap_ms": self.sync_gap_ms,
+            "stream_syncs": self.stream_syncs, "stream_sync_gap_ms": self.stream_sync_gap_ms,
         }
 
     def ratio(self, part_ms: float) -> float | None:
@@ -230,11 +261,14 @@ class CaptureAnalysis:
     devices: tuple[DeviceBreakdown, ...]
     source: str = ""
     rank: int | None = None
+    steps: int | None = None  # the training steps the trace marks (TraceData.steps)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"devices": [d.to_json() for d in self.devices], "source": self.source}
         if self.rank is not None:
             out["rank"] = self.rank
+        if self.steps is not None:
+            out["steps"] = self.steps
         return out
 
     def device(self, index: int) -> DeviceBreakdown:
@@ -270,26 +304,42 @@ def _nvtx_table(ranges: Iterable[NvtxRange], top_n: int) -> tuple[NvtxStat, ...]
     return tuple(NvtxStat(n, count[n], _ms(dur[n])) for n in ranked)
 
 
-def attribute_parts(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent]
-                    ) -> tuple[dict[str, float], dict[str, tuple[KernelStat, ...]]]:
-    """Every instant of the span given to one budget part (module doc), in ms; and each part's top
-    kernels by summed duration."""
+def attribute_parts(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
+                    ops: OpAttribution | None = None
+                    ) -> tuple[dict[str, float], dict[str, tuple[KernelStat, ...]], dict[str, tuple[KernelStat, ...]],
+                               dict[str, dict[str, float]]]:
+    """Every instant of the span given to one budget part (module doc), in ms; each part's top kernels
+    and top ops by summed duration; and each part's time by the op that issued it (every op: the
+    remedies' models read them, perfd.analytics.remedies). With ``ops`` (perfd.capture.ops) an activity is its launching op's
+    part; without it, or for an activity whose op was not found, its kernel name's (copies: memcpy).
+    Collectives always go by name: what matters of them is whether compute hides them."""
     unfused = any(kernels_mod.is_softmax(k.name) for k in kernels)
     rank = {p: i for i, p in enumerate(KERNEL_PRECEDENCE)}
     part_of_name: dict[str, Part] = {}
     edges: list[tuple[float, int, int]] = []  # (time, +1 start / -1 end, part rank)
     named: dict[Part, list[tuple[str, float]]] = defaultdict(list)
+    by_op: dict[Part, list[tuple[str, float]]] = defaultdict(list)
+    op_ms: dict[Part, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for k in kernels:
         part = part_of_name.get(k.name)
         if part is None:
             part = part_of_name[k.name] = kernel_part(k.name, unfused)
+        if ops is not None and part not in (Part.PIPELINE, Part.COMM_EXPOSED) and k.corr is not None:
+            part = ops.parts.get(k.corr, Part.POINTWISE if k.corr in ops.labels else part)
         if k.end_ns > k.start_ns:
             edges += [(k.start_ns, 1, rank[part]), (k.end_ns, -1, rank[part])]
         named[part].append((k.name, max(k.end_ns - k.start_ns, 0.0)))
+        if ops is not None and k.corr in ops.labels:
+            by_op[part].append((ops.labels[k.corr], max(k.end_ns - k.start_ns, 0.0)))
+            op_ms[part][ops.op_names.get(k.corr, "")] += max(k.end_ns - k.start_ns, 0.0)
     for m in memcpys:
+        part = ops.parts.get(m.corr, Part.MEMCPY) if ops is not None and m.corr is not None else Part.MEMCPY
         if m.end_ns > m.start_ns:
-            edges += [(m.start_ns, 1, rank[Part.MEMCPY]), (m.end_ns, -1, rank[Part.MEMCPY])]
-        named[Part.MEMCPY].append((m.name or m.kind, max(m.end_ns - m.start_ns, 0.0)))
+            edges += [(m.start_ns, 1, rank[part]), (m.end_ns, -1, rank[part])]
+        named[part].append((m.name or m.kind, max(m.end_ns - m.start_ns, 0.0)))
+        if ops is not None and m.corr in ops.labels:
+            by_op[part].append((f"{ops.labels[m.corr]}: {m.name or m.kind}", max(m.end_ns - m.start_ns, 0.0)))
+            op_ms[part][f"{ops.op_names.get(m.corr, '')}: {m.kind}"] += max(m.end_ns - m.start_ns, 0.0)
     edges.sort(key=lambda e: (e[0], e[1]))  # at one instant, ends before starts
     active = [0] * len(KERNEL_PRECEDENCE)
     out: dict[Part, float] = defaultdict(float)
@@ -310,6 +360,11 @@ def attribute_parts(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent]
             out[Part.IDLE_SHORT if gap < SHORT_GAP_US * 1e3 else Part.IDLE_LONG] += gap
             idle_from = None
         prev = t
+    return ({p.value: _ms(v) for p, v in out.items() if v > 0}, _tops(named), _tops(by_op),
+            {p.value: {op: _ms(v) for op, v in sorted(d.items(), key=lambda kv: -kv[1])} for p, d in op_ms.items()})
+
+
+def _tops(named: Mapping[Part, Sequence[tuple[str, float]]]) -> dict[str, tuple[KernelStat, ...]]:
     tops: dict[str, tuple[KernelStat, ...]] = {}
     for part, evs in named.items():
         count: dict[str, int] = defaultdict(int)
@@ -319,11 +374,12 @@ def attribute_parts(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent]
             dur[name] += d
         ranked = sorted(dur, key=lambda n: (-dur[n], n))[:PART_TOP_N]
         tops[part.value] = tuple(KernelStat(n, count[n], _ms(dur[n]), 0.0) for n in ranked)
-    return {p.value: _ms(v) for p, v in out.items() if v > 0}, tops
+    return tops
 
 
 def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
-                   nvtx: Iterable[NvtxRange] = (), top_n: int = 10) -> DeviceBreakdown:
+                   nvtx: Iterable[NvtxRange] = (), top_n: int = 10,
+                   ops: OpAttribution | None = None) -> DeviceBreakdown:
     """The breakdown of one device from its own events."""
     starts = [k.start_ns for k in kernels] + [m.start_ns for m in memcpys]
     ends = [k.end_ns for k in kernels] + [m.end_ns for m in memcpys]
@@ -343,7 +399,7 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         cat_ns[kernels_mod.MEMCPY] += max(mc.end_ns - mc.start_ns, 0.0)
     durations = sorted(max(k.end_ns - k.start_ns, 0.0) for k in kernels)
     softmax_ns = sum(max(k.end_ns - k.start_ns, 0.0) for k in kernels if kernels_mod.is_softmax(k.name))
-    parts_ms, part_kernels = attribute_parts(kernels, memcpys)
+    parts_ms, part_kernels, part_ops, part_op_ms = attribute_parts(kernels, memcpys, ops)
     return DeviceBreakdown(
         device=device,
         span_ms=_ms(span),
@@ -366,12 +422,35 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         idle_short_ms=_ms(sum(g for g in gaps if g < SHORT_GAP_US * 1e3)),
         parts_ms=parts_ms,
         part_kernels=part_kernels,
+        part_ops=part_ops,
+        part_op_ms=part_op_ms,
+        attribution=(ops.method if ops is not None else Method.NAMES).value,
+        attention_fused=(Part.ATTENTION.value in parts_ms and softmax_ns == 0),
     )
+
+
+def sync_gaps(busy: Sequence[Interval], syncs: Sequence[Launch]) -> tuple[int, float, int, float]:
+    """(device syncs, their gaps ms, stream/event syncs, their gaps ms): for each synchronising host
+    call that returned while the device was idle, the idle until the device's next activity."""
+    starts = [b[0] for b in busy]
+    out = [0, 0.0, 0, 0.0]
+    for s in syncs:
+        j = bisect.bisect_right(starts, s.ns)
+        if j == len(starts) or (j > 0 and busy[j - 1][1] > s.ns):
+            continue  # the device was busy when it returned (another stream), or nothing followed
+        k = 0 if s.name in DEVICE_SYNCS else 2
+        out[k] += 1
+        out[k + 1] += _ms(starts[j] - s.ns)
+    return out[0], out[1], int(out[2]), out[3]
+
+
+DEVICE_SYNCS = ("cudaDeviceSynchronize", "cuCtxSynchronize")
 
 
 def analyze_intervals(kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent] = (),
                       nvtx: Iterable[NvtxRange] = (), source: str = "", rank: int | None = None,
-                      top_n: int = 10) -> CaptureAnalysis:
+                      top_n: int = 10, ops: OpAttribution | None = None,
+                      steps: int | None = None, syncs: Sequence[Launch] = ()) -> CaptureAnalysis:
     """The breakdown of every device that ran a kernel or a copy, sorted by device."""
     k_by: dict[int, list[KernelEvent]] = defaultdict(list)
     m_by: dict[int, list[MemEvent]] = defaultdict(list)
@@ -389,9 +468,18 @@ def analyze_intervals(kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent
     for dev in sorted(set(k_by) | set(m_by)):
         mine = [r for r in ranges if r.device == dev
                 or (r.device is None and (r.pid is None or r.pid in pids[dev]))]
-        devices.append(analyze_device(dev, k_by[dev], m_by[dev], mine, top_n))
-    return CaptureAnalysis(tuple(devices), source, rank)
+        d = analyze_device(dev, k_by[dev], m_by[dev], mine, top_n, ops)
+        if syncs:
+            busy = union([*((k.start_ns, k.end_ns) for k in k_by[dev]), *((m.start_ns, m.end_ns) for m in m_by[dev])])
+            n, gap, ns_, sgap = sync_gaps(busy, syncs)
+            d = dataclasses.replace(d, syncs=n, sync_gap_ms=gap, stream_syncs=ns_, stream_sync_gap_ms=sgap)
+        devices.append(dataclasses.replace(d, trace_steps=steps))
+    return CaptureAnalysis(tuple(devices), source, rank, steps)
 
 
-def analyze_trace(data: TraceData, top_n: int = 10) -> CaptureAnalysis:
-    return analyze_intervals(data.kernels, data.memcpys, data.nvtx, data.source, data.rank, top_n)
+def analyze_trace(data: TraceData, top_n: int = 10, use_frames: bool = True) -> CaptureAnalysis:
+    """The breakdown of a loaded capture, its kernels charged to their ops where the host side was
+    recorded (perfd.capture.ops; ``use_frames=False``: the op rules alone, Python frames ignored)."""
+    ops = attribute(data.ranges, data.launches, data.flows, use_frames)
+    return analyze_intervals(data.kernels, data.memcpys, data.nvtx, data.source, data.rank, top_n, ops,
+                             data.steps, data.syncs)

@@ -5,6 +5,13 @@ Kineto writes complete events (``ph: "X"``) with ``ts``/``dur`` in µs. GPU acti
 so explicitly in newer traces). ``gpu_user_annotation`` is the GPU-side projection of a
 ``record_function`` range, on the device; ``user_annotation`` the CPU-side one. The top-level
 ``distributedInfo.rank`` names the rank when the process ran under torch.distributed.
+
+The host side (perfd.capture.ops reads it to charge each kernel to its op): ``cpu_op`` (a framework
+op, with ``args["Sequence number"]`` when it made or runs an autograd node), ``user_annotation``,
+``python_function`` (with Python stacks: ``nn.Module: X_n`` frames), ``cuda_runtime`` /
+``cuda_driver`` calls whose ``args.correlation`` equals the kernel's, and ``fwdbwd`` flow events
+(``ph`` ``s`` on the forward op, ``f`` on the backward node, one ``id``). Every host event's ``tid``
+is its thread. ``Optimizer.step#`` / ``ProfilerStep#`` annotations count the training steps captured.
 """
 
 from __future__ import annotations
@@ -16,9 +23,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from perfd.analytics.op_parts import is_step_annotation
 from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
+from perfd.capture.ops import Flow, HostRange, Launch, RangeKind
 
 _MEM = {"gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_GPU = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
+_HOST = {"cpu_op": RangeKind.OP, "user_annotation": RangeKind.ANNOTATION, "python_function": RangeKind.FRAME}
+_CALLS = ("cuda_runtime", "cuda_driver")
+# Runtime calls that wait for the device: the host stands still until the GPU drains.
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cuCtxSynchronize", "cuStreamSynchronize")
 _DIGITS = re.compile(r"(\d+)\s*$")
 
 
@@ -48,6 +63,11 @@ def _stream(ev: Mapping[str, Any]) -> int | None:
     return _int(ev.get("tid"))
 
 
+def _arg(ev: Mapping[str, Any], key: str) -> Any:
+    args = ev.get("args")
+    return args.get(key) if isinstance(args, Mapping) else None
+
+
 def parse_chrome_trace(doc: Any, source: str = "") -> TraceData:
     """Events of a parsed trace (the JSON object, or a bare event list)."""
     if isinstance(doc, Mapping):
@@ -59,11 +79,17 @@ def parse_chrome_trace(doc: Any, source: str = "") -> TraceData:
     else:
         raise ValueError(f"{source or 'trace'}: not a Chrome trace (expected an object or a list)")
     picked: list[tuple[str, Mapping[str, Any], float, float]] = []
+    flows: dict[Any, dict[str, tuple[int, float]]] = {}
     for ev in events:
-        if not isinstance(ev, Mapping) or ev.get("ph") != "X":
+        if not isinstance(ev, Mapping):
             continue
         cat = str(ev.get("cat", "")).lower()
-        if cat not in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "user_annotation"):
+        if cat == "fwdbwd" and ev.get("ph") in ("s", "f"):
+            ts, tid = ev.get("ts"), _int(ev.get("tid"))
+            if isinstance(ts, (int, float)) and tid is not None and ev.get("id") is not None:
+                flows.setdefault(ev.get("id"), {})[str(ev["ph"])] = (tid, float(ts))
+            continue
+        if ev.get("ph") != "X" or (cat not in _GPU and cat not in _HOST and cat not in _CALLS):
             continue
         ts, dur = ev.get("ts"), ev.get("dur")
         if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur < 0:
@@ -76,25 +102,47 @@ def parse_chrome_trace(doc: Any, source: str = "") -> TraceData:
     data = TraceData(source=source, rank=rank)
     gpu_ann: list[NvtxRange] = []
     cpu_ann: list[NvtxRange] = []
+    steps = 0
     for cat, ev, ts, dur in picked:
         start = (ts - t0) * 1000.0
         end = start + dur * 1000.0
         name = str(ev.get("name", "?"))
-        if cat == "user_annotation":
-            cpu_ann.append(NvtxRange(start, end, name))
+        if cat in _HOST or cat in _CALLS:
+            tid = _int(ev.get("tid"))
+            if tid is None:
+                continue
+            if cat in _CALLS:
+                corr = _int(_arg(ev, "correlation"))
+                if corr is not None:
+                    data.launches.append(Launch(corr, tid, start, name))
+                if name in SYNC_CALLS:
+                    data.syncs.append(Launch(corr or 0, tid, end, name))
+                continue
+            seq = _arg(ev, "Sequence number")
+            data.ranges.append(HostRange(tid, start, end, name, _HOST[cat],
+                                         seq if isinstance(seq, int) and not isinstance(seq, bool) else None))
+            if cat == "user_annotation":
+                cpu_ann.append(NvtxRange(start, end, name))
+                steps += is_step_annotation(name)
             continue
         dev = _device(ev)
         if dev is None:
             continue
+        corr = _int(_arg(ev, "correlation"))
         if cat == "kernel":
-            data.kernels.append(KernelEvent(dev, start, end, name, _stream(ev)))
+            data.kernels.append(KernelEvent(dev, start, end, name, _stream(ev), corr=corr))
         elif cat in _MEM:
-            data.memcpys.append(MemEvent(dev, start, end, _MEM[cat], _stream(ev), name=name))
+            data.memcpys.append(MemEvent(dev, start, end, _MEM[cat], _stream(ev), name=name, corr=corr))
         else:
             gpu_ann.append(NvtxRange(start, end, name, dev))
+    for ends in flows.values():
+        if "s" in ends and "f" in ends:
+            (ftid, fts), (btid, bts) = ends["s"], ends["f"]
+            data.flows.append(Flow(ftid, (fts - t0) * 1000.0, btid, (bts - t0) * 1000.0))
     # The GPU-side projection is the one that belongs to a device; use the CPU ranges (for every
     # device of this single-process trace) only when there is none, never both (double counting).
     data.nvtx = gpu_ann or cpu_ann
+    data.steps = steps or None
     return data
 
 
@@ -111,5 +159,5 @@ def read_chrome_trace(path: str | Path) -> TraceData:
     return parse_chrome_trace(doc, str(p))
 
 
-def analyze_chrome_trace(path: str | Path, top_n: int = 10) -> CaptureAnalysis:
-    return analyze_trace(read_chrome_trace(path), top_n)
+def analyze_chrome_trace(path: str | Path, top_n: int = 10, use_frames: bool = True) -> CaptureAnalysis:
+    return analyze_trace(read_chrome_trace(path), top_n, use_frames)

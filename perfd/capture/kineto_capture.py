@@ -36,7 +36,7 @@ class KinetoCapture:
         warmup = 0 if iterations is None and req.start_time_ms is None else None
         configs = {pid: build_config(d / f"rank{r}.json", iterations, req.start_iteration, req.roundup,
                                      req.duration_ms, req.start_time_ms,
-                                     req.warmup_s if req.warmup_s is not None else warmup)
+                                     req.warmup_s if req.warmup_s is not None else warmup, req.stack)
                    for pid, r in by_pid.items()}
         m["config"] = next(iter(configs.values()))
         poll_s = max([self.poll_s, *(daemon.intervals.get(p, 0.0) for p in by_pid)])  # as seen

@@ -11,7 +11,8 @@ the steps it is given; for the same iteration on every rank give N, or
 ``roundup=R``: Kineto starts at the next multiple of R, so pick R above the poll period in steps);
 ``duration_ms`` (a time window instead; nsys sessions always use one, 3000 by default);
 ``start_time_ms`` (epoch ms, the same start on every node, Kineto); ``warmup_s``; ``mode`` session |
-range (nsys); ``timeout_s`` (120). Copied to the manifest: ``rule``, ``firing``, ``fired_at`` (epoch
+range (nsys); ``timeout_s`` (120); ``stack`` 1 (Kineto: Python stacks and input shapes too, so the step
+budget names modules; the captured steps run slower). Copied to the manifest: ``rule``, ``firing``, ``fired_at`` (epoch
 s: the latency from the firing is recorded too), ``reason``, ``requested_by``, ``source``. No
 argument is a path (the agent picks every path, under its store), nothing runs through a shell;
 unknown keys are ignored and listed in the manifest.
@@ -53,6 +54,7 @@ class CaptureRequest:
     warmup_s: int | None = None
     mode: str | None = None  # nsys: session | range
     timeout_s: float = 120.0
+    stack: bool = False  # Kineto: Python stacks and input shapes too (module names; a slower capture)
     command_id: str = ""
     context: dict[str, str] = field(default_factory=dict)
     ignored_args: list[str] = field(default_factory=list)
@@ -107,12 +109,15 @@ def parse_command(cmd: Command, now: float) -> CaptureRequest:
         raise CaptureArgError(f"timeout_s={timeout!r} is not a number") from None
     if not (math.isfinite(timeout_s) and 1.0 <= timeout_s <= 3600.0):
         raise CaptureArgError("timeout_s must be within [1, 3600]")
+    stack_raw = args.get("stack", "0").strip().lower()
+    if stack_raw not in ("0", "1", "true", "false", ""):
+        raise CaptureArgError(f"stack={stack_raw!r}: 1 or 0")
     known = {"tool", "steps", "start_iteration", "roundup", "duration_ms", "start_time_ms", "warmup_s",
-             "mode", "timeout_s", *INFO_KEYS}
+             "mode", "timeout_s", "stack", *INFO_KEYS}
     return CaptureRequest(
         job=cmd.job, ranks=ranks, tool=tool, steps=_int(args, "steps", 1, 1000) or 3, start_iteration=start,
         roundup=_int(args, "roundup", 1, 1_000_000) or 1, duration_ms=_int(args, "duration_ms", 1, 600_000),
         start_time_ms=start_time, warmup_s=_int(args, "warmup_s", 0, 600), mode=mode, timeout_s=timeout_s,
         command_id=cmd.id, context={k: args[k][:500] for k in INFO_KEYS if k in args},
-        ignored_args=sorted(set(args) - known))
+        ignored_args=sorted(set(args) - known), stack=stack_raw in ("1", "true"))
 

@@ -75,7 +75,7 @@ def analyze_megatron_file(path: str, job: str | None = None, gpu: str | None = N
     else:
         parsed = parse_lines(_read_lines(path, progress), job=name, source_name=Path(path).name)
     analysis = analyze_run(parsed.job_info, parsed.records, gpu_name=gpu,
-                           peak_tflops=peak_tflops, dtype=dtype)
+                           peak_tflops=peak_tflops, dtype=dtype, live=False)
     return parsed, analysis
 
 

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         return refuse(f"no torchtitan step lines in {args.log} ({parser.line_no} lines read): is it the "
                       "stdout of a torchtitan run?")
     analysis = analyze_run(parser.job_info, records, gpu_name=args.gpu, peak_tflops=args.peak_tflops,
-                           job_name=name)
+                           job_name=name, live=False)
     if args.json:
         out = analysis_json(analysis)
         out["parse"] = {"counts": dict(parser.counts),

@@ -66,7 +66,7 @@ def _pass(lines: Iterable[str], job: str, source_name: str, gpu: str | None, pea
         for rec in records:
             if run is None:
                 used = fixed_job or copy.deepcopy(parser.job_info)
-                run = RunBuilder(used, gpu, peak, dtype, timeline=timeline)
+                run = RunBuilder(used, gpu, peak, dtype, timeline=timeline, live=False)
             run.add(rec)
             n += 1
 

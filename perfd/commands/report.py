@@ -57,13 +57,33 @@ def from_aggregator(aggregator: str, job: str, timeout: float = 10.0,
 
 
 def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | None,
-             dtype: str | None) -> dict[str, Any]:
-    from perfd.commands.analyze import analyze_megatron_file
+             dtype: str | None, capture: str | None = None, capture_steps: int | None = None) -> dict[str, Any]:
+    """The offline analysis of a log, with a capture of the job when given (its step budget and
+    remedies in the report: the same as ``perfd analyze megatron LOG --capture TRACE``)."""
+    from perfd.commands import megatron_offline
+    from perfd.commands.analyze import _read_lines
 
     if not Path(log).is_file():
         raise ReportError(f"no such log file: {log}")
-    parsed, analysis = analyze_megatron_file(log, job, gpu, peak_tflops, dtype)
-    if not parsed.records:
+    timeline = None
+    if capture:
+        from perfd.commands.analyze_capture import timeline_class
+
+        if capture_steps is not None and capture_steps < 1:
+            raise ReportError(f"--capture-steps must be >= 1 (got {capture_steps})")
+        if not Path(capture).is_file():
+            raise ReportError(f"no such capture file: {capture}")
+        try:
+            timeline = timeline_class(capture, capture_steps)
+        except Exception as exc:  # unreadable capture: say what and where, no traceback
+            raise ReportError(f"cannot analyse the capture {capture}: {exc}") from None
+    name = job or Path(log).stem
+    try:
+        parsed, analysis = megatron_offline.analyze_stream(log, lambda p: _read_lines(p, False), name,
+                                                           Path(log).name, gpu, peak_tflops, dtype, timeline)
+    except OSError as exc:
+        raise ReportError(f"cannot read {log}: {exc}") from None
+    if analysis is None or not parsed.n_records:
         raise ReportError(f"no Megatron iteration lines found in {log}")
     from perfd.report import analysis_json
 
@@ -90,8 +110,10 @@ def run_report(args: argparse.Namespace) -> int:
             data = from_aggregator(args.aggregator, args.job, args.timeout, headers)
             source = f"aggregator {_base_url(args.aggregator)}, job {args.job}"
         elif args.log:
-            data = from_log(args.log, args.job, args.gpu, args.peak_tflops, args.dtype)
-            source = f"log {args.log}" + (f" (GPU given: {args.gpu})" if args.gpu else "")
+            data = from_log(args.log, args.job, args.gpu, args.peak_tflops, args.dtype, args.capture,
+                            args.capture_steps)
+            source = (f"log {args.log}" + (f" (GPU given: {args.gpu})" if args.gpu else "")
+                      + (f", capture {args.capture}" if args.capture else ""))
         else:
             raise ReportError("give --aggregator URL or --log FILE")
     except ReportError as exc:
@@ -118,6 +140,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--gpu", help="with --log: GPU name for the peak (e.g. 'NVIDIA H200')")
     p.add_argument("--peak-tflops", type=float, help="with --log: peak dense TFLOP/s per GPU")
     p.add_argument("--dtype", help="with --log: training dtype for the peak (default: from the log)")
+    p.add_argument("--capture", metavar="TRACE", help="with --log: a Kineto trace (.json[.gz]) or nsys capture "
+                   "(.nsys-rep, .sqlite) of the job: its step budget and remedies go into the report")
+    p.add_argument("--capture-steps", type=int, metavar="N", help="with --capture: the steps the capture "
+                   "holds, when the trace marks none")
     p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds (--aggregator)")
     p.add_argument("--auth-token-file", metavar="FILE",
                    help="with --aggregator: the bearer token it requires")

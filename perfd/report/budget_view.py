@@ -1,6 +1,8 @@
-"""The step budget (perfd.analytics.budget JSON) as people read it: a waterfall from the model's FLOPs at
-the peak down to the achieved step, in text (the report, `perfd top`) and as an inline SVG (the HTML
-report). Pure: values in, text out; each part's name is perfd.analytics.budget_findings.part_name.
+"""The step budget (perfd.analytics.budget JSON) as people read it: where one step's time goes, part by
+part (each kernel charged to the op that launched it where the capture recorded the host side), read
+against the time the model's FLOPs take at the GPU's peak; in text (the report, `perfd top`) and as an
+inline SVG (the HTML report). Pure: values in, text out; each part's name is
+perfd.analytics.budget_findings.part_name.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from perfd.analytics.budget_findings import part_name
 from perfd.report.svg import BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, _svg
 
 # One colour per part (Okabe-Ito, repeated with intent: the math parts blue/green, memory-bound
-# kernels orange/vermillion, waits grey/purple).
+# kernels orange/vermillion/yellow, waits grey/purple).
 PART_COLOR: dict[Part, str] = {
-    Part.IDEAL: GREEN, Part.CEILING_GAP: "#7fc9b3", Part.GEMM: BLUE, Part.COMPUTE: BLUE,
-    Part.ATTENTION: VERMILLION, Part.POINTWISE: ORANGE, Part.OPTIMIZER: YELLOW, Part.MEMCPY: "#b07aa1",
+    Part.LINEAR: BLUE, Part.GEMM: BLUE, Part.COMPUTE: BLUE, Part.ATTENTION: VERMILLION,
+    Part.ACTIVATION: "#f4a259", Part.NORM: "#c9a227", Part.LOSS: GREEN, Part.EMBEDDING: "#7fc9b3",
+    Part.OPTIMIZER: YELLOW, Part.GRAD_REDUCE: "#a6761d", Part.POINTWISE: ORANGE, Part.MEMCPY: "#b07aa1",
     Part.COMM_EXPOSED: PURPLE, Part.PIPELINE: "#8c6bb1", Part.DATA: SKY, Part.IDLE_SHORT: GREY,
     Part.IDLE_LONG: "#666666",
 }
@@ -34,20 +37,37 @@ def _parts(budget: Mapping[str, Any]) -> list[tuple[Part, float, float, str]]:
     return out
 
 
+_STEPS_FROM = {"trace": "marked in the trace", "request": "as the capture asked", "span": "span ÷ steady step"}
+
+
 def heading(budget: Mapping[str, Any]) -> str:
-    """Where the budget comes from, in one line."""
+    """Where the budget comes from, in one line: the capture, its steps and how they were counted, the
+    captured step against the steady one (the capture's own cost), how the time was divided."""
     step, steady = budget.get("step_ms"), budget.get("steady_step_ms")
     its = budget.get("iterations")
     bits = [str(budget.get("basis") or "")]
     if isinstance(its, (int, float)) and its:
-        bits.append(f"{its:g} iterations")
+        how = _STEPS_FROM.get(str(budget.get("steps_from") or ""), "")
+        bits.append(f"{its:g} step{'s' if its != 1 else ''}" + (f" ({how})" if how else ""))
     if isinstance(step, (int, float)):
-        bits.append(f"{step:.0f} ms per step" + (f" (steady median {steady:.0f} ms)"
-                                                  if isinstance(steady, (int, float)) and
-                                                  abs(steady - step) > 0.5 else ""))
-    if budget.get("attribution") and budget.get("attribution") != "exclusive attribution":
+        over = budget.get("capture_overhead_ms")
+        bits.append(f"{step:.0f} ms per step" + (
+            f" (steady {steady:.0f} ms: the capture added {over:+.0f} ms)" if isinstance(over, (int, float))
+            and isinstance(steady, (int, float)) and abs(over) > 0.5 else ""))
+    if budget.get("attribution") and "timers" not in str(budget.get("basis")):
         bits.append(f"divided by {budget['attribution']}")
     return "; ".join(b for b in bits if b)
+
+
+def reference(budget: Mapping[str, Any]) -> str:
+    """The line the parts are read against: the model's FLOPs at the peak and at the matmul ceiling."""
+    ideal, ceiling, step = budget.get("ideal_ms"), budget.get("ceiling_ms"), budget.get("step_ms")
+    if not isinstance(ideal, (int, float)) or not isinstance(step, (int, float)) or step <= 0:
+        return ""
+    at = (f", {ceiling:.0f} ms at the measured matmul ceiling ({budget.get('ceiling_tflops'):g} TFLOP/s)"
+          if isinstance(ceiling, (int, float)) else "")
+    return (f"the model's FLOPs take {ideal:.0f} ms at the peak ({budget.get('peak_tflops'):g} TFLOP/s: "
+            f"{ideal / step:.1%} of this step){at}")
 
 
 def text_lines(budget: Mapping[str, Any] | None, width: int = 100) -> list[str]:
@@ -58,6 +78,9 @@ def text_lines(budget: Mapping[str, Any] | None, width: int = 100) -> list[str]:
     name_w = max((len(part_name(p)) for p, *_ in parts), default=10)
     bar_w = max(10, min(BAR_CHARS, width - name_w - 28))
     out = [f"  {heading(budget)}"]
+    ref = reference(budget)
+    if ref:
+        out.append(f"  {ref}")
     start = 0.0
     for p, ms, share, source in parts:
         lead = round(start * bar_w)
@@ -96,19 +119,21 @@ def waterfall_svg(budget: Mapping[str, Any] | None, width: int = 920) -> str:
                 f'<title>the step: {step:.1f} ms</title></rect>')
     body.append(f'<text x="{left - 8}" y="{y + 14}" text-anchor="end"><tspan font-weight="600">= step'
                 f'</tspan></text><text x="{left + step * scale + 6:.1f}" y="{y + 14}">{step:.0f} ms</text>')
-    return _svg(width, height, body, "Step budget: from the model's FLOPs at peak to the achieved step")
+    return _svg(width, height, body, "Step budget: where one step's time goes")
 
 
 def html_section(budget: Mapping[str, Any] | None) -> str:
     if not budget:
         return ""
+    ref = reference(budget)
     return (f'<h2 id="budget">Step budget</h2><p class="meta">{escape(heading(budget))}</p>'
-            f"<figure>{waterfall_svg(budget)}<figcaption>Where one step's time goes, each part in ms per "
-            "step and share of the step, with its source: the model's FLOPs at the GPU's peak, the gap to "
-            "the measured matmul ceiling, the GEMMs' own shortfall below it, then every other kind of "
-            "kernel, "
-            "communication and wait. With a capture every instant of the captured span is given to one "
-            "part; from the timers alone the compute is not divided.</figcaption></figure>")
+            + (f'<p class="meta">{escape(ref)}</p>' if ref else "")
+            + f"<figure>{waterfall_svg(budget)}<figcaption>Where one step's time goes, each part in ms per "
+            "step and share of the step, with its source. With a capture every instant of the captured span "
+            "is given to one part, by the op that launched the kernel running then (attention with its "
+            "matmuls, copies and dropout; the linear layers; the activation; normalisation; the loss; ...), "
+            "else to communication, a pipeline wait or idle; from the timers alone the compute is not "
+            "divided.</figcaption></figure>")
 
 
 def compact(budget: Mapping[str, Any] | None, n: int = 5) -> str:

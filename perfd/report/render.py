@@ -39,7 +39,7 @@ def render_text(report: Report, iterations: RunAnalysis | None = None, width: in
     out.append(f"  steady state: {s.steady}")
     if report.step_budget:
         out.append("")
-        out.append("STEP BUDGET (from the model's FLOPs at peak to the achieved step)")
+        out.append("STEP BUDGET (where one step's time goes)")
         out += budget_view.text_lines(report.step_budget, width)
     out.append("")
     out.append("METRICS (steady-state medians)")

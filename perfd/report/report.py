@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics import thresholds as th
-from perfd.analytics.budget import StepBudget, classify
+from perfd.analytics.budget import StepBudget
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
-from perfd.analytics.findings import GRADE_LABELS, grade_mfu
+from perfd.analytics.findings import GRADE_LABELS, budget_class_text, explain_grade, grade_mfu
 from perfd.analytics.goodput import headline_text
 from perfd.analytics.incidents import incident_findings, is_disturbance
 from perfd.analytics.run_analysis import RunAnalysis
@@ -118,24 +117,10 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
         inc_f, inc_r = incident_findings(incidents, run_s or None)
         findings, recs = order_findings([*findings, *inc_f], [*recs, *inc_r])
     incs = list(incidents) if incidents is not None else [i.to_json() for i in analysis.incidents]
-    grade, grade_text = grade_mfu(med.get("mfu"))
-    data, comm = med.get("data_share"), med.get("comm_exposed_share")
+    grade, _ = grade_mfu(med.get("mfu"))
     budget = s.get("step_budget")
-    cls = classify(b) if (b := StepBudget.from_json(budget)) is not None else None
-    if grade in ("severe", "communication-overhead") and cls is not None:
-        # A capture divided the step: the budget, not the band's usual suspects, says where it goes.
-        grade_text = (f"{grade_text.split(':')[0]}: the step budget shows where the time goes — "
-                      f"{cls.cls} ({cls.reason()})")
-    elif grade == "severe" and isinstance(data, float) and isinstance(comm, float) \
-            and data < th.DATA_HEALTHY_SHARE.value and comm < th.COMM_BOUND_SHARE.value / 3:
-        # The grade's usual suspects are measured small here: say so rather than point at them.
-        grade_text = (f"MFU < 30%: severe — not data loading ({data:.1%}) nor exposed communication "
-                      f"({comm:.1%}) here: the bottleneck class says where the time goes")
-    elif grade == "communication-overhead" and isinstance(comm, float) \
-            and comm < th.COMM_BOUND_SHARE.value / 3:
-        grade_text = (f"MFU 30–40%: a band usually due to communication overhead — not here: exposed "
-                      f"communication {comm:.1%} of the step; the bottleneck class says where the time "
-                      "goes")
+    grade_text = explain_grade(med.get("mfu"), med.get("data_share"), med.get("comm_exposed_share"),
+                               budget_class_text(StepBudget.from_json(budget)))
     span = analysis.steady.range_text()
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):

@@ -49,7 +49,7 @@ from perfd.rules.model import (
 PACK_KEYS = ("rules",)
 RULE_KEYS = ("name", "expr", "for", "severity", "labels", "annotations", "scope", "action", "override")
 ANNOTATION_KEYS = ("summary", "description", "recommendation", "runbook_url")
-CAPTURE_KEYS = ("type", "tool", "targets", "steps", "cooldown", "max_per_hour", "disk_quota")
+CAPTURE_KEYS = ("type", "tool", "targets", "steps", "cooldown", "max_per_hour", "disk_quota", "stack")
 TARGET_KEYS = ("slowest_rank", "pp_stage", "ranks", "node", "incident_ranks")
 
 # Rule names end up in labels, events and capture directory names: keep them plain.
@@ -323,10 +323,11 @@ def _parse_action(ctx: _Ctx, node: Node) -> Action | None:
                    DEFAULT_COOLDOWN_S)
     per_hour = get("max_per_hour", positive_int("action.max_per_hour"), DEFAULT_MAX_PER_HOUR)
     disk = get("disk_quota", quota, DEFAULT_DISK_QUOTA_BYTES)
+    stack = get("stack", lambda n: ctx.scalar(n, "action.stack", (bool,)), False)
     if not ok:
         return None
     return CaptureAction(tool=tool, targets=targets, steps=steps, cooldown_s=cooldown, max_per_hour=per_hour,
-                         disk_quota_bytes=disk)
+                         disk_quota_bytes=disk, stack=bool(stack))
 
 
 def _parse_rule(ctx: _Ctx, node: Node, index: int, seen: dict[str, int]) -> Rule | None:

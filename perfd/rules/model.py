@@ -165,12 +165,13 @@ class CaptureAction:
     cooldown_s: float = DEFAULT_COOLDOWN_S
     max_per_hour: int = DEFAULT_MAX_PER_HOUR
     disk_quota_bytes: int | None = DEFAULT_DISK_QUOTA_BYTES
+    stack: bool = False  # Kineto: record Python stacks too (module names for the step budget; slower)
     type: Literal["capture"] = "capture"
 
     def as_dict(self) -> dict[str, object]:
         return {"type": self.type, "tool": self.tool, "targets": self.targets.as_dict(), "steps": self.steps,
                 "cooldown_s": self.cooldown_s, "max_per_hour": self.max_per_hour,
-                "disk_quota_bytes": self.disk_quota_bytes}
+                "disk_quota_bytes": self.disk_quota_bytes, "stack": self.stack}
 
 
 Action = AlertAction | CaptureAction
