@@ -47,6 +47,10 @@ Interval = tuple[float, float]
 NS_PER_MS = 1e6
 SHORT_GAP_US = th.SHORT_GAP_S.value * 1e6  # shorter idle gaps: launch overhead
 PART_TOP_N = 3  # kernels named per budget part
+# ops kept per part with their time (the remedies' models read them): the largest; a capture's record
+# travels to the aggregator in one event of at most perfd.limits.MAX_EVENT_BYTES for all its ranks
+PART_OPS_N = 25
+NAME_CHARS = 160
 _SENDRECV = ("nccldevkernel_sendrecv", "ncclkernel_sendrecv")
 
 
@@ -361,7 +365,8 @@ def attribute_parts(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
             idle_from = None
         prev = t
     return ({p.value: _ms(v) for p, v in out.items() if v > 0}, _tops(named), _tops(by_op),
-            {p.value: {op: _ms(v) for op, v in sorted(d.items(), key=lambda kv: -kv[1])} for p, d in op_ms.items()})
+            {p.value: {op: _ms(v) for op, v in sorted(d.items(), key=lambda kv: -kv[1])[:PART_OPS_N]}
+             for p, d in op_ms.items()})
 
 
 def _tops(named: Mapping[Part, Sequence[tuple[str, float]]]) -> dict[str, tuple[KernelStat, ...]]:
@@ -373,7 +378,8 @@ def _tops(named: Mapping[Part, Sequence[tuple[str, float]]]) -> dict[str, tuple[
             count[name] += 1
             dur[name] += d
         ranked = sorted(dur, key=lambda n: (-dur[n], n))[:PART_TOP_N]
-        tops[part.value] = tuple(KernelStat(n, count[n], _ms(dur[n]), 0.0) for n in ranked)
+        # a kernel's name is shown, not matched: C++ template arguments past NAME_CHARS add bytes, not meaning
+        tops[part.value] = tuple(KernelStat(n[:NAME_CHARS], count[n], _ms(dur[n]), 0.0) for n in ranked)
     return tops
 
 

@@ -152,8 +152,10 @@ def run_capture(args: argparse.Namespace) -> int:
             print(f"perfd capture: {exc}", file=sys.stderr)
             return 2
     try:
-        code, rec = _call(f"{base}/api/captures", {"job": args.job, "ranks": ranks, "steps": args.steps,
-                                                   "tool": args.tool, **({"stack": True} if args.stack else {})})
+        body = {"job": args.job, "ranks": ranks, "steps": args.steps, "tool": args.tool}
+        if getattr(args, "stack", False):  # a Namespace made by hand (tests) may lack it
+            body["stack"] = True
+        code, rec = _call(f"{base}/api/captures", body)
     except OSError as exc:
         print(f"perfd capture: aggregator at {base} not reachable: {exc}", file=sys.stderr)
         return 1
