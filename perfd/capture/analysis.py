@@ -310,13 +310,14 @@ def _nvtx_table(ranges: Iterable[NvtxRange], top_n: int) -> tuple[NvtxStat, ...]
 
 def attribute_parts(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
                     ops: OpAttribution | None = None
-                    ) -> tuple[dict[str, float], dict[str, tuple[KernelStat, ...]], dict[str, tuple[KernelStat, ...]],
-                               dict[str, dict[str, float]]]:
+                    ) -> tuple[dict[str, float], dict[str, tuple[KernelStat, ...]],
+                               dict[str, tuple[KernelStat, ...]], dict[str, dict[str, float]]]:
     """Every instant of the span given to one budget part (module doc), in ms; each part's top kernels
-    and top ops by summed duration; and each part's time by the op that issued it (every op: the
-    remedies' models read them, perfd.analytics.remedies). With ``ops`` (perfd.capture.ops) an activity is its launching op's
-    part; without it, or for an activity whose op was not found, its kernel name's (copies: memcpy).
-    Collectives always go by name: what matters of them is whether compute hides them."""
+    and top ops by summed duration; and each part's time by the op that issued it (the largest
+    PART_OPS_N: the remedies' models read them, perfd.analytics.remedy_catalog). With ``ops``
+    (perfd.capture.ops) an activity is its launching op's part; without it, or for an activity whose op
+    was not found, its kernel name's (copies: memcpy). Collectives always go by name: what matters of
+    them is whether compute hides them."""
     unfused = any(kernels_mod.is_softmax(k.name) for k in kernels)
     rank = {p: i for i, p in enumerate(KERNEL_PRECEDENCE)}
     part_of_name: dict[str, Part] = {}
@@ -439,15 +440,15 @@ def sync_gaps(busy: Sequence[Interval], syncs: Sequence[Launch]) -> tuple[int, f
     """(device syncs, their gaps ms, stream/event syncs, their gaps ms): for each synchronising host
     call that returned while the device was idle, the idle until the device's next activity."""
     starts = [b[0] for b in busy]
-    out = [0, 0.0, 0, 0.0]
+    counts, gaps = [0, 0], [0.0, 0.0]
     for s in syncs:
         j = bisect.bisect_right(starts, s.ns)
         if j == len(starts) or (j > 0 and busy[j - 1][1] > s.ns):
             continue  # the device was busy when it returned (another stream), or nothing followed
-        k = 0 if s.name in DEVICE_SYNCS else 2
-        out[k] += 1
-        out[k + 1] += _ms(starts[j] - s.ns)
-    return out[0], out[1], int(out[2]), out[3]
+        k = 0 if s.name in DEVICE_SYNCS else 1
+        counts[k] += 1
+        gaps[k] += _ms(starts[j] - s.ns)
+    return counts[0], gaps[0], counts[1], gaps[1]
 
 
 DEVICE_SYNCS = ("cudaDeviceSynchronize", "cuCtxSynchronize")
@@ -476,7 +477,8 @@ def analyze_intervals(kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent
                 or (r.device is None and (r.pid is None or r.pid in pids[dev]))]
         d = analyze_device(dev, k_by[dev], m_by[dev], mine, top_n, ops)
         if syncs:
-            busy = union([*((k.start_ns, k.end_ns) for k in k_by[dev]), *((m.start_ns, m.end_ns) for m in m_by[dev])])
+            busy = union([*((k.start_ns, k.end_ns) for k in k_by[dev]),
+                          *((m.start_ns, m.end_ns) for m in m_by[dev])])
             n, gap, ns_, sgap = sync_gaps(busy, syncs)
             d = dataclasses.replace(d, syncs=n, sync_gap_ms=gap, stream_syncs=ns_, stream_sync_gap_ms=sgap)
         devices.append(dataclasses.replace(d, trace_steps=steps))

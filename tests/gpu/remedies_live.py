@@ -125,7 +125,8 @@ def cut_trace(src: Path, dst: Path) -> dict[str, Any]:
     keep_args = ("correlation", "External id", "Sequence number", "Fwd thread id", "Input Dims", "device",
                  "stream")
     frames = ("cross_entropy", "loss", "/optimizer/", "clip_grads", "/distributed/", "param_and_grad_buffer")
-    out, cats = [], {}
+    out: list[dict[str, Any]] = []
+    cats: dict[str, int] = {}
     for e in events:
         cat = str(e.get("cat", ""))
         if cat in ("cuda_runtime", "cuda_driver"):
@@ -160,7 +161,8 @@ def rank_pid(launcher_pid: int) -> int | None:
         return None
     for p in kids:
         try:
-            if "RANK" in p.environ() and p.parent() is not None and "RANK" not in p.parent().environ():
+            parent = p.parent()
+            if "RANK" in p.environ() and parent is not None and "RANK" not in parent.environ():
                 return int(p.pid)
         except psutil.Error:
             continue
