@@ -202,3 +202,28 @@ def test_module_frames_decide_first_and_an_unknown_op_is_other_pointwise() -> No
     parts = analyze_trace(data).device(0).parts_ms
     # linked but undecided: other pointwise (a copy: copies); unlinked: by its name (a GEMM)
     assert set(parts) == {"pointwise", "gemm", "memcpy"}
+
+
+LOOP = Path(__file__).resolve().parents[1] / "data" / "captures" / "loop_h100_nsys_kineto"
+
+
+def test_nsys_and_kineto_divide_the_same_loop_alike() -> None:
+    """One small training loop (eager attention: matmul, mask fill, softmax, dropout, matmul; GELU MLP;
+    layer norms; cross-entropy; AdamW) captured on the H100 by nsys (a cudaProfilerApi range with
+    torch's emit_nvtx: the ops as NVTX ranges, the CUDA API's correlation ids) and by torch.profiler
+    (tests/gpu/nsys_ops.py): two tools, two runs, one division of the busy time, to 1 point."""
+    from perfd.capture.nsys_sqlite import analyze_nsys
+
+    k = analyze_chrome_trace(LOOP / "loop_kineto.json.gz").device(0)
+    n = analyze_nsys(LOOP / "loop_nsys.sqlite").device(0)
+    assert k.attribution == n.attribution == Method.OPS.value and k.trace_steps == n.trace_steps == 3
+
+    def busy_shares(d: object) -> dict[str, float]:
+        parts = {p: v for p, v in d.parts_ms.items() if not p.startswith("idle")}  # type: ignore[attr-defined]
+        total = sum(parts.values())
+        return {p: v / total for p, v in parts.items()}
+
+    ks, ns = busy_shares(k), busy_shares(n)
+    assert ks["attention"] > 0.5 and ks["linear"] > 0.1 and ks["loss"] > 0.03
+    for part in set(ks) | set(ns):
+        assert ks.get(part, 0.0) == pytest.approx(ns.get(part, 0.0), abs=0.01), part
