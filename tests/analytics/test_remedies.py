@@ -28,10 +28,13 @@ EVIDENCE = ROOT / "docs" / "evidence" / "remedies_h100"
 H100 = "NVIDIA H100 80GB HBM3"
 # (trace, log, the measured run) of each recorded run of the job
 RUNS = {
-    "run1": (KINETO / "ops_default_rank0.json.gz", KINETO / "ops_megatron.log.gz", EVIDENCE / "run1_gather.json"),
-    "run2": (KINETO / "ops_live_rank0.json.gz", KINETO / "ops_live_megatron.log.gz", EVIDENCE / "run2_verify.json"),
+    "run1": (KINETO / "ops_default_rank0.json.gz", KINETO / "ops_megatron.log.gz",
+             EVIDENCE / "run1_gather.json"),
+    "run2": (KINETO / "ops_live_rank0.json.gz", KINETO / "ops_live_megatron.log.gz",
+             EVIDENCE / "run2_verify.json"),
     # the check of the model as it stands: predicted live from a fresh capture, before the changes ran
-    "run3": (KINETO / "ops_live3_rank0.json.gz", KINETO / "ops_live3_megatron.log.gz", EVIDENCE / "run3_verify.json"),
+    "run3": (KINETO / "ops_live3_rank0.json.gz", KINETO / "ops_live3_megatron.log.gz",
+             EVIDENCE / "run3_verify.json"),
 }
 
 
