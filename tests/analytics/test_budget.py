@@ -254,3 +254,57 @@ def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
     assert sum(p.ms for p in nb.parts) == pytest.approx(b.step_ms)  # the figures change no time
     fs, _ = analyze(BudgetContext(nb, Framework.MEGATRON))
     assert any("compute SOL" in f.observation for f in fs if f.id.startswith("budget-"))
+
+
+def test_the_pp_budget_counts_each_millisecond_once() -> None:
+    """The demo's PP=2 log (2× H200, m=16): its p2p timers are the pipeline's waiting, the same time as
+    the stage idle. Before, both were in the budget (exposed communication 84.8 ms with pipeline
+    send/recv, and pipeline wait 80.8 ms) and compute came out at 118 ms, where the run's own imbalance
+    finding puts the stages' forward+backward compute at 247–301 ms."""
+    fixture = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+    parsed = parse_file(fixture, job="pp2")
+    a = analyze_run(parsed.job_info, parsed.records, gpu_name="NVIDIA H200", job_name="pp2")
+    b = StepBudget.from_json(a.summary["step_budget"])
+    assert b is not None
+    med = a.summary["medians"]
+    assert sum(p.ms for p in b.parts) == pytest.approx(b.step_ms)
+    assert b.ms(Part.COMM_EXPOSED) == pytest.approx(med["comm_exposed_dp_share"] * b.step_ms)
+    assert b.ms(Part.PIPELINE) == pytest.approx(med["pp_idle_max"] * b.step_ms)
+    imb = next(f for f in a.findings if f.id == "pp-imbalance")
+    light = imb.evidence["lighter_compute_ms"]
+    # compute and the data wait inside it are the lighter stage's forward+backward compute
+    assert b.ms(Part.COMPUTE) + b.ms(Part.DATA) == pytest.approx(light, rel=0.05)
+
+
+def test_a_finished_logs_report_says_how_to_take_a_capture_next_time() -> None:
+    fixture = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+    parsed = parse_file(fixture, job="pp2")
+    for live, want in ((False, "--capture TRACE"), (True, "perfd capture --job pp2")):
+        a = analyze_run(parsed.job_info, parsed.records, gpu_name="NVIDIA H200", job_name="pp2", live=live)
+        r = next(r for r in a.recommendations if r.finding_id == "mfu-grade")
+        assert want in r.action, (live, r.action)
+        assert ("next run" in r.action) is not live
+
+
+def test_the_grade_is_never_explained_by_causes_the_report_measured_small() -> None:
+    from perfd.analytics.findings import explain_grade
+
+    assert "usually communication or data loading" in explain_grade(0.2, None, None)
+    text = explain_grade(0.2, 0.006, None)
+    assert "not data loading (0.6%)" in text and "usually" not in text and "not timed" in text
+    assert "not data loading (1.2%) nor exposed communication (0.2%)" in explain_grade(0.2, 0.012, 0.002)
+    assert explain_grade(0.2, 0.3, 0.2).endswith("(usually communication or data loading)")
+    assert "the step budget shows" in explain_grade(0.35, 0.0, 0.0, "memory-bound (memory 60%)")
+
+
+def test_the_capture_says_what_it_cost_the_steps_it_recorded() -> None:
+    """A captured step against the steady one is the profiler's own cost: said beside the budget, a
+    warning above th.CAPTURE_SLOWDOWN (the tiny job's capture nearly doubled its step)."""
+    from perfd.analytics.budget_findings import BudgetContext, analyze
+
+    dev = analyze_chrome_trace(OPS).device(0).to_json()
+    for steady, sev in ((700.0, "info"), (400.0, "warning")):
+        b = from_capture(dev, 3, timers=TimerShares(steady, 0.01), steps_from="trace")
+        assert b is not None and b.capture_overhead_ms == pytest.approx(b.step_ms - steady)
+        f = next(x for x in analyze(BudgetContext(b))[0] if x.id == "budget-capture-cost")
+        assert f.severity == sev and "steps counted from the steps the trace marks" in f.observation

@@ -252,3 +252,20 @@ def test_heat_map_groups_ranks_by_pipeline_stage_and_marks_captures() -> None:
     captures = [r for r in svg.findall(f".//{SVG}rect") if (r.findtext(f"{SVG}title") or "").startswith(
         "perfd capture (iterations 4–5)")]
     assert len(captures) == 2  # the bar above and the outline over the columns
+
+
+def test_cli_offline_with_a_capture_puts_the_budget_and_its_remedies_in_the_html(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`perfd report --html --capture` (issue 42): the same analysis as `perfd analyze megatron LOG
+    --capture TRACE` — the step budget by op and the remedies fitted to the job — in the HTML."""
+    k = Path(__file__).resolve().parents[1] / "data" / "captures" / "kineto_h100_megatron"
+    out = tmp_path / "r.html"
+    args = ["report", "--log", str(k / "ops_megatron.log.gz"), "--gpu", "NVIDIA H100 80GB HBM3", "--html",
+            str(out)]
+    assert perfd_main([*args, "--capture", str(k / "ops_default_rank0.json.gz")]) == 0
+    page = out.read_text()
+    assert 'id="budget"' in page and "divided by ops" in page and "3 steps (marked in the trace)" in page
+    assert "Fused attention: install Transformer Engine, then --transformer-impl transformer_engine" in page
+    assert "--attention-dropout 0.0" in page
+    assert perfd_main([*args, "--capture", str(tmp_path / "none.json")]) == 2
+    assert "no such capture file" in capsys.readouterr().err
