@@ -159,7 +159,10 @@ def read_nsys_sqlite(path: str | Path) -> TraceData:
         con.close()
 
 
-def _read_nvtx(con: sqlite3.Connection, has_strings: bool) -> list[NvtxRange]:
+def _nvtx_rows(con: sqlite3.Connection, has_strings: bool, zero_length: bool
+               ) -> list[tuple[float, float, str, int | None]]:
+    """(start, end, text, globalTid) of the NVTX ranges (marks and registrations have no end);
+    ``zero_length``: ranges that start and end at once too (an op emit_nvtx timed at 0 ns)."""
     cols = _columns(con, NVTX)
     picks = ["e.text"] if "text" in cols else []
     join = ""
@@ -168,10 +171,13 @@ def _read_nvtx(con: sqlite3.Connection, has_strings: bool) -> list[NvtxRange]:
         picks.append("t.value")
     name_sql = f"COALESCE({', '.join(picks)}, '?')" if picks else "'?'"
     tid = "e.globalTid" if "globalTid" in cols else "NULL"
-    # Ranges only: marks and domain/string registrations have no end.
     q = (f"SELECT e.start, e.end, {name_sql}, {tid} FROM {NVTX} e{join} "
-         "WHERE e.end IS NOT NULL AND e.end > e.start")
-    return [NvtxRange(float(s), float(e), str(name), None, _pid(gt)) for s, e, name, gt in con.execute(q)]
+         f"WHERE e.end IS NOT NULL AND e.end {'>=' if zero_length else '>'} e.start")
+    return [(float(s), float(e), str(name), gt) for s, e, name, gt in con.execute(q)]
+
+
+def _read_nvtx(con: sqlite3.Connection, has_strings: bool) -> list[NvtxRange]:
+    return [NvtxRange(s, e, name, None, _pid(gt)) for s, e, name, gt in _nvtx_rows(con, has_strings, False)]
 
 
 def _tid(global_tid: int | None) -> int | None:
@@ -181,19 +187,8 @@ def _tid(global_tid: int | None) -> int | None:
 def _host_ranges(con: sqlite3.Connection, has_strings: bool) -> list[HostRange]:
     """NVTX ranges as host ranges on their threads: an op where emit_nvtx named it (``aten::...``, an
     autograd node ``...Backward0``, an autograd Function), else an annotation."""
-    cols = _columns(con, NVTX)
-    if "globalTid" not in cols:
-        return []
-    picks = ["e.text"] if "text" in cols else []
-    join = ""
-    if "textId" in cols and has_strings:
-        join = f" LEFT JOIN {STRINGS} t ON t.id = e.textId"
-        picks.append("t.value")
-    name_sql = f"COALESCE({', '.join(picks)}, '?')" if picks else "'?'"
     out = []
-    q = (f"SELECT e.start, e.end, {name_sql}, e.globalTid FROM {NVTX} e{join} "
-         "WHERE e.end IS NOT NULL AND e.end >= e.start")
-    for s, e, raw, gt in con.execute(q):
+    for s, e, raw, gt in _nvtx_rows(con, has_strings, True):
         tid = _tid(gt)
         if tid is None:
             continue
@@ -202,7 +197,7 @@ def _host_ranges(con: sqlite3.Connection, has_strings: bool) -> list[HostRange]:
         name = text.split(",", 1)[0].strip() if m or ", sizes = " in text else text
         op = "::" in name or name.endswith(("Backward0", "Backward1", "Backward")) or name.startswith(
             "autograd::")
-        out.append(HostRange(tid, float(s), float(e), name, RangeKind.OP if op else RangeKind.ANNOTATION,
+        out.append(HostRange(tid, s, e, name, RangeKind.OP if op else RangeKind.ANNOTATION,
                              int(m.group(1)) if m else None))
     return out
 
