@@ -27,6 +27,7 @@ from perfd.analytics.remedies import (
     MERGED_PASSES,
     OVERLAP_HIDES,
     PIPELINE_WAIT_BACK,
+    RECOMPUTED_FORWARD,
     REMOVED_KERNELS,
     SYNC_GAP_BACK,
     Advice,
@@ -326,6 +327,67 @@ def _memory_cost(cfg: JobConfig) -> tuple[str | None, tuple[str, ...]]:
     ), ()
 
 
+# The parts a layer's forward runs (what recomputation runs again)
+_LAYER_PARTS = (Part.LINEAR, Part.GEMM, Part.ATTENTION, Part.ACTIVATION, Part.NORM, Part.POINTWISE)
+
+
+def recompute(c: FitContext) -> Advice | None:
+    """Activation recomputation, both ways: a job that recomputes every layer (``full``) where the
+    log's memory report leaves room recomputes core attention only (``selective``: its s×s
+    activations are the large ones) and wins the rest of the repeated forward back; a job short of
+    memory that recomputes nothing frees attention's activations for the price of its forward."""
+    b, cfg = c.budget, c.config
+    if cfg.framework is not Framework.MEGATRON or not b.has_kernels:
+        return None
+    gran = cfg.arg("recompute_granularity")
+    layers = sum(b.ms(p) for p in _LAYER_PARTS)
+    att = b.ms(Part.ATTENTION)
+    peak, total = cfg.memory_mib.get("max allocated"), cfg.gpu_memory_mib
+    flags, notes = flags_for(cfg, ("--recompute-granularity", "selective"))
+    if not flags:
+        return None
+    if gran == "full":
+        again = (layers - att) / 3  # the forward of everything but core attention, run once more
+        basis = (
+            f"full recomputation runs each layer's forward twice: {layers:.0f} ms of layer work per step, "
+            f"a third of it forward; selective keeps recomputing core attention ({att:.0f} ms) and no "
+            f"more: {again:.0f} ms back (× {RECOMPUTED_FORWARD[0]:g}–{RECOMPUTED_FORWARD[1]:g})"
+        )
+        room = (
+            f"; the log's peak is {peak / 1024:.1f} GiB of {total / 1024:.0f} GiB"
+            if peak is not None and total is not None
+            else ""
+        )
+        return Advice(
+            RemedyId.RECOMPUTE,
+            Part.LINEAR,
+            "Recompute less: --recompute-granularity selective (core attention only) instead of full",
+            ranged(again, RECOMPUTED_FORWARD, basis),
+            flags,
+            remove=("--recompute-method",),
+            cost="memory: the layers' activations but attention's are kept" + room,
+            notes=notes,
+        )
+    if gran not in (None, "None") or peak is None or total is None or peak < th.MEMORY_HEADROOM.value * total:
+        return None
+    fwd = att / 3
+    return Advice(
+        RemedyId.RECOMPUTE,
+        Part.ATTENTION,
+        "Free memory: --recompute-granularity selective (core attention's s×s activations recomputed, "
+        "not kept)",
+        Gain(
+            -fwd * RECOMPUTED_FORWARD[1],
+            -fwd * RECOMPUTED_FORWARD[0],
+            f"attention's forward ({fwd:.0f} ms of its {att:.0f} ms) runs again in the backward",
+        ),
+        flags,
+        cost=f"the step runs longer; the log's peak {peak / 1024:.1f} GiB of {total / 1024:.0f} GiB "
+        "comes down (room for a larger micro-batch)",
+        notes=notes,
+    )
+
+
 def cuda_graphs(c: FitContext) -> Advice | None:
     """Only where the launch gaps are large enough to pay for replaying: the low end is a loss."""
     b, cfg = c.budget, c.config
@@ -561,6 +623,7 @@ REMEDIES: tuple[Remedy, ...] = (
     ce_fusion,
     timer_sync,
     micro_batch,
+    recompute,
     cuda_graphs,
     fused_layers,
     fused_optimizer,

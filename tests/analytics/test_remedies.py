@@ -134,6 +134,23 @@ def test_what_the_job_already_runs_with_is_not_suggested(run1: RunAnalysis) -> N
     assert RemedyId.MICRO_BATCH not in full  # twice the activations would not fit in 80 GiB
 
 
+def test_recomputation_both_ways(run1: RunAnalysis) -> None:
+    """A job recomputing every layer gets selective recomputation back (the repeated forward but core
+    attention's); a job short of memory that recomputes nothing gets it as a memory remedy, its cost in
+    step time said (a negative range: never promised as a gain)."""
+    assert run1.config is not None
+    full = {a.remedy: a for a in _advice(run1, arguments={**run1.config.arguments,
+                                                          "recompute_granularity": "full"})}
+    r = full[RemedyId.RECOMPUTE]
+    assert [f.text() for f in r.flags] == ["--recompute-granularity selective"]
+    assert r.gain is not None and r.gain.promised and "GiB of 80 GiB" in r.cost
+    tight = {a.remedy: a for a in _advice(run1, memory_mib={"allocated": 12_000.0,
+                                                             "max allocated": 78_000.0})}
+    m = tight[RemedyId.RECOMPUTE]
+    assert m.gain is not None and m.gain.high_ms < 0 and not m.gain.promised
+    assert RemedyId.RECOMPUTE not in {a.remedy for a in _advice(run1)}  # room, nothing recomputed: none
+
+
 def test_the_pytorch_job_gets_the_pytorch_equivalents(run1: RunAnalysis) -> None:
     got = {a.remedy: a for a in _advice(run1, framework=Framework.PYTORCH, version=None, arguments={})}
     assert "scaled_dot_product_attention" in got[RemedyId.FUSED_ATTENTION].action
