@@ -354,7 +354,8 @@ def gain_text(a: Advice, b: StepBudget) -> str:
         return "not estimated"
     lo, hi = g.low_ms, g.high_ms
     if hi <= 0:  # a cost, not a gain (a remedy for memory)
-        return f"step +{-hi:.0f} to +{-lo:.0f} ms ({_share(-hi / b.step_ms)}–{_share(-lo / b.step_ms)} slower)"
+        return (f"step +{-hi:.0f} to +{-lo:.0f} ms ({_share(-hi / b.step_ms)}–{_share(-lo / b.step_ms)} "
+                "slower)")
     if not g.promised:
         return (
             f"between {abs(lo):.0f} ms slower and {hi:.0f} ms faster per step ({-lo / b.step_ms:+.0%} to "
