@@ -166,23 +166,34 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
     if steps is None:
         steps = [None if disturbed.get(it.iteration) else it.step_time_ms for it in post]
     sized = windows.per_work(steps, work)
-    scale = [s / z if s is not None and z is not None and z > 0 else 1.0 for s, z in zip(steps, sized, strict=True)]
+    scale = [s / z if s is not None and z is not None and z > 0 else 1.0
+             for s, z in zip(steps, sized, strict=True)]
     smooth = windows.rolling(sized)
     shift = find_change_point(sized)
     if shift is not None:
         shift = accept(shift, [it.iteration for it in post], new_normal_at)
-    ref = reference_ms if shift is None else shift.before_ms
-    if ref is None:
-        ref = windows.reference(sized)
+    # A first guess of the steady level that a long slowdown does not lift: the lower quartile of the
+    # windows (the steady state's median is between the two levels once a slowdown covers half the run)
+    guess = windows.reference(sized, quantile=0.25)
+    if shift is not None:
+        ref: float | None = shift.before_ms
+    elif reference_ms is not None and guess is not None:
+        ref = min(reference_ms, guess)
+    else:
+        ref = reference_ms if reference_ms is not None else guess
     if ref is None:
         return Detection([], [], {"n": 0, "cost_s": None}, None)
     shifted = range(0) if shift is None else range(shift.index, shift.accepted_index or len(post))
     # From where the user took the shift's level as the new normal, that level is the reference.
     normal_from = shift.accepted_index if shift is not None else None
     new_level = shift.after_ms if shift is not None else ref
-    calm = [i for i, z in enumerate(sized) if z is not None and (smooth[i] or 0.0) <= STEP_FACTOR * ref
-            and (shift is None or i < shift.index)]
-    ref = windows.reference([sized[i] for i in calm]) or ref
+    # The steady reference anew over the calm windows (a long incident does not raise the bar it is
+    # measured by): windows clear of the bar, half a window away from any step above it.
+    near = {j for i, z in enumerate(sized) if z is not None and (smooth[i] or 0.0) > STEP_FACTOR * ref
+            for j in range(i - windows.WINDOW // 2, i + windows.WINDOW // 2 + 1)}
+    calm = [i for i, z in enumerate(sized)
+            if z is not None and i not in near and (shift is None or i < shift.index)]
+    ref = _median([m for i in calm if (m := smooth[i]) is not None]) or ref
     calm_its = [post[i] for i in calm]
     calm_steps = [it.step_time_ms for it in calm_its]
     steady_shares = (windows.weighted([it.data_share for it in calm_its], calm_steps),
@@ -201,7 +212,8 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
             f = LEVEL_SHIFT
         elif step is not None and mean is not None and mean > STEP_FACTOR * level and step > level:
             f = SLOW
-        elif step is not None and it.straggler_candidate_ranks and step > STRAGGLER_STEP_FACTOR * level:
+        elif (step is not None and mean is not None and it.straggler_candidate_ranks
+              and min(step, mean) > STRAGGLER_STEP_FACTOR * level):  # the window too: one noisy step is not
             f = STRAGGLER
         flags.append(f)
     # The rolling mean crosses the bar up to half a window after a change in rate begins (and stops
@@ -225,6 +237,19 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
         else:
             runs.append([i])
         last_flag = i
+    # A window over the bar reaches half a window past the slow steps it holds: a stretch starts and
+    # ends at a step that is itself slow (within a step of the truth for an alternating series).
+    def itself_slow(i: int) -> bool:
+        z = sized[i]
+        level = new_level if normal_from is not None and i >= normal_from else ref
+        return flags[i] not in (None, SLOW) or (z is not None and z > STEP_FACTOR * level)
+
+    for r in runs:
+        while r and not itself_slow(r[-1]):
+            r.pop()
+        while r and not itself_slow(r[0]):
+            r.pop(0)
+    runs = [r for r in runs if r]
     real = [r for r in runs if any(flags[i] not in (None, CAPTURE) for i in r)]
     captures = [r for r in runs if r not in real]
     for r in real:  # a capture at the head of a stretch is a disturbance of its own, then the stretch

@@ -586,7 +586,8 @@ class _ByIteration(Mapping[int, Any]):
 def _work(steps: Sequence[float | None], tflops: Sequence[float | None]) -> list[float | None]:
     """Each step's work (its model FLOPs per GPU: TFLOP/s × seconds), where the source counts it per
     step (the step hook's per-step FLOPs); perfd.analytics.windows reads steps per unit of it."""
-    return [t * s * 1e9 if t is not None and s is not None else None for s, t in zip(steps, tflops, strict=True)]
+    return [t * s * 1e9 if t is not None and s is not None else None
+            for s, t in zip(steps, tflops, strict=True)]
 
 
 def _mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],

@@ -34,7 +34,19 @@ if TYPE_CHECKING:
 # value is the median over the steady iterations, the step time their mean.
 TIME_WEIGHTED: frozenset[str] = frozenset({
     "mfu", "model_tflops_per_gpu", "logged_tflops_per_gpu", "mfu_vs_measured_ceiling", "data_share",
-    "comm_exposed_share", "comm_exposed_dp_share", "comm_exposed_pp_share", "pp_idle_max", "pp_idle_min"})
+    "comm_exposed_share", "comm_exposed_dp_share", "comm_exposed_pp_share", "pp_idle_max", "pp_idle_min",
+    "pp_imbalance"})
+
+
+# How the summary reduced each value over the steady steps, for the report's sources and headings.
+REDUCTIONS_TEXT = "shares and rates time-weighted, step time the mean, the rest medians"
+
+
+def reduction_of(name: str) -> str:
+    """How the summary's value ``name`` was taken over the steady steps, in words."""
+    if name in TIME_WEIGHTED:
+        return "time-weighted (Σ over the steps ÷ Σ step time)"
+    return "mean" if name == "step_time_ms" else "median"
 
 
 def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady: SteadyState,
@@ -54,7 +66,6 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
             med[name] = statistics.fmean(known) if known else None
         else:
             med[name] = median(steady_values(name))
-    steps = [s for s in step_col if s is not None]
     # step sizes that differ by design (the hook's per-step FLOPs) are not jitter: per unit of work
     tflops = steady_values("model_tflops_per_gpu")
     sized = [v for v in windows.per_work(step_col, [t * s if t is not None and s is not None else None

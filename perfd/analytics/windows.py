@@ -12,7 +12,7 @@ Over a window of :data:`WINDOW` steps the time per step is stable whatever the p
 - a step's *size* is its work (its FLOPs, where the source gives them per step): a step is read as
   its time per unit of work, scaled to the run's mean work (:func:`per_work`), so that a batch twice
   as long is not a slow step;
-- the steady reference is the median of the rolling windows' mean times (:func:`reference`), and the
+- the steady reference is the level of the rolling windows' mean times (:func:`reference`), and the
   rolling mean (:func:`rolling`) is what a departure is judged on;
 - shares and throughput are time-weighted over the steps they cover (:func:`weighted`): data wait
   summed ÷ step time summed; FLOPs summed ÷ time summed.
@@ -59,11 +59,14 @@ def rolling(xs: Sequence[float | None], window: int = WINDOW) -> list[float | No
     return out
 
 
-def reference(xs: Sequence[float | None], window: int = WINDOW) -> float | None:
-    """The steady time per step: the median of the rolling windows' mean times (values present only):
-    the level most windows sit at, whatever the pattern inside them."""
-    means = [m for m in rolling([x for x in xs if x is not None], window) if m is not None]
-    return statistics.median(means) if means else None
+def reference(xs: Sequence[float | None], window: int = WINDOW, quantile: float = 0.5) -> float | None:
+    """The steady time per step: the median of the rolling windows' mean times (values present only),
+    the level most windows sit at whatever the pattern inside them. ``quantile=0.25``: the lower
+    quartile, a first guess that a slowdown covering up to three quarters of the run does not move
+    (a median sits between the two levels once a slowdown covers half of it); incident detection
+    takes it, then the median of the windows clear of the slowdown."""
+    means = sorted(m for m in rolling([x for x in xs if x is not None], window) if m is not None)
+    return means[min(len(means) - 1, int(quantile * (len(means) - 1) + 0.5))] if means else None
 
 
 def weighted(shares: Sequence[float | None], steps: Sequence[float | None]) -> float | None:
