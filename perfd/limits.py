@@ -79,6 +79,12 @@ MAX_SERIES_PER_IDENTITY = 500_000  # ... of one identity (as MAX_JOBS_PER_IDENTI
 MAX_LABELS_PER_SERIES = 16
 MAX_LABEL_VALUE_BYTES = 256
 MAX_JOB_NAME_BYTES = 256
+# A step record more than this many iterations ahead of the newest its job holds is implausible
+# (refused, reason iteration_ahead), as is one beyond its run's train-iters: one far-future iteration
+# among good ones once became a retention watermark that dropped every later record (issue 43 item
+# 3). Far above any real gap between two records of a job (a log interval of 1,000, hours of lost
+# records); a run that restarts from a checkpoint ahead is a new run and its first record says so.
+MAX_ITERATION_LEAP = 100_000
 
 # ---- captures -------------------------------------------------------------------------------------
 MAX_CAPTURE_STEPS = 50  # iterations one capture may cover (HTTP API and webhook alike)
@@ -173,6 +179,8 @@ REFUSED_WORSE_DUPLICATE = "worse_duplicate"  # a copy of a held step record lack
 # Held step records of an agent that wrote a job's iterations ahead of it, replaced by the records of
 # the host that continues the job (docs/reliability.md "Who may write a job"); counted under that agent.
 REFUSED_STEP_AHEAD = "step_ahead"
+# A step record whose iteration is implausibly ahead (MAX_ITERATION_LEAP, the run's train-iters).
+REFUSED_ITERATION_AHEAD = "iteration_ahead"
 # What perfd.exporters.httpd counts (the agent's /metrics and the aggregator's HTTP alike): the
 # agent serves perfd_agent_http_refused_total for each from 0.
 REFUSED_HTTP_REASONS = (REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_HTTP_DEADLINE, REFUSED_HTTP_HEAD,
@@ -185,6 +193,7 @@ REFUSED_REASONS = (
     REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
     *REFUSED_HTTP_REASONS,
     REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE, REFUSED_STEP_AHEAD,
+    REFUSED_ITERATION_AHEAD,
 )
 
 

@@ -276,6 +276,10 @@ class Aggregator:
                                      f"from agent {holder[:64]} (e.g. iteration {its[0]}) were written ahead "
                                      f"of the job: replaced by agent {agent_id[:64]}'s, which continues it",
                                      len(its), agent=holder)
+            for job, bad in kept_out.implausible.items():
+                self.refusals.refuse(L.REFUSED_ITERATION_AHEAD, f"{len(bad)} step record(s) of job "
+                                     f"{job[:64]!r} from agent {agent_id[:64]} with an implausible iteration "
+                                     f"(e.g. {bad[0][0]}: {bad[0][1]}); refused", len(bad), agent=agent_id)
             for job, its in kept_out.worse.items():
                 self.refusals.refuse(L.REFUSED_WORSE_DUPLICATE, f"{len(its)} copy(ies) of held step "
                                      f"records of job {job[:64]!r} (e.g. iteration {its[0]}) from agent "

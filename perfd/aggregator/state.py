@@ -303,6 +303,7 @@ class AggregatorState:
         """Analyse every job that has new data and update its incidents (the aggregator's periodic
         tick: incidents open and close while nobody reads the API, and what /metrics and the API
         serve stays at most one tick old)."""
+        self.jobs.log_retention()  # what retention dropped, one line per job and minute
         for job in self.job_names():
             try:
                 self.analysis(job)
@@ -576,6 +577,10 @@ class AggregatorState:
             "serving_records_ingested": self.serving.records,
             "serving_errors": dict(self.serving.errors),
             "step_records_dropped_retention": js.dropped_steps,
+            "step_records_too_old": js.too_old,
+            "step_records_implausible": js.implausible,
+            "new_runs": js.new_runs,
+            "step_records_replaced_by_new_run": js.replaced_by_new_run,
             "iterations_evicted_retention": js.evicted_iterations,
             "iterations_evicted_retention_bytes": js.evicted_iterations_bytes,
             "analysis_errors": js.analysis_errors,
