@@ -116,6 +116,7 @@ class StepConflicts:
     displaced: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     # Records refused as implausibly ahead, by job: (iteration, why).
     implausible: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    refused: set[int] = field(default_factory=set)  # id() of every record kept out (not journalled)
 
 
 @dataclass
@@ -265,6 +266,7 @@ class JobStore:
                 if why is not None:
                     self.stats.implausible += 1
                     out.implausible.setdefault(rec.job, []).append((rec.iteration, why))
+                    out.refused.add(id(rec))
                     continue
                 if self._new_run(js, rec, key[1]):
                     self._drop_from(js, key[1], rec.iteration)
@@ -277,6 +279,7 @@ class JobStore:
                         if not self._outranks(js, key, agent_id, holder):
                             self.stats.conflicts += 1
                             out.other_agent.setdefault((rec.job, holder), []).append(rec.iteration)
+                            out.refused.add(id(rec))
                             continue
                         # The held record was written ahead of the job by an agent that does not
                         # continue it (see _outranks): the job's own writer takes the iteration.
@@ -285,6 +288,7 @@ class JobStore:
                     elif worse_than(rec, old):
                         self.stats.worse_duplicates += 1
                         out.worse.setdefault(rec.job, []).append(rec.iteration)
+                        out.refused.add(id(rec))
                         continue
                 if old is None and not isinstance(rec.rank, int) and rec.step_time_ms is not None \
                         and math.isfinite(rec.step_time_ms) and rec.step_time_ms >= 0:
