@@ -238,6 +238,8 @@ class StateStore:
                                  self._db.execute("SELECT agent, length(body) FROM hello")}
             self._info_bytes = {str(j): int(n) for j, n in
                                 self._db.execute("SELECT job, length(json) FROM job_info")}
+            self._seq_bytes = {str(a): _ROW_BYTES + len(str(a)) + len(str(e)) for a, e in
+                               self._db.execute("SELECT agent, epoch FROM seq")}
         except sqlite3.Error:
             pass  # the disk is failing: the last known sizes stand
 
@@ -400,7 +402,11 @@ class StateStore:
             self._pending_bytes -= size
             self.pruned += n
             self.pruned_bytes += size
-            self._prune_rows()
+            try:
+                self._prune_rows()
+            except sqlite3.Error as exc:
+                self._fail(f"Hello and dedupe rows could not be pruned ({exc})")
+                return n
             return n + self._drop_tombstones()
 
     def _prune_rows(self) -> None:

@@ -27,8 +27,8 @@ from perfd.hook import StepHook, wire
 from tests.faults.test_network_faults import _megatron_lines
 from tests.procs import Procs, get_json, http_get, start_agent, start_aggregator, wait_for
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                                           reason="the hook's socket is Linux's")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the hook's socket is Linux's")]
 JOB = "megatron-job"
 WINDOW = "50"
 

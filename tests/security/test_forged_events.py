@@ -25,7 +25,7 @@ from perfd.transport.codec import Command
 from tests.faults.streams import streaming
 from tests.procs import NOT_YET, Procs, get_json, run_env, start_aggregator, wait_for
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 JOB = "victim"
 
 

@@ -141,6 +141,7 @@ def live(shared_tmp: Path, tmp_path: Path) -> Iterator[tuple[Procs, str, str, Pa
         yield procs, base, sock, tmp_path
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_root_agent_dumps_only_the_senders_own_process(live: tuple[Procs, str, str, Path],
                                                            attacker: OtherUser) -> None:
@@ -189,6 +190,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_stacks_and_command_lines_are_served_to_token_holders_only_and_redacted(tmp_path: Path) -> None:
     token = "a-token-of-enough-length-43"

@@ -25,7 +25,7 @@ import pytest
 from tests.procs import Procs, get_json, start_agent, start_aggregator, wait_for
 from tests.security.other_user import OtherUser, other_user
 
-pytestmark = [pytest.mark.timeout(300),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc, SO_PASSCRED")]
 JOB = "held"
 
