@@ -6,6 +6,12 @@ changes when processes come and go. So a ``gpu_processes`` event goes out when t
 changes, and again every ``event_interval_s`` (a late-joining aggregator learns the state), while
 the count goes out every collect as ``perfd_gpu_processes``.
 
+What is shown of each process (docs/security.md "Command lines and stacks"): pid, name, user and GPU
+memory always; the command line only of the job's own processes — those whose environment declares
+a rank or a job (RANK, PERFD_JOB: a job's ranks) — with secret values redacted
+(perfd.procinfo.shown_cmdline). Another process on the GPU (a co-tenant, another user's notebook) is
+named without its arguments: they may hold its passwords and tokens.
+
 Caveat: NVML reports pids in the host's pid namespace. An agent in a container without the host
 pid namespace (``hostPID: true`` in Kubernetes) sees other pids: the names are then absent, or, if a
 container process happens to have the same pid, wrong. Run the agent in the host pid namespace.
@@ -30,6 +36,7 @@ from perfd.procinfo import (  # shared with collectors/ranks: which rank and job
     psutil_lookup,
     psutil_rank_env,
     psutil_user,
+    shown_cmdline,
 )
 
 __all__ = ["CMDLINE_MAX", "JOB_ENV", "JOB_NAME_MAX", "RANK_ENV", "EnvLookup", "GpuProcess", "NameLookup",
@@ -87,9 +94,10 @@ class ProcessTracker:
             rank = self._ranks[p.pid]
             if self._users.get(p.pid) is None:  # looked up once per pid (retried while unknown)
                 self._users[p.pid] = self._user_lookup(p.pid)
+            own = isinstance(rank.get("rank"), int) or bool(rank.get("job"))  # the job's: it declares so
             payload.append({
                 "pid": p.pid, "name": name, "user": self._users[p.pid],
-                "cmdline": cmd[:CMDLINE_MAX] if cmd is not None else None,
+                "cmdline": shown_cmdline(cmd, own, CMDLINE_MAX),
                 "used_memory_bytes": p.used_memory_bytes,
                 # The basis for rank -> GPU attribution; absent (None) when the environment is not
                 # visible, never guessed from the GPU index.

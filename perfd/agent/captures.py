@@ -75,13 +75,18 @@ class AgentCaptures:
             else None, ncu=NcuExecutor(self.root), hook_canceller=canceller)
 
     def observe(self, events: list[dict[str, Any]]) -> None:
-        """Learn rank → pid from process lists; pass the hook's profile events to the manager."""
+        """Learn rank → pid from process lists (only processes of this agent's job: one that declares
+        another job in its environment is that job's rank, not ours); pass the hook's profile events
+        to the manager."""
         for ev in events:
             kind = ev.get("kind")
             procs = payload_of(ev, GPU_PROCESSES) if kind == GPU_PROCESSES.name else None
             if procs is not None:
                 with self._lock:
                     for p in procs:
+                        declared = p.get("job")
+                        if declared and declared != self.job:
+                            continue
                         if isinstance(p.get("rank"), int) and isinstance(p.get("pid"), int):
                             self._rank_pid[int(p["rank"])] = int(p["pid"])
             elif kind == HOOK_PROFILE.name:
@@ -89,8 +94,8 @@ class AgentCaptures:
 
     def _pids_for_ranks(self, job: str, ranks: tuple[int, ...]) -> Mapping[int, int]:
         """rank -> pid: from the GPU process lists (RANK in each process's environment), else from
-        the step hook, whose datagrams carry the sender's rank and pid (jobs without a GPU
-        context yet, or an agent without NVML)."""
+        the step hook's senders (their rank, and the pid the kernel's credentials vouched for:
+        collectors/hook/peers.py), for jobs without a GPU context yet, or an agent without NVML."""
         with self._lock:
             known = dict(self._rank_pid)
         for rank, peer in list((self._hook_peers or {}).items()):

@@ -311,11 +311,15 @@ class CaptureCoordinator:
         return chosen or agents_all
 
     def on_event(self, ev: Mapping[str, Any]) -> None:
-        """Capture progress reported by an agent (capture_started/finished/failed)."""
+        """Capture progress reported by an agent (capture_started/finished/failed): taken only from
+        an agent the capture was sent to (another's is refused and counted, ``not_target``: a
+        stranger naming a capture's id once turned it from failed into finished with its own
+        result)."""
         kind = str(ev.get("kind", ""))
         if kind not in CAPTURE_PROGRESS:
             return
         links = ev.get("links") or {}
+        sender = str(ev.get("agent") or "")
         with self._lock:
             rec = None
             for key in ("command_id", "capture_id"):  # agents name our request by command_id
@@ -324,6 +328,10 @@ class CaptureCoordinator:
                     rec = self.captures[str(cid)]
                     break
             if rec is None:
+                return
+            if sender not in rec.agents:
+                self.refusals.refuse(L.REFUSED_NOT_TARGET, f"{kind} for capture {rec.id} from agent "
+                                     f"{sender[:64]}, which it was not sent to", agent=sender)
                 return
             if links.get("capture_id") and links.get("capture_id") != rec.id:
                 rec.agent_capture_ids = sorted({*rec.agent_capture_ids, str(links["capture_id"])})

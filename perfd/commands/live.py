@@ -11,6 +11,7 @@ from perfd import limits as L
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.aggregator.loops import EVENT_LOOPS
 from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
+from perfd.analytics.thresholds import STALL_PHASE_MAX_S
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ def _aggregator(args: argparse.Namespace) -> int:
                            wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
                            wandb_dir=wandb_dir, wandb_interval_s=args.wandb_interval,
                            job_stale_after_s=args.job_stale_after,
+                           stall_phase_max_s=args.stall_phase_max,
                            max_iterations_per_job=args.retain_iterations,
                            max_bytes_per_job=int(args.retain_mib * (1 << 20)),
                            remote_write=args.remote_write or [],
@@ -117,6 +119,9 @@ def _aggregator(args: argparse.Namespace) -> int:
                            remote_write_labels=labels)
     if args.job_stale_after is not None and args.job_stale_after <= 0:
         print("perfd aggregator: --job-stale-after must be > 0 seconds", file=sys.stderr)
+        return 2
+    if not args.stall_phase_max > 0:
+        print("perfd aggregator: --stall-phase-max must be > 0 seconds", file=sys.stderr)
         return 2
     if not args.state_max_mib > 0:
         print("perfd aggregator: --state-max-mib must be > 0", file=sys.stderr)
@@ -263,6 +268,10 @@ def register(sub: SubParsers) -> None:
                    help="seconds without a step after which a job is stalled (its processes still on "
                         "their GPUs) or ended; its derived gauges then leave /metrics and rules stop "
                         "evaluating it (default: 10 of the job's median steps, at least 60 s)")
+    g.add_argument("--stall-phase-max", type=float, default=STALL_PHASE_MAX_S.value, metavar="SECONDS",
+                   help="how long after a job's last step record its announced checkpoint saves and "
+                        "evaluations may hold a live stall back, whatever they announce (default: "
+                        "%(default)g; a stopped or gone rank is never held)")
     g.add_argument("--wandb-project", help="log each job to a Weights & Biases run in this project "
                    "(needs perfd[wandb]); off without it")
     g.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"],

@@ -27,7 +27,7 @@ import logging
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -52,7 +52,7 @@ from perfd.transport.codec import (
     decode_batch,
     decode_hello,
 )
-from perfd.transport.delivery import IngestJournal, SeqTracker
+from perfd.transport.delivery import IngestJournal, Kept, SeqTracker
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.security import UNAUTHENTICATED_PREFIX, IdentityPolicy, ServerTls, TokenFile
 from perfd.transport.series import Series
@@ -60,8 +60,10 @@ from perfd.transport.stream import AgentStream
 
 log = logging.getLogger(__name__)
 
-OnBatch = Callable[[str, DecodedBatch], None]
-OnHello = Callable[[HelloInfo], None]
+# The receiver says what it kept of a batch (None: all of it) and which jobs of a Hello it admitted
+# (None: all): the journal stores only those.
+OnBatch = Callable[[str, DecodedBatch], Kept | None]
+OnHello = Callable[[HelloInfo], Sequence[str] | None]
 OnStreamEnd = Callable[[str], None]  # the agent whose live stream ended (it may come back)
 # (agent id, series id, definition) -> whether the series is held (the aggregator's caps). A refused
 # definition is kept nowhere: its samples are dropped as samples of an undefined id.
@@ -490,19 +492,22 @@ class IngestServer:
         while len(self._tables) > self.limits.max_streams:
             self._tables.popitem(last=False)
         conn.agent_id, conn.epoch = info.agent_id, info.spool_epoch
-        if self.journal is not None:
-            if self.journal.lost(info.agent_id):  # its older stream had lost writes: start from disk
-                self.seq_state.reset(info.agent_id, self.journal.recover(info.agent_id))
-            self.journal.hello(info.agent_id, hello)
+        if self.journal is not None and self.journal.lost(info.agent_id):
+            # its older stream had lost writes: start from disk
+            self.seq_state.reset(info.agent_id, self.journal.recover(info.agent_id))
         # Tell the agent what we already hold, so it does not resend batches whose Ack was lost.
         conn.ack_due = max(conn.ack_due, self.seq_state.last(info.agent_id, info.spool_epoch))
         conn.ack_sent = -1
         conn.wake.set()
+        admitted: Sequence[str] | None = None
         if self._on_hello is not None:
             try:
-                self._on_hello(info)
+                admitted = self._on_hello(info)
             except Exception:
                 log.exception("on_hello failed for agent %s", info.agent_id)
+                admitted = ()
+        if self.journal is not None:  # what the Hello was given, not what it asked (issue 43 item 4)
+            self.journal.hello(info.agent_id, list(hello.jobs) if admitted is None else list(admitted))
 
     def _batch(self, conn: AgentStream, b: pb.Batch) -> None:
         agent = conn.agent_id
@@ -548,14 +553,14 @@ class IngestServer:
                            f"({e}); counted and acknowledged")
             return
         try:
-            self._on_batch(agent, decoded)
+            kept = self._on_batch(agent, decoded)
         except Exception as e:
             self.deliver_errors += 1
             self._log_once(agent, "deliver", f"on_batch raised for batch {b.seq} of agent {agent}: {e!r}; "
                            "counted and acknowledged")
             return
         if self.journal is not None:
-            self.journal.batch(agent, b)
+            self.journal.batch(agent, b, kept)
         self.batches += 1
         self.samples += len(decoded.values)
         self.steps += len(decoded.steps)
