@@ -314,9 +314,9 @@ class Aggregator:
             log.info("state restored from %s in %.2f s: %s", self.store.path, got["ms"] / 1e3, got)
         try:
             self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
-        except OSError as exc:  # the transport cannot tell in use from not local: both ways out
-            raise OSError(f"{exc}; choose another port with --grpc-port N or another address with "
-                          "--grpc-host") from exc
+        except OSError as exc:  # the same line as HTTP's: what, where, why, and the flag to change
+            raise bind_error(exc, self.cfg.grpc_host, self.cfg.grpc_port, "gRPC", "--grpc-port N",
+                             "--grpc-host") from exc
         self.lifecycle.started(asyncio.get_running_loop())
         self.state.transport_stats = self._transport_counters
         try:
