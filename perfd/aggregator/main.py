@@ -11,7 +11,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -204,11 +204,12 @@ class Aggregator:
         self.ticks += 1  # a whole tick done: what arrived before it started is analysed (tests wait on it)
 
     def _on_hello(self, hello: HelloInfo) -> None:
-        self._on_hello_jobs(hello.agent_id, hello.jobs)
+        self._on_hello_jobs(hello.agent_id, hello.jobs, node=hello.node, capabilities=hello.capabilities)
 
-    def _on_hello_jobs(self, agent_id: str, jobs: Sequence[str], now: float | None = None) -> None:
+    def _on_hello_jobs(self, agent_id: str, jobs: Sequence[str], now: float | None = None,
+                       node: str | None = None, capabilities: Mapping[str, str] | None = None) -> None:
         self.lifecycle.hello(agent_id)
-        self.state.hello(agent_id, self.guard.hello(agent_id, jobs), now)
+        self.state.hello(agent_id, self.guard.hello(agent_id, jobs), now, node, capabilities)
 
     def ingest_job_info_text(self, agent_id: str, job: str, text: str, now: float | None = None) -> None:
         if not self.guard.may_write(agent_id, job, "job info"):
