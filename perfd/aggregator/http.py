@@ -71,7 +71,7 @@ class _StateCollector:
             rows.append((labels, s.name, s.value))
         yield from series_families(rows)
         yield from series_families(self.state.collective_rows(self.per_rank_series))
-        yield from series_families(self.state.incidents.metric_rows())
+        yield from series_families(self.state.incidents.metric_rows(self.state.jobs_with_data()))
         yield from series_families(liveness_rows(self.state, node_info=True))
         yield from series_families(self.state.serving.rows())
         t = self.state.transport_stats() if self.state.transport_stats is not None else {}

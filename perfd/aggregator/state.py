@@ -498,6 +498,11 @@ class AggregatorState:
     def job_names(self) -> list[str]:
         return self.jobs.names()
 
+    def jobs_with_data(self) -> list[str]:
+        """Jobs holding step records or job info (not those only named in a Hello): their counters
+        are on /metrics from their first record, at 0 until they count something."""
+        return [j for j in self.jobs.names() if self.jobs.has_data(j)]
+
     def job_agents(self, job: str) -> set[str]:
         return self.jobs.agents_of(job)
 
