@@ -32,8 +32,8 @@ def _port_matches(rule_port: Mapping[str, Any], port: str | int, named: Mapping[
     if want is None:
         return True
     if isinstance(want, str):  # a named port: the target pod's port of that name
-        return port == want or named.get(want) == port
-    return port == want or named.get(str(port)) == want
+        return bool(port == want or named.get(want) == port)
+    return bool(port == want or named.get(str(port)) == want)
 
 
 def admits(policy: Mapping[str, Any], target_labels: Mapping[str, str], port: str | int, *,
