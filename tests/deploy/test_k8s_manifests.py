@@ -248,8 +248,10 @@ def test_example_job_has_the_agent_as_a_sidecar_sharing_the_log():
 
 
 def test_the_daemonset_agent_and_the_sidecar_pair_up_on_one_node(tmp_path: Path) -> None:
-    """Both given --node $(NODE_NAME): distinct agent ids, the DaemonSet's in no job, the trainer's
-    GPUs placed in the job through PERFD_JOB from the same pod label the sidecar's --job reads."""
+    """Both given --node $(NODE_NAME): distinct agent ids, the DaemonSet's in no job; the trainer's
+    GPUs placed in the job through the pod it shares with the sidecar (one pid namespace, where the
+    sidecar's PERFD_JOB comes from the same pod label its --job reads): the trainer declares nothing
+    (issue 46; tests/deploy/test_pod_placement.py runs it), and the sidecar follows the pod's ranks."""
     ds = _find("DaemonSet", "perfd-agent")
     (c,) = ds["spec"]["template"]["spec"]["containers"]
     node_ns = _parses(c["args"])
@@ -261,16 +263,18 @@ def test_the_daemonset_agent_and_the_sidecar_pair_up_on_one_node(tmp_path: Path)
     (trainer,) = pod["containers"]
     side_ns = _parses(sidecar["args"])
     side_cfg = apply_overrides(load_config(None), node=side_ns.node, job=side_ns.job, nvml=side_ns.nvml,
-                               host=side_ns.host == "on", megatron_log=side_ns.megatron_log)
+                               host=side_ns.host == "on", megatron_log=side_ns.megatron_log,
+                               ranks=side_ns.ranks)
     assert node_cfg.node == side_cfg.node == "node-1"
     assert node_cfg.agent_id != side_cfg.agent_id
     assert (node_cfg.job, side_cfg.job) == ("", "job-1")
     assert "nvml" not in side_cfg.collectors and "host" not in side_cfg.collectors  # served once
-    env = {e["name"]: e for e in trainer["env"]}
+    assert "PERFD_JOB" not in {e["name"] for e in trainer.get("env", [])}
+    assert pod["shareProcessNamespace"] is True
     label = "metadata.labels['perfd.dev/job']"
-    assert env["PERFD_JOB"]["valueFrom"]["fieldRef"]["fieldPath"] == label
     side_env = {e["name"]: e for e in sidecar["env"]}
     assert side_env["PERFD_JOB"]["valueFrom"]["fieldRef"]["fieldPath"] == label
+    assert side_cfg.collectors["ranks"] == {"pod": True}
     assert gpu_job([{"pid": 1, "job": "job-1"}], node_cfg.job or None) == side_cfg.job
 
 
