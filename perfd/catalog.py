@@ -62,7 +62,7 @@ LABELS: dict[str, str] = {
     "scope": "link a process group crosses (intra-node, inter-node, unknown)",
     "state": "job liveness (running, stalled, ended)",
     "kind": "where a job's wall time went (perfd.analytics.goodput.KINDS: 10 values)",
-    "part": "a part of the step budget (perfd.analytics.budget.Part: 13 values)",
+    "part": "a part of the step budget (perfd.analytics.budget.Part, a closed set)",
     "version": "perfd version (one per build)",
     "python": "Python version the daemon runs on (one per build)",
     "source": "where a GPU series comes from when it is not NVML/GPM (dcgm-exporter)",

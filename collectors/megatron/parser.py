@@ -357,9 +357,9 @@ class MegatronLogParser:
     def _startup_line(self, line: str, out: list[StepRecord]) -> bool:
         info = self.job_info
         packages = margs.parse_packages(line) if "installed" in line or "Engine version" in line else []
-        for name, version in packages:
-            if version != ABSENT or info.packages.get(name) in (None, ABSENT):  # a version line wins
-                info.packages[name] = version
+        for name, stated in packages:
+            if stated != ABSENT or info.packages.get(name, ABSENT) == ABSENT:  # a version line wins
+                info.packages[name] = stated
         if packages:
             return True
         if "version" in line:

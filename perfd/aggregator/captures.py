@@ -266,7 +266,8 @@ class CaptureCoordinator:
     # ---- bookkeeping -----------------------------------------------------------------------
     def _dispatch(self, job: str, ranks: list[int] | None, tool: str, steps: int, origin: str,
                   t: float, stack: bool = False) -> CaptureRecord:
-        rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t, updated_at=t, stack=stack)
+        rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t, updated_at=t,
+                            stack=stack)
         agents = self._agents_for(job, ranks)
         cmd = Command(kind="capture", job=job, ranks=tuple(ranks or ()), id=rec.id,
                       args={"tool": tool, "steps": str(steps), "start_iteration": "next",

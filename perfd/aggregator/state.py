@@ -408,11 +408,14 @@ class AggregatorState:
         """GPM of the job's GPUs while it steps (after it stops, the last reading taken while it
         stepped with no incident open: its last steady window), the class its latest capture
         supports, and which GPM window that is. A capture is left out only when it ran during a real
-        incident (it shows the incident, not the job); its own disturbance does not count."""
+        incident (it shows the incident, not the job); its own disturbance does not count. A capture
+        taken with Python stacks informs the job only when none without them does: its idle parts
+        hold more of the profiler's own cost (+16% against +3% a step on an H100 Megatron-LM job)."""
         timeline = None
         spans = [(i.get("start_time"), i.get("end_time")) for i in self.incidents.incidents(job)
                  if not is_disturbance(i)]
-        for c in sorted(self.captures_of(job), key=lambda c: c.get("finished_at") or 0.0):
+        order = sorted(self.captures_of(job), key=lambda c: (not c.get("stack"), c.get("finished_at") or 0.0))
+        for c in order:
             t = c.get("started_at")
             during = isinstance(t, (int, float)) and any(
                 a is not None and a - 1.0 <= t <= (b if b is not None else float("inf")) + 1.0

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from perfd.analytics import thresholds as th
 from perfd.analytics.budget import BudgetClass, BudgetPart, Part, StepBudget, classify
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
-from perfd.analytics.remedies import Advice, FitContext, Framework, JobConfig, fit
+from perfd.analytics.remedies import Advice, FitContext, Framework, JobConfig
+from perfd.analytics.remedy_catalog import fit, minor
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
 
 
@@ -33,30 +34,46 @@ class BudgetContext:
 Out = tuple[list[Finding], list[Recommendation]]
 
 _NAMES: dict[Part, str] = {
-    Part.ATTENTION: "attention", Part.LINEAR: "linear layers", Part.GEMM: "GEMMs (op unknown)",
-    Part.ACTIVATION: "MLP activation", Part.NORM: "normalisation", Part.LOSS: "loss (cross-entropy)",
-    Part.EMBEDDING: "embedding", Part.OPTIMIZER: "optimizer", Part.GRAD_REDUCE: "gradient reduction",
-    Part.POINTWISE: "other pointwise", Part.MEMCPY: "copies and memsets",
-    Part.COMM_EXPOSED: "exposed communication", Part.PIPELINE: "pipeline wait", Part.DATA: "data wait",
-    Part.IDLE_SHORT: "idle, short gaps (launch)", Part.IDLE_LONG: "idle, long gaps (host waits)",
+    Part.ATTENTION: "attention",
+    Part.LINEAR: "linear layers",
+    Part.GEMM: "GEMMs (op unknown)",
+    Part.ACTIVATION: "MLP activation",
+    Part.NORM: "normalisation",
+    Part.LOSS: "loss (cross-entropy)",
+    Part.EMBEDDING: "embedding",
+    Part.OPTIMIZER: "optimizer",
+    Part.GRAD_REDUCE: "gradient reduction",
+    Part.POINTWISE: "other pointwise",
+    Part.MEMCPY: "copies and memsets",
+    Part.COMM_EXPOSED: "exposed communication",
+    Part.PIPELINE: "pipeline wait",
+    Part.DATA: "data wait",
+    Part.IDLE_SHORT: "idle, short gaps (launch)",
+    Part.IDLE_LONG: "idle, long gaps (host waits)",
     Part.COMPUTE: "compute (not divided)",
 }
 # What each part holds, said once (the finding's opening words).
 _HOLDS: dict[Part, str] = {
     Part.ATTENTION: "Core attention (QKᵀ, the mask, softmax, dropout and ·V, their backward and the copies "
-                    "autograd makes of the scores) takes",
-    Part.LINEAR: "The linear layers' GEMMs take", Part.GEMM: "Matmul kernels (their ops unknown) take",
-    Part.ACTIVATION: "The MLP activation takes", Part.NORM: "Normalisation takes",
-    Part.LOSS: "The cross-entropy over the logits takes", Part.EMBEDDING: "The embedding takes",
+    "autograd makes of the scores) takes",
+    Part.LINEAR: "The linear layers' GEMMs take",
+    Part.GEMM: "Matmul kernels (their ops unknown) take",
+    Part.ACTIVATION: "The MLP activation takes",
+    Part.NORM: "Normalisation takes",
+    Part.LOSS: "The cross-entropy over the logits takes",
+    Part.EMBEDDING: "The embedding takes",
     Part.OPTIMIZER: "The optimizer (step, gradient norm, zeroing) takes",
     Part.GRAD_REDUCE: "Gradient accumulation and the data-parallel machinery's kernels take",
     Part.POINTWISE: "Other pointwise work (residual adds, hidden dropout, casts, reshapes) takes",
     Part.MEMCPY: "Copies and memsets no op above claims take",
-    Part.IDLE_SHORT: f"The GPU waits in gaps under {th.SHORT_GAP_S.value * 1e3:g} ms (the host issuing work) for",
-    Part.IDLE_LONG: f"The GPU waits in gaps of {th.SHORT_GAP_S.value * 1e3:g} ms or more (the host waiting: a "
-                    "synchronisation, Python between steps) for",
-    Part.DATA: "The step waits for its batch for", Part.COMM_EXPOSED: "Collectives run with no compute beside "
-    "them for", Part.PIPELINE: "Pipeline p2p waits (the bubble, not link bandwidth) take",
+    Part.IDLE_SHORT: f"The GPU waits in gaps under {th.SHORT_GAP_S.value * 1e3:g} ms (the host issuing "
+    "work) for",
+    Part.IDLE_LONG: f"The GPU waits in gaps of {th.SHORT_GAP_S.value * 1e3:g} ms or more (the host "
+    "waiting: a "
+    "synchronisation, Python between steps) for",
+    Part.DATA: "The step waits for its batch for",
+    Part.COMM_EXPOSED: "Collectives run with no compute beside them for",
+    Part.PIPELINE: "Pipeline p2p waits (the bubble, not link bandwidth) take",
 }
 _PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAGE_FLASH_ATTN: "flash-attn"}
 
@@ -67,9 +84,22 @@ def part_name(part: Part) -> str:
 
 def _short(name: str, width: int = 60) -> str:
     """A kernel's name as a person reads it: the innermost ATen functor or kernel, not the template."""
-    for key in ("masked_fill_kernel", "softmax_warp_forward", "SoftMaxBackward", "fused_dropout",
-                "masked_scale_kernel", "multi_tensor_apply_kernel", "layer_norm", "CatArrayBatchedCopy",
-                "GeluBackward", "Gelu", "MulFunctor", "CUDAFunctor_add", "FillFunctor", "bfloat16_copy"):
+    for key in (
+        "masked_fill_kernel",
+        "softmax_warp_forward",
+        "SoftMaxBackward",
+        "fused_dropout",
+        "masked_scale_kernel",
+        "multi_tensor_apply_kernel",
+        "layer_norm",
+        "CatArrayBatchedCopy",
+        "GeluBackward",
+        "Gelu",
+        "MulFunctor",
+        "CUDAFunctor_add",
+        "FillFunctor",
+        "bfloat16_copy",
+    ):
         if key in name:
             return key
     name = " ".join(name.split())
@@ -80,8 +110,9 @@ def _ops_text(p: BudgetPart, n: int = 4) -> str:
     """The part's largest ops per step (by the op that issued the kernels), else its kernels."""
     ops = p.detail.get("op_ms")
     if isinstance(ops, Mapping) and ops:
-        top = sorted(((str(k), float(v)) for k, v in ops.items() if isinstance(v, (int, float))),
-                     key=lambda kv: -kv[1])[:n]
+        top = sorted(
+            ((str(k), float(v)) for k, v in ops.items() if isinstance(v, (int, float))), key=lambda kv: -kv[1]
+        )[:n]
         return "; ".join(f"{_short(k)} {v:.1f} ms" for k, v in top if v >= 0.05)
     ks = [k for k in p.detail.get("kernels") or [] if isinstance(k, Mapping)][:3]
     return "; ".join(f"{_short(str(k['name']))} {float(k['ms']):.1f} ms ×{float(k['count']):.0f}" for k in ks)
@@ -94,17 +125,33 @@ def ncu_text(p: BudgetPart) -> str:
     for c in p.detail.get("ncu") or []:
         if not isinstance(c, Mapping):
             continue
-        figs = [f"{label} {float(v):.0%}" for label, key in
-                (("compute SOL", "compute_throughput"), ("memory SOL", "memory_throughput"),
-                 ("DRAM", "dram_throughput"), ("tensor pipe", "tensor_pipe"),
-                 ("occupancy", "achieved_occupancy"))
-                if isinstance(v := c.get(key), (int, float))]
+        figs = [
+            f"{label} {float(v):.0%}"
+            for label, key in (
+                ("compute SOL", "compute_throughput"),
+                ("memory SOL", "memory_throughput"),
+                ("DRAM", "dram_throughput"),
+                ("tensor pipe", "tensor_pipe"),
+                ("occupancy", "achieved_occupancy"),
+            )
+            if isinstance(v := c.get(key), (int, float))
+        ]
         bound = f"; mostly {c['bound']}" if c.get("bound") else ""
         stall = f"; top stall {c['top_stall']}" if c.get("top_stall") else ""
-        out.append(f"{c.get('category')} ({c.get('kernels')} kernel(s)): {', '.join(figs) or 'no figures'}"
-                   f"{bound}{stall}")
-    return ("Nsight Compute" + (f" (capture {p.detail['ncu'][0].get('capture')})" if out else "") + ": "
-            + "; ".join(out)) if out else ""
+        out.append(
+            f"{c.get('category')} ({c.get('kernels')} kernel(s)): {', '.join(figs) or 'no figures'}"
+            f"{bound}{stall}"
+        )
+    return (
+        (
+            "Nsight Compute"
+            + (f" (capture {p.detail['ncu'][0].get('capture')})" if out else "")
+            + ": "
+            + "; ".join(out)
+        )
+        if out
+        else ""
+    )
 
 
 def parts(ctx: BudgetContext) -> Out:
@@ -114,25 +161,46 @@ def parts(ctx: BudgetContext) -> Out:
     for p in b.parts:
         if p.share < th.BUDGET_PART_NAMED.value or p.part in ctx.covered or p.part is Part.COMPUTE:
             continue
-        sev = Severity.WARNING if p.share >= th.BUDGET_PART_WARN.value and p.part not in (
-            Part.LINEAR, Part.GEMM) else Severity.INFO
+        sev = (
+            Severity.WARNING
+            if p.share >= th.BUDGET_PART_WARN.value and p.part not in (Part.LINEAR, Part.GEMM)
+            else Severity.INFO
+        )
         ops = _ops_text(p)
         extra = ""
         if p.part is Part.OPTIMIZER and isinstance(p.detail.get("timer_ms"), (int, float)):
-            extra = f"; the framework's own optimizer timer says {float(p.detail['timer_ms']):.0f} ms per step"
+            extra = (
+                f"; the framework's own optimizer timer says {float(p.detail['timer_ms']):.0f} ms per step"
+            )
         if p.part is Part.ATTENTION and isinstance(p.detail.get("flops"), (int, float)):
-            extra = (f"; {'fused' if p.detail.get('fused') else 'unfused'}: its FLOPs would take "
-                     f"{float(p.detail.get('at_ceiling_ms') or 0):.0f} ms at the matmul ceiling")
+            extra = (
+                f"; {'fused' if p.detail.get('fused') else 'unfused'}: its FLOPs would take "
+                f"{float(p.detail.get('at_ceiling_ms') or 0):.0f} ms at the matmul ceiling"
+            )
         if ncu_text(p):
             extra += f". {ncu_text(p)}"
         name = part_name(p.part)
-        out.append(Finding(f"budget-{p.part.value}", sev, f"{name[0].upper()}{name[1:]}: {p.ms:.0f} ms per step "
-                           f"({p.share:.0%})", f"{_HOLDS.get(p.part, 'It takes')} {p.ms:.1f} ms of a "
-                           f"{b.step_ms:.0f} ms step" + (f" (by op, per step: {ops})" if ops else "") + extra + ".",
-                           {"part": p.part.value, "ms": p.ms, "share": p.share,
-                            **{k: p.detail[k] for k in ("op_ms", "kernels", "timer_ms", "ncu", "flops")
-                               if k in p.detail}},
-                           "", f"{ctx.label or b.basis} ({p.source.value}, {b.attribution or 'timers'})"))
+        out.append(
+            Finding(
+                f"budget-{p.part.value}",
+                sev,
+                f"{name[0].upper()}{name[1:]}: {p.ms:.0f} ms per step ({p.share:.0%})",
+                f"{_HOLDS.get(p.part, 'It takes')} {p.ms:.1f} ms of a "
+                f"{b.step_ms:.0f} ms step" + (f" (by op, per step: {ops})" if ops else "") + extra + ".",
+                {
+                    "part": p.part.value,
+                    "ms": p.ms,
+                    "share": p.share,
+                    **{
+                        k: p.detail[k]
+                        for k in ("op_ms", "kernels", "timer_ms", "ncu", "flops")
+                        if k in p.detail
+                    },
+                },
+                "",
+                f"{ctx.label or b.basis} ({p.source.value}, {b.attribution or 'timers'})",
+            )
+        )
     return out, []
 
 
@@ -146,14 +214,24 @@ def gemm(ctx: BudgetContext) -> Out:
     achieved, of = float(p.detail["achieved_tflops"]), float(p.detail.get("of_ceiling") or 0.0)
     good = of >= th.GEMM_EFFICIENT.value
     what = "linear layers" if p.part is Part.LINEAR else "GEMMs (and fused attention)"
-    return [Finding("budget-gemm", Severity.INFO if good else Severity.WARNING,
-                    f"{what[0].upper()}{what[1:]} at {of:.0%} of the measured matmul ceiling",
-                    f"The {what} take {p.ms:.0f} ms per step and run their FLOPs at {achieved:.0f} TFLOP/s: "
-                    f"{of:.0%} of the {b.ceiling_tflops:g} TFLOP/s a large bf16 matmul reaches on this GPU"
-                    + (" — efficient: the time to win is outside them." if good else " — small or odd-shaped "
-                       "matrices.") + (f" {ncu_text(p)}." if ncu_text(p) else ""),
-                    {"ms": p.ms, "achieved_tflops": achieved, "ceiling_tflops": b.ceiling_tflops,
-                     "of_ceiling": of}, "", f"{ctx.label or b.basis} (capture + model FLOPs)")], []
+    return [
+        Finding(
+            "budget-gemm",
+            Severity.INFO if good else Severity.WARNING,
+            f"{what[0].upper()}{what[1:]} at {of:.0%} of the measured matmul ceiling",
+            f"The {what} take {p.ms:.0f} ms per step and run their FLOPs at {achieved:.0f} TFLOP/s: "
+            f"{of:.0%} of the {b.ceiling_tflops:g} TFLOP/s a large bf16 matmul reaches on this GPU"
+            + (
+                " — efficient: the time to win is outside them."
+                if good
+                else " — small or odd-shaped matrices."
+            )
+            + (f" {ncu_text(p)}." if ncu_text(p) else ""),
+            {"ms": p.ms, "achieved_tflops": achieved, "ceiling_tflops": b.ceiling_tflops, "of_ceiling": of},
+            "",
+            f"{ctx.label or b.basis} (capture + model FLOPs)",
+        )
+    ], []
 
 
 def capture_cost(ctx: BudgetContext) -> Out:
@@ -163,28 +241,73 @@ def capture_cost(ctx: BudgetContext) -> Out:
     if over is None or b.steady_step_ms is None or b.steady_step_ms <= 0:
         return [], []
     share = over / b.steady_step_ms
-    how = {"trace": "the steps the trace marks", "request": "the steps the capture asked for",
-           "span": "the span over the steady step (the trace marks no step)"}.get(b.steps_from, "")
+    how = {
+        "trace": "the steps the trace marks",
+        "request": "the steps the capture asked for",
+        "span": "the span over the steady step (the trace marks no step)",
+    }.get(b.steps_from, "")
     sev = Severity.WARNING if share > th.CAPTURE_SLOWDOWN.value else Severity.INFO
-    return [Finding("budget-capture-cost", sev, f"The capture slowed its steps by {share:+.0%}",
-                    f"The captured steps averaged {b.step_ms:.0f} ms against the steady {b.steady_step_ms:.0f} ms "
-                    f"({over:+.0f} ms): the profiler's own cost, which lands in the idle parts (the host runs "
-                    f"slower; the kernels do not)" + (f"; steps counted from {how}" if how else "")
-                    + (". Read the idle parts with that in mind." if share > th.CAPTURE_SLOWDOWN.value else "."),
-                    {"captured_step_ms": b.step_ms, "steady_step_ms": b.steady_step_ms, "overhead_ms": over,
-                     "steps": b.iterations, "steps_from": b.steps_from}, "", ctx.label or b.basis)], []
+    return [
+        Finding(
+            "budget-capture-cost",
+            sev,
+            f"The capture slowed its steps by {share:+.0%}",
+            f"The captured steps averaged {b.step_ms:.0f} ms against the steady {b.steady_step_ms:.0f} ms "
+            f"({over:+.0f} ms): the profiler's own cost, which lands in the idle parts (the host runs "
+            f"slower; the kernels do not)"
+            + (f"; steps counted from {how}" if how else "")
+            + (". Read the idle parts with that in mind." if share > th.CAPTURE_SLOWDOWN.value else "."),
+            {
+                "captured_step_ms": b.step_ms,
+                "steady_step_ms": b.steady_step_ms,
+                "overhead_ms": over,
+                "steps": b.iterations,
+                "steps_from": b.steps_from,
+            },
+            "",
+            ctx.label or b.basis,
+        )
+    ], []
 
 
 def remedies(ctx: BudgetContext) -> Out:
-    """The remedies fitted to the job, each a recommendation with its gain range."""
+    """The remedies fitted to the job, each a recommendation with its gain range; those whose expected
+    gain is within a rerun's spread (under th.REMEDY_MIN_GAIN of the step) in one finding of their own:
+    named, not ordered among the ones worth doing first."""
     b = ctx.budget
     cfg = ctx.config or JobConfig(ctx.framework)
-    recs = []
+    recs: list[Advice] = []
+    small: list[Advice] = []
     for a in fit(FitContext(b, cfg)):
         if a.part in ctx.covered:
             continue
-        recs.append(recommendation(a, b))
-    return [], recs
+        (small if minor(a, b.step_ms) else recs).append(a)
+    fs = []
+    if small:
+        fs.append(
+            Finding(
+                "budget-minor-remedies",
+                Severity.INFO,
+                f"{len(small)} smaller remed{'ies' if len(small) > 1 else 'y'}, each under "
+                f"{th.REMEDY_MIN_GAIN.value:.0%} of the step",
+                "; ".join(f"{a.action} ({gain_text(a, b)})" for a in small) + ".",
+                {
+                    "remedies": [
+                        {
+                            "remedy": a.remedy.value,
+                            "action": a.action,
+                            "gain_ms": [a.gain.low_ms, a.gain.high_ms] if a.gain else None,
+                            "flags": [f.text() for f in a.flags],
+                            "needs": list(a.needs),
+                        }
+                        for a in small
+                    ]
+                },
+                "",
+                ctx.label or b.basis,
+            )
+        )
+    return fs, [recommendation(a, b) for a in recs]
 
 
 def recommendation(a: Advice, b: StepBudget) -> Recommendation:
@@ -195,16 +318,34 @@ def recommendation(a: Advice, b: StepBudget) -> Recommendation:
         bits.append(f"expected: {gain_text(a, b)}")
     if a.needs:
         names = [_PACKAGE_NAMES.get(n, n) for n in a.needs]
-        bits.append(f"needs {(' or ' if a.needs_one else ' and ').join(names)}; the job's start-up says "
-                    + ("neither is" if a.needs_one and len(names) > 1 else "none is" if len(names) > 1
-                       else "it is not") + " installed")
+        bits.append(
+            f"needs {(' or ' if a.needs_one else ' and ').join(names)}; the job's start-up says "
+            + (
+                "neither is"
+                if a.needs_one and len(names) > 1
+                else "none is"
+                if len(names) > 1
+                else "it is not"
+            )
+            + " installed"
+        )
     if a.cost:
         bits.append(f"cost: {a.cost}")
     bits += list(a.notes)
     impact = a.gain.mid_ms / b.step_ms if a.gain is not None and a.gain.promised and b.step_ms > 0 else None
-    return Recommendation("", f"budget-{a.part.value}", 0, a.action, "; ".join(bits), impact, a.remedy.value,
-                          [a.gain.low_ms, a.gain.high_ms] if a.gain is not None else None,
-                          [f.text() for f in a.flags], list(a.remove), list(a.needs))
+    return Recommendation(
+        "",
+        f"budget-{a.part.value}",
+        0,
+        a.action,
+        "; ".join(bits),
+        impact,
+        a.remedy.value,
+        [a.gain.low_ms, a.gain.high_ms] if a.gain is not None else None,
+        [f.text() for f in a.flags],
+        list(a.remove),
+        list(a.needs),
+    )
 
 
 def gain_text(a: Advice, b: StepBudget) -> str:
@@ -213,12 +354,16 @@ def gain_text(a: Advice, b: StepBudget) -> str:
         return "not estimated"
     lo, hi = g.low_ms, g.high_ms
     if not g.promised:
-        return (f"between {abs(lo):.0f} ms slower and {hi:.0f} ms faster per step ({-lo / b.step_ms:+.0%} to "
-                f"{-hi / b.step_ms:+.0%}): measure before keeping it")
+        return (
+            f"between {abs(lo):.0f} ms slower and {hi:.0f} ms faster per step ({-lo / b.step_ms:+.0%} to "
+            f"{-hi / b.step_ms:+.0%}): measure before keeping it"
+        )
     mfu = ""
     if b.mfu is not None and b.step_ms - hi > 0:
-        mfu = (f", MFU {b.mfu:.1%} → {b.mfu * b.step_ms / (b.step_ms - lo):.1%}–"
-               f"{b.mfu * b.step_ms / (b.step_ms - hi):.1%}")
+        mfu = (
+            f", MFU {b.mfu:.1%} → {b.mfu * b.step_ms / (b.step_ms - lo):.1%}–"
+            f"{b.mfu * b.step_ms / (b.step_ms - hi):.1%}"
+        )
     return f"step −{lo:.0f} to −{hi:.0f} ms ({_share(lo / b.step_ms)}–{_share(hi / b.step_ms)}){mfu}"
 
 
@@ -232,10 +377,17 @@ def bottleneck(ctx: BudgetContext) -> Out:
     c = classify(ctx.budget)
     if c is None:
         return [], []
-    return [Finding("budget-class", Severity.INFO, f"Step budget: {class_text(c)}",
-                    f"Where the {ctx.budget.step_ms:.0f} ms step goes: {waterfall_text(ctx.budget)}.",
-                    {"class": c.cls.value, "shares": c.shares_json(), "lead": c.lead}, "",
-                    f"{ctx.label or ctx.budget.basis}")], []
+    return [
+        Finding(
+            "budget-class",
+            Severity.INFO,
+            f"Step budget: {class_text(c)}",
+            f"Where the {ctx.budget.step_ms:.0f} ms step goes: {waterfall_text(ctx.budget)}.",
+            {"class": c.cls.value, "shares": c.shares_json(), "lead": c.lead},
+            "",
+            f"{ctx.label or ctx.budget.basis}",
+        )
+    ], []
 
 
 def class_text(c: BudgetClass) -> str:
@@ -261,11 +413,26 @@ def analyze(ctx: BudgetContext, analyzers: Sequence[Analyzer] = ANALYZERS) -> Ou
     return fs, rs
 
 
-def config_of(framework: str | None, version: str | None, arguments: Mapping[str, str],
-              packages: Mapping[str, str], layout: tuple[int | None, int | None],
-              batches: tuple[int | None, int | None], memory_mib: Mapping[str, float] | None,
-              gpu_memory_mib: float | None) -> JobConfig:
+def config_of(
+    framework: str | None,
+    version: str | None,
+    arguments: Mapping[str, str],
+    packages: Mapping[str, str],
+    layout: tuple[int | None, int | None],
+    batches: tuple[int | None, int | None],
+    memory_mib: Mapping[str, float] | None,
+    gpu_memory_mib: float | None,
+) -> JobConfig:
     """A JobConfig from what a run's analysis holds (perfd.analytics.findings builds it)."""
-    return JobConfig(Framework.of(framework), version, dict(arguments), dict(packages), layout[0], layout[1],
-                     batches[0], batches[1], dict(memory_mib or {}), gpu_memory_mib)
-
+    return JobConfig(
+        Framework.of(framework),
+        version,
+        dict(arguments),
+        dict(packages),
+        layout[0],
+        layout[1],
+        batches[0],
+        batches[1],
+        dict(memory_mib or {}),
+        gpu_memory_mib,
+    )

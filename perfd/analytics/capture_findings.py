@@ -124,8 +124,9 @@ def diagnose_capture(devices: Sequence[Mapping[str, Any]], *, label: str = "capt
         d = int(dev.get("device", -1))
         where = f"{label}, device {d}" if len(devices) > 1 else label
         marked = dev.get("trace_steps")
-        steps = marked if isinstance(marked, int) and not isinstance(marked, bool) and marked > 0 else iterations
-        how = "trace" if steps is not None and steps == marked else "request" if steps else ""
+        by_trace = isinstance(marked, int) and not isinstance(marked, bool) and marked > 0
+        steps = marked if by_trace else iterations
+        how = "trace" if by_trace else "request" if steps else ""
         b = from_capture(dev, steps, fl=flops, timers=timers, basis=where, steps_from=how)
         if b is None:
             continue

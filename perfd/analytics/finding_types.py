@@ -52,7 +52,7 @@ class Recommendation:
     # What a remedy fitted to the job adds (perfd.analytics.remedies), typed for readers that act on it:
     remedy: str | None = None  # its RemedyId
     gain_ms: list[float] | None = None  # [low, high] step time saved per step (negative: slower)
-    flags: list[str] = field(default_factory=list)  # command-line options to add, as the job's release spells them
+    flags: list[str] = field(default_factory=list)  # options to add, as the job's release spells them
     remove: list[str] = field(default_factory=list)  # options to take out
     needs: list[str] = field(default_factory=list)  # packages the job lacks that it needs
 

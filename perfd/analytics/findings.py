@@ -224,7 +224,8 @@ def communication(c: RunContext) -> Out:
                          f"all-grads-sync and the other gradient all-reduces take {_pct(dp_part)} of the "
                          f"step (> {GRAD_SYNC_SHARE:.0%}).", ev_c, span))
         overlap = (c.framework is Framework.MEGATRON and args.get("overlap_grad_reduce") != "True")
-        act = ("Overlap gradient communication with compute: --use-distributed-optimizer --overlap-grad-reduce "
+        act = ("Overlap gradient communication with compute: --use-distributed-optimizer "
+               "--overlap-grad-reduce "
                "--overlap-param-gather" if overlap
                else "More gradient accumulation per step (more micro-batches) to amortise the reduce")
         r.append(Recommendation("", "comm-grad-sync", 0, act, f"DP={lay.dp}; check inter-node bandwidth",
@@ -393,8 +394,9 @@ def job_config(a: RunAnalysis, job: JobInfo) -> JobConfig:
     gpu = a.job.get("gpu")
     gpu_mib = gpu.get("memory_mib") if isinstance(gpu, Mapping) else None
     return budget_findings.config_of(job.framework, job.framework_version, job.arguments, job.packages,
-                                     (lay.dp, lay.pp), (lay.micro_batch_size or _int_arg(job, "micro_batch_size"),
-                                                        lay.global_batch_size or _int_arg(job, "global_batch_size")),
+                                     (lay.dp, lay.pp),
+                                     (lay.micro_batch_size or _int_arg(job, "micro_batch_size"),
+                                      lay.global_batch_size or _int_arg(job, "global_batch_size")),
                                      memory if isinstance(memory, Mapping) else None,
                                      float(gpu_mib) if isinstance(gpu_mib, (int, float)) else None)
 

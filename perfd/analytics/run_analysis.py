@@ -44,10 +44,10 @@ from perfd.analytics.metrics import (
     throughput_per_gpu,
 )
 from perfd.analytics.pipeline import analytic_bubble, stage_idle
+from perfd.analytics.remedies import JobConfig
 from perfd.analytics.run_summary import disturbances_json, job_block, step_shares, summarize
 from perfd.analytics.steady import Exclusion, SteadyState, steady_state_of
 from perfd.analytics.stragglers import PersistentStragglers, StragglerResult, detect, persistent, rank_order
-from perfd.analytics.remedies import JobConfig
 from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
 
 # The values of Megatron-LM's memory report (``[Rank r] (after N iterations) memory (MB) | ...``) the

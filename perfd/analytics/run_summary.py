@@ -16,7 +16,7 @@ from perfd.analytics import bottleneck as bn
 from perfd.analytics.common import median
 from perfd.analytics.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.flops import FlopsResult
-from perfd.analytics.gpus import gpu_memory_mib, PeakResult
+from perfd.analytics.gpus import PeakResult, gpu_memory_mib
 from perfd.analytics.incidents import Incident
 from perfd.analytics.iteration_table import Table
 from perfd.analytics.steady import SteadyState

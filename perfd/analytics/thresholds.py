@@ -174,12 +174,14 @@ GEMM_EFFICIENT = Threshold(0.6, "GEMMs running the model's FLOPs at 60% of the m
                                 "more are efficient: the time to win is elsewhere (a large bf16 matmul "
                                 "reaches ~790 of 989 TFLOP/s on an H100/H200: DESIGN.md §2)", _BUDGET)
 REMEDY_MIN_GAIN = Threshold(
-    0.01, "a remedy is listed when the middle of its expected gain is 1% of the step or more: smaller changes "
+    0.01, "a remedy is listed when the middle of its expected gain is 1% of the step or more: smaller "
+    "changes "
     "hide in the run-to-run spread of a steady step (0.5–1% between two runs of one H100 Megatron-LM job, "
     "docs/evidence/remedies_h100)", _BUDGET)
 CAPTURE_SLOWDOWN = Threshold(
     0.10, "a capture whose steps ran 10% or more above the steady step says so beside its budget: its idle "
-    "parts hold the profiler's own cost (Kineto with Python stacks: +16% on an H100 Megatron-LM job, without: "
+    "parts hold the profiler's own cost (Kineto with Python stacks: +16% on an H100 Megatron-LM job, "
+    "without: "
     "+3%; docs/evidence/remedies_h100)", _BUDGET)
 LAUNCH_GAPS_FOR_GRAPHS = Threshold(
     0.15, "CUDA graphs are suggested only where short launch gaps hold 15% of the step or more: replaying "

@@ -47,6 +47,10 @@ Interval = tuple[float, float]
 NS_PER_MS = 1e6
 SHORT_GAP_US = th.SHORT_GAP_S.value * 1e6  # shorter idle gaps: launch overhead
 PART_TOP_N = 3  # kernels named per budget part
+# ops kept per part with their time (the remedies' models read them): the largest; a capture's record
+# travels to the aggregator in one event of at most perfd.limits.MAX_EVENT_BYTES for all its ranks
+PART_OPS_N = 25
+NAME_CHARS = 160
 _SENDRECV = ("nccldevkernel_sendrecv", "ncclkernel_sendrecv")
 
 
@@ -306,13 +310,14 @@ def _nvtx_table(ranges: Iterable[NvtxRange], top_n: int) -> tuple[NvtxStat, ...]
 
 def attribute_parts(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
                     ops: OpAttribution | None = None
-                    ) -> tuple[dict[str, float], dict[str, tuple[KernelStat, ...]], dict[str, tuple[KernelStat, ...]],
-                               dict[str, dict[str, float]]]:
+                    ) -> tuple[dict[str, float], dict[str, tuple[KernelStat, ...]],
+                               dict[str, tuple[KernelStat, ...]], dict[str, dict[str, float]]]:
     """Every instant of the span given to one budget part (module doc), in ms; each part's top kernels
-    and top ops by summed duration; and each part's time by the op that issued it (every op: the
-    remedies' models read them, perfd.analytics.remedies). With ``ops`` (perfd.capture.ops) an activity is its launching op's
-    part; without it, or for an activity whose op was not found, its kernel name's (copies: memcpy).
-    Collectives always go by name: what matters of them is whether compute hides them."""
+    and top ops by summed duration; and each part's time by the op that issued it (the largest
+    PART_OPS_N: the remedies' models read them, perfd.analytics.remedy_catalog). With ``ops``
+    (perfd.capture.ops) an activity is its launching op's part; without it, or for an activity whose op
+    was not found, its kernel name's (copies: memcpy). Collectives always go by name: what matters of
+    them is whether compute hides them."""
     unfused = any(kernels_mod.is_softmax(k.name) for k in kernels)
     rank = {p: i for i, p in enumerate(KERNEL_PRECEDENCE)}
     part_of_name: dict[str, Part] = {}
@@ -361,7 +366,8 @@ def attribute_parts(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
             idle_from = None
         prev = t
     return ({p.value: _ms(v) for p, v in out.items() if v > 0}, _tops(named), _tops(by_op),
-            {p.value: {op: _ms(v) for op, v in sorted(d.items(), key=lambda kv: -kv[1])} for p, d in op_ms.items()})
+            {p.value: {op: _ms(v) for op, v in sorted(d.items(), key=lambda kv: -kv[1])[:PART_OPS_N]}
+             for p, d in op_ms.items()})
 
 
 def _tops(named: Mapping[Part, Sequence[tuple[str, float]]]) -> dict[str, tuple[KernelStat, ...]]:
@@ -373,7 +379,8 @@ def _tops(named: Mapping[Part, Sequence[tuple[str, float]]]) -> dict[str, tuple[
             count[name] += 1
             dur[name] += d
         ranked = sorted(dur, key=lambda n: (-dur[n], n))[:PART_TOP_N]
-        tops[part.value] = tuple(KernelStat(n, count[n], _ms(dur[n]), 0.0) for n in ranked)
+        # a kernel's name is shown, not matched: C++ template arguments past NAME_CHARS add bytes, not meaning
+        tops[part.value] = tuple(KernelStat(n[:NAME_CHARS], count[n], _ms(dur[n]), 0.0) for n in ranked)
     return tops
 
 
@@ -433,15 +440,15 @@ def sync_gaps(busy: Sequence[Interval], syncs: Sequence[Launch]) -> tuple[int, f
     """(device syncs, their gaps ms, stream/event syncs, their gaps ms): for each synchronising host
     call that returned while the device was idle, the idle until the device's next activity."""
     starts = [b[0] for b in busy]
-    out = [0, 0.0, 0, 0.0]
+    counts, gaps = [0, 0], [0.0, 0.0]
     for s in syncs:
         j = bisect.bisect_right(starts, s.ns)
         if j == len(starts) or (j > 0 and busy[j - 1][1] > s.ns):
             continue  # the device was busy when it returned (another stream), or nothing followed
-        k = 0 if s.name in DEVICE_SYNCS else 2
-        out[k] += 1
-        out[k + 1] += _ms(starts[j] - s.ns)
-    return out[0], out[1], int(out[2]), out[3]
+        k = 0 if s.name in DEVICE_SYNCS else 1
+        counts[k] += 1
+        gaps[k] += _ms(starts[j] - s.ns)
+    return counts[0], gaps[0], counts[1], gaps[1]
 
 
 DEVICE_SYNCS = ("cudaDeviceSynchronize", "cuCtxSynchronize")
@@ -470,7 +477,8 @@ def analyze_intervals(kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent
                 or (r.device is None and (r.pid is None or r.pid in pids[dev]))]
         d = analyze_device(dev, k_by[dev], m_by[dev], mine, top_n, ops)
         if syncs:
-            busy = union([*((k.start_ns, k.end_ns) for k in k_by[dev]), *((m.start_ns, m.end_ns) for m in m_by[dev])])
+            busy = union([*((k.start_ns, k.end_ns) for k in k_by[dev]),
+                          *((m.start_ns, m.end_ns) for m in m_by[dev])])
             n, gap, ns_, sgap = sync_gaps(busy, syncs)
             d = dataclasses.replace(d, syncs=n, sync_gap_ms=gap, stream_syncs=ns_, stream_sync_gap_ms=sgap)
         devices.append(dataclasses.replace(d, trace_steps=steps))

@@ -6,7 +6,13 @@ without copies is normal):
 - ``CUPTI_ACTIVITY_KIND_KERNEL(start, end, deviceId, streamId, globalPid, shortName, demangledName)``
   with the names as ids into ``StringIds(id, value)``;
 - ``CUPTI_ACTIVITY_KIND_MEMCPY`` / ``CUPTI_ACTIVITY_KIND_MEMSET(start, end, deviceId, streamId)``;
-- ``NVTX_EVENTS(start, end, text, textId, globalTid)``: ranges only (marks have no end).
+- ``NVTX_EVENTS(start, end, text, textId, globalTid)``: ranges only (marks have no end);
+- ``CUPTI_ACTIVITY_KIND_RUNTIME(start, end, globalTid, correlationId, nameId)``: the CUDA API calls;
+  a kernel's ``correlationId`` is the call that launched it, and the NVTX ranges open on that call's
+  thread at its start are the ops around it (perfd.capture.ops charges the kernel to them). PyTorch's
+  ``torch.autograd.profiler.emit_nvtx()`` names its ranges after the ops, with autograd's sequence
+  number appended (``aten::mm, seq = 7``; a backward node's ``..., stashed seq = 7``), which links a
+  backward node to its forward op as Kineto's flows do.
 
 Times are nanoseconds. ``globalPid``/``globalTid`` carry the process id in bits 24..47, which is
 how NVTX ranges (recorded per thread) are matched to the devices a process ran kernels on.
@@ -14,18 +20,26 @@ how NVTX ranges (recorded per thread) are matched to the devices a process ran k
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 from pathlib import Path
 
+from perfd.analytics.op_parts import is_step_annotation
 from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
 from perfd.capture.binaries import find_binary
+from perfd.capture.chrome_trace import SYNC_CALLS
+from perfd.capture.ops import HostRange, Launch, RangeKind
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
 MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
 NVTX = "NVTX_EVENTS"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 STRINGS = "StringIds"
+# emit_nvtx's range names: the op, then ", seq = N" (or ", stashed seq = N" on a backward node) and
+# sometimes ", sizes = [...]"
+_SEQ = re.compile(r",\s*(?:stashed )?seq = (\d+)")
 
 # Where nsys lives on the GPU test machines (not on PATH there; DESIGN.md §3).
 NSYS_FALLBACK = "/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys"
@@ -113,10 +127,13 @@ def read_nsys_sqlite(path: str | Path) -> TraceData:
             name_sql = f"COALESCE({', '.join(picks)}, '?')" if picks else "'?'"
             stream = "k.streamId" if "streamId" in cols else "NULL"
             gpid = "k.globalPid" if "globalPid" in cols else "NULL"
-            q = (f"SELECT k.start, k.end, k.deviceId, {stream}, {gpid}, {name_sql} FROM {KERNEL} k{joins} "
+            corr = "k.correlationId" if "correlationId" in cols else "NULL"
+            q = (f"SELECT k.start, k.end, k.deviceId, {stream}, {gpid}, {name_sql}, {corr} "
+                 f"FROM {KERNEL} k{joins} "
                  "WHERE k.end IS NOT NULL")
-            data.kernels = [KernelEvent(int(dev), float(s), float(e), str(name), stream_id, _pid(gp))
-                            for s, e, dev, stream_id, gp, name in con.execute(q)]
+            data.kernels = [KernelEvent(int(dev), float(s), float(e), str(name), stream_id, _pid(gp),
+                                        int(c) if c is not None else None)
+                            for s, e, dev, stream_id, gp, name, c in con.execute(q)]
         for table, kind in ((MEMCPY, "memcpy"), (MEMSET, "memset")):
             if table not in tables:
                 continue
@@ -124,12 +141,19 @@ def read_nsys_sqlite(path: str | Path) -> TraceData:
             stream = "streamId" if "streamId" in cols else "NULL"
             gpid = "globalPid" if "globalPid" in cols else "NULL"
             copy = "copyKind" if "copyKind" in cols else "NULL"
-            q = f"SELECT start, end, deviceId, {stream}, {gpid}, {copy} FROM {table} WHERE end IS NOT NULL"
+            corr = "correlationId" if "correlationId" in cols else "NULL"
+            q = (f"SELECT start, end, deviceId, {stream}, {gpid}, {copy}, {corr} FROM {table} "
+                 "WHERE end IS NOT NULL")
             data.memcpys.extend(MemEvent(int(dev), float(s), float(e), kind, stream_id, _pid(gp),
-                                         name=_COPY_KINDS.get(ck, "Memcpy") if kind == "memcpy" else "Memset")
-                                for s, e, dev, stream_id, gp, ck in con.execute(q))
+                                         name=_COPY_KINDS.get(ck, "Memcpy") if kind == "memcpy" else "Memset",
+                                         corr=int(c) if c is not None else None)
+                                for s, e, dev, stream_id, gp, ck, c in con.execute(q))
         if NVTX in tables:
             data.nvtx = _read_nvtx(con, has_strings)
+            data.ranges = _host_ranges(con, has_strings)
+            data.steps = sum(1 for r in data.ranges if is_step_annotation(r.name)) or None
+        if RUNTIME in tables:
+            data.launches, data.syncs = _runtime_calls(con, has_strings)
         return data
     finally:
         con.close()
@@ -148,6 +172,60 @@ def _read_nvtx(con: sqlite3.Connection, has_strings: bool) -> list[NvtxRange]:
     q = (f"SELECT e.start, e.end, {name_sql}, {tid} FROM {NVTX} e{join} "
          "WHERE e.end IS NOT NULL AND e.end > e.start")
     return [NvtxRange(float(s), float(e), str(name), None, _pid(gt)) for s, e, name, gt in con.execute(q)]
+
+
+def _tid(global_tid: int | None) -> int | None:
+    return None if global_tid is None else int(global_tid) & 0xFFFFFF
+
+
+def _host_ranges(con: sqlite3.Connection, has_strings: bool) -> list[HostRange]:
+    """NVTX ranges as host ranges on their threads: an op where emit_nvtx named it (``aten::...``, an
+    autograd node ``...Backward0``, an autograd Function), else an annotation."""
+    cols = _columns(con, NVTX)
+    if "globalTid" not in cols:
+        return []
+    picks = ["e.text"] if "text" in cols else []
+    join = ""
+    if "textId" in cols and has_strings:
+        join = f" LEFT JOIN {STRINGS} t ON t.id = e.textId"
+        picks.append("t.value")
+    name_sql = f"COALESCE({', '.join(picks)}, '?')" if picks else "'?'"
+    out = []
+    q = (f"SELECT e.start, e.end, {name_sql}, e.globalTid FROM {NVTX} e{join} "
+         "WHERE e.end IS NOT NULL AND e.end >= e.start")
+    for s, e, raw, gt in con.execute(q):
+        tid = _tid(gt)
+        if tid is None:
+            continue
+        text = str(raw)
+        m = _SEQ.search(text)
+        name = text.split(",", 1)[0].strip() if m or ", sizes = " in text else text
+        op = "::" in name or name.endswith(("Backward0", "Backward1", "Backward")) or name.startswith(
+            "autograd::")
+        out.append(HostRange(tid, float(s), float(e), name, RangeKind.OP if op else RangeKind.ANNOTATION,
+                             int(m.group(1)) if m else None))
+    return out
+
+
+def _runtime_calls(con: sqlite3.Connection, has_strings: bool) -> tuple[list[Launch], list[Launch]]:
+    """(launches by correlation id, synchronising calls) of the CUDA runtime API table."""
+    cols = _columns(con, RUNTIME)
+    if not {"start", "end", "globalTid", "correlationId"} <= cols:
+        return [], []
+    name = (f"(SELECT value FROM {STRINGS} WHERE id = r.nameId)" if has_strings and "nameId" in cols
+            else "''")
+    launches, syncs = [], []
+    for s, e, gt, corr, n in con.execute(f"SELECT r.start, r.end, r.globalTid, r.correlationId, {name} "
+                                         f"FROM {RUNTIME} r WHERE r.end IS NOT NULL"):
+        tid = _tid(gt)
+        if tid is None:
+            continue
+        call = str(n or "").split("_v")[0]  # nsys names versioned entry points: cudaLaunchKernel_v7000
+        if corr is not None:
+            launches.append(Launch(int(corr), tid, float(s), call))
+        if call in SYNC_CALLS:
+            syncs.append(Launch(int(corr or 0), tid, float(e), call))
+    return launches, syncs
 
 
 def analyze_nsys(path: str | Path, sqlite_out: str | Path | None = None, top_n: int = 10) -> CaptureAnalysis:

@@ -18,6 +18,7 @@ No library reads both Kineto's flows and nsys' NVTX into one op tree; hence by h
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from perfd.analytics import op_parts as rules
 from perfd.analytics.budget import Part
 from perfd.analytics.common import TextEnum
+
 
 class RangeKind(TextEnum):
     OP = "op"  # a framework op (Kineto cpu_op; an NVTX range of emit_nvtx)
@@ -239,7 +241,7 @@ class _Attributor:
             batched = [k for k, i in enumerate(members)
                        if rules.is_batched_matmul(self.r[i].name)
                        or (rules.is_matmul_wrapper(self.r[i].name) and i in batched_inside)]
-            for a, b in zip(batched, batched[1:], strict=False):
+            for a, b in itertools.pairwise(batched):
                 between = members[a + 1:b]
                 if any(rules.is_softmax(self.r[i].name) or i in softmax_inside for i in between) and not any(
                         rules.op_part(self.r[i].name) is Part.LINEAR for i in between):

@@ -11,9 +11,10 @@ the steps it is given; for the same iteration on every rank give N, or
 ``roundup=R``: Kineto starts at the next multiple of R, so pick R above the poll period in steps);
 ``duration_ms`` (a time window instead; nsys sessions always use one, 3000 by default);
 ``start_time_ms`` (epoch ms, the same start on every node, Kineto); ``warmup_s``; ``mode`` session |
-range (nsys); ``timeout_s`` (120); ``stack`` 1 (Kineto: Python stacks and input shapes too, so the step
-budget names modules; the captured steps run slower). Copied to the manifest: ``rule``, ``firing``, ``fired_at`` (epoch
-s: the latency from the firing is recorded too), ``reason``, ``requested_by``, ``source``. No
+range (nsys); ``timeout_s`` (120); ``stack`` 1 (Kineto: Python stacks and input shapes too, so the
+step budget names modules; the captured steps run slower). Copied to the manifest: ``rule``,
+``firing``, ``fired_at`` (epoch s: the latency from the firing is recorded too), ``reason``,
+``requested_by``, ``source``. No
 argument is a path (the agent picks every path, under its store), nothing runs through a shell;
 unknown keys are ignored and listed in the manifest.
 """

@@ -24,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="capture tool; auto: nsys when the job runs under a perfd nsys session or "
                    "range profile, else kineto; ncu: one step's kernel deep dive on ranks started under "
                    "perfd ncu-prefix / perfd launch --ncu (never chosen by auto)")
-    p.add_argument("--stack", action="store_true", help="kineto: record Python stacks too, so the step budget "
-                   "names modules (the captured steps run slower: ~16%% on an H100 Megatron-LM job)")
+    p.add_argument("--stack", action="store_true", help="kineto: record Python stacks too, so the step "
+                   "budget names modules (the captured steps run slower: ~16%% on an H100 Megatron-LM job)")
     p.add_argument("--auth-token-file", metavar="FILE", help="the bearer token the aggregator requires")
     p.add_argument("--wait", type=float, default=0.0,
                    help="seconds to wait for the capture to finish, printing its status")
@@ -152,8 +152,10 @@ def run_capture(args: argparse.Namespace) -> int:
             print(f"perfd capture: {exc}", file=sys.stderr)
             return 2
     try:
-        code, rec = _call(f"{base}/api/captures", {"job": args.job, "ranks": ranks, "steps": args.steps,
-                                                   "tool": args.tool, **({"stack": True} if args.stack else {})})
+        body = {"job": args.job, "ranks": ranks, "steps": args.steps, "tool": args.tool}
+        if getattr(args, "stack", False):  # a Namespace made by hand (tests) may lack it
+            body["stack"] = True
+        code, rec = _call(f"{base}/api/captures", body)
     except OSError as exc:
         print(f"perfd capture: aggregator at {base} not reachable: {exc}", file=sys.stderr)
         return 1

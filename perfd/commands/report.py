@@ -57,7 +57,8 @@ def from_aggregator(aggregator: str, job: str, timeout: float = 10.0,
 
 
 def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | None,
-             dtype: str | None, capture: str | None = None, capture_steps: int | None = None) -> dict[str, Any]:
+             dtype: str | None, capture: str | None = None,
+             capture_steps: int | None = None) -> dict[str, Any]:
     """The offline analysis of a log, with a capture of the job when given (its step budget and
     remedies in the report: the same as ``perfd analyze megatron LOG --capture TRACE``)."""
     from perfd.commands import megatron_offline
@@ -140,8 +141,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--gpu", help="with --log: GPU name for the peak (e.g. 'NVIDIA H200')")
     p.add_argument("--peak-tflops", type=float, help="with --log: peak dense TFLOP/s per GPU")
     p.add_argument("--dtype", help="with --log: training dtype for the peak (default: from the log)")
-    p.add_argument("--capture", metavar="TRACE", help="with --log: a Kineto trace (.json[.gz]) or nsys capture "
-                   "(.nsys-rep, .sqlite) of the job: its step budget and remedies go into the report")
+    p.add_argument("--capture", metavar="TRACE", help="with --log: a Kineto trace (.json[.gz]) or nsys "
+                   "capture (.nsys-rep, .sqlite) of the job: its step budget and remedies go into the report")
     p.add_argument("--capture-steps", type=int, metavar="N", help="with --capture: the steps the capture "
                    "holds, when the trace marks none")
     p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds (--aggregator)")

@@ -37,7 +37,8 @@ def _parts(budget: Mapping[str, Any]) -> list[tuple[Part, float, float, str]]:
     return out
 
 
-_STEPS_FROM = {"trace": "marked in the trace", "request": "as the capture asked", "span": "span ÷ steady step"}
+_STEPS_FROM = {"trace": "marked in the trace", "request": "as the capture asked",
+               "span": "span ÷ steady step"}
 
 
 def heading(budget: Mapping[str, Any]) -> str:

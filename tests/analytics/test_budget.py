@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from collectors.megatron import parse_file
-from perfd.analytics.bottleneck import B
 from perfd.analytics.budget import (
     FlopsContext,
     Part,

@@ -31,7 +31,7 @@ MODULE = re.compile(r"^nn\.Module: ([A-Za-z0-9_]+?)(?:_\d+)?$")
 
 
 def _load(path: str) -> list[dict[str, Any]]:
-    raw = open(path, "rb").read()  # noqa: SIM115 - a script: the file is read once
+    raw = open(path, "rb").read()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
     return list(json.loads(raw)["traceEvents"])
@@ -166,7 +166,7 @@ class Reference:
         return dict(out)
 
     def span_ms(self) -> float:
-        return (max(g["ts"] + g["dur"] for g in self.gpu) - min(g["ts"] for g in self.gpu)) / 1e3
+        return float(max(g["ts"] + g["dur"] for g in self.gpu) - min(g["ts"] for g in self.gpu)) / 1e3
 
 
 def main() -> int:

@@ -1,6 +1,8 @@
 """On 1 GPU: a real Megatron-LM job's remedies applied one at a time, and its op-level captures.
 
     MEGATRON_DIR=... python3 tests/gpu/remedies_live.py OUT_DIR gather [--variants a,b,...]
+    MEGATRON_DIR=... python3 tests/gpu/remedies_live.py OUT_DIR verify [--measure N]
+    MEGATRON_DIR=... python3 tests/gpu/remedies_live.py OUT_DIR measure --plan PLAN.json [--variants a,b]
 
 Megatron-LM is not part of this repository: MEGATRON_DIR points at a checkout (core 0.20), run beside
 the project. The job is issue 34's "simply slow" H100 job (tests/gpu/verdict_live.py ``big2048``:
@@ -12,6 +14,17 @@ with Python stacks and input shapes: ``PROFILE_WITH_STACK``, ``PROFILE_REPORT_IN
 traces cut to what an op-level attribution reads (:func:`cut_trace`), then each variant of
 :data:`VARIANTS` run on its own for ``ITERS`` iterations, its steady step time read from its log.
 Everything is written to OUT_DIR as it happens (``gather.json`` after every run).
+
+``verify`` (issue 42's check): the live path — ``perfd aggregator`` with a rule that captures rank 0
+with Kineto for 3 steps once the job steps, ``perfd launch --kineto`` around the job, ``perfd agent
+--launch-manifest --nvml real`` — then a second capture of the same rank with Python stacks
+(``POST /api/captures {"stack": true}``). After the job: the live summary (budget, class,
+recommendations with their typed ``flags``, ``needs`` and ``gain_ms``), the offline report of the log
+with the default trace, perfd's parts of the stack trace (by op, and by module frames) beside the
+independent count (tests/capture/op_reference.py), and the plan: every recommendation whose flags
+can be applied here (nothing missing to install), applied one at a time against the job as it ran
+(``plan.json``; the first ``--measure`` of them run at once, the rest by ``measure``). CUDA graphs are
+measured too when perfd did not recommend them (the check that they would not have paid).
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
 
+from perfd.capture.chrome_trace import SYNC_CALLS as SYNC_NAMES
 from perfd.capture.kineto_daemon import KinetoDaemon, kineto_env
 from tests.procs import ROOT, run_env
 
@@ -101,20 +115,29 @@ def steady(steps: dict[int, float]) -> dict[str, Any]:
 
 
 def cut_trace(src: Path, dst: Path) -> dict[str, Any]:
-    """Keep what an op-level attribution reads: GPU activity, CPU ops, runtime calls, annotations,
-    Python frames and the forward→backward flows, with the args that link them; drop the rest."""
+    """Keep what an op-level attribution reads: GPU activity, CPU ops, the runtime calls that launched
+    GPU work or waited for it, annotations, the nn.Module frames and the loss's, optimizer's and
+    data-parallel machinery's Python frames, the forward→backward flows; the args that link them."""
     doc = json.loads(src.read_text())
-    keep_args = ("correlation", "External id", "Sequence number", "Fwd thread id", "Input Dims",
-                 "Input type", "device", "stream", "Python id", "Python parent id", "Python thread",
-                 "Ev Idx", "bytes", "memory bandwidth (GB/s)", "grid", "block")
-    out = []
+    events = doc.get("traceEvents", [])
+    gpu_corr = {(e.get("args") or {}).get("correlation") for e in events
+                if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")}
+    keep_args = ("correlation", "External id", "Sequence number", "Fwd thread id", "Input Dims", "device",
+                 "stream")
+    frames = ("cross_entropy", "loss", "/optimizer/", "clip_grads", "/distributed/", "param_and_grad_buffer")
+    out: list[dict[str, Any]] = []
     cats: dict[str, int] = {}
-    for e in doc.get("traceEvents", []):
+    for e in events:
         cat = str(e.get("cat", ""))
-        keep = cat in ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "cuda_runtime", "cuda_driver",
-                       "user_annotation", "gpu_user_annotation", "python_function", "fwdbwd") \
-            or e.get("ph") == "M"
-        if not keep:
+        if cat in ("cuda_runtime", "cuda_driver"):
+            if (e.get("args") or {}).get("correlation") not in gpu_corr and e.get("name") not in SYNC_NAMES:
+                continue
+        elif cat == "python_function":
+            n = str(e.get("name", ""))
+            if not (n.startswith("nn.Module:") or any(k in n for k in frames)):
+                continue
+        elif cat not in ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "user_annotation",
+                         "gpu_user_annotation", "fwdbwd") and e.get("ph") != "M":
             continue
         cats[cat] = cats.get(cat, 0) + 1
         args = e.get("args")
@@ -122,7 +145,7 @@ def cut_trace(src: Path, dst: Path) -> dict[str, Any]:
             e = {**e, "args": {k: v for k, v in args.items() if k in keep_args}}
         out.append(e)
     doc["traceEvents"] = out
-    with gzip.open(dst, "wt") as f:
+    with gzip.open(dst, "wt", compresslevel=9) as f:
         json.dump(doc, f, separators=(",", ":"))
     return {"events": len(out), "categories": cats, "bytes_in": src.stat().st_size,
             "bytes_out": dst.stat().st_size}
@@ -138,7 +161,8 @@ def rank_pid(launcher_pid: int) -> int | None:
         return None
     for p in kids:
         try:
-            if "RANK" in p.environ() and p.parent() is not None and "RANK" not in p.parent().environ():
+            parent = p.parent()
+            if "RANK" in p.environ() and parent is not None and "RANK" not in parent.environ():
                 return int(p.pid)
         except psutil.Error:
             continue
@@ -252,18 +276,223 @@ def _variants(out: Path, megatron: Path, variants: list[str], env: dict[str, str
     return res
 
 
+# --- verify: the live path, then perfd's own remedies applied --------------------------------------------
+VERIFY_RULES = """
+rules:
+  - name: steady_capture
+    expr: step_time > 0
+    scope: job
+    for: 15s
+    severity: info
+    action:
+      type: capture
+      tool: kineto
+      targets: {ranks: [0]}
+      steps: 3
+      cooldown: 1h
+      max_per_hour: 1
+"""
+H100 = "NVIDIA H100 80GB HBM3"
+JOB = "remedies-big2048"
+
+
+def apply_flags(argv: list[str], flags: list[str], remove: list[str]) -> list[str]:
+    """``argv`` with each "--opt value" / "--switch" of ``flags`` set (a value replaced where the option
+    is there, appended where not) and each option of ``remove`` taken out (with its value)."""
+    out = list(argv)
+    for opt in remove:
+        if opt in out:
+            i = out.index(opt)
+            takes = i + 1 < len(out) and not out[i + 1].startswith("--")
+            del out[i:i + (2 if takes else 1)]
+    for f in flags:
+        opt, _, value = f.partition(" ")
+        if opt in out:
+            i = out.index(opt)
+            if value:
+                out[i + 1] = value
+        else:
+            out += [opt, *([value] if value else [])]
+    return out
+
+
+def post_json(url: str, body: dict[str, Any]) -> Any:
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _job_argv(megatron: Path, iters: int) -> list[str]:
+    return megatron_argv(megatron, iters, [])
+
+
+def verify(out: Path, megatron: Path, measure_now: int) -> dict[str, Any]:
+    from tests.procs import Procs, get_json, start_agent, start_aggregator, wait_manifest
+
+    res: dict[str, Any] = {"config": CONFIG, "iters": ITERS, "started": time.time()}
+    save = lambda: (out / "verify.json").write_text(json.dumps(res, indent=1, default=str))  # noqa: E731
+    raw = Path("/tmp/remedies_verify")
+    raw.mkdir(parents=True, exist_ok=True)
+    env = run_env(NCCL_NVLS_ENABLE="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    procs = Procs(raw, env)
+    log = raw / "run" / "output.log"
+    try:
+        (raw / "rules.yaml").write_text(VERIFY_RULES)
+        grpc_port, _, url = start_aggregator(procs, "--rules", raw / "rules.yaml", "--rules-interval", "1")
+        base = f"{url}/api"
+        launch = procs.perfd("launch", "launch", "--job", JOB, "--run-dir", str(raw / "run"), "--kineto",
+                             "--", *_job_argv(megatron, 80), cwd=megatron)
+        manifest = wait_manifest(raw / "run" / "launch.json", launch)
+        (raw / "agent.yaml").write_text(f"capture_dir: {raw / 'captures'}\nbatch_interval_s: 0.5\n")
+        start_agent(procs, grpc_port, manifest=manifest, config=raw / "agent.yaml")
+        t0 = time.time()
+        stacked = None
+        while launch.poll() is None and time.time() - t0 < 300:
+            caps = get_json(f"{base}/captures")["captures"]
+            if stacked is None and any(c.get("status") == "finished" for c in caps):
+                stacked = post_json(f"{base}/captures",
+                                    {"job": JOB, "ranks": [0], "steps": 3, "tool": "kineto", "stack": True})
+                res["stack_request"] = {"id": stacked.get("id"), "status": stacked.get("status"),
+                                        "at_s": round(time.time() - t0, 1)}
+                save()
+            time.sleep(1)
+        res["job_exit"] = launch.poll()
+        # the last records, and the stack capture's trace analysed by the agent (a larger trace)
+        deadline = time.time() + 90
+        while time.time() < deadline and any(c.get("status") in ("requested", "started")
+                                             for c in get_json(f"{base}/captures")["captures"]):
+            time.sleep(2)
+        time.sleep(8)
+        summary = get_json(f"{base}/jobs/{JOB}/summary")
+        res["live"] = {"budget": (summary.get("summary") or {}).get("step_budget"),
+                       "bottleneck": (summary.get("summary") or {}).get("bottleneck"),
+                       "bottleneck_reason": (summary.get("summary") or {}).get("bottleneck_reason"),
+                       "status_text": ((summary.get("report") or {}).get("summary") or {}).get("status_text"),
+                       "recommendations": (summary.get("report") or {}).get("recommendations"),
+                       "findings": [{k: f.get(k) for k in ("id", "severity", "title", "observation")}
+                                    for f in (summary.get("report") or {}).get("findings") or []]}
+        res["captures"] = [{k: c.get(k) for k in ("id", "status", "reason", "stack", "steps", "origin",
+                                                  "bottleneck", "bottleneck_reason")}
+                           for c in get_json(f"{base}/captures")["captures"]]
+        res["log_steps"] = log_steps(log.read_text(errors="replace"))
+        save()
+    except Exception as exc:
+        res["error"] = f"{type(exc).__name__}: {exc}"
+        res["traceback"] = traceback.format_exc()[-3000:]
+        save()
+    finally:
+        procs.stop()
+    with gzip.open(out / "megatron_live.log.gz", "wb") as g:
+        g.write(log.read_bytes() if log.exists() else b"")
+    traces = sorted((raw / "captures").rglob("*.json"), key=lambda t: t.stat().st_mtime) \
+        if (raw / "captures").exists() else []
+    traces = [t for t in traces if t.stat().st_size > 100_000]
+    res["traces"] = [str(t) for t in traces]
+    if traces:
+        res["attribution"] = attribution(traces, log, out)
+    save()
+    # the plan: perfd's recommendations that can be applied here, one at a time
+    plan: dict[str, Any] = {"base": {"flags": [], "remove": []}}
+    cannot = {}
+    for r in (res.get("live") or {}).get("recommendations") or []:
+        if not r.get("remedy"):
+            continue
+        if r.get("needs") or not (r.get("flags") or r.get("remove")):
+            cannot[r["remedy"]] = {"action": r.get("action"), "needs": r.get("needs"),
+                                   "gain_ms": r.get("gain_ms")}
+            continue
+        plan[r["remedy"]] = {"flags": r.get("flags") or [], "remove": r.get("remove") or [],
+                             "gain_ms": r.get("gain_ms"), "action": r.get("action")}
+    if "cuda_graphs" not in plan:  # not recommended: measured to show it would not have paid
+        plan["cuda_graphs_unrecommended"] = {"flags": ["--cuda-graph-impl local"], "remove": []}
+    plan["base_again"] = {"flags": [], "remove": []}
+    res["plan"], res["cannot_run_here"] = plan, cannot
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    save()
+    names = list(plan)
+    res["measured"] = measure(megatron, plan, names[:measure_now], out, res, save)
+    return res
+
+
+def measure(megatron: Path, plan: dict[str, Any], names: list[str], out: Path, res: dict[str, Any],
+            save: Any) -> dict[str, Any]:
+    env = run_env(NCCL_NVLS_ENABLE="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    got: dict[str, Any] = res.setdefault("measured", {})
+    for name in names:
+        v = plan[name]
+        argv = apply_flags(megatron_argv(megatron, ITERS, []), list(v["flags"]), list(v["remove"]))
+        vlog = out / f"variant_{name}.log"
+        t0 = time.time()
+        try:
+            with vlog.open("wb") as f:
+                r = subprocess.run(argv, cwd=megatron, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                   timeout=240, start_new_session=True)
+            code: int | str = r.returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+        text = vlog.read_text(errors="replace")
+        steps = log_steps(text)
+        got[name] = {"exit": code, "wall_s": round(time.time() - t0, 1), "steady": steady(steps),
+                     "argv_tail": argv[-6:], "memory": _MEM.findall(text)[-2:],
+                     "tail": "" if steps and code == 0 else text[-2000:]}
+        vlog.unlink()
+        save()
+        print(name, got[name]["steady"], flush=True)
+    return got
+
+
+def attribution(traces: list[Path], log: Path, out: Path) -> dict[str, Any]:
+    """perfd's parts of each trace (by op; the stack trace also by module frames) beside the
+    independent count of the stack trace; the traces cut for the repository."""
+    from perfd.capture.chrome_trace import analyze_chrome_trace
+    from tests.capture.op_reference import Reference, _load
+
+    got: dict[str, Any] = {}
+    for t in traces:
+        stack = b"python_function" in t.read_bytes()
+        name = "stack" if stack else "default"
+        row: dict[str, Any] = {"file": str(t), "bytes": t.stat().st_size}
+        for frames in ((True, False) if stack else (False,)):
+            a = analyze_chrome_trace(t, use_frames=frames)
+            d = a.devices[0]
+            row["frames" if frames else "ops"] = {"attribution": d.attribution, "steps": d.trace_steps,
+                                                  "span_ms": d.span_ms,
+                                                  "share": {p: v / d.span_ms for p, v in d.parts_ms.items()}}
+        if stack:
+            ref = Reference(_load(str(t)))
+            span = ref.span_ms()
+            row["reference"] = {"span_ms": span, "share": {p: v / span for p, v in ref.totals_ms().items()}}
+        row["cut"] = cut_trace(t, out / f"live_{name}_rank0.json.gz")
+        got[name] = row
+    return got
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("mode", choices=("gather",))
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("mode", choices=("gather", "verify", "measure"))
+    ap.add_argument("--variants", default=None)
     ap.add_argument("--skip-capture", action="store_true")
+    ap.add_argument("--measure", type=int, default=3, help="verify: variants of the plan measured at once")
+    ap.add_argument("--plan", help="measure: the plan.json verify wrote")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     megatron = Path(os.environ.get("MEGATRON_DIR", ROOT / ".megatron")).resolve()
     try:
-        gather(out, megatron, [v for v in a.variants.split(",") if v], a.skip_capture)
+        if a.mode == "gather":
+            gather(out, megatron, [v for v in (a.variants or ",".join(VARIANTS)).split(",") if v],
+                   a.skip_capture)
+        elif a.mode == "verify":
+            verify(out, megatron, a.measure)
+        else:
+            plan = json.loads(Path(a.plan).read_text())
+            names = [v for v in (a.variants or ",".join(plan)).split(",") if v]
+            res: dict[str, Any] = {}
+            measure(megatron, plan, names, out, res,
+                    lambda: (out / "measure.json").write_text(json.dumps(res, indent=1, default=str)))
     except Exception:
         (out / "error.txt").write_text(traceback.format_exc())
         raise
