@@ -27,7 +27,7 @@ def _agent(args: argparse.Namespace) -> int:
             megatron_log=args.megatron_log, nvml=args.nvml, metrics_port=args.metrics_port,
             node=args.node, agent_id=args.agent_id, spool_dir=args.spool_dir, state_dir=args.state_dir,
             host=None if args.host is None else args.host == "on",
-            ranks=None if args.ranks is None else {"on": True, "off": False, "pod": "pod"}[args.ranks],
+            ranks=None if args.ranks is None else "pod" if args.ranks == "pod" else args.ranks == "on",
             launch_manifest=args.launch_manifest, metrics_host=args.metrics_host,
             listen_all=args.listen_all, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
             auth_token_file=args.auth_token_file)

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,12 @@ class Terminal:
         subprocess.run(["tmux", "-L", self.name, "kill-server"], capture_output=True, timeout=10)
 
 
+def _showing(term: Terminal, *marks: str) -> str | None:
+    """The terminal's screen once it shows every mark."""
+    screen = term.screen()
+    return screen if all(m in screen for m in marks) else None
+
+
 def _rows(screen: str, *marks: str) -> list[str]:
     return [ln for ln in screen.splitlines() if all(m in ln for m in marks)]
 
@@ -95,8 +102,8 @@ def test_top_at_80_and_120_columns_whole_and_says_why_no_gpu(tmp_path: Path, pro
     terminals = {w: Terminal(base, w) for w in (80, 120)}
     try:
         for width, term in terminals.items():
-            screen = wait_for(lambda t=term: (s := t.screen()) and "rank processes" in s and "GPUs" in s
-                              and s, 60, f"perfd top's screen at {width} columns")
+            screen = wait_for(partial(_showing, term, "rank processes", "GPUs"), 60,
+                              f"perfd top's screen at {width} columns")
             joined = " ".join(screen.split())
             if nvml is not None and nvml.startswith("unavailable"):  # no driver here: its reason, on screen
                 assert f"agent {NODE}/{JOB}: NVML {nvml}" in joined, screen
@@ -114,8 +121,7 @@ def test_top_at_80_and_120_columns_whole_and_says_why_no_gpu(tmp_path: Path, pro
         start_agent(procs, grpc, "--node", NODE, "--host", "off", config=node_cfg, nvml=f"replay:{recording}",
                     name="node-agent")
         for width, term in terminals.items():
-            screen = wait_for(lambda t=term: (s := t.screen()) and "°C" in s and s, 60,
-                              f"the GPU row at {width} columns")
+            screen = wait_for(partial(_showing, term, "°C"), 60, f"the GPU row at {width} columns")
             (gpu_row,) = _rows(screen, "°C")
             cells = gpu_row.replace("│", " ").split()
             assert cells[:2] == [NODE, "0"] and "…" not in gpu_row, screen
