@@ -75,7 +75,10 @@ def _showing(term: Terminal, *marks: str) -> str | None:
 
 
 def _rows(screen: str, *marks: str) -> list[str]:
-    return [ln for ln in screen.splitlines() if all(m in ln for m in marks)]
+    """The table rows of ``screen`` (a line that starts with the node's name, ruled or not) holding
+    every mark: not the incidents' lines below, which may cite a GPU's temperature."""
+    return [ln for ln in screen.splitlines() if ln.lstrip("│┃ ").startswith((NODE, "0 ", "   0 "))
+            and all(m in ln for m in marks)]
 
 
 def test_top_at_80_and_120_columns_whole_and_says_why_no_gpu(tmp_path: Path, procs: Procs) -> None:
