@@ -148,7 +148,7 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
                     ranks: bool | str | None = None,
                     metrics_host: str | None = None, listen_all: bool = False,
                     tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
-                    auth_token_file: str | None = None) -> AgentConfig:
+                    auth_token_file: str | None = None, capture_dir: str | None = None) -> AgentConfig:
     """Command-line flags win over the file (so a job can be watched without a config file).
 
     ``launch_manifest``: a `perfd launch` manifest; its job name (unless ``job`` is given) and the
@@ -175,7 +175,7 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
     elif listen_all:
         cfg.metrics_host = "0.0.0.0"
     for key, val in (("tls_ca", tls_ca), ("tls_cert", tls_cert), ("tls_key", tls_key),
-                     ("auth_token_file", auth_token_file)):
+                     ("auth_token_file", auth_token_file), ("capture_dir", capture_dir)):
         if val is not None:
             setattr(cfg, key, val)
     if metrics_port is not None:

@@ -30,7 +30,7 @@ def _agent(args: argparse.Namespace) -> int:
             ranks=None if args.ranks is None else "pod" if args.ranks == "pod" else args.ranks == "on",
             launch_manifest=args.launch_manifest, metrics_host=args.metrics_host,
             listen_all=args.listen_all, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-            auth_token_file=args.auth_token_file)
+            auth_token_file=args.auth_token_file, capture_dir=args.capture_dir)
     except ConfigError as exc:
         print(f"perfd agent: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -164,6 +164,11 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--agent-id", help="agent id, unique per agent process (default: NODE/JOB, or NODE/node "
                    "for an agent with no job: a node's DaemonSet agent and a job's sidecar differ)")
     a.add_argument("--spool-dir", help="directory of the on-disk spool (default: in memory)")
+    a.add_argument("--capture-dir", metavar="DIR",
+                   help="where captures are written (capture_dir: in the config file; default: "
+                        "DIR/captures with --state-dir, else a folder of this user's): a job's sidecar "
+                        "gives the folder its trainer mounts too (the ranks write their Kineto traces "
+                        "there), the mount point itself")
     a.add_argument("--state-dir", metavar="DIR",
                    help="keep each log tail's position here, so that a restarted agent (kill -9 included) "
                         "resumes where it was instead of reading its logs again; use with --spool-dir "

@@ -231,7 +231,7 @@ def test_rbac_is_minimal_and_bound():
 def test_example_job_has_the_agent_as_a_sidecar_sharing_the_log():
     job = _find("Job")
     pod = job["spec"]["template"]["spec"]
-    (agent,) = pod["initContainers"]
+    (agent,) = [c for c in pod["initContainers"] if c["name"] == "perfd-agent"]
     (trainer,) = pod["containers"]
     assert agent["restartPolicy"] == "Always"  # native sidecar: the Job ends with the trainer
     assert "nvidia.com/gpu" in trainer["resources"]["limits"]
@@ -245,6 +245,21 @@ def test_example_job_has_the_agent_as_a_sidecar_sharing_the_log():
     assert "emptyDir" in vol
     assert ns.megatron_log in " ".join(trainer["args"])  # the trainer writes where the agent reads
     assert ns.job == "job-1" and ns.aggregator.startswith("perfd-aggregator.perfd.svc:")
+    # Captures: the sidecar's folder is an emptyDir's mount point that the trainer mounts at the same
+    # path (its ranks write their Kineto traces there), given to the pod's uid before the sidecar
+    # starts (perfd uses only a folder its uid owns; an emptyDir is root's, 0777).
+    assert ns.capture_dir and a_mounts[ns.capture_dir] == t_mounts[ns.capture_dir]
+    vol = next(v for v in pod["volumes"] if v["name"] == a_mounts[ns.capture_dir])
+    assert "emptyDir" in vol
+    names = [c["name"] for c in pod["initContainers"]]
+    owner = pod["initContainers"][0]
+    assert names.index(owner["name"]) < names.index("perfd-agent") and "restartPolicy" not in owner
+    uid = pod["securityContext"]["runAsUser"]
+    assert f"chown {uid}:{uid} {ns.capture_dir}" in " ".join(owner["command"])
+    assert f"chmod 0700 {ns.capture_dir}" in " ".join(owner["command"])
+    assert owner["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
+    assert {m["mountPath"] for m in owner["volumeMounts"]} == {ns.capture_dir}
+    assert trainer["env"] == [{"name": "KINETO_USE_DAEMON", "value": "1"}]  # no PERFD_JOB (issue 46)
 
 
 def test_the_daemonset_agent_and_the_sidecar_pair_up_on_one_node(tmp_path: Path) -> None:
@@ -259,7 +274,7 @@ def test_the_daemonset_agent_and_the_sidecar_pair_up_on_one_node(tmp_path: Path)
     cfg_file.write_text(_find("ConfigMap", "perfd-agent")["data"]["agent.yaml"])
     node_cfg = apply_overrides(load_config(cfg_file), node=node_ns.node, job=node_ns.job)
     pod = _find("Job")["spec"]["template"]["spec"]
-    (sidecar,) = pod["initContainers"]
+    (sidecar,) = [c for c in pod["initContainers"] if c["name"] == "perfd-agent"]
     (trainer,) = pod["containers"]
     side_ns = _parses(sidecar["args"])
     side_cfg = apply_overrides(load_config(None), node=side_ns.node, job=side_ns.job, nvml=side_ns.nvml,
