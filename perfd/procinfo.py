@@ -18,7 +18,9 @@ another process is named by pid, user and command name only (:func:`named_proces
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -219,3 +221,104 @@ def shown_cmdline(cmd: str | None, own: bool, cut: int = CMDLINE_MAX) -> str | N
     if cmd is None or not own:
         return None
     return redact_cmdline(cmd)[:cut]
+
+
+# --- a process's pod -------------------------------------------------------------------------------
+# The containers of a Kubernetes pod with shareProcessNamespace: true share one pid namespace: the
+# trainer's ranks and the job's sidecar agent, whose PERFD_JOB comes from the pod's perfd.dev/job label.
+# A GPU process that declares no job of its own belongs to the job a process of its pid namespace
+# declares, when that namespace is not the node agent's own (hostPID: the node's, where processes of
+# every job and of none live side by side). So the trainer needs no PERFD_JOB (issue 46).
+POD_JOB_TTL_S = 30.0  # a pod's job is looked up again this often (a pod's label does not change)
+MAX_POD_NAMESPACES = 4096  # pid namespaces whose job is remembered (pods on one node)
+
+
+def pid_namespace(pid: int | str, proc: str = "/proc") -> int | None:
+    """The inode of ``pid``'s pid namespace (``/proc/PID/ns/pid`` reads ``pid:[4026532178]``), None
+    when not visible (gone, or another user's without privileges). Never raises."""
+    try:
+        link = os.readlink(f"{proc}/{pid}/ns/pid")
+    except OSError:
+        return None
+    inode = link[link.find("[") + 1:-1]
+    return int(inode) if link.startswith("pid:[") and inode.isdigit() else None
+
+
+class PodJobs:
+    """The job a process's pod declares (see above): ``job_of(pid)``. A namespace's answer (a job or
+    none) is kept POD_JOB_TTL_S; finding it reads the pid namespace of each process (a readlink each)
+    and the environment of those in that namespace only, first the oldest (lowest pid)."""
+
+    def __init__(self, proc: str = "/proc", env_lookup: EnvLookup = psutil_rank_env,
+                 clock: Callable[[], float] = time.monotonic, ttl_s: float = POD_JOB_TTL_S) -> None:
+        self.proc, self._env, self._clock, self.ttl_s = proc, env_lookup, clock, ttl_s
+        self.own = pid_namespace("self", proc)  # the agent's own: a node agent's is the node's
+        self._known: dict[int, tuple[str | None, float]] = {}
+        self.scans = 0  # namespaces looked up (a test's and a benchmark's reading)
+
+    def job_of(self, pid: int) -> str | None:
+        ns = pid_namespace(pid, self.proc)
+        if ns is None or ns == self.own:
+            return None
+        now = self._clock()
+        held = self._known.get(ns)
+        if held is not None and now - held[1] < self.ttl_s:
+            return held[0]
+        job = self._scan(ns)
+        if len(self._known) >= MAX_POD_NAMESPACES:
+            self._known.clear()
+        self._known[ns] = (job, now)
+        return job
+
+    def _scan(self, ns: int) -> str | None:
+        self.scans += 1
+        try:
+            pids = sorted(int(p) for p in os.listdir(self.proc) if p.isdigit())
+        except OSError:
+            return None
+        for p in pids:
+            if pid_namespace(p, self.proc) == ns:
+                job = self._env(p).get("job")
+                if isinstance(job, str) and job:
+                    return job
+        return None
+
+
+INIT_PID_NAMESPACE = 0xEFFFFFFC  # the host's own pid namespace (Linux: PROC_PID_INIT_INO, fixed)
+
+
+def pod_ranks(job: str, proc: str = "/proc", env_lookup: EnvLookup = psutil_rank_env,
+              limit: int = 4096) -> dict[int, tuple[int, int | None]] | None:
+    """The rank processes of the caller's own pod: every process of its pid namespace (a pod with
+    shareProcessNamespace: true shows its containers' processes, the trainer's among them) that
+    declares a rank (RANK, SLURM_PROCID, ...) and no job but ``job``, as {pid: (rank, parent pid)}.
+    None when the caller runs in the host's pid namespace (every process of the node there: no pod).
+    ``limit``: processes looked at, at most."""
+    own = pid_namespace("self", proc)
+    if own is None or own == INIT_PID_NAMESPACE:
+        return None
+    me = os.getpid()
+    out: dict[int, tuple[int, int | None]] = {}
+    try:
+        pids = sorted(int(p) for p in os.listdir(proc) if p.isdigit())[:limit]
+    except OSError:
+        return out
+    for pid in pids:
+        if pid == me or pid_namespace(pid, proc) != own:
+            continue
+        env = env_lookup(pid)
+        rank, declared = env.get("rank"), env.get("job")
+        if not isinstance(rank, int) or (isinstance(declared, str) and declared != job):
+            continue
+        out[pid] = (rank, _ppid(pid, proc))
+    return out
+
+
+def _ppid(pid: int, proc: str) -> int | None:
+    """The parent's pid from /proc/PID/stat (the field after the command's closing parenthesis)."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            rest = f.read().rsplit(b")", 1)[1].split()
+        return int(rest[1])
+    except (OSError, IndexError, ValueError):
+        return None

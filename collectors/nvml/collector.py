@@ -31,6 +31,7 @@ from collectors.nvml.wrapper import Nvml
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import GPU_LOST, XID
 from perfd.model import Sample
+from perfd.procinfo import PodJobs
 
 # Clock event ("throttle") reasons, bit -> label value. A fixed, bounded set: bits outside it
 # (board limit, reliability, future ones) still show in the bitmask sample.
@@ -180,7 +181,9 @@ class RealNvml:
         self.devices: list[DeviceState] = []
         self.caps: Capabilities | None = None
         self._gpm: dict[int, GpmSampler] = {}
-        self._procs = ProcessTracker(config.process_event_interval_s, lookup, env_lookup, user_lookup)
+        # A process without PERFD_JOB: its pod's (perfd.procinfo.PodJobs; the sidecar topology, issue 46)
+        self._procs = ProcessTracker(config.process_event_interval_s, lookup, env_lookup, user_lookup,
+                                     pod_job=PodJobs().job_of)
         self._last_slow: float | None = None
         self._xid_seen: dict[int, int] = {}  # device index -> XIDs seen since start
         self._xid_last: dict[int, int] = {}

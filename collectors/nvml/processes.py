@@ -19,7 +19,7 @@ container process happens to have the same pid, wrong. Run the agent in the host
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,11 +66,15 @@ class ProcessTracker:
     """Remembers each GPU's pid set and when it last reported it; caches names per pid."""
 
     def __init__(self, event_interval_s: float = 60.0, lookup: NameLookup = psutil_lookup,
-                 env_lookup: EnvLookup = psutil_rank_env, user_lookup: UserLookup = psutil_user) -> None:
+                 env_lookup: EnvLookup = psutil_rank_env, user_lookup: UserLookup = psutil_user,
+                 pod_job: Callable[[int], str | None] | None = None) -> None:
         self.event_interval_s = event_interval_s
         self._lookup = lookup
         self._env_lookup = env_lookup
         self._user_lookup = user_lookup
+        # A process that declares no job: the job its pod declares (perfd.procinfo.PodJobs), looked up
+        # at every event (the pod's sidecar may start after the process), cached there per pod.
+        self._pod_job = pod_job
         self._users: dict[int, str | None] = {}
         self._ranks: dict[int, Mapping[str, int | str]] = {}
         self._last: dict[str, tuple[frozenset[int], float]] = {}  # gpu -> (pids, last event time)
@@ -92,6 +96,9 @@ class ProcessTracker:
             if p.pid not in self._ranks:
                 self._ranks[p.pid] = self._env_lookup(p.pid)
             rank = self._ranks[p.pid]
+            job = _text(rank.get("job"))
+            if job is None and self._pod_job is not None:
+                job = self._pod_job(p.pid)
             if self._users.get(p.pid) is None:  # looked up once per pid (retried while unknown)
                 self._users[p.pid] = self._user_lookup(p.pid)
             own = isinstance(rank.get("rank"), int) or bool(rank.get("job"))  # the job's: it declares so
@@ -102,7 +109,7 @@ class ProcessTracker:
                 # The basis for rank -> GPU attribution; absent (None) when the environment is not
                 # visible, never guessed from the GPU index.
                 "rank": _int(rank.get("rank")), "local_rank": _int(rank.get("local_rank")),
-                "world_size": _int(rank.get("world_size")), "job": _text(rank.get("job")),
+                "world_size": _int(rank.get("world_size")), "job": job,
             })
         return {
             "kind": GPU_PROCESSES.name, "severity": "info", "time": now, "labels": dict(labels),

@@ -42,6 +42,7 @@ from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import RANK_PROCESSES
 from perfd.model import Sample
 from perfd.procinfo import (
+    pod_ranks,
     psutil_lookup,
     psutil_rank_env,
     psutil_user,
@@ -50,7 +51,7 @@ from perfd.procinfo import (
     shown_cmdline,
 )
 
-SOURCES = ("launch", "gpu", "hook")  # how a rank process became known; the first listed wins
+SOURCES = ("launch", "gpu", "pod", "hook")  # how a rank process became known; the first listed wins
 # CPU a rank's threads must want (run + wait, in cores) for its wait share to mean contention: the
 # idle threshold of a stall (under it a rank makes no progress, and its few µs of wait say nothing).
 MIN_DEMAND = STALL_IDLE_CPU_CORES.value
@@ -68,6 +69,10 @@ class RanksConfig:
     job: str = ""
     launch_manifest: str | None = None
     scan: bool = True  # name the other processes on a waiting rank's CPUs
+    # A job's sidecar in the job's pod (shareProcessNamespace: true): follow the processes of its pid
+    # namespace that declare a rank (perfd.procinfo.pod_ranks). Their pids are the pod's, as the
+    # ranks' own Kineto requests carry them: the sidecar can capture them (issue 46).
+    pod: bool = False
     proc: str = procfs.PROC
     # A job's rank_processes event at least this often when nothing notable changes (every collect
     # while a rank is stopped, gone, in disk sleep, waiting for a CPU or throttled): 0, every collect.
@@ -75,7 +80,7 @@ class RanksConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> RanksConfig:
-        known = {"interval_s", "job", "launch_manifest", "scan", "proc", "event_every_s"}
+        known = {"interval_s", "job", "launch_manifest", "scan", "proc", "event_every_s", "pod"}
         unknown = set(cfg) - known
         if unknown:
             raise ValueError(f"ranks: unknown config key(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -88,7 +93,8 @@ class RanksConfig:
             raise ValueError(f"ranks: event_every_s must be >= 0, not {every}")
         return cls(interval_s=interval, job=str(cfg.get("job") or ""),
                    launch_manifest=str(manifest) if manifest else None, scan=bool(cfg.get("scan", True)),
-                   proc=str(cfg.get("proc", procfs.PROC)), event_every_s=every)
+                   proc=str(cfg.get("proc", procfs.PROC)), event_every_s=every,
+                   pod=bool(cfg.get("pod", False)))
 
 
 @dataclass
@@ -195,10 +201,13 @@ class RanksCollector(Collector):
             return out
         t = self._clock()
         self._take_notes(now)
-        if self.config.launch_manifest and t - self._discovered_at >= DISCOVER_EVERY_S:
+        if (self.config.launch_manifest or self.config.pod) and t - self._discovered_at >= DISCOVER_EVERY_S:
             self._discovered_at = t
             try:
-                self._discover(now)
+                if self.config.launch_manifest:
+                    self._discover(now)
+                if self.config.pod:
+                    self._discover_pod(now)
             except Exception as exc:  # a manifest being rewritten, a process tree changing under us
                 self.count_error("discover-failed", repr(exc))
         cpus = procfs.read_cpu_times(self.config.proc)
@@ -302,6 +311,18 @@ class RanksCollector(Collector):
             self._follow(job, 0, pid, "launch", now, owner)
         elif declared and held is not None and held.pid == pid and held.source == "launch":
             del self.ranks[(job, 0)]  # the launcher taken for the rank before its workers started
+
+    def _discover_pod(self, now: float) -> None:
+        """The rank processes of this agent's pod (config ``pod``), each the topmost process declaring
+        its rank (as in _discover: a rank's workers inherit its RANK)."""
+        ranks = pod_ranks(self.config.job, self.config.proc)
+        if ranks is None:  # the host's pid namespace: there is no pod to follow
+            self.count_error("pod-is-host", "ranks: pod is set but the agent runs in the host's pid "
+                             "namespace (a job's sidecar needs shareProcessNamespace: true in its pod)")
+            return
+        for pid, (rank, parent) in ranks.items():
+            if parent is None or parent not in ranks or ranks[parent][0] != rank:
+                self._follow(self.config.job, rank, pid, "pod", now)
 
     # ---- one rank ------------------------------------------------------------------------------
     def _measure(self, rp: RankProc, t: float, now: float,

@@ -506,11 +506,15 @@ class Agent:
         from perfd.agent.captures import AgentCaptures
 
         hook = self.scheduler.states.get("hook")
+        ranks = self.scheduler.states.get("ranks")
+        followed = getattr(ranks.collector, "rank_pids", None) if ranks is not None else None
         try:
             self.captures = AgentCaptures(self.cfg.job or DEFAULT_JOB, self.cfg.capture_root(),
                                           self.cfg.capture_quota_bytes, self._emit_event,
                                           kineto=self.cfg.kineto_daemon,
-                                          hook=hook.collector if hook is not None else None)
+                                          hook=hook.collector if hook is not None else None,
+                                          kineto_socket_dir=self.cfg.kineto_socket_dir,
+                                          rank_pids=followed)
         except Exception as exc:  # no capture store (disk, permissions): say so, monitor on
             log.error("captures disabled: %s", exc)
 

@@ -297,7 +297,9 @@ class CaptureCoordinator:
 
     def _agents_for(self, job: str, ranks: list[int] | None) -> list[str]:
         """Agents whose node hosts a target rank; every host of the job when placement is unknown
-        (each agent captures only the ranks it hosts). Never an agent that does not host the job."""
+        (each agent captures only the ranks it hosts). Never an agent that does not host the job.
+        An agent's node: where the GPU processes it reports run, else the node its Hello named (a
+        job's sidecar reads no GPU: its ranks are placed by the node's agent, issue 46)."""
         placed = self.state.placed_ranks(job)
         if self.hosts is not None:
             agents_all = sorted(self.hosts(job))
@@ -307,6 +309,10 @@ class CaptureCoordinator:
             return agents_all
         nodes = {placed[r].node for r in ranks if r in placed}
         node_of = self.state.nodes.node_of_agent()
+        for agent in agents_all:
+            said = self.state.nodes.hello_of(agent) if agent not in node_of else None
+            if said is not None and said[0]:
+                node_of[agent] = said[0]
         chosen = sorted({a for a, n in node_of.items() if n in nodes and a in agents_all})
         return chosen or agents_all
 

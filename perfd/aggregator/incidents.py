@@ -15,7 +15,7 @@ import dataclasses
 import statistics
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from perfd.analytics.attribution import xid_evidence
@@ -291,10 +291,14 @@ class IncidentTracker:
     def open_incidents(self, job: str) -> list[dict[str, Any]]:
         return [d for d in self.incidents(job) if d.get("open")]
 
-    def metric_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
+    def metric_rows(self, jobs: Iterable[str] = ()) -> list[tuple[Mapping[str, str], str, float]]:
+        """The incident counters of every job that had one, and of ``jobs`` (those holding data) at 0:
+        increase() needs a sample before a counter's first rise to count it (issue 46: it read 2.03
+        for three incidents when the counter appeared at 1 with the first)."""
         with self._lock:
             rows: list[tuple[Mapping[str, str], str, float]] = []
-            for job, n in sorted(self.opened_total.items()):
+            for job in sorted(set(self.opened_total) | set(jobs)):
+                n = self.opened_total.get(job, 0)
                 rows.append(({"job_name": job}, "perfd_job_incidents_total", float(n)))
                 rows.append(({"job_name": job}, "perfd_job_incident_lost_seconds_total",
                              float(self.lost_s_total.get(job, 0.0))))

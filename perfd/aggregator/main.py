@@ -11,7 +11,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -212,13 +212,15 @@ class Aggregator:
         self.ticks += 1  # a whole tick done: what arrived before it started is analysed (tests wait on it)
 
     def _on_hello(self, hello: HelloInfo) -> list[str]:
-        return self._on_hello_jobs(hello.agent_id, hello.jobs)
+        return self._on_hello_jobs(hello.agent_id, hello.jobs, node=hello.node,
+                                   capabilities=hello.capabilities)
 
-    def _on_hello_jobs(self, agent_id: str, jobs: Sequence[str], now: float | None = None) -> list[str]:
+    def _on_hello_jobs(self, agent_id: str, jobs: Sequence[str], now: float | None = None,
+                       node: str | None = None, capabilities: Mapping[str, str] | None = None) -> list[str]:
         """The jobs of the Hello the guard admitted (what the state store keeps of it)."""
         self.lifecycle.hello(agent_id)
         admitted = self.guard.hello(agent_id, jobs)
-        self.state.hello(agent_id, admitted, now)
+        self.state.hello(agent_id, admitted, now, node, capabilities)
         return admitted
 
     def ingest_job_info_text(self, agent_id: str, job: str, text: str, now: float | None = None) -> bool:
@@ -343,9 +345,9 @@ class Aggregator:
             log.info("state restored from %s in %.2f s: %s", self.store.path, got["ms"] / 1e3, got)
         try:
             self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
-        except OSError as exc:  # the transport cannot tell in use from not local: both ways out
-            raise OSError(f"{exc}; choose another port with --grpc-port N or another address with "
-                          "--grpc-host") from exc
+        except OSError as exc:  # the same line as HTTP's: what, where, why, and the flag to change
+            raise bind_error(exc, self.cfg.grpc_host, self.cfg.grpc_port, "gRPC", "--grpc-port N",
+                             "--grpc-host") from exc
         self.lifecycle.started(asyncio.get_running_loop())
         self.state.transport_stats = self._transport_counters
         try:

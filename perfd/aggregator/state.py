@@ -133,8 +133,11 @@ class AggregatorState:
         return self.log.listeners
 
     # ---- ingest (gRPC side) -----------------------------------------------------------------
-    def hello(self, agent_id: str, jobs: Sequence[str], now: float | None = None) -> None:
+    def hello(self, agent_id: str, jobs: Sequence[str], now: float | None = None, node: str | None = None,
+              capabilities: Mapping[str, str] | None = None) -> None:
         self.nodes.seen(agent_id)
+        if node is not None:  # a live Hello (a replayed one holds only its jobs)
+            self.nodes.said_hello(agent_id, node, capabilities or {})
         self.jobs.hello(agent_id, jobs, now)
 
     def series_defined(self, agent_id: str, series_ids: Sequence[int]) -> None:
@@ -498,6 +501,11 @@ class AggregatorState:
 
     def job_names(self) -> list[str]:
         return self.jobs.names()
+
+    def jobs_with_data(self) -> list[str]:
+        """Jobs holding step records or job info (not those only named in a Hello): their counters
+        are on /metrics from their first record, at 0 until they count something."""
+        return [j for j in self.jobs.names() if self.jobs.has_data(j)]
 
     def job_agents(self, job: str) -> set[str]:
         return self.jobs.agents_of(job)

@@ -28,10 +28,10 @@ def _agent(args: argparse.Namespace) -> int:
             megatron_log=args.megatron_log, nvml=args.nvml, metrics_port=args.metrics_port,
             node=args.node, agent_id=args.agent_id, spool_dir=args.spool_dir, state_dir=args.state_dir,
             host=None if args.host is None else args.host == "on",
-            ranks=None if args.ranks is None else args.ranks == "on",
+            ranks=None if args.ranks is None else "pod" if args.ranks == "pod" else args.ranks == "on",
             launch_manifest=args.launch_manifest, metrics_host=args.metrics_host,
             listen_all=args.listen_all, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-            auth_token_file=args.auth_token_file)
+            auth_token_file=args.auth_token_file, capture_dir=args.capture_dir)
     except ConfigError as exc:
         print(f"perfd agent: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -155,9 +155,11 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--megatron-log", help="tail this Megatron-LM log")
     a.add_argument("--nvml", help="real | replay:FILE | off (default real)")
     a.add_argument("--host", choices=["on", "off"], help="host metrics via psutil (default on)")
-    a.add_argument("--ranks", choices=["on", "off"],
+    a.add_argument("--ranks", choices=["on", "off", "pod"],
                    help="each rank process's host state: CPU, run-queue wait, who else runs on its CPUs, "
-                        "cgroup throttling, pressure, OOM kills (default on; collectors/ranks)")
+                        "cgroup throttling, pressure, OOM kills (default on; collectors/ranks); pod: also "
+                        "follow the processes of this agent's own pod that declare a rank (a job's sidecar, "
+                        "its pod with shareProcessNamespace: true): its captures reach them")
     a.add_argument("--metrics-port", type=int, help="port of the agent's /metrics (0: any free "
                    f"port; -1: none; default {L.AGENT_METRICS_PORT})")
     a.add_argument("--ready-file", metavar="FILE",
@@ -167,6 +169,11 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--agent-id", help="agent id, unique per agent process (default: NODE/JOB, or NODE/node "
                    "for an agent with no job: a node's DaemonSet agent and a job's sidecar differ)")
     a.add_argument("--spool-dir", help="directory of the on-disk spool (default: in memory)")
+    a.add_argument("--capture-dir", metavar="DIR",
+                   help="where captures are written (capture_dir: in the config file; default: "
+                        "DIR/captures with --state-dir, else a folder of this user's): a job's sidecar "
+                        "gives the folder its trainer mounts too (the ranks write their Kineto traces "
+                        "there), the mount point itself")
     a.add_argument("--state-dir", metavar="DIR",
                    help="keep each log tail's position here, so that a restarted agent (kill -9 included) "
                         "resumes where it was instead of reading its logs again; use with --spool-dir "

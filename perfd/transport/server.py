@@ -22,8 +22,10 @@ there; a re-delivered sample repeats a (series, timestamp) point.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
+import socket
 import threading
 import uuid
 from collections import OrderedDict
@@ -68,6 +70,15 @@ OnStreamEnd = Callable[[str], None]  # the agent whose live stream ended (it may
 # (agent id, series id, definition) -> whether the series is held (the aggregator's caps). A refused
 # definition is kept nowhere: its samples are dropped as samples of an undefined id.
 SeriesAdmission = Callable[[str, int, Series], bool]
+
+
+def probe_bind(host: str, port: int) -> None:
+    """Bind ``host:port`` as gRPC would (SO_REUSEADDR, no SO_REUSEPORT) and let go at once: raises
+    the kernel's OSError (errno kept: in use, not local) without gRPC printing a line of its own."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
 
 
 def server_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -196,6 +207,12 @@ class IngestServer:
         service = grpc.method_handlers_generic_handler(self.SERVICE, {"Stream": handler})
         server.add_generic_rpc_handlers((service,))
         addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if port:
+            try:  # before gRPC tries: its C core logs a raw line of its own on stderr when bind fails
+                probe_bind(host, port)
+            except OSError:
+                await server.stop(None)
+                raise
         try:
             if self.tls is not None:
                 bound = server.add_secure_port(addr, self.tls.credentials())
@@ -205,9 +222,10 @@ class IngestServer:
             bound, why = 0, str(exc)
         else:
             why = ""
-        if not bound:
+        if not bound:  # the port taken between the probe and gRPC's own bind (a race)
             await server.stop(None)
-            raise OSError(f"cannot listen for gRPC on {addr}: address in use or not local {why}".rstrip())
+            why = why.split(";")[0]  # not gRPC's advice to set GRPC_VERBOSITY
+            raise OSError(errno.EADDRINUSE, f"address in use or not local ({why})".rstrip(" ()"))
         await server.start()
         self._server = server
         self._liveness_task = asyncio.create_task(self._liveness_loop())
