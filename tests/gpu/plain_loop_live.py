@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
 
-from tests.gpu.verdict_live import view
+from tests.gpu.verdict_live import BURN, RULES, view
 from tests.procs import Procs, get_json, run_env, start_agent, start_aggregator, wait_manifest
 
 WARMUP = 10  # steps of the loops' own clocks left out of every truth (compile, allocator, workers)
@@ -59,21 +59,6 @@ VAR_RUN_S = float(os.environ.get("VAR_RUN_S", "80"))
 BURN_AT = float(os.environ.get("BURN_AT", "30"))
 BURN_S = float(os.environ.get("BURN_S", "35"))
 CAPTURE_AFTER_S = float(os.environ.get("CAPTURE_AFTER_S", "20"))
-RULES = """
-rules:
-  - name: steady_capture
-    expr: step_time > 0
-    scope: job
-    for: {for_s}s
-    severity: info
-    action:
-      type: capture
-      tool: kineto
-      targets: {{ranks: [0]}}
-      steps: 3
-      cooldown: 1h
-      max_per_hour: 1
-"""
 
 MODEL = r'''
 import math, torch
@@ -206,15 +191,6 @@ while time.time() - T0 < RUN_S:
 json.dump({"B": B, "pid": __import__("os").getpid(), "steps": rows}, open(OUT, "w"))
 '''
 
-BURN = """
-import os, time, torch
-x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-end = time.time() + float(os.environ["BURN_S"])
-while time.time() < end:
-    for _ in range(20):
-        y = x @ x
-    torch.cuda.synchronize()
-"""
 
 
 def _incidents(base: str, job: str) -> list[dict[str, Any]]:
