@@ -72,6 +72,9 @@ class CaptureRecord:
     budget: dict[str, Any] | None = None  # that device's step budget (perfd.analytics.budget JSON)
     slowdown: dict[str, float] = field(default_factory=dict)  # rank -> kernels' slowdown vs steady
     stack: bool = False  # Kineto with Python stacks (module names; a slower capture)
+    # How long the capture's range held the step it profiled, as its agent measured it (an ncu range:
+    # tens of seconds while ncu replays the kernels); those steps are the capture's, never a stall.
+    range_held_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -355,6 +358,9 @@ class CaptureCoordinator:
                     rec.started_at = rec.started_at or at
             if ev.get("payload") is not None:
                 rec.result = ev.get("payload")
+                held = rec.result.get("range_held_s") if isinstance(rec.result, Mapping) else None
+                if isinstance(held, (int, float)) and not isinstance(held, bool) and held >= 0:
+                    rec.range_held_s = float(held)
                 if rec.status == "finished":
                     self._diagnose(rec)
             if rec.status in ("finished", "failed"):

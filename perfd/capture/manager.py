@@ -242,6 +242,8 @@ class CaptureManager:
                              for r, a in (final.get("analysis") or {}).items()}}
         if "range_overran" in final:
             payload["range_overran"] = bool(final["range_overran"])
+        if isinstance(final.get("range_held_s"), int | float):
+            payload["range_held_s"] = float(final["range_held_s"])
         ok = status == "ok"
         outcome = ("finished" + (f" ({reason})" if reason else "")) if ok else f"{status}: {reason}"
         kind = CAPTURE_FINISHED if ok else CAPTURE_FAILED

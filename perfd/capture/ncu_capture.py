@@ -10,7 +10,8 @@ most the kernels left of it, and once it is spent a range records nothing — sa
 empty success. The time budget is the capture's: a range still open when it passes is cancelled (the
 hook closes it at the next step boundary: inside a step ncu replays kernels on the training thread
 and nothing can end that step sooner), and the capture says it overran (``range_overran`` in the
-manifest and the event). A range is never left open: the cancel goes out at the budget, and again at
+manifest and the event), and how long the range held the step (``range_held_s``). A range is never
+left open: the cancel goes out at the budget, and again at
 the capture's deadline.
 """
 
@@ -142,6 +143,12 @@ class NcuCapture:
         times = [float(e["time"]) for e in closed.values() if isinstance(e.get("time"), int | float)]
         if times:
             m["timings"]["range_closed_at"] = max(times)
+            opened = m["timings"].get("started_at")
+            if isinstance(opened, int | float):
+                # How long the range held the step it profiled (ncu replays every kernel on the training
+                # thread: the step ends only then): the job's steps stop for this long, by design, and
+                # the aggregator reads it as this capture's, never as a stall (issue 45 item 1).
+                m["range_held_s"] = round(max(0.0, max(times) - float(opened)), 3)
         self.ctx.store.write(m)
         return closed
 
