@@ -46,6 +46,7 @@ from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.stalls import StallWatch
 from perfd.aggregator.steady_gpm import SteadyGpm
+from perfd.analytics.arming import ArmingCost
 from perfd.analytics.attribution import RankPlacement, gpu_hints
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
@@ -117,6 +118,8 @@ class AggregatorState:
         # Set by the capture coordinator: the job's capture records (JSON), for incidents and for
         # marking the iterations a capture disturbed.
         self.captures_of: Callable[[str], list[dict[str, Any]]] = lambda job: []
+        # ... and what arming ncu costs the job's armed ranks (perfd.analytics.arming), for its report.
+        self.arming_of: Callable[[str], ArmingCost | None] = lambda job: None
         self.jobs.capture_windows = self._capture_windows
         self.jobs.class_inputs = self._class_inputs
         self.log.handle(GPU_PROCESSES, self.nodes.on_gpu_processes)

@@ -208,6 +208,10 @@ SOL_LATENCY = Threshold(0.60, "neither the SM pipelines nor the memory system re
 SOL_HIGH = Threshold(0.80, "a unit past 80% of its peak bounds the kernel whatever the other does", _NCU)
 SOL_BALANCED_MARGIN = Threshold(0.10, "under the high bar, SM and memory within 10 points of each other "
                                       "are balanced: both must shrink to speed the kernel up", _NCU)
+ARMING_MIN_STEPS = Threshold(
+    5, "the cost of arming ncu on a rank is a median of at least 5 armed steps against at least 5 of the "
+    "reference (its unarmed ranks, its own steps before it was armed): fewer, and one slow step decides it",
+    "perfd/analytics/arming.py (issue 45 item 4; DESIGN.md has none)")
 
 # --- GPU evidence (perfd.analytics.attribution) ------------------------------------------------------
 STEADY_PRESENT = Threshold(0.5, "GPU evidence seen in half the rank's steady-state sightings is its normal "
