@@ -48,7 +48,7 @@ from perfd.aggregator.stalls import StallWatch
 from perfd.aggregator.steady_gpm import SteadyGpm
 from perfd.analytics.arming import ArmingCost
 from perfd.analytics.attribution import RankPlacement, gpu_hints
-from perfd.analytics.bottleneck import GpmReading
+from perfd.analytics.bottleneck import BottleneckClass, GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.goodput import with_incidents, with_stall
@@ -427,10 +427,13 @@ class AggregatorState:
             got = capture_timeline(c) if not during else None
             if got is not None:
                 timeline = got
-        if timeline is not None:  # an Nsight Compute capture's kernel figures join the budget's parts
-            ncu_id, ncu = ncu_of(self.captures_of(job))
-            if ncu:
-                timeline = dataclasses.replace(timeline, ncu=ncu, ncu_id=ncu_id)
+        # An Nsight Compute capture's kernel figures join the budget's parts; with no timeline, the
+        # timers' budget (a class of its own they do not vote: issue 45 item 3).
+        ncu_id, ncu = ncu_of(self.captures_of(job))
+        if ncu:
+            timeline = (dataclasses.replace(timeline, ncu=ncu, ncu_id=ncu_id) if timeline is not None else
+                        TimelineClass(BottleneckClass.UNKNOWN, "", f"capture {ncu_id} (ncu)", ncu=ncu,
+                                      ncu_id=ncu_id))
         ov = self.jobs.overview(job)
         age = ov.get("last_step_age_s") if ov else None
         running = age is None or age <= stale_after(None, self.job_stale_after_s)

@@ -212,6 +212,14 @@ ARMING_MIN_STEPS = Threshold(
     5, "the cost of arming ncu on a rank is a median of at least 5 armed steps against at least 5 of the "
     "reference (its unarmed ranks, its own steps before it was armed): fewer, and one slow step decides it",
     "perfd/analytics/arming.py (issue 45 item 4; DESIGN.md has none)")
+NCU_FUSION_DRAM = Threshold(
+    0.60, "a pointwise or normalisation kernel moving DRAM at 60% of its peak or more is near what such a "
+    "kernel reaches (NVIDIA's latency bar, SOL_LATENCY): a faster kernel gains little, only fewer bytes "
+    "moved (fusing it into its neighbours) does", _NCU)
+NCU_TENSOR_IDLE = Threshold(
+    0.10, "a pointwise kernel ncu's rule calls compute-bound while its tensor pipes run under 10% does no "
+    "matrix math: its SM work is issue slots and integer index arithmetic (a masked_fill at SM 65%, "
+    "memory 36%, tensor 4% on the H100)", _NCU)
 
 # --- GPU evidence (perfd.analytics.attribution) ------------------------------------------------------
 STEADY_PRESENT = Threshold(0.5, "GPU evidence seen in half the rank's steady-state sightings is its normal "

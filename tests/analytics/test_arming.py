@@ -170,3 +170,85 @@ def test_through_the_aggregator_the_report_states_the_arming_cost() -> None:
     assert incs and all("stall" not in i["kinds"] for i in incs)
     (over,) = [i for i in incs if i["first_iteration"] <= range_it <= i["last_iteration"]]
     assert over["capture_cost_s"] > 30.0  # the range's step beyond the incident's level: the capture's
+
+
+def test_the_ncu_rows_join_the_budget_and_say_what_helps() -> None:
+    """Issue 45 item 3 with the H100 rows: a job with no timeline (a real Megatron-LM log's steps), yet the
+    capture's rows (the H100's per-category summaries, docs/evidence/ncu_h100/ncu_kernels.json) sit on
+    its budget's undivided compute part, and the report says what they call for: the GEMMs at 50% of
+    the compute ceiling get the shape advice, the elementwise kernels that ncu's rule calls
+    compute-bound with the tensor pipes at 2% are issue-slot work, for fusion."""
+    from collectors.megatron import parse_file
+
+    # The job's steps: a real Megatron-LM log with its timers (the budget's data and communication
+    # shares; tests/data/megatron/dp2_all_timers.log), its last steps taken as the profiled one's time.
+    parsed = parse_file(Path(__file__).resolve().parents[1] / "data" / "megatron" / "dp2_all_timers.log",
+                        job=JOB)
+    armed = parsed.records
+    end = max(r.end_time or 0.0 for r in armed)
+    window = (end - 5.0, end + 10.0)
+    cats = json.loads((EVIDENCE.parent / "ncu_kernels.json").read_text())["categories"]
+    st = AggregatorState(min_recompute_s=0.0)
+    st.hello("agent-a", [JOB])
+    st.ingest_job_info("agent-a", JOB, parsed.job_info)
+
+    def send(agent: str, cmd: Command) -> bool:
+        return True
+
+    coord = CaptureCoordinator(st, None, send)
+    st.ingest_steps("agent-a", armed)
+    rec = coord.request(JOB, [0], "ncu", 1, "rule:ncu-deep-dive", now=window[0] - 0.7)
+    for kind, at, payload in (("capture_started", window[0], None),
+                              ("capture_finished", window[1], {"status": "ok", "ranks": {"0": {
+                                  "devices": [], "ncu_categories": cats}}})):
+        st.ingest_events("agent-a", [{"kind": kind, "time": at, "job": JOB, "text": kind,
+                                      "labels": {"job": JOB, "tool": "ncu", "ranks": "0"},
+                                      "links": {"command_id": rec.id, "capture_id": "c1"},
+                                      "payload": payload}])
+    st.analysis(JOB, force=True)
+    summary = job_summary(st, JOB)
+    assert summary is not None
+    budget = summary["report"]["step_budget"]
+    assert budget is not None and "ncu" in budget["sources"]
+    (compute,) = [p for p in budget["parts"] if p["part"] == "compute"]
+    assert {c["category"] for c in compute["detail"]["ncu"]} == {"elementwise", "gemm", "attention"}
+    assert all(c["capture"] == rec.id for c in compute["detail"]["ncu"])
+    verdicts = {f["id"]: f["evidence"]["ncu_verdict"]["verdict"] for f in summary["report"]["findings"]
+                if f["id"].startswith("ncu-")}
+    assert verdicts == {"ncu-compute-gemm": "shape", "ncu-compute-elementwise": "issue_bound"}
+    recs = {r["finding_id"]: r for r in summary["report"]["recommendations"]}
+    assert "multiples of the kernel's tile" in recs["ncu-compute-gemm"]["action"]
+    assert "integer index arithmetic" in recs["ncu-compute-elementwise"]["action"]
+    assert "compute SOL 50%" in recs["ncu-compute-gemm"]["detail"]
+
+
+@pytest.mark.parametrize(("category", "figs", "verdict"), [
+    ("gemm", {"compute_throughput": 0.86, "tensor_pipe": 0.9}, "fewer_flops"),
+    ("gemm", {"compute_throughput": 0.5}, "shape"),
+    ("gemm", {"compute_throughput": 0.7}, None),  # between the bars: neither
+    ("elementwise", {"dram_throughput": 0.82, "bound": "memory-bound"}, "fusion_only"),
+    ("normalization", {"dram_throughput": 0.3, "bound": "compute-bound", "tensor_pipe": 0.02}, "issue_bound"),
+    ("elementwise", {"dram_throughput": 0.3, "bound": "latency-bound"}, None),
+    ("gemm", {}, None),  # no figure, no verdict
+])
+def test_verdicts_by_the_ceilings(category: str, figs: dict[str, Any], verdict: str | None) -> None:
+    from perfd.analytics.ncu_remedies import verdict_of
+
+    got = verdict_of(category, figs)
+    assert (got.value if got is not None else None) == verdict
+
+
+def test_the_budget_view_shows_the_rows_beside_their_part() -> None:
+    from perfd.report import budget_view
+
+    cats = json.loads((EVIDENCE.parent / "ncu_kernels.json").read_text())["categories"]
+    budget = {"step_ms": 100.0, "basis": "steady-state timers", "parts": [
+        {"part": "data", "ms": 10.0, "share": 0.1, "source": "timers", "detail": {}},
+        {"part": "compute", "ms": 90.0, "share": 0.9, "source": "timers",
+         "detail": {"ncu": [{**c, "capture": "c1"} for c in cats]}}]}
+    lines = budget_view.text_lines(budget)
+    at = next(i for i, x in enumerate(lines) if "compute (not divided)" in x)
+    assert "ncu: elementwise (8 kernel(s)): compute SOL 53%, memory SOL 49%, tensor 2%" in lines[at + 1]
+    assert "gemm (3 kernel(s))" in lines[at + 2] and "(capture c1)" in lines[at + 2]
+    html = budget_view.html_section(budget)
+    assert '<table class="ncu">' in html and "compute (not divided)" in html

@@ -1,0 +1,149 @@
+"""What an Nsight Compute capture's rows say to do, per budget part (issue 45 item 3).
+
+The step budget carries, in each part's ``ncu`` detail, the per-category summaries of the job's latest
+ncu capture (perfd.analytics.ncu_join.CategorySummary JSON: compute and memory speed of light weighted
+by each kernel's profiled time). Read against the ceilings, they decide what kind of remedy can help
+that part's kernels — which is not always a faster kernel:
+
+- GEMMs near the compute ceiling (compute SOL at NVIDIA's high bar): the kernel is as fast as the GPU
+  goes; only fewer FLOPs help (less recomputation, a smaller model, a shorter sequence), never a kernel.
+- GEMMs far below it (under NVIDIA's latency bar): the shape starves the GPU (tiles half-empty, a grid
+  that fills few SMs): sizes that are multiples of the tile, a larger micro-batch.
+- Pointwise or normalisation kernels at high DRAM throughput: near what such a kernel reaches; only
+  moving fewer bytes (fusing them into their neighbours) helps.
+- Pointwise kernels ncu's rule calls compute-bound while the tensor pipes idle (a ``masked_fill`` at
+  SM 65%, memory 36% on the H100): their SM work is issue slots and integer index arithmetic, not
+  math; the row says so, and fusion is still what helps.
+
+Each verdict is typed (:class:`RowVerdict`); the findings' texts are rendered from it. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from perfd.analytics import kernels as kc
+from perfd.analytics import thresholds as th
+from perfd.analytics.budget import BudgetPart, StepBudget
+from perfd.analytics.common import TextEnum
+from perfd.analytics.finding_types import Finding, Recommendation, Severity
+from perfd.analytics.ncu import KernelBound
+
+SOL_HIGH = th.SOL_HIGH.value
+SOL_LATENCY = th.SOL_LATENCY.value
+FUSION_DRAM = th.NCU_FUSION_DRAM.value
+TENSOR_IDLE = th.NCU_TENSOR_IDLE.value
+_POINTWISE = (kc.ELEMENTWISE, kc.NORMALIZATION, kc.REDUCTION, kc.OTHER)
+
+
+class RowVerdict(TextEnum):
+    FEWER_FLOPS = "fewer_flops"  # GEMMs at the compute ceiling
+    SHAPE = "shape"  # GEMMs far below it
+    FUSION_ONLY = "fusion_only"  # pointwise at high DRAM throughput
+    ISSUE_BOUND = "issue_bound"  # pointwise "compute-bound" with idle tensor pipes
+
+
+@dataclass(frozen=True)
+class PartVerdict:
+    """One category's verdict on one budget part, with the figures that decided it."""
+
+    verdict: RowVerdict
+    part: str  # perfd.analytics.budget.Part value
+    category: str
+    kernels: int
+    part_ms: float  # the part's ms per step in the budget
+    compute: float | None
+    memory: float | None
+    dram: float | None
+    tensor: float | None
+    capture: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (v.value if isinstance(v, TextEnum) else v) for k, v in self.__dict__.items()}
+
+
+def _f(c: Mapping[str, Any], key: str) -> float | None:
+    v = c.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def verdict_of(category: str, c: Mapping[str, Any]) -> RowVerdict | None:
+    """The verdict of one category summary (None: its figures call for none of the four)."""
+    compute, dram, tensor = _f(c, "compute_throughput"), _f(c, "dram_throughput"), _f(c, "tensor_pipe")
+    if category == kc.GEMM and compute is not None:
+        if compute >= SOL_HIGH:
+            return RowVerdict.FEWER_FLOPS
+        if compute < SOL_LATENCY:
+            return RowVerdict.SHAPE
+        return None
+    if category in _POINTWISE:
+        if dram is not None and dram >= FUSION_DRAM:
+            return RowVerdict.FUSION_ONLY
+        if c.get("bound") == KernelBound.COMPUTE.value and tensor is not None and tensor < TENSOR_IDLE:
+            return RowVerdict.ISSUE_BOUND
+    return None
+
+
+def part_verdicts(b: StepBudget) -> list[PartVerdict]:
+    """Every category summary on the budget's parts that calls for a verdict, costliest part first."""
+    out = []
+    for p in sorted(b.parts, key=lambda p: -p.ms):
+        for c in _rows(p):
+            cat = str(c.get("category") or "")
+            v = verdict_of(cat, c)
+            if v is not None:
+                out.append(PartVerdict(v, p.part.value, cat, int(_f(c, "kernels") or 0), p.ms,
+                                       _f(c, "compute_throughput"), _f(c, "memory_throughput"),
+                                       _f(c, "dram_throughput"), _f(c, "tensor_pipe"),
+                                       str(c.get("capture") or "")))
+    return out
+
+
+def _rows(p: BudgetPart) -> list[Mapping[str, Any]]:
+    return [c for c in p.detail.get("ncu") or [] if isinstance(c, Mapping)]
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0%}"
+
+
+_ACTION: dict[RowVerdict, str] = {
+    RowVerdict.FEWER_FLOPS: "Do fewer FLOPs in these GEMMs (less recomputation, a smaller or shorter model): "
+    "the kernels already run near the GPU's compute ceiling, a faster kernel gains nothing",
+    RowVerdict.SHAPE: "Give these GEMMs better shapes: hidden, FFN and sequence sizes that are multiples of "
+    "the kernel's tile (128 or 256), a larger micro-batch — they run far below the compute ceiling",
+    RowVerdict.FUSION_ONLY: "Fuse these pointwise kernels into their neighbours (a fused kernel, "
+    "torch.compile): they already move DRAM near its peak, only fewer bytes moved helps",
+    RowVerdict.ISSUE_BOUND: "Fuse these pointwise kernels (fewer launches, index arithmetic done once): "
+    "ncu's rule calls them compute-bound, but with the tensor pipes idle their SM work is issue slots and "
+    "integer index arithmetic, not math",
+}
+
+
+def text(v: PartVerdict) -> str:
+    figs = (f"compute SOL {_pct(v.compute)}, memory SOL {_pct(v.memory)}, DRAM {_pct(v.dram)}, "
+            f"tensor pipe {_pct(v.tensor)}")
+    return (f"Nsight Compute (capture {v.capture}) on the {v.part} part ({v.part_ms:.0f} ms a step): "
+            f"{v.category}, {v.kernels} kernel(s), time-weighted {figs}")
+
+
+def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendation]]:
+    """A finding and a recommendation for each verdict the ncu rows on the budget's parts give; the
+    recommendation's impact is left unstated (the rows say what kind of change helps, not how much)."""
+    fs: list[Finding] = []
+    rs: list[Recommendation] = []
+    for v in part_verdicts(b):
+        fid = f"ncu-{v.part}-{v.category}"
+        title = f"{v.category} kernels of {v.part}: {v.verdict.value.replace('_', ' ')}"
+        fs.append(Finding(fid, Severity.INFO, title, text(v) + ".", {"ncu_verdict": v.to_json()}, "",
+                          label or b.basis))
+        rs.append(Recommendation("", fid, 0, _ACTION[v.verdict], text(v), None, v.verdict.value))
+    return fs, rs
+
+
+def verdicts_json(b: StepBudget | None) -> list[dict[str, Any]]:
+    return [v.to_json() for v in part_verdicts(b)] if b is not None else []
+
+
