@@ -48,7 +48,7 @@ from perfd.aggregator.stalls import StallWatch
 from perfd.aggregator.steady_gpm import SteadyGpm
 from perfd.analytics.arming import ArmingCost
 from perfd.analytics.attribution import RankPlacement, gpu_hints
-from perfd.analytics.bottleneck import BottleneckClass, GpmReading
+from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.goodput import with_incidents, with_stall
@@ -56,6 +56,7 @@ from perfd.analytics.host_evidence import host_items
 from perfd.analytics.incidents import HANG, STEP_FACTOR, Incident, hang_incident, is_disturbance
 from perfd.analytics.job_budget import capture_timeline, ncu_of
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
+from perfd.analytics.ncu_remedies import rows_class
 from perfd.analytics.run_analysis import RunAnalysis
 from perfd.analytics.verdict_text import stall_text
 from perfd.events import (
@@ -431,9 +432,11 @@ class AggregatorState:
         # timers' budget (a class of its own they do not vote: issue 45 item 3).
         ncu_id, ncu = ncu_of(self.captures_of(job))
         if ncu:
-            timeline = (dataclasses.replace(timeline, ncu=ncu, ncu_id=ncu_id) if timeline is not None else
-                        TimelineClass(BottleneckClass.UNKNOWN, "", f"capture {ncu_id} (ncu)", ncu=ncu,
-                                      ncu_id=ncu_id))
+            if timeline is not None:
+                timeline = dataclasses.replace(timeline, ncu=ncu, ncu_id=ncu_id)
+            else:  # the rows class the job when they cover most of its compute
+                cls, why, _ = rows_class(ncu, self._compute_ms(job))
+                timeline = TimelineClass(cls, why, f"capture {ncu_id} (ncu)", ncu=ncu, ncu_id=ncu_id)
         ov = self.jobs.overview(job)
         age = ov.get("last_step_age_s") if ov else None
         running = age is None or age <= stale_after(None, self.job_stale_after_s)
@@ -447,6 +450,14 @@ class AggregatorState:
                 self.steady_gpm.add(job, gpm, now)
             return gpm, timeline, GPM_LIVE
         return self.steady_gpm.window(job), timeline, GPM_LAST_STEADY
+
+    def _compute_ms(self, job: str) -> float | None:
+        """The job's compute ms per step as its last analysis' budget has it (the ncu rows' coverage)."""
+        a = self.jobs.cached_analysis(job)
+        b = a.summary.get("step_budget") if a is not None else None
+        parts = b.get("parts") if isinstance(b, dict) else None
+        ms = [p.get("ms") for p in parts or [] if isinstance(p, dict) and p.get("part") == "compute"]
+        return float(ms[0]) if ms and isinstance(ms[0], (int, float)) else None
 
     def _stepping(self, job: str, age: float | None, min_s: float, steps: int = STEPPING_STEPS) -> bool:
         """The job's last step came within ``steps`` steps' time (at least ``min_s``): its GPUs' GPM

@@ -20,12 +20,13 @@ Each verdict is typed (:class:`RowVerdict`); the findings' texts are rendered fr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from perfd.analytics import kernels as kc
 from perfd.analytics import thresholds as th
+from perfd.analytics.bottleneck import BottleneckClass
 from perfd.analytics.budget import BudgetPart, StepBudget
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
@@ -34,6 +35,7 @@ from perfd.analytics.ncu import KernelBound
 SOL_HIGH = th.SOL_HIGH.value
 SOL_LATENCY = th.SOL_LATENCY.value
 FUSION_DRAM = th.NCU_FUSION_DRAM.value
+CLASS_COVERAGE = th.NCU_CLASS_COVERAGE.value
 TENSOR_IDLE = th.NCU_TENSOR_IDLE.value
 _POINTWISE = (kc.ELEMENTWISE, kc.NORMALIZATION, kc.REDUCTION, kc.OTHER)
 
@@ -147,3 +149,32 @@ def verdicts_json(b: StepBudget | None) -> list[dict[str, Any]]:
     return [v.to_json() for v in part_verdicts(b)] if b is not None else []
 
 
+
+
+def rows_class(categories: Sequence[Mapping[str, Any]], compute_ms: float | None
+               ) -> tuple[BottleneckClass, str, float | None]:
+    """(class, why, coverage) from an ncu capture's category summaries, for a job with no timeline: the
+    rows' profiled time against the step's compute time (``compute_ms``, the budget's) is their
+    coverage; at CLASS_COVERAGE or more, the class NVIDIA's rule gives most of their time (compute- or
+    memory-bound; neither holding half of it: mixed); under it, unknown, and the reason says why."""
+    profiled = sum(_f(c, "profiled_ms") or 0.0 for c in categories)
+    if not compute_ms or compute_ms <= 0 or profiled <= 0:
+        return BottleneckClass.UNKNOWN, "the ncu rows' time or the step's compute time is unknown", None
+    coverage = profiled / compute_ms
+    if coverage < CLASS_COVERAGE:
+        return (BottleneckClass.UNKNOWN, f"the ncu rows cover {coverage:.0%} of the step's compute time "
+                f"(under {CLASS_COVERAGE:.0%}): too little to class the step", coverage)
+    by: dict[str, float] = {}
+    for c in categories:
+        for bound, ms in (c.get("bound_ms") or {}).items():
+            if isinstance(ms, (int, float)):
+                by[str(bound)] = by.get(str(bound), 0.0) + float(ms)
+    total = sum(by.values())
+    top = max(by, key=lambda k: by[k]) if by else None
+    cls = {KernelBound.COMPUTE.value: BottleneckClass.COMPUTE,
+           KernelBound.MEMORY.value: BottleneckClass.MEMORY}.get(top or "", BottleneckClass.MIXED)
+    if top is None or by[top] < 0.5 * total:
+        cls = BottleneckClass.MIXED
+    share = by[top] / total if top is not None and total > 0 else 0.0
+    return cls, (f"the ncu rows cover {coverage:.0%} of the step's compute time; {share:.0%} of their time "
+                 f"is in kernels NVIDIA's rule calls {top}"), coverage

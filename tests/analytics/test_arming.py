@@ -252,3 +252,25 @@ def test_the_budget_view_shows_the_rows_beside_their_part() -> None:
     assert "gemm (3 kernel(s))" in lines[at + 2] and "(capture c1)" in lines[at + 2]
     html = budget_view.html_section(budget)
     assert '<table class="ncu">' in html and "compute (not divided)" in html
+
+
+def test_the_rows_class_the_job_only_when_they_cover_most_of_its_compute() -> None:
+    from perfd.analytics.bottleneck import BottleneckClass
+    from perfd.analytics.ncu_remedies import rows_class
+
+    cats = json.loads((EVIDENCE.parent / "ncu_kernels.json").read_text())["categories"]
+    profiled = sum(c["profiled_ms"] for c in cats)  # 2.5 ms of the H100 range's 12 kernels
+    # The issue's job: a 736 ms compute part, rows holding a few ms of it: no class from them, said so.
+    cls, why, cov = rows_class(cats, 736.0)
+    assert cls is BottleneckClass.UNKNOWN and cov is not None and cov < 0.01 and "too little" in why
+    # Rows that hold most of the compute: the class NVIDIA's rule gives most of their time — these
+    # rows' compute-bound kernels hold 49% of it (memory-bound 27%, balanced 22%): mixed, not compute.
+    cls, why, cov = rows_class(cats, profiled / 0.8)
+    assert cls is BottleneckClass.MIXED and cov == pytest.approx(0.8) and "49%" in why
+    # Without the elementwise rows (the GEMMs and attention alone), compute-bound holds most.
+    gemm_attn = [c for c in cats if c["category"] != "elementwise"]
+    cls, why, _ = rows_class(gemm_attn, sum(c["profiled_ms"] for c in gemm_attn) / 0.9)
+    assert cls is BottleneckClass.MIXED  # balanced 0.47 ms vs compute-bound 0.63 of 1.27: still under half
+    cls, _, _ = rows_class([c for c in cats if c["category"] == "attention"], 0.5)
+    assert cls is BottleneckClass.COMPUTE
+    assert rows_class(cats, None)[0] is BottleneckClass.UNKNOWN
