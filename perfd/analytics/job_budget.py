@@ -123,7 +123,10 @@ def ncu_of(captures: Sequence[Mapping[str, Any]]) -> tuple[str, tuple[Mapping[st
         for part in (result.get("ranks") or {}).values():
             cats = part.get("ncu_categories") if isinstance(part, Mapping) else None
             if isinstance(cats, list) and cats:
-                return str(c.get("id") or ""), tuple(x for x in cats if isinstance(x, Mapping))
+                # how the profiled kernels were chosen (by time or not) goes with each summary
+                choice = part.get("ncu_kernel_choice")
+                extra = {"kernel_choice": choice} if isinstance(choice, Mapping) else {}
+                return str(c.get("id") or ""), tuple({**x, **extra} for x in cats if isinstance(x, Mapping))
     return "", ()
 
 

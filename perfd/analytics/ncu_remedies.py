@@ -61,6 +61,7 @@ class PartVerdict:
     dram: float | None
     tensor: float | None
     capture: str
+    chosen: str = ""  # how the profiled kernels were chosen (perfd.capture.ncu_exec.KernelChoice text)
 
     def to_json(self) -> dict[str, Any]:
         return {k: (v.value if isinstance(v, TextEnum) else v) for k, v in self.__dict__.items()}
@@ -99,8 +100,13 @@ def part_verdicts(b: StepBudget) -> list[PartVerdict]:
                 out.append(PartVerdict(v, p.part.value, cat, int(_f(c, "kernels") or 0), p.ms,
                                        _f(c, "compute_throughput"), _f(c, "memory_throughput"),
                                        _f(c, "dram_throughput"), _f(c, "tensor_pipe"),
-                                       str(c.get("capture") or "")))
+                                       str(c.get("capture") or ""), _chosen(c)))
     return out
+
+
+def _chosen(c: Mapping[str, Any]) -> str:
+    choice = c.get("kernel_choice")
+    return str(choice.get("text") or "") if isinstance(choice, Mapping) else ""
 
 
 def _rows(p: BudgetPart) -> list[Mapping[str, Any]]:
@@ -128,7 +134,8 @@ def text(v: PartVerdict) -> str:
     figs = (f"compute SOL {_pct(v.compute)}, memory SOL {_pct(v.memory)}, DRAM {_pct(v.dram)}, "
             f"tensor pipe {_pct(v.tensor)}")
     return (f"Nsight Compute (capture {v.capture}) on the {v.part} part ({v.part_ms:.0f} ms a step): "
-            f"{v.category}, {v.kernels} kernel(s), time-weighted {figs}")
+            f"{v.category}, {v.kernels} kernel(s), time-weighted {figs}"
+            + (f"; kernels chosen {v.chosen}" if v.chosen else ""))
 
 
 def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendation]]:

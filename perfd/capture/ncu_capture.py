@@ -202,6 +202,7 @@ class NcuCapture:
             "kernels": [j.to_json() for j in joined], "categories": [c.to_json() for c in summaries],
             "joined_to": joined_to, "clock_control": t.options.clock_control,
             "kernel_budget": t.options.launch_count, "kernel_filter": t.options.kernel_filter,
+            "kernel_choice": t.options.choice_json(),
         }
         return len(new.kernels)
 
@@ -224,7 +225,8 @@ def event_rows(analysis: Mapping[str, Any], ranks: int = 1) -> dict[str, Any]:
                                            if k.get("timeline_name") else None)})
     return {"ncu_kernels": rows, "ncu_kernels_total": len(kernels),
             "ncu_categories": analysis.get("categories") or [],
-            "ncu_joined_to": analysis.get("joined_to"), "ncu_clock_control": analysis.get("clock_control")}
+            "ncu_joined_to": analysis.get("joined_to"), "ncu_clock_control": analysis.get("clock_control"),
+            "ncu_kernel_choice": analysis.get("kernel_choice")}
 
 
 def _size(p: Path) -> int:

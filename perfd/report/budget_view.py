@@ -115,10 +115,13 @@ def ncu_rows(budget: Mapping[str, Any] | None) -> dict[Part, list[str]]:
             figs = ", ".join(f"{label} {float(v):.0%}" for label, key in (
                 ("compute SOL", "compute_throughput"), ("memory SOL", "memory_throughput"),
                 ("tensor", "tensor_pipe")) if isinstance(v := c.get(key), (int, float)))
+            choice = c.get("kernel_choice")
+            chosen = choice.get("text") if isinstance(choice, Mapping) else None
             out.setdefault(part, []).append(
                 f"{c.get('category')} ({c.get('kernels')} kernel(s)): {figs or 'no figures'}"
                 + (f", mostly {c['bound']}" if c.get("bound") else "")
-                + (f" (capture {c['capture']})" if c.get("capture") else ""))
+                + (f" (capture {c['capture']})" if c.get("capture") else "")
+                + (f"; kernels chosen {chosen}" if chosen else ""))
     return out
 
 

@@ -200,7 +200,10 @@ def test_the_ncu_rows_join_the_budget_and_say_what_helps() -> None:
     rec = coord.request(JOB, [0], "ncu", 1, "rule:ncu-deep-dive", now=window[0] - 0.7)
     for kind, at, payload in (("capture_started", window[0], None),
                               ("capture_finished", window[1], {"status": "ok", "ranks": {"0": {
-                                  "devices": [], "ncu_categories": cats}}})):
+                                  "devices": [], "ncu_categories": cats, "ncu_kernel_choice": {
+                                      "how": "first", "from": None,
+                                      "text": "not by time: no timeline of the job when the rank started, "
+                                              "so the first 40 non-NCCL kernels launched"}}}})):
         st.ingest_events("agent-a", [{"kind": kind, "time": at, "job": JOB, "text": kind,
                                       "labels": {"job": JOB, "tool": "ncu", "ranks": "0"},
                                       "links": {"command_id": rec.id, "capture_id": "c1"},
@@ -220,6 +223,8 @@ def test_the_ncu_rows_join_the_budget_and_say_what_helps() -> None:
     assert "multiples of the kernel's tile" in recs["ncu-compute-gemm"]["action"]
     assert "integer index arithmetic" in recs["ncu-compute-elementwise"]["action"]
     assert "compute SOL 50%" in recs["ncu-compute-gemm"]["detail"]
+    # and how the profiled kernels were chosen (issue 45 item 2): here not by time, said
+    assert "kernels chosen not by time" in recs["ncu-compute-gemm"]["detail"]
 
 
 @pytest.mark.parametrize(("category", "figs", "verdict"), [

@@ -166,6 +166,8 @@ def test_one_step_range_imported_parsed_and_joined(tmp_path):
                                 ["--import", copy, "--csv", "--page", "raw"]]
     a = m["analysis"]["1"]
     assert a["joined_to"] == kineto and a["clock_control"] == "none" and a["kernel_budget"] == 40
+    # No filter chosen by time for this rank: the capture says its kernels are the first launched
+    assert a["kernel_choice"]["how"] == "first" and "not by time" in a["kernel_choice"]["text"]
     assert len(a["kernels"]) == 5 and a["ncu"]["launches"] == 5 and a["ncu"]["pages"] == ["details", "raw"]
     gelu = next(k for k in a["kernels"] if "GeluCUDAKernelImpl" in k["name"])
     assert gelu["match"] == "template" and gelu["captured_share"] == pytest.approx(0.0107, abs=5e-4)
@@ -180,6 +182,7 @@ def test_one_step_range_imported_parsed_and_joined(tmp_path):
     rows = done["ranks"]["1"]["ncu_kernels"]
     assert len(rows) == 5 and all(len(r["name"]) <= 200 and "ids" not in r for r in rows)
     assert done["ranks"]["1"]["ncu_joined_to"] == kineto and done["ranks"]["1"]["ncu_categories"]
+    assert done["ranks"]["1"]["ncu_kernel_choice"]["how"] == "first"
 
 
 def test_without_the_trace_the_join_has_the_kept_top_kernels_only(tmp_path):
