@@ -1,4 +1,5 @@
-"""What arming ncu costs, measured from the job's own steps (issue 45 item 4), on the H100 recording of
+"""Nsight Compute in the answer (issue 45): what arming ncu costs, measured from the job's own steps
+(item 4), the ncu rows joined to the budget, the class and the remedies (item 3), on the H100 recording of
 tests/gpu/ncu_megatron_rule.py (docs/evidence/ncu_h100/ncu_megatron_rule.json): a small Megatron-LM job
 run once without ncu (its logged steps, the baseline) and then again under ``perfd ncu-prefix`` with rank
 0 armed (its logged steps, the ncu target's start time, the range's capture timings). Replayed through
