@@ -23,6 +23,7 @@ from perfd import catalog
 from perfd import limits as L
 from perfd.aggregator import rule_scopes
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.arming import ArmingCost, measure_arming
 from perfd.analytics.bottleneck import BottleneckClass
 from perfd.analytics.budget import NO_FLOPS, NO_TIMERS
 from perfd.analytics.capture_findings import diagnose_capture, steady_compute_ms
@@ -72,6 +73,12 @@ class CaptureRecord:
     budget: dict[str, Any] | None = None  # that device's step budget (perfd.analytics.budget JSON)
     slowdown: dict[str, float] = field(default_factory=dict)  # rank -> kernels' slowdown vs steady
     stack: bool = False  # Kineto with Python stacks (module names; a slower capture)
+    # How long the capture's range held the step it profiled, as its agent measured it (an ncu range:
+    # tens of seconds while ncu replays the kernels); those steps are the capture's, never a stall.
+    range_held_s: float | None = None
+    # What arming ncu costs the captured ranks, measured from the job's steps when the capture ended
+    # (perfd.analytics.arming JSON; the job's report measures it again over the steps it then holds).
+    arming: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -107,6 +114,7 @@ class CaptureCoordinator:
         self.firings_total = 0
         state.event_listeners.append(self.on_event)  # capture progress reported by the agents
         state.captures_of = self.of_job
+        state.arming_of = self.arming
 
     def forget_job(self, job: str) -> None:
         """The job was pruned (perfd.aggregator.lifecycle): its request window and its rules' states
@@ -355,8 +363,14 @@ class CaptureCoordinator:
                     rec.started_at = rec.started_at or at
             if ev.get("payload") is not None:
                 rec.result = ev.get("payload")
+                held = rec.result.get("range_held_s") if isinstance(rec.result, Mapping) else None
+                if isinstance(held, (int, float)) and not isinstance(held, bool) and held >= 0:
+                    rec.range_held_s = float(held)
                 if rec.status == "finished":
                     self._diagnose(rec)
+                if rec.status in ("finished", "failed"):
+                    got = self._arming([rec])
+                    rec.arming = got.to_json() if got is not None else None
             if rec.status in ("finished", "failed"):
                 self._release(rec.id)
 
@@ -400,6 +414,26 @@ class CaptureCoordinator:
             rec.bottleneck, rec.bottleneck_reason = d.bottleneck.value, d.bottleneck_reason
             rec.decided = {"rank": rank, "device": dev}
             rec.budget = d.budgets[dev].to_json()
+
+    def arming(self, job: str) -> ArmingCost | None:
+        """What arming ncu costs the job's armed ranks now (the latest ncu capture that says when its
+        ranks were armed), measured from the steps the job store holds; None when unmeasured."""
+        with self._lock:
+            recs = sorted((r for r in self.captures.values() if r.job == job and r.tool == "ncu"),
+                          key=lambda r: r.requested_at, reverse=True)
+        return self._arming(recs[:1])
+
+    def _arming(self, recs: Sequence[CaptureRecord]) -> ArmingCost | None:
+        for rec in recs:
+            armed = (rec.result or {}).get("ncu_armed_at") if isinstance(rec.result, dict) else None
+            if not isinstance(armed, dict):
+                continue
+            at = {int(r): float(t) for r, t in armed.items()
+                  if str(r).isdigit() and isinstance(t, (int, float)) and not isinstance(t, bool)}
+            got = self.state.jobs.records_and_layout(rec.job)
+            if at and got is not None:
+                return measure_arming(got[0], at, self.state.jobs.capture_windows(rec.job))
+        return None
 
     def of_job(self, job: str) -> list[dict[str, Any]]:
         with self._lock:

@@ -222,7 +222,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
                 "report": serving["report"] if serving else None, "serving": serving,
                 **rank_view(state, job, None, []), "collectives": collectives_json(state, job),
                 "incidents": state.incidents.incidents(job)}
-    full = analysis_json(analysis, state.incidents.incidents(job))
+    full = analysis_json(analysis, state.incidents.incidents(job), arming=state.arming_of(job))
     world = (full.get("job") or {}).get("layout", {}).get("world_size")
     return {
         "overview": overview,

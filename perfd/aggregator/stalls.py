@@ -27,6 +27,7 @@ from perfd.analytics.evidence import StallReason
 from perfd.analytics.incidents import Incident
 from perfd.analytics.stall import (
     PHASE_MAX_S,
+    CaptureSpan,
     RankSeen,
     StallCheck,
     StallInputs,
@@ -74,6 +75,26 @@ class Stall:
     collectives_version: int = -1
     closed_at: float | None = None
     exited: bool = False  # closed because every rank process was gone, no step after it
+
+
+# Capture record states (perfd.aggregator.captures.CaptureRecord.status): asked for or running, and
+# ended having run (or failed while it may have held a step). Undeliverable and refused ones never ran.
+_CAPTURE_LIVE = ("requested", "started")
+_CAPTURE_ENDED = ("finished", "failed")
+
+
+def capture_spans(records: list[dict[str, Any]]) -> list[CaptureSpan]:
+    """The job's capture records as the stall check reads them (perfd.analytics.stall.CaptureSpan)."""
+    out = []
+    for c in records:
+        status, asked = c.get("status"), c.get("requested_at")
+        if status not in (*_CAPTURE_LIVE, *_CAPTURE_ENDED) or not isinstance(asked, (int, float)):
+            continue
+        end = c.get("finished_at") if status in _CAPTURE_ENDED else None
+        out.append(CaptureSpan(str(c.get("id")), str(c.get("tool")), float(asked),
+                               float(end) if isinstance(end, (int, float)) else
+                               (float(asked) if status in _CAPTURE_ENDED else None)))
+    return out
 
 
 class StallWatch:
@@ -185,7 +206,7 @@ class StallWatch:
         pending = coll is not None and coll.active_hangs > 0
         check = check_stall(StallInputs(now, ov.get("last_step_time"), cadence, seen, pending,
                                         state.hosts.active_phase(job), state.hosts.phase_ended_at(job),
-                                        self.phase_max_s))
+                                        self.phase_max_s, capture_spans(state.captures_of(job))))
         return check, its[-1], int(statistics.median(steps)) if steps else 1
 
     def _ask_stacks(self, state: AggregatorState, job: str, st: Stall) -> None:

@@ -46,6 +46,7 @@ from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.stalls import StallWatch
 from perfd.aggregator.steady_gpm import SteadyGpm
+from perfd.analytics.arming import ArmingCost
 from perfd.analytics.attribution import RankPlacement, gpu_hints
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
@@ -55,6 +56,7 @@ from perfd.analytics.host_evidence import host_items
 from perfd.analytics.incidents import HANG, STEP_FACTOR, Incident, hang_incident, is_disturbance
 from perfd.analytics.job_budget import capture_timeline, ncu_of
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
+from perfd.analytics.ncu_remedies import rows_class
 from perfd.analytics.run_analysis import RunAnalysis
 from perfd.analytics.verdict_text import stall_text
 from perfd.events import (
@@ -117,6 +119,8 @@ class AggregatorState:
         # Set by the capture coordinator: the job's capture records (JSON), for incidents and for
         # marking the iterations a capture disturbed.
         self.captures_of: Callable[[str], list[dict[str, Any]]] = lambda job: []
+        # ... and what arming ncu costs the job's armed ranks (perfd.analytics.arming), for its report.
+        self.arming_of: Callable[[str], ArmingCost | None] = lambda job: None
         self.jobs.capture_windows = self._capture_windows
         self.jobs.class_inputs = self._class_inputs
         self.log.handle(GPU_PROCESSES, self.nodes.on_gpu_processes)
@@ -424,10 +428,15 @@ class AggregatorState:
             got = capture_timeline(c) if not during else None
             if got is not None:
                 timeline = got
-        if timeline is not None:  # an Nsight Compute capture's kernel figures join the budget's parts
-            ncu_id, ncu = ncu_of(self.captures_of(job))
-            if ncu:
+        # An Nsight Compute capture's kernel figures join the budget's parts; with no timeline, the
+        # timers' budget (a class of its own they do not vote: issue 45 item 3).
+        ncu_id, ncu = ncu_of(self.captures_of(job))
+        if ncu:
+            if timeline is not None:
                 timeline = dataclasses.replace(timeline, ncu=ncu, ncu_id=ncu_id)
+            else:  # the rows class the job when they cover most of its compute
+                cls, why, _ = rows_class(ncu, self._compute_ms(job))
+                timeline = TimelineClass(cls, why, f"capture {ncu_id} (ncu)", ncu=ncu, ncu_id=ncu_id)
         ov = self.jobs.overview(job)
         age = ov.get("last_step_age_s") if ov else None
         running = age is None or age <= stale_after(None, self.job_stale_after_s)
@@ -441,6 +450,14 @@ class AggregatorState:
                 self.steady_gpm.add(job, gpm, now)
             return gpm, timeline, GPM_LIVE
         return self.steady_gpm.window(job), timeline, GPM_LAST_STEADY
+
+    def _compute_ms(self, job: str) -> float | None:
+        """The job's compute ms per step as its last analysis' budget has it (the ncu rows' coverage)."""
+        a = self.jobs.cached_analysis(job)
+        b = a.summary.get("step_budget") if a is not None else None
+        parts = b.get("parts") if isinstance(b, dict) else None
+        ms = [p.get("ms") for p in parts or [] if isinstance(p, dict) and p.get("part") == "compute"]
+        return float(ms[0]) if ms and isinstance(ms[0], (int, float)) else None
 
     def _stepping(self, job: str, age: float | None, min_s: float, steps: int = STEPPING_STEPS) -> bool:
         """The job's last step came within ``steps`` steps' time (at least ``min_s``): its GPUs' GPM

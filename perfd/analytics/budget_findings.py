@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from perfd.analytics import thresholds as th
 from perfd.analytics.budget import BudgetClass, BudgetPart, Part, StepBudget, classify
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
+from perfd.analytics.ncu_remedies import ncu_rows
 from perfd.analytics.remedies import Advice, FitContext, Framework, JobConfig
 from perfd.analytics.remedy_catalog import fit, minor
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
@@ -402,8 +403,13 @@ def waterfall_text(b: StepBudget) -> str:
 
 
 Analyzer = Callable[[BudgetContext], Out]
+def ncu_verdicts(ctx: BudgetContext) -> Out:
+    """What the Nsight Compute rows on the budget's parts say to do (perfd.analytics.ncu_remedies)."""
+    return ncu_rows(ctx.budget, ctx.label)
+
+
 # The one registry: every question the budget answers, in the order findings are listed.
-ANALYZERS: tuple[Analyzer, ...] = (bottleneck, capture_cost, gemm, parts, remedies)
+ANALYZERS: tuple[Analyzer, ...] = (bottleneck, capture_cost, gemm, parts, ncu_verdicts, remedies)
 
 
 def analyze(ctx: BudgetContext, analyzers: Sequence[Analyzer] = ANALYZERS) -> Out:

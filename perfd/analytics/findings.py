@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from perfd.analytics import bottleneck as bn
 from perfd.analytics import budget_findings
 from perfd.analytics import thresholds as th
-from perfd.analytics.budget import Part, StepBudget
+from perfd.analytics.budget import Part, Source, StepBudget
 from perfd.analytics.common import MEGATRON_VOCABULARY, VOCABULARIES
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.pipeline import microbatches_for_bubble, rebalance_estimate
@@ -327,6 +327,10 @@ def step_budget(c: RunContext) -> Out:
     the kernels of a capture. The parts the timers measure (data, exposed communication, pipeline)
     are the timers' analyzers' above."""
     b = c.budget
+    if b is not None and not b.has_kernels and Source.NCU in b.sources:
+        # No timeline, an Nsight Compute capture's rows on the undivided compute: what they say to do
+        ctx = budget_findings.BudgetContext(b, c.framework, b.basis, config=c.config)
+        return budget_findings.analyze(ctx, (budget_findings.ncu_verdicts,))
     if b is None or not b.has_kernels:
         return [], []
     covered = {p for p, key in ((Part.DATA, "data_share"), (Part.COMM_EXPOSED, "comm_exposed_share"))
@@ -356,7 +360,14 @@ def next_step(c: RunContext) -> Out:
              + (f"; the model's FLOPs would take {ideal:.0f} ms of it at the peak" if ideal else "")
              if compute is not None else "the timers do not divide the compute time")
     name = c.a.job.get("name") or "JOB"
-    if c.live:
+    if c.live and b is not None and Source.NCU in b.sources:
+        # A rank under ncu refuses a Kineto capture (one CUPTI client per process): the timeline has to
+        # come from a rank that is not armed, or from the job before it was.
+        act = (f"Divide the compute time with a timeline of a rank not under ncu (perfd capture --job {name} "
+               "--tool kineto --steps 3 --ranks R, R not armed: the armed rank refuses it, one CUPTI client "
+               "per process), or of the job before it was armed; the Nsight Compute rows on the compute part "
+               "say what its profiled kernels do meanwhile")
+    elif c.live:
         act = (f"Divide the compute time: a steady-state capture (perfd capture --job {name} "
                "--tool kineto --steps 3, or a rule with a capture action) names the ops that hold it, and "
                "perfd turns them into a step budget with remedies")

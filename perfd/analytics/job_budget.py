@@ -80,7 +80,10 @@ def job_budget(medians: Mapping[str, Any], peak: PeakResult, pp: int | None,
         b = from_capture(timeline.device, n, fl=fl, timers=timers, basis=timeline.source, steps_from=how)
         if b is not None:
             return with_ncu(b, timeline.ncu, timeline.ncu_id)
-    return from_timers(timers, fl)
+    b = from_timers(timers, fl)
+    # No timeline, an ncu capture: its rows still say what the step's kernels do (issue 45 item 3: they
+    # lived only in /api/captures), on the undivided compute part.
+    return with_ncu(b, timeline.ncu, timeline.ncu_id) if b is not None and timeline is not None else b
 
 
 # perfd.analytics.kernels category of an ncu summary -> the budget part its kernels' time is in (GEMMs:
@@ -102,6 +105,8 @@ def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id:
             if cat == kc.ATTENTION else _NCU_PART.get(cat)
         if part is Part.GEMM:
             part = math
+        if part is not None and b.get(part) is None and b.get(Part.COMPUTE) is not None:
+            part = Part.COMPUTE  # the timers' budget: its compute is not divided by kernel
         if part is not None:
             by.setdefault(part, []).append({**c, "capture": capture_id})
     parts = tuple(replace(p, detail={**p.detail, "ncu": by[p.part]}) if p.part in by else p for p in b.parts)
@@ -118,7 +123,10 @@ def ncu_of(captures: Sequence[Mapping[str, Any]]) -> tuple[str, tuple[Mapping[st
         for part in (result.get("ranks") or {}).values():
             cats = part.get("ncu_categories") if isinstance(part, Mapping) else None
             if isinstance(cats, list) and cats:
-                return str(c.get("id") or ""), tuple(x for x in cats if isinstance(x, Mapping))
+                # how the profiled kernels were chosen (by time or not) goes with each summary
+                choice = part.get("ncu_kernel_choice")
+                extra = {"kernel_choice": choice} if isinstance(choice, Mapping) else {}
+                return str(c.get("id") or ""), tuple({**x, **extra} for x in cats if isinstance(x, Mapping))
     return "", ()
 
 

@@ -14,6 +14,13 @@ re-announcing a save every 300 s, or any sender pulsing begin and end, held a ha
 rank stopped or gone is the kernel's word: no announcement holds it back or restarts its silence (a
 stopped process is not saving). The check is pure: the aggregator hands in what it holds
 (perfd/aggregator/stalls.py keeps the stall open, asks for stacks, and closes it when steps resume).
+
+perfd's own capture holds a stall back the same way (issue 45 item 1): an ncu range replays every
+kernel of the step it profiles, holding that step for tens of seconds (38 s on the H100 for a
+Megatron-LM step of 548 ms), and a Kineto or nsys capture slows its steps too. A capture asked for
+before the silence became a stall (requested by the time the limit would have passed) holds it while
+it runs, and the silence after it counts from its end. One asked for later (a rule that captures a
+stalled job) explains nothing and holds nothing back. A stopped or gone rank is still a stall.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ GPU_BUSY = th.GPM_NVML_ACTIVE.value  # a kernel resident this share of the time:
 class Status(str, enum.Enum):
     RUNNING = "running"  # a record came within the limit (or the job has no cadence yet)
     SILENT = "silent"  # past the limit, nothing corroborates a stall (yet)
-    HELD = "held"  # past the limit during an announced checkpoint save or evaluation
+    HELD = "held"  # past the limit during an announced checkpoint save or evaluation, or perfd's capture
     STALLED = "stalled"
     ENDED = "ended"  # every rank process is gone: the job exited, no stall
 
@@ -56,6 +63,17 @@ class RankSeen:
 
 
 @dataclass(frozen=True)
+class CaptureSpan:
+    """One of perfd's captures of the job, as the capture coordinator records it (the aggregator's
+    clock): when it was asked for, and when it ended (None while it is asked for or runs)."""
+
+    id: str
+    tool: str
+    requested_at: float
+    ended_at: float | None = None
+
+
+@dataclass(frozen=True)
 class StallInputs:
     now: float
     last_record_at: float | None  # when the job's last step record arrived (the aggregator's clock)
@@ -65,6 +83,7 @@ class StallInputs:
     phase: tuple[str, float] | None = None  # an announced pause not yet ended: (phase, since)
     phase_ended_at: float | None = None  # when the last announced pause ended (the same clock as now)
     phase_max_s: float = PHASE_MAX_S  # how long after the last record announcements may hold a stall
+    captures: Sequence[CaptureSpan] = ()  # the job's captures (those that hold are chosen here)
 
 
 @dataclass(frozen=True)
@@ -77,9 +96,11 @@ class StallCheck:
     stuck_ranks: tuple[int, ...] = ()  # those a reason names first, then the rest
     phase: tuple[str, float] | None = None
     ranks: tuple[RankSeen, ...] = field(default=())
+    capture: str | None = None  # HELD by this capture of perfd's (its id), still running
 
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status.value, "silent_s": self.silent_s, "limit_s": self.limit_s,
+                "capture": self.capture,
                 "cadence_s": self.cadence_s, "reasons": [r.value for r in self.reasons],
                 "stuck_ranks": list(self.stuck_ranks),
                 "phase": {"phase": self.phase[0], "since": self.phase[1]} if self.phase else None,
@@ -105,12 +126,18 @@ def check_stall(inp: StallInputs) -> StallCheck:
     held_until = inp.last_record_at + inp.phase_max_s
     ended = inp.phase_ended_at if inp.phase_ended_at is not None and not (stopped or gone) else None
     quiet_since = max(inp.last_record_at, min(ended, held_until) if ended is not None else inp.last_record_at)
-    silent = max(0.0, inp.now - quiet_since)
     limit = stall_limit(inp.cadence_s)
+    running, capture_end = holding_captures(inp.captures, inp.last_record_at, limit)
+    if capture_end is not None and not (stopped or gone):
+        quiet_since = max(quiet_since, capture_end)
+    silent = max(0.0, inp.now - quiet_since)
     if silent <= limit:
         return StallCheck(Status.RUNNING, silent, limit, inp.cadence_s, ranks=ranks)
     if ranks and len(gone) == len(ranks):
         return StallCheck(Status.ENDED, silent, limit, inp.cadence_s, ranks=ranks)
+    if running and not (stopped or gone) and inp.now <= held_until:  # the capture holds the step
+        return StallCheck(Status.HELD, silent, limit, inp.cadence_s, stuck_ranks=tuple(r.rank for r in ranks),
+                          ranks=ranks, capture=running[0].id)
     blocked = [r for r in ranks if r.state == "disk_sleep"]
     reasons: list[StallReason] = []
     if stopped:
@@ -131,6 +158,17 @@ def check_stall(inp: StallInputs) -> StallCheck:
         return StallCheck(Status.HELD, silent, limit, inp.cadence_s, tuple(reasons), stuck, phase, ranks)
     status = Status.STALLED if reasons else Status.SILENT
     return StallCheck(status, silent, limit, inp.cadence_s, tuple(reasons), stuck, phase, ranks)
+
+
+def holding_captures(captures: Sequence[CaptureSpan], last_record_at: float, limit_s: float
+                     ) -> tuple[list[CaptureSpan], float | None]:
+    """(the captures still running that hold the job's silence back, the latest end of those that
+    ended during it): only a capture asked for before the silence became a stall holds it (one asked
+    for later, a rule capturing a stalled job, is not its cause)."""
+    before = [c for c in captures if c.requested_at <= last_record_at + limit_s]
+    running = sorted((c for c in before if c.ended_at is None), key=lambda c: c.requested_at)
+    ends = [c.ended_at for c in before if c.ended_at is not None and c.ended_at > last_record_at]
+    return running, max(ends) if ends else None
 
 
 def _idle(r: RankSeen) -> bool:

@@ -208,6 +208,22 @@ SOL_LATENCY = Threshold(0.60, "neither the SM pipelines nor the memory system re
 SOL_HIGH = Threshold(0.80, "a unit past 80% of its peak bounds the kernel whatever the other does", _NCU)
 SOL_BALANCED_MARGIN = Threshold(0.10, "under the high bar, SM and memory within 10 points of each other "
                                       "are balanced: both must shrink to speed the kernel up", _NCU)
+ARMING_MIN_STEPS = Threshold(
+    5, "the cost of arming ncu on a rank is a median of at least 5 armed steps against at least 5 of the "
+    "reference (its unarmed ranks, its own steps before it was armed): fewer, and one slow step decides it",
+    "perfd/analytics/arming.py (issue 45 item 4; DESIGN.md has none)")
+NCU_FUSION_DRAM = Threshold(
+    0.60, "a pointwise or normalisation kernel moving DRAM at 60% of its peak or more is near what such a "
+    "kernel reaches (NVIDIA's latency bar, SOL_LATENCY): a faster kernel gains little, only fewer bytes "
+    "moved (fusing it into its neighbours) does", _NCU)
+NCU_TENSOR_IDLE = Threshold(
+    0.10, "a pointwise kernel ncu's rule calls compute-bound while its tensor pipes run under 10% does no "
+    "matrix math: its SM work is issue slots and integer index arithmetic (a masked_fill at SM 65%, "
+    "memory 36%, tensor 4% on the H100)", _NCU)
+NCU_CLASS_COVERAGE = Threshold(
+    0.5, "an Nsight Compute capture's rows decide the job's class (no timeline) only when the kernels "
+    "they profiled hold at least half of the step's compute time: fewer, and the class would be the "
+    "profiled kernels', not the step's", _NCU)
 
 # --- GPU evidence (perfd.analytics.attribution) ------------------------------------------------------
 STEADY_PRESENT = Threshold(0.5, "GPU evidence seen in half the rank's steady-state sightings is its normal "

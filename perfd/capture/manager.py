@@ -242,6 +242,11 @@ class CaptureManager:
                              for r, a in (final.get("analysis") or {}).items()}}
         if "range_overran" in final:
             payload["range_overran"] = bool(final["range_overran"])
+        if isinstance(final.get("range_held_s"), int | float):
+            payload["range_held_s"] = float(final["range_held_s"])
+        armed = {r: t.get("started_at") for r, t in (final.get("ncu") or {}).items() if isinstance(t, dict)}
+        if armed:  # when each rank's process started under ncu: the aggregator measures what it costs
+            payload["ncu_armed_at"] = armed
         ok = status == "ok"
         outcome = ("finished" + (f" ({reason})" if reason else "")) if ok else f"{status}: {reason}"
         kind = CAPTURE_FINISHED if ok else CAPTURE_FAILED

@@ -10,7 +10,8 @@ most the kernels left of it, and once it is spent a range records nothing — sa
 empty success. The time budget is the capture's: a range still open when it passes is cancelled (the
 hook closes it at the next step boundary: inside a step ncu replays kernels on the training thread
 and nothing can end that step sooner), and the capture says it overran (``range_overran`` in the
-manifest and the event). A range is never left open: the cancel goes out at the budget, and again at
+manifest and the event), and how long the range held the step (``range_held_s``). A range is never
+left open: the cancel goes out at the budget, and again at
 the capture's deadline.
 """
 
@@ -142,6 +143,12 @@ class NcuCapture:
         times = [float(e["time"]) for e in closed.values() if isinstance(e.get("time"), int | float)]
         if times:
             m["timings"]["range_closed_at"] = max(times)
+            opened = m["timings"].get("started_at")
+            if isinstance(opened, int | float):
+                # How long the range held the step it profiled (ncu replays every kernel on the training
+                # thread: the step ends only then): the job's steps stop for this long, by design, and
+                # the aggregator reads it as this capture's, never as a stall (issue 45 item 1).
+                m["range_held_s"] = round(max(0.0, max(times) - float(opened)), 3)
         self.ctx.store.write(m)
         return closed
 
@@ -195,6 +202,7 @@ class NcuCapture:
             "kernels": [j.to_json() for j in joined], "categories": [c.to_json() for c in summaries],
             "joined_to": joined_to, "clock_control": t.options.clock_control,
             "kernel_budget": t.options.launch_count, "kernel_filter": t.options.kernel_filter,
+            "kernel_choice": t.options.choice_json(),
         }
         return len(new.kernels)
 
@@ -217,7 +225,8 @@ def event_rows(analysis: Mapping[str, Any], ranks: int = 1) -> dict[str, Any]:
                                            if k.get("timeline_name") else None)})
     return {"ncu_kernels": rows, "ncu_kernels_total": len(kernels),
             "ncu_categories": analysis.get("categories") or [],
-            "ncu_joined_to": analysis.get("joined_to"), "ncu_clock_control": analysis.get("clock_control")}
+            "ncu_joined_to": analysis.get("joined_to"), "ncu_clock_control": analysis.get("clock_control"),
+            "ncu_kernel_choice": analysis.get("kernel_choice")}
 
 
 def _size(p: Path) -> int:

@@ -35,6 +35,7 @@ Every ncu call is an argument list with a timeout, never a shell string.
 
 from __future__ import annotations
 
+import enum
 import glob
 import json
 import os
@@ -99,6 +100,14 @@ def _version_key(path: str) -> tuple[int, ...]:
     return tuple(int(x) for x in ver.split(".") if x.isdigit())
 
 
+class KernelChoice(str, enum.Enum):
+    """How the kernels a rank under ncu profiles were chosen (issue 45 item 2: said with every capture)."""
+
+    TIMELINE = "timeline"  # by their time in a capture of the job (a Kineto/nsys timeline's top kernels)
+    GIVEN = "given"  # a name filter the user gave
+    FIRST = "first"  # no timeline: every non-NCCL kernel in launch order, the first of the step, not by time
+
+
 @dataclass(frozen=True)
 class NcuOptions:
     """What a rank under ncu may cost, fixed when it starts (ncu's filters are its command line)."""
@@ -107,6 +116,22 @@ class NcuOptions:
     kernel_filter: str | None = None  # ncu --kernel-name (regex:...); None: every non-NCCL kernel
     clock_control: ClockControl = "none"
     time_budget_s: float = L.NCU_TIME_BUDGET_S  # one range: longer and the capture closes it
+    kernels_from: str | None = None  # the capture whose timeline chose the filter's kernels by time
+
+    @property
+    def kernel_choice(self) -> KernelChoice:
+        if self.kernel_filter and self.kernels_from:
+            return KernelChoice.TIMELINE
+        return KernelChoice.GIVEN if self.kernel_filter else KernelChoice.FIRST
+
+    def choice_json(self) -> dict[str, Any]:
+        """How the kernels were chosen, for the capture's analysis and the report."""
+        c = self.kernel_choice
+        text = {KernelChoice.TIMELINE: f"by time: the top kernels of capture {self.kernels_from}'s timeline",
+                KernelChoice.GIVEN: "by the name filter given to ncu-prefix",
+                KernelChoice.FIRST: "not by time: no timeline of the job when the rank started, so the "
+                                    f"first {self.launch_count} non-NCCL kernels launched"}[c]
+        return {"how": c.value, "from": self.kernels_from, "text": text}
 
     def check(self) -> NcuOptions:
         """Itself, or ValueError saying which option is out of bounds and why."""
@@ -115,6 +140,9 @@ class NcuOptions:
         if not 1.0 <= self.time_budget_s <= L.MAX_NCU_TIME_BUDGET_S:
             raise ValueError(f"time budget {self.time_budget_s:g} s: between 1 and "
                              f"{L.MAX_NCU_TIME_BUDGET_S:g}")
+        k = self.kernels_from
+        if k is not None and (not k or len(k) > 200 or not all(ch.isalnum() or ch in "-_." for ch in k)):
+            raise ValueError("kernels-from: a capture id (letters, digits, - _ .), at most 200 characters")
         if self.clock_control not in CLOCK_CONTROLS:
             raise ValueError(f"clock control {self.clock_control!r}: one of {', '.join(CLOCK_CONTROLS)}")
         f = self.kernel_filter
@@ -200,7 +228,7 @@ def read_target(capture_root: str | Path, job: str, rank: int) -> NcuTarget | No
     try:
         o = data["options"]
         opts = NcuOptions(int(o["launch_count"]), o.get("kernel_filter"), o.get("clock_control", "none"),
-                          float(o["time_budget_s"])).check()
+                          float(o["time_budget_s"]), o.get("kernels_from")).check()
         return NcuTarget(job, int(rank), int(data["pid"]), opts, report_file(base),
                          float(data["started_at"]), str(data.get("ncu") or ""))
     except (KeyError, TypeError, ValueError) as exc:
@@ -223,6 +251,8 @@ def rank_prefix(job: str, ranks: Sequence[int], opts: NcuOptions, capture_dir: s
              "--time-budget", f"{opts.time_budget_s:g}"]
     if opts.kernel_filter:
         words += shell_arg("--kernel-filter", opts.kernel_filter)
+    if opts.kernels_from:
+        words += ["--kernels-chosen-from", opts.kernels_from]
     if capture_dir is not None:
         words += ["--capture-dir", str(capture_dir)]
     return [*words, "--"]

@@ -41,12 +41,14 @@ def add_budget_arguments(p: argparse.ArgumentParser, filter_help: str = "", pref
                    "uses DIR/captures)")
 
 
-def options_from(args: argparse.Namespace, kernel_filter: str | None = None) -> Any:
+def options_from(args: argparse.Namespace, kernel_filter: str | None = None,
+                 kernels_from: str | None = None) -> Any:
     """NcuOptions from the budget arguments; ValueError naming the one out of bounds."""
     from perfd.capture.ncu_exec import NcuOptions
 
-    return NcuOptions(args.launch_count, kernel_filter or args.kernel_filter, args.clock_control,
-                      float(args.time_budget)).check()
+    flt = kernel_filter or args.kernel_filter
+    chosen = (kernels_from or getattr(args, "kernels_from_capture", None)) if flt else None
+    return NcuOptions(args.launch_count, flt, args.clock_control, float(args.time_budget), chosen).check()
 
 
 def _ranks(text: str) -> list[int]:
@@ -67,9 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "others run as they are, at no cost; a rank under ncu pays ~80 µs a kernel launch")
     add_budget_arguments(p, "(default: the top kernels of --kernels-from, else every kernel whose function "
                             "does not begin with nccl)")
-    p.add_argument("--kernels-from", metavar="latest|FILE.json",
-                   help="name filter from a capture's top kernels: latest = the job's newest Kineto/nsys "
-                   "capture in --capture-dir, or a capture analysis (perfd analyze trace|nsys --json)")
+    p.add_argument("--kernels-from", metavar="latest|none|FILE.json",
+                   help="name filter from a capture's top kernels by time: latest = the job's newest "
+                   "Kineto/nsys capture in --capture-dir (any rank's: the default, without --kernel-filter), "
+                   "a capture analysis (perfd analyze trace|nsys --json), or none (the first kernels "
+                   "launched, not by time)")
     p.add_argument("--top", type=int, default=10, help="top kernels the filter names (default: %(default)s)")
     p.set_defaults(handler=run_ncu_prefix)
     e = sub.add_parser("ncu-exec", help="run one rank under ncu when RANK is one of --ranks, else as it is "
@@ -80,6 +84,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      "the shell would split or expand)")
     e.add_argument("--kernel-filter-hex", help="--kernel-filter as hex of its UTF-8 (ditto)")
     e.add_argument("--ranks", default="0", help="ranks to run under ncu (default: 0)")
+    e.add_argument("--kernels-chosen-from", dest="kernels_from_capture", metavar="CAPTURE",
+                   help="the capture whose timeline chose --kernel-filter's kernels by time (ncu-prefix "
+                   "prints it; the capture's analysis says how its kernels were chosen)")
     add_budget_arguments(e)
     e.add_argument("cmd", nargs=argparse.REMAINDER, help="the rank's command, after --")
     e.set_defaults(handler=run_ncu_exec)
@@ -105,8 +112,8 @@ def _capture_dir(args: argparse.Namespace) -> Path:
     return Path(args.capture_dir) if args.capture_dir else default_capture_root()
 
 
-def _filter_from(args: argparse.Namespace) -> tuple[str | None, str]:
-    """(kernel filter, where it came from) for --kernels-from."""
+def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None]:
+    """(kernel filter, where it came from, the capture id that chose it) for --kernels-from."""
     from perfd.analytics.ncu_join import kernel_filter, timeline_kernels
     from perfd.capture.ncu_exec import NCU_ARMED_US_PER_LAUNCH, armed_cost_ms, latest_timeline
 
@@ -118,6 +125,7 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str]:
         cid, dev = latest_timeline(store.list(args.job))
         where = f"capture {cid}" if cid else f"no Kineto/nsys capture of job {args.job} in {store.root}"
     else:
+        cid = None
         try:
             data = json.loads(Path(src).read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -126,13 +134,15 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str]:
         dev = next((d for d in devices or [] if isinstance(d, dict) and d.get("top_kernels")), None)
         where = src if dev else f"{src} lists no top kernels"
     if dev is None:
-        return None, where
+        return None, where, None
     cost = armed_cost_ms(dev, dev.get("steps") or _steps_of(dev))
     if cost is not None:
         where += (f"; arming ncu costs ~{NCU_ARMED_US_PER_LAUNCH:.0f} µs a kernel launch for the life of "
                   f"the process: this job launched ~{cost[0]:.0f} kernels a step, so expect up to "
                   f"+{cost[1]:.0f} ms of host time per step on the ranks under ncu")
-    return kernel_filter(timeline_kernels(dev), args.top), where
+    # the capture's id, or the analysis file's name as a plain word (NcuOptions.check)
+    named = cid or "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(src).stem)[:200]
+    return kernel_filter(timeline_kernels(dev), args.top), where, named or None
 
 
 def _steps_of(dev: dict[str, Any]) -> float | None:
@@ -149,12 +159,17 @@ def run_ncu_prefix(args: argparse.Namespace) -> int:
     try:
         find_ncu()  # the ranks under ncu need it; say so now rather than when torchrun starts them
         ranks = _ranks(args.ranks)
-        flt = None
-        if args.kernels_from and not args.kernel_filter:
-            flt, where = _filter_from(args)
-            print(f"perfd ncu-prefix: kernel filter from {where}: {flt or 'none (the budget alone)'}",
-                  file=sys.stderr)
-        opts = options_from(args, flt)
+        flt, chosen = None, None
+        if not args.kernel_filter and args.kernels_from != "none":
+            # By time whenever the job has a timeline (issue 45 item 2: without one the budget went to
+            # the first kernels of the step, 11 of 15 rows elementwise or normalisation)
+            args.kernels_from = args.kernels_from or "latest"
+            flt, where, chosen = _filter_from(args)
+            print(f"perfd ncu-prefix: kernel filter from {where}: "
+                  + (f"{flt} (the top kernels by time)" if flt else
+                     "none: the first kernels launched, not by time (take a Kineto capture of the job first, "
+                     "or of another rank, to choose them by time)"), file=sys.stderr)
+        opts = options_from(args, flt, chosen if flt else None)
         words = rank_prefix(args.job, ranks, opts, str(_capture_dir(args)))
     except (NcuNotFoundError, ValueError) as exc:
         print(f"perfd ncu-prefix: {exc}", file=sys.stderr)

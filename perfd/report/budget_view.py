@@ -88,10 +88,40 @@ def text_lines(budget: Mapping[str, Any] | None, width: int = 100) -> list[str]:
         cells = max(1, round(share * bar_w)) if share > 0 else 0
         bar = " " * lead + "█" * cells
         out.append(f"  {part_name(p):<{name_w}} {ms:8.1f} ms {share:6.1%}  {bar:<{bar_w}}  {source}")
+        out += [f"  {'':<{name_w}}   ncu: {line}" for line in ncu_rows(budget).get(p, [])]
         start += share
     step = budget.get("step_ms")
     if isinstance(step, (int, float)):
         out.append(f"  {'= step':<{name_w}} {step:8.1f} ms")
+    return out
+
+
+NCU_ROWS = 3  # the Nsight Compute categories shown beside a part, most profiled time first
+
+
+def ncu_rows(budget: Mapping[str, Any] | None) -> dict[Part, list[str]]:
+    """Per part, the Nsight Compute category summaries on it (perfd.analytics.ncu_join JSON in the
+    part's ``ncu`` detail) as lines: the kernels, their time-weighted compute and memory speed of light,
+    tensor pipe and the class NVIDIA's rule gives most of their time."""
+    out: dict[Part, list[str]] = {}
+    for p in (budget or {}).get("parts") or []:
+        cats = [c for c in (p.get("detail") or {}).get("ncu") or [] if isinstance(c, Mapping)]
+        try:
+            part = Part(str(p.get("part")))
+        except ValueError:
+            continue
+        cats.sort(key=lambda c: -float(c.get("profiled_ms") or 0.0))
+        for c in cats[:NCU_ROWS]:
+            figs = ", ".join(f"{label} {float(v):.0%}" for label, key in (
+                ("compute SOL", "compute_throughput"), ("memory SOL", "memory_throughput"),
+                ("tensor", "tensor_pipe")) if isinstance(v := c.get(key), (int, float)))
+            choice = c.get("kernel_choice")
+            chosen = choice.get("text") if isinstance(choice, Mapping) else None
+            out.setdefault(part, []).append(
+                f"{c.get('category')} ({c.get('kernels')} kernel(s)): {figs or 'no figures'}"
+                + (f", mostly {c['bound']}" if c.get("bound") else "")
+                + (f" (capture {c['capture']})" if c.get("capture") else "")
+                + (f"; kernels chosen {chosen}" if chosen else ""))
     return out
 
 
@@ -134,7 +164,19 @@ def html_section(budget: Mapping[str, Any] | None) -> str:
             "is given to one part, by the op that launched the kernel running then (attention with its "
             "matmuls, copies and dropout; the linear layers; the activation; normalisation; the loss; ...), "
             "else to communication, a pipeline wait or idle; from the timers alone the compute is not "
-            "divided.</figcaption></figure>")
+            "divided.</figcaption></figure>" + _ncu_html(budget))
+
+
+def _ncu_html(budget: Mapping[str, Any]) -> str:
+    """The Nsight Compute rows beside the part they explain."""
+    rows = ncu_rows(budget)
+    if not rows:
+        return ""
+    body = "".join(f"<tr><td>{escape(part_name(p))}</td><td>{escape(line)}</td></tr>"
+                   for p, lines in rows.items() for line in lines)
+    return ('<table class="ncu"><thead><tr><th>part</th>'
+            "<th>Nsight Compute (time-weighted speed of light)</th>"
+            f"</tr></thead><tbody>{body}</tbody></table>")
 
 
 def compact(budget: Mapping[str, Any] | None, n: int = 5) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
+from perfd.analytics.arming import ArmingCost
 from perfd.analytics.budget import StepBudget
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.findings import GRADE_LABELS, budget_class_text, explain_grade, grade_mfu
@@ -51,19 +52,22 @@ class Report:
     recommendations: list[Recommendation]
     job: dict[str, Any] = field(default_factory=dict)
     step_budget: dict[str, Any] | None = None  # perfd.analytics.budget JSON: where one step goes
+    arming: dict[str, Any] | None = None  # perfd.analytics.arming JSON: what ncu costs the armed ranks
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Report:
         """The inverse of to_json (the demo renders the aggregator's report this way)."""
         return cls(ReportSummary(**d["summary"]), [ReportMetric(**m) for m in d["metrics"]],
                    [Finding(**{**f, "severity": Severity(f["severity"])}) for f in d["findings"]],
-                   [Recommendation(**r) for r in d["recommendations"]], step_budget=d.get("step_budget"))
+                   [Recommendation(**r) for r in d["recommendations"]], step_budget=d.get("step_budget"),
+                   arming=d.get("arming"))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "summary": _clean(dataclasses.asdict(self.summary)),
             "metrics": [_clean(dataclasses.asdict(m)) for m in self.metrics],
             "step_budget": _clean(self.step_budget),
+            "arming": _clean(self.arming),
             "findings": [_clean(dataclasses.asdict(f)) for f in self.findings],
             "recommendations": [_clean(dataclasses.asdict(r)) for r in self.recommendations],
         }
@@ -105,12 +109,16 @@ def layout_text(lay: Mapping[str, Any]) -> str:
     return ", ".join(parts) if parts else "layout unknown"
 
 
-def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None) -> Report:
+def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None,
+                 arming: ArmingCost | None = None) -> Report:
     """The four-part report of one analysed run. ``incidents``: the live aggregator's record of
     the job's incidents (with the GPU evidence of the time, kept after the iterations left its
-    retention); without it the report uses the incidents the analysis found in the iterations."""
+    retention); without it the report uses the incidents the analysis found in the iterations.
+    ``arming``: what running under ncu costs the job's armed ranks (the aggregator measures it)."""
     s, med = analysis.summary, analysis.summary["medians"]
     findings, recs = list(analysis.findings), list(analysis.recommendations)
+    if arming is not None:
+        findings.append(arming_finding(arming))
     if incidents is not None:
         findings = [f for f in findings if not f.id.startswith("incident-")]
         recs = [r for r in recs if not r.finding_id.startswith("incident-")]
@@ -153,16 +161,27 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
     summary = ReportSummary(job.get("name"), grade, grade_text, med.get("mfu"), s["bottleneck"],
                             s["bottleneck_reason"], span, headline)
-    return Report(summary, metrics, findings, recs, job, budget)
+    return Report(summary, metrics, findings, recs, job, budget, arming.to_json() if arming else None)
+
+
+def arming_finding(arming: ArmingCost) -> Finding:
+    """The report's line on what arming ncu costs (a warning from a tenth of a step on: the job runs
+    that much slower for as long as the rank stays armed, a capture or not)."""
+    sev = Severity.WARNING if arming.ratio - 1 >= 0.1 else Severity.INFO
+    return Finding("ncu-arming-cost", sev, f"Running under ncu: {arming.ratio - 1:+.0%} a step on rank(s) "
+                   + ", ".join(map(str, arming.ranks)), arming.text(), arming.to_json(),
+                   source="the job's step records, armed against " + arming.basis.value.replace("_", " "))
 
 
 def analysis_json(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None, *,
-                  rows: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
+                  rows: Iterable[dict[str, Any]] | None = None, arming: ArmingCost | None = None
+                  ) -> dict[str, Any]:
     """The analysis as JSON with its report: keys job, iterations, summary, incidents, report (what
     `perfd analyze megatron --json` prints and the aggregator serves; the aggregator passes the
     incidents it kept). ``rows``: the iterations' rows (an iterator for finite_json.write to
     stream, or none), instead of every iteration's as a list."""
-    out = {**analysis.to_json(iterations=rows is None), "report": build_report(analysis, incidents).to_json()}
+    out = {**analysis.to_json(iterations=rows is None),
+           "report": build_report(analysis, incidents, arming).to_json()}
     if rows is not None:
         out["iterations"] = rows
     if incidents is not None:

@@ -181,7 +181,8 @@ def test_to_json_shape() -> None:
     assert doc["job"]["layout"]["microbatches"] == 16 and doc["job"]["gpu"]["peak_tflops"] == 989.0
     assert doc["job"]["flops_per_iteration"] == 55_765_855_371_264
     assert doc["job"]["flops_formula"] == "megatron-core>=0.12"
-    assert set(doc["report"]) == {"summary", "metrics", "step_budget", "findings", "recommendations"}
+    assert set(doc["report"]) == {"summary", "metrics", "step_budget", "arming", "findings",
+                                 "recommendations"}
     json.dumps(doc, allow_nan=False)
     assert doc["iterations"][0]["steady_state"] is False and doc["iterations"][4]["steady_state"] is True
 

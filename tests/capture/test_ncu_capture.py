@@ -158,12 +158,16 @@ def test_one_step_range_imported_parsed_and_joined(tmp_path):
     assert job.asked == [(1, 42, 1)] and not job.cancels and m["range_overran"] is False
     assert m["range"]["1"]["state"] == "stopped"
     assert m["timings"]["range_closed_at"] >= m["timings"]["started_at"]
+    # How long the range held the step: from the hook's start to its stop (issue 45 item 1)
+    assert m["range_held_s"] == round(m["timings"]["range_closed_at"] - m["timings"]["started_at"], 3)
     assert [a["name"] for a in m["artifacts"]] == ["rank1.ncu-rep", "rank1_details.csv", "rank1_raw.csv"]
     copy = str(job.store.capture_dir(m["id"]) / "rank1.ncu-rep")  # imported from the copy, not ncu's file
     assert calls(job.state) == [["--import", copy, "--csv", "--page", "details"],
                                 ["--import", copy, "--csv", "--page", "raw"]]
     a = m["analysis"]["1"]
     assert a["joined_to"] == kineto and a["clock_control"] == "none" and a["kernel_budget"] == 40
+    # No filter chosen by time for this rank: the capture says its kernels are the first launched
+    assert a["kernel_choice"]["how"] == "first" and "not by time" in a["kernel_choice"]["text"]
     assert len(a["kernels"]) == 5 and a["ncu"]["launches"] == 5 and a["ncu"]["pages"] == ["details", "raw"]
     gelu = next(k for k in a["kernels"] if "GeluCUDAKernelImpl" in k["name"])
     assert gelu["match"] == "template" and gelu["captured_share"] == pytest.approx(0.0107, abs=5e-4)
@@ -174,9 +178,11 @@ def test_one_step_range_imported_parsed_and_joined(tmp_path):
     assert [e["kind"] for e in job.events] == ["capture_started", "capture_finished"]
     done = job.events[-1]["payload"]
     assert done["status"] == "ok" and done["range_overran"] is False
+    assert done["range_held_s"] == m["range_held_s"]
     rows = done["ranks"]["1"]["ncu_kernels"]
     assert len(rows) == 5 and all(len(r["name"]) <= 200 and "ids" not in r for r in rows)
     assert done["ranks"]["1"]["ncu_joined_to"] == kineto and done["ranks"]["1"]["ncu_categories"]
+    assert done["ranks"]["1"]["ncu_kernel_choice"]["how"] == "first"
 
 
 def test_without_the_trace_the_join_has_the_kept_top_kernels_only(tmp_path):

@@ -216,3 +216,35 @@ def test_launch_ncu_wraps_one_process_and_refuses_torchrun(tmp_path):
     both = perfd("launch", "--job", "j1", "--run-dir", tmp_path / "run3", "--agent-socket", sock,
                  "--ncu", "0", "--nsys", "s", "--", *PY_PID, PERFD_NCU=str(exe), PERFD_NSYS=str(exe))
     assert both.returncode == 2 and "one CUPTI client per process" in both.stderr
+
+
+def test_ncu_prefix_chooses_the_kernels_by_time_by_default_and_says_which_way(tmp_path):
+    """Issue 45 item 2: with no filter given, ncu-prefix takes the job's latest timeline (any rank's)
+    and names the top kernels by time; the chosen rank's target and its captures say how they were
+    chosen. Without a timeline it says the kernels are the first launched, not chosen by time."""
+    exe, _ = make_fake_ncu(tmp_path)
+    caps = tmp_path / "caps"
+    first = perfd("ncu-prefix", "--job", "j1", "--ranks", "1", "--capture-dir", caps, PERFD_NCU=str(exe))
+    assert first.returncode == 0 and "the first kernels launched, not by time" in first.stderr
+    assert "--kernels-chosen-from" not in first.stdout.split()
+    store = CaptureStore(caps, 10**8)
+    m = store.new_capture("j1", (0,), "kineto")  # rank 0's timeline: rank 1 is the one armed
+    m["analysis"] = {"0": {"devices": [megatron_device()]}}
+    m["steps"] = {"start": 10, "count": 3}
+    store.finish(m, "ok")
+    r = perfd("ncu-prefix", "--job", "j1", "--ranks", "1", "--capture-dir", caps, "--top", "4",
+              PERFD_NCU=str(exe))
+    assert r.returncode == 0, r.stderr
+    assert f"kernel filter from capture {m['id']}" in r.stderr and "(the top kernels by time)" in r.stderr
+    words = r.stdout.split()
+    assert words[words.index("--kernels-chosen-from") + 1] == m["id"]
+    run = subprocess.run([*words, *PY_PID], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": "1", "PERFD_NCU": str(exe)})
+    assert run.returncode == 0, run.stderr
+    t = read_target(caps, "j1", 1)
+    assert t is not None and t.options.kernels_from == m["id"]
+    choice = t.options.choice_json()
+    assert choice["how"] == "timeline" and choice["text"].startswith("by time")
+    opt_out = perfd("ncu-prefix", "--job", "j1", "--ranks", "1", "--capture-dir", caps,
+                    "--kernels-from", "none", PERFD_NCU=str(exe))
+    assert opt_out.returncode == 0 and "--kernel-filter-hex" not in opt_out.stdout.split()
