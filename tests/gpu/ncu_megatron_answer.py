@@ -88,7 +88,9 @@ rules:
 
 def megatron_args(megatron: Path, ckpt: Path, resume: bool) -> list[str]:
     """The issue's config: 12 layers, hidden 1024, seq 2048, mbs 1, gbs 8 (DP=1: 8 micro-batches)."""
-    iters = BASE_ITERS + 2000 if resume else BASE_ITERS
+    # One --train-iters for both runs: the checkpoint's scheduler state holds it, and a resumed run
+    # that asks another is refused ("total number of iterations do not match", seen on the H100).
+    iters = BASE_ITERS + 2000
     extra = f"--load {ckpt}" if resume else f"--exit-interval {BASE_ITERS}"
     return [
         str(megatron / "pretrain_gpt.py"),
