@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 DEMO_VENV ?= .venv-demo
 # pytest workers for `make test`: most slow tests wait on real processes and timeouts, not on the
 # CPU, so more workers than cores still shortens the run (the 2-core machine, 1,458 tests: 5 min 09 s
-# of pytest with 4 workers, 4 min 44 s with 6).
+# of pytest with 4 workers, 4 min 44 s with 6, idle; 2026-11-24, 1,748 tests: 10 min 22 s with 6,
+# other suites running beside it, load 4-10).
 TEST_WORKERS ?= 6
 
 .PHONY: setup demo test lint typecheck proto docs clean

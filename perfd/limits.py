@@ -39,6 +39,10 @@ MAX_EVENT_BYTES = 256 << 10  # one event on the wire (text + labels + payload)
 # only the event log's copy is cut. 2,400 events of 250 KB once grew the state file by 390 MB.
 MAX_KEPT_EVENT_BYTES = 16 << 10
 MAX_EVENT_LOG_BYTES = 16 << 20  # the event log (/api/events, the events document), all events together
+# Events kept whole for a consumer that reads their payload (a job's NCCL hang events, merged by the
+# collective analysis): at most this many bytes of them per job, the oldest going first. 2,000 hang
+# events of 250 KB once took the aggregator's RSS from 66 to 547 MB (issue 43 item 4).
+MAX_WHOLE_EVENT_BYTES_PER_JOB = 4 << 20
 
 # Liveness (measured in tests/faults: a half-open link is noticed within LIVENESS_BUDGET_S).
 KEEPALIVE_TIME_S = 10.0  # gRPC HTTP/2 ping interval, both sides
@@ -79,6 +83,12 @@ MAX_SERIES_PER_IDENTITY = 500_000  # ... of one identity (as MAX_JOBS_PER_IDENTI
 MAX_LABELS_PER_SERIES = 16
 MAX_LABEL_VALUE_BYTES = 256
 MAX_JOB_NAME_BYTES = 256
+# A step record more than this many iterations ahead of the newest its job holds is implausible
+# (refused, reason iteration_ahead), as is one beyond its run's train-iters: one far-future iteration
+# among good ones once became a retention watermark that dropped every later record (issue 43 item
+# 3). Far above any real gap between two records of a job (a log interval of 1,000, hours of lost
+# records); a run that restarts from a checkpoint ahead is a new run and its first record says so.
+MAX_ITERATION_LEAP = 100_000
 
 # ---- captures -------------------------------------------------------------------------------------
 MAX_CAPTURE_STEPS = 50  # iterations one capture may cover (HTTP API and webhook alike)
@@ -184,6 +194,9 @@ REFUSED_WORSE_DUPLICATE = "worse_duplicate"  # a copy of a held step record lack
 # Held step records of an agent that wrote a job's iterations ahead of it, replaced by the records of
 # the host that continues the job (docs/reliability.md "Who may write a job"); counted under that agent.
 REFUSED_STEP_AHEAD = "step_ahead"
+# A step record whose iteration is implausibly ahead (MAX_ITERATION_LEAP, the run's train-iters).
+REFUSED_ITERATION_AHEAD = "iteration_ahead"
+REFUSED_NOT_TARGET = "not_target"  # a capture's progress from an agent the capture was not sent to
 # What perfd.exporters.httpd counts (the agent's /metrics and the aggregator's HTTP alike): the
 # agent serves perfd_agent_http_refused_total for each from 0.
 REFUSED_HTTP_REASONS = (REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_HTTP_DEADLINE, REFUSED_HTTP_HEAD,
@@ -196,6 +209,7 @@ REFUSED_REASONS = (
     REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
     *REFUSED_HTTP_REASONS,
     REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE, REFUSED_STEP_AHEAD,
+    REFUSED_ITERATION_AHEAD, REFUSED_NOT_TARGET,
 )
 
 

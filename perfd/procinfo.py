@@ -5,13 +5,28 @@ visible (another user's process without privileges, a process gone) is absent.
 
 Only the variables named in RANK_ENV and JOB_ENV are read from a process's environment; the rest of
 it (which may hold secrets) is never looked at or sent.
+
+Who a process is, as the kernel says (:func:`read_identity`: its uids, parent, pid in each pid
+namespace, start time), is what the agent checks before it acts on a process another source named
+(a step hook's datagram, collectors/hook): a process is one user's only when its real, effective,
+saved and filesystem uids are that user's (a setuid child of a job is not the job's user's).
+
+Command lines (docs/security.md "Command lines and stacks"): only the job's own processes carry
+theirs, with the values of known secret options and patterns replaced (:func:`redact_cmdline`);
+another process is named by pid, user and command name only (:func:`named_process`).
 """
 
 from __future__ import annotations
 
+import os
+import re
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 CMDLINE_MAX = 200
+PROC = "/proc"
+MAX_ANCESTRY = 64  # parents walked from a process to find an ancestor (a job's tree is a few deep)
 
 NameLookup = Callable[[int], "tuple[str | None, str | None]"]
 
@@ -96,3 +111,214 @@ def psutil_rank_env(pid: int) -> dict[str, int | str]:
     if job is not None:
         out["job"] = job
     return out
+
+
+# ---- who a process is (the kernel's word) ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProcIdentity:
+    """What /proc/<pid>/status and /proc/<pid>/stat say of who a process is."""
+
+    pid: int
+    ppid: int
+    uids: tuple[int, ...]  # real, effective, saved, filesystem
+    nspid: tuple[int, ...]  # its pid in each pid namespace, this one first, its own innermost last
+    start_ticks: int  # start time since boot (clock ticks): a reused pid has another
+
+    @property
+    def uid(self) -> int | None:
+        """The one user the process runs as; None when its uids differ (a setuid program)."""
+        return self.uids[0] if self.uids and len(set(self.uids)) == 1 else None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(64 << 10).decode("utf-8", "replace")
+    except OSError:  # gone, not readable: absent
+        return None
+
+
+def read_identity(pid: int, proc: str = PROC) -> ProcIdentity | None:
+    """Who ``pid`` is, None when it is gone or unreadable. Never raises."""
+    if pid <= 0:
+        return None
+    status, stat = _read(f"{proc}/{pid}/status"), _read(f"{proc}/{pid}/stat")
+    if status is None or stat is None:
+        return None
+    fields: dict[str, list[str]] = {}
+    for line in status.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("PPid", "Uid", "NSpid"):
+            fields[key] = rest.split()
+    rest_of_stat = stat[stat.rfind(")") + 2:].split()
+    try:
+        nspid = tuple(int(v) for v in fields.get("NSpid", [str(pid)]))
+        return ProcIdentity(pid, int(fields["PPid"][0]), tuple(int(v) for v in fields["Uid"]),
+                            nspid or (pid,), int(rest_of_stat[19]))
+    except (KeyError, IndexError, ValueError):
+        return None
+
+
+def is_descendant(pid: int, ancestor: int, proc: str = PROC) -> bool:
+    """Whether ``ancestor`` is a parent, grandparent, ... of ``pid`` (at most MAX_ANCESTRY up)."""
+    cur = pid
+    for _ in range(MAX_ANCESTRY):
+        ident = read_identity(cur, proc)
+        if ident is None or ident.ppid <= 0:
+            return False
+        if ident.ppid == ancestor:
+            return True
+        cur = ident.ppid
+    return False
+
+
+def same_process(pid: int, start_ticks: int | None, uid: int | None, proc: str = PROC) -> bool:
+    """``pid`` is still the process it was (same start time) and runs as ``uid`` alone: what the
+    agent checks right before it acts on a process it followed (a pid reused by another user's
+    process, or a process that became setuid, fails)."""
+    ident = read_identity(pid, proc)
+    return (ident is not None and (start_ticks is None or ident.start_ticks == start_ticks)
+            and uid is not None and ident.uid == uid)
+
+
+# ---- what is shown of a process ---------------------------------------------------------------------
+
+REDACTED = "<redacted>"
+# What a secret is named: an option or a variable whose name *ends* in one of these words (--db-password,
+# --hf-token, WANDB_API_KEY; not --tokenizer-type or --max-tokens). The name stays, the value goes.
+_SECRET_WORD = (r"(?:passw(?:or)?d|pwd|secret|token|api[-_]?key|access[-_]?key|secret[-_]?key|"
+                r"private[-_]?key|credentials?|auth)")
+SECRET_OPTION = re.compile(rf"(?i)(?P<opt>--?(?:[\w.-]+[-_.])?{_SECRET_WORD})(?P<sep>=| |$)(?P<val>\S*)")
+SECRET_ASSIGN = re.compile(rf"(?i)(?<![\w-])(?P<key>(?:[\w.-]+[-_.])?{_SECRET_WORD})=(?P<val>[^\s&]+)")
+# Values that are secrets whatever holds them: GitHub, Slack, AWS, OpenAI-style and Hugging Face tokens,
+# JSON web tokens.
+SECRET_VALUE = re.compile(
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{20,}|xox[abpors]-[A-Za-z0-9-]{10,}|"
+    r"AKIA[0-9A-Z]{16}|sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{20,}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_.-]+)")
+URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]+:)(?P<val>[^@\s/]+)(?P<tail>@)")
+
+
+def redact_cmdline(cmd: str) -> str:
+    """``cmd`` with the values of secret-named options and variables, passwords in URLs and
+    well-known token formats replaced by REDACTED."""
+
+    def option(m: re.Match[str]) -> str:
+        val = m.group("val")
+        if not val or (m.group("sep") == " " and val.startswith("-")):
+            return m.group(0)  # no value, or the next word is another option
+        return f"{m.group('opt')}{m.group('sep')}{REDACTED}"
+
+    out = SECRET_OPTION.sub(option, cmd)
+    out = SECRET_ASSIGN.sub(lambda m: f"{m.group('key')}={REDACTED}", out)
+    out = URL_PASSWORD.sub(lambda m: f"{m.group('head')}{REDACTED}{m.group('tail')}", out)
+    return SECRET_VALUE.sub(REDACTED, out)
+
+
+def shown_cmdline(cmd: str | None, own: bool, cut: int = CMDLINE_MAX) -> str | None:
+    """What perfd shows of a process's command line: the job's own process's, redacted and cut to
+    ``cut`` characters; nothing of any other process's (its pid, user and name say which it is)."""
+    if cmd is None or not own:
+        return None
+    return redact_cmdline(cmd)[:cut]
+
+
+# --- a process's pod -------------------------------------------------------------------------------
+# The containers of a Kubernetes pod with shareProcessNamespace: true share one pid namespace: the
+# trainer's ranks and the job's sidecar agent, whose PERFD_JOB comes from the pod's perfd.dev/job label.
+# A GPU process that declares no job of its own belongs to the job a process of its pid namespace
+# declares, when that namespace is not the node agent's own (hostPID: the node's, where processes of
+# every job and of none live side by side). So the trainer needs no PERFD_JOB (issue 46).
+POD_JOB_TTL_S = 30.0  # a pod's job is looked up again this often (a pod's label does not change)
+MAX_POD_NAMESPACES = 4096  # pid namespaces whose job is remembered (pods on one node)
+
+
+def pid_namespace(pid: int | str, proc: str = "/proc") -> int | None:
+    """The inode of ``pid``'s pid namespace (``/proc/PID/ns/pid`` reads ``pid:[4026532178]``), None
+    when not visible (gone, or another user's without privileges). Never raises."""
+    try:
+        link = os.readlink(f"{proc}/{pid}/ns/pid")
+    except OSError:
+        return None
+    inode = link[link.find("[") + 1:-1]
+    return int(inode) if link.startswith("pid:[") and inode.isdigit() else None
+
+
+class PodJobs:
+    """The job a process's pod declares (see above): ``job_of(pid)``. A namespace's answer (a job or
+    none) is kept POD_JOB_TTL_S; finding it reads the pid namespace of each process (a readlink each)
+    and the environment of those in that namespace only, first the oldest (lowest pid)."""
+
+    def __init__(self, proc: str = "/proc", env_lookup: EnvLookup = psutil_rank_env,
+                 clock: Callable[[], float] = time.monotonic, ttl_s: float = POD_JOB_TTL_S) -> None:
+        self.proc, self._env, self._clock, self.ttl_s = proc, env_lookup, clock, ttl_s
+        self.own = pid_namespace("self", proc)  # the agent's own: a node agent's is the node's
+        self._known: dict[int, tuple[str | None, float]] = {}
+        self.scans = 0  # namespaces looked up (a test's and a benchmark's reading)
+
+    def job_of(self, pid: int) -> str | None:
+        ns = pid_namespace(pid, self.proc)
+        if ns is None or ns == self.own:
+            return None
+        now = self._clock()
+        held = self._known.get(ns)
+        if held is not None and now - held[1] < self.ttl_s:
+            return held[0]
+        job = self._scan(ns)
+        if len(self._known) >= MAX_POD_NAMESPACES:
+            self._known.clear()
+        self._known[ns] = (job, now)
+        return job
+
+    def _scan(self, ns: int) -> str | None:
+        self.scans += 1
+        try:
+            pids = sorted(int(p) for p in os.listdir(self.proc) if p.isdigit())
+        except OSError:
+            return None
+        for p in pids:
+            if pid_namespace(p, self.proc) == ns:
+                job = self._env(p).get("job")
+                if isinstance(job, str) and job:
+                    return job
+        return None
+
+
+INIT_PID_NAMESPACE = 0xEFFFFFFC  # the host's own pid namespace (Linux: PROC_PID_INIT_INO, fixed)
+
+
+def pod_ranks(job: str, proc: str = "/proc", env_lookup: EnvLookup = psutil_rank_env,
+              limit: int = 4096) -> dict[int, tuple[int, int | None]] | None:
+    """The rank processes of the caller's own pod: every process of its pid namespace (a pod with
+    shareProcessNamespace: true shows its containers' processes, the trainer's among them) that
+    declares a rank (RANK, SLURM_PROCID, ...) and no job but ``job``, as {pid: (rank, parent pid)}.
+    None when the caller runs in the host's pid namespace (every process of the node there: no pod).
+    ``limit``: processes looked at, at most."""
+    own = pid_namespace("self", proc)
+    if own is None or own == INIT_PID_NAMESPACE:
+        return None
+    me = os.getpid()
+    out: dict[int, tuple[int, int | None]] = {}
+    try:
+        pids = sorted(int(p) for p in os.listdir(proc) if p.isdigit())[:limit]
+    except OSError:
+        return out
+    for pid in pids:
+        if pid == me or pid_namespace(pid, proc) != own:
+            continue
+        env = env_lookup(pid)
+        rank, declared = env.get("rank"), env.get("job")
+        if not isinstance(rank, int) or (isinstance(declared, str) and declared != job):
+            continue
+        out[pid] = (rank, _ppid(pid, proc))
+    return out
+
+
+def _ppid(pid: int, proc: str) -> int | None:
+    """The parent's pid from /proc/PID/stat (the field after the command's closing parenthesis)."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            rest = f.read().rsplit(b")", 1)[1].split()
+        return int(rest[1])
+    except (OSError, IndexError, ValueError):
+        return None

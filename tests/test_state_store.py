@@ -122,13 +122,15 @@ def test_a_state_file_of_an_older_build_keeps_one_hello_per_agent(tmp_path: Path
 
 def test_the_state_is_pruned_by_bytes_oldest_batches_first(tmp_path: Path) -> None:
     s = StateStore(tmp_path, max_bytes=10_000)
+    # The cap is the files': a quarter of a small cap is left to the write-ahead log (WAL_ROOM_BYTES).
+    assert s.budget() == 7_500
     s.put_hello("a", b"[]")
     for i in range(20):
         s.journal(BATCH, "a", bytes([i]) * 1000)
     assert s.commit()
-    assert s.prune() == 11 and s.held_bytes() <= 10_000
-    assert [b[0] for k, _, b in s.replay() if k == BATCH] == list(range(11, 20))
-    assert s.stats()["pruned_for_bytes"] == 11
+    assert s.prune() == 13 and s.held_bytes() <= s.budget()
+    assert [b[0] for k, _, b in s.replay() if k == BATCH] == list(range(13, 20))
+    assert s.stats()["pruned_for_bytes"] == 13
 
 
 def test_a_pruned_job_leaves_the_state_and_a_tombstone_hides_it_in_batches_of_several_jobs(
@@ -166,3 +168,57 @@ def test_a_pruned_job_leaves_the_state_and_a_tombstone_hides_it_in_batches_of_se
     assert got["batches"] == 2 and again.state.job_names() == ["other"]
     assert sorted(k[0] for k in again.state.jobs.jobs["other"].records) == [2, 3]
     again.store.close()
+
+
+def test_what_the_aggregator_refused_is_never_journalled(tmp_path: Path) -> None:
+    """Issue 43 item 4: the journal stores what the aggregator kept of a batch and the jobs a Hello
+    was given — not a stranger's step records or events for a job it does not host, nor Hello names
+    the guard refused."""
+    from perfd.aggregator.main import Aggregator, AggregatorConfig
+    from perfd.model import StepRecord
+    from perfd.transport.codec import HelloInfo, decode_batch, encode_batch
+    from perfd.transport.gen import perfd_pb2 as pb
+    from perfd.transport.series import SeriesTable
+
+    agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], state_dir=str(tmp_path)))
+    j, store = agg.server.journal, agg.store
+    assert j is not None and store is not None
+    admitted = agg._on_hello(HelloInfo(agent_id="host", node="n", version="", jobs=("mine", "x" * 300),
+                                       capabilities={}, spool_epoch="e", n_series=0))
+    j.hello("host", admitted)
+    assert admitted == ["mine"]  # the 300-byte name refused
+    agg._on_hello(HelloInfo(agent_id="stranger", node="n", version="", jobs=(), capabilities={},
+                            spool_epoch="e", n_series=0))
+
+    def send(agent: str, seq: int, jobs: list[str], job_info: dict[str, str] | None = None) -> None:
+        steps = [StepRecord(job=job, iteration=seq, rank="last", end_time=1e9 + seq, step_time_ms=1.0)
+                 for job in jobs]
+        evs = [{"kind": "job_phase", "job": job, "time": 1e9, "text": "pause",
+                "payload": {"job": job, "phase": "checkpoint", "state": "begin"}} for job in jobs]
+        b = encode_batch(agent, seq, (), steps, evs, SeriesTable(), job_info_json=job_info)
+        kept = agg.on_batch(agent, decode_batch(pb.Batch.FromString(b.SerializeToString()), {}))
+        j.batch(agent, b, kept)
+
+    send("host", 1, ["mine"], {"mine": '{"framework": "megatron"}'})
+    send("stranger", 1, ["mine"], {"mine": '{"framework": "pytorch"}'})  # not a host of "mine": refused
+    assert store.commit()
+    rows = list(store.replay())
+    assert [(k, a) for k, a, _ in rows] == [("hello", "host"), ("batch", "host")]  # nothing of the stranger
+    assert rows[0][2] == b'["mine"]' and store.job_infos() == [("mine", "host", '{"framework": "megatron"}')]
+    assert agg.refusals.get("not_host") >= 2  # the stranger's steps and event, counted
+    store.close()
+
+
+def test_hello_and_dedupe_rows_are_pruned_past_the_budget(tmp_path: Path) -> None:
+    s = StateStore(tmp_path, max_bytes=40_000)
+    for i in range(100):
+        s.put_hello(f"agent-{i:03d}", b"x" * 400)
+        s.put_seq(f"agent-{i:03d}", "epoch", i)
+    assert s.commit()
+    s.prune()
+    assert s.commit() and s.held_bytes() <= s.budget()
+    st = s.stats()
+    assert st["pruned_hellos"] > 0 and st["hellos"] < 100
+    # the oldest went first
+    kept = [a for k, a, _ in s.replay() if k == HELLO]
+    assert kept == sorted(kept) and kept[-1] == "agent-099"

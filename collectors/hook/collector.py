@@ -17,11 +17,17 @@ records, ~10 datagrams per second per rank.)
 
 Never raises from ``collect``: malformed datagrams are counted by reason and dropped.
 
-What each rank's hook says of its process is kept in ``ranks`` (:class:`HookRank`): its pid, the
-CUDA device it computes on (UUID: the agent places a rank whose process declares no RANK on its GPU,
-perfd.agent.hook_gpus) and what it can do for a capture (a Kineto trace of its own, or the Kineto
-daemon: perfd.agent.captures). Step records a hook could not deliver (its backlog overflowed while
-the agent was away) are counted here when a later record says so (``records_lost``).
+Who sent it (:mod:`collectors.hook.peers`): the socket passes the sender's credentials (SO_PASSCRED),
+and a record naming a pid that is neither the sender's nor a descendant of it running as the sender's
+user is refused (``sender:<reason>``, one log line per reason and minute with the count): the agent
+acts only on processes the kernel says the sender may name. A rank once reported by one user's
+process is not taken over by another user's while the first lives (``sender:rank_of_other_uid``).
+
+What each rank's hook says of its process is kept in ``ranks`` (:class:`HookRank`): its pid (as
+verified above), the CUDA device it computes on (UUID: the agent places a rank whose process declares
+no RANK on its GPU, perfd.agent.hook_gpus) and what it can do for a capture (a Kineto trace of its
+own, or the Kineto daemon: perfd.agent.captures). Step records a hook could not deliver (its backlog
+overflowed while the agent was away) are counted here when a later record says so (``records_lost``).
 
 Where it listens: by default ``<runtime dir>/hook.sock`` (:func:`perfd.hook.wire.default_socket_path`),
 in a folder made private to this user (0700, :mod:`perfd.privdir`), so another local user can neither
@@ -35,23 +41,29 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import logging
 import os
 import socket
 import stat
 import threading
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from collectors.hook import peers as P
 from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT, HOOK_PAUSE_TIMERS
 from perfd.analytics.gpus import normalize_dtype
 from perfd.bounds import LAYOUT_BOUNDS, in_bounds
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import HOOK_PROFILE, JOB_PHASE
 from perfd.hook import wire
-from perfd.limits import HOOK_MAX_RANKS
+from perfd.limits import HOOK_MAX_RANKS, REFUSAL_LOG_INTERVAL_S
 from perfd.model import JobInfo, ModelSpec, ParallelLayout, Provenance, StepRecord, TimerValue
 from perfd.privdir import UnsafeDirError, private_dir
+from perfd.procinfo import read_identity
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -108,10 +120,11 @@ class HookPeer:
     """A training process that has sent us records."""
 
     rank: int
-    pid: int
+    pid: int  # as the kernel numbers it here (peers.Verified)
     address: str | bytes
     last_step: int
     last_seen: float
+    uid: int | None = None  # the sender's, from its credentials
 
 
 def _foreign_owner(path: str) -> int | None:
@@ -144,7 +157,7 @@ class HookCollector(Collector):
         self.peers: dict[int, HookPeer] = {}  # rank -> latest sender
         self.counts: dict[str, int] = {}
         self._next_request_id = 1
-        self._queue: deque[tuple[bytes, Any]] = deque()
+        self._queue: deque[tuple[bytes, Any, P.Sender | None]] = deque()
         self._queue_dropped = 0  # written by the receiver thread only
         self._queue_dropped_seen = 0
         self._recv_errors = 0
@@ -156,6 +169,12 @@ class HookCollector(Collector):
         self._job_sent: JobInfo | None = None
         self._pause_began: dict[int, tuple[str, int]] = {}  # rank -> (phase, hook's time_ns) while open
         self._paused_ms: dict[int, dict[str, float]] = {}  # rank -> phase -> ms, until its next record
+        self._senders = P.SenderCheck()
+        # pid -> the uid of the sender that vouched for it, for the agent (Agent._note_ranks): the
+        # newest MAX_PAUSE_RANKS verified pids. Written here, read by the agent's thread (dict get).
+        self.verified: OrderedDict[int, int] = OrderedDict()
+        self._refused_unlogged: dict[str, int] = {}
+        self._refused_logged_at: dict[str, float] = {}
         self.ranks: dict[int, HookRank] = {}  # rank -> its process as its hook describes it
         self._lost_seen: dict[tuple[int, int], int] = {}  # (rank, pid) -> send_drops last seen
 
@@ -196,6 +215,8 @@ class HookCollector(Collector):
             sock.settimeout(0.2)  # the receiver thread wakes up this often to see stop()
             with contextlib.suppress(OSError):  # the kernel caps it (net.core.rmem_max): fine
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.config.rcvbuf_bytes)
+            if not P.enable(sock):  # every datagram is then refused (no_credentials): say why once
+                self.count_error("no_passcred", "SO_PASSCRED unavailable: no sender can be verified")
             sock.bind(path)
             os.chmod(path, self.config.mode)
         except OSError as exc:
@@ -220,9 +241,11 @@ class HookCollector(Collector):
     def _receive(self, sock: socket.socket) -> None:
         """Receiver thread: only recvfrom and append, so it keeps up with many ranks."""
         queue, limit = self._queue, self.config.max_queued
+        anc = P.ANCILLARY_BYTES
         while not self._stopping.is_set():
             try:
-                item = sock.recvfrom(65536)
+                data, ancdata, _flags, addr = sock.recvmsg(65536, anc)
+                item = (data, addr, P.credentials(ancdata))
             except TimeoutError:
                 continue
             except OSError:
@@ -254,39 +277,93 @@ class HookCollector(Collector):
         queue = self._queue
         for _ in range(self.config.max_records_per_collect):
             try:
-                data, addr = queue.popleft()
+                data, addr, sender = queue.popleft()
             except IndexError:
                 break
             try:
-                self._handle(data, addr, now, out)
+                self._handle(data, addr, sender, now, out)
             except Exception as exc:  # a bug or a hostile datagram must not stop the drain
                 self.count_error("internal_error", repr(exc))
         else:
             self._c("drain_limit_reached")  # more remain; the next collect goes on
         return out
 
-    def _handle(self, datagram: bytes, addr: Any, now: float, out: Collected) -> None:
+    def _handle(self, datagram: bytes, addr: Any, sender: P.Sender | None, now: float,
+                out: Collected) -> None:
         records, problem = wire.split_records(datagram)
         if problem is not None:
             self.count_error(f"malformed:{problem}")
         for kind, data in records:
-            self._record(kind, data, addr, now, out)
+            self._record(kind, data, addr, sender, now, out)
 
-    def _record(self, kind: int, data: bytes, addr: Any, now: float, out: Collected) -> None:
+    def _refuse(self, reason: str, detail: str) -> None:
+        """A record refused for who sent it: counted, and one log line per reason every
+        REFUSAL_LOG_INTERVAL_S with the count since the last one and the latest example."""
+        key = f"sender:{reason}"
+        self.errors[key] = self.errors.get(key, 0) + 1
+        n = self._refused_unlogged[key] = self._refused_unlogged.get(key, 0) + 1
+        now = time.monotonic()
+        if now - self._refused_logged_at.get(key, -REFUSAL_LOG_INTERVAL_S) >= REFUSAL_LOG_INTERVAL_S:
+            self._refused_logged_at[key], self._refused_unlogged[key] = now, 0
+            log.warning("collector hook: refused %d record(s) for %s since the last line (latest: %s)",
+                        n, reason, detail)
+
+    def _verify(self, sender: P.Sender | None, rank: int, claimed: int, what: str) -> P.Verified | None:
+        """The process a record claiming ``claimed`` for ``rank`` stands for, or None (refused)."""
+        got = self._senders.resolve(sender, claimed)
+        who = f"pid {sender.pid} uid {sender.uid}" if sender is not None else "a sender without credentials"
+        if isinstance(got, str):
+            self._refuse(got, f"{what} for rank {rank} claiming pid {claimed} from {who}")
+            return None
+        held = self.peers.get(rank)
+        if held is not None and held.uid is not None and held.uid != got.uid and held.pid != got.pid:
+            alive = read_identity(held.pid)
+            if alive is not None and alive.uid == held.uid:
+                self._refuse("rank_of_other_uid", f"{what} for rank {rank} from {who}: the rank is pid "
+                             f"{held.pid} of uid {held.uid}")
+                return None
+        self.verified[got.pid] = got.uid
+        self.verified.move_to_end(got.pid)
+        while len(self.verified) > MAX_PAUSE_RANKS:
+            self.verified.popitem(last=False)
+        return got
+
+    def _record(self, kind: int, data: bytes, addr: Any, sender: P.Sender | None, now: float,
+                out: Collected) -> None:
         if kind == wire.KIND_STEP:
             msg = wire.unpack_step(data)
-            self._peer(msg.rank, msg.pid, addr, msg.step, now)
+            v = self._verify(sender, msg.rank, msg.pid, "a step record")
+            if v is None:
+                return
+            msg.pid = v.pid
+            self._peer(msg.rank, msg.pid, addr, msg.step, now, v.uid)
             rec = self._step_record(msg)
             if rec is not None:
                 out.steps.append(rec)
         elif kind == wire.KIND_JOB:
-            self._job(wire.unpack_job(data), out)
+            job = wire.unpack_job(data)
+            v = self._verify(sender, job.rank, job.pid, "a job record")
+            if v is not None:
+                job.pid = v.pid
+                self._job(job, out)
         elif kind == wire.KIND_DEVICE:
-            self._device(wire.unpack_device(data))
+            dev = wire.unpack_device(data)
+            v = self._verify(sender, dev.rank, dev.pid, "a device record")
+            if v is not None:
+                dev.pid = v.pid
+                self._device(dev)
         elif kind == wire.KIND_PHASE:
-            self._phase(wire.unpack_phase(data), now, out)
+            phase = wire.unpack_phase(data)
+            v = self._verify(sender, phase.rank, phase.pid, "a phase record")
+            if v is not None:
+                phase.pid = v.pid
+                self._phase(phase, now, out)
         elif kind == wire.KIND_PROFILE_STATUS:
             st = wire.unpack_profile_status(data)
+            v = self._verify(sender, st.rank, st.pid, "a profile status")
+            if v is None:
+                return
+            st.pid = v.pid
             state = wire.PROFILE_STATE_NAMES.get(st.state, f"state_{st.state}")
             severity = "warning" if st.state in (wire.PROFILE_FAILED, wire.PROFILE_REJECTED) else "info"
             out.events.append({
@@ -400,13 +477,13 @@ class HookCollector(Collector):
                                              "never reached the agent (it was absent or busy past the "
                                              "hook's backlog)")
 
-    def _peer(self, rank: int, pid: int, addr: Any, step: int, now: float) -> None:
+    def _peer(self, rank: int, pid: int, addr: Any, step: int, now: float, uid: int | None = None) -> None:
         if not addr:
             self._c("unaddressed_sender")  # a hook that could not bind cannot get requests
             return
         p = self.peers.get(rank)
         if p is None or p.pid != pid or p.address != addr:
-            self.peers[rank] = HookPeer(rank, pid, addr, step, now)
+            self.peers[rank] = HookPeer(rank, pid, addr, step, now, uid)
         else:
             p.last_step, p.last_seen = step, now
 

@@ -17,11 +17,13 @@ from typing import Any
 from collectors.nvml.gpm import GPM_METRICS, GpmSampler
 from collectors.nvml.probe import DeviceState, is_permanent, probe_device
 from collectors.nvml.processes import (
+    EnvLookup,
     GpuProcess,
     NameLookup,
     ProcessTracker,
     UserLookup,
     psutil_lookup,
+    psutil_rank_env,
     psutil_user,
 )
 from collectors.nvml.replay import NvmlReplay
@@ -29,6 +31,7 @@ from collectors.nvml.wrapper import Nvml
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import GPU_LOST, XID
 from perfd.model import Sample
+from perfd.procinfo import PodJobs
 
 # Clock event ("throttle") reasons, bit -> label value. A fixed, bounded set: bits outside it
 # (board limit, reliability, future ones) still show in the bitmask sample.
@@ -127,14 +130,15 @@ class NvmlCollector(Collector):
     name = "nvml"
 
     def __init__(self, config: dict[str, Any] | None = None, *, nvml: Nvml | None = None,
-                 process_lookup: NameLookup = psutil_lookup, user_lookup: UserLookup = psutil_user) -> None:
+                 process_lookup: NameLookup = psutil_lookup, user_lookup: UserLookup = psutil_user,
+                 env_lookup: EnvLookup = psutil_rank_env) -> None:
         super().__init__()
         self.config = NvmlConfig.from_dict(dict(config or {}))
         self.default_interval_s = self.config.interval_s
         self.real: RealNvml | None = None
         self.replay: NvmlReplay | None = None
         if self.config.source == "real":
-            self.real = RealNvml(self, self.config, nvml or Nvml(), process_lookup, user_lookup)
+            self.real = RealNvml(self, self.config, nvml or Nvml(), process_lookup, user_lookup, env_lookup)
         elif self.config.source.startswith("replay:"):
             self.replay = NvmlReplay(self, self.config.source[len("replay:"):],
                                      loop=self.config.replay_loop, speed=self.config.replay_speed)
@@ -170,14 +174,16 @@ class RealNvml:
     """NVML on this node. Errors go to the owning collector's ``count_error``."""
 
     def __init__(self, owner: Collector, config: NvmlConfig, nvml: Nvml, lookup: NameLookup,
-                 user_lookup: UserLookup = psutil_user) -> None:
+                 user_lookup: UserLookup = psutil_user, env_lookup: EnvLookup = psutil_rank_env) -> None:
         self.owner = owner
         self.config = config
         self.nvml = nvml
         self.devices: list[DeviceState] = []
         self.caps: Capabilities | None = None
         self._gpm: dict[int, GpmSampler] = {}
-        self._procs = ProcessTracker(config.process_event_interval_s, lookup, user_lookup=user_lookup)
+        # A process without PERFD_JOB: its pod's (perfd.procinfo.PodJobs; the sidecar topology, issue 46)
+        self._procs = ProcessTracker(config.process_event_interval_s, lookup, env_lookup, user_lookup,
+                                     pod_job=PodJobs().job_of)
         self._last_slow: float | None = None
         self._xid_seen: dict[int, int] = {}  # device index -> XIDs seen since start
         self._xid_last: dict[int, int] = {}

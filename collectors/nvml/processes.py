@@ -6,6 +6,12 @@ changes when processes come and go. So a ``gpu_processes`` event goes out when t
 changes, and again every ``event_interval_s`` (a late-joining aggregator learns the state), while
 the count goes out every collect as ``perfd_gpu_processes``.
 
+What is shown of each process (docs/security.md "Command lines and stacks"): pid, name, user and GPU
+memory always; the command line only of the job's own processes — those whose environment declares
+a rank or a job (RANK, PERFD_JOB: a job's ranks) — with secret values redacted
+(perfd.procinfo.shown_cmdline). Another process on the GPU (a co-tenant, another user's notebook) is
+named without its arguments: they may hold its passwords and tokens.
+
 Caveat: NVML reports pids in the host's pid namespace. An agent in a container without the host
 pid namespace (``hostPID: true`` in Kubernetes) sees other pids: the names are then absent, or, if a
 container process happens to have the same pid, wrong. Run the agent in the host pid namespace.
@@ -13,7 +19,7 @@ container process happens to have the same pid, wrong. Run the agent in the host
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +36,7 @@ from perfd.procinfo import (  # shared with collectors/ranks: which rank and job
     psutil_lookup,
     psutil_rank_env,
     psutil_user,
+    shown_cmdline,
 )
 
 __all__ = ["CMDLINE_MAX", "JOB_ENV", "JOB_NAME_MAX", "RANK_ENV", "EnvLookup", "GpuProcess", "NameLookup",
@@ -59,11 +66,15 @@ class ProcessTracker:
     """Remembers each GPU's pid set and when it last reported it; caches names per pid."""
 
     def __init__(self, event_interval_s: float = 60.0, lookup: NameLookup = psutil_lookup,
-                 env_lookup: EnvLookup = psutil_rank_env, user_lookup: UserLookup = psutil_user) -> None:
+                 env_lookup: EnvLookup = psutil_rank_env, user_lookup: UserLookup = psutil_user,
+                 pod_job: Callable[[int], str | None] | None = None) -> None:
         self.event_interval_s = event_interval_s
         self._lookup = lookup
         self._env_lookup = env_lookup
         self._user_lookup = user_lookup
+        # A process that declares no job: the job its pod declares (perfd.procinfo.PodJobs), looked up
+        # at every event (the pod's sidecar may start after the process), cached there per pod.
+        self._pod_job = pod_job
         self._users: dict[int, str | None] = {}
         self._ranks: dict[int, Mapping[str, int | str]] = {}
         self._last: dict[str, tuple[frozenset[int], float]] = {}  # gpu -> (pids, last event time)
@@ -85,16 +96,20 @@ class ProcessTracker:
             if p.pid not in self._ranks:
                 self._ranks[p.pid] = self._env_lookup(p.pid)
             rank = self._ranks[p.pid]
+            job = _text(rank.get("job"))
+            if job is None and self._pod_job is not None:
+                job = self._pod_job(p.pid)
             if self._users.get(p.pid) is None:  # looked up once per pid (retried while unknown)
                 self._users[p.pid] = self._user_lookup(p.pid)
+            own = isinstance(rank.get("rank"), int) or bool(rank.get("job"))  # the job's: it declares so
             payload.append({
                 "pid": p.pid, "name": name, "user": self._users[p.pid],
-                "cmdline": cmd[:CMDLINE_MAX] if cmd is not None else None,
+                "cmdline": shown_cmdline(cmd, own, CMDLINE_MAX),
                 "used_memory_bytes": p.used_memory_bytes,
                 # The basis for rank -> GPU attribution; absent (None) when the environment is not
                 # visible, never guessed from the GPU index.
                 "rank": _int(rank.get("rank")), "local_rank": _int(rank.get("local_rank")),
-                "world_size": _int(rank.get("world_size")), "job": _text(rank.get("job")),
+                "world_size": _int(rank.get("world_size")), "job": job,
             })
         return {
             "kind": GPU_PROCESSES.name, "severity": "info", "time": now, "labels": dict(labels),

@@ -12,6 +12,13 @@ faults; the node's swap-in rate. While a rank waits for a CPU (thresholds.CPU_WA
 every process's CPU time names the processes that ran on its CPUs (pid, user, command, share), the
 job's own (a data loader worker: a descendant of a rank) told apart from the others.
 
+Whom it follows, and whose process the agent acts on (py-spy stacks take :meth:`RanksCollector.rank_pids`):
+each rank process is followed only as the user who vouched for it — the launch child's user for its
+descendants, the sender's uid for a step hook's pid (collectors/hook verified it with the kernel's
+credentials), the process's own user for a GPU process — and only while it runs as that user alone (a
+setuid descendant is not the job's). ``rank_pids`` checks again, when asked, that each pid is still
+the process it was and still that user's: a pid reused by another user's process is never handed out.
+
 Samples carry the labels job_name and rank only (and node, added by the agent); pids, states and
 named processes travel in one ``rank_processes`` event per job and collect (perfd.events), never in
 labels. Whatever the platform does not provide (no schedstats, no PSI, no cgroup quota) is absent,
@@ -34,9 +41,17 @@ from perfd.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RA
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import RANK_PROCESSES
 from perfd.model import Sample
-from perfd.procinfo import psutil_lookup, psutil_rank_env, psutil_user
+from perfd.procinfo import (
+    pod_ranks,
+    psutil_lookup,
+    psutil_rank_env,
+    psutil_user,
+    read_identity,
+    same_process,
+    shown_cmdline,
+)
 
-SOURCES = ("launch", "gpu", "hook")  # how a rank process became known; the first listed wins
+SOURCES = ("launch", "gpu", "pod", "hook")  # how a rank process became known; the first listed wins
 # CPU a rank's threads must want (run + wait, in cores) for its wait share to mean contention: the
 # idle threshold of a stall (under it a rank makes no progress, and its few µs of wait say nothing).
 MIN_DEMAND = STALL_IDLE_CPU_CORES.value
@@ -54,6 +69,10 @@ class RanksConfig:
     job: str = ""
     launch_manifest: str | None = None
     scan: bool = True  # name the other processes on a waiting rank's CPUs
+    # A job's sidecar in the job's pod (shareProcessNamespace: true): follow the processes of its pid
+    # namespace that declare a rank (perfd.procinfo.pod_ranks). Their pids are the pod's, as the
+    # ranks' own Kineto requests carry them: the sidecar can capture them (issue 46).
+    pod: bool = False
     proc: str = procfs.PROC
     # A job's rank_processes event at least this often when nothing notable changes (every collect
     # while a rank is stopped, gone, in disk sleep, waiting for a CPU or throttled): 0, every collect.
@@ -61,7 +80,7 @@ class RanksConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> RanksConfig:
-        known = {"interval_s", "job", "launch_manifest", "scan", "proc", "event_every_s"}
+        known = {"interval_s", "job", "launch_manifest", "scan", "proc", "event_every_s", "pod"}
         unknown = set(cfg) - known
         if unknown:
             raise ValueError(f"ranks: unknown config key(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -74,7 +93,8 @@ class RanksConfig:
             raise ValueError(f"ranks: event_every_s must be >= 0, not {every}")
         return cls(interval_s=interval, job=str(cfg.get("job") or ""),
                    launch_manifest=str(manifest) if manifest else None, scan=bool(cfg.get("scan", True)),
-                   proc=str(cfg.get("proc", procfs.PROC)), event_every_s=every)
+                   proc=str(cfg.get("proc", procfs.PROC)), event_every_s=every,
+                   pod=bool(cfg.get("pod", False)))
 
 
 @dataclass
@@ -101,6 +121,7 @@ class RankProc:
     collects: int = 0
     active_tids: set[int] = field(default_factory=set)  # threads that ran or waited at the last reading
     oom_at_follow: int | None = None  # the cgroup's OOM kill count when the rank was first followed
+    uid: int | None = None  # the user it runs as, who vouched for it (see the module docstring)
 
 
 def _delta(new: float | None, old: float | None) -> float | None:
@@ -121,7 +142,7 @@ class RanksCollector(Collector):
         self.default_interval_s = self.config.interval_s
         self._clock = clock
         self._lock = threading.Lock()  # guards _notes (the agent's thread) against collect's
-        self._notes: list[tuple[str, int, int, str]] = []  # (job, rank, pid, source) to take in
+        self._notes: list[tuple[str, int, int, str, int | None]] = []  # (job, rank, pid, source, uid)
         self.ranks: dict[tuple[str, int], RankProc] = {}
         self._mounts: procfs.Mounts | None = None
         self._prev_cpus: dict[int, tuple[int, int]] | None = None
@@ -138,18 +159,22 @@ class RanksCollector(Collector):
         self.last_scan_pids = 0
 
     # ---- what the agent tells it ---------------------------------------------------------------
-    def note(self, pid: int, rank: int, source: str, job: str | None = None) -> None:
-        """A rank process known to another collector (thread-safe; taken in at the next collect)."""
+    def note(self, pid: int, rank: int, source: str, job: str | None = None, uid: int | None = None) -> None:
+        """A rank process known to another collector (thread-safe; taken in at the next collect).
+        ``uid``: for a step hook's pid, the uid of the sender the kernel named (required)."""
         if source not in SOURCES or pid <= 0 or rank < 0:
             return
         with self._lock:
             if len(self._notes) < 4 * L.MAX_RANKS_PER_AGENT:
-                self._notes.append((job or self.config.job, rank, pid, source))
+                self._notes.append((job or self.config.job, rank, pid, source, uid))
 
     def rank_pids(self, job: str | None = None) -> dict[int, int]:
-        """rank -> pid of the live rank processes followed (of ``job``, else the collector's)."""
+        """rank -> pid of the live rank processes followed (of ``job``, else the collector's), each
+        checked now to be the process that was followed, running as the user who vouched for it."""
         want = job or self.config.job
-        return {r.rank: r.pid for (j, _), r in list(self.ranks.items()) if j == want and r.gone_at is None}
+        proc = self.config.proc
+        return {r.rank: r.pid for (j, _), r in list(self.ranks.items())
+                if j == want and r.gone_at is None and same_process(r.pid, r.start_ticks, r.uid, proc)}
 
     # ---- collector interface -------------------------------------------------------------------
     def probe(self) -> Capabilities:
@@ -176,10 +201,13 @@ class RanksCollector(Collector):
             return out
         t = self._clock()
         self._take_notes(now)
-        if self.config.launch_manifest and t - self._discovered_at >= DISCOVER_EVERY_S:
+        if (self.config.launch_manifest or self.config.pod) and t - self._discovered_at >= DISCOVER_EVERY_S:
             self._discovered_at = t
             try:
-                self._discover(now)
+                if self.config.launch_manifest:
+                    self._discover(now)
+                if self.config.pod:
+                    self._discover_pod(now)
             except Exception as exc:  # a manifest being rewritten, a process tree changing under us
                 self.count_error("discover-failed", repr(exc))
         cpus = procfs.read_cpu_times(self.config.proc)
@@ -208,10 +236,12 @@ class RanksCollector(Collector):
     def _take_notes(self, now: float) -> None:
         with self._lock:
             notes, self._notes = self._notes, []
-        for job, rank, pid, source in notes:
-            self._follow(job, rank, pid, source, now)
+        for job, rank, pid, source, uid in notes:
+            self._follow(job, rank, pid, source, now, uid)
 
-    def _follow(self, job: str, rank: int, pid: int, source: str, now: float) -> None:
+    def _follow(self, job: str, rank: int, pid: int, source: str, now: float, uid: int | None = None) -> None:
+        """Follow ``pid`` as ``job``'s ``rank`` when it runs as ``uid`` alone (a GPU process: as its own
+        user alone); a pid named for another user's process is counted, never followed."""
         key = (job, rank)
         held = self.ranks.get(key)
         if held is not None and held.pid == pid:
@@ -225,10 +255,15 @@ class RanksCollector(Collector):
         if held is None and len(self.ranks) >= L.MAX_RANKS_PER_AGENT:
             self.count_error("ranks-over-cap", f"job {job} rank {rank}")
             return
+        ident = read_identity(pid, self.config.proc)
         st = procfs.read_stat(pid, self.config.proc)
-        if st is None:
+        if st is None or ident is None:
             return  # already gone: nothing to follow
-        self.ranks[key] = RankProc(job, rank, pid, source, st.start_ticks, st.state, now)
+        if ident.uid is None or (source != "gpu" and ident.uid != uid):
+            self.count_error("not-vouched", f"{source} named pid {pid} for job {job} rank {rank}: it runs as "
+                             f"uid(s) {ident.uids}, not as {uid} alone; not followed")
+            return
+        self.ranks[key] = RankProc(job, rank, pid, source, st.start_ticks, st.state, now, uid=ident.uid)
 
     def _discover(self, now: float) -> None:
         """The launch manifest's child and its descendants; those declaring RANK are ranks. A job of
@@ -252,6 +287,8 @@ class RanksCollector(Collector):
             tree = [root, *root.children(recursive=True)]
         except psutil.Error:
             return
+        ident = read_identity(pid, self.config.proc)
+        owner = ident.uid if ident is not None else None  # the launch's user: its ranks run as it
         job = str(m.get("job") or self.config.job)
         # A rank's own children inherit its RANK (data-loader workers, a multiprocessing manager, compile
         # workers): the rank is the topmost process declaring it, the one whose parent declares another
@@ -268,12 +305,24 @@ class RanksCollector(Collector):
         declared = bool(ranks)
         for child, (rank, parent) in ranks.items():
             if parent is None or parent not in ranks or ranks[parent][0] != rank:
-                self._follow(job, rank, child, "launch", now)
+                self._follow(job, rank, child, "launch", now, owner)
         held = self.ranks.get((job, 0))
         if not declared and len(tree) == 1:  # one process, no launcher: it is the rank
-            self._follow(job, 0, pid, "launch", now)
+            self._follow(job, 0, pid, "launch", now, owner)
         elif declared and held is not None and held.pid == pid and held.source == "launch":
             del self.ranks[(job, 0)]  # the launcher taken for the rank before its workers started
+
+    def _discover_pod(self, now: float) -> None:
+        """The rank processes of this agent's pod (config ``pod``), each the topmost process declaring
+        its rank (as in _discover: a rank's workers inherit its RANK)."""
+        ranks = pod_ranks(self.config.job, self.config.proc)
+        if ranks is None:  # the host's pid namespace: there is no pod to follow
+            self.count_error("pod-is-host", "ranks: pod is set but the agent runs in the host's pid "
+                             "namespace (a job's sidecar needs shareProcessNamespace: true in its pod)")
+            return
+        for pid, (rank, parent) in ranks.items():
+            if parent is None or parent not in ranks or ranks[parent][0] != rank:
+                self._follow(self.config.job, rank, pid, "pod", now)
 
     # ---- one rank ------------------------------------------------------------------------------
     def _measure(self, rp: RankProc, t: float, now: float,
@@ -473,8 +522,10 @@ class RanksCollector(Collector):
                 self._names.clear()
             self._names[key] = got
         name, cmd, user = got
-        cut = L.MAX_RANK_PAYLOAD_CMDLINE
-        return {"pid": pid, "name": name, "user": user, "cmdline": cmd[:cut] if cmd else None,
+        # Another process is named by pid, user and command name only; the job's own (a rank's
+        # descendant) keeps its command line, redacted (perfd.procinfo.shown_cmdline).
+        return {"pid": pid, "name": name, "user": user,
+                "cmdline": shown_cmdline(cmd, own, L.MAX_RANK_PAYLOAD_CMDLINE),
                 "cpu_ratio": round(share, 4), "cpu": st.processor, "own": own}
 
     def _swap_rate(self, t: float) -> float | None:

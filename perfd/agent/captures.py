@@ -37,12 +37,22 @@ class AgentCaptures:
     def __init__(self, job: str, root: str | None, quota_bytes: int,
                  emit: Callable[[dict[str, Any]], None], kineto: bool = True,
                  hook: Collector | None = None, kineto_socket: str = DEFAULT_SOCKET_NAME,
-                 dynolog_port: int = DYNOLOG_PORT) -> None:
+                 dynolog_port: int = DYNOLOG_PORT, kineto_socket_dir: str | None = None,
+                 rank_pids: Callable[[str], Mapping[int, int]] | None = None) -> None:
         self.job = job
+        # The rank processes the ranks collector follows (a sidecar's: those of its pod), by job.
+        self._followed = rank_pids
         self.root = Path(root) if root else default_capture_root()
         self.store = CaptureStore(self.root, quota_bytes)
         self.kineto: KinetoDaemon | DynologKineto | None = None
-        if kineto and kineto_socket_taken(kineto_socket):
+        if kineto and kineto_socket_dir:
+            try:  # a file socket (the jobs set KINETO_IPC_SOCKET_DIR): no host-wide name to share
+                self.kineto = KinetoDaemon(socket_dir=kineto_socket_dir)
+                self.kineto.start()
+            except (KinetoDaemonError, OSError) as exc:
+                log.warning("Kineto daemon not started in %s: %s", kineto_socket_dir, exc)
+                self.kineto = None
+        elif kineto and kineto_socket_taken(kineto_socket):
             # dynolog serves this node (it holds the Kineto socket): do not fight it for the socket,
             # hand our trace configs to it over its RPC port instead.
             try:
@@ -75,24 +85,33 @@ class AgentCaptures:
             else None, ncu=NcuExecutor(self.root), hook_canceller=canceller)
 
     def observe(self, events: list[dict[str, Any]]) -> None:
-        """Learn rank → pid from process lists; pass the hook's profile events to the manager."""
+        """Learn rank → pid from process lists (only processes of this agent's job: one that declares
+        another job in its environment is that job's rank, not ours); pass the hook's profile events
+        to the manager."""
         for ev in events:
             kind = ev.get("kind")
             procs = payload_of(ev, GPU_PROCESSES) if kind == GPU_PROCESSES.name else None
             if procs is not None:
                 with self._lock:
                     for p in procs:
+                        declared = p.get("job")
+                        if declared and declared != self.job:
+                            continue
                         if isinstance(p.get("rank"), int) and isinstance(p.get("pid"), int):
                             self._rank_pid[int(p["rank"])] = int(p["pid"])
             elif kind == HOOK_PROFILE.name:
                 self.manager.on_hook_event(ev)
 
     def _pids_for_ranks(self, job: str, ranks: tuple[int, ...]) -> Mapping[int, int]:
-        """rank -> pid: from the GPU process lists (RANK in each process's environment), else from
-        the step hook, whose datagrams carry the sender's rank and pid (jobs without a GPU
-        context yet, or an agent without NVML)."""
+        """rank -> pid: from the GPU process lists (RANK in each process's environment), else the
+        rank processes the ranks collector follows (a job's sidecar: those of its pod, in the pod's
+        pid namespace as the ranks' Kineto requests name them), else from the step hook's senders
+        (their rank, and the pid the kernel's credentials vouched for: collectors/hook/peers.py), for
+        jobs without a GPU context yet, or an agent without NVML."""
         with self._lock:
             known = dict(self._rank_pid)
+        for rank, followed in (self._followed(job) if self._followed is not None else {}).items():
+            known.setdefault(int(rank), int(followed))
         for rank, peer in list((self._hook_peers or {}).items()):
             pid = getattr(peer, "pid", None)
             if isinstance(pid, int) and rank not in known:

@@ -53,6 +53,9 @@ class AgentConfig:
     capture_dir: str | None = None  # default: capture_root()
     capture_quota_bytes: int = 2 * 1024**3
     kineto_daemon: bool = True
+    # Serve Kineto on a file socket in this folder (the jobs set KINETO_IPC_SOCKET_DIR to it) rather
+    # than the abstract name "dynolog", which is one per network namespace (a node, or a pod).
+    kineto_socket_dir: str | None = None
     # Security (perfd.transport.security): the CA that signed the aggregator's certificate (TLS),
     # this agent's certificate and key (mutual TLS), and the shared bearer token.
     tls_ca: str | None = None
@@ -106,7 +109,7 @@ class AgentConfig:
 
 _TOP_KEYS = {f for f in AgentConfig.__dataclass_fields__}
 _OPTIONAL_KEYS = ("aggregator", "metrics_port", "spool_dir", "state_dir", "capture_dir", "tls_ca", "tls_cert",
-                  "tls_key", "auth_token_file")
+                  "tls_key", "auth_token_file", "kineto_socket_dir")
 
 
 def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:
@@ -141,10 +144,11 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
                     megatron_log: str | None = None, nvml: str | None = None,
                     metrics_port: int | None = None, node: str | None = None,
                     agent_id: str | None = None, spool_dir: str | None = None, state_dir: str | None = None,
-                    host: bool | None = None, launch_manifest: str | None = None, ranks: bool | None = None,
+                    host: bool | None = None, launch_manifest: str | None = None,
+                    ranks: bool | str | None = None,
                     metrics_host: str | None = None, listen_all: bool = False,
                     tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
-                    auth_token_file: str | None = None) -> AgentConfig:
+                    auth_token_file: str | None = None, capture_dir: str | None = None) -> AgentConfig:
     """Command-line flags win over the file (so a job can be watched without a config file).
 
     ``launch_manifest``: a `perfd launch` manifest; its job name (unless ``job`` is given) and the
@@ -171,7 +175,7 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
     elif listen_all:
         cfg.metrics_host = "0.0.0.0"
     for key, val in (("tls_ca", tls_ca), ("tls_cert", tls_cert), ("tls_key", tls_key),
-                     ("auth_token_file", auth_token_file)):
+                     ("auth_token_file", auth_token_file), ("capture_dir", capture_dir)):
         if val is not None:
             setattr(cfg, key, val)
     if metrics_port is not None:
@@ -195,9 +199,12 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
     elif "host" not in cfg.collectors:
         cfg.collectors["host"] = {}
     # The job's rank processes (collectors/ranks): on by default, like host; cheap with none to follow.
+    # "pod": also those of the agent's own pod (a job's sidecar: collectors/ranks, pod).
     if ranks is not None:
         if ranks:
             cfg.collectors.setdefault("ranks", {})
+            if ranks == "pod":
+                cfg.collectors["ranks"]["pod"] = True
         else:
             cfg.collectors.pop("ranks", None)
     elif "ranks" not in cfg.collectors:

@@ -260,25 +260,31 @@ class Agent:
 
     def _note_ranks(self, events: list[dict[str, Any]], steps: list[StepRecord]) -> None:
         """Hand the rank processes the other collectors know to the ranks collector: each GPU
-        process that declares a RANK (collectors/nvml), each step hook's sender (its pid and rank)."""
+        process that declares a RANK (collectors/nvml), each step hook's sender (its pid and rank,
+        with the uid the kernel gave for the sender: the ranks collector follows the pid only as
+        that user's process)."""
         st = self.scheduler.states.get("ranks")
         note = getattr(st.collector, "note", None) if st is not None else None
         if note is None:
             return
-        seen: set[tuple[str | None, int, int, str]] = set()
+        hook = self.scheduler.states.get("hook")
+        verified: Mapping[int, int] = getattr(hook.collector, "verified", {}) if hook is not None else {}
+        seen: set[tuple[str | None, int, int, str, int | None]] = set()
         for ev in events:
             if ev.get("kind") != GPU_PROCESSES.name:
                 continue
             for p in payload_of(ev, GPU_PROCESSES) or []:
                 rank, pid, job = p.get("rank"), p.get("pid"), p.get("job")
                 if isinstance(rank, int) and isinstance(pid, int):
-                    seen.add((job if isinstance(job, str) and job else None, rank, pid, "gpu"))
+                    seen.add((job if isinstance(job, str) and job else None, rank, pid, "gpu", None))
         for rec in steps:
             pid = rec.fields.get("pid") if rec.source is not None and rec.source.collector == "hook" else None
             if isinstance(rec.rank, int) and pid is not None and pid.isdigit():
-                seen.add((rec.job, rec.rank, int(pid), "hook"))
-        for job, rank, pid, source in seen:
-            note(pid, rank, source, job)
+                uid = verified.get(int(pid))
+                if uid is not None:  # a pid no verified sender named is not the agent's to follow
+                    seen.add((rec.job, rec.rank, int(pid), "hook", uid))
+        for job, rank, pid, source, uid in seen:
+            note(pid, rank, source, job, uid)
 
     # ---- self metrics -------------------------------------------------------------------------
     def self_metric_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
@@ -500,11 +506,15 @@ class Agent:
         from perfd.agent.captures import AgentCaptures
 
         hook = self.scheduler.states.get("hook")
+        ranks = self.scheduler.states.get("ranks")
+        followed = getattr(ranks.collector, "rank_pids", None) if ranks is not None else None
         try:
             self.captures = AgentCaptures(self.cfg.job or DEFAULT_JOB, self.cfg.capture_root(),
                                           self.cfg.capture_quota_bytes, self._emit_event,
                                           kineto=self.cfg.kineto_daemon,
-                                          hook=hook.collector if hook is not None else None)
+                                          hook=hook.collector if hook is not None else None,
+                                          kineto_socket_dir=self.cfg.kineto_socket_dir,
+                                          rank_pids=followed)
         except Exception as exc:  # no capture store (disk, permissions): say so, monitor on
             log.error("captures disabled: %s", exc)
 

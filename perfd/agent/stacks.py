@@ -7,6 +7,11 @@ so it never makes a hang worse, and it reads a stopped (SIGSTOP) process too (ch
 thread of its own: the agent's loop never waits for it. The answer goes back as one ``rank_stacks``
 event (perfd.events) naming the command it answers.
 
+py-spy's dump starts with the process's command line ("Process PID: ..."): the text goes through
+perfd.procinfo.redact_cmdline, so a password on it is not served with the stack (docs/security.md).
+The pids come from the ranks collector, which re-checks each one when asked (still the process it
+followed, still running as the user who vouched for it).
+
 py-spy needs the rights to read the process's memory (process_vm_readv: the same user with
 ``kernel.yama.ptrace_scope`` 0, or CAP_SYS_PTRACE): where it has not, the rank's entry carries
 py-spy's error instead of a stack. Where py-spy is not installed (``pip install perfd`` brings it),
@@ -28,6 +33,7 @@ from typing import Any
 
 from perfd import limits as L
 from perfd.events import RANK_STACKS
+from perfd.procinfo import redact_cmdline
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +74,7 @@ def dump_stack(binary: str | None, pid: int, timeout_s: float = L.STACK_TIMEOUT_
         err = res.stderr.decode("utf-8", "replace").strip() or f"exit status {res.returncode}"
         out["error"] = err[-2000:]
         return out
+    text = redact_cmdline(text)
     if len(text.encode()) > max_bytes:
         text = text.encode()[:max_bytes].decode("utf-8", "ignore") + "\n… (cut: more than " \
             f"{max_bytes} bytes)"

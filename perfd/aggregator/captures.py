@@ -297,7 +297,9 @@ class CaptureCoordinator:
 
     def _agents_for(self, job: str, ranks: list[int] | None) -> list[str]:
         """Agents whose node hosts a target rank; every host of the job when placement is unknown
-        (each agent captures only the ranks it hosts). Never an agent that does not host the job."""
+        (each agent captures only the ranks it hosts). Never an agent that does not host the job.
+        An agent's node: where the GPU processes it reports run, else the node its Hello named (a
+        job's sidecar reads no GPU: its ranks are placed by the node's agent, issue 46)."""
         placed = self.state.placed_ranks(job)
         if self.hosts is not None:
             agents_all = sorted(self.hosts(job))
@@ -307,15 +309,23 @@ class CaptureCoordinator:
             return agents_all
         nodes = {placed[r].node for r in ranks if r in placed}
         node_of = self.state.nodes.node_of_agent()
+        for agent in agents_all:
+            said = self.state.nodes.hello_of(agent) if agent not in node_of else None
+            if said is not None and said[0]:
+                node_of[agent] = said[0]
         chosen = sorted({a for a, n in node_of.items() if n in nodes and a in agents_all})
         return chosen or agents_all
 
     def on_event(self, ev: Mapping[str, Any]) -> None:
-        """Capture progress reported by an agent (capture_started/finished/failed)."""
+        """Capture progress reported by an agent (capture_started/finished/failed): taken only from
+        an agent the capture was sent to (another's is refused and counted, ``not_target``: a
+        stranger naming a capture's id once turned it from failed into finished with its own
+        result)."""
         kind = str(ev.get("kind", ""))
         if kind not in CAPTURE_PROGRESS:
             return
         links = ev.get("links") or {}
+        sender = str(ev.get("agent") or "")
         with self._lock:
             rec = None
             for key in ("command_id", "capture_id"):  # agents name our request by command_id
@@ -324,6 +334,10 @@ class CaptureCoordinator:
                     rec = self.captures[str(cid)]
                     break
             if rec is None:
+                return
+            if sender not in rec.agents:
+                self.refusals.refuse(L.REFUSED_NOT_TARGET, f"{kind} for capture {rec.id} from agent "
+                                     f"{sender[:64]}, which it was not sent to", agent=sender)
                 return
             if links.get("capture_id") and links.get("capture_id") != rec.id:
                 rec.agent_capture_ids = sorted({*rec.agent_capture_ids, str(links["capture_id"])})

@@ -7,24 +7,30 @@ when records, hang events or the job's step records changed.
 Dedupe: a batch re-delivered after a reconnect, or an op that two dumps both show, replaces the
 record it repeats: Flight Recorder records are keyed by (rank, process group, sequence number,
 p2p), Inspector records by (host, pid, communicator, rank in it, sequence number, p2p).
-Retention: the newest ``max_records_per_job`` records per job (oldest dropped first, counted).
+Retention: the newest ``max_records_per_job`` records per job (oldest dropped first, counted); a
+job's hang events, kept whole for the analysis, the newest ``max_hang_events`` within
+perfd.limits.MAX_WHOLE_EVENT_BYTES_PER_JOB (oldest dropped first, counted in ``hang_events_dropped``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd import limits as L
 from perfd.analytics.collective_config import CollectiveConfig
 from perfd.analytics.collectives import CollectiveAnalysis, analyze_collectives
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
 Row = tuple[Mapping[str, str], str, float]
+log = logging.getLogger(__name__)
 
 
 def record_key(r: CollectiveRecord) -> Hashable:
@@ -39,6 +45,7 @@ class JobCollectives:
     records: dict[Hashable, CollectiveRecord] = field(default_factory=dict)  # oldest first
     rank_agent: dict[int, str] = field(default_factory=dict)  # rank -> agent whose dumps hold it
     hang_events: list[dict[str, Any]] = field(default_factory=list)
+    hang_sizes: list[int] = field(default_factory=list)  # each hang event's bytes, as hang_events
     version: int = 0
     dropped: int = 0
     analysis: CollectiveAnalysis | None = None
@@ -48,11 +55,16 @@ class JobCollectives:
 
 class CollectiveStore:
     def __init__(self, max_records_per_job: int = 20_000, max_hang_events: int = 500,
-                 min_recompute_s: float = 0.5, config: CollectiveConfig | None = None) -> None:
+                 min_recompute_s: float = 0.5, config: CollectiveConfig | None = None,
+                 max_hang_bytes: int = L.MAX_WHOLE_EVENT_BYTES_PER_JOB) -> None:
         self._lock = threading.Lock()
         self.jobs: dict[str, JobCollectives] = {}
         self.max_records = max_records_per_job
         self.max_hang_events = max_hang_events
+        self.max_hang_bytes = max_hang_bytes
+        self.hang_events_dropped = 0
+        self._unlogged: dict[str, int] = {}  # what -> drops not yet in a log line (_drop_line)
+        self._logged_at: dict[str, float] = {}
         self.min_recompute_s = min_recompute_s
         self.config = config or CollectiveConfig()
         self.job_config: dict[str, CollectiveConfig] = {}  # per-job overrides (links, thresholds)
@@ -72,6 +84,7 @@ class CollectiveStore:
                 jc.records[key] = r
                 if r.rank is not None and r.source == "flight_recorder":
                     jc.rank_agent[r.rank] = agent_id
+            dropped = 0
             for jc in touched.values():
                 jc.version += 1
                 excess = len(jc.records) - self.max_records
@@ -80,14 +93,54 @@ class CollectiveStore:
                         del jc.records[key]
                     jc.dropped += excess
                     self.dropped += excess
+                    dropped += excess
+            line = self._drop_line("records", dropped) if dropped else 0
+        if line:
+            log.info("collectives: %d collective record(s) left their jobs' retention (%d a job, the oldest "
+                     "first) since the last line", line, self.max_records)
 
     def add_hang_event(self, agent_id: str, ev: Mapping[str, Any]) -> None:
         job = str(ev.get("job") or (ev.get("labels") or {}).get("job") or "")
+        # What it holds: its text and payload (the wire's cap bounds one; this bounds the job's).
+        size = len(str(ev.get("text") or "")) + len(json.dumps(ev.get("payload"), default=str)) + 256
         with self._lock:
             jc = self.jobs.setdefault(job, JobCollectives())
             jc.hang_events.append({**ev, "agent": agent_id})
-            del jc.hang_events[:-self.max_hang_events]
+            jc.hang_sizes.append(size)
+            drop = max(0, len(jc.hang_events) - self.max_hang_events)
+            held = sum(jc.hang_sizes[drop:])
+            while drop < len(jc.hang_events) - 1 and held > self.max_hang_bytes:
+                held -= jc.hang_sizes[drop]
+                drop += 1
+            if drop:
+                del jc.hang_events[:drop]
+                del jc.hang_sizes[:drop]
+                self.hang_events_dropped += drop
             jc.version += 1
+            line = self._drop_line("hang", drop)
+        if line:
+            log.warning("collectives: %d hang event(s) dropped since the last line (latest of job %s), the "
+                        "oldest first: a job keeps at most %d of them and %d bytes", line, job[:80],
+                        self.max_hang_events, self.max_hang_bytes)
+
+    def _drop_line(self, what: str, n: int) -> int:
+        """Count ``n`` dropped ``what`` (lock held); the count to log now, or 0: every drop is a log
+        line with its count, one a minute at most per kind."""
+        self._unlogged[what] = self._unlogged.get(what, 0) + n
+        now = time.monotonic()
+        if not self._unlogged[what] or now - self._logged_at.get(what, -1e18) < L.REFUSAL_LOG_INTERVAL_S:
+            return 0
+        self._logged_at[what] = now
+        out, self._unlogged[what] = self._unlogged[what], 0
+        return out
+
+    def hang_stats(self) -> dict[str, int]:
+        """Hang events held (whole) and dropped: the most bytes one job holds, for /api/stats."""
+        with self._lock:
+            held = [sum(jc.hang_sizes) for jc in self.jobs.values()]
+            return {"hang_events_held": sum(len(jc.hang_events) for jc in self.jobs.values()),
+                    "hang_event_bytes_max_job": max(held, default=0),
+                    "hang_events_dropped": self.hang_events_dropped}
 
     def has_job(self, job: str) -> bool:
         with self._lock:

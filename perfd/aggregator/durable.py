@@ -16,11 +16,13 @@ import json
 import logging
 import sqlite3
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from perfd import limits as L
 from perfd.aggregator.store import BATCH, HELLO, StateStore, StoreError
 from perfd.transport.codec import SAMPLE_FIELDS, DecodedBatch
+from perfd.transport.delivery import Kept
 from perfd.transport.gen import perfd_pb2 as pb
 
 if TYPE_CHECKING:
@@ -39,18 +41,30 @@ class Journal:
         self.store = store
         self.max_hello_jobs = max_hello_jobs
 
-    def hello(self, agent_id: str, hello: pb.Hello) -> None:
-        self.store.journal(HELLO, agent_id, json.dumps(list(hello.jobs[:self.max_hello_jobs])).encode())
+    def hello(self, agent_id: str, jobs: Sequence[str]) -> None:
+        """The jobs the guard admitted of the agent's Hello (never the names it refused: a Hello of
+        100 names of 100 KB each was once stored whole)."""
+        self.store.journal(HELLO, agent_id, json.dumps(list(jobs[:self.max_hello_jobs])).encode())
 
-    def batch(self, agent_id: str, batch: pb.Batch) -> None:
+    def batch(self, agent_id: str, batch: pb.Batch, kept: Kept | None = None) -> None:
+        """What the aggregator kept of the batch, without its samples (nothing it refused)."""
         if not (batch.steps or batch.events or batch.job_info_json or batch.collectives):
             return  # samples only: nothing the analysis keeps
-        kept = pb.Batch()
-        kept.CopyFrom(batch)
+        out = pb.Batch()
+        out.CopyFrom(batch)
         for name in SAMPLE_FIELDS:
-            kept.ClearField(name)
-        self.store.journal(BATCH, agent_id, kept.SerializeToString(), only_job(batch))
-        for job, text in batch.job_info_json.items():
+            out.ClearField(name)
+        if kept is not None:
+            _keep(out.steps, kept.steps)
+            _keep(out.events, kept.events)
+            _keep(out.collectives, kept.collectives)
+            if kept.job_info is not None:
+                for job in [j for j in out.job_info_json if j not in kept.job_info]:
+                    del out.job_info_json[job]
+        if not (out.steps or out.events or out.job_info_json or out.collectives):
+            return  # all of it refused
+        self.store.journal(BATCH, agent_id, out.SerializeToString(), only_job(out))
+        for job, text in out.job_info_json.items():
             self.store.put_job_info(job, agent_id, text)
 
     def seq(self, agent_id: str, epoch: str, seq: int) -> None:
@@ -64,6 +78,20 @@ class Journal:
 
     def recover(self, agent_id: str) -> tuple[str, int] | None:
         return self.store.recover(agent_id)
+
+
+def _keep(field: Any, indices: Sequence[int] | None) -> None:
+    """Keep only ``indices`` of a repeated message field (None: all)."""
+    if indices is None or len(indices) == len(field):
+        return
+    items = [field[i] for i in indices if 0 <= i < len(field)]
+    copies = []
+    for m in items:
+        c = type(m)()
+        c.CopyFrom(m)
+        copies.append(c)
+    del field[:]
+    field.extend(copies)
 
 
 def only_job(batch: pb.Batch) -> str | None:

@@ -3,7 +3,9 @@
 A state event goes to the handler its kind registered (the node view for process lists, the
 serving view for serving reports, ...) and not into the log; a history event goes into the
 bounded log and to every listener (the capture coordinator follows capture progress this way). A
-new source registers a handler for its kind: no branch here.
+new source registers a handler for its kind: no branch here. Listeners get each event with the agent
+that sent it (``agent``): the capture coordinator takes a capture's progress only from the agents
+the capture was sent to.
 
 Bounded by count (``max_events``) and by bytes (perfd.limits.MAX_EVENT_LOG_BYTES): the oldest go
 first. What the log keeps of one event is at most MAX_KEPT_EVENT_BYTES of text and payload
@@ -83,9 +85,11 @@ class EventLog:
         with self._lock:
             self.ingested += len(evs)
             self._keep(history)
-        for listener in self.listeners:
-            for ev in evs:
-                listener(ev)
+        if self.listeners:
+            heard = [{**ev, "agent": agent_id} for ev in evs]
+            for listener in self.listeners:
+                for ev in heard:
+                    listener(ev)
 
     def _keep(self, evs: Sequence[Mapping[str, Any]]) -> None:
         """Append (lock held), each cut to what is kept and numbered; the oldest leave past the caps."""

@@ -28,7 +28,7 @@ per reason and per agent (perfd.refusals).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from perfd import limits as L
 from perfd.limits import Limits
@@ -57,6 +57,9 @@ class Guard:
         self.job_allowed = job_allowed  # (agent, job) -> whether the identity policy allows it
         self.identity_of = identity_of or (lambda agent: None)  # agent -> its bound identity
         self.make_room: MakeRoom | None = None  # set by the lifecycle
+        # agent -> the jobs whose processes run on the GPUs it reports (set by the aggregator:
+        # perfd.aggregator.nodes.NodeView.jobs_on); such an agent may report events of those jobs.
+        self.placed_jobs: Callable[[str], Collection[str]] = lambda agent: ()
         self._lock = threading.Lock()  # the HTTP thread reads hosts (capture routing)
         self._hosts: dict[str, set[str]] = {}
         self._named: dict[str, set[str]] = {}  # job -> the hosts whose Hello names it (standing 2)
@@ -238,8 +241,51 @@ class Guard:
         ok = {job for job in {r.job for r in recs} if self.admit_job(job, agent)}
         return [r for r in recs if r.job in ok] if len(ok) < len({r.job for r in recs}) else list(recs)
 
-    def events(self, agent: str, events: Iterable[dict[str, object]]) -> list[dict[str, object]]:
-        return [e for e in events if not e.get("job") or self.admit_job(str(e["job"]), agent)]
+    def events(self, agent: str, events: Sequence[Mapping[str, object]]) -> list[int]:
+        """The indices of ``events`` the agent may send: an event about a job (its ``job``, and its
+        payload's, which must agree) only from an agent that hosts the job or runs it on its GPUs (a
+        node agent: ``placed_jobs``); the rest refused and counted (``not_host``, issue 43 item 5: a
+        stranger's phases, stopped ranks and stacks once went into another job's stall)."""
+        out: list[int] = []
+        refused: dict[str, int] = {}
+        for i, e in enumerate(events):
+            job = str(e.get("job") or "")
+            payload = e.get("payload")
+            said = payload.get("job") if isinstance(payload, Mapping) else None
+            if said is not None and str(said) != job:
+                refused[f"{str(said)[:64]!r} in the payload of an event of job {job[:64]!r}"] = 1
+                continue
+            if not job:
+                out.append(i)
+                continue
+            if self.job_allowed is not None and not self.job_allowed(agent, job):
+                self.refusals.refuse(L.REFUSED_POLICY, f"an event of job {job[:64]!r} from agent "
+                                     f"{agent[:64]}: not one the identity policy gives its certificate",
+                                     agent=agent)
+                continue
+            if self._hosts_events(agent, job):
+                out.append(i)
+            else:
+                refused[job] = refused.get(job, 0) + 1
+        for job, n in refused.items():
+            self.refusals.refuse(L.REFUSED_NOT_HOST, f"{n} event(s) about job {job[:64]} from agent "
+                                 f"{agent[:64]}, which does not host it", n, agent=agent)
+        return out
+
+    def _hosts_events(self, agent: str, job: str) -> bool:
+        """An agent may report events of a job it hosts (becoming the host of a job nobody hosts, as
+        for step records), or of a job whose processes run on its GPUs (a node agent's)."""
+        with self._lock:
+            hosts = self._hosts.get(job)
+            if hosts and agent in hosts:
+                return True
+        if job in self.placed_jobs(agent):
+            return self.admit_job(job, agent)
+        with self._lock:
+            hosts = self._hosts.get(job)
+            if hosts:
+                return False
+        return self.may_write(agent, job, "events")
 
     # ---- series ---------------------------------------------------------------------------------
     def admit_series(self, agent: str, name: str, labels: LabelSet) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from perfd import limits as L
@@ -72,6 +72,8 @@ class HostView:
             if p["state"] == "end":
                 if held.pop(key, None) is not None:
                     self._phase_ended[job] = time.time()
+            elif key in held and held[key]["phase"] == p["phase"]:
+                pass  # announced again: it began when it first did (a re-announcement is no new pause)
             elif key in held or len(held) < MAX_PHASE_KEYS:
                 it = p.get("iteration")
                 held[key] = {"phase": p["phase"], "since": time.time(),
@@ -130,13 +132,17 @@ class HostView:
         with self._lock:
             return self._phase_ended.get(job)
 
-    def stacks(self, job: str, command_id: str) -> dict[str, dict[str, Any]]:
-        """rank -> {pid, stack | error, node, agent} of one stacks request's answers so far."""
+    def stacks(self, job: str, command_id: str, agents: Collection[str] | None = None
+               ) -> dict[str, dict[str, Any]]:
+        """rank -> {pid, stack | error, node, agent} of one stacks request's answers so far, from
+        ``agents`` only (those it was sent to) when given."""
         with self._lock:
             held = self._stacks.get(job)
             answers = dict(held.get(command_id) or {}) if held is not None else {}
         out: dict[str, dict[str, Any]] = {}
         for agent, p in answers.items():
+            if agents is not None and agent not in agents:
+                continue
             for rank, entry in (p.get("ranks") or {}).items():
                 if isinstance(entry, Mapping):
                     out[str(rank)] = {**entry, "node": p.get("node"), "agent": agent}

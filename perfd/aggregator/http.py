@@ -71,7 +71,7 @@ class _StateCollector:
             rows.append((labels, s.name, s.value))
         yield from series_families(rows)
         yield from series_families(self.state.collective_rows(self.per_rank_series))
-        yield from series_families(self.state.incidents.metric_rows())
+        yield from series_families(self.state.incidents.metric_rows(self.state.jobs_with_data()))
         yield from series_families(liveness_rows(self.state, node_info=True))
         yield from series_families(self.state.serving.rows())
         t = self.state.transport_stats() if self.state.transport_stats is not None else {}
@@ -147,7 +147,20 @@ def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
                      key=lambda kv: (kv[0][0], int(kv[0][1]) if kv[0][1].isdigit() else 0))
     return {"job_name": job, "gpus": [row for _, row in ordered],
             "hosts": [{"node": n, "values": v} for n, v in sorted(hosts.items())],
-            "rank_hosts": rank_hosts(state, job)}
+            "rank_hosts": rank_hosts(state, job), "gpu_sources": gpu_sources(state, job, agents)}
+
+
+def gpu_sources(state: AggregatorState, job: str, agents: set[str]) -> list[dict[str, Any]]:
+    """Who could report the job's GPUs and what its NVML collector said at start (from each agent's
+    Hello): the job's own agents and every agent on its nodes (a node agent). ``nvml`` is "ok",
+    "unavailable: <why>" (no driver, no GPU, no permission), or None when the agent runs no NVML
+    collector (--nvml off). A GPU panel that stays empty says why from this, not only the agent's log."""
+    out = []
+    for agent in sorted(agents | state.nodes.agents_on(state.job_nodes(job))):
+        said = state.nodes.hello_of(agent)
+        if said is not None:
+            out.append({"agent": agent, "node": said[0], "nvml": said[1].get("nvml")})
+    return out
 
 
 # What the host panel shows of each rank process (perfd.events.RankHost; absent keys stay absent).

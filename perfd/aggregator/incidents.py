@@ -15,11 +15,11 @@ import dataclasses
 import statistics
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from perfd.analytics.attribution import xid_evidence
-from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, decide, merge
+from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, decide, merge, verdict_from_json
 from perfd.analytics.host_evidence import oom_evidence
 from perfd.analytics.incidents import MAX_INCIDENTS, STALL, Incident, render_cause
 from perfd.analytics.stall import silence_cost_s
@@ -38,6 +38,20 @@ Emit = Callable[[list[dict[str, Any]]], None]
 # incident -> {rank: GPU snapshot} of the ranks it involves (or of the job's GPUs that stand out)
 Snapshot = Callable[[Incident], dict[str, Any]]
 
+
+
+def _refine_cost(doc: dict[str, Any], inc: Incident, now: float) -> None:
+    """A recorded closed incident's cost and steady step as the latest analysis measures them; its
+    evidence and verdict are those of the time it ran."""
+    if STALL in doc.get("kinds", ()):
+        return  # its cost is the stall's too (with_stall_cost): left as recorded
+    fresh = inc.to_json()
+    if (fresh.get("cost_s"), fresh.get("steady_step_ms")) == (doc.get("cost_s"), doc.get("steady_step_ms")):
+        return
+    doc.update(cost_s=fresh.get("cost_s"), steady_step_ms=fresh.get("steady_step_ms"), updated_at=now)
+    verdict = verdict_from_json(doc.get("verdict"))
+    if verdict is not None:
+        doc["cause"] = render_cause(inc, verdict)
 
 class GpuBaseline:
     """What each rank's GPU showed while its job ran steadily (no incident open): how often each kind
@@ -142,7 +156,14 @@ class IncidentTracker:
                 if prev is None and stalls:
                     prev, key = stalls[0], str(stalls[0]["id"])
                 if prev is not None and not prev["open"] and not inc.open and not stalls:
-                    continue  # closed and already recorded with its evidence of the time
+                    # Closed and recorded with its evidence of the time. Its cost is re-read while a
+                    # later analysis sees the same iterations: the steady rate it is measured against
+                    # firms up as more calm steps follow (an early incident is seen first against a
+                    # few steps only); once warm-up takes part of it, what was recorded stays.
+                    if (inc.first_iteration, inc.last_iteration) == (prev["first_iteration"],
+                                                                     prev["last_iteration"]):
+                        _refine_cost(prev, inc, now)
+                    continue
                 pev = prev["evidence"] if prev else {}
                 gpu: dict[str, Any] = dict(pev.get("gpu", {}))
                 live = [e for d in pev.get("gpu_observed", []) if (e := Evidence.from_json(d)) is not None]
@@ -270,10 +291,14 @@ class IncidentTracker:
     def open_incidents(self, job: str) -> list[dict[str, Any]]:
         return [d for d in self.incidents(job) if d.get("open")]
 
-    def metric_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
+    def metric_rows(self, jobs: Iterable[str] = ()) -> list[tuple[Mapping[str, str], str, float]]:
+        """The incident counters of every job that had one, and of ``jobs`` (those holding data) at 0:
+        increase() needs a sample before a counter's first rise to count it (issue 46: it read 2.03
+        for three incidents when the counter appeared at 1 with the first)."""
         with self._lock:
             rows: list[tuple[Mapping[str, str], str, float]] = []
-            for job, n in sorted(self.opened_total.items()):
+            for job in sorted(set(self.opened_total) | set(jobs)):
+                n = self.opened_total.get(job, 0)
                 rows.append(({"job_name": job}, "perfd_job_incidents_total", float(n)))
                 rows.append(({"job_name": job}, "perfd_job_incident_lost_seconds_total",
                              float(self.lost_s_total.get(job, 0.0))))

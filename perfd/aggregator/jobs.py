@@ -4,12 +4,22 @@ Ingest (the gRPC event loop) and readers (the HTTP thread, the rules loop) meet 
 access goes through one lock. Ingest does no analysis: a job is marked dirty and its analysis is
 recomputed on the next read, at most every ``min_recompute_s`` (a busy job is not re-analysed once
 per batch), and outside the lock so that ingest never waits for it.
+
+What one record may cost (issue 43 items 3 and 6): a record implausibly ahead — beyond its run's
+train-iters, or more than perfd.limits.MAX_ITERATION_LEAP past the newest iteration held — is refused
+(the caller counts and logs it), never held; retention drops the *lowest* iterations held, so no
+record, however far ahead, sets a watermark below which later ones are dropped. A restarted run is a
+new run: its first record (``first_of_run``, or a rank whose hook now reports from another process)
+drops what the old run held from that iteration on, so the new run's records replace the old run's
+and are never refused as duplicates of them. Every retention drop is counted and logged, one line per
+job and minute with the counts (:meth:`JobStore.log_retention`).
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import logging
 import math
 import sys
 import threading
@@ -19,10 +29,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.run_analysis import AnalysisMemo, RunAnalysis, analyze_run
-from perfd.model import HOOK_FRAMEWORK, JobInfo, StepRecord, TimerValue, merge_job_info
+from perfd.limits import MAX_ITERATION_LEAP, REFUSAL_LOG_INTERVAL_S
+from perfd.model import JobInfo, StepRecord, merge_job_info
+
+__all__ = ["JobState", "JobStats", "JobStore", "StepConflicts", "job_info_of", "job_level_steps",
+           "mark_disturbed", "record_bytes", "worse_than"]
+
+log = logging.getLogger(__name__)
 
 # Bucket upper bounds (s) of the step-time histogram: 50 ms to 2 min, about ×1.5 apart.
 STEP_BUCKETS_S: tuple[float, ...] = (0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.45, 0.7, 1.0, 1.5, 2.25, 3.5, 5.0,
@@ -53,6 +70,7 @@ RETAIN_ITERATIONS = 5000
 RETAIN_BYTES = 256 << 20
 
 
+_MAX_RUN_MARKS = 1 << 16  # rank scopes whose hook pid a job remembers (a job's ranks; more: forgotten)
 _PREDECESSOR_PROBES = 8  # held iterations below a conflicting one looked at for its rank scope
 _ENTRY_BYTES = 40  # one slot of a dict, amortised (tracemalloc: 200 fields held 6.6 KB of dict)
 _RANK_MEMORY_BYTES = 232  # one rank's memory report: its dict ...
@@ -96,6 +114,9 @@ class StepConflicts:
     worse: dict[str, list[int]] = field(default_factory=dict)
     # Held records of another agent replaced, by (job, the agent whose records they were).
     displaced: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    # Records refused as implausibly ahead, by job: (iteration, why).
+    implausible: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    refused: set[int] = field(default_factory=set)  # id() of every record kept out (not journalled)
 
 
 @dataclass
@@ -125,7 +146,13 @@ class JobState:
     # Retention is by iteration, whatever the number of ranks reporting: iteration -> its records'
     # rank scopes, oldest first, so the oldest iteration goes in O(1) (its own records only).
     by_iteration: OrderedDict[int, list[str]] = field(default_factory=OrderedDict)
-    evicted_below: int | None = None  # iterations before this one left the window
+    evicted_any: bool = False  # some of its first iterations left the window
+    train_iters: int | None = None  # the current run's, as its records state it
+    run_marks: dict[str, str] = field(default_factory=dict)  # rank scope -> its hook's pid (a new run)
+    # Retention drops since the job's last log line: (iterations evicted, records evicted, records
+    # that arrived older than the window), and when that line was written.
+    drops: list[int] = field(default_factory=lambda: [0, 0, 0])
+    drops_logged_at: float = 0.0
     held_bytes: int = 0  # record_bytes of every record held
     iteration_bytes: dict[int, int] = field(default_factory=dict)
     # Incremental analysis: the per-iteration work of the last analysis (AnalysisMemo), and the
@@ -144,6 +171,10 @@ class JobState:
 class JobStats:
     steps: int = 0
     dropped_steps: int = 0  # records that left the retention window (or arrived older than it)
+    too_old: int = 0  # of those, records that arrived older than every iteration of a full window
+    implausible: int = 0  # records refused as implausibly ahead (MAX_ITERATION_LEAP, train-iters)
+    new_runs: int = 0  # restarts seen: the old run's records from there on dropped
+    replaced_by_new_run: int = 0  # ... how many
     evicted_iterations: int = 0
     evicted_iterations_bytes: int = 0  # of those, evicted for the byte bound
     analysis_errors: int = 0
@@ -220,8 +251,9 @@ class JobStore:
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None
                      ) -> StepConflicts:
         """Hold the records (a held one is replaced only by its own agent, and not by a worse
-        copy); returns what was kept out, for the caller to count and report. ``now``: when they
-        arrived (a replay from the state store gives the time they first did)."""
+        copy — unless a new run begins there); returns what was kept out, for the caller to count
+        and report. ``now``: when they arrived (a replay from the state store gives the time they
+        first did)."""
         out = StepConflicts()
         arrived = now if now is not None else time.time()
         with self._lock:
@@ -230,9 +262,16 @@ class JobStore:
                 js = self._job(rec.job)
                 js.agents.add(agent_id)
                 key = (rec.iteration, str(rec.rank))
-                if js.evicted_below is not None and rec.iteration < js.evicted_below:
-                    self.stats.dropped_steps += 1  # older than the window: it would leave at once
+                why = self._implausible(js, rec)
+                if why is not None:
+                    self.stats.implausible += 1
+                    out.implausible.setdefault(rec.job, []).append((rec.iteration, why))
+                    out.refused.add(id(rec))
                     continue
+                if self._new_run(js, rec, key[1]):
+                    self._drop_from(js, key[1], rec.iteration)
+                if rec.train_iters is not None and rec.train_iters > 0:
+                    js.train_iters = rec.train_iters
                 old = js.records.get(key)
                 holder = js.owner.get(key, agent_id) if old is not None else agent_id
                 if old is not None:
@@ -240,6 +279,7 @@ class JobStore:
                         if not self._outranks(js, key, agent_id, holder):
                             self.stats.conflicts += 1
                             out.other_agent.setdefault((rec.job, holder), []).append(rec.iteration)
+                            out.refused.add(id(rec))
                             continue
                         # The held record was written ahead of the job by an agent that does not
                         # continue it (see _outranks): the job's own writer takes the iteration.
@@ -248,6 +288,7 @@ class JobStore:
                     elif worse_than(rec, old):
                         self.stats.worse_duplicates += 1
                         out.worse.setdefault(rec.job, []).append(rec.iteration)
+                        out.refused.add(id(rec))
                         continue
                 if old is None and not isinstance(rec.rank, int) and rec.step_time_ms is not None \
                         and math.isfinite(rec.step_time_ms) and rec.step_time_ms >= 0:
@@ -270,22 +311,114 @@ class JobStore:
                 js.iteration_bytes[rec.iteration] = js.iteration_bytes.get(rec.iteration, 0) + size
                 js.dirty = True
                 js.last_step_time = js.touched_at = arrived
-                while len(js.by_iteration) > self.max_iterations or (
-                        js.held_bytes > self.max_bytes and len(js.by_iteration) > 1):
-                    by_bytes = len(js.by_iteration) <= self.max_iterations
-                    it, scopes = js.by_iteration.popitem(last=False)
-                    i = bisect.bisect_left(js.iterations, it)
-                    if i < len(js.iterations) and js.iterations[i] == it:
-                        del js.iterations[i]
-                    for scope in scopes:
-                        js.records.pop((it, scope), None)
-                        js.owner.pop((it, scope), None)
-                    js.held_bytes -= js.iteration_bytes.pop(it, 0)
-                    self.stats.dropped_steps += len(scopes)
-                    self.stats.evicted_iterations += 1
-                    self.stats.evicted_iterations_bytes += by_bytes
-                    js.evicted_below = max(js.evicted_below or it + 1, it + 1)
+                self._retain(js, rec.iteration)
         return out
+
+    def _implausible(self, js: JobState, rec: StepRecord) -> str | None:
+        """Why ``rec``'s iteration cannot be true (lock held), or None: past the train-iters its own
+        line or its run states, or more than MAX_ITERATION_LEAP past the newest iteration held."""
+        train = rec.train_iters if rec.train_iters is not None and rec.train_iters > 0 else (
+            None if rec.first_of_run else js.train_iters)
+        if train is not None and rec.iteration > train:
+            return f"past the run's train-iters ({train})"
+        if js.iterations and rec.iteration > js.iterations[-1] + MAX_ITERATION_LEAP:
+            return (f"{rec.iteration - js.iterations[-1]} iterations past the newest held "
+                    f"({js.iterations[-1]}; perfd.limits.MAX_ITERATION_LEAP {MAX_ITERATION_LEAP})")
+        return None
+
+    @staticmethod
+    def _new_run(js: JobState, rec: StepRecord, scope: str) -> bool:
+        """Whether ``rec`` begins a new run of its rank scope over what is held (lock held): the
+        framework's start-up came before it (``first_of_run``; not a resend of the very record that
+        began the run held), or the step hook now reports the rank from another process."""
+        pid = rec.fields.get("pid") if rec.source is not None and rec.source.collector == "hook" else None
+        if pid is not None:
+            before = js.run_marks.get(scope)
+            js.run_marks[scope] = pid
+            if len(js.run_marks) > _MAX_RUN_MARKS:
+                js.run_marks = {scope: pid}  # bounded: scopes come from the network
+            if before is not None and before != pid:
+                return True
+        if not rec.first_of_run:
+            return False
+        held = js.records.get((rec.iteration, scope))
+        return not (held is not None and held.first_of_run and held.end_time == rec.end_time)
+
+    def _drop_from(self, js: JobState, scope: str, iteration: int) -> None:
+        """A new run begins at ``iteration`` in ``scope``: what the old run held there and after goes
+        (lock held), and the run's train-iters is the new run's to state."""
+        i = bisect.bisect_left(js.iterations, iteration)
+        dropped = 0
+        for it in list(js.iterations[i:]):
+            key = (it, scope)
+            old = js.records.pop(key, None)
+            if old is None:
+                continue
+            js.owner.pop(key, None)
+            size = record_bytes(old)
+            js.held_bytes -= size
+            scopes = js.by_iteration.get(it, [])
+            if scope in scopes:
+                scopes.remove(scope)
+            if scopes:
+                js.iteration_bytes[it] = js.iteration_bytes.get(it, 0) - size
+            else:
+                js.by_iteration.pop(it, None)
+                js.iteration_bytes.pop(it, None)
+                del js.iterations[bisect.bisect_left(js.iterations, it)]
+            dropped += 1
+        js.train_iters = None
+        if dropped:
+            self.stats.new_runs += 1
+            self.stats.replaced_by_new_run += dropped
+            js.dirty = True
+            log.info("job %s: a new run begins at iteration %d (%s): the old run's %d record(s) from there "
+                     "on are replaced by the new run's", js.name[:80], iteration, scope, dropped)
+
+    def _retain(self, js: JobState, newest: int) -> None:
+        """Keep the window (lock held): past RETAIN_ITERATIONS iterations or RETAIN_BYTES, the
+        lowest iteration held goes (never the one just written unless it is the lowest: then it
+        arrived older than the window, a drop of its own)."""
+        while len(js.by_iteration) > self.max_iterations or (
+                js.held_bytes > self.max_bytes and len(js.by_iteration) > 1):
+            by_bytes = len(js.by_iteration) <= self.max_iterations
+            it = js.iterations.pop(0)
+            scopes = js.by_iteration.pop(it, [])
+            for scope in scopes:
+                js.records.pop((it, scope), None)
+                js.owner.pop((it, scope), None)
+            js.held_bytes -= js.iteration_bytes.pop(it, 0)
+            self.stats.dropped_steps += len(scopes)
+            if it == newest:
+                self.stats.too_old += len(scopes)
+                js.drops[2] += len(scopes)
+            else:
+                self.stats.evicted_iterations += 1
+                self.stats.evicted_iterations_bytes += by_bytes
+                js.drops[0] += 1
+                js.drops[1] += len(scopes)
+            js.evicted_any = True
+
+    def log_retention(self, now: float | None = None, force: bool = False) -> None:
+        """One log line per job and REFUSAL_LOG_INTERVAL_S with what retention dropped since the last
+        one (records that arrived older than the window at warning level: they are data lost)."""
+        now = time.time() if now is None else now
+        lines: list[tuple[int, str]] = []
+        with self._lock:
+            for js in self.jobs.values():
+                its, recs, old = js.drops
+                if not (its or old) or (not force and now - js.drops_logged_at < REFUSAL_LOG_INTERVAL_S):
+                    continue
+                js.drops, js.drops_logged_at = [0, 0, 0], now
+                if old:
+                    lines.append((logging.WARNING, f"job {js.name[:80]}: {old} step record(s) arrived older "
+                                  f"than every iteration of its full retention window ({self.max_iterations} "
+                                  "iterations, --retain-iterations / --retain-mib) and were dropped"))
+                if its:
+                    lines.append((logging.INFO, f"job {js.name[:80]}: {its} iteration(s) ({recs} record(s)) "
+                                  f"left its retention window (the lowest go first)"))
+        for level, text in lines:
+            log.log(level, "%s", text)
 
     def _outranks(self, js: JobState, key: tuple[int, str], sender: str, holder: str) -> bool:
         """Whether ``sender``'s record takes the iteration ``key`` held from ``holder`` (lock held).
@@ -323,7 +456,7 @@ class JobStore:
                 return js.analysis
             raw = list(js.records.values())
             info = job_info_of(js.job_info, raw)
-            if js.evicted_below is not None and info.started_at is not None:
+            if js.evicted_any and info.started_at is not None:
                 # The first iterations left the window: from the start-up stamp to the first step
                 # held is not start-up. Goodput then covers the held iterations only.
                 info = dataclasses.replace(info, started_at=None)
@@ -459,98 +592,3 @@ class JobStore:
                 "skipped_iterations_total": js.skipped_total,
                 "nan_iterations_total": js.nan_total,
             }
-
-
-def job_info_of(info: JobInfo | None, records: Sequence[StepRecord]) -> JobInfo:
-    """The job as its sources state it, completed from its per-rank step records: a job no log
-    describes (the step hook alone) is a PyTorch job, and where no source stated the world size it
-    is the number of ranks that report (each rank runs the hook; a rank that never reported would
-    make it low, and its absence shows in the per-rank records). Never guessed beyond that: TP, PP
-    and DP stay unknown unless stated."""
-    ranks = {r.rank for r in records if isinstance(r.rank, int)}
-    if info is None:
-        if not ranks:
-            return JobInfo()
-        info = JobInfo(framework=HOOK_FRAMEWORK)
-    if info.layout.world_size is not None or not ranks:
-        return info
-    return dataclasses.replace(info, layout=dataclasses.replace(info.layout, world_size=len(ranks)))
-
-
-def mark_disturbed(records: list[StepRecord], windows: Sequence[tuple[float, float]],
-                   cache: dict[int, tuple[StepRecord, StepRecord]] | None = None) -> list[StepRecord]:
-    """Records whose iteration overlaps a capture window, marked ``disturbed_by_capture`` (a
-    capture slows the iterations it starts and stops in; DESIGN.md §3). ``cache`` (iteration ->
-    (record, its marked copy)) hands back the same copy for the same record, so that an
-    incremental analysis sees an unchanged iteration as unchanged."""
-    if not windows:
-        return records
-    out = []
-    for r in records:
-        end = r.end_time
-        start = end - r.step_time_ms / 1e3 if end is not None and r.step_time_ms is not None else end
-        hit = end is not None and start is not None and any(s <= end and start <= e for s, e in windows)
-        if not hit or r.disturbed_by_capture:
-            out.append(r)
-            continue
-        kept = cache.get(r.iteration) if cache is not None else None
-        marked = (kept[1] if kept is not None and kept[0] is r
-                  else dataclasses.replace(r, disturbed_by_capture=True))
-        if cache is not None:
-            cache[r.iteration] = (r, marked)
-        out.append(marked)
-    if cache is not None and len(cache) > len(records):
-        present = {r.iteration for r in records}
-        for i in [i for i in cache if i not in present]:
-            del cache[i]
-    return out
-
-
-_FoldCache = dict[int, tuple[tuple[StepRecord, ...], StepRecord]]
-
-
-def job_level_steps(records: list[StepRecord], cache: _FoldCache | None = None) -> list[StepRecord]:
-    """One record per iteration for :func:`analyze_run`. Records of one rank each (the step hook)
-    are folded into one ``"all"`` record per iteration when the job has no job-level records: the
-    slowest rank's step (the iteration ends when it does), timers merged per rank. ``cache``
-    (iteration -> (its rank records, the fold)) hands back the same fold while an iteration's rank
-    records are the same objects: folding is done once per change, and an incremental analysis
-    sees an unchanged iteration as unchanged."""
-    job_level = [r for r in records if not isinstance(r.rank, int)]
-    if job_level or not records:
-        return job_level
-    by_it: dict[int, list[StepRecord]] = {}
-    for r in records:
-        by_it.setdefault(r.iteration, []).append(r)
-    out = []
-    for it, rs in by_it.items():
-        kept = cache.get(it) if cache is not None else None
-        if (kept is not None and len(kept[0]) == len(rs)
-                and all(a is b for a, b in zip(kept[0], rs, strict=True))):
-            out.append(kept[1])
-            continue
-        folded = _fold(rs)
-        if cache is not None:
-            cache[it] = (tuple(rs), folded)
-        out.append(folded)
-    if cache is not None and len(cache) > len(by_it):
-        for i in [i for i in cache if i not in by_it]:
-            del cache[i]
-    return out
-
-
-def _fold(rs: list[StepRecord]) -> StepRecord:
-    """One iteration's rank records as one ``"all"`` record."""
-    slow = max(rs, key=lambda r: r.step_time_ms if r.step_time_ms is not None else -1.0)
-    timers: dict[str, TimerValue] = {}
-    for r in rs:
-        for name, tv in r.timers.items():
-            t = timers.setdefault(name, TimerValue())
-            vals = dict(tv.per_rank) or ({r.rank: tv.max_ms} if isinstance(r.rank, int)
-                                         and tv.max_ms is not None else {})
-            t.per_rank.update(vals)
-    for t in timers.values():
-        if t.per_rank:
-            t.min_ms, t.max_ms = min(t.per_rank.values()), max(t.per_rank.values())
-    ends = [r.end_time for r in rs if r.end_time is not None]
-    return dataclasses.replace(slow, rank="all", timers=timers, end_time=max(ends) if ends else None)

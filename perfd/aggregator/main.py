@@ -11,7 +11,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -29,6 +29,7 @@ from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collective_config import CollectiveConfig
+from perfd.analytics.thresholds import STALL_PHASE_MAX_S
 from perfd.exporters.httpd import bind_error
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, RemoteWriter, target_name
 from perfd.jobinfo_json import decode_job_info
@@ -39,6 +40,7 @@ from perfd.rules.loader import default_pack_path
 from perfd.rules.model import RulePackError
 from perfd.rules.ruleset import load_rule_set
 from perfd.transport.codec import DecodedBatch, HelloInfo
+from perfd.transport.delivery import Kept
 from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
 from perfd.transport.series import Series
 from perfd.transport.server import IngestServer
@@ -86,6 +88,9 @@ class AggregatorConfig:
     # Seconds without a step after which a job is stalled or ended (None: 10 of its own median
     # steps, at least 60 s; perfd.analytics.liveness).
     job_stale_after_s: float | None = None
+    # How long after a job's last record its announced pauses may hold a live stall back
+    # (perfd.analytics.thresholds.STALL_PHASE_MAX_S unless given: --stall-phase-max).
+    stall_phase_max_s: float = STALL_PHASE_MAX_S.value
     # Prometheus remote-write of what /metrics shows (perfd.exporters.remote_write); [] = off.
     remote_write: list[str] = field(default_factory=list)
     remote_write_interval_s: float = DEFAULT_INTERVAL_S
@@ -101,6 +106,7 @@ class Aggregator:
             self.state.collectives.config = cfg.collectives
         self.state.collectives.job_config.update(cfg.collectives_per_job)
         self.state.job_stale_after_s = cfg.job_stale_after_s
+        self.state.stalls.phase_max_s = cfg.stall_phase_max_s
         self.refusals = Refusals()
         tls = None
         if cfg.tls_cert or cfg.tls_key or cfg.tls_client_ca:
@@ -115,6 +121,7 @@ class Aggregator:
         self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None,
                            identity_of=lambda agent: self.server.identity_of(agent))
         self.state.jobs.standing = self.guard.standing  # who keeps an iteration two hosts wrote
+        self.guard.placed_jobs = self.state.nodes.jobs_on  # a node agent reports the jobs on its GPUs
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
         self.store: StateStore | None = (StateStore(cfg.state_dir, max_bytes=cfg.state_max_bytes)
                                          if cfg.state_dir else None)
@@ -201,18 +208,25 @@ class Aggregator:
             self.store.prune()
             save_documents(self, self.store)
             self.store.prune()  # the journal keeps its newest max_batches batches
+            self.store.shrink()  # committed, the freed pages go back: the files stay under the cap
         self.ticks += 1  # a whole tick done: what arrived before it started is analysed (tests wait on it)
 
-    def _on_hello(self, hello: HelloInfo) -> None:
-        self._on_hello_jobs(hello.agent_id, hello.jobs)
+    def _on_hello(self, hello: HelloInfo) -> list[str]:
+        return self._on_hello_jobs(hello.agent_id, hello.jobs, node=hello.node,
+                                   capabilities=hello.capabilities)
 
-    def _on_hello_jobs(self, agent_id: str, jobs: Sequence[str], now: float | None = None) -> None:
+    def _on_hello_jobs(self, agent_id: str, jobs: Sequence[str], now: float | None = None,
+                       node: str | None = None, capabilities: Mapping[str, str] | None = None) -> list[str]:
+        """The jobs of the Hello the guard admitted (what the state store keeps of it)."""
         self.lifecycle.hello(agent_id)
-        self.state.hello(agent_id, self.guard.hello(agent_id, jobs), now)
+        admitted = self.guard.hello(agent_id, jobs)
+        self.state.hello(agent_id, admitted, now, node, capabilities)
+        return admitted
 
-    def ingest_job_info_text(self, agent_id: str, job: str, text: str, now: float | None = None) -> None:
+    def ingest_job_info_text(self, agent_id: str, job: str, text: str, now: float | None = None) -> bool:
+        """True when the job info was taken (the state store keeps only that)."""
         if not self.guard.may_write(agent_id, job, "job info"):
-            return
+            return False
         try:
             info, rejected = decode_job_info(text)
             if rejected:  # the rest of the job info is kept: only the absurd values go
@@ -222,6 +236,8 @@ class Aggregator:
         except (ValueError, TypeError) as exc:
             self.job_info_errors += 1
             log.warning("agent %s sent unusable job info for %s: %s", agent_id, job, exc)
+            return False
+        return True
 
     def _job_allowed(self, agent_id: str, job: str) -> bool:
         """The identity policy's word on ``agent_id`` writing ``job``. An agent with no identity
@@ -254,19 +270,22 @@ class Aggregator:
         self._series.pop(agent_id, None)
         self.guard.release_series(agent_id)
 
-    def on_batch(self, agent_id: str, batch: DecodedBatch, arrived_at: float | None = None) -> None:
-        """``arrived_at``: when the batch first arrived (the state store's replay), else now."""
+    def on_batch(self, agent_id: str, batch: DecodedBatch, arrived_at: float | None = None) -> Kept:
+        """``arrived_at``: when the batch first arrived (the state store's replay), else now. Returns
+        what was kept of it: the state store journals nothing that was refused."""
         st, guard = self.state, self.guard
-        for job, text in batch.job_info_json.items():
-            self.ingest_job_info_text(agent_id, job, text, arrived_at)
+        info_kept = [job for job, text in batch.job_info_json.items()
+                     if self.ingest_job_info_text(agent_id, job, text, arrived_at)]
         if batch.new_series:  # also in a batch without samples: the ids' next samples need it
             st.series_defined(agent_id, batch.new_series)
         if batch.n_samples:
             # batch.series holds admitted series only: samples of a refused one are dropped there
             st.ingest_samples(agent_id, batch.series, batch.series_ids, batch.timestamps_ns, batch.values)
         steps = guard.steps(agent_id, batch.steps) if batch.steps else []
+        refused_steps: set[int] = set()
         if steps:
             kept_out = st.ingest_steps(agent_id, steps, arrived_at)
+            refused_steps = kept_out.refused
             for (job, holder), its in kept_out.other_agent.items():
                 self.refusals.refuse(L.REFUSED_STEP_CONFLICT, f"{len(its)} step record(s) of job "
                                      f"{job[:64]!r} from agent {agent_id[:64]} for iterations held "
@@ -276,6 +295,10 @@ class Aggregator:
                                      f"from agent {holder[:64]} (e.g. iteration {its[0]}) were written ahead "
                                      f"of the job: replaced by agent {agent_id[:64]}'s, which continues it",
                                      len(its), agent=holder)
+            for job, bad in kept_out.implausible.items():
+                self.refusals.refuse(L.REFUSED_ITERATION_AHEAD, f"{len(bad)} step record(s) of job "
+                                     f"{job[:64]!r} from agent {agent_id[:64]} with an implausible iteration "
+                                     f"(e.g. {bad[0][0]}: {bad[0][1]}); refused", len(bad), agent=agent_id)
             for job, its in kept_out.worse.items():
                 self.refusals.refuse(L.REFUSED_WORSE_DUPLICATE, f"{len(its)} copy(ies) of held step "
                                      f"records of job {job[:64]!r} (e.g. iteration {its[0]}) from agent "
@@ -284,9 +307,16 @@ class Aggregator:
         colls = guard.collectives(agent_id, batch.collectives) if batch.collectives else []
         if colls:
             st.ingest_collectives(agent_id, colls)
-        events = guard.events(agent_id, [dict(e) for e in batch.events]) if batch.events else []
-        if events:
-            st.ingest_events(agent_id, events)
+        evs = [dict(e) for e in batch.events]
+        ev_kept = guard.events(agent_id, evs) if evs else []
+        if ev_kept:
+            st.ingest_events(agent_id, [evs[i] for i in ev_kept])
+        taken = {id(r) for r in steps} - refused_steps
+        held_colls = {id(c) for c in colls}
+        return Kept(steps=[i for i, r in enumerate(batch.steps) if id(r) in taken],
+                    events=ev_kept,
+                    collectives=[i for i, c in enumerate(batch.collectives) if id(c) in held_colls],
+                    job_info=info_kept)
 
     def _transport_counters(self) -> dict[str, int]:
         d = self.server.counters()
@@ -301,7 +331,8 @@ class Aggregator:
             d.update({f"state_store_{k}": int(st[k]) for k in (
                 "commits", "commit_failures", "rollbacks", "agents_lost", "journal_batches", "pruned",
                 "pruned_for_bytes", "hellos", "held_bytes", "max_bytes", "jobs_deleted",
-                "rows_of_pruned_jobs")})
+                "rows_of_pruned_jobs", "logical_bytes", "budget_bytes", "pruned_hellos", "pruned_seqs",
+                "shrinks")})
             d.update({f"state_restored_{k}": v for k, v in self.restored.items()})
         return d
 
@@ -314,9 +345,9 @@ class Aggregator:
             log.info("state restored from %s in %.2f s: %s", self.store.path, got["ms"] / 1e3, got)
         try:
             self.grpc_port = await self.server.start(self.cfg.grpc_host, self.cfg.grpc_port)
-        except OSError as exc:  # the transport cannot tell in use from not local: both ways out
-            raise OSError(f"{exc}; choose another port with --grpc-port N or another address with "
-                          "--grpc-host") from exc
+        except OSError as exc:  # the same line as HTTP's: what, where, why, and the flag to change
+            raise bind_error(exc, self.cfg.grpc_host, self.cfg.grpc_port, "gRPC", "--grpc-port N",
+                             "--grpc-host") from exc
         self.lifecycle.started(asyncio.get_running_loop())
         self.state.transport_stats = self._transport_counters
         try:

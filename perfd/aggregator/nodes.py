@@ -47,6 +47,7 @@ NODE_SERIES_PREFIXES = ("perfd_gpu_", "perfd_host_")
 # Id sequences remembered per agent: an agent sends a few shapes of batch (every series, or those
 # of one collector); past this many the memory is cleared and rebuilt from the next batches.
 _MAX_LAYOUTS = 16
+_MAX_HELLO_COLLECTORS = 32  # collectors' states kept from one Hello
 
 
 @dataclass
@@ -110,6 +111,9 @@ class NodeView:
         self._lock = threading.Lock()
         self._agents: dict[str, AgentColumns] = {}
         self.agent_seen: dict[str, float] = {}
+        # agent -> (its node, what each of its collectors said at start: "ok" or "unavailable: why"),
+        # from its Hello: why a job's GPU panel is empty (no NVML there) is said where it is shown.
+        self.hellos: dict[str, tuple[str, dict[str, str]]] = {}
         self.samples = 0
         self.undefined_samples = 0  # samples of an id with no held definition: dropped
         # (node, gpu) -> (agent, latest process list from the NVML collector)
@@ -133,6 +137,22 @@ class NodeView:
     def seen(self, agent_id: str) -> None:
         with self._lock:
             self.agent_seen[agent_id] = time.time()
+
+    def said_hello(self, agent_id: str, node: str, capabilities: Mapping[str, str]) -> None:
+        """The agent's node and its collectors' start-up state, bounded (the network sends them)."""
+        caps = {str(k)[:64]: str(v)[:300] for k, v in list(capabilities.items())[:_MAX_HELLO_COLLECTORS]}
+        with self._lock:
+            self.hellos[agent_id] = (node[:256], caps)
+
+    def hello_of(self, agent_id: str) -> tuple[str, dict[str, str]] | None:
+        with self._lock:
+            got = self.hellos.get(agent_id)
+            return (got[0], dict(got[1])) if got is not None else None
+
+    def agents_on(self, nodes: Collection[str]) -> set[str]:
+        """The agents whose Hello named one of ``nodes``."""
+        with self._lock:
+            return {a for a, (node, _caps) in self.hellos.items() if node in nodes}
 
     def defined(self, agent_id: str, series_ids: Sequence[int]) -> None:
         """The agent's stream (re)defined these ids: forget what they resolved to."""
@@ -430,6 +450,7 @@ class NodeView:
         with self._lock:
             self._agents.pop(agent_id, None)
             self.agent_seen.pop(agent_id, None)
+            self.hellos.pop(agent_id, None)
             gpus = self._agent_gpus.pop(agent_id, set())
             for key in [k for k, (a, _p) in self.gpu_procs.items() if a == agent_id]:
                 del self.gpu_procs[key]

@@ -45,7 +45,7 @@ def job_rows(state: Any, latest: Mapping[str, Any], per_rank: bool = True) -> li
             rows.append(({"job_name": job, "rank": str(r), "node": pl.node, "gpu": pl.gpu},
                          "perfd_job_rank_info", 1.0))
     rows.extend(state.collective_rows(per_rank))
-    rows.extend(state.incidents.metric_rows())
+    rows.extend(state.incidents.metric_rows(state.jobs_with_data()))
     rows.extend(liveness_rows(state))
     rows.extend(state.serving.rows())
     return rows

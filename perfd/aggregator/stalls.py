@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 from perfd.analytics.evidence import StallReason
 from perfd.analytics.incidents import Incident
-from perfd.analytics.stall import RankSeen, StallCheck, StallInputs, Status, check_stall, stall_incident
+from perfd.analytics.stall import (
+    PHASE_MAX_S,
+    RankSeen,
+    StallCheck,
+    StallInputs,
+    Status,
+    check_stall,
+    stall_incident,
+)
 from perfd.transport.codec import COMMAND_STACKS, Command
 
 if TYPE_CHECKING:
@@ -71,6 +79,9 @@ class StallWatch:
         self._open: dict[str, Stall] = {}
         self.send: SendCommand | None = None  # set by the aggregator: its server's send_command
         self.opened_total: dict[str, int] = {}
+        # How long after a job's last record its announced pauses may hold a stall back (the
+        # aggregator's --stall-phase-max-s; perfd.analytics.thresholds.STALL_PHASE_MAX_S).
+        self.phase_max_s = PHASE_MAX_S
 
     def stalled(self, job: str) -> StallCheck | None:
         """The job's open stall's latest check (None: no open stall)."""
@@ -159,7 +170,8 @@ class StallWatch:
             coll = None
         pending = coll is not None and coll.active_hangs > 0
         check = check_stall(StallInputs(now, ov.get("last_step_time"), cadence, seen, pending,
-                                        state.hosts.active_phase(job), state.hosts.phase_ended_at(job)))
+                                        state.hosts.active_phase(job), state.hosts.phase_ended_at(job),
+                                        self.phase_max_s))
         return check, its[-1], int(statistics.median(steps)) if steps else 1
 
     def _ask_stacks(self, state: AggregatorState, job: str, st: Stall) -> None:
@@ -197,7 +209,9 @@ class StallWatch:
                     st.collectives.setdefault(r, {})["pending"] = op
                 for r in h.ranks_not_joined:
                     st.collectives.setdefault(r, {})["not_joined"] = op
-        stacks = state.hosts.stacks(job, st.command_id) if st.command_id else {}
+        # Only the answers of the agents the request went to: another's "stacks" for the command are
+        # not the job's (issue 43 item 5: a forged stack once went into another job's incident).
+        stacks = state.hosts.stacks(job, st.command_id, st.agents_asked) if st.command_id else {}
         extra = {"stacks": stacks, "stacks_asked": {"command_id": st.command_id, "agents": st.agents_asked},
                  "collectives": {str(r): c for r, c in sorted(st.collectives.items())}}
         check = st.check

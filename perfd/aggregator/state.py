@@ -133,8 +133,11 @@ class AggregatorState:
         return self.log.listeners
 
     # ---- ingest (gRPC side) -----------------------------------------------------------------
-    def hello(self, agent_id: str, jobs: Sequence[str], now: float | None = None) -> None:
+    def hello(self, agent_id: str, jobs: Sequence[str], now: float | None = None, node: str | None = None,
+              capabilities: Mapping[str, str] | None = None) -> None:
         self.nodes.seen(agent_id)
+        if node is not None:  # a live Hello (a replayed one holds only its jobs)
+            self.nodes.said_hello(agent_id, node, capabilities or {})
         self.jobs.hello(agent_id, jobs, now)
 
     def series_defined(self, agent_id: str, series_ids: Sequence[int]) -> None:
@@ -303,6 +306,7 @@ class AggregatorState:
         """Analyse every job that has new data and update its incidents (the aggregator's periodic
         tick: incidents open and close while nobody reads the API, and what /metrics and the API
         serve stays at most one tick old)."""
+        self.jobs.log_retention()  # what retention dropped, one line per job and minute
         for job in self.job_names():
             try:
                 self.analysis(job)
@@ -498,6 +502,11 @@ class AggregatorState:
     def job_names(self) -> list[str]:
         return self.jobs.names()
 
+    def jobs_with_data(self) -> list[str]:
+        """Jobs holding step records or job info (not those only named in a Hello): their counters
+        are on /metrics from their first record, at 0 until they count something."""
+        return [j for j in self.jobs.names() if self.jobs.has_data(j)]
+
     def job_agents(self, job: str) -> set[str]:
         return self.jobs.agents_of(job)
 
@@ -516,7 +525,10 @@ class AggregatorState:
         state, why = job_state(ov["last_step_age_s"], med_ms / 1e3 if med_ms else None, alive,
                                self.job_stale_after_s)
         live = self.stalls.stalled(job)  # a live stall (perfd.analytics.stall) says so within seconds
-        if live is not None and state == RUNNING:
+        if live is not None and state in (RUNNING, ENDED):
+            # An open stall has seen its rank processes there (stopped, idle): not ended, whatever the
+            # age of its last step says (issue 43 item 7: a SIGSTOPped hook job read "ended" after
+            # 60 s while its own stall said "stalled", and could be pruned as ended).
             state, why = STALLED, stall_text(live.silent_s, live.cadence_s, live.reasons)
         if live is not None:
             ov["stall"] = live.to_json()  # its ranks, each rank's process state
@@ -572,10 +584,15 @@ class AggregatorState:
             "step_records_ingested": js.steps,
             "events_ingested": self.log.ingested,
             "events_malformed": dict(self.log.malformed),
+            "collectives": self.collectives.hang_stats(),
             "event_log": self.log.stats(),  # held, bytes, last_seq, cut (events kept cut), cut_bytes
             "serving_records_ingested": self.serving.records,
             "serving_errors": dict(self.serving.errors),
             "step_records_dropped_retention": js.dropped_steps,
+            "step_records_too_old": js.too_old,
+            "step_records_implausible": js.implausible,
+            "new_runs": js.new_runs,
+            "step_records_replaced_by_new_run": js.replaced_by_new_run,
             "iterations_evicted_retention": js.evicted_iterations,
             "iterations_evicted_retention_bytes": js.evicted_iterations_bytes,
             "analysis_errors": js.analysis_errors,

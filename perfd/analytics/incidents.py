@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from perfd.analytics import thresholds as th
+from perfd.analytics import windows
 from perfd.analytics.changepoint import accept, find_change_point
 from perfd.analytics.evidence import (
     Evidence,
@@ -142,8 +143,8 @@ def min_cost_s(ref_ms: float) -> float:
 def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int, float | None],
                      disturbed: Mapping[int, bool], first_eligible: int,
                      reference_ms: float | None, world_size: int | None = None,
-                     new_normal_at: int | None = None, steps: Sequence[float | None] | None = None
-                     ) -> Detection:
+                     new_normal_at: int | None = None, steps: Sequence[float | None] | None = None,
+                     work: Sequence[float | None] | None = None) -> Detection:
     """Incidents among ``iterations`` (ordered; those before index ``first_eligible`` are warm-up),
     and the steady median step they were measured against. ``reference_ms`` is the window's
     median; it is re-taken without the slow iterations, so a long incident does not raise the bar
@@ -154,44 +155,77 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
     against the level before it, to the end or to ``new_normal_at`` (the user took the new level as
     the new normal there: from it on that level is the reference). ``steps``: the step times from
     ``first_eligible`` on, None where disturbed, when the caller holds them as a column (a pass over
-    ``iterations`` builds every row)."""
+    ``iterations`` builds every row); ``work``: their sizes (FLOPs) where steps differ by design.
+
+    Departures are judged on the rolling mean of :data:`perfd.analytics.windows.WINDOW` steps per
+    unit of work, not on single steps: a regular pattern (a two-worker loader's alternating waits,
+    batches of different lengths) never opens an incident, and a change in rate opens one within
+    half a window of where it starts; its edges are then trimmed to the first and last step that is
+    itself slow, and its cost is each step's excess over the steady rate for its size."""
     post = iterations[first_eligible:]  # a view of a long run's table: its rows are built one at a time
     if steps is None:
         steps = [None if disturbed.get(it.iteration) else it.step_time_ms for it in post]
-    shift = find_change_point(steps)
+    sized = windows.per_work(steps, work)
+    scale = [s / z if s is not None and z is not None and z > 0 else 1.0
+             for s, z in zip(steps, sized, strict=True)]
+    smooth = windows.rolling(sized)
+    shift = find_change_point(sized)
     if shift is not None:
         shift = accept(shift, [it.iteration for it in post], new_normal_at)
-    ref = reference_ms if shift is None else shift.before_ms
-    if ref is None:
-        ref = _median([it.step_time_ms for it in post if it.step_time_ms is not None])
+    # A first guess of the steady level that a long slowdown does not lift: the lower quartile of the
+    # windows (the steady state's median is between the two levels once a slowdown covers half the run)
+    guess = windows.reference(sized, quantile=0.25)
+    if shift is not None:
+        ref: float | None = shift.before_ms
+    elif reference_ms is not None and guess is not None:
+        ref = min(reference_ms, guess)
+    else:
+        ref = reference_ms if reference_ms is not None else guess
     if ref is None:
         return Detection([], [], {"n": 0, "cost_s": None}, None)
     shifted = range(0) if shift is None else range(shift.index, shift.accepted_index or len(post))
     # From where the user took the shift's level as the new normal, that level is the reference.
     normal_from = shift.accepted_index if shift is not None else None
     new_level = shift.after_ms if shift is not None else ref
-    calm_its = [it for i, it in enumerate(post) if it.step_time_ms is not None
-                and it.step_time_ms <= STEP_FACTOR * ref and (shift is None or i < shift.index)]
-    ref = _median([it.step_time_ms for it in calm_its if it.step_time_ms is not None]) or ref
-    steady_parts = (_median([v for it in calm_its if (v := _part_ms(it, it.data_share)) is not None]),
-                    _median([v for it in calm_its if (v := _part_ms(it, it.comm_exposed_share)) is not None]))
-    steady_shares = (_median([it.data_share for it in calm_its if it.data_share is not None]),
-                     _median([it.comm_exposed_share for it in calm_its if it.comm_exposed_share is not None]))
+    # The steady reference anew over the calm windows (a long incident does not raise the bar it is
+    # measured by): windows clear of the bar, half a window away from any step above it.
+    near = {j for i, z in enumerate(sized) if z is not None and (smooth[i] or 0.0) > STEP_FACTOR * ref
+            for j in range(i - windows.WINDOW // 2, i + windows.WINDOW // 2 + 1)}
+    calm = [i for i, z in enumerate(sized)
+            if z is not None and i not in near and (shift is None or i < shift.index)]
+    ref = _median([m for i in calm if (m := smooth[i]) is not None]) or ref
+    calm_its = [post[i] for i in calm]
+    calm_steps = [it.step_time_ms for it in calm_its]
+    steady_shares = (windows.weighted([it.data_share for it in calm_its], calm_steps),
+                     windows.weighted([it.comm_exposed_share for it in calm_its], calm_steps))
+    steady_parts = (steady_shares[0] * ref if steady_shares[0] is not None else None,
+                    steady_shares[1] * ref if steady_shares[1] is not None else None)
 
     flags: list[str | None] = []
     for i, it in enumerate(post):
-        step = it.step_time_ms
+        step, mean = sized[i], smooth[i]
         f: str | None = None
         level = new_level if normal_from is not None and i >= normal_from else ref
         if disturbed.get(it.iteration):
             f = CAPTURE
         elif i in shifted:
             f = LEVEL_SHIFT
-        elif step is not None and step > STEP_FACTOR * level:
+        elif step is not None and mean is not None and mean > STEP_FACTOR * level and step > level:
             f = SLOW
-        elif step is not None and it.straggler_candidate_ranks and step > STRAGGLER_STEP_FACTOR * level:
+        elif (step is not None and mean is not None and it.straggler_candidate_ranks
+              and min(step, mean) > STRAGGLER_STEP_FACTOR * level):  # the window too: one noisy step is not
             f = STRAGGLER
         flags.append(f)
+    # The rolling mean crosses the bar up to half a window after a change in rate begins (and stops
+    # crossing before it ends): a slow stretch takes in the slow steps just before and after it.
+    reach = windows.WINDOW // 2
+    slow = [i for i, f in enumerate(flags) if f == SLOW]
+    for i in slow:
+        for j in (*range(i - 1, max(-1, i - 1 - reach), -1), *range(i + 1, min(len(post), i + 1 + reach))):
+            z = sized[j]
+            level = new_level if normal_from is not None and j >= normal_from else ref
+            if flags[j] is None and z is not None and z > STEP_FACTOR * level:
+                flags[j] = SLOW
 
     runs: list[list[int]] = []  # indexes into post
     last_flag = -10**9
@@ -203,6 +237,19 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
         else:
             runs.append([i])
         last_flag = i
+    # A window over the bar reaches half a window past the slow steps it holds: a stretch starts and
+    # ends at a step that is itself slow (within a step of the truth for an alternating series).
+    def itself_slow(i: int) -> bool:
+        z = sized[i]
+        level = new_level if normal_from is not None and i >= normal_from else ref
+        return flags[i] not in (None, SLOW) or (z is not None and z > STEP_FACTOR * level)
+
+    for r in runs:
+        while r and not itself_slow(r[-1]):
+            r.pop()
+        while r and not itself_slow(r[0]):
+            r.pop(0)
+    runs = [r for r in runs if r]
     real = [r for r in runs if any(flags[i] not in (None, CAPTURE) for i in r)]
     captures = [r for r in runs if r not in real]
     for r in real:  # a capture at the head of a stretch is a disturbance of its own, then the stretch
@@ -216,7 +263,7 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
     def build(run: list[int]) -> Incident:
         level = new_level if normal_from is not None and run[0] >= normal_from else ref
         inc = _incident([post[i] for i in run], [flags[i] for i in run], level, end_times, disturbed,
-                        is_open=run[-1] == len(post) - 1,
+                        [scale[i] for i in run], is_open=run[-1] == len(post) - 1,
                         prev_end=end_times.get(post[run[0] - 1].iteration) if run[0] > 0 else None,
                         steady_parts=steady_parts, steady_shares=steady_shares, world_size=world_size)
         if shift is not None and LEVEL_SHIFT in inc.kinds:
@@ -285,11 +332,15 @@ def _merge_same_cause(post: Sequence[IterationLike], runs: list[list[int]],
 
 
 def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: float,
-              end_times: Mapping[int, float | None], disturbed: Mapping[int, bool], is_open: bool,
+              end_times: Mapping[int, float | None], disturbed: Mapping[int, bool], sizes: Sequence[float],
+              is_open: bool,
               prev_end: float | None, steady_parts: tuple[float | None, float | None],
               steady_shares: tuple[float | None, float | None], world_size: int | None) -> Incident:
     own = [it for it in its if not disturbed.get(it.iteration)]
-    steps = [it.step_time_ms for it in own if it.step_time_ms is not None]
+    size = {it.iteration: z for it, z in zip(its, sizes, strict=True)}
+    # each step against the steady rate for its size (a step of twice the work takes twice as long)
+    steps = [it.step_time_ms / size[it.iteration] for it in own if it.step_time_ms is not None]
+    weights = [size[it.iteration] for it in own if it.step_time_ms is not None]
     touched = [it.step_time_ms for it in its if disturbed.get(it.iteration) and it.step_time_ms is not None]
     kinds = sorted({f for f in flags if f is not None})
     named: Counter[int] = Counter()
@@ -351,8 +402,8 @@ def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: fl
     # A perfd capture inside the incident: its iterations count as lost up to the incident's own
     # level (the co-tenant slowed them too), and only what they took beyond it is the capture's.
     level = max(_median(steps) or ref, ref)
-    cost = (sum(s - ref for s in steps) + sum(min(s, level) - ref for s in touched)) / 1e3 \
-        if steps or touched else None
+    cost = (sum((s - ref) * w for s, w in zip(steps, weights, strict=True))
+            + sum(min(s, level) - ref for s in touched)) / 1e3 if steps or touched else None
     capture_cost = sum(max(s - level, 0.0) for s in touched) / 1e3 if touched else None
     ev: dict[str, Any] = {
         "named_by_iterations": {str(r): named[r] for r in ranks if r in named},

@@ -509,12 +509,13 @@ class RunBuilder:
         if not self.in_order:  # a stable sort, as sorting the records was
             order = sorted(range(len(table)), key=lambda i: table.get(i, "iteration"))
             table, disturbed = table.take(order), array("b", (disturbed[i] for i in order))
-        steady = steady_state_of(array("q", table.column("iteration")), list(table.column("step_time_ms")),
-                                 disturbed)
+        steps_col = list(table.column("step_time_ms"))
+        work = _work(steps_col, list(table.column("model_tflops_per_gpu")))
+        steady = steady_state_of(array("q", table.column("iteration")), steps_col, disturbed, work)
         for i, iteration in enumerate(table.column("iteration")):
             table.put(i, steady_state=steady.steady.get(iteration, False),
                       excluded_reason=steady.excluded.get(iteration))
-        detection = _mark_incidents(table, disturbed, steady, ctx.world, self.new_normal_at)
+        detection = _mark_incidents(table, disturbed, steady, ctx.world, self.new_normal_at, work)
         incidents = detection.incidents
         steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
         pers = persistent(_flags(table, i) for i in steady_rows)
@@ -582,8 +583,16 @@ class _ByIteration(Mapping[int, Any]):
         return len(dict.fromkeys(self.table.column("iteration")))
 
 
+def _work(steps: Sequence[float | None], tflops: Sequence[float | None]) -> list[float | None]:
+    """Each step's work (its model FLOPs per GPU: TFLOP/s × seconds), where the source counts it per
+    step (the step hook's per-step FLOPs); perfd.analytics.windows reads steps per unit of it."""
+    return [t * s * 1e9 if t is not None and s is not None else None
+            for s, t in zip(steps, tflops, strict=True)]
+
+
 def _mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
-                    steady: SteadyState, world: int | None, new_normal_at: int | None = None) -> Detection:
+                    steady: SteadyState, world: int | None, new_normal_at: int | None = None,
+                    work: Sequence[float | None] | None = None) -> Detection:
     """Find the incidents and perfd's capture disturbances, take their iterations out of the steady
     state (saying which), and note each incident iteration's time lost against the steady median."""
     first = steady.warmup_records
@@ -591,7 +600,8 @@ def _mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
     found = detect_incidents(table.project(DETECTION_FIELDS),
                              _ByIteration(table, lambda i: table.get(i, "end_time")),
                              _ByIteration(table, lambda i: bool(disturbed[i])),
-                             first, steady.reference_step_ms, world, new_normal_at, steps)
+                             first, steady.reference_step_ms, world, new_normal_at, steps,
+                             work[first:] if work is not None else None)
     ref = found.reference_ms
     for inc, lost in [*((i, True) for i in found.incidents), *((d, False) for d in found.disturbances)]:
         for iteration in range(inc.first_iteration, inc.last_iteration + 1):

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from perfd.analytics import bottleneck as bn
+from perfd.analytics import windows
 from perfd.analytics.common import median
 from perfd.analytics.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.flops import FlopsResult
@@ -27,6 +28,27 @@ if TYPE_CHECKING:
     from perfd.analytics.run_analysis import IterationResult
 
 
+# The summary's values that are shares of the step or rates: time-weighted over the steady steps (a
+# share summed ÷ the step time summed; FLOPs summed ÷ time summed), so that an irregular series (a
+# two-worker loader's alternating waits) gives the shares of its sums, never of one mode. Every other
+# value is the median over the steady iterations, the step time their mean.
+TIME_WEIGHTED: frozenset[str] = frozenset({
+    "mfu", "model_tflops_per_gpu", "logged_tflops_per_gpu", "mfu_vs_measured_ceiling", "data_share",
+    "comm_exposed_share", "comm_exposed_dp_share", "comm_exposed_pp_share", "pp_idle_max", "pp_idle_min",
+    "pp_imbalance"})
+
+
+# How the summary reduced each value over the steady steps, for the report's sources and headings.
+REDUCTIONS_TEXT = "shares and rates time-weighted, step time the mean, the rest medians"
+
+
+def reduction_of(name: str) -> str:
+    """How the summary's value ``name`` was taken over the steady steps, in words."""
+    if name in TIME_WEIGHTED:
+        return "time-weighted (Σ over the steps ÷ Σ step time)"
+    return "mean" if name == "step_time_ms" else "median"
+
+
 def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady: SteadyState,
              pers: PersistentStragglers, lay: ParallelLayout, gpm: bn.GpmReading | None,
              timeline: TimelineClass | None, gpm_when: str, metrics: Sequence[str] = ()) -> dict[str, Any]:
@@ -35,10 +57,21 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
         return [values[i] for i in steady_rows]
 
     med: dict[str, Any] = {}
+    step_col = steady_values("step_time_ms")
     for name in metrics:
-        med[name] = median(steady_values(name))
-    steps = [s for s in steady_values("step_time_ms") if s is not None]
-    cv = (statistics.pstdev(steps) / statistics.fmean(steps)) if len(steps) >= 2 else None
+        if name in TIME_WEIGHTED:  # a share or a rate: summed over the steady steps (windows.weighted)
+            med[name] = windows.weighted(steady_values(name), step_col)
+        elif name == "step_time_ms":  # time per step over the steady steps, not one mode of them
+            known = [v for v in step_col if v is not None]
+            med[name] = statistics.fmean(known) if known else None
+        else:
+            med[name] = median(steady_values(name))
+    # step sizes that differ by design (the hook's per-step FLOPs) are not jitter: per unit of work
+    tflops = steady_values("model_tflops_per_gpu")
+    sized = [v for v in windows.per_work(step_col, [t * s if t is not None and s is not None else None
+                                                    for t, s in zip(tflops, step_col, strict=True)])
+             if v is not None]
+    cv = (statistics.pstdev(sized) / statistics.fmean(sized)) if len(sized) >= 2 else None
     checks = [(ok, gap) for ok, gap in zip(steady_values("tflops_check_ok"), steady_values("tflops_rel_gap"),
                                            strict=True) if ok is not None]
     gaps = [abs(gap) for _, gap in checks if gap is not None]

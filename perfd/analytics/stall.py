@@ -8,8 +8,11 @@ alone is not a stall (a record can be late): it is one when something corroborat
 process stopped (SIGSTOP, a debugger), gone or blocked in disk sleep, every rank process idle (no
 CPU, and no GPU where the GPU is known), or a collective the Flight Recorder shows stuck. A
 checkpoint save or an evaluation that the log or the step hook announced holds the stall back (the
-loop pauses on purpose), unless a rank is stopped or gone (a stopped process is not saving), and for
-at most STALL_PHASE_MAX_S. The check is pure: the aggregator hands in what it holds
+loop pauses on purpose), and the silence after it counts from its end — but for at most
+STALL_PHASE_MAX_S after the job's last record, whatever is announced (issue 43 item 5: a hook
+re-announcing a save every 300 s, or any sender pulsing begin and end, held a hang back for good). A
+rank stopped or gone is the kernel's word: no announcement holds it back or restarts its silence (a
+stopped process is not saving). The check is pure: the aggregator hands in what it holds
 (perfd/aggregator/stalls.py keeps the stall open, asks for stacks, and closes it when steps resume).
 """
 
@@ -61,6 +64,7 @@ class StallInputs:
     pending_collective: bool = False
     phase: tuple[str, float] | None = None  # an announced pause not yet ended: (phase, since)
     phase_ended_at: float | None = None  # when the last announced pause ended (the same clock as now)
+    phase_max_s: float = PHASE_MAX_S  # how long after the last record announcements may hold a stall
 
 
 @dataclass(frozen=True)
@@ -92,18 +96,21 @@ def check_stall(inp: StallInputs) -> StallCheck:
     """Where the job stands now (see the module docstring)."""
     if inp.last_record_at is None or inp.cadence_s is None or inp.cadence_s <= 0:
         return StallCheck(Status.RUNNING)
+    ranks = tuple(sorted(inp.ranks, key=lambda r: r.rank))
+    gone = [r for r in ranks if r.state in ("gone", "zombie")]
+    stopped = [r for r in ranks if r.state == "stopped"]
     # An announced pause is not silence: after one, the job's silence counts from its end (its steps
-    # come a record interval and the pipeline's delay after it).
-    quiet_since = max(inp.last_record_at, inp.phase_ended_at or inp.last_record_at)
+    # come a record interval and the pipeline's delay after it) — up to the cap after the last record,
+    # and never for a stopped or gone rank.
+    held_until = inp.last_record_at + inp.phase_max_s
+    ended = inp.phase_ended_at if inp.phase_ended_at is not None and not (stopped or gone) else None
+    quiet_since = max(inp.last_record_at, min(ended, held_until) if ended is not None else inp.last_record_at)
     silent = max(0.0, inp.now - quiet_since)
     limit = stall_limit(inp.cadence_s)
-    ranks = tuple(sorted(inp.ranks, key=lambda r: r.rank))
     if silent <= limit:
         return StallCheck(Status.RUNNING, silent, limit, inp.cadence_s, ranks=ranks)
-    gone = [r for r in ranks if r.state in ("gone", "zombie")]
     if ranks and len(gone) == len(ranks):
         return StallCheck(Status.ENDED, silent, limit, inp.cadence_s, ranks=ranks)
-    stopped = [r for r in ranks if r.state == "stopped"]
     blocked = [r for r in ranks if r.state == "disk_sleep"]
     reasons: list[StallReason] = []
     if stopped:
@@ -119,7 +126,7 @@ def check_stall(inp: StallInputs) -> StallCheck:
         reasons.append(StallReason.PENDING_COLLECTIVE)
     named = [*stopped, *gone, *blocked]
     stuck = tuple(dict.fromkeys([r.rank for r in named] + [r.rank for r in ranks]))
-    phase = inp.phase if inp.phase is not None and inp.now - inp.phase[1] <= PHASE_MAX_S else None
+    phase = inp.phase if inp.phase is not None and inp.now <= held_until else None
     if phase is not None and not (stopped or gone):
         return StallCheck(Status.HELD, silent, limit, inp.cadence_s, tuple(reasons), stuck, phase, ranks)
     status = Status.STALLED if reasons else Status.SILENT

@@ -1,10 +1,11 @@
 """Steady-state selection: which iterations summaries are taken over (DESIGN.md §2).
 
 Excluded: the warm-up (the first max(3, ⌈10%⌉) records, where step time has not settled),
-iterations slower than 2× the median step time of the post-warm-up window (recompiles, checkpoint
-saves, hiccups), iterations perfd's own captures disturbed, and records without a step time.
-The window's median is recomputed over all records passed in, so in a live feed where the window
-grows it is a running median.
+outliers — a step slower than 2× the steady time per step whose window of steps is slower too
+(a recompile, a checkpoint save, a hiccup; never one mode of a regular pattern: perfd.analytics.
+windows) —, iterations perfd's own captures disturbed, and records without a step time. The
+steady time per step is the median of the post-warm-up windows' mean times (per unit of work where
+steps differ in size), recomputed over all records passed in: in a live feed it is a running one.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from perfd.analytics.common import TextEnum, finite, median
+from perfd.analytics import windows
+from perfd.analytics.common import TextEnum, finite
 from perfd.model import StepRecord
 
 WARMUP_MIN_ITERATIONS = 3
 WARMUP_FRACTION = 0.10
 OUTLIER_FACTOR = 2.0
+# ... and its window of steps past the midpoint between the steady level and that: one mode of a
+# regular pattern (a two-worker loader's long wait) never moves its window's mean that far.
+WINDOW_OUTLIER = (1.0 + OUTLIER_FACTOR) / 2
 
 
 class Exclusion(TextEnum):
@@ -28,7 +33,7 @@ class Exclusion(TextEnum):
     WARMUP = "warmup"
     CAPTURE = "capture"  # disturbed by perfd's own capture
     NO_STEP_TIME = "no_step_time"
-    OUTLIER = "outlier"  # slower than OUTLIER_FACTOR × the window's median
+    OUTLIER = "outlier"  # slower than OUTLIER_FACTOR × the steady step, in a window slower than that too
     INCIDENT = "incident"  # part of an incident (perfd.analytics.incidents)
 
 
@@ -40,7 +45,7 @@ class SteadyState:
     excluded: dict[int, str] = field(default_factory=dict)
     kinds: dict[int, Exclusion] = field(default_factory=dict)
     warmup_records: int = 0
-    reference_step_ms: float | None = None  # median step time of the post-warm-up window
+    reference_step_ms: float | None = None  # steady time per step (windows.reference), per mean work
 
     @property
     def iterations(self) -> list[int]:
@@ -65,11 +70,15 @@ def steady_state(records: Sequence[StepRecord]) -> SteadyState:
 
 
 def steady_state_of(iterations: Sequence[int], steps: Sequence[float | None],
-                    disturbed: Sequence[int]) -> SteadyState:
+                    disturbed: Sequence[int], work: Sequence[float | None] | None = None) -> SteadyState:
     """steady_state over columns already in iteration order, step times finite or None (a long
-    run's offline analysis keeps its records as columns, not objects)."""
+    run's offline analysis keeps its records as columns, not objects); ``work``: each step's size
+    (its FLOPs), where steps differ (windows.per_work)."""
     w = warmup_count(len(iterations))
-    ref = median(steps[i] for i in range(w, len(iterations)) if not disturbed[i])
+    sized = windows.per_work(steps, work)
+    post = [None if disturbed[i] else sized[i] for i in range(w, len(iterations))]
+    ref = windows.reference(post)
+    smooth = windows.rolling(post)
     steady: dict[int, bool] = {}
     excluded: dict[int, str] = {}
     kinds: dict[int, Exclusion] = {}
@@ -83,9 +92,10 @@ def steady_state_of(iterations: Sequence[int], steps: Sequence[float | None],
             kind, reason = Exclusion.CAPTURE, "disturbed by a perfd capture"
         elif step is None:
             kind, reason = Exclusion.NO_STEP_TIME, "no step time"
-        elif ref is not None and step > OUTLIER_FACTOR * ref:
+        elif ref is not None and (own := sized[i]) is not None and own > OUTLIER_FACTOR * ref \
+                and (smooth[i - w] or 0.0) > WINDOW_OUTLIER * ref:
             kind = Exclusion.OUTLIER
-            reason = f"step {step:g} ms > {OUTLIER_FACTOR:g}× window median {ref:g} ms"
+            reason = f"step {step:g} ms > {OUTLIER_FACTOR:g}× the steady {ref:.4g} ms a step"
         steady[iteration] = kind is None
         if kind is not None:
             excluded[iteration], kinds[iteration] = reason, kind

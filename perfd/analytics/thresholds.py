@@ -136,7 +136,11 @@ GPM_TENSOR_LOW = Threshold(0.3, "tensor cores mostly idle while the SMs work: no
 
 # --- incidents (perfd.analytics.incidents) -----------------------------------------------------------
 _INC = "DESIGN.md §2 Stragglers; §4 (an incident's time lost)"
-STEP_FACTOR = Threshold(1.2, "a step 20% above the steady median starts an incident", _INC)
+STEADY_WINDOW_STEPS = Threshold(
+    8, "steps are read over windows of 8: the time per step over a window is stable whatever the pattern "
+    "inside it (a two-worker DataLoader's alternating waits, a slower step every few, up to 4 workers' "
+    "periods twice over), and a departure shows within half a window of where it starts", _INC)
+STEP_FACTOR = Threshold(1.2, "a window of steps 20% above the steady time per step starts an incident", _INC)
 INCIDENT_MIN_COST_STEPS = Threshold(2.0, "an incident costs at least two steady steps; smaller departures "
                                          "are jitter (counted in the summary, not listed)", _INC)
 INCIDENT_MIN_COST_S = Threshold(1.0, "... and at least a second: on a 40 ms step two steps are noise", _INC)

@@ -48,7 +48,7 @@ from typing import Any, Literal
 from perfd import limits as L
 from perfd.analytics.ncu_join import NO_NCCL_FILTER
 from perfd.capture.binaries import find_binary
-from perfd.capture.nsys_exec import session_name
+from perfd.capture.nsys_exec import session_name, shell_arg
 
 # Host time a kernel launch costs a process under ncu with profiling off (measured; module doc).
 NCU_ARMED_US_PER_LAUNCH = 80.0
@@ -215,11 +215,14 @@ def rank_prefix(job: str, ranks: Sequence[int], opts: NcuOptions, capture_dir: s
 
     head = list(perfd) if perfd is not None else [sys.executable, "-m", "perfd.cli"]
     opts.check()
-    words = [*head, "ncu-exec", "--job", job, "--ranks", ",".join(str(r) for r in sorted(set(ranks))),
+    # Printed for $(...): a job name or filter the shell would split or expand (regex:.*gemm.* would
+    # become the file names of the folder) goes as hex (nsys_exec.shell_arg).
+    words = [*head, "ncu-exec", *shell_arg("--job", job),
+             "--ranks", ",".join(str(r) for r in sorted(set(ranks))),
              "--launch-count", str(opts.launch_count), "--clock-control", opts.clock_control,
              "--time-budget", f"{opts.time_budget_s:g}"]
     if opts.kernel_filter:
-        words += ["--kernel-filter", opts.kernel_filter]
+        words += shell_arg("--kernel-filter", opts.kernel_filter)
     if capture_dir is not None:
         words += ["--capture-dir", str(capture_dir)]
     return [*words, "--"]

@@ -32,6 +32,7 @@ is exported to SQLite and analysed (:func:`perfd.capture.nsys_sqlite.analyze_nsy
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import subprocess
@@ -56,9 +57,47 @@ class NsysError(RuntimeError):
     pass
 
 
+_BASE_MAX = 40  # characters of a job's session base (perfd-<base>-r<rank> within _SESSION_RE's 64)
+_HASHED = re.compile(r".*-[0-9a-f]{10}")  # what a base with its name's hash looks like
+
+
 def _session_base(job: str) -> str:
-    """The job's part of its session names: letters, digits, _ . - only (so also one shell word)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", job).strip("._-")[:40] or "job"
+    """The job's part of its session names and ncu target paths: letters, digits, _ . - only (so
+    also one shell word). A name that is not such a word already, or is longer than 40 characters,
+    or looks like a hashed base, keeps a hash of itself: ``team/a``, ``team a`` and ``team_a`` (and
+    names sharing their first 40 characters) are three sessions, not one (issue 43 item 7)."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]+", "_", job).strip("._-") or "job"
+    if clean == job and len(job) <= _BASE_MAX and not _HASHED.fullmatch(job):
+        return job
+    digest = hashlib.blake2b(job.encode(), digest_size=5).hexdigest()
+    return f"{clean[:_BASE_MAX - len(digest) - 1].rstrip('._-') or 'job'}-{digest}"
+
+
+# A word no shell splits or expands, also unquoted under $(...), where the shell splits on white space
+# and expands globs but removes no quotes: a value with anything else travels as hex (FLAG-hex), so
+# ``regex:.*gemm.*`` never becomes the file names of the current folder.
+SHELL_WORD = re.compile(r"[A-Za-z0-9_.,:=/+@%-]+")
+HEX_SUFFIX = "-hex"
+
+
+def shell_arg(flag: str, value: str) -> list[str]:
+    """``[flag, value]`` when ``value`` is one safe shell word, else ``[flag-hex, hex(value)]``."""
+    if SHELL_WORD.fullmatch(value):
+        return [flag, value]
+    return [flag + HEX_SUFFIX, value.encode().hex()]
+
+
+def from_hex(text: str, flag: str) -> str:
+    """A ``FLAG-hex`` value back to its text (ValueError naming the flag)."""
+    try:
+        return bytes.fromhex(text).decode()
+    except ValueError:
+        raise ValueError(f"{flag}{HEX_SUFFIX} {text[:40]!r}: not hex of UTF-8 text") from None
+
+
+def session_from_base(base: str, rank: int | None = None) -> str:
+    """The session name of a base :func:`session_name` made (``nsys-exec --session-base``)."""
+    return _check_session(f"perfd-{base}" if rank is None else f"perfd-{base}-r{int(rank)}")
 
 
 def session_name(job: str, rank: int | None = None) -> str:
@@ -108,13 +147,20 @@ def rank_session_prefix(job: str, trace: str = DEFAULT_TRACE,
 
     head = list(perfd) if perfd is not None else [sys.executable, "-m", "perfd.cli"]
     # The job's session base, not its name: the same sessions, and one word for $(...).
-    return [*head, "nsys-exec", "--job", _session_base(job), "--trace", trace, "--"]
+    return [*head, "nsys-exec", "--session-base", _session_base(job), *shell_arg("--trace", trace), "--"]
 
 
 def rank_session_argv(nsys: str, job: str, rank: int, cmd: Sequence[str],
-                      trace: str = DEFAULT_TRACE) -> list[str]:
-    """``nsys launch`` of one rank in its own session (what ``perfd nsys-exec`` runs)."""
-    return nsys_launch_argv(nsys, session_name(job, rank), cmd, trace=trace)
+                      trace: str = DEFAULT_TRACE, base: str | None = None) -> list[str]:
+    """``nsys launch`` of one rank in its own session (what ``perfd nsys-exec`` runs); ``base``: the
+    session base nsys-prefix printed (then ``job`` is not read)."""
+    session = session_from_base(base, rank) if base is not None else session_name(job, rank)
+    return nsys_launch_argv(nsys, session, cmd, trace=trace)
+
+
+def unsafe_for_shell(word: str) -> bool:
+    """Whether the shell would split or expand ``word`` printed for $(...): white space, a glob."""
+    return any(c.isspace() or c in "*?[" for c in word)
 
 
 RANGE_SUBDIR = "nsys-ranges"  # under the agent's capture directory

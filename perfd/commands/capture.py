@@ -42,19 +42,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     n.set_defaults(handler=run_nsys_prefix)
     e = sub.add_parser("nsys-exec", help="run one rank under `nsys launch` in its own session "
                        "perfd-<job>-r$RANK (what nsys-prefix prints; torchrun sets RANK)")
-    e.add_argument("--job", required=True, help="the job name the agent knows it by")
+    who = e.add_mutually_exclusive_group(required=True)
+    who.add_argument("--job", help="the job name the agent knows it by")
+    who.add_argument("--session-base", help="the job's session base, as nsys-prefix prints it")
     e.add_argument("--trace", default="cuda,nvtx,osrt", help="nsys --trace (default: %(default)s)")
     e.add_argument("cmd", nargs=argparse.REMAINDER, help="the rank's command, after --")
     e.set_defaults(handler=run_nsys_exec)
 
 
-def _words_for_shell(words: list[str]) -> str | None:
-    """Printed for $(...), where the shell splits on white space and does not remove quotes: the
-    words are printed as they are, and a word that white space would split is refused."""
-    bad = [w for w in words if any(c.isspace() for c in w)]
+def _words_for_shell(words: list[str], who: str = "nsys-prefix") -> str | None:
+    """Printed for $(...), where the shell splits on white space and expands globs but does not
+    remove quotes: the words are printed as they are (values that could be split or expanded travel
+    as hex: perfd.capture.nsys_exec.shell_arg), and a path that would be is refused."""
+    from perfd.capture.nsys_exec import unsafe_for_shell
+
+    bad = [w for w in words if unsafe_for_shell(w)]
     if bad:
-        print(f"perfd nsys-prefix: {bad[0]!r} would be split by the shell; use a path without spaces",
-              file=sys.stderr)
+        print(f"perfd {who}: {bad[0]!r} would be split or expanded by the shell; use a path without "
+              "spaces or *?[", file=sys.stderr)
         return None
     return " ".join(words)
 
@@ -110,7 +115,8 @@ def run_nsys_exec(args: argparse.Namespace) -> int:
         return 2
     try:
         nsys = find_nsys()
-        argv = rank_session_argv(nsys, args.job, int(rank), cmd, trace=args.trace)
+        argv = rank_session_argv(nsys, args.job or "", int(rank), cmd, trace=args.trace,
+                                 base=args.session_base)
     except (NsysNotFoundError, ValueError) as exc:
         print(f"perfd nsys-exec: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from perfd import limits as L
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.aggregator.loops import EVENT_LOOPS
 from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
+from perfd.analytics.thresholds import STALL_PHASE_MAX_S
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S
 
 if TYPE_CHECKING:
@@ -27,10 +28,10 @@ def _agent(args: argparse.Namespace) -> int:
             megatron_log=args.megatron_log, nvml=args.nvml, metrics_port=args.metrics_port,
             node=args.node, agent_id=args.agent_id, spool_dir=args.spool_dir, state_dir=args.state_dir,
             host=None if args.host is None else args.host == "on",
-            ranks=None if args.ranks is None else args.ranks == "on",
+            ranks=None if args.ranks is None else "pod" if args.ranks == "pod" else args.ranks == "on",
             launch_manifest=args.launch_manifest, metrics_host=args.metrics_host,
             listen_all=args.listen_all, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-            auth_token_file=args.auth_token_file)
+            auth_token_file=args.auth_token_file, capture_dir=args.capture_dir)
     except ConfigError as exc:
         print(f"perfd agent: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -110,6 +111,7 @@ def _aggregator(args: argparse.Namespace) -> int:
                            wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
                            wandb_dir=wandb_dir, wandb_interval_s=args.wandb_interval,
                            job_stale_after_s=args.job_stale_after,
+                           stall_phase_max_s=args.stall_phase_max,
                            max_iterations_per_job=args.retain_iterations,
                            max_bytes_per_job=int(args.retain_mib * (1 << 20)),
                            remote_write=args.remote_write or [],
@@ -117,6 +119,9 @@ def _aggregator(args: argparse.Namespace) -> int:
                            remote_write_labels=labels)
     if args.job_stale_after is not None and args.job_stale_after <= 0:
         print("perfd aggregator: --job-stale-after must be > 0 seconds", file=sys.stderr)
+        return 2
+    if not args.stall_phase_max > 0:
+        print("perfd aggregator: --stall-phase-max must be > 0 seconds", file=sys.stderr)
         return 2
     if not args.state_max_mib > 0:
         print("perfd aggregator: --state-max-mib must be > 0", file=sys.stderr)
@@ -150,9 +155,11 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--megatron-log", help="tail this Megatron-LM log")
     a.add_argument("--nvml", help="real | replay:FILE | off (default real)")
     a.add_argument("--host", choices=["on", "off"], help="host metrics via psutil (default on)")
-    a.add_argument("--ranks", choices=["on", "off"],
+    a.add_argument("--ranks", choices=["on", "off", "pod"],
                    help="each rank process's host state: CPU, run-queue wait, who else runs on its CPUs, "
-                        "cgroup throttling, pressure, OOM kills (default on; collectors/ranks)")
+                        "cgroup throttling, pressure, OOM kills (default on; collectors/ranks); pod: also "
+                        "follow the processes of this agent's own pod that declare a rank (a job's sidecar, "
+                        "its pod with shareProcessNamespace: true): its captures reach them")
     a.add_argument("--metrics-port", type=int, help="port of the agent's /metrics (0: any free "
                    f"port; -1: none; default {L.AGENT_METRICS_PORT})")
     a.add_argument("--ready-file", metavar="FILE",
@@ -162,6 +169,11 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--agent-id", help="agent id, unique per agent process (default: NODE/JOB, or NODE/node "
                    "for an agent with no job: a node's DaemonSet agent and a job's sidecar differ)")
     a.add_argument("--spool-dir", help="directory of the on-disk spool (default: in memory)")
+    a.add_argument("--capture-dir", metavar="DIR",
+                   help="where captures are written (capture_dir: in the config file; default: "
+                        "DIR/captures with --state-dir, else a folder of this user's): a job's sidecar "
+                        "gives the folder its trainer mounts too (the ranks write their Kineto traces "
+                        "there), the mount point itself")
     a.add_argument("--state-dir", metavar="DIR",
                    help="keep each log tail's position here, so that a restarted agent (kill -9 included) "
                         "resumes where it was instead of reading its logs again; use with --spool-dir "
@@ -263,6 +275,10 @@ def register(sub: SubParsers) -> None:
                    help="seconds without a step after which a job is stalled (its processes still on "
                         "their GPUs) or ended; its derived gauges then leave /metrics and rules stop "
                         "evaluating it (default: 10 of the job's median steps, at least 60 s)")
+    g.add_argument("--stall-phase-max", type=float, default=STALL_PHASE_MAX_S.value, metavar="SECONDS",
+                   help="how long after a job's last step record its announced checkpoint saves and "
+                        "evaluations may hold a live stall back, whatever they announce (default: "
+                        "%(default)g; a stopped or gone rank is never held)")
     g.add_argument("--wandb-project", help="log each job to a Weights & Biases run in this project "
                    "(needs perfd[wandb]); off without it")
     g.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"],

@@ -74,7 +74,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(handler=run_ncu_prefix)
     e = sub.add_parser("ncu-exec", help="run one rank under ncu when RANK is one of --ranks, else as it is "
                        "(what ncu-prefix prints; torchrun sets RANK)")
-    e.add_argument("--job", required=True, help="the job name the agent knows it by")
+    who = e.add_mutually_exclusive_group(required=True)
+    who.add_argument("--job", help="the job name the agent knows it by")
+    who.add_argument("--job-hex", help="the same, as hex of its UTF-8 (what ncu-prefix prints for a name "
+                     "the shell would split or expand)")
+    e.add_argument("--kernel-filter-hex", help="--kernel-filter as hex of its UTF-8 (ditto)")
     e.add_argument("--ranks", default="0", help="ranks to run under ncu (default: 0)")
     add_budget_arguments(e)
     e.add_argument("cmd", nargs=argparse.REMAINDER, help="the rank's command, after --")
@@ -155,12 +159,12 @@ def run_ncu_prefix(args: argparse.Namespace) -> int:
     except (NcuNotFoundError, ValueError) as exc:
         print(f"perfd ncu-prefix: {exc}", file=sys.stderr)
         return 2
-    bad = [w for w in words if any(c.isspace() for c in w)]
-    if bad:
-        print(f"perfd ncu-prefix: {bad[0]!r} would be split by the shell; use a path without spaces",
-              file=sys.stderr)
+    from perfd.commands.capture import _words_for_shell
+
+    line = _words_for_shell(words, "ncu-prefix")
+    if line is None:
         return 2
-    print(" ".join(words))
+    print(line)
     return 0
 
 
@@ -180,6 +184,12 @@ def run_ncu_exec(args: argparse.Namespace) -> int:
         return 2
     rank = int(rank_text) if rank_text else 0  # a process started without torchrun is rank 0
     try:
+        from perfd.capture.nsys_exec import from_hex
+
+        if args.job_hex is not None:
+            args.job = from_hex(args.job_hex, "--job")
+        if args.kernel_filter_hex is not None:
+            args.kernel_filter = from_hex(args.kernel_filter_hex, "--kernel-filter")
         chosen = rank in _ranks(args.ranks)
         argv = list(cmd)
         if chosen:

@@ -13,9 +13,12 @@ The focus stays on the job it was given or first chose (the job with the newest 
 job is gone; in a terminal, n / Tab and p move it to the next / previous job, q quits. `--once`
 prints one screen and exits (scripts, tests), as wide as the content (never cut at 80 columns when
 written to a file); otherwise the screen refreshes in place (rich.live) every --interval seconds.
-A terminal narrower than NARROW_WIDTH gets the compact tables (step percentiles in one column, the
-GPU model in the title, no column headers cut to "…"), so a job's name and every value read whole
-at 80 columns. A stalled or ended job says so where its last step's age is, and an ended one is dim.
+Each table takes its full form where that fits the terminal whole, else its compact one (step
+percentiles in one column, the GPU model in the title, short heads, no rules), so a job's name and
+every value read whole at 80 columns and no row wraps at 120; who else runs on a rank's CPUs is
+listed under its table, where a command may take the lines it needs. A job without a GPU row says
+why (its agents' NVML unavailable, off, or no GPU of theirs runs the job), from their Hellos. A
+stalled or ended job says so where its last step's age is, and an ended one is dim.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from perfd.commands.top_tables import COMPACT, NA, gpu_table, host_table, ms, num, pct, process_table
+from perfd.commands.top_tables import COMPACT, NA, fit, gpu_table, host_table, ms, num, pct, process_table
 from perfd.report import budget_view
 
 # Heat levels for a rank's compute ratio: below 1.0 is a fast rank, 1.1 marks a straggler candidate
@@ -52,7 +55,8 @@ MAX_JOB_SUMMARIES = 16
 # a whole command line (collectors/nvml keeps 200 characters of it), so nothing is cut or wrapped as
 # rich does at its default 80 for a non-terminal. Tables take only the width their content needs.
 FILE_WIDTH = 300
-# Below this many columns the tables take their compact form (the wide jobs table needs ~115).
+# Below this many columns the processes table takes its compact form (its command column shrinks to
+# fit any width; the other tables choose their form by measuring, top_tables.fit).
 NARROW_WIDTH = 120
 
 
@@ -84,6 +88,8 @@ class Snapshot:
     rank_ratios: tuple[int, dict[str, Any]] | None = None
     hosts: list[dict[str, Any]] = field(default_factory=list)
     rank_hosts: list[dict[str, Any]] = field(default_factory=list)  # its rank processes (collectors/ranks)
+    # Who could report its GPUs and what their NVML said at start (None: an aggregator without it)
+    gpu_sources: list[dict[str, Any]] | None = None
     error: str | None = None
     taken_at: float = 0.0
 
@@ -173,6 +179,8 @@ def fetch(base: str, job: str | None, previous: str | None = None, get: Getter |
         snap.gpus = list(got.get("gpus", []))
         snap.hosts = list(got.get("hosts") or [])
         snap.rank_hosts = list(got.get("rank_hosts") or [])
+        sources = got.get("gpu_sources")
+        snap.gpu_sources = [s for s in sources if isinstance(s, dict)] if isinstance(sources, list) else None
     except urllib.error.HTTPError as exc:
         snap.error = f"{snap.focus}: HTTP {exc.code} from the aggregator"
     except (OSError, ValueError) as exc:
@@ -316,8 +324,7 @@ def last_step_cell(job: dict[str, Any]) -> Text:
 
 
 def _jobs_table(snap: Snapshot, narrow: bool = False) -> Table:
-    title = ("jobs (step ms: p50/p90/max after warm-up; last step: how long ago)" if narrow else
-             "jobs (step times after warm-up)")
+    title = "jobs (step ms: p50/p90/max after warm-up)" if narrow else "jobs (step times after warm-up)"
     t = Table(title=title, title_justify="left", expand=False, **COMPACT if narrow else {})
     heads = (("job", "last step", "MFU", "goodput", "step ms", "bound by", "inc") if narrow else
              ("job", "iter", "last step", "MFU", "goodput", "step p50", "p90", "max", "cv", "bottleneck",
@@ -367,8 +374,8 @@ def incidents_text(incidents: Any) -> Text:
 
 
 def render(snap: Snapshot, keys: bool = False, width: int | None = None) -> RenderableType:
-    """The screen; ``width`` (the terminal's columns) below NARROW_WIDTH: the compact tables."""
-    narrow = width is not None and width < NARROW_WIDTH
+    """The screen; ``width`` (the terminal's columns): each table in its full form where that fits
+    whole, else in its compact one (:func:`~perfd.commands.top_tables.fit`); None: the full forms."""
     when = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))
     head = Text(f"perfd top — {snap.base} — {when}", style="bold")
     if keys and len(snap.jobs) > 1:
@@ -380,7 +387,7 @@ def render(snap: Snapshot, keys: bool = False, width: int | None = None) -> Rend
         if not snap.error:
             parts.append(Text("no jobs yet"))
         return Group(*parts)
-    parts.append(_jobs_table(snap, narrow))
+    parts.append(fit(width, lambda: _jobs_table(snap), lambda: _jobs_table(snap, narrow=True)))
     summary = snap.summary
     if snap.focus and summary is not None:
         latest = summary.get("latest") or {}
@@ -395,9 +402,13 @@ def render(snap: Snapshot, keys: bool = False, width: int | None = None) -> Rend
             parts.append(heat_line(snap.rank_ratios[1], snap.rank_ratios[0], why))
         else:
             parts.append(heat_line(latest.get("straggler_rank_compute_ratio") or {}, None, why))
-        parts.append(gpu_table(snap.gpus, list(summary.get("ranks") or []), narrow))
-        parts.append(process_table(snap.gpus))
-        parts.append(host_table(snap.hosts, snap.rank_hosts))
+        ranks = list(summary.get("ranks") or [])
+        parts.append(fit(width, lambda: gpu_table(snap.gpus, ranks, sources=snap.gpu_sources),
+                         lambda: gpu_table(snap.gpus, ranks, narrow=True, sources=snap.gpu_sources)))
+        # The command column gives way (cut with "…"), by design: the rest whole, compact when narrow.
+        if snap.gpus:  # (none: the GPU panel said why)
+            parts.append(process_table(snap.gpus, narrow=width is not None and width < NARROW_WIDTH))
+        parts.append(host_table(snap.hosts, snap.rank_hosts, width))
         parts.append(incidents_text(summary.get("incidents")))
     return Group(*parts)
 

@@ -3,10 +3,12 @@ panel of perfd top shares (pure: JSON of the aggregator's API in, rich renderabl
 
 from __future__ import annotations
 
+import io
+from collections.abc import Callable
 from typing import Any
 
 from rich import box
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -42,6 +44,22 @@ COMPACT: dict[str, Any] = {"box": box.SIMPLE_HEAD, "padding": (0, 0), "pad_edge"
                             "show_edge": False}
 
 
+def natural_width(r: RenderableType) -> int:
+    """Columns ``r`` takes when nothing limits it (every cell on one line, nothing cut)."""
+    return Console(width=10_000, file=io.StringIO()).measure(r).maximum
+
+
+def fit(width: int | None, *forms: Callable[[], RenderableType]) -> RenderableType:
+    """The first of ``forms`` (widest first) that fits ``width`` columns whole; the last otherwise.
+    ``width`` None: no limit (a file), the first. Rich would otherwise fit a table to the screen by
+    cutting its cells ("268…") or wrapping them onto more lines (a GPU row on three)."""
+    for make in forms[:-1]:
+        r = make()
+        if width is None or natural_width(r) <= width:
+            return r
+    return forms[-1]()
+
+
 def used_of(used: float | None, total: float | None, scale: float = 1.0, digits: int = 0,
              pct: bool = True) -> str:
     """"used/total pct%" with what is known of the three (the unit is in the column's head)."""
@@ -65,20 +83,46 @@ def short_model(model: Any) -> str:
     return str(model).removeprefix("NVIDIA ") if model else NA
 
 
-def gpu_table(gpus: list[dict[str, Any]], ranks: list[dict[str, Any]], narrow: bool = False) -> Table:
+def no_gpu_text(sources: list[dict[str, Any]] | None) -> Text:
+    """Why a job has no GPU row, from what its agents said at start (the aggregator's
+    ``gpu_sources``): NVML unavailable on an agent (and why), an agent without the NVML collector,
+    or an agent whose NVML works but whose GPUs run none of the job's processes."""
+    if sources is None:
+        return Text("GPUs: " + NA + " (no GPU series from the agents yet)")
+    if not sources:
+        return Text("GPUs: " + NA + " (no agent of this job has connected since the aggregator started)")
+    why = []
+    for src in sources:
+        nvml, agent, node = src.get("nvml"), str(src.get("agent")), str(src.get("node") or "")
+        who = f"agent {agent}" + ("" if not node or agent.startswith(node + "/") else f" on {node}")
+        if nvml is None:
+            why.append(f"{who} runs no NVML collector (--nvml off)")
+        elif str(nvml).startswith("unavailable"):
+            why.append(f"{who}: NVML {nvml}")
+        else:
+            why.append(f"{who} reads NVML, and none of its GPUs runs this job's processes yet (a process "
+                       "declares its job by PERFD_JOB, or runs in the pod of the job's sidecar)")
+    return Text("GPUs: " + NA + " (" + "; ".join(why) + ")")
+
+
+def gpu_table(gpus: list[dict[str, Any]], ranks: list[dict[str, Any]], narrow: bool = False,
+              sources: list[dict[str, Any]] | None = None) -> RenderableType:
     """``narrow``: the model in the title (the one model of the job's GPUs, else a column), memory in
-    whole GiB and power without their percentages, the SM clock only."""
+    whole GiB and power without their percentages, the SM clock only. No GPU: why (``sources``)."""
+    if not gpus:
+        return no_gpu_text(sources)
     models = {short_model(g.get("model")) + (" (replay)" if g.get("replay") else "") for g in gpus}
     model_col = not narrow or len(models) > 1
     title = "GPUs" if model_col or not models else f"GPUs ({models.pop()})"
     t = Table(title=title, title_justify="left", **COMPACT if narrow else {})
+    # No cell wraps: a row is one line (render() takes the compact form where the wide one is too wide).
     for col in ("node", "gpu", "rank", *(("model",) if model_col else ())):
-        t.add_column(col, no_wrap=narrow)
+        t.add_column(col, no_wrap=True)
     for head, _ in GPU_RATIOS:
-        t.add_column(head, justify="right")
+        t.add_column(head, justify="right", no_wrap=True)
     for head in (("mem GiB", "power W", "MHz", "temp") if narrow else
                  ("memory GiB", "power W", "SM MHz", "mem MHz", "temp")):
-        t.add_column(head, justify="right", no_wrap=narrow)
+        t.add_column(head, justify="right", no_wrap=True)
     rank_of = {(str(r.get("node")), str(r.get("gpu"))): str(r.get("rank")) for r in ranks
                if isinstance(r, dict)}
     for g in gpus:
@@ -108,13 +152,13 @@ def gpu_table(gpus: list[dict[str, Any]], ranks: list[dict[str, Any]], narrow: b
     return t
 
 
-def process_table(gpus: list[dict[str, Any]]) -> RenderableType:
+def process_table(gpus: list[dict[str, Any]], narrow: bool = False) -> RenderableType:
     """Every compute process on the job's GPUs, as the agents last reported them."""
     rows = [(g, p) for g in gpus for p in (g.get("processes") or []) if isinstance(p, dict)]
     if not rows:
         unknown = any(g.get("processes") is None for g in gpus)
         return Text("processes: " + (NA + " (no process list from the agents yet)" if unknown else "none"))
-    t = Table(title="processes", title_justify="left")
+    t = Table(title="processes", title_justify="left", **COMPACT if narrow else {})
     for col in ("node", "gpu", "pid", "user", "rank", "GPU mem"):
         # never squeezed: the command line gives way (cut with "…") when the screen is narrow
         t.add_column(col, justify="right" if col in ("pid", "rank", "GPU mem") else "left", no_wrap=True,
@@ -139,52 +183,89 @@ def proc_cell(g: dict[str, Any], p: dict[str, Any], col: str) -> str:
     return NA if v is None or v == "" else str(v)
 
 
-def host_table(hosts: list[dict[str, Any]], ranks: list[dict[str, Any]] | None = None
-                ) -> RenderableType:
+def host_table(hosts: list[dict[str, Any]], ranks: list[dict[str, Any]] | None = None,
+               width: int | None = None) -> RenderableType:
     """The nodes' CPU and memory, then the job's own rank processes on them: each one's state, the
     CPU it used, how long it waited for one, its CPUs and how busy they were, and who else took them
-    (collectors/ranks) — the node-wide average alone hides a job pinned to two of its CPUs."""
+    (collectors/ranks) — the node-wide average alone hides a job pinned to two of its CPUs. Each
+    table in the widest form that fits ``width`` whole (:func:`fit`)."""
     parts: list[RenderableType] = []
     if not hosts:
         parts.append(Text("hosts: " + NA + " (no host series from the agents: --host on)"))
     else:
-        t = Table(title="hosts", title_justify="left")
-        for col in ("node", "CPU", "load1", "memory GiB"):
-            t.add_column(col, justify="left" if col == "node" else "right")
-        for h in hosts:
-            vals = h.get("values") or {}
-            cpu, load = num(vals.get("perfd_host_cpu_util_ratio")), num(vals.get("perfd_host_load1"))
-            t.add_row(str(h.get("node")), NA if cpu is None else f"{100 * cpu:.0f}%",
-                      NA if load is None else f"{load:.1f}",
-                      used_of(num(vals.get("perfd_host_memory_used_bytes")),
-                               num(vals.get("perfd_host_memory_total_bytes")), GIB, 1))
-        parts.append(t)
+        parts.append(fit(width, lambda: _hosts(hosts, False), lambda: _hosts(hosts, True)))
     if ranks:
-        parts.append(rank_host_table(ranks))
+        parts.append(fit(width, lambda: rank_host_table(ranks), lambda: rank_host_table(ranks, narrow=True),
+                         lambda: rank_host_table(ranks, narrow=True, node=False)))
+        others = top_others(ranks)
+        if others:
+            parts.append(others)
     return Group(*parts) if len(parts) > 1 else parts[0]
 
 
-def rank_host_table(ranks: list[dict[str, Any]]) -> Table:
-    t = Table(title="rank processes", title_justify="left")
-    for col in ("rank", "node", "pid", "state", "CPU", "CPU wait", "CPUs", "CPUs busy", "others",
-                "throttled", "top other"):
-        t.add_column(col, justify="left" if col in ("node", "state", "CPUs", "top other") else "right")
+def _hosts(hosts: list[dict[str, Any]], narrow: bool) -> Table:
+    t = Table(title="hosts", title_justify="left", **COMPACT if narrow else {})
+    for col in ("node", "CPU", "load1", "memory GiB"):
+        t.add_column(col, justify="left" if col == "node" else "right", no_wrap=True)
+    for h in hosts:
+        vals = h.get("values") or {}
+        cpu, load = num(vals.get("perfd_host_cpu_util_ratio")), num(vals.get("perfd_host_load1"))
+        t.add_row(str(h.get("node")), NA if cpu is None else f"{100 * cpu:.0f}%",
+                  NA if load is None else f"{load:.1f}",
+                  used_of(num(vals.get("perfd_host_memory_used_bytes")),
+                          num(vals.get("perfd_host_memory_total_bytes")), GIB, 1))
+    return t
+
+
+# (head, narrow head) of the rank processes table: every cell one value, never cut nor wrapped.
+RANK_HOST_COLUMNS = (("rank", "rank"), ("node", "node"), ("pid", "pid"), ("state", "state"), ("CPU", "CPU"),
+                     ("CPU wait", "wait"), ("CPUs", "CPUs"), ("CPUs busy", "busy"), ("others", "others"),
+                     ("throttled", "thr"))
+
+
+def rank_host_table(ranks: list[dict[str, Any]], narrow: bool = False, node: bool = True) -> Table:
+    """One row per rank process; who else ran on its CPUs goes below the table (:func:`top_others`),
+    where a command line may take the lines it needs. ``narrow``: short heads, no rules; ``node``
+    False: without the node column (the hosts table above names the nodes)."""
+    t = Table(title="rank processes", title_justify="left", **COMPACT if narrow else {})
+    for head, short in RANK_HOST_COLUMNS:
+        if head == "node" and not node:
+            continue
+        col = short if narrow else head
+        t.add_column(col, justify="left" if head in ("node", "state", "CPUs") else "right", no_wrap=True,
+                     min_width=len(col))
     for r in ranks[:MAX_RANK_HOST_ROWS]:
         cores, wait = num(r.get("cpu_cores")), num(r.get("wait_ratio"))
         busy, others, thr = (r.get(k) for k in ("allowed_busy_ratio", "others_ratio", "throttled_ratio"))
-        foreign = [o for o in r.get("others") or [] if not o.get("own")]
-        top_other = NA
-        if foreign:
-            o = foreign[0]
-            share = num(o.get("cpu_ratio"))
-            took = f"{100 * share:.0f}% " if share is not None else ""
-            top_other = f"{o.get('pid')} {o.get('user') or ''} {took}{short_cmd(o)}"
-        t.add_row(str(r.get("rank")), str(r.get("node") or NA), str(r.get("pid") or NA),
-                  str(r.get("state") or NA), NA if cores is None else f"{cores:.2f}", pct0(wait),
-                  cpus_text(r.get("allowed_cpus") or []), pct0(busy), pct0(others), pct0(thr), top_other)
+        cells = [str(r.get("rank")), str(r.get("node") or NA), str(r.get("pid") or NA),
+                 str(r.get("state") or NA), NA if cores is None else f"{cores:.2f}", pct0(wait),
+                 _cpus(r.get("allowed_cpus")), pct0(busy), pct0(others), pct0(thr)]
+        t.add_row(*(cells if node else cells[:1] + cells[2:]))
     if len(ranks) > MAX_RANK_HOST_ROWS:
         t.caption = f"… and {len(ranks) - MAX_RANK_HOST_ROWS} more (GET /api/jobs/<job>/gpus: rank_hosts)"
     return t
+
+
+def _cpus(cpus: Any) -> str:
+    """The rank's CPUs as the column's value ("0–3, 8"): cpus_text without its word."""
+    if not cpus:
+        return NA
+    return cpus_text(cpus).removeprefix("CPUs ").removeprefix("CPU ")
+
+
+def top_others(ranks: list[dict[str, Any]]) -> Text | None:
+    """Per rank that shares its CPUs, the other process that took most of them: pid, user, share and
+    command (40 characters), one line each (wrapped, never cut, on a narrow screen)."""
+    lines = []
+    for r in ranks[:MAX_RANK_HOST_ROWS]:
+        foreign = [o for o in r.get("others") or [] if not o.get("own")]
+        if foreign:
+            o = foreign[0]
+            share = num(o.get("cpu_ratio"))
+            took = f" took {100 * share:.0f}%" if share is not None else ""
+            lines.append(f"  rank {r.get('rank')}: pid {o.get('pid')} ({o.get('user') or NA}){took} of its "
+                         f"CPUs: {short_cmd(o)}")
+    return Text("top other process on a rank's CPUs:\n" + "\n".join(lines)) if lines else None
 
 
 def short_cmd(p: dict[str, Any]) -> str:

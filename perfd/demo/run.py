@@ -82,7 +82,11 @@ def _get_json(url: str) -> Any:
 
 
 def _spawn(args: list[str], out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args],
+    """A daemon of the demo, run in the demo's own folder: ``python -m`` puts its working directory
+    first on sys.path, and a folder holding a ``perfd/`` directory that is not the package (the
+    folder above a clone named perfd: the clone's root) made ``import perfd`` find that instead
+    (issue 46: an ImportError traceback, and no demo). Every path in ``args`` is absolute."""
+    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=out.parent,
                             stdout=out.open("wb"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
@@ -237,6 +241,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     console = Console()
     speed = float(args.speed)
     nvml = args.nvml
+    if nvml is not None and nvml.startswith("replay:"):  # the agent runs in the demo's folder
+        nvml = "replay:" + str(Path(nvml[len("replay:"):]).expanduser().resolve())
     if nvml is None:
         rec = default_nvml_recording()
         nvml = f"replay:{rec}" if rec else "off"

@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 
 from perfd import catalog
+from perfd.analytics.run_summary import REDUCTIONS_TEXT
 from perfd.report import budget_view
 from perfd.report.picture import MAX_BARS, _bins, _figure, _label, _mean, _note, goodput_bar, rank_heatmap
 from perfd.report.report import format_value, layout_text
@@ -258,7 +259,7 @@ def summary_section(report: Mapping[str, Any]) -> str:
 
 def report_sections(report: Mapping[str, Any]) -> str:
     """Parts two to four: metrics with their sources, findings, recommendations."""
-    out = ['<h2 id="metrics">Metrics (steady-state medians, each with its source)</h2>']
+    out = [f'<h2 id="metrics">Metrics (steady state: {REDUCTIONS_TEXT}; each with its source)</h2>']
     rows = []
     for m in report.get("metrics") or []:
         value = format_value(_num(m.get("value")), str(m.get("unit")))

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfd import catalog
+from perfd.analytics.run_summary import REDUCTIONS_TEXT
 from perfd.report import budget_view
 from perfd.report.report import Report, format_value
 
@@ -42,7 +43,7 @@ def render_text(report: Report, iterations: RunAnalysis | None = None, width: in
         out.append("STEP BUDGET (where one step's time goes)")
         out += budget_view.text_lines(report.step_budget, width)
     out.append("")
-    out.append("METRICS (steady-state medians)")
+    out.append(f"METRICS (steady state: {REDUCTIONS_TEXT})")
     name_w = max((len(m.name) for m in report.metrics), default=10)
     for m in report.metrics:
         out.append(f"  {m.name:<{name_w}}  {format_value(m.value, m.unit):>14}")
@@ -99,7 +100,7 @@ def render_rich(report: Report) -> RenderableType:
     head.append(f"{s.status}", style=_STATUS_STYLE.get(s.status, ""))
     head.append(f" — {s.status_text}\n{s.headline}\nbottleneck: {s.bottleneck} — {s.bottleneck_reason}\n"
                 f"steady state: {s.steady}")
-    metrics = Table(title="Metrics (steady-state medians)", show_lines=False, expand=True)
+    metrics = Table(title=f"Metrics (steady state: {REDUCTIONS_TEXT})", show_lines=False, expand=True)
     metrics.add_column("metric", no_wrap=True)
     metrics.add_column("value", justify="right", no_wrap=True)
     metrics.add_column("source", overflow="fold")

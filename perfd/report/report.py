@@ -19,6 +19,7 @@ from perfd.analytics.findings import GRADE_LABELS, budget_class_text, explain_gr
 from perfd.analytics.goodput import headline_text
 from perfd.analytics.incidents import incident_findings, is_disturbance
 from perfd.analytics.run_analysis import RunAnalysis
+from perfd.analytics.run_summary import reduction_of
 
 
 @dataclass
@@ -127,7 +128,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
         value = catalog.job_value(d, med)
         src = _source_of(analysis, d.attr or "")
         if value is not None:
-            src = f"median over {span}; per iteration (last shown): {src}"
+            src = f"{reduction_of(d.attr or '')} over {span}; per iteration (last shown): {src}"
         metrics.append(ReportMetric(d.name, value, d.unit, src, d.description))
     job = analysis.job
     lay = job["layout"]

@@ -9,10 +9,24 @@ perfd.aggregator.durable.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from perfd.transport.gen import perfd_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What the receiver of a batch (the aggregator's ``on_batch``) kept of it, for the journal: a
+    durable aggregator stores nothing it refused (issue 43 item 4: a job's refused step records, a
+    stranger's events). Indices into the batch's steps, events and collectives, its job info's job
+    names; None: all of that part."""
+
+    steps: Sequence[int] | None = None
+    events: Sequence[int] | None = None
+    collectives: Sequence[int] | None = None
+    job_info: Collection[str] | None = None
 
 
 class IngestJournal(Protocol):
@@ -24,8 +38,8 @@ class IngestJournal(Protocol):
     stream is closed before anything more of it is accepted or acknowledged, and its dedupe state
     goes back to what :meth:`recover` says is on disk, so its resend is taken again."""
 
-    def hello(self, agent_id: str, hello: pb.Hello) -> None: ...
-    def batch(self, agent_id: str, batch: pb.Batch) -> None: ...
+    def hello(self, agent_id: str, jobs: Sequence[str]) -> None: ...  # the jobs the Hello was given
+    def batch(self, agent_id: str, batch: pb.Batch, kept: Kept | None = None) -> None: ...
     def seq(self, agent_id: str, epoch: str, seq: int) -> None: ...
     def commit(self) -> bool: ...
     def lost(self, agent_id: str) -> bool: ...

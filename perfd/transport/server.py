@@ -22,12 +22,14 @@ there; a re-delivered sample repeats a (series, timestamp) point.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
+import socket
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -52,7 +54,7 @@ from perfd.transport.codec import (
     decode_batch,
     decode_hello,
 )
-from perfd.transport.delivery import IngestJournal, SeqTracker
+from perfd.transport.delivery import IngestJournal, Kept, SeqTracker
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.security import UNAUTHENTICATED_PREFIX, IdentityPolicy, ServerTls, TokenFile
 from perfd.transport.series import Series
@@ -60,12 +62,23 @@ from perfd.transport.stream import AgentStream
 
 log = logging.getLogger(__name__)
 
-OnBatch = Callable[[str, DecodedBatch], None]
-OnHello = Callable[[HelloInfo], None]
+# The receiver says what it kept of a batch (None: all of it) and which jobs of a Hello it admitted
+# (None: all): the journal stores only those.
+OnBatch = Callable[[str, DecodedBatch], Kept | None]
+OnHello = Callable[[HelloInfo], Sequence[str] | None]
 OnStreamEnd = Callable[[str], None]  # the agent whose live stream ended (it may come back)
 # (agent id, series id, definition) -> whether the series is held (the aggregator's caps). A refused
 # definition is kept nowhere: its samples are dropped as samples of an undefined id.
 SeriesAdmission = Callable[[str, int, Series], bool]
+
+
+def probe_bind(host: str, port: int) -> None:
+    """Bind ``host:port`` as gRPC would (SO_REUSEADDR, no SO_REUSEPORT) and let go at once: raises
+    the kernel's OSError (errno kept: in use, not local) without gRPC printing a line of its own."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
 
 
 def server_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -194,6 +207,12 @@ class IngestServer:
         service = grpc.method_handlers_generic_handler(self.SERVICE, {"Stream": handler})
         server.add_generic_rpc_handlers((service,))
         addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if port:
+            try:  # before gRPC tries: its C core logs a raw line of its own on stderr when bind fails
+                probe_bind(host, port)
+            except OSError:
+                await server.stop(None)
+                raise
         try:
             if self.tls is not None:
                 bound = server.add_secure_port(addr, self.tls.credentials())
@@ -203,9 +222,10 @@ class IngestServer:
             bound, why = 0, str(exc)
         else:
             why = ""
-        if not bound:
+        if not bound:  # the port taken between the probe and gRPC's own bind (a race)
             await server.stop(None)
-            raise OSError(f"cannot listen for gRPC on {addr}: address in use or not local {why}".rstrip())
+            why = why.split(";")[0]  # not gRPC's advice to set GRPC_VERBOSITY
+            raise OSError(errno.EADDRINUSE, f"address in use or not local ({why})".rstrip(" ()"))
         await server.start()
         self._server = server
         self._liveness_task = asyncio.create_task(self._liveness_loop())
@@ -490,19 +510,22 @@ class IngestServer:
         while len(self._tables) > self.limits.max_streams:
             self._tables.popitem(last=False)
         conn.agent_id, conn.epoch = info.agent_id, info.spool_epoch
-        if self.journal is not None:
-            if self.journal.lost(info.agent_id):  # its older stream had lost writes: start from disk
-                self.seq_state.reset(info.agent_id, self.journal.recover(info.agent_id))
-            self.journal.hello(info.agent_id, hello)
+        if self.journal is not None and self.journal.lost(info.agent_id):
+            # its older stream had lost writes: start from disk
+            self.seq_state.reset(info.agent_id, self.journal.recover(info.agent_id))
         # Tell the agent what we already hold, so it does not resend batches whose Ack was lost.
         conn.ack_due = max(conn.ack_due, self.seq_state.last(info.agent_id, info.spool_epoch))
         conn.ack_sent = -1
         conn.wake.set()
+        admitted: Sequence[str] | None = None
         if self._on_hello is not None:
             try:
-                self._on_hello(info)
+                admitted = self._on_hello(info)
             except Exception:
                 log.exception("on_hello failed for agent %s", info.agent_id)
+                admitted = ()
+        if self.journal is not None:  # what the Hello was given, not what it asked (issue 43 item 4)
+            self.journal.hello(info.agent_id, list(hello.jobs) if admitted is None else list(admitted))
 
     def _batch(self, conn: AgentStream, b: pb.Batch) -> None:
         agent = conn.agent_id
@@ -548,14 +571,14 @@ class IngestServer:
                            f"({e}); counted and acknowledged")
             return
         try:
-            self._on_batch(agent, decoded)
+            kept = self._on_batch(agent, decoded)
         except Exception as e:
             self.deliver_errors += 1
             self._log_once(agent, "deliver", f"on_batch raised for batch {b.seq} of agent {agent}: {e!r}; "
                            "counted and acknowledged")
             return
         if self.journal is not None:
-            self.journal.batch(agent, b)
+            self.journal.batch(agent, b, kept)
         self.batches += 1
         self.samples += len(decoded.values)
         self.steps += len(decoded.steps)

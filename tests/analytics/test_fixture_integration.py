@@ -51,7 +51,7 @@ def test_mfu_against_h200_peak(parsed) -> None:
     assert a.job["gpu"]["peak_tflops"] == 989.0 and a.job["gpu"]["dtype"] == "bf16"
     med = a.summary["medians"]
     assert med["mfu"] == pytest.approx(med["model_tflops_per_gpu"] / 989)
-    assert med["mfu"] == pytest.approx(0.0837, abs=5e-4)
+    assert med["mfu"] == pytest.approx(0.0818, abs=5e-4)  # 80.9 TFLOP/s sustained over the steady steps
     it38 = next(it for it in a.iterations if it.iteration == 38)
     assert it38.model_tflops_per_gpu == pytest.approx(84.2, rel=0.01)
     assert f"{FIXTURE.name}:1769" in it38.sources["step_time_ms"]

@@ -198,8 +198,20 @@ def test_stall_check() -> None:
     assert ended.status is Status.RUNNING and ended.silent_s == 2.0
     assert check_stall(StallInputs(now, now - 60.0, cadence, sleeping,
                                    phase_ended_at=now - 6)).status is Status.STALLED
-    old = ("checkpoint", now - th.STALL_PHASE_MAX_S.value - 1)
-    assert check(60.0, [seen(0, "sleeping", 0.0)], phase=old).status is Status.STALLED
+    cap = th.STALL_PHASE_MAX_S.value
+    old = ("checkpoint", now - cap - 1)
+    assert check(cap + 1, [seen(0, "sleeping", 0.0)], phase=old).status is Status.STALLED
+    # Announcements hold a stall for at most the cap after the last record, whatever they say: a save
+    # announced again just now (its begin new), or pulses of begin and end, do not (issue 43 item 5).
+    assert check(cap + 1, sleeping, phase=("checkpoint", now - 1)).status is Status.STALLED
+    pulsed = check_stall(StallInputs(now, now - cap - 10, cadence, sleeping, phase_ended_at=now - 1))
+    assert pulsed.status is Status.STALLED and pulsed.silent_s == 10.0  # counted from the cap, not the pulse
+    # A stopped rank is the kernel's word: a pause that ended a second ago does not restart its silence.
+    stopped_now = check_stall(StallInputs(now, now - 60.0, cadence, [seen(0, "stopped", 0.0)],
+                                          phase_ended_at=now - 1))
+    assert stopped_now.status is Status.STALLED and stopped_now.silent_s == 60.0
+    # The cap is the aggregator's to shorten (--stall-phase-max-s): the same 60 s silence under a save.
+    assert check(60.0, sleeping, phase=save, phase_max_s=30.0).status is Status.STALLED
     doc = st.to_json()
     assert doc["status"] == "stalled" and doc["reasons"] == ["stopped"]
     assert doc["ranks"]["1"]["state"] == "stopped"

@@ -11,7 +11,9 @@ def _its(steps: list[float]) -> list[IterationResult]:
 
 
 def test_a_slow_stretch_with_a_flicker_is_one_incident_and_jitter_is_none() -> None:
-    steps = [900.0] * 3 + [500.0] * 10 + [1300, 1250, 510, 1280, 1300] + [500.0] * 10 + [640.0] + [500.0] * 5
+    # (the lone 640 ms step sits among enough calm steps that most windows clear of the slow stretch
+    # do not hold it: the steady rate is 500 ms a step)
+    steps = [900.0] * 3 + [500.0] * 10 + [1300, 1250, 510, 1280, 1300] + [500.0] * 10 + [640.0] + [500.0] * 25
     its = _its(steps)
     ends = {it.iteration: 1000.0 + it.iteration for it in its}
     found = detect_incidents(its, ends, {}, 3, None)
@@ -55,9 +57,12 @@ def test_a_lasting_shift_near_the_threshold_is_one_incident_not_fragments() -> N
 
 
 def test_small_departures_are_jitter_below_the_floor() -> None:
-    its = _its([40.0] * 50 + [60.0, 55.0] + [40.0] * 50)  # 35 ms lost on a 40 ms step: not 1 s
+    its = _its([40.0] * 50 + [120.0, 110.0] + [40.0] * 50)  # 150 ms lost on a 40 ms step: not 1 s
     found = detect_incidents(its, {}, {}, 0, None)
     assert found.incidents == [] and found.jitter["n"] == 1 and found.jitter["iterations"] == 2
+    # a smaller one does not move its window's time per step past the bar at all
+    its = _its([40.0] * 50 + [60.0, 55.0] + [40.0] * 50)
+    assert detect_incidents(its, {}, {}, 0, None).jitter["n"] == 0
 
 
 def test_a_named_rank_and_its_finding() -> None:

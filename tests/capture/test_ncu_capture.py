@@ -22,6 +22,7 @@ import pytest
 
 from perfd.capture.manager import CaptureManager
 from perfd.capture.ncu_exec import NcuExecutor, NcuOptions, rank_paths, report_file, write_target
+from perfd.capture.nsys_exec import session_name
 from perfd.capture.request import BUSY_REASON
 from perfd.capture.store import CaptureStore
 from perfd.transport.codec import Command
@@ -267,7 +268,7 @@ def test_target_records_round_trip_and_bad_ones_are_refused(tmp_path):
 
     t = write_target(tmp_path, "my job/1", 3, NcuOptions(12, "regex:^(a|b)$", "base", 30.0), "/x/ncu", pid=77)
     base, path = rank_paths(tmp_path, "my job/1", 3)
-    assert t.report == report_file(base) == tmp_path / "ncu" / "perfd-my_job_1" / "rank3.ncu-rep"
+    assert t.report == report_file(base) == tmp_path / "ncu" / session_name("my job/1") / "rank3.ncu-rep"
     got = read_target(tmp_path, "my job/1", 3)
     assert got == t
     assert read_target(tmp_path, "my job/1", 4) is None

@@ -110,7 +110,7 @@ def test_command_lines_are_argument_lists():
         nsys_launch_argv("nsys", "bad name; rm -rf /", ["x"])
     with pytest.raises(ValueError):
         nsys_launch_argv("nsys", "ok", [])
-    assert session_name("my job/1") == "perfd-my_job_1" and session_name("j", 3) == "perfd-j-r3"
+    assert session_name("my job/1").startswith("perfd-my_job_1-") and session_name("j", 3) == "perfd-j-r3"
     assert report_path("/a/out") == Path("/a/out.nsys-rep")
     assert report_path("/a/o.nsys-rep") == Path("/a/o.nsys-rep")
 
@@ -214,7 +214,7 @@ def test_rank_range_prefix_writes_where_the_agent_looks(tmp_path, monkeypatch, c
     assert (tmp_path / "c" / "nsys-ranges" / "perfd-j").is_dir()  # made before nsys runs
     assert main(["nsys-prefix", "--job", "j", "--mode", "profile",
                  "--capture-dir", str(tmp_path / "a b")]) == 2
-    assert "split by the shell" in capsys.readouterr().err
+    assert "split or expanded by the shell" in capsys.readouterr().err
     monkeypatch.setenv("PERFD_NSYS", str(tmp_path / "missing"))
     assert main(["nsys-prefix", "--job", "j"]) == 2
 
@@ -270,13 +270,34 @@ def test_nsys_prefix_runs_each_rank_in_its_own_session(tmp_path: Path, monkeypat
     got = json.loads(argv_file.read_text())
     assert got == ["launch", f"--session-new={session_name('gpt 8b', 3)}", "--trace=cuda,nvtx,osrt",
                    "python", "train.py", "--lr", "1"]
-    assert session_name("gpt 8b", 3) == "perfd-gpt_8b-r3"
+    assert session_name("gpt 8b", 3).startswith("perfd-gpt_8b-") and session_name("gpt 8b", 3).endswith("-r3")
     # Refusals: no RANK (not under torchrun), no command.
     env.pop("RANK")
     res = subprocess.run([*words, "python", "train.py"], env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "RANK is unset" in res.stderr
     assert main(["nsys-exec", "--job", "j", "--"]) == 2
     assert "no command" in capsys.readouterr().err
+
+
+def test_job_names_the_shell_or_the_cut_would_merge_get_sessions_and_ncu_paths_of_their_own(
+        tmp_path: Path) -> None:
+    """Issue 43 item 7: ``team/a``, ``team a`` and ``team_a`` (and names sharing 40 characters) were one
+    nsys session and one ncu target path: a capture of one job could take another's session."""
+    from perfd.capture.ncu_exec import rank_paths
+    from perfd.capture.nsys_exec import SHELL_WORD, session_from_base, session_name
+
+    long_a, long_b = "x" * 40 + "-run-a", "x" * 40 + "-run-b"
+    names = ["team/a", "team a", "team_a", long_a, long_b, "team_a-0123456789"]
+    sessions = {n: session_name(n, 3) for n in names}
+    assert len(set(sessions.values())) == len(names), sessions
+    assert len({rank_paths(tmp_path, n, 3)[1] for n in names}) == len(names)
+    assert sessions["team_a"] == "perfd-team_a-r3"  # a name that is already a clean word keeps it
+    for n, s in sessions.items():
+        assert SHELL_WORD.fullmatch(s) and len(s) <= 64, (n, s)
+    # nsys-prefix prints the base; nsys-exec maps it back to the very session the manager looks for.
+    for n in names:
+        base = session_name(n)[len("perfd-"):]
+        assert session_from_base(base, 3) == sessions[n]
 
 
 def test_start_range_arms_a_session_for_the_next_profiler_range(tmp_path: Path) -> None:

@@ -131,3 +131,32 @@ def test_gpu_rules_see_only_the_series_they_read_and_fire_on_a_throttled_gpu():
     assert all(f.rule.name != "gpu_throttling" for f in co.evaluate(now=1000.0))  # pending
     fired = co.evaluate(now=1061.0)  # the rule's `for: 1m`
     assert [f.key for f in fired if f.rule.name == "gpu_throttling"] == [("j", "n1", "0")]
+
+
+def test_a_capture_reaches_the_sidecar_on_the_ranks_node_not_the_others() -> None:
+    """The sidecar topology on two nodes (issue 46): the node agents report the GPU processes (each
+    placed in the job through its pod), the job's sidecars read no GPU and name their node in their
+    Hello. A capture of rank 1 goes to the sidecar of rank 1's node only: the other would answer "no
+    process known for rank(s) [1]", and a node agent hosts no job."""
+    st = AggregatorState()
+    parsed = parse_file(LOG, job="j")
+    for node in ("node-a", "node-b"):
+        st.hello(f"{node}/node", [], node=node, capabilities={"nvml": "ok"})
+        st.hello(f"{node}/j", ["j"], node=node, capabilities={"megatron": "ok"})
+    st.ingest_job_info("node-a/j", "j", parsed.job_info)
+    for rank, node in ((0, "node-a"), (1, "node-b")):
+        st.ingest_events(f"{node}/node", [{
+            "kind": "gpu_processes", "labels": {"node": node, "gpu": "0"},
+            "payload": [{"pid": 4000 + rank, "rank": rank, "local_rank": 0, "world_size": 2, "job": "j",
+                         "used_memory_bytes": 1 << 30}]}])
+    assert {r: p.node for r, p in st.placed_ranks("j").items()} == {0: "node-a", 1: "node-b"}
+    sent: list[tuple[str, Command]] = []
+    def send(agent: str, cmd: Command) -> bool:
+        sent.append((agent, cmd))
+        return True
+
+    co = CaptureCoordinator(st, None, send, hosts=lambda job: {"node-a/j", "node-b/j"})
+    rec = co.request("j", [1], "kineto", 2, "manual", now=1.0)
+    assert rec.agents == ["node-b/j"] and [a for a, _ in sent] == ["node-b/j"]
+    rec = co.request("j", [0], "kineto", 2, "manual", now=2.0)
+    assert rec.agents == ["node-a/j"]

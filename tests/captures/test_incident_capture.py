@@ -51,7 +51,9 @@ def test_an_open_incident_is_captured_on_its_rank_and_the_capture_explains_it() 
         {"kind": events.CAPTURE_FINISHED.name, "time": t + 2.0, "links": {"command_id": rec["id"]},
          "payload": {"status": "ok", "ranks": {"1": {"devices": [dev]}}}}])
     assert co.captures[rec["id"]].slowdown["1"] >= 2.3
-    st.ingest_steps("agent-a", [dataclasses.replace(parsed.records[-1], iteration=31)])
+    # One more iteration (its line says the run goes to 40: past the log's 30 it would be refused as
+    # implausible, perfd.aggregator.jobs).
+    st.ingest_steps("agent-a", [dataclasses.replace(parsed.records[-1], iteration=31, train_iters=40)])
     st.analysis("dp2", force=True)
     (inc,) = [i for i in st.incidents.incidents("dp2") if i["ranks"] and i["ranks"][0] == 1]
     assert [c["id"] for c in inc["captures"]] == [rec["id"]]

@@ -139,7 +139,7 @@ def test_ncu_prefix_with_a_filter_from_the_latest_capture(tmp_path):
     per_step = int(dev["kernel_count"]) / 3
     assert f"launched ~{per_step:.0f} kernels a step" in r.stderr
     assert f"+{per_step * NCU_ARMED_US_PER_LAUNCH / 1e3:.0f} ms of host time per step" in r.stderr
-    flt = r.stdout.split()[r.stdout.split().index("--kernel-filter") + 1]
+    flt = bytes.fromhex(r.stdout.split()[r.stdout.split().index("--kernel-filter-hex") + 1]).decode()
     assert flt == ("regex:^(nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT|nvjet_sm90_tst_256x128_64x4_1x2_"
                    "h_bz_coopA_NNT|nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT|elementwise_kernel)$")
     # what it printed runs: rank 1 goes under ncu with that filter
@@ -149,11 +149,39 @@ def test_ncu_prefix_with_a_filter_from_the_latest_capture(tmp_path):
     argv = calls(state)[-1]
     assert argv[argv.index("--kernel-name") + 1] == flt
     f = perfd("ncu-prefix", "--job", "j1", "--kernels-from", PP2, "--capture-dir", caps, PERFD_NCU=str(exe))
-    flt = f.stdout.split()[f.stdout.split().index("--kernel-filter") + 1]
+    flt = bytes.fromhex(f.stdout.split()[f.stdout.split().index("--kernel-filter-hex") + 1]).decode()
     assert "nccl" not in flt.lower() and "vectorized_elementwise_kernel" in flt  # the PP=2 nsys analysis
     none = perfd("ncu-prefix", "--job", "other", "--kernels-from", "latest", "--capture-dir", caps,
                  PERFD_NCU=str(exe))
     assert none.returncode == 0 and "no Kineto/nsys capture of job other" in none.stderr
+
+
+def test_ncu_prefix_output_is_neither_split_nor_globbed_by_the_shell(tmp_path):
+    """Issue 43 item 7: the filter was printed as it is, and ``regex:.*`` under $(...) became the file
+    names of the folder the job started in. A real shell runs what ncu-prefix printed, in a folder of
+    files, for a job whose name has a space and a slash: the chosen rank gets the filter and the name
+    as they were given."""
+    exe, state = make_fake_ncu(tmp_path)
+    caps, work = tmp_path / "caps", tmp_path / "work"
+    work.mkdir()
+    for name in ("a.txt", "regex:.my_gemm.cu"):  # what regex:.*gemm.* globs to, unquoted
+        (work / name).write_text("")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "1", "PERFD_NCU": str(exe)}
+    prefix = (f'$({sys.executable} -m perfd.cli ncu-prefix --job "team a/b" --ranks 1 '
+              f'--kernel-filter "regex:.*gemm.*" --capture-dir {caps})')
+    shown = subprocess.run(["sh", "-c", f'cd {work} && for w in {prefix}; do echo "$w"; done'],
+                           capture_output=True, text=True, timeout=120, env=env)
+    words = shown.stdout.split("\n")
+    assert shown.returncode == 0 and "regex:.my_gemm.cu" not in words, shown.stdout
+    assert bytes.fromhex(words[words.index("--kernel-filter-hex") + 1]).decode() == "regex:.*gemm.*"
+    run = subprocess.run(["sh", "-c", f"cd {work} && {prefix} {' '.join(PY_PID[:2])} "
+                          "'import os; print(\"pid\", os.getpid())'"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr
+    argv = calls(state)[-1]
+    assert argv[argv.index("--kernel-name") + 1] == "regex:.*gemm.*"
+    t = read_target(caps, "team a/b", 1)
+    assert t is not None and t.job == "team a/b"
 
 
 @pytest.mark.parametrize(("args", "why"), [

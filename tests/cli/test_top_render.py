@@ -221,3 +221,89 @@ def test_a_hook_job_is_told_in_its_own_terms() -> None:
     said = text(top.budget_text(timed))
     assert "no timed step yet" not in said and "no communication timed" in said
     assert "no timed step yet" in text(top.budget_text({"summary": {}}))
+
+
+# What GET /api/jobs/<job>/gpus answers for a rank process (collectors/ranks, as rank_hosts): the shape
+# issue 46 saw cut at 80 columns ("268…" for its pid, "sta…" for the state's head).
+RANK_HOSTS = [{"rank": r, "node": "gpu-node-017", "pid": 2681234 + r, "state": "disk_sleep",
+               "cpu_cores": 1.234, "wait_ratio": 0.81, "allowed_cpus": [0, 1, 2, 3, 8, 9],
+               "allowed_busy_ratio": 0.97, "others_ratio": 0.62, "throttled_ratio": 0.25,
+               "others": [{"pid": 29591, "user": "mallory", "cpu_ratio": 0.78, "own": False,
+                           "cmdline": "python -c 'while True: pass'  # a CPU hog beside the job"}]}
+              for r in range(2)]
+H100 = {"node": "gpu-node-017", "gpu": "0", "model": "NVIDIA H100 80GB HBM3", "replay": True, "values": {
+    "perfd_gpu_utilization_ratio": 1.0, "perfd_gpu_sm_util_ratio": 0.963,
+    "perfd_gpu_tensor_util_ratio": 0.935,
+    "perfd_gpu_dram_bw_util_ratio": 0.176, "perfd_gpu_memory_used_bytes": 79.1 * 2**30,
+    "perfd_gpu_memory_total_bytes": 79.6 * 2**30, "perfd_gpu_power_watts": 698.0,
+    "perfd_gpu_power_limit_watts": 700.0, "perfd_gpu_sm_clock_hertz": 1.98e9,
+    "perfd_gpu_mem_clock_hertz": 2.619e9,
+    "perfd_gpu_temperature_celsius": 71.0}, "processes": []}
+
+
+def _gpus_api(gpus: list[dict[str, Any]], sources: list[dict[str, Any]]) -> top.Getter:
+    base = _api({"gpt": 1.0}, {"gpt": _summary(0.412, 800.0, [], "compute-bound")})
+
+    def get(path: str) -> Any:
+        if path.endswith("/gpus"):
+            return {"gpus": gpus, "hosts": GPUS["hosts"], "rank_hosts": RANK_HOSTS, "gpu_sources": sources}
+        return base(path)
+    return get
+
+
+def _tables(out: str) -> list[str]:
+    """The lines of the GPU and rank tables (the processes' command column gives way, by design)."""
+    lines = out.splitlines()
+    keep, on = [], False
+    for ln in lines:
+        if ln.startswith(("GPUs", "rank processes", "hosts")):
+            on = True
+        elif ln.startswith(("processes", "top other", "incidents")):
+            on = False
+        if on:
+            keep.append(ln)
+    return keep
+
+
+def test_rank_processes_and_gpu_rows_whole_at_80_and_120_columns() -> None:
+    """Issue 46: at 80 columns the rank processes table cut its pid and state, at 120 a GPU row
+    wrapped onto three lines. Every table now takes the widest form that fits whole."""
+    snap = top.fetch("http://agg", None, get=_gpus_api([H100, {**H100, "gpu": "1"}], []))
+    for width in (80, 120):
+        out = _narrow_screen(snap, width)
+        tables = _tables(out)
+        assert max(len(ln) for ln in out.splitlines()) <= width, out
+        assert tables and not any("…" in ln for ln in tables), "\n".join(tables)
+        for r in RANK_HOSTS:  # one line a rank, every value whole
+            (row,) = [ln for ln in tables if f" {r['pid']} " in ln]
+            assert "disk_sleep" in row and "1.23" in row and "81%" in row and "0–3, 8–9" in row, row
+            assert "97%" in row and "62%" in row and "25%" in row, row
+        heads = next(ln for ln in tables if ln.lstrip("┃ ").startswith("rank ") and "pid" in ln)
+        assert "state" in heads and "CPU" in heads, heads
+        # Each GPU on one line, with its clocks and temperature.
+        gpu_rows = [ln for ln in tables if "71°C" in ln]
+        assert len(gpu_rows) == 2
+        assert all("1980" in ln and ("79/80" in ln or "79.1/79.6" in ln) for ln in gpu_rows), gpu_rows
+        assert "H100 80GB HBM3 (replay)" in out
+        # Who else ran on a rank's CPUs: below the table, whole (wrapped where needed).
+        assert "pid 29591 (mallory) took 78% of its" in out.replace("\n", " ")
+    wide = _screen(snap)  # no width (a file): the full forms
+    assert "CPU wait" in wide and "throttled" in wide and "SM MHz" in wide
+
+
+def test_a_job_without_gpu_rows_says_why() -> None:
+    """Issue 46: with no NVML on the job's agent the GPU panel was empty, the reason only in that
+    agent's log. The aggregator keeps what each agent's Hello said of its collectors."""
+    why = "unavailable: NVML not found: libnvidia-ml.so.1 could not be loaded (no NVIDIA driver?)"
+    sources: list[dict[str, Any]] = [{"agent": "n7/gpt", "node": "n7", "nvml": why},
+                                     {"agent": "side-1", "node": "n7", "nvml": None},
+                                     {"agent": "n7/node", "node": "n7", "nvml": "ok"}]
+    out = _narrow_screen(top.fetch("http://agg", None, get=_gpus_api([], sources)), 400)
+    line = next(ln for ln in out.splitlines() if ln.startswith("GPUs"))
+    assert line.startswith("GPUs: – (agent n7/gpt: NVML " + why), line
+    assert "agent side-1 on n7 runs no NVML collector (--nvml off)" in line
+    assert "agent n7/node reads NVML, and none of its GPUs runs this job's processes" in line
+    assert "processes" not in [ln.split()[0] for ln in out.splitlines() if ln.strip()]
+    # An aggregator of an older version (no gpu_sources): the panel still says something.
+    old = _narrow_screen(top.fetch("http://agg", None, get=_gpus_api([], None)), 200)  # type: ignore[arg-type]
+    assert "GPUs: – (no GPU series from the agents yet)" in old

@@ -240,6 +240,23 @@ def test_auth_is_on_by_default_with_a_secret_that_every_render_keeps() -> None:
     assert r.returncode != 0 and "existingSecret or token, not both" in r.stderr, r.stderr
     r = _run("template", "perfd", str(CHART), "--set", "auth.token=short")
     assert r.returncode != 0 and "values don't meet the specifications" in r.stderr, r.stderr
+    # Job namespaces (issue 46: the example job's sidecar could not mount the release's Secret): the
+    # same Secret, same name and key, in each one but the release's own; none without a token given.
+    docs = _render(f"auth.token={token}", "auth.jobNamespaces={ml,research,perfd}")
+    made = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Secret"}
+    assert set(made) == {"perfd", "ml", "research"}
+    assert {(d["metadata"]["name"], d["data"]["token"]) for d in made.values()} == \
+        {(secret["metadata"]["name"], secret["data"]["token"])}
+    _validate(docs)
+    assert not [d for d in _render("auth.jobNamespaces={ml}") if d["kind"] == "Secret"]
+    r = _run("template", "perfd", str(CHART), "--set", "auth.jobNamespaces={Not_A_Namespace}")
+    assert r.returncode != 0 and "values don't meet the specifications" in r.stderr, r.stderr
+    # The NOTES say how to copy the Secret into a job namespace when the chart does not make it.
+    r = _run("install", "perfd", str(CHART), "--dry-run=client", "--namespace", "perfd")
+    assert r.returncode == 0, r.stderr
+    notes = r.stdout[r.stdout.index("NOTES:"):]
+    assert "kubectl -n NS create secret generic perfd-auth --from-literal=token=" in notes
+    assert "kubectl -n perfd get secret perfd-auth -o jsonpath='{.data.token}' | base64 -d" in notes
     # Off only when asked: no flag, no mount.
     docs = _render("auth.enabled=false")
     for kind in ("Deployment", "DaemonSet"):

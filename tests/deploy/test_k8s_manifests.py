@@ -231,7 +231,7 @@ def test_rbac_is_minimal_and_bound():
 def test_example_job_has_the_agent_as_a_sidecar_sharing_the_log():
     job = _find("Job")
     pod = job["spec"]["template"]["spec"]
-    (agent,) = pod["initContainers"]
+    (agent,) = [c for c in pod["initContainers"] if c["name"] == "perfd-agent"]
     (trainer,) = pod["containers"]
     assert agent["restartPolicy"] == "Always"  # native sidecar: the Job ends with the trainer
     assert "nvidia.com/gpu" in trainer["resources"]["limits"]
@@ -245,11 +245,28 @@ def test_example_job_has_the_agent_as_a_sidecar_sharing_the_log():
     assert "emptyDir" in vol
     assert ns.megatron_log in " ".join(trainer["args"])  # the trainer writes where the agent reads
     assert ns.job == "job-1" and ns.aggregator.startswith("perfd-aggregator.perfd.svc:")
+    # Captures: the sidecar's folder is an emptyDir's mount point that the trainer mounts at the same
+    # path (its ranks write their Kineto traces there), given to the pod's uid before the sidecar
+    # starts (perfd uses only a folder its uid owns; an emptyDir is root's, 0777).
+    assert ns.capture_dir and a_mounts[ns.capture_dir] == t_mounts[ns.capture_dir]
+    vol = next(v for v in pod["volumes"] if v["name"] == a_mounts[ns.capture_dir])
+    assert "emptyDir" in vol
+    names = [c["name"] for c in pod["initContainers"]]
+    owner = pod["initContainers"][0]
+    assert names.index(owner["name"]) < names.index("perfd-agent") and "restartPolicy" not in owner
+    uid = pod["securityContext"]["runAsUser"]
+    assert f"chown {uid}:{uid} {ns.capture_dir}" in " ".join(owner["command"])
+    assert f"chmod 0700 {ns.capture_dir}" in " ".join(owner["command"])
+    assert owner["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
+    assert {m["mountPath"] for m in owner["volumeMounts"]} == {ns.capture_dir}
+    assert trainer["env"] == [{"name": "KINETO_USE_DAEMON", "value": "1"}]  # no PERFD_JOB (issue 46)
 
 
 def test_the_daemonset_agent_and_the_sidecar_pair_up_on_one_node(tmp_path: Path) -> None:
-    """Both given --node $(NODE_NAME): distinct agent ids, the DaemonSet's in no job, the trainer's
-    GPUs placed in the job through PERFD_JOB from the same pod label the sidecar's --job reads."""
+    """Both given --node $(NODE_NAME): distinct agent ids, the DaemonSet's in no job; the trainer's
+    GPUs placed in the job through the pod it shares with the sidecar (one pid namespace, where the
+    sidecar's PERFD_JOB comes from the same pod label its --job reads): the trainer declares nothing
+    (issue 46; tests/deploy/test_pod_placement.py runs it), and the sidecar follows the pod's ranks."""
     ds = _find("DaemonSet", "perfd-agent")
     (c,) = ds["spec"]["template"]["spec"]["containers"]
     node_ns = _parses(c["args"])
@@ -257,20 +274,22 @@ def test_the_daemonset_agent_and_the_sidecar_pair_up_on_one_node(tmp_path: Path)
     cfg_file.write_text(_find("ConfigMap", "perfd-agent")["data"]["agent.yaml"])
     node_cfg = apply_overrides(load_config(cfg_file), node=node_ns.node, job=node_ns.job)
     pod = _find("Job")["spec"]["template"]["spec"]
-    (sidecar,) = pod["initContainers"]
+    (sidecar,) = [c for c in pod["initContainers"] if c["name"] == "perfd-agent"]
     (trainer,) = pod["containers"]
     side_ns = _parses(sidecar["args"])
     side_cfg = apply_overrides(load_config(None), node=side_ns.node, job=side_ns.job, nvml=side_ns.nvml,
-                               host=side_ns.host == "on", megatron_log=side_ns.megatron_log)
+                               host=side_ns.host == "on", megatron_log=side_ns.megatron_log,
+                               ranks=side_ns.ranks)
     assert node_cfg.node == side_cfg.node == "node-1"
     assert node_cfg.agent_id != side_cfg.agent_id
     assert (node_cfg.job, side_cfg.job) == ("", "job-1")
     assert "nvml" not in side_cfg.collectors and "host" not in side_cfg.collectors  # served once
-    env = {e["name"]: e for e in trainer["env"]}
+    assert "PERFD_JOB" not in {e["name"] for e in trainer.get("env", [])}
+    assert pod["shareProcessNamespace"] is True
     label = "metadata.labels['perfd.dev/job']"
-    assert env["PERFD_JOB"]["valueFrom"]["fieldRef"]["fieldPath"] == label
     side_env = {e["name"]: e for e in sidecar["env"]}
     assert side_env["PERFD_JOB"]["valueFrom"]["fieldRef"]["fieldPath"] == label
+    assert side_cfg.collectors["ranks"] == {"pod": True}
     assert gpu_job([{"pid": 1, "job": "job-1"}], node_cfg.job or None) == side_cfg.job
 
 

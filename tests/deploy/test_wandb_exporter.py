@@ -319,7 +319,9 @@ def test_every_row_carries_the_gpu_values_of_when_its_iteration_arrived() -> Non
     by_stretch = [{rows[r.iteration][key] for r in part if r.iteration in rows} for part in thirds]
     assert by_stretch == [{300.0}, {500.0}, {700.0}]
     # Steps after the last sample: the values of the round.
-    st.ingest_steps("n1/gpt", [dataclasses.replace(records[-1], iteration=records[-1].iteration + k)
+    # (their lines say the run goes on: past the log's train-iters they would be refused, jobs.py)
+    last = records[-1].iteration
+    st.ingest_steps("n1/gpt", [dataclasses.replace(records[-1], iteration=last + k, train_iters=last + 10)
                                for k in (1, 2)])
     assert sync.sync_once(force=True) == 2
     assert [v[key] for _s, v in fake.runs[0].rows[-2:]] == [900.0, 900.0]

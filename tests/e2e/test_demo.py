@@ -43,6 +43,24 @@ def test_demo_plain_output_a_first_user_can_read(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())  # no /tmp/perfd-demo-* behind
 
 
+def test_demo_runs_from_a_folder_holding_the_clone_as_perfd(tmp_path: Path) -> None:
+    """The installed `perfd` run where ``perfd/`` is the clone's root (the folder above a clone named
+    perfd): its daemons must still import the package, not that folder (issue 46: `python -m
+    perfd.cli` from there failed with an ImportError traceback and the demo never started)."""
+    script = Path(sys.executable).parent / "perfd"  # the console script pip made (make test's venv)
+    assert script.is_file(), script
+    here = tmp_path / "src"
+    here.mkdir()
+    (here / "perfd").symlink_to(ROOT, target_is_directory=True)
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([str(script), "demo", "--plain", "--speed", "40"], cwd=here, env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Traceback" not in r.stdout + r.stderr and "Next step" in r.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # the run's folder removed
+
+
 def test_demo_keep_files_keeps_them(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     r = subprocess.run([sys.executable, "-m", "perfd.cli", "demo", "--plain", "--speed", "40",

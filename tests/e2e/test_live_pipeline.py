@@ -104,14 +104,17 @@ def test_agent_to_aggregator_matches_offline_analysis(tmp_path: Path, source: Pa
         assert summary["overview"]["has_job_info"] and want["job"]["layout"]["pp"] is not None
 
         # /metrics: each job gauge equals the offline value of the last iteration (absent if None).
-        fams = {f.name: f for f in text_string_to_metric_families(_get(f"{base}/metrics").decode())}
+        families = list(text_string_to_metric_families(_get(f"{base}/metrics").decode()))
+        fams = {f.name: f for f in families}
+        # By sample name: a counter's family is named without _total, like a gauge of that name
+        # (perfd_job_incident_lost_seconds_total, served from 0, beside perfd_job_incident_lost_seconds).
+        samples = [s for f in families for s in f.samples]
         latest = want["iterations"][-1]
         checked = 0
         for m in catalog.job_metrics():
             name, key, scale = m.name, m.attr or "", m.scale
             v = latest.get(key)
-            got = [s.value for s in fams[name].samples if s.labels.get("job_name") == "e2e"] \
-                if name in fams else []
+            got = [s.value for s in samples if s.name == name and s.labels.get("job_name") == "e2e"]
             if v is None:
                 assert got == [], f"{name} must be absent when {key} is None"
             else:

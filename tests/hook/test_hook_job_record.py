@@ -3,6 +3,7 @@ a framework log's JobInfo without losing either."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ import pytest
 from collectors.hook import HookCollector
 from perfd.hook import StepHook, wire
 from perfd.hook.jobinfo import job_msg, mesh_sizes
+from perfd.hook.sender import DatagramSender
 from perfd.model import JobInfo, ModelSpec, ParallelLayout, merge_job_info
 
 
@@ -57,11 +59,17 @@ def test_collector_turns_job_records_into_one_job_info(tmp_path: Path) -> None:
         (info,) = infos
         assert info.framework == "pytorch" and info.spec.dtype == "bf16"
         assert (info.layout.world_size, info.layout.dp, info.layout.tp) == (2, 2, None)
-        # A bad size is counted and left out, never stored.
-        c._handle(wire.pack_job(wire.JobMsg(0, 1, world_size=0, dtype="int3")), None, 0.0,
-                  out := c.collect(time.time()))
+        # A bad size is counted and left out, never stored (a datagram of this very process: its
+        # sender check passes).
+        DatagramSender(str(tmp_path / "h.sock")).send(
+            wire.pack_job(wire.JobMsg(0, os.getpid(), world_size=0, dtype="int3")))
+        got: list[JobInfo] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and c.errors.get("malformed:unknown_dtype") is None:
+            got += c.collect(time.time()).job_info.values()
+            time.sleep(0.01)
         assert c.errors.get("malformed:layout_out_of_bounds") == 1
-        assert c.errors.get("malformed:unknown_dtype") == 1 and not out.job_info
+        assert c.errors.get("malformed:unknown_dtype") == 1 and not got
     finally:
         c.stop()
 

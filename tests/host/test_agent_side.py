@@ -105,21 +105,38 @@ def test_megatrons_save_and_evaluation_lines_are_announcements() -> None:
     assert len(parsed.records) == 40  # the step records are as before
 
 
-def test_the_agent_hands_gpu_and_hook_pids_to_the_ranks_collector() -> None:
-    agent = Agent(AgentConfig(job="j", node="n1", metrics_port=None, collectors={"ranks": {}}))
+def test_the_agent_hands_gpu_and_hook_pids_to_the_ranks_collector(tmp_path: Path) -> None:
+    sock = str(tmp_path / "hook.sock")
+    agent = Agent(AgentConfig(job="j", node="n1", metrics_port=None,
+                              collectors={"ranks": {}, "hook": {"socket_path": sock}}))
     agent.build()
     col = agent.scheduler.states["ranks"].collector
-    assert isinstance(col, RanksCollector)
+    hook_col = agent.scheduler.states["hook"].collector
+    assert isinstance(col, RanksCollector) and isinstance(hook_col, HookCollector)
+    hook_col.start()
     me, parent = os.getpid(), os.getppid()
-    agent._forward([("nvml", Collected(events=[{
-        "kind": events.GPU_PROCESSES.name, "labels": {"gpu": "0"},
-        "payload": [{"pid": parent, "rank": 1, "job": "j"}, {"pid": 99999999, "rank": None}]}]))])
-    agent._forward([("hook", Collected(steps=[StepRecord(job="j", iteration=1, rank=0, step_time_ms=1.0,
-                                                         fields={"pid": str(me)},
-                                                         source=Provenance("hook", "rank0"))]))])
-    col.collect(time.time())
+    try:
+        agent._forward([("nvml", Collected(events=[{
+            "kind": events.GPU_PROCESSES.name, "labels": {"gpu": "0"},
+            "payload": [{"pid": parent, "rank": 1, "job": "j"}, {"pid": 99999999, "rank": None}]}]))])
+        # A step record the hook collector verified (its sender is this process: the kernel says so) ...
+        hook = StepHook(sock, cuda=False, rank=0, flush_interval_s=0)
+        with hook.step():
+            pass
+        deadline, got = time.monotonic() + 30, Collected()
+        while not got.steps and time.monotonic() < deadline:
+            got = hook_col.collect(time.time())
+            time.sleep(0.01)
+        # ... and one no verified sender named (a record from elsewhere claiming our parent): not followed.
+        forged = StepRecord(job="j", iteration=1, rank=2, step_time_ms=1.0, fields={"pid": str(parent)},
+                            source=Provenance("hook", "rank2"))
+        agent._forward([("hook", Collected(steps=[*got.steps, forged]))])
+        col.collect(time.time())
+    finally:
+        hook_col.stop()
     assert col.rank_pids() == {0: me, 1: parent}
     assert col.ranks[("j", 0)].source == "hook" and col.ranks[("j", 1)].source == "gpu"
+    assert col.ranks[("j", 0)].uid == os.getuid()
 
 
 def test_a_stopped_process_stack_and_the_answers_when_py_spy_fails(tmp_path: Path,
@@ -153,7 +170,7 @@ def test_the_agent_answers_a_stacks_command_with_captures_off(stopped_python: An
     agent.client = FakeClient()
     col = agent.scheduler.states["ranks"].collector
     assert isinstance(col, RanksCollector)
-    col.note(stopped_python.pid, 3, "hook")
+    col.note(stopped_python.pid, 3, "hook", uid=os.getuid())
     col.collect(time.time())
     agent._on_command(Command(kind=COMMAND_STACKS, job="j", ranks=(3, 4), id="c1"))
     assert agent.stacks is not None

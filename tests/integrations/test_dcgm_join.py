@@ -1,8 +1,10 @@
 """A real Prometheus joins perfd's GPU series with DCGM-exporter's: it scrapes a real node agent
-(an NVML recording of an H100 whose process declares its job) and a DCGM-exporter-shaped exposition
-of the same GPU (served by a small local HTTP server), and evaluates deploy/prometheus/
-perfd-dcgm.rules.yml. The joins documented in docs/prometheus.md return the GPU; the unit rules
-turn DCGM-exporter's MiB, MHz, mJ and percent into perfd's bytes, hertz, joules and ratios."""
+(an NVML recording of an H100 whose process declares its job), the aggregator it streams to with
+--export-node-series (the same GPU series a second time, issue 46), and a DCGM-exporter-shaped
+exposition of the same GPU (served by a small local HTTP server), and evaluates deploy/prometheus/
+perfd-dcgm.rules.yml. The joins documented in docs/prometheus.md, read from it, return the GPU once;
+the unit rules turn DCGM-exporter's MiB, MHz, mJ and percent into perfd's bytes, hertz, joules and
+ratios."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from tests.integrations.integrations_helpers import (
 )
 from tests.procs import placed_recording
 
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 DCGM_RULES = PROM_DIR / "perfd-dcgm.rules.yml"
@@ -79,20 +82,58 @@ def dcgm_exporter() -> Iterator[str]:
         server.server_close()
 
 
+def _get_error(url: str) -> bytes:
+    """The body of an answer Prometheus gives with an HTTP error status (a query it refuses)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return bytes(r.read())
+    except urllib.error.HTTPError as exc:
+        return bytes(exc.read())
+
+
 def _query(base: str, q: str) -> list[dict[str, Any]]:
     body = json.loads(get(f"{base}/api/v1/query?query={urllib.parse.quote(q)}"))
     assert body["status"] == "success", body
     return list(body["data"]["result"])
 
 
-def test_prometheus_joins_perfd_and_dcgm_exporter(tmp_path: Path, dcgm_exporter: str) -> None:
+def _documented_joins() -> list[str]:
+    """The queries of docs/prometheus.md's "Joining DCGM-exporter" example block, as written."""
+    doc = (ROOT / "docs" / "prometheus.md").read_text()
+    section = doc[doc.index("### Joining DCGM-exporter"):]
+    start = section.index("```promql") + len("```promql")
+    block = section[start:section.index("```", start)]
+    return [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+
+
+@pytest.fixture
+def aggregator(tmp_path: Path) -> Iterator[tuple[int, int]]:
+    """An aggregator on loopback serving the agents' node series too (--export-node-series)."""
+    ready = tmp_path / "aggregator.ready"
+    proc = perfd("aggregator", "--grpc-port", "0", "--http-port", "0", "--export-node-series", "--no-rules",
+                 "--ready-file", str(ready), log=tmp_path / "aggregator.out")
+    try:
+        words: list[str] = wait_for(lambda: ready.read_text().split() if ready.exists() else None, 60,
+                                    "the aggregator's ready file")
+        grpc_port, http_port = int(words[0]), int(words[1])
+        yield grpc_port, http_port
+    finally:
+        stop(proc)
+
+
+def test_prometheus_joins_perfd_and_dcgm_exporter(tmp_path: Path, dcgm_exporter: str,
+                                                  aggregator: tuple[int, int]) -> None:
     prometheus = need("prometheus")
     recording = placed_recording(NVML_REPLAY, tmp_path / "nvml.jsonl", JOB, BUS)
+    grpc_port, http_port = aggregator
     cfg = tmp_path / "agent.yaml"  # a node agent: NVML only, no job of its own
     cfg.write_text(f"collectors:\n  nvml: {{source: 'replay:{recording}', loop: true}}\n")
     agent_port = free_port()
-    agent = perfd("agent", "--config", str(cfg), "--node", NODE, "--host", "off",
-                  "--metrics-port", str(agent_port), log=tmp_path / "agent.out")
+    agent = perfd("agent", "--config", str(cfg), "--node", NODE, "--host", "off", "--aggregator",
+                  f"127.0.0.1:{grpc_port}", "--metrics-port", str(agent_port), log=tmp_path / "agent.out")
     prom_cfg = tmp_path / "prometheus.yml"
     prom_cfg.write_text(f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
@@ -100,6 +141,8 @@ rule_files: ["{DCGM_RULES}"]
 scrape_configs:
   - job_name: perfd-agent
     static_configs: [{{targets: ["127.0.0.1:{agent_port}"]}}]
+  - job_name: perfd-aggregator
+    static_configs: [{{targets: ["127.0.0.1:{http_port}"]}}]
   - job_name: dcgm-exporter
     static_configs: [{{targets: ["{dcgm_exporter}"]}}]
 """)
@@ -112,7 +155,23 @@ scrape_configs:
                             stdout=out.open("wb"), stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         wait_for(lambda: get(f"{base}/-/ready") is not None, 30, "Prometheus ready")
-        wait_for(lambda: len([r for r in _query(base, "up == 1")]) == 2 or None, 30, "both targets up")
+        wait_for(lambda: len([r for r in _query(base, "up == 1")]) == 3 or None, 30, "the three targets up")
+        # The GPU's series twice: from the agent and from the aggregator (--export-node-series).
+        wait_for(lambda: len(_query(base, f'perfd_gpu_sm_util_ratio{{UUID="{UUID}"}}')) == 2 or None, 60,
+                 "the GPU's SM series from both scrape jobs")
+        # The plain join of the two fails then (issue 46); the one docs/prometheus.md gives does not.
+        plain = "perfd_gpu_sm_util_ratio - on(UUID) gpu:perfd_gpu_utilization_ratio:dcgm"
+        wait_for(lambda: _query(base, "gpu:perfd_gpu_utilization_ratio:dcgm"), 30, "the DCGM unit rules")
+        body = json.loads(_get_error(f"{base}/api/v1/query?query={urllib.parse.quote(plain)}"))
+        assert body["status"] == "error" and "many-to-one" in body["error"], body
+        joins = _documented_joins()
+        assert any("max without (job, instance) (perfd_gpu_sm_util_ratio)" in q for q in joins), joins
+        for q in joins:
+            # DCGM_FI_PROF_SM_ACTIVE: the exposition here serves the tensor pipe's, same labels and unit
+            q = q.replace('{job_name="gpt-8b"}', f'{{job_name="{JOB}"}}').replace(
+                "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")
+            res = wait_for(lambda q=q: _query(base, q), 30, q)  # type: ignore[misc]
+            assert len(res) == 1 and res[0]["metric"]["UUID"] == UUID, (q, res)
 
         # The joins docs/prometheus.md gives, each matching the one GPU: by UUID, by node and index,
         # by PCI bus id; the job comes from perfd_gpu_info (the job its processes declare).
@@ -126,7 +185,8 @@ scrape_configs:
 
         # A perfd series and a DCGM one side by side, in perfd's units: the memory total is the
         # same number of bytes (constant in the recording), whatever unit DCGM-exporter serves.
-        q = "perfd_gpu_memory_total_bytes - on(UUID) gpu:perfd_gpu_memory_total_bytes:dcgm"
+        q = "max without (job, instance) (perfd_gpu_memory_total_bytes) - on(UUID) " \
+            "gpu:perfd_gpu_memory_total_bytes:dcgm"
         res = wait_for(lambda: _query(base, q), 30, q)
         assert len(res) == 1 and float(res[0]["value"][1]) == 0.0, res
         # DCGM-exporter's own series, put in the job by perfd (the dashboards' job_name filter).

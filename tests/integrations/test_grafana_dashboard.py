@@ -91,7 +91,12 @@ def test_dashboard_has_the_views_the_issue_asks_for() -> None:
                  "perfd_job_data_loading_ratio", "perfd_job_bottleneck_info",
                  # GPU: GPM utilisations, power, clocks, throttling
                  "perfd_gpu_sm_util_ratio", "perfd_gpu_tensor_util_ratio", "perfd_gpu_dram_bw_util_ratio",
-                 "perfd_gpu_power_watts", "perfd_gpu_sm_clock_hertz", "perfd_gpu_throttle_active"):
+                 "perfd_gpu_power_watts", "perfd_gpu_sm_clock_hertz", "perfd_gpu_throttle_active",
+                 # Ranks on their hosts, stalls and incidents (issue 46; test_dashboard_ranks fills them)
+                 "perfd_host_rank_state_info", "perfd_host_rank_cpu_wait_ratio", "perfd_host_rank_cpu_cores",
+                 "perfd_host_rank_others_cpu_ratio", "perfd_host_rank_cpu_throttled_ratio",
+                 "perfd_job_state_info", "perfd_job_stalled_seconds", "perfd_job_incidents_total",
+                 "perfd_job_incidents_open"):
         assert name in exprs, name
     heatmaps = [p for p in _panels(d["panels"]) if p["type"] == "heatmap"]
     assert heatmaps and "perfd_job_rank_compute_ratio" in heatmaps[0]["targets"][0]["expr"]

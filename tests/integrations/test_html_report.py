@@ -50,14 +50,14 @@ def test_report_of_the_shared_fixture_has_charts_and_numbers() -> None:
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "<script" not in page and "@import" not in page
     # The four parts, in order, and the charts.
-    heads = [h for h in ("Summary", "Charts", "Metrics (steady-state", "Findings", "Recommendations")]
+    heads = [h for h in ("Summary", "Charts", "Metrics (steady state:", "Findings", "Recommendations")]
     positions = [page.index(f">{h}") for h in heads]
     assert positions == sorted(positions)
     for title in ("Step time per iteration", "MFU per iteration", "Time breakdown per iteration",
                   "Pipeline bubble: analytic vs measured stage idle"):
         assert f"<title>{title}</title>" in page, title
     # Numbers: the report's medians, formatted as the text report formats them.
-    assert format_value(med["mfu"], "ratio") == "8.4%" and "8.4%" in page
+    assert format_value(med["mfu"], "ratio") == "8.2%" and "8.2%" in page
     assert "336.8 ms" in page and "82.8 TFLOP/s" in page
     assert format_value(med["pp_idle_max"], "ratio") in page
     assert format_value(med["pp_bubble_analytic"], "ratio") in page
@@ -146,7 +146,7 @@ def test_absent_values_are_said_not_drawn_as_zero() -> None:
 def test_cli_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "r.html"
     assert perfd_main(["report", "--log", str(_pp2_log()), "--gpu", "NVIDIA H200", "--html", str(out)]) == 0
-    assert "MFU 8.4%" in out.read_text()
+    assert "MFU 8.2%" in out.read_text()
     assert perfd_main(["report", "--log", str(tmp_path / "missing.log"), "--html", str(out)]) == 2
     assert "no such log file" in capsys.readouterr().err
     assert perfd_main(["report", "--html", str(out)]) == 2
@@ -227,7 +227,8 @@ def test_heat_map_shows_the_cotenant_rank_as_a_band_under_its_incident() -> None
             marks.append(text)
     assert len(band[1]) == 20 and min(band[1]) > 1.1 and max(band[0]) < 0.9
     assert outside and max(outside) < 1.2  # past warm-up, a few single iterations reach 1.12x: noise
-    assert marks and all("iterations 69–90" in t for t in marks)
+    # the co-tenant began inside step 69 (707 ms, 1.15x: not itself slow); the incident is its slow steps
+    assert marks and all("iterations 70–90" in t for t in marks)
     gp = data["summary"]["goodput"]
     bar = next(s for s in _svgs(page) if s.findtext(f"{SVG}title") == "Where the wall time went")
     widths = [float(r.get("width") or 0) for r in bar.findall(f".//{SVG}rect")

@@ -34,6 +34,26 @@ class OtherUser:
                               extra_groups=[], capture_output=True, text=True, timeout=60, check=True,
                               cwd="/")
 
+    def python(self, code: str, *args: str, out: Path | None = None) -> subprocess.Popen[bytes]:
+        """The system's Python running ``code`` as this user, in the background (the caller stops
+        it); its output in ``out`` when given."""
+        log = out.open("wb") if out is not None else subprocess.DEVNULL
+        try:
+            return subprocess.Popen([system_python(), "-c", code, *args], user=self.uid, group=self.gid,
+                                    extra_groups=[], stdout=log, stderr=subprocess.STDOUT, cwd="/",
+                                    start_new_session=True)
+        finally:
+            if out is not None and not isinstance(log, int):
+                log.close()
+
+
+def system_python() -> str:
+    """The system's python3 (another user cannot reach the project's venv), or skip."""
+    for p in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(p, os.X_OK):
+            return p
+    pytest.skip("no system python3 for the other user's process")
+
 
 def other_user() -> OtherUser:
     if os.geteuid() != 0:

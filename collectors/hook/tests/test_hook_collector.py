@@ -106,11 +106,11 @@ def test_eight_ranks_unbatched_are_not_lost_to_the_datagram_queue_limit(collecto
 
 
 _BLOCKING_SENDER = """
-import socket, sys
+import os, socket, sys
 from perfd.hook import wire
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # blocking: waits while the queue is full
 for i in range(1, int(sys.argv[2]) + 1):
-    msg = wire.StepMsg(rank=0, pid=1, step=i, end_time_ns=i, step_ns=1_000_000)
+    msg = wire.StepMsg(rank=0, pid=os.getpid(), step=i, end_time_ns=i, step_ns=1_000_000)
     s.sendto(wire.pack_step(msg), sys.argv[1])
 print("sent", flush=True)
 """
@@ -151,7 +151,7 @@ def test_malformed_datagrams_are_counted(collector: HookCollector) -> None:
         for data in (b"", b"\x02\x01junk", b"\x01\x63" + b"x" * 10, b"\x01\x01short",
                      wire.pack_profile_request(wire.ProfileRequest(1, 2, 3))):
             s.sendto(data, collector.config.socket_path)
-        bad_rank = wire.pack_step(wire.StepMsg(rank=-1, pid=1, step=1, end_time_ns=0, step_ns=1))
+        bad_rank = wire.pack_step(wire.StepMsg(rank=-1, pid=os.getpid(), step=1, end_time_ns=0, step_ns=1))
         s.sendto(bad_rank, collector.config.socket_path)
     finally:
         s.close()

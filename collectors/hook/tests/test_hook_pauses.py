@@ -5,12 +5,14 @@ StepHooks on the same machine, the real collector, the aggregator's fold per ite
 from __future__ import annotations
 
 import functools
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from collectors.hook import HookCollector
+from collectors.hook.peers import Sender
 from collectors.hook.tests.test_hook_collector import collect_until
 from perfd.aggregator.jobs import job_level_steps
 from perfd.analytics.common import HOOK_PAUSE_TIMERS
@@ -67,10 +69,11 @@ def test_an_announced_save_and_evaluation_are_timed_onto_the_next_record(tmp_pat
 
 def test_an_end_without_its_begin_is_counted_not_timed(tmp_path: Path) -> None:
     c = HookCollector({"socket_path": str(tmp_path / "hook.sock"), "job": "j"})
-    msg = wire.PhaseMsg(rank=0, pid=1, phase=wire.PHASE_CODES["checkpoint"], state=wire.PHASE_END, step=3,
+    me = os.getpid()
+    msg = wire.PhaseMsg(rank=0, pid=me, phase=wire.PHASE_CODES["checkpoint"], state=wire.PHASE_END, step=3,
                         time_ns=time.time_ns())
     out = Collected()
-    c._handle(wire.pack_phase(msg), "addr", time.time(), out)
+    c._handle(wire.pack_phase(msg), "addr", Sender(me, os.getuid(), os.getgid()), time.time(), out)
     assert c.counts["pause_end_unmatched"] == 1 and len(out.events) == 1  # the event still goes
     assert c._paused_ms == {}
 

@@ -3,6 +3,7 @@ throttle decoding, process events, XID, lost GPUs, config."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -29,12 +30,14 @@ GPM_VALUES = {2: 96.3, 3: 14.2, 5: 93.5, 10: 17.6, 11: 0.0, 12: 1.5, 13: 0.5, 20
 
 def make(devices: list[FakeDevice] | None = None, config: dict[str, Any] | None = None,
          names: dict[int, tuple[str | None, str | None]] | None = None,
+         env_lookup: Callable[[int], Mapping[str, int | str]] | None = None,
          **fake_kw: Any) -> tuple[NvmlCollector, FakePynvml]:
     fake = FakePynvml(devices, **fake_kw)
     table = names or {}
     col = NvmlCollector(config or {}, nvml=Nvml(module=fake),
                         process_lookup=lambda pid: table.get(pid, (None, None)),
-                        user_lookup=lambda pid: "alice" if pid in table else None)
+                        user_lookup=lambda pid: "alice" if pid in table else None,
+                        env_lookup=env_lookup or (lambda pid: {}))
     return col, fake
 
 
@@ -208,8 +211,9 @@ def test_throttle_zeros_by_default() -> None:
 
 def test_process_events_only_on_change_and_periodically() -> None:
     dev = FakeDevice(procs=[(100, 2 * 2**30)])
-    long_cmd = "python train.py " + "--flag " * 60
-    col, _ = started([dev], names={100: ("python", long_cmd), 200: ("intruder", "python other.py")})
+    long_cmd = "python train.py --hf-token hf_abcdefghijklmnopqrstuvwxyz " + "--flag " * 60
+    names = {100: ("python", long_cmd), 200: ("intruder", "python other.py --password=x")}
+    col, _ = started([dev], names=names, env_lookup=lambda pid: {"rank": 0} if pid == 100 else {})
 
     def events(t: float) -> list[dict[str, Any]]:
         c = col.collect(t)
@@ -220,14 +224,18 @@ def test_process_events_only_on_change_and_periodically() -> None:
     ev = first[0]
     assert ev["labels"] == {"gpu": "0", "uuid": dev.uuid, "model": "NVIDIA H200",
                             "pci_bus_id": "00000000:18:00.0"}
-    assert ev["payload"] == [{"pid": 100, "name": "python", "user": "alice", "cmdline": long_cmd[:200],
+    # The job's rank: its command line, the token's value redacted; cut to 200 characters.
+    shown = "python train.py --hf-token <redacted> " + "--flag " * 60
+    assert ev["payload"] == [{"pid": 100, "name": "python", "user": "alice", "cmdline": shown[:200],
                               "used_memory_bytes": 2 * 2**30,
-                              "rank": None, "local_rank": None, "world_size": None, "job": None}]
+                              "rank": 0, "local_rank": None, "world_size": None, "job": None}]
     assert events(1.0) == [] and events(2.0) == []
     dev.procs.append((200, None))  # a foreign process joins
     ev2 = events(3.0)
     assert len(ev2) == 1 and ev2[0]["changed"] is True
     assert [p["name"] for p in ev2[0]["payload"]] == ["python", "intruder"]
+    intruder = ev2[0]["payload"][1]
+    assert intruder["cmdline"] is None and intruder["user"] == "alice"  # not the job's: no arguments
     assert ev2[0]["payload"][1]["used_memory_bytes"] is None
     assert events(4.0) == []
     periodic = events(63.0)  # 60 s after the last event, unchanged: sent again

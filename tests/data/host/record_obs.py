@@ -27,7 +27,7 @@ def main() -> None:
     cpu = sys.argv[1] if len(sys.argv) > 1 else str(max(os.sched_getaffinity(0)))
     rank = subprocess.Popen([sys.executable, "-c", SPIN, cpu], start_new_session=True)
     c = RanksCollector({"job": "j", "event_every_s": 0})
-    c.note(rank.pid, 0, "hook")
+    c.note(rank.pid, 0, "hook", uid=os.getuid())
 
     def payload(n: int) -> dict[str, Any]:
         out = None

@@ -1,0 +1,125 @@
+"""Who sent a hook datagram: the kernel's word, not the datagram's (docs/security.md, issue 43 item 1).
+
+The hook socket may be open to the job's user or group, or to everyone (mode 0666, for a job of
+another user): any process that may write it could put any pid and rank into a record, and the agent
+runs as root and acts on the pids it is given (py-spy stacks, host evidence, captures). So the socket
+has ``SO_PASSCRED`` set, every datagram arrives with ``SCM_CREDENTIALS`` (the sender's pid, uid and
+gid, filled in by the kernel: an unprivileged sender cannot forge them), and a record's pid is taken
+only when it is
+
+- the sender's own pid (the hook's records always are), or its pid in its own pid namespace (a job
+  in a container sending to a host agent: the kernel gives the host pid, the record the container's;
+  the host pid is used), or
+- a descendant of the sender running as the sender's user alone (real, effective, saved and
+  filesystem uids all the sender's: a setuid child is not the sender's to name).
+
+Anything else is refused, counted by reason and logged (rate-limited by the collector): the record
+never becomes a step, a phase or a peer the agent would act on. The pid the collector then uses is the
+kernel's (the host pid), and the sender's uid goes with it (:class:`Verified`).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from perfd.procinfo import PROC, is_descendant, read_identity
+
+UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+ANCILLARY_BYTES = socket.CMSG_SPACE(UCRED.size) if hasattr(socket, "CMSG_SPACE") else 64
+# A descendant found to be the sender's is believed for this long before /proc is read again (its
+# uid could change: an exec of a setuid program); the sender's own pid needs no read at all.
+VERDICT_TTL_S = 5.0
+MAX_VERDICTS = 4096
+
+# Refusal reasons (counted as the collector's errors "sender:<reason>").
+NO_CREDENTIALS = "no_credentials"  # no SCM_CREDENTIALS with the datagram (SO_PASSCRED unavailable)
+UNKNOWN_SENDER = "unknown_sender"  # the kernel's pid is 0: the sender is in a pid namespace we do not see
+NOT_SENDER = "claimed_pid_not_sender"  # neither the sender nor a descendant of it
+OTHER_UID = "claimed_pid_other_uid"  # a descendant that does not run as the sender's user alone
+
+
+@dataclass(frozen=True)
+class Sender:
+    """The credentials the kernel attached to a datagram."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A record's process as the agent may act on it: the host pid and the sender's uid."""
+
+    pid: int
+    uid: int
+
+
+def credentials(ancdata: list[tuple[int, int, bytes]]) -> Sender | None:
+    """The SCM_CREDENTIALS of a datagram's ancillary data, None when there are none."""
+    kind = getattr(socket, "SCM_CREDENTIALS", None)
+    for level, typ, data in ancdata:
+        if level == socket.SOL_SOCKET and typ == kind and len(data) >= UCRED.size:
+            pid, uid, gid = UCRED.unpack_from(data)
+            return Sender(pid, uid, gid)
+    return None
+
+
+def enable(sock: socket.socket) -> bool:
+    """Ask the kernel to attach the sender's credentials to every datagram (before bind, so no
+    datagram arrives without them). False where the platform has no SO_PASSCRED."""
+    opt = getattr(socket, "SO_PASSCRED", None)
+    if opt is None:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, opt, 1)
+    except OSError:
+        return False
+    return True
+
+
+class SenderCheck:
+    """Decides which pid a record of a sender names (see the module docstring). Not thread-safe:
+    the collector calls it from ``collect`` only."""
+
+    def __init__(self, proc: str = PROC, ttl_s: float = VERDICT_TTL_S) -> None:
+        self.proc = proc
+        self.ttl_s = ttl_s
+        # (sender pid, sender uid, claimed pid) -> (verdict: the pid to use or a refusal, when decided)
+        self._verdicts: OrderedDict[tuple[int, int, int], tuple[int | str, float]] = OrderedDict()
+
+    def resolve(self, sender: Sender | None, claimed: int) -> Verified | str:
+        """The process a record claiming ``claimed`` may be taken for, or the reason it may not."""
+        if sender is None:
+            return NO_CREDENTIALS
+        if sender.pid <= 0:
+            return UNKNOWN_SENDER
+        if claimed == sender.pid:
+            return Verified(sender.pid, sender.uid)
+        now = time.monotonic()
+        key = (sender.pid, sender.uid, claimed)
+        held = self._verdicts.get(key)
+        if held is not None and now - held[1] < self.ttl_s:
+            got = held[0]
+        else:
+            got = self._decide(sender, claimed)
+            self._verdicts[key] = (got, now)
+            self._verdicts.move_to_end(key)
+            while len(self._verdicts) > MAX_VERDICTS:
+                self._verdicts.popitem(last=False)
+        return Verified(got, sender.uid) if isinstance(got, int) else got
+
+    def _decide(self, sender: Sender, claimed: int) -> int | str:
+        me = read_identity(sender.pid, self.proc)
+        if me is not None and len(me.nspid) > 1 and me.nspid[-1] == claimed:
+            return sender.pid  # the sender's own pid as its namespace numbers it: the host pid stands
+        if claimed <= 0 or not is_descendant(claimed, sender.pid, self.proc):
+            return NOT_SENDER
+        child = read_identity(claimed, self.proc)
+        if child is None or child.uid != sender.uid:
+            return OTHER_UID
+        return claimed

@@ -1,0 +1,107 @@
+"""A job's step records as the analysis reads them: the job described from its records (a job only the
+step hook reports), capture-disturbed iterations marked, per-rank records folded into one per
+iteration. Pure functions over the records the job store holds (perfd/aggregator/jobs.py), with the
+caches that keep an unchanged iteration the same object for the incremental analysis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from perfd.model import HOOK_FRAMEWORK, JobInfo, StepRecord, TimerValue
+
+
+def job_info_of(info: JobInfo | None, records: Sequence[StepRecord]) -> JobInfo:
+    """The job as its sources state it, completed from its per-rank step records: a job no log
+    describes (the step hook alone) is a PyTorch job, and where no source stated the world size it
+    is the number of ranks that report (each rank runs the hook; a rank that never reported would
+    make it low, and its absence shows in the per-rank records). Never guessed beyond that: TP, PP
+    and DP stay unknown unless stated."""
+    ranks = {r.rank for r in records if isinstance(r.rank, int)}
+    if info is None:
+        if not ranks:
+            return JobInfo()
+        info = JobInfo(framework=HOOK_FRAMEWORK)
+    if info.layout.world_size is not None or not ranks:
+        return info
+    return dataclasses.replace(info, layout=dataclasses.replace(info.layout, world_size=len(ranks)))
+
+
+def mark_disturbed(records: list[StepRecord], windows: Sequence[tuple[float, float]],
+                   cache: dict[int, tuple[StepRecord, StepRecord]] | None = None) -> list[StepRecord]:
+    """Records whose iteration overlaps a capture window, marked ``disturbed_by_capture`` (a
+    capture slows the iterations it starts and stops in; DESIGN.md §3). ``cache`` (iteration ->
+    (record, its marked copy)) hands back the same copy for the same record, so that an
+    incremental analysis sees an unchanged iteration as unchanged."""
+    if not windows:
+        return records
+    out = []
+    for r in records:
+        end = r.end_time
+        start = end - r.step_time_ms / 1e3 if end is not None and r.step_time_ms is not None else end
+        hit = end is not None and start is not None and any(s <= end and start <= e for s, e in windows)
+        if not hit or r.disturbed_by_capture:
+            out.append(r)
+            continue
+        kept = cache.get(r.iteration) if cache is not None else None
+        marked = (kept[1] if kept is not None and kept[0] is r
+                  else dataclasses.replace(r, disturbed_by_capture=True))
+        if cache is not None:
+            cache[r.iteration] = (r, marked)
+        out.append(marked)
+    if cache is not None and len(cache) > len(records):
+        present = {r.iteration for r in records}
+        for i in [i for i in cache if i not in present]:
+            del cache[i]
+    return out
+
+
+_FoldCache = dict[int, tuple[tuple[StepRecord, ...], StepRecord]]
+
+
+def job_level_steps(records: list[StepRecord], cache: _FoldCache | None = None) -> list[StepRecord]:
+    """One record per iteration for :func:`analyze_run`. Records of one rank each (the step hook)
+    are folded into one ``"all"`` record per iteration when the job has no job-level records: the
+    slowest rank's step (the iteration ends when it does), timers merged per rank. ``cache``
+    (iteration -> (its rank records, the fold)) hands back the same fold while an iteration's rank
+    records are the same objects: folding is done once per change, and an incremental analysis
+    sees an unchanged iteration as unchanged."""
+    job_level = [r for r in records if not isinstance(r.rank, int)]
+    if job_level or not records:
+        return job_level
+    by_it: dict[int, list[StepRecord]] = {}
+    for r in records:
+        by_it.setdefault(r.iteration, []).append(r)
+    out = []
+    for it, rs in by_it.items():
+        kept = cache.get(it) if cache is not None else None
+        if (kept is not None and len(kept[0]) == len(rs)
+                and all(a is b for a, b in zip(kept[0], rs, strict=True))):
+            out.append(kept[1])
+            continue
+        folded = _fold(rs)
+        if cache is not None:
+            cache[it] = (tuple(rs), folded)
+        out.append(folded)
+    if cache is not None and len(cache) > len(by_it):
+        for i in [i for i in cache if i not in by_it]:
+            del cache[i]
+    return out
+
+
+def _fold(rs: list[StepRecord]) -> StepRecord:
+    """One iteration's rank records as one ``"all"`` record."""
+    slow = max(rs, key=lambda r: r.step_time_ms if r.step_time_ms is not None else -1.0)
+    timers: dict[str, TimerValue] = {}
+    for r in rs:
+        for name, tv in r.timers.items():
+            t = timers.setdefault(name, TimerValue())
+            vals = dict(tv.per_rank) or ({r.rank: tv.max_ms} if isinstance(r.rank, int)
+                                         and tv.max_ms is not None else {})
+            t.per_rank.update(vals)
+    for t in timers.values():
+        if t.per_rank:
+            t.min_ms, t.max_ms = min(t.per_rank.values()), max(t.per_rank.values())
+    ends = [r.end_time for r in rs if r.end_time is not None]
+    return dataclasses.replace(slow, rank="all", timers=timers, end_time=max(ends) if ends else None)

@@ -1,0 +1,111 @@
+"""Events about a job only from the agents that host it; capture results only from the agents the
+capture was sent to (issue 43 item 5). A real ``perfd aggregator`` on loopback, two real gRPC agents
+(the transport's own AgentClient): the job's host, and a stranger hosting another job.
+
+The issue's probe: a gRPC client that does not host a job sent ``job_phase`` events for it, reported
+one of its ranks "stopped" (the job read stalled in 2 s) and put its forged stack into that job's
+incident; a stranger's ``capture_finished`` naming an existing capture's command id flipped it from
+failed to finished with a forged result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfd.model import StepRecord
+from perfd.transport.client import AgentClient
+from perfd.transport.codec import Command
+from tests.faults.streams import streaming
+from tests.procs import NOT_YET, Procs, get_json, run_env, start_aggregator, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+JOB = "victim"
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _refused(base: str) -> dict[str, int]:
+    return {k[len("refused_"):]: v for k, v in get_json(f"{base}/api/stats")["transport"].items()
+            if k.startswith("refused_") and isinstance(v, int)}
+
+
+def _forged(cid: str, now: float) -> list[dict[str, Any]]:
+    stopped = {"rank": 0, "pid": 4242, "source": "gpu", "state": "stopped", "state_since": now - 60,
+               "observed_at": now, "cpu_cores": 0.0}
+    return [
+        {"kind": "job_phase", "job": JOB, "time": now, "text": "a save",
+         "payload": {"job": JOB, "phase": "checkpoint", "state": "begin", "rank": 0}},
+        {"kind": "rank_processes", "job": JOB, "time": now, "text": "rank 0 stopped",
+         "payload": {"job": JOB, "interval_s": 1.0, "ranks": [stopped]}},
+        # The payload names the victim under the stranger's own job: refused too (they must agree).
+        {"kind": "rank_processes", "job": "theirs", "time": now, "text": "rank 0 stopped",
+         "payload": {"job": JOB, "interval_s": 1.0, "ranks": [stopped]}},
+        {"kind": "rank_stacks", "job": JOB, "time": now, "text": "stacks",
+         "links": {"command_id": "guessed"},
+         "payload": {"job": JOB, "command_id": "guessed", "ranks": {"0": {"pid": 4242, "stack": "FORGED"}}}},
+        {"kind": "capture_finished", "job": JOB, "time": now, "text": "forged: finished",
+         "labels": {"job": JOB, "tool": "kineto"}, "links": {"command_id": cid, "capture_id": cid},
+         "payload": {"status": "ok", "forged": True}},
+        # The same under its own job: past the guard, refused by the capture (not sent to it).
+        {"kind": "capture_finished", "job": "theirs", "time": now, "text": "forged: finished",
+         "labels": {"job": "theirs", "tool": "kineto"}, "links": {"command_id": cid},
+         "payload": {"status": "ok", "forged": True}},
+    ]
+
+
+async def _scenario(target: str, base: str) -> tuple[dict[str, Any], dict[str, int], dict[str, int]]:
+    got: list[Command] = []
+    host = AgentClient(target, "host-agent", jobs=[JOB], on_command=got.append)
+    stranger = AgentClient(target, "stranger", jobs=["theirs"])
+    async with streaming(host) as h, streaming(stranger) as s:
+        t0 = time.time()
+        h.submit(steps=[StepRecord(job=JOB, iteration=i, rank="last", end_time=t0 - 3 + i * 0.1,
+                                   step_time_ms=100.0) for i in range(1, 31)])
+        s.submit(steps=[StepRecord(job="theirs", iteration=1, rank="last", end_time=t0, step_time_ms=1.0)])
+        assert await h.flush(30) and await s.flush(30)
+        # A capture of the victim's ranks: the command goes to its host, which reports it failed.
+        cap = await asyncio.to_thread(_post, f"{base}/api/captures", {"job": JOB, "steps": 3})
+        cid = cap["id"]
+        await asyncio.to_thread(wait_for, lambda: got, 30, "the capture command at the host")
+        h.submit(events=[{"kind": "capture_failed", "job": JOB, "time": time.time(),
+                          "text": "no process known for rank 0", "labels": {"job": JOB, "tool": "auto"},
+                          "links": {"command_id": cid}, "payload": {"status": "failed"}}])
+        assert await h.flush(30)
+        before = await asyncio.to_thread(_refused, base)
+        s.submit(events=_forged(cid, time.time()))
+        assert await s.flush(30)
+        after = await asyncio.to_thread(_refused, base)
+        rec = next(c for c in get_json(f"{base}/api/captures")["captures"] if c["id"] == cid)
+        return rec, before, after
+
+
+def test_a_stranger_cannot_speak_for_a_job_it_does_not_host(tmp_path: Path) -> None:
+    with Procs(tmp_path, run_env()) as procs:
+        grpc_port, _http, base = start_aggregator(procs, "--no-rules", "--rules-interval", "0.5")
+        rec, before, after = asyncio.run(_scenario(f"127.0.0.1:{grpc_port}", base))
+        # The job's state: no stall from the forged "stopped" rank. Past the stall limit (5 s of silence:
+        # the forged observation, 15 s fresh, would have corroborated one; the previous build: stalled).
+        time.sleep(8.0)
+        job = wait_for(lambda: next((j for j in get_json(f"{base}/api/jobs")["jobs"] if j["job"] == JOB),
+                                    None), 10, "the job", ignore=NOT_YET)
+        incidents = get_json(f"{base}/api/jobs/{JOB}/incidents")["incidents"]
+        events = get_json(f"{base}/api/events?limit=1000")["events"]
+    assert rec["status"] == "failed" and not (rec.get("result") or {}).get("forged"), rec
+    assert after.get("not_target", 0) - before.get("not_target", 0) == 1  # the capture result
+    # phase, stopped (twice), stacks, the capture under the victim's name
+    assert after.get("not_host", 0) - before.get("not_host", 0) == 5
+    assert "stall" not in job and job["state"] != "stalled", job
+    assert not any("stall" in i["kinds"] for i in incidents)
+    assert not any(e.get("agent") == "stranger" and e.get("job") == JOB for e in events)

@@ -1,0 +1,246 @@
+"""A hook sender is who the kernel says it is (issue 43 item 1): another local user who may write the
+hook socket (mode 0666, as documented for jobs of other users) names other processes in step records,
+and the root agent must neither follow nor dump them.
+
+The attacker is a real process of another uid (tests/security/other_user.py) speaking the hook's wire
+format byte for byte; the victim is a root process with a secret on its command line; the agent is the
+real `perfd agent` running as root beside a real aggregator. The attack as the issue ran it: step
+records claiming the victim and the aggregator as ranks 0 and 1, then silence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collectors.hook import HookCollector
+from collectors.hook import peers as P
+from perfd.collector import Collected
+from perfd.hook import StepHook
+from tests.procs import Procs, get_json, http_get, start_agent, start_aggregator, wait_for
+from tests.security.other_user import OtherUser, other_user
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_PASSCRED is Linux's")
+
+SECRET = "hunter2-e1f0"  # on the victim's command line; it must appear nowhere perfd serves
+# The attacker: the hook's step record (perfd/hook/wire.py STEP) packed by hand, one per (rank, pid)
+# of its plan per step, then silence. "self" is its own pid, "setuid" a setuid-root child of it
+# (/usr/bin/passwd waiting for input: its descendant, but not its user's process alone).
+ATTACK = r"""
+import json, math, os, socket, struct, subprocess, sys, time
+STEP = struct.Struct("<BBHiIqqqqqqqqIIIdd")
+path, plan, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+child = None
+if any(who == "setuid" for _, who in plan):
+    child = subprocess.Popen(["/usr/bin/passwd"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind("")
+for i in range(1, steps + 1):
+    for rank, who in plan:
+        pid = {"self": os.getpid(), "setuid": child.pid if child else 0}.get(who, who)
+        s.sendto(STEP.pack(1, 1, 0, rank, pid, i, time.time_ns(), 20_000_000, -1, -1, -1, -1, -1, 0, 0, 0,
+                           math.nan, math.nan), path)
+    time.sleep(0.05)
+print("sent", os.getpid(), child.pid if child else 0, flush=True)
+time.sleep(600)  # silent, as the issue's attacker: the stall that follows asks for stacks
+"""
+
+
+def _victim(procs: Procs) -> subprocess.Popen[bytes]:
+    """A root process holding a secret on its command line (what the issue saw served)."""
+    return procs.start("victim", [sys.executable, "-c", "import time; time.sleep(600)",
+                                  f"--db-password={SECRET}"])
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    p.wait(timeout=10)
+
+
+def _collect_until(c: HookCollector, done: Any, timeout: float = 30.0) -> Collected:
+    out, deadline = Collected(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = c.collect(time.time())
+        out.steps += got.steps
+        if done(out):
+            break
+        time.sleep(0.02)
+    return out
+
+
+@pytest.fixture
+def attacker() -> OtherUser:
+    return other_user()
+
+
+def test_records_naming_processes_not_the_senders_are_refused(shared_tmp: Path, attacker: OtherUser,
+                                                               tmp_path: Path) -> None:
+    sock = str(shared_tmp / "hook.sock")
+    col = HookCollector({"socket_path": sock, "job": "j", "mode": "0666"})
+    col.start()
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        # Rank 5 is this (root) process's: a real StepHook, verified by the kernel's credentials.
+        hook = StepHook(sock, cuda=False, rank=5, flush_interval_s=0)
+        with hook.step():
+            pass
+        assert [s.rank for s in _collect_until(col, lambda o: o.steps).steps] == [5]
+        plan = [[0, victim.pid], [1, os.getpid()], [2, "self"], [3, "setuid"], [5, "self"]]
+        atk = attacker.python(ATTACK, sock, json.dumps(plan), "3", out=tmp_path / "attacker.out")
+        try:
+            wait_for(lambda: "sent" in (tmp_path / "attacker.out").read_text(), 30, "the attacker's records")
+            _, atk_pid, child_pid = (tmp_path / "attacker.out").read_text().split()[:3]
+            out = _collect_until(col, lambda o: sum(col.errors.get(f"sender:{r}", 0) for r in (
+                P.NOT_SENDER, P.OTHER_UID, "rank_of_other_uid")) >= 12 and len(o.steps) >= 3)
+        finally:
+            _stop(atk)
+        # Only its own pid, as its own rank, got in; the kernel's pid is the one kept.
+        assert sorted((s.rank, s.iteration) for s in out.steps) == [(2, 1), (2, 2), (2, 3)]
+        assert all(s.fields["pid"] == atk_pid for s in out.steps)
+        assert col.verified[int(atk_pid)] == attacker.uid
+        assert col.peers[2].uid == attacker.uid and col.peers[5].pid == os.getpid()
+        # The victim and root's process (ranks 0, 1): not the sender's; its setuid child (rank 3): not
+        # its user's alone; rank 5 of another live user's process: not taken over. Three steps each.
+        assert col.errors[f"sender:{P.NOT_SENDER}"] == 6
+        assert col.errors[f"sender:{P.OTHER_UID}"] == 3 and int(child_pid) not in col.verified
+        assert col.errors["sender:rank_of_other_uid"] == 3
+        assert victim.pid not in col.verified and os.getpid() in col.verified  # ours, from our own hook
+    finally:
+        victim.kill()
+        victim.wait()
+        col.stop()
+
+
+@pytest.fixture
+def live(shared_tmp: Path, tmp_path: Path) -> Iterator[tuple[Procs, str, str, Path]]:
+    sock = str(shared_tmp / "hook.sock")
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("batch_interval_s: 0.5\ncollectors:\n"
+                   f"  hook: {{socket_path: {sock}, mode: '0666'}}\n  ranks: {{interval_s: 1.0}}\n")
+    with Procs(tmp_path) as procs:
+        grpc_port, _, base = start_aggregator(procs, "--rules-interval", "1")
+        start_agent(procs, grpc_port, "--job", "attacked", "--host", "off", "--node", "n1", nvml="off",
+                    config=cfg)
+        wait_for(lambda: os.path.exists(sock), 30, "the agent's hook socket")
+        yield procs, base, sock, tmp_path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_root_agent_dumps_only_the_senders_own_process(live: tuple[Procs, str, str, Path],
+                                                           attacker: OtherUser) -> None:
+    procs, base, sock, out_dir = live
+    victim = _victim(procs)
+    aggregator_pid = next(p.pid for n, _, p in procs.procs if n == "aggregator")
+    # Ranks 0 and 1 claimed for the victim and the aggregator (the issue's attack), rank 2 the
+    # attacker's own process (allowed: its own, and the control that shows the stall path works).
+    plan = [[0, victim.pid], [1, aggregator_pid], [2, "self"]]
+    atk = attacker.python(ATTACK, sock, json.dumps(plan), "40", out=out_dir / "attacker.out")
+    try:
+        wait_for(lambda: "sent" in (out_dir / "attacker.out").read_text(), 60, "the attacker's records")
+        atk_pid = int((out_dir / "attacker.out").read_text().split()[1])
+
+        def stall() -> dict[str, Any] | None:
+            for inc in get_json(f"{base}/api/jobs/attacked/incidents")["incidents"]:
+                st = (inc.get("evidence") or {}).get("stall") or {}
+                if "2" in (st.get("stacks") or {}):
+                    return dict(st)
+            return None
+
+        # The attacker went silent: a stall, and the agent's stacks of the job's verified ranks.
+        st = wait_for(stall, 90, "the stall's stacks", interval=0.5)
+    finally:
+        _stop(atk)
+    stacks = st["stacks"]
+    assert stacks["2"]["pid"] == atk_pid and "<module>" in stacks["2"].get("stack", ""), stacks["2"]
+    assert set(stacks) == {"2"}, stacks  # the victim and the aggregator were never dumped
+    assert set(st["ranks"]) == {"2"}, st["ranks"]  # nor followed for host evidence
+    served = "".join(http_get(f"{base}{p}").decode() for p in (
+        "/api/jobs/attacked/incidents", "/api/jobs/attacked/summary", "/api/jobs/attacked/gpus",
+        "/api/jobs/attacked/iterations", "/api/events"))
+    assert SECRET not in served and f'"pid": {victim.pid}' not in served
+    # Refused, counted and logged by the agent's hook collector (the records of ranks 0 and 1).
+    log = (out_dir / "agent.out").read_text()
+    assert "refused" in log and P.NOT_SENDER in log
+
+
+JOB_LOOP = """
+import sys, time
+from perfd.hook import StepHook
+hook = StepHook(cuda=False, rank=0, flush_interval_s=0.05)
+while True:
+    with hook.step():
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_stacks_and_command_lines_are_served_to_token_holders_only_and_redacted(tmp_path: Path) -> None:
+    token = "a-token-of-enough-length-43"
+    (tmp_path / "token").write_text(token + "\n")
+    (tmp_path / "token").chmod(0o600)
+    sock = str(tmp_path / "hook.sock")
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(f"batch_interval_s: 0.5\ncollectors:\n  hook: {{socket_path: {sock}}}\n"
+                   "  ranks: {interval_s: 1.0}\n")
+    auth = {"Authorization": f"Bearer {token}"}
+    with Procs(tmp_path) as procs:
+        grpc_port, _, base = start_aggregator(procs, "--rules-interval", "1", "--auth-token-file",
+                                              tmp_path / "token")
+        start_agent(procs, grpc_port, "--job", "own", "--host", "off", "--node", "n1",
+                    "--auth-token-file", tmp_path / "token", nvml="off", config=cfg)
+        wait_for(lambda: os.path.exists(sock), 30, "the agent's hook socket")
+        (tmp_path / "loop.py").write_text(JOB_LOOP)
+        job = procs.start("job", [sys.executable, str(tmp_path / "loop.py"), f"--api-key={SECRET}"],
+                          env={"PERFD_HOOK_SOCKET": sock})
+
+        def api(path: str) -> Any:
+            return json.loads(http_get_h(f"{base}{path}", auth))
+
+        wait_for(lambda: ((api("/api/jobs")["jobs"] or [{}])[0].get("iterations_seen") or 0) >= 30, 60,
+                 "the job's steps at the aggregator", ignore=(OSError, ValueError, KeyError, IndexError))
+        os.kill(job.pid, signal.SIGSTOP)
+        try:
+            stack = wait_for(lambda: next(((i["evidence"]["stall"].get("stacks") or {}).get("0")
+                                           for i in api("/api/jobs/own/incidents")["incidents"]
+                                           if "stall" in i["kinds"]), None), 60, "the stopped rank's stack",
+                             interval=0.5, ignore=(OSError, KeyError))
+            assert "stack" in stack, stack
+            # py-spy names the process by its command line: served redacted.
+            assert f"Process {job.pid}" in stack["stack"] and "loop.py --api-key=<redacted>" in stack["stack"]
+            assert SECRET not in stack["stack"]
+            # Without the token: every path that could show a stack or a command line is refused ...
+            for path in ("/api/jobs/own/incidents", "/api/jobs/own/summary", "/api/jobs/own/gpus",
+                         "/api/events", "/api/jobs"):
+                with pytest.raises(urllib.error.HTTPError) as err:
+                    http_get(f"{base}{path}")
+                assert err.value.code == 401, path
+            # ... and what stays open carries neither.
+            metrics = http_get(f"{base}/metrics").decode()
+            assert 'perfd_job_stalled_seconds{job_name="own"}' in metrics
+            assert "MainThread" not in metrics and "--api-key" not in metrics and SECRET not in metrics
+        finally:
+            os.kill(job.pid, signal.SIGCONT)
+
+
+def http_get_h(url: str, headers: dict[str, str]) -> bytes:
+    req = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return bytes(r.read())
