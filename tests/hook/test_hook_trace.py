@@ -74,7 +74,7 @@ def test_a_trace_request_traces_the_steps_asked_and_writes_the_chrome_trace(
     loop = Loop(hook, sock)
     first = loop.steps(2)
     addr = first[-1][1]
-    job = [wire.unpack_job(d) for k, d in records(first) if k == wire.KIND_JOB][0]
+    job = next(wire.unpack_job(d) for k, d in records(first) if k == wire.KIND_JOB)
     assert job.flags & wire.JOB_FLAG_CAN_TRACE and not job.flags & wire.JOB_FLAG_KINETO_DAEMON
     out = tmp_path / "rank0_trace.json"
     sock.sendto(wire.pack_trace_request(wire.TraceRequest(5, 5, 3, str(out))), addr)
