@@ -157,7 +157,9 @@ def test_on_a_gpu_the_trace_stops_once_its_last_step_is_done_never_syncing(
         loop.steps(1)
         gpu.advance(1)
     out = tmp_path / "gpu.json"
-    sock.sendto(wire.pack_trace_request(wire.TraceRequest(3, 4, 2, str(out))), hook.sender.address())
+    addr = hook.sender.address()
+    assert addr is not None
+    sock.sendto(wire.pack_trace_request(wire.TraceRequest(3, 4, 2, str(out))), addr)
     got: list[tuple[str, int, int]] = []
     at: dict[str, int] = {}  # state -> the loop step during which its status went out
     msgs: list[tuple[bytes, Any]] = []
@@ -170,7 +172,7 @@ def test_on_a_gpu_the_trace_stops_once_its_last_step_is_done_never_syncing(
         gpu.advance(1)  # one record a step while the loop records two or more: the GPU falls behind
     hook.close(timeout_s=1.0)
     msgs += drain(sock)
-    got += [st for st in statuses(msgs[-0:]) if st not in got]
+    got += [st for st in statuses(msgs) if st not in got]
     assert got[:2] == [("accepted", 3, 4), ("started", 3, 4)]
     assert ("stopped", 3, 5) in got and ("written", 3, 5) in got
     # Not at step 5's end: later, once the marker recorded there had completed on the "GPU".
@@ -179,3 +181,46 @@ def test_on_a_gpu_the_trace_stops_once_its_last_step_is_done_never_syncing(
     assert flagged[:2] == [4, 5] and flagged == list(range(4, at["stopped"] + 1))[:len(flagged)]
     assert read_chrome_trace(out).steps == 2  # ProfilerStep#4, #5 only
     assert hook.counters()["internal_errors"] == 0
+
+
+def test_a_cancel_mid_trace_keeps_nothing_and_the_next_trace_works(
+        agent: tuple[str, socket.socket], tmp_path: Path) -> None:
+    """The agent cancels a trace it no longer waits for (its capture timed out): the profiler stops at
+    the next step boundary, nothing is written, and the process can be traced again."""
+    path, sock = agent
+    hook = Hook(path, cuda=False)
+    loop = Loop(hook, sock)
+    addr = loop.steps(1)[-1][1]
+    out = tmp_path / "cancelled.json"
+    sock.sendto(wire.pack_trace_request(wire.TraceRequest(11, 0, 50, str(out))), addr)
+    got = statuses(loop.steps(3))
+    assert [s[0] for s in got] == ["accepted", "started"]
+    assert torch.autograd.profiler._is_profiler_enabled
+    sock.sendto(wire.pack_profile_request(wire.ProfileRequest(0, 0, 0, cancel=True)), addr)
+    got = statuses(loop.steps(2))
+    assert [s[:2] for s in got] == [("cancelled", 11)]
+    assert not torch.autograd.profiler._is_profiler_enabled and not hook.counters()["profiling"]
+    assert not out.exists() and not list(tmp_path.glob(".perfd-trace-*"))
+    again = tmp_path / "again.json"
+    sock.sendto(wire.pack_trace_request(wire.TraceRequest(12, 0, 2, str(again))), addr)
+    loop.wait_written(12, statuses(loop.steps(3)))
+    assert read_chrome_trace(again).steps == 2
+    hook.close()
+
+
+def test_a_trace_open_at_close_is_written_with_the_steps_it_has(
+        agent: tuple[str, socket.socket], tmp_path: Path) -> None:
+    """The loop ends (close) while a trace runs: the steps traced so far are written at close, and the
+    agent hears it (stopped, written), since the process is about to end."""
+    path, sock = agent
+    hook = Hook(path, cuda=False)
+    loop = Loop(hook, sock)
+    addr = loop.steps(1)[-1][1]
+    out = tmp_path / "at_close.json"
+    sock.sendto(wire.pack_trace_request(wire.TraceRequest(21, 0, 100, str(out))), addr)
+    loop.steps(4)
+    hook.close(timeout_s=5.0)
+    got = statuses(drain(sock))
+    assert got == [("stopped", 21, 5), ("written", 21, 5)]  # steps 2-5: polled at step 2's begin
+    assert read_chrome_trace(out).steps == 4
+    assert not torch.autograd.profiler._is_profiler_enabled

@@ -25,7 +25,7 @@ GPT = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden
 
 
 def _steps(sock: socket.socket) -> list[wire.StepMsg]:
-    out = []
+    out: list[wire.StepMsg] = []
     while True:
         try:
             data = sock.recv(65536)
