@@ -112,6 +112,7 @@ MAX_NCU_TIME_BUDGET_S = 1_800.0
 MAX_RANKS_PER_AGENT = 256  # rank processes one agent follows (a node runs 8-16); more are counted
 MAX_RANK_THREADS = 1024  # threads of one rank whose schedstat is read per collect (Megatron: ~100)
 MAX_SCAN_PIDS = 16_384  # processes one contention scan reads (/proc/*/stat); past it counted, cut
+RANK_CHILDREN_MAX = 256  # a rank's descendants (data-loader workers) whose CPU use is read per collect
 RANK_OTHERS_TOP_N = 8  # other processes named per rank (pid, user, command, CPU share): a payload
 MAX_RANK_PAYLOAD_CMDLINE = 200  # characters of a named process's command line
 STACK_TIMEOUT_S = 10.0  # one py-spy dump (it reads a stopped process too, --nonblocking)
