@@ -217,7 +217,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_job_lm_loss", "gauge", "loss", "Language-model loss (absent on NaN-loss iterations)",
        _MEGATRON, JOB, attr="lm_loss", alias="lm_loss", short="loss"),
     _m("perfd_job_incident_lost_seconds", "gauge", "seconds",
-       "Time this iteration lost against the steady median, while it is part of an incident (absent "
+       "Time this iteration lost against the steady time per step, while it is part of an incident (absent "
        "outside incidents; summed over an incident it is the incident's cost)",
        "perfd.analytics.incidents over collectors/megatron", JOB, attr="incident_lost_ms", scale=1e-3,
        alias="incident_lost", hide=(SUMMARY, REPORT), short="lost to incident"),
@@ -268,7 +268,7 @@ CATALOG: tuple[MetricDef, ...] = (
        "Incidents opened (stretches of iterations that departed from steady state)",
        "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incidents"),
     _m("perfd_job_incident_lost_seconds_total", "counter", "seconds",
-       "Seconds lost to incidents against the steady median (open incidents: so far)",
+       "Seconds lost to incidents against the steady time per step (open incidents: so far)",
        "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incident_lost_total"),
     _m("perfd_job_incidents_open", "gauge", "count", "Incidents still open",
        "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incidents_open"),

@@ -15,9 +15,10 @@ job's own (a data loader worker: a descendant of a rank) told apart from the oth
 Whom it follows, and whose process the agent acts on (py-spy stacks take :meth:`RanksCollector.rank_pids`):
 each rank process is followed only as the user who vouched for it — the launch child's user for its
 descendants, the sender's uid for a step hook's pid (collectors/hook verified it with the kernel's
-credentials), the process's own user for a GPU process — and only while it runs as that user alone (a
-setuid descendant is not the job's). ``rank_pids`` checks again, when asked, that each pid is still
-the process it was and still that user's: a pid reused by another user's process is never handed out.
+credentials), the process's own user for a GPU process or a process of a sidecar's own pod — and
+only while it runs as that user alone (a setuid descendant is not the job's). ``rank_pids`` checks
+again, when asked, that each pid is still the process it was and still that user's: a pid reused by
+another user's process is never handed out.
 
 Samples carry the labels job_name and rank only (and node, added by the agent); pids, states and
 named processes travel in one ``rank_processes`` event per job and collect (perfd.events), never in
@@ -260,7 +261,9 @@ class RanksCollector(Collector):
         st = procfs.read_stat(pid, self.config.proc)
         if st is None or ident is None:
             return  # already gone: nothing to follow
-        if ident.uid is None or (source != "gpu" and ident.uid != uid):
+        # A GPU process and a process of this sidecar's own pod vouch for themselves (the pod is the
+        # job's trust boundary: every container of it is the job's), as their own user alone.
+        if ident.uid is None or (source not in ("gpu", "pod") and ident.uid != uid):
             self.count_error("not-vouched", f"{source} named pid {pid} for job {job} rank {rank}: it runs as "
                              f"uid(s) {ident.uids}, not as {uid} alone; not followed")
             return

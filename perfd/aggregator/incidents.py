@@ -251,6 +251,21 @@ class IncidentTracker:
             self.emit(events)
         return len(events)
 
+    def withdraw(self, job: str, incident_id: str, now: float, why: str) -> bool:
+        """Take back an incident seen live that turned out not to be one (a stall that was the job's
+        exit): it is closed with ``withdrawn`` set (an INCIDENT_CLOSED event says so) and no longer
+        listed. True when there was one."""
+        with self._lock:
+            doc = self._jobs.get(job, {}).pop(incident_id, None)
+        if doc is None:
+            return False
+        doc.update(open=False, end_time=doc.get("end_time") or now, updated_at=now, cost_s=0.0)
+        ev = _event(INCIDENT_CLOSED.name, job, doc, "info")
+        ev["text"] = f"incident {doc['id']} withdrawn ({why}): it was not one"
+        ev["payload"]["withdrawn"] = why
+        self.emit([ev])
+        return True
+
     def forget(self, job: str) -> None:
         """The job was pruned: its incidents go with it (the totals on /metrics too)."""
         with self._lock:

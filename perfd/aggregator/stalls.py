@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from perfd.analytics import thresholds as th
 from perfd.analytics.evidence import StallReason
 from perfd.analytics.incidents import Incident
 from perfd.analytics.stall import (
@@ -44,6 +45,7 @@ CADENCE_RECORDS = 20  # the newest records whose gaps give the job's cadence (th
 # A closed stall waits this long for the analysis to take in the record that ended it (and the slow
 # incident to take the stall over) before it is recorded on its own.
 CLOSE_GRACE_S = 10.0
+EXIT_GRACE_S = th.STALL_EXIT_GRACE_S.value
 GPU_UTIL = "perfd_gpu_utilization_ratio"
 
 SendCommand = Callable[[str, Command], bool]
@@ -71,6 +73,7 @@ class Stall:
     collectives: dict[int, dict[str, Any]] = field(default_factory=dict)
     collectives_version: int = -1
     closed_at: float | None = None
+    exited: bool = False  # closed because every rank process was gone, no step after it
 
 
 class StallWatch:
@@ -117,8 +120,19 @@ class StallWatch:
                 check.status is Status.ENDED or (last_it is not None and last_it >= st.first_iteration))
             if resumed:
                 st.closed_at = now
+                st.exited = check.status is Status.ENDED and not (last_it is not None
+                                                                 and last_it >= st.first_iteration)
                 if last_it is not None:  # steps done before the stop arrive with the resumed ones
                     st.last_iteration = max(st.last_iteration, last_it)
+                if st.exited and now - (st.started_at or st.opened_at) <= EXIT_GRACE_S:
+                    # The job's exit (teardown after its last step), not a stall: taken back.
+                    with self._lock:
+                        self._open.pop(job, None)
+                    if state.incidents.withdraw(job, f"stall-{st.first_iteration}", now, "job_exit"):
+                        log.info("job %s: the silence after iteration %d ended with the job's exit %.0f s "
+                                 "after its last step: not a stall", job, st.first_iteration - 1,
+                                 now - (st.started_at or st.opened_at))
+                    return check
             elif check.status is Status.SILENT or (check.status is Status.STALLED
                                                    and _weaker(st.check, check)):
                 # Still silent, with less to show now (a stopped rank continued, idle or busy, and its
@@ -215,7 +229,10 @@ class StallWatch:
         extra = {"stacks": stacks, "stacks_asked": {"command_id": st.command_id, "agents": st.agents_asked},
                  "collectives": {str(r): c for r, c in sorted(st.collectives.items())}}
         check = st.check
-        if st.closed_at is not None and check.silent_s is not None:
+        if st.exited and st.closed_at is not None and st.started_at is not None:
+            # no step ended it: the silence lasted until the job was gone
+            check = dataclasses.replace(check, silent_s=max(0.0, st.closed_at - st.started_at))
+        elif st.closed_at is not None and check.silent_s is not None:
             # the silence ended when steps resumed: measured to then, not to now
             ov = state.jobs.overview(job) or {}
             arrived = ov.get("last_step_time")

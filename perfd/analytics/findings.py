@@ -277,7 +277,8 @@ def jitter(c: RunContext) -> Out:
     if cv is None or cv <= JITTER_CV:
         return [], []
     f = Finding("step-jitter", Severity.WARNING, f"Step time jitter (CV {cv:.0%})",
-                f"Steady-state step times vary with a coefficient of variation of {cv:.1%}.",
+                f"Steady-state step times, less their data wait and per unit of work, vary with a "
+                f"coefficient of variation of {cv:.1%}.",
                 {"step_time_cv": cv, "median_step_ms": c.med.get("step_time_ms")}, c.span)
     ds = c.med.get("data_share")
     if ds is not None and ds > bn.DATA_HEALTHY_SHARE:

@@ -59,7 +59,7 @@ KINDS: tuple[str, ...] = (TRAINING, INCIDENT, PROFILING, REDONE, CHECKPOINT, EVA
                           STARTUP, OTHER)
 KIND_HELP: dict[str, str] = {
     TRAINING: "steady training: logged step time outside incidents and perfd's captures",
-    INCIDENT: "the excess step time of incidents (Σ step − steady median)",
+    INCIDENT: "the excess step time of incidents (Σ step − steady time per step)",
     PROFILING: "the excess step time of perfd's own captures",
     REDONE: "iterations trained again after a restart from an earlier checkpoint",
     CHECKPOINT: "checkpoint saves (the framework's save-checkpoint timer, or the step hook's phase)",

@@ -113,7 +113,7 @@ class Incident:
         return [e for d in self.evidence.get("observed", []) if (e := Evidence.from_json(d)) is not None]
 
     def slow_text(self) -> str:
-        return (f"steps {self.median_step_ms / self.steady_step_ms:.1f}× the steady median"
+        return (f"steps {self.median_step_ms / self.steady_step_ms:.1f}× the steady time per step"
                 if self.median_step_ms and self.steady_step_ms else "slow steps")
 
 
@@ -495,7 +495,8 @@ def incident_findings(incidents: Sequence[Mapping[str, Any]], run_s: float | Non
         cap_text = "".join(f" Capture {c.get('id')} ({c.get('tool')}, ranks {c.get('ranks')}) ran during it"
                            + (f": {c['findings'][0]['title']}" if c.get("findings") else "") + "."
                            for c in caps)
-        steps = (f" {inc.get('n_iterations')} iteration(s); steady median {_ms(inc.get('steady_step_ms'))}, "
+        steps = (f" {inc.get('n_iterations')} iteration(s); steady time per step "
+                 f"{_ms(inc.get('steady_step_ms'))}, "
                  f"median during {_ms(inc.get('median_step_ms'))}, worst {_ms(inc.get('max_step_ms'))}. "
                  "Left out of the steady-state statistics." if inc.get("n_iterations") else "")
         cap_cost = inc.get("capture_cost_s")

@@ -263,6 +263,10 @@ STALL_CADENCE_FACTOR = Threshold(
 STALL_FLOOR_S = Threshold(
     5.0, "... and at least 5 s: a record takes up to ~2.5 s from the rank to the aggregator (the log "
     "tail's quiet flush 2 s, the collect and batch intervals), so a shorter silence is the pipeline", _STALL)
+STALL_EXIT_GRACE_S = Threshold(
+    60.0, "a silence that ends with every rank process gone within a minute of the job's last step is "
+    "its exit (a final save, the loader's and CUDA's teardown: 16 s seen on a plain PyTorch job), not a "
+    "stall; a job that hung and was killed later is one", _STALL)
 STALL_IDLE_CPU_CORES = Threshold(
     0.05, "a rank process using under 5% of a core makes no progress (a training loop runs a core or "
     "more; a sleeping or blocked one, ~0)", _STALL)

@@ -36,7 +36,7 @@ def test_demo_plain_output_a_first_user_can_read(tmp_path: Path) -> None:
     assert "warm-up" not in next(ln for ln in out.splitlines() if ln.startswith("iteration 5: "))
     assert "a RECORDING of another run (h100_phases.jsonl" in out and "it is not this job's GPUs" in out
     notes = out[out.index("Reading this report:"):]
-    assert "data loading at 3.9%" in notes and "exposed gradient sync at 0.3%" in notes
+    assert "data loading at 4.0%" in notes and "exposed gradient sync at 0.3%" in notes
     assert "neither explains it here" in notes and "pipeline-bound" in notes
     assert "790 TFLOP/s matmul ceiling is measured" in notes and "8192³ bf16" in notes
     assert "their URLs above are closed" in out and "Next step" in out

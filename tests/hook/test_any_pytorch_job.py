@@ -136,8 +136,7 @@ def test_mfu_is_the_hooks_flops_over_step_time_and_peak(run: dict[str, Any],
         per_gpu = FLOPS_PER_STEP / (r.step_time_ms / 1e3 * 1e12 * 1)  # world size 1
         assert r.mfu == pytest.approx(per_gpu / PEAK_TFLOPS, rel=1e-9)
         assert "flops_per_step" in r.sources["mfu"] or "flops_per_step" in r.sources["model_tflops_per_gpu"]
-    # Against the loop's own clock over the same steps, within 1%: FLOPs summed over time summed (the
-    # summary's rates are time-weighted, perfd.analytics.run_summary), so the mean step, not the median.
+    # Against the loop's own clock over the same steps: FLOPs summed over time summed, within 1%.
     own = statistics.fmean(run["steps"][r.iteration] for r in steady)
     expected = FLOPS_PER_STEP / (own / 1e3 * 1e12 * PEAK_TFLOPS)
     assert a.summary["medians"]["mfu"] == pytest.approx(expected, rel=0.01)

@@ -423,3 +423,46 @@ def test_a_stall_a_restart_left_open_is_closed_once_the_job_steps(ranks: Any) ->
     (inc,) = again.incidents()
     assert not inc["open"] and inc["verdict"]["cause"] == "process_stopped"
     assert [e["kind"] for e in again.st.recent_events(JOB)] == [events.INCIDENT_CLOSED.name]
+
+
+def _end_job(h: Harness, ranks: Any) -> None:
+    """The ranks exit (killed and reaped) and the agent's collector says so."""
+    for p in ranks:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+    h.observe()
+
+
+def test_the_silence_of_a_jobs_exit_is_taken_back_not_an_incident(ranks: Any) -> None:
+    """A plain PyTorch job on the H100 (issue 44) spent 16 s after its last step tearing down its
+    loader and CUDA: a stall opened 5 s in and closed at its exit, listed as 'stalled ... 0.0 s lost'.
+    The exit within STALL_EXIT_GRACE_S of the last step is not a stall: the incident is taken back."""
+    h = Harness(ranks)
+    h.records(20)
+    for p in ranks:
+        os.kill(p.pid, signal.SIGSTOP)  # idle, as a process tearing down reads
+    h.observe()
+    h.st.stalls.tick(h.st, JOB, h.silent_for(7.0))
+    assert [i["kinds"] for i in h.incidents()] == [["stall"]]
+    got: list[dict[str, Any]] = []
+    h.st.incidents.emit = got.extend
+    _end_job(h, ranks)
+    h.st.stalls.tick(h.st, JOB, h.silent_for(16.0))
+    assert h.incidents() == [] and h.st.stalls.stalled(JOB) is None
+    (closed,) = [e for e in got if e["kind"] == events.INCIDENT_CLOSED.name]
+    assert closed["payload"]["withdrawn"] == "job_exit"
+
+
+def test_a_job_silent_past_the_exit_grace_then_gone_keeps_its_stall_with_the_silence(ranks: Any) -> None:
+    h = Harness(ranks)
+    h.records(20)
+    for p in ranks:
+        os.kill(p.pid, signal.SIGSTOP)
+    h.observe()
+    h.st.stalls.tick(h.st, JOB, h.silent_for(300.0))  # hung for five minutes (its last record then) ...
+    _end_job(h, ranks)  # ... then killed
+    h.st.stalls.tick(h.st, JOB, time.time())
+    h.st.stalls.tick(h.st, JOB, time.time() + 1)
+    (inc,) = h.incidents()
+    assert inc["kinds"] == ["stall"] and not inc["open"]
+    assert inc["cost_s"] == pytest.approx(300.0 - inc["evidence"]["stall"]["cadence_s"], abs=2.0)
