@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ def job(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "KINETO_USE_DAEMON", "KINETO_CONFIG")}
     env.update(PYTHONPATH=str(ROOT), PERFD_HOOK_SOCKET=str(sock), PERFD_JOB="j")
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "train.py"), "90"], env=env, cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "train.py"), "240"], env=env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=(tmp_path / "train.log").open("wb"))
     try:
         yield proc, sock
@@ -105,7 +106,10 @@ def _capture(tmp_path: Path, sock: Path, rules: str | None) -> tuple[dict[str, A
         task = asyncio.create_task(agent.run(stop))
         try:
             rec_id = None
-            for _ in range(1200):
+            # Under two suites at once on 2 CPUs a rules tick can take many seconds (one timed out,
+            # seen): a deadline, not a count of polls.
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
                 hook = agent.scheduler.states.get("hook") if agent.scheduler is not None else None
                 c: Any = hook.collector if hook is not None else None
                 ready = (c is not None and 0 in c.peers and 0 in c.ranks and agg.server.connected_agents())
