@@ -128,6 +128,7 @@ RANK_HOST_SERIES: dict[str, str] = {
     "perfd_host_rank_cpu_cores": "cpu_cores", "perfd_host_rank_cpu_wait_ratio": "wait_ratio",
     "perfd_host_rank_allowed_cpus_busy_ratio": "allowed_busy_ratio",
     "perfd_host_rank_others_cpu_ratio": "others_ratio",
+    "perfd_host_rank_children_cpu_cores": "children_cpu_cores",
     "perfd_host_rank_cpu_throttled_ratio": "throttled_ratio", "perfd_host_rank_oom_kills_total": "oom_kills"}
 _RANK_SERIES = {f: n for n, f in RANK_HOST_SERIES.items()}  # field -> series, for the declarations below
 RANK_ALLOWED_CPUS = "perfd_host_rank_allowed_cpus"  # len(allowed_cpus)
@@ -447,6 +448,10 @@ CATALOG: tuple[MetricDef, ...] = (
     _m(_RANK_SERIES["others_ratio"], "gauge", "ratio",
        "Share of the rank's allowed CPUs that processes outside the job took (a scan of /proc/*/stat, run "
        "only while the rank waits for a CPU; absent otherwise)", _RANKS, HOST_RANK),
+    _m(_RANK_SERIES["children_cpu_cores"], "gauge", "cores",
+       "CPU the rank process's descendants used (its data-loader workers: the job's own work, never counted "
+       "as other processes on the rank's CPUs): CPU seconds per second over the collect interval", _RANKS,
+       HOST_RANK),
     _m(_RANK_SERIES["throttled_ratio"], "gauge", "ratio",
        "CFS periods in which the rank's cgroup was throttled by its CPU quota ÷ periods (cgroup cpu.stat; "
        "absent without a quota)", _RANKS, HOST_RANK, alias="rank_cpu_throttled"),

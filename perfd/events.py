@@ -32,6 +32,7 @@ class GpuProcess(TypedDict, total=False):
     local_rank: int | None
     world_size: int | None
     job: str | None  # the PERFD_JOB its environment declares (perfd launch sets it): GPU -> job
+    rank_from: str  # set when the agent took the rank from the process's step hook (perfd.agent.hook_gpus)
 
 
 class GpuOwner(TypedDict, total=False):
@@ -67,6 +68,9 @@ class RankHost(TypedDict, total=False):
     allowed_cpus: list[int]
     allowed_busy_ratio: float  # busy share of the allowed CPUs (every process)
     others_ratio: float  # share of the allowed CPUs other processes took (contention scan)
+    own_ratio: float  # share of the allowed CPUs the job's own other processes took (contention scan)
+    children: int  # the rank's live descendants (data-loader workers, compile workers): the job's own
+    children_cpu_cores: float  # their CPU seconds per second over the last interval (the job's, not others')
     others: list[dict[str, Any]]  # the top of them: pid, user, name, cmdline, cpu_ratio, own
     cgroup: str
     throttled_ratio: float  # cgroup CFS periods throttled ÷ periods, last interval

@@ -112,11 +112,23 @@ MAX_NCU_TIME_BUDGET_S = 1_800.0
 MAX_RANKS_PER_AGENT = 256  # rank processes one agent follows (a node runs 8-16); more are counted
 MAX_RANK_THREADS = 1024  # threads of one rank whose schedstat is read per collect (Megatron: ~100)
 MAX_SCAN_PIDS = 16_384  # processes one contention scan reads (/proc/*/stat); past it counted, cut
+RANK_CHILDREN_MAX = 256  # a rank's descendants (data-loader workers) whose CPU use is read per collect
 RANK_OTHERS_TOP_N = 8  # other processes named per rank (pid, user, command, CPU share): a payload
 MAX_RANK_PAYLOAD_CMDLINE = 200  # characters of a named process's command line
 STACK_TIMEOUT_S = 10.0  # one py-spy dump (it reads a stopped process too, --nonblocking)
 STACK_BYTES_PER_RANK = 16 << 10  # of one rank's stack text; the rest cut and said
 MAX_STACK_RANKS = 16  # ranks dumped per request (a stall names the stuck ones first)
+MAX_RANK_WORKERS = 64  # a rank's descendant processes (data-loader workers) whose CPU time is read
+RANK_WORKERS_EVERY = 10  # collects between walks of a rank's process tree (its children files)
+
+# ---- the step hook (perfd/hook, collectors/hook) ------------------------------------------------------
+# Step records a hook keeps while the agent is absent or busy (a job started before its agent listens:
+# the first 35 steps of one were lost), sent oldest first once it answers. 104 bytes a record: ~420 KiB
+# at most, a few minutes of a 50 ms step. Past it the oldest are dropped and counted (send_drops).
+HOOK_BACKLOG_RECORDS = 4096
+HOOK_BACKLOG_SENDS = 8  # held datagrams one flush sends before its own (the agent queues ~10)
+HOOK_TRACE_PATH_MAX_BYTES = 1024  # the trace path an agent's trace request names (UTF-8)
+HOOK_MAX_RANKS = 4096  # ranks one hook collector keeps devices and job flags of (far above a node's)
 
 # ---- HTTP -----------------------------------------------------------------------------------------
 # perfd.exporters.httpd: one thread reads and writes every connection, workers only compute, so a

@@ -23,6 +23,12 @@ user is refused (``sender:<reason>``, one log line per reason and minute with th
 acts only on processes the kernel says the sender may name. A rank once reported by one user's
 process is not taken over by another user's while the first lives (``sender:rank_of_other_uid``).
 
+What each rank's hook says of its process is kept in ``ranks`` (:class:`HookRank`): its pid (as
+verified above), the CUDA device it computes on (UUID: the agent places a rank whose process declares
+no RANK on its GPU, perfd.agent.hook_gpus) and what it can do for a capture (a Kineto trace of its
+own, or the Kineto daemon: perfd.agent.captures). Step records a hook could not deliver (its backlog
+overflowed while the agent was away) are counted here when a later record says so (``records_lost``).
+
 Where it listens: by default ``<runtime dir>/hook.sock`` (:func:`perfd.hook.wire.default_socket_path`),
 in a folder made private to this user (0700, :mod:`perfd.privdir`), so another local user can neither
 bind the name first (which disabled the collector when the default was ``/tmp/perfd-hook.sock``) nor
@@ -52,12 +58,13 @@ from perfd.bounds import LAYOUT_BOUNDS, in_bounds
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import HOOK_PROFILE, JOB_PHASE
 from perfd.hook import wire
-from perfd.limits import REFUSAL_LOG_INTERVAL_S
+from perfd.limits import HOOK_MAX_RANKS, REFUSAL_LOG_INTERVAL_S
 from perfd.model import JobInfo, ModelSpec, ParallelLayout, Provenance, StepRecord, TimerValue
 from perfd.privdir import UnsafeDirError, private_dir
 from perfd.procinfo import read_identity
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class HookConfig:
@@ -90,6 +97,22 @@ class HookConfig:
         if min(out.rcvbuf_bytes, out.max_records_per_collect, out.max_queued) <= 0:
             raise ValueError("hook: rcvbuf_bytes, max_records_per_collect and max_queued must be > 0")
         return out
+
+
+@dataclass
+class HookRank:
+    """What a rank's hook said of its process (job and device records)."""
+
+    rank: int
+    pid: int
+    flags: int = 0  # wire.JOB_FLAG_*
+    device_uuid: str | None = None
+    device_index: int | None = None
+
+    @property
+    def can_trace(self) -> bool:
+        """The hook can open a Kineto trace itself and the process does not poll the Kineto daemon."""
+        return bool(self.flags & wire.JOB_FLAG_CAN_TRACE) and not self.flags & wire.JOB_FLAG_KINETO_DAEMON
 
 
 @dataclass
@@ -152,6 +175,8 @@ class HookCollector(Collector):
         self.verified: OrderedDict[int, int] = OrderedDict()
         self._refused_unlogged: dict[str, int] = {}
         self._refused_logged_at: dict[str, float] = {}
+        self.ranks: dict[int, HookRank] = {}  # rank -> its process as its hook describes it
+        self._lost_seen: dict[tuple[int, int], int] = {}  # (rank, pid) -> send_drops last seen
 
     def _c(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -317,8 +342,16 @@ class HookCollector(Collector):
                 out.steps.append(rec)
         elif kind == wire.KIND_JOB:
             job = wire.unpack_job(data)
-            if self._verify(sender, job.rank, job.pid, "a job record") is not None:
+            v = self._verify(sender, job.rank, job.pid, "a job record")
+            if v is not None:
+                job.pid = v.pid
                 self._job(job, out)
+        elif kind == wire.KIND_DEVICE:
+            dev = wire.unpack_device(data)
+            v = self._verify(sender, dev.rank, dev.pid, "a device record")
+            if v is not None:
+                dev.pid = v.pid
+                self._device(dev)
         elif kind == wire.KIND_PHASE:
             phase = wire.unpack_phase(data)
             v = self._verify(sender, phase.rank, phase.pid, "a phase record")
@@ -387,6 +420,9 @@ class HookCollector(Collector):
         if m.rank < 0:
             self.count_error("malformed:no_rank")
             return
+        held = self._rank_info(m.rank, m.pid)
+        if held is not None:
+            held.flags = m.flags
         lay, spec = self._layout, self._spec
         for key in ("world_size", "tp", "pp", "dp", "cp", "ep"):
             value = getattr(m, key)
@@ -404,6 +440,42 @@ class HookCollector(Collector):
             self._job_sent = info
             out.job_info[self.config.job] = info
         self._c("job_records")
+
+    def _rank_info(self, rank: int, pid: int) -> HookRank | None:
+        """The rank's entry, anew when its process changed; None past HOOK_MAX_RANKS (counted)."""
+        info = self.ranks.get(rank)
+        if info is None or info.pid != pid:
+            if info is None and len(self.ranks) >= HOOK_MAX_RANKS:
+                self._c("ranks_over_cap")
+                return None
+            info = self.ranks[rank] = HookRank(rank, pid)
+        return info
+
+    def _device(self, m: wire.DeviceMsg) -> None:
+        """The CUDA device a rank computes on (KIND_DEVICE)."""
+        uuid = wire.normalize_uuid(m.uuid)
+        if m.rank < 0 or uuid is None or not uuid.isprintable():
+            self.count_error("malformed:device", f"rank {m.rank} uuid {m.uuid!r}")
+            return
+        info = self._rank_info(m.rank, m.pid)
+        if info is not None:
+            info.device_uuid, info.device_index = m.uuid, m.index if m.index >= 0 else None
+            self._c("device_records")
+
+    def _lost(self, m: wire.StepMsg) -> None:
+        """Records the rank's hook could not deliver (absent or busy agent, its backlog full), as its
+        later records count them: counted here and logged once (the records themselves carry it in
+        the hook_send_drops field)."""
+        key = (m.rank, m.pid)
+        seen = self._lost_seen.get(key, 0)
+        if m.send_drops > seen:
+            if key not in self._lost_seen and len(self._lost_seen) >= HOOK_MAX_RANKS:
+                self._lost_seen.clear()  # a flood of pids: forget, never grow without bound
+            self._lost_seen[key] = m.send_drops
+            self.errors["records_lost"] = self.errors.get("records_lost", 0) + m.send_drops - seen - 1
+            self.count_error("records_lost", f"rank {m.rank} (pid {m.pid}): {m.send_drops} step records "
+                                             "never reached the agent (it was absent or busy past the "
+                                             "hook's backlog)")
 
     def _peer(self, rank: int, pid: int, addr: Any, step: int, now: float, uid: int | None = None) -> None:
         if not addr:
@@ -438,6 +510,7 @@ class HookCollector(Collector):
         if warmup:
             fields["warmup"] = "true"
         if m.send_drops or m.harvest_drops:
+            self._lost(m)
             fields["hook_send_drops"] = str(m.send_drops)
             fields["hook_harvest_drops"] = str(m.harvest_drops)
         timers: dict[str, TimerValue] = {}
@@ -471,7 +544,14 @@ class HookCollector(Collector):
     def cancel_profile(self, rank: int) -> int | None:
         return self._send_request(rank, wire.ProfileRequest(0, 0, 0, cancel=True))
 
-    def _send_request(self, rank: int, req: wire.ProfileRequest) -> int | None:
+    def request_trace(self, rank: int, start_step: int, num_steps: int, path: str,
+                      stack: bool = False) -> int | None:
+        """Ask ``rank``'s hook to trace steps [start, start+num) with torch's Kineto profiler in its
+        process and write the Chrome trace at ``path`` (perfd.hook.trace; the same answers as
+        request_profile, then ``written``). None when the rank is unknown or the send failed."""
+        return self._send_request(rank, wire.TraceRequest(0, start_step, num_steps, path, stack))
+
+    def _send_request(self, rank: int, req: wire.ProfileRequest | wire.TraceRequest) -> int | None:
         peer = self.peers.get(rank)
         if peer is None or self.sock is None:
             self.count_error("profile_request_unknown_rank", f"rank {rank}")
@@ -479,7 +559,13 @@ class HookCollector(Collector):
         req.request_id = self._next_request_id
         self._next_request_id = (self._next_request_id + 1) & 0xFFFFFFFF or 1
         try:
-            self.sock.sendto(wire.pack_profile_request(req), peer.address)
+            data = (wire.pack_trace_request(req) if isinstance(req, wire.TraceRequest)
+                    else wire.pack_profile_request(req))
+        except ValueError as exc:  # a path longer than the wire takes
+            self.count_error("profile_request_failed", f"rank {rank}: {exc}")
+            return None
+        try:
+            self.sock.sendto(data, peer.address)
         except BlockingIOError:
             self.count_error("profile_request_busy", f"rank {rank}")
             return None

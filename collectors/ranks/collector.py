@@ -123,6 +123,7 @@ class RankProc:
     active_tids: set[int] = field(default_factory=set)  # threads that ran or waited at the last reading
     oom_at_follow: int | None = None  # the cgroup's OOM kill count when the rank was first followed
     uid: int | None = None  # the user it runs as, who vouched for it (see the module docstring)
+    prev_children: dict[int, tuple[int, float]] = field(default_factory=dict)  # pid -> (start, cpu_s)
 
 
 def _delta(new: float | None, old: float | None) -> float | None:
@@ -355,6 +356,7 @@ class RanksCollector(Collector):
         if dt and d_faults is not None:
             row["major_faults_per_second"] = d_faults / dt
         rp.prev_cpu_s, rp.prev_faults = st.cpu_s, st.major_faults
+        self._children(rp, row, dt)
         # Every thread's schedstat every THREAD_FULL_EVERY collects; between, only the threads that
         # ran or waited at the last reading (and the main one): most of a training process's ~100
         # threads sleep, and each read costs ~30 us (`perfd bench ranks`). A thread that wakes is
@@ -393,6 +395,28 @@ class RanksCollector(Collector):
         self._cgroup(rp, row, dt)
         rp.prev_t = t
         return row
+
+    def _children(self, rp: RankProc, row: dict[str, Any], dt: float | None) -> None:
+        """The CPU the rank's descendants used (its data-loader workers: the job's own work, shown as
+        the job's, never as other processes on its CPUs); a child that came or went within the
+        interval counts from its first reading on."""
+        kids = procfs.descendants(rp.pid, L.RANK_CHILDREN_MAX, self.config.proc)
+        if kids is None:
+            return
+        now: dict[int, tuple[int, float]] = {}
+        used = 0.0
+        for pid in kids:
+            st = procfs.read_stat(pid, self.config.proc)
+            if st is None:
+                continue
+            now[pid] = (st.start_ticks, st.cpu_s)
+            old = rp.prev_children.get(pid)
+            if old is not None and old[0] == st.start_ticks:
+                used += max(0.0, st.cpu_s - old[1])
+        row["children"] = len(now)
+        if dt:
+            row["children_cpu_cores"] = used / dt
+        rp.prev_children = now
 
     def _busy(self, allowed: list[int], cpus: dict[int, tuple[int, int]] | None) -> float | None:
         prev = self._prev_cpus

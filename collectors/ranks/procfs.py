@@ -130,6 +130,32 @@ def read_cpu_times(proc: str = PROC) -> dict[int, tuple[int, int]] | None:
     return out
 
 
+def descendants(pid: int, max_n: int, proc: str = PROC) -> list[int] | None:
+    """The pids of ``pid``'s descendants (breadth first, at most ``max_n``), from every thread's
+    ``task/<tid>/children``; None where the kernel has no such file (CONFIG_PROC_CHILDREN)."""
+    out: list[int] = []
+    todo, seen = [pid], {pid}
+    while todo and len(out) < max_n:
+        p = todo.pop(0)
+        try:
+            tids = os.listdir(f"{proc}/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            text = read_text(f"{proc}/{p}/task/{tid}/children")
+            if text is None:
+                if p == pid and not os.path.exists(f"{proc}/{p}/task/{tid}/children"):
+                    return None  # not this kernel's: never "no children"
+                continue
+            for word in text.split():
+                c = int(word) if word.isdigit() else 0
+                if c > 0 and c not in seen:
+                    seen.add(c)
+                    out.append(c)
+                    todo.append(c)
+    return out[:max_n]
+
+
 def scan_processes(max_pids: int, proc: str = PROC) -> tuple[dict[int, ProcStat], int]:
     """Every process's stat (at most ``max_pids``; the second value: how many were left out)."""
     try:

@@ -2,7 +2,8 @@
 
 Knows which pid is which rank from the NVML collector's process lists (each process's RANK), asks
 the step hook for step-aligned nsys and ncu ranges when the job runs one (and cancels an ncu range
-past its time budget), and reports progress back as events (capture_started / capture_finished /
+past its time budget), and for a Kineto trace of its own process when the job polls no Kineto daemon
+(perfd.capture.hook_trace), and reports progress back as events (capture_started / capture_finished /
 capture_failed) through the same stream as the data. Ranks under ncu are found where ``perfd
 ncu-exec`` records them, under this agent's capture directory (``<capture_dir>/ncu``).
 """
@@ -78,11 +79,30 @@ class AgentCaptures:
         canceller = getattr(hook, "cancel_profile", None)
         peers = getattr(hook, "peers", None)
         self._hook_peers: Mapping[int, Any] | None = peers
+        # What each rank's hook said of its process (collectors.hook HookRank): whether it can open a
+        # Kineto trace itself, for a job started without KINETO_USE_DAEMON.
+        self._hook_ranks: Mapping[int, Any] | None = getattr(hook, "ranks", None)
+        tracer = getattr(hook, "request_trace", None)
         self.manager = CaptureManager(
             self.store, self.kineto, nsys if nsys.available() is None else None,
             hook_requester=requester, pids_for_ranks=self._pids_for_ranks, emit=emit,
             hook_last_step=(lambda r: getattr(peers.get(r), "last_step", None)) if peers is not None
-            else None, ncu=NcuExecutor(self.root), hook_canceller=canceller)
+            else None, ncu=NcuExecutor(self.root), hook_canceller=canceller,
+            hook_tracer=tracer, hook_can_trace=self._hook_can_trace if tracer is not None else None,
+            hook_owner=self._hook_owner)
+
+    def _hook_can_trace(self, rank: int) -> bool:
+        """The rank's hook can trace and its process polls no Kineto daemon, and the hook that said so
+        is the one requests go to (the same process)."""
+        info = (self._hook_ranks or {}).get(rank)
+        peer = (self._hook_peers or {}).get(rank)
+        return (info is not None and peer is not None and bool(getattr(info, "can_trace", False))
+                and getattr(info, "pid", None) == getattr(peer, "pid", None))
+
+    def _hook_owner(self, rank: int) -> int | None:
+        """The uid of the rank's hook process (its sender credentials), which writes its trace."""
+        uid = getattr((self._hook_peers or {}).get(rank), "uid", None)
+        return uid if isinstance(uid, int) else None
 
     def observe(self, events: list[dict[str, Any]]) -> None:
         """Learn rank → pid from process lists (only processes of this agent's job: one that declares

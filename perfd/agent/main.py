@@ -26,6 +26,7 @@ from perfd import catalog
 from perfd import limits as L
 from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import DEFAULT_JOB, AgentConfig
+from perfd.agent.hook_gpus import HookGpus, hook_ranks
 from perfd.agent.reduce import SampleReducer
 from perfd.agent.scheduler import COLLECT_BUCKETS_S, RUNNING_ERROR_REASONS, Scheduler
 from perfd.agent.stacks import StackDumper
@@ -187,6 +188,7 @@ class Agent:
         # GPU index -> the job its processes declare (perfd.placement), from the NVML collector's
         # latest process list of each GPU; None: none declared. Read by the /metrics thread.
         self.gpu_jobs: dict[str, str | None] = {}
+        self.hook_gpus = HookGpus(cfg.job)  # ranks without RANK placed on their GPUs by their hooks
         self.captures_done: dict[tuple[str, str], int] = {}  # (tool, status) -> captures ended so
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -275,7 +277,9 @@ class Agent:
                 continue
             for p in payload_of(ev, GPU_PROCESSES) or []:
                 rank, pid, job = p.get("rank"), p.get("pid"), p.get("job")
-                if isinstance(rank, int) and isinstance(pid, int):
+                # A rank its hook placed (perfd.agent.hook_gpus) is followed as the hook's, below, as
+                # the user its credentials named; never as a GPU process of its own.
+                if isinstance(rank, int) and isinstance(pid, int) and not p.get("rank_from"):
                     seen.add((job if isinstance(job, str) and job else None, rank, pid, "gpu", None))
         for rec in steps:
             pid = rec.fields.get("pid") if rec.source is not None and rec.source.collector == "hook" else None
@@ -391,6 +395,9 @@ class Agent:
             # state dir): send every job's info again; a durable one just overwrites it.
             self._reconnects_seen = reconnects
             job_info = {**self._jobinfo_last, **job_info}
+        hook = self.scheduler.states.get("hook")
+        self.hook_gpus.apply(events, hook_ranks(getattr(hook.collector, "ranks", None) or {}) if hook else [],
+                             time.time())
         self._note_gpu_jobs(events)
         self._note_ranks(events, steps)
         samples = self.reducer.reduce(samples, time.time())  # the aggregator: latest every few seconds

@@ -22,6 +22,7 @@ from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
 from perfd.aggregator.job_rows import liveness_rows
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
+from perfd.analytics.host_evidence import job_cpu_use
 from perfd.analytics.run_analysis import IterationResult
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
@@ -166,7 +167,8 @@ def gpu_sources(state: AggregatorState, job: str, agents: set[str]) -> list[dict
 # What the host panel shows of each rank process (perfd.events.RankHost; absent keys stay absent).
 RANK_HOST_FIELDS = ("pid", "node", "state", "state_since", "cpu_cores", "wait_ratio", "cpu_demand_cores",
                     "allowed_cpus",
-                    "allowed_busy_ratio", "others_ratio", "own_ratio", "others", "cgroup", "throttled_ratio",
+                    "allowed_busy_ratio", "others_ratio", "own_ratio", "others", "children",
+                    "children_cpu_cores", "cgroup", "throttled_ratio",
                     "cpu_quota_cores", "pressure", "pressure_source", "oom_kills", "threads", "observed_at",
                     "arrived_at")
 
@@ -196,8 +198,9 @@ def rank_view(state: AggregatorState, job: str, world_size: int | None,
                           pl, procs.get(key, []), job_pids)]})
     hints = gpu_hints(candidates, placements, values, throttles, procs) if candidates else []
     return {"ranks": ranks, "gpu_hints": [h.to_json() for h in hints],
-            "source": "collectors/nvml process lists (RANK from each process's environment) "
-                      "joined with the latest NVML values of its GPU"}
+            "source": "collectors/nvml process lists (RANK from each process's environment, else the "
+                      "rank's step hook: its pid or its CUDA device, perfd.agent.hook_gpus) joined with "
+                      "the latest NVML values of its GPU"}
 
 
 def _candidates(full: dict[str, Any]) -> list[int]:
@@ -222,7 +225,10 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
                 "report": serving["report"] if serving else None, "serving": serving,
                 **rank_view(state, job, None, []), "collectives": collectives_json(state, job),
                 "incidents": state.incidents.incidents(job)}
-    full = analysis_json(analysis, state.incidents.incidents(job), arming=state.arming_of(job))
+    # The ranks' CPUs as their agents see them now: a data-loading action fits them (more workers
+    # only where they have room).
+    cpu = job_cpu_use(state.hosts.observations(job))
+    full = analysis_json(analysis, state.incidents.incidents(job), arming=state.arming_of(job), cpu=cpu)
     world = (full.get("job") or {}).get("layout", {}).get("world_size")
     return {
         "overview": overview,

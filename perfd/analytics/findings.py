@@ -245,6 +245,10 @@ def communication(c: RunContext) -> Out:
     return f, r
 
 
+# The run's data-share finding (the report fits its action to the ranks' CPUs: perfd.report.report._with_cpu)
+DATA_LOADING_FINDING = "data-loading"
+
+
 def data_loading(c: RunContext) -> Out:
     ds = c.med.get("data_share")
     if ds is None:
@@ -255,7 +259,7 @@ def data_loading(c: RunContext) -> Out:
     # The timer the job's step source names its data wait by (a hook job has no batch-generator).
     vocab = VOCABULARIES.get(c.job.framework, MEGATRON_VOCABULARY)
     timer = vocab.data_wait[0] if vocab.data_wait else "data wait"
-    f = Finding("data-loading", sev, f"Data loading {_pct(ds)} of the step: {state}",
+    f = Finding(DATA_LOADING_FINDING, sev, f"Data loading {_pct(ds)} of the step: {state}",
                 f"{timer} ({vocab.across_ranks}) takes {_pct(ds)} of the step (healthy < "
                 f"{bn.DATA_HEALTHY_SHARE:.0%}, bottleneck > {bn.DATA_BOUND_SHARE:.0%}).",
                 {"data_share": ds}, c.span, f"{vocab.source} timer {timer}")
@@ -265,7 +269,7 @@ def data_loading(c: RunContext) -> Out:
     cv = c.a.summary.get("step_time_cv")
     if cv is not None and cv > JITTER_CV:  # jitter with slow data loading: one action covers both
         detail += f"; step time also jitters (CV {cv:.1%}, finding step-jitter)"
-    return [f], [Recommendation("", "data-loading", 0, DATA_LOADING_ACTION, detail, ds)]
+    return [f], [Recommendation("", DATA_LOADING_FINDING, 0, DATA_LOADING_ACTION, detail, ds)]
 
 
 def jitter(c: RunContext) -> Out:

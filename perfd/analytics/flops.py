@@ -24,6 +24,7 @@ missing.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -293,20 +294,93 @@ def record_flops(fields: Mapping[str, str], spec: ModelSpec, framework_version: 
                         "flops_per_step=, or model= with the model's shape)",))
 
 
-def flops_for_tokens(model: ModelSpec | Mapping[str, object], tokens_per_step: float) -> float:
-    """The whole job's model FLOPs per step for ``tokens_per_step`` tokens: perfd's formula from the
-    model's shape. Raises ValueError (at construction, not in the loop) naming what is missing or
-    unknown, rather than sending steps with no FLOPs."""
+# Names other codebases give the spec's fields (Hugging Face configs), accepted by ``model=``.
+SPEC_ALIASES: dict[str, str] = {
+    "num_hidden_layers": "num_layers", "n_layer": "num_layers", "hidden": "hidden_size",
+    "n_embd": "hidden_size", "d_model": "hidden_size", "intermediate_size": "ffn_hidden_size",
+    "n_inner": "ffn_hidden_size", "num_heads": "num_attention_heads", "n_head": "num_attention_heads",
+    "num_key_value_heads": "num_query_groups", "head_dim": "kv_channels", "seq_len": "seq_length",
+    "max_position_embeddings": "seq_length", "n_positions": "seq_length",
+}
+
+
+def complete_spec(model: ModelSpec | Mapping[str, object]) -> ModelSpec:
+    """The spec with the fields its others define filled in: kv_channels = hidden_size ÷
+    num_attention_heads (the head size, by definition, where it divides), padded_vocab_size =
+    vocab_size (a plain PyTorch model pads nothing; Megatron's padding is its own and its log states
+    the padded size). ``model`` may be a mapping with the spec's field names or the aliases of
+    SPEC_ALIASES. Raises ValueError naming an unknown field (at construction, never in the loop);
+    fields that nothing defines (ffn_hidden_size, seq_length, ...) stay absent."""
     if isinstance(model, ModelSpec):
-        spec = model
+        spec = dataclasses.replace(model)
     else:
         known = set(ModelSpec.__dataclass_fields__)
-        unknown = sorted(set(model) - known)
+        fields: dict[str, object] = {}
+        unknown = []
+        for key, value in model.items():
+            name = key if key in known else SPEC_ALIASES.get(key)
+            if name is None:
+                unknown.append(key)
+            elif name not in fields or key == name:  # the spec's own name wins over an alias
+                fields[name] = value
         if unknown:
-            raise ValueError(f"model: unknown field(s) {unknown}; known: {sorted(known)}")
-        spec = ModelSpec(**dict(model))  # type: ignore[arg-type]
-    got = record_flops({"tokens_per_step": repr(float(tokens_per_step))}, spec, framework="pytorch")
-    if got is None or got.flops_per_iteration is None:
-        why = got.reason() if got is not None else "tokens_per_step is not a positive number"
+            raise ValueError(f"model: unknown field(s) {sorted(unknown)}; known: {sorted(known)} "
+                             f"(or {sorted(SPEC_ALIASES)})")
+        spec = ModelSpec(**fields)  # type: ignore[arg-type]
+    h, heads = spec.hidden_size, spec.num_attention_heads
+    if spec.kv_channels is None and h and heads and h % heads == 0:
+        spec.kv_channels = h // heads
+    if spec.padded_vocab_size is None and spec.vocab_size is not None:
+        spec.padded_vocab_size = spec.vocab_size
+    return spec
+
+
+@dataclass(frozen=True)
+class TokenFlops:
+    """FLOPs of a step as a function of its tokens and sequence length, for one model:
+    ``tokens · (per_token + per_token_per_position · seq_length)`` (the core attention grows with the
+    sequence; everything else is per token). What ``StepHook(model=...)`` uses per step."""
+
+    per_token: float
+    per_token_per_position: float
+    spec: ModelSpec
+    formula: str
+
+    def flops(self, tokens: float, seq_length: float) -> float:
+        return tokens * (self.per_token + self.per_token_per_position * seq_length)
+
+
+def token_flops(model: ModelSpec | Mapping[str, object], framework: str = "pytorch") -> TokenFlops:
+    """perfd's formula (Megatron-Core's, DESIGN.md §2) split into its per-token and per-position
+    parts. Needs every field but seq_length; raises ValueError naming what is missing."""
+    spec = complete_spec(model)
+    probe = dataclasses.replace(spec, seq_length=1)
+    got = megatron_flops(probe, 1, None, framework)
+    if not got.available or got.flops_per_iteration is None or got.formula is None:
+        missing = [m for m in got.missing if m != "global_batch_size"]
+        why = ("missing " + ", ".join(missing)) if missing else (got.reason() or "model FLOPs unknown")
+        if "kv_channels" in missing:
+            why += " (kv_channels = hidden_size ÷ num_attention_heads: give both, heads dividing hidden)"
+        if "padded_vocab_size" in missing:
+            why += " (vocab_size will do)"
         raise ValueError(f"model: cannot count FLOPs per step: {why}")
-    return got.flops_per_iteration
+    core = got.breakdown.get("core_attention", 0.0)  # attn_factor · q · L at s = 1, one token
+    return TokenFlops(got.flops_per_iteration - core, core, spec, got.formula)
+
+
+def flops_for_tokens(model: ModelSpec | Mapping[str, object], tokens_per_step: float,
+                     seq_length: float | None = None) -> float:
+    """The whole job's model FLOPs per step for ``tokens_per_step`` tokens of sequences of
+    ``seq_length`` (default: the spec's): perfd's formula from the model's shape. Raises ValueError
+    (at construction, not in the loop) naming what is missing or unknown, rather than sending steps
+    with no FLOPs."""
+    tf = token_flops(model)
+    seq = seq_length if seq_length is not None else tf.spec.seq_length
+    if seq is None or not seq > 0:
+        raise ValueError("model: cannot count FLOPs per step: missing seq_length (give it in model=, or "
+                         "per step: step_end(seq_len=...))")
+    if not (isinstance(tokens_per_step, (int, float)) and math.isfinite(tokens_per_step)
+            and tokens_per_step > 0):
+        raise ValueError(f"model: cannot count FLOPs per step: tokens_per_step {tokens_per_step!r} is not "
+                         "a positive number")
+    return tf.flops(float(tokens_per_step), float(seq))

@@ -230,7 +230,8 @@ def peak_tflops(
     if row is None:
         why = "GPU name unknown" if not gpu_name else f"GPU {gpu_name!r} not in the peak table"
         return PeakResult(None, canon, None, None, None,
-                          reason=f"{why}; set peak_tflops in config to get MFU")
+                          reason=f"{why}; give the GPU (--gpu NAME, as NVML names it) or its peak "
+                                 "(--peak-tflops N) to get MFU")
     if canon is None:
         why = ("training dtype unknown (give --dtype, e.g. bf16)" if dtype is None
                else f"dtype {dtype!r} not recognised (--dtype takes one of {', '.join(DTYPES)})")

@@ -8,7 +8,9 @@ perfd.analytics.thresholds' (each says why).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from perfd.analytics import thresholds as th
@@ -25,6 +27,84 @@ def foreign_others(obs: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The named processes on the rank's CPUs that are not the job's own, largest share first."""
     others = [dict(o) for o in obs.get("others") or [] if isinstance(o, Mapping) and not o.get("own")]
     return sorted(others, key=lambda o: -(_num(o.get("cpu_ratio")) or 0.0))
+
+
+class CpuRoom(str, enum.Enum):
+    """Whether a rank's CPUs can take more work (another data-loader worker). ``str``: JSON as is."""
+
+    FULL = "full"  # its allowed CPUs busy, or its cgroup's quota used up or throttling it
+    ROOM = "room"
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """How a rank's process and its own children (data-loader workers) use the CPUs it may run on:
+    what decides between more workers and cheaper transforms (perfd.analytics.verdict_text)."""
+
+    rank: int
+    room: CpuRoom
+    rank_cores: float | None  # the rank process itself
+    children_cores: float | None  # its descendants: the job's own, never "other processes"
+    children: int | None
+    cpus: int | None  # how many CPUs it may run on (affinity)
+    busy_ratio: float | None  # their busy share, every process on them
+    quota_cores: float | None  # its cgroup's CPU quota
+    throttled_ratio: float | None
+    node: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "room": self.room.value, "rank_cores": self.rank_cores,
+                "children_cores": self.children_cores, "children": self.children, "cpus": self.cpus,
+                "busy_ratio": self.busy_ratio, "quota_cores": self.quota_cores,
+                "throttled_ratio": self.throttled_ratio, "node": self.node}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> CpuUse | None:
+        node = d.get("node")
+        try:
+            return CpuUse(int(d["rank"]), CpuRoom(d["room"]), _num(d.get("rank_cores")),
+                          _num(d.get("children_cores")), _int(d.get("children")), _int(d.get("cpus")),
+                          _num(d.get("busy_ratio")), _num(d.get("quota_cores")),
+                          _num(d.get("throttled_ratio")), node if isinstance(node, str) else None)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def cpu_use(rank: int, obs: Mapping[str, Any]) -> CpuUse | None:
+    """What one observation of the rank's process says of its CPUs (None: it says nothing of them).
+    Full: the allowed CPUs busy past CPU_FULL_SHARE, or the process and its children using that share
+    of the cgroup's quota, or the quota throttling it (CPU_THROTTLED_SHARE)."""
+    allowed = obs.get("allowed_cpus")
+    cpus = len(allowed) if isinstance(allowed, list) and allowed else None
+    busy, quota = _num(obs.get("allowed_busy_ratio")), _num(obs.get("cpu_quota_cores"))
+    throttled = _num(obs.get("throttled_ratio"))
+    mine, kids = _num(obs.get("cpu_cores")), _num(obs.get("children_cpu_cores"))
+    full_share = th.CPU_FULL_SHARE.value
+    used = (mine or 0.0) + (kids or 0.0) if mine is not None or kids is not None else None
+    if busy is None and throttled is None and (quota is None or used is None):
+        return None
+    full = ((busy is not None and busy >= full_share)
+            or (throttled is not None and throttled >= th.CPU_THROTTLED_SHARE.value)
+            or (quota is not None and used is not None and used >= full_share * quota))
+    node = obs.get("node")
+    return CpuUse(rank, CpuRoom.FULL if full else CpuRoom.ROOM, mine, kids, _int(obs.get("children")), cpus,
+                  busy, quota, throttled, node if isinstance(node, str) else None)
+
+
+def job_cpu_use(observations: Mapping[int, Mapping[str, Any]], ranks: Iterable[int] | None = None
+                ) -> CpuUse | None:
+    """The CPU use that decides a data-loading remedy for the job (or for ``ranks``): a rank whose
+    CPUs are full if any (its loader cannot get more CPU), else the busiest rank with room."""
+    want = set(ranks) if ranks is not None else None
+    got = [u for r, obs in sorted(observations.items())
+           if (want is None or r in want) and (u := cpu_use(r, obs)) is not None]
+    if not got:
+        return None
+    return max(got, key=lambda u: (u.room is CpuRoom.FULL, u.busy_ratio or 0.0, -u.rank))
 
 
 def oom_evidence(rank: int, before: int | None, obs: Mapping[str, Any]) -> Evidence | None:

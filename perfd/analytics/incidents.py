@@ -33,7 +33,8 @@ from perfd.analytics.evidence import (
     verdict_from_json,
 )
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
-from perfd.analytics.verdict_text import action_text, cause_text, sentence, stall_text
+from perfd.analytics.host_evidence import CpuUse, job_cpu_use
+from perfd.analytics.verdict_text import action_text, cause_text, cpu_use_text, sentence, stall_text
 
 STEP_FACTOR = th.STEP_FACTOR.value  # a step this much above the steady median starts an incident
 STRAGGLER_STEP_FACTOR = 1.1  # a flagged straggler rank whose step is this much slower: part of one
@@ -470,12 +471,13 @@ def hang_incident(hang: Mapping[str, Any], last_iteration: int | None, now: floa
     return inc
 
 
-def incident_findings(incidents: Sequence[Mapping[str, Any]], run_s: float | None
-                      ) -> tuple[list[Finding], list[Recommendation]]:
+def incident_findings(incidents: Sequence[Mapping[str, Any]], run_s: float | None,
+                      cpu: CpuUse | None = None) -> tuple[list[Finding], list[Recommendation]]:
     """One finding per incident (the JSON of :class:`Incident`, as analysed offline or as the live
     aggregator kept it with the GPU evidence of the time), with a recommendation whose impact is
     the share of the run it cost. A stretch only perfd's own capture disturbed is no incident and
-    gets no finding here (the summary lists it apart)."""
+    gets no finding here (the summary lists it apart). ``cpu``: the job's ranks' CPU use now, for an
+    incident whose own host snapshot says nothing of it (a data-loading action depends on it)."""
     fs: list[Finding] = []
     rs: list[Recommendation] = []
     for inc in incidents:
@@ -507,8 +509,19 @@ def incident_findings(incidents: Sequence[Mapping[str, Any]], run_s: float | Non
                            "cost_s": cost, **ev, "captures": caps, "verdict": inc.get("verdict") or {}},
                           span, str((inc.get("evidence") or {}).get("source", ""))))
         impact = (cost / run_s) if isinstance(cost, (int, float)) and run_s else None
-        rs.append(Recommendation("", fid, 0, _action(inc), str(inc.get("cause", "")), impact))
+        action, used = _action(inc, cpu)
+        detail = str(inc.get("cause", "")) + (f"; {cpu_use_text(used)}" if used is not None else "")
+        rs.append(Recommendation("", fid, 0, action, detail, impact))
     return fs, rs
+
+
+def incident_cpu_use(inc: Mapping[str, Any]) -> CpuUse | None:
+    """The CPU use of the incident's ranks as its host snapshots saw them while it happened."""
+    snaps = (inc.get("evidence") or {}).get("gpu") or {}
+    hosts = {int(r): s["host"] for r, s in snaps.items()
+             if str(r).isdigit() and isinstance(s, Mapping) and isinstance(s.get("host"), Mapping)}
+    ranks = [int(r) for r in inc.get("ranks") or [] if isinstance(r, int)]
+    return job_cpu_use(hosts, ranks or None) if hosts else None
 
 
 def is_disturbance(inc: Mapping[str, Any]) -> bool:
@@ -516,11 +529,14 @@ def is_disturbance(inc: Mapping[str, Any]) -> bool:
     return list(inc.get("kinds") or []) == [CAPTURE]
 
 
-def _action(inc: Mapping[str, Any]) -> str:
+def _action(inc: Mapping[str, Any], cpu: CpuUse | None = None) -> tuple[str, CpuUse | None]:
+    """The incident's action, and the CPU use it was chosen by (a data-loading action only)."""
     if HANG in (inc.get("kinds") or []):
         return ("Find why the named rank(s) never reached the collective (their last Flight Recorder "
-                "entries, a dead process, a lost GPU); set a NCCL timeout so a hang fails fast")
-    return action_text(verdict_from_json(inc.get("verdict")), list(inc.get("ranks") or []))
+                "entries, a dead process, a lost GPU); set a NCCL timeout so a hang fails fast"), None
+    v = verdict_from_json(inc.get("verdict"))
+    used = (incident_cpu_use(inc) or cpu) if v is not None and v.cause is EvidenceKind.DATA_WAIT else None
+    return action_text(v, list(inc.get("ranks") or []), used), used
 
 
 def _ms(v: float | None) -> str:

@@ -254,6 +254,10 @@ CPU_WAIT_CONTENTION = Threshold(
 CPU_OTHERS_SHARE = Threshold(
     0.20, "processes outside the job taking a fifth of the rank's CPUs are the contention's cause; "
     "less, and the rank's own threads (data loader workers) oversubscribe them", _HOST)
+CPU_FULL_SHARE = Threshold(
+    0.90, "a rank's CPUs (its affinity set, or its cgroup's quota) busy nine tenths of the time have no "
+    "room for another data-loader worker: it would take CPU from the others (a busy CPU still idles "
+    "a few percent between wake-ups)", _HOST)
 CPU_THROTTLED_SHARE = Threshold(
     0.10, "a cgroup throttled in a tenth of its quota periods loses CPU time every tenth period (a "
     "Kubernetes CPU limit slows data loaders this way)", _HOST)

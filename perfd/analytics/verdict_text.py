@@ -8,11 +8,46 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, StallReason, Verdict
+from perfd.analytics.host_evidence import CpuRoom, CpuUse
 
 # One action for slow data, whether an incident's verdict or the run's data share asks for it: the
-# report merges recommendations with the same action (perfd.analytics.findings.order_findings).
+# report merges recommendations with the same action (perfd.analytics.findings.order_findings). Which
+# one depends on the rank's CPUs (collectors/ranks, perfd.analytics.host_evidence.cpu_use): with room,
+# more workers load more batches at once; full, another worker only shares the same CPUs. The texts
+# carry no numbers so that they merge; the numbers go in the detail (:func:`cpu_use_text`).
 DATA_LOADING_ACTION = ("Speed up data loading: more data-loader workers, pinned memory, prefetch; check "
                        "the storage the data comes from")
+DATA_MORE_WORKERS_ACTION = ("Speed up data loading: more data-loader workers (the rank's CPUs have room), "
+                            "pinned memory, prefetch; check the storage the data comes from")
+DATA_CPU_BOUND_ACTION = ("Make each batch cheaper to load: the rank's CPUs are full, so more data-loader "
+                         "workers would only share them; cheaper transforms (decode and augment once, "
+                         "offline, or on the GPU) or more CPUs for the job")
+
+
+def data_loading_action(use: CpuUse | None) -> str:
+    """The data-loading action that fits the rank's CPUs (unknown: the general one)."""
+    if use is None:
+        return DATA_LOADING_ACTION
+    return DATA_CPU_BOUND_ACTION if use.room is CpuRoom.FULL else DATA_MORE_WORKERS_ACTION
+
+
+def cpu_use_text(use: CpuUse) -> str:
+    """The evidence behind :func:`data_loading_action`, in one sentence."""
+    where = f"{use.cpus} CPU(s)" if use.cpus is not None else "its CPUs"
+    parts = [f"rank {use.rank}'s {where}" + (f" {use.busy_ratio:.0%} busy" if use.busy_ratio is not None
+                                             else "")]
+    if use.rank_cores is not None:
+        parts.append(f"the rank process {use.rank_cores:.2f} cores")
+    if use.children_cores is not None:
+        n = f"{use.children} " if use.children is not None else ""
+        parts.append(f"its {n}child process(es) (data-loader workers, the job's own) "
+                     f"{use.children_cores:.2f} cores")
+    if use.quota_cores is not None:
+        parts.append(f"cgroup quota {use.quota_cores:.2f} cores")
+    if use.throttled_ratio:
+        parts.append(f"throttled in {use.throttled_ratio:.0%} of its periods")
+    state = "full" if use.room is CpuRoom.FULL else "room left"
+    return f"{'; '.join(parts)} ({state})"
 
 K = EvidenceKind
 CMDLINE_CHARS = 80  # a foreign process's command line as shown in one line (whitespace collapsed)
@@ -259,8 +294,9 @@ _MISSING: dict[Missing, str] = {
     Missing.PER_RANK_TIMERS: "no per-rank data names a rank (per-rank timers: --timing-log-option all, "
     "--log-straggler or the step hook on every rank would)",
     Missing.GPU_STATE: "no GPU state of the job's ranks (an agent with NVML on their nodes would show it)",
-    Missing.RANK_PLACEMENT: "the rank's GPU is unknown (no process on the job's nodes declares its RANK; "
-    "the agent needs the host pid namespace)",
+    Missing.RANK_PLACEMENT: "the rank's GPU is unknown (no process on the job's nodes declares its RANK "
+    "and no step hook named its process or its CUDA device to an agent with NVML there; the agent needs "
+    "the host pid namespace)",
 }
 
 
@@ -336,8 +372,9 @@ def _host_action(v: Verdict, d: Mapping[str, Any]) -> str | None:
     return None
 
 
-def action_text(v: Verdict | None, ranks: Sequence[int] = ()) -> str:
-    """The first thing to do about an incident with this verdict."""
+def action_text(v: Verdict | None, ranks: Sequence[int] = (), cpu: CpuUse | None = None) -> str:
+    """The first thing to do about an incident with this verdict (``cpu``: the rank's CPU use, which
+    decides a data-loading action)."""
     r = v.rank if v is not None and v.rank is not None else (ranks[0] if ranks else None)
     who = f"rank {r}'s GPU" if r is not None else "the job's GPUs"
     if v is None or v.lead is None:
@@ -383,7 +420,7 @@ def action_text(v: Verdict | None, ranks: Sequence[int] = ()) -> str:
             "MPS clients, clocks)"
         )
     if v.cause is K.DATA_WAIT:
-        return DATA_LOADING_ACTION
+        return data_loading_action(cpu)
     if v.cause in (K.RANK_COMPUTE_RATIO, K.STRAGGLER_LINE):
         gpu_known = Missing.GPU_STATE not in v.missing and Missing.RANK_PLACEMENT not in v.missing
         if gpu_known:

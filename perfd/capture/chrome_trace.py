@@ -102,7 +102,7 @@ def parse_chrome_trace(doc: Any, source: str = "") -> TraceData:
     data = TraceData(source=source, rank=rank)
     gpu_ann: list[NvtxRange] = []
     cpu_ann: list[NvtxRange] = []
-    steps = 0
+    steps: dict[str, int] = {}  # step annotation kind -> how many
     for cat, ev, ts, dur in picked:
         start = (ts - t0) * 1000.0
         end = start + dur * 1000.0
@@ -123,7 +123,9 @@ def parse_chrome_trace(doc: Any, source: str = "") -> TraceData:
                                          seq if isinstance(seq, int) and not isinstance(seq, bool) else None))
             if cat == "user_annotation":
                 cpu_ann.append(NvtxRange(start, end, name))
-                steps += is_step_annotation(name)
+                if is_step_annotation(name):
+                    kind = name.lower().split("#", 1)[0]
+                    steps[kind] = steps.get(kind, 0) + 1
             continue
         dev = _device(ev)
         if dev is None:
@@ -142,7 +144,10 @@ def parse_chrome_trace(doc: Any, source: str = "") -> TraceData:
     # The GPU-side projection is the one that belongs to a device; use the CPU ranges (for every
     # device of this single-process trace) only when there is none, never both (double counting).
     data.nvtx = gpu_ann or cpu_ann
-    data.steps = steps or None
+    # One kind counts the steps: a torch.profiler trace marks each with ProfilerStep# and, when the
+    # loop runs a torch optimizer, Optimizer.step# too (counting both doubled them); the profiler's
+    # marks, which the trace's owner placed, first.
+    data.steps = steps.get("profilerstep") or steps.get("optimizer.step") or None
     return data
 
 

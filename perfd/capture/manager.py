@@ -8,12 +8,15 @@ being captured ("busy: one CUPTI client per process"), a rank under ncu asked fo
 (ncu is that process's CUPTI client) and ncu asked for a rank not under it, or a full store, then
 runs the capture in a worker thread with a deadline: the tool is chosen here, the run itself is
 :class:`~perfd.capture.kineto_capture.KinetoCapture`, :class:`~perfd.capture.nsys_capture.NsysCapture`
-or :class:`~perfd.capture.ncu_capture.NcuCapture`, and the manifest and events are written here.
+or :class:`~perfd.capture.ncu_capture.NcuCapture`, and the manifest and events are written here. A
+Kineto capture of ranks whose step hooks say their process polls no Kineto daemon and can trace
+itself is :class:`~perfd.capture.hook_trace.HookTraceCapture` (mode ``hook-trace``; the daemon's
+is ``on-demand``).
 
 Events (``emit``): ``capture_started``, ``capture_finished``, ``capture_failed``; labels {job, tool,
 ranks}, links {capture_id, steps}, a small payload (status, reason, latency, per-rank device
 summaries). Latency = command received → the daemon answered the target's poll (Kineto), → ``nsys
-start`` returned (session), → the hook reported ``cudaProfilerStart`` (range).
+start`` returned (session), → the hook reported ``cudaProfilerStart`` (range) or its trace's start.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
 from perfd.capture.dynolog import DynologKineto
 from perfd.capture.hook_ranges import HookCanceller, HookRanges, HookRequester
+from perfd.capture.hook_trace import HOOK_TRACE, HookTraceCapture, HookTracer
 from perfd.capture.kineto_capture import KinetoCapture
 from perfd.capture.kineto_daemon import KinetoDaemon
 from perfd.capture.ncu_capture import NcuCapture, UnderCheck, event_rows, under_ncu
@@ -55,7 +59,9 @@ class CaptureManager:
                  settle_s: float = 1.0, kineto_poll_s: float = 1.0,
                  hook_last_step: Callable[[int], int | None] | None = None,
                  ncu: NcuExecutor | None = None, hook_canceller: HookCanceller | None = None,
-                 under_check: UnderCheck = under_ncu) -> None:
+                 under_check: UnderCheck = under_ncu, hook_tracer: HookTracer | None = None,
+                 hook_can_trace: Callable[[int], bool] | None = None,
+                 hook_owner: Callable[[int], int | None] | None = None) -> None:
         self.store, self.kineto, self.nsys, self.emit_cb, self.clock = store, kineto, nsys, emit, clock
         self.hook_requester, self.pids_for_ranks = hook_requester, pids_for_ranks
         self.hook_last_step = hook_last_step
@@ -70,6 +76,8 @@ class CaptureManager:
         self._ranges = HookRanges(ctx, hook_requester, hook_last_step, hook_canceller)
         self._nsys_runs = NsysCapture(ctx, nsys, self._ranges)
         self._ncu_runs = NcuCapture(ctx, ncu, self._ranges, under_check)
+        self._hook_traces = HookTraceCapture(ctx, self._ranges, hook_tracer, hook_can_trace, hook_owner,
+                                             hook_last_step)
 
     # -- public -------------------------------------------------------------------------------
     def handle(self, command: Command) -> str | None:
@@ -204,7 +212,9 @@ class CaptureManager:
             tool, mode, sessions = self._choose(req)
             req.tool = m["tool"] = tool
             m["mode"] = mode
-            if tool == "kineto":
+            if tool == "kineto" and mode == HOOK_TRACE:
+                reason = self._hook_traces.run(req, m, pids, deadline)
+            elif tool == "kineto":
                 reason = self._kineto_runs.run(req, m, pids, deadline)
             elif tool == "ncu":
                 reason = self._ncu_runs.run(req, m, pids, deadline)
@@ -280,6 +290,10 @@ class CaptureManager:
         if want == "nsys":
             why = self.nsys.available() if self.nsys is not None else "no nsys executor in this agent"
             raise CaptureFailed("failed", f"nsys unavailable: {why}")
+        if self._hook_traces.fits(req.ranks):
+            # The ranks' processes poll no Kineto daemon (started without --kineto) and their hooks can
+            # trace: the hooks open the Kineto trace (a daemon's config would never be polled).
+            return "kineto", HOOK_TRACE, []
         if self.kineto is None:
             raise CaptureFailed("failed", "no capture mechanism: the Kineto daemon is off in this agent and "
                                           "the job is not under a perfd nsys session")

@@ -197,12 +197,27 @@ def open_incidents(incidents: Any) -> list[dict[str, Any]]:
     return [i for i in incidents if isinstance(i, dict) and i.get("open") is True]
 
 
-def heat_line(ratios: dict[str, Any], iteration: int | None = None) -> Text:
+def per_rank_missing(job: dict[str, Any] | None) -> str:
+    """Why a job has no per-rank compute, in its framework's terms: a Megatron-LM log needs its flag,
+    a step-hook job a hook on every rank, a job of one rank nothing to compare."""
+    job = job or {}
+    world = num((job.get("layout") or {}).get("world_size"))
+    if world is not None and world <= 1:
+        return "one rank: nothing to compare"
+    framework = job.get("framework")
+    if framework == "megatron" or not framework:
+        return "needs per-rank timers: --timing-log-option all"
+    if framework == "pytorch":  # the step hook's jobs
+        return "needs the step hook on every rank"
+    return f"{framework} logs no per-rank times: the step hook on every rank gives them"
+
+
+def heat_line(ratios: dict[str, Any], iteration: int | None = None, why_none: str | None = None) -> Text:
     """One block per rank, higher and redder the slower the rank computes against its stage
-    median; then the slowest ranks by name."""
+    median; then the slowest ranks by name. ``why_none``: what to say without any (per_rank_missing)."""
     items = sorted((int(r), float(v)) for r, v in (ratios or {}).items() if num(v) is not None)
     if not items:
-        return Text("per-rank compute: " + NA + " (needs per-rank timers: --timing-log-option all)")
+        return Text("per-rank compute: " + NA + f" ({why_none or per_rank_missing(None)})")
     line = Text("ranks " if iteration is None else f"ranks (iteration {iteration}) ")
     for _rank, v in items:
         level = max(0, min(len(_BLOCKS) - 1, int((v - 0.95) / 0.05) + 1)) if v >= 0.95 else 0
@@ -233,11 +248,27 @@ def goodput_text(gp: dict[str, Any] | None) -> Text:
     return line
 
 
+def budget_missing(summary: dict[str, Any]) -> str:
+    """Why a job has no step budget yet: no timed step, or the timed steps lack a part the budget
+    from timers needs (perfd.analytics.budget.from_timers: a data and a communication share)."""
+    s = summary.get("summary") or {}
+    meds = s.get("medians") or {}
+    if not s or num(meds.get("step_time_ms")) is None:
+        return "no timed step yet"
+    lacking = [what for key, what in (("data_share", "no data wait timed (StepHook.data_ready())"),
+                                      ("comm_exposed_share", "no communication timed (the Flight Recorder, "
+                                                             "NCCL Inspector or a capture)"))
+               if num(meds.get(key)) is None]
+    if lacking:
+        return "; ".join(lacking) + ": a capture of the job breaks its step down"
+    return "its timers do not add up to a budget: a capture of the job breaks its step down"
+
+
 def budget_text(summary: dict[str, Any]) -> Text:
     """Where one step's time goes (perfd.analytics.budget), its largest parts first."""
     budget = (summary.get("summary") or {}).get("step_budget")
     if not isinstance(budget, dict):
-        return Text("step budget: " + NA + " (no timed step yet)")
+        return Text("step budget: " + NA + f" ({budget_missing(summary)})")
     line = Text(f"step budget {float(budget.get('step_ms') or 0):.0f} ms: ", style="bold")
     line.append(budget_view.compact(budget))
     line.append(f" ({budget.get('basis') or NA})", style="dim")
@@ -366,10 +397,11 @@ def render(snap: Snapshot, keys: bool = False, width: int | None = None) -> Rend
         parts.append(Text(f"{snap.focus} *{mark}: {headline or 'no report yet'}"))
         parts.append(goodput_text(goodput_of(summary)))
         parts.append(budget_text(summary))
+        why = per_rank_missing(summary.get("job"))
         if snap.rank_ratios is not None:
-            parts.append(heat_line(snap.rank_ratios[1], snap.rank_ratios[0]))
+            parts.append(heat_line(snap.rank_ratios[1], snap.rank_ratios[0], why))
         else:
-            parts.append(heat_line(latest.get("straggler_rank_compute_ratio") or {}))
+            parts.append(heat_line(latest.get("straggler_rank_compute_ratio") or {}, None, why))
         ranks = list(summary.get("ranks") or [])
         parts.append(fit(width, lambda: gpu_table(snap.gpus, ranks, sources=snap.gpu_sources),
                          lambda: gpu_table(snap.gpus, ranks, narrow=True, sources=snap.gpu_sources)))

@@ -218,9 +218,10 @@ def _hosts(hosts: list[dict[str, Any]], narrow: bool) -> Table:
 
 
 # (head, narrow head) of the rank processes table: every cell one value, never cut nor wrapped.
+# "workers": the CPU the rank's own children used (data-loader workers: the job's, not "others").
 RANK_HOST_COLUMNS = (("rank", "rank"), ("node", "node"), ("pid", "pid"), ("state", "state"), ("CPU", "CPU"),
-                     ("CPU wait", "wait"), ("CPUs", "CPUs"), ("CPUs busy", "busy"), ("others", "others"),
-                     ("throttled", "thr"))
+                     ("workers", "wkrs"), ("CPU wait", "wait"), ("CPUs", "CPUs"), ("CPUs busy", "busy"),
+                     ("others", "others"), ("throttled", "thr"))
 
 
 def rank_host_table(ranks: list[dict[str, Any]], narrow: bool = False, node: bool = True) -> Table:
@@ -236,9 +237,11 @@ def rank_host_table(ranks: list[dict[str, Any]], narrow: bool = False, node: boo
                      min_width=len(col))
     for r in ranks[:MAX_RANK_HOST_ROWS]:
         cores, wait = num(r.get("cpu_cores")), num(r.get("wait_ratio"))
+        kids = num(r.get("children_cpu_cores"))
         busy, others, thr = (r.get(k) for k in ("allowed_busy_ratio", "others_ratio", "throttled_ratio"))
         cells = [str(r.get("rank")), str(r.get("node") or NA), str(r.get("pid") or NA),
-                 str(r.get("state") or NA), NA if cores is None else f"{cores:.2f}", pct0(wait),
+                 str(r.get("state") or NA), NA if cores is None else f"{cores:.2f}",
+                 NA if kids is None else f"{kids:.2f}", pct0(wait),
                  _cpus(r.get("allowed_cpus")), pct0(busy), pct0(others), pct0(thr)]
         t.add_row(*(cells if node else cells[:1] + cells[2:]))
     if len(ranks) > MAX_RANK_HOST_ROWS:

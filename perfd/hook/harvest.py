@@ -30,15 +30,19 @@ by the ``step_end()`` that recorded it (it cannot be done): step N is reported a
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfd.hook import wire
 from perfd.hook.jobinfo import job_msg
 from perfd.hook.state import HookState, Slot
 from perfd.hook.timing import CudaApi, RollingPercentiles
+
+if TYPE_CHECKING:
+    from perfd.analytics.flops import TokenFlops
 
 _JOB_INTERVAL_NS = 60_000_000_000  # the job record again: an agent restarted since learns it
 # The longest anything waits for the harvester: a pass holds the lock for µs to a few ms; a pass
@@ -46,6 +50,14 @@ _JOB_INTERVAL_NS = 60_000_000_000  # the job record again: an agent restarted si
 _LOCK_TIMEOUT_S = 1.0
 
 _NAN = float("nan")
+
+
+def _number(v: Any) -> float | None:
+    """A positive finite Python number as a float, else None (a bool, a tensor, NaN, <= 0)."""
+    if type(v) is int or type(v) is float:
+        x = float(v)
+        return x if 0 < x < math.inf else None
+    return None
 _STEP_PACK = wire.STEP.pack
 _VERSION = wire.VERSION
 _KIND_STEP = wire.KIND_STEP
@@ -78,6 +90,12 @@ class Harvester(HookState):
     _flush_ns: int
     _flush_at: int
     _job_due_ns: int
+    _job_flags: int
+    _token_flops: TokenFlops | None
+    _model_seq: float | None
+    step_arg_errors: int
+    device_uuid: str | None
+    device_index: int
     _bound: bool
     _final_deadline: float
 
@@ -179,6 +197,8 @@ class Harvester(HookState):
         pct = stats.p50_p90_p99()
         p50, p90, p99 = pct if pct is not None else (-1, -1, -1)
         tokens, flops = self.tokens_per_step, self.flops_per_step
+        if slot.tokens is not None or slot.flops is not None or slot.seq is not None:
+            tokens, flops = self._step_work(slot, tokens, flops)
         rank = self._rank
         self._batch += _STEP_PACK(
             _VERSION, _KIND_STEP, flags, rank if rank is not None else -1, self.pid, slot.step,
@@ -189,6 +209,38 @@ class Harvester(HookState):
         self._batch_n += 1
         if self._batch_n >= self._batch_max or time.perf_counter_ns() >= self._flush_at:
             self._flush()
+
+    def _step_work(self, slot: Slot, tokens: float | None,
+                   flops: float | None) -> tuple[float | None, float | None]:
+        """This step's tokens and FLOPs from what step_end() was told: its own FLOPs, else counted from
+        its tokens and sequence length with the model's formula, else the hook's defaults. A value
+        that is not a positive Python number is refused (counted in ``step_arg_errors``, said in
+        ``last_error``) and the step goes out without it: never a guess, never a tensor read."""
+        own_tokens, own_flops, seq = (_number(v) for v in (slot.tokens, slot.flops, slot.seq))
+        refused = False
+        for given, got, name in ((slot.tokens, own_tokens, "tokens"), (slot.flops, own_flops, "flops"),
+                                 (slot.seq, seq, "seq_len")):
+            if given is not None and got is None:
+                refused = True
+                self.step_arg_errors += 1
+                self.last_error = (f"step_end({name}={type(given).__name__}): not a positive Python number "
+                                   "(a tensor would need a device sync): this step's work is absent")
+        if refused:  # the defaults are another step's size: absent rather than wrong
+            return (tokens if slot.tokens is None else own_tokens), own_flops
+        if own_tokens is not None:
+            tokens = own_tokens
+        if own_flops is not None:
+            return tokens, own_flops
+        tf = self._token_flops
+        if tf is not None:
+            s = seq if seq is not None else self._model_seq
+            flops = tf.flops(tokens, s) if tokens is not None and s is not None else None
+        elif own_tokens is not None and flops is not None:
+            # The constructor's FLOPs count its tokens: at one sequence length FLOPs are linear in
+            # tokens; without its tokens to scale by, this step's FLOPs are unknown.
+            base = self.tokens_per_step
+            flops = flops * own_tokens / base if base else None
+        return tokens, flops
 
     def flush(self) -> None:
         """Send the batched records now (one datagram). Never raises; waits at most for the end of
@@ -207,9 +259,12 @@ class Harvester(HookState):
                 assert self._rank is not None
                 self._job_due_ns = now + _JOB_INTERVAL_NS
                 self._batch[:0] = wire.pack_job(job_msg(self._rank, self.pid, self.dtype, self.layout,
-                                                        self.mesh))
-            if not self.sender.send(bytes(self._batch), self._batch_n) and with_job:
-                self._job_due_ns = 0  # not delivered: it goes with the next datagram
+                                                        self.mesh, self._job_flags))
+                if self.device_uuid is not None:  # after the steps: see wire.KIND_DEVICE
+                    self._batch += wire.pack_device(wire.DeviceMsg(self._rank, self.pid, self.device_index,
+                                                                   self.device_uuid))
+            if not self.sender.send(bytes(self._batch), self._batch_n, keep=True) and with_job:
+                self._job_due_ns = 0  # not delivered (or held): it goes with the next datagram too
             self._batch.clear()
             self._batch_n = 0
         self._flush_at = time.perf_counter_ns() + self._flush_ns

@@ -71,11 +71,13 @@ def _world_size() -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-def job_msg(rank: int, pid: int, dtype: str | None, layout: Mapping[str, int], mesh: Any) -> wire.JobMsg:
-    """The job record for this rank: named sizes win over the mesh, the mesh over the runtime."""
+def job_msg(rank: int, pid: int, dtype: str | None, layout: Mapping[str, int], mesh: Any,
+            flags: int = 0) -> wire.JobMsg:
+    """The job record for this rank: named sizes win over the mesh, the mesh over the runtime;
+    ``flags``: wire.JOB_FLAG_* (what the process can do for a capture)."""
     sizes: dict[str, int] = {**(mesh_sizes(mesh) if mesh is not None else {}), **layout}
     if "world_size" not in sizes:
         world = _world_size()
         if world is not None:
             sizes["world_size"] = world
-    return wire.JobMsg(rank, pid, dtype=dtype, **{k: sizes.get(k) for k in LAYOUT_KEYS})
+    return wire.JobMsg(rank, pid, dtype=dtype, flags=flags, **{k: sizes.get(k) for k in LAYOUT_KEYS})

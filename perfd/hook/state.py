@@ -10,6 +10,7 @@ its own and import only downward: this module imports none of them.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from perfd.hook.sender import DatagramSender
 from perfd.hook.timing import Marker, MarkerFactory
@@ -26,8 +27,8 @@ class Slot:
     slot it appended, so the slot referred to is always pending or held, never free.
     """
 
-    __slots__ = ("begin", "data", "data_event", "end", "index", "prev", "profiling", "step", "t_begin",
-                 "t_data", "wall_end_ns")
+    __slots__ = ("begin", "data", "data_event", "end", "flops", "index", "prev", "profiling", "seq", "step",
+                 "t_begin", "t_data", "tokens", "wall_end_ns")
 
     def __init__(self, make: MarkerFactory, data_event: bool) -> None:
         self.begin: Marker = make()
@@ -41,6 +42,11 @@ class Slot:
         self.data_event = False  # the data event was recorded in this step
         self.profiling = False
         self.wall_end_ns = 0
+        # This step's work as step_end() was told it (None: the hook's defaults): read, checked and
+        # turned into FLOPs by the harvester, never on the training thread.
+        self.tokens: Any = None
+        self.flops: Any = None
+        self.seq: Any = None
 
     def markers(self) -> list[Marker]:
         return [m for m in (self.begin, self.end, self.data) if m is not None]

@@ -41,7 +41,7 @@ import weakref
 from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfd.hook import lifecycle, wire
 from perfd.hook.harvest import Harvester
@@ -57,7 +57,11 @@ from perfd.hook.timing import (
     RollingPercentiles,
     cuda_marker_factory,
 )
+from perfd.hook.trace import KinetoTrace, can_trace
 from perfd.model import ModelSpec
+
+if TYPE_CHECKING:
+    from perfd.analytics.flops import TokenFlops
 
 _POLL_INTERVAL_NS = 50_000_000
 # Host time after step_end() returned within which step_begin() may reuse its end marker: a
@@ -119,13 +123,19 @@ class StepHook(ProfileControl, Harvester):
     events and batching, else inline).
 
     ``tokens_per_step`` and ``flops_per_step`` are the whole job's per step (all ranks, as Megatron
-    counts an iteration): MFU = flops_per_step ÷ (step time · world size · peak). Without
+    counts an iteration): MFU = flops_per_step ÷ (step time · world size · peak). Steps of different
+    sizes (variable-length batches) say their own at their end: ``step_end(tokens=..., flops=...,
+    seq_len=...)`` (Python numbers, the same units; the constructor's values are the default). Without
     ``flops_per_step``, ``model=`` (a :class:`perfd.model.ModelSpec` or a mapping of its fields:
-    num_layers, hidden_size, ffn_hidden_size, num_attention_heads, kv_channels, num_query_groups,
-    seq_length, padded_vocab_size, swiglu, ...) counts it from ``tokens_per_step`` with perfd's
-    formula (the one used for Megatron-LM, DESIGN.md §2), once, here. ``dtype`` (the training dtype:
-    bf16, fp16, fp8, fp32; it picks the peak), ``layout`` (named sizes: world_size, tp, pp, dp, cp,
-    ep) and ``mesh`` (a DeviceMesh) tell the agent about the job: perfd.hook.jobinfo.
+    num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, seq_length,
+    vocab_size, swiglu, ...; kv_channels and padded_vocab_size are derived when absent, Hugging Face
+    names are accepted: perfd.analytics.flops.complete_spec) counts each step's FLOPs from its tokens
+    and sequence length with perfd's formula (the one used for Megatron-LM, DESIGN.md §2). ``dtype``
+    (the training dtype: bf16, fp16, fp8, fp32; it picks the peak), ``layout`` (named sizes:
+    world_size, tp, pp, dp, cp, ep) and ``mesh`` (a DeviceMesh) tell the agent about the job:
+    perfd.hook.jobinfo. ``device_uuid``: the device's UUID where the hook cannot read it from torch
+    (another accelerator, a test); by default the current CUDA device's, sent so the agent finds the
+    rank's GPU without RANK in its environment.
     """
 
     def __init__(self, socket_path: str | None = None, warmup_steps: int = 5,
@@ -135,7 +145,8 @@ class StepHook(ProfileControl, Harvester):
                  enabled: bool | None = None, flush_interval_s: float = 0.1, batch_records: int = 32,
                  cuda_data_event: bool = False, harvest_interval_s: float | None = None,
                  model: ModelSpec | Mapping[str, Any] | None = None, dtype: str | None = None,
-                 layout: Mapping[str, int] | None = None, mesh: Any = None) -> None:
+                 layout: Mapping[str, int] | None = None, mesh: Any = None,
+                 device_uuid: str | None = None) -> None:
         if pool_size < 2:
             raise ValueError("pool_size must be >= 2")
         if harvest_interval_s is not None and harvest_interval_s < 0:
@@ -144,11 +155,20 @@ class StepHook(ProfileControl, Harvester):
                         if enabled is None else enabled)
         self.warmup_steps = max(0, warmup_steps)
         self.tokens_per_step = tokens_per_step
-        if flops_per_step is None and tokens_per_step is not None and model is not None:
-            from perfd.analytics.flops import flops_for_tokens  # only then: the loop imports no analytics
+        self._token_flops: TokenFlops | None = None
+        self._model_seq: float | None = None
+        if flops_per_step is None and model is not None:
+            from perfd.analytics.flops import token_flops  # only then: the loop imports no analytics
 
-            flops_per_step = flops_for_tokens(model, tokens_per_step)
+            self._token_flops = token_flops(model)  # a missing field raises here, not in the loop
+            self._model_seq = self._token_flops.spec.seq_length
+            if tokens_per_step is not None and self._model_seq is not None:
+                flops_per_step = self._token_flops.flops(tokens_per_step, self._model_seq)
         self.flops_per_step = flops_per_step
+        self.step_arg_errors = 0  # step_end() work arguments refused (not a positive Python number)
+        self.device_uuid = device_uuid
+        self.device_index = -1
+        self._device_sent = device_uuid is None  # a given UUID goes out with the first job record
         self.dtype, self.layout, self.mesh = dtype, check_layout(layout), mesh
         self._job_due_ns = 0  # the job record goes out with the first flush, then every minute
         self.pid = os.getpid()
@@ -169,6 +189,11 @@ class StepHook(ProfileControl, Harvester):
         self._torch = None
         self.cuda_api = None
         make: MarkerFactory = HostMarker
+        self._job_flags = 0  # wire.JOB_FLAG_*: set at the first step (torch is imported by then)
+        self._trace: KinetoTrace | None = None
+        self._draining: KinetoTrace | None = None
+        self._req_trace: wire.TraceRequest | None = None
+        self.control_refused = 0  # agent requests refused before any answer (malformed, not the agent)
         if marker_factory is not None:
             make = marker_factory
             self.cuda = cuda
@@ -190,6 +215,7 @@ class StepHook(ProfileControl, Harvester):
         # with the deque bounded at pool_size the free deque never runs dry (if it did, the step
         # would go unmeasured and be counted).
         n_slots = pool_size + 2 if self.enabled else 0
+        self._make = make  # a trace's drain marker (perfd.hook.trace) is one more of these
         self._slots = [Slot(make, self._data_event) for _ in range(n_slots)]
         self._markers: list[Marker] = [m for slot in self._slots for m in slot.markers()]
         self._free = deque(self._slots)
@@ -257,10 +283,14 @@ class StepHook(ProfileControl, Harvester):
                 self._next_poll = now + _POLL_INTERVAL_NS
                 self._poll_control(n)
                 t_begin = -1
+            if self._draining is not None:  # a trace waits for the GPU to finish its last step
+                self._check_drain()
             was_profiling = self._profiling
             if self._req is not None and n >= self._req.start_step:
                 self._start_profile(n)
                 t_begin = -1
+            elif self._trace is not None and self._draining is None:
+                self._trace.step(n)  # the traced step's ProfilerStep#n range
             self.steps_begun += 1
             free = self._free
             if not free:  # cannot happen (pool_size + 2 slots); if it did: unmeasured, counted
@@ -302,7 +332,12 @@ class StepHook(ProfileControl, Harvester):
         except Exception as exc:
             self._internal(exc)
 
-    def step_end(self) -> None:
+    def step_end(self, tokens: float | None = None, flops: float | None = None,
+                 seq_len: float | None = None) -> None:
+        """The step's work is enqueued. ``tokens``, ``flops``, ``seq_len``: this step's own (the whole
+        job's tokens and FLOPs, as ``tokens_per_step``/``flops_per_step``; ``seq_len`` for
+        ``model=``), when steps differ in size; Python numbers (a tensor is refused and counted: reading
+        it would synchronize the device)."""
         if not self.enabled:
             return
         slot = self._cur
@@ -311,6 +346,7 @@ class StepHook(ProfileControl, Harvester):
             return
         try:
             self._cur = None
+            slot.tokens, slot.flops, slot.seq = tokens, flops, seq_len
             pending = self._pending
             if len(pending) < self._pool_size or self._drop_oldest():
                 try:
@@ -326,13 +362,20 @@ class StepHook(ProfileControl, Harvester):
                 self.harvest_drops += 1  # no room, and the harvester is busy: this step is dropped
                 self._free.append(slot)
                 self._last = None
-            if self._profiling and slot.step >= self._profile_stop:
-                self._stop_profile(slot.step, wire.PROFILE_STOPPED)
+            if self._profiling:
+                if self._draining is not None:
+                    self._check_drain()
+                elif slot.step >= self._profile_stop:
+                    self._stop_profile(slot.step, wire.PROFILE_STOPPED)
+                elif self._trace is not None:
+                    self._trace.end_step()
             if self._threaded:
                 if len(pending) == self._wake_at:
                     self._wake.set()  # half full before the next tick: harvest now
             else:  # no harvester thread: nothing to lock against, as before
                 self._harvest_locked(self._keep_newest)
+                if self._outbox:  # a trace's written/failed status, from its writer thread
+                    self._send_outbox()
         except Exception as exc:
             self._internal(exc)
         self._end_returned = time.perf_counter_ns()
@@ -406,6 +449,10 @@ class StepHook(ProfileControl, Harvester):
         """At the first ``step_begin()``, on the training thread (its device is set by then): have
         every pooled event created, capture the CUDA context, start the harvester."""
         self._ready = True
+        self._job_flags = hook_flags()
+        if self.device_uuid is None:
+            self.device_index, self.device_uuid = current_device(self._torch)
+            self._device_sent = self.device_uuid is None
         try:
             for m in self._markers:
                 prime = getattr(m, "prime", None)
@@ -456,8 +503,10 @@ class StepHook(ProfileControl, Harvester):
                 self._stop_profile(self._next_step - 1, wire.PROFILE_STOPPED)
             self._send_outbox()
             self.flush()
+            self.sender.flush_backlog()  # steps held for an agent that came late: a last try
         except Exception as exc:
             self._internal(exc)
+        self.sender.drop_backlog()  # never sent now: counted as dropped
         self.sender.close()
 
     def _after_fork_in_child(self) -> None:
@@ -496,7 +545,9 @@ class StepHook(ProfileControl, Harvester):
                 "cuda_driver_errors": self.cuda_api.driver_errors if self.cuda_api else 0,
                 "harvester": "thread" if self._threaded else "inline",
                 "harvest_passes": self.harvest_passes, "harvest_cpu_ns": self.harvest_cpu_ns,
-                "queries": self.queries}
+                "queries": self.queries, "held": self.sender.backlog_records,
+                "delivered_late": self.sender.late, "step_arg_errors": self.step_arg_errors,
+                "control_refused": self.control_refused, "device_uuid": self.device_uuid}
 
     # ------------------------------------------------------------------------------- internals
 
@@ -521,6 +572,34 @@ def _env_rank() -> int | None:
         except (KeyError, ValueError):
             continue
     return None
+
+
+def hook_flags() -> int:
+    """The job record's flags (wire.JOB_FLAG_*): whether this process polls the Kineto daemon itself
+    (KINETO_USE_DAEMON set, as libkineto reads it) and whether the hook can open a trace in it."""
+    flags = 0
+    if os.environ.get("KINETO_USE_DAEMON", "").strip().lower() not in ("", "0", "false"):
+        flags |= wire.JOB_FLAG_KINETO_DAEMON
+    if can_trace(sys.modules.get("torch")):
+        flags |= wire.JOB_FLAG_CAN_TRACE
+    return flags
+
+
+def current_device(torch: Any) -> tuple[int, str | None]:
+    """(index, UUID) of the CUDA device this thread uses, (-1, None) where none is known. Never
+    initializes CUDA (a job that has not yet used it has no device to name): torch's own, or the one
+    a job imported. The UUID as NVML spells it ("GPU-..."): torch gives the bare one."""
+    torch = torch or sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return -1, None
+        index = int(torch.cuda.current_device())
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+    except Exception:
+        return -1, None
+    if not uuid:
+        return index, None
+    return index, uuid if uuid[:4].upper() in ("GPU-", "MIG-") else f"GPU-{uuid}"
 
 
 def _import_torch() -> Any:

@@ -16,6 +16,8 @@ import os
 import struct
 from dataclasses import dataclass
 
+from perfd.limits import HOOK_TRACE_PATH_MAX_BYTES as TRACE_PATH_MAX_BYTES
+
 VERSION = 1
 SOCKET_NAME = "hook.sock"  # in this user's perfd runtime folder (perfd.privdir.runtime_dir)
 SOCKET_ENV = "PERFD_HOOK_SOCKET"
@@ -24,8 +26,16 @@ KIND_STEP = 1
 KIND_JOB = 2
 KIND_PROFILE_STATUS = 3
 KIND_PHASE = 4  # a checkpoint save or an evaluation begins or ends (StepHook.phase)
+# The CUDA device the rank computes on (its UUID: the agent finds the GPU without RANK in the
+# process's environment and without sharing its pid namespace). Sent after the step records of a
+# datagram, never before them: an agent older than this record stops at it (unknown kind, counted)
+# and still takes every step before it.
+KIND_DEVICE = 5
 KIND_PROFILE_REQUEST = 16
 KIND_PROFILE_CANCEL = 17
+# Agent -> hook: open a Kineto trace in the process (torch.profiler) for the steps asked and write it
+# at the path given (perfd.hook.trace). Variable length: TRACE_REQUEST then the path, UTF-8.
+KIND_TRACE_REQUEST = 18
 
 # Step record flags.
 FLAG_CUDA = 1 << 0  # times from CUDA events (else host perf_counter)
@@ -36,8 +46,13 @@ FLAG_HAS_DATA = 1 << 3  # data_ready() was called: data_wait and compute are set
 # version, kind, flags, rank, pid, step, end_time_ns, step_ns, data_wait_ns, compute_ns,
 # p50_ns, p90_ns, p99_ns, window_n, send_drops, harvest_drops, tokens_per_step, flops_per_step
 STEP = struct.Struct("<BBHiIqqqqqqqqIIIdd")
-# version, kind, reserved, rank, pid, world, tp, pp, dp, cp, ep, dtype (ASCII, NUL-padded)
+# version, kind, hook flags (JOB_FLAG_*), rank, pid, world, tp, pp, dp, cp, ep, dtype (ASCII, NUL-padded)
 JOB = struct.Struct("<BBHiIiiiiii8s")
+# version, kind, reserved, rank, pid, CUDA device index (as the process numbers it), UUID (ASCII,
+# NUL-padded: "GPU-..." or "MIG-..." as NVML spells it)
+DEVICE = struct.Struct("<BBHiIi48s")
+# version, kind, trace flags (TRACE_FLAG_*), request_id, start_step, num_steps, path length; the path
+TRACE_REQUEST = struct.Struct("<BBHIqIH")
 # version, kind, state, rank, pid, request_id, step
 PROFILE_STATUS = struct.Struct("<BBHiIIq")
 # version, kind, reserved, request_id, start_step, num_steps
@@ -53,6 +68,12 @@ PHASE_BEGIN = 1
 PHASE_END = 2
 PHASE_STATES = {PHASE_BEGIN: "begin", PHASE_END: "end"}
 
+# Job record flags: what the hook's process can do for a capture (0 from a hook older than them).
+JOB_FLAG_KINETO_DAEMON = 1 << 0  # started with KINETO_USE_DAEMON: it polls the Kineto daemon itself
+JOB_FLAG_CAN_TRACE = 1 << 1  # torch.profiler is importable: the hook can open a Kineto trace itself
+# Trace request flags.
+TRACE_FLAG_STACK = 1 << 0  # Python stacks and input shapes too (with_stack, record_shapes)
+
 # Profile status states.
 PROFILE_ACCEPTED = 1  # step = the first step that will be captured
 PROFILE_STARTED = 2  # cudaProfilerStart called at the beginning of ``step``
@@ -60,8 +81,10 @@ PROFILE_STOPPED = 3  # cudaProfilerStop called at the end of ``step``
 PROFILE_REJECTED = 4  # another range is pending or running, or the request is invalid
 PROFILE_FAILED = 5  # cudaProfilerStart/Stop raised
 PROFILE_CANCELLED = 6
+PROFILE_WRITTEN = 7  # a trace request's file is complete at its path (step: the last step traced)
 PROFILE_STATE_NAMES = {PROFILE_ACCEPTED: "accepted", PROFILE_STARTED: "started", PROFILE_STOPPED: "stopped",
-                       PROFILE_REJECTED: "rejected", PROFILE_FAILED: "failed", PROFILE_CANCELLED: "cancelled"}
+                       PROFILE_REJECTED: "rejected", PROFILE_FAILED: "failed", PROFILE_CANCELLED: "cancelled",
+                       PROFILE_WRITTEN: "written"}
 
 _U32 = 0xFFFFFFFF
 
@@ -133,18 +156,50 @@ class JobMsg:
     cp: int | None = None
     ep: int | None = None
     dtype: str | None = None
+    flags: int = 0  # JOB_FLAG_*
 
 
 def pack_job(m: JobMsg) -> bytes:
     dtype = (m.dtype or "").encode("ascii", "replace")[:8]
-    return JOB.pack(VERSION, KIND_JOB, 0, m.rank, m.pid & _U32, _i(m.world_size), _i(m.tp), _i(m.pp),
-                    _i(m.dp), _i(m.cp), _i(m.ep), dtype)
+    return JOB.pack(VERSION, KIND_JOB, m.flags & 0xFFFF, m.rank, m.pid & _U32, _i(m.world_size), _i(m.tp),
+                    _i(m.pp), _i(m.dp), _i(m.cp), _i(m.ep), dtype)
 
 
 def unpack_job(data: bytes) -> JobMsg:
-    _, _, _, rank, pid, world, tp, pp, dp, cp, ep, dtype = JOB.unpack(data)
+    _, _, flags, rank, pid, world, tp, pp, dp, cp, ep, dtype = JOB.unpack(data)
     text = dtype.rstrip(b"\0").decode("ascii", "replace")
-    return JobMsg(rank, pid, _o(world), _o(tp), _o(pp), _o(dp), _o(cp), _o(ep), text or None)
+    return JobMsg(rank, pid, _o(world), _o(tp), _o(pp), _o(dp), _o(cp), _o(ep), text or None, flags)
+
+
+@dataclass
+class DeviceMsg:
+    """The CUDA device a rank's process computes on: its index as the process numbers it (after
+    CUDA_VISIBLE_DEVICES) and its UUID, which names the same GPU in NVML on the node."""
+
+    rank: int
+    pid: int
+    index: int
+    uuid: str
+
+
+def pack_device(m: DeviceMsg) -> bytes:
+    return DEVICE.pack(VERSION, KIND_DEVICE, 0, m.rank, m.pid & _U32, m.index,
+                       m.uuid.encode("ascii", "replace")[:DEVICE.size - 16])
+
+
+def unpack_device(data: bytes) -> DeviceMsg:
+    _, _, _, rank, pid, index, uuid = DEVICE.unpack(data)
+    return DeviceMsg(rank, pid, index, uuid.rstrip(b"\0").decode("ascii", "replace"))
+
+
+def normalize_uuid(uuid: str | None) -> str | None:
+    """One spelling of a device UUID for comparisons: NVML writes ``GPU-8b7c...``, torch's device
+    properties the bare ``8b7c...``; MIG instances keep their ``MIG-`` prefix (another namespace)."""
+    if not uuid:
+        return None
+    text = uuid.strip().lower()
+    text = text.removeprefix("gpu-")
+    return text or None
 
 
 @dataclass
@@ -204,6 +259,43 @@ def unpack_phase(data: bytes) -> PhaseMsg:
     return PhaseMsg(rank, pid, phase, state, step, time_ns)
 
 
+@dataclass
+class TraceRequest:
+    """Agent -> hook: trace steps [start_step, start_step + num_steps) with torch.profiler and write
+    the Chrome trace at ``path`` (a file that must not exist yet, named ``*.json``)."""
+
+    request_id: int
+    start_step: int
+    num_steps: int
+    path: str
+    stack: bool = False
+
+
+def pack_trace_request(r: TraceRequest) -> bytes:
+    path = r.path.encode()
+    if len(path) > TRACE_PATH_MAX_BYTES:
+        raise ValueError(f"trace path of {len(path)} bytes: at most {TRACE_PATH_MAX_BYTES}")
+    flags = TRACE_FLAG_STACK if r.stack else 0
+    return TRACE_REQUEST.pack(VERSION, KIND_TRACE_REQUEST, flags, r.request_id & _U32, r.start_step,
+                              r.num_steps & _U32, len(path)) + path
+
+
+def unpack_trace_request(data: bytes) -> TraceRequest | None:
+    """None for a datagram that is not a whole trace request (short, a path of another length, a path
+    that is not UTF-8)."""
+    if len(data) < TRACE_REQUEST.size or kind_of(data) != KIND_TRACE_REQUEST:
+        return None
+    _, _, flags, req, start, n, size = TRACE_REQUEST.unpack_from(data)
+    raw = data[TRACE_REQUEST.size:]
+    if len(raw) != size or size > TRACE_PATH_MAX_BYTES:
+        return None
+    try:
+        path = raw.decode()
+    except UnicodeDecodeError:
+        return None
+    return TraceRequest(req, start, n, path, stack=bool(flags & TRACE_FLAG_STACK))
+
+
 def kind_of(data: bytes) -> int | None:
     """The kind byte of a datagram of this version, or None (wrong version, too short)."""
     if len(data) < 2 or data[0] != VERSION:
@@ -213,7 +305,7 @@ def kind_of(data: bytes) -> int | None:
 
 EXPECTED_SIZE = {KIND_STEP: STEP.size, KIND_JOB: JOB.size, KIND_PROFILE_STATUS: PROFILE_STATUS.size,
                  KIND_PROFILE_REQUEST: PROFILE_REQUEST.size, KIND_PROFILE_CANCEL: PROFILE_REQUEST.size,
-                 KIND_PHASE: PHASE.size}
+                 KIND_PHASE: PHASE.size, KIND_DEVICE: DEVICE.size}
 
 
 def split_records(data: bytes) -> tuple[list[tuple[int, bytes]], str | None]:

@@ -16,11 +16,20 @@ from perfd import catalog
 from perfd.analytics.arming import ArmingCost
 from perfd.analytics.budget import StepBudget
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
-from perfd.analytics.findings import GRADE_LABELS, budget_class_text, explain_grade, grade_mfu
+from perfd.analytics.findings import (
+    DATA_LOADING_FINDING,
+    GRADE_LABELS,
+    budget_class_text,
+    explain_grade,
+    grade_mfu,
+)
 from perfd.analytics.goodput import headline_text
+from perfd.analytics.host_evidence import CpuUse
 from perfd.analytics.incidents import incident_findings, is_disturbance
+from perfd.analytics.remedies import RemedyId
 from perfd.analytics.run_analysis import RunAnalysis
 from perfd.analytics.run_summary import reduction_of
+from perfd.analytics.verdict_text import cpu_use_text, data_loading_action
 
 
 @dataclass
@@ -110,20 +119,25 @@ def layout_text(lay: Mapping[str, Any]) -> str:
 
 
 def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None,
-                 arming: ArmingCost | None = None) -> Report:
+                 arming: ArmingCost | None = None, cpu: CpuUse | None = None) -> Report:
     """The four-part report of one analysed run. ``incidents``: the live aggregator's record of
     the job's incidents (with the GPU evidence of the time, kept after the iterations left its
     retention); without it the report uses the incidents the analysis found in the iterations.
-    ``arming``: what running under ncu costs the job's armed ranks (the aggregator measures it)."""
+    ``arming``: what running under ncu costs the job's armed ranks (the aggregator measures it).
+    ``cpu``: how the job's ranks use their CPUs now (the live aggregator's host evidence,
+    perfd.analytics.host_evidence.job_cpu_use): a data-loading action then says more workers only
+    where the CPUs have room."""
     s, med = analysis.summary, analysis.summary["medians"]
     findings, recs = list(analysis.findings), list(analysis.recommendations)
     if arming is not None:
         findings.append(arming_finding(arming))
+    if cpu is not None:
+        recs = [_with_cpu(r, cpu) for r in recs]
     if incidents is not None:
         findings = [f for f in findings if not f.id.startswith("incident-")]
         recs = [r for r in recs if not r.finding_id.startswith("incident-")]
         run_s = analysis.run_seconds()
-        inc_f, inc_r = incident_findings(incidents, run_s or None)
+        inc_f, inc_r = incident_findings(incidents, run_s or None, cpu)
         findings, recs = order_findings([*findings, *inc_f], [*recs, *inc_r])
     incs = list(incidents) if incidents is not None else [i.to_json() for i in analysis.incidents]
     grade, _ = grade_mfu(med.get("mfu"))
@@ -173,15 +187,22 @@ def arming_finding(arming: ArmingCost) -> Finding:
                    source="the job's step records, armed against " + arming.basis.value.replace("_", " "))
 
 
+def _with_cpu(r: Recommendation, cpu: CpuUse) -> Recommendation:
+    """The run's data-loading recommendation with the action its ranks' CPUs call for, and why."""
+    if r.finding_id != DATA_LOADING_FINDING and r.remedy != RemedyId.DATA_LOADER.value:
+        return r
+    return dataclasses.replace(r, action=data_loading_action(cpu), detail=f"{r.detail}; {cpu_use_text(cpu)}")
+
+
 def analysis_json(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None, *,
-                  rows: Iterable[dict[str, Any]] | None = None, arming: ArmingCost | None = None
-                  ) -> dict[str, Any]:
+                  rows: Iterable[dict[str, Any]] | None = None, arming: ArmingCost | None = None,
+                  cpu: CpuUse | None = None) -> dict[str, Any]:
     """The analysis as JSON with its report: keys job, iterations, summary, incidents, report (what
     `perfd analyze megatron --json` prints and the aggregator serves; the aggregator passes the
     incidents it kept). ``rows``: the iterations' rows (an iterator for finite_json.write to
     stream, or none), instead of every iteration's as a list."""
     out = {**analysis.to_json(iterations=rows is None),
-           "report": build_report(analysis, incidents, arming).to_json()}
+           "report": build_report(analysis, incidents, arming, cpu).to_json()}
     if rows is not None:
         out["iterations"] = rows
     if incidents is not None:

@@ -204,6 +204,25 @@ def test_80_columns_read_whole_and_an_ended_job_is_marked() -> None:
     assert "ended 8m" in wide and "stalled 95s" in wide and "70.0/140.0 50%" in wide
 
 
+def test_a_hook_job_is_told_in_its_own_terms() -> None:
+    """Issue 44: a step-hook job's screen named a Megatron flag and "no timed step yet" after 85 steps."""
+    def text(t: Any) -> str:
+        return str(t.plain)
+
+    hook_job = {"framework": "pytorch", "layout": {"world_size": 1}}
+    assert "one rank" in top.per_rank_missing(hook_job)
+    assert "--timing-log-option" not in top.per_rank_missing({**hook_job, "layout": {"world_size": 4}})
+    assert "step hook on every rank" in top.per_rank_missing({**hook_job, "layout": {"world_size": 4}})
+    assert "--timing-log-option all" in top.per_rank_missing({"framework": "megatron",
+                                                              "layout": {"world_size": 8}})
+    line = text(top.heat_line({}, None, top.per_rank_missing(hook_job)))
+    assert "--timing-log-option" not in line and "one rank" in line
+    timed = {"summary": {"medians": {"step_time_ms": 120.0, "data_share": 0.33}, "step_budget": None}}
+    said = text(top.budget_text(timed))
+    assert "no timed step yet" not in said and "no communication timed" in said
+    assert "no timed step yet" in text(top.budget_text({"summary": {}}))
+
+
 # What GET /api/jobs/<job>/gpus answers for a rank process (collectors/ranks, as rank_hosts): the shape
 # issue 46 saw cut at 80 columns ("268…" for its pid, "sta…" for the state's head).
 RANK_HOSTS = [{"rank": r, "node": "gpu-node-017", "pid": 2681234 + r, "state": "disk_sleep",

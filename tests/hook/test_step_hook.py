@@ -71,19 +71,48 @@ def test_agent_absent_drops_are_counted_and_cheap(tmp_path: Path) -> None:
 
 
 def test_agent_appears_after_backoff(tmp_path: Path) -> None:
+    """Steps sent before the agent listens are held and delivered, oldest first, once it does (a job
+    started before its agent lost its first 35 steps silently: issue 44)."""
     path = str(tmp_path / "late.sock")
     hook = Hook(path, cuda=False, rank=0)
     hook.sender.retry_ns = 0  # retry at once, for the test
     run(hook, 3)
+    assert hook.counters()["held"] == 3 and hook.counters()["send_drops"] == 0
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(path)
     sock.setblocking(False)
     try:
         run(hook, 3)
-        assert [m.step for m in steps_of(drain(sock))] == [4, 5, 6]
-        assert hook.sender.drops == {"agent_absent": 3}
+        got = steps_of(drain(sock))
+        assert [m.step for m in got] == [1, 2, 3, 4, 5, 6]
+        assert hook.sender.drops == {} and all(m.send_drops == 0 for m in got)
+        c = hook.counters()
+        assert c["held"] == 0 and c["delivered_late"] == 3 and c["sent"] == 6
     finally:
         sock.close()
+
+
+def test_the_backlog_is_bounded_and_what_it_loses_is_counted(tmp_path: Path) -> None:
+    path = str(tmp_path / "late.sock")
+    hook = Hook(path, cuda=False, rank=0)
+    hook.sender.retry_ns = 0
+    hook.sender.backlog_max = 5  # perfd.limits.HOOK_BACKLOG_RECORDS, small for the test
+    run(hook, 8)
+    assert hook.counters()["held"] == 5 and hook.sender.drops == {"agent_absent": 3}
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.setblocking(False)
+    try:
+        run(hook, 1)
+        got = steps_of(drain(sock))
+        # The oldest three went; the newest five come late, then step 9, which says what was lost.
+        assert [m.step for m in got] == [4, 5, 6, 7, 8, 9] and got[-1].send_drops == 3
+    finally:
+        sock.close()
+    hook2 = Hook(str(tmp_path / "never.sock"), cuda=False, rank=0)
+    run(hook2, 4)
+    hook2.close()  # never delivered: counted as dropped at close
+    assert hook2.counters()["send_drops"] == 4 and hook2.counters()["held"] == 0
 
 
 def test_slow_agent_never_blocks_the_loop(agent: tuple[str, socket.socket]) -> None:
@@ -95,8 +124,9 @@ def test_slow_agent_never_blocks_the_loop(agent: tuple[str, socket.socket]) -> N
     run(hook, 3000)
     cpu_s = time.thread_time() - t0
     c = hook.counters()
-    assert c["send_drop_reasons"].get("agent_busy", 0) > 0
-    assert c["sent"] + c["send_drops"] == 3000 and c["internal_errors"] == 0
+    # What the full queue refused is held for later (bounded), past the bound dropped and counted.
+    assert c["held"] > 0 and c["held"] + c["send_drop_reasons"].get("agent_busy", 0) > 0
+    assert c["sent"] + c["send_drops"] + c["held"] == 3000 and c["internal_errors"] == 0
     assert cpu_s < 5.0
     got = steps_of(drain(sock))
     assert len(got) == c["sent"] and [m.step for m in got] == list(range(1, len(got) + 1))

@@ -48,21 +48,35 @@ def test_the_host_panel_shows_the_jobs_ranks_not_only_the_node() -> None:
     node = next(ln for ln in out.splitlines() if ln.startswith("│ node-a ") and "14%" in ln)
     assert node  # the node-wide 14%: what the H100 run's panel showed while two CPUs were saturated
     rows = {cells[0]: cells for ln in out.splitlines() if ln.startswith("│") and "node-a" in ln
-            and len(cells := [c.strip() for c in ln.split("│")[1:-1]]) == 10}
+            and len(cells := [c.strip() for c in ln.split("│")[1:-1]]) == 11}
     cells = rows["0"]
     burner = max((o for o in cont["others"] if not o["own"]), key=lambda o: o["cpu_ratio"])
     assert cells[:4] == ["0", "node-a", str(cont["pid"]), "running"]
-    assert cells[5] == f"{100 * cont['wait_ratio']:.0f}%"  # CPU wait
-    assert cells[6] == f"{cont['allowed_cpus'][0]}" and cells[7] == "100%"
-    assert cells[8] == f"{100 * cont['others_ratio']:.0f}%"
+    assert cells[5] == "–"  # its workers' CPU: not in this recording (collectors/ranks before issue 44)
+    assert cells[6] == f"{100 * cont['wait_ratio']:.0f}%"  # CPU wait
+    assert cells[7] == f"{cont['allowed_cpus'][0]}" and cells[8] == "100%"
+    assert cells[9] == f"{100 * cont['others_ratio']:.0f}%"
     # Who took them: under the table, one line a rank (issue 46: in the table it was cut at 80 columns).
     took = next(ln for ln in out.splitlines() if ln.startswith("  rank 0: "))
     share = f"{100 * burner['cpu_ratio']:.0f}%"
     assert took.startswith(f"  rank 0: pid {burner['pid']} (root) took {share} of its CPUs: "), took
     stop = rows["1"]
-    assert stop[3] == "stopped" and stop[5] == "–"  # no wait measured while stopped: absent, not 0%
+    assert stop[3] == "stopped" and stop[6] == "–"  # no wait measured while stopped: absent, not 0%
 
 
 def test_without_rank_processes_the_panel_is_the_node_table_alone() -> None:
     out = _screen(top.fetch("http://agg", "j", get=_api([])))
     assert "rank processes" not in out and "hosts" in out
+
+
+def test_a_ranks_workers_cpu_is_shown_as_the_jobs() -> None:
+    """Issue 44: a rank's DataLoader workers are its own children; their CPU has a column of its own,
+    never the "others" column."""
+    row = {**REC["contention"]["ranks"][0], "node": "node-a", "children": 2, "children_cpu_cores": 1.85,
+           "others": [], "others_ratio": 0.0}
+    out = _screen(top.fetch("http://agg", "j", get=_api([row])))
+    head = next(ln for ln in out.splitlines() if "workers" in ln)
+    cells = next([c.strip() for c in ln.split("│")[1:-1]] for ln in out.splitlines()
+                 if ln.startswith("│") and "node-a" in ln and "1.85" in ln)
+    heads = [c.strip() for c in head.split("┃")[1:-1]]
+    assert cells[heads.index("workers")] == "1.85" and cells[heads.index("others")] == "0%"
