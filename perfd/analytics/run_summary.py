@@ -68,14 +68,13 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
             med[name] = median(steady_values(name))
     # Jitter is what neither the data wait nor the step's size explains: a two-worker loader's
     # alternating waits are the data-loading finding's, batches of different lengths are by design.
-    # So: the time a step spent after its batch was on hand, per unit of its work (the hook's FLOPs).
+    # So: the time a step spent after its batch was on hand, less what its work (the hook's FLOPs)
+    # explains (windows.unexplained_cv).
     tflops = steady_values("model_tflops_per_gpu")
     busy = [s * (1.0 - d) if s is not None and d is not None else s
             for s, d in zip(step_col, steady_values("data_share"), strict=True)]
-    sized = [v for v in windows.per_work(busy, [t * s if t is not None and s is not None else None
-                                                for t, s in zip(tflops, step_col, strict=True)])
-             if v is not None]
-    cv = (statistics.pstdev(sized) / statistics.fmean(sized)) if len(sized) >= 2 else None
+    cv = windows.unexplained_cv(busy, [t * s if t is not None and s is not None else None
+                                       for t, s in zip(tflops, step_col, strict=True)])
     checks = [(ok, gap) for ok, gap in zip(steady_values("tflops_check_ok"), steady_values("tflops_rel_gap"),
                                            strict=True) if ok is not None]
     gaps = [abs(gap) for _, gap in checks if gap is not None]

@@ -320,11 +320,23 @@ def burner(procs: Procs, raw: Path, env: dict[str, str], t0: float) -> dict[str,
     return info
 
 
+def clean_steps(rows: list[list[Any]], span: int = 25) -> list[list[Any]]:
+    """The varlen loop's steps after warm-up outside the co-tenant's stretch, by the loop's own clock
+    alone: those whose run of ``span`` steps around them keeps its FLOPs rate within 20% of the run's
+    median run. (Not the co-tenant's planned start and end: its CUDA start-up puts its real stretch
+    seconds later, seen on the H100.)"""
+    def rate(rs: list[list[Any]]) -> float:
+        return float(sum(r[5] for r in rs) / sum(r[3] - r[1] for r in rs))
+
+    rows = rows[WARMUP:]
+    rates = [rate(rows[max(0, i - span // 2):i + span // 2 + 1]) for i in range(len(rows))]
+    typical = statistics.median(rates)
+    return [r for r, x in zip(rows, rates, strict=True) if x > 0.8 * typical]
+
+
 def check_varlen(res: dict[str, Any]) -> dict[str, Any]:
     own, extra = res["own"], res.get("extra") or {}
-    rows = own["steps"][WARMUP:]
-    lo, hi = (extra.get("start", 0) - 1, extra.get("end", 0) + 2) if extra else (0, 0)
-    clear = [r for r in rows if not lo <= r[6] <= hi + (r[3] - r[1])]
+    clear = clean_steps(own["steps"])
     tflops = sum(r[5] for r in clear) / sum(r[3] - r[1] for r in clear) / 1e12
     med = res.get("medians") or {}
     got = med.get("model_tflops_per_gpu")
