@@ -46,7 +46,7 @@ from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.stalls import StallWatch
 from perfd.aggregator.steady_gpm import SteadyGpm
-from perfd.analytics.arming import ArmingCost
+from perfd.analytics.arming import ArmingCost, is_the_arming
 from perfd.analytics.attribution import RankPlacement, gpu_hints
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
@@ -360,6 +360,9 @@ class AggregatorState:
             views[0].served.add(inc.id)
             return self._gpu_snapshot(job, inc, views[0])
 
+        arming = self.arming_of(job)
+        if arming is not None:  # the armed rank's slower life is the arming's cost, not an incident
+            found = [inc for inc in found if not is_the_arming(inc, arming)]
         self.incidents.update(job, found, snapshot, self.captures_of(job), now)
         if not self.incidents.open_incidents(job):
             self._snapshot_views.pop(job, None)
