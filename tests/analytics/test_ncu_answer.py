@@ -171,6 +171,7 @@ def test_through_the_aggregator_the_report_states_the_arming_cost() -> None:
     range_it = RESUMED_AT + int(recording()["range_step"])
     assert st.incidents.incidents(JOB) == []
     a = st.served_analysis(JOB)
+    assert a is not None
     # what the analysis sees, the range's step inside it: the arming's shift, with the capture's step
     (shift,) = [i for i in a.incidents if LEVEL_SHIFT in i.kinds]
     assert shift.first_iteration <= range_it <= shift.last_iteration and (shift.capture_cost_s or 0) > 30.0
