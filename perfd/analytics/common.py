@@ -134,6 +134,9 @@ TORCHTITAN_VOCABULARY = Vocabulary(
     straggler_absent="no straggler line: per-rank step lines ([rankN]: prefix) only")
 VOCABULARIES: dict[str, Vocabulary] = {v.source: v for v in (MEGATRON_VOCABULARY, HOOK_VOCABULARY,
                                                               TORCHTITAN_VOCABULARY)}
+# A job's framework (JobInfo.framework) -> the vocabulary its steps speak: a plain PyTorch job's come
+# from the step hook (before, its data-loading line named Megatron's batch-generator timer).
+FRAMEWORK_VOCABULARIES: dict[str, Vocabulary] = {**VOCABULARIES, "pytorch": HOOK_VOCABULARY}
 
 
 def vocabulary_of(rec: StepRecord) -> Vocabulary:

@@ -18,7 +18,7 @@ from perfd.analytics import bottleneck as bn
 from perfd.analytics import budget_findings
 from perfd.analytics import thresholds as th
 from perfd.analytics.budget import Part, Source, StepBudget
-from perfd.analytics.common import MEGATRON_VOCABULARY, VOCABULARIES
+from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.pipeline import microbatches_for_bubble, rebalance_estimate
 from perfd.analytics.remedies import DATA_KNOBS, Framework, JobConfig
@@ -257,7 +257,7 @@ def data_loading(c: RunContext) -> Out:
            else Severity.INFO)
     state = {Severity.CRITICAL: "bottleneck", Severity.WARNING: "elevated", Severity.INFO: "healthy"}[sev]
     # The timer the job's step source names its data wait by (a hook job has no batch-generator).
-    vocab = VOCABULARIES.get(c.job.framework, MEGATRON_VOCABULARY)
+    vocab = FRAMEWORK_VOCABULARIES.get(c.job.framework or "", MEGATRON_VOCABULARY)
     timer = vocab.data_wait[0] if vocab.data_wait else "data wait"
     f = Finding(DATA_LOADING_FINDING, sev, f"Data loading {_pct(ds)} of the step: {state}",
                 f"{timer} ({vocab.across_ranks}) takes {_pct(ds)} of the step (healthy < "
