@@ -119,7 +119,7 @@ def layout_text(lay: Mapping[str, Any]) -> str:
 
 
 def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None,
-                 arming: ArmingCost | None = None, cpu: CpuUse | None = None) -> Report:
+                 *, arming: ArmingCost | None = None, cpu: CpuUse | None = None) -> Report:
     """The four-part report of one analysed run. ``incidents``: the live aggregator's record of
     the job's incidents (with the GPU evidence of the time, kept after the iterations left its
     retention); without it the report uses the incidents the analysis found in the iterations.
@@ -202,7 +202,7 @@ def analysis_json(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] 
     incidents it kept). ``rows``: the iterations' rows (an iterator for finite_json.write to
     stream, or none), instead of every iteration's as a list."""
     out = {**analysis.to_json(iterations=rows is None),
-           "report": build_report(analysis, incidents, arming, cpu).to_json()}
+           "report": build_report(analysis, incidents, arming=arming, cpu=cpu).to_json()}
     if rows is not None:
         out["iterations"] = rows
     if incidents is not None:

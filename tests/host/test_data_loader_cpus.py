@@ -128,7 +128,8 @@ def test_the_runs_data_loading_remedy_fits_the_ranks_cpus() -> None:
     a = analyze_run(JobInfo(framework="pytorch"), _data_bound())
 
     def rec(cpu: Any) -> Any:
-        return next(r for r in build_report(a, None, cpu).recommendations if r.finding_id == "data-loading")
+        recs = build_report(a, None, cpu=cpu).recommendations
+        return next(r for r in recs if r.finding_id == "data-loading")
 
     assert rec(None).action == DATA_LOADING_ACTION  # nothing known of the CPUs: the general action
     with_room = rec(cpu_use(0, _obs()))
