@@ -39,6 +39,9 @@ class HostView:
         self._phase_ended: dict[str, float] = {}  # job -> when its last announced pause ended
         # job -> command id -> agent -> payload
         self._stacks: dict[str, OrderedDict[str, dict[str, dict[str, Any]]]] = {}
+        # job -> rank -> its newest observation while its process ran (not gone): what a finished job's
+        # report fits its data-loading action to (its CPUs while it trained, not its exit)
+        self._running: dict[str, dict[int, dict[str, Any]]] = {}
 
     # ---- state events (the gRPC side) -----------------------------------------------------------
     def on_rank_processes(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
@@ -49,15 +52,22 @@ class HostView:
                  and isinstance(r.get("rank"), int) and isinstance(r.get("pid"), int)]
         node = str((ev.get("labels") or {}).get("node") or agent_id)
         job = p["job"]
+        now = time.time()
         with self._lock:
             held = self._ranks.pop(job, None) or {}
-            held[(agent_id, node)] = (time.time(), {**p, "ranks": ranks})
+            held[(agent_id, node)] = (now, {**p, "ranks": ranks})
             self._ranks[job] = held  # newest last: the oldest job goes first past the cap
+            running = self._running.setdefault(job, {})
+            for r in ranks:
+                if r.get("state") not in ("gone", "zombie"):
+                    running[r["rank"]] = {**r, "node": node, "agent": agent_id, "arrived_at": now,
+                                          "node_values": dict(p.get("node") or {})}
             while len(self._ranks) > self.max_jobs:
                 old, _ = self._ranks.popitem(last=False)
                 self._phases.pop(old, None)
                 self._stacks.pop(old, None)
                 self._phase_ended.pop(old, None)
+                self._running.pop(old, None)
         return True
 
     def on_job_phase(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
@@ -113,6 +123,11 @@ class HostView:
                                       "node_values": dict(p.get("node") or {})}
         return out
 
+    def last_running(self, job: str) -> dict[int, dict[str, Any]]:
+        """rank -> its newest observation while its process ran (as :meth:`observations`, any age)."""
+        with self._lock:
+            return {r: dict(o) for r, o in (self._running.get(job) or {}).items()}
+
     def agents_of(self, job: str) -> set[str]:
         """The agents that report the job's rank processes (where a stacks request goes)."""
         with self._lock:
@@ -154,6 +169,7 @@ class HostView:
             self._phases.pop(job, None)
             self._stacks.pop(job, None)
             self._phase_ended.pop(job, None)
+            self._running.pop(job, None)
 
     def forget_agent(self, agent_id: str) -> None:
         with self._lock:

@@ -225,9 +225,9 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
                 "report": serving["report"] if serving else None, "serving": serving,
                 **rank_view(state, job, None, []), "collectives": collectives_json(state, job),
                 "incidents": state.incidents.incidents(job)}
-    # The ranks' CPUs as their agents see them now: a data-loading action fits them (more workers
-    # only where they have room).
-    cpu = job_cpu_use(state.hosts.observations(job))
+    # The ranks' CPUs as their agents see them now, else as they last saw them running (a finished
+    # job): a data-loading action fits them (more workers only where they have room).
+    cpu = job_cpu_use(state.hosts.observations(job)) or job_cpu_use(state.hosts.last_running(job))
     full = analysis_json(analysis, state.incidents.incidents(job), arming=state.arming_of(job), cpu=cpu)
     world = (full.get("job") or {}).get("layout", {}).get("world_size")
     return {

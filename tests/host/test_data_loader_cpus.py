@@ -169,3 +169,25 @@ def test_the_aggregator_report_says_more_workers_only_with_room() -> None:
         assert s is not None
         actions = [r["action"] for r in s["report"]["recommendations"]]
         assert want in actions and DATA_LOADING_ACTION not in actions, actions
+
+
+def test_a_finished_jobs_report_keeps_the_cpus_it_ran_with() -> None:
+    """On the H100 the run-level R1 of a finished data-bound job fell back to the general action: the
+    agents' last report had the rank gone, and older ones were stale. The observation of the rank while
+    it ran is kept for that."""
+    st = AggregatorState(min_recompute_s=0.0)
+    st.hello("agent-a", ["j"])
+    st.ingest_steps("agent-a", _data_bound())
+
+    def report(obs: dict[str, Any]) -> None:
+        payload = {"job": "j", "interval_s": 1.0, "ranks": [obs], "node": {}}
+        st.ingest_events("agent-a", [{"kind": events.RANK_PROCESSES.name, "time": time.time(), "job": "j",
+                                      "labels": {"job": "j", "node": "n1"}, "payload": payload}])
+
+    report(_obs())
+    report({"rank": 0, "pid": 4100, "state": "gone"})  # the job exited
+    st.analysis("j", force=True)
+    s = job_summary(st, "j")
+    assert s is not None
+    (r,) = [r for r in s["report"]["recommendations"] if r["finding_id"] == "data-loading"]
+    assert r["action"] == DATA_MORE_WORKERS_ACTION and "2 child process(es)" in r["detail"]
