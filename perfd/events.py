@@ -62,6 +62,7 @@ class RankHost(TypedDict, total=False):
     state: str  # one of PROCESS_STATES
     state_since: float  # epoch s the agent first saw it in this state
     observed_at: float  # epoch s of the reading
+    started_at: float  # epoch s the process started (the node's clock, as observed_at)
     cpu_cores: float  # CPU seconds per second over the last interval (all threads)
     wait_ratio: float  # run-queue wait ÷ (run + wait), all threads, last interval
     cpu_demand_cores: float  # (run + wait) ÷ interval: the CPU its threads wanted

@@ -52,6 +52,10 @@ from perfd.procinfo import (
     shown_cmdline,
 )
 
+# Programs that run a rank's command as their child (a profiler, a time limit): a process of these
+# names whose child declares its rank is not the rank (perfd ncu-exec execs ncu; nsys launches the
+# command under it; coreutils' timeout forks).
+WRAPPERS = frozenset({"ncu", "nsys", "nsys-launcher", "timeout", "strace", "ltrace", "perf", "valgrind"})
 SOURCES = ("launch", "gpu", "pod", "hook")  # how a rank process became known; the first listed wins
 # CPU a rank's threads must want (run + wait, in cores) for its wait share to mean contention: the
 # idle threshold of a stall (under it a rank makes no progress, and its few µs of wait say nothing).
@@ -309,12 +313,26 @@ class RanksCollector(Collector):
         declared = bool(ranks)
         for child, (rank, parent) in ranks.items():
             if parent is None or parent not in ranks or ranks[parent][0] != rank:
-                self._follow(job, rank, child, "launch", now, owner)
+                self._follow(job, rank, self._inside_wrappers(child, rank, ranks), "launch", now, owner)
         held = self.ranks.get((job, 0))
         if not declared and len(tree) == 1:  # one process, no launcher: it is the rank
             self._follow(job, 0, pid, "launch", now, owner)
         elif declared and held is not None and held.pid == pid and held.source == "launch":
             del self.ranks[(job, 0)]  # the launcher taken for the rank before its workers started
+
+    def _inside_wrappers(self, pid: int, rank: int, ranks: dict[int, tuple[int, int | None]]) -> int:
+        """The process that runs the rank under ``pid``: past the wrappers (WRAPPERS, by command name)
+        whose child declares the same rank. Under ``perfd ncu-prefix`` the topmost process declaring
+        RANK is ncu, asleep while its child runs: taken for the rank, it made a start-up read as a
+        stall on the H100 (issue 45: "every rank process idle" while the rank loaded its checkpoint)."""
+        seen = {pid}
+        while (st := procfs.read_stat(pid, self.config.proc)) is not None and st.comm in WRAPPERS:
+            inner = [c for c, (r, parent) in ranks.items() if parent == pid and r == rank and c not in seen]
+            if len(inner) != 1:
+                break
+            pid = inner[0]
+            seen.add(pid)
+        return pid
 
     def _discover_pod(self, now: float) -> None:
         """The rank processes of this agent's pod (config ``pod``), each the topmost process declaring
@@ -344,6 +362,10 @@ class RanksCollector(Collector):
             rp.state, rp.state_since = state, now
         row: dict[str, Any] = {"rank": rp.rank, "pid": rp.pid, "source": rp.source, "state": state,
                                "state_since": rp.state_since, "observed_at": now}
+        boot = procfs.boot_time(proc)
+        if boot is not None and rp.start_ticks is not None:
+            # when the process started: one started after the job's last step is a new run starting
+            row["started_at"] = boot + rp.start_ticks / procfs.CLOCK_TICKS
         if st is None:
             self._oom(rp, row)  # the kill that ended it shows in its cgroup still
             return row

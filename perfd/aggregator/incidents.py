@@ -12,6 +12,7 @@ closes, and counts incidents and seconds lost per job for /metrics. Bounded: MAX
 from __future__ import annotations
 
 import dataclasses
+import logging
 import statistics
 import threading
 from collections import Counter, deque
@@ -24,6 +25,8 @@ from perfd.analytics.host_evidence import oom_evidence
 from perfd.analytics.incidents import MAX_INCIDENTS, STALL, Incident, render_cause
 from perfd.analytics.stall import silence_cost_s
 from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
+
+log = logging.getLogger(__name__)
 
 BASELINE_EVERY_S = 1.0  # a steady sighting of the job's GPUs at most this often (a short job has seconds)
 BASELINE_MIN_SIGHTINGS = 3  # before this many, nothing is said about steady state
@@ -264,6 +267,30 @@ class IncidentTracker:
         ev["text"] = f"incident {doc['id']} withdrawn ({why}): it was not one"
         ev["payload"]["withdrawn"] = why
         self.emit([ev])
+        return True
+
+    def withdraw_stall(self, job: str, first_iteration: int, now: float, why: str) -> bool:
+        """Take back the live stall that began at ``first_iteration``: alone, it is withdrawn; taken
+        over by the analysis' incident of its iterations, that incident loses it (its kind, its
+        evidence, the silence in its cost) and keeps what its own steps show."""
+        if self.withdraw(job, f"stall-{first_iteration}", now, why):
+            return True
+        with self._lock:
+            kept = self._jobs.get(job, {})
+            carrier = next((k for k, d in kept.items() if STALL in d.get("kinds", ())
+                            and d.get("kinds") != [STALL] and isinstance(d["evidence"].get("stall"), Mapping)
+                            and d["first_iteration"] <= first_iteration <= d["last_iteration"] + 1), None)
+            if carrier is None:
+                return False
+            doc = kept[carrier]
+            parts = doc.get("cost_parts")
+            steps = parts.get("steps_s") if isinstance(parts, Mapping) else doc.get("cost_s")
+            ev = {k: v for k, v in doc["evidence"].items() if k != "stall"}
+            kept[carrier] = {k: v for k, v in doc.items() if k != "cost_parts"} | {
+                "kinds": [k for k in doc["kinds"] if k != STALL], "evidence": ev, "cost_s": steps,
+                "updated_at": now, "stall_withdrawn": why}
+        log.info("job %s: incident %s keeps its steps, not the stall at iteration %d (%s)", job, carrier,
+                 first_iteration, why)
         return True
 
     def forget(self, job: str) -> None:

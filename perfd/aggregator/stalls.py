@@ -18,7 +18,7 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,12 +33,15 @@ from perfd.analytics.stall import (
     StallInputs,
     Status,
     check_stall,
+    delivery_only,
+    job_clock_gap_s,
     stall_incident,
 )
 from perfd.transport.codec import COMMAND_STACKS, Command
 
 if TYPE_CHECKING:
     from perfd.aggregator.state import AggregatorState
+    from perfd.analytics.run_analysis import RunAnalysis
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,7 @@ EXIT_GRACE_S = th.STALL_EXIT_GRACE_S.value
 GPU_UTIL = "perfd_gpu_utilization_ratio"
 
 SendCommand = Callable[[str, Command], bool]
+LATE_RECORDS = "late_records"  # why a stall is withdrawn: the job's clock shows no gap
 
 # What a rank's own process shows (stopped, gone): a stall that had it keeps it over a later check
 # without it (the rank continued, the silence not over yet).
@@ -74,6 +78,9 @@ class Stall:
     collectives: dict[int, dict[str, Any]] = field(default_factory=dict)
     collectives_version: int = -1
     closed_at: float | None = None
+    # Once closed: the longest gap between the records' own end times over the silence (the job's
+    # clock); None when the records carry none.
+    job_gap_s: float | None = None
     exited: bool = False  # closed because every rank process was gone, no step after it
 
 
@@ -103,6 +110,7 @@ class StallWatch:
         self._open: dict[str, Stall] = {}
         self.send: SendCommand | None = None  # set by the aggregator: its server's send_command
         self.opened_total: dict[str, int] = {}
+        self.late_total: dict[str, int] = {}  # stalls withdrawn: their records came late (job clock)
         # How long after a job's last record its announced pauses may hold a stall back (the
         # aggregator's --stall-phase-max-s; perfd.analytics.thresholds.STALL_PHASE_MAX_S).
         self.phase_max_s = PHASE_MAX_S
@@ -117,6 +125,7 @@ class StallWatch:
         with self._lock:
             self._open.pop(job, None)
             self.opened_total.pop(job, None)
+            self.late_total.pop(job, None)
 
     def tick(self, state: AggregatorState, job: str, now: float | None = None) -> StallCheck:
         """Check the job now; open, update or close its stall incident. Returns the check."""
@@ -172,8 +181,25 @@ class StallWatch:
                 st.last_iteration = max(st.last_iteration, seen)
             with self._lock:
                 self._open.pop(job, None)
+            if not st.exited:
+                st.job_gap_s = job_clock_gap_s(_ends_since(a, st.first_iteration - 1))
+                if delivery_only(st.check, st.job_gap_s):
+                    self._withdraw_late(state, job, st, now)
+                    return check
         self._update_incident(state, job, st, now)
         return check
+
+    def _withdraw_late(self, state: AggregatorState, job: str, st: Stall, now: float) -> None:
+        """The records came late, the job did not stop: no stall (logged and counted)."""
+        self.late_total[job] = self.late_total.get(job, 0) + 1
+        arrived = (state.jobs.overview(job) or {}).get("last_step_time")
+        late = (arrived - st.started_at) if isinstance(arrived, (int, float)) and st.started_at else None
+        log.warning("job %s: no record arrived for %s after iteration %d, but the records' own times show "
+                    "no gap over %.1f s (limit %.1f s): they came late, the job did not stop; the stall "
+                    "is withdrawn (%d such for this job)", job,
+                    f"{late:.0f} s" if late is not None else "a while", st.first_iteration - 1,
+                    st.job_gap_s or 0.0, st.check.limit_s or 0.0, self.late_total[job])
+        state.incidents.withdraw_stall(job, st.first_iteration, now, LATE_RECORDS)
 
     # ---- inputs --------------------------------------------------------------------------------------
     def _check(self, state: AggregatorState, job: str, now: float) -> tuple[StallCheck, int | None, int]:
@@ -197,8 +223,8 @@ class StallWatch:
                 if v is not None:
                     util[r] = v
         obs = state.hosts.observations(job, now)
-        seen = [RankSeen(r, str(o.get("state")), o.get("cpu_cores"), util.get(r), o.get("pid"), o.get("node"))
-                for r, o in sorted(obs.items())]
+        seen = [RankSeen(r, str(o.get("state")), o.get("cpu_cores"), util.get(r), o.get("pid"), o.get("node"),
+                         _started(o)) for r, o in sorted(obs.items())]
         try:
             coll = state.collective_analysis(job, cached=True)
         except Exception:  # counted in the collective store
@@ -259,8 +285,35 @@ class StallWatch:
             arrived = ov.get("last_step_time")
             if isinstance(arrived, (int, float)) and st.started_at is not None:
                 check = dataclasses.replace(check, silent_s=max(0.0, arrived - st.started_at))
+            if st.job_gap_s is not None and check.silent_s is not None:
+                # the job's clock: records that came later than the job made them are not its silence
+                check = dataclasses.replace(check, silent_s=min(check.silent_s, st.job_gap_s))
         a = state.jobs.cached_analysis(job)
         world = (a.job.get("layout") or {}).get("world_size") if a is not None else None
         inc: Incident = stall_incident(check, st.first_iteration, st.last_iteration, st.started_at,
                                        st.opened_at, st.closed_at, single_rank=world == 1, extra=extra)
         state.track_live_incidents(job, [inc], now)
+
+
+def _ends_since(a: RunAnalysis | None, iteration: int) -> list[float | None]:
+    """The records' own end times, in order, from ``iteration`` (the last before a silence) on."""
+    if a is None:
+        return []
+    rows = a.iterations
+    out: list[float | None] = []
+    for i in range(len(rows) - 1, -1, -1):
+        it = rows.get(i, "iteration")
+        if it < iteration:
+            break
+        end = rows.get(i, "end_time")
+        out.append(float(end) if isinstance(end, (int, float)) else None)
+    return out[::-1]
+
+
+def _started(o: Mapping[str, Any]) -> float | None:
+    """When the rank's process started, on the aggregator's clock: the agent's reading moved by the
+    offset between its clock and ours at arrival (a node's skew is not a new run)."""
+    started, observed, arrived = o.get("started_at"), o.get("observed_at"), o.get("arrived_at")
+    if not all(isinstance(v, (int, float)) for v in (started, observed, arrived)):
+        return None
+    return float(started) + float(arrived) - float(observed)  # type: ignore[arg-type]

@@ -46,7 +46,7 @@ from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.stalls import StallWatch
 from perfd.aggregator.steady_gpm import SteadyGpm
-from perfd.analytics.arming import ArmingCost, is_the_arming
+from perfd.analytics.arming import ARMING_NOT_INCIDENT, ArmingCost, is_the_arming
 from perfd.analytics.attribution import RankPlacement, gpu_hints
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.collectives import CollectiveAnalysis
@@ -362,7 +362,10 @@ class AggregatorState:
 
         arming = self.arming_of(job)
         if arming is not None:  # the armed rank's slower life is the arming's cost, not an incident
-            found = [inc for inc in found if not is_the_arming(inc, arming)]
+            armed = [inc for inc in found if is_the_arming(inc, arming)]
+            for inc in armed:  # opened while the arming was not known yet (no ncu capture had ended)
+                self.incidents.withdraw(job, inc.id, now, ARMING_NOT_INCIDENT)
+            found = [inc for inc in found if inc not in armed]
         self.incidents.update(job, found, snapshot, self.captures_of(job), now)
         if not self.incidents.open_incidents(job):
             self._snapshot_views.pop(job, None)

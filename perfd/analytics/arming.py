@@ -130,6 +130,9 @@ def measure_arming(records: Sequence[StepRecord], armed_at: Mapping[int, float],
     return None
 
 
+ARMING_NOT_INCIDENT = "ncu_arming"  # why such an incident, opened before the arming was known, is withdrawn
+
+
 def is_the_arming(inc: Incident, arming: ArmingCost | None) -> bool:
     """Whether an incident the analysis found is the arming itself: slow steps (a level shift, most
     often) of the armed ranks only, beginning at the first armed step (within two). On the H100 the

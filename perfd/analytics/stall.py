@@ -21,11 +21,17 @@ Megatron-LM step of 548 ms), and a Kineto or nsys capture slows its steps too. A
 before the silence became a stall (requested by the time the limit would have passed) holds it while
 it runs, and the silence after it counts from its end. One asked for later (a rule that captures a
 stalled job) explains nothing and holds nothing back. A stopped or gone rank is still a stall.
+
+A new run starting holds it too: when every rank process started after the job's last record (a
+restart from a checkpoint, a job resumed under a profiler), the silence is its start-up, for at most
+STALL_PHASE_MAX_S from the newest start. The records' own times speak once they arrive: a silence
+they do not show (they came late) is withdrawn (:func:`delivery_only`).
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,13 +44,16 @@ STALL_CADENCE_FACTOR = th.STALL_CADENCE_FACTOR.value
 STALL_FLOOR_S = th.STALL_FLOOR_S.value
 IDLE_CPU_CORES = th.STALL_IDLE_CPU_CORES.value
 PHASE_MAX_S = th.STALL_PHASE_MAX_S.value
+_PROCESS_WORD = frozenset({StallReason.STOPPED, StallReason.GONE})
+STARTING = "start-up"  # the phase of a held check whose rank processes all began after the last step
 GPU_BUSY = th.GPM_NVML_ACTIVE.value  # a kernel resident this share of the time: the GPU still works
 
 
 class Status(str, enum.Enum):
     RUNNING = "running"  # a record came within the limit (or the job has no cadence yet)
     SILENT = "silent"  # past the limit, nothing corroborates a stall (yet)
-    HELD = "held"  # past the limit during an announced checkpoint save or evaluation, or perfd's capture
+    HELD = "held"  # past the limit during an announced checkpoint save or evaluation, perfd's capture,
+    # or a new run's start-up
     STALLED = "stalled"
     ENDED = "ended"  # every rank process is gone: the job exited, no stall
 
@@ -60,6 +69,7 @@ class RankSeen:
     gpu_util: float | None = None
     pid: int | None = None
     node: str | None = None
+    started_at: float | None = None  # when its process started (the aggregator's clock, as now)
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,13 @@ def check_stall(inp: StallInputs) -> StallCheck:
     if running and not (stopped or gone) and inp.now <= held_until:  # the capture holds the step
         return StallCheck(Status.HELD, silent, limit, inp.cadence_s, stuck_ranks=tuple(r.rank for r in ranks),
                           ranks=ranks, capture=running[0].id)
+    began = _new_run(ranks, inp.last_record_at)
+    if began is not None and not (stopped or gone) and inp.now <= began + inp.phase_max_s:
+        # Every rank process started after the job's last step: a new run (a restart from a
+        # checkpoint, a resumed job) loading before its first step, not a stall. Seen on the H100
+        # (issue 45): Megatron-LM resumed under ncu took 42 s to its first step.
+        return StallCheck(Status.HELD, silent, limit, inp.cadence_s, stuck_ranks=tuple(r.rank for r in ranks),
+                          phase=(STARTING, began), ranks=ranks)
     blocked = [r for r in ranks if r.state == "disk_sleep"]
     reasons: list[StallReason] = []
     if stopped:
@@ -158,6 +175,15 @@ def check_stall(inp: StallInputs) -> StallCheck:
         return StallCheck(Status.HELD, silent, limit, inp.cadence_s, tuple(reasons), stuck, phase, ranks)
     status = Status.STALLED if reasons else Status.SILENT
     return StallCheck(status, silent, limit, inp.cadence_s, tuple(reasons), stuck, phase, ranks)
+
+
+def _new_run(ranks: Sequence[RankSeen], last_record_at: float) -> float | None:
+    """When the newest of the rank processes started, if every one started after the job's last
+    record (a run that has not stepped yet); None otherwise, or when a start is unknown."""
+    starts = [r.started_at for r in ranks]
+    if not starts or any(t is None or t <= last_record_at for t in starts):
+        return None
+    return max(t for t in starts if t is not None)
 
 
 def holding_captures(captures: Sequence[CaptureSpan], last_record_at: float, limit_s: float
@@ -188,6 +214,26 @@ def silence_cost_s(stall: Mapping[str, Any] | None) -> float | None:
         return None
     cadence = (stall or {}).get("cadence_s")
     return max(0.0, float(silent) - (float(cadence) if isinstance(cadence, (int, float)) else 0.0))
+
+
+def job_clock_gap_s(ends: Sequence[float | None]) -> float | None:
+    """The longest gap between consecutive records' own end times — the job's clock (the launch's
+    line times, the step hook's timestamps), not when the records reached the aggregator — over the
+    records from the last one before a silence to the newest after it. None when fewer than two, or
+    any lacks its time: then only the arrival clock speaks."""
+    if len(ends) < 2 or any(e is None for e in ends):
+        return None
+    known = [float(e) for e in ends if e is not None]
+    return max(b - a for a, b in itertools.pairwise(known))
+
+
+def delivery_only(check: StallCheck, job_gap_s: float | None) -> bool:
+    """A silence the job's own clock does not show: its records came late (an agent or the network
+    held them, an aggregator restarted), the job stepped on. Not one when the job's clock is unknown, or
+    shows a gap past the limit."""
+    if _PROCESS_WORD & set(check.reasons):
+        return False  # a rank stopped or gone is the kernel's word: the records do not overrule it
+    return job_gap_s is not None and check.limit_s is not None and job_gap_s <= check.limit_s
 
 
 def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int, started_at: float | None,

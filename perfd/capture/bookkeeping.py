@@ -7,7 +7,9 @@ importing the manager (imports go manager → runs → here).
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +18,8 @@ from perfd.capture.analysis import CaptureAnalysis
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import CaptureStore
 from perfd.events import CAPTURE_STARTED
+
+log = logging.getLogger(__name__)
 
 STARTED = CAPTURE_STARTED.name
 # A device breakdown travels whole in the capture's events but for its tables (the aggregator's
@@ -68,8 +72,10 @@ def device_summary(analysis: CaptureAnalysis) -> list[dict[str, Any]]:
 
 def record_analysis(m: dict[str, Any], rank: int, fn: Callable[[], CaptureAnalysis]) -> None:
     """Run ``fn`` and keep its analysis (with the event summary) under the rank, or the error it raised."""
+    t0 = time.monotonic()
     try:
         a = fn()
         m.setdefault("analysis", {})[str(rank)] = {**a.to_json(), "summary": device_summary(a)}
+        log.info("capture %s rank %d: analysed in %.1f s", m.get("id"), rank, time.monotonic() - t0)
     except Exception as exc:
         m.setdefault("analysis", {})[str(rank)] = {"error": f"{type(exc).__name__}: {exc}"[:500]}

@@ -39,6 +39,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -120,6 +121,7 @@ class Run:
         (out / "rules.yaml").write_text(RULES)
         self.grpc = 0
         self.api = ""
+        self.stopping = threading.Event()
 
     def say(self, msg: str) -> None:
         line = f"[{time.time() - self.t0:6.1f}s] {msg}"
@@ -129,10 +131,25 @@ class Run:
     def left_s(self, limit_s: float) -> float:
         return max(0.0, min(limit_s, self.deadline - time.time()))
 
+    def probe(self) -> None:
+        """Every second, what the aggregator holds of the job (``probe.jsonl``): when records arrived,
+        the newest iteration, open incidents. A silence the job's log does not show is read from it."""
+        with (self.out / "probe.jsonl").open("a", buffering=1) as f:
+            while not self.stopping.is_set():
+                try:
+                    jobs = get_json(f"{self.api}/jobs", timeout=5).get("jobs") or []
+                    row = next((j for j in jobs if j.get("job") == JOB or j.get("name") == JOB), None)
+                    doc = {"t": round(time.time() - self.t0, 2), "job": row}
+                    f.write(json.dumps(doc, default=str) + "\n")
+                except Exception as exc:  # the aggregator busy or gone: that is what is looked for
+                    f.write(json.dumps({"t": round(time.time() - self.t0, 2), "error": repr(exc)}) + "\n")
+                self.stopping.wait(1.0)
+
     def start(self) -> None:
         self.grpc, _, url = start_aggregator(self.procs, "--rules", self.out / "rules.yaml",
                                              "--rules-interval", "1", timeout=self.left_s(60))
         self.api = f"{url}/api"
+        threading.Thread(target=self.probe, name="probe", daemon=True).start()
 
     def launch(self, name: str, prefix: list[str], opts: list[str], resume: bool
                ) -> tuple[subprocess.Popen[bytes], Path]:
@@ -308,8 +325,14 @@ def main() -> int:
         r.res["traceback"] = traceback.format_exc()[-3000:]
         r.say(f"error: {r.res['error']}")
     finally:
+        r.stopping.set()
         r.procs.stop(grace_s=20)
         subprocess.run(["rm", "-rf", str(r.ckpt)], check=False)  # gigabytes: not evidence
+        # the processes' logs, the probe and the launches' line times in one file (the device returns
+        # few files)
+        logs = [p.relative_to(out) for p in [*out.glob("*.log"), *out.glob("*.jsonl"),
+                                              *out.glob("run_*/output.log*")] if p.is_file()]
+        subprocess.run(["tar", "czf", str(out / "logs.tar.gz"), "-C", str(out), *map(str, logs)], check=False)
     res = r.res
     res.setdefault("ok", False)
     (out / "ncu_megatron_answer.json").write_text(json.dumps(res, indent=1, default=str))

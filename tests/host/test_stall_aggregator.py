@@ -61,6 +61,16 @@ def ranks() -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]
             p.stdout.close()
 
 
+def _started_before(payload: Any) -> Any:
+    """The ranks' processes as having started an hour earlier: this test's clock moves the job's last
+    record back by the silence, to before the stand-in processes began, and a job whose every rank
+    process began after its last step is a new run starting, not a stall (perfd.analytics.stall)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("ranks"), list):
+        return payload
+    return {**payload, "ranks": [{**r, "started_at": r["started_at"] - 3600.0} if "started_at" in r else r
+                                 for r in payload["ranks"]]}
+
+
 class Harness:
     def __init__(self, procs: tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]) -> None:
         self.parsed = parse_file(DP2, job=JOB)
@@ -89,8 +99,8 @@ class Harness:
             if i:
                 time.sleep(0.5)
             out = self.collector.collect(time.time())
-        self.st.ingest_events("agent-a", [{**ev, "labels": {**ev["labels"], "node": "node-a"}}
-                                          for ev in out.events])
+        self.st.ingest_events("agent-a", [{**ev, "labels": {**ev["labels"], "node": "node-a"},
+                                           "payload": _started_before(ev["payload"])} for ev in out.events])
 
     def stall_then_continue(self, silent_s: float = 9.0) -> None:
         """20 records, rank 0 stopped and seen so, a stall opened ``silent_s`` into the silence, then
@@ -101,6 +111,12 @@ class Harness:
         self.st.stalls.tick(self.st, JOB, self.silent_for(silent_s))
         os.kill(self.procs[0].pid, signal.SIGCONT)
         self.observe()
+
+    def after_stop(self, records: list[Any], stopped_s: float) -> list[Any]:
+        """The records the job makes after a stop of ``stopped_s``: their own end times later by it
+        (a stopped process steps on from where it was; only a late delivery keeps them on time)."""
+        return [dataclasses.replace(r, end_time=r.end_time + stopped_s) if r.end_time is not None else r
+                for r in records]
 
     def silent_for(self, seconds: float) -> float:
         """Make the job's last record have arrived ``seconds`` ago; returns now."""
@@ -196,7 +212,8 @@ def test_a_stop_between_two_steps_costs_its_silence_in_the_incident_that_takes_i
     recs = h.parsed.records
     slow = dataclasses.replace(recs[20], step_time_ms=(recs[20].step_time_ms or 0.0) + 1500.0)
     before = time.time()
-    h.st.ingest_steps("agent-a", [slow, *recs[21:]])  # the silence ends when these arrive
+    # the silence ends when these arrive; their own times are after the stop
+    h.st.ingest_steps("agent-a", h.after_stop([slow, *recs[21:]], before - silent_from))
     after = time.time()
     h.st.analysis(JOB, force=True)
     for _ in range(2):
@@ -246,7 +263,9 @@ def test_a_stall_no_slow_step_follows_closes_on_its_own(ranks: Any) -> None:
     assert [i["kinds"] for i in h.incidents()] == [["stall"]]
     os.kill(ranks[0].pid, signal.SIGCONT)
     before = time.time()
-    h.records(30)  # the next records are ordinary (a log interval's mean, say)
+    # the next records are ordinary (a log interval's mean, say), made after the stop
+    h.st.ingest_steps("agent-a", h.after_stop(h.parsed.records[20:30], before - silent_from))
+    h.st.analysis(JOB, force=True)
     after = time.time()
     h.st.stalls.tick(h.st, JOB)
     (inc,) = h.incidents()
@@ -389,7 +408,8 @@ def test_a_pending_collective_corroborates_a_stall_of_busy_ranks(tmp_path: Path)
             return evs if ok else None
 
         got = wait_for(busy_reading, 60, "both spinners read over the idle bound", interval=0)
-        st.ingest_events("n1", [{**e, "labels": {"node": "n1"}} for e in got])
+        st.ingest_events("n1", [{**e, "labels": {"node": "n1"}, "payload": _started_before(e["payload"])}
+                                for e in got])
         st.jobs.jobs["ddp"].last_step_time = time.time() - 8.0
         check = st.stalls.tick(st, "ddp")
     finally:

@@ -212,6 +212,44 @@ def test_the_launch_manifests_tree_gives_the_ranks(spawn: Any, tmp_path: Path) -
     assert c.ranks[("launched", 3)].source == "launch"
 
 
+def test_a_wrapper_declaring_the_rank_is_not_the_rank(spawn: Any, tmp_path: Path) -> None:
+    """Under ``perfd ncu-prefix`` the topmost process declaring RANK is ncu, asleep while its child
+    runs the rank (on the H100 it made a resumed job's start-up read as "every rank process idle").
+    Here coreutils' ``timeout`` stands between the launcher and the worker, both declaring RANK=2: the
+    rank is the worker, and the sleeping wrapper is not followed, nor the worker's own child."""
+    import psutil
+
+    from perfd.launch import MANIFEST_VERSION
+
+    worker = ("import subprocess, sys, time\n"
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])\n"
+              "while True: time.sleep(1)\n")
+    parent = spawn("import os, subprocess, sys, time\n"
+                   f"subprocess.Popen(['timeout', '3600', sys.executable, '-c', {worker!r}],"
+                   " env={**os.environ, 'RANK': '2', 'WORLD_SIZE': '4'})\n"
+                   "while True: time.sleep(1)\n")
+    manifest = tmp_path / "launch.json"
+    manifest.write_text(json.dumps({"version": MANIFEST_VERSION, "job": "wrapped", "status": "running",
+                                    "pid": parent.pid, "collectors": {}}))
+    c = RanksCollector({"job": "wrapped", "launch_manifest": str(manifest), "event_every_s": 0})
+
+    def tree() -> list[Any]:
+        return psutil.Process(parent.pid).children(recursive=True)
+
+    deadline = time.monotonic() + 20
+    while len(tree()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    c._discovered_at = float("-inf")
+    rows = _collect(c)
+    (wrapper,) = psutil.Process(parent.pid).children()
+    assert wrapper.name() == "timeout"
+    (inner,) = wrapper.children()
+    assert c.rank_pids("wrapped") == {2: inner.pid}
+    # the row says when the rank's process started (a new run is told from a stall by it)
+    row = _row(rows, 2)
+    assert row["started_at"] == pytest.approx(inner.create_time(), abs=0.05)
+
+
 def test_a_manifest_job_without_rank_variables_is_rank_0(spawn: Any, tmp_path: Path) -> None:
     from perfd.launch import MANIFEST_VERSION
 
