@@ -330,7 +330,7 @@ def main() -> int:
         subprocess.run(["rm", "-rf", str(r.ckpt)], check=False)  # gigabytes: not evidence
         # the processes' logs, the probe and the launches' line times in one file (the device returns
         # few files)
-        logs = [p.relative_to(out) for p in [*out.glob("*.log"), *out.glob("*.jsonl"),
+        logs = [p.relative_to(out) for p in [*out.glob("*.log"), *out.glob("*.out"), *out.glob("*.jsonl"),
                                               *out.glob("run_*/output.log*")] if p.is_file()]
         subprocess.run(["tar", "czf", str(out / "logs.tar.gz"), "-C", str(out), *map(str, logs)], check=False)
     res = r.res
