@@ -287,10 +287,17 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
 
     floor = min_cost_s(ref)
     out, small = [], []
+    within: list[tuple[list[int], str]] = []  # a capture's steps inside an incident, and its id
     for r in real:
         inc = build(r)
         if (inc.cost_s or 0.0) >= floor:
             out.append(inc)
+            # Listed as the capture's too (an ncu range inside the armed rank's level shift, on the
+            # H100: the incident was the arming's and went, and the range was listed nowhere); its
+            # time is the incident's capture_cost_s, counted there once.
+            touched = [i for i in r if flags[i] == CAPTURE]
+            for _, grp in itertools.groupby(enumerate(touched), key=lambda x: x[1] - x[0]):
+                within.append(([i for _, i in grp], inc.id))
             continue
         small.append(inc)  # jitter; the part a capture touched is still listed as its disturbance
         touched = [i for i in r if flags[i] == CAPTURE]
@@ -304,7 +311,13 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
     if len(out) > MAX_INCIDENTS:  # keep the costliest; the report says how many were seen
         keep = sorted(out, key=lambda x: -(x.cost_s or 0.0))[:MAX_INCIDENTS]
         out = sorted(keep, key=lambda x: x.first_iteration)
-    return Detection(out, [build(r) for r in captures], jitter, ref)
+    inside = []
+    for run, inc_id in within:
+        d = build(run)
+        d.evidence["inside_incident"] = inc_id
+        inside.append(d)
+    return Detection(out, sorted([*(build(r) for r in captures), *inside], key=lambda d: d.first_iteration),
+                     jitter, ref)
 
 
 def _lead_rank(its: Sequence[IterationLike]) -> int | None:

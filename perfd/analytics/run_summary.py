@@ -116,13 +116,17 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
 
 
 def disturbances_json(ds: Sequence[Incident]) -> dict[str, Any]:
-    """perfd's own captures' disturbance, apart from the incidents: how many stretches and iterations,
-    and the excess time they took."""
-    costs = [s for d in ds for s in (d.cost_s, d.capture_cost_s) if s is not None]
+    """perfd's own captures' disturbance: how many stretches and iterations, and the excess time they
+    took apart from the incidents (a stretch inside an incident names it: its time is that incident's
+    capture_cost_s, not counted again)."""
+    costs = [s for d in ds if "inside_incident" not in d.evidence
+             for s in (d.cost_s, d.capture_cost_s) if s is not None]
     return {"n": len(ds), "iterations": sum(d.n_iterations for d in ds),
             "excess_s": sum(costs) if costs else None,
             "stretches": [{"first_iteration": d.first_iteration, "last_iteration": d.last_iteration,
-                           "excess_s": d.capture_cost_s} for d in ds]}
+                           "excess_s": d.capture_cost_s,
+                           **({"inside_incident": d.evidence["inside_incident"]}
+                              if "inside_incident" in d.evidence else {})} for d in ds]}
 
 
 def step_shares(data: float | None, comm: float | None, grad_sync: float | None, pp: int | None,
