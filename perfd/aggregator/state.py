@@ -436,13 +436,15 @@ class AggregatorState:
                 timeline = got
         # An Nsight Compute capture's kernel figures join the budget's parts; with no timeline, the
         # timers' budget (a class of its own they do not vote: issue 45 item 3).
-        ncu_id, ncu = ncu_of(self.captures_of(job))
-        if ncu:
+        ncu = ncu_of(self.captures_of(job))
+        if ncu.categories:
             if timeline is not None:
-                timeline = dataclasses.replace(timeline, ncu=ncu, ncu_id=ncu_id)
+                timeline = dataclasses.replace(timeline, ncu=ncu.categories, ncu_id=ncu.capture_id,
+                                               ncu_kernels=ncu.kernels)
             else:  # the rows class the job when they cover most of its compute
-                cls, why, _ = rows_class(ncu, self._compute_ms(job))
-                timeline = TimelineClass(cls, why, f"capture {ncu_id} (ncu)", ncu=ncu, ncu_id=ncu_id)
+                cls, why, _ = rows_class(ncu.categories, self._compute_ms(job))
+                timeline = TimelineClass(cls, why, f"capture {ncu.capture_id} (ncu)", ncu=ncu.categories,
+                                         ncu_id=ncu.capture_id, ncu_kernels=ncu.kernels)
         ov = self.jobs.overview(job)
         age = ov.get("last_step_age_s") if ov else None
         running = age is None or age <= stale_after(None, self.job_stale_after_s)

@@ -61,6 +61,8 @@ class TimelineClass:
     # CategorySummary JSON), detail of the budget's parts; compared by its capture id
     ncu: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, hash=False)
     ncu_id: str = ""
+    # ... and its joined kernel rows (JoinedKernel JSON): each part's top kernels
+    ncu_kernels: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, hash=False)
 
 
 @dataclass(frozen=True)

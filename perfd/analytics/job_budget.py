@@ -7,7 +7,7 @@ analyze megatron LOG --capture TRACE``). Pure.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from perfd.analytics import kernels as kc
@@ -24,6 +24,8 @@ from perfd.analytics.budget import (
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.flops import FORMULA_LEGACY, FlopsResult
 from perfd.analytics.gpus import PeakResult
+from perfd.analytics.ncu_kernel_rows import kernel_rows
+from perfd.analytics.op_parts import kernel_part
 
 
 def _num(d: Mapping[str, Any], key: str) -> float | None:
@@ -79,11 +81,13 @@ def job_budget(medians: Mapping[str, Any], peak: PeakResult, pp: int | None,
         n, how = captured_iterations(timeline.device, timeline.iterations, timers.step_ms)
         b = from_capture(timeline.device, n, fl=fl, timers=timers, basis=timeline.source, steps_from=how)
         if b is not None:
-            return with_ncu(b, timeline.ncu, timeline.ncu_id)
+            return with_ncu(b, timeline.ncu, timeline.ncu_id, timeline.ncu_kernels)
     b = from_timers(timers, fl)
     # No timeline, an ncu capture: its rows still say what the step's kernels do (issue 45 item 3: they
     # lived only in /api/captures), on the undivided compute part.
-    return with_ncu(b, timeline.ncu, timeline.ncu_id) if b is not None and timeline is not None else b
+    if b is None or timeline is None:
+        return b
+    return with_ncu(b, timeline.ncu, timeline.ncu_id, timeline.ncu_kernels)
 
 
 # perfd.analytics.kernels category of an ncu summary -> the budget part its kernels' time is in (GEMMs:
@@ -92,30 +96,74 @@ _NCU_PART = {kc.GEMM: Part.GEMM, kc.OPTIMIZER: Part.OPTIMIZER, kc.ELEMENTWISE: P
              kc.NORMALIZATION: Part.NORM, kc.REDUCTION: Part.POINTWISE, kc.OTHER: Part.POINTWISE}
 
 
-def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id: str) -> StepBudget:
-    """``b`` with each ncu category summary in the ``ncu`` detail of the part its kernels' time is
-    in (attention: the unfused part when there is one, else the GEMMs, where fused attention is)."""
-    if not categories:
+def _ncu_part(b: StepBudget, category: str) -> Part | None:
+    """The budget part an ncu category's kernel time is in (attention: the unfused part when there is
+    one, else the GEMMs, where fused attention is; the timers' budget: its undivided compute)."""
+    math = Part.LINEAR if b.get(Part.LINEAR) is not None else Part.GEMM
+    part = (Part.ATTENTION if b.get(Part.ATTENTION) is not None else math) \
+        if category == kc.ATTENTION else _NCU_PART.get(category)
+    if part is Part.GEMM:
+        part = math
+    if part is not None and b.get(part) is None and b.get(Part.COMPUTE) is not None:
+        part = Part.COMPUTE  # the timers' budget: its compute is not divided by kernel
+    return part
+
+
+def _kernel_part(b: StepBudget, k: Mapping[str, Any], unfused_attention: bool) -> Part | None:
+    """The part one ncu kernel's time is in: the part its name gives (as a capture divides kernels it
+    cannot charge to an op: perfd.analytics.op_parts.kernel_part; a masked fill beside softmax kernels
+    is attention's, a GELU the activation's) where the budget has that part, else its category's."""
+    name = str(k.get("timeline_name") or k.get("name") or "")
+    part = kernel_part(name, unfused_attention)
+    if part is not Part.GEMM and b.get(part) is not None:
+        return part
+    return _ncu_part(b, str(k.get("category") or kc.category(name)))
+
+
+def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id: str,
+             kernels: Sequence[Mapping[str, Any]] = ()) -> StepBudget:
+    """``b`` with each ncu category summary in the ``ncu`` detail of the part its kernels' time is in,
+    and that part's top kernels (perfd.analytics.ncu_kernel_rows.KernelRow JSON, from the capture's
+    joined rows ``kernels``) in its ``ncu_kernels`` detail."""
+    if not categories and not kernels:
         return b
     by: dict[Part, list[Mapping[str, Any]]] = {}
     for c in categories:
-        cat = str(c.get("category") or "")
-        math = Part.LINEAR if b.get(Part.LINEAR) is not None else Part.GEMM
-        part = (Part.ATTENTION if b.get(Part.ATTENTION) is not None else math) \
-            if cat == kc.ATTENTION else _NCU_PART.get(cat)
-        if part is Part.GEMM:
-            part = math
-        if part is not None and b.get(part) is None and b.get(Part.COMPUTE) is not None:
-            part = Part.COMPUTE  # the timers' budget: its compute is not divided by kernel
+        part = _ncu_part(b, str(c.get("category") or ""))
         if part is not None:
             by.setdefault(part, []).append({**c, "capture": capture_id})
-    parts = tuple(replace(p, detail={**p.detail, "ncu": by[p.part]}) if p.part in by else p for p in b.parts)
-    return replace(b, parts=parts, sources=(*b.sources, Source.NCU) if Source.NCU not in b.sources
+    rows: dict[Part, list[Mapping[str, Any]]] = {}
+    unfused = any(kc.is_softmax(str(k.get("timeline_name") or k.get("name") or "")) for k in kernels)
+    for k in kernels:
+        part = _kernel_part(b, k, unfused)
+        if part is not None:
+            rows.setdefault(part, []).append(k)
+    parts = []
+    for p in b.parts:
+        detail = dict(p.detail)
+        if p.part in by:
+            detail["ncu"] = by[p.part]
+        if p.part in rows:
+            detail["ncu_kernels"] = [r.to_json() for r in kernel_rows(rows[p.part], p.ms, capture_id)]
+        parts.append(replace(p, detail=detail) if detail != p.detail else p)
+    return replace(b, parts=tuple(parts), sources=(*b.sources, Source.NCU) if Source.NCU not in b.sources
                    else b.sources)
 
 
-def ncu_of(captures: Sequence[Mapping[str, Any]]) -> tuple[str, tuple[Mapping[str, Any], ...]]:
-    """(capture id, per-category summaries) of a job's latest finished Nsight Compute capture."""
+@dataclass(frozen=True)
+class NcuRows:
+    """A job's latest finished Nsight Compute capture, as the budget reads it: its id, its per-category
+    summaries (perfd.analytics.ncu_join.CategorySummary JSON, with how the kernels were chosen) and its
+    joined kernel rows (JoinedKernel JSON as the capture's event carries them, each with ``joined_to``:
+    the timeline's capture id)."""
+
+    capture_id: str = ""
+    categories: tuple[Mapping[str, Any], ...] = ()
+    kernels: tuple[Mapping[str, Any], ...] = ()
+
+
+def ncu_of(captures: Sequence[Mapping[str, Any]]) -> NcuRows:
+    """The rows of a job's latest finished Nsight Compute capture (none: an empty NcuRows)."""
     for c in sorted(captures, key=lambda c: c.get("finished_at") or 0.0, reverse=True):
         result = c.get("result")
         if c.get("tool") != "ncu" or c.get("status") != "finished" or not isinstance(result, Mapping):
@@ -126,8 +174,13 @@ def ncu_of(captures: Sequence[Mapping[str, Any]]) -> tuple[str, tuple[Mapping[st
                 # how the profiled kernels were chosen (by time or not) goes with each summary
                 choice = part.get("ncu_kernel_choice")
                 extra = {"kernel_choice": choice} if isinstance(choice, Mapping) else {}
-                return str(c.get("id") or ""), tuple({**x, **extra} for x in cats if isinstance(x, Mapping))
-    return "", ()
+                joined_to = part.get("ncu_joined_to")  # the timeline's capture: each row says it
+                ks = part.get("ncu_kernels")
+                rows = [{**k, "joined_to": joined_to} for k in ks if isinstance(k, Mapping)] \
+                    if isinstance(ks, list) else []
+                return NcuRows(str(c.get("id") or ""),
+                               tuple({**x, **extra} for x in cats if isinstance(x, Mapping)), tuple(rows))
+    return NcuRows()
 
 
 def capture_timeline(capture: Mapping[str, Any]) -> TimelineClass | None:

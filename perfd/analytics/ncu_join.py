@@ -94,6 +94,24 @@ def template_tokens(name: str) -> frozenset[str]:
     return frozenset(t for t in _IDENT.findall(inner) if t.lower() not in _NOISE and not t.isdigit())
 
 
+# Identifiers in template arguments that name plumbing, not the work: ATen's launch helpers and types.
+_PLUMBING = frozenset({"gpu_kernel_impl", "gpu_kernel_impl_nocast", "gpu_kernel", "launch_kernel",
+                       "TensorIterator", "TensorIteratorBase", "Scalar", "PhiloxCudaState", "TensorInfo"})
+_WORK = re.compile(r"(_kernel|Kernel|Functor|Impl|_op$|Op$)")
+
+
+def short_name(name: str, width: int = 60) -> str:
+    """A kernel's name as a person reads it: its function, and the first identifier of its template
+    arguments that names the work (a functor, an inner kernel: ``elementwise_kernel<masked_fill_kernel>``,
+    ``vectorized_elementwise_kernel<CUDAFunctor_add>``); at most ``width`` characters."""
+    fn = function_name(name)
+    _, inner = _top_level(name.strip())
+    work = next((t for t in _IDENT.findall(inner)
+                 if t not in _PLUMBING and t != fn and _WORK.search(t)), None)
+    out = f"{fn}<{work}>" if work else fn
+    return out if len(out) <= width else out[: width - 1] + "…"
+
+
 @dataclass(frozen=True)
 class TimelineKernel:
     """One row of a capture's ``top_kernels`` (perfd.capture.analysis device JSON)."""
@@ -113,11 +131,22 @@ class JoinedKernel:
     captured_ms: float | None = None  # the timeline kernel's total over the capture
     captured_share: float | None = None  # its share of the captured kernel time
     candidates: int = 0  # timeline kernels with the same function
+    # The steps the joined timeline holds (marked in its trace, else as its capture asked): its
+    # captured_ms over them is the kernel's time per step. None: not known (older records).
+    timeline_steps: float | None = None
+
+    @property
+    def step_ms(self) -> float | None:
+        """The timeline kernel's ms per step (None: no match, or the timeline's steps unknown)."""
+        if self.captured_ms is None or not self.timeline_steps or self.timeline_steps <= 0:
+            return None
+        return self.captured_ms / self.timeline_steps
 
     def to_json(self) -> dict[str, Any]:
         return {**self.kernel.to_json(), "category": self.category, "match": self.match.value,
                 "timeline_name": self.timeline_name, "captured_ms": self.captured_ms,
-                "captured_share": self.captured_share, "candidates": self.candidates}
+                "captured_share": self.captured_share, "candidates": self.candidates,
+                "timeline_steps": self.timeline_steps}
 
 
 @dataclass(frozen=True)
@@ -186,15 +215,17 @@ def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / len(a | b) if a | b else 0.0
 
 
-def join(kernels: Iterable[NcuKernel], timeline: Sequence[TimelineKernel] = ()) -> list[JoinedKernel]:
-    """Each ncu kernel with its category and, where the timeline lists it, its captured share.
-    Ordered by captured share, then profiled time (the kernels that cost the job most first)."""
+def join(kernels: Iterable[NcuKernel], timeline: Sequence[TimelineKernel] = (),
+         steps: float | None = None) -> list[JoinedKernel]:
+    """Each ncu kernel with its category and, where the timeline lists it, its captured share (and,
+    with the ``steps`` the timeline holds, its time per step). Ordered by captured share, then
+    profiled time (the kernels that cost the job most first)."""
     out = []
     for k in kernels:
         how, t, n = match_kernel(k.name, timeline)
         cat = kernels_mod.category(t.name if t is not None else k.name)
         out.append(JoinedKernel(k, cat, how, t.name if t else None, t.total_ms if t else None,
-                                t.share if t else None, n))
+                                t.share if t else None, n, steps if t is not None else None))
     return sorted(out, key=lambda j: (-(j.captured_share or 0.0), -(j.kernel.profiled_ms or 0.0)))
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from perfd.analytics import ncu as ncu_mod
 from perfd.analytics import ncu_join
+from perfd.analytics.job_budget import captured_iterations
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
 from perfd.capture.hook_ranges import HookRanges
 from perfd.capture.ncu_exec import PAGES, NcuError, NcuExecutor, NcuNotFoundError, NcuTarget, latest_timeline
@@ -194,7 +195,10 @@ class NcuCapture:
                                           f"of {t.options.launch_count} is spent)")
         joined_to, device = self._latest_timeline(req.job, rank)
         timeline = ncu_join.timeline_kernels(device) if device else []
-        joined = ncu_join.join(new.kernels, timeline)
+        asked = device.get("steps") if device else None
+        steps, _ = (captured_iterations(device, asked if isinstance(asked, int) else None, None)
+                    if device else (None, ""))
+        joined = ncu_join.join(new.kernels, timeline, steps)
         cats = device.get("categories") if device else None
         summaries = ncu_join.summarize(joined, cats if isinstance(cats, Mapping) else None)
         m.setdefault("analysis", {})[str(rank)] = {

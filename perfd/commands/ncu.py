@@ -241,7 +241,7 @@ def _texts(args: argparse.Namespace) -> list[str]:
     return texts + [Path(c).read_text(errors="replace") for c in args.csv]
 
 
-def _timeline(path: str, device: int | None) -> tuple[list[Any], dict[str, float] | None]:
+def _timeline(path: str, device: int | None) -> tuple[list[Any], dict[str, float] | None, float | None]:
     from perfd.analytics.ncu_join import timeline_kernels
     from perfd.capture.ncu_exec import JOIN_TOP_N
 
@@ -264,7 +264,9 @@ def _timeline(path: str, device: int | None) -> tuple[list[Any], dict[str, float
     if dev is None:
         raise ValueError(f"{p.name}: no device{'' if device is None else f' {device}'} with kernels")
     cats = dev.get("categories")
-    return timeline_kernels(dev), cats if isinstance(cats, dict) else None
+    marked = dev.get("trace_steps")  # the steps the trace marks: each kernel's time per step
+    steps = float(marked) if isinstance(marked, int) and not isinstance(marked, bool) and marked > 0 else None
+    return timeline_kernels(dev), cats if isinstance(cats, dict) else None, steps
 
 
 def run_analyze_ncu(args: argparse.Namespace) -> int:
@@ -282,14 +284,14 @@ def run_analyze_ncu(args: argparse.Namespace) -> int:
         print(f"perfd: cannot read the ncu report {path}: {exc}", file=sys.stderr)
         return 1
     timeline: list[Any] = []
-    cats = None
+    cats, steps = None, None
     if args.capture:
         try:
-            timeline, cats = _timeline(args.capture, args.device)
+            timeline, cats, steps = _timeline(args.capture, args.device)
         except Exception as exc:  # an unreadable capture: say what and where, no traceback
             print(f"perfd: cannot read the capture {args.capture}: {exc}", file=sys.stderr)
             return 1
-    joined = join(report.kernels, timeline)
+    joined = join(report.kernels, timeline, steps)
     summaries = summarize(joined, cats)
     for problem in report.problems:
         print(f"perfd: note: {problem}", file=sys.stderr)

@@ -13,6 +13,7 @@ from typing import Any
 
 from perfd.analytics.budget import Part
 from perfd.analytics.budget_findings import part_name
+from perfd.report import ncu_view
 from perfd.report.svg import BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, _svg
 
 # One colour per part (Okabe-Ito, repeated with intent: the math parts blue/green, memory-bound
@@ -89,6 +90,7 @@ def text_lines(budget: Mapping[str, Any] | None, width: int = 100) -> list[str]:
         bar = " " * lead + "█" * cells
         out.append(f"  {part_name(p):<{name_w}} {ms:8.1f} ms {share:6.1%}  {bar:<{bar_w}}  {source}")
         out += [f"  {'':<{name_w}}   ncu: {line}" for line in ncu_rows(budget).get(p, [])]
+        out += ncu_view.text_lines(budget, p, f"  {'':<{name_w}}   ", width)
         start += share
     step = budget.get("step_ms")
     if isinstance(step, (int, float)):
@@ -164,7 +166,7 @@ def html_section(budget: Mapping[str, Any] | None) -> str:
             "is given to one part, by the op that launched the kernel running then (attention with its "
             "matmuls, copies and dropout; the linear layers; the activation; normalisation; the loss; ...), "
             "else to communication, a pipeline wait or idle; from the timers alone the compute is not "
-            "divided.</figcaption></figure>" + _ncu_html(budget))
+            "divided.</figcaption></figure>" + _ncu_html(budget) + ncu_view.html_table(budget))
 
 
 def _ncu_html(budget: Mapping[str, Any]) -> str:

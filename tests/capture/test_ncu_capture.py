@@ -101,12 +101,14 @@ class Job:
             ncu=NcuExecutor(self.root, ncu=str(self.exe)), hook_canceller=self.cancel,
             under_check=lambda pid, ncu_pid: None if (pid, ncu_pid) == (11, 4242) else "not under that ncu")
 
-    def kineto_capture(self, keep_trace: bool = True) -> str:
+    def kineto_capture(self, keep_trace: bool = True, steps: int | None = None) -> str:
         """A Kineto capture of rank 0 as the agent keeps one: the real trace as its artifact, the
-        analysis with the top 10 kernels."""
+        analysis with the top 10 kernels (``steps``: the steps the capture asked for)."""
         from perfd.capture.chrome_trace import analyze_chrome_trace
 
         m = self.store.new_capture("job1", (0,), "kineto")
+        if steps is not None:
+            m["steps"] = {"start": 10, "count": steps}
         trace = self.store.capture_dir(m["id"]) / "rank0_123.json.gz"
         shutil.copyfile(BIG, trace)
         self.store.add_artifact(m, trace, "kineto_trace", 0, 123)
@@ -171,6 +173,7 @@ def test_one_step_range_imported_parsed_and_joined(tmp_path):
     assert len(a["kernels"]) == 5 and a["ncu"]["launches"] == 5 and a["ncu"]["pages"] == ["details", "raw"]
     gelu = next(k for k in a["kernels"] if "GeluCUDAKernelImpl" in k["name"])
     assert gelu["match"] == "template" and gelu["captured_share"] == pytest.approx(0.0107, abs=5e-4)
+    assert gelu["timeline_steps"] is None  # the trace marks no steps, its capture asked for none: unknown
     gemm = next(k for k in a["kernels"] if k["name"].startswith("nvjet_sm90_tst_256x128"))
     assert gemm["tensor_pipe"] == pytest.approx(0.952) and gemm["bound"] == "compute-bound"
     assert gemm["stalls"] == [] and gemm["warp_cycles_per_issue"] is None  # not in that export: absent
@@ -183,6 +186,22 @@ def test_one_step_range_imported_parsed_and_joined(tmp_path):
     assert len(rows) == 5 and all(len(r["name"]) <= 200 and "ids" not in r for r in rows)
     assert done["ranks"]["1"]["ncu_joined_to"] == kineto and done["ranks"]["1"]["ncu_categories"]
     assert done["ranks"]["1"]["ncu_kernel_choice"]["how"] == "first"
+
+
+def test_the_rows_carry_the_steps_of_the_timeline_they_joined(tmp_path):
+    """The trace marks no steps; the Kineto capture asked for 3: each joined row's time per step is
+    its timeline kernel's time over those 3 (the budget's kernel rows read it); a row with no match
+    has none."""
+    job = Job(tmp_path)
+    job.kineto_capture(steps=3)
+    m = job.capture()
+    assert m["status"] == "ok", m["reason"]
+    rows = job.events[-1]["payload"]["ranks"]["1"]["ncu_kernels"]
+    gelu = next(k for k in rows if "GeluCUDAKernelImpl" in k["name"])
+    assert gelu["timeline_steps"] == 3
+    assert all(k["timeline_steps"] is None for k in rows if k["match"] == "none")
+    joined = [k for k in m["analysis"]["1"]["kernels"] if k["captured_ms"] is not None]
+    assert joined and all(k["timeline_steps"] == 3 for k in joined)
 
 
 def test_without_the_trace_the_join_has_the_kept_top_kernels_only(tmp_path):
