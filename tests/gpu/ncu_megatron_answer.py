@@ -285,6 +285,13 @@ def markdown(res: dict[str, Any]) -> str:
              f"{(rep.get('summary') or {}).get('bottleneck_reason')}", "", "Findings:"]
     lines += [f"- [{f.get('severity')}] {f.get('title')}: {f.get('observation')}"
               for f in rep.get("findings") or []]
+    try:  # the report package needs rich (the GPU machine's image lacks it: rerun markdown() here)
+        from perfd.report.budget_view import text_lines
+
+        lines += ["", "Step budget (as `perfd report` prints it, with the Nsight Compute rows beside each "
+                  "part):", "```", *text_lines(rep.get("step_budget")), "```"]
+    except ImportError as exc:
+        lines += ["", f"(step budget text not rendered: {exc})"]
     lines += ["", "Recommendations:"]
     lines += [f"- {r.get('action')} ({r.get('detail')})" for r in rep.get("recommendations") or []]
     lines += ["", "Incidents:"]
