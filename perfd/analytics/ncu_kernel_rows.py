@@ -84,6 +84,9 @@ class KernelRow:
     candidates: int = 0  # timeline kernels with the same function (an ambiguous match's)
     timeline: str | None = None  # the capture the rows were joined to
     capture: str = ""  # the ncu capture
+    # TIMELINE: the kernel's time by name is more than the part holds by op (its launches serve other
+    # parts too: the dropout kernel of attention and of the residual path, seen on the H100): no share.
+    spans_parts: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {k: (v.value if isinstance(v, TextEnum) else v) for k, v in self.__dict__.items()}
@@ -106,7 +109,7 @@ class KernelRow:
                 verdict=RowVerdict(d["verdict"]) if d.get("verdict") else None,
                 candidates=int(d.get("candidates") or 0),
                 timeline=str(d["timeline"]) if d.get("timeline") else None,
-                capture=str(d.get("capture") or ""))
+                capture=str(d.get("capture") or ""), spans_parts=bool(d.get("spans_parts")))
         except (KeyError, ValueError, TypeError):
             return None
 
@@ -206,18 +209,20 @@ def _row(rows: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str)
     figs = {"compute_throughput": compute, "dram_throughput": dram, "tensor_pipe": tensor,
             "bound": bound.value if bound is not None else None}
     joined_to = first.get("joined_to")
+    share = step_ms / part_ms if step_ms is not None and part_ms and part_ms > 0 else None
     return KernelRow(
         name=str(first.get("name") or ""), category=category, match=match, time_basis=basis, rows=len(rows),
         invocations=sum(int(_f(r, "invocations") or 0) for r in rows),
         profiled_ms=sum(profiled) if profiled else None, step_ms=step_ms,
-        part_share=step_ms / part_ms if step_ms is not None and part_ms and part_ms > 0 else None,
+        part_share=share if share is not None and share <= 1.0 else None,
         captured_share=_f(first, "captured_share") if matched else None,
         compute=compute, memory=memory, dram=dram, tensor=tensor,
         occupancy=_weighted(rows, "achieved_occupancy"), bound=bound,
         reading=reading(category, bound, compute, memory, dram, tensor), top_stall=stall,
         top_stall_share=stall_share, verdict=verdict_of(category, figs),
         candidates=int(_f(first, "candidates") or 0),
-        timeline=str(joined_to) if joined_to else None, capture=capture)
+        timeline=str(joined_to) if joined_to else None, capture=capture,
+        spans_parts=share is not None and share > 1.0)
 
 
 def _order(r: KernelRow) -> tuple[int, float]:

@@ -63,7 +63,9 @@ def time_text(r: KernelRow) -> str:
     """Its time and where the time comes from."""
     merged = f"; {r.rows} ncu rows (grid, block) of this one timeline kernel" if r.rows > 1 else ""
     if r.time_basis is TimeBasis.TIMELINE and r.step_ms is not None:
-        share = f", {r.part_share:.1%} of the part" if r.part_share is not None else ""
+        share = (f", {r.part_share:.1%} of the part" if r.part_share is not None else
+                 ", more than the part holds by op (its launches serve other parts too)" if r.spans_parts
+                 else "")
         return f"{r.step_ms:.2f} ms a step{share} (timeline {r.timeline or '?'}{merged})"
     if r.time_basis is TimeBasis.TIMELINE_TOTAL:
         share = f"{r.captured_share:.1%} of the kernel time of" if r.captured_share is not None else "in"

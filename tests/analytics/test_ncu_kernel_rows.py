@@ -286,3 +286,17 @@ def test_rows_round_trip_and_unreadable_rows_are_skipped() -> None:
 ])
 def test_short_names(name: str, short: str) -> None:
     assert short_name(name) == short
+
+
+def test_a_kernel_whose_time_by_name_exceeds_the_part_by_op_has_no_share_and_says_so() -> None:
+    """On the H100 (issue 45's run) the dropout kernel held 12.9 ms a step by name under "other
+    pointwise", a part of 8.5 ms by op (attention's dropout is attention's): "152% of the part" was
+    printed. The share goes; the row says its launches serve other parts too."""
+    rec = {**recorded(MASKED_FILL), "joined_to": "c-timeline"}
+    step_ms = rec["captured_ms"] / TIMELINE_STEPS
+    (row,) = kernel_rows([rec], part_ms=0.66 * step_ms)
+    assert row.step_ms == pytest.approx(step_ms) and row.part_share is None and row.spans_parts
+    assert "more than the part holds by op" in ncu_view.time_text(row)
+    assert KernelRow.from_json(row.to_json()) == row
+    (inside,) = kernel_rows([rec], part_ms=2.0 * step_ms)
+    assert inside.part_share == pytest.approx(0.5) and not inside.spans_parts
