@@ -12,6 +12,7 @@ and the contention scan reads every process's CPU time and last CPU, which throu
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -68,21 +69,17 @@ def parse_stat(pid: int, text: str) -> ProcStat | None:
         return None
 
 
-_BOOT: dict[str, float] = {}
-
-
+@functools.cache
 def boot_time(proc: str = PROC) -> float | None:
     """When the node booted (epoch s, /proc/stat ``btime``): a process's start ticks count from it.
     Read once per proc root (it does not change while the node is up)."""
-    if proc not in _BOOT:
-        text = read_text(f"{proc}/stat") or ""
-        line = next((ln for ln in text.splitlines() if ln.startswith("btime ")), None)
-        try:
-            _BOOT[proc] = float(line.split()[1]) if line else float("nan")
-        except (IndexError, ValueError):
-            _BOOT[proc] = float("nan")
-    b = _BOOT[proc]
-    return None if b != b else b
+    for line in (read_text(f"{proc}/stat") or "").splitlines():
+        if line.startswith("btime "):
+            try:
+                return float(line.split()[1])
+            except (IndexError, ValueError):
+                return None
+    return None
 
 
 def read_stat(pid: int, proc: str = PROC) -> ProcStat | None:

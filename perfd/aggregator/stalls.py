@@ -314,6 +314,7 @@ def _started(o: Mapping[str, Any]) -> float | None:
     """When the rank's process started, on the aggregator's clock: the agent's reading moved by the
     offset between its clock and ours at arrival (a node's skew is not a new run)."""
     started, observed, arrived = o.get("started_at"), o.get("observed_at"), o.get("arrived_at")
-    if not all(isinstance(v, (int, float)) for v in (started, observed, arrived)):
-        return None
-    return float(started) + float(arrived) - float(observed)  # type: ignore[arg-type]
+    if isinstance(started, (int, float)) and isinstance(observed, (int, float)) \
+            and isinstance(arrived, (int, float)):
+        return float(started) + float(arrived) - float(observed)
+    return None

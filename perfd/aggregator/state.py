@@ -365,7 +365,7 @@ class AggregatorState:
             armed = [inc for inc in found if is_the_arming(inc, arming)]
             for inc in armed:  # opened while the arming was not known yet (no ncu capture had ended)
                 self.incidents.withdraw(job, inc.id, now, ARMING_NOT_INCIDENT)
-            found = [inc for inc in found if inc not in armed]
+            found = [inc for inc in found if all(inc is not a for a in armed)]
         self.incidents.update(job, found, snapshot, self.captures_of(job), now)
         if not self.incidents.open_incidents(job):
             self._snapshot_views.pop(job, None)
