@@ -108,12 +108,14 @@ def _lead(inc: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None:
-    # A steady stretch longer than the contention (~1,200 steps against ~250): the steady median stays
+    # A steady stretch longer than the contention (~1,200 steps against ~400): the steady median stays
     # the uncontended step, so every contended step reads as slow.
     live.loop("--cpus", "0", "--step-ms", "15", "--duration", LOOP_CAP_S)
     live.steady(1200)
     load = load_per_cpu()
-    burners = [live.procs.start(f"burner{i}", [sys.executable, "-c", BURN, "0", "15"]) for i in range(4)]
+    # 25 s of contention: under CI's load the rank's rows name the burners only in the collects whose
+    # scans both fall inside it (a 15 s stretch once went by with none naming them, CI 2026-11-24).
+    burners = [live.procs.start(f"burner{i}", [sys.executable, "-c", BURN, "0", "25"]) for i in range(4)]
     pids = {b.pid for b in burners}
 
     def named() -> dict[str, Any] | None:
@@ -123,7 +125,8 @@ def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None
     try:
         inc = live.wait(named, "an incident whose cause is CPU contention naming a burner")
     except WaitTimeout:
-        why = f"burners {sorted(pids)}; incidents: {_brief(live.incidents())}"
+        why = (f"burners {sorted(pids)}; incidents: {_brief(live.incidents())}; agent log: "
+               f"{live.procs.tails(('agent',), 600)}")
         if (load := max(load, load_per_cpu())) >= BUSY_LOAD_PER_CPU:
             # Every test's processes share CPU 0 with the loop as much as each burner: its steady state
             # already waits for a CPU most of the time, and the burners add no contention it lacked.
