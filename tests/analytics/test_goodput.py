@@ -70,7 +70,7 @@ def _goodput(lines: list[str]) -> dict[str, Any]:
     assert gp is not None
     assert math.isclose(sum(gp["parts_s"].values()), gp["wall_s"], abs_tol=1e-6)  # epoch-time rounding
     assert set(gp["parts_s"]) == set(gpm.KINDS)
-    return {**gp, "summary": analysis.summary}
+    return {**gp, "summary": analysis.summary.to_json()}
 
 
 def _near(a: float, b: float) -> None:
