@@ -169,8 +169,7 @@ class CaptureCoordinator:
             return ranks or None
         if targets.pp_stage is not None:
             a = self.state.analysis(job)
-            lay = (a.job.get("layout") if a is not None else None) or {}
-            pp, world = lay.get("pp"), lay.get("world_size")
+            pp, world = (a.job.layout.pp, a.job.layout.world_size) if a is not None else (None, None)
             if pp and world:
                 per_stage = world // pp  # Megatron's default order puts pp outermost
                 lo = targets.pp_stage * per_stage
@@ -385,8 +384,8 @@ class CaptureCoordinator:
         a = self.state.jobs.cached_analysis(rec.job)
         got = self.state.jobs.records_and_layout(rec.job)
         steady = a.steady.iterations if a is not None else []
-        framework = Framework.of(a.job.get("framework") if a is not None else None)
-        fl, timers = (contexts(a.summary["medians"], a.peak, (a.job.get("layout") or {}).get("pp"), a.flops)
+        framework = Framework.of(a.job.framework if a is not None else None)
+        fl, timers = (contexts(a.summary.medians, a.peak, a.job.layout.pp, a.flops)
                       if a is not None else (NO_FLOPS, NO_TIMERS))
         findings, recs = [], []
         best: tuple[float, str, int, Any] | None = None  # (top class share, rank, device, diagnosis)
@@ -399,7 +398,7 @@ class CaptureCoordinator:
             d = diagnose_capture(devices, label=f"capture {rec.id} rank {rank}", iterations=rec.steps,
                                  steady_compute_ms=base, framework=framework, flops=fl, timers=timers,
                                  config=a.config if a is not None else None)
-            findings += [dataclasses.asdict(f) for f in d.findings]
+            findings += [f.to_json() for f in d.findings]
             recs += [dataclasses.asdict(x) for x in d.recommendations]
             if d.bottleneck is not BottleneckClass.UNKNOWN and d.class_shares:
                 top = max(d.class_shares.values())

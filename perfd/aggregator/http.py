@@ -23,7 +23,7 @@ from perfd.aggregator.job_rows import liveness_rows
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
 from perfd.analytics.host_evidence import job_cpu_use
-from perfd.analytics.run_analysis import IterationResult
+from perfd.analytics.run_analysis import IterationResult, RunAnalysis
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
 from perfd.exporters.remote_write import TargetStats
@@ -203,12 +203,11 @@ def rank_view(state: AggregatorState, job: str, world_size: int | None,
                       "the latest NVML values of its GPU"}
 
 
-def _candidates(full: dict[str, Any]) -> list[int]:
+def _candidates(analysis: RunAnalysis) -> list[int]:
     """Slow-rank candidates: persistent stragglers, else the latest iteration's flagged ranks."""
-    summary = full.get("summary") or {}
-    ranks = list(summary.get("straggler_persistent_ranks") or [])
-    if not ranks and full.get("iterations"):
-        ranks = list(full["iterations"][-1].get("straggler_candidate_ranks") or [])
+    ranks = list(analysis.summary.straggler_persistent_ranks)
+    if not ranks and analysis.iterations:
+        ranks = list(analysis.iterations[-1].straggler_candidate_ranks)
     return [int(r) for r in ranks]
 
 
@@ -229,7 +228,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
     # job): a data-loading action fits them (more workers only where they have room).
     cpu = job_cpu_use(state.hosts.observations(job)) or job_cpu_use(state.hosts.last_running(job))
     full = analysis_json(analysis, state.incidents.incidents(job), arming=state.arming_of(job), cpu=cpu)
-    world = (full.get("job") or {}).get("layout", {}).get("world_size")
+    world = analysis.job.layout.world_size
     return {
         "overview": overview,
         "job": full["job"],
@@ -237,7 +236,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
         "summary": full["summary"],
         "goodput": state.goodput(job, overview),  # the summary's, plus the stall of a hung job so far
         "report": full["report"],
-        **rank_view(state, job, world, _candidates(full)),
+        **rank_view(state, job, world, _candidates(analysis)),
         "collectives": collectives_json(state, job),
         "serving": serving,
         "incidents": full["incidents"],

@@ -48,6 +48,6 @@ def liveness_rows(state: AggregatorState, node_info: bool = False) -> list[Row]:
                     if (gp := state.goodput(job, ov)) is not None else ())
         a = state.jobs.cached_analysis(job)
         if a is not None and ov["state"] != ENDED:
-            rows.extend(budget_rows(job, a.summary.get("step_budget"), catalog.STEP_BUDGET_SECONDS,
+            rows.extend(budget_rows(job, a.summary.step_budget, catalog.STEP_BUDGET_SECONDS,
                                     catalog.STEP_BUDGET_RATIO))
     return rows

@@ -289,7 +289,7 @@ class StallWatch:
                 # the job's clock: records that came later than the job made them are not its silence
                 check = dataclasses.replace(check, silent_s=min(check.silent_s, st.job_gap_s))
         a = state.jobs.cached_analysis(job)
-        world = (a.job.get("layout") or {}).get("world_size") if a is not None else None
+        world = a.job.layout.world_size if a is not None else None
         inc: Incident = stall_incident(check, st.first_iteration, st.last_iteration, st.started_at,
                                        st.opened_at, st.closed_at, single_rank=world == 1, extra=extra)
         state.track_live_incidents(job, [inc], now)

@@ -49,6 +49,7 @@ from perfd.aggregator.steady_gpm import SteadyGpm
 from perfd.analytics.arming import ARMING_NOT_INCIDENT, ArmingCost, is_the_arming
 from perfd.analytics.attribution import RankPlacement, gpu_hints
 from perfd.analytics.bottleneck import GpmReading
+from perfd.analytics.budget import Part
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.goodput import with_incidents, with_stall
@@ -338,7 +339,7 @@ class AggregatorState:
         # become an incident (its cost past the floor) must not teach the baseline that its cause is
         # the job's normal state (a short job has few sightings: those seconds were most of them).
         last = a.iterations[-1] if a.iterations else None
-        med = a.summary["medians"].get("step_time_ms") if last is not None else None
+        med = a.summary.median("step_time_ms") if last is not None else None
         calm = last is not None and last.steady_state and last.step_time_ms is not None and med is not None \
             and 0 < last.step_time_ms <= STEP_FACTOR * med
         if not open_now and calm and self.gpu_baseline.due(job, now):
@@ -462,10 +463,9 @@ class AggregatorState:
     def _compute_ms(self, job: str) -> float | None:
         """The job's compute ms per step as its last analysis' budget has it (the ncu rows' coverage)."""
         a = self.jobs.cached_analysis(job)
-        b = a.summary.get("step_budget") if a is not None else None
-        parts = b.get("parts") if isinstance(b, dict) else None
-        ms = [p.get("ms") for p in parts or [] if isinstance(p, dict) and p.get("part") == "compute"]
-        return float(ms[0]) if ms and isinstance(ms[0], (int, float)) else None
+        b = a.summary.step_budget if a is not None else None
+        compute = b.get(Part.COMPUTE) if b is not None else None
+        return compute.ms if compute is not None else None
 
     def _stepping(self, job: str, age: float | None, min_s: float, steps: int = STEPPING_STEPS) -> bool:
         """The job's last step came within ``steps`` steps' time (at least ``min_s``): its GPUs' GPM
@@ -473,7 +473,7 @@ class AggregatorState:
         if age is None:
             return False
         a = self.jobs.cached_analysis(job)
-        step_ms = a.summary["medians"].get("step_time_ms") if a is not None else None
+        step_ms = a.summary.median("step_time_ms") if a is not None else None
         return age <= max(min_s, steps * (step_ms or 0.0) / 1e3)
 
     def _capture_windows(self, job: str) -> list[tuple[float, float]]:
@@ -544,7 +544,7 @@ class AggregatorState:
         if ov is None:
             return None
         a = self.jobs.cached_analysis(job)
-        med_ms = a.summary["medians"].get("step_time_ms") if a is not None else None
+        med_ms = a.summary.median("step_time_ms") if a is not None else None
         placement = self._placements.get(job, self.jobs.agents_of(job))  # held: no placing per call
         alive = bool(placement.ranks) if placement.gpus else None
         state, why = job_state(ov["last_step_age_s"], med_ms / 1e3 if med_ms else None, alive,
@@ -584,9 +584,10 @@ class AggregatorState:
         only the part of an incident's cost in its steps' time counts), plus the time since its last
         step while it is stalled."""
         a = self.jobs.cached_analysis(job)
-        gp = a.summary.get("goodput") if a is not None else None
-        if gp is None:
+        run_gp = a.summary.goodput if a is not None else None
+        if run_gp is None:
             return None
+        gp = run_gp.to_json()  # served as JSON: the live parts are added to it
         listed = [c for i in self.incidents.incidents(job) if not is_disturbance(i)
                   and HANG not in (i.get("kinds") or []) and (c := step_cost_s(i)) is not None]
         gp = with_incidents(gp, float(sum(listed)))

@@ -79,8 +79,8 @@ class WandbSync:
             if new:
                 newest = max(int(it["iteration"]) for it in new)
                 now = node_metrics(self._gpu_values(job))
-                rows += self.exporter.log_analysis(job, {"job": analysis.job, "iterations": new,
-                                                         "summary": analysis.summary},
+                rows += self.exporter.log_analysis(job, {"job": analysis.job.to_json(), "iterations": new,
+                                                         "summary": analysis.summary.to_json()},
                                                    extra_by_step=self._by_step(job, new, newest, now))
         for cap in (self.captures() if self.captures else ()):
             cid = str(cap.get("id") or "")

@@ -429,11 +429,10 @@ def classify(b: StepBudget) -> BudgetClass | None:
     return BudgetClass(first if lead >= th.CLASS_MIXED_MARGIN.value else MIXED, shares, lead)
 
 
-def metric_rows(job: str, budget: Mapping[str, Any] | None, seconds_name: str, ratio_name: str
+def metric_rows(job: str, b: StepBudget | None, seconds_name: str, ratio_name: str
                 ) -> list[tuple[dict[str, str], str, float]]:
-    """/metrics rows of a budget JSON: each part's seconds per step and share (a bounded ``part``
+    """/metrics rows of a budget: each part's seconds per step and share (a bounded ``part``
     label: :class:`Part`). No budget, no rows (absent, never 0)."""
-    b = StepBudget.from_json(budget)
     if b is None:
         return []
     rows: list[tuple[dict[str, str], str, float]] = []

@@ -51,7 +51,7 @@ class CaptureDiagnosis:
     class_shares: dict[str, float] = field(default_factory=dict)  # of the device that decided
 
     def to_json(self) -> dict[str, Any]:
-        return {"findings": [dataclasses.asdict(f) for f in self.findings],
+        return {"findings": [f.to_json() for f in self.findings],
                 "recommendations": [dataclasses.asdict(r) for r in self.recommendations],
                 "bottleneck": self.bottleneck.value, "bottleneck_reason": self.bottleneck_reason,
                 "slowdown": {str(k): v for k, v in self.slowdown.items()},

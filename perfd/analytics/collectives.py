@@ -128,7 +128,7 @@ class CollectiveAnalysis:
             "bandwidth_rejected": dict(self.bandwidth_rejected),
             "waits": [w.to_json() for w in self.waits],
             "hangs": [h.to_json() for h in self.hangs],
-            "findings": [vars(f) for f in self.findings],
+            "findings": [f.to_json() for f in self.findings],
             "recommendations": [vars(r) for r in self.recommendations],
         }
 

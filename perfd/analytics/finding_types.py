@@ -6,6 +6,7 @@ without importing each other.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,14 @@ _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 SEVERITY_ORDER: dict[str, int] = {s.value: i for s, i in _ORDER.items()}  # by value, for JSON readers
 
 
+class FindingOrigin(TextEnum):
+    """What made a finding: the run's analyzers, or an incident (perfd.analytics.incidents), whose
+    findings a report remakes from the incidents the live aggregator kept."""
+
+    RUN = "run"
+    INCIDENT = "incident"
+
+
 @dataclass
 class Finding:
     """An observation with its evidence (numbers and the iterations they cover)."""
@@ -37,6 +46,16 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     iterations: str = ""  # e.g. "iterations 5–40 (36 steady)"
     source: str = ""
+    # Kept in the process, not in the JSON (to_json): a finding's JSON is the same whoever made it.
+    origin: FindingOrigin = field(default=FindingOrigin.RUN, metadata={"json": False})
+
+    def to_json(self) -> dict[str, Any]:
+        """The finding's JSON: every field but those kept in the process."""
+        d = dataclasses.asdict(self)
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("json", True):
+                del d[f.name]
+        return d
 
 
 @dataclass

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from perfd.analytics import bottleneck as bn
 from perfd.analytics import budget_findings
 from perfd.analytics import thresholds as th
 from perfd.analytics.budget import Part, Source, StepBudget
-from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY
+from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.pipeline import microbatches_for_bubble, rebalance_estimate
 from perfd.analytics.remedies import DATA_KNOBS, Framework, JobConfig
@@ -63,32 +63,70 @@ def grade_mfu(mfu: float | None) -> tuple[str, str]:
     return GRADES[3]
 
 
+class GradeBasis(TextEnum):
+    """What explains a grade: its band's usual causes, a capture's step budget, or the band's usual
+    causes ruled out by the job's own measurements."""
+
+    BAND = "band"
+    BUDGET = "budget"
+    NOT_COMMUNICATION = "not-communication"  # 30–40%: exposed communication measured small
+    RULED_OUT = "ruled-out"  # severe: data loading and/or exposed communication measured small
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GradeExplanation:
+    """A grade with what explains it (:func:`explain_grade`); ``text`` says it."""
+
+    grade: str  # a GRADES name, or "unknown"
+    basis: GradeBasis
+    budget_class: str | None = None  # the capture's budget class text (BUDGET)
+    data_share: float | None = None
+    comm_share: float | None = None
+    small_data: bool = False  # the data wait measured below th.DATA_HEALTHY_SHARE
+    small_comm: bool = False  # exposed communication below a third of th.COMM_BOUND_SHARE
+
+    def text(self) -> str:
+        band = _BANDS.get(self.grade)
+        if self.basis is GradeBasis.BAND or band is None:
+            return grade_mfu_text(self.grade)
+        if self.basis is GradeBasis.BUDGET:
+            return f"{band}: the step budget shows where the time goes — {self.budget_class}"
+        if self.basis is GradeBasis.NOT_COMMUNICATION:
+            return (f"{band}: a band usually due to communication overhead — not here: exposed communication "
+                    f"{self.comm_share:.1%} of the step; the bottleneck class says where the time goes")
+        data, comm = self.data_share, self.comm_share
+        ruled = [f"data loading ({data:.1%})" if self.small_data else "",
+                 f"exposed communication ({comm:.1%})" if self.small_comm else ""]
+        unknown = "" if data is not None and comm is not None else (
+            "; exposed communication is not timed" if comm is None else "; the data wait is not timed")
+        return (f"{band}: severe — not {' nor '.join(r for r in ruled if r)} here{unknown}: the bottleneck "
+                "class says where the time goes")
+
+
+def grade_mfu_text(grade: str) -> str:
+    """A grade's own text (GRADES), "MFU unknown" for none."""
+    return dict(GRADES).get(grade, "MFU unknown")
+
+
 def explain_grade(mfu: float | None, data: float | None, comm: float | None,
-                  budget_class: str | None = None) -> str:
+                  budget_class: str | None = None) -> GradeExplanation:
     """The grade said with this job's own measurements: never its band's usual causes where the same
     report measured them small. ``budget_class``: what a capture's step budget says (its class text)."""
-    grade, text = grade_mfu(mfu)
-    band = _BANDS.get(grade)
-    if band is None or grade not in ("severe", "communication-overhead"):
-        return text
+    grade, _ = grade_mfu(mfu)
+    plain = GradeExplanation(grade=grade, basis=GradeBasis.BAND)
+    if _BANDS.get(grade) is None or grade not in ("severe", "communication-overhead"):
+        return plain
     if budget_class:  # a capture divided the step: the budget, not the band's usual suspects
-        return f"{band}: the step budget shows where the time goes — {budget_class}"
+        return GradeExplanation(grade=grade, basis=GradeBasis.BUDGET, budget_class=budget_class)
     small_data = data is not None and data < th.DATA_HEALTHY_SHARE.value
     small_comm = comm is not None and comm < th.COMM_BOUND_SHARE.value / 3
     if grade == "communication-overhead":
-        if small_comm:
-            return (f"{band}: a band usually due to communication overhead — not here: exposed communication "
-                    f"{comm:.1%} of the step; the bottleneck class says where the time goes")
-        return text
-    ruled = [f"data loading ({data:.1%})" if small_data else "", f"exposed communication ({comm:.1%})"
-             if small_comm else ""]
-    ruled = [r for r in ruled if r]
-    if not ruled:
-        return text
-    unknown = "" if data is not None and comm is not None else (
-        "; exposed communication is not timed" if comm is None else "; the data wait is not timed")
-    return (f"{band}: severe — not {' nor '.join(ruled)} here{unknown}: the bottleneck class says where the "
-            "time goes")
+        return (GradeExplanation(grade=grade, basis=GradeBasis.NOT_COMMUNICATION, comm_share=comm,
+                                 small_comm=True) if small_comm else plain)
+    if not (small_data or small_comm):
+        return plain
+    return GradeExplanation(grade=grade, basis=GradeBasis.RULED_OUT, data_share=data, comm_share=comm,
+                            small_data=small_data, small_comm=small_comm)
 
 
 def budget_class_text(b: StepBudget | None) -> str | None:
@@ -110,7 +148,7 @@ class RunContext:
 
     a: RunAnalysis
     job: JobInfo
-    med: Mapping[str, Any]
+    med: Mapping[str, float | None]  # the summary's steady medians (RunSummary.medians)
     span: str
     budget: StepBudget | None
     framework: Framework
@@ -130,7 +168,7 @@ def mfu_grade(c: RunContext) -> Out:
     grade, _ = grade_mfu(mfu)
     b = c.budget
     cls = budget_class_text(b)
-    grade_text = explain_grade(mfu, med.get("data_share"), med.get("comm_exposed_share"), cls)
+    grade_text = explain_grade(mfu, med.get("data_share"), med.get("comm_exposed_share"), cls).text()
     ceiling = (f"; {_pct(med.get('mfu_vs_measured_ceiling'))} of the measured "
                f"{peak.measured_ceiling_tflops:g} TFLOP/s matmul ceiling"
                if peak.measured_ceiling_tflops else "")
@@ -139,15 +177,16 @@ def mfu_grade(c: RunContext) -> Out:
                     f"Median MFU {_pct(mfu)} = {med['model_tflops_per_gpu']:.1f} TFLOP/s per GPU of "
                     f"{peak.peak_tflops:g} peak ({peak.gpu_model} {peak.dtype}){ceiling}. {grade_text}.",
                     {"mfu": mfu, "model_tflops_per_gpu": med["model_tflops_per_gpu"],
-                     "peak_tflops": peak.peak_tflops, "grade": grade}, span, a.summary["bottleneck"])], []
+                     "peak_tflops": peak.peak_tflops, "grade": grade}, span,
+                    a.summary.bottleneck.cls.value)], []
 
 
 def tflops_crosscheck(c: RunContext) -> Out:
     a, med = c.a, c.med
-    n_chk, n_bad = a.summary["tflops_check_n"], a.summary["tflops_check_n_disagree"]
+    n_chk, n_bad = a.summary.tflops_check_n, a.summary.tflops_check_n_disagree
     if not n_chk:
         return [], []
-    gap = a.summary["tflops_check_max_abs_gap"]
+    gap = a.summary.tflops_check_max_abs_gap
     ok = n_bad == 0
     f = Finding("tflops-crosscheck", Severity.INFO if ok else Severity.WARNING,
                 "perfd FLOPs agree with Megatron's logged throughput" if ok
@@ -266,14 +305,14 @@ def data_loading(c: RunContext) -> Out:
     if sev is Severity.INFO:
         return [f], []
     detail = f"{timer} {_pct(ds)} of the step; {DATA_KNOBS[c.framework]}"
-    cv = c.a.summary.get("step_time_cv")
+    cv = c.a.summary.step_time_cv
     if cv is not None and cv > JITTER_CV:  # jitter with slow data loading: one action covers both
         detail += f"; step time also jitters (CV {cv:.1%}, finding step-jitter)"
     return [f], [Recommendation("", DATA_LOADING_FINDING, 0, DATA_LOADING_ACTION, detail, ds)]
 
 
 def jitter(c: RunContext) -> Out:
-    cv = c.a.summary.get("step_time_cv")
+    cv = c.a.summary.step_time_cv
     if cv is None or cv <= JITTER_CV:
         return [], []
     f = Finding("step-jitter", Severity.WARNING, f"Step time jitter (CV {cv:.0%})",
@@ -292,8 +331,8 @@ def stragglers(c: RunContext) -> Out:
     f: list[Finding] = []
     r: list[Recommendation] = []
     ratio = th.STRAGGLER_RATIO.value
-    for rank in a.summary["straggler_persistent_ranks"]:
-        frac = a.summary["straggler_flag_fraction"].get(str(rank))
+    for rank in a.summary.straggler_persistent_ranks:
+        frac = a.summary.straggler_flag_fraction.get(rank)
         fid = f"straggler-rank-{rank}"
         f.append(Finding(fid, Severity.WARNING, f"Rank {rank} is a persistent straggler",
                          f"Rank {rank} was > {ratio:g}× its peers in {_pct(frac)} of steady iterations.",
@@ -303,7 +342,7 @@ def stragglers(c: RunContext) -> Out:
                                 "power, temperature, XID errors, another process on its GPU; then uneven "
                                 "sharding", "join with the NVML collector's samples for that GPU",
                                 (med.get("straggler_rtt_ratio") or th.STRAGGLER_RATIO.value) - 1))
-    anon = a.summary.get("straggler_compute_spread_fraction")
+    anon = a.summary.straggler_compute_spread_fraction
     if anon is not None and anon >= th.STRAGGLER_PERSISTENT_FRACTION.value:
         f.append(Finding("straggler-spread", Severity.WARNING,
                          f"Compute time spread across ranks > {ratio:g}×",
@@ -312,7 +351,7 @@ def stragglers(c: RunContext) -> Out:
                          {"compute_spread": med.get("straggler_compute_spread"), "fraction": anon}, span))
         r.append(Recommendation("", "straggler-spread", 0, "Name the slow rank: --timing-log-option all "
                                 "(per-rank timers) or --log-straggler", "", None))
-    between = a.summary.get("straggler_between_stages_fraction")
+    between = a.summary.straggler_between_stages_fraction
     if between:
         f.append(Finding("straggler-between-stages", Severity.INFO,
                          "Straggler-detector spread is stage imbalance",
@@ -363,7 +402,7 @@ def next_step(c: RunContext) -> Out:
     basis = (f"compute {compute.ms:.0f} ms per step ({compute.share:.0%}), not divided by the timers"
              + (f"; the model's FLOPs would take {ideal:.0f} ms of it at the peak" if ideal else "")
              if compute is not None else "the timers do not divide the compute time")
-    name = c.a.job.get("name") or "JOB"
+    name = c.a.job.name or "JOB"
     if c.live and b is not None and Source.NCU in b.sources:
         # A rank under ncu refuses a Kineto capture (one CUPTI client per process): the timeline has to
         # come from a rank that is not armed, or from the job before it was.
@@ -406,15 +445,13 @@ def job_config(a: RunAnalysis, job: JobInfo) -> JobConfig:
     """What the job runs with, for the remedies: its framework and version, argument dump, missing
     packages, layout and batch sizes, the log's memory report and the GPU's memory."""
     lay = job.layout
-    memory = a.summary.get("memory_mib")
-    gpu = a.job.get("gpu")
-    gpu_mib = gpu.get("memory_mib") if isinstance(gpu, Mapping) else None
+    gpu_mib = a.job.gpu.memory_mib
     return budget_findings.config_of(job.framework, job.framework_version, job.arguments, job.packages,
                                      (lay.dp, lay.pp),
                                      (lay.micro_batch_size or _int_arg(job, "micro_batch_size"),
                                       lay.global_batch_size or _int_arg(job, "global_batch_size")),
-                                     memory if isinstance(memory, Mapping) else None,
-                                     float(gpu_mib) if isinstance(gpu_mib, (int, float)) else None)
+                                     a.summary.memory_mib,
+                                     float(gpu_mib) if gpu_mib is not None else None)
 
 
 def _int_arg(job: JobInfo, dest: str) -> int | None:
@@ -428,7 +465,7 @@ def _int_arg(job: JobInfo, dest: str) -> int | None:
 def derive_findings(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = None, live: bool = True
                     ) -> tuple[list[Finding], list[Recommendation]]:
     """All findings and recommendations for one run, recommendations ordered by impact."""
-    ctx = RunContext(a, job, a.summary["medians"], a.steady.range_text(), budget, Framework.of(job.framework),
+    ctx = RunContext(a, job, a.summary.medians, a.steady.range_text(), budget, Framework.of(job.framework),
                      a.config or job_config(a, job), live)
     f: list[Finding] = []
     r: list[Recommendation] = []

@@ -287,15 +287,16 @@ def metric_rows(job: str, gp: Mapping[str, Any], ratio_name: str, time_name: str
     return rows
 
 
-def headline_text(gp: Mapping[str, Any] | None) -> str | None:
+def headline_text(gp: Goodput | None) -> str | None:
     """One line for a report's headline: the ratio, the wall time and the largest non-training
     parts, e.g. "goodput 70% of 155 s (start-up 30 s, incident 17 s)"."""
-    if not gp or gp.get("ratio") is None:
+    ratio = gp.ratio if gp is not None else None
+    if gp is None or ratio is None:
         return None
-    lost = sorted(((k, v) for k, v in gp["parts_s"].items() if k != TRAINING and v >= 0.5),
+    lost = sorted(((k, v) for k, v in gp.parts.items() if k != TRAINING and v >= 0.5),
                   key=lambda kv: -kv[1])[:3]
     tail = ", ".join(f"{k} {_dur(v)}" for k, v in lost)
-    return f"goodput {gp['ratio']:.0%} of {_dur(gp['wall_s'])}" + (f" ({tail})" if tail else "")
+    return f"goodput {ratio:.0%} of {_dur(gp.wall_s)}" + (f" ({tail})" if tail else "")
 
 
 def _dur(s: float) -> str:

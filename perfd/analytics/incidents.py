@@ -32,7 +32,7 @@ from perfd.analytics.evidence import (
     decide,
     verdict_from_json,
 )
-from perfd.analytics.finding_types import Finding, Recommendation, Severity
+from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity
 from perfd.analytics.host_evidence import CpuUse, job_cpu_use
 from perfd.analytics.verdict_text import action_text, cause_text, cpu_use_text, sentence, stall_text
 
@@ -520,7 +520,7 @@ def incident_findings(incidents: Sequence[Mapping[str, Any]], run_s: float | Non
                           f"{inc.get('cause', '')}{during}.{steps}{cap_text}",
                           {"incident": inc.get("id"), "kinds": kinds, "ranks": inc.get("ranks") or [],
                            "cost_s": cost, **ev, "captures": caps, "verdict": inc.get("verdict") or {}},
-                          span, str((inc.get("evidence") or {}).get("source", ""))))
+                          span, str((inc.get("evidence") or {}).get("source", "")), FindingOrigin.INCIDENT))
         impact = (cost / run_s) if isinstance(cost, (int, float)) and run_s else None
         action, used = _action(inc, cpu)
         detail = str(inc.get("cause", "")) + (f"; {cpu_use_text(used)}" if used is not None else "")

@@ -45,7 +45,16 @@ from perfd.analytics.metrics import (
 )
 from perfd.analytics.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.remedies import JobConfig
-from perfd.analytics.run_summary import disturbances_json, job_block, step_shares, summarize
+from perfd.analytics.run_summary import (
+    CaptureDisturbances,
+    JobBlock,
+    RunSummary,
+    incidents_cost_s,
+    job_block,
+    steady_medians,
+    step_shares,
+    summarize,
+)
 from perfd.analytics.steady import Exclusion, SteadyState, steady_state_of
 from perfd.analytics.stragglers import PersistentStragglers, StragglerResult, detect, persistent, rank_order
 from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
@@ -127,9 +136,9 @@ SUMMARY_METRICS: tuple[str, ...] = (
 class RunAnalysis:
     """Everything analyze_run found: job block, iterations, summary, findings, recommendations."""
 
-    job: dict[str, Any]
+    job: JobBlock
     iterations: Table[IterationResult]  # a row is built when read: see iteration_table
-    summary: dict[str, Any]
+    summary: RunSummary
     findings: list[Finding]
     recommendations: list[Recommendation]
     steady: SteadyState
@@ -171,9 +180,9 @@ class RunAnalysis:
         above this layer (perfd.report.analysis_json adds it). ``iterations=False``: no rows (a
         caller that streams them, see iteration_rows)."""
         return {
-            "job": _json_value(self.job),
+            "job": _json_value(self.job.to_json()),
             "iterations": [it.to_json() for it in self.iterations] if iterations else [],
-            "summary": _json_value(self.summary),
+            "summary": _json_value(self.summary.to_json()),
             "incidents": [_json_value(i.to_json()) for i in self.incidents],
         }
 
@@ -519,28 +528,23 @@ class RunBuilder:
         incidents = detection.incidents
         steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
         pers = persistent(_flags(table, i) for i in steady_rows)
-        summary = summarize(table, steady_rows, steady, pers, lay, self.gpm, self.timeline, self.gpm_when,
-                            SUMMARY_METRICS)
+        med = steady_medians(table, steady_rows, SUMMARY_METRICS)
         name = job_name or (self.first[1] if self.first else None)
         block = job_block(self.job, name, ctx.world, self.gpu_name, ctx.peak, self.canon_dtype,
                           self.dtype_src, self.flops_job)
-        summary["incidents_n"] = len(incidents)
-        summary["incidents_cost_s"] = (sum(i.cost_s for i in incidents if i.cost_s is not None)
-                                       if incidents else None)
-        summary["jitter"] = detection.jitter
-        summary["capture_disturbances"] = disturbances_json(detection.disturbances)
-        med_ms = summary["medians"].get("step_time_ms")
+        disturbances = CaptureDisturbances.of(detection.disturbances)
+        med_ms = med.get("step_time_ms")
         gp = job_goodput(self.spans.by_end_time(), started_at=self.job.started_at,
-                         incident_cost_s=summary["incidents_cost_s"],
+                         incident_cost_s=incidents_cost_s(incidents),
                          # perfd's own captures: their stretches, and their part inside incidents
-                         profiling_s=sum(c for c in (summary["capture_disturbances"]["excess_s"],
+                         profiling_s=sum(c for c in (disturbances.excess_s,
                                                      *(i.capture_cost_s for i in incidents)) if c),
                          log_interval=self.job.log_interval, by_end_time=True,
                          median_step_s=med_ms / 1e3 if med_ms is not None else None)
-        summary["goodput"] = gp.to_json() if gp is not None else None
-        summary["memory_mib"] = dict(self.memory_mib) or None
-        budget = job_budget(summary["medians"], ctx.peak, lay.pp, self.timeline, self.flops_job)
-        summary["step_budget"] = budget.to_json() if budget is not None else None
+        budget = job_budget(med, ctx.peak, lay.pp, self.timeline, self.flops_job)
+        summary = summarize(table, steady_rows, steady, pers, lay, self.gpm, self.timeline, self.gpm_when,
+                            med, incidents=incidents, jitter=detection.jitter, disturbances=disturbances,
+                            goodput=gp, memory_mib=dict(self.memory_mib) or None, step_budget=budget)
         analysis = RunAnalysis(block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
         analysis.config = job_config(analysis, self.job)

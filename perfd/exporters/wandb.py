@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
+from perfd.analytics.budget import StepBudget
 from perfd.analytics.budget import metric_rows as budget_rows
 
 log = logging.getLogger(__name__)
@@ -123,9 +124,9 @@ def goodput_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
 def budget_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
     """The step budget (perfd.analytics.budget) under the catalog's names, a W&B section each:
     ``perfd_job_step_budget_seconds/part=P`` and ``perfd_job_step_budget_ratio/part=P``."""
-    budget = summary.get("step_budget")
     out: dict[str, float] = {}
-    for labels, name, value in budget_rows("", budget if isinstance(budget, Mapping) else None,
+    # The summary comes as the JSON the analysis serves: its budget is read back here, at the edge.
+    for labels, name, value in budget_rows("", StepBudget.from_json(summary.get("step_budget")),
                                            catalog.STEP_BUDGET_SECONDS, catalog.STEP_BUDGET_RATIO):
         out[f"{name}/part={labels['part']}"] = value
     return out

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from perfd.analytics.budget import Part
+from perfd.analytics.budget import Part, StepBudget
 from perfd.analytics.budget_findings import part_name
 from perfd.report import ncu_view
 from perfd.report.svg import BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, _svg
@@ -26,6 +26,14 @@ PART_COLOR: dict[Part, str] = {
     Part.IDLE_LONG: "#666666",
 }
 BAR_CHARS = 30
+
+# A budget as the views take it: the typed one (a report made in the process) or its JSON (one served
+# by the aggregator); the views read the JSON, whose parts carry their details (ncu rows) as JSON.
+BudgetIn = StepBudget | Mapping[str, Any] | None
+
+
+def _json(budget: BudgetIn) -> Mapping[str, Any] | None:
+    return budget.to_json() if isinstance(budget, StepBudget) else budget
 
 
 def _parts(budget: Mapping[str, Any]) -> list[tuple[Part, float, float, str]]:
@@ -72,8 +80,9 @@ def reference(budget: Mapping[str, Any]) -> str:
             f"{ideal / step:.1%} of this step){at}")
 
 
-def text_lines(budget: Mapping[str, Any] | None, width: int = 100) -> list[str]:
+def text_lines(budget_in: BudgetIn, width: int = 100) -> list[str]:
     """The waterfall as text lines: a part a line, its ms, share and a bar; then the step."""
+    budget = _json(budget_in)
     if not budget:
         return []
     parts = _parts(budget)
@@ -127,8 +136,9 @@ def ncu_rows(budget: Mapping[str, Any] | None) -> dict[Part, list[str]]:
     return out
 
 
-def waterfall_svg(budget: Mapping[str, Any] | None, width: int = 920) -> str:
+def waterfall_svg(budget_in: BudgetIn, width: int = 920) -> str:
     """A horizontal waterfall: each part a bar starting where the one before ended."""
+    budget = _json(budget_in)
     parts = _parts(budget or {})
     if not parts:
         return ""
@@ -155,7 +165,8 @@ def waterfall_svg(budget: Mapping[str, Any] | None, width: int = 920) -> str:
     return _svg(width, height, body, "Step budget: where one step's time goes")
 
 
-def html_section(budget: Mapping[str, Any] | None) -> str:
+def html_section(budget_in: BudgetIn) -> str:
+    budget = _json(budget_in)
     if not budget:
         return ""
     ref = reference(budget)
@@ -181,11 +192,13 @@ def _ncu_html(budget: Mapping[str, Any]) -> str:
             f"</tr></thead><tbody>{body}</tbody></table>")
 
 
-def compact(budget: Mapping[str, Any] | None, n: int = 5) -> str:
+def compact(budget_in: BudgetIn, n: int = 5) -> str:
     """The largest parts in one line (`perfd top`)."""
+    budget = _json(budget_in)
     parts = sorted(_parts(budget or {}), key=lambda x: -x[1])[:n]
     return ", ".join(f"{part_name(p)} {share:.0%}" for p, _ms, share, _s in parts)
 
 
-def parts_of(budget: Mapping[str, Any] | None) -> Sequence[tuple[Part, float, float, str]]:
+def parts_of(budget_in: BudgetIn) -> Sequence[tuple[Part, float, float, str]]:
+    budget = _json(budget_in)
     return _parts(budget or {})

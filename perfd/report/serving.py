@@ -49,5 +49,5 @@ def build_serving_report(a: ServingAnalysis) -> Report:
                 f", decode MBU {format_value(v('decode_mbu'), 'ratio')}" + (f" ({model})" if model else ""))
     summary = ReportSummary(a.job, status, status_text, v("decode_mfu"), bottleneck, reason,
                             str(s.extras.get("window", "")), headline)
-    job = {"name": a.job, "framework": "sglang", "model": model, "window": s.extras.get("window")}
-    return Report(summary, metrics, list(a.findings), list(a.recommendations), job)
+    # No training job block: the served model and window are in the headline and the steady text.
+    return Report(summary, metrics, list(a.findings), list(a.recommendations))

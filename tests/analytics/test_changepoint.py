@@ -62,9 +62,9 @@ def test_the_shift_is_one_incident_counted_to_the_end_and_in_goodput() -> None:
     cp = inc.evidence["change_point"]
     assert cp["before_ms"] == 60.0 and cp["after_ms"] == 90.0
     assert "shifted from 60 to 90 ms at iteration 151" in inc.cause
-    gp = a.summary["goodput"]
+    gp = a.summary.to_json()["goodput"]
     assert gp["parts_s"]["incident"] == pytest.approx(inc.cost_s)
-    assert a.summary["medians"]["step_time_ms"] == 60.0  # steady state: the level before the shift
+    assert a.summary.median("step_time_ms") == 60.0  # steady state: the level before the shift
 
 
 def test_taken_as_the_new_normal_the_shift_stops_costing() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from perfd.analytics.incidents import CAPTURE, SLOW, detect_incidents, incident_findings
 from perfd.analytics.run_analysis import IterationResult
-from perfd.analytics.run_summary import disturbances_json
+from perfd.analytics.run_summary import CaptureDisturbances
 
 
 def _its(steps: list[float]) -> list[IterationResult]:
@@ -50,7 +50,7 @@ def test_a_capture_inside_an_incident_is_left_out_of_its_cost() -> None:
     # incident went as the arming's); their time is the incident's capture_cost_s, not counted again.
     (d,) = found.disturbances
     assert (d.first_iteration, d.last_iteration) == (14, 15) and d.evidence["inside_incident"] == inc.id
-    listed = disturbances_json(found.disturbances)
+    listed = CaptureDisturbances.of(found.disturbances).to_json()
     assert listed["excess_s"] is None and listed["stretches"][0]["inside_incident"] == inc.id
     assert listed["stretches"][0]["excess_s"] == d.capture_cost_s
 

@@ -141,7 +141,7 @@ def test_through_the_aggregator_the_ranges_step_is_the_captures_disturbance() ->
     a = st.served_analysis(JOB)
     assert a is not None and a.incidents == [] and st.incidents.incidents(JOB) == []
     range_it = RESUMED_AT + int(recording()["range_step"])
-    stretches = a.summary["capture_disturbances"]["stretches"]
+    stretches = a.summary.capture_disturbances.to_json()["stretches"]
     assert any(s["first_iteration"] <= range_it <= s["last_iteration"] for s in stretches)
     assert range_it not in a.steady.iterations
     done = coord.of_job(JOB)[0]

@@ -260,10 +260,10 @@ def test_the_html_shows_the_rows_beside_their_part_with_names_escaped() -> None:
     assert "<td>6.90 ms a step</td>" not in table and ">6.90 ms a step</td><td>1.9%</td>" in table
     assert "fuse it (fewer launches, index arithmetic done once)" in table
     # the same through the whole page
-    from perfd.report.html import render_html
+    from perfd.report.html import page_from_json, render_html
 
-    page = render_html({"job": {}, "iterations": [], "summary": {}, "report": s["report"], "ranks": [],
-                        "incidents": []}, source="t", generated="t", version="t")
+    page = render_html(page_from_json({"job": {}, "iterations": [], "summary": {}, "report": s["report"],
+                                       "ranks": [], "incidents": []}), source="t", generated="t", version="t")
     assert table[:2000] in page
 
 

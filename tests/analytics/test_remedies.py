@@ -15,7 +15,6 @@ import pytest
 
 from collectors.megatron import parse_file
 from perfd.analytics import megatron_options as mo
-from perfd.analytics.budget import StepBudget
 from perfd.analytics.remedies import Advice, FitContext, Framework, RemedyId
 from perfd.analytics.remedy_catalog import fit
 from perfd.analytics.run_analysis import RunAnalysis, analyze_run
@@ -62,7 +61,7 @@ def _recorded(release: str) -> dict[str, dict[str, Any]]:
 
 
 def _advice(a: RunAnalysis, **changes: Any) -> list[Advice]:
-    b = StepBudget.from_json(a.summary["step_budget"])
+    b = a.summary.step_budget
     assert b is not None and a.config is not None
     return fit(FitContext(b, dataclasses.replace(a.config, **changes)))
 

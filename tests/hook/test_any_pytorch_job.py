@@ -139,9 +139,9 @@ def test_mfu_is_the_hooks_flops_over_step_time_and_peak(run: dict[str, Any],
     # Against the loop's own clock over the same steps: FLOPs summed over time summed, within 1%.
     own = statistics.fmean(run["steps"][r.iteration] for r in steady)
     expected = FLOPS_PER_STEP / (own / 1e3 * 1e12 * PEAK_TFLOPS)
-    assert a.summary["medians"]["mfu"] == pytest.approx(expected, rel=0.01)
-    assert a.job["framework"] == "pytorch" and a.job["layout"]["world_size"] == 1
-    assert a.job["gpu"]["dtype"] == "bf16"
+    assert a.summary.median("mfu") == pytest.approx(expected, rel=0.01)
+    assert a.job.framework == "pytorch" and a.job.layout.world_size == 1
+    assert a.job.gpu.dtype == "bf16"
 
 
 def test_data_share_is_the_hooks_data_wait(run: dict[str, Any], analysed: dict[str, Any]) -> None:
@@ -241,8 +241,8 @@ def test_without_flops_or_dtype_mfu_says_why(run: dict[str, Any]) -> None:
     store = JobStore(min_recompute_s=0.0)
     store.ingest_steps("agent-0", bare)
     a = store.analysis(JOB, force=True)
-    assert a is not None and a.summary["medians"]["mfu"] is None
-    assert a.job["framework"] == "pytorch" and a.job["layout"]["world_size"] == 1  # from the ranks
+    assert a is not None and a.summary.median("mfu") is None
+    assert a.job.framework == "pytorch" and a.job.layout.world_size == 1  # from the ranks
     row = next(r for r in a.iterations if r.steady_state)
     assert row.sources["mfu"].startswith("absent:")
     assert "None" not in build_report(a).summary.headline

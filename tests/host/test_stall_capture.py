@@ -89,7 +89,7 @@ def test_an_ncu_range_that_holds_a_step_for_38_s_is_the_captures_not_a_stall(ran
     assert h.st.stalls.opened_total.get(JOB, 0) == 0
     a = h.st.served_analysis(JOB)
     assert a is not None
-    dist = a.summary["capture_disturbances"]
+    dist = a.summary.capture_disturbances.to_json()
     assert dist["n"] >= 1 and any(s["first_iteration"] <= 21 <= s["last_iteration"]
                                   for s in dist["stretches"])
     assert a.incidents == [] and 21 not in a.steady.iterations

@@ -61,7 +61,8 @@ def test_an_announced_save_and_evaluation_are_timed_onto_the_next_record(tmp_pat
     assert EVAL not in by[(1, 6)].timers
     assert not any(n in s.timers for s in out.steps if s.iteration != 6 for n in (SAVE, EVAL))
 
-    gp = analyze_run(JobInfo(framework="pytorch"), job_level_steps(out.steps)).summary["goodput"]
+    summary = analyze_run(JobInfo(framework="pytorch"), job_level_steps(out.steps)).summary
+    gp = summary.to_json()["goodput"]
     # The slowest rank's save, which the job waits for; the evaluation beside it.
     assert gp["parts_s"]["checkpoint"] == pytest.approx((by[(1, 6)].timers[SAVE].max_ms or 0) / 1e3)
     assert gp["parts_s"]["evaluation"] == pytest.approx((by[(0, 6)].timers[EVAL].max_ms or 0) / 1e3)
