@@ -122,6 +122,10 @@ class StepRecord:
     # The first record of a run of the job: the framework's start-up output came before it. On any
     # record but the job's first, a restart (goodput counts the time before it as such).
     first_of_run: bool = False
+    # The step hook's counts for the whole job per step (all ranks, as Megatron counts an iteration):
+    # the tokens it took and the training script's own model FLOPs (perfd.hook.step.StepHook).
+    tokens_per_step: float | None = None
+    flops_per_step: float | None = None
 
     def has_field(self, key: str) -> bool:
         return key in self.fields

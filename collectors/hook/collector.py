@@ -3,9 +3,9 @@
 Binds a Unix datagram socket (the path the hooks send to) and turns each record into a
 ``StepRecord`` for the rank the hook reports: step time, data wait and compute as the timers
 ``data-wait`` and ``compute`` (the hook's vocabulary, perfd.analytics.common), and the hook's
-rolling percentiles, ``tokens_per_step`` and ``flops_per_step`` as fields. It also sends profile
-requests back to a rank's hook (``request_profile``), to the address its records came from, and
-reports the hook's answers as ``hook_profile`` events.
+rolling percentiles as fields, ``tokens_per_step`` and ``flops_per_step`` as the record's numbers.
+It also sends profile requests back to a rank's hook (``request_profile``), to the address its
+records came from, and reports the hook's answers as ``hook_profile`` events.
 
 Why a receiver thread: Linux queues at most ``net.unix.max_dgram_qlen`` datagrams (default 10) at
 a Unix datagram socket whatever ``SO_RCVBUF`` says; beyond that the hooks' ``sendto`` fails with
@@ -503,10 +503,6 @@ class HookCollector(Collector):
                          ("step_time_p99_ms", m.p99_ns), ("compute_ms", m.compute_ns)):
             if val is not None:
                 fields[key] = f"{val / 1e6:.6g}"
-        if m.tokens_per_step is not None:
-            fields["tokens_per_step"] = f"{m.tokens_per_step:.10g}"
-        if m.flops_per_step is not None:
-            fields["flops_per_step"] = f"{m.flops_per_step:.10g}"
         if warmup:
             fields["warmup"] = "true"
         if m.send_drops or m.harvest_drops:
@@ -527,6 +523,7 @@ class HookCollector(Collector):
             step_time_ms=m.step_ns / 1e6, interval=1, fields=fields, timers=timers,
             source=Provenance("hook", f"rank{m.rank}:pid{m.pid}"),
             disturbed_by_capture=bool(m.flags & wire.FLAG_PROFILING),
+            tokens_per_step=m.tokens_per_step, flops_per_step=m.flops_per_step,
         )
 
     # ------------------------------------------------------------------------------ requests

@@ -293,7 +293,8 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     # Throughput, MFU, cross-check. FLOPs: what the record states (the step hook's flops_per_step
     # or tokens_per_step), else the job's formula for the iteration's global batch.
     gbs = rec.global_batch_size if rec.global_batch_size is not None else lay.global_batch_size
-    stated = record_flops(rec.fields, job.spec, job.framework_version, job.framework) if rec.fields else None
+    stated = record_flops(rec.tokens_per_step, rec.flops_per_step, job.spec, job.framework_version,
+                          job.framework)
     if stated is not None:
         fl = stated
     else:
