@@ -52,6 +52,16 @@ class ParseIssue:
     text: str  # the (truncated) offending text
 
 
+# The step hook's timers (collectors/hook): host time step_begin() -> data_ready(), and the rest.
+HOOK_DATA_WAIT = "data-wait"
+HOOK_COMPUTE = "compute"
+# A pause the hook's rank announced between two steps (``with hook.phase("checkpoint")``), timed by
+# the hook's own begin and end and put on the rank's next step record: the time paused *before* that
+# step (a Megatron-LM timer such as save-checkpoint is printed after the step it follows). Keyed by
+# the phase's name (perfd.hook.wire.PHASES), which is goodput's kind.
+HOOK_PAUSE_TIMERS: dict[str, str] = {"checkpoint": "paused-checkpoint", "evaluation": "paused-evaluation"}
+
+
 @dataclass
 class TimerValue:
     """One Megatron timer for one log interval, in ms per iteration (averaged over the interval).

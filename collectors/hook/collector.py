@@ -2,7 +2,7 @@
 
 Binds a Unix datagram socket (the path the hooks send to) and turns each record into a
 ``StepRecord`` for the rank the hook reports: step time, data wait and compute as the timers
-``data-wait`` and ``compute`` (the hook's vocabulary, perfd.analytics.common), and the hook's
+``data-wait`` and ``compute`` (the hook's timer names, perfd.model), and the hook's
 rolling percentiles as fields, ``tokens_per_step`` and ``flops_per_step`` as the record's numbers.
 It also sends profile requests back to a rank's hook (``request_profile``), to the address its
 records came from, and reports the hook's answers as ``hook_profile`` events.
@@ -52,14 +52,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.hook import peers as P
-from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT, HOOK_PAUSE_TIMERS
-from perfd.analytics.gpus import normalize_dtype
 from perfd.bounds import LAYOUT_BOUNDS, in_bounds
 from perfd.collector import Capabilities, Collected, Collector
+from perfd.dtypes import normalize_dtype
 from perfd.events import HOOK_PROFILE, JOB_PHASE
 from perfd.hook import wire
 from perfd.limits import HOOK_MAX_RANKS, REFUSAL_LOG_INTERVAL_S
-from perfd.model import JobInfo, ModelSpec, ParallelLayout, Provenance, StepRecord, TimerValue
+from perfd.model import (
+    HOOK_COMPUTE,
+    HOOK_DATA_WAIT,
+    HOOK_PAUSE_TIMERS,
+    JobInfo,
+    ModelSpec,
+    ParallelLayout,
+    Provenance,
+    StepRecord,
+    TimerValue,
+)
 from perfd.privdir import UnsafeDirError, private_dir
 from perfd.procinfo import read_identity
 
@@ -510,7 +519,7 @@ class HookCollector(Collector):
             fields["hook_send_drops"] = str(m.send_drops)
             fields["hook_harvest_drops"] = str(m.harvest_drops)
         timers: dict[str, TimerValue] = {}
-        # The hook's phases under the names its vocabulary declares (perfd.analytics.common).
+        # The hook's phases under the timer names perfd.model declares.
         for name, ns in ((HOOK_DATA_WAIT, m.data_wait_ns), (HOOK_COMPUTE, m.compute_ns)):
             ms = _ms(ns)
             if ms is not None:

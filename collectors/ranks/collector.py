@@ -37,7 +37,6 @@ from typing import Any
 
 from collectors.ranks import procfs
 from perfd import limits as L
-from perfd.analytics.thresholds import CPU_THROTTLED_SHARE, CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
 from perfd.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import RANK_PROCESSES
@@ -52,6 +51,7 @@ from perfd.procinfo import (
     same_process,
     shown_cmdline,
 )
+from perfd.thresholds import CPU_THROTTLED_SHARE, CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
 
 # Programs that run a rank's command as their child (a profiler, a time limit): a process of these
 # names whose child declares its rank is not the rank (perfd ncu-exec execs ncu; nsys launches the

@@ -25,7 +25,7 @@ from perfd.analytics.finding_types import Finding, Recommendation, order_finding
 from perfd.analytics.findings import derive_findings, job_config
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
 from perfd.analytics.goodput import PAUSE_BEFORE_TIMERS, SpanColumns, StepSpan, job_goodput, phase_seconds
-from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
+from perfd.analytics.gpus import PeakResult, peak_tflops
 from perfd.analytics.incidents import (
     DETECTION_FIELDS,
     Detection,
@@ -48,6 +48,7 @@ from perfd.analytics.remedies import JobConfig
 from perfd.analytics.run_summary import disturbances_json, job_block, step_shares, summarize
 from perfd.analytics.steady import Exclusion, SteadyState, steady_state_of
 from perfd.analytics.stragglers import PersistentStragglers, StragglerResult, detect, persistent, rank_order
+from perfd.dtypes import normalize_dtype
 from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
 
 # The values of Megatron-LM's memory report (``[Rank r] (after N iterations) memory (MB) | ...``) the

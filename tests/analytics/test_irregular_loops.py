@@ -27,8 +27,7 @@ import pytest
 
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT
-from perfd.model import StepRecord, TimerValue
+from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, StepRecord, TimerValue
 from tests.gpu.plain_loop_live import WARMUP, clean_steps, truth_data
 
 ROOT = Path(__file__).resolve().parents[2]
