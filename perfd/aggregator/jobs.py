@@ -91,10 +91,13 @@ def record_bytes(rec: StepRecord) -> int:
 
 
 # The optional fields of a step record whose absence makes a copy of a held record worse (a field
-# a bit flip made unparseable comes through as absent, never as a wrong zero: DESIGN.md §2).
+# a bit flip made unparseable comes through as absent, never as a wrong zero: DESIGN.md §2). The step
+# hook's counts are not among them: like the raw fields they once travelled in, a copy is not judged
+# by them.
 _OPTIONAL = tuple(f.name for f in dataclasses.fields(StepRecord)
                   if f.name not in ("job", "iteration", "rank", "fields", "timers", "memory_mb", "source",
-                                    "disturbed_by_capture", "first_of_run"))
+                                    "disturbed_by_capture", "first_of_run", "tokens_per_step",
+                                    "flops_per_step"))
 
 
 def worse_than(new: StepRecord, held: StepRecord) -> bool:

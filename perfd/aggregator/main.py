@@ -29,7 +29,6 @@ from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collective_config import CollectiveConfig
-from perfd.analytics.thresholds import STALL_PHASE_MAX_S
 from perfd.exporters.httpd import bind_error
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, RemoteWriter, target_name
 from perfd.jobinfo_json import decode_job_info
@@ -39,6 +38,7 @@ from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import default_pack_path
 from perfd.rules.model import RulePackError
 from perfd.rules.ruleset import load_rule_set
+from perfd.thresholds import STALL_PHASE_MAX_S
 from perfd.transport.codec import DecodedBatch, HelloInfo
 from perfd.transport.delivery import Kept
 from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
@@ -89,7 +89,7 @@ class AggregatorConfig:
     # steps, at least 60 s; perfd.analytics.liveness).
     job_stale_after_s: float | None = None
     # How long after a job's last record its announced pauses may hold a live stall back
-    # (perfd.analytics.thresholds.STALL_PHASE_MAX_S unless given: --stall-phase-max).
+    # (perfd.thresholds.STALL_PHASE_MAX_S unless given: --stall-phase-max).
     stall_phase_max_s: float = STALL_PHASE_MAX_S.value
     # Prometheus remote-write of what /metrics shows (perfd.exporters.remote_write); [] = off.
     remote_write: list[str] = field(default_factory=list)

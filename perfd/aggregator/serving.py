@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics.serving import ServingWindow, analyze_window
-from perfd.analytics.serving_spec import ServingModelSpec
 from perfd.model import ServingData
 from perfd.report.serving import build_serving_report
+from perfd.serving_model import ServingModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from perfd.analytics import thresholds as th
+from perfd import thresholds as th
 from perfd.analytics.evidence import StallReason
 from perfd.analytics.incidents import Incident
 from perfd.analytics.stall import (
@@ -112,7 +112,7 @@ class StallWatch:
         self.opened_total: dict[str, int] = {}
         self.late_total: dict[str, int] = {}  # stalls withdrawn: their records came late (job clock)
         # How long after a job's last record its announced pauses may hold a stall back (the
-        # aggregator's --stall-phase-max-s; perfd.analytics.thresholds.STALL_PHASE_MAX_S).
+        # aggregator's --stall-phase-max-s; perfd.thresholds.STALL_PHASE_MAX_S).
         self.phase_max_s = PHASE_MAX_S
 
     def stalled(self, job: str) -> StallCheck | None:

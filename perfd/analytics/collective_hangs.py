@@ -3,9 +3,10 @@
 Each agent runs :func:`collectors.nccl.hangs.detect_hangs` over the Flight Recorder dumps of the
 ranks on its node (an op enqueued, not finished, older than the agent's ``hang_threshold_s``) and
 sends an ``nccl_hang`` event naming the stuck ranks, the ranks that never reached the op
-(``ranks_not_joined``) and the group members it has no dump of (other nodes: ``ranks_without_dump``).
-Here the events of all agents are merged per (process group, op kind, sequence number), and the
-collective records the aggregator holds settle what one node could not see:
+(``ranks_not_joined``) and the group members it has no dump of (other nodes: ``unknown_ranks``),
+read once where it arrives (perfd.hang_fact.HangEvent). Here the events of all agents are merged per
+(process group, op kind, sequence number), and the collective records the aggregator holds settle
+what one node could not see:
 
 - a member without a dump on the reporting node, whose own records show it enqueued the op
   (sequence number ≥ the stuck one), joined it; one whose records stop below it, and that no agent
@@ -16,16 +17,12 @@ collective records the aggregator holds settle what one node could not see:
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.events import NCCL_HANG
+from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord
-
-_AGE = re.compile(r"stuck (\d+(?:\.\d+)?)s")
-P2P_OPS = frozenset({"send", "recv", "send_recv"})
 
 
 @dataclass
@@ -101,42 +98,14 @@ class HangView:
         }
 
 
-def _ranks(value: Any) -> list[int]:
-    """Ranks from a list, or the comma-separated label form ("0,3")."""
-    if isinstance(value, list | tuple):
-        items: Sequence[Any] = value
-    elif isinstance(value, str):
-        items = [v for v in value.split(",") if v.strip()]
-    else:
-        return []
-    out = []
-    for v in items:
-        try:
-            out.append(int(v))
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def merge_hangs(events: Iterable[Mapping[str, Any]], progress: Progress) -> list[HangView]:
-    """One view per (process group, p2p, seq) over the ``nccl_hang`` events of every agent,
-    oldest first. Only ranks some agent could not see (``ranks_without_dump``) are settled from the
-    records: a member an agent saw and did not flag has enqueued the op (its stuck entry may just
-    be younger than that agent's threshold)."""
-    groups: dict[tuple[str, bool, int], list[Mapping[str, Any]]] = {}
+def merge_hangs(events: Iterable[HangEvent], progress: Progress) -> list[HangView]:
+    """One view per (process group, p2p, seq) over the hang events of every agent, oldest first.
+    Only ranks some agent could not see (``unknown_ranks``) are settled from the records: a member
+    an agent saw and did not flag has enqueued the op (its stuck entry may just be younger than that
+    agent's threshold)."""
+    groups: dict[tuple[str, bool, int], list[HangEvent]] = {}
     for ev in events:
-        if ev.get("kind") != NCCL_HANG.name:
-            continue
-        labels = ev.get("labels") or {}
-        pg = labels.get("process_group")
-        try:
-            seq = int(labels.get("seq", ""))
-        except ValueError:
-            continue
-        if not pg:
-            continue
-        op = str(labels.get("op", "?"))
-        groups.setdefault((str(pg), op in P2P_OPS, seq), []).append(ev)
+        groups.setdefault((ev.fact.process_group, ev.is_p2p, ev.fact.seq), []).append(ev)
     views: list[HangView] = []
     for (pg, p2p, seq), evs in groups.items():
         views.append(_view(pg, p2p, seq, evs, progress))
@@ -144,7 +113,7 @@ def merge_hangs(events: Iterable[Mapping[str, Any]], progress: Progress) -> list
     return views
 
 
-def _view(pg: str, p2p: bool, seq: int, evs: Sequence[Mapping[str, Any]], progress: Progress) -> HangView:
+def _view(pg: str, p2p: bool, seq: int, evs: Sequence[HangEvent], progress: Progress) -> HangView:
     stuck: set[int] = set()
     not_joined: set[int] = set()
     unknown: set[int] = set()
@@ -154,30 +123,21 @@ def _view(pg: str, p2p: bool, seq: int, evs: Sequence[Mapping[str, Any]], progre
     first = last = None
     age_first: float | None = None
     op = "?"
-    for ev in sorted(evs, key=lambda e: float(e.get("time") or 0.0)):
-        labels = ev.get("labels") or {}
-        raw = ev.get("payload")
-        payload: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-        op = str(labels.get("op", op))
-        stuck.update(_ranks(payload.get("stuck_ranks", labels.get("stuck_ranks"))))
-        not_joined.update(_ranks(payload.get("ranks_not_joined", labels.get("ranks_not_joined"))))
-        unknown.update(_ranks(payload.get("unknown_ranks", labels.get("ranks_without_dump"))))
-        if ev.get("agent"):
-            agents.add(str(ev["agent"]))
-        text = str(ev.get("text") or "")
-        if text and text not in texts:
-            texts.append(text)
-        frame = frame or payload.get("user_frame")
-        t = float(ev.get("time") or 0.0)
+    for ev in sorted(evs, key=lambda e: e.time):
+        fact = ev.fact
+        op = fact.op if fact.op is not None else op
+        stuck.update(fact.stuck_ranks)
+        not_joined.update(fact.ranks_not_joined)
+        unknown.update(fact.unknown_ranks)
+        if ev.agent:
+            agents.add(ev.agent)
+        if ev.text and ev.text not in texts:
+            texts.append(ev.text)
+        frame = frame or fact.user_frame
         if first is None:
-            first = t
-            age = payload.get("age_s")
-            if isinstance(age, int | float) and not isinstance(age, bool):
-                age_first = float(age)
-            else:
-                m = _AGE.search(text)
-                age_first = float(m.group(1)) if m else None
-        last = t
+            first = ev.time
+            age_first = fact.age_s
+        last = ev.time
     # A rank that one node reports stuck was not "without dump" or "not joined" elsewhere.
     not_joined -= stuck
     candidates = unknown - stuck - not_joined
@@ -198,4 +158,4 @@ def _view(pg: str, p2p: bool, seq: int, evs: Sequence[Mapping[str, Any]], progre
         ranks_not_joined=sorted(not_joined | inferred), inferred_not_joined=sorted(inferred),
         ranks_unknown=sorted(still_unknown), first_reported=first or 0.0, last_reported=last or 0.0,
         age_at_first_report_s=age_first, resolved=resolved, resolution=why, agents=sorted(agents),
-        user_frame=str(frame) if frame else None, texts=texts)
+        user_frame=frame, texts=texts)

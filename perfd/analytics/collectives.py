@@ -32,6 +32,7 @@ from perfd.analytics.collective_groups import classify_group, world_size_from
 from perfd.analytics.collective_hangs import HangView, merge_hangs, progress_of
 from perfd.analytics.collective_windows import StepWindow, rank_timeline, step_windows, union_ns
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
+from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
 DP_SHARE_HIGH = 0.2  # DESIGN.md playbook: DP all-reduce > 20% of the step
@@ -135,7 +136,7 @@ class CollectiveAnalysis:
 
 def analyze_collectives(job: str, records: Sequence[CollectiveRecord], steps: Sequence[StepRecord] = (),
                         *, layout: ParallelLayout | None = None, rank_nodes: Mapping[int, str] | None = None,
-                        gpu_name: str | None = None, hang_events: Sequence[Mapping[str, Any]] = (),
+                        gpu_name: str | None = None, hang_events: Sequence[HangEvent] = (),
                         config: CollectiveConfig | None = None) -> CollectiveAnalysis:
     """Everything above for one job. ``rank_nodes``: rank -> node name (where known)."""
     cfg = config or CollectiveConfig()

@@ -39,9 +39,38 @@ FORMULA_6N = "6*N*tokens"
 FORMULA_TORCHTITAN = "torchtitan (no causal halving)"
 FORMULA_STATED = "flops_per_step (step hook)"
 
-# The step hook's fields (collectors/hook): the training script's own counts for the whole job per step.
-FIELD_FLOPS_PER_STEP = "flops_per_step"
-FIELD_TOKENS_PER_STEP = "tokens_per_step"
+
+@dataclass(frozen=True)
+class FormulaInputs:
+    """The model shape perfd's formula was evaluated with (the terms of the module docstring)."""
+
+    formula: str
+    attn_factor: int
+    n_layers: int
+    mtp: int
+    h: int
+    f_dense: int
+    e: int
+    q: int
+    kv: int
+    gqa: bool
+    v: int
+    s: int
+    is_moe: bool
+    n_moe: int
+    topk: int
+    f_moe: int | None
+    f_shared: int
+
+    def detail(self, batch: str) -> str:
+        """The provenance sentence, ``batch`` naming the batch the count is for (``gbs=8``,
+        ``tokens=4096``)."""
+        mtp = f"+{self.mtp} MTP" if self.mtp else ""
+        moe = (f", MoE {self.n_moe} layers top-{self.topk} f_moe={self.f_moe} shared={self.f_shared}"
+               if self.is_moe else "")
+        return (f"formula:{self.formula} (T·[6hfE·L + 6L(h(q+2kv)+qh) + 6hV] + T·s·L·{self.attn_factor}q; "
+                f"L={self.n_layers}{mtp}, h={self.h}, f={self.f_dense}, E={self.e}, q={self.q}, "
+                f"kv={self.kv} ({'GQA' if self.gqa else 'MHA'}), V={self.v}, s={self.s}, {batch}{moe})")
 
 
 @dataclass(frozen=True)
@@ -54,6 +83,8 @@ class FlopsResult:
     missing: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     breakdown: dict[str, float] = field(default_factory=dict)  # term -> FLOPs per iteration
+    # The formula's inputs (perfd's own count only): what the provenance sentence is written from.
+    inputs: FormulaInputs | None = None
 
     @property
     def available(self) -> bool:
@@ -203,13 +234,11 @@ def megatron_flops(
         "mtp_norms_and_projection": float(mtp_extra * tokens),
     }
     total = float(sum(breakdown.values()))
-    gqa = "GQA" if spec.num_query_groups is not None and spec.num_query_groups != spec.num_attention_heads \
-        else "MHA"
-    detail = (f"formula:{formula} (T·[6hfE·L + 6L(h(q+2kv)+qh) + 6hV] + T·s·L·{attn_factor}q; "
-              f"L={n_layers}{f'+{mtp} MTP' if mtp else ''}, h={h}, f={f_dense}, E={e}, q={q}, "
-              f"kv={kv} ({gqa}), V={v}, s={s}, gbs={global_batch_size}"
-              f"{f', MoE {n_moe} layers top-{topk} f_moe={f_moe} shared={f_shared}' if is_moe else ''})")
-    return FlopsResult(total, formula, Provenance("analytics", detail), (), tuple(notes), breakdown)
+    gqa = spec.num_query_groups is not None and spec.num_query_groups != spec.num_attention_heads
+    inputs = FormulaInputs(formula, attn_factor, n_layers, mtp, h, f_dense, e, q, kv, gqa, v, s,
+                           is_moe, n_moe, topk, f_moe, f_shared)
+    return FlopsResult(total, formula, Provenance("analytics", inputs.detail(f"gbs={global_batch_size}")),
+                       (), tuple(notes), breakdown, inputs)
 
 
 def six_n_flops(parameter_count: int | None, tokens: int | None) -> FlopsResult:
@@ -251,39 +280,32 @@ def model_flops(
                         f"Megatron formula unavailable (missing: {', '.join(own.missing)})"))
 
 
-def _stated(fields: Mapping[str, str], key: str) -> float | None:
-    """A positive finite number a record states under ``key``, else None."""
-    text = fields.get(key)
-    if text is None:
-        return None
-    try:
-        x = float(text)
-    except ValueError:
-        return None
-    return x if math.isfinite(x) and x > 0 else None
+def _stated(x: float | None) -> float | None:
+    """A positive finite count, else None."""
+    return x if x is not None and math.isfinite(x) and x > 0 else None
 
 
-def record_flops(fields: Mapping[str, str], spec: ModelSpec, framework_version: str | None = None,
-                 framework: str = "megatron") -> FlopsResult | None:
-    """FLOPs per step a step record states or implies (the step hook's fields, for the whole job):
+def record_flops(tokens_per_step: float | None, flops_per_step: float | None, spec: ModelSpec,
+                 framework_version: str | None = None, framework: str = "megatron") -> FlopsResult | None:
+    """FLOPs per step a step record states or implies (the step hook's counts, for the whole job):
     its ``flops_per_step`` (the training script's own count), else its ``tokens_per_step`` × perfd's
     formula per token from the model spec (6·N·tokens with only a parameter count). None when the
     record states neither; an absent result (with what is missing) when it gives tokens without a
     spec to count them with."""
-    flops = _stated(fields, FIELD_FLOPS_PER_STEP)
+    flops = _stated(flops_per_step)
     if flops is not None:
         return FlopsResult(flops, FORMULA_STATED, Provenance(
             "hook", f"flops_per_step={flops:.6g} stated by the training script (StepHook)"))
-    tokens = _stated(fields, FIELD_TOKENS_PER_STEP)
+    tokens = _stated(tokens_per_step)
     if tokens is None:
         return None
     if spec.seq_length is not None and spec.seq_length > 0:
         per_seq = megatron_flops(spec, 1, framework_version, framework)
         if per_seq.available:
-            assert per_seq.flops_per_iteration is not None and per_seq.source is not None
+            assert per_seq.flops_per_iteration is not None and per_seq.inputs is not None
             scale = tokens / spec.seq_length
             return FlopsResult(per_seq.flops_per_iteration * scale, per_seq.formula, Provenance(
-                "analytics", f"{per_seq.source.detail.replace('gbs=1', f'tokens={tokens:.6g}')} "
+                "analytics", f"{per_seq.inputs.detail(f'tokens={tokens:.6g}')} "
                              "(tokens_per_step from the step hook)"),
                 notes=per_seq.notes, breakdown={k: v * scale for k, v in per_seq.breakdown.items()})
     if spec.parameter_count is not None:

@@ -41,8 +41,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.analytics.common import HOOK_PAUSE_TIMERS
 from perfd.analytics.thresholds import GOODPUT_STALL_FLOOR_S, GOODPUT_STALL_STEPS
+from perfd.model import HOOK_PAUSE_TIMERS
 
 TRAINING = "training"
 INCIDENT = "incident"

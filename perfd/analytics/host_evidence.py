@@ -3,7 +3,7 @@ stopped, gone, OOM-killed, CPU contention with the processes that caused it, CPU
 memory pressure or swap, blocked in I/O. Pure: a rank's observation (perfd.events.RankHost, as the
 agent reported it) in, :class:`perfd.analytics.evidence.Evidence` out, with the numbers the verdict
 renderer (perfd.analytics.verdict_text) puts in its sentences. The thresholds are
-perfd.analytics.thresholds' (each says why).
+perfd.thresholds' (each says why).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from perfd.analytics import thresholds as th
+from perfd import thresholds as th
 from perfd.analytics.evidence import Evidence, EvidenceKind
 
 K = EvidenceKind

@@ -25,7 +25,7 @@ from perfd.analytics.finding_types import Finding, Recommendation, order_finding
 from perfd.analytics.findings import derive_findings, job_config
 from perfd.analytics.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
 from perfd.analytics.goodput import PAUSE_BEFORE_TIMERS, SpanColumns, StepSpan, job_goodput, phase_seconds
-from perfd.analytics.gpus import PeakResult, normalize_dtype, peak_tflops
+from perfd.analytics.gpus import PeakResult, peak_tflops
 from perfd.analytics.incidents import (
     DETECTION_FIELDS,
     Detection,
@@ -57,6 +57,7 @@ from perfd.analytics.run_summary import (
 )
 from perfd.analytics.steady import Exclusion, SteadyState, steady_state_of
 from perfd.analytics.stragglers import PersistentStragglers, StragglerResult, detect, persistent, rank_order
+from perfd.dtypes import normalize_dtype
 from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
 
 # The values of Megatron-LM's memory report (``[Rank r] (after N iterations) memory (MB) | ...``) the
@@ -302,7 +303,8 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     # Throughput, MFU, cross-check. FLOPs: what the record states (the step hook's flops_per_step
     # or tokens_per_step), else the job's formula for the iteration's global batch.
     gbs = rec.global_batch_size if rec.global_batch_size is not None else lay.global_batch_size
-    stated = record_flops(rec.fields, job.spec, job.framework_version, job.framework) if rec.fields else None
+    stated = record_flops(rec.tokens_per_step, rec.flops_per_step, job.spec, job.framework_version,
+                          job.framework)
     if stated is not None:
         fl = stated
     else:

@@ -32,7 +32,6 @@ from perfd.analytics.common import MetricValue
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.serving_spec import (
     Resolved,
-    ServingModelSpec,
     decode_bytes_per_step,
     decode_step_rate,
     gpus_per_group,
@@ -40,6 +39,7 @@ from perfd.analytics.serving_spec import (
     resolve,
 )
 from perfd.model import MetricsSnapshot, Provenance, ServerInfo, ServingRecord
+from perfd.serving_model import ServingModelSpec
 
 # summary key -> catalog name (perfd/catalog.py, "serving" section)
 CATALOG_NAMES: dict[str, str] = {

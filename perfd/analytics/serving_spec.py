@@ -1,4 +1,5 @@
-"""What serving MBU and MFU need: the model (ServingModelSpec), the hardware peaks, and the formulas.
+"""What serving MBU and MFU need: the model (perfd.serving_model.ServingModelSpec), the hardware peaks,
+and the formulas.
 
 Definitions (per GPU, over wall-clock time of the window):
 
@@ -19,13 +20,13 @@ Absent inputs give absent results, each with the reason (DESIGN.md: never a sile
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from perfd.analytics.common import MetricValue
-from perfd.analytics.gpus import normalize_dtype, peak_memory_bandwidth, peak_tflops
+from perfd.analytics.gpus import peak_memory_bandwidth, peak_tflops
+from perfd.dtypes import normalize_dtype
 from perfd.model import Provenance, ServerInfo
+from perfd.serving_model import ServingModelSpec
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 # SGLang --kv-cache-dtype values
@@ -33,57 +34,6 @@ KV_DTYPE_BYTES: dict[str, float] = {"fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8": 1.0
                                     "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0, "fp32": 4.0, "float32": 4.0}
 # SGLang --quantization values whose weights are one byte per parameter
 FP8_QUANT = frozenset({"fp8", "w8a8_fp8", "modelopt", "modelopt_fp8", "fbgemm_fp8", "compressed-tensors"})
-
-
-@dataclass(frozen=True)
-class ServingModelSpec:
-    """The served model and its placement. Any field may be None; what needs it is then absent.
-
-    ``params`` (total) sets the weight bytes; ``active_params`` (per token, MoE) the FLOPs (default
-    ``params``). KV bytes per token come from ``kv_bytes_per_token`` (whole model, K and V, all
-    layers) or from layers × KV heads × head dim (or hidden / heads) × 2 × the KV dtype's bytes.
-    ``tp``/``pp``/``gpus`` override what the log's ``server_args`` line says.
-    """
-
-    params: float | None = None
-    active_params: float | None = None
-    num_layers: int | None = None
-    hidden_size: int | None = None
-    num_attention_heads: int | None = None
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
-    dtype: str | None = None  # weights / compute dtype: bf16, fp16, fp8, fp32
-    kv_dtype: str | None = None  # KV cache dtype (SGLang --kv-cache-dtype); default: dtype
-    weight_bytes: float | None = None  # all weights, bytes (overrides params × dtype bytes)
-    kv_bytes_per_token: float | None = None  # whole model, bytes (overrides the formula)
-    tp: int | None = None
-    pp: int | None = None
-    gpus: int | None = None  # GPUs serving the model in total (overrides tp × pp × DP groups)
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any] | None) -> ServingModelSpec:
-        """From a config mapping (unknown keys raise ValueError: a typo must not silently drop MBU)."""
-        if not d:
-            return cls()
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown model spec key(s) {', '.join(unknown)}; known: "
-                             f"{', '.join(sorted(names))}")
-        kw: dict[str, Any] = {}
-        for k, v in d.items():
-            if v is None:
-                continue
-            if k in ("dtype", "kv_dtype"):
-                kw[k] = str(v)
-            elif k in ("params", "active_params", "weight_bytes", "kv_bytes_per_token"):
-                kw[k] = float(v)
-            else:
-                kw[k] = int(v)
-        return cls(**kw)
-
-    def is_empty(self) -> bool:
-        return all(getattr(self, f.name) is None for f in fields(self))
 
 
 @dataclass(frozen=True)

@@ -36,14 +36,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd import thresholds as shared
 from perfd.analytics import thresholds as th
 from perfd.analytics.evidence import StallReason
 from perfd.analytics.incidents import STALL, Incident
 
-STALL_CADENCE_FACTOR = th.STALL_CADENCE_FACTOR.value
-STALL_FLOOR_S = th.STALL_FLOOR_S.value
-IDLE_CPU_CORES = th.STALL_IDLE_CPU_CORES.value
-PHASE_MAX_S = th.STALL_PHASE_MAX_S.value
+STALL_CADENCE_FACTOR = shared.STALL_CADENCE_FACTOR.value
+STALL_FLOOR_S = shared.STALL_FLOOR_S.value
+IDLE_CPU_CORES = shared.STALL_IDLE_CPU_CORES.value
+PHASE_MAX_S = shared.STALL_PHASE_MAX_S.value
 _PROCESS_WORD = frozenset({StallReason.STOPPED, StallReason.GONE})
 STARTING = "start-up"  # the phase of a held check whose rank processes all began after the last step
 GPU_BUSY = th.GPM_NVML_ACTIVE.value  # a kernel resident this share of the time: the GPU still works

@@ -243,7 +243,7 @@ def _count(text: str | None, what: str) -> float | None:
 
 
 def _spec_from_args(args: argparse.Namespace) -> Any:
-    from perfd.analytics.serving_spec import ServingModelSpec
+    from perfd.serving_model import ServingModelSpec
 
     return ServingModelSpec(
         params=_count(args.model_params, "--model-params"),

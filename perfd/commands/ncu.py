@@ -270,9 +270,9 @@ def _timeline(path: str, device: int | None) -> tuple[list[Any], dict[str, float
 
 
 def run_analyze_ncu(args: argparse.Namespace) -> int:
-    from perfd.analytics.ncu import NcuParseError, parse_exports
     from perfd.analytics.ncu_join import join, summarize
     from perfd.capture.ncu_exec import NcuError
+    from perfd.capture.ncu_report import NcuParseError, parse_exports
 
     path = Path(args.report)
     if not path.is_file():

@@ -237,7 +237,7 @@ def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
     from perfd.analytics import ncu_join
     from perfd.analytics.budget_findings import BudgetContext, analyze, ncu_text
     from perfd.analytics.job_budget import with_ncu
-    from perfd.analytics.ncu import parse_csv
+    from perfd.capture.ncu_report import parse_csv
 
     ncu_dir = Path(__file__).resolve().parents[1] / "data" / "ncu"
     report = parse_csv((ncu_dir / "h100_full_4gemm_details.csv").read_text())

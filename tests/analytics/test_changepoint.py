@@ -14,10 +14,9 @@ import pytest
 
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.changepoint import find_change_point
-from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT
 from perfd.analytics.incidents import LEVEL_SHIFT
 from perfd.analytics.run_analysis import analyze_run
-from perfd.model import JobInfo, StepRecord, TimerValue
+from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, JobInfo, StepRecord, TimerValue
 
 
 def shifted(first_slow: int = 151, last: int = 300, before: float = 60.0, after: float = 90.0) -> list[float]:

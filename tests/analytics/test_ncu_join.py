@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from perfd.analytics import kernels as kc
-from perfd.analytics.ncu import KernelBound, NcuKernel, parse_csv
+from perfd.analytics.ncu import KernelBound, NcuKernel
 from perfd.analytics.ncu_join import (
     NO_NCCL_FILTER,
     MatchKind,
@@ -27,6 +27,7 @@ from perfd.analytics.ncu_join import (
     timeline_kernels,
 )
 from perfd.capture.chrome_trace import analyze_chrome_trace
+from perfd.capture.ncu_report import parse_csv
 
 ROOT = Path(__file__).resolve().parents[1] / "data"
 MLP = parse_csv((ROOT / "ncu" / "h100_mlp_sol_details_5.csv").read_text())

@@ -18,10 +18,11 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics import kernels as kc
 from perfd.analytics.budget import BudgetPart, Part, Source, StepBudget
 from perfd.analytics.job_budget import ncu_of, with_ncu
-from perfd.analytics.ncu import KernelBound, parse_csv, parse_exports
+from perfd.analytics.ncu import KernelBound
 from perfd.analytics.ncu_join import MatchKind, join, short_name
 from perfd.analytics.ncu_kernel_rows import NCU_KERNEL_ROWS, KernelRow, Reading, TimeBasis, kernel_rows
 from perfd.analytics.ncu_remedies import RowVerdict
+from perfd.capture.ncu_report import parse_csv, parse_exports
 from perfd.report import budget_view, ncu_view
 from perfd.transport.codec import Command
 

@@ -16,8 +16,9 @@ from perfd.analytics.serving import (
     serving_job_metrics,
     summarize,
 )
-from perfd.analytics.serving_spec import ServingModelSpec, decode_step_rate, resolve
+from perfd.analytics.serving_spec import decode_step_rate, resolve
 from perfd.model import ServerInfo, ServingRecord
+from perfd.serving_model import ServingModelSpec
 
 DATA = Path(__file__).resolve().parents[2] / "collectors" / "sglang" / "tests" / "data"
 H100 = "NVIDIA H100 80GB HBM3"

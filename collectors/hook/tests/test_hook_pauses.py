@@ -15,12 +15,11 @@ from collectors.hook import HookCollector
 from collectors.hook.peers import Sender
 from collectors.hook.tests.test_hook_collector import collect_until
 from perfd.aggregator.jobs import job_level_steps
-from perfd.analytics.common import HOOK_PAUSE_TIMERS
 from perfd.analytics.goodput import StepSpan, job_goodput
 from perfd.analytics.run_analysis import analyze_run
 from perfd.collector import Collected
 from perfd.hook import StepHook, wire
-from perfd.model import JobInfo
+from perfd.model import HOOK_PAUSE_TIMERS, JobInfo
 
 Hook = functools.partial(StepHook, flush_interval_s=0, cuda=False)
 SAVE, EVAL = HOOK_PAUSE_TIMERS["checkpoint"], HOOK_PAUSE_TIMERS["evaluation"]
