@@ -119,14 +119,14 @@ def disturbances_json(ds: Sequence[Incident]) -> dict[str, Any]:
     """perfd's own captures' disturbance: how many stretches and iterations, and the excess time they
     took apart from the incidents (a stretch inside an incident names it: its time is that incident's
     capture_cost_s, not counted again)."""
-    costs = [s for d in ds if "inside_incident" not in d.evidence
+    costs = [s for d in ds if d.evidence.inside_incident is None
              for s in (d.cost_s, d.capture_cost_s) if s is not None]
     return {"n": len(ds), "iterations": sum(d.n_iterations for d in ds),
             "excess_s": sum(costs) if costs else None,
             "stretches": [{"first_iteration": d.first_iteration, "last_iteration": d.last_iteration,
                            "excess_s": d.capture_cost_s,
-                           **({"inside_incident": d.evidence["inside_incident"]}
-                              if "inside_incident" in d.evidence else {})} for d in ds]}
+                           **({"inside_incident": d.evidence.inside_incident}
+                              if d.evidence.inside_incident is not None else {})} for d in ds]}
 
 
 def step_shares(data: float | None, comm: float | None, grad_sync: float | None, pp: int | None,
