@@ -105,7 +105,7 @@ def tracked_from_json(d: Mapping[str, Any]) -> TrackedIncident:
         max_step_ms=d.get("max_step_ms"), start_time=d.get("start_time"), end_time=d.get("end_time"),
         open=bool(d.get("open")), cause=str(d.get("cause") or ""),
         evidence=IncidentEvidence.from_json(ev) if isinstance(ev, Mapping) else IncidentEvidence(),
-        verdict=verdict_from_json(d.get("verdict")), capture_cost_s=d.get("capture_cost_s"),
+        verdict=verdict_from_json(d.get("verdict"), as_written=True), capture_cost_s=d.get("capture_cost_s"),
         single_rank=bool(d.get("single_rank")))
     parts = d.get("cost_parts")
     why = d.get("stall_withdrawn")

@@ -41,7 +41,8 @@ def _float(v: float | None) -> float | None:
 
 
 def _evidence(xs: Any) -> tuple[Evidence, ...]:
-    return tuple(e for d in xs or [] if isinstance(d, Mapping) and (e := Evidence.from_json(d)) is not None)
+    return tuple(e for d in xs or []
+                 if isinstance(d, Mapping) and (e := Evidence.from_json(d, as_written=True)) is not None)
 
 
 @dataclass(frozen=True)
