@@ -345,7 +345,7 @@ class AggregatorState:
         if not open_now and calm and self.gpu_baseline.due(job, now):
             self._baseline_sighting(job, now)
         for h in coll.hangs if coll is not None else []:
-            found.append(hang_incident(h.to_json(), last_it, now))
+            found.append(hang_incident(h, last_it, now))
         self.track_live_incidents(job, found, now)
 
     def track_live_incidents(self, job: str, found: Sequence[Incident], now: float) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from perfd.analytics.changepoint import ChangePoint
+from perfd.analytics.collective_hangs import HangView
 from perfd.analytics.evidence import Evidence
 from perfd.analytics.stall import StallSeen
 
@@ -123,8 +124,7 @@ class IncidentEvidence:
     rank_compute_ratio_max: Mapping[int, float] | None = None
     straggler_line_max_rank: Mapping[int, int] | None = None  # rank -> straggler-detector lines naming it
     disturbed_by_capture: int | None = None  # iterations perfd's capture disturbed
-    # A collective hang: perfd.analytics.collective_hangs.HangView JSON, as the hang detector wrote it
-    hang: Mapping[str, Any] | None = None
+    hang: HangView | None = None  # a collective hang: the merged view of its reports
     stuck_ranks: tuple[int, ...] | None = None
     ranks_not_joined: tuple[int, ...] | None = None
     stall: StallSeen | None = None  # the live stall the incident is, or took over
@@ -151,7 +151,7 @@ class IncidentEvidence:
         put("rank_compute_ratio_max", _str_keys(self.rank_compute_ratio_max))
         put("straggler_line_max_rank", _str_keys(self.straggler_line_max_rank))
         put("disturbed_by_capture", self.disturbed_by_capture)
-        put("hang", dict(self.hang) if self.hang is not None else None)
+        put("hang", self.hang.to_json() if self.hang is not None else None)
         put("stuck_ranks", list(self.stuck_ranks) if self.stuck_ranks is not None else None)
         put("ranks_not_joined", list(self.ranks_not_joined) if self.ranks_not_joined is not None else None)
         stall = self.stall.to_json() if self.stall is not None else None
@@ -187,7 +187,7 @@ class IncidentEvidence:
             rank_compute_ratio_max=ints("rank_compute_ratio_max"),
             straggler_line_max_rank=ints("straggler_line_max_rank"),
             disturbed_by_capture=d.get("disturbed_by_capture"),
-            hang=dict(d["hang"]) if isinstance(d.get("hang"), Mapping) else None,
+            hang=_hang(d["hang"]) if isinstance(d.get("hang"), Mapping) else None,
             stuck_ranks=ranks("stuck_ranks"), ranks_not_joined=ranks("ranks_not_joined"),
             stall=StallSeen.from_json(stall) if isinstance(stall, Mapping) else None,
             observed=_evidence(d["observed"]) if isinstance(d.get("observed"), list) else None,
@@ -198,6 +198,20 @@ class IncidentEvidence:
                  if isinstance(gpu, Mapping) else None),
             gpu_observed=_evidence(d["gpu_observed"]) if isinstance(d.get("gpu_observed"), list) else None,
             xid_at_open=ints("xid_at_open"), oom_at_open=ints("oom_at_open"))
+
+
+def _hang(d: Mapping[str, Any]) -> HangView:
+    """Back from HangView.to_json (which keeps its first agent texts: they are all it serves again)."""
+    return HangView(
+        process_group=str(d.get("process_group")), op=str(d.get("op")), seq=int(d.get("seq") or 0),
+        is_p2p=bool(d.get("is_p2p")), stuck_ranks=list(d.get("stuck_ranks") or []),
+        ranks_not_joined=list(d.get("ranks_not_joined") or []),
+        inferred_not_joined=list(d.get("inferred_not_joined") or []),
+        ranks_unknown=list(d.get("ranks_unknown") or []),
+        first_reported=d.get("first_reported") or 0.0, last_reported=d.get("last_reported") or 0.0,
+        age_at_first_report_s=d.get("age_at_first_report_s"), resolved=bool(d.get("resolved")),
+        resolution=str(d.get("resolution") or ""), agents=list(d.get("agents") or []),
+        user_frame=d.get("user_frame"), texts=list(d.get("agent_texts") or []))
 
 
 def _str_keys(m: Mapping[int, Any] | None) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from perfd.analytics import thresholds as th
 from perfd.analytics import windows
 from perfd.analytics.changepoint import accept, find_change_point
+from perfd.analytics.collective_hangs import HangView
 from perfd.analytics.evidence import (
     Evidence,
     EvidenceKind,
@@ -470,28 +471,23 @@ def render_cause(inc: Incident, verdict: Verdict) -> str:
     return cause_text(verdict, inc.slow_text(), inc.single_rank)
 
 
-def hang_incident(hang: Mapping[str, Any], last_iteration: int | None, now: float) -> Incident:
-    """An incident from one merged collective hang (HangView JSON of
-    perfd.analytics.collective_hangs): the job stopped after ``last_iteration``; its cost runs from
-    when the op was enqueued until the hang resolved (or ``now`` while it is open)."""
-    first = hang.get("first_reported")
-    age = hang.get("age_at_first_report_s")
-    start = float(first) - float(age or 0.0) if isinstance(first, (int, float)) else None
-    resolved = bool(hang.get("resolved"))
-    last = hang.get("last_reported")
-    end = float(last) if resolved and isinstance(last, (int, float)) else None
-    culprits = [int(r) for r in hang.get("ranks_not_joined") or [] if isinstance(r, int)]
-    stuck = [int(r) for r in hang.get("stuck_ranks") or [] if isinstance(r, int)]
+def hang_incident(hang: HangView, last_iteration: int | None, now: float) -> Incident:
+    """An incident from one merged collective hang (perfd.analytics.collective_hangs): the job
+    stopped after ``last_iteration``; its cost runs from when the op was enqueued until the hang
+    resolved (or ``now`` while it is open)."""
+    start = float(hang.first_reported) - float(hang.age_at_first_report_s or 0.0)
+    end = float(hang.last_reported) if hang.resolved else None
+    culprits, stuck = list(hang.ranks_not_joined), list(hang.stuck_ranks)
     it = (last_iteration + 1) if last_iteration is not None else 0
-    cost = ((end if end is not None else now) - start) if start is not None else None
-    inc = Incident(id=f"hang-{hang.get('process_group', '?')}-{hang.get('seq', it)}", first_iteration=it,
+    cost = (end if end is not None else now) - start
+    inc = Incident(id=f"hang-{hang.process_group}-{hang.seq}", first_iteration=it,
                    last_iteration=it, kinds=[HANG], ranks=culprits or stuck, n_iterations=0, cost_s=cost,
                    steady_step_ms=None, median_step_ms=None, max_step_ms=None, start_time=start, end_time=end,
-                   open=not resolved,
-                   evidence=IncidentEvidence(hang=dict(hang), stuck_ranks=tuple(stuck),
+                   open=not hang.resolved,
+                   evidence=IncidentEvidence(hang=hang, stuck_ranks=tuple(stuck),
                                              ranks_not_joined=tuple(culprits),
                                              source="collectors/nccl Flight Recorder hang detector"))
-    inc.cause = (f"collective hang: {hang.get('op', 'a collective')} #{hang.get('seq', '?')} — "
+    inc.cause = (f"collective hang: {hang.op} #{hang.seq} — "
                  + (f"rank(s) {', '.join(map(str, culprits))} never reached it" if culprits
                     else f"rank(s) {', '.join(map(str, stuck))} stuck in it"))
     return inc
