@@ -116,13 +116,13 @@ def tracked_from_json(d: Mapping[str, Any]) -> TrackedIncident:
         Withdrawal(why) if why in Withdrawal._value2member_map_ else None)
 
 
-def incident_event(kind: str, job: str, rec: TrackedIncident, severity: str) -> dict[str, Any]:
-    """The event of an incident opening or closing (perfd.events), as it goes on the wire."""
+def incident_event(kind: str, job: str, rec: TrackedIncident) -> dict[str, Any]:
+    """The event of an incident opening (a warning) or closing (perfd.events), as it goes on the wire."""
     inc = rec.incident
-    verb = "opened" if kind == INCIDENT_OPENED.name else "closed"
+    opened = kind == INCIDENT_OPENED.name
     cost = inc.cost_s
-    return {"kind": kind, "severity": severity, "job": job, "time": rec.updated_at,
-            "text": f"incident {inc.id} {verb}: {inc.cause}"
+    return {"kind": kind, "severity": "warning" if opened else "info", "job": job, "time": rec.updated_at,
+            "text": f"incident {inc.id} {'opened' if opened else 'closed'}: {inc.cause}"
                     + (f" ({cost:.1f} s lost)" if cost is not None else ""),
             "labels": {"job": job, "incident": inc.id},
             "links": {"incident": inc.id, "steps": f"{inc.first_iteration}-{inc.last_iteration}"},

@@ -180,9 +180,9 @@ class IncidentTracker:
                     kept.pop(d.id, None)
                 if prev is None:
                     self.opened_total[job] = self.opened_total.get(job, 0) + 1
-                    events.append(incident_event(INCIDENT_OPENED.name, job, rec, "warning"))
+                    events.append(incident_event(INCIDENT_OPENED.name, job, rec))
                 elif prev.open and not inc.open:
-                    events.append(incident_event(INCIDENT_CLOSED.name, job, rec, "info"))
+                    events.append(incident_event(INCIDENT_CLOSED.name, job, rec))
                 if prev is not None and key != inc.id:
                     kept.pop(key or "", None)
                 kept[inc.id] = rec
@@ -261,7 +261,7 @@ class IncidentTracker:
                 if inc.kinds == [STALL] and inc.open:
                     closed = replace(inc, open=False, end_time=inc.end_time or now)
                     rec = kept[k] = replace(rec, incident=closed, updated_at=now)
-                    events.append(incident_event(INCIDENT_CLOSED.name, job, rec, "info"))
+                    events.append(incident_event(INCIDENT_CLOSED.name, job, rec))
         if events:
             self.emit(events)
         return len(events)
@@ -277,7 +277,7 @@ class IncidentTracker:
         inc = rec.incident
         rec = replace(rec, incident=replace(inc, open=False, end_time=inc.end_time or now, cost_s=0.0),
                       updated_at=now)
-        ev = incident_event(INCIDENT_CLOSED.name, job, rec, "info")
+        ev = incident_event(INCIDENT_CLOSED.name, job, rec)
         ev["text"] = f"incident {inc.id} withdrawn ({why.value}): it was not one"
         ev["payload"]["withdrawn"] = why.value
         self.emit([ev])
