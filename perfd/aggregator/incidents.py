@@ -233,7 +233,9 @@ class IncidentTracker:
                          stalled=inc.kinds == [STALL])
         ev = replace(inc.evidence, gpu=gpu, gpu_observed=tuple(live), xid_at_open=xid_base,
                      oom_at_open=oom_base)
-        out = replace(inc, verdict=verdict, cause=render_cause(inc, verdict), evidence=ev)
+        # its own lists: the analysis' incident is not the record's (as the JSON docs once copied them)
+        out = replace(inc, kinds=list(inc.kinds), ranks=list(inc.ranks), verdict=verdict,
+                      cause=render_cause(inc, verdict), evidence=ev)
         first_seen = prev.first_seen if prev is not None else now
         if stalls:  # the stall seen live, with its ranks' states and stacks, stays with it
             # The episode began where the stall did: slow steps a few iterations after a pause
