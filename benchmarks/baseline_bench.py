@@ -211,8 +211,11 @@ def run(nodes: int, gpus: int, calls: int) -> dict[str, Any]:
         "gpu_hints": _timed(lambda: gpu_hints(sorted(placed), placed, values, throttles, procs, time.time()),
                             calls),
     }
-    one = Incident("bench-one", 1, 2, ["straggler"], [ranks - 1], 2, 1.0, 1000.0, 1500.0, 2000.0, open=True)
-    none = Incident("bench-none", 1, 2, ["slow-steps"], [], 2, 1.0, 1000.0, 1500.0, 2000.0, open=True)
+    common: dict[str, Any] = {"first_iteration": 1, "last_iteration": 2, "n_iterations": 2, "cost_s": 1.0,
+                              "steady_step_ms": 1000.0, "median_step_ms": 1500.0, "max_step_ms": 2000.0,
+                              "open": True}
+    one = Incident(id="bench-one", kinds=["straggler"], ranks=[ranks - 1], **common)
+    none = Incident(id="bench-none", kinds=["slow-steps"], ranks=[], **common)
     snap_one = st._gpu_snapshot(JOB, one)
     snap_none = st._gpu_snapshot(JOB, none)
     view = st._read_snapshot_view(JOB)

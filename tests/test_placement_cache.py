@@ -115,8 +115,10 @@ def test_job_overview_liveness_as_before(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def _incidents(ranks_a: list[int]) -> list[Incident]:
-    return [Incident("a", 1, 2, ["straggler"], ranks_a, 2, 1.0, 1.0, 1.0, 1.0, open=True),
-            Incident("b", 1, 2, ["slow-steps"], [], 2, 1.0, 1.0, 1.0, 1.0, open=True)]
+    common: dict[str, Any] = {"first_iteration": 1, "last_iteration": 2, "n_iterations": 2, "cost_s": 1.0,
+                              "steady_step_ms": 1.0, "median_step_ms": 1.0, "max_step_ms": 1.0, "open": True}
+    return [Incident(id="a", kinds=["straggler"], ranks=ranks_a, **common),
+            Incident(id="b", kinds=["slow-steps"], ranks=[], **common)]
 
 
 def _count_view_reads(st: AggregatorState, monkeypatch: pytest.MonkeyPatch) -> list[float]:
@@ -163,7 +165,7 @@ def test_a_big_jobs_snapshots_keep_the_view_a_small_ones_never(monkeypatch: pyte
     now[0] += keep_s * 0.9
     assert st._snapshot_view(JOB) is first and len(reads) == 1
     snap = st._gpu_snapshot(JOB, _incidents([3])[0], first)
-    assert snap["3"]["taken_at"] == first.taken_at == 1e9  # when it was read, not now
+    assert snap[3].taken_at == first.taken_at == 1e9  # when it was read, not now
     now[0] += keep_s * 0.2
     later = st._snapshot_view(JOB)
     assert later is not first and later.taken_at == now[0] and len(reads) == 2

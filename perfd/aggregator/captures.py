@@ -143,10 +143,11 @@ class CaptureCoordinator:
         the ranks it names (at most MAX_INCIDENT_RANKS: a capture of every rank of a large job is not
         what an incident needs)."""
         out: list[int] = []
-        for inc in sorted(self.state.incidents.open_incidents(job), key=lambda i: -(i.get("cost_s") or 0.0)):
-            blamed = (inc.get("verdict") or {}).get("rank")
-            for r in [blamed] if isinstance(blamed, int) else inc.get("ranks") or []:
-                if isinstance(r, int) and r not in out:
+        recs = [i.incident for i in self.state.incidents.typed_incidents(job) if i.open]
+        for inc in sorted(recs, key=lambda i: -(i.cost_s or 0.0)):
+            blamed = inc.verdict.rank if inc.verdict is not None else None
+            for r in [blamed] if blamed is not None else inc.ranks:
+                if r not in out:
                     out.append(r)
         return tuple(out[:MAX_INCIDENT_RANKS])
 

@@ -454,8 +454,8 @@ def _new_normal(handler: _Handler, job: str, body: dict[str, Any]) -> None:
         handler._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
         return
     a = state.analysis(job, force=True)  # its incidents close now, not at the next tick
-    shifts = [i.evidence.get("change_point") for i in (a.incidents if a is not None else [])
-              if "change_point" in i.evidence]
+    shifts = [cp.to_json() for i in (a.incidents if a is not None else [])
+              if (cp := i.evidence.change_point) is not None]
     handler._json(200, {"job_name": job, "new_normal_at": at, "change_points": shifts})
 
 

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from perfd import thresholds as th
 from perfd.analytics.evidence import StallReason
-from perfd.analytics.incidents import Incident
+from perfd.analytics.incident_evidence import Withdrawal
+from perfd.analytics.incidents import Incident, stall_incident
 from perfd.analytics.stall import (
     PHASE_MAX_S,
     CaptureSpan,
@@ -35,7 +36,6 @@ from perfd.analytics.stall import (
     check_stall,
     delivery_only,
     job_clock_gap_s,
-    stall_incident,
 )
 from perfd.transport.codec import COMMAND_STACKS, Command
 
@@ -53,7 +53,6 @@ EXIT_GRACE_S = th.STALL_EXIT_GRACE_S.value
 GPU_UTIL = "perfd_gpu_utilization_ratio"
 
 SendCommand = Callable[[str, Command], bool]
-LATE_RECORDS = "late_records"  # why a stall is withdrawn: the job's clock shows no gap
 
 # What a rank's own process shows (stopped, gone): a stall that had it keeps it over a later check
 # without it (the rank continued, the silence not over yet).
@@ -158,7 +157,7 @@ class StallWatch:
                     # The job's exit (teardown after its last step), not a stall: taken back.
                     with self._lock:
                         self._open.pop(job, None)
-                    if state.incidents.withdraw(job, f"stall-{st.first_iteration}", now, "job_exit"):
+                    if state.incidents.withdraw(job, f"stall-{st.first_iteration}", now, Withdrawal.JOB_EXIT):
                         log.info("job %s: the silence after iteration %d ended with the job's exit %.0f s "
                                  "after its last step: not a stall", job, st.first_iteration - 1,
                                  now - (st.started_at or st.opened_at))
@@ -199,7 +198,7 @@ class StallWatch:
                     "is withdrawn (%d such for this job)", job,
                     f"{late:.0f} s" if late is not None else "a while", st.first_iteration - 1,
                     st.job_gap_s or 0.0, st.check.limit_s or 0.0, self.late_total[job])
-        state.incidents.withdraw_stall(job, st.first_iteration, now, LATE_RECORDS)
+        state.incidents.withdraw_stall(job, st.first_iteration, now, Withdrawal.LATE_RECORDS)
 
     # ---- inputs --------------------------------------------------------------------------------------
     def _check(self, state: AggregatorState, job: str, now: float) -> tuple[StallCheck, int | None, int]:

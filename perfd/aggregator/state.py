@@ -33,7 +33,7 @@ from perfd.aggregator.gpu_views import (
     swap_of,
 )
 from perfd.aggregator.hosts import HostView
-from perfd.aggregator.incidents import GpuBaseline, IncidentTracker, step_cost_s
+from perfd.aggregator.incidents import GpuBaseline, IncidentTracker
 from perfd.aggregator.jobs import (
     RETAIN_BYTES,
     RETAIN_ITERATIONS,
@@ -46,7 +46,7 @@ from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.stalls import StallWatch
 from perfd.aggregator.steady_gpm import SteadyGpm
-from perfd.analytics.arming import ARMING_NOT_INCIDENT, ArmingCost, is_the_arming
+from perfd.analytics.arming import ArmingCost, is_the_arming
 from perfd.analytics.attribution import RankPlacement, gpu_hints
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.budget import Part
@@ -54,7 +54,8 @@ from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.goodput import with_incidents, with_stall
 from perfd.analytics.host_evidence import host_items
-from perfd.analytics.incidents import HANG, STEP_FACTOR, Incident, hang_incident, is_disturbance
+from perfd.analytics.incident_evidence import RankSnapshot, Withdrawal
+from perfd.analytics.incidents import HANG, STEP_FACTOR, Incident, hang_incident
 from perfd.analytics.job_budget import capture_timeline, ncu_of
 from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.analytics.ncu_remedies import rows_class
@@ -334,7 +335,7 @@ class AggregatorState:
             coll = None
         last_it = a.iterations[-1].iteration if a.iterations else None
         now = time.time()
-        open_now = bool(self.incidents.open_incidents(job)) or bool(a.incidents and a.incidents[-1].open)
+        open_now = self.incidents.has_open(job) or bool(a.incidents and a.incidents[-1].open)
         # Steady sightings only while the newest step is steady too: the seconds a slowdown takes to
         # become an incident (its cost past the floor) must not teach the baseline that its cause is
         # the job's normal state (a short job has few sightings: those seconds were most of them).
@@ -345,7 +346,7 @@ class AggregatorState:
         if not open_now and calm and self.gpu_baseline.due(job, now):
             self._baseline_sighting(job, now)
         for h in coll.hangs if coll is not None else []:
-            found.append(hang_incident(h.to_json(), last_it, now))
+            found.append(hang_incident(h, last_it, now))
         self.track_live_incidents(job, found, now)
 
     def track_live_incidents(self, job: str, found: Sequence[Incident], now: float) -> None:
@@ -353,7 +354,7 @@ class AggregatorState:
         (the analysis' incidents, a collective hang, a live stall: perfd/aggregator/stalls.py)."""
         views: list[SnapshotView] = []  # this pass's view of the job's GPUs: read once, whatever is open
 
-        def snapshot(inc: Incident) -> dict[str, Any]:
+        def snapshot(inc: Incident) -> Mapping[int, RankSnapshot]:
             if not views:
                 views.append(self._snapshot_view(job))
             if inc.id in views[0].served:  # a big job's kept view: already sighted for this incident
@@ -365,10 +366,10 @@ class AggregatorState:
         if arming is not None:  # the armed rank's slower life is the arming's cost, not an incident
             armed = [inc for inc in found if is_the_arming(inc, arming)]
             for inc in armed:  # opened while the arming was not known yet (no ncu capture had ended)
-                self.incidents.withdraw(job, inc.id, now, ARMING_NOT_INCIDENT)
+                self.incidents.withdraw(job, inc.id, now, Withdrawal.NCU_ARMING)
             found = [inc for inc in found if all(inc is not a for a in armed)]
         self.incidents.update(job, found, snapshot, self.captures_of(job), now)
-        if not self.incidents.open_incidents(job):
+        if not self.incidents.has_open(job):
             self._snapshot_views.pop(job, None)
 
     def _baseline_sighting(self, job: str, now: float) -> None:
@@ -408,7 +409,8 @@ class AggregatorState:
         view = self._snapshot_views[job] = self._read_snapshot_view(job)
         return view
 
-    def _gpu_snapshot(self, job: str, inc: Incident, view: SnapshotView | None = None) -> dict[str, Any]:
+    def _gpu_snapshot(self, job: str, inc: Incident,
+                      view: SnapshotView | None = None) -> dict[int, RankSnapshot]:
         """rank -> what its GPU shows in ``view`` (by default read now), for the ranks an incident
         names; with none named, the job's ranks whose GPU stands out (a co-tenant, throttling, a low
         clock). ``taken_at`` and the evidence's times are when the view was read."""
@@ -424,8 +426,8 @@ class AggregatorState:
         taken with Python stacks informs the job only when none without them does: its idle parts
         hold more of the profiler's own cost (+16% against +3% a step on an H100 Megatron-LM job)."""
         timeline = None
-        spans = [(i.get("start_time"), i.get("end_time")) for i in self.incidents.incidents(job)
-                 if not is_disturbance(i)]
+        spans = [(i.incident.start_time, i.incident.end_time) for i in self.incidents.typed_incidents(job)
+                 if not i.disturbance]
         order = sorted(self.captures_of(job), key=lambda c: (not c.get("stack"), c.get("finished_at") or 0.0))
         for c in order:
             t = c.get("started_at")
@@ -455,7 +457,7 @@ class AggregatorState:
             # Kept for after the job: at most one reading a second, only while a step came within the
             # last two steps (a job that just stopped shows an idle GPU), and no incident open.
             if gpm is not None and self.steady_gpm.due(job, now) \
-                    and self._stepping(job, age, 2.0, 2) and not self.incidents.open_incidents(job):
+                    and self._stepping(job, age, 2.0, 2) and not self.incidents.has_open(job):
                 self.steady_gpm.add(job, gpm, now)
             return gpm, timeline, GPM_LIVE
         return self.steady_gpm.window(job), timeline, GPM_LAST_STEADY
@@ -588,8 +590,8 @@ class AggregatorState:
         if run_gp is None:
             return None
         gp = run_gp.to_json()  # served as JSON: the live parts are added to it
-        listed = [c for i in self.incidents.incidents(job) if not is_disturbance(i)
-                  and HANG not in (i.get("kinds") or []) and (c := step_cost_s(i)) is not None]
+        listed = [c for i in self.incidents.typed_incidents(job) if not i.disturbance
+                  and HANG not in i.kinds and (c := i.step_cost_s()) is not None]
         gp = with_incidents(gp, float(sum(listed)))
         ov = ov if ov is not None else self.job_overview(job)
         if ov is not None and ov["state"] == STALLED:

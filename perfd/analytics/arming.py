@@ -130,7 +130,6 @@ def measure_arming(records: Sequence[StepRecord], armed_at: Mapping[int, float],
     return None
 
 
-ARMING_NOT_INCIDENT = "ncu_arming"  # why such an incident, opened before the arming was known, is withdrawn
 
 
 def is_the_arming(inc: Incident, arming: ArmingCost | None) -> bool:
@@ -150,7 +149,6 @@ def is_the_arming(inc: Incident, arming: ArmingCost | None) -> bool:
     if ranks and not ranks <= set(arming.ranks):
         return False
     # A level shift begins at its change point (the incident may take in a few slow steps before it)
-    cp = inc.evidence.get("change_point") if LEVEL_SHIFT in kinds else None
-    began = cp.get("iteration") if isinstance(cp, Mapping) else None
-    start = began if isinstance(began, int) else inc.first_iteration
+    cp = inc.evidence.change_point if LEVEL_SHIFT in kinds else None
+    start = cp.iteration if cp is not None else inc.first_iteration
     return abs(start - arming.first_iteration) <= 2

@@ -43,11 +43,6 @@ class ChangePoint:
     # Index from which the user took the new level as the new normal (None: still counted).
     accepted_index: int | None = None
 
-    def to_json(self, iteration: int, accepted_iteration: int | None) -> dict[str, object]:
-        return {"iteration": iteration, "before_ms": self.before_ms, "after_ms": self.after_ms,
-                "ratio": self.after_ms / self.before_ms if self.before_ms else None,
-                "steps_after": self.n_after, "new_normal_at": accepted_iteration}
-
 
 def min_steps(n: int) -> int:
     """Steps a shift must last in a window of ``n``: CHANGE_POINT_MIN_STEPS, and a tenth of it."""

@@ -161,19 +161,21 @@ class Evidence:
                 "tier": int(self.spec.tier), "detail": dict(self.detail)}
 
     @staticmethod
-    def from_json(d: Mapping[str, Any]) -> Evidence | None:
-        """Back from :meth:`to_json`; None for a kind this version does not know (kept state)."""
+    def from_json(d: Mapping[str, Any], as_written: bool = False) -> Evidence | None:
+        """Back from :meth:`to_json`; None for a kind this version does not know (kept state).
+        ``as_written``: numbers as they were written (an int stays one, so the state store's incidents
+        are served again as they were), else as floats."""
         try:
             kind = EvidenceKind(str(d.get("kind")))
         except ValueError:
             return None
         rank = d.get("rank")
-        worst = d.get("worst")
-        first, last = d.get("first_seen"), d.get("last_seen")
+
+        def num(v: Any) -> float | None:
+            return (v if as_written else float(v)) if isinstance(v, (int, float)) else None
+
         return Evidence(kind, rank if isinstance(rank, int) else None, str(d.get("key") or ""),
-                        float(worst) if isinstance(worst, (int, float)) else None,
-                        float(first) if isinstance(first, (int, float)) else None,
-                        float(last) if isinstance(last, (int, float)) else None,
+                        num(d.get("worst")), num(d.get("first_seen")), num(d.get("last_seen")),
                         int(d.get("n") or 1), dict(d.get("detail") or {}))
 
 
@@ -273,14 +275,15 @@ def decide(items: Sequence[Evidence], ranks: Sequence[int] = (), missing: Sequen
     return Verdict(lead.kind, lead.rank, lead, effects, also, tuple(missing))
 
 
-def verdict_from_json(d: Mapping[str, Any] | None) -> Verdict | None:
-    """Back from :meth:`Verdict.to_json` (a kept incident)."""
+def verdict_from_json(d: Mapping[str, Any] | None, as_written: bool = False) -> Verdict | None:
+    """Back from :meth:`Verdict.to_json` (a kept incident; ``as_written``: as Evidence.from_json)."""
     if not d:
         return None
-    lead = Evidence.from_json(d["lead"]) if isinstance(d.get("lead"), Mapping) else None
+    lead = Evidence.from_json(d["lead"], as_written) if isinstance(d.get("lead"), Mapping) else None
 
     def items(key: str) -> tuple[Evidence, ...]:
-        return tuple(e for x in d.get(key) or [] if isinstance(x, Mapping) and (e := Evidence.from_json(x)))
+        return tuple(e for x in d.get(key) or []
+                     if isinstance(x, Mapping) and (e := Evidence.from_json(x, as_written)))
 
     miss = []
     for m in d.get("missing") or []:

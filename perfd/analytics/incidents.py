@@ -17,23 +17,25 @@ import itertools
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from perfd.analytics import thresholds as th
 from perfd.analytics import windows
 from perfd.analytics.changepoint import accept, find_change_point
+from perfd.analytics.collective_hangs import HangView
 from perfd.analytics.evidence import (
     Evidence,
     EvidenceKind,
     Missing,
-    StallReason,
     Verdict,
     decide,
     verdict_from_json,
 )
 from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity
 from perfd.analytics.host_evidence import CpuUse, job_cpu_use
+from perfd.analytics.incident_evidence import IncidentEvidence, LevelShift, as_kept
+from perfd.analytics.stall import StallCheck, StallSeen, silence_cost_s
 from perfd.analytics.verdict_text import action_text, cause_text, cpu_use_text, sentence, stall_text
 
 STEP_FACTOR = th.STEP_FACTOR.value  # a step this much above the steady median starts an incident
@@ -94,8 +96,8 @@ class Incident:
     end_time: float | None = None  # epoch s: the end of the last iteration
     open: bool = False  # the run's latest iteration is still part of it
     cause: str = ""  # one line rendered from ``verdict`` (perfd.analytics.verdict_text), for display
-    evidence: dict[str, Any] = field(default_factory=dict)
-    verdict: dict[str, Any] = field(default_factory=dict)  # perfd.analytics.evidence.Verdict JSON
+    evidence: IncidentEvidence = field(default_factory=IncidentEvidence)
+    verdict: Verdict | None = None  # None: not decided yet (a hang's or a stall's, before the tracker)
     capture_cost_s: float | None = None  # what captured iterations took beyond the incident's own level
     single_rank: bool = False  # the job has one rank: it is the one
 
@@ -106,11 +108,20 @@ class Incident:
         return self.end_time - self.start_time
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "duration_s": self.duration_s}
+        return {"id": self.id, "first_iteration": self.first_iteration, "last_iteration": self.last_iteration,
+                "kinds": list(self.kinds), "ranks": list(self.ranks), "n_iterations": self.n_iterations,
+                "cost_s": self.cost_s, "steady_step_ms": self.steady_step_ms,
+                "median_step_ms": self.median_step_ms, "max_step_ms": self.max_step_ms,
+                "start_time": self.start_time, "end_time": self.end_time, "open": self.open,
+                "cause": self.cause,
+                "evidence": self.evidence.to_json(stall_first=self.kinds == [STALL]),
+                "verdict": self.verdict.to_json() if self.verdict is not None else {},
+                "capture_cost_s": self.capture_cost_s, "single_rank": self.single_rank,
+                "duration_s": self.duration_s}
 
     def observed(self) -> list[Evidence]:
-        """The typed evidence the incident carries (``evidence["observed"]``)."""
-        return [e for d in self.evidence.get("observed", []) if (e := Evidence.from_json(d)) is not None]
+        """The typed items the incident's steps show, as the incident keeps them."""
+        return [as_kept(e) for e in self.evidence.observed or ()]
 
     def slow_text(self) -> str:
         return (f"steps {self.median_step_ms / self.steady_step_ms:.1f}× the steady time per step"
@@ -270,18 +281,19 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
         if shift is not None and LEVEL_SHIFT in inc.kinds:
             inc.kinds = sorted({*inc.kinds, SLOW})  # still slow steps: the tracker matches it by kind too
             accepted = post[shift.accepted_index].iteration if shift.accepted_index is not None else None
-            inc.evidence["change_point"] = shift.to_json(post[shift.index].iteration, accepted)
-            inc.cause = render_cause(inc, verdict_from_json(inc.verdict) or decide([], inc.ranks))
+            shifted_at = post[shift.index].iteration
+            inc.evidence = replace(inc.evidence, change_point=LevelShift.of(shift, shifted_at, accepted))
+            inc.cause = render_cause(inc, inc.verdict or decide([], inc.ranks))
         before = [c for c in captures if c[-1] < run[0] <= c[-1] + MERGE_GAP + 1]
         if before and flags[run[0]] != CAPTURE:  # the slowdown started as perfd's capture ended
             c = before[-1]
             ev = Evidence(EvidenceKind.AFTER_CAPTURE, inc.ranks[0] if inc.ranks else None, "",
                           (inc.median_step_ms or 0.0) / ref, inc.start_time, inc.end_time, inc.n_iterations,
                           {"capture_first": post[c[0]].iteration, "capture_last": post[c[-1]].iteration})
-            inc.evidence["observed"] = [*inc.evidence.get("observed", []), ev.to_json()]
-            prior = verdict_from_json(inc.verdict)
+            inc.evidence = replace(inc.evidence, observed=(*(inc.evidence.observed or ()), ev))
+            prior = inc.verdict
             verdict = decide(inc.observed(), inc.ranks, prior.missing if prior is not None else ())
-            inc.verdict = verdict.to_json()
+            inc.verdict = verdict
             inc.cause = render_cause(inc, verdict)
         return inc
 
@@ -314,7 +326,7 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
     inside = []
     for run, inc_id in within:
         d = build(run)
-        d.evidence["inside_incident"] = inc_id
+        d.evidence = replace(d.evidence, inside_incident=inc_id)
         inside.append(d)
     return Detection(out, sorted([*(build(r) for r in captures), *inside], key=lambda d: d.first_iteration),
                      jitter, ref)
@@ -419,20 +431,19 @@ def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: fl
     cost = (sum((s - ref) * w for s, w in zip(steps, weights, strict=True))
             + sum(min(s, level) - ref for s in touched)) / 1e3 if steps or touched else None
     capture_cost = sum(max(s - level, 0.0) for s in touched) / 1e3 if touched else None
-    ev: dict[str, Any] = {
-        "named_by_iterations": {str(r): named[r] for r in ranks if r in named},
-        "rank_compute_ratio_max": {str(r): round(v, 4) for r, v in sorted(ratios.items())},
-        "straggler_line_max_rank": {str(r): n for r, n in rtt_max.items()},
-        "disturbed_by_capture": len(its) - len(own),
-        "observed": [e.to_json() for e in items],
-        "source": "per-iteration analysis (step timers, straggler detector)",
-    }
+    ev = IncidentEvidence(
+        named_by_iterations={r: named[r] for r in ranks if r in named},
+        rank_compute_ratio_max={r: round(v, 4) for r, v in sorted(ratios.items())},
+        straggler_line_max_rank=dict(rtt_max), disturbed_by_capture=len(its) - len(own),
+        observed=tuple(items),
+        source="per-iteration analysis (step timers, straggler detector)")
     all_steps = steps + touched
-    inc = Incident(f"inc-{first}", first, last, sorted(set(kinds)), ranks, len(its), cost, ref,
-                   _median(steps or all_steps), max(all_steps) if all_steps else None, start,
-                   end_times.get(last), is_open, evidence=ev, verdict=verdict.to_json(),
-                   capture_cost_s=capture_cost,
-                   single_rank=single)
+    inc = Incident(id=f"inc-{first}", first_iteration=first, last_iteration=last, kinds=sorted(set(kinds)),
+                   ranks=ranks, n_iterations=len(its), cost_s=cost, steady_step_ms=ref,
+                   median_step_ms=_median(steps or all_steps),
+                   max_step_ms=max(all_steps) if all_steps else None,
+                   start_time=start, end_time=end_times.get(last), open=is_open, evidence=ev, verdict=verdict,
+                   capture_cost_s=capture_cost, single_rank=single)
     inc.cause = render_cause(inc, verdict)
     return inc
 
@@ -443,45 +454,63 @@ def render_cause(inc: Incident, verdict: Verdict) -> str:
     if HANG in inc.kinds:
         return inc.cause
     if inc.kinds == [STALL]:  # open, or closed with no slow step after it: the silence is its measure
-        st = inc.evidence.get("stall") or {}
-        reasons = [StallReason(r) for r in st.get("reasons") or [] if r in StallReason._value2member_map_]
+        st = inc.evidence.stall.check if inc.evidence.stall is not None else None
+        silent, cadence = (st.silent_s, st.cadence_s) if st is not None else (None, None)
         if verdict.lead is not None:  # the lead names what the reasons would only hint at
-            return f"{stall_text(st.get('silent_s'), st.get('cadence_s'), ())}; {sentence(verdict.lead)}"
-        return stall_text(st.get("silent_s"), st.get("cadence_s"), reasons)
+            return f"{stall_text(silent, cadence, ())}; {sentence(verdict.lead)}"
+        return stall_text(silent, cadence, list(st.reasons) if st is not None else [])
     if CAPTURE in inc.kinds and not inc.ranks and len(inc.kinds) == 1:
         return f"perfd's own capture disturbed {inc.n_iterations} iteration(s) ({inc.slow_text()})"
-    cp = inc.evidence.get("change_point")
-    if LEVEL_SHIFT in inc.kinds and isinstance(cp, Mapping):
-        normal = cp.get("new_normal_at")
-        return (f"step time shifted from {cp['before_ms']:.0f} to {cp['after_ms']:.0f} ms at iteration "
-                f"{cp['iteration']} and " + (f"stayed until taken as the new normal at iteration {normal}"
+    cp = inc.evidence.change_point
+    if LEVEL_SHIFT in inc.kinds and cp is not None:
+        normal = cp.new_normal_at
+        return (f"step time shifted from {cp.before_ms:.0f} to {cp.after_ms:.0f} ms at iteration "
+                f"{cp.iteration} and " + (f"stayed until taken as the new normal at iteration {normal}"
                                              if normal is not None else "stays there")
                 + f"; {cause_text(verdict, inc.slow_text(), inc.single_rank)}")
     return cause_text(verdict, inc.slow_text(), inc.single_rank)
 
 
-def hang_incident(hang: Mapping[str, Any], last_iteration: int | None, now: float) -> Incident:
-    """An incident from one merged collective hang (HangView JSON of
-    perfd.analytics.collective_hangs): the job stopped after ``last_iteration``; its cost runs from
-    when the op was enqueued until the hang resolved (or ``now`` while it is open)."""
-    first = hang.get("first_reported")
-    age = hang.get("age_at_first_report_s")
-    start = float(first) - float(age or 0.0) if isinstance(first, (int, float)) else None
-    resolved = bool(hang.get("resolved"))
-    last = hang.get("last_reported")
-    end = float(last) if resolved and isinstance(last, (int, float)) else None
-    culprits = [int(r) for r in hang.get("ranks_not_joined") or [] if isinstance(r, int)]
-    stuck = [int(r) for r in hang.get("stuck_ranks") or [] if isinstance(r, int)]
+def hang_incident(hang: HangView, last_iteration: int | None, now: float) -> Incident:
+    """An incident from one merged collective hang (perfd.analytics.collective_hangs): the job
+    stopped after ``last_iteration``; its cost runs from when the op was enqueued until the hang
+    resolved (or ``now`` while it is open)."""
+    start = float(hang.first_reported) - float(hang.age_at_first_report_s or 0.0)
+    end = float(hang.last_reported) if hang.resolved else None
+    culprits, stuck = list(hang.ranks_not_joined), list(hang.stuck_ranks)
     it = (last_iteration + 1) if last_iteration is not None else 0
-    cost = ((end if end is not None else now) - start) if start is not None else None
-    inc = Incident(f"hang-{hang.get('process_group', '?')}-{hang.get('seq', it)}", it, it, [HANG],
-                   culprits or stuck, 0, cost, None, None, None, start, end, not resolved,
-                   evidence={"hang": dict(hang), "stuck_ranks": stuck, "ranks_not_joined": culprits,
-                             "source": "collectors/nccl Flight Recorder hang detector"})
-    inc.cause = (f"collective hang: {hang.get('op', 'a collective')} #{hang.get('seq', '?')} — "
+    cost = (end if end is not None else now) - start
+    inc = Incident(id=f"hang-{hang.process_group}-{hang.seq}", first_iteration=it,
+                   last_iteration=it, kinds=[HANG], ranks=culprits or stuck, n_iterations=0, cost_s=cost,
+                   steady_step_ms=None, median_step_ms=None, max_step_ms=None, start_time=start, end_time=end,
+                   open=not hang.resolved,
+                   evidence=IncidentEvidence(hang=hang, stuck_ranks=tuple(stuck),
+                                             ranks_not_joined=tuple(culprits),
+                                             source="collectors/nccl Flight Recorder hang detector"))
+    inc.cause = (f"collective hang: {hang.op} #{hang.seq} — "
                  + (f"rank(s) {', '.join(map(str, culprits))} never reached it" if culprits
                     else f"rank(s) {', '.join(map(str, stuck))} stuck in it"))
     return inc
+
+
+def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int, started_at: float | None,
+                   opened_at: float, closed_at: float | None, single_rank: bool = False,
+                   extra: Mapping[str, Any] | None = None) -> Incident:
+    """The incident of a live stall (perfd.analytics.stall): the iterations the job was on when it
+    stopped (while open, the one record after its last, ``last_iteration`` covering a log interval;
+    once closed, up to the newest the records that ended it reached: steps done before the stop can
+    arrive after it, held in the stopped process), its ranks (the stuck ones first), its cost so far
+    (the silence beyond one usual interval), open until steps resume. ``extra``: what the aggregator
+    gathered for it (stacks, each rank's last collective)."""
+    stall = StallSeen(check, opened_at, closed_at, dict(extra or {}))
+    return Incident(id=f"stall-{first_iteration}", first_iteration=first_iteration,
+                    last_iteration=max(first_iteration, last_iteration), kinds=[STALL],
+                    ranks=list(check.stuck_ranks), n_iterations=0, cost_s=silence_cost_s(stall) or 0.0,
+                    steady_step_ms=None, median_step_ms=None, max_step_ms=None, start_time=started_at,
+                    end_time=closed_at, open=closed_at is None,
+                    evidence=IncidentEvidence(
+                        stall=stall, source="perfd aggregator, live stall detector (perfd.analytics.stall)"),
+                    single_rank=single_rank)
 
 
 def incident_findings(incidents: Sequence[Mapping[str, Any]], run_s: float | None,

@@ -267,13 +267,13 @@ class CaptureDisturbances:
 
     @classmethod
     def of(cls, ds: Sequence[Incident]) -> CaptureDisturbances:
-        costs = [s for d in ds if "inside_incident" not in d.evidence
+        costs = [s for d in ds if d.evidence.inside_incident is None
                  for s in (d.cost_s, d.capture_cost_s) if s is not None]
         return cls(n=len(ds), iterations=sum(d.n_iterations for d in ds),
                    excess_s=sum(costs) if costs else None,
                    stretches=tuple(DisturbanceStretch(
                        first_iteration=d.first_iteration, last_iteration=d.last_iteration,
-                       excess_s=d.capture_cost_s, inside_incident=d.evidence.get("inside_incident"))
+                       excess_s=d.capture_cost_s, inside_incident=d.evidence.inside_incident)
                        for d in ds))
 
     def to_json(self) -> dict[str, Any]:

@@ -39,7 +39,6 @@ from typing import Any
 from perfd import thresholds as shared
 from perfd.analytics import thresholds as th
 from perfd.analytics.evidence import StallReason
-from perfd.analytics.incidents import STALL, Incident
 
 STALL_CADENCE_FACTOR = shared.STALL_CADENCE_FACTOR.value
 STALL_FLOOR_S = shared.STALL_FLOOR_S.value
@@ -117,6 +116,52 @@ class StallCheck:
                 "phase": {"phase": self.phase[0], "since": self.phase[1]} if self.phase else None,
                 "ranks": {str(r.rank): {"state": r.state, "cpu_cores": r.cpu_cores, "gpu_util": r.gpu_util,
                                         "pid": r.pid, "node": r.node} for r in self.ranks}}
+
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> StallCheck:
+        """Back from :meth:`to_json` (the state store's incidents; a rank's start is not kept)."""
+        phase = d.get("phase")
+        ranks = d.get("ranks") or {}
+        return StallCheck(
+            Status(str(d.get("status"))), _num(d.get("silent_s")), _num(d.get("limit_s")),
+            _num(d.get("cadence_s")),
+            tuple(StallReason(r) for r in d.get("reasons") or [] if r in StallReason._value2member_map_),
+            tuple(int(r) for r in d.get("stuck_ranks") or []),
+            ((str(phase.get("phase")), _num(phase.get("since")) or 0.0)
+             if isinstance(phase, Mapping) else None),
+            tuple(RankSeen(int(r), str(x.get("state")), x.get("cpu_cores"), x.get("gpu_util"), x.get("pid"),
+                           x.get("node")) for r, x in ranks.items()),
+            d.get("capture"))
+
+
+def _num(v: Any) -> float | None:
+    """A number read back as it was written (an int stays one: the JSON served again is the same)."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True)
+class StallSeen:
+    """A live stall as its incident keeps it: the check, when the stall opened and closed, and what the
+    aggregator gathered for it (``extra``: the ranks' stacks and last collectives, as their agents sent
+    them — free-form text and numbers, kept as they came)."""
+
+    check: StallCheck
+    opened_at: float
+    closed_at: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.check.to_json(), "opened_at": self.opened_at, "closed_at": self.closed_at,
+                **self.extra}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> StallSeen:
+        """Back from :meth:`to_json` (the state store's incidents)."""
+        own = {"status", "silent_s", "limit_s", "capture", "cadence_s", "reasons", "stuck_ranks", "phase",
+               "ranks", "opened_at", "closed_at"}
+        return StallSeen(StallCheck.from_json(d), _num(d.get("opened_at")) or 0.0, _num(d.get("closed_at")),
+                         {k: v for k, v in d.items() if k not in own})
 
 
 def stall_limit(cadence_s: float) -> float:
@@ -205,16 +250,16 @@ def _idle(r: RankSeen) -> bool:
     return r.gpu_util is None or r.gpu_util < GPU_BUSY
 
 
-def silence_cost_s(stall: Mapping[str, Any] | None) -> float | None:
-    """What a stall's silence cost (``StallCheck.to_json``): the time beyond one usual interval
-    between records. A floor under the cost of the incident that carries the stall: a stop that falls
-    between two steps (after one ended, before the next began) lies in no step's time, and only the
-    wall clock between records sees it."""
-    silent = (stall or {}).get("silent_s")
-    if not isinstance(silent, (int, float)):
+def silence_cost_s(stall: StallSeen | None) -> float | None:
+    """What a stall's silence cost: the time beyond one usual interval between records. A floor under
+    the cost of the incident that carries the stall: a stop that falls between two steps (after one
+    ended, before the next began) lies in no step's time, and only the wall clock between records
+    sees it."""
+    silent = stall.check.silent_s if stall is not None else None
+    if silent is None:
         return None
-    cadence = (stall or {}).get("cadence_s")
-    return max(0.0, float(silent) - (float(cadence) if isinstance(cadence, (int, float)) else 0.0))
+    cadence = stall.check.cadence_s if stall is not None else None
+    return max(0.0, float(silent) - (float(cadence) if cadence is not None else 0.0))
 
 
 def job_clock_gap_s(ends: Sequence[float | None]) -> float | None:
@@ -235,21 +280,3 @@ def delivery_only(check: StallCheck, job_gap_s: float | None) -> bool:
     if _PROCESS_WORD & set(check.reasons):
         return False  # a rank stopped or gone is the kernel's word: the records do not overrule it
     return job_gap_s is not None and check.limit_s is not None and job_gap_s <= check.limit_s
-
-
-def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int, started_at: float | None,
-                   opened_at: float, closed_at: float | None, single_rank: bool = False,
-                   extra: Mapping[str, Any] | None = None) -> Incident:
-    """The incident of a live stall: the iterations the job was on when it stopped (while open, the
-    one record after its last, ``last_iteration`` covering a log interval; once closed, up to the
-    newest the records that ended it reached: steps done before the stop can arrive after it, held in
-    the stopped process), its ranks (the stuck ones first), its cost so far (the silence beyond one
-    usual interval), open until steps resume. ``extra``: what the aggregator gathered for it (stacks,
-    each rank's last collective)."""
-    stall = {**check.to_json(), "opened_at": opened_at, "closed_at": closed_at, **(extra or {})}
-    ev = {"stall": stall, "source": "perfd aggregator, live stall detector (perfd.analytics.stall)"}
-    cost = silence_cost_s(stall) or 0.0
-    last = max(first_iteration, last_iteration)
-    return Incident(f"stall-{first_iteration}", first_iteration, last, [STALL], list(check.stuck_ranks), 0,
-                    cost, None, None, None, started_at, closed_at, closed_at is None, evidence=ev,
-                    single_rank=single_rank)

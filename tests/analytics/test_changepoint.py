@@ -58,8 +58,8 @@ def test_the_shift_is_one_incident_counted_to_the_end_and_in_goodput() -> None:
     inc = shifts[0]
     assert (inc.first_iteration, inc.last_iteration, inc.open) == (151, 300, True)
     assert inc.cost_s == pytest.approx(150 * 0.030)  # Σ(step − level before) to the end
-    cp = inc.evidence["change_point"]
-    assert cp["before_ms"] == 60.0 and cp["after_ms"] == 90.0
+    cp = inc.evidence.change_point
+    assert cp is not None and cp.before_ms == 60.0 and cp.after_ms == 90.0
     assert "shifted from 60 to 90 ms at iteration 151" in inc.cause
     gp = a.summary.to_json()["goodput"]
     assert gp["parts_s"]["incident"] == pytest.approx(inc.cost_s)

@@ -32,7 +32,8 @@ def test_a_slowdown_that_starts_as_perfds_capture_ends_is_blamed_on_the_capture(
     found = detect_incidents(its, {}, {11: True}, 0, None)
     (inc,) = found.incidents
     assert (inc.first_iteration, inc.last_iteration, inc.kinds) == (13, 14, [SLOW]) and inc.open
-    assert inc.verdict["cause"] == "after_capture" and "perfd's own capture ended" in inc.cause
+    assert inc.verdict is not None and inc.verdict.cause == "after_capture"
+    assert "perfd's own capture ended" in inc.cause
     assert [(d.first_iteration, d.last_iteration) for d in found.disturbances] == [(11, 11)]
 
 
@@ -49,7 +50,7 @@ def test_a_capture_inside_an_incident_is_left_out_of_its_cost() -> None:
     # (on the H100 an ncu range inside the armed rank's level shift was listed nowhere once that
     # incident went as the arming's); their time is the incident's capture_cost_s, not counted again.
     (d,) = found.disturbances
-    assert (d.first_iteration, d.last_iteration) == (14, 15) and d.evidence["inside_incident"] == inc.id
+    assert (d.first_iteration, d.last_iteration) == (14, 15) and d.evidence.inside_incident == inc.id
     listed = CaptureDisturbances.of(found.disturbances).to_json()
     assert listed["excess_s"] is None and listed["stretches"][0]["inside_incident"] == inc.id
     assert listed["stretches"][0]["excess_s"] == d.capture_cost_s

@@ -222,7 +222,8 @@ def test_the_slow_data_stretch_is_one_incident_with_its_cost(run: dict[str, Any]
     # stretch joined it for 28% (8.5 of 11.9 s, seen), so there more than half.
     assert in_stretch >= (0.8 if load_per_cpu() < BUSY_LOAD_PER_CPU else 0.5) * lost_s
     # The cause is the data wait (typed), not a guess: it grew by most of the slowdown.
-    assert inc.verdict["cause"] == "data_wait" and "data loading took up to" in inc.cause
+    assert inc.verdict is not None and inc.verdict.cause == "data_wait"
+    assert "data loading took up to" in inc.cause
 
 
 def test_the_headline_names_only_what_is_known(analysed: dict[str, Any]) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from perfd import events
-from perfd.aggregator.stalls import LATE_RECORDS
 from perfd.analytics.evidence import StallReason
+from perfd.analytics.incident_evidence import Withdrawal
 from perfd.analytics.stall import (
     STARTING,
     RankSeen,
@@ -80,7 +80,7 @@ def test_records_that_came_late_withdraw_the_stall(ranks: Any) -> None:
     assert not h.incidents()
     assert h.st.stalls.late_total[JOB] == 1
     closed = [e for e in h.st.recent_events(JOB) if e["kind"] == events.INCIDENT_CLOSED.name]
-    assert closed and closed[-1]["payload"]["withdrawn"] == LATE_RECORDS
+    assert closed and closed[-1]["payload"]["withdrawn"] == Withdrawal.LATE_RECORDS.value
 
 
 def test_records_made_after_the_silence_keep_the_stall_with_the_jobs_own_gap(ranks: Any) -> None:
