@@ -122,12 +122,14 @@ class Lifecycle:
         """Since when the job counts as ended (the time of its last step, or of its last activity for
         one that never stepped), None while it runs, is stalled or an agent of it is still here."""
         st = self.agg.state
-        ov = st.job_overview(job)
+        snap = st.snapshot(job)
         holders = self.agg.guard.hosts(job) | st.job_agents(job)
-        if ov is None:  # held but with nothing in the job store (events only): ended once nobody is here
+        if snap is None:  # held but with nothing in the job store (events only): ended once nobody is here
             return None if any(self._live(a) for a in holders) else 0.0
-        if ov.get("last_step_time"):
-            return float(ov["last_step_time"]) if ov["state"] == ENDED else None
+        last = snap.overview.get("last_step_time")
+        if last:
+            # its state as of the clock (as before snapshots), not ``now``
+            return float(last) if snap.state_at()[0] == ENDED else None
         if any(self._live(a) for a in holders):
             return None  # starting: no step yet, an agent of it still connected
         act = st.jobs.activity(job)
