@@ -345,10 +345,11 @@ class AggregatorState:
 
     def _snapshot_version(self, job: str) -> Hashable:
         """What a snapshot of the job shows depends on: the generation (ingest, incidents, settings),
-        the placement's version, the stall watch's, and the analysis held (its identity: a snapshot
-        holds the analysis, so its id is not reused while one is held)."""
-        return (self._generation, self.nodes.placement_version, self.stalls.version,
-                id(self.jobs.cached_analysis(job)))
+        the job's step records (their count and last time), the placement's version, the stall
+        watch's, and the analysis held (its identity: a snapshot holds the analysis, so its id is not
+        reused while one is held)."""
+        return (self._generation, self.jobs.steps_key(job), self.nodes.placement_version,
+                self.stalls.version, id(self.jobs.cached_analysis(job)))
 
     def _build_snapshot(self, job: str, version: Hashable) -> JobSnapshot | None:
         ov = self.jobs.overview(job)
