@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,11 +50,12 @@ from perfd.aggregator.jobs import (
 from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, Snapshots
-from perfd.aggregator.stalls import StallWatch
+from perfd.aggregator.stalls import SendCommand, StallWatch
 from perfd.aggregator.steady_gpm import SteadyGpm
 from perfd.analytics.arming import ARMING_NOT_INCIDENT, ArmingCost, is_the_arming
 from perfd.analytics.attribution import RankPlacement, gpu_hints
 from perfd.analytics.bottleneck import GpmReading
+from perfd.analytics.collective_config import CollectiveConfig
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
 from perfd.analytics.host_evidence import host_items
@@ -110,7 +112,8 @@ class AggregatorState:
         self.transport_stats: Callable[[], dict[str, int]] | None = None
         # Bumped by every change a job's snapshot shows that no part's own version says (ingest,
         # incidents, settings): a snapshot built at another generation is built anew when asked for.
-        self._generation = 0
+        self._generation = 0  # guarded by _generation_lock (ingest, the refresher and HTTP all bump it)
+        self._generation_lock = threading.Lock()
         self._job_stale_after_s: float | None = None  # --job-stale-after (None: from the job's steps)
         self.snapshots = Snapshots(self._build_snapshot, self._snapshot_version)
         # SGLang records per job and their analysis (its own lock; see aggregator/serving).
@@ -139,6 +142,11 @@ class AggregatorState:
         self.log.handle(JOB_PHASE, self.hosts.on_job_phase)
         self.log.handle(RANK_STACKS, self.hosts.on_rank_stacks)
 
+    def _bump(self) -> None:
+        """Something a job's snapshot shows changed: the next read builds it anew."""
+        with self._generation_lock:
+            self._generation += 1
+
     @property
     def job_stale_after_s(self) -> float | None:
         return self._job_stale_after_s
@@ -146,7 +154,40 @@ class AggregatorState:
     @job_stale_after_s.setter
     def job_stale_after_s(self, value: float | None) -> None:
         self._job_stale_after_s = value
-        self._generation += 1
+        self._bump()
+
+    def configure(self, collectives: CollectiveConfig | None,
+                  collectives_per_job: Mapping[str, CollectiveConfig], job_stale_after_s: float | None,
+                  stall_phase_max_s: float) -> None:
+        """The aggregator's settings: link capabilities for the collective analysis (all jobs, and per
+        job), --job-stale-after and --stall-phase-max-s."""
+        if collectives is not None:
+            self.collectives.config = collectives
+        self.collectives.job_config.update(collectives_per_job)
+        self.job_stale_after_s = job_stale_after_s
+        self.stalls.phase_max_s = stall_phase_max_s
+
+    def connect(self, standing: Callable[[str, str], int], send: SendCommand) -> None:
+        """The aggregator's guard and server: who keeps an iteration two hosts wrote (its standing),
+        and how a stall asks its agents for the ranks' stacks."""
+        self.jobs.standing = standing
+        self.stalls.send = send
+
+    def jobs_on(self, agent_id: str) -> set[str]:
+        """The jobs whose processes run on the agent's GPUs (a node agent reports them)."""
+        return self.nodes.jobs_on(agent_id)
+
+    def agents_seen(self) -> dict[str, float]:
+        """agent -> when it was last seen."""
+        return self.nodes.agents_seen()
+
+    def holds_data(self, job: str) -> bool:
+        """The job has step records or job info, collective records or serving records."""
+        return self.jobs.has_data(job) or self.collectives.has_job(job) or job in self.serving.job_names()
+
+    def activity(self, job: str) -> tuple[float, float] | None:
+        """(when its last step arrived, or 0.0; when anything of it last did); None: not held."""
+        return self.jobs.activity(job)
 
     @property
     def event_listeners(self) -> list[Callable[[Mapping[str, Any]], None]]:
@@ -160,7 +201,7 @@ class AggregatorState:
         if node is not None:  # a live Hello (a replayed one holds only its jobs)
             self.nodes.said_hello(agent_id, node, capabilities or {})
         self.jobs.hello(agent_id, jobs, now)
-        self._generation += 1
+        self._bump()
 
     def series_defined(self, agent_id: str, series_ids: Sequence[int]) -> None:
         """A stream of the agent (re)defined these series ids (before samples that use them)."""
@@ -171,7 +212,7 @@ class AggregatorState:
                        values: Sequence[float]) -> None:
         self.nodes.ingest_samples(agent_id, series_defs, series_ids, timestamps_ns, values,
                                   lambda model: self._note_gpu_model(agent_id, model))
-        self._generation += 1  # a GPU model named: the job's overview shows it
+        self._bump()  # a GPU model named: the job's overview shows it
 
     def _note_gpu_model(self, agent_id: str, model: str) -> None:
         """The GPU model an agent's series name: its own job's (a sidecar with NVML), and that of
@@ -182,7 +223,7 @@ class AggregatorState:
 
     def ingest_job_info(self, agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None:
         self.jobs.ingest_job_info(agent_id, job, info, now)
-        self._generation += 1
+        self._bump()
 
     def forget_job(self, job: str) -> None:
         """Drop everything held of the job (perfd.aggregator.lifecycle prunes it)."""
@@ -199,14 +240,14 @@ class AggregatorState:
         self.steady_gpm.forget(job)
         self.snapshots.forget(job)
         self._conflicts = {k: v for k, v in self._conflicts.items() if k[0] != job}
-        self._generation += 1
+        self._bump()
 
     def forget_agent(self, agent_id: str) -> None:
         """Drop what the agent sent that is not a job's (its node series, process lists)."""
         self.nodes.forget_agent(agent_id)
         self.jobs.forget_agent(agent_id)
         self.hosts.forget_agent(agent_id)
-        self._generation += 1
+        self._bump()
 
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None
                      ) -> StepConflicts:
@@ -215,7 +256,7 @@ class AggregatorState:
         REFUSAL_LOG_INTERVAL_S: a flood of conflicting records must not push real events out of
         the bounded log). Returns what was kept out, for the caller to count."""
         out = self.jobs.ingest_steps(agent_id, steps, now)
-        self._generation += 1
+        self._bump()
         if not (out.other_agent or out.displaced) or self.replaying:
             return out
         now = time.time()
@@ -255,11 +296,11 @@ class AggregatorState:
         for job in {r.job for r in recs}:
             self.jobs.add_agent(job, agent_id)
         self.collectives.ingest(agent_id, recs)
-        self._generation += 1
+        self._bump()
 
     def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, Any]]) -> None:
         self.log.ingest(agent_id, evs)
-        self._generation += 1  # process lists, rank hosts, serving records: what a snapshot shows
+        self._bump()  # process lists, rank hosts, serving records: what a snapshot shows
 
     def _on_hang(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
         self.collectives.add_hang_event(agent_id, ev)  # merged across agents by the analysis
@@ -292,10 +333,6 @@ class AggregatorState:
         them), held until a process list of the job changes or its agents do (gpu_views). What a
         job's snapshot holds as its placement; its consumers read it there."""
         return dict(self._placements.get(job, self.jobs.agents_of(job), world_size).ranks)
-
-    def job_nodes(self, job: str) -> set[str]:
-        """The nodes the job runs on (NodeView.job_nodes): what perfd_job_node_info exports."""
-        return self.nodes.job_nodes(job, self.jobs.agents_of(job))
 
     def job_gpu_series(self, job: str) -> list[tuple[str, NodeSeries]]:
         """(agent, series) of the GPU series of the job's GPUs (as :meth:`gpu_view` finds them)."""
@@ -431,7 +468,7 @@ class AggregatorState:
                 self.incidents.withdraw(job, inc.id, now, ARMING_NOT_INCIDENT)
             found = [inc for inc in found if all(inc is not a for a in armed)]
         self.incidents.update(job, found, snapshot, self.captures_of(job), now)
-        self._generation += 1  # the job's incidents: its snapshot shows them
+        self._bump()  # the job's incidents: its snapshot shows them
         if not self.incidents.open_incidents(job):
             self._snapshot_views.pop(job, None)
 
@@ -651,7 +688,7 @@ class AggregatorState:
     def set_new_normal(self, job: str, iteration: int | None) -> int | None:
         """The job's lasting shift is its new normal from ``iteration`` (perfd.aggregator.jobs)."""
         at = self.jobs.set_new_normal(job, iteration)
-        self._generation += 1
+        self._bump()
         return at
 
     def node_series(self, node_series: bool = True) -> list[tuple[str, NodeSeries]]:
