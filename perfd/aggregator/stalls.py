@@ -136,9 +136,9 @@ class StallWatch:
         # How long after a job's last record its announced pauses may hold a stall back (the
         # aggregator's --stall-phase-max-s; perfd.analytics.thresholds.STALL_PHASE_MAX_S).
         self.phase_max_s = PHASE_MAX_S
-        # Bumped (under the lock) at every tick and forget: a job's snapshot shows its stall, and is
-        # built anew when this moves (perfd.aggregator.snapshot).
-        self.version = 0
+        # job -> bumped (under the lock) at each of its ticks: the job's snapshot shows its stall, and
+        # is built anew when this moves (perfd.aggregator.snapshot).
+        self._versions: dict[str, int] = {}
 
     def stalled(self, job: str) -> StallCheck | None:
         """The job's open stall's latest check (None: no open stall)."""
@@ -146,12 +146,17 @@ class StallWatch:
             st = self._open.get(job)
         return st.check if st is not None and st.closed_at is None else None
 
+    def version(self, job: str) -> int:
+        """Moves whenever the job's stall may have (at each tick of the job)."""
+        with self._lock:
+            return self._versions.get(job, 0)
+
     def forget(self, job: str) -> None:
         with self._lock:
             self._open.pop(job, None)
             self.opened_total.pop(job, None)
             self.late_total.pop(job, None)
-            self.version += 1
+            self._versions.pop(job, None)
 
     def tick(self, state: StallSource, job: str, now: float | None = None) -> StallCheck:
         """Check the job now; open, update or close its stall incident. Returns the check."""
@@ -159,7 +164,7 @@ class StallWatch:
             return self._tick(state, job, time.time() if now is None else now)
         finally:
             with self._lock:
-                self.version += 1
+                self._versions[job] = self._versions.get(job, 0) + 1
 
     def _tick(self, state: StallSource, job: str, now: float) -> StallCheck:
         snap = state.snapshot(job)

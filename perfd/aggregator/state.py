@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
@@ -386,7 +387,7 @@ class AggregatorState:
         watch's, and the analysis held (its identity: a snapshot holds the analysis, so its id is not
         reused while one is held)."""
         return (self._generation, self.jobs.steps_key(job), self.nodes.placement_version,
-                self.stalls.version, id(self.jobs.cached_analysis(job)))
+                self.stalls.version(job), id(self.jobs.cached_analysis(job)))
 
     def _build_snapshot(self, job: str, version: Hashable) -> JobSnapshot | None:
         ov = self.jobs.overview(job)
@@ -396,8 +397,8 @@ class AggregatorState:
         placement = self._placements.get(job, agents)  # held: no placing per snapshot
         names_agents = set(agents)
         return JobSnapshot(
-            job=job, agents=frozenset(agents), version=version, overview=ov,
-            analysis=self.jobs.cached_analysis(job), placed_ranks=dict(placement.ranks),
+            job=job, agents=frozenset(agents), version=version, overview=MappingProxyType(ov),
+            analysis=self.jobs.cached_analysis(job), placed_ranks=MappingProxyType(dict(placement.ranks)),
             processes_alive=bool(placement.ranks) if placement.gpus else None,
             nodes=frozenset(self.nodes.job_nodes(job, agents)),
             incidents=tuple(self.incidents.incidents(job)),
