@@ -57,6 +57,7 @@ from perfd.aggregator.gpu_views import SIGHTING_SERIES as _SIGHTING_SERIES
 from perfd.aggregator.incidents import BASELINE_EVERY_S
 from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.runtime import GC_THRESHOLDS
+from perfd.aggregator.snapshot import overview_of
 from perfd.analytics.attribution import gpu_hints, place_ranks
 from perfd.analytics.incidents import Incident
 from perfd.model import StepRecord
@@ -241,7 +242,7 @@ def run(nodes: int, gpus: int, calls: int) -> dict[str, Any]:
             "gpu_snapshot": snapshot,
             # how long a pass's snapshots keep one view of this job (0: read at every pass)
             "snapshot_view_kept_s": max(0.0, interval - BASELINE_EVERY_S),
-            "job_overview": _timed(lambda: st.job_overview(JOB), calls),  # placement held
+            "job_overview": _timed(lambda: overview_of(st.snapshot(JOB)), calls),  # placement held
             "placed_ranks": _timed(lambda: st.placed_ranks(JOB), calls)}  # held: a copy of the mapping
 
 

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from benchmarks.baseline_bench import JOB, build
-from perfd.aggregator import state as state_mod
+from perfd.aggregator import snapshot as snapshot_mod
 from perfd.aggregator.incidents import BASELINE_EVERY_S, BASELINE_RANKS_PER_EVERY_S
+from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics import liveness
 from perfd.analytics.attribution import place_ranks
@@ -101,16 +102,16 @@ def test_job_overview_liveness_as_before(monkeypatch: pytest.MonkeyPatch) -> Non
         alive.append(alive_)
         return real(age, step_s, alive_, stale)
 
-    monkeypatch.setattr(state_mod, "job_state", seen)
+    monkeypatch.setattr(snapshot_mod, "job_state", seen)
     st = AggregatorState()
     st.hello("a", ["gpt"])
-    assert st.job_overview("gpt") is not None and alive[-1] is None  # no process list: unknown
+    assert overview_of(st.snapshot("gpt")) is not None and alive[-1] is None  # no process list: unknown
     _procs(st, "a", "0", [{"pid": 5, "name": "python"}])  # a process list, no rank placed
-    assert st.job_overview("gpt") is not None and alive[-1] is False
+    assert overview_of(st.snapshot("gpt")) is not None and alive[-1] is False
     _procs(st, "a", "0", [{"pid": 5, "rank": 0, "job": "gpt"}])  # a rank placed: alive
-    assert st.job_overview("gpt") is not None and alive[-1] is True
+    assert overview_of(st.snapshot("gpt")) is not None and alive[-1] is True
     _procs(st, "a", "0", [{"pid": 5, "rank": 0, "job": "other"}])  # the GPU went to another job
-    assert st.job_overview("gpt") is not None and alive[-1] is None  # as place_ranks over gpu_procs
+    assert overview_of(st.snapshot("gpt")) is not None and alive[-1] is None  # as place_ranks over gpu_procs
     assert st.gpu_procs("gpt") == {}
 
 

@@ -22,6 +22,8 @@ from typing import Any
 from perfd import catalog
 from perfd import limits as L
 from perfd.aggregator import rule_scopes
+from perfd.aggregator.job_rows import job_rows
+from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.arming import ArmingCost, measure_arming
 from perfd.analytics.bottleneck import BottleneckClass
@@ -34,7 +36,7 @@ from perfd.analytics.run_analysis import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS
 from perfd.refusals import Refusals
-from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine
+from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine, ScopeKey
 from perfd.rules.model import CaptureAction, CaptureTargets
 from perfd.transport.codec import Command
 
@@ -125,9 +127,14 @@ class CaptureCoordinator:
             self.engine.forget_job(job)
 
     # ---- targets ---------------------------------------------------------------------------
+    def _snapshot(self, job: str) -> JobSnapshot | None:
+        """The job's snapshot with its analysis current (recomputed here if new data arrived,
+        rate-limited: the rules read what the tick's refresh just analysed)."""
+        return self.state.snapshot(job, Analysed.CURRENT)
+
     def _latest(self, job: str) -> IterationResult | None:
-        a = self.state.analysis(job)
-        return a.iterations[-1] if a is not None and a.iterations else None
+        snap = self._snapshot(job)
+        return snap.latest if snap is not None else None
 
     def slowest_rank(self, job: str) -> int | None:
         it = self._latest(job)
@@ -143,7 +150,8 @@ class CaptureCoordinator:
         the ranks it names (at most MAX_INCIDENT_RANKS: a capture of every rank of a large job is not
         what an incident needs)."""
         out: list[int] = []
-        recs = [i.incident for i in self.state.incidents.typed_incidents(job) if i.open]
+        snap = self.state.snapshot(job)
+        recs = [r.incident for r in snap.open_incidents()] if snap is not None else []
         for inc in sorted(recs, key=lambda i: -(i.cost_s or 0.0)):
             blamed = inc.verdict.rank if inc.verdict is not None else None
             for r in [blamed] if blamed is not None else inc.ranks:
@@ -164,12 +172,13 @@ class CaptureCoordinator:
         if targets.slowest_rank or targets.incident_ranks:  # an incident naming no rank: the slowest
             r = self.slowest_rank(job)
             return (r,) if r is not None else None
-        placed = self.state.placed_ranks(job)
+        snap = self._snapshot(job) if targets.pp_stage is not None else self.state.snapshot(job)
+        placed = snap.placed_ranks if snap is not None else {}
         if targets.node is not None:
             ranks = tuple(sorted(r for r, p in placed.items() if p.node == targets.node))
             return ranks or None
         if targets.pp_stage is not None:
-            a = self.state.analysis(job)
+            a = snap.analysis if snap is not None else None
             pp, world = (a.job.layout.pp, a.job.layout.world_size) if a is not None else (None, None)
             if pp and world:
                 per_stage = world // pp  # Megatron's default order puts pp outermost
@@ -178,31 +187,27 @@ class CaptureCoordinator:
         return None  # the whole job
 
     # ---- evaluation ------------------------------------------------------------------------
-    def scope_values(self) -> dict[Any, dict[str, float | None]]:
+    def scope_values(self) -> dict[ScopeKey, dict[str, float | None]]:
         """What the rules read: every job series /metrics exports, by scope, for each job that has
         not ended (perfd.aggregator.rule_scopes); GPU series only where some rule reads them."""
-        states = {}
-        for job in self.state.job_names():
-            ov = self.state.job_overview(job)
-            if ov is not None:
-                states[job] = ov["state"]
-        ended = {j for j, s in states.items() if s == ENDED}
-        latest = {}
-        for job in (j for j, s in states.items() if s == RUNNING):  # /metrics: derived gauges while running
-            it = self._latest(job)
-            if it is not None:
-                latest[job] = it
-        out: dict[Any, dict[str, float | None]] = {}
-        rule_scopes.add_rows(out, rule_scopes.job_rows(self.state, latest), ended)
+        now = time.time()
+        first = [s for j in self.state.job_names() if (s := self.state.snapshot(j)) is not None]
+        ended = {s.job for s in first if s.state_at(now)[0] == ENDED}
+        for s in first:  # a running job's analysis current before the rules read it (rate-limited)
+            if s.state_at(now)[0] == RUNNING:
+                self._snapshot(s.job)
+        snaps = [s for j in (s.job for s in first) if (s := self.state.snapshot(j)) is not None]
+        latest = latest_of_running(snaps, now)  # /metrics' derived gauges: running jobs only
+        out: dict[ScopeKey, dict[str, float | None]] = {}
+        rule_scopes.add_rows(out, job_rows(self.state, snaps, latest, now), ended)
         for job in latest:  # every job metric is a key; an absent one is None (a rule on it stays pending)
             vals = out.setdefault(job, {})
             for m in catalog.job_metrics():
                 vals.setdefault(m.name, None)
         if self.engine is not None:
-            rule_scopes.add_gpu_values(out, self.state, [j for j in states if j not in ended],
-                                       self.engine.reads("gpu"), self.engine.reads("rank"))
-            rule_scopes.add_rank_host_values(out, self.state, [j for j in states if j not in ended],
-                                             self.engine.reads("rank"))
+            live = [s for s in snaps if s.job not in ended]  # a job that ended has no scope
+            rule_scopes.add_gpu_values(out, live, self.engine.reads("gpu"), self.engine.reads("rank"))
+            rule_scopes.add_rank_host_values(out, live, self.engine.reads("rank"))
         return out
 
     def evaluate(self, now: float | None = None) -> list[Firing]:
@@ -308,7 +313,8 @@ class CaptureCoordinator:
         (each agent captures only the ranks it hosts). Never an agent that does not host the job.
         An agent's node: where the GPU processes it reports run, else the node its Hello named (a
         job's sidecar reads no GPU: its ranks are placed by the node's agent, issue 46)."""
-        placed = self.state.placed_ranks(job)
+        snap = self.state.snapshot(job)
+        placed = snap.placed_ranks if snap is not None else {}
         if self.hosts is not None:
             agents_all = sorted(self.hosts(job))
         else:
@@ -316,11 +322,7 @@ class CaptureCoordinator:
         if not ranks or not placed:
             return agents_all
         nodes = {placed[r].node for r in ranks if r in placed}
-        node_of = self.state.nodes.node_of_agent()
-        for agent in agents_all:
-            said = self.state.nodes.hello_of(agent) if agent not in node_of else None
-            if said is not None and said[0]:
-                node_of[agent] = said[0]
+        node_of = self.state.agent_nodes(agents_all)
         chosen = sorted({a for a, n in node_of.items() if n in nodes and a in agents_all})
         return chosen or agents_all
 
@@ -382,8 +384,9 @@ class CaptureCoordinator:
         ranks = (rec.result or {}).get("ranks") if isinstance(rec.result, dict) else None
         if not isinstance(ranks, dict):
             return
-        a = self.state.jobs.cached_analysis(rec.job)
-        got = self.state.jobs.records_and_layout(rec.job)
+        snap = self.state.snapshot(rec.job)
+        a = snap.analysis if snap is not None else None
+        got = self.state.records_and_layout(rec.job)
         steady = a.steady.iterations if a is not None else []
         framework = Framework.of(a.job.framework if a is not None else None)
         fl, timers = (contexts(a.summary.medians, a.peak, a.job.layout.pp, a.flops)
@@ -430,9 +433,9 @@ class CaptureCoordinator:
                 continue
             at = {int(r): float(t) for r, t in armed.items()
                   if str(r).isdigit() and isinstance(t, (int, float)) and not isinstance(t, bool)}
-            got = self.state.jobs.records_and_layout(rec.job)
+            got = self.state.records_and_layout(rec.job)
             if at and got is not None:
-                return measure_arming(got[0], at, self.state.jobs.capture_windows(rec.job))
+                return measure_arming(got[0], at, self.state.capture_windows(rec.job))
         return None
 
     def of_job(self, job: str) -> list[dict[str, Any]]:

@@ -63,7 +63,7 @@ class Lifecycle:
         it connects again, and no job is held by a Hello any more (no stream is open)."""
         self._loop = loop
         now = self.clock()
-        agents = set(self.agg.state.nodes.agents_seen()) | {a for j in self.agg.guard.held_jobs()
+        agents = set(self.agg.state.agents_seen()) | {a for j in self.agg.guard.held_jobs()
                                                               for a in self.agg.guard.hosts(j)}
         for agent in agents:
             self.stream_ended(agent, now)
@@ -111,8 +111,7 @@ class Lifecycle:
 
     # ---- any thread ----------------------------------------------------------------------------
     def _has_data(self, job: str) -> bool:
-        st = self.agg.state
-        return st.jobs.has_data(job) or st.collectives.has_job(job) or job in st.serving.job_names()
+        return self.agg.state.holds_data(job)
 
     def _live(self, agent: str) -> bool:
         with self._lock:
@@ -122,15 +121,17 @@ class Lifecycle:
         """Since when the job counts as ended (the time of its last step, or of its last activity for
         one that never stepped), None while it runs, is stalled or an agent of it is still here."""
         st = self.agg.state
-        ov = st.job_overview(job)
+        snap = st.snapshot(job)
         holders = self.agg.guard.hosts(job) | st.job_agents(job)
-        if ov is None:  # held but with nothing in the job store (events only): ended once nobody is here
+        if snap is None:  # held but with nothing in the job store (events only): ended once nobody is here
             return None if any(self._live(a) for a in holders) else 0.0
-        if ov.get("last_step_time"):
-            return float(ov["last_step_time"]) if ov["state"] == ENDED else None
+        last = snap.overview.get("last_step_time")
+        if last:
+            # its state as of the clock (as before snapshots), not ``now``
+            return float(last) if snap.state_at()[0] == ENDED else None
         if any(self._live(a) for a in holders):
             return None  # starting: no step yet, an agent of it still connected
-        act = st.jobs.activity(job)
+        act = st.activity(job)
         return act[1] if act is not None else 0.0
 
     def _prune(self, job: str, why: str) -> None:

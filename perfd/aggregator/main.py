@@ -102,11 +102,8 @@ class Aggregator:
         self.cfg = cfg
         self.state = AggregatorState(cfg.max_iterations_per_job, gpu_override=cfg.gpu,
                                      peak_tflops=cfg.peak_tflops, max_bytes_per_job=cfg.max_bytes_per_job)
-        if cfg.collectives is not None:  # link capabilities for the collective analysis
-            self.state.collectives.config = cfg.collectives
-        self.state.collectives.job_config.update(cfg.collectives_per_job)
-        self.state.job_stale_after_s = cfg.job_stale_after_s
-        self.state.stalls.phase_max_s = cfg.stall_phase_max_s
+        self.state.configure(cfg.collectives, cfg.collectives_per_job,  # links for the collective analysis
+                             cfg.job_stale_after_s, cfg.stall_phase_max_s)
         self.refusals = Refusals()
         tls = None
         if cfg.tls_cert or cfg.tls_key or cfg.tls_client_ca:
@@ -120,8 +117,7 @@ class Aggregator:
             policy = IdentityPolicy(cfg.identity_policy)
         self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None,
                            identity_of=lambda agent: self.server.identity_of(agent))
-        self.state.jobs.standing = self.guard.standing  # who keeps an iteration two hosts wrote
-        self.guard.placed_jobs = self.state.nodes.jobs_on  # a node agent reports the jobs on its GPUs
+        self.guard.placed_jobs = self.state.jobs_on  # a node agent reports the jobs on its GPUs
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
         self.store: StateStore | None = (StateStore(cfg.state_dir, max_bytes=cfg.state_max_bytes)
                                          if cfg.state_dir else None)
@@ -133,7 +129,8 @@ class Aggregator:
                                             if self.store is not None else None),
                                    admit_series=self._admit_series, policy=policy,
                                    on_stream_end=lambda agent: self.lifecycle.stream_ended(agent))
-        self.state.stalls.send = self.server.send_command  # a stall asks its agents for the ranks' stacks
+        # who keeps an iteration two hosts wrote; a stall asks its agents for the ranks' stacks
+        self.state.connect(self.guard.standing, self.server.send_command)
         self.http: HttpServer | None = None
         self.grpc_port = 0
         self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.server.send_command,

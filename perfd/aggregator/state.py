@@ -7,19 +7,25 @@
 - perfd/aggregator/incidents.py — each job's incidents with the GPU evidence of the time;
 - perfd/aggregator/hosts.py — each job's rank processes on their hosts, announced pauses, stacks;
 - perfd/aggregator/stalls.py — each job's live stall (opened within seconds, closed when steps resume);
-- perfd/aggregator/serving.py — SGLang records per job and their analysis (serving view).
+- perfd/aggregator/serving.py — SGLang records per job and their analysis (serving view);
+- perfd/aggregator/snapshot.py — each job as its consumers read it (an immutable JobSnapshot), built
+  here at each analysis refresh and whenever the state changed since.
 
 Ingest is called from the gRPC event loop; readers (HTTP /metrics and the JSON API, the rules loop)
-run in other threads: each part has its own lock, and no method holds two at once.
+run in other threads: each part has its own lock, and no method holds two at once. A job's snapshot
+is built outside every lock (each part read under its own) and stored whole: a reader holds an
+immutable one while the next is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
@@ -44,23 +50,23 @@ from perfd.aggregator.jobs import (
 )
 from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
-from perfd.aggregator.stalls import StallWatch
+from perfd.aggregator.snapshot import Analysed, JobSnapshot, Snapshots
+from perfd.aggregator.stalls import SendCommand, StallWatch
 from perfd.aggregator.steady_gpm import SteadyGpm
 from perfd.analytics.arming import ArmingCost, is_the_arming
 from perfd.analytics.attribution import RankPlacement, gpu_hints
 from perfd.analytics.bottleneck import GpmReading
 from perfd.analytics.budget import Part
+from perfd.analytics.collective_config import CollectiveConfig
 from perfd.analytics.collectives import CollectiveAnalysis
 from perfd.analytics.diagnosis import TimelineClass
-from perfd.analytics.goodput import with_incidents, with_stall
 from perfd.analytics.host_evidence import host_items
 from perfd.analytics.incident_evidence import RankSnapshot, Withdrawal
-from perfd.analytics.incidents import HANG, STEP_FACTOR, Incident, hang_incident
+from perfd.analytics.incidents import STEP_FACTOR, Incident, hang_incident
 from perfd.analytics.job_budget import capture_timeline, ncu_of
-from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
+from perfd.analytics.liveness import stale_after
 from perfd.analytics.ncu_remedies import rows_class
 from perfd.analytics.run_analysis import RunAnalysis
-from perfd.analytics.verdict_text import stall_text
 from perfd.events import (
     GPU_PODS,
     GPU_PROCESSES,
@@ -71,6 +77,7 @@ from perfd.events import (
     SERVING_DATA,
     STEP_CONFLICT,
 )
+from perfd.exporters.prometheus import Row
 from perfd.limits import REFUSAL_LOG_INTERVAL_S
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.transport.series import SeriesKey
@@ -106,7 +113,12 @@ class AggregatorState:
         # The transport's counters, taken when /api/stats or /metrics asks (once per read: each
         # call walks every stream). Set by the aggregator.
         self.transport_stats: Callable[[], dict[str, int]] | None = None
-        self.job_stale_after_s: float | None = None  # --job-stale-after (None: from the job's steps)
+        # Bumped by every change a job's snapshot shows that no part's own version says (ingest,
+        # incidents, settings): a snapshot built at another generation is built anew when asked for.
+        self._generation = 0  # guarded by _generation_lock (ingest, the refresher and HTTP all bump it)
+        self._generation_lock = threading.Lock()
+        self._job_stale_after_s: float | None = None  # --job-stale-after (None: from the job's steps)
+        self.snapshots = Snapshots(self._build_snapshot, self._snapshot_version)
         # SGLang records per job and their analysis (its own lock; see aggregator/serving).
         self.serving = ServingStore()
         self.incidents = IncidentTracker(lambda evs: self.ingest_events("aggregator", evs))
@@ -133,6 +145,53 @@ class AggregatorState:
         self.log.handle(JOB_PHASE, self.hosts.on_job_phase)
         self.log.handle(RANK_STACKS, self.hosts.on_rank_stacks)
 
+    def _bump(self) -> None:
+        """Something a job's snapshot shows changed: the next read builds it anew."""
+        with self._generation_lock:
+            self._generation += 1
+
+    @property
+    def job_stale_after_s(self) -> float | None:
+        return self._job_stale_after_s
+
+    @job_stale_after_s.setter
+    def job_stale_after_s(self, value: float | None) -> None:
+        self._job_stale_after_s = value
+        self._bump()
+
+    def configure(self, collectives: CollectiveConfig | None,
+                  collectives_per_job: Mapping[str, CollectiveConfig], job_stale_after_s: float | None,
+                  stall_phase_max_s: float) -> None:
+        """The aggregator's settings: link capabilities for the collective analysis (all jobs, and per
+        job), --job-stale-after and --stall-phase-max-s."""
+        if collectives is not None:
+            self.collectives.config = collectives
+        self.collectives.job_config.update(collectives_per_job)
+        self.job_stale_after_s = job_stale_after_s
+        self.stalls.phase_max_s = stall_phase_max_s
+
+    def connect(self, standing: Callable[[str, str], int], send: SendCommand) -> None:
+        """The aggregator's guard and server: who keeps an iteration two hosts wrote (its standing),
+        and how a stall asks its agents for the ranks' stacks."""
+        self.jobs.standing = standing
+        self.stalls.send = send
+
+    def jobs_on(self, agent_id: str) -> set[str]:
+        """The jobs whose processes run on the agent's GPUs (a node agent reports them)."""
+        return self.nodes.jobs_on(agent_id)
+
+    def agents_seen(self) -> dict[str, float]:
+        """agent -> when it was last seen."""
+        return self.nodes.agents_seen()
+
+    def holds_data(self, job: str) -> bool:
+        """The job has step records or job info, collective records or serving records."""
+        return self.jobs.has_data(job) or self.collectives.has_job(job) or job in self.serving.job_names()
+
+    def activity(self, job: str) -> tuple[float, float] | None:
+        """(when its last step arrived, or 0.0; when anything of it last did); None: not held."""
+        return self.jobs.activity(job)
+
     @property
     def event_listeners(self) -> list[Callable[[Mapping[str, Any]], None]]:
         """Called with every event ingested: capture progress goes to the capture coordinator."""
@@ -145,6 +204,7 @@ class AggregatorState:
         if node is not None:  # a live Hello (a replayed one holds only its jobs)
             self.nodes.said_hello(agent_id, node, capabilities or {})
         self.jobs.hello(agent_id, jobs, now)
+        self._bump()
 
     def series_defined(self, agent_id: str, series_ids: Sequence[int]) -> None:
         """A stream of the agent (re)defined these series ids (before samples that use them)."""
@@ -155,6 +215,7 @@ class AggregatorState:
                        values: Sequence[float]) -> None:
         self.nodes.ingest_samples(agent_id, series_defs, series_ids, timestamps_ns, values,
                                   lambda model: self._note_gpu_model(agent_id, model))
+        self._bump()  # a GPU model named: the job's overview shows it
 
     def _note_gpu_model(self, agent_id: str, model: str) -> None:
         """The GPU model an agent's series name: its own job's (a sidecar with NVML), and that of
@@ -165,6 +226,7 @@ class AggregatorState:
 
     def ingest_job_info(self, agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None:
         self.jobs.ingest_job_info(agent_id, job, info, now)
+        self._bump()
 
     def forget_job(self, job: str) -> None:
         """Drop everything held of the job (perfd.aggregator.lifecycle prunes it)."""
@@ -179,13 +241,16 @@ class AggregatorState:
         self._snapshot_views.pop(job, None)
         self._tracked.pop(job, None)
         self.steady_gpm.forget(job)
+        self.snapshots.forget(job)
         self._conflicts = {k: v for k, v in self._conflicts.items() if k[0] != job}
+        self._bump()
 
     def forget_agent(self, agent_id: str) -> None:
         """Drop what the agent sent that is not a job's (its node series, process lists)."""
         self.nodes.forget_agent(agent_id)
         self.jobs.forget_agent(agent_id)
         self.hosts.forget_agent(agent_id)
+        self._bump()
 
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None
                      ) -> StepConflicts:
@@ -194,6 +259,7 @@ class AggregatorState:
         REFUSAL_LOG_INTERVAL_S: a flood of conflicting records must not push real events out of
         the bounded log). Returns what was kept out, for the caller to count."""
         out = self.jobs.ingest_steps(agent_id, steps, now)
+        self._bump()
         if not (out.other_agent or out.displaced) or self.replaying:
             return out
         now = time.time()
@@ -233,9 +299,11 @@ class AggregatorState:
         for job in {r.job for r in recs}:
             self.jobs.add_agent(job, agent_id)
         self.collectives.ingest(agent_id, recs)
+        self._bump()
 
     def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, Any]]) -> None:
         self.log.ingest(agent_id, evs)
+        self._bump()  # process lists, rank hosts, serving records: what a snapshot shows
 
     def _on_hang(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
         self.collectives.add_hang_event(agent_id, ev)  # merged across agents by the analysis
@@ -265,12 +333,9 @@ class AggregatorState:
 
     def placed_ranks(self, job: str, world_size: int | None = None) -> dict[int, RankPlacement]:
         """place_ranks over :meth:`gpu_procs` (a copy; its RankPlacements are shared, never mutate
-        them), held until a process list of the job changes or its agents do (gpu_views)."""
+        them), held until a process list of the job changes or its agents do (gpu_views). What a
+        job's snapshot holds as its placement; its consumers read it there."""
         return dict(self._placements.get(job, self.jobs.agents_of(job), world_size).ranks)
-
-    def job_nodes(self, job: str) -> set[str]:
-        """The nodes the job runs on (NodeView.job_nodes): what perfd_job_node_info exports."""
-        return self.nodes.job_nodes(job, self.jobs.agents_of(job))
 
     def job_gpu_series(self, job: str) -> list[tuple[str, NodeSeries]]:
         """(agent, series) of the GPU series of the job's GPUs (as :meth:`gpu_view` finds them)."""
@@ -295,18 +360,54 @@ class AggregatorState:
         if a is not None and self._tracked.get(job) is not a:
             self._tracked[job] = a
             self._track_incidents(job, a)
+            self.snapshots.get(job, rebuild=True)  # the job's snapshot of this analysis
         return a
 
     def cached_analysis(self, job: str) -> RunAnalysis | None:
-        """The last analysis, never recomputed here (what /metrics serves: a scrape never waits on
-        an analysis; the aggregator's refresher keeps it current)."""
+        """The last analysis, never recomputed here (a scrape never waits on an analysis; the
+        aggregator's refresher keeps it current)."""
         return self.jobs.cached_analysis(job)
 
-    def served_analysis(self, job: str) -> RunAnalysis | None:
-        """What the JSON API answers with: the refresher's last analysis, so a request never waits
-        on one — computed here only for a job that has none yet."""
-        a = self.cached_analysis(job)
-        return a if a is not None else self.analysis(job)
+    # ---- snapshots: what every consumer reads -----------------------------------------------------
+    def snapshot(self, job: str, analysed: Analysed = Analysed.CACHED, force: bool = False
+                 ) -> JobSnapshot | None:
+        """The job's latest snapshot (perfd.aggregator.snapshot); None for a job the store does not
+        hold. ``analysed``: CACHED, the refresher's last analysis (/metrics: a scrape never waits on
+        one); SERVED, computed here only for a job that has none yet (the JSON API); CURRENT,
+        recomputed if new data arrived, rate-limited unless ``force`` (the rules, W&B)."""
+        snap = self.snapshots.get(job)
+        if snap is None:  # an unknown job is not analysed
+            return None
+        if analysed is Analysed.CURRENT or (analysed is Analysed.SERVED and snap.analysis is None):
+            self.analysis(job, force=force)
+            return self.snapshots.get(job)
+        return snap
+
+    def _snapshot_version(self, job: str) -> Hashable:
+        """What a snapshot of the job shows depends on: the generation (ingest, incidents, settings),
+        the job's step records (their count and last time), the placement's version, the stall
+        watch's, and the analysis held (its identity: a snapshot holds the analysis, so its id is not
+        reused while one is held)."""
+        return (self._generation, self.jobs.steps_key(job), self.nodes.placement_version,
+                self.stalls.version(job), id(self.jobs.cached_analysis(job)))
+
+    def _build_snapshot(self, job: str, version: Hashable) -> JobSnapshot | None:
+        ov = self.jobs.overview(job)
+        if ov is None:
+            return None
+        agents = self.jobs.agents_of(job)
+        placement = self._placements.get(job, agents)  # held: no placing per snapshot
+        names_agents = set(agents)
+        return JobSnapshot(
+            job=job, agents=frozenset(agents), version=version, overview=MappingProxyType(ov),
+            analysis=self.jobs.cached_analysis(job), placed_ranks=MappingProxyType(dict(placement.ranks)),
+            processes_alive=bool(placement.ranks) if placement.gpus else None,
+            nodes=frozenset(self.nodes.job_nodes(job, agents)),
+            incidents=self.incidents.typed_incidents(job),
+            stall=self.stalls.stalled(job), stale_after_override_s=self._job_stale_after_s,
+            gpus=lambda names=None: self.nodes.gpu_view(names_agents, names, job=job),
+            hosts=lambda now=None: self.hosts.observations(job, now),
+            hosts_last_running=lambda: self.hosts.last_running(job))
 
     def refresh(self) -> None:
         """Analyse every job that has new data and update its incidents (the aggregator's periodic
@@ -326,6 +427,7 @@ class AggregatorState:
                 self.stalls.tick(self, job)  # every tick: a stall shows while no data comes
             except Exception:
                 log.exception("stall check of job %s failed", job)
+            self.snapshots.get(job, rebuild=True)  # what every reader reads until the next tick
 
     def _track_incidents(self, job: str, a: RunAnalysis) -> None:
         found = list(a.incidents)
@@ -369,6 +471,7 @@ class AggregatorState:
                 self.incidents.withdraw(job, inc.id, now, Withdrawal.NCU_ARMING)
             found = [inc for inc in found if all(inc is not a for a in armed)]
         self.incidents.update(job, found, snapshot, self.captures_of(job), now)
+        self._bump()  # the job's incidents: its snapshot shows them
         if not self.incidents.has_open(job):
             self._snapshot_views.pop(job, None)
 
@@ -540,63 +643,56 @@ class AggregatorState:
     def job_of_agent(self, agent_id: str) -> str | None:
         return self.jobs.job_of(agent_id)
 
-    def job_overview(self, job: str) -> dict[str, Any] | None:
-        """The job's overview, with its liveness: ``state`` running | stalled | ended."""
-        ov = self.jobs.overview(job)
-        if ov is None:
-            return None
-        a = self.jobs.cached_analysis(job)
-        med_ms = a.summary.median("step_time_ms") if a is not None else None
-        placement = self._placements.get(job, self.jobs.agents_of(job))  # held: no placing per call
-        alive = bool(placement.ranks) if placement.gpus else None
-        state, why = job_state(ov["last_step_age_s"], med_ms / 1e3 if med_ms else None, alive,
-                               self.job_stale_after_s)
-        live = self.stalls.stalled(job)  # a live stall (perfd.analytics.stall) says so within seconds
-        if live is not None and state in (RUNNING, ENDED):
-            # An open stall has seen its rank processes there (stopped, idle): not ended, whatever the
-            # age of its last step says (issue 43 item 7: a SIGSTOPped hook job read "ended" after
-            # 60 s while its own stall said "stalled", and could be pruned as ended).
-            state, why = STALLED, stall_text(live.silent_s, live.cadence_s, live.reasons)
-        if live is not None:
-            ov["stall"] = live.to_json()  # its ranks, each rank's process state
-        ov.update(state=state, state_reason=why,
-                  stale_after_s=stale_after(med_ms / 1e3 if med_ms else None, self.job_stale_after_s))
-        return ov
+    def job_view_rows(self) -> tuple[list[Row], list[Row]]:
+        """/metrics rows beside the jobs' snapshots: every job's incident counters (those holding
+        data at 0) and the serving jobs' gauges."""
+        return self.incidents.metric_rows(self.jobs_with_data()), self.serving.rows()
 
-    def running_jobs(self) -> list[str]:
-        """Jobs whose derived gauges belong on /metrics and in rule evaluation."""
+    def step_histograms(self, jobs: Sequence[str]) -> list[tuple[str, list[tuple[str, float]], float]]:
+        """The step-time histograms of ``jobs`` (perfd.aggregator.jobs)."""
+        return self.jobs.step_histograms(jobs)
+
+    def own_counters(self) -> dict[str, int]:
+        """The aggregator's own ingest counters on /metrics."""
+        return {"perfd_aggregator_samples_total": self.nodes.samples,
+                "perfd_aggregator_step_records_total": self.jobs.stats.steps}
+
+    def host_series(self, agents: Collection[str]) -> list[tuple[str, NodeSeries]]:
+        """(agent, series) of the host series (perfd_host_*) of ``agents``."""
+        return [(a, s) for a, s in self.nodes.snapshot() if a in agents and s.name.startswith("perfd_host_")]
+
+    def gpu_sources(self, agents: Collection[str], nodes: Collection[str]) -> list[dict[str, Any]]:
+        """What each of ``agents`` and every agent on ``nodes`` said of its NVML collector in its Hello."""
         out = []
-        for job in self.job_names():
-            ov = self.job_overview(job)
-            if ov is not None and ov["state"] == RUNNING:
-                out.append(job)
+        for agent in sorted(set(agents) | self.nodes.agents_on(nodes)):
+            said = self.nodes.hello_of(agent)
+            if said is not None:
+                out.append({"agent": agent, "node": said[0], "nvml": said[1].get("nvml")})
         return out
 
-    def stalled_seconds(self, job: str) -> float | None:
-        """Seconds since the last step while stalled, 0.0 while running, None when ended/unknown."""
-        ov = self.job_overview(job)
-        if ov is None or ov["state"] == ENDED:
-            return None
-        return float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0
+    def agent_nodes(self, agents: Collection[str]) -> dict[str, str]:
+        """agent -> its node: where the GPU processes it reports run, else (for ``agents``) the node
+        its Hello named (a job's sidecar reads no GPU: its ranks are placed by the node's agent)."""
+        node_of = self.nodes.node_of_agent()
+        for agent in agents:
+            said = self.nodes.hello_of(agent) if agent not in node_of else None
+            if said is not None and said[0]:
+                node_of[agent] = said[0]
+        return node_of
 
-    def goodput(self, job: str, ov: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-        """The job's goodput (perfd.analytics.goodput JSON) as of now: its analysis' split with the
-        incident part the cost of the incidents the job lists (the same incidents, whatever the
-        source: a hang's time is stall, not incident, and so is a live stall's silence between steps:
-        only the part of an incident's cost in its steps' time counts), plus the time since its last
-        step while it is stalled."""
-        a = self.jobs.cached_analysis(job)
-        run_gp = a.summary.goodput if a is not None else None
-        if run_gp is None:
-            return None
-        gp = run_gp.to_json()  # served as JSON: the live parts are added to it
-        listed = [c for i in self.incidents.typed_incidents(job) if not i.disturbance
-                  and HANG not in i.kinds and (c := i.step_cost_s()) is not None]
-        gp = with_incidents(gp, float(sum(listed)))
-        ov = ov if ov is not None else self.job_overview(job)
-        if ov is not None and ov["state"] == STALLED:
-            return with_stall(gp, float(ov.get("last_step_age_s") or 0.0))
-        return dict(gp)
+    def records_and_layout(self, job: str) -> tuple[list[StepRecord], Any, str | None] | None:
+        """The job's step records, layout and GPU (perfd.aggregator.jobs), for a capture's diagnosis."""
+        return self.jobs.records_and_layout(job)
+
+    def capture_windows(self, job: str) -> list[tuple[float, float]]:
+        """(start, end) of the job's captures, as the job store marks their iterations disturbed."""
+        return self.jobs.capture_windows(job)
+
+    def set_new_normal(self, job: str, iteration: int | None) -> int | None:
+        """The job's lasting shift is its new normal from ``iteration`` (perfd.aggregator.jobs)."""
+        at = self.jobs.set_new_normal(job, iteration)
+        self._bump()
+        return at
 
     def node_series(self, node_series: bool = True) -> list[tuple[str, NodeSeries]]:
         """(agent id, series) pairs for export, GPU and host series only when ``node_series``; a

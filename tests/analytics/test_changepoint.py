@@ -112,7 +112,7 @@ def test_goodputs_incident_part_is_the_cost_of_the_incidents_listed_for_every_so
     steps = [95.0 + d for d in data]
     st = _feed(kind, steps, data)
     listed = st.incidents.incidents("j")
-    gp = st.goodput("j")
+    gp = st.snapshot("j").goodput()  # type: ignore[union-attr]
     assert gp is not None and listed
     assert gp["parts_s"]["incident"] == pytest.approx(sum(i["cost_s"] for i in listed))
     assert gp["parts_s"]["incident"] == pytest.approx(3.0)

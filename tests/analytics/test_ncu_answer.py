@@ -18,6 +18,7 @@ import pytest
 
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import job_summary
+from perfd.aggregator.snapshot import Analysed
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
 from perfd.analytics.incidents import LEVEL_SHIFT
@@ -138,7 +139,7 @@ def test_through_the_aggregator_the_ranges_step_is_the_captures_disturbance() ->
     earlier steps, no unarmed rank: the arming cost is unmeasured, and the report says nothing of it."""
     _, armed, armed_at, window = runs()
     st, coord = _replayed(armed, window, armed_at)
-    a = st.served_analysis(JOB)
+    a = st.snapshot(JOB, Analysed.SERVED).analysis  # type: ignore[union-attr]
     assert a is not None and a.incidents == [] and st.incidents.incidents(JOB) == []
     range_it = RESUMED_AT + int(recording()["range_step"])
     stretches = a.summary.capture_disturbances.to_json()["stretches"]
@@ -170,7 +171,7 @@ def test_through_the_aggregator_the_report_states_the_arming_cost() -> None:
     assert f["severity"] == "warning" and f["observation"].startswith("Arming ncu cost rank(s) 0 +")
     range_it = RESUMED_AT + int(recording()["range_step"])
     assert st.incidents.incidents(JOB) == []
-    a = st.served_analysis(JOB)
+    a = st.snapshot(JOB, Analysed.SERVED).analysis  # type: ignore[union-attr]
     assert a is not None
     # what the analysis sees, the range's step inside it: the arming's shift, with the capture's step
     (shift,) = [i for i in a.incidents if LEVEL_SHIFT in i.kinds]

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from perfd.aggregator.state import AggregatorState
-from perfd.aggregator.wandb_sync import WandbSync
+from perfd.aggregator.wandb_sync import WandbSync, gpu_labels
+from perfd.analytics.attribution import place_ranks
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.wandb import iteration_metrics
 from tests.procs import wait_for as _wait
@@ -200,8 +201,8 @@ class _GpuViewState:
 def test_wandb_gets_gpu_keys_for_gpus_without_rank_placement() -> None:
     from perfd.exporters.wandb import node_metrics
 
-    sync = WandbSync(_GpuViewState(), _RecordingExporter())  # type: ignore[arg-type]
-    assert node_metrics(sync._gpu_values("j")) == {
+    procs, values, _ = _GpuViewState().gpu_view("j")
+    assert node_metrics(gpu_labels(place_ranks(procs, job="j"), values)) == {
         "perfd_gpu_power_watts/rank=0": 300.0,
         "perfd_gpu_power_watts/node=node-a,gpu=1": 120.0,
         "perfd_gpu_power_watts/node=node-b,gpu=0": 90.0}
