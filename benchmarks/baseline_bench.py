@@ -58,8 +58,8 @@ from perfd.aggregator.incidents import BASELINE_EVERY_S
 from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.runtime import GC_THRESHOLDS
 from perfd.aggregator.snapshot import overview_of
-from perfd.analytics.attribution import gpu_hints, place_ranks
-from perfd.analytics.incidents import Incident
+from perfd.analytics.incidents.attribution import gpu_hints, place_ranks
+from perfd.analytics.incidents.detect import Incident
 from perfd.model import StepRecord
 from perfd.transport.codec import decode_batch, encode_batch
 from perfd.transport.gen import perfd_pb2 as pb

@@ -218,7 +218,7 @@ class JobInfo:
     packages: dict[str, str] = field(default_factory=dict)
 
 
-# The packages perfd's remedies name (perfd.analytics.remedies), as JobInfo.packages keys.
+# The packages perfd's remedies name (perfd.analytics.advice.remedies), as JobInfo.packages keys.
 PACKAGE_TE = "transformer_engine"
 PACKAGE_APEX = "apex"
 PACKAGE_FLASH_ATTN = "flash_attn"
@@ -282,7 +282,7 @@ class Sample:
 
 
 # --- LLM serving (SGLang): one record per logged batch, the server's start-up facts, a parsed
-# ``/metrics`` scrape. Produced by collectors/sglang, analysed by perfd.analytics.serving on the
+# ``/metrics`` scrape. Produced by collectors/sglang, analysed by perfd.analytics.serving.analysis on the
 # aggregator (and offline by ``perfd analyze sglang``).
 
 BatchKind = Literal["prefill", "decode"]

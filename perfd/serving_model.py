@@ -1,6 +1,6 @@
 """The served model as a serving job's configuration states it (``model:`` of the sglang collector and
 of the aggregator's serving analysis): checked by the collector at start-up, read by the analysis
-(perfd.analytics.serving_spec), so it sits below both.
+(perfd.analytics.serving.spec), so it sits below both.
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ class Threshold:
     rules: tuple[RuleRef, ...] = ()
 
 
-# --- host evidence of a rank process (perfd.analytics.host_evidence, collectors/ranks) ------------------
+# --- host evidence of a rank process (perfd.analytics.incidents.host_evidence, collectors/ranks)
+# ------------------
 _HOST = "DESIGN.md §2 Who is to blame (host evidence of the rank's process: issue 35)"
 CPU_WAIT_SCAN = Threshold(
     0.10, "a rank waiting for a CPU a tenth of the time it wants one starts the scan that names who else "
@@ -68,7 +69,8 @@ IO_PRESSURE_SHARE = Threshold(
     0.30, "tasks stalled on I/O (PSI some) 30% of the time, or the rank itself in disk sleep: it is "
     "blocked in I/O", _HOST)
 
-# --- a stall seen live (perfd.analytics.stall) -----------------------------------------------------------
+# --- a stall seen live (perfd.analytics.incidents.stall)
+# -----------------------------------------------------------
 _STALL = "DESIGN.md §2 Diagnosis playbook (hangs); issue 35 item 3"
 STALL_CADENCE_FACTOR = Threshold(
     4.0, "no step record for four of the job's usual intervals between records (its log interval's "

@@ -10,7 +10,7 @@ from typing import Any
 from perfd.aggregator.http import _StateCollector, job_gpus
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.attribution import place_ranks
+from perfd.analytics.incidents.attribution import place_ranks
 from perfd.events import GPU_PROCESSES
 
 NODE = "n7"

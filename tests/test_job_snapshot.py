@@ -15,7 +15,7 @@ from collectors.megatron import parse_file
 from perfd.aggregator import rule_scopes, stalls
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running, overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.liveness import ENDED, RUNNING, STALLED
+from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"

@@ -184,7 +184,7 @@ def test_agent_and_aggregator_never_import_torch():
     """Run in a fresh interpreter: importing the agent, aggregator and collectors loads no torch."""
     code = (
         "import sys, importlib\n"
-        "mods = ['perfd.cli', 'perfd.analytics.run_analysis', 'collectors.megatron']\n"
+        "mods = ['perfd.cli', 'perfd.analytics.steps.run_analysis', 'collectors.megatron']\n"
         "import pkgutil\n"
         "for m in ('perfd.agent.main', 'perfd.aggregator.main', 'collectors.nvml', 'collectors.host'):\n"
         "    try:\n"

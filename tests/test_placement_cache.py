@@ -15,9 +15,9 @@ from perfd.aggregator import snapshot as snapshot_mod
 from perfd.aggregator.incidents import BASELINE_EVERY_S, BASELINE_RANKS_PER_EVERY_S
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics import liveness
-from perfd.analytics.attribution import place_ranks
-from perfd.analytics.incidents import Incident
+from perfd.analytics.incidents.attribution import place_ranks
+from perfd.analytics.incidents.detect import Incident
+from perfd.analytics.steps import liveness
 from perfd.events import GPU_PROCESSES
 
 NODE = "n1"

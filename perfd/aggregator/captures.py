@@ -25,14 +25,14 @@ from perfd.aggregator import rule_scopes
 from perfd.aggregator.job_rows import job_rows
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.arming import ArmingCost, measure_arming
-from perfd.analytics.bottleneck import BottleneckClass
-from perfd.analytics.budget import NO_FLOPS, NO_TIMERS
-from perfd.analytics.capture_findings import diagnose_capture, steady_compute_ms
-from perfd.analytics.job_budget import contexts
-from perfd.analytics.liveness import ENDED, RUNNING
-from perfd.analytics.remedies import Framework
-from perfd.analytics.run_analysis import IterationResult
+from perfd.analytics.advice.remedies import Framework
+from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.budget import NO_FLOPS, NO_TIMERS
+from perfd.analytics.breakdown.capture_findings import diagnose_capture, steady_compute_ms
+from perfd.analytics.breakdown.job_budget import contexts
+from perfd.analytics.ncu.arming import ArmingCost, measure_arming
+from perfd.analytics.steps.liveness import ENDED, RUNNING
+from perfd.analytics.steps.run_analysis import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS
 from perfd.refusals import Refusals
@@ -67,19 +67,19 @@ class CaptureRecord:
     agent_capture_ids: list[str] = field(default_factory=list)  # the agents' store ids
     started_at: float | None = None  # epoch s, when an agent reported the capture running
     finished_at: float | None = None
-    findings: list[dict[str, Any]] = field(default_factory=list)  # perfd.analytics.capture_findings
+    findings: list[dict[str, Any]] = field(default_factory=list)  # perfd.analytics.breakdown.capture_findings
     recommendations: list[dict[str, Any]] = field(default_factory=list)
     bottleneck: str | None = None  # the class the captured timeline supports
     bottleneck_reason: str | None = None
     decided: dict[str, Any] | None = None  # {"rank", "device"} whose step budget decided the class
-    budget: dict[str, Any] | None = None  # that device's step budget (perfd.analytics.budget JSON)
+    budget: dict[str, Any] | None = None  # that device's step budget (perfd.analytics.breakdown.budget JSON)
     slowdown: dict[str, float] = field(default_factory=dict)  # rank -> kernels' slowdown vs steady
     stack: bool = False  # Kineto with Python stacks (module names; a slower capture)
     # How long the capture's range held the step it profiled, as its agent measured it (an ncu range:
     # tens of seconds while ncu replays the kernels); those steps are the capture's, never a stall.
     range_held_s: float | None = None
     # What arming ncu costs the captured ranks, measured from the job's steps when the capture ended
-    # (perfd.analytics.arming JSON; the job's report measures it again over the steps it then holds).
+    # (perfd.analytics.ncu.arming JSON; the job's report measures it again over the steps it then holds).
     arming: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The aggregator's collective records: bounded per-job retention, dedupe, analysis, /metrics rows.
 
 Ingest (gRPC event loop) and readers (HTTP thread) share one lock of this store's own; the analysis
-(:func:`perfd.analytics.collectives.analyze_collectives`) runs outside it, rate-limited, and only
+(:func:`perfd.analytics.collectives.analysis.analyze_collectives`) runs outside it, rate-limited, and only
 when records, hang events or the job's step records changed.
 
 Dedupe: a batch re-delivered after a reconnect, or an op that two dumps both show, replaces the
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import limits as L
-from perfd.analytics.collective_config import CollectiveConfig
-from perfd.analytics.collectives import CollectiveAnalysis, analyze_collectives
+from perfd.analytics.collectives.analysis import CollectiveAnalysis, analyze_collectives
+from perfd.analytics.collectives.config import CollectiveConfig
 from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
@@ -237,7 +237,7 @@ def collective_configs(inter_link: str | None = None, inter: Sequence[str] = (),
                        intra: Sequence[str] = ()) -> tuple[CollectiveConfig, dict[str, CollectiveConfig]]:
     """(default, per job) from command-line values ``[JOB=]GBS`` (bus bandwidth in GB/s that the
     inter-node network / the intra-node link reaches per GPU). Raises ValueError with the bad value."""
-    from perfd.analytics.collective_groups import LINKS
+    from perfd.analytics.collectives.groups import LINKS
 
     base = CollectiveConfig()
     if inter_link is not None:

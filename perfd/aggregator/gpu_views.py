@@ -1,6 +1,6 @@
 """Cached views of a job's GPUs for the aggregator's frequent readers.
 
-Placing every rank of a big job (perfd.analytics.attribution.place_ranks over every GPU's process
+Placing every rank of a big job (perfd.analytics.incidents.attribution.place_ranks over every GPU's process
 list) costs ~2.5 us a rank (8,000 ranks: 16-20 ms on a 2-core VM, plus 30 ms to copy the lists out
 of the node view; `perfd bench baseline`), and /metrics, the rules, the liveness of every job and
 every incident snapshot asked for it anew. :class:`PlacementCache` keeps each job's placement until
@@ -21,10 +21,10 @@ from typing import Any
 
 from perfd import catalog
 from perfd.aggregator.nodes import GpuKey, NodeView
-from perfd.analytics.attribution import HINT_SERIES, RankPlacement, gpu_hints, place_ranks
-from perfd.analytics.evidence import Evidence, causal_key
-from perfd.analytics.host_evidence import host_items
-from perfd.analytics.incident_evidence import RankSnapshot
+from perfd.analytics.incidents.attribution import HINT_SERIES, RankPlacement, gpu_hints, place_ranks
+from perfd.analytics.incidents.evidence import Evidence, causal_key
+from perfd.analytics.incidents.host_evidence import host_items
+from perfd.analytics.incidents.incident_evidence import RankSnapshot
 
 # The GPU series an incident keeps as evidence of the time (besides gpu_hints' comparison).
 SNAPSHOT_SERIES = frozenset({

@@ -23,9 +23,9 @@ from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
 from perfd.aggregator.job_rows import job_row_groups
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running, overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
-from perfd.analytics.host_evidence import job_cpu_use
-from perfd.analytics.run_analysis import RunAnalysis
+from perfd.analytics.incidents.attribution import foreign_processes, gpu_hints, place_ranks
+from perfd.analytics.incidents.host_evidence import job_cpu_use
+from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
 from perfd.exporters.remote_write import TargetStats
@@ -240,7 +240,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
 
 
 def collectives_json(state: AggregatorState, job: str) -> dict[str, Any] | None:
-    """The job's collective analysis (perfd.analytics.collectives); None without NCCL data."""
+    """The job's collective analysis (perfd.analytics.collectives.analysis); None without NCCL data."""
     try:
         a = state.collective_analysis(job, cached=True)
     except Exception as exc:  # counted in the store; the rest of the summary still answers
@@ -440,7 +440,7 @@ NEW_NORMAL = "/new-normal"
 
 def _new_normal(handler: _Handler, job: str, body: dict[str, Any]) -> None:
     """POST /api/jobs/<job>/new-normal [{"iteration": N}]: the job's lasting shift
-    (perfd.analytics.changepoint) is its new normal from iteration N (default: after the last one
+    (perfd.analytics.steps.changepoint) is its new normal from iteration N (default: after the last one
     held); its cost stops being counted there."""
     it = body.get("iteration")
     if it is not None and (not isinstance(it, int) or isinstance(it, bool) or it < 0):

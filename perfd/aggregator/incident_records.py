@@ -1,6 +1,6 @@
 """An incident as the aggregator's tracker keeps it (perfd/aggregator/incidents.py), typed.
 
-The incident itself (perfd.analytics.incidents.Incident, with the evidence and verdict the tracker
+The incident itself (perfd.analytics.incidents.detect.Incident, with the evidence and verdict the tracker
 gathered while it ran) and what only the tracker adds: the captures that ran during it, when it was
 first seen and last updated, its cost's two parts when it carries a live stall, and why a stall it
 carried was withdrawn. JSON only at the tracker's edges (the HTTP API, the state store, the events):
@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from perfd.analytics.evidence import verdict_from_json
-from perfd.analytics.incident_evidence import IncidentEvidence, Withdrawal
-from perfd.analytics.incidents import CAPTURE, STALL, Incident
-from perfd.analytics.stall import silence_cost_s
+from perfd.analytics.incidents.detect import CAPTURE, STALL, Incident
+from perfd.analytics.incidents.evidence import verdict_from_json
+from perfd.analytics.incidents.incident_evidence import IncidentEvidence, Withdrawal
+from perfd.analytics.incidents.stall import silence_cost_s
 from perfd.events import INCIDENT_OPENED
 
 
@@ -80,7 +80,8 @@ class TrackedIncident:
 def with_stall_cost(rec: TrackedIncident) -> TrackedIncident:
     """An incident that carries a live stall: its cost is the larger of its steps' (Σ step − steady
     median) and the stall's silence beyond one usual interval — a stop between two steps lies in no
-    step's time (perfd.analytics.stall.silence_cost_s), one inside a step in both (never added). Both
+    step's time (perfd.analytics.incidents.stall.silence_cost_s), one inside a step in both (never added).
+    Both
     parts stay in ``cost_parts``: goodput counts only the steps' part as incident (the silence is
     already its window's stall or other part). A stall alone has no steps' part."""
     inc = rec.incident

@@ -1,6 +1,6 @@
 """Incidents as the aggregator saw them: kept for the job's lifetime with the evidence of the time.
 
-perfd.analytics.incidents finds incidents in a job's iterations; only the live aggregator knows
+perfd.analytics.incidents.detect finds incidents in a job's iterations; only the live aggregator knows
 what the involved ranks' GPUs showed *while* it happened (clocks, throttle reasons, power,
 temperature, XID errors, the processes sharing the GPU with their pid and command line), which
 collectives were stuck, and which captures ran. The GPU state is gone once the episode ends (the
@@ -26,11 +26,11 @@ from perfd.aggregator.incident_records import (
     tracked_from_json,
     with_stall_cost,
 )
-from perfd.analytics.attribution import xid_evidence
-from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, decide, merge
-from perfd.analytics.host_evidence import oom_evidence
-from perfd.analytics.incident_evidence import RankSnapshot, Withdrawal, as_kept
-from perfd.analytics.incidents import MAX_INCIDENTS, STALL, Incident, render_cause
+from perfd.analytics.incidents.attribution import xid_evidence
+from perfd.analytics.incidents.detect import MAX_INCIDENTS, STALL, Incident, render_cause
+from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, decide, merge
+from perfd.analytics.incidents.host_evidence import oom_evidence
+from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal, as_kept
 from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class GpuBaseline:
     """What each rank's GPU showed while its job ran steadily (no incident open): how often each kind
     of evidence was seen there. A power cap or a co-tenant present in steady state too cannot explain
     a departure from it; the incident's evidence carries the share (``in_steady_state``) and the
-    verdict leaves such items out of its causes (perfd.analytics.evidence.decide)."""
+    verdict leaves such items out of its causes (perfd.analytics.incidents.evidence.decide)."""
 
     def __init__(self, every_s: float = BASELINE_EVERY_S) -> None:
         self._lock = threading.Lock()

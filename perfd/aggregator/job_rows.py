@@ -9,10 +9,10 @@ from typing import Protocol
 
 from perfd import catalog
 from perfd.aggregator.snapshot import JobSnapshot
-from perfd.analytics.budget import metric_rows as budget_rows
-from perfd.analytics.goodput import metric_rows as goodput_rows
-from perfd.analytics.liveness import ENDED, STALLED
-from perfd.analytics.run_analysis import IterationResult
+from perfd.analytics.breakdown.budget import metric_rows as budget_rows
+from perfd.analytics.steps.goodput import metric_rows as goodput_rows
+from perfd.analytics.steps.liveness import ENDED, STALLED
+from perfd.analytics.steps.run_analysis import IterationResult
 from perfd.exporters.prometheus import Row, iteration_rows
 
 

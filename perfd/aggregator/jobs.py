@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
-from perfd.analytics.bottleneck import GpmReading
-from perfd.analytics.diagnosis import TimelineClass
-from perfd.analytics.run_analysis import AnalysisMemo, RunAnalysis, analyze_run
+from perfd.analytics.breakdown.bottleneck import GpmReading
+from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.analytics.steps.run_analysis import AnalysisMemo, RunAnalysis, analyze_run
 from perfd.limits import MAX_ITERATION_LEAP, REFUSAL_LOG_INTERVAL_S
 from perfd.model import JobInfo, StepRecord, merge_job_info
 
@@ -166,7 +166,7 @@ class JobState:
     disturbed: dict[int, tuple[StepRecord, StepRecord]] = field(default_factory=dict)
     analysis_lock: threading.Lock = field(default_factory=threading.Lock)  # one analysis at a time
     # The iteration from which the user took a lasting shift's level as the new normal
-    # (perfd.analytics.changepoint; POST /api/jobs/<job>/new-normal): its cost stops there.
+    # (perfd.analytics.steps.changepoint; POST /api/jobs/<job>/new-normal): its cost stops there.
     new_normal_at: int | None = None
 
 

@@ -6,7 +6,7 @@
   nobody and holding no data is dropped. One Hello naming 1,000 jobs no longer takes the jobs cap
   for the aggregator's whole life.
 - A job with data (step records, job info, collectives) is held until it is *pruned*: ended
-  (perfd.analytics.liveness) for ``job_retention_s``, or sooner when a newcomer meets the cap or a
+  (perfd.analytics.steps.liveness) for ``job_retention_s``, or sooner when a newcomer meets the cap or a
   quota — then the job that ended first among those held makes room. A running or stalled job is
   never pruned.
 - An agent whose stream ended is *forgotten* ``agent_retention_s`` later unless it came back: its
@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
-from perfd.analytics.liveness import ENDED
+from perfd.analytics.steps.liveness import ENDED
 
 if TYPE_CHECKING:
     from perfd.aggregator.main import Aggregator

@@ -28,7 +28,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
-from perfd.analytics.collective_config import CollectiveConfig
+from perfd.analytics.collectives.config import CollectiveConfig
 from perfd.exporters.httpd import bind_error
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, RemoteWriter, target_name
 from perfd.jobinfo_json import decode_job_info
@@ -86,7 +86,7 @@ class AggregatorConfig:
     collectives: CollectiveConfig | None = None
     collectives_per_job: dict[str, CollectiveConfig] = field(default_factory=dict)
     # Seconds without a step after which a job is stalled or ended (None: 10 of its own median
-    # steps, at least 60 s; perfd.analytics.liveness).
+    # steps, at least 60 s; perfd.analytics.steps.liveness).
     job_stale_after_s: float | None = None
     # How long after a job's last record its announced pauses may hold a live stall back
     # (perfd.thresholds.STALL_PHASE_MAX_S unless given: --stall-phase-max).

@@ -22,13 +22,13 @@ from enum import Enum
 from typing import Any, Protocol
 
 from perfd.aggregator.incident_records import TrackedIncident
-from perfd.analytics.attribution import RankPlacement
-from perfd.analytics.goodput import with_incidents, with_stall
-from perfd.analytics.incidents import HANG
-from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
-from perfd.analytics.run_analysis import IterationResult, RunAnalysis
-from perfd.analytics.stall import StallCheck
-from perfd.analytics.verdict_text import stall_text
+from perfd.analytics.incidents.attribution import RankPlacement
+from perfd.analytics.incidents.detect import HANG
+from perfd.analytics.incidents.stall import StallCheck
+from perfd.analytics.incidents.verdict_text import stall_text
+from perfd.analytics.steps.goodput import with_incidents, with_stall
+from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
+from perfd.analytics.steps.run_analysis import IterationResult, RunAnalysis
 
 GpuKey = tuple[str, str]  # (node, gpu), as perfd.aggregator.nodes keys them
 # Process lists, latest values and active throttle reasons of the job's GPUs, each keyed by (node, gpu).
@@ -132,7 +132,7 @@ class JobSnapshot:
         return float(self.last_step_age_s(now) or 0.0) if state == STALLED else 0.0
 
     def goodput(self, now: float | None = None) -> dict[str, Any] | None:
-        """The job's goodput (perfd.analytics.goodput JSON) as of ``now``: its analysis' split with the
+        """The job's goodput (perfd.analytics.steps.goodput JSON) as of ``now``: its analysis' split with the
         incident part the cost of the incidents the job lists (the same incidents, whatever the
         source: a hang's time is stall, not incident, and so is a live stall's silence between steps:
         only the part of an incident's cost in its steps' time counts), plus the time since its last

@@ -1,5 +1,5 @@
-"""Each job's live stall: checked every aggregator tick (perfd.analytics.stall decides), opened as an
-incident within seconds of the silence limit, with its ranks, each rank's process state, the Python
+"""Each job's live stall: checked every aggregator tick (perfd.analytics.incidents.stall decides), opened
+as an incident within seconds of the silence limit, with its ranks, each rank's process state, the Python
 stacks the agents take when asked (a ``stacks`` command, perfd/agent/stacks.py) and each rank's last
 collective; closed when steps resume.
 
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from perfd import thresholds as th
-from perfd.analytics.evidence import StallReason
-from perfd.analytics.incident_evidence import Withdrawal
-from perfd.analytics.incidents import Incident, stall_incident
-from perfd.analytics.stall import (
+from perfd.analytics.incidents.detect import Incident, stall_incident
+from perfd.analytics.incidents.evidence import StallReason
+from perfd.analytics.incidents.incident_evidence import Withdrawal
+from perfd.analytics.incidents.stall import (
     PHASE_MAX_S,
     CaptureSpan,
     RankSeen,
@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from perfd.aggregator.hosts import HostView
     from perfd.aggregator.incidents import IncidentTracker
     from perfd.aggregator.snapshot import JobSnapshot
-    from perfd.analytics.collectives import CollectiveAnalysis
-    from perfd.analytics.run_analysis import RunAnalysis
+    from perfd.analytics.collectives.analysis import CollectiveAnalysis
+    from perfd.analytics.steps.run_analysis import RunAnalysis
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,8 @@ _CAPTURE_ENDED = ("finished", "failed")
 
 
 def capture_spans(records: list[dict[str, Any]]) -> list[CaptureSpan]:
-    """The job's capture records as the stall check reads them (perfd.analytics.stall.CaptureSpan)."""
+    """The job's capture records as the stall check reads them
+    (perfd.analytics.incidents.stall.CaptureSpan)."""
     out = []
     for c in records:
         status, asked = c.get("status"), c.get("requested_at")

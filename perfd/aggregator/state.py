@@ -53,20 +53,20 @@ from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, Snapshots
 from perfd.aggregator.stalls import SendCommand, StallWatch
 from perfd.aggregator.steady_gpm import SteadyGpm
-from perfd.analytics.arming import ArmingCost, is_the_arming
-from perfd.analytics.attribution import RankPlacement, gpu_hints
-from perfd.analytics.bottleneck import GpmReading
-from perfd.analytics.budget import Part
-from perfd.analytics.collective_config import CollectiveConfig
-from perfd.analytics.collectives import CollectiveAnalysis
-from perfd.analytics.diagnosis import TimelineClass
-from perfd.analytics.host_evidence import host_items
-from perfd.analytics.incident_evidence import RankSnapshot, Withdrawal
-from perfd.analytics.incidents import STEP_FACTOR, Incident, hang_incident
-from perfd.analytics.job_budget import capture_timeline, ncu_of
-from perfd.analytics.liveness import stale_after
-from perfd.analytics.ncu_remedies import rows_class
-from perfd.analytics.run_analysis import RunAnalysis
+from perfd.analytics.breakdown.bottleneck import GpmReading
+from perfd.analytics.breakdown.budget import Part
+from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.analytics.breakdown.job_budget import capture_timeline, ncu_of
+from perfd.analytics.collectives.analysis import CollectiveAnalysis
+from perfd.analytics.collectives.config import CollectiveConfig
+from perfd.analytics.incidents.attribution import RankPlacement, gpu_hints
+from perfd.analytics.incidents.detect import STEP_FACTOR, Incident, hang_incident
+from perfd.analytics.incidents.host_evidence import host_items
+from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal
+from perfd.analytics.ncu.arming import ArmingCost, is_the_arming
+from perfd.analytics.ncu.remedies import rows_class
+from perfd.analytics.steps.liveness import stale_after
+from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.events import (
     GPU_PODS,
     GPU_PROCESSES,
@@ -133,7 +133,7 @@ class AggregatorState:
         # Set by the capture coordinator: the job's capture records (JSON), for incidents and for
         # marking the iterations a capture disturbed.
         self.captures_of: Callable[[str], list[dict[str, Any]]] = lambda job: []
-        # ... and what arming ncu costs the job's armed ranks (perfd.analytics.arming), for its report.
+        # ... and what arming ncu costs the job's armed ranks (perfd.analytics.ncu.arming), for its report.
         self.arming_of: Callable[[str], ArmingCost | None] = lambda job: None
         self.jobs.capture_windows = self._capture_windows
         self.jobs.class_inputs = self._class_inputs

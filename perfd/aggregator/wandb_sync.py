@@ -27,7 +27,7 @@ from typing import Any
 
 from perfd.aggregator.snapshot import Analysed, GpuKey, JobSnapshot, SnapshotSink
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.attribution import RankPlacement
+from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.exporters.wandb import WandbExporter, node_metrics
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The shapes every analyzer returns: a Finding (an observation with its evidence), a Recommendation
-(an action tied to a finding), and the closed set of severities. Apart from perfd.analytics.findings so
+(an action tied to a finding), and the closed set of severities. Apart from perfd.analytics.advice.findings so
 that every analyzer module (run, budget, capture, collectives, serving, incidents) can import them
 without importing each other.
 """
@@ -28,7 +28,7 @@ SEVERITY_ORDER: dict[str, int] = {s.value: i for s, i in _ORDER.items()}  # by v
 
 
 class FindingOrigin(TextEnum):
-    """What made a finding: the run's analyzers, or an incident (perfd.analytics.incidents), whose
+    """What made a finding: the run's analyzers, or an incident (perfd.analytics.incidents.detect), whose
     findings a report remakes from the incidents the live aggregator kept."""
 
     RUN = "run"
@@ -68,7 +68,8 @@ class Recommendation:
     action: str
     detail: str = ""
     impact: float | None = None  # estimated share of the step at stake, for ordering
-    # What a remedy fitted to the job adds (perfd.analytics.remedies), typed for readers that act on it:
+    # What a remedy fitted to the job adds (perfd.analytics.advice.remedies), typed for readers that act on
+    # it:
     remedy: str | None = None  # its RemedyId
     gain_ms: list[float] | None = None  # [low, high] step time saved per step (negative: slower)
     flags: list[str] = field(default_factory=list)  # options to add, as the job's release spells them

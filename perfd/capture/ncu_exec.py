@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from perfd import limits as L
-from perfd.analytics.ncu_join import NO_NCCL_FILTER
+from perfd.analytics.ncu.join import NO_NCCL_FILTER
 from perfd.capture.binaries import find_binary
 from perfd.capture.nsys_exec import session_name, shell_arg
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.budget import StepBudget
-from perfd.analytics.budget import metric_rows as budget_rows
+from perfd.analytics.breakdown.budget import StepBudget
+from perfd.analytics.breakdown.budget import metric_rows as budget_rows
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def node_metrics(gpus: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
 
 
 def goodput_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
-    """The job's goodput (perfd.analytics.goodput) under the catalog's names: the ratio, and the
+    """The job's goodput (perfd.analytics.steps.goodput) under the catalog's names: the ratio, and the
     seconds of each kind as ``perfd_job_time_seconds_total/kind=K`` (a W&B section)."""
     gp = summary.get("goodput")
     if not isinstance(gp, Mapping):
@@ -122,7 +122,7 @@ def goodput_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
 
 
 def budget_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
-    """The step budget (perfd.analytics.budget) under the catalog's names, a W&B section each:
+    """The step budget (perfd.analytics.breakdown.budget) under the catalog's names, a W&B section each:
     ``perfd_job_step_budget_seconds/part=P`` and ``perfd_job_step_budget_ratio/part=P``."""
     out: dict[str, float] = {}
     # The summary comes as the JSON the analysis serves: its budget is read back here, at the edge.

@@ -1,8 +1,8 @@
-"""The step budget (perfd.analytics.budget JSON) as people read it: where one step's time goes, part by
-part (each kernel charged to the op that launched it where the capture recorded the host side), read
+"""The step budget (perfd.analytics.breakdown.budget JSON) as people read it: where one step's time goes,
+part by part (each kernel charged to the op that launched it where the capture recorded the host side), read
 against the time the model's FLOPs take at the GPU's peak; in text (the report, `perfd top`) and as an
 inline SVG (the HTML report). Pure: values in, text out; each part's name is
-perfd.analytics.budget_findings.part_name.
+perfd.analytics.breakdown.budget_findings.part_name.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from perfd.analytics.budget import Part, StepBudget
-from perfd.analytics.budget_findings import part_name
+from perfd.analytics.breakdown.budget import Part, StepBudget
+from perfd.analytics.breakdown.budget_findings import part_name
 from perfd.report import ncu_view
 from perfd.report.svg import BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, _svg
 
@@ -111,7 +111,7 @@ NCU_ROWS = 3  # the Nsight Compute categories shown beside a part, most profiled
 
 
 def ncu_rows(budget: Mapping[str, Any] | None) -> dict[Part, list[str]]:
-    """Per part, the Nsight Compute category summaries on it (perfd.analytics.ncu_join JSON in the
+    """Per part, the Nsight Compute category summaries on it (perfd.analytics.ncu.join JSON in the
     part's ``ncu`` detail) as lines: the kernels, their time-weighted compute and memory speed of light,
     tensor pipe and the class NVIDIA's rule gives most of their time."""
     out: dict[Part, list[str]] = {}

@@ -17,8 +17,8 @@ from html import escape
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.run_analysis import RunAnalysis
-from perfd.analytics.run_summary import (
+from perfd.analytics.steps.run_analysis import RunAnalysis
+from perfd.analytics.steps.run_summary import (
     REDUCTIONS_TEXT,
     DisturbanceStretch,
     JobBlock,
@@ -75,7 +75,7 @@ def _pct(v: float) -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PageSummary:
-    """What the charts read of a run summary (perfd.analytics.run_summary.RunSummary)."""
+    """What the charts read of a run summary (perfd.analytics.steps.run_summary.RunSummary)."""
 
     steady_first_iteration: int | None = None
     steady_last_iteration: int | None = None
@@ -117,7 +117,7 @@ class Page:
     iterations: Sequence[Mapping[str, Any]] = ()
     incidents: Sequence[Mapping[str, Any]] = ()
     ranks: Sequence[Mapping[str, Any]] = ()  # the aggregator's rank placements (heat map rows)
-    goodput: Mapping[str, Any] | None = None  # perfd.analytics.goodput JSON
+    goodput: Mapping[str, Any] | None = None  # perfd.analytics.steps.goodput JSON
 
     @classmethod
     def of(cls, analysis: RunAnalysis, report: Report,

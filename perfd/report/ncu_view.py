@@ -1,6 +1,6 @@
 """The top Nsight Compute kernels of each step-budget part as people read them (issue 45 item 3), in text
 (the report, under the part) and as an HTML table (beside the budget's waterfall). The rows are typed
-(perfd.analytics.ncu_kernel_rows.KernelRow JSON in each part's ``ncu_kernels`` detail); the English is
+(perfd.analytics.ncu.kernel_rows.KernelRow JSON in each part's ``ncu_kernels`` detail); the English is
 written here, from their values. A figure the row does not have is left out (text) or shown as "–"
 (HTML), never as 0. Pure: values in, text out.
 """
@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from perfd.analytics.budget import Part
-from perfd.analytics.budget_findings import part_name
-from perfd.analytics.ncu_join import MatchKind, short_name
-from perfd.analytics.ncu_kernel_rows import KernelRow, Reading, TimeBasis
-from perfd.analytics.ncu_remedies import RowVerdict
+from perfd.analytics.breakdown.budget import Part
+from perfd.analytics.breakdown.budget_findings import part_name
+from perfd.analytics.ncu.join import MatchKind, short_name
+from perfd.analytics.ncu.kernel_rows import KernelRow, Reading, TimeBasis
+from perfd.analytics.ncu.remedies import RowVerdict
 from perfd.analytics.thresholds import NCU_TENSOR_IDLE
 
 # What each verdict calls for, in a few words (the findings' recommendations say it at length).

@@ -13,9 +13,9 @@ from html import escape
 from typing import Any
 
 from perfd.analytics.common import pp_stage_of_rank
-from perfd.analytics.goodput import KIND_HELP, KINDS
-from perfd.analytics.incidents import is_disturbance
-from perfd.analytics.run_summary import DisturbanceStretch, JobLayout
+from perfd.analytics.incidents.detect import is_disturbance
+from perfd.analytics.steps.goodput import KIND_HELP, KINDS
+from perfd.analytics.steps.run_summary import DisturbanceStretch, JobLayout
 from perfd.report.svg import (
     BLUE,
     GREEN,

@@ -13,23 +13,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.arming import ArmingCost
-from perfd.analytics.budget import StepBudget
-from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity, order_findings
-from perfd.analytics.findings import (
+from perfd.analytics.advice.findings import (
     DATA_LOADING_FINDING,
     GRADE_LABELS,
     budget_class_text,
     explain_grade,
     grade_mfu,
 )
-from perfd.analytics.goodput import headline_text
-from perfd.analytics.host_evidence import CpuUse
-from perfd.analytics.incidents import incident_findings, is_disturbance
-from perfd.analytics.remedies import RemedyId
-from perfd.analytics.run_analysis import RunAnalysis
-from perfd.analytics.run_summary import JobBlock, JobLayout, reduction_of
-from perfd.analytics.verdict_text import cpu_use_text, data_loading_action
+from perfd.analytics.advice.remedies import RemedyId
+from perfd.analytics.breakdown.budget import StepBudget
+from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity, order_findings
+from perfd.analytics.incidents.detect import incident_findings, is_disturbance
+from perfd.analytics.incidents.host_evidence import CpuUse
+from perfd.analytics.incidents.verdict_text import cpu_use_text, data_loading_action
+from perfd.analytics.ncu.arming import ArmingCost
+from perfd.analytics.steps.goodput import headline_text
+from perfd.analytics.steps.run_analysis import RunAnalysis
+from perfd.analytics.steps.run_summary import JobBlock, JobLayout, reduction_of
 
 
 @dataclass
@@ -60,8 +60,8 @@ class Report:
     findings: list[Finding]
     recommendations: list[Recommendation]
     job: JobBlock | None = None  # the training job's block (a serving report has none)
-    step_budget: StepBudget | None = None  # where one step goes (perfd.analytics.budget)
-    arming: ArmingCost | None = None  # what ncu costs the armed ranks (perfd.analytics.arming)
+    step_budget: StepBudget | None = None  # where one step goes (perfd.analytics.breakdown.budget)
+    arming: ArmingCost | None = None  # what ncu costs the armed ranks (perfd.analytics.ncu.arming)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Report:
@@ -127,7 +127,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
     retention); without it the report uses the incidents the analysis found in the iterations.
     ``arming``: what running under ncu costs the job's armed ranks (the aggregator measures it).
     ``cpu``: how the job's ranks use their CPUs now (the live aggregator's host evidence,
-    perfd.analytics.host_evidence.job_cpu_use): a data-loading action then says more workers only
+    perfd.analytics.incidents.host_evidence.job_cpu_use): a data-loading action then says more workers only
     where the CPUs have room."""
     s = analysis.summary
     findings, recs = list(analysis.findings), list(analysis.recommendations)

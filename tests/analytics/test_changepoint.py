@@ -13,9 +13,9 @@ import time
 import pytest
 
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.changepoint import find_change_point
-from perfd.analytics.incidents import LEVEL_SHIFT
-from perfd.analytics.run_analysis import analyze_run
+from perfd.analytics.incidents.detect import LEVEL_SHIFT
+from perfd.analytics.steps.changepoint import find_change_point
+from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, JobInfo, StepRecord, TimerValue
 
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from perfd.analytics.flops import (
+from perfd.analytics.steps.flops import (
     FORMULA_6N,
     FORMULA_CURRENT,
     FORMULA_LEGACY,

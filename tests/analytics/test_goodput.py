@@ -1,4 +1,4 @@
-"""Goodput of a job (perfd.analytics.goodput) on recorded Megatron-LM logs: the parts add up to the
+"""Goodput of a job (perfd.analytics.steps.goodput) on recorded Megatron-LM logs: the parts add up to the
 wall time, and each part matches the log's own figures (its timestamps and timers) within 1%.
 
 Recorded jobs that save, evaluate and resume are checked in test_goodput_recorded.py
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from collectors.megatron.parser import parse_lines
-from perfd.analytics import goodput as gpm
-from perfd.analytics.goodput import StepSpan, job_goodput, with_stall
-from perfd.analytics.run_analysis import analyze_run
+from perfd.analytics.steps import goodput as gpm
+from perfd.analytics.steps.goodput import StepSpan, job_goodput, with_stall
+from perfd.analytics.steps.run_analysis import analyze_run
 
 ROOT = Path(__file__).resolve().parents[2]
 COTENANT = ROOT / "tests/data/incidents/costraggler_dp2/dp2_cotenant.log"

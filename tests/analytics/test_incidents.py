@@ -1,10 +1,10 @@
-"""Incident detection (perfd.analytics.incidents) on the per-iteration results."""
+"""Incident detection (perfd.analytics.incidents.detect) on the per-iteration results."""
 
 from __future__ import annotations
 
-from perfd.analytics.incidents import CAPTURE, SLOW, detect_incidents, incident_findings
-from perfd.analytics.run_analysis import IterationResult
-from perfd.analytics.run_summary import CaptureDisturbances
+from perfd.analytics.incidents.detect import CAPTURE, SLOW, detect_incidents, incident_findings
+from perfd.analytics.steps.run_analysis import IterationResult
+from perfd.analytics.steps.run_summary import CaptureDisturbances
 
 
 def _its(steps: list[float]) -> list[IterationResult]:

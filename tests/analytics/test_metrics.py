@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from perfd.analytics.common import GRAD_SYNC_TIMERS, PP_P2P_TIMERS
-from perfd.analytics.gpus import peak_tflops
-from perfd.analytics.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
+from perfd.analytics.steps.gpus import peak_tflops
+from perfd.analytics.steps.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
 from perfd.model import StepRecord, TimerValue
 from tests.analytics.analytics_helpers import fixture_record, fixture_row
 
@@ -132,7 +132,7 @@ def test_torchtitan_crosscheck_allows_two_percent() -> None:
 
 
 def test_layout_text_leaves_out_what_is_unknown() -> None:
-    from perfd.analytics.run_summary import JobLayout
+    from perfd.analytics.steps.run_summary import JobLayout
     from perfd.report.report import layout_text as text_of
 
     def layout_text(d: dict[str, Any]) -> str:

@@ -20,8 +20,8 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.snapshot import Analysed
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
-from perfd.analytics.incidents import LEVEL_SHIFT
+from perfd.analytics.incidents.detect import LEVEL_SHIFT
+from perfd.analytics.ncu.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
 from perfd.model import JobInfo, StepRecord
 from perfd.transport.codec import Command
 
@@ -243,7 +243,7 @@ def test_the_ncu_rows_join_the_budget_and_say_what_helps() -> None:
     ("gemm", {}, None),  # no figure, no verdict
 ])
 def test_verdicts_by_the_ceilings(category: str, figs: dict[str, Any], verdict: str | None) -> None:
-    from perfd.analytics.ncu_remedies import verdict_of
+    from perfd.analytics.ncu.remedies import verdict_of
 
     got = verdict_of(category, figs)
     assert (got.value if got is not None else None) == verdict
@@ -266,8 +266,8 @@ def test_the_budget_view_shows_the_rows_beside_their_part() -> None:
 
 
 def test_the_rows_class_the_job_only_when_they_cover_most_of_its_compute() -> None:
-    from perfd.analytics.bottleneck import BottleneckClass
-    from perfd.analytics.ncu_remedies import rows_class
+    from perfd.analytics.breakdown.bottleneck import BottleneckClass
+    from perfd.analytics.ncu.remedies import rows_class
 
     cats = json.loads((EVIDENCE.parent / "ncu_kernels.json").read_text())["categories"]
     profiled = sum(c["profiled_ms"] for c in cats)  # 2.5 ms of the H100 range's 12 kernels

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from perfd.analytics import kernels as kc
-from perfd.analytics.ncu import KernelBound, NcuKernel
-from perfd.analytics.ncu_join import (
+from perfd.analytics.breakdown import kernels as kc
+from perfd.analytics.ncu.join import (
     NO_NCCL_FILTER,
     MatchKind,
     TimelineKernel,
@@ -26,6 +25,7 @@ from perfd.analytics.ncu_join import (
     template_tokens,
     timeline_kernels,
 )
+from perfd.analytics.ncu.kernels import KernelBound, NcuKernel
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.capture.ncu_report import parse_csv
 

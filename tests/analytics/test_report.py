@@ -115,7 +115,7 @@ def test_the_same_action_is_recommended_once_and_a_hook_jobs_data_finding_names_
     run's data share), in two wordings, and its data finding read "batch-generator … megatron
     timer": one action now, said once; the finding names the timer the hook measured."""
     from perfd.analytics.finding_types import Recommendation, order_findings
-    from perfd.analytics.verdict_text import DATA_LOADING_ACTION
+    from perfd.analytics.incidents.verdict_text import DATA_LOADING_ACTION
     from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
 
     recs = [Recommendation("", "data-loading", 0, DATA_LOADING_ACTION, "", 0.18),

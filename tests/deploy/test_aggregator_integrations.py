@@ -17,7 +17,7 @@ import pytest
 
 from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.wandb_sync import WandbSync, gpu_labels
-from perfd.analytics.attribution import place_ranks
+from perfd.analytics.incidents.attribution import place_ranks
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.wandb import iteration_metrics
 from tests.procs import wait_for as _wait

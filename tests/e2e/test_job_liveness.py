@@ -1,5 +1,5 @@
 """A job that stops stepping leaves /metrics: real aggregator and agent processes, a Megatron log that
-stops growing. Liveness (perfd.analytics.liveness): running → ended (no GPU processes known) here;
+stops growing. Liveness (perfd.analytics.steps.liveness): running → ended (no GPU processes known) here;
 stalled vs ended from the GPU process lists is checked on the aggregator state below."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from perfd import events
 from perfd.aggregator.http import _StateCollector
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
+from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from tests.procs import http_get as _get
 from tests.procs import wait_for as _wait
 

@@ -23,7 +23,7 @@ import pytest
 
 from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
-from perfd.analytics.collectives import analyze_collectives
+from perfd.analytics.collectives.analysis import analyze_collectives
 from perfd.collector import Collected
 from perfd.hook import StepHook
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
@@ -253,7 +253,7 @@ def test_a_model_spec_counts_the_flops_from_tokens(tmp_path: Path) -> None:
     spec = {"num_layers": 8, "hidden_size": 2048, "ffn_hidden_size": 8192, "num_attention_heads": 16,
             "kv_channels": 128, "seq_length": 1024, "padded_vocab_size": 32000}
     h = StepHook(str(tmp_path / "none.sock"), tokens_per_step=8 * 1024, model=spec, cuda=False, enabled=False)
-    from perfd.analytics.flops import megatron_flops
+    from perfd.analytics.steps.flops import megatron_flops
     from perfd.model import ModelSpec
     assert h.flops_per_step == pytest.approx(megatron_flops(ModelSpec(**spec), 8).flops_per_iteration)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown field"):

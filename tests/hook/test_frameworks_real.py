@@ -15,7 +15,7 @@ import pytest
 
 from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
-from perfd.analytics.flops import megatron_flops
+from perfd.analytics.steps.flops import megatron_flops
 from perfd.collector import Collected
 from perfd.model import ModelSpec
 from perfd.report import build_report

@@ -1,7 +1,7 @@
 """DataLoader workers are the job's own children (issue 44 item 3): the ranks collector counts the
 CPU of a rank process's descendants as the job's (``children_cpu_cores``, never "other processes on
 its CPUs"), the host evidence says typed whether the rank's CPUs are full or have room
-(:class:`~perfd.analytics.host_evidence.CpuUse`), and the data-loading remedy follows: "more
+(:class:`~perfd.analytics.incidents.host_evidence.CpuUse`), and the data-loading remedy follows: "more
 data-loader workers" only with room, "cheaper transforms or more CPUs" when full. A real parent
 python with multiprocessing children burning CPU for the collector; replayed observations for the
 decision's other branches (room on a big node, a cgroup quota)."""
@@ -22,11 +22,15 @@ from collectors.ranks import RanksCollector, procfs
 from perfd import events
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.evidence import Evidence, EvidenceKind, decide
-from perfd.analytics.host_evidence import CpuRoom, cpu_use, host_items, job_cpu_use
-from perfd.analytics.incidents import incident_findings
-from perfd.analytics.run_analysis import analyze_run
-from perfd.analytics.verdict_text import DATA_CPU_BOUND_ACTION, DATA_LOADING_ACTION, DATA_MORE_WORKERS_ACTION
+from perfd.analytics.incidents.detect import incident_findings
+from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, decide
+from perfd.analytics.incidents.host_evidence import CpuRoom, cpu_use, host_items, job_cpu_use
+from perfd.analytics.incidents.verdict_text import (
+    DATA_CPU_BOUND_ACTION,
+    DATA_LOADING_ACTION,
+    DATA_MORE_WORKERS_ACTION,
+)
+from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
 from perfd.report.report import build_report
 

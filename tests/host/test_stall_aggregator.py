@@ -26,9 +26,9 @@ from perfd.agent.stacks import StackDumper
 from perfd.aggregator.job_rows import liveness_rows
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.evidence import StallReason
-from perfd.analytics.liveness import RUNNING, STALLED
-from perfd.analytics.stall import IDLE_CPU_CORES
+from perfd.analytics.incidents.evidence import StallReason
+from perfd.analytics.incidents.stall import IDLE_CPU_CORES
+from perfd.analytics.steps.liveness import RUNNING, STALLED
 from perfd.transport.codec import COMMAND_STACKS, Command
 from tests.procs import wait_for
 
@@ -65,7 +65,7 @@ def ranks() -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]
 def _started_before(payload: Any) -> Any:
     """The ranks' processes as having started an hour earlier: this test's clock moves the job's last
     record back by the silence, to before the stand-in processes began, and a job whose every rank
-    process began after its last step is a new run starting, not a stall (perfd.analytics.stall)."""
+    process began after its last step is a new run starting, not a stall (perfd.analytics.incidents.stall)."""
     if not isinstance(payload, dict) or not isinstance(payload.get("ranks"), list):
         return payload
     return {**payload, "ranks": [{**r, "started_at": r["started_at"] - 3600.0} if "started_at" in r else r

@@ -18,7 +18,7 @@ import pytest
 
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.snapshot import Analysed, overview_of
-from perfd.analytics.stall import Status
+from perfd.analytics.incidents.stall import Status
 from perfd.transport.codec import Command
 from tests.host.test_stall_aggregator import JOB, Harness
 from tests.host.test_stall_aggregator import ranks as ranks  # the fixture, re-exported

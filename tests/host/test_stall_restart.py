@@ -7,7 +7,7 @@ idle processes (tests/host/test_stall_aggregator.py's harness, whose clock is th
 - records that came late: the job's own clock (the records' end times) shows no gap where their
   arrival did — the stall is withdrawn, with its reason, when they arrive.
 
-And the pure check (perfd.analytics.stall) on its edges."""
+And the pure check (perfd.analytics.incidents.stall) on its edges."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from perfd import events
-from perfd.analytics.evidence import StallReason
-from perfd.analytics.incident_evidence import Withdrawal
-from perfd.analytics.stall import (
+from perfd.analytics.incidents.evidence import StallReason
+from perfd.analytics.incidents.incident_evidence import Withdrawal
+from perfd.analytics.incidents.stall import (
     STARTING,
     RankSeen,
     StallCheck,

@@ -10,13 +10,13 @@ from typing import Any
 from perfd import finite_json
 from perfd.aggregator.gpu_views import SnapshotView, rank_snapshots
 from perfd.aggregator.incidents import IncidentTracker
-from perfd.analytics.attribution import RankPlacement
-from perfd.analytics.collective_hangs import HangView
-from perfd.analytics.evidence import StallReason
-from perfd.analytics.incident_evidence import Withdrawal
-from perfd.analytics.incidents import Incident, detect_incidents, hang_incident, stall_incident
-from perfd.analytics.run_analysis import IterationResult
-from perfd.analytics.stall import RankSeen, StallCheck, Status
+from perfd.analytics.collectives.hangs import HangView
+from perfd.analytics.incidents.attribution import RankPlacement
+from perfd.analytics.incidents.detect import Incident, detect_incidents, hang_incident, stall_incident
+from perfd.analytics.incidents.evidence import StallReason
+from perfd.analytics.incidents.incident_evidence import Withdrawal
+from perfd.analytics.incidents.stall import RankSeen, StallCheck, Status
+from perfd.analytics.steps.run_analysis import IterationResult
 
 GPU = ("n0", "0")
 STEP_KEYS = ["named_by_iterations", "rank_compute_ratio_max", "straggler_line_max_rank",

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from collectors.sglang import ParsedServingLog, parse_file, parse_lines
-from perfd.analytics.serving import (
+from perfd.analytics.serving.analysis import (
     CATALOG_NAMES,
     ServingWindow,
     analyze_serving,
     serving_job_metrics,
     summarize,
 )
-from perfd.analytics.serving_spec import decode_step_rate, resolve
+from perfd.analytics.serving.spec import decode_step_rate, resolve
 from perfd.model import ServerInfo, ServingRecord
 from perfd.serving_model import ServingModelSpec
 

@@ -15,8 +15,8 @@ from collectors.hook import HookCollector
 from collectors.hook.peers import Sender
 from collectors.hook.tests.test_hook_collector import collect_until
 from perfd.aggregator.jobs import job_level_steps
-from perfd.analytics.goodput import StepSpan, job_goodput
-from perfd.analytics.run_analysis import analyze_run
+from perfd.analytics.steps.goodput import StepSpan, job_goodput
+from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.collector import Collected
 from perfd.hook import StepHook, wire
 from perfd.model import HOOK_PAUSE_TIMERS, JobInfo
@@ -93,6 +93,6 @@ def test_goodput_counts_a_long_pause_before_a_record_as_its_kind_not_a_stall() -
 
 
 def test_every_hook_phase_has_a_pause_timer_and_is_a_goodput_kind() -> None:
-    from perfd.analytics.goodput import KINDS
+    from perfd.analytics.steps.goodput import KINDS
 
     assert set(HOOK_PAUSE_TIMERS) == set(wire.PHASES.values()) and set(HOOK_PAUSE_TIMERS) <= set(KINDS)
