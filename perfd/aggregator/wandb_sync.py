@@ -14,7 +14,8 @@ data has its GPU keys (issue 37: only the newest row of each round had them, 3 o
 
 The task reads each job's snapshot (perfd.aggregator.snapshot) and publishes it to its sink
 (:class:`WandbSink`, a SnapshotSink): the snapshot's placement names each rank's GPU, and the sink
-turns the snapshot into the exporter's JSON (perfd.exporters.wandb), W&B being an edge.
+hands the exporter the analysis' typed job block, rows and summary (perfd.exporters.wandb), which
+turns them into W&B's payload, W&B being an edge.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from perfd.aggregator.snapshot import Analysed, GpuKey, JobSnapshot, SnapshotSink
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.attribution import RankPlacement
+from perfd.analytics.steps.run_analysis import IterationResult
 from perfd.exporters.wandb import WandbExporter, node_metrics
 
 log = logging.getLogger(__name__)
@@ -89,16 +91,15 @@ class WandbSink:
         if analysis is None or not analysis.iterations:
             return 0
         last = self.exporter.last_step(job)
-        new = [it.to_json() for it in analysis.iterations if last is None or it.iteration > last]
+        new = [it for it in analysis.iterations if last is None or it.iteration > last]
         if not new:
             return 0
-        newest = max(int(it["iteration"]) for it in new)
+        newest = max(it.iteration for it in new)
         now = node_metrics(_gpu_values(snapshot))
-        return self.exporter.log_analysis(job, {"job": analysis.job.to_json(), "iterations": new,
-                                                "summary": analysis.summary.to_json()},
+        return self.exporter.log_analysis(job, analysis.job, new, analysis.summary,
                                           extra_by_step=self._by_step(job, new, newest, now))
 
-    def _by_step(self, job: str, new: list[dict[str, Any]], newest: int,
+    def _by_step(self, job: str, new: list[IterationResult], newest: int,
                  now: dict[str, float]) -> dict[int, dict[str, float]]:
         """Each new iteration's GPU values: the first sample taken once it had arrived, else (it
         arrived after the last sample) the values now. Samples past ``newest`` stay for the next
@@ -106,7 +107,7 @@ class WandbSink:
         held = self._gpu_samples.get(job, [])
         out: dict[int, dict[str, float]] = {}
         for it in new:
-            step = int(it["iteration"])
+            step = it.iteration
             vals = next((v for seen, v in held if seen >= step), now)
             if vals:
                 out[step] = vals
