@@ -52,8 +52,9 @@ def _demo_summary() -> RunSummary:
 
 def _summary(**kw: Any) -> RunSummary:
     """A run summary holding only the class, the steady count and what ``kw`` gives."""
-    return dataclasses.replace(_demo_summary(), medians={}, goodput=None, step_budget=None,
-                               steady_first_iteration=None, steady_last_iteration=None, **kw)
+    bare: dict[str, Any] = {"medians": {}, "goodput": None, "step_budget": None,
+                            "steady_first_iteration": None, "steady_last_iteration": None}
+    return dataclasses.replace(_demo_summary(), **{**bare, **kw})
 
 
 def _its(*iterations: int, **values: Any) -> list[IterationResult]:
