@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,9 +114,7 @@ class CaptureCoordinator:
         self._firing_of: dict[str, Firing | tuple[str, tuple[int, ...] | None]] = {}
         self.evaluations = 0
         self.firings_total = 0
-        state.event_listeners.append(self.on_event)  # capture progress reported by the agents
-        state.captures_of = self.of_job
-        state.arming_of = self.arming
+        state.attach_captures(self)  # capture progress reported by the agents; the jobs' records
 
     def forget_job(self, job: str) -> None:
         """The job was pruned (perfd.aggregator.lifecycle): its request window and its rules' states
@@ -441,6 +439,12 @@ class CaptureCoordinator:
     def of_job(self, job: str) -> list[dict[str, Any]]:
         with self._lock:
             return [r.to_json() for r in self.captures.values() if r.job == job]
+
+    def restore(self, records: Iterable[CaptureRecord]) -> None:
+        """Records the state store kept (perfd.aggregator.durable), back at start."""
+        with self._lock:
+            for rec in records:
+                self.captures[rec.id] = rec
 
     def _release(self, cid: str) -> None:
         f = self._firing_of.pop(cid, None)

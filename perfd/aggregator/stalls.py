@@ -71,7 +71,7 @@ class StallSource(Protocol):
     incidents: IncidentTracker
     hosts: HostView
     collectives: CollectiveStore
-    captures_of: Callable[[str], list[dict[str, Any]]]
+    def captures_of(self, job: str) -> list[dict[str, Any]]: ...
 
     def snapshot(self, job: str) -> JobSnapshot | None: ...
 

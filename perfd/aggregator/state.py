@@ -8,6 +8,7 @@
 - perfd/aggregator/hosts.py — each job's rank processes on their hosts, announced pauses, stacks;
 - perfd/aggregator/stalls.py — each job's live stall (opened within seconds, closed when steps resume);
 - perfd/aggregator/serving.py — SGLang records per job and their analysis (serving view);
+- perfd/aggregator/class_inputs.py — what a job's analysis reads of the other parts (GPM, captures);
 - perfd/aggregator/snapshot.py — each job as its consumers read it (an immutable JobSnapshot), built
   here at each analysis refresh and whenever the state changed since.
 
@@ -19,7 +20,6 @@ immutable one while the next is built.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from perfd.aggregator.class_inputs import STEPPING_MIN_S, CaptureSource, ClassInputs, NoCaptures
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.eventlog import EventLog
 from perfd.aggregator.gpu_views import (
@@ -52,11 +53,6 @@ from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, Snapshots
 from perfd.aggregator.stalls import SendCommand, StallWatch
-from perfd.aggregator.steady_gpm import SteadyGpm
-from perfd.analytics.breakdown.bottleneck import GpmReading
-from perfd.analytics.breakdown.budget import Part
-from perfd.analytics.breakdown.diagnosis import TimelineClass
-from perfd.analytics.breakdown.job_budget import capture_timeline, ncu_of
 from perfd.analytics.collectives.analysis import CollectiveAnalysis
 from perfd.analytics.collectives.config import CollectiveConfig
 from perfd.analytics.incidents.attribution import RankPlacement, gpu_hints
@@ -64,8 +60,6 @@ from perfd.analytics.incidents.detect import STEP_FACTOR, Incident, hang_inciden
 from perfd.analytics.incidents.host_evidence import host_items
 from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal
 from perfd.analytics.ncu.arming import ArmingCost, is_the_arming
-from perfd.analytics.ncu.remedies import rows_class
-from perfd.analytics.steps.liveness import stale_after
 from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.events import (
     GPU_PODS,
@@ -85,12 +79,6 @@ from perfd.transport.series import SeriesKey
 log = logging.getLogger(__name__)
 
 __all__ = ["AggregatorState", "GpuKey", "JobState", "NodeSeries", "job_level_steps"]
-
-GPM_LIVE = "GPM while the job stepped"
-STEPPING_MIN_S = 5.0  # a job whose last step is this recent (or STEPPING_STEPS steps) is stepping
-STEPPING_STEPS = 3
-GPM_LAST_STEADY = "GPM of the job's last steady window (the job is not stepping now)"
-
 
 @dataclass
 class Stats:
@@ -126,17 +114,15 @@ class AggregatorState:
         self.hosts = HostView()  # the jobs' rank processes on their hosts (collectors/ranks)
         self.stalls = StallWatch()  # live stalls; the aggregator sets stalls.send (stacks requests)
         self._tracked: dict[str, RunAnalysis] = {}  # job -> the analysis incidents were taken from
-        self.steady_gpm = SteadyGpm()  # the GPM of each job's last steady window, for after it stops
         # (job, holder, sender) -> (when its conflict event was last emitted, records since)
         self.replaying = False  # the state store's replay: its events come back with the documents
         self._conflicts: dict[tuple[str, str, str], tuple[float, int]] = {}
-        # Set by the capture coordinator: the job's capture records (JSON), for incidents and for
-        # marking the iterations a capture disturbed.
-        self.captures_of: Callable[[str], list[dict[str, Any]]] = lambda job: []
-        # ... and what arming ncu costs the job's armed ranks (perfd.analytics.ncu.arming), for its report.
-        self.arming_of: Callable[[str], ArmingCost | None] = lambda job: None
-        self.jobs.capture_windows = self._capture_windows
-        self.jobs.class_inputs = self._class_inputs
+        # The capture coordinator, once it attaches (attach_captures): the jobs' capture records.
+        self._captures: CaptureSource = NoCaptures()
+        self.inputs = ClassInputs(self.jobs, self.nodes, self.incidents, self.captures_of,
+                                  lambda: self._job_stale_after_s)
+        self.jobs.capture_windows = self.inputs.capture_windows
+        self.jobs.class_inputs = self.inputs.class_inputs
         self.log.handle(GPU_PROCESSES, self.nodes.on_gpu_processes)
         self.log.handle(GPU_PODS, self.nodes.on_gpu_pods)
         self.log.handle(NCCL_HANG, self._on_hang)
@@ -192,10 +178,20 @@ class AggregatorState:
         """(when its last step arrived, or 0.0; when anything of it last did); None: not held."""
         return self.jobs.activity(job)
 
-    @property
-    def event_listeners(self) -> list[Callable[[Mapping[str, Any]], None]]:
-        """Called with every event ingested: capture progress goes to the capture coordinator."""
-        return self.log.listeners
+    def attach_captures(self, source: CaptureSource) -> None:
+        """The capture coordinator: every event ingested goes to it (the capture progress the agents
+        report), and its records are what captures_of and arming_of read."""
+        self._captures = source
+        self.log.listeners.append(source.on_event)
+
+    def captures_of(self, job: str) -> list[dict[str, Any]]:
+        """The job's capture records (JSON), for incidents and for marking the iterations a capture
+        disturbed."""
+        return self._captures.of_job(job)
+
+    def arming_of(self, job: str) -> ArmingCost | None:
+        """What arming ncu costs the job's armed ranks (perfd.analytics.ncu.arming), for its report."""
+        return self._captures.arming(job)
 
     # ---- ingest (gRPC side) -----------------------------------------------------------------
     def hello(self, agent_id: str, jobs: Sequence[str], now: float | None = None, node: str | None = None,
@@ -240,7 +236,7 @@ class AggregatorState:
         self._placements.forget(job)
         self._snapshot_views.pop(job, None)
         self._tracked.pop(job, None)
-        self.steady_gpm.forget(job)
+        self.inputs.forget(job)
         self.snapshots.forget(job)
         self._conflicts = {k: v for k, v in self._conflicts.items() if k[0] != job}
         self._bump()
@@ -479,7 +475,7 @@ class AggregatorState:
         """What every placed rank's GPU shows while the job runs steadily (perfd.aggregator.incidents
         .GpuBaseline); only while it steps."""
         ov = self.jobs.overview(job)
-        if not self._stepping(job, ov.get("last_step_age_s") if ov else None, STEPPING_MIN_S):
+        if not self.inputs.stepping(job, ov.get("last_step_age_s") if ov else None, STEPPING_MIN_S):
             return
         agents, version = self.jobs.agents_of(job), self.nodes.placement_version  # the version first
         # only what gpu_hints reads
@@ -520,76 +516,6 @@ class AggregatorState:
         v = view if view is not None else self._read_snapshot_view(job)
         hosts = self.hosts.observations(job, v.taken_at)  # each rank's process on its host, as last reported
         return rank_snapshots(inc.ranks, v, hosts, lambda items: self.gpu_baseline.annotate(job, items))
-
-    def _class_inputs(self, job: str) -> tuple[GpmReading | None, TimelineClass | None, str]:
-        """GPM of the job's GPUs while it steps (after it stops, the last reading taken while it
-        stepped with no incident open: its last steady window), the class its latest capture
-        supports, and which GPM window that is. A capture is left out only when it ran during a real
-        incident (it shows the incident, not the job); its own disturbance does not count. A capture
-        taken with Python stacks informs the job only when none without them does: its idle parts
-        hold more of the profiler's own cost (+16% against +3% a step on an H100 Megatron-LM job)."""
-        timeline = None
-        spans = [(i.incident.start_time, i.incident.end_time) for i in self.incidents.typed_incidents(job)
-                 if not i.disturbance]
-        order = sorted(self.captures_of(job), key=lambda c: (not c.get("stack"), c.get("finished_at") or 0.0))
-        for c in order:
-            t = c.get("started_at")
-            during = isinstance(t, (int, float)) and any(
-                a is not None and a - 1.0 <= t <= (b if b is not None else float("inf")) + 1.0
-                for a, b in spans)
-            got = capture_timeline(c) if not during else None
-            if got is not None:
-                timeline = got
-        # An Nsight Compute capture's kernel figures join the budget's parts; with no timeline, the
-        # timers' budget (a class of its own they do not vote: issue 45 item 3).
-        ncu = ncu_of(self.captures_of(job))
-        if ncu.categories:
-            if timeline is not None:
-                timeline = dataclasses.replace(timeline, ncu=ncu.categories, ncu_id=ncu.capture_id,
-                                               ncu_kernels=ncu.kernels)
-            else:  # the rows class the job when they cover most of its compute
-                cls, why, _ = rows_class(ncu.categories, self._compute_ms(job))
-                timeline = TimelineClass(cls, why, f"capture {ncu.capture_id} (ncu)", ncu=ncu.categories,
-                                         ncu_id=ncu.capture_id, ncu_kernels=ncu.kernels)
-        ov = self.jobs.overview(job)
-        age = ov.get("last_step_age_s") if ov else None
-        running = age is None or age <= stale_after(None, self.job_stale_after_s)
-        if running and self._stepping(job, age, STEPPING_MIN_S):
-            gpm = self.nodes.gpm(self.jobs.agents_of(job))
-            now = time.time()
-            # Kept for after the job: at most one reading a second, only while a step came within the
-            # last two steps (a job that just stopped shows an idle GPU), and no incident open.
-            if gpm is not None and self.steady_gpm.due(job, now) \
-                    and self._stepping(job, age, 2.0, 2) and not self.incidents.has_open(job):
-                self.steady_gpm.add(job, gpm, now)
-            return gpm, timeline, GPM_LIVE
-        return self.steady_gpm.window(job), timeline, GPM_LAST_STEADY
-
-    def _compute_ms(self, job: str) -> float | None:
-        """The job's compute ms per step as its last analysis' budget has it (the ncu rows' coverage)."""
-        a = self.jobs.cached_analysis(job)
-        b = a.summary.step_budget if a is not None else None
-        compute = b.get(Part.COMPUTE) if b is not None else None
-        return compute.ms if compute is not None else None
-
-    def _stepping(self, job: str, age: float | None, min_s: float, steps: int = STEPPING_STEPS) -> bool:
-        """The job's last step came within ``steps`` steps' time (at least ``min_s``): its GPUs' GPM
-        shows its work (a job that stopped but is not yet stale would show an idle GPU)."""
-        if age is None:
-            return False
-        a = self.jobs.cached_analysis(job)
-        step_ms = a.summary.median("step_time_ms") if a is not None else None
-        return age <= max(min_s, steps * (step_ms or 0.0) / 1e3)
-
-    def _capture_windows(self, job: str) -> list[tuple[float, float]]:
-        """(start, end) of the job's captures: the iterations they touch are disturbed."""
-        out = []
-        for c in self.captures_of(job):
-            t0 = c.get("started_at")
-            t1 = c.get("finished_at") or (None if c.get("status") == "started" else t0)
-            if isinstance(t0, (int, float)):
-                out.append((float(t0), float(t1) if isinstance(t1, (int, float)) else time.time()))
-        return out
 
     def collective_analysis(self, job: str, force: bool = False, cached: bool = False
                             ) -> CollectiveAnalysis | None:
