@@ -65,10 +65,10 @@ def test_the_narrow_views_give_the_same_hints_and_snapshots(monkeypatch: pytest.
                               "steady_step_ms": 1.0, "median_step_ms": 1.0, "max_step_ms": 1.0, "open": True}
     incs = [Incident(id="one", kinds=["straggler"], ranks=[96], **common),
             Incident(id="none", kinds=["slow-steps"], ranks=[], **common)]
-    snaps = [st._gpu_snapshot(JOB, inc) for inc in incs]
+    snaps = [st.sightings.gpu_snapshot(JOB, inc) for inc in incs]
     every = st.nodes.gpu_view  # every GPU series, not the snapshot's
     monkeypatch.setattr(st.nodes, "gpu_view", lambda agents, names=None, job=None: every(agents, None, job))
-    assert [st._gpu_snapshot(JOB, inc) for inc in incs] == snaps
+    assert [st.sightings.gpu_snapshot(JOB, inc) for inc in incs] == snaps
     assert snaps[0][96].gpu_values and snaps[1]  # the hot GPU's values; GPUs that stand out
 
 

@@ -162,18 +162,18 @@ def test_a_big_jobs_snapshots_keep_the_view_a_small_ones_never(monkeypatch: pyte
     keep_s = st.gpu_baseline.interval_s(JOB) - BASELINE_EVERY_S
     assert keep_s == 7 * BASELINE_EVERY_S
     reads = _count_view_reads(st, monkeypatch)
-    first = st._snapshot_view(JOB)
+    first = st.sightings.view(JOB)
     now[0] += keep_s * 0.9
-    assert st._snapshot_view(JOB) is first and len(reads) == 1
-    snap = st._gpu_snapshot(JOB, _incidents([3])[0], first)
+    assert st.sightings.view(JOB) is first and len(reads) == 1
+    snap = st.sightings.gpu_snapshot(JOB, _incidents([3])[0], first)
     assert snap[3].taken_at == first.taken_at == 1e9  # when it was read, not now
     now[0] += keep_s * 0.2
-    later = st._snapshot_view(JOB)
+    later = st.sightings.view(JOB)
     assert later is not first and later.taken_at == now[0] and len(reads) == 2
 
     st.gpu_baseline.add(JOB, {r: [] for r in range(BASELINE_RANKS_PER_EVERY_S)}, now[0])  # up to the size
-    a = st._snapshot_view(JOB)
-    b = st._snapshot_view(JOB)  # the same instant: read anew all the same
+    a = st.sightings.view(JOB)
+    b = st.sightings.view(JOB)  # the same instant: read anew all the same
     assert a is not b and len(reads) == 4
 
 

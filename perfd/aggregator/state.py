@@ -28,16 +28,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from perfd.aggregator.class_inputs import STEPPING_MIN_S, CaptureSource, ClassInputs, NoCaptures
+from perfd.aggregator.class_inputs import CaptureSource, ClassInputs, NoCaptures
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.eventlog import EventLog
 from perfd.aggregator.gpu_views import (
-    SIGHTING_SERIES,
-    SNAPSHOT_READS,
     PlacementCache,
     SnapshotView,
-    rank_snapshots,
-    swap_of,
 )
 from perfd.aggregator.hosts import HostView
 from perfd.aggregator.incidents import GpuBaseline, IncidentTracker
@@ -51,13 +47,13 @@ from perfd.aggregator.jobs import (
 )
 from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
+from perfd.aggregator.sightings import Sightings
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, Snapshots
 from perfd.aggregator.stalls import SendCommand, StallWatch
 from perfd.analytics.collectives.analysis import CollectiveAnalysis
 from perfd.analytics.collectives.config import CollectiveConfig
-from perfd.analytics.incidents.attribution import RankPlacement, gpu_hints
+from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.incidents.detect import STEP_FACTOR, Incident, hang_incident
-from perfd.analytics.incidents.host_evidence import host_items
 from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal
 from perfd.analytics.ncu.arming import ArmingCost, is_the_arming
 from perfd.analytics.steps.run_analysis import RunAnalysis
@@ -94,7 +90,6 @@ class AggregatorState:
                              max_bytes_per_job)
         self.nodes = NodeView()
         self._placements = PlacementCache(self.nodes)  # each job's rank placement (see gpu_views)
-        self._snapshot_views: dict[str, SnapshotView] = {}  # job -> the view its snapshots read last
         self.collectives = CollectiveStore()  # its own lock; see aggregator/collectives
         self.log = EventLog()
         self.stats = Stats()
@@ -121,6 +116,9 @@ class AggregatorState:
         self._captures: CaptureSource = NoCaptures()
         self.inputs = ClassInputs(self.jobs, self.nodes, self.incidents, self.captures_of,
                                   lambda: self._job_stale_after_s)
+        # What the jobs' GPUs and hosts show, read for their incidents and steady baselines.
+        self.sightings = Sightings(self.jobs, self.nodes, self.hosts, self._placements, self.gpu_baseline,
+                                   self.inputs.stepping)
         self.jobs.capture_windows = self.inputs.capture_windows
         self.jobs.class_inputs = self.inputs.class_inputs
         self.log.handle(GPU_PROCESSES, self.nodes.on_gpu_processes)
@@ -234,7 +232,7 @@ class AggregatorState:
         self.hosts.forget(job)
         self.stalls.forget(job)
         self._placements.forget(job)
-        self._snapshot_views.pop(job, None)
+        self.sightings.forget(job)
         self._tracked.pop(job, None)
         self.inputs.forget(job)
         self.snapshots.forget(job)
@@ -442,7 +440,7 @@ class AggregatorState:
         calm = last is not None and last.steady_state and last.step_time_ms is not None and med is not None \
             and 0 < last.step_time_ms <= STEP_FACTOR * med
         if not open_now and calm and self.gpu_baseline.due(job, now):
-            self._baseline_sighting(job, now)
+            self.sightings.baseline_sighting(job, now)
         for h in coll.hangs if coll is not None else []:
             found.append(hang_incident(h, last_it, now))
         self.track_live_incidents(job, found, now)
@@ -454,11 +452,11 @@ class AggregatorState:
 
         def snapshot(inc: Incident) -> Mapping[int, RankSnapshot]:
             if not views:
-                views.append(self._snapshot_view(job))
+                views.append(self.sightings.view(job))
             if inc.id in views[0].served:  # a big job's kept view: already sighted for this incident
                 return {}
             views[0].served.add(inc.id)
-            return self._gpu_snapshot(job, inc, views[0])
+            return self.sightings.gpu_snapshot(job, inc, views[0])
 
         arming = self.arming_of(job)
         if arming is not None:  # the armed rank's slower life is the arming's cost, not an incident
@@ -469,53 +467,7 @@ class AggregatorState:
         self.incidents.update(job, found, snapshot, self.captures_of(job), now)
         self._bump()  # the job's incidents: its snapshot shows them
         if not self.incidents.has_open(job):
-            self._snapshot_views.pop(job, None)
-
-    def _baseline_sighting(self, job: str, now: float) -> None:
-        """What every placed rank's GPU shows while the job runs steadily (perfd.aggregator.incidents
-        .GpuBaseline); only while it steps."""
-        ov = self.jobs.overview(job)
-        if not self.inputs.stepping(job, ov.get("last_step_age_s") if ov else None, STEPPING_MIN_S):
-            return
-        agents, version = self.jobs.agents_of(job), self.nodes.placement_version  # the version first
-        # only what gpu_hints reads
-        procs, values, throttles = self.nodes.gpu_view(agents, SIGHTING_SERIES, job=job)
-        placed = self._placements.from_view(job, agents, version, procs)
-        hosts = self.hosts.observations(job, now)  # the ranks' hosts: CPU contention in steady state too
-        items = {h.rank: h.items for h in gpu_hints(sorted(placed), placed, values, throttles, procs, now)}
-        for r, obs in hosts.items():
-            items[r] = [*items.get(r, []), *host_items(r, obs, obs.get("node"), swap_of(obs))]
-        if items:
-            self.gpu_baseline.add(job, items, now)
-
-    def _read_snapshot_view(self, job: str) -> SnapshotView:
-        """The job's GPUs as incident snapshots read them, now."""
-        agents, version = self.jobs.agents_of(job), self.nodes.placement_version  # the version first
-        procs, values, throttles = self.nodes.gpu_view(agents, SNAPSHOT_READS, job=job)
-        taken_at = time.time()
-        return SnapshotView(taken_at, procs, values, throttles,
-                            self._placements.from_view(job, agents, version, procs))
-
-    def _snapshot_view(self, job: str) -> SnapshotView:
-        """The view an analysis pass's snapshots read: a job whose last steady sighting held more than
-        BASELINE_RANKS_PER_EVERY_S ranks keeps it while younger than its sighting interval less
-        BASELINE_EVERY_S (8,000 ranks: 6.8 s; reading it is most of a snapshot's ~0.2 s there), so
-        its snapshots cost no more than its sightings would; any other job reads it at every pass."""
-        held = self._snapshot_views.get(job)
-        keep_s = self.gpu_baseline.interval_s(job) - self.gpu_baseline.every_s  # 0 up to that size
-        if held is not None and keep_s > 0 and 0.0 <= time.time() - held.taken_at < keep_s:
-            return held
-        view = self._snapshot_views[job] = self._read_snapshot_view(job)
-        return view
-
-    def _gpu_snapshot(self, job: str, inc: Incident,
-                      view: SnapshotView | None = None) -> dict[int, RankSnapshot]:
-        """rank -> what its GPU shows in ``view`` (by default read now), for the ranks an incident
-        names; with none named, the job's ranks whose GPU stands out (a co-tenant, throttling, a low
-        clock). ``taken_at`` and the evidence's times are when the view was read."""
-        v = view if view is not None else self._read_snapshot_view(job)
-        hosts = self.hosts.observations(job, v.taken_at)  # each rank's process on its host, as last reported
-        return rank_snapshots(inc.ranks, v, hosts, lambda items: self.gpu_baseline.annotate(job, items))
+            self.sightings.forget(job)
 
     def collective_analysis(self, job: str, force: bool = False, cached: bool = False
                             ) -> CollectiveAnalysis | None:
@@ -619,6 +571,23 @@ class AggregatorState:
         at = self.jobs.set_new_normal(job, iteration)
         self._bump()
         return at
+
+    # ---- the state store's documents (perfd.aggregator.durable) -----------------------------------
+    def incidents_doc(self) -> dict[str, Any]:
+        """Every job's incidents as the state store keeps them (IncidentTracker.export)."""
+        return self.incidents.export()
+
+    def load_incidents(self, doc: Mapping[str, Any]) -> None:
+        """The incidents the state store kept, back at start."""
+        self.incidents.load(doc)
+
+    def new_normals(self) -> dict[str, int]:
+        """job -> the iteration its new normal starts at (perfd.aggregator.jobs)."""
+        return self.jobs.new_normals()
+
+    def restore_events(self, evs: Sequence[Mapping[str, Any]]) -> None:
+        """The aggregator's own events the state store kept, back into the event log."""
+        self.log.restore(evs)
 
     def node_series(self, node_series: bool = True) -> list[tuple[str, NodeSeries]]:
         """(agent id, series) pairs for export, GPU and host series only when ``node_series``; a
