@@ -223,7 +223,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
     # The ranks' CPUs as their agents see them now, else as they last saw them running (a finished
     # job): a data-loading action fits them (more workers only where they have room).
     cpu = job_cpu_use(snap.hosts()) or job_cpu_use(snap.hosts_last_running())
-    full = analysis_json(analysis, snap.incident_docs(), arming=state.arming_of(job), cpu=cpu)
+    full = analysis_json(analysis, snap.incidents, arming=state.arming_of(job), cpu=cpu)
     world = analysis.job.layout.world_size
     return {
         "overview": overview,

@@ -17,6 +17,7 @@ from html import escape
 from typing import Any
 
 from perfd import catalog
+from perfd.analytics.incidents.findings import ReportedIncident
 from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.analytics.steps.run_summary import (
     REDUCTIONS_TEXT,
@@ -121,13 +122,13 @@ class Page:
 
     @classmethod
     def of(cls, analysis: RunAnalysis, report: Report,
-           incidents: Sequence[Mapping[str, Any]] | None = None) -> Page:
+           incidents: Sequence[ReportedIncident] | None = None) -> Page:
         """The page of an analysis and its report (``incidents``: those the report was made with)."""
         s = analysis.summary
         return cls(report=report, job=analysis.job, summary=PageSummary.of(s),
                    iterations=list(analysis.iteration_rows()),
-                   incidents=(list(incidents) if incidents is not None
-                              else [_clean(i.to_json()) for i in analysis.incidents]),
+                   incidents=[_clean(i.to_json())
+                              for i in (incidents if incidents is not None else analysis.incidents)],
                    goodput=_clean(s.goodput.to_json()) if s.goodput is not None else None)
 
 

@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 
 from perfd.analytics.common import pp_stage_of_rank
-from perfd.analytics.incidents.detect import is_disturbance
+from perfd.analytics.incidents.detect import CAPTURE
 from perfd.analytics.steps.goodput import KIND_HELP, KINDS
 from perfd.analytics.steps.run_summary import DisturbanceStretch, JobLayout
 from perfd.report.svg import (
@@ -81,7 +81,7 @@ def _marks(groups: Sequence[Sequence[Mapping[str, Any]]], incidents: Sequence[Ma
         c = cols(inc.get("first_iteration"), inc.get("last_iteration"))
         if c is None:
             continue
-        capture = is_disturbance(inc)
+        capture = list(inc.get("kinds") or []) == [CAPTURE]  # the page's JSON: perfd's own capture
         cost = _num(inc.get("cost_s"))
         text = (f"{'perfd capture' if capture else 'incident ' + str(inc.get('id'))} "
                 f"(iterations {inc.get('first_iteration')}–{inc.get('last_iteration')})"

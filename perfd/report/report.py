@@ -23,7 +23,7 @@ from perfd.analytics.advice.findings import (
 from perfd.analytics.advice.remedies import RemedyId
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity, order_findings
-from perfd.analytics.incidents.detect import incident_findings, is_disturbance
+from perfd.analytics.incidents.findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.analytics.incidents.host_evidence import CpuUse
 from perfd.analytics.incidents.verdict_text import cpu_use_text, data_loading_action
 from perfd.analytics.ncu.arming import ArmingCost
@@ -120,7 +120,7 @@ def layout_text(lay: JobLayout) -> str:
     return ", ".join(parts) if parts else "layout unknown"
 
 
-def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None,
+def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | None = None,
                  *, arming: ArmingCost | None = None, cpu: CpuUse | None = None) -> Report:
     """The four-part report of one analysed run. ``incidents``: the live aggregator's record of
     the job's incidents (with the GPU evidence of the time, kept after the iterations left its
@@ -142,7 +142,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
         run_s = analysis.run_seconds()
         inc_f, inc_r = incident_findings(incidents, run_s or None, cpu)
         findings, recs = order_findings([*findings, *inc_f], [*recs, *inc_r])
-    incs = list(incidents) if incidents is not None else [i.to_json() for i in analysis.incidents]
+    incs: list[ReportedIncident] = list(incidents) if incidents is not None else list(analysis.incidents)
     mfu = s.median("mfu")
     grade, _ = grade_mfu(mfu)
     budget = s.step_budget
@@ -170,11 +170,12 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] |
     if goodput is not None:
         headline += f"; {goodput}"
     incs = [i for i in incs if not is_disturbance(i)]  # perfd's own capture is never the headline
-    worst = max((i for i in incs if isinstance(i.get("cost_s"), (int, float))),
-                key=lambda i: float(i["cost_s"]), default=None)
+    costed = [(i.incident, float(c)) for i in incs if isinstance(c := i.incident.cost_s, (int, float))]
+    worst = max(costed, key=lambda ic: ic[1], default=None)
     if worst is not None:  # the largest recoverable loss leads
-        headline += (f". Largest loss: {worst.get('cause')} — {float(worst['cost_s']):.0f} s lost "
-                     f"(iterations {worst.get('first_iteration')}–{worst.get('last_iteration')}"
+        top, cost = worst
+        headline += (f". Largest loss: {top.cause} — {cost:.0f} s lost "
+                     f"(iterations {top.first_iteration}–{top.last_iteration}"
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
     summary = ReportSummary(job.name, grade, grade_text, mfu, s.bottleneck.cls.value,
                             s.bottleneck.reason, span, headline)
@@ -197,7 +198,7 @@ def _with_cpu(r: Recommendation, cpu: CpuUse) -> Recommendation:
     return dataclasses.replace(r, action=data_loading_action(cpu), detail=f"{r.detail}; {cpu_use_text(cpu)}")
 
 
-def analysis_json(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None, *,
+def analysis_json(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | None = None, *,
                   rows: Iterable[dict[str, Any]] | None = None, arming: ArmingCost | None = None,
                   cpu: CpuUse | None = None) -> dict[str, Any]:
     """The analysis as JSON with its report: keys job, iterations, summary, incidents, report (what
@@ -209,7 +210,7 @@ def analysis_json(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] 
     if rows is not None:
         out["iterations"] = rows
     if incidents is not None:
-        out["incidents"] = list(incidents)
+        out["incidents"] = [i.to_json() for i in incidents]
     return out
 
 

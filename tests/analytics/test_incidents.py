@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from perfd.analytics.incidents.detect import CAPTURE, SLOW, detect_incidents, incident_findings
+from perfd.analytics.incidents.detect import CAPTURE, SLOW, detect_incidents
+from perfd.analytics.incidents.findings import incident_findings
 from perfd.analytics.steps.run_analysis import IterationResult
 from perfd.analytics.steps.run_summary import CaptureDisturbances
 
@@ -81,6 +82,6 @@ def test_a_named_rank_and_its_finding() -> None:
         it.straggler_rank_compute_ratio = {0: 0.9, 3: 2.1}
     (inc,) = detect_incidents(its, {}, {}, 0, None).incidents
     assert inc.ranks == [3] and "rank 3 computed up to 2.10×" in inc.cause
-    fs, rs = incident_findings([inc.to_json()], run_s=10.0)
+    fs, rs = incident_findings([inc], run_s=10.0)
     assert fs[0].id == f"incident-{inc.id}" and fs[0].evidence["ranks"] == [3]
     assert inc.cost_s is not None and rs[0].impact == inc.cost_s / 10.0 and "rank 3" in rs[0].action

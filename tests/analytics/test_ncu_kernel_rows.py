@@ -150,7 +150,7 @@ def test_rows_whose_timeline_steps_are_unknown_give_no_time_per_step() -> None:
     assert [r.time_basis for r in rows] == [TimeBasis.TIMELINE_TOTAL] * 3
     assert all(r.step_ms is None and r.part_share is None for r in rows)
     assert rows[0].captured_share == recorded(MASKED_FILL)["captured_share"]
-    budget = {"step_ms": 100.0, "parts": [{**part, "ms": 100.0, "share": 1.0}]}
+    budget = StepBudget.from_json({"step_ms": 100.0, "parts": [{**part, "ms": 100.0, "share": 1.0}]})
     flat = " ".join(" ".join(ncu_view.text_lines(budget, Part.COMPUTE, "", 200)).split())
     assert ("12.1% of the kernel time of timeline c20261123-223603-bf9e4a (its steps unknown: no time per "
             "step)") in flat and "ms a step" not in flat
@@ -181,7 +181,7 @@ def test_kernels_with_no_timeline_match_show_ncus_replayed_time() -> None:
     text = ncu_view.time_text(g)
     assert text.startswith(f"{gelu['duration_ms'] * 3:.3f} ms in ncu's replay of 3 launches")
     assert "not among timeline tl1's top kernels" in text
-    html = ncu_view.html_table({"parts": [{"part": "pointwise", "detail": {"ncu_kernels": [g.to_json()]}}]})
+    html = ncu_view.html_table(_one_part(Part.POINTWISE, [g.to_json()]))
     assert "replayed by ncu<br><small>not in the timeline" in html
 
 
@@ -197,7 +197,7 @@ def test_absent_figures_stay_absent() -> None:
     assert norm.occupancy == pytest.approx(0.8836)
     labels = [label for label, _ in ncu_view.figures(norm)]
     assert labels == ["compute SOL", "memory SOL", "DRAM", "occupancy"]
-    html = ncu_view.html_table({"parts": [{"part": "norm", "detail": {"ncu_kernels": [norm.to_json()]}}]})
+    html = ncu_view.html_table(_one_part(Part.NORM, [norm.to_json()]))
     cells = html.split("<td")
     assert cells[8].startswith(">–<")  # the tensor pipe's cell (part, kernel, time, share, 3 SOL, tensor)
     # the probe's head: no duration, no compute SOL: none invented
@@ -273,8 +273,13 @@ def test_rows_round_trip_and_unreadable_rows_are_skipped() -> None:
     assert len(rows) == 10  # 12 ncu rows: the GEMM's two grids one timeline kernel, the float fill's too
     assert all(KernelRow.from_json(r.to_json()) == r for r in rows)
     assert KernelRow.from_json({"name": "x", "match": "sideways", "time_basis": "timeline"}) is None
-    budget = {"parts": [{"part": "compute", "detail": {"ncu_kernels": [{"name": "x"}, rows[0].to_json()]}}]}
+    budget = _one_part(Part.COMPUTE, [{"name": "x"}, rows[0].to_json()])
     assert len(ncu_view.rows_of(budget)[Part.COMPUTE]) == 1
+
+
+def _one_part(part: Part, ncu_kernels: list[dict[str, Any]]) -> StepBudget:
+    """A budget of one part holding these kernel rows (as with_ncu keeps them in its detail)."""
+    return StepBudget(0.0, (BudgetPart(part, 0.0, 0.0, Source.NCU, {"ncu_kernels": ncu_kernels}),), ())
 
 
 @pytest.mark.parametrize(("name", "short"), [

@@ -174,7 +174,7 @@ def test_the_html_report_marks_incidents_on_the_step_time_chart() -> None:
     st = _state_with(_slowed(parsed.records, range(14, 22), 1, 2.5))
     a = st.analysis("dp2", force=True)
     assert a is not None
-    page = render_html(page_from_json(analysis_json(a, st.incidents.incidents("dp2"))))
+    page = render_html(page_from_json(analysis_json(a, st.incidents.typed_incidents("dp2"))))
     assert page.count('class="incident"') == 1 and "s lost" in page and "rank 1 computed" in page
 
 

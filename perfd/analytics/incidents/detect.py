@@ -22,19 +22,16 @@ from typing import Any, Protocol
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.collectives.hangs import HangView
-from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity
 from perfd.analytics.incidents.evidence import (
     Evidence,
     EvidenceKind,
     Missing,
     Verdict,
     decide,
-    verdict_from_json,
 )
-from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, LevelShift, as_kept
 from perfd.analytics.incidents.stall import StallCheck, StallSeen, silence_cost_s
-from perfd.analytics.incidents.verdict_text import action_text, cause_text, cpu_use_text, sentence, stall_text
+from perfd.analytics.incidents.verdict_text import cause_text, sentence, stall_text
 from perfd.analytics.steps import windows
 from perfd.analytics.steps.changepoint import accept, find_change_point
 
@@ -115,10 +112,24 @@ class Incident:
                 "median_step_ms": self.median_step_ms, "max_step_ms": self.max_step_ms,
                 "start_time": self.start_time, "end_time": self.end_time, "open": self.open,
                 "cause": self.cause,
-                "evidence": self.evidence.to_json(stall_first=self.kinds == [STALL]),
+                "evidence": self.evidence_json(),
                 "verdict": self.verdict.to_json() if self.verdict is not None else {},
                 "capture_cost_s": self.capture_cost_s, "single_rank": self.single_rank,
                 "duration_s": self.duration_s}
+
+    def evidence_json(self) -> dict[str, Any]:
+        """The evidence as served (a stall's own has always opened with the stall)."""
+        return self.evidence.to_json(stall_first=self.kinds == [STALL])
+
+    # What makes it a ReportedIncident (perfd.analytics.incidents.findings): offline it is all there
+    # is, and no capture is known.
+    @property
+    def incident(self) -> Incident:
+        return self
+
+    @property
+    def captures(self) -> Sequence[Mapping[str, Any]]:
+        return ()
 
     def observed(self) -> list[Evidence]:
         """The typed items the incident's steps show, as the incident keeps them."""
@@ -513,75 +524,3 @@ def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int,
                         stall=stall,
                         source="perfd aggregator, live stall detector (perfd.analytics.incidents.stall)"),
                     single_rank=single_rank)
-
-
-def incident_findings(incidents: Sequence[Mapping[str, Any]], run_s: float | None,
-                      cpu: CpuUse | None = None) -> tuple[list[Finding], list[Recommendation]]:
-    """One finding per incident (the JSON of :class:`Incident`, as analysed offline or as the live
-    aggregator kept it with the GPU evidence of the time), with a recommendation whose impact is
-    the share of the run it cost. A stretch only perfd's own capture disturbed is no incident and
-    gets no finding here (the summary lists it apart). ``cpu``: the job's ranks' CPU use now, for an
-    incident whose own host snapshot says nothing of it (a data-loading action depends on it)."""
-    fs: list[Finding] = []
-    rs: list[Recommendation] = []
-    for inc in incidents:
-        if is_disturbance(inc):
-            continue
-        first, last = inc.get("first_iteration"), inc.get("last_iteration")
-        kinds, cost = list(inc.get("kinds") or []), inc.get("cost_s")
-        lost = f"{cost:.1f} s lost" if isinstance(cost, (int, float)) else "time lost unknown"
-        span = f"iteration {first}" if first == last else f"iterations {first}–{last}"
-        dur = inc.get("duration_s")
-        during = f" over {dur:.0f} s" if isinstance(dur, (int, float)) else ""
-        fid = f"incident-{inc.get('id')}"
-        ev = {k: v for k, v in (inc.get("evidence") or {}).items() if k != "source"}
-        caps = [c for c in inc.get("captures") or [] if c.get("started_at") is not None]
-        cap_text = "".join(f" Capture {c.get('id')} ({c.get('tool')}, ranks {c.get('ranks')}) ran during it"
-                           + (f": {c['findings'][0]['title']}" if c.get("findings") else "") + "."
-                           for c in caps)
-        steps = (f" {inc.get('n_iterations')} iteration(s); steady time per step "
-                 f"{_ms(inc.get('steady_step_ms'))}, "
-                 f"median during {_ms(inc.get('median_step_ms'))}, worst {_ms(inc.get('max_step_ms'))}. "
-                 "Left out of the steady-state statistics." if inc.get("n_iterations") else "")
-        cap_cost = inc.get("capture_cost_s")
-        if isinstance(cap_cost, (int, float)):
-            steps += f" perfd's capture cost {cap_cost:.1f} s more inside it (not counted as lost)."
-        fs.append(Finding(fid, Severity.CRITICAL if HANG in kinds else Severity.WARNING,
-                          f"Incident {span}: {lost}" + (" (still open)" if inc.get("open") else ""),
-                          f"{inc.get('cause', '')}{during}.{steps}{cap_text}",
-                          {"incident": inc.get("id"), "kinds": kinds, "ranks": inc.get("ranks") or [],
-                           "cost_s": cost, **ev, "captures": caps, "verdict": inc.get("verdict") or {}},
-                          span, str((inc.get("evidence") or {}).get("source", "")), FindingOrigin.INCIDENT))
-        impact = (cost / run_s) if isinstance(cost, (int, float)) and run_s else None
-        action, used = _action(inc, cpu)
-        detail = str(inc.get("cause", "")) + (f"; {cpu_use_text(used)}" if used is not None else "")
-        rs.append(Recommendation("", fid, 0, action, detail, impact))
-    return fs, rs
-
-
-def incident_cpu_use(inc: Mapping[str, Any]) -> CpuUse | None:
-    """The CPU use of the incident's ranks as its host snapshots saw them while it happened."""
-    snaps = (inc.get("evidence") or {}).get("gpu") or {}
-    hosts = {int(r): s["host"] for r, s in snaps.items()
-             if str(r).isdigit() and isinstance(s, Mapping) and isinstance(s.get("host"), Mapping)}
-    ranks = [int(r) for r in inc.get("ranks") or [] if isinstance(r, int)]
-    return job_cpu_use(hosts, ranks or None) if hosts else None
-
-
-def is_disturbance(inc: Mapping[str, Any]) -> bool:
-    """A stretch only perfd's own capture disturbed (kept state from before they were listed apart)."""
-    return list(inc.get("kinds") or []) == [CAPTURE]
-
-
-def _action(inc: Mapping[str, Any], cpu: CpuUse | None = None) -> tuple[str, CpuUse | None]:
-    """The incident's action, and the CPU use it was chosen by (a data-loading action only)."""
-    if HANG in (inc.get("kinds") or []):
-        return ("Find why the named rank(s) never reached the collective (their last Flight Recorder "
-                "entries, a dead process, a lost GPU); set a NCCL timeout so a hang fails fast"), None
-    v = verdict_from_json(inc.get("verdict"))
-    used = (incident_cpu_use(inc) or cpu) if v is not None and v.cause is EvidenceKind.DATA_WAIT else None
-    return action_text(v, list(inc.get("ranks") or []), used), used
-
-
-def _ms(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.0f} ms"

@@ -30,8 +30,8 @@ from perfd.analytics.incidents.detect import (
     Detection,
     Incident,
     detect_incidents,
-    incident_findings,
 )
+from perfd.analytics.incidents.findings import incident_findings
 from perfd.analytics.steps.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
 from perfd.analytics.steps.goodput import (
     PAUSE_BEFORE_TIMERS,
@@ -564,7 +564,7 @@ class RunBuilder:
         analysis.config = job_config(analysis, self.job)
         fs, rs = derive_findings(analysis, self.job, budget, self.live)
         run_s = analysis.run_seconds()
-        inc_f, inc_r = incident_findings([i.to_json() for i in incidents], run_s or None)
+        inc_f, inc_r = incident_findings(incidents, run_s or None)
         analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])
         if memo is not None:
             memo.run = (_KeptRun((self.gpm, self.timeline, self.gpm_when), self.records, table, disturbed,
