@@ -3,7 +3,7 @@
     perfd bench baseline [--nodes 1,10,100,1000] [--gpus 8] [--calls 20] [--json]
 
 While a job steps with no incident open, each new analysis of it takes a steady sighting of its GPUs
-at most every BASELINE_EVERY_S (perfd.aggregator.incidents): ``AggregatorState._baseline_sighting``
+at most every BASELINE_EVERY_S (perfd.aggregator.incidents): ``Sightings.baseline_sighting``
 reads the job's GPU view, places every rank (``place_ranks``) and computes ``gpu_hints`` for all of
 them, then adds the evidence to ``GpuBaseline``. ``perfd bench scale`` never reaches that work (its
 agents send no process lists, so no rank is placed and the sighting returns early).
@@ -21,7 +21,7 @@ add a sighting (the early return would measure nothing).
 
 Timed per call (``time.perf_counter`` and process CPU time, median and p90 over ``--calls``):
 the sighting, and its parts (``gpu_view``, ``place_ranks``, ``gpu_hints`` over all ranks); and
-``_gpu_snapshot`` for an incident naming one rank and for one naming none (the job's GPUs that stand
+``Sightings.gpu_snapshot`` for an incident naming one rank and for one naming none (the job's GPUs that stand
 out), reading the view anew each call (``one_rank``, ``no_rank``; the rank placement held, as no
 process list changes) and from a view already read (``*_view_held``: another incident of the same
 analysis pass, or a big job's kept view), and the view's read alone (``view_read``);
@@ -57,8 +57,9 @@ from perfd.aggregator.gpu_views import SIGHTING_SERIES as _SIGHTING_SERIES
 from perfd.aggregator.incidents import BASELINE_EVERY_S
 from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.runtime import GC_THRESHOLDS
-from perfd.analytics.attribution import gpu_hints, place_ranks
-from perfd.analytics.incidents import Incident
+from perfd.aggregator.snapshot import overview_of
+from perfd.analytics.incidents.attribution import gpu_hints, place_ranks
+from perfd.analytics.incidents.detect import Incident
 from perfd.model import StepRecord
 from perfd.transport.codec import decode_batch, encode_batch
 from perfd.transport.gen import perfd_pb2 as pb
@@ -193,7 +194,7 @@ def run(nodes: int, gpus: int, calls: int) -> dict[str, Any]:
     for i in range(calls):
         agents[0].send_steps(agg, [_step(i + 1)])  # the job is stepping (untimed)
         t, c = time.perf_counter(), time.process_time()
-        st._baseline_sighting(JOB, time.time())
+        st.sightings.baseline_sighting(JOB, time.time())
         cpus.append(time.process_time() - c)
         times.append(time.perf_counter() - t)
     taken = st.gpu_baseline.sightings(JOB) - n_before
@@ -211,20 +212,23 @@ def run(nodes: int, gpus: int, calls: int) -> dict[str, Any]:
         "gpu_hints": _timed(lambda: gpu_hints(sorted(placed), placed, values, throttles, procs, time.time()),
                             calls),
     }
-    one = Incident("bench-one", 1, 2, ["straggler"], [ranks - 1], 2, 1.0, 1000.0, 1500.0, 2000.0, open=True)
-    none = Incident("bench-none", 1, 2, ["slow-steps"], [], 2, 1.0, 1000.0, 1500.0, 2000.0, open=True)
-    snap_one = st._gpu_snapshot(JOB, one)
-    snap_none = st._gpu_snapshot(JOB, none)
-    view = st._read_snapshot_view(JOB)
+    common: dict[str, Any] = {"first_iteration": 1, "last_iteration": 2, "n_iterations": 2, "cost_s": 1.0,
+                              "steady_step_ms": 1000.0, "median_step_ms": 1500.0, "max_step_ms": 2000.0,
+                              "open": True}
+    one = Incident(id="bench-one", kinds=["straggler"], ranks=[ranks - 1], **common)
+    none = Incident(id="bench-none", kinds=["slow-steps"], ranks=[], **common)
+    snap_one = st.sightings.gpu_snapshot(JOB, one)
+    snap_none = st.sightings.gpu_snapshot(JOB, none)
+    view = st.sightings.read_view(JOB)
     snapshot = {  # the view read anew each call (the placement held: no process list changed)
-        "one_rank": {**_timed(lambda: st._gpu_snapshot(JOB, one), calls),
+        "one_rank": {**_timed(lambda: st.sightings.gpu_snapshot(JOB, one), calls),
                      "ranks_in_snapshot": len(snap_one)},
-        "no_rank": {**_timed(lambda: st._gpu_snapshot(JOB, none), calls),
+        "no_rank": {**_timed(lambda: st.sightings.gpu_snapshot(JOB, none), calls),
                     "ranks_in_snapshot": len(snap_none)},
-        "view_read": _timed(lambda: st._read_snapshot_view(JOB), calls),  # once per pass at most
+        "view_read": _timed(lambda: st.sightings.read_view(JOB), calls),  # once per pass at most
         # from a view already read (another incident of the same pass, or a big job's kept view)
-        "one_rank_view_held": _timed(lambda: st._gpu_snapshot(JOB, one, view), calls),
-        "no_rank_view_held": _timed(lambda: st._gpu_snapshot(JOB, none, view), calls),
+        "one_rank_view_held": _timed(lambda: st.sightings.gpu_snapshot(JOB, one, view), calls),
+        "no_rank_view_held": _timed(lambda: st.sightings.gpu_snapshot(JOB, none, view), calls),
     }
     st.placed_ranks(JOB)  # held from here on (the snapshots above already filled it)
     sight = {"wall_s_median": statistics.median(times), "wall_s_p90": _p90(times),
@@ -238,7 +242,7 @@ def run(nodes: int, gpus: int, calls: int) -> dict[str, Any]:
             "gpu_snapshot": snapshot,
             # how long a pass's snapshots keep one view of this job (0: read at every pass)
             "snapshot_view_kept_s": max(0.0, interval - BASELINE_EVERY_S),
-            "job_overview": _timed(lambda: st.job_overview(JOB), calls),  # placement held
+            "job_overview": _timed(lambda: overview_of(st.snapshot(JOB)), calls),  # placement held
             "placed_ranks": _timed(lambda: st.placed_ranks(JOB), calls)}  # held: a copy of the mapping
 
 
@@ -284,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['cpu_s_median'] * 1e3:.2f} ms CPU median (p90 {s['cpu_s_p90'] * 1e3:.2f}, wall "
               f"{s['wall_s_median'] * 1e3:.2f}) = {r['cpu_share_at_1hz'] * 100:.2f}% of a core at one per "
               f"{r['baseline_every_s']:g} s{at}; gpu_view {ms['gpu_view']:.2f}, place_ranks "
-              f"{ms['place_ranks']:.2f}, gpu_hints {ms['gpu_hints']:.2f} ms; _gpu_snapshot one rank "
+              f"{ms['place_ranks']:.2f}, gpu_hints {ms['gpu_hints']:.2f} ms; gpu_snapshot one rank "
               f"{snap['one_rank']:.2f} ms, none {snap['no_rank']:.2f} ms (view held: "
               f"{snap['one_rank_view_held']:.2f}, {snap['no_rank_view_held']:.2f}); job_overview "
               f"{r['job_overview']['cpu_s_median'] * 1e3:.2f} ms")

@@ -41,7 +41,7 @@ LABELS: dict[str, str] = {
     "rank": "global rank of a training process",
     "reason": "small enum: throttle reason, error reason or refusal reason (perfd.limits)",
     "type": "small enum: ECC error type (corrected, uncorrected)",
-    "class": "bottleneck class (8 values, see perfd.analytics.bottleneck)",
+    "class": "bottleneck class (8 values, see perfd.analytics.breakdown.bottleneck)",
     "collector": "collector name",
     "interface": "network interface",
     "device": "block device",
@@ -61,8 +61,8 @@ LABELS: dict[str, str] = {
     "group": "parallel group class of a process group (tp, cp, ep, dp, pp, world, other)",
     "scope": "link a process group crosses (intra-node, inter-node, unknown)",
     "state": "job liveness (running, stalled, ended)",
-    "kind": "where a job's wall time went (perfd.analytics.goodput.KINDS: 10 values)",
-    "part": "a part of the step budget (perfd.analytics.budget.Part, a closed set)",
+    "kind": "where a job's wall time went (perfd.analytics.steps.goodput.KINDS: 10 values)",
+    "part": "a part of the step budget (perfd.analytics.breakdown.budget.Part, a closed set)",
     "version": "perfd version (one per build)",
     "python": "Python version the daemon runs on (one per build)",
     "source": "where a GPU series comes from when it is not NVML/GPM (dcgm-exporter)",
@@ -83,7 +83,7 @@ _JOB_SHOWS: frozenset[Show] = frozenset({SUMMARY, REPORT, WANDB})
 @dataclass(frozen=True)
 class MetricDef:
     """One metric, declared once. For a per-iteration job metric, ``attr`` names the attribute of
-    the analysis' per-iteration result (perfd.analytics.run_analysis.IterationResult) and
+    the analysis' per-iteration result (perfd.analytics.steps.run_analysis.IterationResult) and
     ``scale`` turns it into the catalog unit: every consumer (Prometheus, W&B, rules, the report,
     its tables and tiles) derives its value from these two through :func:`job_values`."""
 
@@ -106,10 +106,11 @@ class MetricDef:
 JOB_STALLED_SECONDS = "perfd_job_stalled_seconds"
 # The per-reason throttle flag (labelled by reason): rules and the GPU view read it by name.
 GPU_THROTTLE_ACTIVE = "perfd_gpu_throttle_active"
-# Goodput (perfd.analytics.goodput), written from a job's analysis summary.
+# Goodput (perfd.analytics.steps.goodput), written from a job's analysis summary.
 GOODPUT_RATIO = "perfd_job_goodput_ratio"
 JOB_TIME = "perfd_job_time_seconds_total"
-# The step budget (perfd.analytics.budget), written from a job's analysis summary, one series per part.
+# The step budget (perfd.analytics.breakdown.budget), written from a job's analysis summary, one series per
+# part.
 STEP_BUDGET_SECONDS = "perfd_job_step_budget_seconds"
 STEP_BUDGET_RATIO = "perfd_job_step_budget_ratio"
 # The rank x step picture at bounded cardinality: the slowest ranks, and a histogram over all ranks.
@@ -153,18 +154,18 @@ _HOST = "collectors/host (psutil)"
 _RANKS = "collectors/ranks (/proc/<pid>, the rank's cgroup, /proc/pressure)"
 _AGENT = "perfd agent"
 _AGGREGATOR = "perfd aggregator"
-_SERVING = "collectors/sglang (scheduler log lines, else /metrics) via perfd.analytics.serving"
-_SERVING_LOG = "collectors/sglang (scheduler log lines) via perfd.analytics.serving"
+_SERVING = "collectors/sglang (scheduler log lines, else /metrics) via perfd.analytics.serving.analysis"
+_SERVING_LOG = "collectors/sglang (scheduler log lines) via perfd.analytics.serving.analysis"
 _SERVING_METRICS = ("collectors/sglang (/metrics histograms, --enable-metrics) via "
-                    "perfd.analytics.serving_histogram")
-_SERVING_ANALYTICS = "perfd.analytics.serving over collectors/sglang + model spec"
-_NCCL = "collectors/nccl (Flight Recorder, NCCL Inspector) + perfd.analytics.collectives"
+                    "perfd.analytics.serving.histogram")
+_SERVING_ANALYTICS = "perfd.analytics.serving.analysis over collectors/sglang + model spec"
+_NCCL = "collectors/nccl (Flight Recorder, NCCL Inspector) + perfd.analytics.collectives.analysis"
 
 CATALOG: tuple[MetricDef, ...] = (
     # --- job: training (per-iteration analysis; in report order) --------------------------
     _m("perfd_job_mfu_ratio", "gauge", "ratio",
        "Model FLOPs utilisation: model TFLOP/s per GPU ÷ peak dense TFLOP/s of the GPU for the dtype",
-       _ANALYTICS + " + perfd.analytics.gpus peak table", JOB, attr="mfu", alias="mfu",
+       _ANALYTICS + " + perfd.analytics.steps.gpus peak table", JOB, attr="mfu", alias="mfu",
        shows=(HTML, TABLE), short="MFU"),
     _m("perfd_job_model_tflops_per_gpu", "gauge", "tflops",
        "Achieved model TFLOP/s per GPU, perfd's FLOPs formula ÷ step time ÷ world size", _ANALYTICS, JOB,
@@ -219,7 +220,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_job_incident_lost_seconds", "gauge", "seconds",
        "Time this iteration lost against the steady time per step, while it is part of an incident (absent "
        "outside incidents; summed over an incident it is the incident's cost)",
-       "perfd.analytics.incidents over collectors/megatron", JOB, attr="incident_lost_ms", scale=1e-3,
+       "perfd.analytics.incidents.detect over collectors/megatron", JOB, attr="incident_lost_ms", scale=1e-3,
        alias="incident_lost", hide=(SUMMARY, REPORT), short="lost to incident"),
     _m("perfd_job_iteration", "gauge", "iteration", "Last iteration number seen", _MEGATRON, JOB,
        attr="iteration", alias="iteration", shows=(WANDB,)),
@@ -266,14 +267,14 @@ CATALOG: tuple[MetricDef, ...] = (
        alias="nan_iterations"),
     _m("perfd_job_incidents_total", "counter", "count",
        "Incidents opened (stretches of iterations that departed from steady state)",
-       "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incidents"),
+       "perfd aggregator incidents over perfd.analytics.incidents.detect", JOB, alias="incidents"),
     _m("perfd_job_incident_lost_seconds_total", "counter", "seconds",
        "Seconds lost to incidents against the steady time per step (open incidents: so far)",
-       "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incident_lost_total"),
+       "perfd aggregator incidents over perfd.analytics.incidents.detect", JOB, alias="incident_lost_total"),
     _m("perfd_job_incidents_open", "gauge", "count", "Incidents still open",
-       "perfd aggregator incidents over perfd.analytics.incidents", JOB, alias="incidents_open"),
+       "perfd aggregator incidents over perfd.analytics.incidents.detect", JOB, alias="incidents_open"),
     _m(GOODPUT_RATIO, "gauge", "ratio",
-       "Goodput: steady training time ÷ the job's wall time since it started (perfd.analytics.goodput)",
+       "Goodput: steady training time ÷ the job's wall time since it started (perfd.analytics.steps.goodput)",
        _ANALYTICS + ", start-up timestamps and checkpoint/evaluate timers", JOB, alias="goodput"),
     _m(JOB_TIME, "counter", "seconds",
        "The job's wall time split by where it went (label kind: training, incident, profiling, redone, "
@@ -282,12 +283,15 @@ CATALOG: tuple[MetricDef, ...] = (
        alias="job_time_total"),
     _m(STEP_BUDGET_SECONDS, "gauge", "seconds",
        "Where one step's time goes: seconds per step of each part of the step budget (label part: one of "
-       "perfd.analytics.budget.Part, a closed set); the parts add up to the step. From the capture that "
+       "perfd.analytics.breakdown.budget.Part, a closed set); the parts add up to the step. From the capture "
+       "that "
        "informs the job, else the steady-state timers (compute then undivided)",
-       "perfd.analytics.budget over a capture's timeline (perfd.capture.analysis) and the step timers",
+       "perfd.analytics.breakdown.budget over a capture's timeline (perfd.capture.analysis) and the step "
+       "timers",
        (*JOB, "part"), alias="step_budget"),
     _m(STEP_BUDGET_RATIO, "gauge", "ratio", "The same parts as shares of the step (they add up to 1)",
-       "perfd.analytics.budget over a capture's timeline (perfd.capture.analysis) and the step timers",
+       "perfd.analytics.breakdown.budget over a capture's timeline (perfd.capture.analysis) and the step "
+       "timers",
        (*JOB, "part"), alias="step_budget_share"),
     _m("perfd_job_step_duration_seconds", "histogram", "seconds",
        "Distribution of step times (every job-level step record once; buckets 50 ms to 2 min): "
@@ -298,11 +302,11 @@ CATALOG: tuple[MetricDef, ...] = (
     _m(JOB_STALLED_SECONDS, "gauge", "seconds",
        "Seconds since the last step of a stalled job (no step past its stale limit while its rank "
        "processes are on their GPUs: hung); 0 while it runs; absent once it ended",
-       _AGGREGATOR + " (perfd.analytics.liveness)", JOB, alias="stalled_seconds"),
+       _AGGREGATOR + " (perfd.analytics.steps.liveness)", JOB, alias="stalled_seconds"),
     _m("perfd_job_state_info", "gauge", "info",
        "1 for the job's liveness state (label state: running, stalled = no step while its processes are "
        "on their GPUs, ended); a stalled or ended job's derived gauges leave /metrics",
-       _AGGREGATOR + " (perfd.analytics.liveness)", (*JOB, "state")),
+       _AGGREGATOR + " (perfd.analytics.steps.liveness)", (*JOB, "state")),
     _m("perfd_job_bottleneck_info", "gauge", "info",
        "1 for the job's current bottleneck class (label class)", _ANALYTICS, (*JOB, "class")),
     # --- job: serving (SGLang) --------------------------------------------------------------
@@ -352,14 +356,14 @@ CATALOG: tuple[MetricDef, ...] = (
        alias="spec_accept_length"),
     _m("perfd_serving_decode_mbu_ratio", "gauge", "ratio",
        "Decode memory-bandwidth utilisation: (weights + KV in use) bytes per step × steps/s ÷ peak "
-       "bandwidth, per GPU", _SERVING_ANALYTICS + " + perfd.analytics.gpus bandwidth table", JOB,
+       "bandwidth, per GPU", _SERVING_ANALYTICS + " + perfd.analytics.steps.gpus bandwidth table", JOB,
        alias="decode_mbu"),
     _m("perfd_serving_decode_mfu_ratio", "gauge", "ratio",
        "Decode model FLOPs utilisation: 2·N_active × generated tokens/s ÷ (GPUs × peak dense FLOP/s)",
-       _SERVING_ANALYTICS + " + perfd.analytics.gpus peak table", JOB, alias="decode_mfu"),
+       _SERVING_ANALYTICS + " + perfd.analytics.steps.gpus peak table", JOB, alias="decode_mfu"),
     _m("perfd_serving_prefill_mfu_ratio", "gauge", "ratio",
        "Prefill model FLOPs utilisation: 2·N_active × computed prompt tokens/s ÷ (GPUs × peak dense FLOP/s)",
-       _SERVING_ANALYTICS + " + perfd.analytics.gpus peak table", JOB, alias="prefill_mfu"),
+       _SERVING_ANALYTICS + " + perfd.analytics.steps.gpus peak table", JOB, alias="prefill_mfu"),
     # --- GPU ------------------------------------------------------------------------------
     _m(GPU_INFO, "gauge", "info",
        "1 per GPU, labelled with its identity (DCGM-exporter's UUID, modelName, Hostname, pci_bus_id "

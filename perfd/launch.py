@@ -9,7 +9,7 @@
   sends, :mod:`perfd.hook`), ``PYTHONUNBUFFERED=1`` unless already set (log lines reach the agent
   as they are printed, not when a 8 KiB buffer fills);
   with ``--flight-recorder DIR``: the FIFO and dump paths of PyTorch's Flight Recorder
-  (:func:`collectors.nccl.env_for_flight_recorder`); ``--fr-timing`` adds
+  (:func:`perfd.flight_recorder_env.env_for_flight_recorder`); ``--fr-timing`` adds
   ``TORCH_NCCL_ENABLE_TIMING=1`` (fills ``duration_ms``, which the communication share needs).
   Timing is opt-in: it records a CUDA event before every collective, and under
   ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (Megatron's setting for TP/SP overlap) that can serialize
@@ -49,7 +49,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import select
@@ -65,8 +64,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from perfd import linetimes
+from perfd.flight_recorder_env import (
+    DUMP_STEM,
+    FRAMEWORK_DEFAULTS,
+    env_for_flight_recorder,
+    framework_defaults,
+)
+from perfd.manifest import MANIFEST_VERSION, STATUS_EXITED, STATUS_RUNNING, write_manifest
 
-MANIFEST_VERSION = 1
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                      signal.SIGUSR2)
 FR_TIMING_NOTE = ("TORCH_NCCL_ENABLE_TIMING=1 records a CUDA event before every collective; with "
@@ -148,8 +153,6 @@ def is_torchtitan(cmd: Sequence[str]) -> bool:
 def _titan_fr_flags(cmd: Sequence[str], fr_dir: Path, buffer: int) -> tuple[list[str], list[str]]:
     """The ``--comm.*`` flags that make torchtitan dump its Flight Recorder ring where perfd reads it,
     with perfd's ring size, each unless the command sets it (the user's value is kept, and said)."""
-    from collectors.nccl.trigger import DUMP_STEM
-
     given = {a.split("=", 1)[0].replace("-", "_") for a in cmd}  # tyro takes --a.b_c, --a.b-c, --a.b_c=v
     flags: list[str] = []
     own: list[str] = []
@@ -216,9 +219,6 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
     if is_torchtitan(cmd):
         plan.log_collector = "torchtitan"
     if opts.flight_recorder:
-        from collectors.nccl import env_for_flight_recorder
-        from collectors.nccl.trigger import FRAMEWORK_DEFAULTS, framework_defaults
-
         plan.fr_dir = Path(opts.flight_recorder).resolve()
         plan.fr_buffer = opts.fr_buffer
         plan.fr_dir.mkdir(parents=True, exist_ok=True)
@@ -324,29 +324,6 @@ def manifest_data(plan: LaunchPlan, opts: LaunchOptions, pid: int | None, status
         "nsys": plan.nsys, "ncu": plan.ncu, "notes": plan.notes, "collectors": plan.collectors(opts.job),
         "wandb_run_id": plan.wandb_run_id,
     }
-
-
-def write_manifest(path: Path, data: Mapping[str, Any]) -> None:
-    """Atomically (temporary file + rename): a reader never sees half a manifest."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a launch manifest; ValueError (with the reason) when it is unusable."""
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as exc:
-        raise ValueError(f"{p}: cannot read: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{p}: not JSON: {exc}") from exc
-    if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
-        raise ValueError(f"{p}: not a perfd launch manifest (version {MANIFEST_VERSION})")
-    if not isinstance(data.get("collectors"), dict) or not isinstance(data.get("job"), str):
-        raise ValueError(f"{p}: manifest without 'job' or 'collectors'")
-    return data
 
 
 class Tee:
@@ -467,7 +444,7 @@ def run_launch(opts: LaunchOptions, terminal: IO[bytes] | None = None, err: IO[s
                 return 126
             assert child.stdout is not None
             fwd.attach(child.pid)
-            write_manifest(plan.manifest_path, manifest_data(plan, opts, child.pid, "running", started))
+            write_manifest(plan.manifest_path, manifest_data(plan, opts, child.pid, STATUS_RUNNING, started))
             print(f"perfd launch: job {opts.job!r} pid {child.pid}; log {plan.log_path}; manifest "
                   f"{plan.manifest_path}", file=err, flush=True)
             tee = Tee(child.stdout.fileno(), [terminal, log], times=times, times_for=1)
@@ -480,7 +457,7 @@ def run_launch(opts: LaunchOptions, terminal: IO[bytes] | None = None, err: IO[s
         finally:
             _restore(previous)
     status = exit_status(rc)
-    write_manifest(plan.manifest_path, manifest_data(plan, opts, child.pid, "exited", started, status,
+    write_manifest(plan.manifest_path, manifest_data(plan, opts, child.pid, STATUS_EXITED, started, status,
                                                      time.time()))
     if times is not None:
         try:

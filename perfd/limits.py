@@ -71,7 +71,7 @@ MAX_JOBS = 1_000  # distinct job names held
 # own): one client cannot take the whole cap (a Hello naming 1,000 jobs took it, for good).
 MAX_JOBS_PER_AGENT = 100
 MAX_JOBS_PER_IDENTITY = 500
-# An ended job (perfd.analytics.liveness) is kept this long for its report and API, then pruned; a
+# An ended job (perfd.analytics.steps.liveness) is kept this long for its report and API, then pruned; a
 # new job arriving at the cap prunes the job that ended first, sooner.
 JOB_RETENTION_S = 24 * 3600.0
 # An agent whose stream closed is forgotten (its series leave the cap, its latest values the joins)

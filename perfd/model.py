@@ -52,6 +52,16 @@ class ParseIssue:
     text: str  # the (truncated) offending text
 
 
+# The step hook's timers (collectors/hook): host time step_begin() -> data_ready(), and the rest.
+HOOK_DATA_WAIT = "data-wait"
+HOOK_COMPUTE = "compute"
+# A pause the hook's rank announced between two steps (``with hook.phase("checkpoint")``), timed by
+# the hook's own begin and end and put on the rank's next step record: the time paused *before* that
+# step (a Megatron-LM timer such as save-checkpoint is printed after the step it follows). Keyed by
+# the phase's name (perfd.hook.wire.PHASES), which is goodput's kind.
+HOOK_PAUSE_TIMERS: dict[str, str] = {"checkpoint": "paused-checkpoint", "evaluation": "paused-evaluation"}
+
+
 @dataclass
 class TimerValue:
     """One Megatron timer for one log interval, in ms per iteration (averaged over the interval).
@@ -122,6 +132,10 @@ class StepRecord:
     # The first record of a run of the job: the framework's start-up output came before it. On any
     # record but the job's first, a restart (goodput counts the time before it as such).
     first_of_run: bool = False
+    # The step hook's counts for the whole job per step (all ranks, as Megatron counts an iteration):
+    # the tokens it took and the training script's own model FLOPs (perfd.hook.step.StepHook).
+    tokens_per_step: float | None = None
+    flops_per_step: float | None = None
 
     def has_field(self, key: str) -> bool:
         return key in self.fields
@@ -204,7 +218,7 @@ class JobInfo:
     packages: dict[str, str] = field(default_factory=dict)
 
 
-# The packages perfd's remedies name (perfd.analytics.remedies), as JobInfo.packages keys.
+# The packages perfd's remedies name (perfd.analytics.advice.remedies), as JobInfo.packages keys.
 PACKAGE_TE = "transformer_engine"
 PACKAGE_APEX = "apex"
 PACKAGE_FLASH_ATTN = "flash_attn"
@@ -268,7 +282,7 @@ class Sample:
 
 
 # --- LLM serving (SGLang): one record per logged batch, the server's start-up facts, a parsed
-# ``/metrics`` scrape. Produced by collectors/sglang, analysed by perfd.analytics.serving on the
+# ``/metrics`` scrape. Produced by collectors/sglang, analysed by perfd.analytics.serving.analysis on the
 # aggregator (and offline by ``perfd analyze sglang``).
 
 BatchKind = Literal["prefill", "decode"]

@@ -14,8 +14,8 @@ from benchmarks.baseline_bench import JOB, build
 from perfd.aggregator.gpu_views import SIGHTING_SERIES as _SIGHTING_SERIES
 from perfd.aggregator.incidents import BASELINE_EVERY_S, BASELINE_RANKS_PER_EVERY_S, GpuBaseline
 from perfd.aggregator.state import GpuKey
-from perfd.analytics.attribution import gpu_hints, place_ranks
-from perfd.analytics.incidents import Incident
+from perfd.analytics.incidents.attribution import gpu_hints, place_ranks
+from perfd.analytics.incidents.detect import Incident
 from perfd.cli import main
 
 GpuView = tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]
@@ -61,13 +61,15 @@ def test_the_narrow_views_give_the_same_hints_and_snapshots(monkeypatch: pytest.
     got = hints(narrow)
     assert got == hints(full) and any(h["items"] for h in got)
     monkeypatch.setattr(time, "time", lambda: 1e9)  # the snapshots' "now", the same in both
-    incs = [Incident("one", 1, 2, ["straggler"], [96], 2, 1.0, 1.0, 1.0, 1.0, open=True),
-            Incident("none", 1, 2, ["slow-steps"], [], 2, 1.0, 1.0, 1.0, 1.0, open=True)]
-    snaps = [st._gpu_snapshot(JOB, inc) for inc in incs]
+    common: dict[str, Any] = {"first_iteration": 1, "last_iteration": 2, "n_iterations": 2, "cost_s": 1.0,
+                              "steady_step_ms": 1.0, "median_step_ms": 1.0, "max_step_ms": 1.0, "open": True}
+    incs = [Incident(id="one", kinds=["straggler"], ranks=[96], **common),
+            Incident(id="none", kinds=["slow-steps"], ranks=[], **common)]
+    snaps = [st.sightings.gpu_snapshot(JOB, inc) for inc in incs]
     every = st.nodes.gpu_view  # every GPU series, not the snapshot's
     monkeypatch.setattr(st.nodes, "gpu_view", lambda agents, names=None, job=None: every(agents, None, job))
-    assert [st._gpu_snapshot(JOB, inc) for inc in incs] == snaps
-    assert snaps[0]["96"]["gpu_values"] and snaps[1]  # the hot GPU's values; GPUs that stand out
+    assert [st.sightings.gpu_snapshot(JOB, inc) for inc in incs] == snaps
+    assert snaps[0][96].gpu_values and snaps[1]  # the hot GPU's values; GPUs that stand out
 
 
 def test_a_big_job_is_sighted_less_often_a_small_one_as_before() -> None:

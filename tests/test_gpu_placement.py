@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from perfd.aggregator.http import _StateCollector, job_gpus
+from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.attribution import place_ranks
+from perfd.analytics.incidents.attribution import place_ranks
 from perfd.events import GPU_PROCESSES
 
 NODE = "n7"
@@ -55,7 +56,7 @@ def test_a_node_agents_gpus_land_in_the_job_on_them() -> None:
     assert list(view_procs) == list(values) == [(NODE, "0")]
     # The job's GPU model (MFU's peak table) comes from the node agent's series of its GPU.
     _gpu_series(state, f"{NODE}/node", ["0", "1", "2"])
-    overview = state.job_overview("gpt")
+    overview = overview_of(state.snapshot("gpt"))
     assert overview is not None and overview["gpu"] == "NVIDIA H100"
     assert "other" not in state.job_names()  # placement never makes a job
 

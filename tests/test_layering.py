@@ -152,8 +152,19 @@ def test_collectors_know_nothing_of_transport_or_exporters():
                                    "perfd.exporters"))
     # gRPC is perfd's transport: no collector may use it, except collectors/k8s, whose source (the
     # kubelet's pod-resources API) is itself a gRPC service.
+    # Nor of what runs them: the launcher, the commands, the aggregator, the command line.
+    assert not _violations(files, ("perfd.launch", "perfd.commands", "perfd.aggregator", "perfd.cli"))
+    # Nor of the analysis above them: what both need (thresholds, dtypes, timer names, the served
+    # model's spec) lives below both (perfd.thresholds, perfd.dtypes, perfd.model, perfd.serving_model).
+    assert not _violations(files, ("perfd.analytics",))
     k8s = ROOT / "collectors" / "k8s"
     assert not _violations([f for f in files if k8s not in f.parents], ("grpc",))
+
+
+def test_the_launcher_imports_no_collector():
+    """`perfd launch` sets up what collectors read (the manifest, the Flight Recorder's environment)
+    through modules below both (perfd.manifest, perfd.flight_recorder_env)."""
+    assert not _violations([ROOT / "perfd" / "launch.py"], ("collectors",))
 
 
 def test_exporters_know_nothing_of_collectors():
@@ -173,7 +184,7 @@ def test_agent_and_aggregator_never_import_torch():
     """Run in a fresh interpreter: importing the agent, aggregator and collectors loads no torch."""
     code = (
         "import sys, importlib\n"
-        "mods = ['perfd.cli', 'perfd.analytics.run_analysis', 'collectors.megatron']\n"
+        "mods = ['perfd.cli', 'perfd.analytics.steps.run_analysis', 'collectors.megatron']\n"
         "import pkgutil\n"
         "for m in ('perfd.agent.main', 'perfd.aggregator.main', 'collectors.nvml', 'collectors.host'):\n"
         "    try:\n"

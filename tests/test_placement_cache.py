@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from benchmarks.baseline_bench import JOB, build
-from perfd.aggregator import state as state_mod
+from perfd.aggregator import snapshot as snapshot_mod
 from perfd.aggregator.incidents import BASELINE_EVERY_S, BASELINE_RANKS_PER_EVERY_S
+from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics import liveness
-from perfd.analytics.attribution import place_ranks
-from perfd.analytics.incidents import Incident
+from perfd.analytics.incidents.attribution import place_ranks
+from perfd.analytics.incidents.detect import Incident
+from perfd.analytics.steps import liveness
 from perfd.events import GPU_PROCESSES
 
 NODE = "n1"
@@ -101,22 +102,24 @@ def test_job_overview_liveness_as_before(monkeypatch: pytest.MonkeyPatch) -> Non
         alive.append(alive_)
         return real(age, step_s, alive_, stale)
 
-    monkeypatch.setattr(state_mod, "job_state", seen)
+    monkeypatch.setattr(snapshot_mod, "job_state", seen)
     st = AggregatorState()
     st.hello("a", ["gpt"])
-    assert st.job_overview("gpt") is not None and alive[-1] is None  # no process list: unknown
+    assert overview_of(st.snapshot("gpt")) is not None and alive[-1] is None  # no process list: unknown
     _procs(st, "a", "0", [{"pid": 5, "name": "python"}])  # a process list, no rank placed
-    assert st.job_overview("gpt") is not None and alive[-1] is False
+    assert overview_of(st.snapshot("gpt")) is not None and alive[-1] is False
     _procs(st, "a", "0", [{"pid": 5, "rank": 0, "job": "gpt"}])  # a rank placed: alive
-    assert st.job_overview("gpt") is not None and alive[-1] is True
+    assert overview_of(st.snapshot("gpt")) is not None and alive[-1] is True
     _procs(st, "a", "0", [{"pid": 5, "rank": 0, "job": "other"}])  # the GPU went to another job
-    assert st.job_overview("gpt") is not None and alive[-1] is None  # as place_ranks over gpu_procs
+    assert overview_of(st.snapshot("gpt")) is not None and alive[-1] is None  # as place_ranks over gpu_procs
     assert st.gpu_procs("gpt") == {}
 
 
 def _incidents(ranks_a: list[int]) -> list[Incident]:
-    return [Incident("a", 1, 2, ["straggler"], ranks_a, 2, 1.0, 1.0, 1.0, 1.0, open=True),
-            Incident("b", 1, 2, ["slow-steps"], [], 2, 1.0, 1.0, 1.0, 1.0, open=True)]
+    common: dict[str, Any] = {"first_iteration": 1, "last_iteration": 2, "n_iterations": 2, "cost_s": 1.0,
+                              "steady_step_ms": 1.0, "median_step_ms": 1.0, "max_step_ms": 1.0, "open": True}
+    return [Incident(id="a", kinds=["straggler"], ranks=ranks_a, **common),
+            Incident(id="b", kinds=["slow-steps"], ranks=[], **common)]
 
 
 def _count_view_reads(st: AggregatorState, monkeypatch: pytest.MonkeyPatch) -> list[float]:
@@ -159,18 +162,18 @@ def test_a_big_jobs_snapshots_keep_the_view_a_small_ones_never(monkeypatch: pyte
     keep_s = st.gpu_baseline.interval_s(JOB) - BASELINE_EVERY_S
     assert keep_s == 7 * BASELINE_EVERY_S
     reads = _count_view_reads(st, monkeypatch)
-    first = st._snapshot_view(JOB)
+    first = st.sightings.view(JOB)
     now[0] += keep_s * 0.9
-    assert st._snapshot_view(JOB) is first and len(reads) == 1
-    snap = st._gpu_snapshot(JOB, _incidents([3])[0], first)
-    assert snap["3"]["taken_at"] == first.taken_at == 1e9  # when it was read, not now
+    assert st.sightings.view(JOB) is first and len(reads) == 1
+    snap = st.sightings.gpu_snapshot(JOB, _incidents([3])[0], first)
+    assert snap[3].taken_at == first.taken_at == 1e9  # when it was read, not now
     now[0] += keep_s * 0.2
-    later = st._snapshot_view(JOB)
+    later = st.sightings.view(JOB)
     assert later is not first and later.taken_at == now[0] and len(reads) == 2
 
     st.gpu_baseline.add(JOB, {r: [] for r in range(BASELINE_RANKS_PER_EVERY_S)}, now[0])  # up to the size
-    a = st._snapshot_view(JOB)
-    b = st._snapshot_view(JOB)  # the same instant: read anew all the same
+    a = st.sightings.view(JOB)
+    b = st.sightings.view(JOB)  # the same instant: read anew all the same
     assert a is not b and len(reads) == 4
 
 

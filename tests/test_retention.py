@@ -81,5 +81,5 @@ def test_goodput_after_eviction_covers_the_held_iterations_only() -> None:
         store.ingest_steps("a", [StepRecord(job="big", iteration=it, rank="last", end_time=1e9 + it,
                                             step_time_ms=1000.0)])
     store.jobs["big"].job_info = JobInfo(started_at=1e9 - 30)
-    gp = store.analysis("big", force=True).summary["goodput"]  # type: ignore[union-attr]
+    gp = store.analysis("big", force=True).summary.to_json()["goodput"]  # type: ignore[union-attr]
     assert gp["parts_s"]["startup"] == 0 and gp["wall_s"] == 5.0 and gp["notes"]

@@ -1,4 +1,5 @@
-"""The rule packs hold the playbook's thresholds of perfd/analytics/thresholds.py (declared once).
+"""The rule packs hold the playbook's thresholds of perfd/analytics/thresholds.py and perfd/thresholds.py
+(declared once).
 
 Each RuleRef names a rule (rules/default.yaml, rules/serving.yaml) or an alert
 (deploy/prometheus/perfd.rules.yml); its expression must compare that operand with the threshold's
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from perfd.analytics import thresholds as th
+from perfd.thresholds import RuleRef, Threshold
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKS = {"default": ROOT / "rules" / "default.yaml", "serving": ROOT / "rules" / "serving.yaml",
@@ -39,7 +41,7 @@ REFS = [(name, t, ref) for name, t in th.all_thresholds().items() for ref in t.r
 
 
 @pytest.mark.parametrize(("name", "t", "ref"), REFS, ids=[f"{n}-{r.pack}-{r.name}" for n, _, r in REFS])
-def test_pack_rule_holds_the_threshold(name: str, t: th.Threshold, ref: th.RuleRef) -> None:
+def test_pack_rule_holds_the_threshold(name: str, t: Threshold, ref: RuleRef) -> None:
     rules = _rules(ref.pack)
     assert ref.name in rules, f"{name}: no rule {ref.name} in {PACKS[ref.pack]}"
     rule = rules[ref.name]

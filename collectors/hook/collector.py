@@ -2,10 +2,10 @@
 
 Binds a Unix datagram socket (the path the hooks send to) and turns each record into a
 ``StepRecord`` for the rank the hook reports: step time, data wait and compute as the timers
-``data-wait`` and ``compute`` (the hook's vocabulary, perfd.analytics.common), and the hook's
-rolling percentiles, ``tokens_per_step`` and ``flops_per_step`` as fields. It also sends profile
-requests back to a rank's hook (``request_profile``), to the address its records came from, and
-reports the hook's answers as ``hook_profile`` events.
+``data-wait`` and ``compute`` (the hook's timer names, perfd.model), and the hook's
+rolling percentiles as fields, ``tokens_per_step`` and ``flops_per_step`` as the record's numbers.
+It also sends profile requests back to a rank's hook (``request_profile``), to the address its
+records came from, and reports the hook's answers as ``hook_profile`` events.
 
 Why a receiver thread: Linux queues at most ``net.unix.max_dgram_qlen`` datagrams (default 10) at
 a Unix datagram socket whatever ``SO_RCVBUF`` says; beyond that the hooks' ``sendto`` fails with
@@ -52,14 +52,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.hook import peers as P
-from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT, HOOK_PAUSE_TIMERS
-from perfd.analytics.gpus import normalize_dtype
 from perfd.bounds import LAYOUT_BOUNDS, in_bounds
 from perfd.collector import Capabilities, Collected, Collector
+from perfd.dtypes import normalize_dtype
 from perfd.events import HOOK_PROFILE, JOB_PHASE
 from perfd.hook import wire
 from perfd.limits import HOOK_MAX_RANKS, REFUSAL_LOG_INTERVAL_S
-from perfd.model import JobInfo, ModelSpec, ParallelLayout, Provenance, StepRecord, TimerValue
+from perfd.model import (
+    HOOK_COMPUTE,
+    HOOK_DATA_WAIT,
+    HOOK_PAUSE_TIMERS,
+    JobInfo,
+    ModelSpec,
+    ParallelLayout,
+    Provenance,
+    StepRecord,
+    TimerValue,
+)
 from perfd.privdir import UnsafeDirError, private_dir
 from perfd.procinfo import read_identity
 
@@ -503,10 +512,6 @@ class HookCollector(Collector):
                          ("step_time_p99_ms", m.p99_ns), ("compute_ms", m.compute_ns)):
             if val is not None:
                 fields[key] = f"{val / 1e6:.6g}"
-        if m.tokens_per_step is not None:
-            fields["tokens_per_step"] = f"{m.tokens_per_step:.10g}"
-        if m.flops_per_step is not None:
-            fields["flops_per_step"] = f"{m.flops_per_step:.10g}"
         if warmup:
             fields["warmup"] = "true"
         if m.send_drops or m.harvest_drops:
@@ -514,7 +519,7 @@ class HookCollector(Collector):
             fields["hook_send_drops"] = str(m.send_drops)
             fields["hook_harvest_drops"] = str(m.harvest_drops)
         timers: dict[str, TimerValue] = {}
-        # The hook's phases under the names its vocabulary declares (perfd.analytics.common).
+        # The hook's phases under the timer names perfd.model declares.
         for name, ns in ((HOOK_DATA_WAIT, m.data_wait_ns), (HOOK_COMPUTE, m.compute_ns)):
             ms = _ms(ns)
             if ms is not None:
@@ -527,6 +532,7 @@ class HookCollector(Collector):
             step_time_ms=m.step_ns / 1e6, interval=1, fields=fields, timers=timers,
             source=Provenance("hook", f"rank{m.rank}:pid{m.pid}"),
             disturbed_by_capture=bool(m.flags & wire.FLAG_PROFILING),
+            tokens_per_step=m.tokens_per_step, flops_per_step=m.flops_per_step,
         )
 
     # ------------------------------------------------------------------------------ requests

@@ -12,12 +12,12 @@ from typing import Any
 from collectors.megatron.gaps import TailGaps
 from collectors.megatron.parser import MegatronLogParser
 from collectors.megatron.tail import LogTail, TailPosition
-from perfd.analytics.thresholds import STALL_PHASE_MAX_S
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import LOG_GAP
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.linetimes import LineTimes
 from perfd.model import JobInfo
+from perfd.thresholds import STALL_PHASE_MAX_S
 
 log = logging.getLogger(__name__)
 

@@ -225,7 +225,7 @@ _EVAL_BEGIN = "Setting RerunStateMachine mode RerunMode.DISABLED"
 
 @dataclass
 class PhaseLine:
-    phase: str  # perfd.analytics.goodput kinds: "checkpoint" or "evaluation"
+    phase: str  # perfd.analytics.steps.goodput kinds: "checkpoint" or "evaluation"
     state: str  # "begin" | "end"
     iteration: int | None
 

@@ -13,7 +13,8 @@ from collectors.nccl.flight_recorder import (
 )
 from collectors.nccl.hangs import HangReport, detect_hangs
 from collectors.nccl.inspector import InspectorReader, bus_bw_factor, check_busbw, parse_line
-from collectors.nccl.trigger import DumpReader, env_for_flight_recorder, find_pipes, trigger_dump
+from collectors.nccl.trigger import DumpReader, find_pipes, trigger_dump
+from perfd.flight_recorder_env import env_for_flight_recorder
 
 __all__ = [
     "DumpReader", "FlightRecorderDump", "FlightRecorderTracker", "HangReport", "InspectorReader",

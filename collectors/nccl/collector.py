@@ -24,6 +24,7 @@ from collectors.nccl.inspector import InspectorReader
 from collectors.nccl.trigger import DumpReader, find_pipes, trigger_dump
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import NCCL_HANG
+from perfd.hang_fact import HangFact
 
 MIN_DUMP_INTERVAL_S = 0.5  # a dump pickles the ring on the training process: not more often than this
 
@@ -203,16 +204,13 @@ class NcclCollector(Collector):
             if self._reported_hangs.get(key) == signature:
                 continue  # reported already with the same ranks; a change is reported again
             self._reported_hangs[key] = signature
-            labels = {"job": self.config.job, "process_group": h.pg_name, "op": h.op, "seq": str(h.seq),
-                      "ranks_not_joined": ",".join(map(str, h.missing_ranks)),
-                      "stuck_ranks": ",".join(map(str, h.stuck_ranks))}
-            if h.unknown_ranks:
-                labels["ranks_without_dump"] = ",".join(map(str, h.unknown_ranks))
+            fact = HangFact(process_group=h.pg_name, op=h.op, seq=h.seq, stuck_ranks=tuple(h.stuck_ranks),
+                            ranks_not_joined=tuple(h.missing_ranks), unknown_ranks=tuple(h.unknown_ranks),
+                            age_s=h.age_s, user_frame=h.user_frame)
             out.events.append({
                 "kind": NCCL_HANG.name, "severity": "critical", "time": now, "job": self.config.job,
-                "text": h.text(), "labels": labels,
-                "ranks_not_joined": list(h.missing_ranks), "stuck_ranks": list(h.stuck_ranks),
-                "unknown_ranks": list(h.unknown_ranks), "age_s": h.age_s, "user_frame": h.user_frame,
+                "text": h.text(), "labels": {"job": self.config.job, **fact.labels()},
+                "payload": fact.payload(),
             })
         if len(self._reported_hangs) > 10_000:  # a job that hangs forever must not grow this
             self._reported_hangs.clear()

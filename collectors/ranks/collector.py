@@ -37,10 +37,10 @@ from typing import Any
 
 from collectors.ranks import procfs
 from perfd import limits as L
-from perfd.analytics.thresholds import CPU_THROTTLED_SHARE, CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
 from perfd.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import RANK_PROCESSES
+from perfd.manifest import STATUS_RUNNING, load_manifest
 from perfd.model import Sample
 from perfd.procinfo import (
     pod_ranks,
@@ -51,6 +51,7 @@ from perfd.procinfo import (
     same_process,
     shown_cmdline,
 )
+from perfd.thresholds import CPU_THROTTLED_SHARE, CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
 
 # Programs that run a rank's command as their child (a profiler, a time limit): a process of these
 # names whose child declares its rank is not the rank (perfd ncu-exec execs ncu; nsys launches the
@@ -277,8 +278,6 @@ class RanksCollector(Collector):
         """The launch manifest's child and its descendants; those declaring RANK are ranks. A job of
         one process declaring none (no launcher) is rank 0, as the step hook numbers it; once
         processes declaring ranks appear (a launcher's workers), that guess goes."""
-        from perfd.launch import load_manifest
-
         path = self.config.launch_manifest
         assert path is not None
         try:
@@ -286,7 +285,7 @@ class RanksCollector(Collector):
         except ValueError:
             return  # not written yet (the launch starts the job first): next time
         pid = m.get("pid")
-        if not isinstance(pid, int) or m.get("status") != "running":
+        if not isinstance(pid, int) or m.get("status") != STATUS_RUNNING:
             return
         import psutil
 

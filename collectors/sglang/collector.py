@@ -15,10 +15,10 @@ from collectors.megatron.gaps import TailGaps
 from collectors.megatron.tail import LogTail
 from collectors.sglang.metrics import scrape
 from collectors.sglang.parser import SglangLogParser
-from perfd.analytics.serving_spec import ServingModelSpec
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import SERVING_DATA
 from perfd.model import MetricsSnapshot, ServerInfo, ServingData, ServingRecord
+from perfd.serving_model import ServingModelSpec
 
 CONFIG_KEYS = frozenset({"log_path", "metrics_url", "interval_s", "job", "window_s", "from_start",
                          "scrape_interval_s", "scrape_timeout_s", "model", "gpu", "peak_tflops",

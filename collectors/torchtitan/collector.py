@@ -10,8 +10,8 @@ from typing import Any
 from collectors.megatron.gaps import TailGaps
 from collectors.megatron.tail import LogTail
 from collectors.torchtitan.parser import TorchtitanLogParser
-from perfd.analytics.gpus import normalize_dtype
 from perfd.collector import Capabilities, Collected, Collector
+from perfd.dtypes import normalize_dtype
 from perfd.linetimes import LineTimes
 from perfd.model import JobInfo, ModelSpec
 

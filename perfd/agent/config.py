@@ -213,7 +213,7 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
 
 
 def _apply_manifest(cfg: AgentConfig, path: str) -> None:
-    from perfd.launch import load_manifest
+    from perfd.manifest import load_manifest
 
     try:
         m = load_manifest(path)

@@ -32,7 +32,7 @@ from perfd.agent.scheduler import COLLECT_BUCKETS_S, RUNNING_ERROR_REASONS, Sche
 from perfd.agent.stacks import StackDumper
 from perfd.catalog import GPU_INFO
 from perfd.collector import Collected, Collector, Registry
-from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES, NCCL_HANG, payload_of
+from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES, payload_of
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, series_families
 from perfd.jobinfo_json import job_info_to_json
@@ -91,9 +91,6 @@ def _hook_collector(cfg: dict[str, Any]) -> Collector:
     return HookCollector({k: v for k, v in cfg.items() if k != "interval_s"})
 
 
-# A hang event's structured detail (ranks as lists, age) travels as its payload: the wire keeps
-# only kind, severity, text, labels, job, links and payload.
-_HANG_DETAIL = ("ranks_not_joined", "stuck_ranks", "unknown_ranks", "age_s", "user_frame")
 MAX_COLLECTIVES_PER_BATCH = 20_000
 
 
@@ -371,8 +368,6 @@ class Agent:
                 s.labels.setdefault("node", self.cfg.node)
             for ev in out.events:  # the aggregator keys GPU state by (node, gpu)
                 ev.setdefault("labels", {}).setdefault("node", self.cfg.node)
-                if ev.get("kind") == NCCL_HANG.name and "payload" not in ev:
-                    ev["payload"] = {k: ev[k] for k in _HANG_DETAIL if k in ev}
             self.view.update(name, out.samples)  # the agent's /metrics: every sample
             samples.extend(out.samples)
             steps.extend(out.steps)

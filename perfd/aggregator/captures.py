@@ -15,26 +15,28 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
 from perfd import limits as L
 from perfd.aggregator import rule_scopes
+from perfd.aggregator.job_rows import job_rows
+from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.arming import ArmingCost, measure_arming
-from perfd.analytics.bottleneck import BottleneckClass
-from perfd.analytics.budget import NO_FLOPS, NO_TIMERS
-from perfd.analytics.capture_findings import diagnose_capture, steady_compute_ms
-from perfd.analytics.job_budget import contexts
-from perfd.analytics.liveness import ENDED, RUNNING
-from perfd.analytics.remedies import Framework
-from perfd.analytics.run_analysis import IterationResult
+from perfd.analytics.advice.remedies import Framework
+from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.budget import NO_FLOPS, NO_TIMERS
+from perfd.analytics.breakdown.capture_findings import diagnose_capture, steady_compute_ms
+from perfd.analytics.breakdown.job_budget import contexts
+from perfd.analytics.ncu.arming import ArmingCost, measure_arming
+from perfd.analytics.steps.liveness import ENDED, RUNNING
+from perfd.analytics.steps.run_analysis import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS
 from perfd.refusals import Refusals
-from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine
+from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine, ScopeKey
 from perfd.rules.model import CaptureAction, CaptureTargets
 from perfd.transport.codec import Command
 
@@ -65,19 +67,19 @@ class CaptureRecord:
     agent_capture_ids: list[str] = field(default_factory=list)  # the agents' store ids
     started_at: float | None = None  # epoch s, when an agent reported the capture running
     finished_at: float | None = None
-    findings: list[dict[str, Any]] = field(default_factory=list)  # perfd.analytics.capture_findings
+    findings: list[dict[str, Any]] = field(default_factory=list)  # perfd.analytics.breakdown.capture_findings
     recommendations: list[dict[str, Any]] = field(default_factory=list)
     bottleneck: str | None = None  # the class the captured timeline supports
     bottleneck_reason: str | None = None
     decided: dict[str, Any] | None = None  # {"rank", "device"} whose step budget decided the class
-    budget: dict[str, Any] | None = None  # that device's step budget (perfd.analytics.budget JSON)
+    budget: dict[str, Any] | None = None  # that device's step budget (perfd.analytics.breakdown.budget JSON)
     slowdown: dict[str, float] = field(default_factory=dict)  # rank -> kernels' slowdown vs steady
     stack: bool = False  # Kineto with Python stacks (module names; a slower capture)
     # How long the capture's range held the step it profiled, as its agent measured it (an ncu range:
     # tens of seconds while ncu replays the kernels); those steps are the capture's, never a stall.
     range_held_s: float | None = None
     # What arming ncu costs the captured ranks, measured from the job's steps when the capture ended
-    # (perfd.analytics.arming JSON; the job's report measures it again over the steps it then holds).
+    # (perfd.analytics.ncu.arming JSON; the job's report measures it again over the steps it then holds).
     arming: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -112,9 +114,7 @@ class CaptureCoordinator:
         self._firing_of: dict[str, Firing | tuple[str, tuple[int, ...] | None]] = {}
         self.evaluations = 0
         self.firings_total = 0
-        state.event_listeners.append(self.on_event)  # capture progress reported by the agents
-        state.captures_of = self.of_job
-        state.arming_of = self.arming
+        state.attach_captures(self)  # capture progress reported by the agents; the jobs' records
 
     def forget_job(self, job: str) -> None:
         """The job was pruned (perfd.aggregator.lifecycle): its request window and its rules' states
@@ -125,9 +125,14 @@ class CaptureCoordinator:
             self.engine.forget_job(job)
 
     # ---- targets ---------------------------------------------------------------------------
+    def _snapshot(self, job: str) -> JobSnapshot | None:
+        """The job's snapshot with its analysis current (recomputed here if new data arrived,
+        rate-limited: the rules read what the tick's refresh just analysed)."""
+        return self.state.snapshot(job, Analysed.CURRENT)
+
     def _latest(self, job: str) -> IterationResult | None:
-        a = self.state.analysis(job)
-        return a.iterations[-1] if a is not None and a.iterations else None
+        snap = self._snapshot(job)
+        return snap.latest if snap is not None else None
 
     def slowest_rank(self, job: str) -> int | None:
         it = self._latest(job)
@@ -143,10 +148,12 @@ class CaptureCoordinator:
         the ranks it names (at most MAX_INCIDENT_RANKS: a capture of every rank of a large job is not
         what an incident needs)."""
         out: list[int] = []
-        for inc in sorted(self.state.incidents.open_incidents(job), key=lambda i: -(i.get("cost_s") or 0.0)):
-            blamed = (inc.get("verdict") or {}).get("rank")
-            for r in [blamed] if isinstance(blamed, int) else inc.get("ranks") or []:
-                if isinstance(r, int) and r not in out:
+        snap = self.state.snapshot(job)
+        recs = [r.incident for r in snap.open_incidents()] if snap is not None else []
+        for inc in sorted(recs, key=lambda i: -(i.cost_s or 0.0)):
+            blamed = inc.verdict.rank if inc.verdict is not None else None
+            for r in [blamed] if blamed is not None else inc.ranks:
+                if r not in out:
                     out.append(r)
         return tuple(out[:MAX_INCIDENT_RANKS])
 
@@ -163,14 +170,14 @@ class CaptureCoordinator:
         if targets.slowest_rank or targets.incident_ranks:  # an incident naming no rank: the slowest
             r = self.slowest_rank(job)
             return (r,) if r is not None else None
-        placed = self.state.placed_ranks(job)
+        snap = self._snapshot(job) if targets.pp_stage is not None else self.state.snapshot(job)
+        placed = snap.placed_ranks if snap is not None else {}
         if targets.node is not None:
             ranks = tuple(sorted(r for r, p in placed.items() if p.node == targets.node))
             return ranks or None
         if targets.pp_stage is not None:
-            a = self.state.analysis(job)
-            lay = (a.job.get("layout") if a is not None else None) or {}
-            pp, world = lay.get("pp"), lay.get("world_size")
+            a = snap.analysis if snap is not None else None
+            pp, world = (a.job.layout.pp, a.job.layout.world_size) if a is not None else (None, None)
             if pp and world:
                 per_stage = world // pp  # Megatron's default order puts pp outermost
                 lo = targets.pp_stage * per_stage
@@ -178,31 +185,27 @@ class CaptureCoordinator:
         return None  # the whole job
 
     # ---- evaluation ------------------------------------------------------------------------
-    def scope_values(self) -> dict[Any, dict[str, float | None]]:
+    def scope_values(self) -> dict[ScopeKey, dict[str, float | None]]:
         """What the rules read: every job series /metrics exports, by scope, for each job that has
         not ended (perfd.aggregator.rule_scopes); GPU series only where some rule reads them."""
-        states = {}
-        for job in self.state.job_names():
-            ov = self.state.job_overview(job)
-            if ov is not None:
-                states[job] = ov["state"]
-        ended = {j for j, s in states.items() if s == ENDED}
-        latest = {}
-        for job in (j for j, s in states.items() if s == RUNNING):  # /metrics: derived gauges while running
-            it = self._latest(job)
-            if it is not None:
-                latest[job] = it
-        out: dict[Any, dict[str, float | None]] = {}
-        rule_scopes.add_rows(out, rule_scopes.job_rows(self.state, latest), ended)
+        now = time.time()
+        first = [s for j in self.state.job_names() if (s := self.state.snapshot(j)) is not None]
+        ended = {s.job for s in first if s.state_at(now)[0] == ENDED}
+        for s in first:  # a running job's analysis current before the rules read it (rate-limited)
+            if s.state_at(now)[0] == RUNNING:
+                self._snapshot(s.job)
+        snaps = [s for j in (s.job for s in first) if (s := self.state.snapshot(j)) is not None]
+        latest = latest_of_running(snaps, now)  # /metrics' derived gauges: running jobs only
+        out: dict[ScopeKey, dict[str, float | None]] = {}
+        rule_scopes.add_rows(out, job_rows(self.state, snaps, latest, now), ended)
         for job in latest:  # every job metric is a key; an absent one is None (a rule on it stays pending)
             vals = out.setdefault(job, {})
             for m in catalog.job_metrics():
                 vals.setdefault(m.name, None)
         if self.engine is not None:
-            rule_scopes.add_gpu_values(out, self.state, [j for j in states if j not in ended],
-                                       self.engine.reads("gpu"), self.engine.reads("rank"))
-            rule_scopes.add_rank_host_values(out, self.state, [j for j in states if j not in ended],
-                                             self.engine.reads("rank"))
+            live = [s for s in snaps if s.job not in ended]  # a job that ended has no scope
+            rule_scopes.add_gpu_values(out, live, self.engine.reads("gpu"), self.engine.reads("rank"))
+            rule_scopes.add_rank_host_values(out, live, self.engine.reads("rank"))
         return out
 
     def evaluate(self, now: float | None = None) -> list[Firing]:
@@ -308,7 +311,8 @@ class CaptureCoordinator:
         (each agent captures only the ranks it hosts). Never an agent that does not host the job.
         An agent's node: where the GPU processes it reports run, else the node its Hello named (a
         job's sidecar reads no GPU: its ranks are placed by the node's agent, issue 46)."""
-        placed = self.state.placed_ranks(job)
+        snap = self.state.snapshot(job)
+        placed = snap.placed_ranks if snap is not None else {}
         if self.hosts is not None:
             agents_all = sorted(self.hosts(job))
         else:
@@ -316,11 +320,7 @@ class CaptureCoordinator:
         if not ranks or not placed:
             return agents_all
         nodes = {placed[r].node for r in ranks if r in placed}
-        node_of = self.state.nodes.node_of_agent()
-        for agent in agents_all:
-            said = self.state.nodes.hello_of(agent) if agent not in node_of else None
-            if said is not None and said[0]:
-                node_of[agent] = said[0]
+        node_of = self.state.agent_nodes(agents_all)
         chosen = sorted({a for a, n in node_of.items() if n in nodes and a in agents_all})
         return chosen or agents_all
 
@@ -382,11 +382,12 @@ class CaptureCoordinator:
         ranks = (rec.result or {}).get("ranks") if isinstance(rec.result, dict) else None
         if not isinstance(ranks, dict):
             return
-        a = self.state.jobs.cached_analysis(rec.job)
-        got = self.state.jobs.records_and_layout(rec.job)
+        snap = self.state.snapshot(rec.job)
+        a = snap.analysis if snap is not None else None
+        got = self.state.records_and_layout(rec.job)
         steady = a.steady.iterations if a is not None else []
-        framework = Framework.of(a.job.get("framework") if a is not None else None)
-        fl, timers = (contexts(a.summary["medians"], a.peak, (a.job.get("layout") or {}).get("pp"), a.flops)
+        framework = Framework.of(a.job.framework if a is not None else None)
+        fl, timers = (contexts(a.summary.medians, a.peak, a.job.layout.pp, a.flops)
                       if a is not None else (NO_FLOPS, NO_TIMERS))
         findings, recs = [], []
         best: tuple[float, str, int, Any] | None = None  # (top class share, rank, device, diagnosis)
@@ -399,7 +400,7 @@ class CaptureCoordinator:
             d = diagnose_capture(devices, label=f"capture {rec.id} rank {rank}", iterations=rec.steps,
                                  steady_compute_ms=base, framework=framework, flops=fl, timers=timers,
                                  config=a.config if a is not None else None)
-            findings += [dataclasses.asdict(f) for f in d.findings]
+            findings += [f.to_json() for f in d.findings]
             recs += [dataclasses.asdict(x) for x in d.recommendations]
             if d.bottleneck is not BottleneckClass.UNKNOWN and d.class_shares:
                 top = max(d.class_shares.values())
@@ -430,14 +431,20 @@ class CaptureCoordinator:
                 continue
             at = {int(r): float(t) for r, t in armed.items()
                   if str(r).isdigit() and isinstance(t, (int, float)) and not isinstance(t, bool)}
-            got = self.state.jobs.records_and_layout(rec.job)
+            got = self.state.records_and_layout(rec.job)
             if at and got is not None:
-                return measure_arming(got[0], at, self.state.jobs.capture_windows(rec.job))
+                return measure_arming(got[0], at, self.state.capture_windows(rec.job))
         return None
 
     def of_job(self, job: str) -> list[dict[str, Any]]:
         with self._lock:
             return [r.to_json() for r in self.captures.values() if r.job == job]
+
+    def restore(self, records: Iterable[CaptureRecord]) -> None:
+        """Records the state store kept (perfd.aggregator.durable), back at start."""
+        with self._lock:
+            for rec in records:
+                self.captures[rec.id] = rec
 
     def _release(self, cid: str) -> None:
         f = self._firing_of.pop(cid, None)

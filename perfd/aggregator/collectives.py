@@ -1,7 +1,7 @@
 """The aggregator's collective records: bounded per-job retention, dedupe, analysis, /metrics rows.
 
 Ingest (gRPC event loop) and readers (HTTP thread) share one lock of this store's own; the analysis
-(:func:`perfd.analytics.collectives.analyze_collectives`) runs outside it, rate-limited, and only
+(:func:`perfd.analytics.collectives.analysis.analyze_collectives`) runs outside it, rate-limited, and only
 when records, hang events or the job's step records changed.
 
 Dedupe: a batch re-delivered after a reconnect, or an op that two dumps both show, replaces the
@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import limits as L
-from perfd.analytics.collective_config import CollectiveConfig
-from perfd.analytics.collectives import CollectiveAnalysis, analyze_collectives
+from perfd.analytics.collectives.analysis import CollectiveAnalysis, analyze_collectives
+from perfd.analytics.collectives.config import CollectiveConfig
+from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
 Row = tuple[Mapping[str, str], str, float]
@@ -44,7 +45,8 @@ def record_key(r: CollectiveRecord) -> Hashable:
 class JobCollectives:
     records: dict[Hashable, CollectiveRecord] = field(default_factory=dict)  # oldest first
     rank_agent: dict[int, str] = field(default_factory=dict)  # rank -> agent whose dumps hold it
-    hang_events: list[dict[str, Any]] = field(default_factory=list)
+    # As they arrived, read once (None: an event the hang merge cannot read, held and counted all the same)
+    hang_events: list[HangEvent | None] = field(default_factory=list)
     hang_sizes: list[int] = field(default_factory=list)  # each hang event's bytes, as hang_events
     version: int = 0
     dropped: int = 0
@@ -105,7 +107,7 @@ class CollectiveStore:
         size = len(str(ev.get("text") or "")) + len(json.dumps(ev.get("payload"), default=str)) + 256
         with self._lock:
             jc = self.jobs.setdefault(job, JobCollectives())
-            jc.hang_events.append({**ev, "agent": agent_id})
+            jc.hang_events.append(HangEvent.from_event(ev, agent_id))
             jc.hang_sizes.append(size)
             drop = max(0, len(jc.hang_events) - self.max_hang_events)
             held = sum(jc.hang_sizes[drop:])
@@ -163,7 +165,7 @@ class CollectiveStore:
             if fresh:
                 return jc.analysis
             records = list(jc.records.values())
-            hangs = list(jc.hang_events)
+            hangs = [h for h in jc.hang_events if h is not None]
             agent_nodes = dict(jc.rank_agent)
             cfg = self.job_config.get(job, self.config)
         steps, layout, placed, gpu = inputs()
@@ -235,7 +237,7 @@ def collective_configs(inter_link: str | None = None, inter: Sequence[str] = (),
                        intra: Sequence[str] = ()) -> tuple[CollectiveConfig, dict[str, CollectiveConfig]]:
     """(default, per job) from command-line values ``[JOB=]GBS`` (bus bandwidth in GB/s that the
     inter-node network / the intra-node link reaches per GPU). Raises ValueError with the bad value."""
-    from perfd.analytics.collective_groups import LINKS
+    from perfd.analytics.collectives.groups import LINKS
 
     base = CollectiveConfig()
     if inter_link is not None:

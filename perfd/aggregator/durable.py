@@ -176,9 +176,8 @@ def save_documents(agg: Aggregator, store: StateStore) -> None:
                         "firing_since": s.firing_since} for s in eng.states()],
             "budgets": [{"rule": k[0], "job": k[1], "times": list(b.times)}
                         for k, b in eng.budgets().items()]})
-    inc = agg.state.incidents
-    store.put_doc("incidents", inc.export())
-    store.put_doc("new_normal", agg.state.jobs.new_normals())
+    store.put_doc("incidents", agg.state.incidents_doc())
+    store.put_doc("new_normal", agg.state.new_normals())
     store.put_doc("events", [e for e in agg.state.recent_events(limit=10_000)
                              if e.get("agent") == AGGREGATOR_AGENT])
 
@@ -192,9 +191,7 @@ def _restore_documents(agg: Aggregator, store: StateStore) -> None:
 
     caps = store.get_doc("captures") or []
     known = CaptureRecord.__dataclass_fields__
-    for d in caps:
-        rec = CaptureRecord(**{k: v for k, v in d.items() if k in known})
-        agg.captures.captures[rec.id] = rec
+    agg.captures.restore(CaptureRecord(**{k: v for k, v in d.items() if k in known}) for d in caps)
     rules = store.get_doc("rules")
     eng = agg.captures.engine
     if rules and eng is not None:
@@ -205,10 +202,10 @@ def _restore_documents(agg: Aggregator, store: StateStore) -> None:
                      for b in rules.get("budgets", [])})
     inc = store.get_doc("incidents")
     if inc:
-        agg.state.incidents.load(inc)
+        agg.state.load_incidents(inc)
     for job, it in (store.get_doc("new_normal") or {}).items():
         if isinstance(it, int):  # a job pruned since is not held: nothing to set
-            agg.state.jobs.set_new_normal(str(job), it)
+            agg.state.set_new_normal(str(job), it)
     evs = store.get_doc("events") or []
     if evs:
-        agg.state.log.restore(evs)
+        agg.state.restore_events(evs)

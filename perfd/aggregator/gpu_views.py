@@ -1,6 +1,6 @@
 """Cached views of a job's GPUs for the aggregator's frequent readers.
 
-Placing every rank of a big job (perfd.analytics.attribution.place_ranks over every GPU's process
+Placing every rank of a big job (perfd.analytics.incidents.attribution.place_ranks over every GPU's process
 list) costs ~2.5 us a rank (8,000 ranks: 16-20 ms on a 2-core VM, plus 30 ms to copy the lists out
 of the node view; `perfd bench baseline`), and /metrics, the rules, the liveness of every job and
 every incident snapshot asked for it anew. :class:`PlacementCache` keeps each job's placement until
@@ -21,9 +21,10 @@ from typing import Any
 
 from perfd import catalog
 from perfd.aggregator.nodes import GpuKey, NodeView
-from perfd.analytics.attribution import HINT_SERIES, RankPlacement, gpu_hints, place_ranks
-from perfd.analytics.evidence import Evidence, causal_key
-from perfd.analytics.host_evidence import host_items
+from perfd.analytics.incidents.attribution import HINT_SERIES, RankPlacement, gpu_hints, place_ranks
+from perfd.analytics.incidents.evidence import Evidence, causal_key
+from perfd.analytics.incidents.host_evidence import host_items
+from perfd.analytics.incidents.incident_evidence import RankSnapshot
 
 # The GPU series an incident keeps as evidence of the time (besides gpu_hints' comparison).
 SNAPSHOT_SERIES = frozenset({
@@ -125,7 +126,7 @@ class PlacementCache:
 
 
 def rank_snapshots(named: Sequence[int], v: SnapshotView, hosts: Mapping[int, Mapping[str, Any]],
-                   annotate: Callable[[list[Evidence]], list[Evidence]]) -> dict[str, Any]:
+                   annotate: Callable[[list[Evidence]], list[Evidence]]) -> dict[int, RankSnapshot]:
     """rank -> what its GPU (in ``v``) and its process on its host (``hosts``: the ranks' latest
     host observations, perfd.aggregator.hosts) show, as typed evidence, for the ranks an incident
     names; with none named, the job's ranks whose GPU or host stands out (a co-tenant, throttling, a
@@ -133,7 +134,7 @@ def rank_snapshots(named: Sequence[int], v: SnapshotView, hosts: Mapping[int, Ma
     ``taken_at`` and the evidence's times are when the view was read."""
     procs, values, throttles, placed, now = v.procs, v.values, v.throttles, v.placed, v.taken_at
     ranks = list(named) or sorted(set(placed) | set(hosts))
-    out: dict[str, Any] = {}
+    out: dict[int, RankSnapshot] = {}
     for h in gpu_hints(ranks, placed, values, throttles, procs, now):
         obs = hosts.get(h.rank)
         if obs is not None:
@@ -142,15 +143,14 @@ def rank_snapshots(named: Sequence[int], v: SnapshotView, hosts: Mapping[int, Ma
         if not named and not h.items:  # with no rank named, only those that stand out
             continue
         h.items = annotate(h.items)
-        snap = h.to_json()
-        if obs is not None:
-            snap["host"] = {k: x for k, x in obs.items() if k != "node_values"}
         vals: dict[str, float] = {}
         reasons: list[str] = []
         if h.node is not None and h.gpu is not None:
             vals, reasons = values.get((h.node, h.gpu), {}), list(throttles.get((h.node, h.gpu), []))
-        snap["gpu_values"] = {k: x for k, x in vals.items() if k in SNAPSHOT_SERIES}
-        snap["throttle_reasons"] = reasons
-        snap["taken_at"] = now
-        out[str(h.rank)] = snap
+        out[h.rank] = RankSnapshot(
+            rank=h.rank, node=h.node, gpu=h.gpu, placed=h.placed, observations=tuple(h.observations),
+            numbers=dict(h.evidence), items=tuple(h.items),
+            gpu_values={k: x for k, x in vals.items() if k in SNAPSHOT_SERIES},
+            throttle_reasons=tuple(reasons), taken_at=now,
+            host={k: x for k, x in obs.items() if k != "node_values"} if obs is not None else None)
     return out

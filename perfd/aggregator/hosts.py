@@ -4,7 +4,7 @@ Fed by three state events (perfd.events): ``rank_processes`` (collectors/ranks: 
 state, CPU, run-queue wait, the processes on its CPUs, its cgroup's throttling, pressure and OOM
 kills), ``job_phase`` (a checkpoint save or an evaluation begins or ends: the Megatron log, the step
 hook) and ``rank_stacks`` (the Python stacks the agent took when asked). Read by the incident
-snapshots (host evidence of the time, perfd.analytics.host_evidence), the live stall detector
+snapshots (host evidence of the time, perfd.analytics.incidents.host_evidence), the live stall detector
 (perfd/aggregator/stalls.py) and the host panel (/api/jobs/<job>/gpus, `perfd top`). Latest values
 only, bounded: jobs (perfd.limits.MAX_JOBS), ranks per report (MAX_RANKS_PER_AGENT), phases and stack
 answers per job. One lock.

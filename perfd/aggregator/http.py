@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -19,11 +20,12 @@ from prometheus_client.core import Metric
 from perfd import finite_json
 from perfd import limits as L
 from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
-from perfd.aggregator.job_rows import liveness_rows
+from perfd.aggregator.job_rows import job_row_groups
+from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running, overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.attribution import foreign_processes, gpu_hints, place_ranks
-from perfd.analytics.host_evidence import job_cpu_use
-from perfd.analytics.run_analysis import IterationResult
+from perfd.analytics.incidents.attribution import foreign_processes, gpu_hints, place_ranks
+from perfd.analytics.incidents.host_evidence import job_cpu_use
+from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
 from perfd.exporters.remote_write import TargetStats
@@ -49,20 +51,16 @@ class _StateCollector:
         self.remote_write: Callable[[], Mapping[str, TargetStats]] | None = None
 
     def collect(self) -> Iterator[Metric]:
-        latest: dict[str, IterationResult] = {}
-        for job in self.state.running_jobs():  # a stalled or ended job's derived gauges leave
-            analysis = self.state.cached_analysis(job)  # built off the scrape path (Aggregator._refresh_loop)
-            if analysis is not None and analysis.iterations:
-                latest[job] = analysis.iterations[-1]
+        now = time.time()
+        # Each job's snapshot, its analysis the refresher's last (Aggregator._refresh_loop): a scrape
+        # never waits on one. A stalled or ended job's derived gauges leave.
+        snaps = [snap for j in self.state.job_names() if (snap := self.state.snapshot(j)) is not None]
+        latest = latest_of_running(snaps, now)
         yield from job_families(latest, per_rank=self.per_rank_series)
         yield from histogram_families("perfd_job_step_duration_seconds",
-                                      self.state.jobs.step_histograms(sorted(latest)))
-        rank_rows = []
-        for job in (latest if self.per_rank_series else ()):
-            for r, pl in self.state.placed_ranks(job).items():
-                rank_rows.append(({"job_name": job, "rank": str(r), "node": pl.node, "gpu": pl.gpu},
-                                  "perfd_job_rank_info", 1.0))
-        yield from series_families(rank_rows)
+                                      self.state.step_histograms(sorted(latest)))
+        ranks, *groups = job_row_groups(self.state, snaps, latest, now, self.per_rank_series, node_info=True)
+        yield from series_families(ranks)
         rows = []
         for agent, s in self.state.node_series(self.export_node_series):
             labels = dict(s.labels)
@@ -71,14 +69,11 @@ class _StateCollector:
                 labels["job_name"] = series_job
             rows.append((labels, s.name, s.value))
         yield from series_families(rows)
-        yield from series_families(self.state.collective_rows(self.per_rank_series))
-        yield from series_families(self.state.incidents.metric_rows(self.state.jobs_with_data()))
-        yield from series_families(liveness_rows(self.state, node_info=True))
-        yield from series_families(self.state.serving.rows())
+        for group in groups:  # collectives, incidents, liveness, serving
+            yield from series_families(group)
         t = self.state.transport_stats() if self.state.transport_stats is not None else {}
         own = {
-            "perfd_aggregator_samples_total": self.state.nodes.samples,
-            "perfd_aggregator_step_records_total": self.state.jobs.stats.steps,
+            **self.state.own_counters(),
             "perfd_aggregator_batches_total": t.get("batches"),
             "perfd_aggregator_duplicate_batches_total": t.get("duplicates"),
             "perfd_aggregator_decode_errors_total": t.get("decode_errors"),
@@ -122,14 +117,16 @@ def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
     /metrics exports."""
     if job not in state.job_names():
         return None
+    snap = state.snapshot(job)
+    if snap is None:
+        return None
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     hosts: dict[str, dict[str, float]] = {}
-    agents = state.jobs.agents_of(job)
-    for agent, s in state.nodes.snapshot():
-        if agent in agents and s.name.startswith("perfd_host_"):
-            labels = dict(s.labels)
-            if set(labels) <= {"node"}:  # per-node series only (not per interface or disk)
-                hosts.setdefault(labels.get("node", agent), {})[s.name] = s.value
+    agents = snap.agents
+    for agent, s in state.host_series(agents):
+        labels = dict(s.labels)
+        if set(labels) <= {"node"}:  # per-node series only (not per interface or disk)
+            hosts.setdefault(labels.get("node", agent), {})[s.name] = s.value
     for agent, s in state.job_gpu_series(job):
         labels = dict(s.labels)
         if set(labels) - _GPU_ROW_LABELS:
@@ -148,20 +145,15 @@ def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
                      key=lambda kv: (kv[0][0], int(kv[0][1]) if kv[0][1].isdigit() else 0))
     return {"job_name": job, "gpus": [row for _, row in ordered],
             "hosts": [{"node": n, "values": v} for n, v in sorted(hosts.items())],
-            "rank_hosts": rank_hosts(state, job), "gpu_sources": gpu_sources(state, job, agents)}
+            "rank_hosts": rank_hosts(snap), "gpu_sources": gpu_sources(state, snap)}
 
 
-def gpu_sources(state: AggregatorState, job: str, agents: set[str]) -> list[dict[str, Any]]:
+def gpu_sources(state: AggregatorState, snap: JobSnapshot) -> list[dict[str, Any]]:
     """Who could report the job's GPUs and what its NVML collector said at start (from each agent's
     Hello): the job's own agents and every agent on its nodes (a node agent). ``nvml`` is "ok",
     "unavailable: <why>" (no driver, no GPU, no permission), or None when the agent runs no NVML
     collector (--nvml off). A GPU panel that stays empty says why from this, not only the agent's log."""
-    out = []
-    for agent in sorted(agents | state.nodes.agents_on(state.job_nodes(job))):
-        said = state.nodes.hello_of(agent)
-        if said is not None:
-            out.append({"agent": agent, "node": said[0], "nvml": said[1].get("nvml")})
-    return out
+    return state.gpu_sources(snap.agents, snap.nodes)
 
 
 # What the host panel shows of each rank process (perfd.events.RankHost; absent keys stay absent).
@@ -173,19 +165,21 @@ RANK_HOST_FIELDS = ("pid", "node", "state", "state_since", "cpu_cores", "wait_ra
                     "arrived_at")
 
 
-def rank_hosts(state: AggregatorState, job: str) -> list[dict[str, Any]]:
+def rank_hosts(snap: JobSnapshot) -> list[dict[str, Any]]:
     """Each rank process of the job as its node's agent last reported it (collectors/ranks): state,
     CPU use, run-queue wait, allowed CPUs and their busy share, the processes that ran on them."""
     return [{"rank": r, **{k: o[k] for k in RANK_HOST_FIELDS if k in o}}
-            for r, o in sorted(state.hosts.observations(job).items())]
+            for r, o in sorted(snap.hosts().items())]
 
 
-def rank_view(state: AggregatorState, job: str, world_size: int | None,
+def rank_view(state: AggregatorState, snap: JobSnapshot, world_size: int | None,
               candidates: list[int]) -> dict[str, Any]:
     """Where each rank runs (from the process lists the agents report) and, for the candidate
-    slow ranks, what their GPUs show."""
-    procs, values, throttles = state.gpu_view(job)
-    placements = place_ranks(procs, world_size, job=job)
+    slow ranks, what their GPUs show. The placement is the snapshot's, unless the analysis names a
+    world size: the processes that declare another are then left out (place_ranks)."""
+    procs, values, throttles = snap.gpus()
+    placements = (dict(snap.placed_ranks) if world_size is None
+                  else place_ranks(procs, world_size, job=snap.job))
     pods = state.pods_by_gpu()  # Kubernetes: the pod each GPU is allocated to (collectors/k8s)
     ranks = []
     job_pids = frozenset(q.pid for q in placements.values())
@@ -203,41 +197,42 @@ def rank_view(state: AggregatorState, job: str, world_size: int | None,
                       "the latest NVML values of its GPU"}
 
 
-def _candidates(full: dict[str, Any]) -> list[int]:
+def _candidates(analysis: RunAnalysis) -> list[int]:
     """Slow-rank candidates: persistent stragglers, else the latest iteration's flagged ranks."""
-    summary = full.get("summary") or {}
-    ranks = list(summary.get("straggler_persistent_ranks") or [])
-    if not ranks and full.get("iterations"):
-        ranks = list(full["iterations"][-1].get("straggler_candidate_ranks") or [])
+    ranks = list(analysis.summary.straggler_persistent_ranks)
+    if not ranks and analysis.iterations:
+        ranks = list(analysis.iterations[-1].straggler_candidate_ranks)
     return [int(r) for r in ranks]
 
 
 def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
-    overview = state.job_overview(job)
-    if overview is None:
+    snap = state.snapshot(job, Analysed.SERVED)
+    if snap is None:
         return None
+    now = time.time()
+    overview = snap.overview_at(now)
     serving = state.serving_view(job)
-    analysis = state.served_analysis(job)
+    analysis = snap.analysis
     if analysis is None or not analysis.iterations:
         # A serving job (or a training job before its first iteration): its report, if any, is
         # the serving report.
         return {"overview": overview, "latest": None, "summary": None,
                 "report": serving["report"] if serving else None, "serving": serving,
-                **rank_view(state, job, None, []), "collectives": collectives_json(state, job),
-                "incidents": state.incidents.incidents(job)}
+                **rank_view(state, snap, None, []), "collectives": collectives_json(state, job),
+                "incidents": snap.incident_docs()}
     # The ranks' CPUs as their agents see them now, else as they last saw them running (a finished
     # job): a data-loading action fits them (more workers only where they have room).
-    cpu = job_cpu_use(state.hosts.observations(job)) or job_cpu_use(state.hosts.last_running(job))
-    full = analysis_json(analysis, state.incidents.incidents(job), arming=state.arming_of(job), cpu=cpu)
-    world = (full.get("job") or {}).get("layout", {}).get("world_size")
+    cpu = job_cpu_use(snap.hosts()) or job_cpu_use(snap.hosts_last_running())
+    full = analysis_json(analysis, snap.incidents, arming=state.arming_of(job), cpu=cpu)
+    world = analysis.job.layout.world_size
     return {
         "overview": overview,
         "job": full["job"],
         "latest": full["iterations"][-1],
         "summary": full["summary"],
-        "goodput": state.goodput(job, overview),  # the summary's, plus the stall of a hung job so far
+        "goodput": snap.goodput(now),  # the summary's, plus the stall of a hung job so far
         "report": full["report"],
-        **rank_view(state, job, world, _candidates(full)),
+        **rank_view(state, snap, world, _candidates(analysis)),
         "collectives": collectives_json(state, job),
         "serving": serving,
         "incidents": full["incidents"],
@@ -245,7 +240,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
 
 
 def collectives_json(state: AggregatorState, job: str) -> dict[str, Any] | None:
-    """The job's collective analysis (perfd.analytics.collectives); None without NCCL data."""
+    """The job's collective analysis (perfd.analytics.collectives.analysis); None without NCCL data."""
     try:
         a = state.collective_analysis(job, cached=True)
     except Exception as exc:  # counted in the store; the rest of the summary still answers
@@ -258,9 +253,10 @@ def job_iterations(state: AggregatorState, job: str, sources: bool = True) -> di
     """Every analysed iteration the aggregator holds for ``job`` (the per-iteration JSON of
     `perfd analyze megatron --json`), oldest first; None for an unknown job. ``sources=False``
     drops each iteration's ``sources`` (most of its size; the summary's report keeps them)."""
-    if state.job_overview(job) is None:
+    snap = state.snapshot(job, Analysed.SERVED)
+    if snap is None:
         return None
-    analysis = state.served_analysis(job)
+    analysis = snap.analysis
     its = [it.to_json() for it in analysis.iterations] if analysis is not None else []
     if not sources:
         for it in its:
@@ -374,7 +370,8 @@ class _Handler(httpd.BufferedHandler):
             elif path == "/api/events":
                 self._events()
             elif path == "/api/jobs":
-                self._json(200, {"jobs": [state.job_overview(j) for j in state.job_names()]})
+                now = time.time()
+                self._json(200, {"jobs": [overview_of(state.snapshot(j), now) for j in state.job_names()]})
             elif path.startswith("/api/jobs/") and path.endswith("/iterations"):
                 job = unquote(path[len("/api/jobs/"):-len("/iterations")])
                 its = job_iterations(state, job, parse_qs(urlparse(self.path).query).get(
@@ -385,11 +382,11 @@ class _Handler(httpd.BufferedHandler):
                     self._json(200, its)
             elif path.startswith("/api/jobs/") and path.endswith("/incidents"):
                 job = unquote(path[len("/api/jobs/"):-len("/incidents")])
-                if state.job_overview(job) is None:
+                snap = state.snapshot(job, Analysed.SERVED)  # a job's first analysis opens its incidents
+                if snap is None:
                     self._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
                 else:
-                    state.served_analysis(job)  # a job's first analysis opens its incidents
-                    self._json(200, {"job_name": job, "incidents": state.incidents.incidents(job)})
+                    self._json(200, {"job_name": job, "incidents": snap.incident_docs()})
             elif path.startswith("/api/jobs/") and path.endswith("/gpus"):
                 job = unquote(path[len("/api/jobs/"):-len("/gpus")])
                 gpus = job_gpus(state, job)
@@ -443,20 +440,20 @@ NEW_NORMAL = "/new-normal"
 
 def _new_normal(handler: _Handler, job: str, body: dict[str, Any]) -> None:
     """POST /api/jobs/<job>/new-normal [{"iteration": N}]: the job's lasting shift
-    (perfd.analytics.changepoint) is its new normal from iteration N (default: after the last one
+    (perfd.analytics.steps.changepoint) is its new normal from iteration N (default: after the last one
     held); its cost stops being counted there."""
     it = body.get("iteration")
     if it is not None and (not isinstance(it, int) or isinstance(it, bool) or it < 0):
         handler._json(400, {"error": "'iteration' must be a non-negative integer"})
         return
     state = handler.app.state
-    at = state.jobs.set_new_normal(job, it)
+    at = state.set_new_normal(job, it)
     if at is None:
         handler._json(404, {"error": f"no job named {job!r}", "jobs": state.job_names()})
         return
     a = state.analysis(job, force=True)  # its incidents close now, not at the next tick
-    shifts = [i.evidence.get("change_point") for i in (a.incidents if a is not None else [])
-              if "change_point" in i.evidence]
+    shifts = [cp.to_json() for i in (a.incidents if a is not None else [])
+              if (cp := i.evidence.change_point) is not None]
     handler._json(200, {"job_name": job, "new_normal_at": at, "change_points": shifts})
 
 

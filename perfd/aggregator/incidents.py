@@ -1,6 +1,6 @@
 """Incidents as the aggregator saw them: kept for the job's lifetime with the evidence of the time.
 
-perfd.analytics.incidents finds incidents in a job's iterations; only the live aggregator knows
+perfd.analytics.incidents.detect finds incidents in a job's iterations; only the live aggregator knows
 what the involved ranks' GPUs showed *while* it happened (clocks, throttle reasons, power,
 temperature, XID errors, the processes sharing the GPU with their pid and command line), which
 collectives were stuck, and which captures ran. The GPU state is gone once the episode ends (the
@@ -17,13 +17,20 @@ import statistics
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from perfd.analytics.attribution import xid_evidence
-from perfd.analytics.evidence import Evidence, EvidenceKind, Missing, decide, merge, verdict_from_json
-from perfd.analytics.host_evidence import oom_evidence
-from perfd.analytics.incidents import MAX_INCIDENTS, STALL, Incident, render_cause
-from perfd.analytics.stall import silence_cost_s
+from perfd.aggregator.incident_records import (
+    TrackedIncident,
+    incident_event,
+    tracked_from_json,
+    with_stall_cost,
+)
+from perfd.analytics.incidents.attribution import xid_evidence
+from perfd.analytics.incidents.detect import MAX_INCIDENTS, STALL, Incident, render_cause
+from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, decide, merge
+from perfd.analytics.incidents.host_evidence import oom_evidence
+from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal, as_kept
 from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
 
 log = logging.getLogger(__name__)
@@ -39,28 +46,28 @@ BASELINE_RANKS_PER_EVERY_S = 1024
 
 Emit = Callable[[list[dict[str, Any]]], None]
 # incident -> {rank: GPU snapshot} of the ranks it involves (or of the job's GPUs that stand out)
-Snapshot = Callable[[Incident], dict[str, Any]]
+Snapshot = Callable[[Incident], Mapping[int, RankSnapshot]]
 
 
-
-def _refine_cost(doc: dict[str, Any], inc: Incident, now: float) -> None:
+def _refine_cost(rec: TrackedIncident, inc: Incident, now: float) -> TrackedIncident:
     """A recorded closed incident's cost and steady step as the latest analysis measures them; its
     evidence and verdict are those of the time it ran."""
-    if STALL in doc.get("kinds", ()):
-        return  # its cost is the stall's too (with_stall_cost): left as recorded
-    fresh = inc.to_json()
-    if (fresh.get("cost_s"), fresh.get("steady_step_ms")) == (doc.get("cost_s"), doc.get("steady_step_ms")):
-        return
-    doc.update(cost_s=fresh.get("cost_s"), steady_step_ms=fresh.get("steady_step_ms"), updated_at=now)
-    verdict = verdict_from_json(doc.get("verdict"))
-    if verdict is not None:
-        doc["cause"] = render_cause(inc, verdict)
+    kept = rec.incident
+    if STALL in kept.kinds:
+        return rec  # its cost is the stall's too (with_stall_cost): left as recorded
+    if (inc.cost_s, inc.steady_step_ms) == (kept.cost_s, kept.steady_step_ms):
+        return rec
+    cause = render_cause(inc, kept.verdict) if kept.verdict is not None else kept.cause
+    return replace(rec, incident=replace(kept, cost_s=inc.cost_s, steady_step_ms=inc.steady_step_ms,
+                                         cause=cause),
+                   updated_at=now)
+
 
 class GpuBaseline:
     """What each rank's GPU showed while its job ran steadily (no incident open): how often each kind
     of evidence was seen there. A power cap or a co-tenant present in steady state too cannot explain
     a departure from it; the incident's evidence carries the share (``in_steady_state``) and the
-    verdict leaves such items out of its causes (perfd.analytics.evidence.decide)."""
+    verdict leaves such items out of its causes (perfd.analytics.incidents.evidence.decide)."""
 
     def __init__(self, every_s: float = BASELINE_EVERY_S) -> None:
         self._lock = threading.Lock()
@@ -132,7 +139,7 @@ class IncidentTracker:
         self._lock = threading.Lock()
         self.emit = emit
         self.max_per_job = max_per_job
-        self._jobs: dict[str, dict[str, dict[str, Any]]] = {}  # job -> incident id -> JSON
+        self._jobs: dict[str, dict[str, TrackedIncident]] = {}  # job -> incident id -> its record
         self.opened_total: dict[str, int] = {}
         self.lost_s_total: dict[str, float] = {}  # closed incidents' cost + the open ones' so far
 
@@ -149,96 +156,100 @@ class IncidentTracker:
                 if inc.kinds == [STALL] and inc.id not in kept and (carrier := _taken_over(kept, inc)):
                     # The analysis' incident of these iterations took the live stall over: it gets the
                     # stall's latest (closed: its whole silence), and with it the cost's floor.
-                    kept[carrier] = with_stall_cost({**kept[carrier], "evidence": {
-                        **kept[carrier]["evidence"], "stall": inc.evidence.get("stall")}})
+                    c = kept[carrier].incident
+                    kept[carrier] = with_stall_cost(replace(kept[carrier], incident=replace(
+                        c, evidence=replace(c.evidence, stall=inc.evidence.stall))))
                     continue
                 key = self._match(kept, inc)
                 prev = kept.get(key) if key else None
                 # A live stall these iterations end (their slow step is the stop): one episode.
-                stalls = [] if STALL in inc.kinds else _stall_docs(kept, inc, key)
+                stalls = [] if STALL in inc.kinds else _stall_records(kept, inc, key)
                 if prev is None and stalls:
-                    prev, key = stalls[0], str(stalls[0]["id"])
-                if prev is not None and not prev["open"] and not inc.open and not stalls:
+                    prev, key = stalls[0], stalls[0].id
+                if prev is not None and not prev.open and not inc.open and not stalls:
                     # Closed and recorded with its evidence of the time. Its cost is re-read while a
                     # later analysis sees the same iterations: the steady rate it is measured against
                     # firms up as more calm steps follow (an early incident is seen first against a
                     # few steps only); once warm-up takes part of it, what was recorded stays.
-                    if (inc.first_iteration, inc.last_iteration) == (prev["first_iteration"],
-                                                                     prev["last_iteration"]):
-                        _refine_cost(prev, inc, now)
+                    if (inc.first_iteration, inc.last_iteration) == (prev.incident.first_iteration,
+                                                                     prev.incident.last_iteration):
+                        kept[key or inc.id] = _refine_cost(prev, inc, now)
                     continue
-                pev = prev["evidence"] if prev else {}
-                gpu: dict[str, Any] = dict(pev.get("gpu", {}))
-                live = [e for d in pev.get("gpu_observed", []) if (e := Evidence.from_json(d)) is not None]
-                xid_base: dict[str, float] = dict(pev.get("xid_at_open", {}))
-                oom_base: dict[str, int] = dict(pev.get("oom_at_open", {}))
+                rec = self._record(inc, prev, stalls, snapshot, captures, now)
                 for d in stalls:
-                    if d is not prev:
-                        live = merge(live, [e for x in d["evidence"].get("gpu_observed", [])
-                                            if (e := Evidence.from_json(x)) is not None])
-                        gpu = {**d["evidence"].get("gpu", {}), **gpu}
-                if inc.open or prev is None:
-                    for r, snap in snapshot(inc).items():  # the evidence as it is now, while it happens
-                        items = [e for d in snap.get("items", []) if (e := Evidence.from_json(d)) is not None]
-                        vals = snap.get("gpu_values") or {}
-                        count = vals.get("perfd_gpu_xid_errors_total")
-                        if isinstance(count, (int, float)):
-                            xid_base.setdefault(r, float(count))
-                            x = xid_evidence(int(r), xid_base[r], float(count),
-                                             vals.get("perfd_gpu_xid_last"), snap.get("taken_at"))
-                            items += [x] if x is not None else []
-                        host = snap.get("host")
-                        if isinstance(host, Mapping):  # the rank's process on its host (collectors/ranks)
-                            kills = host.get("oom_kills")
-                            if isinstance(kills, int):
-                                oom_base.setdefault(r, kills)
-                            o = oom_evidence(int(r), oom_base.get(r), host)
-                            items += [o] if o is not None else []
-                        live = merge(live, [e for e in items if not _began_after(e, inc)])
-                        if _worth_keeping(snap, items, gpu.get(r)):
-                            gpu[r] = {**snap, "items": [e.to_json() for e in items]}
-                caps = _overlapping(captures, inc, now)
-                verdict = decide([*live, *inc.observed(), *_capture_evidence(caps)], inc.ranks,
-                                 _missing(inc, gpu), stalled=inc.kinds == [STALL])
-                doc = inc.to_json()
-                doc["verdict"] = verdict.to_json()
-                doc["cause"] = render_cause(inc, verdict)
-                doc["evidence"] = {**doc["evidence"], "gpu": gpu, "gpu_observed": [e.to_json() for e in live],
-                                   "xid_at_open": xid_base, "oom_at_open": oom_base}
-                doc["captures"] = caps
-                doc["first_seen"] = prev["first_seen"] if prev else now
-                doc["updated_at"] = now
-                if stalls:  # the stall seen live, with its ranks' states and stacks, stays with it
-                    doc["kinds"] = sorted({*doc["kinds"], STALL})
-                    doc["evidence"]["stall"] = stalls[-1]["evidence"].get("stall")
-                    doc["first_seen"] = min(d["first_seen"] for d in stalls)
-                    # The episode began where the stall did: slow steps a few iterations after a pause
-                    # that lies between steps (seen under load: 1304 for a stall at 1301) take it over.
-                    began = min(d["first_iteration"] for d in stalls)
-                    doc["first_iteration"] = min(doc["first_iteration"], began)
-                    for d in stalls:
-                        kept.pop(str(d["id"]), None)
-                elif prev is not None and STALL in prev.get("kinds", ()) and STALL not in doc["kinds"]:
-                    doc["kinds"] = sorted({*doc["kinds"], STALL})  # taken over before: it stays so
-                    doc["evidence"]["stall"] = pev.get("stall")
-                    doc["first_iteration"] = min(doc["first_iteration"], prev["first_iteration"])
-                doc = with_stall_cost(doc)
+                    kept.pop(d.id, None)
                 if prev is None:
                     self.opened_total[job] = self.opened_total.get(job, 0) + 1
-                    events.append(_event(INCIDENT_OPENED.name, job, doc, "warning"))
-                elif prev["open"] and not inc.open:
-                    events.append(_event(INCIDENT_CLOSED.name, job, doc, "info"))
+                    events.append(incident_event(INCIDENT_OPENED.name, job, rec))
+                elif prev.open and not inc.open:
+                    events.append(incident_event(INCIDENT_CLOSED.name, job, rec))
                 if prev is not None and key != inc.id:
                     kept.pop(key or "", None)
-                kept[inc.id] = doc
+                kept[inc.id] = rec
             self.lost_s_total[job] = max(self.lost_s_total.get(job, 0.0),
-                                         sum(d.get("cost_s") or 0.0 for d in kept.values()))
+                                         sum(d.incident.cost_s or 0.0 for d in kept.values()))
             if len(kept) > self.max_per_job:  # the costliest stay
-                for k, _ in sorted(kept.items(), key=lambda kv: kv[1].get("cost_s") or 0.0)[
+                for k, _ in sorted(kept.items(), key=lambda kv: kv[1].incident.cost_s or 0.0)[
                         : len(kept) - self.max_per_job]:
                     kept.pop(k)
         if events:
             self.emit(events)
+
+    @staticmethod
+    def _record(inc: Incident, prev: TrackedIncident | None, stalls: Sequence[TrackedIncident],
+                snapshot: Snapshot, captures: Sequence[Mapping[str, Any]], now: float) -> TrackedIncident:
+        """``inc`` as recorded now: what it carried before (``prev``) and the live stalls it takes over
+        (``stalls``), with what its ranks' GPUs and hosts show now while it is open."""
+        pev = prev.incident.evidence if prev is not None else None
+        gpu: dict[int, RankSnapshot] = dict(pev.gpu or {}) if pev is not None else {}
+        live = [as_kept(e) for e in pev.gpu_observed or ()] if pev is not None else []
+        xid_base: dict[int, float] = dict(pev.xid_at_open or {}) if pev is not None else {}
+        oom_base: dict[int, int] = dict(pev.oom_at_open or {}) if pev is not None else {}
+        for d in stalls:
+            if d is not prev:
+                live = merge(live, [as_kept(e) for e in d.incident.evidence.gpu_observed or ()])
+                gpu = {**(d.incident.evidence.gpu or {}), **gpu}
+        if inc.open or prev is None:
+            for r, snap in snapshot(inc).items():  # the evidence as it is now, while it happens
+                items = [as_kept(e) for e in snap.items]
+                count = snap.gpu_values.get("perfd_gpu_xid_errors_total")
+                if isinstance(count, (int, float)):
+                    xid_base.setdefault(r, float(count))
+                    x = xid_evidence(r, xid_base[r], float(count), snap.gpu_values.get("perfd_gpu_xid_last"),
+                                     snap.taken_at)
+                    items += [x] if x is not None else []
+                host = snap.host
+                if host is not None:  # the rank's process on its host (collectors/ranks)
+                    kills = host.get("oom_kills")
+                    if isinstance(kills, int):
+                        oom_base.setdefault(r, kills)
+                    o = oom_evidence(r, oom_base.get(r), host)
+                    items += [o] if o is not None else []
+                live = merge(live, [e for e in items if not _began_after(e, inc)])
+                if _worth_keeping(items, gpu.get(r)):
+                    gpu[r] = replace(snap, items=tuple(items))
+        caps = _overlapping(captures, inc, now)
+        verdict = decide([*live, *inc.observed(), *_capture_evidence(caps)], inc.ranks, _missing(inc, gpu),
+                         stalled=inc.kinds == [STALL])
+        ev = replace(inc.evidence, gpu=gpu, gpu_observed=tuple(live), xid_at_open=xid_base,
+                     oom_at_open=oom_base)
+        # its own lists: the analysis' incident is not the record's (as the JSON docs once copied them)
+        out = replace(inc, kinds=list(inc.kinds), ranks=list(inc.ranks), verdict=verdict,
+                      cause=render_cause(inc, verdict), evidence=ev)
+        first_seen = prev.first_seen if prev is not None else now
+        if stalls:  # the stall seen live, with its ranks' states and stacks, stays with it
+            # The episode began where the stall did: slow steps a few iterations after a pause
+            # that lies between steps (seen under load: 1304 for a stall at 1301) take it over.
+            began = min(d.incident.first_iteration for d in stalls)
+            out = replace(out, kinds=sorted({*out.kinds, STALL}),
+                          evidence=replace(ev, stall=stalls[-1].incident.evidence.stall),
+                          first_iteration=min(out.first_iteration, began))
+            first_seen = min(d.first_seen for d in stalls)
+        elif prev is not None and STALL in prev.kinds and STALL not in out.kinds:
+            out = replace(out, kinds=sorted({*out.kinds, STALL}),  # taken over before: it stays so
+                          evidence=replace(ev, stall=pev.stall if pev is not None else None),
+                          first_iteration=min(out.first_iteration, prev.incident.first_iteration))
+        return with_stall_cost(TrackedIncident(out, inc.duration_s, tuple(caps), first_seen, now))
 
     def close_orphan_stalls(self, job: str, now: float) -> int:
         """Close the job's open live-stall incidents no stall watch holds any more (kept across an
@@ -246,30 +257,35 @@ class IncidentTracker:
         next incident, which it would otherwise take for its own. Returns how many it closed."""
         events = []
         with self._lock:
-            for doc in self._jobs.get(job, {}).values():
-                if doc.get("kinds") == [STALL] and doc.get("open"):
-                    doc.update(open=False, end_time=doc.get("end_time") or now, updated_at=now)
-                    events.append(_event(INCIDENT_CLOSED.name, job, doc, "info"))
+            kept = self._jobs.get(job, {})
+            for k, rec in kept.items():
+                inc = rec.incident
+                if inc.kinds == [STALL] and inc.open:
+                    closed = replace(inc, open=False, end_time=inc.end_time or now)
+                    rec = kept[k] = replace(rec, incident=closed, updated_at=now)
+                    events.append(incident_event(INCIDENT_CLOSED.name, job, rec))
         if events:
             self.emit(events)
         return len(events)
 
-    def withdraw(self, job: str, incident_id: str, now: float, why: str) -> bool:
+    def withdraw(self, job: str, incident_id: str, now: float, why: Withdrawal) -> bool:
         """Take back an incident seen live that turned out not to be one (a stall that was the job's
         exit): it is closed with ``withdrawn`` set (an INCIDENT_CLOSED event says so) and no longer
         listed. True when there was one."""
         with self._lock:
-            doc = self._jobs.get(job, {}).pop(incident_id, None)
-        if doc is None:
+            rec = self._jobs.get(job, {}).pop(incident_id, None)
+        if rec is None:
             return False
-        doc.update(open=False, end_time=doc.get("end_time") or now, updated_at=now, cost_s=0.0)
-        ev = _event(INCIDENT_CLOSED.name, job, doc, "info")
-        ev["text"] = f"incident {doc['id']} withdrawn ({why}): it was not one"
-        ev["payload"]["withdrawn"] = why
+        inc = rec.incident
+        rec = replace(rec, incident=replace(inc, open=False, end_time=inc.end_time or now, cost_s=0.0),
+                      updated_at=now)
+        ev = incident_event(INCIDENT_CLOSED.name, job, rec)
+        ev["text"] = f"incident {inc.id} withdrawn ({why.value}): it was not one"
+        ev["payload"]["withdrawn"] = why.value
         self.emit([ev])
         return True
 
-    def withdraw_stall(self, job: str, first_iteration: int, now: float, why: str) -> bool:
+    def withdraw_stall(self, job: str, first_iteration: int, now: float, why: Withdrawal) -> bool:
         """Take back the live stall that began at ``first_iteration``: alone, it is withdrawn; taken
         over by the analysis' incident of its iterations, that incident loses it (its kind, its
         evidence, the silence in its cost) and keeps what its own steps show."""
@@ -277,20 +293,21 @@ class IncidentTracker:
             return True
         with self._lock:
             kept = self._jobs.get(job, {})
-            carrier = next((k for k, d in kept.items() if STALL in d.get("kinds", ())
-                            and d.get("kinds") != [STALL] and isinstance(d["evidence"].get("stall"), Mapping)
-                            and d["first_iteration"] <= first_iteration <= d["last_iteration"] + 1), None)
+            carrier = next((k for k, d in kept.items() if STALL in d.kinds and d.kinds != [STALL]
+                            and d.incident.evidence.stall is not None
+                            and d.incident.first_iteration <= first_iteration
+                            <= d.incident.last_iteration + 1),
+                           None)
             if carrier is None:
                 return False
-            doc = kept[carrier]
-            parts = doc.get("cost_parts")
-            steps = parts.get("steps_s") if isinstance(parts, Mapping) else doc.get("cost_s")
-            ev = {k: v for k, v in doc["evidence"].items() if k != "stall"}
-            kept[carrier] = {k: v for k, v in doc.items() if k != "cost_parts"} | {
-                "kinds": [k for k in doc["kinds"] if k != STALL], "evidence": ev, "cost_s": steps,
-                "updated_at": now, "stall_withdrawn": why}
+            rec = kept[carrier]
+            inc = rec.incident
+            steps = rec.step_cost_s()
+            kept[carrier] = replace(rec, incident=replace(
+                inc, kinds=[k for k in inc.kinds if k != STALL], evidence=replace(inc.evidence, stall=None),
+                cost_s=steps), updated_at=now, cost_parts=None, stall_withdrawn=why)
         log.info("job %s: incident %s keeps its steps, not the stall at iteration %d (%s)", job, carrier,
-                 first_iteration, why)
+                 first_iteration, why.value)
         return True
 
     def forget(self, job: str) -> None:
@@ -302,36 +319,47 @@ class IncidentTracker:
     def export(self) -> dict[str, Any]:
         """Everything kept, as JSON (for the aggregator's state store)."""
         with self._lock:
-            return {"jobs": {j: dict(v) for j, v in self._jobs.items()},
-                    "opened_total": dict(self.opened_total), "lost_s_total": dict(self.lost_s_total)}
+            jobs = {j: dict(v) for j, v in self._jobs.items()}
+            opened, lost = dict(self.opened_total), dict(self.lost_s_total)
+        return {"jobs": {j: {k: rec.to_json() for k, rec in v.items()} for j, v in jobs.items()},
+                "opened_total": opened, "lost_s_total": lost}
 
     def load(self, doc: Mapping[str, Any]) -> None:
         """Back from :meth:`export`: incidents already reported are matched, never re-announced."""
+        jobs = {str(j): {str(k): tracked_from_json(d) for k, d in v.items()}
+                for j, v in doc.get("jobs", {}).items()}
         with self._lock:
-            self._jobs = {str(j): {str(k): dict(d) for k, d in v.items()}
-                          for j, v in doc.get("jobs", {}).items()}
+            self._jobs = jobs
             self.opened_total = {str(j): int(n) for j, n in doc.get("opened_total", {}).items()}
             self.lost_s_total = {str(j): float(n) for j, n in doc.get("lost_s_total", {}).items()}
 
     @staticmethod
-    def _match(kept: Mapping[str, dict[str, Any]], inc: Incident) -> str | None:
+    def _match(kept: Mapping[str, TrackedIncident], inc: Incident) -> str | None:
         """The recorded incident this one continues: same id, else an overlapping iteration range
         (an incident grows at both ends as iterations arrive and the steady median settles)."""
         if inc.id in kept:
             return inc.id
         for k, d in kept.items():
-            if d["first_iteration"] <= inc.last_iteration and inc.first_iteration <= d["last_iteration"] \
-                    and set(d["kinds"]) & set(inc.kinds):
+            if _overlaps(d, inc) and set(d.kinds) & set(inc.kinds):
                 return k
         return None
 
-    def incidents(self, job: str) -> list[dict[str, Any]]:
+    def typed_incidents(self, job: str) -> tuple[TrackedIncident, ...]:
+        """The job's incidents as kept, by first iteration."""
         with self._lock:
-            return sorted((dict(d) for d in self._jobs.get(job, {}).values()),
-                          key=lambda d: (d["first_iteration"], d["id"]))
+            recs = list(self._jobs.get(job, {}).values())
+        return tuple(sorted(recs, key=lambda d: (d.incident.first_iteration, d.id)))
+
+    def has_open(self, job: str) -> bool:
+        with self._lock:
+            return any(d.open for d in self._jobs.get(job, {}).values())
+
+    def incidents(self, job: str) -> list[dict[str, Any]]:
+        """The job's incidents as JSON (the HTTP API's)."""
+        return [d.to_json() for d in self.typed_incidents(job)]
 
     def open_incidents(self, job: str) -> list[dict[str, Any]]:
-        return [d for d in self.incidents(job) if d.get("open")]
+        return [d.to_json() for d in self.typed_incidents(job) if d.open]
 
     def metric_rows(self, jobs: Iterable[str] = ()) -> list[tuple[Mapping[str, str], str, float]]:
         """The incident counters of every job that had one, and of ``jobs`` (those holding data) at 0:
@@ -344,55 +372,30 @@ class IncidentTracker:
                 rows.append(({"job_name": job}, "perfd_job_incidents_total", float(n)))
                 rows.append(({"job_name": job}, "perfd_job_incident_lost_seconds_total",
                              float(self.lost_s_total.get(job, 0.0))))
-                n_open = sum(1 for d in self._jobs.get(job, {}).values() if d.get("open"))
+                n_open = sum(1 for d in self._jobs.get(job, {}).values() if d.open)
                 rows.append(({"job_name": job}, "perfd_job_incidents_open", float(n_open)))
             return rows
 
 
-def _overlaps(d: Mapping[str, Any], inc: Incident) -> bool:
-    return bool(d["first_iteration"] <= inc.last_iteration and inc.first_iteration <= d["last_iteration"])
+def _overlaps(d: TrackedIncident, inc: Incident) -> bool:
+    kept = d.incident
+    return kept.first_iteration <= inc.last_iteration and inc.first_iteration <= kept.last_iteration
 
 
-def _stall_docs(kept: Mapping[str, dict[str, Any]], inc: Incident, key: str | None) -> list[dict[str, Any]]:
+def _stall_records(kept: Mapping[str, TrackedIncident], inc: Incident,
+                   key: str | None) -> list[TrackedIncident]:
     """Live stalls (kept alone) over the iterations ``inc`` covers: it takes them over. An open stall
     reaches to whatever iteration comes next (steps done before the stop arrive with those after
     it, from the stopped process: the slow one may be any of them)."""
-    return [d for k, d in kept.items() if k != key and d.get("kinds") == [STALL]
-            and (_overlaps(d, inc) or (d.get("open") and inc.last_iteration >= d["first_iteration"]))]
+    return [d for k, d in kept.items() if k != key and d.kinds == [STALL]
+            and (_overlaps(d, inc) or (d.open and inc.last_iteration >= d.incident.first_iteration))]
 
 
-def _taken_over(kept: Mapping[str, dict[str, Any]], inc: Incident) -> str | None:
+def _taken_over(kept: Mapping[str, TrackedIncident], inc: Incident) -> str | None:
     """The incident of the analysis that has taken this stall's iterations over (it carries the
     stall), by its key; None when none has."""
-    return next((k for k, d in kept.items()
-                 if STALL in d.get("kinds", ()) and d.get("kinds") != [STALL] and _overlaps(d, inc)), None)
-
-
-def with_stall_cost(doc: dict[str, Any]) -> dict[str, Any]:
-    """An incident that carries a live stall: its cost is the larger of its steps' (Σ step − steady
-    median) and the stall's silence beyond one usual interval — a stop between two steps lies in no
-    step's time (perfd.analytics.stall.silence_cost_s), one inside a step in both (never added). Both
-    parts stay in ``cost_parts``: goodput counts only the steps' part as incident (the silence is
-    already its window's stall or other part). A stall alone has no steps' part."""
-    if STALL not in doc.get("kinds", ()):
-        return doc
-    parts = doc.get("cost_parts")
-    steps = parts.get("steps_s") if isinstance(parts, Mapping) else (
-        None if doc.get("kinds") == [STALL] else doc.get("cost_s"))
-    silence = silence_cost_s(doc["evidence"].get("stall"))
-    have = [v for v in (steps, silence) if isinstance(v, (int, float))]
-    return {**doc, "cost_s": max(have) if have else None,
-            "cost_parts": {"steps_s": steps, "silence_s": silence}}
-
-
-def step_cost_s(doc: Mapping[str, Any]) -> float | None:
-    """The part of an incident's cost that lies in its steps' time (goodput's incident part)."""
-    parts = doc.get("cost_parts")
-    if isinstance(parts, Mapping):
-        steps = parts.get("steps_s")
-        return float(steps) if isinstance(steps, (int, float)) else None
-    cost = doc.get("cost_s")
-    return float(cost) if isinstance(cost, (int, float)) else None
+    return next((k for k, d in kept.items() if STALL in d.kinds and d.kinds != [STALL] and _overlaps(d, inc)),
+                None)
 
 
 # Evidence whose first sighting is when it began (a process's state change), not when it was looked at.
@@ -411,18 +414,15 @@ def _tier(items: Sequence[Evidence]) -> int:
     return min((int(e.spec.tier) for e in items), default=99)
 
 
-def _worth_keeping(snap: Mapping[str, Any], items: Sequence[Evidence], old: Mapping[str, Any] | None) -> bool:
+def _worth_keeping(items: Sequence[Evidence], old: RankSnapshot | None) -> bool:
     """Keep a rank's newest snapshot unless the kept one shows a cause higher in the causal order
     (the GPU as it was while the co-tenant ran, not after it left)."""
-    if old is None:
-        return True
-    old_items = [e for d in old.get("items", []) if (e := Evidence.from_json(d)) is not None]
-    return _tier(items) <= _tier(old_items)
+    return old is None or _tier(items) <= _tier(old.items)
 
 
-def _missing(inc: Incident, gpu: Mapping[str, Any]) -> list[Missing]:
+def _missing(inc: Incident, gpu: Mapping[int, RankSnapshot]) -> list[Missing]:
     out = [] if inc.ranks or inc.single_rank else [Missing.PER_RANK_TIMERS]
-    placed = [s for s in gpu.values() if s.get("placed", True) and s.get("gpu") is not None]
+    placed = [s for s in gpu.values() if s.placed and s.gpu is not None]
     if not placed:
         out.append(Missing.RANK_PLACEMENT if gpu else Missing.GPU_STATE)
     return out
@@ -454,16 +454,3 @@ def _overlapping(captures: Sequence[Mapping[str, Any]], inc: Incident, now: floa
                                               "started_at", "finished_at", "findings", "bottleneck",
                                               "slowdown")})
     return out
-
-
-def _event(kind: str, job: str, doc: Mapping[str, Any], severity: str) -> dict[str, Any]:
-    verb = "opened" if kind == INCIDENT_OPENED.name else "closed"
-    cost = doc.get("cost_s")
-    return {"kind": kind, "severity": severity, "job": job, "time": doc.get("updated_at"),
-            "text": f"incident {doc['id']} {verb}: {doc.get('cause', '')}"
-                    + (f" ({cost:.1f} s lost)" if isinstance(cost, (int, float)) else ""),
-            "labels": {"job": job, "incident": str(doc["id"])},
-            "links": {"incident": str(doc["id"]),
-                      "steps": f"{doc['first_iteration']}-{doc['last_iteration']}"},
-            "payload": {k: doc.get(k) for k in ("id", "first_iteration", "last_iteration", "ranks", "kinds",
-                                                "cost_s", "open", "cause")}}

@@ -1,53 +1,93 @@
-"""The /metrics rows of each job's liveness, goodput and step budget, made in one pass over the
-jobs (for /metrics and for the rules' job scope, perfd.aggregator.rule_scopes)."""
+"""The job series /metrics exports and the rules read, listed once, from the jobs' snapshots
+(perfd.aggregator.snapshot): for /metrics (perfd.aggregator.http) and for the rules' scopes
+(perfd.aggregator.rule_scopes)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from perfd import catalog
-from perfd.analytics.budget import metric_rows as budget_rows
-from perfd.analytics.goodput import metric_rows as goodput_rows
-from perfd.analytics.liveness import ENDED, STALLED
-
-if TYPE_CHECKING:
-    from perfd.aggregator.state import AggregatorState
-
-
-Row = tuple[Mapping[str, str], str, float]
+from perfd.aggregator.snapshot import JobSnapshot
+from perfd.analytics.breakdown.budget import metric_rows as budget_rows
+from perfd.analytics.steps.goodput import metric_rows as goodput_rows
+from perfd.analytics.steps.liveness import ENDED, STALLED
+from perfd.analytics.steps.run_analysis import IterationResult
+from perfd.exporters.prometheus import Row, iteration_rows
 
 
-def liveness_rows(state: AggregatorState, node_info: bool = False) -> list[Row]:
+class JobRowSource(Protocol):
+    """What the job rows read beside the snapshots (AggregatorState gives it)."""
+
+    def collective_rows(self, per_rank: bool = True) -> list[Row]: ...
+
+    def job_view_rows(self) -> tuple[list[Row], list[Row]]: ...
+
+
+def rank_rows(latest: Mapping[str, IterationResult], snaps: Mapping[str, JobSnapshot]) -> list[Row]:
+    """perfd_job_rank_info: where each rank of a running job runs (the snapshot's placement)."""
+    rows: list[Row] = []
+    for job in sorted(latest):
+        snap = snaps.get(job)
+        for r, pl in (snap.placed_ranks.items() if snap is not None else ()):
+            rows.append(({"job_name": job, "rank": str(r), "node": pl.node, "gpu": pl.gpu},
+                         "perfd_job_rank_info", 1.0))
+    return rows
+
+
+def liveness_rows(snaps: Sequence[JobSnapshot], now: float, node_info: bool = False) -> list[Row]:
     """/metrics rows: each job's last step time and state (kept for every known job). With
     ``node_info`` (/metrics, not the rules): the nodes each job that has not ended runs on,
     perfd_job_node_info, in the same pass over the jobs. Bounded by nodes, so exported under
     --no-rank-series too: the join of a node agent's host series, which carry no job_name, to
     the job on(node) (issue 37: blank host panels). A join key, not a value: no rule scope holds
-    it (perfd.rules.model.carrying_scopes)."""
+    it (perfd.rules.model.carrying_scopes). State, stalled seconds and goodput are computed from
+    the snapshot at ``now`` (they change with the clock between refreshes)."""
     rows: list[Row] = []
-    for job in state.job_names():
-        ov = state.job_overview(job)
-        if ov is None:
-            continue
+    for snap in snaps:
+        job, ov = snap.job, snap.overview
+        state, _ = snap.state_at(now)
         if ov.get("last_step_time"):
             rows.append(({"job_name": job}, "perfd_job_last_step_timestamp_seconds",
                          float(ov["last_step_time"])))
-        rows.append(({"job_name": job, "state": ov["state"]}, "perfd_job_state_info", 1.0))
+        rows.append(({"job_name": job, "state": state}, "perfd_job_state_info", 1.0))
         for name, key in (("perfd_job_skipped_iterations_total", "skipped_iterations_total"),
                           ("perfd_job_nan_iterations_total", "nan_iterations_total")):
             if ov.get(key) is not None:  # counters: kept for every known job, like the state
                 rows.append(({"job_name": job}, name, float(ov[key])))
-        if ov["state"] != ENDED:
+        if state != ENDED:
             rows.append(({"job_name": job}, catalog.JOB_STALLED_SECONDS,
-                         float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0))
+                         float(snap.last_step_age_s(now) or 0.0) if state == STALLED else 0.0))
             if node_info:
                 rows.extend(({"job_name": job, "node": node}, catalog.JOB_NODE_INFO, 1.0)
-                            for node in sorted(state.job_nodes(job)))
+                            for node in sorted(snap.nodes))
         rows.extend(goodput_rows(job, gp, catalog.GOODPUT_RATIO, catalog.JOB_TIME)
-                    if (gp := state.goodput(job, ov)) is not None else ())
-        a = state.jobs.cached_analysis(job)
-        if a is not None and ov["state"] != ENDED:
-            rows.extend(budget_rows(job, a.summary.get("step_budget"), catalog.STEP_BUDGET_SECONDS,
+                    if (gp := snap.goodput(now)) is not None else ())
+        a = snap.analysis
+        if a is not None and state != ENDED:
+            rows.extend(budget_rows(job, a.summary.step_budget, catalog.STEP_BUDGET_SECONDS,
                                     catalog.STEP_BUDGET_RATIO))
+    return rows
+
+
+def job_row_groups(source: JobRowSource, snaps: Sequence[JobSnapshot], latest: Mapping[str, IterationResult],
+                   now: float, per_rank: bool = True, node_info: bool = False) -> list[list[Row]]:
+    """Every job series beside the latest iterations' own, in /metrics' order: rank placement,
+    collectives, incidents, liveness, serving. ``latest``: {job: its latest analysed iteration} of
+    the running jobs (perfd.aggregator.snapshot.latest_of_running)."""
+    incidents, serving = source.job_view_rows()
+    by_job = {s.job: s for s in snaps}
+    return [rank_rows(latest, by_job) if per_rank else [], source.collective_rows(per_rank), incidents,
+            liveness_rows(snaps, now, node_info), serving]
+
+
+def job_rows(source: JobRowSource, snaps: Sequence[JobSnapshot], latest: Mapping[str, IterationResult],
+             now: float, per_rank: bool = True) -> list[Row]:
+    """Every job series /metrics exports, as (labels, catalog name, value): the latest iterations'
+    series, then :func:`job_row_groups`' (what the rules' scopes hold)."""
+    rows: list[Row] = []
+    for job, it in sorted(latest.items()):
+        rows.extend(iteration_rows(job, it, per_rank))
+    for group in job_row_groups(source, snaps, latest, now, per_rank):
+        rows.extend(group)
     return rows

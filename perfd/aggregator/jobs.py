@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
-from perfd.analytics.bottleneck import GpmReading
-from perfd.analytics.diagnosis import TimelineClass
-from perfd.analytics.run_analysis import AnalysisMemo, RunAnalysis, analyze_run
+from perfd.analytics.breakdown.bottleneck import GpmReading
+from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.analytics.steps.run_analysis import AnalysisMemo, RunAnalysis, analyze_run
 from perfd.limits import MAX_ITERATION_LEAP, REFUSAL_LOG_INTERVAL_S
 from perfd.model import JobInfo, StepRecord, merge_job_info
 
@@ -91,10 +91,13 @@ def record_bytes(rec: StepRecord) -> int:
 
 
 # The optional fields of a step record whose absence makes a copy of a held record worse (a field
-# a bit flip made unparseable comes through as absent, never as a wrong zero: DESIGN.md §2).
+# a bit flip made unparseable comes through as absent, never as a wrong zero: DESIGN.md §2). The step
+# hook's counts are not among them: like the raw fields they once travelled in, a copy is not judged
+# by them.
 _OPTIONAL = tuple(f.name for f in dataclasses.fields(StepRecord)
                   if f.name not in ("job", "iteration", "rank", "fields", "timers", "memory_mb", "source",
-                                    "disturbed_by_capture", "first_of_run"))
+                                    "disturbed_by_capture", "first_of_run", "tokens_per_step",
+                                    "flops_per_step"))
 
 
 def worse_than(new: StepRecord, held: StepRecord) -> bool:
@@ -163,7 +166,7 @@ class JobState:
     disturbed: dict[int, tuple[StepRecord, StepRecord]] = field(default_factory=dict)
     analysis_lock: threading.Lock = field(default_factory=threading.Lock)  # one analysis at a time
     # The iteration from which the user took a lasting shift's level as the new normal
-    # (perfd.analytics.changepoint; POST /api/jobs/<job>/new-normal): its cost stops there.
+    # (perfd.analytics.steps.changepoint; POST /api/jobs/<job>/new-normal): its cost stops there.
     new_normal_at: int | None = None
 
 

@@ -6,7 +6,7 @@
   nobody and holding no data is dropped. One Hello naming 1,000 jobs no longer takes the jobs cap
   for the aggregator's whole life.
 - A job with data (step records, job info, collectives) is held until it is *pruned*: ended
-  (perfd.analytics.liveness) for ``job_retention_s``, or sooner when a newcomer meets the cap or a
+  (perfd.analytics.steps.liveness) for ``job_retention_s``, or sooner when a newcomer meets the cap or a
   quota — then the job that ended first among those held makes room. A running or stalled job is
   never pruned.
 - An agent whose stream ended is *forgotten* ``agent_retention_s`` later unless it came back: its
@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
-from perfd.analytics.liveness import ENDED
+from perfd.analytics.steps.liveness import ENDED
 
 if TYPE_CHECKING:
     from perfd.aggregator.main import Aggregator
@@ -63,7 +63,7 @@ class Lifecycle:
         it connects again, and no job is held by a Hello any more (no stream is open)."""
         self._loop = loop
         now = self.clock()
-        agents = set(self.agg.state.nodes.agents_seen()) | {a for j in self.agg.guard.held_jobs()
+        agents = set(self.agg.state.agents_seen()) | {a for j in self.agg.guard.held_jobs()
                                                               for a in self.agg.guard.hosts(j)}
         for agent in agents:
             self.stream_ended(agent, now)
@@ -111,8 +111,7 @@ class Lifecycle:
 
     # ---- any thread ----------------------------------------------------------------------------
     def _has_data(self, job: str) -> bool:
-        st = self.agg.state
-        return st.jobs.has_data(job) or st.collectives.has_job(job) or job in st.serving.job_names()
+        return self.agg.state.holds_data(job)
 
     def _live(self, agent: str) -> bool:
         with self._lock:
@@ -122,15 +121,17 @@ class Lifecycle:
         """Since when the job counts as ended (the time of its last step, or of its last activity for
         one that never stepped), None while it runs, is stalled or an agent of it is still here."""
         st = self.agg.state
-        ov = st.job_overview(job)
+        snap = st.snapshot(job)
         holders = self.agg.guard.hosts(job) | st.job_agents(job)
-        if ov is None:  # held but with nothing in the job store (events only): ended once nobody is here
+        if snap is None:  # held but with nothing in the job store (events only): ended once nobody is here
             return None if any(self._live(a) for a in holders) else 0.0
-        if ov.get("last_step_time"):
-            return float(ov["last_step_time"]) if ov["state"] == ENDED else None
+        last = snap.overview.get("last_step_time")
+        if last:
+            # its state as of the clock (as before snapshots), not ``now``
+            return float(last) if snap.state_at()[0] == ENDED else None
         if any(self._live(a) for a in holders):
             return None  # starting: no step yet, an agent of it still connected
-        act = st.jobs.activity(job)
+        act = st.activity(job)
         return act[1] if act is not None else 0.0
 
     def _prune(self, job: str, why: str) -> None:

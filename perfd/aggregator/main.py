@@ -28,8 +28,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
-from perfd.analytics.collective_config import CollectiveConfig
-from perfd.analytics.thresholds import STALL_PHASE_MAX_S
+from perfd.analytics.collectives.config import CollectiveConfig
 from perfd.exporters.httpd import bind_error
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, RemoteWriter, target_name
 from perfd.jobinfo_json import decode_job_info
@@ -39,6 +38,7 @@ from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import default_pack_path
 from perfd.rules.model import RulePackError
 from perfd.rules.ruleset import load_rule_set
+from perfd.thresholds import STALL_PHASE_MAX_S
 from perfd.transport.codec import DecodedBatch, HelloInfo
 from perfd.transport.delivery import Kept
 from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
@@ -86,10 +86,10 @@ class AggregatorConfig:
     collectives: CollectiveConfig | None = None
     collectives_per_job: dict[str, CollectiveConfig] = field(default_factory=dict)
     # Seconds without a step after which a job is stalled or ended (None: 10 of its own median
-    # steps, at least 60 s; perfd.analytics.liveness).
+    # steps, at least 60 s; perfd.analytics.steps.liveness).
     job_stale_after_s: float | None = None
     # How long after a job's last record its announced pauses may hold a live stall back
-    # (perfd.analytics.thresholds.STALL_PHASE_MAX_S unless given: --stall-phase-max).
+    # (perfd.thresholds.STALL_PHASE_MAX_S unless given: --stall-phase-max).
     stall_phase_max_s: float = STALL_PHASE_MAX_S.value
     # Prometheus remote-write of what /metrics shows (perfd.exporters.remote_write); [] = off.
     remote_write: list[str] = field(default_factory=list)
@@ -102,11 +102,8 @@ class Aggregator:
         self.cfg = cfg
         self.state = AggregatorState(cfg.max_iterations_per_job, gpu_override=cfg.gpu,
                                      peak_tflops=cfg.peak_tflops, max_bytes_per_job=cfg.max_bytes_per_job)
-        if cfg.collectives is not None:  # link capabilities for the collective analysis
-            self.state.collectives.config = cfg.collectives
-        self.state.collectives.job_config.update(cfg.collectives_per_job)
-        self.state.job_stale_after_s = cfg.job_stale_after_s
-        self.state.stalls.phase_max_s = cfg.stall_phase_max_s
+        self.state.configure(cfg.collectives, cfg.collectives_per_job,  # links for the collective analysis
+                             cfg.job_stale_after_s, cfg.stall_phase_max_s)
         self.refusals = Refusals()
         tls = None
         if cfg.tls_cert or cfg.tls_key or cfg.tls_client_ca:
@@ -120,8 +117,7 @@ class Aggregator:
             policy = IdentityPolicy(cfg.identity_policy)
         self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None,
                            identity_of=lambda agent: self.server.identity_of(agent))
-        self.state.jobs.standing = self.guard.standing  # who keeps an iteration two hosts wrote
-        self.guard.placed_jobs = self.state.nodes.jobs_on  # a node agent reports the jobs on its GPUs
+        self.guard.placed_jobs = self.state.jobs_on  # a node agent reports the jobs on its GPUs
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
         self.store: StateStore | None = (StateStore(cfg.state_dir, max_bytes=cfg.state_max_bytes)
                                          if cfg.state_dir else None)
@@ -133,7 +129,8 @@ class Aggregator:
                                             if self.store is not None else None),
                                    admit_series=self._admit_series, policy=policy,
                                    on_stream_end=lambda agent: self.lifecycle.stream_ended(agent))
-        self.state.stalls.send = self.server.send_command  # a stall asks its agents for the ranks' stacks
+        # who keeps an iteration two hosts wrote; a stall asks its agents for the ranks' stacks
+        self.state.connect(self.guard.standing, self.server.send_command)
         self.http: HttpServer | None = None
         self.grpc_port = 0
         self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.server.send_command,

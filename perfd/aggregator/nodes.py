@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perfd.analytics.bottleneck import GpmReading
+from perfd.analytics.breakdown.bottleneck import GpmReading
 from perfd.catalog import GPU_THROTTLE_ACTIVE
 from perfd.events import GPU_PODS, GPU_PROCESSES, payload_of
 from perfd.model import LabelSet
@@ -101,7 +101,8 @@ def _column(code: str, seq: Sequence[Any]) -> array[Any]:
 
 def _placement_fields(procs: Sequence[Any]) -> list[tuple[Any, ...]]:
     """What of a process list rank placement and a job's GPUs depend on (perfd.placement,
-    perfd.analytics.attribution.place_ranks): per process its pid, rank, local_rank, world_size, job."""
+    perfd.analytics.incidents.attribution.place_ranks): per process its pid, rank, local_rank,
+    world_size, job."""
     return [(p.get("pid"), p.get("rank"), p.get("local_rank"), p.get("world_size"), p.get("job"))
             if isinstance(p, Mapping) else (repr(p),) for p in procs]
 

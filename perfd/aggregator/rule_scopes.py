@@ -8,12 +8,12 @@ Scope keys (perfd.rules.engine): the job name for job scope, ``(job, rank)`` for
 labels (group, scope, class, state, ...) stay in the series key (:func:`perfd.rules.expr.series_key`),
 so a rule selects one as ``perfd_job_comm_total_group_ratio{group="dp"}``.
 
-:func:`job_rows` gathers the job series from the sources /metrics reads (perfd.aggregator.http):
-the latest analysed iteration of each running job, rank placement, each job's collective analysis,
-incidents, liveness and serving gauges. A new job series on /metrics belongs here too:
-tests/rules/test_rule_scopes.py checks that every job sample /metrics exports is in the scope with
-its value. GPU series come from the job's agents' GPU view, only those some rule reads (a few of
-~25 per GPU, on every GPU); a rank's scope holds the GPU series of the GPU it runs on.
+:func:`perfd.aggregator.job_rows.job_rows` lists the job series /metrics exports (perfd.aggregator.http)
+from the jobs' snapshots: the latest analysed iteration of each running job, rank placement, each
+job's collective analysis, incidents, liveness and serving gauges. A new job series on /metrics
+belongs there: tests/rules/test_rule_scopes.py checks that every job sample /metrics exports is in
+the scope with its value. GPU series come from each snapshot's GPU view, only those some rule reads
+(a few of ~25 per GPU, on every GPU); a rank's scope holds the GPU series of the GPU it runs on.
 
 A job that ended has no scope: rules stop evaluating it (/metrics keeps a few of its series).
 """
@@ -21,34 +21,16 @@ A job that ended has no scope: rules stop evaluating it (/metrics keeps a few of
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any
 
 from perfd import catalog
-from perfd.aggregator.job_rows import liveness_rows
+from perfd.aggregator.snapshot import JobSnapshot
 from perfd.catalog import RANK_HOST_SERIES
-from perfd.exporters.prometheus import Row, iteration_rows
+from perfd.exporters.prometheus import Row
 from perfd.rules.engine import ScopeKey, job_of
 from perfd.rules.expr import SCOPE_LABELS, base_name, series_key
 from perfd.rules.model import carrying_scopes
 
 Values = dict[str, float | None]
-
-
-def job_rows(state: Any, latest: Mapping[str, Any], per_rank: bool = True) -> list[Row]:
-    """Every job series /metrics exports, as (labels, catalog name, value): ``latest`` is {job: its
-    latest analysed iteration} of the running jobs; ``state`` the AggregatorState."""
-    rows: list[Row] = []
-    for job, it in sorted(latest.items()):
-        rows.extend(iteration_rows(job, it, per_rank))
-    for job in sorted(latest) if per_rank else ():
-        for r, pl in state.placed_ranks(job).items():
-            rows.append(({"job_name": job, "rank": str(r), "node": pl.node, "gpu": pl.gpu},
-                         "perfd_job_rank_info", 1.0))
-    rows.extend(state.collective_rows(per_rank))
-    rows.extend(state.incidents.metric_rows(state.jobs_with_data()))
-    rows.extend(liveness_rows(state))
-    rows.extend(state.serving.rows())
-    return rows
 
 
 def scope_key(labels: Mapping[str, str]) -> tuple[ScopeKey, dict[str, str]] | None:
@@ -71,7 +53,7 @@ def scope_key(labels: Mapping[str, str]) -> tuple[ScopeKey, dict[str, str]] | No
     return job, rest
 
 
-def add_rows(out: dict[Any, Values], rows: Iterable[Row], skip_jobs: Collection[str] = ()) -> None:
+def add_rows(out: dict[ScopeKey, Values], rows: Iterable[Row], skip_jobs: Collection[str] = ()) -> None:
     """File each row under its scope key and series key (the last value of a series wins)."""
     for labels, name, value in rows:
         got = scope_key(labels)
@@ -83,7 +65,7 @@ def add_rows(out: dict[Any, Values], rows: Iterable[Row], skip_jobs: Collection[
         out.setdefault(key, {})[series_key(name, rest)] = value
 
 
-def add_rank_host_values(out: dict[Any, Values], state: Any, jobs: Iterable[str],
+def add_rank_host_values(out: dict[ScopeKey, Values], snaps: Iterable[JobSnapshot],
                          rank_keys: Collection[str]) -> None:
     """Each rank process's host series (collectors/ranks, the agents' /metrics) at rank scope, those
     some rank-scope rule reads, from the host view's latest observations (perfd.aggregator.hosts):
@@ -93,9 +75,9 @@ def add_rank_host_values(out: dict[Any, Values], state: Any, jobs: Iterable[str]
     extra = names & {catalog.RANK_STATE_INFO, catalog.RANK_ALLOWED_CPUS, catalog.RANK_PRESSURE}
     if not fields and not extra:
         return
-    for job in jobs:
-        for rank, obs in state.hosts.observations(job).items():
-            vals = out.setdefault((job, rank), {})
+    for snap in snaps:
+        for rank, obs in snap.hosts().items():
+            vals = out.setdefault((snap.job, rank), {})
             for name, field in fields.items():
                 v = obs.get(field)
                 vals[name] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
@@ -113,7 +95,7 @@ def gpu_series_names() -> frozenset[str]:
                      if "job_name" not in m.labels and "gpu" in carrying_scopes(m)[0])
 
 
-def add_gpu_values(out: dict[Any, Values], state: Any, jobs: Iterable[str], gpu_keys: Collection[str],
+def add_gpu_values(out: dict[ScopeKey, Values], snaps: Iterable[JobSnapshot], gpu_keys: Collection[str],
                    rank_keys: Collection[str]) -> None:
     """GPU series of each job's GPUs: at gpu scope the names in ``gpu_keys`` (series keys some
     gpu-scope rule reads), and at rank scope, for the rank on that GPU, those in ``rank_keys``."""
@@ -122,8 +104,9 @@ def add_gpu_values(out: dict[Any, Values], state: Any, jobs: Iterable[str], gpu_
     if not gpu_names and not rank_names:
         return
     throttle = catalog.GPU_THROTTLE_ACTIVE
-    for job in jobs:
-        _procs, values, throttles = state.gpu_view(job, gpu_names | rank_names)
+    for snap in snaps:
+        job = snap.job
+        _procs, values, throttles = snap.gpus(gpu_names | rank_names)
         per_gpu: dict[tuple[str, str], Values] = {}
         for (node, gpu), vals in values.items():
             gv: Values = dict(vals)
@@ -135,7 +118,7 @@ def add_gpu_values(out: dict[Any, Values], state: Any, jobs: Iterable[str], gpu_
                 out.setdefault((job, node, gpu), {}).update(
                     {k: v for k, v in gv.items() if base_name(k) in gpu_names})
         if rank_names:
-            for rank, pl in state.placed_ranks(job).items():
+            for rank, pl in snap.placed_ranks.items():
                 gv = per_gpu.get((pl.node, pl.gpu), {})
                 out.setdefault((job, rank), {}).update(
                     {k: v for k, v in gv.items() if base_name(k) in rank_names})

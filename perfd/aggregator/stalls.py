@@ -1,5 +1,5 @@
-"""Each job's live stall: checked every aggregator tick (perfd.analytics.stall decides), opened as an
-incident within seconds of the silence limit, with its ranks, each rank's process state, the Python
+"""Each job's live stall: checked every aggregator tick (perfd.analytics.incidents.stall decides), opened
+as an incident within seconds of the silence limit, with its ranks, each rank's process state, the Python
 stacks the agents take when asked (a ``stacks`` command, perfd/agent/stacks.py) and each rank's last
 collective; closed when steps resume.
 
@@ -18,14 +18,15 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from perfd.analytics import thresholds as th
-from perfd.analytics.evidence import StallReason
-from perfd.analytics.incidents import Incident
-from perfd.analytics.stall import (
+from perfd import thresholds as th
+from perfd.analytics.incidents.detect import Incident, stall_incident
+from perfd.analytics.incidents.evidence import StallReason
+from perfd.analytics.incidents.incident_evidence import Withdrawal
+from perfd.analytics.incidents.stall import (
     PHASE_MAX_S,
     CaptureSpan,
     RankSeen,
@@ -35,13 +36,16 @@ from perfd.analytics.stall import (
     check_stall,
     delivery_only,
     job_clock_gap_s,
-    stall_incident,
 )
 from perfd.transport.codec import COMMAND_STACKS, Command
 
 if TYPE_CHECKING:
-    from perfd.aggregator.state import AggregatorState
-    from perfd.analytics.run_analysis import RunAnalysis
+    from perfd.aggregator.collectives import CollectiveStore
+    from perfd.aggregator.hosts import HostView
+    from perfd.aggregator.incidents import IncidentTracker
+    from perfd.aggregator.snapshot import JobSnapshot
+    from perfd.analytics.collectives.analysis import CollectiveAnalysis
+    from perfd.analytics.steps.run_analysis import RunAnalysis
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +57,28 @@ EXIT_GRACE_S = th.STALL_EXIT_GRACE_S.value
 GPU_UTIL = "perfd_gpu_utilization_ratio"
 
 SendCommand = Callable[[str, Command], bool]
-LATE_RECORDS = "late_records"  # why a stall is withdrawn: the job's clock shows no gap
 
 # What a rank's own process shows (stopped, gone): a stall that had it keeps it over a later check
 # without it (the rank continued, the silence not over yet).
 _PROCESS_REASONS = frozenset({StallReason.STOPPED, StallReason.GONE})
+
+
+class StallSource(Protocol):
+    """What the stall watch reads and updates (AggregatorState gives it): the job's snapshot (its last
+    record, analysis, placement, GPU and host views), its collective analysis and capture records, the
+    rank hosts' announced pauses and stacks, and the incident tracker its stalls go to."""
+
+    incidents: IncidentTracker
+    hosts: HostView
+    collectives: CollectiveStore
+    def captures_of(self, job: str) -> list[dict[str, Any]]: ...
+
+    def snapshot(self, job: str) -> JobSnapshot | None: ...
+
+    def collective_analysis(self, job: str, force: bool = False, cached: bool = False
+                            ) -> CollectiveAnalysis | None: ...
+
+    def track_live_incidents(self, job: str, found: Sequence[Incident], now: float) -> None: ...
 
 
 def _weaker(held: StallCheck, new: StallCheck) -> bool:
@@ -91,7 +112,8 @@ _CAPTURE_ENDED = ("finished", "failed")
 
 
 def capture_spans(records: list[dict[str, Any]]) -> list[CaptureSpan]:
-    """The job's capture records as the stall check reads them (perfd.analytics.stall.CaptureSpan)."""
+    """The job's capture records as the stall check reads them
+    (perfd.analytics.incidents.stall.CaptureSpan)."""
     out = []
     for c in records:
         status, asked = c.get("status"), c.get("requested_at")
@@ -112,8 +134,11 @@ class StallWatch:
         self.opened_total: dict[str, int] = {}
         self.late_total: dict[str, int] = {}  # stalls withdrawn: their records came late (job clock)
         # How long after a job's last record its announced pauses may hold a stall back (the
-        # aggregator's --stall-phase-max-s; perfd.analytics.thresholds.STALL_PHASE_MAX_S).
+        # aggregator's --stall-phase-max-s; perfd.thresholds.STALL_PHASE_MAX_S).
         self.phase_max_s = PHASE_MAX_S
+        # job -> bumped (under the lock) at each of its ticks: the job's snapshot shows its stall, and
+        # is built anew when this moves (perfd.aggregator.snapshot).
+        self._versions: dict[str, int] = {}
 
     def stalled(self, job: str) -> StallCheck | None:
         """The job's open stall's latest check (None: no open stall)."""
@@ -121,21 +146,34 @@ class StallWatch:
             st = self._open.get(job)
         return st.check if st is not None and st.closed_at is None else None
 
+    def version(self, job: str) -> int:
+        """Moves whenever the job's stall may have (at each tick of the job)."""
+        with self._lock:
+            return self._versions.get(job, 0)
+
     def forget(self, job: str) -> None:
         with self._lock:
             self._open.pop(job, None)
             self.opened_total.pop(job, None)
             self.late_total.pop(job, None)
+            self._versions.pop(job, None)
 
-    def tick(self, state: AggregatorState, job: str, now: float | None = None) -> StallCheck:
+    def tick(self, state: StallSource, job: str, now: float | None = None) -> StallCheck:
         """Check the job now; open, update or close its stall incident. Returns the check."""
-        now = time.time() if now is None else now
-        check, last_it, n_its = self._check(state, job, now)
+        try:
+            return self._tick(state, job, time.time() if now is None else now)
+        finally:
+            with self._lock:
+                self._versions[job] = self._versions.get(job, 0) + 1
+
+    def _tick(self, state: StallSource, job: str, now: float) -> StallCheck:
+        snap = state.snapshot(job)
+        check, last_it, n_its = self._check(state, snap, now)
         with self._lock:
             st = self._open.get(job)
         if check.status is Status.STALLED and (st is None or st.closed_at is not None):
             first = (last_it + 1) if last_it is not None else 0
-            ov = state.jobs.overview(job) or {}
+            ov = snap.overview if snap is not None else {}
             st = Stall(first, first + max(1, n_its) - 1, ov.get("last_step_time"), now, check)
             with self._lock:
                 self._open[job] = st
@@ -158,7 +196,7 @@ class StallWatch:
                     # The job's exit (teardown after its last step), not a stall: taken back.
                     with self._lock:
                         self._open.pop(job, None)
-                    if state.incidents.withdraw(job, f"stall-{st.first_iteration}", now, "job_exit"):
+                    if state.incidents.withdraw(job, f"stall-{st.first_iteration}", now, Withdrawal.JOB_EXIT):
                         log.info("job %s: the silence after iteration %d ended with the job's exit %.0f s "
                                  "after its last step: not a stall", job, st.first_iteration - 1,
                                  now - (st.started_at or st.opened_at))
@@ -172,7 +210,7 @@ class StallWatch:
             elif check.status is not Status.RUNNING:
                 st.check = check
         if st.closed_at is not None:
-            a = state.jobs.cached_analysis(job)
+            a = snap.analysis if snap is not None else None
             seen = a.iterations[-1].iteration if a is not None and len(a.iterations) else None
             if (seen is None or seen < st.first_iteration) and now - st.closed_at < CLOSE_GRACE_S \
                     and check.status is not Status.ENDED:
@@ -189,24 +227,26 @@ class StallWatch:
         self._update_incident(state, job, st, now)
         return check
 
-    def _withdraw_late(self, state: AggregatorState, job: str, st: Stall, now: float) -> None:
+    def _withdraw_late(self, state: StallSource, job: str, st: Stall, now: float) -> None:
         """The records came late, the job did not stop: no stall (logged and counted)."""
         self.late_total[job] = self.late_total.get(job, 0) + 1
-        arrived = (state.jobs.overview(job) or {}).get("last_step_time")
+        snap = state.snapshot(job)
+        arrived = snap.overview.get("last_step_time") if snap is not None else None
         late = (arrived - st.started_at) if isinstance(arrived, (int, float)) and st.started_at else None
         log.warning("job %s: no record arrived for %s after iteration %d, but the records' own times show "
                     "no gap over %.1f s (limit %.1f s): they came late, the job did not stop; the stall "
                     "is withdrawn (%d such for this job)", job,
                     f"{late:.0f} s" if late is not None else "a while", st.first_iteration - 1,
                     st.job_gap_s or 0.0, st.check.limit_s or 0.0, self.late_total[job])
-        state.incidents.withdraw_stall(job, st.first_iteration, now, LATE_RECORDS)
+        state.incidents.withdraw_stall(job, st.first_iteration, now, Withdrawal.LATE_RECORDS)
 
     # ---- inputs --------------------------------------------------------------------------------------
-    def _check(self, state: AggregatorState, job: str, now: float) -> tuple[StallCheck, int | None, int]:
-        ov = state.jobs.overview(job)
-        a = state.jobs.cached_analysis(job)
-        if ov is None or a is None or len(a.iterations) < 3:
+    def _check(self, state: StallSource, snap: JobSnapshot | None, now: float
+               ) -> tuple[StallCheck, int | None, int]:
+        a = snap.analysis if snap is not None else None
+        if snap is None or a is None or len(a.iterations) < 3:
             return StallCheck(Status.RUNNING), None, 1
+        job, ov = snap.job, snap.overview
         rows = a.iterations
         k = min(len(rows), CADENCE_RECORDS + 1)
         ends = [rows.get(i, "end_time") for i in range(len(rows) - k, len(rows))]
@@ -214,15 +254,15 @@ class StallWatch:
         gaps = [b - a_ for a_, b in itertools.pairwise(ends) if a_ is not None and b is not None and b > a_]
         steps = [b - a_ for a_, b in itertools.pairwise(its) if b > a_]
         cadence = statistics.median(gaps) if gaps else None
-        placed = state.placed_ranks(job)
+        placed = snap.placed_ranks
         util: dict[int, float] = {}
         if placed:
-            _, values, _ = state.gpu_view(job, (GPU_UTIL,))
+            _, values, _ = snap.gpus((GPU_UTIL,))
             for r, pl in placed.items():
                 v = values.get((pl.node, pl.gpu), {}).get(GPU_UTIL)
                 if v is not None:
                     util[r] = v
-        obs = state.hosts.observations(job, now)
+        obs = snap.hosts(now)
         seen = [RankSeen(r, str(o.get("state")), o.get("cpu_cores"), util.get(r), o.get("pid"), o.get("node"),
                          _started(o)) for r, o in sorted(obs.items())]
         try:
@@ -235,7 +275,7 @@ class StallWatch:
                                         self.phase_max_s, capture_spans(state.captures_of(job))))
         return check, its[-1], int(statistics.median(steps)) if steps else 1
 
-    def _ask_stacks(self, state: AggregatorState, job: str, st: Stall) -> None:
+    def _ask_stacks(self, state: StallSource, job: str, st: Stall) -> None:
         """A ``stacks`` command to every agent that reports the job's rank processes: their Python
         stacks come back as ``rank_stacks`` events and join the stall."""
         if self.send is None:
@@ -251,7 +291,7 @@ class StallWatch:
             except Exception:  # a closed stream: the stall goes on without that agent's stacks
                 log.exception("stacks request to agent %s failed", agent)
 
-    def _update_incident(self, state: AggregatorState, job: str, st: Stall, now: float) -> None:
+    def _update_incident(self, state: StallSource, job: str, st: Stall, now: float) -> None:
         version, last = state.collectives.last_per_rank(job)
         if version != st.collectives_version:
             st.collectives = {r: {"last": c} for r, c in last.items()}
@@ -281,15 +321,16 @@ class StallWatch:
             check = dataclasses.replace(check, silent_s=max(0.0, st.closed_at - st.started_at))
         elif st.closed_at is not None and check.silent_s is not None:
             # the silence ended when steps resumed: measured to then, not to now
-            ov = state.jobs.overview(job) or {}
-            arrived = ov.get("last_step_time")
+            snap = state.snapshot(job)
+            arrived = snap.overview.get("last_step_time") if snap is not None else None
             if isinstance(arrived, (int, float)) and st.started_at is not None:
                 check = dataclasses.replace(check, silent_s=max(0.0, arrived - st.started_at))
             if st.job_gap_s is not None and check.silent_s is not None:
                 # the job's clock: records that came later than the job made them are not its silence
                 check = dataclasses.replace(check, silent_s=min(check.silent_s, st.job_gap_s))
-        a = state.jobs.cached_analysis(job)
-        world = (a.job.get("layout") or {}).get("world_size") if a is not None else None
+        snap = state.snapshot(job)
+        a = snap.analysis if snap is not None else None
+        world = a.job.layout.world_size if a is not None else None
         inc: Incident = stall_incident(check, st.first_iteration, st.last_iteration, st.started_at,
                                        st.opened_at, st.closed_at, single_rank=world == 1, extra=extra)
         state.track_live_incidents(job, [inc], now)

@@ -7,33 +7,36 @@
 - perfd/aggregator/incidents.py — each job's incidents with the GPU evidence of the time;
 - perfd/aggregator/hosts.py — each job's rank processes on their hosts, announced pauses, stacks;
 - perfd/aggregator/stalls.py — each job's live stall (opened within seconds, closed when steps resume);
-- perfd/aggregator/serving.py — SGLang records per job and their analysis (serving view).
+- perfd/aggregator/serving.py — SGLang records per job and their analysis (serving view);
+- perfd/aggregator/class_inputs.py — what a job's analysis reads of the other parts (GPM, captures);
+- perfd/aggregator/snapshot.py — each job as its consumers read it (an immutable JobSnapshot), built
+  here at each analysis refresh and whenever the state changed since.
 
 Ingest is called from the gRPC event loop; readers (HTTP /metrics and the JSON API, the rules loop)
-run in other threads: each part has its own lock, and no method holds two at once.
+run in other threads: each part has its own lock, and no method holds two at once. A job's snapshot
+is built outside every lock (each part read under its own) and stored whole: a reader holds an
+immutable one while the next is built.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
+from perfd.aggregator.class_inputs import CaptureSource, ClassInputs, NoCaptures
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.eventlog import EventLog
 from perfd.aggregator.gpu_views import (
-    SIGHTING_SERIES,
-    SNAPSHOT_READS,
     PlacementCache,
     SnapshotView,
-    rank_snapshots,
-    swap_of,
 )
 from perfd.aggregator.hosts import HostView
-from perfd.aggregator.incidents import GpuBaseline, IncidentTracker, step_cost_s
+from perfd.aggregator.incidents import GpuBaseline, IncidentTracker
 from perfd.aggregator.jobs import (
     RETAIN_BYTES,
     RETAIN_ITERATIONS,
@@ -44,21 +47,16 @@ from perfd.aggregator.jobs import (
 )
 from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
-from perfd.aggregator.stalls import StallWatch
-from perfd.aggregator.steady_gpm import SteadyGpm
-from perfd.analytics.arming import ARMING_NOT_INCIDENT, ArmingCost, is_the_arming
-from perfd.analytics.attribution import RankPlacement, gpu_hints
-from perfd.analytics.bottleneck import GpmReading
-from perfd.analytics.collectives import CollectiveAnalysis
-from perfd.analytics.diagnosis import TimelineClass
-from perfd.analytics.goodput import with_incidents, with_stall
-from perfd.analytics.host_evidence import host_items
-from perfd.analytics.incidents import HANG, STEP_FACTOR, Incident, hang_incident, is_disturbance
-from perfd.analytics.job_budget import capture_timeline, ncu_of
-from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
-from perfd.analytics.ncu_remedies import rows_class
-from perfd.analytics.run_analysis import RunAnalysis
-from perfd.analytics.verdict_text import stall_text
+from perfd.aggregator.sightings import Sightings
+from perfd.aggregator.snapshot import Analysed, JobSnapshot, Snapshots
+from perfd.aggregator.stalls import SendCommand, StallWatch
+from perfd.analytics.collectives.analysis import CollectiveAnalysis
+from perfd.analytics.collectives.config import CollectiveConfig
+from perfd.analytics.incidents.attribution import RankPlacement
+from perfd.analytics.incidents.detect import STEP_FACTOR, Incident, hang_incident
+from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal
+from perfd.analytics.ncu.arming import ArmingCost, is_the_arming
+from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.events import (
     GPU_PODS,
     GPU_PROCESSES,
@@ -69,6 +67,7 @@ from perfd.events import (
     SERVING_DATA,
     STEP_CONFLICT,
 )
+from perfd.exporters.prometheus import Row
 from perfd.limits import REFUSAL_LOG_INTERVAL_S
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.transport.series import SeriesKey
@@ -76,12 +75,6 @@ from perfd.transport.series import SeriesKey
 log = logging.getLogger(__name__)
 
 __all__ = ["AggregatorState", "GpuKey", "JobState", "NodeSeries", "job_level_steps"]
-
-GPM_LIVE = "GPM while the job stepped"
-STEPPING_MIN_S = 5.0  # a job whose last step is this recent (or STEPPING_STEPS steps) is stepping
-STEPPING_STEPS = 3
-GPM_LAST_STEADY = "GPM of the job's last steady window (the job is not stepping now)"
-
 
 @dataclass
 class Stats:
@@ -97,14 +90,18 @@ class AggregatorState:
                              max_bytes_per_job)
         self.nodes = NodeView()
         self._placements = PlacementCache(self.nodes)  # each job's rank placement (see gpu_views)
-        self._snapshot_views: dict[str, SnapshotView] = {}  # job -> the view its snapshots read last
         self.collectives = CollectiveStore()  # its own lock; see aggregator/collectives
         self.log = EventLog()
         self.stats = Stats()
         # The transport's counters, taken when /api/stats or /metrics asks (once per read: each
         # call walks every stream). Set by the aggregator.
         self.transport_stats: Callable[[], dict[str, int]] | None = None
-        self.job_stale_after_s: float | None = None  # --job-stale-after (None: from the job's steps)
+        # Bumped by every change a job's snapshot shows that no part's own version says (ingest,
+        # incidents, settings): a snapshot built at another generation is built anew when asked for.
+        self._generation = 0  # guarded by _generation_lock (ingest, the refresher and HTTP all bump it)
+        self._generation_lock = threading.Lock()
+        self._job_stale_after_s: float | None = None  # --job-stale-after (None: from the job's steps)
+        self.snapshots = Snapshots(self._build_snapshot, self._snapshot_version)
         # SGLang records per job and their analysis (its own lock; see aggregator/serving).
         self.serving = ServingStore()
         self.incidents = IncidentTracker(lambda evs: self.ingest_events("aggregator", evs))
@@ -112,17 +109,18 @@ class AggregatorState:
         self.hosts = HostView()  # the jobs' rank processes on their hosts (collectors/ranks)
         self.stalls = StallWatch()  # live stalls; the aggregator sets stalls.send (stacks requests)
         self._tracked: dict[str, RunAnalysis] = {}  # job -> the analysis incidents were taken from
-        self.steady_gpm = SteadyGpm()  # the GPM of each job's last steady window, for after it stops
         # (job, holder, sender) -> (when its conflict event was last emitted, records since)
         self.replaying = False  # the state store's replay: its events come back with the documents
         self._conflicts: dict[tuple[str, str, str], tuple[float, int]] = {}
-        # Set by the capture coordinator: the job's capture records (JSON), for incidents and for
-        # marking the iterations a capture disturbed.
-        self.captures_of: Callable[[str], list[dict[str, Any]]] = lambda job: []
-        # ... and what arming ncu costs the job's armed ranks (perfd.analytics.arming), for its report.
-        self.arming_of: Callable[[str], ArmingCost | None] = lambda job: None
-        self.jobs.capture_windows = self._capture_windows
-        self.jobs.class_inputs = self._class_inputs
+        # The capture coordinator, once it attaches (attach_captures): the jobs' capture records.
+        self._captures: CaptureSource = NoCaptures()
+        self.inputs = ClassInputs(self.jobs, self.nodes, self.incidents, self.captures_of,
+                                  lambda: self._job_stale_after_s)
+        # What the jobs' GPUs and hosts show, read for their incidents and steady baselines.
+        self.sightings = Sightings(self.jobs, self.nodes, self.hosts, self._placements, self.gpu_baseline,
+                                   self.inputs.stepping)
+        self.jobs.capture_windows = self.inputs.capture_windows
+        self.jobs.class_inputs = self.inputs.class_inputs
         self.log.handle(GPU_PROCESSES, self.nodes.on_gpu_processes)
         self.log.handle(GPU_PODS, self.nodes.on_gpu_pods)
         self.log.handle(NCCL_HANG, self._on_hang)
@@ -131,10 +129,67 @@ class AggregatorState:
         self.log.handle(JOB_PHASE, self.hosts.on_job_phase)
         self.log.handle(RANK_STACKS, self.hosts.on_rank_stacks)
 
+    def _bump(self) -> None:
+        """Something a job's snapshot shows changed: the next read builds it anew."""
+        with self._generation_lock:
+            self._generation += 1
+
     @property
-    def event_listeners(self) -> list[Callable[[Mapping[str, Any]], None]]:
-        """Called with every event ingested: capture progress goes to the capture coordinator."""
-        return self.log.listeners
+    def job_stale_after_s(self) -> float | None:
+        return self._job_stale_after_s
+
+    @job_stale_after_s.setter
+    def job_stale_after_s(self, value: float | None) -> None:
+        self._job_stale_after_s = value
+        self._bump()
+
+    def configure(self, collectives: CollectiveConfig | None,
+                  collectives_per_job: Mapping[str, CollectiveConfig], job_stale_after_s: float | None,
+                  stall_phase_max_s: float) -> None:
+        """The aggregator's settings: link capabilities for the collective analysis (all jobs, and per
+        job), --job-stale-after and --stall-phase-max-s."""
+        if collectives is not None:
+            self.collectives.config = collectives
+        self.collectives.job_config.update(collectives_per_job)
+        self.job_stale_after_s = job_stale_after_s
+        self.stalls.phase_max_s = stall_phase_max_s
+
+    def connect(self, standing: Callable[[str, str], int], send: SendCommand) -> None:
+        """The aggregator's guard and server: who keeps an iteration two hosts wrote (its standing),
+        and how a stall asks its agents for the ranks' stacks."""
+        self.jobs.standing = standing
+        self.stalls.send = send
+
+    def jobs_on(self, agent_id: str) -> set[str]:
+        """The jobs whose processes run on the agent's GPUs (a node agent reports them)."""
+        return self.nodes.jobs_on(agent_id)
+
+    def agents_seen(self) -> dict[str, float]:
+        """agent -> when it was last seen."""
+        return self.nodes.agents_seen()
+
+    def holds_data(self, job: str) -> bool:
+        """The job has step records or job info, collective records or serving records."""
+        return self.jobs.has_data(job) or self.collectives.has_job(job) or job in self.serving.job_names()
+
+    def activity(self, job: str) -> tuple[float, float] | None:
+        """(when its last step arrived, or 0.0; when anything of it last did); None: not held."""
+        return self.jobs.activity(job)
+
+    def attach_captures(self, source: CaptureSource) -> None:
+        """The capture coordinator: every event ingested goes to it (the capture progress the agents
+        report), and its records are what captures_of and arming_of read."""
+        self._captures = source
+        self.log.listeners.append(source.on_event)
+
+    def captures_of(self, job: str) -> list[dict[str, Any]]:
+        """The job's capture records (JSON), for incidents and for marking the iterations a capture
+        disturbed."""
+        return self._captures.of_job(job)
+
+    def arming_of(self, job: str) -> ArmingCost | None:
+        """What arming ncu costs the job's armed ranks (perfd.analytics.ncu.arming), for its report."""
+        return self._captures.arming(job)
 
     # ---- ingest (gRPC side) -----------------------------------------------------------------
     def hello(self, agent_id: str, jobs: Sequence[str], now: float | None = None, node: str | None = None,
@@ -143,6 +198,7 @@ class AggregatorState:
         if node is not None:  # a live Hello (a replayed one holds only its jobs)
             self.nodes.said_hello(agent_id, node, capabilities or {})
         self.jobs.hello(agent_id, jobs, now)
+        self._bump()
 
     def series_defined(self, agent_id: str, series_ids: Sequence[int]) -> None:
         """A stream of the agent (re)defined these series ids (before samples that use them)."""
@@ -153,6 +209,7 @@ class AggregatorState:
                        values: Sequence[float]) -> None:
         self.nodes.ingest_samples(agent_id, series_defs, series_ids, timestamps_ns, values,
                                   lambda model: self._note_gpu_model(agent_id, model))
+        self._bump()  # a GPU model named: the job's overview shows it
 
     def _note_gpu_model(self, agent_id: str, model: str) -> None:
         """The GPU model an agent's series name: its own job's (a sidecar with NVML), and that of
@@ -163,6 +220,7 @@ class AggregatorState:
 
     def ingest_job_info(self, agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None:
         self.jobs.ingest_job_info(agent_id, job, info, now)
+        self._bump()
 
     def forget_job(self, job: str) -> None:
         """Drop everything held of the job (perfd.aggregator.lifecycle prunes it)."""
@@ -174,16 +232,19 @@ class AggregatorState:
         self.hosts.forget(job)
         self.stalls.forget(job)
         self._placements.forget(job)
-        self._snapshot_views.pop(job, None)
+        self.sightings.forget(job)
         self._tracked.pop(job, None)
-        self.steady_gpm.forget(job)
+        self.inputs.forget(job)
+        self.snapshots.forget(job)
         self._conflicts = {k: v for k, v in self._conflicts.items() if k[0] != job}
+        self._bump()
 
     def forget_agent(self, agent_id: str) -> None:
         """Drop what the agent sent that is not a job's (its node series, process lists)."""
         self.nodes.forget_agent(agent_id)
         self.jobs.forget_agent(agent_id)
         self.hosts.forget_agent(agent_id)
+        self._bump()
 
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None
                      ) -> StepConflicts:
@@ -192,6 +253,7 @@ class AggregatorState:
         REFUSAL_LOG_INTERVAL_S: a flood of conflicting records must not push real events out of
         the bounded log). Returns what was kept out, for the caller to count."""
         out = self.jobs.ingest_steps(agent_id, steps, now)
+        self._bump()
         if not (out.other_agent or out.displaced) or self.replaying:
             return out
         now = time.time()
@@ -231,9 +293,11 @@ class AggregatorState:
         for job in {r.job for r in recs}:
             self.jobs.add_agent(job, agent_id)
         self.collectives.ingest(agent_id, recs)
+        self._bump()
 
     def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, Any]]) -> None:
         self.log.ingest(agent_id, evs)
+        self._bump()  # process lists, rank hosts, serving records: what a snapshot shows
 
     def _on_hang(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
         self.collectives.add_hang_event(agent_id, ev)  # merged across agents by the analysis
@@ -263,12 +327,9 @@ class AggregatorState:
 
     def placed_ranks(self, job: str, world_size: int | None = None) -> dict[int, RankPlacement]:
         """place_ranks over :meth:`gpu_procs` (a copy; its RankPlacements are shared, never mutate
-        them), held until a process list of the job changes or its agents do (gpu_views)."""
+        them), held until a process list of the job changes or its agents do (gpu_views). What a
+        job's snapshot holds as its placement; its consumers read it there."""
         return dict(self._placements.get(job, self.jobs.agents_of(job), world_size).ranks)
-
-    def job_nodes(self, job: str) -> set[str]:
-        """The nodes the job runs on (NodeView.job_nodes): what perfd_job_node_info exports."""
-        return self.nodes.job_nodes(job, self.jobs.agents_of(job))
 
     def job_gpu_series(self, job: str) -> list[tuple[str, NodeSeries]]:
         """(agent, series) of the GPU series of the job's GPUs (as :meth:`gpu_view` finds them)."""
@@ -293,18 +354,54 @@ class AggregatorState:
         if a is not None and self._tracked.get(job) is not a:
             self._tracked[job] = a
             self._track_incidents(job, a)
+            self.snapshots.get(job, rebuild=True)  # the job's snapshot of this analysis
         return a
 
     def cached_analysis(self, job: str) -> RunAnalysis | None:
-        """The last analysis, never recomputed here (what /metrics serves: a scrape never waits on
-        an analysis; the aggregator's refresher keeps it current)."""
+        """The last analysis, never recomputed here (a scrape never waits on an analysis; the
+        aggregator's refresher keeps it current)."""
         return self.jobs.cached_analysis(job)
 
-    def served_analysis(self, job: str) -> RunAnalysis | None:
-        """What the JSON API answers with: the refresher's last analysis, so a request never waits
-        on one — computed here only for a job that has none yet."""
-        a = self.cached_analysis(job)
-        return a if a is not None else self.analysis(job)
+    # ---- snapshots: what every consumer reads -----------------------------------------------------
+    def snapshot(self, job: str, analysed: Analysed = Analysed.CACHED, force: bool = False
+                 ) -> JobSnapshot | None:
+        """The job's latest snapshot (perfd.aggregator.snapshot); None for a job the store does not
+        hold. ``analysed``: CACHED, the refresher's last analysis (/metrics: a scrape never waits on
+        one); SERVED, computed here only for a job that has none yet (the JSON API); CURRENT,
+        recomputed if new data arrived, rate-limited unless ``force`` (the rules, W&B)."""
+        snap = self.snapshots.get(job)
+        if snap is None:  # an unknown job is not analysed
+            return None
+        if analysed is Analysed.CURRENT or (analysed is Analysed.SERVED and snap.analysis is None):
+            self.analysis(job, force=force)
+            return self.snapshots.get(job)
+        return snap
+
+    def _snapshot_version(self, job: str) -> Hashable:
+        """What a snapshot of the job shows depends on: the generation (ingest, incidents, settings),
+        the job's step records (their count and last time), the placement's version, the stall
+        watch's, and the analysis held (its identity: a snapshot holds the analysis, so its id is not
+        reused while one is held)."""
+        return (self._generation, self.jobs.steps_key(job), self.nodes.placement_version,
+                self.stalls.version(job), id(self.jobs.cached_analysis(job)))
+
+    def _build_snapshot(self, job: str, version: Hashable) -> JobSnapshot | None:
+        ov = self.jobs.overview(job)
+        if ov is None:
+            return None
+        agents = self.jobs.agents_of(job)
+        placement = self._placements.get(job, agents)  # held: no placing per snapshot
+        names_agents = set(agents)
+        return JobSnapshot(
+            job=job, agents=frozenset(agents), version=version, overview=MappingProxyType(ov),
+            analysis=self.jobs.cached_analysis(job), placed_ranks=MappingProxyType(dict(placement.ranks)),
+            processes_alive=bool(placement.ranks) if placement.gpus else None,
+            nodes=frozenset(self.nodes.job_nodes(job, agents)),
+            incidents=self.incidents.typed_incidents(job),
+            stall=self.stalls.stalled(job), stale_after_override_s=self._job_stale_after_s,
+            gpus=lambda names=None: self.nodes.gpu_view(names_agents, names, job=job),
+            hosts=lambda now=None: self.hosts.observations(job, now),
+            hosts_last_running=lambda: self.hosts.last_running(job))
 
     def refresh(self) -> None:
         """Analyse every job that has new data and update its incidents (the aggregator's periodic
@@ -324,6 +421,7 @@ class AggregatorState:
                 self.stalls.tick(self, job)  # every tick: a stall shows while no data comes
             except Exception:
                 log.exception("stall check of job %s failed", job)
+            self.snapshots.get(job, rebuild=True)  # what every reader reads until the next tick
 
     def _track_incidents(self, job: str, a: RunAnalysis) -> None:
         found = list(a.incidents)
@@ -333,18 +431,18 @@ class AggregatorState:
             coll = None
         last_it = a.iterations[-1].iteration if a.iterations else None
         now = time.time()
-        open_now = bool(self.incidents.open_incidents(job)) or bool(a.incidents and a.incidents[-1].open)
+        open_now = self.incidents.has_open(job) or bool(a.incidents and a.incidents[-1].open)
         # Steady sightings only while the newest step is steady too: the seconds a slowdown takes to
         # become an incident (its cost past the floor) must not teach the baseline that its cause is
         # the job's normal state (a short job has few sightings: those seconds were most of them).
         last = a.iterations[-1] if a.iterations else None
-        med = a.summary["medians"].get("step_time_ms") if last is not None else None
+        med = a.summary.median("step_time_ms") if last is not None else None
         calm = last is not None and last.steady_state and last.step_time_ms is not None and med is not None \
             and 0 < last.step_time_ms <= STEP_FACTOR * med
         if not open_now and calm and self.gpu_baseline.due(job, now):
-            self._baseline_sighting(job, now)
+            self.sightings.baseline_sighting(job, now)
         for h in coll.hangs if coll is not None else []:
-            found.append(hang_incident(h.to_json(), last_it, now))
+            found.append(hang_incident(h, last_it, now))
         self.track_live_incidents(job, found, now)
 
     def track_live_incidents(self, job: str, found: Sequence[Incident], now: float) -> None:
@@ -352,139 +450,24 @@ class AggregatorState:
         (the analysis' incidents, a collective hang, a live stall: perfd/aggregator/stalls.py)."""
         views: list[SnapshotView] = []  # this pass's view of the job's GPUs: read once, whatever is open
 
-        def snapshot(inc: Incident) -> dict[str, Any]:
+        def snapshot(inc: Incident) -> Mapping[int, RankSnapshot]:
             if not views:
-                views.append(self._snapshot_view(job))
+                views.append(self.sightings.view(job))
             if inc.id in views[0].served:  # a big job's kept view: already sighted for this incident
                 return {}
             views[0].served.add(inc.id)
-            return self._gpu_snapshot(job, inc, views[0])
+            return self.sightings.gpu_snapshot(job, inc, views[0])
 
         arming = self.arming_of(job)
         if arming is not None:  # the armed rank's slower life is the arming's cost, not an incident
             armed = [inc for inc in found if is_the_arming(inc, arming)]
             for inc in armed:  # opened while the arming was not known yet (no ncu capture had ended)
-                self.incidents.withdraw(job, inc.id, now, ARMING_NOT_INCIDENT)
+                self.incidents.withdraw(job, inc.id, now, Withdrawal.NCU_ARMING)
             found = [inc for inc in found if all(inc is not a for a in armed)]
         self.incidents.update(job, found, snapshot, self.captures_of(job), now)
-        if not self.incidents.open_incidents(job):
-            self._snapshot_views.pop(job, None)
-
-    def _baseline_sighting(self, job: str, now: float) -> None:
-        """What every placed rank's GPU shows while the job runs steadily (perfd.aggregator.incidents
-        .GpuBaseline); only while it steps."""
-        ov = self.jobs.overview(job)
-        if not self._stepping(job, ov.get("last_step_age_s") if ov else None, STEPPING_MIN_S):
-            return
-        agents, version = self.jobs.agents_of(job), self.nodes.placement_version  # the version first
-        # only what gpu_hints reads
-        procs, values, throttles = self.nodes.gpu_view(agents, SIGHTING_SERIES, job=job)
-        placed = self._placements.from_view(job, agents, version, procs)
-        hosts = self.hosts.observations(job, now)  # the ranks' hosts: CPU contention in steady state too
-        items = {h.rank: h.items for h in gpu_hints(sorted(placed), placed, values, throttles, procs, now)}
-        for r, obs in hosts.items():
-            items[r] = [*items.get(r, []), *host_items(r, obs, obs.get("node"), swap_of(obs))]
-        if items:
-            self.gpu_baseline.add(job, items, now)
-
-    def _read_snapshot_view(self, job: str) -> SnapshotView:
-        """The job's GPUs as incident snapshots read them, now."""
-        agents, version = self.jobs.agents_of(job), self.nodes.placement_version  # the version first
-        procs, values, throttles = self.nodes.gpu_view(agents, SNAPSHOT_READS, job=job)
-        taken_at = time.time()
-        return SnapshotView(taken_at, procs, values, throttles,
-                            self._placements.from_view(job, agents, version, procs))
-
-    def _snapshot_view(self, job: str) -> SnapshotView:
-        """The view an analysis pass's snapshots read: a job whose last steady sighting held more than
-        BASELINE_RANKS_PER_EVERY_S ranks keeps it while younger than its sighting interval less
-        BASELINE_EVERY_S (8,000 ranks: 6.8 s; reading it is most of a snapshot's ~0.2 s there), so
-        its snapshots cost no more than its sightings would; any other job reads it at every pass."""
-        held = self._snapshot_views.get(job)
-        keep_s = self.gpu_baseline.interval_s(job) - self.gpu_baseline.every_s  # 0 up to that size
-        if held is not None and keep_s > 0 and 0.0 <= time.time() - held.taken_at < keep_s:
-            return held
-        view = self._snapshot_views[job] = self._read_snapshot_view(job)
-        return view
-
-    def _gpu_snapshot(self, job: str, inc: Incident, view: SnapshotView | None = None) -> dict[str, Any]:
-        """rank -> what its GPU shows in ``view`` (by default read now), for the ranks an incident
-        names; with none named, the job's ranks whose GPU stands out (a co-tenant, throttling, a low
-        clock). ``taken_at`` and the evidence's times are when the view was read."""
-        v = view if view is not None else self._read_snapshot_view(job)
-        hosts = self.hosts.observations(job, v.taken_at)  # each rank's process on its host, as last reported
-        return rank_snapshots(inc.ranks, v, hosts, lambda items: self.gpu_baseline.annotate(job, items))
-
-    def _class_inputs(self, job: str) -> tuple[GpmReading | None, TimelineClass | None, str]:
-        """GPM of the job's GPUs while it steps (after it stops, the last reading taken while it
-        stepped with no incident open: its last steady window), the class its latest capture
-        supports, and which GPM window that is. A capture is left out only when it ran during a real
-        incident (it shows the incident, not the job); its own disturbance does not count. A capture
-        taken with Python stacks informs the job only when none without them does: its idle parts
-        hold more of the profiler's own cost (+16% against +3% a step on an H100 Megatron-LM job)."""
-        timeline = None
-        spans = [(i.get("start_time"), i.get("end_time")) for i in self.incidents.incidents(job)
-                 if not is_disturbance(i)]
-        order = sorted(self.captures_of(job), key=lambda c: (not c.get("stack"), c.get("finished_at") or 0.0))
-        for c in order:
-            t = c.get("started_at")
-            during = isinstance(t, (int, float)) and any(
-                a is not None and a - 1.0 <= t <= (b if b is not None else float("inf")) + 1.0
-                for a, b in spans)
-            got = capture_timeline(c) if not during else None
-            if got is not None:
-                timeline = got
-        # An Nsight Compute capture's kernel figures join the budget's parts; with no timeline, the
-        # timers' budget (a class of its own they do not vote: issue 45 item 3).
-        ncu = ncu_of(self.captures_of(job))
-        if ncu.categories:
-            if timeline is not None:
-                timeline = dataclasses.replace(timeline, ncu=ncu.categories, ncu_id=ncu.capture_id,
-                                               ncu_kernels=ncu.kernels)
-            else:  # the rows class the job when they cover most of its compute
-                cls, why, _ = rows_class(ncu.categories, self._compute_ms(job))
-                timeline = TimelineClass(cls, why, f"capture {ncu.capture_id} (ncu)", ncu=ncu.categories,
-                                         ncu_id=ncu.capture_id, ncu_kernels=ncu.kernels)
-        ov = self.jobs.overview(job)
-        age = ov.get("last_step_age_s") if ov else None
-        running = age is None or age <= stale_after(None, self.job_stale_after_s)
-        if running and self._stepping(job, age, STEPPING_MIN_S):
-            gpm = self.nodes.gpm(self.jobs.agents_of(job))
-            now = time.time()
-            # Kept for after the job: at most one reading a second, only while a step came within the
-            # last two steps (a job that just stopped shows an idle GPU), and no incident open.
-            if gpm is not None and self.steady_gpm.due(job, now) \
-                    and self._stepping(job, age, 2.0, 2) and not self.incidents.open_incidents(job):
-                self.steady_gpm.add(job, gpm, now)
-            return gpm, timeline, GPM_LIVE
-        return self.steady_gpm.window(job), timeline, GPM_LAST_STEADY
-
-    def _compute_ms(self, job: str) -> float | None:
-        """The job's compute ms per step as its last analysis' budget has it (the ncu rows' coverage)."""
-        a = self.jobs.cached_analysis(job)
-        b = a.summary.get("step_budget") if a is not None else None
-        parts = b.get("parts") if isinstance(b, dict) else None
-        ms = [p.get("ms") for p in parts or [] if isinstance(p, dict) and p.get("part") == "compute"]
-        return float(ms[0]) if ms and isinstance(ms[0], (int, float)) else None
-
-    def _stepping(self, job: str, age: float | None, min_s: float, steps: int = STEPPING_STEPS) -> bool:
-        """The job's last step came within ``steps`` steps' time (at least ``min_s``): its GPUs' GPM
-        shows its work (a job that stopped but is not yet stale would show an idle GPU)."""
-        if age is None:
-            return False
-        a = self.jobs.cached_analysis(job)
-        step_ms = a.summary["medians"].get("step_time_ms") if a is not None else None
-        return age <= max(min_s, steps * (step_ms or 0.0) / 1e3)
-
-    def _capture_windows(self, job: str) -> list[tuple[float, float]]:
-        """(start, end) of the job's captures: the iterations they touch are disturbed."""
-        out = []
-        for c in self.captures_of(job):
-            t0 = c.get("started_at")
-            t1 = c.get("finished_at") or (None if c.get("status") == "started" else t0)
-            if isinstance(t0, (int, float)):
-                out.append((float(t0), float(t1) if isinstance(t1, (int, float)) else time.time()))
-        return out
+        self._bump()  # the job's incidents: its snapshot shows them
+        if not self.incidents.has_open(job):
+            self.sightings.forget(job)
 
     def collective_analysis(self, job: str, force: bool = False, cached: bool = False
                             ) -> CollectiveAnalysis | None:
@@ -538,62 +521,73 @@ class AggregatorState:
     def job_of_agent(self, agent_id: str) -> str | None:
         return self.jobs.job_of(agent_id)
 
-    def job_overview(self, job: str) -> dict[str, Any] | None:
-        """The job's overview, with its liveness: ``state`` running | stalled | ended."""
-        ov = self.jobs.overview(job)
-        if ov is None:
-            return None
-        a = self.jobs.cached_analysis(job)
-        med_ms = a.summary["medians"].get("step_time_ms") if a is not None else None
-        placement = self._placements.get(job, self.jobs.agents_of(job))  # held: no placing per call
-        alive = bool(placement.ranks) if placement.gpus else None
-        state, why = job_state(ov["last_step_age_s"], med_ms / 1e3 if med_ms else None, alive,
-                               self.job_stale_after_s)
-        live = self.stalls.stalled(job)  # a live stall (perfd.analytics.stall) says so within seconds
-        if live is not None and state in (RUNNING, ENDED):
-            # An open stall has seen its rank processes there (stopped, idle): not ended, whatever the
-            # age of its last step says (issue 43 item 7: a SIGSTOPped hook job read "ended" after
-            # 60 s while its own stall said "stalled", and could be pruned as ended).
-            state, why = STALLED, stall_text(live.silent_s, live.cadence_s, live.reasons)
-        if live is not None:
-            ov["stall"] = live.to_json()  # its ranks, each rank's process state
-        ov.update(state=state, state_reason=why,
-                  stale_after_s=stale_after(med_ms / 1e3 if med_ms else None, self.job_stale_after_s))
-        return ov
+    def job_view_rows(self) -> tuple[list[Row], list[Row]]:
+        """/metrics rows beside the jobs' snapshots: every job's incident counters (those holding
+        data at 0) and the serving jobs' gauges."""
+        return self.incidents.metric_rows(self.jobs_with_data()), self.serving.rows()
 
-    def running_jobs(self) -> list[str]:
-        """Jobs whose derived gauges belong on /metrics and in rule evaluation."""
+    def step_histograms(self, jobs: Sequence[str]) -> list[tuple[str, list[tuple[str, float]], float]]:
+        """The step-time histograms of ``jobs`` (perfd.aggregator.jobs)."""
+        return self.jobs.step_histograms(jobs)
+
+    def own_counters(self) -> dict[str, int]:
+        """The aggregator's own ingest counters on /metrics."""
+        return {"perfd_aggregator_samples_total": self.nodes.samples,
+                "perfd_aggregator_step_records_total": self.jobs.stats.steps}
+
+    def host_series(self, agents: Collection[str]) -> list[tuple[str, NodeSeries]]:
+        """(agent, series) of the host series (perfd_host_*) of ``agents``."""
+        return [(a, s) for a, s in self.nodes.snapshot() if a in agents and s.name.startswith("perfd_host_")]
+
+    def gpu_sources(self, agents: Collection[str], nodes: Collection[str]) -> list[dict[str, Any]]:
+        """What each of ``agents`` and every agent on ``nodes`` said of its NVML collector in its Hello."""
         out = []
-        for job in self.job_names():
-            ov = self.job_overview(job)
-            if ov is not None and ov["state"] == RUNNING:
-                out.append(job)
+        for agent in sorted(set(agents) | self.nodes.agents_on(nodes)):
+            said = self.nodes.hello_of(agent)
+            if said is not None:
+                out.append({"agent": agent, "node": said[0], "nvml": said[1].get("nvml")})
         return out
 
-    def stalled_seconds(self, job: str) -> float | None:
-        """Seconds since the last step while stalled, 0.0 while running, None when ended/unknown."""
-        ov = self.job_overview(job)
-        if ov is None or ov["state"] == ENDED:
-            return None
-        return float(ov.get("last_step_age_s") or 0.0) if ov["state"] == STALLED else 0.0
+    def agent_nodes(self, agents: Collection[str]) -> dict[str, str]:
+        """agent -> its node: where the GPU processes it reports run, else (for ``agents``) the node
+        its Hello named (a job's sidecar reads no GPU: its ranks are placed by the node's agent)."""
+        node_of = self.nodes.node_of_agent()
+        for agent in agents:
+            said = self.nodes.hello_of(agent) if agent not in node_of else None
+            if said is not None and said[0]:
+                node_of[agent] = said[0]
+        return node_of
 
-    def goodput(self, job: str, ov: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-        """The job's goodput (perfd.analytics.goodput JSON) as of now: its analysis' split with the
-        incident part the cost of the incidents the job lists (the same incidents, whatever the
-        source: a hang's time is stall, not incident, and so is a live stall's silence between steps:
-        only the part of an incident's cost in its steps' time counts), plus the time since its last
-        step while it is stalled."""
-        a = self.jobs.cached_analysis(job)
-        gp = a.summary.get("goodput") if a is not None else None
-        if gp is None:
-            return None
-        listed = [c for i in self.incidents.incidents(job) if not is_disturbance(i)
-                  and HANG not in (i.get("kinds") or []) and (c := step_cost_s(i)) is not None]
-        gp = with_incidents(gp, float(sum(listed)))
-        ov = ov if ov is not None else self.job_overview(job)
-        if ov is not None and ov["state"] == STALLED:
-            return with_stall(gp, float(ov.get("last_step_age_s") or 0.0))
-        return dict(gp)
+    def records_and_layout(self, job: str) -> tuple[list[StepRecord], Any, str | None] | None:
+        """The job's step records, layout and GPU (perfd.aggregator.jobs), for a capture's diagnosis."""
+        return self.jobs.records_and_layout(job)
+
+    def capture_windows(self, job: str) -> list[tuple[float, float]]:
+        """(start, end) of the job's captures, as the job store marks their iterations disturbed."""
+        return self.jobs.capture_windows(job)
+
+    def set_new_normal(self, job: str, iteration: int | None) -> int | None:
+        """The job's lasting shift is its new normal from ``iteration`` (perfd.aggregator.jobs)."""
+        at = self.jobs.set_new_normal(job, iteration)
+        self._bump()
+        return at
+
+    # ---- the state store's documents (perfd.aggregator.durable) -----------------------------------
+    def incidents_doc(self) -> dict[str, Any]:
+        """Every job's incidents as the state store keeps them (IncidentTracker.export)."""
+        return self.incidents.export()
+
+    def load_incidents(self, doc: Mapping[str, Any]) -> None:
+        """The incidents the state store kept, back at start."""
+        self.incidents.load(doc)
+
+    def new_normals(self) -> dict[str, int]:
+        """job -> the iteration its new normal starts at (perfd.aggregator.jobs)."""
+        return self.jobs.new_normals()
+
+    def restore_events(self, evs: Sequence[Mapping[str, Any]]) -> None:
+        """The aggregator's own events the state store kept, back into the event log."""
+        self.log.restore(evs)
 
     def node_series(self, node_series: bool = True) -> list[tuple[str, NodeSeries]]:
         """(agent id, series) pairs for export, GPU and host series only when ``node_series``; a

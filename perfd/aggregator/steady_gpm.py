@@ -10,7 +10,7 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 
-from perfd.analytics.bottleneck import GpmReading
+from perfd.analytics.breakdown.bottleneck import GpmReading
 
 STEADY_GPM_READINGS = 60  # readings (one a second at most) whose median is the job's last steady window
 STEADY_GPM_EVERY_S = 1.0

@@ -11,6 +11,11 @@ GPU values per row: the aggregator holds only each GPU series' latest value, and
 values whenever the job has stepped (every GPU_SAMPLE_S, as often as the agents forward them), and
 each exported iteration carries the sample taken once it had arrived: every row of a job with GPU
 data has its GPU keys (issue 37: only the newest row of each round had them, 3 of 40 steps).
+
+The task reads each job's snapshot (perfd.aggregator.snapshot) and publishes it to its sink
+(:class:`WandbSink`, a SnapshotSink): the snapshot's placement names each rank's GPU, and the sink
+hands the exporter the analysis' typed job block, rows and summary (perfd.exporters.wandb), which
+turns them into W&B's payload, W&B being an edge.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from perfd.aggregator.snapshot import Analysed, GpuKey, JobSnapshot, SnapshotSink
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.attribution import place_ranks
+from perfd.analytics.incidents.attribution import RankPlacement
+from perfd.analytics.steps.run_analysis import IterationResult
 from perfd.exporters.wandb import WandbExporter, node_metrics
 
 log = logging.getLogger(__name__)
@@ -39,58 +46,60 @@ MAX_GPU_SAMPLES = 512
 GpuSample = tuple[int, dict[str, float]]
 
 
-class WandbSync:
-    def __init__(self, state: AggregatorState, exporter: WandbExporter,
-                 captures: CapturesSource | None = None, interval_s: float = 10.0) -> None:
-        self.state = state
+def gpu_labels(placed: Mapping[int, RankPlacement], values: Mapping[GpuKey, Mapping[str, float]]
+               ) -> dict[str, dict[str, float]]:
+    """W&B label -> the latest values of one GPU of the job's agents: ``rank=N`` for the GPU a
+    rank runs on (the snapshot's placement, from the NVML process lists), ``node=X,gpu=I`` for every
+    other GPU (no rank placed on it: the process environment was not visible, the job is not started
+    yet, or the GPU is idle), so a job whose ranks cannot be placed still gets its GPU charts."""
+    out = {f"rank={r}": dict(values.get((p.node, p.gpu), {})) for r, p in placed.items()}
+    taken = {(p.node, p.gpu) for p in placed.values()}
+    for (node, gpu), vals in sorted(values.items()):
+        if (node, gpu) not in taken and vals:
+            out[f"node={node},gpu={gpu}"] = dict(vals)
+    return out
+
+
+def _gpu_values(snap: JobSnapshot) -> dict[str, dict[str, float]]:
+    _procs, values, _thr = snap.gpus()
+    return gpu_labels(snap.placed_ranks, values)
+
+
+class WandbSink:
+    """A job's snapshots to its W&B run: each publish logs the iterations of its analysis not logged
+    yet, each with the GPU values sampled once it had arrived (:meth:`sample`)."""
+
+    def __init__(self, exporter: WandbExporter) -> None:
         self.exporter = exporter
-        self.captures = captures
-        self.interval_s = interval_s
-        self.rounds = 0
-        self.errors = 0
-        self._captures_done: set[str] = set()
         self._gpu_samples: dict[str, list[GpuSample]] = {}
-        self._failures_seen: set[str] = set()
 
-    def sample_gpus(self) -> None:
-        """Take each job's GPU values now if it has stepped since its last sample (an idle job
-        adds nothing); what :meth:`sync_once` hands each iteration."""
-        for job in self.state.job_names():
-            ov = self.state.jobs.overview(job)
-            last = ov.get("last_iteration") if ov is not None else None
-            if not isinstance(last, int):
-                continue
-            held = self._gpu_samples.setdefault(job, [])
-            if held and held[-1][0] >= last:
-                continue
-            held.append((last, node_metrics(self._gpu_values(job))))
-            del held[:-MAX_GPU_SAMPLES]
+    def sample(self, snap: JobSnapshot) -> None:
+        """Take the job's GPU values now if it has stepped since its last sample (an idle job adds
+        nothing); what :meth:`publish` hands each iteration."""
+        last = snap.overview.get("last_iteration")
+        if not isinstance(last, int):
+            return
+        held = self._gpu_samples.setdefault(snap.job, [])
+        if held and held[-1][0] >= last:
+            return
+        held.append((last, node_metrics(_gpu_values(snap))))
+        del held[:-MAX_GPU_SAMPLES]
 
-    def sync_once(self, force: bool = False) -> int:
-        """One round; returns the number of W&B history rows written. ``force`` re-analyses jobs
-        with new records even within the state's recompute interval (the last round does)."""
-        rows = 0
-        for job in self.state.job_names():
-            analysis = self.state.analysis(job, force=force)
-            if analysis is None or not analysis.iterations:
-                continue
-            last = self.exporter.last_step(job)
-            new = [it.to_json() for it in analysis.iterations if last is None or it.iteration > last]
-            if new:
-                newest = max(int(it["iteration"]) for it in new)
-                now = node_metrics(self._gpu_values(job))
-                rows += self.exporter.log_analysis(job, {"job": analysis.job, "iterations": new,
-                                                         "summary": analysis.summary},
-                                                   extra_by_step=self._by_step(job, new, newest, now))
-        for cap in (self.captures() if self.captures else ()):
-            cid = str(cap.get("id") or "")
-            if cid and cap.get("status") in DONE and cid not in self._captures_done:
-                self.exporter.log_capture(str(cap.get("job") or "unknown"), cap)
-                self._captures_done.add(cid)
-        self.rounds += 1
-        return rows
+    def publish(self, snapshot: JobSnapshot) -> int:
+        """Log the snapshot's newly analysed iterations; returns the W&B history rows written."""
+        job, analysis = snapshot.job, snapshot.analysis
+        if analysis is None or not analysis.iterations:
+            return 0
+        last = self.exporter.last_step(job)
+        new = [it for it in analysis.iterations if last is None or it.iteration > last]
+        if not new:
+            return 0
+        newest = max(it.iteration for it in new)
+        now = node_metrics(_gpu_values(snapshot))
+        return self.exporter.log_analysis(job, analysis.job, new, analysis.summary,
+                                          extra_by_step=self._by_step(job, new, newest, now))
 
-    def _by_step(self, job: str, new: list[dict[str, Any]], newest: int,
+    def _by_step(self, job: str, new: list[IterationResult], newest: int,
                  now: dict[str, float]) -> dict[int, dict[str, float]]:
         """Each new iteration's GPU values: the first sample taken once it had arrived, else (it
         arrived after the last sample) the values now. Samples past ``newest`` stay for the next
@@ -98,26 +107,52 @@ class WandbSync:
         held = self._gpu_samples.get(job, [])
         out: dict[int, dict[str, float]] = {}
         for it in new:
-            step = int(it["iteration"])
+            step = it.iteration
             vals = next((v for seen, v in held if seen >= step), now)
             if vals:
                 out[step] = vals
         self._gpu_samples[job] = [s for s in held if s[0] > newest]
         return out
 
-    def _gpu_values(self, job: str) -> dict[str, dict[str, float]]:
-        """W&B label -> the latest values of one GPU of the job's agents: ``rank=N`` for the GPU a
-        rank runs on (placement from the NVML process lists), ``node=X,gpu=I`` for every other GPU
-        (no rank placed on it: the process environment was not visible, the job is not started
-        yet, or the GPU is idle), so a job whose ranks cannot be placed still gets its GPU charts."""
-        procs, values, _thr = self.state.gpu_view(job)
-        placed = place_ranks(procs, job=job)
-        out = {f"rank={r}": dict(values.get((p.node, p.gpu), {})) for r, p in placed.items()}
-        taken = {(p.node, p.gpu) for p in placed.values()}
-        for (node, gpu), vals in sorted(values.items()):
-            if (node, gpu) not in taken and vals:
-                out[f"node={node},gpu={gpu}"] = dict(vals)
-        return out
+
+class WandbSync:
+    def __init__(self, state: AggregatorState, exporter: WandbExporter,
+                 captures: CapturesSource | None = None, interval_s: float = 10.0) -> None:
+        self.state = state
+        self.exporter = exporter
+        self.sink = WandbSink(exporter)
+        self.sinks: tuple[SnapshotSink, ...] = (self.sink,)
+        self.captures = captures
+        self.interval_s = interval_s
+        self.rounds = 0
+        self.errors = 0
+        self._captures_done: set[str] = set()
+        self._failures_seen: set[str] = set()
+
+    def sample_gpus(self) -> None:
+        """Each job's GPU values now, if it has stepped since its last sample (WandbSink.sample)."""
+        for job in self.state.job_names():
+            snap = self.state.snapshot(job)
+            if snap is not None:
+                self.sink.sample(snap)
+
+    def sync_once(self, force: bool = False) -> int:
+        """One round; returns the number of W&B history rows written. ``force`` re-analyses jobs
+        with new records even within the state's recompute interval (the last round does)."""
+        rows = 0
+        for job in self.state.job_names():
+            snap = self.state.snapshot(job, Analysed.CURRENT, force=force)
+            if snap is None:
+                continue
+            for sink in self.sinks:
+                rows += sink.publish(snap)
+        for cap in (self.captures() if self.captures else ()):
+            cid = str(cap.get("id") or "")
+            if cid and cap.get("status") in DONE and cid not in self._captures_done:
+                self.exporter.log_capture(str(cap.get("job") or "unknown"), cap)
+                self._captures_done.add(cid)
+        self.rounds += 1
+        return rows
 
     def _failed(self, what: str, exc: Exception) -> None:
         """A failed round: the traceback the first time this kind of failure happens, one line after

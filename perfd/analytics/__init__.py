@@ -6,13 +6,13 @@ Public entry points:
 - per-iteration metrics in ``metrics``, ``pipeline``, ``stragglers``, ``bottleneck``, ``steady``.
 """
 
-from perfd.analytics.bottleneck import Bottleneck, GpmReading, classify, classify_gpm
+from perfd.analytics.advice.findings import grade_mfu
+from perfd.analytics.breakdown.bottleneck import Bottleneck, GpmReading, classify, classify_gpm
 from perfd.analytics.common import MetricValue
 from perfd.analytics.finding_types import Finding, Recommendation
-from perfd.analytics.findings import grade_mfu
-from perfd.analytics.flops import FlopsResult, megatron_flops, model_flops, six_n_flops
-from perfd.analytics.gpus import GpuModel, PeakResult, lookup_gpu, peak_tflops
-from perfd.analytics.run_analysis import IterationResult, RunAnalysis, analyze_run
+from perfd.analytics.steps.flops import FlopsResult, megatron_flops, model_flops, six_n_flops
+from perfd.analytics.steps.gpus import GpuModel, PeakResult, lookup_gpu, peak_tflops
+from perfd.analytics.steps.run_analysis import IterationResult, RunAnalysis, analyze_run
 
 __all__ = [
     "Bottleneck",

@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from perfd.model import Provenance, StepRecord, TimerValue
+from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, Provenance, StepRecord, TimerValue
 
 
 class TextEnum(str, enum.Enum):
@@ -73,15 +73,6 @@ BACKWARD_COMPUTE = "backward-compute"
 BATCH_GENERATOR = "batch-generator"
 OPTIMIZER = "optimizer"
 
-# The step hook's timers (collectors/hook): host time step_begin() -> data_ready(), and the rest.
-HOOK_DATA_WAIT = "data-wait"
-HOOK_COMPUTE = "compute"
-# A pause the hook's rank announced between two steps (``with hook.phase("checkpoint")``), timed by
-# the hook's own begin and end and put on the rank's next step record: the time paused *before* that
-# step (a Megatron-LM timer such as save-checkpoint is printed after the step it follows). Keyed by
-# the phase's name (perfd.hook.wire.PHASES), which is goodput's kind.
-HOOK_PAUSE_TIMERS: dict[str, str] = {"checkpoint": "paused-checkpoint", "evaluation": "paused-evaluation"}
-
 
 @dataclass(frozen=True)
 class Vocabulary:
@@ -93,7 +84,7 @@ class Vocabulary:
     not for a framework, and a source is mapped here once. An empty tuple: the source does not
     time that phase (the metric is then absent, with ``*_absent`` saying why and where to get it).
     Flight Recorder windows are not a step source: their total communication share comes from the
-    collective records (perfd.analytics.collectives), whatever the step source.
+    collective records (perfd.analytics.collectives.analysis), whatever the step source.
     """
 
     source: str  # Provenance.collector of the records this vocabulary reads

@@ -1,11 +1,12 @@
 """The shapes every analyzer returns: a Finding (an observation with its evidence), a Recommendation
-(an action tied to a finding), and the closed set of severities. Apart from perfd.analytics.findings so
+(an action tied to a finding), and the closed set of severities. Apart from perfd.analytics.advice.findings so
 that every analyzer module (run, budget, capture, collectives, serving, incidents) can import them
 without importing each other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,14 @@ _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 SEVERITY_ORDER: dict[str, int] = {s.value: i for s, i in _ORDER.items()}  # by value, for JSON readers
 
 
+class FindingOrigin(TextEnum):
+    """What made a finding: the run's analyzers, or an incident (perfd.analytics.incidents.detect), whose
+    findings a report remakes from the incidents the live aggregator kept."""
+
+    RUN = "run"
+    INCIDENT = "incident"
+
+
 @dataclass
 class Finding:
     """An observation with its evidence (numbers and the iterations they cover)."""
@@ -37,6 +46,16 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     iterations: str = ""  # e.g. "iterations 5–40 (36 steady)"
     source: str = ""
+    # Kept in the process, not in the JSON (to_json): a finding's JSON is the same whoever made it.
+    origin: FindingOrigin = field(default=FindingOrigin.RUN, metadata={"json": False})
+
+    def to_json(self) -> dict[str, Any]:
+        """The finding's JSON: every field but those kept in the process."""
+        d = dataclasses.asdict(self)
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("json", True):
+                del d[f.name]
+        return d
 
 
 @dataclass
@@ -49,7 +68,8 @@ class Recommendation:
     action: str
     detail: str = ""
     impact: float | None = None  # estimated share of the step at stake, for ordering
-    # What a remedy fitted to the job adds (perfd.analytics.remedies), typed for readers that act on it:
+    # What a remedy fitted to the job adds (perfd.analytics.advice.remedies), typed for readers that act on
+    # it:
     remedy: str | None = None  # its RemedyId
     gain_ms: list[float] | None = None  # [low, high] step time saved per step (negative: slower)
     flags: list[str] = field(default_factory=list)  # options to add, as the job's release spells them

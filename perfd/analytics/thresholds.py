@@ -15,10 +15,8 @@ difference is written next to the value (``RuleRef.note``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
-Pack = Literal["default", "serving", "prometheus"]
+from perfd import thresholds as _shared
+from perfd.thresholds import RuleRef, Threshold
 
 # Why perfd's own rules wait 5 minutes and the Alertmanager alerts 10-15: a perfd rule's action is a
 # capture, which must catch the problem while it happens (its cooldown and hourly cap bound the cost);
@@ -26,27 +24,6 @@ Pack = Literal["default", "serving", "prometheus"]
 _PAGE_LATER = ("deliberate: the alert pages a person, so it waits for a state that persisted; "
                "perfd's own rule fires after 5m because its action is a capture, which must catch "
                "the problem while it happens (cooldown and max_per_hour bound the cost)")
-
-
-@dataclass(frozen=True)
-class RuleRef:
-    """A rule that compares a metric with the threshold: which pack, the rule (or alert) name, the
-    operand the comparison is on, the operator, and its ``for:`` (None: fires at once)."""
-
-    pack: Pack
-    name: str
-    operand: str
-    op: str
-    for_: str | None
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class Threshold:
-    value: float
-    why: str
-    design: str  # the DESIGN.md section that defines it
-    rules: tuple[RuleRef, ...] = ()
 
 
 _D2 = "DESIGN.md §2 Diagnosis playbook"
@@ -123,7 +100,8 @@ GPM_SM_STARVED = Threshold(0.2, "SMs mostly idle while kernels are resident: lau
 GPM_NVML_ACTIVE = Threshold(0.2, "NVML util (a kernel resident) above which the GPU counts as used", _GPM)
 GPM_IDLE = Threshold(0.05, "below 5% on NVML and SM the GPU is idle, no class applies", _GPM)
 
-# --- training: the class from compute's share and MFU (perfd.analytics.diagnosis) ------------------------
+# --- training: the class from compute's share and MFU (perfd.analytics.breakdown.diagnosis)
+# ------------------------
 COMPUTE_FILLS_STEP = Threshold(0.8, "data, exposed communication and pipeline idle leave 80% of the step "
                                     "to compute: what the GPU does with it decides the class", _D2)
 LOW_MFU = Threshold(0.40, "below the 'good' grade, compute filling the step is slow kernels or a host too "
@@ -134,7 +112,7 @@ GPU_ALWAYS_BUSY = Threshold(0.8, "a kernel resident at least 80% of the time (NV
                             "(kernel efficiency), not the host's launches", _GPM)
 GPM_TENSOR_LOW = Threshold(0.3, "tensor cores mostly idle while the SMs work: not GEMM-bound work", _GPM)
 
-# --- incidents (perfd.analytics.incidents) -----------------------------------------------------------
+# --- incidents (perfd.analytics.incidents.detect) -----------------------------------------------------------
 _INC = "DESIGN.md §2 Stragglers; §4 (an incident's time lost)"
 STEADY_WINDOW_STEPS = Threshold(
     8, "steps are read over windows of 8: the time per step over a window is stable whatever the pattern "
@@ -149,8 +127,9 @@ INCIDENT_MERGE_FRACTION = Threshold(
     "length (a lasting shift is one incident; a lone noisy step does not stretch a long one)", _INC)
 EXPLAINS_SHARE = Threshold(0.5, "a part of the step (data wait, exposed communication) that grew by half "
                                 "of the slowdown or more explains it", _INC)
-# --- lasting shifts (perfd.analytics.changepoint) -------------------------------------------------------
-_CP = "perfd/analytics/changepoint.py (a lasting shift of the step time; DESIGN.md §2 has none)"
+# --- lasting shifts (perfd.analytics.steps.changepoint)
+# -------------------------------------------------------
+_CP = "perfd/analytics/steps/changepoint.py (a lasting shift of the step time; DESIGN.md §2 has none)"
 CHANGE_POINT_MIN_STEPS = Threshold(
     20.0, "a slowdown that has lasted 20 steps (and a tenth of the window) to the end of the run is a "
           "change point, its cost counted against the level before it until the user takes the new "
@@ -159,7 +138,8 @@ CHANGE_POINT_LEVEL_SHARE = Threshold(
     0.8, "a level: 80% of the steps after the change point above the midpoint of the two levels, and "
          "80% of those before it below (a few spikes are not a shift)", _CP)
 
-# --- capture timelines (perfd.capture.analysis, perfd.analytics.capture_findings) ---------------------
+# --- capture timelines (perfd.capture.analysis, perfd.analytics.breakdown.capture_findings)
+# ---------------------
 SHORT_GAP_S = Threshold(
     0.001, "an idle gap between GPU activities shorter than 1 ms is the host issuing work (launch/dispatch "
     "overhead); a longer one is the host waiting (a sync, data)",
@@ -167,8 +147,9 @@ SHORT_GAP_S = Threshold(
 SHORT_GAPS_DOMINATE = Threshold(0.5, "half the idle in short gaps: the host issues work slower than the GPU "
                                      "runs it (launch-bound), not a host wait",
                                 "DESIGN.md §2 Bottleneck class (a capture's timeline)")
-# --- step budget (perfd.analytics.budget, budget_findings) ------------------------------------------
-_BUDGET = "DESIGN.md §2 Bottleneck class; perfd/analytics/budget.py"
+# --- step budget (perfd.analytics.breakdown.budget, budget_findings)
+# ------------------------------------------
+_BUDGET = "DESIGN.md §2 Bottleneck class; perfd/analytics/breakdown/budget.py"
 BUDGET_PART_NAMED = Threshold(0.01, "a part holding 1% of the step or more is named in a finding, with its "
                                     "ms", _BUDGET)
 BUDGET_PART_REMEDY = Threshold(0.03, "a part holding 3% of the step or more gets its remedy, with the "
@@ -196,13 +177,15 @@ MEMORY_HEADROOM = Threshold(
     "stays within 90% of the GPU's memory (DESIGN.md §2: healthy use is 80–90% of HBM)", _BUDGET)
 CLASS_MIXED_MARGIN = Threshold(
     0.10, "a step budget names one class when that class's parts hold 10 points of the step more than any "
-    "other's; closer than that the job is \"mixed\" and the shares say how (perfd.analytics.budget)",
+    "other's; closer than that the job is \"mixed\" and the shares say how "
+    "(perfd.analytics.breakdown.budget)",
     "DESIGN.md §2 Bottleneck class")
 
-# --- Nsight Compute speed of light (perfd.analytics.ncu: a kernel's class) -----------------------------
+# --- Nsight Compute speed of light (perfd.analytics.ncu.kernels: a kernel's class)
+# -----------------------------
 # NVIDIA's own SOLBottleneck rule (Nsight Compute sections/SpeedOfLight.py: latency_bound_threshold 60,
 # no_bound_threshold 80, balanced_threshold 10), so perfd's class of a kernel says what ncu's report does.
-_NCU = "perfd/analytics/ncu.py (NVIDIA's SOLBottleneck rule of Nsight Compute; DESIGN.md has none)"
+_NCU = "perfd/analytics/ncu/kernels.py (NVIDIA's SOLBottleneck rule of Nsight Compute; DESIGN.md has none)"
 SOL_LATENCY = Threshold(0.60, "neither the SM pipelines nor the memory system reach 60% of their peak: "
                               "the kernel waits (latency: stalls, a small grid, low occupancy)", _NCU)
 SOL_HIGH = Threshold(0.80, "a unit past 80% of its peak bounds the kernel whatever the other does", _NCU)
@@ -211,7 +194,7 @@ SOL_BALANCED_MARGIN = Threshold(0.10, "under the high bar, SM and memory within 
 ARMING_MIN_STEPS = Threshold(
     5, "the cost of arming ncu on a rank is a median of at least 5 armed steps against at least 5 of the "
     "reference (its unarmed ranks, its own steps before it was armed): fewer, and one slow step decides it",
-    "perfd/analytics/arming.py (issue 45 item 4; DESIGN.md has none)")
+    "perfd/analytics/ncu/arming.py (issue 45 item 4; DESIGN.md has none)")
 NCU_FUSION_DRAM = Threshold(
     0.60, "a pointwise or normalisation kernel moving DRAM at 60% of its peak or more is near what such a "
     "kernel reaches (NVIDIA's latency bar, SOL_LATENCY): a faster kernel gains little, only fewer bytes "
@@ -225,7 +208,8 @@ NCU_CLASS_COVERAGE = Threshold(
     "they profiled hold at least half of the step's compute time: fewer, and the class would be the "
     "profiled kernels', not the step's", _NCU)
 
-# --- GPU evidence (perfd.analytics.attribution) ------------------------------------------------------
+# --- GPU evidence (perfd.analytics.incidents.attribution)
+# ------------------------------------------------------
 STEADY_PRESENT = Threshold(0.5, "GPU evidence seen in half the rank's steady-state sightings is its normal "
                                 "state (a GPU always at its power cap): it explains no incident",
                            "DESIGN.md §2 Who is to blame")
@@ -241,54 +225,6 @@ HOT_DELTA_C = Threshold(10.0, "10 C above the job's median GPU is running hot",
 POWER_AT_LIMIT = Threshold(0.9, "sw_power_cap counts as a power cap only with the GPU drawing 90% of its "
                                 "limit or more; NVML raises the flag for a moment far below it",
                            "DESIGN.md §2 Stragglers (root-cause hints)")
-
-# --- host evidence of a rank process (perfd.analytics.host_evidence, collectors/ranks) ------------------
-_HOST = "DESIGN.md §2 Who is to blame (host evidence of the rank's process: issue 35)"
-CPU_WAIT_SCAN = Threshold(
-    0.10, "a rank waiting for a CPU a tenth of the time it wants one starts the scan that names who else "
-    "runs on its CPUs (the scan reads every process: it runs only then)", _HOST)
-CPU_WAIT_CONTENTION = Threshold(
-    0.25, "a rank waiting in the run queue a quarter of the time it wants a CPU is slowed by it: an "
-    "uncontended rank waits ~0% (measured here: 0.005% alone on its CPU, 66% beside two spinning "
-    "burners, 80% beside four: tests/data/host)", _HOST)
-CPU_OTHERS_SHARE = Threshold(
-    0.20, "processes outside the job taking a fifth of the rank's CPUs are the contention's cause; "
-    "less, and the rank's own threads (data loader workers) oversubscribe them", _HOST)
-CPU_FULL_SHARE = Threshold(
-    0.90, "a rank's CPUs (its affinity set, or its cgroup's quota) busy nine tenths of the time have no "
-    "room for another data-loader worker: it would take CPU from the others (a busy CPU still idles "
-    "a few percent between wake-ups)", _HOST)
-CPU_THROTTLED_SHARE = Threshold(
-    0.10, "a cgroup throttled in a tenth of its quota periods loses CPU time every tenth period (a "
-    "Kubernetes CPU limit slows data loaders this way)", _HOST)
-MEMORY_PRESSURE_SHARE = Threshold(
-    0.10, "tasks stalled on memory (PSI some) a tenth of the time: reclaim or swap is in the step's way",
-    _HOST)
-SWAP_IN_BYTES_PER_S = Threshold(
-    1 << 20, "swapping in more than 1 MiB/s while the rank runs: its pages (or a neighbour's) are on disk",
-    _HOST)
-IO_PRESSURE_SHARE = Threshold(
-    0.30, "tasks stalled on I/O (PSI some) 30% of the time, or the rank itself in disk sleep: it is "
-    "blocked in I/O", _HOST)
-
-# --- a stall seen live (perfd.analytics.stall) -----------------------------------------------------------
-_STALL = "DESIGN.md §2 Diagnosis playbook (hangs); issue 35 item 3"
-STALL_CADENCE_FACTOR = Threshold(
-    4.0, "no step record for four of the job's usual intervals between records (its log interval's "
-    "cadence, not the step time) is a stop, not jitter", _STALL)
-STALL_FLOOR_S = Threshold(
-    5.0, "... and at least 5 s: a record takes up to ~2.5 s from the rank to the aggregator (the log "
-    "tail's quiet flush 2 s, the collect and batch intervals), so a shorter silence is the pipeline", _STALL)
-STALL_EXIT_GRACE_S = Threshold(
-    60.0, "a silence that ends with every rank process gone within a minute of the job's last step is "
-    "its exit (a final save, the loader's and CUDA's teardown: 16 s seen on a plain PyTorch job), not a "
-    "stall; a job that hung and was killed later is one", _STALL)
-STALL_IDLE_CPU_CORES = Threshold(
-    0.05, "a rank process using under 5% of a core makes no progress (a training loop runs a core or "
-    "more; a sleeping or blocked one, ~0)", _STALL)
-STALL_PHASE_MAX_S = Threshold(
-    1800.0, "an announced checkpoint save or evaluation holds a stall back for at most 30 minutes: one "
-    "still open after that is stuck itself", _STALL)
 
 # --- serving (DESIGN.md §2 serving playbook) ----------------------------------------------------------
 _S2 = "DESIGN.md §2 Diagnosis playbook (serving)"
@@ -341,16 +277,17 @@ CUDA_GRAPH_LOW = Threshold(0.90, "more than 10% of decode batches run eagerly (l
 
 # --- liveness ---------------------------------------------------------------------------------------
 JOB_STALLED = Threshold(
-    0.0, "any time stalled is a hang: a live stall (perfd.analytics.stall, seen within ~10 s with its "
+    0.0, "any time stalled is a hang: a live stall (perfd.analytics.incidents.stall, seen within ~10 s with "
+    "its "
     "corroboration, never during an announced save or evaluation) or past the stale limit "
-    "(perfd.analytics.liveness: 10 median steps, at least 60 s) with the job's processes alive; the "
+    "(perfd.analytics.steps.liveness: 10 median steps, at least 60 s) with the job's processes alive; the "
     "minute of for: rides out an unannounced checkpoint or evaluation pass",
     "DESIGN.md §2 Diagnosis playbook (hangs)",
     (RuleRef("default", "job_stalled", "stalled_seconds", ">", "1m",
              "the Prometheus alert PerfdJobStalled waits the same minute on perfd_job_state_info"),))
 
-# --- goodput (perfd.analytics.goodput) ---------------------------------------------------------------
-_GP = "perfd/analytics/goodput.py (perfd's own definition of goodput; DESIGN.md §2 has none)"
+# --- goodput (perfd.analytics.steps.goodput) ---------------------------------------------------------------
+_GP = "perfd/analytics/steps/goodput.py (perfd's own definition of goodput; DESIGN.md §2 has none)"
 GOODPUT_STALL_STEPS = Threshold(
     5.0, "time between two logged steps that neither the steps, a checkpoint save nor an evaluation "
     "explain is a stall once it exceeds five median steps (less is logging and host overhead)", _GP)
@@ -369,5 +306,6 @@ STATE_NEAR_CAP = Threshold(
 
 
 def all_thresholds() -> dict[str, Threshold]:
-    """Every threshold of this module by name (for the consistency test and the docs)."""
-    return {k: v for k, v in globals().items() if isinstance(v, Threshold)}
+    """Every threshold of perfd by name, this module's and perfd.thresholds' (for the consistency test
+    and the docs)."""
+    return {**{k: v for k, v in globals().items() if isinstance(v, Threshold)}, **_shared.all_thresholds()}

@@ -15,7 +15,7 @@ Per CUDA device::
     sendrecv      = union(ncclDevKernel_SendRecv / ncclKernel_SendRecv): pipeline p2p, which
                     *includes waiting for the peer stage*, i.e. the pipeline bubble
     parts         = every instant of the span given to one part of the step budget
-                    (perfd.analytics.budget.Part): the first of KERNEL_PRECEDENCE among the
+                    (perfd.analytics.breakdown.budget.Part): the first of KERNEL_PRECEDENCE among the
                     activities running then (a copy or a collective beside a GEMM is hidden by it),
                     else idle in a short or a long gap. The parts add up to the span exactly, so a
                     step's budget is the span's parts over the iterations captured.
@@ -36,10 +36,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from perfd.analytics import kernels as kernels_mod
 from perfd.analytics import thresholds as th
-from perfd.analytics.budget import KERNEL_PRECEDENCE, Part
-from perfd.analytics.op_parts import kernel_part
+from perfd.analytics.breakdown import kernels as kernels_mod
+from perfd.analytics.breakdown.budget import KERNEL_PRECEDENCE, Part
+from perfd.analytics.breakdown.op_parts import kernel_part
 from perfd.capture.ops import Flow, HostRange, Launch, Method, OpAttribution, attribute
 
 Interval = tuple[float, float]
@@ -204,14 +204,14 @@ class DeviceBreakdown:
     kernel_count: int
     top_kernels: tuple[KernelStat, ...]
     nvtx: tuple[NvtxStat, ...]
-    # perfd.analytics.kernels category -> summed duration (ms) of its kernels (memcpy: copies)
+    # perfd.analytics.breakdown.kernels category -> summed duration (ms) of its kernels (memcpy: copies)
     category_ms: dict[str, float] = field(default_factory=dict)
     kernel_median_us: float | None = None
     softmax_ms: float = 0.0  # softmax kernels of their own: attention computed unfused
     kernel_ms: float = 0.0  # union(all kernels): busy without the copies
     idle_gaps: int = 0  # idle stretches between activities
     idle_short_ms: float = 0.0  # idle in gaps shorter than SHORT_GAP_US
-    # perfd.analytics.budget.Part value -> exclusive ms over the span (they add up to span_ms), and
+    # perfd.analytics.breakdown.budget.Part value -> exclusive ms over the span (they add up to span_ms), and
     # each part's top kernels (name, count, summed ms)
     parts_ms: dict[str, float] = field(default_factory=dict)
     part_kernels: dict[str, tuple[KernelStat, ...]] = field(default_factory=dict)
@@ -314,7 +314,7 @@ def attribute_parts(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
                                dict[str, tuple[KernelStat, ...]], dict[str, dict[str, float]]]:
     """Every instant of the span given to one budget part (module doc), in ms; each part's top kernels
     and top ops by summed duration; and each part's time by the op that issued it (the largest
-    PART_OPS_N: the remedies' models read them, perfd.analytics.remedy_catalog). With ``ops``
+    PART_OPS_N: the remedies' models read them, perfd.analytics.advice.remedy_catalog). With ``ops``
     (perfd.capture.ops) an activity is its launching op's part; without it, or for an activity whose op
     was not found, its kernel name's (copies: memcpy). Collectives always go by name: what matters of
     them is whether compute hides them."""

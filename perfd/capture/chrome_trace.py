@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from perfd.analytics.op_parts import is_step_annotation
+from perfd.analytics.breakdown.op_parts import is_step_annotation
 from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
 from perfd.capture.ops import Flow, HostRange, Launch, RangeKind
 

@@ -6,9 +6,11 @@ each. Apart from the manager, which only admits requests, picks the tool and kee
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,25 @@ from perfd.capture.dynolog import DynologKineto
 from perfd.capture.kineto_daemon import KinetoDaemon, build_config, trace_complete
 from perfd.capture.nsys_exec import wait_stable
 from perfd.capture.request import BUSY_REASON, CaptureRequest
+
+
+class Miss(enum.Enum):
+    """Why a rank gave no trace: the capture's status is decided from these, never from the text."""
+
+    BUSY = "busy"  # its Kineto profiler was running a trace already
+    POLLED_LATE = "polled_late"  # it polls the daemon, but did not take the config in time
+    NEVER_POLLED = "never_polled"  # it polls no Kineto daemon (started without KINETO_USE_DAEMON)
+    NO_TRACE = "no_trace"  # it took the config, but wrote no trace before the timeout
+
+
+@dataclass(frozen=True)
+class RankMiss:
+    why: Miss
+    text: str  # the sentence the capture's reason and events show
+
+
+def _texts(missing: dict[int, RankMiss]) -> list[str]:
+    return [x.text for x in missing.values()]
 
 
 class KinetoCapture:
@@ -49,21 +70,24 @@ class KinetoCapture:
         try:
             arming.wait_answered(timeout=arm_for + 0.5)
             answered = arming.answered()
-            why: dict[int, str] = {}
+            why: dict[int, RankMiss] = {}
             for pid, r in by_pid.items():
                 if pid in answered:
                     continue
                 st = arming.state(pid)
                 if st.busy_polls:
-                    why[r] = f"rank {r} (pid {pid}): its Kineto profiler was busy (a trace already running)"
+                    why[r] = RankMiss(Miss.BUSY, f"rank {r} (pid {pid}): its Kineto profiler was busy "
+                                                 "(a trace already running)")
                 elif pid in daemon.requests_seen or pid in daemon.sender_pids.values():
-                    why[r] = f"rank {r} (pid {pid}): polled, but not within {arm_for:.0f} s"
+                    why[r] = RankMiss(Miss.POLLED_LATE, f"rank {r} (pid {pid}): polled, but not within "
+                                                        f"{arm_for:.0f} s")
                 else:
-                    why[r] = (f"rank {r} (pid {pid}) never polled the Kineto daemon: start the job with "
-                              "KINETO_USE_DAEMON=1 (perfd launch sets it)")
+                    why[r] = RankMiss(Miss.NEVER_POLLED, f"rank {r} (pid {pid}) never polled the Kineto "
+                                                         "daemon: start the job with KINETO_USE_DAEMON=1 "
+                                                         "(perfd launch sets it)")
             if not answered:
-                raise CaptureFailed("timeout" if all("polled, but" in w for w in why.values()) else "failed",
-                                    "; ".join(why.values()))
+                late = all(x.why is Miss.POLLED_LATE for x in why.values())
+                raise CaptureFailed("timeout" if late else "failed", "; ".join(_texts(why)))
             m["timings"]["started_at"] = max(answered.values())
             m["answered_at"] = {str(by_pid[p]): t for p, t in answered.items()}
             lat = m["timings"]["started_at"] - m["timings"]["requested_at"]
@@ -71,13 +95,14 @@ class KinetoCapture:
             got_ranks = sorted(by_pid[p] for p in answered)
             self.ctx.emit(STARTED, req, f"Kineto trace config handed to rank(s) {got_ranks} of job "
                           f"{req.job} {lat:.2f} s after the request", "info", m["id"],
-                          {"latency_s": round(lat, 3), "unanswered": list(why.values())})
+                          {"latency_s": round(lat, 3), "unanswered": _texts(why)})
             missing = dict(why)
             for pid in sorted(answered):
                 r = by_pid[pid]
                 got = self._wait_trace(daemon, arming, pid, d, r, deadline)
                 if got is None:
-                    missing[r] = f"rank {r} (pid {pid}): no trace within the {req.timeout_s:.0f} s timeout"
+                    missing[r] = RankMiss(Miss.NO_TRACE, f"rank {r} (pid {pid}): no trace within the "
+                                                         f"{req.timeout_s:.0f} s timeout")
                     continue
                 t, active = m["timings"], arming.state(pid).active_at
                 if active is not None:
@@ -86,9 +111,9 @@ class KinetoCapture:
                 self.ctx.store.add_artifact(m, got, "kineto_trace", r, pid)
                 record_analysis(m, r, functools.partial(analyze_chrome_trace, got))
             if len(missing) == len(by_pid):
-                timed_out = any("timeout" in w for w in missing.values())
-                raise CaptureFailed("timeout" if timed_out else "failed", "; ".join(missing.values()))
-            return ("partial: " + "; ".join(missing.values())) if missing else ""
+                timed_out = any(x.why is Miss.NO_TRACE for x in missing.values())
+                raise CaptureFailed("timeout" if timed_out else "failed", "; ".join(_texts(missing)))
+            return ("partial: " + "; ".join(_texts(missing))) if missing else ""
         finally:
             daemon.disarm(arming)
 

@@ -2,8 +2,8 @@
 ranks that run under ncu (:mod:`perfd.capture.ncu_exec`), opened and closed by their step hooks
 (:class:`~perfd.capture.hook_ranges.HookRanges`), watched against the rank's time budget, then the
 report ncu wrote copied into the capture, imported as CSV (both pages), parsed into per-kernel rows
-(:mod:`perfd.analytics.ncu`) and joined to the job's latest timeline capture in this agent's store
-(:mod:`perfd.analytics.ncu_join`).
+(:mod:`perfd.capture.ncu_report`) and joined to the job's latest timeline capture in this agent's store
+(:mod:`perfd.analytics.ncu.join`).
 
 The kernel budget is ncu's own (``--launch-count``, fixed when the rank started): a range profiles at
 most the kernels left of it, and once it is spent a range records nothing — said so, never an
@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from perfd.analytics import ncu as ncu_mod
-from perfd.analytics import ncu_join
-from perfd.analytics.job_budget import captured_iterations
+from perfd.analytics.breakdown.job_budget import captured_iterations
+from perfd.analytics.ncu import join as ncu_join
+from perfd.capture import ncu_report as ncu_mod
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
 from perfd.capture.hook_ranges import HookRanges
 from perfd.capture.ncu_exec import PAGES, NcuError, NcuExecutor, NcuNotFoundError, NcuTarget, latest_timeline

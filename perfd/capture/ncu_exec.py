@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from perfd import limits as L
-from perfd.analytics.ncu_join import NO_NCCL_FILTER
+from perfd.analytics.ncu.join import NO_NCCL_FILTER
 from perfd.capture.binaries import find_binary
 from perfd.capture.nsys_exec import session_name, shell_arg
 
@@ -69,7 +69,7 @@ NCU_SUBDIR = "ncu"  # under the agent's capture directory
 NCU_GLOB = "/opt/nvidia/nsight-compute/*/ncu"  # where the GPU machines here have it (not on PATH)
 REPORT_SUFFIX = ".ncu-rep"
 TARGET_VERSION = 1
-# What perfd asks ncu for, and what perfd.analytics.ncu reads from it: speed of light (SM, memory,
+# What perfd asks ncu for, and what perfd.capture.ncu_report reads from it: speed of light (SM, memory,
 # DRAM %, duration, clocks), occupancy, registers and block size, the warp-stall breakdown (its
 # chart's metrics, --page raw), the pipe utilisations with the tensor pipes (same).
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "ComputeWorkloadAnalysis")

@@ -25,7 +25,7 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-from perfd.analytics.op_parts import is_step_annotation
+from perfd.analytics.breakdown.op_parts import is_step_annotation
 from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
 from perfd.capture.binaries import find_binary
 from perfd.capture.chrome_trace import SYNC_CALLS

@@ -10,7 +10,7 @@ that made it (Kineto's ``fwdbwd`` flows, or the shared sequence number), and the
 where its forward op is: the 240 copies a step of the s×s score matrix that autograd makes for an
 in-place masked fill on a view are attention's, not "memory copies".
 
-The rules that turn names into parts are perfd.analytics.op_parts; this module only follows links:
+The rules that turn names into parts are perfd.analytics.breakdown.op_parts; this module only follows links:
 per thread, ranges sorted by start form a tree (a stack sweep), and each launch or flow end finds
 the innermost range open at its instant in the same sweep — O(n log n) for the sort, linear after.
 No library reads both Kineto's flows and nsys' NVTX into one op tree; hence by hand.
@@ -23,8 +23,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from perfd.analytics import op_parts as rules
-from perfd.analytics.budget import Part
+from perfd.analytics.breakdown import op_parts as rules
+from perfd.analytics.breakdown.budget import Part
 from perfd.analytics.common import TextEnum
 
 

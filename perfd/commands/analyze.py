@@ -67,7 +67,7 @@ def analyze_megatron_file(path: str, job: str | None = None, gpu: str | None = N
     """Parse and analyse one log (plain, gzip or zstd); returns (parsed, RunAnalysis) (also used by
     the demo, perfd.api and tests). ``progress`` shows a bar on stderr while the file is read."""
     from collectors.megatron import parse_lines
-    from perfd.analytics.run_analysis import analyze_run
+    from perfd.analytics.steps.run_analysis import analyze_run
 
     name = job or (Path(path).stem if path != "-" else "stdin")
     if path == "-":
@@ -118,7 +118,7 @@ def check_gpu(gpu: str | None, peak_override: float | None) -> str | None:
     """Why ``--gpu`` cannot be used (one line naming the closest known names and, for a short name
     like "H100", the variants it could mean), or None when it is known or an override makes the
     table unnecessary."""
-    from perfd.analytics.gpus import gpu_suggestions, lookup_gpu
+    from perfd.analytics.steps.gpus import gpu_suggestions, lookup_gpu
 
     if gpu is None or peak_override is not None or lookup_gpu(gpu) is not None:
         return None
@@ -243,7 +243,7 @@ def _count(text: str | None, what: str) -> float | None:
 
 
 def _spec_from_args(args: argparse.Namespace) -> Any:
-    from perfd.analytics.serving_spec import ServingModelSpec
+    from perfd.serving_model import ServingModelSpec
 
     return ServingModelSpec(
         params=_count(args.model_params, "--model-params"),
@@ -298,7 +298,7 @@ def _read_metrics(sources: list[str], interval_s: float) -> tuple[Any, Any, list
 def run_sglang(args: argparse.Namespace) -> int:
     """`perfd analyze sglang LOG [--metrics URL|FILE]... [--json]`."""
     from collectors.sglang.parser import parse_file, parse_lines
-    from perfd.analytics.serving import analyze_serving
+    from perfd.analytics.serving.analysis import analyze_serving
     from perfd.report import render_text
     from perfd.report.serving import build_serving_report
 

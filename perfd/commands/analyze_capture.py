@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from perfd import finite_json
-from perfd.analytics.diagnosis import TimelineClass
+from perfd.analytics.breakdown.diagnosis import TimelineClass
 
 
 def add_arguments(asub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # unreadable input: say what and where, no traceback
         print(f"perfd: cannot analyse {path}: {exc}", file=sys.stderr)
         return 1
-    from perfd.analytics.capture_findings import diagnose_capture
+    from perfd.analytics.breakdown.capture_findings import diagnose_capture
 
     diag = diagnose_capture(list(out.get("devices") or []), label=path.name)
     out.update(diag.to_json())  # findings, recommendations, bottleneck, bottleneck_reason
@@ -75,7 +75,7 @@ def timeline_class(path: str, steps: int | None = None) -> TimelineClass:
     """The class a capture file's timeline supports and the breakdown of the device that decided it
     (what a live capture gives the job's analysis). ``steps``: the iterations it holds (None: the
     run's analysis infers them from its steady step time)."""
-    from perfd.analytics.capture_findings import diagnose_capture
+    from perfd.analytics.breakdown.capture_findings import diagnose_capture
 
     p = Path(path)
     if p.suffix in (".nsys-rep", ".sqlite"):

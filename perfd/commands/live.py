@@ -11,8 +11,8 @@ from perfd import limits as L
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.aggregator.loops import EVENT_LOOPS
 from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
-from perfd.analytics.thresholds import STALL_PHASE_MAX_S
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S
+from perfd.thresholds import STALL_PHASE_MAX_S
 
 if TYPE_CHECKING:
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from collectors.megatron.parser import MegatronLogParser
-from perfd.analytics.diagnosis import TimelineClass
-from perfd.analytics.run_analysis import RunAnalysis, RunBuilder
+from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.analytics.steps.run_analysis import RunAnalysis, RunBuilder
 from perfd.model import JobInfo, ParseIssue
 
 

@@ -1,6 +1,6 @@
 """`perfd ncu-prefix`, `perfd ncu-exec` (the chosen ranks of a job under Nsight Compute, profiling off
 until a capture opens a range) and `perfd analyze ncu REPORT` (a report's per-kernel rows offline).
-The work is in perfd/capture/ncu_exec.py, perfd/analytics/ncu.py and ncu_join.py."""
+The work is in perfd/capture/ncu_exec.py, perfd/analytics/ncu/kernels.py and ncu_join.py."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def _capture_dir(args: argparse.Namespace) -> Path:
 
 def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None]:
     """(kernel filter, where it came from, the capture id that chose it) for --kernels-from."""
-    from perfd.analytics.ncu_join import kernel_filter, timeline_kernels
+    from perfd.analytics.ncu.join import kernel_filter, timeline_kernels
     from perfd.capture.ncu_exec import NCU_ARMED_US_PER_LAUNCH, armed_cost_ms, latest_timeline
 
     src = args.kernels_from
@@ -242,7 +242,7 @@ def _texts(args: argparse.Namespace) -> list[str]:
 
 
 def _timeline(path: str, device: int | None) -> tuple[list[Any], dict[str, float] | None, float | None]:
-    from perfd.analytics.ncu_join import timeline_kernels
+    from perfd.analytics.ncu.join import timeline_kernels
     from perfd.capture.ncu_exec import JOIN_TOP_N
 
     p = Path(path)
@@ -270,9 +270,9 @@ def _timeline(path: str, device: int | None) -> tuple[list[Any], dict[str, float
 
 
 def run_analyze_ncu(args: argparse.Namespace) -> int:
-    from perfd.analytics.ncu import NcuParseError, parse_exports
-    from perfd.analytics.ncu_join import join, summarize
+    from perfd.analytics.ncu.join import join, summarize
     from perfd.capture.ncu_exec import NcuError
+    from perfd.capture.ncu_report import NcuParseError, parse_exports
 
     path = Path(args.report)
     if not path.is_file():

@@ -14,8 +14,11 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
+
+if TYPE_CHECKING:
+    from perfd.report.html import Page
 
 
 class ReportError(Exception):
@@ -39,9 +42,11 @@ def _base_url(aggregator: str) -> str:
 
 
 def from_aggregator(aggregator: str, job: str, timeout: float = 10.0,
-                    headers: dict[str, str] | None = None) -> dict[str, Any]:
-    """{job, iterations, summary, report, ranks, incidents} from a running aggregator (``headers``:
-    the Authorization header where the aggregator needs a token)."""
+                    headers: dict[str, str] | None = None) -> Page:
+    """The page of a job from a running aggregator, its JSON read back here (``headers``: the
+    Authorization header where the aggregator needs a token)."""
+    from perfd.report.html import page_from_json
+
     base = _base_url(aggregator)
     summary = _get_json(f"{base}/api/jobs/{quote(job, safe='')}/summary", timeout, headers)
     if summary.get("report") is None:
@@ -51,14 +56,15 @@ def from_aggregator(aggregator: str, job: str, timeout: float = 10.0,
                         headers)["iterations"]
     except ReportError:  # an aggregator without the endpoint: the latest iteration only
         its = [summary["latest"]] if summary.get("latest") else []
-    return {"job": summary.get("job") or {}, "iterations": its, "summary": summary.get("summary") or {},
-            "report": summary["report"], "ranks": summary.get("ranks") or [],
-            "incidents": summary.get("incidents") or [], "goodput": summary.get("goodput")}
+    return page_from_json({"job": summary.get("job") or {}, "iterations": its,
+                           "summary": summary.get("summary") or {}, "report": summary["report"],
+                           "ranks": summary.get("ranks") or [], "incidents": summary.get("incidents") or [],
+                           "goodput": summary.get("goodput")})
 
 
 def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | None,
              dtype: str | None, capture: str | None = None,
-             capture_steps: int | None = None) -> dict[str, Any]:
+             capture_steps: int | None = None) -> Page:
     """The offline analysis of a log, with a capture of the job when given (its step budget and
     remedies in the report: the same as ``perfd analyze megatron LOG --capture TRACE``)."""
     from perfd.commands import megatron_offline
@@ -86,10 +92,10 @@ def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | No
         raise ReportError(f"cannot read {log}: {exc}") from None
     if analysis is None or not parsed.n_records:
         raise ReportError(f"no Megatron iteration lines found in {log}")
-    from perfd.report import analysis_json
+    from perfd.report import build_report
+    from perfd.report.html import Page
 
-    out: dict[str, Any] = analysis_json(analysis)
-    return out
+    return Page.of(analysis, build_report(analysis))
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -127,7 +133,7 @@ def run_report(args: argparse.Namespace) -> int:
     else:
         Path(args.html).write_text(page, encoding="utf-8")
         print(f"perfd report: wrote {args.html} ({len(page) // 1024} KiB, "
-              f"{len(data.get('iterations') or [])} iterations)", file=sys.stderr)
+              f"{len(data.iterations)} iterations)", file=sys.stderr)
     return 0
 
 

@@ -250,7 +250,7 @@ def goodput_text(gp: dict[str, Any] | None) -> Text:
 
 def budget_missing(summary: dict[str, Any]) -> str:
     """Why a job has no step budget yet: no timed step, or the timed steps lack a part the budget
-    from timers needs (perfd.analytics.budget.from_timers: a data and a communication share)."""
+    from timers needs (perfd.analytics.breakdown.budget.from_timers: a data and a communication share)."""
     s = summary.get("summary") or {}
     meds = s.get("medians") or {}
     if not s or num(meds.get("step_time_ms")) is None:
@@ -265,7 +265,7 @@ def budget_missing(summary: dict[str, Any]) -> str:
 
 
 def budget_text(summary: dict[str, Any]) -> Text:
-    """Where one step's time goes (perfd.analytics.budget), its largest parts first."""
+    """Where one step's time goes (perfd.analytics.breakdown.budget), its largest parts first."""
     budget = (summary.get("summary") or {}).get("step_budget")
     if not isinstance(budget, dict):
         return Text("step budget: " + NA + f" ({budget_missing(summary)})")

@@ -12,7 +12,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from perfd.analytics.verdict_text import cpus_text
+from perfd.analytics.incidents.verdict_text import cpus_text
 
 NA = "–"
 GIB = float(1 << 30)

@@ -172,7 +172,7 @@ def reading_notes(summary: dict[str, Any], nvml: str) -> list[str]:
     if med.get("mfu_vs_measured_ceiling") is not None:
         notes.append("The 790 TFLOP/s matmul ceiling is measured, not a datasheet figure: an 8192³ bf16 "
                      "matmul loop on the H200 and H100 SXM of the machines perfd is tested on "
-                     "(perfd/analytics/gpus.py); MFU itself is against the 989 TFLOP/s datasheet peak.")
+                     "(perfd/analytics/steps/gpus.py); MFU itself is against the 989 TFLOP/s datasheet peak.")
     first = s.get("steady_first_iteration")
     if s.get("warmup_records"):
         notes.append(f"Iterations before {first} are warm-up (the first one includes start-up, compilation "

@@ -1,9 +1,9 @@
 """Weights & Biases export: one W&B run per job, one history row per analysed iteration.
 
-Knows nothing of collectors: it is handed what ``RunAnalysis.to_json()`` gives (``job``,
-``iterations``, ``summary``) and logs it with ``wandb.log({...}, step=iteration)`` under the
-catalog's names (perfd.catalog.job_values, the mapping the Prometheus exporter uses), so a W&B chart and a
-Prometheus query of one metric show the same number. Rules kept here:
+Knows nothing of collectors: it is handed the typed parts of a run analysis (the ``JobBlock``, the
+``IterationResult`` rows, the ``RunSummary``) and logs them with ``wandb.log({...}, step=iteration)``
+under the catalog's names (perfd.catalog.job_values, the mapping the Prometheus exporter uses), so a
+W&B chart and a Prometheus query of one metric show the same number. Rules kept here:
 
 - an iteration is logged once per run: only iterations above the last one logged go out, in order
   (W&B steps only go forward, so a record arriving after a later iteration was logged is left out);
@@ -32,17 +32,22 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.budget import metric_rows as budget_rows
+from perfd.analytics.breakdown.budget import StepBudget
+from perfd.analytics.breakdown.budget import metric_rows as budget_rows
+from perfd.analytics.steps.goodput import Goodput
+from perfd.analytics.steps.run_analysis import IterationResult
+from perfd.analytics.steps.run_summary import JobBlock, RunSummary
 
 log = logging.getLogger(__name__)
 
 RANK_RATIO = "perfd_job_rank_compute_ratio"
-# Keys of the analysis JSON ``job`` block that become the run's config (what the job is).
+# Keys of the job block's JSON (JobBlock.to_json, W&B's config being an edge) that become the
+# run's config (what the job is).
 CONFIG_KEYS = ("framework", "framework_version", "torch_version", "layout", "model", "gpu",
                "flops_per_iteration", "flops_formula", "timing_log_option", "log_interval")
 MODES = ("offline", "online", "disabled")
@@ -77,16 +82,14 @@ def _number(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def iteration_metrics(it: Mapping[str, Any]) -> dict[str, float]:
-    """Catalog name -> value for one iteration's analysis JSON; absent values are left out.
-    Per-rank compute ratios become ``perfd_job_rank_compute_ratio/rank=N`` (a W&B section)."""
+def iteration_metrics(it: IterationResult) -> dict[str, float]:
+    """Catalog name -> value for one iteration; absent values are left out. Per-rank compute
+    ratios become ``perfd_job_rank_compute_ratio/rank=N`` (a W&B section)."""
     out = catalog.job_values(it, catalog.WANDB)
-    ratios = it.get("straggler_rank_compute_ratio") or {}
-    if isinstance(ratios, Mapping):
-        for rank, ratio in ratios.items():
-            v = _number(ratio)
-            if v is not None:
-                out[f"{RANK_RATIO}/rank={rank}"] = v
+    for rank, ratio in it.straggler_rank_compute_ratio.items():
+        v = _number(ratio)
+        if v is not None:
+            out[f"{RANK_RATIO}/rank={rank}"] = v
     return out
 
 
@@ -103,55 +106,56 @@ def node_metrics(gpus: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     return out
 
 
-def goodput_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
-    """The job's goodput (perfd.analytics.goodput) under the catalog's names: the ratio, and the
+def goodput_metrics(gp: Goodput | None) -> dict[str, float]:
+    """The job's goodput (perfd.analytics.steps.goodput) under the catalog's names: the ratio, and the
     seconds of each kind as ``perfd_job_time_seconds_total/kind=K`` (a W&B section)."""
-    gp = summary.get("goodput")
-    if not isinstance(gp, Mapping):
+    if gp is None:
         return {}
     out: dict[str, float] = {}
-    ratio = _number(gp.get("ratio"))
+    ratio = _number(gp.ratio)
     if ratio is not None:
         out[catalog.GOODPUT_RATIO] = ratio
-    for kind, secs in (gp.get("parts_s") or {}).items():
+    for kind, secs in gp.parts.items():
         v = _number(secs)
         if v is not None:
             out[f"{catalog.JOB_TIME}/kind={kind}"] = v
     return out
 
 
-def budget_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
-    """The step budget (perfd.analytics.budget) under the catalog's names, a W&B section each:
+def budget_metrics(budget: StepBudget | None) -> dict[str, float]:
+    """The step budget (perfd.analytics.breakdown.budget) under the catalog's names, a W&B section each:
     ``perfd_job_step_budget_seconds/part=P`` and ``perfd_job_step_budget_ratio/part=P``."""
-    budget = summary.get("step_budget")
     out: dict[str, float] = {}
-    for labels, name, value in budget_rows("", budget if isinstance(budget, Mapping) else None,
-                                           catalog.STEP_BUDGET_SECONDS, catalog.STEP_BUDGET_RATIO):
+    for labels, name, value in budget_rows("", budget, catalog.STEP_BUDGET_SECONDS,
+                                           catalog.STEP_BUDGET_RATIO):
         out[f"{name}/part={labels['part']}"] = value
     return out
 
 
-def summary_metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
+def summary_metrics(summary: RunSummary) -> dict[str, Any]:
     """The run summary: steady-state medians under ``steady/<catalog name>``, the bottleneck, and
-    the goodput (:func:`goodput_metrics`)."""
-    out: dict[str, Any] = {**goodput_metrics(summary), **budget_metrics(summary)}
-    medians = summary.get("medians") or {}
-    if isinstance(medians, Mapping):
-        out.update({f"steady/{name}": v for name, v in catalog.job_values(medians, catalog.WANDB).items()})
-    for key in ("bottleneck", "bottleneck_reason", "n_steady", "steady_first_iteration",
-                "steady_last_iteration"):
-        v = summary.get(key)
+    the goodput and step budget (:func:`goodput_metrics`, :func:`budget_metrics`)."""
+    out: dict[str, Any] = {**goodput_metrics(summary.goodput), **budget_metrics(summary.step_budget)}
+    steady = catalog.job_values(summary.medians, catalog.WANDB)
+    out.update({f"steady/{name}": v for name, v in steady.items()})
+    bottleneck = summary.bottleneck
+    for key, v in (("bottleneck", bottleneck.cls.value), ("bottleneck_reason", bottleneck.reason),
+                   ("n_steady", summary.n_steady), ("steady_first_iteration", summary.steady_first_iteration),
+                   ("steady_last_iteration", summary.steady_last_iteration)):
         if v is not None:
             out[key] = v
     return out
 
 
-def job_config(job: str, block: Mapping[str, Any]) -> dict[str, Any]:
-    """W&B config of a job's run: its name and what the analysis knows of layout, model and GPU."""
+def job_config(job: str, block: JobBlock | None) -> dict[str, Any]:
+    """W&B config of a job's run: its name and what the analysis knows of layout, model and GPU
+    (the block's JSON: the config is what W&B is handed). No block (a capture attached before any
+    analysis): the name alone."""
     cfg: dict[str, Any] = {"job": job}
+    doc = block.to_json() if block is not None else {}
     for key in CONFIG_KEYS:
-        if block.get(key) is not None:
-            cfg[key] = block[key]
+        if doc.get(key) is not None:
+            cfg[key] = doc[key]
     return cfg
 
 
@@ -215,15 +219,15 @@ class WandbExporter:
                 tempfile.tempdir = saved
         return self._wandb
 
-    def _run(self, job: str, block: Mapping[str, Any]) -> _JobRun:
+    def _run(self, job: str, block: JobBlock | None) -> _JobRun:
         jr = self._runs.get(job)
         cfg = job_config(job, block)
         if jr is None:
             wandb = self._module()
             settings = wandb.Settings(mode=self.mode, silent=True, console="off", x_disable_stats=True,
                                       save_code=False, disable_git=True, x_save_requirements=False)
-            rid = block.get("wandb_run_id")
-            if isinstance(rid, str) and rid:
+            rid = block.wandb_run_id if block is not None else None
+            if rid:
                 # The training script's run (perfd launch --wandb-run-id): join it. Its own step
                 # counter belongs to the script, so perfd logs under perfd/ against its own x axis
                 # (perfd/iteration) and never passes step= (W&B drops steps that go backwards).
@@ -254,35 +258,36 @@ class WandbExporter:
             jr = self._runs.get(job)
             return jr.last_step if jr else None
 
-    def log_analysis(self, job: str, analysis: Mapping[str, Any],
+    def log_analysis(self, job: str, block: JobBlock, iterations: Sequence[IterationResult],
+                     summary: RunSummary | None = None,
                      latest_extra: Mapping[str, float] | None = None,
                      extra_by_step: Mapping[int, Mapping[str, float]] | None = None) -> int:
-        """Log the iterations of ``analysis`` (RunAnalysis.to_json() shape: job, iterations, and
-        optionally summary) that were not logged yet, each committed as it is written (none waits
-        for the next). Each row's ``_timestamp`` is the iteration's own end time where known.
-        ``extra_by_step`` (GPU and host values as they were when that iteration arrived) joins each
-        row it has an entry for; ``latest_extra`` (values now) the newest. Returns the rows written."""
-        iterations = sorted((it for it in analysis.get("iterations") or []),
-                            key=lambda x: int(x.get("iteration", -1)))
+        """Log the ``iterations`` of a run analysis (its job block, rows and, optionally, summary)
+        that were not logged yet, each committed as it is written (none waits for the next). Each
+        row's ``_timestamp`` is the iteration's own end time where known. ``extra_by_step`` (GPU and
+        host values as they were when that iteration arrived) joins each row it has an entry for;
+        ``latest_extra`` (values now) the newest. Returns the rows written."""
+        ordered = sorted(iterations, key=lambda x: x.iteration)
         with self._lock:
-            jr = self._run(job, analysis.get("job") or {})
+            jr = self._run(job, block)
             n = 0
-            for i, it in enumerate(iterations):
-                step = it.get("iteration")
-                if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            for i, it in enumerate(ordered):
+                step = it.iteration
+                if step < 0:
                     continue
                 if jr.last_step is not None and step <= jr.last_step:
                     continue  # logged before (or older than what was: W&B steps only go forward)
                 values: dict[str, float] = dict(iteration_metrics(it))
                 values.update((extra_by_step or {}).get(step) or {})
-                if i == len(iterations) - 1:  # the job's goodput so far, charted over its iterations
-                    values.update(goodput_metrics(analysis.get("summary") or {}))
-                    values.update(budget_metrics(analysis.get("summary") or {}))
+                if i == len(ordered) - 1:  # the job's goodput so far, charted over its iterations
+                    if summary is not None:
+                        values.update(goodput_metrics(summary.goodput))
+                        values.update(budget_metrics(summary.step_budget))
                     values.update(latest_extra or {})
                 jr.last_step = step
                 if not values:
                     continue
-                end = _number(it.get("end_time"))
+                end = _number(it.end_time)
                 if jr.attached:
                     values = {f"{ATTACHED_PREFIX}{k}": v for k, v in values.items()}
                     values[ATTACHED_STEP] = float(step)
@@ -295,8 +300,7 @@ class WandbExporter:
                 jr.run.log(values, step=step, commit=True)
                 jr.logged += 1
                 n += 1
-            summary = analysis.get("summary")
-            if isinstance(summary, Mapping):
+            if summary is not None:
                 s = summary_metrics(summary)
                 if s:
                     jr.run.summary.update({f"{ATTACHED_PREFIX}{k}": v for k, v in s.items()}
@@ -310,7 +314,7 @@ class WandbExporter:
         if not cid:
             raise ValueError("a capture report needs an 'id'")
         with self._lock:
-            jr = self._run(job, {}) if job not in self._runs else self._runs[job]
+            jr = self._run(job, None) if job not in self._runs else self._runs[job]
             if cid in jr.captures:
                 return None
             wandb = self._module()

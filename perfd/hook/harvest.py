@@ -42,7 +42,7 @@ from perfd.hook.state import HookState, Slot
 from perfd.hook.timing import CudaApi, RollingPercentiles
 
 if TYPE_CHECKING:
-    from perfd.analytics.flops import TokenFlops
+    from perfd.analytics.steps.flops import TokenFlops
 
 _JOB_INTERVAL_NS = 60_000_000_000  # the job record again: an agent restarted since learns it
 # The longest anything waits for the harvester: a pass holds the lock for µs to a few ms; a pass

@@ -61,7 +61,7 @@ from perfd.hook.trace import KinetoTrace, can_trace
 from perfd.model import ModelSpec
 
 if TYPE_CHECKING:
-    from perfd.analytics.flops import TokenFlops
+    from perfd.analytics.steps.flops import TokenFlops
 
 _POLL_INTERVAL_NS = 50_000_000
 # Host time after step_end() returned within which step_begin() may reuse its end marker: a
@@ -129,7 +129,7 @@ class StepHook(ProfileControl, Harvester):
     ``flops_per_step``, ``model=`` (a :class:`perfd.model.ModelSpec` or a mapping of its fields:
     num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, seq_length,
     vocab_size, swiglu, ...; kv_channels and padded_vocab_size are derived when absent, Hugging Face
-    names are accepted: perfd.analytics.flops.complete_spec) counts each step's FLOPs from its tokens
+    names are accepted: perfd.analytics.steps.flops.complete_spec) counts each step's FLOPs from its tokens
     and sequence length with perfd's formula (the one used for Megatron-LM, DESIGN.md §2). ``dtype``
     (the training dtype: bf16, fp16, fp8, fp32; it picks the peak), ``layout`` (named sizes:
     world_size, tp, pp, dp, cp, ep) and ``mesh`` (a DeviceMesh) tell the agent about the job:
@@ -158,7 +158,7 @@ class StepHook(ProfileControl, Harvester):
         self._token_flops: TokenFlops | None = None
         self._model_seq: float | None = None
         if flops_per_step is None and model is not None:
-            from perfd.analytics.flops import token_flops  # only then: the loop imports no analytics
+            from perfd.analytics.steps.flops import token_flops  # only then: the loop imports no analytics
 
             self._token_flops = token_flops(model)  # a missing field raises here, not in the loop
             self._model_seq = self._token_flops.spec.seq_length
@@ -385,7 +385,7 @@ class StepHook(ProfileControl, Harvester):
     def phase(self, phase: str, step: int | None = None) -> _PhaseContext:
         """``with hook.phase("checkpoint"): ...`` around a checkpoint save (or ``"evaluation"``
         around an evaluation pass): the agent hears at once that the loop pauses on purpose, and
-        perfd does not call the pause a stall (perfd.analytics.stall)."""
+        perfd does not call the pause a stall (perfd.analytics.incidents.stall)."""
         return _PhaseContext(self, phase, step)
 
     def phase_begin(self, phase: str, step: int | None = None) -> None:

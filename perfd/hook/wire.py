@@ -61,7 +61,7 @@ PROFILE_REQUEST = struct.Struct("<BBHIqI")
 PHASE = struct.Struct("<BBHiIqqB7x")
 
 # Phases a hook announces: the training loop pauses for them, so a stall detector must not call the
-# pause a hang (perfd.analytics.stall). The names are perfd.analytics.goodput's kinds.
+# pause a hang (perfd.analytics.incidents.stall). The names are perfd.analytics.steps.goodput's kinds.
 PHASES = {1: "checkpoint", 2: "evaluation"}
 PHASE_CODES = {name: code for code, name in PHASES.items()}
 PHASE_BEGIN = 1

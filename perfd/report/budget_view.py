@@ -1,8 +1,8 @@
-"""The step budget (perfd.analytics.budget JSON) as people read it: where one step's time goes, part by
-part (each kernel charged to the op that launched it where the capture recorded the host side), read
-against the time the model's FLOPs take at the GPU's peak; in text (the report, `perfd top`) and as an
-inline SVG (the HTML report). Pure: values in, text out; each part's name is
-perfd.analytics.budget_findings.part_name.
+"""The step budget (perfd.analytics.breakdown.budget.StepBudget) as people read it: where one step's
+time goes, part by part (each kernel charged to the op that launched it where the capture recorded the
+host side), read against the time the model's FLOPs take at the GPU's peak; in text (the report,
+`perfd top`) and as an inline SVG (the HTML report). Pure: values in, text out; each part's name is
+perfd.analytics.breakdown.budget_findings.part_name.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from perfd.analytics.budget import Part
-from perfd.analytics.budget_findings import part_name
+from perfd.analytics.breakdown.budget import Part, StepBudget
+from perfd.analytics.breakdown.budget_findings import part_name
 from perfd.report import ncu_view
 from perfd.report.svg import BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, _svg
 
@@ -27,54 +27,56 @@ PART_COLOR: dict[Part, str] = {
 }
 BAR_CHARS = 30
 
+# A budget as the views take it: the typed one (a report made in the process, or read back by
+# Report.from_json) or its JSON (one `perfd top` read from the aggregator), decoded once on the way in.
+BudgetIn = StepBudget | Mapping[str, Any] | None
 
-def _parts(budget: Mapping[str, Any]) -> list[tuple[Part, float, float, str]]:
-    out = []
-    for p in budget.get("parts") or []:
-        try:
-            out.append((Part(str(p["part"])), float(p["ms"]), float(p["share"]), str(p.get("source") or "")))
-        except (KeyError, ValueError, TypeError):
-            continue
-    return out
+
+def _typed(budget: BudgetIn) -> StepBudget | None:
+    return budget if budget is None or isinstance(budget, StepBudget) else StepBudget.from_json(budget)
+
+
+def _parts(budget: StepBudget | None) -> list[tuple[Part, float, float, str]]:
+    # float(): the values as the budget's JSON gave them (a part built with an int prints the same)
+    return [(p.part, float(p.ms), float(p.share), p.source.value) for p in (budget.parts if budget else ())]
 
 
 _STEPS_FROM = {"trace": "marked in the trace", "request": "as the capture asked",
                "span": "span ÷ steady step"}
 
 
-def heading(budget: Mapping[str, Any]) -> str:
+def heading(budget: StepBudget) -> str:
     """Where the budget comes from, in one line: the capture, its steps and how they were counted, the
     captured step against the steady one (the capture's own cost), how the time was divided."""
-    step, steady = budget.get("step_ms"), budget.get("steady_step_ms")
-    its = budget.get("iterations")
-    bits = [str(budget.get("basis") or "")]
-    if isinstance(its, (int, float)) and its:
-        how = _STEPS_FROM.get(str(budget.get("steps_from") or ""), "")
+    step, steady, its = budget.step_ms, budget.steady_step_ms, budget.iterations
+    bits = [budget.basis]
+    if its:
+        how = _STEPS_FROM.get(budget.steps_from, "")
         bits.append(f"{its:g} step{'s' if its != 1 else ''}" + (f" ({how})" if how else ""))
-    if isinstance(step, (int, float)):
-        over = budget.get("capture_overhead_ms")
-        bits.append(f"{step:.0f} ms per step" + (
-            f" (steady {steady:.0f} ms: the capture added {over:+.0f} ms)" if isinstance(over, (int, float))
-            and isinstance(steady, (int, float)) and abs(over) > 0.5 else ""))
-    if budget.get("attribution") and "timers" not in str(budget.get("basis")):
-        bits.append(f"divided by {budget['attribution']}")
+    over = budget.capture_overhead_ms
+    bits.append(f"{step:.0f} ms per step" + (
+        f" (steady {steady:.0f} ms: the capture added {over:+.0f} ms)" if over is not None
+        and steady is not None and abs(over) > 0.5 else ""))
+    if budget.attribution and "timers" not in budget.basis:
+        bits.append(f"divided by {budget.attribution}")
     return "; ".join(b for b in bits if b)
 
 
-def reference(budget: Mapping[str, Any]) -> str:
+def reference(budget: StepBudget) -> str:
     """The line the parts are read against: the model's FLOPs at the peak and at the matmul ceiling."""
-    ideal, ceiling, step = budget.get("ideal_ms"), budget.get("ceiling_ms"), budget.get("step_ms")
-    if not isinstance(ideal, (int, float)) or not isinstance(step, (int, float)) or step <= 0:
+    ideal, ceiling, step = budget.ideal_ms, budget.ceiling_ms, budget.step_ms
+    if ideal is None or step <= 0:
         return ""
-    at = (f", {ceiling:.0f} ms at the measured matmul ceiling ({budget.get('ceiling_tflops'):g} TFLOP/s)"
-          if isinstance(ceiling, (int, float)) else "")
-    return (f"the model's FLOPs take {ideal:.0f} ms at the peak ({budget.get('peak_tflops'):g} TFLOP/s: "
+    at = (f", {ceiling:.0f} ms at the measured matmul ceiling ({budget.ceiling_tflops:g} TFLOP/s)"
+          if ceiling is not None else "")
+    return (f"the model's FLOPs take {ideal:.0f} ms at the peak ({budget.peak_tflops:g} TFLOP/s: "
             f"{ideal / step:.1%} of this step){at}")
 
 
-def text_lines(budget: Mapping[str, Any] | None, width: int = 100) -> list[str]:
+def text_lines(budget_in: BudgetIn, width: int = 100) -> list[str]:
     """The waterfall as text lines: a part a line, its ms, share and a bar; then the step."""
-    if not budget:
+    budget = _typed(budget_in)
+    if budget is None:
         return []
     parts = _parts(budget)
     name_w = max((len(part_name(p)) for p, *_ in parts), default=10)
@@ -92,26 +94,21 @@ def text_lines(budget: Mapping[str, Any] | None, width: int = 100) -> list[str]:
         out += [f"  {'':<{name_w}}   ncu: {line}" for line in ncu_rows(budget).get(p, [])]
         out += ncu_view.text_lines(budget, p, f"  {'':<{name_w}}   ", width)
         start += share
-    step = budget.get("step_ms")
-    if isinstance(step, (int, float)):
-        out.append(f"  {'= step':<{name_w}} {step:8.1f} ms")
+    out.append(f"  {'= step':<{name_w}} {budget.step_ms:8.1f} ms")
     return out
 
 
 NCU_ROWS = 3  # the Nsight Compute categories shown beside a part, most profiled time first
 
 
-def ncu_rows(budget: Mapping[str, Any] | None) -> dict[Part, list[str]]:
-    """Per part, the Nsight Compute category summaries on it (perfd.analytics.ncu_join JSON in the
+def ncu_rows(budget: StepBudget) -> dict[Part, list[str]]:
+    """Per part, the Nsight Compute category summaries on it (perfd.analytics.ncu.join JSON in the
     part's ``ncu`` detail) as lines: the kernels, their time-weighted compute and memory speed of light,
     tensor pipe and the class NVIDIA's rule gives most of their time."""
     out: dict[Part, list[str]] = {}
-    for p in (budget or {}).get("parts") or []:
-        cats = [c for c in (p.get("detail") or {}).get("ncu") or [] if isinstance(c, Mapping)]
-        try:
-            part = Part(str(p.get("part")))
-        except ValueError:
-            continue
+    for p in budget.parts:
+        part = p.part
+        cats = [c for c in p.detail.get("ncu") or [] if isinstance(c, Mapping)]
         cats.sort(key=lambda c: -float(c.get("profiled_ms") or 0.0))
         for c in cats[:NCU_ROWS]:
             figs = ", ".join(f"{label} {float(v):.0%}" for label, key in (
@@ -127,14 +124,15 @@ def ncu_rows(budget: Mapping[str, Any] | None) -> dict[Part, list[str]]:
     return out
 
 
-def waterfall_svg(budget: Mapping[str, Any] | None, width: int = 920) -> str:
+def waterfall_svg(budget_in: BudgetIn, width: int = 920) -> str:
     """A horizontal waterfall: each part a bar starting where the one before ended."""
-    parts = _parts(budget or {})
-    if not parts:
+    budget = _typed(budget_in)
+    parts = _parts(budget)
+    if budget is None or not parts:
         return ""
     row, left, right = 22, 240, 110
     height = row * (len(parts) + 1) + 30
-    step = float((budget or {}).get("step_ms") or sum(ms for _, ms, _, _ in parts)) or 1.0
+    step = float(budget.step_ms or sum(ms for _, ms, _, _ in parts)) or 1.0
     scale = (width - left - right) / step
     body: list[str] = []
     x0 = 0.0
@@ -155,8 +153,9 @@ def waterfall_svg(budget: Mapping[str, Any] | None, width: int = 920) -> str:
     return _svg(width, height, body, "Step budget: where one step's time goes")
 
 
-def html_section(budget: Mapping[str, Any] | None) -> str:
-    if not budget:
+def html_section(budget_in: BudgetIn) -> str:
+    budget = _typed(budget_in)
+    if budget is None:
         return ""
     ref = reference(budget)
     return (f'<h2 id="budget">Step budget</h2><p class="meta">{escape(heading(budget))}</p>'
@@ -169,7 +168,7 @@ def html_section(budget: Mapping[str, Any] | None) -> str:
             "divided.</figcaption></figure>" + _ncu_html(budget) + ncu_view.html_table(budget))
 
 
-def _ncu_html(budget: Mapping[str, Any]) -> str:
+def _ncu_html(budget: StepBudget) -> str:
     """The Nsight Compute rows beside the part they explain."""
     rows = ncu_rows(budget)
     if not rows:
@@ -181,11 +180,11 @@ def _ncu_html(budget: Mapping[str, Any]) -> str:
             f"</tr></thead><tbody>{body}</tbody></table>")
 
 
-def compact(budget: Mapping[str, Any] | None, n: int = 5) -> str:
+def compact(budget_in: BudgetIn, n: int = 5) -> str:
     """The largest parts in one line (`perfd top`)."""
-    parts = sorted(_parts(budget or {}), key=lambda x: -x[1])[:n]
+    parts = sorted(_parts(_typed(budget_in)), key=lambda x: -x[1])[:n]
     return ", ".join(f"{part_name(p)} {share:.0%}" for p, _ms, share, _s in parts)
 
 
-def parts_of(budget: Mapping[str, Any] | None) -> Sequence[tuple[Part, float, float, str]]:
-    return _parts(budget or {})
+def parts_of(budget_in: BudgetIn) -> Sequence[tuple[Part, float, float, str]]:
+    return _parts(_typed(budget_in))

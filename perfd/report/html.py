@@ -1,22 +1,34 @@
 """The report as one self-contained HTML file: charts (inline SVG) and the four-part report.
 
-``render_html(data)`` takes the JSON of an analysed run — ``RunAnalysis.to_json()`` (offline, from a
-log) or the aggregator's ``/api/jobs/<job>/summary`` joined with ``/api/jobs/<job>/iterations`` —
-and returns the page. Pure: no I/O, no clock (the caller passes the time it was made), nothing
-fetched when the page is opened.
+``render_html(page)`` renders a :class:`Page`: the typed Report with what the charts read of the run
+(its iteration rows, steady state, medians, goodput, incidents, the aggregator's rank placements).
+``Page.of`` makes one from an analysis (offline, from a log); ``page_from_json`` from the JSON of one,
+as the aggregator serves it (``/api/jobs/<job>/summary`` joined with ``/api/jobs/<job>/iterations``).
+Pure: no I/O, no clock (the caller passes the time it was made), nothing fetched when the page is
+opened.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.run_summary import REDUCTIONS_TEXT
+from perfd.analytics.incidents.findings import ReportedIncident
+from perfd.analytics.steps.run_analysis import RunAnalysis
+from perfd.analytics.steps.run_summary import (
+    REDUCTIONS_TEXT,
+    DisturbanceStretch,
+    JobBlock,
+    RunSummary,
+    StepTimeDistribution,
+)
 from perfd.report import budget_view
 from perfd.report.picture import MAX_BARS, _bins, _figure, _label, _mean, _note, goodput_bar, rank_heatmap
-from perfd.report.report import format_value, layout_text
+from perfd.report.report import Report, ReportSummary, format_value, layout_text
 from perfd.report.svg import (
     BLUE,
     GREEN,
@@ -62,9 +74,91 @@ def _pct(v: float) -> str:
     return f"{v * 100:.0f}%" if abs(v) >= 0.1 or v == 0 else f"{v * 100:.1f}%"
 
 
-def _steady_band(summary: Mapping[str, Any]) -> tuple[float, float, str] | None:
-    a, b = summary.get("steady_first_iteration"), summary.get("steady_last_iteration")
-    if isinstance(a, int) and isinstance(b, int):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PageSummary:
+    """What the charts read of a run summary (perfd.analytics.steps.run_summary.RunSummary)."""
+
+    steady_first_iteration: int | None = None
+    steady_last_iteration: int | None = None
+    warmup_records: int = 0
+    step_time_distribution: StepTimeDistribution | None = None
+    medians: Mapping[str, float | None] = field(default_factory=dict)
+    stretches: tuple[DisturbanceStretch, ...] = ()  # perfd's captures, left out of the steady state
+
+    @classmethod
+    def of(cls, s: RunSummary) -> PageSummary:
+        return cls(steady_first_iteration=s.steady_first_iteration,
+                   steady_last_iteration=s.steady_last_iteration, warmup_records=s.warmup_records,
+                   step_time_distribution=s.step_time_distribution,
+                   medians=s.medians, stretches=s.capture_disturbances.stretches)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PageSummary:
+        a, b = d.get("steady_first_iteration"), d.get("steady_last_iteration")
+        meds = d.get("medians")
+        cd = d.get("capture_disturbances")
+        stretches = cd.get("stretches") if isinstance(cd, Mapping) else None
+        return cls(steady_first_iteration=a if isinstance(a, int) else None,
+                   steady_last_iteration=b if isinstance(b, int) else None,
+                   warmup_records=int(d.get("warmup_records") or 0),
+                   step_time_distribution=StepTimeDistribution.from_json(d.get("step_time_distribution_ms")),
+                   medians=dict(meds) if isinstance(meds, Mapping) else {},
+                   stretches=tuple(st for x in stretches or [] if isinstance(x, Mapping)
+                                   and (st := DisturbanceStretch.from_json(x)) is not None))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Page:
+    """Everything the page shows: the report, the job, and what the charts read of the run. The
+    iterations, incidents, rank placements and goodput are their JSON (the rows the API serves)."""
+
+    report: Report
+    job: JobBlock = field(default_factory=JobBlock)
+    summary: PageSummary = field(default_factory=PageSummary)
+    iterations: Sequence[Mapping[str, Any]] = ()
+    incidents: Sequence[Mapping[str, Any]] = ()
+    ranks: Sequence[Mapping[str, Any]] = ()  # the aggregator's rank placements (heat map rows)
+    goodput: Mapping[str, Any] | None = None  # perfd.analytics.steps.goodput JSON
+
+    @classmethod
+    def of(cls, analysis: RunAnalysis, report: Report,
+           incidents: Sequence[ReportedIncident] | None = None) -> Page:
+        """The page of an analysis and its report (``incidents``: those the report was made with)."""
+        s = analysis.summary
+        return cls(report=report, job=analysis.job, summary=PageSummary.of(s),
+                   iterations=list(analysis.iteration_rows()),
+                   incidents=[_clean(i.to_json())
+                              for i in (incidents if incidents is not None else analysis.incidents)],
+                   goodput=_clean(s.goodput.to_json()) if s.goodput is not None else None)
+
+
+def page_from_json(data: Mapping[str, Any]) -> Page:
+    """The page of an analysis read as JSON: {job, iterations, summary, incidents, report} (+ optional
+    ``ranks`` and ``goodput``, as ``perfd report`` joins the aggregator's answers)."""
+    summary = data.get("summary") or {}
+    rep = data.get("report") or {}
+    report = (Report.from_json(rep) if rep.get("summary") is not None
+              else Report(ReportSummary(None, "unknown", "", None, "unknown", "", "", ""), [], [], []))
+    return Page(report=report, job=JobBlock.from_json(data.get("job")),
+                summary=PageSummary.from_json(summary), iterations=list(data.get("iterations") or []),
+                incidents=list(data.get("incidents") or []),
+                ranks=list(data.get("ranks") or []), goodput=data.get("goodput") or summary.get("goodput"))
+
+
+def _clean(v: Any) -> Any:
+    """Plain JSON values, as the API serves them: a non-finite float is None."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_clean(x) for x in v]
+    return v
+
+
+def _steady_band(summary: PageSummary) -> tuple[float, float, str] | None:
+    a, b = summary.steady_first_iteration, summary.steady_last_iteration
+    if a is not None and b is not None:
         return (a - 0.5, b + 0.5, f"steady state {a}–{b}")
     return None
 
@@ -104,7 +198,7 @@ def _incident_marks(incidents: Sequence[Mapping[str, Any]]) -> list[tuple[float,
     return out
 
 
-def step_and_mfu_charts(its: Sequence[Mapping[str, Any]], summary: Mapping[str, Any],
+def step_and_mfu_charts(its: Sequence[Mapping[str, Any]], summary: PageSummary,
                         incidents: Sequence[Mapping[str, Any]] = ()) -> str:
     band = _steady_band(summary)
     step = line_chart([Series("step time (ms)", BLUE, _series(its, "step_time_ms"))],
@@ -127,13 +221,13 @@ def step_and_mfu_charts(its: Sequence[Mapping[str, Any]], summary: Mapping[str, 
     return "\n".join(out)
 
 
-def step_distribution(its: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
+def step_distribution(its: Sequence[Mapping[str, Any]], summary: PageSummary) -> str:
     """A histogram of step times after warm-up, with p50/p90/p99 (the tail is where time goes)."""
-    dist = summary.get("step_time_distribution_ms") or {}
-    first = summary.get("steady_first_iteration")
-    warm = int(summary.get("warmup_records") or 0)
+    dist = summary.step_time_distribution
+    first = summary.steady_first_iteration
+    warm = summary.warmup_records
     steps = [v for it in its[warm:] if (v := _num(it.get("step_time_ms"))) is not None]
-    if not steps or not dist:
+    if not steps or dist is None:
         return _note("No step times after warm-up: no distribution.")
     lo, hi = min(steps), max(steps)
     n_bins = min(30, max(5, len(steps) // 4))
@@ -145,10 +239,10 @@ def step_distribution(its: Sequence[Mapping[str, Any]], summary: Mapping[str, An
     chart = stacked_bars(labels, [Stack("iterations", BLUE, [float(c) for c in counts])],
                          title="Step time distribution", xlabel="step time (ms, bin start)",
                          ylabel="iterations", yfmt=lambda v: f"{v:.0f}")
-    return _figure(chart, f"Step times of {dist.get('n')} iterations after warm-up (incidents included"
+    return _figure(chart, f"Step times of {dist.n} iterations after warm-up (incidents included"
                           f"{'' if first is None else '; steady state from ' + str(first)}): p50 "
-                          f"{dist.get('p50'):.1f} ms, p90 {dist.get('p90'):.1f} ms, "
-                          f"p99 {dist.get('p99'):.1f} ms, max {dist.get('max'):.1f} ms.")
+                          f"{dist.p50:.1f} ms, p90 {dist.p90:.1f} ms, "
+                          f"p99 {dist.p99:.1f} ms, max {dist.max:.1f} ms.")
 
 
 def gpu_table(ranks: Sequence[Mapping[str, Any]]) -> str:
@@ -218,7 +312,7 @@ def breakdown_chart(its: Sequence[Mapping[str, Any]]) -> str:
                    "never shown as zero." + binned)
 
 
-def pipeline_chart(its: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
+def pipeline_chart(its: Sequence[Mapping[str, Any]], summary: PageSummary) -> str:
     if not (_has(its, "pp_idle_max") or any((_num(it.get("pp_bubble_analytic")) or 0) > 0 for it in its)):
         return ""  # no pipeline parallelism: nothing to show
     series = [Series("analytic bubble", GREY, _series(its, "pp_bubble_analytic"), dashed=True),
@@ -245,82 +339,79 @@ def _tiles(med: Mapping[str, Any]) -> str:
     return f'<div class="tiles">{"".join(cells)}</div><p class="meta">Steady-state medians.</p>'
 
 
-def summary_section(report: Mapping[str, Any]) -> str:
+def summary_section(report: Report) -> str:
     """Part one of the report: status (the MFU grade) and bottleneck class."""
-    s = report.get("summary") or {}
-    status = str(s.get("status") or "unknown")
+    s = report.summary
+    status = s.status or "unknown"
     return "\n".join([
         '<h2 id="summary">Summary</h2>',
-        f'<p><span class="badge {_e(status)}">{_e(status)}</span> {_e(s.get("status_text", ""))}</p>',
-        f"<p><b>{_e(s.get('headline', ''))}</b></p>",
-        f"<p>Bottleneck: <b>{_e(s.get('bottleneck', 'unknown'))}</b> — "
-        f"{_e(s.get('bottleneck_reason', ''))}<br>Steady state: {_e(s.get('steady', ''))}</p>"])
+        f'<p><span class="badge {_e(status)}">{_e(status)}</span> {_e(s.status_text)}</p>',
+        f"<p><b>{_e(s.headline)}</b></p>",
+        f"<p>Bottleneck: <b>{_e(s.bottleneck)}</b> — "
+        f"{_e(s.bottleneck_reason)}<br>Steady state: {_e(s.steady)}</p>"])
 
 
-def report_sections(report: Mapping[str, Any]) -> str:
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def report_sections(report: Report) -> str:
     """Parts two to four: metrics with their sources, findings, recommendations."""
     out = [f'<h2 id="metrics">Metrics (steady state: {REDUCTIONS_TEXT}; each with its source)</h2>']
     rows = []
-    for m in report.get("metrics") or []:
-        value = format_value(_num(m.get("value")), str(m.get("unit")))
-        rows.append(f"<tr><td><code>{_e(m['name'])}</code><div class=src>{_e(m.get('description', ''))}"
+    for m in report.metrics:
+        value = format_value(_finite(_num(m.value)), m.unit)
+        rows.append(f"<tr><td><code>{_e(m.name)}</code><div class=src>{_e(m.description)}"
                     f"</div></td><td class=v>{_e(value)}</td>"
-                    f"<td class=src>{_e(m.get('source', ''))}</td></tr>")
+                    f"<td class=src>{_e(m.source)}</td></tr>")
     out.append("<table><tr><th>metric</th><th>value</th><th>source</th></tr>" + "".join(rows) + "</table>")
     out.append('<h2 id="findings">Findings</h2>')
-    findings = report.get("findings") or []
-    if not findings:
+    if not report.findings:
         out.append("<p>None.</p>")
-    for f in findings:
-        sev = str(f.get("severity", "info"))
-        ev = f" <span class=src>evidence: {_e(f['iterations'])}</span>" \
-            if f.get("iterations") else ""
-        out.append(f'<h3><span class="badge {_e(sev)}">{_e(sev)}</span> {_e(f.get("title", ""))} '
-                   f'<span class=src>({_e(f.get("id", ""))})</span></h3>'
-                   f"<p>{_e(f.get('observation', ''))}{ev}</p>")
+    for f in report.findings:
+        sev = str(f.severity)
+        ev = f" <span class=src>evidence: {_e(f.iterations)}</span>" if f.iterations else ""
+        out.append(f'<h3><span class="badge {_e(sev)}">{_e(sev)}</span> {_e(f.title)} '
+                   f'<span class=src>({_e(f.id)})</span></h3>'
+                   f"<p>{_e(f.observation)}{ev}</p>")
     out.append('<h2 id="recommendations">Recommendations (by priority)</h2>')
-    recs = report.get("recommendations") or []
+    recs = report.recommendations
     if not recs:
         out.append("<p>None.</p>")
     else:
-        items = [f"<li><b>{_e(r.get('action', ''))}</b> <span class=src>(finding "
-                 f"{_e(r.get('finding_id', ''))})</span>"
-                 + (f"<br>{_e(r['detail'])}" if r.get("detail") else "") + "</li>"
-                 for r in sorted(recs, key=lambda r: r.get("priority", 0))]
+        items = [f"<li><b>{_e(r.action)}</b> <span class=src>(finding "
+                 f"{_e(r.finding_id)})</span>"
+                 + (f"<br>{_e(r.detail)}" if r.detail else "") + "</li>"
+                 for r in sorted(recs, key=lambda r: r.priority)]
         out.append("<ol>" + "".join(items) + "</ol>")
     return "\n".join(out)
 
 
-def _meta(job: Mapping[str, Any]) -> str:
-    lay, gpu = job.get("layout") or {}, job.get("gpu") or {}
-    peak = _num(gpu.get("peak_tflops"))
-    bits = [f"GPU {gpu.get('name') or gpu.get('model') or 'unknown'}"
-            + (f" (peak {peak:g} TFLOP/s {gpu.get('dtype') or ''})" if peak is not None else ""),
-            "layout " + layout_text(lay)]
-    if job.get("framework"):
-        bits.append(f"{job['framework']} {job.get('framework_version') or ''}".strip())
+def _meta(job: JobBlock) -> str:
+    gpu = job.gpu
+    peak = _finite(_num(gpu.peak_tflops))
+    bits = [f"GPU {gpu.name or gpu.model or 'unknown'}"
+            + (f" (peak {peak:g} TFLOP/s {gpu.dtype or ''})" if peak is not None else ""),
+            "layout " + layout_text(job.layout)]
+    if job.framework:
+        bits.append(f"{job.framework} {job.framework_version or ''}".strip())
     return " · ".join(escape(str(b)) for b in bits)
 
 
-def render_html(data: Mapping[str, Any], *, source: str = "", generated: str = "",
-                version: str = "") -> str:
-    """The whole page. ``data``: {job, iterations, summary, incidents, report} (+ optional ``ranks``: the
-    aggregator's rank placements, which label the heat map rows)."""
-    job = data.get("job") or {}
-    its = sorted((it for it in data.get("iterations") or [] if isinstance(it.get("iteration"), int)),
+def render_html(page: Page, *, source: str = "", generated: str = "", version: str = "") -> str:
+    """The whole page."""
+    job, summary, report = page.job, page.summary, page.report
+    its = sorted((it for it in page.iterations if isinstance(it.get("iteration"), int)),
                  key=lambda it: int(it["iteration"]))
-    summary = data.get("summary") or {}
-    report = data.get("report") or {}
-    name = str(job.get("name") or (report.get("summary") or {}).get("job_name") or "job")
-    meds = summary.get("medians") or {}
-    charts = ['<h3 id="goodput">Where the wall time went</h3>', goodput_bar(data.get("goodput") or
-                                                                          summary.get("goodput")),
-              step_and_mfu_charts(its, summary, data.get("incidents") or []),
+    name = str(job.name or report.summary.job_name or "job")
+    meds = summary.medians
+    charts = ['<h3 id="goodput">Where the wall time went</h3>', goodput_bar(page.goodput),
+              step_and_mfu_charts(its, summary, page.incidents),
               '<h3 id="distribution">Step time distribution</h3>', step_distribution(its, summary),
-              '<h3 id="gpus">GPUs</h3>', gpu_table(data.get("ranks") or []),
+              '<h3 id="gpus">GPUs</h3>', gpu_table(page.ranks),
               '<h3 id="breakdown">Time breakdown</h3>', breakdown_chart(its),
               '<h3 id="heatmap">Per-rank heat map</h3>',
-              rank_heatmap(its, data.get("ranks") or [], job, summary, data.get("incidents") or [])]
+              rank_heatmap(its, page.ranks, job.layout, summary.stretches, page.incidents)]
     pp = pipeline_chart(its, summary)
     if pp:
         charts += ['<h3 id="pipeline">Pipeline bubble</h3>', pp]
@@ -335,7 +426,7 @@ def render_html(data: Mapping[str, Any], *, source: str = "", generated: str = "
         f"<title>perfd report: {escape(name)}</title><style>{_CSS}</style></head><body><main>",
         f"<h1>perfd report: {escape(name)}</h1>", f'<p class="meta">{_meta(job)}</p>',
         f'<p class="meta">{len(its)} iterations analysed · {_e(foot)}</p>',
-        summary_section(report), _tiles(meds), budget_view.html_section(report.get("step_budget")),
+        summary_section(report), _tiles(meds), budget_view.html_section(report.step_budget),
         '<h2 id="charts">Charts</h2>', *charts,
         report_sections(report),
         "</main></body></html>", ""])

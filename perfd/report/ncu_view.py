@@ -1,6 +1,7 @@
 """The top Nsight Compute kernels of each step-budget part as people read them (issue 45 item 3), in text
 (the report, under the part) and as an HTML table (beside the budget's waterfall). The rows are typed
-(perfd.analytics.ncu_kernel_rows.KernelRow JSON in each part's ``ncu_kernels`` detail); the English is
+(perfd.analytics.ncu.kernel_rows.KernelRow, kept as its JSON in each part's ``ncu_kernels`` detail of
+the typed budget, perfd.analytics.breakdown.job_budget.with_ncu); the English is
 written here, from their values. A figure the row does not have is left out (text) or shown as "–"
 (HTML), never as 0. Pure: values in, text out.
 """
@@ -10,13 +11,12 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Mapping
 from html import escape
-from typing import Any
 
-from perfd.analytics.budget import Part
-from perfd.analytics.budget_findings import part_name
-from perfd.analytics.ncu_join import MatchKind, short_name
-from perfd.analytics.ncu_kernel_rows import KernelRow, Reading, TimeBasis
-from perfd.analytics.ncu_remedies import RowVerdict
+from perfd.analytics.breakdown.budget import Part, StepBudget
+from perfd.analytics.breakdown.budget_findings import part_name
+from perfd.analytics.ncu.join import MatchKind, short_name
+from perfd.analytics.ncu.kernel_rows import KernelRow, Reading, TimeBasis
+from perfd.analytics.ncu.remedies import RowVerdict
 from perfd.analytics.thresholds import NCU_TENSOR_IDLE
 
 # What each verdict calls for, in a few words (the findings' recommendations say it at length).
@@ -38,20 +38,14 @@ _READING_TEXT: dict[Reading, str] = {
 }
 
 
-def rows_of(budget: Mapping[str, Any] | None) -> dict[Part, list[KernelRow]]:
-    """Per part, its ncu kernel rows, as the budget JSON carries them (best first)."""
+def rows_of(budget: StepBudget | None) -> dict[Part, list[KernelRow]]:
+    """Per part, its ncu kernel rows, as the budget's part details carry them (best first)."""
     out: dict[Part, list[KernelRow]] = {}
-    for p in (budget or {}).get("parts") or []:
-        if not isinstance(p, Mapping):
-            continue
-        try:
-            part = Part(str(p.get("part")))
-        except ValueError:
-            continue
-        rows = [r for d in (p.get("detail") or {}).get("ncu_kernels") or []
+    for p in budget.parts if budget is not None else ():
+        rows = [r for d in p.detail.get("ncu_kernels") or []
                 if isinstance(d, Mapping) and (r := KernelRow.from_json(d)) is not None]
         if rows:
-            out[part] = rows
+            out[p.part] = rows
     return out
 
 
@@ -100,7 +94,7 @@ def bound_text(r: KernelRow) -> str:
     return f"{ncu}; perfd: {why}"
 
 
-def text_lines(budget: Mapping[str, Any] | None, part: Part, indent: str, width: int = 100) -> list[str]:
+def text_lines(budget: StepBudget | None, part: Part, indent: str, width: int = 100) -> list[str]:
     """Per kernel row of ``part``: the kernel and its time; then its figures, what bounds it and what
     it calls for (each wrapped at ``width``)."""
     out = []
@@ -139,7 +133,7 @@ def _time_cell(r: KernelRow) -> str:
     return f"{replayed}<br><small>{why}: ncu's own duration, not per step</small>"
 
 
-def html_table(budget: Mapping[str, Any] | None) -> str:
+def html_table(budget: StepBudget | None) -> str:
     """The rows as a table, each beside its part (kernel names escaped: templates hold < > &)."""
     rows = rows_of(budget)
     if not rows:

@@ -13,8 +13,9 @@ from html import escape
 from typing import Any
 
 from perfd.analytics.common import pp_stage_of_rank
-from perfd.analytics.goodput import KIND_HELP, KINDS
-from perfd.analytics.incidents import is_disturbance
+from perfd.analytics.incidents.detect import CAPTURE
+from perfd.analytics.steps.goodput import KIND_HELP, KINDS
+from perfd.analytics.steps.run_summary import DisturbanceStretch, JobLayout
 from perfd.report.svg import (
     BLUE,
     GREEN,
@@ -65,7 +66,7 @@ def _figure(svg: str, caption: str) -> str:
 
 
 def _marks(groups: Sequence[Sequence[Mapping[str, Any]]], incidents: Sequence[Mapping[str, Any]],
-           summary: Mapping[str, Any]) -> list[ColumnMark]:
+           stretches: Sequence[DisturbanceStretch]) -> list[ColumnMark]:
     """Incidents and perfd's captures as column ranges of the heat map's bins."""
     spans = [(int(g[0]["iteration"]), int(g[-1]["iteration"])) for g in groups]
 
@@ -80,24 +81,24 @@ def _marks(groups: Sequence[Sequence[Mapping[str, Any]]], incidents: Sequence[Ma
         c = cols(inc.get("first_iteration"), inc.get("last_iteration"))
         if c is None:
             continue
-        capture = is_disturbance(inc)
+        capture = list(inc.get("kinds") or []) == [CAPTURE]  # the page's JSON: perfd's own capture
         cost = _num(inc.get("cost_s"))
         text = (f"{'perfd capture' if capture else 'incident ' + str(inc.get('id'))} "
                 f"(iterations {inc.get('first_iteration')}–{inc.get('last_iteration')})"
                 + (f": {cost:.1f} s lost" if cost is not None and not capture else "")
                 + ("" if capture else f" — {inc.get('cause', '')}"))
         out.append(ColumnMark(c[0], c[1], CAPTURE_COLOR if capture else INCIDENT_COLOR, text))
-    for st in (summary.get("capture_disturbances") or {}).get("stretches") or []:
-        c = cols(st.get("first_iteration"), st.get("last_iteration"))
+    for st in stretches:
+        c = cols(st.first_iteration, st.last_iteration)
         if c is not None:
             out.append(ColumnMark(c[0], c[1], CAPTURE_COLOR,
-                                  f"perfd capture (iterations {st.get('first_iteration')}–"
-                                  f"{st.get('last_iteration')}): left out of the steady state"))
+                                  f"perfd capture (iterations {st.first_iteration}–"
+                                  f"{st.last_iteration}): left out of the steady state"))
     return out
 
 
 def rank_heatmap(its: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, Any]] = (),
-                 job: Mapping[str, Any] | None = None, summary: Mapping[str, Any] | None = None,
+                 lay: JobLayout | None = None, stretches: Sequence[DisturbanceStretch] = (),
                  incidents: Sequence[Mapping[str, Any]] = ()) -> str:
     """Per-rank compute ÷ its group's median per iteration (from per-rank timers), or a note why not."""
     have = [it for it in its if it.get("straggler_rank_compute_ratio")]
@@ -105,7 +106,7 @@ def rank_heatmap(its: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, 
         return _note("No per-rank heat map: this run has no per-rank compute times. Megatron's default "
                      "timer option (minmax) prints only the min and max across ranks; run with "
                      "--timing-log-option all (or capture the ranks) to see every rank.")
-    lay = (job or {}).get("layout") or {}
+    lay = lay if lay is not None else JobLayout()
     all_ranks = sorted({int(r) for it in have for r in it["straggler_rank_compute_ratio"]})
     groups = _bins(have, MAX_BARS)
     matrix: dict[int, list[float | None]] = {r: [] for r in all_ranks}
@@ -121,13 +122,12 @@ def rank_heatmap(its: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, 
         note = f" Showing the {MAX_HEATMAP_ROWS} slowest of {len(all_ranks)} ranks."
 
     def stage(r: int) -> int:
-        s = pp_stage_of_rank(r, lay.get("world_size"), lay.get("tp"), lay.get("pp"), lay.get("dp"),
-                             lay.get("cp"))
+        s = pp_stage_of_rank(r, lay.world_size, lay.tp, lay.pp, lay.dp, lay.cp)
         return -1 if s is None else s
 
     shown = sorted(shown, key=lambda r: (stage(r), r))
     bounds: list[tuple[int, str]] = []
-    pp = lay.get("pp") or 1
+    pp = lay.pp or 1
     for i, r in enumerate(shown):
         if i == 0 or stage(r) != stage(shown[i - 1]):
             s = stage(r)
@@ -135,7 +135,7 @@ def rank_heatmap(its: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, 
     where = {int(p["rank"]): f"{p.get('node')}/gpu{p.get('gpu')}" for p in ranks if "rank" in p}
     rows = [f"rank {r}" + (f" {where[r]}" if r in where and len(shown) <= 32 else "") for r in shown]
     dev = max((abs(v - 1) for r in shown for v in matrix[r] if v is not None), default=0.1)
-    marks = _marks(groups, incidents, summary or {})
+    marks = _marks(groups, incidents, stretches)
     chart = heatmap(rows, [_label(g) for g in groups], [matrix[r] for r in shown],
                     title="Per-rank compute ÷ stage median", xlabel="iteration", ylabel="rank",
                     spread=min(0.5, max(0.1, dev)), vfmt=lambda v: f"{v:.2f}×", groups=bounds, marks=marks)

@@ -9,27 +9,27 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.arming import ArmingCost
-from perfd.analytics.budget import StepBudget
-from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
-from perfd.analytics.findings import (
+from perfd.analytics.advice.findings import (
     DATA_LOADING_FINDING,
     GRADE_LABELS,
     budget_class_text,
     explain_grade,
     grade_mfu,
 )
-from perfd.analytics.goodput import headline_text
-from perfd.analytics.host_evidence import CpuUse
-from perfd.analytics.incidents import incident_findings, is_disturbance
-from perfd.analytics.remedies import RemedyId
-from perfd.analytics.run_analysis import RunAnalysis
-from perfd.analytics.run_summary import reduction_of
-from perfd.analytics.verdict_text import cpu_use_text, data_loading_action
+from perfd.analytics.advice.remedies import RemedyId
+from perfd.analytics.breakdown.budget import StepBudget
+from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity, order_findings
+from perfd.analytics.incidents.findings import ReportedIncident, incident_findings, is_disturbance
+from perfd.analytics.incidents.host_evidence import CpuUse
+from perfd.analytics.incidents.verdict_text import cpu_use_text, data_loading_action
+from perfd.analytics.ncu.arming import ArmingCost
+from perfd.analytics.steps.goodput import headline_text
+from perfd.analytics.steps.run_analysis import RunAnalysis
+from perfd.analytics.steps.run_summary import JobBlock, JobLayout, reduction_of
 
 
 @dataclass
@@ -59,25 +59,26 @@ class Report:
     metrics: list[ReportMetric]
     findings: list[Finding]
     recommendations: list[Recommendation]
-    job: dict[str, Any] = field(default_factory=dict)
-    step_budget: dict[str, Any] | None = None  # perfd.analytics.budget JSON: where one step goes
-    arming: dict[str, Any] | None = None  # perfd.analytics.arming JSON: what ncu costs the armed ranks
+    job: JobBlock | None = None  # the training job's block (a serving report has none)
+    step_budget: StepBudget | None = None  # where one step goes (perfd.analytics.breakdown.budget)
+    arming: ArmingCost | None = None  # what ncu costs the armed ranks (perfd.analytics.ncu.arming)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Report:
-        """The inverse of to_json (the demo renders the aggregator's report this way)."""
+    def from_json(cls, d: Mapping[str, Any]) -> Report:
+        """The inverse of to_json, for a report read as JSON (the aggregator's answer, a file)."""
         return cls(ReportSummary(**d["summary"]), [ReportMetric(**m) for m in d["metrics"]],
                    [Finding(**{**f, "severity": Severity(f["severity"])}) for f in d["findings"]],
-                   [Recommendation(**r) for r in d["recommendations"]], step_budget=d.get("step_budget"),
-                   arming=d.get("arming"))
+                   [Recommendation(**r) for r in d["recommendations"]],
+                   step_budget=StepBudget.from_json(d.get("step_budget")),
+                   arming=ArmingCost.from_json(d.get("arming")))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "summary": _clean(dataclasses.asdict(self.summary)),
             "metrics": [_clean(dataclasses.asdict(m)) for m in self.metrics],
-            "step_budget": _clean(self.step_budget),
-            "arming": _clean(self.arming),
-            "findings": [_clean(dataclasses.asdict(f)) for f in self.findings],
+            "step_budget": _clean(self.step_budget.to_json() if self.step_budget is not None else None),
+            "arming": _clean(self.arming.to_json() if self.arming is not None else None),
+            "findings": [_clean(f.to_json()) for f in self.findings],
             "recommendations": [_clean(dataclasses.asdict(r)) for r in self.recommendations],
         }
 
@@ -107,75 +108,78 @@ def format_value(value: float | None, unit: str) -> str:
     return f"{value:.4g}"
 
 
-def layout_text(lay: Mapping[str, Any]) -> str:
+def layout_text(lay: JobLayout) -> str:
     """The job's layout as its sources stated it: only what is known ("TP=2 PP=1 DP=4, world size 8,
     16 micro-batches"); an unknown size is left out, never printed as None."""
-    dims = " ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "vpp")
-                    if lay.get(k) is not None)
-    world, micro = lay.get("world_size"), lay.get("microbatches")
+    dims = " ".join(f"{k.upper()}={v}" for k, v in (("tp", lay.tp), ("pp", lay.pp), ("dp", lay.dp),
+                                                     ("cp", lay.cp), ("ep", lay.ep), ("vpp", lay.vpp))
+                    if v is not None)
+    world, micro = lay.world_size, lay.microbatches
     micro_text = f"{micro} micro-batch{'es' if micro != 1 else ''}" if micro is not None else ""
     parts = [p for p in (dims, f"world size {world}" if world is not None else "", micro_text) if p]
     return ", ".join(parts) if parts else "layout unknown"
 
 
-def build_report(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None,
+def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | None = None,
                  *, arming: ArmingCost | None = None, cpu: CpuUse | None = None) -> Report:
     """The four-part report of one analysed run. ``incidents``: the live aggregator's record of
     the job's incidents (with the GPU evidence of the time, kept after the iterations left its
     retention); without it the report uses the incidents the analysis found in the iterations.
     ``arming``: what running under ncu costs the job's armed ranks (the aggregator measures it).
     ``cpu``: how the job's ranks use their CPUs now (the live aggregator's host evidence,
-    perfd.analytics.host_evidence.job_cpu_use): a data-loading action then says more workers only
+    perfd.analytics.incidents.host_evidence.job_cpu_use): a data-loading action then says more workers only
     where the CPUs have room."""
-    s, med = analysis.summary, analysis.summary["medians"]
+    s = analysis.summary
     findings, recs = list(analysis.findings), list(analysis.recommendations)
     if arming is not None:
         findings.append(arming_finding(arming))
     if cpu is not None:
         recs = [_with_cpu(r, cpu) for r in recs]
-    if incidents is not None:
-        findings = [f for f in findings if not f.id.startswith("incident-")]
-        recs = [r for r in recs if not r.finding_id.startswith("incident-")]
+    if incidents is not None:  # the analysis' incident findings give way to the kept incidents'
+        gone = {f.id for f in findings if f.origin is FindingOrigin.INCIDENT}
+        findings = [f for f in findings if f.origin is not FindingOrigin.INCIDENT]
+        recs = [r for r in recs if r.finding_id not in gone]
         run_s = analysis.run_seconds()
         inc_f, inc_r = incident_findings(incidents, run_s or None, cpu)
         findings, recs = order_findings([*findings, *inc_f], [*recs, *inc_r])
-    incs = list(incidents) if incidents is not None else [i.to_json() for i in analysis.incidents]
-    grade, _ = grade_mfu(med.get("mfu"))
-    budget = s.get("step_budget")
-    grade_text = explain_grade(med.get("mfu"), med.get("data_share"), med.get("comm_exposed_share"),
-                               budget_class_text(StepBudget.from_json(budget)))
+    incs: list[ReportedIncident] = list(incidents) if incidents is not None else list(analysis.incidents)
+    mfu = s.median("mfu")
+    grade, _ = grade_mfu(mfu)
+    budget = s.step_budget
+    grade_text = explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
+                               budget_class_text(budget)).text()
     span = analysis.steady.range_text()
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):
-        value = catalog.job_value(d, med)
+        value = catalog.job_value(d, s.medians)
         src = _source_of(analysis, d.attr or "")
         if value is not None:
             src = f"{reduction_of(d.attr or '')} over {span}; per iteration (last shown): {src}"
         metrics.append(ReportMetric(d.name, value, d.unit, src, d.description))
     job = analysis.job
-    lay = job["layout"]
-    gpu = job["gpu"]
-    mfu_text = (f"MFU {format_value(med.get('mfu'), 'ratio')} ({GRADE_LABELS.get(grade, grade)})"
-                if med.get("mfu") is not None
-                else f"MFU unknown ({gpu.get('peak_reason') or 'no model FLOPs or peak'})")
-    tput = med.get("model_tflops_per_gpu")
-    headline = (f"{job.get('name') or 'job'}: {mfu_text}"
+    gpu = job.gpu
+    mfu_text = (f"MFU {format_value(mfu, 'ratio')} ({GRADE_LABELS.get(grade, grade)})"
+                if mfu is not None
+                else f"MFU unknown ({gpu.peak_reason or 'no model FLOPs or peak'})")
+    tput = s.median("model_tflops_per_gpu")
+    headline = (f"{job.name or 'job'}: {mfu_text}"
                 + (f", {format_value(tput, 'tflops')} per GPU" if tput is not None else "")
-                + (f" on {gpu['model']}" if gpu.get("model") else "")
-                + f", bottleneck {s['bottleneck']}; {layout_text(lay)}")
-    goodput = headline_text(s.get("goodput"))
+                + (f" on {gpu.model}" if gpu.model else "")
+                + f", bottleneck {s.bottleneck.cls.value}; {layout_text(job.layout)}")
+    goodput = headline_text(s.goodput)
     if goodput is not None:
         headline += f"; {goodput}"
     incs = [i for i in incs if not is_disturbance(i)]  # perfd's own capture is never the headline
-    worst = max((i for i in incs if isinstance(i.get("cost_s"), (int, float))),
-                key=lambda i: float(i["cost_s"]), default=None)
+    costed = [(i.incident, float(c)) for i in incs if isinstance(c := i.incident.cost_s, (int, float))]
+    worst = max(costed, key=lambda ic: ic[1], default=None)
     if worst is not None:  # the largest recoverable loss leads
-        headline += (f". Largest loss: {worst.get('cause')} — {float(worst['cost_s']):.0f} s lost "
-                     f"(iterations {worst.get('first_iteration')}–{worst.get('last_iteration')}"
+        top, cost = worst
+        headline += (f". Largest loss: {top.cause} — {cost:.0f} s lost "
+                     f"(iterations {top.first_iteration}–{top.last_iteration}"
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
-    summary = ReportSummary(job.get("name"), grade, grade_text, med.get("mfu"), s["bottleneck"],
-                            s["bottleneck_reason"], span, headline)
-    return Report(summary, metrics, findings, recs, job, budget, arming.to_json() if arming else None)
+    summary = ReportSummary(job.name, grade, grade_text, mfu, s.bottleneck.cls.value,
+                            s.bottleneck.reason, span, headline)
+    return Report(summary, metrics, findings, recs, job, budget, arming)
 
 
 def arming_finding(arming: ArmingCost) -> Finding:
@@ -194,7 +198,7 @@ def _with_cpu(r: Recommendation, cpu: CpuUse) -> Recommendation:
     return dataclasses.replace(r, action=data_loading_action(cpu), detail=f"{r.detail}; {cpu_use_text(cpu)}")
 
 
-def analysis_json(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] | None = None, *,
+def analysis_json(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | None = None, *,
                   rows: Iterable[dict[str, Any]] | None = None, arming: ArmingCost | None = None,
                   cpu: CpuUse | None = None) -> dict[str, Any]:
     """The analysis as JSON with its report: keys job, iterations, summary, incidents, report (what
@@ -206,7 +210,7 @@ def analysis_json(analysis: RunAnalysis, incidents: Sequence[Mapping[str, Any]] 
     if rows is not None:
         out["iterations"] = rows
     if incidents is not None:
-        out["incidents"] = list(incidents)
+        out["incidents"] = [i.to_json() for i in incidents]
     return out
 
 

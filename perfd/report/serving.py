@@ -5,8 +5,8 @@ Recommendations tied to findings), in the same types as the training report so `
 from __future__ import annotations
 
 from perfd import catalog
-from perfd.analytics.serving import CATALOG_NAMES, ServingAnalysis
-from perfd.analytics.serving_findings import serving_status
+from perfd.analytics.serving.analysis import CATALOG_NAMES, ServingAnalysis
+from perfd.analytics.serving.findings import serving_status
 from perfd.report.report import Report, ReportMetric, ReportSummary, format_value
 
 # the first warning finding decides what the summary names as the limit
@@ -49,5 +49,5 @@ def build_serving_report(a: ServingAnalysis) -> Report:
                 f", decode MBU {format_value(v('decode_mbu'), 'ratio')}" + (f" ({model})" if model else ""))
     summary = ReportSummary(a.job, status, status_text, v("decode_mfu"), bottleneck, reason,
                             str(s.extras.get("window", "")), headline)
-    job = {"name": a.job, "framework": "sglang", "model": model, "window": s.extras.get("window")}
-    return Report(summary, metrics, list(a.findings), list(a.recommendations), job)
+    # No training job block: the served model and window are in the headline and the steady text.
+    return Report(summary, metrics, list(a.findings), list(a.recommendations))

@@ -9,6 +9,7 @@ shared across a batch) and its own hot path.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypedDict
@@ -26,7 +27,7 @@ from perfd.transport.gen import perfd_pb2 as pb
 
 # StepRecord fields that are `optional` scalars on the wire: absent stays absent (None), never 0.
 _OPT_FLOAT = ("end_time", "step_time_ms", "logged_tflops_per_gpu", "learning_rate", "lm_loss",
-              "loss_scale", "grad_norm")
+              "loss_scale", "grad_norm", "tokens_per_step", "flops_per_step")
 _OPT_INT = ("train_iters", "consumed_samples", "global_batch_size", "skipped_iterations",
             "nan_iterations", "interval")
 _OPT_NAMES = _OPT_FLOAT + _OPT_INT
@@ -132,11 +133,14 @@ def step_from_pb(m: pb.StepRecord) -> StepRecord:
             line_no=s.line_no,
         )
     source = got.get(_FD_SOURCE)
+    fields: dict[str, str] = dict(got[_FD_FIELDS]) if _FD_FIELDS in got else {}
+    if fields and source is not None and source.collector == "hook":
+        _legacy_hook_counts(fields, opt)
     return StepRecord(
         job=m.job,
         iteration=m.iteration,
         rank=rank,
-        fields=dict(got[_FD_FIELDS]) if _FD_FIELDS in got else {},
+        fields=fields,
         timers={k: TimerValue(min_ms=t.min_ms if t.HasField("min_ms") else None,
                               max_ms=t.max_ms if t.HasField("max_ms") else None,
                               per_rank=dict(t.per_rank))
@@ -148,6 +152,25 @@ def step_from_pb(m: pb.StepRecord) -> StepRecord:
         first_of_run=_FD_FIRST in got,
         **opt,
     )
+
+
+# The step hook's counts that an agent older than their typed fields sent as text in ``fields``.
+_LEGACY_HOOK_COUNTS = ("tokens_per_step", "flops_per_step")
+
+
+def _legacy_hook_counts(fields: Mapping[str, str], opt: dict[str, Any]) -> None:
+    """Read the hook's per-step counts an older agent wrote as text (``f"{x:.10g}"``) into ``opt``,
+    where the typed value is absent: a positive finite number, else left absent."""
+    for name in _LEGACY_HOOK_COUNTS:
+        text = fields.get(name)
+        if text is None or name in opt:
+            continue
+        try:
+            x = float(text)
+        except ValueError:
+            continue
+        if math.isfinite(x) and x > 0:
+            opt[name] = x
 
 
 # ------------------------------------------------------------------------------------ events

@@ -1,7 +1,7 @@
 from typing import Any
 
-from perfd.analytics.attribution import RankPlacement, foreign_processes, gpu_hints, place_ranks
-from perfd.analytics.evidence import EvidenceKind as K
+from perfd.analytics.incidents.attribution import RankPlacement, foreign_processes, gpu_hints, place_ranks
+from perfd.analytics.incidents.evidence import EvidenceKind as K
 
 PROCS: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("node-a", "0"): [{"pid": 10, "rank": 0, "local_rank": 0, "world_size": 4, "cmdline": "python train.py"}],

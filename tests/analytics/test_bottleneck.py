@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfd.analytics.bottleneck import BOTTLENECK_CLASSES, GpmReading, classify, classify_gpm
+from perfd.analytics.breakdown.bottleneck import BOTTLENECK_CLASSES, GpmReading, classify, classify_gpm
 
 # DESIGN.md's GPM table, H200, 0.5 s windows (percent → ratio)
 MATMUL = GpmReading(sm_util=0.963, sm_occupancy=0.142, tensor_util=0.935, dram_bw_util=0.176, nvml_util=1.0)

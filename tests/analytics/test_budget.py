@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from collectors.megatron import parse_file
-from perfd.analytics.budget import (
+from perfd.analytics.advice.remedies import Framework
+from perfd.analytics.breakdown.budget import (
     FlopsContext,
     Part,
     StepBudget,
@@ -26,9 +27,8 @@ from perfd.analytics.budget import (
     from_capture,
     from_timers,
 )
-from perfd.analytics.capture_findings import diagnose_capture
-from perfd.analytics.remedies import Framework
-from perfd.analytics.run_analysis import analyze_run
+from perfd.analytics.breakdown.capture_findings import diagnose_capture
+from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.commands.analyze_capture import timeline_class
 
@@ -116,7 +116,7 @@ def test_the_big_h100_job_is_memory_bound_in_attention_and_r1_is_fused_attention
     half the step; the linear layers run at the matmul ceiling; the "memory copies" of a by-name reading
     (90 ms) are a few ms."""
     a = _big()
-    s = a.summary
+    s = a.summary.to_json()
     assert s["bottleneck"] == "memory-bound" and s["bottleneck_evidence"]["winner"] == "capture"
     b = StepBudget.from_json(s["step_budget"])
     assert b is not None and b.has_kernels and b.iterations == 3 and b.steps_from == "trace"
@@ -152,7 +152,7 @@ def test_a_capture_without_cpu_ops_falls_back_to_kernel_names_and_says_so() -> N
     then its softmax and mask-fill kernels only, its matmuls among the GEMMs, and the budget says how it
     was divided."""
     a = _big(BIG, BIG_LOG)
-    b = StepBudget.from_json(a.summary["step_budget"])
+    b = a.summary.step_budget
     assert b is not None and b.attribution == "kernel names" and b.steps_from == "span"
     assert b.get(Part.GEMM) is not None and b.get(Part.LINEAR) is None
     assert 0.15 < b.ms(Part.ATTENTION) / b.step_ms < 0.25  # half of what the ops say: the by-name reading
@@ -201,8 +201,8 @@ def test_the_pp2_job_gets_the_pipeline_remedies_from_its_timers() -> None:
     fixture = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
     parsed = parse_file(fixture, job="pp2")
     a = analyze_run(parsed.job_info, parsed.records, gpu_name="NVIDIA H200", job_name="pp2")
-    assert a.summary["bottleneck"] == "pipeline-bound"
-    b = StepBudget.from_json(a.summary["step_budget"])
+    assert a.summary.bottleneck.cls.value == "pipeline-bound"
+    b = a.summary.step_budget
     assert b is not None and not b.has_kernels and b.ms(Part.PIPELINE) > 0.1 * b.step_ms
     assert a.recommendations[0].finding_id in ("pp-imbalance", "pp-bubble")
     assert any(r.finding_id == "mfu-grade" and "capture" in r.action for r in a.recommendations)
@@ -234,10 +234,10 @@ def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
     """An Nsight Compute capture's per-category summaries (the recorded H100 ncu export, joined to the
     recorded Kineto trace of the job) sit on the parts their kernels' time is in, and the GEMM
     finding says what ncu measured of them."""
-    from perfd.analytics import ncu_join
-    from perfd.analytics.budget_findings import BudgetContext, analyze, ncu_text
-    from perfd.analytics.job_budget import with_ncu
-    from perfd.analytics.ncu import parse_csv
+    from perfd.analytics.breakdown.budget_findings import BudgetContext, analyze, ncu_text
+    from perfd.analytics.breakdown.job_budget import with_ncu
+    from perfd.analytics.ncu import join as ncu_join
+    from perfd.capture.ncu_report import parse_csv
 
     ncu_dir = Path(__file__).resolve().parents[1] / "data" / "ncu"
     report = parse_csv((ncu_dir / "h100_full_4gemm_details.csv").read_text())
@@ -264,9 +264,9 @@ def test_the_pp_budget_counts_each_millisecond_once() -> None:
     fixture = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
     parsed = parse_file(fixture, job="pp2")
     a = analyze_run(parsed.job_info, parsed.records, gpu_name="NVIDIA H200", job_name="pp2")
-    b = StepBudget.from_json(a.summary["step_budget"])
+    b = a.summary.step_budget
     assert b is not None
-    med = a.summary["medians"]
+    med: dict[str, Any] = dict(a.summary.medians)
     assert sum(p.ms for p in b.parts) == pytest.approx(b.step_ms)
     assert b.ms(Part.COMM_EXPOSED) == pytest.approx(med["comm_exposed_dp_share"] * b.step_ms)
     assert b.ms(Part.PIPELINE) == pytest.approx(med["pp_idle_max"] * b.step_ms)
@@ -287,20 +287,21 @@ def test_a_finished_logs_report_says_how_to_take_a_capture_next_time() -> None:
 
 
 def test_the_grade_is_never_explained_by_causes_the_report_measured_small() -> None:
-    from perfd.analytics.findings import explain_grade
+    from perfd.analytics.advice.findings import explain_grade
 
-    assert "usually communication or data loading" in explain_grade(0.2, None, None)
-    text = explain_grade(0.2, 0.006, None)
+    assert "usually communication or data loading" in explain_grade(0.2, None, None).text()
+    text = explain_grade(0.2, 0.006, None).text()
     assert "not data loading (0.6%)" in text and "usually" not in text and "not timed" in text
-    assert "not data loading (1.2%) nor exposed communication (0.2%)" in explain_grade(0.2, 0.012, 0.002)
-    assert explain_grade(0.2, 0.3, 0.2).endswith("(usually communication or data loading)")
-    assert "the step budget shows" in explain_grade(0.35, 0.0, 0.0, "memory-bound (memory 60%)")
+    assert "not data loading (1.2%) nor exposed communication (0.2%)" in \
+        explain_grade(0.2, 0.012, 0.002).text()
+    assert explain_grade(0.2, 0.3, 0.2).text().endswith("(usually communication or data loading)")
+    assert "the step budget shows" in explain_grade(0.35, 0.0, 0.0, "memory-bound (memory 60%)").text()
 
 
 def test_the_capture_says_what_it_cost_the_steps_it_recorded() -> None:
     """A captured step against the steady one is the profiler's own cost: said beside the budget, a
     warning above th.CAPTURE_SLOWDOWN (the tiny job's capture nearly doubled its step)."""
-    from perfd.analytics.budget_findings import BudgetContext, analyze
+    from perfd.analytics.breakdown.budget_findings import BudgetContext, analyze
 
     dev = analyze_chrome_trace(OPS).device(0).to_json()
     for steady, sev in ((700.0, "info"), (400.0, "warning")):

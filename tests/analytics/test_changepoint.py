@@ -13,11 +13,10 @@ import time
 import pytest
 
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.changepoint import find_change_point
-from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT
-from perfd.analytics.incidents import LEVEL_SHIFT
-from perfd.analytics.run_analysis import analyze_run
-from perfd.model import JobInfo, StepRecord, TimerValue
+from perfd.analytics.incidents.detect import LEVEL_SHIFT
+from perfd.analytics.steps.changepoint import find_change_point
+from perfd.analytics.steps.run_analysis import analyze_run
+from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, JobInfo, StepRecord, TimerValue
 
 
 def shifted(first_slow: int = 151, last: int = 300, before: float = 60.0, after: float = 90.0) -> list[float]:
@@ -59,12 +58,12 @@ def test_the_shift_is_one_incident_counted_to_the_end_and_in_goodput() -> None:
     inc = shifts[0]
     assert (inc.first_iteration, inc.last_iteration, inc.open) == (151, 300, True)
     assert inc.cost_s == pytest.approx(150 * 0.030)  # Σ(step − level before) to the end
-    cp = inc.evidence["change_point"]
-    assert cp["before_ms"] == 60.0 and cp["after_ms"] == 90.0
+    cp = inc.evidence.change_point
+    assert cp is not None and cp.before_ms == 60.0 and cp.after_ms == 90.0
     assert "shifted from 60 to 90 ms at iteration 151" in inc.cause
-    gp = a.summary["goodput"]
+    gp = a.summary.to_json()["goodput"]
     assert gp["parts_s"]["incident"] == pytest.approx(inc.cost_s)
-    assert a.summary["medians"]["step_time_ms"] == 60.0  # steady state: the level before the shift
+    assert a.summary.median("step_time_ms") == 60.0  # steady state: the level before the shift
 
 
 def test_taken_as_the_new_normal_the_shift_stops_costing() -> None:
@@ -113,7 +112,7 @@ def test_goodputs_incident_part_is_the_cost_of_the_incidents_listed_for_every_so
     steps = [95.0 + d for d in data]
     st = _feed(kind, steps, data)
     listed = st.incidents.incidents("j")
-    gp = st.goodput("j")
+    gp = st.snapshot("j").goodput()  # type: ignore[union-attr]
     assert gp is not None and listed
     assert gp["parts_s"]["incident"] == pytest.approx(sum(i["cost_s"] for i in listed))
     assert gp["parts_s"]["incident"] == pytest.approx(3.0)

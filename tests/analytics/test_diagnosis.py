@@ -1,11 +1,11 @@
-"""The bottleneck class from its votes (perfd.analytics.diagnosis), with the GPM figures measured in
+"""The bottleneck class from its votes (perfd.analytics.breakdown.diagnosis), with the GPM figures measured in
 DESIGN.md §3 (the co-tenant DP=2 job: tensor 13%, SM 46%, DRAM 23%; tiny kernels: NVML util 34%, SM
 0.04%) and a recorded capture's class."""
 
 from __future__ import annotations
 
-from perfd.analytics.bottleneck import BottleneckClass, GpmReading
-from perfd.analytics.diagnosis import StepShares, TimelineClass, classify_job
+from perfd.analytics.breakdown.bottleneck import BottleneckClass, GpmReading
+from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, classify_job
 
 DP2_GPM = GpmReading(sm_util=0.46, tensor_util=0.13, dram_bw_util=0.23, nvml_util=1.0)
 TINY_GPM = GpmReading(sm_util=0.0004, tensor_util=0.0, dram_bw_util=0.0, nvml_util=0.34)

@@ -29,10 +29,10 @@ def test_layout_and_bubble(parsed) -> None:
     log, a = parsed
     lay = log.job_info.layout
     assert (lay.tp, lay.pp, lay.dp) == (1, 2, 1)
-    assert lay.microbatches() == 16 and a.job["layout"]["microbatches"] == 16
-    assert a.summary["medians"]["pp_bubble_analytic"] == pytest.approx(1 / 17)
-    assert a.job["framework_version"] == "0.20.0" and a.job["flops_formula"] == "megatron-core>=0.12"
-    assert a.job["flops_per_iteration"] == 55_765_855_371_264
+    assert lay.microbatches() == 16 and a.job.layout.microbatches == 16
+    assert a.summary.to_json()["medians"]["pp_bubble_analytic"] == pytest.approx(1 / 17)
+    assert a.job.framework_version == "0.20.0" and a.job.flops.formula == "megatron-core>=0.12"
+    assert a.job.flops.per_iteration == 55_765_855_371_264
 
 
 def test_tflops_within_1pct_on_every_steady_iteration(parsed) -> None:
@@ -48,8 +48,8 @@ def test_tflops_within_1pct_on_every_steady_iteration(parsed) -> None:
 
 def test_mfu_against_h200_peak(parsed) -> None:
     _, a = parsed
-    assert a.job["gpu"]["peak_tflops"] == 989.0 and a.job["gpu"]["dtype"] == "bf16"
-    med = a.summary["medians"]
+    assert a.job.gpu.peak_tflops == 989.0 and a.job.gpu.dtype == "bf16"
+    med = a.summary.to_json()["medians"]
     assert med["mfu"] == pytest.approx(med["model_tflops_per_gpu"] / 989)
     assert med["mfu"] == pytest.approx(0.0818, abs=5e-4)  # 80.9 TFLOP/s sustained over the steady steps
     it38 = next(it for it in a.iterations if it.iteration == 38)
@@ -59,24 +59,24 @@ def test_mfu_against_h200_peak(parsed) -> None:
 
 def test_stage_idle_and_imbalance(parsed) -> None:
     _, a = parsed
-    med = a.summary["medians"]
+    med = a.summary.to_json()["medians"]
     assert med["pp_idle_min"] == pytest.approx(0.08, abs=0.01)  # heavier stage ~8%
     assert med["pp_idle_max"] == pytest.approx(0.24, abs=0.01)  # lighter stage ~24%
     assert med["pp_imbalance"] == pytest.approx(med["pp_idle_max"] - 1 / 17)
     assert any(f.id == "pp-imbalance" for f in a.findings)
     assert a.recommendations[0].finding_id == "pp-imbalance"
-    assert a.summary["bottleneck"] == "pipeline-bound"
+    assert a.summary.to_json()["bottleneck"] == "pipeline-bound"
     text = render_text(build_report(a))
     assert "Stage imbalance dominates the pipeline bubble" in text
 
 
 def test_other_shares(parsed) -> None:
     _, a = parsed
-    med = a.summary["medians"]
+    med = a.summary.to_json()["medians"]
     assert med["data_share"] == pytest.approx(0.039, abs=0.002)
     assert med["comm_exposed_share"] == pytest.approx(0.252, abs=0.003)
     assert med["comm_exposed_dp_share"] < 0.01 < med["comm_exposed_pp_share"]
-    assert a.summary["straggler_persistent_ranks"] == []
+    assert a.summary.to_json()["straggler_persistent_ranks"] == []
 
 
 REAL_LOGS = _REPO / "tests" / "data" / "megatron"
@@ -101,12 +101,12 @@ def test_real_logs_tflops_match_on_every_steady_iteration(real_log) -> None:
         assert "formula:megatron-core>=0.12" in it.sources["model_tflops_per_gpu"], name
         assert it.model_tflops_per_gpu is not None and it.logged_tflops_per_gpu is not None
         assert abs(it.model_tflops_per_gpu / it.logged_tflops_per_gpu - 1) < 0.01, (name, it.iteration)
-    assert a.summary["tflops_check_n_disagree"] == 0
+    assert a.summary.to_json()["tflops_check_n_disagree"] == 0
 
 
 def test_real_logs_layout_specific_metrics(real_log) -> None:
     name, log, a = real_log
-    med, src = a.summary["medians"], a.job["flops_source"] or ""
+    med, src = a.summary.to_json()["medians"], a.job.to_json()["flops_source"] or ""
     ids = {f.id for f in a.findings}
     if name == "tp2_swiglu_gqa_untied":
         assert "GQA" in src and "E=3" in src and log.job_info.spec.untie_embeddings
@@ -115,14 +115,14 @@ def test_real_logs_layout_specific_metrics(real_log) -> None:
     if name == "pp2_vpp2_interleaved":
         assert med["pp_bubble_analytic"] == pytest.approx(1 / 33)  # (p-1)/(v·m+p-1), v=2, m=16
         assert med["pp_idle_max"] > 0.15 and "pp-imbalance" in ids
-        assert a.summary["bottleneck"] == "pipeline-bound"
+        assert a.summary.to_json()["bottleneck"] == "pipeline-bound"
     if name == "dp2_all_timers":
         it = a.steady_iterations()[-1]
         assert it.comm_method == "per-rank" and it.pp_idle_max is None
         assert it.straggler_compute_spread_flagged is None  # per-rank rows name ranks instead
         assert "straggler-spread" not in ids
-        assert a.summary["straggler_persistent_ranks"] == []  # rank 0 flagged in 13/27: < 50%
-        assert a.summary["straggler_flag_fraction"]["0"] == pytest.approx(13 / 27)
+        assert list(a.summary.straggler_persistent_ranks) == []  # rank 0 flagged in 13/27: < 50%
+        assert a.summary.to_json()["straggler_flag_fraction"]["0"] == pytest.approx(13 / 27)
     if name.startswith("tp2"):
         assert med["pp_bubble_analytic"] == 0.0 and med["pp_idle_max"] is None
         assert med["comm_exposed_dp_share"] is not None and med["comm_exposed_pp_share"] is None

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from perfd.analytics.flops import (
+from perfd.analytics.steps.flops import (
     FORMULA_6N,
     FORMULA_CURRENT,
     FORMULA_LEGACY,
@@ -14,6 +14,7 @@ from perfd.analytics.flops import (
     model_flops,
     moe_layer_pattern,
     parse_version,
+    record_flops,
     six_n_flops,
 )
 from perfd.model import ModelSpec
@@ -221,3 +222,18 @@ def test_six_n_fallback() -> None:
     full.parameter_count = 130_000_000
     assert model_flops(full, 64).formula == FORMULA_CURRENT
     assert model_flops(ModelSpec(), 64).flops_per_iteration is None
+
+
+def test_tokens_record_provenance_names_the_tokens_where_the_batch_was() -> None:
+    a = _args(num_experts=4, moe_router_topk=2, moe_layer_freq=2, mtp_num_layers=1,
+              group_query_attention=True, num_query_groups=4)
+    spec = _spec(a)
+    per_seq = megatron_flops(spec, 1, "0.20.0")
+    got = record_flops(4096.0, None, spec, "0.20.0")
+    assert got is not None and got.source is not None and per_seq.source is not None
+    assert got.source.detail == (per_seq.source.detail.replace("gbs=1", "tokens=4096")
+                                 + " (tokens_per_step from the step hook)")
+    assert got.source.detail == (
+        "formula:megatron-core>=0.12 (T·[6hfE·L + 6L(h(q+2kv)+qh) + 6hV] + T·s·L·6q; L=8+1 MTP, h=1024, "
+        "f=4096, E=2, q=1024, kv=256 (GQA), V=32000, s=1024, tokens=4096, MoE 4 layers top-2 f_moe=4096 "
+        "shared=0) (tokens_per_step from the step hook)")

@@ -1,4 +1,4 @@
-"""Goodput of a job (perfd.analytics.goodput) on recorded Megatron-LM logs: the parts add up to the
+"""Goodput of a job (perfd.analytics.steps.goodput) on recorded Megatron-LM logs: the parts add up to the
 wall time, and each part matches the log's own figures (its timestamps and timers) within 1%.
 
 Recorded jobs that save, evaluate and resume are checked in test_goodput_recorded.py
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from collectors.megatron.parser import parse_lines
-from perfd.analytics import goodput as gpm
-from perfd.analytics.goodput import StepSpan, job_goodput, with_stall
-from perfd.analytics.run_analysis import analyze_run
+from perfd.analytics.steps import goodput as gpm
+from perfd.analytics.steps.goodput import StepSpan, job_goodput, with_stall
+from perfd.analytics.steps.run_analysis import analyze_run
 
 ROOT = Path(__file__).resolve().parents[2]
 COTENANT = ROOT / "tests/data/incidents/costraggler_dp2/dp2_cotenant.log"
@@ -66,11 +66,11 @@ def _stepping(its: list[tuple[float, int, float]]) -> float:
 def _goodput(lines: list[str]) -> dict[str, Any]:
     parsed = parse_lines(lines)
     analysis = analyze_run(parsed.job_info, parsed.records)
-    gp = analysis.summary["goodput"]
+    gp = analysis.summary.to_json()["goodput"]
     assert gp is not None
     assert math.isclose(sum(gp["parts_s"].values()), gp["wall_s"], abs_tol=1e-6)  # epoch-time rounding
     assert set(gp["parts_s"]) == set(gpm.KINDS)
-    return {**gp, "summary": analysis.summary}
+    return {**gp, "summary": analysis.summary.to_json()}
 
 
 def _near(a: float, b: float) -> None:
@@ -211,7 +211,7 @@ def test_torchtitan_log_and_step_hook_records() -> None:
     parser = TorchtitanLogParser("titan", log.name)
     records = [r for line in log.read_text().splitlines() for r in parser.feed(line)]
     assert [r.iteration for r in records if r.first_of_run] == [1]  # after "Training starts at step 1"
-    gp = analyze_run(parser.job_info, records).summary["goodput"]
+    gp = analyze_run(parser.job_info, records).summary.to_json()["goodput"]
     stamps = [_epoch(m[1].replace(",", ".")) for line in log.read_text().splitlines()
               if (m := re.match(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)", line))]
     starts = [_epoch(m[1].replace(",", ".")) for line in log.read_text().splitlines()
@@ -224,7 +224,7 @@ def test_torchtitan_log_and_step_hook_records() -> None:
 
     hook = [StepRecord("h", it, rank=r, end_time=1000.0 + it * 0.5 + 0.01 * r, step_time_ms=500.0)
             for it in range(1, 41) for r in (0, 1)]
-    gp = analyze_run(JobInfo(framework="hook"), job_level_steps(hook)).summary["goodput"]
+    gp = analyze_run(JobInfo(framework="hook"), job_level_steps(hook)).summary.to_json()["goodput"]
     assert gp["parts_s"]["startup"] == 0 and gp["notes"]
     _near(gp["wall_s"], 1000.0 + 40 * 0.5 + 0.01 - (1000.5 + 0.01 - 0.5))
     assert math.isclose(sum(gp["parts_s"].values()), gp["wall_s"], abs_tol=1e-6)
@@ -244,7 +244,7 @@ def test_perfd_captures_count_as_profiling() -> None:
     marked = [dataclasses.replace(r, step_time_ms=(r.step_time_ms or 0.0) + 3000.0)
               if r.iteration == 76 else r for r in marked]
     analysis = analyze_run(parsed.job_info, marked)
-    s = analysis.summary
+    s = analysis.summary.to_json()
     parts = s["goodput"]["parts_s"]
     inside = sum(i.capture_cost_s or 0.0 for i in analysis.incidents)
     assert inside == pytest.approx(3.0, abs=0.5)  # the flush beyond the incident's level

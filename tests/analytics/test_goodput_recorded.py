@@ -46,7 +46,7 @@ def test_goodput_parts_match_the_logs_own_figures() -> None:
     steps = _steps(text)
     assert len(saving) == len(saved) == 4 and [s[0] for s in steps] == list(range(1, 41))
     _, analysis = analyze_megatron_file(str(LOG), gpu="NVIDIA H100 80GB HBM3")
-    g = analysis.summary["goodput"]
+    g = analysis.summary.to_json()["goodput"]
     parts = g["parts_s"]
     assert g["runs"] == 2 and g["restarts"] == 1
     assert math.isclose(sum(parts.values()), g["wall_s"], abs_tol=1e-6)
@@ -74,7 +74,7 @@ def test_resume_from_an_older_checkpoint_counts_the_iterations_trained_again() -
     second = next(k for k in range(1, len(steps)) if steps[k][0] <= steps[k - 1][0])
     assert [s[0] for s in steps] == [*range(1, 21), *range(11, 41)] and second == 20
     _, analysis = analyze_megatron_file(str(OLDER), gpu="NVIDIA H100 80GB HBM3")
-    g = analysis.summary["goodput"]
+    g = analysis.summary.to_json()["goodput"]
     parts = g["parts_s"]
     assert g["runs"] == 2 and g["restarts"] == 1
     assert math.isclose(sum(parts.values()), g["wall_s"], abs_tol=1e-6)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfd.analytics.gpus import lookup_gpu, normalize_dtype, peak_tflops
+from perfd.analytics.steps.gpus import lookup_gpu, peak_tflops
+from perfd.dtypes import normalize_dtype
 
 
 @pytest.mark.parametrize(("nvml", "model", "bf16"), [

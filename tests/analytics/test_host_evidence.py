@@ -1,5 +1,5 @@
-"""Host evidence of a rank process (perfd.analytics.host_evidence), its place in the causal order
-(perfd.analytics.evidence), its sentences (verdict_text) and the live stall check (perfd.analytics
+"""Host evidence of a rank process (perfd.analytics.incidents.host_evidence), its place in the causal order
+(perfd.analytics.incidents.evidence), its sentences (verdict_text) and the live stall check (perfd.analytics
 .stall). The observations are collectors/ranks payloads recorded on real processes
 (tests/data/host/record_obs.py); variations of them test each threshold."""
 
@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
+from perfd import thresholds as shared
 from perfd.analytics import thresholds as th
-from perfd.analytics.evidence import KIND_SPECS, Evidence, EvidenceKind, StallReason, Tier, decide
-from perfd.analytics.host_evidence import foreign_others, host_items, oom_evidence
-from perfd.analytics.stall import RankSeen, StallInputs, Status, check_stall, stall_limit
-from perfd.analytics.verdict_text import action_text, cause_text, cpus_text, sentence
+from perfd.analytics.incidents.evidence import KIND_SPECS, Evidence, EvidenceKind, StallReason, Tier, decide
+from perfd.analytics.incidents.host_evidence import foreign_others, host_items, oom_evidence
+from perfd.analytics.incidents.stall import RankSeen, StallInputs, Status, check_stall, stall_limit
+from perfd.analytics.incidents.verdict_text import action_text, cause_text, cpus_text, sentence
 
 K = EvidenceKind
 DATA = Path(__file__).resolve().parents[1] / "data" / "host" / "rank_observations.json"
@@ -49,7 +50,7 @@ def test_recorded_calm_stopped_and_gone() -> None:
     # Alone on its CPU the rank waited a little (a loaded machine: wait > 0 while others took ~0): no
     # contention is named without processes that took its CPU.
     calm = obs("calm")
-    assert calm["others_ratio"] < th.CPU_OTHERS_SHARE.value
+    assert calm["others_ratio"] < shared.CPU_OTHERS_SHARE.value
     assert K.CPU_CONTENTION not in kinds(host_items(0, calm))
     (s,) = host_items(0, obs("stopped"))
     stopped = obs("stopped")
@@ -65,18 +66,18 @@ def test_recorded_calm_stopped_and_gone() -> None:
 def test_each_threshold() -> None:
     base = obs("contention")
     # Contention needs both the wait and the others' share, and named foreign processes.
-    assert not host_items(0, {**base, "wait_ratio": th.CPU_WAIT_CONTENTION.value - 0.01})
-    assert not host_items(0, {**base, "others_ratio": th.CPU_OTHERS_SHARE.value - 0.01})
+    assert not host_items(0, {**base, "wait_ratio": shared.CPU_WAIT_CONTENTION.value - 0.01})
+    assert not host_items(0, {**base, "others_ratio": shared.CPU_OTHERS_SHARE.value - 0.01})
     own = [{**x, "own": True} for x in base["others"]]
     assert not host_items(0, {**base, "others": own})  # the job's own workers are no foreign cause
     assert foreign_others({**base, "others": own}) == []
     calm = obs("calm", wait_ratio=0.0, others=[], others_ratio=None)
     (t,) = host_items(0, {**calm, "throttled_ratio": 0.5, "cpu_quota_cores": 0.5})
     assert t.kind is K.CPU_THROTTLED and "hit its CPU quota of 0.5 CPU: throttled in 50%" in sentence(t)
-    assert not host_items(0, {**calm, "throttled_ratio": th.CPU_THROTTLED_SHARE.value - 0.01})
+    assert not host_items(0, {**calm, "throttled_ratio": shared.CPU_THROTTLED_SHARE.value - 0.01})
     (m,) = host_items(0, {**calm, "pressure": {"memory": 0.2, "io": 0.0}, "pressure_source": "cgroup"})
     assert m.kind is K.MEMORY_PRESSURE and "cgroup's tasks stalled on memory 20%" in sentence(m)
-    (m2,) = host_items(0, calm, swap_in_bytes_per_s=th.SWAP_IN_BYTES_PER_S.value * 4)
+    (m2,) = host_items(0, calm, swap_in_bytes_per_s=shared.SWAP_IN_BYTES_PER_S.value * 4)
     assert m2.kind is K.MEMORY_PRESSURE and "swapping in 4.0 MiB/s" in sentence(m2)
     (io,) = host_items(0, {**calm, "state": "disk_sleep"})
     assert io.kind is K.IO_BLOCKED and "in disk sleep (state D)" in sentence(io)
@@ -168,8 +169,8 @@ def seen(rank: int, state: str, cpu: float | None = 1.0, gpu: float | None = Non
 def test_stall_check() -> None:
     now = 1000.0
     cadence = 0.5  # a record every 0.5 s: the limit is the floor, 5 s
-    assert stall_limit(cadence) == th.STALL_FLOOR_S.value
-    assert stall_limit(10.0) == 10.0 * th.STALL_CADENCE_FACTOR.value  # a log interval's cadence
+    assert stall_limit(cadence) == shared.STALL_FLOOR_S.value
+    assert stall_limit(10.0) == 10.0 * shared.STALL_CADENCE_FACTOR.value  # a log interval's cadence
 
     def check(silent: float, ranks: list[RankSeen], **kw: Any) -> Any:
         return check_stall(StallInputs(now, now - silent, cadence, ranks, **kw))
@@ -198,7 +199,7 @@ def test_stall_check() -> None:
     assert ended.status is Status.RUNNING and ended.silent_s == 2.0
     assert check_stall(StallInputs(now, now - 60.0, cadence, sleeping,
                                    phase_ended_at=now - 6)).status is Status.STALLED
-    cap = th.STALL_PHASE_MAX_S.value
+    cap = shared.STALL_PHASE_MAX_S.value
     old = ("checkpoint", now - cap - 1)
     assert check(cap + 1, [seen(0, "sleeping", 0.0)], phase=old).status is Status.STALLED
     # Announcements hold a stall for at most the cap after the last record, whatever they say: a save

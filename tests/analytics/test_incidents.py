@@ -1,10 +1,11 @@
-"""Incident detection (perfd.analytics.incidents) on the per-iteration results."""
+"""Incident detection (perfd.analytics.incidents.detect) on the per-iteration results."""
 
 from __future__ import annotations
 
-from perfd.analytics.incidents import CAPTURE, SLOW, detect_incidents, incident_findings
-from perfd.analytics.run_analysis import IterationResult
-from perfd.analytics.run_summary import disturbances_json
+from perfd.analytics.incidents.detect import CAPTURE, SLOW, detect_incidents
+from perfd.analytics.incidents.findings import incident_findings
+from perfd.analytics.steps.run_analysis import IterationResult
+from perfd.analytics.steps.run_summary import CaptureDisturbances
 
 
 def _its(steps: list[float]) -> list[IterationResult]:
@@ -32,7 +33,8 @@ def test_a_slowdown_that_starts_as_perfds_capture_ends_is_blamed_on_the_capture(
     found = detect_incidents(its, {}, {11: True}, 0, None)
     (inc,) = found.incidents
     assert (inc.first_iteration, inc.last_iteration, inc.kinds) == (13, 14, [SLOW]) and inc.open
-    assert inc.verdict["cause"] == "after_capture" and "perfd's own capture ended" in inc.cause
+    assert inc.verdict is not None and inc.verdict.cause == "after_capture"
+    assert "perfd's own capture ended" in inc.cause
     assert [(d.first_iteration, d.last_iteration) for d in found.disturbances] == [(11, 11)]
 
 
@@ -49,8 +51,8 @@ def test_a_capture_inside_an_incident_is_left_out_of_its_cost() -> None:
     # (on the H100 an ncu range inside the armed rank's level shift was listed nowhere once that
     # incident went as the arming's); their time is the incident's capture_cost_s, not counted again.
     (d,) = found.disturbances
-    assert (d.first_iteration, d.last_iteration) == (14, 15) and d.evidence["inside_incident"] == inc.id
-    listed = disturbances_json(found.disturbances)
+    assert (d.first_iteration, d.last_iteration) == (14, 15) and d.evidence.inside_incident == inc.id
+    listed = CaptureDisturbances.of(found.disturbances).to_json()
     assert listed["excess_s"] is None and listed["stretches"][0]["inside_incident"] == inc.id
     assert listed["stretches"][0]["excess_s"] == d.capture_cost_s
 
@@ -80,6 +82,6 @@ def test_a_named_rank_and_its_finding() -> None:
         it.straggler_rank_compute_ratio = {0: 0.9, 3: 2.1}
     (inc,) = detect_incidents(its, {}, {}, 0, None).incidents
     assert inc.ranks == [3] and "rank 3 computed up to 2.10×" in inc.cause
-    fs, rs = incident_findings([inc.to_json()], run_s=10.0)
+    fs, rs = incident_findings([inc], run_s=10.0)
     assert fs[0].id == f"incident-{inc.id}" and fs[0].evidence["ranks"] == [3]
     assert inc.cost_s is not None and rs[0].impact == inc.cost_s / 10.0 and "rank 3" in rs[0].action

@@ -27,8 +27,7 @@ import pytest
 
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.common import HOOK_COMPUTE, HOOK_DATA_WAIT
-from perfd.model import StepRecord, TimerValue
+from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, StepRecord, TimerValue
 from tests.gpu.plain_loop_live import WARMUP, clean_steps, truth_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,11 +124,11 @@ def varlen() -> dict[str, Any]:
         d, s = (td - tb) * 1e3, (te - tb) * 1e3
         timers = {HOOK_DATA_WAIT: TimerValue(d, d, {0: d}),
                   HOOK_COMPUTE: TimerValue(s - d, s - d, {0: s - d})}
-        # as the hook collector words this step's own work (collectors/hook: the record's fields)
-        fields = {"flops_per_step": f"{flops:.10g}", "tokens_per_step": str(8 * seq)}
+        # as the hook collector states this step's own work (collectors/hook: the record's counts)
         st.ingest_steps("agent-a", [StepRecord(job="varlen", iteration=i, rank=0, interval=1,
                                                end_time=t0 + (te - rows[0][1]), step_time_ms=s,
-                                               timers=timers, fields=fields)])
+                                               timers=timers, flops_per_step=flops,
+                                               tokens_per_step=8 * seq)])
         if n % 100 == 0:
             st.analysis("varlen", force=True)
     full = job_summary(st, "varlen")

@@ -7,7 +7,7 @@ import types
 import typing
 
 from perfd import catalog
-from perfd.analytics.run_analysis import SUMMARY_METRICS, IterationResult
+from perfd.analytics.steps.run_analysis import SUMMARY_METRICS, IterationResult
 from perfd.rules.expr import ALIASES
 
 _NUMERIC = (int, float)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from perfd.analytics.common import GRAD_SYNC_TIMERS, PP_P2P_TIMERS
-from perfd.analytics.gpus import peak_tflops
-from perfd.analytics.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
+from perfd.analytics.steps.gpus import peak_tflops
+from perfd.analytics.steps.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
 from perfd.model import StepRecord, TimerValue
 from tests.analytics.analytics_helpers import fixture_record, fixture_row
 
@@ -130,7 +132,11 @@ def test_torchtitan_crosscheck_allows_two_percent() -> None:
 
 
 def test_layout_text_leaves_out_what_is_unknown() -> None:
-    from perfd.report.report import layout_text
+    from perfd.analytics.steps.run_summary import JobLayout
+    from perfd.report.report import layout_text as text_of
+
+    def layout_text(d: dict[str, Any]) -> str:
+        return text_of(JobLayout.from_json(d))
 
     assert layout_text({"tp": 1, "pp": 2, "dp": 1, "world_size": 2, "microbatches": 16}) == \
         "TP=1 PP=2 DP=1, world size 2, 16 micro-batches"

@@ -5,15 +5,17 @@ missing sections stay absent; truncated and foreign input is refused or marked, 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import re
 from pathlib import Path
 
 import pytest
 
-from perfd.analytics import ncu
-from perfd.analytics.ncu import KernelBound, NcuParseError, classify, parse_csv, parse_exports
-from perfd.analytics.ncu_join import function_name
+from perfd.analytics.ncu.join import function_name
+from perfd.analytics.ncu.kernels import KernelBound, NcuKernel, classify
+from perfd.capture import ncu_report as ncu
+from perfd.capture.ncu_report import NcuParseError, parse_csv, parse_exports
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ncu"
 FULL = (DATA / "h100_full_4gemm_details.csv").read_text()
@@ -168,7 +170,7 @@ def test_unknown_units_and_bad_values_are_absent_and_said():
 # --- the raw page (one column per metric) -----------------------------------------------------------
 def raw_page(details: str, extra: dict[int, dict[str, tuple[str, str]]]) -> str:
     """The recorded details values laid out as ``ncu --import --csv --page raw`` lays them out (the
-    metric names of perfd.analytics.ncu.FIELDS, a units row under the header), plus ``extra``
+    metric names of perfd.capture.ncu_report.FIELDS, a units row under the header), plus ``extra``
     columns per launch."""
     rows = list(csv.DictReader(io.StringIO(details)))
     by_label = {(f.details[0][0], f.details[0][1]): f.raw[0] for f in ncu.FIELDS if f.details}
@@ -284,3 +286,8 @@ def test_the_real_megatron_range_parses_with_every_field_from_both_pages() -> No
     assert gemms and max(k.tensor_pipe or 0.0 for k in gemms) > 0.5
     raw_only = parse_exports([(data / "h100_megatron_rank0_raw.csv").read_text()])
     assert [k.tensor_pipe for k in raw_only.kernels] == [k.tensor_pipe for k in both.kernels]
+
+
+def test_the_parser_fills_exactly_the_kernels_measured_fields() -> None:
+    measured = [f.name for f in dataclasses.fields(NcuKernel) if f.metadata.get("measured")]
+    assert measured == [f.attr for f in ncu.FIELDS]  # to_json writes them in this order

@@ -18,9 +18,10 @@ import pytest
 
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import job_summary
+from perfd.aggregator.snapshot import Analysed
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
-from perfd.analytics.incidents import LEVEL_SHIFT
+from perfd.analytics.incidents.detect import LEVEL_SHIFT
+from perfd.analytics.ncu.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
 from perfd.model import JobInfo, StepRecord
 from perfd.transport.codec import Command
 
@@ -138,10 +139,10 @@ def test_through_the_aggregator_the_ranges_step_is_the_captures_disturbance() ->
     earlier steps, no unarmed rank: the arming cost is unmeasured, and the report says nothing of it."""
     _, armed, armed_at, window = runs()
     st, coord = _replayed(armed, window, armed_at)
-    a = st.served_analysis(JOB)
+    a = st.snapshot(JOB, Analysed.SERVED).analysis  # type: ignore[union-attr]
     assert a is not None and a.incidents == [] and st.incidents.incidents(JOB) == []
     range_it = RESUMED_AT + int(recording()["range_step"])
-    stretches = a.summary["capture_disturbances"]["stretches"]
+    stretches = a.summary.capture_disturbances.to_json()["stretches"]
     assert any(s["first_iteration"] <= range_it <= s["last_iteration"] for s in stretches)
     assert range_it not in a.steady.iterations
     done = coord.of_job(JOB)[0]
@@ -170,7 +171,7 @@ def test_through_the_aggregator_the_report_states_the_arming_cost() -> None:
     assert f["severity"] == "warning" and f["observation"].startswith("Arming ncu cost rank(s) 0 +")
     range_it = RESUMED_AT + int(recording()["range_step"])
     assert st.incidents.incidents(JOB) == []
-    a = st.served_analysis(JOB)
+    a = st.snapshot(JOB, Analysed.SERVED).analysis  # type: ignore[union-attr]
     assert a is not None
     # what the analysis sees, the range's step inside it: the arming's shift, with the capture's step
     (shift,) = [i for i in a.incidents if LEVEL_SHIFT in i.kinds]
@@ -242,7 +243,7 @@ def test_the_ncu_rows_join_the_budget_and_say_what_helps() -> None:
     ("gemm", {}, None),  # no figure, no verdict
 ])
 def test_verdicts_by_the_ceilings(category: str, figs: dict[str, Any], verdict: str | None) -> None:
-    from perfd.analytics.ncu_remedies import verdict_of
+    from perfd.analytics.ncu.remedies import verdict_of
 
     got = verdict_of(category, figs)
     assert (got.value if got is not None else None) == verdict
@@ -265,8 +266,8 @@ def test_the_budget_view_shows_the_rows_beside_their_part() -> None:
 
 
 def test_the_rows_class_the_job_only_when_they_cover_most_of_its_compute() -> None:
-    from perfd.analytics.bottleneck import BottleneckClass
-    from perfd.analytics.ncu_remedies import rows_class
+    from perfd.analytics.breakdown.bottleneck import BottleneckClass
+    from perfd.analytics.ncu.remedies import rows_class
 
     cats = json.loads((EVIDENCE.parent / "ncu_kernels.json").read_text())["categories"]
     profiled = sum(c["profiled_ms"] for c in cats)  # 2.5 ms of the H100 range's 12 kernels

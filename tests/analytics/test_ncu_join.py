@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from perfd.analytics import kernels as kc
-from perfd.analytics.ncu import KernelBound, NcuKernel, parse_csv
-from perfd.analytics.ncu_join import (
+from perfd.analytics.breakdown import kernels as kc
+from perfd.analytics.ncu.join import (
     NO_NCCL_FILTER,
     MatchKind,
     TimelineKernel,
@@ -26,7 +25,9 @@ from perfd.analytics.ncu_join import (
     template_tokens,
     timeline_kernels,
 )
+from perfd.analytics.ncu.kernels import KernelBound, NcuKernel
 from perfd.capture.chrome_trace import analyze_chrome_trace
+from perfd.capture.ncu_report import parse_csv
 
 ROOT = Path(__file__).resolve().parents[1] / "data"
 MLP = parse_csv((ROOT / "ncu" / "h100_mlp_sol_details_5.csv").read_text())

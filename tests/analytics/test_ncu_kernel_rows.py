@@ -15,13 +15,14 @@ import pytest
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics import kernels as kc
-from perfd.analytics.budget import BudgetPart, Part, Source, StepBudget
-from perfd.analytics.job_budget import ncu_of, with_ncu
-from perfd.analytics.ncu import KernelBound, parse_csv, parse_exports
-from perfd.analytics.ncu_join import MatchKind, join, short_name
-from perfd.analytics.ncu_kernel_rows import NCU_KERNEL_ROWS, KernelRow, Reading, TimeBasis, kernel_rows
-from perfd.analytics.ncu_remedies import RowVerdict
+from perfd.analytics.breakdown import kernels as kc
+from perfd.analytics.breakdown.budget import BudgetPart, Part, Source, StepBudget
+from perfd.analytics.breakdown.job_budget import ncu_of, with_ncu
+from perfd.analytics.ncu.join import MatchKind, join, short_name
+from perfd.analytics.ncu.kernel_rows import NCU_KERNEL_ROWS, KernelRow, Reading, TimeBasis, kernel_rows
+from perfd.analytics.ncu.kernels import KernelBound
+from perfd.analytics.ncu.remedies import RowVerdict
+from perfd.capture.ncu_report import parse_csv, parse_exports
 from perfd.report import budget_view, ncu_view
 from perfd.transport.codec import Command
 
@@ -149,7 +150,7 @@ def test_rows_whose_timeline_steps_are_unknown_give_no_time_per_step() -> None:
     assert [r.time_basis for r in rows] == [TimeBasis.TIMELINE_TOTAL] * 3
     assert all(r.step_ms is None and r.part_share is None for r in rows)
     assert rows[0].captured_share == recorded(MASKED_FILL)["captured_share"]
-    budget = {"step_ms": 100.0, "parts": [{**part, "ms": 100.0, "share": 1.0}]}
+    budget = StepBudget.from_json({"step_ms": 100.0, "parts": [{**part, "ms": 100.0, "share": 1.0}]})
     flat = " ".join(" ".join(ncu_view.text_lines(budget, Part.COMPUTE, "", 200)).split())
     assert ("12.1% of the kernel time of timeline c20261123-223603-bf9e4a (its steps unknown: no time per "
             "step)") in flat and "ms a step" not in flat
@@ -180,7 +181,7 @@ def test_kernels_with_no_timeline_match_show_ncus_replayed_time() -> None:
     text = ncu_view.time_text(g)
     assert text.startswith(f"{gelu['duration_ms'] * 3:.3f} ms in ncu's replay of 3 launches")
     assert "not among timeline tl1's top kernels" in text
-    html = ncu_view.html_table({"parts": [{"part": "pointwise", "detail": {"ncu_kernels": [g.to_json()]}}]})
+    html = ncu_view.html_table(_one_part(Part.POINTWISE, [g.to_json()]))
     assert "replayed by ncu<br><small>not in the timeline" in html
 
 
@@ -196,7 +197,7 @@ def test_absent_figures_stay_absent() -> None:
     assert norm.occupancy == pytest.approx(0.8836)
     labels = [label for label, _ in ncu_view.figures(norm)]
     assert labels == ["compute SOL", "memory SOL", "DRAM", "occupancy"]
-    html = ncu_view.html_table({"parts": [{"part": "norm", "detail": {"ncu_kernels": [norm.to_json()]}}]})
+    html = ncu_view.html_table(_one_part(Part.NORM, [norm.to_json()]))
     cells = html.split("<td")
     assert cells[8].startswith(">–<")  # the tensor pipe's cell (part, kernel, time, share, 3 SOL, tensor)
     # the probe's head: no duration, no compute SOL: none invented
@@ -260,10 +261,10 @@ def test_the_html_shows_the_rows_beside_their_part_with_names_escaped() -> None:
     assert "<td>6.90 ms a step</td>" not in table and ">6.90 ms a step</td><td>1.9%</td>" in table
     assert "fuse it (fewer launches, index arithmetic done once)" in table
     # the same through the whole page
-    from perfd.report.html import render_html
+    from perfd.report.html import page_from_json, render_html
 
-    page = render_html({"job": {}, "iterations": [], "summary": {}, "report": s["report"], "ranks": [],
-                        "incidents": []}, source="t", generated="t", version="t")
+    page = render_html(page_from_json({"job": {}, "iterations": [], "summary": {}, "report": s["report"],
+                                       "ranks": [], "incidents": []}), source="t", generated="t", version="t")
     assert table[:2000] in page
 
 
@@ -272,8 +273,13 @@ def test_rows_round_trip_and_unreadable_rows_are_skipped() -> None:
     assert len(rows) == 10  # 12 ncu rows: the GEMM's two grids one timeline kernel, the float fill's too
     assert all(KernelRow.from_json(r.to_json()) == r for r in rows)
     assert KernelRow.from_json({"name": "x", "match": "sideways", "time_basis": "timeline"}) is None
-    budget = {"parts": [{"part": "compute", "detail": {"ncu_kernels": [{"name": "x"}, rows[0].to_json()]}}]}
+    budget = _one_part(Part.COMPUTE, [{"name": "x"}, rows[0].to_json()])
     assert len(ncu_view.rows_of(budget)[Part.COMPUTE]) == 1
+
+
+def _one_part(part: Part, ncu_kernels: list[dict[str, Any]]) -> StepBudget:
+    """A budget of one part holding these kernel rows (as with_ncu keeps them in its detail)."""
+    return StepBudget(0.0, (BudgetPart(part, 0.0, 0.0, Source.NCU, {"ncu_kernels": ncu_kernels}),), ())
 
 
 @pytest.mark.parametrize(("name", "short"), [

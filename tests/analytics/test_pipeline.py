@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from perfd.analytics.pipeline import analytic_bubble, microbatches_for_bubble, rebalance_estimate, stage_idle
+from perfd.analytics.steps.pipeline import (
+    analytic_bubble,
+    microbatches_for_bubble,
+    rebalance_estimate,
+    stage_idle,
+)
 from perfd.model import StepRecord, TimerValue
 from tests.analytics.analytics_helpers import fixture_record, fixture_row
 

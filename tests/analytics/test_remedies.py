@@ -1,4 +1,4 @@
-"""Remedies fitted to the job (perfd.analytics.remedies): the options a remedy names exist in the job's
+"""Remedies fitted to the job (perfd.analytics.advice.remedies): the options a remedy names exist in the job's
 Megatron-LM release (checked against the releases' own parsers, recorded in tests/data/megatron_options),
 none is already set, what a remedy needs that the job lacks is said, and the predicted gain of every
 remedy applied on the H100 contains what the change measured there (docs/evidence/remedies_h100)."""
@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 
 from collectors.megatron import parse_file
-from perfd.analytics import megatron_options as mo
-from perfd.analytics.budget import StepBudget
-from perfd.analytics.remedies import Advice, FitContext, Framework, RemedyId
-from perfd.analytics.remedy_catalog import fit
-from perfd.analytics.run_analysis import RunAnalysis, analyze_run
+from perfd.analytics.advice import megatron_options as mo
+from perfd.analytics.advice.remedies import Advice, FitContext, Framework, RemedyId
+from perfd.analytics.advice.remedy_catalog import fit
+from perfd.analytics.steps.run_analysis import RunAnalysis, analyze_run
 from perfd.commands.analyze_capture import timeline_class
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +61,7 @@ def _recorded(release: str) -> dict[str, dict[str, Any]]:
 
 
 def _advice(a: RunAnalysis, **changes: Any) -> list[Advice]:
-    b = StepBudget.from_json(a.summary["step_budget"])
+    b = a.summary.step_budget
     assert b is not None and a.config is not None
     return fit(FitContext(b, dataclasses.replace(a.config, **changes)))
 
@@ -215,8 +214,8 @@ def test_each_measured_change_is_inside_its_predicted_range(run: str) -> None:
 
 
 def test_the_options_table_is_what_the_recorded_parsers_say() -> None:
-    """perfd.analytics.megatron_options is generated (tools/megatron_options.py --table) from the option
-    lists each release's own argument parser printed; regenerated here it is the same file, and it
+    """perfd.analytics.advice.megatron_options is generated (tools/megatron_options.py --table) from the
+    option lists each release's own argument parser printed; regenerated here it is the same file, and it
     holds every option a remedy names."""
     import importlib.util
 
@@ -226,11 +225,11 @@ def test_the_options_table_is_what_the_recorded_parsers_say() -> None:
     assert spec is not None and spec.loader is not None
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    from perfd.analytics.remedies import MEGATRON_OPTIONS
+    from perfd.analytics.advice.remedies import MEGATRON_OPTIONS
 
     assert (
         tool.table_text(list(MEGATRON_OPTIONS))
-        == (ROOT / "perfd" / "analytics" / "megatron_options.py").read_text()
+        == (ROOT / "perfd" / "analytics" / "advice" / "megatron_options.py").read_text()
     )
     assert mo.RELEASES[0] == "0.10" and mo.RELEASES[-1] == "0.20"
     assert mo.exists("--no-masked-softmax-fusion", "0.20.0+48a8f53") is True

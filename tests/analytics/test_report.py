@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -52,12 +53,13 @@ def test_the_30_40_band_is_no_cause_in_the_headline() -> None:
     (communication-overhead)".) The status keeps the grade; the headline says "fair"; with its
     communication measured small the grade's text says so."""
     a = analyze_run(fixture_job(), fixture_records(), gpu_name="NVIDIA H200")
-    a.summary["medians"].update(mfu=0.377, comm_exposed_share=0.002)
+    a.summary = dataclasses.replace(a.summary, medians={**a.summary.medians, "mfu": 0.377,
+                                                         "comm_exposed_share": 0.002})
     rep = build_report(a)
     assert rep.summary.status == "communication-overhead"
     assert "MFU 37.7% (fair)" in rep.summary.headline and "communication-overhead" not in rep.summary.headline
     assert "not here: exposed communication 0.2%" in rep.summary.status_text
-    a.summary["medians"].update(comm_exposed_share=0.15)
+    a.summary = dataclasses.replace(a.summary, medians={**a.summary.medians, "comm_exposed_share": 0.15})
     assert build_report(a).summary.status_text == "MFU 30–40%: communication overhead"
 
 
@@ -113,7 +115,7 @@ def test_the_same_action_is_recommended_once_and_a_hook_jobs_data_finding_names_
     run's data share), in two wordings, and its data finding read "batch-generator … megatron
     timer": one action now, said once; the finding names the timer the hook measured."""
     from perfd.analytics.finding_types import Recommendation, order_findings
-    from perfd.analytics.verdict_text import DATA_LOADING_ACTION
+    from perfd.analytics.incidents.verdict_text import DATA_LOADING_ACTION
     from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
 
     recs = [Recommendation("", "data-loading", 0, DATA_LOADING_ACTION, "", 0.18),

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+from typing import Any
 
 import pytest
 
 from perfd.analytics import analyze_run
-from perfd.analytics.run_analysis import resolve_dtype
+from perfd.analytics.steps.run_analysis import resolve_dtype
 from perfd.model import ParallelLayout, StepRecord, TimerValue
 from perfd.report import analysis_json
 from tests.analytics.analytics_helpers import fixture_job, fixture_record, fixture_records, fixture_row
@@ -24,9 +25,9 @@ ITERATION_KEYS = {
 
 def test_fixture_run_summary() -> None:
     a = analyze_run(fixture_job(), fixture_records(), gpu_name="NVIDIA H200")
-    s, med = a.summary, a.summary["medians"]
-    assert s["n_iterations"] == 40 and s["n_steady"] == 36
-    assert (s["steady_first_iteration"], s["steady_last_iteration"]) == (5, 40)
+    s, med = a.summary, dict[str, Any](a.summary.medians)
+    assert s.n_iterations == 40 and s.n_steady == 36
+    assert (s.steady_first_iteration, s.steady_last_iteration) == (5, 40)
     # The steady values are the steady steps' sums, checked here against the log's own numbers: the
     # step time per step (their mean), Megatron's logged TFLOP/s time-weighted (FLOPs summed over time
     # summed), the batch-generator timer summed over the steps summed.
@@ -46,10 +47,10 @@ def test_fixture_run_summary() -> None:
     assert med["comm_exposed_share"] == pytest.approx(0.251, abs=0.002)
     assert med["comm_exposed_dp_share"] == pytest.approx(0.0029, abs=0.0002)
     assert med["comm_exposed_pp_share"] == pytest.approx(0.248, abs=0.002)
-    assert s["tflops_check_n"] == 36 and s["tflops_check_n_disagree"] == 0
-    assert s["bottleneck"] == "pipeline-bound"
-    assert s["straggler_persistent_ranks"] == []
-    assert s["straggler_between_stages_fraction"] == pytest.approx(35 / 36)
+    assert s.tflops_check_n == 36 and s.tflops_check_n_disagree == 0
+    assert s.bottleneck.cls.value == "pipeline-bound"
+    assert list(s.straggler_persistent_ranks) == []
+    assert s.straggler_between_stages_fraction == pytest.approx(35 / 36)
 
 
 def test_every_iteration_matches_logged_throughput() -> None:
@@ -93,7 +94,7 @@ def test_pp_bubble_recommendation_uses_job_numbers() -> None:
         "forward-backward": TimerValue(250.0, 250.0), "forward-compute": TimerValue(100.0, 100.0),
         "backward-compute": TimerValue(100.0, 100.0)}) for i in range(1, 21)]
     a = analyze_run(job, recs, gpu_name="NVIDIA H200")
-    assert a.summary["medians"]["pp_bubble_analytic"] == pytest.approx(0.2)  # m = 4
+    assert a.summary.median("pp_bubble_analytic") == pytest.approx(0.2)  # m = 4
     rec = next(r for r in a.recommendations if r.finding_id == "pp-bubble")
     assert "from 4 to ≥19" in rec.action and "interleaved" in rec.action
     assert "pp-imbalance" not in [f.id for f in a.findings]
@@ -109,7 +110,7 @@ def test_nan_loss_iteration_does_not_break_anything() -> None:
     assert a.iterations[20].lm_loss is None
     assert it20.mfu is not None and it20.steady_state
     losses = [r[4] for r in ROWS if r[0] >= 5 and r[0] not in (20, 21)]
-    assert a.summary["medians"]["lm_loss"] == pytest.approx(statistics.median(losses))
+    assert a.summary.median("lm_loss") == pytest.approx(statistics.median(losses))
     doc = json.loads(json.dumps(a.to_json(), allow_nan=False))
     assert doc["iterations"][19]["lm_loss"] is None and doc["iterations"][20]["lm_loss"] is None
 
@@ -117,7 +118,7 @@ def test_nan_loss_iteration_does_not_break_anything() -> None:
 def test_unknown_gpu_gives_null_mfu_not_zero() -> None:
     a = analyze_run(fixture_job(), fixture_records(), gpu_name=None)
     assert all(it.mfu is None for it in a.iterations)
-    assert a.summary["medians"]["mfu"] is None
+    assert a.summary.median("mfu") is None
     assert "GPU name unknown" in a.iterations[10].sources["mfu"]
     doc = a.to_json()
     assert all(it["mfu"] is None for it in doc["iterations"])
@@ -136,7 +137,7 @@ def test_missing_model_spec_falls_back_to_logged_then_absent() -> None:
     assert it.model_tflops_per_gpu == 84.2  # Megatron's figure, second preference
     assert "logged throughput" in it.sources["model_tflops_per_gpu"]
     assert it.tflops_check_ok is None  # nothing to cross-check against itself
-    assert a.job["flops_per_iteration"] is None and "hidden_size" in a.job["flops_missing"]
+    assert a.job.flops.per_iteration is None and "hidden_size" in a.job.flops.missing
     recs = fixture_records()
     for r in recs:
         r.logged_tflops_per_gpu = None
@@ -213,8 +214,8 @@ def test_dp2_per_rank_persistent_straggler_end_to_end() -> None:
             "all-grads-sync": TimerValue(per_rank={0: 120.0 * slow - 60.0, 1: 60.0}),
         }))
     a = analyze_run(job, recs, gpu_name="NVIDIA H100 80GB HBM3")
-    assert a.summary["straggler_persistent_ranks"] == [1]
-    assert a.summary["straggler_flag_fraction"]["1"] == pytest.approx(20 / 27)  # steady: iterations 4–30
+    assert list(a.summary.straggler_persistent_ranks) == [1]
+    assert a.summary.straggler_flag_fraction[1] == pytest.approx(20 / 27)  # steady: iterations 4–30
     assert a.iterations[5].straggler_candidate_ranks == [1]  # iteration 6
     assert a.iterations[7].straggler_candidate_ranks == []  # iteration 8: even
     assert a.iterations[5].pp_idle_max is None and a.iterations[5].pp_bubble_analytic == 0.0

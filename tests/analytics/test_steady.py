@@ -1,5 +1,5 @@
 """Steady-state selection: warm-up, slow outliers, capture-disturbed iterations, and irregular series
-read over windows of steps (perfd.analytics.windows)."""
+read over windows of steps (perfd.analytics.steps.windows)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from perfd.analytics.steady import steady_state, steady_state_of, warmup_count
+from perfd.analytics.steps.steady import steady_state, steady_state_of, warmup_count
 from perfd.model import StepRecord
 from tests.analytics.analytics_helpers import fixture_records
 

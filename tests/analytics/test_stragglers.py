@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfd.analytics.stragglers import RankOrder, StragglerResult, detect, persistent, rank_order
+from perfd.analytics.steps.stragglers import RankOrder, StragglerResult, detect, persistent, rank_order
 from perfd.model import ParallelLayout, RankValue, StepRecord, StragglerLine, TimerValue
 from tests.analytics.analytics_helpers import fixture_record, fixture_row
 

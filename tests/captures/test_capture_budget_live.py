@@ -19,7 +19,7 @@ import pytest
 from collectors.megatron import parse_file
 from perfd import events
 from perfd.aggregator.main import Aggregator, AggregatorConfig
-from perfd.analytics.run_analysis import analyze_run
+from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.capture.bookkeeping import device_summary
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.commands.analyze_capture import timeline_class
@@ -112,5 +112,5 @@ def test_a_finished_capture_informs_the_job_within_one_rules_tick() -> None:
     # Offline, the same log and trace: the same class and the same first recommendation.
     off = analyze_run(parsed.job_info, parsed.records, gpu_name=H100, job_name=JOB,
                       timeline=timeline_class(str(TRACE), 3))
-    assert off.summary["bottleneck"] == s["bottleneck"]
+    assert off.summary.bottleneck.cls.value == s["bottleneck"]
     assert off.recommendations[0].action == r1["action"]

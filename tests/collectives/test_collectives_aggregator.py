@@ -19,7 +19,8 @@ from perfd.aggregator.collectives import CollectiveStore
 from perfd.aggregator.http import _StateCollector, job_summary
 from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState, job_level_steps
-from perfd.analytics.collective_hangs import Progress, merge_hangs
+from perfd.analytics.collectives.hangs import Progress, merge_hangs
+from perfd.hang_fact import HangEvent, HangFact
 from perfd.model import StepRecord, TimerValue
 from perfd.transport.codec import decode_batch, encode_batch
 from perfd.transport.gen import perfd_pb2 as pb
@@ -43,7 +44,9 @@ def _through_wire(call: dict[str, Any]) -> Any:
 
 
 def _hang_event(agent: str, t: float, stuck: str, not_joined: str = "", without: str = "", seq: int = 5,
-                age: float | None = None) -> dict[str, Any]:
+                age: float | None = None) -> HangEvent:
+    """An older agent's event (ranks in labels, the age in the text unless given), read as the
+    aggregator reads it."""
     labels = {"job": "j", "process_group": "0", "op": "all_reduce", "seq": str(seq), "stuck_ranks": stuck,
               "ranks_not_joined": not_joined}
     if without:
@@ -52,10 +55,24 @@ def _hang_event(agent: str, t: float, stuck: str, not_joined: str = "", without:
                           "text": f"all_reduce #{seq} on process group 0 stuck 7s on rank(s) {stuck}"}
     if age is not None:
         ev["payload"] = {"age_s": age}
-    return ev
+    got = HangEvent.from_event(ev)
+    assert got is not None
+    return got
 
 
 # ---------------------------------------------------------------------------------- hang merge
+
+
+def test_a_hang_fact_reads_back_from_its_event_as_it_was_written():
+    fact = HangFact(process_group="0", op="all_reduce", seq=5, stuck_ranks=(0, 1), ranks_not_joined=(2,),
+                    unknown_ranks=(4, 5), age_s=12.5, user_frame="train.py:10")
+    ev = {"kind": "nccl_hang", "time": 3.0, "text": "t", "labels": {"job": "j", **fact.labels()},
+          "payload": fact.payload()}
+    assert ev["labels"] == {"job": "j", "process_group": "0", "op": "all_reduce", "seq": "5",
+                            "ranks_not_joined": "2", "stuck_ranks": "0,1", "ranks_without_dump": "4,5"}
+    got = HangEvent.from_event(ev, "a")
+    assert got == HangEvent(fact, "a", 3.0, "t")
+    assert HangEvent.from_event({**ev, "kind": "xid"}) is None
 
 
 def test_hang_merged_across_two_nodes():

@@ -25,8 +25,8 @@ import pytest
 
 from collectors.megatron.collector import MegatronCollector
 from collectors.nccl.flight_recorder import FlightRecorderTracker, load_dump_bytes, parse_dump
-from perfd.analytics.collectives import analyze_collectives
-from perfd.launch import load_manifest
+from perfd.analytics.collectives.analysis import analyze_collectives
+from perfd.manifest import load_manifest
 from tests.collectives.collective_helpers import FIXTURES
 from tests.procs import free_port, http_get, stop, wait_for
 

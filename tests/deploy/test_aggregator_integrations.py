@@ -10,13 +10,17 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from perfd.aggregator.state import AggregatorState
-from perfd.aggregator.wandb_sync import WandbSync
+from perfd.aggregator.wandb_sync import WandbSync, gpu_labels
+from perfd.analytics.incidents.attribution import place_ranks
+from perfd.analytics.steps.run_analysis import IterationResult
+from perfd.analytics.steps.run_summary import JobBlock, RunSummary
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.wandb import iteration_metrics
 from tests.procs import wait_for as _wait
@@ -92,15 +96,15 @@ def test_aggregator_logs_each_job_to_an_offline_wandb_run(tmp_path: Path):
     (run_dir,) = (p for p in (wandb_dir / "wandb").glob("offline-run-*") if p.is_dir())
     history = _history(run_dir)
     _, offline = analyze_megatron_file(str(DEMO_LOG), job="wb-job")
-    want = [it.to_json() for it in offline.iterations]
-    assert [h["_step"] for h in history] == [it["iteration"] for it in want] == list(range(1, 41))
+    want = list(offline.iterations)
+    assert [h["_step"] for h in history] == [it.iteration for it in want] == list(range(1, 41))
     # the job's goodput and step budget, on the newest row
     goodput = ("perfd_job_goodput_ratio", "perfd_job_time_seconds_total", "perfd_job_step_budget")
     for h, it in zip(history, want, strict=True):
         assert {k: v for k, v in h.items() if not k.startswith(("_", *goodput))} == iteration_metrics(it)
     assert 0 < history[-1]["perfd_job_goodput_ratio"] <= 1
     assert "perfd_job_mfu_ratio" not in history[-1]  # no GPU named: MFU absent, not 0
-    assert history[-1]["perfd_job_step_time_seconds"] == want[-1]["step_time_ms"] * 1e-3
+    assert history[-1]["perfd_job_step_time_seconds"] == (want[-1].step_time_ms or 0.0) * 1e-3
 
 
 class _RecordingExporter:
@@ -112,10 +116,11 @@ class _RecordingExporter:
     def last_step(self, job: str) -> int | None:
         return self._last.get(job)
 
-    def log_analysis(self, job: str, analysis: dict[str, Any],
+    def log_analysis(self, job: str, block: JobBlock, iterations: Sequence[IterationResult],
+                     summary: RunSummary | None = None,
                      latest_extra: dict[str, float] | None = None,
                      extra_by_step: dict[int, dict[str, float]] | None = None) -> int:
-        its = [it["iteration"] for it in analysis["iterations"]]
+        its = [it.iteration for it in iterations]
         self.analyses.append((job, its))
         self._last[job] = max(its)
         return len(its)
@@ -200,8 +205,8 @@ class _GpuViewState:
 def test_wandb_gets_gpu_keys_for_gpus_without_rank_placement() -> None:
     from perfd.exporters.wandb import node_metrics
 
-    sync = WandbSync(_GpuViewState(), _RecordingExporter())  # type: ignore[arg-type]
-    assert node_metrics(sync._gpu_values("j")) == {
+    procs, values, _ = _GpuViewState().gpu_view("j")
+    assert node_metrics(gpu_labels(place_ranks(procs, job="j"), values)) == {
         "perfd_gpu_power_watts/rank=0": 300.0,
         "perfd_gpu_power_watts/node=node-a,gpu=1": 120.0,
         "perfd_gpu_power_watts/node=node-b,gpu=0": 90.0}

@@ -8,6 +8,7 @@ artifact are compared with the analysis they came from.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -20,6 +21,9 @@ import pytest
 from collectors.megatron import parse_file
 from perfd import catalog
 from perfd.analytics import analyze_run
+from perfd.analytics.steps.goodput import Goodput
+from perfd.analytics.steps.run_analysis import IterationResult, RunAnalysis
+from perfd.analytics.steps.run_summary import JobBlock, JobLayout, RunSummary
 from perfd.exporters.wandb import (
     WandbExporter,
     budget_metrics,
@@ -36,9 +40,25 @@ DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 DP2_LOG = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"  # per-rank timers, no PP
 
 
-def _analysis(path: Path, job: str) -> dict[str, Any]:
+def _analysis(path: Path, job: str) -> RunAnalysis:
     parsed = parse_file(path, job=job)
-    return analyze_run(parsed.job_info, parsed.records, gpu_name="NVIDIA H200").to_json()
+    return analyze_run(parsed.job_info, parsed.records, gpu_name="NVIDIA H200")
+
+
+@functools.cache
+def _demo_summary() -> RunSummary:
+    return _analysis(DEMO_LOG, "summary").summary
+
+
+def _summary(**kw: Any) -> RunSummary:
+    """A run summary holding only the class, the steady count and what ``kw`` gives."""
+    bare: dict[str, Any] = {"medians": {}, "goodput": None, "step_budget": None,
+                            "steady_first_iteration": None, "steady_last_iteration": None}
+    return dataclasses.replace(_demo_summary(), **{**bare, **kw})
+
+
+def _its(*iterations: int, **values: Any) -> list[IterationResult]:
+    return [IterationResult(iteration=i, **values) for i in iterations]
 
 
 def _expected(it: dict[str, Any]) -> dict[str, float]:
@@ -87,24 +107,29 @@ class _FakeWandb:
 
 
 def test_absent_values_are_not_logged_and_ranks_are_sections():
-    it = {"iteration": 7, "step_time_ms": 250.0, "mfu": None, "lm_loss": float("nan"),
-          "tflops_check_ok": True, "straggler_rank_compute_ratio": {"3": 1.2}}
+    it = IterationResult(iteration=7, step_time_ms=250.0, mfu=None, lm_loss=float("nan"),
+                         tflops_check_ok=True, straggler_rank_compute_ratio={3: 1.2})
     assert iteration_metrics(it) == {"perfd_job_iteration": 7.0, "perfd_job_step_time_seconds": 0.25,
                                      "perfd_job_rank_compute_ratio/rank=3": 1.2}
-    s = summary_metrics({"medians": {"mfu": 0.4, "data_share": None}, "bottleneck": "pipeline-bound"})
-    assert s == {"steady/perfd_job_mfu_ratio": 0.4, "bottleneck": "pipeline-bound"}
+    summary = _summary(medians={"mfu": 0.4, "data_share": None})
+    assert summary_metrics(summary) == {
+        "steady/perfd_job_mfu_ratio": 0.4, "bottleneck": summary.bottleneck.cls.value,
+        "bottleneck_reason": summary.bottleneck.reason, "n_steady": summary.n_steady}
 
 
 def test_goodput_goes_to_the_summary_and_the_newest_row():
-    gp = {"ratio": 0.7, "wall_s": 10.0, "parts_s": {"training": 7.0, "incident": 1.0, "startup": 2.0}}
-    s = summary_metrics({"medians": {}, "goodput": gp})
-    assert s == {"perfd_job_goodput_ratio": 0.7, "perfd_job_time_seconds_total/kind=training": 7.0,
-                 "perfd_job_time_seconds_total/kind=incident": 1.0,
-                 "perfd_job_time_seconds_total/kind=startup": 2.0}
+    gp = Goodput(wall_s=10.0, parts={"training": 7.0, "incident": 1.0, "startup": 2.0}, start_time=0.0,
+                 end_time=10.0, runs=1)
+    assert goodput_metrics(gp) == {
+        "perfd_job_goodput_ratio": 0.7, "perfd_job_time_seconds_total/kind=training": 7.0,
+        "perfd_job_time_seconds_total/kind=incident": 1.0, "perfd_job_time_seconds_total/kind=startup": 2.0}
+    summary = _summary(goodput=gp)
+    assert summary_metrics(summary) == {**goodput_metrics(gp), "bottleneck": summary.bottleneck.cls.value,
+                                        "bottleneck_reason": summary.bottleneck.reason,
+                                        "n_steady": summary.n_steady}
     fake = _FakeWandb()
     ex = WandbExporter("p", wandb_module=fake)
-    its = [{"iteration": i, "step_time_ms": 100.0} for i in (1, 2)]
-    ex.log_analysis("j", {"job": {}, "iterations": its, "summary": {"goodput": gp}})
+    ex.log_analysis("j", JobBlock(), _its(1, 2, step_time_ms=100.0), summary)
     (_s1, r1), (_s2, r2) = fake.runs[0].rows
     assert "perfd_job_goodput_ratio" not in r1 and r2["perfd_job_goodput_ratio"] == 0.7
     assert fake.runs[0].summary["perfd_job_time_seconds_total/kind=incident"] == 1.0
@@ -113,28 +138,30 @@ def test_goodput_goes_to_the_summary_and_the_newest_row():
 def test_each_iteration_is_logged_once_in_order():
     fake = _FakeWandb()
     ex = WandbExporter("p", wandb_module=fake)
-    its = [{"iteration": i, "step_time_ms": 100.0 + i} for i in (1, 2, 3)]
-    assert ex.log_analysis("j", {"job": {}, "iterations": its[:2]}) == 2
-    assert ex.log_analysis("j", {"job": {}, "iterations": list(reversed(its))}) == 1
-    assert ex.log_analysis("j", {"job": {}, "iterations": its}) == 0
-    late = {"iteration": 2, "step_time_ms": 999.0}  # older than the last logged: W&B steps go forward
-    assert ex.log_analysis("j", {"job": {}, "iterations": [late]}) == 0
+    its = [IterationResult(iteration=i, step_time_ms=100.0 + i) for i in (1, 2, 3)]
+    block = JobBlock()
+    assert ex.log_analysis("j", block, its[:2]) == 2
+    assert ex.log_analysis("j", block, list(reversed(its))) == 1
+    assert ex.log_analysis("j", block, its) == 0
+    late = IterationResult(iteration=2, step_time_ms=999.0)  # older than the last logged: steps go forward
+    assert ex.log_analysis("j", block, [late]) == 0
     assert [s for s, _ in fake.runs[0].rows] == [1, 2, 3]
     # Job info learned later updates the run's config, once.
-    ex.log_analysis("j", {"job": {"layout": {"tp": 2}}, "iterations": []})
-    ex.log_analysis("j", {"job": {"layout": {"tp": 2}}, "iterations": []})
-    assert fake.runs[0].config_updates == [{"job": "j", "layout": {"tp": 2}}]
+    tp2 = JobBlock(layout=JobLayout(tp=2))
+    ex.log_analysis("j", tp2, [])
+    ex.log_analysis("j", tp2, [])
+    assert [u["layout"]["tp"] for u in fake.runs[0].config_updates] == [2]
     assert len(fake.runs) == 1 and ex.last_step("j") == 3
 
 
 def test_rows_carry_the_iteration_time_and_the_newest_the_gpu_values():
     fake = _FakeWandb()
     ex = WandbExporter("p", wandb_module=fake)
-    its = [{"iteration": i, "step_time_ms": 100.0, "end_time": 1_800_000_000.0 + i} for i in (1, 2)]
+    its = [IterationResult(iteration=i, step_time_ms=100.0, end_time=1_800_000_000.0 + i) for i in (1, 2)]
     gpus = node_metrics({"rank=0": {"perfd_gpu_sm_util_ratio": 0.46, "perfd_gpu_power_watts": 650.0,
                                     "perfd_gpu_ecc_errors_total": 0.0}})
     assert gpus == {"perfd_gpu_sm_util_ratio/rank=0": 0.46, "perfd_gpu_power_watts/rank=0": 650.0}
-    ex.log_analysis("j", {"job": {}, "iterations": its}, gpus)
+    ex.log_analysis("j", JobBlock(), its, latest_extra=gpus)
     (_s1, r1), (_s2, r2) = fake.runs[0].rows
     assert r1["_timestamp"] == 1_800_000_001.0 and "perfd_gpu_sm_util_ratio/rank=0" not in r1
     assert r2["_timestamp"] == 1_800_000_002.0 and r2["perfd_gpu_power_watts/rank=0"] == 650.0
@@ -172,16 +199,18 @@ def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_offline_run_reads_back_equal_to_the_analysis(wandb_env: Path):
-    demo = _analysis(DEMO_LOG, "gpt-demo")
-    dp2 = _analysis(DP2_LOG, "dp2")
+    typed = {"gpt-demo": _analysis(DEMO_LOG, "gpt-demo"), "dp2": _analysis(DP2_LOG, "dp2")}
+    demo_its, dp2_its = list(typed["gpt-demo"].iterations), list(typed["dp2"].iterations)
+    demo, dp2 = typed["gpt-demo"].to_json(), typed["dp2"].to_json()
     assert len(demo["iterations"]) > 20
     ex = WandbExporter("perfd-test", mode="offline", directory=str(wandb_env / "runs"))
     # The aggregator calls this every few seconds with the analysis so far: half, then all, twice.
     half = len(demo["iterations"]) // 2
-    assert ex.log_analysis("gpt-demo", {"job": demo["job"], "iterations": demo["iterations"][:half]}) == half
-    assert ex.log_analysis("gpt-demo", demo) == len(demo["iterations"]) - half
-    assert ex.log_analysis("gpt-demo", demo) == 0
-    assert ex.log_analysis("dp2", dp2) == len(dp2["iterations"])
+    block, summary = typed["gpt-demo"].job, typed["gpt-demo"].summary
+    assert ex.log_analysis("gpt-demo", block, demo_its[:half]) == half
+    assert ex.log_analysis("gpt-demo", block, demo_its, summary) == len(demo["iterations"]) - half
+    assert ex.log_analysis("gpt-demo", block, demo_its, summary) == 0
+    assert ex.log_analysis("dp2", typed["dp2"].job, dp2_its, typed["dp2"].summary) == len(dp2["iterations"])
     capture = {"id": "cap-0001", "job": "gpt-demo", "tool": "nsys", "status": "finished", "ranks": [1],
                "steps": 3, "result": {"iterations": [30, 32], "breakdown": {"compute": 0.71, "idle": 0.2}}}
     assert ex.log_capture("gpt-demo", capture) == "capture-cap-0001"
@@ -210,8 +239,8 @@ def test_offline_run_reads_back_equal_to_the_analysis(wandb_env: Path):
             budget = {k: logged.pop(k) for k in list(logged) if k.startswith("perfd_job_step_budget")}
             assert logged == _expected(it), f"{job} iteration {it['iteration']}"
             if n == len(history) - 1:
-                assert goodput == goodput_metrics(analysis["summary"]) and goodput
-                assert budget == budget_metrics(analysis["summary"]) and budget
+                assert goodput == goodput_metrics(typed[job].summary.goodput) and goodput
+                assert budget == budget_metrics(typed[job].summary.step_budget) and budget
                 parts = {p["part"]: p for p in analysis["summary"]["step_budget"]["parts"]}
                 assert budget[f"perfd_job_step_budget_seconds/part={next(iter(parts))}"] == \
                     next(iter(parts.values()))["ms"] / 1e3
@@ -263,10 +292,12 @@ def test_attaches_to_the_training_scripts_own_run(wandb_env: Path) -> None:
                           timeout=180)
     assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == rid, proc.stderr[-2000:]
 
-    demo = _analysis(DEMO_LOG, "gpt-demo")
-    demo["job"]["wandb_run_id"] = rid  # what the launch manifest gives the agent, the agent the job info
+    typed = _analysis(DEMO_LOG, "gpt-demo")
+    demo = typed.to_json()
+    # what the launch manifest gives the agent, the agent the job info
+    block = dataclasses.replace(typed.job, wandb_run_id=rid)
     ex = WandbExporter("perfd-test", mode="offline", directory=str(wandb_env / "perfd"))
-    assert ex.log_analysis("gpt-demo", demo) == len(demo["iterations"])
+    assert ex.log_analysis("gpt-demo", block, list(typed.iterations), typed.summary) == len(typed.iterations)
     run_dir = Path(ex.run_dir("gpt-demo") or "")
     ex.finish()
     assert run_dir.name.endswith(f"-{rid}")

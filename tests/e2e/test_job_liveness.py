@@ -1,5 +1,5 @@
 """A job that stops stepping leaves /metrics: real aggregator and agent processes, a Megatron log that
-stops growing. Liveness (perfd.analytics.liveness): running → ended (no GPU processes known) here;
+stops growing. Liveness (perfd.analytics.steps.liveness): running → ended (no GPU processes known) here;
 stalled vs ended from the GPU process lists is checked on the aggregator state below."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import pytest
 from collectors.megatron import parse_file
 from perfd import events
 from perfd.aggregator.http import _StateCollector
+from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
+from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from tests.procs import http_get as _get
 from tests.procs import wait_for as _wait
 
@@ -55,10 +56,10 @@ def test_a_hung_job_is_stalled_an_exited_one_ended_and_both_leave_the_derived_ga
     st.ingest_events("a", [{"kind": events.GPU_PROCESSES.name, "labels": {"node": "n", "gpu": str(r)},
                             "payload": [procs[r]]} for r in (0, 1)])
     st.analysis("dp2", force=True)
-    assert st.job_overview("dp2")["state"] == RUNNING  # type: ignore[index]
+    assert overview_of(st.snapshot("dp2"))["state"] == RUNNING  # type: ignore[index]
     assert 'perfd_job_step_time_seconds{job_name="dp2"}' in _metrics(st)
     st.jobs.jobs["dp2"].last_step_time -= 60  # a minute without a step, processes still there
-    ov = st.job_overview("dp2")
+    ov = overview_of(st.snapshot("dp2"))
     assert ov is not None and ov["state"] == STALLED and "hung" in ov["state_reason"]
     text = _metrics(st)
     assert 'perfd_job_state_info{job_name="dp2",state="stalled"} 1.0' in text
@@ -66,7 +67,7 @@ def test_a_hung_job_is_stalled_an_exited_one_ended_and_both_leave_the_derived_ga
     assert 'perfd_job_last_step_timestamp_seconds{job_name="dp2"}' in text
     st.ingest_events("a", [{"kind": events.GPU_PROCESSES.name, "labels": {"node": "n", "gpu": str(r)},
                             "payload": []} for r in (0, 1)])
-    assert st.job_overview("dp2")["state"] == ENDED  # type: ignore[index]
+    assert overview_of(st.snapshot("dp2"))["state"] == ENDED  # type: ignore[index]
 
 
 @pytest.mark.slow
@@ -146,13 +147,13 @@ def test_the_shipped_job_stalled_rule_fires_on_a_hang_and_not_on_an_ended_job() 
     coord = CaptureCoordinator(st, RuleEngine([r for r in pack.rules if r.name == "job_stalled"]),
                                lambda agent, cmd: True)
     t0 = _time.time()
-    assert coord.evaluate(t0) == [] and st.stalled_seconds("dp2") == 0.0  # running: 0, not absent
+    assert coord.evaluate(t0) == [] and st.snapshot("dp2").stalled_seconds() == 0.0  # type: ignore[union-attr]  # running: 0, not absent
     st.jobs.jobs["dp2"].last_step_time -= 60  # no step for a minute, processes still there
-    assert (st.stalled_seconds("dp2") or 0) >= 55
+    assert (st.snapshot("dp2").stalled_seconds() or 0) >= 55  # type: ignore[union-attr]
     assert [f.rule.name for f in coord.evaluate(t0 + 1) if f.new] == []  # pending: for 1m
     fired = [f for f in coord.evaluate(t0 + 62) if f.new]
     assert [(f.rule.name, f.key) for f in fired] == [("job_stalled", "dp2")]
     assert 'perfd_job_stalled_seconds{job_name="dp2"}' in _metrics(st)
     gpus(False)  # the processes left: the job ended, it is not hung
-    assert st.stalled_seconds("dp2") is None
+    assert st.snapshot("dp2").stalled_seconds() is None  # type: ignore[union-attr]
     assert coord.evaluate(t0 + 124) == [] and "perfd_job_stalled_seconds" not in _metrics(st)

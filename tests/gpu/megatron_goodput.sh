@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Records the Megatron-LM logs that goodput's checkpoint, evaluation, restart and redone parts are
-# checked on (perfd.analytics.goodput; tests/analytics/test_goodput_recorded.py, on the H100
+# checked on (perfd.analytics.steps.goodput; tests/analytics/test_goodput_recorded.py, on the H100
 # recordings tests/data/megatron/h100_resume_*.log). On a 1- or 2-GPU machine, one job, two runs appended to ONE log, as a job
 # restarted by its scheduler writes it:
 #   run 1: --save DIR --save-interval 20 --eval-interval 25, stopped by --exit-interval 50 after

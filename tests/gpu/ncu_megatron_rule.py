@@ -378,7 +378,7 @@ class Run:
         self, ncu: str, report: Path, when: str, launch: subprocess.Popen[bytes]
     ) -> dict[str, Any]:
         """``ncu --import`` on the report ncu is writing, the job running (it must not be disturbed)."""
-        from perfd.analytics.ncu import NcuParseError, parse_csv
+        from perfd.capture.ncu_report import NcuParseError, parse_csv
 
         t = time.time()
         rec: dict[str, Any] = {

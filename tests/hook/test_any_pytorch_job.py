@@ -23,7 +23,7 @@ import pytest
 
 from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
-from perfd.analytics.collectives import analyze_collectives
+from perfd.analytics.collectives.analysis import analyze_collectives
 from perfd.collector import Collected
 from perfd.hook import StepHook
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
@@ -139,9 +139,9 @@ def test_mfu_is_the_hooks_flops_over_step_time_and_peak(run: dict[str, Any],
     # Against the loop's own clock over the same steps: FLOPs summed over time summed, within 1%.
     own = statistics.fmean(run["steps"][r.iteration] for r in steady)
     expected = FLOPS_PER_STEP / (own / 1e3 * 1e12 * PEAK_TFLOPS)
-    assert a.summary["medians"]["mfu"] == pytest.approx(expected, rel=0.01)
-    assert a.job["framework"] == "pytorch" and a.job["layout"]["world_size"] == 1
-    assert a.job["gpu"]["dtype"] == "bf16"
+    assert a.summary.median("mfu") == pytest.approx(expected, rel=0.01)
+    assert a.job.framework == "pytorch" and a.job.layout.world_size == 1
+    assert a.job.gpu.dtype == "bf16"
 
 
 def test_data_share_is_the_hooks_data_wait(run: dict[str, Any], analysed: dict[str, Any]) -> None:
@@ -222,7 +222,8 @@ def test_the_slow_data_stretch_is_one_incident_with_its_cost(run: dict[str, Any]
     # stretch joined it for 28% (8.5 of 11.9 s, seen), so there more than half.
     assert in_stretch >= (0.8 if load_per_cpu() < BUSY_LOAD_PER_CPU else 0.5) * lost_s
     # The cause is the data wait (typed), not a guess: it grew by most of the slowdown.
-    assert inc.verdict["cause"] == "data_wait" and "data loading took up to" in inc.cause
+    assert inc.verdict is not None and inc.verdict.cause == "data_wait"
+    assert "data loading took up to" in inc.cause
 
 
 def test_the_headline_names_only_what_is_known(analysed: dict[str, Any]) -> None:
@@ -235,14 +236,13 @@ def test_the_headline_names_only_what_is_known(analysed: dict[str, Any]) -> None
 
 def test_without_flops_or_dtype_mfu_says_why(run: dict[str, Any]) -> None:
     """The same records with neither the hook's FLOPs nor a dtype: MFU absent with the reason."""
-    bare = [StepRecord(**{**r.__dict__, "fields": {k: v for k, v in r.fields.items()
-                                                    if k not in ("flops_per_step", "tokens_per_step")}})
+    bare = [StepRecord(**{**r.__dict__, "flops_per_step": None, "tokens_per_step": None})
             for r in run["records"]]
     store = JobStore(min_recompute_s=0.0)
     store.ingest_steps("agent-0", bare)
     a = store.analysis(JOB, force=True)
-    assert a is not None and a.summary["medians"]["mfu"] is None
-    assert a.job["framework"] == "pytorch" and a.job["layout"]["world_size"] == 1  # from the ranks
+    assert a is not None and a.summary.median("mfu") is None
+    assert a.job.framework == "pytorch" and a.job.layout.world_size == 1  # from the ranks
     row = next(r for r in a.iterations if r.steady_state)
     assert row.sources["mfu"].startswith("absent:")
     assert "None" not in build_report(a).summary.headline
@@ -253,7 +253,7 @@ def test_a_model_spec_counts_the_flops_from_tokens(tmp_path: Path) -> None:
     spec = {"num_layers": 8, "hidden_size": 2048, "ffn_hidden_size": 8192, "num_attention_heads": 16,
             "kv_channels": 128, "seq_length": 1024, "padded_vocab_size": 32000}
     h = StepHook(str(tmp_path / "none.sock"), tokens_per_step=8 * 1024, model=spec, cuda=False, enabled=False)
-    from perfd.analytics.flops import megatron_flops
+    from perfd.analytics.steps.flops import megatron_flops
     from perfd.model import ModelSpec
     assert h.flops_per_step == pytest.approx(megatron_flops(ModelSpec(**spec), 8).flops_per_iteration)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown field"):

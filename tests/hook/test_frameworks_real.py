@@ -15,7 +15,7 @@ import pytest
 
 from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
-from perfd.analytics.flops import megatron_flops
+from perfd.analytics.steps.flops import megatron_flops
 from perfd.collector import Collected
 from perfd.model import ModelSpec
 from perfd.report import build_report
@@ -85,8 +85,8 @@ def _to_aggregator(c: HookCollector) -> Any:
 
 def _check(a: Any) -> None:
     rows = [r for r in a.iterations if r.iteration > 2]  # after the hook's warm-up
-    assert a.job["framework"] == "pytorch" and a.job["layout"]["world_size"] == 1
-    assert a.job["gpu"]["dtype"] == "fp32"
+    assert a.job.framework == "pytorch" and a.job.layout.world_size == 1
+    assert a.job.gpu.dtype == "fp32"
     for r in rows:
         # Data share: the fetch of BATCH items sleeping ITEM_SLEEP_S each, at least, over the step.
         assert r.data_share is not None and r.sources["data_share"].startswith("hook:timer data-wait")

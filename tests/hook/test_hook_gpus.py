@@ -17,8 +17,8 @@ from perfd import events
 from perfd.agent.hook_gpus import FROM_DEVICE, FROM_PID, HookGpus, HookRankInfo, attribute, hook_ranks
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.evidence import Missing
-from perfd.analytics.verdict_text import missing_text
+from perfd.analytics.incidents.evidence import Missing
+from perfd.analytics.incidents.verdict_text import missing_text
 from perfd.hook import StepHook
 from perfd.model import Provenance, StepRecord, TimerValue
 

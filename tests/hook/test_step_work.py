@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from perfd.analytics.flops import complete_spec, flops_for_tokens, megatron_flops, token_flops
+from perfd.analytics.steps.flops import complete_spec, flops_for_tokens, megatron_flops, token_flops
 from perfd.hook import StepHook, wire
 from perfd.model import ModelSpec
 

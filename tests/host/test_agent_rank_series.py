@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from perfd.catalog import RANK_STATE_INFO
-from perfd.launch import MANIFEST_VERSION
+from perfd.manifest import MANIFEST_VERSION
 from tests.procs import Procs, free_port, http_get, start_agent, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")

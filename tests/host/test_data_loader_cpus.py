@@ -1,13 +1,14 @@
 """DataLoader workers are the job's own children (issue 44 item 3): the ranks collector counts the
 CPU of a rank process's descendants as the job's (``children_cpu_cores``, never "other processes on
 its CPUs"), the host evidence says typed whether the rank's CPUs are full or have room
-(:class:`~perfd.analytics.host_evidence.CpuUse`), and the data-loading remedy follows: "more
+(:class:`~perfd.analytics.incidents.host_evidence.CpuUse`), and the data-loading remedy follows: "more
 data-loader workers" only with room, "cheaper transforms or more CPUs" when full. A real parent
 python with multiprocessing children burning CPU for the collector; replayed observations for the
 decision's other branches (room on a big node, a cgroup quota)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -22,11 +23,17 @@ from collectors.ranks import RanksCollector, procfs
 from perfd import events
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.evidence import Evidence, EvidenceKind, decide
-from perfd.analytics.host_evidence import CpuRoom, cpu_use, host_items, job_cpu_use
-from perfd.analytics.incidents import incident_findings
-from perfd.analytics.run_analysis import analyze_run
-from perfd.analytics.verdict_text import DATA_CPU_BOUND_ACTION, DATA_LOADING_ACTION, DATA_MORE_WORKERS_ACTION
+from perfd.analytics.incidents.detect import Incident
+from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, decide
+from perfd.analytics.incidents.findings import incident_findings
+from perfd.analytics.incidents.host_evidence import CpuRoom, cpu_use, host_items, job_cpu_use
+from perfd.analytics.incidents.incident_evidence import IncidentEvidence, RankSnapshot
+from perfd.analytics.incidents.verdict_text import (
+    DATA_CPU_BOUND_ACTION,
+    DATA_LOADING_ACTION,
+    DATA_MORE_WORKERS_ACTION,
+)
+from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
 from perfd.report.report import build_report
 
@@ -143,12 +150,13 @@ def test_the_runs_data_loading_remedy_fits_the_ranks_cpus() -> None:
 def test_a_data_wait_incident_takes_the_cpu_use_of_its_time() -> None:
     lead = Evidence(EvidenceKind.DATA_WAIT, 0, "", 0.8, 1.0, 2.0, 10, {"steady": 0.3, "grew_ms": 50.0,
                                                                       "excess_ms": 60.0})
-    inc = {"id": "i1", "kinds": ["slow"], "ranks": [0], "first_iteration": 10, "last_iteration": 20,
-           "cost_s": 12.0, "cause": "data", "verdict": decide([lead], [0]).to_json(),
-           "evidence": {"gpu": {"0": {"host": _obs(allowed_busy_ratio=0.97)}}}}
+    snap = RankSnapshot(0, None, None, True, (), {}, (), {}, (), 0.0, host=_obs(allowed_busy_ratio=0.97))
+    inc = Incident(id="i1", first_iteration=10, last_iteration=20, kinds=["slow"], ranks=[0], n_iterations=0,
+                   cost_s=12.0, steady_step_ms=None, median_step_ms=None, max_step_ms=None, cause="data",
+                   evidence=IncidentEvidence(gpu={0: snap}), verdict=decide([lead], [0]))
     _, (r,) = incident_findings([inc], 100.0, cpu_use(0, _obs()))
     assert r.action == DATA_CPU_BOUND_ACTION and "97% busy" in r.detail  # its own snapshot wins
-    bare = {**inc, "evidence": {}}
+    bare = dataclasses.replace(inc, evidence=IncidentEvidence())
     _, (r,) = incident_findings([bare], 100.0, cpu_use(0, _obs()))
     assert r.action == DATA_MORE_WORKERS_ACTION  # none of its own: the job's now
     _, (r,) = incident_findings([bare], 100.0)

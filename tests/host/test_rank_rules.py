@@ -13,6 +13,7 @@ from typing import Any
 from collectors.megatron import parse_file
 from perfd import events
 from perfd.aggregator.captures import CaptureCoordinator
+from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import parse_pack_checked
@@ -70,5 +71,5 @@ def test_a_job_rule_on_stalled_seconds_fires_on_a_live_stall() -> None:
     st = _state([{**REC["calm"]["ranks"][0]}, stopped])
     st.jobs.jobs["dp2"].last_step_time = time.time() - 8.0  # silent past the floor (5 s)
     st.refresh()  # the aggregator's tick: the stall opens
-    assert st.job_overview("dp2")["state"] == "stalled"  # type: ignore[index]
+    assert overview_of(st.snapshot("dp2"))["state"] == "stalled"  # type: ignore[index]
     assert ("stalled_now", "dp2") in _fired(st, time.time())

@@ -24,10 +24,11 @@ from collectors.ranks import RanksCollector
 from perfd import events
 from perfd.agent.stacks import StackDumper
 from perfd.aggregator.job_rows import liveness_rows
+from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.evidence import StallReason
-from perfd.analytics.liveness import RUNNING, STALLED
-from perfd.analytics.stall import IDLE_CPU_CORES
+from perfd.analytics.incidents.evidence import StallReason
+from perfd.analytics.incidents.stall import IDLE_CPU_CORES
+from perfd.analytics.steps.liveness import RUNNING, STALLED
 from perfd.transport.codec import COMMAND_STACKS, Command
 from tests.procs import wait_for
 
@@ -64,7 +65,7 @@ def ranks() -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]
 def _started_before(payload: Any) -> Any:
     """The ranks' processes as having started an hour earlier: this test's clock moves the job's last
     record back by the silence, to before the stand-in processes began, and a job whose every rank
-    process began after its last step is a new run starting, not a stall (perfd.analytics.stall)."""
+    process began after its last step is a new run starting, not a stall (perfd.analytics.incidents.stall)."""
     if not isinstance(payload, dict) or not isinstance(payload.get("ranks"), list):
         return payload
     return {**payload, "ranks": [{**r, "started_at": r["started_at"] - 3600.0} if "started_at" in r else r
@@ -148,10 +149,11 @@ def test_a_stopped_rank_opens_a_stall_with_stacks_and_the_slow_step_takes_it_ove
     # Rank 0 is not stopped: a 10 ms sleeper reads "running" (R) when the machine's load keeps it waiting.
     assert stall["ranks"]["1"]["state"] == "stopped"
     assert stall["ranks"]["0"]["state"] in ("sleeping", "running")
-    ov = h.st.job_overview(JOB)
+    ov = overview_of(h.st.snapshot(JOB))
     # Stopped (rank 1), and every rank idle (rank 0 sleeps in its loop, rank 1 is stopped)
     assert ov is not None and ov["state"] == STALLED and ov["stall"]["reasons"][0] == "stopped"
-    rows = {name: v for lab, name, v in liveness_rows(h.st) if lab.get("job_name") == JOB}
+    snaps = [s for j in h.st.job_names() if (s := h.st.snapshot(j)) is not None]
+    rows = {name: v for lab, name, v in liveness_rows(snaps, time.time()) if lab.get("job_name") == JOB}
     assert rows["perfd_job_stalled_seconds"] >= 6.0
     # One stacks request, to the agent that reports the ranks; its answer (py-spy on the stopped
     # process, by the agent's own dumper) joins the stall.
@@ -179,7 +181,7 @@ def test_a_stopped_rank_opens_a_stall_with_stacks_and_the_slow_step_takes_it_ove
     assert {"slow-steps", "stall"} <= set(inc["kinds"]) and inc["open"]  # (straggler: DP=2's timers)
     assert inc["verdict"]["cause"] == "process_stopped" and "rank 1's process" in inc["cause"]
     assert "was stopped" in inc["cause"] and "steps" in inc["cause"]
-    assert h.st.job_overview(JOB)["state"] == RUNNING  # type: ignore[index]
+    assert overview_of(h.st.snapshot(JOB))["state"] == RUNNING  # type: ignore[index]
     # The next steps close it; passes after the takeover update it from the analysis alone, and the
     # stall (its kind, its ranks' states, stacks) stays with it.
     h.st.ingest_steps("agent-a", h.parsed.records[21:])
@@ -229,7 +231,8 @@ def test_a_stop_between_two_steps_costs_its_silence_in_the_incident_that_takes_i
     assert before - silent_from - cadence - 0.01 <= parts["silence_s"] <= after - silent_from - cadence + 0.01
     assert inc["cost_s"] == parts["silence_s"]  # the larger: the stop itself
     # Goodput's incident part is the steps' part: the silence lies between records (stall or other).
-    gp = h.st.goodput(JOB)
+    snap = h.st.snapshot(JOB)
+    gp = snap.goodput() if snap is not None else None
     assert gp is not None and gp["parts_s"]["incident"] == pytest.approx(parts["steps_s"], abs=0.01)
 
 
@@ -304,7 +307,7 @@ def test_an_announced_checkpoint_save_holds_the_stall_back(ranks: Any) -> None:
     h.st.ingest_events("agent-a", saving)
     h.observe(3)
     h.st.stalls.tick(h.st, JOB, h.silent_for(30.0))
-    assert h.incidents() == [] and h.st.job_overview(JOB)["state"] == RUNNING  # type: ignore[index]
+    assert h.incidents() == [] and overview_of(h.st.snapshot(JOB))["state"] == RUNNING  # type: ignore[index]
     saved = parse_lines(["  [2026-11-23 16:21:35.529378] successfully saved checkpoint from iteration"
                          "      20 to /ckpt [ t 1/1 ]"], job=JOB).events
     h.st.ingest_events("agent-a", saved)

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from perfd.aggregator.captures import CaptureCoordinator
-from perfd.analytics.stall import Status
+from perfd.aggregator.snapshot import Analysed, overview_of
+from perfd.analytics.incidents.stall import Status
 from perfd.transport.codec import Command
 from tests.host.test_stall_aggregator import JOB, Harness
 from tests.host.test_stall_aggregator import ranks as ranks  # the fixture, re-exported
@@ -71,7 +72,7 @@ def test_an_ncu_range_that_holds_a_step_for_38_s_is_the_captures_not_a_stall(ran
     # Silent past the limit, the ranks idle (a stall's corroboration), yet held: the capture holds it.
     assert check.status is Status.HELD and check.capture == rec.id
     assert check.silent_s is not None and check.limit_s is not None and check.silent_s > check.limit_s
-    assert h.incidents() == [] and h.st.job_overview(JOB)["state"] == "running"  # type: ignore[index]
+    assert h.incidents() == [] and overview_of(h.st.snapshot(JOB))["state"] == "running"  # type: ignore[index]
     # The step ends when ncu's replay does: its record took the whole range; the capture finishes
     # with the range's held time, and the job steps on.
     recs = h.parsed.records
@@ -87,9 +88,9 @@ def test_an_ncu_range_that_holds_a_step_for_38_s_is_the_captures_not_a_stall(ran
         h.st.refresh()
     assert h.incidents() == []  # no stall, no slow-step incident: the capture's step
     assert h.st.stalls.opened_total.get(JOB, 0) == 0
-    a = h.st.served_analysis(JOB)
+    a = h.st.snapshot(JOB, Analysed.SERVED).analysis  # type: ignore[union-attr]
     assert a is not None
-    dist = a.summary["capture_disturbances"]
+    dist = a.summary.capture_disturbances.to_json()
     assert dist["n"] >= 1 and any(s["first_iteration"] <= 21 <= s["last_iteration"]
                                   for s in dist["stretches"])
     assert a.incidents == [] and 21 not in a.steady.iterations

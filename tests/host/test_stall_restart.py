@@ -7,7 +7,7 @@ idle processes (tests/host/test_stall_aggregator.py's harness, whose clock is th
 - records that came late: the job's own clock (the records' end times) shows no gap where their
   arrival did — the stall is withdrawn, with its reason, when they arrive.
 
-And the pure check (perfd.analytics.stall) on its edges."""
+And the pure check (perfd.analytics.incidents.stall) on its edges."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from perfd import events
-from perfd.aggregator.stalls import LATE_RECORDS
-from perfd.analytics.evidence import StallReason
-from perfd.analytics.stall import (
+from perfd.analytics.incidents.evidence import StallReason
+from perfd.analytics.incidents.incident_evidence import Withdrawal
+from perfd.analytics.incidents.stall import (
     STARTING,
     RankSeen,
     StallCheck,
@@ -80,7 +80,7 @@ def test_records_that_came_late_withdraw_the_stall(ranks: Any) -> None:
     assert not h.incidents()
     assert h.st.stalls.late_total[JOB] == 1
     closed = [e for e in h.st.recent_events(JOB) if e["kind"] == events.INCIDENT_CLOSED.name]
-    assert closed and closed[-1]["payload"]["withdrawn"] == LATE_RECORDS
+    assert closed and closed[-1]["payload"]["withdrawn"] == Withdrawal.LATE_RECORDS.value
 
 
 def test_records_made_after_the_silence_keep_the_stall_with_the_jobs_own_gap(ranks: Any) -> None:

@@ -52,10 +52,10 @@ def test_a_capture_window_is_listed_apart_never_an_incident_and_informs_the_clas
     # perfd's own disturbance is no incident: no incident, no incident_opened event, not the headline.
     assert st.incidents.incidents("dp2") == []
     assert events.INCIDENT_OPENED.name not in [e["kind"] for e in st.recent_events("dp2")]
-    dist = a.summary["capture_disturbances"]
+    dist = a.summary.capture_disturbances.to_json()
     assert dist["n"] == 1 and dist["stretches"][0]["last_iteration"] == 16
     assert all(not it.steady_state for it in a.iterations if 15 <= it.iteration <= 16)
-    assert a.summary["excluded"]["15"].startswith("perfd capture")
+    assert a.summary.excluded[15].startswith("perfd capture")
     summary = job_summary(st, "dp2")
     assert summary is not None and "capture" not in summary["report"]["summary"]["headline"]
     # The capture's timeline votes for the job's class although its iterations stay out of the steady
@@ -63,8 +63,8 @@ def test_a_capture_window_is_listed_apart_never_an_incident_and_informs_the_clas
     st.ingest_steps("agent-a", [dataclasses.replace(parsed.records[-1], iteration=31)])
     a2 = st.analysis("dp2", force=True)
     assert a2 is not None
-    assert a2.summary["bottleneck_sources"].get("timeline", "").startswith(f"capture {rec.id}")
-    assert "capture" in [v["source"] for v in a2.summary["bottleneck_evidence"]["votes"]]
+    assert a2.summary.bottleneck.sources.get("timeline", "").startswith(f"capture {rec.id}")
+    assert "capture" in [v["source"] for v in a2.summary.bottleneck.evidence_json()["votes"]]
 
 
 def test_a_capture_that_never_started_disturbs_nothing() -> None:
@@ -78,8 +78,8 @@ def test_a_capture_that_never_started_disturbs_nothing() -> None:
     st.ingest_events("agent-a", [{"kind": events.CAPTURE_FAILED.name, "time": t14 + 0.01,
                                   "links": {"command_id": rec.id}, "text": "no process known"}])
     a = st.analysis("dp2", force=True)
-    assert a is not None and a.summary["capture_disturbances"]["n"] == 0
-    assert not any(str(v).startswith("perfd capture") for v in a.summary["excluded"].values())
+    assert a is not None and a.summary.capture_disturbances.n == 0
+    assert not any(str(v).startswith("perfd capture") for v in a.summary.excluded.values())
 
 
 def _slowed(records: list[StepRecord], its: range, rank: int, factor: float) -> list[StepRecord]:
@@ -116,7 +116,8 @@ def test_a_shared_gpu_names_the_rank_the_foreign_process_and_the_cost_after_it_e
     assert a is not None
     (inc,) = st.incidents.incidents("dp2")
     assert inc["ranks"][0] == 1 and inc["first_iteration"] <= 14 and inc["last_iteration"] == 21
-    steady_ms = a.summary["medians"]["step_time_ms"]
+    steady_ms = a.summary.median("step_time_ms")
+    assert steady_ms is not None
     its = [it for it in a.iterations if inc["first_iteration"] <= it.iteration <= inc["last_iteration"]]
     want = sum((it.step_time_ms or 0.0) - steady_ms for it in its) / 1e3  # Σ(step − steady median)
     assert abs(inc["cost_s"] - want) <= 0.10 * want and inc["cost_s"] > 4.0  # 8 steps at 2.5x
@@ -167,13 +168,13 @@ def test_a_recorded_hang_is_an_incident_naming_the_rank_that_never_joined(tmp_pa
 
 def test_the_html_report_marks_incidents_on_the_step_time_chart() -> None:
     from perfd.report import analysis_json
-    from perfd.report.html import render_html
+    from perfd.report.html import page_from_json, render_html
 
     parsed = parse_file(DP2, job="dp2")
     st = _state_with(_slowed(parsed.records, range(14, 22), 1, 2.5))
     a = st.analysis("dp2", force=True)
     assert a is not None
-    page = render_html(analysis_json(a, st.incidents.incidents("dp2")))
+    page = render_html(page_from_json(analysis_json(a, st.incidents.typed_incidents("dp2"))))
     assert page.count('class="incident"') == 1 and "s lost" in page and "rank 1 computed" in page
 
 

@@ -16,7 +16,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.cli import main as perfd_main
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.prometheus import job_families
-from perfd.report.html import render_html
+from perfd.report.html import page_from_json, render_html
 from perfd.report.report import analysis_json, format_value
 from perfd.report.svg import diverging_color, nice_ticks
 from tests.integrations.integrations_helpers import ROOT
@@ -38,7 +38,7 @@ def _svgs(page: str) -> list[ET.Element]:
 def _page(log: Path, gpu: str = "NVIDIA H200") -> tuple[str, dict[str, Any]]:
     _, analysis = analyze_megatron_file(str(log), gpu=gpu)
     data = analysis_json(analysis)
-    return render_html(data, source=f"log {log.name}", generated="2026-01-01 00:00:00 UTC",
+    return render_html(page_from_json(data), source=f"log {log.name}", generated="2026-01-01 00:00:00 UTC",
                        version="test"), data
 
 
@@ -128,7 +128,7 @@ def test_heat_map_bins_many_iterations_and_labels_rank_placement() -> None:
             many.append({**it, "iteration": it["iteration"] + 30 * k})
     data["iterations"] = many
     data["ranks"] = [{"rank": 0, "node": "n1", "gpu": "0"}, {"rank": 1, "node": "n2", "gpu": "3"}]
-    page = render_html(data)
+    page = render_html(page_from_json(data))
     heat = next(s for s in _svgs(page) if s.findtext(f"{SVG}title") == "Per-rank compute ÷ stage median")
     cells = [r for r in heat.findall(f".//{SVG}rect") if r.find(f"{SVG}title") is not None]
     assert 2 * 200 <= len(cells) <= 2 * 240
@@ -140,7 +140,8 @@ def test_absent_values_are_said_not_drawn_as_zero() -> None:
     page, data = _page(_pp2_log(), gpu="")  # no GPU: no peak, so no MFU
     assert all(it["mfu"] is None for it in data["iterations"])
     assert "MFU is absent" in page and "MFU per iteration" not in page
-    assert render_html({"job": {}, "iterations": [], "summary": {}, "report": {}}).count("No analysed") == 1
+    empty = page_from_json({"job": {}, "iterations": [], "summary": {}, "report": {}})
+    assert render_html(empty).count("No analysed") == 1
 
 
 def test_cli_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -241,9 +242,11 @@ def test_heat_map_groups_ranks_by_pipeline_stage_and_marks_captures() -> None:
 
     its = [{"iteration": i, "straggler_rank_compute_ratio": {str(r): 1.0 + 0.01 * r for r in range(4)}}
            for i in range(1, 11)]
-    job = {"layout": {"world_size": 4, "tp": 1, "pp": 2, "dp": 2, "cp": 1}}
-    summary = {"capture_disturbances": {"stretches": [{"first_iteration": 4, "last_iteration": 5}]}}
-    html = rank_heatmap(its, (), job, summary, [])
+    from perfd.analytics.steps.run_summary import DisturbanceStretch, JobLayout
+
+    lay = JobLayout(world_size=4, tp=1, pp=2, dp=2, cp=1)
+    stretches = (DisturbanceStretch(first_iteration=4, last_iteration=5, excess_s=None),)
+    html = rank_heatmap(its, (), lay, stretches, [])
     svg = _svgs(html)[0]
     labels = [t.text for t in svg.findall(f".//{SVG}text")]
     assert "stage 0" in labels and "stage 1" in labels

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from perfd import catalog
-from perfd.analytics.goodput import KINDS
+from perfd.analytics.steps.goodput import KINDS
 from perfd.limits import RANK_RATIO_TOP_K
 from tests.integrations.integrations_helpers import (
     ROOT,

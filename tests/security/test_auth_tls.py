@@ -16,6 +16,7 @@ import pytest
 
 from perfd import limits as L
 from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.snapshot import overview_of
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
@@ -93,20 +94,20 @@ def test_unauthenticated_batch_is_refused_and_the_token_lets_it_in(tmp_path: Pat
         intruder = AgentClient(target, "intruder", jobs=["victim"], backoff_initial_s=0.05)
         intruder.submit(steps=_steps("victim", range(1, 121)))
         await _client_run(intruder, 1.5)
-        assert agg.state.job_overview("victim") is None  # nothing of the batch arrived
+        assert overview_of(agg.state.snapshot("victim")) is None  # nothing of the batch arrived
         assert agg.refusals.get(L.REFUSED_UNAUTHENTICATED) >= 1
         assert intruder.batches_acked == 0 and intruder.connected is False
         wrong = AgentClient(target, "intruder2", jobs=["victim"], backoff_initial_s=0.05,
                             token=TokenFile(_token_file(tmp_path / "..", "another-token-of-enough-length")))
         wrong.submit(steps=_steps("victim", range(1, 3)))
         await _client_run(wrong, 1.0)
-        assert agg.state.job_overview("victim") is None
+        assert overview_of(agg.state.snapshot("victim")) is None
         good = AgentClient(target, "node-a", jobs=["victim"], token=TokenFile(tok))
         good.submit(steps=_steps("victim", range(1, 121)))
         task = asyncio.create_task(good.run())
         assert await good.flush(10)
         task.cancel()
-        ov = agg.state.job_overview("victim")
+        ov = overview_of(agg.state.snapshot("victim"))
         assert ov is not None and ov["iterations_seen"] == 120
 
     _run(_cfg(auth_token_file=tok), body)
@@ -210,13 +211,13 @@ def test_mutual_tls_admits_the_right_client_certificate_only(tmp_path: Path) -> 
             c.submit(steps=_steps(f"job-{i}", range(1, 3)))
             await _client_run(c, 1.0)
             assert c.batches_acked == 0, name
-            assert agg.state.job_overview(f"job-{i}") is None, name
+            assert overview_of(agg.state.snapshot(f"job-{i}")) is None, name
         good = AgentClient(target, "node-a", jobs=["j"], tls=ClientTls(f["ca"], f["a_cert"], f["a_key"]))
         good.submit(steps=_steps("j", range(1, 11)))
         task = asyncio.create_task(good.run())
         assert await good.flush(10)
         task.cancel()
-        assert agg.state.job_overview("j")["iterations_seen"] == 10  # type: ignore[index]
+        assert overview_of(agg.state.snapshot("j"))["iterations_seen"] == 10  # type: ignore[index]
 
     _run(_cfg(tls_cert=f["server_cert"], tls_key=f["server_key"], tls_client_ca=f["ca"]), body)
 
@@ -246,7 +247,7 @@ def test_server_certificate_is_re_read_without_a_restart(tmp_path: Path) -> None
         t = asyncio.create_task(other.run())
         assert await other.flush(10)
         t.cancel()
-        assert agg.state.job_overview("j2")["iterations_seen"] == 2  # type: ignore[index]
+        assert overview_of(agg.state.snapshot("j2"))["iterations_seen"] == 2  # type: ignore[index]
 
     _run(_cfg(tls_cert=str(cert), tls_key=str(key)), body)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from perfd import limits as L
 from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.snapshot import overview_of
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.security import ClientTls, IdentityPolicy
@@ -72,7 +73,7 @@ def test_identity_policy_binds_certificates_to_agent_ids_and_jobs(tmp_path: Path
             # without a policy the first stream would bind it.
             c = await _send(target, tls["n2"], "node-1", ["train"], _steps("train", range(1, 6), 1e6), 1.5)
             assert c.batches_acked == 0 and agg.refusals.get(L.REFUSED_POLICY) >= 1
-            assert agg.state.job_overview("train") is None
+            assert overview_of(agg.state.snapshot("train")) is None
             # node-1 with its own certificate writes its job.
             await _send(target, tls["n1"], "node-1", ["train"], _steps("train", range(1, 11), 100.0))
             held = {k[0]: r.step_time_ms for k, r in agg.state.jobs.jobs["train"].records.items()}
@@ -92,7 +93,7 @@ def test_identity_policy_binds_certificates_to_agent_ids_and_jobs(tmp_path: Path
             assert len(agg.state.jobs.jobs["eval-1"].records) == 3
             # A certificate of the CA that the policy does not name is refused whatever it claims.
             c = await _send(target, tls["rogue"], "laptop", [], _steps("mine", range(1, 3), 1.0), 1.5)
-            assert c.batches_acked == 0 and agg.state.job_overview("mine") is None
+            assert c.batches_acked == 0 and overview_of(agg.state.snapshot("mine")) is None
         finally:
             await agg.stop()
 

@@ -10,8 +10,9 @@ import pytest
 
 from collectors.sglang import parse_file
 from perfd.aggregator.serving import ServingStore
+from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.serving import analyze_serving
+from perfd.analytics.serving.analysis import analyze_serving
 from perfd.events import SERVING_DATA
 from perfd.model import (
     HistogramSeries,
@@ -71,7 +72,7 @@ def test_aggregator_numbers_equal_the_offline_analysis() -> None:
     assert view["report"] == build_serving_report(offline).to_json()
     assert view["source"].startswith("collectors/sglang") and view["report_age_s"] is not None
     # the data is state, not history; the job knows its agent
-    assert state.recent_events("llm") == [] and state.job_overview("llm")["agents"] == ["agent-1"]  # type: ignore[index]
+    assert state.recent_events("llm") == [] and overview_of(state.snapshot("llm"))["agents"] == ["agent-1"]  # type: ignore[index]
     assert state.stats_json()["serving_records_ingested"] == len(parsed.records)
 
 

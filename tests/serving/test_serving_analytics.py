@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 
 from collectors.sglang import ParsedServingLog, parse_file, parse_lines
-from perfd.analytics.serving import (
+from perfd.analytics.serving.analysis import (
     CATALOG_NAMES,
     ServingWindow,
     analyze_serving,
     serving_job_metrics,
     summarize,
 )
-from perfd.analytics.serving_spec import ServingModelSpec, decode_step_rate, resolve
+from perfd.analytics.serving.spec import decode_step_rate, resolve
 from perfd.model import ServerInfo, ServingRecord
+from perfd.serving_model import ServingModelSpec
 
 DATA = Path(__file__).resolve().parents[2] / "collectors" / "sglang" / "tests" / "data"
 H100 = "NVIDIA H100 80GB HBM3"

@@ -1,10 +1,10 @@
-"""The peak memory bandwidth table (perfd.analytics.gpus, separate from the FLOP/s table)."""
+"""The peak memory bandwidth table (perfd.analytics.steps.gpus, separate from the FLOP/s table)."""
 
 from __future__ import annotations
 
 import pytest
 
-from perfd.analytics.gpus import MEMORY_BANDWIDTH, peak_memory_bandwidth
+from perfd.analytics.steps.gpus import MEMORY_BANDWIDTH, peak_memory_bandwidth
 
 
 @pytest.mark.parametrize(("nvml", "model", "tbs"), [

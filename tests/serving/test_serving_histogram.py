@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from perfd.analytics.serving_histogram import (
+from perfd.analytics.serving.histogram import (
     counter_increase,
     counter_rate,
     delta_series,

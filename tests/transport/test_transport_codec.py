@@ -56,6 +56,23 @@ def test_full_step_record_round_trips_exactly():
     assert back == rec
 
 
+def test_hook_counts_travel_as_numbers_and_an_older_agents_text_still_reads():
+    rec = StepRecord(job="j", iteration=3, rank=0, fields={"timing": "cuda"}, tokens_per_step=8192.0,
+                     flops_per_step=55_765_855_371_264.5, source=Provenance("hook", "rank0:pid7"))
+    (back,) = _roundtrip(rec)
+    assert back == rec
+    # An agent older than the typed fields wrote the counts as text among the raw fields.
+    b = pb.Batch(agent_id="a", seq=1)
+    m = b.steps.add(job="j", iteration=3, rank=0)
+    m.fields.update({"timing": "cuda", "tokens_per_step": "8192", "flops_per_step": "5.576585537e+13"})
+    m.source.collector, m.source.detail = "hook", "rank0:pid7"
+    (old,) = decode_batch(b, {}).steps
+    assert old.tokens_per_step == 8192.0 and old.flops_per_step == 5.576585537e13
+    m.fields["flops_per_step"] = "nan"
+    (bad,) = decode_batch(b, {}).steps
+    assert bad.flops_per_step is None and bad.tokens_per_step == 8192.0
+
+
 def test_absent_fields_stay_none_never_zero():
     rec = StepRecord(job="j", iteration=7, rank=0)  # rank 0 is a rank, not "unset"
     (back,) = _roundtrip(rec)
@@ -63,7 +80,7 @@ def test_absent_fields_stay_none_never_zero():
     assert back.rank == 0
     for name in ("end_time", "train_iters", "step_time_ms", "logged_tflops_per_gpu", "consumed_samples",
                  "global_batch_size", "learning_rate", "lm_loss", "loss_scale", "grad_norm",
-                 "skipped_iterations", "nan_iterations", "interval"):
+                 "skipped_iterations", "nan_iterations", "interval", "tokens_per_step", "flops_per_step"):
         assert getattr(back, name) is None, name
     assert back.straggler is None and back.source is None
     assert back.timers == {} and back.memory_mb == {} and back.fields == {}

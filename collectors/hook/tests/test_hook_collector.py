@@ -62,7 +62,7 @@ def test_step_records_from_two_ranks(collector: HookCollector) -> None:
     assert rec.job == "j" and rec.step_time_ms is not None and rec.step_time_ms >= 1.0
     assert rec.timers["data-wait"].max_ms is not None and rec.timers["data-wait"].max_ms >= 1.0
     assert rec.timers["data-wait"].per_rank == {1: rec.timers["data-wait"].max_ms}
-    assert rec.fields["timing"] == "host" and rec.fields["tokens_per_step"] == "8192"
+    assert rec.fields["timing"] == "host" and rec.tokens_per_step == 8192
     assert rec.fields["percentile_window"] == "3" and "step_time_p99_ms" in rec.fields
     assert rec.source is not None and rec.source.collector == "hook" and rec.end_time is not None
     assert not rec.disturbed_by_capture

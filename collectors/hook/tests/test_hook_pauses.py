@@ -15,12 +15,11 @@ from collectors.hook import HookCollector
 from collectors.hook.peers import Sender
 from collectors.hook.tests.test_hook_collector import collect_until
 from perfd.aggregator.jobs import job_level_steps
-from perfd.analytics.common import HOOK_PAUSE_TIMERS
-from perfd.analytics.goodput import StepSpan, job_goodput
-from perfd.analytics.run_analysis import analyze_run
+from perfd.analytics.steps.goodput import StepSpan, job_goodput
+from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.collector import Collected
 from perfd.hook import StepHook, wire
-from perfd.model import JobInfo
+from perfd.model import HOOK_PAUSE_TIMERS, JobInfo
 
 Hook = functools.partial(StepHook, flush_interval_s=0, cuda=False)
 SAVE, EVAL = HOOK_PAUSE_TIMERS["checkpoint"], HOOK_PAUSE_TIMERS["evaluation"]
@@ -61,7 +60,8 @@ def test_an_announced_save_and_evaluation_are_timed_onto_the_next_record(tmp_pat
     assert EVAL not in by[(1, 6)].timers
     assert not any(n in s.timers for s in out.steps if s.iteration != 6 for n in (SAVE, EVAL))
 
-    gp = analyze_run(JobInfo(framework="pytorch"), job_level_steps(out.steps)).summary["goodput"]
+    summary = analyze_run(JobInfo(framework="pytorch"), job_level_steps(out.steps)).summary
+    gp = summary.to_json()["goodput"]
     # The slowest rank's save, which the job waits for; the evaluation beside it.
     assert gp["parts_s"]["checkpoint"] == pytest.approx((by[(1, 6)].timers[SAVE].max_ms or 0) / 1e3)
     assert gp["parts_s"]["evaluation"] == pytest.approx((by[(0, 6)].timers[EVAL].max_ms or 0) / 1e3)
@@ -93,6 +93,6 @@ def test_goodput_counts_a_long_pause_before_a_record_as_its_kind_not_a_stall() -
 
 
 def test_every_hook_phase_has_a_pause_timer_and_is_a_goodput_kind() -> None:
-    from perfd.analytics.goodput import KINDS
+    from perfd.analytics.steps.goodput import KINDS
 
     assert set(HOOK_PAUSE_TIMERS) == set(wire.PHASES.values()) and set(HOOK_PAUSE_TIMERS) <= set(KINDS)

@@ -15,7 +15,7 @@ import pytest
 from collectors.megatron import collector as collector_module
 from collectors.megatron.collector import MegatronCollector
 from collectors.megatron.parser import parse_file
-from perfd.analytics.run_analysis import analyze_run
+from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.model import StepRecord
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -69,8 +69,8 @@ def test_a_quiet_log_during_an_announced_pause_holds_the_record_for_its_timer(
     assert "parse:timer-after-record" not in col.errors
     # What goodput makes of them: live as offline (before, a save read live as a stall).
     offline = parse_file(LOG, job="j")
-    want = analyze_run(offline.job_info, offline.records).summary["goodput"]["parts_s"]
-    got = analyze_run(col.parser.job_info, steps).summary["goodput"]["parts_s"]
+    want = analyze_run(offline.job_info, offline.records).summary.to_json()["goodput"]["parts_s"]
+    got = analyze_run(col.parser.job_info, steps).summary.to_json()["goodput"]["parts_s"]
     assert got == pytest.approx(want) and got["checkpoint"] > 40  # saves of 16.7 s and 22.8 s
 
 

@@ -248,7 +248,7 @@ def test_validation_line_is_an_event_not_a_step_record() -> None:
         "values": {"lm loss value": 2.95, "lm loss PPL": 19.1054},
         "source": "megatron:<lines>:2",
     }]
-    # ... and the end of an evaluation pass (perfd.analytics.stall: no stall during one)
+    # ... and the end of an evaluation pass (perfd.analytics.incidents.stall: no stall during one)
     (phase,) = [e["payload"] for e in log.events if e["kind"] == "job_phase"]
     assert (phase["phase"], phase["state"], phase["iteration"]) == ("evaluation", "end", 100)
     end_of_training = " validation loss at iteration 100 on validation set | lm loss value: 2.9E+00 | "

@@ -82,7 +82,7 @@ def test_trigger_read_dedupe_and_hang_event(tmp_path: Path) -> None:
         assert out.collectives == []  # nothing new became final
         (ev,) = out.events
         assert ev["kind"] == "nccl_hang" and ev["severity"] == "critical"
-        assert ev["ranks_not_joined"] == [1] and ev["stuck_ranks"] == [0]
+        assert ev["payload"]["ranks_not_joined"] == [1] and ev["payload"]["stuck_ranks"] == [0]
         assert ev["labels"]["ranks_not_joined"] == "1" and ev["labels"]["op"] == "all_reduce"
         assert "never reached it" in ev["text"]
         time.sleep(0.002)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from collectors.nccl.tests.synth import dump, entry, pickled
-from collectors.nccl.trigger import DumpReader, env_for_flight_recorder, find_pipes, trigger_dump
+from collectors.nccl.trigger import DumpReader, find_pipes, trigger_dump
+from perfd.flight_recorder_env import env_for_flight_recorder
 
 
 def test_env_sets_old_and_new_names_and_timing_only_on_request(tmp_path: Path) -> None:

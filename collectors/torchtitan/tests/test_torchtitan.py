@@ -23,7 +23,7 @@ import yaml
 
 from collectors.torchtitan.collector import TorchtitanCollector, model_spec
 from collectors.torchtitan.parser import TorchtitanLogParser
-from perfd.analytics.run_analysis import analyze_run
+from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.model import StepRecord
 from perfd.report import build_report
 
@@ -82,12 +82,12 @@ def test_perfd_mfu_agrees_with_torchtitans_within_two_percent() -> None:
     for it in steady:
         assert it.mfu == pytest.approx(logged[it.iteration], rel=0.02), it.iteration
         assert it.tflops_check_ok is True
-    assert a.summary["tflops_check_n_disagree"] == 0 and a.summary["tflops_check_n"] == len(steady)
+    assert a.summary.tflops_check_n_disagree == 0 and a.summary.tflops_check_n == len(steady)
     # perfd's count differs from torchtitan's by the norm weights only (6·13·256 FLOPs per token)
     assert a.flops.flops_per_iteration == pytest.approx((71_585_280 - 6 * 13 * 256) * TOKENS)
     line = build_report(a).summary.headline
     assert "None" not in line and "TP=1 PP=1 DP=1" in line, line
-    assert a.job["gpu"]["dtype"] == "bf16"
+    assert a.job.gpu.dtype == "bf16"
 
 
 def test_without_a_model_spec_the_logged_throughput_stands_in() -> None:
@@ -231,4 +231,4 @@ def test_real_h100_mfu_against_torchtitans_own() -> None:
         assert r.step_time_ms is not None
         tps = float(r.fields["tps"].replace(",", ""))
         assert tokens / (r.step_time_ms / 1e3) == pytest.approx(tps, rel=0.03), r.iteration
-    assert a.summary["tflops_check_n_disagree"] == 0
+    assert a.summary.tflops_check_n_disagree == 0

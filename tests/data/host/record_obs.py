@@ -1,6 +1,6 @@
 """Record real rank observations of collectors/ranks for tests/data/host: a spinning "rank" pinned to
 one CPU alone (calm), with four spinning burners pinned to the same CPU (contention), SIGSTOPped
-(stopped), killed (gone). The unit tests of perfd.analytics.host_evidence read them.
+(stopped), killed (gone). The unit tests of perfd.analytics.incidents.host_evidence read them.
 
     python tests/data/host/record_obs.py [CPU]   # from the repository root; writes rank_observations.json
 """

@@ -1,0 +1,148 @@
+"""What a job's analysis reads beside its step records, from the aggregator's other parts: the
+class inputs (the GPM of the job's GPUs while it steps, else of its last steady window, and the
+class its latest capture supports), its compute per step as its last budget has it, and the windows
+its captures disturbed.
+
+Split from perfd/aggregator/state.py: these are the job store's two hooks (JobStore.class_inputs,
+JobStore.capture_windows), and they read what the job store does not hold (the capture coordinator's
+records through ``captures_of``, the node view's GPM, the incident tracker's open incidents), so
+the state builds one :class:`ClassInputs` over its parts and hands the store its methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from perfd.aggregator.incidents import IncidentTracker
+from perfd.aggregator.jobs import JobStore
+from perfd.aggregator.nodes import NodeView
+from perfd.aggregator.steady_gpm import SteadyGpm
+from perfd.analytics.breakdown.bottleneck import GpmReading
+from perfd.analytics.breakdown.budget import Part
+from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.analytics.breakdown.job_budget import capture_timeline, ncu_of
+from perfd.analytics.ncu.arming import ArmingCost
+from perfd.analytics.ncu.remedies import rows_class
+from perfd.analytics.steps.liveness import stale_after
+
+GPM_LIVE = "GPM while the job stepped"
+STEPPING_MIN_S = 5.0  # a job whose last step is this recent (or STEPPING_STEPS steps) is stepping
+STEPPING_STEPS = 3
+GPM_LAST_STEADY = "GPM of the job's last steady window (the job is not stepping now)"
+
+CapturesOf = Callable[[str], list[dict[str, Any]]]
+
+
+class CaptureSource(Protocol):
+    """What the state reads of the capture coordinator (perfd.aggregator.captures), which attaches
+    itself (AggregatorState.attach_captures): each job's capture records (JSON), what arming ncu
+    costs its armed ranks, and the capture progress events the agents report."""
+
+    def of_job(self, job: str) -> list[dict[str, Any]]: ...
+
+    def arming(self, job: str) -> ArmingCost | None: ...
+
+    def on_event(self, ev: Mapping[str, Any]) -> None: ...
+
+
+class NoCaptures:
+    """The capture source of a state no coordinator attached to (tests, tools): no captures."""
+
+    def of_job(self, job: str) -> list[dict[str, Any]]:
+        return []
+
+    def arming(self, job: str) -> ArmingCost | None:
+        return None
+
+    def on_event(self, ev: Mapping[str, Any]) -> None:
+        pass
+
+
+class ClassInputs:
+    """The job store's class inputs and capture windows, read from the state's parts."""
+
+    def __init__(self, jobs: JobStore, nodes: NodeView, incidents: IncidentTracker,
+                 captures_of: CapturesOf, stale_after_s: Callable[[], float | None]) -> None:
+        self.jobs = jobs
+        self.nodes = nodes
+        self.incidents = incidents
+        self.captures_of = captures_of
+        self.stale_after_s = stale_after_s  # --job-stale-after (None: from the job's steps)
+        self.steady_gpm = SteadyGpm()  # the GPM of each job's last steady window, for after it stops
+
+    def forget(self, job: str) -> None:
+        """The job was pruned: its last steady GPM goes."""
+        self.steady_gpm.forget(job)
+
+    def class_inputs(self, job: str) -> tuple[GpmReading | None, TimelineClass | None, str]:
+        """GPM of the job's GPUs while it steps (after it stops, the last reading taken while it
+        stepped with no incident open: its last steady window), the class its latest capture
+        supports, and which GPM window that is. A capture is left out only when it ran during a real
+        incident (it shows the incident, not the job); its own disturbance does not count. A capture
+        taken with Python stacks informs the job only when none without them does: its idle parts
+        hold more of the profiler's own cost (+16% against +3% a step on an H100 Megatron-LM job)."""
+        timeline = None
+        spans = [(i.incident.start_time, i.incident.end_time) for i in self.incidents.typed_incidents(job)
+                 if not i.disturbance]
+        order = sorted(self.captures_of(job), key=lambda c: (not c.get("stack"), c.get("finished_at") or 0.0))
+        for c in order:
+            t = c.get("started_at")
+            during = isinstance(t, (int, float)) and any(
+                a is not None and a - 1.0 <= t <= (b if b is not None else float("inf")) + 1.0
+                for a, b in spans)
+            got = capture_timeline(c) if not during else None
+            if got is not None:
+                timeline = got
+        # An Nsight Compute capture's kernel figures join the budget's parts; with no timeline, the
+        # timers' budget (a class of its own they do not vote: issue 45 item 3).
+        ncu = ncu_of(self.captures_of(job))
+        if ncu.categories:
+            if timeline is not None:
+                timeline = dataclasses.replace(timeline, ncu=ncu.categories, ncu_id=ncu.capture_id,
+                                               ncu_kernels=ncu.kernels)
+            else:  # the rows class the job when they cover most of its compute
+                cls, why, _ = rows_class(ncu.categories, self.compute_ms(job))
+                timeline = TimelineClass(cls, why, f"capture {ncu.capture_id} (ncu)", ncu=ncu.categories,
+                                         ncu_id=ncu.capture_id, ncu_kernels=ncu.kernels)
+        ov = self.jobs.overview(job)
+        age = ov.get("last_step_age_s") if ov else None
+        running = age is None or age <= stale_after(None, self.stale_after_s())
+        if running and self.stepping(job, age, STEPPING_MIN_S):
+            gpm = self.nodes.gpm(self.jobs.agents_of(job))
+            now = time.time()
+            # Kept for after the job: at most one reading a second, only while a step came within the
+            # last two steps (a job that just stopped shows an idle GPU), and no incident open.
+            if gpm is not None and self.steady_gpm.due(job, now) \
+                    and self.stepping(job, age, 2.0, 2) and not self.incidents.has_open(job):
+                self.steady_gpm.add(job, gpm, now)
+            return gpm, timeline, GPM_LIVE
+        return self.steady_gpm.window(job), timeline, GPM_LAST_STEADY
+
+    def compute_ms(self, job: str) -> float | None:
+        """The job's compute ms per step as its last analysis' budget has it (the ncu rows' coverage)."""
+        a = self.jobs.cached_analysis(job)
+        b = a.summary.step_budget if a is not None else None
+        compute = b.get(Part.COMPUTE) if b is not None else None
+        return compute.ms if compute is not None else None
+
+    def stepping(self, job: str, age: float | None, min_s: float, steps: int = STEPPING_STEPS) -> bool:
+        """The job's last step came within ``steps`` steps' time (at least ``min_s``): its GPUs' GPM
+        shows its work (a job that stopped but is not yet stale would show an idle GPU)."""
+        if age is None:
+            return False
+        a = self.jobs.cached_analysis(job)
+        step_ms = a.summary.median("step_time_ms") if a is not None else None
+        return age <= max(min_s, steps * (step_ms or 0.0) / 1e3)
+
+    def capture_windows(self, job: str) -> list[tuple[float, float]]:
+        """(start, end) of the job's captures: the iterations they touch are disturbed."""
+        out = []
+        for c in self.captures_of(job):
+            t0 = c.get("started_at")
+            t1 = c.get("finished_at") or (None if c.get("status") == "started" else t0)
+            if isinstance(t0, (int, float)):
+                out.append((float(t0), float(t1) if isinstance(t1, (int, float)) else time.time()))
+        return out

@@ -1,0 +1,216 @@
+"""One job as the aggregator's consumers read it: an immutable :class:`JobSnapshot`, built by the state
+(perfd.aggregator.state) at each analysis refresh and whenever the state changed since the last one,
+and held in :class:`Snapshots` (the latest per job). /metrics, the rule scopes, the JSON API, the W&B
+sink and the stall watch read the snapshot; none asks the state for an analysis or a placement of its
+own.
+
+What changes with the clock alone is computed when read, from the snapshot and ``now``, exactly as
+the state computed it before there were snapshots: the age of the job's last step, its liveness state
+(from that age), its stalled seconds and the stall part of its goodput. GPU values and the ranks' host
+observations are read through the snapshot's views when asked: they change with every batch (a copy
+per refresh would be staler than what /metrics served), and a copy of every GPU series of an
+8,000-rank job at every refresh would cost what no consumer asks for.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+from perfd.aggregator.incident_records import TrackedIncident
+from perfd.analytics.incidents.attribution import RankPlacement
+from perfd.analytics.incidents.detect import HANG
+from perfd.analytics.incidents.stall import StallCheck
+from perfd.analytics.incidents.verdict_text import stall_text
+from perfd.analytics.steps.goodput import with_incidents, with_stall
+from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
+from perfd.analytics.steps.run_analysis import IterationResult, RunAnalysis
+
+GpuKey = tuple[str, str]  # (node, gpu), as perfd.aggregator.nodes keys them
+# Process lists, latest values and active throttle reasons of the job's GPUs, each keyed by (node, gpu).
+GpuView = tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]
+
+
+class Analysed(Enum):
+    """How current a snapshot's analysis must be when asked for (AggregatorState.snapshot)."""
+
+    CACHED = "cached"  # the refresher's last one, never computed on the way (/metrics, the stall watch)
+    SERVED = "served"  # ... computed only for a job that has none yet (the JSON API)
+    CURRENT = "current"  # recomputed if new data arrived, rate-limited (the rules, W&B)
+
+
+class GpuReader(Protocol):
+    def __call__(self, names: Collection[str] | None = None) -> GpuView: ...
+
+
+class HostReader(Protocol):
+    def __call__(self, now: float | None = None) -> dict[int, dict[str, Any]]: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSnapshot:
+    """A job as of one build: its store overview, analysis, placement, incidents and live stall, and
+    views of its GPUs and rank hosts. Never mutated: a reader in another thread holds a consistent one
+    while the state builds the next."""
+
+    job: str
+    agents: frozenset[str]  # the agents that sent the job's records
+    # What the state's parts were when built (perfd.aggregator.state): Snapshots builds a new one
+    # when they differ, so nothing read from a snapshot is staler than the state itself.
+    version: Hashable
+    # The job store's overview (perfd.aggregator.jobs.JobStore.overview); its ``last_step_age_s`` is
+    # recomputed from ``now`` when read (:meth:`overview_at`).
+    overview: Mapping[str, Any]
+    analysis: RunAnalysis | None  # the last analysis, as the refresher left it
+    placed_ranks: Mapping[int, RankPlacement]  # rank -> node, GPU (the state's held placement)
+    processes_alive: bool | None  # some rank placed (None: no process list of the job's GPUs)
+    nodes: frozenset[str]  # the nodes the job runs on (perfd_job_node_info)
+    incidents: tuple[TrackedIncident, ...]  # as the incident tracker keeps them (immutable records)
+    stall: StallCheck | None  # the job's open stall's latest check (perfd.aggregator.stalls)
+    stale_after_override_s: float | None  # --job-stale-after
+    gpus: GpuReader  # the job's GPUs: processes, values, throttles, read when called
+    hosts: HostReader  # rank -> its process's newest host observation, read when called
+    hosts_last_running: Callable[[], dict[int, dict[str, Any]]]  # ... the newest while it ran
+
+    # ---- the analysis ------------------------------------------------------------------------
+    @property
+    def latest(self) -> IterationResult | None:
+        """The latest analysed iteration (None before the first)."""
+        a = self.analysis
+        return a.iterations[-1] if a is not None and a.iterations else None
+
+    @property
+    def median_step_s(self) -> float | None:
+        """The median step time of the job's analysis, in seconds (None without one)."""
+        med_ms = self.analysis.summary.median("step_time_ms") if self.analysis is not None else None
+        return med_ms / 1e3 if med_ms else None
+
+    # ---- computed when read: they change with the clock, not with the state ----------------------
+    def last_step_age_s(self, now: float) -> float | None:
+        last = self.overview.get("last_step_time")
+        return (now - float(last)) if last else None
+
+    def state_at(self, now: float | None = None) -> tuple[str, str]:
+        """(state, why): running | stalled | ended, from the last step's age at ``now``; a live stall
+        says stalled within seconds."""
+        now = time.time() if now is None else now
+        med_s = self.median_step_s
+        state, why = job_state(self.last_step_age_s(now), med_s, self.processes_alive,
+                               self.stale_after_override_s)
+        live = self.stall
+        if live is not None and state in (RUNNING, ENDED):
+            # An open stall has seen its rank processes there (stopped, idle): not ended, whatever the
+            # age of its last step says (issue 43 item 7: a SIGSTOPped hook job read "ended" after
+            # 60 s while its own stall said "stalled", and could be pruned as ended).
+            state, why = STALLED, stall_text(live.silent_s, live.cadence_s, live.reasons)
+        return state, why
+
+    def overview_at(self, now: float | None = None) -> dict[str, Any]:
+        """The job's overview with its liveness (``state`` running | stalled | ended), as /api/jobs
+        serves it."""
+        now = time.time() if now is None else now
+        ov = dict(self.overview)
+        ov["last_step_age_s"] = self.last_step_age_s(now)  # same place in the JSON as the store's
+        state, why = self.state_at(now)
+        if self.stall is not None:
+            ov["stall"] = self.stall.to_json()  # its ranks, each rank's process state
+        med_s = self.median_step_s
+        ov.update(state=state, state_reason=why,
+                  stale_after_s=stale_after(med_s, self.stale_after_override_s))
+        return ov
+
+    def stalled_seconds(self, now: float | None = None) -> float | None:
+        """Seconds since the last step while stalled, 0.0 while running, None when ended."""
+        now = time.time() if now is None else now
+        state, _ = self.state_at(now)
+        if state == ENDED:
+            return None
+        return float(self.last_step_age_s(now) or 0.0) if state == STALLED else 0.0
+
+    def goodput(self, now: float | None = None) -> dict[str, Any] | None:
+        """The job's goodput (perfd.analytics.steps.goodput JSON) as of ``now``: its analysis' split with the
+        incident part the cost of the incidents the job lists (the same incidents, whatever the
+        source: a hang's time is stall, not incident, and so is a live stall's silence between steps:
+        only the part of an incident's cost in its steps' time counts), plus the time since its last
+        step while it is stalled."""
+        now = time.time() if now is None else now
+        run_gp = self.analysis.summary.goodput if self.analysis is not None else None
+        if run_gp is None:
+            return None
+        gp = run_gp.to_json()  # served as JSON: the live parts are added to it
+        listed = [c for i in self.incidents if not i.disturbance
+                  and HANG not in i.kinds and (c := i.step_cost_s()) is not None]
+        gp = with_incidents(gp, float(sum(listed)))
+        if self.state_at(now)[0] == STALLED:
+            return with_stall(gp, float(self.last_step_age_s(now) or 0.0))
+        return dict(gp)
+
+    def incident_docs(self) -> list[dict[str, Any]]:
+        """The incidents as JSON (what the API serves)."""
+        return [i.to_json() for i in self.incidents]
+
+    def open_incidents(self) -> list[TrackedIncident]:
+        return [i for i in self.incidents if i.open]
+
+
+def overview_of(snap: JobSnapshot | None, now: float | None = None) -> dict[str, Any] | None:
+    """The job's overview with its liveness at ``now`` (/api/jobs); None for no snapshot (no job)."""
+    return snap.overview_at(now) if snap is not None else None
+
+
+def latest_of_running(snapshots: Iterable[JobSnapshot], now: float | None = None
+                      ) -> dict[str, IterationResult]:
+    """{job: its latest analysed iteration} of the jobs running at ``now``: what /metrics exports as
+    the job's derived gauges and the rules evaluate (a stalled or ended job's leave both)."""
+    now = time.time() if now is None else now
+    out: dict[str, IterationResult] = {}
+    for snap in snapshots:
+        latest = snap.latest
+        if latest is not None and snap.state_at(now)[0] == RUNNING:
+            out[snap.job] = latest
+    return out
+
+
+class SnapshotSink(Protocol):
+    """Where a job's snapshot is published (W&B: perfd.aggregator.wandb_sync). Returns the number of
+    rows written."""
+
+    def publish(self, snapshot: JobSnapshot) -> int: ...
+
+
+class Snapshots:
+    """The latest snapshot of each job. ``build(job, version)`` makes one (None: no such job);
+    ``version(job)`` says what the state's parts are now. Built outside the lock (a build reads the
+    state's parts, each under its own lock): two threads may build the same job's at once, and the
+    one stored last wins, both being whole."""
+
+    def __init__(self, build: Callable[[str, Hashable], JobSnapshot | None],
+                 version: Callable[[str], Hashable]) -> None:
+        self._build = build
+        self._version = version
+        self._lock = threading.Lock()
+        self._held: dict[str, JobSnapshot] = {}  # guarded by _lock
+
+    def get(self, job: str, rebuild: bool = False) -> JobSnapshot | None:
+        """The job's latest snapshot, built anew when the state changed since it was (or ``rebuild``:
+        an analysis refresh); None for a job the state does not hold."""
+        v = self._version(job)
+        with self._lock:
+            held = self._held.get(job)
+        if held is not None and held.version == v and not rebuild:
+            return held
+        snap = self._build(job, v)
+        with self._lock:
+            if snap is None:
+                self._held.pop(job, None)
+            else:
+                self._held[job] = snap
+        return snap
+
+    def forget(self, job: str) -> None:
+        with self._lock:
+            self._held.pop(job, None)

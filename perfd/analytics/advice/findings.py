@@ -1,0 +1,521 @@
+"""Findings (observation + evidence) and recommendations (prioritised, each tied to a finding) of
+one run: one small analyzer per question, registered in :data:`RUN_ANALYZERS`.
+
+The analyzers encode DESIGN.md's diagnosis playbook with the job's own numbers, and read the step
+budget (perfd.analytics.breakdown.budget) for what the timers cannot see; remedies come from the one catalogue
+(perfd.analytics.advice.remedies). Pure: they read a RunAnalysis (and the JobInfo for arguments) and return
+plain dataclasses; decisions read typed values (exclusion kinds, budget parts), never perfd's own
+sentences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from perfd.analytics import thresholds as th
+from perfd.analytics.advice.remedies import DATA_KNOBS, Framework, JobConfig
+from perfd.analytics.breakdown import bottleneck as bn
+from perfd.analytics.breakdown import budget_findings
+from perfd.analytics.breakdown.budget import Part, Source, StepBudget
+from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, TextEnum
+from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
+from perfd.analytics.incidents.verdict_text import DATA_LOADING_ACTION
+from perfd.analytics.steps.pipeline import microbatches_for_bubble, rebalance_estimate
+from perfd.analytics.steps.steady import Exclusion
+from perfd.analytics.steps.stragglers import rank_order
+from perfd.model import JobInfo
+
+if TYPE_CHECKING:
+    from perfd.analytics.steps.run_analysis import RunAnalysis
+
+GRADES: tuple[tuple[str, str], ...] = (
+    ("severe", "MFU < 30%: severe (usually communication or data loading)"),
+    ("communication-overhead", "MFU 30–40%: communication overhead"),
+    ("good", "MFU 40–50%: good"),
+    ("excellent", "MFU > 50%: excellent"),
+)
+# Each grade's band, and the causes its name points at (DESIGN.md §2 Grades): a report that measured
+# them small says so instead (explain_grade).
+_BANDS = {"severe": "MFU < 30%", "communication-overhead": "MFU 30–40%", "good": "MFU 40–50%",
+          "excellent": "MFU > 50%"}
+# How a headline shows a grade: a grade is an MFU band, and the band 30–40% is named for its usual
+# cause; shown beside the MFU it would read as this job's cause, which the bottleneck class states.
+GRADE_LABELS: dict[str, str] = {"communication-overhead": "fair"}
+
+BUBBLE_TARGET = th.BUBBLE_TARGET.value
+GRAD_SYNC_SHARE = th.GRAD_SYNC_SHARE.value
+JITTER_CV = th.JITTER_CV.value
+
+
+def grade_mfu(mfu: float | None) -> tuple[str, str]:
+    """(grade, text): <0.30 severe, [0.30, 0.40) communication-overhead, [0.40, 0.50] good,
+    > 0.50 excellent; None -> unknown."""
+    if mfu is None:
+        return "unknown", "MFU unknown"
+    if mfu < th.MFU_SEVERE.value:
+        return GRADES[0]
+    if mfu < th.MFU_GOOD.value:
+        return GRADES[1]
+    if mfu <= th.MFU_EXCELLENT.value:
+        return GRADES[2]
+    return GRADES[3]
+
+
+class GradeBasis(TextEnum):
+    """What explains a grade: its band's usual causes, a capture's step budget, or the band's usual
+    causes ruled out by the job's own measurements."""
+
+    BAND = "band"
+    BUDGET = "budget"
+    NOT_COMMUNICATION = "not-communication"  # 30–40%: exposed communication measured small
+    RULED_OUT = "ruled-out"  # severe: data loading and/or exposed communication measured small
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GradeExplanation:
+    """A grade with what explains it (:func:`explain_grade`); ``text`` says it."""
+
+    grade: str  # a GRADES name, or "unknown"
+    basis: GradeBasis
+    budget_class: str | None = None  # the capture's budget class text (BUDGET)
+    data_share: float | None = None
+    comm_share: float | None = None
+    small_data: bool = False  # the data wait measured below th.DATA_HEALTHY_SHARE
+    small_comm: bool = False  # exposed communication below a third of th.COMM_BOUND_SHARE
+
+    def text(self) -> str:
+        band = _BANDS.get(self.grade)
+        if self.basis is GradeBasis.BAND or band is None:
+            return grade_mfu_text(self.grade)
+        if self.basis is GradeBasis.BUDGET:
+            return f"{band}: the step budget shows where the time goes — {self.budget_class}"
+        if self.basis is GradeBasis.NOT_COMMUNICATION:
+            return (f"{band}: a band usually due to communication overhead — not here: exposed communication "
+                    f"{self.comm_share:.1%} of the step; the bottleneck class says where the time goes")
+        data, comm = self.data_share, self.comm_share
+        ruled = [f"data loading ({data:.1%})" if self.small_data else "",
+                 f"exposed communication ({comm:.1%})" if self.small_comm else ""]
+        unknown = "" if data is not None and comm is not None else (
+            "; exposed communication is not timed" if comm is None else "; the data wait is not timed")
+        return (f"{band}: severe — not {' nor '.join(r for r in ruled if r)} here{unknown}: the bottleneck "
+                "class says where the time goes")
+
+
+def grade_mfu_text(grade: str) -> str:
+    """A grade's own text (GRADES), "MFU unknown" for none."""
+    return dict(GRADES).get(grade, "MFU unknown")
+
+
+def explain_grade(mfu: float | None, data: float | None, comm: float | None,
+                  budget_class: str | None = None) -> GradeExplanation:
+    """The grade said with this job's own measurements: never its band's usual causes where the same
+    report measured them small. ``budget_class``: what a capture's step budget says (its class text)."""
+    grade, _ = grade_mfu(mfu)
+    plain = GradeExplanation(grade=grade, basis=GradeBasis.BAND)
+    if _BANDS.get(grade) is None or grade not in ("severe", "communication-overhead"):
+        return plain
+    if budget_class:  # a capture divided the step: the budget, not the band's usual suspects
+        return GradeExplanation(grade=grade, basis=GradeBasis.BUDGET, budget_class=budget_class)
+    small_data = data is not None and data < th.DATA_HEALTHY_SHARE.value
+    small_comm = comm is not None and comm < th.COMM_BOUND_SHARE.value / 3
+    if grade == "communication-overhead":
+        return (GradeExplanation(grade=grade, basis=GradeBasis.NOT_COMMUNICATION, comm_share=comm,
+                                 small_comm=True) if small_comm else plain)
+    if not (small_data or small_comm):
+        return plain
+    return GradeExplanation(grade=grade, basis=GradeBasis.RULED_OUT, data_share=data, comm_share=comm,
+                            small_data=small_data, small_comm=small_comm)
+
+
+def budget_class_text(b: StepBudget | None) -> str | None:
+    """The class a capture's budget supports, as text (None without a capture)."""
+    from perfd.analytics.breakdown.budget import classify
+
+    c = classify(b) if b is not None else None
+    return budget_findings.class_text(c) if c is not None else None
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every run analyzer reads: the analysis, the job, the steady medians, and the step budget
+    (from the capture that informs the job, else from the timers)."""
+
+    a: RunAnalysis
+    job: JobInfo
+    med: Mapping[str, float | None]  # the summary's steady medians (RunSummary.medians)
+    span: str
+    budget: StepBudget | None
+    framework: Framework
+    config: JobConfig
+    live: bool = True  # the job may still run (a capture can be taken now); False: a finished log
+
+
+Out = tuple[list[Finding], list[Recommendation]]
+
+
+def mfu_grade(c: RunContext) -> Out:
+    a, med, span, peak = c.a, c.med, c.span, c.a.peak
+    mfu = med.get("mfu")
+    if mfu is None:
+        why = a.iterations[0].sources.get("mfu", "unknown") if a.iterations else "no iterations"
+        return [Finding("mfu-absent", Severity.INFO, "MFU not available", f"MFU {why}", {}, span)], []
+    grade, _ = grade_mfu(mfu)
+    b = c.budget
+    cls = budget_class_text(b)
+    grade_text = explain_grade(mfu, med.get("data_share"), med.get("comm_exposed_share"), cls).text()
+    ceiling = (f"; {_pct(med.get('mfu_vs_measured_ceiling'))} of the measured "
+               f"{peak.measured_ceiling_tflops:g} TFLOP/s matmul ceiling"
+               if peak.measured_ceiling_tflops else "")
+    sev = {"severe": Severity.CRITICAL, "communication-overhead": Severity.WARNING}.get(grade, Severity.INFO)
+    return [Finding("mfu-grade", sev, f"MFU {_pct(mfu)}: {grade}",
+                    f"Median MFU {_pct(mfu)} = {med['model_tflops_per_gpu']:.1f} TFLOP/s per GPU of "
+                    f"{peak.peak_tflops:g} peak ({peak.gpu_model} {peak.dtype}){ceiling}. {grade_text}.",
+                    {"mfu": mfu, "model_tflops_per_gpu": med["model_tflops_per_gpu"],
+                     "peak_tflops": peak.peak_tflops, "grade": grade}, span,
+                    a.summary.bottleneck.cls.value)], []
+
+
+def tflops_crosscheck(c: RunContext) -> Out:
+    a, med = c.a, c.med
+    n_chk, n_bad = a.summary.tflops_check_n, a.summary.tflops_check_n_disagree
+    if not n_chk:
+        return [], []
+    gap = a.summary.tflops_check_max_abs_gap
+    ok = n_bad == 0
+    f = Finding("tflops-crosscheck", Severity.INFO if ok else Severity.WARNING,
+                "perfd FLOPs agree with Megatron's logged throughput" if ok
+                else "perfd FLOPs disagree with Megatron's logged throughput",
+                f"{n_chk - n_bad}/{n_chk} steady iterations within max(1%, log rounding); largest gap "
+                f"{_pct(gap)}; median perfd {med['model_tflops_per_gpu']:.2f} vs logged "
+                f"{med['logged_tflops_per_gpu']:.2f} "
+                f"TFLOP/s/GPU ({a.flops.formula}).",
+                {"n_checked": n_chk, "n_disagree": n_bad, "max_abs_gap": gap}, c.span,
+                str(a.flops.source) if a.flops.source else "")
+    if ok:
+        return [f], []
+    return [f], [Recommendation("", "tflops-crosscheck", 0, "Check the model spec perfd read (vocab padding, "
+                                "GQA groups, SwiGLU, MoE, Megatron-Core version)",
+                                f"largest gap {_pct(gap)} on {n_bad} iterations", None)]
+
+
+def pipeline(c: RunContext) -> Out:
+    a, job, med, span = c.a, c.job, c.med, c.span
+    lay = job.layout
+    pp = lay.pp
+    idle_max, idle_min = med.get("pp_idle_max"), med.get("pp_idle_min")
+    bubble, imb = med.get("pp_bubble_analytic"), med.get("pp_imbalance")
+    m = lay.microbatches()
+    if not (pp and pp > 1 and idle_max is not None and bubble is not None and imb is not None):
+        return [], []
+    f: list[Finding] = []
+    r: list[Recommendation] = []
+    light, heavy = med.get("pp_lighter_compute_ms"), med.get("pp_heavier_compute_ms")
+    ev = {"pp": pp, "microbatches": m, "vpp": lay.vpp, "bubble_analytic": bubble,
+          "idle_lighter_stage": idle_max, "idle_heavier_stage": idle_min, "imbalance": imb,
+          "lighter_compute_ms": light, "heavier_compute_ms": heavy}
+    if imb > th.PP_IMBALANCE_MIN.value and imb > bubble and light and heavy:
+        f.append(Finding("pp-imbalance", Severity.WARNING, "Stage imbalance dominates the pipeline bubble",
+                         f"The lighter stage idles {_pct(idle_max)} of forward-backward, the heavier "
+                         f"{_pct(idle_min)}, while the analytic bubble is {_pct(bubble)} (p={pp}, m={m}"
+                         f"{f', v={lay.vpp}' if lay.vpp and lay.vpp > 1 else ''}): {imb * 100:.1f} points"
+                         f" come from stage imbalance (forward+backward compute {light:.0f} vs "
+                         f"{heavy:.0f} ms, {heavy / light:.2f}×).", ev, span,
+                         "megatron timers forward-backward, forward-compute, backward-compute "
+                         "(minmax pairing is an inference)" if a.iterations and
+                         a.iterations[-1].pp_idle_method == "minmax-pairing" else "megatron timers"))
+        r.append(Recommendation("", "pp-imbalance", 0, _rebalance_action(a, job, light, heavy),
+                                _rebalance_detail(a, job, light, heavy), imb))
+    if bubble > th.PP_BUBBLE_HIGH.value or (idle_max > th.PP_IDLE_HIGH.value and imb <= bubble):
+        need = microbatches_for_bubble(pp, BUBBLE_TARGET, lay.vpp)
+        v2 = (pp - 1) / (2 * m + pp - 1) if m else None
+        f.append(Finding("pp-bubble", Severity.WARNING, f"Pipeline bubble {_pct(max(bubble, idle_max))}",
+                         f"Analytic 1F1B bubble {_pct(bubble)} with p={pp}, m={m}; the lighter stage "
+                         f"idles {_pct(idle_max)} of forward-backward.", ev, span))
+        r.append(Recommendation("", "pp-bubble", 0,
+                                f"Raise micro-batches per iteration from {m} to ≥{need} "
+                                f"(bubble ≤ {BUBBLE_TARGET:.0%}) or use interleaved PP",
+                                f"m = global batch / (micro batch · DP); interleaving with v=2 would "
+                                f"give {_pct(v2)} at m={m} (--num-layers-per-virtual-pipeline-stage)",
+                                bubble))
+    return f, r
+
+
+def communication(c: RunContext) -> Out:
+    a, job, med, span = c.a, c.job, c.med, c.span
+    lay, args = job.layout, job.arguments
+    total, dp_part, pp_part = (med.get("comm_exposed_share"), med.get("comm_exposed_dp_share"),
+                               med.get("comm_exposed_pp_share"))
+    if total is None:
+        return [], []
+    f: list[Finding] = []
+    r: list[Recommendation] = []
+    ev_c = {"exposed_total": total, "exposed_grad_sync": dp_part, "exposed_pp_p2p": pp_part,
+            "method": a.iterations[-1].comm_method if a.iterations else None}
+    if dp_part is not None and dp_part > GRAD_SYNC_SHARE:
+        f.append(Finding("comm-grad-sync", Severity.WARNING,
+                         f"Gradient sync exposed {_pct(dp_part)} of the step",
+                         f"all-grads-sync and the other gradient all-reduces take {_pct(dp_part)} of the "
+                         f"step (> {GRAD_SYNC_SHARE:.0%}).", ev_c, span))
+        overlap = (c.framework is Framework.MEGATRON and args.get("overlap_grad_reduce") != "True")
+        act = ("Overlap gradient communication with compute: --use-distributed-optimizer "
+               "--overlap-grad-reduce "
+               "--overlap-param-gather" if overlap
+               else "More gradient accumulation per step (more micro-batches) to amortise the reduce")
+        r.append(Recommendation("", "comm-grad-sync", 0, act, f"DP={lay.dp}; check inter-node bandwidth",
+                                dp_part))
+    idle_max = med.get("pp_idle_max")
+    if pp_part is not None and lay.pp and lay.pp > 1 and pp_part > th.PP_WAIT_SHARE.value:
+        f.append(Finding("comm-pp-wait", Severity.INFO,
+                         f"Exposed p2p wait {_pct(pp_part)} is pipeline waiting",
+                         f"Exposed communication {_pct(total)} of the step: pipeline send/recv "
+                         f"{_pct(pp_part)}, gradient sync {_pct(dp_part)}. The p2p timers include "
+                         f"waiting for the peer stage, the same time as the stage idle "
+                         f"({_pct(idle_max)}): a pipeline effect, not link bandwidth.", ev_c, span,
+                         "sum of max-across-ranks of the p2p timers (upper bound)"))
+    elif total > bn.COMM_BOUND_SHARE and (dp_part is None or dp_part <= GRAD_SYNC_SHARE):
+        f.append(Finding("comm-exposed", Severity.WARNING, f"Exposed communication {_pct(total)}",
+                         f"Communication the CPU waits on takes {_pct(total)} of the step.", ev_c, span))
+    return f, r
+
+
+# The run's data-share finding (the report fits its action to the ranks' CPUs: perfd.report.report._with_cpu)
+DATA_LOADING_FINDING = "data-loading"
+
+
+def data_loading(c: RunContext) -> Out:
+    ds = c.med.get("data_share")
+    if ds is None:
+        return [], []
+    sev = (Severity.CRITICAL if ds > bn.DATA_BOUND_SHARE else Severity.WARNING if ds > bn.DATA_HEALTHY_SHARE
+           else Severity.INFO)
+    state = {Severity.CRITICAL: "bottleneck", Severity.WARNING: "elevated", Severity.INFO: "healthy"}[sev]
+    # The timer the job's step source names its data wait by (a hook job has no batch-generator).
+    vocab = FRAMEWORK_VOCABULARIES.get(c.job.framework or "", MEGATRON_VOCABULARY)
+    timer = vocab.data_wait[0] if vocab.data_wait else "data wait"
+    f = Finding(DATA_LOADING_FINDING, sev, f"Data loading {_pct(ds)} of the step: {state}",
+                f"{timer} ({vocab.across_ranks}) takes {_pct(ds)} of the step (healthy < "
+                f"{bn.DATA_HEALTHY_SHARE:.0%}, bottleneck > {bn.DATA_BOUND_SHARE:.0%}).",
+                {"data_share": ds}, c.span, f"{vocab.source} timer {timer}")
+    if sev is Severity.INFO:
+        return [f], []
+    detail = f"{timer} {_pct(ds)} of the step; {DATA_KNOBS[c.framework]}"
+    cv = c.a.summary.step_time_cv
+    if cv is not None and cv > JITTER_CV:  # jitter with slow data loading: one action covers both
+        detail += f"; step time also jitters (CV {cv:.1%}, finding step-jitter)"
+    return [f], [Recommendation("", DATA_LOADING_FINDING, 0, DATA_LOADING_ACTION, detail, ds)]
+
+
+def jitter(c: RunContext) -> Out:
+    cv = c.a.summary.step_time_cv
+    if cv is None or cv <= JITTER_CV:
+        return [], []
+    f = Finding("step-jitter", Severity.WARNING, f"Step time jitter (CV {cv:.0%})",
+                f"Steady-state step times, less their data wait and per unit of work, vary with a "
+                f"coefficient of variation of {cv:.1%}.",
+                {"step_time_cv": cv, "median_step_ms": c.med.get("step_time_ms")}, c.span)
+    ds = c.med.get("data_share")
+    if ds is not None and ds > bn.DATA_HEALTHY_SHARE:
+        return [f], []  # the data-loading recommendation covers it (data_loading)
+    return [f], [Recommendation("", "step-jitter", 0, "Look for host-side gaps: garbage collection, logging, "
+                                "checkpointing, other processes on the node", f"CV {cv:.1%}", cv / 2)]
+
+
+def stragglers(c: RunContext) -> Out:
+    a, med, span = c.a, c.med, c.span
+    f: list[Finding] = []
+    r: list[Recommendation] = []
+    ratio = th.STRAGGLER_RATIO.value
+    for rank in a.summary.straggler_persistent_ranks:
+        frac = a.summary.straggler_flag_fraction.get(rank)
+        fid = f"straggler-rank-{rank}"
+        f.append(Finding(fid, Severity.WARNING, f"Rank {rank} is a persistent straggler",
+                         f"Rank {rank} was > {ratio:g}× its peers in {_pct(frac)} of steady iterations.",
+                         {"rank": rank, "flag_fraction": frac, "rtt_ratio": med.get("straggler_rtt_ratio")},
+                         span))
+        r.append(Recommendation("", fid, 0, f"Check rank {rank}'s GPU health: clocks, throttle reasons, "
+                                "power, temperature, XID errors, another process on its GPU; then uneven "
+                                "sharding", "join with the NVML collector's samples for that GPU",
+                                (med.get("straggler_rtt_ratio") or th.STRAGGLER_RATIO.value) - 1))
+    anon = a.summary.straggler_compute_spread_fraction
+    if anon is not None and anon >= th.STRAGGLER_PERSISTENT_FRACTION.value:
+        f.append(Finding("straggler-spread", Severity.WARNING,
+                         f"Compute time spread across ranks > {ratio:g}×",
+                         f"forward/backward compute max/min across ranks exceeds {ratio:g}× in "
+                         f"{_pct(anon)} of steady iterations (pp=1: same work on every rank).",
+                         {"compute_spread": med.get("straggler_compute_spread"), "fraction": anon}, span))
+        r.append(Recommendation("", "straggler-spread", 0, "Name the slow rank: --timing-log-option all "
+                                "(per-rank timers) or --log-straggler", "", None))
+    between = a.summary.straggler_between_stages_fraction
+    if between:
+        f.append(Finding("straggler-between-stages", Severity.INFO,
+                         "Straggler-detector spread is stage imbalance",
+                         f"The straggler detector's rtt max/min (median "
+                         f"{med.get('straggler_rtt_ratio') or float('nan'):.2f}×) is between ranks of "
+                         "different "
+                         f"pipeline stages in {_pct(between)} of steady iterations: the slower rank is the "
+                         "heavier stage, not a straggler.",
+                         {"rtt_ratio": med.get("straggler_rtt_ratio"), "fraction": between}, span,
+                         "megatron straggler detector (MnRtt/MxRtt); stage from rank order (inference)"))
+    return f, r
+
+
+def step_budget(c: RunContext) -> Out:
+    """The budget's own analyzers (perfd.analytics.breakdown.budget_findings) for what the timers cannot see:
+    the kernels of a capture. The parts the timers measure (data, exposed communication, pipeline)
+    are the timers' analyzers' above."""
+    b = c.budget
+    if b is not None and not b.has_kernels and Source.NCU in b.sources:
+        # No timeline, an Nsight Compute capture's rows on the undivided compute: what they say to do
+        ctx = budget_findings.BudgetContext(b, c.framework, b.basis, config=c.config)
+        return budget_findings.analyze(ctx, (budget_findings.ncu_verdicts,))
+    if b is None or not b.has_kernels:
+        return [], []
+    covered = {p for p, key in ((Part.DATA, "data_share"), (Part.COMM_EXPOSED, "comm_exposed_share"))
+               if c.med.get(key) is not None}
+    if c.job.layout.pp and c.job.layout.pp > 1 and c.med.get("pp_idle_max") is not None:
+        covered.add(Part.PIPELINE)
+    return budget_findings.analyze(budget_findings.BudgetContext(b, c.framework, b.basis, frozenset(covered),
+                                                                 c.config))
+
+
+def next_step(c: RunContext) -> Out:
+    """Where the timers leave the step undivided (no capture yet) and MFU is low: what would divide it.
+    Never a check of something the run measured as fine: each candidate the timers ruled out is left
+    out, and one they cannot see is named."""
+    mfu, b = c.med.get("mfu"), c.budget
+    if mfu is None or mfu >= th.MFU_GOOD.value or (b is not None and b.has_kernels):
+        return [], []
+    compute = b.get(Part.COMPUTE) if b is not None else None
+    lay, h = c.job.layout, c.job.spec.hidden_size
+    notes: list[str] = []
+    if lay.tp is not None and lay.tp > 1:
+        notes.append(f"TP={lay.tp}: keep the tensor-parallel group within one node (NVLink)")
+    if h is not None and h <= 2048:
+        notes.append(f"hidden size {h}: small GEMMs run far below peak on this GPU")
+    ideal = b.ideal_ms if b is not None else None
+    basis = (f"compute {compute.ms:.0f} ms per step ({compute.share:.0%}), not divided by the timers"
+             + (f"; the model's FLOPs would take {ideal:.0f} ms of it at the peak" if ideal else "")
+             if compute is not None else "the timers do not divide the compute time")
+    name = c.a.job.name or "JOB"
+    if c.live and b is not None and Source.NCU in b.sources:
+        # A rank under ncu refuses a Kineto capture (one CUPTI client per process): the timeline has to
+        # come from a rank that is not armed, or from the job before it was.
+        act = (f"Divide the compute time with a timeline of a rank not under ncu (perfd capture --job {name} "
+               "--tool kineto --steps 3 --ranks R, R not armed: the armed rank refuses it, one CUPTI client "
+               "per process), or of the job before it was armed; the Nsight Compute rows on the compute part "
+               "say what its profiled kernels do meanwhile")
+    elif c.live:
+        act = (f"Divide the compute time: a steady-state capture (perfd capture --job {name} "
+               "--tool kineto --steps 3, or a rule with a capture action) names the ops that hold it, and "
+               "perfd turns them into a step budget with remedies")
+    else:  # a finished log: how to have a capture next time, and how to pass it
+        launch = ("perfd launch --kineto -- torchrun ..." if c.framework is not Framework.PYTORCH
+                  else "the step hook in the loop")
+        act = (f"Divide the compute time next run: start the job under {launch} with perfd agent beside it, "
+               f"take a steady capture (perfd capture --job {name} --tool kineto --steps 3), then read it "
+               "with this log: perfd analyze megatron LOG --capture TRACE (or perfd report --html ... "
+               "--capture TRACE)")
+    # No impact: the time is not yet divided, so no loss is measured; a remedy for a measured part
+    # (the pipeline, data, communication) comes first.
+    return [], [Recommendation("", "mfu-grade", 0, act, "; ".join([basis, *notes]), None)]
+
+
+def outliers(c: RunContext) -> Out:
+    slow = {k: c.a.steady.excluded[k] for k, kind in sorted(c.a.steady.kinds.items())
+            if kind is Exclusion.OUTLIER}
+    if not slow:
+        return [], []
+    return [Finding("steady-state-outliers", Severity.INFO, f"{len(slow)} slow iteration(s) left out",
+                    "; ".join(f"iteration {k}: {v}" for k, v in slow.items()), {}, c.span)], []
+
+
+Analyzer = Callable[[RunContext], Out]
+# The one registry of the run's questions, in the order their findings are listed before ordering.
+RUN_ANALYZERS: tuple[Analyzer, ...] = (mfu_grade, tflops_crosscheck, pipeline, communication, data_loading,
+                                       jitter, stragglers, step_budget, next_step, outliers)
+
+
+def job_config(a: RunAnalysis, job: JobInfo) -> JobConfig:
+    """What the job runs with, for the remedies: its framework and version, argument dump, missing
+    packages, layout and batch sizes, the log's memory report and the GPU's memory."""
+    lay = job.layout
+    gpu_mib = a.job.gpu.memory_mib
+    return budget_findings.config_of(job.framework, job.framework_version, job.arguments, job.packages,
+                                     (lay.dp, lay.pp),
+                                     (lay.micro_batch_size or _int_arg(job, "micro_batch_size"),
+                                      lay.global_batch_size or _int_arg(job, "global_batch_size")),
+                                     a.summary.memory_mib,
+                                     float(gpu_mib) if gpu_mib is not None else None)
+
+
+def _int_arg(job: JobInfo, dest: str) -> int | None:
+    v = job.arguments.get(dest)
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def derive_findings(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = None, live: bool = True
+                    ) -> tuple[list[Finding], list[Recommendation]]:
+    """All findings and recommendations for one run, recommendations ordered by impact."""
+    ctx = RunContext(a, job, a.summary.medians, a.steady.range_text(), budget, Framework.of(job.framework),
+                     a.config or job_config(a, job), live)
+    f: list[Finding] = []
+    r: list[Recommendation] = []
+    for analyzer in RUN_ANALYZERS:
+        fs, rs = analyzer(ctx)
+        f += fs
+        r += rs
+    return order_findings(f, r)
+
+
+def _rebalance_action(a: RunAnalysis, job: JobInfo, light: float, heavy: float) -> str:
+    return ("Rebalance layers across pipeline stages: the last stage also computes the logits and loss "
+            "(e.g. --decoder-last-pipeline-num-layers / --account-for-loss-in-pipeline-split)")
+
+
+def _rebalance_detail(a: RunAnalysis, job: JobInfo, light: float, heavy: float) -> str:
+    spec, lay = job.spec, job.layout
+    parts: list[str] = []
+    slow = [r for r in a.steady_values("straggler_rtt_max_rank") if r is not None]
+    if slow and lay.pp:
+        rank = max(set(slow), key=slow.count)
+        stage = rank_order(lay, job.arguments).stage(rank)
+        if stage is not None:
+            which = "last" if stage == lay.pp - 1 else "first" if stage == 0 else f"{stage}"
+            parts.append(f"the straggler detector's slower rank is rank {rank} (stage {stage}, the {which} "
+                         f"stage) in {slow.count(rank)}/{len(slow)} steady iterations")
+    b = a.flops.breakdown
+    if b and spec.num_layers:
+        layers = spec.num_layers + (spec.mtp_num_layers or 0)
+        per_layer = (b["mlp"] + b["attention_projections"] + b["core_attention"]) / layers
+        if per_layer > 0:
+            parts.append(f"the logit GEMM (6·h·V per token, V={spec.padded_vocab_size}) is worth "
+                         f"{b['logits'] / per_layer:.1f} transformer layers of FLOPs")
+    if job.arguments.get("decoder_last_pipeline_num_layers", "None") not in ("None", "") or \
+            job.arguments.get("decoder_first_pipeline_num_layers", "None") not in ("None", ""):
+        parts.append("an uneven split is already configured: estimate skipped")
+    else:
+        est = rebalance_estimate(spec.num_layers, lay.pp, light, heavy)
+        if est is not None:
+            basis = (f"estimated ~{est.per_layer_ms:.0f} ms compute per layer per iteration (lighter stage "
+                     f"{light:.0f} ms / {est.layers_per_stage} layers, an inference) against a gap of "
+                     f"{est.gap_ms:.0f} ms")
+            if est.best_move:
+                parts.append(f"{basis}: moving {est.best_move} layer(s) off the heavier stage "
+                             f"(--decoder-last-pipeline-num-layers {est.layers_per_stage - est.best_move})"
+                             f" would bring the slowest stage from {heavy:.0f} to "
+                             f"~{est.new_heavier_ms:.0f} ms")
+            else:
+                parts.append(f"{basis}: moving one whole layer would flip the imbalance "
+                             f"({light + est.per_layer_ms:.0f} vs {heavy - est.per_layer_ms:.0f} ms); with "
+                             f"{spec.num_layers} layers on {lay.pp} stages rebalance at a finer grain "
+                             "(more layers per stage, or virtual stages with an uneven split)")
+    return "; ".join(parts)

@@ -1,0 +1,445 @@
+"""The step's time budget: where one training step's time goes (issues "why not closer to the limit",
+"remedies an engineer can apply without checking"). Typed parts, each in ms per step and share of
+the step, each with its source; and the bottleneck class the budget supports. Pure, no I/O.
+
+Evidence, best last (each refines what the one before could only lump together):
+
+- **timers** (the step source's phases): data wait, exposed communication, the pipeline wait, the
+  optimizer step where the framework times it, and the rest as compute — the timers cannot see
+  inside it;
+- **GPM** says how the compute time uses the GPU (tensor pipes, DRAM): a vote of its own in
+  perfd.analytics.breakdown.diagnosis;
+- **capture** (a Kineto or nsys timeline of a few steps, perfd.capture.analysis ``parts_ms``): every
+  instant of the captured span given to one part, by the op that launched the kernel running then
+  (perfd.capture.ops: attention with its matmuls, copies and dropout, the linear layers, the
+  activation, normalisation, the loss, the embedding, the optimizer, gradient reduction, other
+  pointwise work, copies), else to exposed communication, pipeline waits, or idle split into short
+  gaps (the host launching work) and long ones (the host waiting: a sync, data). The parts add up
+  to the captured step; a capture with no host side falls back to kernel names and says so;
+- **ncu** per-kernel speed-of-light rows joined to the parts (their detail; perfd.capture ncu).
+
+Every part is read against the model's FLOPs: the time they take at the GPU's peak (``ideal_ms``,
+MFU × step) and at its measured matmul ceiling; the linear layers' part says the TFLOP/s it achieves,
+attention's what its FLOPs would cost fused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics import thresholds as th
+from perfd.analytics.breakdown import kernels as kc
+from perfd.analytics.breakdown.bottleneck import B, BottleneckClass
+from perfd.analytics.common import TextEnum
+
+
+class Part(TextEnum):
+    """A part of the step. ``str`` so that JSON and a Prometheus ``part`` label carry the value.
+
+    A capture divides the step by the op that launched each kernel (perfd.capture.ops; the rules are
+    perfd.analytics.breakdown.op_parts); the timers alone divide it into data, exposed communication,
+    pipeline,
+    the optimizer and an undivided compute part."""
+
+    ATTENTION = "attention"  # core attention: QKᵀ, mask, softmax, dropout, ·V, their backward and copies
+    LINEAR = "linear"  # the linear layers' GEMMs (QKV, projection, MLP, the output layer)
+    GEMM = "gemm"  # matmul kernels whose op is unknown (kernel names only: linear and attention together)
+    ACTIVATION = "activation"  # the MLP activation (GELU, SwiGLU) forward and backward
+    NORM = "norm"  # layer / RMS normalisation
+    LOSS = "loss"  # cross-entropy over the logits (the vocabulary-sized pointwise work)
+    EMBEDDING = "embedding"
+    OPTIMIZER = "optimizer"  # the step, gradient norm and clipping, zeroing
+    GRAD_REDUCE = "grad_reduce"  # gradient accumulation and the data-parallel machinery's kernels
+    POINTWISE = "pointwise"  # other pointwise work: residual adds, hidden dropout, casts, reshapes
+    MEMCPY = "memcpy"  # copies and memsets no op above claims (a batch to the device, ...)
+    COMM_EXPOSED = "comm_exposed"  # communication with no compute beside it
+    PIPELINE = "pipeline"  # pipeline bubble: SendRecv waits, idle stages
+    DATA = "data"  # waiting for the next batch
+    IDLE_SHORT = "idle_short"  # idle in gaps shorter than th.SHORT_GAP_S: the host launching work
+    IDLE_LONG = "idle_long"  # idle in longer gaps: the host waiting (a sync, Python, data)
+    COMPUTE = "compute"  # the timers' compute, not divided (no capture)
+
+
+# The order of the budget's rows, and of a capture's attribution: an instant where several activities
+# run is the first one's (a copy or a collective beside a kernel is hidden by it).
+PART_ORDER: tuple[Part, ...] = tuple(Part)
+KERNEL_PRECEDENCE: tuple[Part, ...] = (Part.LINEAR, Part.GEMM, Part.ATTENTION, Part.ACTIVATION, Part.NORM,
+                                       Part.LOSS, Part.EMBEDDING, Part.OPTIMIZER, Part.GRAD_REDUCE,
+                                       Part.POINTWISE, Part.MEMCPY, Part.PIPELINE, Part.COMM_EXPOSED)
+MATH_PARTS: tuple[Part, ...] = (Part.LINEAR, Part.GEMM)  # the parts whose kernels run the model's GEMMs
+
+
+class Source(TextEnum):
+    TIMERS = "timers"
+    GPM = "gpm"
+    CAPTURE = "capture"
+    NCU = "ncu"
+    FLOPS = "flops"  # the model's FLOPs and the GPU's peak/ceiling (perfd.analytics.steps.flops, gpus)
+
+
+@dataclass(frozen=True)
+class BudgetPart:
+    """One part: ms per step, its share of the step, where it comes from, and what it holds."""
+
+    part: Part
+    ms: float
+    share: float
+    source: Source
+    detail: Mapping[str, Any] = field(default_factory=dict)  # typed numbers: kernels, TFLOP/s, counts
+
+    def to_json(self) -> dict[str, Any]:
+        return {"part": self.part.value, "ms": self.ms, "share": self.share, "source": self.source.value,
+                "detail": dict(self.detail)}
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """The parts of one step, in :data:`PART_ORDER`; ``step_ms`` is their sum. ``ideal_ms`` and
+    ``ceiling_ms``: the time the model's FLOPs take at the GPU's peak and at its measured matmul
+    ceiling (the reference the parts are read against: ideal_ms ÷ step_ms is the MFU)."""
+
+    step_ms: float
+    parts: tuple[BudgetPart, ...]
+    sources: tuple[Source, ...]  # the evidence it was built from, best first
+    iterations: float | None = None  # captured iterations the per-step values are averaged over
+    basis: str = ""  # a capture's id and rank, or "steady-state timers"
+    attribution: str = ""  # how a capture's time was divided among the parts (perfd.capture.ops.Method)
+    steady_step_ms: float | None = None  # the job's steady median: a captured step above it is the capture's
+    ideal_ms: float | None = None
+    ceiling_ms: float | None = None
+    ceiling_tflops: float | None = None
+    peak_tflops: float | None = None
+    mfu: float | None = None
+    steps_from: str = ""  # how the captured steps were counted: "trace" | "request" | "span"
+    # per step, what the capture saw of the host: synchronisations and the GPU idle after them
+    # (perfd.capture.analysis.sync_gaps: syncs, sync_gap_ms, stream_syncs, stream_sync_gap_ms)
+    host: Mapping[str, float] = field(default_factory=dict)
+
+    def ms(self, part: Part) -> float:
+        return sum(p.ms for p in self.parts if p.part is part)
+
+    def get(self, part: Part) -> BudgetPart | None:
+        return next((p for p in self.parts if p.part is part), None)
+
+    @property
+    def has_kernels(self) -> bool:
+        return Source.CAPTURE in self.sources
+
+    @property
+    def capture_overhead_ms(self) -> float | None:
+        """How much longer the captured step ran than the steady one (the profiler's own cost; None
+        when there is no captured step or no steady one to compare)."""
+        if not self.has_kernels or self.steady_step_ms is None:
+            return None
+        return self.step_ms - self.steady_step_ms
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step_ms": self.step_ms, "parts": [p.to_json() for p in self.parts],
+                "sources": [s.value for s in self.sources], "iterations": self.iterations,
+                "basis": self.basis, "attribution": self.attribution, "steady_step_ms": self.steady_step_ms,
+                "ideal_ms": self.ideal_ms, "ceiling_ms": self.ceiling_ms,
+                "ceiling_tflops": self.ceiling_tflops, "peak_tflops": self.peak_tflops, "mfu": self.mfu,
+                "steps_from": self.steps_from, "capture_overhead_ms": self.capture_overhead_ms,
+                "host": dict(self.host)}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any] | None) -> StepBudget | None:
+        """Back from :meth:`to_json` (a capture record, a kept summary); None when unreadable. Parts
+        this version does not know (a budget kept by an older one) are left out."""
+        if not isinstance(d, Mapping):
+            return None
+        try:
+            parts = []
+            for p in d.get("parts") or []:
+                try:
+                    part = Part(str(p["part"]))
+                except ValueError:
+                    continue
+                parts.append(BudgetPart(part, float(p["ms"]), float(p["share"]), Source(str(p["source"])),
+                                        dict(p.get("detail") or {})))
+            sources = tuple(Source(str(s)) for s in d.get("sources") or [])
+            step = float(d["step_ms"])
+        except (KeyError, ValueError, TypeError):
+            return None
+
+        def num(key: str) -> float | None:
+            v = d.get(key)
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+        host = d.get("host")
+        return StepBudget(step, tuple(parts), sources, num("iterations"), str(d.get("basis") or ""),
+                          str(d.get("attribution") or ""), num("steady_step_ms"), num("ideal_ms"),
+                          num("ceiling_ms"), num("ceiling_tflops"), num("peak_tflops"), num("mfu"),
+                          str(d.get("steps_from") or ""),
+                          {str(k): float(v) for k, v in host.items() if isinstance(v, (int, float))
+                           and not isinstance(v, bool)} if isinstance(host, Mapping) else {})
+
+
+# --- building ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FlopsContext:
+    """What the budget reads its parts against: the model's FLOPs per step per GPU, the part of them
+    that core attention's two matmuls are (the formula's core-attention term, causal-halved in
+    Megatron-Core >= 0.12), and the GPU's figures (perfd.analytics.steps.flops,
+    perfd.analytics.steps.gpus)."""
+
+    flops_per_gpu_step: float | None = None
+    peak_tflops: float | None = None
+    ceiling_tflops: float | None = None
+    attention_flops_per_gpu_step: float | None = None
+    attention_causal_halved: bool = True  # the formula counts half the s×s scores (a causal mask)
+
+
+@dataclass(frozen=True)
+class TimerShares:
+    """What the step's timers say (ratios of the step; None = not timed)."""
+
+    step_ms: float | None = None
+    data: float | None = None
+    comm_exposed: float | None = None  # exposed communication other than the pipeline's p2p
+    pipeline_idle: float | None = None  # the pipeline wait: the stage's idle (its p2p waits are in it)
+    optimizer_ms: float | None = None  # the framework's optimizer timer, when it has one
+    mfu: float | None = None
+
+
+NO_FLOPS = FlopsContext()
+NO_TIMERS = TimerShares()
+
+
+def _reference(fl: FlopsContext) -> tuple[float | None, float | None]:
+    """(ms the model's FLOPs take at the peak, at the measured ceiling) per step."""
+    if not fl.flops_per_gpu_step or not fl.peak_tflops:
+        return None, None
+    ideal = fl.flops_per_gpu_step / (fl.peak_tflops * 1e9)  # FLOPs ÷ (TFLOP/s · 1e12) in ms
+    return ideal, fl.flops_per_gpu_step / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None
+
+
+def math_detail(part: Part, ms: float, fl: FlopsContext) -> dict[str, Any]:
+    """What a part of matmuls runs: its FLOPs per step, the TFLOP/s they achieve, the share of the
+    measured ceiling. The linear layers run the model's FLOPs without core attention's; GEMMs known by
+    name only run them all (attention's matmuls among them)."""
+    total = fl.flops_per_gpu_step
+    if not total or ms <= 0:
+        return {}
+    flops = total - (fl.attention_flops_per_gpu_step or 0.0) if part is Part.LINEAR else total
+    achieved = flops / (ms * 1e9)
+    return {"flops": flops, "achieved_tflops": achieved,
+            "of_ceiling": achieved / fl.ceiling_tflops if fl.ceiling_tflops else None,
+            "at_ceiling_ms": flops / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None}
+
+
+def attention_detail(ms: float, fl: FlopsContext, fused: bool) -> dict[str, Any]:
+    """Core attention's FLOPs per step (the model's count; unfused kernels compute the whole s×s, twice
+    a causal count) and its time at the measured matmul ceiling: what fused attention would cost."""
+    useful = fl.attention_flops_per_gpu_step
+    if not useful:
+        return {"fused": fused}
+    executed = useful if fused or not fl.attention_causal_halved else 2.0 * useful
+    return {"fused": fused, "flops": useful, "executed_flops": executed,
+            "at_ceiling_ms": useful / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None,
+            "achieved_tflops": executed / (ms * 1e9) if ms > 0 else None}
+
+
+def _finish(rows: list[tuple[Part, float, Source, dict[str, Any]]], sources: Iterable[Source],
+            fl: FlopsContext, **kw: Any) -> StepBudget:
+    step = sum(ms for _p, ms, _s, _d in rows)
+    order = {p: i for i, p in enumerate(PART_ORDER)}
+    parts = tuple(BudgetPart(p, ms, ms / step if step > 0 else 0.0, s, d)
+                  for p, ms, s, d in sorted(rows, key=lambda r: order[r[0]]) if ms > 0)
+    ideal, ceiling = _reference(fl)
+    srcs = [*sources, *([Source.FLOPS] if ideal is not None else [])]
+    return StepBudget(step, parts, tuple(dict.fromkeys(srcs)), ideal_ms=ideal, ceiling_ms=ceiling,
+                      ceiling_tflops=fl.ceiling_tflops, peak_tflops=fl.peak_tflops, **kw)
+
+
+def from_timers(t: TimerShares, fl: FlopsContext = NO_FLOPS) -> StepBudget | None:
+    """The budget the timers alone support: data, exposed communication, the pipeline wait, the
+    optimizer, and compute (undivided). Each millisecond once: the pipeline's p2p waits are in its
+    stage idle, so ``comm_exposed`` holds only the rest. None without a step time or a data and a
+    communication share."""
+    step = t.step_ms
+    if not step or step <= 0 or t.data is None or t.comm_exposed is None:
+        return None
+    rows: list[tuple[Part, float, Source, dict[str, Any]]] = [
+        (Part.DATA, t.data * step, Source.TIMERS, {}),
+        (Part.COMM_EXPOSED, t.comm_exposed * step, Source.TIMERS, {})]
+    if t.pipeline_idle:
+        rows.append((Part.PIPELINE, t.pipeline_idle * step, Source.TIMERS, {}))
+    if t.optimizer_ms:
+        rows.append((Part.OPTIMIZER, min(t.optimizer_ms, step), Source.TIMERS, {"timer_ms": t.optimizer_ms}))
+    taken = sum(r[1] for r in rows)
+    if taken > step:  # timers that overlap (a wait inside another timer): scaled so the step holds them
+        rows = [(p, ms * step / taken, s, {**d, "scaled_from_ms": ms}) for p, ms, s, d in rows]
+    rows.append((Part.COMPUTE, max(step - sum(r[1] for r in rows), 0.0), Source.TIMERS, {}))
+    return _finish(rows, [Source.TIMERS], fl, basis="steady-state timers", steady_step_ms=step, mfu=t.mfu)
+
+
+def from_capture(device: Mapping[str, Any], iterations: float | None, *, fl: FlopsContext = NO_FLOPS,
+                 timers: TimerShares = NO_TIMERS, basis: str = "", steps_from: str = "") -> StepBudget | None:
+    """The budget of one captured device (perfd.capture.analysis JSON with ``parts_ms``) over
+    ``iterations`` steps (None: the whole captured span as one step). The timers' data share, where
+    they measure one, says how much of the long idle gaps was the wait for data. A breakdown from
+    before the attribution is rebuilt from its shares (:func:`device_parts`, said in ``attribution``)."""
+    raw, how = device_parts(device)
+    if not raw:
+        return None
+    n = iterations if iterations and iterations > 0 else 1.0
+    per: dict[Part, float] = {}
+    for k, v in raw.items():
+        try:
+            per[Part(str(k))] = per.get(Part(str(k)), 0.0) + float(v) / n
+        except ValueError:
+            continue
+    if sum(per.values()) <= 0:
+        return None
+    pk, po, pom = device.get("part_kernels"), device.get("part_ops"), device.get("part_op_ms")
+    kernels: Mapping[str, Any] = pk if isinstance(pk, Mapping) else {}
+    ops: Mapping[str, Any] = po if isinstance(po, Mapping) else {}
+    op_ms: Mapping[str, Any] = pom if isinstance(pom, Mapping) else {}
+    fused = bool(device.get("attention_fused"))
+    rows: list[tuple[Part, float, Source, dict[str, Any]]] = []
+    idle_long = per.pop(Part.IDLE_LONG, 0.0)
+    if timers.data and timers.step_ms and idle_long > 0:  # the timed data wait, seen as long gaps
+        data = min(idle_long, timers.data * sum(per.values(), idle_long))
+        rows.append((Part.DATA, data, Source.TIMERS, {"timer_share": timers.data, "from_idle_ms": data}))
+        idle_long -= data
+    rows.append((Part.IDLE_LONG, idle_long, Source.CAPTURE, {}))
+    for p, ms in per.items():
+        detail: dict[str, Any] = {"kernels": _top(kernels, p, n), "ops": _top(ops, p, n)}
+        by_op = op_ms.get(p.value)
+        if isinstance(by_op, Mapping):
+            detail["op_ms"] = {str(k): float(v) / n for k, v in by_op.items() if isinstance(v, (int, float))}
+        if p in MATH_PARTS:
+            detail.update(math_detail(p, ms, fl))
+        elif p is Part.ATTENTION:
+            detail.update(attention_detail(ms, fl, fused))
+        elif p is Part.OPTIMIZER and timers.optimizer_ms is not None:
+            detail["timer_ms"] = timers.optimizer_ms  # the framework's own optimizer timer: a cross-check
+        rows.append((p, ms, Source.CAPTURE, detail))
+    sources = [Source.CAPTURE, *([Source.TIMERS] if timers.data else [])]
+    host = {k: float(device[k]) / n for k in ("syncs", "sync_gap_ms", "stream_syncs", "stream_sync_gap_ms")
+            if isinstance(device.get(k), (int, float)) and not isinstance(device.get(k), bool)}
+    return _finish(rows, sources, fl, iterations=iterations, basis=basis, attribution=how,
+                   steady_step_ms=timers.step_ms, mfu=timers.mfu, steps_from=steps_from, host=host)
+
+
+def device_parts(device: Mapping[str, Any]) -> tuple[dict[str, float], str]:
+    """A captured device's exclusive parts (``parts_ms``), and how they were had (its ``attribution``,
+    perfd.capture.ops.Method). A breakdown from before the attribution existed has busy, idle,
+    SendRecv and exposed NCCL, and kernel category shares (or only its top kernels): its parts are
+    rebuilt from those, the compute time divided by the categories' shares, and the basis says so."""
+    raw = device.get("parts_ms")
+    if isinstance(raw, Mapping) and raw:
+        parts = {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float))}
+        return parts, str(device.get("attribution") or "kernel names")
+
+    def num(key: str) -> float:
+        v = device.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+    busy, idle, exposed = num("busy_ms"), num("idle_ms"), num("comm_exposed_ms")
+    if busy <= 0:
+        return {}, "no breakdown"
+    pipeline = min(num("sendrecv_ms"), exposed)
+    out = {Part.PIPELINE.value: pipeline, Part.COMM_EXPOSED.value: exposed - pipeline}
+    short = min(num("idle_short_ms"), idle)
+    out[Part.IDLE_SHORT.value], out[Part.IDLE_LONG.value] = short, idle - short
+    split = "" if device.get("idle_short_ms") is not None else "; idle not split into gaps: all counted long"
+    cats = device.get("categories")
+    basis = "category shares of all kernels (an older breakdown)" + split
+    top = [k for k in device.get("top_kernels") or [] if isinstance(k, Mapping)]
+    softmax_ms = num("softmax_ms") if device.get("softmax_ms") is not None else sum(
+        float(k.get("total_ms") or 0.0) for k in top if kc.is_softmax(str(k.get("name", ""))))
+    if not isinstance(cats, Mapping) or not cats:
+        cats, basis = {}, f"category shares of the top {len(top)} kernels only" + split
+        for k in top:
+            c = kc.category(str(k.get("name", "")))
+            cats[c] = cats.get(c, 0.0) + float(k.get("total_ms") or 0.0)
+    shares = {str(c): float(v) for c, v in cats.items() if not str(c).startswith(kc.NCCL_PREFIX)}
+    total = sum(shares.values())
+    compute = max(busy - exposed, 0.0)
+    softmax = min(softmax_ms, compute)
+    to_part = {kc.GEMM: Part.GEMM, kc.ATTENTION: Part.GEMM, kc.OPTIMIZER: Part.OPTIMIZER,
+               kc.MEMCPY: Part.MEMCPY, kc.NORMALIZATION: Part.NORM}
+    for c, v in shares.items():
+        p = to_part.get(c, Part.POINTWISE).value
+        out[p] = out.get(p, 0.0) + (compute - softmax) * v / total if total else 0.0
+    out[Part.ATTENTION.value] = out.get(Part.ATTENTION.value, 0.0) + softmax
+    if not total:
+        out[Part.POINTWISE.value] = out.get(Part.POINTWISE.value, 0.0) + compute - softmax
+    return {k: v for k, v in out.items() if v > 0}, basis
+
+
+def _top(by_part: Mapping[str, Any], part: Part, n: float) -> list[dict[str, Any]]:
+    """The part's top kernels (or ops), per step."""
+    out = []
+    for k in by_part.get(part.value) or []:
+        if isinstance(k, Mapping):
+            out.append({"name": str(k.get("name", "?")), "ms": float(k.get("total_ms") or 0.0) / n,
+                        "count": float(k.get("count") or 0) / n})
+    return out
+
+
+# --- the class the budget supports ------------------------------------------------------------------
+# Each class and the parts whose time it is (GPM, timers and the capture use the same names:
+# perfd.analytics.breakdown.bottleneck.BOTTLENECK_CLASSES).
+CLASS_PARTS: dict[BottleneckClass, tuple[Part, ...]] = {
+    B.COMPUTE: MATH_PARTS,  # and attention when it runs fused (class_of)
+    B.MEMORY: (Part.ATTENTION, Part.ACTIVATION, Part.NORM, Part.LOSS, Part.EMBEDDING, Part.OPTIMIZER,
+               Part.GRAD_REDUCE, Part.POINTWISE, Part.MEMCPY),
+    B.LAUNCH: (Part.IDLE_SHORT,),
+    B.SYNC: (Part.IDLE_LONG,),
+    B.DATA: (Part.DATA,),
+    B.COMMUNICATION: (Part.COMM_EXPOSED,),
+    B.PIPELINE: (Part.PIPELINE,),
+}
+MIXED = B.MIXED
+
+
+@dataclass(frozen=True)
+class BudgetClass:
+    """The class a budget supports: the class whose parts hold most of the step, "mixed" when the
+    runner-up is within th.CLASS_MIXED_MARGIN of it; ``shares``: every class's share of the step."""
+
+    cls: BottleneckClass
+    shares: Mapping[BottleneckClass, float]
+    lead: float  # the winner's share minus the runner-up's
+
+    def reason(self) -> str:
+        top = sorted(((c, s) for c, s in self.shares.items() if s > 0), key=lambda cs: -cs[1])[:3]
+        return ", ".join(f"{c.value.split('-')[0]} {s:.0%}" for c, s in top) + " of the step"
+
+    def shares_json(self) -> dict[str, float]:
+        return {c.value: s for c, s in self.shares.items()}
+
+
+def classify(b: StepBudget) -> BudgetClass | None:
+    """The class from a budget that saw the kernels (a capture); None for one that did not (the
+    timers' compute is not divided: their own vote speaks for them, perfd.analytics.breakdown.diagnosis)."""
+    if not b.has_kernels or b.step_ms <= 0:
+        return None
+    shares = {c: sum(b.ms(p) for p in parts) / b.step_ms for c, parts in CLASS_PARTS.items()}
+    att = b.get(Part.ATTENTION)
+    if att is not None and att.detail.get("fused"):  # one fused kernel runs attention's math
+        shares[B.COMPUTE] += att.share
+        shares[B.MEMORY] -= att.share
+    ranked = sorted(shares.items(), key=lambda cs: -cs[1])
+    (first, s1), (_second, s2) = ranked[0], ranked[1]
+    lead = s1 - s2
+    return BudgetClass(first if lead >= th.CLASS_MIXED_MARGIN.value else MIXED, shares, lead)
+
+
+def metric_rows(job: str, b: StepBudget | None, seconds_name: str, ratio_name: str
+                ) -> list[tuple[dict[str, str], str, float]]:
+    """/metrics rows of a budget: each part's seconds per step and share (a bounded ``part``
+    label: :class:`Part`). No budget, no rows (absent, never 0)."""
+    if b is None:
+        return []
+    rows: list[tuple[dict[str, str], str, float]] = []
+    for p in b.parts:
+        labels = {"job_name": job, "part": p.part.value}
+        rows.append((labels, seconds_name, p.ms / 1e3))
+        rows.append((dict(labels), ratio_name, p.share))
+    return rows

@@ -1,0 +1,447 @@
+"""Findings and remedies from a step's time budget (perfd.analytics.breakdown.budget): what each part holds,
+by the ops that issued its kernels, and the remedies perfd.analytics.advice.remedies fits to the job's own
+configuration, each a recommendation with its basis, its needs, its cost and a gain range. Pure;
+English only in the texts.
+
+A recommendation is made only for time the budget measured: never a check of something the same
+budget shows as fine (an efficient GEMM part gets an info finding saying so, and no action); and a
+gain whose range reaches below zero is said as one to measure, never promised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from perfd.analytics import thresholds as th
+from perfd.analytics.advice.remedies import Advice, FitContext, Framework, JobConfig
+from perfd.analytics.advice.remedy_catalog import fit, minor
+from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, Part, StepBudget, classify
+from perfd.analytics.finding_types import Finding, Recommendation, Severity
+from perfd.analytics.ncu.remedies import ncu_rows
+from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
+
+
+@dataclass(frozen=True)
+class BudgetContext:
+    budget: StepBudget
+    framework: Framework = Framework.PYTORCH
+    label: str = ""  # where the budget comes from, for the findings' source ("capture c1 rank 0")
+    # Parts other analyzers speak for already (the run's timers: data, communication, pipeline)
+    covered: frozenset[Part] = frozenset()
+    config: JobConfig | None = None  # what the job runs with (remedies fit it); None: the framework alone
+
+
+Out = tuple[list[Finding], list[Recommendation]]
+
+_NAMES: dict[Part, str] = {
+    Part.ATTENTION: "attention",
+    Part.LINEAR: "linear layers",
+    Part.GEMM: "GEMMs (op unknown)",
+    Part.ACTIVATION: "MLP activation",
+    Part.NORM: "normalisation",
+    Part.LOSS: "loss (cross-entropy)",
+    Part.EMBEDDING: "embedding",
+    Part.OPTIMIZER: "optimizer",
+    Part.GRAD_REDUCE: "gradient reduction",
+    Part.POINTWISE: "other pointwise",
+    Part.MEMCPY: "copies and memsets",
+    Part.COMM_EXPOSED: "exposed communication",
+    Part.PIPELINE: "pipeline wait",
+    Part.DATA: "data wait",
+    Part.IDLE_SHORT: "idle, short gaps (launch)",
+    Part.IDLE_LONG: "idle, long gaps (host waits)",
+    Part.COMPUTE: "compute (not divided)",
+}
+# What each part holds, said once (the finding's opening words).
+_HOLDS: dict[Part, str] = {
+    Part.ATTENTION: "Core attention (QKᵀ, the mask, softmax, dropout and ·V, their backward and the copies "
+    "autograd makes of the scores) takes",
+    Part.LINEAR: "The linear layers' GEMMs take",
+    Part.GEMM: "Matmul kernels (their ops unknown) take",
+    Part.ACTIVATION: "The MLP activation takes",
+    Part.NORM: "Normalisation takes",
+    Part.LOSS: "The cross-entropy over the logits takes",
+    Part.EMBEDDING: "The embedding takes",
+    Part.OPTIMIZER: "The optimizer (step, gradient norm, zeroing) takes",
+    Part.GRAD_REDUCE: "Gradient accumulation and the data-parallel machinery's kernels take",
+    Part.POINTWISE: "Other pointwise work (residual adds, hidden dropout, casts, reshapes) takes",
+    Part.MEMCPY: "Copies and memsets no op above claims take",
+    Part.IDLE_SHORT: f"The GPU waits in gaps under {th.SHORT_GAP_S.value * 1e3:g} ms (the host issuing "
+    "work) for",
+    Part.IDLE_LONG: f"The GPU waits in gaps of {th.SHORT_GAP_S.value * 1e3:g} ms or more (the host "
+    "waiting: a "
+    "synchronisation, Python between steps) for",
+    Part.DATA: "The step waits for its batch for",
+    Part.COMM_EXPOSED: "Collectives run with no compute beside them for",
+    Part.PIPELINE: "Pipeline p2p waits (the bubble, not link bandwidth) take",
+}
+_PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAGE_FLASH_ATTN: "flash-attn"}
+
+
+def part_name(part: Part) -> str:
+    return _NAMES[part]
+
+
+def _short(name: str, width: int = 60) -> str:
+    """A kernel's name as a person reads it: the innermost ATen functor or kernel, not the template."""
+    for key in (
+        "masked_fill_kernel",
+        "softmax_warp_forward",
+        "SoftMaxBackward",
+        "fused_dropout",
+        "masked_scale_kernel",
+        "multi_tensor_apply_kernel",
+        "layer_norm",
+        "CatArrayBatchedCopy",
+        "GeluBackward",
+        "Gelu",
+        "MulFunctor",
+        "CUDAFunctor_add",
+        "FillFunctor",
+        "bfloat16_copy",
+    ):
+        if key in name:
+            return key
+    name = " ".join(name.split())
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def _ops_text(p: BudgetPart, n: int = 4) -> str:
+    """The part's largest ops per step (by the op that issued the kernels), else its kernels."""
+    ops = p.detail.get("op_ms")
+    if isinstance(ops, Mapping) and ops:
+        top = sorted(
+            ((str(k), float(v)) for k, v in ops.items() if isinstance(v, (int, float))), key=lambda kv: -kv[1]
+        )[:n]
+        return "; ".join(f"{_short(k)} {v:.1f} ms" for k, v in top if v >= 0.05)
+    ks = [k for k in p.detail.get("kernels") or [] if isinstance(k, Mapping)][:3]
+    return "; ".join(f"{_short(str(k['name']))} {float(k['ms']):.1f} ms ×{float(k['count']):.0f}" for k in ks)
+
+
+def ncu_text(p: BudgetPart) -> str:
+    """What an Nsight Compute capture measured of the part's kernels (perfd.analytics.ncu.join
+    summaries in the part's ``ncu`` detail): speed of light and the class NVIDIA's rule gives them."""
+    out = []
+    for c in p.detail.get("ncu") or []:
+        if not isinstance(c, Mapping):
+            continue
+        figs = [
+            f"{label} {float(v):.0%}"
+            for label, key in (
+                ("compute SOL", "compute_throughput"),
+                ("memory SOL", "memory_throughput"),
+                ("DRAM", "dram_throughput"),
+                ("tensor pipe", "tensor_pipe"),
+                ("occupancy", "achieved_occupancy"),
+            )
+            if isinstance(v := c.get(key), (int, float))
+        ]
+        bound = f"; mostly {c['bound']}" if c.get("bound") else ""
+        stall = f"; top stall {c['top_stall']}" if c.get("top_stall") else ""
+        out.append(
+            f"{c.get('category')} ({c.get('kernels')} kernel(s)): {', '.join(figs) or 'no figures'}"
+            f"{bound}{stall}"
+        )
+    return (
+        (
+            "Nsight Compute"
+            + (f" (capture {p.detail['ncu'][0].get('capture')})" if out else "")
+            + ": "
+            + "; ".join(out)
+        )
+        if out
+        else ""
+    )
+
+
+def parts(ctx: BudgetContext) -> Out:
+    """A finding for each part the budget names (1% of the step or more), with the ops that hold it."""
+    b = ctx.budget
+    out: list[Finding] = []
+    for p in b.parts:
+        if p.share < th.BUDGET_PART_NAMED.value or p.part in ctx.covered or p.part is Part.COMPUTE:
+            continue
+        sev = (
+            Severity.WARNING
+            if p.share >= th.BUDGET_PART_WARN.value and p.part not in (Part.LINEAR, Part.GEMM)
+            else Severity.INFO
+        )
+        ops = _ops_text(p)
+        extra = ""
+        if p.part is Part.OPTIMIZER and isinstance(p.detail.get("timer_ms"), (int, float)):
+            extra = (
+                f"; the framework's own optimizer timer says {float(p.detail['timer_ms']):.0f} ms per step"
+            )
+        if p.part is Part.ATTENTION and isinstance(p.detail.get("flops"), (int, float)):
+            extra = (
+                f"; {'fused' if p.detail.get('fused') else 'unfused'}: its FLOPs would take "
+                f"{float(p.detail.get('at_ceiling_ms') or 0):.0f} ms at the matmul ceiling"
+            )
+        if ncu_text(p):
+            extra += f". {ncu_text(p)}"
+        name = part_name(p.part)
+        out.append(
+            Finding(
+                f"budget-{p.part.value}",
+                sev,
+                f"{name[0].upper()}{name[1:]}: {p.ms:.0f} ms per step ({p.share:.0%})",
+                f"{_HOLDS.get(p.part, 'It takes')} {p.ms:.1f} ms of a "
+                f"{b.step_ms:.0f} ms step" + (f" (by op, per step: {ops})" if ops else "") + extra + ".",
+                {
+                    "part": p.part.value,
+                    "ms": p.ms,
+                    "share": p.share,
+                    **{
+                        k: p.detail[k]
+                        for k in ("op_ms", "kernels", "timer_ms", "ncu", "flops")
+                        if k in p.detail
+                    },
+                },
+                "",
+                f"{ctx.label or b.basis} ({p.source.value}, {b.attribution or 'timers'})",
+            )
+        )
+    return out, []
+
+
+def gemm(ctx: BudgetContext) -> Out:
+    """The linear layers' (or the GEMMs') efficiency against the measured ceiling: fine (info) or far below
+    it (the bigger-GEMMs remedy speaks for it)."""
+    b = ctx.budget
+    p = b.get(Part.LINEAR) or b.get(Part.GEMM)
+    if p is None or not isinstance(p.detail.get("achieved_tflops"), (int, float)) or not b.ceiling_tflops:
+        return [], []
+    achieved, of = float(p.detail["achieved_tflops"]), float(p.detail.get("of_ceiling") or 0.0)
+    good = of >= th.GEMM_EFFICIENT.value
+    what = "linear layers" if p.part is Part.LINEAR else "GEMMs (and fused attention)"
+    return [
+        Finding(
+            "budget-gemm",
+            Severity.INFO if good else Severity.WARNING,
+            f"{what[0].upper()}{what[1:]} at {of:.0%} of the measured matmul ceiling",
+            f"The {what} take {p.ms:.0f} ms per step and run their FLOPs at {achieved:.0f} TFLOP/s: "
+            f"{of:.0%} of the {b.ceiling_tflops:g} TFLOP/s a large bf16 matmul reaches on this GPU"
+            + (
+                " — efficient: the time to win is outside them."
+                if good
+                else " — small or odd-shaped matrices."
+            )
+            + (f" {ncu_text(p)}." if ncu_text(p) else ""),
+            {"ms": p.ms, "achieved_tflops": achieved, "ceiling_tflops": b.ceiling_tflops, "of_ceiling": of},
+            "",
+            f"{ctx.label or b.basis} (capture + model FLOPs)",
+        )
+    ], []
+
+
+def capture_cost(ctx: BudgetContext) -> Out:
+    """The capture's own slowdown of the steps it recorded, and how its steps were counted."""
+    b = ctx.budget
+    over = b.capture_overhead_ms
+    if over is None or b.steady_step_ms is None or b.steady_step_ms <= 0:
+        return [], []
+    share = over / b.steady_step_ms
+    how = {
+        "trace": "the steps the trace marks",
+        "request": "the steps the capture asked for",
+        "span": "the span over the steady step (the trace marks no step)",
+    }.get(b.steps_from, "")
+    sev = Severity.WARNING if share > th.CAPTURE_SLOWDOWN.value else Severity.INFO
+    return [
+        Finding(
+            "budget-capture-cost",
+            sev,
+            f"The capture slowed its steps by {share:+.0%}",
+            f"The captured steps averaged {b.step_ms:.0f} ms against the steady {b.steady_step_ms:.0f} ms "
+            f"({over:+.0f} ms): the profiler's own cost, which lands in the idle parts (the host runs "
+            f"slower; the kernels do not)"
+            + (f"; steps counted from {how}" if how else "")
+            + (". Read the idle parts with that in mind." if share > th.CAPTURE_SLOWDOWN.value else "."),
+            {
+                "captured_step_ms": b.step_ms,
+                "steady_step_ms": b.steady_step_ms,
+                "overhead_ms": over,
+                "steps": b.iterations,
+                "steps_from": b.steps_from,
+            },
+            "",
+            ctx.label or b.basis,
+        )
+    ], []
+
+
+def remedies(ctx: BudgetContext) -> Out:
+    """The remedies fitted to the job, each a recommendation with its gain range; those whose expected
+    gain is within a rerun's spread (under th.REMEDY_MIN_GAIN of the step) in one finding of their own:
+    named, not ordered among the ones worth doing first."""
+    b = ctx.budget
+    cfg = ctx.config or JobConfig(ctx.framework)
+    recs: list[Advice] = []
+    small: list[Advice] = []
+    for a in fit(FitContext(b, cfg)):
+        if a.part in ctx.covered:
+            continue
+        (small if minor(a, b.step_ms) else recs).append(a)
+    fs = []
+    if small:
+        fs.append(
+            Finding(
+                "budget-minor-remedies",
+                Severity.INFO,
+                f"{len(small)} smaller remed{'ies' if len(small) > 1 else 'y'}, each under "
+                f"{th.REMEDY_MIN_GAIN.value:.0%} of the step",
+                "; ".join(f"{a.action} ({gain_text(a, b)})" for a in small) + ".",
+                {
+                    "remedies": [
+                        {
+                            "remedy": a.remedy.value,
+                            "action": a.action,
+                            "gain_ms": [a.gain.low_ms, a.gain.high_ms] if a.gain else None,
+                            "flags": [f.text() for f in a.flags],
+                            "needs": list(a.needs),
+                        }
+                        for a in small
+                    ]
+                },
+                "",
+                ctx.label or b.basis,
+            )
+        )
+    return fs, [recommendation(a, b) for a in recs]
+
+
+def recommendation(a: Advice, b: StepBudget) -> Recommendation:
+    """Advice as the report shows it: the action, then basis, expected change, needs, cost, notes."""
+    bits = []
+    if a.gain is not None:
+        bits.append(f"basis: {a.gain.basis}")
+        bits.append(f"expected: {gain_text(a, b)}")
+    if a.needs:
+        names = [_PACKAGE_NAMES.get(n, n) for n in a.needs]
+        bits.append(
+            f"needs {(' or ' if a.needs_one else ' and ').join(names)}; the job's start-up says "
+            + (
+                "neither is"
+                if a.needs_one and len(names) > 1
+                else "none is"
+                if len(names) > 1
+                else "it is not"
+            )
+            + " installed"
+        )
+    if a.cost:
+        bits.append(f"cost: {a.cost}")
+    bits += list(a.notes)
+    impact = a.gain.mid_ms / b.step_ms if a.gain is not None and a.gain.promised and b.step_ms > 0 else None
+    return Recommendation(
+        "",
+        f"budget-{a.part.value}",
+        0,
+        a.action,
+        "; ".join(bits),
+        impact,
+        a.remedy.value,
+        [a.gain.low_ms, a.gain.high_ms] if a.gain is not None else None,
+        [f.text() for f in a.flags],
+        list(a.remove),
+        list(a.needs),
+    )
+
+
+def gain_text(a: Advice, b: StepBudget) -> str:
+    g = a.gain
+    if g is None or b.step_ms <= 0:
+        return "not estimated"
+    lo, hi = g.low_ms, g.high_ms
+    if hi <= 0:  # a cost, not a gain (a remedy for memory)
+        return (f"step +{-hi:.0f} to +{-lo:.0f} ms ({_share(-hi / b.step_ms)}–{_share(-lo / b.step_ms)} "
+                "slower)")
+    if not g.promised:
+        return (
+            f"between {abs(lo):.0f} ms slower and {hi:.0f} ms faster per step ({-lo / b.step_ms:+.0%} to "
+            f"{-hi / b.step_ms:+.0%}): measure before keeping it"
+        )
+    mfu = ""
+    if b.mfu is not None and b.step_ms - hi > 0:
+        mfu = (
+            f", MFU {b.mfu:.1%} → {b.mfu * b.step_ms / (b.step_ms - lo):.1%}–"
+            f"{b.mfu * b.step_ms / (b.step_ms - hi):.1%}"
+        )
+    return f"step −{lo:.0f} to −{hi:.0f} ms ({_share(lo / b.step_ms)}–{_share(hi / b.step_ms)}){mfu}"
+
+
+def _share(x: float) -> str:
+    return f"{x:.1%}" if abs(x) < 0.1 else f"{x:.0%}"
+
+
+def bottleneck(ctx: BudgetContext) -> Out:
+    """The class the budget supports, with every class's share (a finding; the job's class is decided
+    with the other sources' votes in perfd.analytics.breakdown.diagnosis)."""
+    c = classify(ctx.budget)
+    if c is None:
+        return [], []
+    return [
+        Finding(
+            "budget-class",
+            Severity.INFO,
+            f"Step budget: {class_text(c)}",
+            f"Where the {ctx.budget.step_ms:.0f} ms step goes: {waterfall_text(ctx.budget)}.",
+            {"class": c.cls.value, "shares": c.shares_json(), "lead": c.lead},
+            "",
+            f"{ctx.label or ctx.budget.basis}",
+        )
+    ], []
+
+
+def class_text(c: BudgetClass) -> str:
+    return f"{c.cls} ({c.reason()})"
+
+
+def waterfall_text(b: StepBudget) -> str:
+    return "; ".join(f"{part_name(p.part)} {p.ms:.0f} ms ({p.share:.0%})" for p in b.parts)
+
+
+Analyzer = Callable[[BudgetContext], Out]
+def ncu_verdicts(ctx: BudgetContext) -> Out:
+    """What the Nsight Compute rows on the budget's parts say to do (perfd.analytics.ncu.remedies)."""
+    return ncu_rows(ctx.budget, ctx.label)
+
+
+# The one registry: every question the budget answers, in the order findings are listed.
+ANALYZERS: tuple[Analyzer, ...] = (bottleneck, capture_cost, gemm, parts, ncu_verdicts, remedies)
+
+
+def analyze(ctx: BudgetContext, analyzers: Sequence[Analyzer] = ANALYZERS) -> Out:
+    fs: list[Finding] = []
+    rs: list[Recommendation] = []
+    for a in analyzers:
+        f, r = a(ctx)
+        fs += f
+        rs += r
+    return fs, rs
+
+
+def config_of(
+    framework: str | None,
+    version: str | None,
+    arguments: Mapping[str, str],
+    packages: Mapping[str, str],
+    layout: tuple[int | None, int | None],
+    batches: tuple[int | None, int | None],
+    memory_mib: Mapping[str, float] | None,
+    gpu_memory_mib: float | None,
+) -> JobConfig:
+    """A JobConfig from what a run's analysis holds (perfd.analytics.advice.findings builds it)."""
+    return JobConfig(
+        Framework.of(framework),
+        version,
+        dict(arguments),
+        dict(packages),
+        layout[0],
+        layout[1],
+        batches[0],
+        batches[1],
+        dict(memory_mib or {}),
+        gpu_memory_mib,
+    )

@@ -1,0 +1,205 @@
+"""A job's step budget from what its run analysis holds: the steady-state timers and FLOPs, and the
+capture that informs the job (perfd.analytics.breakdown.diagnosis.TimelineClass carries its device breakdown).
+The same inputs give the same budget live (perfd.aggregator), after the job and offline (``perfd
+analyze megatron LOG --capture TRACE``). Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from perfd.analytics.breakdown import kernels as kc
+from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.budget import (
+    FlopsContext,
+    Part,
+    Source,
+    StepBudget,
+    TimerShares,
+    from_capture,
+    from_timers,
+)
+from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.analytics.breakdown.op_parts import kernel_part
+from perfd.analytics.ncu.kernel_rows import kernel_rows
+from perfd.analytics.steps.flops import FORMULA_LEGACY, FlopsResult
+from perfd.analytics.steps.gpus import PeakResult
+
+
+def _num(d: Mapping[str, Any], key: str) -> float | None:
+    v = d.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def contexts(medians: Mapping[str, Any], peak: PeakResult, pp: int | None,
+             flops: FlopsResult | None = None) -> tuple[FlopsContext, TimerShares]:
+    """The FLOPs and timer context of a budget from a run summary's steady medians: FLOPs per GPU per
+    step = model TFLOP/s per GPU × step time (both measured over the same steps); core attention's
+    share of them from the formula's terms (``flops.breakdown``). With pipeline stages the exposed
+    communication the budget holds is the data-parallel part: the p2p waits are the pipeline's idle,
+    counted once, there."""
+    step, tflops = _num(medians, "step_time_ms"), _num(medians, "model_tflops_per_gpu")
+    per_gpu = tflops * 1e12 * step / 1e3 if step and tflops else None
+    attn = None
+    if per_gpu and flops is not None and flops.flops_per_iteration and flops.breakdown.get("core_attention"):
+        attn = per_gpu * flops.breakdown["core_attention"] / flops.flops_per_iteration
+    halved = flops is None or flops.formula != FORMULA_LEGACY
+    fl = FlopsContext(per_gpu, peak.peak_tflops, peak.measured_ceiling_tflops, attn, halved)
+    staged = bool(pp and pp > 1)
+    pipe = _num(medians, "pp_idle_max") if staged else 0.0
+    comm = _num(medians, "comm_exposed_dp_share" if staged else "comm_exposed_share")
+    if staged and comm is None and _num(medians, "comm_exposed_share") is not None:
+        comm = max(0.0, (_num(medians, "comm_exposed_share") or 0.0) - (_num(medians, "comm_exposed_pp_share")
+                                                                        or 0.0))
+    t = TimerShares(step, _num(medians, "data_share"), comm, pipe, _num(medians, "optimizer_ms"),
+                    _num(medians, "mfu"))
+    return fl, t
+
+
+def captured_iterations(device: Mapping[str, Any], iterations: int | None, step_ms: float | None
+                        ) -> tuple[float | None, str]:
+    """How many steps a captured span holds, and how that is known: the steps the trace marks
+    (torch.optim's or the profiler's step annotations), else what the capture asked for, else the span
+    over the steady step (an offline trace that marks none), at least one."""
+    marked = device.get("trace_steps")
+    if isinstance(marked, int) and not isinstance(marked, bool) and marked > 0:
+        return float(marked), "trace"
+    if iterations:
+        return float(iterations), "request"
+    span = _num(device, "span_ms")
+    return (max(1.0, round(span / step_ms)), "span") if span and step_ms else (None, "")
+
+
+def job_budget(medians: Mapping[str, Any], peak: PeakResult, pp: int | None,
+               timeline: TimelineClass | None, flops: FlopsResult | None = None) -> StepBudget | None:
+    """The job's budget: from the capture that informs it (with an Nsight Compute capture's kernel
+    figures on its parts), else from the timers alone."""
+    fl, timers = contexts(medians, peak, pp, flops)
+    if timeline is not None and timeline.device is not None:
+        n, how = captured_iterations(timeline.device, timeline.iterations, timers.step_ms)
+        b = from_capture(timeline.device, n, fl=fl, timers=timers, basis=timeline.source, steps_from=how)
+        if b is not None:
+            return with_ncu(b, timeline.ncu, timeline.ncu_id, timeline.ncu_kernels)
+    b = from_timers(timers, fl)
+    # No timeline, an ncu capture: its rows still say what the step's kernels do (issue 45 item 3: they
+    # lived only in /api/captures), on the undivided compute part.
+    if b is None or timeline is None:
+        return b
+    return with_ncu(b, timeline.ncu, timeline.ncu_id, timeline.ncu_kernels)
+
+
+# perfd.analytics.breakdown.kernels category of an ncu summary -> the budget part its kernels' time is in
+# (GEMMs:
+# the linear layers' part when the capture divided by op, else the GEMMs known by name)
+_NCU_PART = {kc.GEMM: Part.GEMM, kc.OPTIMIZER: Part.OPTIMIZER, kc.ELEMENTWISE: Part.POINTWISE,
+             kc.NORMALIZATION: Part.NORM, kc.REDUCTION: Part.POINTWISE, kc.OTHER: Part.POINTWISE}
+
+
+def _ncu_part(b: StepBudget, category: str) -> Part | None:
+    """The budget part an ncu category's kernel time is in (attention: the unfused part when there is
+    one, else the GEMMs, where fused attention is; the timers' budget: its undivided compute)."""
+    math = Part.LINEAR if b.get(Part.LINEAR) is not None else Part.GEMM
+    part = (Part.ATTENTION if b.get(Part.ATTENTION) is not None else math) \
+        if category == kc.ATTENTION else _NCU_PART.get(category)
+    if part is Part.GEMM:
+        part = math
+    if part is not None and b.get(part) is None and b.get(Part.COMPUTE) is not None:
+        part = Part.COMPUTE  # the timers' budget: its compute is not divided by kernel
+    return part
+
+
+def _kernel_part(b: StepBudget, k: Mapping[str, Any], unfused_attention: bool) -> Part | None:
+    """The part one ncu kernel's time is in: the part its name gives (as a capture divides kernels it
+    cannot charge to an op: perfd.analytics.breakdown.op_parts.kernel_part; a masked fill beside softmax
+    kernels
+    is attention's, a GELU the activation's) where the budget has that part, else its category's."""
+    name = str(k.get("timeline_name") or k.get("name") or "")
+    part = kernel_part(name, unfused_attention)
+    if part is not Part.GEMM and b.get(part) is not None:
+        return part
+    return _ncu_part(b, str(k.get("category") or kc.category(name)))
+
+
+def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id: str,
+             kernels: Sequence[Mapping[str, Any]] = ()) -> StepBudget:
+    """``b`` with each ncu category summary in the ``ncu`` detail of the part its kernels' time is in,
+    and that part's top kernels (perfd.analytics.ncu.kernel_rows.KernelRow JSON, from the capture's
+    joined rows ``kernels``) in its ``ncu_kernels`` detail."""
+    if not categories and not kernels:
+        return b
+    by: dict[Part, list[Mapping[str, Any]]] = {}
+    for c in categories:
+        part = _ncu_part(b, str(c.get("category") or ""))
+        if part is not None:
+            by.setdefault(part, []).append({**c, "capture": capture_id})
+    rows: dict[Part, list[Mapping[str, Any]]] = {}
+    unfused = any(kc.is_softmax(str(k.get("timeline_name") or k.get("name") or "")) for k in kernels)
+    for k in kernels:
+        part = _kernel_part(b, k, unfused)
+        if part is not None:
+            rows.setdefault(part, []).append(k)
+    parts = []
+    for p in b.parts:
+        detail = dict(p.detail)
+        if p.part in by:
+            detail["ncu"] = by[p.part]
+        if p.part in rows:
+            detail["ncu_kernels"] = [r.to_json() for r in kernel_rows(rows[p.part], p.ms, capture_id)]
+        parts.append(replace(p, detail=detail) if detail != p.detail else p)
+    return replace(b, parts=tuple(parts), sources=(*b.sources, Source.NCU) if Source.NCU not in b.sources
+                   else b.sources)
+
+
+@dataclass(frozen=True)
+class NcuRows:
+    """A job's latest finished Nsight Compute capture, as the budget reads it: its id, its per-category
+    summaries (perfd.analytics.ncu.join.CategorySummary JSON, with how the kernels were chosen) and its
+    joined kernel rows (JoinedKernel JSON as the capture's event carries them, each with ``joined_to``:
+    the timeline's capture id)."""
+
+    capture_id: str = ""
+    categories: tuple[Mapping[str, Any], ...] = ()
+    kernels: tuple[Mapping[str, Any], ...] = ()
+
+
+def ncu_of(captures: Sequence[Mapping[str, Any]]) -> NcuRows:
+    """The rows of a job's latest finished Nsight Compute capture (none: an empty NcuRows)."""
+    for c in sorted(captures, key=lambda c: c.get("finished_at") or 0.0, reverse=True):
+        result = c.get("result")
+        if c.get("tool") != "ncu" or c.get("status") != "finished" or not isinstance(result, Mapping):
+            continue
+        for part in (result.get("ranks") or {}).values():
+            cats = part.get("ncu_categories") if isinstance(part, Mapping) else None
+            if isinstance(cats, list) and cats:
+                # how the profiled kernels were chosen (by time or not) goes with each summary
+                choice = part.get("ncu_kernel_choice")
+                extra = {"kernel_choice": choice} if isinstance(choice, Mapping) else {}
+                joined_to = part.get("ncu_joined_to")  # the timeline's capture: each row says it
+                ks = part.get("ncu_kernels")
+                rows = [{**k, "joined_to": joined_to} for k in ks if isinstance(k, Mapping)] \
+                    if isinstance(ks, list) else []
+                return NcuRows(str(c.get("id") or ""),
+                               tuple({**x, **extra} for x in cats if isinstance(x, Mapping)), tuple(rows))
+    return NcuRows()
+
+
+def capture_timeline(capture: Mapping[str, Any]) -> TimelineClass | None:
+    """What a capture record (perfd.aggregator.captures JSON, its ``decided`` rank and device) gives the
+    job's analysis: the class it supports and the breakdown of the device that decided it."""
+    cls = BottleneckClass.of(capture.get("bottleneck"))
+    if cls is BottleneckClass.UNKNOWN:
+        return None
+    result, decided = capture.get("result"), capture.get("decided")
+    device = None
+    if isinstance(result, Mapping) and isinstance(decided, Mapping):
+        part = (result.get("ranks") or {}).get(str(decided.get("rank")))
+        devices = part.get("devices") if isinstance(part, Mapping) else None
+        device = next((d for d in devices or [] if isinstance(d, Mapping)
+                       and d.get("device") == decided.get("device")), None)
+    steps = capture.get("steps")
+    return TimelineClass(cls, str(capture.get("bottleneck_reason") or ""),
+                         f"capture {capture.get('id')} ({capture.get('tool')}, ranks {capture.get('ranks')})",
+                         device, steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
+                         str(capture.get("id") or ""))

@@ -1,0 +1,2 @@
+"""What the collectives did: per-rank timings, groups, bandwidth, windows, hangs.
+"""

@@ -1,0 +1,387 @@
+"""Communication analytics from collective records (Flight Recorder, NCCL Inspector). Pure.
+
+**Total communication share** (DESIGN.md §2: union of collective/p2p time ÷ iteration time), per
+rank, per iteration and per parallel group. Each Flight Recorder record with a duration (the job
+set ``TORCH_NCCL_ENABLE_TIMING=1``) becomes an interval, mapped to a rank's iteration window by its
+enqueue time (:mod:`perfd.analytics.collectives.windows` says how). The share of a window is the
+length of the union of the intervals enqueued in it ÷ the window length; only windows the records
+cover count. Without step records with end times, one number per rank: the union ÷ the span the
+records cover (``observation_window``). The method is always in the output.
+
+**Bus bandwidth** of large ops (≥ 64 MiB, where it is meaningful) per group, against the link the
+group crosses: :mod:`perfd.analytics.collectives.bandwidth` (ops it cannot credit are counted in
+``bandwidth_rejected`` and never exported).
+
+**Wait asymmetry**: for the same (group, sequence number) on every member, the rank with the
+shortest duration arrived last: the others waited for it. Per rank: how often it was last.
+
+**Hangs**: :mod:`perfd.analytics.collectives.hangs`. The settings: :class:`CollectiveConfig`
+(:mod:`perfd.analytics.collectives.config`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics.collectives.bandwidth import GroupBandwidth, group_bandwidth
+from perfd.analytics.collectives.config import FR, CollectiveConfig
+from perfd.analytics.collectives.groups import classify_group, world_size_from
+from perfd.analytics.collectives.hangs import HangView, merge_hangs, progress_of
+from perfd.analytics.collectives.windows import StepWindow, rank_timeline, step_windows, union_ns
+from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
+from perfd.hang_fact import HangEvent
+from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
+
+DP_SHARE_HIGH = 0.2  # DESIGN.md playbook: DP all-reduce > 20% of the step
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return float(statistics.median(xs)) if xs else None
+
+
+@dataclass
+class IterationComm:
+    iteration: int
+    n_iterations: int
+    window_ms: float | None  # median over ranks
+    share: float | None  # median over ranks
+    share_by_rank: dict[int, float]
+    by_group: dict[str, float]  # group class -> median over ranks
+    excluded: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "n_iterations": self.n_iterations, "window_ms": self.window_ms,
+                "share": self.share,
+                "share_by_rank": {str(r): v for r, v in sorted(self.share_by_rank.items())},
+                "by_group": self.by_group, "excluded": self.excluded}
+
+
+@dataclass
+class RankWait:
+    rank: int
+    ops: int = 0  # collectives with every member's duration known
+    decisive: int = 0  # of those, with a clear spread between ranks
+    last: int = 0  # decisive ops where this rank had the shortest duration (arrived last)
+    expected_last: float = 0.0  # Σ 1/group size over its decisive ops: "last" by chance
+    wait_imposed_ms: float = 0.0  # Σ (median duration of the others − its own) when last
+
+    @property
+    def last_share(self) -> float | None:
+        return self.last / self.decisive if self.decisive else None
+
+    def flagged(self, min_ops: int) -> bool:
+        share = self.last_share
+        if share is None or self.decisive < min_ops:
+            return False
+        e = self.expected_last / self.decisive
+        return share >= min(0.9, max(2 * e, e + 0.3))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "ops": self.ops, "decisive": self.decisive, "last": self.last,
+                "last_share": self.last_share,
+                "expected_last_share": self.expected_last / self.decisive if self.decisive else None,
+                "mean_wait_imposed_ms": self.wait_imposed_ms / self.last if self.last else None}
+
+
+@dataclass
+class CollectiveAnalysis:
+    job: str
+    n_records: int
+    sources: dict[str, int]
+    timing: bool  # some Flight Recorder record carries a duration
+    method: str  # "step_windows" | "observation_window" | "none"
+    method_detail: str
+    groups: list[dict[str, Any]]
+    iterations: list[IterationComm]
+    comm_total_share: float | None
+    comm_share_by_rank: dict[int, float]
+    comm_share_by_group: dict[str, float]
+    weighted_share: float | None
+    n_windows: int
+    bandwidth: list[GroupBandwidth]
+    waits: list[RankWait]
+    hangs: list[HangView]
+    findings: list[Finding] = field(default_factory=list)
+    recommendations: list[Recommendation] = field(default_factory=list)
+    absent_reason: str | None = None
+    # large ops left out of the bandwidth, by reason: "single_rank_group", "not_credible"
+    bandwidth_rejected: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def active_hangs(self) -> int:
+        return sum(1 for h in self.hangs if h.active)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job, "records": self.n_records, "sources": self.sources, "timing": self.timing,
+            "method": {"name": self.method, "detail": self.method_detail},
+            "summary": {"comm_total_share": self.comm_total_share,
+                        "comm_share_by_rank": {str(r): v for r, v in sorted(self.comm_share_by_rank.items())},
+                        "comm_share_by_group": self.comm_share_by_group,
+                        "weighted_share": self.weighted_share, "windows": self.n_windows,
+                        "absent_reason": self.absent_reason, "active_hangs": self.active_hangs},
+            "groups": self.groups,
+            "iterations": [it.to_json() for it in self.iterations],
+            "bandwidth": [b.to_json() for b in self.bandwidth],
+            "bandwidth_rejected": dict(self.bandwidth_rejected),
+            "waits": [w.to_json() for w in self.waits],
+            "hangs": [h.to_json() for h in self.hangs],
+            "findings": [f.to_json() for f in self.findings],
+            "recommendations": [vars(r) for r in self.recommendations],
+        }
+
+
+def analyze_collectives(job: str, records: Sequence[CollectiveRecord], steps: Sequence[StepRecord] = (),
+                        *, layout: ParallelLayout | None = None, rank_nodes: Mapping[int, str] | None = None,
+                        gpu_name: str | None = None, hang_events: Sequence[HangEvent] = (),
+                        config: CollectiveConfig | None = None) -> CollectiveAnalysis:
+    """Everything above for one job. ``rank_nodes``: rank -> node name (where known)."""
+    cfg = config or CollectiveConfig()
+    nodes = dict(rank_nodes or {})
+    sources: dict[str, int] = {}
+    for r in records:
+        sources[r.source] = sources.get(r.source, 0) + 1
+    world = (layout.world_size if layout else None) or world_size_from(
+        (r.pg_ranks for r in records), (r.rank for r in records))
+    cls_cache: dict[tuple[tuple[int, ...] | None, str | None], tuple[str, str]] = {}
+    cls: dict[int, str] = {}
+    groups: dict[tuple[str, tuple[int, ...] | None], dict[str, Any]] = {}
+    for r in records:
+        key = (tuple(r.pg_ranks) if r.pg_ranks else None, r.pg_desc)
+        c = cls_cache.get(key)
+        if c is None:
+            c = cls_cache[key] = classify_group(r.pg_ranks, layout, world, r.pg_desc, cfg.order)
+        cls[id(r)] = c[0]
+        g = groups.setdefault((r.pg_name or r.comm_id or "?", key[0]), {
+            "name": r.pg_name or r.comm_id, "desc": r.pg_desc, "ranks": list(key[0]) if key[0] else None,
+            "class": c[0], "how": c[1], "records": 0, "ops": {}})
+        g["records"] += 1
+        g["ops"][r.op] = g["ops"].get(r.op, 0) + 1
+    timed = [r for r in records if r.source == FR and r.duration_ms is not None
+             and r.time_created_ns is not None and r.rank is not None]
+    out = CollectiveAnalysis(job=job, n_records=len(records), sources=sources, timing=bool(timed),
+                             method="none", method_detail="", groups=list(groups.values())[:64],
+                             iterations=[], comm_total_share=None, comm_share_by_rank={},
+                             comm_share_by_group={}, weighted_share=None, n_windows=0, bandwidth=[],
+                             waits=[], hangs=[])
+    _shares(out, timed, cls, steps, cfg)
+    out.bandwidth = group_bandwidth(records, cls, nodes, gpu_name, cfg, out.bandwidth_rejected)
+    out.waits = _waits(timed)
+    out.hangs = merge_hangs(hang_events, progress_of(records))
+    out.findings, out.recommendations = _findings(out, groups, nodes, cfg)
+    return out
+
+
+def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Mapping[int, str],
+            steps: Sequence[StepRecord], cfg: CollectiveConfig) -> None:
+    if not timed:
+        out.absent_reason = ("no Flight Recorder durations: the job runs without TORCH_NCCL_ENABLE_TIMING=1 "
+                             "(`perfd launch --fr-timing`; opt-in, see PyTorch issue 143890 for its cost)"
+                             if out.sources.get(FR) else "no Flight Recorder records")
+        return
+    by_rank: dict[int, list[CollectiveRecord]] = {}
+    for r in timed:
+        by_rank.setdefault(r.rank or 0, []).append(r)
+    rank_windows, job_windows = step_windows(steps)
+    per_it: dict[int, dict[int, tuple[float, float, dict[str, float], int, str | None]]] = {}
+    rank_share: dict[int, float] = {}
+    rank_weighted: dict[int, float] = {}
+    rank_group: dict[int, dict[str, float]] = {}
+    observed: dict[int, tuple[float, dict[str, float]]] = {}
+    for rank, recs in by_rank.items():
+        tl = rank_timeline(recs, cls)
+        windows = rank_windows.get(rank) or job_windows
+        used: list[tuple[StepWindow, int, dict[str, int]]] = []
+        for w in windows:
+            if not tl.complete(w):
+                continue
+            comm, by = tl.window(w)
+            span = w.end_ns - w.start_ns
+            shares = {c: v / span for c, v in by.items()}
+            per_it.setdefault(w.iteration, {})[rank] = (comm / span, w.ms, shares, w.n_iterations, w.excluded)
+            if w.excluded is None:
+                used.append((w, comm, by))
+        if windows:
+            recent = used[-cfg.recent_windows:]
+            if recent:
+                spans = [w.end_ns - w.start_ns for w, _, _ in recent]
+                pairs = list(zip(recent, spans, strict=True))
+                rank_share[rank] = _median([c / sp for (_, c, _), sp in pairs]) or 0.0
+                rank_weighted[rank] = sum(c for _, c, _ in recent) / sum(spans)
+                seen = {c for _, _, by in recent for c in by}
+                rank_group[rank] = {c: _median([by.get(c, 0) / sp for (_, _, by), sp in pairs]) or 0.0
+                                    for c in sorted(seen)}
+                out.n_windows = max(out.n_windows, len(recent))
+            continue
+        span_ns = max(e for _, e, _ in tl.ivs) - tl.created[0]
+        if span_ns > 0:
+            comm_ns = union_ns((s, e) for s, e, _ in tl.ivs)
+            by_c: dict[str, list[tuple[int, int]]] = {}
+            for s, e, c in tl.ivs:
+                by_c.setdefault(c, []).append((s, e))
+            observed[rank] = (comm_ns / span_ns, {c: union_ns(v) / span_ns for c, v in by_c.items()})
+    if rank_share:
+        out.method = "step_windows"
+        out.method_detail = (
+            "collectives mapped to iterations by enqueue time (Flight Recorder time_created_ns) between the "
+            "end times of consecutive step records (the rank's own hook records where present, else the "
+            "job's); per window: union of [start, start + duration_ms] with start = enqueue time or the end "
+            "of the previous op of the same process group, whichever is later, ÷ window length; windows the "
+            "records do not cover are left out; summary = median over each rank's latest "
+            f"{cfg.recent_windows} complete windows (warm-up and capture windows excluded), then median "
+            "over ranks")
+        out.comm_share_by_rank = rank_share
+        out.comm_total_share = _median(list(rank_share.values()))
+        out.weighted_share = _median(list(rank_weighted.values()))
+        classes = sorted({c for g in rank_group.values() for c in g})
+        out.comm_share_by_group = {c: _median([g.get(c, 0.0) for g in rank_group.values()]) or 0.0
+                                   for c in classes}
+    elif observed:
+        out.method = "observation_window"
+        out.method_detail = ("no step records with end times: per rank, union of its collectives' "
+                             "[start, start + duration_ms] ÷ the span they cover (first enqueue to last "
+                             "end); one number per rank, not per iteration; then median over ranks")
+        out.comm_share_by_rank = {r: v[0] for r, v in observed.items()}
+        out.comm_total_share = _median([v[0] for v in observed.values()])
+        classes = sorted({c for v in observed.values() for c in v[1]})
+        out.comm_share_by_group = {c: _median([v[1].get(c, 0.0) for v in observed.values()]) or 0.0
+                                   for c in classes}
+    else:
+        out.absent_reason = "no step window is covered by the collective records yet"
+    for it in sorted(per_it)[-cfg.max_iterations_out:]:
+        rows = per_it[it]
+        classes = sorted({c for v in rows.values() for c in v[2]})
+        out.iterations.append(IterationComm(
+            iteration=it, n_iterations=max(v[3] for v in rows.values()),
+            window_ms=_median([v[1] for v in rows.values()]), share=_median([v[0] for v in rows.values()]),
+            share_by_rank={r: v[0] for r, v in rows.items()},
+            by_group={c: _median([v[2].get(c, 0.0) for v in rows.values()]) or 0.0 for c in classes},
+            excluded=next((v[4] for v in rows.values() if v[4]), None)))
+
+
+def _waits(timed: Sequence[CollectiveRecord]) -> list[RankWait]:
+    ops: dict[tuple[str, int], dict[int, CollectiveRecord]] = {}
+    for r in timed:
+        if r.is_p2p or r.collective_seq_id is None or r.pg_name is None or r.rank is None:
+            continue
+        ops.setdefault((r.pg_name, r.collective_seq_id), {})[r.rank] = r
+    waits: dict[int, RankWait] = {}
+    for members in ops.values():
+        if len(members) < 2:
+            continue
+        size = next(iter(members.values())).group_size
+        if size is not None and len(members) < size:
+            continue  # a member's record is missing: the shortest present may not be the last
+        durs = {rank: r.duration_ms or 0.0 for rank, r in members.items()}
+        lo_rank = min(durs, key=lambda k: durs[k])
+        lo, hi = durs[lo_rank], max(durs.values())
+        decisive = hi - lo >= max(0.05, 0.1 * lo)
+        for rank in durs:
+            w = waits.setdefault(rank, RankWait(rank))
+            w.ops += 1
+            if decisive:
+                w.decisive += 1
+                w.expected_last += 1.0 / len(durs)
+        if decisive:
+            w = waits[lo_rank]
+            w.last += 1
+            others = [d for k, d in durs.items() if k != lo_rank]
+            w.wait_imposed_ms += float(statistics.median(others)) - lo
+    return [waits[r] for r in sorted(waits)]
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _findings(a: CollectiveAnalysis, groups: Mapping[Any, Mapping[str, Any]], nodes: Mapping[int, str],
+              cfg: CollectiveConfig) -> tuple[list[Finding], list[Recommendation]]:
+    f: list[Finding] = []
+    r: list[Recommendation] = []
+    src = "collectors/nccl (Flight Recorder)"
+    for h in a.hangs:
+        fid = f"collective-hang-{h.process_group}-{h.seq}"
+        f.append(Finding(fid, Severity.CRITICAL if h.active else Severity.INFO,
+                         ("Collective hang: " if h.active else "Collective stalled, then completed: ")
+                         + f"{h.op} #{h.seq} on group {h.process_group}", h.text(), h.to_json(), "",
+                         "collectors/nccl hang detection (every agent's Flight Recorder dumps, merged)"))
+        if h.active:
+            who = ",".join(map(str, h.ranks_not_joined or h.ranks_unknown)) or "?"
+            r.append(Recommendation("", fid, 0, f"Find out what rank(s) {who} are doing instead of "
+                                    f"joining {h.op} #{h.seq} (their log, `py-spy dump`, a slow data loader "
+                                    "or a diverging code path); the other ranks wait inside NCCL",
+                                    h.user_frame or "", 1.0))
+    if a.comm_total_share is not None:
+        by_share = sorted(a.comm_share_by_group.items(), key=lambda x: -x[1])
+        parts = ", ".join(f"{c} {_pct(v)}" for c, v in by_share)
+        per = "the step" if a.method == "step_windows" else "the observed time"
+        f.append(Finding("comm-total-share", Severity.INFO,
+                         f"Total communication {_pct(a.comm_total_share)} of {per}",
+                         f"Union of collective time ÷ {per}, median over ranks: {_pct(a.comm_total_share)}"
+                         f" (by group: {parts or 'n/a'}). Method: {a.method}. Total, not exposed: "
+                         "overlapped communication is included. Flight Recorder durations start when "
+                         "a collective is ready on its NCCL stream, so they include any wait of its "
+                         "kernel to start (e.g. for SMs held by overlapping compute): an upper bound of "
+                         "the kernels' own time (2×H200 DDP: 7–10 points above the timeline).",
+                         {"comm_total_share": a.comm_total_share, "by_group": a.comm_share_by_group,
+                          "by_rank": {str(k): v for k, v in a.comm_share_by_rank.items()},
+                          "windows": a.n_windows, "method": a.method},
+                         f"{a.n_windows} windows per rank" if a.n_windows else "", src))
+        dp = a.comm_share_by_group.get("dp")
+        if dp is not None and dp > DP_SHARE_HIGH:
+            f.append(Finding("comm-dp-high", Severity.WARNING,
+                             f"Data-parallel communication {_pct(dp)} of the step",
+                             f"DP collectives take {_pct(dp)} of each step (total, overlapped or not); "
+                             f"> {DP_SHARE_HIGH:.0%} is the playbook's threshold.", {"dp_share": dp}, "",
+                             src))
+            r.append(Recommendation("", "comm-dp-high", 0, "Reduce or hide the gradient reduction: more "
+                                    "gradient accumulation per optimizer step, and overlap grad reduce with "
+                                    "backward (DDP buckets / Megatron --overlap-grad-reduce)",
+                                    "compare with the exposed share (perfd_job_comm_exposed_dp_ratio)", dp))
+    elif a.absent_reason:
+        f.append(Finding("comm-total-absent", Severity.INFO, "Total communication share not available",
+                         a.absent_reason, {"records": a.n_records}, "", src))
+    for b in a.bandwidth:
+        ratio = b.ratio
+        if ratio is None or ratio >= cfg.low_bandwidth_fraction:
+            continue
+        fid = f"collective-bandwidth-{b.group}-{b.scope}"
+        f.append(Finding(fid, Severity.WARNING,
+                         f"{b.group} collectives at {_pct(ratio)} of the {b.scope} link",
+                         f"{b.n_ops} ops ≥ {cfg.min_bandwidth_bytes >> 20} MiB on {b.group} groups reach a "
+                         f"median {b.median_busbw_gbs:.0f} GB/s bus bandwidth (max {b.max_busbw_gbs:.0f}) "
+                         f"against ~{b.capability_gbs:.0f} GB/s for {b.link} ({b.link_how}).", b.to_json(),
+                         "", b.source))
+        r.append(Recommendation("", fid, 0, f"Check the {b.scope} path of the {b.group} groups: NCCL "
+                                "topology (NCCL_DEBUG=INFO: which transport, P2P/NVLink or a socket "
+                                "fallback), link errors, other traffic on the links; run nccl-tests between "
+                                "the same GPUs",
+                                "", 0.5 * (1 - ratio)))
+    for g in groups.values():
+        if g["class"] != "tp" or not g["ranks"]:
+            continue
+        hosts = {nodes[x] for x in g["ranks"] if x in nodes}
+        if len(hosts) > 1:
+            f.append(Finding("tp-spans-nodes", Severity.WARNING, "Tensor-parallel group spans nodes",
+                             f"TP group {g['name']} (ranks {g['ranks']}) runs on {len(hosts)} nodes: every "
+                             "layer's TP collectives cross the network.", {"group": g}, "", src))
+            r.append(Recommendation("", "tp-spans-nodes", 0, "Keep tensor parallelism within the NVLink "
+                                    "domain (TP ≤ GPUs per node; use PP or DP across nodes)", "", 0.8))
+            break
+    flagged = [w for w in a.waits if w.flagged(cfg.straggler_min_ops)]
+    for w in flagged:
+        fid = f"collective-last-rank-{w.rank}"
+        f.append(Finding(fid, Severity.WARNING, f"Rank {w.rank} arrives last at collectives",
+                         f"Rank {w.rank} had the shortest collective duration (the others waited for it) in "
+                         f"{w.last}/{w.decisive} ({_pct(w.last_share)}) collectives with a clear spread, "
+                         f"against {_pct(w.expected_last / w.decisive)} by chance.", w.to_json(), "", src))
+        r.append(Recommendation("", fid, 0, f"Check rank {w.rank}: GPU health (clocks, throttling, XID, "
+                                "another process on its GPU), its data loading and uneven work", "", 0.3))
+    f.sort(key=lambda x: SEVERITY_ORDER.get(x.severity, 3))
+    r.sort(key=lambda x: -(x.impact if x.impact is not None else -1.0))
+    for i, rec in enumerate(r, start=1):
+        rec.priority, rec.id = i, f"C{i}"
+    return f, r

@@ -1,0 +1,136 @@
+"""Step windows and per-rank collective timelines for the communication share (pure): the matching
+of collectives to iterations that :mod:`perfd.analytics.collectives.analysis` computes its shares over.
+Apart because it is interval bookkeeping with no notion of groups, links or findings.
+
+A rank's iteration N is the window between the end times of its step records N-1 and N (the hook's
+per-rank records, else the job's records, e.g. Megatron's iteration lines; both are host wall-clock
+like ``time_created_ns``). Each Flight Recorder record with a duration becomes an interval
+``[start, start + duration_ms]`` where ``start`` is its enqueue time (``time_created_ns``), or the
+end of the previous op of the same process group (they run in order on that group's NCCL stream),
+whichever is later; it belongs to the window it was enqueued in. A window counts only when the
+records cover it (collectives enqueued before and after it, no sequence gap across it: the ring may
+wrap between dumps).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from perfd.model import CollectiveRecord, StepRecord
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    iteration: int
+    start_ns: int
+    end_ns: int
+    n_iterations: int  # iterations the window spans (> 1 when step records are sparse)
+    excluded: str | None = None  # "warmup" | "capture": kept out of the summary
+
+    @property
+    def ms(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e6
+
+
+def step_windows(steps: Iterable[StepRecord]) -> tuple[dict[int, list[StepWindow]], list[StepWindow]]:
+    """(per-rank windows from records of one rank, job windows from "last"/"all" records)."""
+    per_rank: dict[int, dict[int, StepRecord]] = {}
+    job: dict[int, StepRecord] = {}
+    for s in steps:
+        if s.end_time is None:
+            continue
+        if isinstance(s.rank, int):
+            per_rank.setdefault(s.rank, {})[s.iteration] = s
+        else:
+            cur = job.get(s.iteration)
+            if cur is None or (cur.end_time or 0.0) < s.end_time:
+                job[s.iteration] = s
+    return {r: _windows(v) for r, v in per_rank.items()}, _windows(job)
+
+
+def _windows(by_it: Mapping[int, StepRecord]) -> list[StepWindow]:
+    out: list[StepWindow] = []
+    its = sorted(by_it)
+    for a, b in itertools.pairwise(its):
+        ra, rb = by_it[a], by_it[b]
+        start, end = round((ra.end_time or 0.0) * 1e9), round((rb.end_time or 0.0) * 1e9)
+        if end <= start:
+            continue
+        excluded = ("warmup" if rb.fields.get("warmup") == "true"
+                    else "capture" if rb.disturbed_by_capture else None)
+        out.append(StepWindow(b, start, end, b - a, excluded))
+    return out
+
+
+def union_ns(ivs: Iterable[tuple[int, int]]) -> int:
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(ivs):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None and cur_s is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    if cur_e is not None and cur_s is not None:
+        total += cur_e - cur_s
+    return total
+
+
+@dataclass
+class RankTimeline:
+    created: list[int]  # sorted enqueue times
+    ivs: list[tuple[int, int, str]]  # (start, end, group class), in the order of ``created``
+    gaps: list[tuple[int, int]]  # enqueue-time spans where sequence numbers are missing
+
+    def complete(self, w: StepWindow) -> bool:
+        if not self.created or w.start_ns < self.created[0] or w.end_ns > self.created[-1]:
+            return False
+        return not any(a < w.end_ns and b > w.start_ns for a, b in self.gaps)
+
+    def window(self, w: StepWindow) -> tuple[int, dict[str, int]]:
+        lo = bisect.bisect_right(self.created, w.start_ns)
+        hi = bisect.bisect_right(self.created, w.end_ns)
+        sel = self.ivs[lo:hi]
+        by: dict[str, list[tuple[int, int]]] = {}
+        for s, e, c in sel:
+            by.setdefault(c, []).append((s, e))
+        return union_ns((s, e) for s, e, _ in sel), {c: union_ns(v) for c, v in by.items()}
+
+
+def rank_timeline(recs: Sequence[CollectiveRecord], cls: Mapping[int, str]) -> RankTimeline:
+    """``cls``: id(record) -> group class."""
+    queues: dict[tuple[int | None, bool, int | None], list[CollectiveRecord]] = {}
+    seqs: dict[tuple[int | None, bool], list[tuple[int, int]]] = {}
+    for r in recs:
+        seq = r.p2p_seq_id if r.is_p2p else r.collective_seq_id
+        queues.setdefault((r.pg_id, r.is_p2p, r.peer if r.is_p2p else None), []).append(r)
+        if seq is not None and r.time_created_ns is not None:
+            seqs.setdefault((r.pg_id, r.is_p2p), []).append((seq, r.time_created_ns))
+    items: list[tuple[int, int, int, str]] = []
+    for q in queues.values():
+        q.sort(key=lambda r: ((r.p2p_seq_id if r.is_p2p else r.collective_seq_id) or 0,
+                              r.time_created_ns or 0))
+        prev_end, prev_seq = None, None
+        for r in q:
+            created, dur = r.time_created_ns or 0, r.duration_ms or 0.0
+            seq = r.p2p_seq_id if r.is_p2p else r.collective_seq_id
+            # Ops of one group run in order on its stream: an op starts after the previous one ends.
+            start = created if prev_end is None or seq is None or prev_seq is None or seq != prev_seq + 1 \
+                else max(created, prev_end)
+            if r.is_p2p and prev_end is not None:
+                start = max(created, prev_end)  # p2p: one stream per peer pair, sequence shared
+            end = start + round(dur * 1e6)
+            items.append((created, start, end, cls.get(id(r), "other")))
+            prev_end, prev_seq = end, seq
+    items.sort()
+    gaps: list[tuple[int, int]] = []
+    for lst in seqs.values():
+        lst.sort()
+        for (s0, t0), (s1, t1) in itertools.pairwise(lst):
+            if s1 > s0 + 1:
+                gaps.append((min(t0, t1), max(t0, t1)))
+    return RankTimeline([c for c, _, _, _ in items], [(s, e, c) for _, s, e, c in items], gaps)
+

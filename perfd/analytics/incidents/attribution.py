@@ -1,0 +1,172 @@
+"""Join ranks with the state of their GPUs: where each rank runs, and why a slow one may be slow.
+
+Pure: the aggregator hands in what the agents reported (process lists with the rank each process
+declares in its environment, and the latest NVML values of each GPU). A rank whose GPU cannot be
+named stays unplaced; nothing is inferred from GPU indices or rank order.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics import thresholds as th
+from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, causal_key
+from perfd.analytics.incidents.verdict_text import missing_text, sentence
+
+GpuKey = tuple[str, str]  # (node, gpu index)
+
+# Throttle reasons that slow a GPU down (gpu_idle and applications_clocks are not slowdowns), and
+# those of them the hardware asserts (a fault or an emergency brake, above any software limit).
+SLOWING_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake",
+                   "sync_boost")
+HARDWARE_REASONS = ("hw_slowdown", "hw_thermal", "hw_power_brake")
+CLOCK_DROP_RATIO = th.CLOCK_DROP_RATIO.value
+HOT_DELTA_C = th.HOT_DELTA_C.value
+POWER_AT_LIMIT = th.POWER_AT_LIMIT.value
+# The GPU values gpu_hints reads (besides the throttle flags): a caller may fetch only these.
+HINT_SERIES = ("perfd_gpu_sm_clock_hertz", "perfd_gpu_power_watts", "perfd_gpu_power_limit_watts",
+               "perfd_gpu_temperature_celsius", "perfd_gpu_utilization_ratio")
+
+
+@dataclass
+class RankPlacement:
+    rank: int
+    node: str
+    gpu: str
+    pid: int
+    local_rank: int | None = None
+    world_size: int | None = None
+
+
+@dataclass
+class GpuHint:
+    """What a rank's GPU shows against the job's other GPUs: typed evidence (``items``), and the
+    numbers read (``evidence``). ``observations`` are the items' sentences, for display only."""
+
+    rank: int
+    node: str | None
+    gpu: str | None
+    items: list[Evidence] = field(default_factory=list)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    placed: bool = True
+
+    @property
+    def observations(self) -> list[str]:
+        if not self.placed:
+            return [missing_text(Missing.RANK_PLACEMENT)]
+        if not self.items:
+            return ["its GPU looks like the others (clock, throttling, temperature, no other process): look "
+                    "at its data loading or host instead"]
+        return [sentence(e) for e in self.items]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "gpu": self.gpu, "placed": self.placed,
+                "observations": self.observations, "evidence": dict(self.evidence),
+                "items": [e.to_json() for e in self.items]}
+
+
+def place_ranks(processes: Mapping[GpuKey, Sequence[Mapping[str, Any]]],
+                world_size: int | None = None, job: str | None = None) -> dict[int, RankPlacement]:
+    """rank -> placement from the per-GPU process lists. Processes that declare another world size
+    (with ``world_size`` given) or another job (``job`` given; PERFD_JOB in their environment) belong
+    to another job and are not placed: on a shared GPU they stay foreign processes."""
+    out: dict[int, RankPlacement] = {}
+    for (node, gpu), procs in sorted(processes.items()):
+        for p in procs:
+            rank = p.get("rank")
+            if not isinstance(rank, int):
+                continue
+            declared = p.get("job")
+            if job is not None and isinstance(declared, str) and declared and declared != job:
+                continue
+            ws = p.get("world_size")
+            if world_size is not None and isinstance(ws, int) and ws != world_size:
+                continue
+            out[rank] = RankPlacement(rank, node, gpu, int(p["pid"]), p.get("local_rank"), ws)
+    return out
+
+
+def foreign_processes(placement: RankPlacement,
+                      procs: Sequence[Mapping[str, Any]],
+                      job_pids: Iterable[int]) -> list[Mapping[str, Any]]:
+    """Processes on a rank's GPU that are not ranks of this job (a co-tenant, a stray notebook).
+    ``job_pids`` as a set is used as it is: a caller asking for every rank passes one set, not a
+    copy per rank (8,000 ranks: 8,000 copies of 8,000 pids per call)."""
+    mine = job_pids if isinstance(job_pids, (set, frozenset)) else set(job_pids)
+    return [p for p in procs if int(p.get("pid", -1)) not in mine]
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    xs = [v for v in values if v is not None]
+    return statistics.median(xs) if xs else None
+
+
+def gpu_hints(candidates: Sequence[int], placements: Mapping[int, RankPlacement],
+              gpu_values: Mapping[GpuKey, Mapping[str, float]],
+              throttles: Mapping[GpuKey, Sequence[str]],
+              processes: Mapping[GpuKey, Sequence[Mapping[str, Any]]],
+              now: float | None = None) -> list[GpuHint]:
+    """For each candidate (a straggler or slow rank), what its GPU shows against the job's other
+    GPUs, as typed evidence seen at ``now``: another process, throttle reasons (hardware slowdown,
+    thermal, power cap), a temperature well above the others, a lower SM clock."""
+    job_gpus = {(p.node, p.gpu) for p in placements.values()}
+    job_pids = frozenset(p.pid for p in placements.values())  # once, for every candidate
+    med_clock = _median(gpu_values.get(k, {}).get("perfd_gpu_sm_clock_hertz") for k in job_gpus)
+    med_temp = _median(gpu_values.get(k, {}).get("perfd_gpu_temperature_celsius") for k in job_gpus)
+    hints = []
+    for rank in candidates:
+        pl = placements.get(rank)
+        if pl is None:
+            hints.append(GpuHint(rank, None, None, placed=False))
+            continue
+        key = (pl.node, pl.gpu)
+        vals = gpu_values.get(key, {})
+        h = GpuHint(rank, pl.node, pl.gpu, evidence={"pid": pl.pid, **{
+            k: vals[k] for k in HINT_SERIES if k in vals}})
+
+        def add(kind: EvidenceKind, worst: float | None, key_: str = "", **detail: Any) -> None:
+            h.items.append(Evidence(kind, h.rank, key_, worst, now, now, 1,  # noqa: B023 (called at once)
+                                    {"node": h.node, "gpu": h.gpu, **detail}))  # noqa: B023
+
+        for p in foreign_processes(pl, processes.get(key, ()), job_pids):
+            mem = p.get("used_memory_bytes")
+            add(EvidenceKind.FOREIGN_PROCESS, float(mem) if isinstance(mem, (int, float)) else None,
+                str(p.get("pid")), **{k: p.get(k) for k in ("pid", "cmdline", "name", "user",
+                                                             "used_memory_bytes") if p.get(k) is not None})
+        reasons = [r for r in throttles.get(key, ()) if r in SLOWING_REASONS]
+        if reasons:
+            h.evidence["throttle_reasons"] = reasons
+        hw = [r for r in reasons if r in HARDWARE_REASONS]
+        if hw:
+            add(EvidenceKind.HW_SLOWDOWN, float(len(hw)), ",".join(hw), reasons=hw)
+        temp = vals.get("perfd_gpu_temperature_celsius")
+        hot = (temp is not None and med_temp is not None and len(job_gpus) > 1
+               and temp >= med_temp + HOT_DELTA_C)
+        if "sw_thermal" in reasons or hot:
+            add(EvidenceKind.THERMAL, temp, reasons=[r for r in reasons if r == "sw_thermal"],
+                median_celsius=med_temp if len(job_gpus) > 1 else None)
+        power, limit = vals.get("perfd_gpu_power_watts"), vals.get("perfd_gpu_power_limit_watts")
+        # The flag alone is no cap that slows anything: NVML raises it for a moment on a GPU far below
+        # its limit (seen: 309 W of 700 W in a data-loader stall). A cap is the GPU at its limit.
+        at_limit = power is None or not limit or power >= POWER_AT_LIMIT * limit
+        if "sw_power_cap" in reasons and at_limit:
+            add(EvidenceKind.POWER_CAP, power, power_limit_watts=limit)
+        clock = vals.get("perfd_gpu_sm_clock_hertz")
+        if clock is not None and med_clock and len(job_gpus) > 1 and clock < CLOCK_DROP_RATIO * med_clock:
+            add(EvidenceKind.CLOCK_DROP, clock, median_hertz=med_clock)
+        h.items.sort(key=causal_key)
+        hints.append(h)
+    return hints
+
+
+def xid_evidence(rank: int, before: float | None, now_count: float | None, xid_last: float | None,
+                 now: float | None) -> Evidence | None:
+    """An XID error on a rank's GPU *during* an incident: its count rose since ``before`` (an old
+    XID from before the incident is history, not this incident's cause)."""
+    if before is None or now_count is None or now_count <= before:
+        return None
+    return Evidence(EvidenceKind.XID, rank, "xid", xid_last, now, now, 1,
+                    {"xid_errors": now_count - before, "xid_last": xid_last})

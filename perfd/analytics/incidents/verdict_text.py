@@ -1,0 +1,439 @@
+"""Sentences for typed evidence and verdicts (perfd.analytics.incidents.evidence): the one place they become
+English. Nothing reads these sentences back: decisions are made on the typed values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, StallReason, Verdict
+from perfd.analytics.incidents.host_evidence import CpuRoom, CpuUse
+
+# One action for slow data, whether an incident's verdict or the run's data share asks for it: the
+# report merges recommendations with the same action (perfd.analytics.advice.findings.order_findings). Which
+# one depends on the rank's CPUs (collectors/ranks, perfd.analytics.incidents.host_evidence.cpu_use): with
+# room,
+# more workers load more batches at once; full, another worker only shares the same CPUs. The texts
+# carry no numbers so that they merge; the numbers go in the detail (:func:`cpu_use_text`).
+DATA_LOADING_ACTION = ("Speed up data loading: more data-loader workers, pinned memory, prefetch; check "
+                       "the storage the data comes from")
+DATA_MORE_WORKERS_ACTION = ("Speed up data loading: more data-loader workers (the rank's CPUs have room), "
+                            "pinned memory, prefetch; check the storage the data comes from")
+DATA_CPU_BOUND_ACTION = ("Make each batch cheaper to load: the rank's CPUs are full, so more data-loader "
+                         "workers would only share them; cheaper transforms (decode and augment once, "
+                         "offline, or on the GPU) or more CPUs for the job")
+
+
+def data_loading_action(use: CpuUse | None) -> str:
+    """The data-loading action that fits the rank's CPUs (unknown: the general one)."""
+    if use is None:
+        return DATA_LOADING_ACTION
+    return DATA_CPU_BOUND_ACTION if use.room is CpuRoom.FULL else DATA_MORE_WORKERS_ACTION
+
+
+def cpu_use_text(use: CpuUse) -> str:
+    """The evidence behind :func:`data_loading_action`, in one sentence."""
+    where = f"{use.cpus} CPU(s)" if use.cpus is not None else "its CPUs"
+    parts = [f"rank {use.rank}'s {where}" + (f" {use.busy_ratio:.0%} busy" if use.busy_ratio is not None
+                                             else "")]
+    if use.rank_cores is not None:
+        parts.append(f"the rank process {use.rank_cores:.2f} cores")
+    if use.children_cores is not None:
+        n = f"{use.children} " if use.children is not None else ""
+        parts.append(f"its {n}child process(es) (data-loader workers, the job's own) "
+                     f"{use.children_cores:.2f} cores")
+    if use.quota_cores is not None:
+        parts.append(f"cgroup quota {use.quota_cores:.2f} cores")
+    if use.throttled_ratio:
+        parts.append(f"throttled in {use.throttled_ratio:.0%} of its periods")
+    state = "full" if use.room is CpuRoom.FULL else "room left"
+    return f"{'; '.join(parts)} ({state})"
+
+K = EvidenceKind
+CMDLINE_CHARS = 80  # a foreign process's command line as shown in one line (whitespace collapsed)
+
+
+def _mhz(hz: float | None) -> str:
+    return "n/a" if hz is None else f"{hz / 1e6:.0f} MHz"
+
+
+def _gib(b: Any) -> str:
+    return f"{float(b) / 2**30:.1f} GiB" if isinstance(b, (int, float)) else "GPU memory not visible"
+
+
+def _seen(e: Evidence) -> str:
+    if e.first_seen is None or e.last_seen is None or e.last_seen <= e.first_seen:
+        return ""
+    return f", seen over {e.last_seen - e.first_seen:.0f} s"
+
+
+def _gpu(e: Evidence) -> str:
+    return f"rank {e.rank}'s GPU" if e.rank is not None else "a GPU of the job"
+
+
+def _foreign(e: Evidence) -> str:
+    d = e.detail
+    cmd = " ".join(str(d.get("cmdline") or d.get("name") or "command line not visible").split())
+    cmd = cmd if len(cmd) <= CMDLINE_CHARS else cmd[: CMDLINE_CHARS - 1] + "…"
+    return (
+        f"{_gpu(e)} was shared with another process: pid {d.get('pid', e.key)} ({cmd}; "
+        f"{_gib(d.get('used_memory_bytes'))}){_seen(e)}"
+    )
+
+
+def _power(e: Evidence) -> str:
+    d = e.detail
+    lim = d.get("power_limit_watts")
+    watts = (
+        f"{e.worst:.0f} W" + (f" of a {lim:.0f} W limit" if isinstance(lim, (int, float)) else "")
+        if e.worst is not None
+        else "power n/a"
+    )
+    return f"{_gpu(e)} was power-capped (sw_power_cap; {watts}){_seen(e)}"
+
+
+def _thermal(e: Evidence) -> str:
+    d = e.detail
+    med = d.get("median_celsius")
+    temp = (
+        (
+            f"{e.worst:.0f} C"
+            + (f" against the job's median {med:.0f} C" if isinstance(med, (int, float)) else "")
+        )
+        if e.worst is not None
+        else "temperature n/a"
+    )
+    why = ", ".join(d.get("reasons") or []) or "temperature"
+    return f"{_gpu(e)} ran hot ({why}; {temp}){_seen(e)}"
+
+
+def _hw(e: Evidence) -> str:
+    return f"{_gpu(e)} was slowed by the hardware ({', '.join(e.detail.get('reasons') or [e.key])}){_seen(e)}"
+
+
+def _xid(e: Evidence) -> str:
+    code = e.detail.get("xid_last")
+    return (
+        f"{_gpu(e)} reported XID errors"
+        + (f" (last XID {code:.0f})" if isinstance(code, (int, float)) else "")
+        + _seen(e)
+    )
+
+
+def _clock(e: Evidence) -> str:
+    med = e.detail.get("median_hertz")
+    below = (
+        f", {100 * (1 - e.worst / med):.0f}% below the job's median {_mhz(med)}"
+        if isinstance(med, (int, float)) and med and e.worst is not None
+        else ""
+    )
+    return f"{_gpu(e)}: SM clock {_mhz(e.worst)}{below}"
+
+
+def _capture(e: Evidence) -> str:
+    d = e.detail
+    return (
+        f"capture {d.get('capture', e.key)} during it shows rank {e.rank}'s kernels ran "
+        f"{e.worst:.1f}× slower than in steady state"
+        if e.worst is not None
+        else f"capture {d.get('capture', e.key)} ran during it"
+    ) + (" with the same kernel mix: contention on the GPU" if d.get("same_mix") else "")
+
+
+def _after_capture(e: Evidence) -> str:
+    d = e.detail
+    span = f"iterations {d.get('capture_first')}–{d.get('capture_last')}"
+    if e.worst is None:
+        return f"it began as perfd's own capture ended ({span})"
+    return (f"it began as perfd's own capture ended ({span}) and the steps stayed {e.worst:.2f}× the median "
+            "before it: the profiler's cost outlasted the capture")
+
+
+def _data(e: Evidence) -> str:
+    d = e.detail
+    base = d.get("steady")
+    return (
+        f"data loading took up to {e.worst:.0%} of the step" if e.worst is not None else "data loading grew"
+    ) + (f" (steady {base:.0%})" if isinstance(base, (int, float)) else "")
+
+
+def _ratio(e: Evidence) -> str:
+    return (
+        f"rank {e.rank} computed up to {e.worst:.2f}× its stage's median"
+        if e.worst is not None
+        else f"rank {e.rank} computed longer than its peers"
+    )
+
+
+def _line(e: Evidence) -> str:
+    return f"the straggler detector named rank {e.rank} the slowest in {e.n} iteration(s)"
+
+
+def _comm(e: Evidence) -> str:
+    base = e.detail.get("steady")
+    return (
+        f"exposed communication took up to {e.worst:.0%} of the step"
+        if e.worst is not None
+        else "exposed communication grew"
+    ) + (f" (steady {base:.0%})" if isinstance(base, (int, float)) else "")
+
+
+def cpus_text(cpus: Any) -> str:
+    """``CPU 3``, ``CPUs 2–3``, ``CPUs 0, 2, 5`` (runs of consecutive CPUs as ranges)."""
+    xs = sorted({int(c) for c in cpus or [] if isinstance(c, int)})
+    if not xs:
+        return "its CPUs"
+    runs: list[list[int]] = []
+    for c in xs:
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    parts = [str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs]
+    return ("CPU " if len(xs) == 1 else "CPUs ") + ", ".join(parts[:6]) + (", …" if len(parts) > 6 else "")
+
+
+def _cmd(d: Mapping[str, Any]) -> str:
+    cmd = " ".join(str(d.get("cmdline") or d.get("name") or "command line not visible").split())
+    return cmd if len(cmd) <= CMDLINE_CHARS else cmd[: CMDLINE_CHARS - 1] + "…"
+
+
+def _proc(e: Evidence) -> str:
+    pid = e.detail.get("pid")
+    return f"rank {e.rank}'s process" + (f" (pid {pid})" if pid is not None else "") + \
+        (f" on {e.detail['node']}" if e.detail.get("node") else "")
+
+
+def _stopped(e: Evidence) -> str:
+    held = f" for {e.worst:.0f} s" if e.worst is not None and e.worst >= 1 else ""
+    return f"{_proc(e)} was stopped (state T: SIGSTOP, a debugger, or a frozen container){held}"
+
+
+def _gone(e: Evidence) -> str:
+    what = "a zombie (it exited; its parent has not reaped it)" if e.detail.get("state") == "zombie" \
+        else "gone (it exited)"
+    return f"{_proc(e)} was {what} while the job ran"
+
+
+def _oom(e: Evidence) -> str:
+    n = f"{e.worst:.0f} process(es)" if e.worst is not None else "a process"
+    cg = e.detail.get("cgroup")
+    return f"the OOM killer killed {n} in rank {e.rank}'s cgroup" + (f" ({cg})" if cg else "")
+
+
+def _contention(e: Evidence) -> str:
+    d = e.detail
+    others = [o for o in d.get("others") or [] if isinstance(o, Mapping)]
+    pids = ", ".join(str(o.get("pid")) for o in others[:4]) + (", …" if len(others) > 4 else "")
+    cmds = [_cmd(o) for o in others]
+    cmd = max(set(cmds), key=cmds.count) if cmds else "command line not visible"
+    share = d.get("others_ratio")
+    took = f"took {share:.0%} of" if isinstance(share, (int, float)) else "ran on"
+    level = d.get("steady_worst")
+    steady = f" ({level:.0%} in steady state)" if isinstance(level, (int, float)) else ""
+    wait = f"; the rank waited for a CPU {e.worst:.0%} of the time{steady}" if e.worst is not None else ""
+    return (f"{len(others)} other process(es) (pid{'s' if len(others) > 1 else ''} {pids}, `{cmd}`) {took} "
+            f"rank {e.rank}'s {cpus_text(d.get('allowed_cpus'))}{wait}{_seen(e)}")
+
+
+def _throttled(e: Evidence) -> str:
+    d = e.detail
+    quota = d.get("quota_cores")
+    limit = f" of {quota:.2g} CPU" if isinstance(quota, (int, float)) else ""
+    wait = d.get("wait_ratio")
+    return (f"rank {e.rank}'s cgroup hit its CPU quota{limit}: throttled in {e.worst:.0%} of its periods"
+            if e.worst is not None else f"rank {e.rank}'s cgroup was throttled by its CPU quota") + \
+        (f"; the rank waited for a CPU {wait:.0%} of the time" if isinstance(wait, (int, float)) else "") + \
+        _seen(e)
+
+
+def _memory(e: Evidence) -> str:
+    d = e.detail
+    where = "the node's" if d.get("pressure_source") == "node" else f"rank {e.rank}'s cgroup's"
+    text = f"{where} tasks stalled on memory {e.worst:.0%} of the time" if e.worst is not None \
+        else f"rank {e.rank}'s node was short of memory"
+    swap = d.get("swap_in_bytes_per_second")
+    swapping = f", swapping in {swap / 2**20:.1f} MiB/s" if isinstance(swap, (int, float)) else ""
+    return text + swapping + _seen(e)
+
+
+def _io(e: Evidence) -> str:
+    d = e.detail
+    parts = []
+    if d.get("state") == "disk_sleep":
+        parts.append("in disk sleep (state D)")
+    if e.worst is not None:
+        where = "the node's" if d.get("pressure_source") == "node" else "its cgroup's"
+        parts.append(f"{where} tasks stalled on I/O {e.worst:.0%} of the time")
+    return f"{_proc(e)} was blocked in I/O ({'; '.join(parts) or 'I/O pressure'}){_seen(e)}"
+
+
+_SENTENCE: dict[EvidenceKind, Callable[[Evidence], str]] = {
+    K.PROCESS_STOPPED: _stopped,
+    K.OOM_KILL: _oom,
+    K.PROCESS_GONE: _gone,
+    K.CPU_CONTENTION: _contention,
+    K.CPU_THROTTLED: _throttled,
+    K.MEMORY_PRESSURE: _memory,
+    K.IO_BLOCKED: _io,
+    K.XID: _xid,
+    K.HW_SLOWDOWN: _hw,
+    K.FOREIGN_PROCESS: _foreign,
+    K.THERMAL: _thermal,
+    K.POWER_CAP: _power,
+    K.CLOCK_DROP: _clock,
+    K.AFTER_CAPTURE: _after_capture,
+    K.CAPTURE_FINDING: _capture,
+    K.DATA_WAIT: _data,
+    K.RANK_COMPUTE_RATIO: _ratio,
+    K.STRAGGLER_LINE: _line,
+    K.EXPOSED_COMM: _comm,
+}
+
+_MISSING: dict[Missing, str] = {
+    Missing.PER_RANK_TIMERS: "no per-rank data names a rank (per-rank timers: --timing-log-option all, "
+    "--log-straggler or the step hook on every rank would)",
+    Missing.GPU_STATE: "no GPU state of the job's ranks (an agent with NVML on their nodes would show it)",
+    Missing.RANK_PLACEMENT: "the rank's GPU is unknown (no process on the job's nodes declares its RANK "
+    "and no step hook named its process or its CUDA device to an agent with NVML there; the agent needs "
+    "the host pid namespace)",
+}
+
+
+_STALL: dict[StallReason, str] = {
+    StallReason.STOPPED: "a rank process stopped",
+    StallReason.GONE: "a rank process gone",
+    StallReason.IO_BLOCKED: "a rank process blocked in disk sleep",
+    StallReason.IDLE: "every rank process idle (no CPU, no GPU work)",
+    StallReason.PENDING_COLLECTIVE: "a collective pending in the Flight Recorder",
+}
+
+
+def stall_text(silent_s: float | None, cadence_s: float | None, reasons: Sequence[StallReason]) -> str:
+    """How a live stall reads before anything names its cause: the silence against the job's usual
+    interval between step records, and what corroborates it."""
+    quiet = f"no step for {silent_s:.0f} s" if silent_s is not None else "no step"
+    usual = f" (a step record every {cadence_s:.2g} s before)" if cadence_s else ""
+    seen = "; ".join(_STALL[r] for r in reasons)
+    return f"stalled: {quiet}{usual}" + (f"; {seen}" if seen else "")
+
+
+def sentence(e: Evidence) -> str:
+    """One observation as a person reads it."""
+    return _SENTENCE[e.kind](e)
+
+
+def missing_text(m: Missing) -> str:
+    return _MISSING[m]
+
+
+def cause_text(v: Verdict, slow: str, single_rank: bool = False) -> str:
+    """The incident's one line: the lead cause, how slow, and what the lead also explains."""
+    if v.lead is None:
+        gaps = [missing_text(m) for m in v.missing if not (single_rank and m is Missing.PER_RANK_TIMERS)]
+        why = "; ".join(gaps) if gaps else "its GPU and timers showed nothing unusual"
+        if single_rank:
+            rank = v.rank if v.rank is not None else 0
+            return f"the job's only rank ({rank}) ran {slow}; not explained: {why}"
+        return f"{slow}; not explained: {why}"
+    text = f"{sentence(v.lead)}; {slow}"
+    if v.effects:
+        text += "; with its effects: " + "; ".join(sentence(e) for e in v.effects)
+    return text
+
+
+def _host_action(v: Verdict, d: Mapping[str, Any]) -> str | None:
+    """The first thing to do when the rank's process or its host explains the incident."""
+    pid = d.get("pid")
+    who = f"rank {v.rank}'s process" + (f" (pid {pid})" if pid is not None else "")
+    if v.cause is K.PROCESS_STOPPED:
+        return (f"Find what stopped {who}: a debugger attached, a SIGSTOP from a scheduler "
+                "(suspend, preemption) or a frozen cgroup; `kill -CONT` it or restart the job, and set a "
+                "NCCL timeout so the other ranks do not wait for ever")
+    if v.cause in (K.OOM_KILL, K.PROCESS_GONE):
+        return (f"{who[0].upper()}{who[1:]} died: read the kernel log (dmesg: OOM kills) and its "
+                "output; give the job more host memory or use less (fewer data-loader workers, less "
+                "pinned memory), then restart it from its last checkpoint")
+    if v.cause is K.CPU_CONTENTION:
+        others = [o for o in d.get("others") or [] if isinstance(o, Mapping)]
+        pids = ", ".join(str(o.get("pid")) for o in others[:4])
+        return (f"Keep other processes off rank {v.rank}'s {cpus_text(d.get('allowed_cpus'))}"
+                + (f" (pid {pids})" if pids else "") + ": give the job dedicated cores (cpuset / taskset, "
+                "the Kubernetes static CPU manager) or move the other processes away")
+    if v.cause is K.CPU_THROTTLED:
+        return ("Raise or remove the job's CPU limit (Kubernetes resources.limits.cpu, cgroup cpu.max): "
+                "its quota throttles the rank and its data-loader workers")
+    if v.cause is K.MEMORY_PRESSURE:
+        return ("Give the job's node more free memory (fewer data-loader workers or prefetched batches, "
+                "no other memory-hungry processes); turn swap off for training nodes")
+    if v.cause is K.IO_BLOCKED:
+        return ("Check the storage the job reads and writes (data, checkpoints): its latency and "
+                "throughput, other jobs on it; stage data on local disk")
+    return None
+
+
+def action_text(v: Verdict | None, ranks: Sequence[int] = (), cpu: CpuUse | None = None) -> str:
+    """The first thing to do about an incident with this verdict (``cpu``: the rank's CPU use, which
+    decides a data-loading action)."""
+    r = v.rank if v is not None and v.rank is not None else (ranks[0] if ranks else None)
+    who = f"rank {r}'s GPU" if r is not None else "the job's GPUs"
+    if v is None or v.lead is None:
+        if r is not None:
+            return (
+                f"Check rank {r}: its GPU (clocks, throttle reasons, other processes, XID errors), then "
+                "uneven data or sharding and host-side stalls"
+            )
+        return (
+            "Look for host-side causes of the slow stretch: checkpointing, evaluation, other jobs on the node"
+        )
+    d: Mapping[str, Any] = v.lead.detail
+    host = _host_action(v, d)
+    if host is not None:
+        return host
+    if v.cause in (K.XID, K.HW_SLOWDOWN):
+        return (
+            f"Drain {who} and check its health (XID codes in the driver log, nvidia-smi -q, the node's "
+            "hardware monitoring); reschedule the job without it"
+        )
+    if v.cause is K.FOREIGN_PROCESS:
+        return (
+            f"Keep other processes off {who} (exclusive-process compute mode, or the scheduler's GPU "
+            f"isolation): pid {d.get('pid', v.lead.key)} ran there during the incident"
+        )
+    if v.cause is K.THERMAL:
+        return f"Check {who}'s cooling: airflow, fans, inlet temperature (no other process explains it)"
+    if v.cause is K.POWER_CAP:
+        return (
+            f"Check {who}'s power limit and power delivery (nvidia-smi -q -d POWER: enforced against "
+            "default limit); no other process explains it"
+        )
+    if v.cause is K.CLOCK_DROP:
+        return f"Check {who}'s clocks: locked or application clocks, throttle reasons"
+    if v.cause is K.AFTER_CAPTURE:
+        return (
+            "perfd's capture cost this: stop on-demand captures of this job (raise the rule's cooldown or "
+            "drop the rule) and restart its ranks when convenient to shed the profiler's overhead"
+        )
+    if v.cause is K.CAPTURE_FINDING:
+        return (
+            f"Look for contention on {who}: the same kernels ran slower while captured (other processes, "
+            "MPS clients, clocks)"
+        )
+    if v.cause is K.DATA_WAIT:
+        return data_loading_action(cpu)
+    if v.cause in (K.RANK_COMPUTE_RATIO, K.STRAGGLER_LINE):
+        gpu_known = Missing.GPU_STATE not in v.missing and Missing.RANK_PLACEMENT not in v.missing
+        if gpu_known:
+            return (
+                f"Check rank {v.rank}'s own work: uneven data or sharding, host-side stalls (CPU "
+                "contention, garbage collection); its GPU showed no fault, no co-tenant, no throttling"
+            )
+        return (
+            f"Check rank {v.rank}'s GPU (clocks, throttle reasons, other processes, XID errors: an agent "
+            "with NVML on its node shows them), then uneven data or sharding"
+        )
+    return (
+        "Communication slowed: check the links and peers of the rank's process groups; overlap "
+        "communication with compute"
+    )

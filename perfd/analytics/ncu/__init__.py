@@ -1,0 +1,2 @@
+"""What Nsight Compute's kernel rows add to the budget, what they cost the armed ranks, their remedies.
+"""

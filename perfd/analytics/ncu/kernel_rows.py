@@ -1,0 +1,252 @@
+"""The top Nsight Compute kernels of each step-budget part (issue 45 item 3: "the report and HTML show
+the top rows beside the budget part they explain").
+
+An ncu capture's joined rows (perfd.analytics.ncu.join.JoinedKernel JSON, as the capture's event
+carries them: ``ncu_kernels``) go to the part their category's time is in
+(perfd.analytics.breakdown.job_budget
+.with_ncu), and there become :class:`KernelRow`: one per timeline kernel (the ncu rows that joined the
+same timeline kernel, several grids of one GEMM, are one row: the timeline counts their time once),
+one per ncu row that joined none. Each row holds:
+
+- its time per step: the joined timeline kernel's time over the steps that timeline holds
+  (:attr:`TimeBasis.TIMELINE`), and its share of the part; with no match, the time ncu measured of
+  its profiled launches in the replay (:attr:`TimeBasis.REPLAY`: under ncu's clock control and
+  cache flushes, and only the launches the kernel budget let it profile), and no share;
+- its figures, means weighted by profiled time where rows merged: compute and memory speed of light,
+  DRAM, tensor pipe, achieved occupancy (absent where ncu has none);
+- what bounds it: ncu's class (NVIDIA's SOLBottleneck rule) and perfd's reading of the figures
+  behind it (:class:`Reading`), e.g. a pointwise kernel "compute-bound" with its tensor pipes idle
+  is issue slots and integer index arithmetic;
+- the verdict it leads to (perfd.analytics.ncu.remedies.RowVerdict, the same rule as the category
+  summaries'), or none.
+
+Typed values only: the report layer (perfd.report.ncu_view) writes the English. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from perfd.analytics import thresholds as th
+from perfd.analytics.breakdown import kernels as kc
+from perfd.analytics.common import TextEnum
+from perfd.analytics.ncu.join import MatchKind
+from perfd.analytics.ncu.kernels import KernelBound
+from perfd.analytics.ncu.remedies import RowVerdict, verdict_of
+
+NCU_KERNEL_ROWS = 3  # the top profiled kernels each budget part carries (and the report shows)
+_POINTWISE = (kc.ELEMENTWISE, kc.NORMALIZATION, kc.REDUCTION, kc.OTHER)
+_MATCHED = (MatchKind.EXACT, MatchKind.FUNCTION, MatchKind.TEMPLATE)
+
+
+class TimeBasis(TextEnum):
+    TIMELINE = "timeline"  # the joined timeline kernel's time over the steps that timeline holds
+    TIMELINE_TOTAL = "timeline_total"  # joined, but the timeline's steps unknown: its share only
+    REPLAY = "replay"  # no timeline match: ncu's own duration of its profiled launches (replayed)
+
+
+class Reading(TextEnum):
+    """perfd's reading of what bounds a kernel, beside ncu's class."""
+
+    ISSUE_SLOTS = "issue_slots"  # pointwise, "compute-bound", tensor pipes idle: issue slots, integer work
+    TENSOR_MATH = "tensor_math"  # compute-bound or balanced with the tensor pipes busy: matrix math
+    DRAM_BANDWIDTH = "dram_bandwidth"  # memory-bound, DRAM near what such a kernel reaches
+    CACHE_TRAFFIC = "cache_traffic"  # memory-bound, DRAM well under the memory SOL: L1/L2 traffic
+    STALLS = "stalls"  # latency-bound: neither unit busy, its warps wait (the top stall says on what)
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One kernel (or the ncu rows of one timeline kernel) on one budget part. Ratios in [0, 1];
+    None: the input has no such figure."""
+
+    name: str  # ncu's name (demangled as ncu prints it; the capture's event keeps 200 characters)
+    category: str  # perfd.analytics.breakdown.kernels category
+    match: MatchKind
+    time_basis: TimeBasis
+    rows: int  # ncu rows (name, grid, block) merged into this one
+    invocations: int  # launches ncu profiled
+    profiled_ms: float | None  # their time in ncu's replay (duration × launches)
+    step_ms: float | None  # TIMELINE: the timeline kernel's ms per step
+    part_share: float | None  # step_ms of the part's ms per step
+    captured_share: float | None  # the timeline kernel's share of the captured kernel time
+    compute: float | None
+    memory: float | None
+    dram: float | None
+    tensor: float | None
+    occupancy: float | None
+    bound: KernelBound | None  # ncu's class (the one holding most of the merged rows' profiled time)
+    reading: Reading | None
+    top_stall: str | None  # ncu's name of the stall with the most cycles per issued instruction
+    top_stall_share: float | None  # of the cycles between two issued instructions
+    verdict: RowVerdict | None
+    candidates: int = 0  # timeline kernels with the same function (an ambiguous match's)
+    timeline: str | None = None  # the capture the rows were joined to
+    capture: str = ""  # the ncu capture
+    # TIMELINE: the kernel's time by name is more than the part holds by op (its launches serve other
+    # parts too: the dropout kernel of attention and of the residual path, seen on the H100): no share.
+    spans_parts: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (v.value if isinstance(v, TextEnum) else v) for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> KernelRow | None:
+        """A row read back (the report's budget JSON); None when it is not one."""
+        try:
+            return cls(
+                name=str(d["name"]), category=str(d.get("category") or ""), match=MatchKind(d["match"]),
+                time_basis=TimeBasis(d["time_basis"]), rows=int(d.get("rows") or 1),
+                invocations=int(d.get("invocations") or 0), profiled_ms=_f(d, "profiled_ms"),
+                step_ms=_f(d, "step_ms"), part_share=_f(d, "part_share"),
+                captured_share=_f(d, "captured_share"), compute=_f(d, "compute"), memory=_f(d, "memory"),
+                dram=_f(d, "dram"), tensor=_f(d, "tensor"), occupancy=_f(d, "occupancy"),
+                bound=KernelBound(d["bound"]) if d.get("bound") else None,
+                reading=Reading(d["reading"]) if d.get("reading") else None,
+                top_stall=str(d["top_stall"]) if d.get("top_stall") else None,
+                top_stall_share=_f(d, "top_stall_share"),
+                verdict=RowVerdict(d["verdict"]) if d.get("verdict") else None,
+                candidates=int(d.get("candidates") or 0),
+                timeline=str(d["timeline"]) if d.get("timeline") else None,
+                capture=str(d.get("capture") or ""), spans_parts=bool(d.get("spans_parts")))
+        except (KeyError, ValueError, TypeError):
+            return None
+
+
+def _f(d: Mapping[str, Any], key: str) -> float | None:
+    v = d.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def reading(category: str, bound: KernelBound | None, compute: float | None, memory: float | None,
+            dram: float | None, tensor: float | None) -> Reading | None:
+    """What the figures behind ncu's class say bounds the kernel (None: they say no more than it)."""
+    if bound is KernelBound.LATENCY:
+        return Reading.STALLS
+    if bound is KernelBound.COMPUTE and category in _POINTWISE and tensor is not None \
+            and tensor < th.NCU_TENSOR_IDLE.value:
+        return Reading.ISSUE_SLOTS
+    # the tensor pipes at least at the latency bar: the SM work is matrix math
+    if bound in (KernelBound.COMPUTE, KernelBound.BALANCED) and tensor is not None \
+            and tensor >= th.SOL_LATENCY.value:
+        return Reading.TENSOR_MATH
+    if bound is KernelBound.MEMORY and dram is not None:
+        if dram >= th.NCU_FUSION_DRAM.value:
+            return Reading.DRAM_BANDWIDTH
+        # memory SOL is the busiest of DRAM, L1 and L2: well above DRAM, a cache is what is busy
+        if memory is not None and memory - dram >= th.SOL_BALANCED_MARGIN.value:
+            return Reading.CACHE_TRAFFIC
+    return None
+
+
+def _weighted(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """The mean of ``key`` over ``rows`` weighted by profiled time; with no weights, the plain mean of
+    the rows that have it; None where no row has it."""
+    got = [(v, _profiled(r)) for r in rows if (v := _f(r, key)) is not None]
+    if not got:
+        return None
+    if len(got) == 1:  # one row: ncu's own figure, as it is
+        return got[0][0]
+    den = sum(w or 0.0 for _, w in got)
+    if den > 0:
+        return sum(v * (w or 0.0) for v, w in got) / den
+    return sum(v for v, _ in got) / len(got)
+
+
+def _profiled(r: Mapping[str, Any]) -> float | None:
+    d, n = _f(r, "duration_ms"), _f(r, "invocations")
+    return d * n if d is not None and n is not None else None
+
+
+def _stall(rows: Sequence[Mapping[str, Any]]) -> tuple[str | None, float | None]:
+    """The stall with the most cycles weighted by profiled time, and its share (of the row that has
+    the most of it: shares of different kernels do not add)."""
+    cycles: dict[str, float] = {}
+    share: dict[str, float] = {}
+    for r in rows:
+        w = _profiled(r) or 1.0
+        for s in r.get("stalls") or []:
+            c = _f(s, "cycles") if isinstance(s, Mapping) else None
+            if c is not None and isinstance(s.get("reason"), str):
+                cycles[s["reason"]] = cycles.get(s["reason"], 0.0) + c * w
+                if (sh := _f(s, "share")) is not None:
+                    share[s["reason"]] = max(share.get(s["reason"], 0.0), sh)
+    if not cycles:
+        return None, None
+    top = max(cycles, key=lambda k: cycles[k])
+    return top, share.get(top)
+
+
+def _bound(rows: Sequence[Mapping[str, Any]]) -> KernelBound | None:
+    by: dict[KernelBound, float] = {}
+    for r in rows:
+        try:
+            b = KernelBound(r.get("bound"))
+        except ValueError:
+            continue
+        by[b] = by.get(b, 0.0) + (_profiled(r) or 0.0)
+    return max(by, key=lambda b: by[b]) if by else None
+
+
+def _row(rows: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str) -> KernelRow:
+    first = rows[0]
+    try:
+        match = MatchKind(first.get("match"))
+    except ValueError:
+        match = MatchKind.NONE
+    matched = match in _MATCHED and _f(first, "captured_ms") is not None
+    steps = _f(first, "timeline_steps")
+    step_ms = (_f(first, "captured_ms") or 0.0) / steps if matched and steps and steps > 0 else None
+    basis = TimeBasis.REPLAY if not matched else TimeBasis.TIMELINE if step_ms is not None \
+        else TimeBasis.TIMELINE_TOTAL
+    category = str(first.get("category") or kc.category(str(first.get("name") or "")))
+    compute, memory = _weighted(rows, "compute_throughput"), _weighted(rows, "memory_throughput")
+    dram, tensor = _weighted(rows, "dram_throughput"), _weighted(rows, "tensor_pipe")
+    bound = _bound(rows)
+    stall, stall_share = _stall(rows)
+    profiled = [p for r in rows if (p := _profiled(r)) is not None]
+    figs = {"compute_throughput": compute, "dram_throughput": dram, "tensor_pipe": tensor,
+            "bound": bound.value if bound is not None else None}
+    joined_to = first.get("joined_to")
+    share = step_ms / part_ms if step_ms is not None and part_ms and part_ms > 0 else None
+    return KernelRow(
+        name=str(first.get("name") or ""), category=category, match=match, time_basis=basis, rows=len(rows),
+        invocations=sum(int(_f(r, "invocations") or 0) for r in rows),
+        profiled_ms=sum(profiled) if profiled else None, step_ms=step_ms,
+        part_share=share if share is not None and share <= 1.0 else None,
+        captured_share=_f(first, "captured_share") if matched else None,
+        compute=compute, memory=memory, dram=dram, tensor=tensor,
+        occupancy=_weighted(rows, "achieved_occupancy"), bound=bound,
+        reading=reading(category, bound, compute, memory, dram, tensor), top_stall=stall,
+        top_stall_share=stall_share, verdict=verdict_of(category, figs),
+        candidates=int(_f(first, "candidates") or 0),
+        timeline=str(joined_to) if joined_to else None, capture=capture,
+        spans_parts=share is not None and share > 1.0)
+
+
+def _order(r: KernelRow) -> tuple[int, float]:
+    """Rows with a time per step first, by it; then joined rows by their share of the captured time;
+    then the rows with only ncu's replayed time, by it (not per step: after the others)."""
+    if r.step_ms is not None:
+        return 0, -r.step_ms
+    if r.captured_share is not None:
+        return 1, -r.captured_share
+    return 2, -(r.profiled_ms or 0.0)
+
+
+def kernel_rows(kernels: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str = "",
+                n: int = NCU_KERNEL_ROWS) -> list[KernelRow]:
+    """The top ``n`` rows of one part's ncu kernels (JoinedKernel JSON, each with ``joined_to``: the
+    timeline's capture id, where there was one), the ncu rows of one timeline kernel merged."""
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for k in kernels:
+        if not isinstance(k, Mapping) or not isinstance(k.get("name"), str):
+            continue
+        tl, ms = k.get("timeline_name"), _f(k, "captured_ms")
+        joined = tl and ms is not None and k.get("match") in {m.value for m in _MATCHED}
+        key = ("timeline", tl, ms) if joined else ("ncu", k["name"], k.get("grid"), k.get("block"))
+        groups.setdefault(key, []).append(k)
+    rows = [_row(g, part_ms, capture) for g in groups.values()]
+    return sorted(rows, key=_order)[:n]

@@ -1,0 +1,96 @@
+"""Nsight Compute (ncu) kernels as perfd reads them (issue 34 item 5: the kernel deep dive): the
+typed per-kernel row and its class. Pure data and one rule.
+
+The rows come from ncu's CSV export, parsed by :mod:`perfd.capture.ncu_report` beside the other
+tool-output parsers; the join with a timeline capture, the kernel rows and their verdicts read them
+here. A field whose inputs are missing is absent (None), never 0. The class of a kernel
+(:func:`classify`) follows NVIDIA's own SOLBottleneck rule (sections/SpeedOfLight.py) with its
+thresholds declared in :mod:`perfd.analytics.thresholds`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics import thresholds as th
+
+# A measured field of a kernel (one of the parser's FIELDS): written in to_json in declaration order.
+_MEASURED = {"measured": True}
+
+
+class KernelBound(str, enum.Enum):
+    """What limits a kernel, from its speed-of-light percentages (NVIDIA's SOLBottleneck rule)."""
+
+    COMPUTE = "compute-bound"  # the SM pipelines are the most used unit, at least the latency bar
+    MEMORY = "memory-bound"  # the memory system is the most used unit, at least the latency bar
+    BALANCED = "balanced"  # both above the latency bar and within a few points of each other
+    LATENCY = "latency-bound"  # neither reaches the latency bar: stalls, small grids, occupancy
+
+
+@dataclass(frozen=True)
+class StallReason:
+    reason: str  # ncu's name: long_scoreboard, barrier, math_pipe_throttle, ...
+    cycles: float  # warp cycles spent in this state per issued instruction
+    share: float | None  # of all cycles between two issued instructions
+
+
+@dataclass(frozen=True)
+class NcuKernel:
+    """One kernel of a report: the launches with the same name, grid and block (as ncu's per-kernel
+    summary groups them). Ratios in [0, 1]; None: the report does not hold that value."""
+
+    name: str  # as ncu names it (demangled; the details page prints templates' own names: T1, T2)
+    grid: str | None
+    block: str | None
+    invocations: int
+    ids: tuple[int, ...]  # ncu's launch IDs
+    duration_ms: float | None = field(default=None, metadata=_MEASURED)  # mean per launch
+    # the SM clock while profiled: says whether ncu locked it
+    sm_clock_hz: float | None = field(default=None, metadata=_MEASURED)
+    dram_clock_hz: float | None = field(default=None, metadata=_MEASURED)
+    compute_throughput: float | None = field(default=None, metadata=_MEASURED)  # SM speed of light
+    # memory speed of light (max of DRAM, L1, L2)
+    memory_throughput: float | None = field(default=None, metadata=_MEASURED)
+    dram_throughput: float | None = field(default=None, metadata=_MEASURED)
+    achieved_occupancy: float | None = field(default=None, metadata=_MEASURED)
+    theoretical_occupancy: float | None = field(default=None, metadata=_MEASURED)
+    registers_per_thread: float | None = field(default=None, metadata=_MEASURED)
+    threads_per_block: float | None = field(default=None, metadata=_MEASURED)
+    grid_blocks: float | None = field(default=None, metadata=_MEASURED)
+    warp_cycles_per_issue: float | None = field(default=None, metadata=_MEASURED)
+    tensor_pipe: float | None = field(default=None, metadata=_MEASURED)
+    stalls: tuple[StallReason, ...] = ()  # the top ones, most cycles first
+    bound: KernelBound | None = None
+
+    @property
+    def profiled_ms(self) -> float | None:
+        """Time of all its profiled launches (under ncu's clock control)."""
+        return None if self.duration_ms is None else self.duration_ms * self.invocations
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "grid": self.grid, "block": self.block,
+                               "invocations": self.invocations, "ids": list(self.ids)}
+        for f in dataclasses.fields(self):
+            if f.metadata.get("measured"):
+                out[f.name] = getattr(self, f.name)
+        out["stalls"] = [{"reason": s.reason, "cycles": s.cycles, "share": s.share} for s in self.stalls]
+        out["bound"] = self.bound.value if self.bound is not None else None
+        return out
+
+
+def classify(compute: float | None, memory: float | None) -> KernelBound | None:
+    """The class from the SM and memory speed-of-light ratios (None when either is missing).
+
+    NVIDIA's SOLBottleneck rule: both under the latency bar → latency-bound; else, where one unit is
+    past the high bar or the two differ by the balance margin, the busier unit; else balanced."""
+    if compute is None or memory is None:
+        return None
+    bar, high, margin = th.SOL_LATENCY.value, th.SOL_HIGH.value, th.SOL_BALANCED_MARGIN.value
+    if compute < bar and memory < bar:
+        return KernelBound.LATENCY
+    if compute < high and memory < high and abs(compute - memory) < margin:
+        return KernelBound.BALANCED
+    return KernelBound.COMPUTE if compute >= memory else KernelBound.MEMORY

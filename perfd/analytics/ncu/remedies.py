@@ -1,0 +1,187 @@
+"""What an Nsight Compute capture's rows say to do, per budget part (issue 45 item 3).
+
+The step budget carries, in each part's ``ncu`` detail, the per-category summaries of the job's latest
+ncu capture (perfd.analytics.ncu.join.CategorySummary JSON: compute and memory speed of light weighted
+by each kernel's profiled time). Read against the ceilings, they decide what kind of remedy can help
+that part's kernels — which is not always a faster kernel:
+
+- GEMMs near the compute ceiling (compute SOL at NVIDIA's high bar): the kernel is as fast as the GPU
+  goes; only fewer FLOPs help (less recomputation, a smaller model, a shorter sequence), never a kernel.
+- GEMMs far below it (under NVIDIA's latency bar): the shape starves the GPU (tiles half-empty, a grid
+  that fills few SMs): sizes that are multiples of the tile, a larger micro-batch.
+- Pointwise or normalisation kernels at high DRAM throughput: near what such a kernel reaches; only
+  moving fewer bytes (fusing them into their neighbours) helps.
+- Pointwise kernels ncu's rule calls compute-bound while the tensor pipes idle (a ``masked_fill`` at
+  SM 65%, memory 36% on the H100): their SM work is issue slots and integer index arithmetic, not
+  math; the row says so, and fusion is still what helps.
+
+Each verdict is typed (:class:`RowVerdict`); the findings' texts are rendered from it. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from perfd.analytics import thresholds as th
+from perfd.analytics.breakdown import kernels as kc
+from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.budget import BudgetPart, StepBudget
+from perfd.analytics.common import TextEnum
+from perfd.analytics.finding_types import Finding, Recommendation, Severity
+from perfd.analytics.ncu.kernels import KernelBound
+
+SOL_HIGH = th.SOL_HIGH.value
+SOL_LATENCY = th.SOL_LATENCY.value
+FUSION_DRAM = th.NCU_FUSION_DRAM.value
+CLASS_COVERAGE = th.NCU_CLASS_COVERAGE.value
+TENSOR_IDLE = th.NCU_TENSOR_IDLE.value
+_POINTWISE = (kc.ELEMENTWISE, kc.NORMALIZATION, kc.REDUCTION, kc.OTHER)
+
+
+class RowVerdict(TextEnum):
+    FEWER_FLOPS = "fewer_flops"  # GEMMs at the compute ceiling
+    SHAPE = "shape"  # GEMMs far below it
+    FUSION_ONLY = "fusion_only"  # pointwise at high DRAM throughput
+    ISSUE_BOUND = "issue_bound"  # pointwise "compute-bound" with idle tensor pipes
+
+
+@dataclass(frozen=True)
+class PartVerdict:
+    """One category's verdict on one budget part, with the figures that decided it."""
+
+    verdict: RowVerdict
+    part: str  # perfd.analytics.breakdown.budget.Part value
+    category: str
+    kernels: int
+    part_ms: float  # the part's ms per step in the budget
+    compute: float | None
+    memory: float | None
+    dram: float | None
+    tensor: float | None
+    capture: str
+    chosen: str = ""  # how the profiled kernels were chosen (perfd.capture.ncu_exec.KernelChoice text)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (v.value if isinstance(v, TextEnum) else v) for k, v in self.__dict__.items()}
+
+
+def _f(c: Mapping[str, Any], key: str) -> float | None:
+    v = c.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def verdict_of(category: str, c: Mapping[str, Any]) -> RowVerdict | None:
+    """The verdict of one category summary (None: its figures call for none of the four)."""
+    compute, dram, tensor = _f(c, "compute_throughput"), _f(c, "dram_throughput"), _f(c, "tensor_pipe")
+    if category == kc.GEMM and compute is not None:
+        if compute >= SOL_HIGH:
+            return RowVerdict.FEWER_FLOPS
+        if compute < SOL_LATENCY:
+            return RowVerdict.SHAPE
+        return None
+    if category in _POINTWISE:
+        if dram is not None and dram >= FUSION_DRAM:
+            return RowVerdict.FUSION_ONLY
+        if c.get("bound") == KernelBound.COMPUTE.value and tensor is not None and tensor < TENSOR_IDLE:
+            return RowVerdict.ISSUE_BOUND
+    return None
+
+
+def part_verdicts(b: StepBudget) -> list[PartVerdict]:
+    """Every category summary on the budget's parts that calls for a verdict, costliest part first."""
+    out = []
+    for p in sorted(b.parts, key=lambda p: -p.ms):
+        for c in _rows(p):
+            cat = str(c.get("category") or "")
+            v = verdict_of(cat, c)
+            if v is not None:
+                out.append(PartVerdict(v, p.part.value, cat, int(_f(c, "kernels") or 0), p.ms,
+                                       _f(c, "compute_throughput"), _f(c, "memory_throughput"),
+                                       _f(c, "dram_throughput"), _f(c, "tensor_pipe"),
+                                       str(c.get("capture") or ""), _chosen(c)))
+    return out
+
+
+def _chosen(c: Mapping[str, Any]) -> str:
+    choice = c.get("kernel_choice")
+    return str(choice.get("text") or "") if isinstance(choice, Mapping) else ""
+
+
+def _rows(p: BudgetPart) -> list[Mapping[str, Any]]:
+    return [c for c in p.detail.get("ncu") or [] if isinstance(c, Mapping)]
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0%}"
+
+
+_ACTION: dict[RowVerdict, str] = {
+    RowVerdict.FEWER_FLOPS: "Do fewer FLOPs in these GEMMs (less recomputation, a smaller or shorter model): "
+    "the kernels already run near the GPU's compute ceiling, a faster kernel gains nothing",
+    RowVerdict.SHAPE: "Give these GEMMs better shapes: hidden, FFN and sequence sizes that are multiples of "
+    "the kernel's tile (128 or 256), a larger micro-batch — they run far below the compute ceiling",
+    RowVerdict.FUSION_ONLY: "Fuse these pointwise kernels into their neighbours (a fused kernel, "
+    "torch.compile): they already move DRAM near its peak, only fewer bytes moved helps",
+    RowVerdict.ISSUE_BOUND: "Fuse these pointwise kernels (fewer launches, index arithmetic done once): "
+    "ncu's rule calls them compute-bound, but with the tensor pipes idle their SM work is issue slots and "
+    "integer index arithmetic, not math",
+}
+
+
+def text(v: PartVerdict) -> str:
+    figs = (f"compute SOL {_pct(v.compute)}, memory SOL {_pct(v.memory)}, DRAM {_pct(v.dram)}, "
+            f"tensor pipe {_pct(v.tensor)}")
+    return (f"Nsight Compute (capture {v.capture}) on the {v.part} part ({v.part_ms:.0f} ms a step): "
+            f"{v.category}, {v.kernels} kernel(s), time-weighted {figs}"
+            + (f"; kernels chosen {v.chosen}" if v.chosen else ""))
+
+
+def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendation]]:
+    """A finding and a recommendation for each verdict the ncu rows on the budget's parts give; the
+    recommendation's impact is left unstated (the rows say what kind of change helps, not how much)."""
+    fs: list[Finding] = []
+    rs: list[Recommendation] = []
+    for v in part_verdicts(b):
+        fid = f"ncu-{v.part}-{v.category}"
+        title = f"{v.category} kernels of {v.part}: {v.verdict.value.replace('_', ' ')}"
+        fs.append(Finding(fid, Severity.INFO, title, text(v) + ".", {"ncu_verdict": v.to_json()}, "",
+                          label or b.basis))
+        rs.append(Recommendation("", fid, 0, _ACTION[v.verdict], text(v), None, v.verdict.value))
+    return fs, rs
+
+
+def verdicts_json(b: StepBudget | None) -> list[dict[str, Any]]:
+    return [v.to_json() for v in part_verdicts(b)] if b is not None else []
+
+
+
+
+def rows_class(categories: Sequence[Mapping[str, Any]], compute_ms: float | None
+               ) -> tuple[BottleneckClass, str, float | None]:
+    """(class, why, coverage) from an ncu capture's category summaries, for a job with no timeline: the
+    rows' profiled time against the step's compute time (``compute_ms``, the budget's) is their
+    coverage; at CLASS_COVERAGE or more, the class NVIDIA's rule gives most of their time (compute- or
+    memory-bound; neither holding half of it: mixed); under it, unknown, and the reason says why."""
+    profiled = sum(_f(c, "profiled_ms") or 0.0 for c in categories)
+    if not compute_ms or compute_ms <= 0 or profiled <= 0:
+        return BottleneckClass.UNKNOWN, "the ncu rows' time or the step's compute time is unknown", None
+    coverage = profiled / compute_ms
+    if coverage < CLASS_COVERAGE:
+        return (BottleneckClass.UNKNOWN, f"the ncu rows cover {coverage:.0%} of the step's compute time "
+                f"(under {CLASS_COVERAGE:.0%}): too little to class the step", coverage)
+    by: dict[str, float] = {}
+    for c in categories:
+        for bound, ms in (c.get("bound_ms") or {}).items():
+            if isinstance(ms, (int, float)):
+                by[str(bound)] = by.get(str(bound), 0.0) + float(ms)
+    total = sum(by.values())
+    top = max(by, key=lambda k: by[k]) if by else None
+    cls = {KernelBound.COMPUTE.value: BottleneckClass.COMPUTE,
+           KernelBound.MEMORY.value: BottleneckClass.MEMORY}.get(top or "", BottleneckClass.MIXED)
+    if top is None or by[top] < 0.5 * total:
+        cls = BottleneckClass.MIXED
+    share = by[top] / total if top is not None and total > 0 else 0.0
+    return cls, (f"the ncu rows cover {coverage:.0%} of the step's compute time; {share:.0%} of their time "
+                 f"is in kernels NVIDIA's rule calls {top}"), coverage

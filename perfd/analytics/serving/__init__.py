@@ -1,0 +1,2 @@
+"""How an LLM server serves: request histograms, the model spec, the serving findings.
+"""

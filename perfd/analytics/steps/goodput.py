@@ -1,0 +1,307 @@
+"""Goodput of a job: its wall time split by where it went. Pure.
+
+The wall time runs from the job's start (its first start-up timestamp where the log has one, else
+the start of its first logged step) to the end of its last logged step and what followed it (a final
+checkpoint save), or to now while the job is stalled. Each logged step record covers ``n``
+iterations of ``step_s`` mean seconds, ending at ``end_time``; the window between two records is
+split, in this order of precedence:
+
+- *restart*: the next record belongs to a new run of the job — the framework's start-up output came
+  before it (``StepRecord.first_of_run``: what tells a resume apart live, where the aggregator holds
+  one record per iteration), its iteration number goes back or repeats, or it is Megatron-LM's
+  first-iteration log of a resumed run (a record of one iteration whose number is not a multiple of
+  the log interval). The window minus the new record's own steps
+  and the previous run's final checkpoint save is the restart: the old processes ending, the new
+  ones starting, loading the checkpoint.
+- *checkpoint* / *evaluation*: the log's own timers printed after a step (Megatron's
+  ``save-checkpoint``, ``save-checkpoint-non-persistent`` and ``evaluate``: the slowest rank's time,
+  which the loop waits for); the training loop's interval timer stops around both, so they are not
+  inside any step time. The step hook's announced phases (``with hook.phase("checkpoint")``), timed by
+  the hook and carried on the rank's next record (``paused-checkpoint``, ``paused-evaluation``),
+  count the same way in the window before that record.
+- *training*: the record's ``n × step_s``; of it, each incident's cost (Σ step − steady median,
+  perfd.analytics.incidents.detect) is *incident*, perfd's own captures' excess is *profiling*, and
+  iterations a new run trains again (numbers at or below what an earlier run reached) are *redone*.
+- *stall*: what is left of a window once the above are taken, when it exceeds
+  ``GOODPUT_STALL_STEPS`` median steps (at least ``GOODPUT_STALL_FLOOR_S``); a smaller remainder is
+  *other* (logging and host overhead between timed steps). A live job that has stopped stepping while
+  its processes hold their GPUs adds the time since its last step as stall.
+- *startup*: from the job's start to its first step's start.
+
+Goodput (the ratio) = training ÷ wall. The parts add up to the wall time exactly (each is taken out
+of the window it lies in, never more than is left of it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics.thresholds import GOODPUT_STALL_FLOOR_S, GOODPUT_STALL_STEPS
+from perfd.model import HOOK_PAUSE_TIMERS
+
+TRAINING = "training"
+INCIDENT = "incident"
+PROFILING = "profiling"
+REDONE = "redone"
+CHECKPOINT = "checkpoint"
+EVALUATION = "evaluation"
+RESTART = "restart"
+STALL = "stall"
+STARTUP = "startup"
+OTHER = "other"
+# Every kind a job's time is split into (the label values of perfd_job_time_seconds_total).
+KINDS: tuple[str, ...] = (TRAINING, INCIDENT, PROFILING, REDONE, CHECKPOINT, EVALUATION, RESTART, STALL,
+                          STARTUP, OTHER)
+KIND_HELP: dict[str, str] = {
+    TRAINING: "steady training: logged step time outside incidents and perfd's captures",
+    INCIDENT: "the excess step time of incidents (Σ step − steady time per step)",
+    PROFILING: "the excess step time of perfd's own captures",
+    REDONE: "iterations trained again after a restart from an earlier checkpoint",
+    CHECKPOINT: "checkpoint saves (the framework's save-checkpoint timer, or the step hook's phase)",
+    EVALUATION: "evaluation passes (the framework's evaluate timer, or the step hook's phase)",
+    RESTART: "from one run of the job ending to the next one's first step",
+    STALL: "no step while the job should be stepping (unexplained gaps; a hang)",
+    STARTUP: "from the job's start to its first step",
+    OTHER: "small gaps between logged steps (logging, host overhead)",
+}
+
+# Framework timers (printed after a step) that time a pause of the training loop, by kind.
+PHASE_TIMERS: dict[str, str] = {
+    "save-checkpoint": CHECKPOINT,
+    "save-checkpoint-non-persistent": CHECKPOINT,
+    "evaluate": EVALUATION,
+}
+# Timers that time a pause *before* the step of their record: the step hook's announced phases.
+PAUSE_BEFORE_TIMERS: dict[str, str] = {timer: kind for kind, timer in HOOK_PAUSE_TIMERS.items()}
+
+
+@dataclass(frozen=True)
+class StepSpan:
+    """One logged step record, as goodput reads it."""
+
+    iteration: int
+    end_time: float  # epoch s
+    step_s: float  # mean seconds per iteration
+    n: int = 1  # iterations the record covers
+    after_s: Mapping[str, float] = field(default_factory=dict)  # kind -> seconds paused after it
+    new_run: bool = False  # the framework's start-up output came before it (StepRecord.first_of_run)
+    before_s: Mapping[str, float] = field(default_factory=dict)  # kind -> seconds paused before it
+
+
+@dataclass
+class Goodput:
+    wall_s: float
+    parts: dict[str, float]  # kind -> seconds; sums to wall_s
+    start_time: float
+    end_time: float
+    runs: int  # runs of the job seen (1 + restarts)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.parts.get(TRAINING, 0.0) / self.wall_s if self.wall_s > 0 else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ratio": self.ratio, "wall_s": self.wall_s, "parts_s": dict(self.parts),
+                "start_time": self.start_time, "end_time": self.end_time, "runs": self.runs,
+                "restarts": self.runs - 1, "notes": list(self.notes)}
+
+
+class SpanColumns:
+    """Step spans held as columns (a few numbers a record: a long run's records are never all
+    objects at once): end time, step seconds, iteration, iterations covered; the pauses timed after
+    a record and the records that start a run, by row."""
+
+    def __init__(self) -> None:
+        self.end, self.step, self.iteration, self.n = array("d"), array("d"), array("q"), array("q")
+        self.after: dict[int, dict[str, float]] = {}
+        self.before: dict[int, dict[str, float]] = {}
+        self.new_run: set[int] = set()
+
+    def add(self, s: StepSpan) -> None:
+        i = len(self.end)
+        self.end.append(s.end_time)
+        self.step.append(s.step_s)
+        self.iteration.append(s.iteration)
+        self.n.append(s.n)
+        if s.after_s:
+            self.after[i] = dict(s.after_s)
+        if s.before_s:
+            self.before[i] = dict(s.before_s)
+        if s.new_run:
+            self.new_run.add(i)
+
+    def by_end_time(self) -> Iterator[StepSpan]:
+        """The spans in end-time order (the order they were added in, where that is it), one at a time."""
+        end = self.end
+        in_order = all(end[i] <= end[i + 1] for i in range(len(end) - 1))
+        for i in range(len(end)) if in_order else sorted(range(len(end)), key=end.__getitem__):
+            yield StepSpan(self.iteration[i], end[i], self.step[i], self.n[i], self.after.get(i, {}),
+                           i in self.new_run, self.before.get(i, {}))
+
+
+def phase_seconds(timers: Mapping[str, Any], names: Mapping[str, str] = PHASE_TIMERS) -> dict[str, float]:
+    """kind -> seconds from a record's timers (``TimerValue``-like: ``max_ms``, ``per_rank``): the
+    slowest rank's time, which the training loop waits for. ``names``: timer -> kind
+    (PHASE_TIMERS: pauses after the record's step; PAUSE_BEFORE_TIMERS: before it)."""
+    out: dict[str, float] = {}
+    for name, kind in names.items():
+        tv = timers.get(name)
+        if tv is None:
+            continue
+        values = [v for v in (getattr(tv, "max_ms", None), *getattr(tv, "per_rank", {}).values())
+                  if v is not None and v >= 0]
+        if values:
+            out[kind] = out.get(kind, 0.0) + max(values) / 1e3
+    return out
+
+
+def _new_run(prev: StepSpan, cur: StepSpan, log_interval: int | None) -> bool:
+    if cur.new_run or cur.iteration <= prev.iteration:
+        return True
+    # Megatron-LM logs the first iteration of every run, fresh or resumed: one iteration, at a number
+    # that is not a multiple of the log interval (a run's later logs are).
+    return bool(log_interval and log_interval > 1 and cur.n == 1 and cur.iteration % log_interval)
+
+
+def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
+                incident_cost_s: float | None = None, profiling_s: float | None = None,
+                log_interval: int | None = None, stalled_until: float | None = None,
+                median_step_s: float | None = None, by_end_time: bool = False) -> Goodput | None:
+    """The job's goodput from its step records (any order: taken by end time), or None without a
+    record. ``started_at``: the job's first start-up timestamp. ``stalled_until``: now, for a live job
+    that has stopped stepping while its processes are alive. ``median_step_s`` (else the spans'
+    median) scales the stall threshold; with it and ``by_end_time`` (the spans come in end-time
+    order) the spans are read once, one at a time: a long run's are never all held."""
+    kept = (s for s in spans if s.step_s >= 0 and s.n >= 1)
+    ordered: Iterable[StepSpan]
+    if by_end_time and median_step_s is not None:
+        ordered, med = kept, median_step_s
+    else:
+        listed: Sequence[StepSpan] = sorted(kept, key=lambda s: s.end_time)
+        if not listed:
+            return None
+        ordered, med = listed, (median_step_s if median_step_s is not None
+                                else statistics.median(s.step_s for s in listed))
+    it = iter(ordered)
+    first = next(it, None)
+    if first is None:
+        return None
+    parts = dict.fromkeys(KINDS, 0.0)
+    notes: list[str] = []
+    stall_min = max(GOODPUT_STALL_FLOOR_S.value, GOODPUT_STALL_STEPS.value * med)
+    first_start = first.end_time - first.n * first.step_s
+    start = first_start
+    if started_at is not None and started_at < first_start:
+        parts[STARTUP], start = first_start - started_at, started_at
+    elif started_at is None:
+        notes.append("no start-up time (none logged, or the job's first iterations are no longer held): "
+                     "the wall time starts at the first step held")
+    parts[TRAINING] += first.n * first.step_s
+    runs, reached, run_floor = 1, first.iteration, -1  # run_floor: earlier runs reached this iteration
+    last = first
+    for prev, cur in itertools.pairwise(itertools.chain((first,), it)):
+        last = cur
+        window = cur.end_time - prev.end_time
+        train = min(window, cur.n * cur.step_s)
+        left = window - train
+        for kind, secs in (*prev.after_s.items(), *cur.before_s.items()):
+            if kind not in parts or not secs > 0:  # only the pause kinds, and only real times
+                continue
+            take = min(left, secs)
+            parts[kind] += take
+            left -= take
+        if _new_run(prev, cur, log_interval):
+            runs += 1
+            run_floor = max(run_floor, reached)
+            parts[RESTART] += left
+        elif left > stall_min:
+            parts[STALL] += left
+        else:
+            parts[OTHER] += left
+        # The part of the record's iterations an earlier run had already trained.
+        redo = min(cur.n, max(0, run_floor - (cur.iteration - cur.n))) if run_floor >= 0 else 0
+        parts[REDONE] += train * redo / cur.n
+        parts[TRAINING] += train * (cur.n - redo) / cur.n
+        reached = max(reached, cur.iteration)
+    end = last.end_time
+    for kind, secs in last.after_s.items():  # a save after the last logged step (the final one)
+        if kind not in parts or not secs > 0:
+            continue
+        parts[kind] += secs
+        end += secs
+    if stalled_until is not None and stalled_until > end:
+        parts[STALL] += stalled_until - end
+        end = stalled_until
+    for kind, cost in ((INCIDENT, incident_cost_s), (PROFILING, profiling_s)):
+        take = min(parts[TRAINING], max(0.0, cost or 0.0))
+        parts[kind] += take
+        parts[TRAINING] -= take
+    return Goodput(end - start, parts, start, end, runs, notes)
+
+
+def with_incidents(gp: Mapping[str, Any], incident_s: float) -> dict[str, Any]:
+    """A goodput JSON (``Goodput.to_json``) whose incident part is ``incident_s``: the cost of the
+    incidents the job lists. The live aggregator keeps an incident once seen, where a later analysis
+    may no longer find it (the warm-up window grows over an early one): the parts then follow the
+    incidents shown, the difference moving between training and incident (never past either)."""
+    out: dict[str, Any] = dict(gp)
+    parts = dict(gp["parts_s"])
+    have, train = parts.get(INCIDENT, 0.0), parts.get(TRAINING, 0.0)
+    move = min(max(0.0, incident_s) - have, train)  # > 0: from training to incident
+    if abs(move) < 1e-9:
+        return out
+    parts[INCIDENT], parts[TRAINING] = have + move, train - move
+    wall = gp["wall_s"]
+    out.update(parts_s=parts, ratio=parts[TRAINING] / wall if wall > 0 else None)
+    return out
+
+
+def with_stall(gp: Mapping[str, Any], stalled_s: float) -> dict[str, Any]:
+    """A goodput JSON (``Goodput.to_json``) of a job that has not stepped for ``stalled_s`` while its
+    processes hold their GPUs: that time added as stall, to the parts and the wall alike."""
+    out: dict[str, Any] = dict(gp)
+    if stalled_s <= 0:
+        return out
+    parts = {**gp["parts_s"], STALL: gp["parts_s"].get(STALL, 0.0) + stalled_s}
+    wall = gp["wall_s"] + stalled_s
+    out.update(parts_s=parts, wall_s=wall, end_time=gp["end_time"] + stalled_s,
+               ratio=parts.get(TRAINING, 0.0) / wall if wall > 0 else None)
+    return out
+
+
+def metric_rows(job: str, gp: Mapping[str, Any], ratio_name: str, time_name: str
+                ) -> list[tuple[dict[str, str], str, float]]:
+    """/metrics rows of a goodput JSON: the ratio and the seconds of every kind (0 included: a kind
+    that took no time is a fact, and Prometheus rates need the series before it grows)."""
+    rows: list[tuple[dict[str, str], str, float]] = []
+    if gp.get("ratio") is not None:
+        rows.append(({"job_name": job}, ratio_name, float(gp["ratio"])))
+    for kind in KINDS:
+        rows.append(({"job_name": job, "kind": kind}, time_name, float(gp["parts_s"].get(kind, 0.0))))
+    return rows
+
+
+def headline_text(gp: Goodput | None) -> str | None:
+    """One line for a report's headline: the ratio, the wall time and the largest non-training
+    parts, e.g. "goodput 70% of 155 s (start-up 30 s, incident 17 s)"."""
+    ratio = gp.ratio if gp is not None else None
+    if gp is None or ratio is None:
+        return None
+    lost = sorted(((k, v) for k, v in gp.parts.items() if k != TRAINING and v >= 0.5),
+                  key=lambda kv: -kv[1])[:3]
+    tail = ", ".join(f"{k} {_dur(v)}" for k, v in lost)
+    return f"goodput {ratio:.0%} of {_dur(gp.wall_s)}" + (f" ({tail})" if tail else "")
+
+
+def _dur(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"

@@ -1,0 +1,199 @@
+"""Per-iteration metrics over one step record: throughput, MFU, data-loading and exposed
+communication shares (DESIGN.md §2). Pure functions; every result names its source.
+
+Phases are read through the record's source vocabulary (perfd.analytics.common.Vocabulary):
+Megatron's timers, the step hook's data wait, ... Timer values are per-iteration means over the
+source's interval (Megatron's log interval, one step for the hook), in ms, like the step time they
+are divided by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from perfd.analytics.common import (
+    MetricValue,
+    finite,
+    record_source,
+    timer_max,
+    vocabulary_of,
+)
+from perfd.analytics.steps.gpus import PeakResult
+from perfd.model import Provenance, StepRecord
+
+# Megatron prints its throughput with one decimal: allow for that rounding in the cross-check.
+LOGGED_TFLOPS_RESOLUTION = 0.05
+CROSSCHECK_REL_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class LoggedThroughput:
+    """A framework's own throughput figure, and how far perfd's may be from it."""
+
+    source: str  # what the log line calls it
+    rel_tolerance: float
+    resolution: float  # half the last printed digit
+
+
+# Per framework. torchtitan: 2% — its FLOPs count includes 6·(norm weights) per token, which no
+# GEMM performs, and its time is the span between two log calls, perfd's the span between the
+# lines' arrival; it prints two decimals.
+LOGGED_THROUGHPUT: dict[str, LoggedThroughput] = {
+    "megatron": LoggedThroughput("megatron: throughput per GPU (TFLOP/s/GPU)", CROSSCHECK_REL_TOLERANCE,
+                                 LOGGED_TFLOPS_RESOLUTION),
+    "torchtitan": LoggedThroughput("torchtitan: tflops (per device)", 0.02, 0.005),
+}
+
+
+def logged_throughput_source(framework: str) -> str:
+    known = LOGGED_THROUGHPUT.get(framework)
+    return known.source if known else f"{framework}: logged throughput per GPU"
+
+
+def throughput_per_gpu(
+    flops_per_iteration: float | None,
+    step_time_ms: float | None,
+    world_size: int | None,
+    flops_source: Provenance | None = None,
+) -> MetricValue:
+    """Achieved model TFLOP/s per GPU = FLOPs ÷ (step seconds · 1e12 · world size)."""
+    missing = [n for n, x in (("model FLOPs", flops_per_iteration), ("step time", step_time_ms),
+                              ("world size", world_size)) if x is None]
+    if missing:
+        return MetricValue.absent("missing " + ", ".join(missing))
+    assert flops_per_iteration is not None and step_time_ms is not None and world_size is not None
+    if step_time_ms <= 0 or world_size <= 0:
+        return MetricValue.absent(f"non-positive step time {step_time_ms} ms or world {world_size}")
+    value = flops_per_iteration / (step_time_ms / 1e3 * 1e12 * world_size)
+    what = flops_source.detail if flops_source else "model FLOPs"
+    return MetricValue(value, Provenance("analytics", f"FLOPs/(step s·1e12·world={world_size}); {what}"))
+
+
+def mfu(tflops_per_gpu: MetricValue, peak: PeakResult) -> MetricValue:
+    """MFU as a ratio in [0, 1] (not percent): achieved TFLOP/s per GPU ÷ peak dense TFLOP/s."""
+    if tflops_per_gpu.value is None:
+        return MetricValue.absent(tflops_per_gpu.reason or "throughput unknown")
+    if peak.peak_tflops is None:
+        return MetricValue.absent(peak.reason or "peak TFLOP/s unknown")
+    src = peak.source.detail if peak.source else f"peak {peak.peak_tflops:g}"
+    return MetricValue(tflops_per_gpu.value / peak.peak_tflops,
+                       Provenance("analytics", f"model TFLOP/s per GPU ÷ {src}"))
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    """perfd's throughput against the framework's logged figure."""
+
+    model_tflops: float | None
+    logged_tflops: float | None
+    rel_gap: float | None  # (model - logged) / logged
+    tolerance: float | None  # max(1%, rounding of the logged figure)
+    agrees: bool | None  # None when either side is absent
+
+
+def crosscheck_tflops(model_tflops: float | None, logged_tflops: float | None,
+                      framework: str = "megatron") -> CrossCheck:
+    """Relative gap; beyond max(tolerance, resolution/logged) it disagrees (Megatron: 1%, and it
+    rounds to 0.1; torchtitan: LOGGED_THROUGHPUT)."""
+    if model_tflops is None or logged_tflops is None or logged_tflops <= 0:
+        return CrossCheck(model_tflops, logged_tflops, None, None, None)
+    known = LOGGED_THROUGHPUT.get(framework, LOGGED_THROUGHPUT["megatron"])
+    gap = (model_tflops - logged_tflops) / logged_tflops
+    tol = max(known.rel_tolerance, known.resolution / logged_tflops)
+    return CrossCheck(model_tflops, logged_tflops, gap, tol, abs(gap) <= tol)
+
+
+def data_share(rec: StepRecord) -> MetricValue:
+    """Data wait (max across ranks) ÷ step time: Megatron's batch-generator timer, the hook's data
+    wait. >0.2 bottleneck, <0.05 healthy."""
+    voc = vocabulary_of(rec)
+    name = next((n for n in voc.data_wait if n in rec.timers), None)
+    wait = timer_max(rec.timers.get(name)) if name is not None else None
+    if name is None or wait is None:
+        return MetricValue.absent(voc.data_wait_absent)
+    step = finite(rec.step_time_ms)
+    if step is None or step <= 0:
+        return MetricValue.absent("step time absent")
+    return MetricValue(wait / step, Provenance(
+        voc.source, f"timer {name} ({voc.across_ranks}) {wait:g} ms ÷ step time {step:g} ms; "
+                    f"{record_source(rec)}"))
+
+
+@dataclass(frozen=True)
+class CommShare:
+    """Exposed communication from Megatron timers, as a share of the step.
+
+    ``method`` says which values were summed:
+    - "sum-of-max" (minmax/max timers): each timer's max across ranks, i.e. the longest any rank
+      was blocked in it (it includes waiting for late peers). Maxima of different timers may come
+      from different ranks (with PP they do: each stage starts different p2p timers), so the sum
+      is an upper bound of any single rank's exposed communication.
+    - "per-rank" (``--timing-log-option all``): per-rank sums, and the worst rank's share.
+    The PP part is p2p send/recv wait; it includes waiting for the peer stage (bubble and stage
+    imbalance), so it overlaps with the pipeline idle measures rather than adding to them.
+    """
+
+    total: MetricValue
+    grad_sync: MetricValue  # the "DP part": grad reduce / param gather / finalize-grads all-reduces
+    pp: MetricValue  # pipeline p2p
+    timers_ms: dict[str, float] = field(default_factory=dict)  # timer -> ms used in the sum
+    method: str | None = None
+    worst_rank: int | None = None
+
+
+def _per_rank_sums(rec: StepRecord, names: tuple[str, ...]) -> dict[int, float] | None:
+    present = [rec.timers[n] for n in names if n in rec.timers]
+    if not present or not all(t.per_rank for t in present):
+        return None
+    sums: dict[int, float] = {}
+    for t in present:
+        for rank, v in t.per_rank.items():
+            sums[rank] = sums.get(rank, 0.0) + v
+    return sums
+
+
+def exposed_comm(rec: StepRecord) -> CommShare:
+    """Exposed communication share (total, grad-sync/DP part, PP part) from the source's timers."""
+    voc = vocabulary_of(rec)
+    grad_sync_timers, pp_p2p_timers = voc.grad_sync, voc.pp_p2p
+    step = finite(rec.step_time_ms)
+    present = [n for n in (*grad_sync_timers, *pp_p2p_timers) if n in rec.timers]
+    if not present:
+        none = MetricValue.absent(voc.comm_absent)
+        return CommShare(none, none, none)
+    if step is None or step <= 0:
+        none = MetricValue.absent("step time absent")
+        return CommShare(none, none, none)
+    src = record_source(rec)
+    all_names = (*grad_sync_timers, *pp_p2p_timers)
+    per_rank = _per_rank_sums(rec, all_names)
+    timers_ms = {n: v for n in present if (v := timer_max(rec.timers[n])) is not None}
+
+    def part(names: tuple[str, ...], label: str) -> MetricValue:
+        used = [n for n in names if n in timers_ms]
+        if not used:
+            return MetricValue.absent(f"no {label} timers present")
+        if per_rank is not None:
+            sums = _per_rank_sums(rec, names)
+            if sums:
+                rank, worst = max(sums.items(), key=lambda kv: kv[1])
+                return MetricValue(worst / step, Provenance(
+                    voc.source, f"per-rank Σ({', '.join(used)}) on worst rank {rank}: {worst:.2f} ms "
+                                f"÷ step {step:g} ms; {src}"))
+        total_ms = sum(timers_ms[n] for n in used)
+        caveat = "" if len(used) == 1 else " (maxima may come from different ranks: upper bound)"
+        return MetricValue(total_ms / step, Provenance(
+            voc.source, f"Σ max across ranks({', '.join(used)}) = {total_ms:.2f} ms ÷ step {step:g} ms"
+                        f"{caveat}; {src}"))
+
+    worst_rank = None
+    if per_rank:
+        worst_rank = max(per_rank.items(), key=lambda kv: kv[1])[0]
+    return CommShare(
+        total=part(all_names, "communication"),
+        grad_sync=part(grad_sync_timers, "gradient-sync"),
+        pp=part(pp_p2p_timers, "pipeline p2p"),
+        timers_ms=timers_ms,
+        method="per-rank" if per_rank is not None else "sum-of-max",
+        worst_rank=worst_rank,
+    )

@@ -1,0 +1,637 @@
+"""Analysis of one training run, whatever its step source (Megatron-LM's log, the step hook,
+torchtitan's log): per-iteration metrics, steady-state summary, findings. Each source's records
+are read through its vocabulary (perfd.analytics.common.Vocabulary), declared once there.
+
+``analyze_run(job, records)`` is pure: it takes what the log parser produced (JobInfo and the
+StepRecords) and returns a RunAnalysis. Every number carries its source; a number whose inputs
+are missing is None (JSON null) with the reason, never 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from array import array
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from perfd import catalog
+from perfd.analytics.advice.findings import derive_findings, job_config
+from perfd.analytics.advice.remedies import JobConfig
+from perfd.analytics.breakdown import bottleneck as bn
+from perfd.analytics.breakdown.diagnosis import TimelineClass, classify_job
+from perfd.analytics.breakdown.job_budget import job_budget
+from perfd.analytics.common import MetricValue, finite, timer_max, vocabulary_of
+from perfd.analytics.finding_types import Finding, Recommendation, order_findings
+from perfd.analytics.incidents.detect import (
+    DETECTION_FIELDS,
+    Detection,
+    Incident,
+    detect_incidents,
+)
+from perfd.analytics.incidents.findings import incident_findings
+from perfd.analytics.steps.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
+from perfd.analytics.steps.goodput import (
+    PAUSE_BEFORE_TIMERS,
+    SpanColumns,
+    StepSpan,
+    job_goodput,
+    phase_seconds,
+)
+from perfd.analytics.steps.gpus import PeakResult, peak_tflops
+from perfd.analytics.steps.iteration_table import PACKED, Table
+from perfd.analytics.steps.metrics import (
+    crosscheck_tflops,
+    data_share,
+    exposed_comm,
+    logged_throughput_source,
+    mfu,
+    throughput_per_gpu,
+)
+from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
+from perfd.analytics.steps.run_summary import (
+    CaptureDisturbances,
+    JobBlock,
+    RunSummary,
+    incidents_cost_s,
+    job_block,
+    steady_medians,
+    step_shares,
+    summarize,
+)
+from perfd.analytics.steps.steady import Exclusion, SteadyState, steady_state_of
+from perfd.analytics.steps.stragglers import (
+    PersistentStragglers,
+    StragglerResult,
+    detect,
+    persistent,
+    rank_order,
+)
+from perfd.dtypes import normalize_dtype
+from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
+
+# The values of Megatron-LM's memory report (``[Rank r] (after N iterations) memory (MB) | ...``) the
+# analysis keeps the largest of: what a remedy that costs memory (a larger micro-batch) is read against
+# ("allocated" between steps is the state the step keeps: weights, gradients, optimizer state).
+MEMORY_KEYS: tuple[str, ...] = ("allocated", "max allocated", "max reserved")
+
+
+def _internal(why: str, summary: bool = False) -> Any:
+    """A numeric field that is deliberately not a catalog metric (``why``); ``summary``: its
+    steady-state median is kept in the summary for the findings."""
+    return field(default=None, metadata={"internal": why, "summary": summary})
+
+
+@dataclass
+class IterationResult:
+    """The metrics of one iteration (one step record); None = absent, see ``sources``."""
+
+    iteration: int
+    end_time: float | None = _internal("wall time (epoch s) the iteration ended: a timestamp, not a "
+                                       "measurement (W&B rows take it as their _timestamp)")
+    step_time_ms: float | None = None
+    logged_tflops_per_gpu: float | None = None  # the log's own figure
+    model_tflops_per_gpu: float | None = None  # perfd's (formula, else logged, else 6N)
+    tflops_rel_gap: float | None = None  # (perfd − logged) / logged
+    tflops_check_ok: bool | None = None
+    mfu: float | None = None  # ratio in [0, 1]
+    mfu_vs_measured_ceiling: float | None = _internal("MFU against the measured matmul ceiling: a "
+                                                      "finding's context, not a dashboard number", True)
+    data_share: float | None = None
+    comm_exposed_share: float | None = None
+    comm_exposed_dp_share: float | None = None
+    comm_exposed_pp_share: float | None = None
+    comm_method: str | None = None
+    optimizer_ms: float | None = _internal("the optimizer step's timer (Megatron's 'optimizer'): the step "
+                                           "budget's cross-check of a capture's optimizer kernels", True)
+    pp_bubble_analytic: float | None = None
+    pp_idle_min: float | None = None  # heavier stage
+    pp_idle_max: float | None = None  # lighter stage
+    pp_imbalance: float | None = None  # pp_idle_max − pp_bubble_analytic
+    pp_lighter_compute_ms: float | None = _internal("evidence of the stage-imbalance finding", True)
+    pp_heavier_compute_ms: float | None = _internal("evidence of the stage-imbalance finding", True)
+    pp_idle_method: str | None = None
+    straggler_rtt_ratio: float | None = None
+    straggler_rtt_max_rank: int | None = _internal("a rank number, not a measurement")
+    straggler_rtt_min_rank: int | None = _internal("a rank number, not a measurement")
+    straggler_between_stages: bool = False
+    straggler_compute_spread: float | None = _internal("max/min forward-backward across ranks: "
+                                                       "the straggler finding's evidence", True)
+    straggler_compute_spread_flagged: bool | None = None
+    straggler_candidate_ranks: list[int] = field(default_factory=list)
+    # rank -> its forward+backward compute / the median of its stage (per-rank timers only)
+    straggler_rank_compute_ratio: dict[int, float] = field(default_factory=dict)
+    straggler_notes: list[str] = field(default_factory=list)
+    bottleneck: str = "unknown"
+    lm_loss: float | None = None
+    incident_lost_ms: float | None = None  # step − steady median, inside an incident only
+    steady_state: bool = False
+    excluded_reason: str | None = None
+    # metric -> source, or "absent: why"; kept compressed in a run's table (it names the iteration's
+    # numbers and log line: ~3 KB of text an iteration)
+    sources: dict[str, str] = field(default_factory=dict, metadata={PACKED: True})
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: _json_value(v) for k, v in dataclasses.asdict(self).items()}
+
+
+# Per-iteration metrics summarised as medians over the steady state: the catalog's summary metrics
+# and the internal fields the findings need.
+SUMMARY_METRICS: tuple[str, ...] = (
+    *(m.attr for m in catalog.job_metrics(catalog.SUMMARY) if m.attr),
+    *(f.name for f in dataclasses.fields(IterationResult) if f.metadata.get("summary")),
+)
+
+
+@dataclass
+class RunAnalysis:
+    """Everything analyze_run found: job block, iterations, summary, findings, recommendations."""
+
+    job: JobBlock
+    iterations: Table[IterationResult]  # a row is built when read: see iteration_table
+    summary: RunSummary
+    findings: list[Finding]
+    recommendations: list[Recommendation]
+    steady: SteadyState
+    stragglers: PersistentStragglers
+    flops: FlopsResult
+    peak: PeakResult
+    incidents: list[Incident] = field(default_factory=list)
+    config: JobConfig | None = None  # what the job runs with, for the remedies (findings.job_config)
+
+    def steady_iterations(self) -> list[IterationResult]:
+        """Every steady iteration's row, built at once: for short runs (tests); a long run's
+        readers take ``values``, ``steady_values`` or ``steady_rows``."""
+        return list(self.steady_rows())
+
+    def steady_rows(self, newest_first: bool = False) -> Iterator[IterationResult]:
+        """The steady iterations' rows, built one at a time."""
+        flags = list(self.iterations.column("steady_state"))
+        order = range(len(flags) - 1, -1, -1) if newest_first else range(len(flags))
+        return (self.iterations[i] for i in order if flags[i])
+
+    def values(self, name: str) -> Iterator[Any]:
+        """One per-iteration field over every iteration, in order, without building rows."""
+        return self.iterations.column(name)
+
+    def steady_values(self, name: str) -> Iterator[Any]:
+        """One per-iteration field over the steady iterations, without building rows."""
+        return (v for v, s in zip(self.values(name), self.values("steady_state"), strict=True) if s)
+
+    def run_seconds(self) -> float:
+        """The run's logged time: the sum of its step times."""
+        return float(sum(s for s in self.values("step_time_ms") if s is not None)) / 1e3
+
+    def iteration_rows(self, steady_only: bool = False) -> Iterator[dict[str, Any]]:
+        """JSON rows of every iteration, or of the steady ones, built one at a time."""
+        return (it.to_json() for it in (self.steady_rows() if steady_only else self.iterations))
+
+    def to_json(self, iterations: bool = True) -> dict[str, Any]:
+        """Keys: job, iterations, summary, incidents. None stays None (null), never 0. The report is built
+        above this layer (perfd.report.analysis_json adds it). ``iterations=False``: no rows (a
+        caller that streams them, see iteration_rows)."""
+        return {
+            "job": _json_value(self.job.to_json()),
+            "iterations": [it.to_json() for it in self.iterations] if iterations else [],
+            "summary": _json_value(self.summary.to_json()),
+            "incidents": [_json_value(i.to_json()) for i in self.incidents],
+        }
+
+
+def _json_value(v: Any) -> Any:
+    """Plain JSON values; non-finite floats become None (JSON has no NaN)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_json_value(x) for x in v]
+    return v
+
+
+def _world_size(lay: ParallelLayout) -> int | None:
+    if lay.world_size is not None:
+        return lay.world_size
+    if None not in (lay.tp, lay.pp, lay.dp, lay.cp):
+        assert lay.tp and lay.pp and lay.dp and lay.cp
+        return lay.tp * lay.pp * lay.dp * lay.cp
+    return None
+
+
+def _microbatches(lay: ParallelLayout, gbs: int | None) -> int | None:
+    """Micro-batches per iteration per DP replica for a given global batch."""
+    if gbs is None or gbs == lay.global_batch_size:
+        return lay.microbatches()
+    if lay.micro_batch_size and lay.dp and gbs % (lay.micro_batch_size * lay.dp) == 0:
+        return gbs // (lay.micro_batch_size * lay.dp)
+    return None
+
+
+def resolve_dtype(job: JobInfo, dtype: str | None) -> tuple[str | None, str]:
+    """Training dtype: the argument, else the model spec, else Megatron's --bf16/--fp16/--fp8."""
+    if dtype is not None:
+        return normalize_dtype(dtype), "argument"
+    if job.spec.dtype is not None:
+        return normalize_dtype(job.spec.dtype), "model spec"
+    args = job.arguments
+    fp8 = args.get("fp8")
+    if fp8 is not None and fp8.strip() not in ("None", "False", ""):
+        return "fp8", "arguments: fp8"
+    if args.get("bf16") == "True":
+        return "bf16", "arguments: bf16"
+    if args.get("fp16") == "True":
+        return "fp16", "arguments: fp16"
+    if args.get("bf16") == "False" and args.get("fp16") == "False":
+        return "fp32", "arguments: neither bf16 nor fp16"
+    return None, "unknown"
+
+
+def _src(m: MetricValue) -> str:
+    if m.value is None:
+        return f"absent: {m.reason or 'unknown'}"
+    text = str(m.source) if m.source else "analytics"
+    return f"{text} [{m.reason}]" if m.reason else text
+
+
+@dataclass
+class AnalysisMemo:
+    """Per-iteration work kept from one analysis of a growing run to the next (the aggregator keeps
+    one per job): an iteration whose record is the *same object* as last time, under the same job
+    context, is not computed again, so a new iteration costs its own work — the per-rank straggler
+    detection, exposed communication and stage idle — not a re-run over the history. What depends
+    on the whole run (steady state, incidents, the class with GPM and the timeline, the summary) is
+    still derived from every iteration, from these results. Plain data owned by the caller; the
+    analysis stays a function of its inputs (the same result with or without a memo: tested)."""
+
+    key: tuple[Any, ...] | None = None
+    entries: dict[int, tuple[StepRecord, IterationResult, StragglerResult]] = field(default_factory=dict)
+    hits: int = 0
+    misses: int = 0
+    # The last analysis' rows, to start the next one from: rows whose records are still held, in
+    # the same order, are taken over as a block rather than appended again one field at a time
+    # (at 5,000 held iterations that rebuild was ~0.5 s per refresh).
+    run: _KeptRun | None = None
+
+
+@dataclass
+class _KeptRun:
+    classify: tuple[Any, ...]  # what each row's class also depends on (GPM, the timeline)
+    records: list[StepRecord]  # the records of the table's rows, in row order
+    table: Table[IterationResult]  # shared with the analysis returned: never changed, only sliced
+    disturbed: array[int]
+    marked: list[int]  # rows given an incident_lost_ms by that analysis
+
+
+@dataclass
+class _Context:
+    """What every iteration's metrics depend on besides its record."""
+
+    job: JobInfo
+    world: int | None
+    peak: PeakResult
+    ranks: Any
+    flops_cache: dict[int | None, FlopsResult]
+
+
+def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, StragglerResult]:
+    """The metrics of one record that need only the record and the job (see AnalysisMemo)."""
+    job, lay, world, peak, ranks, flops_cache = (ctx.job, ctx.job.layout, ctx.world, ctx.peak, ctx.ranks,
+                                                 ctx.flops_cache)
+    it = IterationResult(rec.iteration, end_time=finite(rec.end_time),
+                         step_time_ms=finite(rec.step_time_ms),
+                         logged_tflops_per_gpu=finite(rec.logged_tflops_per_gpu),
+                         lm_loss=finite(rec.lm_loss))
+    srcs = it.sources
+    vocab = vocabulary_of(rec)
+    srcs["step_time_ms"] = str(rec.source) if rec.source else f"{vocab.source}: step time"
+    srcs["lm_loss"] = (f"{vocab.source}: loss" if it.lm_loss is not None
+                       else "absent: no loss on this iteration (a NaN loss removes the field)")
+    srcs["logged_tflops_per_gpu"] = (f"{logged_throughput_source(job.framework)}"
+                                     if it.logged_tflops_per_gpu is not None
+                                     else f"absent: {vocab.throughput_absent}")
+
+    # Throughput, MFU, cross-check. FLOPs: what the record states (the step hook's flops_per_step
+    # or tokens_per_step), else the job's formula for the iteration's global batch.
+    gbs = rec.global_batch_size if rec.global_batch_size is not None else lay.global_batch_size
+    stated = record_flops(rec.tokens_per_step, rec.flops_per_step, job.spec, job.framework_version,
+                          job.framework)
+    if stated is not None:
+        fl = stated
+    else:
+        if gbs not in flops_cache:
+            flops_cache[gbs] = model_flops(job.spec, gbs, job.framework_version, job.framework)
+        fl = flops_cache[gbs]
+    tput = MetricValue.absent(fl.reason() or "model FLOPs unknown")
+    if fl.available and fl.formula != FORMULA_6N:
+        tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
+    if tput.value is None and it.logged_tflops_per_gpu is not None:
+        tput = MetricValue(it.logged_tflops_per_gpu, Provenance(
+            job.framework, "logged throughput per GPU (perfd's formula unavailable: "
+                           f"{tput.reason})"))
+    if tput.value is None and fl.available and fl.formula == FORMULA_6N:
+        tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
+    it.model_tflops_per_gpu = tput.value
+    srcs["model_tflops_per_gpu"] = srcs["tflops_rel_gap"] = _src(tput)
+    if tput.source is not None and tput.source.collector == "analytics":
+        chk = crosscheck_tflops(tput.value, it.logged_tflops_per_gpu, job.framework)
+        it.tflops_rel_gap, it.tflops_check_ok = chk.rel_gap, chk.agrees
+    m = mfu(tput, peak)
+    it.mfu = m.value
+    srcs["mfu"] = _src(m)
+    if tput.value is not None and peak.measured_ceiling_tflops:
+        it.mfu_vs_measured_ceiling = tput.value / peak.measured_ceiling_tflops
+
+    d = data_share(rec)
+    it.data_share = d.value
+    srcs["data_share"] = _src(d)
+    if vocab.optimizer:
+        it.optimizer_ms = timer_max(rec.timers.get(vocab.optimizer[0]))
+
+    comm = exposed_comm(rec)
+    it.comm_exposed_share = comm.total.value
+    it.comm_exposed_dp_share = comm.grad_sync.value
+    it.comm_exposed_pp_share = comm.pp.value
+    it.comm_method = comm.method
+    srcs["comm_exposed_share"] = _src(comm.total)
+    srcs["comm_exposed_dp_share"] = _src(comm.grad_sync)
+    srcs["comm_exposed_pp_share"] = _src(comm.pp)
+
+    bubble = analytic_bubble(lay.pp, _microbatches(lay, gbs), lay.vpp)
+    idle = stage_idle(rec, lay.pp, bubble)
+    it.pp_bubble_analytic = bubble.value
+    it.pp_idle_max, it.pp_idle_min = idle.idle_max.value, idle.idle_min.value
+    it.pp_imbalance = idle.imbalance.value
+    it.pp_lighter_compute_ms, it.pp_heavier_compute_ms = idle.lighter_compute_ms, idle.heavier_compute_ms
+    it.pp_idle_method = idle.method
+    srcs["pp_bubble_analytic"] = _src(bubble)
+    srcs["pp_idle_max"] = _src(idle.idle_max)
+    srcs["pp_idle_min"] = _src(idle.idle_min)
+    srcs["pp_imbalance"] = _src(idle.imbalance)
+
+    st = detect(rec, ranks)
+    it.straggler_rtt_ratio = st.rtt_ratio
+    it.straggler_rtt_max_rank, it.straggler_rtt_min_rank = st.rtt_max_rank, st.rtt_min_rank
+    it.straggler_between_stages = st.line_between_stages
+    it.straggler_compute_spread = st.compute_spread
+    it.straggler_compute_spread_flagged = st.compute_spread_flagged
+    it.straggler_candidate_ranks = st.flagged_ranks
+    it.straggler_rank_compute_ratio = dict(st.per_rank_ratio)
+    it.straggler_notes = list(st.notes)
+    srcs["straggler"] = ("megatron: straggler detector line (MnRtt/MxRtt)" if rec.straggler
+                         else f"{vocab.source}: {vocab.straggler_absent}")
+    srcs["straggler_rtt_ratio"] = srcs["straggler"]
+    return it, st
+
+
+
+def analyze_run(
+    job: JobInfo,
+    records: list[StepRecord],
+    gpu_name: str | None = None,
+    peak_tflops: float | None = None,
+    dtype: str | None = None,
+    *,
+    job_name: str | None = None,
+    gpm: bn.GpmReading | None = None,
+    timeline: TimelineClass | None = None,
+    memo: AnalysisMemo | None = None,
+    gpm_when: str = "GPM while the job stepped",
+    new_normal_at: int | None = None,
+    live: bool = True,
+) -> RunAnalysis:
+    """Analyse a run's step records (any order; one record per logged iteration).
+    ``memo``: keep per-iteration work for the next analysis of the same, grown run.
+    ``new_normal_at``: the iteration from which a lasting shift's level is the new normal
+    (perfd.analytics.steps.changepoint). ``live=False``: a finished log (its advice is for the next run)."""
+    run = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo,
+                     gpm_when=gpm_when, new_normal_at=new_normal_at, live=live)
+    ordered = sorted(records, key=lambda r: r.iteration)
+    for rec in ordered[run.resume(ordered):]:
+        run.add(rec)
+    return run.finish(job_name)
+
+
+class _Flags(NamedTuple):
+    """The two straggler facts persistence reads (stragglers.StragglerFlags), from a table row."""
+
+    flagged_ranks: list[int]
+    compute_spread_flagged: bool | None
+
+
+class RunBuilder:
+    """analyze_run in two steps, for a run too long to hold as records: ``add`` each record as it
+    is parsed (its per-iteration metrics are computed then, in compact columns, and the record can
+    go), ``finish`` for what needs the whole run (steady state, incidents, summary, findings).
+    Records may come in any order; the result is analyze_run's over the same records."""
+
+    def __init__(self, job: JobInfo, gpu_name: str | None = None, peak_override: float | None = None,
+                 dtype: str | None = None, *, gpm: bn.GpmReading | None = None,
+                 timeline: TimelineClass | None = None, memo: AnalysisMemo | None = None,
+                 gpm_when: str = "GPM while the job stepped", new_normal_at: int | None = None,
+                 live: bool = True) -> None:
+        lay = job.layout
+        self.job, self.gpu_name, self.gpm, self.timeline, self.memo = job, gpu_name, gpm, timeline, memo
+        self.live = live
+        self.new_normal_at = new_normal_at
+        self.gpm_when = gpm_when
+        self.canon_dtype, self.dtype_src = resolve_dtype(job, dtype)
+        peak = peak_tflops(gpu_name, self.canon_dtype, peak_override)
+        self.flops_job = model_flops(job.spec, lay.global_batch_size, job.framework_version, job.framework)
+        self.ctx = _Context(job, _world_size(lay), peak, rank_order(lay, job.arguments),
+                            {lay.global_batch_size: self.flops_job})
+        key = (job, gpu_name, peak_override, dtype)
+        if memo is not None and memo.key != key:
+            memo.key, memo.entries, memo.run = key, {}, None
+        # With a memo the rows' objects are held by it anyway: no compression, it only costs time.
+        self.table: Table[IterationResult] = Table(IterationResult, key="iteration", pack=memo is None)
+        self.disturbed = array("b")  # per row: a perfd capture touched the iteration
+        self.first: tuple[int, str] | None = None  # (iteration, job) of the earliest record
+        self.in_order = True
+        self.present: set[int] = set()  # iterations seen, kept only to evict a memo's stale entries
+        self.records: list[StepRecord] | None = [] if memo is not None else None  # row order
+        self.spans = SpanColumns()  # what goodput reads of each record
+        self.memory_mib: dict[str, float] = {}  # the largest of each memory report value, any rank
+
+    def resume(self, ordered: Sequence[StepRecord]) -> int:
+        """Take over the memo's last rows that ``ordered`` (sorted by iteration) starts with — the
+        same record objects in the same order, under the same context — and say how many of
+        ``ordered`` they cover; ``add`` the rest. 0 on a fresh builder or when nothing matches."""
+        memo = self.memo
+        kept = memo.run if memo is not None else None
+        classify = (self.gpm, self.timeline, self.gpm_when)
+        if kept is None or len(self.table) or not ordered or kept.classify != classify:
+            return 0
+        prev = kept.records
+        k = bisect_left([r.iteration for r in prev], ordered[0].iteration)  # evicted rows lead
+        m = 0
+        while k + m < len(prev) and m < len(ordered) and prev[k + m] is ordered[m]:
+            m += 1
+        if m == 0:
+            return 0
+        self.table = kept.table.slice(k, k + m)
+        self.disturbed = kept.disturbed[k:k + m]
+        for i in kept.marked:  # finish marks the incidents anew
+            if k <= i < k + m:
+                self.table.put(i - k, incident_lost_ms=None)
+        self.first = (ordered[0].iteration, ordered[0].job)
+        self.present.update(r.iteration for r in ordered[:m])
+        self.records = list(ordered[:m])
+        for rec in ordered[:m]:
+            self._span(rec)
+        memo.hits += m  # type: ignore[union-attr]
+        return m
+
+    def _span(self, rec: StepRecord) -> None:
+        for report in rec.memory_mb.values():
+            for key in MEMORY_KEYS:
+                v = finite(report.get(key))
+                if v is not None and v >= 0 and v > self.memory_mib.get(key, -1.0):
+                    self.memory_mib[key] = v
+        end, step = finite(rec.end_time), finite(rec.step_time_ms)
+        if end is not None and step is not None and step >= 0:
+            self.spans.add(StepSpan(rec.iteration, end, step / 1e3, max(1, rec.interval or 1),
+                                    phase_seconds(rec.timers), rec.first_of_run,
+                                    phase_seconds(rec.timers, PAUSE_BEFORE_TIMERS)))
+
+    def add(self, rec: StepRecord) -> None:
+        memo, lay = self.memo, self.job.layout
+        self._span(rec)
+        kept = memo.entries.get(rec.iteration) if memo is not None else None
+        if kept is not None and kept[0] is rec:
+            it = dataclasses.replace(kept[1])  # a copy: the lines below set its fields
+            memo.hits += 1  # type: ignore[union-attr]
+        else:
+            base, st = _iteration(rec, self.ctx)
+            if memo is not None:
+                memo.entries[rec.iteration] = (rec, base, st)
+                memo.misses += 1
+            it = dataclasses.replace(base)
+        if memo is not None:
+            self.present.add(rec.iteration)
+        shares = step_shares(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share, lay.pp,
+                             it.pp_idle_max, it.pp_bubble_analytic, it.mfu)
+        it.bottleneck = classify_job(shares, self.gpm, self.timeline, self.gpm_when).cls.value
+        if self.first is None or rec.iteration < self.first[0]:
+            self.first = (rec.iteration, rec.job)
+        n = len(self.table)
+        if n and rec.iteration < self.table.get(n - 1, "iteration"):
+            self.in_order = False
+        self.table.append(it)
+        self.disturbed.append(rec.disturbed_by_capture)
+        if self.records is not None:
+            self.records.append(rec)
+
+    def finish(self, job_name: str | None = None) -> RunAnalysis:
+        memo, lay, ctx = self.memo, self.job.layout, self.ctx
+        if memo is not None and len(memo.entries) > len(self.present):  # evicted iterations leave
+            for i in [i for i in memo.entries if i not in self.present]:
+                del memo.entries[i]
+        table, disturbed = self.table, self.disturbed
+        if not self.in_order:  # a stable sort, as sorting the records was
+            order = sorted(range(len(table)), key=lambda i: table.get(i, "iteration"))
+            table, disturbed = table.take(order), array("b", (disturbed[i] for i in order))
+        steps_col = list(table.column("step_time_ms"))
+        work = _work(steps_col, list(table.column("model_tflops_per_gpu")))
+        steady = steady_state_of(array("q", table.column("iteration")), steps_col, disturbed, work)
+        for i, iteration in enumerate(table.column("iteration")):
+            table.put(i, steady_state=steady.steady.get(iteration, False),
+                      excluded_reason=steady.excluded.get(iteration))
+        detection = _mark_incidents(table, disturbed, steady, ctx.world, self.new_normal_at, work)
+        incidents = detection.incidents
+        steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
+        pers = persistent(_flags(table, i) for i in steady_rows)
+        med = steady_medians(table, steady_rows, SUMMARY_METRICS)
+        name = job_name or (self.first[1] if self.first else None)
+        block = job_block(self.job, name, ctx.world, self.gpu_name, ctx.peak, self.canon_dtype,
+                          self.dtype_src, self.flops_job)
+        disturbances = CaptureDisturbances.of(detection.disturbances)
+        med_ms = med.get("step_time_ms")
+        gp = job_goodput(self.spans.by_end_time(), started_at=self.job.started_at,
+                         incident_cost_s=incidents_cost_s(incidents),
+                         # perfd's own captures: their stretches, and their part inside incidents
+                         profiling_s=sum(c for c in (disturbances.excess_s,
+                                                     *(i.capture_cost_s for i in incidents)) if c),
+                         log_interval=self.job.log_interval, by_end_time=True,
+                         median_step_s=med_ms / 1e3 if med_ms is not None else None)
+        budget = job_budget(med, ctx.peak, lay.pp, self.timeline, self.flops_job)
+        summary = summarize(table, steady_rows, steady, pers, lay, self.gpm, self.timeline, self.gpm_when,
+                            med, incidents=incidents, jitter=detection.jitter, disturbances=disturbances,
+                            goodput=gp, memory_mib=dict(self.memory_mib) or None, step_budget=budget)
+        analysis = RunAnalysis(block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
+                               incidents)
+        analysis.config = job_config(analysis, self.job)
+        fs, rs = derive_findings(analysis, self.job, budget, self.live)
+        run_s = analysis.run_seconds()
+        inc_f, inc_r = incident_findings(incidents, run_s or None)
+        analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])
+        if memo is not None:
+            memo.run = (_KeptRun((self.gpm, self.timeline, self.gpm_when), self.records, table, disturbed,
+                                 [i for i, v in enumerate(table.column("incident_lost_ms")) if v is not None])
+                        if self.in_order and self.records is not None else None)
+        return analysis
+
+
+def _flags(table: Table[IterationResult], i: int) -> _Flags:
+    """Row ``i``'s straggler facts, taken from the last row of its iteration (as a dict of results
+    keyed by iteration held them)."""
+    j = table.last_index_of(table.get(i, "iteration"))
+    j = i if j is None else j
+    return _Flags(table.get(j, "straggler_candidate_ranks"), table.get(j, "straggler_compute_spread_flagged"))
+
+
+class _ByIteration(Mapping[int, Any]):
+    """iteration -> a value of its row; for a repeated iteration, its last row (as a dict built
+    over the rows would keep), without building that dict."""
+
+    def __init__(self, table: Table[IterationResult], value: Callable[[int], Any]) -> None:
+        self.table, self.value = table, value
+
+    def __getitem__(self, iteration: int) -> Any:
+        i = self.table.last_index_of(iteration)
+        if i is None:
+            raise KeyError(iteration)
+        return self.value(i)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(dict.fromkeys(self.table.column("iteration")))
+
+    def __len__(self) -> int:
+        return len(dict.fromkeys(self.table.column("iteration")))
+
+
+def _work(steps: Sequence[float | None], tflops: Sequence[float | None]) -> list[float | None]:
+    """Each step's work (its model FLOPs per GPU: TFLOP/s × seconds), where the source counts it per
+    step (the step hook's per-step FLOPs); perfd.analytics.steps.windows reads steps per unit of it."""
+    return [t * s * 1e9 if t is not None and s is not None else None
+            for s, t in zip(steps, tflops, strict=True)]
+
+
+def _mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
+                    steady: SteadyState, world: int | None, new_normal_at: int | None = None,
+                    work: Sequence[float | None] | None = None) -> Detection:
+    """Find the incidents and perfd's capture disturbances, take their iterations out of the steady
+    state (saying which), and note each incident iteration's time lost against the steady median."""
+    first = steady.warmup_records
+    steps = [None if disturbed[i] else s for i, s in enumerate(table.column("step_time_ms")) if i >= first]
+    found = detect_incidents(table.project(DETECTION_FIELDS),
+                             _ByIteration(table, lambda i: table.get(i, "end_time")),
+                             _ByIteration(table, lambda i: bool(disturbed[i])),
+                             first, steady.reference_step_ms, world, new_normal_at, steps,
+                             work[first:] if work is not None else None)
+    ref = found.reference_ms
+    for inc, lost in [*((i, True) for i in found.incidents), *((d, False) for d in found.disturbances)]:
+        for iteration in range(inc.first_iteration, inc.last_iteration + 1):
+            i = table.last_index_of(iteration)
+            if i is None:
+                continue
+            step = table.get(i, "step_time_ms")
+            if lost and step is not None and ref is not None and not disturbed[i]:
+                table.put(i, incident_lost_ms=step - ref)
+            reason = f"incident {inc.id}: {inc.cause}" if lost else f"perfd capture ({inc.id})"
+            table.put(i, steady_state=False, excluded_reason=reason)
+            steady.steady[iteration] = False
+            steady.excluded[iteration] = reason
+            steady.kinds[iteration] = Exclusion.INCIDENT if lost else Exclusion.CAPTURE
+    return found

@@ -1,0 +1,102 @@
+"""Steady-state selection: which iterations summaries are taken over (DESIGN.md §2).
+
+Excluded: the warm-up (the first max(3, ⌈10%⌉) records, where step time has not settled),
+outliers — a step slower than 2× the steady time per step whose window of steps is slower too
+(a recompile, a checkpoint save, a hiccup; never one mode of a regular pattern: perfd.analytics.
+windows) —, iterations perfd's own captures disturbed, and records without a step time. The
+steady time per step is the median of the post-warm-up windows' mean times (per unit of work where
+steps differ in size), recomputed over all records passed in: in a live feed it is a running one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from perfd.analytics.common import TextEnum, finite
+from perfd.analytics.steps import windows
+from perfd.model import StepRecord
+
+WARMUP_MIN_ITERATIONS = 3
+WARMUP_FRACTION = 0.10
+OUTLIER_FACTOR = 2.0
+# ... and its window of steps past the midpoint between the steady level and that: one mode of a
+# regular pattern (a two-worker loader's long wait) never moves its window's mean that far.
+WINDOW_OUTLIER = (1.0 + OUTLIER_FACTOR) / 2
+
+
+class Exclusion(TextEnum):
+    """Why an iteration is left out of the steady state (``SteadyState.kinds``; the sentence saying
+    it with its numbers is ``SteadyState.excluded``, for people)."""
+
+    WARMUP = "warmup"
+    CAPTURE = "capture"  # disturbed by perfd's own capture
+    NO_STEP_TIME = "no_step_time"
+    OUTLIER = "outlier"  # slower than OUTLIER_FACTOR × the steady step, in a window slower than that too
+    INCIDENT = "incident"  # part of an incident (perfd.analytics.incidents.detect)
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """iteration -> steady?, why each excluded iteration was left out (typed, and said)."""
+
+    steady: dict[int, bool]
+    excluded: dict[int, str] = field(default_factory=dict)
+    kinds: dict[int, Exclusion] = field(default_factory=dict)
+    warmup_records: int = 0
+    reference_step_ms: float | None = None  # steady time per step (windows.reference), per mean work
+
+    @property
+    def iterations(self) -> list[int]:
+        return sorted(i for i, s in self.steady.items() if s)
+
+    def range_text(self) -> str:
+        its = self.iterations
+        if not its:
+            return "no steady-state iterations"
+        return f"iterations {its[0]}–{its[-1]} ({len(its)} steady)"
+
+
+def warmup_count(n_records: int) -> int:
+    return max(WARMUP_MIN_ITERATIONS, math.ceil(WARMUP_FRACTION * n_records))
+
+
+def steady_state(records: Sequence[StepRecord]) -> SteadyState:
+    """Mark each record's iteration steady or not (records may come in any order)."""
+    ordered = sorted(records, key=lambda r: r.iteration)
+    return steady_state_of([r.iteration for r in ordered], [finite(r.step_time_ms) for r in ordered],
+                           [r.disturbed_by_capture for r in ordered])
+
+
+def steady_state_of(iterations: Sequence[int], steps: Sequence[float | None],
+                    disturbed: Sequence[int], work: Sequence[float | None] | None = None) -> SteadyState:
+    """steady_state over columns already in iteration order, step times finite or None (a long
+    run's offline analysis keeps its records as columns, not objects); ``work``: each step's size
+    (its FLOPs), where steps differ (windows.per_work)."""
+    w = warmup_count(len(iterations))
+    sized = windows.per_work(steps, work)
+    post = [None if disturbed[i] else sized[i] for i in range(w, len(iterations))]
+    ref = windows.reference(post)
+    smooth = windows.rolling(post)
+    steady: dict[int, bool] = {}
+    excluded: dict[int, str] = {}
+    kinds: dict[int, Exclusion] = {}
+    warmup = f"warm-up (first {w} records)"  # one string for every warm-up iteration
+    for i, iteration in enumerate(iterations):
+        step = steps[i]
+        kind: Exclusion | None = None
+        if i < w:
+            kind, reason = Exclusion.WARMUP, warmup
+        elif disturbed[i]:
+            kind, reason = Exclusion.CAPTURE, "disturbed by a perfd capture"
+        elif step is None:
+            kind, reason = Exclusion.NO_STEP_TIME, "no step time"
+        elif ref is not None and (own := sized[i]) is not None and own > OUTLIER_FACTOR * ref \
+                and (smooth[i - w] or 0.0) > WINDOW_OUTLIER * ref:
+            kind = Exclusion.OUTLIER
+            reason = f"step {step:g} ms > {OUTLIER_FACTOR:g}× the steady {ref:.4g} ms a step"
+        steady[iteration] = kind is None
+        if kind is not None:
+            excluded[iteration], kinds[iteration] = reason, kind
+    return SteadyState(steady, excluded, kinds, w, ref)
