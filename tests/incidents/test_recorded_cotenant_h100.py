@@ -19,7 +19,9 @@ import pytest
 
 from collectors.megatron import parse_lines
 from perfd import events
+from perfd.aggregator import class_inputs as class_inputs_mod
 from perfd.aggregator import jobs as jobs_mod
+from perfd.aggregator import sightings as sightings_mod
 from perfd.aggregator import state as state_mod
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
@@ -51,6 +53,9 @@ def _replay(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[float, Aggregator
     clock = _Clock()
     monkeypatch.setattr(state_mod, "time", clock.module())
     monkeypatch.setattr(jobs_mod, "time", clock.module())
+    # the GPU and host readings an incident keeps, and the class inputs, stamp their time there too
+    monkeypatch.setattr(sightings_mod, "time", clock.module())
+    monkeypatch.setattr(class_inputs_mod, "time", clock.module())
     with gzip.open(DATA / "megatron_dp1.log.gz", "rt") as f:
         parsed = parse_lines(f.read().splitlines(), job=JOB)
     st = AggregatorState(min_recompute_s=0.0)
