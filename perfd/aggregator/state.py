@@ -10,7 +10,8 @@
 - perfd/aggregator/serving.py — SGLang records per job and their analysis (serving view);
 - perfd/aggregator/class_inputs.py — what a job's analysis reads of the other parts (GPM, captures);
 - perfd/aggregator/snapshot.py — each job as its consumers read it (an immutable JobSnapshot), built
-  here at each analysis refresh and whenever the state changed since.
+  here at each analysis refresh and whenever the state changed since;
+- perfd/aggregator/stats.py — the counters /api/stats serves.
 
 Ingest is called from the gRPC event loop; readers (HTTP /metrics and the JSON API, the rules loop)
 run in other threads: each part has its own lock, and no method holds two at once. A job's snapshot
@@ -24,7 +25,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -50,6 +50,7 @@ from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.sightings import Sightings
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, Snapshots
 from perfd.aggregator.stalls import SendCommand, StallWatch
+from perfd.aggregator.stats import Stats, stats_json
 from perfd.analytics.collectives.analysis import CollectiveAnalysis
 from perfd.analytics.collectives.config import CollectiveConfig
 from perfd.analytics.incidents.attribution import RankPlacement
@@ -75,12 +76,6 @@ from perfd.transport.series import SeriesKey
 log = logging.getLogger(__name__)
 
 __all__ = ["AggregatorState", "GpuKey", "JobState", "NodeSeries", "job_level_steps"]
-
-@dataclass
-class Stats:
-    batches: int = 0
-    started: float = field(default_factory=time.time)
-
 
 class AggregatorState:
     def __init__(self, max_iterations_per_job: int = RETAIN_ITERATIONS, min_recompute_s: float = 0.5,
@@ -595,32 +590,5 @@ class AggregatorState:
         return self.nodes.snapshot(node_series)
 
     def stats_json(self) -> dict[str, Any]:
-        now = time.time()
-        js = self.jobs.stats
-        out: dict[str, Any] = {
-            "samples_ingested": self.nodes.samples,
-            "samples_undefined": self.nodes.undefined_samples,  # their series refused or never defined
-            "step_records_ingested": js.steps,
-            "events_ingested": self.log.ingested,
-            "events_malformed": dict(self.log.malformed),
-            "collectives": self.collectives.hang_stats(),
-            "event_log": self.log.stats(),  # held, bytes, last_seq, cut (events kept cut), cut_bytes
-            "serving_records_ingested": self.serving.records,
-            "serving_errors": dict(self.serving.errors),
-            "step_records_dropped_retention": js.dropped_steps,
-            "step_records_too_old": js.too_old,
-            "step_records_implausible": js.implausible,
-            "new_runs": js.new_runs,
-            "step_records_replaced_by_new_run": js.replaced_by_new_run,
-            "iterations_evicted_retention": js.evicted_iterations,
-            "iterations_evicted_retention_bytes": js.evicted_iterations_bytes,
-            "analysis_errors": js.analysis_errors,
-            "step_records_conflicting": js.conflicts,
-            "step_records_worse_duplicates": js.worse_duplicates,
-            "jobs": len(self.jobs.names()),
-            "agents_seen": {a: round(now - t, 3) for a, t in self.nodes.agents_seen().items()},
-            "uptime_s": round(now - self.stats.started, 3),
-        }
-        if self.transport_stats is not None:
-            out["transport"] = self.transport_stats()
-        return out
+        """/api/stats: perfd.aggregator.stats."""
+        return stats_json(self)

@@ -1,7 +1,7 @@
 """The top Nsight Compute kernels of each step-budget part as people read them (issue 45 item 3), in text
 (the report, under the part) and as an HTML table (beside the budget's waterfall). The rows are typed
-(perfd.analytics.ncu.kernel_rows.KernelRow, kept as its JSON in each part's ``ncu_kernels`` detail of
-the typed budget, perfd.analytics.breakdown.job_budget.with_ncu); the English is
+(perfd.analytics.ncu.kernel_rows.KernelRow, each part's ``ncu_kernels`` in the typed budget,
+perfd.analytics.breakdown.job_budget.with_ncu); the English is
 written here, from their values. A figure the row does not have is left out (text) or shown as "–"
 (HTML), never as 0. Pure: values in, text out.
 """
@@ -9,7 +9,6 @@ written here, from their values. A figure the row does not have is left out (tex
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Mapping
 from html import escape
 
 from perfd.analytics.breakdown.budget import Part, StepBudget
@@ -42,10 +41,8 @@ def rows_of(budget: StepBudget | None) -> dict[Part, list[KernelRow]]:
     """Per part, its ncu kernel rows, as the budget's part details carry them (best first)."""
     out: dict[Part, list[KernelRow]] = {}
     for p in budget.parts if budget is not None else ():
-        rows = [r for d in p.detail.get("ncu_kernels") or []
-                if isinstance(d, Mapping) and (r := KernelRow.from_json(d)) is not None]
-        if rows:
-            out[p.part] = rows
+        if p.ncu_kernels:
+            out[p.part] = list(p.ncu_kernels)
     return out
 
 

@@ -225,7 +225,7 @@ def test_each_kernel_goes_to_the_part_its_time_is_in() -> None:
     def names(part: Part) -> list[str]:
         p = nb.get(part)
         assert p is not None
-        return [short_name(str(d["name"])) for d in p.detail.get("ncu_kernels") or []]
+        return [short_name(r.name) for r in p.ncu_kernels or ()]
 
     assert names(Part.LINEAR) == [TNT, "nvjet_sm90_tst_64x512_64x2_1x2_h_bz_coopB_NNT"]
     assert names(Part.ATTENTION) == [f"elementwise_kernel<{MASKED_FILL}>", SOFTMAX]
@@ -237,7 +237,8 @@ def test_each_kernel_goes_to_the_part_its_time_is_in() -> None:
     assert pw is not None and {c["category"] for c in pw.detail["ncu"]} == {kc.ELEMENTWISE}
     att = nb.get(Part.ATTENTION)
     assert att is not None
-    share = att.detail["ncu_kernels"][0]["part_share"]
+    assert att.ncu_kernels
+    share = att.ncu_kernels[0].part_share
     assert share == pytest.approx(recorded(MASKED_FILL)["captured_ms"] / TIMELINE_STEPS / 30.0)
     assert sum(p.ms for p in nb.parts) == b.step_ms  # the rows change no time
     lines = budget_view.text_lines(StepBudget.to_json(nb))
@@ -278,8 +279,13 @@ def test_rows_round_trip_and_unreadable_rows_are_skipped() -> None:
 
 
 def _one_part(part: Part, ncu_kernels: list[dict[str, Any]]) -> StepBudget:
-    """A budget of one part holding these kernel rows (as with_ncu keeps them in its detail)."""
-    return StepBudget(0.0, (BudgetPart(part, 0.0, 0.0, Source.NCU, {"ncu_kernels": ncu_kernels}),), ())
+    """A budget of one part holding these kernel rows (its JSON, as with_ncu's rows are written and read
+    back)."""
+    b = StepBudget.from_json({"step_ms": 0.0, "sources": [], "parts": [
+        {"part": part.value, "ms": 0.0, "share": 0.0, "source": Source.NCU.value,
+         "detail": {"ncu_kernels": ncu_kernels}}]})
+    assert b is not None
+    return b
 
 
 @pytest.mark.parametrize(("name", "short"), [

@@ -23,6 +23,7 @@ from perfd.aggregator import class_inputs as class_inputs_mod
 from perfd.aggregator import jobs as jobs_mod
 from perfd.aggregator import sightings as sightings_mod
 from perfd.aggregator import state as state_mod
+from perfd.aggregator import stats as stats_mod
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 
@@ -56,6 +57,7 @@ def _replay(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[float, Aggregator
     # the GPU and host readings an incident keeps, and the class inputs, stamp their time there too
     monkeypatch.setattr(sightings_mod, "time", clock.module())
     monkeypatch.setattr(class_inputs_mod, "time", clock.module())
+    monkeypatch.setattr(stats_mod, "time", clock.module())  # /api/stats' uptime and agents' ages
     with gzip.open(DATA / "megatron_dp1.log.gz", "rt") as f:
         parsed = parse_lines(f.read().splitlines(), job=JOB)
     st = AggregatorState(min_recompute_s=0.0)

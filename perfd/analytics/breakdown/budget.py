@@ -27,12 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass
 from perfd.analytics.common import TextEnum
+
+if TYPE_CHECKING:  # kernel_rows reads budgets (perfd.analytics.ncu.remedies): typed here, read back lazily
+    from perfd.analytics.ncu.kernel_rows import KernelRow
 
 
 class Part(TextEnum):
@@ -81,17 +84,23 @@ class Source(TextEnum):
 
 @dataclass(frozen=True)
 class BudgetPart:
-    """One part: ms per step, its share of the step, where it comes from, and what it holds."""
+    """One part: ms per step, its share of the step, where it comes from, and what it holds; its top
+    Nsight Compute kernels (perfd.analytics.breakdown.job_budget.with_ncu) typed, written last in its
+    JSON detail as ``ncu_kernels``."""
 
     part: Part
     ms: float
     share: float
     source: Source
     detail: Mapping[str, Any] = field(default_factory=dict)  # typed numbers: kernels, TFLOP/s, counts
+    ncu_kernels: tuple[KernelRow, ...] | None = None  # None: no ncu rows on it (none in its JSON either)
 
     def to_json(self) -> dict[str, Any]:
+        detail = dict(self.detail)
+        if self.ncu_kernels is not None:
+            detail["ncu_kernels"] = [r.to_json() for r in self.ncu_kernels]
         return {"part": self.part.value, "ms": self.ms, "share": self.share, "source": self.source.value,
-                "detail": dict(self.detail)}
+                "detail": detail}
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,8 @@ class StepBudget:
     def from_json(d: Mapping[str, Any] | None) -> StepBudget | None:
         """Back from :meth:`to_json` (a capture record, a kept summary); None when unreadable. Parts
         this version does not know (a budget kept by an older one) are left out."""
+        from perfd.analytics.ncu.kernel_rows import KernelRow
+
         if not isinstance(d, Mapping):
             return None
         try:
@@ -157,8 +168,12 @@ class StepBudget:
                     part = Part(str(p["part"]))
                 except ValueError:
                     continue
+                detail = dict(p.get("detail") or {})
+                ks = detail.pop("ncu_kernels", None)  # the rows readable as KernelRow, typed
+                rows = tuple(r for k in ks if isinstance(k, Mapping)
+                             and (r := KernelRow.from_json(k)) is not None) if isinstance(ks, list) else None
                 parts.append(BudgetPart(part, float(p["ms"]), float(p["share"]), Source(str(p["source"])),
-                                        dict(p.get("detail") or {})))
+                                        detail, rows))
             sources = tuple(Source(str(s)) for s in d.get("sources") or [])
             step = float(d["step_ms"])
         except (KeyError, ValueError, TypeError):

@@ -125,8 +125,8 @@ def _kernel_part(b: StepBudget, k: Mapping[str, Any], unfused_attention: bool) -
 def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id: str,
              kernels: Sequence[Mapping[str, Any]] = ()) -> StepBudget:
     """``b`` with each ncu category summary in the ``ncu`` detail of the part its kernels' time is in,
-    and that part's top kernels (perfd.analytics.ncu.kernel_rows.KernelRow JSON, from the capture's
-    joined rows ``kernels``) in its ``ncu_kernels`` detail."""
+    and that part's top kernels (perfd.analytics.ncu.kernel_rows.KernelRow, from the capture's joined
+    rows ``kernels``) in its ``ncu_kernels``."""
     if not categories and not kernels:
         return b
     by: dict[Part, list[Mapping[str, Any]]] = {}
@@ -145,9 +145,9 @@ def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id:
         detail = dict(p.detail)
         if p.part in by:
             detail["ncu"] = by[p.part]
-        if p.part in rows:
-            detail["ncu_kernels"] = [r.to_json() for r in kernel_rows(rows[p.part], p.ms, capture_id)]
-        parts.append(replace(p, detail=detail) if detail != p.detail else p)
+        ks = tuple(kernel_rows(rows[p.part], p.ms, capture_id)) if p.part in rows else p.ncu_kernels
+        parts.append(replace(p, detail=detail, ncu_kernels=ks) if detail != p.detail or ks != p.ncu_kernels
+                     else p)
     return replace(b, parts=tuple(parts), sources=(*b.sources, Source.NCU) if Source.NCU not in b.sources
                    else b.sources)
 

@@ -13,9 +13,9 @@ import dataclasses
 import math
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from perfd import catalog
 from perfd.analytics.advice.findings import derive_findings, job_config
@@ -25,12 +25,7 @@ from perfd.analytics.breakdown.diagnosis import TimelineClass, classify_job
 from perfd.analytics.breakdown.job_budget import job_budget
 from perfd.analytics.common import MetricValue, finite, timer_max, vocabulary_of
 from perfd.analytics.finding_types import Finding, Recommendation, order_findings
-from perfd.analytics.incidents.detect import (
-    DETECTION_FIELDS,
-    Detection,
-    Incident,
-    detect_incidents,
-)
+from perfd.analytics.incidents.detect import Incident
 from perfd.analytics.incidents.findings import incident_findings
 from perfd.analytics.steps.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
 from perfd.analytics.steps.goodput import (
@@ -51,6 +46,7 @@ from perfd.analytics.steps.metrics import (
     throughput_per_gpu,
 )
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
+from perfd.analytics.steps.run_incidents import mark_incidents, step_work, straggler_flags
 from perfd.analytics.steps.run_summary import (
     CaptureDisturbances,
     JobBlock,
@@ -61,7 +57,7 @@ from perfd.analytics.steps.run_summary import (
     step_shares,
     summarize,
 )
-from perfd.analytics.steps.steady import Exclusion, SteadyState, steady_state_of
+from perfd.analytics.steps.steady import SteadyState, steady_state_of
 from perfd.analytics.steps.stragglers import (
     PersistentStragglers,
     StragglerResult,
@@ -413,13 +409,6 @@ def analyze_run(
     return run.finish(job_name)
 
 
-class _Flags(NamedTuple):
-    """The two straggler facts persistence reads (stragglers.StragglerFlags), from a table row."""
-
-    flagged_ranks: list[int]
-    compute_spread_flagged: bool | None
-
-
 class RunBuilder:
     """analyze_run in two steps, for a run too long to hold as records: ``add`` each record as it
     is parsed (its per-iteration metrics are computed then, in compact columns, and the record can
@@ -533,15 +522,15 @@ class RunBuilder:
             order = sorted(range(len(table)), key=lambda i: table.get(i, "iteration"))
             table, disturbed = table.take(order), array("b", (disturbed[i] for i in order))
         steps_col = list(table.column("step_time_ms"))
-        work = _work(steps_col, list(table.column("model_tflops_per_gpu")))
+        work = step_work(steps_col, list(table.column("model_tflops_per_gpu")))
         steady = steady_state_of(array("q", table.column("iteration")), steps_col, disturbed, work)
         for i, iteration in enumerate(table.column("iteration")):
             table.put(i, steady_state=steady.steady.get(iteration, False),
                       excluded_reason=steady.excluded.get(iteration))
-        detection = _mark_incidents(table, disturbed, steady, ctx.world, self.new_normal_at, work)
+        detection = mark_incidents(table, disturbed, steady, ctx.world, self.new_normal_at, work)
         incidents = detection.incidents
         steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
-        pers = persistent(_flags(table, i) for i in steady_rows)
+        pers = persistent(straggler_flags(table, i) for i in steady_rows)
         med = steady_medians(table, steady_rows, SUMMARY_METRICS)
         name = job_name or (self.first[1] if self.first else None)
         block = job_block(self.job, name, ctx.world, self.gpu_name, ctx.peak, self.canon_dtype,
@@ -571,67 +560,3 @@ class RunBuilder:
                                  [i for i, v in enumerate(table.column("incident_lost_ms")) if v is not None])
                         if self.in_order and self.records is not None else None)
         return analysis
-
-
-def _flags(table: Table[IterationResult], i: int) -> _Flags:
-    """Row ``i``'s straggler facts, taken from the last row of its iteration (as a dict of results
-    keyed by iteration held them)."""
-    j = table.last_index_of(table.get(i, "iteration"))
-    j = i if j is None else j
-    return _Flags(table.get(j, "straggler_candidate_ranks"), table.get(j, "straggler_compute_spread_flagged"))
-
-
-class _ByIteration(Mapping[int, Any]):
-    """iteration -> a value of its row; for a repeated iteration, its last row (as a dict built
-    over the rows would keep), without building that dict."""
-
-    def __init__(self, table: Table[IterationResult], value: Callable[[int], Any]) -> None:
-        self.table, self.value = table, value
-
-    def __getitem__(self, iteration: int) -> Any:
-        i = self.table.last_index_of(iteration)
-        if i is None:
-            raise KeyError(iteration)
-        return self.value(i)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(dict.fromkeys(self.table.column("iteration")))
-
-    def __len__(self) -> int:
-        return len(dict.fromkeys(self.table.column("iteration")))
-
-
-def _work(steps: Sequence[float | None], tflops: Sequence[float | None]) -> list[float | None]:
-    """Each step's work (its model FLOPs per GPU: TFLOP/s × seconds), where the source counts it per
-    step (the step hook's per-step FLOPs); perfd.analytics.steps.windows reads steps per unit of it."""
-    return [t * s * 1e9 if t is not None and s is not None else None
-            for s, t in zip(steps, tflops, strict=True)]
-
-
-def _mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
-                    steady: SteadyState, world: int | None, new_normal_at: int | None = None,
-                    work: Sequence[float | None] | None = None) -> Detection:
-    """Find the incidents and perfd's capture disturbances, take their iterations out of the steady
-    state (saying which), and note each incident iteration's time lost against the steady median."""
-    first = steady.warmup_records
-    steps = [None if disturbed[i] else s for i, s in enumerate(table.column("step_time_ms")) if i >= first]
-    found = detect_incidents(table.project(DETECTION_FIELDS),
-                             _ByIteration(table, lambda i: table.get(i, "end_time")),
-                             _ByIteration(table, lambda i: bool(disturbed[i])),
-                             first, steady.reference_step_ms, world, new_normal_at, steps,
-                             work[first:] if work is not None else None)
-    ref = found.reference_ms
-    for inc, lost in [*((i, True) for i in found.incidents), *((d, False) for d in found.disturbances)]:
-        for iteration in range(inc.first_iteration, inc.last_iteration + 1):
-            i = table.last_index_of(iteration)
-            if i is None:
-                continue
-            step = table.get(i, "step_time_ms")
-            if lost and step is not None and ref is not None and not disturbed[i]:
-                table.put(i, incident_lost_ms=step - ref)
-            reason = f"incident {inc.id}: {inc.cause}" if lost else f"perfd capture ({inc.id})"
-            table.put(i, steady_state=False, excluded_reason=reason)
-            steady.steady[iteration] = False
-            steady.excluded[iteration] = reason
-            steady.kinds[iteration] = Exclusion.INCIDENT if lost else Exclusion.CAPTURE
-    return found

@@ -1,0 +1,51 @@
+"""What the aggregator has taken in, refused and dropped since it started: its counters as /api/stats
+serves them (samples, step records, events, serving records, collectives; retention and refusals;
+the jobs and agents seen; the transport's counters when the aggregator has set them)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perfd.aggregator.state import AggregatorState
+
+
+@dataclass
+class Stats:
+    batches: int = 0
+    started: float = field(default_factory=time.time)
+
+
+def stats_json(state: AggregatorState) -> dict[str, Any]:
+    """The aggregator's counters as /api/stats serves them (the transport's too, when set)."""
+    now = time.time()
+    js = state.jobs.stats
+    out: dict[str, Any] = {
+        "samples_ingested": state.nodes.samples,
+        "samples_undefined": state.nodes.undefined_samples,  # their series refused or never defined
+        "step_records_ingested": js.steps,
+        "events_ingested": state.log.ingested,
+        "events_malformed": dict(state.log.malformed),
+        "collectives": state.collectives.hang_stats(),
+        "event_log": state.log.stats(),  # held, bytes, last_seq, cut (events kept cut), cut_bytes
+        "serving_records_ingested": state.serving.records,
+        "serving_errors": dict(state.serving.errors),
+        "step_records_dropped_retention": js.dropped_steps,
+        "step_records_too_old": js.too_old,
+        "step_records_implausible": js.implausible,
+        "new_runs": js.new_runs,
+        "step_records_replaced_by_new_run": js.replaced_by_new_run,
+        "iterations_evicted_retention": js.evicted_iterations,
+        "iterations_evicted_retention_bytes": js.evicted_iterations_bytes,
+        "analysis_errors": js.analysis_errors,
+        "step_records_conflicting": js.conflicts,
+        "step_records_worse_duplicates": js.worse_duplicates,
+        "jobs": len(state.jobs.names()),
+        "agents_seen": {a: round(now - t, 3) for a, t in state.nodes.agents_seen().items()},
+        "uptime_s": round(now - state.stats.started, 3),
+    }
+    if state.transport_stats is not None:
+        out["transport"] = state.transport_stats()
+    return out
