@@ -271,12 +271,21 @@ class IngestServer:
             except RuntimeError:
                 running = None
             if running is not loop:
-                fut = asyncio.run_coroutine_threadsafe(self._send_command_async(agent_id, command), loop)
-                return fut.result(timeout=5.0)
+                # From another thread (the rules tick runs in an executor): the command is handed to
+                # the loop, which owns the streams, and never waited on. Waiting (5 s, before) raised
+                # TimeoutError out of the tick whenever the loop was busy that long under load: the
+                # rule had fired and its capture was never requested. A stream that closes before the
+                # loop runs the hand-over counts the command undeliverable there.
+                conn = self._streams.get(agent_id)
+                if conn is None or conn.closed:
+                    loop.call_soon_threadsafe(self._count_undeliverable)
+                    return False
+                loop.call_soon_threadsafe(self._send_command_now, agent_id, command)
+                return True
         return self._send_command_now(agent_id, command)
 
-    async def _send_command_async(self, agent_id: str, command: Command) -> bool:
-        return self._send_command_now(agent_id, command)
+    def _count_undeliverable(self) -> None:
+        self.commands_undeliverable += 1
 
     def _send_command_now(self, agent_id: str, command: Command) -> bool:
         conn = self._streams.get(agent_id)

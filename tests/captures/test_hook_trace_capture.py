@@ -125,7 +125,12 @@ def _capture(tmp_path: Path, sock: Path, rules: str | None) -> tuple[dict[str, A
                 if cur is not None and cur["status"] in ("finished", "failed"):
                     return dict(cur)
                 await asyncio.sleep(0.05)
-            raise AssertionError(f"no capture ended: {agg.captures.list()}")
+            snap = agg.state.snapshot("j")
+            engine = agg.captures.engine
+            raise AssertionError(f"no capture ended: {agg.captures.list()}; rules ticks {agg.ticks}, alerts "
+                                 f"{engine.states() if engine is not None else None}, job "
+                                 f"{snap.state_at() if snap is not None else None}, agents "
+                                 f"{agg.server.connected_agents()}")
         finally:
             stop.set()
             await task

@@ -6,6 +6,7 @@ Every test runs inside asyncio.wait_for and under pytest-timeout; nothing leaves
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
@@ -638,5 +639,39 @@ def test_other_threads_read_the_streams_only_through_the_published_view():
         assert streams.foreign_reads == [] and losses.foreign_reads == []
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+    run(body())
+
+
+def test_a_command_from_another_thread_never_waits_on_a_busy_loop():
+    """The rules tick sends capture commands from an executor thread. Under load the event loop can
+    be busy for seconds: the send must hand the command over and return at once (it waited 5 s and
+    raised TimeoutError out of the tick, losing a rule's capture), and the command still arrives."""
+    async def body() -> None:
+        srv = IngestServer(Sink())
+        port = await serve(srv, 0)
+        got: list[Command] = []
+        c = client(port, "a1", on_command=got.append)
+        task = asyncio.create_task(c.run())
+        await wait_until(lambda: srv.connected_agents() == ["a1"])
+        sent: list[tuple[bool, float]] = []
+        nobody: list[bool] = []
+
+        def from_thread() -> None:
+            t0 = time.monotonic()
+            sent.append((srv.send_command("a1", Command(kind="capture", job="llama")), time.monotonic() - t0))
+            nobody.append(srv.send_command("nobody", Command(kind="capture", job="llama")))
+
+        worker = threading.Thread(target=from_thread)
+        worker.start()
+        time.sleep(6.0)  # the loop is blocked (this coroutine holds it) longer than the old 5 s wait
+        worker.join(1.0)
+        assert not worker.is_alive() and sent and sent[0][0] is True and nobody == [False]
+        assert sent[0][1] < 1.0, sent  # handed over, not waited on
+        await wait_until(lambda: bool(got))
+        assert got[0].kind == "capture"
+        assert srv.counters()["commands_undeliverable"] == 1
+        await stop_task(task)
+        await srv.stop(None)
 
     run(body())
