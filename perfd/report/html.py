@@ -28,7 +28,7 @@ from perfd.analytics.steps.run_summary import (
 )
 from perfd.report import budget_view
 from perfd.report.picture import MAX_BARS, _bins, _figure, _label, _mean, _note, goodput_bar, rank_heatmap
-from perfd.report.report import Report, ReportSummary, format_value, layout_text
+from perfd.report.report import Report, ReportSummary, format_value, layout_text, plain_json
 from perfd.report.svg import (
     BLUE,
     GREEN,
@@ -127,9 +127,9 @@ class Page:
         s = analysis.summary
         return cls(report=report, job=analysis.job, summary=PageSummary.of(s),
                    iterations=list(analysis.iteration_rows()),
-                   incidents=[_clean(i.to_json())
+                   incidents=[plain_json(i.to_json())
                               for i in (incidents if incidents is not None else analysis.incidents)],
-                   goodput=_clean(s.goodput.to_json()) if s.goodput is not None else None)
+                   goodput=plain_json(s.goodput.to_json()) if s.goodput is not None else None)
 
 
 def page_from_json(data: Mapping[str, Any]) -> Page:
@@ -143,17 +143,6 @@ def page_from_json(data: Mapping[str, Any]) -> Page:
                 summary=PageSummary.from_json(summary), iterations=list(data.get("iterations") or []),
                 incidents=list(data.get("incidents") or []),
                 ranks=list(data.get("ranks") or []), goodput=data.get("goodput") or summary.get("goodput"))
-
-
-def _clean(v: Any) -> Any:
-    """Plain JSON values, as the API serves them: a non-finite float is None."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {str(k): _clean(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_clean(x) for x in v]
-    return v
 
 
 def _steady_band(summary: PageSummary) -> tuple[float, float, str] | None:

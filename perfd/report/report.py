@@ -74,22 +74,23 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "summary": _clean(dataclasses.asdict(self.summary)),
-            "metrics": [_clean(dataclasses.asdict(m)) for m in self.metrics],
-            "step_budget": _clean(self.step_budget.to_json() if self.step_budget is not None else None),
-            "arming": _clean(self.arming.to_json() if self.arming is not None else None),
-            "findings": [_clean(f.to_json()) for f in self.findings],
-            "recommendations": [_clean(dataclasses.asdict(r)) for r in self.recommendations],
+            "summary": plain_json(dataclasses.asdict(self.summary)),
+            "metrics": [plain_json(dataclasses.asdict(m)) for m in self.metrics],
+            "step_budget": plain_json(self.step_budget.to_json() if self.step_budget is not None else None),
+            "arming": plain_json(self.arming.to_json() if self.arming is not None else None),
+            "findings": [plain_json(f.to_json()) for f in self.findings],
+            "recommendations": [plain_json(dataclasses.asdict(r)) for r in self.recommendations],
         }
 
 
-def _clean(v: Any) -> Any:
+def plain_json(v: Any) -> Any:
+    """Plain JSON values, as the API serves them: a non-finite float is None, keys are strings."""
     if isinstance(v, float):
         return v if math.isfinite(v) else None
     if isinstance(v, dict):
-        return {str(k): _clean(x) for k, x in v.items()}
+        return {str(k): plain_json(x) for k, x in v.items()}
     if isinstance(v, list | tuple):
-        return [_clean(x) for x in v]
+        return [plain_json(x) for x in v]
     return v
 
 
