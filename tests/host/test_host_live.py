@@ -42,6 +42,7 @@ JOB = "hostjob"
 # The loop's --duration: a cap only (each test ends it at its teardown), never a budget that a loaded
 # machine's slower steps overrun before the test has seen what it waits for (issue 37).
 LOOP_CAP_S = "600"
+BURN_CAP_S = "300"  # a burner's own end, should the test that started it not stop it
 BURN = ("import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\n"
         "end = time.time() + float(sys.argv[2])\nwhile time.time() < end:\n    pass\n")
 
@@ -107,39 +108,61 @@ def _lead(inc: dict[str, Any]) -> dict[str, Any]:
     return (inc.get("verdict") or {}).get("lead") or {}
 
 
+def _trace_row(t0: float, hosts: list[dict[str, Any]], pids: set[int]) -> str:
+    """One line of what the agent last reported of rank 0 (a failure's trace: short lines, so that a
+    CI log's excerpt keeps them): its sighting's age, CPU wait, the others' share and who they were."""
+    h = next((r for r in hosts if r.get("rank") == 0), None)
+    if h is None:
+        return f"+{time.monotonic() - t0:5.1f}s no rank 0 sighting"
+    others = [f"{o.get('pid')}{'*' if o.get('pid') in pids else ''}:{o.get('cpu_ratio')}"
+              for o in h.get("others") or []]
+    return (f"+{time.monotonic() - t0:5.1f}s seen@{h.get('observed_at')} wait={h.get('wait_ratio')} "
+            f"others={h.get('others_ratio')} cpus={h.get('allowed_cpus')} "
+            f"busy={h.get('allowed_busy_ratio')} [{' '.join(others)}]")
+
+
 def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None:
-    # A steady stretch longer than the contention (~1,200 steps against ~400): the steady median stays
-    # the uncontended step, so every contended step reads as slow.
+    # A steady stretch longer than the contention: the steady median stays the uncontended step, so
+    # every contended step reads as slow.
     live.loop("--cpus", "0", "--step-ms", "15", "--duration", LOOP_CAP_S)
     live.steady(1200)
     load = load_per_cpu()
-    # 25 s of contention: under CI's load the rank's rows name the burners only in the collects whose
-    # scans both fall inside it (a 15 s stretch once went by with none naming them, CI 2026-11-24).
-    burners = [live.procs.start(f"burner{i}", [sys.executable, "-c", BURN, "0", "25"]) for i in range(4)]
+    # The burners contend until the aggregator names them (at most BURN_CAP_S), then are stopped: a
+    # fixed stretch once went by on CI's loaded 2 CPUs with no incident naming them (2026-11-24, twice).
+    burners = [live.procs.start(f"burner{i}", [sys.executable, "-c", BURN, "0", BURN_CAP_S])
+               for i in range(4)]
     pids = {b.pid for b in burners}
+    t0, trace = time.monotonic(), list[str]()  # what the agent reported of rank 0, a line per poll
 
     def named() -> dict[str, Any] | None:
+        hosts = get_json(f"{live.base}/api/jobs/{JOB}/gpus").get("rank_hosts") or []
+        trace.append(_trace_row(t0, hosts, pids))
         return next((i for i in live.incidents() if (i.get("verdict") or {}).get("cause") == "cpu_contention"
                      and pids & {o.get("pid") for o in _lead(i).get("detail", {}).get("others", [])}), None)
 
     try:
         inc = live.wait(named, "an incident whose cause is CPU contention naming a burner")
     except WaitTimeout:
-        why = (f"burners {sorted(pids)}; incidents: {_brief(live.incidents())}; agent log: "
-               f"{live.procs.tails(('agent',), 600)}")
+        why = "\n".join([f"burners {sorted(pids)} (* in the trace); load {load_per_cpu():.1f} per CPU",
+                         "incidents:", *map(str, _brief(live.incidents())),
+                         "rank 0 as the agent reported it, per poll (the last 60):", *trace[-60:],
+                         "agent log:", *live.procs.tails(("agent",), 1500).get("agent", "").splitlines()])
         if (load := max(load, load_per_cpu())) >= BUSY_LOAD_PER_CPU:
             # Every test's processes share CPU 0 with the loop as much as each burner: its steady state
             # already waits for a CPU most of the time, and the burners add no contention it lacked.
             pytest.skip(f"load average {load:.1f} per CPU: the burners are not what contends here "
                         f"({len(live.incidents())} incidents, none naming burners {sorted(pids)})")
         raise AssertionError(why) from None
+    finally:
+        for b in burners:
+            b.terminate()
+        for b in burners:
+            b.wait(timeout=60)
     lead = _lead(inc)
     assert lead["tier"] == 2 and lead["rank"] == 0  # with a foreign process on the GPU, above own work
     assert lead["worst"] >= 0.25  # the rank waited for a CPU (thresholds.CPU_WAIT_CONTENTION)
     assert any(str(p) in inc["cause"] for p in pids) and "waited for a CPU" in inc["cause"]
     assert "CPU 0" in inc["cause"] and "data loading" not in inc["cause"]
-    for b in burners:
-        b.wait(timeout=60)
     # Once the burners are gone the incident closes (it may have grown at either end meanwhile: its
     # iterations overlap); the evidence of the time stays its cause.
     done = live.wait(lambda: next((i for i in live.incidents() if not i["open"]
