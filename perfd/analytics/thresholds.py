@@ -75,6 +75,15 @@ PP_IMBALANCE_MIN = Threshold(0.05, "imbalance under 5 points is noise next to th
 PP_WAIT_SHARE = Threshold(0.05, "exposed p2p above 5% of the step is pipeline waiting worth naming",
                           "DESIGN.md §2 Communication share")
 JITTER_CV = Threshold(0.10, "step times varying more than 10% (CV) point at host-side gaps", _D2)
+# A jitter's slow steps in phase with a period (perfd.analytics.steps.beat): a timer-driven process.
+BEAT_SLOW_STEP_EXCESS = Threshold(
+    0.25, "a step 25% over what its work predicts is a slow one: on the H100 a timer's hits made the "
+    "varlen loop's steps 10-45 ms long against 18-56 ms, where its other steps stayed within 5%", _D2)
+BEAT_MIN_SLOW_STEPS = Threshold(8, "fewer slow steps than this show no period worth naming", _D2)
+BEAT_RAYLEIGH = Threshold(
+    15.0, "n·R² of the slow steps' phases at the best trial period: random times give about Exp(1), "
+    "so the best of the few hundred periods tried passes 15 by chance less than once in 10,000; the "
+    "H100's timer-hit loop gave 24.6 (44 steps, R 0.75)", _D2)
 
 # --- training: stragglers ----------------------------------------------------------------------------
 STRAGGLER_RATIO = Threshold(

@@ -1,0 +1,122 @@
+"""Slow steps that recur at a fixed period: a timer-driven disturbance, not the job's own work. Pure.
+
+Why it matters (H100, tests/gpu/varlen_jitter_live.py): a variable-length loop read as step-jitter (a
+residual CV of 14%) had 44 steps 10-45 ms long whose midpoints fell every 1.54 s, 3.9% of its time;
+the same loop under the same perfd stack on a clean machine had none (CV 1.6%). "Look for host-side
+gaps" is all a CV says; a period says what kind of thing to look for (a monitor, a logger's flush, a
+cron: something on a timer) and what it costs.
+
+The test is Rayleigh's over a grid of trial periods: at period P each slow step's time t is a phase
+2πt/P; R is the length of the mean of those phases as unit vectors (1: all in phase, ~1/√n for n
+random times). For random times n·R² is about Exp(1)-distributed, so the best of a few thousand
+trial periods stays below ~9 by chance; :data:`BEAT_RAYLEIGH` asks more. Written by hand: twenty
+lines over the standard library, where a periodogram library (Lomb-Scargle) answers another question
+(a sinusoid in the values, not events in phase) and would bring numpy to the analytics.
+"""
+
+from __future__ import annotations
+
+import cmath
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from perfd.analytics import thresholds as th
+
+SLOW_EXCESS = th.BEAT_SLOW_STEP_EXCESS.value
+MIN_SLOW = int(th.BEAT_MIN_SLOW_STEPS.value)
+RAYLEIGH = th.BEAT_RAYLEIGH.value
+MIN_PERIOD_S = 0.2  # below this a "period" is a few steps: the step pattern's, not a timer's
+MIN_CYCLES = 5  # a period must fit this many times in the slow steps' span
+SPAN_S = 120.0  # the newest slow steps read: within this much of the newest (a timer's period drifts)
+MAX_SLOW = 200  # and at most this many (the search costs trial periods × slow steps)
+CANDIDATES = 3  # the periods the slow steps' gaps pile up at most, each searched ±BAND
+BAND = 0.05  # in steps of a tenth of a cycle's drift over the span
+
+
+@dataclass(frozen=True, slots=True)
+class SlowBeat:
+    """Slow steps in phase with a period (:func:`slow_beat`)."""
+
+    period_s: float
+    concentration: float  # R: the mean phase vector's length at the period (0-1)
+    slow_steps: int  # steps more than SLOW_EXCESS over what their work predicts
+    steps: int  # the steps read
+    excess_share: float  # the slow steps' time over their prediction ÷ all the steps' time
+
+    def to_json(self) -> dict[str, Any]:
+        return {"period_s": self.period_s, "concentration": self.concentration, "slow_steps": self.slow_steps,
+                "steps": self.steps, "excess_share": self.excess_share}
+
+
+def _fit(steps: Sequence[float], work: Sequence[float] | None) -> list[float]:
+    """Each step's expected time: the least-squares line a + b·work where the work varies, else the
+    median step (the line perfd.analytics.steps.windows.unexplained_cv measures the spread from)."""
+    if work is not None and len(work) >= 3 and max(work) > min(work) * (1 + 1e-9):
+        mw, mt = sum(work) / len(work), sum(steps) / len(steps)
+        slope = (sum((w - mw) * (t - mt) for w, t in zip(work, steps, strict=True))
+                 / sum((w - mw) ** 2 for w in work))
+        return [mt + slope * (w - mw) for w in work]
+    mid = sorted(steps)[len(steps) // 2]
+    return [mid] * len(steps)
+
+
+def _candidates(mids: Sequence[float], span: float) -> list[float]:
+    """The periods the slow steps' pairwise gaps pile up at: log bins BAND wide from MIN_PERIOD_S to
+    a fifth of the span, each scored by its count ÷ its width (random times spread their gaps evenly;
+    a period piles them at P, 2P, ... with P's bin the narrowest). ``mids`` ascending."""
+    lo, hi = MIN_PERIOD_S, span / MIN_CYCLES
+    if hi <= lo:
+        return []
+    step = math.log1p(BAND)
+    counts = [0] * (int(math.log(hi / lo) / step) + 1)
+    for i, a in enumerate(mids):
+        for b in mids[i + 1:]:
+            if b - a > hi:
+                break
+            if b - a >= lo:
+                counts[min(len(counts) - 1, int(math.log((b - a) / lo) / step))] += 1
+    top = sorted(((c / math.exp(k * step), k) for k, c in enumerate(counts) if c), reverse=True)[:CANDIDATES]
+    return [lo * math.exp((k + 0.5) * step) for _, k in top]
+
+
+def _rayleigh(mids: Sequence[float], f: float) -> float:
+    """R at frequency ``f``: the length of the mean of the times' phases as unit vectors."""
+    return abs(sum(cmath.exp(2j * math.pi * f * m) for m in mids)) / len(mids)
+
+
+def slow_beat(ends: Sequence[float | None], steps_ms: Sequence[float | None],
+              work: Sequence[float | None] | None = None) -> SlowBeat | None:
+    """The period the slow steps keep, if they keep one: ``ends`` each step's end (epoch seconds),
+    ``steps_ms`` its time (less its data wait: what the job itself spent), ``work`` its FLOPs where
+    known. None when fewer than MIN_SLOW steps are slow or no period passes the test."""
+    if work is not None and all(w is None for w in work):
+        work = None  # no step's work known: the median step is what each is expected to take
+    rows = [(float(e), float(t), float(w) if w is not None else None)
+            for e, t, w in zip(ends, steps_ms, work if work is not None else [None] * len(steps_ms),
+                               strict=True)
+            if e is not None and t is not None and (work is None or w is not None)]
+    if len(rows) < 3:
+        return None
+    s = [t for _, t, _ in rows]
+    expected = _fit(s, [w for _, _, w in rows] if work is not None else None)  # type: ignore[misc]
+    slow = [(e - t / 2e3, t - x) for (e, t, _), x in zip(rows, expected, strict=True)
+            if x > 0 and t > x * (1 + SLOW_EXCESS)]
+    total = sum(s)
+    if len(slow) < MIN_SLOW or total <= 0:
+        return None
+    newest = slow[-1][0]
+    mids = [m for m, _ in slow if m >= newest - SPAN_S][-MAX_SLOW:]
+    span = mids[-1] - mids[0]
+    best = (0.0, 0.0)
+    for p0 in _candidates(mids, span):
+        f, df = (1 - BAND) / p0, 0.1 / span
+        while f <= (1 + BAND) / p0:
+            best = max(best, (_rayleigh(mids, f), f))
+            f += df
+    r, f = best
+    if f <= 0 or len(mids) * r * r < RAYLEIGH:
+        return None
+    return SlowBeat(period_s=round(1.0 / f, 3), concentration=round(r, 3), slow_steps=len(slow), steps=len(s),
+                    excess_share=sum(x for _, x in slow) / total)
