@@ -242,8 +242,10 @@ def run_job(out: Path, job: str, train: str, argv: list[str], seconds: float,
                                                   "n_steady", "warmup_records", "jitter")}
         rep = full.get("report") or {}
         res["findings"] = [{"id": f.get("id"), "title": f.get("title")} for f in rep.get("findings") or []]
-        res["recommendations"] = [{k: r.get(k) for k in ("finding_id", "remedy", "title", "detail")}
+        res["recommendations"] = [{k: r.get(k) for k in ("finding_id", "remedy", "title", "action", "detail",
+                                                         "impact")}
                                   for r in (rep.get("recommendations") or [])[:3]]
+        res["slow_beat"] = summ.get("slow_beat")
         res["incidents"] = _incidents(base, job)
         res["placement"] = full.get("ranks")
         res["gpus"] = json.dumps(get_json(f"{base}/jobs/{job}/gpus"), default=str)[:6000]

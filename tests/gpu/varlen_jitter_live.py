@@ -10,7 +10,11 @@ same loop (tests/gpu/plain_loop_live.py's TRAIN_VARLEN, no co-tenant) SECONDS ea
 - ``bare``: the loop alone, the step hook disabled (PERFD_HOOK_DISABLE=1), no perfd process;
 - ``hook``: the hook on, sending to a socket nobody reads (no agent);
 - ``stack``: under perfd launch with a real agent (real NVML) and aggregator, as plain_loop_live runs it;
-- ``stack_nonvml``: the same with the agent's NVML collector off.
+- ``stack_nonvml``: the same with the agent's NVML collector off;
+- ``stack_timer``: the full stack with a timer beside the job: a process that every TIMER_PERIOD_S
+  runs TIMER_BURST_MS of bf16 matmuls on the same GPU (a monitor that profiles the GPU on a timer).
+  perfd should name its period, and its recommendation's impact should be what the loop's own
+  throughput gains without it (``stack`` against ``stack_timer``: ``timer_gain``).
 
 For each, by the loop's own clock (after a device sync each step): per-length medians, the steps
 more than 8 ms over their length's median, the period (0.5-3 s) their midpoints concentrate at most
@@ -44,6 +48,35 @@ from tests.gpu.plain_loop_live import TRAIN_VARLEN, run_job
 from tests.procs import run_env
 
 WARMUP = 20  # steps left out: CUDA and allocator warm-up
+TIMER_PERIOD_S, TIMER_BURST_MS = 1.2, 40.0
+TIMER = r"""
+import sys, time, torch
+period, burst = float(sys.argv[1]), float(sys.argv[2]) / 1e3
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+torch.cuda.synchronize()
+due = time.time() + period
+while True:
+    time.sleep(max(0.0, due - time.time()))
+    end = time.perf_counter() + burst
+    while time.perf_counter() < end:
+        a @ a
+        torch.cuda.synchronize()
+    due += period
+"""
+
+
+def timer(procs: Any, raw: Path, env: dict[str, str], t0: float) -> dict[str, Any]:
+    """The timer process beside the job (stopped with the job's processes)."""
+    (raw / "timer.py").write_text(TIMER)
+    argv = [sys.executable, str(raw / "timer.py"), str(TIMER_PERIOD_S), str(TIMER_BURST_MS)]
+    p = procs.start("timer", argv, env=env)
+    return {"pid": p.pid, "period_s": TIMER_PERIOD_S, "burst_ms": TIMER_BURST_MS}
+
+
+def throughput(own: dict[str, Any]) -> float:
+    """The loop's own TFLOP/s after warm-up: its FLOPs summed over its time summed."""
+    rows = own["steps"][WARMUP:]
+    return float(sum(r[5] for r in rows) / sum(r[3] - r[1] for r in rows) / 1e12)
 SPIKE_MS = 8.0  # a step this far over its length's median is a slow one
 
 
@@ -106,24 +139,36 @@ def main() -> int:
             r = run_plain(a.out, name, a.seconds, {"PERFD_HOOK_DISABLE": "1"})
         elif name == "hook":
             r = run_plain(a.out, name, a.seconds, {"PERFD_HOOK_SOCKET": str(a.out / "nobody.sock")})
-        elif name in ("stack", "stack_nonvml"):
-            os.environ["PERFD_NVML"] = "real" if name == "stack" else "off"
-            r = run_job(a.out, f"varlen-{name}", TRAIN_VARLEN, [str(a.seconds)], a.seconds)
+        elif name in ("stack", "stack_nonvml", "stack_timer"):
+            os.environ["PERFD_NVML"] = "off" if name == "stack_nonvml" else "real"
+            r = run_job(a.out, f"varlen-{name}", TRAIN_VARLEN, [str(a.seconds)], a.seconds,
+                        during=timer if name == "stack_timer" else None)
         else:
             raise SystemExit(f"unknown config {name!r}")
         row: dict[str, Any] = {"wall_s": round(time.time() - t, 1), "job_exit": r.get("job_exit"),
                                "error": r.get("error")}
         if "own" in r:
             row["loop"] = spikes(r["own"])
+            row["loop"]["tflops"] = throughput(r["own"])
             with gzip.open(a.out / f"{name}_steps.json.gz", "wt") as f:
                 json.dump(r["own"], f)
         if "view" in r or "step_time_cv" in r:
             row["perfd"] = {"step_time_cv": r.get("step_time_cv"), "findings": r.get("findings"),
+                            "slow_beat": r.get("slow_beat"), "recommendations": r.get("recommendations"),
+                            "timer": r.get("extra"),
                             "incidents": [(i.get("first_iteration"), i.get("last_iteration"), i.get("cause"))
                                           for i in r.get("incidents") or []]}
         results[name] = row
         shown = {k: v for k, v in row.items() if k != "perfd"}
         print(json.dumps({name: shown}, default=str)[:1500], flush=True)
+        if "stack" in results and "stack_timer" in results and "loop" in results["stack"] \
+                and "loop" in results["stack_timer"]:
+            # What removing the timer gives back, by the loop's clock, against perfd's R for it
+            gain = results["stack"]["loop"]["tflops"] / results["stack_timer"]["loop"]["tflops"] - 1
+            recs = (results["stack_timer"].get("perfd") or {}).get("recommendations") or []
+            impact = next((x.get("impact") for x in recs if x.get("finding_id") == "step-jitter"), None)
+            results["timer_gain"] = {"loop_throughput_gain": gain, "perfd_impact": impact}
+            print(json.dumps({"timer_gain": results["timer_gain"]}), flush=True)
         (a.out / "varlen_jitter.json").write_text(json.dumps(results, indent=1, default=str))
     return 0
 
