@@ -52,18 +52,26 @@ TIMER_PERIOD_S, TIMER_BURST_MS = 1.2, 40.0
 TIMER = r"""
 import sys, time, torch
 period, burst = float(sys.argv[1]), float(sys.argv[2]) / 1e3
-a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+for _ in range(3):
+    a @ a
 torch.cuda.synchronize()
+t = time.perf_counter()
+for _ in range(10):
+    a @ a
+torch.cuda.synchronize()
+n = max(1, round(burst / ((time.perf_counter() - t) / 10)))  # matmuls per burst, queued at once
+print(f"matmuls per burst: {n}", flush=True)
 due = time.time() + period
 while True:
     time.sleep(max(0.0, due - time.time()))
-    end = time.perf_counter() + burst
-    while time.perf_counter() < end:
+    t = time.perf_counter()
+    for _ in range(n):
         a @ a
-        torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    print(f"burst at {time.time():.3f} took {(time.perf_counter() - t) * 1e3:.1f} ms", flush=True)
     due += period
 """
-
 
 def timer(procs: Any, raw: Path, env: dict[str, str], t0: float) -> dict[str, Any]:
     """The timer process beside the job (stopped with the job's processes)."""
