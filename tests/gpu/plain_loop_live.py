@@ -245,7 +245,7 @@ def run_job(out: Path, job: str, train: str, argv: list[str], seconds: float,
         res["recommendations"] = [{k: r.get(k) for k in ("finding_id", "remedy", "title", "action", "detail",
                                                          "impact")}
                                   for r in (rep.get("recommendations") or [])[:3]]
-        res["slow_beat"] = summ.get("slow_beat")
+        res["slow_steps"] = summ.get("slow_steps")
         res["incidents"] = _incidents(base, job)
         res["placement"] = full.get("ranks")
         res["gpus"] = json.dumps(get_json(f"{base}/jobs/{job}/gpus"), default=str)[:6000]

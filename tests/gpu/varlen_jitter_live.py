@@ -162,7 +162,7 @@ def main() -> int:
                 json.dump(r["own"], f)
         if "view" in r or "step_time_cv" in r:
             row["perfd"] = {"step_time_cv": r.get("step_time_cv"), "findings": r.get("findings"),
-                            "slow_beat": r.get("slow_beat"), "recommendations": r.get("recommendations"),
+                            "slow_steps": r.get("slow_steps"), "recommendations": r.get("recommendations"),
                             "timer": r.get("extra"),
                             "incidents": [(i.get("first_iteration"), i.get("last_iteration"), i.get("cause"))
                                           for i in r.get("incidents") or []]}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import cmath
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from perfd.analytics import thresholds as th
@@ -36,18 +36,19 @@ BAND = 0.05  # in steps of a tenth of a cycle's drift over the span
 
 
 @dataclass(frozen=True, slots=True)
-class SlowBeat:
-    """Slow steps in phase with a period (:func:`slow_beat`)."""
+class SlowSteps:
+    """A jittering run's slow steps (:func:`slow_steps`): how many, what they cost, and the period
+    they keep where they keep one."""
 
-    period_s: float
-    concentration: float  # R: the mean phase vector's length at the period (0-1)
-    slow_steps: int  # steps more than SLOW_EXCESS over what their work predicts
+    count: int  # steps more than SLOW_EXCESS over what their work predicts
     steps: int  # the steps read
     excess_share: float  # the slow steps' time over their prediction ÷ all the steps' time
+    period_s: float | None = None  # None: no period passes the test
+    concentration: float | None = None  # R: the mean phase vector's length at the period (0-1)
 
     def to_json(self) -> dict[str, Any]:
-        return {"period_s": self.period_s, "concentration": self.concentration, "slow_steps": self.slow_steps,
-                "steps": self.steps, "excess_share": self.excess_share}
+        return {"count": self.count, "steps": self.steps, "excess_share": self.excess_share,
+                "period_s": self.period_s, "concentration": self.concentration}
 
 
 def _fit(steps: Sequence[float], work: Sequence[float] | None) -> list[float]:
@@ -86,26 +87,27 @@ def _rayleigh(mids: Sequence[float], f: float) -> float:
     return abs(sum(cmath.exp(2j * math.pi * f * m) for m in mids)) / len(mids)
 
 
-def slow_beat(ends: Sequence[float | None], steps_ms: Sequence[float | None],
-              work: Sequence[float | None] | None = None) -> SlowBeat | None:
-    """The period the slow steps keep, if they keep one: ``ends`` each step's end (epoch seconds),
-    ``steps_ms`` its time (less its data wait: what the job itself spent), ``work`` its FLOPs where
-    known. None when fewer than MIN_SLOW steps are slow or no period passes the test."""
+def slow_steps(ends: Sequence[float | None], steps_ms: Sequence[float | None],
+               work: Sequence[float | None] | None = None) -> SlowSteps | None:
+    """The slow steps and the period they keep, if they keep one: ``ends`` each step's end (epoch
+    seconds), ``steps_ms`` its time (less its data wait: what the job itself spent), ``work`` its
+    FLOPs where known. None with fewer than 3 steps to read."""
     if work is not None and all(w is None for w in work):
         work = None  # no step's work known: the median step is what each is expected to take
     rows = [(float(e), float(t), float(w) if w is not None else None)
             for e, t, w in zip(ends, steps_ms, work if work is not None else [None] * len(steps_ms),
                                strict=True)
             if e is not None and t is not None and (work is None or w is not None)]
-    if len(rows) < 3:
+    total = sum(t for _, t, _ in rows)
+    if len(rows) < 3 or total <= 0:
         return None
     s = [t for _, t, _ in rows]
     expected = _fit(s, [w for _, _, w in rows] if work is not None else None)  # type: ignore[misc]
     slow = [(e - t / 2e3, t - x) for (e, t, _), x in zip(rows, expected, strict=True)
             if x > 0 and t > x * (1 + SLOW_EXCESS)]
-    total = sum(s)
-    if len(slow) < MIN_SLOW or total <= 0:
-        return None
+    found = SlowSteps(count=len(slow), steps=len(s), excess_share=sum(x for _, x in slow) / total)
+    if len(slow) < MIN_SLOW:
+        return found
     newest = slow[-1][0]
     mids = [m for m, _ in slow if m >= newest - SPAN_S][-MAX_SLOW:]
     span = mids[-1] - mids[0]
@@ -117,6 +119,5 @@ def slow_beat(ends: Sequence[float | None], steps_ms: Sequence[float | None],
             f += df
     r, f = best
     if f <= 0 or len(mids) * r * r < RAYLEIGH:
-        return None
-    return SlowBeat(period_s=round(1.0 / f, 3), concentration=round(r, 3), slow_steps=len(slow), steps=len(s),
-                    excess_share=sum(x for _, x in slow) / total)
+        return found
+    return replace(found, period_s=round(1.0 / f, 3), concentration=round(r, 3))

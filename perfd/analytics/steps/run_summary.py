@@ -98,9 +98,9 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
             for s, d in zip(step_col, steady_values("data_share"), strict=True)]
     work = [t * s if t is not None and s is not None else None for t, s in zip(tflops, step_col, strict=True)]
     cv = windows.unexplained_cv(busy, work)
-    # Read only where the steps jitter (the finding it feeds): is the jitter slow steps on a timer?
+    # Read only where the steps jitter (the finding it feeds): what its slow steps cost, on a timer?
     jitters = cv is not None and cv > th.JITTER_CV.value
-    slow = beat.slow_beat(steady_values("end_time"), busy, work) if jitters else None
+    slow = beat.slow_steps(steady_values("end_time"), busy, work) if jitters else None
     checks = [(ok, gap) for ok, gap in zip(steady_values("tflops_check_ok"), steady_values("tflops_rel_gap"),
                                            strict=True) if ok is not None]
     gaps = [abs(gap) for _, gap in checks if gap is not None]
@@ -125,7 +125,7 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
         excluded_kinds=dict(sorted(steady.kinds.items())),
         medians=dict(med),
         step_time_cv=cv,
-        slow_beat=slow,
+        slow_steps=slow,
         tflops_check_n=len(checks),
         tflops_check_n_disagree=sum(1 for ok, _ in checks if ok is False),
         tflops_check_max_abs_gap=max(gaps) if gaps else None,
@@ -318,7 +318,7 @@ class RunSummary:
     goodput: Goodput | None = None
     memory_mib: Mapping[str, float] | None = None  # the largest of each memory report value
     step_budget: StepBudget | None = None
-    slow_beat: beat.SlowBeat | None = None  # the jitter's slow steps on a period (steps/beat.py)
+    slow_steps: beat.SlowSteps | None = None  # a jitter's slow steps, their cost and period (steps/beat.py)
 
     def median(self, name: str) -> float | None:
         """The steady value of summary metric ``name`` (an IterationResult attribute); None when absent."""
@@ -337,7 +337,7 @@ class RunSummary:
             "excluded_kinds": {str(k): v.value for k, v in self.excluded_kinds.items()},
             "medians": dict(self.medians),
             "step_time_cv": self.step_time_cv,
-            "slow_beat": self.slow_beat.to_json() if self.slow_beat is not None else None,
+            "slow_steps": self.slow_steps.to_json() if self.slow_steps is not None else None,
             "tflops_check_n": self.tflops_check_n,
             "tflops_check_n_disagree": self.tflops_check_n_disagree,
             "tflops_check_max_abs_gap": self.tflops_check_max_abs_gap,
