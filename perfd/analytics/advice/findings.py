@@ -329,7 +329,7 @@ def jitter(c: RunContext) -> Out:
                 + (f"; they recur every {slow.period_s:.2f} s (in phase: R {slow.concentration:.2f}): "
                    "something on a timer." if beat else ", at no fixed period."))
     f = Finding("step-jitter", Severity.WARNING, f"Step time jitter (CV {cv:.0%})"
-                + (f": slow steps every {beat.period_s:.1f} s" if beat and beat.period_s else ""),
+                + (f": slow steps every {beat.period_s:.1f} s" if beat else ""),
                 f"Steady-state step times, less their data wait and per unit of work, vary with a "
                 f"coefficient of variation of {cv:.1%}.{said}",
                 {"step_time_cv": cv, "median_step_ms": c.med.get("step_time_ms"),
@@ -338,7 +338,7 @@ def jitter(c: RunContext) -> Out:
     if ds is not None and ds > bn.DATA_HEALTHY_SHARE:
         return [f], []  # the data-loading recommendation covers it (data_loading)
     impact = slow.excess_share if slow is not None and slow.count else None
-    if beat and beat.period_s:
+    if beat:
         return [f], [Recommendation(
             "", "step-jitter", 0, f"Find what runs every {beat.period_s:.1f} s beside the job: a monitoring "
             "agent's poll, a logger's flush, a periodic eval or checkpoint callback, a cron or daemon on "

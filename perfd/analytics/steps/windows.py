@@ -95,10 +95,19 @@ def unexplained_cv(steps: Sequence[float | None], work: Sequence[float | None] |
     mean_t = statistics.fmean(ts)
     if mean_t <= 0:
         return None
-    ws = [w for w, _ in pairs]
-    if len(pairs) < 3 or max(ws) <= min(ws) * (1 + 1e-9):
+    fit = line_fit([w for w, _ in pairs], [t for _, t in pairs])
+    if fit is None:
         return statistics.pstdev(ts) / mean_t
-    mw, mt = statistics.fmean(ws), statistics.fmean(t for _, t in pairs)
-    slope = sum((w - mw) * (t - mt) for w, t in pairs) / sum((w - mw) ** 2 for w in ws)
+    mw, mt, slope = fit
     residuals = [t - (mt + slope * (w - mw)) for w, t in pairs]
     return statistics.pstdev(residuals) / mt if mt > 0 else None
+
+
+def line_fit(work: Sequence[float], steps: Sequence[float]) -> tuple[float, float, float] | None:
+    """The least-squares line t = mean_t + slope·(w − mean_w) through the steps' times against their
+    work, as (mean_w, mean_t, slope); None with fewer than 3 steps or the same work for all."""
+    if len(work) < 3 or max(work) <= min(work) * (1 + 1e-9):
+        return None
+    mw, mt = statistics.fmean(work), statistics.fmean(steps)
+    return mw, mt, sum((w - mw) * (t - mt) for w, t in zip(work, steps, strict=True)) / sum((w - mw) ** 2
+                                                                                          for w in work)
