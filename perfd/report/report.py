@@ -30,12 +30,13 @@ from perfd.analytics.ncu.arming import ArmingCost
 from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.analytics.steps.run_summary import JobBlock, JobLayout, reduction_of
+from perfd.analytics.steps.untimed import untimed_groups
 
 
 @dataclass
 class ReportSummary:
     job_name: str | None
-    status: str  # MFU grade: severe | communication-overhead | good | excellent | unknown
+    status: str  # MFU grade: severe | communication-overhead | good | excellent | impossible | unknown
     status_text: str
     mfu: float | None
     bottleneck: str
@@ -147,8 +148,10 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     mfu = s.median("mfu")
     grade, _ = grade_mfu(mfu)
     budget = s.step_budget
+    lay = analysis.job.layout
     grade_text = explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
-                               budget_class_text(budget)).text()
+                               budget_class_text(budget),
+                               untimed_groups(analysis.job.framework, lay.tp, lay.cp, lay.ep)).text()
     span = analysis.steady.range_text()
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):

@@ -21,9 +21,16 @@ from perfd import catalog
 from perfd.analytics.advice.findings import derive_findings, job_config
 from perfd.analytics.advice.remedies import JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
-from perfd.analytics.breakdown.diagnosis import TimelineClass, classify_job
+from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.breakdown.job_budget import job_budget
-from perfd.analytics.common import MetricValue, finite, timer_max, vocabulary_of
+from perfd.analytics.common import (
+    FRAMEWORK_VOCABULARIES,
+    MEGATRON_VOCABULARY,
+    MetricValue,
+    finite,
+    timer_max,
+    vocabulary_of,
+)
 from perfd.analytics.finding_types import Finding, Recommendation, order_findings
 from perfd.analytics.incidents.detect import Incident
 from perfd.analytics.incidents.findings import incident_findings
@@ -65,6 +72,7 @@ from perfd.analytics.steps.stragglers import (
     persistent,
     rank_order,
 )
+from perfd.analytics.steps.untimed import untimed_groups
 from perfd.dtypes import normalize_dtype
 from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
 
@@ -430,6 +438,11 @@ class RunBuilder:
         self.flops_job = model_flops(job.spec, lay.global_batch_size, job.framework_version, job.framework)
         self.ctx = _Context(job, _world_size(lay), peak, rank_order(lay, job.arguments),
                             {lay.global_batch_size: self.flops_job})
+        # What the class' step shares say beside the numbers: the collectives the timers cannot see,
+        # and the job's own name for its data wait (a hook job has no batch-generator).
+        vocab = FRAMEWORK_VOCABULARIES.get(job.framework or "", MEGATRON_VOCABULARY)
+        self.shares_of = StepShares(untimed=untimed_groups(job.framework, lay.tp, lay.cp, lay.ep),
+                                    data_timer=vocab.data_wait[0] if vocab.data_wait else "data wait")
         key = (job, gpu_name, peak_override, dtype)
         if memo is not None and memo.key != key:
             memo.key, memo.entries, memo.run = key, {}, None
@@ -500,7 +513,7 @@ class RunBuilder:
         if memo is not None:
             self.present.add(rec.iteration)
         shares = step_shares(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share, lay.pp,
-                             it.pp_idle_max, it.pp_bubble_analytic, it.mfu)
+                             it.pp_idle_max, it.pp_bubble_analytic, it.mfu, self.shares_of)
         it.bottleneck = classify_job(shares, self.gpm, self.timeline, self.gpm_when).cls.value
         if self.first is None or rec.iteration < self.first[0]:
             self.first = (rec.iteration, rec.job)
@@ -547,7 +560,8 @@ class RunBuilder:
         budget = job_budget(med, ctx.peak, lay.pp, self.timeline, self.flops_job)
         summary = summarize(table, steady_rows, steady, pers, lay, self.gpm, self.timeline, self.gpm_when,
                             med, incidents=incidents, jitter=detection.jitter, disturbances=disturbances,
-                            goodput=gp, memory_mib=dict(self.memory_mib) or None, step_budget=budget)
+                            goodput=gp, memory_mib=dict(self.memory_mib) or None, step_budget=budget,
+                            shares_of=self.shares_of)
         analysis = RunAnalysis(block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
         analysis.config = job_config(analysis, self.job)

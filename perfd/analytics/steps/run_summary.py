@@ -76,15 +76,19 @@ def _steady_values(table: Table[IterationResult], steady_rows: Sequence[int], na
     return [values[i] for i in steady_rows]
 
 
+NO_SHARES = StepShares()  # nothing beside the numbers: Megatron's names, every collective timed
+
+
 def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady: SteadyState,
               pers: PersistentStragglers, lay: ParallelLayout, gpm: bn.GpmReading | None,
               timeline: TimelineClass | None, gpm_when: str, med: Mapping[str, float | None], *,
               incidents: Sequence[Incident], jitter: Mapping[str, Any], disturbances: CaptureDisturbances,
               goodput: Goodput | None, memory_mib: Mapping[str, float] | None,
-              step_budget: StepBudget | None) -> RunSummary:
+              step_budget: StepBudget | None, shares_of: StepShares = NO_SHARES) -> RunSummary:
     """The run's summary over its steady iterations ``steady_rows``, with ``med`` their
     steady_medians, and what the whole run adds: its incidents, jitter, perfd's capture
-    disturbances, goodput, memory report and step budget."""
+    disturbances, goodput, memory report and step budget. ``shares_of``: what the step shares carry
+    beside the medians (the untimed collectives, the data timer's name)."""
     def steady_values(name: str) -> list[Any]:
         return _steady_values(table, steady_rows, name)
 
@@ -105,7 +109,8 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
                                            strict=True) if ok is not None]
     gaps = [abs(gap) for _, gap in checks if gap is not None]
     cls = classify_job(step_shares(med["data_share"], med["comm_exposed_share"], med["comm_exposed_dp_share"],
-                                   lay.pp, med["pp_idle_max"], med["pp_bubble_analytic"], med["mfu"]),
+                                   lay.pp, med["pp_idle_max"], med["pp_bubble_analytic"], med["mfu"],
+                                   like=shares_of),
                        gpm, timeline, gpm_when)
     its = steady.iterations
     post = sorted(s for s in itertools.islice(table.column("step_time_ms"), steady.warmup_records, None)
@@ -151,8 +156,11 @@ def incidents_cost_s(incidents: Sequence[Incident]) -> float | None:
 
 
 def step_shares(data: float | None, comm: float | None, grad_sync: float | None, pp: int | None,
-            idle_max: float | None, bubble: float | None, mfu_: float | None) -> StepShares:
-    return StepShares(data, comm, grad_sync, pp, idle_max, bubble, mfu_)
+                idle_max: float | None, bubble: float | None, mfu_: float | None,
+                like: StepShares = NO_SHARES) -> StepShares:
+    """The shares, with what ``like`` carries beside them (untimed collectives, the data timer)."""
+    return dataclasses.replace(like, data_share=data, comm_exposed=comm, comm_grad_sync=grad_sync, pp=pp,
+                               pp_idle_max=idle_max, pp_bubble_analytic=bubble, mfu=mfu_)
 
 
 def pctl(sorted_values: Sequence[float], q: float) -> float:
