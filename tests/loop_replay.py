@@ -71,13 +71,15 @@ class Feed:
         """The loop's clock (rows: iteration, begin, data ready, end, ...) as the hook's records."""
         for i, tb, td, te, *_ in rows:
             d, s = (td - tb) * 1e3, (te - tb) * 1e3
-            timers = {HOOK_DATA_WAIT: TimerValue(d, d, {0: d}), HOOK_COMPUTE: TimerValue(s - d, s - d, {0: s - d})}
+            timers = {HOOK_DATA_WAIT: TimerValue(d, d, {0: d}),
+                      HOOK_COMPUTE: TimerValue(s - d, s - d, {0: s - d})}
             rec = StepRecord(job=job, iteration=int(i), rank=0, end_time=t0 + te, step_time_ms=s, interval=1,
                              timers=timers, source=Provenance("hook", f"rank0:pid{pid}"),
                              fields={"timing": "cuda" if cuda else "host", "pid": str(pid)})
             self.items.append((t0 + te, "step", rec))
 
-    def nvml(self, frames: Sequence[dict[str, Any]], t_from: float, t_to: float, every_s: float = 0.5) -> None:
+    def nvml(self, frames: Sequence[dict[str, Any]], t_from: float, t_to: float,
+             every_s: float = 0.5) -> None:
         """``frames``' samples, one every ``every_s`` from ``t_from`` to ``t_to`` (cycled)."""
         t, n = t_from, 0
         while t < t_to and frames:

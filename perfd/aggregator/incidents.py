@@ -438,7 +438,7 @@ def _worth_keeping(items: Sequence[Evidence], old: RankSnapshot | None) -> bool:
 def _missing(inc: Incident, gpu: Mapping[int, RankSnapshot]) -> list[Missing]:
     out = [] if inc.ranks or inc.single_rank else [Missing.PER_RANK_TIMERS]
     placed = [s for s in gpu.values() if s.placed and s.gpu is not None]
-    if not placed:
+    if not placed and not inc.cpu_only:  # a CPU-only job's GPU is no missing input: it has none
         out.append(Missing.RANK_PLACEMENT if gpu else Missing.GPU_STATE)
     return out
 

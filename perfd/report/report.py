@@ -31,6 +31,7 @@ from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.analytics.steps.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.untimed import untimed_groups
+from perfd.model import CPU
 
 
 @dataclass
@@ -136,7 +137,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     if arming is not None:
         findings.append(arming_finding(arming))
     if cpu is not None:
-        recs = [_with_cpu(r, cpu) for r in recs]
+        recs = [_with_cpu(r, cpu, analysis.job.device == CPU) for r in recs]
     if incidents is not None:  # the analysis' incident findings give way to the kept incidents'
         gone = {f.id for f in findings if f.origin is FindingOrigin.INCIDENT}
         findings = [f for f in findings if f.origin is not FindingOrigin.INCIDENT]
@@ -195,11 +196,12 @@ def arming_finding(arming: ArmingCost) -> Finding:
                    source="the job's step records, armed against " + arming.basis.value.replace("_", " "))
 
 
-def _with_cpu(r: Recommendation, cpu: CpuUse) -> Recommendation:
+def _with_cpu(r: Recommendation, cpu: CpuUse, cpu_only: bool = False) -> Recommendation:
     """The run's data-loading recommendation with the action its ranks' CPUs call for, and why."""
     if r.finding_id != DATA_LOADING_FINDING and r.remedy != RemedyId.DATA_LOADER.value:
         return r
-    return dataclasses.replace(r, action=data_loading_action(cpu), detail=f"{r.detail}; {cpu_use_text(cpu)}")
+    return dataclasses.replace(r, action=data_loading_action(cpu, cpu_only),
+                               detail=f"{r.detail}; {cpu_use_text(cpu)}")
 
 
 def analysis_json(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | None = None, *,

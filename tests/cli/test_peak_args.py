@@ -44,9 +44,10 @@ def test_a_peak_or_dtype_that_cannot_be_is_refused_before_reading(tmp_path: Path
     if command == "analyze":
         line = refused(perfd("analyze", "megatron", BF16_PP2, "--gpu", H200, *flags))
     else:
-        line = refused(perfd("report", "--html", tmp_path / "r.html", "--log", BF16_PP2, "--gpu", H200, *flags),
-                       "perfd report:")
-        assert not (tmp_path / "r.html").exists()
+        html = tmp_path / "r.html"
+        r = perfd("report", "--html", html, "--log", BF16_PP2, "--gpu", H200, *flags)
+        line = refused(r, "perfd report:")
+        assert not html.exists()
     if flags[0] == "--dtype":
         assert "'int4'" in line and "bf16" in line and "give --dtype" not in line
     else:

@@ -59,10 +59,7 @@ def _feed(capped_s: float) -> tuple[Feed, dict[str, Any]]:
 def test_a_data_slowdown_is_named_data_loading_whatever_the_gpu_shows(
         monkeypatch: pytest.MonkeyPatch, capped_s: float) -> None:
     feed, truth = _feed(capped_s)
-    st = None
-    for _, st in replay(monkeypatch, feed, JOB):
-        pass
-    assert st is not None
+    *_, (_, st) = replay(monkeypatch, feed, JOB)
     (inc,) = [i for i in st.incidents.incidents(JOB) if (i["cost_s"] or 0) > 5]
     assert not inc["open"]
     assert abs(inc["first_iteration"] - truth["slow_first"]) <= 20

@@ -21,12 +21,15 @@ from perfd.analytics.breakdown import budget_findings
 from perfd.analytics.breakdown.budget import Part, Source, StepBudget
 from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
-from perfd.analytics.incidents.verdict_text import DATA_LOADING_ACTION
+from perfd.analytics.incidents.verdict_text import data_loading_action
 from perfd.analytics.steps.pipeline import microbatches_for_bubble, rebalance_estimate
 from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
 from perfd.analytics.steps.untimed import Untimed, names, untimed_groups, untimed_text
-from perfd.model import JobInfo
+from perfd.model import CPU, JobInfo
+
+# A CPU-only job's DataLoader knobs (no pin_memory: it only speeds copies to a GPU).
+CPU_DATA_KNOBS = "DataLoader(num_workers=N, prefetch_factor=4, persistent_workers=True)"
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.run_analysis import RunAnalysis
@@ -330,11 +333,13 @@ def data_loading(c: RunContext) -> Out:
                 {"data_share": ds}, c.span, f"{vocab.source} timer {timer}")
     if sev is Severity.INFO:
         return [f], []
-    detail = f"{timer} {_pct(ds)} of the step; {DATA_KNOBS[c.framework]}"
+    cpu_only = c.job.device == CPU
+    knobs = CPU_DATA_KNOBS if cpu_only and c.framework is Framework.PYTORCH else DATA_KNOBS[c.framework]
+    detail = f"{timer} {_pct(ds)} of the step; {knobs}"
     cv = c.a.summary.step_time_cv
     if cv is not None and cv > JITTER_CV:  # jitter with slow data loading: one action covers both
         detail += f"; step time also jitters (CV {cv:.1%}, finding step-jitter)"
-    return [f], [Recommendation("", DATA_LOADING_FINDING, 0, DATA_LOADING_ACTION, detail, ds)]
+    return [f], [Recommendation("", DATA_LOADING_FINDING, 0, data_loading_action(None, cpu_only), detail, ds)]
 
 
 def jitter(c: RunContext) -> Out:

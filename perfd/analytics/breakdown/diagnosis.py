@@ -83,6 +83,7 @@ class StepShares:
     # share is the timed ones' only, never "communication is small".
     untimed: Untimed = ()
     data_timer: str = BATCH_GENERATOR  # what the job's source calls its data wait (its vocabulary)
+    cpu_only: bool = False  # the job computes on CPUs (perfd.model.JobInfo.device): no GPU to ask about
 
     def compute_share(self) -> float | None:
         """1 − data − exposed comm − pipeline idle, when the timers give each part."""
@@ -143,6 +144,9 @@ def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | N
             False,
             nums,
         )
+    if s.cpu_only:  # no kernels, no launches: the step is the CPUs' own computation
+        return Vote(ClassSource.TIMERS, B.COMPUTE, why + ": the job computes on its CPUs (no CUDA)", nums,
+                    _TIMERS_SRC), False, nums
     if s.mfu is None or s.mfu < LOW_MFU:
         # The host's compute timers also hold the time it takes to launch the kernels: with the
         # model's math far below peak they cannot tell slow kernels from a host too slow to feed
@@ -244,9 +248,9 @@ def classify_job(
             )
             if v is None
         ]
-        if gpm is None:
+        if gpm is None and not shares.cpu_only:  # a CPU-only job has no GPU to count or capture
             missing.append("GPM counters while the job steps (agent with NVML on a Hopper or newer GPU)")
-        if timeline is None:
+        if timeline is None and not shares.cpu_only:
             missing.append("a capture of the job")
         said = "; ".join(f"{v.source.value}: {v.reason}" for v in votes)
         reason = (said + "; " if said else "") + (

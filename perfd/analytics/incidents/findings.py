@@ -100,7 +100,7 @@ def _action(inc: Incident, cpu: CpuUse | None = None) -> tuple[str, CpuUse | Non
                 "entries, a dead process, a lost GPU); set a NCCL timeout so a hang fails fast"), None
     v = inc.verdict
     used = (incident_cpu_use(inc) or cpu) if v is not None and v.cause is EvidenceKind.DATA_WAIT else None
-    return action_text(v, list(inc.ranks), used), used
+    return action_text(v, list(inc.ranks), used, inc.cpu_only), used
 
 
 def _ms(v: float | None) -> str:

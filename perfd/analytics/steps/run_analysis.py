@@ -74,7 +74,11 @@ from perfd.analytics.steps.stragglers import (
 )
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.dtypes import normalize_dtype
-from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
+from perfd.model import CPU, JobInfo, ParallelLayout, Provenance, StepRecord
+
+# Why a CPU-only job has no MFU (perfd.model.JobInfo.device): said instead of "GPU name unknown".
+CPU_ONLY_NO_PEAK = ("the job computes on CPUs (no CUDA in its processes): MFU is measured against a GPU's "
+                    "peak; --peak-tflops gives one for its CPUs")
 
 # The values of Megatron-LM's memory report (``[Rank r] (after N iterations) memory (MB) | ...``) the
 # analysis keeps the largest of: what a remedy that costs memory (a larger micro-batch) is read against
@@ -435,6 +439,9 @@ class RunBuilder:
         self.gpm_when = gpm_when
         self.canon_dtype, self.dtype_src = resolve_dtype(job, dtype)
         peak = peak_tflops(gpu_name, self.canon_dtype, peak_override)
+        if job.device == CPU and peak_override is None:  # the GPU is not a missing input: there is none
+            peak = dataclasses.replace(peak, peak_tflops=None, source=None, gpu_model=None,
+                                       measured_ceiling_tflops=None, reason=CPU_ONLY_NO_PEAK)
         self.flops_job = model_flops(job.spec, lay.global_batch_size, job.framework_version, job.framework)
         self.ctx = _Context(job, _world_size(lay), peak, rank_order(lay, job.arguments),
                             {lay.global_batch_size: self.flops_job})
@@ -442,7 +449,8 @@ class RunBuilder:
         # and the job's own name for its data wait (a hook job has no batch-generator).
         vocab = FRAMEWORK_VOCABULARIES.get(job.framework or "", MEGATRON_VOCABULARY)
         self.shares_of = StepShares(untimed=untimed_groups(job.framework, lay.tp, lay.cp, lay.ep),
-                                    data_timer=vocab.data_wait[0] if vocab.data_wait else "data wait")
+                                    data_timer=vocab.data_wait[0] if vocab.data_wait else "data wait",
+                                    cpu_only=job.device == CPU)
         key = (job, gpu_name, peak_override, dtype)
         if memo is not None and memo.key != key:
             memo.key, memo.entries, memo.run = key, {}, None
@@ -540,7 +548,8 @@ class RunBuilder:
         for i, iteration in enumerate(table.column("iteration")):
             table.put(i, steady_state=steady.steady.get(iteration, False),
                       excluded_reason=steady.excluded.get(iteration))
-        detection = mark_incidents(table, disturbed, steady, ctx.world, self.new_normal_at, work)
+        detection = mark_incidents(table, disturbed, steady, ctx.world, self.new_normal_at, work,
+                                   self.job.device == CPU)
         incidents = detection.incidents
         steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
         pers = persistent(straggler_flags(table, i) for i in steady_rows)

@@ -27,7 +27,7 @@ from perfd.analytics.steps.gpus import PeakResult, gpu_memory_mib
 from perfd.analytics.steps.iteration_table import Table
 from perfd.analytics.steps.steady import Exclusion, SteadyState
 from perfd.analytics.steps.stragglers import PersistentStragglers
-from perfd.model import JobInfo, ModelSpec, ParallelLayout
+from perfd.model import DEVICES, Device, JobInfo, ModelSpec, ParallelLayout
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.run_analysis import IterationResult
@@ -175,6 +175,7 @@ def job_block(job: JobInfo, name: str | None, world: int | None, gpu_name: str |
         name=name,
         framework=job.framework,
         framework_version=job.framework_version,
+        device=job.device,
         torch_version=job.torch_version,
         timing_log_option=job.timing_log_option,
         log_interval=job.log_interval,
@@ -440,6 +441,7 @@ class JobBlock:
     name: str | None = None
     framework: str | None = None
     framework_version: str | None = None
+    device: Device | None = None  # where it computes (perfd.model.JobInfo.device): "cpu", "cuda", unknown
     torch_version: str | None = None
     timing_log_option: str | None = None
     log_interval: int | None = None
@@ -455,6 +457,7 @@ class JobBlock:
             "name": self.name,
             "framework": self.framework,
             "framework_version": self.framework_version,
+            "device": self.device,
             "torch_version": self.torch_version,
             "timing_log_option": self.timing_log_option,
             "log_interval": self.log_interval,
@@ -479,6 +482,7 @@ class JobBlock:
         known = {f.name for f in dataclasses.fields(ModelSpec)}
         return cls(
             name=d.get("name"), framework=d.get("framework"), framework_version=d.get("framework_version"),
+            device=d.get("device") if d.get("device") in DEVICES else None,
             torch_version=d.get("torch_version"), timing_log_option=d.get("timing_log_option"),
             log_interval=d.get("log_interval"), wandb_run_id=d.get("wandb_run_id"),
             layout=JobLayout.from_json(d.get("layout")),
