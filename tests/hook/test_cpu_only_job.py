@@ -134,7 +134,8 @@ def test_a_cpu_job_in_its_own_words_with_no_gpu_advice(run: dict[str, Any]) -> N
 
     data, host = over(SLOW_DATA), over(SLOW_HOST)
     seen = [(i["first_iteration"], i["last_iteration"], i["cost_s"], i["cause"]) for i in incs]
-    assert data["verdict"]["cause"] == "data_wait" and data["cause"].startswith("data loading took up to"), seen
+    assert data["verdict"]["cause"] == "data_wait", seen
+    assert data["cause"].startswith("data loading took up to")
     assert host["verdict"]["cause"] is None  # nothing names the host-side stall: said so, without a GPU
     assert "not explained: its timers and host showed nothing unusual" in host["cause"]
     assert host["verdict"]["missing"] == [] and host["cpu_only"] is True
