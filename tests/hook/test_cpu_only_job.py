@@ -155,8 +155,12 @@ def test_the_default_incident_capture_rule_skips_a_cpu_only_job(run: dict[str, A
     st.analysis(JOB, force=True)
     assert st.incidents.open_incidents(JOB)
     sent: list[tuple[str, Command]] = []
-    co = CaptureCoordinator(st, RuleEngine(load_pack(default_pack_path()).rules),
-                            lambda agent, cmd: sent.append((agent, cmd)) or True)
+
+    def send(agent: str, cmd: Command) -> bool:
+        sent.append((agent, cmd))
+        return True
+
+    co = CaptureCoordinator(st, RuleEngine(load_pack(default_pack_path()).rules), send)
     fired = [f.rule.name for f in co.evaluate(now=time.time())]
     assert "incident_capture" in fired
     assert sent == []  # nothing asked of the job's hook: no torch.profiler in it

@@ -4,6 +4,7 @@ English. Nothing reads these sentences back: decisions are made on the typed val
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -62,7 +63,11 @@ def cpu_use_text(use: CpuUse) -> str:
     if use.throttled_ratio:
         parts.append(f"throttled in {use.throttled_ratio:.0%} of its periods")
     state = "full" if use.room is CpuRoom.FULL else "room left"
-    return f"{'; '.join(parts)} ({state})"
+    when = ""
+    if use.while_running and use.observed_at is not None:  # a finished job: when, and that it ran then
+        at = dt.datetime.fromtimestamp(use.observed_at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        when = f"; observed at {at}, while running"
+    return f"{'; '.join(parts)} ({state}){when}"
 
 K = EvidenceKind
 CMDLINE_CHARS = 80  # a foreign process's command line as shown in one line (whitespace collapsed)
