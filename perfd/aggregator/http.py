@@ -207,6 +207,26 @@ def _candidates(analysis: RunAnalysis) -> list[int]:
     return [int(r) for r in ranks]
 
 
+# What an incident's summary entry leaves to /api/jobs/<job>/incidents: the typed items its verdict
+# was decided over (the steps' ``observed``, the GPU's ``gpu_observed``, each snapshot's ``items``) are
+# all in its ``verdict`` (lead, effects, also): the summary says each once.
+SUMMARY_INCIDENT_OMITS = ("observed", "gpu_observed")
+
+
+def summary_incident(d: Mapping[str, Any]) -> dict[str, Any]:
+    """An incident as the job summary serves it (docs/api.md): each fact once."""
+    out = dict(d)
+    ev = out.get("evidence")
+    if isinstance(ev, Mapping):
+        ev = {k: v for k, v in ev.items() if k not in SUMMARY_INCIDENT_OMITS}
+        gpu = ev.get("gpu")
+        if isinstance(gpu, Mapping):
+            ev["gpu"] = {r: {k: v for k, v in s.items() if k != "items"} if isinstance(s, Mapping) else s
+                         for r, s in gpu.items()}
+        out["evidence"] = ev
+    return out
+
+
 def job_cpu(snap: JobSnapshot, now: float) -> CpuUse | None:
     """How the job's ranks use their CPUs, for its data-loading action: as last observed while it
     stepped (a step record came after the observation: not its teardown, not its exit), else as its
@@ -249,7 +269,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
         **rank_view(state, snap, world, _candidates(analysis)),
         "collectives": collectives_json(state, job),
         "serving": serving,
-        "incidents": full["incidents"],
+        "incidents": [summary_incident(i) for i in full["incidents"]],
     }
 
 
@@ -264,18 +284,19 @@ def collectives_json(state: AggregatorState, job: str) -> dict[str, Any] | None:
 
 
 def job_iterations(state: AggregatorState, job: str, sources: bool = True) -> dict[str, Any] | None:
-    """Every analysed iteration the aggregator holds for ``job`` (the per-iteration JSON of
-    `perfd analyze megatron --json`), oldest first; None for an unknown job. ``sources=False``
-    drops each iteration's ``sources`` (most of its size; the summary's report keeps them)."""
+    """Every analysed iteration the aggregator holds for ``job`` (the per-iteration rows of
+    `perfd analyze megatron --json`: provenance as codes, perfd.analytics.steps.row_codes), oldest
+    first, with their legend (``iteration_codes``); None for an unknown job. ``sources=False``: the
+    legend without each metric's source (the summary's report has them)."""
     snap = state.snapshot(job, Analysed.SERVED)
     if snap is None:
         return None
     analysis = snap.analysis
-    its = [it.to_json() for it in analysis.iterations] if analysis is not None else []
-    if not sources:
-        for it in its:
-            it.pop("sources", None)
-    return {"job_name": job, "iterations": its}
+    if analysis is None:
+        return {"job_name": job, "iterations": [], "iteration_codes": {}}
+    codes = analysis.row_codes()
+    its = list(analysis.iteration_rows(codes=codes))
+    return {"job_name": job, "iterations": its, "iteration_codes": codes.legend(sources)}
 
 
 # Paths anyone who reaches the port may read, token or not: Prometheus scrapes and liveness probes.

@@ -204,10 +204,11 @@ def run_analyze(args: argparse.Namespace) -> int:
     steady_only = args.iterations == ITERATIONS_STEADY
     if args.json:
         # the rows are written as they are built (finite_json.write), never held as one list
+        codes = analysis.row_codes()
         rows: Iterable[dict[str, Any]] = ([] if args.iterations == ITERATIONS_NONE
-                                          else analysis.iteration_rows(steady_only))
+                                          else analysis.iteration_rows(steady_only, codes))
         out: dict[str, Any] = {}
-        for key, value in analysis_json(analysis, rows=rows).items():
+        for key, value in analysis_json(analysis, rows=rows, codes=codes).items():
             out[key] = value
             if key == "iterations":  # which rows they are, next to them
                 out["iterations_shown"] = args.iterations

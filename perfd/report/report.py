@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perfd import catalog
+from perfd import catalog, finite_json
 from perfd.analytics.advice.findings import (
     DATA_LOADING_FINDING,
     GRADE_LABELS,
@@ -28,6 +28,7 @@ from perfd.analytics.incidents.host_evidence import CpuUse
 from perfd.analytics.incidents.verdict_text import cpu_use_text, data_loading_action
 from perfd.analytics.ncu.arming import ArmingCost
 from perfd.analytics.steps.goodput import headline_text
+from perfd.analytics.steps.row_codes import RowCodes
 from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.analytics.steps.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.untimed import untimed_groups
@@ -205,16 +206,19 @@ def _with_cpu(r: Recommendation, cpu: CpuUse, cpu_only: bool = False) -> Recomme
 
 
 def analysis_json(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | None = None, *,
-                  rows: Iterable[dict[str, Any]] | None = None, arming: ArmingCost | None = None,
-                  cpu: CpuUse | None = None) -> dict[str, Any]:
-    """The analysis as JSON with its report: keys job, iterations, summary, incidents, report (what
-    `perfd analyze megatron --json` prints and the aggregator serves; the aggregator passes the
-    incidents it kept). ``rows``: the iterations' rows (an iterator for finite_json.write to
-    stream, or none), instead of every iteration's as a list."""
+                  rows: Iterable[dict[str, Any]] | None = None, codes: RowCodes | None = None,
+                  arming: ArmingCost | None = None, cpu: CpuUse | None = None) -> dict[str, Any]:
+    """The analysis as JSON with its report: keys job, iterations, iteration_codes, summary,
+    incidents, report (what `perfd analyze megatron --json` prints and the aggregator serves; the
+    aggregator passes the incidents it kept). ``rows``: the iterations' rows (an iterator for
+    finite_json.write to stream, or none), instead of every iteration's as a list; ``codes``: the
+    coder that made them (their legend is written after them)."""
     out = {**analysis.to_json(iterations=rows is None),
            "report": build_report(analysis, incidents, arming=arming, cpu=cpu).to_json()}
     if rows is not None:
         out["iterations"] = rows
+        out["iteration_codes"] = (finite_json.Lazy(codes.legend) if codes is not None
+                                  else analysis.row_codes().legend())
     if incidents is not None:
         out["incidents"] = [i.to_json() for i in incidents]
     return out

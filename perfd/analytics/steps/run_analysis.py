@@ -53,6 +53,7 @@ from perfd.analytics.steps.metrics import (
     throughput_per_gpu,
 )
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
+from perfd.analytics.steps.row_codes import RowCodes
 from perfd.analytics.steps.run_incidents import mark_incidents, step_work, straggler_flags
 from perfd.analytics.steps.run_summary import (
     CaptureDisturbances,
@@ -192,17 +193,29 @@ class RunAnalysis:
         """The run's logged time: the sum of its step times."""
         return float(sum(s for s in self.values("step_time_ms") if s is not None)) / 1e3
 
-    def iteration_rows(self, steady_only: bool = False) -> Iterator[dict[str, Any]]:
-        """JSON rows of every iteration, or of the steady ones, built one at a time."""
-        return (it.to_json() for it in (self.steady_rows() if steady_only else self.iterations))
+    def row_codes(self) -> RowCodes:
+        """The coder of this run's JSON rows (perfd.analytics.steps.row_codes): one per document."""
+        n = len(self.iterations)
+        return RowCodes(self.iterations[n - 1] if n else None, self.steady.kinds, self.steady.refs)
+
+    def iteration_rows(self, steady_only: bool = False, codes: RowCodes | None = None
+                       ) -> Iterator[dict[str, Any]]:
+        """JSON rows of every iteration, or of the steady ones, built one at a time (``codes``: the
+        document's coder, whose legend says what the rows' codes mean)."""
+        coder = codes if codes is not None else self.row_codes()
+        return coder.rows(self.steady_rows() if steady_only else self.iterations)
 
     def to_json(self, iterations: bool = True) -> dict[str, Any]:
-        """Keys: job, iterations, summary, incidents. None stays None (null), never 0. The report is built
+        """Keys: job, iterations, iteration_codes (the rows' legend), summary, incidents. A row has
+        the metrics it has (absent ones are not in it; the legend says why). The report is built
         above this layer (perfd.report.analysis_json adds it). ``iterations=False``: no rows (a
         caller that streams them, see iteration_rows)."""
+        codes = self.row_codes()
+        rows = list(self.iteration_rows(codes=codes)) if iterations else []
         return {
             "job": _json_value(self.job.to_json()),
-            "iterations": [it.to_json() for it in self.iterations] if iterations else [],
+            "iterations": rows,
+            "iteration_codes": codes.legend(),
             "summary": _json_value(self.summary.to_json()),
             "incidents": [_json_value(i.to_json()) for i in self.incidents],
         }

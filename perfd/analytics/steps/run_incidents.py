@@ -86,4 +86,5 @@ def mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
             steady.steady[iteration] = False
             steady.excluded[iteration] = reason
             steady.kinds[iteration] = Exclusion.INCIDENT if lost else Exclusion.CAPTURE
+            steady.refs[iteration] = inc.id
     return found

@@ -25,6 +25,7 @@ from perfd.analytics.steps.flops import FlopsResult
 from perfd.analytics.steps.goodput import Goodput
 from perfd.analytics.steps.gpus import PeakResult, gpu_memory_mib
 from perfd.analytics.steps.iteration_table import Table
+from perfd.analytics.steps.row_codes import ExcludedRange, excluded_ranges
 from perfd.analytics.steps.steady import Exclusion, SteadyState
 from perfd.analytics.steps.stragglers import PersistentStragglers
 from perfd.model import DEVICES, Device, JobInfo, ModelSpec, ParallelLayout
@@ -128,6 +129,7 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
         warmup_records=steady.warmup_records,
         excluded=dict(sorted(steady.excluded.items())),
         excluded_kinds=dict(sorted(steady.kinds.items())),
+        excluded_ranges=excluded_ranges(steady.kinds, steady.refs, steady.steady),
         medians=dict(med),
         step_time_cv=cv,
         slow_steps=slow,
@@ -309,6 +311,8 @@ class RunSummary:
     warmup_records: int
     excluded: Mapping[int, str]  # iteration -> why it is not steady
     excluded_kinds: Mapping[int, Exclusion]
+    # the same as ranges of (kind, incident or capture): what JSON carries (row_codes.excluded_ranges)
+    excluded_ranges: tuple[ExcludedRange, ...] = ()
     medians: Mapping[str, float | None]  # SUMMARY_METRICS -> its steady value (TIME_WEIGHTED, ...)
     step_time_cv: float | None
     tflops_check_n: int
@@ -342,8 +346,7 @@ class RunSummary:
             "steady_first_iteration": self.steady_first_iteration,
             "steady_last_iteration": self.steady_last_iteration,
             "warmup_records": self.warmup_records,
-            "excluded": {str(k): v for k, v in self.excluded.items()},
-            "excluded_kinds": {str(k): v.value for k, v in self.excluded_kinds.items()},
+            "excluded": [r.to_json() for r in self.excluded_ranges],
             "medians": dict(self.medians),
             "step_time_cv": self.step_time_cv,
             "slow_steps": self.slow_steps.to_json() if self.slow_steps is not None else None,
