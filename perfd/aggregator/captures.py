@@ -88,8 +88,8 @@ class CaptureRecord:
 
 MAX_INCIDENT_RANKS = 4  # ranks one incident capture takes at most
 CPU_ONLY_SKIP = ("the job computes on CPUs only (no CUDA): a capture divides GPU time, and there is none "
-                 "to divide; its host side is in the rank's host evidence and stacks (ask by hand: perfd "
-                 "capture --tool kineto)")
+                 "to divide; its host side is in the rank's host evidence and stacks (name a tool to trace "
+                 "its CPU ops anyway: perfd capture --tool kineto)")
 
 
 class CaptureCoordinator:
@@ -230,7 +230,7 @@ class CaptureCoordinator:
                     ranks = list(f.ranks) if f.ranks is not None else None
                     origin = f"rule:{f.rule.name}"
                     a = f.action
-                    skip = self._cpu_only(f.job)
+                    skip = a.tool == "auto" and self._cpu_only(f.job)  # perfd picks: none fits
                     rec = (self._skip_cpu_only(f.job, ranks, a.tool, a.steps, origin, t) if skip
                            else self._dispatch(f.job, ranks, a.tool, a.steps, origin, t, a.stack))
                     self._firing_of[rec.id] = f
@@ -289,11 +289,12 @@ class CaptureCoordinator:
 
     def _skip_cpu_only(self, job: str, ranks: list[int] | None, tool: str, steps: int, origin: str,
                        t: float) -> CaptureRecord:
-        """A rule's capture of a CPU-only job, not sent: every capture tool times GPU work (the step
-        budget divides the GPU's timeline), and a CPU-only job has none, so the trace would cost the
-        job its profiler's overhead and give ``budget: null`` (issue 52: the default incident_capture
-        rule ran torch.profiler inside such jobs). Its host side is the rank's host evidence
-        (collectors/ranks) and its stacks; a person may still ask for a trace (perfd capture)."""
+        """A rule's ``tool: auto`` capture of a CPU-only job, not sent: perfd picks the tool, and none
+        fits — each times GPU work (the step budget divides the GPU's timeline), a CPU-only job has
+        none, so the trace would cost the job its profiler's overhead and give ``budget: null``
+        (issue 52: the default incident_capture rule ran torch.profiler inside such jobs). Its host
+        side is the rank's host evidence (collectors/ranks) and its stacks. A rule or a person naming
+        a tool still gets it (its CPU ops are a trace to read, not a budget)."""
         rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t, status="skipped",
                             reason=CPU_ONLY_SKIP, updated_at=t)
         self._keep(rec)
