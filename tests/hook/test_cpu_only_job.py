@@ -6,6 +6,8 @@ Megatron's batch-generator), no GPU in any cause or action (before: "not explain
 unknown", "Check rank 0: its GPU (clocks, ..."), no MFU asked of a GPU it does not have, and the
 default incident_capture rule does not run torch.profiler in it (before: a trace with budget null).
 
+The Hugging Face Trainer and Lightning callbacks on real tiny models say the same of theirs.
+
 The loop: 230 steps of a small TransformerEncoder; its loader waits 4 ms a batch, 40 ms in steps 60-99
 (a data slowdown); steps 170-209 sleep 40 ms inside the compute (a host-side stall nothing names).
 """
@@ -168,3 +170,57 @@ def test_the_default_incident_capture_rule_skips_a_cpu_only_job(run: dict[str, A
     assert rec["status"] == "skipped" and "CPUs only" in rec["reason"]
     a = st.analysis(JOB, force=True)
     assert a is not None and "batch-generator" not in render_text(build_report(a))
+
+
+@pytest.mark.parametrize("framework", ["hf-trainer", "lightning"])
+def test_hugging_face_and_lightning_jobs_without_cuda_are_cpu_jobs(tmp_path: Path, framework: str) -> None:
+    """The Trainer and Lightning callbacks with the hook's defaults, on real tiny models (no weights):
+    their job is a CPU job too."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    transformers = pytest.importorskip("transformers")
+    c = HookCollector({"socket_path": str(tmp_path / "hook.sock"), "job": "j"})
+    c.start()
+    try:
+        cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16)
+        model = transformers.GPT2LMHeadModel(cfg)
+        data = [{"input_ids": torch.randint(0, 64, (16,)), "labels": torch.randint(0, 64, (16,))}
+                for _ in range(32)]
+        kw = {"socket_path": str(tmp_path / "hook.sock"), "warmup_steps": 1, "flush_interval_s": 0.05}
+        if framework == "hf-trainer":
+            from perfd.hook.hf import hf_callback
+
+            args = transformers.TrainingArguments(
+                output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=4, report_to=[],
+                use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True)
+            transformers.Trainer(model=model, args=args, train_dataset=data,
+                                 callbacks=[hf_callback(**kw)]).train()
+        else:
+            pl = pytest.importorskip("lightning.pytorch")
+            from perfd.hook.lightning import lightning_callback
+
+            class Module(pl.LightningModule):  # type: ignore[misc,name-defined]
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.model = model
+
+                def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+                    return self.model(**batch).loss
+
+                def configure_optimizers(self) -> Any:
+                    return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+            pl.Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False,
+                       callbacks=[lightning_callback(**kw)]).fit(
+                Module(), torch.utils.data.DataLoader(data, batch_size=4))
+        out = Collected()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and ("j" not in out.job_info or len(out.steps) < 5):
+            got = c.collect(time.time())
+            out.steps += got.steps
+            out.job_info.update(got.job_info)
+            time.sleep(0.02)
+    finally:
+        c.stop()
+    assert out.steps and out.job_info["j"].device == CPU
