@@ -112,3 +112,13 @@ def test_tp2_report_names_the_untimed_all_reduces_not_small_communication() -> N
     # A TP=1 PP=2 job's timers see its gradient sync and its p2p: nothing to add.
     _, pp2 = analyze_megatron_file(str(BF16_PP2), gpu=H200)
     assert pp2 is not None and not [f for f in build_report(pp2).findings if f.id == "comm-untimed"]
+
+
+def test_the_python_api_refuses_them_with_the_same_line() -> None:
+    import perfd.api as pa
+
+    for kw, said in (({"dtype": "int4"}, "'int4'"),
+                     ({"peak_tflops": 0.0}, "--peak-tflops must be a positive"),
+                     ({"dtype": "fp32"}, "the log trains in bf16")):
+        with pytest.raises(pa.PerfdInputError, match=said):
+            pa.analyze_megatron_log(DATA / "dp2_all_timers.log", gpu=H200, **kw)  # type: ignore[arg-type]

@@ -12,12 +12,13 @@ was twice the log's size). As JSON a row carries instead:
   of the legend's ``absent`` (a NaN loss, a timer missing from one line); codes are the same in every
   document (a short hash of the reason), so rows compare across documents;
 - ``excluded`` (an Exclusion code) and ``excluded_ref`` (the incident or capture, by id) when it is
-  out of the steady state; ``straggler_notes`` as codes into the legend's ``notes``;
-- floats to 6 significant digits (a log's times have 3-5; ``end_time`` keeps its microseconds).
+  out of the steady state.
 
 The legend (:meth:`RowCodes.legend`) says each once, in English: every metric's source as the newest
-row has it, the absence reasons, the notes, the exclusion kinds. :func:`excluded_ranges` gives a
-summary's excluded iterations as ranges of (kind, reference). Pure.
+row has it, the absence reasons, the exclusion kinds, and the straggler notes and the measuring
+methods (``comm_method``, ``pp_idle_method``) with the ranges of rows each held on (a note like
+"per-rank timers present" is the run's, not one row's).
+:func:`excluded_ranges` gives a summary's excluded iterations as ranges of (kind, reference). Pure.
 """
 
 from __future__ import annotations
@@ -37,22 +38,18 @@ if TYPE_CHECKING:
 # the measured matmul ceiling is the row's MFU times the run's one ratio, in the job block), and those
 # kept as they are.
 CODED = ("sources", "excluded_reason", "straggler_notes")
+# How a row's numbers were measured (the exposed communication's method, the stage idle's): the run's
+# own, said once in the legend with the ranges of rows it held on.
+RANGED = ("comm_method", "pp_idle_method")
 DERIVED = ("mfu_vs_measured_ceiling",)
-EXACT = ("end_time",)  # an epoch time: its microseconds are not noise
-SIGNIFICANT = 6
 CODE_CHARS = 8  # of a text's SHA-1: a code per distinct reason or note
 STEP_TIME = "step_time_ms"  # whose source is the record's own (its log line)
 
 
-def _num(v: Any) -> Any:
-    if isinstance(v, float) and v != 0.0 and math.isfinite(v):
-        return float(f"{v:.{SIGNIFICANT}g}")
-    return v
-
-
 def _plain(v: Any) -> Any:
+    """JSON's own: non-finite floats are absent (finite_json), mappings keyed by text."""
     if isinstance(v, float):
-        return _num(v)
+        return v if math.isfinite(v) else None
     if isinstance(v, dict):
         return {str(k): _plain(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -69,6 +66,9 @@ class RowCodes:
         self.kinds, self.refs = kinds, refs
         self._absent: dict[str, str] = {}  # text -> its code
         self._notes: dict[str, str] = {}
+        self._note_spans: dict[str, list[list[int]]] = {}  # code -> [first, last] of rows it held on
+        self._last: int | None = None  # the previous row's iteration
+        self._methods: dict[str, dict[str, list[list[int]]]] = {}  # field -> value -> its ranges
 
     @staticmethod
     def _code(table: dict[str, str], text: str) -> str:
@@ -84,9 +84,12 @@ class RowCodes:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(it):
             v = getattr(it, f.name)
+            if f.name in RANGED and v is not None:
+                self._span(self._methods.setdefault(f.name, {}).setdefault(str(v), []), it.iteration)
+                continue
             if f.name in CODED or f.name in DERIVED or v is None or (isinstance(v, (list, dict)) and not v):
                 continue  # absent, or nothing in it (no candidate rank, no per-rank ratio)
-            out[f.name] = v if f.name in EXACT else _plain(v)
+            out[f.name] = _plain(v)
         src = it.sources.get(STEP_TIME)
         if src:
             out["source"] = src
@@ -102,9 +105,17 @@ class RowCodes:
             ref = self.refs.get(it.iteration)
             if ref is not None:
                 out["excluded_ref"] = ref
-        if it.straggler_notes:
-            out["straggler_notes"] = [self._code(self._notes, n) for n in it.straggler_notes]
+        for n in it.straggler_notes:  # a run's notes hold for stretches of it: ranges, in the legend
+            self._span(self._note_spans.setdefault(self._code(self._notes, n), []), it.iteration)
+        self._last = it.iteration
         return out
+
+    def _span(self, spans: list[list[int]], iteration: int) -> None:
+        """Extend the last range of ``spans`` when the previous row was in it, else open one."""
+        if spans and spans[-1][1] == self._last:
+            spans[-1][1] = iteration
+        else:
+            spans.append([iteration, iteration])
 
     def rows(self, its: Iterable[IterationResult]) -> Iterator[dict[str, Any]]:
         return (self.row(it) for it in its)
@@ -116,8 +127,10 @@ class RowCodes:
         if sources and self.newest is not None:
             out["sources"] = dict(self.newest.sources)
         out["absent"] = {code: text for text, code in self._absent.items()}
-        out["notes"] = {code: text for text, code in self._notes.items()}
+        out["notes"] = {code: {"text": text, "iterations": self._note_spans.get(code, [])}
+                        for text, code in self._notes.items()}
         out["excluded"] = {k.value: t for k, t in EXCLUSION_TEXT.items()}
+        out["methods"] = {name: dict(by) for name, by in self._methods.items()}
         return out
 
 
