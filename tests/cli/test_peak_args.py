@@ -121,4 +121,4 @@ def test_the_python_api_refuses_them_with_the_same_line() -> None:
                      ({"peak_tflops": 0.0}, "--peak-tflops must be a positive"),
                      ({"dtype": "fp32"}, "the log trains in bf16")):
         with pytest.raises(pa.PerfdInputError, match=said):
-            pa.analyze_megatron_log(DATA / "dp2_all_timers.log", gpu=H200, **kw)  # type: ignore[arg-type]
+            pa.analyze_megatron_log(DATA / "dp2_all_timers.log", gpu=H200, **kw)

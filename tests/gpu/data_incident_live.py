@@ -128,8 +128,8 @@ def check(res: dict[str, Any]) -> dict[str, Any]:
     c["ok_marks"] = bool(inc and any(r.get("ref") == inc["id"] and r.get("first") == inc["first_iteration"]
                                      for r in ranges)
                          and not any(str(r.get("action")).startswith("Check rank 0: its GPU") for r in recs))
-    data = next((r for r in recs if r.get("finding_id") == "data-loading"
-                 or "data loading" in str(r.get("action")).lower()), {})
+    data: dict[str, Any] = next((r for r in recs if r.get("finding_id") == "data-loading"
+                                 or "data loading" in str(r.get("action")).lower()), {})
     detail = str(data.get("detail"))
     c["ok_finished"] = "its 2 child process(es)" in detail and "while running" in detail
     caps = [x for x in res.get("captures") or [] if str(x.get("origin", "")).startswith("rule:")]

@@ -186,7 +186,8 @@ def test_hugging_face_and_lightning_jobs_without_cuda_are_cpu_jobs(tmp_path: Pat
         model = transformers.GPT2LMHeadModel(cfg)
         data = [{"input_ids": torch.randint(0, 64, (16,)), "labels": torch.randint(0, 64, (16,))}
                 for _ in range(32)]
-        kw = {"socket_path": str(tmp_path / "hook.sock"), "warmup_steps": 1, "flush_interval_s": 0.05}
+        kw: dict[str, Any] = {"socket_path": str(tmp_path / "hook.sock"), "warmup_steps": 1,
+                              "flush_interval_s": 0.05}
         if framework == "hf-trainer":
             from perfd.hook.hf import hf_callback
 
