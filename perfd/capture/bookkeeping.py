@@ -54,6 +54,8 @@ class RunContext:
 def _rounded(v: Any) -> Any:
     if isinstance(v, float):
         return round(v, 4)
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
     return {k: _rounded(x) for k, x in v.items()} if isinstance(v, dict) else v
 
 

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.advice.remedies import Advice, FitContext, Framework, JobConfig
+from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig
+from perfd.analytics.advice.plan import Plan, make_plan
 from perfd.analytics.advice.remedy_catalog import fit, minor
 from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, Part, StepBudget, classify
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
@@ -49,8 +50,9 @@ _NAMES: dict[Part, str] = {
     Part.COMM_EXPOSED: "exposed communication",
     Part.PIPELINE: "pipeline wait",
     Part.DATA: "data wait",
-    Part.IDLE_SHORT: "idle, short gaps (launch)",
-    Part.IDLE_LONG: "idle, long gaps (host waits)",
+    Part.IDLE_SYNC: "idle after synchronisations",
+    Part.IDLE_SHORT: "idle, launch gaps",
+    Part.IDLE_LONG: "idle, host elsewhere",
     Part.COMPUTE: "compute (not divided)",
 }
 # What each part holds, said once (the finding's opening words).
@@ -67,11 +69,13 @@ _HOLDS: dict[Part, str] = {
     Part.GRAD_REDUCE: "Gradient accumulation and the data-parallel machinery's kernels take",
     Part.POINTWISE: "Other pointwise work (residual adds, hidden dropout, casts, reshapes) takes",
     Part.MEMCPY: "Copies and memsets no op above claims take",
-    Part.IDLE_SHORT: f"The GPU waits in gaps under {th.SHORT_GAP_S.value * 1e3:g} ms (the host issuing "
-    "work) for",
-    Part.IDLE_LONG: f"The GPU waits in gaps of {th.SHORT_GAP_S.value * 1e3:g} ms or more (the host "
-    "waiting: a "
-    "synchronisation, Python between steps) for",
+    Part.IDLE_SYNC: "The GPU waits after host synchronisations (the host stood until the device drained, "
+    "then launched again) for",
+    Part.IDLE_SHORT: f"The GPU waits in gaps under {th.SHORT_GAP_S.value * 1e3:g} ms with no synchronisation "
+    "before them (the host issuing work slower than the GPU runs it) for",
+    Part.IDLE_LONG: f"The GPU waits in gaps of {th.SHORT_GAP_S.value * 1e3:g} ms or more with no "
+    "synchronisation or data wait before them (the host elsewhere: Python between steps, garbage "
+    "collection) for",
     Part.DATA: "The step waits for its batch for",
     Part.COMM_EXPOSED: "Collectives run with no compute beside them for",
     Part.PIPELINE: "Pipeline p2p waits (the bubble, not link bandwidth) take",
@@ -271,17 +275,25 @@ def capture_cost(ctx: BudgetContext) -> Out:
     ], []
 
 
+def fitted(ctx: BudgetContext) -> list[Advice]:
+    """The remedies fitted to the job, but those for parts other analyzers speak for."""
+    cfg = ctx.config or JobConfig(ctx.framework)
+    return [a for a in fit(FitContext(ctx.budget, cfg)) if a.part not in ctx.covered]
+
+
+def plan_of(ctx: BudgetContext) -> Plan | None:
+    """The remedies as a plan (perfd.analytics.advice.plan): order, effort, relations, combined gain."""
+    return make_plan(fitted(ctx), ctx.config or JobConfig(ctx.framework), ctx.budget.step_ms)
+
+
 def remedies(ctx: BudgetContext) -> Out:
     """The remedies fitted to the job, each a recommendation with its gain range; those whose expected
     gain is within a rerun's spread (under th.REMEDY_MIN_GAIN of the step) in one finding of their own:
     named, not ordered among the ones worth doing first."""
     b = ctx.budget
-    cfg = ctx.config or JobConfig(ctx.framework)
     recs: list[Advice] = []
     small: list[Advice] = []
-    for a in fit(FitContext(b, cfg)):
-        if a.part in ctx.covered:
-            continue
+    for a in fitted(ctx):
         (small if minor(a, b.step_ms) else recs).append(a)
     fs = []
     if small:
@@ -333,6 +345,7 @@ def recommendation(a: Advice, b: StepBudget) -> Recommendation:
     if a.cost:
         bits.append(f"cost: {a.cost}")
     bits += list(a.notes)
+    bits.append(f"effort: {EFFORT_TEXT[a.effort]}")
     impact = a.gain.mid_ms / b.step_ms if a.gain is not None and a.gain.promised and b.step_ms > 0 else None
     return Recommendation(
         "",
@@ -346,7 +359,11 @@ def recommendation(a: Advice, b: StepBudget) -> Recommendation:
         [f.text() for f in a.flags],
         list(a.remove),
         list(a.needs),
+        a.effort.value,
     )
+
+
+EFFORT_TEXT = {Effort.FLAG: "a flag (minutes)", Effort.INSTALL: "an install", Effort.CODE: "a code change"}
 
 
 def gain_text(a: Advice, b: StepBudget) -> str:
