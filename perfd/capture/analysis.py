@@ -221,7 +221,8 @@ class Stretch:
     def to_json(self) -> dict[str, object]:
         return {"steps": self.steps, "span_ms": self.span_ms, "parts_ms": dict(self.parts_ms),
                 "part_op_ms": {p: dict(d) for p, d in self.part_op_ms.items()},
-                "idle": [r.to_json() for r in self.idle], "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()}}
+                "idle": [r.to_json() for r in self.idle],
+                "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()}}
 
 
 @dataclass(frozen=True)
@@ -294,7 +295,8 @@ class DeviceBreakdown:
             "attribution": self.attribution, "attention_fused": self.attention_fused,
             "trace_steps": self.trace_steps, "syncs": self.syncs, "sync_gap_ms": self.sync_gap_ms,
             "stream_syncs": self.stream_syncs, "stream_sync_gap_ms": self.stream_sync_gap_ms,
-            "idle": [r.to_json() for r in self.idle], "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()},
+            "idle": [r.to_json() for r in self.idle],
+            "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()},
             "side_stream_ms": dict(self.side_stream_ms),
             "complete": self.complete.to_json() if self.complete is not None else None,
         }
@@ -377,9 +379,9 @@ def _op_ms(t: Tally) -> dict[str, dict[str, float]]:
 
 
 def _stretch(t: Tally, steps: int) -> Stretch:
+    rows = sorted(t.idle.items(), key=lambda kv: -kv[1][0])[:IDLE_ROWS_N]
     return Stretch(steps, _ms(t.span_ns), _parts_ms(t), _op_ms(t),
-                   tuple(IdleRow(c, ph, owner, _ms(v[0]), int(v[1]))
-                         for (c, ph, owner), v in sorted(t.idle.items(), key=lambda kv: -kv[1][0])[:IDLE_ROWS_N]),
+                   tuple(IdleRow(c, ph, owner, _ms(v[0]), int(v[1])) for (c, ph, owner), v in rows),
                    {ph.value: {p.value: _ms(v) for p, v in d.items() if v > 0}
                     for ph, d in t.parts_in_phase.items()})
 

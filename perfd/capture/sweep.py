@@ -45,8 +45,12 @@ SYNC_SLACK_NS = 2_000.0
 # A gap is the data wait when the host spent at least half of it inside the data loader (a loader that
 # hands a ready batch over in 0.2 ms inside a 3 ms gap after a timer's sync did not cause the gap).
 DATA_SHARE_OF_GAP = 0.5
-IDLE_PART: dict[IdleCause, Part] = {IdleCause.SYNC: Part.IDLE_SYNC, IdleCause.LAUNCH: Part.IDLE_SHORT,
-                                    IdleCause.HOST: Part.IDLE_LONG, IdleCause.DATA: Part.DATA}
+IDLE_PART: dict[IdleCause, Part] = {
+    IdleCause.SYNC: Part.IDLE_SYNC,
+    IdleCause.LAUNCH: Part.IDLE_SHORT,
+    IdleCause.HOST: Part.IDLE_LONG,
+    IdleCause.DATA: Part.DATA,
+}
 
 
 @dataclass(frozen=True)
@@ -67,10 +71,13 @@ class Tally:
 
     span_ns: float = 0.0
     parts: dict[Part, float] = field(default_factory=lambda: defaultdict(float))
-    op_ns: dict[Part, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    op_ns: dict[Part, dict[str, float]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(float))
+    )
     idle: dict[tuple[IdleCause, Phase, str], list[float]] = field(default_factory=dict)  # [ns, gaps]
     parts_in_phase: dict[Phase, dict[Part, float]] = field(
-        default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+        default_factory=lambda: defaultdict(lambda: defaultdict(float))
+    )
 
     def add_idle(self, key: tuple[IdleCause, Phase, str], ns: float, counted: bool) -> None:
         row = self.idle.setdefault(key, [0.0, 0.0])
@@ -91,14 +98,24 @@ class SweepResult:
 class _Activity:
     __slots__ = ("corr", "end", "label", "name", "op", "part", "start", "stream")
 
-    def __init__(self, start: float, end: float, part: Part, name: str, corr: int | None, stream: int | None,
-                 label: str | None, op: str | None) -> None:
+    def __init__(
+        self,
+        start: float,
+        end: float,
+        part: Part,
+        name: str,
+        corr: int | None,
+        stream: int | None,
+        label: str | None,
+        op: str | None,
+    ) -> None:
         self.start, self.end, self.part, self.name = start, end, part, name
         self.corr, self.stream, self.label, self.op = corr, stream, label, op
 
 
-def _activities(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
-                ops: OpAttribution | None) -> list[_Activity]:
+def _activities(
+    kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent], ops: OpAttribution | None
+) -> list[_Activity]:
     unfused = any(kernels_mod.is_softmax(k.name) for k in kernels)
     part_of_name: dict[str, Part] = {}
     out: list[_Activity] = []
@@ -129,8 +146,9 @@ def _gpu_cuts(acts: Sequence[_Activity], host: HostSide) -> list[float]:
     ops = host.ops
     if ops is None or not host.marks:
         return []
-    launched = sorted((ops.launch_ns[a.corr], a.start) for a in acts
-                      if a.corr is not None and a.corr in ops.launch_ns)
+    launched = sorted(
+        (ops.launch_ns[a.corr], a.start) for a in acts if a.corr is not None and a.corr in ops.launch_ns
+    )
     if not launched:
         return []
     at = [x[0] for x in launched]
@@ -180,8 +198,14 @@ class _Classifier:
     def classify(self, a: float, b: float, next_corr: int | None) -> tuple[IdleCause, Phase, str]:
         phase = self.phase(next_corr)
         j = bisect.bisect_right(self.data_starts, b) - 1
-        inside = sum(max(0.0, min(b, self.data[k][1]) - max(a, self.data[k][0]))
-                     for k in range(max(0, j - 2), j + 1)) if j >= 0 else 0.0
+        inside = (
+            sum(
+                max(0.0, min(b, self.data[k][1]) - max(a, self.data[k][0]))
+                for k in range(max(0, j - 2), j + 1)
+            )
+            if j >= 0
+            else 0.0
+        )
         if inside >= DATA_SHARE_OF_GAP * (b - a):
             return IdleCause.DATA, phase, ""
         hi = bisect.bisect_right(self.sync_ns, b)
@@ -190,8 +214,12 @@ class _Classifier:
         return (IdleCause.LAUNCH if b - a < SHORT_GAP_NS else IdleCause.HOST), phase, ""
 
 
-def sweep(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent], ops: OpAttribution | None = None,
-          host: HostSide | None = None) -> SweepResult:
+def sweep(
+    kernels: Sequence[KernelEvent],
+    memcpys: Sequence[MemEvent],
+    ops: OpAttribution | None = None,
+    host: HostSide | None = None,
+) -> SweepResult:
     """The device's span divided (module doc): the whole span, and the complete steps where the trace
     marks two steps or more."""
     host = host or HostSide(ops=ops)
@@ -259,7 +287,9 @@ def sweep(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent], ops: OpAt
         whole.span_ns = edges[-1][0] - edges[0][0]
     if complete is not None:
         complete.span_ns = hi - lo
-    return SweepResult(whole, complete, len(cuts) - 1 if complete is not None else 0, named, by_op, dict(side))
+    return SweepResult(
+        whole, complete, len(cuts) - 1 if complete is not None else 0, named, by_op, dict(side)
+    )
 
 
 def _clip(a: float, b: float, window: tuple[float, float] | None) -> float:
@@ -275,8 +305,9 @@ def _add(t: Tally, part: Part, phase: Phase, a: float, b: float, window: tuple[f
         t.parts_in_phase[phase][part] += ns
 
 
-def _add_idle(t: Tally, key: tuple[IdleCause, Phase, str], a: float, b: float,
-              window: tuple[float, float] | None) -> None:
+def _add_idle(
+    t: Tally, key: tuple[IdleCause, Phase, str], a: float, b: float, window: tuple[float, float] | None
+) -> None:
     ns = _clip(a, b, window)
     if ns > 0:
         part = IDLE_PART[key[0]]

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import DATA_KNOBS, Framework, JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
-from perfd.analytics.advice.plan import Plan
 from perfd.analytics.breakdown import budget_findings
 from perfd.analytics.breakdown.budget import Part, Source, StepBudget
 from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, TextEnum
@@ -396,8 +396,8 @@ def step_budget(c: RunContext) -> Out:
     b = c.budget
     if b is not None and not b.has_kernels and Source.NCU in b.sources:
         # No timeline, an Nsight Compute capture's rows on the undivided compute: what they say to do
-        ctx = budget_findings.BudgetContext(b, c.framework, b.basis, config=c.config)
-        return budget_findings.analyze(ctx, (budget_findings.ncu_verdicts,))
+        ncu = budget_findings.BudgetContext(b, c.framework, b.basis, config=c.config)
+        return budget_findings.analyze(ncu, (budget_findings.ncu_verdicts,))
     ctx = budget_context(c)
     return budget_findings.analyze(ctx) if ctx is not None else ([], [])
 

@@ -48,7 +48,8 @@ class Presence(TextEnum):
 PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAGE_FLASH_ATTN: "flash-attn"}
 # What a package must bring for the remedies here, beyond being importable.
 PACKAGE_NOTES = {
-    PACKAGE_APEX: "with its CUDA extensions (amp_C, scaled_masked_softmax_cuda, fused_weight_gradient_mlp_cuda): "
+    PACKAGE_APEX: "with its CUDA extensions (amp_C, scaled_masked_softmax_cuda, "
+    "fused_weight_gradient_mlp_cuda): "
     "the Python package alone changes nothing",
     PACKAGE_FLASH_ATTN: "the separate flash-attn package: --attention-backend flash uses it alone",
 }
@@ -61,8 +62,11 @@ class Link:
     shared_ms: tuple[float, float] | None = None  # OVERLAPS / REPLACES: the gain they share, counted once
 
     def to_json(self) -> dict[str, Any]:
-        return {"relation": self.relation.value, "target": self.target,
-                "shared_ms": list(self.shared_ms) if self.shared_ms else None}
+        return {
+            "relation": self.relation.value,
+            "target": self.target,
+            "shared_ms": list(self.shared_ms) if self.shared_ms else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -87,26 +91,52 @@ class PlanItem:
     moot_by: str | None = None  # an item of this or an earlier stage that replaces it
     flags: tuple[str, ...] = ()
     remove: tuple[str, ...] = ()
+    any_of: bool = False  # any one of its prerequisites will do (TE or Apex)
+    removes: tuple[Removal, ...] = ()  # what its gain is made of: a set of items is combined from them
 
     def to_json(self) -> dict[str, Any]:
-        return {"remedy": self.remedy, "action": self.action, "effort": self.effort.value,
-                "gain_ms": list(self.gain_ms) if self.gain_ms else None, "stage": self.stage,
-                "links": [k.to_json() for k in self.links],
-                "prerequisites": [p.to_json() for p in self.prerequisites], "moot_by": self.moot_by,
-                "flags": list(self.flags), "remove": list(self.remove)}
+        return {
+            "remedy": self.remedy,
+            "action": self.action,
+            "effort": self.effort.value,
+            "any_of": self.any_of,
+            "gain_ms": list(self.gain_ms) if self.gain_ms else None,
+            "stage": self.stage,
+            "links": [k.to_json() for k in self.links],
+            "prerequisites": [p.to_json() for p in self.prerequisites],
+            "moot_by": self.moot_by,
+            "flags": list(self.flags),
+            "remove": list(self.remove),
+            "removes": [[r.atom, r.low_ms, r.high_ms] for r in self.removes],
+        }
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> PlanItem:
         g = d.get("gain_ms")
         return PlanItem(
-            str(d["remedy"]), str(d.get("action") or ""), Effort(str(d["effort"])),
-            (float(g[0]), float(g[1])) if isinstance(g, list) and len(g) == 2 else None, int(d.get("stage", -1)),
-            tuple(Link(Relation(str(k["relation"])), str(k["target"]),
-                       (float(k["shared_ms"][0]), float(k["shared_ms"][1])) if k.get("shared_ms") else None)
-                  for k in d.get("links") or []),
-            tuple(Prerequisite(str(p["package"]), Presence(str(p["presence"])), str(p.get("note") or ""))
-                  for p in d.get("prerequisites") or []),
-            d.get("moot_by"), tuple(d.get("flags") or []), tuple(d.get("remove") or []))
+            str(d["remedy"]),
+            str(d.get("action") or ""),
+            Effort(str(d["effort"])),
+            (float(g[0]), float(g[1])) if isinstance(g, list) and len(g) == 2 else None,
+            int(d.get("stage", -1)),
+            tuple(
+                Link(
+                    Relation(str(k["relation"])),
+                    str(k["target"]),
+                    (float(k["shared_ms"][0]), float(k["shared_ms"][1])) if k.get("shared_ms") else None,
+                )
+                for k in d.get("links") or []
+            ),
+            tuple(
+                Prerequisite(str(p["package"]), Presence(str(p["presence"])), str(p.get("note") or ""))
+                for p in d.get("prerequisites") or []
+            ),
+            d.get("moot_by"),
+            tuple(d.get("flags") or []),
+            tuple(d.get("remove") or []),
+            bool(d.get("any_of")),
+            tuple(Removal(str(r[0]), float(r[1]), float(r[2])) for r in d.get("removes") or []),
+        )
 
 
 @dataclass(frozen=True)
@@ -121,15 +151,23 @@ class PlanStage:
     install: tuple[str, ...] = ()  # packages (any one of them, where several)
 
     def to_json(self) -> dict[str, Any]:
-        return {"effort": self.effort.value, "items": list(self.items), "gain_ms": list(self.gain_ms),
-                "total_ms": list(self.total_ms), "install": list(self.install)}
+        return {
+            "effort": self.effort.value,
+            "items": list(self.items),
+            "gain_ms": list(self.gain_ms),
+            "total_ms": list(self.total_ms),
+            "install": list(self.install),
+        }
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> PlanStage:
-        return PlanStage(Effort(str(d["effort"])), tuple(str(x) for x in d.get("items") or []),
-                         (float(d["gain_ms"][0]), float(d["gain_ms"][1])),
-                         (float(d["total_ms"][0]), float(d["total_ms"][1])),
-                         tuple(str(x) for x in d.get("install") or []))
+        return PlanStage(
+            Effort(str(d["effort"])),
+            tuple(str(x) for x in d.get("items") or []),
+            (float(d["gain_ms"][0]), float(d["gain_ms"][1])),
+            (float(d["total_ms"][0]), float(d["total_ms"][1])),
+            tuple(str(x) for x in d.get("install") or []),
+        )
 
 
 @dataclass(frozen=True)
@@ -141,26 +179,37 @@ class Plan:
     def item(self, remedy: str) -> PlanItem | None:
         return next((i for i in self.items if i.remedy == remedy), None)
 
+    def combined(self, remedies: Iterable[str]) -> tuple[float, float]:
+        """The combined gain of applying these of its items together (overlaps once, spread once)."""
+        want = set(remedies)
+        return combined([i for i in self.items if i.remedy in want], self.step_ms)
+
     def to_json(self) -> dict[str, Any]:
-        return {"step_ms": self.step_ms, "items": [i.to_json() for i in self.items],
-                "stages": [s.to_json() for s in self.stages]}
+        return {
+            "step_ms": self.step_ms,
+            "items": [i.to_json() for i in self.items],
+            "stages": [s.to_json() for s in self.stages],
+        }
 
     @staticmethod
     def from_json(d: Any) -> Plan | None:
         if not isinstance(d, Mapping):
             return None
         try:
-            return Plan(float(d["step_ms"]), tuple(PlanItem.from_json(i) for i in d.get("items") or []),
-                        tuple(PlanStage.from_json(s) for s in d.get("stages") or []))
+            return Plan(
+                float(d["step_ms"]),
+                tuple(PlanItem.from_json(i) for i in d.get("items") or []),
+                tuple(PlanStage.from_json(s) for s in d.get("stages") or []),
+            )
         except (KeyError, ValueError, TypeError, IndexError):
             return None
 
 
 # --- the arithmetic ---------------------------------------------------------------------------------
-def combined(advice: Iterable[Advice], step_ms: float) -> tuple[float, float]:
-    """The gain of applying ``advice`` together: each slice of the step removed once, by the most any of
-    them removes of it, low and high apart (a remedy another of the set replaces adds nothing); the
-    run-to-run spread once."""
+def combined(advice: Iterable[Advice | PlanItem], step_ms: float) -> tuple[float, float]:
+    """The gain of applying ``advice`` (fitted, or a plan's items) together: each slice of the step
+    removed once, by the most any of them removes of it, low and high apart (a remedy another of the
+    set replaces adds nothing); the run-to-run spread once."""
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
     given = list(advice)
@@ -169,8 +218,8 @@ def combined(advice: Iterable[Advice], step_ms: float) -> tuple[float, float]:
             continue
         for r in a.removes:
             if r.high_ms < 0 or r.low_ms < 0:  # a remedy's own cost: its own slice, always paid
-                lo[f"{a.remedy.value}/{r.atom}"] = r.low_ms
-                hi[f"{a.remedy.value}/{r.atom}"] = r.high_ms
+                lo[f"{_id(a)}/{r.atom}"] = r.low_ms
+                hi[f"{_id(a)}/{r.atom}"] = r.high_ms
                 continue
             lo[r.atom] = max(lo.get(r.atom, 0.0), r.low_ms)
             hi[r.atom] = max(hi.get(r.atom, 0.0), r.high_ms)
@@ -178,16 +227,25 @@ def combined(advice: Iterable[Advice], step_ms: float) -> tuple[float, float]:
     return sum(lo.values()) - s, sum(hi.values()) + s
 
 
-def _atoms(a: Advice) -> dict[str, Removal]:
+def _id(a: Advice | PlanItem) -> str:
+    return a.remedy if isinstance(a, PlanItem) else a.remedy.value
+
+
+def _atoms(a: Advice | PlanItem) -> dict[str, Removal]:
     return {r.atom: r for r in a.removes if r.low_ms >= 0 and r.high_ms > 0}
 
 
-def covers(a: Advice, b: Advice) -> bool:
+def covers(a: Advice | PlanItem, b: Advice | PlanItem) -> bool:
     """``a`` removes every slice ``b`` does, each as much (taken in the middle of its range, which
     gives to within the run-to-run spread): applied, ``a`` leaves nothing for ``b``."""
     mine, theirs = _atoms(a), _atoms(b)
-    return bool(theirs) and set(theirs) <= set(mine) and all(
-        mine[k].low_ms + mine[k].high_ms >= 0.85 * (theirs[k].low_ms + theirs[k].high_ms) for k in theirs)
+    return (
+        bool(theirs)
+        and set(theirs) <= set(mine)
+        and all(
+            mine[k].low_ms + mine[k].high_ms >= 0.85 * (theirs[k].low_ms + theirs[k].high_ms) for k in theirs
+        )
+    )
 
 
 def relations(a: Advice, others: Sequence[Advice]) -> tuple[Link, ...]:
@@ -203,9 +261,13 @@ def relations(a: Advice, others: Sequence[Advice]) -> tuple[Link, ...]:
         shared = set(mine) & set(theirs)
         if not shared:
             continue
-        both = (sum(min(mine[k].low_ms, theirs[k].low_ms) for k in shared),
-                sum(min(mine[k].high_ms, theirs[k].high_ms) for k in shared))
-        rel = Relation.REPLACES if covers(a, b) else Relation.REPLACED_BY if covers(b, a) else Relation.OVERLAPS
+        both = (
+            sum(min(mine[k].low_ms, theirs[k].low_ms) for k in shared),
+            sum(min(mine[k].high_ms, theirs[k].high_ms) for k in shared),
+        )
+        rel = (
+            Relation.REPLACES if covers(a, b) else Relation.REPLACED_BY if covers(b, a) else Relation.OVERLAPS
+        )
         out.append(Link(rel, b.remedy.value, both))
     out += [Link(Relation.REQUIRES, p) for p in a.requires]
     return tuple(out)
@@ -222,8 +284,9 @@ def prerequisites(a: Advice, cfg: JobConfig) -> tuple[Prerequisite, ...]:
     return tuple(Prerequisite(p, presence(cfg, p), PACKAGE_NOTES.get(p, "")) for p in a.requires)
 
 
-def _installs(items: Sequence[Advice], step_ms: float, done: Sequence[Advice]
-              ) -> list[tuple[tuple[str, ...], list[Advice]]]:
+def _installs(
+    items: Sequence[Advice], step_ms: float, done: Sequence[Advice]
+) -> list[tuple[tuple[str, ...], list[Advice]]]:
     """The install stages: the package whose install brings the largest combined gain (on top of what is
     done) first, with every remaining item it satisfies; then the next."""
     left = list(items)
@@ -232,11 +295,10 @@ def _installs(items: Sequence[Advice], step_ms: float, done: Sequence[Advice]
     while left:
         packages = sorted({p for a in left for p in a.needs})
 
-        def covered(p: str) -> list[Advice]:
-            return [a for a in left if p in a.needs and (a.needs_one or len(a.needs) == 1)]
-
-        best = max(packages, key=lambda p: (combined([*applied, *covered(p)], step_ms)[0], p), default=None)
-        got = covered(best) if best is not None else []
+        cover = {p: [a for a in left if p in a.needs and (a.needs_one or len(a.needs) == 1)]
+                 for p in packages}
+        best = max(packages, key=lambda p: (combined([*applied, *cover[p]], step_ms)[0], p), default=None)
+        got = cover[best] if best is not None else []
         if not got:  # remedies needing several packages at once
             got, best = [left[0]], None
         pkgs = (best,) if best is not None else tuple(left[0].needs)
@@ -287,11 +349,34 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float) -> Plan 
     for a in ordered:
         links = relations(a, ordered)
         st = stage_of.get(a.remedy.value, -1)
-        moot = next((b.remedy.value for b in ordered if b is not a and _replaces(b, a)
-                     and 0 <= stage_of.get(b.remedy.value, -1) <= st), None) if st >= 0 else None
-        items.append(PlanItem(a.remedy.value, a.action, a.effort,
-                              (a.gain.low_ms, a.gain.high_ms) if a.gain else None, st, links,
-                              prerequisites(a, cfg), moot, tuple(f.text() for f in a.flags), a.remove))
+        moot = (
+            next(
+                (
+                    b.remedy.value
+                    for b in ordered
+                    if b is not a and _replaces(b, a) and 0 <= stage_of.get(b.remedy.value, -1) <= st
+                ),
+                None,
+            )
+            if st >= 0
+            else None
+        )
+        items.append(
+            PlanItem(
+                a.remedy.value,
+                a.action,
+                a.effort,
+                (a.gain.low_ms, a.gain.high_ms) if a.gain else None,
+                st,
+                links,
+                prerequisites(a, cfg),
+                moot,
+                tuple(f.text() for f in a.flags),
+                a.remove,
+                a.needs_one and len(a.requires) > 1,
+                a.removes,
+            )
+        )
     return Plan(step_ms, tuple(items), tuple(stages))
 
 

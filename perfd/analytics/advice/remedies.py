@@ -288,8 +288,10 @@ def _flag(cfg: JobConfig, option: str, value: str | None = None) -> tuple[Flag |
 
 
 def _same(current: str, value: str) -> bool:
-    if current.startswith("<") and "." in current and ":" in current:  # an enum as the dump prints it
-        current = current.split(".", 1)[1].split(":", 1)[0]  # "<AttnBackend.auto: 5>" -> "auto"
+    # an enum as the dump prints it: "AttnBackend.auto", "<AttnBackend.auto: 5>"
+    head = current.lstrip("<").split(".", 1)[0]
+    if current.startswith("<") or ("." in current and head.isidentifier() and head[:1].isupper()):
+        current = current.lstrip("<").split(".", 1)[-1].split(":", 1)[0]
     try:
         return float(current) == float(value)
     except ValueError:

@@ -88,7 +88,8 @@ def attention_dropout(c: FitContext) -> Advice | None:
         flags, notes = flags_for(cfg, ("--attention-dropout", "0.0"))
         if not flags:
             return None
-        return Advice(RemedyId.ATTENTION_DROPOUT, Part.ATTENTION, f"Drop attention dropout: {flags[0].text()}",
+        return Advice(RemedyId.ATTENTION_DROPOUT, Part.ATTENTION,
+                      f"Drop attention dropout: {flags[0].text()}",
                       gain_of(removes, basis), flags, cost=cost, notes=notes, removes=removes)
     return Advice(
         RemedyId.ATTENTION_DROPOUT,
@@ -130,18 +131,21 @@ def fused_attention(c: FitContext) -> Advice | None:
         wanted.append(("--attention-backend", "flash" if flash else "auto"))
         flags, notes = flags_for(cfg, *wanted)
         if not flash:
-            notes = (*notes, "not --attention-backend flash: with it Transformer Engine uses only the separate "
+            notes = (*notes, "not --attention-backend flash: with it Transformer Engine uses only the "
+                     "separate "
                      "flash-attn package (and turns off its cuDNN fused attention), which the job's start-up "
                      "does not show; auto (or fused) lets TE pick its cuDNN fused attention")
         needs = (PACKAGE_TE,) if cfg.missing(PACKAGE_TE) else ()
         what = " ".join(f.text() for f in flags)
-        act = f"Fused attention: install Transformer Engine, then {what}" if needs else f"Fused attention: {what}"
+        act = (f"Fused attention: install Transformer Engine, then {what}" if needs
+               else f"Fused attention: {what}")
         requires = (PACKAGE_TE, PACKAGE_FLASH_ATTN) if flash else (PACKAGE_TE,)
         return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION, act, gain, flags, needs=needs, notes=notes,
                       removes=removes, requires=requires)
     if cfg.framework is Framework.TORCHTITAN:
         return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION,
-                      "Fused attention: SDPA or flex attention in the model (torchtitan's own models use them)",
+                      "Fused attention: SDPA or flex attention in the model (torchtitan's own models use "
+                      "them)",
                       gain, removes=removes)
     return Advice(
         RemedyId.FUSED_ATTENTION,

@@ -134,8 +134,10 @@ def micro_batch(c: FitContext) -> Advice | None:
     timers = timer_gaps(b) if cfg.arg("timing_log_level") == "2" else 0.0
     # a capture without its host side has no phases: every short gap is a launch gap
     launch = idle_ms(b, IdleCause.LAUNCH, LAYERS) if b.idle else b.ms(Part.IDLE_SHORT)
-    removes = (removal(TIMER_GAPS, timers, HALF_MICROBATCH_TIMERS),
-               removal(LAUNCH_GAPS, launch, HALF_MICROBATCH_LAUNCHES))
+    removes = (
+        removal(TIMER_GAPS, timers, HALF_MICROBATCH_TIMERS),
+        removal(LAUNCH_GAPS, launch, HALF_MICROBATCH_LAUNCHES),
+    )
     gain_mid = sum(r.low_ms + r.high_ms for r in removes) / 2
     if not named(b, gain_mid):
         return None
@@ -154,9 +156,11 @@ def micro_batch(c: FitContext) -> Advice | None:
         )
     per_step = idle_ms(b, IdleCause.LAUNCH, OPT) + idle_ms(b, IdleCause.SYNC, OPT)
     basis = (
-        f"{m} → {m // 2} micro-batches a step: of the per-micro-batch gaps, the timers' {timers:.0f} ms halve "
+        f"{m} → {m // 2} micro-batches a step: of the per-micro-batch gaps, the timers' {timers:.0f} ms "
+        "halve "
         f"(× {HALF_MICROBATCH_TIMERS[0]:g}–{HALF_MICROBATCH_TIMERS[1]:g}) and the forward-backward launch "
-        f"gaps' {launch:.0f} ms mostly go (× {HALF_MICROBATCH_LAUNCHES[0]:g}–{HALF_MICROBATCH_LAUNCHES[1]:g}: "
+        f"gaps' {launch:.0f} ms mostly go (× {HALF_MICROBATCH_LAUNCHES[0]:g}–"
+        f"{HALF_MICROBATCH_LAUNCHES[1]:g}: "
         f"the host launches half as many kernels for the same work); the optimizer phase's {per_step:.0f} ms "
         "of gaps are per step and stay"
     )
@@ -182,8 +186,10 @@ def memory_cost(cfg: JobConfig) -> str | None:
     new = static + 2 * (peak - static)
     if new > th.MEMORY_HEADROOM.value * total:
         return None
-    return (f"memory: peak allocated {peak / 1024:.1f} → ~{new / 1024:.1f} GiB of {total / 1024:.0f} GiB "
-            "(activations double)")
+    return (
+        f"memory: peak allocated {peak / 1024:.1f} → ~{new / 1024:.1f} GiB of {total / 1024:.0f} GiB "
+        "(activations double)"
+    )
 
 
 def cuda_graphs(c: FitContext) -> Advice | None:
@@ -193,22 +199,40 @@ def cuda_graphs(c: FitContext) -> Advice | None:
     if b.step_ms <= 0 or short / b.step_ms < th.LAUNCH_GAPS_FOR_GRAPHS.value:
         return None
     launch = idle_ms(b, IdleCause.LAUNCH, LAYERS) or short  # a capture without phases: all of them
-    removes = (removal(LAUNCH_GAPS, launch, GRAPH_GAPS_BACK),
-               Removal("cuda_graphs:replay", -GRAPH_REPLAY_COST_OF_STEP * b.step_ms, 0.0))
-    gain = gain_of(removes, f"{GRAPH_GAPS_BACK[0]:.0%}–{GRAPH_GAPS_BACK[1]:.0%} of the {launch:.0f} ms of "
-                   "forward-backward launch gaps come back (the graphed regions'), less the replay's input "
-                   f"copies and the breaks at syncs and dynamic shapes (up to {GRAPH_REPLAY_COST_OF_STEP:.0%} "
-                   "of the step)")
+    removes = (
+        removal(LAUNCH_GAPS, launch, GRAPH_GAPS_BACK),
+        Removal("cuda_graphs:replay", -GRAPH_REPLAY_COST_OF_STEP * b.step_ms, 0.0),
+    )
+    gain = gain_of(
+        removes,
+        f"{GRAPH_GAPS_BACK[0]:.0%}–{GRAPH_GAPS_BACK[1]:.0%} of the {launch:.0f} ms of "
+        "forward-backward launch gaps come back (the graphed regions'), less the replay's input "
+        f"copies and the breaks at syncs and dynamic shapes (up to {GRAPH_REPLAY_COST_OF_STEP:.0%} "
+        "of the step)",
+    )
     if cfg.framework is Framework.MEGATRON:
         flags, notes = flags_for(cfg, ("--cuda-graph-impl", "local"))
         if not flags:
             flags, notes = flags_for(cfg, ("--enable-cuda-graph", None))
         if not flags:
             return None
-        return Advice(RemedyId.CUDA_GRAPHS, Part.IDLE_SHORT, f"CUDA graphs: {flags[0].text()}", gain, flags,
-                      cost="memory for the graphs' static buffers", notes=notes, removes=removes)
-    return Advice(RemedyId.CUDA_GRAPHS, Part.IDLE_SHORT, 'CUDA graphs: torch.compile(model, mode="reduce-overhead")',
-                  gain, removes=removes)
+        return Advice(
+            RemedyId.CUDA_GRAPHS,
+            Part.IDLE_SHORT,
+            f"CUDA graphs: {flags[0].text()}",
+            gain,
+            flags,
+            cost="memory for the graphs' static buffers",
+            notes=notes,
+            removes=removes,
+        )
+    return Advice(
+        RemedyId.CUDA_GRAPHS,
+        Part.IDLE_SHORT,
+        'CUDA graphs: torch.compile(model, mode="reduce-overhead")',
+        gain,
+        removes=removes,
+    )
 
 
 # --- the optimizer phase ------------------------------------------------------------------------------
@@ -247,10 +271,18 @@ def fused_optimizer(c: FitContext) -> Advice | None:
     basis = (
         f"the optimizer phase of a complete step: {kind} {adam:.0f} ms (a fused Adam makes one pass: × "
         f"{saves[0]:g}–{saves[1]:g} of it saved)"
-        + (f", per-tensor scale and copy kernels {scale:.0f} ms (clipping, the master weights; × "
-           f"{MULTI_TENSOR_SAVES[0]:g}–{MULTI_TENSOR_SAVES[1]:g})" if scale else "")
-        + (f", launch gaps {launch:.0f} ms (× {PER_TENSOR_LAUNCHES_BACK[0]:g}–{PER_TENSOR_LAUNCHES_BACK[1]:g})"
-           if launch else "")
+        + (
+            f", per-tensor scale and copy kernels {scale:.0f} ms (clipping, the master weights; × "
+            f"{MULTI_TENSOR_SAVES[0]:g}–{MULTI_TENSOR_SAVES[1]:g})"
+            if scale
+            else ""
+        )
+        + (
+            f", launch gaps {launch:.0f} ms (× {PER_TENSOR_LAUNCHES_BACK[0]:g}–"
+            f"{PER_TENSOR_LAUNCHES_BACK[1]:g})"
+            if launch
+            else ""
+        )
     )
     gain = gain_of(removes, basis)
     if megatron:
@@ -258,13 +290,22 @@ def fused_optimizer(c: FitContext) -> Advice | None:
             return None  # Megatron already uses a fused Adam when either is there
         needs = (PACKAGE_TE, PACKAGE_APEX) if cfg.missing(PACKAGE_APEX) and cfg.missing(PACKAGE_TE) else ()
         return Advice(
-            RemedyId.FUSED_OPTIMIZER, Part.OPTIMIZER,
+            RemedyId.FUSED_OPTIMIZER,
+            Part.OPTIMIZER,
             "A fused optimizer: install Transformer Engine or Apex with its CUDA extensions (without them "
             f"Megatron-LM falls back to {kind} and a per-tensor multi_tensor_scale)",
-            gain, needs=needs, needs_one=True, removes=tuple(removes), requires=(PACKAGE_TE, PACKAGE_APEX),
-            notes=() if needs else ("the start-up does not say whether Transformer Engine or Apex is there",))
-    act = ("A fused optimizer: --optimizer.implementation fused" if cfg.framework is Framework.TORCHTITAN
-           else "A fused optimizer: torch.optim.AdamW(params, fused=True)")
+            gain,
+            needs=needs,
+            needs_one=True,
+            removes=tuple(removes),
+            requires=(PACKAGE_TE, PACKAGE_APEX),
+            notes=() if needs else ("the start-up does not say whether Transformer Engine or Apex is there",),
+        )
+    act = (
+        "A fused optimizer: --optimizer.implementation fused"
+        if cfg.framework is Framework.TORCHTITAN
+        else "A fused optimizer: torch.optim.AdamW(params, fused=True)"
+    )
     return Advice(RemedyId.FUSED_OPTIMIZER, Part.OPTIMIZER, act, gain, removes=tuple(removes))
 
 
@@ -276,9 +317,14 @@ def grad_norm(c: FitContext) -> Advice | None:
     if cfg.framework is not Framework.MEGATRON or cfg.present(PACKAGE_APEX) or cfg.present(PACKAGE_TE):
         return None
     syncs = idle_ms(b, IdleCause.SYNC, OPT, "aten::item")
-    n = sum(r.gaps for r in b.idle if r.cause is IdleCause.SYNC and r.phase is OPT and r.owner == "aten::item")
+    n = sum(
+        r.gaps for r in b.idle if r.cause is IdleCause.SYNC and r.phase is OPT and r.owner == "aten::item"
+    )
     norms = op_ms(b.get(Part.OPTIMIZER), "linalg_vector_norm", "aten::norm")
-    removes = (removal(NORM_SYNCS, syncs, GRAD_NORM_SYNCS_BACK), removal("optimizer:norm", norms, GRAD_NORM_KERNELS))
+    removes = (
+        removal(NORM_SYNCS, syncs, GRAD_NORM_SYNCS_BACK),
+        removal("optimizer:norm", norms, GRAD_NORM_KERNELS),
+    )
     mid = sum(r.low_ms + r.high_ms for r in removes) / 2
     if not syncs or not named(b, mid):
         return None
@@ -290,13 +336,19 @@ def grad_norm(c: FitContext) -> Advice | None:
         "one kernel and no sync"
     )
     return Advice(
-        RemedyId.GRAD_NORM, Part.IDLE_SYNC,
-        "Gradient norm without a sync per tensor: install Transformer Engine or Apex with its CUDA extensions "
+        RemedyId.GRAD_NORM,
+        Part.IDLE_SYNC,
+        "Gradient norm without a sync per tensor: install Transformer Engine or Apex with its CUDA "
+        "extensions "
         "(amp_C); without them Megatron-LM's local_multi_tensor_l2_norm calls .item() on every parameter "
         "tensor's norm",
-        gain_of(removes, basis), needs=needs, needs_one=True, removes=removes,
+        gain_of(removes, basis),
+        needs=needs,
+        needs_one=True,
+        removes=removes,
         requires=(PACKAGE_TE, PACKAGE_APEX),
-        notes=() if needs else ("the start-up does not say whether Transformer Engine or Apex is there",))
+        notes=() if needs else ("the start-up does not say whether Transformer Engine or Apex is there",),
+    )
 
 
 def grad_accum_fusion(c: FitContext) -> Advice | None:
@@ -306,7 +358,11 @@ def grad_accum_fusion(c: FitContext) -> Advice | None:
     in the GEMM itself."""
     b, cfg = c.budget, c.config
     p = b.get(Part.GRAD_REDUCE)
-    if cfg.framework is not Framework.MEGATRON or p is None or cfg.arg("gradient_accumulation_fusion") != "False":
+    if (
+        cfg.framework is not Framework.MEGATRON
+        or p is None
+        or cfg.arg("gradient_accumulation_fusion") != "False"
+    ):
         return None
     acc = op_ms(p, "add_")
     exposed = min(p.ms, acc) if acc else p.ms
@@ -322,12 +378,22 @@ def grad_accum_fusion(c: FitContext) -> Advice | None:
         + f", {exposed:.0f} ms of it with nothing else running (× {GRAD_ACCUM_SAVES[0]:g}–"
         f"{GRAD_ACCUM_SAVES[1]:g}: the GEMM writes fp32 into main_grad instead)"
     )
-    act = ("Accumulate weight gradients in the GEMM: "
-           + ("install Transformer Engine or Apex with its CUDA extensions, then " if needs else "")
-           + "remove --no-gradient-accumulation-fusion")
-    return Advice(RemedyId.GRAD_ACCUM_FUSION, Part.GRAD_REDUCE, act, gain_of(removes, basis),
-                  remove=("--no-gradient-accumulation-fusion",), needs=needs, needs_one=True, removes=removes,
-                  requires=(PACKAGE_TE, PACKAGE_APEX))
+    act = (
+        "Accumulate weight gradients in the GEMM: "
+        + ("install Transformer Engine or Apex with its CUDA extensions, then " if needs else "")
+        + "remove --no-gradient-accumulation-fusion"
+    )
+    return Advice(
+        RemedyId.GRAD_ACCUM_FUSION,
+        Part.GRAD_REDUCE,
+        act,
+        gain_of(removes, basis),
+        remove=("--no-gradient-accumulation-fusion",),
+        needs=needs,
+        needs_one=True,
+        removes=removes,
+        requires=(PACKAGE_TE, PACKAGE_APEX),
+    )
 
 
 # --- communication, data, pipeline --------------------------------------------------------------------
@@ -336,21 +402,35 @@ def overlap_comm(c: FitContext) -> Advice | None:
     comm = b.get(Part.COMM_EXPOSED)
     if comm is None or not named(b, comm.ms) or not cfg.dp or cfg.dp < 2:
         return None
-    basis = (f"exposed communication {comm.ms:.0f} ms per step, run behind the backward pass "
-             f"(× {OVERLAP_HIDES[0]:g}–{OVERLAP_HIDES[1]:g})")
+    basis = (
+        f"exposed communication {comm.ms:.0f} ms per step, run behind the backward pass "
+        f"(× {OVERLAP_HIDES[0]:g}–{OVERLAP_HIDES[1]:g})"
+    )
     if cfg.framework is Framework.MEGATRON:
-        flags, notes = flags_for(cfg, ("--use-distributed-optimizer", None), ("--overlap-grad-reduce", None),
-                                 ("--overlap-param-gather", None))
+        flags, notes = flags_for(
+            cfg,
+            ("--use-distributed-optimizer", None),
+            ("--overlap-grad-reduce", None),
+            ("--overlap-param-gather", None),
+        )
         if not flags:
             return None
-        return Advice(RemedyId.OVERLAP_COMM, Part.COMM_EXPOSED,
-                      "Overlap gradient communication with compute: " + " ".join(f.text() for f in flags),
-                      ranged(comm.ms, OVERLAP_HIDES, basis), flags,
-                      cost="the distributed optimizer shards optimizer state (less memory, a param all-gather)",
-                      notes=notes)
-    return Advice(RemedyId.OVERLAP_COMM, Part.COMM_EXPOSED,
-                  "Overlap communication: DDP buckets overlap with backward by default (check no_sync and "
-                  "find_unused_parameters); FSDP: backward_prefetch", ranged(comm.ms, OVERLAP_HIDES, basis))
+        return Advice(
+            RemedyId.OVERLAP_COMM,
+            Part.COMM_EXPOSED,
+            "Overlap gradient communication with compute: " + " ".join(f.text() for f in flags),
+            ranged(comm.ms, OVERLAP_HIDES, basis),
+            flags,
+            cost="the distributed optimizer shards optimizer state (less memory, a param all-gather)",
+            notes=notes,
+        )
+    return Advice(
+        RemedyId.OVERLAP_COMM,
+        Part.COMM_EXPOSED,
+        "Overlap communication: DDP buckets overlap with backward by default (check no_sync and "
+        "find_unused_parameters); FSDP: backward_prefetch",
+        ranged(comm.ms, OVERLAP_HIDES, basis),
+    )
 
 
 def data_loader(c: FitContext) -> Advice | None:
@@ -359,10 +439,17 @@ def data_loader(c: FitContext) -> Advice | None:
     p = b.get(Part.DATA)
     if p is None or not named(b, p.ms):
         return None
-    basis = (f"the step waits {p.ms:.0f} ms for its batch; a loader that keeps up hides it "
-             f"(× {DATA_WAIT_BACK[0]:g}–{DATA_WAIT_BACK[1]:g})")
-    return Advice(RemedyId.DATA_LOADER, Part.DATA, DATA_LOADING_ACTION, ranged(p.ms, DATA_WAIT_BACK, basis),
-                  notes=(DATA_KNOBS[cfg.framework],))
+    basis = (
+        f"the step waits {p.ms:.0f} ms for its batch; a loader that keeps up hides it "
+        f"(× {DATA_WAIT_BACK[0]:g}–{DATA_WAIT_BACK[1]:g})"
+    )
+    return Advice(
+        RemedyId.DATA_LOADER,
+        Part.DATA,
+        DATA_LOADING_ACTION,
+        ranged(p.ms, DATA_WAIT_BACK, basis),
+        notes=(DATA_KNOBS[cfg.framework],),
+    )
 
 
 def pipeline_wait(c: FitContext) -> Advice | None:
@@ -370,12 +457,16 @@ def pipeline_wait(c: FitContext) -> Advice | None:
     p = b.get(Part.PIPELINE)
     if p is None or not named(b, p.ms):
         return None
-    basis = (f"pipeline waits {p.ms:.0f} ms per step: the 1F1B bubble (p−1)/(m+p−1) nearly halves as the "
-             f"micro-batches double (× {PIPELINE_WAIT_BACK[0]:g}–{PIPELINE_WAIT_BACK[1]:g}; imbalance between "
-             "stages stays)")
-    act = ("Shrink the pipeline wait: more micro-batches per iteration (a larger --global-batch-size or a "
-           "smaller --micro-batch-size), interleaved stages (--num-layers-per-virtual-pipeline-stage), or "
-           "rebalance layers between stages (--decoder-last-pipeline-num-layers)"
-           if cfg.framework is Framework.MEGATRON
-           else "Shrink the pipeline wait: more micro-batches per step, an interleaved schedule, balanced stages")
+    basis = (
+        f"pipeline waits {p.ms:.0f} ms per step: the 1F1B bubble (p−1)/(m+p−1) nearly halves as the "
+        f"micro-batches double (× {PIPELINE_WAIT_BACK[0]:g}–{PIPELINE_WAIT_BACK[1]:g}; imbalance between "
+        "stages stays)"
+    )
+    act = (
+        "Shrink the pipeline wait: more micro-batches per iteration (a larger --global-batch-size or a "
+        "smaller --micro-batch-size), interleaved stages (--num-layers-per-virtual-pipeline-stage), or "
+        "rebalance layers between stages (--decoder-last-pipeline-num-layers)"
+        if cfg.framework is Framework.MEGATRON
+        else "Shrink the pipeline wait: more micro-batches per step, an interleaved schedule, balanced stages"
+    )
     return Advice(RemedyId.PIPELINE, Part.PIPELINE, act, ranged(p.ms, PIPELINE_WAIT_BACK, basis))

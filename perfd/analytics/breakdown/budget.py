@@ -265,8 +265,8 @@ class StepBudget:
             return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
         host = d.get("host")
-        idle = tuple(r for x in d.get("idle") or [] if isinstance(x, Mapping)
-                     and (r := IdleShare.from_json(x)) is not None)
+        idle = tuple(s for x in d.get("idle") or [] if isinstance(x, Mapping)
+                     and (s := IdleShare.from_json(x)) is not None)
         return StepBudget(step, tuple(parts), sources, num("iterations"), str(d.get("basis") or ""),
                           str(d.get("attribution") or ""), num("steady_step_ms"), num("ideal_ms"),
                           num("ceiling_ms"), num("ceiling_tflops"), num("peak_tflops"), num("mfu"),

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig
 from perfd.analytics.advice.plan import Plan, make_plan
+from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig
 from perfd.analytics.advice.remedy_catalog import fit, minor
 from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, Part, StepBudget, classify
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
@@ -66,7 +66,8 @@ _HOLDS: dict[Part, str] = {
     Part.LOSS: "The cross-entropy over the logits takes",
     Part.EMBEDDING: "The embedding takes",
     Part.OPTIMIZER: "The optimizer (step, gradient norm, zeroing) takes",
-    Part.GRAD_REDUCE: "Gradient accumulation and the data-parallel machinery's kernels take",
+    Part.GRAD_REDUCE: "Gradient accumulation (autograd's main_grad +=) and the data-parallel machinery's "
+    "kernels take",
     Part.POINTWISE: "Other pointwise work (residual adds, hidden dropout, casts, reshapes) takes",
     Part.MEMCPY: "Copies and memsets no op above claims take",
     Part.IDLE_SYNC: "The GPU waits after host synchronisations (the host stood until the device drained, "
@@ -85,6 +86,24 @@ _PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAG
 
 def part_name(part: Part) -> str:
     return _NAMES[part]
+
+
+_COLLECTIVE_OPS = ("nccl", "c10d", "all_reduce", "allreduce", "reduce_scatter", "all_gather")
+
+
+def part_title(p: BudgetPart) -> str:
+    """The part's name for what it is in this job: the gradient reduction part that holds no collective,
+    only autograd's main_grad accumulation (DP=1, or the reduction elsewhere), is named so, with the
+    stream it runs on."""
+    if p.part is Part.GRAD_REDUCE:
+        ops = p.detail.get("op_ms")
+        collective = isinstance(ops, Mapping) and any(k in str(op).lower() for op in ops
+                                                      for k in _COLLECTIVE_OPS)
+        if isinstance(ops, Mapping) and ops and not collective:
+            side = p.detail.get("side_stream_ms")
+            on_side = isinstance(side, (int, float)) and side >= 0.5 * p.ms
+            return "gradient accumulation (main_grad +=" + (", a side stream)" if on_side else ")")
+    return _NAMES[p.part]
 
 
 def _short(name: str, width: int = 60) -> str:
@@ -184,7 +203,7 @@ def parts(ctx: BudgetContext) -> Out:
             )
         if ncu_text(p):
             extra += f". {ncu_text(p)}"
-        name = part_name(p.part)
+        name = part_title(p)
         out.append(
             Finding(
                 f"budget-{p.part.value}",
@@ -416,7 +435,7 @@ def class_text(c: BudgetClass) -> str:
 
 
 def waterfall_text(b: StepBudget) -> str:
-    return "; ".join(f"{part_name(p.part)} {p.ms:.0f} ms ({p.share:.0%})" for p in b.parts)
+    return "; ".join(f"{part_title(p)} {p.ms:.0f} ms ({p.share:.0%})" for p in b.parts)
 
 
 Analyzer = Callable[[BudgetContext], Out]

@@ -74,8 +74,15 @@ def window_of(device: Mapping[str, Any], marked: float | None) -> tuple[Window |
     return Window(m, steps, tuple(cut)), comp
 
 
-def from_capture(device: Mapping[str, Any], iterations: float | None, *, fl: FlopsContext = NO_FLOPS,
-                 timers: TimerShares = NO_TIMERS, basis: str = "", steps_from: str = "") -> StepBudget | None:
+def from_capture(
+    device: Mapping[str, Any],
+    iterations: float | None,
+    *,
+    fl: FlopsContext = NO_FLOPS,
+    timers: TimerShares = NO_TIMERS,
+    basis: str = "",
+    steps_from: str = "",
+) -> StepBudget | None:
     """The budget of one captured device (perfd.capture.analysis JSON with ``parts_ms``) over
     ``iterations`` steps (None: the whole captured span as one step); where the trace marks two steps
     or more, per step from the complete steps between its first and last mark (:func:`window_of`). The
@@ -95,7 +102,11 @@ def from_capture(device: Mapping[str, Any], iterations: float | None, *, fl: Flo
     if sum(per.values()) <= 0:
         return None
     n_span = iterations if iterations and iterations > 0 else n  # the kernel and op tops span the window
-    pk, po, pom = device.get("part_kernels"), src.get("part_ops") or device.get("part_ops"), src.get("part_op_ms")
+    pk, po, pom = (
+        device.get("part_kernels"),
+        src.get("part_ops") or device.get("part_ops"),
+        src.get("part_op_ms"),
+    )
     kernels: Mapping[str, Any] = pk if isinstance(pk, Mapping) else {}
     ops: Mapping[str, Any] = po if isinstance(po, Mapping) else {}
     op_ms: Mapping[str, Any] = pom if isinstance(pom, Mapping) else {}
@@ -109,8 +120,14 @@ def from_capture(device: Mapping[str, Any], iterations: float | None, *, fl: Flo
             if take > 0:
                 per[p] -= take
                 want -= take
-                rows.append((Part.DATA, take, Source.TIMERS, {"timer_share": timers.data, "from_idle_ms": take,
-                                                              "from": p.value}))
+                rows.append(
+                    (
+                        Part.DATA,
+                        take,
+                        Source.TIMERS,
+                        {"timer_share": timers.data, "from_idle_ms": take, "from": p.value},
+                    )
+                )
     side = device.get("side_stream_ms") if isinstance(device.get("side_stream_ms"), Mapping) else {}
     for p, ms in per.items():
         detail: dict[str, Any] = {"kernels": _top(kernels, p, n_span), "ops": _top(ops, p, n_span)}
@@ -127,15 +144,38 @@ def from_capture(device: Mapping[str, Any], iterations: float | None, *, fl: Flo
             detail["side_stream_ms"] = float(side[p.value]) / n_span
         rows.append((p, ms, Source.CAPTURE, detail))
     sources = [Source.CAPTURE, *([Source.TIMERS] if timers.data else [])]
-    host = {k: float(device[k]) / n_span for k in ("syncs", "sync_gap_ms", "stream_syncs", "stream_sync_gap_ms")
-            if _num(device, k) is not None}
-    idle = tuple(r for x in src.get("idle") or [] if isinstance(x, Mapping)
-                 and (r := IdleShare.from_json({**x, "ms": float(x.get("ms") or 0.0) / n,
-                                                 "gaps": float(x.get("gaps") or 0.0) / n})) is not None)
+    host = {
+        k: float(device[k]) / n_span
+        for k in ("syncs", "sync_gap_ms", "stream_syncs", "stream_sync_gap_ms")
+        if _num(device, k) is not None
+    }
+    idle = tuple(
+        r
+        for x in src.get("idle") or []
+        if isinstance(x, Mapping)
+        and (
+            r := IdleShare.from_json(
+                {**x, "ms": float(x.get("ms") or 0.0) / n, "gaps": float(x.get("gaps") or 0.0) / n}
+            )
+        )
+        is not None
+    )
     phases = {ph: {p: v / n for p, v in d.items()} for ph, d in phase_parts(src.get("phase_ms")).items()}
-    return finish(rows, sources, fl, iterations=n if window is not None and window.complete else iterations,
-                  basis=basis, attribution=how, steady_step_ms=timers.step_ms, mfu=timers.mfu,
-                  steps_from=steps_from, host=host, idle=idle, phase_ms=phases, window=window)
+    return finish(
+        rows,
+        sources,
+        fl,
+        iterations=n if window is not None and window.complete else iterations,
+        basis=basis,
+        attribution=how,
+        steady_step_ms=timers.step_ms,
+        mfu=timers.mfu,
+        steps_from=steps_from,
+        host=host,
+        idle=idle,
+        phase_ms=phases,
+        window=window,
+    )
 
 
 def _top(by_part: Mapping[str, Any], part: Part, n: float) -> list[dict[str, Any]]:
@@ -143,8 +183,13 @@ def _top(by_part: Mapping[str, Any], part: Part, n: float) -> list[dict[str, Any
     out = []
     for k in by_part.get(part.value) or []:
         if isinstance(k, Mapping):
-            out.append({"name": str(k.get("name", "?")), "ms": float(k.get("total_ms") or 0.0) / n,
-                        "count": float(k.get("count") or 0) / n})
+            out.append(
+                {
+                    "name": str(k.get("name", "?")),
+                    "ms": float(k.get("total_ms") or 0.0) / n,
+                    "count": float(k.get("count") or 0) / n,
+                }
+            )
     return out
 
 
@@ -173,8 +218,11 @@ def device_parts(device: Mapping[str, Any]) -> tuple[dict[str, float], str]:
     cats = device.get("categories")
     basis = "category shares of all kernels (an older breakdown)" + split
     top = [k for k in device.get("top_kernels") or [] if isinstance(k, Mapping)]
-    softmax_ms = num("softmax_ms") if device.get("softmax_ms") is not None else sum(
-        float(k.get("total_ms") or 0.0) for k in top if kc.is_softmax(str(k.get("name", ""))))
+    softmax_ms = (
+        num("softmax_ms")
+        if device.get("softmax_ms") is not None
+        else sum(float(k.get("total_ms") or 0.0) for k in top if kc.is_softmax(str(k.get("name", ""))))
+    )
     if not isinstance(cats, Mapping) or not cats:
         cats, basis = {}, f"category shares of the top {len(top)} kernels only" + split
         for k in top:
@@ -184,8 +232,13 @@ def device_parts(device: Mapping[str, Any]) -> tuple[dict[str, float], str]:
     total = sum(shares.values())
     compute = max(busy - exposed, 0.0)
     softmax = min(softmax_ms, compute)
-    to_part = {kc.GEMM: Part.GEMM, kc.ATTENTION: Part.GEMM, kc.OPTIMIZER: Part.OPTIMIZER,
-               kc.MEMCPY: Part.MEMCPY, kc.NORMALIZATION: Part.NORM}
+    to_part = {
+        kc.GEMM: Part.GEMM,
+        kc.ATTENTION: Part.GEMM,
+        kc.OPTIMIZER: Part.OPTIMIZER,
+        kc.MEMCPY: Part.MEMCPY,
+        kc.NORMALIZATION: Part.NORM,
+    }
     for c, v in shares.items():
         p = to_part.get(c, Part.POINTWISE).value
         out[p] = out.get(p, 0.0) + (compute - softmax) * v / total if total else 0.0
