@@ -17,8 +17,10 @@ Per CUDA device::
     parts         = every instant of the span given to one part of the step budget
                     (perfd.analytics.breakdown.budget.Part): the first of KERNEL_PRECEDENCE among the
                     activities running then (a copy or a collective beside a GEMM is hidden by it),
-                    else idle in a short or a long gap. The parts add up to the span exactly, so a
-                    step's budget is the span's parts over the iterations captured.
+                    else idle by its cause; and the complete steps between the trace's first and last
+                    step marks apart (``complete``: a step the capture window cut is kept out). The
+                    parts add up to the span exactly, so a step's budget is the span's parts over the
+                    iterations captured (or the complete steps' over their number).
 
 Kernels from several streams overlap and nest, so every total is a length of a union, never a sum
 of durations (except the per-name kernel and NVTX tables, which count each event, like
@@ -352,21 +354,6 @@ def _nvtx_table(ranges: Iterable[NvtxRange], top_n: int) -> tuple[NvtxStat, ...]
             dur[r.name] += r.end_ns - r.start_ns
     ranked = sorted(dur, key=lambda n: (-dur[n], n))[:top_n]
     return tuple(NvtxStat(n, count[n], _ms(dur[n])) for n in ranked)
-
-
-def attribute_parts(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
-                    ops: OpAttribution | None = None
-                    ) -> tuple[dict[str, float], dict[str, tuple[KernelStat, ...]],
-                               dict[str, tuple[KernelStat, ...]], dict[str, dict[str, float]]]:
-    """Every instant of the span given to one budget part (module doc), in ms; each part's top kernels
-    and top ops by summed duration; and each part's time by the op that issued it (the largest
-    PART_OPS_N: the remedies' models read them, perfd.analytics.advice.remedy_catalog). With ``ops``
-    (perfd.capture.ops) an activity is its launching op's part; without it, or for an activity whose op
-    was not found, its kernel name's (copies: memcpy). Collectives always go by name: what matters of
-    them is whether compute hides them. The sweep itself, with idle by cause and the steps the trace
-    marks: perfd.capture.sweep."""
-    r = sweep(kernels, memcpys, ops)
-    return (_parts_ms(r.whole), _tops(r.named), _tops(r.by_op), _op_ms(r.whole))
 
 
 def _parts_ms(t: Tally) -> dict[str, float]:

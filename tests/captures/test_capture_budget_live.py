@@ -116,7 +116,8 @@ def test_a_finished_capture_informs_the_job_within_one_rules_tick() -> None:
                       timeline=timeline_class(str(TRACE), 3))
     assert off.summary.bottleneck.cls.value == s["bottleneck"]
     assert off.recommendations[0].action == r1["action"]
-    assert off.plan is not None and _rounded(off.plan.to_json()) == _rounded(plan)  # the record keeps 4 places
+    # the same plan offline (the capture record keeps 4 decimal places)
+    assert off.plan is not None and _rounded(off.plan.to_json()) == _rounded(plan)
 
 
 def _rounded(v: Any) -> Any:
