@@ -35,6 +35,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,7 +51,8 @@ from tests.gpu.remedies_live import apply_flags, capture, cut_trace, log_steps, 
 from tests.procs import ROOT, run_env
 
 ITERS = int(os.environ.get("ITERS", "22"))
-CAPTURE_ITERS = int(os.environ.get("CAPTURE_ITERS", "26"))
+CAPTURE_ITERS = 400  # a ceiling: the captured run stops once its trace is written and steady steps follow
+STEADY_AFTER = 8  # steady iterations kept after the trace was written (the captured run's own reference)
 CAPTURE_AT = 9  # the iteration after which the capture is armed (steady by then)
 STEADY_FROM = 6  # iterations before this one are warm-up
 RUN_TIMEOUT_S = 240
@@ -221,7 +223,10 @@ def capture_run(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        pid = None
+        pid, stop_at = None, float("inf")
+        # The job runs on (train-iters CAPTURE_ITERS, a ceiling) until its trace is written and
+        # STEADY_AFTER steady iterations followed it, then it is stopped: Kineto writes the trace from
+        # inside the process, which must not exit first.
         while p.poll() is None and time.time() - t0 < RUN_TIMEOUT_S:
             steps = log_steps(log.read_text(errors="replace"))
             pid = pid or rank_pid(p.pid)
@@ -229,11 +234,18 @@ def capture_run(
                 clock.say(f"{name}: capture armed at iteration {max(steps)}")
                 capture(daemon, pid, trace_dir / "default.json", False, log, got, "capture")
                 clock.say(f"{name}: trace {'written' if got['capture'].get('trace') else 'MISSING'}")
+                steps = log_steps(log.read_text(errors="replace"))
+                stop_at = max(steps or {0: 0.0}) + float(STEADY_AFTER)
+            if "capture" in got and steps and max(steps) >= stop_at:
+                break
             time.sleep(0.5)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
         try:
-            p.wait(timeout=60)
+            p.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, 9)
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
     finally:
         daemon.stop()
     text = log.read_text(errors="replace")
@@ -241,13 +253,13 @@ def capture_run(
     at = int((got.get("capture") or {}).get("iteration_at_arming") or 0)
     trace = (got.get("capture") or {}).get("trace")
     res["capture"] = {
-        "exit": p.returncode,
+        "exit": p.returncode,  # stopped by this script once it had what it needs (a signal's code)
         "wall_s": round(time.time() - t0, 1),
         "steps": steps,
         "arming": {k: v for k, v in (got.get("capture") or {}).items() if k != "config"},
         # the captured iterations and the one after (the trace's flush) are not steady
         "steady": steady_of(steps, (at, at + 5) if at else None),
-        "tail": "" if steps and p.returncode == 0 else text[-3000:],
+        "tail": "" if steps and trace else text[-3000:],
     }
     with gzip.open(out / f"log_{name}.log.gz", "wb") as g:
         g.write(log.read_bytes())
@@ -375,7 +387,7 @@ def run_config(
     res.setdefault("config", {**c, "name": name})
     res.setdefault("runs", {})
     if "capture" not in res:
-        if not clock.fits(START_S + CAPTURE_ITERS * 1.5 + 60):
+        if not clock.fits(START_S + 90):
             clock.say(f"{name}: no time left for the captured run")
             return
         capture_run(out, name, c, megatron, env, res, clock)
@@ -454,6 +466,9 @@ def main() -> int:
             where[f.stem[3:]] = Path(d)
             _save(out, f.stem[3:], results[f.stem[3:]])
     megatron = Path(os.environ.get("MEGATRON_DIR", ROOT / ".megatron")).resolve()
+    if not a.table_only and not (megatron / "pretrain_gpt.py").is_file():
+        print(f"plan_ab_live: no Megatron-LM checkout at {megatron} (set MEGATRON_DIR)", file=sys.stderr)
+        return 2
     env = run_env(NCCL_NVLS_ENABLE="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
     try:
         if not a.table_only:
