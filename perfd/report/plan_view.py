@@ -55,10 +55,11 @@ def _ref(remedy: str, ids: Mapping[str, str]) -> str:
 def item_text(i: PlanItem, ids: Mapping[str, str]) -> str:
     """One remedy of the plan: its action, its gain alone, and how it stands to the others."""
     bits = [f"{_ms(i.gain_ms)} alone" if i.gain_ms else "gain not estimated"]
+    replaced = [_ref(k.target, ids) for k in i.links if k.relation is Relation.REPLACES]
+    if replaced:
+        bits.append("replaces " + " and ".join(replaced))
     for k in i.links:
-        if k.relation is Relation.REPLACES:
-            bits.append(f"replaces {_ref(k.target, ids)}")
-        elif k.relation is Relation.REPLACED_BY:
+        if k.relation is Relation.REPLACED_BY:
             bits.append(f"moot once {_ref(k.target, ids)} is in")
         elif k.relation is Relation.OVERLAPS and k.shared_ms is not None:
             bits.append(f"overlaps {_ref(k.target, ids)} ({_ms(k.shared_ms)} counted once)")
