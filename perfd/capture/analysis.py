@@ -219,9 +219,11 @@ class Stretch:
     part_op_ms: dict[str, dict[str, float]]
     idle: tuple[IdleRow, ...]
     phase_ms: dict[str, dict[str, float]]
+    launch_latency_ms: float = 0.0  # of the launch gaps, those under 5 µs (perfd.capture.sweep)
 
     def to_json(self) -> dict[str, object]:
         return {"steps": self.steps, "span_ms": self.span_ms, "parts_ms": dict(self.parts_ms),
+                "launch_latency_ms": self.launch_latency_ms,
                 "part_op_ms": {p: dict(d) for p, d in self.part_op_ms.items()},
                 "idle": [r.to_json() for r in self.idle],
                 "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()}}
@@ -270,6 +272,7 @@ class DeviceBreakdown:
     phase_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     side_stream_ms: dict[str, float] = field(default_factory=dict)
     complete: Stretch | None = None
+    launch_latency_ms: float = 0.0  # of the launch gaps over the span, those under 5 µs
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -299,7 +302,7 @@ class DeviceBreakdown:
             "stream_syncs": self.stream_syncs, "stream_sync_gap_ms": self.stream_sync_gap_ms,
             "idle": [r.to_json() for r in self.idle],
             "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()},
-            "side_stream_ms": dict(self.side_stream_ms),
+            "side_stream_ms": dict(self.side_stream_ms), "launch_latency_ms": self.launch_latency_ms,
             "complete": self.complete.to_json() if self.complete is not None else None,
         }
 
@@ -370,7 +373,7 @@ def _stretch(t: Tally, steps: int) -> Stretch:
     return Stretch(steps, _ms(t.span_ns), _parts_ms(t), _op_ms(t),
                    tuple(IdleRow(c, ph, owner, _ms(v[0]), int(v[1])) for (c, ph, owner), v in rows),
                    {ph.value: {p.value: _ms(v) for p, v in d.items() if v > 0}
-                    for ph, d in t.parts_in_phase.items()})
+                    for ph, d in t.parts_in_phase.items()}, _ms(t.tiny_ns))
 
 
 def _tops(named: Mapping[Part, Sequence[tuple[str, float]]]) -> dict[str, tuple[KernelStat, ...]]:
@@ -442,6 +445,7 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         phase_ms=whole.phase_ms,
         side_stream_ms={p.value: _ms(v) for p, v in swept.side_stream_ns.items() if v > 0},
         complete=_stretch(swept.complete, swept.steps) if swept.complete is not None else None,
+        launch_latency_ms=whole.launch_latency_ms,
     )
 
 

@@ -45,6 +45,9 @@ SYNC_SLACK_NS = 2_000.0
 # A gap is the data wait when the host spent at least half of it inside the data loader (a loader that
 # hands a ready batch over in 0.2 ms inside a 3 ms gap after a timer's sync did not cause the gap).
 DATA_SHARE_OF_GAP = 0.5
+# A launch gap this short is the launch itself (the runtime's latency between back-to-back kernels); a
+# longer one is the host's Python between the launches.
+LAUNCH_LATENCY_NS = 5_000.0
 IDLE_PART: dict[IdleCause, Part] = {
     IdleCause.SYNC: Part.IDLE_SYNC,
     IdleCause.LAUNCH: Part.IDLE_SHORT,
@@ -78,6 +81,7 @@ class Tally:
     parts_in_phase: dict[Phase, dict[Part, float]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(float))
     )
+    tiny_ns: float = 0.0  # launch gaps under LAUNCH_LATENCY_NS: the launches themselves
 
     def add_idle(self, key: tuple[IdleCause, Phase, str], ns: float, counted: bool) -> None:
         row = self.idle.setdefault(key, [0.0, 0.0])
@@ -315,3 +319,5 @@ def _add_idle(
         t.parts_in_phase[key[1]][part] += ns
         # a gap is counted once, in the stretch where it begins
         t.add_idle(key, ns, window is None or window[0] <= a < window[1])
+        if key[0] is IdleCause.LAUNCH and b - a < LAUNCH_LATENCY_NS:
+            t.tiny_ns += ns

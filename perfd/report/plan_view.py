@@ -159,6 +159,7 @@ def _row(i: PlanItem, ids: Mapping[str, str]) -> str:
     text = item_text(i, {k: v for k, v in ids.items() if k != i.remedy})
     action, _, rest = text.partition(" — ")
     return (
-        f"<tr><td>{escape(ids.get(i.remedy, ''))} {escape(action)}</td><td>{escape(i.effort.value)}</td>"
+        f"<tr><td>{escape((ids.get(i.remedy, '') + ' ' + action).strip())}</td>"
+        f"<td>{escape(i.effort.value)}</td>"
         f"<td>{escape(rest)}</td></tr>"
     )

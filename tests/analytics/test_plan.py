@@ -252,6 +252,8 @@ def test_idle_is_charged_to_what_precedes_it(device: Any) -> None:
     assert (IdleCause.SYNC, Phase.LAYERS, "torch.cuda.synchronize()") in owners
     assert (IdleCause.SYNC, Phase.OPTIMIZER, "aten::item") in owners
     assert (IdleCause.SYNC, Phase.OPTIMIZER, "c10d::barrier") in owners
+    launch = sum(r.ms for r in device.idle if r.cause is IdleCause.LAUNCH)
+    assert 0 < device.launch_latency_ms < 0.25 * launch  # few of the launch gaps are the launch latency
     sync = sum(r.ms for r in device.idle if r.cause is IdleCause.SYNC)
     assert sync > 0.25 * device.idle_ms
     assert device.parts_ms["idle_sync"] == pytest.approx(sync, rel=1e-6)

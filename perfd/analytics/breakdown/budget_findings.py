@@ -17,7 +17,7 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.advice.plan import Plan, make_plan
 from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig
 from perfd.analytics.advice.remedy_catalog import fit, minor
-from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, Part, StepBudget, classify
+from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause, Part, StepBudget, classify
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.ncu.remedies import ncu_rows
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
@@ -201,6 +201,11 @@ def parts(ctx: BudgetContext) -> Out:
                 f"; {'fused' if p.detail.get('fused') else 'unfused'}: its FLOPs would take "
                 f"{float(p.detail.get('at_ceiling_ms') or 0):.0f} ms at the matmul ceiling"
             )
+        if p.part is Part.IDLE_SHORT and isinstance(p.detail.get("under_5us_ms"), (int, float)):
+            extra = (f"; {float(p.detail['under_5us_ms']):.1f} ms of it in gaps under 5 µs (the launches "
+                     "themselves), the rest the host's Python between launches")
+        if p.part is Part.IDLE_SYNC:
+            extra = "; " + sync_text(b)
         if ncu_text(p):
             extra += f". {ncu_text(p)}"
         name = part_title(p)
@@ -226,6 +231,14 @@ def parts(ctx: BudgetContext) -> Out:
             )
         )
     return out, []
+
+
+def sync_text(b: StepBudget) -> str:
+    """Whose synchronisations the GPU waits after, largest first ("after torch.cuda.synchronize() in the
+    forward-backward phase 16 ms (14 a step), ...")."""
+    rows = sorted((r for r in b.idle if r.cause is IdleCause.SYNC), key=lambda r: -r.ms)
+    return "by whose sync: " + "; ".join(f"{r.owner or 'a sync'} in the {r.phase.value} phase {r.ms:.1f} ms "
+                                         f"({r.gaps:.0f} a step)" for r in rows[:5] if r.ms >= 0.05)
 
 
 def gemm(ctx: BudgetContext) -> Out:

@@ -140,6 +140,8 @@ def from_capture(
             detail.update(attention_detail(ms, fl, fused))
         elif p is Part.OPTIMIZER and timers.optimizer_ms is not None:
             detail["timer_ms"] = timers.optimizer_ms  # the framework's own optimizer timer: a cross-check
+        if p is Part.IDLE_SHORT and _num(src, "launch_latency_ms") is not None:
+            detail["under_5us_ms"] = float(src["launch_latency_ms"]) / n  # the launches themselves
         if isinstance(side, Mapping) and isinstance(side.get(p.value), (int, float)) and p not in _IDLE:
             detail["side_stream_ms"] = float(side[p.value]) / n_span
         rows.append((p, ms, Source.CAPTURE, detail))
