@@ -14,13 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.advice.plan import Plan, make_plan
+from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, make_plan
 from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig
 from perfd.analytics.advice.remedy_catalog import fit, minor
 from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause, Part, StepBudget, classify
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.ncu.remedies import ncu_rows
-from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,6 @@ _HOLDS: dict[Part, str] = {
     Part.COMM_EXPOSED: "Collectives run with no compute beside them for",
     Part.PIPELINE: "Pipeline p2p waits (the bubble, not link bandwidth) take",
 }
-_PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAGE_FLASH_ATTN: "flash-attn"}
 
 
 def part_name(part: Part) -> str:
@@ -362,7 +360,7 @@ def recommendation(a: Advice, b: StepBudget) -> Recommendation:
         bits.append(f"basis: {a.gain.basis}")
         bits.append(f"expected: {gain_text(a, b)}")
     if a.needs:
-        names = [_PACKAGE_NAMES.get(n, n) for n in a.needs]
+        names = [PACKAGE_NAMES.get(n, n) for n in a.needs]
         bits.append(
             f"needs {(' or ' if a.needs_one else ' and ').join(names)}; the job's start-up says "
             + (
