@@ -241,9 +241,6 @@ GRAD_NORM_KERNELS = (0.5, 0.9)
 GRAD_ACCUM_SAVES = (0.6, 1.0)
 OVERLAP_HIDES = (0.5, 0.9)  # exposed data-parallel communication hidden behind backward
 GEMM_TO_TARGET = (0.3, 0.6)  # the share of the time above the ceiling-at-target bigger GEMMs win back
-# Megatron-LM's level-2 timers (forward-compute, backward-compute, batch-generator) start and stop once
-# per micro-batch, each with a device synchronisation (megatron/core/timers.py).
-LEVEL2_SYNCS_PER_MICROBATCH = 6
 # The owner perfd.capture.sweep gives a bare torch.cuda.synchronize() (Megatron-LM's timers use it).
 BARE_SYNC = "torch.cuda.synchronize()"
 
@@ -357,10 +354,6 @@ def idle_ms(b: StepBudget, cause: IdleCause, phase: Phase | None = None, owner: 
                and (owner is None or r.owner == owner))
 
 
-def phase_ms(b: StepBudget, phase: Phase, part: Part) -> float:
-    return float(b.phase_ms.get(phase, {}).get(part, 0.0))
-
-
 def with_spread(g: Gain | None, step_ms: float) -> Gain | None:
     """The range widened by the run-to-run spread of the step: what a measured change is held to."""
     if g is None:
@@ -368,12 +361,6 @@ def with_spread(g: Gain | None, step_ms: float) -> Gain | None:
     s = RUN_SPREAD_OF_STEP * step_ms
     return Gain(g.low_ms - s, g.high_ms + s, f"{g.basis}; ± {s:.0f} ms run to run "
                 f"({RUN_SPREAD_OF_STEP:.1%} of the step)")
-
-
-def per_step(b: StepBudget, key: str) -> float | None:
-    """A per-step figure the capture's budget carries in its host detail (sync gaps and counts)."""
-    v = b.host.get(key) if b.host else None
-    return float(v) if isinstance(v, (int, float)) else None
 
 
 def named(b: StepBudget, ms: float) -> bool:
