@@ -283,7 +283,7 @@ def plan_text(summary: dict[str, Any]) -> Text | None:
         return None
     out = Text("plan: ", style="bold")
     out.append(line)
-    out.append(" (a step, each stage with the ones before; perfd report for the items)", style="dim")
+    out.append(" (ms a step, each stage on top of the ones before; perfd report for its items)", style="dim")
     return out
 
 
