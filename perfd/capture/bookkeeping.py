@@ -54,6 +54,8 @@ class RunContext:
 def _rounded(v: Any) -> Any:
     if isinstance(v, float):
         return round(v, 4)
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
     return {k: _rounded(x) for k, x in v.items()} if isinstance(v, dict) else v
 
 
@@ -62,6 +64,10 @@ def device_summary(analysis: CaptureAnalysis) -> list[dict[str, Any]]:
     out = []
     for d in analysis.to_json()["devices"]:  # type: ignore[attr-defined]
         row = {k: _rounded(v) for k, v in d.items() if k not in _TABLE_KEYS}
+        if isinstance(d.get("complete"), dict) and d["complete"].get("part_op_ms"):
+            # the budget reads each part's ops from the complete steps (capture_budget): the span's
+            # copy would only add to the event, which carries every rank's devices
+            row.pop("part_op_ms", None)
         row["part_kernels"] = {p: [{**k, "name": str(k["name"])[:PART_KERNEL_NAME]} for k in ks]
                                for p, ks in (d.get("part_kernels") or {}).items()}
         if d.get("top_kernels"):

@@ -20,6 +20,7 @@ from perfd.analytics.advice.findings import (
     explain_grade,
     grade_mfu,
 )
+from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import RemedyId
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity, order_findings
@@ -62,6 +63,7 @@ class Report:
     job: JobBlock | None = None  # the training job's block (a serving report has none)
     step_budget: StepBudget | None = None  # where one step goes (perfd.analytics.breakdown.budget)
     arming: ArmingCost | None = None  # what ncu costs the armed ranks (perfd.analytics.ncu.arming)
+    plan: Plan | None = None  # the remedies as a plan (perfd.analytics.advice.plan)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Report:
@@ -70,7 +72,7 @@ class Report:
                    [Finding(**{**f, "severity": Severity(f["severity"])}) for f in d["findings"]],
                    [Recommendation(**r) for r in d["recommendations"]],
                    step_budget=StepBudget.from_json(d.get("step_budget")),
-                   arming=ArmingCost.from_json(d.get("arming")))
+                   arming=ArmingCost.from_json(d.get("arming")), plan=Plan.from_json(d.get("plan")))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +80,7 @@ class Report:
             "metrics": [plain_json(dataclasses.asdict(m)) for m in self.metrics],
             "step_budget": plain_json(self.step_budget.to_json() if self.step_budget is not None else None),
             "arming": plain_json(self.arming.to_json() if self.arming is not None else None),
+            "plan": plain_json(self.plan.to_json() if self.plan is not None else None),
             "findings": [plain_json(f.to_json()) for f in self.findings],
             "recommendations": [plain_json(dataclasses.asdict(r)) for r in self.recommendations],
         }
@@ -180,7 +183,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
     summary = ReportSummary(job.name, grade, grade_text, mfu, s.bottleneck.cls.value,
                             s.bottleneck.reason, span, headline)
-    return Report(summary, metrics, findings, recs, job, budget, arming)
+    return Report(summary, metrics, findings, recs, job, budget, arming, analysis.plan)
 
 
 def arming_finding(arming: ArmingCost) -> Finding:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import DATA_KNOBS, Framework, JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown import budget_findings
@@ -395,16 +396,23 @@ def step_budget(c: RunContext) -> Out:
     b = c.budget
     if b is not None and not b.has_kernels and Source.NCU in b.sources:
         # No timeline, an Nsight Compute capture's rows on the undivided compute: what they say to do
-        ctx = budget_findings.BudgetContext(b, c.framework, b.basis, config=c.config)
-        return budget_findings.analyze(ctx, (budget_findings.ncu_verdicts,))
+        ncu = budget_findings.BudgetContext(b, c.framework, b.basis, config=c.config)
+        return budget_findings.analyze(ncu, (budget_findings.ncu_verdicts,))
+    ctx = budget_context(c)
+    return budget_findings.analyze(ctx) if ctx is not None else ([], [])
+
+
+def budget_context(c: RunContext) -> budget_findings.BudgetContext | None:
+    """What the budget's analyzers read for a run with a capture (None without one): the parts the
+    timers' analyzers speak for (data, communication, the pipeline) are left to them."""
+    b = c.budget
     if b is None or not b.has_kernels:
-        return [], []
+        return None
     covered = {p for p, key in ((Part.DATA, "data_share"), (Part.COMM_EXPOSED, "comm_exposed_share"))
                if c.med.get(key) is not None}
     if c.job.layout.pp and c.job.layout.pp > 1 and c.med.get("pp_idle_max") is not None:
         covered.add(Part.PIPELINE)
-    return budget_findings.analyze(budget_findings.BudgetContext(b, c.framework, b.basis, frozenset(covered),
-                                                                 c.config))
+    return budget_findings.BudgetContext(b, c.framework, b.basis, frozenset(covered), c.config)
 
 
 def next_step(c: RunContext) -> Out:
@@ -483,6 +491,13 @@ def _int_arg(job: JobInfo, dest: str) -> int | None:
         return int(v) if v is not None else None
     except ValueError:
         return None
+
+
+def job_plan(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = None) -> Plan | None:
+    """The remedies of a run with a capture as a plan (perfd.analytics.advice.plan); None without one."""
+    ctx = budget_context(RunContext(a, job, a.summary.medians, a.steady.range_text(), budget,
+                                    Framework.of(job.framework), a.config or job_config(a, job), False))
+    return budget_findings.plan_of(ctx) if ctx is not None else None
 
 
 def derive_findings(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = None, live: bool = True

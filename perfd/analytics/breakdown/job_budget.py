@@ -18,9 +18,9 @@ from perfd.analytics.breakdown.budget import (
     Source,
     StepBudget,
     TimerShares,
-    from_capture,
     from_timers,
 )
+from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.op_parts import kernel_part
 from perfd.analytics.ncu.kernel_rows import kernel_rows

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.advice.findings import derive_findings, job_config
+from perfd.analytics.advice.findings import derive_findings, job_config, job_plan
+from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown.diagnosis import TimelineClass, classify_job
@@ -156,6 +157,7 @@ class RunAnalysis:
     peak: PeakResult
     incidents: list[Incident] = field(default_factory=list)
     config: JobConfig | None = None  # what the job runs with, for the remedies (findings.job_config)
+    plan: Plan | None = None  # the remedies as a plan (perfd.analytics.advice.plan), with a capture
 
     def steady_iterations(self) -> list[IterationResult]:
         """Every steady iteration's row, built at once: for short runs (tests); a long run's
@@ -552,6 +554,7 @@ class RunBuilder:
                                incidents)
         analysis.config = job_config(analysis, self.job)
         fs, rs = derive_findings(analysis, self.job, budget, self.live)
+        analysis.plan = job_plan(analysis, self.job, budget)
         run_s = analysis.run_seconds()
         inc_f, inc_r = incident_findings(incidents, run_s or None)
         analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])
