@@ -160,6 +160,32 @@ def read_identity(pid: int, proc: str = PROC) -> ProcIdentity | None:
         return None
 
 
+def user_id(user: object) -> int | None:
+    """A uid from a configured user: an int (or digits) as it is, a name from the user database;
+    None for None or "". ValueError (saying which) for anything else, or a name this host lacks."""
+    if user is None or user == "":
+        return None
+    if isinstance(user, int) and not isinstance(user, bool) and user >= 0:
+        return user
+    if isinstance(user, str):
+        if user.isdigit():
+            return int(user)
+        try:
+            import pwd
+
+            return pwd.getpwnam(user).pw_uid
+        except (ImportError, KeyError):
+            raise ValueError(f"no user named {user!r} on this host") from None
+    raise ValueError(f"a user must be a name or a uid, not {user!r}")
+
+
+def uid_alone(pid: int, proc: str = PROC) -> int | None:
+    """The one uid ``pid`` runs as (real, effective, saved and filesystem alike); None when it is gone,
+    unreadable, or runs as several (a setuid program)."""
+    ident = read_identity(pid, proc)
+    return ident.uid if ident is not None else None
+
+
 def is_descendant(pid: int, ancestor: int, proc: str = PROC) -> bool:
     """Whether ``ancestor`` is a parent, grandparent, ... of ``pid`` (at most MAX_ANCESTRY up)."""
     cur = pid

@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 # SIGTERM is honoured within 5 s (docs/reliability.md); the agent's own steps get 4 of them, the rest
 # is the interpreter's exit.
 SHUTDOWN_BUDGET_S = 4.0
+# Collectors told the job's user (AgentConfig.job_uid): they take only its processes for the job's.
+JOB_USER_COLLECTORS = frozenset({"hook", "nvml"})
 
 
 def default_registry() -> Registry:
@@ -194,8 +196,11 @@ class Agent:
             self._spool = Spool(self.cfg.spool_dir, max_bytes=self.cfg.spool_max_bytes)
             if self._checkpoints is not None:
                 self._checkpoints.settled = self._spool.settled
+        job_uid = self.cfg.job_uid
         for name, ccfg in self.cfg.collectors.items():
             conf = {"job": self.cfg.job or DEFAULT_JOB, **ccfg}
+            if name in JOB_USER_COLLECTORS and job_uid is not None:
+                conf.setdefault("job_user", job_uid)  # whose processes are the job's ranks
             ck = self._checkpoints.load(name) if self._checkpoints is not None else None
             if ck is not None:
                 conf["resume"] = ck
@@ -516,7 +521,7 @@ class Agent:
                                           kineto=self.cfg.kineto_daemon,
                                           hook=hook.collector if hook is not None else None,
                                           kineto_socket_dir=self.cfg.kineto_socket_dir,
-                                          rank_pids=followed)
+                                          rank_pids=followed, job_uid=self.cfg.job_uid)
         except Exception as exc:  # no capture store (disk, permissions): say so, monitor on
             log.error("captures disabled: %s", exc)
 
