@@ -149,7 +149,7 @@ class _Words:
         self.pending: str | None = None  # an option's value is the next word: "safe", "mask", "module"
 
     def redact(self, words: list[str]) -> list[str]:
-        out = []
+        out: list[str] = []
         for w in words:
             if not w:
                 out.append(w)
