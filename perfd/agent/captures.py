@@ -167,7 +167,14 @@ class AgentCaptures:
             log.warning("command %s of kind %s: no executor for it", getattr(command, "id", "?"),
                         getattr(command, "kind", "?"))
 
-    def close(self) -> None:
-        self.manager.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End every capture and the Kineto daemon within ``timeout_s``: the captures are told first,
+        then the daemon stops, which cancels its armings (a capture waiting for a rank's poll ends at
+        once instead of at its arming's end, 5 s at least: issue 54 item 8), then the capture threads
+        are waited for."""
+        self.manager.stop()
         if self.kineto is not None:
             self.kineto.stop()
+        if not self.manager.wait_idle(timeout_s):
+            log.warning("captures still running %.1f s after the agent was told to stop: left behind "
+                        "(their threads end with the process)", timeout_s)

@@ -161,9 +161,14 @@ class CaptureManager:
                 return not threads
             threads[0].join(left)
 
-    def close(self, timeout: float = 5.0) -> None:
+    def stop(self) -> None:
+        """Tell every capture to end now (their waits return; each ends failed, saying so); returns at
+        once. ``close`` or ``wait_idle`` then waits for them."""
         self._closing.set()
         self._ranges.wake()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.stop()
         self.wait_idle(timeout)
 
     # -- events -------------------------------------------------------------------------------
