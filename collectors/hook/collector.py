@@ -63,9 +63,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.hook import peers as P
-from collectors.hook.requests import Requests
+from collectors.hook.requests import Requests, RequestSender
 from perfd.bounds import LAYOUT_BOUNDS, in_bounds
-from perfd.collector import Capabilities, Collected, Collector
+from perfd.collector import Capabilities, Collected
 from perfd.dtypes import normalize_dtype
 from perfd.events import HOOK_PROFILE, JOB_PHASE
 from perfd.hook import wire
@@ -181,7 +181,7 @@ MAX_PAUSE_RANKS = 4096
 NOT_JOB_USER = "not_job_user"  # a record from a process that does not run as the job's user
 
 
-class HookCollector(Collector):
+class HookCollector(RequestSender):
     name = "hook"
     default_interval_s = 1.0
 
@@ -595,49 +595,3 @@ class HookCollector(Collector):
             disturbed_by_capture=bool(m.flags & wire.FLAG_PROFILING),
             tokens_per_step=m.tokens_per_step, flops_per_step=m.flops_per_step,
         )
-
-    # ------------------------------------------------------------------------------ requests
-
-    def request_profile(self, rank: int, start_step: int, num_steps: int) -> tuple[int, int] | None:
-        """Ask ``rank``'s hook to run cudaProfilerStart/Stop around steps [start, start+num).
-
-        Returns (the pid it went to, the request id): its answers arrive as ``hook_profile`` events
-        of that pid. None when the rank is unknown here or the send failed (counted). Pick
-        ``start_step`` a few steps ahead of the rank's last reported step: the hook polls for requests
-        at most every 50 ms and a start that has passed begins at the next step (the ``accepted``
-        event says which).
-        """
-        return self._send_request(rank, wire.ProfileRequest(0, start_step, num_steps))
-
-    def cancel_profile(self, rank: int) -> tuple[int, int] | None:
-        return self._send_request(rank, wire.ProfileRequest(0, 0, 0, cancel=True))
-
-    def request_trace(self, rank: int, start_step: int, num_steps: int,
-                      stack: bool = False) -> tuple[int, int] | None:
-        """Ask ``rank``'s hook to trace steps [start, start+num) with torch's Kineto profiler in its
-        process (perfd.hook.trace; the same answers as request_profile, then ``written`` with the
-        file the hook wrote in its own folder). None when the rank is unknown or the send failed."""
-        return self._send_request(rank, wire.TraceRequest(0, start_step, num_steps, stack))
-
-    def _send_request(self, rank: int,
-                      req: wire.ProfileRequest | wire.TraceRequest) -> tuple[int, int] | None:
-        peer = self.peers.get(rank)
-        if peer is None or self.sock is None:
-            self.count_error("profile_request_unknown_rank", f"rank {rank}")
-            return None
-        req.request_id = self.requests.new_id()
-        trace = isinstance(req, wire.TraceRequest)
-        data = (wire.pack_trace_request(req) if isinstance(req, wire.TraceRequest)
-                else wire.pack_profile_request(req))
-        if not (isinstance(req, wire.ProfileRequest) and req.cancel):  # a cancel is answered for its range
-            self.requests.sent(rank, req.request_id, peer.pid, trace)
-        try:
-            self.sock.sendto(data, peer.address)
-        except BlockingIOError:
-            self.count_error("profile_request_busy", f"rank {rank}")
-            return None
-        except OSError as exc:
-            reason = "gone" if exc.errno in (errno.ECONNREFUSED, errno.ENOENT) else "failed"
-            self.count_error(f"profile_request_{reason}", f"rank {rank}: {exc}")
-            return None
-        return peer.pid, req.request_id
