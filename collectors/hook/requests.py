@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -36,11 +37,12 @@ class Sent:
 
 
 class Requests:
-    """Request ids and the requests in flight (collector thread and capture threads: the ids and the
-    table are changed under the GIL by single dict operations; a race costs at most one answer)."""
+    """Request ids and the requests in flight (the capture threads send, the collector's thread takes
+    the answers)."""
 
     def __init__(self, cap: int = HOOK_MAX_OUTSTANDING) -> None:
         self.cap = cap
+        self._lock = threading.Lock()  # guards _next and _sent
         self._next = 1
         self._sent: OrderedDict[tuple[int, int], Sent] = OrderedDict()
 
@@ -48,25 +50,33 @@ class Requests:
         return len(self._sent)
 
     def new_id(self) -> int:
-        rid = self._next
-        self._next = (rid + 1) & 0xFFFFFFFF or 1
-        return rid
+        with self._lock:
+            rid = self._next
+            self._next = (rid + 1) & 0xFFFFFFFF or 1
+            return rid
 
     def sent(self, rank: int, request_id: int, pid: int, trace: bool) -> None:
-        self._sent[(rank, request_id)] = Sent(pid, trace)
-        while len(self._sent) > self.cap:
-            self._sent.popitem(last=False)
+        with self._lock:
+            self._sent[(rank, request_id)] = Sent(pid, trace)
+            while len(self._sent) > self.cap:
+                self._sent.popitem(last=False)
+
+    def unsent(self, rank: int, request_id: int) -> None:
+        """The request could not be sent after all: no answer is due."""
+        with self._lock:
+            self._sent.pop((rank, request_id), None)
 
     def answer(self, rank: int, request_id: int, pid: int, state: int) -> Sent | None:
         """The request a status from ``pid`` answers, None when it answers none this agent sent it;
         forgotten once ``state`` ends it."""
         key = (rank, request_id)
-        got = self._sent.get(key)
-        if got is None or got.pid != pid:
-            return None
-        if state in (_ENDS_TRACE if got.trace else _ENDS_RANGE):
-            self._sent.pop(key, None)
-        return got
+        with self._lock:
+            got = self._sent.get(key)
+            if got is None or got.pid != pid:
+                return None
+            if state in (_ENDS_TRACE if got.trace else _ENDS_RANGE):
+                self._sent.pop(key, None)
+            return got
 
 
 class RequestSender(Collector):
@@ -112,11 +122,12 @@ class RequestSender(Collector):
             self.requests.sent(rank, req.request_id, peer.pid, trace)
         try:
             self.sock.sendto(data, peer.address)
-        except BlockingIOError:
-            self.count_error("profile_request_busy", f"rank {rank}")
-            return None
         except OSError as exc:
-            reason = "gone" if exc.errno in (errno.ECONNREFUSED, errno.ENOENT) else "failed"
-            self.count_error(f"profile_request_{reason}", f"rank {rank}: {exc}")
+            self.requests.unsent(rank, req.request_id)
+            if isinstance(exc, BlockingIOError):
+                self.count_error("profile_request_busy", f"rank {rank}")
+            else:
+                reason = "gone" if exc.errno in (errno.ECONNREFUSED, errno.ENOENT) else "failed"
+                self.count_error(f"profile_request_{reason}", f"rank {rank}: {exc}")
             return None
         return peer.pid, req.request_id

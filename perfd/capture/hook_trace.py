@@ -76,25 +76,25 @@ def _take(src: str, dst: Path, uid: int, max_bytes: int = HOOK_TRACE_MAX_BYTES) 
         dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise ValueError(f"{folder} is a link, not the hook's folder: not taken") from exc
+            raise ValueError(f"{folder!r} is a link, not the hook's folder: not taken") from exc
         raise
     try:
         st = os.fstat(dfd)
         if st.st_uid != uid or stat.S_IMODE(st.st_mode) & 0o077:
-            raise ValueError(f"{folder} is not a private folder of uid {uid} (uid {st.st_uid}, mode "
+            raise ValueError(f"{folder!r} is not a private folder of uid {uid} (uid {st.st_uid}, mode "
                              f"{stat.S_IMODE(st.st_mode):04o}): not taken")
         try:
             fd = os.open(name, _OPEN, dir_fd=dfd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise ValueError(f"{src} is a link, not a plain file of uid {uid}: not taken") from exc
+                raise ValueError(f"{src!r} is a link, not a plain file of uid {uid}: not taken") from exc
             raise
         try:
             fst = os.fstat(fd)
             if not stat.S_ISREG(fst.st_mode) or fst.st_uid != uid or fst.st_nlink != 1:
-                raise ValueError(f"{src} is not a plain file of uid {uid} with one link: not taken")
+                raise ValueError(f"{src!r} is not a plain file of uid {uid} with one link: not taken")
             if fst.st_size > max_bytes:
-                raise ValueError(f"{src} is {fst.st_size} bytes, more than {max_bytes}: not taken")
+                raise ValueError(f"{src!r} is {fst.st_size} bytes, more than {max_bytes}: not taken")
             with os.fdopen(fd, "rb", closefd=False) as f, open(dst, "xb") as out:
                 left = max_bytes + 1
                 while left > 0 and (chunk := f.read(min(1 << 20, left))):
@@ -102,7 +102,7 @@ def _take(src: str, dst: Path, uid: int, max_bytes: int = HOOK_TRACE_MAX_BYTES) 
                     left -= len(chunk)
             if left <= 0:
                 dst.unlink()
-                raise ValueError(f"{src} grew past {max_bytes} bytes while read: not taken")
+                raise ValueError(f"{src!r} grew past {max_bytes} bytes while read: not taken")
             with contextlib.suppress(OSError):  # the copy is ours now; the same file only
                 if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_ino == fst.st_ino:
                     os.unlink(name, dir_fd=dfd)
@@ -223,7 +223,7 @@ class HookTraceCapture:
                 missing[r] = f"rank {r}: {exc}"
                 continue
             except OSError as exc:
-                missing[r] = f"rank {r}: its trace could not be read at {src}: {exc}"
+                missing[r] = f"rank {r}: its trace could not be read at {src!r}: {exc}"
                 continue
             m["timings"]["trace_ready_at"] = self.ctx.clock()
             self.ctx.store.add_artifact(m, got, "kineto_trace", r, pids.get(r))
