@@ -60,8 +60,7 @@ class CaptureManager:
                  hook_last_step: Callable[[int], int | None] | None = None,
                  ncu: NcuExecutor | None = None, hook_canceller: HookCanceller | None = None,
                  under_check: UnderCheck = under_ncu, hook_tracer: HookTracer | None = None,
-                 hook_can_trace: Callable[[int], bool] | None = None,
-                 hook_owner: Callable[[int], int | None] | None = None) -> None:
+                 hook_can_trace: Callable[[int], bool] | None = None) -> None:
         self.store, self.kineto, self.nsys, self.emit_cb, self.clock = store, kineto, nsys, emit, clock
         self.hook_requester, self.pids_for_ranks = hook_requester, pids_for_ranks
         self.hook_last_step = hook_last_step
@@ -76,8 +75,7 @@ class CaptureManager:
         self._ranges = HookRanges(ctx, hook_requester, hook_last_step, hook_canceller)
         self._nsys_runs = NsysCapture(ctx, nsys, self._ranges)
         self._ncu_runs = NcuCapture(ctx, ncu, self._ranges, under_check)
-        self._hook_traces = HookTraceCapture(ctx, self._ranges, hook_tracer, hook_can_trace, hook_owner,
-                                             hook_last_step)
+        self._hook_traces = HookTraceCapture(ctx, self._ranges, hook_tracer, hook_can_trace, hook_last_step)
 
     # -- public -------------------------------------------------------------------------------
     def handle(self, command: Command) -> str | None:
@@ -163,9 +161,14 @@ class CaptureManager:
                 return not threads
             threads[0].join(left)
 
-    def close(self, timeout: float = 5.0) -> None:
+    def stop(self) -> None:
+        """Tell every capture to end now (their waits return; each ends failed, saying so); returns at
+        once. ``close`` or ``wait_idle`` then waits for them."""
         self._closing.set()
         self._ranges.wake()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.stop()
         self.wait_idle(timeout)
 
     # -- events -------------------------------------------------------------------------------

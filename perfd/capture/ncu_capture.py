@@ -28,7 +28,7 @@ from perfd.analytics.breakdown.job_budget import captured_iterations
 from perfd.analytics.ncu import join as ncu_join
 from perfd.capture import ncu_report as ncu_mod
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
-from perfd.capture.hook_ranges import HookRanges
+from perfd.capture.hook_ranges import HookRanges, Key
 from perfd.capture.ncu_exec import PAGES, NcuError, NcuExecutor, NcuNotFoundError, NcuTarget, latest_timeline
 from perfd.capture.nsys_exec import wait_stable
 from perfd.capture.request import CaptureRequest
@@ -101,7 +101,10 @@ class NcuCapture:
         before = {r: _size(t.report) for r, t in targets.items()}
         budget_s = min(t.options.time_budget_s for t in targets.values())
         requests = self.ranges.open(req, m, deadline, steps=1, what="cudaProfilerStart under ncu")
-        closed = self._watch(requests, budget_s, deadline, m)
+        try:
+            closed = self._watch(requests, budget_s, deadline, m)
+        finally:
+            self.ranges.forget(requests.values())
         problems: list[str] = []
         if m.get("range_overran"):
             problems.append(f"the range overran its time budget of {budget_s:g} s: cancelled, "
@@ -125,7 +128,7 @@ class NcuCapture:
             raise CaptureFailed("timeout", reason)
         return reason
 
-    def _watch(self, requests: Mapping[int, int], budget_s: float, deadline: float,
+    def _watch(self, requests: Mapping[int, Key], budget_s: float, deadline: float,
                m: dict[str, Any]) -> dict[int, dict[str, Any]]:
         """Wait for every range to close within the time budget; cancel the ones that do not."""
         budget_end = min(deadline, time.monotonic() + budget_s)

@@ -57,7 +57,8 @@ from perfd.hook.timing import (
     RollingPercentiles,
     cuda_marker_factory,
 )
-from perfd.hook.trace import KinetoTrace, can_trace
+from perfd.hook.trace import KinetoTrace, TraceFolder, can_trace
+from perfd.limits import HOOK_OUTBOX_MAX
 from perfd.model import ModelSpec
 
 if TYPE_CHECKING:
@@ -193,6 +194,7 @@ class StepHook(ProfileControl, Harvester):
         self._trace: KinetoTrace | None = None
         self._draining: KinetoTrace | None = None
         self._req_trace: wire.TraceRequest | None = None
+        self._traces = TraceFolder()  # where this hook writes the traces it is asked for (its own)
         self.control_refused = 0  # agent requests refused before any answer (malformed, not the agent)
         if marker_factory is not None:
             make = marker_factory
@@ -254,7 +256,7 @@ class StepHook(ProfileControl, Harvester):
         self._closed = False
         self._ready = False
         self._bound = False  # the harvester thread has made the CUDA context current
-        self._outbox = deque()  # profile statuses for the harvester to send
+        self._outbox = deque(maxlen=HOOK_OUTBOX_MAX)  # statuses for the harvester to send (bounded)
         self._phase_open: str | None = None  # the checkpoint save or evaluation announced, until its end
         lifecycle.track(self)  # closed at exit, fixed up in a forked child
 

@@ -31,10 +31,14 @@ KIND_PHASE = 4  # a checkpoint save or an evaluation begins or ends (StepHook.ph
 # datagram, never before them: an agent older than this record stops at it (unknown kind, counted)
 # and still takes every step before it.
 KIND_DEVICE = 5
+# Hook -> agent: a trace the hook wrote (perfd.hook.trace), where: the hook picks the path (in its
+# own private folder), never the request. Variable length: TRACE_WRITTEN then the path, UTF-8; sent in
+# a datagram of its own.
+KIND_TRACE_WRITTEN = 6
 KIND_PROFILE_REQUEST = 16
 KIND_PROFILE_CANCEL = 17
-# Agent -> hook: open a Kineto trace in the process (torch.profiler) for the steps asked and write it
-# at the path given (perfd.hook.trace). Variable length: TRACE_REQUEST then the path, UTF-8.
+# Agent -> hook: open a Kineto trace in the process (torch.profiler) for the steps asked
+# (perfd.hook.trace); the answer is a status, then KIND_TRACE_WRITTEN with the file.
 KIND_TRACE_REQUEST = 18
 
 # Step record flags.
@@ -51,8 +55,10 @@ JOB = struct.Struct("<BBHiIiiiiii8s")
 # version, kind, reserved, rank, pid, CUDA device index (as the process numbers it), UUID (ASCII,
 # NUL-padded: "GPU-..." or "MIG-..." as NVML spells it)
 DEVICE = struct.Struct("<BBHiIi48s")
-# version, kind, trace flags (TRACE_FLAG_*), request_id, start_step, num_steps, path length; the path
-TRACE_REQUEST = struct.Struct("<BBHIqIH")
+# version, kind, trace flags (TRACE_FLAG_*), request_id, start_step, num_steps
+TRACE_REQUEST = struct.Struct("<BBHIqI")
+# version, kind, reserved, rank, pid, request_id, last step traced, path length; the path
+TRACE_WRITTEN = struct.Struct("<BBHiIIqH")
 # version, kind, state, rank, pid, request_id, step
 PROFILE_STATUS = struct.Struct("<BBHiIIq")
 # version, kind, reserved, request_id, start_step, num_steps
@@ -261,39 +267,63 @@ def unpack_phase(data: bytes) -> PhaseMsg:
 
 @dataclass
 class TraceRequest:
-    """Agent -> hook: trace steps [start_step, start_step + num_steps) with torch.profiler and write
-    the Chrome trace at ``path`` (a file that must not exist yet, named ``*.json``)."""
+    """Agent -> hook: trace steps [start_step, start_step + num_steps) with torch.profiler. Where the
+    file goes is the hook's choice (its private folder), said in its TraceWritten record."""
 
     request_id: int
     start_step: int
     num_steps: int
-    path: str
     stack: bool = False
 
 
 def pack_trace_request(r: TraceRequest) -> bytes:
-    path = r.path.encode()
-    if len(path) > TRACE_PATH_MAX_BYTES:
-        raise ValueError(f"trace path of {len(path)} bytes: at most {TRACE_PATH_MAX_BYTES}")
     flags = TRACE_FLAG_STACK if r.stack else 0
     return TRACE_REQUEST.pack(VERSION, KIND_TRACE_REQUEST, flags, r.request_id & _U32, r.start_step,
-                              r.num_steps & _U32, len(path)) + path
+                              r.num_steps & _U32)
 
 
 def unpack_trace_request(data: bytes) -> TraceRequest | None:
-    """None for a datagram that is not a whole trace request (short, a path of another length, a path
-    that is not UTF-8)."""
-    if len(data) < TRACE_REQUEST.size or kind_of(data) != KIND_TRACE_REQUEST:
+    """None for a datagram that is not exactly one trace request (an older agent's carried a path:
+    the hook no longer writes where a request says)."""
+    if len(data) != TRACE_REQUEST.size or kind_of(data) != KIND_TRACE_REQUEST:
         return None
-    _, _, flags, req, start, n, size = TRACE_REQUEST.unpack_from(data)
-    raw = data[TRACE_REQUEST.size:]
+    _, _, flags, req, start, n = TRACE_REQUEST.unpack(data)
+    return TraceRequest(req, start, n, stack=bool(flags & TRACE_FLAG_STACK))
+
+
+@dataclass
+class TraceWritten:
+    """Hook -> agent: the trace of ``request_id`` is complete at ``path`` (in the hook's private
+    folder, mode 0600; the agent checks the file is the sender's before it reads it)."""
+
+    rank: int
+    pid: int
+    request_id: int
+    step: int  # the last step traced
+    path: str
+
+
+def pack_trace_written(w: TraceWritten) -> bytes:
+    path = w.path.encode()
+    if len(path) > TRACE_PATH_MAX_BYTES:
+        raise ValueError(f"trace path of {len(path)} bytes: at most {TRACE_PATH_MAX_BYTES}")
+    return TRACE_WRITTEN.pack(VERSION, KIND_TRACE_WRITTEN, 0, w.rank, w.pid & _U32, w.request_id & _U32,
+                              w.step, len(path)) + path
+
+
+def unpack_trace_written(data: bytes) -> TraceWritten | None:
+    """None for a record that is not a whole TraceWritten (a path of another length, not UTF-8)."""
+    if len(data) < TRACE_WRITTEN.size or kind_of(data) != KIND_TRACE_WRITTEN:
+        return None
+    _, _, _, rank, pid, req, step, size = TRACE_WRITTEN.unpack_from(data)
+    raw = data[TRACE_WRITTEN.size:]
     if len(raw) != size or size > TRACE_PATH_MAX_BYTES:
         return None
     try:
         path = raw.decode()
     except UnicodeDecodeError:
         return None
-    return TraceRequest(req, start, n, path, stack=bool(flags & TRACE_FLAG_STACK))
+    return TraceWritten(rank, pid, req, step, path)
 
 
 def kind_of(data: bytes) -> int | None:
@@ -305,7 +335,17 @@ def kind_of(data: bytes) -> int | None:
 
 EXPECTED_SIZE = {KIND_STEP: STEP.size, KIND_JOB: JOB.size, KIND_PROFILE_STATUS: PROFILE_STATUS.size,
                  KIND_PROFILE_REQUEST: PROFILE_REQUEST.size, KIND_PROFILE_CANCEL: PROFILE_REQUEST.size,
-                 KIND_PHASE: PHASE.size, KIND_DEVICE: DEVICE.size}
+                 KIND_PHASE: PHASE.size, KIND_DEVICE: DEVICE.size, KIND_TRACE_REQUEST: TRACE_REQUEST.size}
+
+
+def _record_size(data: bytes, off: int, kind: int) -> int | None:
+    """The size of the record of ``kind`` at ``off`` (a TraceWritten's says its path's length)."""
+    if kind == KIND_TRACE_WRITTEN:
+        if len(data) - off < TRACE_WRITTEN.size:
+            return TRACE_WRITTEN.size  # too short: bad_size below
+        end = off + TRACE_WRITTEN.size
+        return TRACE_WRITTEN.size + int.from_bytes(data[end - 2:end], "little")
+    return EXPECTED_SIZE.get(kind)
 
 
 def split_records(data: bytes) -> tuple[list[tuple[int, bytes]], str | None]:
@@ -320,7 +360,7 @@ def split_records(data: bytes) -> tuple[list[tuple[int, bytes]], str | None]:
         if n - off < 2 or data[off] != VERSION:
             return out, "bad_version"
         kind = data[off + 1]
-        size = EXPECTED_SIZE.get(kind)
+        size = _record_size(data, off, kind)
         if size is None:
             return out, "unknown_kind"
         if n - off < size:
