@@ -33,17 +33,26 @@ from perfd.analytics.breakdown.job_budget import contexts
 from perfd.analytics.ncu.arming import ArmingCost, measure_arming
 from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.analytics.steps.run_analysis import IterationResult
+from perfd.analytics.steps.steady import Exclusion
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
-from perfd.model import CAPTURE_TOOLS
+from perfd.model import CAPTURE_TOOLS, CaptureFailure
 from perfd.refusals import Refusals
-from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine, ScopeKey
-from perfd.rules.model import CaptureAction, CaptureTargets
+from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
+from perfd.rules.model import CaptureAction, CaptureTargets, Rule
 from perfd.transport.codec import Command
 
 log = logging.getLogger(__name__)
 
 SendCommand = Callable[[str, Command], bool]
 STALE_CAPTURE_S = 600.0  # a capture nobody reported on releases its processes after this
+# A rule's capture whose agent said its target was not ready is asked again after a pause that doubles
+# from the first to the last (a rank that restarts under ncu loads for ~40 s on the H100 here).
+RETRY_FIRST_S, RETRY_MAX_S = 5.0, 60.0
+# A target rank's step hook counts as reachable while its latest record is this recent (at least; three
+# of the job's steps where they are longer): a step hook sends its records every step, batched.
+HOOK_FRESH_S = 30.0
+# The tools whose capture opens its range through the target's step hook, whatever the agent picks.
+HOOK_TOOLS = frozenset({"ncu"})
 
 
 class CaptureRateLimited(Exception):
@@ -81,6 +90,9 @@ class CaptureRecord:
     # What arming ncu costs the captured ranks, measured from the job's steps when the capture ended
     # (perfd.analytics.ncu.arming JSON; the job's report measures it again over the steps it then holds).
     arming: dict[str, Any] | None = None
+    # Why it did not run, as its agent typed it (perfd.model.CaptureFailure value): "not_ready" is asked
+    # again when the target is, with no rule cooldown taken; None: it ran, or an agent that says nothing.
+    cause: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -93,8 +105,10 @@ class CaptureCoordinator:
     def __init__(self, state: AggregatorState, engine: RuleEngine | None, send: SendCommand,
                  interval_s: float = 5.0, *, limits: L.Limits | None = None,
                  refusals: Refusals | None = None,
-                 hosts: Callable[[str], set[str]] | None = None) -> None:
+                 hosts: Callable[[str], set[str]] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.state = state
+        self.clock = clock  # when an agent's report arrived (the rules' retry pauses count from it)
         self.limits = limits if limits is not None else L.Limits()
         self.refusals = refusals if refusals is not None else Refusals()
         # The agents hosting a job (perfd.aggregator.guard): the only ones a capture command goes
@@ -107,6 +121,9 @@ class CaptureCoordinator:
         self.arbiter = engine.arbiter if engine is not None else CaptureArbiter()
         if engine is not None:
             engine.resolve_targets = self._resolve_targets
+            engine.ready = self._ready
+        # (rule, job) -> (ask again from, the pause after that): its agent said the target was not ready
+        self._holds: dict[tuple[str, str], tuple[float, float]] = {}
         # The HTTP thread and the evaluation task both come here; re-entrant because evaluating
         # analyses jobs, whose analysis asks this coordinator for the job's capture windows.
         self._lock = threading.RLock()
@@ -183,6 +200,48 @@ class CaptureCoordinator:
                 lo = targets.pp_stage * per_stage
                 return tuple(range(lo, lo + per_stage))
         return None  # the whole job
+
+    # ---- readiness -------------------------------------------------------------------------
+    def _ready(self, rule: Rule, key: ScopeKey, action: CaptureAction, ranks: tuple[int, ...] | None,
+               now: float) -> TargetWait | None:
+        """Why a firing rule's capture must wait for its target (the engine then sends nothing and
+        takes no budget; it asks again at the next evaluation), or None: its agent said the target
+        was not ready a moment ago (asked again after a pause), the job's latest steps are its run's
+        warm-up, or the tool opens its range through the step hook and a target rank's hook has sent
+        no record lately (a rank restarting under ncu: its hook is up only once it steps)."""
+        job = job_of(key)
+        with self._lock:
+            hold = self._holds.get((rule.name, job))
+        if hold is not None and now < hold[0]:
+            return TargetWait.RETRY
+        snap = self._snapshot(job)  # current: the steps the rule just read
+        a = snap.analysis if snap is not None else None
+        if a is not None and len(a.iterations):
+            last = a.iterations[-1].iteration
+            if a.steady.kinds.get(last) is Exclusion.WARMUP:
+                return TargetWait.WARMUP
+        if action.tool in HOOK_TOOLS:
+            seen = self.state.hook_seen(job)
+            step_s = snap.median_step_s if snap is not None else None
+            fresh = max(HOOK_FRESH_S, 3 * (step_s or 0.0))
+            live = {r for r, (_pid, at) in seen.items() if now - at <= fresh}
+            if not live or (ranks is not None and not set(ranks) <= live):
+                return TargetWait.NO_HOOK
+        return None
+
+    def _not_ready(self, rec: CaptureRecord, now: float) -> None:
+        """A capture's agent said its target was not ready: the rule that asked for it gets its budget
+        back (no cooldown) and asks again after a pause (called with the lock held)."""
+        f = self._firing_of.get(rec.id)
+        if not isinstance(f, Firing) or self.engine is None:
+            return
+        self.engine.refund(f)
+        key = (f.rule.name, f.job)
+        pause = self._holds.get(key, (0.0, RETRY_FIRST_S / 2))[1] * 2
+        pause = min(max(pause, RETRY_FIRST_S), RETRY_MAX_S)
+        self._holds[key] = (now + pause, pause)
+        log.info("capture %s for job %s (%s): its target was not ready (%s); asked again in %.0f s, no "
+                 "cooldown taken", rec.id, rec.job, rec.origin, rec.reason[:200], pause)
 
     # ---- evaluation ------------------------------------------------------------------------
     def scope_values(self) -> dict[ScopeKey, dict[str, float | None]]:
@@ -371,6 +430,15 @@ class CaptureCoordinator:
                 if rec.status in ("finished", "failed"):
                     got = self._arming([rec])
                     rec.arming = got.to_json() if got is not None else None
+            cause = CaptureFailure.of((ev.get("payload") or {}).get("cause")
+                                      if isinstance(ev.get("payload"), Mapping) else None)
+            if rec.status in ("finished", "failed"):
+                rec.cause = cause.value if cause is not None and rec.status != "finished" else None
+                f = self._firing_of.get(rec.id)
+                if cause is CaptureFailure.NOT_READY and rec.status != "finished":
+                    self._not_ready(rec, self.clock())
+                elif isinstance(f, Firing):
+                    self._holds.pop((f.rule.name, f.job), None)
             if rec.status in ("finished", "failed"):
                 self._release(rec.id)
 

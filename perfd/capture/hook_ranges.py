@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext
+from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, not_ready
 from perfd.capture.request import CaptureRequest
 from perfd.events import HOOK_PROFILE
 
@@ -69,9 +69,8 @@ class HookRanges:
             if start is None:
                 start = next_range_start(self.last_step(r) if self.last_step is not None else None)
             rid = ask(r, start, n)
-            if rid is None:
-                raise CaptureFailed("failed", f"rank {r}: the step hook is unreachable "
-                                              "(no hook records from it yet?)")
+            if rid is None:  # its hook has sent no record to this agent yet (a process still starting)
+                raise not_ready(f"rank {r}: the step hook is unreachable (no hook records from it yet?)")
             requests[r] = rid
         states = self.wait(requests, {"started"}, deadline)
         bad = {r: s for r, s in states.items() if s.get("state") in REFUSED}

@@ -21,6 +21,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from perfd.capture.hook_ranges import HookRanges
 from perfd.capture.ncu_exec import PAGES, NcuError, NcuExecutor, NcuNotFoundError, NcuTarget, latest_timeline
 from perfd.capture.nsys_exec import wait_stable
 from perfd.capture.request import CaptureRequest
+from perfd.model import CaptureFailure
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +42,21 @@ log = logging.getLogger(__name__)
 EVENT_KERNELS = 60
 EVENT_NAME_CHARS = 200
 
-# (rank's pid, ncu's pid) -> None when the rank runs under that ncu, else why not
-UnderCheck = Callable[[int, int], "str | None"]
+@dataclass(frozen=True)
+class NotUnder:
+    """Why a rank's process does not run under its recorded ncu, typed: a process that is gone (the
+    job restarting: its new process is not known here yet) is not ready, anything else a failure."""
+
+    why: str
+    cause: CaptureFailure = CaptureFailure.FAILED
 
 
-def under_ncu(rank_pid: int, ncu_pid: int) -> str | None:
+# (rank's pid, ncu's pid) -> None when the rank runs under that ncu, else why not (a bare string: a
+# failure)
+UnderCheck = Callable[[int, int], "str | NotUnder | None"]
+
+
+def under_ncu(rank_pid: int, ncu_pid: int) -> NotUnder | None:
     """None when ``rank_pid`` is ``ncu_pid`` or one of its descendants (the rank runs under it)."""
     import psutil
 
@@ -53,13 +65,14 @@ def under_ncu(rank_pid: int, ncu_pid: int) -> str | None:
     try:
         parents = {p.pid for p in psutil.Process(rank_pid).parents()}
     except psutil.NoSuchProcess:
-        return f"process {rank_pid} is gone"
+        return NotUnder(f"process {rank_pid} is gone (the rank restarting? its new process is not known "
+                        "here yet)", CaptureFailure.NOT_READY)
     except psutil.Error as exc:
-        return f"process {rank_pid}: {exc}"
+        return NotUnder(f"process {rank_pid}: {exc}")
     if ncu_pid in parents:
         return None
-    return (f"process {rank_pid} is not under ncu (pid {ncu_pid}, recorded by perfd ncu-exec): the "
-            "record is from an earlier run")
+    return NotUnder(f"process {rank_pid} is not under ncu (pid {ncu_pid}, recorded by perfd ncu-exec): the "
+                    "record is from an earlier run")
 
 
 class NcuCapture:
@@ -68,31 +81,33 @@ class NcuCapture:
         self.ctx, self.ncu, self.ranges, self.check = ctx, ncu, ranges, check
 
     # -- the manager's admission ----------------------------------------------------------------
-    def target(self, job: str, rank: int, pid: int | None) -> tuple[NcuTarget | None, str]:
-        """(the rank's ncu target, "") when it runs under ncu now, else (None, why not)."""
+    def target(self, job: str, rank: int, pid: int | None) -> tuple[NcuTarget | None, NotUnder | None]:
+        """(the rank's ncu target, None) when it runs under ncu now, else (None, why not)."""
         if self.ncu is None:
-            return None, "this agent has no ncu executor"
+            return None, NotUnder("this agent has no ncu executor")
         try:
             t = self.ncu.target(job, rank)
         except ValueError as exc:
-            return None, str(exc)
+            return None, NotUnder(str(exc))
         if t is None:
-            return None, (f"rank {rank} of job {job} does not run under ncu: start it under "
-                          "$(perfd ncu-prefix --job J --ranks R) after torchrun --no-python, or with "
-                          "perfd launch --ncu R")
+            return None, NotUnder(f"rank {rank} of job {job} does not run under ncu: start it under "
+                                  "$(perfd ncu-prefix --job J --ranks R) after torchrun --no-python, or "
+                                  "with perfd launch --ncu R")
         if pid is not None:
-            why = self.check(pid, t.pid)
-            if why is not None:
-                return None, f"rank {rank}: {why}"
-        return t, ""
+            got = self.check(pid, t.pid)
+            if got is not None:
+                no = got if isinstance(got, NotUnder) else NotUnder(got)
+                return None, NotUnder(f"rank {rank}: {no.why}", no.cause)
+        return t, None
 
     # -- the run --------------------------------------------------------------------------------
     def run(self, req: CaptureRequest, m: dict[str, Any], pids: Mapping[int, int], deadline: float) -> str:
         targets: dict[int, NcuTarget] = {}
         for r in req.ranks:
-            t, why = self.target(req.job, r, pids.get(r))
+            t, no = self.target(req.job, r, pids.get(r))
             if t is None:
-                raise CaptureFailed("failed", why)
+                assert no is not None
+                raise CaptureFailed("failed", no.why, no.cause)
             targets[r] = t
         assert self.ncu is not None
         m["ncu"] = {str(r): t.to_json() for r, t in targets.items()}
