@@ -22,6 +22,7 @@ from typing import Any
 from perfd import catalog
 from perfd import limits as L
 from perfd.aggregator import rule_scopes
+from perfd.aggregator.capture_ready import ReadyGate
 from perfd.aggregator.job_rows import job_rows
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running
 from perfd.aggregator.state import AggregatorState
@@ -29,11 +30,13 @@ from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
 from perfd.analytics.breakdown.budget import NO_FLOPS, NO_TIMERS
 from perfd.analytics.breakdown.capture_findings import diagnose_capture, steady_compute_ms
+from perfd.analytics.breakdown.capture_match import check as check_capture
+from perfd.analytics.breakdown.capture_match import finding as capture_finding
+from perfd.analytics.breakdown.capture_match import job_facts
 from perfd.analytics.breakdown.job_budget import contexts
 from perfd.analytics.ncu.arming import ArmingCost, measure_arming
 from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.analytics.steps.run_analysis import IterationResult
-from perfd.analytics.steps.steady import Exclusion
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CaptureFailure
 from perfd.refusals import Refusals
@@ -45,14 +48,6 @@ log = logging.getLogger(__name__)
 
 SendCommand = Callable[[str, Command], bool]
 STALE_CAPTURE_S = 600.0  # a capture nobody reported on releases its processes after this
-# A rule's capture whose agent said its target was not ready is asked again after a pause that doubles
-# from the first to the last (a rank that restarts under ncu loads for ~40 s on the H100 here).
-RETRY_FIRST_S, RETRY_MAX_S = 5.0, 60.0
-# A target rank's step hook counts as reachable while its latest record is this recent (at least; three
-# of the job's steps where they are longer): a step hook sends its records every step, batched.
-HOOK_FRESH_S = 30.0
-# The tools whose capture opens its range through the target's step hook, whatever the agent picks.
-HOOK_TOOLS = frozenset({"ncu"})
 
 
 class CaptureRateLimited(Exception):
@@ -93,6 +88,10 @@ class CaptureRecord:
     # Why it did not run, as its agent typed it (perfd.model.CaptureFailure value): "not_ready" is asked
     # again when the target is, with no rule cooldown taken; None: it ran, or an agent that says nothing.
     cause: str | None = None
+    # Whether it is of the job's run as the job's analysis has it when it finished (perfd.analytics.
+    # breakdown.capture_match JSON, the decided rank's, else the first rank's): refused, it never
+    # informs the job's budget or class, and its findings say why.
+    match: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -122,8 +121,7 @@ class CaptureCoordinator:
         if engine is not None:
             engine.resolve_targets = self._resolve_targets
             engine.ready = self._ready
-        # (rule, job) -> (ask again from, the pause after that): its agent said the target was not ready
-        self._holds: dict[tuple[str, str], tuple[float, float]] = {}
+        self.ready = ReadyGate(self._snapshot, state.hook_seen)  # rules wait for a ready target
         # The HTTP thread and the evaluation task both come here; re-entrant because evaluating
         # analyses jobs, whose analysis asks this coordinator for the job's capture windows.
         self._lock = threading.RLock()
@@ -138,6 +136,7 @@ class CaptureCoordinator:
         and budgets go; its capture records stay, as history, within MAX_CAPTURE_RECORDS."""
         with self._lock:
             self._requests.pop(job, None)
+        self.ready.forget_job(job)
         if self.engine is not None:
             self.engine.forget_job(job)
 
@@ -204,30 +203,8 @@ class CaptureCoordinator:
     # ---- readiness -------------------------------------------------------------------------
     def _ready(self, rule: Rule, key: ScopeKey, action: CaptureAction, ranks: tuple[int, ...] | None,
                now: float) -> TargetWait | None:
-        """Why a firing rule's capture must wait for its target (the engine then sends nothing and
-        takes no budget; it asks again at the next evaluation), or None: its agent said the target
-        was not ready a moment ago (asked again after a pause), the job's latest steps are its run's
-        warm-up, or the tool opens its range through the step hook and a target rank's hook has sent
-        no record lately (a rank restarting under ncu: its hook is up only once it steps)."""
-        job = job_of(key)
-        with self._lock:
-            hold = self._holds.get((rule.name, job))
-        if hold is not None and now < hold[0]:
-            return TargetWait.RETRY
-        snap = self._snapshot(job)  # current: the steps the rule just read
-        a = snap.analysis if snap is not None else None
-        if a is not None and len(a.iterations):
-            last = a.iterations[-1].iteration
-            if a.steady.kinds.get(last) is Exclusion.WARMUP:
-                return TargetWait.WARMUP
-        if action.tool in HOOK_TOOLS:
-            seen = self.state.hook_seen(job)
-            step_s = snap.median_step_s if snap is not None else None
-            fresh = max(HOOK_FRESH_S, 3 * (step_s or 0.0))
-            live = {r for r, (_pid, at) in seen.items() if now - at <= fresh}
-            if not live or (ranks is not None and not set(ranks) <= live):
-                return TargetWait.NO_HOOK
-        return None
+        """The engine's readiness check (perfd.aggregator.capture_ready)."""
+        return self.ready.wait(rule.name, job_of(key), action, ranks, now)
 
     def _not_ready(self, rec: CaptureRecord, now: float) -> None:
         """A capture's agent said its target was not ready: the rule that asked for it gets its budget
@@ -236,10 +213,7 @@ class CaptureCoordinator:
         if not isinstance(f, Firing) or self.engine is None:
             return
         self.engine.refund(f)
-        key = (f.rule.name, f.job)
-        pause = self._holds.get(key, (0.0, RETRY_FIRST_S / 2))[1] * 2
-        pause = min(max(pause, RETRY_FIRST_S), RETRY_MAX_S)
-        self._holds[key] = (now + pause, pause)
+        pause = self.ready.not_ready(f.rule.name, f.job, now)
         log.info("capture %s for job %s (%s): its target was not ready (%s); asked again in %.0f s, no "
                  "cooldown taken", rec.id, rec.job, rec.origin, rec.reason[:200], pause)
 
@@ -438,7 +412,7 @@ class CaptureCoordinator:
                 if cause is CaptureFailure.NOT_READY and rec.status != "finished":
                     self._not_ready(rec, self.clock())
                 elif isinstance(f, Firing):
-                    self._holds.pop((f.rule.name, f.job), None)
+                    self.ready.ran(f.rule.name, f.job)
             if rec.status in ("finished", "failed"):
                 self._release(rec.id)
 
@@ -478,6 +452,20 @@ class CaptureCoordinator:
             if d.slowdown:
                 rec.slowdown[str(rank)] = max(d.slowdown.values())
         rec.findings, rec.recommendations = findings, recs
+        info = self.state.job_info(rec.job)
+        if a is not None and info is not None:
+            facts = job_facts(info, a.summary.medians, a.peak.peak_tflops, a.job.layout.world_size)
+            order = sorted(ranks, key=lambda r: (best is None or str(r) != best[1], str(r)))
+            for rank in order:
+                devices = (ranks[rank] or {}).get("devices") if isinstance(ranks[rank], dict) else None
+                if not isinstance(devices, list):
+                    continue
+                m = check_capture(f"{rec.id} rank {rank}", devices, facts, float(rec.steps))
+                rec.match = m.to_json()
+                said = capture_finding(m, False, f"capture {rec.id} rank {rank}")
+                if said is not None:
+                    rec.findings.append(said.to_json())
+                break
         if best is not None:
             _top, rank, dev, d = best
             rec.bottleneck, rec.bottleneck_reason = d.bottleneck.value, d.bottleneck_reason

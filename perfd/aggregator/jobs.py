@@ -575,6 +575,12 @@ class JobStore:
             js = self.jobs.get(job)
             return (len(js.records), js.last_step_time) if js else (0, 0.0)
 
+    def job_info(self, job: str) -> JobInfo | None:
+        """The job's start-up facts as its agents sent them (None: none yet)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            return js.job_info if js is not None else None
+
     def hook_seen(self, job: str) -> dict[int, tuple[str, float]]:
         """rank -> (its step hook's pid, when its latest hook record arrived), for the job's ranks
         whose hook has reported ({} when none has)."""

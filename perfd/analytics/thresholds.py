@@ -177,6 +177,14 @@ CAPTURE_SLOWDOWN = Threshold(
     "parts hold the profiler's own cost (Kineto with Python stacks: +16% on an H100 Megatron-LM job, "
     "without: "
     "+3%; docs/evidence/remedies_h100)", _BUDGET)
+CAPTURE_OTHER_JOB_STEP = Threshold(
+    2.0, "a capture whose steps run more than twice the job's steady step (or under CAPTURE_FASTER_STEP of "
+    "it) is not read as the profiler's cost: the most a timeline capture added here was +29% (Kineto on "
+    "a launch-bound H100 Megatron-LM job, docs/evidence/ncu_answer_h100) and +16% with Python stacks; "
+    "past twice, the capture is of another job or run (perfd.analytics.breakdown.capture_match)", _BUDGET)
+CAPTURE_FASTER_STEP = Threshold(
+    0.75, "a profiler never makes steps faster: captured steps under 75% of the job's steady step (a "
+    "steady step's run-to-run spread is 0.5-1%, its jitter a few %) are another job's", _BUDGET)
 LAUNCH_GAPS_FOR_GRAPHS = Threshold(
     0.15, "CUDA graphs are suggested only where short launch gaps hold 15% of the step or more: replaying "
     "costs input copies and breaks at syncs, and on an H100 Megatron-LM job with 6% of launch gaps they made "

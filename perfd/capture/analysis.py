@@ -63,6 +63,7 @@ class KernelEvent:
     stream: int | None = None
     pid: int | None = None  # the process that launched it (attributes NVTX ranges to devices)
     corr: int | None = None  # the correlation id of the runtime call that launched it
+    grid_x: int | None = None  # its grid's x (a row-per-block layer norm's rows: norm_rows)
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,9 @@ class DeviceBreakdown:
     sync_gap_ms: float | None = None
     stream_syncs: int | None = None
     stream_sync_gap_ms: float | None = None
+    # rows -> launches of PyTorch's row-per-block layer-norm kernels (kernels.ROW_NORM_KERNELS): the
+    # tokens of a micro-batch, which say whose job the capture is (perfd.analytics.breakdown.capture_match)
+    norm_rows: dict[int, int] = field(default_factory=dict)
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -253,6 +257,7 @@ class DeviceBreakdown:
             "attribution": self.attribution, "attention_fused": self.attention_fused,
             "trace_steps": self.trace_steps, "syncs": self.syncs, "sync_gap_ms": self.sync_gap_ms,
             "stream_syncs": self.stream_syncs, "stream_sync_gap_ms": self.stream_sync_gap_ms,
+            "norm_rows": {str(r): n for r, n in sorted(self.norm_rows.items())},
         }
 
     def ratio(self, part_ms: float) -> float | None:
@@ -407,6 +412,10 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
     durations = sorted(max(k.end_ns - k.start_ns, 0.0) for k in kernels)
     softmax_ns = sum(max(k.end_ns - k.start_ns, 0.0) for k in kernels if kernels_mod.is_softmax(k.name))
     parts_ms, part_kernels, part_ops, part_op_ms = attribute_parts(kernels, memcpys, ops)
+    norm_rows: dict[int, int] = defaultdict(int)
+    for k in kernels:
+        if k.grid_x is not None and k.grid_x > 0 and kernels_mod.is_row_norm(k.name):
+            norm_rows[k.grid_x] += 1
     return DeviceBreakdown(
         device=device,
         span_ms=_ms(span),
@@ -433,6 +442,7 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         part_op_ms=part_op_ms,
         attribution=(ops.method if ops is not None else Method.NAMES).value,
         attention_fused=(Part.ATTENTION.value in parts_ms and softmax_ns == 0),
+        norm_rows=dict(norm_rows),
     )
 
 

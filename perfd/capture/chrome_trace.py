@@ -132,7 +132,9 @@ def parse_chrome_trace(doc: Any, source: str = "") -> TraceData:
             continue
         corr = _int(_arg(ev, "correlation"))
         if cat == "kernel":
-            data.kernels.append(KernelEvent(dev, start, end, name, _stream(ev), corr=corr))
+            grid = _arg(ev, "grid")
+            gx = _int(grid[0]) if isinstance(grid, list) and grid else None
+            data.kernels.append(KernelEvent(dev, start, end, name, _stream(ev), corr=corr, grid_x=gx))
         elif cat in _MEM:
             data.memcpys.append(MemEvent(dev, start, end, _MEM[cat], _stream(ev), name=name, corr=corr))
         else:

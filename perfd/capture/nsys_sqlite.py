@@ -128,12 +128,14 @@ def read_nsys_sqlite(path: str | Path) -> TraceData:
             stream = "k.streamId" if "streamId" in cols else "NULL"
             gpid = "k.globalPid" if "globalPid" in cols else "NULL"
             corr = "k.correlationId" if "correlationId" in cols else "NULL"
-            q = (f"SELECT k.start, k.end, k.deviceId, {stream}, {gpid}, {name_sql}, {corr} "
+            grid = "k.gridX" if "gridX" in cols else "NULL"
+            q = (f"SELECT k.start, k.end, k.deviceId, {stream}, {gpid}, {name_sql}, {corr}, {grid} "
                  f"FROM {KERNEL} k{joins} "
                  "WHERE k.end IS NOT NULL")
             data.kernels = [KernelEvent(int(dev), float(s), float(e), str(name), stream_id, _pid(gp),
-                                        int(c) if c is not None else None)
-                            for s, e, dev, stream_id, gp, name, c in con.execute(q)]
+                                        int(c) if c is not None else None,
+                                        int(gx) if isinstance(gx, int) else None)
+                            for s, e, dev, stream_id, gp, name, c, gx in con.execute(q)]
         for table, kind in ((MEMCPY, "memcpy"), (MEMSET, "memset")):
             if table not in tables:
                 continue

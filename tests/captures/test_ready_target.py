@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from collectors.megatron import parse_file
-from perfd.aggregator.captures import RETRY_FIRST_S, CaptureCoordinator
+from perfd.aggregator.capture_ready import RETRY_FIRST_S
+from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
 from perfd.model import CaptureFailure, Provenance, StepRecord
 from perfd.rules.engine import NOT_READY, RuleEngine, TargetWait

@@ -17,6 +17,7 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.advice.remedies import Advice, FitContext, Framework, JobConfig
 from perfd.analytics.advice.remedy_catalog import fit, minor
 from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, Part, StepBudget, classify
+from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.ncu.remedies import ncu_rows
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
@@ -250,7 +251,7 @@ def capture_cost(ctx: BudgetContext) -> Out:
     sev = Severity.WARNING if share > th.CAPTURE_SLOWDOWN.value else Severity.INFO
     return [
         Finding(
-            "budget-capture-cost",
+            CAPTURE_COST_FINDING,
             sev,
             f"The capture slowed its steps by {share:+.0%}",
             f"The captured steps averaged {b.step_ms:.0f} ms against the steady {b.steady_step_ms:.0f} ms "

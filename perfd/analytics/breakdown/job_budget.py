@@ -21,6 +21,7 @@ from perfd.analytics.breakdown.budget import (
     from_capture,
     from_timers,
 )
+from perfd.analytics.breakdown.capture_match import CaptureMatch
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.op_parts import kernel_part
 from perfd.analytics.ncu.kernel_rows import kernel_rows
@@ -191,15 +192,20 @@ def capture_timeline(capture: Mapping[str, Any]) -> TimelineClass | None:
     cls = BottleneckClass.of(capture.get("bottleneck"))
     if cls is BottleneckClass.UNKNOWN:
         return None
+    got = capture.get("match")
+    match = CaptureMatch.from_json(got) if isinstance(got, Mapping) else None
+    if match is not None and match.refused:  # another job's (or run's): it never informs this one
+        return None
     result, decided = capture.get("result"), capture.get("decided")
     device = None
+    devices: list[Any] = []
     if isinstance(result, Mapping) and isinstance(decided, Mapping):
         part = (result.get("ranks") or {}).get(str(decided.get("rank")))
-        devices = part.get("devices") if isinstance(part, Mapping) else None
-        device = next((d for d in devices or [] if isinstance(d, Mapping)
-                       and d.get("device") == decided.get("device")), None)
+        got_devices = part.get("devices") if isinstance(part, Mapping) else None
+        devices = [d for d in got_devices or [] if isinstance(d, Mapping)]
+        device = next((d for d in devices if d.get("device") == decided.get("device")), None)
     steps = capture.get("steps")
     return TimelineClass(cls, str(capture.get("bottleneck_reason") or ""),
                          f"capture {capture.get('id')} ({capture.get('tool')}, ranks {capture.get('ranks')})",
                          device, steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
-                         str(capture.get("id") or ""))
+                         str(capture.get("id") or ""), devices=tuple(devices))
