@@ -220,6 +220,10 @@ NCU_TENSOR_IDLE = Threshold(
     0.10, "a pointwise kernel ncu's rule calls compute-bound while its tensor pipes run under 10% does no "
     "matrix math: its SM work is issue slots and integer index arithmetic (a masked_fill at SM 65%, "
     "memory 36%, tensor 4% on the H100)", _NCU)
+NCU_OCCUPANCY_CAP = Threshold(
+    0.5, "a kernel without matrix math whose registers or shared memory cap its theoretical occupancy at "
+    "half the SM's warps or less cannot hide its memory and dependency latencies, whatever ncu's rule reads "
+    "of its SM: latency-bound (a softmax register-capped at 37.5% on the H100)", _NCU)
 NCU_CLASS_COVERAGE = Threshold(
     0.5, "an Nsight Compute capture's rows decide the job's class (no timeline) only when the kernels "
     "they profiled hold at least half of the step's compute time: fewer, and the class would be the "

@@ -63,7 +63,8 @@ class KernelEvent:
     stream: int | None = None
     pid: int | None = None  # the process that launched it (attributes NVTX ranges to devices)
     corr: int | None = None  # the correlation id of the runtime call that launched it
-    grid_x: int | None = None  # its grid's x (a row-per-block layer norm's rows: norm_rows)
+    grid: tuple[int, int, int] | None = None  # its launch's grid (x: a row-per-block layer norm's rows)
+    block: tuple[int, int, int] | None = None  # and block: with the grid, what an ncu launch is matched on
 
 
 @dataclass(frozen=True)
@@ -414,8 +415,8 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
     parts_ms, part_kernels, part_ops, part_op_ms = attribute_parts(kernels, memcpys, ops)
     norm_rows: dict[int, int] = defaultdict(int)
     for k in kernels:
-        if k.grid_x is not None and k.grid_x > 0 and kernels_mod.is_row_norm(k.name):
-            norm_rows[k.grid_x] += 1
+        if k.grid is not None and k.grid[0] > 0 and kernels_mod.is_row_norm(k.name):
+            norm_rows[k.grid[0]] += 1
     return DeviceBreakdown(
         device=device,
         span_ms=_ms(span),

@@ -27,10 +27,20 @@ from typing import Any
 
 from perfd.analytics.breakdown.job_budget import captured_iterations
 from perfd.analytics.ncu import join as ncu_join
+from perfd.analytics.ncu.launches import Coverage, MatchHow, align, coverage, group_key, op_group
 from perfd.capture import ncu_report as ncu_mod
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
 from perfd.capture.hook_ranges import HookRanges
-from perfd.capture.ncu_exec import PAGES, NcuError, NcuExecutor, NcuNotFoundError, NcuTarget, latest_timeline
+from perfd.capture.launch_order import read_launches
+from perfd.capture.ncu_exec import (
+    PAGES,
+    NcuError,
+    NcuExecutor,
+    NcuNotFoundError,
+    NcuTarget,
+    latest_timeline,
+    trace_of,
+)
 from perfd.capture.nsys_exec import wait_stable
 from perfd.capture.request import CaptureRequest
 from perfd.model import CaptureFailure
@@ -213,7 +223,11 @@ class NcuCapture:
         asked = device.get("steps") if device else None
         steps, _ = (captured_iterations(device, asked if isinstance(asked, int) else None, None)
                     if device else (None, ""))
-        joined = ncu_join.join(new.kernels, timeline, steps)
+        joined, cov = by_launch(new, trace_of(self.ctx.store.list(req.job), joined_to, rank),
+                                t.options.kernel_filter, t.options.launch_skip, steps,
+                                device.get("device") if device else None)
+        if joined is None:  # no trace of the timeline left to match launches on: by kernel name
+            joined = ncu_join.join(new.kernels, timeline, steps)
         cats = device.get("categories") if device else None
         summaries = ncu_join.summarize(joined, cats if isinstance(cats, Mapping) else None)
         m.setdefault("analysis", {})[str(rank)] = {
@@ -222,11 +236,34 @@ class NcuCapture:
             "joined_to": joined_to, "clock_control": t.options.clock_control,
             "kernel_budget": t.options.launch_count, "kernel_filter": t.options.kernel_filter,
             "kernel_choice": t.options.choice_json(),
+            "coverage": cov.to_json() if cov is not None else None,
         }
         return len(new.kernels)
 
     def _latest_timeline(self, job: str, rank: int) -> tuple[str | None, dict[str, Any] | None]:
         return latest_timeline(self.ctx.store.list(job), rank)
+
+
+def by_launch(report: ncu_mod.NcuReport, trace: Path | None, kernel_filter: str | None, skip: int,
+              steps: float | None, device: Any = None
+              ) -> tuple[list[ncu_join.JoinedKernel] | None, Coverage | None]:
+    """The report's rows by the op each launch was, matched launch by launch to the timeline's trace
+    (perfd.analytics.ncu.launches), and what they cover; (None, None) without a trace to read, (None,
+    the coverage saying so) when no launch matched."""
+    if trace is None:
+        return None, None
+    try:
+        tl = read_launches(trace, device if isinstance(device, int) else None)
+    except Exception as exc:  # a trace that cannot be read again: the name join will do
+        log.warning("ncu rows by launch: cannot read %s: %s", trace, exc)
+        return None, None
+    order = report.order()
+    match = align(order, tl, kernel_filter, skip)
+    cov = coverage(match, len(order))
+    if match.how is MatchHow.NONE:
+        return None, cov
+    groups = [(op_group(k, kern.ids, match), kern) for k, kern in report.regroup(group_key(match))]
+    return ncu_join.join_launches(groups, tl.launches, steps), cov
 
 
 def event_rows(analysis: Mapping[str, Any], ranks: int = 1) -> dict[str, Any]:
@@ -245,7 +282,7 @@ def event_rows(analysis: Mapping[str, Any], ranks: int = 1) -> dict[str, Any]:
     return {"ncu_kernels": rows, "ncu_kernels_total": len(kernels),
             "ncu_categories": analysis.get("categories") or [],
             "ncu_joined_to": analysis.get("joined_to"), "ncu_clock_control": analysis.get("clock_control"),
-            "ncu_kernel_choice": analysis.get("kernel_choice")}
+            "ncu_kernel_choice": analysis.get("kernel_choice"), "ncu_coverage": analysis.get("coverage")}
 
 
 def _size(p: Path) -> int:

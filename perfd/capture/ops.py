@@ -89,6 +89,8 @@ class OpAttribution:
     # the op that issued it: the innermost op open at the launch ("aten::native_dropout"), for backward
     # work after its autograd node ("NativeDropoutBackward0 > aten::mul"): what the remedies' models read
     op_names: dict[int, str] = field(default_factory=dict)
+    # the activities launched by the autograd engine running a backward node (the backward pass)
+    backward: frozenset[int] = frozenset()
 
 
 class _Tree:
@@ -363,12 +365,15 @@ def attribute(ranges: Sequence[HostRange], launches: Sequence[Launch], flows: Se
     parts: dict[int, Part] = {}
     labels: dict[int, str] = {}
     names: dict[int, str] = {}
+    backward: set[int] = set()
     for corr, i in where.items():
         part, label = att.part_of(i)
         if part is not None:
             parts[corr] = part
         labels[corr] = label
         names[corr] = att.op_name(i)
+        if att.unit_of(i) >= 0:
+            backward.add(corr)
     frames = use_frames and any(r.kind is RangeKind.FRAME and rules.module_class(r.name)
                                 for r in att.r)
-    return OpAttribution(Method.MODULES if frames else Method.OPS, parts, labels, names)
+    return OpAttribution(Method.MODULES if frames else Method.OPS, parts, labels, names, frozenset(backward))
