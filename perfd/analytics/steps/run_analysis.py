@@ -189,17 +189,19 @@ class RunAnalysis:
         return (it.to_json() for it in (self.steady_rows() if steady_only else self.iterations))
 
     def to_json(self, iterations: bool = True) -> dict[str, Any]:
-        """Keys: job, iterations, summary, incidents. None stays None (null), never 0. The report is built
+        """Keys: job, iterations, summary, incidents (and capture_match, where a capture was read against
+        the job: perfd.analytics.breakdown.capture_match). None stays None (null), never 0. The report is built
         above this layer (perfd.report.analysis_json adds it). ``iterations=False``: no rows (a
         caller that streams them, see iteration_rows)."""
-        return {
+        out = {
             "job": _json_value(self.job.to_json()),
             "iterations": [it.to_json() for it in self.iterations] if iterations else [],
             "summary": _json_value(self.summary.to_json()),
             "incidents": [_json_value(i.to_json()) for i in self.incidents],
-            "capture_match": (_json_value(self.capture_match.to_json()) if self.capture_match is not None
-                              else None),
         }
+        if self.capture_match is not None:  # a capture was read against the job: whether it is its
+            out["capture_match"] = _json_value(self.capture_match.to_json())
+        return out
 
 
 def _json_value(v: Any) -> Any:
