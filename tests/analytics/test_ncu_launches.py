@@ -29,11 +29,11 @@ from perfd.analytics.ncu.launches import (
     MatchHow,
     NcuLaunch,
     Phase,
-    _hook_start,
     align,
     coverage,
     coverage_text,
     filter_regex,
+    hook_start,
     layer_window,
     passes,
 )
@@ -64,7 +64,7 @@ def _range(tl: LaunchTimeline, flt: str, step: int, skip: int, count: int) -> li
     """The launches a range opened at the step hook's start of ``step`` profiles: the step's launches
     that pass the filter, after ``skip``, ``count`` of them, numbered as ncu numbers them."""
     launches = [ln for ln in tl.launches if ln.step == step]
-    launches = launches[_hook_start(launches, tl.steps):]
+    launches = launches[hook_start(launches, tl.steps):]
     rx = filter_regex(flt)
     passing = [ln for ln in launches if passes(ln.name, rx)]
     return [NcuLaunch(i, ln.name, ln.grid, ln.block) for i, ln in enumerate(passing[skip:skip + count])]

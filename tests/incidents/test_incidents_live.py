@@ -1,6 +1,6 @@
 """Incidents through the aggregator, on recorded real data: a capture-disturbed window (a real
-Megatron PP=2 log and the real capture breakdown of that job), a collective hang (real Flight Recorder dumps of
-a hung DDP job), and a slow stretch whose rank's GPU was shared (the log's rank 1 slowed)."""
+Megatron PP=2 log and the real capture breakdown of that job), a collective hang (real Flight Recorder
+dumps of a hung DDP job), and a slow stretch whose rank's GPU was shared (the log's rank 1 slowed)."""
 
 from __future__ import annotations
 

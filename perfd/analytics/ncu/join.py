@@ -247,17 +247,19 @@ def join_launches(groups: Sequence[tuple[Any, NcuKernel]], timeline: Sequence[An
     its part, phase, layers and op, and the time the timeline's launches of that kernel by that part
     and phase take (over ``steps``); rows of launches the timeline could not decide keep their
     category's name join (:func:`join`). ``timeline``: its launches (TimelineLaunch)."""
-    from perfd.analytics.ncu.launches import _key, same
+    from perfd.analytics.ncu.launches import launch_key, same
 
     total_ms = sum(ln.duration_ms for ln in timeline) or None
+    keys: dict[tuple[Any, ...], list[tuple[Any, Any]]] = {}  # (part, phase) -> [(key, launch)]
+    for ln in timeline:
+        keys.setdefault((ln.part, ln.phase), []).append((launch_key(ln.name, ln.grid, ln.block), ln))
     out: list[JoinedKernel] = []
     for assigned, k in groups:
         if assigned is None or assigned.part is None:
             out.extend(join([k], [], steps))
             continue
-        mine = _key(k.name, _dim(k.grid), _dim(k.block))
-        same_op = [ln for ln in timeline if ln.part == assigned.part and ln.phase is assigned.phase
-                   and same(mine, _key(ln.name, ln.grid, ln.block))]
+        mine = launch_key(k.name, _dim(k.grid), _dim(k.block))
+        same_op = [ln for key, ln in keys.get((assigned.part, assigned.phase), []) if same(mine, key)]
         ms = sum(ln.duration_ms for ln in same_op) if same_op else None
         name = same_op[0].name if same_op else None
         out.append(JoinedKernel(

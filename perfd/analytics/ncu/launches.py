@@ -241,18 +241,18 @@ def assign_layers(launches: Sequence[TimelineLaunch]) -> tuple[list[int | None],
 
 # --- matching ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class _Key:
+class LaunchKey:
     fn: str
     grid: Dim3 | None
     block: Dim3 | None
     tokens: frozenset[str] = field(default_factory=frozenset)
 
 
-def _key(name: str, grid: Dim3 | None, block: Dim3 | None) -> _Key:
-    return _Key(function_name(name), grid, block, template_tokens(name))
+def launch_key(name: str, grid: Dim3 | None, block: Dim3 | None) -> LaunchKey:
+    return LaunchKey(function_name(name), grid, block, template_tokens(name))
 
 
-def same(a: _Key, b: _Key) -> bool:
+def same(a: LaunchKey, b: LaunchKey) -> bool:
     """One launch seen by two tools: the same function, grid and block where both give them, and
     template arguments alike where both spell them (a FillFunctor<float> is not a FillFunctor<int>)."""
     if a.fn != b.fn:
@@ -268,7 +268,7 @@ def same(a: _Key, b: _Key) -> bool:
 
 def hook_starts(timeline: LaunchTimeline, rx: re.Pattern[str] | None) -> set[int]:
     """Positions, among the timeline's launches that pass the filter, where a step hook's step begins
-    (_hook_start in each step the trace marks): a range opened there sees them first."""
+    (hook_start in each step the trace marks): a range opened there sees them first."""
     out: set[int] = set()
     by_step: dict[int, list[int]] = {}
     for i, ln in enumerate(timeline.launches):
@@ -278,7 +278,7 @@ def hook_starts(timeline: LaunchTimeline, rx: re.Pattern[str] | None) -> set[int
     pos = {i: k for k, i in enumerate(passing)}
     for idx in by_step.values():
         launches = [timeline.launches[i] for i in idx]
-        start = idx[_hook_start(launches, timeline.steps)]
+        start = idx[hook_start(launches, timeline.steps)]
         first = next((pos[i] for i in idx if i >= start and i in pos), None)
         if first is not None:
             out.add(first)
@@ -297,8 +297,8 @@ def align(ncu: Sequence[NcuLaunch], timeline: LaunchTimeline, kernel_filter: str
     total = timeline.layers_total
     if not window or len(window) > len(flt):
         return LaunchMatch(MatchHow.NONE, {}, 0, False, per_step, total)
-    wk = [_key(x.name, x.grid, x.block) for x in window]
-    tk = [_key(x.name, x.grid, x.block) for x in flt]
+    wk = [launch_key(x.name, x.grid, x.block) for x in window]
+    tk = [launch_key(x.name, x.grid, x.block) for x in flt]
     n = len(window)
     exact: list[int] = []
     best, best_score = -1, 0
@@ -307,8 +307,8 @@ def align(ncu: Sequence[NcuLaunch], timeline: LaunchTimeline, kernel_filter: str
         for i in range(n):
             if same(wk[i], tk[o + i]):
                 score += 1
-            elif not exact and best_score and n - (i + 1 - score) < best_score:
-                break  # cannot beat the best partial any more
+            elif exact or (best_score and n - (i + 1 - score) < best_score):
+                break  # not whole, with a whole match found; or no better than the best partial
         if score == n:
             exact.append(o)
         elif not exact and score > best_score:
@@ -490,7 +490,7 @@ WINDOW_MARGIN = 2
 _ZEROING = ("aten::fill_", "aten::zero_")
 
 
-def _hook_start(launches: Sequence[TimelineLaunch], marks: StepMarks) -> int:
+def hook_start(launches: Sequence[TimelineLaunch], marks: StepMarks) -> int:
     """Where the step hook's step begins among one trace step's launches: the trace's step start when
     torch.profiler marks it, else the zeroing of the gradients just before the first forward launch
     (Megatron-LM's train_step zeroes its gradient buffers first; the launches before it in the trace's
@@ -517,7 +517,7 @@ def layer_window(timeline: LaunchTimeline, kernel_filter: str | None) -> LayerWi
     # a step that starts where the trace starts may be cut: the first whole one has one before it
     for step in sorted(by_step)[1:] or sorted(by_step):
         launches = by_step[step]
-        launches = launches[_hook_start(launches, timeline.steps):]
+        launches = launches[hook_start(launches, timeline.steps):]
         flt = [ln for ln in launches if passes(ln.name, rx)]
         total = max((ln.layer for ln in flt if ln.phase is Phase.FORWARD and ln.microbatch == 1
                      and ln.layer is not None), default=None)

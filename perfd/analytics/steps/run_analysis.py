@@ -189,10 +189,10 @@ class RunAnalysis:
         return (it.to_json() for it in (self.steady_rows() if steady_only else self.iterations))
 
     def to_json(self, iterations: bool = True) -> dict[str, Any]:
-        """Keys: job, iterations, summary, incidents (and capture_match, where a capture was read against
-        the job: perfd.analytics.breakdown.capture_match). None stays None (null), never 0. The report is built
-        above this layer (perfd.report.analysis_json adds it). ``iterations=False``: no rows (a
-        caller that streams them, see iteration_rows)."""
+        """Keys: job, iterations, summary, incidents (and capture_match, where a capture was read
+        against the job: perfd.analytics.breakdown.capture_match). None stays None (null), never 0. The
+        report is built above this layer (perfd.report.analysis_json adds it). ``iterations=False``: no
+        rows (a caller that streams them, see iteration_rows)."""
         out = {
             "job": _json_value(self.job.to_json()),
             "iterations": [it.to_json() for it in self.iterations] if iterations else [],
