@@ -255,7 +255,7 @@ def join_launches(groups: Sequence[tuple[Any, NcuKernel]], timeline: Sequence[An
         keys.setdefault((ln.part, ln.phase), []).append((launch_key(ln.name, ln.grid, ln.block), ln))
     out: list[JoinedKernel] = []
     for assigned, k in groups:
-        if assigned is None or assigned.part is None:
+        if assigned is None:
             out.extend(join([k], [], steps))
             continue
         mine = launch_key(k.name, _dim(k.grid), _dim(k.block))

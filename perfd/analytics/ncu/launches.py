@@ -330,28 +330,28 @@ def align(ncu: Sequence[NcuLaunch], timeline: LaunchTimeline, kernel_filter: str
         phase = got[0].phase if all(g.phase is got[0].phase for g in got) else None
         layer = got[0].layer if all(g.layer == got[0].layer for g in got) else None
         mb = got[0].microbatch if all(g.microbatch == got[0].microbatch for g in got) else None
-        assigned[launch.id] = Assigned(got[0].index, part, phase, layer, mb,
-                                       got[0].op if part is not None else "")
+        op = got[0].op if all(g.op == got[0].op for g in got) else ""
+        assigned[launch.id] = Assigned(got[0].index, part, phase, layer, mb, op)
     return LaunchMatch(how, assigned, len(offsets), bool(anchored), per_step, total)
 
 
 # --- rows by op ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class OpGroup:
-    """The op a group of profiled launches of one kernel were: its part and phase, the layers they ran
-    in, the op that launched most of them."""
+    """The op a group of profiled launches of one kernel were: its part (None: an op no part claims, a
+    compiled fused kernel, a cat) and phase, the layers they ran in, the op that launched most of them."""
 
-    part: str
+    part: str | None
     phase: Phase | None
     layers: tuple[int, ...] = ()
     op: str = ""
 
 
 def group_key(match: LaunchMatch) -> Any:
-    """A launch ID's group: (part, phase) where the timeline decided its part, else None."""
-    def key(launch_id: int) -> tuple[str, Phase | None] | None:
+    """A launch ID's group: (part, phase) where the timeline decided either, else None."""
+    def key(launch_id: int) -> tuple[str | None, Phase | None] | None:
         a = match.assigned.get(launch_id)
-        return (a.part, a.phase) if a is not None and a.part is not None else None
+        return (a.part, a.phase) if a is not None and (a.part is not None or a.phase is not None) else None
     return key
 
 
