@@ -125,3 +125,21 @@ def test_a_kernel_whose_registers_cap_its_occupancy_is_latency_bound():
     assert "latency-bound: its occupancy is capped at 37.5% by its registers" in text
     cat = summarize([row])[0]
     assert cat.bound is KernelBound.LATENCY and cat.part == "attention"
+
+
+def test_on_the_timers_budget_attentions_gemms_keep_no_gemm_verdict():
+    """With no timeline the rows sit on the timers' undivided compute part; by name the GEMM summary
+    said "shape" there, by op attention's batched matmuls are still attention's and the linear GEMMs'
+    figures alone (compute SOL 71%) call for neither verdict."""
+    compute = StepBudget(100.0, (BudgetPart(Part.COMPUTE, 90.0, 0.9, Source.TIMERS),),
+                         (Source.TIMERS,), basis="steady-state timers")
+
+    def verdicts(joined: list[JoinedKernel]) -> dict[tuple[str, str | None, str], RowVerdict]:
+        cats = [c.to_json() for c in summarize(joined)]
+        b = with_ncu(compute, cats, "n1", [j.to_json() for j in joined])
+        return {(v.part, v.of, v.category): v.verdict for v in part_verdicts(b)}
+
+    assert verdicts(join(report().kernels))[("compute", None, kc.GEMM)] is RowVerdict.SHAPE
+    got = verdicts(by_op())
+    assert not any(cat == kc.GEMM for _, _, cat in got)
+    assert got[("compute", "attention", kc.ELEMENTWISE)] is RowVerdict.ISSUE_BOUND

@@ -69,6 +69,7 @@ class PartVerdict:
     capture: str
     chosen: str = ""  # how the profiled kernels were chosen (perfd.capture.ncu_exec.KernelChoice text)
     covered: str = ""  # what the profiled launches were (perfd.analytics.ncu.launches.coverage_text)
+    of: str | None = None  # the part of the op that launched the kernels, where the budget has no such part
 
     def to_json(self) -> dict[str, Any]:
         return {k: (v.value if isinstance(v, TextEnum) else v) for k, v in self.__dict__.items()}
@@ -120,12 +121,16 @@ def part_verdicts(b: StepBudget) -> list[PartVerdict]:
     for p in sorted(b.parts, key=lambda p: -p.ms):
         for c in _rows(p):
             cat = str(c.get("category") or "")
-            v = verdict_of(cat, c, p.part.value, _f(p.detail, "of_ceiling"))
+            # the part of the op that launched them where matched launch by launch (on a timers'
+            # budget it sits on the undivided compute part, but attention's GEMMs stay attention's)
+            of = str(c["part"]) if c.get("part") else None
+            v = verdict_of(cat, c, of or p.part.value, _f(p.detail, "of_ceiling"))
             if v is not None:
                 out.append(PartVerdict(v, p.part.value, cat, int(_f(c, "kernels") or 0), p.ms,
                                        _f(c, "compute_throughput"), _f(c, "memory_throughput"),
                                        _f(c, "dram_throughput"), _f(c, "tensor_pipe"),
-                                       str(c.get("capture") or ""), _chosen(c), _covered(c)))
+                                       str(c.get("capture") or ""), _chosen(c), _covered(c),
+                                       of if of != p.part.value else None))
     return out
 
 
@@ -164,8 +169,9 @@ _ACTION: dict[RowVerdict, str] = {
 def text(v: PartVerdict) -> str:
     figs = (f"compute SOL {_pct(v.compute)}, memory SOL {_pct(v.memory)}, DRAM {_pct(v.dram)}, "
             f"tensor pipe {_pct(v.tensor)}")
+    of = f" ({v.of}'s, by the op that launched them)" if v.of else ""
     return (f"Nsight Compute (capture {v.capture}) on the {v.part} part ({v.part_ms:.0f} ms a step): "
-            f"{v.category}, {v.kernels} kernel(s), time-weighted {figs}"
+            f"{v.category}{of}, {v.kernels} kernel(s), time-weighted {figs}"
             + (f"; kernels chosen {v.chosen}" if v.chosen else "")
             + (f"; {v.covered}" if v.covered else ""))
 
@@ -176,8 +182,8 @@ def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendat
     fs: list[Finding] = []
     rs: list[Recommendation] = []
     for v in part_verdicts(b):
-        fid = f"ncu-{v.part}-{v.category}"
-        title = f"{v.category} kernels of {v.part}: {v.verdict.value.replace('_', ' ')}"
+        fid = f"ncu-{v.part}-{v.of}-{v.category}" if v.of else f"ncu-{v.part}-{v.category}"
+        title = f"{v.category} kernels of {v.of or v.part}: {v.verdict.value.replace('_', ' ')}"
         fs.append(Finding(fid, Severity.INFO, title, text(v) + ".", {"ncu_verdict": v.to_json()}, "",
                           label or b.basis))
         rs.append(Recommendation("", fid, 0, _ACTION[v.verdict], text(v), None, v.verdict.value))
