@@ -138,7 +138,9 @@ CAPTURE_FINISHED = _k("capture_finished", "any", False, "perfd/capture/manager.p
                       ("perfd/aggregator/captures.py: capture records", _AGG_LOG),
                       "A capture finished; payload: its analysis and artifacts", whole=True)
 CAPTURE_FAILED = _k("capture_failed", "any", False, "perfd/capture/manager.py (agent)",
-                    ("perfd/aggregator/captures.py: capture records", _AGG_LOG), "A capture failed",
+                    ("perfd/aggregator/captures.py: capture records", _AGG_LOG),
+                    "A capture failed; payload: status, reason, and cause (perfd.model.CaptureFailure: "
+                    "not_ready is asked again when the target is ready, with no rule cooldown taken)",
                     whole=True)
 
 STEP_CONFLICT = _k("step_conflict", "mapping", False, "perfd/aggregator/state.py (job store)",

@@ -103,6 +103,7 @@ MAX_ALERTS_PER_WEBHOOK = 100  # alerts of one Alertmanager POST that may ask for
 NCU_REPLAY_S_PER_KERNEL = 0.61
 NCU_LAUNCH_COUNT = 40  # kernels one rank profiles (its --launch-count), over all its ranges
 MAX_NCU_LAUNCH_COUNT = 1_000
+MAX_NCU_LAUNCH_SKIP = 1_000_000  # launches a range lets pass first (a step's: thousands to tens of thousands)
 NCU_TIME_BUDGET_S = 90.0  # one range; past it the capture closes the range and says it overran
 MAX_NCU_TIME_BUDGET_S = 1_800.0
 

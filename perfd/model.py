@@ -9,6 +9,7 @@ invented".
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -30,6 +31,23 @@ CAPTURE_TOOLS: tuple[CaptureTool, ...] = get_args(CaptureTool)
 # it began: busy ranks, quota, a request it cannot serve; the tool then may still be "auto").
 CaptureOutcome = Literal["ok", "failed", "skipped"]
 CAPTURE_OUTCOMES: tuple[CaptureOutcome, ...] = get_args(CaptureOutcome)
+
+
+class CaptureFailure(str, enum.Enum):
+    """Why a capture did not run, as its agent types it (the ``cause`` of a capture_failed event): the
+    aggregator retries a capture whose target was not ready once it is, and takes no rule cooldown for
+    it; a real failure holds the cooldown (its reason says what to fix)."""
+
+    NOT_READY = "not_ready"  # the target cannot take it yet: no process, no hook, no Kineto poll so far
+    FAILED = "failed"  # anything else: a tool missing, a refusal, a timeout, a report not analysed
+
+    @classmethod
+    def of(cls, value: object) -> CaptureFailure | None:
+        """The cause a payload names, or None (an older agent's event names none)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True)

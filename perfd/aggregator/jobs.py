@@ -152,6 +152,9 @@ class JobState:
     evicted_any: bool = False  # some of its first iterations left the window
     train_iters: int | None = None  # the current run's, as its records state it
     run_marks: dict[str, str] = field(default_factory=dict)  # rank scope -> its hook's pid (a new run)
+    # rank -> (its hook's pid, when its latest hook record arrived): whether a capture through the hook
+    # can reach the rank now (perfd.aggregator.captures waits for it before sending one)
+    hook_seen: dict[int, tuple[str, float]] = field(default_factory=dict)
     # Retention drops since the job's last log line: (iterations evicted, records evicted, records
     # that arrived older than the window), and when that line was written.
     drops: list[int] = field(default_factory=lambda: [0, 0, 0])
@@ -273,6 +276,10 @@ class JobStore:
                     continue
                 if self._new_run(js, rec, key[1]):
                     self._drop_from(js, key[1], rec.iteration)
+                if isinstance(rec.rank, int) and rec.source is not None and rec.source.collector == "hook":
+                    if len(js.hook_seen) >= _MAX_RUN_MARKS and rec.rank not in js.hook_seen:
+                        js.hook_seen.clear()  # bounded: ranks come from the network
+                    js.hook_seen[rec.rank] = (rec.fields.get("pid", ""), arrived)
                 if rec.train_iters is not None and rec.train_iters > 0:
                     js.train_iters = rec.train_iters
                 old = js.records.get(key)
@@ -567,6 +574,19 @@ class JobStore:
         with self._lock:
             js = self.jobs.get(job)
             return (len(js.records), js.last_step_time) if js else (0, 0.0)
+
+    def job_info(self, job: str) -> JobInfo | None:
+        """The job's start-up facts as its agents sent them (None: none yet)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            return js.job_info if js is not None else None
+
+    def hook_seen(self, job: str) -> dict[int, tuple[str, float]]:
+        """rank -> (its step hook's pid, when its latest hook record arrived), for the job's ranks
+        whose hook has reported ({} when none has)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            return dict(js.hook_seen) if js is not None else {}
 
     def records_and_layout(self, job: str) -> tuple[list[StepRecord], Any, str | None] | None:
         with self._lock:

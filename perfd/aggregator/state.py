@@ -557,6 +557,14 @@ class AggregatorState:
         """The job's step records, layout and GPU (perfd.aggregator.jobs), for a capture's diagnosis."""
         return self.jobs.records_and_layout(job)
 
+    def job_info(self, job: str) -> JobInfo | None:
+        """The job's start-up facts (perfd.aggregator.jobs)."""
+        return self.jobs.job_info(job)
+
+    def hook_seen(self, job: str) -> dict[int, tuple[str, float]]:
+        """rank -> (its step hook's pid, when its latest hook record arrived) (perfd.aggregator.jobs)."""
+        return self.jobs.hook_seen(job)
+
     def capture_windows(self, job: str) -> list[tuple[float, float]]:
         """(start, end) of the job's captures, as the job store marks their iterations disturbed."""
         return self.jobs.capture_windows(job)

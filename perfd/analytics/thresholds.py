@@ -177,6 +177,14 @@ CAPTURE_SLOWDOWN = Threshold(
     "parts hold the profiler's own cost (Kineto with Python stacks: +16% on an H100 Megatron-LM job, "
     "without: "
     "+3%; docs/evidence/remedies_h100)", _BUDGET)
+CAPTURE_OTHER_JOB_STEP = Threshold(
+    2.0, "a capture whose steps run more than twice the job's steady step (or under CAPTURE_FASTER_STEP of "
+    "it) is not read as the profiler's cost: the most a timeline capture added here was +29% (Kineto on "
+    "a launch-bound H100 Megatron-LM job, docs/evidence/ncu_answer_h100) and +16% with Python stacks; "
+    "past twice, the capture is of another job or run (perfd.analytics.breakdown.capture_match)", _BUDGET)
+CAPTURE_FASTER_STEP = Threshold(
+    0.75, "a profiler never makes steps faster: captured steps under 75% of the job's steady step (a "
+    "steady step's run-to-run spread is 0.5-1%, its jitter a few %) are another job's", _BUDGET)
 LAUNCH_GAPS_FOR_GRAPHS = Threshold(
     0.15, "CUDA graphs are suggested only where short launch gaps hold 15% of the step or more: replaying "
     "costs input copies and breaks at syncs, and on an H100 Megatron-LM job with 6% of launch gaps they made "
@@ -219,6 +227,10 @@ NCU_TENSOR_IDLE = Threshold(
     0.10, "a pointwise kernel ncu's rule calls compute-bound while its tensor pipes run under 10% does no "
     "matrix math: its SM work is issue slots and integer index arithmetic (a masked_fill at SM 65%, "
     "memory 36%, tensor 4% on the H100)", _NCU)
+NCU_OCCUPANCY_CAP = Threshold(
+    0.5, "a kernel without matrix math whose registers or shared memory cap its theoretical occupancy at "
+    "half the SM's warps or less cannot hide its memory and dependency latencies, whatever ncu's rule reads "
+    "of its SM: latency-bound (a softmax register-capped at 37.5% on the H100)", _NCU)
 NCU_CLASS_COVERAGE = Threshold(
     0.5, "an Nsight Compute capture's rows decide the job's class (no timeline) only when the kernels "
     "they profiled hold at least half of the step's compute time: fewer, and the class would be the "

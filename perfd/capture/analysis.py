@@ -67,6 +67,8 @@ class KernelEvent:
     stream: int | None = None
     pid: int | None = None  # the process that launched it (attributes NVTX ranges to devices)
     corr: int | None = None  # the correlation id of the runtime call that launched it
+    grid: tuple[int, int, int] | None = None  # its launch's grid (x: a row-per-block layer norm's rows)
+    block: tuple[int, int, int] | None = None  # and block: with the grid, what an ncu launch is matched on
 
 
 @dataclass(frozen=True)
@@ -273,6 +275,9 @@ class DeviceBreakdown:
     side_stream_ms: dict[str, float] = field(default_factory=dict)
     complete: Stretch | None = None
     launch_latency_ms: float = 0.0  # of the launch gaps over the span, those under 5 µs
+    # rows -> launches of PyTorch's row-per-block layer-norm kernels (kernels.ROW_NORM_KERNELS): the
+    # tokens of a micro-batch, which say whose job the capture is (perfd.analytics.breakdown.capture_match)
+    norm_rows: dict[int, int] = field(default_factory=dict)
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -304,6 +309,7 @@ class DeviceBreakdown:
             "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()},
             "side_stream_ms": dict(self.side_stream_ms), "launch_latency_ms": self.launch_latency_ms,
             "complete": self.complete.to_json() if self.complete is not None else None,
+            "norm_rows": {str(r): n for r, n in sorted(self.norm_rows.items())},
         }
 
     def ratio(self, part_ms: float) -> float | None:
@@ -415,6 +421,10 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
     softmax_ns = sum(max(k.end_ns - k.start_ns, 0.0) for k in kernels if kernels_mod.is_softmax(k.name))
     swept = sweep(kernels, memcpys, ops, host)
     whole = _stretch(swept.whole, 0)
+    norm_rows: dict[int, int] = defaultdict(int)
+    for k in kernels:
+        if k.grid is not None and k.grid[0] > 0 and kernels_mod.is_row_norm(k.name):
+            norm_rows[k.grid[0]] += 1
     return DeviceBreakdown(
         device=device,
         span_ms=_ms(span),
@@ -446,6 +456,7 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         side_stream_ms={p.value: _ms(v) for p, v in swept.side_stream_ns.items() if v > 0},
         complete=_stretch(swept.complete, swept.steps) if swept.complete is not None else None,
         launch_latency_ms=whole.launch_latency_ms,
+        norm_rows=dict(norm_rows),
     )
 
 

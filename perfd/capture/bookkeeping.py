@@ -18,6 +18,7 @@ from perfd.capture.analysis import CaptureAnalysis
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import CaptureStore
 from perfd.events import CAPTURE_STARTED
+from perfd.model import CaptureFailure
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +33,18 @@ EventSink = Callable[[str, CaptureRequest, str, str, str, "dict[str, Any] | None
 
 
 class CaptureFailed(Exception):
-    """Ends a capture's run with a status (``failed``, ``timeout``, ``skipped``) and its reason."""
+    """Ends a capture's run with a status (``failed``, ``timeout``, ``skipped``), its reason (for
+    people) and its typed cause (for the aggregator: a target not ready yet is retried when it is,
+    with no rule cooldown taken; perfd.model.CaptureFailure)."""
 
-    def __init__(self, status: str, reason: str) -> None:
+    def __init__(self, status: str, reason: str, cause: CaptureFailure = CaptureFailure.FAILED) -> None:
         super().__init__(reason)
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.cause = status, reason, cause
+
+
+def not_ready(reason: str, status: str = "failed") -> CaptureFailed:
+    """The failure of a capture whose target cannot take it yet (perfd.model.CaptureFailure.NOT_READY)."""
+    return CaptureFailed(status, reason, CaptureFailure.NOT_READY)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext
+from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, not_ready
 from perfd.capture.request import CaptureRequest
 from perfd.events import HOOK_PROFILE
 from perfd.limits import HOOK_MAX_OUTSTANDING, HOOK_MAX_STATUSES_PER_REQUEST
@@ -121,8 +121,7 @@ class HookRanges:
                     start = next_range_start(self.last_step(r) if self.last_step is not None else None)
                 ticket = ask(r, start, n)
                 if ticket is None:
-                    raise CaptureFailed("failed", f"rank {r}: the step hook is unreachable "
-                                                  "(no hook records from it yet?)")
+                    raise not_ready(f"rank {r}: the step hook is unreachable (no hook records from it yet?)")
                 requests[r] = self.expect(ticket, r)
             self._opened(req, m, deadline, requests, n, what)
         except BaseException:

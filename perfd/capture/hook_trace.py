@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, record_analysis
+from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, not_ready, record_analysis
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.capture.hook_ranges import REFUSED, HookRanges, HookTicket, Key, next_range_start
 from perfd.capture.request import CaptureRequest
@@ -140,8 +140,8 @@ class HookTraceCapture:
                     start = next_range_start(self.last_step(r) if self.last_step is not None else None)
                 ticket = tracer(r, start, req.steps, req.stack)
                 if ticket is None:
-                    raise CaptureFailed("failed", f"rank {r}: its step hook cannot be reached (the "
-                                                  "process is gone, or it sent no record yet)")
+                    raise not_ready(f"rank {r}: its step hook cannot be reached (the process is gone, "
+                                    "or it sent no record yet)")
                 requests[r] = self.ranges.expect(ticket, r)
             states = self._wait(requests, {"started"}, deadline, pids)
             bad = {r: s for r, s in states.items() if s.get("state") in REFUSED}

@@ -97,6 +97,8 @@ class OpAttribution:
     # index in the capture's synchronising calls -> the op that made it (the outermost op around the call:
     # "aten::item", "c10d::barrier"; "" for a bare torch.cuda.synchronize())
     sync_owner: dict[int, str] = field(default_factory=dict)
+    # the activities launched by the autograd engine running a backward node (the backward pass)
+    backward: frozenset[int] = frozenset()
 
 
 class _Tree:
@@ -387,7 +389,7 @@ def attribute(ranges: Sequence[HostRange], launches: Sequence[Launch], flows: Se
                                 for r in att.r)
     return OpAttribution(Method.MODULES if frames else Method.OPS, parts, labels, names,
                          {ln.corr: ln.ns for ln in launches}, tails,
-                         {k: _owner(att, i) for k, i in owners.items()})
+                         {k: _owner(att, i) for k, i in owners.items()}, frozenset(backward))
 
 
 # The parts of forward and backward work: the first launch of one after a step mark begins the next step.

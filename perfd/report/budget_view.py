@@ -7,6 +7,7 @@ perfd.analytics.breakdown.budget_findings.part_name.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
@@ -108,6 +109,9 @@ def text_lines(budget_in: BudgetIn, width: int = 100) -> list[str]:
     ref = reference(budget)
     if ref:
         out.append(f"  {ref}")
+    cov = ncu_view.coverage_line(budget)
+    if cov:
+        out += textwrap.wrap(cov, width=width, initial_indent="  ", subsequent_indent="    ")
     start = 0.0
     for p, ms, share, source in parts:
         lead = round(start * bar_w)

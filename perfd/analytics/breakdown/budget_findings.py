@@ -18,6 +18,7 @@ from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, make_plan
 from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig
 from perfd.analytics.advice.remedy_catalog import fit, minor
 from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause, Part, StepBudget, classify
+from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.ncu.remedies import ncu_rows
 
@@ -284,7 +285,7 @@ def capture_cost(ctx: BudgetContext) -> Out:
     sev = Severity.WARNING if share > th.CAPTURE_SLOWDOWN.value else Severity.INFO
     return [
         Finding(
-            "budget-capture-cost",
+            CAPTURE_COST_FINDING,
             sev,
             f"The capture slowed its steps by {share:+.0%}",
             f"The captured steps averaged {b.step_ms:.0f} ms against the steady {b.steady_step_ms:.0f} ms "

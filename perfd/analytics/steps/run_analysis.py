@@ -13,7 +13,7 @@ import dataclasses
 import math
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,8 @@ from perfd.analytics.advice.findings import derive_findings, job_config, job_pla
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
+from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING, CaptureMatch, finding, job_facts
+from perfd.analytics.breakdown.capture_match import check as check_capture
 from perfd.analytics.breakdown.diagnosis import TimelineClass, classify_job
 from perfd.analytics.breakdown.job_budget import job_budget
 from perfd.analytics.common import MetricValue, finite, timer_max, vocabulary_of
@@ -158,6 +160,8 @@ class RunAnalysis:
     incidents: list[Incident] = field(default_factory=list)
     config: JobConfig | None = None  # what the job runs with, for the remedies (findings.job_config)
     plan: Plan | None = None  # the remedies as a plan (perfd.analytics.advice.plan), with a capture
+    # Whether the capture the analysis read (its timeline) is of this job (None: no capture read)
+    capture_match: CaptureMatch | None = None
 
     def steady_iterations(self) -> list[IterationResult]:
         """Every steady iteration's row, built at once: for short runs (tests); a long run's
@@ -187,15 +191,19 @@ class RunAnalysis:
         return (it.to_json() for it in (self.steady_rows() if steady_only else self.iterations))
 
     def to_json(self, iterations: bool = True) -> dict[str, Any]:
-        """Keys: job, iterations, summary, incidents. None stays None (null), never 0. The report is built
-        above this layer (perfd.report.analysis_json adds it). ``iterations=False``: no rows (a
-        caller that streams them, see iteration_rows)."""
-        return {
+        """Keys: job, iterations, summary, incidents (and capture_match, where a capture was read
+        against the job: perfd.analytics.breakdown.capture_match). None stays None (null), never 0. The
+        report is built above this layer (perfd.report.analysis_json adds it). ``iterations=False``: no
+        rows (a caller that streams them, see iteration_rows)."""
+        out = {
             "job": _json_value(self.job.to_json()),
             "iterations": [it.to_json() for it in self.iterations] if iterations else [],
             "summary": _json_value(self.summary.to_json()),
             "incidents": [_json_value(i.to_json()) for i in self.incidents],
         }
+        if self.capture_match is not None:  # a capture was read against the job: whether it is its
+            out["capture_match"] = _json_value(self.capture_match.to_json())
+        return out
 
 
 def _json_value(v: Any) -> Any:
@@ -514,6 +522,16 @@ class RunBuilder:
         if self.records is not None:
             self.records.append(rec)
 
+    def _match(self, med: Mapping[str, Any]) -> CaptureMatch | None:
+        """Whether the timeline's capture is of this job (perfd.analytics.breakdown.capture_match)."""
+        tl = self.timeline
+        if tl is None or tl.device is None:
+            return None
+        facts = job_facts(self.job, med, self.ctx.peak.peak_tflops, self.ctx.world)
+        devices = tl.devices or (tl.device,)
+        return check_capture(tl.capture_id or tl.source, devices, facts,
+                             float(tl.iterations) if tl.iterations else None)
+
     def finish(self, job_name: str | None = None) -> RunAnalysis:
         memo, lay, ctx = self.memo, self.job.layout, self.ctx
         if memo is not None and len(memo.entries) > len(self.present):  # evicted iterations leave
@@ -546,15 +564,26 @@ class RunBuilder:
                                                      *(i.capture_cost_s for i in incidents)) if c),
                          log_interval=self.job.log_interval, by_end_time=True,
                          median_step_s=med_ms / 1e3 if med_ms is not None else None)
-        budget = job_budget(med, ctx.peak, lay.pp, self.timeline, self.flops_job)
-        summary = summarize(table, steady_rows, steady, pers, lay, self.gpm, self.timeline, self.gpm_when,
+        match = self._match(med)
+        # a capture of another job is read only when the caller insists (the CLI's --capture-force)
+        refused = match is not None and match.refused and not (self.timeline and self.timeline.forced)
+        timeline = None if refused else self.timeline
+        budget = job_budget(med, ctx.peak, lay.pp, timeline, self.flops_job)
+        if budget is not None and timeline is not None and match is not None and not match.matches:
+            # its steps are not the job's steady ones: their excess is not "what the capture added"
+            budget = dataclasses.replace(budget, steady_step_ms=None)
+        summary = summarize(table, steady_rows, steady, pers, lay, self.gpm, timeline, self.gpm_when,
                             med, incidents=incidents, jitter=detection.jitter, disturbances=disturbances,
                             goodput=gp, memory_mib=dict(self.memory_mib) or None, step_budget=budget)
         analysis = RunAnalysis(block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
         analysis.config = job_config(analysis, self.job)
+        analysis.capture_match = match
         fs, rs = derive_findings(analysis, self.job, budget, self.live)
         analysis.plan = job_plan(analysis, self.job, budget)
+        mismatch = finding(match, bool(self.timeline and self.timeline.forced)) if match is not None else None
+        if mismatch is not None:  # its steps are not the job's: their excess is not the profiler's cost
+            fs = [f for f in fs if f.id != CAPTURE_COST_FINDING] + [mismatch]
         run_s = analysis.run_seconds()
         inc_f, inc_r = incident_findings(incidents, run_s or None)
         analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])
