@@ -96,7 +96,7 @@ def record_bytes(rec: StepRecord) -> int:
 # by them.
 _OPTIONAL = tuple(f.name for f in dataclasses.fields(StepRecord)
                   if f.name not in ("job", "iteration", "rank", "fields", "timers", "memory_mb", "source",
-                                    "disturbed_by_capture", "first_of_run", "tokens_per_step",
+                                    "disturbed_by_capture", "first_of_run", "armed", "tokens_per_step",
                                     "flops_per_step"))
 
 
