@@ -75,6 +75,9 @@ class JobSnapshot:
     gpus: GpuReader  # the job's GPUs: processes, values, throttles, read when called
     hosts: HostReader  # rank -> its process's newest host observation, read when called
     hosts_last_running: Callable[[], dict[int, dict[str, Any]]]  # ... the newest while it ran
+    # (when, why) its processes ended as its agents report them (its launch manifest, its ranks gone):
+    # the job is ended at once, not once its last step is stale (perfd.aggregator.hosts)
+    ended: tuple[float, str] | None = None
 
     # ---- the analysis ------------------------------------------------------------------------
     @property
@@ -98,6 +101,9 @@ class JobSnapshot:
         """(state, why): running | stalled | ended, from the last step's age at ``now``; a live stall
         says stalled within seconds."""
         now = time.time() if now is None else now
+        last = self.overview.get("last_step_time")
+        if self.ended is not None and (not last or self.ended[0] >= float(last) - 1.0):
+            return ENDED, self.ended[1]  # its processes ended after its last step: ended, whatever its age
         med_s = self.median_step_s
         state, why = job_state(self.last_step_age_s(now), med_s, self.processes_alive,
                                self.stale_after_override_s)

@@ -400,6 +400,7 @@ def analyze_run(
     new_normal_at: int | None = None,
     live: bool = True,
     earlier: Sequence[RunDigest] = (),
+    run: int | None = None,
 ) -> RunAnalysis:
     """Analyse a run's step records (any order within a run; one record per logged iteration).
     Records holding several runs (a record marked ``first_of_run`` after others begins one: a log
@@ -417,12 +418,13 @@ def analyze_run(
         for rec in sorted(seg, key=lambda r: r.iteration):
             past.add(rec)
         done.append(digest(past.finish(job_name), past.run))
-    run = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo,
-                     gpm_when=gpm_when, new_normal_at=new_normal_at, live=live, earlier=done)
+    builder = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo,
+                         gpm_when=gpm_when, new_normal_at=new_normal_at, live=live, earlier=done,
+                         run=run if len(segments) == 1 else None)
     ordered = sorted(segments[-1], key=lambda r: r.iteration)
-    for rec in ordered[run.resume(ordered):]:
-        run.add(rec)
-    return run.finish(job_name)
+    for rec in ordered[builder.resume(ordered):]:
+        builder.add(rec)
+    return builder.finish(job_name)
 
 
 class RunBuilder:
@@ -435,10 +437,11 @@ class RunBuilder:
                  dtype: str | None = None, *, gpm: bn.GpmReading | None = None,
                  timeline: TimelineClass | None = None, memo: AnalysisMemo | None = None,
                  gpm_when: str = "GPM while the job stepped", new_normal_at: int | None = None,
-                 live: bool = True, earlier: Sequence[RunDigest] = ()) -> None:
+                 live: bool = True, earlier: Sequence[RunDigest] = (), run: int | None = None) -> None:
         lay = job.layout
         self.earlier = tuple(earlier)[-MAX_DIGESTS:]  # the job's runs before this one
-        self.run = (earlier[-1].run + 1) if earlier else 1
+        # this run's number in the job (the aggregator counts them: the digests it keeps are bounded)
+        self.run = run if run is not None else (earlier[-1].run + 1) if earlier else 1
         self.job, self.gpu_name, self.gpm, self.timeline, self.memo = job, gpu_name, gpm, timeline, memo
         self.live = live
         self.new_normal_at = new_normal_at
