@@ -95,7 +95,8 @@ def close_run(js: JobState, scope: str, rec: StepRecord, max_marks: int) -> tupl
     if held:
         js.closed.append(ClosedRun(ended, held, js.job_info))
     pid = rec.fields.get("pid") if rec.source is not None and rec.source.collector == "hook" else None
-    js.ended_pids.update(p for p in js.run_marks.values() if p != pid)
+    js.ended_pids.update(p for r in held if r.source is not None and r.source.collector == "hook"
+                         and (p := r.fields.get("pid")) is not None and p != pid)
     if len(js.ended_pids) > max_marks:
         js.ended_pids = set()  # bounded: pids come from the network
     js.run_marks = {scope: pid} if pid is not None else {}

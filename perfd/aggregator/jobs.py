@@ -270,7 +270,7 @@ class JobStore:
                     self.stats.ended_run_records += 1
                     out.refused.add(id(rec))
                     continue
-                if self._new_run(js, rec, key[1]):
+                if self._new_run(js, rec, key[1]) and js.records:  # nothing held: nothing ends
                     ended = self._close_run(js, key[1], rec)
                     out.ended_runs.setdefault(rec.job, []).append(ended)
                 if rec.train_iters is not None and rec.train_iters > 0:

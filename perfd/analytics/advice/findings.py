@@ -468,6 +468,19 @@ def next_step(c: RunContext) -> Out:
     return [], [Recommendation("", "mfu-grade", 0, act, "; ".join([basis, *notes]), None)]
 
 
+def runs(c: RunContext) -> Out:
+    """Where the job's figures come from when its current run cannot give them (every step armed)."""
+    r = c.a.summary.runs
+    text = r.text()
+    if text is None:
+        return [], []
+    ref = r.reference
+    title = (f"Figures of run {ref.run}: run {r.current} runs under ncu" if ref is not None
+             else f"No figures: run {r.current} runs under ncu")
+    return [Finding("run-figures", Severity.INFO, title, text[0].upper() + text[1:] + ".", r.to_json(),
+                    c.span, "the job's runs (perfd.analytics.steps.runs)")], []
+
+
 def outliers(c: RunContext) -> Out:
     slow = {k: c.a.steady.excluded[k] for k, kind in sorted(c.a.steady.kinds.items())
             if kind is Exclusion.OUTLIER}
@@ -479,8 +492,8 @@ def outliers(c: RunContext) -> Out:
 
 Analyzer = Callable[[RunContext], Out]
 # The one registry of the run's questions, in the order their findings are listed before ordering.
-RUN_ANALYZERS: tuple[Analyzer, ...] = (mfu_grade, tflops_crosscheck, pipeline, communication, data_loading,
-                                       jitter, stragglers, step_budget, next_step, outliers)
+RUN_ANALYZERS: tuple[Analyzer, ...] = (runs, mfu_grade, tflops_crosscheck, pipeline, communication,
+                                       data_loading, jitter, stragglers, step_budget, next_step, outliers)
 
 
 def job_config(a: RunAnalysis, job: JobInfo) -> JobConfig:
