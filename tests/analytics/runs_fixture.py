@@ -56,11 +56,15 @@ def _shifted(lines: list[str], shift_s: float, factor: float) -> list[str]:
             extra += (factor - 1.0) * ms / 1e3
             ln = _ELAPSED.sub(f"\\g<1>{ms * factor:.1f}", ln)
             ln = _TPUT.sub(lambda x: f"{x.group(1)}{float(x.group(2)) / factor:.1f}", ln)
-        delta = datetime.timedelta(seconds=shift_s + extra)
-        ln = _STAMP.sub(lambda x, d=delta: f"[{_fmt(_parse(x.group(1)) + d, x.group(1))}]", ln)
-        ln = _DATETIME.sub(lambda x, d=delta: f"{x.group(1)}{_fmt(_parse(x.group(2)) + d, x.group(2))}", ln)
+        ln = _later(ln, datetime.timedelta(seconds=shift_s + extra))
         out.append(ln)
     return out
+
+
+def _later(ln: str, delta: datetime.timedelta) -> str:
+    """The line with every timestamp in it ``delta`` later."""
+    ln = _STAMP.sub(lambda x: f"[{_fmt(_parse(x.group(1)) + delta, x.group(1))}]", ln)
+    return _DATETIME.sub(lambda x: f"{x.group(1)}{_fmt(_parse(x.group(2)) + delta, x.group(2))}", ln)
 
 
 def _run1_span_s(run1: list[str]) -> float:
