@@ -100,6 +100,7 @@ def close_run(js: JobState, scope: str, rec: StepRecord, max_marks: int) -> tupl
     if len(js.ended_pids) > max_marks:
         js.ended_pids = set()  # bounded: pids come from the network
     js.run_marks = {scope: pid} if pid is not None else {}
+    js.run_scopes = set()
     js.records, js.owner, js.iterations = {}, {}, []
     js.by_iteration, js.iteration_bytes, js.held_bytes = OrderedDict(), {}, 0
     js.train_iters, js.new_normal_at, js.evicted_any = None, None, False

@@ -160,6 +160,9 @@ class JobState:
     runs: list[RunDigest] = field(default_factory=list)
     closed: list[ClosedRun] = field(default_factory=list)
     ended_pids: set[str] = field(default_factory=set)
+    # The rank scopes with records in the current run: a start-up marked record of another scope (the
+    # log's, where the hook's new pid began the run) is the same restart, not one more.
+    run_scopes: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -310,6 +313,8 @@ class JobStore:
                     size -= record_bytes(old)
                 js.owner[key] = agent_id
                 js.records[key] = rec
+                if key[1] not in js.run_scopes and len(js.run_scopes) < _MAX_RUN_MARKS:
+                    js.run_scopes.add(key[1])
                 js.held_bytes += size
                 js.iteration_bytes[rec.iteration] = js.iteration_bytes.get(rec.iteration, 0) + size
                 js.dirty = True
@@ -342,8 +347,8 @@ class JobStore:
                 js.run_marks = {scope: pid}  # bounded: scopes come from the network
             if before is not None and before != pid:
                 return True
-        if not rec.first_of_run:
-            return False
+        if not rec.first_of_run or scope not in js.run_scopes:
+            return False  # the first record of its scope in this run (its start-up began the run held)
         held = js.records.get((rec.iteration, scope))
         return not (held is not None and held.first_of_run and held.end_time == rec.end_time)
 

@@ -184,3 +184,30 @@ def test_a_runs_incidents_close_with_it_and_are_never_merged_into_the_next_runs(
     state.incidents.update("j", [again], lambda i: {}, [], 30.0)
     got = state.incidents.typed_incidents("j")
     assert len(got) == 2 and {g.run for g in got} == {1, None}
+
+
+@pytest.mark.parametrize("hook_first", [True, False], ids=["hook-first", "log-first"])
+def test_one_restart_seen_by_the_hook_and_the_log_is_one_new_run(hook_first: bool) -> None:
+    """perfd.hook.megatron's per-rank records (a new pid) and the log's start-up marked record both say
+    the job restarted: whichever comes first begins run 2, the other is its first record, not run 3."""
+    from perfd.model import Provenance
+
+    state = AggregatorState()
+
+    def hook(it: int, pid: int) -> StepRecord:
+        return StepRecord("m", it, rank=0, end_time=1000.0 * pid + it, step_time_ms=100.0, interval=1,
+                          fields={"pid": str(pid)}, source=Provenance("hook", f"rank0:pid{pid}"))
+
+    def log(it: int, first: bool, t: float) -> StepRecord:
+        return StepRecord("m", it, end_time=t, step_time_ms=100.0, first_of_run=first)
+
+    for i in range(1, 21):
+        state.ingest_steps("a", [log(i, i == 1, 1000.0 + i), hook(i, 1)])
+    second = [hook(1, 2), log(1, True, 2001.0)]
+    state.ingest_steps("a", second if hook_first else second[::-1])
+    for i in range(2, 11):
+        state.ingest_steps("a", [log(i, False, 2000.0 + i), hook(i, 2)])
+    assert state.jobs.stats.new_runs == 1
+    a = state.analysis("m", force=True)
+    assert a is not None and a.summary.runs.current == 2 and len(a.summary.runs.earlier) == 1
+    assert list(a.values("iteration")) == list(range(1, 11))
