@@ -205,7 +205,7 @@ MIN_GRADE_STEPS = Threshold(
     "the warm-up takes the first 3 of a short log, and a median or a coefficient of variation over fewer "
     "than 5 steps is one step's value (a 4-iteration log was graded from 1 steady step); fewer, and the "
     "figure is shown with its count but not graded",
-    "issue 51 item 6; the same count as ARMING_MIN_STEPS, for the same reason")
+    "perfd/analytics/steps/run_figures.py (issue 51 item 6; DESIGN.md has none; ARMING_MIN_STEPS's count)")
 ARMING_MIN_STEPS = Threshold(
     5, "the cost of arming ncu on a rank is a median of at least 5 armed steps against at least 5 of the "
     "reference (its unarmed ranks, its own steps before it was armed): fewer, and one slow step decides it",
