@@ -39,19 +39,18 @@ class ClosedRun:
     info: JobInfo | None
 
 
-def figures_span(records: Iterable[StepRecord], runs: Sequence[RunDigest]) -> Span:
+def figures_span(newest: Iterable[StepRecord], run_start: float | None, runs: Sequence[RunDigest]) -> Span:
     """(from, to) epoch s of the run whose figures the job's analysis reports: the current run's (from
-    its first step; open-ended), or — every record it holds armed — the last earlier run without an
+    ``run_start``, its first step's start; open-ended), or — the records of its newest iteration all
+    armed (a rank is armed for its process's life: so is its run) — the last earlier run without an
     armed rank: the captures informing the class and the budget are taken from that span only."""
-    held = list(records)
+    held = list(newest)
     if held and all(r.armed for r in held):
         ref = last_unarmed(runs)
         if ref is not None:
             return ref.start_time, ref.end_time
-    starts = [r.end_time - r.step_time_ms / 1e3 for r in held
-              if r.first_of_run and r.end_time is not None and r.step_time_ms is not None]
     after = runs[-1].end_time if runs else None
-    return (min(starts) if starts else after), None
+    return (run_start if run_start is not None else after), None
 
 
 def digest_runs(job: str, closed: Sequence[ClosedRun], done: list[RunDigest],
@@ -100,7 +99,7 @@ def close_run(js: JobState, scope: str, rec: StepRecord, max_marks: int) -> tupl
     if len(js.ended_pids) > max_marks:
         js.ended_pids = set()  # bounded: pids come from the network
     js.run_marks = {scope: pid} if pid is not None else {}
-    js.run_scopes = set()
+    js.run_scopes, js.run_start = set(), None
     js.records, js.owner, js.iterations = {}, {}, []
     js.by_iteration, js.iteration_bytes, js.held_bytes = OrderedDict(), {}, 0
     js.train_iters, js.new_normal_at, js.evicted_any = None, None, False

@@ -163,6 +163,7 @@ class JobState:
     # The rank scopes with records in the current run: a start-up marked record of another scope (the
     # log's, where the hook's new pid began the run) is the same restart, not one more.
     run_scopes: set[str] = field(default_factory=set)
+    run_start: float | None = None  # the current run's first step's start (epoch s)
 
 
 @dataclass
@@ -315,6 +316,9 @@ class JobStore:
                 js.records[key] = rec
                 if key[1] not in js.run_scopes and len(js.run_scopes) < _MAX_RUN_MARKS:
                     js.run_scopes.add(key[1])
+                if rec.end_time is not None and rec.step_time_ms is not None and math.isfinite(rec.end_time):
+                    start = rec.end_time - rec.step_time_ms / 1e3
+                    js.run_start = start if js.run_start is None else min(js.run_start, start)
                 js.held_bytes += size
                 js.iteration_bytes[rec.iteration] = js.iteration_bytes.get(rec.iteration, 0) + size
                 js.dirty = True
@@ -451,7 +455,9 @@ class JobStore:
         if pending:
             self._digest_closed(job, js, windows)
         with self._lock:
-            span = figures_span(js.records.values(), js.runs)
+            newest = [js.records[(js.iterations[-1], sc)] for sc in js.by_iteration.get(js.iterations[-1], [])
+                      if (js.iterations[-1], sc) in js.records] if js.iterations else []
+            span = figures_span(newest, js.run_start, js.runs)
         gpm, timeline, gpm_when = self.class_inputs(job, span)
         with self._lock:
             js = self.jobs.get(job)

@@ -26,7 +26,13 @@ LOOP = r"""
 import os, sys, time
 from perfd.hook.step import StepHook
 
-hook = StepHook(os.environ["PERFD_HOOK_SOCKET"], warmup_steps=0, cuda=False, rank=0, flush_interval_s=0)
+sock = os.environ["PERFD_HOOK_SOCKET"]
+for _ in range(600):  # a short loop waits for the agent (it starts after the launch): a real job runs long
+    if os.path.exists(sock):
+        break
+    time.sleep(0.1)
+time.sleep(1.0)
+hook = StepHook(sock, warmup_steps=0, cuda=False, rank=0, flush_interval_s=0)
 step_s = float(sys.argv[1])
 for step in range(1, int(sys.argv[2]) + 1):
     with hook.step(step=step):
