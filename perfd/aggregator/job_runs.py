@@ -91,15 +91,15 @@ def close_run(js: JobState, scope: str, rec: StepRecord, max_marks: int) -> tupl
     the hook pids of its ranks go with it. Returns (the run that ended, its records replaced)."""
     ended = js.run
     held = list(js.records.values())
-    if held:
-        js.closed.append(ClosedRun(ended, held, js.job_info))
+    if held:  # the job info of its own start-up: the next run's may have arrived before its first record
+        js.closed.append(ClosedRun(ended, held, js.run_info or js.job_info))
     pid = rec.fields.get("pid") if rec.source is not None and rec.source.collector == "hook" else None
     js.ended_pids.update(p for r in held if r.source is not None and r.source.collector == "hook"
                          and (p := r.fields.get("pid")) is not None and p != pid)
     if len(js.ended_pids) > max_marks:
         js.ended_pids = set()  # bounded: pids come from the network
     js.run_marks = {scope: pid} if pid is not None else {}
-    js.run_scopes, js.run_start = set(), None
+    js.run_scopes, js.run_start, js.run_info = set(), None, js.job_info
     js.records, js.owner, js.iterations = {}, {}, []
     js.by_iteration, js.iteration_bytes, js.held_bytes = OrderedDict(), {}, 0
     js.train_iters, js.new_normal_at, js.evicted_any = None, None, False

@@ -164,6 +164,7 @@ class JobState:
     # log's, where the hook's new pid began the run) is the same restart, not one more.
     run_scopes: set[str] = field(default_factory=set)
     run_start: float | None = None  # the current run's first step's start (epoch s)
+    run_info: JobInfo | None = None  # the job as the current run's start-up stated it (a digest's)
 
 
 @dataclass
@@ -248,6 +249,9 @@ class JobStore:
             js.agents.add(agent_id)
             js.touched_at = now if now is not None else time.time()
             js.job_info, js.job_info_agent = merge_job_info(js.job_info, info), agent_id
+            st = js.job_info.started_at
+            if js.run_start is None or st is None or st <= js.run_start:  # not a later run's start-up
+                js.run_info = js.job_info
             js.dirty = True
 
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None

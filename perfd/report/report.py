@@ -189,8 +189,9 @@ def arming_finding(arming: ArmingCost) -> Finding:
     """The report's line on what arming ncu costs (a warning from a tenth of a step on: the job runs
     that much slower for as long as the rank stays armed, a capture or not)."""
     sev = Severity.WARNING if arming.ratio - 1 >= 0.1 else Severity.INFO
-    return Finding("ncu-arming-cost", sev, f"Running under ncu: {arming.ratio - 1:+.0%} a step on rank(s) "
-                   + ", ".join(map(str, arming.ranks)), arming.text(), arming.to_json(),
+    who = f"rank(s) {', '.join(map(str, arming.ranks))}" if arming.ranks else "the armed rank"
+    return Finding("ncu-arming-cost", sev, f"Running under ncu: {arming.ratio - 1:+.0%} a step on {who}",
+                   arming.text(), arming.to_json(),
                    source="the job's step records, armed against " + arming.basis.value.replace("_", " "))
 
 

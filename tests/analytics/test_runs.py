@@ -37,6 +37,10 @@ def live(text: str) -> RunAnalysis:
     state = AggregatorState(gpu_override=GPU)
     state.ingest_job_info("agent", "job", parsed.job_info)
     for rec in parsed.records:  # one record a batch, as a tail sends them while the job runs
+        if rec.first_of_run and rec is not parsed.records[0] and rec.end_time is not None:
+            # the new run's start-up, sent before its first record (a fresh parser: its own start)
+            later = dataclasses.replace(parsed.job_info, started_at=rec.end_time - 30.0)
+            state.ingest_job_info("agent", "job", later)
         state.ingest_steps("agent", [rec])
     a = state.analysis("job", force=True)
     assert a is not None

@@ -110,7 +110,8 @@ def test_the_gpu_workflow_script_runs_its_phases_and_checks_on_cpu(tmp_path: Pat
     # what a CPU can show: the end at once, the runs, the arming against run 1, goodput's runs
     for key in ("run1_ended_at_once", "step_vs_megatron", "run2_figures_equal_unarmed",
                 "run3_figures_equal_unarmed", "run2_arming_within_15pct", "run3_arming_within_15pct",
-                "run2_no_arming_jitter", "run3_no_arming_jitter", "run2_goodput_runs", "run3_goodput_runs"):
+                "run2_no_arming_jitter", "run3_no_arming_jitter", "run2_ended_with_incidents_closed",
+                "run3_ended_with_incidents_closed", "run2_goodput_runs", "run3_goodput_runs"):
         assert ch[key], (key, res["phases"]["run1"].get("ended_after_s"),
                          json.dumps({k: res.get(k) for k in ("run2", "run3", "clock", "run1_digest")})[:4000])
     assert res["run2"]["runs"]["current"] == 2 and res["run3"]["runs"]["current"] == 3

@@ -28,6 +28,7 @@ Checks (``ncu_workflow_live.json`` / ``.md`` in OUT):
   any step-jitter finding is run 1's (its CV and span); ``ncu_captured``: the rule's ncu capture finished
   on rank 0 with rows; ``ncu_rows_coverage``: the rows carry their op (or part) and the capture states
   its coverage (phases, layers); ``goodput_runs``: runs and restarts counted (2 and 1, then 3 and 2);
+  ``ended_with_incidents_closed``: once the job is stopped it reads ended and no incident stays open;
 - ``step_vs_megatron``: run 1's steady median step (perfd) within 2% of Megatron's logged median.
 Exit 0 when all hold, 1 otherwise, 2 for a setup problem. Bounds: TOTAL_S (default 530 s) overall, each
 phase a deadline, every wait bounded, every process started here stopped (leftovers swept).
@@ -175,7 +176,7 @@ class Workflow:
     def wait_ended(self, name: str) -> float | None:
         """Seconds until the job reads ``ended`` after its launch exited (None: not within the bound)."""
         t = time.time()
-        while time.time() - t < ENDED_WITHIN_S + 30 and time.time() < self.deadline:
+        while time.time() - t < ENDED_WITHIN_S + 5 and time.time() < self.deadline + 30:
             row = self.job_row()
             if row is not None and row.get("state") == "ended":
                 took = round(time.time() - t, 1)
@@ -338,6 +339,8 @@ class Workflow:
             ch[f"{name}_goodput_runs"] = gp.get("runs") == runs and gp.get("restarts") == runs - 1
             got["open_incidents_after_end"] = [i.get("id") for i in after.get("incidents") or []
                                                if i.get("open")]
+            ch[f"{name}_ended_with_incidents_closed"] = bool(
+                after and ph.get("ended_after_s") is not None and not got["open_incidents_after_end"])
             got["findings"] = [{k: f.get(k) for k in ("id", "severity", "title", "iterations")}
                                for f in rep.get("findings") or []]
             got["budget_sources"] = (rep.get("step_budget") or {}).get("sources")
