@@ -158,7 +158,8 @@ RANK_PROCESSES = _k("rank_processes", "mapping", True, "collectors/ranks",
                     ("perfd/aggregator/hosts.py: each rank's host evidence, the live stall detector, the "
                      "host panel of /api/jobs/<job>/gpus",),
                     "The host state of one job's rank processes on a node (payload job, ranks: "
-                    "RankHost, node)",
+                    "RankHost, node; launch: {status, exit_code, ended} once its launch manifest says the "
+                    "launch exited)",
                     RankHost)
 JOB_PHASE = _k("job_phase", "mapping", True,
                "collectors/megatron (save and evaluation lines), collectors/hook (StepHook.phase)",

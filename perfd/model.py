@@ -154,6 +154,10 @@ class StepRecord:
     # the tokens it took and the training script's own model FLOPs (perfd.hook.step.StepHook).
     tokens_per_step: float | None = None
     flops_per_step: float | None = None
+    # The rank that took this step runs under a profiler armed for a capture (``perfd ncu-exec``'s
+    # target, perfd.armed): armed from its process's first step, its steps are the profiler's, not
+    # the job's (kept out of its MFU, step time, jitter and class).
+    armed: bool = False
 
     def has_field(self, key: str) -> bool:
         return key in self.fields

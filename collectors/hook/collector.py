@@ -593,5 +593,6 @@ class HookCollector(RequestSender):
             step_time_ms=m.step_ns / 1e6, interval=1, fields=fields, timers=timers,
             source=Provenance("hook", f"rank{m.rank}:pid{m.pid}"),
             disturbed_by_capture=bool(m.flags & wire.FLAG_PROFILING),
+            armed=bool(m.flags & wire.FLAG_ARMED),
             tokens_per_step=m.tokens_per_step, flops_per_step=m.flops_per_step,
         )

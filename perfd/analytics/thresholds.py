@@ -215,6 +215,12 @@ SOL_LATENCY = Threshold(0.60, "neither the SM pipelines nor the memory system re
 SOL_HIGH = Threshold(0.80, "a unit past 80% of its peak bounds the kernel whatever the other does", _NCU)
 SOL_BALANCED_MARGIN = Threshold(0.10, "under the high bar, SM and memory within 10 points of each other "
                                       "are balanced: both must shrink to speed the kernel up", _NCU)
+MIN_GRADE_STEPS = Threshold(
+    5, "a grade (the MFU band, the bottleneck class, step jitter) is read over at least 5 steady steps: "
+    "the warm-up takes the first 3 of a short log, and a median or a coefficient of variation over fewer "
+    "than 5 steps is one step's value (a 4-iteration log was graded from 1 steady step); fewer, and the "
+    "figure is shown with its count but not graded",
+    "perfd/analytics/steps/run_figures.py (issue 51 item 6; DESIGN.md has none; ARMING_MIN_STEPS's count)")
 ARMING_MIN_STEPS = Threshold(
     5, "the cost of arming ncu on a rank is a median of at least 5 armed steps against at least 5 of the "
     "reference (its unarmed ranks, its own steps before it was armed): fewer, and one slow step decides it",

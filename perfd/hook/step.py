@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from perfd.armed import ARMED_ENV
 from perfd.hook import lifecycle, wire
 from perfd.hook.harvest import Harvester
 from perfd.hook.jobinfo import check_layout
@@ -210,6 +211,8 @@ class StepHook(ProfileControl, Harvester):
             else:
                 self.last_error = "cuda requested but not available: host timing"
         self._flags = wire.FLAG_CUDA if self.cuda else 0
+        if os.environ.get(ARMED_ENV):  # under perfd ncu-exec: every step is the profiler's
+            self._flags |= wire.FLAG_ARMED
         self._data_event = cuda_data_event or not self.cuda  # host markers cost ~0.1 µs: always
         self._rank = rank if rank is not None else _env_rank()
         self._pool_size = pool_size

@@ -46,6 +46,7 @@ FLAG_CUDA = 1 << 0  # times from CUDA events (else host perf_counter)
 FLAG_WARMUP = 1 << 1  # within the first warmup_steps: left out of the percentiles
 FLAG_PROFILING = 1 << 2  # a cudaProfilerStart/Stop range covered this step
 FLAG_HAS_DATA = 1 << 3  # data_ready() was called: data_wait and compute are set
+FLAG_ARMED = 1 << 4  # the process runs under a profiler armed for a capture (perfd.armed.ARMED_ENV)
 
 # version, kind, flags, rank, pid, step, end_time_ns, step_ns, data_wait_ns, compute_ns,
 # p50_ns, p90_ns, p99_ns, window_n, send_drops, harvest_drops, tokens_per_step, flops_per_step

@@ -129,12 +129,14 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     """The four-part report of one analysed run. ``incidents``: the live aggregator's record of
     the job's incidents (with the GPU evidence of the time, kept after the iterations left its
     retention); without it the report uses the incidents the analysis found in the iterations.
-    ``arming``: what running under ncu costs the job's armed ranks (the aggregator measures it).
+    ``arming``: what running under ncu costs the job's armed ranks (the aggregator measures it; else
+    the analysis' own measure from its armed steps, perfd.analytics.steps.run_figures).
     ``cpu``: how the job's ranks use their CPUs now (the live aggregator's host evidence,
     perfd.analytics.incidents.host_evidence.job_cpu_use): a data-loading action then says more workers only
     where the CPUs have room."""
     s = analysis.summary
     findings, recs = list(analysis.findings), list(analysis.recommendations)
+    arming = arming if arming is not None else s.arming  # the run's own armed steps measure it offline too
     if arming is not None:
         findings.append(arming_finding(arming))
     if cpu is not None:
@@ -190,8 +192,9 @@ def arming_finding(arming: ArmingCost) -> Finding:
     """The report's line on what arming ncu costs (a warning from a tenth of a step on: the job runs
     that much slower for as long as the rank stays armed, a capture or not)."""
     sev = Severity.WARNING if arming.ratio - 1 >= 0.1 else Severity.INFO
-    return Finding("ncu-arming-cost", sev, f"Running under ncu: {arming.ratio - 1:+.0%} a step on rank(s) "
-                   + ", ".join(map(str, arming.ranks)), arming.text(), arming.to_json(),
+    who = f"rank(s) {', '.join(map(str, arming.ranks))}" if arming.ranks else "the armed rank"
+    return Finding("ncu-arming-cost", sev, f"Running under ncu: {arming.ratio - 1:+.0%} a step on {who}",
+                   arming.text(), arming.to_json(),
                    source="the job's step records, armed against " + arming.basis.value.replace("_", " "))
 
 

@@ -24,6 +24,8 @@ from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, 
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.incidents.verdict_text import DATA_LOADING_ACTION
 from perfd.analytics.steps.pipeline import microbatches_for_bubble, rebalance_estimate
+from perfd.analytics.steps.run_figures import MIN_GRADE_STEPS, too_few
+from perfd.analytics.steps.runs import FiguresFrom
 from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
 from perfd.model import JobInfo
@@ -161,12 +163,29 @@ class RunContext:
 Out = tuple[list[Finding], list[Recommendation]]
 
 
+def figures_span(a: RunAnalysis) -> str:
+    """The steps a run's figures are over, naming their run where the job has had more than one."""
+    runs = a.summary.runs
+    ref = runs.reference
+    if ref is not None:
+        return (f"run {ref.run}: iterations {ref.first_iteration}–{ref.last_iteration} ({ref.n_steady} "
+                "steady; the current run's steps are all armed)")
+    return (f"run {runs.current}: " if runs.current > 1 else "") + a.steady.range_text()
+
+
 def mfu_grade(c: RunContext) -> Out:
     a, med, span, peak = c.a, c.med, c.span, c.a.peak
     mfu = med.get("mfu")
     if mfu is None:
         why = a.iterations[0].sources.get("mfu", "unknown") if a.iterations else "no iterations"
+        if a.summary.runs.figures is FiguresFrom.NONE:
+            why = a.summary.runs.text() or why
         return [Finding("mfu-absent", Severity.INFO, "MFU not available", f"MFU {why}", {}, span)], []
+    n = a.summary.n_steady
+    if n < MIN_GRADE_STEPS:  # one steady step is no grade (issue 51 item 6)
+        return [Finding("mfu-too-few-steps", Severity.INFO, f"MFU {_pct(mfu)}: {too_few(n)}",
+                        f"Median MFU {_pct(mfu)} over {n} steady step(s); {too_few(n)}: no grade.",
+                        {"mfu": mfu, "n_steady": n, "min_steps": MIN_GRADE_STEPS}, span)], []
     grade, _ = grade_mfu(mfu)
     b = c.budget
     cls = budget_class_text(b)
@@ -457,6 +476,19 @@ def next_step(c: RunContext) -> Out:
     return [], [Recommendation("", "mfu-grade", 0, act, "; ".join([basis, *notes]), None)]
 
 
+def runs(c: RunContext) -> Out:
+    """Where the job's figures come from when its current run cannot give them (every step armed)."""
+    r = c.a.summary.runs
+    text = r.text()
+    if text is None:
+        return [], []
+    ref = r.reference
+    title = (f"Figures of run {ref.run}: run {r.current} runs under ncu" if ref is not None
+             else f"No figures: run {r.current} runs under ncu")
+    return [Finding("run-figures", Severity.INFO, title, text[0].upper() + text[1:] + ".", r.to_json(),
+                    c.span, "the job's runs (perfd.analytics.steps.runs)")], []
+
+
 def outliers(c: RunContext) -> Out:
     slow = {k: c.a.steady.excluded[k] for k, kind in sorted(c.a.steady.kinds.items())
             if kind is Exclusion.OUTLIER}
@@ -468,8 +500,8 @@ def outliers(c: RunContext) -> Out:
 
 Analyzer = Callable[[RunContext], Out]
 # The one registry of the run's questions, in the order their findings are listed before ordering.
-RUN_ANALYZERS: tuple[Analyzer, ...] = (mfu_grade, tflops_crosscheck, pipeline, communication, data_loading,
-                                       jitter, stragglers, step_budget, next_step, outliers)
+RUN_ANALYZERS: tuple[Analyzer, ...] = (runs, mfu_grade, tflops_crosscheck, pipeline, communication,
+                                       data_loading, jitter, stragglers, step_budget, next_step, outliers)
 
 
 def job_config(a: RunAnalysis, job: JobInfo) -> JobConfig:
@@ -503,7 +535,7 @@ def job_plan(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = None) -> 
 def derive_findings(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = None, live: bool = True
                     ) -> tuple[list[Finding], list[Recommendation]]:
     """All findings and recommendations for one run, recommendations ordered by impact."""
-    ctx = RunContext(a, job, a.summary.medians, a.steady.range_text(), budget, Framework.of(job.framework),
+    ctx = RunContext(a, job, a.summary.medians, figures_span(a), budget, Framework.of(job.framework),
                      a.config or job_config(a, job), live)
     f: list[Finding] = []
     r: list[Recommendation] = []

@@ -49,6 +49,7 @@ from perfd.analytics.steps.metrics import (
     throughput_per_gpu,
 )
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
+from perfd.analytics.steps.run_figures import figures_of, with_runs
 from perfd.analytics.steps.run_incidents import mark_incidents, step_work, straggler_flags
 from perfd.analytics.steps.run_summary import (
     CaptureDisturbances,
@@ -60,6 +61,7 @@ from perfd.analytics.steps.run_summary import (
     step_shares,
     summarize,
 )
+from perfd.analytics.steps.runs import MAX_DIGESTS, RunDigest, digest, split_runs
 from perfd.analytics.steps.steady import SteadyState, steady_state_of
 from perfd.analytics.steps.stragglers import (
     PersistentStragglers,
@@ -128,6 +130,7 @@ class IterationResult:
     incident_lost_ms: float | None = None  # step − steady median, inside an incident only
     steady_state: bool = False
     excluded_reason: str | None = None
+    armed: bool = False  # its rank ran armed for a capture (perfd.armed): the profiler's step, never steady
     # metric -> source, or "absent: why"; kept compressed in a run's table (it names the iteration's
     # numbers and log line: ~3 KB of text an iteration)
     sources: dict[str, str] = field(default_factory=dict, metadata={PACKED: True})
@@ -406,17 +409,32 @@ def analyze_run(
     gpm_when: str = "GPM while the job stepped",
     new_normal_at: int | None = None,
     live: bool = True,
+    earlier: Sequence[RunDigest] = (),
+    run: int | None = None,
 ) -> RunAnalysis:
-    """Analyse a run's step records (any order; one record per logged iteration).
+    """Analyse a run's step records (any order within a run; one record per logged iteration).
+    Records holding several runs (a record marked ``first_of_run`` after others begins one: a log
+    with a restart appended) are split there: the analysis is of the last run, each earlier one
+    digested (perfd.analytics.steps.runs), as the live aggregator does when a new run replaces its
+    records. ``earlier``: the digests of runs before these records (the aggregator keeps them).
     ``memo``: keep per-iteration work for the next analysis of the same, grown run.
     ``new_normal_at``: the iteration from which a lasting shift's level is the new normal
     (perfd.analytics.steps.changepoint). ``live=False``: a finished log (its advice is for the next run)."""
-    run = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo,
-                     gpm_when=gpm_when, new_normal_at=new_normal_at, live=live)
-    ordered = sorted(records, key=lambda r: r.iteration)
-    for rec in ordered[run.resume(ordered):]:
-        run.add(rec)
-    return run.finish(job_name)
+    done = list(earlier)
+    segments = split_runs(records)
+    for seg in segments[:-1]:  # earlier runs in the records given: each digested, in order
+        past = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=None, gpm_when=gpm_when,
+                          live=live, earlier=done)
+        for rec in sorted(seg, key=lambda r: r.iteration):
+            past.add(rec)
+        done.append(digest(past.finish(job_name), past.run))
+    builder = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo,
+                         gpm_when=gpm_when, new_normal_at=new_normal_at, live=live, earlier=done,
+                         run=run if len(segments) == 1 else None)
+    ordered = sorted(segments[-1], key=lambda r: r.iteration)
+    for rec in ordered[builder.resume(ordered):]:
+        builder.add(rec)
+    return builder.finish(job_name)
 
 
 class RunBuilder:
@@ -429,8 +447,11 @@ class RunBuilder:
                  dtype: str | None = None, *, gpm: bn.GpmReading | None = None,
                  timeline: TimelineClass | None = None, memo: AnalysisMemo | None = None,
                  gpm_when: str = "GPM while the job stepped", new_normal_at: int | None = None,
-                 live: bool = True) -> None:
+                 live: bool = True, earlier: Sequence[RunDigest] = (), run: int | None = None) -> None:
         lay = job.layout
+        self.earlier = tuple(earlier)[-MAX_DIGESTS:]  # the job's runs before this one
+        # this run's number in the job (the aggregator counts them: the digests it keeps are bounded)
+        self.run = run if run is not None else (earlier[-1].run + 1) if earlier else 1
         self.job, self.gpu_name, self.gpm, self.timeline, self.memo = job, gpu_name, gpm, timeline, memo
         self.live = live
         self.new_normal_at = new_normal_at
@@ -446,6 +467,7 @@ class RunBuilder:
         # With a memo the rows' objects are held by it anyway: no compression, it only costs time.
         self.table: Table[IterationResult] = Table(IterationResult, key="iteration", pack=memo is None)
         self.disturbed = array("b")  # per row: a perfd capture touched the iteration
+        self.armed = array("b")  # per row: its rank ran armed for a capture (perfd.armed)
         self.first: tuple[int, str] | None = None  # (iteration, job) of the earliest record
         self.in_order = True
         self.present: set[int] = set()  # iterations seen, kept only to evict a memo's stale entries
@@ -471,6 +493,7 @@ class RunBuilder:
             return 0
         self.table = kept.table.slice(k, k + m)
         self.disturbed = kept.disturbed[k:k + m]
+        self.armed = array("b", (r.armed for r in ordered[:m]))
         for i in kept.marked:  # finish marks the incidents anew
             if k <= i < k + m:
                 self.table.put(i - k, incident_lost_ms=None)
@@ -517,8 +540,10 @@ class RunBuilder:
         n = len(self.table)
         if n and rec.iteration < self.table.get(n - 1, "iteration"):
             self.in_order = False
+        it.armed = rec.armed
         self.table.append(it)
         self.disturbed.append(rec.disturbed_by_capture)
+        self.armed.append(rec.armed)
         if self.records is not None:
             self.records.append(rec)
 
@@ -537,13 +562,14 @@ class RunBuilder:
         if memo is not None and len(memo.entries) > len(self.present):  # evicted iterations leave
             for i in [i for i in memo.entries if i not in self.present]:
                 del memo.entries[i]
-        table, disturbed = self.table, self.disturbed
+        table, disturbed, armed = self.table, self.disturbed, self.armed
         if not self.in_order:  # a stable sort, as sorting the records was
             order = sorted(range(len(table)), key=lambda i: table.get(i, "iteration"))
             table, disturbed = table.take(order), array("b", (disturbed[i] for i in order))
+            armed = array("b", (armed[i] for i in order))
         steps_col = list(table.column("step_time_ms"))
         work = step_work(steps_col, list(table.column("model_tflops_per_gpu")))
-        steady = steady_state_of(array("q", table.column("iteration")), steps_col, disturbed, work)
+        steady = steady_state_of(array("q", table.column("iteration")), steps_col, disturbed, work, armed)
         for i, iteration in enumerate(table.column("iteration")):
             table.put(i, steady_state=steady.steady.get(iteration, False),
                       excluded_reason=steady.excluded.get(iteration))
@@ -552,6 +578,11 @@ class RunBuilder:
         steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
         pers = persistent(straggler_flags(table, i) for i in steady_rows)
         med = steady_medians(table, steady_rows, SUMMARY_METRICS)
+        runs = figures_of(self.run, self.earlier, sum(armed), len(steady_rows))
+        ref = runs.reference
+        if ref is not None:  # every step armed: the job's figures are its last unarmed run's
+            med = {k: ref.medians.get(k) for k in SUMMARY_METRICS}
+            steady_rows = array("q")
         name = job_name or (self.first[1] if self.first else None)
         block = job_block(self.job, name, ctx.world, self.gpu_name, ctx.peak, self.canon_dtype,
                           self.dtype_src, self.flops_job)
@@ -563,7 +594,8 @@ class RunBuilder:
                          profiling_s=sum(c for c in (disturbances.excess_s,
                                                      *(i.capture_cost_s for i in incidents)) if c),
                          log_interval=self.job.log_interval, by_end_time=True,
-                         median_step_s=med_ms / 1e3 if med_ms is not None else None)
+                         median_step_s=med_ms / 1e3 if med_ms is not None else None,
+                         prior=self.earlier[-1].goodput if self.earlier else None)
         match = self._match(med)
         # a capture of another job is read only when the caller insists (the CLI's --capture-force)
         refused = match is not None and match.refused and not (self.timeline and self.timeline.forced)
@@ -575,6 +607,7 @@ class RunBuilder:
         summary = summarize(table, steady_rows, steady, pers, lay, self.gpm, timeline, self.gpm_when,
                             med, incidents=incidents, jitter=detection.jitter, disturbances=disturbances,
                             goodput=gp, memory_mib=dict(self.memory_mib) or None, step_budget=budget)
+        summary = with_runs(summary, runs, table, steady, self.run)
         analysis = RunAnalysis(block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
         analysis.config = job_config(analysis, self.job)

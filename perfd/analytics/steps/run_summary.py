@@ -20,11 +20,13 @@ from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.common import median
 from perfd.analytics.incidents.detect import Incident
+from perfd.analytics.ncu.arming import ArmingCost
 from perfd.analytics.steps import beat, windows
 from perfd.analytics.steps.flops import FlopsResult
 from perfd.analytics.steps.goodput import Goodput
 from perfd.analytics.steps.gpus import PeakResult, gpu_memory_mib
 from perfd.analytics.steps.iteration_table import Table
+from perfd.analytics.steps.runs import Runs
 from perfd.analytics.steps.steady import Exclusion, SteadyState
 from perfd.analytics.steps.stragglers import PersistentStragglers
 from perfd.model import JobInfo, ModelSpec, ParallelLayout
@@ -319,6 +321,9 @@ class RunSummary:
     memory_mib: Mapping[str, float] | None = None  # the largest of each memory report value
     step_budget: StepBudget | None = None
     slow_steps: beat.SlowSteps | None = None  # a jitter's slow steps, their cost and period (steps/beat.py)
+    # The job's runs: the current one, whose figures these are, the earlier runs' digests (steps/runs.py)
+    runs: Runs = field(default_factory=Runs)
+    arming: ArmingCost | None = None  # what running armed (under ncu) cost the current run's steps
 
     def median(self, name: str) -> float | None:
         """The steady value of summary metric ``name`` (an IterationResult attribute); None when absent."""
@@ -356,6 +361,8 @@ class RunSummary:
             "goodput": self.goodput.to_json() if self.goodput is not None else None,
             "memory_mib": dict(self.memory_mib) if self.memory_mib is not None else None,
             "step_budget": self.step_budget.to_json() if self.step_budget is not None else None,
+            "runs": self.runs.to_json(),
+            "arming": self.arming.to_json() if self.arming is not None else None,
         }
 
 
