@@ -3,9 +3,12 @@
 ``Trainer(..., callbacks=[hf_callback(tokens_per_step=...)])``. The subclass is created on the
 first call, importing ``transformers`` only then: importing this module does not need it.
 
-Step = one optimizer step, numbered ``state.global_step`` after it. The Trainer fetches a step's
-batches before ``on_step_begin``, so the step is opened at the end of the previous one and
-``on_step_begin`` marks the data as ready: the fetch is the data wait.
+Step = one optimizer step, numbered ``state.global_step`` after it: opened at ``on_step_begin``
+(the Trainer has fetched the step's batches, every gradient-accumulation micro-batch, just before),
+closed at ``on_step_end``. The fetch, and the logging, evaluation and saving the Trainer does after
+``on_step_end``, lie between two steps: the hook counts that time in the next step's period, the
+fetch as its data wait (the Trainer's DataLoader fetches are stamped: perfd.hook.loader), the rest as
+"outside the step".
 """
 
 from __future__ import annotations
@@ -27,29 +30,16 @@ def _make_class() -> type:
     class PerfdHFCallback(base):  # type: ignore[misc]
         def __init__(self, hook: StepHook) -> None:
             self.hook = hook
-            self._open = False
-
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self._begin(state)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if not self._open:
-                self._begin(state)
-            self.hook.data_ready()
+            self.hook.step_begin(int(state.global_step) + 1)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if self._open:
-                self.hook.step_end()
-            self._begin(state)
+            self.hook.step_end()
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.hook.abandon_step()
-            self._open = False
+            self.hook.abandon_step()  # a step the Trainer stopped in (none in a normal end)
             self.hook.close(timeout_s=1.0)
-
-        def _begin(self, state: Any) -> None:
-            self.hook.step_begin(int(state.global_step) + 1)
-            self._open = True
 
     return PerfdHFCallback
 

@@ -39,11 +39,12 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from perfd.hook import lifecycle, wire
+from perfd.hook import loader as fetches
 from perfd.hook.harvest import Harvester
 from perfd.hook.jobinfo import check_layout
 from perfd.hook.profile import ProfileControl, ProfilerControl
@@ -62,6 +63,8 @@ from perfd.model import ModelSpec
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.flops import TokenFlops
+
+T = TypeVar("T")
 
 _POLL_INTERVAL_NS = 50_000_000
 # Host time after step_end() returned within which step_begin() may reuse its end marker: a
@@ -146,7 +149,7 @@ class StepHook(ProfileControl, Harvester):
                  cuda_data_event: bool = False, harvest_interval_s: float | None = None,
                  model: ModelSpec | Mapping[str, Any] | None = None, dtype: str | None = None,
                  layout: Mapping[str, int] | None = None, mesh: Any = None,
-                 device_uuid: str | None = None) -> None:
+                 device_uuid: str | None = None, watch_dataloader: bool = True) -> None:
         if pool_size < 2:
             raise ValueError("pool_size must be >= 2")
         if harvest_interval_s is not None and harvest_interval_s < 0:
@@ -256,6 +259,18 @@ class StepHook(ProfileControl, Harvester):
         self._bound = False  # the harvester thread has made the CUDA context current
         self._outbox = deque()  # profile statuses for the harvester to send
         self._phase_open: str | None = None  # the checkpoint save or evaluation announced, until its end
+        self._pause_at: tuple[int, int] | None = None  # (perf_counter_ns, fetch clock) at its begin
+        # Between the steps (perfd.hook.loader): the fetch clock at the last step_end(), and the
+        # pauses announced since (host ns, and the fetch ns inside them).
+        self._fetch = fetches.CLOCK
+        self._fetches_before = self._fetch.count  # the fetches of this hook's loop are counted since
+        self._f_end = 0
+        self._paused_ns = self._paused_fetch_ns = 0
+        self.watch_dataloader = watch_dataloader and self.enabled
+        if self.enabled:
+            self._fetch.watch()  # the thread making the hook is the loop's, until its first step says
+        if self.watch_dataloader:
+            fetches.watch_dataloader()
         lifecycle.track(self)  # closed at exit, fixed up in a forked child
 
     # ------------------------------------------------------------------------------- the step path
@@ -264,6 +279,14 @@ class StepHook(ProfileControl, Harvester):
         """``with hook.step(): ...``: begin on enter, end on exit (abandoned if the body raises)."""
         self._ctx._step = step
         return self._ctx
+
+    def loader(self, iterable: Iterable[T]) -> fetches.Loader[T]:
+        """``for batch in hook.loader(loader): ...``: the same batches, each fetch stamped, so the time
+        the loop waits for them is its data wait wherever the fetch happens (between the steps or
+        inside one). Any iterable; torch DataLoaders are stamped without it unless
+        ``watch_dataloader=False`` (perfd.hook.loader)."""
+        self._fetch.watch()
+        return fetches.Loader(iterable, self._fetch)
 
     def step_begin(self, step: int | None = None) -> None:
         if not self.enabled:
@@ -295,6 +318,7 @@ class StepHook(ProfileControl, Harvester):
             free = self._free
             if not free:  # cannot happen (pool_size + 2 slots); if it did: unmeasured, counted
                 self.harvest_drops += 1
+                self._last = None
                 return
             slot = free.pop()
             slot.step = n
@@ -303,12 +327,23 @@ class StepHook(ProfileControl, Harvester):
             slot.t_data = -1
             slot.data_event = False
             slot.t_begin = t_begin if t_begin >= 0 else time.perf_counter_ns()
-            last = self._last
+            # Between the steps: the host time since the last step_end() returned, the fetches and
+            # the announced pauses in it (perfd.hook.loader; _phase).
+            fetched = self._fetch.total_ns
+            slot.f_begin = fetched
+            last = slot.prev = self._last
+            if last is not None:
+                slot.gap_ns = now - self._end_returned
+                slot.gap_fetch_ns = fetched - self._f_end - self._paused_fetch_ns
+            else:
+                slot.gap_ns, slot.gap_fetch_ns = -1, 0
+            slot.paused_ns, slot.paused_in_ns = self._paused_ns, 0
+            self._paused_ns = self._paused_fetch_ns = 0
             if (last is not None and self._alias and now - self._end_returned < _ALIAS_GAP_NS
                     and was_profiling == self._profiling):
-                slot.prev = last  # the previous step's end event is this step's begin
+                slot.aliased = True  # the previous step's end event is this step's begin
             else:
-                slot.prev = None
+                slot.aliased = False
                 try:
                     slot.begin.record()
                 except BaseException:
@@ -325,6 +360,7 @@ class StepHook(ProfileControl, Harvester):
             return
         try:
             slot.t_data = time.perf_counter_ns()
+            slot.f_data = self._fetch.total_ns
             data = slot.data
             if data is not None:
                 data.record()
@@ -347,6 +383,9 @@ class StepHook(ProfileControl, Harvester):
         try:
             self._cur = None
             slot.tokens, slot.flops, slot.seq = tokens, flops, seq_len
+            fetch = self._fetch
+            self._f_end = slot.f_end = fetch.total_ns
+            slot.fetch_live = fetch.count > self._fetches_before
             pending = self._pending
             if len(pending) < self._pool_size or self._drop_oldest():
                 try:
@@ -407,6 +446,7 @@ class StepHook(ProfileControl, Harvester):
             if code is None:
                 raise ValueError(f"unknown phase {phase!r} (one of {', '.join(wire.PHASE_CODES)})")
             self._phase_open = phase if state == wire.PHASE_BEGIN else None
+            self._time_pause(state)
             if self._rank is None:
                 self._resolve_rank()
             at = self._next_step - 1 if step is None else step
@@ -421,6 +461,26 @@ class StepHook(ProfileControl, Harvester):
                 self._outbox.append(rec)
         except Exception as exc:
             self._internal(exc)
+
+    def _time_pause(self, state: int) -> None:
+        """The pause's host time and its fetches (an evaluation's loader) leave the period of the
+        step they fall in, and its data wait: the collector counts the pause as checkpoint or
+        evaluation time (its ``paused-*`` timer) on the record whose period holds it."""
+        now, fetched = time.perf_counter_ns(), self._fetch.total_ns
+        if state == wire.PHASE_BEGIN:
+            self._pause_at = (now, fetched)
+            return
+        began, self._pause_at = self._pause_at, None
+        if began is None:
+            return
+        took, fetch = now - began[0], fetched - began[1]
+        cur = self._cur
+        if cur is not None:
+            cur.paused_in_ns += took
+            cur.gap_fetch_ns -= fetch
+        else:
+            self._paused_ns += took
+            self._paused_fetch_ns += fetch
 
     def abandon_step(self) -> None:
         """Forget the open step (it raised, or the loop ended between begin and end)."""
@@ -450,6 +510,9 @@ class StepHook(ProfileControl, Harvester):
         every pooled event created, capture the CUDA context, start the harvester."""
         self._ready = True
         self._job_flags = hook_flags()
+        self._fetch.watch()  # the training thread: only its fetches are waits
+        if self.watch_dataloader:
+            fetches.watch_dataloader()  # torch's DataLoader imported since the hook was made
         if self.device_uuid is None:
             self.device_index, self.device_uuid = current_device(self._torch)
             self._device_sent = self.device_uuid is None

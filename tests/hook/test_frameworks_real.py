@@ -2,7 +2,12 @@
 from a config (no weights downloaded): each run's step records go through the agent's hook collector
 into the aggregator's job store, whose analysis has the data share (the loader sleeps a known time
 per batch) and the MFU (FLOPs counted by perfd's formula from the model's shape and the step's
-tokens, peak given: a CPU has no row in the peak table)."""
+tokens, peak given: a CPU has no row in the peak table).
+
+Both frameworks fetch a step's batch before the callback opens it: the step time must be the step's
+period (the loop's own clock: a callback of the test, beside perfd's, stamping each optimizer step's
+end) and the data wait the fetch between the steps (the dataset's own clock of its items), each
+within 3 points of the step."""
 
 from __future__ import annotations
 
@@ -17,7 +22,15 @@ from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
 from perfd.analytics.steps.flops import megatron_flops
 from perfd.collector import Collected
-from perfd.model import ModelSpec
+from perfd.model import (
+    HOOK_DATA_WAIT_FROM_FIELD,
+    HOOK_IN_STEP_FIELD,
+    HOOK_OUTSIDE,
+    HOOK_STEP_IN_STEP,
+    HOOK_STEP_PERIOD,
+    HOOK_STEP_TIME_FIELD,
+    ModelSpec,
+)
 from perfd.report import build_report
 
 torch = pytest.importorskip("torch")
@@ -35,13 +48,30 @@ pytestmark = pytest.mark.slow  # real frameworks: a few seconds each
 
 
 class SlowTokens(torch.utils.data.Dataset):  # type: ignore[misc,name-defined]
+    """A slow dataset that keeps its own clock: each item's (start, end), perf_counter seconds."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[float, float]] = []
+
     def __len__(self) -> int:
         return BATCH * STEPS * 2
 
     def __getitem__(self, i: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
         time.sleep(ITEM_SLEEP_S)
         ids = torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i))
+        self.items.append((t0, time.perf_counter()))
         return {"input_ids": ids, "labels": ids.clone()}
+
+
+def truth(ends: list[float], items: list[tuple[float, float]]) -> dict[int, tuple[float, float]]:
+    """The loop's own clock: step n's period (ms) from step n-1's end to its own, and the time its
+    dataset spent making items in that period (ms)."""
+    out = {}
+    for n in range(2, len(ends) + 1):
+        a, b = ends[n - 2], ends[n - 1]
+        out[n] = ((b - a) * 1e3, sum(e - s for s, e in items if a <= s and e <= b) * 1e3)
+    return out
 
 
 def _gpt2() -> Any:
@@ -74,6 +104,12 @@ def _to_aggregator(c: HookCollector) -> Any:
         out.job_info.update(got.job_info)
         time.sleep(0.01)
     assert sorted(r.iteration for r in out.steps) == list(range(1, STEPS + 1))
+    for r in out.steps:  # the record says what its step time is, and keeps the time inside the step
+        assert r.fields[HOOK_STEP_TIME_FIELD] == (HOOK_STEP_IN_STEP if r.iteration == 1 else HOOK_STEP_PERIOD)
+        assert r.fields[HOOK_DATA_WAIT_FROM_FIELD] == "fetch"  # torch's DataLoader, stamped
+        if r.iteration > 1:
+            assert float(r.fields[HOOK_IN_STEP_FIELD]) < (r.step_time_ms or 0)
+            assert HOOK_OUTSIDE in r.timers
     store = JobStore(min_recompute_s=0.0, peak_tflops=PEAK)
     for job, info in out.job_info.items():
         store.ingest_job_info("agent", job, info)
@@ -83,16 +119,28 @@ def _to_aggregator(c: HookCollector) -> Any:
     return a
 
 
-def _check(a: Any) -> None:
+def _check(a: Any, own: dict[int, tuple[float, float]]) -> None:
     rows = [r for r in a.iterations if r.iteration > 2]  # after the hook's warm-up
     assert a.job.framework == "pytorch" and a.job.layout.world_size == 1
     assert a.job.gpu.dtype == "fp32"
     for r in rows:
-        # Data share: the fetch of BATCH items sleeping ITEM_SLEEP_S each, at least, over the step.
+        # Data share: the fetch of BATCH items sleeping ITEM_SLEEP_S each, the dataset's own clock.
         assert r.data_share is not None and r.sources["data_share"].startswith("hook:timer data-wait")
         assert r.data_share * r.step_time_ms >= BATCH * ITEM_SLEEP_S * 1e3 * 0.99
         assert r.mfu == pytest.approx(FLOPS / (r.step_time_ms / 1e3 * 1e12) / PEAK, rel=1e-9)
+    # Over the run (the steps after warm-up), the step time is the period (the fetch between the steps
+    # included) and the data wait the fetch, within 3 points of the loop's clock. (Not step by step:
+    # the loop's stamp and the hook's lie two calls apart, and on a loaded 2-core machine a process is
+    # put off the CPU between them for up to 20 ms, seen.)
+    total = sum(own[r.iteration][0] for r in rows)
+    assert sum(r.step_time_ms for r in rows) == pytest.approx(total, rel=0.03)
+    share = sum(own[r.iteration][1] for r in rows) / total
+    assert sum(r.data_share * r.step_time_ms for r in rows) / total == pytest.approx(share, abs=0.03)
+    steady = [r for r in rows if r.steady_state]
+    own_steady = sum(own[r.iteration][1] for r in steady) / sum(own[r.iteration][0] for r in steady)
+    assert a.summary.median("data_share") == pytest.approx(own_steady, abs=0.03)
     assert "None" not in build_report(a).summary.headline
+
 
 
 def test_hf_trainer_callback(collector: HookCollector, tmp_path: Path) -> None:
@@ -103,10 +151,18 @@ def test_hf_trainer_callback(collector: HookCollector, tmp_path: Path) -> None:
         output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=BATCH,
         report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
         disable_tqdm=True)
-    trainer = transformers.Trainer(model=_gpt2(), args=args, train_dataset=SlowTokens(),
-                                   callbacks=[hf_callback(**_hook_kwargs(collector))])
+    ends: list[float] = []
+
+    class Clock(transformers.TrainerCallback):  # type: ignore[misc,name-defined]
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            ends.append(time.perf_counter())
+
+    data = SlowTokens()
+    trainer = transformers.Trainer(model=_gpt2(), args=args, train_dataset=data,
+                                   callbacks=[hf_callback(**_hook_kwargs(collector)), Clock()])
     trainer.train()
-    _check(_to_aggregator(collector))
+    assert len(ends) == STEPS
+    _check(_to_aggregator(collector), truth(ends, data.items))
 
 
 def test_lightning_callback(collector: HookCollector) -> None:
@@ -124,9 +180,22 @@ def test_lightning_callback(collector: HookCollector) -> None:
         def configure_optimizers(self) -> Any:
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    loader = torch.utils.data.DataLoader(SlowTokens(), batch_size=BATCH, num_workers=0)
+    ends: list[float] = []
+
+    class Clock(pl.Callback):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            self.at = 0
+
+        def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+            if trainer.global_step > self.at:
+                self.at = trainer.global_step
+                ends.append(time.perf_counter())
+
+    data = SlowTokens()
+    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, num_workers=0)
     trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[lightning_callback(**_hook_kwargs(collector))])
+                         callbacks=[lightning_callback(**_hook_kwargs(collector)), Clock()])
     trainer.fit(Module(), loader)
-    _check(_to_aggregator(collector))
+    assert len(ends) == STEPS
+    _check(_to_aggregator(collector), truth(ends, data.items))

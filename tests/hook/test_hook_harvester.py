@@ -41,7 +41,7 @@ def drain(sock: socket.socket) -> list[tuple[int, bytes]]:
 
 
 def steps_in(recs: list[tuple[int, bytes]]) -> list[wire.StepMsg]:
-    return [wire.unpack_step(d) for k, d in recs if k == wire.KIND_STEP]
+    return [wire.unpack_step(d) for k, d in recs if k in wire.STEP_KINDS]
 
 
 def wait_until(cond: Any, timeout_s: float = 10.0) -> None:
@@ -172,7 +172,10 @@ def test_records_for_a_known_timeline_match_the_inline_path(
     for k, m in enumerate(thread, start=1):
         assert (m.step, m.rank, m.pid, m.step_ns, m.data_wait_ns) == (k, 4, os.getpid(), 100 + 1000 * k, 100)
         assert m.compute_ns == (1000 * k if data_event else None)
-        assert m.flags == wire.FLAG_CUDA | wire.FLAG_HAS_DATA | (wire.FLAG_WARMUP if k <= 2 else 0)
+        assert m.flags == (wire.FLAG_CUDA | wire.FLAG_HAS_DATA | wire.FLAG_DATA_READY
+                           | (wire.FLAG_WARMUP if k <= 2 else 0))
+        # Back to back: each step begins at the previous end (one event), its period is its time.
+        assert (m.period_ns, m.outside_ns) == ((None, None) if k == 1 else (m.step_ns, 100))
         if k > 2:
             window.append(m.step_ns)
         assert m.window_n == len(window)

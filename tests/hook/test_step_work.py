@@ -33,7 +33,7 @@ def _steps(sock: socket.socket) -> list[wire.StepMsg]:
             return out
         recs, problem = wire.split_records(data)
         assert problem is None
-        out += [wire.unpack_step(d) for k, d in recs if k == wire.KIND_STEP]
+        out += [wire.unpack_step(d) for k, d in recs if k in wire.STEP_KINDS]
 
 
 def test_the_model_spec_derives_what_its_fields_define() -> None:
