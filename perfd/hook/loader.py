@@ -52,11 +52,15 @@ class FetchClock:
     Written only by the thread it watches (``thread``), read by the same thread at step
     boundaries: no lock. ``total_ns`` only grows; a reader keeps its own last reading."""
 
-    __slots__ = ("busy", "count", "thread", "total_ns")
+    __slots__ = ("busy", "count", "thread", "total_ns", "wrapped_count", "wrapped_ns")
 
     def __init__(self) -> None:
         self.total_ns = 0
         self.count = 0
+        # Of them, the fetches of Loader wrappers (hook.loader): what a hook that does not take torch's
+        # DataLoader stamps (watch_dataloader=False) reads, since another hook may have installed them.
+        self.wrapped_ns = 0
+        self.wrapped_count = 0
         self.thread = threading.get_ident()  # the hook sets it to its training thread
         self.busy = False  # a fetch is being timed (an inner one is not counted again)
 
@@ -70,9 +74,10 @@ class FetchClock:
         """Count the fetches of ``thread`` (default: the calling one) from now on."""
         self.thread = threading.get_ident() if thread is None else thread
 
-    def timed(self, fetch: Callable[[], T]) -> T:
+    def timed(self, fetch: Callable[[], T], wrapped: bool = False) -> T:
         """``fetch()``, its duration added when it runs on the watched thread and no outer fetch
-        is being timed. Raises what ``fetch`` raises (StopIteration included), timed too."""
+        is being timed (``wrapped``: a Loader's). Raises what ``fetch`` raises (StopIteration
+        included), timed too."""
         if self.busy or threading.get_ident() != self.thread:
             return fetch()
         self.busy = True
@@ -80,8 +85,12 @@ class FetchClock:
         try:
             return fetch()
         finally:
-            self.total_ns += time.perf_counter_ns() - t0
+            took = time.perf_counter_ns() - t0
+            self.total_ns += took
             self.count += 1
+            if wrapped:
+                self.wrapped_ns += took
+                self.wrapped_count += 1
             self.busy = False
 
 
@@ -121,7 +130,12 @@ class _Fetching(Generic[T]):
         return self
 
     def __next__(self) -> T:
-        return self._clock.timed(self._it.__next__)
+        return self._clock.timed(self._it.__next__, True)
+
+
+def watch_disabled() -> bool:
+    """``PERFD_HOOK_DATALOADER=0``: torch's DataLoader is left alone."""
+    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("0", "false", "off")
 
 
 def watch_dataloader(clock: FetchClock = CLOCK) -> bool:
@@ -129,7 +143,7 @@ def watch_dataloader(clock: FetchClock = CLOCK) -> bool:
     process; a no-op when done). Only when the script has imported torch's DataLoader already
     (perfd never imports it) and ``PERFD_HOOK_DATALOADER`` is not ``0``. True when the fetches are
     stamped. Never raises."""
-    if os.environ.get(DISABLE_ENV, "").strip().lower() in ("0", "false", "off"):
+    if watch_disabled():
         return False
     mod = sys.modules.get("torch.utils.data.dataloader")
     cls = getattr(mod, "_BaseDataLoaderIter", None) if mod is not None else None

@@ -263,10 +263,11 @@ class StepHook(ProfileControl, Harvester):
         # Between the steps (perfd.hook.loader): the fetch clock at the last step_end(), and the
         # pauses announced since (host ns, and the fetch ns inside them).
         self._fetch = fetches.CLOCK
-        self._fetches_before = self._fetch.count  # the fetches of this hook's loop are counted since
         self._f_end = 0
         self._paused_ns = self._paused_fetch_ns = 0
-        self.watch_dataloader = watch_dataloader and self.enabled
+        self.watch_dataloader = watch_dataloader and self.enabled and not fetches.watch_disabled()
+        # the fetches of this hook's loop are counted from here (torch's DataLoader's only if watched)
+        self._fetches_before = self._fetch.count if self.watch_dataloader else self._fetch.wrapped_count
         if self.enabled:
             self._fetch.watch()  # the thread making the hook is the loop's, until its first step says
         if self.watch_dataloader:
@@ -329,7 +330,7 @@ class StepHook(ProfileControl, Harvester):
             slot.t_begin = t_begin if t_begin >= 0 else time.perf_counter_ns()
             # Between the steps: the host time since the last step_end() returned, the fetches and
             # the announced pauses in it (perfd.hook.loader; _phase).
-            fetched = self._fetch.total_ns
+            fetched = self._fetched()
             slot.f_begin = fetched
             last = slot.prev = self._last
             if last is not None:
@@ -360,7 +361,7 @@ class StepHook(ProfileControl, Harvester):
             return
         try:
             slot.t_data = time.perf_counter_ns()
-            slot.f_data = self._fetch.total_ns
+            slot.f_data = self._fetched()
             data = slot.data
             if data is not None:
                 data.record()
@@ -384,8 +385,12 @@ class StepHook(ProfileControl, Harvester):
             self._cur = None
             slot.tokens, slot.flops, slot.seq = tokens, flops, seq_len
             fetch = self._fetch
-            self._f_end = slot.f_end = fetch.total_ns
-            slot.fetch_live = fetch.count > self._fetches_before
+            if self.watch_dataloader:
+                self._f_end = slot.f_end = fetch.total_ns
+                slot.fetch_live = fetch.count > self._fetches_before
+            else:
+                self._f_end = slot.f_end = fetch.wrapped_ns
+                slot.fetch_live = fetch.wrapped_count > self._fetches_before
             pending = self._pending
             if len(pending) < self._pool_size or self._drop_oldest():
                 try:
@@ -466,7 +471,7 @@ class StepHook(ProfileControl, Harvester):
         """The pause's host time and its fetches (an evaluation's loader) leave the period of the
         step they fall in, and its data wait: the collector counts the pause as checkpoint or
         evaluation time (its ``paused-*`` timer) on the record whose period holds it."""
-        now, fetched = time.perf_counter_ns(), self._fetch.total_ns
+        now, fetched = time.perf_counter_ns(), self._fetched()
         if state == wire.PHASE_BEGIN:
             self._pause_at = (now, fetched)
             return
@@ -481,6 +486,11 @@ class StepHook(ProfileControl, Harvester):
         else:
             self._paused_ns += took
             self._paused_fetch_ns += fetch
+
+    def _fetched(self) -> int:
+        """The fetch clock's reading this hook takes (perfd.hook.loader)."""
+        fetch = self._fetch
+        return fetch.total_ns if self.watch_dataloader else fetch.wrapped_ns
 
     def abandon_step(self) -> None:
         """Forget the open step (it raised, or the loop ended between begin and end)."""
