@@ -14,12 +14,14 @@ import threading
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import perfd.hook.harvest
+import perfd.hook.loader
 import perfd.hook.step
 from perfd.hook import StepHook, wire
 
@@ -236,6 +238,43 @@ def test_a_gap_between_steps_records_a_begin_and_a_data_event_when_asked(
     assert gpu.count("record") == 3 + 3
     hook.close()
     assert [(m.step_ns, m.compute_ns) for m in steps_in(drain(sock))] == [(0, 0), (700, 700)]
+
+
+def test_the_period_spans_the_time_between_steps_and_the_fetch_in_it_is_the_data_wait(
+        agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's loop on a GPU: the batch is fetched between two steps while the GPU, done with
+    the last step, idles. The step's time is from the previous end event to its own (the idle time
+    included: the job's throughput), the time inside the step is its own begin to end, the data wait
+    is the host's fetch, and what else passed between the steps is outside."""
+    path, sock = agent
+    clock = Clock()
+    for mod in (perfd.hook.step, perfd.hook.harvest, perfd.hook.loader):
+        monkeypatch.setattr(mod, "time", clock)
+    monkeypatch.setattr(perfd.hook.step, "_ALIAS_GAP_NS", 2_000)  # a fetch is a real gap
+    gpu = Gpu(auto=True)
+    hook = StepHook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker, harvest_interval_s=3600)
+
+    def fetches() -> Iterator[int]:
+        for k in range(3):
+            clock.t += 5_000  # the host waits 5 µs for the batch; the GPU idles as long
+            gpu.clock += 5_000
+            yield k
+
+    batches = iter(hook.loader(fetches()))
+    for _ in range(3):
+        next(batches)
+        clock.t += 300  # the loop's own host work between the steps: outside any step
+        with hook.step():
+            gpu.work(1_000)
+    hook.close()
+    got = steps_in(drain(sock))
+    assert [m.step_ns for m in got] == [1_000] * 3  # begin event (after the fetch) -> end event
+    assert got[0].period_ns is None and [m.period_ns for m in got[1:]] == [6_000, 6_000]
+    for m in got[1:]:
+        assert m.flags & wire.FLAG_FETCH and not m.flags & wire.FLAG_DATA_READY
+        assert m.data_wait_ns is not None and 5_000 <= m.data_wait_ns <= 5_000 + 300  # a few clock reads
+        assert m.outside_ns is not None and 300 <= m.outside_ns <= 300 + 1_000
+    assert gpu.count("record") == 3 * 2  # a begin of its own per step: the fetch could launch GPU work
 
 
 def test_a_full_deque_drops_the_oldest_or_this_step_and_never_waits(agent: tuple[str, socket.socket]) -> None:
