@@ -33,6 +33,7 @@ Profile requests are polled on the training thread, which calls ``cudaProfilerSt
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 import threading
@@ -46,7 +47,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from perfd.hook import lifecycle, wire
 from perfd.hook import loader as fetches
 from perfd.hook.harvest import Harvester
-from perfd.hook.jobinfo import check_layout
+from perfd.hook.jobinfo import check_layout, current_device, hook_flags
+from perfd.hook.phases import PhaseControl
 from perfd.hook.profile import ProfileControl, ProfilerControl
 from perfd.hook.sender import DatagramSender
 from perfd.hook.state import Slot
@@ -58,13 +60,14 @@ from perfd.hook.timing import (
     RollingPercentiles,
     cuda_marker_factory,
 )
-from perfd.hook.trace import KinetoTrace, can_trace
+from perfd.hook.trace import KinetoTrace
 from perfd.model import ModelSpec
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.flops import TokenFlops
 
 T = TypeVar("T")
+log = logging.getLogger("perfd.hook")
 
 _POLL_INTERVAL_NS = 50_000_000
 # Host time after step_end() returned within which step_begin() may reuse its end marker: a
@@ -74,9 +77,6 @@ _HARVEST_INTERVAL_S = 0.05
 # The longest close() waits for the harvester thread to end (the lock's wait is
 # perfd.hook.harvest's _LOCK_TIMEOUT_S): a pass stuck in the driver must not hang close().
 _JOIN_TIMEOUT_S = 2.0
-# A checkpoint/evaluation announcement waits at most this long for a harvester pass to end (it then
-# goes out with the harvester's next pass): the loop is about to pause anyway, a few ms are nothing.
-_PHASE_LOCK_TIMEOUT_S = 0.05
 
 
 class _StepContext:
@@ -98,22 +98,7 @@ class _StepContext:
             self._hook.abandon_step()  # a step that raised is not a step time
 
 
-class _PhaseContext:
-    """``with hook.phase("checkpoint"): save(...)``: begin on enter, end on exit (raised or not)."""
-
-    def __init__(self, hook: StepHook, phase: str, step: int | None) -> None:
-        self._hook, self._phase, self._step = hook, phase, step
-
-    def __enter__(self) -> StepHook:
-        self._hook.phase_begin(self._phase, self._step)
-        return self._hook
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._hook.phase_end()
-
-
-class StepHook(ProfileControl, Harvester):
+class StepHook(PhaseControl, ProfileControl, Harvester):
     """Use as ``with hook.step(): ...`` or ``step_begin()`` / ``data_ready()`` / ``step_end()``.
 
     Step numbers: pass ``step=`` (e.g. the optimizer step count, to join with other sources), or let
@@ -131,8 +116,9 @@ class StepHook(ProfileControl, Harvester):
     seq_len=...)`` (Python numbers, the same units; the constructor's values are the default). Without
     ``flops_per_step``, ``model=`` (a :class:`perfd.model.ModelSpec` or a mapping of its fields:
     num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, seq_length,
-    vocab_size, swiglu, ...; kv_channels and padded_vocab_size are derived when absent, Hugging Face
-    names are accepted: perfd.analytics.steps.flops.complete_spec) counts each step's FLOPs from its tokens
+    vocab_size, swiglu, ...; kv_channels and padded_vocab_size are derived when absent; a Hugging Face
+    ``config.to_dict()`` is taken as it is, its unused fields listed in ``model_notes`` and a debug log
+    line: perfd.analytics.steps.hf_spec) counts each step's FLOPs from its tokens
     and sequence length with perfd's formula (the one used for Megatron-LM, DESIGN.md §2). ``dtype``
     (the training dtype: bf16, fp16, fp8, fp32; it picks the peak), ``layout`` (named sizes:
     world_size, tp, pp, dp, cp, ep) and ``mesh`` (a DeviceMesh) tell the agent about the job:
@@ -160,11 +146,16 @@ class StepHook(ProfileControl, Harvester):
         self.tokens_per_step = tokens_per_step
         self._token_flops: TokenFlops | None = None
         self._model_seq: float | None = None
+        self.model_notes: tuple[str, ...] = ()
         if flops_per_step is None and model is not None:
             from perfd.analytics.steps.flops import token_flops  # only then: the loop imports no analytics
 
             self._token_flops = token_flops(model)  # a missing field raises here, not in the loop
             self._model_seq = self._token_flops.spec.seq_length
+            # How model= was read (a Hugging Face config: the fields ignored, what was derived)
+            self.model_notes = self._token_flops.notes
+            for note in self.model_notes:
+                log.debug("perfd step hook: model=: %s", note)
             if tokens_per_step is not None and self._model_seq is not None:
                 flops_per_step = self._token_flops.flops(tokens_per_step, self._model_seq)
         self.flops_per_step = flops_per_step
@@ -424,69 +415,6 @@ class StepHook(ProfileControl, Harvester):
             self._internal(exc)
         self._end_returned = time.perf_counter_ns()
 
-    # ------------------------------------------------------------------------------- pauses
-
-    def phase(self, phase: str, step: int | None = None) -> _PhaseContext:
-        """``with hook.phase("checkpoint"): ...`` around a checkpoint save (or ``"evaluation"``
-        around an evaluation pass): the agent hears at once that the loop pauses on purpose, and
-        perfd does not call the pause a stall (perfd.analytics.incidents.stall)."""
-        return _PhaseContext(self, phase, step)
-
-    def phase_begin(self, phase: str, step: int | None = None) -> None:
-        """A checkpoint save or an evaluation begins (``phase``: ``checkpoint`` or ``evaluation``;
-        ``step``: the step it follows, by default the last one begun). Sent at once, after the
-        records batched so far; never blocks the loop for long nor raises (an unknown phase name
-        is counted in ``counters()["internal_errors"]`` and ignored)."""
-        self._phase(phase, wire.PHASE_BEGIN, step)
-
-    def phase_end(self) -> None:
-        """The phase begun last has ended."""
-        self._phase(self._phase_open or "", wire.PHASE_END, None)
-
-    def _phase(self, phase: str, state: int, step: int | None) -> None:
-        if not self.enabled:
-            return
-        try:
-            code = wire.PHASE_CODES.get(phase)
-            if code is None:
-                raise ValueError(f"unknown phase {phase!r} (one of {', '.join(wire.PHASE_CODES)})")
-            self._phase_open = phase if state == wire.PHASE_BEGIN else None
-            self._time_pause(state)
-            if self._rank is None:
-                self._resolve_rank()
-            at = self._next_step - 1 if step is None else step
-            rec = wire.pack_phase(wire.PhaseMsg(self._rank or 0, self.pid, code, state, at, time.time_ns()))
-            if self._lock.acquire(timeout=_PHASE_LOCK_TIMEOUT_S):
-                try:
-                    self._flush()  # the steps before the pause reach the agent first
-                    self.sender.send(rec)
-                finally:
-                    self._lock.release()
-            else:  # the harvester is busy: it sends the announcement at its next pass
-                self._outbox.append(rec)
-        except Exception as exc:
-            self._internal(exc)
-
-    def _time_pause(self, state: int) -> None:
-        """The pause's host time and its fetches (an evaluation's loader) leave the period of the
-        step they fall in, and its data wait: the collector counts the pause as checkpoint or
-        evaluation time (its ``paused-*`` timer) on the record whose period holds it."""
-        now, fetched = time.perf_counter_ns(), self._fetched()
-        if state == wire.PHASE_BEGIN:
-            self._pause_at = (now, fetched)
-            return
-        began, self._pause_at = self._pause_at, None
-        if began is None:
-            return
-        took, fetch = now - began[0], fetched - began[1]
-        cur = self._cur
-        if cur is not None:
-            cur.paused_in_ns += took
-            cur.gap_fetch_ns -= fetch
-        else:
-            self._paused_ns += took
-            self._paused_fetch_ns += fetch
-
     def _fetched(self) -> int:
         """The fetch clock's reading this hook takes (perfd.hook.loader)."""
         fetch = self._fetch
@@ -645,34 +573,6 @@ def _env_rank() -> int | None:
         except (KeyError, ValueError):
             continue
     return None
-
-
-def hook_flags() -> int:
-    """The job record's flags (wire.JOB_FLAG_*): whether this process polls the Kineto daemon itself
-    (KINETO_USE_DAEMON set, as libkineto reads it) and whether the hook can open a trace in it."""
-    flags = 0
-    if os.environ.get("KINETO_USE_DAEMON", "").strip().lower() not in ("", "0", "false"):
-        flags |= wire.JOB_FLAG_KINETO_DAEMON
-    if can_trace(sys.modules.get("torch")):
-        flags |= wire.JOB_FLAG_CAN_TRACE
-    return flags
-
-
-def current_device(torch: Any) -> tuple[int, str | None]:
-    """(index, UUID) of the CUDA device this thread uses, (-1, None) where none is known. Never
-    initializes CUDA (a job that has not yet used it has no device to name): torch's own, or the one
-    a job imported. The UUID as NVML spells it ("GPU-..."): torch gives the bare one."""
-    torch = torch or sys.modules.get("torch")
-    try:
-        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return -1, None
-        index = int(torch.cuda.current_device())
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
-    except Exception:
-        return -1, None
-    if not uuid:
-        return index, None
-    return index, uuid if uuid[:4].upper() in ("GPU-", "MIG-") else f"GPU-{uuid}"
 
 
 def _import_torch() -> Any:

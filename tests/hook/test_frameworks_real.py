@@ -74,12 +74,16 @@ def truth(ends: list[float], items: list[tuple[float, float]]) -> dict[int, tupl
     return out
 
 
+def _gpt2_config() -> Any:
+    transformers = pytest.importorskip("transformers")
+    return transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
+                                   n_inner=128)
+
+
 def _gpt2() -> Any:
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
-                                  n_inner=128)
     torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(cfg)
+    return transformers.GPT2LMHeadModel(_gpt2_config())
 
 
 @pytest.fixture
@@ -90,9 +94,9 @@ def collector(tmp_path: Path) -> Iterator[HookCollector]:
     c.stop()
 
 
-def _hook_kwargs(c: HookCollector) -> dict[str, Any]:
+def _hook_kwargs(c: HookCollector, model: Any = None) -> dict[str, Any]:
     return {"socket_path": c.config.socket_path, "cuda": False, "warmup_steps": 2, "flush_interval_s": 0.05,
-            "tokens_per_step": BATCH * SEQ, "model": SPEC, "dtype": "fp32"}
+            "tokens_per_step": BATCH * SEQ, "model": SPEC if model is None else model, "dtype": "fp32"}
 
 
 def _to_aggregator(c: HookCollector) -> Any:
@@ -158,8 +162,10 @@ def test_hf_trainer_callback(collector: HookCollector, tmp_path: Path) -> None:
             ends.append(time.perf_counter())
 
     data = SlowTokens()
+    # The model's Hugging Face config as it is (its sequence length beside it): the same FLOPs as SPEC.
+    model = {**_gpt2_config().to_dict(), "seq_length": SEQ}
     trainer = transformers.Trainer(model=_gpt2(), args=args, train_dataset=data,
-                                   callbacks=[hf_callback(**_hook_kwargs(collector)), Clock()])
+                                   callbacks=[hf_callback(**_hook_kwargs(collector, model)), Clock()])
     trainer.train()
     assert len(ends) == STEPS
     _check(_to_aggregator(collector), truth(ends, data.items))

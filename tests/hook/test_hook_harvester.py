@@ -252,7 +252,8 @@ def test_the_period_spans_the_time_between_steps_and_the_fetch_in_it_is_the_data
         monkeypatch.setattr(mod, "time", clock)
     monkeypatch.setattr(perfd.hook.step, "_ALIAS_GAP_NS", 2_000)  # a fetch is a real gap
     gpu = Gpu(auto=True)
-    hook = StepHook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker, harvest_interval_s=3600)
+    hook = StepHook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker,
+                    harvest_interval_s=3600)
 
     def fetches() -> Iterator[int]:
         for k in range(3):

@@ -41,7 +41,7 @@ def test_an_announced_save_and_evaluation_are_timed_onto_the_next_record(tmp_pat
                 time.sleep(s)
             outer[(rank, phase)] = time.monotonic() - t0
 
-        def rank(r: int) -> None:
+        def run_rank(r: int) -> None:
             h = Hook(c.config.socket_path, rank=r)
             for step in range(1, 11):
                 with h.step():
@@ -53,7 +53,7 @@ def test_an_announced_save_and_evaluation_are_timed_onto_the_next_record(tmp_pat
                         pause(h, 0, "evaluation", 0.1)
             h.close()
 
-        ranks = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+        ranks = [threading.Thread(target=run_rank, args=(r,)) for r in (0, 1)]
         for t in ranks:
             t.start()
         for t in ranks:
