@@ -185,10 +185,15 @@ def check_incident(own: dict[str, Any], steps: dict[int, tuple[float, float]], s
         c["ok_edges"] = abs(c["start_off"]) <= EDGE_STEPS and abs(c["end_off"]) <= EDGE_STEPS
         c["ok_cost"] = inc.get("cost_s") is not None and abs(inc["cost_s"] / cost - 1) <= COST_REL
         c["ok_cause_data"] = (inc.get("verdict") or {}).get("cause") == "data_wait"
-        mine = [r for r in rep.get("recommendations") or [] if r.get("finding_id") == f"incident-{inc['id']}"]
-        c["incident_action"] = mine[0].get("action") if mine else None
-        c["ok_action_data"] = bool(mine) and "data" in str(mine[0].get("action")).lower() and not str(
-            mine[0].get("action")).startswith("Check rank")
+        # The incident's action: its own recommendation, or, where it asks what the run's data-loading
+        # one asks, that one (the report keeps one of two recommendations with the same action).
+        recs = rep.get("recommendations") or []
+        mine = [r for r in recs if r.get("finding_id") == f"incident-{inc['id']}"]
+        if not mine and c["ok_cause_data"]:
+            mine = [r for r in recs if r.get("finding_id") == "data-loading"]
+        action = str(mine[0].get("action")) if mine else ""
+        c["incident_action"] = action or None
+        c["ok_action_data"] = "data" in action.lower() and not action.startswith("Check rank")
     return c
 
 
