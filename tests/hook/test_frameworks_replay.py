@@ -163,3 +163,36 @@ def test_step_time_data_share_class_and_r1_are_the_loops_own(replayed: dict[str,
         assert {"ok_one_incident", "ok_edges", "ok_cost", "ok_cause_data", "ok_action_data"} <= set(c)
     else:
         assert "ok_r1" in c
+
+
+def test_nvml_frames_are_placed_on_the_hooks_rank(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The replay's GPU path, before a GPU recording is here: a real H100 NVML recording
+    (tests/data/incidents/cotenant_h100) laid over the README loop's time, its process list naming the
+    loop's pid (no RANK: the job runs as ``python3 train.py``). The agent's attribution places rank 0
+    on that GPU, and its samples reach the job's GPU view."""
+    src = DATA / "readme"
+    job_dir = tmp_path / "readme"
+    job_dir.mkdir()
+    for name in ("hook.jsonl.gz", "own.json.gz", "meta.json"):
+        (job_dir / name).write_bytes((src / name).read_bytes())
+    pid = json.loads(gzip.open(src / "own.json.gz", "rt").read())["pid"]
+    sent = [float(d["t"]) for d in _lines(src / "hook.jsonl.gz")]
+    frames = [fr for fr in _lines(Path(__file__).resolve().parents[1] / "data" / "incidents" / "cotenant_h100"
+                                  / "nvml.jsonl.gz") if fr.get("type") == "collect"]
+    shift = sent[0] - float(frames[0]["time"])
+    with gzip.open(job_dir / "nvml.jsonl.gz", "wt") as g:
+        for fr in frames:
+            if float(fr["time"]) + shift > sent[-1]:
+                break
+            fr["time"] = float(fr["time"]) + shift
+            for e in fr.get("events") or []:
+                if e["kind"] == events.GPU_PROCESSES.name:  # the loop's process, as NVML lists it
+                    e["payload"] = [{"pid": pid, "name": "python3", "cmdline": "python3 train.py",
+                                     "used_memory_bytes": 2 << 30, "rank": None, "local_rank": None,
+                                     "world_size": None}]
+            g.write(json.dumps(fr) + "\n")
+    got = replay(job_dir, monkeypatch, tmp_path)
+    assert got["nvml_frames"] > 10
+    (row,) = got["full"]["ranks"]
+    assert (row["rank"], row["node"], row["gpu"], row["pid"]) == (0, NODE, "0", pid)
+    assert row["gpu_values"].get("perfd_gpu_utilization_ratio") is not None
