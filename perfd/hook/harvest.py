@@ -190,6 +190,12 @@ class Harvester(HookState):
         data_ns = compute_ns = outside_ns = -1
         t_data = slot.t_data
         gap_fetch = slot.gap_fetch_ns
+        if period_ns >= 0 and gap_fetch > 0:
+            # Of a fetch between the steps, the part the step waited for: no more than the time from
+            # the previous end marker to this step's begin (with CUDA events, while the GPU still ran
+            # the previous step's queued work the loop was not waiting on the fetch; with host
+            # timing that time is the gap itself, which holds the fetch).
+            gap_fetch = min(gap_fetch, max(0, period_ns - step_ns))
         if t_data >= 0:
             flags |= wire.FLAG_HAS_DATA | wire.FLAG_DATA_READY
             data_ns = gap_fetch + (t_data - slot.t_begin) + (slot.f_end - slot.f_data)
@@ -208,7 +214,7 @@ class Harvester(HookState):
         if period_ns >= 0:
             period_ns = max(period_ns - paused, step_ns)
             if slot.gap_ns >= 0:
-                outside_ns = max(0, slot.gap_ns - max(gap_fetch, 0) - slot.paused_ns)
+                outside_ns = max(0, slot.gap_ns - max(slot.gap_fetch_ns, 0) - slot.paused_ns)
         if slot.profiling:
             flags |= wire.FLAG_PROFILING
         stats = self.stats

@@ -25,8 +25,8 @@ Two things stamp it:
   the step" unless ``hook.loader`` wraps the loader.
 
 Only fetches on the training thread count (the thread that runs the hook's steps): a prefetching
-thread's fetches overlap the step, the loop does not wait for them. A fetch inside another (a
-``Loader`` around a DataLoader) is counted once, as the outer one. Cost: two ``perf_counter_ns``
+thread's fetches overlap the step, the loop does not wait for them. A fetch inside another on the
+same clock (a ``Loader`` around a DataLoader) is counted once, as the outer one. Cost: two ``perf_counter_ns``
 and a thread check per batch (~0.3 µs), nothing per step.
 """
 
@@ -52,15 +52,11 @@ class FetchClock:
     Written only by the thread it watches (``thread``), read by the same thread at step
     boundaries: no lock. ``total_ns`` only grows; a reader keeps its own last reading."""
 
-    __slots__ = ("busy", "count", "thread", "total_ns", "wrapped_count", "wrapped_ns")
+    __slots__ = ("busy", "count", "thread", "total_ns")
 
     def __init__(self) -> None:
         self.total_ns = 0
         self.count = 0
-        # Of them, the fetches of Loader wrappers (hook.loader): what a hook that does not take torch's
-        # DataLoader stamps (watch_dataloader=False) reads, since another hook may have installed them.
-        self.wrapped_ns = 0
-        self.wrapped_count = 0
         self.thread = threading.get_ident()  # the hook sets it to its training thread
         self.busy = False  # a fetch is being timed (an inner one is not counted again)
 
@@ -74,10 +70,9 @@ class FetchClock:
         """Count the fetches of ``thread`` (default: the calling one) from now on."""
         self.thread = threading.get_ident() if thread is None else thread
 
-    def timed(self, fetch: Callable[[], T], wrapped: bool = False) -> T:
+    def timed(self, fetch: Callable[[], T]) -> T:
         """``fetch()``, its duration added when it runs on the watched thread and no outer fetch
-        is being timed (``wrapped``: a Loader's). Raises what ``fetch`` raises (StopIteration
-        included), timed too."""
+        is being timed. Raises what ``fetch`` raises (StopIteration included), timed too."""
         if self.busy or threading.get_ident() != self.thread:
             return fetch()
         self.busy = True
@@ -85,16 +80,13 @@ class FetchClock:
         try:
             return fetch()
         finally:
-            took = time.perf_counter_ns() - t0
-            self.total_ns += took
+            self.total_ns += time.perf_counter_ns() - t0
             self.count += 1
-            if wrapped:
-                self.wrapped_ns += took
-                self.wrapped_count += 1
             self.busy = False
 
 
-# One per process: a DataLoader's iterator does not know which hook (if any) watches it.
+# One per process: a DataLoader's iterator does not know which hook (if any) watches it. A hook that
+# leaves torch's DataLoader alone (watch_dataloader=False) keeps a clock of its own for its Loaders.
 CLOCK = FetchClock()
 
 
@@ -130,7 +122,7 @@ class _Fetching(Generic[T]):
         return self
 
     def __next__(self) -> T:
-        return self._clock.timed(self._it.__next__, True)
+        return self._clock.timed(self._it.__next__)
 
 
 def watch_disabled() -> bool:

@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from perfd.hook import wire
+from perfd.hook.loader import FetchClock
 from perfd.hook.sender import DatagramSender
 from perfd.hook.state import HookState, Slot
 
@@ -54,10 +55,10 @@ class PhaseControl(HookState):
     _paused_ns: int
     _paused_fetch_ns: int
     # StepHook's and Harvester's (declared, not defined: a definition here would come first in
-    # StepHook's method order and hide theirs)
+    # StepHook's method order and hide theirs), and the fetch clock it reads (perfd.hook.loader)
     _resolve_rank: Callable[[], None]
     _flush: Callable[[], None]
-    _fetched: Callable[[], int]
+    _fetch: FetchClock
 
     def phase(self, phase: str, step: int | None = None) -> PhaseContext:
         """``with hook.phase("checkpoint"): ...`` around a checkpoint save (or ``"evaluation"``
@@ -104,7 +105,7 @@ class PhaseControl(HookState):
         """The pause's host time and its fetches (an evaluation's loader) leave the period of the
         step they fall in, and its data wait: the collector counts the pause as checkpoint or
         evaluation time (its ``paused-*`` timer) on the record whose period holds it."""
-        now, fetched = time.perf_counter_ns(), self._fetched()
+        now, fetched = time.perf_counter_ns(), self._fetch.total_ns
         if state == wire.PHASE_BEGIN:
             self._pause_at = (now, fetched)
             return

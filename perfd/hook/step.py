@@ -253,12 +253,11 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
         self._pause_at: tuple[int, int] | None = None  # (perf_counter_ns, fetch clock) at its begin
         # Between the steps (perfd.hook.loader): the fetch clock at the last step_end(), and the
         # pauses announced since (host ns, and the fetch ns inside them).
-        self._fetch = fetches.CLOCK
+        self.watch_dataloader = watch_dataloader and self.enabled and not fetches.watch_disabled()
+        self._fetch = fetches.CLOCK if self.watch_dataloader else fetches.FetchClock()
+        self._fetches_before = self._fetch.count  # this hook's loop's fetches are counted from here
         self._f_end = 0
         self._paused_ns = self._paused_fetch_ns = 0
-        self.watch_dataloader = watch_dataloader and self.enabled and not fetches.watch_disabled()
-        # the fetches of this hook's loop are counted from here (torch's DataLoader's only if watched)
-        self._fetches_before = self._fetch.count if self.watch_dataloader else self._fetch.wrapped_count
         if self.enabled:
             self._fetch.watch()  # the thread making the hook is the loop's, until its first step says
         if self.watch_dataloader:
@@ -276,8 +275,8 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
         """``for batch in hook.loader(loader): ...``: the same batches, each fetch stamped, so the time
         the loop waits for them is its data wait wherever the fetch happens (between the steps or
         inside one). Any iterable; torch DataLoaders are stamped without it unless
-        ``watch_dataloader=False`` (perfd.hook.loader)."""
-        self._fetch.watch()
+        ``watch_dataloader=False`` (perfd.hook.loader). Only the training thread's fetches count: the
+        thread that made the hook, then the one that runs its first step."""
         return fetches.Loader(iterable, self._fetch)
 
     def step_begin(self, step: int | None = None) -> None:
@@ -321,7 +320,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             slot.t_begin = t_begin if t_begin >= 0 else time.perf_counter_ns()
             # Between the steps: the host time since the last step_end() returned, the fetches and
             # the announced pauses in it (perfd.hook.loader; _phase).
-            fetched = self._fetched()
+            fetched = self._fetch.total_ns
             slot.f_begin = fetched
             last = slot.prev = self._last
             if last is not None:
@@ -352,7 +351,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             return
         try:
             slot.t_data = time.perf_counter_ns()
-            slot.f_data = self._fetched()
+            slot.f_data = self._fetch.total_ns
             data = slot.data
             if data is not None:
                 data.record()
@@ -376,12 +375,8 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             self._cur = None
             slot.tokens, slot.flops, slot.seq = tokens, flops, seq_len
             fetch = self._fetch
-            if self.watch_dataloader:
-                self._f_end = slot.f_end = fetch.total_ns
-                slot.fetch_live = fetch.count > self._fetches_before
-            else:
-                self._f_end = slot.f_end = fetch.wrapped_ns
-                slot.fetch_live = fetch.wrapped_count > self._fetches_before
+            self._f_end = slot.f_end = fetch.total_ns
+            slot.fetch_live = fetch.count > self._fetches_before
             pending = self._pending
             if len(pending) < self._pool_size or self._drop_oldest():
                 try:
@@ -414,11 +409,6 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
         except Exception as exc:
             self._internal(exc)
         self._end_returned = time.perf_counter_ns()
-
-    def _fetched(self) -> int:
-        """The fetch clock's reading this hook takes (perfd.hook.loader)."""
-        fetch = self._fetch
-        return fetch.total_ns if self.watch_dataloader else fetch.wrapped_ns
 
     def abandon_step(self) -> None:
         """Forget the open step (it raised, or the loop ended between begin and end)."""

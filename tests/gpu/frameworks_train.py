@@ -174,14 +174,14 @@ def hf() -> None:
     fetches: list[tuple[float, float]] = []
     ends: list[float] = []
 
-    class Timed(transformers.Trainer):  # type: ignore[misc]
+    class Timed(transformers.Trainer):
         def get_batch_samples(self, *args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             got = super().get_batch_samples(*args, **kwargs)
             fetches.append((t0, time.perf_counter()))
             return got
 
-    class Clock(transformers.TrainerCallback):  # type: ignore[misc]
+    class Clock(transformers.TrainerCallback):
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
             sync()
             ends.append(time.perf_counter())

@@ -278,6 +278,37 @@ def test_the_period_spans_the_time_between_steps_and_the_fetch_in_it_is_the_data
     assert gpu.count("record") == 3 * 2  # a begin of its own per step: the fetch could launch GPU work
 
 
+def test_a_fetch_the_gpu_runs_through_is_no_data_wait(agent: tuple[str, socket.socket],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """An asynchronous loop whose GPU is behind: the host fetches the next batch while the GPU still
+    runs the work already queued, so the GPU never waits for it. The step's period is the GPU's time
+    per step, and the fetch it ran through is not a data wait (only a fetch longer than the GPU's
+    queued work would be, by what it outlasted)."""
+    path, sock = agent
+    clock = Clock()
+    for mod in (perfd.hook.step, perfd.hook.harvest, perfd.hook.loader):
+        monkeypatch.setattr(mod, "time", clock)
+    monkeypatch.setattr(perfd.hook.step, "_ALIAS_GAP_NS", 2_000)
+    gpu = Gpu(auto=True)
+    hook = StepHook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker,
+                    harvest_interval_s=3600)
+    lag = [0, 0, 3_000]  # the GPU's queued work outlasts the first two fetches, not the third (3 µs)
+
+    def fetches() -> Iterator[int]:
+        for k in range(3):
+            clock.t += 5_000  # 5 µs on the host; the GPU runs through its queue meanwhile...
+            gpu.clock += lag[k]  # ...and idles only past its end
+            yield k
+
+    batches = iter(hook.loader(fetches()))
+    for _ in range(3):
+        next(batches)
+        with hook.step():
+            gpu.work(20_000)
+    hook.close()
+    got = steps_in(drain(sock))
+    assert [m.period_ns for m in got] == [None, 20_000, 23_000]
+    assert [m.data_wait_ns for m in got[1:]] == [0, 3_000]
 def test_a_full_deque_drops_the_oldest_or_this_step_and_never_waits(agent: tuple[str, socket.socket]) -> None:
     path, sock = agent
     gpu = Gpu()
