@@ -8,7 +8,11 @@ Step = one optimizer step, numbered ``state.global_step`` after it: opened at ``
 closed at ``on_step_end``. The fetch, and the logging, evaluation and saving the Trainer does after
 ``on_step_end``, lie between two steps: the hook counts that time in the next step's period, the
 fetch as its data wait (the Trainer's DataLoader fetches are stamped: perfd.hook.loader), the rest as
-"outside the step".
+"outside the step". The Trainer's own evaluations and checkpoint saves between the steps are
+announced (``hook.phase``), so that their time and their loaders' fetches are not the next step's:
+at ``on_step_end`` the Trainer's flow callback (always the first) has already said what follows
+(``control.should_evaluate``, ``should_save``), and ``on_evaluate`` / ``on_save`` come when each is
+done.
 """
 
 from __future__ import annotations
@@ -30,16 +34,46 @@ def _make_class() -> type:
     class PerfdHFCallback(base):  # type: ignore[misc]
         def __init__(self, hook: StepHook) -> None:
             self.hook = hook
+            self._phase: str | None = None  # the pause announced and not yet ended
+            self._save_next = False  # a checkpoint save follows the evaluation
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self._end_phase()
             self.hook.step_begin(int(state.global_step) + 1)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.hook.step_end()
+            self._save_next = bool(getattr(control, "should_save", False))
+            if getattr(control, "should_evaluate", False):
+                self._begin_phase("evaluation", state)
+            elif self._save_next:
+                self._save_next = False
+                self._begin_phase("checkpoint", state)
+
+        def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self._phase == "evaluation":
+                self._end_phase()
+                if self._save_next:
+                    self._save_next = False
+                    self._begin_phase("checkpoint", state)
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self._phase == "checkpoint":
+                self._end_phase()
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.hook.abandon_step()  # a step the Trainer stopped in (none in a normal end)
+            self._end_phase()
             self.hook.close(timeout_s=1.0)
+
+        def _begin_phase(self, phase: str, state: Any) -> None:
+            self._phase = phase
+            self.hook.phase_begin(phase, int(state.global_step))
+
+        def _end_phase(self) -> None:
+            if self._phase is not None:
+                self._phase = None
+                self.hook.phase_end()
 
     return PerfdHFCallback
 

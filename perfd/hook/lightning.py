@@ -9,7 +9,9 @@ opened at the ``on_train_batch_start`` of its first micro-batch (its batch fetch
 closed at the ``on_train_batch_end`` after which the global step has moved. The time between two
 steps (the fetch, Lightning's logging, a validation run) counts in the next step's period; the
 fetches, between the steps or of a gradient-accumulation step's later micro-batches, are its data
-wait (Lightning's DataLoader fetches are stamped: perfd.hook.loader).
+wait (Lightning's DataLoader fetches are stamped: perfd.hook.loader). A validation run between the
+steps is announced as an evaluation (``hook.phase``), so its time and its loader's fetches are not
+the next step's.
 """
 
 from __future__ import annotations
@@ -52,6 +54,14 @@ def _make_class() -> type:
             if self._opened_at is not None and trainer.global_step > self._opened_at:
                 self.hook.step_end()  # the optimizer stepped: one step done
                 self._opened_at = None
+
+        def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+            if not trainer.sanity_checking:  # the sanity check runs before the first step
+                self.hook.phase_begin("evaluation", int(trainer.global_step))
+
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            if not trainer.sanity_checking:
+                self.hook.phase_end()
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             self.hook.abandon_step()  # an accumulation the epoch's end cut short

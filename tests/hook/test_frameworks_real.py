@@ -50,27 +50,34 @@ pytestmark = pytest.mark.slow  # real frameworks: a few seconds each
 class SlowTokens(torch.utils.data.Dataset):  # type: ignore[misc,name-defined]
     """A slow dataset that keeps its own clock: each item's (start, end), perf_counter seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, n: int = BATCH * STEPS * 2, sleep_s: float = ITEM_SLEEP_S) -> None:
         self.items: list[tuple[float, float]] = []
+        self.n, self.sleep_s = n, sleep_s
 
     def __len__(self) -> int:
-        return BATCH * STEPS * 2
+        return self.n
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         t0 = time.perf_counter()
-        time.sleep(ITEM_SLEEP_S)
+        time.sleep(self.sleep_s)
         ids = torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i))
         self.items.append((t0, time.perf_counter()))
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def truth(ends: list[float], items: list[tuple[float, float]]) -> dict[int, tuple[float, float]]:
-    """The loop's own clock: step n's period (ms) from step n-1's end to its own, and the time its
-    dataset spent making items in that period (ms)."""
+EVAL_EVERY = 5  # an evaluation after steps 5 and 10: two batches of slow items
+EVAL_SLEEP_S = 0.03  # per evaluation item: an evaluation's 0.24 s stands out of a loaded machine's noise
+
+
+def truth(ends: list[float], items: list[tuple[float, float]],
+          evals: list[tuple[float, float]]) -> dict[int, tuple[float, float, float]]:
+    """The loop's own clock: step n's period (ms) from step n-1's end to its own, the time its
+    training dataset spent making items in that period (ms), and its evaluation items' (ms)."""
     out = {}
     for n in range(2, len(ends) + 1):
         a, b = ends[n - 2], ends[n - 1]
-        out[n] = ((b - a) * 1e3, sum(e - s for s, e in items if a <= s and e <= b) * 1e3)
+        out[n] = ((b - a) * 1e3, sum(e - s for s, e in items if a <= s and e <= b) * 1e3,
+                  sum(e - s for s, e in evals if a <= s and e <= b) * 1e3)
     return out
 
 
@@ -123,8 +130,20 @@ def _to_aggregator(c: HookCollector) -> Any:
     return a
 
 
-def _check(a: Any, own: dict[int, tuple[float, float]]) -> None:
-    rows = [r for r in a.iterations if r.iteration > 2]  # after the hook's warm-up
+def _check(a: Any, own: dict[int, tuple[float, float, float]], saves: bool = False) -> None:
+    # The evaluations between steps are announced (the callbacks' hook.phase): their time is not the
+    # next step's, and goodput counts it as evaluation.
+    evaluated = [n for n, (_, _, ev) in own.items() if ev > 0]
+    assert evaluated == [EVAL_EVERY + 1, 2 * EVAL_EVERY + 1]
+    rows_by = {r.iteration: r for r in a.iterations}
+    for n in evaluated:
+        period, fetched, ev = own[n]
+        assert rows_by[n].step_time_ms < period - 0.9 * ev  # the evaluation left the step's period
+        assert rows_by[n].data_share * rows_by[n].step_time_ms < fetched + 0.5 * ev  # and its fetches
+    gp = a.summary.to_json()["goodput"]["parts_s"]
+    assert gp["evaluation"] >= 0.9 * sum(own[n][2] for n in evaluated) / 1e3
+    assert (gp["checkpoint"] > 0) is saves  # the Trainer's checkpoint saves, announced the same way
+    rows = [r for r in a.iterations if r.iteration > 2 and r.iteration not in evaluated]  # after warm-up
     assert a.job.framework == "pytorch" and a.job.layout.world_size == 1
     assert a.job.gpu.dtype == "fp32"
     for r in rows:
@@ -153,22 +172,23 @@ def test_hf_trainer_callback(collector: HookCollector, tmp_path: Path) -> None:
 
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=BATCH,
-        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
-        disable_tqdm=True)
+        report_to=[], use_cpu=True, logging_strategy="no", dataloader_num_workers=0, disable_tqdm=True,
+        eval_strategy="steps", eval_steps=EVAL_EVERY, per_device_eval_batch_size=BATCH,
+        save_strategy="steps", save_steps=EVAL_EVERY)
     ends: list[float] = []
 
     class Clock(transformers.TrainerCallback):  # type: ignore[misc,name-defined]
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
             ends.append(time.perf_counter())
 
-    data = SlowTokens()
+    data, evals = SlowTokens(), SlowTokens(2 * BATCH, EVAL_SLEEP_S)
     # The model's Hugging Face config as it is (its sequence length beside it): the same FLOPs as SPEC.
     model = {**_gpt2_config().to_dict(), "seq_length": SEQ}
-    trainer = transformers.Trainer(model=_gpt2(), args=args, train_dataset=data,
+    trainer = transformers.Trainer(model=_gpt2(), args=args, train_dataset=data, eval_dataset=evals,
                                    callbacks=[hf_callback(**_hook_kwargs(collector, model)), Clock()])
     trainer.train()
     assert len(ends) == STEPS
-    _check(_to_aggregator(collector), truth(ends, data.items))
+    _check(_to_aggregator(collector), truth(ends, data.items, evals.items), saves=True)
 
 
 def test_lightning_callback(collector: HookCollector) -> None:
@@ -181,6 +201,9 @@ def test_lightning_callback(collector: HookCollector) -> None:
             self.model = _gpt2()
 
         def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+            return self.model(**batch).loss
+
+        def validation_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
             return self.model(**batch).loss
 
         def configure_optimizers(self) -> Any:
@@ -197,11 +220,14 @@ def test_lightning_callback(collector: HookCollector) -> None:
                 self.at = trainer.global_step
                 ends.append(time.perf_counter())
 
-    data = SlowTokens()
+    data, evals = SlowTokens(), SlowTokens(2 * BATCH, EVAL_SLEEP_S)
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, num_workers=0)
+    val = torch.utils.data.DataLoader(evals, batch_size=BATCH, num_workers=0)
     trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         val_check_interval=EVAL_EVERY, num_sanity_val_steps=1,
                          callbacks=[lightning_callback(**_hook_kwargs(collector)), Clock()])
-    trainer.fit(Module(), loader)
+    trainer.fit(Module(), loader, val)
     assert len(ends) == STEPS
-    _check(_to_aggregator(collector), truth(ends, data.items))
+    sanity = evals.items[:BATCH]  # the sanity check's batch, before the first step
+    _check(_to_aggregator(collector), truth(ends, data.items, evals.items[len(sanity):]))
