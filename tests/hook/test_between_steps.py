@@ -5,9 +5,10 @@ begins. A real ``torch.utils.data.DataLoader`` with two worker processes whose s
 time (the issue's loop, 0.12 s a sample, here ten times faster), a real hook, the agent's collector
 over a real socket, the aggregator's job store and its analysis. Whichever way the loop is written
 (the fetch before the step, ``hook.loader``, the fetch inside the step with or without
-``data_ready()``), the step time is the loop's own period, the data wait its own fetch, the class
-data-bound and R1 the data loader, and goodput has no unexplained "other": the loop's clock (its own
-``perf_counter`` around each fetch, and at each step's end) against perfd's, within 3 points.
+``data_ready()``, gradient accumulation with fetches on both sides of the step's begin), the step
+time is the loop's own period, the data wait its own fetch, the class data-bound and R1 the data
+loader, and goodput has no unexplained "other": the loop's clock (its own ``perf_counter`` around
+each fetch, and at each step's end) against perfd's, within 3 points.
 
 Before, the first way read "data 0.0%, healthy, class unknown, goodput 18% with the rest 'other'":
 the fetch was in no step.
@@ -112,6 +113,31 @@ def ready_loop(hook: StepHook, loader: Any, model: Any) -> tuple[list[float], li
     return waits, ends
 
 
+ACCUM = 3
+
+
+def accumulation_loop(hook: StepHook, loader: Any, model: Any) -> tuple[list[float], list[float]]:
+    """Gradient accumulation: a step of ACCUM micro-batches, the first fetched before the step, the
+    others inside it (the loop's own waits summed per step)."""
+    waits, ends = [], []
+    it = iter(loader)
+    for i in range(1, STEPS + 1):
+        t0 = time.perf_counter()
+        batch = next(it)
+        wait = time.perf_counter() - t0
+        with hook.step(step=i):
+            for k in range(ACCUM):
+                if k:
+                    t0 = time.perf_counter()
+                    batch = next(it)
+                    wait += time.perf_counter() - t0
+                model(batch).sum().backward()
+            time.sleep(0.002)
+            ends.append(time.perf_counter())
+        waits.append(wait)
+    return waits, ends
+
+
 def run(tmp: Path, loop: Loop, **hook_kw: Any) -> dict[str, Any]:
     """One loop under the hook; its step records through the collector into the job store."""
     c = HookCollector({"socket_path": str(tmp / "hook.sock"), "job": JOB})
@@ -156,11 +182,13 @@ def _own_over(got: dict[str, Any]) -> tuple[float, float]:
             sum(own[i][1] for i in steady) / sum(own[i][0] for i in steady))
 
 
-@pytest.fixture(scope="module", params=[readme_loop, wrapped_loop, inside_loop, ready_loop],
-                ids=["fetch-before-step", "hook.loader", "fetch-in-step", "fetch-in-step+data_ready"])
+@pytest.fixture(scope="module",
+                params=[readme_loop, wrapped_loop, inside_loop, ready_loop, accumulation_loop],
+                ids=["fetch-before-step", "hook.loader", "fetch-in-step", "fetch-in-step+data_ready",
+                     "accumulation"])
 def loop_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {**run(tmp_path_factory.mktemp("loop"), request.param),
-            "fetch_in_step": request.param in (inside_loop, ready_loop)}
+            "fetch_in_step": request.param in (inside_loop, ready_loop, accumulation_loop)}
 
 
 def test_the_step_time_and_the_data_share_are_the_loops_own(loop_run: dict[str, Any]) -> None:
@@ -233,7 +261,10 @@ def test_alternating_steps_give_the_shares_of_their_sums(tmp_path: Path) -> None
     period_ms, share = _own_over(got)
     assert a.summary.median("data_share") == pytest.approx(share, abs=0.03)
     assert a.summary.median("step_time_ms") == pytest.approx(period_ms, rel=0.03)
-    steady = [r for r in a.iterations if r.steady_state]
-    one_mode = statistics.median_low(r.data_share for r in steady)
-    assert abs(one_mode - share) > 0.15  # what a median of single steps would have said
+    # Neither mode is what the summary says (a median of single steps would give one of them).
+    steady = [r.iteration for r in a.iterations if r.steady_state]
+    own = got["own"]
+    for mode in ([i for i in steady if i % 2], [i for i in steady if not i % 2]):
+        one = statistics.median(own[i][1] / own[i][0] for i in mode)
+        assert abs(one - a.summary.median("data_share")) > 0.08  # 0.13 and 0.45 away, seen
     assert not any(f.id == "step-jitter" for f in build_report(a).findings)
