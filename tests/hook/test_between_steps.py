@@ -29,6 +29,7 @@ from perfd.aggregator.jobs import JobStore
 from perfd.collector import Collected
 from perfd.hook import StepHook
 from perfd.report import build_report
+from tests.procs import BUSY_LOAD_PER_CPU, load_per_cpu
 
 torch = pytest.importorskip("torch")
 
@@ -267,4 +268,5 @@ def test_alternating_steps_give_the_shares_of_their_sums(tmp_path: Path) -> None
     for mode in ([i for i in steady if i % 2], [i for i in steady if not i % 2]):
         one = statistics.median(own[i][1] / own[i][0] for i in mode)
         assert abs(one - a.summary.median("data_share")) > 0.08  # 0.13 and 0.45 away, seen
-    assert not any(f.id == "step-jitter" for f in build_report(a).findings)
+    if load_per_cpu() < BUSY_LOAD_PER_CPU:  # above it the machine's own jitter is real jitter
+        assert not any(f.id == "step-jitter" for f in build_report(a).findings)
