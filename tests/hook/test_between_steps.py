@@ -188,8 +188,11 @@ def _own_over(got: dict[str, Any]) -> tuple[float, float]:
                 ids=["fetch-before-step", "hook.loader", "fetch-in-step", "fetch-in-step+data_ready",
                      "accumulation"])
 def loop_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    # the share of the period inside the step: the step's work alone, all the fetch too, or two of the
+    # three micro-batches' fetches
+    inside = {inside_loop: (0.7, 1.0), ready_loop: (0.7, 1.0), accumulation_loop: (0.4, 0.9)}
     return {**run(tmp_path_factory.mktemp("loop"), request.param),
-            "fetch_in_step": request.param in (inside_loop, ready_loop, accumulation_loop)}
+            "in_step": inside.get(request.param, (0.0, 0.3))}
 
 
 def test_the_step_time_and_the_data_share_are_the_loops_own(loop_run: dict[str, Any]) -> None:
@@ -202,8 +205,8 @@ def test_the_step_time_and_the_data_share_are_the_loops_own(loop_run: dict[str, 
     assert a.summary.median("mfu") == pytest.approx(FLOPS / (period_ms / 1e3 * 1e12) / PEAK, rel=0.03)
     # The time inside the step is kept beside it: the step's own work, a few ms of the period, or
     # nearly all of it where the fetch is inside the step.
-    in_step = a.summary.median("in_step_ms")
-    assert in_step > 0.7 * period_ms if loop_run["fetch_in_step"] else in_step < 0.3 * period_ms
+    lo, hi = loop_run["in_step"]
+    assert lo * period_ms < a.summary.median("in_step_ms") < hi * period_ms
 
 
 def test_the_class_is_data_bound_and_r1_the_data_loader(loop_run: dict[str, Any]) -> None:
