@@ -157,13 +157,6 @@ def _ms(ns: int | None) -> float | None:
 
 
 
-def _data_wait_from(flags: int) -> str:
-    """What the data wait was measured from: stamped fetches (hook.loader, torch's DataLoader),
-    data_ready() calls, or both."""
-    parts = [name for flag, name in ((wire.FLAG_FETCH, "fetch"), (wire.FLAG_DATA_READY, "data_ready"))
-             if flags & flag]
-    return "+".join(parts) or "data_ready"
-
 
 # Ranks of one node whose announced pauses are held at once (open, or ended and waiting for the
 # rank's next record): far above a node's GPUs; past it a pause is counted, not timed.
@@ -540,7 +533,7 @@ class HookCollector(Collector):
         if kind == wire.KIND_STEP2:
             fields[HOOK_IN_STEP_FIELD] = f"{m.step_ns / 1e6:.6g}"
         if m.flags & wire.FLAG_HAS_DATA:
-            fields[HOOK_DATA_WAIT_FROM_FIELD] = _data_wait_from(m.flags)
+            fields[HOOK_DATA_WAIT_FROM_FIELD] = wire.data_wait_from(m.flags)
         for key, val in (("step_time_p50_ms", m.p50_ns), ("step_time_p90_ms", m.p90_ns),
                          ("step_time_p99_ms", m.p99_ns), ("compute_ms", m.compute_ns)):
             if val is not None:

@@ -126,6 +126,13 @@ class StepMsg:
     outside_ns: int | None = None
 
 
+def data_wait_from(flags: int) -> str:
+    """What a step record's data wait was measured from: stamped fetches (hook.loader, torch's
+    DataLoader), data_ready() calls, or both (a hook before FLAG_DATA_READY: data_ready)."""
+    parts = [name for flag, name in ((FLAG_FETCH, "fetch"), (FLAG_DATA_READY, "data_ready")) if flags & flag]
+    return "+".join(parts) or "data_ready"
+
+
 def _i(v: int | None) -> int:
     return -1 if v is None else v
 
