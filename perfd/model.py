@@ -70,9 +70,23 @@ class ParseIssue:
     text: str  # the (truncated) offending text
 
 
-# The step hook's timers (collectors/hook): host time step_begin() -> data_ready(), and the rest.
+# The step hook's timers (collectors/hook). Its step time is the step's period: from the previous
+# step's end to this one's, the time between the two steps included (the README's loop fetches its
+# batch there). Of it: the data wait (every stamped fetch in the period, perfd.hook.loader, and the host
+# time step_begin() -> data_ready()), the GPU time data_ready() -> end (with cuda_data_event), and the
+# host time between the steps that was neither a fetch nor an announced pause ("outside the step").
 HOOK_DATA_WAIT = "data-wait"
 HOOK_COMPUTE = "compute"
+HOOK_OUTSIDE = "outside-step"
+# A hook step record's fields (text, as every record's): what its step time is (HOOK_STEP_PERIOD, or
+# HOOK_STEP_IN_STEP from a hook that measured no period: the first step of a series, an older hook),
+# the time inside the step beside a period (ms), and what its data wait was measured from ("fetch",
+# "data_ready", "fetch+data_ready").
+HOOK_STEP_TIME_FIELD = "step_time"
+HOOK_STEP_PERIOD = "period"
+HOOK_STEP_IN_STEP = "in-step"
+HOOK_IN_STEP_FIELD = "in_step_ms"
+HOOK_DATA_WAIT_FROM_FIELD = "data_wait_from"
 # A pause the hook's rank announced between two steps (``with hook.phase("checkpoint")``), timed by
 # the hook's own begin and end and put on the rank's next step record: the time paused *before* that
 # step (a Megatron-LM timer such as save-checkpoint is printed after the step it follows). Keyed by

@@ -79,7 +79,13 @@ from perfd.limits import (
 from perfd.model import (
     HOOK_COMPUTE,
     HOOK_DATA_WAIT,
+    HOOK_DATA_WAIT_FROM_FIELD,
+    HOOK_IN_STEP_FIELD,
+    HOOK_OUTSIDE,
     HOOK_PAUSE_TIMERS,
+    HOOK_STEP_IN_STEP,
+    HOOK_STEP_PERIOD,
+    HOOK_STEP_TIME_FIELD,
     JobInfo,
     ModelSpec,
     ParallelLayout,
@@ -173,6 +179,8 @@ def _ms(ns: int | None) -> float | None:
     return None if ns is None else ns / 1e6
 
 
+
+
 # Ranks of one node whose announced pauses are held at once (open, or ended and waiting for the
 # rank's next record): far above a node's GPUs; past it a pause is counted, not timed.
 MAX_PAUSE_RANKS = 4096
@@ -210,6 +218,10 @@ class HookCollector(RequestSender):
         self._job_sent: JobInfo | None = None
         self._pause_began: dict[int, tuple[str, int]] = {}  # rank -> (phase, hook's time_ns) while open
         self._paused_ms: dict[int, dict[str, float]] = {}  # rank -> phase -> ms, until its next record
+        # rank -> wall ns the last pause held ended: a KIND_STEP2 record takes the pauses only when it
+        # ended after them (its period holds them; the hook took them out of it), not the record of
+        # a step the GPU finished earlier that the hook had still to send.
+        self._paused_until: dict[int, int] = {}
         self._senders = P.SenderCheck()
         # pid -> the uid of the sender that vouched for it, for the agent (Agent._note_ranks): the
         # newest MAX_PAUSE_RANKS verified pids. Written here, read by the agent's thread (dict get).
@@ -380,14 +392,14 @@ class HookCollector(RequestSender):
 
     def _record(self, kind: int, data: bytes, addr: Any, sender: P.Sender | None, now: float,
                 out: Collected) -> None:
-        if kind == wire.KIND_STEP:
+        if kind in wire.STEP_KINDS:
             msg = wire.unpack_step(data)
             v = self._verify(sender, msg.rank, msg.pid, "a step record")
             if v is None:
                 return
             msg.pid = v.pid
             self._peer(msg.rank, msg.pid, addr, msg.step, now, v.uid)
-            rec = self._step_record(msg)
+            rec = self._step_record(msg, kind)
             if rec is not None:
                 out.steps.append(rec)
         elif kind == wire.KIND_JOB:
@@ -480,6 +492,7 @@ class HookCollector(RequestSender):
             return
         held = self._paused_ms.setdefault(m.rank, {})
         held[phase] = held.get(phase, 0.0) + (m.time_ns - began[1]) / 1e6
+        self._paused_until[m.rank] = max(m.time_ns, self._paused_until.get(m.rank, 0))
 
     def _job(self, m: wire.JobMsg, out: Collected) -> None:
         """The job as the hooks describe it: one JobInfo (framework "pytorch"), sent on change.
@@ -557,9 +570,13 @@ class HookCollector(RequestSender):
         else:
             p.last_step, p.last_seen = step, now
 
-    def _step_record(self, m: wire.StepMsg) -> StepRecord | None:
-        # Taken by the rank's next step whether or not it becomes a record: the pause lies before it.
-        paused = self._paused_ms.pop(m.rank, None)
+    def _step_record(self, m: wire.StepMsg, kind: int = wire.KIND_STEP2) -> StepRecord | None:
+        # Taken by the rank's next step whether or not it becomes a record: the pause lies before it
+        # (in its period, for a KIND_STEP2 record ending after the pause).
+        paused = None
+        if kind != wire.KIND_STEP2 or m.end_time_ns >= self._paused_until.get(m.rank, 0):
+            paused = self._paused_ms.pop(m.rank, None)
+            self._paused_until.pop(m.rank, None)
         warmup = bool(m.flags & wire.FLAG_WARMUP)
         if warmup and not self.config.include_warmup:
             self._c("warmup_skipped")
@@ -569,6 +586,15 @@ class HookCollector(RequestSender):
             return None
         fields: dict[str, str] = {"timing": "cuda" if m.flags & wire.FLAG_CUDA else "host",
                                   "pid": str(m.pid), "percentile_window": str(m.window_n)}
+        # The step time: its period where the hook measured one (previous end -> this end: the
+        # time between the steps is the job's too), else the time inside the step (the first step
+        # of a series; a hook older than KIND_STEP2, whose steps said nothing of the time between).
+        step_ns = m.step_ns if m.period_ns is None else m.period_ns
+        fields[HOOK_STEP_TIME_FIELD] = HOOK_STEP_PERIOD if m.period_ns is not None else HOOK_STEP_IN_STEP
+        if kind == wire.KIND_STEP2:
+            fields[HOOK_IN_STEP_FIELD] = f"{m.step_ns / 1e6:.6g}"
+        if m.flags & wire.FLAG_HAS_DATA:
+            fields[HOOK_DATA_WAIT_FROM_FIELD] = wire.data_wait_from(m.flags)
         for key, val in (("step_time_p50_ms", m.p50_ns), ("step_time_p90_ms", m.p90_ns),
                          ("step_time_p99_ms", m.p99_ns), ("compute_ms", m.compute_ns)):
             if val is not None:
@@ -581,7 +607,8 @@ class HookCollector(RequestSender):
             fields["hook_harvest_drops"] = str(m.harvest_drops)
         timers: dict[str, TimerValue] = {}
         # The hook's phases under the timer names perfd.model declares.
-        for name, ns in ((HOOK_DATA_WAIT, m.data_wait_ns), (HOOK_COMPUTE, m.compute_ns)):
+        for name, ns in ((HOOK_DATA_WAIT, m.data_wait_ns), (HOOK_COMPUTE, m.compute_ns),
+                         (HOOK_OUTSIDE, m.outside_ns)):
             ms = _ms(ns)
             if ms is not None:
                 timers[name] = TimerValue(min_ms=ms, max_ms=ms, per_rank={m.rank: ms})
@@ -590,7 +617,7 @@ class HookCollector(RequestSender):
         self._c("records")
         return StepRecord(
             job=self.config.job, iteration=m.step, rank=m.rank, end_time=m.end_time_ns / 1e9,
-            step_time_ms=m.step_ns / 1e6, interval=1, fields=fields, timers=timers,
+            step_time_ms=step_ns / 1e6, interval=1, fields=fields, timers=timers,
             source=Provenance("hook", f"rank{m.rank}:pid{m.pid}"),
             disturbed_by_capture=bool(m.flags & wire.FLAG_PROFILING),
             armed=bool(m.flags & wire.FLAG_ARMED),

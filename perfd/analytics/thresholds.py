@@ -49,6 +49,10 @@ DATA_BOUND_SHARE = Threshold(
              "job_name:perfd_job_data_loading_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
 DATA_HEALTHY_SHARE = Threshold(0.05, "a healthy input pipeline costs under 5% of the step",
                                "DESIGN.md §2 Data-loading share")
+OUTSIDE_STEP_SHARE = Threshold(
+    0.20, "host work between the steps that no step names (the hook's outside-step) taking a fifth of the "
+    "step is as costly as a data-loading bottleneck, and its cause is as unknown to perfd",
+    "DESIGN.md §2 Data-loading share")
 COMM_BOUND_SHARE = Threshold(
     0.30, "exposed (not overlapped) communication above 30% of the step dominates it", _D2,
     (RuleRef("default", "comm_exposed_high", "comm_exposed", ">", "5m"),

@@ -28,7 +28,7 @@ from perfd.analytics.steps.run_figures import MIN_GRADE_STEPS, too_few
 from perfd.analytics.steps.runs import FiguresFrom
 from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
-from perfd.model import JobInfo
+from perfd.model import HOOK_OUTSIDE, JobInfo
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.run_analysis import RunAnalysis
@@ -333,6 +333,27 @@ def data_loading(c: RunContext) -> Out:
     return [f], [Recommendation("", DATA_LOADING_FINDING, 0, DATA_LOADING_ACTION, detail, ds)]
 
 
+OUTSIDE_STEP_FINDING = "outside-step"
+
+
+def outside_step(c: RunContext) -> Out:
+    """Host time between the step hook's steps that is neither a stamped fetch nor an announced pause:
+    the job's time, outside any step. perfd cannot name it; the user can, in one line."""
+    share = c.med.get("outside_share")
+    if share is None or share <= th.OUTSIDE_STEP_SHARE.value:
+        return [], []
+    f = Finding(OUTSIDE_STEP_FINDING, Severity.WARNING, f"{_pct(share)} of the step passes between steps",
+                f"Host time between one step's end and the next one's begin that was neither a data fetch "
+                f"perfd stamped nor an announced checkpoint or evaluation takes {_pct(share)} of the step "
+                f"(over {th.OUTSIDE_STEP_SHARE.value:.0%}).",
+                {"outside_share": share}, c.span, f"hook timer {HOOK_OUTSIDE}")
+    return [f], [Recommendation(
+        "", OUTSIDE_STEP_FINDING, 0, "Name the time between the steps: iterate the loader through "
+        "hook.loader(loader) if it is the data, announce evaluations and checkpoint saves with "
+        "hook.phase(...); else move the work (logging, syncs) off the loop or do it less often",
+        f"outside the step {_pct(share)} of the step", share)]
+
+
 def jitter(c: RunContext) -> Out:
     cv = c.a.summary.step_time_cv
     if cv is None or cv <= JITTER_CV:
@@ -501,7 +522,8 @@ def outliers(c: RunContext) -> Out:
 Analyzer = Callable[[RunContext], Out]
 # The one registry of the run's questions, in the order their findings are listed before ordering.
 RUN_ANALYZERS: tuple[Analyzer, ...] = (runs, mfu_grade, tflops_crosscheck, pipeline, communication,
-                                       data_loading, jitter, stragglers, step_budget, next_step, outliers)
+                                       data_loading, outside_step, jitter, stragglers, step_budget, next_step,
+                                       outliers)
 
 
 def job_config(a: RunAnalysis, job: JobInfo) -> JobConfig:

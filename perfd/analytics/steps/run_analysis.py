@@ -46,6 +46,7 @@ from perfd.analytics.steps.metrics import (
     exposed_comm,
     logged_throughput_source,
     mfu,
+    outside_share,
     throughput_per_gpu,
 )
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
@@ -71,7 +72,7 @@ from perfd.analytics.steps.stragglers import (
     rank_order,
 )
 from perfd.dtypes import normalize_dtype
-from perfd.model import JobInfo, ParallelLayout, Provenance, StepRecord
+from perfd.model import HOOK_IN_STEP_FIELD, JobInfo, ParallelLayout, Provenance, StepRecord
 
 # The values of Megatron-LM's memory report (``[Rank r] (after N iterations) memory (MB) | ...``) the
 # analysis keeps the largest of: what a remedy that costs memory (a larger micro-batch) is read against
@@ -101,6 +102,9 @@ class IterationResult:
     mfu_vs_measured_ceiling: float | None = _internal("MFU against the measured matmul ceiling: a "
                                                       "finding's context, not a dashboard number", True)
     data_share: float | None = None
+    outside_share: float | None = None
+    in_step_ms: float | None = _internal("the time inside the step hook's step (begin -> end), beside its "
+                                         "period: the step time less the time between the steps", True)
     comm_exposed_share: float | None = None
     comm_exposed_dp_share: float | None = None
     comm_exposed_pp_share: float | None = None
@@ -304,6 +308,18 @@ class _Context:
     flops_cache: dict[int | None, FlopsResult]
 
 
+def _field_ms(rec: StepRecord, key: str) -> float | None:
+    """A record's field in ms (fields are text as the source gave them), None when absent or not a
+    finite number."""
+    text = rec.fields.get(key)
+    if text is None:
+        return None
+    try:
+        return finite(float(text))
+    except ValueError:
+        return None
+
+
 def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, StragglerResult]:
     """The metrics of one record that need only the record and the job (see AnalysisMemo)."""
     job, lay, world, peak, ranks, flops_cache = (ctx.job, ctx.job.layout, ctx.world, ctx.peak, ctx.ranks,
@@ -355,6 +371,10 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     d = data_share(rec)
     it.data_share = d.value
     srcs["data_share"] = _src(d)
+    o = outside_share(rec)
+    it.outside_share = o.value
+    srcs["outside_share"] = _src(o)
+    it.in_step_ms = _field_ms(rec, HOOK_IN_STEP_FIELD)
     if vocab.optimizer:
         it.optimizer_ms = timer_max(rec.timers.get(vocab.optimizer[0]))
 

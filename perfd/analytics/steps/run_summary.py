@@ -41,9 +41,13 @@ if TYPE_CHECKING:
 # value is the median over the steady iterations, the step time their mean.
 TIME_WEIGHTED: frozenset[str] = frozenset({
     "mfu", "model_tflops_per_gpu", "logged_tflops_per_gpu", "mfu_vs_measured_ceiling", "data_share",
-    "comm_exposed_share", "comm_exposed_dp_share", "comm_exposed_pp_share", "pp_idle_max", "pp_idle_min",
-    "pp_imbalance"})
+    "outside_share", "comm_exposed_share", "comm_exposed_dp_share", "comm_exposed_pp_share", "pp_idle_max",
+    "pp_idle_min", "pp_imbalance"})
 
+
+# Times per step whose summary value is their mean over the steady steps (time per step over them,
+# whatever the pattern inside: a two-worker loader's alternation, an accumulation every N steps).
+MEAN_TIMES: frozenset[str] = frozenset({"step_time_ms", "in_step_ms"})
 
 # How the summary reduced each value over the steady steps, for the report's sources and headings.
 REDUCTIONS_TEXT = "shares and rates time-weighted, step time the mean, the rest medians"
@@ -53,7 +57,7 @@ def reduction_of(name: str) -> str:
     """How the summary's value ``name`` was taken over the steady steps, in words."""
     if name in TIME_WEIGHTED:
         return "time-weighted (Σ over the steps ÷ Σ step time)"
-    return "mean" if name == "step_time_ms" else "median"
+    return "mean" if name in MEAN_TIMES else "median"
 
 
 def steady_medians(table: Table[IterationResult], steady_rows: Sequence[int],
@@ -65,8 +69,8 @@ def steady_medians(table: Table[IterationResult], steady_rows: Sequence[int],
     for name in metrics:
         if name in TIME_WEIGHTED:  # a share or a rate: summed over the steady steps (windows.weighted)
             med[name] = windows.weighted(_steady_values(table, steady_rows, name), step_col)
-        elif name == "step_time_ms":  # time per step over the steady steps, not one mode of them
-            known = [v for v in step_col if v is not None]
+        elif name in MEAN_TIMES:  # time per step over the steady steps, not one mode of them
+            known = [v for v in _steady_values(table, steady_rows, name) if v is not None]
             med[name] = statistics.fmean(known) if known else None
         else:
             med[name] = median(_steady_values(table, steady_rows, name))
