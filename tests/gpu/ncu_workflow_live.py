@@ -369,6 +369,8 @@ class Workflow:
         self.procs.stop(grace_s=20)
         kill_job_leftovers(JOB, self.say)
         subprocess.run(["rm", "-rf", str(self.ckpt)], check=False)  # gigabytes: not evidence
+        if os.environ.get("KEEP_FIXTURES"):  # the same run's trace and ncu rows, for tests/data/ncu
+            self._keep_fixtures()
         for p in [*self.out.rglob("*.ncu-rep"), *self.out.rglob("*.json.gz"), *self.captures.rglob("*.json")]:
             if p.name != "manifest.json" and p.stat().st_size > 2 << 20:
                 p.unlink()
@@ -378,6 +380,29 @@ class Workflow:
         subprocess.run(["tar", "czf", str(self.out / "logs.tar.gz"), "-C", str(self.out), *map(str, names)],
                        check=False)
         self.progress.close()
+
+    def _keep_fixtures(self) -> None:
+        """Each capture's traces (gzipped) and ncu CSV exports, and the ncu-prefix output, in one
+        ``fixtures.tar`` (one file to take back; the traces are gigabyte-free but tens of MB raw)."""
+        keep = self.out / "fixtures"
+        keep.mkdir(exist_ok=True)
+        for p in self.captures.rglob("*"):
+            if not p.is_file():
+                continue
+            name = f"{p.parent.name}_{p.name}"
+            if p.suffix == ".csv" or p.name == "manifest.json":
+                (keep / name).write_bytes(p.read_bytes())
+            elif p.name.endswith(".json") or p.name.endswith(".json.gz"):
+                dest = keep / (name if name.endswith(".gz") else name + ".gz")
+                if p.name.endswith(".gz"):
+                    dest.write_bytes(p.read_bytes())
+                else:
+                    subprocess.run(["sh", "-c", f"gzip -c '{p}' > '{dest}'"], check=False)
+        for p in self.out.glob("*.out"):
+            if "prefix" in p.name or "ncu" in p.name:
+                (keep / p.name).write_bytes(p.read_bytes())
+        subprocess.run(["tar", "cf", str(self.out / "fixtures.tar"), "-C", str(self.out), "fixtures"],
+                       check=False)
 
 
 def markdown(res: dict[str, Any]) -> str:
