@@ -105,11 +105,12 @@ def _drain_forever(path: str, ready: Any) -> None:
 
 
 def _encode_costs(n: int) -> list[Row]:
-    args = (wire.VERSION, wire.KIND_STEP, 9, 3, 12345, 1000, time.time_ns(), 123_456_789, 1_234_567,
-            122_000_000, 123_000_000, 125_000_000, 130_000_000, 100, 0, 0, 8192.0, 1.5e15)
+    args = (wire.VERSION, wire.KIND_STEP2, 9, 3, 12345, 1000, time.time_ns(), 123_456_789, 1_234_567,
+            122_000_000, 123_000_000, 125_000_000, 130_000_000, 100, 0, 0, 8192.0, 1.5e15, 124_000_000,
+            20_000)
     keys = ("v", "k", "flags", "rank", "pid", "step", "end_ns", "step_ns", "data_ns", "compute_ns",
-            "p50", "p90", "p99", "n", "sd", "hd", "tokens", "flops")
-    pack = wire.STEP.pack
+            "p50", "p90", "p99", "n", "sd", "hd", "tokens", "flops", "period_ns", "outside_ns")
+    pack = wire.STEP2.pack
     pc = time.perf_counter_ns
     t0 = pc()
     for _ in range(n):
@@ -122,7 +123,7 @@ def _encode_costs(n: int) -> list[Row]:
         dumps(d, separators=(",", ":")).encode()
     t_json = (pc() - t0) / n
     size_json = len(json.dumps(d, separators=(",", ":")))
-    return [("encode: struct (used)", t_struct, math.nan, f"{wire.STEP.size} bytes"),
+    return [("encode: struct (used)", t_struct, math.nan, f"{wire.STEP2.size} bytes"),
             ("encode: json.dumps", t_json, math.nan, f"{size_json} bytes")]
 
 
@@ -179,8 +180,31 @@ def cpu_part(n: int) -> list[Row]:
         finally:
             proc.terminate()
     rows += _encode_costs(n)
+    rows += _fetch_stamp_cost(n, floor)
     rows.append(("(timer floor, subtracted)", floor, math.nan, "perf_counter_ns pair"))
     return rows
+
+
+def _fetch_stamp_cost(n: int, floor: float) -> list[Row]:
+    """What a stamped fetch adds to each batch (hook.loader; torch's DataLoader iterators get the
+    same wrapper): ``next()`` through the Loader against ``next()`` on the bare iterator. Per batch,
+    on the training thread, outside the hook's step calls."""
+    from perfd.hook.loader import FetchClock, Loader
+
+    def per_next(it: Any) -> tuple[float, float]:
+        pc = time.perf_counter_ns
+        samples = [0] * n
+        for i in range(n):
+            t0 = pc()
+            next(it)
+            samples[i] = pc() - t0
+        samples.sort()
+        return samples[n // 2] - floor, samples[int(n * 0.99)] - floor
+
+    bare = per_next(iter(range(n)))
+    stamped = per_next(iter(Loader(range(n), FetchClock())))
+    return [("fetch stamp (hook.loader, DataLoader), per batch", stamped[0] - bare[0], stamped[1] - bare[1],
+             f"next() {stamped[0]:.0f} ns stamped, {bare[0]:.0f} ns bare")]
 
 
 def _drops(hook: StepHook) -> str:
@@ -403,7 +427,7 @@ def main() -> None:
     if args.gpu:
         rows += gpu_part(args.pairs, args.blocks, args.steps_per_block)
     print(f"perfd step hook overhead  (python {sys.version.split()[0]}, {args.pairs} pairs per case, "
-          f"record {wire.STEP.size} B; target <= 10000 ns/step)")
+          f"record {wire.STEP2.size} B; target <= 10000 ns/step)")
     width = max(46, *(len(r[0]) for r in rows))
     print(f"{'case':<{width}} {'median ns':>10} {'p99 ns':>10}  note")
     for name, med, p99, note in rows:

@@ -184,6 +184,11 @@ CATALOG: tuple[MetricDef, ...] = (
        "Data wait (Megatron's batch-generator, the step hook's data-wait; max across ranks) ÷ step; "
        "> 0.2 bottleneck, < 0.05 healthy",
        _ANALYTICS, JOB, attr="data_share", alias="data_share", shows=(HTML, TABLE), short="data loading"),
+    _m("perfd_job_outside_step_ratio", "gauge", "ratio",
+       "Host time between two steps that was neither a data fetch nor an announced checkpoint or evaluation "
+       "(the step hook's outside-step: logging, an evaluation, a loader the hook does not see) ÷ step",
+       _ANALYTICS, JOB, attr="outside_share", alias="outside_share", shows=(TABLE,),
+       short="outside the step"),
     _m("perfd_job_comm_exposed_ratio", "gauge", "ratio",
        "Exposed communication ÷ step: Σ max-across-ranks of the comm timers the CPU waits on",
        _ANALYTICS, JOB, attr="comm_exposed_share", alias="comm_exposed", shows=(HTML, TABLE),

@@ -31,6 +31,10 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "step budget, as it does live")
     m.add_argument("--capture-steps", type=int, metavar="N", help="iterations the capture holds, when the "
                    "trace marks none (default: the steps it marks, else its span over the steady step time)")
+    m.add_argument("--capture-force", action="store_true", help="read the capture even where it does not "
+                   "match the log's job (the tokens of its layer norms, its pipeline SendRecv, its NCCL "
+                   "kernels or its kernel time for the job's FLOPs are another job's: refused without this, "
+                   "exit 2); the report states the mismatch")
     from perfd.commands.analyze import add_iterations_argument
 
     add_iterations_argument(m)

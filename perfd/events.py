@@ -138,7 +138,9 @@ CAPTURE_FINISHED = _k("capture_finished", "any", False, "perfd/capture/manager.p
                       ("perfd/aggregator/captures.py: capture records", _AGG_LOG),
                       "A capture finished; payload: its analysis and artifacts", whole=True)
 CAPTURE_FAILED = _k("capture_failed", "any", False, "perfd/capture/manager.py (agent)",
-                    ("perfd/aggregator/captures.py: capture records", _AGG_LOG), "A capture failed",
+                    ("perfd/aggregator/captures.py: capture records", _AGG_LOG),
+                    "A capture failed; payload: status, reason, and cause (perfd.model.CaptureFailure: "
+                    "not_ready is asked again when the target is ready, with no rule cooldown taken)",
                     whole=True)
 
 STEP_CONFLICT = _k("step_conflict", "mapping", False, "perfd/aggregator/state.py (job store)",
@@ -156,7 +158,8 @@ RANK_PROCESSES = _k("rank_processes", "mapping", True, "collectors/ranks",
                     ("perfd/aggregator/hosts.py: each rank's host evidence, the live stall detector, the "
                      "host panel of /api/jobs/<job>/gpus",),
                     "The host state of one job's rank processes on a node (payload job, ranks: "
-                    "RankHost, node)",
+                    "RankHost, node; launch: {status, exit_code, ended} once its launch manifest says the "
+                    "launch exited)",
                     RankHost)
 JOB_PHASE = _k("job_phase", "mapping", True,
                "collectors/megatron (save and evaluation lines), collectors/hook (StepHook.phase)",

@@ -311,6 +311,8 @@ def manifest_data(plan: LaunchPlan, opts: LaunchOptions, pid: int | None, status
                   started: float, exit_code: int | None = None, ended: float | None = None) -> dict[str, Any]:
     return {
         "version": MANIFEST_VERSION, "job": opts.job, "status": status, "pid": pid,
+        # The job's user: the agent takes step hooks, GPU processes and capture targets of this uid only.
+        "uid": os.getuid(),
         "launcher_pid": os.getpid(), "started": started, "ended": ended, "exit_code": exit_code,
         "command": plan.argv,
         "cwd": os.getcwd(), "env": plan.env_set, "env_keys": sorted(plan.env_set),

@@ -103,6 +103,7 @@ MAX_ALERTS_PER_WEBHOOK = 100  # alerts of one Alertmanager POST that may ask for
 NCU_REPLAY_S_PER_KERNEL = 0.61
 NCU_LAUNCH_COUNT = 40  # kernels one rank profiles (its --launch-count), over all its ranges
 MAX_NCU_LAUNCH_COUNT = 1_000
+MAX_NCU_LAUNCH_SKIP = 1_000_000  # launches a range lets pass first (a step's: thousands to tens of thousands)
 NCU_TIME_BUDGET_S = 90.0  # one range; past it the capture closes the range and says it overran
 MAX_NCU_TIME_BUDGET_S = 1_800.0
 
@@ -127,8 +128,31 @@ RANK_WORKERS_EVERY = 10  # collects between walks of a rank's process tree (its 
 # at most, a few minutes of a 50 ms step. Past it the oldest are dropped and counted (send_drops).
 HOOK_BACKLOG_RECORDS = 4096
 HOOK_BACKLOG_SENDS = 8  # held datagrams one flush sends before its own (the agent queues ~10)
-HOOK_TRACE_PATH_MAX_BYTES = 1024  # the trace path an agent's trace request names (UTF-8)
-HOOK_MAX_RANKS = 4096  # ranks one hook collector keeps devices and job flags of (far above a node's)
+HOOK_BACKLOG_BYTES = 1 << 20  # ... and their bytes (a record is 104 B: the count binds first)
+HOOK_TRACE_PATH_MAX_BYTES = 1024  # the path of a written trace a hook reports (UTF-8)
+HOOK_MAX_RANKS = 4096  # ranks one hook collector keeps peers, devices and job flags of (far above a node's)
+# Steps one profiler range or Kineto trace may cover, as the hook checks a request: four times the
+# aggregator's default MAX_CAPTURE_STEPS (an operator may raise that). A 10^6-step trace once slowed
+# a job's steps from 81 to 534 ms and grew its RSS 33 MB in 90 s (issue 54 item 3).
+HOOK_MAX_STEPS = 200
+# A Kineto trace the hook opened is stopped at the next step boundary once it has run this long, or
+# once the process's resident memory grew this much since it began (what it traced is kept); a
+# written trace larger than HOOK_TRACE_MAX_BYTES is deleted and the request fails.
+HOOK_TRACE_MAX_S = 600.0
+HOOK_TRACE_RSS_GROWTH_MAX = 2 << 30
+HOOK_TRACE_MAX_BYTES = 1 << 30
+HOOK_TRACE_FILES_KEPT = 4  # a hook's own written traces left for the agent; older ones deleted
+HOOK_OUTBOX_MAX = 64  # statuses waiting for the harvester (each at most ~1.1 KB); oldest dropped
+# The agent's receive queue (collectors/hook): datagrams received and not yet collected, by count and
+# by bytes (a datagram is at most 64 KiB; 200,000 of them once took a root agent from 55 MB to
+# 3.66 GB). An 8-rank node sends ~300 KB/s: 8 MiB holds ~30 s of it. Past either, the oldest go.
+HOOK_QUEUE_MAX = 200_000
+HOOK_QUEUE_MAX_BYTES = 8 << 20
+HOOK_QUEUE_ITEM_OVERHEAD = 200  # bytes one queued datagram costs beyond its payload (objects)
+# Profile and trace requests the agent has sent and not seen end, and hook_profile statuses kept for
+# the captures waiting on them: a status for a request not sent to that process is refused.
+HOOK_MAX_OUTSTANDING = 1024
+HOOK_MAX_STATUSES_PER_REQUEST = 16
 
 # ---- HTTP -----------------------------------------------------------------------------------------
 # perfd.exporters.httpd: one thread reads and writes every connection, workers only compute, so a

@@ -9,6 +9,7 @@ invented".
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -39,6 +40,23 @@ CaptureOutcome = Literal["ok", "failed", "skipped"]
 CAPTURE_OUTCOMES: tuple[CaptureOutcome, ...] = get_args(CaptureOutcome)
 
 
+class CaptureFailure(str, enum.Enum):
+    """Why a capture did not run, as its agent types it (the ``cause`` of a capture_failed event): the
+    aggregator retries a capture whose target was not ready once it is, and takes no rule cooldown for
+    it; a real failure holds the cooldown (its reason says what to fix)."""
+
+    NOT_READY = "not_ready"  # the target cannot take it yet: no process, no hook, no Kineto poll so far
+    FAILED = "failed"  # anything else: a tool missing, a refusal, a timeout, a report not analysed
+
+    @classmethod
+    def of(cls, value: object) -> CaptureFailure | None:
+        """The cause a payload names, or None (an older agent's event names none)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Names the source of a number: which collector, which file/line or counter."""
@@ -59,9 +77,23 @@ class ParseIssue:
     text: str  # the (truncated) offending text
 
 
-# The step hook's timers (collectors/hook): host time step_begin() -> data_ready(), and the rest.
+# The step hook's timers (collectors/hook). Its step time is the step's period: from the previous
+# step's end to this one's, the time between the two steps included (the README's loop fetches its
+# batch there). Of it: the data wait (every stamped fetch in the period, perfd.hook.loader, and the host
+# time step_begin() -> data_ready()), the GPU time data_ready() -> end (with cuda_data_event), and the
+# host time between the steps that was neither a fetch nor an announced pause ("outside the step").
 HOOK_DATA_WAIT = "data-wait"
 HOOK_COMPUTE = "compute"
+HOOK_OUTSIDE = "outside-step"
+# A hook step record's fields (text, as every record's): what its step time is (HOOK_STEP_PERIOD, or
+# HOOK_STEP_IN_STEP from a hook that measured no period: the first step of a series, an older hook),
+# the time inside the step beside a period (ms), and what its data wait was measured from ("fetch",
+# "data_ready", "fetch+data_ready").
+HOOK_STEP_TIME_FIELD = "step_time"
+HOOK_STEP_PERIOD = "period"
+HOOK_STEP_IN_STEP = "in-step"
+HOOK_IN_STEP_FIELD = "in_step_ms"
+HOOK_DATA_WAIT_FROM_FIELD = "data_wait_from"
 # A pause the hook's rank announced between two steps (``with hook.phase("checkpoint")``), timed by
 # the hook's own begin and end and put on the rank's next step record: the time paused *before* that
 # step (a Megatron-LM timer such as save-checkpoint is printed after the step it follows). Keyed by
@@ -143,6 +175,10 @@ class StepRecord:
     # the tokens it took and the training script's own model FLOPs (perfd.hook.step.StepHook).
     tokens_per_step: float | None = None
     flops_per_step: float | None = None
+    # The rank that took this step runs under a profiler armed for a capture (``perfd ncu-exec``'s
+    # target, perfd.armed): armed from its process's first step, its steps are the profiler's, not
+    # the job's (kept out of its MFU, step time, jitter and class).
+    armed: bool = False
 
     def has_field(self, key: str) -> bool:
         return key in self.fields

@@ -12,17 +12,20 @@ namespace, start time), is what the agent checks before it acts on a process ano
 saved and filesystem uids are that user's (a setuid child of a job is not the job's user's).
 
 Command lines (docs/security.md "Command lines and stacks"): only the job's own processes carry
-theirs, with the values of known secret options and patterns replaced (:func:`redact_cmdline`);
-another process is named by pid, user and command name only (:func:`named_process`).
+theirs, every value not known to be safe masked (:func:`perfd.redact.redact_cmdline`, an allow-list);
+another process is named by pid, user and command name only.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+# Where perfd's collectors have always found them (re-exported).
+from perfd.redact import REDACTED as REDACTED
+from perfd.redact import redact_cmdline as redact_cmdline
 
 CMDLINE_MAX = 200
 PROC = "/proc"
@@ -160,6 +163,32 @@ def read_identity(pid: int, proc: str = PROC) -> ProcIdentity | None:
         return None
 
 
+def user_id(user: object) -> int | None:
+    """A uid from a configured user: an int (or digits) as it is, a name from the user database;
+    None for None or "". ValueError (saying which) for anything else, or a name this host lacks."""
+    if user is None or user == "":
+        return None
+    if isinstance(user, int) and not isinstance(user, bool) and user >= 0:
+        return user
+    if isinstance(user, str):
+        if user.isdigit():
+            return int(user)
+        try:
+            import pwd
+
+            return pwd.getpwnam(user).pw_uid
+        except (ImportError, KeyError):
+            raise ValueError(f"no user named {user!r} on this host") from None
+    raise ValueError(f"a user must be a name or a uid, not {user!r}")
+
+
+def uid_alone(pid: int, proc: str = PROC) -> int | None:
+    """The one uid ``pid`` runs as (real, effective, saved and filesystem alike); None when it is gone,
+    unreadable, or runs as several (a setuid program)."""
+    ident = read_identity(pid, proc)
+    return ident.uid if ident is not None else None
+
+
 def is_descendant(pid: int, ancestor: int, proc: str = PROC) -> bool:
     """Whether ``ancestor`` is a parent, grandparent, ... of ``pid`` (at most MAX_ANCESTRY up)."""
     cur = pid
@@ -183,37 +212,6 @@ def same_process(pid: int, start_ticks: int | None, uid: int | None, proc: str =
 
 
 # ---- what is shown of a process ---------------------------------------------------------------------
-
-REDACTED = "<redacted>"
-# What a secret is named: an option or a variable whose name *ends* in one of these words (--db-password,
-# --hf-token, WANDB_API_KEY; not --tokenizer-type or --max-tokens). The name stays, the value goes.
-_SECRET_WORD = (r"(?:passw(?:or)?d|pwd|secret|token|api[-_]?key|access[-_]?key|secret[-_]?key|"
-                r"private[-_]?key|credentials?|auth)")
-SECRET_OPTION = re.compile(rf"(?i)(?P<opt>--?(?:[\w.-]+[-_.])?{_SECRET_WORD})(?P<sep>=| |$)(?P<val>\S*)")
-SECRET_ASSIGN = re.compile(rf"(?i)(?<![\w-])(?P<key>(?:[\w.-]+[-_.])?{_SECRET_WORD})=(?P<val>[^\s&]+)")
-# Values that are secrets whatever holds them: GitHub, Slack, AWS, OpenAI-style and Hugging Face tokens,
-# JSON web tokens.
-SECRET_VALUE = re.compile(
-    r"\b(?:gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{20,}|xox[abpors]-[A-Za-z0-9-]{10,}|"
-    r"AKIA[0-9A-Z]{16}|sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{20,}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_.-]+)")
-URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]+:)(?P<val>[^@\s/]+)(?P<tail>@)")
-
-
-def redact_cmdline(cmd: str) -> str:
-    """``cmd`` with the values of secret-named options and variables, passwords in URLs and
-    well-known token formats replaced by REDACTED."""
-
-    def option(m: re.Match[str]) -> str:
-        val = m.group("val")
-        if not val or (m.group("sep") == " " and val.startswith("-")):
-            return m.group(0)  # no value, or the next word is another option
-        return f"{m.group('opt')}{m.group('sep')}{REDACTED}"
-
-    out = SECRET_OPTION.sub(option, cmd)
-    out = SECRET_ASSIGN.sub(lambda m: f"{m.group('key')}={REDACTED}", out)
-    out = URL_PASSWORD.sub(lambda m: f"{m.group('head')}{REDACTED}{m.group('tail')}", out)
-    return SECRET_VALUE.sub(REDACTED, out)
-
 
 def shown_cmdline(cmd: str | None, own: bool, cut: int = CMDLINE_MAX) -> str | None:
     """What perfd shows of a process's command line: the job's own process's, redacted and cut to

@@ -11,17 +11,28 @@ Why a receiver thread: Linux queues at most ``net.unix.max_dgram_qlen`` datagram
 a Unix datagram socket whatever ``SO_RCVBUF`` says; beyond that the hooks' ``sendto`` fails with
 EAGAIN and the records are dropped (the hook counts them). A collector that drained only once per
 ``collect()`` would lose records of a few fast ranks. So a daemon thread blocks in ``recvfrom`` and
-appends raw datagrams to a bounded deque (oldest dropped and counted beyond ``max_queued``);
-``collect()`` takes them from the deque without blocking and decodes them. (The hooks also batch
-records, ~10 datagrams per second per rank.)
+appends raw datagrams to a deque bounded in datagrams and in bytes (``max_queued``,
+``max_queued_bytes``: oldest dropped and counted, ``queue_full``); ``collect()`` takes them from the
+deque without blocking and decodes them. (The hooks also batch records, ~10 datagrams per second per
+rank.)
 
 Never raises from ``collect``: malformed datagrams are counted by reason and dropped.
 
 Who sent it (:mod:`collectors.hook.peers`): the socket passes the sender's credentials (SO_PASSCRED),
 and a record naming a pid that is neither the sender's nor a descendant of it running as the sender's
 user is refused (``sender:<reason>``, one log line per reason and minute with the count): the agent
-acts only on processes the kernel says the sender may name. A rank once reported by one user's
-process is not taken over by another user's while the first lives (``sender:rank_of_other_uid``).
+acts only on processes the kernel says the sender may name.
+
+Whose ranks (issue 54 item 5): the job's user's only. ``job_user`` names it (a user name or uid;
+``perfd launch`` records the launching user in its manifest, which the agent passes on); without it,
+the agent's own user. A record from any other uid is refused (``sender:not_job_user``) whatever rank
+it names and whenever it comes: a rank is never held first-come, so another user who sends step
+records for ranks 0-7 before the job starts locks no real rank out (131 real steps were once refused
+that way while the squatter's 33 were shown).
+
+Requests back to the hooks (:mod:`collectors.hook.requests`): a status is taken only for a request
+this agent sent to that very process (``sender:unsolicited_status`` otherwise); a trace's file is
+named by its hook (``KIND_TRACE_WRITTEN``) and reported with the sender's uid, which must own it.
 
 What each rank's hook says of its process is kept in ``ranks`` (:class:`HookRank`): its pid (as
 verified above), the CUDA device it computes on (UUID: the agent places a rank whose process declares
@@ -52,18 +63,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.hook import peers as P
+from collectors.hook.requests import Requests, RequestSender
 from perfd.bounds import LAYOUT_BOUNDS, in_bounds
-from perfd.collector import Capabilities, Collected, Collector
+from perfd.collector import Capabilities, Collected
 from perfd.dtypes import normalize_dtype
 from perfd.events import HOOK_PROFILE, JOB_PHASE
 from perfd.hook import wire
-from perfd.limits import HOOK_MAX_RANKS, REFUSAL_LOG_INTERVAL_S
+from perfd.limits import (
+    HOOK_MAX_RANKS,
+    HOOK_QUEUE_ITEM_OVERHEAD,
+    HOOK_QUEUE_MAX,
+    HOOK_QUEUE_MAX_BYTES,
+    REFUSAL_LOG_INTERVAL_S,
+)
 from perfd.model import (
     CPU,
     CUDA,
     HOOK_COMPUTE,
     HOOK_DATA_WAIT,
+    HOOK_DATA_WAIT_FROM_FIELD,
+    HOOK_IN_STEP_FIELD,
+    HOOK_OUTSIDE,
     HOOK_PAUSE_TIMERS,
+    HOOK_STEP_IN_STEP,
+    HOOK_STEP_PERIOD,
+    HOOK_STEP_TIME_FIELD,
     Device,
     JobInfo,
     ModelSpec,
@@ -73,7 +97,7 @@ from perfd.model import (
     TimerValue,
 )
 from perfd.privdir import UnsafeDirError, private_dir
-from perfd.procinfo import read_identity
+from perfd.procinfo import user_id
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +109,15 @@ class HookConfig:
     mode: int = 0o660  # who may send: the job must run as the agent's user or group (else 0o666)
     rcvbuf_bytes: int = 1 << 20
     max_records_per_collect: int = 100_000
-    max_queued: int = 200_000  # received, not yet collected; beyond: oldest dropped, counted
+    max_queued: int = HOOK_QUEUE_MAX  # received, not yet collected; beyond: oldest dropped, counted
+    max_queued_bytes: int = HOOK_QUEUE_MAX_BYTES  # ... and their bytes
     include_warmup: bool = True
+    job_user: int | None = None  # the uid whose processes are the job's (None: the agent's own)
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> HookConfig:
         known = {"socket_path", "job", "mode", "rcvbuf_bytes", "max_records_per_collect", "max_queued",
-                 "include_warmup"}
+                 "max_queued_bytes", "include_warmup", "job_user"}
         unknown = set(cfg) - known
         if unknown:
             raise ValueError(f"hook: unknown config key(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -104,10 +130,13 @@ class HookConfig:
                   job=str(cfg.get("job", "")), mode=mode,
                   rcvbuf_bytes=int(cfg.get("rcvbuf_bytes", 1 << 20)),
                   max_records_per_collect=int(cfg.get("max_records_per_collect", 100_000)),
-                  max_queued=int(cfg.get("max_queued", 200_000)),
-                  include_warmup=bool(cfg.get("include_warmup", True)))
-        if min(out.rcvbuf_bytes, out.max_records_per_collect, out.max_queued) <= 0:
-            raise ValueError("hook: rcvbuf_bytes, max_records_per_collect and max_queued must be > 0")
+                  max_queued=int(cfg.get("max_queued", HOOK_QUEUE_MAX)),
+                  max_queued_bytes=int(cfg.get("max_queued_bytes", HOOK_QUEUE_MAX_BYTES)),
+                  include_warmup=bool(cfg.get("include_warmup", True)),
+                  job_user=user_id(cfg.get("job_user")))
+        if min(out.rcvbuf_bytes, out.max_records_per_collect, out.max_queued, out.max_queued_bytes) <= 0:
+            raise ValueError("hook: rcvbuf_bytes, max_records_per_collect, max_queued and max_queued_bytes "
+                             "must be > 0")
         return out
 
 
@@ -162,12 +191,17 @@ def _ms(ns: int | None) -> float | None:
     return None if ns is None else ns / 1e6
 
 
+
+
 # Ranks of one node whose announced pauses are held at once (open, or ended and waiting for the
 # rank's next record): far above a node's GPUs; past it a pause is counted, not timed.
 MAX_PAUSE_RANKS = 4096
 
 
-class HookCollector(Collector):
+NOT_JOB_USER = "not_job_user"  # a record from a process that does not run as the job's user
+
+
+class HookCollector(RequestSender):
     name = "hook"
     default_interval_s = 1.0
 
@@ -177,8 +211,14 @@ class HookCollector(Collector):
         self.sock: socket.socket | None = None
         self.peers: dict[int, HookPeer] = {}  # rank -> latest sender
         self.counts: dict[str, int] = {}
-        self._next_request_id = 1
+        self.requests = Requests()  # sent to the hooks, not answered to the end yet
+        job_user = self.config.job_user
+        self.job_uid = job_user if job_user is not None else os.geteuid()  # whose processes are the job's
         self._queue: deque[tuple[bytes, Any, P.Sender | None]] = deque()
+        # Bytes queued = in - out - dropped, each counter written by one thread only (no lock).
+        self._queue_bytes_in = 0  # receiver thread
+        self._queue_bytes_dropped = 0  # receiver thread
+        self._queue_bytes_out = 0  # collect()
         self._queue_dropped = 0  # written by the receiver thread only
         self._queue_dropped_seen = 0
         self._recv_errors = 0
@@ -190,6 +230,10 @@ class HookCollector(Collector):
         self._job_sent: JobInfo | None = None
         self._pause_began: dict[int, tuple[str, int]] = {}  # rank -> (phase, hook's time_ns) while open
         self._paused_ms: dict[int, dict[str, float]] = {}  # rank -> phase -> ms, until its next record
+        # rank -> wall ns the last pause held ended: a KIND_STEP2 record takes the pauses only when it
+        # ended after them (its period holds them; the hook took them out of it), not the record of
+        # a step the GPU finished earlier that the hook had still to send.
+        self._paused_until: dict[int, int] = {}
         self._senders = P.SenderCheck()
         # pid -> the uid of the sender that vouched for it, for the agent (Agent._note_ranks): the
         # newest MAX_PAUSE_RANKS verified pids. Written here, read by the agent's thread (dict get).
@@ -259,9 +303,14 @@ class HookCollector(Collector):
             with contextlib.suppress(OSError):
                 os.unlink(self.config.socket_path)
 
+    @property
+    def queued_bytes(self) -> int:
+        """What the datagrams received and not yet collected cost, as the byte cap counts them."""
+        return self._queue_bytes_in - self._queue_bytes_out - self._queue_bytes_dropped
+
     def _receive(self, sock: socket.socket) -> None:
         """Receiver thread: only recvfrom and append, so it keeps up with many ranks."""
-        queue, limit = self._queue, self.config.max_queued
+        queue, limit, max_bytes = self._queue, self.config.max_queued, self.config.max_queued_bytes
         anc = P.ANCILLARY_BYTES
         while not self._stopping.is_set():
             try:
@@ -275,9 +324,15 @@ class HookCollector(Collector):
                 self._recv_errors += 1  # reported by collect(); the thread lives on
                 self._stopping.wait(0.1)
                 continue
-            if len(queue) >= limit:
-                queue.popleft()
+            cost = len(data) + HOOK_QUEUE_ITEM_OVERHEAD
+            while queue and (len(queue) >= limit or self.queued_bytes + cost > max_bytes):
+                try:
+                    old = queue.popleft()
+                except IndexError:  # collect() took it meanwhile
+                    break
+                self._queue_bytes_dropped += len(old[0]) + HOOK_QUEUE_ITEM_OVERHEAD
                 self._queue_dropped += 1
+            self._queue_bytes_in += cost
             queue.append(item)
 
     def collect(self, now: float) -> Collected:
@@ -301,6 +356,7 @@ class HookCollector(Collector):
                 data, addr, sender = queue.popleft()
             except IndexError:
                 break
+            self._queue_bytes_out += len(data) + HOOK_QUEUE_ITEM_OVERHEAD
             try:
                 self._handle(data, addr, sender, now, out)
             except Exception as exc:  # a bug or a hostile datagram must not stop the drain
@@ -336,13 +392,10 @@ class HookCollector(Collector):
         if isinstance(got, str):
             self._refuse(got, f"{what} for rank {rank} claiming pid {claimed} from {who}")
             return None
-        held = self.peers.get(rank)
-        if held is not None and held.uid is not None and held.uid != got.uid and held.pid != got.pid:
-            alive = read_identity(held.pid)
-            if alive is not None and alive.uid == held.uid:
-                self._refuse("rank_of_other_uid", f"{what} for rank {rank} from {who}: the rank is pid "
-                             f"{held.pid} of uid {held.uid}")
-                return None
+        if got.uid != self.job_uid:
+            self._refuse(NOT_JOB_USER, f"{what} for rank {rank} from {who}: the job's user is uid "
+                                       f"{self.job_uid} (hook job_user, the launch manifest's user)")
+            return None
         self.verified[got.pid] = got.uid
         self.verified.move_to_end(got.pid)
         while len(self.verified) > MAX_PAUSE_RANKS:
@@ -351,14 +404,14 @@ class HookCollector(Collector):
 
     def _record(self, kind: int, data: bytes, addr: Any, sender: P.Sender | None, now: float,
                 out: Collected) -> None:
-        if kind == wire.KIND_STEP:
+        if kind in wire.STEP_KINDS:
             msg = wire.unpack_step(data)
             v = self._verify(sender, msg.rank, msg.pid, "a step record")
             if v is None:
                 return
             msg.pid = v.pid
             self._peer(msg.rank, msg.pid, addr, msg.step, now, v.uid)
-            rec = self._step_record(msg)
+            rec = self._step_record(msg, kind)
             if rec is not None:
                 out.steps.append(rec)
             cuda = msg.flags & wire.FLAG_CUDA and msg.rank >= 0
@@ -387,21 +440,38 @@ class HookCollector(Collector):
         elif kind == wire.KIND_PROFILE_STATUS:
             st = wire.unpack_profile_status(data)
             v = self._verify(sender, st.rank, st.pid, "a profile status")
-            if v is None:
+            if v is not None:
+                self._status(st.rank, v, st.request_id, st.state, st.step, None, now, out)
+        elif kind == wire.KIND_TRACE_WRITTEN:
+            w = wire.unpack_trace_written(data)
+            if w is None:
+                self.count_error("malformed:trace_written")
                 return
-            st.pid = v.pid
-            state = wire.PROFILE_STATE_NAMES.get(st.state, f"state_{st.state}")
-            severity = "warning" if st.state in (wire.PROFILE_FAILED, wire.PROFILE_REJECTED) else "info"
-            out.events.append({
-                "kind": HOOK_PROFILE.name, "severity": severity, "time": now, "job": self.config.job,
-                "text": (f"rank {st.rank} (pid {st.pid}) profile request {st.request_id}: "
-                         f"{state} at step {st.step}"),
-                "labels": {"job": self.config.job, "rank": str(st.rank), "state": state,
-                           "request_id": str(st.request_id), "step": str(st.step)},
-                "rank": st.rank, "state": state, "request_id": st.request_id, "step": st.step,
-            })
+            v = self._verify(sender, w.rank, w.pid, "a trace written")
+            if v is not None:
+                self._status(w.rank, v, w.request_id, wire.PROFILE_WRITTEN, w.step, w.path, now, out)
         else:
             self.count_error("malformed:unexpected_kind")
+
+    def _status(self, rank: int, v: P.Verified, request_id: int, state_code: int, step: int,
+                path: str | None, now: float, out: Collected) -> None:
+        """A hook's answer to a request this agent sent to that process (else refused): a
+        ``hook_profile`` event. The agent's own keys (pid, uid, path) stay on the agent: only the
+        text, labels and payload go over the wire (perfd.transport.record_codec)."""
+        if self.requests.answer(rank, request_id, v.pid, state_code) is None:
+            self._refuse("unsolicited_status", f"request {request_id} of rank {rank} from pid {v.pid}: "
+                                               "no such request was sent to that process")
+            return
+        state = wire.PROFILE_STATE_NAMES.get(state_code, f"state_{state_code}")
+        severity = "warning" if state_code in (wire.PROFILE_FAILED, wire.PROFILE_REJECTED) else "info"
+        out.events.append({
+            "kind": HOOK_PROFILE.name, "severity": severity, "time": now, "job": self.config.job,
+            "text": f"rank {rank} (pid {v.pid}) profile request {request_id}: {state} at step {step}",
+            "labels": {"job": self.config.job, "rank": str(rank), "state": state,
+                       "request_id": str(request_id), "step": str(step)},
+            "rank": rank, "state": state, "request_id": request_id, "step": step,
+            "pid": v.pid, "uid": v.uid, "path": path,
+        })
 
     def _phase(self, m: wire.PhaseMsg, now: float, out: Collected) -> None:
         """A rank announced a checkpoint save or an evaluation (StepHook.phase): a ``job_phase``
@@ -439,6 +509,7 @@ class HookCollector(Collector):
             return
         held = self._paused_ms.setdefault(m.rank, {})
         held[phase] = held.get(phase, 0.0) + (m.time_ns - began[1]) / 1e6
+        self._paused_until[m.rank] = max(m.time_ns, self._paused_until.get(m.rank, 0))
 
     def _job(self, m: wire.JobMsg, out: Collected) -> None:
         """The job as the hooks describe it: one JobInfo (framework "pytorch"), sent on change.
@@ -520,14 +591,21 @@ class HookCollector(Collector):
             self._c("unaddressed_sender")  # a hook that could not bind cannot get requests
             return
         p = self.peers.get(rank)
+        if p is None and len(self.peers) >= HOOK_MAX_RANKS:
+            self._c("ranks_over_cap")  # a flood of rank numbers: counted, never held
+            return
         if p is None or p.pid != pid or p.address != addr:
             self.peers[rank] = HookPeer(rank, pid, addr, step, now, uid)
         else:
             p.last_step, p.last_seen = step, now
 
-    def _step_record(self, m: wire.StepMsg) -> StepRecord | None:
-        # Taken by the rank's next step whether or not it becomes a record: the pause lies before it.
-        paused = self._paused_ms.pop(m.rank, None)
+    def _step_record(self, m: wire.StepMsg, kind: int = wire.KIND_STEP2) -> StepRecord | None:
+        # Taken by the rank's next step whether or not it becomes a record: the pause lies before it
+        # (in its period, for a KIND_STEP2 record ending after the pause).
+        paused = None
+        if kind != wire.KIND_STEP2 or m.end_time_ns >= self._paused_until.get(m.rank, 0):
+            paused = self._paused_ms.pop(m.rank, None)
+            self._paused_until.pop(m.rank, None)
         warmup = bool(m.flags & wire.FLAG_WARMUP)
         if warmup and not self.config.include_warmup:
             self._c("warmup_skipped")
@@ -537,6 +615,15 @@ class HookCollector(Collector):
             return None
         fields: dict[str, str] = {"timing": "cuda" if m.flags & wire.FLAG_CUDA else "host",
                                   "pid": str(m.pid), "percentile_window": str(m.window_n)}
+        # The step time: its period where the hook measured one (previous end -> this end: the
+        # time between the steps is the job's too), else the time inside the step (the first step
+        # of a series; a hook older than KIND_STEP2, whose steps said nothing of the time between).
+        step_ns = m.step_ns if m.period_ns is None else m.period_ns
+        fields[HOOK_STEP_TIME_FIELD] = HOOK_STEP_PERIOD if m.period_ns is not None else HOOK_STEP_IN_STEP
+        if kind == wire.KIND_STEP2:
+            fields[HOOK_IN_STEP_FIELD] = f"{m.step_ns / 1e6:.6g}"
+        if m.flags & wire.FLAG_HAS_DATA:
+            fields[HOOK_DATA_WAIT_FROM_FIELD] = wire.data_wait_from(m.flags)
         for key, val in (("step_time_p50_ms", m.p50_ns), ("step_time_p90_ms", m.p90_ns),
                          ("step_time_p99_ms", m.p99_ns), ("compute_ms", m.compute_ns)):
             if val is not None:
@@ -549,7 +636,8 @@ class HookCollector(Collector):
             fields["hook_harvest_drops"] = str(m.harvest_drops)
         timers: dict[str, TimerValue] = {}
         # The hook's phases under the timer names perfd.model declares.
-        for name, ns in ((HOOK_DATA_WAIT, m.data_wait_ns), (HOOK_COMPUTE, m.compute_ns)):
+        for name, ns in ((HOOK_DATA_WAIT, m.data_wait_ns), (HOOK_COMPUTE, m.compute_ns),
+                         (HOOK_OUTSIDE, m.outside_ns)):
             ms = _ms(ns)
             if ms is not None:
                 timers[name] = TimerValue(min_ms=ms, max_ms=ms, per_rank={m.rank: ms})
@@ -558,54 +646,9 @@ class HookCollector(Collector):
         self._c("records")
         return StepRecord(
             job=self.config.job, iteration=m.step, rank=m.rank, end_time=m.end_time_ns / 1e9,
-            step_time_ms=m.step_ns / 1e6, interval=1, fields=fields, timers=timers,
+            step_time_ms=step_ns / 1e6, interval=1, fields=fields, timers=timers,
             source=Provenance("hook", f"rank{m.rank}:pid{m.pid}"),
             disturbed_by_capture=bool(m.flags & wire.FLAG_PROFILING),
+            armed=bool(m.flags & wire.FLAG_ARMED),
             tokens_per_step=m.tokens_per_step, flops_per_step=m.flops_per_step,
         )
-
-    # ------------------------------------------------------------------------------ requests
-
-    def request_profile(self, rank: int, start_step: int, num_steps: int) -> int | None:
-        """Ask ``rank``'s hook to run cudaProfilerStart/Stop around steps [start, start+num).
-
-        Returns the request id (its answer arrives as a ``hook_profile`` event), or None when the
-        rank is unknown here or the send failed (counted). Pick ``start_step`` a few steps ahead of
-        the rank's last reported step: the hook polls for requests at most every 50 ms and a start
-        that has passed begins at the next step (the ``accepted`` event says which).
-        """
-        return self._send_request(rank, wire.ProfileRequest(0, start_step, num_steps))
-
-    def cancel_profile(self, rank: int) -> int | None:
-        return self._send_request(rank, wire.ProfileRequest(0, 0, 0, cancel=True))
-
-    def request_trace(self, rank: int, start_step: int, num_steps: int, path: str,
-                      stack: bool = False) -> int | None:
-        """Ask ``rank``'s hook to trace steps [start, start+num) with torch's Kineto profiler in its
-        process and write the Chrome trace at ``path`` (perfd.hook.trace; the same answers as
-        request_profile, then ``written``). None when the rank is unknown or the send failed."""
-        return self._send_request(rank, wire.TraceRequest(0, start_step, num_steps, path, stack))
-
-    def _send_request(self, rank: int, req: wire.ProfileRequest | wire.TraceRequest) -> int | None:
-        peer = self.peers.get(rank)
-        if peer is None or self.sock is None:
-            self.count_error("profile_request_unknown_rank", f"rank {rank}")
-            return None
-        req.request_id = self._next_request_id
-        self._next_request_id = (self._next_request_id + 1) & 0xFFFFFFFF or 1
-        try:
-            data = (wire.pack_trace_request(req) if isinstance(req, wire.TraceRequest)
-                    else wire.pack_profile_request(req))
-        except ValueError as exc:  # a path longer than the wire takes
-            self.count_error("profile_request_failed", f"rank {rank}: {exc}")
-            return None
-        try:
-            self.sock.sendto(data, peer.address)
-        except BlockingIOError:
-            self.count_error("profile_request_busy", f"rank {rank}")
-            return None
-        except OSError as exc:
-            reason = "gone" if exc.errno in (errno.ECONNREFUSED, errno.ENOENT) else "failed"
-            self.count_error(f"profile_request_{reason}", f"rank {rank}: {exc}")
-            return None
-        return req.request_id

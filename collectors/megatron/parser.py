@@ -35,6 +35,7 @@ from collectors.megatron.lines import (
     to_float,
     to_int,
 )
+from perfd.armed import armed_rank
 from perfd.bounds import REASON as BOUND_REASON
 from perfd.bounds import check_job_info
 from perfd.events import JOB_PHASE, VALIDATION
@@ -109,6 +110,10 @@ class MegatronLogParser:
         # live reader holds that record while the phase is open (collector.py) rather than emit it
         # on the log's quiet. Cleared by the phase's end or by the next iteration line.
         self._phase_open: str | None = None
+        # A rank armed for a capture (perfd.armed: perfd ncu-exec's line, ncu's banner) since the last
+        # record, and whether the current run's records are armed: from its first step to its end.
+        self._armed_seen = False
+        self._run_armed = False
 
     # ---------------------------------------------------------------------------------------
     # Public API
@@ -264,6 +269,10 @@ class MegatronLogParser:
         })
 
     def _dispatch(self, line: str, out: list[StepRecord]) -> None:
+        if ("armed rank" in line or "==PROF==" in line) and armed_rank(line) is not None:
+            self._armed_seen = True
+            self._count("armed_lines")
+            return
         phase = parse_phase(line)
         if phase is not None:
             self._phase(phase.phase, phase.state, phase.iteration, line)
@@ -515,6 +524,12 @@ class MegatronLogParser:
         # Only start-up output seen marks a run's first record: a tail that starts (or an agent that
         # restarts) in the middle of a run has not seen any, and is no restart of the job.
         rec.first_of_run, self._startup_seen = self._startup_seen, False
+        # A run is armed from its first step when its rank was armed before it began (the line comes
+        # before the framework's start-up); a rank armed later (restarted alone) arms what follows.
+        if rec.first_of_run or self._armed_seen:
+            self._run_armed = self._armed_seen or (self._run_armed and not rec.first_of_run)
+        self._armed_seen = False
+        rec.armed = self._run_armed
         rec.interval = self._interval(rec)
         if it.truncated:
             self._issue("truncated-iteration-line", line)

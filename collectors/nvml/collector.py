@@ -31,7 +31,7 @@ from collectors.nvml.wrapper import Nvml
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import GPU_LOST, XID
 from perfd.model import Sample
-from perfd.procinfo import PodJobs
+from perfd.procinfo import PodJobs, user_id
 
 # Clock event ("throttle") reasons, bit -> label value. A fixed, bounded set: bits outside it
 # (board limit, reliability, future ones) still show in the bitmask sample.
@@ -87,6 +87,10 @@ class NvmlConfig:
     throttle_zeros: bool = True  # also emit 0 for inactive reasons (the catalog's "else 0")
     replay_loop: bool = False
     replay_speed: float = 1.0
+    # The job the agent serves and its user (the agent adds both): only that user's processes are the
+    # job's ranks (collectors/nvml/processes.py). None: a node agent.
+    job: str | None = None
+    job_uid: int | None = None
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> NvmlConfig:
@@ -94,7 +98,7 @@ class NvmlConfig:
         # "job" is added to every collector's config by the agent; NVML samples are per node, not
         # per job, so it is accepted and not used.
         known = {"source", "devices", "interval_s", "slow_interval_s", "gpm", "processes",
-                 "process_event_interval_s", "xid", "throttle_zeros", "loop", "speed", "job"}
+                 "process_event_interval_s", "xid", "throttle_zeros", "loop", "speed", "job", "job_user"}
         unknown = set(cfg) - known
         if unknown:
             raise ValueError(f"nvml: unknown config key(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -121,6 +125,7 @@ class NvmlConfig:
             throttle_zeros=bool(cfg.get("throttle_zeros", True)),
             replay_loop=bool(cfg.get("loop", False)),
             replay_speed=_positive(cfg, "speed", 1.0),
+            job=str(cfg["job"]) if cfg.get("job") else None, job_uid=user_id(cfg.get("job_user")),
         )
 
 
@@ -183,7 +188,7 @@ class RealNvml:
         self._gpm: dict[int, GpmSampler] = {}
         # A process without PERFD_JOB: its pod's (perfd.procinfo.PodJobs; the sidecar topology, issue 46)
         self._procs = ProcessTracker(config.process_event_interval_s, lookup, env_lookup, user_lookup,
-                                     pod_job=PodJobs().job_of)
+                                     pod_job=PodJobs().job_of, job=config.job, job_uid=config.job_uid)
         self._last_slow: float | None = None
         self._xid_seen: dict[int, int] = {}  # device index -> XIDs seen since start
         self._xid_last: dict[int, int] = {}

@@ -8,9 +8,18 @@ the count goes out every collect as ``perfd_gpu_processes``.
 
 What is shown of each process (docs/security.md "Command lines and stacks"): pid, name, user and GPU
 memory always; the command line only of the job's own processes — those whose environment declares
-a rank or a job (RANK, PERFD_JOB: a job's ranks) — with secret values redacted
+a rank or a job (RANK, PERFD_JOB: a job's ranks) — redacted by allow-list
 (perfd.procinfo.shown_cmdline). Another process on the GPU (a co-tenant, another user's notebook) is
 named without its arguments: they may hold its passwords and tokens.
+
+Whose a declaration is (issue 54 item 7): a variable in a process's environment is the process's
+word, and any user may set ``RANK=3``. An agent that serves a job knows the job's user (``job_user``:
+AgentConfig.job_uid); a process is the job's own only when it runs as that uid alone (real,
+effective, saved and filesystem: a setuid program is not). A process of another user that claims
+this job or a bare rank is nobody's rank: its rank and job are not reported (the agent's captures
+and the aggregator's placement never take it for one) and its command line is not shown; one that
+declares another job by name is reported with that job, not this one's. A node agent (no job, no
+job user) reports each process's declarations as they are, with its user, for the aggregator to place.
 
 Caveat: NVML reports pids in the host's pid namespace. An agent in a container without the host
 pid namespace (``hostPID: true`` in Kubernetes) sees other pids: the names are then absent, or, if a
@@ -37,6 +46,7 @@ from perfd.procinfo import (  # shared with collectors/ranks: which rank and job
     psutil_rank_env,
     psutil_user,
     shown_cmdline,
+    uid_alone,
 )
 
 __all__ = ["CMDLINE_MAX", "JOB_ENV", "JOB_NAME_MAX", "RANK_ENV", "EnvLookup", "GpuProcess", "NameLookup",
@@ -67,8 +77,13 @@ class ProcessTracker:
 
     def __init__(self, event_interval_s: float = 60.0, lookup: NameLookup = psutil_lookup,
                  env_lookup: EnvLookup = psutil_rank_env, user_lookup: UserLookup = psutil_user,
-                 pod_job: Callable[[int], str | None] | None = None) -> None:
+                 pod_job: Callable[[int], str | None] | None = None, *, job: str | None = None,
+                 job_uid: int | None = None, uid_lookup: Callable[[int], int | None] = uid_alone) -> None:
         self.event_interval_s = event_interval_s
+        # The job this agent serves and its user (None: a node agent, see the module).
+        self.job, self.job_uid, self._uid_lookup = job, job_uid, uid_lookup
+        self._uids: dict[int, int | None] = {}
+        self.foreign_claims = 0  # processes of another user that claimed this job or a rank, not taken
         self._lookup = lookup
         self._env_lookup = env_lookup
         self._user_lookup = user_lookup
@@ -101,13 +116,19 @@ class ProcessTracker:
                 job = self._pod_job(p.pid)
             if self._users.get(p.pid) is None:  # looked up once per pid (retried while unknown)
                 self._users[p.pid] = self._user_lookup(p.pid)
-            own = isinstance(rank.get("rank"), int) or bool(rank.get("job"))  # the job's: it declares so
+            own = isinstance(rank.get("rank"), int) or bool(rank.get("job"))  # a job's: it declares so
+            if own and self.job_uid is not None and self._uid(p.pid) != self.job_uid:
+                # Another user's process: the job's only if it names another job (then that job's).
+                own = False
+                if job is None or job == self.job:
+                    self.foreign_claims += 1
+                    rank, job = {}, None
             payload.append({
                 "pid": p.pid, "name": name, "user": self._users[p.pid],
                 "cmdline": shown_cmdline(cmd, own, CMDLINE_MAX),
                 "used_memory_bytes": p.used_memory_bytes,
                 # The basis for rank -> GPU attribution; absent (None) when the environment is not
-                # visible, never guessed from the GPU index.
+                # visible or not the job user's word, never guessed from the GPU index.
                 "rank": _int(rank.get("rank")), "local_rank": _int(rank.get("local_rank")),
                 "world_size": _int(rank.get("world_size")), "job": job,
             })
@@ -116,6 +137,12 @@ class ProcessTracker:
             "text": f"{len(payload)} compute process(es) on GPU {gpu}" + (" (changed)" if changed else ""),
             "changed": changed, "payload": payload,
         }
+
+    def _uid(self, pid: int) -> int | None:
+        """The uid ``pid`` runs as alone (None: several, or not visible), looked up once per pid."""
+        if pid not in self._uids:
+            self._uids[pid] = self._uid_lookup(pid)
+        return self._uids[pid]
 
     def _name(self, pid: int) -> tuple[str | None, str | None]:
         cached = self._names.get(pid)
@@ -137,3 +164,5 @@ class ProcessTracker:
             del self._ranks[pid]
         for pid in [p for p in self._users if p not in live]:
             del self._users[pid]
+        for pid in [p for p in self._uids if p not in live]:
+            del self._uids[pid]

@@ -40,7 +40,7 @@ from perfd import limits as L
 from perfd.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import RANK_PROCESSES
-from perfd.manifest import STATUS_RUNNING, load_manifest
+from perfd.manifest import STATUS_EXITED, STATUS_RUNNING, load_manifest
 from perfd.model import Sample
 from perfd.procinfo import (
     pod_ranks,
@@ -162,6 +162,10 @@ class RanksCollector(Collector):
                                                     tuple[dict[str, int], str] | None, int | None]] = {}
         self.caps: Capabilities | None = None
         self._sent: dict[str, tuple[float, tuple[Any, ...]]] = {}  # job -> (last event, its marks)
+        # job -> its launch's end as the launch manifest says it (status, exit code, when): sent with
+        # the job's rank_processes events, so the aggregator knows the job ended without waiting
+        self._launch: dict[str, dict[str, Any]] = {}
+        self._launch_sent: set[str] = set()  # jobs whose launch end went out with no rank to report
         self.last_scan_s: float | None = None  # the last contention scan's duration (perfd bench ranks)
         self.last_scan_pids = 0
 
@@ -285,8 +289,14 @@ class RanksCollector(Collector):
         except ValueError:
             return  # not written yet (the launch starts the job first): next time
         pid = m.get("pid")
+        if m.get("status") == STATUS_EXITED:  # the launch ended: its job's end is known at once
+            code = m.get("exit_code")
+            self._launch[str(m.get("job") or self.config.job)] = {
+                "status": STATUS_EXITED, "exit_code": code if isinstance(code, int) else None,
+                "ended": m.get("ended") if isinstance(m.get("ended"), (int, float)) else None}
         if not isinstance(pid, int) or m.get("status") != STATUS_RUNNING:
             return
+        self._launch.pop(str(m.get("job") or self.config.job), None)
         import psutil
 
         try:
@@ -617,12 +627,25 @@ class RanksCollector(Collector):
                 continue
             self._sent[job] = (now, marks)
             states = sorted({r["state"] for r in ranks})
+            payload = {"job": job, "interval_s": self.config.interval_s, "ranks": ranks,
+                       "node": {"swap_in_bytes_per_second": swap} if swap is not None else {}}
+            if job in self._launch:
+                payload["launch"] = dict(self._launch[job])
             out.events.append({
                 "kind": RANK_PROCESSES.name, "severity": "info", "time": now, "job": job,
                 "text": f"{len(ranks)} rank process(es) of job {job}: {', '.join(states)}",
+                "labels": {"job": job}, "payload": payload,
+            })
+        for job, launch in self._launch.items():  # ended with no rank left to report: said once
+            if job in by_job or job in self._launch_sent:
+                continue
+            self._launch_sent.add(job)
+            out.events.append({
+                "kind": RANK_PROCESSES.name, "severity": "info", "time": now, "job": job,
+                "text": f"the launch of job {job} exited (code {launch.get('exit_code')})",
                 "labels": {"job": job},
-                "payload": {"job": job, "interval_s": self.config.interval_s, "ranks": ranks,
-                            "node": {"swap_in_bytes_per_second": swap} if swap is not None else {}},
+                "payload": {"job": job, "interval_s": self.config.interval_s, "ranks": [], "node": {},
+                            "launch": dict(launch)},
             })
 
 

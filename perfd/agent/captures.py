@@ -6,6 +6,14 @@ past its time budget), and for a Kineto trace of its own process when the job po
 (perfd.capture.hook_trace), and reports progress back as events (capture_started / capture_finished /
 capture_failed) through the same stream as the data. Ranks under ncu are found where ``perfd
 ncu-exec`` records them, under this agent's capture directory (``<capture_dir>/ncu``).
+
+Whose process a rank is (issue 54 item 7): a GPU process's ``RANK`` is its own word. With a job user
+(AgentConfig.job_uid: ``job_user``, the launch manifest's, or the agent's own), a process is taken for
+a rank only when it runs as that uid alone, checked when it is learnt and again right before a capture
+names it (a pid reused by another user's process is not armed); the step hook's senders are the job
+user's already (collectors/hook). Without one (a node agent), a process that runs as several uids (a
+setuid program) is never a target. Another user's ``RANK=3`` process once became the capture target
+for rank 3.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from perfd.capture.nsys_exec import RANGE_SUBDIR, NsysExecutor, default_capture_
 from perfd.capture.store import CaptureStore
 from perfd.collector import Collector
 from perfd.events import GPU_PROCESSES, HOOK_PROFILE, payload_of
+from perfd.procinfo import uid_alone
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +48,11 @@ class AgentCaptures:
                  emit: Callable[[dict[str, Any]], None], kineto: bool = True,
                  hook: Collector | None = None, kineto_socket: str = DEFAULT_SOCKET_NAME,
                  dynolog_port: int = DYNOLOG_PORT, kineto_socket_dir: str | None = None,
-                 rank_pids: Callable[[str], Mapping[int, int]] | None = None) -> None:
+                 rank_pids: Callable[[str], Mapping[int, int]] | None = None, job_uid: int | None = None,
+                 uid_of: Callable[[int], int | None] = uid_alone) -> None:
         self.job = job
+        self.job_uid, self._uid_of = job_uid, uid_of
+        self.foreign = 0  # GPU processes claiming a rank not taken: another user's, or setuid
         # The rank processes the ranks collector follows (a sidecar's: those of its pod), by job.
         self._followed = rank_pids
         self.root = Path(root) if root else default_capture_root()
@@ -74,7 +86,7 @@ class AgentCaptures:
                 self.kineto = None
         nsys = self.nsys = NsysExecutor(range_dir=str(self.root / RANGE_SUBDIR))
         self._lock = threading.Lock()
-        self._rank_pid: dict[int, int] = {}
+        self._rank_pid: dict[int, tuple[int, int]] = {}  # rank -> (pid, the uid it ran as alone)
         requester = getattr(hook, "request_profile", None)
         canceller = getattr(hook, "cancel_profile", None)
         peers = getattr(hook, "peers", None)
@@ -88,8 +100,7 @@ class AgentCaptures:
             hook_requester=requester, pids_for_ranks=self._pids_for_ranks, emit=emit,
             hook_last_step=(lambda r: getattr(peers.get(r), "last_step", None)) if peers is not None
             else None, ncu=NcuExecutor(self.root), hook_canceller=canceller,
-            hook_tracer=tracer, hook_can_trace=self._hook_can_trace if tracer is not None else None,
-            hook_owner=self._hook_owner)
+            hook_tracer=tracer, hook_can_trace=self._hook_can_trace if tracer is not None else None)
 
     def _hook_can_trace(self, rank: int) -> bool:
         """The rank's hook can trace and its process polls no Kineto daemon, and the hook that said so
@@ -98,11 +109,6 @@ class AgentCaptures:
         peer = (self._hook_peers or {}).get(rank)
         return (info is not None and peer is not None and bool(getattr(info, "can_trace", False))
                 and getattr(info, "pid", None) == getattr(peer, "pid", None))
-
-    def _hook_owner(self, rank: int) -> int | None:
-        """The uid of the rank's hook process (its sender credentials), which writes its trace."""
-        uid = getattr((self._hook_peers or {}).get(rank), "uid", None)
-        return uid if isinstance(uid, int) else None
 
     def observe(self, events: list[dict[str, Any]]) -> None:
         """Learn rank → pid from process lists (only processes of this agent's job: one that declares
@@ -118,7 +124,12 @@ class AgentCaptures:
                         if declared and declared != self.job:
                             continue
                         if isinstance(p.get("rank"), int) and isinstance(p.get("pid"), int):
-                            self._rank_pid[int(p["rank"])] = int(p["pid"])
+                            pid = int(p["pid"])
+                            uid = self._owner(pid)
+                            if uid is None:
+                                self.foreign += 1
+                                continue
+                            self._rank_pid[int(p["rank"])] = (pid, uid)
             elif kind == HOOK_PROFILE.name:
                 self.manager.on_hook_event(ev)
 
@@ -129,7 +140,9 @@ class AgentCaptures:
         (their rank, and the pid the kernel's credentials vouched for: collectors/hook/peers.py), for
         jobs without a GPU context yet, or an agent without NVML."""
         with self._lock:
-            known = dict(self._rank_pid)
+            held = dict(self._rank_pid)
+        # Checked again now: the pid is still a process of the uid it was learnt with.
+        known = {r: pid for r, (pid, uid) in held.items() if self._uid_of(pid) == uid}
         for rank, followed in (self._followed(job) if self._followed is not None else {}).items():
             known.setdefault(int(rank), int(followed))
         for rank, peer in list((self._hook_peers or {}).items()):
@@ -140,6 +153,13 @@ class AgentCaptures:
             return known
         return {r: known[r] for r in ranks if r in known}
 
+    def _owner(self, pid: int) -> int | None:
+        """The uid ``pid`` runs as alone when it may be the job's (the job user's, when one is known)."""
+        uid = self._uid_of(pid)
+        if uid is None or (self.job_uid is not None and uid != self.job_uid):
+            return None
+        return uid
+
     def handle(self, command: Any) -> None:
         if getattr(command, "kind", "") == "capture":
             self.manager.handle(command)
@@ -147,7 +167,14 @@ class AgentCaptures:
             log.warning("command %s of kind %s: no executor for it", getattr(command, "id", "?"),
                         getattr(command, "kind", "?"))
 
-    def close(self) -> None:
-        self.manager.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End every capture and the Kineto daemon within ``timeout_s``: the captures are told first,
+        then the daemon stops, which cancels its armings (a capture waiting for a rank's poll ends at
+        once instead of at its arming's end, 5 s at least: issue 54 item 8), then the capture threads
+        are waited for."""
+        self.manager.stop()
         if self.kineto is not None:
             self.kineto.stop()
+        if not self.manager.wait_idle(timeout_s):
+            log.warning("captures still running %.1f s after the agent was told to stop: left behind "
+                        "(their threads end with the process)", timeout_s)

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from perfd import limits as L
+from perfd.procinfo import user_id
 from perfd.transport.shard import pick_aggregator
 
 
@@ -33,6 +34,10 @@ class AgentConfig:
     agent_id: str = ""
     node: str = ""
     job: str = ""  # "": a node agent (no job-level collector), else the job it serves
+    # The user the job runs as (a name or a uid): only its processes are the job's ranks (step hooks,
+    # GPU processes declaring a rank, capture targets). None: the launch manifest's, else this agent's
+    # own user (docs/security.md, "Whose processes are the job's").
+    job_user: str | int | None = None
     aggregator: str | None = None  # host:port; None = local only (own /metrics, no streaming)
     metrics_port: int | None = L.AGENT_METRICS_PORT  # None = no HTTP endpoint; 0 = ephemeral (tests)
     metrics_host: str = L.LOOPBACK  # loopback unless told (--metrics-host, --listen-all)
@@ -62,6 +67,15 @@ class AgentConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     auth_token_file: str | None = None
+
+    @property
+    def job_uid(self) -> int | None:
+        """The uid whose processes are the job's: ``job_user``, else this agent's own when it serves a
+        job; None for a node agent (no job: each GPU process is shown with the job it declares)."""
+        uid = user_id(self.job_user)
+        if uid is not None:
+            return uid
+        return os.geteuid() if self.job else None
 
     def capture_root(self) -> str | None:
         """``capture_dir``, else ``<state_dir>/captures``; None: the per-user default
@@ -104,12 +118,16 @@ class AgentConfig:
         for name, cfg in self.collectors.items():
             if not isinstance(cfg, dict):
                 raise ConfigError(f"collectors.{name} must be a mapping, got {type(cfg).__name__}")
+        try:
+            user_id(self.job_user)
+        except ValueError as exc:
+            raise ConfigError(f"job_user: {exc}") from None
         return self
 
 
 _TOP_KEYS = {f for f in AgentConfig.__dataclass_fields__}
 _OPTIONAL_KEYS = ("aggregator", "metrics_port", "spool_dir", "state_dir", "capture_dir", "tls_ca", "tls_cert",
-                  "tls_key", "auth_token_file", "kineto_socket_dir")
+                  "tls_key", "auth_token_file", "kineto_socket_dir", "job_user")
 
 
 def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:
@@ -148,7 +166,8 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
                     ranks: bool | str | None = None,
                     metrics_host: str | None = None, listen_all: bool = False,
                     tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
-                    auth_token_file: str | None = None, capture_dir: str | None = None) -> AgentConfig:
+                    auth_token_file: str | None = None, capture_dir: str | None = None,
+                    job_user: str | None = None) -> AgentConfig:
     """Command-line flags win over the file (so a job can be watched without a config file).
 
     ``launch_manifest``: a `perfd launch` manifest; its job name (unless ``job`` is given) and the
@@ -156,6 +175,8 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
     dumps, hook on its socket). Its paths win over the file's; the file's other keys (intervals,
     thresholds) stay.
     """
+    if job_user is not None:
+        cfg.job_user = job_user
     if launch_manifest is not None:
         _apply_manifest(cfg, launch_manifest)
     if aggregator is not None:
@@ -220,6 +241,9 @@ def _apply_manifest(cfg: AgentConfig, path: str) -> None:
     except ValueError as exc:
         raise ConfigError(f"--launch-manifest: {exc}") from exc
     cfg.job = m["job"]
+    uid = m.get("uid")
+    if isinstance(uid, int) and not isinstance(uid, bool) and uid >= 0 and cfg.job_user is None:
+        cfg.job_user = uid  # the launching user (a config's job_user, or --job-user, wins)
     for name, conf in m["collectors"].items():
         if not isinstance(conf, dict):
             raise ConfigError(f"--launch-manifest {path}: collectors.{name} must be a mapping")

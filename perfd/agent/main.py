@@ -56,6 +56,12 @@ log = logging.getLogger(__name__)
 # SIGTERM is honoured within 5 s (docs/reliability.md); the agent's own steps get 4 of them, the rest
 # is the interpreter's exit.
 SHUTDOWN_BUDGET_S = 4.0
+# The captures' share of it: a capture in flight is told to end and the Kineto daemon's armings are
+# cancelled, then its thread gets this long (measured: 0.08 s with a capture waiting for a rank's poll,
+# tests/captures/test_agent_stop.py; 4.45 s before, when the stop waited for the arming to expire).
+CAPTURE_STOP_S = 1.0
+# Collectors told the job's user (AgentConfig.job_uid): they take only its processes for the job's.
+JOB_USER_COLLECTORS = frozenset({"hook", "nvml"})
 
 
 def default_registry() -> Registry:
@@ -194,8 +200,11 @@ class Agent:
             self._spool = Spool(self.cfg.spool_dir, max_bytes=self.cfg.spool_max_bytes)
             if self._checkpoints is not None:
                 self._checkpoints.settled = self._spool.settled
+        job_uid = self.cfg.job_uid
         for name, ccfg in self.cfg.collectors.items():
             conf = {"job": self.cfg.job or DEFAULT_JOB, **ccfg}
+            if name in JOB_USER_COLLECTORS and job_uid is not None:
+                conf.setdefault("job_user", job_uid)  # whose processes are the job's ranks
             ck = self._checkpoints.load(name) if self._checkpoints is not None else None
             if ck is not None:
                 conf["resume"] = ck
@@ -483,7 +492,7 @@ class Agent:
         self._forward(self.scheduler.drain())  # what the collectors produced last
         mark("forward")
         if self.captures is not None:
-            self.captures.close()
+            self.captures.close(timeout_s=min(CAPTURE_STOP_S, left(0.3)))
             mark("captures")
         if self.client is not None and self._client_task is not None:
             flushed = await self.client.flush(timeout=left(0.6))  # best effort; the spool keeps the rest
@@ -516,7 +525,7 @@ class Agent:
                                           kineto=self.cfg.kineto_daemon,
                                           hook=hook.collector if hook is not None else None,
                                           kineto_socket_dir=self.cfg.kineto_socket_dir,
-                                          rank_pids=followed)
+                                          rank_pids=followed, job_uid=self.cfg.job_uid)
         except Exception as exc:  # no capture store (disk, permissions): say so, monitor on
             log.error("captures disabled: %s", exc)
 

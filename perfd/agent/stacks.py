@@ -7,8 +7,9 @@ so it never makes a hang worse, and it reads a stopped (SIGSTOP) process too (ch
 thread of its own: the agent's loop never waits for it. The answer goes back as one ``rank_stacks``
 event (perfd.events) naming the command it answers.
 
-py-spy's dump starts with the process's command line ("Process PID: ..."): the text goes through
-perfd.procinfo.redact_cmdline, so a password on it is not served with the stack (docs/security.md).
+py-spy's dump starts with the process's command line ("Process PID: ..."): that line goes through
+perfd.redact's allow-list (only known-safe options keep their values), and the whole text through its
+scan for token formats, so a password on it is not served with the stack (docs/security.md).
 The pids come from the ranks collector, which re-checks each one when asked (still the process it
 followed, still running as the user who vouched for it).
 
@@ -33,7 +34,7 @@ from typing import Any
 
 from perfd import limits as L
 from perfd.events import RANK_STACKS
-from perfd.procinfo import redact_cmdline
+from perfd.redact import redact_stack
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def dump_stack(binary: str | None, pid: int, timeout_s: float = L.STACK_TIMEOUT_
         err = res.stderr.decode("utf-8", "replace").strip() or f"exit status {res.returncode}"
         out["error"] = err[-2000:]
         return out
-    text = redact_cmdline(text)
+    text = redact_stack(text)
     if len(text.encode()) > max_bytes:
         text = text.encode()[:max_bytes].decode("utf-8", "ignore") + "\n… (cut: more than " \
             f"{max_bytes} bytes)"

@@ -22,6 +22,7 @@ from typing import Any
 from perfd import catalog
 from perfd import limits as L
 from perfd.aggregator import rule_scopes
+from perfd.aggregator.capture_ready import ReadyGate
 from perfd.aggregator.job_rows import job_rows
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running
 from perfd.aggregator.state import AggregatorState
@@ -29,15 +30,18 @@ from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
 from perfd.analytics.breakdown.budget import NO_FLOPS, NO_TIMERS
 from perfd.analytics.breakdown.capture_findings import diagnose_capture, steady_compute_ms
+from perfd.analytics.breakdown.capture_match import check as check_capture
+from perfd.analytics.breakdown.capture_match import finding as capture_finding
+from perfd.analytics.breakdown.capture_match import job_facts
 from perfd.analytics.breakdown.job_budget import contexts
 from perfd.analytics.ncu.arming import ArmingCost, measure_arming
 from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.analytics.steps.run_analysis import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
-from perfd.model import CAPTURE_TOOLS, CPU
+from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure
 from perfd.refusals import Refusals
-from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine, ScopeKey
-from perfd.rules.model import CaptureAction, CaptureTargets
+from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
+from perfd.rules.model import CaptureAction, CaptureTargets, Rule
 from perfd.transport.codec import Command
 
 log = logging.getLogger(__name__)
@@ -81,6 +85,13 @@ class CaptureRecord:
     # What arming ncu costs the captured ranks, measured from the job's steps when the capture ended
     # (perfd.analytics.ncu.arming JSON; the job's report measures it again over the steps it then holds).
     arming: dict[str, Any] | None = None
+    # Why it did not run, as its agent typed it (perfd.model.CaptureFailure value): "not_ready" is asked
+    # again when the target is, with no rule cooldown taken; None: it ran, or an agent that says nothing.
+    cause: str | None = None
+    # Whether it is of the job's run as the job's analysis has it when it finished (perfd.analytics.
+    # breakdown.capture_match JSON, the decided rank's, else the first rank's): refused, it never
+    # informs the job's budget or class, and its findings say why.
+    match: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -96,8 +107,10 @@ class CaptureCoordinator:
     def __init__(self, state: AggregatorState, engine: RuleEngine | None, send: SendCommand,
                  interval_s: float = 5.0, *, limits: L.Limits | None = None,
                  refusals: Refusals | None = None,
-                 hosts: Callable[[str], set[str]] | None = None) -> None:
+                 hosts: Callable[[str], set[str]] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.state = state
+        self.clock = clock  # when an agent's report arrived (the rules' retry pauses count from it)
         self.limits = limits if limits is not None else L.Limits()
         self.refusals = refusals if refusals is not None else Refusals()
         # The agents hosting a job (perfd.aggregator.guard): the only ones a capture command goes
@@ -110,6 +123,8 @@ class CaptureCoordinator:
         self.arbiter = engine.arbiter if engine is not None else CaptureArbiter()
         if engine is not None:
             engine.resolve_targets = self._resolve_targets
+            engine.ready = self._ready
+        self.ready = ReadyGate(self._snapshot, state.hook_seen)  # rules wait for a ready target
         # The HTTP thread and the evaluation task both come here; re-entrant because evaluating
         # analyses jobs, whose analysis asks this coordinator for the job's capture windows.
         self._lock = threading.RLock()
@@ -124,6 +139,7 @@ class CaptureCoordinator:
         and budgets go; its capture records stay, as history, within MAX_CAPTURE_RECORDS."""
         with self._lock:
             self._requests.pop(job, None)
+        self.ready.forget_job(job)
         if self.engine is not None:
             self.engine.forget_job(job)
 
@@ -186,6 +202,23 @@ class CaptureCoordinator:
                 lo = targets.pp_stage * per_stage
                 return tuple(range(lo, lo + per_stage))
         return None  # the whole job
+
+    # ---- readiness -------------------------------------------------------------------------
+    def _ready(self, rule: Rule, key: ScopeKey, action: CaptureAction, ranks: tuple[int, ...] | None,
+               now: float) -> TargetWait | None:
+        """The engine's readiness check (perfd.aggregator.capture_ready)."""
+        return self.ready.wait(rule.name, job_of(key), action, ranks, now)
+
+    def _not_ready(self, rec: CaptureRecord, now: float) -> None:
+        """A capture's agent said its target was not ready: the rule that asked for it gets its budget
+        back (no cooldown) and asks again after a pause (called with the lock held)."""
+        f = self._firing_of.get(rec.id)
+        if not isinstance(f, Firing) or self.engine is None:
+            return
+        self.engine.refund(f)
+        pause = self.ready.not_ready(f.rule.name, f.job, now)
+        log.info("capture %s for job %s (%s): its target was not ready (%s); asked again in %.0f s, no "
+                 "cooldown taken", rec.id, rec.job, rec.origin, rec.reason[:200], pause)
 
     # ---- evaluation ------------------------------------------------------------------------
     def scope_values(self) -> dict[ScopeKey, dict[str, float | None]]:
@@ -397,6 +430,15 @@ class CaptureCoordinator:
                 if rec.status in ("finished", "failed"):
                     got = self._arming([rec])
                     rec.arming = got.to_json() if got is not None else None
+            cause = CaptureFailure.of((ev.get("payload") or {}).get("cause")
+                                      if isinstance(ev.get("payload"), Mapping) else None)
+            if rec.status in ("finished", "failed"):
+                rec.cause = cause.value if cause is not None and rec.status != "finished" else None
+                f = self._firing_of.get(rec.id)
+                if cause is CaptureFailure.NOT_READY and rec.status != "finished":
+                    self._not_ready(rec, self.clock())
+                elif isinstance(f, Firing):
+                    self.ready.ran(f.rule.name, f.job)
             if rec.status in ("finished", "failed"):
                 self._release(rec.id)
 
@@ -436,6 +478,20 @@ class CaptureCoordinator:
             if d.slowdown:
                 rec.slowdown[str(rank)] = max(d.slowdown.values())
         rec.findings, rec.recommendations = findings, recs
+        info = self.state.job_info(rec.job)
+        if a is not None and info is not None:
+            facts = job_facts(info, a.summary.medians, a.peak.peak_tflops, a.job.layout.world_size)
+            order = sorted(ranks, key=lambda r: (best is None or str(r) != best[1], str(r)))
+            for rank in order:
+                devices = (ranks[rank] or {}).get("devices") if isinstance(ranks[rank], dict) else None
+                if not isinstance(devices, list):
+                    continue
+                m = check_capture(f"{rec.id} rank {rank}", devices, facts, float(rec.steps))
+                rec.match = m.to_json()
+                said = capture_finding(m, False, f"capture {rec.id} rank {rank}")
+                if said is not None:
+                    rec.findings.append(said.to_json())
+                break
         if best is not None:
             _top, rank, dev, d = best
             rec.bottleneck, rec.bottleneck_reason = d.bottleneck.value, d.bottleneck_reason

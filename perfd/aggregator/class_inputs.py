@@ -61,6 +61,13 @@ class NoCaptures:
         pass
 
 
+def in_span(t: Any, lo: float | None, hi: float | None, slack_s: float = 1.0) -> bool:
+    """Whether a capture that started at ``t`` lies in a run's span (an unknown start: in every run)."""
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return True
+    return (lo is None or t >= lo - slack_s) and (hi is None or t <= hi + slack_s)
+
+
 class ClassInputs:
     """The job store's class inputs and capture windows, read from the state's parts."""
 
@@ -77,19 +84,26 @@ class ClassInputs:
         """The job was pruned: its last steady GPM goes."""
         self.steady_gpm.forget(job)
 
-    def class_inputs(self, job: str) -> tuple[GpmReading | None, TimelineClass | None, str]:
+    def class_inputs(self, job: str, span: tuple[float | None, float | None] = (None, None)
+                     ) -> tuple[GpmReading | None, TimelineClass | None, str]:
         """GPM of the job's GPUs while it steps (after it stops, the last reading taken while it
-        stepped with no incident open: its last steady window), the class its latest capture
-        supports, and which GPM window that is. A capture is left out only when it ran during a real
-        incident (it shows the incident, not the job); its own disturbance does not count. A capture
-        taken with Python stacks informs the job only when none without them does: its idle parts
-        hold more of the profiler's own cost (+16% against +3% a step on an H100 Megatron-LM job)."""
+        stepped with no incident open: its last steady window), the class its latest capture within
+        ``span`` supports, and which GPM window that is. ``span``: (from, to) epoch s of the run whose
+        figures the analysis reports (perfd.analytics.steps.runs): a capture of another run of the job
+        never informs them (issue 51: run 1's Kineto steps were read against run 2's armed steps). A
+        capture is left out when it ran during a real incident (it shows the incident, not the job);
+        its own disturbance does not count. A capture taken with Python stacks informs the job only
+        when none without them does: its idle parts hold more of the profiler's own cost (+16% against
+        +3% a step on an H100 Megatron-LM job)."""
         timeline = None
         spans = [(i.incident.start_time, i.incident.end_time) for i in self.incidents.typed_incidents(job)
                  if not i.disturbance]
         order = sorted(self.captures_of(job), key=lambda c: (not c.get("stack"), c.get("finished_at") or 0.0))
+        lo, hi = span
         for c in order:
             t = c.get("started_at")
+            if not in_span(t, lo, hi):
+                continue
             during = isinstance(t, (int, float)) and any(
                 a is not None and a - 1.0 <= t <= (b if b is not None else float("inf")) + 1.0
                 for a, b in spans)

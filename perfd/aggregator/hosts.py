@@ -45,6 +45,7 @@ class HostView:
         self._running: dict[str, dict[int, dict[str, Any]]] = {}
         # job -> rank -> its newest observation of a live process, until a step confirms it
         self._unconfirmed: dict[str, dict[int, dict[str, Any]]] = {}
+        self._ended: dict[str, tuple[float, str]] = {}  # job -> (when, why) its processes ended
 
     # ---- state events (the gRPC side) -----------------------------------------------------------
     def on_rank_processes(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
@@ -56,9 +57,11 @@ class HostView:
         node = str((ev.get("labels") or {}).get("node") or agent_id)
         job = p["job"]
         now = time.time()
+        launch = p.get("launch") if isinstance(p.get("launch"), Mapping) else None
         with self._lock:
             held = self._ranks.pop(job, None) or {}
             held[(agent_id, node)] = (now, {**p, "ranks": ranks})
+            self._note_end(job, held, launch, now)
             self._ranks[job] = held  # newest last: the oldest job goes first past the cap
             pending = self._unconfirmed.setdefault(job, {})
             for r in ranks:
@@ -72,6 +75,7 @@ class HostView:
                 self._phase_ended.pop(old, None)
                 self._running.pop(old, None)
                 self._unconfirmed.pop(old, None)
+                self._ended.pop(old, None)
         return True
 
     def stepped(self, job: str, now: float | None = None) -> None:
@@ -87,6 +91,31 @@ class HostView:
                 running = self._running.setdefault(job, {})
                 for r in seen:
                     running[r] = pending.pop(r)
+
+    def _note_end(self, job: str, held: Mapping[tuple[str, str], tuple[float, dict[str, Any]]],
+                  launch: Mapping[str, Any] | None, now: float) -> None:
+        """Whether the job's processes ended, from its reports (lock held): its launch manifest says the
+        launch exited, or every rank process any agent follows is gone; a live rank undoes it."""
+        ranks = [r for _, p in held.values() for r in p["ranks"]]
+        if any(r.get("state") not in ("gone", "zombie") for r in ranks):
+            self._ended.pop(job, None)
+            return
+        if job in self._ended:
+            return  # when it ended is when it was first seen so
+        if launch is not None and launch.get("status") == "exited":
+            code, at = launch.get("exit_code"), launch.get("ended")
+            self._ended[job] = (float(at) if isinstance(at, (int, float)) else now,
+                                f"its launch exited{f' with code {code}' if isinstance(code, int) else ''} "
+                                "(launch manifest)")
+        elif ranks:
+            gone = [r.get("state_since") for r in ranks if isinstance(r.get("state_since"), (int, float))]
+            self._ended[job] = (max(gone) if gone else now,
+                                f"its {len(ranks)} rank process(es) exited (gone from their hosts)")
+
+    def ended(self, job: str) -> tuple[float, str] | None:
+        """(when, why) the job's processes ended, as its agents report them; None while any runs."""
+        with self._lock:
+            return self._ended.get(job)
 
     def on_job_phase(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
         p = payload_of(ev, JOB_PHASE)
@@ -190,6 +219,7 @@ class HostView:
             self._phase_ended.pop(job, None)
             self._running.pop(job, None)
             self._unconfirmed.pop(job, None)
+            self._ended.pop(job, None)
 
     def forget_agent(self, agent_id: str) -> None:
         with self._lock:

@@ -43,6 +43,7 @@ class TrackedIncident:
     updated_at: float
     cost_parts: CostParts | None = None
     stall_withdrawn: Withdrawal | None = None  # the stall it carried was taken back, and why
+    run: int | None = None  # the job's run it happened in, once a later run replaced that one's records
 
     @property
     def id(self) -> str:
@@ -74,6 +75,8 @@ class TrackedIncident:
             out["cost_parts"] = self.cost_parts.to_json()
         if self.stall_withdrawn is not None:
             out["stall_withdrawn"] = self.stall_withdrawn.value
+        if self.run is not None:
+            out["run"] = self.run
         return out
 
 
@@ -114,7 +117,8 @@ def tracked_from_json(d: Mapping[str, Any]) -> TrackedIncident:
         inc, d.get("duration_s"), tuple(dict(c) for c in d.get("captures") or []),
         d.get("first_seen") or 0.0, d.get("updated_at") or 0.0,
         CostParts(parts.get("steps_s"), parts.get("silence_s")) if isinstance(parts, Mapping) else None,
-        Withdrawal(why) if why in Withdrawal._value2member_map_ else None)
+        Withdrawal(why) if why in Withdrawal._value2member_map_ else None,
+        d.get("run") if isinstance(d.get("run"), int) else None)
 
 
 def incident_event(kind: str, job: str, rec: TrackedIncident) -> dict[str, Any]:

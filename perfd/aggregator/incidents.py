@@ -325,6 +325,40 @@ class IncidentTracker:
                  first_iteration, why.value)
         return True
 
+    def close_open(self, job: str, now: float, why: str, end_time: float | None = None) -> int:
+        """Close every open incident of the job: its run or the job itself ended, so no later step
+        can continue one (nested incidents stayed open after a job's end). Each keeps its cost and
+        evidence; an INCIDENT_CLOSED event says ``why``. Returns how many were closed."""
+        events = []
+        with self._lock:
+            kept = self._jobs.get(job, {})
+            for key, rec in list(kept.items()):
+                if not rec.open:
+                    continue
+                inc = rec.incident
+                closed = replace(inc, open=False, end_time=inc.end_time or end_time or now)
+                rec = replace(rec, incident=closed, updated_at=now)
+                kept[key] = rec
+                ev = incident_event(INCIDENT_CLOSED.name, job, rec)
+                ev["text"] = f"incident {inc.id} closed: {why}"
+                events.append(ev)
+        if events:
+            self.emit(events)
+        return len(events)
+
+    def retire_run(self, job: str, run: int, now: float) -> None:
+        """Run ``run`` of the job ended (a new run replaced its records): its incidents are closed and
+        kept under the run's name, so that the new run's, whose iteration numbers may repeat (a restart
+        from iteration 1), are never merged into them."""
+        self.close_open(job, now, f"run {run} of the job ended (a new run began)")
+        with self._lock:
+            kept = self._jobs.get(job)
+            if not kept:
+                return
+            for key in [k for k, d in kept.items() if d.run is None]:
+                rec = kept.pop(key)
+                kept[f"run{run}:{key}"] = replace(rec, run=run)
+
     def forget(self, job: str) -> None:
         """The job was pruned: its incidents go with it (the totals on /metrics too)."""
         with self._lock:
@@ -355,7 +389,7 @@ class IncidentTracker:
         if inc.id in kept:
             return inc.id
         for k, d in kept.items():
-            if _overlaps(d, inc) and set(d.kinds) & set(inc.kinds):
+            if d.run is None and _overlaps(d, inc) and set(d.kinds) & set(inc.kinds):
                 return k
         return None
 

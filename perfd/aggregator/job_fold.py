@@ -104,4 +104,6 @@ def _fold(rs: list[StepRecord]) -> StepRecord:
         if t.per_rank:
             t.min_ms, t.max_ms = min(t.per_rank.values()), max(t.per_rank.values())
     ends = [r.end_time for r in rs if r.end_time is not None]
-    return dataclasses.replace(slow, rank="all", timers=timers, end_time=max(ends) if ends else None)
+    # armed: a rank under ncu paces every rank it synchronises with (perfd.armed): the iteration is armed
+    return dataclasses.replace(slow, rank="all", timers=timers, end_time=max(ends) if ends else None,
+                               armed=any(r.armed for r in rs))

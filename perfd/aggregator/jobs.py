@@ -30,9 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
+from perfd.aggregator.job_runs import ClosedRun, close_run, digest_runs, figures_span, of_ended_run
+from perfd.aggregator.step_histogram import STEP_BUCKETS_S, StepHistogram
 from perfd.analytics.breakdown.bottleneck import GpmReading
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.steps.run_analysis import AnalysisMemo, RunAnalysis, analyze_run
+from perfd.analytics.steps.runs import MAX_DIGESTS, RunDigest
 from perfd.limits import MAX_ITERATION_LEAP, REFUSAL_LOG_INTERVAL_S
 from perfd.model import JobInfo, StepRecord, merge_job_info
 
@@ -40,27 +43,6 @@ __all__ = ["JobState", "JobStats", "JobStore", "StepConflicts", "job_info_of", "
            "mark_disturbed", "record_bytes", "worse_than"]
 
 log = logging.getLogger(__name__)
-
-# Bucket upper bounds (s) of the step-time histogram: 50 ms to 2 min, about ×1.5 apart.
-STEP_BUCKETS_S: tuple[float, ...] = (0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.45, 0.7, 1.0, 1.5, 2.25, 3.5, 5.0,
-                                     7.5, 11.0, 17.0, 25.0, 40.0, 60.0, 120.0)
-
-
-@dataclass
-class StepHistogram:
-    """Cumulative step-time histogram of a job (Prometheus semantics: counts only grow), fed once
-    per job-level step record; retention never takes counts back."""
-
-    counts: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS_S) + 1))
-    total_s: float = 0.0
-    n: int = 0
-
-    def observe(self, seconds: float) -> None:
-        i = next((k for k, b in enumerate(STEP_BUCKETS_S) if seconds <= b), len(STEP_BUCKETS_S))
-        self.counts[i] += 1
-        self.total_s += seconds
-        self.n += 1
-
 
 # Retention of each job's step records (issue 15): the newest RETAIN_ITERATIONS iterations, and no more
 # than RETAIN_BYTES of them (estimated by record_bytes): with per-rank timers a record of a
@@ -96,7 +78,7 @@ def record_bytes(rec: StepRecord) -> int:
 # by them.
 _OPTIONAL = tuple(f.name for f in dataclasses.fields(StepRecord)
                   if f.name not in ("job", "iteration", "rank", "fields", "timers", "memory_mb", "source",
-                                    "disturbed_by_capture", "first_of_run", "tokens_per_step",
+                                    "disturbed_by_capture", "first_of_run", "armed", "tokens_per_step",
                                     "flops_per_step"))
 
 
@@ -120,6 +102,9 @@ class StepConflicts:
     # Records refused as implausibly ahead, by job: (iteration, why).
     implausible: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     refused: set[int] = field(default_factory=set)  # id() of every record kept out (not journalled)
+    # Runs that ended because a new one began, by job: the number of the run that ended (its incidents
+    # are closed with it: perfd.aggregator.state).
+    ended_runs: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -152,6 +137,9 @@ class JobState:
     evicted_any: bool = False  # some of its first iterations left the window
     train_iters: int | None = None  # the current run's, as its records state it
     run_marks: dict[str, str] = field(default_factory=dict)  # rank scope -> its hook's pid (a new run)
+    # rank -> (its hook's pid, when its latest hook record arrived): whether a capture through the hook
+    # can reach the rank now (perfd.aggregator.captures waits for it before sending one)
+    hook_seen: dict[int, tuple[str, float]] = field(default_factory=dict)
     # Retention drops since the job's last log line: (iterations evicted, records evicted, records
     # that arrived older than the window), and when that line was written.
     drops: list[int] = field(default_factory=lambda: [0, 0, 0])
@@ -168,6 +156,18 @@ class JobState:
     # The iteration from which the user took a lasting shift's level as the new normal
     # (perfd.analytics.steps.changepoint; POST /api/jobs/<job>/new-normal): its cost stops there.
     new_normal_at: int | None = None
+    # Runs (perfd.analytics.steps.runs): the current run's number, the digests of the earlier ones
+    # (newest last), the runs replaced and not yet digested (at the next analysis, outside the lock),
+    # the hook pids of ended runs (a record of one arriving late is theirs, not the current run's).
+    run: int = 1
+    runs: list[RunDigest] = field(default_factory=list)
+    closed: list[ClosedRun] = field(default_factory=list)
+    ended_pids: set[str] = field(default_factory=set)
+    # The rank scopes with records in the current run: a start-up marked record of another scope (the
+    # log's, where the hook's new pid began the run) is the same restart, not one more.
+    run_scopes: set[str] = field(default_factory=set)
+    run_start: float | None = None  # the current run's first step's start (epoch s)
+    run_info: JobInfo | None = None  # the job as the current run's start-up stated it (a digest's)
 
 
 @dataclass
@@ -176,8 +176,9 @@ class JobStats:
     dropped_steps: int = 0  # records that left the retention window (or arrived older than it)
     too_old: int = 0  # of those, records that arrived older than every iteration of a full window
     implausible: int = 0  # records refused as implausibly ahead (MAX_ITERATION_LEAP, train-iters)
-    new_runs: int = 0  # restarts seen: the old run's records from there on dropped
-    replaced_by_new_run: int = 0  # ... how many
+    new_runs: int = 0  # restarts seen: the old run's records replaced by a digest of it
+    replaced_by_new_run: int = 0  # ... how many records
+    ended_run_records: int = 0  # records of a run that had ended arriving after it: refused
     evicted_iterations: int = 0
     evicted_iterations_bytes: int = 0  # of those, evicted for the byte bound
     analysis_errors: int = 0
@@ -202,10 +203,12 @@ class JobStore:
         # job -> (start, end) epoch seconds of its captures: iterations ending inside one (or the
         # step after) are marked disturbed, whatever the source of the step records.
         self.capture_windows: Callable[[str], list[tuple[float, float]]] = lambda job: []
-        # job -> what the other views know for its bottleneck class: GPM of its GPUs, and the class
-        # its latest capture's timeline supports.
-        self.class_inputs: Callable[[str], tuple[GpmReading | None, TimelineClass | None, str]] = \
-            lambda job: (None, None, "")
+        # (job, span) -> what the other views know for its bottleneck class: GPM of its GPUs, and the
+        # class its latest capture within ``span`` (from, to: epoch s; the run whose figures are
+        # reported, perfd.analytics.steps.runs) supports.
+        self.class_inputs: Callable[[str, tuple[float | None, float | None]],
+                                    tuple[GpmReading | None, TimelineClass | None, str]] = \
+            lambda job, span: (None, None, "")
         # (job, agent) -> its standing as a writer of the job (perfd.aggregator.guard.Guard.standing).
         self.standing: Callable[[str, str], int] = lambda job, agent: 0
 
@@ -249,6 +252,9 @@ class JobStore:
             js.agents.add(agent_id)
             js.touched_at = now if now is not None else time.time()
             js.job_info, js.job_info_agent = merge_job_info(js.job_info, info), agent_id
+            st = js.job_info.started_at
+            if js.run_start is None or st is None or st <= js.run_start:  # not a later run's start-up
+                js.run_info = js.job_info
             js.dirty = True
 
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None
@@ -271,8 +277,17 @@ class JobStore:
                     out.implausible.setdefault(rec.job, []).append((rec.iteration, why))
                     out.refused.add(id(rec))
                     continue
-                if self._new_run(js, rec, key[1]):
-                    self._drop_from(js, key[1], rec.iteration)
+                if of_ended_run(js.ended_pids, rec):
+                    self.stats.ended_run_records += 1
+                    out.refused.add(id(rec))
+                    continue
+                if self._new_run(js, rec, key[1]) and js.records:  # nothing held: nothing ends
+                    ended = self._close_run(js, key[1], rec)
+                    out.ended_runs.setdefault(rec.job, []).append(ended)
+                if isinstance(rec.rank, int) and rec.source is not None and rec.source.collector == "hook":
+                    if len(js.hook_seen) >= _MAX_RUN_MARKS and rec.rank not in js.hook_seen:
+                        js.hook_seen.clear()  # bounded: ranks come from the network
+                    js.hook_seen[rec.rank] = (rec.fields.get("pid", ""), arrived)
                 if rec.train_iters is not None and rec.train_iters > 0:
                     js.train_iters = rec.train_iters
                 old = js.records.get(key)
@@ -310,6 +325,11 @@ class JobStore:
                     size -= record_bytes(old)
                 js.owner[key] = agent_id
                 js.records[key] = rec
+                if key[1] not in js.run_scopes and len(js.run_scopes) < _MAX_RUN_MARKS:
+                    js.run_scopes.add(key[1])
+                if rec.end_time is not None and rec.step_time_ms is not None and math.isfinite(rec.end_time):
+                    start = rec.end_time - rec.step_time_ms / 1e3
+                    js.run_start = start if js.run_start is None else min(js.run_start, start)
                 js.held_bytes += size
                 js.iteration_bytes[rec.iteration] = js.iteration_bytes.get(rec.iteration, 0) + size
                 js.dirty = True
@@ -342,41 +362,20 @@ class JobStore:
                 js.run_marks = {scope: pid}  # bounded: scopes come from the network
             if before is not None and before != pid:
                 return True
-        if not rec.first_of_run:
-            return False
+        if not rec.first_of_run or scope not in js.run_scopes:
+            return False  # the first record of its scope in this run (its start-up began the run held)
         held = js.records.get((rec.iteration, scope))
         return not (held is not None and held.first_of_run and held.end_time == rec.end_time)
 
-    def _drop_from(self, js: JobState, scope: str, iteration: int) -> None:
-        """A new run begins at ``iteration`` in ``scope``: what the old run held there and after goes
-        (lock held), and the run's train-iters is the new run's to state."""
-        i = bisect.bisect_left(js.iterations, iteration)
-        dropped = 0
-        for it in list(js.iterations[i:]):
-            key = (it, scope)
-            old = js.records.pop(key, None)
-            if old is None:
-                continue
-            js.owner.pop(key, None)
-            size = record_bytes(old)
-            js.held_bytes -= size
-            scopes = js.by_iteration.get(it, [])
-            if scope in scopes:
-                scopes.remove(scope)
-            if scopes:
-                js.iteration_bytes[it] = js.iteration_bytes.get(it, 0) - size
-            else:
-                js.by_iteration.pop(it, None)
-                js.iteration_bytes.pop(it, None)
-                del js.iterations[bisect.bisect_left(js.iterations, it)]
-            dropped += 1
-        js.train_iters = None
-        if dropped:
-            self.stats.new_runs += 1
-            self.stats.replaced_by_new_run += dropped
-            js.dirty = True
-            log.info("job %s: a new run begins at iteration %d (%s): the old run's %d record(s) from there "
-                     "on are replaced by the new run's", js.name[:80], iteration, scope, dropped)
+    def _close_run(self, js: JobState, scope: str, rec: StepRecord) -> int:
+        """``rec`` begins a new run (lock held): the old run's records leave for a digest of it
+        (perfd.aggregator.job_runs.close_run); counted and logged. Returns the run that ended."""
+        ended, n = close_run(js, scope, rec, _MAX_RUN_MARKS)
+        self.stats.new_runs += 1
+        self.stats.replaced_by_new_run += n
+        log.info("job %s: run %d begins at iteration %d (%s): run %d's %d record(s) are replaced by a digest "
+                 "of that run", js.name[:80], js.run, rec.iteration, scope, ended, n)
+        return ended
 
     def _retain(self, js: JobState, newest: int) -> None:
         """Keep the window (lock held): past RETAIN_ITERATIONS iterations or RETAIN_BYTES, the
@@ -443,10 +442,34 @@ class JobStore:
         return False
 
     # ---- read side ---------------------------------------------------------------------------
+    def _digest_closed(self, job: str, js: JobState, windows: list[tuple[float, float]]) -> None:
+        """Digest the runs a new one replaced (outside the store lock: an analysis each, once)."""
+        with self._lock:
+            closed, js.closed = js.closed, []
+            done = list(js.runs)
+            gpu = self.gpu_override or js.gpu_name
+        done, failed = digest_runs(job, closed, done, windows, lambda span: self.class_inputs(job, span)[1],
+                                   gpu, self.peak_tflops)
+        with self._lock:
+            js.runs = done[-MAX_DIGESTS:]
+            self.stats.analysis_errors += failed
+
     def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:
-        """The job's analysis, recomputed if new data arrived (rate-limited)."""
+        """The job's analysis, recomputed if new data arrived (rate-limited): of its current run, with
+        the digests of the runs before it (each made once, when a new run replaced its records)."""
         windows = self.capture_windows(job)  # outside the lock: it asks the capture coordinator
-        gpm, timeline, gpm_when = self.class_inputs(job)
+        with self._lock:
+            js = self.jobs.get(job)
+            if js is None:
+                return None
+            pending = bool(js.closed)
+        if pending:
+            self._digest_closed(job, js, windows)
+        with self._lock:
+            newest = [js.records[(js.iterations[-1], sc)] for sc in js.by_iteration.get(js.iterations[-1], [])
+                      if (js.iterations[-1], sc) in js.records] if js.iterations else []
+            span = figures_span(newest, js.run_start, js.runs)
+        gpm, timeline, gpm_when = self.class_inputs(job, span)
         with self._lock:
             js = self.jobs.get(job)
             if js is None:
@@ -465,13 +488,15 @@ class JobStore:
                 info = dataclasses.replace(info, started_at=None)
             gpu = self.gpu_override or js.gpu_name
             new_normal_at = js.new_normal_at
+            earlier, run = list(js.runs), js.run
             js.dirty = False
         try:
             with js.analysis_lock:  # the memo and the caches belong to one analysis at a time
                 records = mark_disturbed(job_level_steps(raw, js.folded), windows, js.disturbed)
                 result = analyze_run(info, records, gpu_name=gpu, peak_tflops=self.peak_tflops,
                                      job_name=job, gpm=gpm, timeline=timeline, memo=js.memo,
-                                     gpm_when=gpm_when, new_normal_at=new_normal_at)
+                                     gpm_when=gpm_when, new_normal_at=new_normal_at, earlier=earlier,
+                                     run=run)
         except Exception:
             with self._lock:
                 self.stats.analysis_errors += 1
@@ -567,6 +592,19 @@ class JobStore:
         with self._lock:
             js = self.jobs.get(job)
             return (len(js.records), js.last_step_time) if js else (0, 0.0)
+
+    def job_info(self, job: str) -> JobInfo | None:
+        """The job's start-up facts as its agents sent them (None: none yet)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            return js.job_info if js is not None else None
+
+    def hook_seen(self, job: str) -> dict[int, tuple[str, float]]:
+        """rank -> (its step hook's pid, when its latest hook record arrived), for the job's ranks
+        whose hook has reported ({} when none has)."""
+        with self._lock:
+            js = self.jobs.get(job)
+            return dict(js.hook_seen) if js is not None else {}
 
     def records_and_layout(self, job: str) -> tuple[list[StepRecord], Any, str | None] | None:
         with self._lock:

@@ -75,6 +75,9 @@ class JobSnapshot:
     gpus: GpuReader  # the job's GPUs: processes, values, throttles, read when called
     hosts: HostReader  # rank -> its process's newest host observation, read when called
     hosts_last_running: Callable[[], dict[int, dict[str, Any]]]  # ... the newest while it ran
+    # (when, why) its processes ended as its agents report them (its launch manifest, its ranks gone):
+    # the job is ended at once, not once its last step is stale (perfd.aggregator.hosts)
+    ended: tuple[float, str] | None = None
 
     # ---- the analysis ------------------------------------------------------------------------
     @property
@@ -98,6 +101,8 @@ class JobSnapshot:
         """(state, why): running | stalled | ended, from the last step's age at ``now``; a live stall
         says stalled within seconds."""
         now = time.time() if now is None else now
+        if self.ended is not None and self.ended[0] >= self._last_step_end() - 1.0:
+            return ENDED, self.ended[1]  # its processes ended after its last step: ended, whatever its age
         med_s = self.median_step_s
         state, why = job_state(self.last_step_age_s(now), med_s, self.processes_alive,
                                self.stale_after_override_s)
@@ -108,6 +113,16 @@ class JobSnapshot:
             # 60 s while its own stall said "stalled", and could be pruned as ended).
             state, why = STALLED, stall_text(live.silent_s, live.cadence_s, live.reasons)
         return state, why
+
+    def _last_step_end(self) -> float:
+        """When the job's last step ended, by its own clock where its record says (a log's last record
+        can arrive after the processes exited: it is held until the log goes quiet), else when it
+        arrived; 0 without one."""
+        latest = self.latest
+        if latest is not None and latest.end_time is not None:
+            return float(latest.end_time)
+        last = self.overview.get("last_step_time")
+        return float(last) if last else 0.0
 
     def overview_at(self, now: float | None = None) -> dict[str, Any]:
         """The job's overview with its liveness (``state`` running | stalled | ended), as /api/jobs

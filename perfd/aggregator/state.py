@@ -57,6 +57,7 @@ from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.incidents.detect import STEP_FACTOR, Incident, hang_incident
 from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal
 from perfd.analytics.ncu.arming import ArmingCost, is_the_arming
+from perfd.analytics.steps.liveness import ENDED
 from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.events import (
     GPU_PODS,
@@ -183,7 +184,12 @@ class AggregatorState:
         return self._captures.of_job(job)
 
     def arming_of(self, job: str) -> ArmingCost | None:
-        """What arming ncu costs the job's armed ranks (perfd.analytics.ncu.arming), for its report."""
+        """What arming ncu costs the job's armed ranks (perfd.analytics.ncu.arming), for its report: as
+        the job's analysis measures it from its armed steps (against its previous run), else as the
+        capture coordinator does from an ncu capture's ranks (against the unarmed ranks)."""
+        a = self.jobs.cached_analysis(job)
+        if a is not None and a.summary.arming is not None:
+            return a.summary.arming
         return self._captures.arming(job)
 
     # ---- ingest (gRPC side) -----------------------------------------------------------------
@@ -251,6 +257,9 @@ class AggregatorState:
         for job in {r.job for r in steps}:  # its processes as observed until now: while it stepped
             self.hosts.stepped(job, now)
         self._bump()
+        for job, runs in out.ended_runs.items():  # a run ended: its incidents end with it
+            for run in runs:
+                self.incidents.retire_run(job, run, time.time() if now is None else now)
         if not (out.other_agent or out.displaced) or self.replaying:
             return out
         now = time.time()
@@ -398,7 +407,7 @@ class AggregatorState:
             stall=self.stalls.stalled(job), stale_after_override_s=self._job_stale_after_s,
             gpus=lambda names=None: self.nodes.gpu_view(names_agents, names, job=job),
             hosts=lambda now=None: self.hosts.observations(job, now),
-            hosts_last_running=lambda: self.hosts.last_running(job))
+            hosts_last_running=lambda: self.hosts.last_running(job), ended=self.hosts.ended(job))
 
     def refresh(self) -> None:
         """Analyse every job that has new data and update its incidents (the aggregator's periodic
@@ -418,7 +427,12 @@ class AggregatorState:
                 self.stalls.tick(self, job)  # every tick: a stall shows while no data comes
             except Exception:
                 log.exception("stall check of job %s failed", job)
-            self.snapshots.get(job, rebuild=True)  # what every reader reads until the next tick
+            snap = self.snapshots.get(job, rebuild=True)  # what every reader reads until the next tick
+            ended = snap.ended if snap is not None else None
+            if ended is not None and snap is not None and snap.state_at()[0] == ENDED \
+                    and self.incidents.has_open(job):  # the job ended: so did its incidents
+                self.incidents.close_open(job, time.time(), f"the job ended: {ended[1]}", ended[0])
+                self._bump()
 
     def _track_incidents(self, job: str, a: RunAnalysis) -> None:
         found = list(a.incidents)
@@ -558,6 +572,14 @@ class AggregatorState:
     def records_and_layout(self, job: str) -> tuple[list[StepRecord], Any, str | None] | None:
         """The job's step records, layout and GPU (perfd.aggregator.jobs), for a capture's diagnosis."""
         return self.jobs.records_and_layout(job)
+
+    def job_info(self, job: str) -> JobInfo | None:
+        """The job's start-up facts (perfd.aggregator.jobs)."""
+        return self.jobs.job_info(job)
+
+    def hook_seen(self, job: str) -> dict[int, tuple[str, float]]:
+        """rank -> (its step hook's pid, when its latest hook record arrived) (perfd.aggregator.jobs)."""
+        return self.jobs.hook_seen(job)
 
     def capture_windows(self, job: str) -> list[tuple[float, float]]:
         """(start, end) of the job's captures, as the job store marks their iterations disturbed."""

@@ -37,6 +37,7 @@ def stats_json(state: AggregatorState) -> dict[str, Any]:
         "step_records_implausible": js.implausible,
         "new_runs": js.new_runs,
         "step_records_replaced_by_new_run": js.replaced_by_new_run,
+        "step_records_of_ended_runs": js.ended_run_records,
         "iterations_evicted_retention": js.evicted_iterations,
         "iterations_evicted_retention_bytes": js.evicted_iterations_bytes,
         "analysis_errors": js.analysis_errors,

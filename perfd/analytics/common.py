@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, Provenance, StepRecord, TimerValue
+from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, HOOK_OUTSIDE, Provenance, StepRecord, TimerValue
 
 
 class TextEnum(str, enum.Enum):
@@ -100,6 +100,10 @@ class Vocabulary:
     # How the values across ranks are read: "max across ranks" for Megatron's minmax timers, the
     # slowest rank's value for records folded from per-rank hooks.
     across_ranks: str = "max across ranks"
+    # Host time between two steps that was neither a data fetch nor an announced pause (the step
+    # hook's periods hold it); a source whose step time covers the whole iteration has none to say.
+    outside: tuple[str, ...] = ()
+    outside_absent: str = "the source's step time covers the whole iteration"
 
 
 MEGATRON_VOCABULARY = Vocabulary(
@@ -112,9 +116,13 @@ MEGATRON_VOCABULARY = Vocabulary(
     straggler_absent="timers only (no straggler line; needs --log-straggler)")
 HOOK_VOCABULARY = Vocabulary(
     "hook", data_wait=(HOOK_DATA_WAIT,), compute=(HOOK_COMPUTE,), grad_sync=(), pp_p2p=(), optimizer=(),
-    data_wait_absent="the step hook reported no data wait (call hook.data_ready() once the batch is in)",
+    data_wait_absent="the step hook reported no data wait (iterate the loader through hook.loader(...), or "
+                     "call hook.data_ready() once the batch is in)",
     comm_absent="the step hook does not time communication: the total share comes from the Flight "
-                "Recorder (perfd launch --flight-recorder --fr-timing)")
+                "Recorder (perfd launch --flight-recorder --fr-timing)",
+    outside=(HOOK_OUTSIDE,),
+    outside_absent="no time between the steps measured (the first step of a series, or a hook older than "
+                   "the step period)")
 TORCHTITAN_VOCABULARY = Vocabulary(
     "torchtitan", data_wait=(), compute=(), grad_sync=(), pp_p2p=(), optimizer=(),
     data_wait_absent="torchtitan's log line has no data-loading time (only its TensorBoard/W&B metrics "

@@ -75,6 +75,7 @@ class Recommendation:
     flags: list[str] = field(default_factory=list)  # options to add, as the job's release spells them
     remove: list[str] = field(default_factory=list)  # options to take out
     needs: list[str] = field(default_factory=list)  # packages the job lacks that it needs
+    effort: str | None = None  # perfd.analytics.advice.remedies.Effort value: a flag, an install, code
 
 
 def order_findings(f: list[Finding], r: list[Recommendation]) -> tuple[list[Finding], list[Recommendation]]:

@@ -52,6 +52,10 @@ DATA_BOUND_SHARE = Threshold(
              "job_name:perfd_job_data_loading_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
 DATA_HEALTHY_SHARE = Threshold(0.05, "a healthy input pipeline costs under 5% of the step",
                                "DESIGN.md §2 Data-loading share")
+OUTSIDE_STEP_SHARE = Threshold(
+    0.20, "host work between the steps that no step names (the hook's outside-step) taking a fifth of the "
+    "step is as costly as a data-loading bottleneck, and its cause is as unknown to perfd",
+    "DESIGN.md §2 Data-loading share")
 COMM_BOUND_SHARE = Threshold(
     0.30, "exposed (not overlapped) communication above 30% of the step dominates it", _D2,
     (RuleRef("default", "comm_exposed_high", "comm_exposed", ">", "5m"),
@@ -180,10 +184,25 @@ CAPTURE_SLOWDOWN = Threshold(
     "parts hold the profiler's own cost (Kineto with Python stacks: +16% on an H100 Megatron-LM job, "
     "without: "
     "+3%; docs/evidence/remedies_h100)", _BUDGET)
+CAPTURE_OTHER_JOB_STEP = Threshold(
+    2.0, "a capture whose steps run more than twice the job's steady step (or under CAPTURE_FASTER_STEP of "
+    "it) is not read as the profiler's cost: the most a timeline capture added here was +29% (Kineto on "
+    "a launch-bound H100 Megatron-LM job, docs/evidence/ncu_answer_h100) and +16% with Python stacks; "
+    "past twice, the capture is of another job or run (perfd.analytics.breakdown.capture_match)", _BUDGET)
+CAPTURE_FASTER_STEP = Threshold(
+    0.75, "a profiler never makes steps faster: captured steps under 75% of the job's steady step (a "
+    "steady step's run-to-run spread is 0.5-1%, its jitter a few %) are another job's", _BUDGET)
 LAUNCH_GAPS_FOR_GRAPHS = Threshold(
     0.15, "CUDA graphs are suggested only where short launch gaps hold 15% of the step or more: replaying "
     "costs input copies and breaks at syncs, and on an H100 Megatron-LM job with 6% of launch gaps they made "
     "the step 2% slower (docs/evidence/remedies_h100)", _BUDGET)
+WINDOW_CUT = Threshold(
+    0.25, "a part whose time at the capture window's edges is a quarter or more below what as many complete "
+    "steps hold was cut by the window (Kineto's iteration-aligned window stops once the last step's host "
+    "call returns: on an H100 Megatron-LM trace the third optimizer step kept 5.5 of its 21 ms)", _BUDGET)
+WINDOW_CUT_MIN_MS = Threshold(
+    1.0, "a part under 1 ms a step is not checked for a cut window: its edges move by more than that with "
+    "where a kernel falls", _BUDGET)
 MEMORY_HEADROOM = Threshold(
     0.9, "a remedy that costs memory (a larger micro-batch) is suggested only when the job's estimated peak "
     "stays within 90% of the GPU's memory (DESIGN.md §2: healthy use is 80–90% of HBM)", _BUDGET)
@@ -203,6 +222,12 @@ SOL_LATENCY = Threshold(0.60, "neither the SM pipelines nor the memory system re
 SOL_HIGH = Threshold(0.80, "a unit past 80% of its peak bounds the kernel whatever the other does", _NCU)
 SOL_BALANCED_MARGIN = Threshold(0.10, "under the high bar, SM and memory within 10 points of each other "
                                       "are balanced: both must shrink to speed the kernel up", _NCU)
+MIN_GRADE_STEPS = Threshold(
+    5, "a grade (the MFU band, the bottleneck class, step jitter) is read over at least 5 steady steps: "
+    "the warm-up takes the first 3 of a short log, and a median or a coefficient of variation over fewer "
+    "than 5 steps is one step's value (a 4-iteration log was graded from 1 steady step); fewer, and the "
+    "figure is shown with its count but not graded",
+    "perfd/analytics/steps/run_figures.py (issue 51 item 6; DESIGN.md has none; ARMING_MIN_STEPS's count)")
 ARMING_MIN_STEPS = Threshold(
     5, "the cost of arming ncu on a rank is a median of at least 5 armed steps against at least 5 of the "
     "reference (its unarmed ranks, its own steps before it was armed): fewer, and one slow step decides it",
@@ -215,6 +240,10 @@ NCU_TENSOR_IDLE = Threshold(
     0.10, "a pointwise kernel ncu's rule calls compute-bound while its tensor pipes run under 10% does no "
     "matrix math: its SM work is issue slots and integer index arithmetic (a masked_fill at SM 65%, "
     "memory 36%, tensor 4% on the H100)", _NCU)
+NCU_OCCUPANCY_CAP = Threshold(
+    0.5, "a kernel without matrix math whose registers or shared memory cap its theoretical occupancy at "
+    "half the SM's warps or less cannot hide its memory and dependency latencies, whatever ncu's rule reads "
+    "of its SM: latency-bound (a softmax register-capped at 37.5% on the H100)", _NCU)
 NCU_CLASS_COVERAGE = Threshold(
     0.5, "an Nsight Compute capture's rows decide the job's class (no timeline) only when the kernels "
     "they profiled hold at least half of the step's compute time: fewer, and the class would be the "

@@ -17,8 +17,10 @@ Per CUDA device::
     parts         = every instant of the span given to one part of the step budget
                     (perfd.analytics.breakdown.budget.Part): the first of KERNEL_PRECEDENCE among the
                     activities running then (a copy or a collective beside a GEMM is hidden by it),
-                    else idle in a short or a long gap. The parts add up to the span exactly, so a
-                    step's budget is the span's parts over the iterations captured.
+                    else idle by its cause; and the complete steps between the trace's first and last
+                    step marks apart (``complete``: a step the capture window cut is kept out). The
+                    parts add up to the span exactly, so a step's budget is the span's parts over the
+                    iterations captured (or the complete steps' over their number).
 
 Kernels from several streams overlap and nest, so every total is a length of a union, never a sum
 of durations (except the per-name kernel and NVTX tables, which count each event, like
@@ -38,9 +40,10 @@ from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kernels_mod
-from perfd.analytics.breakdown.budget import KERNEL_PRECEDENCE, Part
-from perfd.analytics.breakdown.op_parts import kernel_part
+from perfd.analytics.breakdown.budget import IdleCause, Part, Phase
+from perfd.analytics.breakdown.op_parts import is_data_annotation, is_step_mark
 from perfd.capture.ops import Flow, HostRange, Launch, Method, OpAttribution, attribute
+from perfd.capture.sweep import HostSide, Tally, sweep
 
 Interval = tuple[float, float]
 
@@ -50,6 +53,7 @@ PART_TOP_N = 3  # kernels named per budget part
 # ops kept per part with their time (the remedies' models read them): the largest; a capture's record
 # travels to the aggregator in one event of at most perfd.limits.MAX_EVENT_BYTES for all its ranks
 PART_OPS_N = 25
+IDLE_ROWS_N = 24  # idle rows (cause, phase, owner) kept, the largest
 NAME_CHARS = 160
 _SENDRECV = ("nccldevkernel_sendrecv", "ncclkernel_sendrecv")
 
@@ -63,6 +67,8 @@ class KernelEvent:
     stream: int | None = None
     pid: int | None = None  # the process that launched it (attributes NVTX ranges to devices)
     corr: int | None = None  # the correlation id of the runtime call that launched it
+    grid: tuple[int, int, int] | None = None  # its launch's grid (x: a row-per-block layer norm's rows)
+    block: tuple[int, int, int] | None = None  # and block: with the grid, what an ncu launch is matched on
 
 
 @dataclass(frozen=True)
@@ -190,6 +196,42 @@ class NvtxStat:
 
 
 @dataclass(frozen=True)
+class IdleRow:
+    """Idle of one cause, in one phase, after one owner's synchronisations (perfd.capture.sweep)."""
+
+    cause: IdleCause
+    phase: Phase
+    owner: str  # the op that made the sync ("aten::item"); "" for other causes
+    ms: float
+    gaps: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"cause": self.cause.value, "phase": self.phase.value, "owner": self.owner, "ms": self.ms,
+                "gaps": self.gaps}
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """What a stretch of the span holds (the complete steps between the trace's first and last step
+    marks): its steps, span, parts, each part's ms by issuing op, idle by cause, and parts by phase."""
+
+    steps: int
+    span_ms: float
+    parts_ms: dict[str, float]
+    part_op_ms: dict[str, dict[str, float]]
+    idle: tuple[IdleRow, ...]
+    phase_ms: dict[str, dict[str, float]]
+    launch_latency_ms: float = 0.0  # of the launch gaps, those under 5 µs (perfd.capture.sweep)
+
+    def to_json(self) -> dict[str, object]:
+        return {"steps": self.steps, "span_ms": self.span_ms, "parts_ms": dict(self.parts_ms),
+                "launch_latency_ms": self.launch_latency_ms,
+                "part_op_ms": {p: dict(d) for p, d in self.part_op_ms.items()},
+                "idle": [r.to_json() for r in self.idle],
+                "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()}}
+
+
+@dataclass(frozen=True)
 class DeviceBreakdown:
     device: int
     span_ms: float
@@ -226,6 +268,16 @@ class DeviceBreakdown:
     sync_gap_ms: float | None = None
     stream_syncs: int | None = None
     stream_sync_gap_ms: float | None = None
+    # idle by cause over the span (perfd.capture.sweep), the parts by phase, each part's kernel time on a
+    # stream other than the busiest one, and the complete steps between the first and last step marks
+    idle: tuple[IdleRow, ...] = ()
+    phase_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    side_stream_ms: dict[str, float] = field(default_factory=dict)
+    complete: Stretch | None = None
+    launch_latency_ms: float = 0.0  # of the launch gaps over the span, those under 5 µs
+    # rows -> launches of PyTorch's row-per-block layer-norm kernels (kernels.ROW_NORM_KERNELS): the
+    # tokens of a micro-batch, which say whose job the capture is (perfd.analytics.breakdown.capture_match)
+    norm_rows: dict[int, int] = field(default_factory=dict)
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -253,6 +305,11 @@ class DeviceBreakdown:
             "attribution": self.attribution, "attention_fused": self.attention_fused,
             "trace_steps": self.trace_steps, "syncs": self.syncs, "sync_gap_ms": self.sync_gap_ms,
             "stream_syncs": self.stream_syncs, "stream_sync_gap_ms": self.stream_sync_gap_ms,
+            "idle": [r.to_json() for r in self.idle],
+            "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()},
+            "side_stream_ms": dict(self.side_stream_ms), "launch_latency_ms": self.launch_latency_ms,
+            "complete": self.complete.to_json() if self.complete is not None else None,
+            "norm_rows": {str(r): n for r, n in sorted(self.norm_rows.items())},
         }
 
     def ratio(self, part_ms: float) -> float | None:
@@ -308,66 +365,21 @@ def _nvtx_table(ranges: Iterable[NvtxRange], top_n: int) -> tuple[NvtxStat, ...]
     return tuple(NvtxStat(n, count[n], _ms(dur[n])) for n in ranked)
 
 
-def attribute_parts(kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
-                    ops: OpAttribution | None = None
-                    ) -> tuple[dict[str, float], dict[str, tuple[KernelStat, ...]],
-                               dict[str, tuple[KernelStat, ...]], dict[str, dict[str, float]]]:
-    """Every instant of the span given to one budget part (module doc), in ms; each part's top kernels
-    and top ops by summed duration; and each part's time by the op that issued it (the largest
-    PART_OPS_N: the remedies' models read them, perfd.analytics.advice.remedy_catalog). With ``ops``
-    (perfd.capture.ops) an activity is its launching op's part; without it, or for an activity whose op
-    was not found, its kernel name's (copies: memcpy). Collectives always go by name: what matters of
-    them is whether compute hides them."""
-    unfused = any(kernels_mod.is_softmax(k.name) for k in kernels)
-    rank = {p: i for i, p in enumerate(KERNEL_PRECEDENCE)}
-    part_of_name: dict[str, Part] = {}
-    edges: list[tuple[float, int, int]] = []  # (time, +1 start / -1 end, part rank)
-    named: dict[Part, list[tuple[str, float]]] = defaultdict(list)
-    by_op: dict[Part, list[tuple[str, float]]] = defaultdict(list)
-    op_ms: dict[Part, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for k in kernels:
-        part = part_of_name.get(k.name)
-        if part is None:
-            part = part_of_name[k.name] = kernel_part(k.name, unfused)
-        if ops is not None and part not in (Part.PIPELINE, Part.COMM_EXPOSED) and k.corr is not None:
-            part = ops.parts.get(k.corr, Part.POINTWISE if k.corr in ops.labels else part)
-        if k.end_ns > k.start_ns:
-            edges += [(k.start_ns, 1, rank[part]), (k.end_ns, -1, rank[part])]
-        named[part].append((k.name, max(k.end_ns - k.start_ns, 0.0)))
-        if ops is not None and k.corr in ops.labels:
-            by_op[part].append((ops.labels[k.corr], max(k.end_ns - k.start_ns, 0.0)))
-            op_ms[part][ops.op_names.get(k.corr, "")] += max(k.end_ns - k.start_ns, 0.0)
-    for m in memcpys:
-        part = ops.parts.get(m.corr, Part.MEMCPY) if ops is not None and m.corr is not None else Part.MEMCPY
-        if m.end_ns > m.start_ns:
-            edges += [(m.start_ns, 1, rank[part]), (m.end_ns, -1, rank[part])]
-        named[part].append((m.name or m.kind, max(m.end_ns - m.start_ns, 0.0)))
-        if ops is not None and m.corr in ops.labels:
-            by_op[part].append((f"{ops.labels[m.corr]}: {m.name or m.kind}", max(m.end_ns - m.start_ns, 0.0)))
-            op_ms[part][f"{ops.op_names.get(m.corr, '')}: {m.kind}"] += max(m.end_ns - m.start_ns, 0.0)
-    edges.sort(key=lambda e: (e[0], e[1]))  # at one instant, ends before starts
-    active = [0] * len(KERNEL_PRECEDENCE)
-    out: dict[Part, float] = defaultdict(float)
-    prev: float | None = None
-    idle_from: float | None = None
-    for t, step, r in edges:
-        if prev is not None and t > prev:
-            top = next((i for i, n in enumerate(active) if n > 0), None)
-            if top is not None:
-                out[KERNEL_PRECEDENCE[top]] += t - prev
-        was_idle = not any(active)
-        active[r] += step
-        now_idle = not any(active)
-        if now_idle and not was_idle:
-            idle_from = t
-        elif was_idle and not now_idle and idle_from is not None:
-            gap = t - idle_from
-            out[Part.IDLE_SHORT if gap < SHORT_GAP_US * 1e3 else Part.IDLE_LONG] += gap
-            idle_from = None
-        prev = t
-    return ({p.value: _ms(v) for p, v in out.items() if v > 0}, _tops(named), _tops(by_op),
-            {p.value: {op: _ms(v) for op, v in sorted(d.items(), key=lambda kv: -kv[1])[:PART_OPS_N]}
-             for p, d in op_ms.items()})
+def _parts_ms(t: Tally) -> dict[str, float]:
+    return {p.value: _ms(v) for p, v in t.parts.items() if v > 0}
+
+
+def _op_ms(t: Tally) -> dict[str, dict[str, float]]:
+    return {p.value: {op: _ms(v) for op, v in sorted(d.items(), key=lambda kv: -kv[1])[:PART_OPS_N]}
+            for p, d in t.op_ns.items()}
+
+
+def _stretch(t: Tally, steps: int) -> Stretch:
+    rows = sorted(t.idle.items(), key=lambda kv: -kv[1][0])[:IDLE_ROWS_N]
+    return Stretch(steps, _ms(t.span_ns), _parts_ms(t), _op_ms(t),
+                   tuple(IdleRow(c, ph, owner, _ms(v[0]), int(v[1])) for (c, ph, owner), v in rows),
+                   {ph.value: {p.value: _ms(v) for p, v in d.items() if v > 0}
+                    for ph, d in t.parts_in_phase.items()}, _ms(t.tiny_ns))
 
 
 def _tops(named: Mapping[Part, Sequence[tuple[str, float]]]) -> dict[str, tuple[KernelStat, ...]]:
@@ -386,8 +398,9 @@ def _tops(named: Mapping[Part, Sequence[tuple[str, float]]]) -> dict[str, tuple[
 
 def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
                    nvtx: Iterable[NvtxRange] = (), top_n: int = 10,
-                   ops: OpAttribution | None = None) -> DeviceBreakdown:
-    """The breakdown of one device from its own events."""
+                   ops: OpAttribution | None = None, host: HostSide | None = None) -> DeviceBreakdown:
+    """The breakdown of one device from its own events (``host``: what the capture's host side says
+    of its gaps and steps)."""
     starts = [k.start_ns for k in kernels] + [m.start_ns for m in memcpys]
     ends = [k.end_ns for k in kernels] + [m.end_ns for m in memcpys]
     span = max(ends) - min(starts) if starts else 0.0
@@ -406,7 +419,12 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         cat_ns[kernels_mod.MEMCPY] += max(mc.end_ns - mc.start_ns, 0.0)
     durations = sorted(max(k.end_ns - k.start_ns, 0.0) for k in kernels)
     softmax_ns = sum(max(k.end_ns - k.start_ns, 0.0) for k in kernels if kernels_mod.is_softmax(k.name))
-    parts_ms, part_kernels, part_ops, part_op_ms = attribute_parts(kernels, memcpys, ops)
+    swept = sweep(kernels, memcpys, ops, host)
+    whole = _stretch(swept.whole, 0)
+    norm_rows: dict[int, int] = defaultdict(int)
+    for k in kernels:
+        if k.grid is not None and k.grid[0] > 0 and kernels_mod.is_row_norm(k.name):
+            norm_rows[k.grid[0]] += 1
     return DeviceBreakdown(
         device=device,
         span_ms=_ms(span),
@@ -427,12 +445,18 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         kernel_ms=_ms(total(kernel_busy)),
         idle_gaps=len(gaps),
         idle_short_ms=_ms(sum(g for g in gaps if g < SHORT_GAP_US * 1e3)),
-        parts_ms=parts_ms,
-        part_kernels=part_kernels,
-        part_ops=part_ops,
-        part_op_ms=part_op_ms,
+        parts_ms=whole.parts_ms,
+        part_kernels=_tops(swept.named),
+        part_ops=_tops(swept.by_op),
+        part_op_ms=whole.part_op_ms,
         attribution=(ops.method if ops is not None else Method.NAMES).value,
-        attention_fused=(Part.ATTENTION.value in parts_ms and softmax_ns == 0),
+        attention_fused=(Part.ATTENTION.value in whole.parts_ms and softmax_ns == 0),
+        idle=whole.idle,
+        phase_ms=whole.phase_ms,
+        side_stream_ms={p.value: _ms(v) for p, v in swept.side_stream_ns.items() if v > 0},
+        complete=_stretch(swept.complete, swept.steps) if swept.complete is not None else None,
+        launch_latency_ms=whole.launch_latency_ms,
+        norm_rows=dict(norm_rows),
     )
 
 
@@ -457,7 +481,8 @@ DEVICE_SYNCS = ("cudaDeviceSynchronize", "cuCtxSynchronize")
 def analyze_intervals(kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent] = (),
                       nvtx: Iterable[NvtxRange] = (), source: str = "", rank: int | None = None,
                       top_n: int = 10, ops: OpAttribution | None = None,
-                      steps: int | None = None, syncs: Sequence[Launch] = ()) -> CaptureAnalysis:
+                      steps: int | None = None, syncs: Sequence[Launch] = (),
+                      host: HostSide | None = None) -> CaptureAnalysis:
     """The breakdown of every device that ran a kernel or a copy, sorted by device."""
     k_by: dict[int, list[KernelEvent]] = defaultdict(list)
     m_by: dict[int, list[MemEvent]] = defaultdict(list)
@@ -475,7 +500,7 @@ def analyze_intervals(kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent
     for dev in sorted(set(k_by) | set(m_by)):
         mine = [r for r in ranges if r.device == dev
                 or (r.device is None and (r.pid is None or r.pid in pids[dev]))]
-        d = analyze_device(dev, k_by[dev], m_by[dev], mine, top_n, ops)
+        d = analyze_device(dev, k_by[dev], m_by[dev], mine, top_n, ops, host)
         if syncs:
             busy = union([*((k.start_ns, k.end_ns) for k in k_by[dev]),
                           *((m.start_ns, m.end_ns) for m in m_by[dev])])
@@ -488,6 +513,17 @@ def analyze_intervals(kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent
 def analyze_trace(data: TraceData, top_n: int = 10, use_frames: bool = True) -> CaptureAnalysis:
     """The breakdown of a loaded capture, its kernels charged to their ops where the host side was
     recorded (perfd.capture.ops; ``use_frames=False``: the op rules alone, Python frames ignored)."""
-    ops = attribute(data.ranges, data.launches, data.flows, use_frames)
+    ops = attribute(data.ranges, data.launches, data.flows, use_frames, data.syncs)
+    host = HostSide(data.syncs, ops.sync_owner if ops is not None else {},
+                    [(r.start_ns, r.end_ns) for r in data.ranges if is_data_annotation(r.name)],
+                    step_marks(data.ranges), ops)
     return analyze_intervals(data.kernels, data.memcpys, data.nvtx, data.source, data.rank, top_n, ops,
-                             data.steps, data.syncs)
+                             data.steps, data.syncs, host)
+
+
+def step_marks(ranges: Sequence[HostRange]) -> list[float]:
+    """Where each step the trace marks begins on the host: the profiler's ``ProfilerStep#`` ranges
+    where the loop has them (each spans its step), else torch.optim's ``Optimizer.step#`` (one a step,
+    in its optimizer phase) — the kind that counts the trace's steps (perfd.capture.chrome_trace)."""
+    prof = [r.start_ns for r in ranges if r.name.lower().startswith("profilerstep#")]
+    return prof or [r.start_ns for r in ranges if is_step_mark(r.name)]

@@ -18,6 +18,7 @@ from perfd.capture.analysis import CaptureAnalysis
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import CaptureStore
 from perfd.events import CAPTURE_STARTED
+from perfd.model import CaptureFailure
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +33,18 @@ EventSink = Callable[[str, CaptureRequest, str, str, str, "dict[str, Any] | None
 
 
 class CaptureFailed(Exception):
-    """Ends a capture's run with a status (``failed``, ``timeout``, ``skipped``) and its reason."""
+    """Ends a capture's run with a status (``failed``, ``timeout``, ``skipped``), its reason (for
+    people) and its typed cause (for the aggregator: a target not ready yet is retried when it is,
+    with no rule cooldown taken; perfd.model.CaptureFailure)."""
 
-    def __init__(self, status: str, reason: str) -> None:
+    def __init__(self, status: str, reason: str, cause: CaptureFailure = CaptureFailure.FAILED) -> None:
         super().__init__(reason)
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.cause = status, reason, cause
+
+
+def not_ready(reason: str, status: str = "failed") -> CaptureFailed:
+    """The failure of a capture whose target cannot take it yet (perfd.model.CaptureFailure.NOT_READY)."""
+    return CaptureFailed(status, reason, CaptureFailure.NOT_READY)
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,8 @@ class RunContext:
 def _rounded(v: Any) -> Any:
     if isinstance(v, float):
         return round(v, 4)
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
     return {k: _rounded(x) for k, x in v.items()} if isinstance(v, dict) else v
 
 
@@ -62,6 +72,10 @@ def device_summary(analysis: CaptureAnalysis) -> list[dict[str, Any]]:
     out = []
     for d in analysis.to_json()["devices"]:  # type: ignore[attr-defined]
         row = {k: _rounded(v) for k, v in d.items() if k not in _TABLE_KEYS}
+        if isinstance(d.get("complete"), dict) and d["complete"].get("part_op_ms"):
+            # the budget reads each part's ops from the complete steps (capture_budget): the span's
+            # copy would only add to the event, which carries every rank's devices
+            row.pop("part_op_ms", None)
         row["part_kernels"] = {p: [{**k, "name": str(k["name"])[:PART_KERNEL_NAME]} for k in ks]
                                for p, ks in (d.get("part_kernels") or {}).items()}
         if d.get("top_kernels"):

@@ -63,6 +63,14 @@ def _stream(ev: Mapping[str, Any]) -> int | None:
     return _int(ev.get("tid"))
 
 
+def _dim3(v: Any) -> tuple[int, int, int] | None:
+    """A launch's grid or block ([x, y, z]), None when the trace gives none."""
+    if not isinstance(v, list) or len(v) != 3 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                         for x in v):
+        return None
+    return int(v[0]), int(v[1]), int(v[2])
+
+
 def _arg(ev: Mapping[str, Any], key: str) -> Any:
     args = ev.get("args")
     return args.get(key) if isinstance(args, Mapping) else None
@@ -132,7 +140,8 @@ def parse_chrome_trace(doc: Any, source: str = "") -> TraceData:
             continue
         corr = _int(_arg(ev, "correlation"))
         if cat == "kernel":
-            data.kernels.append(KernelEvent(dev, start, end, name, _stream(ev), corr=corr))
+            data.kernels.append(KernelEvent(dev, start, end, name, _stream(ev), corr=corr,
+                                            grid=_dim3(_arg(ev, "grid")), block=_dim3(_arg(ev, "block"))))
         elif cat in _MEM:
             data.memcpys.append(MemEvent(dev, start, end, _MEM[cat], _stream(ev), name=name, corr=corr))
         else:

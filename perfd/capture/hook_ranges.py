@@ -3,6 +3,14 @@
 (``collectors.hook`` ``request_profile``), follow its answers (``hook_profile`` events: accepted,
 started, stopped, rejected, failed, cancelled), and cancel a range that must end early. Apart from
 the tools' runs so that nsys and ncu open and watch ranges the same way.
+
+Whose answers count (issue 54 item 4): a request is (the process it went to, its rank, its id), and
+an answer is kept under the (verified pid, rank, id) it came with (collectors/hook): another process's
+status for the same id is another key, never this request's. Only the answers of requests a capture
+is waiting for are kept (``expect`` before the request goes out, ``forget`` when the capture is
+done), at most HOOK_MAX_STATUSES_PER_REQUEST each and HOOK_MAX_OUTSTANDING requests in all: a flood
+of statuses (unique ids from 60 s of datagrams once took the root agent from 55 MB to 3.66 GB) holds
+nothing.
 """
 
 from __future__ import annotations
@@ -10,16 +18,22 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext
+from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, not_ready
 from perfd.capture.request import CaptureRequest
 from perfd.events import HOOK_PROFILE
+from perfd.limits import HOOK_MAX_OUTSTANDING, HOOK_MAX_STATUSES_PER_REQUEST
 
-HookRequester = Callable[[int, int, int], "int | None"]  # (rank, start_step, num_steps) -> request id
-HookCanceller = Callable[[int], "int | None"]  # rank -> request id of the cancel, None if not sent
+# A request as sent: (the pid it went to, its request id); None when it could not be sent.
+HookTicket = tuple[int, int]
+HookRequester = Callable[[int, int, int], "HookTicket | None"]  # (rank, start_step, num_steps)
+HookCanceller = Callable[[int], "HookTicket | None"]  # rank -> the cancel as sent, None if not sent
+Key = tuple[int, int, int]  # (pid, rank, request id)
 REFUSED = ("rejected", "failed", "cancelled")
+EARLY_KEPT = 64  # answers kept a moment for a request not yet expected (see HookRanges._early)
 
 
 def next_range_start(last_step: int | None) -> int:
@@ -34,20 +48,55 @@ class HookRanges:
                  last_step: Callable[[int], int | None] | None,
                  canceller: HookCanceller | None = None) -> None:
         self.ctx, self.requester, self.last_step, self.canceller = ctx, requester, last_step, canceller
-        self._events: dict[int, list[dict[str, Any]]] = {}
+        self._events: dict[Key, list[dict[str, Any]]] = {}  # only the keys expected, in order
+        # The latest answers of no expected request: one may come before its request is expected
+        # (the answer raced the requester's return); ``expect`` takes it from here.
+        self._early: deque[tuple[Key, dict[str, Any]]] = deque(maxlen=EARLY_KEPT)
         self._cond = threading.Condition()
+        self.dropped = 0  # answers of requests nobody waits for, or past a request's cap
 
     @property
     def available(self) -> bool:
         return self.requester is not None
 
     def on_hook_event(self, event: Mapping[str, Any]) -> None:
-        """Feed ``hook_profile`` events from the hook collector."""
+        """Feed ``hook_profile`` events from the hook collector: kept only for a request expected."""
         if event.get("kind") != HOOK_PROFILE.name:
             return
         with self._cond, contextlib.suppress(TypeError, ValueError):
-            self._events.setdefault(int(event.get("request_id", -1)), []).append(dict(event))
+            key = (int(event.get("pid", -1)), int(event.get("rank", -1)), int(event.get("request_id", -1)))
+            held = self._events.get(key)
+            if held is None:
+                if len(self._early) == self._early.maxlen:
+                    self.dropped += 1
+                self._early.append((key, dict(event)))
+                return
+            if len(held) >= HOOK_MAX_STATUSES_PER_REQUEST:
+                self.dropped += 1
+                return
+            held.append(dict(event))
             self._cond.notify_all()
+
+    def expect(self, ticket: HookTicket, rank: int) -> Key:
+        """Keep the answers of this request from now on (the oldest expected forgotten past the cap)."""
+        key = (ticket[0], rank, ticket[1])
+        with self._cond:
+            held = self._events.setdefault(key, [])
+            held.extend(e for k, e in self._early if k == key)
+            while len(self._events) > HOOK_MAX_OUTSTANDING:
+                self._events.pop(next(iter(self._events)))
+        return key
+
+    def forget(self, keys: Iterable[Key]) -> None:
+        with self._cond:
+            for key in keys:
+                self._events.pop(key, None)
+
+    @property
+    def held(self) -> int:
+        """Answers held, all requests together (bounded: see the module)."""
+        with self._cond:
+            return sum(len(v) for v in self._events.values())
 
     def wake(self) -> None:
         """Wake every wait (the manager is closing)."""
@@ -55,24 +104,33 @@ class HookRanges:
             self._cond.notify_all()
 
     def open(self, req: CaptureRequest, m: dict[str, Any], deadline: float, steps: int | None = None,
-             what: str = "cudaProfilerStart") -> dict[int, int]:
+             what: str = "cudaProfilerStart") -> dict[int, Key]:
         """Ask each rank's hook for a range of ``steps`` (the request's by default) and wait until
-        every one reported its start: rank -> request id. Sets the manifest's start time and steps and
-        emits ``capture_started``; CaptureFailed when a hook refuses or the deadline passes."""
+        every one reported its start: rank -> its request's key (``forget`` them once done). Sets the
+        manifest's start time and steps and emits ``capture_started``; CaptureFailed when a hook
+        refuses or the deadline passes (its requests forgotten)."""
         ask = self.requester
         if ask is None:
             raise CaptureFailed("failed", "no step hook in this agent to open a profiler range")
         n = req.steps if steps is None else steps
-        requests: dict[int, int] = {}
-        for r in req.ranks:
-            start = req.start_iteration
-            if start is None:
-                start = next_range_start(self.last_step(r) if self.last_step is not None else None)
-            rid = ask(r, start, n)
-            if rid is None:
-                raise CaptureFailed("failed", f"rank {r}: the step hook is unreachable "
-                                              "(no hook records from it yet?)")
-            requests[r] = rid
+        requests: dict[int, Key] = {}
+        try:
+            for r in req.ranks:
+                start = req.start_iteration
+                if start is None:
+                    start = next_range_start(self.last_step(r) if self.last_step is not None else None)
+                ticket = ask(r, start, n)
+                if ticket is None:
+                    raise not_ready(f"rank {r}: the step hook is unreachable (no hook records from it yet?)")
+                requests[r] = self.expect(ticket, r)
+            self._opened(req, m, deadline, requests, n, what)
+        except BaseException:
+            self.forget(requests.values())
+            raise
+        return requests
+
+    def _opened(self, req: CaptureRequest, m: dict[str, Any], deadline: float, requests: Mapping[int, Key],
+                n: int, what: str) -> None:
         states = self.wait(requests, {"started"}, deadline)
         bad = {r: s for r, s in states.items() if s.get("state") in REFUSED}
         if bad:
@@ -89,13 +147,12 @@ class HookRanges:
         self.ctx.store.write(m)
         self.ctx.emit(STARTED, req, f"{what} on rank(s) {sorted(states)} {lat:.2f} s after "
                       "the request", "info", m["id"], {"latency_s": round(lat, 3)})
-        return requests
 
     def cancel(self, rank: int) -> bool:
         """Ask the rank's hook to end its range at the next step boundary (False: not sent)."""
         return self.canceller is not None and self.canceller(rank) is not None
 
-    def progress(self, ranks: Sequence[int], requests: Mapping[int, int]) -> str:
+    def progress(self, ranks: Sequence[int], requests: Mapping[int, Key]) -> str:
         """Why a range may not have opened: per rank, the step its hook accepted against the last
         step it reported (a loop whose step numbers stop advancing never reaches the start)."""
         parts = []
@@ -110,7 +167,7 @@ class HookRanges:
                     parts.append(f"rank {r}: accepted for step {acc.get('step')}, last step reported {last}")
         return f" ({'; '.join(parts)})" if parts else ""
 
-    def wait(self, requests: Mapping[int, int], want: Iterable[str], deadline: float,
+    def wait(self, requests: Mapping[int, Key], want: Iterable[str], deadline: float,
              refusals: bool = True) -> dict[int, dict[str, Any]]:
         """Per rank, the first hook event for its request in ``want`` (or a refusal, unless
         ``refusals`` is False); until the deadline (``time.monotonic()``)."""
@@ -118,9 +175,9 @@ class HookRanges:
         out: dict[int, dict[str, Any]] = {}
         with self._cond:
             while len(out) < len(requests) and not self.ctx.closing.is_set():
-                for r, rid in requests.items():
+                for r, key in requests.items():
                     if r not in out:
-                        events = self._events.get(rid, [])
+                        events = self._events.get(key, [])
                         hit = next((e for e in events if e.get("state") in want), None)
                         if hit is not None:
                             out[r] = hit

@@ -10,14 +10,15 @@ Why: Kineto on demand needs the job started with ``KINETO_USE_DAEMON=1`` (``perf
 and whether it can trace (wire.JOB_FLAG_KINETO_DAEMON, JOB_FLAG_CAN_TRACE), so the manager picks this
 run up front for such ranks instead of arming the daemon and waiting for polls that never come.
 
-Where the hook writes: the process writes as its own user, so the file goes into the capture's
-folder when the hook runs as the agent's user. An agent running as root gives a rank of another user
-a fresh folder of that user's own (:func:`_drop_dir`, 0700, under the system's temporary folder: the
-store's root is private to the agent and cannot be entered by others) and moves the file into the
-store once written, after checking that it is a plain file of that user's. A non-root agent cannot
-hand another user a place to write: that capture fails, saying so. The process must see the same
-filesystem as the agent (a job in another mount namespace rejects a folder it cannot see: the
-failure says that too).
+Where the hook writes: where the hook chooses, never where a request says (a request naming the path
+once had a job write its trace, stack frames and tensor shapes, 0644 into a folder its sender chose:
+issue 54 item 3). The hook writes into its own private folder (0700, the file 0600: perfd.hook.trace)
+and names the file in its ``written`` answer; :func:`_take` copies it into the store only when it is
+a plain file of the uid the kernel gave for that answer's sender, with one link, at most
+HOOK_TRACE_MAX_BYTES, in a folder of that uid closed to others (opened without following a link,
+checked on the descriptors that are read), then deletes it there. The agent must be able to read it:
+as the job's user, or as root. The process must see the same filesystem as the agent (the failure
+says so when the file is not there).
 
 Failures are the capture's, with their reason: a hook that cannot be reached or whose process is
 gone, a request the hook rejects, no start or no file before the timeout (the traces asked are then
@@ -30,25 +31,25 @@ import contextlib
 import errno
 import functools
 import os
-import shutil
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, record_analysis
+from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, not_ready, record_analysis
 from perfd.capture.chrome_trace import analyze_chrome_trace
-from perfd.capture.hook_ranges import REFUSED, HookRanges, next_range_start
+from perfd.capture.hook_ranges import REFUSED, HookRanges, HookTicket, Key, next_range_start
 from perfd.capture.request import CaptureRequest
+from perfd.limits import HOOK_TRACE_MAX_BYTES
 
-# (rank, start_step, num_steps, path, stack) -> request id, None when it could not be sent
-HookTracer = Callable[[int, int, int, str, bool], "int | None"]
+# (rank, start_step, num_steps, stack) -> the request as sent, None when it could not be sent
+HookTracer = Callable[[int, int, int, bool], "HookTicket | None"]
 HOOK_TRACE = "hook-trace"  # the manifest's mode for a capture the hooks traced
 # Why a request may be rejected, for the failure's reason (the hook's status carries only its state).
-REJECT_HINT = ("the hook rejects a trace while another range or trace runs, without torch's Kineto "
-               "profiler, or at a path its process cannot see (another mount namespace)")
+REJECT_HINT = ("the hook rejects a trace while another range or trace runs, of more steps than it "
+               "takes, without torch's Kineto profiler, or without a private folder of its own to write it")
+_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 WAIT_SLICE_S = 0.5  # how often a wait looks whether the ranks' processes are still there
 
 
@@ -63,48 +64,61 @@ def alive(pid: int) -> bool:
     return True
 
 
-def _drop_dir(uid: int) -> Path:
-    """A fresh folder that only ``uid`` (and root) may use, for a trace its process writes."""
-    d = Path(tempfile.mkdtemp(prefix="perfd-hook-trace-"))
+def _take(src: str, dst: Path, uid: int, max_bytes: int = HOOK_TRACE_MAX_BYTES) -> Path:
+    """Copy the hook's written trace ``src`` into the store at ``dst`` and delete it there: ValueError
+    (saying why) unless its folder is a folder of ``uid`` closed to others and the file a plain file
+    of ``uid`` with one link, at most ``max_bytes``. Opened without following a link, checked on the
+    descriptors read: the folder's owner cannot swap anything between a check and a read."""
+    if not os.path.isabs(src) or "\0" in src:
+        raise ValueError(f"{src!r} is not an absolute path: not taken")
+    folder, name = os.path.split(src)
     try:
-        os.chown(d, uid, -1)
-    except OSError:
-        shutil.rmtree(d, ignore_errors=True)
-        raise
-    return d
-
-
-def _take(src: Path, dst: Path, uid: int | None) -> Path:
-    """The written trace at ``dst`` in the store: copied from a drop folder after checking that it is
-    a plain file of ``uid`` (opened without following a link, checked on the descriptor that is read:
-    the folder's owner cannot swap it for a link between the check and the read), or ``src`` itself
-    when it is there."""
-    if src == dst:
-        return dst
-    try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise ValueError(f"{src} is a link, not a plain file of uid {uid}: not taken") from exc
+            raise ValueError(f"{folder!r} is a link, not the hook's folder: not taken") from exc
         raise
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
-            raise ValueError(f"{src} is not a plain file of uid {uid}: not taken")
-        with os.fdopen(fd, "rb", closefd=False) as f, open(dst, "xb") as out:
-            shutil.copyfileobj(f, out)
+        st = os.fstat(dfd)
+        if st.st_uid != uid or stat.S_IMODE(st.st_mode) & 0o077:
+            raise ValueError(f"{folder!r} is not a private folder of uid {uid} (uid {st.st_uid}, mode "
+                             f"{stat.S_IMODE(st.st_mode):04o}): not taken")
+        try:
+            fd = os.open(name, _OPEN, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ValueError(f"{src!r} is a link, not a plain file of uid {uid}: not taken") from exc
+            raise
+        try:
+            fst = os.fstat(fd)
+            if not stat.S_ISREG(fst.st_mode) or fst.st_uid != uid or fst.st_nlink != 1:
+                raise ValueError(f"{src!r} is not a plain file of uid {uid} with one link: not taken")
+            if fst.st_size > max_bytes:
+                raise ValueError(f"{src!r} is {fst.st_size} bytes, more than {max_bytes}: not taken")
+            with os.fdopen(fd, "rb", closefd=False) as f, open(dst, "xb") as out:
+                left = max_bytes + 1
+                while left > 0 and (chunk := f.read(min(1 << 20, left))):
+                    out.write(chunk)
+                    left -= len(chunk)
+            if left <= 0:
+                dst.unlink()
+                raise ValueError(f"{src!r} grew past {max_bytes} bytes while read: not taken")
+            with contextlib.suppress(OSError):  # the copy is ours now; the same file only
+                if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_ino == fst.st_ino:
+                    os.unlink(name, dir_fd=dfd)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        os.close(dfd)
     return dst
 
 
 class HookTraceCapture:
     def __init__(self, ctx: RunContext, ranges: HookRanges, tracer: HookTracer | None,
                  can_trace: Callable[[int], bool] | None = None,
-                 owner: Callable[[int], int | None] | None = None,
                  last_step: Callable[[int], int | None] | None = None) -> None:
         self.ctx, self.ranges, self.tracer = ctx, ranges, tracer
-        self.can_trace, self.owner, self.last_step = can_trace, owner, last_step
+        self.can_trace, self.last_step = can_trace, last_step
 
     def fits(self, ranks: tuple[int, ...]) -> bool:
         """Every rank's hook can trace and its process does not poll the Kineto daemon."""
@@ -117,21 +131,18 @@ class HookTraceCapture:
         if req.duration_ms is not None and req.start_iteration is None:
             raise CaptureFailed("failed", "the step hook traces steps, not a time window: ask for steps "
                                           "(or start the job with perfd launch --kineto)")
-        d = self.ctx.store.capture_dir(m["id"])
         m["traced_by"] = "step hook (torch.profiler in the process)"
-        places: dict[int, tuple[Path, int | None]] = {}
-        requests: dict[int, int] = {}
+        requests: dict[int, Key] = {}
         try:
             for r in req.ranks:
-                places[r] = self._place(r, d, pids.get(r))
                 start = req.start_iteration
                 if start is None:
                     start = next_range_start(self.last_step(r) if self.last_step is not None else None)
-                rid = tracer(r, start, req.steps, str(places[r][0]), req.stack)
-                if rid is None:
-                    raise CaptureFailed("failed", f"rank {r}: its step hook cannot be reached (the "
-                                                  "process is gone, or it sent no record yet)")
-                requests[r] = rid
+                ticket = tracer(r, start, req.steps, req.stack)
+                if ticket is None:
+                    raise not_ready(f"rank {r}: its step hook cannot be reached (the process is gone, "
+                                    "or it sent no record yet)")
+                requests[r] = self.ranges.expect(ticket, r)
             states = self._wait(requests, {"started"}, deadline, pids)
             bad = {r: s for r, s in states.items() if s.get("state") in REFUSED}
             if bad:
@@ -146,34 +157,15 @@ class HookTraceCapture:
                                                f"{self.ranges.progress(late, requests)}")
             self._started(req, m, states)
             done = self._wait(requests, {"written"}, deadline, pids)
-            return self._keep(req, m, pids, requests, done, places)
+            return self._keep(req, m, pids, requests, done)
         except CaptureFailed:
             for r in requests:  # the job must not stay under the profiler for a capture that ended
                 self.ranges.cancel(r)
             raise
         finally:
-            for drop, _ in places.values():
-                if drop.parent != d:
-                    shutil.rmtree(drop.parent, ignore_errors=True)
+            self.ranges.forget(requests.values())
 
-    def _place(self, rank: int, d: Path, pid: int | None) -> tuple[Path, int | None]:
-        """(where the rank's hook writes its trace, the uid that writes it)."""
-        name = f"rank{rank}_{pid}.json" if pid is not None else f"rank{rank}.json"
-        uid = self.owner(rank) if self.owner is not None else None
-        if uid is None or uid == os.geteuid():
-            return d / name, uid
-        if os.geteuid() != 0:
-            raise CaptureFailed("failed", f"rank {rank}'s process runs as uid {uid}, this agent as uid "
-                                          f"{os.geteuid()}: the step hook cannot write into the agent's "
-                                          "private capture store (run the agent as the job's user or as "
-                                          "root, or start the job with perfd launch --kineto)")
-        try:
-            return _drop_dir(uid) / name, uid
-        except OSError as exc:
-            raise CaptureFailed("failed", f"rank {rank}: no folder for uid {uid} to write its trace: "
-                                          f"{exc}") from exc
-
-    def _wait(self, requests: Mapping[int, int], want: set[str], deadline: float,
+    def _wait(self, requests: Mapping[int, Key], want: set[str], deadline: float,
               pids: Mapping[int, int]) -> dict[int, dict[str, Any]]:
         """The ranks' first status in ``want`` (or a refusal), until the deadline or until a rank that
         has none yet is gone."""
@@ -185,7 +177,7 @@ class HookTraceCapture:
                     or any(r in pids and not alive(pids[r]) for r in pending)):
                 return got
 
-    def _gone(self, requests: Mapping[int, int], states: Mapping[int, Any], pids: Mapping[int, int],
+    def _gone(self, requests: Mapping[int, Key], states: Mapping[int, Any], pids: Mapping[int, int],
               when: str) -> None:
         gone = [r for r in requests if r not in states and r in pids and not alive(pids[r])]
         if gone:
@@ -204,8 +196,7 @@ class HookTraceCapture:
                       {"latency_s": round(lat, 3), "mode": HOOK_TRACE})
 
     def _keep(self, req: CaptureRequest, m: dict[str, Any], pids: Mapping[int, int],
-              requests: Mapping[int, int], done: Mapping[int, Any],
-              places: Mapping[int, tuple[Path, int | None]]) -> str:
+              requests: Mapping[int, Key], done: Mapping[int, Any]) -> str:
         """Each written trace into the store and analysed; the ranks without one said."""
         d = self.ctx.store.capture_dir(m["id"])
         missing: dict[int, str] = {}
@@ -222,14 +213,17 @@ class HookTraceCapture:
             if s.get("state") != "written":
                 missing[r] = f"rank {r}: the hook {s.get('state')} the trace at step {s.get('step')}"
                 continue
-            src, uid = places[r]
+            src, uid, pid = s.get("path"), s.get("uid"), s.get("pid")
+            if not isinstance(src, str) or not isinstance(uid, int):
+                missing[r] = f"rank {r}: its hook said written without a file"
+                continue
             try:
-                got = _take(src, d / src.name, uid)
+                got = _take(src, d / f"rank{r}_{pid}.json", uid)
             except ValueError as exc:
                 missing[r] = f"rank {r}: {exc}"
                 continue
             except OSError as exc:
-                missing[r] = f"rank {r}: its trace could not be read at {src}: {exc}"
+                missing[r] = f"rank {r}: its trace could not be read at {src!r}: {exc}"
                 continue
             m["timings"]["trace_ready_at"] = self.ctx.clock()
             self.ctx.store.add_artifact(m, got, "kineto_trace", r, pids.get(r))

@@ -20,6 +20,23 @@ from perfd.capture.dynolog import DynologKineto
 from perfd.capture.kineto_daemon import KinetoDaemon, build_config, trace_complete
 from perfd.capture.nsys_exec import wait_stable
 from perfd.capture.request import BUSY_REASON, CaptureRequest
+from perfd.model import CaptureFailure
+
+# A process this young that never polled the daemon may not have reached its first poll: a training
+# script imports and initialises for tens of seconds (Megatron-LM on the H100 here: 20-40 s; under ncu
+# 42 s) before libkineto polls. Its capture is "not ready", retried later; an older one's is a failure
+# (the job was started without KINETO_USE_DAEMON).
+KINETO_READY_GRACE_S = 120.0
+
+
+def _young(pid: int, now: float, grace_s: float = KINETO_READY_GRACE_S) -> bool:
+    """The process started less than ``grace_s`` before ``now`` (epoch s); False when unknown."""
+    import psutil
+
+    try:
+        return now - psutil.Process(pid).create_time() < grace_s
+    except psutil.Error:
+        return False
 
 
 class Miss(enum.Enum):
@@ -87,7 +104,11 @@ class KinetoCapture:
                                                          "(perfd launch sets it)")
             if not answered:
                 late = all(x.why is Miss.POLLED_LATE for x in why.values())
-                raise CaptureFailed("timeout" if late else "failed", "; ".join(_texts(why)))
+                now = time.time()
+                starting = all(x.why is Miss.NEVER_POLLED and _young(pid, now)
+                               for pid, r in by_pid.items() if (x := why.get(r)) is not None)
+                cause = CaptureFailure.NOT_READY if starting else CaptureFailure.FAILED
+                raise CaptureFailed("timeout" if late else "failed", "; ".join(_texts(why)), cause)
             m["timings"]["started_at"] = max(answered.values())
             m["answered_at"] = {str(by_pid[p]): t for p, t in answered.items()}
             lat = m["timings"]["started_at"] - m["timings"]["requested_at"]

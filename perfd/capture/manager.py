@@ -34,13 +34,14 @@ from perfd.capture.hook_ranges import HookCanceller, HookRanges, HookRequester
 from perfd.capture.hook_trace import HOOK_TRACE, HookTraceCapture, HookTracer
 from perfd.capture.kineto_capture import KinetoCapture
 from perfd.capture.kineto_daemon import KinetoDaemon
-from perfd.capture.ncu_capture import NcuCapture, UnderCheck, event_rows, under_ncu
+from perfd.capture.ncu_capture import NcuCapture, NotUnder, UnderCheck, event_rows, under_ncu
 from perfd.capture.ncu_exec import NcuExecutor
 from perfd.capture.nsys_capture import NsysCapture
 from perfd.capture.nsys_exec import NsysExecutor, session_name
 from perfd.capture.request import BUSY_REASON, CaptureArgError, CaptureRequest, parse_command
 from perfd.capture.store import CaptureStore
 from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED
+from perfd.model import CaptureFailure
 
 if TYPE_CHECKING:  # the agent passes perfd.transport.codec.Command; anything with these fields will do
     from perfd.transport.codec import Command
@@ -60,8 +61,7 @@ class CaptureManager:
                  hook_last_step: Callable[[int], int | None] | None = None,
                  ncu: NcuExecutor | None = None, hook_canceller: HookCanceller | None = None,
                  under_check: UnderCheck = under_ncu, hook_tracer: HookTracer | None = None,
-                 hook_can_trace: Callable[[int], bool] | None = None,
-                 hook_owner: Callable[[int], int | None] | None = None) -> None:
+                 hook_can_trace: Callable[[int], bool] | None = None) -> None:
         self.store, self.kineto, self.nsys, self.emit_cb, self.clock = store, kineto, nsys, emit, clock
         self.hook_requester, self.pids_for_ranks = hook_requester, pids_for_ranks
         self.hook_last_step = hook_last_step
@@ -76,8 +76,7 @@ class CaptureManager:
         self._ranges = HookRanges(ctx, hook_requester, hook_last_step, hook_canceller)
         self._nsys_runs = NsysCapture(ctx, nsys, self._ranges)
         self._ncu_runs = NcuCapture(ctx, ncu, self._ranges, under_check)
-        self._hook_traces = HookTraceCapture(ctx, self._ranges, hook_tracer, hook_can_trace, hook_owner,
-                                             hook_last_step)
+        self._hook_traces = HookTraceCapture(ctx, self._ranges, hook_tracer, hook_can_trace, hook_last_step)
 
     # -- public -------------------------------------------------------------------------------
     def handle(self, command: Command) -> str | None:
@@ -98,13 +97,14 @@ class CaptureManager:
         missing = [r for r in req.ranks if r not in pids] if self.pids_for_ranks else []
         pids = {r: p for r, p in pids.items() if not req.ranks or r in req.ranks}
         req.ranks = req.ranks or tuple(sorted(pids))
-        if missing or not req.ranks:
+        if missing or not req.ranks:  # not started yet, or its process not seen here yet: not ready
             which = f"rank(s) {missing}" if missing else "any rank"
-            return self._refuse(req, f"no process known for {which} of job {req.job} on this node", now)
+            return self._refuse(req, f"no process known for {which} of job {req.job} on this node", now,
+                                cause=CaptureFailure.NOT_READY)
         keys = {r: (f"pid:{pids[r]}" if r in pids else f"{req.job}/rank:{r}") for r in req.ranks}
         clash = self._ncu_clash(req, pids)
         if clash is not None:
-            return self._refuse(req, clash, now, pids)
+            return self._refuse(req, clash.why, now, pids, clash.cause)
         quota = self.store.check_quota()
         if quota is not None:
             return self._refuse(req, quota, now, pids)
@@ -132,20 +132,20 @@ class CaptureManager:
         """Feed ``hook_profile`` events from the hook collector (step-aligned nsys and ncu ranges)."""
         self._ranges.on_hook_event(event)
 
-    def _ncu_clash(self, req: CaptureRequest, pids: Mapping[int, int]) -> str | None:
+    def _ncu_clash(self, req: CaptureRequest, pids: Mapping[int, int]) -> NotUnder | None:
         """Why the request cannot run on these ranks because of ncu: a rank under ncu has ncu as its
         CUPTI client, so Kineto and nsys cannot profile it; ncu can profile only a rank under it."""
         if req.tool == "ncu" and self._ncu_runs.ncu is None:
-            return "ncu captures are off in this agent (no ncu executor)"
+            return NotUnder("ncu captures are off in this agent (no ncu executor)")
         if self._ncu_runs.ncu is None:
             return None
         for r in req.ranks:
-            t, why = self._ncu_runs.target(req.job, r, pids.get(r))
+            t, no = self._ncu_runs.target(req.job, r, pids.get(r))
             if req.tool == "ncu" and t is None:
-                return why
+                return no
             if req.tool != "ncu" and t is not None:
-                return (f"{BUSY_REASON}: rank {r} runs under ncu (pid {t.pid}), its CUPTI client; only "
-                        "an ncu capture can profile it")
+                return NotUnder(f"{BUSY_REASON}: rank {r} runs under ncu (pid {t.pid}), its CUPTI client; "
+                                "only an ncu capture can profile it")
         return None
 
     def busy(self) -> dict[str, str]:
@@ -163,9 +163,14 @@ class CaptureManager:
                 return not threads
             threads[0].join(left)
 
-    def close(self, timeout: float = 5.0) -> None:
+    def stop(self) -> None:
+        """Tell every capture to end now (their waits return; each ends failed, saying so); returns at
+        once. ``close`` or ``wait_idle`` then waits for them."""
         self._closing.set()
         self._ranges.wake()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.stop()
         self.wait_idle(timeout)
 
     # -- events -------------------------------------------------------------------------------
@@ -187,7 +192,8 @@ class CaptureManager:
                 log.warning("capture manager: emit failed: %s", exc)
 
     def _refuse(self, req: CaptureRequest, reason: str, now: float,
-                pids: Mapping[int, int] | None = None) -> str | None:
+                pids: Mapping[int, int] | None = None,
+                cause: CaptureFailure = CaptureFailure.FAILED) -> str | None:
         self.refused += 1
         cid = ""
         try:
@@ -200,7 +206,7 @@ class CaptureManager:
             log.warning("capture manager: could not record a refused capture: %s", exc)
         self._emit(CAPTURE_FAILED.name, req,
                    f"capture of job {req.job} ranks {list(req.ranks)} refused: {reason}",
-                   "warning", cid, {"status": "skipped", "reason": reason})
+                   "warning", cid, {"status": "skipped", "reason": reason, "cause": cause.value})
         return None
 
     # -- the worker ---------------------------------------------------------------------------
@@ -208,6 +214,7 @@ class CaptureManager:
         cid = str(m["id"])
         deadline = time.monotonic() + req.timeout_s
         status, reason = "failed", "internal error"
+        cause: CaptureFailure | None = CaptureFailure.FAILED
         try:
             tool, mode, sessions = self._choose(req)
             req.tool = m["tool"] = tool
@@ -222,9 +229,9 @@ class CaptureManager:
                 reason = self._nsys_runs.run_range(req, m, deadline, sessions)
             else:
                 reason = self._nsys_runs.run_session(req, m, deadline, sessions)
-            status = "ok"
+            status, cause = "ok", None
         except CaptureFailed as exc:
-            status, reason = exc.status, exc.reason
+            status, reason, cause = exc.status, exc.reason, exc.cause
         except Exception as exc:
             log.exception("capture %s failed", cid)
             status, reason = "failed", f"{type(exc).__name__}: {exc}"
@@ -250,6 +257,8 @@ class CaptureManager:
                    "bytes": sum(int(a.get("bytes") or 0) for a in final.get("artifacts", [])),
                    "ranks": {r: {"devices": a.get("summary", []), **event_rows(a, len(final["analysis"]))}
                              for r, a in (final.get("analysis") or {}).items()}}
+        if cause is not None:
+            payload["cause"] = cause.value
         if "range_overran" in final:
             payload["range_overran"] = bool(final["range_overran"])
         if isinstance(final.get("range_held_s"), int | float):

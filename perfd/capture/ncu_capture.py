@@ -21,17 +21,29 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from perfd.analytics.breakdown.job_budget import captured_iterations
 from perfd.analytics.ncu import join as ncu_join
+from perfd.analytics.ncu.launches import Coverage, MatchHow, align, coverage, group_key, op_group
 from perfd.capture import ncu_report as ncu_mod
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
-from perfd.capture.hook_ranges import HookRanges
-from perfd.capture.ncu_exec import PAGES, NcuError, NcuExecutor, NcuNotFoundError, NcuTarget, latest_timeline
+from perfd.capture.hook_ranges import HookRanges, Key
+from perfd.capture.launch_order import read_launches
+from perfd.capture.ncu_exec import (
+    PAGES,
+    NcuError,
+    NcuExecutor,
+    NcuNotFoundError,
+    NcuTarget,
+    latest_timeline,
+    trace_of,
+)
 from perfd.capture.nsys_exec import wait_stable
 from perfd.capture.request import CaptureRequest
+from perfd.model import CaptureFailure
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +52,21 @@ log = logging.getLogger(__name__)
 EVENT_KERNELS = 60
 EVENT_NAME_CHARS = 200
 
-# (rank's pid, ncu's pid) -> None when the rank runs under that ncu, else why not
-UnderCheck = Callable[[int, int], "str | None"]
+@dataclass(frozen=True)
+class NotUnder:
+    """Why a rank's process does not run under its recorded ncu, typed: a process that is gone (the
+    job restarting: its new process is not known here yet) is not ready, anything else a failure."""
+
+    why: str
+    cause: CaptureFailure = CaptureFailure.FAILED
 
 
-def under_ncu(rank_pid: int, ncu_pid: int) -> str | None:
+# (rank's pid, ncu's pid) -> None when the rank runs under that ncu, else why not (a bare string: a
+# failure)
+UnderCheck = Callable[[int, int], "str | NotUnder | None"]
+
+
+def under_ncu(rank_pid: int, ncu_pid: int) -> NotUnder | None:
     """None when ``rank_pid`` is ``ncu_pid`` or one of its descendants (the rank runs under it)."""
     import psutil
 
@@ -53,13 +75,14 @@ def under_ncu(rank_pid: int, ncu_pid: int) -> str | None:
     try:
         parents = {p.pid for p in psutil.Process(rank_pid).parents()}
     except psutil.NoSuchProcess:
-        return f"process {rank_pid} is gone"
+        return NotUnder(f"process {rank_pid} is gone (the rank restarting? its new process is not known "
+                        "here yet)", CaptureFailure.NOT_READY)
     except psutil.Error as exc:
-        return f"process {rank_pid}: {exc}"
+        return NotUnder(f"process {rank_pid}: {exc}")
     if ncu_pid in parents:
         return None
-    return (f"process {rank_pid} is not under ncu (pid {ncu_pid}, recorded by perfd ncu-exec): the "
-            "record is from an earlier run")
+    return NotUnder(f"process {rank_pid} is not under ncu (pid {ncu_pid}, recorded by perfd ncu-exec): the "
+                    "record is from an earlier run")
 
 
 class NcuCapture:
@@ -68,31 +91,33 @@ class NcuCapture:
         self.ctx, self.ncu, self.ranges, self.check = ctx, ncu, ranges, check
 
     # -- the manager's admission ----------------------------------------------------------------
-    def target(self, job: str, rank: int, pid: int | None) -> tuple[NcuTarget | None, str]:
-        """(the rank's ncu target, "") when it runs under ncu now, else (None, why not)."""
+    def target(self, job: str, rank: int, pid: int | None) -> tuple[NcuTarget | None, NotUnder | None]:
+        """(the rank's ncu target, None) when it runs under ncu now, else (None, why not)."""
         if self.ncu is None:
-            return None, "this agent has no ncu executor"
+            return None, NotUnder("this agent has no ncu executor")
         try:
             t = self.ncu.target(job, rank)
         except ValueError as exc:
-            return None, str(exc)
+            return None, NotUnder(str(exc))
         if t is None:
-            return None, (f"rank {rank} of job {job} does not run under ncu: start it under "
-                          "$(perfd ncu-prefix --job J --ranks R) after torchrun --no-python, or with "
-                          "perfd launch --ncu R")
+            return None, NotUnder(f"rank {rank} of job {job} does not run under ncu: start it under "
+                                  "$(perfd ncu-prefix --job J --ranks R) after torchrun --no-python, or "
+                                  "with perfd launch --ncu R")
         if pid is not None:
-            why = self.check(pid, t.pid)
-            if why is not None:
-                return None, f"rank {rank}: {why}"
-        return t, ""
+            got = self.check(pid, t.pid)
+            if got is not None:
+                no = got if isinstance(got, NotUnder) else NotUnder(got)
+                return None, NotUnder(f"rank {rank}: {no.why}", no.cause)
+        return t, None
 
     # -- the run --------------------------------------------------------------------------------
     def run(self, req: CaptureRequest, m: dict[str, Any], pids: Mapping[int, int], deadline: float) -> str:
         targets: dict[int, NcuTarget] = {}
         for r in req.ranks:
-            t, why = self.target(req.job, r, pids.get(r))
+            t, no = self.target(req.job, r, pids.get(r))
             if t is None:
-                raise CaptureFailed("failed", why)
+                assert no is not None
+                raise CaptureFailed("failed", no.why, no.cause)
             targets[r] = t
         assert self.ncu is not None
         m["ncu"] = {str(r): t.to_json() for r, t in targets.items()}
@@ -101,7 +126,10 @@ class NcuCapture:
         before = {r: _size(t.report) for r, t in targets.items()}
         budget_s = min(t.options.time_budget_s for t in targets.values())
         requests = self.ranges.open(req, m, deadline, steps=1, what="cudaProfilerStart under ncu")
-        closed = self._watch(requests, budget_s, deadline, m)
+        try:
+            closed = self._watch(requests, budget_s, deadline, m)
+        finally:
+            self.ranges.forget(requests.values())
         problems: list[str] = []
         if m.get("range_overran"):
             problems.append(f"the range overran its time budget of {budget_s:g} s: cancelled, "
@@ -125,7 +153,7 @@ class NcuCapture:
             raise CaptureFailed("timeout", reason)
         return reason
 
-    def _watch(self, requests: Mapping[int, int], budget_s: float, deadline: float,
+    def _watch(self, requests: Mapping[int, Key], budget_s: float, deadline: float,
                m: dict[str, Any]) -> dict[int, dict[str, Any]]:
         """Wait for every range to close within the time budget; cancel the ones that do not."""
         budget_end = min(deadline, time.monotonic() + budget_s)
@@ -198,7 +226,11 @@ class NcuCapture:
         asked = device.get("steps") if device else None
         steps, _ = (captured_iterations(device, asked if isinstance(asked, int) else None, None)
                     if device else (None, ""))
-        joined = ncu_join.join(new.kernels, timeline, steps)
+        joined, cov = by_launch(new, trace_of(self.ctx.store.list(req.job), joined_to, rank),
+                                t.options.kernel_filter, t.options.launch_skip, steps,
+                                device.get("device") if device else None)
+        if joined is None:  # no trace of the timeline left to match launches on: by kernel name
+            joined = ncu_join.join(new.kernels, timeline, steps)
         cats = device.get("categories") if device else None
         summaries = ncu_join.summarize(joined, cats if isinstance(cats, Mapping) else None)
         m.setdefault("analysis", {})[str(rank)] = {
@@ -207,11 +239,34 @@ class NcuCapture:
             "joined_to": joined_to, "clock_control": t.options.clock_control,
             "kernel_budget": t.options.launch_count, "kernel_filter": t.options.kernel_filter,
             "kernel_choice": t.options.choice_json(),
+            "coverage": cov.to_json() if cov is not None else None,
         }
         return len(new.kernels)
 
     def _latest_timeline(self, job: str, rank: int) -> tuple[str | None, dict[str, Any] | None]:
         return latest_timeline(self.ctx.store.list(job), rank)
+
+
+def by_launch(report: ncu_mod.NcuReport, trace: Path | None, kernel_filter: str | None, skip: int,
+              steps: float | None, device: Any = None
+              ) -> tuple[list[ncu_join.JoinedKernel] | None, Coverage | None]:
+    """The report's rows by the op each launch was, matched launch by launch to the timeline's trace
+    (perfd.analytics.ncu.launches), and what they cover; (None, None) without a trace to read, (None,
+    the coverage saying so) when no launch matched."""
+    if trace is None:
+        return None, None
+    try:
+        tl = read_launches(trace, device if isinstance(device, int) else None)
+    except Exception as exc:  # a trace that cannot be read again: the name join will do
+        log.warning("ncu rows by launch: cannot read %s: %s", trace, exc)
+        return None, None
+    order = report.order()
+    match = align(order, tl, kernel_filter, skip)
+    cov = coverage(match, len(order))
+    if match.how is MatchHow.NONE:
+        return None, cov
+    groups = [(op_group(k, kern.ids, match), kern) for k, kern in report.regroup(group_key(match))]
+    return ncu_join.join_launches(groups, tl.launches, steps), cov
 
 
 def event_rows(analysis: Mapping[str, Any], ranks: int = 1) -> dict[str, Any]:
@@ -230,7 +285,7 @@ def event_rows(analysis: Mapping[str, Any], ranks: int = 1) -> dict[str, Any]:
     return {"ncu_kernels": rows, "ncu_kernels_total": len(kernels),
             "ncu_categories": analysis.get("categories") or [],
             "ncu_joined_to": analysis.get("joined_to"), "ncu_clock_control": analysis.get("clock_control"),
-            "ncu_kernel_choice": analysis.get("kernel_choice")}
+            "ncu_kernel_choice": analysis.get("kernel_choice"), "ncu_coverage": analysis.get("coverage")}
 
 
 def _size(p: Path) -> int:

@@ -117,6 +117,11 @@ class NcuOptions:
     clock_control: ClockControl = "none"
     time_budget_s: float = L.NCU_TIME_BUDGET_S  # one range: longer and the capture closes it
     kernels_from: str | None = None  # the capture whose timeline chose the filter's kernels by time
+    # ncu --launch-skip: the range's filtered launches it lets pass before profiling (a window chosen on
+    # the timeline to cover one layer's forward and backward: perfd.analytics.ncu.launches.layer_window)
+    launch_skip: int = 0
+    window_layer: int | None = None  # the layer that window covers (said with the capture), of ...
+    window_layers: int | None = None  # ... the stage's layers
 
     @property
     def kernel_choice(self) -> KernelChoice:
@@ -131,12 +136,23 @@ class NcuOptions:
                 KernelChoice.GIVEN: "by the name filter given to ncu-prefix",
                 KernelChoice.FIRST: "not by time: no timeline of the job when the rank started, so the "
                                     f"first {self.launch_count} non-NCCL kernels launched"}[c]
-        return {"how": c.value, "from": self.kernels_from, "text": text}
+        if self.window_layer is not None:
+            last = self.launch_skip + self.launch_count - 1
+            text += (f"; launches {self.launch_skip}-{last} of the step's filtered launches: the forward "
+                     f"and backward of layer {self.window_layer}"
+                     + (f" of {self.window_layers}" if self.window_layers else ""))
+        return {"how": c.value, "from": self.kernels_from, "text": text, "launch_skip": self.launch_skip,
+                "window_layer": self.window_layer, "window_layers": self.window_layers}
 
     def check(self) -> NcuOptions:
         """Itself, or ValueError saying which option is out of bounds and why."""
         if not 1 <= self.launch_count <= L.MAX_NCU_LAUNCH_COUNT:
             raise ValueError(f"launch count {self.launch_count}: between 1 and {L.MAX_NCU_LAUNCH_COUNT}")
+        if not 0 <= self.launch_skip <= L.MAX_NCU_LAUNCH_SKIP:
+            raise ValueError(f"launch skip {self.launch_skip}: between 0 and {L.MAX_NCU_LAUNCH_SKIP}")
+        for w in (self.window_layer, self.window_layers):
+            if w is not None and not 1 <= w <= L.MAX_NCU_LAUNCH_SKIP:
+                raise ValueError(f"window layer {w}: between 1 and {L.MAX_NCU_LAUNCH_SKIP}")
         if not 1.0 <= self.time_budget_s <= L.MAX_NCU_TIME_BUDGET_S:
             raise ValueError(f"time budget {self.time_budget_s:g} s: between 1 and "
                              f"{L.MAX_NCU_TIME_BUDGET_S:g}")
@@ -156,7 +172,8 @@ class NcuOptions:
         return self
 
     def ncu_args(self) -> list[str]:
-        return ["--launch-count", str(self.launch_count), "--kernel-name",
+        skip = ["--launch-skip", str(self.launch_skip)] if self.launch_skip else []
+        return ["--launch-count", str(self.launch_count), *skip, "--kernel-name",
                 self.kernel_filter or NO_NCCL_FILTER, "--clock-control", self.clock_control]
 
 
@@ -228,11 +245,16 @@ def read_target(capture_root: str | Path, job: str, rank: int) -> NcuTarget | No
     try:
         o = data["options"]
         opts = NcuOptions(int(o["launch_count"]), o.get("kernel_filter"), o.get("clock_control", "none"),
-                          float(o["time_budget_s"]), o.get("kernels_from")).check()
+                          float(o["time_budget_s"]), o.get("kernels_from"), int(o.get("launch_skip") or 0),
+                          _opt_int(o.get("window_layer")), _opt_int(o.get("window_layers"))).check()
         return NcuTarget(job, int(rank), int(data["pid"]), opts, report_file(base),
                          float(data["started_at"]), str(data.get("ncu") or ""))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: bad field ({exc})") from None
+
+
+def _opt_int(v: Any) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def rank_prefix(job: str, ranks: Sequence[int], opts: NcuOptions, capture_dir: str | Path | None = None,
@@ -253,6 +275,12 @@ def rank_prefix(job: str, ranks: Sequence[int], opts: NcuOptions, capture_dir: s
         words += shell_arg("--kernel-filter", opts.kernel_filter)
     if opts.kernels_from:
         words += ["--kernels-chosen-from", opts.kernels_from]
+    if opts.launch_skip:
+        words += ["--launch-skip", str(opts.launch_skip)]
+    if opts.window_layer is not None:
+        words += ["--window-layer", str(opts.window_layer)]
+        if opts.window_layers is not None:
+            words += ["--window-layers", str(opts.window_layers)]
     if capture_dir is not None:
         words += ["--capture-dir", str(capture_dir)]
     return [*words, "--"]
@@ -287,6 +315,23 @@ def latest_timeline(manifests: Iterable[Mapping[str, Any]], rank: int | None = N
                     steps = asked.get("count") if isinstance(asked, Mapping) else None
                     return str(cap.get("id")), {**_widened(cap, key, dev), "steps": steps}
     return None, None
+
+
+def trace_of(manifests: Iterable[Mapping[str, Any]], capture_id: str | None,
+             rank: int | None = None) -> Path | None:
+    """The trace file (Kineto or nsys) of capture ``capture_id`` among ``manifests``, ``rank``'s when it
+    has one, that is still on disk (None: none)."""
+    for cap in manifests:
+        if capture_id is None or str(cap.get("id")) != capture_id:
+            continue
+        arts = [a for a in cap.get("artifacts") or [] if isinstance(a, Mapping)
+                and a.get("kind") in TRACE_KINDS and not a.get("pruned")]
+        arts.sort(key=lambda a: rank is None or str(a.get("rank")) != str(rank))
+        for a in arts:
+            p = Path(str(a.get("path")))
+            if p.is_file():
+                return p
+    return None
 
 
 def _widened(cap: Mapping[str, Any], key: str, dev: dict[str, Any]) -> dict[str, Any]:

@@ -31,11 +31,12 @@ import csv
 import math
 import re
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from perfd.analytics.ncu.kernels import NcuKernel, StallReason, classify
+from perfd.analytics.ncu.launches import NcuLaunch, dim3
 
 Kind = Literal["pct", "time", "freq", "count"]
 
@@ -84,6 +85,17 @@ FIELDS: tuple[_Field, ...] = (
     # aggregation of individual tensor pipelines"; without it the busiest sub-pipe (below).
     _Field("tensor_pipe", "pct", (), ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",)),
 )
+# What caps a kernel's theoretical occupancy: the blocks an SM can hold by each resource (Occupancy
+# section; launch__occupancy_limit_* on the raw page). The smallest names the limiter; warps and the
+# SM's block slots are the hardware's own caps, registers and shared memory the kernel's choice.
+OCCUPANCY_LIMITS: tuple[tuple[str, str, str], ...] = (
+    ("registers", "Block Limit Registers", "launch__occupancy_limit_registers"),
+    ("shared_mem", "Block Limit Shared Mem", "launch__occupancy_limit_shared_mem"),
+    ("barriers", "Block Limit Barriers", "launch__occupancy_limit_barriers"),
+    ("warps", "Block Limit Warps", "launch__occupancy_limit_warps"),
+    ("blocks", "Block Limit SM", "launch__occupancy_limit_blocks"),
+)
+_HARDWARE_LIMITS = ("warps", "blocks")
 _TENSOR_SUBPIPE = re.compile(r"^sm__pipe_tensor_op_\w+_cycles_active\.avg\.pct_of_peak_sustained_active$")
 # Warp states per issued instruction (WarpStateStats' chart). "selected" is the warp issuing, not a
 # stall; "..._not_issued" variants count the same stall again for instructions not issued.
@@ -107,6 +119,21 @@ class NcuReport:
     pages: tuple[str, ...]  # "details", "raw": what the input held
     problems: tuple[str, ...] = ()  # rows skipped, units not understood, a truncated end
     truncated: bool = False
+    # every launch as parsed, in ID order: what matching launch by launch and regrouping read
+    parsed: tuple[_Launch, ...] = field(default=(), compare=False, repr=False)
+
+    def order(self) -> tuple[NcuLaunch, ...]:
+        """The profiled launches in ID order (ncu numbers them as it profiles them)."""
+        return tuple(NcuLaunch(lc.id, lc.name, dim3(lc.grid), dim3(lc.block)) for lc in self.parsed)
+
+    def regroup(self, key: Callable[[int], Hashable]) -> list[tuple[Hashable, NcuKernel]]:
+        """The kernels grouped by name, grid, block and ``key(launch ID)`` (the op each launch was, where
+        the timeline says it), each with its key, in the order of their first launch."""
+        groups: dict[tuple[Hashable, ...], list[_Launch]] = {}
+        for lc in self.parsed:
+            groups.setdefault((lc.name, lc.grid, lc.block, key(lc.id)), []).append(lc)
+        problems: list[str] = []
+        return [(k[3], _kernel(g, problems)) for k, g in groups.items()]
 
     @property
     def sm_clock_hz(self) -> float | None:
@@ -118,7 +145,7 @@ class NcuReport:
         """The kernels of launches after ``last_id`` (a process's report holds every range so far)."""
         keep = [k for k in self.kernels if any(i > last_id for i in k.ids)]
         return NcuReport(tuple(keep), sum(k.invocations for k in keep), self.pages, self.problems,
-                         self.truncated)
+                         self.truncated, tuple(lc for lc in self.parsed if lc.id > last_id))
 
     def to_json(self) -> dict[str, Any]:
         return {"kernels": [k.to_json() for k in self.kernels], "launches": self.launches,
@@ -313,6 +340,22 @@ def _stalls(launch: _Launch) -> dict[str, float]:
     return out
 
 
+def _limiter(launch: _Launch) -> str | None:
+    """The resource that caps the launch's occupancy below the hardware's own caps (registers, shared
+    memory, barriers), else None (the warps or block slots of an SM cap it, or the report says nothing)."""
+    limits: dict[str, float] = {}
+    for name, label, raw in OCCUPANCY_LIMITS:
+        src = launch.labelled.get(("Occupancy", label)) or launch.raw.get(raw)
+        v = _number(src[1]) if src is not None else None
+        if v is not None:
+            limits[name] = v
+    hw = min((limits[k] for k in _HARDWARE_LIMITS if k in limits), default=None)
+    if hw is None:
+        return None
+    own = {k: v for k, v in limits.items() if k not in _HARDWARE_LIMITS and v < hw}
+    return min(own, key=lambda k: own[k]) if own else None
+
+
 def _mean(values: Iterable[float | None]) -> float | None:
     got = [v for v in values if v is not None]
     return sum(got) / len(got) if got else None
@@ -332,7 +375,7 @@ def _kernel(launches: Sequence[_Launch], problems: list[str]) -> NcuKernel:
     return NcuKernel(name=first.name, grid=first.grid, block=first.block, invocations=len(launches),
                      ids=tuple(lc.id for lc in launches), stalls=stalls,
                      bound=classify(values["compute_throughput"], values["memory_throughput"]),
-                     **values)
+                     occupancy_limiter=_limiter(first), **values)
 
 
 def parse_exports(texts: Iterable[str]) -> NcuReport:
@@ -356,7 +399,7 @@ def parse_exports(texts: Iterable[str]) -> NcuReport:
     problems = parsed.problems
     kernels = tuple(_kernel(g, problems) for g in groups.values())
     return NcuReport(kernels, len(parsed.launches), tuple(parsed.pages), tuple(dict.fromkeys(problems)),
-                     parsed.truncated)
+                     parsed.truncated, tuple(parsed.launches[i] for i in sorted(parsed.launches)))
 
 
 def parse_csv(text: str) -> NcuReport:

@@ -136,7 +136,7 @@ class NsysCapture:
                 raise CaptureFailed("failed", f"{exc} (is rank {req.ranks[len(armed)]} running under "
                                               "perfd nsys-prefix?)") from exc
         try:
-            self.ranges.open(req, m, deadline)
+            self.ranges.forget(self.ranges.open(req, m, deadline).values())  # nsys watches its file now
         except CaptureFailed:
             for s in armed.values():  # a session left armed would record the next range nobody asked for
                 nsys.cancel(s)

@@ -24,6 +24,7 @@ import re
 import sqlite3
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from perfd.analytics.breakdown.op_parts import is_step_annotation
 from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
@@ -84,6 +85,16 @@ def _tables(con: sqlite3.Connection) -> set[str]:
     return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
 
 
+# A kernel launch's grid and block, as nsys exports them
+_DIMS = ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")
+
+
+def _dim3(v: list[Any]) -> tuple[int, int, int] | None:
+    if len(v) != 3 or not all(isinstance(x, int) for x in v):
+        return None
+    return int(v[0]), int(v[1]), int(v[2])
+
+
 def _columns(con: sqlite3.Connection, table: str) -> set[str]:
     # Table names come from our constants, never from input: safe to format in.
     return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
@@ -128,12 +139,13 @@ def read_nsys_sqlite(path: str | Path) -> TraceData:
             stream = "k.streamId" if "streamId" in cols else "NULL"
             gpid = "k.globalPid" if "globalPid" in cols else "NULL"
             corr = "k.correlationId" if "correlationId" in cols else "NULL"
-            q = (f"SELECT k.start, k.end, k.deviceId, {stream}, {gpid}, {name_sql}, {corr} "
+            dims = ", ".join(f"k.{d}" if d in cols else "NULL" for d in _DIMS)
+            q = (f"SELECT k.start, k.end, k.deviceId, {stream}, {gpid}, {name_sql}, {corr}, {dims} "
                  f"FROM {KERNEL} k{joins} "
                  "WHERE k.end IS NOT NULL")
             data.kernels = [KernelEvent(int(dev), float(s), float(e), str(name), stream_id, _pid(gp),
-                                        int(c) if c is not None else None)
-                            for s, e, dev, stream_id, gp, name, c in con.execute(q)]
+                                        int(c) if c is not None else None, _dim3(d[:3]), _dim3(d[3:]))
+                            for s, e, dev, stream_id, gp, name, c, *d in con.execute(q)]
         for table, kind in ((MEMCPY, "memcpy"), (MEMSET, "memset")):
             if table not in tables:
                 continue
@@ -223,8 +235,8 @@ def _runtime_calls(con: sqlite3.Connection, has_strings: bool) -> tuple[list[Lau
     return launches, syncs
 
 
-def analyze_nsys(path: str | Path, sqlite_out: str | Path | None = None, top_n: int = 10) -> CaptureAnalysis:
-    """Breakdown of an nsys capture: a SQLite export, or a report exported first (an up-to-date
+def read_nsys_trace(path: str | Path, sqlite_out: str | Path | None = None) -> TraceData:
+    """The events of an nsys capture: a SQLite export, or a report exported first (an up-to-date
     export next to the report is reused)."""
     p = Path(path)
     if p.suffix in REPORT_SUFFIXES:
@@ -234,7 +246,12 @@ def analyze_nsys(path: str | Path, sqlite_out: str | Path | None = None, top_n: 
         p = dest
     data = read_nsys_sqlite(p)
     data.source = str(path)
-    return analyze_trace(data, top_n)
+    return data
+
+
+def analyze_nsys(path: str | Path, sqlite_out: str | Path | None = None, top_n: int = 10) -> CaptureAnalysis:
+    """Breakdown of an nsys capture (read_nsys_trace)."""
+    return analyze_trace(read_nsys_trace(path, sqlite_out), top_n)
 
 
 # --- the direct SQL cross-check ---------------------------------------------------------------

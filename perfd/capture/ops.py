@@ -18,6 +18,7 @@ No library reads both Kineto's flows and nsys' NVTX into one op tree; hence by h
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -89,6 +90,15 @@ class OpAttribution:
     # the op that issued it: the innermost op open at the launch ("aten::native_dropout"), for backward
     # work after its autograd node ("NativeDropoutBackward0 > aten::mul"): what the remedies' models read
     op_names: dict[int, str] = field(default_factory=dict)
+    # host time of each launch (correlation id -> ns), and the optimizer phase of each marked step on the
+    # host: from the end of its last backward work to the first forward launch after its step mark
+    launch_ns: dict[int, float] = field(default_factory=dict)
+    tails: tuple[tuple[float, float], ...] = ()
+    # index in the capture's synchronising calls -> the op that made it (the outermost op around the call:
+    # "aten::item", "c10d::barrier"; "" for a bare torch.cuda.synchronize())
+    sync_owner: dict[int, str] = field(default_factory=dict)
+    # the activities launched by the autograd engine running a backward node (the backward pass)
+    backward: frozenset[int] = frozenset()
 
 
 class _Tree:
@@ -352,10 +362,10 @@ def _frame_part(name: str) -> Part | None:
 
 
 def attribute(ranges: Sequence[HostRange], launches: Sequence[Launch], flows: Sequence[Flow],
-              use_frames: bool = True) -> OpAttribution | None:
+              use_frames: bool = True, syncs: Sequence[Launch] = ()) -> OpAttribution | None:
     """Each launched activity's part by its correlation id, or None for a capture with no host side
     (the caller falls back to kernel names). ``use_frames=False`` ignores Python frames (the op rules
-    alone decide)."""
+    alone decide). ``syncs``: the capture's synchronising calls, whose owners are found too."""
     if not ranges or not launches:
         return None
     att = _Attributor(ranges, flows, use_frames)
@@ -363,12 +373,80 @@ def attribute(ranges: Sequence[HostRange], launches: Sequence[Launch], flows: Se
     parts: dict[int, Part] = {}
     labels: dict[int, str] = {}
     names: dict[int, str] = {}
+    backward: set[int] = set()
     for corr, i in where.items():
         part, label = att.part_of(i)
         if part is not None:
             parts[corr] = part
         labels[corr] = label
         names[corr] = att.op_name(i)
+        if att.unit_of(i) >= 0:
+            backward.add(corr)
+    tails = _step_tails(att, launches, parts, backward)
+    _charge_tails(launches, parts, labels, names, tails)
+    owners = att.tree.locate([(s.tid, s.ns - _EPS_NS, k) for k, s in enumerate(syncs)])
     frames = use_frames and any(r.kind is RangeKind.FRAME and rules.module_class(r.name)
                                 for r in att.r)
-    return OpAttribution(Method.MODULES if frames else Method.OPS, parts, labels, names)
+    return OpAttribution(Method.MODULES if frames else Method.OPS, parts, labels, names,
+                         {ln.corr: ln.ns for ln in launches}, tails,
+                         {k: _owner(att, i) for k, i in owners.items()}, frozenset(backward))
+
+
+# The parts of forward and backward work: the first launch of one after a step mark begins the next step.
+_NOT_LAYERS = (Part.OPTIMIZER, Part.GRAD_REDUCE, Part.COMM_EXPOSED, Part.PIPELINE, Part.MEMCPY)
+
+
+def _step_tails(att: _Attributor, launches: Sequence[Launch], parts: dict[int, Part],
+                backward: set[int]) -> tuple[tuple[float, float], ...]:
+    """The optimizer phase of each step marked by ``Optimizer.step#`` on the host: from the end of the
+    backward work before the mark to the first forward launch after it (Megatron-LM's gradient norm,
+    clipping and master-weight copies run there, outside torch's step annotation); the window's head
+    before its first forward launch is one too (the rest of the step before the window)."""
+    marks = sorted((r.start_ns, r.end_ns) for r in att.r
+                   if r.kind is RangeKind.ANNOTATION and rules.is_step_mark(r.name))
+    if not marks:
+        return ()
+    unit_ends = sorted(r.end_ns for r in att.r
+                       if r.kind is RangeKind.OP and r.name.startswith(rules.BACKWARD_UNIT))
+    fwd = sorted(ln.ns for ln in launches if ln.corr not in backward and ln.corr in parts
+                 and parts[ln.corr] not in _NOT_LAYERS)
+    tails: list[tuple[float, float]] = []
+    if fwd and fwd[0] < marks[0][0]:
+        tails.append((min(ln.ns for ln in launches) - 1.0, fwd[0]))
+    prev_end = tails[0][1] if tails else float("-inf")
+    for start, end in marks:
+        j = bisect.bisect_left(unit_ends, start) - 1
+        begin = unit_ends[j] if j >= 0 and unit_ends[j] > prev_end else start
+        k = bisect.bisect_right(fwd, end)
+        stop = fwd[k] if k < len(fwd) else float("inf")
+        tails.append((begin, stop))
+        prev_end = stop
+    return tuple(tails)
+
+
+def _charge_tails(launches: Sequence[Launch], parts: dict[int, Part], labels: dict[int, str],
+                  names: dict[int, str], tails: Sequence[tuple[float, float]]) -> None:
+    """Kernels launched in an optimizer phase by ops no rule places (the gradient norm's
+    ``linalg_vector_norm``, the clipping's ``mul``, the master weights' ``copy_``) are the optimizer's.
+    Copies stay copies (a batch to the device)."""
+    if not tails:
+        return
+    starts = [t[0] for t in tails]
+    for ln in launches:
+        if ln.corr in parts or ln.corr not in labels or "launch" not in ln.name.lower():
+            continue
+        j = bisect.bisect_right(starts, ln.ns) - 1
+        if j >= 0 and tails[j][1] >= ln.ns:
+            parts[ln.corr] = Part.OPTIMIZER
+            labels[ln.corr] = f"{labels[ln.corr] or names.get(ln.corr, '')} (optimizer phase)"
+
+
+def _owner(att: _Attributor, i: int) -> str:
+    """The op that made a synchronisation: the outermost op around the call (``aten::item`` around
+    ``aten::_local_scalar_dense``), with the innermost Python function where the trace has frames."""
+    chain = att.tree.chain(i)
+    ops = [att.r[j].name for j in chain if att.r[j].kind is RangeKind.OP
+           and not att.r[j].name.startswith(rules.BACKWARD_UNIT)]
+    frame = next((att.r[j].name for j in chain if att.r[j].kind is RangeKind.FRAME
+                  and rules.module_class(att.r[j].name) is None), "")
+    return " in ".join(x for x in (ops[-1] if ops else "", frame) if x)

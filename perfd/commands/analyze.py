@@ -177,7 +177,7 @@ def run_analyze(args: argparse.Namespace) -> int:
             steps = getattr(args, "capture_steps", None)
             if steps is not None and steps < 1:
                 return refuse(f"--capture-steps must be >= 1 (got {steps})")
-            timeline = timeline_class(args.capture, steps)
+            timeline = timeline_class(args.capture, steps, bool(getattr(args, "capture_force", False)))
         except Exception as exc:  # unreadable capture: say what and where, no traceback
             return refuse(f"cannot analyse the capture {args.capture}: {exc}")
     from perfd.commands import megatron_offline
@@ -196,6 +196,11 @@ def run_analyze(args: argparse.Namespace) -> int:
     if analysis is None:
         return refuse(f"no Megatron-LM iteration lines in {args.log} ({parsed.counts.get('lines', 0)} "
                       "lines read): is it the stdout of a Megatron-LM run (another framework's log?)")
+    match = analysis.capture_match
+    if match is not None and match.refused and not getattr(args, "capture_force", False):
+        from perfd.analytics.breakdown.capture_match import refusal
+
+        return refuse(refusal(match))
     why = check_mfu_possible(analysis, parsed.job_info, args.dtype, args.peak_tflops)
     if why:
         return refuse(why)

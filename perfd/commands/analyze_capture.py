@@ -71,10 +71,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def timeline_class(path: str, steps: int | None = None) -> TimelineClass:
+def timeline_class(path: str, steps: int | None = None, forced: bool = False) -> TimelineClass:
     """The class a capture file's timeline supports and the breakdown of the device that decided it
     (what a live capture gives the job's analysis). ``steps``: the iterations it holds (None: the
-    run's analysis infers them from its steady step time)."""
+    run's analysis infers them from its steady step time); ``forced``: read against the job even where
+    it is another job's (perfd.analytics.breakdown.capture_match)."""
     from perfd.analytics.breakdown.capture_findings import diagnose_capture
 
     p = Path(path)
@@ -90,4 +91,5 @@ def timeline_class(path: str, steps: int | None = None) -> TimelineClass:
     d = diagnose_capture(devices, label=p.name, iterations=steps)
     decided = (max(d.budgets, key=lambda k: d.budgets[k].step_ms) if d.budgets else None)
     device = next((x for x in devices if isinstance(x, dict) and x.get("device") == decided), None)
-    return TimelineClass(d.bottleneck, d.bottleneck_reason, f"capture {p.name}", device, steps, p.name)
+    return TimelineClass(d.bottleneck, d.bottleneck_reason, f"capture {p.name}", device, steps, p.name,
+                         devices=tuple(x for x in devices if isinstance(x, dict)), forced=forced)

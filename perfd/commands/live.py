@@ -31,7 +31,7 @@ def _agent(args: argparse.Namespace) -> int:
             ranks=None if args.ranks is None else "pod" if args.ranks == "pod" else args.ranks == "on",
             launch_manifest=args.launch_manifest, metrics_host=args.metrics_host,
             listen_all=args.listen_all, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-            auth_token_file=args.auth_token_file, capture_dir=args.capture_dir)
+            auth_token_file=args.auth_token_file, capture_dir=args.capture_dir, job_user=args.job_user)
     except ConfigError as exc:
         print(f"perfd agent: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -187,6 +187,10 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--launch-manifest", metavar="FILE", help="watch a job started by `perfd launch`: "
                    "its job name and the megatron (its log), nccl (its Flight Recorder dumps) and hook "
                    "(its socket) collectors")
+    a.add_argument("--job-user", metavar="USER",
+                   help="the user (name or uid) the job runs as: only its processes are taken for the "
+                        "job's ranks (step hooks, GPU processes, capture targets); default: the launch "
+                        "manifest's user, else this agent's own (job_user: in the config file)")
     a.add_argument("--metrics-host", help=f"address of the agent's /metrics (default {L.LOOPBACK})")
     a.add_argument("--listen-all", action="store_true",
                    help="serve /metrics on every interface (0.0.0.0) unless --metrics-host is given")

@@ -23,6 +23,7 @@ from typing import Any
 from collectors.megatron.parser import MegatronLogParser
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.steps.run_analysis import RunAnalysis, RunBuilder
+from perfd.analytics.steps.runs import RunDigest, digest
 from perfd.model import JobInfo, ParseIssue
 
 
@@ -59,14 +60,19 @@ def _pass(lines: Iterable[str], job: str, source_name: str, gpu: str | None, pea
     parser = MegatronLogParser(job=job, source_name=source_name)
     run: RunBuilder | None = None
     used: JobInfo | None = None
+    earlier: list[RunDigest] = []  # the log's earlier runs, digested as the live aggregator does
     n = 0
 
     def add(records: Iterable[Any]) -> None:
         nonlocal run, used, n
         for rec in records:
+            if run is not None and rec.first_of_run and n:  # a restart appended to the log: a new run
+                earlier.append(digest(run.finish(job), run.run))
+                run = None
             if run is None:
-                used = fixed_job or copy.deepcopy(parser.job_info)
-                run = RunBuilder(used, gpu, peak, dtype, timeline=timeline, live=False)
+                info = fixed_job or copy.deepcopy(parser.job_info)
+                used = used or info
+                run = RunBuilder(info, gpu, peak, dtype, timeline=timeline, live=False, earlier=earlier)
             run.add(rec)
             n += 1
 

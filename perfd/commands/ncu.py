@@ -24,6 +24,10 @@ def add_budget_arguments(p: argparse.ArgumentParser, filter_help: str = "", pref
                    metavar="N",
                    help="the kernel budget: kernels ncu profiles in the process, over all its ranges "
                    f"(ncu --launch-count; ~{L.NCU_REPLAY_S_PER_KERNEL} s each)" + " (default: %(default)s)")
+    p.add_argument(f"--{prefix}launch-skip", dest="launch_skip", type=int, default=0, metavar="N",
+                   help="launches of the range that pass the filter ncu lets go before it profiles (ncu "
+                   "--launch-skip; ncu-prefix chooses it with --kernels-from so that the range covers the "
+                   "forward and backward of one layer)")
     p.add_argument(f"--{prefix}kernel-filter", dest="kernel_filter", metavar="REGEX",
                    help="ncu --kernel-name, e.g. regex:^(gemm_a|softmax_b)$ " + (filter_help or "(default: "
                         "every kernel whose function does not begin with nccl: a replayed NCCL kernel "
@@ -42,13 +46,20 @@ def add_budget_arguments(p: argparse.ArgumentParser, filter_help: str = "", pref
 
 
 def options_from(args: argparse.Namespace, kernel_filter: str | None = None,
-                 kernels_from: str | None = None) -> Any:
-    """NcuOptions from the budget arguments; ValueError naming the one out of bounds."""
+                 kernels_from: str | None = None, window: Any = None) -> Any:
+    """NcuOptions from the budget arguments (``window``: a perfd.analytics.ncu.launches.LayerWindow
+    chosen on the timeline, which sets the skip and the count); ValueError naming the one out of
+    bounds."""
     from perfd.capture.ncu_exec import NcuOptions
 
     flt = kernel_filter or args.kernel_filter
     chosen = (kernels_from or getattr(args, "kernels_from_capture", None)) if flt else None
-    return NcuOptions(args.launch_count, flt, args.clock_control, float(args.time_budget), chosen).check()
+    if window is not None:
+        return NcuOptions(window.count, flt, args.clock_control, float(args.time_budget), chosen, window.skip,
+                          window.layer, window.layers_total).check()
+    return NcuOptions(args.launch_count, flt, args.clock_control, float(args.time_budget), chosen,
+                      int(getattr(args, "launch_skip", 0) or 0), getattr(args, "window_layer", None),
+                      getattr(args, "window_layers", None)).check()
 
 
 def _ranks(text: str) -> list[int]:
@@ -87,6 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--kernels-chosen-from", dest="kernels_from_capture", metavar="CAPTURE",
                    help="the capture whose timeline chose --kernel-filter's kernels by time (ncu-prefix "
                    "prints it; the capture's analysis says how its kernels were chosen)")
+    e.add_argument("--window-layer", type=int, metavar="N", help="the layer --launch-skip/--launch-count "
+                   "cover (ncu-prefix prints it; said with the capture)")
+    e.add_argument("--window-layers", type=int, metavar="N", help="the stage's layers (ditto)")
     add_budget_arguments(e)
     e.add_argument("cmd", nargs=argparse.REMAINDER, help="the rank's command, after --")
     e.set_defaults(handler=run_ncu_exec)
@@ -99,10 +113,17 @@ def add_analyze_arguments(asub: argparse._SubParsersAction) -> None:  # type: ig
                    "or a CSV of ncu --import R --csv --page details|raw")
     a.add_argument("--csv", action="append", default=[], metavar="FILE",
                    help="another CSV page of the same report (details and raw merge by launch ID)")
-    a.add_argument("--capture", metavar="FILE", help="join to a capture's top kernels: a Kineto/Chrome "
-                   "trace (.json[.gz]), an nsys .nsys-rep/.sqlite, or a capture analysis JSON")
+    a.add_argument("--capture", metavar="FILE", help="join to a capture of the job: a Kineto/Chrome trace "
+                   "(.json[.gz]) or an nsys .nsys-rep/.sqlite (each profiled launch matched to the trace's "
+                   "launch it was, by launch order: its op, pass and layer), or a capture analysis JSON "
+                   "(its top kernels, by name)")
     a.add_argument("--device", type=int, default=None, help="the capture's device to join to (default: the "
                    "first with kernels)")
+    a.add_argument("--kernel-filter", metavar="REGEX", help="with a trace as --capture: the ncu "
+                   "--kernel-name the range ran with (default: the functions the report holds), so that "
+                   "its launches are matched one by one to the trace's launches that pass it")
+    a.add_argument("--launch-skip", type=int, default=0, metavar="N", help="with a trace: the range's "
+                   "ncu --launch-skip (default: 0)")
     a.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -112,37 +133,101 @@ def _capture_dir(args: argparse.Namespace) -> Path:
     return Path(args.capture_dir) if args.capture_dir else default_capture_root()
 
 
-def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None]:
-    """(kernel filter, where it came from, the capture id that chose it) for --kernels-from."""
+def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None, Any]:
+    """(kernel filter, where it came from, the capture id that chose it, the layer window) for
+    --kernels-from: a capture (latest: the job's newest), its analysis JSON, or a trace file."""
     from perfd.analytics.ncu.join import kernel_filter, timeline_kernels
-    from perfd.capture.ncu_exec import NCU_ARMED_US_PER_LAUNCH, armed_cost_ms, latest_timeline
+    from perfd.capture.ncu_exec import NCU_ARMED_US_PER_LAUNCH, armed_cost_ms, latest_timeline, trace_of
 
     src = args.kernels_from
+    trace: Path | None = None
     if src == "latest":
         from perfd.capture.store import CaptureStore
 
         store = CaptureStore(_capture_dir(args), quota_bytes=1)  # read only: nothing is written
-        cid, dev = latest_timeline(store.list(args.job))
+        caps = store.list(args.job)
+        cid, dev = latest_timeline(caps)
         where = f"capture {cid}" if cid else f"no Kineto/nsys capture of job {args.job} in {store.root}"
+        trace = trace_of(caps, cid)
+    elif _is_trace(Path(src)):
+        cid, trace = None, Path(src)
+        from perfd.capture.ncu_exec import JOIN_TOP_N
+
+        devices = _trace_devices(trace, JOIN_TOP_N)
+        dev = next((d for d in devices if isinstance(d, dict) and d.get("top_kernels")), None)
+        where = src if dev else f"{src} holds no kernel"
     else:
         cid = None
         try:
             data = json.loads(Path(src).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"--kernels-from {src}: {exc}") from None
-        devices = data.get("devices") if isinstance(data, dict) else None
-        dev = next((d for d in devices or [] if isinstance(d, dict) and d.get("top_kernels")), None)
+        listed = data.get("devices") if isinstance(data, dict) else None
+        dev = next((d for d in listed or [] if isinstance(d, dict) and d.get("top_kernels")), None)
         where = src if dev else f"{src} lists no top kernels"
     if dev is None:
-        return None, where, None
-    cost = armed_cost_ms(dev, dev.get("steps") or _steps_of(dev))
+        return None, where, None, None
+    cost = armed_cost_ms(dev, dev.get("steps") or dev.get("trace_steps") or _steps_of(dev))
     if cost is not None:
         where += (f"; arming ncu costs ~{NCU_ARMED_US_PER_LAUNCH:.0f} µs a kernel launch for the life of "
                   f"the process: this job launched ~{cost[0]:.0f} kernels a step, so expect up to "
                   f"+{cost[1]:.0f} ms of host time per step on the ranks under ncu")
     # the capture's id, or the analysis file's name as a plain word (NcuOptions.check)
     named = cid or "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(src).stem)[:200]
-    return kernel_filter(timeline_kernels(dev), args.top), where, named or None
+    flt = kernel_filter(timeline_kernels(dev), args.top)
+    window, why = _window(trace, flt, args) if flt else (None, "")
+    if why:
+        where += f"; {why}"
+    return flt, where, named or None, window
+
+
+def _is_trace(p: Path) -> bool:
+    """A timeline file (a Kineto/Chrome trace, an nsys export or report), not an analysis JSON."""
+    if p.suffix in (".sqlite", ".nsys-rep", ".gz"):
+        return True
+    if p.suffix != ".json":
+        return False
+    try:
+        with p.open("rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return b"traceEvents" in head or b"schemaVersion" in head
+
+
+def _trace_devices(p: Path, top_n: int) -> list[Any]:
+    if p.suffix in (".nsys-rep", ".sqlite"):
+        from perfd.capture.nsys_sqlite import analyze_nsys
+
+        devices = analyze_nsys(p, top_n=top_n).to_json()["devices"]
+    else:
+        from perfd.capture.chrome_trace import analyze_chrome_trace
+
+        devices = analyze_chrome_trace(p, top_n=top_n).to_json()["devices"]
+    assert isinstance(devices, list)
+    return devices
+
+
+def _window(trace: Path | None, flt: str, args: argparse.Namespace) -> tuple[Any, str]:
+    """The launch window covering one layer's forward and backward on the trace's steps, and what was
+    chosen (or why none: then the range profiles the step's first --launch-count filtered launches)."""
+    from perfd.analytics.ncu.launches import layer_window
+    from perfd.capture.launch_order import read_launches
+
+    if trace is None:
+        return None, "no trace of the capture on disk to choose a launch window from"
+    try:
+        w = layer_window(read_launches(trace), flt)
+    except Exception as exc:  # an unreadable trace: the plain budget will do
+        return None, f"no launch window ({type(exc).__name__}: {str(exc)[:200]})"
+    if w is None:
+        return None, "no launch window: the trace shows no step with a forward and backward layer"
+    if w.count * L.NCU_REPLAY_S_PER_KERNEL > float(args.time_budget) or w.count > L.MAX_NCU_LAUNCH_COUNT:
+        return None, (f"no launch window: layer {w.layer}'s forward and backward are {w.count} filtered "
+                      f"launches, ~{w.count * L.NCU_REPLAY_S_PER_KERNEL:.0f} s to profile, beyond the time "
+                      f"budget of {float(args.time_budget):g} s (--time-budget, or --top fewer kernels)")
+    return w, (f"launch window: skip {w.skip}, count {w.count} of the step's {w.per_step} filtered launches: "
+               f"the forward and backward of layer {w.layer} of {w.layers_total}")
 
 
 def _steps_of(dev: dict[str, Any]) -> float | None:
@@ -159,17 +244,17 @@ def run_ncu_prefix(args: argparse.Namespace) -> int:
     try:
         find_ncu()  # the ranks under ncu need it; say so now rather than when torchrun starts them
         ranks = _ranks(args.ranks)
-        flt, chosen = None, None
+        flt, chosen, window = None, None, None
         if not args.kernel_filter and args.kernels_from != "none":
             # By time whenever the job has a timeline (issue 45 item 2: without one the budget went to
             # the first kernels of the step, 11 of 15 rows elementwise or normalisation)
             args.kernels_from = args.kernels_from or "latest"
-            flt, where, chosen = _filter_from(args)
+            flt, where, chosen, window = _filter_from(args)
             print(f"perfd ncu-prefix: kernel filter from {where}: "
                   + (f"{flt} (the top kernels by time)" if flt else
                      "none: the first kernels launched, not by time (take a Kineto capture of the job first, "
                      "or of another rank, to choose them by time)"), file=sys.stderr)
-        opts = options_from(args, flt, chosen if flt else None)
+        opts = options_from(args, flt, chosen if flt else None, window)
         words = rank_prefix(args.job, ranks, opts, str(_capture_dir(args)))
     except (NcuNotFoundError, ValueError) as exc:
         print(f"perfd ncu-prefix: {exc}", file=sys.stderr)
@@ -186,6 +271,7 @@ def run_ncu_prefix(args: argparse.Namespace) -> int:
 def run_ncu_exec(args: argparse.Namespace) -> int:
     """Become ``ncu ... CMD`` for a chosen rank (after recording the target the agent reads), else
     ``CMD`` itself. exec: the rank's process keeps this pid, nothing of perfd stays between."""
+    from perfd.armed import ARMED_ENV, armed_line
     from perfd.capture.ncu_exec import NcuNotFoundError, find_ncu, ncu_argv, rank_paths, write_target
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -214,6 +300,10 @@ def run_ncu_exec(args: argparse.Namespace) -> int:
             base, _ = rank_paths(root, args.job, rank)
             argv = ncu_argv(ncu, base, cmd, opts)
             write_target(root, args.job, rank, opts, ncu)
+            # Armed from its first step: the hook reads the variable (ncu passes the environment to
+            # the rank's process), the log's reader the line (perfd.armed).
+            os.environ[ARMED_ENV] = "ncu"
+            print(armed_line(rank, args.job), file=sys.stderr, flush=True)
     except (NcuNotFoundError, ValueError, OSError) as exc:
         print(f"perfd ncu-exec: {exc}", file=sys.stderr)
         return 2
@@ -291,17 +381,42 @@ def run_analyze_ncu(args: argparse.Namespace) -> int:
         except Exception as exc:  # an unreadable capture: say what and where, no traceback
             print(f"perfd: cannot read the capture {args.capture}: {exc}", file=sys.stderr)
             return 1
-    joined = join(report.kernels, timeline, steps)
+    joined, cov = None, None
+    if args.capture and _is_trace(Path(args.capture)):
+        from perfd.capture.ncu_capture import by_launch
+
+        flt = args.kernel_filter or inferred_filter(report)
+        joined, cov = by_launch(report, Path(args.capture), flt, max(0, args.launch_skip), steps, args.device)
+    if joined is None:
+        joined = join(report.kernels, timeline, steps)
     summaries = summarize(joined, cats)
     for problem in report.problems:
         print(f"perfd: note: {problem}", file=sys.stderr)
     if args.json:
         out = {**{k: v for k, v in report.to_json().items() if k != "kernels"},
-               "kernels": [j.to_json() for j in joined], "categories": [c.to_json() for c in summaries]}
+               "kernels": [j.to_json() for j in joined], "categories": [c.to_json() for c in summaries],
+               "coverage": cov.to_json() if cov is not None else None}
         sys.stdout.write(finite_json.dumps(out, indent=2) + "\n")
         return 0
     print(render(report, joined, summaries, joined_to=args.capture))
+    if cov is not None:
+        from perfd.analytics.ncu.launches import coverage_text
+
+        print(f"\ncoverage: {coverage_text(cov)}")
     return 0
+
+
+def inferred_filter(report: Any) -> str | None:
+    """An ncu --kernel-name that passes the functions the report profiled: inside the range it passes
+    what the range's own filter did (a function the filter passed that ran there would be in the
+    report)."""
+    import re
+
+    from perfd.analytics.ncu.join import function_name
+
+    names = sorted({function_name(k.name) for k in report.kernels})
+    ok = [n for n in names if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
+    return f"regex:^({'|'.join(ok)})$" if ok and len(ok) == len(names) else None
 
 
 def _pct(v: float | None) -> str:

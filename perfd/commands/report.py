@@ -64,7 +64,7 @@ def from_aggregator(aggregator: str, job: str, timeout: float = 10.0,
 
 def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | None,
              dtype: str | None, capture: str | None = None,
-             capture_steps: int | None = None) -> Page:
+             capture_steps: int | None = None, capture_force: bool = False) -> Page:
     """The offline analysis of a log, with a capture of the job when given (its step budget and
     remedies in the report: the same as ``perfd analyze megatron LOG --capture TRACE``)."""
     from perfd.commands import megatron_offline
@@ -85,7 +85,7 @@ def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | No
         if not Path(capture).is_file():
             raise ReportError(f"no such capture file: {capture}")
         try:
-            timeline = timeline_class(capture, capture_steps)
+            timeline = timeline_class(capture, capture_steps, capture_force)
         except Exception as exc:  # unreadable capture: say what and where, no traceback
             raise ReportError(f"cannot analyse the capture {capture}: {exc}") from None
     name = job or Path(log).stem
@@ -96,6 +96,11 @@ def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | No
         raise ReportError(f"cannot read {log}: {exc}") from None
     if analysis is None or not parsed.n_records:
         raise ReportError(f"no Megatron iteration lines found in {log}")
+    match = analysis.capture_match
+    if match is not None and match.refused and not capture_force:
+        from perfd.analytics.breakdown.capture_match import refusal
+
+        raise ReportError(refusal(match))
     why = check_mfu_possible(analysis, parsed.job_info, dtype, peak_tflops)
     if why:
         raise ReportError(why)
@@ -125,7 +130,7 @@ def run_report(args: argparse.Namespace) -> int:
             source = f"aggregator {_base_url(args.aggregator)}, job {args.job}"
         elif args.log:
             data = from_log(args.log, args.job, args.gpu, args.peak_tflops, args.dtype, args.capture,
-                            args.capture_steps)
+                            args.capture_steps, args.capture_force)
             source = (f"log {args.log}" + (f" (GPU given: {args.gpu})" if args.gpu else "")
                       + (f", capture {args.capture}" if args.capture else ""))
         else:
@@ -158,6 +163,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "capture (.nsys-rep, .sqlite) of the job: its step budget and remedies go into the report")
     p.add_argument("--capture-steps", type=int, metavar="N", help="with --capture: the steps the capture "
                    "holds, when the trace marks none")
+    p.add_argument("--capture-force", action="store_true", help="with --capture: read the capture even "
+                   "where it does not match the job (its tokens, pipeline, collectives or FLOPs are another "
+                   "job's: refused without this, exit 2); the report states the mismatch")
     p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds (--aggregator)")
     p.add_argument("--auth-token-file", metavar="FILE",
                    help="with --aggregator: the bearer token it requires")

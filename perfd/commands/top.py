@@ -43,7 +43,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfd.commands.top_tables import COMPACT, NA, fit, gpu_table, host_table, ms, num, pct, process_table
-from perfd.report import budget_view
+from perfd.report import budget_view, plan_view
 
 # Heat levels for a rank's compute ratio: below 1.0 is a fast rank, 1.1 marks a straggler candidate
 # (perfd.analytics.thresholds), each level ~0.05 wider.
@@ -275,6 +275,18 @@ def budget_text(summary: dict[str, Any]) -> Text:
     return line
 
 
+def plan_text(summary: dict[str, Any]) -> Text | None:
+    """The remedies' plan in one line (perfd.analytics.advice.plan): each stage's effort and combined
+    gain, overlaps counted once; None where the job has none (no capture divided its step)."""
+    line = plan_view.compact((summary.get("report") or {}).get("plan"))
+    if not line:
+        return None
+    out = Text("plan: ", style="bold")
+    out.append(line)
+    out.append(" (ms a step, each stage on top of the ones before; perfd report for its items)", style="dim")
+    return out
+
+
 def _job_cells(summary: dict[str, Any] | None, why_missing: str | None, narrow: bool = False) -> list[str]:
     """MFU, goodput, step p50/p90/max (after warm-up), cv, bottleneck, open incidents of one job;
     ``narrow``: the step percentiles in one cell ("p50/p90/max", ms), no cv, the class without its
@@ -397,6 +409,9 @@ def render(snap: Snapshot, keys: bool = False, width: int | None = None) -> Rend
         parts.append(Text(f"{snap.focus} *{mark}: {headline or 'no report yet'}"))
         parts.append(goodput_text(goodput_of(summary)))
         parts.append(budget_text(summary))
+        plan = plan_text(summary)
+        if plan is not None:
+            parts.append(plan)
         why = per_rank_missing(summary.get("job"))
         if snap.rank_ratios is not None:
             parts.append(heat_line(snap.rank_ratios[1], snap.rank_ratios[0], why))

@@ -58,9 +58,9 @@ def _number(v: Any) -> float | None:
         x = float(v)
         return x if 0 < x < math.inf else None
     return None
-_STEP_PACK = wire.STEP.pack
+_STEP_PACK = wire.STEP2.pack
 _VERSION = wire.VERSION
-_KIND_STEP = wire.KIND_STEP
+_KIND_STEP = wire.KIND_STEP2
 
 
 class Harvester(HookState):
@@ -130,12 +130,16 @@ class Harvester(HookState):
         while done < n:
             slot = pending[0]
             prev = slot.prev
-            step_ns = (slot.begin if prev is None else prev.end).elapsed_ns(slot.end)
-            if step_ns is None:
+            end = slot.end
+            step_ns = (prev.end if slot.aliased and prev is not None else slot.begin).elapsed_ns(end)
+            period_ns: int | None = -1
+            if prev is not None:
+                period_ns = step_ns if slot.aliased else prev.end.elapsed_ns(end)
+            if step_ns is None or period_ns is None:
                 break  # not complete after all (another stream, say): the next pass
             pending.popleft()
             try:
-                self._report(slot, step_ns)
+                self._report(slot, step_ns, period_ns)
             finally:  # _retire(slot), inlined: once per step
                 held = self._held
                 if held is not None:
@@ -175,25 +179,49 @@ class Harvester(HookState):
             self._free.append(held)
         self._held = slot
 
-    def _report(self, slot: Slot, step_ns: int) -> None:
+    def _report(self, slot: Slot, step_ns: int, period_ns: int) -> None:
         # Per record: locals only, no allocation beyond the packed bytes.
+        # The step's time is its period: from the previous step's end to its own (the time between
+        # the two is the job's too: the README's loop fetches its batch there), less the pauses
+        # announced in it; step_ns, the time inside the step, goes with it. The data wait is every
+        # stamped fetch in the period (perfd.hook.loader) and, where data_ready() was called, the
+        # host time from step_begin() to it; what else passed between the steps is "outside".
         flags = self._flags
-        data_ns = compute_ns = -1
+        data_ns = compute_ns = outside_ns = -1
         t_data = slot.t_data
+        gap_fetch = slot.gap_fetch_ns
+        if period_ns >= 0 and gap_fetch > 0:
+            # Of a fetch between the steps, the part the step waited for: no more than the time from
+            # the previous end marker to this step's begin (with CUDA events, while the GPU still ran
+            # the previous step's queued work the loop was not waiting on the fetch; with host
+            # timing that time is the gap itself, which holds the fetch).
+            gap_fetch = min(gap_fetch, max(0, period_ns - step_ns))
         if t_data >= 0:
-            flags |= wire.FLAG_HAS_DATA
-            data_ns = t_data - slot.t_begin
+            flags |= wire.FLAG_HAS_DATA | wire.FLAG_DATA_READY
+            data_ns = gap_fetch + (t_data - slot.t_begin) + (slot.f_end - slot.f_data)
+            if slot.fetch_live:
+                flags |= wire.FLAG_FETCH
             if slot.data_event and slot.data is not None:
                 compute = slot.data.elapsed_ns(slot.end)
                 if compute is not None:
                     compute_ns = compute
+        elif slot.fetch_live:
+            flags |= wire.FLAG_HAS_DATA | wire.FLAG_FETCH
+            data_ns = gap_fetch + slot.f_end - slot.f_begin
+        if data_ns < 0 and (t_data >= 0 or slot.fetch_live):
+            data_ns = 0  # a pause's fetches taken out of a step that fetched less: none left
+        paused = slot.paused_ns + slot.paused_in_ns
+        if period_ns >= 0:
+            period_ns = max(period_ns - paused, step_ns)
+            if slot.gap_ns >= 0:
+                outside_ns = max(0, slot.gap_ns - max(slot.gap_fetch_ns, 0) - slot.paused_ns)
         if slot.profiling:
             flags |= wire.FLAG_PROFILING
         stats = self.stats
         if slot.index < self.warmup_steps:
             flags |= wire.FLAG_WARMUP
         else:
-            stats.add(step_ns)
+            stats.add(period_ns if period_ns >= 0 else step_ns)
         pct = stats.p50_p90_p99()
         p50, p90, p99 = pct if pct is not None else (-1, -1, -1)
         tokens, flops = self.tokens_per_step, self.flops_per_step
@@ -204,7 +232,7 @@ class Harvester(HookState):
             _VERSION, _KIND_STEP, flags, rank if rank is not None else -1, self.pid, slot.step,
             slot.wall_end_ns, step_ns, data_ns, compute_ns, p50, p90, p99, len(stats),
             self.sender.dropped & 0xFFFFFFFF, self.harvest_drops & 0xFFFFFFFF,
-            _NAN if tokens is None else tokens, _NAN if flops is None else flops)
+            _NAN if tokens is None else tokens, _NAN if flops is None else flops, period_ns, outside_ns)
         self.steps_reported += 1
         self._batch_n += 1
         if self._batch_n >= self._batch_max or time.perf_counter_ns() >= self._flush_at:

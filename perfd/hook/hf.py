@@ -3,9 +3,16 @@
 ``Trainer(..., callbacks=[hf_callback(tokens_per_step=...)])``. The subclass is created on the
 first call, importing ``transformers`` only then: importing this module does not need it.
 
-Step = one optimizer step, numbered ``state.global_step`` after it. The Trainer fetches a step's
-batches before ``on_step_begin``, so the step is opened at the end of the previous one and
-``on_step_begin`` marks the data as ready: the fetch is the data wait.
+Step = one optimizer step, numbered ``state.global_step`` after it: opened at ``on_step_begin``
+(the Trainer has fetched the step's batches, every gradient-accumulation micro-batch, just before),
+closed at ``on_step_end``. The fetch, and the logging, evaluation and saving the Trainer does after
+``on_step_end``, lie between two steps: the hook counts that time in the next step's period, the
+fetch as its data wait (the Trainer's DataLoader fetches are stamped: perfd.hook.loader), the rest as
+"outside the step". The Trainer's own evaluations and checkpoint saves between the steps are
+announced (``hook.phase``), so that their time and their loaders' fetches are not the next step's:
+at ``on_step_end`` the Trainer's flow callback (always the first) has already said what follows
+(``control.should_evaluate``, ``should_save``), and ``on_evaluate`` / ``on_save`` come when each is
+done.
 """
 
 from __future__ import annotations
@@ -27,29 +34,46 @@ def _make_class() -> type:
     class PerfdHFCallback(base):  # type: ignore[misc]
         def __init__(self, hook: StepHook) -> None:
             self.hook = hook
-            self._open = False
-
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self._begin(state)
+            self._phase: str | None = None  # the pause announced and not yet ended
+            self._save_next = False  # a checkpoint save follows the evaluation
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if not self._open:
-                self._begin(state)
-            self.hook.data_ready()
+            self._end_phase()
+            self.hook.step_begin(int(state.global_step) + 1)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if self._open:
-                self.hook.step_end()
-            self._begin(state)
+            self.hook.step_end()
+            self._save_next = bool(getattr(control, "should_save", False))
+            if getattr(control, "should_evaluate", False):
+                self._begin_phase("evaluation", state)
+            elif self._save_next:
+                self._save_next = False
+                self._begin_phase("checkpoint", state)
+
+        def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self._phase == "evaluation":
+                self._end_phase()
+                if self._save_next:
+                    self._save_next = False
+                    self._begin_phase("checkpoint", state)
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self._phase == "checkpoint":
+                self._end_phase()
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.hook.abandon_step()
-            self._open = False
+            self.hook.abandon_step()  # a step the Trainer stopped in (none in a normal end)
+            self._end_phase()
             self.hook.close(timeout_s=1.0)
 
-        def _begin(self, state: Any) -> None:
-            self.hook.step_begin(int(state.global_step) + 1)
-            self._open = True
+        def _begin_phase(self, phase: str, state: Any) -> None:
+            self._phase = phase
+            self.hook.phase_begin(phase, int(state.global_step))
+
+        def _end_phase(self) -> None:
+            if self._phase is not None:
+                self._phase = None
+                self.hook.phase_end()
 
     return PerfdHFCallback
 

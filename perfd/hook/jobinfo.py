@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from perfd.hook import wire
+from perfd.hook.trace import can_trace
 
 LAYOUT_KEYS = ("world_size", "tp", "pp", "dp", "cp", "ep")
 # Device-mesh dimension names -> perfd's layout key. A data-parallel size split in two (HSDP:
@@ -81,3 +82,46 @@ def job_msg(rank: int, pid: int, dtype: str | None, layout: Mapping[str, int], m
         if world is not None:
             sizes["world_size"] = world
     return wire.JobMsg(rank, pid, dtype=dtype, flags=flags, **{k: sizes.get(k) for k in LAYOUT_KEYS})
+
+
+def hook_flags(timed_on_cuda: bool = False) -> int:
+    """The job record's flags (wire.JOB_FLAG_*): whether this process polls the Kineto daemon itself
+    (KINETO_USE_DAEMON set, as libkineto reads it), whether the hook can open a trace in it, and
+    whether it has CUDA (``timed_on_cuda``: the hook times steps with CUDA events, so it has; else
+    torch says, when it is imported; never imported here)."""
+    flags = 0
+    if os.environ.get("KINETO_USE_DAEMON", "").strip().lower() not in ("", "0", "false"):
+        flags |= wire.JOB_FLAG_KINETO_DAEMON
+    torch = sys.modules.get("torch")
+    if can_trace(torch):
+        flags |= wire.JOB_FLAG_CAN_TRACE
+    flags |= wire.JOB_FLAG_CUDA if timed_on_cuda else cuda_flag(torch)
+    return flags
+
+
+def cuda_flag(torch: Any) -> int:
+    """JOB_FLAG_CUDA or JOB_FLAG_NO_CUDA as the process' torch says (0 without torch, or if it
+    cannot say)."""
+    if torch is None:
+        return 0
+    try:
+        return wire.JOB_FLAG_CUDA if torch.cuda.is_available() else wire.JOB_FLAG_NO_CUDA
+    except Exception:
+        return 0
+
+
+def current_device(torch: Any) -> tuple[int, str | None]:
+    """(index, UUID) of the CUDA device this thread uses, (-1, None) where none is known. Never
+    initializes CUDA (a job that has not yet used it has no device to name): torch's own, or the one
+    a job imported. The UUID as NVML spells it ("GPU-..."): torch gives the bare one."""
+    torch = torch or sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return -1, None
+        index = int(torch.cuda.current_device())
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+    except Exception:
+        return -1, None
+    if not uuid:
+        return index, None
+    return index, uuid if uuid[:4].upper() in ("GPU-", "MIG-") else f"GPU-{uuid}"

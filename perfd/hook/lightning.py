@@ -4,10 +4,14 @@
 is created on the first call, importing ``lightning.pytorch`` (or the older ``pytorch_lightning``)
 only then: importing this module needs neither.
 
-Step = one optimizer step, numbered ``trainer.global_step`` after it (the number other sources use).
-Lightning has no hook before a batch is fetched, so the step is opened at the end of the previous
-one: the fetch of the step's first micro-batch is its data wait (later micro-batches of a
-gradient-accumulation step count as compute).
+Step = one optimizer step, numbered ``trainer.global_step`` after it (the number other sources use):
+opened at the ``on_train_batch_start`` of its first micro-batch (its batch fetched just before),
+closed at the ``on_train_batch_end`` after which the global step has moved. The time between two
+steps (the fetch, Lightning's logging, a validation run) counts in the next step's period; the
+fetches, between the steps or of a gradient-accumulation step's later micro-batches, are its data
+wait (Lightning's DataLoader fetches are stamped: perfd.hook.loader). A validation run between the
+steps is announced as an evaluation (``hook.phase``), so its time and its loader's fetches are not
+the next step's.
 """
 
 from __future__ import annotations
@@ -40,28 +44,29 @@ def _make_class() -> type:
             self.hook = hook
             self._opened_at: int | None = None  # global_step when the open step began
 
-        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            self._open(trainer)
-
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-            if self._opened_at is None:
-                self._open(trainer)
-            self.hook.data_ready()  # only the first call of a step counts
+            if self._opened_at is None:  # the first micro-batch of an optimizer step
+                self._opened_at = int(trainer.global_step)
+                self.hook.step_begin(self._opened_at + 1)
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
             if self._opened_at is not None and trainer.global_step > self._opened_at:
                 self.hook.step_end()  # the optimizer stepped: one step done
-                self._open(trainer)
+                self._opened_at = None
+
+        def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+            if not trainer.sanity_checking:  # the sanity check runs before the first step
+                self.hook.phase_begin("evaluation", int(trainer.global_step))
+
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            if not trainer.sanity_checking:
+                self.hook.phase_end()
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-            self.hook.abandon_step()
+            self.hook.abandon_step()  # an accumulation the epoch's end cut short
             self._opened_at = None
             self.hook.close(timeout_s=1.0)
-
-        def _open(self, trainer: Any) -> None:
-            self._opened_at = int(trainer.global_step)
-            self.hook.step_begin(self._opened_at + 1)
 
     return PerfdLightningCallback
 

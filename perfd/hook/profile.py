@@ -3,13 +3,19 @@ a CUDA profiler range, polled on the training thread, answered with statuses, an
 ``cudaProfilerStart()``/``cudaProfilerStop()`` called exactly at the requested step boundaries.
 
 The same protocol carries trace requests (``wire.KIND_TRACE_REQUEST``): instead of a CUDA profiler
-range, a Kineto trace opened in the process for the steps asked and written where the agent says
-(perfd.hook.trace), for a job started without KINETO_USE_DAEMON. Their states are the range's
-(accepted, started, stopped, rejected, failed, cancelled) and ``written`` once the file is complete.
-A trace request names a path the process will write, so it is taken only from the agent's own socket
-(the address the hook sends its records to; another local user cannot bind that name), and the file
-is created, never overwritten. Anything else is refused before any answer and counted
-(``control_refused``).
+range, a Kineto trace opened in the process for the steps asked (perfd.hook.trace), for a job
+started without KINETO_USE_DAEMON. Their states are the range's (accepted, started, stopped,
+rejected, failed, cancelled), then a ``wire.TraceWritten`` record naming the file once it is
+complete.
+
+Who may ask (docs/security.md, "The hook's control channel"): only the agent's socket. The hook's
+socket is connected to it, so the kernel refuses every other sender before anything is queued
+(perfd.hook.sender), and each request, cancel and profile alike, is also checked to come from the
+uid owning the agent's socket (its kernel credentials); anything else is refused before any answer
+and counted (``control_refused``). What a request may ask is bounded: at most HOOK_MAX_STEPS steps
+(a longer range or trace is rejected), and a trace stops early once it has run HOOK_TRACE_MAX_S or
+the process's memory grew HOOK_TRACE_RSS_GROWTH_MAX (perfd.hook.trace). Where a trace is written is
+the hook's choice, never the request's: its own private folder (0700), the file 0600.
 
 Separate from ``perfd.hook.step`` because it is a protocol of its own (request, accept or reject,
 start, stop, cancel) that the step path only calls at its boundaries; the statuses go out through
@@ -18,7 +24,6 @@ the harvester's outbox (``perfd.hook.harvest``) with its next pass, or at once w
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections.abc import Callable
@@ -27,11 +32,12 @@ from typing import Any
 from perfd.hook import wire
 from perfd.hook.state import HookState
 from perfd.hook.timing import MarkerFactory
-from perfd.hook.trace import KinetoTrace, can_trace, check_path
-from perfd.limits import HOOK_TRACE_PATH_MAX_BYTES
+from perfd.hook.trace import KinetoTrace, TraceFolder, can_trace
+from perfd.limits import HOOK_MAX_STEPS
 
 ProfilerControl = tuple[Callable[[], Any], Callable[[], Any]]  # (start, stop)
-_RECV_BYTES = wire.TRACE_REQUEST.size + HOOK_TRACE_PATH_MAX_BYTES
+# Longer than any request: a longer datagram comes back cut, its size then refuses it.
+_RECV_BYTES = 64
 
 
 class ProfileControl(HookState):
@@ -51,6 +57,7 @@ class ProfileControl(HookState):
     _draining: KinetoTrace | None
     _req_trace: wire.TraceRequest | None
     _make: MarkerFactory
+    _traces: TraceFolder
     cuda: bool
     control_refused: int
 
@@ -65,21 +72,28 @@ class ProfileControl(HookState):
 
     def _poll_control(self, next_step: int) -> None:
         for _ in range(8):  # bounded: a flood of requests must not stall a step
-            got = self.sender.recv_from(_RECV_BYTES)
+            got = self.sender.recv_control(_RECV_BYTES)
             if got is None:
                 return
-            msg, addr = got
+            msg, uid = got
+            agent = self.sender.agent_uid
+            if uid is None or agent is None or uid != agent:
+                self._refuse(f"from uid {uid}, not the agent's socket's (uid {agent})")  # unanswered
+                continue
             kind = wire.kind_of(msg)
             if kind == wire.KIND_TRACE_REQUEST:
-                self._trace_request(msg, addr, next_step)
+                self._trace_request(msg, next_step)
                 continue
             if kind not in (wire.KIND_PROFILE_REQUEST, wire.KIND_PROFILE_CANCEL) \
                     or len(msg) != wire.PROFILE_REQUEST.size:
+                self._refuse("malformed")
                 continue
             req = wire.unpack_profile_request(msg)
             if req.cancel:
                 self._cancel(next_step)
-            elif self._busy() or req.num_steps <= 0 or self._profiler_fns() is None:
+            elif self._busy() or not 0 < req.num_steps <= HOOK_MAX_STEPS or self._profiler_fns() is None:
+                self.last_error = f"profile request {req.request_id} rejected: {req.num_steps} steps " \
+                                  f"(at most {HOOK_MAX_STEPS}), busy {self._busy()}"
                 self._status(wire.PROFILE_REJECTED, req.request_id, req.start_step)
             else:
                 # A start step already passed begins at the next boundary (the status says which).
@@ -94,39 +108,22 @@ class ProfileControl(HookState):
 
     def _refuse(self, why: str) -> None:
         self.control_refused += 1
-        self.last_error = f"trace request refused: {why}"
+        self.last_error = f"control datagram refused: {why}"
 
-    def _from_agent(self, addr: Any) -> bool:
-        """Whether a datagram came from the agent's socket: the path this hook sends its records to
-        (the same name, or the same file)."""
-        mine = self.sender.path
-        if not isinstance(addr, str) or not addr:
-            return False
-        if addr == mine:
-            return True
-        try:
-            return os.path.realpath(addr) == os.path.realpath(mine)
-        except (OSError, ValueError):
-            return False
-
-    def _trace_request(self, msg: bytes, addr: Any, next_step: int) -> None:
+    def _trace_request(self, msg: bytes, next_step: int) -> None:
         t = wire.unpack_trace_request(msg)
         if t is None:
-            self._refuse("malformed")
-            return
-        if not self._from_agent(addr):
-            self._refuse(f"not from the agent's socket ({addr!r})")  # no answer: the sender is not ours
+            self._refuse("malformed trace request")
             return
         why = None
         if self._busy():
             why = "another range or trace is pending or running"
-        elif t.num_steps <= 0:
-            why = "no steps asked"
+        elif not 0 < t.num_steps <= HOOK_MAX_STEPS:
+            why = f"{t.num_steps} steps asked: from 1 to {HOOK_MAX_STEPS}"
         elif not can_trace(self._trace_torch()):
             why = "torch's Kineto profiler is not available in this process"
         else:
-            bad = check_path(t.path)
-            why = f"{t.path!r}: {bad}" if bad else None
+            why = self._traces.check()
         if why is not None:
             self.last_error = f"trace request {t.request_id} rejected: {why}"
             self._status(wire.PROFILE_REJECTED, t.request_id, t.start_step)
@@ -160,10 +157,12 @@ class ProfileControl(HookState):
         req, self._req = self._req, None
         trace, self._req_trace = self._req_trace, None
         assert req is not None
+        self._profile_stop = step + req.num_steps - 1  # before the trace's first step: its budget may cut it
         try:
             if trace is not None:
-                tr = KinetoTrace(self._trace_torch(), trace.path, -1 if self._rank is None else self._rank,
-                                 trace.stack, self.cuda)
+                rank = -1 if self._rank is None else self._rank
+                tr = KinetoTrace(self._trace_torch(), self._traces, f"rank{rank}_{self.pid}_{req.request_id}",
+                                 rank, trace.stack, self.cuda, on_budget=self._cut_trace)
                 tr.start()
                 self._trace = tr
                 tr.step(step)
@@ -178,9 +177,13 @@ class ProfileControl(HookState):
             self._status(wire.PROFILE_FAILED, req.request_id, step)
             return
         self._profiling = True
-        self._profile_stop = step + req.num_steps - 1
         self._profile_id = req.request_id
         self._status(wire.PROFILE_STARTED, req.request_id, step)
+
+    def _cut_trace(self, step: int) -> None:
+        """The trace ran out of its time or memory budget at ``step``'s begin: that step is its last."""
+        self._profile_stop = min(self._profile_stop, step)
+        self.last_error = f"trace cut short at step {step}: {self._trace.cut if self._trace else 'budget'}"
 
     def _drop_trace(self) -> None:
         tr, self._trace, self._draining = self._trace, None, None
@@ -237,11 +240,18 @@ class ProfileControl(HookState):
         self._status(wire.PROFILE_STOPPED, rid, step)
 
         def written(err: BaseException | None) -> None:
-            if err is not None:
-                self._internal(err, harvester=True)
-            state = wire.PROFILE_FAILED if err is not None else wire.PROFILE_WRITTEN
-            self._outbox.append(wire.pack_profile_status(wire.ProfileStatus(
-                state, -1 if self._rank is None else self._rank, self.pid, rid, step)))
+            rank = -1 if self._rank is None else self._rank
+            msg = None
+            if err is None and tr.written is not None:
+                try:
+                    msg = wire.pack_trace_written(wire.TraceWritten(rank, self.pid, rid, step, tr.written))
+                except ValueError as exc:  # a folder path longer than the wire takes
+                    err = exc
+            if err is not None or msg is None:
+                self._internal(err or RuntimeError("no trace file"), harvester=True)
+                msg = wire.pack_profile_status(wire.ProfileStatus(wire.PROFILE_FAILED, rank, self.pid, rid,
+                                                                  step))
+            self._outbox.append(msg)
             if self._threaded and not self._closed:
                 self._wake.set()
 

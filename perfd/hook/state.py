@@ -21,14 +21,16 @@ class Slot:
 
     Hand-over between the threads: the training thread writes a slot taken from the free deque
     and appends it to the pending deque at step_end(), never touching it again; the harvester
-    reads it from there and puts it back on the free deque. A slot whose begin is the previous
-    step's end (``prev``) needs that slot's end intact: the harvester keeps the last slot it read
-    (``_held``) until it has read the next one, and the training thread only aliases the last
-    slot it appended, so the slot referred to is always pending or held, never free.
+    reads it from there and puts it back on the free deque. A slot reads the previous step's end
+    (``prev``: its period starts there, and its begin too when aliased) and needs that slot's end
+    intact: the harvester keeps the last slot it read (``_held``) until it has read the next one,
+    and the training thread only refers to the last slot it appended, so the slot referred to is
+    always pending or held, never free.
     """
 
-    __slots__ = ("begin", "data", "data_event", "end", "flops", "index", "prev", "profiling", "seq", "step",
-                 "t_begin", "t_data", "tokens", "wall_end_ns")
+    __slots__ = ("aliased", "begin", "data", "data_event", "end", "f_begin", "f_data", "f_end", "fetch_live",
+                 "flops", "gap_fetch_ns", "gap_ns", "index", "paused_in_ns", "paused_ns", "prev", "profiling",
+                 "seq", "step", "t_begin", "t_data", "tokens", "wall_end_ns")
 
     def __init__(self, make: MarkerFactory, data_event: bool) -> None:
         self.begin: Marker = make()
@@ -36,9 +38,22 @@ class Slot:
         self.data: Marker | None = make() if data_event else None
         self.step = 0
         self.index = 0
-        self.prev: Slot | None = None  # the step whose end event is this one's begin
+        # The step before this one (the last appended at this one's begin), None after a gap in the
+        # series (the first step, one abandoned or dropped): its end marker starts this one's period.
+        self.prev: Slot | None = None
+        self.aliased = False  # this step's begin *is* prev's end marker (no begin of its own recorded)
         self.t_begin = 0
         self.t_data = -1  # host stamp of data_ready(), -1 when not called
+        # Between the steps, host ns (perfd.hook.step): from prev's step_end() returning to this
+        # step_begin(), and of it the stamped fetches (perfd.hook.loader); announced pauses
+        # (checkpoint, evaluation) in this step's period, and their fetches, are taken out of both.
+        self.gap_ns = -1
+        self.gap_fetch_ns = 0
+        self.paused_ns = 0  # paused between the steps (in gap_ns)
+        self.paused_in_ns = 0  # paused while this step was open
+        # The fetch clock's readings at begin, data_ready() and end; whether it had stamped a fetch.
+        self.f_begin = self.f_data = self.f_end = 0
+        self.fetch_live = False
         self.data_event = False  # the data event was recorded in this step
         self.profiling = False
         self.wall_end_ns = 0

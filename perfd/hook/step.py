@@ -33,19 +33,23 @@ Profile requests are polled on the training thread, which calls ``cudaProfilerSt
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from perfd.armed import ARMED_ENV
 from perfd.hook import lifecycle, wire
+from perfd.hook import loader as fetches
 from perfd.hook.harvest import Harvester
-from perfd.hook.jobinfo import check_layout
+from perfd.hook.jobinfo import check_layout, current_device, hook_flags
+from perfd.hook.phases import PhaseControl
 from perfd.hook.profile import ProfileControl, ProfilerControl
 from perfd.hook.sender import DatagramSender
 from perfd.hook.state import Slot
@@ -57,11 +61,15 @@ from perfd.hook.timing import (
     RollingPercentiles,
     cuda_marker_factory,
 )
-from perfd.hook.trace import KinetoTrace, can_trace
+from perfd.hook.trace import KinetoTrace, TraceFolder
+from perfd.limits import HOOK_OUTBOX_MAX
 from perfd.model import ModelSpec
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.flops import TokenFlops
+
+T = TypeVar("T")
+log = logging.getLogger("perfd.hook")
 
 _POLL_INTERVAL_NS = 50_000_000
 # Host time after step_end() returned within which step_begin() may reuse its end marker: a
@@ -71,9 +79,6 @@ _HARVEST_INTERVAL_S = 0.05
 # The longest close() waits for the harvester thread to end (the lock's wait is
 # perfd.hook.harvest's _LOCK_TIMEOUT_S): a pass stuck in the driver must not hang close().
 _JOIN_TIMEOUT_S = 2.0
-# A checkpoint/evaluation announcement waits at most this long for a harvester pass to end (it then
-# goes out with the harvester's next pass): the loop is about to pause anyway, a few ms are nothing.
-_PHASE_LOCK_TIMEOUT_S = 0.05
 
 
 class _StepContext:
@@ -95,22 +100,7 @@ class _StepContext:
             self._hook.abandon_step()  # a step that raised is not a step time
 
 
-class _PhaseContext:
-    """``with hook.phase("checkpoint"): save(...)``: begin on enter, end on exit (raised or not)."""
-
-    def __init__(self, hook: StepHook, phase: str, step: int | None) -> None:
-        self._hook, self._phase, self._step = hook, phase, step
-
-    def __enter__(self) -> StepHook:
-        self._hook.phase_begin(self._phase, self._step)
-        return self._hook
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._hook.phase_end()
-
-
-class StepHook(ProfileControl, Harvester):
+class StepHook(PhaseControl, ProfileControl, Harvester):
     """Use as ``with hook.step(): ...`` or ``step_begin()`` / ``data_ready()`` / ``step_end()``.
 
     Step numbers: pass ``step=`` (e.g. the optimizer step count, to join with other sources), or let
@@ -128,8 +118,9 @@ class StepHook(ProfileControl, Harvester):
     seq_len=...)`` (Python numbers, the same units; the constructor's values are the default). Without
     ``flops_per_step``, ``model=`` (a :class:`perfd.model.ModelSpec` or a mapping of its fields:
     num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, seq_length,
-    vocab_size, swiglu, ...; kv_channels and padded_vocab_size are derived when absent, Hugging Face
-    names are accepted: perfd.analytics.steps.flops.complete_spec) counts each step's FLOPs from its tokens
+    vocab_size, swiglu, ...; kv_channels and padded_vocab_size are derived when absent; a Hugging Face
+    ``config.to_dict()`` is taken as it is, its unused fields listed in ``model_notes`` and a debug log
+    line: perfd.analytics.steps.hf_spec) counts each step's FLOPs from its tokens
     and sequence length with perfd's formula (the one used for Megatron-LM, DESIGN.md §2). ``dtype``
     (the training dtype: bf16, fp16, fp8, fp32; it picks the peak), ``layout`` (named sizes:
     world_size, tp, pp, dp, cp, ep) and ``mesh`` (a DeviceMesh) tell the agent about the job:
@@ -146,7 +137,7 @@ class StepHook(ProfileControl, Harvester):
                  cuda_data_event: bool = False, harvest_interval_s: float | None = None,
                  model: ModelSpec | Mapping[str, Any] | None = None, dtype: str | None = None,
                  layout: Mapping[str, int] | None = None, mesh: Any = None,
-                 device_uuid: str | None = None) -> None:
+                 device_uuid: str | None = None, watch_dataloader: bool = True) -> None:
         if pool_size < 2:
             raise ValueError("pool_size must be >= 2")
         if harvest_interval_s is not None and harvest_interval_s < 0:
@@ -157,11 +148,16 @@ class StepHook(ProfileControl, Harvester):
         self.tokens_per_step = tokens_per_step
         self._token_flops: TokenFlops | None = None
         self._model_seq: float | None = None
+        self.model_notes: tuple[str, ...] = ()
         if flops_per_step is None and model is not None:
             from perfd.analytics.steps.flops import token_flops  # only then: the loop imports no analytics
 
             self._token_flops = token_flops(model)  # a missing field raises here, not in the loop
             self._model_seq = self._token_flops.spec.seq_length
+            # How model= was read (a Hugging Face config: the fields ignored, what was derived)
+            self.model_notes = self._token_flops.notes
+            for note in self.model_notes:
+                log.debug("perfd step hook: model=: %s", note)
             if tokens_per_step is not None and self._model_seq is not None:
                 flops_per_step = self._token_flops.flops(tokens_per_step, self._model_seq)
         self.flops_per_step = flops_per_step
@@ -193,6 +189,7 @@ class StepHook(ProfileControl, Harvester):
         self._trace: KinetoTrace | None = None
         self._draining: KinetoTrace | None = None
         self._req_trace: wire.TraceRequest | None = None
+        self._traces = TraceFolder()  # where this hook writes the traces it is asked for (its own)
         self.control_refused = 0  # agent requests refused before any answer (malformed, not the agent)
         if marker_factory is not None:
             make = marker_factory
@@ -208,6 +205,8 @@ class StepHook(ProfileControl, Harvester):
             else:
                 self.last_error = "cuda requested but not available: host timing"
         self._flags = wire.FLAG_CUDA if self.cuda else 0
+        if os.environ.get(ARMED_ENV):  # under perfd ncu-exec: every step is the profiler's
+            self._flags |= wire.FLAG_ARMED
         self._data_event = cuda_data_event or not self.cuda  # host markers cost ~0.1 µs: always
         self._rank = rank if rank is not None else _env_rank()
         self._pool_size = pool_size
@@ -254,8 +253,20 @@ class StepHook(ProfileControl, Harvester):
         self._closed = False
         self._ready = False
         self._bound = False  # the harvester thread has made the CUDA context current
-        self._outbox = deque()  # profile statuses for the harvester to send
+        self._outbox = deque(maxlen=HOOK_OUTBOX_MAX)  # statuses for the harvester to send (bounded)
         self._phase_open: str | None = None  # the checkpoint save or evaluation announced, until its end
+        self._pause_at: tuple[int, int] | None = None  # (perf_counter_ns, fetch clock) at its begin
+        # Between the steps (perfd.hook.loader): the fetch clock at the last step_end(), and the
+        # pauses announced since (host ns, and the fetch ns inside them).
+        self.watch_dataloader = watch_dataloader and self.enabled and not fetches.watch_disabled()
+        self._fetch = fetches.CLOCK if self.watch_dataloader else fetches.FetchClock()
+        self._fetches_before = self._fetch.count  # this hook's loop's fetches are counted from here
+        self._f_end = 0
+        self._paused_ns = self._paused_fetch_ns = 0
+        if self.enabled:
+            self._fetch.watch()  # the thread making the hook is the loop's, until its first step says
+        if self.watch_dataloader:
+            fetches.watch_dataloader()
         lifecycle.track(self)  # closed at exit, fixed up in a forked child
 
     # ------------------------------------------------------------------------------- the step path
@@ -264,6 +275,14 @@ class StepHook(ProfileControl, Harvester):
         """``with hook.step(): ...``: begin on enter, end on exit (abandoned if the body raises)."""
         self._ctx._step = step
         return self._ctx
+
+    def loader(self, iterable: Iterable[T]) -> fetches.Loader[T]:
+        """``for batch in hook.loader(loader): ...``: the same batches, each fetch stamped, so the time
+        the loop waits for them is its data wait wherever the fetch happens (between the steps or
+        inside one). Any iterable; torch DataLoaders are stamped without it unless
+        ``watch_dataloader=False`` (perfd.hook.loader). Only the training thread's fetches count: the
+        thread that made the hook, then the one that runs its first step."""
+        return fetches.Loader(iterable, self._fetch)
 
     def step_begin(self, step: int | None = None) -> None:
         if not self.enabled:
@@ -295,6 +314,7 @@ class StepHook(ProfileControl, Harvester):
             free = self._free
             if not free:  # cannot happen (pool_size + 2 slots); if it did: unmeasured, counted
                 self.harvest_drops += 1
+                self._last = None
                 return
             slot = free.pop()
             slot.step = n
@@ -303,12 +323,23 @@ class StepHook(ProfileControl, Harvester):
             slot.t_data = -1
             slot.data_event = False
             slot.t_begin = t_begin if t_begin >= 0 else time.perf_counter_ns()
-            last = self._last
+            # Between the steps: the host time since the last step_end() returned, the fetches and
+            # the announced pauses in it (perfd.hook.loader; _phase).
+            fetched = self._fetch.total_ns
+            slot.f_begin = fetched
+            last = slot.prev = self._last
+            if last is not None:
+                slot.gap_ns = now - self._end_returned
+                slot.gap_fetch_ns = fetched - self._f_end - self._paused_fetch_ns
+            else:
+                slot.gap_ns, slot.gap_fetch_ns = -1, 0
+            slot.paused_ns, slot.paused_in_ns = self._paused_ns, 0
+            self._paused_ns = self._paused_fetch_ns = 0
             if (last is not None and self._alias and now - self._end_returned < _ALIAS_GAP_NS
                     and was_profiling == self._profiling):
-                slot.prev = last  # the previous step's end event is this step's begin
+                slot.aliased = True  # the previous step's end event is this step's begin
             else:
-                slot.prev = None
+                slot.aliased = False
                 try:
                     slot.begin.record()
                 except BaseException:
@@ -325,6 +356,7 @@ class StepHook(ProfileControl, Harvester):
             return
         try:
             slot.t_data = time.perf_counter_ns()
+            slot.f_data = self._fetch.total_ns
             data = slot.data
             if data is not None:
                 data.record()
@@ -347,6 +379,9 @@ class StepHook(ProfileControl, Harvester):
         try:
             self._cur = None
             slot.tokens, slot.flops, slot.seq = tokens, flops, seq_len
+            fetch = self._fetch
+            self._f_end = slot.f_end = fetch.total_ns
+            slot.fetch_live = fetch.count > self._fetches_before
             pending = self._pending
             if len(pending) < self._pool_size or self._drop_oldest():
                 try:
@@ -380,48 +415,6 @@ class StepHook(ProfileControl, Harvester):
             self._internal(exc)
         self._end_returned = time.perf_counter_ns()
 
-    # ------------------------------------------------------------------------------- pauses
-
-    def phase(self, phase: str, step: int | None = None) -> _PhaseContext:
-        """``with hook.phase("checkpoint"): ...`` around a checkpoint save (or ``"evaluation"``
-        around an evaluation pass): the agent hears at once that the loop pauses on purpose, and
-        perfd does not call the pause a stall (perfd.analytics.incidents.stall)."""
-        return _PhaseContext(self, phase, step)
-
-    def phase_begin(self, phase: str, step: int | None = None) -> None:
-        """A checkpoint save or an evaluation begins (``phase``: ``checkpoint`` or ``evaluation``;
-        ``step``: the step it follows, by default the last one begun). Sent at once, after the
-        records batched so far; never blocks the loop for long nor raises (an unknown phase name
-        is counted in ``counters()["internal_errors"]`` and ignored)."""
-        self._phase(phase, wire.PHASE_BEGIN, step)
-
-    def phase_end(self) -> None:
-        """The phase begun last has ended."""
-        self._phase(self._phase_open or "", wire.PHASE_END, None)
-
-    def _phase(self, phase: str, state: int, step: int | None) -> None:
-        if not self.enabled:
-            return
-        try:
-            code = wire.PHASE_CODES.get(phase)
-            if code is None:
-                raise ValueError(f"unknown phase {phase!r} (one of {', '.join(wire.PHASE_CODES)})")
-            self._phase_open = phase if state == wire.PHASE_BEGIN else None
-            if self._rank is None:
-                self._resolve_rank()
-            at = self._next_step - 1 if step is None else step
-            rec = wire.pack_phase(wire.PhaseMsg(self._rank or 0, self.pid, code, state, at, time.time_ns()))
-            if self._lock.acquire(timeout=_PHASE_LOCK_TIMEOUT_S):
-                try:
-                    self._flush()  # the steps before the pause reach the agent first
-                    self.sender.send(rec)
-                finally:
-                    self._lock.release()
-            else:  # the harvester is busy: it sends the announcement at its next pass
-                self._outbox.append(rec)
-        except Exception as exc:
-            self._internal(exc)
-
     def abandon_step(self) -> None:
         """Forget the open step (it raised, or the loop ended between begin and end)."""
         slot = self._cur
@@ -450,6 +443,9 @@ class StepHook(ProfileControl, Harvester):
         every pooled event created, capture the CUDA context, start the harvester."""
         self._ready = True
         self._job_flags = hook_flags(self.cuda)
+        self._fetch.watch()  # the training thread: only its fetches are waits
+        if self.watch_dataloader:
+            fetches.watch_dataloader()  # torch's DataLoader imported since the hook was made
         if self.device_uuid is None:
             self.device_index, self.device_uuid = current_device(self._torch)
             self._device_sent = self.device_uuid is None
@@ -572,49 +568,6 @@ def _env_rank() -> int | None:
         except (KeyError, ValueError):
             continue
     return None
-
-
-def hook_flags(timed_on_cuda: bool = False) -> int:
-    """The job record's flags (wire.JOB_FLAG_*): whether this process polls the Kineto daemon itself
-    (KINETO_USE_DAEMON set, as libkineto reads it), whether the hook can open a trace in it, and
-    whether it has CUDA (``timed_on_cuda``: the hook times steps with CUDA events, so it has; else
-    torch says, when it is imported; never imported here)."""
-    flags = 0
-    if os.environ.get("KINETO_USE_DAEMON", "").strip().lower() not in ("", "0", "false"):
-        flags |= wire.JOB_FLAG_KINETO_DAEMON
-    torch = sys.modules.get("torch")
-    if can_trace(torch):
-        flags |= wire.JOB_FLAG_CAN_TRACE
-    flags |= wire.JOB_FLAG_CUDA if timed_on_cuda else cuda_flag(torch)
-    return flags
-
-
-def cuda_flag(torch: Any) -> int:
-    """JOB_FLAG_CUDA or JOB_FLAG_NO_CUDA as the process' torch says (0 without torch, or if it
-    cannot say)."""
-    if torch is None:
-        return 0
-    try:
-        return wire.JOB_FLAG_CUDA if torch.cuda.is_available() else wire.JOB_FLAG_NO_CUDA
-    except Exception:
-        return 0
-
-
-def current_device(torch: Any) -> tuple[int, str | None]:
-    """(index, UUID) of the CUDA device this thread uses, (-1, None) where none is known. Never
-    initializes CUDA (a job that has not yet used it has no device to name): torch's own, or the one
-    a job imported. The UUID as NVML spells it ("GPU-..."): torch gives the bare one."""
-    torch = torch or sys.modules.get("torch")
-    try:
-        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return -1, None
-        index = int(torch.cuda.current_device())
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
-    except Exception:
-        return -1, None
-    if not uuid:
-        return index, None
-    return index, uuid if uuid[:4].upper() in ("GPU-", "MIG-") else f"GPU-{uuid}"
 
 
 def _import_torch() -> Any:

@@ -2,7 +2,7 @@
 
 Fixed little-endian structs, not JSON: packing the step record with ``struct`` costs well under a
 microsecond on the training thread, several times less than ``json.dumps`` of the same fields
-(benchmarks/hook_overhead.py prints both), and the record stays at 104 bytes. A datagram holds one
+(benchmarks/hook_overhead.py prints both), and the record stays at 120 bytes. A datagram holds one
 or more records back to back (the hook batches them, see ``split_records``); every record starts
 with a version byte and a kind byte, and a receiver drops (and counts) what it does not know.
 
@@ -31,28 +31,46 @@ KIND_PHASE = 4  # a checkpoint save or an evaluation begins or ends (StepHook.ph
 # datagram, never before them: an agent older than this record stops at it (unknown kind, counted)
 # and still takes every step before it.
 KIND_DEVICE = 5
+# The step record a hook sends: KIND_STEP's fields and the step's period (from the previous step's end
+# to this one's) and the host time between the two steps that was neither a data fetch nor an
+# announced pause. A hook before it sent KIND_STEP (its step time was the time inside the step only);
+# the collector reads both. An agent older than KIND_STEP2 drops it (unknown kind, counted).
+KIND_STEP2 = 6
+STEP_KINDS = (KIND_STEP, KIND_STEP2)
+# Hook -> agent: a trace the hook wrote (perfd.hook.trace), where: the hook picks the path (in its
+# own private folder), never the request. Variable length: TRACE_WRITTEN then the path, UTF-8; sent in
+# a datagram of its own.
+KIND_TRACE_WRITTEN = 7
 KIND_PROFILE_REQUEST = 16
 KIND_PROFILE_CANCEL = 17
-# Agent -> hook: open a Kineto trace in the process (torch.profiler) for the steps asked and write it
-# at the path given (perfd.hook.trace). Variable length: TRACE_REQUEST then the path, UTF-8.
+# Agent -> hook: open a Kineto trace in the process (torch.profiler) for the steps asked
+# (perfd.hook.trace); the answer is a status, then KIND_TRACE_WRITTEN with the file.
 KIND_TRACE_REQUEST = 18
 
 # Step record flags.
 FLAG_CUDA = 1 << 0  # times from CUDA events (else host perf_counter)
 FLAG_WARMUP = 1 << 1  # within the first warmup_steps: left out of the percentiles
 FLAG_PROFILING = 1 << 2  # a cudaProfilerStart/Stop range covered this step
-FLAG_HAS_DATA = 1 << 3  # data_ready() was called: data_wait and compute are set
+FLAG_HAS_DATA = 1 << 3  # data_wait is set: data_ready() was called, or the fetches are stamped
+FLAG_DATA_READY = 1 << 4  # data_ready() was called in the step
+FLAG_FETCH = 1 << 5  # the data wait counts stamped fetches (perfd.hook.loader)
+FLAG_ARMED = 1 << 6  # the process runs under a profiler armed for a capture (perfd.armed.ARMED_ENV)
 
 # version, kind, flags, rank, pid, step, end_time_ns, step_ns, data_wait_ns, compute_ns,
 # p50_ns, p90_ns, p99_ns, window_n, send_drops, harvest_drops, tokens_per_step, flops_per_step
 STEP = struct.Struct("<BBHiIqqqqqqqqIIIdd")
+# KIND_STEP2: STEP's fields, then period_ns, outside_ns. Its step_ns is the time inside the step
+# (begin -> end); data_wait_ns covers the whole period (the fetch between the steps included).
+STEP2 = struct.Struct("<BBHiIqqqqqqqqIIIddqq")
 # version, kind, hook flags (JOB_FLAG_*), rank, pid, world, tp, pp, dp, cp, ep, dtype (ASCII, NUL-padded)
 JOB = struct.Struct("<BBHiIiiiiii8s")
 # version, kind, reserved, rank, pid, CUDA device index (as the process numbers it), UUID (ASCII,
 # NUL-padded: "GPU-..." or "MIG-..." as NVML spells it)
 DEVICE = struct.Struct("<BBHiIi48s")
-# version, kind, trace flags (TRACE_FLAG_*), request_id, start_step, num_steps, path length; the path
-TRACE_REQUEST = struct.Struct("<BBHIqIH")
+# version, kind, trace flags (TRACE_FLAG_*), request_id, start_step, num_steps
+TRACE_REQUEST = struct.Struct("<BBHIqI")
+# version, kind, reserved, rank, pid, request_id, last step traced, path length; the path
+TRACE_WRITTEN = struct.Struct("<BBHiIIqH")
 # version, kind, state, rank, pid, request_id, step
 PROFILE_STATUS = struct.Struct("<BBHiIIq")
 # version, kind, reserved, request_id, start_step, num_steps
@@ -110,6 +128,19 @@ class StepMsg:
     tokens_per_step: float | None = None
     flops_per_step: float | None = None
     flags: int = 0
+    # KIND_STEP2 only (None from a KIND_STEP record): the step's period, previous end -> this end,
+    # less the announced pauses in it (None after a gap in the series: the first step, one
+    # abandoned or dropped before it), and the host time between the two steps that was neither a
+    # stamped fetch nor an announced pause.
+    period_ns: int | None = None
+    outside_ns: int | None = None
+
+
+def data_wait_from(flags: int) -> str:
+    """What a step record's data wait was measured from: stamped fetches (hook.loader, torch's
+    DataLoader), data_ready() calls, or both (a hook before FLAG_DATA_READY: data_ready)."""
+    parts = [name for flag, name in ((FLAG_FETCH, "fetch"), (FLAG_DATA_READY, "data_ready")) if flags & flag]
+    return "+".join(parts) or "data_ready"
 
 
 def _i(v: int | None) -> int:
@@ -128,20 +159,30 @@ def _of(v: float) -> float | None:
     return None if math.isnan(v) else v
 
 
-def pack_step(m: StepMsg) -> bytes:
-    return STEP.pack(VERSION, KIND_STEP, m.flags & 0xFFFF, m.rank, m.pid & _U32, m.step, m.end_time_ns,
-                     m.step_ns, _i(m.data_wait_ns), _i(m.compute_ns), _i(m.p50_ns), _i(m.p90_ns),
-                     _i(m.p99_ns), m.window_n & _U32, m.send_drops & _U32, m.harvest_drops & _U32,
-                     _f(m.tokens_per_step), _f(m.flops_per_step))
+def pack_step(m: StepMsg, legacy: bool = False) -> bytes:
+    """A KIND_STEP2 record (``legacy``: a KIND_STEP record, as a hook before KIND_STEP2 sent it)."""
+    head = (m.flags & 0xFFFF, m.rank, m.pid & _U32, m.step, m.end_time_ns, m.step_ns, _i(m.data_wait_ns),
+            _i(m.compute_ns), _i(m.p50_ns), _i(m.p90_ns), _i(m.p99_ns), m.window_n & _U32,
+            m.send_drops & _U32, m.harvest_drops & _U32, _f(m.tokens_per_step), _f(m.flops_per_step))
+    if legacy:
+        return STEP.pack(VERSION, KIND_STEP, *head)
+    return STEP2.pack(VERSION, KIND_STEP2, *head, _i(m.period_ns), _i(m.outside_ns))
 
 
 def unpack_step(data: bytes) -> StepMsg:
-    (_, _, flags, rank, pid, step, end_ns, step_ns, data_ns, compute_ns, p50, p90, p99, window_n,
-     send_drops, harvest_drops, tokens, flops) = STEP.unpack(data)
+    """A KIND_STEP or KIND_STEP2 record (by its kind byte)."""
+    period = outside = -1
+    if kind_of(data) == KIND_STEP2:
+        (_, _, flags, rank, pid, step, end_ns, step_ns, data_ns, compute_ns, p50, p90, p99, window_n,
+         send_drops, harvest_drops, tokens, flops, period, outside) = STEP2.unpack(data)
+    else:
+        (_, _, flags, rank, pid, step, end_ns, step_ns, data_ns, compute_ns, p50, p90, p99, window_n,
+         send_drops, harvest_drops, tokens, flops) = STEP.unpack(data)
     return StepMsg(rank=rank, pid=pid, step=step, end_time_ns=end_ns, step_ns=step_ns,
                    data_wait_ns=_o(data_ns), compute_ns=_o(compute_ns), p50_ns=_o(p50), p90_ns=_o(p90),
                    p99_ns=_o(p99), window_n=window_n, send_drops=send_drops, harvest_drops=harvest_drops,
-                   tokens_per_step=_of(tokens), flops_per_step=_of(flops), flags=flags)
+                   tokens_per_step=_of(tokens), flops_per_step=_of(flops), flags=flags,
+                   period_ns=_o(period), outside_ns=_o(outside))
 
 
 @dataclass
@@ -264,39 +305,63 @@ def unpack_phase(data: bytes) -> PhaseMsg:
 
 @dataclass
 class TraceRequest:
-    """Agent -> hook: trace steps [start_step, start_step + num_steps) with torch.profiler and write
-    the Chrome trace at ``path`` (a file that must not exist yet, named ``*.json``)."""
+    """Agent -> hook: trace steps [start_step, start_step + num_steps) with torch.profiler. Where the
+    file goes is the hook's choice (its private folder), said in its TraceWritten record."""
 
     request_id: int
     start_step: int
     num_steps: int
-    path: str
     stack: bool = False
 
 
 def pack_trace_request(r: TraceRequest) -> bytes:
-    path = r.path.encode()
-    if len(path) > TRACE_PATH_MAX_BYTES:
-        raise ValueError(f"trace path of {len(path)} bytes: at most {TRACE_PATH_MAX_BYTES}")
     flags = TRACE_FLAG_STACK if r.stack else 0
     return TRACE_REQUEST.pack(VERSION, KIND_TRACE_REQUEST, flags, r.request_id & _U32, r.start_step,
-                              r.num_steps & _U32, len(path)) + path
+                              r.num_steps & _U32)
 
 
 def unpack_trace_request(data: bytes) -> TraceRequest | None:
-    """None for a datagram that is not a whole trace request (short, a path of another length, a path
-    that is not UTF-8)."""
-    if len(data) < TRACE_REQUEST.size or kind_of(data) != KIND_TRACE_REQUEST:
+    """None for a datagram that is not exactly one trace request (an older agent's carried a path:
+    the hook no longer writes where a request says)."""
+    if len(data) != TRACE_REQUEST.size or kind_of(data) != KIND_TRACE_REQUEST:
         return None
-    _, _, flags, req, start, n, size = TRACE_REQUEST.unpack_from(data)
-    raw = data[TRACE_REQUEST.size:]
+    _, _, flags, req, start, n = TRACE_REQUEST.unpack(data)
+    return TraceRequest(req, start, n, stack=bool(flags & TRACE_FLAG_STACK))
+
+
+@dataclass
+class TraceWritten:
+    """Hook -> agent: the trace of ``request_id`` is complete at ``path`` (in the hook's private
+    folder, mode 0600; the agent checks the file is the sender's before it reads it)."""
+
+    rank: int
+    pid: int
+    request_id: int
+    step: int  # the last step traced
+    path: str
+
+
+def pack_trace_written(w: TraceWritten) -> bytes:
+    path = w.path.encode()
+    if len(path) > TRACE_PATH_MAX_BYTES:
+        raise ValueError(f"trace path of {len(path)} bytes: at most {TRACE_PATH_MAX_BYTES}")
+    return TRACE_WRITTEN.pack(VERSION, KIND_TRACE_WRITTEN, 0, w.rank, w.pid & _U32, w.request_id & _U32,
+                              w.step, len(path)) + path
+
+
+def unpack_trace_written(data: bytes) -> TraceWritten | None:
+    """None for a record that is not a whole TraceWritten (a path of another length, not UTF-8)."""
+    if len(data) < TRACE_WRITTEN.size or kind_of(data) != KIND_TRACE_WRITTEN:
+        return None
+    _, _, _, rank, pid, req, step, size = TRACE_WRITTEN.unpack_from(data)
+    raw = data[TRACE_WRITTEN.size:]
     if len(raw) != size or size > TRACE_PATH_MAX_BYTES:
         return None
     try:
         path = raw.decode()
     except UnicodeDecodeError:
         return None
-    return TraceRequest(req, start, n, path, stack=bool(flags & TRACE_FLAG_STACK))
+    return TraceWritten(rank, pid, req, step, path)
 
 
 def kind_of(data: bytes) -> int | None:
@@ -306,9 +371,20 @@ def kind_of(data: bytes) -> int | None:
     return data[1]
 
 
-EXPECTED_SIZE = {KIND_STEP: STEP.size, KIND_JOB: JOB.size, KIND_PROFILE_STATUS: PROFILE_STATUS.size,
-                 KIND_PROFILE_REQUEST: PROFILE_REQUEST.size, KIND_PROFILE_CANCEL: PROFILE_REQUEST.size,
-                 KIND_PHASE: PHASE.size, KIND_DEVICE: DEVICE.size}
+EXPECTED_SIZE = {KIND_STEP: STEP.size, KIND_STEP2: STEP2.size, KIND_JOB: JOB.size,
+                 KIND_PROFILE_STATUS: PROFILE_STATUS.size, KIND_PROFILE_REQUEST: PROFILE_REQUEST.size,
+                 KIND_PROFILE_CANCEL: PROFILE_REQUEST.size, KIND_PHASE: PHASE.size, KIND_DEVICE: DEVICE.size,
+                 KIND_TRACE_REQUEST: TRACE_REQUEST.size}
+
+
+def _record_size(data: bytes, off: int, kind: int) -> int | None:
+    """The size of the record of ``kind`` at ``off`` (a TraceWritten's says its path's length)."""
+    if kind == KIND_TRACE_WRITTEN:
+        if len(data) - off < TRACE_WRITTEN.size:
+            return TRACE_WRITTEN.size  # too short: bad_size below
+        end = off + TRACE_WRITTEN.size
+        return TRACE_WRITTEN.size + int.from_bytes(data[end - 2:end], "little")
+    return EXPECTED_SIZE.get(kind)
 
 
 def split_records(data: bytes) -> tuple[list[tuple[int, bytes]], str | None]:
@@ -323,7 +399,7 @@ def split_records(data: bytes) -> tuple[list[tuple[int, bytes]], str | None]:
         if n - off < 2 or data[off] != VERSION:
             return out, "bad_version"
         kind = data[off + 1]
-        size = EXPECTED_SIZE.get(kind)
+        size = _record_size(data, off, kind)
         if size is None:
             return out, "unknown_kind"
         if n - off < size:

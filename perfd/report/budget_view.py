@@ -7,12 +7,13 @@ perfd.analytics.breakdown.budget_findings.part_name.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
 from perfd.analytics.breakdown.budget import Part, StepBudget
-from perfd.analytics.breakdown.budget_findings import part_name
+from perfd.analytics.breakdown.budget_findings import part_name, part_title
 from perfd.report import ncu_view
 from perfd.report.svg import BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, _svg
 
@@ -41,6 +42,11 @@ def _parts(budget: StepBudget | None) -> list[tuple[Part, float, float, str]]:
     return [(p.part, float(p.ms), float(p.share), p.source.value) for p in (budget.parts if budget else ())]
 
 
+def _names(budget: StepBudget | None) -> dict[Part, str]:
+    """Each part's name for what it is in this job (budget_findings.part_title)."""
+    return {p.part: part_title(p) for p in (budget.parts if budget else ())}
+
+
 _STEPS_FROM = {"trace": "marked in the trace", "request": "as the capture asked",
                "span": "span ÷ steady step"}
 
@@ -50,7 +56,13 @@ def heading(budget: StepBudget) -> str:
     captured step against the steady one (the capture's own cost), how the time was divided."""
     step, steady, its = budget.step_ms, budget.steady_step_ms, budget.iterations
     bits = [budget.basis]
-    if its:
+    w = budget.window
+    if w is not None and w.complete:
+        bits.append(f"{w.marked} steps marked in the trace, per step from the {w.complete} complete between "
+                    "its first and last mark")
+        if w.cut:
+            bits.append(window_cut_text(budget))
+    elif its:
         how = _STEPS_FROM.get(budget.steps_from, "")
         bits.append(f"{its:g} step{'s' if its != 1 else ''}" + (f" ({how})" if how else ""))
     over = budget.capture_overhead_ms
@@ -60,6 +72,17 @@ def heading(budget: StepBudget) -> str:
     if budget.attribution and "timers" not in budget.basis:
         bits.append(f"divided by {budget.attribution}")
     return "; ".join(b for b in bits if b)
+
+
+def window_cut_text(budget: StepBudget) -> str:
+    """The parts the capture window cut, as their edges held them against complete steps."""
+    w = budget.window
+    if w is None or not w.cut:
+        return ""
+    names = _names(budget)
+    return "the window cut a step's " + ", ".join(
+        f"{names.get(c.part, part_name(c.part))}: {c.edge_ms:.1f} ms at its edges against "
+        f"{c.expected_ms:.1f} in a complete step" for c in w.cut)
 
 
 def reference(budget: StepBudget) -> str:
@@ -79,18 +102,22 @@ def text_lines(budget_in: BudgetIn, width: int = 100) -> list[str]:
     if budget is None:
         return []
     parts = _parts(budget)
-    name_w = max((len(part_name(p)) for p, *_ in parts), default=10)
+    names = _names(budget)
+    name_w = max((len(names[p]) for p, *_ in parts), default=10)
     bar_w = max(10, min(BAR_CHARS, width - name_w - 28))
     out = [f"  {heading(budget)}"]
     ref = reference(budget)
     if ref:
         out.append(f"  {ref}")
+    cov = ncu_view.coverage_line(budget)
+    if cov:
+        out += textwrap.wrap(cov, width=width, initial_indent="  ", subsequent_indent="    ")
     start = 0.0
     for p, ms, share, source in parts:
         lead = round(start * bar_w)
         cells = max(1, round(share * bar_w)) if share > 0 else 0
         bar = " " * lead + "█" * cells
-        out.append(f"  {part_name(p):<{name_w}} {ms:8.1f} ms {share:6.1%}  {bar:<{bar_w}}  {source}")
+        out.append(f"  {names[p]:<{name_w}} {ms:8.1f} ms {share:6.1%}  {bar:<{bar_w}}  {source}")
         out += [f"  {'':<{name_w}}   ncu: {line}" for line in ncu_rows(budget).get(p, [])]
         out += ncu_view.text_lines(budget, p, f"  {'':<{name_w}}   ", width)
         start += share
@@ -130,6 +157,7 @@ def waterfall_svg(budget_in: BudgetIn, width: int = 920) -> str:
     parts = _parts(budget)
     if budget is None or not parts:
         return ""
+    names = _names(budget)
     row, left, right = 22, 240, 110
     height = row * (len(parts) + 1) + 30
     step = float(budget.step_ms or sum(ms for _, ms, _, _ in parts)) or 1.0
@@ -138,9 +166,9 @@ def waterfall_svg(budget_in: BudgetIn, width: int = 920) -> str:
     x0 = 0.0
     for i, (p, ms, share, source) in enumerate(parts):
         y = 10 + i * row
-        body.append(f'<text x="{left - 8}" y="{y + 14}" text-anchor="end">{escape(part_name(p))}</text>')
+        body.append(f'<text x="{left - 8}" y="{y + 14}" text-anchor="end">{escape(names[p])}</text>')
         body.append(f'<rect x="{left + x0 * scale:.1f}" y="{y + 3}" width="{max(ms * scale, 0.5):.1f}" '
-                    f'height="{row - 6}" fill="{PART_COLOR.get(p, GREY)}"><title>{escape(part_name(p))}: '
+                    f'height="{row - 6}" fill="{PART_COLOR.get(p, GREY)}"><title>{escape(names[p])}: '
                     f'{ms:.1f} ms per step ({share:.1%}; {escape(source)})</title></rect>')
         body.append(f'<text x="{left + (x0 + ms) * scale + 6:.1f}" y="{y + 14}">{ms:.0f} ms '
                     f'({share:.0%})</text>')
@@ -182,8 +210,10 @@ def _ncu_html(budget: StepBudget) -> str:
 
 def compact(budget_in: BudgetIn, n: int = 5) -> str:
     """The largest parts in one line (`perfd top`)."""
-    parts = sorted(_parts(_typed(budget_in)), key=lambda x: -x[1])[:n]
-    return ", ".join(f"{part_name(p)} {share:.0%}" for p, _ms, share, _s in parts)
+    budget = _typed(budget_in)
+    names = _names(budget)
+    parts = sorted(_parts(budget), key=lambda x: -x[1])[:n]
+    return ", ".join(f"{names[p]} {share:.0%}" for p, _ms, share, _s in parts)
 
 
 def parts_of(budget_in: BudgetIn) -> Sequence[tuple[Part, float, float, str]]:

@@ -26,7 +26,7 @@ from perfd.analytics.steps.run_summary import (
     RunSummary,
     StepTimeDistribution,
 )
-from perfd.report import budget_view
+from perfd.report import budget_view, plan_view
 from perfd.report.picture import MAX_BARS, _bins, _figure, _label, _mean, _note, goodput_bar, rank_heatmap
 from perfd.report.report import Report, ReportSummary, format_value, layout_text, plain_json
 from perfd.report.svg import (
@@ -418,6 +418,7 @@ def render_html(page: Page, *, source: str = "", generated: str = "", version: s
         f"<h1>perfd report: {escape(name)}</h1>", f'<p class="meta">{_meta(job)}</p>',
         f'<p class="meta">{len(its)} iterations analysed · {_e(foot)}</p>',
         summary_section(report), _tiles(meds), budget_view.html_section(report.step_budget),
+        plan_view.html_section(report.plan, plan_view.rec_ids(report.recommendations)),
         '<h2 id="charts">Charts</h2>', *charts,
         report_sections(report),
         "</main></body></html>", ""])

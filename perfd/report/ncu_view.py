@@ -9,12 +9,14 @@ written here, from their values. A figure the row does not have is left out (tex
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Mapping
 from html import escape
 
 from perfd.analytics.breakdown.budget import Part, StepBudget
 from perfd.analytics.breakdown.budget_findings import part_name
 from perfd.analytics.ncu.join import MatchKind, short_name
 from perfd.analytics.ncu.kernel_rows import KernelRow, Reading, TimeBasis
+from perfd.analytics.ncu.launches import Coverage, coverage_text
 from perfd.analytics.ncu.remedies import RowVerdict
 from perfd.analytics.thresholds import NCU_TENSOR_IDLE
 
@@ -34,6 +36,7 @@ _READING_TEXT: dict[Reading, str] = {
     Reading.DRAM_BANDWIDTH: "DRAM bandwidth",
     Reading.CACHE_TRAFFIC: "L1/L2 traffic more than DRAM",
     Reading.STALLS: "its warps wait",
+    Reading.OCCUPANCY: "latency-bound: its occupancy is capped",
 }
 
 
@@ -72,6 +75,29 @@ def time_text(r: KernelRow) -> str:
     return f"{replay} ({why}: ncu's own replayed duration, not a time per step)"
 
 
+def op_text(r: KernelRow) -> str:
+    """The op and pass its launches were, where matched launch by launch (" (aten::bmm, forward,
+    layer 3)")."""
+    if r.match is not MatchKind.LAUNCH:
+        return ""
+    bits = [b for b in (r.op, r.phase) if b]
+    if r.layers:
+        bits.append(f"layer{'s' if len(r.layers) > 1 else ''} {', '.join(str(x) for x in r.layers)}")
+    return f" ({', '.join(bits)})" if bits else ""
+
+
+def coverage_line(budget: StepBudget | None) -> str:
+    """What the Nsight Compute capture on the budget profiled (its coverage, matched launch by launch):
+    "" when it says nothing of it."""
+    for p in budget.parts if budget is not None else ():
+        for c in p.detail.get("ncu") or []:
+            cov = Coverage.from_json(c["coverage"]) if isinstance(c, Mapping) and isinstance(
+                c.get("coverage"), Mapping) else None
+            if cov is not None:
+                return f"Nsight Compute (capture {c.get('capture') or '?'}): {coverage_text(cov)}"
+    return ""
+
+
 def figures(r: KernelRow) -> list[tuple[str, float]]:
     """(label, ratio) of the figures the row has."""
     return [(label, v) for label, v in (("compute SOL", r.compute), ("memory SOL", r.memory),
@@ -85,7 +111,11 @@ def bound_text(r: KernelRow) -> str:
     if r.reading is None:
         return ncu
     why = _READING_TEXT[r.reading]
-    if r.reading is Reading.STALLS and r.top_stall:
+    if r.reading is Reading.OCCUPANCY:
+        cap = f" at {r.theoretical_occupancy:.1%}" if r.theoretical_occupancy is not None else ""
+        by = {"shared_mem": "shared memory"}.get(r.occupancy_limiter or "", r.occupancy_limiter or "")
+        why += cap + (f" by its {by}" if by else "") + ": too few warps to hide its latencies"
+    if r.reading in (Reading.STALLS, Reading.OCCUPANCY) and r.top_stall:
         why += f", most on {r.top_stall}" + (f" ({r.top_stall_share:.0%} of the cycles)"
                                              if r.top_stall_share is not None else "")
     return f"{ncu}; perfd: {why}"
@@ -97,7 +127,7 @@ def text_lines(budget: StepBudget | None, part: Part, indent: str, width: int = 
     out = []
     more = indent + "    "
     for i, r in enumerate(rows_of(budget).get(part, []), 1):
-        out += _wrap(f"ncu kernel {i}: {short_name(r.name)}, {time_text(r)}", indent, more, width)
+        out += _wrap(f"ncu kernel {i}: {short_name(r.name)}{op_text(r)}, {time_text(r)}", indent, more, width)
         figs = ", ".join(f"{label} {_pct(v)}" for label, v in figures(r)) or "no figures"
         lead = f"; → {VERDICT_TEXT[r.verdict]}" if r.verdict is not None else ""
         out += _wrap(f"{figs}; {bound_text(r)}{lead}", indent + "  ", more, width)

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from perfd import catalog
 from perfd.analytics.steps.run_summary import REDUCTIONS_TEXT
-from perfd.report import budget_view
+from perfd.report import budget_view, plan_view
 from perfd.report.report import Report, format_value
 
 if TYPE_CHECKING:
@@ -42,6 +42,13 @@ def render_text(report: Report, iterations: RunAnalysis | None = None, width: in
         out.append("")
         out.append("STEP BUDGET (where one step's time goes)")
         out += budget_view.text_lines(report.step_budget, width)
+    if report.plan is not None and report.plan.items:
+        out.append("")
+        out.append("PLAN (apply stage by stage, re-capturing after each; overlaps counted once)")
+        for line in plan_view.text_lines(report.plan, plan_view.rec_ids(report.recommendations)):
+            lead = len(line) - len(line.lstrip())
+            out += textwrap.wrap(line.strip(), width=width, initial_indent=" " * lead,
+                                 subsequent_indent=" " * (lead + 3)) or [line]
     out.append("")
     out.append(f"METRICS (steady state: {REDUCTIONS_TEXT})")
     name_w = max((len(m.name) for m in report.metrics), default=10)
@@ -121,4 +128,7 @@ def render_rich(report: Report) -> RenderableType:
     parts: list[RenderableType] = [Panel(head, title="Summary")]
     if report.step_budget:
         parts.append(Panel(Text("\n".join(budget_view.text_lines(report.step_budget))), title="Step budget"))
+    if report.plan is not None and report.plan.items:
+        lines = plan_view.text_lines(report.plan, plan_view.rec_ids(report.recommendations))
+        parts.append(Panel(Text("\n".join(lines)), title="Plan"))
     return Group(*parts, metrics, findings, recs)

@@ -20,6 +20,7 @@ from perfd.analytics.advice.findings import (
     explain_grade,
     grade_mfu,
 )
+from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import RemedyId
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity, order_findings
@@ -65,6 +66,7 @@ class Report:
     job: JobBlock | None = None  # the training job's block (a serving report has none)
     step_budget: StepBudget | None = None  # where one step goes (perfd.analytics.breakdown.budget)
     arming: ArmingCost | None = None  # what ncu costs the armed ranks (perfd.analytics.ncu.arming)
+    plan: Plan | None = None  # the remedies as a plan (perfd.analytics.advice.plan)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Report:
@@ -73,7 +75,7 @@ class Report:
                    [Finding(**{**f, "severity": Severity(f["severity"])}) for f in d["findings"]],
                    [Recommendation(**r) for r in d["recommendations"]],
                    step_budget=StepBudget.from_json(d.get("step_budget")),
-                   arming=ArmingCost.from_json(d.get("arming")))
+                   arming=ArmingCost.from_json(d.get("arming")), plan=Plan.from_json(d.get("plan")))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +83,7 @@ class Report:
             "metrics": [plain_json(dataclasses.asdict(m)) for m in self.metrics],
             "step_budget": plain_json(self.step_budget.to_json() if self.step_budget is not None else None),
             "arming": plain_json(self.arming.to_json() if self.arming is not None else None),
+            "plan": plain_json(self.plan.to_json() if self.plan is not None else None),
             "findings": [plain_json(f.to_json()) for f in self.findings],
             "recommendations": [plain_json(dataclasses.asdict(r)) for r in self.recommendations],
         }
@@ -129,12 +132,14 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     """The four-part report of one analysed run. ``incidents``: the live aggregator's record of
     the job's incidents (with the GPU evidence of the time, kept after the iterations left its
     retention); without it the report uses the incidents the analysis found in the iterations.
-    ``arming``: what running under ncu costs the job's armed ranks (the aggregator measures it).
+    ``arming``: what running under ncu costs the job's armed ranks (the aggregator measures it; else
+    the analysis' own measure from its armed steps, perfd.analytics.steps.run_figures).
     ``cpu``: how the job's ranks use their CPUs now (the live aggregator's host evidence,
     perfd.analytics.incidents.host_evidence.job_cpu_use): a data-loading action then says more workers only
     where the CPUs have room."""
     s = analysis.summary
     findings, recs = list(analysis.findings), list(analysis.recommendations)
+    arming = arming if arming is not None else s.arming  # the run's own armed steps measure it offline too
     if arming is not None:
         findings.append(arming_finding(arming))
     if cpu is not None:
@@ -185,15 +190,16 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
     summary = ReportSummary(job.name, grade, grade_text, mfu, s.bottleneck.cls.value,
                             s.bottleneck.reason, span, headline)
-    return Report(summary, metrics, findings, recs, job, budget, arming)
+    return Report(summary, metrics, findings, recs, job, budget, arming, analysis.plan)
 
 
 def arming_finding(arming: ArmingCost) -> Finding:
     """The report's line on what arming ncu costs (a warning from a tenth of a step on: the job runs
     that much slower for as long as the rank stays armed, a capture or not)."""
     sev = Severity.WARNING if arming.ratio - 1 >= 0.1 else Severity.INFO
-    return Finding("ncu-arming-cost", sev, f"Running under ncu: {arming.ratio - 1:+.0%} a step on rank(s) "
-                   + ", ".join(map(str, arming.ranks)), arming.text(), arming.to_json(),
+    who = f"rank(s) {', '.join(map(str, arming.ranks))}" if arming.ranks else "the armed rank"
+    return Finding("ncu-arming-cost", sev, f"Running under ncu: {arming.ratio - 1:+.0%} a step on {who}",
+                   arming.text(), arming.to_json(),
                    source="the job's step records, armed against " + arming.basis.value.replace("_", " "))
 
 

@@ -14,6 +14,7 @@ the keys of its own scope.
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections import deque
@@ -34,8 +35,24 @@ TargetResolver = Callable[[str, ScopeKey, CaptureTargets, Values], tuple[int, ..
 
 HOUR_S = 3600.0
 
-# Why a firing capture rule did not get to capture.
-COOLDOWN, RATE, QUOTA, BUSY = "cooldown", "rate", "quota", "busy"
+# Why a firing capture rule did not get to capture. NOT_READY: its target cannot take the capture yet
+# (Firing.waiting says why): nothing is sent and no budget is taken, and the next evaluation while
+# the rule fires tries again.
+COOLDOWN, RATE, QUOTA, BUSY, NOT_READY = "cooldown", "rate", "quota", "busy", "not_ready"
+
+
+class TargetWait(str, enum.Enum):
+    """Why a firing capture rule waits for its target (the caller's readiness check decides)."""
+
+    WARMUP = "warmup"  # the job's latest steps are its run's warm-up: not what the rule means to show
+    NO_HOOK = "no_hook"  # the tool opens its range through the step hook, and the target's hook has
+    # sent no record lately (a process still starting: under ncu, loading takes tens of seconds)
+    RETRY = "retry"  # the target's agent said it was not ready: asked again after a pause
+
+
+# (the rule, the firing's scope key, its capture action, the ranks it targets (None: the whole job),
+# now) -> why the target cannot take the capture yet, or None
+ReadyCheck = Callable[[Rule, ScopeKey, CaptureAction, "tuple[int, ...] | None", float], "TargetWait | None"]
 
 
 def scope_of(key: ScopeKey) -> Scope:
@@ -63,8 +80,10 @@ class Firing:
     firing_since: float  # the evaluation at which it turned from pending to firing
     new: bool  # True at the evaluation where it turned firing (once per episode)
     capture_allowed: bool = False
-    suppressed_reason: str | None = None  # cooldown | rate | quota | busy (capture rules only)
+    suppressed_reason: str | None = None  # cooldown | rate | quota | busy | not_ready (capture rules)
     ranks: tuple[int, ...] | None = None  # ranks reserved in the arbiter; None = the whole job
+    waiting: TargetWait | None = None  # not_ready: why the target cannot take the capture yet
+    budget_time: float | None = None  # when its capture took the rule's budget (refund() gives it back)
 
     @property
     def job(self) -> str:
@@ -98,6 +117,7 @@ class Firing:
             "action": action.as_dict() if isinstance(action, CaptureAction) else {"type": "alert"},
             "capture_allowed": self.capture_allowed, "suppressed_reason": self.suppressed_reason,
             "ranks": None if self.ranks is None else list(self.ranks),
+            "waiting": self.waiting.value if self.waiting is not None else None,
         }
 
 
@@ -188,7 +208,7 @@ def default_targets(job: str, key: ScopeKey, targets: CaptureTargets,
 class RuleEngine:
     def __init__(self, rules: Iterable[Rule], clock: Callable[[], float] | None = None,
                  arbiter: CaptureArbiter | None = None,
-                 resolve_targets: TargetResolver | None = None) -> None:
+                 resolve_targets: TargetResolver | None = None, ready: ReadyCheck | None = None) -> None:
         self.rules: tuple[Rule, ...] = tuple(rules)
         names = [r.name for r in self.rules]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -197,6 +217,7 @@ class RuleEngine:
         self.clock = clock or time.time
         self.arbiter = arbiter if arbiter is not None else CaptureArbiter()
         self.resolve_targets = resolve_targets or default_targets
+        self.ready = ready  # None: every target counts as ready
         self._states: dict[tuple[str, ScopeKey], AlertState] = {}
         self._budgets: dict[tuple[str, str], _Budget] = {}
         # (rule, key) pairs resolved by the last evaluate() call (they had been pending or firing).
@@ -247,12 +268,27 @@ class RuleEngine:
         reason = budget.check(action, now, used_bytes)
         if reason is None:
             ranks = self.resolve_targets(f.job, f.key, action.targets, values)
+            wait = self.ready(f.rule, f.key, action, ranks, now) if self.ready is not None else None
+            if wait is not None:
+                f.suppressed_reason, f.waiting = NOT_READY, wait
+                return
             if self.arbiter.try_acquire(f.job, ranks):
                 budget.times.append(now)  # cooldown and the hourly window count from the start
-                f.capture_allowed, f.ranks = True, ranks
+                f.capture_allowed, f.ranks, f.budget_time = True, ranks, now
                 return
             reason = BUSY
         f.suppressed_reason = reason
+
+    def refund(self, firing: Firing) -> bool:
+        """Give back the budget a firing's capture took (its target was not ready: the capture never
+        ran), so that no cooldown holds the next try. True when there was one to give back."""
+        b = self._budgets.get((firing.rule.name, firing.job))
+        t = firing.budget_time
+        if b is None or t is None or t not in b.times:
+            return False
+        b.times.remove(t)
+        firing.budget_time = None
+        return True
 
     def capture_finished(self, firing: Firing) -> None:
         """Release the processes a capture held (call when it ends, however it ends)."""

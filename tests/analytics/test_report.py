@@ -76,7 +76,7 @@ def test_render_text_and_json() -> None:
     assert "perfd_job_mfu_ratio" in text and "8.2%" in text and "1.31×" in text
     assert "1. Rebalance layers" in text
     doc = rep.to_json()
-    assert set(doc) == {"summary", "metrics", "step_budget", "arming", "findings", "recommendations"}
+    assert set(doc) == {"summary", "metrics", "step_budget", "arming", "findings", "recommendations", "plan"}
     assert doc["arming"] is None  # no rank under ncu: unmeasured, never zero
     assert doc["summary"]["status"] == "severe"
     assert doc["recommendations"][0]["finding_id"] == "pp-imbalance"

@@ -188,7 +188,8 @@ def test_to_json_shape() -> None:
     assert doc["job"]["flops_per_iteration"] == 55_765_855_371_264
     assert doc["job"]["flops_formula"] == "megatron-core>=0.12"
     assert set(doc["report"]) == {"summary", "metrics", "step_budget", "arming", "findings",
-                                 "recommendations"}
+                                 "recommendations", "plan"}
+    assert doc["report"]["plan"] is None  # no capture: no plan (absent, not an empty one)
     json.dumps(doc, allow_nan=False)
     assert doc["iterations"][0]["steady_state"] is False and doc["iterations"][4]["steady_state"] is True
 

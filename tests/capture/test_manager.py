@@ -243,19 +243,19 @@ def test_nsys_step_aligned_range_through_the_hook(tmp_path):
     asked: list[tuple[int, int, int]] = []
     mgr: CaptureManager
 
-    def hook(rank: int, start: int, n: int) -> int:
+    def hook(rank: int, start: int, n: int) -> tuple[int, int]:
         asked.append((rank, start, n))
 
         def training() -> None:  # the hook's answers, then nsys writing the range's report
             time.sleep(0.1)
             for state in ("accepted", "started"):
                 mgr.on_hook_event({"kind": "hook_profile", "request_id": 9, "state": state, "step": 42,
-                                   "rank": rank, "time": time.time()})
+                                   "rank": rank, "pid": 11, "time": time.time()})
             time.sleep(0.2)
             (base.parent / "rank1.1.nsys-rep").write_bytes(b"R" * 100)
 
         threading.Thread(target=training, daemon=True).start()
-        return 9
+        return 11, 9  # (the pid it went to, the request id)
 
     mgr = CaptureManager(CaptureStore(tmp_path / "caps", 10**6), None, ex, hook_requester=hook,
                          pids_for_ranks=lambda j, r: {1: 11}, settle_s=0.2, hook_last_step=lambda r: 40)
@@ -277,21 +277,21 @@ def _session_range_manager(tmp_path: Path, hook_states: tuple[str, ...], write_r
     asked: list[tuple[int, int, int]] = []
     mgr: CaptureManager
 
-    def hook(rank: int, start: int, n: int) -> int:
+    def hook(rank: int, start: int, n: int) -> tuple[int, int]:
         asked.append((rank, start, n))
 
         def training() -> None:
             time.sleep(0.1)
             for st in hook_states:
                 mgr.on_hook_event({"kind": "hook_profile", "request_id": 20 + rank, "state": st,
-                                   "step": start, "rank": rank, "time": time.time()})
+                                   "step": start, "rank": rank, "pid": 10 + rank, "time": time.time()})
             time.sleep(0.2)
             out = (state / "sessions" / session_name("job1", rank)).read_text()  # set by nsys start
             if write_report and "started" in hook_states:
                 Path(out + ".nsys-rep").write_bytes(b"R" * 100)
 
         threading.Thread(target=training, daemon=True).start()
-        return 20 + rank
+        return 10 + rank, 20 + rank
 
     mgr = CaptureManager(CaptureStore(tmp_path / "caps", 10**6), None, NsysExecutor(nsys=str(exe)),
                          hook_requester=hook, pids_for_ranks=lambda j, r: {0: 10, 1: 11}, settle_s=0.2,

@@ -119,9 +119,9 @@ class Job:
 
     def event(self, rid: int, state: str, step: int) -> None:
         self.mgr.on_hook_event({"kind": "hook_profile", "request_id": rid, "state": state, "step": step,
-                                "rank": 1, "time": time.time()})
+                                "rank": 1, "pid": 11, "time": time.time()})
 
-    def hook(self, rank: int, start: int, n: int) -> int:
+    def hook(self, rank: int, start: int, n: int) -> tuple[int, int]:
         self.asked.append((rank, start, n))
         rid = 30 + len(self.asked)
 
@@ -136,13 +136,13 @@ class Job:
 
         threading.Thread(target=training, daemon=True).start()
         self.rid = rid
-        return rid
+        return 11, rid  # (the pid it went to, the request id)
 
-    def cancel(self, rank: int) -> int:
+    def cancel(self, rank: int) -> tuple[int, int]:
         self.cancels.append(rank)
         if self.answer_cancel:  # the hook ends the range at its next step boundary
             threading.Timer(0.05, self.event, (self.rid, "cancelled", 42)).start()
-        return 99
+        return 11, 99
 
     def capture(self, **args: str) -> dict[str, Any]:
         cid = self.mgr.handle(Command("capture", "job1", (1,), {"tool": "ncu", **args}, id="cmd-ncu"))

@@ -108,9 +108,21 @@ def test_a_finished_capture_informs_the_job_within_one_rules_tick() -> None:
     report = after["report"]
     assert report["step_budget"]["parts"] == s["step_budget"]["parts"]
     r1 = report["recommendations"][0]
-    assert r1["finding_id"] == "budget-attention" and "flash" in r1["action"]
+    assert r1["finding_id"] == "budget-attention" and "--transformer-impl transformer_engine" in r1["action"]
+    plan = report["plan"]  # the remedies as a plan, live: options first, then the TE install
+    assert plan["stages"][0]["effort"] == "flag" and plan["stages"][1]["install"] == ["transformer_engine"]
     # Offline, the same log and trace: the same class and the same first recommendation.
     off = analyze_run(parsed.job_info, parsed.records, gpu_name=H100, job_name=JOB,
                       timeline=timeline_class(str(TRACE), 3))
     assert off.summary.bottleneck.cls.value == s["bottleneck"]
     assert off.recommendations[0].action == r1["action"]
+    # the same plan offline (the capture record keeps 4 decimal places)
+    assert off.plan is not None and _rounded(off.plan.to_json()) == _rounded(plan)
+
+
+def _rounded(v: Any) -> Any:
+    if isinstance(v, float):
+        return round(v, 1)
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items()}
+    return [_rounded(x) for x in v] if isinstance(v, list) else v

@@ -2,9 +2,10 @@
 step hook, no RANK and no KINETO_USE_DAEMON in its environment, a real agent (its hook socket, its
 capture manager; the Kineto daemon off, as it would be useless here) and a real aggregator. Asked by
 hand and by a rule, the agent asks the rank's hook for a trace of the steps, the hook traces them
-with torch.profiler in its own process and writes the file into the capture's folder, and the agent
-analyses it as it does a Kineto daemon's trace. Before: "never polled the Kineto daemon: start the
-job with KINETO_USE_DAEMON=1" (or "no capture mechanism" with the daemon off)."""
+with torch.profiler in its own process and writes the file into its own private folder, the agent
+takes it into the capture's folder and analyses it as it does a Kineto daemon's trace. Before: "never
+polled the Kineto daemon: start the job with KINETO_USE_DAEMON=1" (or "no capture mechanism" with the
+daemon off)."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def job(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     sock = tmp_path / "hook.sock"
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "KINETO_USE_DAEMON", "KINETO_CONFIG")}
-    env.update(PYTHONPATH=str(ROOT), PERFD_HOOK_SOCKET=str(sock), PERFD_JOB="j")
+    env.update(PYTHONPATH=str(ROOT), PERFD_HOOK_SOCKET=str(sock), PERFD_JOB="j",
+               PERFD_HOOK_TRACE_DIR=str(tmp_path / "hook-traces"))
     proc = subprocess.Popen([sys.executable, str(tmp_path / "train.py"), "240"], env=env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=(tmp_path / "train.log").open("wb"))
     try:
@@ -156,6 +158,8 @@ def _check(cur: dict[str, Any], m: dict[str, Any], pid: int) -> None:
     assert m["steps"]["count"] == 3 and m["steps"]["start"] >= 1
     assert m["latency_s"] is not None and m["timings"]["trace_ready_at"] is not None
     assert cur["result"]["mode"] == HOOK_TRACE
+    traces = Path(art["path"]).parents[2] / "hook-traces"  # <tmp>/captures/<id>/: the hook's folder beside
+    assert traces.is_dir() and not list(traces.iterdir())  # taken: nothing left in the hook's folder
 
 
 def test_a_hook_job_without_flags_is_captured_by_request(tmp_path: Path,

@@ -248,3 +248,48 @@ def test_ncu_prefix_chooses_the_kernels_by_time_by_default_and_says_which_way(tm
     opt_out = perfd("ncu-prefix", "--job", "j1", "--ranks", "1", "--capture-dir", caps,
                     "--kernels-from", "none", PERFD_NCU=str(exe))
     assert opt_out.returncode == 0 and "--kernel-filter-hex" not in opt_out.stdout.split()
+
+
+def test_ncu_prefix_chooses_a_window_over_one_layers_forward_and_backward(tmp_path):
+    """Issue 51 item 4: with the capture's trace on disk, the filter by time and a launch window (ncu's
+    --launch-skip and --launch-count) that covers the forward and backward of the stage's last layer
+    (they run back to back around the loss), said on stderr and carried to ncu and the target."""
+    import shutil
+
+    from perfd.capture.chrome_trace import analyze_chrome_trace
+
+    exe, state = make_fake_ncu(tmp_path)
+    caps = tmp_path / "caps"
+    store = CaptureStore(caps, 10**9)
+    m = store.new_capture("j1", (0,), "kineto")
+    trace = store.capture_dir(m["id"]) / "rank0_504.json.gz"
+    shutil.copyfile(DATA / "captures" / "kineto_h100_megatron" / "ops_default_rank0.json.gz", trace)
+    store.add_artifact(m, trace, "kineto_trace", 0, 504)
+    m["analysis"] = {"0": analyze_chrome_trace(trace).to_json()}
+    m["steps"] = {"start": 14, "count": 3}
+    store.finish(m, "ok")
+    r = perfd("ncu-prefix", "--job", "j1", "--ranks", "0", "--capture-dir", caps, PERFD_NCU=str(exe))
+    assert r.returncode == 0, r.stderr
+    assert "launch window: skip" in r.stderr and "the forward and backward of layer 12 of 12" in r.stderr
+    words = r.stdout.split()
+    skip, count = int(words[words.index("--launch-skip") + 1]), int(words[words.index("--launch-count") + 1])
+    assert skip > 0 and 40 < count < 120 and words[words.index("--window-layer") + 1] == "12"
+    run = subprocess.run([*words, *PY_PID], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": "0", "PERFD_NCU": str(exe)})
+    assert run.returncode == 0, run.stderr
+    argv = calls(state)[-1]
+    assert argv[argv.index("--launch-skip") + 1] == str(skip)
+    assert argv[argv.index("--launch-count") + 1] == str(count)
+    t = read_target(caps, "j1", 0)
+    assert t is not None and (t.options.launch_skip, t.options.window_layer) == (skip, 12)
+    assert "the forward and backward of layer 12 of 12" in t.options.choice_json()["text"]
+
+
+def test_analyze_ncu_with_a_trace_of_another_run_says_its_launches_are_unmatched():
+    details = DATA / "ncu" / "h100_megatron_rank0_details.csv"
+    r = perfd("analyze", "ncu", details, "--csv", DATA / "ncu" / "h100_megatron_rank0_raw.csv",
+              "--capture", DATA / "captures" / "kineto_h100_megatron" / "ops_default_rank0.json.gz", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["coverage"]["how"] == "none" and out["coverage"]["launches"] == 40
+    assert all(k["match"] != "launch" for k in out["kernels"])  # the name join, as before

@@ -13,6 +13,8 @@ OUT_DIR/hook_trace.json:
 - the trace marks exactly 3 steps (``ProfilerStep#N``) and holds CUDA kernels, with kernels inside the
   last traced step's GPU span (the profiler was stopped only once that step's end marker completed);
 - the analysis of the trace has the rank's device with a busy time and a top kernel;
+- the hook wrote the trace into its own private folder (PERFD_HOOK_TRACE_DIR: mode 0700, issue 54 item
+  3), named it to the agent, and the agent took it from there (the folder is empty afterwards);
 - reported, not checked: the loop's own times of the traced steps against the others (the profiler's
   overhead; the hook itself never synchronizes, its stop waits on the end marker with ``query()``).
 
@@ -87,6 +89,11 @@ def check(res: dict[str, Any], raw: Path) -> list[str]:
     res["manifest"] = {k: m.get(k) for k in ("mode", "tool", "steps", "pids", "latency_s", "traced_by")}
     if m.get("mode") != "hook-trace":
         bad.append(f"mode {m.get('mode')!r}, not hook-trace")
+    folder = raw / "hook-traces"
+    res["hook_folder"] = {"mode": oct(folder.stat().st_mode & 0o777) if folder.exists() else None,
+                          "left": sorted(p.name for p in folder.iterdir()) if folder.exists() else None}
+    if res["hook_folder"] != {"mode": "0o700", "left": []}:
+        bad.append(f"the hook's trace folder is not a private, emptied one: {res['hook_folder']}")
     a = (m.get("analysis") or {}).get("0") or {}
     if a.get("steps") != 3:
         bad.append(f"the trace marks {a.get('steps')} steps, not 3")
@@ -129,6 +136,7 @@ def run(out: Path) -> dict[str, Any]:
     env = run_env(NCCL_NVLS_ENABLE="0")
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "KINETO_USE_DAEMON", "KINETO_CONFIG"):
         env.pop(k, None)
+    env["PERFD_HOOK_TRACE_DIR"] = str(raw / "hook-traces")  # where the hook writes (its own choice)
     procs = Procs(raw, env)
     try:
         (raw / "rules.yaml").write_text(RULES.format(for_s=int(CAPTURE_AFTER_S)))

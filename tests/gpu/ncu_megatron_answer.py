@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.gpu.ncu_megatron_rule import log_iterations, stats
+from tests.gpu.megatron_ncu import issue_args, log_iterations, stats
 from tests.procs import ROOT, Procs, get_json, run_env, start_agent, start_aggregator, wait_manifest
 
 JOB = "ncu-answer"
@@ -88,22 +88,9 @@ rules:
 
 
 def megatron_args(megatron: Path, ckpt: Path, resume: bool) -> list[str]:
-    """The issue's config: 12 layers, hidden 1024, seq 2048, mbs 1, gbs 8 (DP=1: 8 micro-batches)."""
-    # One --train-iters for both runs: the checkpoint's scheduler state holds it, and a resumed run
-    # that asks another is refused ("total number of iterations do not match", seen on the H100).
-    iters = BASE_ITERS + 2000
+    """The issue's config (tests/gpu/megatron_ncu.issue_args), saving at BASE_ITERS, or resumed."""
     extra = f"--load {ckpt}" if resume else f"--exit-interval {BASE_ITERS}"
-    return [
-        str(megatron / "pretrain_gpt.py"),
-        *f"""
-        --num-layers 12 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048
-        --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 8 --train-iters {iters}
-        --lr 1e-4 --lr-decay-style constant --bf16 --mock-data --tokenizer-type NullTokenizer
-        --vocab-size 32000 --transformer-impl local --no-persist-layer-norm
-        --no-gradient-accumulation-fusion --no-masked-softmax-fusion --log-interval 1 --log-throughput
-        --timing-log-level 2 --eval-iters 0 --eval-interval 100000 --disable-bias-linear
-        --save {ckpt} --save-interval 100000 {extra}""".split(),
-    ]
+    return issue_args(megatron, BASE_ITERS + 2000, [*f"--save {ckpt} --save-interval 100000 {extra}".split()])
 
 
 class Run:

@@ -38,13 +38,10 @@ started here is stopped.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -54,6 +51,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's perfd
 
+from tests.gpu.megatron_ncu import kill_job_leftovers, log_iterations, stats
 from tests.procs import ROOT, Procs, get_json, run_env, start_agent, start_aggregator, wait_manifest
 
 JOB = "ncu-rule"
@@ -98,42 +96,6 @@ def megatron_args(megatron: Path) -> list[str]:
         --no-gradient-accumulation-fusion --no-masked-softmax-fusion --log-interval 1 --log-throughput
         --timing-log-level 2 --eval-iters 0 --eval-interval 100000 --disable-bias-linear""".split(),
     ]
-
-
-_ITER = re.compile(
-    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] iteration\s+(\d+)/.*?elapsed time per "
-    r"iteration \(ms\): ([0-9.]+)"
-)
-
-
-def log_iterations(log: Path) -> dict[int, tuple[float, float | None]]:
-    """Megatron's logged iterations: number -> (elapsed ms, end time in epoch s when the line has one)."""
-    out: dict[int, tuple[float, float | None]] = {}
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return out
-    for m in _ITER.finditer(text):
-        try:
-            fmt = "%Y-%m-%d %H:%M:%S.%f" if "." in m.group(1) else "%Y-%m-%d %H:%M:%S"
-            at: float | None = datetime.datetime.strptime(m.group(1), fmt).timestamp()
-        except ValueError:
-            at = None
-        out[int(m.group(2))] = (float(m.group(3)), at)
-    return out
-
-
-def stats(values: list[float]) -> dict[str, Any]:
-    if not values:
-        return {"n": 0}
-    q = sorted(values)
-    return {
-        "n": len(q),
-        "median_ms": round(statistics.median(q), 2),
-        "p90_ms": round(q[int(0.9 * (len(q) - 1))], 2),
-        "min_ms": round(q[0], 2),
-        "max_ms": round(q[-1], 2),
-    }
 
 
 class Run:
@@ -522,26 +484,7 @@ class Run:
         )
 
     def kill_job_leftovers(self) -> None:
-        """Ranks and ncu left behind by a stopped launch would hold the GPU for the next phase."""
-        mark = b"PERFD_JOB=" + JOB.encode()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            left = []
-            for d in Path("/proc").iterdir():
-                if d.name.isdigit() and int(d.name) != os.getpid():
-                    try:
-                        if mark in (d / "environ").read_bytes().split(b"\0"):
-                            left.append(int(d.name))
-                    except OSError:
-                        continue
-            if not left:
-                return
-            self.say(f"job processes still there: {left}; {sig.name}")
-            for pid in left:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            time.sleep(5)
+        kill_job_leftovers(JOB, self.say)
 
     def cleanup(self) -> None:
         self.procs.stop(grace_s=20)

@@ -80,9 +80,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         it = loader()
         waits: dict[int, float] = {}
         steps: dict[int, float] = {}
+        ended = 0.0
         for i in range(1, STEPS + 1):
-            # The loop's own clock over the same work the hook times (inside its calls, so the
-            # hook's own bookkeeping — an inline harvest, a send — is in neither).
+            # The loop's own clock over the same work the hook times: a step's time is its period,
+            # from the previous step's end to its own (the hook's own bookkeeping between the two, an
+            # inline harvest and a send, is in both clocks).
             hook.step_begin(i)
             t0 = time.perf_counter()
             batch = next(it)
@@ -92,7 +94,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             loss.backward()
             opt.step()
             opt.zero_grad()
-            steps[i] = (time.perf_counter() - t0) * 1e3
+            now = time.perf_counter()
+            steps[i] = (now - (ended or t0)) * 1e3
+            ended = now
             hook.step_end()
         hook.close(timeout_s=2.0)
         out = _collect(collector, STEPS)

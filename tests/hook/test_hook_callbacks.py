@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 import types
 from typing import Any, cast
 
@@ -25,7 +26,7 @@ def received(sock: socket.socket) -> list[wire.StepMsg]:
             return out
         recs, problem = wire.split_records(data)
         assert problem is None
-        out += [wire.unpack_step(d) for k, d in recs if k == wire.KIND_STEP]
+        out += [wire.unpack_step(d) for k, d in recs if k in wire.STEP_KINDS]
 
 
 def test_importing_the_hook_imports_no_framework_and_no_torch() -> None:
@@ -48,7 +49,18 @@ def test_calling_without_the_framework_says_what_is_missing(monkeypatch: pytest.
         lightning.lightning_callback(cuda=False)
 
 
+def _slow(n: int, sleep_s: float) -> Any:
+    for k in range(n):
+        time.sleep(sleep_s)
+        yield k
+
+
+FETCH_S, WORK_S = 0.02, 0.01
+
+
 def test_hf_callback_steps(agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Trainer's order: the step's batches fetched, on_step_begin, the step, on_step_end (then its
+    logging and saving). The fetch lies between the steps: the next step's period and data wait."""
     fake = types.ModuleType("transformers")
 
     class TrainerCallback:
@@ -62,20 +74,31 @@ def test_hf_callback_steps(agent: tuple[str, socket.socket], monkeypatch: pytest
     assert isinstance(cb, TrainerCallback)
     cb = cast(Any, cb)
     state = types.SimpleNamespace(global_step=10)  # resumed at step 10
-    cb.on_train_begin(None, state, None)
+    batches = iter(hook.loader(_slow(3, FETCH_S)))
     for _ in range(3):
-        cb.on_step_begin(None, state, None)  # batch fetched: data ready
+        next(batches)  # get_batch_samples
+        cb.on_step_begin(None, state, None)
+        time.sleep(WORK_S)
         state.global_step += 1
         cb.on_step_end(None, state, None)
     cb.on_train_end(None, state, None)
     got = received(agent[1])
     assert [m.step for m in got] == [11, 12, 13]
-    assert all(m.flags & wire.FLAG_HAS_DATA for m in got)
     assert hook.counters()["unpaired"] == 0
+    for m in got[1:]:
+        assert m.flags & wire.FLAG_HAS_DATA and m.flags & wire.FLAG_FETCH
+        assert m.data_wait_ns is not None and m.period_ns is not None
+        assert FETCH_S <= m.data_wait_ns / 1e9 < m.period_ns / 1e9
+        assert WORK_S <= m.step_ns / 1e9 < (m.period_ns - m.data_wait_ns + 1e6) / 1e9
+    assert got[0].period_ns is None  # the first step has no previous end
 
 
 def test_lightning_callback_with_gradient_accumulation(agent: tuple[str, socket.socket],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's order: each micro-batch fetched, on_train_batch_start, its work,
+    on_train_batch_end (the global step moves after the last of an optimizer step's). The step opens
+    at its first micro-batch: one fetch lies between the steps, the second inside it; both are its
+    data wait."""
     fake = types.ModuleType("pytorch_lightning")
 
     class Callback:
@@ -90,11 +113,19 @@ def test_lightning_callback_with_gradient_accumulation(agent: tuple[str, socket.
     assert isinstance(cb, Callback)  # (narrowing to Callback would hide the hook methods)
     cb = cast(Any, cb)
     trainer = types.SimpleNamespace(global_step=0)
-    cb.on_train_start(trainer, None)
+    batches = iter(hook.loader(_slow(6, FETCH_S)))
     for batch_idx in range(6):  # accumulate 2 micro-batches per optimizer step
+        next(batches)
         cb.on_train_batch_start(trainer, None, None, batch_idx)
+        time.sleep(WORK_S)
         if batch_idx % 2 == 1:
             trainer.global_step += 1
         cb.on_train_batch_end(trainer, None, None, None, batch_idx)
     cb.on_train_end(trainer, None)
-    assert [m.step for m in received(agent[1])] == [1, 2, 3]
+    got = received(agent[1])
+    assert [m.step for m in got] == [1, 2, 3]
+    for m in got[1:]:
+        assert m.data_wait_ns is not None and m.period_ns is not None
+        assert 2 * FETCH_S <= m.data_wait_ns / 1e9 < m.period_ns / 1e9  # both micro-batches' fetches
+        assert FETCH_S + 2 * WORK_S <= m.step_ns / 1e9  # the second fetch is inside the step
+        assert m.period_ns / 1e9 >= 2 * (FETCH_S + WORK_S)

@@ -288,4 +288,4 @@ def received(sock: socket.socket) -> list[wire.StepMsg]:
             data = sock.recv(65536)
         except BlockingIOError:
             return got
-        got += [wire.unpack_step(d) for k, d in wire.split_records(data)[0] if k == wire.KIND_STEP]
+        got += [wire.unpack_step(d) for k, d in wire.split_records(data)[0] if k in wire.STEP_KINDS]

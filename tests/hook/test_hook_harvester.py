@@ -14,12 +14,14 @@ import threading
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import perfd.hook.harvest
+import perfd.hook.loader
 import perfd.hook.step
 from perfd.hook import StepHook, wire
 
@@ -41,7 +43,7 @@ def drain(sock: socket.socket) -> list[tuple[int, bytes]]:
 
 
 def steps_in(recs: list[tuple[int, bytes]]) -> list[wire.StepMsg]:
-    return [wire.unpack_step(d) for k, d in recs if k == wire.KIND_STEP]
+    return [wire.unpack_step(d) for k, d in recs if k in wire.STEP_KINDS]
 
 
 def wait_until(cond: Any, timeout_s: float = 10.0) -> None:
@@ -172,7 +174,10 @@ def test_records_for_a_known_timeline_match_the_inline_path(
     for k, m in enumerate(thread, start=1):
         assert (m.step, m.rank, m.pid, m.step_ns, m.data_wait_ns) == (k, 4, os.getpid(), 100 + 1000 * k, 100)
         assert m.compute_ns == (1000 * k if data_event else None)
-        assert m.flags == wire.FLAG_CUDA | wire.FLAG_HAS_DATA | (wire.FLAG_WARMUP if k <= 2 else 0)
+        assert m.flags == (wire.FLAG_CUDA | wire.FLAG_HAS_DATA | wire.FLAG_DATA_READY
+                           | (wire.FLAG_WARMUP if k <= 2 else 0))
+        # Back to back: each step begins at the previous end (one event), its period is its time.
+        assert (m.period_ns, m.outside_ns) == ((None, None) if k == 1 else (m.step_ns, 100))
         if k > 2:
             window.append(m.step_ns)
         assert m.window_n == len(window)
@@ -235,6 +240,75 @@ def test_a_gap_between_steps_records_a_begin_and_a_data_event_when_asked(
     assert [(m.step_ns, m.compute_ns) for m in steps_in(drain(sock))] == [(0, 0), (700, 700)]
 
 
+def test_the_period_spans_the_time_between_steps_and_the_fetch_in_it_is_the_data_wait(
+        agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's loop on a GPU: the batch is fetched between two steps while the GPU, done with
+    the last step, idles. The step's time is from the previous end event to its own (the idle time
+    included: the job's throughput), the time inside the step is its own begin to end, the data wait
+    is the host's fetch, and what else passed between the steps is outside."""
+    path, sock = agent
+    clock = Clock()
+    for mod in (perfd.hook.step, perfd.hook.harvest, perfd.hook.loader):
+        monkeypatch.setattr(mod, "time", clock)
+    monkeypatch.setattr(perfd.hook.step, "_ALIAS_GAP_NS", 2_000)  # a fetch is a real gap
+    gpu = Gpu(auto=True)
+    hook = StepHook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker,
+                    harvest_interval_s=3600)
+
+    def fetches() -> Iterator[int]:
+        for k in range(3):
+            clock.t += 5_000  # the host waits 5 µs for the batch; the GPU idles as long
+            gpu.clock += 5_000
+            yield k
+
+    batches = iter(hook.loader(fetches()))
+    for _ in range(3):
+        next(batches)
+        clock.t += 300  # the loop's own host work between the steps: outside any step
+        with hook.step():
+            gpu.work(1_000)
+    hook.close()
+    got = steps_in(drain(sock))
+    assert [m.step_ns for m in got] == [1_000] * 3  # begin event (after the fetch) -> end event
+    assert got[0].period_ns is None and [m.period_ns for m in got[1:]] == [6_000, 6_000]
+    for m in got[1:]:
+        assert m.flags & wire.FLAG_FETCH and not m.flags & wire.FLAG_DATA_READY
+        assert m.data_wait_ns is not None and 5_000 <= m.data_wait_ns <= 5_000 + 300  # a few clock reads
+        assert m.outside_ns is not None and 300 <= m.outside_ns <= 300 + 1_000
+    assert gpu.count("record") == 3 * 2  # a begin of its own per step: the fetch could launch GPU work
+
+
+def test_a_fetch_the_gpu_runs_through_is_no_data_wait(agent: tuple[str, socket.socket],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """An asynchronous loop whose GPU is behind: the host fetches the next batch while the GPU still
+    runs the work already queued, so the GPU never waits for it. The step's period is the GPU's time
+    per step, and the fetch it ran through is not a data wait (only a fetch longer than the GPU's
+    queued work would be, by what it outlasted)."""
+    path, sock = agent
+    clock = Clock()
+    for mod in (perfd.hook.step, perfd.hook.harvest, perfd.hook.loader):
+        monkeypatch.setattr(mod, "time", clock)
+    monkeypatch.setattr(perfd.hook.step, "_ALIAS_GAP_NS", 2_000)
+    gpu = Gpu(auto=True)
+    hook = StepHook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker,
+                    harvest_interval_s=3600)
+    lag = [0, 0, 3_000]  # the GPU's queued work outlasts the first two fetches, not the third (3 µs)
+
+    def fetches() -> Iterator[int]:
+        for k in range(3):
+            clock.t += 5_000  # 5 µs on the host; the GPU runs through its queue meanwhile...
+            gpu.clock += lag[k]  # ...and idles only past its end
+            yield k
+
+    batches = iter(hook.loader(fetches()))
+    for _ in range(3):
+        next(batches)
+        with hook.step():
+            gpu.work(20_000)
+    hook.close()
+    got = steps_in(drain(sock))
+    assert [m.period_ns for m in got] == [None, 20_000, 23_000]
+    assert [m.data_wait_ns for m in got[1:]] == [0, 3_000]
 def test_a_full_deque_drops_the_oldest_or_this_step_and_never_waits(agent: tuple[str, socket.socket]) -> None:
     path, sock = agent
     gpu = Gpu()

@@ -23,7 +23,7 @@ def test_job_record_round_trip() -> None:
     assert len(data) == wire.JOB.size and wire.kind_of(data) == wire.KIND_JOB
     assert wire.unpack_job(data) == m
     records, problem = wire.split_records(data + wire.pack_step(wire.StepMsg(3, 1234, 1, 0, 5)))
-    assert problem is None and [k for k, _ in records] == [wire.KIND_JOB, wire.KIND_STEP]
+    assert problem is None and [k for k, _ in records] == [wire.KIND_JOB, wire.KIND_STEP2]
 
 
 def test_mesh_and_named_sizes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,7 +40,7 @@ def records(msgs: list[tuple[bytes, Any]]) -> list[tuple[int, bytes]]:
 
 
 def steps_of(msgs: list[tuple[bytes, Any]]) -> list[wire.StepMsg]:
-    return [wire.unpack_step(d) for k, d in records(msgs) if k == wire.KIND_STEP]
+    return [wire.unpack_step(d) for k, d in records(msgs) if k in wire.STEP_KINDS]
 
 
 def run(hook: StepHook, n: int, work_s: float = 0.0, data_s: float = 0.0) -> None:

@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from perfd.analytics.steps.flops import complete_spec, flops_for_tokens, megatron_flops, token_flops
+from perfd.analytics.steps.flops import (
+    complete_spec,
+    flops_for_tokens,
+    megatron_flops,
+    read_spec,
+    token_flops,
+)
 from perfd.hook import StepHook, wire
 from perfd.model import ModelSpec
 
@@ -33,16 +39,18 @@ def _steps(sock: socket.socket) -> list[wire.StepMsg]:
             return out
         recs, problem = wire.split_records(data)
         assert problem is None
-        out += [wire.unpack_step(d) for k, d in recs if k == wire.KIND_STEP]
+        out += [wire.unpack_step(d) for k, d in recs if k in wire.STEP_KINDS]
 
 
 def test_the_model_spec_derives_what_its_fields_define() -> None:
     spec = complete_spec(GPT)
     assert spec.kv_channels == 16 and spec.padded_vocab_size == 1000  # 64 ÷ 4; no padding
-    hf = complete_spec({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-                        "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 1000,
-                        "max_position_embeddings": 128})
-    assert (hf.num_layers, hf.num_query_groups, hf.ffn_hidden_size, hf.seq_length) == (2, 2, 256, 128)
+    named = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "intermediate_size": 256, "vocab_size": 1000, "max_position_embeddings": 128}
+    hf = complete_spec(named)
+    # The context limit is not the steps' sequence length (the attention term grows with it): noted.
+    assert (hf.num_layers, hf.num_query_groups, hf.ffn_hidden_size, hf.seq_length) == (2, 2, 256, None)
+    assert any("context limit" in n for n in read_spec(named).notes)
     # Stated fields are kept as stated (a head size other than hidden ÷ heads is the model's own).
     assert complete_spec({**GPT, "kv_channels": 32}).kv_channels == 32
     with pytest.raises(ValueError, match="ffn_hidden_size"):  # nothing defines the MLP's size

@@ -268,8 +268,15 @@ def test_cli_offline_with_a_capture_puts_the_budget_and_its_remedies_in_the_html
             str(out)]
     assert perfd_main([*args, "--capture", str(k / "ops_default_rank0.json.gz")]) == 0
     page = out.read_text()
-    assert 'id="budget"' in page and "divided by ops" in page and "3 steps (marked in the trace)" in page
+    assert 'id="budget"' in page and "divided by ops" in page
+    assert "3 steps marked in the trace, per step from the 2 complete" in page
+    assert "the window cut a step&#x27;s optimizer" in page  # the third step's optimizer phase, cut
     assert "Fused attention: install Transformer Engine, then --transformer-impl transformer_engine" in page
     assert "--attention-dropout 0.0" in page
+    # the plan: stages in order of effort, each with its combined gain, the overlaps named
+    plan = page[page.index('id="plan"'):page.index('id="charts"')]
+    assert plan.index("Options (minutes") < plan.index("Install Transformer Engine")
+    assert "moot once R1 is in" in plan and "counted once" in plan
+    assert "Transformer Engine or Apex (both missing at start-up)" in plan
     assert perfd_main([*args, "--capture", str(tmp_path / "none.json")]) == 2
     assert "no such capture file" in capsys.readouterr().err

@@ -35,9 +35,9 @@ def test_json_has_records_summary_and_report(capsys: pytest.CaptureFixture[str])
     metrics = out["summary"]["metrics"]
     assert metrics["perfd_serving_decode_mfu_ratio"] > 0 and "perfd_serving_ttft_p99_seconds" not in metrics
     rep = out["report"]
-    assert set(rep) == {"summary", "metrics", "step_budget", "arming", "findings", "recommendations"}
+    assert set(rep) == {"summary", "metrics", "step_budget", "arming", "findings", "recommendations", "plan"}
     # a serving job has no training step and no rank under ncu: absent, not zeros
-    assert rep["step_budget"] is None and rep["arming"] is None
+    assert rep["step_budget"] is None and rep["arming"] is None and rep["plan"] is None
     assert rep["summary"]["job_name"] == "llm" and rep["summary"]["status"] == "warning"
     ids = {f["id"] for f in rep["findings"]}
     assert all(r["finding_id"] in ids for r in rep["recommendations"])

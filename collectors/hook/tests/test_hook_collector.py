@@ -180,7 +180,7 @@ def test_profile_request_round_trip(collector: HookCollector) -> None:
     collect_until(collector, 1)
     assert collector.request_profile(7, 10, 2) is None  # unknown rank: counted
     req = collector.request_profile(2, start_step=4, num_steps=2)
-    assert req == 1
+    assert req == (os.getpid(), 1)  # the process it went to, and its id
     steps = []
     events: list[dict[str, Any]] = []
     for _ in range(6):
@@ -194,7 +194,7 @@ def test_profile_request_round_trip(collector: HookCollector) -> None:
     assert calls == [("start", 4), ("stop", 5)]
     assert [(e["state"], e["step"], e["rank"]) for e in events] == [("accepted", 4, 2), ("started", 4, 2),
                                                                     ("stopped", 5, 2)]
-    assert all(e["kind"] == "hook_profile" and e["request_id"] == req for e in events)
+    assert all(e["kind"] == "hook_profile" and (e["pid"], e["request_id"]) == req for e in events)
     assert sorted(s.iteration for s in steps if s.disturbed_by_capture) == [4, 5]
     assert collector.errors == {"profile_request_unknown_rank": 1}
 

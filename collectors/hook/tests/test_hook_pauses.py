@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -29,8 +30,10 @@ def test_an_announced_save_and_evaluation_are_timed_onto_the_next_record(tmp_pat
     c = HookCollector({"socket_path": str(tmp_path / "hook.sock"), "job": "j"})
     c.start()
     try:
-        hooks = [Hook(c.config.socket_path, rank=r) for r in (0, 1)]
         outer: dict[tuple[int, str], float] = {}  # the test's own clock around each pause
+        # Two ranks, each on its own thread as each is a process of its own in a job, meeting in every
+        # step as a data-parallel job's all-reduce makes them: the rank done pausing first waits there.
+        meet = threading.Barrier(2)
 
         def pause(h: StepHook, rank: int, phase: str, s: float) -> None:
             t0 = time.monotonic()
@@ -38,14 +41,23 @@ def test_an_announced_save_and_evaluation_are_timed_onto_the_next_record(tmp_pat
                 time.sleep(s)
             outer[(rank, phase)] = time.monotonic() - t0
 
-        for step in range(1, 11):
-            for h in hooks:
+        def run_rank(r: int) -> None:
+            h = Hook(c.config.socket_path, rank=r)
+            for step in range(1, 11):
                 with h.step():
                     time.sleep(0.002)
-            if step == 5:  # a save after step 5 on both ranks, rank 1's longer; an evaluation on rank 0
-                pause(hooks[0], 0, "checkpoint", 0.15)
-                pause(hooks[1], 1, "checkpoint", 0.3)
-                pause(hooks[0], 0, "evaluation", 0.1)
+                    meet.wait(timeout=10)
+                if step == 5:  # a save after step 5 on both ranks, rank 1's longer; an evaluation on rank 0
+                    pause(h, r, "checkpoint", 0.15 if r == 0 else 0.3)
+                    if r == 0:
+                        pause(h, 0, "evaluation", 0.1)
+            h.close()
+
+        ranks = [threading.Thread(target=run_rank, args=(r,)) for r in (0, 1)]
+        for t in ranks:
+            t.start()
+        for t in ranks:
+            t.join(timeout=30)
         out = collect_until(c, 20, n_events=6)
     finally:
         c.stop()
@@ -60,11 +72,21 @@ def test_an_announced_save_and_evaluation_are_timed_onto_the_next_record(tmp_pat
     assert EVAL not in by[(1, 6)].timers
     assert not any(n in s.timers for s in out.steps if s.iteration != 6 for n in (SAVE, EVAL))
 
+    # Each rank's step 6 period holds its own pauses no more (the hook took them out): rank 1's is a
+    # step's work, rank 0's that and its wait in the step for rank 1, still saving.
+    save1 = (by[(1, 6)].timers[SAVE].max_ms or 0) / 1e3
+    paused0 = sum((by[(0, 6)].timers[n].max_ms or 0) / 1e3 for n in (SAVE, EVAL))
+    assert (by[(1, 6)].step_time_ms or 0) / 1e3 < 0.1
+    assert (by[(0, 6)].step_time_ms or 0) / 1e3 == pytest.approx(save1 - paused0, abs=0.05)
     summary = analyze_run(JobInfo(framework="pytorch"), job_level_steps(out.steps)).summary
     gp = summary.to_json()["goodput"]
-    # The slowest rank's save, which the job waits for; the evaluation beside it.
-    assert gp["parts_s"]["checkpoint"] == pytest.approx((by[(1, 6)].timers[SAVE].max_ms or 0) / 1e3)
-    assert gp["parts_s"]["evaluation"] == pytest.approx((by[(0, 6)].timers[EVAL].max_ms or 0) / 1e3)
+    # The job waited for the slowest rank's save (0.3 s), while rank 0 saved and evaluated (0.25 s):
+    # the time between steps 5 and 6 is the pauses', none of it a gap (a stall or "other"); of it, the
+    # part rank 0 waited for rank 1 is the slowest step's, so checkpoint and evaluation together take
+    # what rank 0 paused, and the save at least the shorter of the two saves.
+    assert gp["parts_s"]["stall"] == 0 and gp["parts_s"]["other"] < 0.02
+    assert gp["parts_s"]["checkpoint"] + gp["parts_s"]["evaluation"] == pytest.approx(paused0, abs=0.02)
+    assert gp["parts_s"]["checkpoint"] >= (by[(0, 6)].timers[SAVE].max_ms or 0) / 1e3 - 0.02
 
 
 def test_an_end_without_its_begin_is_counted_not_timed(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import DATA_KNOBS, Framework, JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown import budget_findings
@@ -23,10 +24,12 @@ from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, 
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.incidents.verdict_text import data_loading_action
 from perfd.analytics.steps.pipeline import microbatches_for_bubble, rebalance_estimate
+from perfd.analytics.steps.run_figures import MIN_GRADE_STEPS, too_few
+from perfd.analytics.steps.runs import FiguresFrom
 from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
 from perfd.analytics.steps.untimed import Untimed, names, untimed_groups, untimed_text
-from perfd.model import CPU, JobInfo
+from perfd.model import CPU, HOOK_OUTSIDE, JobInfo
 
 # A CPU-only job's DataLoader knobs (no pin_memory: it only speeds copies to a GPU).
 CPU_DATA_KNOBS = "DataLoader(num_workers=N, prefetch_factor=4, persistent_workers=True)"
@@ -176,12 +179,29 @@ class RunContext:
 Out = tuple[list[Finding], list[Recommendation]]
 
 
+def figures_span(a: RunAnalysis) -> str:
+    """The steps a run's figures are over, naming their run where the job has had more than one."""
+    runs = a.summary.runs
+    ref = runs.reference
+    if ref is not None:
+        return (f"run {ref.run}: iterations {ref.first_iteration}–{ref.last_iteration} ({ref.n_steady} "
+                "steady; the current run's steps are all armed)")
+    return (f"run {runs.current}: " if runs.current > 1 else "") + a.steady.range_text()
+
+
 def mfu_grade(c: RunContext) -> Out:
     a, med, span, peak = c.a, c.med, c.span, c.a.peak
     mfu = med.get("mfu")
     if mfu is None:
         why = a.iterations[0].sources.get("mfu", "unknown") if a.iterations else "no iterations"
+        if a.summary.runs.figures is FiguresFrom.NONE:
+            why = a.summary.runs.text() or why
         return [Finding("mfu-absent", Severity.INFO, "MFU not available", f"MFU {why}", {}, span)], []
+    n = a.summary.n_steady
+    if n < MIN_GRADE_STEPS:  # one steady step is no grade (issue 51 item 6)
+        return [Finding("mfu-too-few-steps", Severity.INFO, f"MFU {_pct(mfu)}: {too_few(n)}",
+                        f"Median MFU {_pct(mfu)} over {n} steady step(s); {too_few(n)}: no grade.",
+                        {"mfu": mfu, "n_steady": n, "min_steps": MIN_GRADE_STEPS}, span)], []
     grade, _ = grade_mfu(mfu)
     b = c.budget
     cls = budget_class_text(b)
@@ -342,6 +362,27 @@ def data_loading(c: RunContext) -> Out:
     return [f], [Recommendation("", DATA_LOADING_FINDING, 0, data_loading_action(None, cpu_only), detail, ds)]
 
 
+OUTSIDE_STEP_FINDING = "outside-step"
+
+
+def outside_step(c: RunContext) -> Out:
+    """Host time between the step hook's steps that is neither a stamped fetch nor an announced pause:
+    the job's time, outside any step. perfd cannot name it; the user can, in one line."""
+    share = c.med.get("outside_share")
+    if share is None or share <= th.OUTSIDE_STEP_SHARE.value:
+        return [], []
+    f = Finding(OUTSIDE_STEP_FINDING, Severity.WARNING, f"{_pct(share)} of the step passes between steps",
+                f"Host time between one step's end and the next one's begin that was neither a data fetch "
+                f"perfd stamped nor an announced checkpoint or evaluation takes {_pct(share)} of the step "
+                f"(over {th.OUTSIDE_STEP_SHARE.value:.0%}).",
+                {"outside_share": share}, c.span, f"hook timer {HOOK_OUTSIDE}")
+    return [f], [Recommendation(
+        "", OUTSIDE_STEP_FINDING, 0, "Name the time between the steps: iterate the loader through "
+        "hook.loader(loader) if it is the data, announce evaluations and checkpoint saves with "
+        "hook.phase(...); else move the work (logging, syncs) off the loop or do it less often",
+        f"outside the step {_pct(share)} of the step", share)]
+
+
 def jitter(c: RunContext) -> Out:
     cv = c.a.summary.step_time_cv
     if cv is None or cv <= JITTER_CV:
@@ -424,16 +465,23 @@ def step_budget(c: RunContext) -> Out:
     b = c.budget
     if b is not None and not b.has_kernels and Source.NCU in b.sources:
         # No timeline, an Nsight Compute capture's rows on the undivided compute: what they say to do
-        ctx = budget_findings.BudgetContext(b, c.framework, b.basis, config=c.config)
-        return budget_findings.analyze(ctx, (budget_findings.ncu_verdicts,))
+        ncu = budget_findings.BudgetContext(b, c.framework, b.basis, config=c.config)
+        return budget_findings.analyze(ncu, (budget_findings.ncu_verdicts,))
+    ctx = budget_context(c)
+    return budget_findings.analyze(ctx) if ctx is not None else ([], [])
+
+
+def budget_context(c: RunContext) -> budget_findings.BudgetContext | None:
+    """What the budget's analyzers read for a run with a capture (None without one): the parts the
+    timers' analyzers speak for (data, communication, the pipeline) are left to them."""
+    b = c.budget
     if b is None or not b.has_kernels:
-        return [], []
+        return None
     covered = {p for p, key in ((Part.DATA, "data_share"), (Part.COMM_EXPOSED, "comm_exposed_share"))
                if c.med.get(key) is not None}
     if c.job.layout.pp and c.job.layout.pp > 1 and c.med.get("pp_idle_max") is not None:
         covered.add(Part.PIPELINE)
-    return budget_findings.analyze(budget_findings.BudgetContext(b, c.framework, b.basis, frozenset(covered),
-                                                                 c.config))
+    return budget_findings.BudgetContext(b, c.framework, b.basis, frozenset(covered), c.config)
 
 
 def next_step(c: RunContext) -> Out:
@@ -478,6 +526,19 @@ def next_step(c: RunContext) -> Out:
     return [], [Recommendation("", "mfu-grade", 0, act, "; ".join([basis, *notes]), None)]
 
 
+def runs(c: RunContext) -> Out:
+    """Where the job's figures come from when its current run cannot give them (every step armed)."""
+    r = c.a.summary.runs
+    text = r.text()
+    if text is None:
+        return [], []
+    ref = r.reference
+    title = (f"Figures of run {ref.run}: run {r.current} runs under ncu" if ref is not None
+             else f"No figures: run {r.current} runs under ncu")
+    return [Finding("run-figures", Severity.INFO, title, text[0].upper() + text[1:] + ".", r.to_json(),
+                    c.span, "the job's runs (perfd.analytics.steps.runs)")], []
+
+
 def outliers(c: RunContext) -> Out:
     slow = {k: c.a.steady.excluded[k] for k, kind in sorted(c.a.steady.kinds.items())
             if kind is Exclusion.OUTLIER}
@@ -489,8 +550,9 @@ def outliers(c: RunContext) -> Out:
 
 Analyzer = Callable[[RunContext], Out]
 # The one registry of the run's questions, in the order their findings are listed before ordering.
-RUN_ANALYZERS: tuple[Analyzer, ...] = (mfu_grade, tflops_crosscheck, pipeline, communication, data_loading,
-                                       jitter, stragglers, step_budget, next_step, outliers)
+RUN_ANALYZERS: tuple[Analyzer, ...] = (runs, mfu_grade, tflops_crosscheck, pipeline, communication,
+                                       data_loading, outside_step, jitter, stragglers, step_budget, next_step,
+                                       outliers)
 
 
 def job_config(a: RunAnalysis, job: JobInfo) -> JobConfig:
@@ -514,10 +576,17 @@ def _int_arg(job: JobInfo, dest: str) -> int | None:
         return None
 
 
+def job_plan(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = None) -> Plan | None:
+    """The remedies of a run with a capture as a plan (perfd.analytics.advice.plan); None without one."""
+    ctx = budget_context(RunContext(a, job, a.summary.medians, a.steady.range_text(), budget,
+                                    Framework.of(job.framework), a.config or job_config(a, job), False))
+    return budget_findings.plan_of(ctx) if ctx is not None else None
+
+
 def derive_findings(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = None, live: bool = True
                     ) -> tuple[list[Finding], list[Recommendation]]:
     """All findings and recommendations for one run, recommendations ordered by impact."""
-    ctx = RunContext(a, job, a.summary.medians, a.steady.range_text(), budget, Framework.of(job.framework),
+    ctx = RunContext(a, job, a.summary.medians, figures_span(a), budget, Framework.of(job.framework),
                      a.config or job_config(a, job), live)
     f: list[Finding] = []
     r: list[Recommendation] = []

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice import megatron_options as mo
-from perfd.analytics.breakdown.budget import BudgetPart, Part, StepBudget
+from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Part, Phase, StepBudget
 from perfd.analytics.common import TextEnum
 from perfd.model import ABSENT
 
@@ -47,6 +47,8 @@ class Framework(TextEnum):
 
 class RemedyId(TextEnum):
     FUSED_ATTENTION = "fused_attention"
+    GRAD_NORM = "grad_norm"  # Megatron-LM's per-tensor gradient norm without Apex/TE: a sync per tensor
+    GRAD_ACCUM_FUSION = "grad_accum_fusion"  # the weight gradient GEMM accumulating into main_grad
     SOFTMAX_FUSION = "softmax_fusion"
     ATTENTION_DROPOUT = "attention_dropout"
     CE_FUSION = "cross_entropy_fusion"
@@ -92,6 +94,11 @@ class JobConfig:
     def missing(self, package: str) -> bool:
         return self.packages.get(package) == ABSENT
 
+    def present(self, package: str) -> bool:
+        """The start-up says it is there (a version); False when it says absent or says nothing."""
+        v = self.packages.get(package)
+        return v is not None and v != ABSENT
+
 
 @dataclass(frozen=True)
 class Gain:
@@ -111,6 +118,33 @@ class Gain:
         return self.low_ms > 0
 
 
+class Effort(TextEnum):
+    """What applying a remedy takes, in the order an engineer does them: minutes, an install, work."""
+
+    FLAG = "flag"  # a command-line option: minutes, a restart
+    INSTALL = "install"  # a package the job lacks (then its options)
+    CODE = "code"  # a change to the training code or its configuration files
+
+    @property
+    def rank(self) -> int:
+        return _EFFORT_RANK[self]
+
+
+_EFFORT_RANK = {Effort.FLAG: 0, Effort.INSTALL: 1, Effort.CODE: 2}
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What a remedy takes out of one slice of the step (``atom``, ms per step, low and high; a negative
+    value is time it adds, its own kernels). Two remedies that act on the same kernels or gaps name the
+    same atom, and a set of remedies removes each atom once, the most any of them removes of it
+    (perfd.analytics.advice.plan): their overlap is not counted twice."""
+
+    atom: str
+    low_ms: float
+    high_ms: float
+
+
 @dataclass(frozen=True)
 class Advice:
     """One remedy fitted to one job."""
@@ -122,9 +156,17 @@ class Advice:
     flags: tuple[Flag, ...] = ()  # options to add (each one its release accepts)
     remove: tuple[str, ...] = ()  # options to take out of the command line
     needs: tuple[str, ...] = ()  # packages the job lacks that the remedy needs
-    needs_one: bool = False  # any one of ``needs`` will do
+    needs_one: bool = False  # any one of ``needs`` (and of ``requires``) will do
     cost: str = ""  # what it costs besides time (model, memory)
     notes: tuple[str, ...] = ()  # options left out and why, caveats
+    removes: tuple[Removal, ...] = ()  # what its gain is made of (sums to ``gain`` before the spread)
+    requires: tuple[str, ...] = ()  # packages it needs, present or not (``needs``: those the job lacks)
+
+    @property
+    def effort(self) -> Effort:
+        if self.needs:
+            return Effort.INSTALL
+        return Effort.FLAG if self.flags or self.remove else Effort.CODE
 
 
 @dataclass(frozen=True)
@@ -134,27 +176,38 @@ class FitContext:
 
 
 # --- model constants: why each range is as wide as it is -------------------------------------------
-# Every range also carries the run-to-run spread of a steady step: the same job measured twice on one
-# H100 ran 693.2 and 698.2 ms (0.7%), 693.3 and 693.5 ms in another pair; a change is told apart from
-# a rerun only beyond it.
+# Fitted on issue 42's H100 job (three runs, each predicted from its own capture and measured against
+# the job as it ran: docs/evidence/remedies_h100) and held to issue 53's A/B on two other
+# configurations (docs/evidence/plan_h100). Every range also carries the run-to-run spread of a steady
+# step: the same job measured twice on one H100 ran 693.2 and 698.2 ms (0.7%), 693.3 and 693.5 ms in
+# another pair; a change is told apart from a rerun only beyond it.
 RUN_SPREAD_OF_STEP = 0.005
-# Removing kernels from a busy GPU gives back their time; their launches and the gaps around them move
-# too, and the ops that remain can grow a little (allocations, a changed memory layout).
-REMOVED_KERNELS = (0.85, 1.2)
+# The model's own uncertainty, each range below; the run-to-run spread is added once, beside it. Removing
+# kernels from a busy GPU gives back their time; their launches and the gaps around them move too
+# (attention dropout: 0.85–1.13 of its kernels' time in three runs, within the spread of 1.0 in each).
+REMOVED_KERNELS = (0.88, 1.12)
 # A fused kernel runs about as long as the longest pass it merges. Megatron's native cross-entropy
 # fusion compiles functions that change their inputs in place (the subtraction, the exp into the same
 # tensor, the division, the gradient's multiply): torch.compile writes the changed logits back, so part
-# of the traffic the fusion would save stays (measured on an H100: 0.36–0.6 of this model's saving).
-MERGED_PASSES = (0.4, 1.4)
+# of the traffic the fusion would save stays (measured on an H100: 0.36–1.2 of this model's saving, all
+# within the run-to-run spread of 0.6–0.9 of it).
+MERGED_PASSES = (0.6, 0.9)
 # Fused attention (FlashAttention, cuDNN, TE) runs its FLOPs at this share of the measured matmul
 # ceiling, forward and backward together (H100, bf16, head dim 64–128, causal, s 1k–8k).
 FUSED_ATTENTION_OF_CEILING = (0.3, 0.55)
-# The idle after a host synchronisation is the host launching the next work; without the sync the
-# host runs ahead and hides part of it; a capture slows the host and lengthens these gaps.
+# The GPU idle after Megatron-LM's per-micro-batch timer synchronisations (forward-backward phase) goes
+# with them at --timing-log-level 1: the host no longer drains the device before the next micro-batch
+# (measured 0.82–1.21 of it in three runs: within the run-to-run spread of 0.9–1.1 of it in each).
+TIMER_SYNC_BACK = (0.9, 1.1)
+# Outside Megatron (an .item() or a print in the loop): the host runs ahead once the sync goes; part of
+# the gap comes back.
 SYNC_GAP_BACK = (0.3, 0.8)
-# Half the micro-batches: the per-micro-batch host gaps halve; the GEMMs' efficiency moves a little
-# either way with their size (not modelled: the range's width).
-HALF_MICROBATCHES = (0.5, 1.2)
+# Twice the micro-batch: half the per-micro-batch timer gaps go, and the host, which launches half as many
+# kernels for the same GPU work, leaves most of the forward-backward launch gaps (0.7–0.85 of them: fitted
+# on three runs, 25–37 ms measured, each within the run-to-run spread). Per-step gaps (the optimizer
+# phase) do not scale.
+HALF_MICROBATCH_TIMERS = (0.45, 0.55)
+HALF_MICROBATCH_LAUNCHES = (0.7, 0.85)
 # CUDA graphs: part of the short launch gaps come back (the graphed regions'); replaying costs input
 # copies per graph, and a sync or a dynamic shape breaks a graph: with few gaps it can be slower.
 GRAPH_GAPS_BACK = (0.3, 0.8)
@@ -167,12 +220,29 @@ FUSED_POINTWISE = (0.2, 0.5)
 # Full activation recomputation runs each layer's forward again in its backward: about a third of the
 # layers' forward+backward time (forward 1×, backward 2×); the optimizer and the loss are not redone.
 RECOMPUTED_FORWARD = (0.6, 1.0)
-FUSED_OPTIMIZER_SAVES = (0.3, 0.7)  # multi-tensor Adam against per-tensor kernels
+# A fused Adam reads the parameter, gradient and both moments once and writes three of them back; torch's
+# foreach AdamW makes a pass over them per operation (mul_, lerp_, addcmul_, sqrt, div_, add_, addcdiv_):
+# the fused kernel costs 0.3–0.5 of them. Per-tensor kernels (no foreach) cost more still.
+FUSED_ADAM_SAVES = (0.5, 0.7)
+PER_TENSOR_ADAM_SAVES = (0.6, 0.85)
+# Megatron-LM's local multi_tensor_scale (clipping, copying the master weights back) is a loop of
+# per-tensor kernels; Apex's or TE's is one multi-tensor kernel over the same bytes.
+MULTI_TENSOR_SAVES = (0.4, 0.7)
+# The optimizer phase's launch gaps are its per-tensor loops' (a kernel or two per parameter tensor):
+# multi-tensor kernels leave most of them.
+PER_TENSOR_LAUNCHES_BACK = (0.5, 0.9)
+# Megatron-LM's local gradient norm (megatron.core.utils.local_multi_tensor_l2_norm): torch.norm per
+# tensor, then torch.tensor() of the list, an .item() each; a multi-tensor l2 norm is one kernel and no
+# sync: the syncs' idle goes (0.85–1.0: the one sync left) and most of the norm kernels.
+GRAD_NORM_SYNCS_BACK = (0.85, 1.0)
+GRAD_NORM_KERNELS = (0.5, 0.9)
+# The weight gradient GEMM accumulating into main_grad (gradient_accumulation_fusion) drops the separate
+# main_grad += grad kernels; the GEMM then writes fp32 (a little more traffic).
+GRAD_ACCUM_SAVES = (0.6, 1.0)
 OVERLAP_HIDES = (0.5, 0.9)  # exposed data-parallel communication hidden behind backward
 GEMM_TO_TARGET = (0.3, 0.6)  # the share of the time above the ceiling-at-target bigger GEMMs win back
-# Megatron-LM's level-2 timers (forward-compute, backward-compute, batch-generator) start and stop once
-# per micro-batch, each with a device synchronisation (megatron/core/timers.py).
-LEVEL2_SYNCS_PER_MICROBATCH = 6
+# The owner perfd.capture.sweep gives a bare torch.cuda.synchronize() (Megatron-LM's timers use it).
+BARE_SYNC = "torch.cuda.synchronize()"
 
 
 # The data loader's knobs per framework (the action itself is DATA_LOADING_ACTION, shared with incidents).
@@ -218,6 +288,10 @@ def _flag(cfg: JobConfig, option: str, value: str | None = None) -> tuple[Flag |
 
 
 def _same(current: str, value: str) -> bool:
+    # an enum as the dump prints it: "AttnBackend.auto", "<AttnBackend.auto: 5>"
+    head = current.lstrip("<").split(".", 1)[0]
+    if current.startswith("<") or ("." in current and head.isidentifier() and head[:1].isupper()):
+        current = current.lstrip("<").split(".", 1)[-1].split(":", 1)[0]
     try:
         return float(current) == float(value)
     except ValueError:
@@ -264,6 +338,22 @@ def ranged(ms: float, lo_hi: tuple[float, float], basis: str) -> Gain:
     return Gain(ms * lo_hi[0], ms * lo_hi[1], basis)
 
 
+def removal(atom: str, ms: float, lo_hi: tuple[float, float] = (1.0, 1.0)) -> Removal:
+    return Removal(atom, ms * lo_hi[0], ms * lo_hi[1])
+
+
+def gain_of(removes: Iterable[Removal], basis: str) -> Gain:
+    """The gain a remedy's removals add up to."""
+    rs = list(removes)
+    return Gain(sum(r.low_ms for r in rs), sum(r.high_ms for r in rs), basis)
+
+
+def idle_ms(b: StepBudget, cause: IdleCause, phase: Phase | None = None, owner: str | None = None) -> float:
+    """Per-step idle of one cause (in one phase, after one owner's syncs) as the capture charged it."""
+    return sum(r.ms for r in b.idle if r.cause is cause and (phase is None or r.phase is phase)
+               and (owner is None or r.owner == owner))
+
+
 def with_spread(g: Gain | None, step_ms: float) -> Gain | None:
     """The range widened by the run-to-run spread of the step: what a measured change is held to."""
     if g is None:
@@ -271,12 +361,6 @@ def with_spread(g: Gain | None, step_ms: float) -> Gain | None:
     s = RUN_SPREAD_OF_STEP * step_ms
     return Gain(g.low_ms - s, g.high_ms + s, f"{g.basis}; ± {s:.0f} ms run to run "
                 f"({RUN_SPREAD_OF_STEP:.1%} of the step)")
-
-
-def per_step(b: StepBudget, key: str) -> float | None:
-    """A per-step figure the capture's budget carries in its host detail (sync gaps and counts)."""
-    v = b.host.get(key) if b.host else None
-    return float(v) if isinstance(v, (int, float)) else None
 
 
 def named(b: StepBudget, ms: float) -> bool:

@@ -1,9 +1,11 @@
 """The remedies, one small function each (:data:`REMEDIES`), fitted to one job: each reads the step
 budget (divided by op: perfd.capture.ops) and the job's configuration
-(perfd.analytics.advice.remedies.JobConfig)
-and returns Advice — the options it sets (only those the job's release accepts, never one already
-set), what it needs that the job lacks, what it costs, and its gain as a range from a model of what
-the change removes and what it adds (the constants and why: perfd.analytics.advice.remedies). Pure.
+(perfd.analytics.advice.remedies.JobConfig) and returns Advice — the options it sets (only those the
+job's release accepts, never one already set), what it needs that the job lacks, what it costs, its
+gain as a range from a model of what the change removes and what it adds (the constants and why:
+perfd.analytics.advice.remedies), and what that gain is made of (its removals, which a plan counts once
+where remedies overlap: perfd.analytics.advice.plan). The gaps' and the optimizer's remedies are in
+perfd.analytics.advice.remedy_steps. Pure.
 """
 
 from __future__ import annotations
@@ -14,52 +16,69 @@ from collections.abc import Callable, Iterable
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice import megatron_options as mo
 from perfd.analytics.advice.remedies import (
-    DATA_KNOBS,
-    DATA_WAIT_BACK,
     FUSED_ATTENTION_OF_CEILING,
-    FUSED_OPTIMIZER_SAVES,
     FUSED_POINTWISE,
     GEMM_TO_TARGET,
-    GRAPH_GAPS_BACK,
-    GRAPH_REPLAY_COST_OF_STEP,
-    HALF_MICROBATCHES,
-    LEVEL2_SYNCS_PER_MICROBATCH,
     MERGED_PASSES,
-    OVERLAP_HIDES,
-    PIPELINE_WAIT_BACK,
     RECOMPUTED_FORWARD,
     REMOVED_KERNELS,
-    SYNC_GAP_BACK,
     Advice,
     FitContext,
     Framework,
     Gain,
-    JobConfig,
     RemedyId,
+    Removal,
     flags_for,
+    gain_of,
     merged,
     named,
     op_ms,
-    per_step,
     ranged,
+    removal,
     with_spread,
 )
-from perfd.analytics.breakdown.budget import Part
-from perfd.analytics.incidents.verdict_text import DATA_LOADING_ACTION
-from perfd.model import PACKAGE_APEX, PACKAGE_TE
+from perfd.analytics.advice.remedy_steps import (
+    cuda_graphs,
+    data_loader,
+    fused_optimizer,
+    grad_accum_fusion,
+    grad_norm,
+    micro_batch,
+    overlap_comm,
+    pipeline_wait,
+    timer_sync,
+)
+from perfd.analytics.breakdown.budget import BudgetPart, Part
+from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
+
+# --- attention: its ops in three slices that the remedies acting on it share -----------------------------
+DROPOUT_OPS = ("dropout",)
+MASK_OPS = ("masked_fill", "copy", "clone", "fill_", "new_zeros")
 
 
-# --- the remedies ------------------------------------------------------------------------------------
+def attention_slices(att: BudgetPart) -> tuple[float, float, float]:
+    """(dropout, mask fill and score copies, the rest) of attention per step, by the ops that issued
+    their kernels; the rest is the part less the two (its matmuls and softmax)."""
+    drop, mask = op_ms(att, *DROPOUT_OPS), op_ms(att, *MASK_OPS)
+    return drop, mask, max(att.ms - drop - mask, 0.0)
+
+
+ATT_DROPOUT, ATT_MASK, ATT_REST = "attention:dropout", "attention:mask", "attention:rest"
+
+
 def attention_dropout(c: FitContext) -> Advice | None:
     b, cfg = c.budget, c.config
     att = b.get(Part.ATTENTION)
-    drop = op_ms(att, "dropout")
-    if att is None or att.detail.get("fused") or not named(b, drop):
+    if att is None or att.detail.get("fused"):
+        return None
+    drop = attention_slices(att)[0]
+    if not named(b, drop):
         return None
     basis = (
         f"the attention dropout's kernels, forward and backward: {drop:.0f} ms per step by op, run no "
         f"more (× {REMOVED_KERNELS[0]:g}–{REMOVED_KERNELS[1]:g}: the gaps around them move too)"
     )
+    removes = (removal(ATT_DROPOUT, drop, REMOVED_KERNELS),)
     current = cfg.arg("attention_dropout")
     cost = (
         f"regularisation: attention dropout {current or 'the default'} → 0 (large-model pretraining "
@@ -69,63 +88,65 @@ def attention_dropout(c: FitContext) -> Advice | None:
         flags, notes = flags_for(cfg, ("--attention-dropout", "0.0"))
         if not flags:
             return None
-        return Advice(
-            RemedyId.ATTENTION_DROPOUT,
-            Part.ATTENTION,
-            f"Drop attention dropout: {flags[0].text()}",
-            ranged(drop, REMOVED_KERNELS, basis),
-            flags,
-            cost=cost,
-            notes=notes,
-        )
+        return Advice(RemedyId.ATTENTION_DROPOUT, Part.ATTENTION,
+                      f"Drop attention dropout: {flags[0].text()}",
+                      gain_of(removes, basis), flags, cost=cost, notes=notes, removes=removes)
     return Advice(
         RemedyId.ATTENTION_DROPOUT,
         Part.ATTENTION,
         "Drop attention dropout: dropout_p=0.0 in scaled_dot_product_attention (attention_dropout=0 "
         "or attn_pdrop=0 in a Hugging Face config)",
-        ranged(drop, REMOVED_KERNELS, basis),
+        gain_of(removes, basis),
         cost=cost,
+        removes=removes,
     )
 
 
 def fused_attention(c: FitContext) -> Advice | None:
+    """Attention in one kernel (FlashAttention, cuDNN's): every slice of the unfused attention goes
+    (its dropout and mask with it), its FLOPs come back at a share of the matmul ceiling. In
+    Megatron-LM Transformer Engine brings it; ``--attention-backend flash`` would make TE use only the
+    separate flash-attn package, so it is named only where the start-up shows flash-attn: otherwise
+    ``auto`` (the default) lets TE choose its cuDNN fused attention."""
     b, cfg = c.budget, c.config
     att = b.get(Part.ATTENTION)
     if att is None or att.detail.get("fused") or not named(b, att.ms):
         return None
     flops, ceiling = att.detail.get("flops"), b.ceiling_tflops
+    gain: Gain | None = None
+    removes: tuple[Removal, ...] = ()
     if isinstance(flops, (int, float)) and flops > 0 and ceiling:
         lo_t = flops / (FUSED_ATTENTION_OF_CEILING[0] * ceiling * 1e9)
         hi_t = flops / (FUSED_ATTENTION_OF_CEILING[1] * ceiling * 1e9)
-        gain: Gain | None = Gain(
-            att.ms - lo_t,
-            att.ms - hi_t,
-            f"attention's {att.ms:.0f} ms per step out, its {flops / 1e12:.1f} TFLOP per "
-            f"step back in at {FUSED_ATTENTION_OF_CEILING[0]:g}–"
-            f"{FUSED_ATTENTION_OF_CEILING[1]:g} of the {ceiling:g} TFLOP/s matmul ceiling "
-            f"({hi_t:.0f}–{lo_t:.0f} ms): fused attention never writes the s×s scores",
-        )
-    else:
-        gain = None
+        drop, mask, rest = attention_slices(att)
+        removes = (removal(ATT_DROPOUT, drop), removal(ATT_MASK, mask), removal(ATT_REST, rest),
+                   Removal("fused_attention:kernel", -lo_t, -hi_t))
+        gain = gain_of(removes, f"attention's {att.ms:.0f} ms per step out, its {flops / 1e12:.1f} TFLOP per "
+                       f"step back in at {FUSED_ATTENTION_OF_CEILING[0]:g}–{FUSED_ATTENTION_OF_CEILING[1]:g} "
+                       f"of the {ceiling:g} TFLOP/s matmul ceiling ({hi_t:.0f}–{lo_t:.0f} ms): fused "
+                       "attention never writes the s×s scores")
     if cfg.framework is Framework.MEGATRON:
-        flags, notes = flags_for(
-            cfg, ("--transformer-impl", "transformer_engine"), ("--attention-backend", "flash")
-        )
+        flash = cfg.present(PACKAGE_FLASH_ATTN)
+        wanted: list[tuple[str, str | None]] = [("--transformer-impl", "transformer_engine")]
+        wanted.append(("--attention-backend", "flash" if flash else "auto"))
+        flags, notes = flags_for(cfg, *wanted)
+        if not flash:
+            notes = (*notes, "not --attention-backend flash: with it Transformer Engine uses only the "
+                     "separate "
+                     "flash-attn package (and turns off its cuDNN fused attention), which the job's start-up "
+                     "does not show; auto (or fused) lets TE pick its cuDNN fused attention")
         needs = (PACKAGE_TE,) if cfg.missing(PACKAGE_TE) else ()
         what = " ".join(f.text() for f in flags)
-        act = (
-            f"Fused attention: install Transformer Engine, then {what}"
-            if needs
-            else f"Fused attention: {what}"
-        )
-        return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION, act, gain, flags, needs=needs, notes=notes)
+        act = (f"Fused attention: install Transformer Engine, then {what}" if needs
+               else f"Fused attention: {what}")
+        requires = (PACKAGE_TE, PACKAGE_FLASH_ATTN) if flash else (PACKAGE_TE,)
+        return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION, act, gain, flags, needs=needs, notes=notes,
+                      removes=removes, requires=requires)
     if cfg.framework is Framework.TORCHTITAN:
-        return Advice(
-            RemedyId.FUSED_ATTENTION,
-            Part.ATTENTION,
-            "Fused attention: SDPA or flex attention in the model (torchtitan's own models use them)",
-            gain,
-        )
+        return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION,
+                      "Fused attention: SDPA or flex attention in the model (torchtitan's own models use "
+                      "them)",
+                      gain, removes=removes)
     return Advice(
         RemedyId.FUSED_ATTENTION,
         Part.ATTENTION,
@@ -133,45 +154,40 @@ def fused_attention(c: FitContext) -> Advice | None:
         "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) in place of "
         'softmax(QKᵀ)·V (attn_implementation="sdpa" in Hugging Face)',
         gain,
+        removes=removes,
     )
 
 
 def softmax_fusion(c: FitContext) -> Advice | None:
-    """Megatron-LM's fused scale-mask-softmax: the mask pass and the copies autograd makes of the s×s
-    scores for the in-place masked fill go; the softmax itself stays (one read, one write)."""
+    """Megatron-LM's fused scale-mask-softmax (Apex's CUDA extension scaled_masked_softmax_cuda): the
+    mask pass and the copies autograd makes of the s×s scores for the in-place masked fill go; the
+    softmax itself stays (one read, one write)."""
     b, cfg = c.budget, c.config
     att = b.get(Part.ATTENTION)
     if cfg.framework is not Framework.MEGATRON or att is None or att.detail.get("fused"):
         return None
     if cfg.arg("masked_softmax_fusion") != "False":
         return None
-    extra = op_ms(att, "masked_fill", "copy", "clone", "fill_", "new_zeros")
+    extra = attention_slices(att)[1]
     if not named(b, extra):
         return None
     ok = mo.exists("--no-masked-softmax-fusion", cfg.version) is not False
-    needs = (PACKAGE_APEX,) if cfg.missing(PACKAGE_APEX) else ()
+    needs = (PACKAGE_APEX,) if not cfg.present(PACKAGE_APEX) else ()
     basis = (
         f"the mask fill and the copies of the score matrix autograd makes for it: {extra:.0f} ms per step "
         f"by op (× {REMOVED_KERNELS[0]:g}–{REMOVED_KERNELS[1]:g}); the fused kernel's softmax costs what "
         "the unfused one does"
     )
-    act = (
-        "Fuse scale, mask and softmax: "
-        + (
-            "install Apex with its CUDA extensions (the fused kernels scaled_masked_softmax_cuda), then "
-            if needs
-            else ""
-        )
-        + "remove --no-masked-softmax-fusion"
-    )
-    return Advice(
-        RemedyId.SOFTMAX_FUSION,
-        Part.ATTENTION,
-        act,
-        ranged(extra, REMOVED_KERNELS, basis),
-        remove=("--no-masked-softmax-fusion",) if ok else (),
-        needs=needs,
-    )
+    act = ("Fuse scale, mask and softmax: "
+           + ("install Apex with its CUDA extensions (the fused kernels scaled_masked_softmax_cuda), then "
+              if needs else "") + "remove --no-masked-softmax-fusion")
+    removes = (removal(ATT_MASK, extra, REMOVED_KERNELS),)
+    notes = () if cfg.missing(PACKAGE_APEX) or not needs else (
+        "the start-up does not show Apex's CUDA extensions; without scaled_masked_softmax_cuda the job "
+        "refuses to start (seen on an H100: No module named 'scaled_masked_softmax_cuda')",)
+    return Advice(RemedyId.SOFTMAX_FUSION, Part.ATTENTION, act, gain_of(removes, basis),
+                  remove=("--no-masked-softmax-fusion",) if ok else (), needs=needs, notes=notes,
+                  removes=removes, requires=(PACKAGE_APEX,))
 
 
 # Megatron-LM's native fused cross-entropy (megatron/core/fusions/fused_cross_entropy.py) runs the loss in
@@ -211,121 +227,8 @@ def ce_fusion(c: FitContext) -> Advice | None:
         ranged(saved, MERGED_PASSES, basis),
         flags,
         notes=notes,
+        removes=(removal("loss:passes", saved, MERGED_PASSES),),
     )
-
-
-def timer_sync(c: FitContext) -> Advice | None:
-    b, cfg = c.budget, c.config
-    gaps, syncs = per_step(b, "sync_gap_ms"), per_step(b, "syncs")
-    if not gaps or not syncs or not named(b, gaps):
-        return None
-    if cfg.framework is not Framework.MEGATRON:
-        basis = (
-            f"{syncs:.0f} device synchronisations a step, the GPU idle {gaps:.0f} ms after them while the "
-            f"host launches again; without them the host runs ahead (× {SYNC_GAP_BACK[0]:g}–"
-            f"{SYNC_GAP_BACK[1]:g})"
-        )
-        return Advice(
-            RemedyId.TIMER_SYNC,
-            Part.IDLE_LONG,
-            "Remove host synchronisations from the step: "
-            ".item(), .cpu(), torch.cuda.synchronize(), printing tensors; log every N steps",
-            ranged(gaps, SYNC_GAP_BACK, basis),
-        )
-    level = cfg.arg("timing_log_level")
-    m = _microbatches(cfg)
-    if level != "2" or m is None:
-        return None
-    removed = min(syncs, LEVEL2_SYNCS_PER_MICROBATCH * m)
-    flags, notes = flags_for(cfg, ("--timing-log-level", "1"))
-    if not flags:
-        return None
-    share = gaps * removed / syncs
-    basis = (
-        f"{syncs:.0f} device synchronisations a step, the GPU idle {gaps:.0f} ms after them; level 1 "
-        "drops the "
-        f"{removed:.0f} of the per-micro-batch timers ({LEVEL2_SYNCS_PER_MICROBATCH} × {m} micro-batches): "
-        f"{share:.0f} ms of those gaps, {SYNC_GAP_BACK[0]:.0%}–{SYNC_GAP_BACK[1]:.0%} of which come back "
-        "(the "
-        "host still launches the work)"
-    )
-    return Advice(
-        RemedyId.TIMER_SYNC,
-        Part.IDLE_LONG,
-        "Time the step without per-micro-batch synchronisations: --timing-log-level 1 (0 outside diagnosis)",
-        ranged(share, SYNC_GAP_BACK, basis),
-        flags,
-        cost="the per-micro-batch timers go (batch-generator: the data wait perfd reads from the log; "
-        "forward-compute/backward-compute): the step hook or a capture still gives the data wait",
-        notes=notes,
-    )
-
-
-def _microbatches(cfg: JobConfig) -> int | None:
-    if not cfg.micro_batch or not cfg.global_batch:
-        return None
-    per = cfg.micro_batch * (cfg.dp or 1)
-    return cfg.global_batch // per if cfg.global_batch % per == 0 else None
-
-
-def micro_batch(c: FitContext) -> Advice | None:
-    b, cfg = c.budget, c.config
-    m = _microbatches(cfg)
-    if cfg.framework is not Framework.MEGATRON or m is None or m < 2 or not cfg.micro_batch:
-        return None
-    short = b.ms(Part.IDLE_SHORT)
-    gaps, syncs = per_step(b, "sync_gap_ms") or 0.0, per_step(b, "syncs") or 0.0
-    per_mb_sync = (
-        gaps * min(1.0, LEVEL2_SYNCS_PER_MICROBATCH * m / syncs)
-        if syncs and cfg.arg("timing_log_level") == "2"
-        else 0.0
-    )
-    base = 0.5 * (short + per_mb_sync)
-    if not named(b, base):
-        return None
-    new = cfg.micro_batch * 2
-    flags, notes = flags_for(cfg, ("--micro-batch-size", str(new)))
-    if not flags:
-        return None
-    cost, notes2 = _memory_cost(cfg)
-    if cost is None:
-        return None
-    if cfg.pp and cfg.pp > 1:
-        p = cfg.pp
-        cost += (
-            f"; with {p} pipeline stages the bubble grows from {(p - 1) / (m + p - 1):.0%} to "
-            f"{(p - 1) / (m // 2 + p - 1):.0%} ({m} → {m // 2} micro-batches)"
-        )
-    basis = (
-        f"{m} → {m // 2} micro-batches a step: half the short launch gaps ({short:.0f} ms) and half the "
-        f"per-micro-batch synchronisation gaps ({per_mb_sync:.0f} ms) go, {base:.0f} ms (× "
-        f"{HALF_MICROBATCHES[0]:g}–{HALF_MICROBATCHES[1]:g}: the GEMMs' efficiency moves with their size)"
-    )
-    return Advice(
-        RemedyId.MICRO_BATCH,
-        Part.IDLE_SHORT,
-        f"Fewer, larger micro-batches: {flags[0].text()} (global batch {cfg.global_batch} unchanged)",
-        ranged(base, HALF_MICROBATCHES, basis),
-        flags,
-        cost=cost,
-        notes=(*notes, *notes2),
-    )
-
-
-def _memory_cost(cfg: JobConfig) -> tuple[str | None, tuple[str, ...]]:
-    """What doubling the micro-batch asks of memory (None: it does not fit), from the log's report:
-    the state the step keeps ("allocated" between steps) plus twice the activations above it."""
-    peak, static = cfg.memory_mib.get("max allocated"), cfg.memory_mib.get("allocated")
-    total = cfg.gpu_memory_mib
-    if peak is None or static is None or total is None:
-        return "memory: activations double (the log's memory report or the GPU's size is unknown: check)", ()
-    new = static + 2 * (peak - static)
-    if new > th.MEMORY_HEADROOM.value * total:
-        return None, ()
-    return (
-        f"memory: peak allocated {peak / 1024:.1f} → ~{new / 1024:.1f} GiB of {total / 1024:.0f} GiB "
-        "(activations double)"
-    ), ()
 
 
 # The parts a layer's forward runs (what recomputation runs again)
@@ -389,48 +292,13 @@ def recompute(c: FitContext) -> Advice | None:
     )
 
 
-def cuda_graphs(c: FitContext) -> Advice | None:
-    """Only where the launch gaps are large enough to pay for replaying: the low end is a loss."""
-    b, cfg = c.budget, c.config
-    short = b.ms(Part.IDLE_SHORT)
-    if b.step_ms <= 0 or short / b.step_ms < th.LAUNCH_GAPS_FOR_GRAPHS.value:
-        return None
-    gain = Gain(
-        GRAPH_GAPS_BACK[0] * short - GRAPH_REPLAY_COST_OF_STEP * b.step_ms,
-        GRAPH_GAPS_BACK[1] * short,
-        f"{GRAPH_GAPS_BACK[0]:.0%}–{GRAPH_GAPS_BACK[1]:.0%} of the {short:.0f} ms of short launch gaps come "
-        f"back (the graphed regions'), less the replay's input copies and the breaks at syncs and "
-        f"dynamic shapes (up to {GRAPH_REPLAY_COST_OF_STEP:.0%} of the step)",
-    )
-    if cfg.framework is Framework.MEGATRON:
-        flags, notes = flags_for(cfg, ("--cuda-graph-impl", "local"))
-        if not flags:
-            flags, notes = flags_for(cfg, ("--enable-cuda-graph", None))
-        if not flags:
-            return None
-        return Advice(
-            RemedyId.CUDA_GRAPHS,
-            Part.IDLE_SHORT,
-            f"CUDA graphs: {flags[0].text()}",
-            gain,
-            flags,
-            cost="memory for the graphs' static buffers",
-            notes=notes,
-        )
-    return Advice(
-        RemedyId.CUDA_GRAPHS,
-        Part.IDLE_SHORT,
-        'CUDA graphs: torch.compile(model, mode="reduce-overhead")',
-        gain,
-    )
-
-
 def fused_layers(c: FitContext) -> Advice | None:
     b, cfg = c.budget, c.config
     parts = [p for p in (b.get(Part.NORM), b.get(Part.ACTIVATION), b.get(Part.POINTWISE)) if p is not None]
     ms = sum(p.ms for p in parts)
     if not named(b, ms):
         return None
+    removes = tuple(removal(f"{p.part.value}:all", p.ms, FUSED_POINTWISE) for p in parts)
     basis = (
         f"normalisation, activation and other pointwise work: {ms:.0f} ms per step, each activation written "
         f"once instead of once per op (× {FUSED_POINTWISE[0]:g}–{FUSED_POINTWISE[1]:g})"
@@ -454,6 +322,8 @@ def fused_layers(c: FitContext) -> Advice | None:
             notes=notes
             if needs or cfg.packages.get(PACKAGE_TE)
             else (*notes, "needs Transformer Engine (the log does not say whether it is installed)"),
+            removes=removes,
+            requires=(PACKAGE_TE,),
         )
     if cfg.framework is Framework.TORCHTITAN:
         return Advice(
@@ -461,132 +331,14 @@ def fused_layers(c: FitContext) -> Advice | None:
             Part.POINTWISE,
             "Fused layers: --compile.enable (torch.compile)",
             ranged(ms, FUSED_POINTWISE, basis),
+            removes=removes,
         )
     return Advice(
         RemedyId.FUSED_LAYERS,
         Part.POINTWISE,
         "Fused layers: torch.compile(model)",
         ranged(ms, FUSED_POINTWISE, basis),
-    )
-
-
-def fused_optimizer(c: FitContext) -> Advice | None:
-    b, cfg = c.budget, c.config
-    opt = b.get(Part.OPTIMIZER)
-    if opt is None or not named(b, opt.ms):
-        return None
-    basis = (
-        f"the optimizer's {opt.ms:.0f} ms per step in a few multi-tensor kernels instead of chains per "
-        f"parameter group (× {FUSED_OPTIMIZER_SAVES[0]:g}–{FUSED_OPTIMIZER_SAVES[1]:g})"
-    )
-    if cfg.framework is Framework.MEGATRON:
-        if not (cfg.missing(PACKAGE_APEX) and cfg.missing(PACKAGE_TE)):
-            return None  # Megatron already uses a fused Adam when either is there
-        return Advice(
-            RemedyId.FUSED_OPTIMIZER,
-            Part.OPTIMIZER,
-            "A fused optimizer: install Transformer Engine "
-            "or Apex (Megatron-LM falls back to torch's per-tensor Adam without them)",
-            ranged(opt.ms, FUSED_OPTIMIZER_SAVES, basis),
-            needs=(PACKAGE_TE, PACKAGE_APEX),
-            needs_one=True,
-        )
-    if cfg.framework is Framework.TORCHTITAN:
-        return Advice(
-            RemedyId.FUSED_OPTIMIZER,
-            Part.OPTIMIZER,
-            "A fused optimizer: --optimizer.implementation fused",
-            ranged(opt.ms, FUSED_OPTIMIZER_SAVES, basis),
-        )
-    return Advice(
-        RemedyId.FUSED_OPTIMIZER,
-        Part.OPTIMIZER,
-        "A fused optimizer: torch.optim.AdamW(params, fused=True)",
-        ranged(opt.ms, FUSED_OPTIMIZER_SAVES, basis),
-    )
-
-
-def overlap_comm(c: FitContext) -> Advice | None:
-    b, cfg = c.budget, c.config
-    comm = b.get(Part.COMM_EXPOSED)
-    if comm is None or not named(b, comm.ms) or not cfg.dp or cfg.dp < 2:
-        return None
-    basis = (
-        f"exposed communication {comm.ms:.0f} ms per step, run behind the backward pass "
-        f"(× {OVERLAP_HIDES[0]:g}–{OVERLAP_HIDES[1]:g})"
-    )
-    if cfg.framework is Framework.MEGATRON:
-        flags, notes = flags_for(
-            cfg,
-            ("--use-distributed-optimizer", None),
-            ("--overlap-grad-reduce", None),
-            ("--overlap-param-gather", None),
-        )
-        if not flags:
-            return None
-        return Advice(
-            RemedyId.OVERLAP_COMM,
-            Part.COMM_EXPOSED,
-            "Overlap gradient communication with compute: " + " ".join(f.text() for f in flags),
-            ranged(comm.ms, OVERLAP_HIDES, basis),
-            flags,
-            cost="the distributed optimizer shards optimizer state (less memory, a param all-gather)",
-            notes=notes,
-        )
-    return Advice(
-        RemedyId.OVERLAP_COMM,
-        Part.COMM_EXPOSED,
-        "Overlap communication: DDP buckets overlap with "
-        "backward by default (check no_sync and find_unused_parameters); FSDP: backward_prefetch",
-        ranged(comm.ms, OVERLAP_HIDES, basis),
-    )
-
-
-def data_loader(c: FitContext) -> Advice | None:
-    """The data wait the timers measured inside the capture's long gaps (a capture alone cannot tell it
-    from another host wait)."""
-    b, cfg = c.budget, c.config
-    p = b.get(Part.DATA)
-    if p is None or not named(b, p.ms):
-        return None
-    basis = (
-        f"the step waits {p.ms:.0f} ms for its batch; a loader that keeps up hides it "
-        f"(× {DATA_WAIT_BACK[0]:g}–{DATA_WAIT_BACK[1]:g})"
-    )
-    return Advice(
-        RemedyId.DATA_LOADER,
-        Part.DATA,
-        DATA_LOADING_ACTION,
-        ranged(p.ms, DATA_WAIT_BACK, basis),
-        notes=(DATA_KNOBS[cfg.framework],),
-    )
-
-
-def pipeline_wait(c: FitContext) -> Advice | None:
-    b, cfg = c.budget, c.config
-    p = b.get(Part.PIPELINE)
-    if p is None or not named(b, p.ms):
-        return None
-    basis = (
-        f"pipeline waits {p.ms:.0f} ms per step: the 1F1B bubble (p−1)/(m+p−1) nearly halves as the "
-        f"micro-batches double (× {PIPELINE_WAIT_BACK[0]:g}–{PIPELINE_WAIT_BACK[1]:g}; imbalance between "
-        "stages stays)"
-    )
-    if cfg.framework is Framework.MEGATRON:
-        return Advice(
-            RemedyId.PIPELINE,
-            Part.PIPELINE,
-            "Shrink the pipeline wait: more micro-batches per "
-            "iteration (a larger --global-batch-size or a smaller --micro-batch-size), interleaved "
-            "stages (--num-layers-per-virtual-pipeline-stage), or rebalance layers between stages "
-            "(--decoder-last-pipeline-num-layers)",
-            ranged(p.ms, PIPELINE_WAIT_BACK, basis),
-        )
-    return Advice(
-        RemedyId.PIPELINE,
-        Part.PIPELINE,
-        "Shrink the pipeline wait: more micro-batches per step, an interleaved schedule, balanced stages",
-        ranged(p.ms, PIPELINE_WAIT_BACK, basis),
+        removes=removes,
     )
 
 
@@ -628,6 +380,8 @@ REMEDIES: tuple[Remedy, ...] = (
     cuda_graphs,
     fused_layers,
     fused_optimizer,
+    grad_norm,
+    grad_accum_fusion,
     overlap_comm,
     bigger_gemms,
     data_loader,
@@ -637,13 +391,17 @@ REMEDIES: tuple[Remedy, ...] = (
 
 def fit(c: FitContext, remedies: Iterable[Remedy] = REMEDIES) -> list[Advice]:
     """Every remedy the budget calls for on this job, fitted to its configuration, its gain widened by
-    the run-to-run spread (:func:`with_spread`). :func:`minor` tells the ones under
+    the run-to-run spread (:func:`with_spread`). A remedy that names no removals of its own gets one
+    atom of its own (its gain adds to any other's). :func:`minor` tells the ones under
     th.REMEDY_MIN_GAIN of the step apart."""
     out = []
     for r in remedies:
         a = r(c)
-        if a is not None:
-            out.append(dataclasses.replace(a, gain=with_spread(a.gain, c.budget.step_ms)))
+        if a is None:
+            continue
+        if not a.removes and a.gain is not None:
+            a = dataclasses.replace(a, removes=(Removal(a.remedy.value, a.gain.low_ms, a.gain.high_ms),))
+        out.append(dataclasses.replace(a, gain=with_spread(a.gain, c.budget.step_ms)))
     return out
 
 

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass
 from perfd.analytics.common import TextEnum
 
@@ -60,9 +59,26 @@ class Part(TextEnum):
     COMM_EXPOSED = "comm_exposed"  # communication with no compute beside it
     PIPELINE = "pipeline"  # pipeline bubble: SendRecv waits, idle stages
     DATA = "data"  # waiting for the next batch
-    IDLE_SHORT = "idle_short"  # idle in gaps shorter than th.SHORT_GAP_S: the host launching work
-    IDLE_LONG = "idle_long"  # idle in longer gaps: the host waiting (a sync, Python, data)
+    IDLE_SYNC = "idle_sync"  # idle after a host synchronisation returned: the host launching again
+    IDLE_SHORT = "idle_short"  # other idle in gaps shorter than th.SHORT_GAP_S: the host launching work
+    IDLE_LONG = "idle_long"  # other idle in longer gaps: the host elsewhere (Python between steps)
     COMPUTE = "compute"  # the timers' compute, not divided (no capture)
+
+
+class IdleCause(TextEnum):
+    """What an idle gap of the GPU waited for: what precedes it on the host (perfd.capture.sweep)."""
+
+    SYNC = "sync"  # a synchronisation returned in the gap: the host waited for the device, then launched
+    LAUNCH = "launch"  # a short gap with no sync: the host issuing work slower than the GPU runs it
+    DATA = "data"  # the host was in the data loader
+    HOST = "host"  # a long gap with no sync: the host elsewhere
+
+
+class Phase(TextEnum):
+    """Where in the step a kernel or a gap is: its launch's place on the host (perfd.capture.ops tails)."""
+
+    LAYERS = "forward-backward"  # once per micro-batch
+    OPTIMIZER = "optimizer"  # once per step: from the last backward work to the next forward
 
 
 # The order of the budget's rows, and of a capture's attribution: an instant where several activities
@@ -104,6 +120,66 @@ class BudgetPart:
 
 
 @dataclass(frozen=True)
+class IdleShare:
+    """Idle per step of one cause, in one phase, after one owner's synchronisations (``aten::item``;
+    "" for the other causes), and its gaps per step."""
+
+    cause: IdleCause
+    phase: Phase
+    owner: str
+    ms: float
+    gaps: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cause": self.cause.value, "phase": self.phase.value, "owner": self.owner, "ms": self.ms,
+                "gaps": self.gaps}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> IdleShare | None:
+        try:
+            return IdleShare(IdleCause(str(d["cause"])), Phase(str(d["phase"])), str(d.get("owner") or ""),
+                             float(d["ms"]), float(d.get("gaps") or 0.0))
+        except (KeyError, ValueError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
+class CutPart:
+    """A part the capture window cut: what its edges held against a complete step's."""
+
+    part: Part
+    edge_ms: float  # the part's time at the window's edges (the steps it cut, together)
+    expected_ms: float  # what as many complete steps hold
+
+
+@dataclass(frozen=True)
+class Window:
+    """How the captured span divides into steps: the steps the trace marks, the complete ones between
+    its first and last mark that the budget is the mean of (0: none: the whole span over the steps), and
+    the parts the window's edges hold less of than complete steps do (a step the window cut)."""
+
+    marked: int
+    complete: int
+    cut: tuple[CutPart, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"marked": self.marked, "complete": self.complete,
+                "cut": [{"part": c.part.value, "edge_ms": c.edge_ms, "expected_ms": c.expected_ms}
+                        for c in self.cut]}
+
+    @staticmethod
+    def from_json(d: Any) -> Window | None:
+        if not isinstance(d, Mapping):
+            return None
+        try:
+            cut = tuple(CutPart(Part(str(c["part"])), float(c["edge_ms"]), float(c["expected_ms"]))
+                        for c in d.get("cut") or [])
+            return Window(int(d["marked"]), int(d["complete"]), cut)
+        except (KeyError, ValueError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
 class StepBudget:
     """The parts of one step, in :data:`PART_ORDER`; ``step_ms`` is their sum. ``ideal_ms`` and
     ``ceiling_ms``: the time the model's FLOPs take at the GPU's peak and at its measured matmul
@@ -125,6 +201,9 @@ class StepBudget:
     # per step, what the capture saw of the host: synchronisations and the GPU idle after them
     # (perfd.capture.analysis.sync_gaps: syncs, sync_gap_ms, stream_syncs, stream_sync_gap_ms)
     host: Mapping[str, float] = field(default_factory=dict)
+    idle: tuple[IdleShare, ...] = ()  # the idle parts by cause, phase and owner, per step (a capture's)
+    phase_ms: Mapping[Phase, Mapping[Part, float]] = field(default_factory=dict)  # parts by phase, per step
+    window: Window | None = None  # how the captured span divides into steps
 
     def ms(self, part: Part) -> float:
         return sum(p.ms for p in self.parts if p.part is part)
@@ -151,7 +230,9 @@ class StepBudget:
                 "ideal_ms": self.ideal_ms, "ceiling_ms": self.ceiling_ms,
                 "ceiling_tflops": self.ceiling_tflops, "peak_tflops": self.peak_tflops, "mfu": self.mfu,
                 "steps_from": self.steps_from, "capture_overhead_ms": self.capture_overhead_ms,
-                "host": dict(self.host)}
+                "host": dict(self.host), "idle": [r.to_json() for r in self.idle],
+                "phase_ms": {ph.value: {p.value: v for p, v in d.items()} for ph, d in self.phase_ms.items()},
+                "window": self.window.to_json() if self.window is not None else None}
 
     @staticmethod
     def from_json(d: Mapping[str, Any] | None) -> StepBudget | None:
@@ -184,12 +265,26 @@ class StepBudget:
             return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
         host = d.get("host")
+        idle = tuple(s for x in d.get("idle") or [] if isinstance(x, Mapping)
+                     and (s := IdleShare.from_json(x)) is not None)
         return StepBudget(step, tuple(parts), sources, num("iterations"), str(d.get("basis") or ""),
                           str(d.get("attribution") or ""), num("steady_step_ms"), num("ideal_ms"),
                           num("ceiling_ms"), num("ceiling_tflops"), num("peak_tflops"), num("mfu"),
                           str(d.get("steps_from") or ""),
                           {str(k): float(v) for k, v in host.items() if isinstance(v, (int, float))
-                           and not isinstance(v, bool)} if isinstance(host, Mapping) else {})
+                           and not isinstance(v, bool)} if isinstance(host, Mapping) else {},
+                          idle, phase_parts(d.get("phase_ms")), Window.from_json(d.get("window")))
+
+
+def phase_parts(d: Any) -> dict[Phase, dict[Part, float]]:
+    """``{phase: {part: ms}}`` JSON as typed keys; what this version does not know is left out."""
+    out: dict[Phase, dict[Part, float]] = {}
+    for ph, parts in (d.items() if isinstance(d, Mapping) else ()):
+        if ph not in Phase.__members__.values() or not isinstance(parts, Mapping):
+            continue
+        out[Phase(ph)] = {Part(p): float(v) for p, v in parts.items()
+                          if p in Part.__members__.values() and isinstance(v, (int, float))}
+    return out
 
 
 # --- building ------------------------------------------------------------------------------------
@@ -257,7 +352,7 @@ def attention_detail(ms: float, fl: FlopsContext, fused: bool) -> dict[str, Any]
             "achieved_tflops": executed / (ms * 1e9) if ms > 0 else None}
 
 
-def _finish(rows: list[tuple[Part, float, Source, dict[str, Any]]], sources: Iterable[Source],
+def finish(rows: list[tuple[Part, float, Source, dict[str, Any]]], sources: Iterable[Source],
             fl: FlopsContext, **kw: Any) -> StepBudget:
     step = sum(ms for _p, ms, _s, _d in rows)
     order = {p: i for i, p in enumerate(PART_ORDER)}
@@ -288,113 +383,7 @@ def from_timers(t: TimerShares, fl: FlopsContext = NO_FLOPS) -> StepBudget | Non
     if taken > step:  # timers that overlap (a wait inside another timer): scaled so the step holds them
         rows = [(p, ms * step / taken, s, {**d, "scaled_from_ms": ms}) for p, ms, s, d in rows]
     rows.append((Part.COMPUTE, max(step - sum(r[1] for r in rows), 0.0), Source.TIMERS, {}))
-    return _finish(rows, [Source.TIMERS], fl, basis="steady-state timers", steady_step_ms=step, mfu=t.mfu)
-
-
-def from_capture(device: Mapping[str, Any], iterations: float | None, *, fl: FlopsContext = NO_FLOPS,
-                 timers: TimerShares = NO_TIMERS, basis: str = "", steps_from: str = "") -> StepBudget | None:
-    """The budget of one captured device (perfd.capture.analysis JSON with ``parts_ms``) over
-    ``iterations`` steps (None: the whole captured span as one step). The timers' data share, where
-    they measure one, says how much of the long idle gaps was the wait for data. A breakdown from
-    before the attribution is rebuilt from its shares (:func:`device_parts`, said in ``attribution``)."""
-    raw, how = device_parts(device)
-    if not raw:
-        return None
-    n = iterations if iterations and iterations > 0 else 1.0
-    per: dict[Part, float] = {}
-    for k, v in raw.items():
-        try:
-            per[Part(str(k))] = per.get(Part(str(k)), 0.0) + float(v) / n
-        except ValueError:
-            continue
-    if sum(per.values()) <= 0:
-        return None
-    pk, po, pom = device.get("part_kernels"), device.get("part_ops"), device.get("part_op_ms")
-    kernels: Mapping[str, Any] = pk if isinstance(pk, Mapping) else {}
-    ops: Mapping[str, Any] = po if isinstance(po, Mapping) else {}
-    op_ms: Mapping[str, Any] = pom if isinstance(pom, Mapping) else {}
-    fused = bool(device.get("attention_fused"))
-    rows: list[tuple[Part, float, Source, dict[str, Any]]] = []
-    idle_long = per.pop(Part.IDLE_LONG, 0.0)
-    if timers.data and timers.step_ms and idle_long > 0:  # the timed data wait, seen as long gaps
-        data = min(idle_long, timers.data * sum(per.values(), idle_long))
-        rows.append((Part.DATA, data, Source.TIMERS, {"timer_share": timers.data, "from_idle_ms": data}))
-        idle_long -= data
-    rows.append((Part.IDLE_LONG, idle_long, Source.CAPTURE, {}))
-    for p, ms in per.items():
-        detail: dict[str, Any] = {"kernels": _top(kernels, p, n), "ops": _top(ops, p, n)}
-        by_op = op_ms.get(p.value)
-        if isinstance(by_op, Mapping):
-            detail["op_ms"] = {str(k): float(v) / n for k, v in by_op.items() if isinstance(v, (int, float))}
-        if p in MATH_PARTS:
-            detail.update(math_detail(p, ms, fl))
-        elif p is Part.ATTENTION:
-            detail.update(attention_detail(ms, fl, fused))
-        elif p is Part.OPTIMIZER and timers.optimizer_ms is not None:
-            detail["timer_ms"] = timers.optimizer_ms  # the framework's own optimizer timer: a cross-check
-        rows.append((p, ms, Source.CAPTURE, detail))
-    sources = [Source.CAPTURE, *([Source.TIMERS] if timers.data else [])]
-    host = {k: float(device[k]) / n for k in ("syncs", "sync_gap_ms", "stream_syncs", "stream_sync_gap_ms")
-            if isinstance(device.get(k), (int, float)) and not isinstance(device.get(k), bool)}
-    return _finish(rows, sources, fl, iterations=iterations, basis=basis, attribution=how,
-                   steady_step_ms=timers.step_ms, mfu=timers.mfu, steps_from=steps_from, host=host)
-
-
-def device_parts(device: Mapping[str, Any]) -> tuple[dict[str, float], str]:
-    """A captured device's exclusive parts (``parts_ms``), and how they were had (its ``attribution``,
-    perfd.capture.ops.Method). A breakdown from before the attribution existed has busy, idle,
-    SendRecv and exposed NCCL, and kernel category shares (or only its top kernels): its parts are
-    rebuilt from those, the compute time divided by the categories' shares, and the basis says so."""
-    raw = device.get("parts_ms")
-    if isinstance(raw, Mapping) and raw:
-        parts = {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float))}
-        return parts, str(device.get("attribution") or "kernel names")
-
-    def num(key: str) -> float:
-        v = device.get(key)
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
-
-    busy, idle, exposed = num("busy_ms"), num("idle_ms"), num("comm_exposed_ms")
-    if busy <= 0:
-        return {}, "no breakdown"
-    pipeline = min(num("sendrecv_ms"), exposed)
-    out = {Part.PIPELINE.value: pipeline, Part.COMM_EXPOSED.value: exposed - pipeline}
-    short = min(num("idle_short_ms"), idle)
-    out[Part.IDLE_SHORT.value], out[Part.IDLE_LONG.value] = short, idle - short
-    split = "" if device.get("idle_short_ms") is not None else "; idle not split into gaps: all counted long"
-    cats = device.get("categories")
-    basis = "category shares of all kernels (an older breakdown)" + split
-    top = [k for k in device.get("top_kernels") or [] if isinstance(k, Mapping)]
-    softmax_ms = num("softmax_ms") if device.get("softmax_ms") is not None else sum(
-        float(k.get("total_ms") or 0.0) for k in top if kc.is_softmax(str(k.get("name", ""))))
-    if not isinstance(cats, Mapping) or not cats:
-        cats, basis = {}, f"category shares of the top {len(top)} kernels only" + split
-        for k in top:
-            c = kc.category(str(k.get("name", "")))
-            cats[c] = cats.get(c, 0.0) + float(k.get("total_ms") or 0.0)
-    shares = {str(c): float(v) for c, v in cats.items() if not str(c).startswith(kc.NCCL_PREFIX)}
-    total = sum(shares.values())
-    compute = max(busy - exposed, 0.0)
-    softmax = min(softmax_ms, compute)
-    to_part = {kc.GEMM: Part.GEMM, kc.ATTENTION: Part.GEMM, kc.OPTIMIZER: Part.OPTIMIZER,
-               kc.MEMCPY: Part.MEMCPY, kc.NORMALIZATION: Part.NORM}
-    for c, v in shares.items():
-        p = to_part.get(c, Part.POINTWISE).value
-        out[p] = out.get(p, 0.0) + (compute - softmax) * v / total if total else 0.0
-    out[Part.ATTENTION.value] = out.get(Part.ATTENTION.value, 0.0) + softmax
-    if not total:
-        out[Part.POINTWISE.value] = out.get(Part.POINTWISE.value, 0.0) + compute - softmax
-    return {k: v for k, v in out.items() if v > 0}, basis
-
-
-def _top(by_part: Mapping[str, Any], part: Part, n: float) -> list[dict[str, Any]]:
-    """The part's top kernels (or ops), per step."""
-    out = []
-    for k in by_part.get(part.value) or []:
-        if isinstance(k, Mapping):
-            out.append({"name": str(k.get("name", "?")), "ms": float(k.get("total_ms") or 0.0) / n,
-                        "count": float(k.get("count") or 0) / n})
-    return out
+    return finish(rows, [Source.TIMERS], fl, basis="steady-state timers", steady_step_ms=step, mfu=t.mfu)
 
 
 # --- the class the budget supports ------------------------------------------------------------------
@@ -405,7 +394,7 @@ CLASS_PARTS: dict[BottleneckClass, tuple[Part, ...]] = {
     B.MEMORY: (Part.ATTENTION, Part.ACTIVATION, Part.NORM, Part.LOSS, Part.EMBEDDING, Part.OPTIMIZER,
                Part.GRAD_REDUCE, Part.POINTWISE, Part.MEMCPY),
     B.LAUNCH: (Part.IDLE_SHORT,),
-    B.SYNC: (Part.IDLE_LONG,),
+    B.SYNC: (Part.IDLE_SYNC, Part.IDLE_LONG),
     B.DATA: (Part.DATA,),
     B.COMMUNICATION: (Part.COMM_EXPOSED,),
     B.PIPELINE: (Part.PIPELINE,),

@@ -14,12 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.advice.remedies import Advice, FitContext, Framework, JobConfig
+from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, make_plan
+from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig
 from perfd.analytics.advice.remedy_catalog import fit, minor
-from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, Part, StepBudget, classify
+from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause, Part, StepBudget, classify
+from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.ncu.remedies import ncu_rows
-from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,9 @@ _NAMES: dict[Part, str] = {
     Part.COMM_EXPOSED: "exposed communication",
     Part.PIPELINE: "pipeline wait",
     Part.DATA: "data wait",
-    Part.IDLE_SHORT: "idle, short gaps (launch)",
-    Part.IDLE_LONG: "idle, long gaps (host waits)",
+    Part.IDLE_SYNC: "idle after synchronisations",
+    Part.IDLE_SHORT: "idle, launch gaps",
+    Part.IDLE_LONG: "idle, host elsewhere",
     Part.COMPUTE: "compute (not divided)",
 }
 # What each part holds, said once (the finding's opening words).
@@ -64,23 +66,43 @@ _HOLDS: dict[Part, str] = {
     Part.LOSS: "The cross-entropy over the logits takes",
     Part.EMBEDDING: "The embedding takes",
     Part.OPTIMIZER: "The optimizer (step, gradient norm, zeroing) takes",
-    Part.GRAD_REDUCE: "Gradient accumulation and the data-parallel machinery's kernels take",
+    Part.GRAD_REDUCE: "Gradient accumulation (autograd's main_grad +=) and the data-parallel machinery's "
+    "kernels take",
     Part.POINTWISE: "Other pointwise work (residual adds, hidden dropout, casts, reshapes) takes",
     Part.MEMCPY: "Copies and memsets no op above claims take",
-    Part.IDLE_SHORT: f"The GPU waits in gaps under {th.SHORT_GAP_S.value * 1e3:g} ms (the host issuing "
-    "work) for",
-    Part.IDLE_LONG: f"The GPU waits in gaps of {th.SHORT_GAP_S.value * 1e3:g} ms or more (the host "
-    "waiting: a "
-    "synchronisation, Python between steps) for",
+    Part.IDLE_SYNC: "The GPU waits after host synchronisations (the host stood until the device drained, "
+    "then launched again) for",
+    Part.IDLE_SHORT: f"The GPU waits in gaps under {th.SHORT_GAP_S.value * 1e3:g} ms with no synchronisation "
+    "before them (the host issuing work slower than the GPU runs it) for",
+    Part.IDLE_LONG: f"The GPU waits in gaps of {th.SHORT_GAP_S.value * 1e3:g} ms or more with no "
+    "synchronisation or data wait before them (the host elsewhere: Python between steps, garbage "
+    "collection) for",
     Part.DATA: "The step waits for its batch for",
     Part.COMM_EXPOSED: "Collectives run with no compute beside them for",
     Part.PIPELINE: "Pipeline p2p waits (the bubble, not link bandwidth) take",
 }
-_PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAGE_FLASH_ATTN: "flash-attn"}
 
 
 def part_name(part: Part) -> str:
     return _NAMES[part]
+
+
+_COLLECTIVE_OPS = ("nccl", "c10d", "all_reduce", "allreduce", "reduce_scatter", "all_gather")
+
+
+def part_title(p: BudgetPart) -> str:
+    """The part's name for what it is in this job: the gradient reduction part that holds no collective,
+    only autograd's main_grad accumulation (DP=1, or the reduction elsewhere), is named so, with the
+    stream it runs on."""
+    if p.part is Part.GRAD_REDUCE:
+        ops = p.detail.get("op_ms")
+        collective = isinstance(ops, Mapping) and any(k in str(op).lower() for op in ops
+                                                      for k in _COLLECTIVE_OPS)
+        if isinstance(ops, Mapping) and ops and not collective:
+            side = p.detail.get("side_stream_ms")
+            on_side = isinstance(side, (int, float)) and side >= 0.5 * p.ms
+            return "gradient accumulation (main_grad +=" + (", a side stream)" if on_side else ")")
+    return _NAMES[p.part]
 
 
 def _short(name: str, width: int = 60) -> str:
@@ -178,9 +200,14 @@ def parts(ctx: BudgetContext) -> Out:
                 f"; {'fused' if p.detail.get('fused') else 'unfused'}: its FLOPs would take "
                 f"{float(p.detail.get('at_ceiling_ms') or 0):.0f} ms at the matmul ceiling"
             )
+        if p.part is Part.IDLE_SHORT and isinstance(p.detail.get("under_5us_ms"), (int, float)):
+            extra = (f"; {float(p.detail['under_5us_ms']):.1f} ms of it in gaps under 5 µs (the launches "
+                     "themselves), the rest the host's Python between launches")
+        if p.part is Part.IDLE_SYNC:
+            extra = "; " + sync_text(b)
         if ncu_text(p):
             extra += f". {ncu_text(p)}"
-        name = part_name(p.part)
+        name = part_title(p)
         out.append(
             Finding(
                 f"budget-{p.part.value}",
@@ -203,6 +230,14 @@ def parts(ctx: BudgetContext) -> Out:
             )
         )
     return out, []
+
+
+def sync_text(b: StepBudget) -> str:
+    """Whose synchronisations the GPU waits after, largest first ("after torch.cuda.synchronize() in the
+    forward-backward phase 16 ms (14 a step), ...")."""
+    rows = sorted((r for r in b.idle if r.cause is IdleCause.SYNC), key=lambda r: -r.ms)
+    return "by whose sync: " + "; ".join(f"{r.owner or 'a sync'} in the {r.phase.value} phase {r.ms:.1f} ms "
+                                         f"({r.gaps:.0f} a step)" for r in rows[:5] if r.ms >= 0.05)
 
 
 def gemm(ctx: BudgetContext) -> Out:
@@ -250,7 +285,7 @@ def capture_cost(ctx: BudgetContext) -> Out:
     sev = Severity.WARNING if share > th.CAPTURE_SLOWDOWN.value else Severity.INFO
     return [
         Finding(
-            "budget-capture-cost",
+            CAPTURE_COST_FINDING,
             sev,
             f"The capture slowed its steps by {share:+.0%}",
             f"The captured steps averaged {b.step_ms:.0f} ms against the steady {b.steady_step_ms:.0f} ms "
@@ -271,17 +306,25 @@ def capture_cost(ctx: BudgetContext) -> Out:
     ], []
 
 
+def fitted(ctx: BudgetContext) -> list[Advice]:
+    """The remedies fitted to the job, but those for parts other analyzers speak for."""
+    cfg = ctx.config or JobConfig(ctx.framework)
+    return [a for a in fit(FitContext(ctx.budget, cfg)) if a.part not in ctx.covered]
+
+
+def plan_of(ctx: BudgetContext) -> Plan | None:
+    """The remedies as a plan (perfd.analytics.advice.plan): order, effort, relations, combined gain."""
+    return make_plan(fitted(ctx), ctx.config or JobConfig(ctx.framework), ctx.budget.step_ms)
+
+
 def remedies(ctx: BudgetContext) -> Out:
     """The remedies fitted to the job, each a recommendation with its gain range; those whose expected
     gain is within a rerun's spread (under th.REMEDY_MIN_GAIN of the step) in one finding of their own:
     named, not ordered among the ones worth doing first."""
     b = ctx.budget
-    cfg = ctx.config or JobConfig(ctx.framework)
     recs: list[Advice] = []
     small: list[Advice] = []
-    for a in fit(FitContext(b, cfg)):
-        if a.part in ctx.covered:
-            continue
+    for a in fitted(ctx):
         (small if minor(a, b.step_ms) else recs).append(a)
     fs = []
     if small:
@@ -318,7 +361,7 @@ def recommendation(a: Advice, b: StepBudget) -> Recommendation:
         bits.append(f"basis: {a.gain.basis}")
         bits.append(f"expected: {gain_text(a, b)}")
     if a.needs:
-        names = [_PACKAGE_NAMES.get(n, n) for n in a.needs]
+        names = [PACKAGE_NAMES.get(n, n) for n in a.needs]
         bits.append(
             f"needs {(' or ' if a.needs_one else ' and ').join(names)}; the job's start-up says "
             + (
@@ -333,6 +376,7 @@ def recommendation(a: Advice, b: StepBudget) -> Recommendation:
     if a.cost:
         bits.append(f"cost: {a.cost}")
     bits += list(a.notes)
+    bits.append(f"effort: {EFFORT_TEXT[a.effort]}")
     impact = a.gain.mid_ms / b.step_ms if a.gain is not None and a.gain.promised and b.step_ms > 0 else None
     return Recommendation(
         "",
@@ -346,7 +390,11 @@ def recommendation(a: Advice, b: StepBudget) -> Recommendation:
         [f.text() for f in a.flags],
         list(a.remove),
         list(a.needs),
+        a.effort.value,
     )
+
+
+EFFORT_TEXT = {Effort.FLAG: "a flag (minutes)", Effort.INSTALL: "an install", Effort.CODE: "a code change"}
 
 
 def gain_text(a: Advice, b: StepBudget) -> str:
@@ -399,7 +447,7 @@ def class_text(c: BudgetClass) -> str:
 
 
 def waterfall_text(b: StepBudget) -> str:
-    return "; ".join(f"{part_name(p.part)} {p.ms:.0f} ms ({p.share:.0%})" for p in b.parts)
+    return "; ".join(f"{part_title(p)} {p.ms:.0f} ms ({p.share:.0%})" for p in b.parts)
 
 
 Analyzer = Callable[[BudgetContext], Out]

@@ -28,9 +28,9 @@ from perfd.analytics.breakdown.budget import (
     StepBudget,
     TimerShares,
     classify,
-    from_capture,
 )
 from perfd.analytics.breakdown.budget_findings import BudgetContext, analyze
+from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.model import StepRecord

@@ -66,6 +66,10 @@ class TimelineClass:
     ncu_id: str = ""
     # ... and its joined kernel rows (JoinedKernel JSON): each part's top kernels
     ncu_kernels: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, hash=False)
+    # Every device of the capture (the checks of perfd.analytics.breakdown.capture_match read them all:
+    # one stage's SendRecv may be on another device of an nsys capture); () : ``device`` alone
+    devices: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, hash=False)
+    forced: bool = False  # read against the job even where capture_match says it is another job's
 
 
 @dataclass(frozen=True)

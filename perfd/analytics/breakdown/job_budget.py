@@ -18,9 +18,10 @@ from perfd.analytics.breakdown.budget import (
     Source,
     StepBudget,
     TimerShares,
-    from_capture,
     from_timers,
 )
+from perfd.analytics.breakdown.capture_budget import from_capture
+from perfd.analytics.breakdown.capture_match import CaptureMatch
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.op_parts import kernel_part
 from perfd.analytics.ncu.kernel_rows import kernel_rows
@@ -110,6 +111,16 @@ def _ncu_part(b: StepBudget, category: str) -> Part | None:
     return part
 
 
+def _own_part(b: StepBudget, row: Mapping[str, Any]) -> Part | None:
+    """The part a row (an ncu kernel or category summary) was matched to launch by launch, where the
+    budget has it (perfd.analytics.ncu.launches): the op that launched it decides, not its name."""
+    try:
+        part = Part(row.get("part"))
+    except ValueError:
+        return None
+    return part if b.get(part) is not None else None
+
+
 def _kernel_part(b: StepBudget, k: Mapping[str, Any], unfused_attention: bool) -> Part | None:
     """The part one ncu kernel's time is in: the part its name gives (as a capture divides kernels it
     cannot charge to an op: perfd.analytics.breakdown.op_parts.kernel_part; a masked fill beside softmax
@@ -131,13 +142,13 @@ def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id:
         return b
     by: dict[Part, list[Mapping[str, Any]]] = {}
     for c in categories:
-        part = _ncu_part(b, str(c.get("category") or ""))
+        part = _own_part(b, c) or _ncu_part(b, str(c.get("category") or ""))
         if part is not None:
             by.setdefault(part, []).append({**c, "capture": capture_id})
     rows: dict[Part, list[Mapping[str, Any]]] = {}
     unfused = any(kc.is_softmax(str(k.get("timeline_name") or k.get("name") or "")) for k in kernels)
     for k in kernels:
-        part = _kernel_part(b, k, unfused)
+        part = _own_part(b, k) or _kernel_part(b, k, unfused)
         if part is not None:
             rows.setdefault(part, []).append(k)
     parts = []
@@ -145,7 +156,10 @@ def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id:
         detail = dict(p.detail)
         if p.part in by:
             detail["ncu"] = by[p.part]
-        ks = tuple(kernel_rows(rows[p.part], p.ms, capture_id)) if p.part in rows else p.ncu_kernels
+        ceiling = p.detail.get("of_ceiling")
+        ks = tuple(kernel_rows(rows[p.part], p.ms, capture_id, of_ceiling=float(ceiling)
+                               if isinstance(ceiling, (int, float)) else None)) if p.part in rows \
+            else p.ncu_kernels
         parts.append(replace(p, detail=detail, ncu_kernels=ks) if detail != p.detail or ks != p.ncu_kernels
                      else p)
     return replace(b, parts=tuple(parts), sources=(*b.sources, Source.NCU) if Source.NCU not in b.sources
@@ -175,7 +189,10 @@ def ncu_of(captures: Sequence[Mapping[str, Any]]) -> NcuRows:
             if isinstance(cats, list) and cats:
                 # how the profiled kernels were chosen (by time or not) goes with each summary
                 choice = part.get("ncu_kernel_choice")
-                extra = {"kernel_choice": choice} if isinstance(choice, Mapping) else {}
+                extra: dict[str, Any] = {"kernel_choice": choice} if isinstance(choice, Mapping) else {}
+                cov = part.get("ncu_coverage")  # what the profiled launches were (by launch)
+                if isinstance(cov, Mapping):
+                    extra["coverage"] = cov
                 joined_to = part.get("ncu_joined_to")  # the timeline's capture: each row says it
                 ks = part.get("ncu_kernels")
                 rows = [{**k, "joined_to": joined_to} for k in ks if isinstance(k, Mapping)] \
@@ -191,15 +208,20 @@ def capture_timeline(capture: Mapping[str, Any]) -> TimelineClass | None:
     cls = BottleneckClass.of(capture.get("bottleneck"))
     if cls is BottleneckClass.UNKNOWN:
         return None
+    got = capture.get("match")
+    match = CaptureMatch.from_json(got) if isinstance(got, Mapping) else None
+    if match is not None and match.refused:  # another job's (or run's): it never informs this one
+        return None
     result, decided = capture.get("result"), capture.get("decided")
     device = None
+    devices: list[Any] = []
     if isinstance(result, Mapping) and isinstance(decided, Mapping):
         part = (result.get("ranks") or {}).get(str(decided.get("rank")))
-        devices = part.get("devices") if isinstance(part, Mapping) else None
-        device = next((d for d in devices or [] if isinstance(d, Mapping)
-                       and d.get("device") == decided.get("device")), None)
+        got_devices = part.get("devices") if isinstance(part, Mapping) else None
+        devices = [d for d in got_devices or [] if isinstance(d, Mapping)]
+        device = next((d for d in devices if d.get("device") == decided.get("device")), None)
     steps = capture.get("steps")
     return TimelineClass(cls, str(capture.get("bottleneck_reason") or ""),
                          f"capture {capture.get('id')} ({capture.get('tool')}, ranks {capture.get('ranks')})",
                          device, steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
-                         str(capture.get("id") or ""))
+                         str(capture.get("id") or ""), devices=tuple(devices))

@@ -89,3 +89,22 @@ def is_mask_fill(name: str) -> bool:
     that applies the attention mask to the scores before the softmax (Megatron-LM's local attention
     without --masked-softmax-fusion: ``attention_scores.masked_fill_(mask, -10000.0)``)."""
     return "masked_fill" in name.lower()
+
+
+# PyTorch's own layer-norm (and RMS-norm) kernels launch one block per row (aten/src/ATen/native/cuda/
+# layer_norm_kernel.cu: <<<M, ...>>> with M the rows normalised): their grid's x is the rows, the
+# tokens of a micro-batch (mbs x seq in Megatron-LM's [s, b, h] layout; / TP under sequence
+# parallelism, / CP). Checked on the H100 traces in tests/data/captures: 8192 rows for mbs 4 x seq
+# 2048, 4096 for 4 x 1024, 256 for 1 x 256. Other libraries' norms (Transformer Engine, Apex) tile
+# rows differently: not listed.
+ROW_NORM_KERNELS = frozenset({"vectorized_layer_norm_kernel", "RowwiseMomentsCUDAKernel",
+                              "LayerNormForwardCUDAKernel", "layer_norm_grad_input_kernel",
+                              "layer_norm_grad_input_kernel_vectorized"})
+_ROW_NORM = re.compile(r"(?:^|[\s:])(?:" + "|".join(sorted(ROW_NORM_KERNELS)) + r")\s*(?:[<(]|$)")
+
+
+def is_row_norm(name: str) -> bool:
+    """A PyTorch layer-norm kernel whose grid's x counts the rows it normalises (ROW_NORM_KERNELS):
+    the function itself, as Kineto and ncu spell it (namespaces, templates, parameters) or nsys's
+    short name, not a kernel that merely names it in its template arguments."""
+    return _ROW_NORM.search(name.split("<", 1)[0] + ("<" if "<" in name else "")) is not None

@@ -142,6 +142,18 @@ def is_step_annotation(name: str) -> bool:
     return name.lower().startswith(STEP_ANNOTATIONS)
 
 
+def is_step_mark(name: str) -> bool:
+    """torch.optim's step annotation: the optimizer phase of a training step is around it."""
+    return name.lower().startswith(OPTIMIZER_ANNOTATIONS[0])
+
+
+DATA_ANNOTATIONS = ("enumerate(dataloader)",)  # torch's DataLoader iteration, as the profiler marks it
+
+
+def is_data_annotation(name: str) -> bool:
+    return name.lower().startswith(DATA_ANNOTATIONS)
+
+
 # --- kernel names (the fallback) ----------------------------------------------------------------------
 def kernel_part(name: str, unfused_attention: bool) -> Part:
     """The part of a kernel known by its name alone. ``unfused_attention``: the capture has softmax

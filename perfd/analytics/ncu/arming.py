@@ -27,6 +27,7 @@ from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.detect import CAPTURE, LEVEL_SHIFT, SLOW, Incident
+from perfd.analytics.steps.runs import RunDigest
 from perfd.model import StepRecord
 
 MIN_STEPS = int(th.ARMING_MIN_STEPS.value)
@@ -37,6 +38,11 @@ class ArmingBasis(str, enum.Enum):
 
     EARLIER_STEPS = "earlier_steps"  # the job's own steps before the rank was armed
     UNARMED_RANKS = "unarmed_ranks"  # the job's other ranks over the same time
+    # The job's previous run without an armed rank (perfd.analytics.steps.runs.RunDigest): its steady
+    # steps, or where they are too few its captures' steps. The clean comparison after a restart under
+    # ncu: same job, same work, the earlier records replaced by the armed run's.
+    PREVIOUS_RUN = "previous_run"
+    PREVIOUS_RUN_CAPTURE = "previous_run_capture"
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,8 @@ class ArmingCost:
     n_armed: int
     n_reference: int
     first_iteration: int | None = None  # the first armed step measured
+    run: int | None = None  # the job's run the armed steps are of (perfd.analytics.steps.runs)
+    reference_run: int | None = None  # ... and the run of the reference (PREVIOUS_RUN*)
 
     @property
     def extra_ms(self) -> float:
@@ -60,7 +68,8 @@ class ArmingCost:
     def to_json(self) -> dict[str, Any]:
         return {"basis": self.basis.value, "ranks": list(self.ranks), "armed_ms": self.armed_ms,
                 "reference_ms": self.reference_ms, "n_armed": self.n_armed, "n_reference": self.n_reference,
-                "extra_ms": self.extra_ms, "ratio": self.ratio, "first_iteration": self.first_iteration}
+                "extra_ms": self.extra_ms, "ratio": self.ratio, "first_iteration": self.first_iteration,
+                "run": self.run, "reference_run": self.reference_run}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> ArmingCost | None:
@@ -70,16 +79,23 @@ class ArmingCost:
             return cls(ArmingBasis(d["basis"]), tuple(int(r) for r in d.get("ranks") or ()),
                        float(d["armed_ms"]), float(d["reference_ms"]), int(d["n_armed"]),
                        int(d["n_reference"]),
-                       int(d["first_iteration"]) if isinstance(d.get("first_iteration"), int) else None)
+                       int(d["first_iteration"]) if isinstance(d.get("first_iteration"), int) else None,
+                       int(d["run"]) if isinstance(d.get("run"), int) else None,
+                       int(d["reference_run"]) if isinstance(d.get("reference_run"), int) else None)
         except (KeyError, TypeError, ValueError):
             return None
 
     def text(self) -> str:
         """The report's line."""
-        who = ", ".join(map(str, self.ranks))
-        against = ("its own steps before it was armed" if self.basis is ArmingBasis.EARLIER_STEPS
-                   else "the job's unarmed ranks over the same time")
-        line = (f"Arming ncu cost rank(s) {who} {self.extra_ms:+.0f} ms a step ({self.ratio - 1:+.0%}): "
+        who = f"rank(s) {', '.join(map(str, self.ranks))}" if self.ranks else "the armed rank"
+        against = {ArmingBasis.EARLIER_STEPS: "its own steps before it was armed",
+                   ArmingBasis.UNARMED_RANKS: "the job's unarmed ranks over the same time",
+                   ArmingBasis.PREVIOUS_RUN: f"the steady steps of run {self.reference_run}, the job's last "
+                                             "run without ncu",
+                   ArmingBasis.PREVIOUS_RUN_CAPTURE: f"the captured steps of run {self.reference_run}, the "
+                                                     "job's last run without ncu (its steady steps too few)",
+                   }[self.basis]
+        line = (f"Arming ncu cost {who} {self.extra_ms:+.0f} ms a step ({self.ratio - 1:+.0%}): "
                 f"median step {self.armed_ms:.0f} ms armed ({self.n_armed} steps) against "
                 f"{self.reference_ms:.0f} ms for {against} ({self.n_reference} steps), for the life of the "
                 "process, profiled or not")
@@ -130,6 +146,26 @@ def measure_arming(records: Sequence[StepRecord], armed_at: Mapping[int, float],
     return None
 
 
+
+
+def against_run(armed_steps: Sequence[float], first_iteration: int | None, run: int, ref: RunDigest,
+                ranks: Sequence[int] = ()) -> ArmingCost | None:
+    """The arming cost of run ``run``, whose armed steps (those that would be steady: warm-up, capture
+    and outliers left out) are ``armed_steps``, against ``ref``, an earlier run of the job without an
+    armed rank: its steady steps' median, else its captures' steps (ArmingBasis.PREVIOUS_RUN_CAPTURE).
+    None when the armed steps or the reference are fewer than MIN_STEPS."""
+    if len(armed_steps) < MIN_STEPS:
+        return None
+    armed = statistics.median(armed_steps)
+    if ref.step_median_ms is not None and ref.n_steady >= MIN_STEPS:
+        return ArmingCost(ArmingBasis.PREVIOUS_RUN, tuple(ranks), armed, ref.step_median_ms, len(armed_steps),
+                          ref.n_steady, first_iteration, run, ref.run)
+    captured = ref.capture_median_ms()
+    n_captured = sum(c.last_iteration - c.first_iteration + 1 for c in ref.captures if c.step_ms is not None)
+    if captured is not None and n_captured >= MIN_STEPS:
+        return ArmingCost(ArmingBasis.PREVIOUS_RUN_CAPTURE, tuple(ranks), armed, captured, len(armed_steps),
+                          n_captured, first_iteration, run, ref.run)
+    return None
 
 
 def is_the_arming(inc: Incident, arming: ArmingCost | None) -> bool:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfd.analytics.breakdown import kernels as kernels_mod
-from perfd.analytics.ncu.kernels import KernelBound, NcuKernel
+from perfd.analytics.ncu.kernels import KernelBound, NcuKernel, effective_bound
 
 _OPEN, _CLOSE = "<([{", ">)]}"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -45,6 +45,9 @@ MIN_TEMPLATE_SIMILARITY = 0.5
 
 
 class MatchKind(str, enum.Enum):
+    # launch by launch: each profiled launch matched to the timeline launch it was, by launch order
+    # (perfd.analytics.ncu.launches): its row belongs to the op that launched it
+    LAUNCH = "launch"
     EXACT = "exact"  # the same string
     FUNCTION = "function"  # one timeline kernel with the same function, one side without templates
     # (nsys lists bare functions: its share is that of every instantiation of the function)
@@ -134,6 +137,12 @@ class JoinedKernel:
     # The steps the joined timeline holds (marked in its trace, else as its capture asked): its
     # captured_ms over them is the kernel's time per step. None: not known (older records).
     timeline_steps: float | None = None
+    # LAUNCH: the budget part, phase (forward/backward) and layers of the op that launched these
+    # launches, and the op ("aten::bmm"); captured_ms is then that op's launches of the kernel only
+    part: str | None = None
+    phase: str | None = None
+    layers: tuple[int, ...] = ()
+    op: str = ""
 
     @property
     def step_ms(self) -> float | None:
@@ -146,7 +155,8 @@ class JoinedKernel:
         return {**self.kernel.to_json(), "category": self.category, "match": self.match.value,
                 "timeline_name": self.timeline_name, "captured_ms": self.captured_ms,
                 "captured_share": self.captured_share, "candidates": self.candidates,
-                "timeline_steps": self.timeline_steps}
+                "timeline_steps": self.timeline_steps, "part": self.part, "phase": self.phase,
+                "layers": list(self.layers), "op": self.op}
 
 
 @dataclass(frozen=True)
@@ -154,7 +164,7 @@ class CategorySummary:
     """The profiled kernels of one category: means weighted by profiled time (ratios in [0, 1])."""
 
     category: str
-    kernels: int  # ncu rows (name, grid, block) in the category
+    kernels: int  # ncu rows (name, grid, block[, op]) in the category
     profiled_ms: float  # their profiled time (duration × invocations, under ncu's clocks)
     captured_share: float | None  # the category's share of the captured kernel time
     covered_share: float | None  # share of the captured kernel time of the matched timeline kernels
@@ -166,6 +176,7 @@ class CategorySummary:
     bound: KernelBound | None  # the class holding most of the category's profiled time
     bound_ms: Mapping[str, float]  # class -> profiled ms
     top_stall: str | None  # the stall with the most weighted cycles
+    part: str | None = None  # the budget part its launches' op is in (rows joined launch by launch)
 
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -229,6 +240,42 @@ def join(kernels: Iterable[NcuKernel], timeline: Sequence[TimelineKernel] = (),
     return sorted(out, key=lambda j: (-(j.captured_share or 0.0), -(j.kernel.profiled_ms or 0.0)))
 
 
+def join_launches(groups: Sequence[tuple[Any, NcuKernel]], timeline: Sequence[Any],
+                  steps: float | None = None) -> list[JoinedKernel]:
+    """Rows of kernels regrouped by the op their launches were (perfd.capture.ncu_report.NcuReport
+    .regroup, each with its perfd.analytics.ncu.launches.OpGroup or None): each row with
+    its part, phase, layers and op, and the time the timeline's launches of that kernel by that part
+    and phase take (over ``steps``); rows of launches the timeline could not decide keep their
+    category's name join (:func:`join`). ``timeline``: its launches (TimelineLaunch)."""
+    from perfd.analytics.ncu.launches import launch_key, same
+
+    total_ms = sum(ln.duration_ms for ln in timeline) or None
+    keys: dict[tuple[Any, ...], list[tuple[Any, Any]]] = {}  # (part, phase) -> [(key, launch)]
+    for ln in timeline:
+        keys.setdefault((ln.part, ln.phase), []).append((launch_key(ln.name, ln.grid, ln.block), ln))
+    out: list[JoinedKernel] = []
+    for assigned, k in groups:
+        if assigned is None:
+            out.extend(join([k], [], steps))
+            continue
+        mine = launch_key(k.name, _dim(k.grid), _dim(k.block))
+        same_op = [ln for key, ln in keys.get((assigned.part, assigned.phase), []) if same(mine, key)]
+        ms = sum(ln.duration_ms for ln in same_op) if same_op else None
+        name = same_op[0].name if same_op else None
+        out.append(JoinedKernel(
+            k, kernels_mod.category(name or k.name), MatchKind.LAUNCH, name, ms,
+            ms / total_ms if ms is not None and total_ms else None, 1, steps if ms is not None else None,
+            assigned.part, assigned.phase.value if assigned.phase is not None else None,
+            tuple(assigned.layers), assigned.op))
+    return sorted(out, key=lambda j: (-(j.captured_share or 0.0), -(j.kernel.profiled_ms or 0.0)))
+
+
+def _dim(text: str | None) -> tuple[int, int, int] | None:
+    from perfd.analytics.ncu.launches import dim3
+
+    return dim3(text)
+
+
 def _weighted(rows: Sequence[JoinedKernel], attr: str) -> float | None:
     num = den = 0.0
     for j in rows:
@@ -242,17 +289,18 @@ def summarize(joined: Sequence[JoinedKernel], categories: Mapping[str, float] | 
               ) -> list[CategorySummary]:
     """Per category of the profiled kernels, largest captured (else profiled) time first.
     ``categories``: the capture's category → share of its kernel time (device JSON ``categories``)."""
-    by: dict[str, list[JoinedKernel]] = {}
+    by: dict[tuple[str | None, str], list[JoinedKernel]] = {}
     for j in joined:
-        by.setdefault(j.category, []).append(j)
+        by.setdefault((j.part, j.category), []).append(j)
     out = []
-    for cat, rows in by.items():
+    for (part, cat), rows in by.items():
         bound_ms: dict[str, float] = {}
         stall_cycles: dict[str, float] = {}
         for j in rows:
             w = j.kernel.profiled_ms or 0.0
-            if j.kernel.bound is not None:
-                bound_ms[j.kernel.bound.value] = bound_ms.get(j.kernel.bound.value, 0.0) + w
+            b = effective_bound(j.kernel, j.category)
+            if b is not None:
+                bound_ms[b.value] = bound_ms.get(b.value, 0.0) + w
             for s in j.kernel.stalls:
                 stall_cycles[s.reason] = stall_cycles.get(s.reason, 0.0) + s.cycles * w
         matched = {j.timeline_name: j.captured_share for j in rows
@@ -267,7 +315,8 @@ def summarize(joined: Sequence[JoinedKernel], categories: Mapping[str, float] | 
             dram_throughput=_weighted(rows, "dram_throughput"), tensor_pipe=_weighted(rows, "tensor_pipe"),
             achieved_occupancy=_weighted(rows, "achieved_occupancy"),
             bound=KernelBound(bound) if bound is not None else None, bound_ms=bound_ms,
-            top_stall=max(stall_cycles, key=lambda s: stall_cycles[s]) if stall_cycles else None))
+            top_stall=max(stall_cycles, key=lambda s: stall_cycles[s]) if stall_cycles else None,
+            part=part))
     return sorted(out, key=lambda c: (-(c.captured_share or 0.0), -c.profiled_ms))
 
 

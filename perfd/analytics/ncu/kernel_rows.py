@@ -33,12 +33,12 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.common import TextEnum
 from perfd.analytics.ncu.join import MatchKind
-from perfd.analytics.ncu.kernels import KernelBound
+from perfd.analytics.ncu.kernels import KernelBound, NcuKernel, occupancy_capped
 from perfd.analytics.ncu.remedies import RowVerdict, verdict_of
 
 NCU_KERNEL_ROWS = 3  # the top profiled kernels each budget part carries (and the report shows)
 _POINTWISE = (kc.ELEMENTWISE, kc.NORMALIZATION, kc.REDUCTION, kc.OTHER)
-_MATCHED = (MatchKind.EXACT, MatchKind.FUNCTION, MatchKind.TEMPLATE)
+_MATCHED = (MatchKind.LAUNCH, MatchKind.EXACT, MatchKind.FUNCTION, MatchKind.TEMPLATE)
 
 
 class TimeBasis(TextEnum):
@@ -55,6 +55,9 @@ class Reading(TextEnum):
     DRAM_BANDWIDTH = "dram_bandwidth"  # memory-bound, DRAM near what such a kernel reaches
     CACHE_TRAFFIC = "cache_traffic"  # memory-bound, DRAM well under the memory SOL: L1/L2 traffic
     STALLS = "stalls"  # latency-bound: neither unit busy, its warps wait (the top stall says on what)
+    # latency-bound whatever ncu's rule reads of its SM: no matrix math, and its own registers or shared
+    # memory cap its occupancy (perfd.analytics.ncu.kernels.occupancy_capped): too few warps
+    OCCUPANCY = "occupancy"
 
 
 @dataclass(frozen=True)
@@ -88,9 +91,16 @@ class KernelRow:
     # TIMELINE: the kernel's time by name is more than the part holds by op (its launches serve other
     # parts too: the dropout kernel of attention and of the residual path, seen on the H100): no share.
     spans_parts: bool = False
+    # LAUNCH: the pass and layers its profiled launches ran in, and the op that launched them
+    phase: str | None = None
+    layers: tuple[int, ...] = ()
+    op: str = ""
+    theoretical_occupancy: float | None = None
+    occupancy_limiter: str | None = None  # registers, shared_mem, barriers: what caps its occupancy
 
     def to_json(self) -> dict[str, Any]:
-        return {k: (v.value if isinstance(v, TextEnum) else v) for k, v in self.__dict__.items()}
+        return {k: (v.value if isinstance(v, TextEnum) else list(v) if isinstance(v, tuple) else v)
+                for k, v in self.__dict__.items()}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> KernelRow | None:
@@ -110,7 +120,11 @@ class KernelRow:
                 verdict=RowVerdict(d["verdict"]) if d.get("verdict") else None,
                 candidates=int(d.get("candidates") or 0),
                 timeline=str(d["timeline"]) if d.get("timeline") else None,
-                capture=str(d.get("capture") or ""), spans_parts=bool(d.get("spans_parts")))
+                capture=str(d.get("capture") or ""), spans_parts=bool(d.get("spans_parts")),
+                phase=str(d["phase"]) if d.get("phase") else None,
+                layers=tuple(int(x) for x in d.get("layers") or ()), op=str(d.get("op") or ""),
+                theoretical_occupancy=_f(d, "theoretical_occupancy"),
+                occupancy_limiter=str(d["occupancy_limiter"]) if d.get("occupancy_limiter") else None)
         except (KeyError, ValueError, TypeError):
             return None
 
@@ -121,10 +135,13 @@ def _f(d: Mapping[str, Any], key: str) -> float | None:
 
 
 def reading(category: str, bound: KernelBound | None, compute: float | None, memory: float | None,
-            dram: float | None, tensor: float | None) -> Reading | None:
-    """What the figures behind ncu's class say bounds the kernel (None: they say no more than it)."""
+            dram: float | None, tensor: float | None, capped: bool = False) -> Reading | None:
+    """What the figures behind ncu's class say bounds the kernel (None: they say no more than it).
+    ``capped``: its own resources cap its occupancy (perfd.analytics.ncu.kernels.occupancy_capped)."""
     if bound is KernelBound.LATENCY:
         return Reading.STALLS
+    if capped and bound in (KernelBound.COMPUTE, KernelBound.BALANCED):
+        return Reading.OCCUPANCY
     if bound is KernelBound.COMPUTE and category in _POINTWISE and tensor is not None \
             and tensor < th.NCU_TENSOR_IDLE.value:
         return Reading.ISSUE_SLOTS
@@ -190,7 +207,8 @@ def _bound(rows: Sequence[Mapping[str, Any]]) -> KernelBound | None:
     return max(by, key=lambda b: by[b]) if by else None
 
 
-def _row(rows: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str) -> KernelRow:
+def _row(rows: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str,
+         of_ceiling: float | None = None) -> KernelRow:
     first = rows[0]
     try:
         match = MatchKind(first.get("match"))
@@ -207,8 +225,16 @@ def _row(rows: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str)
     bound = _bound(rows)
     stall, stall_share = _stall(rows)
     profiled = [p for r in rows if (p := _profiled(r)) is not None]
+    theo = _weighted(rows, "theoretical_occupancy")
+    limiter = next((str(r["occupancy_limiter"]) for r in rows if r.get("occupancy_limiter")), None)
+    capped = occupancy_capped(NcuKernel(str(first.get("name") or ""), None, None, 1, (),
+                                        tensor_pipe=tensor, theoretical_occupancy=theo,
+                                        occupancy_limiter=limiter), category)
+    effective = KernelBound.LATENCY if capped and bound in (KernelBound.COMPUTE, KernelBound.BALANCED) \
+        else bound
+    part = str(first["part"]) if first.get("part") else None
     figs = {"compute_throughput": compute, "dram_throughput": dram, "tensor_pipe": tensor,
-            "bound": bound.value if bound is not None else None}
+            "bound": effective.value if effective is not None else None}
     joined_to = first.get("joined_to")
     share = step_ms / part_ms if step_ms is not None and part_ms and part_ms > 0 else None
     return KernelRow(
@@ -219,11 +245,14 @@ def _row(rows: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str)
         captured_share=_f(first, "captured_share") if matched else None,
         compute=compute, memory=memory, dram=dram, tensor=tensor,
         occupancy=_weighted(rows, "achieved_occupancy"), bound=bound,
-        reading=reading(category, bound, compute, memory, dram, tensor), top_stall=stall,
-        top_stall_share=stall_share, verdict=verdict_of(category, figs),
+        reading=reading(category, bound, compute, memory, dram, tensor, capped), top_stall=stall,
+        top_stall_share=stall_share, verdict=verdict_of(category, figs, part, of_ceiling),
         candidates=int(_f(first, "candidates") or 0),
         timeline=str(joined_to) if joined_to else None, capture=capture,
-        spans_parts=share is not None and share > 1.0)
+        spans_parts=share is not None and share > 1.0,
+        phase=str(first["phase"]) if first.get("phase") else None,
+        layers=tuple(sorted({int(x) for r in rows for x in r.get("layers") or () if isinstance(x, int)})),
+        op=str(first.get("op") or ""), theoretical_occupancy=theo, occupancy_limiter=limiter)
 
 
 def _order(r: KernelRow) -> tuple[int, float]:
@@ -237,16 +266,19 @@ def _order(r: KernelRow) -> tuple[int, float]:
 
 
 def kernel_rows(kernels: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str = "",
-                n: int = NCU_KERNEL_ROWS) -> list[KernelRow]:
+                n: int = NCU_KERNEL_ROWS, of_ceiling: float | None = None) -> list[KernelRow]:
     """The top ``n`` rows of one part's ncu kernels (JoinedKernel JSON, each with ``joined_to``: the
-    timeline's capture id, where there was one), the ncu rows of one timeline kernel merged."""
+    timeline's capture id, where there was one), the ncu rows of one timeline kernel (of one op and
+    pass, where joined launch by launch) merged. ``of_ceiling``: the part's measured FLOP rate against
+    the matmul ceiling (a GEMM verdict never contradicts it)."""
     groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for k in kernels:
         if not isinstance(k, Mapping) or not isinstance(k.get("name"), str):
             continue
         tl, ms = k.get("timeline_name"), _f(k, "captured_ms")
         joined = tl and ms is not None and k.get("match") in {m.value for m in _MATCHED}
-        key = ("timeline", tl, ms) if joined else ("ncu", k["name"], k.get("grid"), k.get("block"))
+        key = ("timeline", tl, ms, k.get("part"), k.get("phase")) if joined \
+            else ("ncu", k["name"], k.get("grid"), k.get("block"), k.get("part"), k.get("phase"))
         groups.setdefault(key, []).append(k)
-    rows = [_row(g, part_ms, capture) for g in groups.values()]
+    rows = [_row(g, part_ms, capture, of_ceiling) for g in groups.values()]
     return sorted(rows, key=_order)[:n]

@@ -64,6 +64,8 @@ class NcuKernel:
     tensor_pipe: float | None = field(default=None, metadata=_MEASURED)
     stalls: tuple[StallReason, ...] = ()  # the top ones, most cycles first
     bound: KernelBound | None = None
+    # what caps its theoretical occupancy below the SM's own caps: registers, shared_mem, barriers
+    occupancy_limiter: str | None = None
 
     @property
     def profiled_ms(self) -> float | None:
@@ -78,6 +80,7 @@ class NcuKernel:
                 out[f.name] = getattr(self, f.name)
         out["stalls"] = [{"reason": s.reason, "cycles": s.cycles, "share": s.share} for s in self.stalls]
         out["bound"] = self.bound.value if self.bound is not None else None
+        out["occupancy_limiter"] = self.occupancy_limiter
         return out
 
 
@@ -94,3 +97,23 @@ def classify(compute: float | None, memory: float | None) -> KernelBound | None:
     if compute < high and memory < high and abs(compute - memory) < margin:
         return KernelBound.BALANCED
     return KernelBound.COMPUTE if compute >= memory else KernelBound.MEMORY
+
+
+def occupancy_capped(k: NcuKernel, category: str = "") -> bool:
+    """The kernel does no matrix math (tensor pipes idle) and its own resources (registers, shared
+    memory) cap its occupancy at NCU_OCCUPANCY_CAP or less: too few warps to hide its latencies, however
+    busy ncu's rule reads its SM (a softmax at "compute" 79% with occupancy register-capped at 62.5% on
+    the H100, at 37.5% on a larger one). GEMMs run few warps by design: never."""
+    if category == "gemm" or k.occupancy_limiter is None or k.theoretical_occupancy is None:
+        return False
+    if k.tensor_pipe is not None and k.tensor_pipe >= th.NCU_TENSOR_IDLE.value:
+        return False
+    return k.theoretical_occupancy <= th.NCU_OCCUPANCY_CAP.value
+
+
+def effective_bound(k: NcuKernel, category: str = "") -> KernelBound | None:
+    """ncu's class, except a kernel whose occupancy its own resources cap (occupancy_capped) that the
+    rule calls compute-bound or balanced: latency-bound, its SM busy with too few warps."""
+    if k.bound in (KernelBound.COMPUTE, KernelBound.BALANCED) and occupancy_capped(k, category):
+        return KernelBound.LATENCY
+    return k.bound

@@ -7,6 +7,10 @@ that part's kernels — which is not always a faster kernel:
 
 - GEMMs near the compute ceiling (compute SOL at NVIDIA's high bar): the kernel is as fast as the GPU
   goes; only fewer FLOPs help (less recomputation, a smaller model, a shorter sequence), never a kernel.
+  Where the timeline measured the linear layers' FLOP rate against the matmul ceiling, that decides
+  (issue 51: the budget's "98% of the ceiling" beside ncu's "far below" on the same GEMMs); attention's
+  batched matmuls, the same kernels by name, are attention's (rows joined launch by launch) and get no
+  GEMM verdict.
 - GEMMs far below it (under NVIDIA's latency bar): the shape starves the GPU (tiles half-empty, a grid
   that fills few SMs): sizes that are multiples of the tile, a larger micro-batch.
 - Pointwise or normalisation kernels at high DRAM throughput: near what such a kernel reaches; only
@@ -27,16 +31,18 @@ from typing import Any
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
-from perfd.analytics.breakdown.budget import BudgetPart, StepBudget
+from perfd.analytics.breakdown.budget import BudgetPart, Part, StepBudget
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.ncu.kernels import KernelBound
+from perfd.analytics.ncu.launches import Coverage, coverage_text
 
 SOL_HIGH = th.SOL_HIGH.value
 SOL_LATENCY = th.SOL_LATENCY.value
 FUSION_DRAM = th.NCU_FUSION_DRAM.value
 CLASS_COVERAGE = th.NCU_CLASS_COVERAGE.value
 TENSOR_IDLE = th.NCU_TENSOR_IDLE.value
+GEMM_EFFICIENT = th.GEMM_EFFICIENT.value
 _POINTWISE = (kc.ELEMENTWISE, kc.NORMALIZATION, kc.REDUCTION, kc.OTHER)
 
 
@@ -62,6 +68,8 @@ class PartVerdict:
     tensor: float | None
     capture: str
     chosen: str = ""  # how the profiled kernels were chosen (perfd.capture.ncu_exec.KernelChoice text)
+    covered: str = ""  # what the profiled launches were (perfd.analytics.ncu.launches.coverage_text)
+    of: str | None = None  # the part of the op that launched the kernels, where the budget has no such part
 
     def to_json(self) -> dict[str, Any]:
         return {k: (v.value if isinstance(v, TextEnum) else v) for k, v in self.__dict__.items()}
@@ -72,10 +80,28 @@ def _f(c: Mapping[str, Any], key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def verdict_of(category: str, c: Mapping[str, Any]) -> RowVerdict | None:
-    """The verdict of one category summary (None: its figures call for none of the four)."""
+# The parts whose GEMMs a GEMM verdict speaks of: attention's batched matmuls (Q·Kᵀ, ·V) run the same
+# kernels as the linear layers but are attention's part, whose remedy is fusing it (the budget's)
+_GEMM_PARTS = (Part.LINEAR.value, Part.GEMM.value, Part.COMPUTE.value)
+
+
+def verdict_of(category: str, c: Mapping[str, Any], part: str | None = None,
+               of_ceiling: float | None = None) -> RowVerdict | None:
+    """The verdict of one category summary (None: its figures call for none of the four). ``part``: the
+    budget part its kernels are in, where known; ``of_ceiling``: that part's FLOP rate against the
+    measured matmul ceiling as the timeline measured it (the budget's linear layers), which a GEMM
+    verdict never contradicts: ncu replays each kernel alone, cache flushed, and its SM figures are the
+    kernel's, not the step's."""
     compute, dram, tensor = _f(c, "compute_throughput"), _f(c, "dram_throughput"), _f(c, "tensor_pipe")
-    if category == kc.GEMM and compute is not None:
+    if category == kc.GEMM:
+        if part is not None and part not in _GEMM_PARTS:
+            return None
+        if of_ceiling is not None:  # the trace measured these GEMMs' rate: it decides
+            if of_ceiling >= GEMM_EFFICIENT:
+                return RowVerdict.FEWER_FLOPS
+            return RowVerdict.SHAPE if compute is None or compute < SOL_HIGH else None
+        if compute is None:
+            return None
         if compute >= SOL_HIGH:
             return RowVerdict.FEWER_FLOPS
         if compute < SOL_LATENCY:
@@ -95,18 +121,28 @@ def part_verdicts(b: StepBudget) -> list[PartVerdict]:
     for p in sorted(b.parts, key=lambda p: -p.ms):
         for c in _rows(p):
             cat = str(c.get("category") or "")
-            v = verdict_of(cat, c)
+            # the part of the op that launched them where matched launch by launch (on a timers'
+            # budget it sits on the undivided compute part, but attention's GEMMs stay attention's)
+            of = str(c["part"]) if c.get("part") else None
+            v = verdict_of(cat, c, of or p.part.value, _f(p.detail, "of_ceiling"))
             if v is not None:
                 out.append(PartVerdict(v, p.part.value, cat, int(_f(c, "kernels") or 0), p.ms,
                                        _f(c, "compute_throughput"), _f(c, "memory_throughput"),
                                        _f(c, "dram_throughput"), _f(c, "tensor_pipe"),
-                                       str(c.get("capture") or ""), _chosen(c)))
+                                       str(c.get("capture") or ""), _chosen(c), _covered(c),
+                                       of if of != p.part.value else None))
     return out
 
 
 def _chosen(c: Mapping[str, Any]) -> str:
     choice = c.get("kernel_choice")
     return str(choice.get("text") or "") if isinstance(choice, Mapping) else ""
+
+
+def _covered(c: Mapping[str, Any]) -> str:
+    cov = c.get("coverage")
+    got = Coverage.from_json(cov) if isinstance(cov, Mapping) else None
+    return coverage_text(got) if got is not None else ""
 
 
 def _rows(p: BudgetPart) -> list[Mapping[str, Any]]:
@@ -133,9 +169,11 @@ _ACTION: dict[RowVerdict, str] = {
 def text(v: PartVerdict) -> str:
     figs = (f"compute SOL {_pct(v.compute)}, memory SOL {_pct(v.memory)}, DRAM {_pct(v.dram)}, "
             f"tensor pipe {_pct(v.tensor)}")
+    of = f" ({v.of}'s, by the op that launched them)" if v.of else ""
     return (f"Nsight Compute (capture {v.capture}) on the {v.part} part ({v.part_ms:.0f} ms a step): "
-            f"{v.category}, {v.kernels} kernel(s), time-weighted {figs}"
-            + (f"; kernels chosen {v.chosen}" if v.chosen else ""))
+            f"{v.category}{of}, {v.kernels} kernel(s), time-weighted {figs}"
+            + (f"; kernels chosen {v.chosen}" if v.chosen else "")
+            + (f"; {v.covered}" if v.covered else ""))
 
 
 def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendation]]:
@@ -144,8 +182,8 @@ def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendat
     fs: list[Finding] = []
     rs: list[Recommendation] = []
     for v in part_verdicts(b):
-        fid = f"ncu-{v.part}-{v.category}"
-        title = f"{v.category} kernels of {v.part}: {v.verdict.value.replace('_', ' ')}"
+        fid = f"ncu-{v.part}-{v.of}-{v.category}" if v.of else f"ncu-{v.part}-{v.category}"
+        title = f"{v.category} kernels of {v.of or v.part}: {v.verdict.value.replace('_', ' ')}"
         fs.append(Finding(fid, Severity.INFO, title, text(v) + ".", {"ncu_verdict": v.to_json()}, "",
                           label or b.basis))
         rs.append(Recommendation("", fid, 0, _ACTION[v.verdict], text(v), None, v.verdict.value))

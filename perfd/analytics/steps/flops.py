@@ -30,6 +30,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from perfd.analytics.steps.hf_spec import SpecReading, is_hf_config, read_hf_config
 from perfd.bounds import SPEC_BOUNDS, in_bounds
 from perfd.model import ModelSpec, Provenance
 
@@ -316,45 +317,64 @@ def record_flops(tokens_per_step: float | None, flops_per_step: float | None, sp
                         "flops_per_step=, or model= with the model's shape)",))
 
 
-# Names other codebases give the spec's fields (Hugging Face configs), accepted by ``model=``.
+# Names other codebases give the spec's fields, accepted by ``model=`` in a mapping of perfd's own
+# (a Hugging Face config's dict is read whole, by family: perfd.analytics.steps.hf_spec).
 SPEC_ALIASES: dict[str, str] = {
     "num_hidden_layers": "num_layers", "n_layer": "num_layers", "hidden": "hidden_size",
     "n_embd": "hidden_size", "d_model": "hidden_size", "intermediate_size": "ffn_hidden_size",
     "n_inner": "ffn_hidden_size", "num_heads": "num_attention_heads", "n_head": "num_attention_heads",
     "num_key_value_heads": "num_query_groups", "head_dim": "kv_channels", "seq_len": "seq_length",
-    "max_position_embeddings": "seq_length", "n_positions": "seq_length",
 }
+# Known, never read as the sequence length: a model's context limit is not the length of the
+# sequences a step trains on (the attention term grows with it).
+CONTEXT_LIMIT_FIELDS: tuple[str, ...] = ("max_position_embeddings", "n_positions")
 
 
-def complete_spec(model: ModelSpec | Mapping[str, object]) -> ModelSpec:
-    """The spec with the fields its others define filled in: kv_channels = hidden_size ÷
-    num_attention_heads (the head size, by definition, where it divides), padded_vocab_size =
-    vocab_size (a plain PyTorch model pads nothing; Megatron's padding is its own and its log states
-    the padded size). ``model`` may be a mapping with the spec's field names or the aliases of
-    SPEC_ALIASES. Raises ValueError naming an unknown field (at construction, never in the loop);
-    fields that nothing defines (ffn_hidden_size, seq_length, ...) stay absent."""
+def read_spec(model: ModelSpec | Mapping[str, object]) -> SpecReading:
+    """``model`` read as a spec, with what its others define filled in (complete_spec), the fields
+    it holds that perfd did not use and the notes on what was derived. A Hugging Face config's dict
+    (``config.to_dict()``) is read as it is (hf_spec); any other mapping takes the spec's field
+    names or the aliases of SPEC_ALIASES, and a field that is neither is refused (a typo must not
+    silently drop a term). Raises ValueError (at construction, never in the loop)."""
+    ignored: tuple[str, ...] = ()
+    notes: list[str] = []
     if isinstance(model, ModelSpec):
         spec = dataclasses.replace(model)
+    elif is_hf_config(model):
+        got = read_hf_config(model)
+        spec, ignored, notes = got.spec, got.ignored, list(got.notes)
     else:
         known = set(ModelSpec.__dataclass_fields__)
         fields: dict[str, object] = {}
         unknown = []
         for key, value in model.items():
             name = key if key in known else SPEC_ALIASES.get(key)
-            if name is None:
+            if key in CONTEXT_LIMIT_FIELDS:
+                notes.append(f"{key} ({value}) is the context limit, not the steps' sequence length: give "
+                             "seq_length, or step_end(seq_len=...)")
+            elif name is None:
                 unknown.append(key)
             elif name not in fields or key == name:  # the spec's own name wins over an alias
                 fields[name] = value
         if unknown:
             raise ValueError(f"model: unknown field(s) {sorted(unknown)}; known: {sorted(known)} "
-                             f"(or {sorted(SPEC_ALIASES)})")
+                             f"(or {sorted(SPEC_ALIASES)}, or a Hugging Face config.to_dict())")
         spec = ModelSpec(**fields)  # type: ignore[arg-type]
     h, heads = spec.hidden_size, spec.num_attention_heads
     if spec.kv_channels is None and h and heads and h % heads == 0:
         spec.kv_channels = h // heads
     if spec.padded_vocab_size is None and spec.vocab_size is not None:
         spec.padded_vocab_size = spec.vocab_size
-    return spec
+    return SpecReading(spec, ignored, tuple(notes))
+
+
+def complete_spec(model: ModelSpec | Mapping[str, object]) -> ModelSpec:
+    """The spec with the fields its others define filled in: kv_channels = hidden_size ÷
+    num_attention_heads (the head size, by definition, where it divides), padded_vocab_size =
+    vocab_size (a plain PyTorch model pads nothing; Megatron's padding is its own and its log states
+    the padded size). ``model``: see read_spec. Fields that nothing defines (seq_length, ...) stay
+    absent."""
+    return read_spec(model).spec
 
 
 @dataclass(frozen=True)
@@ -367,6 +387,7 @@ class TokenFlops:
     per_token_per_position: float
     spec: ModelSpec
     formula: str
+    notes: tuple[str, ...] = ()  # how ``model`` was read (read_spec): fields ignored, values derived
 
     def flops(self, tokens: float, seq_length: float) -> float:
         return tokens * (self.per_token + self.per_token_per_position * seq_length)
@@ -375,7 +396,8 @@ class TokenFlops:
 def token_flops(model: ModelSpec | Mapping[str, object], framework: str = "pytorch") -> TokenFlops:
     """perfd's formula (Megatron-Core's, DESIGN.md §2) split into its per-token and per-position
     parts. Needs every field but seq_length; raises ValueError naming what is missing."""
-    spec = complete_spec(model)
+    reading = read_spec(model)
+    spec = reading.spec
     probe = dataclasses.replace(spec, seq_length=1)
     got = megatron_flops(probe, 1, None, framework)
     if not got.available or got.flops_per_iteration is None or got.formula is None:
@@ -387,7 +409,7 @@ def token_flops(model: ModelSpec | Mapping[str, object], framework: str = "pytor
             why += " (vocab_size will do)"
         raise ValueError(f"model: cannot count FLOPs per step: {why}")
     core = got.breakdown.get("core_attention", 0.0)  # attn_factor · q · L at s = 1, one token
-    return TokenFlops(got.flops_per_iteration - core, core, spec, got.formula)
+    return TokenFlops(got.flops_per_iteration - core, core, spec, got.formula, reading.notes)
 
 
 def flops_for_tokens(model: ModelSpec | Mapping[str, object], tokens_per_step: float,

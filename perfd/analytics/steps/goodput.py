@@ -101,6 +101,7 @@ class Goodput:
     end_time: float
     runs: int  # runs of the job seen (1 + restarts)
     notes: list[str] = field(default_factory=list)
+    reached: int | None = None  # the highest iteration any of its runs logged (what a later run redoes)
 
     @property
     def ratio(self) -> float | None:
@@ -109,7 +110,7 @@ class Goodput:
     def to_json(self) -> dict[str, Any]:
         return {"ratio": self.ratio, "wall_s": self.wall_s, "parts_s": dict(self.parts),
                 "start_time": self.start_time, "end_time": self.end_time, "runs": self.runs,
-                "restarts": self.runs - 1, "notes": list(self.notes)}
+                "restarts": self.runs - 1, "notes": list(self.notes), "reached_iteration": self.reached}
 
 
 class SpanColumns:
@@ -172,12 +173,16 @@ def _new_run(prev: StepSpan, cur: StepSpan, log_interval: int | None) -> bool:
 def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
                 incident_cost_s: float | None = None, profiling_s: float | None = None,
                 log_interval: int | None = None, stalled_until: float | None = None,
-                median_step_s: float | None = None, by_end_time: bool = False) -> Goodput | None:
+                median_step_s: float | None = None, by_end_time: bool = False,
+                prior: Goodput | None = None) -> Goodput | None:
     """The job's goodput from its step records (any order: taken by end time), or None without a
     record. ``started_at``: the job's first start-up timestamp. ``stalled_until``: now, for a live job
     that has stopped stepping while its processes are alive. ``median_step_s`` (else the spans'
     median) scales the stall threshold; with it and ``by_end_time`` (the spans come in end-time
-    order) the spans are read once, one at a time: a long run's are never all held."""
+    order) the spans are read once, one at a time: a long run's are never all held. ``prior``: the
+    goodput of the job's earlier runs, up to the end of the last one (perfd.analytics.steps.runs: their
+    records are no longer held): these spans are a new run, the time from its end to their first step
+    is the restart, and ``started_at`` is the earlier runs' (not these spans' start-up)."""
     kept = (s for s in spans if s.step_s >= 0 and s.n >= 1)
     ordered: Iterable[StepSpan]
     if by_end_time and median_step_s is not None:
@@ -197,13 +202,30 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
     stall_min = max(GOODPUT_STALL_FLOOR_S.value, GOODPUT_STALL_STEPS.value * med)
     first_start = first.end_time - first.n * first.step_s
     start = first_start
-    if started_at is not None and started_at < first_start:
+    runs, reached, run_floor = 1, first.iteration, -1  # run_floor: earlier runs reached this iteration
+    if prior is not None:
+        for kind, secs in prior.parts.items():
+            parts[kind] = parts.get(kind, 0.0) + secs
+        notes.extend(prior.notes)
+        start, runs = prior.start_time, prior.runs + 1
+        run_floor = prior.reached if prior.reached is not None else -1
+        reached = max(reached, run_floor)
+        gap = max(0.0, first_start - prior.end_time)
+        for kind, secs in first.before_s.items():  # a pause the new run's hook announced before it
+            if kind in parts and secs > 0:
+                take = min(gap, secs)
+                parts[kind] += take
+                gap -= take
+        parts[RESTART] += gap
+        start = min(start, first_start)
+    elif started_at is not None and started_at < first_start:
         parts[STARTUP], start = first_start - started_at, started_at
     elif started_at is None:
         notes.append("no start-up time (none logged, or the job's first iterations are no longer held): "
                      "the wall time starts at the first step held")
-    parts[TRAINING] += first.n * first.step_s
-    runs, reached, run_floor = 1, first.iteration, -1  # run_floor: earlier runs reached this iteration
+    redo = min(first.n, max(0, run_floor - (first.iteration - first.n))) if run_floor >= 0 else 0
+    parts[REDONE] += first.n * first.step_s * redo / first.n
+    parts[TRAINING] += first.n * first.step_s * (first.n - redo) / first.n
     last = first
     for prev, cur in itertools.pairwise(itertools.chain((first,), it)):
         last = cur
@@ -242,7 +264,7 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
         take = min(parts[TRAINING], max(0.0, cost or 0.0))
         parts[kind] += take
         parts[TRAINING] -= take
-    return Goodput(end - start, parts, start, end, runs, notes)
+    return Goodput(end - start, parts, start, end, runs, notes, reached)
 
 
 def with_incidents(gp: Mapping[str, Any], incident_s: float) -> dict[str, Any]:

@@ -119,6 +119,23 @@ def data_share(rec: StepRecord) -> MetricValue:
                     f"{record_source(rec)}"))
 
 
+def outside_share(rec: StepRecord) -> MetricValue:
+    """Host time between the steps that was neither a data fetch nor an announced pause (the step
+    hook's ``outside-step``, max across ranks) ÷ step time: logging, an evaluation or a loader the
+    hook does not see, time the job spends that no step names."""
+    voc = vocabulary_of(rec)
+    name = next((n for n in voc.outside if n in rec.timers), None)
+    took = timer_max(rec.timers.get(name)) if name is not None else None
+    if name is None or took is None:
+        return MetricValue.absent(voc.outside_absent)
+    step = finite(rec.step_time_ms)
+    if step is None or step <= 0:
+        return MetricValue.absent("step time absent")
+    return MetricValue(took / step, Provenance(
+        voc.source, f"timer {name} ({voc.across_ranks}) {took:g} ms ÷ step time {step:g} ms; "
+                    f"{record_source(rec)}"))
+
+
 @dataclass(frozen=True)
 class CommShare:
     """Exposed communication from Megatron timers, as a share of the step.

@@ -13,14 +13,17 @@ import dataclasses
 import math
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.advice.findings import derive_findings, job_config
+from perfd.analytics.advice.findings import derive_findings, job_config, job_plan
+from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
+from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING, CaptureMatch, finding, job_facts
+from perfd.analytics.breakdown.capture_match import check as check_capture
 from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.breakdown.job_budget import job_budget
 from perfd.analytics.common import (
@@ -50,10 +53,12 @@ from perfd.analytics.steps.metrics import (
     exposed_comm,
     logged_throughput_source,
     mfu,
+    outside_share,
     throughput_per_gpu,
 )
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.steps.row_codes import RowCodes
+from perfd.analytics.steps.run_figures import figures_of, with_runs
 from perfd.analytics.steps.run_incidents import mark_incidents, step_work, straggler_flags
 from perfd.analytics.steps.run_summary import (
     CaptureDisturbances,
@@ -65,6 +70,7 @@ from perfd.analytics.steps.run_summary import (
     step_shares,
     summarize,
 )
+from perfd.analytics.steps.runs import MAX_DIGESTS, RunDigest, digest, split_runs
 from perfd.analytics.steps.steady import SteadyState, steady_state_of
 from perfd.analytics.steps.stragglers import (
     PersistentStragglers,
@@ -75,7 +81,7 @@ from perfd.analytics.steps.stragglers import (
 )
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.dtypes import normalize_dtype
-from perfd.model import CPU, JobInfo, ParallelLayout, Provenance, StepRecord
+from perfd.model import CPU, HOOK_IN_STEP_FIELD, JobInfo, ParallelLayout, Provenance, StepRecord
 
 # Why a CPU-only job has no MFU (perfd.model.JobInfo.device): said instead of "GPU name unknown".
 CPU_ONLY_NO_PEAK = ("the job computes on CPUs (no CUDA in its processes): MFU is measured against a GPU's "
@@ -109,6 +115,9 @@ class IterationResult:
     mfu_vs_measured_ceiling: float | None = _internal("MFU against the measured matmul ceiling: a "
                                                       "finding's context, not a dashboard number", True)
     data_share: float | None = None
+    outside_share: float | None = None
+    in_step_ms: float | None = _internal("the time inside the step hook's step (begin -> end), beside its "
+                                         "period: the step time less the time between the steps", True)
     comm_exposed_share: float | None = None
     comm_exposed_dp_share: float | None = None
     comm_exposed_pp_share: float | None = None
@@ -138,6 +147,7 @@ class IterationResult:
     incident_lost_ms: float | None = None  # step − steady median, inside an incident only
     steady_state: bool = False
     excluded_reason: str | None = None
+    armed: bool = False  # its rank ran armed for a capture (perfd.armed): the profiler's step, never steady
     # metric -> source, or "absent: why"; kept compressed in a run's table (it names the iteration's
     # numbers and log line: ~3 KB of text an iteration)
     sources: dict[str, str] = field(default_factory=dict, metadata={PACKED: True})
@@ -169,6 +179,9 @@ class RunAnalysis:
     peak: PeakResult
     incidents: list[Incident] = field(default_factory=list)
     config: JobConfig | None = None  # what the job runs with, for the remedies (findings.job_config)
+    plan: Plan | None = None  # the remedies as a plan (perfd.analytics.advice.plan), with a capture
+    # Whether the capture the analysis read (its timeline) is of this job (None: no capture read)
+    capture_match: CaptureMatch | None = None
 
     def steady_iterations(self) -> list[IterationResult]:
         """Every steady iteration's row, built at once: for short runs (tests); a long run's
@@ -206,19 +219,23 @@ class RunAnalysis:
         return coder.rows(self.steady_rows() if steady_only else self.iterations)
 
     def to_json(self, iterations: bool = True) -> dict[str, Any]:
-        """Keys: job, iterations, iteration_codes (the rows' legend), summary, incidents. A row has
-        the metrics it has (absent ones are not in it; the legend says why). The report is built
-        above this layer (perfd.report.analysis_json adds it). ``iterations=False``: no rows (a
-        caller that streams them, see iteration_rows)."""
+        """Keys: job, iterations, iteration_codes (the rows' legend), summary, incidents (and
+        capture_match, where a capture was read against the job: perfd.analytics.breakdown
+        .capture_match). A row has the metrics it has (absent ones are not in it; the legend says why).
+        The report is built above this layer (perfd.report.analysis_json adds it).
+        ``iterations=False``: no rows (a caller that streams them, see iteration_rows)."""
         codes = self.row_codes()
         rows = list(self.iteration_rows(codes=codes)) if iterations else []
-        return {
+        out = {
             "job": _json_value(self.job.to_json()),
             "iterations": rows,
             "iteration_codes": codes.legend(),
             "summary": _json_value(self.summary.to_json()),
             "incidents": [_json_value(i.to_json()) for i in self.incidents],
         }
+        if self.capture_match is not None:  # a capture was read against the job: whether it is its
+            out["capture_match"] = _json_value(self.capture_match.to_json())
+        return out
 
 
 def _json_value(v: Any) -> Any:
@@ -316,6 +333,18 @@ class _Context:
     flops_cache: dict[int | None, FlopsResult]
 
 
+def _field_ms(rec: StepRecord, key: str) -> float | None:
+    """A record's field in ms (fields are text as the source gave them), None when absent or not a
+    finite number."""
+    text = rec.fields.get(key)
+    if text is None:
+        return None
+    try:
+        return finite(float(text))
+    except ValueError:
+        return None
+
+
 def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, StragglerResult]:
     """The metrics of one record that need only the record and the job (see AnalysisMemo)."""
     job, lay, world, peak, ranks, flops_cache = (ctx.job, ctx.job.layout, ctx.world, ctx.peak, ctx.ranks,
@@ -367,6 +396,10 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     d = data_share(rec)
     it.data_share = d.value
     srcs["data_share"] = _src(d)
+    o = outside_share(rec)
+    it.outside_share = o.value
+    srcs["outside_share"] = _src(o)
+    it.in_step_ms = _field_ms(rec, HOOK_IN_STEP_FIELD)
     if vocab.optimizer:
         it.optimizer_ms = timer_max(rec.timers.get(vocab.optimizer[0]))
 
@@ -421,17 +454,32 @@ def analyze_run(
     gpm_when: str = "GPM while the job stepped",
     new_normal_at: int | None = None,
     live: bool = True,
+    earlier: Sequence[RunDigest] = (),
+    run: int | None = None,
 ) -> RunAnalysis:
-    """Analyse a run's step records (any order; one record per logged iteration).
+    """Analyse a run's step records (any order within a run; one record per logged iteration).
+    Records holding several runs (a record marked ``first_of_run`` after others begins one: a log
+    with a restart appended) are split there: the analysis is of the last run, each earlier one
+    digested (perfd.analytics.steps.runs), as the live aggregator does when a new run replaces its
+    records. ``earlier``: the digests of runs before these records (the aggregator keeps them).
     ``memo``: keep per-iteration work for the next analysis of the same, grown run.
     ``new_normal_at``: the iteration from which a lasting shift's level is the new normal
     (perfd.analytics.steps.changepoint). ``live=False``: a finished log (its advice is for the next run)."""
-    run = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo,
-                     gpm_when=gpm_when, new_normal_at=new_normal_at, live=live)
-    ordered = sorted(records, key=lambda r: r.iteration)
-    for rec in ordered[run.resume(ordered):]:
-        run.add(rec)
-    return run.finish(job_name)
+    done = list(earlier)
+    segments = split_runs(records)
+    for seg in segments[:-1]:  # earlier runs in the records given: each digested, in order
+        past = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=None, gpm_when=gpm_when,
+                          live=live, earlier=done)
+        for rec in sorted(seg, key=lambda r: r.iteration):
+            past.add(rec)
+        done.append(digest(past.finish(job_name), past.run))
+    builder = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo,
+                         gpm_when=gpm_when, new_normal_at=new_normal_at, live=live, earlier=done,
+                         run=run if len(segments) == 1 else None)
+    ordered = sorted(segments[-1], key=lambda r: r.iteration)
+    for rec in ordered[builder.resume(ordered):]:
+        builder.add(rec)
+    return builder.finish(job_name)
 
 
 class RunBuilder:
@@ -444,8 +492,11 @@ class RunBuilder:
                  dtype: str | None = None, *, gpm: bn.GpmReading | None = None,
                  timeline: TimelineClass | None = None, memo: AnalysisMemo | None = None,
                  gpm_when: str = "GPM while the job stepped", new_normal_at: int | None = None,
-                 live: bool = True) -> None:
+                 live: bool = True, earlier: Sequence[RunDigest] = (), run: int | None = None) -> None:
         lay = job.layout
+        self.earlier = tuple(earlier)[-MAX_DIGESTS:]  # the job's runs before this one
+        # this run's number in the job (the aggregator counts them: the digests it keeps are bounded)
+        self.run = run if run is not None else (earlier[-1].run + 1) if earlier else 1
         self.job, self.gpu_name, self.gpm, self.timeline, self.memo = job, gpu_name, gpm, timeline, memo
         self.live = live
         self.new_normal_at = new_normal_at
@@ -470,6 +521,7 @@ class RunBuilder:
         # With a memo the rows' objects are held by it anyway: no compression, it only costs time.
         self.table: Table[IterationResult] = Table(IterationResult, key="iteration", pack=memo is None)
         self.disturbed = array("b")  # per row: a perfd capture touched the iteration
+        self.armed = array("b")  # per row: its rank ran armed for a capture (perfd.armed)
         self.first: tuple[int, str] | None = None  # (iteration, job) of the earliest record
         self.in_order = True
         self.present: set[int] = set()  # iterations seen, kept only to evict a memo's stale entries
@@ -495,6 +547,7 @@ class RunBuilder:
             return 0
         self.table = kept.table.slice(k, k + m)
         self.disturbed = kept.disturbed[k:k + m]
+        self.armed = array("b", (r.armed for r in ordered[:m]))
         for i in kept.marked:  # finish marks the incidents anew
             if k <= i < k + m:
                 self.table.put(i - k, incident_lost_ms=None)
@@ -541,23 +594,36 @@ class RunBuilder:
         n = len(self.table)
         if n and rec.iteration < self.table.get(n - 1, "iteration"):
             self.in_order = False
+        it.armed = rec.armed
         self.table.append(it)
         self.disturbed.append(rec.disturbed_by_capture)
+        self.armed.append(rec.armed)
         if self.records is not None:
             self.records.append(rec)
+
+    def _match(self, med: Mapping[str, Any]) -> CaptureMatch | None:
+        """Whether the timeline's capture is of this job (perfd.analytics.breakdown.capture_match)."""
+        tl = self.timeline
+        if tl is None or tl.device is None:
+            return None
+        facts = job_facts(self.job, med, self.ctx.peak.peak_tflops, self.ctx.world)
+        devices = tl.devices or (tl.device,)
+        return check_capture(tl.capture_id or tl.source, devices, facts,
+                             float(tl.iterations) if tl.iterations else None)
 
     def finish(self, job_name: str | None = None) -> RunAnalysis:
         memo, lay, ctx = self.memo, self.job.layout, self.ctx
         if memo is not None and len(memo.entries) > len(self.present):  # evicted iterations leave
             for i in [i for i in memo.entries if i not in self.present]:
                 del memo.entries[i]
-        table, disturbed = self.table, self.disturbed
+        table, disturbed, armed = self.table, self.disturbed, self.armed
         if not self.in_order:  # a stable sort, as sorting the records was
             order = sorted(range(len(table)), key=lambda i: table.get(i, "iteration"))
             table, disturbed = table.take(order), array("b", (disturbed[i] for i in order))
+            armed = array("b", (armed[i] for i in order))
         steps_col = list(table.column("step_time_ms"))
         work = step_work(steps_col, list(table.column("model_tflops_per_gpu")))
-        steady = steady_state_of(array("q", table.column("iteration")), steps_col, disturbed, work)
+        steady = steady_state_of(array("q", table.column("iteration")), steps_col, disturbed, work, armed)
         for i, iteration in enumerate(table.column("iteration")):
             table.put(i, steady_state=steady.steady.get(iteration, False),
                       excluded_reason=steady.excluded.get(iteration))
@@ -567,6 +633,11 @@ class RunBuilder:
         steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
         pers = persistent(straggler_flags(table, i) for i in steady_rows)
         med = steady_medians(table, steady_rows, SUMMARY_METRICS)
+        runs = figures_of(self.run, self.earlier, sum(armed), len(steady_rows))
+        ref = runs.reference
+        if ref is not None:  # every step armed: the job's figures are its last unarmed run's
+            med = {k: ref.medians.get(k) for k in SUMMARY_METRICS}
+            steady_rows = array("q")
         name = job_name or (self.first[1] if self.first else None)
         block = job_block(self.job, name, ctx.world, self.gpu_name, ctx.peak, self.canon_dtype,
                           self.dtype_src, self.flops_job)
@@ -578,16 +649,30 @@ class RunBuilder:
                          profiling_s=sum(c for c in (disturbances.excess_s,
                                                      *(i.capture_cost_s for i in incidents)) if c),
                          log_interval=self.job.log_interval, by_end_time=True,
-                         median_step_s=med_ms / 1e3 if med_ms is not None else None)
-        budget = job_budget(med, ctx.peak, lay.pp, self.timeline, self.flops_job)
-        summary = summarize(table, steady_rows, steady, pers, lay, self.gpm, self.timeline, self.gpm_when,
+                         median_step_s=med_ms / 1e3 if med_ms is not None else None,
+                         prior=self.earlier[-1].goodput if self.earlier else None)
+        match = self._match(med)
+        # a capture of another job is read only when the caller insists (the CLI's --capture-force)
+        refused = match is not None and match.refused and not (self.timeline and self.timeline.forced)
+        timeline = None if refused else self.timeline
+        budget = job_budget(med, ctx.peak, lay.pp, timeline, self.flops_job)
+        if budget is not None and timeline is not None and match is not None and not match.matches:
+            # its steps are not the job's steady ones: their excess is not "what the capture added"
+            budget = dataclasses.replace(budget, steady_step_ms=None)
+        summary = summarize(table, steady_rows, steady, pers, lay, self.gpm, timeline, self.gpm_when,
                             med, incidents=incidents, jitter=detection.jitter, disturbances=disturbances,
                             goodput=gp, memory_mib=dict(self.memory_mib) or None, step_budget=budget,
                             shares_of=self.shares_of)
+        summary = with_runs(summary, runs, table, steady, self.run)
         analysis = RunAnalysis(block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
         analysis.config = job_config(analysis, self.job)
+        analysis.capture_match = match
         fs, rs = derive_findings(analysis, self.job, budget, self.live)
+        analysis.plan = job_plan(analysis, self.job, budget)
+        mismatch = finding(match, bool(self.timeline and self.timeline.forced)) if match is not None else None
+        if mismatch is not None:  # its steps are not the job's: their excess is not the profiler's cost
+            fs = [f for f in fs if f.id != CAPTURE_COST_FINDING] + [mismatch]
         run_s = analysis.run_seconds()
         inc_f, inc_r = incident_findings(incidents, run_s or None)
         analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])

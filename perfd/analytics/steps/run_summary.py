@@ -20,12 +20,14 @@ from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.common import median
 from perfd.analytics.incidents.detect import Incident
+from perfd.analytics.ncu.arming import ArmingCost
 from perfd.analytics.steps import beat, windows
 from perfd.analytics.steps.flops import FlopsResult
 from perfd.analytics.steps.goodput import Goodput
 from perfd.analytics.steps.gpus import PeakResult, gpu_memory_mib
 from perfd.analytics.steps.iteration_table import Table
 from perfd.analytics.steps.row_codes import ExcludedRange, excluded_ranges
+from perfd.analytics.steps.runs import Runs
 from perfd.analytics.steps.steady import Exclusion, SteadyState
 from perfd.analytics.steps.stragglers import PersistentStragglers
 from perfd.model import DEVICES, Device, JobInfo, ModelSpec, ParallelLayout
@@ -40,9 +42,13 @@ if TYPE_CHECKING:
 # value is the median over the steady iterations, the step time their mean.
 TIME_WEIGHTED: frozenset[str] = frozenset({
     "mfu", "model_tflops_per_gpu", "logged_tflops_per_gpu", "mfu_vs_measured_ceiling", "data_share",
-    "comm_exposed_share", "comm_exposed_dp_share", "comm_exposed_pp_share", "pp_idle_max", "pp_idle_min",
-    "pp_imbalance"})
+    "outside_share", "comm_exposed_share", "comm_exposed_dp_share", "comm_exposed_pp_share", "pp_idle_max",
+    "pp_idle_min", "pp_imbalance"})
 
+
+# Times per step whose summary value is their mean over the steady steps (time per step over them,
+# whatever the pattern inside: a two-worker loader's alternation, an accumulation every N steps).
+MEAN_TIMES: frozenset[str] = frozenset({"step_time_ms", "in_step_ms"})
 
 # How the summary reduced each value over the steady steps, for the report's sources and headings.
 REDUCTIONS_TEXT = "shares and rates time-weighted, step time the mean, the rest medians"
@@ -52,7 +58,7 @@ def reduction_of(name: str) -> str:
     """How the summary's value ``name`` was taken over the steady steps, in words."""
     if name in TIME_WEIGHTED:
         return "time-weighted (Σ over the steps ÷ Σ step time)"
-    return "mean" if name == "step_time_ms" else "median"
+    return "mean" if name in MEAN_TIMES else "median"
 
 
 def steady_medians(table: Table[IterationResult], steady_rows: Sequence[int],
@@ -64,8 +70,8 @@ def steady_medians(table: Table[IterationResult], steady_rows: Sequence[int],
     for name in metrics:
         if name in TIME_WEIGHTED:  # a share or a rate: summed over the steady steps (windows.weighted)
             med[name] = windows.weighted(_steady_values(table, steady_rows, name), step_col)
-        elif name == "step_time_ms":  # time per step over the steady steps, not one mode of them
-            known = [v for v in step_col if v is not None]
+        elif name in MEAN_TIMES:  # time per step over the steady steps, not one mode of them
+            known = [v for v in _steady_values(table, steady_rows, name) if v is not None]
             med[name] = statistics.fmean(known) if known else None
         else:
             med[name] = median(_steady_values(table, steady_rows, name))
@@ -332,6 +338,9 @@ class RunSummary:
     memory_mib: Mapping[str, float] | None = None  # the largest of each memory report value
     step_budget: StepBudget | None = None
     slow_steps: beat.SlowSteps | None = None  # a jitter's slow steps, their cost and period (steps/beat.py)
+    # The job's runs: the current one, whose figures these are, the earlier runs' digests (steps/runs.py)
+    runs: Runs = field(default_factory=Runs)
+    arming: ArmingCost | None = None  # what running armed (under ncu) cost the current run's steps
 
     def median(self, name: str) -> float | None:
         """The steady value of summary metric ``name`` (an IterationResult attribute); None when absent."""
@@ -368,6 +377,8 @@ class RunSummary:
             "goodput": self.goodput.to_json() if self.goodput is not None else None,
             "memory_mib": dict(self.memory_mib) if self.memory_mib is not None else None,
             "step_budget": self.step_budget.to_json() if self.step_budget is not None else None,
+            "runs": self.runs.to_json(),
+            "arming": self.arming.to_json() if self.arming is not None else None,
         }
 
 

@@ -24,6 +24,7 @@ OUTLIER_FACTOR = 2.0
 # ... and its window of steps past the midpoint between the steady level and that: one mode of a
 # regular pattern (a two-worker loader's long wait) never moves its window's mean that far.
 WINDOW_OUTLIER = (1.0 + OUTLIER_FACTOR) / 2
+ARMED_REASON = "armed: its rank runs under a profiler (perfd ncu-exec): the profiler's step, not the job's"
 
 
 class Exclusion(TextEnum):
@@ -35,6 +36,9 @@ class Exclusion(TextEnum):
     NO_STEP_TIME = "no_step_time"
     OUTLIER = "outlier"  # slower than OUTLIER_FACTOR × the steady step, in a window slower than that too
     INCIDENT = "incident"  # part of an incident (perfd.analytics.incidents.detect)
+    # its rank ran armed for a capture (perfd.armed): the profiler's step, not the job's; an armed step
+    # that would otherwise be steady (what the arming's cost is measured over)
+    ARMED = "armed"
 
 
 # Each kind in one sentence, for a reader of the codes (the per-iteration sentence, with its numbers,
@@ -84,13 +88,18 @@ def steady_state(records: Sequence[StepRecord]) -> SteadyState:
 
 
 def steady_state_of(iterations: Sequence[int], steps: Sequence[float | None],
-                    disturbed: Sequence[int], work: Sequence[float | None] | None = None) -> SteadyState:
+                    disturbed: Sequence[int], work: Sequence[float | None] | None = None,
+                    armed: Sequence[int] | None = None) -> SteadyState:
     """steady_state over columns already in iteration order, step times finite or None (a long
     run's offline analysis keeps its records as columns, not objects); ``work``: each step's size
-    (its FLOPs), where steps differ (windows.per_work)."""
+    (its FLOPs), where steps differ (windows.per_work); ``armed``: each step's rank ran armed for a
+    capture (perfd.armed): never steady, marked ARMED where it would be (the steady level is the
+    unarmed steps' where there are some, else the armed ones': outliers among them stay outliers)."""
     w = warmup_count(len(iterations))
     sized = windows.per_work(steps, work)
-    post = [None if disturbed[i] else sized[i] for i in range(w, len(iterations))]
+    armed = armed if armed is not None else [0] * len(iterations)
+    unarmed = any(not armed[i] for i in range(w, len(iterations)))
+    post = [None if disturbed[i] or (unarmed and armed[i]) else sized[i] for i in range(w, len(iterations))]
     ref = windows.reference(post)
     smooth = windows.rolling(post)
     steady: dict[int, bool] = {}
@@ -106,10 +115,14 @@ def steady_state_of(iterations: Sequence[int], steps: Sequence[float | None],
             kind, reason = Exclusion.CAPTURE, "disturbed by a perfd capture"
         elif step is None:
             kind, reason = Exclusion.NO_STEP_TIME, "no step time"
+        elif armed[i] and unarmed:  # measured against the unarmed level, every armed step is slow
+            kind, reason = Exclusion.ARMED, ARMED_REASON
         elif ref is not None and (own := sized[i]) is not None and own > OUTLIER_FACTOR * ref \
                 and (smooth[i - w] or 0.0) > WINDOW_OUTLIER * ref:
             kind = Exclusion.OUTLIER
             reason = f"step {step:g} ms > {OUTLIER_FACTOR:g}× the steady {ref:.4g} ms a step"
+        elif armed[i]:
+            kind, reason = Exclusion.ARMED, ARMED_REASON
         steady[iteration] = kind is None
         if kind is not None:
             excluded[iteration], kinds[iteration] = reason, kind

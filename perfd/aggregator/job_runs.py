@@ -1,0 +1,108 @@
+"""A job's runs as the job store keeps them (issue 51 item 1; perfd.analytics.steps.runs): the records
+of a run a new one replaced, held until the next analysis digests them, and which run's span the
+captures informing the job's figures are taken from.
+
+A restart — from iteration 1 or resumed from a checkpoint — begins a new run (perfd/aggregator/jobs.py
+``_close_run``): every record the old run held leaves for a digest of it, made once, outside the store's
+lock, by the analysis of those records alone (with the captures of its own span), so no figure of the
+job mixes two runs and later runs keep the old one as a reference.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
+from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.analytics.steps.run_analysis import analyze_run
+from perfd.analytics.steps.runs import RunDigest, digest, last_unarmed
+from perfd.model import JobInfo, StepRecord
+
+if TYPE_CHECKING:
+    from perfd.aggregator.jobs import JobState
+
+log = logging.getLogger(__name__)
+
+Span = tuple[float | None, float | None]  # (from, to) epoch s; None: open
+
+
+@dataclass
+class ClosedRun:
+    """A run whose records a new run replaced, held until the next analysis digests it."""
+
+    run: int
+    records: list[StepRecord]
+    info: JobInfo | None
+
+
+def figures_span(newest: Iterable[StepRecord], run_start: float | None, runs: Sequence[RunDigest]) -> Span:
+    """(from, to) epoch s of the run whose figures the job's analysis reports: the current run's (from
+    ``run_start``, its first step's start; open-ended), or — the records of its newest iteration all
+    armed (a rank is armed for its process's life: so is its run) — the last earlier run without an
+    armed rank: the captures informing the class and the budget are taken from that span only."""
+    held = list(newest)
+    if held and all(r.armed for r in held):
+        ref = last_unarmed(runs)
+        if ref is not None:
+            return ref.start_time, ref.end_time
+    after = runs[-1].end_time if runs else None
+    return (run_start if run_start is not None else after), None
+
+
+def digest_runs(job: str, closed: Sequence[ClosedRun], done: list[RunDigest],
+                windows: list[tuple[float, float]], timeline_of: Callable[[Span], TimelineClass | None],
+                gpu: str | None, peak_tflops: float | None) -> tuple[list[RunDigest], int]:
+    """``done`` with a digest of each closed run appended, in order (the analysis of its records
+    alone, with the capture of its own span); and how many could not be analysed (logged)."""
+    failed = 0
+    for c in closed:
+        info = job_info_of(c.info, c.records)
+        recs = mark_disturbed(job_level_steps(c.records), windows)
+        start = min((r.end_time - (r.step_time_ms or 0.0) / 1e3 for r in recs if r.end_time is not None),
+                    default=None)
+        end = max((r.end_time for r in recs if r.end_time is not None), default=None)
+        try:
+            a = analyze_run(info, recs, gpu_name=gpu, peak_tflops=peak_tflops, job_name=job,
+                            timeline=timeline_of((start, end)), earlier=done, run=c.run)
+        except Exception:  # counted; the run's digest is lost, never the job's analysis
+            log.exception("job %s: the digest of run %d failed", job[:80], c.run)
+            failed += 1
+            continue
+        done.append(digest(a, c.run))
+    return done, failed
+
+
+def of_ended_run(ended_pids: set[str], rec: StepRecord) -> bool:
+    """A step hook's record from the process of a run that has ended (a late delivery): never the
+    current run's."""
+    if not ended_pids or rec.source is None or rec.source.collector != "hook":
+        return False
+    return rec.fields.get("pid") in ended_pids
+
+
+def close_run(js: JobState, scope: str, rec: StepRecord, max_marks: int) -> tuple[int, int]:
+    """``rec`` begins a new run of the job (the store's lock held): every record the old run held — a
+    restart from iteration 1 or a resume from a checkpoint alike — leaves for a digest of that run (made
+    at the next analysis), so no figure mixes the two runs. The run's train-iters, its new normal and
+    the hook pids of its ranks go with it. Returns (the run that ended, its records replaced)."""
+    ended = js.run
+    held = list(js.records.values())
+    if held:  # the job info of its own start-up: the next run's may have arrived before its first record
+        js.closed.append(ClosedRun(ended, held, js.run_info or js.job_info))
+    pid = rec.fields.get("pid") if rec.source is not None and rec.source.collector == "hook" else None
+    js.ended_pids.update(p for r in held if r.source is not None and r.source.collector == "hook"
+                         and (p := r.fields.get("pid")) is not None and p != pid)
+    if len(js.ended_pids) > max_marks:
+        js.ended_pids = set()  # bounded: pids come from the network
+    js.run_marks = {scope: pid} if pid is not None else {}
+    js.run_scopes, js.run_start, js.run_info = set(), None, js.job_info
+    js.records, js.owner, js.iterations = {}, {}, []
+    js.by_iteration, js.iteration_bytes, js.held_bytes = OrderedDict(), {}, 0
+    js.train_iters, js.new_normal_at, js.evicted_any = None, None, False
+    js.run += 1
+    js.dirty = True
+    return ended, len(held)

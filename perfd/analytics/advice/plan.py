@@ -1,0 +1,384 @@
+"""The remedies as the plan an engineer would make (issue "the plan an engineer would make"): in the
+order one applies them — the options that take minutes first, then the one install that covers the
+most, then code changes — each with its effort, its typed relations to the others (one replaces
+another, two overlap on the same kernels or gaps, one requires a package), its prerequisites checked
+against what the job's start-up shows, and the combined gain of the set a user would apply, stage by
+stage. Pure: fitted Advice in (perfd.analytics.advice.remedy_catalog), a typed Plan out; English only
+in :func:`item_text` and the views.
+
+The combined gain is not the sum of the gains: each remedy names what it removes from which slice of
+the step (:class:`~perfd.analytics.advice.remedies.Removal`); a set removes each slice once, the most
+any of its remedies removes of it (fused attention removes the attention dropout's kernels with the rest
+of attention; timer level 1 and a larger micro-batch act on the same synchronisation gaps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from perfd.analytics.advice.remedies import (
+    RUN_SPREAD_OF_STEP,
+    Advice,
+    Effort,
+    JobConfig,
+    Removal,
+)
+from perfd.analytics.common import TextEnum
+from perfd.model import ABSENT, PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
+
+
+class Relation(TextEnum):
+    REPLACES = "replaces"  # applied, it removes everything the other would: the other is moot
+    REPLACED_BY = "replaced_by"  # the other removes everything this one would
+    OVERLAPS = "overlaps"  # both remove some of the same kernels or gaps: counted once together
+    REQUIRES = "requires"  # a package the remedy cannot run without
+
+
+class Presence(TextEnum):
+    """What the job's start-up shows of a package (Megatron-LM prints TE's version and warns when TE or
+    Apex's CUDA extensions are missing; it says nothing of flash-attn)."""
+
+    PRESENT = "present"
+    ABSENT = "absent"
+    UNKNOWN = "not shown"
+
+
+PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAGE_FLASH_ATTN: "flash-attn"}
+# What a package must bring for the remedies here, beyond being importable.
+PACKAGE_NOTES = {
+    PACKAGE_APEX: "with its CUDA extensions (amp_C, scaled_masked_softmax_cuda, "
+    "fused_weight_gradient_mlp_cuda): "
+    "the Python package alone changes nothing",
+    PACKAGE_FLASH_ATTN: "the separate flash-attn package: --attention-backend flash uses it alone",
+}
+
+
+@dataclass(frozen=True)
+class Link:
+    relation: Relation
+    target: str  # a RemedyId value, or a package for REQUIRES
+    shared_ms: tuple[float, float] | None = None  # OVERLAPS / REPLACES: the gain they share, counted once
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "relation": self.relation.value,
+            "target": self.target,
+            "shared_ms": list(self.shared_ms) if self.shared_ms else None,
+        }
+
+
+@dataclass(frozen=True)
+class Prerequisite:
+    package: str
+    presence: Presence
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"package": self.package, "presence": self.presence.value, "note": self.note}
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    remedy: str  # RemedyId value
+    action: str
+    effort: Effort
+    gain_ms: tuple[float, float] | None  # alone, with the run-to-run spread
+    stage: int  # index into Plan.stages; -1: not in the set (its gain is not promised: measure it)
+    links: tuple[Link, ...] = ()
+    prerequisites: tuple[Prerequisite, ...] = ()
+    moot_by: str | None = None  # an item of this or an earlier stage that replaces it
+    flags: tuple[str, ...] = ()
+    remove: tuple[str, ...] = ()
+    any_of: bool = False  # any one of its prerequisites will do (TE or Apex)
+    removes: tuple[Removal, ...] = ()  # what its gain is made of: a set of items is combined from them
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "remedy": self.remedy,
+            "action": self.action,
+            "effort": self.effort.value,
+            "any_of": self.any_of,
+            "gain_ms": list(self.gain_ms) if self.gain_ms else None,
+            "stage": self.stage,
+            "links": [k.to_json() for k in self.links],
+            "prerequisites": [p.to_json() for p in self.prerequisites],
+            "moot_by": self.moot_by,
+            "flags": list(self.flags),
+            "remove": list(self.remove),
+            "removes": [[r.atom, r.low_ms, r.high_ms] for r in self.removes],
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> PlanItem:
+        g = d.get("gain_ms")
+        return PlanItem(
+            str(d["remedy"]),
+            str(d.get("action") or ""),
+            Effort(str(d["effort"])),
+            (float(g[0]), float(g[1])) if isinstance(g, list) and len(g) == 2 else None,
+            int(d.get("stage", -1)),
+            tuple(
+                Link(
+                    Relation(str(k["relation"])),
+                    str(k["target"]),
+                    (float(k["shared_ms"][0]), float(k["shared_ms"][1])) if k.get("shared_ms") else None,
+                )
+                for k in d.get("links") or []
+            ),
+            tuple(
+                Prerequisite(str(p["package"]), Presence(str(p["presence"])), str(p.get("note") or ""))
+                for p in d.get("prerequisites") or []
+            ),
+            d.get("moot_by"),
+            tuple(d.get("flags") or []),
+            tuple(d.get("remove") or []),
+            bool(d.get("any_of")),
+            tuple(Removal(str(r[0]), float(r[1]), float(r[2])) for r in d.get("removes") or []),
+        )
+
+
+@dataclass(frozen=True)
+class PlanStage:
+    """One round of changes, then a re-capture: the items applied in it, what it installs (none for
+    options), the combined gain of the stage on top of the ones before, and of everything up to it."""
+
+    effort: Effort
+    items: tuple[str, ...]
+    gain_ms: tuple[float, float]
+    total_ms: tuple[float, float]
+    install: tuple[str, ...] = ()  # packages (any one of them, where several)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "effort": self.effort.value,
+            "items": list(self.items),
+            "gain_ms": list(self.gain_ms),
+            "total_ms": list(self.total_ms),
+            "install": list(self.install),
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> PlanStage:
+        return PlanStage(
+            Effort(str(d["effort"])),
+            tuple(str(x) for x in d.get("items") or []),
+            (float(d["gain_ms"][0]), float(d["gain_ms"][1])),
+            (float(d["total_ms"][0]), float(d["total_ms"][1])),
+            tuple(str(x) for x in d.get("install") or []),
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    step_ms: float
+    items: tuple[PlanItem, ...]  # in the plan's order
+    stages: tuple[PlanStage, ...]
+
+    def item(self, remedy: str) -> PlanItem | None:
+        return next((i for i in self.items if i.remedy == remedy), None)
+
+    def combined(self, remedies: Iterable[str]) -> tuple[float, float]:
+        """The combined gain of applying these of its items together (overlaps once, spread once)."""
+        want = set(remedies)
+        return combined([i for i in self.items if i.remedy in want], self.step_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step_ms": self.step_ms,
+            "items": [i.to_json() for i in self.items],
+            "stages": [s.to_json() for s in self.stages],
+        }
+
+    @staticmethod
+    def from_json(d: Any) -> Plan | None:
+        if not isinstance(d, Mapping):
+            return None
+        try:
+            return Plan(
+                float(d["step_ms"]),
+                tuple(PlanItem.from_json(i) for i in d.get("items") or []),
+                tuple(PlanStage.from_json(s) for s in d.get("stages") or []),
+            )
+        except (KeyError, ValueError, TypeError, IndexError):
+            return None
+
+
+# --- the arithmetic ---------------------------------------------------------------------------------
+def combined(advice: Iterable[Advice | PlanItem], step_ms: float) -> tuple[float, float]:
+    """The gain of applying ``advice`` (fitted, or a plan's items) together: each slice of the step
+    removed once, by the most any of them removes of it, low and high apart (a remedy another of the
+    set replaces adds nothing); the run-to-run spread once."""
+    lo: dict[str, float] = {}
+    hi: dict[str, float] = {}
+    given = list(advice)
+    for a in given:
+        if any(b is not a and covers(b, a) for b in given):
+            continue
+        for r in a.removes:
+            if r.high_ms < 0 or r.low_ms < 0:  # a remedy's own cost: its own slice, always paid
+                lo[f"{_id(a)}/{r.atom}"] = r.low_ms
+                hi[f"{_id(a)}/{r.atom}"] = r.high_ms
+                continue
+            lo[r.atom] = max(lo.get(r.atom, 0.0), r.low_ms)
+            hi[r.atom] = max(hi.get(r.atom, 0.0), r.high_ms)
+    s = RUN_SPREAD_OF_STEP * step_ms
+    return sum(lo.values()) - s, sum(hi.values()) + s
+
+
+def _id(a: Advice | PlanItem) -> str:
+    return a.remedy if isinstance(a, PlanItem) else a.remedy.value
+
+
+def _atoms(a: Advice | PlanItem) -> dict[str, Removal]:
+    return {r.atom: r for r in a.removes if r.low_ms >= 0 and r.high_ms > 0}
+
+
+def covers(a: Advice | PlanItem, b: Advice | PlanItem) -> bool:
+    """``a`` removes every slice ``b`` does, each as much (taken in the middle of its range, which
+    gives to within the run-to-run spread): applied, ``a`` leaves nothing for ``b``."""
+    mine, theirs = _atoms(a), _atoms(b)
+    return (
+        bool(theirs)
+        and set(theirs) <= set(mine)
+        and all(
+            mine[k].low_ms + mine[k].high_ms >= 0.85 * (theirs[k].low_ms + theirs[k].high_ms) for k in theirs
+        )
+    )
+
+
+def relations(a: Advice, others: Sequence[Advice]) -> tuple[Link, ...]:
+    """How ``a`` stands to each of ``others``: it replaces one whose every slice it removes as much of
+    (or is replaced by it); it overlaps one it shares slices with (the shared gain, counted once); and
+    the packages it requires."""
+    mine = _atoms(a)
+    out: list[Link] = []
+    for b in others:
+        if b.remedy is a.remedy:
+            continue
+        theirs = _atoms(b)
+        shared = set(mine) & set(theirs)
+        if not shared:
+            continue
+        both = (
+            sum(min(mine[k].low_ms, theirs[k].low_ms) for k in shared),
+            sum(min(mine[k].high_ms, theirs[k].high_ms) for k in shared),
+        )
+        rel = (
+            Relation.REPLACES if covers(a, b) else Relation.REPLACED_BY if covers(b, a) else Relation.OVERLAPS
+        )
+        out.append(Link(rel, b.remedy.value, both))
+    out += [Link(Relation.REQUIRES, p) for p in a.requires]
+    return tuple(out)
+
+
+def presence(cfg: JobConfig, package: str) -> Presence:
+    v = cfg.packages.get(package)
+    if v is None:
+        return Presence.UNKNOWN
+    return Presence.ABSENT if v == ABSENT else Presence.PRESENT
+
+
+def prerequisites(a: Advice, cfg: JobConfig) -> tuple[Prerequisite, ...]:
+    return tuple(Prerequisite(p, presence(cfg, p), PACKAGE_NOTES.get(p, "")) for p in a.requires)
+
+
+def _installs(
+    items: Sequence[Advice], step_ms: float, done: Sequence[Advice]
+) -> list[tuple[tuple[str, ...], list[Advice]]]:
+    """The install stages: the package whose install brings the largest combined gain (on top of what is
+    done) first, with every remaining item it satisfies; then the next."""
+    left = list(items)
+    out: list[tuple[tuple[str, ...], list[Advice]]] = []
+    applied = list(done)
+    while left:
+        packages = sorted({p for a in left for p in a.needs})
+
+        cover = {p: [a for a in left if p in a.needs and (a.needs_one or len(a.needs) == 1)]
+                 for p in packages}
+        best = max(packages, key=lambda p: (combined([*applied, *cover[p]], step_ms)[0], p), default=None)
+        got = cover[best] if best is not None else []
+        if not got:  # remedies needing several packages at once
+            got, best = [left[0]], None
+        pkgs = (best,) if best is not None else tuple(left[0].needs)
+        out.append((pkgs, got))
+        applied += got
+        left = [a for a in left if a not in got]
+    return out
+
+
+def _order(items: Sequence[Advice]) -> list[Advice]:
+    return sorted(items, key=lambda a: -(a.gain.mid_ms if a.gain else 0.0))
+
+
+def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float) -> Plan | None:
+    """The plan of the fitted ``advice`` (None without any). The set a user would apply is every remedy
+    whose whole range is a gain: the flags first (one stage), then one stage per install (the one that
+    brings most first), then the code changes; a remedy whose range reaches below zero is listed apart,
+    to measure (stage -1)."""
+    if not advice or step_ms <= 0:
+        return None
+    promised = [a for a in advice if a.gain is not None and a.gain.promised]
+    groups: list[tuple[Effort, tuple[str, ...], list[Advice]]] = []
+    flags = _order([a for a in promised if a.effort is Effort.FLAG])
+    if flags:
+        groups.append((Effort.FLAG, (), flags))
+    installs = [a for a in promised if a.effort is Effort.INSTALL]
+    for pkgs, got in _installs(installs, step_ms, flags):
+        groups.append((Effort.INSTALL, pkgs, _order(got)))
+    code = _order([a for a in promised if a.effort is Effort.CODE])
+    if code:
+        groups.append((Effort.CODE, (), code))
+    stages: list[PlanStage] = []
+    applied: list[Advice] = []
+    stage_of: dict[str, int] = {}
+    before: tuple[float, float] | None = None
+    for effort, pkgs, got in groups:
+        total = combined([*applied, *got], step_ms)
+        # every total carries the run-to-run spread once: a later stage's own gain is the difference
+        gain = total if before is None else (total[0] - before[0], total[1] - before[1])
+        stages.append(PlanStage(effort, tuple(a.remedy.value for a in got), gain, total, pkgs))
+        for a in got:
+            stage_of[a.remedy.value] = len(stages) - 1
+        applied += got
+        before = total
+    ordered = [a for _e, _p, got in groups for a in got]
+    ordered += _order([a for a in advice if a not in ordered])
+    items = []
+    for a in ordered:
+        links = relations(a, ordered)
+        st = stage_of.get(a.remedy.value, -1)
+        moot = (
+            next(
+                (
+                    b.remedy.value
+                    for b in ordered
+                    if b is not a and _replaces(b, a) and 0 <= stage_of.get(b.remedy.value, -1) <= st
+                ),
+                None,
+            )
+            if st >= 0
+            else None
+        )
+        items.append(
+            PlanItem(
+                a.remedy.value,
+                a.action,
+                a.effort,
+                (a.gain.low_ms, a.gain.high_ms) if a.gain else None,
+                st,
+                links,
+                prerequisites(a, cfg),
+                moot,
+                tuple(f.text() for f in a.flags),
+                a.remove,
+                a.needs_one and len(a.requires) > 1,
+                a.removes,
+            )
+        )
+    return Plan(step_ms, tuple(items), tuple(stages))
+
+
+def _replaces(b: Advice, a: Advice) -> bool:
+    return covers(b, a)

@@ -1,0 +1,472 @@
+"""The remedies for the step's gaps and per-step work, one small function each (the registry is
+perfd.analytics.advice.remedy_catalog.REMEDIES): host synchronisations, micro-batch size, CUDA graphs,
+the optimizer (fused Adam; Megatron-LM's gradient norm without Apex or Transformer Engine, an .item()
+per parameter tensor; the weight gradient accumulated by its GEMM), communication overlap, the data
+loader and the pipeline. Each reads the budget's idle by cause and phase (perfd.capture.sweep) and the
+job's configuration, and names what it removes (:class:`~perfd.analytics.advice.remedies.Removal`) so
+that a plan counts two remedies acting on the same gaps once. Pure.
+"""
+
+from __future__ import annotations
+
+from perfd.analytics import thresholds as th
+from perfd.analytics.advice.remedies import (
+    BARE_SYNC,
+    DATA_KNOBS,
+    DATA_WAIT_BACK,
+    FUSED_ADAM_SAVES,
+    GRAD_ACCUM_SAVES,
+    GRAD_NORM_KERNELS,
+    GRAD_NORM_SYNCS_BACK,
+    GRAPH_GAPS_BACK,
+    GRAPH_REPLAY_COST_OF_STEP,
+    HALF_MICROBATCH_LAUNCHES,
+    HALF_MICROBATCH_TIMERS,
+    MULTI_TENSOR_SAVES,
+    OVERLAP_HIDES,
+    PER_TENSOR_ADAM_SAVES,
+    PER_TENSOR_LAUNCHES_BACK,
+    PIPELINE_WAIT_BACK,
+    SYNC_GAP_BACK,
+    TIMER_SYNC_BACK,
+    Advice,
+    FitContext,
+    Framework,
+    JobConfig,
+    RemedyId,
+    Removal,
+    flags_for,
+    gain_of,
+    idle_ms,
+    named,
+    op_ms,
+    ranged,
+    removal,
+)
+from perfd.analytics.breakdown.budget import IdleCause, Part, Phase, StepBudget
+from perfd.analytics.incidents.verdict_text import DATA_LOADING_ACTION
+from perfd.model import PACKAGE_APEX, PACKAGE_TE
+
+LAYERS, OPT = Phase.LAYERS, Phase.OPTIMIZER
+
+
+def atom_idle(cause: IdleCause, phase: Phase, owner: str = "") -> str:
+    """The atom of one slice of idle (the same string in every remedy that acts on it)."""
+    return f"idle:{cause.value}:{phase.value}:{owner}"
+
+
+TIMER_GAPS = atom_idle(IdleCause.SYNC, LAYERS, BARE_SYNC)
+LAUNCH_GAPS = atom_idle(IdleCause.LAUNCH, LAYERS)
+OPT_LAUNCH_GAPS = atom_idle(IdleCause.LAUNCH, OPT)
+NORM_SYNCS = atom_idle(IdleCause.SYNC, OPT, "aten::item")
+
+
+def timer_gaps(b: StepBudget) -> float:
+    """The idle after bare device synchronisations in the forward-backward phase: Megatron-LM's
+    per-micro-batch timers (their batch-generator one takes the data fetch into its gap)."""
+    return idle_ms(b, IdleCause.SYNC, LAYERS, BARE_SYNC)
+
+
+def microbatches(cfg: JobConfig) -> int | None:
+    if not cfg.micro_batch or not cfg.global_batch:
+        return None
+    per = cfg.micro_batch * (cfg.dp or 1)
+    return cfg.global_batch // per if cfg.global_batch % per == 0 else None
+
+
+def timer_sync(c: FitContext) -> Advice | None:
+    b, cfg = c.budget, c.config
+    if cfg.framework is not Framework.MEGATRON:
+        gaps = idle_ms(b, IdleCause.SYNC)
+        if not gaps or not named(b, gaps):
+            return None
+        n = sum(r.gaps for r in b.idle if r.cause is IdleCause.SYNC)
+        owners = sorted({r.owner for r in b.idle if r.cause is IdleCause.SYNC and r.ms >= 0.05 * gaps})
+        basis = (
+            f"{n:.0f} synchronisations a step ({', '.join(owners)}), the GPU idle {gaps:.0f} ms after them "
+            f"while the host launches again; without them the host runs ahead (× {SYNC_GAP_BACK[0]:g}–"
+            f"{SYNC_GAP_BACK[1]:g})"
+        )
+        return Advice(
+            RemedyId.TIMER_SYNC,
+            Part.IDLE_SYNC,
+            "Remove host synchronisations from the step: "
+            ".item(), .cpu(), torch.cuda.synchronize(), printing tensors; log every N steps",
+            ranged(gaps, SYNC_GAP_BACK, basis),
+            removes=(removal("idle:sync", gaps, SYNC_GAP_BACK),),
+        )
+    m = microbatches(cfg)
+    gaps = timer_gaps(b)
+    if cfg.arg("timing_log_level") != "2" or m is None or not named(b, gaps):
+        return None
+    flags, notes = flags_for(cfg, ("--timing-log-level", "1"))
+    if not flags:
+        return None
+    basis = (
+        f"the GPU idles {gaps:.0f} ms a step after the bare device synchronisations of the forward-backward "
+        f"phase: the level-2 timers' ({LEVEL2_TEXT} × {m} micro-batches), which level 1 drops "
+        f"(× {TIMER_SYNC_BACK[0]:g}–{TIMER_SYNC_BACK[1]:g}); the step-level timers stay"
+    )
+    return Advice(
+        RemedyId.TIMER_SYNC,
+        Part.IDLE_SYNC,
+        "Time the step without per-micro-batch synchronisations: --timing-log-level 1 (0 outside diagnosis)",
+        ranged(gaps, TIMER_SYNC_BACK, basis),
+        flags,
+        cost="the per-micro-batch timers go (batch-generator: the data wait perfd reads from the log; "
+        "forward-compute/backward-compute): the step hook or a capture still gives the data wait",
+        notes=notes,
+        removes=(removal(TIMER_GAPS, gaps, TIMER_SYNC_BACK),),
+    )
+
+
+LEVEL2_TEXT = "forward-compute, backward-compute, batch-generator, each started and stopped"
+
+
+def micro_batch(c: FitContext) -> Advice | None:
+    """Twice the micro-batch, the global batch kept: what is paid per micro-batch halves (the timers'
+    gaps, the launches of the forward-backward phase); what is paid per step (the optimizer phase's
+    gaps and kernels) stays."""
+    b, cfg = c.budget, c.config
+    m = microbatches(cfg)
+    if cfg.framework is not Framework.MEGATRON or m is None or m < 2 or not cfg.micro_batch:
+        return None
+    timers = timer_gaps(b) if cfg.arg("timing_log_level") == "2" else 0.0
+    # a capture without its host side has no phases: every short gap is a launch gap
+    launch = idle_ms(b, IdleCause.LAUNCH, LAYERS) if b.idle else b.ms(Part.IDLE_SHORT)
+    removes = (
+        removal(TIMER_GAPS, timers, HALF_MICROBATCH_TIMERS),
+        removal(LAUNCH_GAPS, launch, HALF_MICROBATCH_LAUNCHES),
+    )
+    gain_mid = sum(r.low_ms + r.high_ms for r in removes) / 2
+    if not named(b, gain_mid):
+        return None
+    new = cfg.micro_batch * 2
+    flags, notes = flags_for(cfg, ("--micro-batch-size", str(new)))
+    if not flags:
+        return None
+    cost = memory_cost(cfg)
+    if cost is None:
+        return None
+    if cfg.pp and cfg.pp > 1:
+        p = cfg.pp
+        cost += (
+            f"; with {p} pipeline stages the bubble grows from {(p - 1) / (m + p - 1):.0%} to "
+            f"{(p - 1) / (m // 2 + p - 1):.0%} ({m} → {m // 2} micro-batches)"
+        )
+    per_step = idle_ms(b, IdleCause.LAUNCH, OPT) + idle_ms(b, IdleCause.SYNC, OPT)
+    basis = (
+        f"{m} → {m // 2} micro-batches a step: of the per-micro-batch gaps, the timers' {timers:.0f} ms "
+        "halve "
+        f"(× {HALF_MICROBATCH_TIMERS[0]:g}–{HALF_MICROBATCH_TIMERS[1]:g}) and the forward-backward launch "
+        f"gaps' {launch:.0f} ms mostly go (× {HALF_MICROBATCH_LAUNCHES[0]:g}–"
+        f"{HALF_MICROBATCH_LAUNCHES[1]:g}: "
+        f"the host launches half as many kernels for the same work); the optimizer phase's {per_step:.0f} ms "
+        "of gaps are per step and stay"
+    )
+    return Advice(
+        RemedyId.MICRO_BATCH,
+        Part.IDLE_SHORT,
+        f"Fewer, larger micro-batches: {flags[0].text()} (global batch {cfg.global_batch} unchanged)",
+        gain_of(removes, basis),
+        flags,
+        cost=cost,
+        notes=notes,
+        removes=removes,
+    )
+
+
+def memory_cost(cfg: JobConfig) -> str | None:
+    """What doubling the micro-batch asks of memory (None: it does not fit), from the log's report:
+    the state the step keeps ("allocated" between steps) plus twice the activations above it."""
+    peak, static = cfg.memory_mib.get("max allocated"), cfg.memory_mib.get("allocated")
+    total = cfg.gpu_memory_mib
+    if peak is None or static is None or total is None:
+        return "memory: activations double (the log's memory report or the GPU's size is unknown: check)"
+    new = static + 2 * (peak - static)
+    if new > th.MEMORY_HEADROOM.value * total:
+        return None
+    return (
+        f"memory: peak allocated {peak / 1024:.1f} → ~{new / 1024:.1f} GiB of {total / 1024:.0f} GiB "
+        "(activations double)"
+    )
+
+
+def cuda_graphs(c: FitContext) -> Advice | None:
+    """Only where the launch gaps are large enough to pay for replaying: the low end is a loss."""
+    b, cfg = c.budget, c.config
+    short = b.ms(Part.IDLE_SHORT)
+    if b.step_ms <= 0 or short / b.step_ms < th.LAUNCH_GAPS_FOR_GRAPHS.value:
+        return None
+    launch = idle_ms(b, IdleCause.LAUNCH, LAYERS) or short  # a capture without phases: all of them
+    removes = (
+        removal(LAUNCH_GAPS, launch, GRAPH_GAPS_BACK),
+        Removal("cuda_graphs:replay", -GRAPH_REPLAY_COST_OF_STEP * b.step_ms, 0.0),
+    )
+    gain = gain_of(
+        removes,
+        f"{GRAPH_GAPS_BACK[0]:.0%}–{GRAPH_GAPS_BACK[1]:.0%} of the {launch:.0f} ms of "
+        "forward-backward launch gaps come back (the graphed regions'), less the replay's input "
+        f"copies and the breaks at syncs and dynamic shapes (up to {GRAPH_REPLAY_COST_OF_STEP:.0%} "
+        "of the step)",
+    )
+    if cfg.framework is Framework.MEGATRON:
+        flags, notes = flags_for(cfg, ("--cuda-graph-impl", "local"))
+        if not flags:
+            flags, notes = flags_for(cfg, ("--enable-cuda-graph", None))
+        if not flags:
+            return None
+        return Advice(
+            RemedyId.CUDA_GRAPHS,
+            Part.IDLE_SHORT,
+            f"CUDA graphs: {flags[0].text()}",
+            gain,
+            flags,
+            cost="memory for the graphs' static buffers",
+            notes=notes,
+            removes=removes,
+        )
+    return Advice(
+        RemedyId.CUDA_GRAPHS,
+        Part.IDLE_SHORT,
+        'CUDA graphs: torch.compile(model, mode="reduce-overhead")',
+        gain,
+        removes=removes,
+    )
+
+
+# --- the optimizer phase ------------------------------------------------------------------------------
+def _adam_kernels(b: StepBudget) -> tuple[float, bool]:
+    """The optimizer part's Adam kernels per step, and whether they are torch's multi-tensor (foreach)
+    ones (else per tensor)."""
+    opt = b.get(Part.OPTIMIZER)
+    foreach = op_ms(opt, "_foreach_")
+    if foreach > 0:
+        return foreach, True
+    return op_ms(opt, "adam", "lerp", "addcdiv", "addcmul", "sqrt"), False
+
+
+def fused_optimizer(c: FitContext) -> Advice | None:
+    """A fused Adam (and, in Megatron-LM, the multi-tensor scale that clipping and the master weights'
+    copy use): what the optimizer phase's kernels and launch gaps cost a complete step, less what one
+    fused pass over the same bytes costs."""
+    b, cfg = c.budget, c.config
+    opt = b.get(Part.OPTIMIZER)
+    if opt is None:
+        return None
+    adam, foreach = _adam_kernels(b)
+    saves = FUSED_ADAM_SAVES if foreach else PER_TENSOR_ADAM_SAVES
+    megatron = cfg.framework is Framework.MEGATRON
+    scale = op_ms(opt, "aten::mul", "aten::copy_") if megatron else 0.0
+    launch = idle_ms(b, IdleCause.LAUNCH, OPT)
+    removes = [removal("optimizer:adam", adam, saves)]
+    if scale:
+        removes.append(removal("optimizer:per-tensor-scale", scale, MULTI_TENSOR_SAVES))
+    if launch:
+        removes.append(removal(OPT_LAUNCH_GAPS, launch, PER_TENSOR_LAUNCHES_BACK))
+    mid = sum(r.low_ms + r.high_ms for r in removes) / 2
+    if not named(b, mid):
+        return None
+    kind = "torch's multi-tensor (foreach) Adam" if foreach else "per-tensor Adam kernels"
+    basis = (
+        f"the optimizer phase of a complete step: {kind} {adam:.0f} ms (a fused Adam makes one pass: × "
+        f"{saves[0]:g}–{saves[1]:g} of it saved)"
+        + (
+            f", per-tensor scale and copy kernels {scale:.0f} ms (clipping, the master weights; × "
+            f"{MULTI_TENSOR_SAVES[0]:g}–{MULTI_TENSOR_SAVES[1]:g})"
+            if scale
+            else ""
+        )
+        + (
+            f", launch gaps {launch:.0f} ms (× {PER_TENSOR_LAUNCHES_BACK[0]:g}–"
+            f"{PER_TENSOR_LAUNCHES_BACK[1]:g})"
+            if launch
+            else ""
+        )
+    )
+    gain = gain_of(removes, basis)
+    if megatron:
+        if cfg.present(PACKAGE_APEX) or cfg.present(PACKAGE_TE):
+            return None  # Megatron already uses a fused Adam when either is there
+        needs = (PACKAGE_TE, PACKAGE_APEX) if cfg.missing(PACKAGE_APEX) and cfg.missing(PACKAGE_TE) else ()
+        return Advice(
+            RemedyId.FUSED_OPTIMIZER,
+            Part.OPTIMIZER,
+            "A fused optimizer: install Transformer Engine or Apex with its CUDA extensions (without them "
+            f"Megatron-LM falls back to {kind} and a per-tensor multi_tensor_scale)",
+            gain,
+            needs=needs,
+            needs_one=True,
+            removes=tuple(removes),
+            requires=(PACKAGE_TE, PACKAGE_APEX),
+            notes=() if needs else ("the start-up does not say whether Transformer Engine or Apex is there",),
+        )
+    act = (
+        "A fused optimizer: --optimizer.implementation fused"
+        if cfg.framework is Framework.TORCHTITAN
+        else "A fused optimizer: torch.optim.AdamW(params, fused=True)"
+    )
+    return Advice(RemedyId.FUSED_OPTIMIZER, Part.OPTIMIZER, act, gain, removes=tuple(removes))
+
+
+def grad_norm(c: FitContext) -> Advice | None:
+    """Megatron-LM without Apex or Transformer Engine computes the gradient norm with
+    local_multi_tensor_l2_norm: a torch.norm per parameter tensor, then torch.tensor() of the list, an
+    .item() each — a device synchronisation per tensor in the optimizer phase."""
+    b, cfg = c.budget, c.config
+    if cfg.framework is not Framework.MEGATRON or cfg.present(PACKAGE_APEX) or cfg.present(PACKAGE_TE):
+        return None
+    syncs = idle_ms(b, IdleCause.SYNC, OPT, "aten::item")
+    n = sum(
+        r.gaps for r in b.idle if r.cause is IdleCause.SYNC and r.phase is OPT and r.owner == "aten::item"
+    )
+    norms = op_ms(b.get(Part.OPTIMIZER), "linalg_vector_norm", "aten::norm")
+    removes = (
+        removal(NORM_SYNCS, syncs, GRAD_NORM_SYNCS_BACK),
+        removal("optimizer:norm", norms, GRAD_NORM_KERNELS),
+    )
+    mid = sum(r.low_ms + r.high_ms for r in removes) / 2
+    if not syncs or not named(b, mid):
+        return None
+    needs = (PACKAGE_TE, PACKAGE_APEX) if cfg.missing(PACKAGE_APEX) and cfg.missing(PACKAGE_TE) else ()
+    basis = (
+        f"{n:.0f} .item() synchronisations a step in the optimizer phase leave the GPU idle {syncs:.0f} ms "
+        f"(× {GRAD_NORM_SYNCS_BACK[0]:g}–{GRAD_NORM_SYNCS_BACK[1]:g}), and the per-tensor norm kernels take "
+        f"{norms:.1f} ms (× {GRAD_NORM_KERNELS[0]:g}–{GRAD_NORM_KERNELS[1]:g}): a multi-tensor l2 norm is "
+        "one kernel and no sync"
+    )
+    return Advice(
+        RemedyId.GRAD_NORM,
+        Part.IDLE_SYNC,
+        "Gradient norm without a sync per tensor: install Transformer Engine or Apex with its CUDA "
+        "extensions "
+        "(amp_C); without them Megatron-LM's local_multi_tensor_l2_norm calls .item() on every parameter "
+        "tensor's norm",
+        gain_of(removes, basis),
+        needs=needs,
+        needs_one=True,
+        removes=removes,
+        requires=(PACKAGE_TE, PACKAGE_APEX),
+        notes=() if needs else ("the start-up does not say whether Transformer Engine or Apex is there",),
+    )
+
+
+def grad_accum_fusion(c: FitContext) -> Advice | None:
+    """With --no-gradient-accumulation-fusion each linear layer's weight gradient is a GEMM into a
+    temporary, then a separate main_grad += kernel (the gradient reduction part; with DP=1 nothing else
+    is there); the fused path (Apex's fused_weight_gradient_mlp_cuda or Transformer Engine) accumulates
+    in the GEMM itself."""
+    b, cfg = c.budget, c.config
+    p = b.get(Part.GRAD_REDUCE)
+    if (
+        cfg.framework is not Framework.MEGATRON
+        or p is None
+        or cfg.arg("gradient_accumulation_fusion") != "False"
+    ):
+        return None
+    acc = op_ms(p, "add_")
+    exposed = min(p.ms, acc) if acc else p.ms
+    if not named(b, exposed):
+        return None
+    have = cfg.present(PACKAGE_APEX) or cfg.present(PACKAGE_TE)
+    needs = () if have else (PACKAGE_TE, PACKAGE_APEX)
+    removes = (removal("grad_reduce:main_grad", exposed, GRAD_ACCUM_SAVES),)
+    side = p.detail.get("side_stream_ms")
+    basis = (
+        f"the main_grad += kernels: {acc or p.ms:.0f} ms a step"
+        + (f" ({float(side):.0f} ms on a side stream)" if isinstance(side, (int, float)) and side else "")
+        + f", {exposed:.0f} ms of it with nothing else running (× {GRAD_ACCUM_SAVES[0]:g}–"
+        f"{GRAD_ACCUM_SAVES[1]:g}: the GEMM writes fp32 into main_grad instead)"
+    )
+    act = (
+        "Accumulate weight gradients in the GEMM: "
+        + ("install Transformer Engine or Apex with its CUDA extensions, then " if needs else "")
+        + "remove --no-gradient-accumulation-fusion"
+    )
+    return Advice(
+        RemedyId.GRAD_ACCUM_FUSION,
+        Part.GRAD_REDUCE,
+        act,
+        gain_of(removes, basis),
+        remove=("--no-gradient-accumulation-fusion",),
+        needs=needs,
+        needs_one=True,
+        removes=removes,
+        requires=(PACKAGE_TE, PACKAGE_APEX),
+    )
+
+
+# --- communication, data, pipeline --------------------------------------------------------------------
+def overlap_comm(c: FitContext) -> Advice | None:
+    b, cfg = c.budget, c.config
+    comm = b.get(Part.COMM_EXPOSED)
+    if comm is None or not named(b, comm.ms) or not cfg.dp or cfg.dp < 2:
+        return None
+    basis = (
+        f"exposed communication {comm.ms:.0f} ms per step, run behind the backward pass "
+        f"(× {OVERLAP_HIDES[0]:g}–{OVERLAP_HIDES[1]:g})"
+    )
+    if cfg.framework is Framework.MEGATRON:
+        flags, notes = flags_for(
+            cfg,
+            ("--use-distributed-optimizer", None),
+            ("--overlap-grad-reduce", None),
+            ("--overlap-param-gather", None),
+        )
+        if not flags:
+            return None
+        return Advice(
+            RemedyId.OVERLAP_COMM,
+            Part.COMM_EXPOSED,
+            "Overlap gradient communication with compute: " + " ".join(f.text() for f in flags),
+            ranged(comm.ms, OVERLAP_HIDES, basis),
+            flags,
+            cost="the distributed optimizer shards optimizer state (less memory, a param all-gather)",
+            notes=notes,
+        )
+    return Advice(
+        RemedyId.OVERLAP_COMM,
+        Part.COMM_EXPOSED,
+        "Overlap communication: DDP buckets overlap with backward by default (check no_sync and "
+        "find_unused_parameters); FSDP: backward_prefetch",
+        ranged(comm.ms, OVERLAP_HIDES, basis),
+    )
+
+
+def data_loader(c: FitContext) -> Advice | None:
+    """The data wait the timers measured (or the capture saw inside the data loader)."""
+    b, cfg = c.budget, c.config
+    p = b.get(Part.DATA)
+    if p is None or not named(b, p.ms):
+        return None
+    basis = (
+        f"the step waits {p.ms:.0f} ms for its batch; a loader that keeps up hides it "
+        f"(× {DATA_WAIT_BACK[0]:g}–{DATA_WAIT_BACK[1]:g})"
+    )
+    return Advice(
+        RemedyId.DATA_LOADER,
+        Part.DATA,
+        DATA_LOADING_ACTION,
+        ranged(p.ms, DATA_WAIT_BACK, basis),
+        notes=(DATA_KNOBS[cfg.framework],),
+    )
+
+
+def pipeline_wait(c: FitContext) -> Advice | None:
+    b, cfg = c.budget, c.config
+    p = b.get(Part.PIPELINE)
+    if p is None or not named(b, p.ms):
+        return None
+    basis = (
+        f"pipeline waits {p.ms:.0f} ms per step: the 1F1B bubble (p−1)/(m+p−1) nearly halves as the "
+        f"micro-batches double (× {PIPELINE_WAIT_BACK[0]:g}–{PIPELINE_WAIT_BACK[1]:g}; imbalance between "
+        "stages stays)"
+    )
+    act = (
+        "Shrink the pipeline wait: more micro-batches per iteration (a larger --global-batch-size or a "
+        "smaller --micro-batch-size), interleaved stages (--num-layers-per-virtual-pipeline-stage), or "
+        "rebalance layers between stages (--decoder-last-pipeline-num-layers)"
+        if cfg.framework is Framework.MEGATRON
+        else "Shrink the pipeline wait: more micro-batches per step, an interleaved schedule, balanced stages"
+    )
+    return Advice(RemedyId.PIPELINE, Part.PIPELINE, act, ranged(p.ms, PIPELINE_WAIT_BACK, basis))

@@ -1,0 +1,309 @@
+"""Whether a capture is of the job it is read against (issue 51 item 5): ``perfd analyze megatron
+LOG --capture TRACE`` with a trace of another job once gave a full budget and remedies, the only hint
+"the capture slowed its steps by +143%" read as the profiler's own cost. Each check compares a figure
+of the capture with the job's own, from what every timeline holds:
+
+- **tokens**: PyTorch's layer-norm kernels launch one block per row (perfd.analytics.breakdown.kernels
+  .ROW_NORM_KERNELS), so their grid says the tokens of a micro-batch; the job's are micro-batch size x
+  sequence length (/ TP under sequence parallelism, / CP). None of the capture's norm launches with the
+  job's rows: another model shape or batch.
+- **pipeline**: a stage of a pipeline-parallel job sends and receives activations every micro-batch
+  (``ncclDevKernel_SendRecv``); a capture with none is not of a pipeline stage, and one with them is not
+  of a job without pipeline, expert or context parallelism (EP and CP exchange through the same kernel).
+- **collectives**: a job of more than one GPU runs NCCL kernels every step (gradients, tensor or
+  pipeline exchanges); a capture with none is of a one-GPU job.
+- **flops**: the job's model FLOPs per GPU per step (its log's throughput x its steady step) over the
+  capture's kernel time, for the steps the capture holds, cannot exceed the GPU's peak.
+- **step time**: the capture's steps (those it marks, or asked for) against the job's steady step,
+  beyond what a profiler adds (perfd.analytics.thresholds.CAPTURE_OTHER_JOB_STEP) or faster than it.
+
+A check without its inputs is not made (``checked`` lists the ones that were). Typed evidence, the
+numbers with it; the sentences are the report's (perfd.report.render) and the CLI's. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics import thresholds as th
+from perfd.analytics.common import TextEnum
+from perfd.analytics.finding_types import Finding, Severity
+from perfd.analytics.steps.gpus import GPU_TABLE
+from perfd.model import JobInfo
+
+# The id of the finding that reads a capture's extra step time as the profiler's cost
+# (perfd.analytics.breakdown.budget_findings.capture_cost): a capture whose steps are not the job's
+# states the mismatch instead.
+CAPTURE_COST_FINDING = "budget-capture-cost"
+# A capture's kernels cannot run the job's FLOPs faster than the GPU's peak; 5% over it allows for the
+# rounding of the log's throughput and of the peak's datasheet figure.
+FLOPS_SLACK = 1.05
+# The largest dense peak of the table (TFLOP/s, any dtype the job may run): the bound when the job's
+# GPU is unknown (offline without --gpu).
+MAX_PEAK_TFLOPS = max((v for g in GPU_TABLE for v in g.peak_tflops.values()), default=0.0)
+
+
+class Check(TextEnum):
+    TOKENS = "tokens"
+    PIPELINE = "pipeline"
+    COLLECTIVES = "collectives"
+    FLOPS = "flops"
+    STEP_TIME = "step_time"
+
+    @property
+    def decisive(self) -> bool:
+        """A mismatch of this check alone refuses the capture. Step time is stated, never decisive: a
+        capture of the job's own steps taken while something slowed them (an incident) runs slow too."""
+        return self is not Check.STEP_TIME
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One check's figures: the capture's and the job's (what they count: ``unit``), and whether they
+    agree. ``extra``: the other numbers the check read (launches, steps, the peak)."""
+
+    check: Check
+    matches: bool
+    capture: float | None
+    job: float | None
+    unit: str
+    extra: Mapping[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.check.value, "matches": self.matches, "capture": self.capture, "job": self.job,
+                "unit": self.unit, "extra": dict(self.extra)}
+
+
+@dataclass(frozen=True)
+class CaptureMatch:
+    """Every check made of one capture against one job."""
+
+    capture: str  # the capture's name (file or id)
+    evidence: tuple[Evidence, ...] = ()
+
+    @property
+    def mismatches(self) -> tuple[Evidence, ...]:
+        return tuple(e for e in self.evidence if not e.matches)
+
+    @property
+    def matches(self) -> bool:
+        return not self.mismatches
+
+    @property
+    def refused(self) -> bool:
+        """A decisive check says the capture is another job's (or another run's, of other shape)."""
+        return any(e.check.decisive for e in self.mismatches)
+
+    @property
+    def checked(self) -> tuple[Check, ...]:
+        return tuple(e.check for e in self.evidence)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"capture": self.capture, "matches": self.matches, "refused": self.refused,
+                "evidence": [e.to_json() for e in self.evidence]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CaptureMatch | None:
+        """A match read back (a capture record's ``match``); None when it is not one."""
+        try:
+            ev = tuple(Evidence(Check(e["check"]), bool(e["matches"]), _num(e.get("capture")),
+                                _num(e.get("job")), str(e.get("unit") or ""),
+                                {str(k): float(v) for k, v in (e.get("extra") or {}).items()
+                                 if _num(v) is not None})
+                       for e in d.get("evidence") or [])
+            return cls(str(d.get("capture") or ""), ev)
+        except (KeyError, ValueError, TypeError, AttributeError):
+            return None
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the checks read of the job: its layout, the tokens of a micro-batch per GPU, its steady
+    step and model FLOPs per GPU per step, and its GPU's dense peak (None: unknown)."""
+
+    world: int | None
+    pp: int | None
+    ep: int | None
+    cp: int | None
+    rows: int | None
+    step_ms: float | None
+    flops_per_step: float | None  # per GPU
+    peak_tflops: float | None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def job_facts(job: JobInfo, medians: Mapping[str, Any], peak_tflops: float | None,
+              world: int | None = None) -> JobFacts:
+    """The job's side from its start-up facts and its steady medians (``step_time_ms``,
+    ``model_tflops_per_gpu``)."""
+    lay, spec = job.layout, job.spec
+    rows = None
+    if lay.micro_batch_size and spec.seq_length:
+        rows = lay.micro_batch_size * spec.seq_length
+        sp = str(job.arguments.get("sequence_parallel", "")).strip().lower() == "true"
+        if sp and lay.tp:
+            rows //= lay.tp
+        if lay.cp:
+            rows //= lay.cp
+    step, tflops = _num(medians.get("step_time_ms")), _num(medians.get("model_tflops_per_gpu"))
+    flops = tflops * 1e12 * step / 1e3 if step and tflops else None
+    return JobFacts(world or lay.world_size, lay.pp, lay.ep, lay.cp, rows, step, flops, peak_tflops)
+
+
+def _devices(devices: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [d for d in devices if isinstance(d, Mapping)]
+
+
+def _tokens(devs: Sequence[Mapping[str, Any]], facts: JobFacts) -> Evidence | None:
+    rows: dict[int, int] = {}
+    for d in devs:
+        for r, n in (d.get("norm_rows") or {}).items():
+            if str(r).isdigit() and isinstance(n, int):
+                rows[int(r)] = rows.get(int(r), 0) + n
+    if not rows or facts.rows is None:
+        return None
+    top = max(rows, key=lambda r: rows[r])
+    counts = {"launches": float(sum(rows.values())), "launches_with_job_rows": float(rows.get(facts.rows, 0))}
+    return Evidence(Check.TOKENS, facts.rows in rows, float(top), float(facts.rows), "rows", counts)
+
+
+def _pipeline(devs: Sequence[Mapping[str, Any]], facts: JobFacts) -> Evidence | None:
+    if facts.pp is None or not devs:
+        return None
+    sendrecv = sum(_num(d.get("sendrecv_ms")) or 0.0 for d in devs)
+    if facts.pp > 1:
+        return Evidence(Check.PIPELINE, sendrecv > 0, sendrecv, float(facts.pp), "ms of SendRecv")
+    if (facts.ep or 1) > 1 or (facts.cp or 1) > 1:
+        return None  # expert and context parallelism exchange through SendRecv too
+    return Evidence(Check.PIPELINE, sendrecv == 0, sendrecv, float(facts.pp), "ms of SendRecv")
+
+
+def _collectives(devs: Sequence[Mapping[str, Any]], facts: JobFacts) -> Evidence | None:
+    if not facts.world or facts.world <= 1 or not devs:
+        return None
+    comm = sum(_num(d.get("comm_ms")) or 0.0 for d in devs)
+    return Evidence(Check.COLLECTIVES, comm > 0, comm, float(facts.world), "ms of NCCL")
+
+
+def _steps_held(d: Mapping[str, Any], asked: float | None, step_ms: float) -> float | None:
+    """Whole steps the device's capture holds: those it marks or asked for, else the whole steps its span
+    could hold at the job's steady step (None: under one)."""
+    marked = d.get("trace_steps")
+    if isinstance(marked, int) and not isinstance(marked, bool) and marked > 0:
+        return float(marked)
+    if asked:
+        return asked
+    span = _num(d.get("span_ms"))
+    n = int(span // step_ms) if span and step_ms > 0 else 0
+    return float(n) if n >= 1 else None
+
+
+def _flops(devs: Sequence[Mapping[str, Any]], facts: JobFacts, asked: float | None) -> Evidence | None:
+    if not facts.flops_per_step or not facts.step_ms or not devs:
+        return None
+    peak = facts.peak_tflops or MAX_PEAK_TFLOPS
+    best: Evidence | None = None
+    for d in devs:
+        compute = _num(d.get("compute_ms"))
+        n = _steps_held(d, asked, facts.step_ms)
+        if not compute or compute <= 0 or n is None:
+            continue
+        implied = facts.flops_per_step * n / (compute / 1e3) / 1e12  # TFLOP/s its kernels would run
+        ev = Evidence(Check.FLOPS, implied <= peak * FLOPS_SLACK, implied, peak, "TFLOP/s",
+                      {"steps": n, "compute_ms": compute, "tflop_per_step": facts.flops_per_step / 1e12,
+                       "peak_known": 1.0 if facts.peak_tflops else 0.0})
+        if best is None or (best.capture or 0.0) > implied:  # the device that makes the job most plausible
+            best = ev
+    return best
+
+
+def _step(devs: Sequence[Mapping[str, Any]], facts: JobFacts, asked: float | None) -> Evidence | None:
+    if not facts.step_ms or not devs:
+        return None
+    d = max(devs, key=lambda x: _num(x.get("span_ms")) or 0.0)
+    marked = d.get("trace_steps")
+    n = float(marked) if isinstance(marked, int) and not isinstance(marked, bool) and marked > 0 else asked
+    span = _num(d.get("span_ms"))
+    if not n or not span:
+        return None  # steps not known but from the span over the steady step: nothing to compare
+    step = span / n
+    ratio = step / facts.step_ms
+    ok = th.CAPTURE_FASTER_STEP.value <= ratio <= th.CAPTURE_OTHER_JOB_STEP.value
+    return Evidence(Check.STEP_TIME, ok, step, facts.step_ms, "ms per step", {"ratio": ratio, "steps": n})
+
+
+def check(capture: str, devices: Sequence[Mapping[str, Any]], facts: JobFacts,
+          steps: float | None = None) -> CaptureMatch:
+    """Every check the inputs allow of a capture's devices (perfd.capture.analysis device JSON) against
+    the job; ``steps``: the steps the capture asked for (None: as its trace marks them, if it does)."""
+    devs = _devices(devices)
+    got = [e for e in (_tokens(devs, facts), _pipeline(devs, facts), _collectives(devs, facts),
+                       _flops(devs, facts, steps), _step(devs, facts, steps)) if e is not None]
+    return CaptureMatch(capture, tuple(got))
+
+
+def _g(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def sentence(e: Evidence) -> str:
+    """What one check found, with its numbers (the findings' and the CLI's words)."""
+    x = e.extra
+    if e.check is Check.TOKENS:
+        seen = f"its layer-norm kernels normalise {_g(e.capture)} rows a launch"
+        n = f" ({_g(x.get('launches'))} launches)" if x.get("launches") is not None else ""
+        verdict = "as" if e.matches else "where"
+        return f"{seen}{n}, {verdict} the job's micro-batch holds {_g(e.job)} tokens (micro-batch size × " \
+               "sequence length per GPU)"
+    if e.check is Check.PIPELINE:
+        if (e.job or 0) > 1:
+            return (f"{_g(e.capture)} ms of SendRecv kernels" if e.matches else "no SendRecv kernel") + \
+                f", the job's {_g(e.job)} pipeline stages exchanging activations every micro-batch"
+        return ("no SendRecv kernel, as a job without pipeline stages" if e.matches else
+                f"{_g(e.capture)} ms of SendRecv kernels (a pipeline stage's), where the job has no pipeline "
+                "parallelism")
+    if e.check is Check.COLLECTIVES:
+        return (f"{_g(e.capture)} ms of NCCL kernels" if e.matches else "no NCCL kernel") + \
+            f", the job running on {_g(e.job)} GPUs"
+    if e.check is Check.FLOPS:
+        peak = "the GPU's peak" if x.get("peak_known") else "the highest peak of any GPU perfd knows"
+        return (f"the job's {_g(x.get('tflop_per_step'))} TFLOP a step per GPU, {_g(x.get('steps'))} "
+                f"step(s) in its {_g(x.get('compute_ms'))} ms of kernels, would run at "
+                f"{_g(e.capture)} TFLOP/s, "
+                + ("within" if e.matches else "beyond") + f" {peak} ({_g(e.job)} TFLOP/s)")
+    ratio = x.get("ratio")
+    why = "" if e.matches or ratio is None else (
+        ": more than a profiler adds" if ratio > 1 else ": a profiler never makes steps faster")
+    return (f"its steps take {_g(e.capture)} ms against the job's steady {_g(e.job)} ms"
+            + (f" ({ratio:.2f}×{why})" if ratio is not None else ""))
+
+
+def finding(m: CaptureMatch, forced: bool, label: str = "") -> Finding | None:
+    """The finding that says a capture does not match the job (None when it does): refused, or used
+    anyway (``forced``), or its step time alone apart (stated beside its budget)."""
+    bad = m.mismatches
+    if not bad:
+        return None
+    what = ", ".join(e.check.value.replace("_", " ") for e in bad)
+    if m.refused:
+        title = (f"Capture {m.capture} is not of this job ({what})"
+                 + ("; read anyway (--capture-force)" if forced else "; not used"))
+    else:
+        title = f"Capture {m.capture}'s steps are not the job's steady steps ({what})"
+    obs = "; ".join(sentence(e) for e in bad) + "."
+    if not m.refused:
+        obs += (" The budget is read from it, but its idle parts are not the profiler's cost alone: a "
+                "capture of another run, or of steps something slowed.")
+    return Finding("capture-mismatch", Severity.WARNING, title, obs, m.to_json(), "", label or m.capture)
+
+
+def refusal(m: CaptureMatch) -> str:
+    """The one line a command prints when it refuses a capture of another job."""
+    bad = sorted(m.mismatches, key=lambda e: not e.check.decisive)
+    return (f"the capture {m.capture} is not of this job: " + "; ".join(sentence(e) for e in bad)
+            + " (--capture-force to read it anyway)")

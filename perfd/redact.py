@@ -1,0 +1,234 @@
+"""What perfd shows of a command line: known-safe options and their values, program and script names,
+and nothing else (docs/security.md, "Command lines and stacks").
+
+Why an allow-list: a deny-list names the forms of secrets it knows, and a command line holds the
+forms it does not. Issue 54 found 22 of 35 forms passing the old one (``PGPASSWORD=``,
+``--dbpassword=``, ``--db_pass=``, ``mysql -pX``, ``curl -u u:p``, ``Authorization: Bearer``,
+``--wandb-key``, ``glpat-``, ``sk_live_``, ``AIza``, ...). So every word is masked unless it is one
+of these:
+
+- a program: the first word, and each word naming a known interpreter or launcher (``python3``,
+  ``torchrun``, ``deepspeed``, ``nsys``, ...) with the script it runs (a path ending ``.py``, ``.sh``,
+  ...), the module of ``python -m``, and a launcher's subcommand (``accelerate launch``);
+- a file name with a script or configuration suffix (``train.py``, ``cfg.yaml``);
+- an option in :data:`SAFE_OPTIONS` (the training, launcher and serving options perfd's users run
+  with: ``--num-layers``, ``--nproc_per_node``, ``--model-path``, ...), with its value; the name
+  compared in lower case, ``_`` as ``-``, and for a dotted name (``--training.steps``) also its last
+  part. A name with a secret word among its parts (``pass``, ``token``, ``key``, ...) is never safe;
+- the name of any other option, of a ``KEY=VALUE`` word, and a ``-x`` short option's letter: the name
+  stays, the value goes (``--db-pass=<redacted>``, ``PGPASSWORD=<redacted>``, ``-p<redacted>``).
+
+Every word kept is also scanned for what is a secret wherever it is (:data:`SECRET_VALUE`: the token
+formats of major providers, a URL's user information), as is a whole text by :func:`redact_text`
+(py-spy's output, whose first line is the command line: :func:`redact_stack`).
+"""
+
+from __future__ import annotations
+
+import re
+
+REDACTED = "<redacted>"
+
+# Parts of a name (split at "-", "_" and ".") that make it a secret's: never safe, whatever list it is on.
+SECRET_PARTS = frozenset("""
+pass passwd password passphrase pwd pw secret secrets token key keys apikey api-key auth authorization
+credential credentials cred creds cookie cookies session sid signature sig sign salt hmac bearer cert
+certificate private privkey otp pin jwt sas dsn conn connection
+""".split())
+# Values that are secrets wherever they appear: provider token formats (GitHub, GitLab, Slack, AWS,
+# OpenAI, Anthropic, Stripe, Google, Hugging Face, npm, PyPI, SendGrid, DigitalOcean, Shopify,
+# Twilio, Azure storage keys), JSON web tokens, PEM private keys.
+SECRET_VALUE = re.compile(
+    r"(?:gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{16,}|"
+    r"xox[abeoprs]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}|"
+    r"sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}|[sr]k_(?:live|test)_[A-Za-z0-9]{10,}|"
+    r"hf_[A-Za-z0-9]{20,}|AIza[0-9A-Za-z_-]{30,}|ya29\.[0-9A-Za-z_-]{20,}|npm_[A-Za-z0-9]{30,}|"
+    r"pypi-[A-Za-z0-9_-]{30,}|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}|dop_v1_[a-f0-9]{40,}|"
+    r"shp(?:at|ss|ca)_[a-fA-F0-9]{20,}|SK[0-9a-fA-F]{32}|AccountKey=[A-Za-z0-9+/=]{20,}|"
+    r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]+\.?[A-Za-z0-9_.-]*|"
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----)")
+# A URL's user information (``scheme://user:password@``, ``scheme://token@``), any case of scheme.
+URL_USERINFO = re.compile(r"(?i)(?P<head>\b[a-z][a-z0-9+.-]*://)(?P<val>[^\s/@]*(?::[^\s@]*)?)(?P<tail>@)")
+
+# Interpreters and launchers: the word after their own options is the program or script they run.
+_LAUNCHERS = re.compile(r"^(?:python[0-9.]*|pypy[0-9.]*|torchrun|deepspeed|accelerate|bash|sh|env|srun|"
+                        r"mpirun|mpiexec|numactl|taskset|nsys|ncu|perfd|uv|poetry|conda|nohup|time|"
+                        r"sglang|vllm|composer|lightning)$")
+_SUBCOMMANDS = frozenset({"launch", "run", "serve", "train", "fit", "eval", "evaluate", "validate", "test",
+                          "predict", "profile", "exec", "agent", "aggregator", "ncu-exec"})
+_SCRIPT = re.compile(r"^[\w@%+,./-]*[\w-]\.(?:py|sh|bash|yaml|yml|json|toml|cfg|ini|conf|txt)$")
+_MODULE = re.compile(r"^[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*$")
+# Python's own short options that take no secret: -u -O -B -E -s -S -I -b -q -v -W, -X (its value).
+_PY_SHORT = frozenset("uOBEsSIbqvWXdPR")
+
+# Options whose value perfd shows (compared as lower case, "_" as "-", leading dashes off).
+SAFE_OPTIONS: frozenset[str] = frozenset("""
+help version verbose quiet debug log-level loglevel seed device devices gpus num-gpus nodes world-size rank
+local-rank node-rank backend dist-backend distributed-backend name run-name exp-name experiment-name project
+job job-name config config-file config-name config-path cfg output output-dir out-dir log-dir logdir
+logging-dir save load save-dir checkpoint-dir resume resume-from-checkpoint data-path data-dir dataset
+dataset-name dataset-config-name train-data valid-data test-data split tokenizer tokenizer-type
+tokenizer-model tokenizer-name tokenizer-path vocab-file merge-file vocab-size
+make-vocab-size-divisible-by batch-size micro-batch-size global-batch-size rampup-batch-size epochs
+num-train-epochs steps max-steps train-iters train-samples eval-iters eval-interval eval-steps
+log-interval logging-steps save-interval save-steps exit-interval exit-duration-in-mins lr learning-rate
+min-lr lr-decay-style lr-decay-iters lr-decay-samples lr-warmup-iters lr-warmup-fraction lr-warmup-samples
+lr-scheduler-type warmup-steps warmup-ratio weight-decay clip-grad max-grad-norm adam-beta1 adam-beta2
+adam-eps optimizer optim init-method-std hidden-dropout attention-dropout dropout num-layers hidden-size
+ffn-hidden-size num-attention-heads num-query-groups group-query-attention kv-channels seq-length
+max-seq-length seq-len block-size max-position-embeddings position-embedding-type rotary-base
+rotary-percent use-rotary-position-embeddings norm-epsilon normalization swiglu
+untie-embeddings-and-output-weights disable-bias-linear transformer-impl use-mcore-models use-flash-attn
+attention-backend tensor-model-parallel-size pipeline-model-parallel-size context-parallel-size
+expert-model-parallel-size expert-tensor-parallel-size virtual-pipeline-model-parallel-size
+num-layers-per-virtual-pipeline-stage sequence-parallel use-distributed-optimizer overlap-grad-reduce
+overlap-param-gather bf16 fp16 fp32 fp8-format fp8-margin fp8-amax-history-len fp8-amax-compute-algo
+mixed-precision precision dtype recompute-granularity recompute-method recompute-num-layers
+distributed-timeout-minutes num-workers dataloader-type dataloader-num-workers log-throughput
+timing-log-level timing-log-option tensorboard-dir log-timers-to-tensorboard wandb-project wandb-exp-name
+wandb-save-dir wandb-entity wandb-run-id manual-gc manual-gc-interval num-experts moe-router-topk
+moe-grouped-gemm moe-aux-loss-coeff mock-data ckpt-format no-load-optim
+no-load-rng finetune accumulate-allreduce-grads-in-fp32 no-masked-softmax-fusion no-bias-gelu-fusion
+no-bias-dropout-fusion no-gradient-accumulation-fusion use-checkpoint-args tp pp dp cp ep tp-size
+dp-size pp-size nproc-per-node nnodes master-addr master-port rdzv-backend rdzv-endpoint rdzv-id
+standalone max-restarts monitor-interval start-method role run-path no-python module tee redirects
+local-addr num-processes num-machines machine-rank main-process-ip main-process-port multi-gpu
+dynamo-backend use-deepspeed deepspeed deepspeed-config-file zero-stage fsdp fsdp-config
+gradient-accumulation-steps gradient-checkpointing torch-compile per-device-train-batch-size
+per-device-eval-batch-size model model-name model-name-or-path model-path model-type served-model-name
+do-train do-eval overwrite-output-dir report-to port host mem-fraction-static max-running-requests
+context-length kv-cache-dtype quantization chunked-prefill-size max-prefill-tokens schedule-policy
+trust-remote-code enable-metrics tensor-parallel-size pipeline-parallel-size data-parallel-size
+gpu-memory-utilization max-model-len max-num-seqs enforce-eager disable-log-stats job-user
+agent-socket kineto flight-recorder fr-timing fr-buffer nsys-trace ncu-ranks interval-s
+""".split())
+# Environment-style names (KEY=VALUE) whose value perfd shows.
+SAFE_VARIABLES: frozenset[str] = frozenset("""
+cuda-visible-devices omp-num-threads nccl-debug nccl-debug-subsys nccl-ib-disable nccl-p2p-disable
+nccl-socket-ifname master-addr master-port world-size rank local-rank local-world-size node-rank
+pythonunbuffered pythonpath torch-distributed-debug torch-nccl-async-error-handling
+cuda-device-max-connections kineto-use-daemon perfd-job perfd-hook-socket
+""".split())
+
+
+def _norm(name: str) -> str:
+    return name.lstrip("-").lower().replace("_", "-")
+
+
+def _safe(name: str, allowed: frozenset[str]) -> bool:
+    n = _norm(name)
+    if not n or any(part in SECRET_PARTS for part in re.split(r"[-.]", n)):
+        return False
+    return n in allowed or ("." in n and n.rsplit(".", 1)[1] in allowed)
+
+
+def scrub(word: str) -> str:
+    """A kept word with what is a secret wherever it appears masked (tokens, a URL's user information)."""
+    word = URL_USERINFO.sub(lambda m: f"{m.group('head')}{REDACTED}{m.group('tail')}", word)
+    return SECRET_VALUE.sub(REDACTED, word)
+
+
+def redact_cmdline(cmd: str) -> str:
+    """``cmd`` (words separated by spaces, as perfd reads ``/proc/PID/cmdline``) with every value masked
+    that is not known to be safe (see the module)."""
+    return " ".join(_Words().redact(cmd.split(" ")))
+
+
+_NUMBER = re.compile(r"^-?[0-9][0-9.eE+-]*$")
+_ASSIGNMENT = re.compile(r"^[\w.-]+=")
+_WORD = re.compile(r"^[\w@%+,./-]+$")
+
+
+class _Words:
+    """One pass over a command line's words (see the module)."""
+
+    def __init__(self) -> None:
+        self.first = True  # the next positional word is the command's program
+        self.after_launcher = False  # ... or what a launcher runs (its script, module, subcommand)
+        self.python = False  # within a Python interpreter's own options (before its script)
+        self.pending: str | None = None  # an option's value is the next word: "safe", "mask", "module"
+
+    def redact(self, words: list[str]) -> list[str]:
+        out: list[str] = []
+        for w in words:
+            if not w:
+                out.append(w)
+            elif self.pending is not None and (not w.startswith("-") or _NUMBER.match(w)):
+                out.append(self._value(w))
+            else:
+                self.pending = None
+                out.append(self._word(w))
+                if self.first and not _ASSIGNMENT.match(w):
+                    self.first = False  # the program is the first word (after KEY=VALUE ones), or none
+        return out
+
+    def _value(self, w: str) -> str:
+        kind, self.pending = self.pending, None
+        if kind == "module" and _MODULE.match(w):
+            self._ran(w)
+            return w
+        return scrub(w) if kind == "safe" else REDACTED
+
+    def _ran(self, program: str) -> None:
+        """``program`` is what runs now: a launcher runs the next positional word in turn."""
+        base = program.rsplit("/", 1)[-1]
+        launcher = bool(_LAUNCHERS.match(base))
+        self.first = False
+        self.after_launcher = launcher
+        self.python = launcher and base.startswith(("python", "pypy"))
+
+    def _word(self, w: str) -> str:
+        if w == "--":  # what follows is another command (perfd launch -- CMD, torchrun --no-python)
+            self.first, self.after_launcher, self.python = True, False, False
+            return w
+        if w.startswith("--"):
+            name, eq, value = w.partition("=")
+            safe = _safe(name, SAFE_OPTIONS)
+            if eq:
+                return f"{name}={scrub(value) if safe else (REDACTED if value else '')}"
+            self.pending = "safe" if safe else "mask"
+            return name
+        if w.startswith("-") and len(w) > 1 and not _NUMBER.match(w):
+            return self._short(w)
+        key, eq, value = w.partition("=")
+        if eq and _ASSIGNMENT.match(w):
+            return f"{key}={scrub(value) if _safe(key, SAFE_OPTIONS | SAFE_VARIABLES) else REDACTED}"
+        base = w.rsplit("/", 1)[-1]
+        if _WORD.match(w) and (self.first or _LAUNCHERS.match(base)
+                               or (self.after_launcher and ("/" in w or _SCRIPT.match(w)
+                                                           or base in _SUBCOMMANDS))):
+            self._ran(w)
+            return scrub(w)
+        if _SCRIPT.match(w):
+            return scrub(w)
+        return REDACTED
+
+    def _short(self, w: str) -> str:
+        letter, rest = w[1], w[2:]
+        if self.python and letter == "m":
+            if rest:
+                self._ran(rest)
+                return w if _MODULE.match(rest) else "-m" + REDACTED
+            self.pending = "module"
+            return w
+        if self.python and letter in _PY_SHORT and (not rest or letter in "WX"):
+            if letter in "WX" and not rest:
+                self.pending = "safe"
+            return scrub(w)
+        self.pending = None if rest else "mask"
+        return f"-{letter}{REDACTED if rest else ''}"
+
+
+def redact_text(text: str) -> str:
+    """Any text perfd passes on from a process (what py-spy printed): secret formats masked."""
+    return scrub(text)
+
+
+_PROCESS_LINE = re.compile(r"^(?P<head>Process \d+: )(?P<cmd>.*)$", re.MULTILINE)
+
+
+def redact_stack(text: str) -> str:
+    """py-spy's dump: the command line on its ``Process N:`` line redacted as :func:`redact_cmdline`
+    does, and secret formats masked anywhere (a thread's name, a path)."""
+    text = _PROCESS_LINE.sub(lambda m: m.group("head") + redact_cmdline(m.group("cmd")), text)
+    return redact_text(text)

@@ -1,0 +1,110 @@
+"""What the live Megatron-LM scripts with Nsight Compute share (tests/gpu/ncu_megatron_rule.py,
+ncu_megatron_answer.py, ncu_workflow_live.py): the job's own clock (Megatron's logged iterations), the
+issue's model, ``perfd ncu-prefix``, and the sweep of a stopped job's leftover processes. Process
+plumbing is tests/procs.py's."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.procs import ROOT
+
+_ITER = re.compile(
+    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] iteration\s+(\d+)/.*?elapsed time per "
+    r"iteration \(ms\): ([0-9.]+)"
+)
+
+
+def log_iterations(log: Path) -> dict[int, tuple[float, float | None]]:
+    """Megatron's logged iterations: number -> (elapsed ms, end time in epoch s when the line has one).
+    A log holding several runs (a restart appended) gives each number's last line."""
+    out: dict[int, tuple[float, float | None]] = {}
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return out
+    for m in _ITER.finditer(text):
+        try:
+            fmt = "%Y-%m-%d %H:%M:%S.%f" if "." in m.group(1) else "%Y-%m-%d %H:%M:%S"
+            at: float | None = datetime.datetime.strptime(m.group(1), fmt).timestamp()
+        except ValueError:
+            at = None
+        out[int(m.group(2))] = (float(m.group(3)), at)
+    return out
+
+
+def stats(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0}
+    q = sorted(values)
+    return {
+        "n": len(q),
+        "median_ms": round(statistics.median(q), 2),
+        "p90_ms": round(q[int(0.9 * (len(q) - 1))], 2),
+        "min_ms": round(q[0], 2),
+        "max_ms": round(q[-1], 2),
+    }
+
+
+def issue_args(megatron: Path, train_iters: int, extra: Sequence[str] = ()) -> list[str]:
+    """pretrain_gpt.py with issue 45/51's config: 12 layers, hidden 1024, seq 2048, mbs 1, gbs 8 (DP=1:
+    8 micro-batches a step), the local transformer implementation and mock data (flags that work on the
+    GPU machines here, without Transformer Engine or Apex). One ``--train-iters`` for every run of a
+    job: a checkpoint's scheduler holds it, and a resumed run that asks another is refused ("total
+    number of iterations do not match", seen on the H100)."""
+    return [
+        str(megatron / "pretrain_gpt.py"),
+        *f"""
+        --num-layers 12 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048
+        --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 8 --train-iters {train_iters}
+        --lr 1e-4 --lr-decay-style constant --bf16 --mock-data --tokenizer-type NullTokenizer
+        --vocab-size 32000 --transformer-impl local --no-persist-layer-norm
+        --no-gradient-accumulation-fusion --no-masked-softmax-fusion --log-interval 1 --log-throughput
+        --timing-log-level 2 --eval-iters 0 --eval-interval 100000 --disable-bias-linear""".split(),
+        *extra,
+    ]
+
+
+def ncu_prefix(job: str, captures: Path, env: Mapping[str, str], launch_count: str, time_budget_s: str,
+               kernels_from: str | None = None) -> dict[str, Any]:
+    """``perfd ncu-prefix --job J --ranks 0 ...``: {rc, stdout (the words for torchrun --no-python),
+    stderr (its estimate of the arming's cost)}."""
+    argv = [sys.executable, "-m", "perfd.cli", "ncu-prefix", "--job", job, "--ranks", "0", "--capture-dir",
+            str(captures), "--launch-count", launch_count, "--time-budget", time_budget_s]
+    argv += ["--kernels-from", kernels_from] if kernels_from else []
+    pre = subprocess.run(argv, cwd=ROOT, env=dict(env), capture_output=True, text=True, timeout=120)
+    return {"rc": pre.returncode, "stdout": pre.stdout.strip(), "stderr": pre.stderr.strip()}
+
+
+def kill_job_leftovers(job: str, say: Callable[[str], None]) -> None:
+    """Ranks and ncu left behind by a stopped launch would hold the GPU for the next phase: every process
+    declaring PERFD_JOB=<job>, TERM then KILL."""
+    mark = b"PERFD_JOB=" + job.encode()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        left = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit() and int(d.name) != os.getpid():
+                try:
+                    if mark in (d / "environ").read_bytes().split(b"\0"):
+                        left.append(int(d.name))
+                except OSError:
+                    continue
+        if not left:
+            return
+        say(f"job processes still there: {left}; {sig.name}")
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(5)

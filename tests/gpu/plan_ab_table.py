@@ -1,0 +1,190 @@
+"""The predicted-vs-measured table of a plan A/B (tests/gpu/plan_ab_live.py), held to issue 53's bar.
+
+    python3 tests/gpu/plan_ab_table.py DIR [DIR ...] [--json]   # the ab_<config>.json files in them
+
+Per configuration: the job as it ran, measured three times (its mean is the reference; max − min is the
+run-to-run spread); each plan item applied alone — its predicted gain (the plan written before any change
+ran) against the measured one, whether it falls inside, and whether the range is no wider than the larger
+of half its midpoint and twice the spread; the plan's set together — its predicted combined gain (overlaps
+counted once) against the measured one, within 20%, beside the sum of the singles' measured gains.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+BASES = ("base", "base_mid", "base_end")
+COMBINED_WITHIN = 0.2  # issue 53: the combined gain within 20% of the measured one
+INSIDE_SHARE = 0.9  # issue 53: at least 90% of single changes inside their predicted range
+
+
+def _median(run: dict[str, Any] | None) -> float | None:
+    st = (run or {}).get("steady") or {}
+    return float(st["median_ms"]) if st.get("n") else None
+
+
+def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
+    runs = res.get("runs") or {}
+    plan = res.get("plan") or {}
+    bases = [m for k in BASES if (m := _median(runs.get(k))) is not None]
+    out: dict[str, Any] = {
+        "config": name,
+        "gpu": res.get("gpu"),
+        "bases_ms": bases,
+        "rows": [],
+        "set": None,
+        "captured_steady_ms": _median(res.get("capture")),
+        "errors": [],
+    }
+    if "error" in plan:
+        out["errors"].append(plan["error"])
+    if not bases:
+        return out
+    base = sum(bases) / len(bases)
+    spread = max(bases) - min(bases) if len(bases) > 1 else None
+    out.update(base_mean_ms=base, spread_ms=spread)
+    written = plan.get("written_at")
+    changed = [r["started_at"] for k, r in runs.items() if k not in BASES and r.get("started_at")]
+    out["predicted_before_applying"] = bool(written) and bool(changed) and written < min(changed)
+    out["plan_written_at_utc"] = plan.get("written_at_utc")
+    for remedy, item in (plan.get("apply_here") or {}).items():
+        out["rows"].append(
+            _row(
+                remedy,
+                item.get("gain_ms"),
+                runs.get(remedy),
+                base,
+                spread,
+                item.get("flags"),
+                item.get("remove"),
+            )
+        )
+    st = plan.get("set") or {}
+    if st.get("remedies") and len(st["remedies"]) > 1:
+        row = _row("set", st.get("gain_ms"), runs.get("set"), base, spread, st["remedies"], [])
+        singles = [r["saved_ms"] for r in out["rows"] if r.get("saved_ms") is not None]
+        row["sum_of_singles_ms"] = sum(singles) if len(singles) == len(out["rows"]) else None
+        saved, pred = row.get("saved_ms"), st.get("gain_ms")
+        row["within_20pct"] = (
+            saved is not None
+            and pred is not None
+            and saved > 0
+            and abs((pred[0] + pred[1]) / 2 - saved) <= COMBINED_WITHIN * saved
+        )
+        out["set"] = row
+    return out
+
+
+def _row(
+    remedy: str,
+    gain: list[float] | None,
+    run: dict[str, Any] | None,
+    base: float,
+    spread: float | None,
+    flags: Any,
+    remove: Any,
+) -> dict[str, Any]:
+    med = _median(run)
+    row: dict[str, Any] = {
+        "remedy": remedy,
+        "flags": flags,
+        "remove": remove,
+        "predicted_ms": gain,
+        "measured_ms": med,
+        "exit": (run or {}).get("exit"),
+    }
+    if med is None:
+        return row
+    row["saved_ms"] = base - med
+    if gain:
+        lo, hi = gain
+        row["inside"] = lo <= base - med <= hi
+        width, mid = hi - lo, (lo + hi) / 2
+        allowed = max(mid / 2, 2 * spread) if spread is not None else mid / 2
+        row["width_ms"], row["width_allowed_ms"] = width, allowed
+        row["width_ok"] = width <= allowed
+    return row
+
+
+def table(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    configs = [config_rows(n, r) for n, r in sorted(results.items())]
+    singles = [r for c in configs for r in c["rows"] if "inside" in r]
+    sets = [c["set"] for c in configs if c["set"] and c["set"].get("saved_ms") is not None]
+    inside = sum(1 for r in singles if r["inside"])
+    return {
+        "configs": configs,
+        "singles": len(singles),
+        "inside": inside,
+        "inside_share": inside / len(singles) if singles else None,
+        "widths_ok": sum(1 for r in singles if r.get("width_ok")),
+        "sets_within_20pct": sum(1 for s in sets if s.get("within_20pct")),
+        "sets": len(sets),
+        "done": bool(singles)
+        and inside >= INSIDE_SHARE * len(singles)
+        and all(r.get("width_ok") for r in singles)
+        and bool(sets)
+        and all(s.get("within_20pct") for s in sets)
+        and all(c.get("predicted_before_applying") for c in configs if c["rows"]),
+    }
+
+
+def _f(x: Any, fmt: str = "{:.1f}") -> str:
+    return "—" if x is None else fmt.format(x)
+
+
+def markdown(t: dict[str, Any]) -> str:
+    lines = []
+    for c in t["configs"]:
+        lines += [f"### {c['config']} ({c.get('gpu') or 'GPU ?'})", ""]
+        if c["errors"]:
+            lines += [f"- error: {e}" for e in c["errors"]] + [""]
+        if not c["bases_ms"]:
+            lines += ["No base measured.", ""]
+            continue
+        lines += [
+            f"Base (the job as it ran, three times): {', '.join(f'{b:.1f}' for b in c['bases_ms'])} ms "
+            f"(mean {c['base_mean_ms']:.1f}, spread {_f(c.get('spread_ms'))} ms); the captured run's "
+            f"steady {_f(c.get('captured_steady_ms'))} ms. Plan written {c.get('plan_written_at_utc')}, "
+            f"before any change ran: {'yes' if c.get('predicted_before_applying') else 'NO'}.",
+            "",
+            "| change | options | predicted (ms saved a step) | measured step (ms) | measured saved | "
+            "inside | width (allowed) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in c["rows"] + ([c["set"]] if c["set"] else []):
+            p = r.get("predicted_ms")
+            opts = " ".join(r.get("flags") or []) + "".join(f" -{x}" for x in r.get("remove") or [])
+            lines.append(
+                f"| {r['remedy']} | `{opts.strip()}` | {_f(p[0]) + ' to ' + _f(p[1]) if p else '—'} | "
+                f"{_f(r.get('measured_ms'))} | {_f(r.get('saved_ms'))} | "
+                + ("yes" if r.get("inside") else "NO" if "inside" in r else "—")
+                + (
+                    f" (within 20%: {'yes' if r.get('within_20pct') else 'NO'}; singles summed "
+                    f"{_f(r.get('sum_of_singles_ms'))})"
+                    if r["remedy"] == "set"
+                    else ""
+                )
+                + f" | {_f(r.get('width_ms'))} ({_f(r.get('width_allowed_ms'))}) |"
+            )
+        lines.append("")
+    lines.append(
+        f"Singles inside their range: {t['inside']}/{t['singles']}; ranges within the width bar: "
+        f"{t['widths_ok']}/{t['singles']}; sets within 20%: {t['sets_within_20pct']}/{t['sets']}; "
+        f"issue 53's bar met: {'yes' if t['done'] else 'no'}."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    dirs = [a for a in sys.argv[1:] if a != "--json"]
+    results = {f.stem[3:]: json.loads(f.read_text()) for d in dirs for f in sorted(Path(d).glob("ab_*.json"))}
+    t = table(results)
+    sys.stdout.write(json.dumps(t, indent=1) + "\n" if "--json" in sys.argv else markdown(t))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The loop as people write it: the batch is fetched between two steps (issue 52).
+
+``for i, batch in enumerate(loader, 1): with hook.step(step=i): ...`` fetches before the step
+begins. A real ``torch.utils.data.DataLoader`` with two worker processes whose samples cost a known
+time (the issue's loop, 0.12 s a sample, here ten times faster), a real hook, the agent's collector
+over a real socket, the aggregator's job store and its analysis. Whichever way the loop is written
+(the fetch before the step, ``hook.loader``, the fetch inside the step with or without
+``data_ready()``, gradient accumulation with fetches on both sides of the step's begin), the step
+time is the loop's own period, the data wait its own fetch, the class data-bound and R1 the data
+loader, and goodput has no unexplained "other": the loop's clock (its own ``perf_counter`` around
+each fetch, and at each step's end) against perfd's, within 3 points.
+
+Before, the first way read "data 0.0%, healthy, class unknown, goodput 18% with the rest 'other'":
+the fetch was in no step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collectors.hook import HookCollector
+from perfd.aggregator.jobs import JobStore
+from perfd.collector import Collected
+from perfd.hook import StepHook
+from perfd.report import build_report
+from tests.procs import BUSY_LOAD_PER_CPU, load_per_cpu
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.slow  # real loops with DataLoader worker processes: ~3 s each
+
+JOB = "loop"
+STEPS = 60
+WARMUP = 5
+B = 4
+SAMPLE_S = 0.012  # the issue's 0.12 s a sample, ten times faster: two workers give a batch every 24 ms
+PEAK = 0.05  # TFLOP/s: the test's "GPU" (a CPU has no row in the peak table)
+FLOPS = 1e8
+
+
+class Samples(torch.utils.data.Dataset):  # type: ignore[misc,name-defined]
+    def __len__(self) -> int:
+        return 10**6
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(SAMPLE_S)
+        return torch.full((8,), float(i))
+
+
+def _loader() -> Any:
+    return torch.utils.data.DataLoader(Samples(), batch_size=B, num_workers=2, persistent_workers=True)
+
+
+def _work(model: Any, batch: Any) -> None:
+    model(batch).sum().backward()
+    time.sleep(0.002)  # the step's own work: a few ms, like the issue's small model
+
+
+Loop = Callable[[StepHook, Any, Any], tuple[list[float], list[float]]]
+
+
+def readme_loop(hook: StepHook, loader: Any, model: Any) -> tuple[list[float], list[float]]:
+    """The README's: fetch before the step, ``hook.step`` only."""
+    waits, ends = [], []
+    it = iter(loader)
+    for i in range(1, STEPS + 1):
+        t0 = time.perf_counter()
+        batch = next(it)
+        waits.append(time.perf_counter() - t0)
+        with hook.step(step=i):
+            _work(model, batch)
+            ends.append(time.perf_counter())
+    return waits, ends
+
+
+def wrapped_loop(hook: StepHook, loader: Any, model: Any) -> tuple[list[float], list[float]]:
+    """The same with ``hook.loader(loader)`` (any iterable: exact data waits by its own stamps)."""
+    return readme_loop(hook, hook.loader(loader), model)
+
+
+def inside_loop(hook: StepHook, loader: Any, model: Any) -> tuple[list[float], list[float]]:
+    """The fetch inside the step, no ``data_ready()``."""
+    waits, ends = [], []
+    it = iter(loader)
+    for i in range(1, STEPS + 1):
+        with hook.step(step=i):
+            t0 = time.perf_counter()
+            batch = next(it)
+            waits.append(time.perf_counter() - t0)
+            _work(model, batch)
+            ends.append(time.perf_counter())
+    return waits, ends
+
+
+def ready_loop(hook: StepHook, loader: Any, model: Any) -> tuple[list[float], list[float]]:
+    """The fetch inside the step, then ``data_ready()`` (the README's former pattern)."""
+    waits, ends = [], []
+    it = iter(loader)
+    for i in range(1, STEPS + 1):
+        hook.step_begin(i)
+        t0 = time.perf_counter()
+        batch = next(it)
+        waits.append(time.perf_counter() - t0)
+        hook.data_ready()
+        _work(model, batch)
+        ends.append(time.perf_counter())
+        hook.step_end()
+    return waits, ends
+
+
+ACCUM = 3
+
+
+def accumulation_loop(hook: StepHook, loader: Any, model: Any) -> tuple[list[float], list[float]]:
+    """Gradient accumulation: a step of ACCUM micro-batches, the first fetched before the step, the
+    others inside it (the loop's own waits summed per step)."""
+    waits, ends = [], []
+    it = iter(loader)
+    for i in range(1, STEPS + 1):
+        t0 = time.perf_counter()
+        batch = next(it)
+        wait = time.perf_counter() - t0
+        with hook.step(step=i):
+            for k in range(ACCUM):
+                if k:
+                    t0 = time.perf_counter()
+                    batch = next(it)
+                    wait += time.perf_counter() - t0
+                model(batch).sum().backward()
+            time.sleep(0.002)
+            ends.append(time.perf_counter())
+        waits.append(wait)
+    return waits, ends
+
+
+def run(tmp: Path, loop: Loop, **hook_kw: Any) -> dict[str, Any]:
+    """One loop under the hook; its step records through the collector into the job store."""
+    c = HookCollector({"socket_path": str(tmp / "hook.sock"), "job": JOB})
+    c.start()
+    loader = _loader()
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 8)
+        hook = StepHook(str(tmp / "hook.sock"), warmup_steps=WARMUP, cuda=False, flush_interval_s=0.05,
+                        tokens_per_step=B * 8, flops_per_step=FLOPS, dtype="fp32", **hook_kw)
+        waits, ends = loop(hook, loader, model)
+        hook.close(timeout_s=2.0)
+        out = Collected()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(out.steps) < STEPS:
+            got = c.collect(time.time())
+            out.steps += got.steps
+            out.job_info.update(got.job_info)
+            time.sleep(0.01)
+    finally:
+        c.stop()
+        del loader  # its persistent workers end with it
+    assert sorted(r.iteration for r in out.steps) == list(range(1, STEPS + 1)) and c.errors == {}
+    store = JobStore(min_recompute_s=0.0, peak_tflops=PEAK)
+    for job, info in out.job_info.items():
+        store.ingest_job_info("agent", job, info)
+    store.ingest_steps("agent", out.steps)
+    a = store.analysis(JOB, force=True)
+    assert a is not None
+    # The loop's own clock: step n's period from step n-1's end to its own, its wait the fetch in it
+    # (the fetch before step n lies in step n's period, whichever way the loop is written).
+    own = {n: (ends[n - 1] - ends[n - 2], waits[n - 1]) for n in range(2, STEPS + 1)}
+    return {"a": a, "own": own, "records": {r.iteration: r for r in out.steps}}
+
+
+def _own_over(got: dict[str, Any]) -> tuple[float, float]:
+    """(mean period ms, Σ wait ÷ Σ period) of the loop's clock over the analysis' steady steps."""
+    steady = [r.iteration for r in got["a"].iterations if r.steady_state]
+    assert len(steady) >= STEPS // 2
+    own = got["own"]
+    return (statistics.fmean(own[i][0] for i in steady) * 1e3,
+            sum(own[i][1] for i in steady) / sum(own[i][0] for i in steady))
+
+
+@pytest.fixture(scope="module",
+                params=[readme_loop, wrapped_loop, inside_loop, ready_loop, accumulation_loop],
+                ids=["fetch-before-step", "hook.loader", "fetch-in-step", "fetch-in-step+data_ready",
+                     "accumulation"])
+def loop_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    # the share of the period inside the step: the step's work alone, all the fetch too, or two of the
+    # three micro-batches' fetches
+    inside = {inside_loop: (0.7, 1.0), ready_loop: (0.7, 1.0), accumulation_loop: (0.4, 0.9)}
+    return {**run(tmp_path_factory.mktemp("loop"), request.param),
+            "in_step": inside.get(request.param, (0.0, 0.3))}
+
+
+def test_the_step_time_and_the_data_share_are_the_loops_own(loop_run: dict[str, Any]) -> None:
+    a = loop_run["a"]
+    period_ms, share = _own_over(loop_run)
+    # What the loop is: data-bound by design (about 0.9 on a quiet machine; the step's work takes longer
+    # on a loaded one, so the bound is loose: the checks below compare perfd with this very figure).
+    assert 0.6 < share < 0.97
+    assert a.summary.median("step_time_ms") == pytest.approx(period_ms, rel=0.03)
+    assert a.summary.median("data_share") == pytest.approx(share, abs=0.03)
+    # MFU from the same period: the FLOPs over the loop's own time per step
+    assert a.summary.median("mfu") == pytest.approx(FLOPS / (period_ms / 1e3 * 1e12) / PEAK, rel=0.03)
+    # The time inside the step is kept beside it: the step's own work, a few ms of the period, or
+    # nearly all of it where the fetch is inside the step.
+    lo, hi = loop_run["in_step"]
+    assert lo * period_ms < a.summary.median("in_step_ms") < hi * period_ms
+
+
+def test_the_class_is_data_bound_and_r1_the_data_loader(loop_run: dict[str, Any]) -> None:
+    a = loop_run["a"]
+    assert a.summary.bottleneck.cls.value == "data-bound"
+    rep = build_report(a)
+    assert rep.recommendations[0].finding_id == "data-loading"
+    assert "outside-step" not in {f.id for f in rep.findings}
+
+
+def test_goodput_has_no_unexplained_time(loop_run: dict[str, Any]) -> None:
+    gp = loop_run["a"].summary.to_json()["goodput"]
+    assert gp["parts_s"]["other"] < 0.02 * gp["wall_s"] and gp["parts_s"]["stall"] == 0
+    assert gp["ratio"] > 0.9  # training: the steps, the fetch included
+
+
+def test_a_loader_perfd_cannot_see_is_time_outside_the_step(tmp_path: Path) -> None:
+    """DataLoader stamps off (``watch_dataloader=False``) and no ``hook.loader``: the fetch before the
+    step is still the job's time (the period), named for what perfd knows of it: outside the step;
+    the data share is absent (nothing measured it), not 0."""
+    got = run(tmp_path, readme_loop, watch_dataloader=False)
+    a = got["a"]
+    period_ms, share = _own_over(got)
+    assert a.summary.median("step_time_ms") == pytest.approx(period_ms, rel=0.03)
+    assert a.summary.median("data_share") is None
+    assert a.summary.median("outside_share") == pytest.approx(share, abs=0.03)
+    rep = build_report(a)
+    assert rep.recommendations[0].finding_id == "outside-step"
+    assert "hook.loader(loader)" in rep.recommendations[0].action
+
+
+def _alternating(n: int, long_s: float, short_s: float) -> Iterator[int]:
+    for k in range(n):
+        time.sleep(long_s if k % 2 else short_s)
+        yield k
+
+
+def test_alternating_steps_give_the_shares_of_their_sums(tmp_path: Path) -> None:
+    """Two modes, as a two-worker loader's waits or a slow step every other one make: fetches of 30
+    and 2 ms between steps of 10 ms. The summary's share and step time are Σ wait ÷ Σ period and the
+    mean period, not a median of one mode (which would read far off)."""
+    def loop(hook: StepHook, _loader: Any, _model: Any) -> tuple[list[float], list[float]]:
+        waits, ends = [], []
+        batches = iter(hook.loader(_alternating(STEPS, 0.030, 0.002)))
+        for i in range(1, STEPS + 1):
+            t0 = time.perf_counter()
+            next(batches)
+            waits.append(time.perf_counter() - t0)
+            with hook.step(step=i):
+                time.sleep(0.010)
+                ends.append(time.perf_counter())
+        return waits, ends
+
+    got = run(tmp_path, loop)
+    a = got["a"]
+    period_ms, share = _own_over(got)
+    assert a.summary.median("data_share") == pytest.approx(share, abs=0.03)
+    assert a.summary.median("step_time_ms") == pytest.approx(period_ms, rel=0.03)
+    # Neither mode is what the summary says (a median of single steps would give one of them).
+    steady = [r.iteration for r in a.iterations if r.steady_state]
+    own = got["own"]
+    for mode in ([i for i in steady if i % 2], [i for i in steady if not i % 2]):
+        one = statistics.median(own[i][1] / own[i][0] for i in mode)
+        assert abs(one - a.summary.median("data_share")) > 0.08  # 0.13 and 0.45 away, seen
+    if load_per_cpu() < BUSY_LOAD_PER_CPU:  # above it the machine's own jitter is real jitter
+        assert not any(f.id == "step-jitter" for f in build_report(a).findings)

@@ -1,0 +1,81 @@
+"""The fetch stamps (perfd.hook.loader): what the training thread spends getting its batches, from
+``hook.loader(iterable)`` or torch's DataLoader iterators, and nothing else."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from perfd.hook.loader import CLOCK, FetchClock, Loader, dataloader_watched, watch_dataloader
+
+
+def _slow(n: int, s: float) -> Iterator[int]:
+    for k in range(n):
+        time.sleep(s)
+        yield k
+
+
+def test_a_loader_yields_the_same_batches_and_stamps_each_fetch() -> None:
+    clock = FetchClock()
+    wrapped = Loader(list(range(5)), clock)
+    assert len(wrapped) == 5 and wrapped.count(3) == 1  # the wrapped object's attributes
+    assert list(wrapped) == [0, 1, 2, 3, 4]
+    assert clock.count == 6  # five batches and the StopIteration
+    t0 = time.perf_counter_ns()
+    assert list(Loader(_slow(3, 0.01), clock)) == [0, 1, 2]
+    took = time.perf_counter_ns() - t0
+    assert 0.03e9 <= clock.total_ns <= took + 1e6
+
+
+def test_only_the_watched_threads_fetches_count() -> None:
+    clock = FetchClock()  # watches the thread that made it
+    other = threading.Thread(target=lambda: list(Loader(_slow(2, 0.01), clock)))
+    other.start()
+    other.join()
+    assert clock.count == 0 and clock.total_ns == 0  # a prefetching thread's fetches overlap the step
+    list(Loader(range(2), clock))
+    assert clock.count == 3
+
+
+def test_a_fetch_inside_another_is_counted_once() -> None:
+    clock = FetchClock()
+    inner = Loader(_slow(3, 0.01), clock)
+    outer = Loader(inner, clock)
+    list(outer)
+    assert clock.count == 4  # the outer fetches only
+
+
+def test_torch_dataloader_fetches_are_stamped_once_per_process() -> None:
+    torch = pytest.importorskip("torch")
+    data = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=0)
+    assert watch_dataloader() and watch_dataloader() and dataloader_watched()  # idempotent
+    CLOCK.watch()
+    before = CLOCK.count
+    assert [b.tolist() for b in data] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert CLOCK.count - before == 5
+
+
+def test_the_environment_leaves_torch_alone() -> None:
+    code = ("import os; os.environ['PERFD_HOOK_DATALOADER'] = '0'; import torch.utils.data; "
+            "from perfd.hook.loader import watch_dataloader, dataloader_watched; "
+            "from perfd.hook import StepHook; h = StepHook('/nonexistent.sock', cuda=False); "
+            "assert not watch_dataloader() and not dataloader_watched() and not h.watch_dataloader")
+    pytest.importorskip("torch")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_raising_fetch_is_timed_and_raises() -> None:
+    clock = FetchClock()
+
+    def boom() -> int:
+        time.sleep(0.01)
+        raise RuntimeError("worker died")
+
+    with pytest.raises(RuntimeError, match="worker died"):
+        clock.timed(boom)
+    assert clock.count == 1 and clock.total_ns >= 0.01e9 and not clock.busy
