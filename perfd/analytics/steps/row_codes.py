@@ -7,7 +7,7 @@ was twice the log's size). As JSON a row carries instead:
 
 - ``source``: its record's own provenance (the log line, the hook's rank and pid);
 - the metrics it has (a metric it lacks is not in it: absent, never null; an empty list or mapping,
-  no candidate rank, is not in it either);
+  no candidate rank, is not in it either, nor a flag not raised but ``steady_state``);
 - ``absent``: ``{metric: code}`` for a metric it lacks that the run's newest row has — the code a key
   of the legend's ``absent`` (a NaN loss, a timer missing from one line); codes are the same in every
   document (a short hash of the reason), so rows compare across documents;
@@ -42,6 +42,7 @@ CODED = ("sources", "excluded_reason", "straggler_notes")
 # own, said once in the legend with the ranges of rows it held on.
 RANGED = ("comm_method", "pp_idle_method")
 DERIVED = ("mfu_vs_measured_ceiling",)
+STATED = ("steady_state",)  # a flag every row states, raised or not (the rest: only where raised)
 CODE_CHARS = 8  # of a text's SHA-1: a code per distinct reason or note
 STEP_TIME = "step_time_ms"  # whose source is the record's own (its log line)
 
@@ -89,6 +90,8 @@ class RowCodes:
                 continue
             if f.name in CODED or f.name in DERIVED or v is None or (isinstance(v, (list, dict)) and not v):
                 continue  # absent, or nothing in it (no candidate rank, no per-rank ratio)
+            if v is False and f.default is False and f.name not in STATED:
+                continue  # a flag not raised (not armed, not between stages)
             out[f.name] = _plain(v)
         src = it.sources.get(STEP_TIME)
         if src:
