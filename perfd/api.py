@@ -43,9 +43,10 @@ def analyze_megatron_log(path: str | Path, gpu: str | None = None, dtype: str | 
                          peak_tflops: float | None = None, job: str | None = None) -> dict[str, Any]:
     """`perfd analyze megatron PATH --json` as a dict: job, iterations, summary, report, parse."""
     from perfd.commands.analyze import analyze_megatron_file, check_gpu, check_log
+    from perfd.commands.peak_args import check_mfu_possible, check_peak_args
     from perfd.logfiles import LogFileError
 
-    why = check_log(str(path)) or check_gpu(gpu, peak_tflops)
+    why = check_log(str(path)) or check_peak_args(dtype, peak_tflops) or check_gpu(gpu, peak_tflops)
     if why:
         raise PerfdInputError(why)
     try:
@@ -54,6 +55,9 @@ def analyze_megatron_log(path: str | Path, gpu: str | None = None, dtype: str | 
         raise PerfdInputError(f"cannot read {path}: {exc}") from exc
     if not parsed.records:
         raise PerfdInputError(f"no Megatron-LM iteration lines in {path}")
+    why = check_mfu_possible(analysis, parsed.job_info, dtype, peak_tflops)
+    if why:
+        raise PerfdInputError(why)
     from perfd.report import analysis_json
 
     # The same keys as the CLI's --json (job, iterations, summary, report), so code written against

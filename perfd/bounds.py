@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 
-from perfd.model import PACKAGES, JobInfo, ModelSpec, ParallelLayout
+from perfd.model import DEVICES, PACKAGES, JobInfo, ModelSpec, ParallelLayout
 
 REASON = "value-out-of-range"  # counted as malformed:<REASON> (parser) / job_info_value (aggregator)
 
@@ -96,6 +96,9 @@ def check_job_info(info: JobInfo) -> list[str]:
     if info.log_interval is not None and not in_bounds(info.log_interval, *LOG_INTERVAL_BOUNDS):
         reasons.append(f"log_interval {_short(info.log_interval)} outside {list(LOG_INTERVAL_BOUNDS)}")
         info.log_interval = None
+    if info.device is not None and info.device not in DEVICES:
+        reasons.append(f"device {_short(info.device)} not one of {list(DEVICES)}")
+        info.device = None
     for name, timer in list(info.startup_timers.items()):
         values = [timer.min_ms, timer.max_ms, *timer.per_rank.values()]
         if not all(v is None or (isinstance(v, (int, float)) and math.isfinite(v) and abs(v) <= MAX_TIMER_MS)

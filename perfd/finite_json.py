@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 NON_FINITE_KEY = "non_finite_removed"  # JSON paths of values that were inf/NaN, now null
 MAX_DEPTH = 200  # deeper than any result perfd builds; below the interpreter's recursion limit
+
+
+class Lazy:
+    """A value computed when it is written (a legend of codes that the rows before it fill as they
+    are streamed: perfd.analytics.steps.row_codes)."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
 
 
 def sanitize(obj: Any) -> tuple[Any, list[str]]:
@@ -24,6 +32,8 @@ def sanitize(obj: Any) -> tuple[Any, list[str]]:
     paths: list[str] = []
 
     def walk(x: Any, path: str, depth: int) -> Any:
+        if isinstance(x, Lazy):
+            x = x.make()
         if isinstance(x, float):
             if math.isfinite(x):
                 return x
@@ -50,9 +60,10 @@ def dumps(obj: Any, **kwargs: Any) -> str:
 
 
 def write(obj: dict[str, Any], out: TextIO, indent: int = 2) -> None:
-    """``dumps(obj, indent=indent)`` written to ``out`` a piece at a time (the same text: tested). A
-    value of ``obj`` that is an Iterator (per-iteration rows) is written one element at a time, so
-    neither the list nor the text is ever whole in memory."""
+    """``dumps(obj, indent=indent)`` written to ``out`` a piece at a time (the same value: tested). A
+    value of ``obj`` that is an Iterator (per-iteration rows) is written one element at a time, each
+    on one line (rows are read as a table: indented, their keys were half the text), so neither the
+    list nor the text is ever whole in memory; a :class:`Lazy` value is computed when reached."""
     pad = " " * indent
     paths: list[str] = []
 
@@ -61,6 +72,11 @@ def write(obj: dict[str, Any], out: TextIO, indent: int = 2) -> None:
         paths.extend(f"{path}{p}" if p != "$" else path for p in bad)
         s = json.dumps(clean, allow_nan=False, default=str, indent=indent)
         return s.replace("\n", "\n" + pad * depth)
+
+    def line(x: Any, path: str) -> str:  # x's JSON on one line
+        clean, bad = sanitize(x)
+        paths.extend(f"{path}{p}" if p != "$" else path for p in bad)
+        return json.dumps(clean, allow_nan=False, default=str, separators=(",", ":"))
 
     def items() -> Iterator[tuple[str, Any]]:
         yield from obj.items()
@@ -74,8 +90,8 @@ def write(obj: dict[str, Any], out: TextIO, indent: int = 2) -> None:
         first = False
         if isinstance(value, Iterator):
             n = 0
-            for n, row in enumerate(value, 1):
-                out.write(("[\n" if n == 1 else ",\n") + pad * 2 + text(row, f".{key}[{n - 1}]", 2))
+            for n, row in enumerate(value, 1):  # one row a line: rows are read as a table
+                out.write(("[\n" if n == 1 else ",\n") + pad * 2 + line(row, f".{key}[{n - 1}]"))
             out.write(f"\n{pad}]" if n else "[]")
         else:
             out.write(text(value, f".{key}", 1))

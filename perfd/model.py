@@ -29,6 +29,13 @@ CAPTURE_TOOLS: tuple[CaptureTool, ...] = get_args(CaptureTool)
 # How a capture ended, as perfd_agent_captures_total{status} counts it (the agent serves every tool x
 # outcome from 0, so that increase() sees the first capture): ok, failed, or skipped (refused before
 # it began: busy ranks, quota, a request it cannot serve; the tool then may still be "auto").
+# Where a job computes (JobInfo.device): "cuda" (a GPU), "cpu" (no CUDA in its processes: the step
+# hook's JOB_FLAG_NO_CUDA). Unknown (None) for a source that does not say.
+Device = Literal["cuda", "cpu"]
+DEVICES: tuple[Device, ...] = get_args(Device)
+CUDA: Device = "cuda"
+CPU: Device = "cpu"
+
 CaptureOutcome = Literal["ok", "failed", "skipped"]
 CAPTURE_OUTCOMES: tuple[CaptureOutcome, ...] = get_args(CaptureOutcome)
 
@@ -233,6 +240,9 @@ class JobInfo:
 
     framework: str = "megatron"
     framework_version: str | None = None  # e.g. Megatron-Core "0.20.0"
+    # Where it computes, as its processes say (the step hook's job flags and CUDA-timed records);
+    # None: not said (Megatron-LM's log is a GPU job's, but says so nowhere perfd reads).
+    device: Device | None = None
     torch_version: str | None = None
     layout: ParallelLayout = field(default_factory=ParallelLayout)
     spec: ModelSpec = field(default_factory=ModelSpec)

@@ -77,6 +77,8 @@ from perfd.limits import (
     REFUSAL_LOG_INTERVAL_S,
 )
 from perfd.model import (
+    CPU,
+    CUDA,
     HOOK_COMPUTE,
     HOOK_DATA_WAIT,
     HOOK_DATA_WAIT_FROM_FIELD,
@@ -86,6 +88,7 @@ from perfd.model import (
     HOOK_STEP_IN_STEP,
     HOOK_STEP_PERIOD,
     HOOK_STEP_TIME_FIELD,
+    Device,
     JobInfo,
     ModelSpec,
     ParallelLayout,
@@ -146,6 +149,15 @@ class HookRank:
     flags: int = 0  # wire.JOB_FLAG_*
     device_uuid: str | None = None
     device_index: int | None = None
+    cuda_timed: bool = False  # a step record of its came with wire.FLAG_CUDA (timed with CUDA events)
+
+    @property
+    def device(self) -> Device | None:
+        """Where the rank computes: CUDA when its hook says so (its job flags, a CUDA-timed step, a
+        CUDA device record), CPU when its hook found torch without CUDA; None when it has not said."""
+        if self.cuda_timed or self.device_uuid is not None or self.flags & wire.JOB_FLAG_CUDA:
+            return CUDA
+        return CPU if self.flags & wire.JOB_FLAG_NO_CUDA else None
 
     @property
     def can_trace(self) -> bool:
@@ -402,6 +414,11 @@ class HookCollector(RequestSender):
             rec = self._step_record(msg, kind)
             if rec is not None:
                 out.steps.append(rec)
+            cuda = msg.flags & wire.FLAG_CUDA and msg.rank >= 0
+            held = self._rank_info(msg.rank, msg.pid) if cuda else None
+            if held is not None and not held.cuda_timed:
+                held.cuda_timed = True  # the job computes on CUDA: said once, if its job record did not
+                self._send_job(out)
         elif kind == wire.KIND_JOB:
             job = wire.unpack_job(data)
             v = self._verify(sender, job.rank, job.pid, "a job record")
@@ -515,11 +532,23 @@ class HookCollector(RequestSender):
                 self.count_error("malformed:unknown_dtype", repr(m.dtype))
             else:
                 spec.dtype = m.dtype
-        info = JobInfo(framework="pytorch", layout=dataclasses.replace(lay), spec=dataclasses.replace(spec))
+        self._send_job(out)
+        self._c("job_records")
+
+    def _job_device(self) -> Device | None:
+        """CUDA if any rank computes on CUDA, CPU if every rank that said found no CUDA, else None."""
+        said = [d for r in self.ranks.values() if (d := r.device) is not None]
+        if CUDA in said:
+            return CUDA
+        return CPU if said else None
+
+    def _send_job(self, out: Collected) -> None:
+        """The job as the hooks describe it, sent when it changed."""
+        info = JobInfo(framework="pytorch", layout=dataclasses.replace(self._layout),
+                       spec=dataclasses.replace(self._spec), device=self._job_device())
         if info != self._job_sent:
             self._job_sent = info
             out.job_info[self.config.job] = info
-        self._c("job_records")
 
     def _rank_info(self, rank: int, pid: int) -> HookRank | None:
         """The rank's entry, anew when its process changed; None past HOOK_MAX_RANKS (counted)."""

@@ -38,7 +38,7 @@ from perfd.analytics.ncu.arming import ArmingCost, measure_arming
 from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.analytics.steps.run_analysis import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
-from perfd.model import CAPTURE_TOOLS, CaptureFailure
+from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure
 from perfd.refusals import Refusals
 from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
 from perfd.rules.model import CaptureAction, CaptureTargets, Rule
@@ -64,7 +64,7 @@ class CaptureRecord:
     origin: str  # "rule:NAME" | "manual" | "alertmanager:ALERTNAME"
     requested_at: float
     agents: list[str] = field(default_factory=list)
-    status: str = "requested"  # requested | started | finished | failed | undeliverable
+    status: str = "requested"  # requested | started | finished | failed | undeliverable | skipped | refused
     reason: str = ""
     updated_at: float = 0.0
     result: Any = None  # what the agent reported (analysis summary, artifact paths)
@@ -98,6 +98,9 @@ class CaptureRecord:
 
 
 MAX_INCIDENT_RANKS = 4  # ranks one incident capture takes at most
+CPU_ONLY_SKIP = ("the job computes on CPUs only (no CUDA): a capture divides GPU time, and there is none "
+                 "to divide; its host side is in the rank's host evidence and stacks (name a tool to trace "
+                 "its CPU ops anyway: perfd capture --tool kineto)")
 
 
 class CaptureCoordinator:
@@ -257,11 +260,14 @@ class CaptureCoordinator:
                         "text": f"rule {f.rule.name} firing: {f.annotations.summary or f.rule.expr.text}",
                         "labels": {**f.labels, "rule": f.rule.name}, "payload": f.to_dict()}])
                 if f.capture_allowed and isinstance(f.action, CaptureAction):
-                    rec = self._dispatch(f.job, list(f.ranks) if f.ranks is not None else None,
-                                         f.action.tool, f.action.steps, f"rule:{f.rule.name}", t,
-                                         f.action.stack)
+                    ranks = list(f.ranks) if f.ranks is not None else None
+                    origin = f"rule:{f.rule.name}"
+                    a = f.action
+                    skip = a.tool == "auto" and self._cpu_only(f.job)  # perfd picks: none fits
+                    rec = (self._skip_cpu_only(f.job, ranks, a.tool, a.steps, origin, t) if skip
+                           else self._dispatch(f.job, ranks, a.tool, a.steps, origin, t, a.stack))
                     self._firing_of[rec.id] = f
-                    if rec.status == "undeliverable":
+                    if rec.status in ("undeliverable", "skipped"):
                         self._release(rec.id)
         return firings
 
@@ -308,6 +314,26 @@ class CaptureCoordinator:
             return rec
 
     # ---- bookkeeping -----------------------------------------------------------------------
+    def _cpu_only(self, job: str) -> bool:
+        """The job computes on CPUs (perfd.model.JobInfo.device, from its step hook)."""
+        snap = self._snapshot(job)
+        a = snap.analysis if snap is not None else None
+        return a is not None and a.job.device == CPU
+
+    def _skip_cpu_only(self, job: str, ranks: list[int] | None, tool: str, steps: int, origin: str,
+                       t: float) -> CaptureRecord:
+        """A rule's ``tool: auto`` capture of a CPU-only job, not sent: perfd picks the tool, and none
+        fits — each times GPU work (the step budget divides the GPU's timeline), a CPU-only job has
+        none, so the trace would cost the job its profiler's overhead and give ``budget: null``
+        (issue 52: the default incident_capture rule ran torch.profiler inside such jobs). Its host
+        side is the rank's host evidence (collectors/ranks) and its stacks. A rule or a person naming
+        a tool still gets it (its CPU ops are a trace to read, not a budget)."""
+        rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t, status="skipped",
+                            reason=CPU_ONLY_SKIP, updated_at=t)
+        self._keep(rec)
+        log.info("capture %s for job %s (%s) skipped: the job computes on CPUs only", rec.id, job, origin)
+        return rec
+
     def _dispatch(self, job: str, ranks: list[int] | None, tool: str, steps: int, origin: str,
                   t: float, stack: bool = False) -> CaptureRecord:
         rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t, updated_at=t,

@@ -126,12 +126,14 @@ class PlacementCache:
 
 
 def rank_snapshots(named: Sequence[int], v: SnapshotView, hosts: Mapping[int, Mapping[str, Any]],
-                   annotate: Callable[[list[Evidence]], list[Evidence]]) -> dict[int, RankSnapshot]:
+                   annotate: Callable[[list[Evidence]], list[Evidence]],
+                   cpu_only: bool = False) -> dict[int, RankSnapshot]:
     """rank -> what its GPU (in ``v``) and its process on its host (``hosts``: the ranks' latest
     host observations, perfd.aggregator.hosts) show, as typed evidence, for the ranks an incident
     names; with none named, the job's ranks whose GPU or host stands out (a co-tenant, throttling, a
     low clock, CPU contention, a stopped process). ``annotate`` marks what steady state showed too.
-    ``taken_at`` and the evidence's times are when the view was read."""
+    ``taken_at`` and the evidence's times are when the view was read. ``cpu_only``: the job computes on
+    CPUs: a rank on no GPU is what it is, not "its GPU is unknown"."""
     procs, values, throttles, placed, now = v.procs, v.values, v.throttles, v.placed, v.taken_at
     ranks = list(named) or sorted(set(placed) | set(hosts))
     out: dict[int, RankSnapshot] = {}
@@ -148,7 +150,8 @@ def rank_snapshots(named: Sequence[int], v: SnapshotView, hosts: Mapping[int, Ma
         if h.node is not None and h.gpu is not None:
             vals, reasons = values.get((h.node, h.gpu), {}), list(throttles.get((h.node, h.gpu), []))
         out[h.rank] = RankSnapshot(
-            rank=h.rank, node=h.node, gpu=h.gpu, placed=h.placed, observations=tuple(h.observations),
+            rank=h.rank, node=h.node, gpu=h.gpu, placed=h.placed,
+            observations=() if cpu_only and not h.placed else tuple(h.observations),
             numbers=dict(h.evidence), items=tuple(h.items),
             gpu_values={k: x for k, x in vals.items() if k in SNAPSHOT_SERIES},
             throttle_reasons=tuple(reasons), taken_at=now,

@@ -39,9 +39,12 @@ class HostView:
         self._phase_ended: dict[str, float] = {}  # job -> when its last announced pause ended
         # job -> command id -> agent -> payload
         self._stacks: dict[str, OrderedDict[str, dict[str, dict[str, Any]]]] = {}
-        # job -> rank -> its newest observation while its process ran (not gone): what a finished job's
-        # report fits its data-loading action to (its CPUs while it trained, not its exit)
+        # job -> rank -> its newest observation a later step record confirms was taken while the job
+        # stepped: what a finished job's report fits its data-loading action to (its CPUs while it
+        # trained: its workers, its load; not its teardown, not its exit)
         self._running: dict[str, dict[int, dict[str, Any]]] = {}
+        # job -> rank -> its newest observation of a live process, until a step confirms it
+        self._unconfirmed: dict[str, dict[int, dict[str, Any]]] = {}
         self._ended: dict[str, tuple[float, str]] = {}  # job -> (when, why) its processes ended
 
     # ---- state events (the gRPC side) -----------------------------------------------------------
@@ -60,10 +63,10 @@ class HostView:
             held[(agent_id, node)] = (now, {**p, "ranks": ranks})
             self._note_end(job, held, launch, now)
             self._ranks[job] = held  # newest last: the oldest job goes first past the cap
-            running = self._running.setdefault(job, {})
+            pending = self._unconfirmed.setdefault(job, {})
             for r in ranks:
                 if r.get("state") not in ("gone", "zombie"):
-                    running[r["rank"]] = {**r, "node": node, "agent": agent_id, "arrived_at": now,
+                    pending[r["rank"]] = {**r, "node": node, "agent": agent_id, "arrived_at": now,
                                           "node_values": dict(p.get("node") or {})}
             while len(self._ranks) > self.max_jobs:
                 old, _ = self._ranks.popitem(last=False)
@@ -71,8 +74,23 @@ class HostView:
                 self._stacks.pop(old, None)
                 self._phase_ended.pop(old, None)
                 self._running.pop(old, None)
+                self._unconfirmed.pop(old, None)
                 self._ended.pop(old, None)
         return True
+
+    def stepped(self, job: str, now: float | None = None) -> None:
+        """The job's step records arrived at ``now``: every observation of its processes that arrived
+        before them was taken while it stepped (collectors/ranks reports every second)."""
+        now = time.time() if now is None else now
+        with self._lock:
+            pending = self._unconfirmed.get(job)
+            if not pending:
+                return
+            seen = [r for r, o in pending.items() if o["arrived_at"] <= now]
+            if seen:
+                running = self._running.setdefault(job, {})
+                for r in seen:
+                    running[r] = pending.pop(r)
 
     def _note_end(self, job: str, held: Mapping[tuple[str, str], tuple[float, dict[str, Any]]],
                   launch: Mapping[str, Any] | None, now: float) -> None:
@@ -153,7 +171,8 @@ class HostView:
         return out
 
     def last_running(self, job: str) -> dict[int, dict[str, Any]]:
-        """rank -> its newest observation while its process ran (as :meth:`observations`, any age)."""
+        """rank -> its newest observation taken while the job stepped (a step record came after it;
+        as :meth:`observations`, any age)."""
         with self._lock:
             return {r: dict(o) for r, o in (self._running.get(job) or {}).items()}
 
@@ -199,6 +218,7 @@ class HostView:
             self._stacks.pop(job, None)
             self._phase_ended.pop(job, None)
             self._running.pop(job, None)
+            self._unconfirmed.pop(job, None)
             self._ended.pop(job, None)
 
     def forget_agent(self, agent_id: str) -> None:

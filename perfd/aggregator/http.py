@@ -7,6 +7,7 @@ and /metrics and /healthz have a lane API clients cannot fill.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -24,7 +25,8 @@ from perfd.aggregator.job_rows import job_row_groups
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running, overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.attribution import foreign_processes, gpu_hints, place_ranks
-from perfd.analytics.incidents.host_evidence import job_cpu_use
+from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
+from perfd.analytics.steps.liveness import RUNNING
 from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
@@ -205,6 +207,40 @@ def _candidates(analysis: RunAnalysis) -> list[int]:
     return [int(r) for r in ranks]
 
 
+# What an incident's summary entry leaves to /api/jobs/<job>/incidents: the typed items its verdict
+# was decided over (the steps' ``observed``, the GPU's ``gpu_observed``, each snapshot's ``items``) are
+# all in its ``verdict`` (lead, effects, also): the summary says each once.
+SUMMARY_INCIDENT_OMITS = ("observed", "gpu_observed")
+
+
+def summary_incident(d: Mapping[str, Any]) -> dict[str, Any]:
+    """An incident as the job summary serves it (docs/api.md): each fact once."""
+    out = dict(d)
+    ev = out.get("evidence")
+    if isinstance(ev, Mapping):
+        ev = {k: v for k, v in ev.items() if k not in SUMMARY_INCIDENT_OMITS}
+        gpu = ev.get("gpu")
+        if isinstance(gpu, Mapping):
+            ev["gpu"] = {r: {k: v for k, v in s.items() if k != "items"} if isinstance(s, Mapping) else s
+                         for r, s in gpu.items()}
+        out["evidence"] = ev
+    return out
+
+
+def job_cpu(snap: JobSnapshot, now: float) -> CpuUse | None:
+    """How the job's ranks use their CPUs, for its data-loading action: as last observed while it
+    stepped (a step record came after the observation: not its teardown, not its exit), else as its
+    agents see it now (no step since the first observation yet). A job no longer running says when
+    (issue 52: after exit the advice read "its 0 child process(es)", or "CPUs are full")."""
+    use = job_cpu_use(snap.hosts_last_running())
+    now_seen = snap.hosts(now)
+    if use is None:
+        return job_cpu_use(now_seen)
+    state, _ = snap.state_at(now)
+    gone = any(o.get("state") in ("gone", "zombie") for o in now_seen.values())
+    return dataclasses.replace(use, while_running=True) if state != RUNNING or gone else use
+
+
 def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
     snap = state.snapshot(job, Analysed.SERVED)
     if snap is None:
@@ -220,9 +256,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
                 "report": serving["report"] if serving else None, "serving": serving,
                 **rank_view(state, snap, None, []), "collectives": collectives_json(state, job),
                 "incidents": snap.incident_docs()}
-    # The ranks' CPUs as their agents see them now, else as they last saw them running (a finished
-    # job): a data-loading action fits them (more workers only where they have room).
-    cpu = job_cpu_use(snap.hosts()) or job_cpu_use(snap.hosts_last_running())
+    cpu = job_cpu(snap, now)
     full = analysis_json(analysis, snap.incidents, arming=state.arming_of(job), cpu=cpu)
     world = analysis.job.layout.world_size
     return {
@@ -235,7 +269,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
         **rank_view(state, snap, world, _candidates(analysis)),
         "collectives": collectives_json(state, job),
         "serving": serving,
-        "incidents": full["incidents"],
+        "incidents": [summary_incident(i) for i in full["incidents"]],
     }
 
 
@@ -250,18 +284,19 @@ def collectives_json(state: AggregatorState, job: str) -> dict[str, Any] | None:
 
 
 def job_iterations(state: AggregatorState, job: str, sources: bool = True) -> dict[str, Any] | None:
-    """Every analysed iteration the aggregator holds for ``job`` (the per-iteration JSON of
-    `perfd analyze megatron --json`), oldest first; None for an unknown job. ``sources=False``
-    drops each iteration's ``sources`` (most of its size; the summary's report keeps them)."""
+    """Every analysed iteration the aggregator holds for ``job`` (the per-iteration rows of
+    `perfd analyze megatron --json`: provenance as codes, perfd.analytics.steps.row_codes), oldest
+    first, with their legend (``iteration_codes``); None for an unknown job. ``sources=False``: the
+    legend without each metric's source (the summary's report has them)."""
     snap = state.snapshot(job, Analysed.SERVED)
     if snap is None:
         return None
     analysis = snap.analysis
-    its = [it.to_json() for it in analysis.iterations] if analysis is not None else []
-    if not sources:
-        for it in its:
-            it.pop("sources", None)
-    return {"job_name": job, "iterations": its}
+    if analysis is None:
+        return {"job_name": job, "iterations": [], "iteration_codes": {}}
+    codes = analysis.row_codes()
+    its = list(analysis.iteration_rows(codes=codes))
+    return {"job_name": job, "iterations": its, "iteration_codes": codes.legend(sources)}
 
 
 # Paths anyone who reaches the port may read, token or not: Prometheus scrapes and liveness probes.

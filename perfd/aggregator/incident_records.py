@@ -110,7 +110,7 @@ def tracked_from_json(d: Mapping[str, Any]) -> TrackedIncident:
         open=bool(d.get("open")), cause=str(d.get("cause") or ""),
         evidence=IncidentEvidence.from_json(ev) if isinstance(ev, Mapping) else IncidentEvidence(),
         verdict=verdict_from_json(d.get("verdict"), as_written=True), capture_cost_s=d.get("capture_cost_s"),
-        single_rank=bool(d.get("single_rank")))
+        single_rank=bool(d.get("single_rank")), cpu_only=bool(d.get("cpu_only")))
     parts = d.get("cost_parts")
     why = d.get("stall_withdrawn")
     return TrackedIncident(

@@ -49,18 +49,35 @@ Emit = Callable[[list[dict[str, Any]]], None]
 Snapshot = Callable[[Incident], Mapping[int, RankSnapshot]]
 
 
-def _refine_cost(rec: TrackedIncident, inc: Incident, now: float) -> TrackedIncident:
-    """A recorded closed incident's cost and steady step as the latest analysis measures them; its
-    evidence and verdict are those of the time it ran."""
+def _refine_closed(rec: TrackedIncident, inc: Incident, now: float) -> TrackedIncident:
+    """A recorded closed incident as the latest analysis sees its iterations: its end, cost and
+    steady step firm up as more calm steps follow (an early incident is seen first against a few
+    steps only), and so does what its steps show (the data wait's share of the slowdown): its verdict
+    is decided again over that and the GPU and host evidence kept of the time it ran, so that its cause
+    and the iterations' marks (the same analysis) never disagree."""
     kept = rec.incident
     if STALL in kept.kinds:
         return rec  # its cost is the stall's too (with_stall_cost): left as recorded
-    if (inc.cost_s, inc.steady_step_ms) == (kept.cost_s, kept.steady_step_ms):
+    same = ((inc.last_iteration, inc.cost_s, inc.steady_step_ms, inc.evidence.observed)
+            == (kept.last_iteration, kept.cost_s, kept.steady_step_ms, kept.evidence.observed))
+    if same:
         return rec
-    cause = render_cause(inc, kept.verdict) if kept.verdict is not None else kept.cause
-    return replace(rec, incident=replace(kept, cost_s=inc.cost_s, steady_step_ms=inc.steady_step_ms,
-                                         cause=cause),
-                   updated_at=now)
+    steps = inc.evidence  # what the steps show, as the latest analysis reads them
+    ev = replace(kept.evidence, observed=steps.observed, named_by_iterations=steps.named_by_iterations,
+                 rank_compute_ratio_max=steps.rank_compute_ratio_max,
+                 straggler_line_max_rank=steps.straggler_line_max_rank,
+                 disturbed_by_capture=steps.disturbed_by_capture)
+    verdict = kept.verdict
+    if verdict is not None:
+        live = [as_kept(e) for e in kept.evidence.gpu_observed or ()]
+        verdict = decide([*live, *inc.observed(), *_capture_evidence(rec.captures)], inc.ranks,
+                         verdict.missing, stalled=False)
+    out = replace(kept, last_iteration=inc.last_iteration, n_iterations=inc.n_iterations, cost_s=inc.cost_s,
+                  steady_step_ms=inc.steady_step_ms, median_step_ms=inc.median_step_ms,
+                  max_step_ms=inc.max_step_ms, end_time=inc.end_time, ranks=list(inc.ranks),
+                  capture_cost_s=inc.capture_cost_s, evidence=ev, verdict=verdict)
+    out = replace(out, cause=render_cause(out, verdict) if verdict is not None else inc.cause)
+    return replace(rec, incident=out, updated_at=now)
 
 
 class GpuBaseline:
@@ -167,13 +184,11 @@ class IncidentTracker:
                 if prev is None and stalls:
                     prev, key = stalls[0], stalls[0].id
                 if prev is not None and not prev.open and not inc.open and not stalls:
-                    # Closed and recorded with its evidence of the time. Its cost is re-read while a
-                    # later analysis sees the same iterations: the steady rate it is measured against
-                    # firms up as more calm steps follow (an early incident is seen first against a
-                    # few steps only); once warm-up takes part of it, what was recorded stays.
-                    if (inc.first_iteration, inc.last_iteration) == (prev.incident.first_iteration,
-                                                                     prev.incident.last_iteration):
-                        kept[key or inc.id] = _refine_cost(prev, inc, now)
+                    # Closed and recorded with its GPU and host evidence of the time. What its steps
+                    # show is re-read while a later analysis sees the same stretch (_refine_closed);
+                    # once warm-up or retention takes its start, what was recorded stays.
+                    if inc.first_iteration == prev.incident.first_iteration:
+                        kept[key or inc.id] = _refine_closed(prev, inc, now)
                     continue
                 rec = self._record(inc, prev, stalls, snapshot, captures, now)
                 for d in stalls:
@@ -457,7 +472,7 @@ def _worth_keeping(items: Sequence[Evidence], old: RankSnapshot | None) -> bool:
 def _missing(inc: Incident, gpu: Mapping[int, RankSnapshot]) -> list[Missing]:
     out = [] if inc.ranks or inc.single_rank else [Missing.PER_RANK_TIMERS]
     placed = [s for s in gpu.values() if s.placed and s.gpu is not None]
-    if not placed:
+    if not placed and not inc.cpu_only:  # a CPU-only job's GPU is no missing input: it has none
         out.append(Missing.RANK_PLACEMENT if gpu else Missing.GPU_STATE)
     return out
 

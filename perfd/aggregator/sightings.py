@@ -95,4 +95,5 @@ class Sightings:
         clock). ``taken_at`` and the evidence's times are when the view was read."""
         v = view if view is not None else self.read_view(job)
         hosts = self.hosts.observations(job, v.taken_at)  # each rank's process on its host, as last reported
-        return rank_snapshots(inc.ranks, v, hosts, lambda items: self.baseline.annotate(job, items))
+        return rank_snapshots(inc.ranks, v, hosts, lambda items: self.baseline.annotate(job, items),
+                              inc.cpu_only)

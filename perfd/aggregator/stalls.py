@@ -37,6 +37,7 @@ from perfd.analytics.incidents.stall import (
     delivery_only,
     job_clock_gap_s,
 )
+from perfd.model import CPU
 from perfd.transport.codec import COMMAND_STACKS, Command
 
 if TYPE_CHECKING:
@@ -332,7 +333,8 @@ class StallWatch:
         a = snap.analysis if snap is not None else None
         world = a.job.layout.world_size if a is not None else None
         inc: Incident = stall_incident(check, st.first_iteration, st.last_iteration, st.started_at,
-                                       st.opened_at, st.closed_at, single_rank=world == 1, extra=extra)
+                                       st.opened_at, st.closed_at, single_rank=world == 1, extra=extra,
+                                       cpu_only=a is not None and a.job.device == CPU)
         state.track_live_incidents(job, [inc], now)
 
 

@@ -254,6 +254,8 @@ class AggregatorState:
         REFUSAL_LOG_INTERVAL_S: a flood of conflicting records must not push real events out of
         the bounded log). Returns what was kept out, for the caller to count."""
         out = self.jobs.ingest_steps(agent_id, steps, now)
+        for job in {r.job for r in steps}:  # its processes as observed until now: while it stepped
+            self.hosts.stepped(job, now)
         self._bump()
         for job, runs in out.ended_runs.items():  # a run ended: its incidents end with it
             for run in runs:

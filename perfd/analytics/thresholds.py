@@ -39,6 +39,9 @@ MFU_GOOD = Threshold(0.40, "30-40% is communication overhead; 40-50% is normal f
                      "DESIGN.md §2 MFU (grades)")
 MFU_EXCELLENT = Threshold(0.50, "above 50% only kernel-level work (fusions, FP8) remains",
                           "DESIGN.md §2 MFU (grades)")
+MFU_POSSIBLE = Threshold(1.0, "no job runs faster than its GPU's peak: an MFU above 100% means the peak is "
+                              "wrong (a --dtype or --peak-tflops that is not the job's), and it is never "
+                              "graded", "DESIGN.md §2 MFU")
 
 # --- training: shares of the step ---------------------------------------------------------------------
 DATA_BOUND_SHARE = Threshold(

@@ -163,7 +163,10 @@ def run_analyze(args: argparse.Namespace) -> int:
     if args.what != "megatron":  # argparse enforces the choices; kept for new analysers
         print(f"perfd: unknown analyser {args.what}", file=sys.stderr)
         return 2
-    why = check_log(args.log) or check_gpu(args.gpu, args.peak_tflops)
+    from perfd.commands.peak_args import check_mfu_possible, check_peak_args
+
+    why = check_log(args.log) or check_peak_args(args.dtype, args.peak_tflops) or \
+        check_gpu(args.gpu, args.peak_tflops)
     if why:
         return refuse(why)
     timeline = None
@@ -198,15 +201,19 @@ def run_analyze(args: argparse.Namespace) -> int:
         from perfd.analytics.breakdown.capture_match import refusal
 
         return refuse(refusal(match))
+    why = check_mfu_possible(analysis, parsed.job_info, args.dtype, args.peak_tflops)
+    if why:
+        return refuse(why)
     from perfd.report import analysis_json, build_report, render_text
 
     steady_only = args.iterations == ITERATIONS_STEADY
     if args.json:
         # the rows are written as they are built (finite_json.write), never held as one list
+        codes = analysis.row_codes()
         rows: Iterable[dict[str, Any]] = ([] if args.iterations == ITERATIONS_NONE
-                                          else analysis.iteration_rows(steady_only))
+                                          else analysis.iteration_rows(steady_only, codes))
         out: dict[str, Any] = {}
-        for key, value in analysis_json(analysis, rows=rows).items():
+        for key, value in analysis_json(analysis, rows=rows, codes=codes).items():
             out[key] = value
             if key == "iterations":  # which rows they are, next to them
                 out["iterations_shown"] = args.iterations
@@ -304,11 +311,15 @@ def run_sglang(args: argparse.Namespace) -> int:
     """`perfd analyze sglang LOG [--metrics URL|FILE]... [--json]`."""
     from collectors.sglang.parser import parse_file, parse_lines
     from perfd.analytics.serving.analysis import analyze_serving
+    from perfd.commands.peak_args import check_peak_args, check_peak_tflops
     from perfd.report import render_text
     from perfd.report.serving import build_serving_report
 
     peak_given = args.peak_tflops if args.peak_tflops is not None else args.peak_bandwidth_tbs
-    why = check_log(args.log) or check_gpu(args.gpu, peak_given)
+    why = (check_log(args.log) or check_peak_args(args.dtype, args.peak_tflops)
+           or check_peak_tflops(args.peak_bandwidth_tbs, "--peak-bandwidth-tbs", "TB/s per GPU",
+                                "3.35 for an H100 SXM")
+           or check_gpu(args.gpu, peak_given))
     if why:
         return refuse(why)
     try:

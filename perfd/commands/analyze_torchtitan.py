@@ -47,10 +47,12 @@ def run(args: argparse.Namespace) -> int:
     from collectors.torchtitan.parser import TorchtitanLogParser
     from perfd.analytics.steps.run_analysis import analyze_run
     from perfd.commands.analyze import check_gpu, check_log, refuse
+    from perfd.commands.peak_args import check_mfu_possible, check_peak_args
     from perfd.logfiles import LogFileError, iter_text_lines
     from perfd.report import analysis_json, build_report, render_text
 
-    why = check_log(args.log) or check_gpu(args.gpu, args.peak_tflops)
+    why = check_log(args.log) or check_peak_args(args.dtype, args.peak_tflops) or \
+        check_gpu(args.gpu, args.peak_tflops)
     if why:
         return refuse(why)
     try:
@@ -70,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
                       "stdout of a torchtitan run?")
     analysis = analyze_run(parser.job_info, records, gpu_name=args.gpu, peak_tflops=args.peak_tflops,
                            job_name=name, live=False)
+    why = check_mfu_possible(analysis, parser.job_info, args.dtype, args.peak_tflops)
+    if why:
+        return refuse(why)
     if args.json:
         out = analysis_json(analysis)
         out["parse"] = {"counts": dict(parser.counts),

@@ -84,6 +84,12 @@ def _aggregator(args: argparse.Namespace) -> int:
             print(f"perfd aggregator: cannot write W&B runs under {wandb_dir}{given}: {problem}; "
                   "give a writable directory with --wandb-dir DIR", file=sys.stderr)
             return 2
+    from perfd.commands.peak_args import check_peak_tflops
+
+    why = check_peak_tflops(args.peak_tflops)
+    if why:
+        print(f"perfd aggregator: {why}", file=sys.stderr)
+        return 2
     every = L.ALL_INTERFACES if args.listen_all else L.LOOPBACK
     for flag, v in (("--max-jobs-per-agent", args.max_jobs_per_agent),
                     ("--job-retention", args.job_retention), ("--agent-retention", args.agent_retention)):

@@ -69,9 +69,13 @@ def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | No
     remedies in the report: the same as ``perfd analyze megatron LOG --capture TRACE``)."""
     from perfd.commands import megatron_offline
     from perfd.commands.analyze import _read_lines
+    from perfd.commands.peak_args import check_mfu_possible, check_peak_args
 
     if not Path(log).is_file():
         raise ReportError(f"no such log file: {log}")
+    why = check_peak_args(dtype, peak_tflops)
+    if why:
+        raise ReportError(why)
     timeline = None
     if capture:
         from perfd.commands.analyze_capture import timeline_class
@@ -97,6 +101,9 @@ def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | No
         from perfd.analytics.breakdown.capture_match import refusal
 
         raise ReportError(refusal(match))
+    why = check_mfu_possible(analysis, parsed.job_info, dtype, peak_tflops)
+    if why:
+        raise ReportError(why)
     from perfd.report import build_report
     from perfd.report.html import Page
 

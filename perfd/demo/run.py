@@ -104,8 +104,9 @@ TABLE_ROWS = 10
 
 
 def warmup_note(it: dict[str, Any]) -> str:
-    """Why an iteration is left out of the steady-state figures (warm-up, a capture), or ""."""
-    why = it.get("excluded_reason")
+    """Why an iteration is left out of the steady-state figures (warm-up, a capture), or "" (its
+    code said with the legend's words: :func:`_iterations`)."""
+    why = it.get("excluded_text") or it.get("excluded")
     if why:
         return f"{why}: left out of the steady-state figures"
     return "" if it.get("steady_state", True) else "not steady yet: left out of the steady-state figures"
@@ -185,8 +186,14 @@ def reading_notes(summary: dict[str, Any], nvml: str) -> list[str]:
 
 
 def _iterations(base: str) -> list[dict[str, Any]]:
+    """The rows, each excluded one with its code in the legend's words (``excluded_text``)."""
     got = _get_json(f"{base}/api/jobs/{JOB}/iterations?sources=0")
-    return list(got.get("iterations") or [])
+    said = (got.get("iteration_codes") or {}).get("excluded") or {}
+    rows = list(got.get("iterations") or [])
+    for r in rows:
+        if r.get("excluded") in said:
+            r["excluded_text"] = said[r["excluded"]]
+    return rows
 
 
 def _gpu_rows(gpus_json: dict[str, Any]) -> list[dict[str, str]]:

@@ -84,15 +84,30 @@ def job_msg(rank: int, pid: int, dtype: str | None, layout: Mapping[str, int], m
     return wire.JobMsg(rank, pid, dtype=dtype, flags=flags, **{k: sizes.get(k) for k in LAYOUT_KEYS})
 
 
-def hook_flags() -> int:
+def hook_flags(timed_on_cuda: bool = False) -> int:
     """The job record's flags (wire.JOB_FLAG_*): whether this process polls the Kineto daemon itself
-    (KINETO_USE_DAEMON set, as libkineto reads it) and whether the hook can open a trace in it."""
+    (KINETO_USE_DAEMON set, as libkineto reads it), whether the hook can open a trace in it, and
+    whether it has CUDA (``timed_on_cuda``: the hook times steps with CUDA events, so it has; else
+    torch says, when it is imported; never imported here)."""
     flags = 0
     if os.environ.get("KINETO_USE_DAEMON", "").strip().lower() not in ("", "0", "false"):
         flags |= wire.JOB_FLAG_KINETO_DAEMON
-    if can_trace(sys.modules.get("torch")):
+    torch = sys.modules.get("torch")
+    if can_trace(torch):
         flags |= wire.JOB_FLAG_CAN_TRACE
+    flags |= wire.JOB_FLAG_CUDA if timed_on_cuda else cuda_flag(torch)
     return flags
+
+
+def cuda_flag(torch: Any) -> int:
+    """JOB_FLAG_CUDA or JOB_FLAG_NO_CUDA as the process' torch says (0 without torch, or if it
+    cannot say)."""
+    if torch is None:
+        return 0
+    try:
+        return wire.JOB_FLAG_CUDA if torch.cuda.is_available() else wire.JOB_FLAG_NO_CUDA
+    except Exception:
+        return 0
 
 
 def current_device(torch: Any) -> tuple[int, str | None]:

@@ -442,7 +442,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
         """At the first ``step_begin()``, on the training thread (its device is set by then): have
         every pooled event created, capture the CUDA context, start the harvester."""
         self._ready = True
-        self._job_flags = hook_flags()
+        self._job_flags = hook_flags(self.cuda)
         self._fetch.watch()  # the training thread: only its fetches are waits
         if self.watch_dataloader:
             fetches.watch_dataloader()  # torch's DataLoader imported since the hook was made

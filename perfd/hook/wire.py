@@ -89,6 +89,9 @@ PHASE_STATES = {PHASE_BEGIN: "begin", PHASE_END: "end"}
 # Job record flags: what the hook's process can do for a capture (0 from a hook older than them).
 JOB_FLAG_KINETO_DAEMON = 1 << 0  # started with KINETO_USE_DAEMON: it polls the Kineto daemon itself
 JOB_FLAG_CAN_TRACE = 1 << 1  # torch.profiler is importable: the hook can open a Kineto trace itself
+# Whether the hook's process has CUDA (neither: unknown, as from an older hook or before torch is in)
+JOB_FLAG_CUDA = 1 << 2  # torch.cuda.is_available(): the job computes on a GPU (or could)
+JOB_FLAG_NO_CUDA = 1 << 3  # torch is imported and has no CUDA device: a CPU-only job
 # Trace request flags.
 TRACE_FLAG_STACK = 1 << 0  # Python stacks and input shapes too (with_stack, record_shapes)
 

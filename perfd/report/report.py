@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perfd import catalog
+from perfd import catalog, finite_json
 from perfd.analytics.advice.findings import (
     DATA_LOADING_FINDING,
     GRADE_LABELS,
@@ -29,14 +29,17 @@ from perfd.analytics.incidents.host_evidence import CpuUse
 from perfd.analytics.incidents.verdict_text import cpu_use_text, data_loading_action
 from perfd.analytics.ncu.arming import ArmingCost
 from perfd.analytics.steps.goodput import headline_text
+from perfd.analytics.steps.row_codes import RowCodes
 from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.analytics.steps.run_summary import JobBlock, JobLayout, reduction_of
+from perfd.analytics.steps.untimed import untimed_groups
+from perfd.model import CPU
 
 
 @dataclass
 class ReportSummary:
     job_name: str | None
-    status: str  # MFU grade: severe | communication-overhead | good | excellent | unknown
+    status: str  # MFU grade: severe | communication-overhead | good | excellent | impossible | unknown
     status_text: str
     mfu: float | None
     bottleneck: str
@@ -140,7 +143,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     if arming is not None:
         findings.append(arming_finding(arming))
     if cpu is not None:
-        recs = [_with_cpu(r, cpu) for r in recs]
+        recs = [_with_cpu(r, cpu, analysis.job.device == CPU) for r in recs]
     if incidents is not None:  # the analysis' incident findings give way to the kept incidents'
         gone = {f.id for f in findings if f.origin is FindingOrigin.INCIDENT}
         findings = [f for f in findings if f.origin is not FindingOrigin.INCIDENT]
@@ -152,8 +155,10 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     mfu = s.median("mfu")
     grade, _ = grade_mfu(mfu)
     budget = s.step_budget
+    lay = analysis.job.layout
     grade_text = explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
-                               budget_class_text(budget)).text()
+                               budget_class_text(budget),
+                               untimed_groups(analysis.job.framework, lay.tp, lay.cp, lay.ep)).text()
     span = analysis.steady.range_text()
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):
@@ -198,24 +203,28 @@ def arming_finding(arming: ArmingCost) -> Finding:
                    source="the job's step records, armed against " + arming.basis.value.replace("_", " "))
 
 
-def _with_cpu(r: Recommendation, cpu: CpuUse) -> Recommendation:
+def _with_cpu(r: Recommendation, cpu: CpuUse, cpu_only: bool = False) -> Recommendation:
     """The run's data-loading recommendation with the action its ranks' CPUs call for, and why."""
     if r.finding_id != DATA_LOADING_FINDING and r.remedy != RemedyId.DATA_LOADER.value:
         return r
-    return dataclasses.replace(r, action=data_loading_action(cpu), detail=f"{r.detail}; {cpu_use_text(cpu)}")
+    return dataclasses.replace(r, action=data_loading_action(cpu, cpu_only),
+                               detail=f"{r.detail}; {cpu_use_text(cpu)}")
 
 
 def analysis_json(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | None = None, *,
-                  rows: Iterable[dict[str, Any]] | None = None, arming: ArmingCost | None = None,
-                  cpu: CpuUse | None = None) -> dict[str, Any]:
-    """The analysis as JSON with its report: keys job, iterations, summary, incidents, report (what
-    `perfd analyze megatron --json` prints and the aggregator serves; the aggregator passes the
-    incidents it kept). ``rows``: the iterations' rows (an iterator for finite_json.write to
-    stream, or none), instead of every iteration's as a list."""
+                  rows: Iterable[dict[str, Any]] | None = None, codes: RowCodes | None = None,
+                  arming: ArmingCost | None = None, cpu: CpuUse | None = None) -> dict[str, Any]:
+    """The analysis as JSON with its report: keys job, iterations, iteration_codes, summary,
+    incidents, report (what `perfd analyze megatron --json` prints and the aggregator serves; the
+    aggregator passes the incidents it kept). ``rows``: the iterations' rows (an iterator for
+    finite_json.write to stream, or none), instead of every iteration's as a list; ``codes``: the
+    coder that made them (their legend is written after them)."""
     out = {**analysis.to_json(iterations=rows is None),
            "report": build_report(analysis, incidents, arming=arming, cpu=cpu).to_json()}
     if rows is not None:
         out["iterations"] = rows
+        out["iteration_codes"] = (finite_json.Lazy(codes.legend) if codes is not None
+                                  else analysis.row_codes().legend())
     if incidents is not None:
         out["incidents"] = [i.to_json() for i in incidents]
     return out

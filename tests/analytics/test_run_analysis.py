@@ -19,7 +19,7 @@ from tests.analytics.megatron_fixture_data import ROWS
 ITERATION_KEYS = {
     "iteration", "step_time_ms", "logged_tflops_per_gpu", "model_tflops_per_gpu", "mfu", "data_share",
     "comm_exposed_share", "comm_exposed_dp_share", "comm_exposed_pp_share", "pp_bubble_analytic",
-    "pp_idle_min", "pp_idle_max", "pp_imbalance", "steady_state", "sources",
+    "pp_idle_min", "pp_idle_max", "pp_imbalance", "steady_state", "source",
 }
 
 
@@ -112,7 +112,10 @@ def test_nan_loss_iteration_does_not_break_anything() -> None:
     losses = [r[4] for r in ROWS if r[0] >= 5 and r[0] not in (20, 21)]
     assert a.summary.median("lm_loss") == pytest.approx(statistics.median(losses))
     doc = json.loads(json.dumps(a.to_json(), allow_nan=False))
-    assert doc["iterations"][19]["lm_loss"] is None and doc["iterations"][20]["lm_loss"] is None
+    # absent, never null; each row says why by a code the legend spells out once
+    for row in doc["iterations"][19:21]:
+        assert "lm_loss" not in row
+        assert doc["iteration_codes"]["absent"][row["absent"]["lm_loss"]].startswith("absent: no loss")
 
 
 def test_unknown_gpu_gives_null_mfu_not_zero() -> None:
@@ -121,7 +124,8 @@ def test_unknown_gpu_gives_null_mfu_not_zero() -> None:
     assert a.summary.median("mfu") is None
     assert "GPU name unknown" in a.iterations[10].sources["mfu"]
     doc = a.to_json()
-    assert all(it["mfu"] is None for it in doc["iterations"])
+    assert all("mfu" not in it for it in doc["iterations"])  # absent from every row, never 0
+    assert "GPU name unknown" in doc["iteration_codes"]["sources"]["mfu"]
     assert doc["job"]["gpu"]["peak_tflops"] is None
     assert any(f.id == "mfu-absent" for f in a.findings)
     # an explicit peak from config makes MFU available again
@@ -173,9 +177,10 @@ def test_world_size_from_layout_product() -> None:
 
 def test_to_json_shape() -> None:
     a = analyze_run(fixture_job(), fixture_records(), gpu_name="NVIDIA H200")
-    assert list(a.to_json()) == ["job", "iterations", "summary", "incidents"]  # no report: built above
+    # no report: built above
+    assert list(a.to_json()) == ["job", "iterations", "iteration_codes", "summary", "incidents"]
     doc = analysis_json(a)  # what `perfd analyze megatron --json` prints
-    assert list(doc) == ["job", "iterations", "summary", "incidents", "report"]
+    assert list(doc) == ["job", "iterations", "iteration_codes", "summary", "incidents", "report"]
     assert doc["incidents"] == []  # the shared fixture's slow iterations are jitter, not incidents
     assert ITERATION_KEYS <= set(doc["iterations"][0])
     assert any("straggler" in k for k in doc["iterations"][0])

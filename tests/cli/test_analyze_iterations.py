@@ -47,8 +47,11 @@ def test_json_rows_follow_the_option_and_the_summary_does_not() -> None:
     assert docs["none"]["iterations"] == []
     for which, doc in docs.items():
         assert doc["iterations_shown"] == which
-        rest = {k: v for k, v in doc.items() if k not in ("iterations", "iterations_shown")}
-        assert rest == {k: v for k, v in docs["all"].items() if k not in ("iterations", "iterations_shown")}
+        # The legend holds the codes of the rows shown (their absences, their notes): all else is one.
+        skip = ("iterations", "iterations_shown", "iteration_codes")
+        rest = {k: v for k, v in doc.items() if k not in skip}
+        assert rest == {k: v for k, v in docs["all"].items() if k not in skip}
+        assert doc["iteration_codes"]["sources"] == docs["all"]["iteration_codes"]["sources"]
     assert analyze_json() == docs[ITERATIONS_DEFAULT]  # the default: no rows
 
 
@@ -86,13 +89,17 @@ def test_a_bad_value_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
-def test_streamed_json_is_the_same_text_as_dumps() -> None:
+def test_streamed_json_is_the_same_value_as_dumps_with_one_row_a_line() -> None:
     doc = {"a": [], "rows": [{"x": 1.5, "y": [1, {"z": math.inf}]}, {"x": math.nan}], "e": {}, "n": math.nan}
     for lazy in (False, True):
-        obj = {k: iter(v) if lazy and isinstance(v, list) else v for k, v in doc.items()}
+        obj: dict[str, Any] = {k: iter(v) if lazy and isinstance(v, list) else v for k, v in doc.items()}
+        obj["legend"] = finite_json.Lazy(lambda: {"made": "when written"})
         out = io.StringIO()
         finite_json.write(obj, out, indent=2)
-        assert out.getvalue() == finite_json.dumps(doc, indent=2)
+        want = {**doc, "legend": {"made": "when written"}}
+        assert json.loads(out.getvalue()) == json.loads(finite_json.dumps(want, indent=2))
+        if lazy:  # streamed rows: one a line
+            assert '\n    {"x":1.5,"y":[1,{"z":null}]},\n    {"x":null}\n  ]' in out.getvalue()
 
 
 class _Sink(io.TextIOBase):

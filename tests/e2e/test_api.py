@@ -28,9 +28,9 @@ def test_analyze_megatron_log_equals_the_cli(tmp_path: Path) -> None:
     gz.write_bytes(gzip.compress(LOG.read_bytes()))
     got = pa.analyze_megatron_log(gz, gpu="NVIDIA H200", job=LOG.stem)
     assert got["summary"] == want["summary"]
-    # Sources name the file (train.log.gz here): everything else is equal.
+    # A row's source names the file (train.log.gz here): everything else is equal.
     def strip(its: list[dict[str, object]]) -> list[dict[str, object]]:
-        return [{k: v for k, v in it.items() if k != "sources"} for it in its]
+        return [{k: v for k, v in it.items() if k != "source"} for it in its]
     assert strip(got["iterations"]) == strip(want["iterations"])
     assert set(got) == set(want) - {"iterations_shown"}
     assert got["report"]["summary"] == want["report"]["summary"]

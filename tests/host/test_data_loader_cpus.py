@@ -181,8 +181,9 @@ def test_the_aggregator_report_says_more_workers_only_with_room() -> None:
 
 def test_a_finished_jobs_report_keeps_the_cpus_it_ran_with() -> None:
     """On the H100 the run-level R1 of a finished data-bound job fell back to the general action: the
-    agents' last report had the rank gone, and older ones were stale. The observation of the rank while
-    it ran is kept for that."""
+    agents' last report had the rank gone, and older ones were stale; then (issue 52) it read "its 0
+    child process(es)", once "CPUs are full": the observation taken after its last step. The last
+    observation a step came after (taken while it stepped) is the one kept, and said as such."""
     st = AggregatorState(min_recompute_s=0.0)
     st.hello("agent-a", ["j"])
     st.ingest_steps("agent-a", _data_bound())
@@ -192,10 +193,17 @@ def test_a_finished_jobs_report_keeps_the_cpus_it_ran_with() -> None:
         st.ingest_events("agent-a", [{"kind": events.RANK_PROCESSES.name, "time": time.time(), "job": "j",
                                       "labels": {"job": "j", "node": "n1"}, "payload": payload}])
 
-    report(_obs())
-    report({"rank": 0, "pid": 4100, "state": "gone"})  # the job exited
+    steps = _data_bound()
+    st.ingest_steps("agent-a", steps[:-5])
+    report(_obs(observed_at=1_795_000_000.0))  # while it steps: its two workers, CPUs with room
+    st.ingest_steps("agent-a", steps[-5:])
+    # Its teardown after the last step (the workers gone, the CPUs busy with the exit), then its exit.
+    report(_obs(children=0, children_cpu_cores=0.0, allowed_busy_ratio=0.97, observed_at=1_795_000_009.0))
+    report({"rank": 0, "pid": 4100, "state": "gone"})
     st.analysis("j", force=True)
     s = job_summary(st, "j")
     assert s is not None
     (r,) = [r for r in s["report"]["recommendations"] if r["finding_id"] == "data-loading"]
     assert r["action"] == DATA_MORE_WORKERS_ACTION and "2 child process(es)" in r["detail"]
+    assert "0 child process(es)" not in r["detail"] and "(room left)" in r["detail"]
+    assert "observed at 2026-11-18 11:06:40 UTC, while running" in r["detail"]  # said when

@@ -22,13 +22,17 @@ from perfd.analytics.breakdown import budget_findings
 from perfd.analytics.breakdown.budget import Part, Source, StepBudget
 from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
-from perfd.analytics.incidents.verdict_text import DATA_LOADING_ACTION
+from perfd.analytics.incidents.verdict_text import data_loading_action
 from perfd.analytics.steps.pipeline import microbatches_for_bubble, rebalance_estimate
 from perfd.analytics.steps.run_figures import MIN_GRADE_STEPS, too_few
 from perfd.analytics.steps.runs import FiguresFrom
 from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
-from perfd.model import HOOK_OUTSIDE, JobInfo
+from perfd.analytics.steps.untimed import Untimed, names, untimed_groups, untimed_text
+from perfd.model import CPU, HOOK_OUTSIDE, JobInfo
+
+# A CPU-only job's DataLoader knobs (no pin_memory: it only speeds copies to a GPU).
+CPU_DATA_KNOBS = "DataLoader(num_workers=N, prefetch_factor=4, persistent_workers=True)"
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.run_analysis import RunAnalysis
@@ -39,13 +43,17 @@ GRADES: tuple[tuple[str, str], ...] = (
     ("good", "MFU 40–50%: good"),
     ("excellent", "MFU > 50%: excellent"),
 )
+# An MFU above 100% is no grade: the peak it was divided by is wrong (th.MFU_POSSIBLE).
+IMPOSSIBLE = "impossible"
+IMPOSSIBLE_TEXT = ("MFU above 100% is impossible: the peak it is measured against is wrong (a --dtype, "
+                   "--gpu or --peak-tflops that is not the job's)")
 # Each grade's band, and the causes its name points at (DESIGN.md §2 Grades): a report that measured
 # them small says so instead (explain_grade).
 _BANDS = {"severe": "MFU < 30%", "communication-overhead": "MFU 30–40%", "good": "MFU 40–50%",
           "excellent": "MFU > 50%"}
 # How a headline shows a grade: a grade is an MFU band, and the band 30–40% is named for its usual
 # cause; shown beside the MFU it would read as this job's cause, which the bottleneck class states.
-GRADE_LABELS: dict[str, str] = {"communication-overhead": "fair"}
+GRADE_LABELS: dict[str, str] = {"communication-overhead": "fair", IMPOSSIBLE: "above 100%: the peak is wrong"}
 
 BUBBLE_TARGET = th.BUBBLE_TARGET.value
 GRAD_SYNC_SHARE = th.GRAD_SYNC_SHARE.value
@@ -55,9 +63,11 @@ SLOW_EXCESS = th.BEAT_SLOW_STEP_EXCESS.value
 
 def grade_mfu(mfu: float | None) -> tuple[str, str]:
     """(grade, text): <0.30 severe, [0.30, 0.40) communication-overhead, [0.40, 0.50] good,
-    > 0.50 excellent; None -> unknown."""
+    > 0.50 excellent; None -> unknown; above 100% (th.MFU_POSSIBLE) never graded: the peak is wrong."""
     if mfu is None:
         return "unknown", "MFU unknown"
+    if mfu > th.MFU_POSSIBLE.value:
+        return IMPOSSIBLE, IMPOSSIBLE_TEXT
     if mfu < th.MFU_SEVERE.value:
         return GRADES[0]
     if mfu < th.MFU_GOOD.value:
@@ -88,6 +98,7 @@ class GradeExplanation:
     comm_share: float | None = None
     small_data: bool = False  # the data wait measured below th.DATA_HEALTHY_SHARE
     small_comm: bool = False  # exposed communication below a third of th.COMM_BOUND_SHARE
+    untimed: Untimed = ()  # collectives the timers cannot see: communication is never ruled out then
 
     def text(self) -> str:
         band = _BANDS.get(self.grade)
@@ -103,19 +114,24 @@ class GradeExplanation:
                  f"exposed communication ({comm:.1%})" if self.small_comm else ""]
         unknown = "" if data is not None and comm is not None else (
             "; exposed communication is not timed" if comm is None else "; the data wait is not timed")
+        if self.untimed and comm is not None:
+            unknown += (f"; exposed communication {comm:.1%} is the timed collectives' only (DP gradient "
+                        f"sync); {untimed_text(self.untimed)}")
         return (f"{band}: severe — not {' nor '.join(r for r in ruled if r)} here{unknown}: the bottleneck "
                 "class says where the time goes")
 
 
 def grade_mfu_text(grade: str) -> str:
     """A grade's own text (GRADES), "MFU unknown" for none."""
-    return dict(GRADES).get(grade, "MFU unknown")
+    return dict((*GRADES, (IMPOSSIBLE, IMPOSSIBLE_TEXT))).get(grade, "MFU unknown")
 
 
 def explain_grade(mfu: float | None, data: float | None, comm: float | None,
-                  budget_class: str | None = None) -> GradeExplanation:
+                  budget_class: str | None = None, untimed: Untimed = ()) -> GradeExplanation:
     """The grade said with this job's own measurements: never its band's usual causes where the same
-    report measured them small. ``budget_class``: what a capture's step budget says (its class text)."""
+    report measured them small. ``budget_class``: what a capture's step budget says (its class text).
+    ``untimed``: the groups whose collectives the timers cannot see (perfd.analytics.steps.untimed):
+    communication is then never ruled out."""
     grade, _ = grade_mfu(mfu)
     plain = GradeExplanation(grade=grade, basis=GradeBasis.BAND)
     if _BANDS.get(grade) is None or grade not in ("severe", "communication-overhead"):
@@ -123,14 +139,14 @@ def explain_grade(mfu: float | None, data: float | None, comm: float | None,
     if budget_class:  # a capture divided the step: the budget, not the band's usual suspects
         return GradeExplanation(grade=grade, basis=GradeBasis.BUDGET, budget_class=budget_class)
     small_data = data is not None and data < th.DATA_HEALTHY_SHARE.value
-    small_comm = comm is not None and comm < th.COMM_BOUND_SHARE.value / 3
+    small_comm = comm is not None and comm < th.COMM_BOUND_SHARE.value / 3 and not untimed
     if grade == "communication-overhead":
         return (GradeExplanation(grade=grade, basis=GradeBasis.NOT_COMMUNICATION, comm_share=comm,
                                  small_comm=True) if small_comm else plain)
     if not (small_data or small_comm):
         return plain
     return GradeExplanation(grade=grade, basis=GradeBasis.RULED_OUT, data_share=data, comm_share=comm,
-                            small_data=small_data, small_comm=small_comm)
+                            small_data=small_data, small_comm=small_comm, untimed=untimed)
 
 
 def budget_class_text(b: StepBudget | None) -> str | None:
@@ -189,11 +205,14 @@ def mfu_grade(c: RunContext) -> Out:
     grade, _ = grade_mfu(mfu)
     b = c.budget
     cls = budget_class_text(b)
-    grade_text = explain_grade(mfu, med.get("data_share"), med.get("comm_exposed_share"), cls).text()
+    lay = c.job.layout
+    untimed = untimed_groups(c.job.framework, lay.tp, lay.cp, lay.ep)
+    grade_text = explain_grade(mfu, med.get("data_share"), med.get("comm_exposed_share"), cls, untimed).text()
     ceiling = (f"; {_pct(med.get('mfu_vs_measured_ceiling'))} of the measured "
                f"{peak.measured_ceiling_tflops:g} TFLOP/s matmul ceiling"
                if peak.measured_ceiling_tflops else "")
-    sev = {"severe": Severity.CRITICAL, "communication-overhead": Severity.WARNING}.get(grade, Severity.INFO)
+    sev = {"severe": Severity.CRITICAL, "communication-overhead": Severity.WARNING,
+           IMPOSSIBLE: Severity.WARNING}.get(grade, Severity.INFO)
     # The title is a headline too: the band's label, never its usual cause as this job's (GRADE_LABELS).
     return [Finding("mfu-grade", sev, f"MFU {_pct(mfu)}: {GRADE_LABELS.get(grade, grade)}",
                     f"Median MFU {_pct(mfu)} = {med['model_tflops_per_gpu']:.1f} TFLOP/s per GPU of "
@@ -303,6 +322,14 @@ def communication(c: RunContext) -> Out:
     elif total > bn.COMM_BOUND_SHARE and (dp_part is None or dp_part <= GRAD_SYNC_SHARE):
         f.append(Finding("comm-exposed", Severity.WARNING, f"Exposed communication {_pct(total)}",
                          f"Communication the CPU waits on takes {_pct(total)} of the step.", ev_c, span))
+    untimed = untimed_groups(c.job.framework, lay.tp, lay.cp, lay.ep)
+    if untimed:  # what the exposed share leaves out, said once: never read as "communication is small"
+        f.append(Finding(
+            "comm-untimed", Severity.INFO, f"Communication not timed: {', '.join(names(untimed))}",
+            f"Exposed communication {_pct(total)} of the step is the timed collectives' only (DP gradient "
+            f"sync, PP send/recv); {untimed_text(untimed)}. A capture's timeline times every NCCL kernel "
+            "(perfd capture --tool kineto or nsys), the Flight Recorder every collective (perfd launch "
+            "--flight-recorder --fr-timing).", {**ev_c, "untimed": names(untimed)}, span))
     return f, r
 
 
@@ -326,11 +353,13 @@ def data_loading(c: RunContext) -> Out:
                 {"data_share": ds}, c.span, f"{vocab.source} timer {timer}")
     if sev is Severity.INFO:
         return [f], []
-    detail = f"{timer} {_pct(ds)} of the step; {DATA_KNOBS[c.framework]}"
+    cpu_only = c.job.device == CPU
+    knobs = CPU_DATA_KNOBS if cpu_only and c.framework is Framework.PYTORCH else DATA_KNOBS[c.framework]
+    detail = f"{timer} {_pct(ds)} of the step; {knobs}"
     cv = c.a.summary.step_time_cv
     if cv is not None and cv > JITTER_CV:  # jitter with slow data loading: one action covers both
         detail += f"; step time also jitters (CV {cv:.1%}, finding step-jitter)"
-    return [f], [Recommendation("", DATA_LOADING_FINDING, 0, DATA_LOADING_ACTION, detail, ds)]
+    return [f], [Recommendation("", DATA_LOADING_FINDING, 0, data_loading_action(None, cpu_only), detail, ds)]
 
 
 OUTSIDE_STEP_FINDING = "outside-step"

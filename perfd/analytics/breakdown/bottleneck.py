@@ -130,8 +130,12 @@ def classify(
     pp_idle_max: float | None,
     pp_bubble_analytic: float | None,
     gpm: GpmReading | None = None,
+    *,
+    data_timer: str = "batch-generator",
 ) -> Bottleneck:
-    """The dominant bottleneck from timer shares, then GPM; "unknown" with what was checked."""
+    """The dominant bottleneck from timer shares, then GPM; "unknown" with what was checked.
+    ``data_timer``: what the job's source calls its data wait (Megatron's batch-generator, the step
+    hook's data wait)."""
     ev: dict[str, float] = {}
     for k, v in (("data_share", data_share), ("comm_exposed", comm_exposed),
                  ("comm_grad_sync", comm_grad_sync), ("pp_idle_max", pp_idle_max),
@@ -139,7 +143,7 @@ def classify(
         if v is not None:
             ev[k] = v
     if data_share is not None and data_share > DATA_BOUND_SHARE:
-        return Bottleneck(B.DATA, f"batch-generator takes {data_share:.1%} of the step "
+        return Bottleneck(B.DATA, f"{data_timer} takes {data_share:.1%} of the step "
                                         f"(> {DATA_BOUND_SHARE:.0%})", ev)
     if comm_grad_sync is not None and comm_grad_sync > COMM_BOUND_SHARE:
         return Bottleneck(B.COMMUNICATION, f"gradient sync exposed {comm_grad_sync:.1%} of the "

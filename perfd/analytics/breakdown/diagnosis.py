@@ -33,6 +33,8 @@ from typing import Any
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass
+from perfd.analytics.common import BATCH_GENERATOR
+from perfd.analytics.steps.untimed import Untimed, untimed_text
 
 COMPUTE_FILLS_STEP = th.COMPUTE_FILLS_STEP.value
 LOW_MFU = th.LOW_MFU.value
@@ -81,6 +83,11 @@ class StepShares:
     pp_idle_max: float | None = None
     pp_bubble_analytic: float | None = None
     mfu: float | None = None
+    # The groups whose collectives the timers do not see (perfd.analytics.steps.untimed): the exposed
+    # share is the timed ones' only, never "communication is small".
+    untimed: Untimed = ()
+    data_timer: str = BATCH_GENERATOR  # what the job's source calls its data wait (its vocabulary)
+    cpu_only: bool = False  # the job computes on CPUs (perfd.model.JobInfo.device): no GPU to ask about
 
     def compute_share(self) -> float | None:
         """1 − data − exposed comm − pipeline idle, when the timers give each part."""
@@ -114,7 +121,8 @@ _GPM_SRC = "collectors/nvml GPM of the job's GPUs (mean)"
 
 def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | None, bool, dict[str, float]]:
     """(the timers' vote, whether a share beyond its threshold decided it, the numbers)."""
-    t = bn.classify(s.data_share, s.comm_exposed, s.comm_grad_sync, s.pp, s.pp_idle_max, s.pp_bubble_analytic)
+    t = bn.classify(s.data_share, s.comm_exposed, s.comm_grad_sync, s.pp, s.pp_idle_max, s.pp_bubble_analytic,
+                    data_timer=s.data_timer)
     nums = dict(t.evidence)
     if t.cls != B.UNKNOWN:
         return Vote(ClassSource.TIMERS, t.cls, t.reason, nums, _TIMERS_SRC), True, nums
@@ -123,9 +131,10 @@ def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | N
         return None, False, nums
     nums["compute_share"] = compute
     pipe = f", pipeline idle {s.pp_idle_max:.1%}" if s.pp and s.pp > 1 and s.pp_idle_max is not None else ""
+    untimed = f"; {untimed_text(s.untimed)}" if s.untimed else ""
     why = (
         f"compute fills {compute:.0%} of the step (data {s.data_share or 0.0:.1%}, exposed comm "
-        f"{s.comm_exposed or 0.0:.1%}{pipe})"
+        f"{s.comm_exposed or 0.0:.1%}{' of the timed collectives' if untimed else ''}{pipe}{untimed})"
     )
     if compute < COMPUTE_FILLS_STEP:
         return (
@@ -139,6 +148,9 @@ def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | N
             False,
             nums,
         )
+    if s.cpu_only:  # no kernels, no launches: the step is the CPUs' own computation
+        return Vote(ClassSource.TIMERS, B.COMPUTE, why + ": the job computes on its CPUs (no CUDA)", nums,
+                    _TIMERS_SRC), False, nums
     if s.mfu is None or s.mfu < LOW_MFU:
         # The host's compute timers also hold the time it takes to launch the kernels: with the
         # model's math far below peak they cannot tell slow kernels from a host too slow to feed
@@ -240,9 +252,9 @@ def classify_job(
             )
             if v is None
         ]
-        if gpm is None:
+        if gpm is None and not shares.cpu_only:  # a CPU-only job has no GPU to count or capture
             missing.append("GPM counters while the job steps (agent with NVML on a Hopper or newer GPU)")
-        if timeline is None:
+        if timeline is None and not shares.cpu_only:
             missing.append("a capture of the job")
         said = "; ".join(f"{v.source.value}: {v.reason}" for v in votes)
         reason = (said + "; " if said else "") + (

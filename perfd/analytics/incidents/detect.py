@@ -98,6 +98,7 @@ class Incident:
     verdict: Verdict | None = None  # None: not decided yet (a hang's or a stall's, before the tracker)
     capture_cost_s: float | None = None  # what captured iterations took beyond the incident's own level
     single_rank: bool = False  # the job has one rank: it is the one
+    cpu_only: bool = False  # the job computes on CPUs (perfd.model.JobInfo.device): no GPU is missing
 
     @property
     def duration_s(self) -> float | None:
@@ -115,7 +116,7 @@ class Incident:
                 "evidence": self.evidence_json(),
                 "verdict": self.verdict.to_json() if self.verdict is not None else {},
                 "capture_cost_s": self.capture_cost_s, "single_rank": self.single_rank,
-                "duration_s": self.duration_s}
+                "cpu_only": self.cpu_only, "duration_s": self.duration_s}
 
     def evidence_json(self) -> dict[str, Any]:
         """The evidence as served (a stall's own has always opened with the stall)."""
@@ -168,7 +169,7 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
                      disturbed: Mapping[int, bool], first_eligible: int,
                      reference_ms: float | None, world_size: int | None = None,
                      new_normal_at: int | None = None, steps: Sequence[float | None] | None = None,
-                     work: Sequence[float | None] | None = None) -> Detection:
+                     work: Sequence[float | None] | None = None, cpu_only: bool = False) -> Detection:
     """Incidents among ``iterations`` (ordered; those before index ``first_eligible`` are warm-up),
     and the steady median step they were measured against. ``reference_ms`` is the window's
     median; it is re-taken without the slow iterations, so a long incident does not raise the bar
@@ -179,7 +180,8 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
     against the level before it, to the end or to ``new_normal_at`` (the user took the new level as
     the new normal there: from it on that level is the reference). ``steps``: the step times from
     ``first_eligible`` on, None where disturbed, when the caller holds them as a column (a pass over
-    ``iterations`` builds every row); ``work``: their sizes (FLOPs) where steps differ by design.
+    ``iterations`` builds every row); ``work``: their sizes (FLOPs) where steps differ by design;
+    ``cpu_only``: the job computes on CPUs (its GPU is never a missing input).
 
     Departures are judged on the rolling mean of :data:`perfd.analytics.steps.windows.WINDOW` steps per
     unit of work, not on single steps: a regular pattern (a two-worker loader's alternating waits,
@@ -289,7 +291,8 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
         inc = _incident([post[i] for i in run], [flags[i] for i in run], level, end_times, disturbed,
                         [scale[i] for i in run], is_open=run[-1] == len(post) - 1,
                         prev_end=end_times.get(post[run[0] - 1].iteration) if run[0] > 0 else None,
-                        steady_parts=steady_parts, steady_shares=steady_shares, world_size=world_size)
+                        steady_parts=steady_parts, steady_shares=steady_shares, world_size=world_size,
+                        cpu_only=cpu_only)
         if shift is not None and LEVEL_SHIFT in inc.kinds:
             inc.kinds = sorted({*inc.kinds, SLOW})  # still slow steps: the tracker matches it by kind too
             accepted = post[shift.accepted_index].iteration if shift.accepted_index is not None else None
@@ -373,7 +376,8 @@ def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: fl
               end_times: Mapping[int, float | None], disturbed: Mapping[int, bool], sizes: Sequence[float],
               is_open: bool,
               prev_end: float | None, steady_parts: tuple[float | None, float | None],
-              steady_shares: tuple[float | None, float | None], world_size: int | None) -> Incident:
+              steady_shares: tuple[float | None, float | None], world_size: int | None,
+              cpu_only: bool = False) -> Incident:
     own = [it for it in its if not disturbed.get(it.iteration)]
     size = {it.iteration: z for it, z in zip(its, sizes, strict=True)}
     # each step against the steady rate for its size (a step of twice the work takes twice as long)
@@ -432,7 +436,7 @@ def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: fl
                                   {"steady": steady_share, "grew_ms": (grew or 0.0) - (steady_ms or 0.0),
                                    "excess_ms": excess}))
     missing = [] if ranks else [Missing.PER_RANK_TIMERS]
-    verdict = decide(items, ranks, [*missing, Missing.GPU_STATE])
+    verdict = decide(items, ranks, missing if cpu_only else [*missing, Missing.GPU_STATE])
     first, last = its[0].iteration, its[-1].iteration
     start = prev_end
     if start is None and end_times.get(first) is not None and its[0].step_time_ms is not None:
@@ -455,7 +459,7 @@ def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: fl
                    median_step_ms=_median(steps or all_steps),
                    max_step_ms=max(all_steps) if all_steps else None,
                    start_time=start, end_time=end_times.get(last), open=is_open, evidence=ev, verdict=verdict,
-                   capture_cost_s=capture_cost, single_rank=single)
+                   capture_cost_s=capture_cost, single_rank=single, cpu_only=cpu_only)
     inc.cause = render_cause(inc, verdict)
     return inc
 
@@ -479,8 +483,8 @@ def render_cause(inc: Incident, verdict: Verdict) -> str:
         return (f"step time shifted from {cp.before_ms:.0f} to {cp.after_ms:.0f} ms at iteration "
                 f"{cp.iteration} and " + (f"stayed until taken as the new normal at iteration {normal}"
                                              if normal is not None else "stays there")
-                + f"; {cause_text(verdict, inc.slow_text(), inc.single_rank)}")
-    return cause_text(verdict, inc.slow_text(), inc.single_rank)
+                + f"; {cause_text(verdict, inc.slow_text(), inc.single_rank, inc.cpu_only)}")
+    return cause_text(verdict, inc.slow_text(), inc.single_rank, inc.cpu_only)
 
 
 def hang_incident(hang: HangView, last_iteration: int | None, now: float) -> Incident:
@@ -507,7 +511,7 @@ def hang_incident(hang: HangView, last_iteration: int | None, now: float) -> Inc
 
 def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int, started_at: float | None,
                    opened_at: float, closed_at: float | None, single_rank: bool = False,
-                   extra: Mapping[str, Any] | None = None) -> Incident:
+                   extra: Mapping[str, Any] | None = None, cpu_only: bool = False) -> Incident:
     """The incident of a live stall (perfd.analytics.incidents.stall): the iterations the job was on when it
     stopped (while open, the one record after its last, ``last_iteration`` covering a log interval;
     once closed, up to the newest the records that ended it reached: steps done before the stop can
@@ -523,4 +527,4 @@ def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int,
                     evidence=IncidentEvidence(
                         stall=stall,
                         source="perfd aggregator, live stall detector (perfd.analytics.incidents.stall)"),
-                    single_rank=single_rank)
+                    single_rank=single_rank, cpu_only=cpu_only)

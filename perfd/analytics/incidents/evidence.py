@@ -79,6 +79,10 @@ class KindSpec:
     # a stall (no step at all). A rank that waits for a CPU 90% of the time still steps; a pending
     # collective beside that contention is what says why nothing moves.
     halts: bool = False
+    # What the rank's GPU shows of itself (its clocks, its power, its temperature, another process on
+    # it): it slows the GPU's work, never the host's data loading. Where the data wait grew by most
+    # of the slowdown (a DATA_WAIT item), the GPU was waiting on data: such an item cannot lead then.
+    gpu_side: bool = False
 
 
 # The one declaration of each kind's place in the causal order. Within a tier, the order here
@@ -88,17 +92,17 @@ KIND_SPECS: dict[EvidenceKind, KindSpec] = {
     EvidenceKind.OOM_KILL: KindSpec(Tier.PROCESS, "max", "count", halts=True),
     EvidenceKind.PROCESS_GONE: KindSpec(Tier.PROCESS, "max", "count", halts=True),
     EvidenceKind.XID: KindSpec(Tier.HARDWARE, "max", "xid code", halts=True),
-    EvidenceKind.HW_SLOWDOWN: KindSpec(Tier.HARDWARE, "max", "count", gpu_symptom=True),
-    EvidenceKind.FOREIGN_PROCESS: KindSpec(Tier.FOREIGN_PROCESS, "max", "bytes"),
+    EvidenceKind.HW_SLOWDOWN: KindSpec(Tier.HARDWARE, "max", "count", gpu_symptom=True, gpu_side=True),
+    EvidenceKind.FOREIGN_PROCESS: KindSpec(Tier.FOREIGN_PROCESS, "max", "bytes", gpu_side=True),
     # A CPU quota before contention: a throttled rank's threads count the throttled time as run-queue
     # wait, and other processes fill the CPUs it may not use (seen here: 90% wait at a 0.1-CPU quota).
     EvidenceKind.CPU_THROTTLED: KindSpec(Tier.FOREIGN_PROCESS, "max", "ratio",  # periods throttled
                                          steady_margin=th.STEADY_MARGIN.value),
     EvidenceKind.CPU_CONTENTION: KindSpec(Tier.FOREIGN_PROCESS, "max", "ratio",  # the rank's run-queue wait
                                           steady_margin=th.STEADY_MARGIN.value),
-    EvidenceKind.THERMAL: KindSpec(Tier.THERMAL_POWER, "max", "celsius", gpu_symptom=True),
-    EvidenceKind.POWER_CAP: KindSpec(Tier.THERMAL_POWER, "max", "watts", gpu_symptom=True),
-    EvidenceKind.CLOCK_DROP: KindSpec(Tier.THERMAL_POWER, "min", "hertz", gpu_symptom=True),
+    EvidenceKind.THERMAL: KindSpec(Tier.THERMAL_POWER, "max", "celsius", gpu_symptom=True, gpu_side=True),
+    EvidenceKind.POWER_CAP: KindSpec(Tier.THERMAL_POWER, "max", "watts", gpu_symptom=True, gpu_side=True),
+    EvidenceKind.CLOCK_DROP: KindSpec(Tier.THERMAL_POWER, "min", "hertz", gpu_symptom=True, gpu_side=True),
     EvidenceKind.MEMORY_PRESSURE: KindSpec(Tier.THERMAL_POWER, "max", "ratio",  # PSI memory some
                                            steady_margin=th.STEADY_MARGIN.value),
     EvidenceKind.IO_BLOCKED: KindSpec(Tier.THERMAL_POWER, "max", "ratio",  # PSI io some
@@ -265,11 +269,16 @@ def decide(items: Sequence[Evidence], ranks: Sequence[int] = (), missing: Sequen
                 else len(named) + 1, -e.n)
 
     ordered = sorted(items, key=key)
+    if any(e.kind is EvidenceKind.DATA_WAIT for e in ordered):
+        # The data wait grew by most of the slowdown: the GPU waited on data, so what the GPU shows of
+        # itself (a power cap, a clock, another process on it) is listed, never the cause (issue 52:
+        # with the rank's NVML samples a data-loader slowdown read "not explained").
+        ordered = sorted(ordered, key=lambda e: (e.spec.gpu_side, key(e)))
     if stalled and not any(e.spec.halts for e in ordered):
         return Verdict(None, ranks[0] if ranks else None, None,
                        also=tuple(ordered) + tuple(sorted(steady, key=causal_key)), missing=tuple(missing))
     lead = next(e for e in ordered if e.spec.halts) if stalled else ordered[0]
-    rest = [e for e in ordered if e is not lead]
+    rest = sorted((e for e in ordered if e is not lead), key=key)
     effects = tuple(e for e in rest if e.rank == lead.rank and e.spec.gpu_symptom
                     and e.spec.tier >= lead.spec.tier)
     also = tuple(e for e in rest if e not in effects) + tuple(sorted(steady, key=causal_key))

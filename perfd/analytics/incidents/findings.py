@@ -56,7 +56,6 @@ def incident_findings(incidents: Sequence[ReportedIncident], run_s: float | None
         dur = rep.duration_s
         during = f" over {dur:.0f} s" if isinstance(dur, (int, float)) else ""
         fid = f"incident-{inc.id}"
-        ev = {k: v for k, v in inc.evidence_json().items() if k != "source"}
         caps = [dict(c) for c in rep.captures if c.get("started_at") is not None]
         cap_text = "".join(f" Capture {c.get('id')} ({c.get('tool')}, ranks {c.get('ranks')}) ran during it"
                            + (f": {c['findings'][0]['title']}" if c.get("findings") else "") + "."
@@ -71,9 +70,10 @@ def incident_findings(incidents: Sequence[ReportedIncident], run_s: float | None
         fs.append(Finding(fid, Severity.CRITICAL if HANG in kinds else Severity.WARNING,
                           f"Incident {span}: {lost}" + (" (still open)" if inc.open else ""),
                           f"{inc.cause}{during}.{steps}{cap_text}",
-                          {"incident": inc.id, "kinds": kinds, "ranks": list(inc.ranks),
-                           "cost_s": cost, **ev, "captures": caps,
-                           "verdict": inc.verdict.to_json() if inc.verdict is not None else {}},
+                          # the incident by its id: its evidence, verdict and captures are the
+                          # incident's own (each fact once: the report sits beside the incidents)
+                          {"incident": inc.id, "kinds": kinds, "ranks": list(inc.ranks), "cost_s": cost,
+                           "cause": inc.verdict.cause.value if inc.verdict and inc.verdict.cause else None},
                           span, inc.evidence.source or "", FindingOrigin.INCIDENT))
         impact = (cost / run_s) if isinstance(cost, (int, float)) and run_s else None
         action, used = _action(inc, cpu)
@@ -100,7 +100,7 @@ def _action(inc: Incident, cpu: CpuUse | None = None) -> tuple[str, CpuUse | Non
                 "entries, a dead process, a lost GPU); set a NCCL timeout so a hang fails fast"), None
     v = inc.verdict
     used = (incident_cpu_use(inc) or cpu) if v is not None and v.cause is EvidenceKind.DATA_WAIT else None
-    return action_text(v, list(inc.ranks), used), used
+    return action_text(v, list(inc.ranks), used, inc.cpu_only), used
 
 
 def _ms(v: float | None) -> str:

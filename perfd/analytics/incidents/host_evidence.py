@@ -51,12 +51,17 @@ class CpuUse:
     quota_cores: float | None  # its cgroup's CPU quota
     throttled_ratio: float | None
     node: str | None = None
+    observed_at: float | None = None  # epoch s, when its agent observed it
+    # A finished (or stalled) job's: the last observation taken while it stepped, said as such (after
+    # its exit its process shows no workers and no load: issue 52, "its 0 child process(es)").
+    while_running: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "room": self.room.value, "rank_cores": self.rank_cores,
                 "children_cores": self.children_cores, "children": self.children, "cpus": self.cpus,
                 "busy_ratio": self.busy_ratio, "quota_cores": self.quota_cores,
-                "throttled_ratio": self.throttled_ratio, "node": self.node}
+                "throttled_ratio": self.throttled_ratio, "node": self.node, "observed_at": self.observed_at,
+                "while_running": self.while_running}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> CpuUse | None:
@@ -65,7 +70,8 @@ class CpuUse:
             return CpuUse(int(d["rank"]), CpuRoom(d["room"]), _num(d.get("rank_cores")),
                           _num(d.get("children_cores")), _int(d.get("children")), _int(d.get("cpus")),
                           _num(d.get("busy_ratio")), _num(d.get("quota_cores")),
-                          _num(d.get("throttled_ratio")), node if isinstance(node, str) else None)
+                          _num(d.get("throttled_ratio")), node if isinstance(node, str) else None,
+                          _num(d.get("observed_at")), bool(d.get("while_running")))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -75,9 +81,12 @@ def _int(v: Any) -> int | None:
 
 
 def cpu_use(rank: int, obs: Mapping[str, Any]) -> CpuUse | None:
-    """What one observation of the rank's process says of its CPUs (None: it says nothing of them).
-    Full: the allowed CPUs busy past CPU_FULL_SHARE, or the process and its children using that share
-    of the cgroup's quota, or the quota throttling it (CPU_THROTTLED_SHARE)."""
+    """What one observation of the rank's process says of its CPUs (None: it says nothing of them —
+    nor does a process that is gone: no workers, no load). Full: the allowed CPUs busy past
+    CPU_FULL_SHARE, or the process and its children using that share of the cgroup's quota, or the
+    quota throttling it (CPU_THROTTLED_SHARE)."""
+    if obs.get("state") in ("gone", "zombie"):
+        return None
     allowed = obs.get("allowed_cpus")
     cpus = len(allowed) if isinstance(allowed, list) and allowed else None
     busy, quota = _num(obs.get("allowed_busy_ratio")), _num(obs.get("cpu_quota_cores"))
@@ -92,7 +101,8 @@ def cpu_use(rank: int, obs: Mapping[str, Any]) -> CpuUse | None:
             or (quota is not None and used is not None and used >= full_share * quota))
     node = obs.get("node")
     return CpuUse(rank, CpuRoom.FULL if full else CpuRoom.ROOM, mine, kids, _int(obs.get("children")), cpus,
-                  busy, quota, throttled, node if isinstance(node, str) else None)
+                  busy, quota, throttled, node if isinstance(node, str) else None,
+                  _num(obs.get("observed_at")))
 
 
 def job_cpu_use(observations: Mapping[int, Mapping[str, Any]], ranks: Iterable[int] | None = None

@@ -4,6 +4,7 @@ English. Nothing reads these sentences back: decisions are made on the typed val
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -25,11 +26,25 @@ DATA_CPU_BOUND_ACTION = ("Make each batch cheaper to load: the rank's CPUs are f
                          "offline, or on the GPU) or more CPUs for the job")
 
 
-def data_loading_action(use: CpuUse | None) -> str:
-    """The data-loading action that fits the rank's CPUs (unknown: the general one)."""
+# A CPU-only job's (perfd.model.JobInfo.device): pinned memory only speeds copies to a GPU, and there
+# is no GPU to move transforms to.
+DATA_LOADING_ACTION_CPU = ("Speed up data loading: more data-loader workers, prefetch; check the storage the "
+                           "data comes from")
+DATA_MORE_WORKERS_ACTION_CPU = ("Speed up data loading: more data-loader workers (the rank's CPUs have "
+                                "room), prefetch; check the storage the data comes from")
+DATA_CPU_BOUND_ACTION_CPU = ("Make each batch cheaper to load: the rank's CPUs are full (the training "
+                             "computes on them too), so more data-loader workers would only share them; "
+                             "cheaper transforms (decode and augment once, offline) or more CPUs for the job")
+
+
+def data_loading_action(use: CpuUse | None, cpu_only: bool = False) -> str:
+    """The data-loading action that fits the rank's CPUs (unknown: the general one); ``cpu_only``: a
+    job that computes on its CPUs (no GPU advice)."""
     if use is None:
-        return DATA_LOADING_ACTION
-    return DATA_CPU_BOUND_ACTION if use.room is CpuRoom.FULL else DATA_MORE_WORKERS_ACTION
+        return DATA_LOADING_ACTION_CPU if cpu_only else DATA_LOADING_ACTION
+    if use.room is CpuRoom.FULL:
+        return DATA_CPU_BOUND_ACTION_CPU if cpu_only else DATA_CPU_BOUND_ACTION
+    return DATA_MORE_WORKERS_ACTION_CPU if cpu_only else DATA_MORE_WORKERS_ACTION
 
 
 def cpu_use_text(use: CpuUse) -> str:
@@ -48,7 +63,11 @@ def cpu_use_text(use: CpuUse) -> str:
     if use.throttled_ratio:
         parts.append(f"throttled in {use.throttled_ratio:.0%} of its periods")
     state = "full" if use.room is CpuRoom.FULL else "room left"
-    return f"{'; '.join(parts)} ({state})"
+    when = ""
+    if use.while_running and use.observed_at is not None:  # a finished job: when, and that it ran then
+        at = dt.datetime.fromtimestamp(use.observed_at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        when = f"; observed at {at}, while running"
+    return f"{'; '.join(parts)} ({state}){when}"
 
 K = EvidenceKind
 CMDLINE_CHARS = 80  # a foreign process's command line as shown in one line (whitespace collapsed)
@@ -328,11 +347,14 @@ def missing_text(m: Missing) -> str:
     return _MISSING[m]
 
 
-def cause_text(v: Verdict, slow: str, single_rank: bool = False) -> str:
-    """The incident's one line: the lead cause, how slow, and what the lead also explains."""
+def cause_text(v: Verdict, slow: str, single_rank: bool = False, cpu_only: bool = False) -> str:
+    """The incident's one line: the lead cause, how slow, and what the lead also explains
+    (``cpu_only``: the job computes on CPUs, so its GPU is neither evidence nor a gap)."""
     if v.lead is None:
-        gaps = [missing_text(m) for m in v.missing if not (single_rank and m is Missing.PER_RANK_TIMERS)]
-        why = "; ".join(gaps) if gaps else "its GPU and timers showed nothing unusual"
+        gaps = [missing_text(m) for m in v.missing if not (single_rank and m is Missing.PER_RANK_TIMERS)
+                and not (cpu_only and m in (Missing.GPU_STATE, Missing.RANK_PLACEMENT))]
+        seen = "its timers and host" if cpu_only else "its GPU and timers"
+        why = "; ".join(gaps) if gaps else f"{seen} showed nothing unusual"
         if single_rank:
             rank = v.rank if v.rank is not None else 0
             return f"the job's only rank ({rank}) ran {slow}; not explained: {why}"
@@ -373,11 +395,16 @@ def _host_action(v: Verdict, d: Mapping[str, Any]) -> str | None:
     return None
 
 
-def action_text(v: Verdict | None, ranks: Sequence[int] = (), cpu: CpuUse | None = None) -> str:
+def action_text(v: Verdict | None, ranks: Sequence[int] = (), cpu: CpuUse | None = None,
+                cpu_only: bool = False) -> str:
     """The first thing to do about an incident with this verdict (``cpu``: the rank's CPU use, which
-    decides a data-loading action)."""
+    decides a data-loading action; ``cpu_only``: the job computes on CPUs, no GPU to check)."""
     r = v.rank if v is not None and v.rank is not None else (ranks[0] if ranks else None)
     who = f"rank {r}'s GPU" if r is not None else "the job's GPUs"
+    if cpu_only and (v is None or v.lead is None or v.cause in (K.RANK_COMPUTE_RATIO, K.STRAGGLER_LINE)):
+        whose = f"rank {r}'s" if r is not None else "the job's"
+        return (f"Check {whose} own work and host: uneven data or sharding, host-side stalls (checkpointing, "
+                "evaluation, garbage collection), other processes on its CPUs")
     if v is None or v.lead is None:
         if r is not None:
             return (
@@ -421,7 +448,7 @@ def action_text(v: Verdict | None, ranks: Sequence[int] = (), cpu: CpuUse | None
             "MPS clients, clocks)"
         )
     if v.cause is K.DATA_WAIT:
-        return data_loading_action(cpu)
+        return data_loading_action(cpu, cpu_only)
     if v.cause in (K.RANK_COMPUTE_RATIO, K.STRAGGLER_LINE):
         gpu_known = Missing.GPU_STATE not in v.missing and Missing.RANK_PLACEMENT not in v.missing
         if gpu_known:

@@ -24,9 +24,16 @@ from perfd.analytics.advice.remedies import JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING, CaptureMatch, finding, job_facts
 from perfd.analytics.breakdown.capture_match import check as check_capture
-from perfd.analytics.breakdown.diagnosis import TimelineClass, classify_job
+from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.breakdown.job_budget import job_budget
-from perfd.analytics.common import MetricValue, finite, timer_max, vocabulary_of
+from perfd.analytics.common import (
+    FRAMEWORK_VOCABULARIES,
+    MEGATRON_VOCABULARY,
+    MetricValue,
+    finite,
+    timer_max,
+    vocabulary_of,
+)
 from perfd.analytics.finding_types import Finding, Recommendation, order_findings
 from perfd.analytics.incidents.detect import Incident
 from perfd.analytics.incidents.findings import incident_findings
@@ -50,6 +57,7 @@ from perfd.analytics.steps.metrics import (
     throughput_per_gpu,
 )
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
+from perfd.analytics.steps.row_codes import RowCodes
 from perfd.analytics.steps.run_figures import figures_of, with_runs
 from perfd.analytics.steps.run_incidents import mark_incidents, step_work, straggler_flags
 from perfd.analytics.steps.run_summary import (
@@ -71,8 +79,13 @@ from perfd.analytics.steps.stragglers import (
     persistent,
     rank_order,
 )
+from perfd.analytics.steps.untimed import untimed_groups
 from perfd.dtypes import normalize_dtype
-from perfd.model import HOOK_IN_STEP_FIELD, JobInfo, ParallelLayout, Provenance, StepRecord
+from perfd.model import CPU, HOOK_IN_STEP_FIELD, JobInfo, ParallelLayout, Provenance, StepRecord
+
+# Why a CPU-only job has no MFU (perfd.model.JobInfo.device): said instead of "GPU name unknown".
+CPU_ONLY_NO_PEAK = ("the job computes on CPUs (no CUDA in its processes): MFU is measured against a GPU's "
+                    "peak; --peak-tflops gives one for its CPUs")
 
 # The values of Megatron-LM's memory report (``[Rank r] (after N iterations) memory (MB) | ...``) the
 # analysis keeps the largest of: what a remedy that costs memory (a larger micro-batch) is read against
@@ -193,18 +206,30 @@ class RunAnalysis:
         """The run's logged time: the sum of its step times."""
         return float(sum(s for s in self.values("step_time_ms") if s is not None)) / 1e3
 
-    def iteration_rows(self, steady_only: bool = False) -> Iterator[dict[str, Any]]:
-        """JSON rows of every iteration, or of the steady ones, built one at a time."""
-        return (it.to_json() for it in (self.steady_rows() if steady_only else self.iterations))
+    def row_codes(self) -> RowCodes:
+        """The coder of this run's JSON rows (perfd.analytics.steps.row_codes): one per document."""
+        n = len(self.iterations)
+        return RowCodes(self.iterations[n - 1] if n else None, self.steady.kinds, self.steady.refs)
+
+    def iteration_rows(self, steady_only: bool = False, codes: RowCodes | None = None
+                       ) -> Iterator[dict[str, Any]]:
+        """JSON rows of every iteration, or of the steady ones, built one at a time (``codes``: the
+        document's coder, whose legend says what the rows' codes mean)."""
+        coder = codes if codes is not None else self.row_codes()
+        return coder.rows(self.steady_rows() if steady_only else self.iterations)
 
     def to_json(self, iterations: bool = True) -> dict[str, Any]:
-        """Keys: job, iterations, summary, incidents (and capture_match, where a capture was read
-        against the job: perfd.analytics.breakdown.capture_match). None stays None (null), never 0. The
-        report is built above this layer (perfd.report.analysis_json adds it). ``iterations=False``: no
-        rows (a caller that streams them, see iteration_rows)."""
+        """Keys: job, iterations, iteration_codes (the rows' legend), summary, incidents (and
+        capture_match, where a capture was read against the job: perfd.analytics.breakdown
+        .capture_match). A row has the metrics it has (absent ones are not in it; the legend says why).
+        The report is built above this layer (perfd.report.analysis_json adds it).
+        ``iterations=False``: no rows (a caller that streams them, see iteration_rows)."""
+        codes = self.row_codes()
+        rows = list(self.iteration_rows(codes=codes)) if iterations else []
         out = {
             "job": _json_value(self.job.to_json()),
-            "iterations": [it.to_json() for it in self.iterations] if iterations else [],
+            "iterations": rows,
+            "iteration_codes": codes.legend(),
             "summary": _json_value(self.summary.to_json()),
             "incidents": [_json_value(i.to_json()) for i in self.incidents],
         }
@@ -478,9 +503,18 @@ class RunBuilder:
         self.gpm_when = gpm_when
         self.canon_dtype, self.dtype_src = resolve_dtype(job, dtype)
         peak = peak_tflops(gpu_name, self.canon_dtype, peak_override)
+        if job.device == CPU and peak_override is None:  # the GPU is not a missing input: there is none
+            peak = dataclasses.replace(peak, peak_tflops=None, source=None, gpu_model=None,
+                                       measured_ceiling_tflops=None, reason=CPU_ONLY_NO_PEAK)
         self.flops_job = model_flops(job.spec, lay.global_batch_size, job.framework_version, job.framework)
         self.ctx = _Context(job, _world_size(lay), peak, rank_order(lay, job.arguments),
                             {lay.global_batch_size: self.flops_job})
+        # What the class' step shares say beside the numbers: the collectives the timers cannot see,
+        # and the job's own name for its data wait (a hook job has no batch-generator).
+        vocab = FRAMEWORK_VOCABULARIES.get(job.framework or "", MEGATRON_VOCABULARY)
+        self.shares_of = StepShares(untimed=untimed_groups(job.framework, lay.tp, lay.cp, lay.ep),
+                                    data_timer=vocab.data_wait[0] if vocab.data_wait else "data wait",
+                                    cpu_only=job.device == CPU)
         key = (job, gpu_name, peak_override, dtype)
         if memo is not None and memo.key != key:
             memo.key, memo.entries, memo.run = key, {}, None
@@ -553,7 +587,7 @@ class RunBuilder:
         if memo is not None:
             self.present.add(rec.iteration)
         shares = step_shares(it.data_share, it.comm_exposed_share, it.comm_exposed_dp_share, lay.pp,
-                             it.pp_idle_max, it.pp_bubble_analytic, it.mfu)
+                             it.pp_idle_max, it.pp_bubble_analytic, it.mfu, self.shares_of)
         it.bottleneck = classify_job(shares, self.gpm, self.timeline, self.gpm_when).cls.value
         if self.first is None or rec.iteration < self.first[0]:
             self.first = (rec.iteration, rec.job)
@@ -593,7 +627,8 @@ class RunBuilder:
         for i, iteration in enumerate(table.column("iteration")):
             table.put(i, steady_state=steady.steady.get(iteration, False),
                       excluded_reason=steady.excluded.get(iteration))
-        detection = mark_incidents(table, disturbed, steady, ctx.world, self.new_normal_at, work)
+        detection = mark_incidents(table, disturbed, steady, ctx.world, self.new_normal_at, work,
+                                   self.job.device == CPU)
         incidents = detection.incidents
         steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
         pers = persistent(straggler_flags(table, i) for i in steady_rows)
@@ -626,7 +661,8 @@ class RunBuilder:
             budget = dataclasses.replace(budget, steady_step_ms=None)
         summary = summarize(table, steady_rows, steady, pers, lay, self.gpm, timeline, self.gpm_when,
                             med, incidents=incidents, jitter=detection.jitter, disturbances=disturbances,
-                            goodput=gp, memory_mib=dict(self.memory_mib) or None, step_budget=budget)
+                            goodput=gp, memory_mib=dict(self.memory_mib) or None, step_budget=budget,
+                            shares_of=self.shares_of)
         summary = with_runs(summary, runs, table, steady, self.run)
         analysis = RunAnalysis(block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)

@@ -62,7 +62,7 @@ def step_work(steps: Sequence[float | None], tflops: Sequence[float | None]) -> 
 
 def mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
                    steady: SteadyState, world: int | None, new_normal_at: int | None = None,
-                   work: Sequence[float | None] | None = None) -> Detection:
+                   work: Sequence[float | None] | None = None, cpu_only: bool = False) -> Detection:
     """Find the incidents and perfd's capture disturbances, take their iterations out of the steady
     state (saying which), and note each incident iteration's time lost against the steady median."""
     first = steady.warmup_records
@@ -71,7 +71,7 @@ def mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
                              ByIteration(table, lambda i: table.get(i, "end_time")),
                              ByIteration(table, lambda i: bool(disturbed[i])),
                              first, steady.reference_step_ms, world, new_normal_at, steps,
-                             work[first:] if work is not None else None)
+                             work[first:] if work is not None else None, cpu_only)
     ref = found.reference_ms
     for inc, lost in [*((i, True) for i in found.incidents), *((d, False) for d in found.disturbances)]:
         for iteration in range(inc.first_iteration, inc.last_iteration + 1):
@@ -86,4 +86,5 @@ def mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
             steady.steady[iteration] = False
             steady.excluded[iteration] = reason
             steady.kinds[iteration] = Exclusion.INCIDENT if lost else Exclusion.CAPTURE
+            steady.refs[iteration] = inc.id
     return found

@@ -26,10 +26,11 @@ from perfd.analytics.steps.flops import FlopsResult
 from perfd.analytics.steps.goodput import Goodput
 from perfd.analytics.steps.gpus import PeakResult, gpu_memory_mib
 from perfd.analytics.steps.iteration_table import Table
+from perfd.analytics.steps.row_codes import ExcludedRange, excluded_ranges
 from perfd.analytics.steps.runs import Runs
 from perfd.analytics.steps.steady import Exclusion, SteadyState
 from perfd.analytics.steps.stragglers import PersistentStragglers
-from perfd.model import JobInfo, ModelSpec, ParallelLayout
+from perfd.model import DEVICES, Device, JobInfo, ModelSpec, ParallelLayout
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.run_analysis import IterationResult
@@ -82,15 +83,19 @@ def _steady_values(table: Table[IterationResult], steady_rows: Sequence[int], na
     return [values[i] for i in steady_rows]
 
 
+NO_SHARES = StepShares()  # nothing beside the numbers: Megatron's names, every collective timed
+
+
 def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady: SteadyState,
               pers: PersistentStragglers, lay: ParallelLayout, gpm: bn.GpmReading | None,
               timeline: TimelineClass | None, gpm_when: str, med: Mapping[str, float | None], *,
               incidents: Sequence[Incident], jitter: Mapping[str, Any], disturbances: CaptureDisturbances,
               goodput: Goodput | None, memory_mib: Mapping[str, float] | None,
-              step_budget: StepBudget | None) -> RunSummary:
+              step_budget: StepBudget | None, shares_of: StepShares = NO_SHARES) -> RunSummary:
     """The run's summary over its steady iterations ``steady_rows``, with ``med`` their
     steady_medians, and what the whole run adds: its incidents, jitter, perfd's capture
-    disturbances, goodput, memory report and step budget."""
+    disturbances, goodput, memory report and step budget. ``shares_of``: what the step shares carry
+    beside the medians (the untimed collectives, the data timer's name)."""
     def steady_values(name: str) -> list[Any]:
         return _steady_values(table, steady_rows, name)
 
@@ -111,7 +116,8 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
                                            strict=True) if ok is not None]
     gaps = [abs(gap) for _, gap in checks if gap is not None]
     cls = classify_job(step_shares(med["data_share"], med["comm_exposed_share"], med["comm_exposed_dp_share"],
-                                   lay.pp, med["pp_idle_max"], med["pp_bubble_analytic"], med["mfu"]),
+                                   lay.pp, med["pp_idle_max"], med["pp_bubble_analytic"], med["mfu"],
+                                   like=shares_of),
                        gpm, timeline, gpm_when)
     its = steady.iterations
     post = sorted(s for s in itertools.islice(table.column("step_time_ms"), steady.warmup_records, None)
@@ -129,6 +135,7 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
         warmup_records=steady.warmup_records,
         excluded=dict(sorted(steady.excluded.items())),
         excluded_kinds=dict(sorted(steady.kinds.items())),
+        excluded_ranges=excluded_ranges(steady.kinds, steady.refs, steady.steady),
         medians=dict(med),
         step_time_cv=cv,
         slow_steps=slow,
@@ -157,8 +164,11 @@ def incidents_cost_s(incidents: Sequence[Incident]) -> float | None:
 
 
 def step_shares(data: float | None, comm: float | None, grad_sync: float | None, pp: int | None,
-            idle_max: float | None, bubble: float | None, mfu_: float | None) -> StepShares:
-    return StepShares(data, comm, grad_sync, pp, idle_max, bubble, mfu_)
+                idle_max: float | None, bubble: float | None, mfu_: float | None,
+                like: StepShares = NO_SHARES) -> StepShares:
+    """The shares, with what ``like`` carries beside them (untimed collectives, the data timer)."""
+    return dataclasses.replace(like, data_share=data, comm_exposed=comm, comm_grad_sync=grad_sync, pp=pp,
+                               pp_idle_max=idle_max, pp_bubble_analytic=bubble, mfu=mfu_)
 
 
 def pctl(sorted_values: Sequence[float], q: float) -> float:
@@ -173,6 +183,7 @@ def job_block(job: JobInfo, name: str | None, world: int | None, gpu_name: str |
         name=name,
         framework=job.framework,
         framework_version=job.framework_version,
+        device=job.device,
         torch_version=job.torch_version,
         timing_log_option=job.timing_log_option,
         log_interval=job.log_interval,
@@ -306,6 +317,8 @@ class RunSummary:
     warmup_records: int
     excluded: Mapping[int, str]  # iteration -> why it is not steady
     excluded_kinds: Mapping[int, Exclusion]
+    # the same as ranges of (kind, incident or capture): what JSON carries (row_codes.excluded_ranges)
+    excluded_ranges: tuple[ExcludedRange, ...] = ()
     medians: Mapping[str, float | None]  # SUMMARY_METRICS -> its steady value (TIME_WEIGHTED, ...)
     step_time_cv: float | None
     tflops_check_n: int
@@ -342,8 +355,7 @@ class RunSummary:
             "steady_first_iteration": self.steady_first_iteration,
             "steady_last_iteration": self.steady_last_iteration,
             "warmup_records": self.warmup_records,
-            "excluded": {str(k): v for k, v in self.excluded.items()},
-            "excluded_kinds": {str(k): v.value for k, v in self.excluded_kinds.items()},
+            "excluded": [r.to_json() for r in self.excluded_ranges],
             "medians": dict(self.medians),
             "step_time_cv": self.step_time_cv,
             "slow_steps": self.slow_steps.to_json() if self.slow_steps is not None else None,
@@ -443,6 +455,7 @@ class JobBlock:
     name: str | None = None
     framework: str | None = None
     framework_version: str | None = None
+    device: Device | None = None  # where it computes (perfd.model.JobInfo.device): "cpu", "cuda", unknown
     torch_version: str | None = None
     timing_log_option: str | None = None
     log_interval: int | None = None
@@ -458,6 +471,7 @@ class JobBlock:
             "name": self.name,
             "framework": self.framework,
             "framework_version": self.framework_version,
+            "device": self.device,
             "torch_version": self.torch_version,
             "timing_log_option": self.timing_log_option,
             "log_interval": self.log_interval,
@@ -482,6 +496,7 @@ class JobBlock:
         known = {f.name for f in dataclasses.fields(ModelSpec)}
         return cls(
             name=d.get("name"), framework=d.get("framework"), framework_version=d.get("framework_version"),
+            device=d.get("device") if d.get("device") in DEVICES else None,
             torch_version=d.get("torch_version"), timing_log_option=d.get("timing_log_option"),
             log_interval=d.get("log_interval"), wandb_run_id=d.get("wandb_run_id"),
             layout=JobLayout.from_json(d.get("layout")),

@@ -41,6 +41,17 @@ class Exclusion(TextEnum):
     ARMED = "armed"
 
 
+# Each kind in one sentence, for a reader of the codes (the per-iteration sentence, with its numbers,
+# stays in SteadyState.excluded for the report's findings).
+EXCLUSION_TEXT: dict[Exclusion, str] = {
+    Exclusion.WARMUP: "warm-up: the run's first records",
+    Exclusion.CAPTURE: "disturbed by perfd's own capture (its id in the range)",
+    Exclusion.NO_STEP_TIME: "no step time",
+    Exclusion.OUTLIER: "a step far slower than the steady one, in a slow window",
+    Exclusion.INCIDENT: "part of an incident (its id in the range; its cause in the job's incidents)",
+}
+
+
 @dataclass(frozen=True)
 class SteadyState:
     """iteration -> steady?, why each excluded iteration was left out (typed, and said)."""
@@ -50,6 +61,9 @@ class SteadyState:
     kinds: dict[int, Exclusion] = field(default_factory=dict)
     warmup_records: int = 0
     reference_step_ms: float | None = None  # steady time per step (windows.reference), per mean work
+    # iteration -> the incident or capture disturbance (its id) it was left out for: what a range of
+    # excluded iterations refers to instead of repeating its sentence (perfd.analytics.steps.row_codes)
+    refs: dict[int, str] = field(default_factory=dict)
 
     @property
     def iterations(self) -> list[int]:

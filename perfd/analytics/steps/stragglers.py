@@ -108,8 +108,9 @@ def detect(rec: StepRecord, ranks: RankOrder) -> StragglerResult:
                 res.line_candidate_rank = hi.rank
             elif s_lo is not None and s_hi is not None:
                 res.line_between_stages = True
-                res.notes.append(f"rtt spread {res.rtt_ratio:.2f}× between rank {lo.rank} (stage {s_lo})"
-                                 f" and rank {hi.rank} (stage {s_hi}): stage imbalance, not a straggler")
+                # the spread itself is the row's straggler_rtt_ratio: the note is the same on every such row
+                res.notes.append(f"rtt spread > 1.1× between rank {lo.rank} (stage {s_lo}) and rank "
+                                 f"{hi.rank} (stage {s_hi}): stage imbalance, not a straggler")
             else:
                 res.notes.append("rtt spread > 1.1× but the ranks' pipeline stages are unknown")
 

@@ -1,0 +1,176 @@
+"""Per-iteration rows sized for their readers: each fact once, provenance as codes, ranges not lists.
+
+An iteration's typed result (perfd.analytics.steps.run_analysis.IterationResult) keeps, for the
+report, the English source of every metric — with the row's own numbers and log line, ~1.7 KB an
+iteration, the same sentences on every row (`perfd analyze --iterations all` of a 150-iteration log
+was twice the log's size). As JSON a row carries instead:
+
+- ``source``: its record's own provenance (the log line, the hook's rank and pid);
+- the metrics it has (a metric it lacks is not in it: absent, never null; an empty list or mapping,
+  no candidate rank, is not in it either, nor a flag not raised but ``steady_state``);
+- ``absent``: ``{metric: code}`` for a metric it lacks that the run's newest row has — the code a key
+  of the legend's ``absent`` (a NaN loss, a timer missing from one line); codes are the same in every
+  document (a short hash of the reason), so rows compare across documents;
+- ``excluded`` (an Exclusion code) and ``excluded_ref`` (the incident or capture, by id) when it is
+  out of the steady state.
+
+The legend (:meth:`RowCodes.legend`) says each once, in English: every metric's source as the newest
+row has it, the absence reasons, the exclusion kinds, and the straggler notes and the measuring
+methods (``comm_method``, ``pp_idle_method``) with the ranges of rows each held on (a note like
+"per-rank timers present" is the run's, not one row's).
+:func:`excluded_ranges` gives a summary's excluded iterations as ranges of (kind, reference). Pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from perfd.analytics.steps.steady import EXCLUSION_TEXT, Exclusion
+
+if TYPE_CHECKING:
+    from perfd.analytics.steps.run_analysis import IterationResult
+
+# Row keys replaced by codes (the English in the legend), those a row never repeats (the MFU against
+# the measured matmul ceiling is the row's MFU times the run's one ratio, in the job block), and those
+# kept as they are.
+CODED = ("sources", "excluded_reason", "straggler_notes")
+# How a row's numbers were measured (the exposed communication's method, the stage idle's): the run's
+# own, said once in the legend with the ranges of rows it held on.
+RANGED = ("comm_method", "pp_idle_method")
+DERIVED = ("mfu_vs_measured_ceiling",)
+STATED = ("steady_state",)  # a flag every row states, raised or not (the rest: only where raised)
+CODE_CHARS = 8  # of a text's SHA-1: a code per distinct reason or note
+STEP_TIME = "step_time_ms"  # whose source is the record's own (its log line)
+
+
+def _plain(v: Any) -> Any:
+    """JSON's own: non-finite floats are absent (finite_json), mappings keyed by text."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+class RowCodes:
+    """Codes the rows of one run (one document: the codes index its legend)."""
+
+    def __init__(self, newest: IterationResult | None, kinds: Mapping[int, Exclusion],
+                 refs: Mapping[int, str]) -> None:
+        self.newest = newest
+        self.kinds, self.refs = kinds, refs
+        self._absent: dict[str, str] = {}  # text -> its code
+        self._notes: dict[str, str] = {}
+        self._note_spans: dict[str, list[list[int]]] = {}  # code -> [first, last] of rows it held on
+        self._last: int | None = None  # the previous row's iteration
+        self._methods: dict[str, dict[str, list[list[int]]]] = {}  # field -> value -> its ranges
+
+    @staticmethod
+    def _code(table: dict[str, str], text: str) -> str:
+        """A short code for ``text``, the same in every document (a run's rows shown whole or in part
+        compare equal)."""
+        code = table.get(text)
+        if code is None:
+            code = table[text] = hashlib.sha1(text.encode()).hexdigest()[:CODE_CHARS]
+        return code
+
+    def row(self, it: IterationResult) -> dict[str, Any]:
+        """One iteration's row (see the module docstring)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(it):
+            v = getattr(it, f.name)
+            if f.name in RANGED and v is not None:
+                self._span(self._methods.setdefault(f.name, {}).setdefault(str(v), []), it.iteration)
+                continue
+            if f.name in CODED or f.name in DERIVED or v is None or (isinstance(v, (list, dict)) and not v):
+                continue  # absent, or nothing in it (no candidate rank, no per-rank ratio)
+            if v is False and f.default is False and f.name not in STATED:
+                continue  # a flag not raised (not armed, not between stages)
+            out[f.name] = _plain(v)
+        src = it.sources.get(STEP_TIME)
+        if src:
+            out["source"] = src
+        newest = self.newest
+        if newest is not None:
+            absent = {k: self._code(self._absent, text) for k, text in it.sources.items()
+                      if hasattr(it, k) and getattr(it, k) is None and getattr(newest, k) is not None}
+            if absent:
+                out["absent"] = absent
+        kind = self.kinds.get(it.iteration)
+        if kind is not None:
+            out["excluded"] = kind.value
+            ref = self.refs.get(it.iteration)
+            if ref is not None:
+                out["excluded_ref"] = ref
+        for n in it.straggler_notes:  # a run's notes hold for stretches of it: ranges, in the legend
+            self._span(self._note_spans.setdefault(self._code(self._notes, n), []), it.iteration)
+        self._last = it.iteration
+        return out
+
+    def _span(self, spans: list[list[int]], iteration: int) -> None:
+        """Extend the last range of ``spans`` when the previous row was in it, else open one."""
+        if spans and spans[-1][1] == self._last:
+            spans[-1][1] = iteration
+        else:
+            spans.append([iteration, iteration])
+
+    def rows(self, its: Iterable[IterationResult]) -> Iterator[dict[str, Any]]:
+        return (self.row(it) for it in its)
+
+    def legend(self, sources: bool = True) -> dict[str, Any]:
+        """The English each code stands for, said once (after the rows: a streamed document has
+        seen every code by then). ``sources``: every metric's source as the newest row has it."""
+        out: dict[str, Any] = {}
+        if sources and self.newest is not None:
+            out["sources"] = dict(self.newest.sources)
+        out["absent"] = {code: text for text, code in self._absent.items()}
+        out["notes"] = {code: {"text": text, "iterations": self._note_spans.get(code, [])}
+                        for text, code in self._notes.items()}
+        out["excluded"] = {k.value: t for k, t in EXCLUSION_TEXT.items()}
+        out["methods"] = {name: dict(by) for name, by in self._methods.items()}
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ExcludedRange:
+    """Consecutive iterations left out of the steady state for one reason."""
+
+    first: int
+    last: int
+    kind: Exclusion
+    ref: str | None = None  # the incident or capture disturbance they belong to
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"first": self.first, "last": self.last, "kind": self.kind.value}
+        if self.ref is not None:
+            out["ref"] = self.ref
+        return out
+
+
+def excluded_ranges(kinds: Mapping[int, Exclusion], refs: Mapping[int, str],
+                    iterations: Iterable[int] | None = None) -> tuple[ExcludedRange, ...]:
+    """The excluded iterations as ranges: a range runs while the kind and reference stay the same
+    and no steady iteration (one of ``iterations`` not in ``kinds``) lies between (iterations the run
+    never logged, a log interval's gaps, do not break it)."""
+    order = sorted(iterations) if iterations is not None else sorted(kinds)
+    out: list[ExcludedRange] = []
+    cur: list[Any] | None = None  # [first, last, kind, ref]
+    for i in order:
+        kind = kinds.get(i)
+        if kind is None:
+            cur = None
+            continue
+        ref = refs.get(i)
+        if cur is not None and cur[2] is kind and cur[3] == ref:
+            cur[1] = i
+            out[-1] = ExcludedRange(cur[0], i, kind, ref)
+        else:
+            cur = [i, i, kind, ref]
+            out.append(ExcludedRange(i, i, kind, ref))
+    return tuple(out)
