@@ -198,6 +198,9 @@ REFUSED_STEP_AHEAD = "step_ahead"
 # A step record whose iteration is implausibly ahead (MAX_ITERATION_LEAP, the run's train-iters).
 REFUSED_ITERATION_AHEAD = "iteration_ahead"
 REFUSED_NOT_TARGET = "not_target"  # a capture's progress from an agent the capture was not sent to
+# An event, or an entry of its payload, that is not of the type its kind declares (perfd.events.checked):
+# refused where it enters the aggregator (live or replayed from the state store), never read further.
+REFUSED_MALFORMED_EVENT = "malformed_event"
 # What perfd.exporters.httpd counts (the agent's /metrics and the aggregator's HTTP alike): the
 # agent serves perfd_agent_http_refused_total for each from 0.
 REFUSED_HTTP_REASONS = (REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_HTTP_DEADLINE, REFUSED_HTTP_HEAD,
@@ -210,7 +213,7 @@ REFUSED_REASONS = (
     REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
     *REFUSED_HTTP_REASONS,
     REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE, REFUSED_STEP_AHEAD,
-    REFUSED_ITERATION_AHEAD, REFUSED_NOT_TARGET,
+    REFUSED_ITERATION_AHEAD, REFUSED_NOT_TARGET, REFUSED_MALFORMED_EVENT,
 )
 
 

@@ -55,6 +55,9 @@ class Journal:
         for name in SAMPLE_FIELDS:
             out.ClearField(name)
         if kept is not None:
+            for i, payload_json in (kept.payloads or {}).items():
+                if 0 <= i < len(out.events):
+                    out.events[i].payload_json = payload_json
             _keep(out.steps, kept.steps)
             _keep(out.events, kept.events)
             _keep(out.collectives, kept.collectives)

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
+from perfd import events as E
 from perfd import limits as L
 from perfd.limits import Limits
 from perfd.model import CollectiveRecord, LabelSet, StepRecord
@@ -240,6 +242,25 @@ class Guard:
     def collectives(self, agent: str, recs: Sequence[CollectiveRecord]) -> list[CollectiveRecord]:
         ok = {job for job in {r.job for r in recs} if self.admit_job(job, agent)}
         return [r for r in recs if r.job in ok] if len(ok) < len({r.job for r in recs}) else list(recs)
+
+    def typed_events(self, agent: str, evs: Sequence[Mapping[str, Any]]
+                     ) -> list[tuple[int, dict[str, Any], bool]]:
+        """A batch's events as their kinds declare them (perfd.events.checked), before anything else
+        reads them: (index in the batch, the event, whether entries of its payload were left out). An
+        event, or an entry of its payload, that is not of its declared type is refused and counted
+        (``malformed_event``, one per event or entry) with what was wrong — never read further, so
+        never raised in a tick (issue 54 item 1)."""
+        out = []
+        for i, e in enumerate(evs):
+            ev, problems = E.checked(e)
+            if problems:
+                kind = str(e.get("kind", ""))[:64]
+                self.refusals.refuse(L.REFUSED_MALFORMED_EVENT, f"{len(problems)} of a {kind} event from "
+                                     f"agent {agent[:64]} ({'entries' if ev is not None else 'the event'}): "
+                                     f"{'; '.join(problems[:3])[:300]}", len(problems), agent=agent)
+            if ev is not None:
+                out.append((i, ev, bool(problems)))
+        return out
 
     def events(self, agent: str, events: Sequence[Mapping[str, object]]) -> list[int]:
         """The indices of ``events`` the agent may send: an event about a job (its ``job``, and its

@@ -124,6 +124,8 @@ class Lifecycle:
         snap = st.snapshot(job)
         holders = self.agg.guard.hosts(job) | st.job_agents(job)
         if snap is None:  # held but with nothing in the job store (events only): ended once nobody is here
+            if st.holds_data(job):  # its snapshot failed to build (counted): what cannot be read is kept
+                return None
             return None if any(self._live(a) for a in holders) else 0.0
         last = snap.overview.get("last_step_time")
         if last:

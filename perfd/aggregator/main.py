@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import json
 import logging
 import os
 import signal
@@ -196,9 +197,18 @@ class Aggregator:
                 log.exception("rule evaluation failed")
 
     def _tick(self) -> None:
-        self.state.refresh()
-        self.captures.evaluate()
-        self.lifecycle.housekeeping()
+        # Each part on its own: one that raises (logged each time) does not keep the others from running
+        # — the rules from evaluating, jobs from being pruned, the documents from being saved.
+        for what, part in (("analysis refresh", self.state.refresh),
+                           ("rule evaluation", self.captures.evaluate),
+                           ("housekeeping", self.lifecycle.housekeeping), ("state store", self._save)):
+            try:
+                part()
+            except Exception:
+                log.exception("%s failed in the rules tick", what)
+        self.ticks += 1  # a whole tick done: what arrived before it started is analysed (tests wait on it)
+
+    def _save(self) -> None:
         if self.store is not None:
             # The journal keeps its newest max_batches batches, within max_bytes; pruned first, so that
             # the documents' commit makes the pruning durable in the same tick.
@@ -206,7 +216,6 @@ class Aggregator:
             save_documents(self, self.store)
             self.store.prune()  # the journal keeps its newest max_batches batches
             self.store.shrink()  # committed, the freed pages go back: the files stay under the cap
-        self.ticks += 1  # a whole tick done: what arrived before it started is analysed (tests wait on it)
 
     def _on_hello(self, hello: HelloInfo) -> list[str]:
         return self._on_hello_jobs(hello.agent_id, hello.jobs, node=hello.node,
@@ -304,16 +313,20 @@ class Aggregator:
         colls = guard.collectives(agent_id, batch.collectives) if batch.collectives else []
         if colls:
             st.ingest_collectives(agent_id, colls)
-        evs = [dict(e) for e in batch.events]
+        # Typed at the edge (refused entries counted), then who may send them (the guard).
+        typed = guard.typed_events(agent_id, batch.events) if batch.events else []
+        evs = [ev for _i, ev, _cut in typed]
         ev_kept = guard.events(agent_id, evs) if evs else []
         if ev_kept:
-            st.ingest_events(agent_id, [evs[i] for i in ev_kept])
+            st.ingest_events(agent_id, [evs[k] for k in ev_kept])
         taken = {id(r) for r in steps} - refused_steps
         held_colls = {id(c) for c in colls}
         return Kept(steps=[i for i, r in enumerate(batch.steps) if id(r) in taken],
-                    events=ev_kept,
+                    events=[typed[k][0] for k in ev_kept],
                     collectives=[i for i, c in enumerate(batch.collectives) if id(c) in held_colls],
-                    job_info=info_kept)
+                    job_info=info_kept,
+                    payloads={typed[k][0]: json.dumps(typed[k][1].get("payload"), separators=(",", ":"),
+                                                      default=str) for k in ev_kept if typed[k][2]})
 
     def _transport_counters(self) -> dict[str, int]:
         d = self.server.counters()

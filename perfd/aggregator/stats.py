@@ -40,6 +40,7 @@ def stats_json(state: AggregatorState) -> dict[str, Any]:
         "iterations_evicted_retention": js.evicted_iterations,
         "iterations_evicted_retention_bytes": js.evicted_iterations_bytes,
         "analysis_errors": js.analysis_errors,
+        "snapshot_errors": state.snapshots.errors,  # job snapshots that failed to build (the last one served)
         "step_records_conflicting": js.conflicts,
         "step_records_worse_duplicates": js.worse_duplicates,
         "jobs": len(state.jobs.names()),
