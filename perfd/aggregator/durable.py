@@ -125,11 +125,11 @@ def restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
 
 def _restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
     counts = {"hellos": 0, "batches": 0, "job_infos": 0, "unreadable": 0}
-    agg.state.replaying = True
+    agg.state.replaying = agg.guard.replaying = True
     try:
         _replay(agg, store, counts)
     finally:
-        agg.state.replaying = False
+        agg.state.replaying = agg.guard.replaying = False
     for job, agent, text in store.job_infos():  # the newest job info wins whatever was pruned
         agg.ingest_job_info_text(agent, job, text)
         counts["job_infos"] += 1

@@ -119,6 +119,7 @@ class Aggregator:
         self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None,
                            identity_of=lambda agent: self.server.identity_of(agent))
         self.guard.placed_jobs = self.state.jobs_on  # a node agent reports the jobs on its GPUs
+        self.guard.node_of = self._node_of  # ... on a node the jobs' hosts name
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
         self.store: StateStore | None = (StateStore(cfg.state_dir, max_bytes=cfg.state_max_bytes)
                                          if cfg.state_dir else None)
@@ -244,6 +245,11 @@ class Aggregator:
             log.warning("agent %s sent unusable job info for %s: %s", agent_id, job, exc)
             return False
         return True
+
+    def _node_of(self, agent_id: str) -> str | None:
+        """The node the agent's live Hello named (None: none since this aggregator started)."""
+        said = self.state.nodes.hello_of(agent_id)
+        return said[0] if said is not None else None
 
     def _job_allowed(self, agent_id: str, job: str) -> bool:
         """The identity policy's word on ``agent_id`` writing ``job``. An agent with no identity
