@@ -284,15 +284,17 @@ class Guard:
                 refused[f"{str(said)[:64]!r} in the payload of an event of job {job[:64]!r}"] = 1
                 continue
             labels = e.get("labels")
-            gpu_node = str(labels.get("node") or agent) if isinstance(labels, Mapping) else agent
-            if e.get("kind") != E.GPU_PROCESSES.name:
-                gpu_node = None
-            verdicts = [(j, self._speaks_for(agent, j, gpu_node)) for j in _jobs_about(job, payload)]
-            bad = next(((j, v) for j, v in verdicts if v is not True), None)
-            if bad is None:
+            gpu_node: str | None = None  # the GPU's node, for a process list
+            if e.get("kind") == E.GPU_PROCESSES.name:
+                gpu_node = str(labels.get("node") or agent) if isinstance(labels, Mapping) else agent
+            for about in _jobs_about(job, payload):
+                verdict = self._speaks_for(agent, about, gpu_node)
+                if verdict is not True:
+                    if verdict is False:  # None: refused by the identity policy, counted there
+                        refused[about] = refused.get(about, 0) + 1
+                    break
+            else:
                 out.append(i)
-            elif bad[1] is False:  # None: refused by the identity policy, counted there
-                refused[bad[0]] = refused.get(bad[0], 0) + 1
         for job, n in refused.items():
             self.refusals.refuse(L.REFUSED_NOT_HOST, f"{n} event(s) about job {job[:64]} from agent "
                                  f"{agent[:64]}, which does not host it", n, agent=agent)

@@ -12,7 +12,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -140,6 +140,8 @@ class Aggregator:
                                            refusals=self.refusals, hosts=self.guard.hosts)
         self._rules_task: asyncio.Task[None] | None = None
         self._refresh_task: asyncio.Task[None] | None = None
+        self._working: set[asyncio.Future[None]] = set()  # the loops' work on worker threads, in flight
+        self._stopping = False
         self.job_info_errors = 0
         self.wandb: WandbSync | None = None
         self._wandb_task: asyncio.Task[None] | None = None
@@ -182,7 +184,7 @@ class Aggregator:
         while True:
             await asyncio.sleep(self.cfg.refresh_interval_s)
             try:
-                await loop.run_in_executor(None, self.state.refresh)
+                await self._in_worker(loop, self.state.refresh)
             except Exception:
                 log.exception("analysis refresh failed")
 
@@ -193,16 +195,32 @@ class Aggregator:
             await asyncio.sleep(self.cfg.rules_interval_s)
             try:
                 # Analysis may run here (rate-limited): off the event loop, so ingest never waits.
-                await asyncio.get_running_loop().run_in_executor(None, self._tick)
+                await self._in_worker(asyncio.get_running_loop(), self._tick)
             except Exception:  # a rule bug must not stop ingest; it is logged each time
                 log.exception("rule evaluation failed")
 
+    async def _in_worker(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+        """``fn`` on a worker thread, held in ``_working`` until it returns: a cancelled task does not
+        stop its thread, and stop() waits for it before closing the state store."""
+        fut = loop.run_in_executor(None, fn)
+        self._working.add(fut)
+        try:
+            await asyncio.shield(fut)
+        finally:
+            if fut.done():
+                self._working.discard(fut)
+            else:
+                fut.add_done_callback(self._working.discard)
+
     def _tick(self) -> None:
         # Each part on its own: one that raises (logged each time) does not keep the others from running
-        # — the rules from evaluating, jobs from being pruned, the documents from being saved.
+        # — the rules from evaluating, jobs from being pruned, the documents from being saved. Once the
+        # aggregator stops, the parts left are skipped (stop() saves the documents itself).
         for what, part in (("analysis refresh", self.state.refresh),
                            ("rule evaluation", self.captures.evaluate),
                            ("housekeeping", self.lifecycle.housekeeping), ("state store", self._save)):
+            if self._stopping:
+                return
             try:
                 part()
             except Exception:
@@ -400,6 +418,7 @@ class Aggregator:
 
     async def stop(self) -> None:
         t0 = time.monotonic()
+        self._stopping = True
         if self.remote is not None:
             self.remote.stop()
         if self._rules_task is not None:
@@ -415,6 +434,12 @@ class Aggregator:
         if self.http is not None:
             self.http.stop()
             phases.append(f"HTTP {time.monotonic() - t0:.2f}s")
+        if self._working:
+            # The rules tick and the refresh run on worker threads, which a cancelled task does not
+            # stop: the store is closed after them (the issue: "tombstones could not be pruned (Cannot
+            # operate on a closed database)"). A tick ends at its next part once stopping.
+            _done, late = await asyncio.wait(set(self._working), timeout=STOP_WAIT_WORK_S)
+            phases.append(f"tick {time.monotonic() - t0:.2f}s" + (" (still running)" if late else ""))
         if self.store is not None:
             save_documents(self, self.store)
             self.store.close()
@@ -427,6 +452,9 @@ class Aggregator:
 # SIGTERM is honoured within 5 s (docs/reliability.md): past this long after the signal the process
 # ends whatever is still running (what the store committed is kept: an Ack follows a commit).
 SHUTDOWN_BUDGET_S = 4.5
+# How long a stop waits for the rules tick's part in flight before closing the store (within the budget;
+# a part still running then finds the store closed and leaves it: StateStore.closed).
+STOP_WAIT_WORK_S = 2.0
 
 
 def _exit_now(why: str) -> NoReturn:
