@@ -150,9 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = logging.StreamHandler()  # one line per record, whatever a client put in it (perfd.logline)
-    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), handlers=[handler])
+    stream = logging.StreamHandler()  # one line per record, whatever a client put in it (perfd.logline)
+    stream.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), handlers=[stream])
     try:
         if args.command == "analyze":
             from perfd.commands.analyze import run_analyze
