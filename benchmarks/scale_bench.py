@@ -43,6 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from perfd import limits as L  # noqa: E402
 from perfd.agent.config import AgentConfig  # noqa: E402
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner  # noqa: E402
 from perfd.aggregator.runtime import tune_gc  # noqa: E402
@@ -154,7 +155,10 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
 
     agg = subprocess.Popen([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", str(grpc_port),
                             "--http-port", str(http_port), "--gpu", "NVIDIA H100 80GB HBM3",
-                            "--event-loop", event_loop],
+                            "--event-loop", event_loop,
+                            # every simulated agent comes from this one address: one identity
+                            "--max-series-per-identity", str(max(L.MAX_SERIES_PER_IDENTITY,
+                                                                 2 * agents * GPUS * SERIES_PER_GPU))],
                            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{http_port}"
     ctx = mp.get_context("spawn")

@@ -79,7 +79,11 @@ JOB_RETENTION_S = 24 * 3600.0
 AGENT_RETENTION_S = 15 * 60.0
 RANK_RATIO_TOP_K = 8  # slowest ranks per job always on /metrics (perfd_job_slowest_rank_compute_times)
 MAX_SERIES = 1_000_000  # node series held, all agents together
-MAX_SERIES_PER_IDENTITY = 500_000  # ... of one identity (as MAX_JOBS_PER_IDENTITY)
+# ... of one identity (as MAX_JOBS_PER_IDENTITY; --max-series-per-identity): a tenth of the cap, two
+# agents' worth (a node's agents define a few hundred each). At 500,000 one client held ~940 MB of
+# series (issue 54 item 8). Many agents behind one address without credentials (a load generator,
+# NAT) need it raised; the shared bearer token names every agent alike and has no quota of its own.
+MAX_SERIES_PER_IDENTITY = 100_000
 MAX_LABELS_PER_SERIES = 16
 MAX_LABEL_VALUE_BYTES = 256
 MAX_JOB_NAME_BYTES = 256
