@@ -60,6 +60,22 @@ AGENT_SILENCE_S = 20.0  # the aggregator drops a stream that sent nothing for th
 # ACK_TIMEOUT_S, and agents that time out reconnect, send their Hello again and add to the load (at
 # 2,000 agents connecting at once on 2 cores that storm fed itself: 4,400 streams opened in 2 min).
 MAX_LOOP_LAG_S = ACK_TIMEOUT_S / 4
+# ... and while the aggregator cannot answer the streams it took fast enough: this many wait for their
+# first Ack (their Hello not yet answered), or the one waiting longest has waited MAX_FIRST_ACK_WAIT_S.
+# The event loop's lag alone never said no: 4,500 agents connecting at once left it under 5 s late
+# while Hellos queued in gRPC, 1,259 connected, p50 34 s, 0 refusals (issue 54 item 8). A Hello of 200
+# series costs ~2.6 ms: 512 of them are ~1.3 s of work, well inside an agent's Ack timeout.
+MAX_OPENING_STREAMS = 512
+# ... or while the event loop's thread has been on a CPU this share of the time (its last ~2 s): a loop
+# that never waits runs behind on every stream it has, and a new one only adds to that.
+MAX_LOOP_BUSY = 0.9
+MAX_FIRST_ACK_WAIT_S = ACK_TIMEOUT_S / 4
+# A refused stream is told when to come back (gRPC trailing metadata RETRY_AFTER_KEY, milliseconds): the
+# agent waits that long at least, times a jitter of 0.5-1.5 (perfd.transport.client), so that the
+# refused spread out instead of coming back together.
+RETRY_AFTER_KEY = "perfd-retry-after-ms"
+MIN_RETRY_AFTER_S = 1.0
+MAX_RETRY_AFTER_S = 30.0
 LIVENESS_BUDGET_S = 30.0  # what docs/reliability.md promises
 
 # ---- aggregator state -----------------------------------------------------------------------------
@@ -174,7 +190,9 @@ REFUSED_NOT_HOST = "not_host"  # step records or job info from an agent not host
 REFUSED_STREAMS = "streams"  # MAX_STREAMS open
 REFUSED_HELLO_TIMEOUT = "hello_timeout"
 REFUSED_SILENT = "silent_stream"  # AGENT_SILENCE_S without a message
-REFUSED_OVERLOADED = "overloaded"  # a new stream while the event loop lags MAX_LOOP_LAG_S
+# A new stream while the aggregator is saturated: its event loop lags MAX_LOOP_LAG_S, or its opening
+# streams wait for their first Ack (MAX_OPENING_STREAMS, MAX_FIRST_ACK_WAIT_S).
+REFUSED_OVERLOADED = "overloaded"
 REFUSED_JOBS = "jobs_cap"
 REFUSED_JOBS_QUOTA = "jobs_quota"  # an agent or identity at its own share of the jobs cap
 REFUSED_SERIES = "series_cap"
@@ -243,3 +261,6 @@ class Limits:
     agent_silence_s: float = AGENT_SILENCE_S
     hello_timeout_s: float = HELLO_TIMEOUT_S
     max_loop_lag_s: float = MAX_LOOP_LAG_S
+    max_opening_streams: int = MAX_OPENING_STREAMS
+    max_loop_busy: float = MAX_LOOP_BUSY
+    max_first_ack_wait_s: float = MAX_FIRST_ACK_WAIT_S

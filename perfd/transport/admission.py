@@ -27,9 +27,17 @@ from perfd.transport.stream import AgentStream
 
 
 class StreamRefused(Exception):
-    def __init__(self, code: grpc.StatusCode, reason: str, text: str) -> None:
+    """``retry_after_s``: when the client may come back (sent as trailing metadata, L.RETRY_AFTER_KEY)."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, text: str,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(text)
-        self.code, self.reason = code, reason
+        self.code, self.reason, self.retry_after_s = code, reason, retry_after_s
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        if self.retry_after_s is None:
+            return ()
+        return ((L.RETRY_AFTER_KEY, str(round(self.retry_after_s * 1000))),)
 
 
 def authenticate(context: Any, token: TokenFile | None) -> tuple[str, int | None]:
@@ -45,17 +53,34 @@ def authenticate(context: Any, token: TokenFile | None) -> tuple[str, int | None
     return peer_identity(context, gen is not None), gen
 
 
-def admit_stream(open_streams: int, loop_lag_s: float, limits: L.Limits) -> None:
-    """Refuse a new stream past the stream cap, or while the event loop runs too late."""
+def admit_stream(open_streams: int, loop_lag_s: float, limits: L.Limits, opening: int = 0,
+                 first_ack_wait_s: float = 0.0, loop_busy: float = 0.0) -> None:
+    """Refuse a new stream past the stream cap, or while the aggregator is saturated: its event loop
+    runs too late or is busy all the time (``loop_busy``: its thread's share of time on a CPU), too
+    many streams wait for their first Ack (``opening``), or they wait too long (``first_ack_wait_s``).
+    Before the Hello is read: a refusal costs a stream open, an accepted agent its whole series table;
+    open streams keep being served. An overload refusal says when to come back: about as long as
+    the backlog takes to clear."""
     if open_streams >= limits.max_streams:
         raise StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, L.REFUSED_STREAMS,
-                            f"{open_streams} streams open (cap {limits.max_streams})")
+                            f"{open_streams} streams open (cap {limits.max_streams})",
+                            L.MAX_RETRY_AFTER_S)
+    why = None
     if loop_lag_s > limits.max_loop_lag_s:
-        # Before the Hello is read: a refusal costs a stream open, an accepted agent its
-        # whole series table. Open streams keep being served.
+        why = f"the event loop runs {loop_lag_s:.1f} s late (limit {limits.max_loop_lag_s:g} s)"
+    elif loop_busy >= limits.max_loop_busy:
+        why = (f"the event loop was busy {100 * loop_busy:.0f}% of the time (limit "
+               f"{100 * limits.max_loop_busy:.0f}%)")
+    elif opening >= limits.max_opening_streams:
+        why = f"{opening} streams wait for their first Ack (limit {limits.max_opening_streams})"
+    elif first_ack_wait_s > limits.max_first_ack_wait_s:
+        why = (f"a stream has waited {first_ack_wait_s:.1f} s for its first Ack (limit "
+               f"{limits.max_first_ack_wait_s:g} s)")
+    if why is not None:
+        backlog = max(loop_lag_s, first_ack_wait_s, opening / max(1, limits.max_opening_streams), loop_busy)
+        retry = min(L.MAX_RETRY_AFTER_S, max(L.MIN_RETRY_AFTER_S, 2 * backlog))
         raise StreamRefused(grpc.StatusCode.UNAVAILABLE, L.REFUSED_OVERLOADED,
-                            f"overloaded: the event loop runs {loop_lag_s:.1f} s late "
-                            f"(limit {limits.max_loop_lag_s:g} s); retry later")
+                            f"overloaded: {why}; retry in {retry:.0f} s", retry)
 
 
 def check_agent_id(policy: IdentityPolicy | None, conn: AgentStream, agent_id: str, bound: str | None,

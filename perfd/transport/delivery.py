@@ -64,6 +64,9 @@ class SeqTracker:
         if seq > self.last(agent_id, epoch):
             self._last[agent_id] = (epoch, seq)
 
+    def known(self, agent_id: str) -> bool:
+        return agent_id in self._last
+
     def reset(self, agent_id: str, state: tuple[str, int] | None) -> None:
         """The agent's state back to ``state`` (what is durable), even below what was accepted."""
         if state is None:
