@@ -7,6 +7,8 @@ a message read in one place. The server calls each where it always did, in the s
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict, deque
 from typing import Any
 
 import grpc
@@ -51,6 +53,88 @@ def authenticate(context: Any, token: TokenFile | None) -> tuple[str, int | None
             raise StreamRefused(grpc.StatusCode.UNAUTHENTICATED, L.REFUSED_UNAUTHENTICATED,
                                 f"stream from {context.peer()} without a valid bearer token")
     return peer_identity(context, gen is not None), gen
+
+
+# Admission reads the first Acks of this long ago, and counts a stream that has not said Hello as
+# waiting for this long after it opened (an agent writes its Hello at once).
+FIRST_ACK_WINDOW_S = 10.0
+HELLO_GRACE_S = 2.0
+
+
+def _thread_demand_s() -> float:
+    """Seconds the calling thread has run or waited to run (Linux schedstat: on a CPU, then in the run
+    queue), so that a loop with no time left reads busy on a crowded host too; elsewhere its CPU time."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            run_ns, wait_ns = f.read().split()[:2]
+        return (int(run_ns) + int(wait_ns)) / 1e9
+    except (OSError, ValueError):
+        return time.thread_time()
+
+
+class Backlog:
+    """How far behind the server runs, as admission reads it (the event loop's thread only): the
+    streams opened within HELLO_GRACE_S whose Hello is not read yet (in a connect storm they wait in
+    gRPC for the loop), those whose Hello was read and not answered (no first Ack), each oldest first,
+    how long the latest answered ones waited from their open, and the loop's business. A stream that
+    says nothing counts only for HELLO_GRACE_S: a client that opens streams and stays silent cannot
+    hold admission shut for the Hello timeout (it has to open MAX_OPENING_STREAMS every grace)."""
+
+    def __init__(self) -> None:
+        self._unheard: OrderedDict[AgentStream, None] = OrderedDict()
+        self._opening: dict[AgentStream, None] = {}
+        self._first_acks: deque[tuple[float, float]] = deque(maxlen=256)  # (answered at, waited)
+        # The share of the last ticks the loop's thread was on a CPU or waiting for one (an average over
+        # ~2 ticks): near 1, it has no time left for what a new stream brings.
+        self.busy = 0.0
+        self._demand = _thread_demand_s()
+        self._tick_at: float | None = None
+
+    def opened(self, conn: AgentStream) -> None:
+        self._unheard[conn] = None
+
+    def heard(self, conn: AgentStream) -> None:
+        """Its Hello was read: it waits for its first Ack."""
+        self._unheard.pop(conn, None)
+        self._opening[conn] = None
+
+    def answered(self, conn: AgentStream, now: float) -> None:
+        if self._opening.pop(conn, 0) is None:  # its first Ack: how long it waited
+            self._first_acks.append((now, now - conn.opened_at))
+
+    def closed(self, conn: AgentStream) -> None:
+        self._unheard.pop(conn, None)
+        self._opening.pop(conn, None)
+
+    def tick(self, now: float) -> None:
+        """Called on the loop's thread every liveness tick: how busy the loop was since the last."""
+        demand = _thread_demand_s()
+        if self._tick_at is not None:
+            busy = min(1.0, (demand - self._demand) / max(1e-6, now - self._tick_at))
+            self.busy = (self.busy + busy) / 2
+        self._demand, self._tick_at = demand, now
+
+    def opening(self, now: float | None = None) -> int:
+        """Streams opened and not answered: Hello read and no Ack yet, or no Hello yet within its grace."""
+        if now is not None:
+            while self._unheard:
+                first = next(iter(self._unheard))
+                if first.opened_at >= now - HELLO_GRACE_S:
+                    break
+                self._unheard.popitem(last=False)  # silent past its grace: no longer counted
+        return len(self._unheard) + len(self._opening)
+
+    def first_ack_wait(self, now: float) -> float:
+        """How long streams wait for their first Ack now: the longest of the one waiting longest (its
+        Hello read) and the median of those answered within the last FIRST_ACK_WINDOW_S."""
+        oldest = next(iter(self._opening), None)
+        waiting = now - oldest.opened_at if oldest is not None else 0.0
+        recent = sorted(w for t, w in self._first_acks if now - t <= FIRST_ACK_WINDOW_S)
+        return max(waiting, recent[len(recent) // 2] if recent else 0.0)
+
+    def now(self, now: float) -> tuple[int, float, float]:
+        """(opening streams, first-Ack wait, the loop's business): admit_stream's last three."""
+        return self.opening(now), self.first_ack_wait(now), self.busy
 
 
 def admit_stream(open_streams: int, loop_lag_s: float, limits: L.Limits, opening: int = 0,

@@ -27,9 +27,8 @@ import hashlib
 import logging
 import socket
 import threading
-import time
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -38,6 +37,7 @@ import grpc
 from perfd import limits as L
 from perfd.refusals import Refusals
 from perfd.transport.admission import (
+    Backlog,
     StreamRefused,
     admit_stream,
     authenticate,
@@ -63,10 +63,6 @@ from perfd.transport.stream import AgentStream
 
 log = logging.getLogger(__name__)
 
-# Admission reads the first Acks of this long ago (perfd.transport.admission.admit_stream), and counts a
-# stream that has not said Hello as waiting for this long after it opened.
-FIRST_ACK_WINDOW_S = 10.0
-HELLO_GRACE_S = 2.0
 # The receiver says what it kept of a batch (None: all of it) and which jobs of a Hello it admitted
 # (None: all): the journal stores only those.
 OnBatch = Callable[[str, DecodedBatch], Kept | None]
@@ -75,17 +71,6 @@ OnStreamEnd = Callable[[str], None]  # the agent whose live stream ended (it may
 # (agent id, series id, definition) -> whether the series is held (the aggregator's caps). A refused
 # definition is kept nowhere: its samples are dropped as samples of an undefined id.
 SeriesAdmission = Callable[[str, int, Series], bool]
-
-
-def _thread_demand_s() -> float:
-    """Seconds the calling thread has run or waited to run (Linux schedstat: on a CPU, then in the run
-    queue), so that a loop with no time left reads busy on a crowded host too; elsewhere its CPU time."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            run_ns, wait_ns = f.read().split()[:2]
-        return (int(run_ns) + int(wait_ns)) / 1e9
-    except (OSError, ValueError):
-        return time.thread_time()
 
 
 def probe_bind(host: str, port: int) -> None:
@@ -173,19 +158,10 @@ class IngestServer:
         self._tables: OrderedDict[str, tuple[bytes, dict[int, Series]]] = OrderedDict()
         self._open = 0
         self._conns: set[AgentStream] = set()  # open streams, for the one liveness task
-        # How far behind admission runs: the streams opened within HELLO_GRACE_S whose Hello is not read
-        # yet (an agent writes it at once: in a connect storm they wait in gRPC for the loop), those
-        # whose Hello was read and not answered (no first Ack), each oldest first, and when the latest
-        # answered ones were and how long each waited from its open. A stream that says nothing counts
-        # only for HELLO_GRACE_S: a client that opens streams and stays silent cannot hold admission
-        # shut for the Hello timeout (it has to open MAX_OPENING_STREAMS streams every grace).
-        self._unheard: OrderedDict[AgentStream, None] = OrderedDict()
-        self._opening: dict[AgentStream, None] = {}
-        self._first_acks: deque[tuple[float, float]] = deque(maxlen=256)
+        self.backlog = Backlog()  # how far behind admission runs (perfd.transport.admission)
         self._liveness_task: asyncio.Task[None] | None = None
         # How late the liveness task woke at its last tick: how far behind the event loop runs.
         self.loop_lag_s = 0.0
-        self.loop_busy: float | None = None  # the event loop thread's share of time on a CPU, lately
         self._agent_losses: dict[str, tuple[int, int]] = {}
         # What other threads (the HTTP server's) read of the tables above: never the tables
         # themselves, which the event loop changes while they iterate ("dictionary changed size
@@ -325,25 +301,6 @@ class IngestServer:
         conn.wake.set()
         return True
 
-    def _opening_count(self, loop: asyncio.AbstractEventLoop) -> int:
-        """Streams opened and not answered: Hello read and no Ack yet, or no Hello yet within its grace."""
-        since = loop.time() - HELLO_GRACE_S
-        while self._unheard:
-            first = next(iter(self._unheard))
-            if first.opened_at >= since:
-                break
-            self._unheard.popitem(last=False)  # silent past its grace: no longer counted
-        return len(self._unheard) + len(self._opening)
-
-    def _first_ack_wait(self, loop: asyncio.AbstractEventLoop) -> float:
-        """How long streams wait for their first Ack now: the longest of the one waiting longest
-        (its Hello read) and the median of those answered within the last FIRST_ACK_WINDOW_S."""
-        now = loop.time()
-        oldest = next(iter(self._opening), None)
-        waiting = now - oldest.opened_at if oldest is not None else 0.0
-        recent = sorted(w for t, w in self._first_acks if now - t <= FIRST_ACK_WINDOW_S)
-        return max(waiting, recent[len(recent) // 2] if recent else 0.0)
-
     def _live(self, conn: AgentStream, now: float) -> bool:
         return not conn.closed and now - conn.last_msg_at <= self.limits.agent_silence_s
 
@@ -373,8 +330,7 @@ class IngestServer:
         loop = asyncio.get_running_loop()
         try:
             identity, token_gen = authenticate(context, self.token)  # and the token's generation
-            admit_stream(self._open, self.loop_lag_s, self.limits, self._opening_count(loop),
-                         self._first_ack_wait(loop), self.loop_busy or 0.0)
+            admit_stream(self._open, self.loop_lag_s, self.limits, *self.backlog.now(loop.time()))
         except StreamRefused as exc:
             self.refusals.refuse(exc.reason, str(exc))
             if exc.code == grpc.StatusCode.UNAUTHENTICATED:
@@ -388,7 +344,7 @@ class IngestServer:
             await context.abort(exc.code, str(exc), exc.trailing_metadata())
             return
         conn = AgentStream(str(context.peer()), identity, loop.time(), token_gen)
-        self._unheard[conn] = None
+        self.backlog.opened(conn)
         self._open += 1
         self.streams_opened += 1
         reader = asyncio.create_task(self._read(request_iterator, conn))
@@ -423,9 +379,7 @@ class IngestServer:
                             break
                     conn.last_ack_at = loop.time()
                     conn.ack_sent = max(conn.ack_sent, conn.ack_due)
-                    if self._opening.pop(conn, 0) is None:  # its first Ack: how long it waited
-                        now = loop.time()
-                        self._first_acks.append((now, now - conn.opened_at))
+                    self.backlog.answered(conn, loop.time())
                     conn.ack_forced = False
                     self.acks_sent += 1
                     yield pb.AggregatorMessage(ack=pb.Ack(acked_seq=max(conn.ack_sent, 0)))
@@ -435,8 +389,7 @@ class IngestServer:
             if conn.ack_timer is not None:
                 conn.ack_timer.cancel()
             self._open -= 1
-            self._unheard.pop(conn, None)
-            self._opening.pop(conn, None)
+            self.backlog.closed(conn)
             self._conns.discard(conn)
             reader.cancel()
             if conn.agent_id is not None and self._streams.get(conn.agent_id) is conn:
@@ -458,18 +411,12 @@ class IngestServer:
         """Every open stream's liveness, checked at least every tick (one task for all)."""
         loop = asyncio.get_running_loop()
         tick = max(0.05, min(1.0, self.limits.agent_silence_s / 4, self.limits.hello_timeout_s / 4))
-        cpu_before = _thread_demand_s()  # this task runs on the loop's thread: the loop's demand
         while True:
             before = loop.time()
             await asyncio.sleep(tick)
             now = loop.time()
             self.loop_lag_s = max(0.0, now - before - tick)
-            cpu = _thread_demand_s()
-            # The share of the last ticks the loop's thread was on a CPU or waiting for one (an
-            # average over ~2 ticks): near 1, it has no time left for what a new stream brings.
-            busy = min(1.0, (cpu - cpu_before) / max(1e-6, now - before))
-            self.loop_busy = busy if self.loop_busy is None else (self.loop_busy + busy) / 2
-            cpu_before = cpu
+            self.backlog.tick(now)  # this task runs on the loop's thread: the loop's business
             gen = self.token.current()[1] if self.token is not None else None  # one stat a tick
             for conn in list(self._conns):
                 check_liveness(conn, now, self.limits, self.refusals)
@@ -585,8 +532,7 @@ class IngestServer:
         while len(self._tables) > self.limits.max_streams:
             self._tables.popitem(last=False)
         conn.agent_id, conn.epoch = info.agent_id, info.spool_epoch
-        self._unheard.pop(conn, None)
-        self._opening[conn] = None  # until its first Ack
+        self.backlog.heard(conn)
         if self.journal is not None and (self.journal.lost(info.agent_id)
                                          or not self.seq_state.known(info.agent_id)):
             # its older stream had lost writes, or it was forgotten (forget_agent): start from disk
@@ -695,8 +641,8 @@ class IngestServer:
             "commands_undeliverable": self.commands_undeliverable,
             "acks_sent": self.acks_sent,
             "loop_lag_ms": round(self.loop_lag_s * 1000),
-            "streams_opening": len(self._opening),
-            "loop_busy_pct": round(100 * (self.loop_busy or 0.0)),
+            "streams_opening": self.backlog.opening(),
+            "loop_busy_pct": round(100 * self.backlog.busy),
             "store_failures": self.store_failures,
             # What the agents report their spools dropped (latest figure per agent, summed).
             "agent_dropped_batches": dropped_batches,

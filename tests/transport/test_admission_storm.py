@@ -56,9 +56,9 @@ def _serve_busy(pipe: Connection) -> None:
             if cmd == "busy":
                 busy["on"] = True
                 work()
-                while (srv.loop_busy or 0.0) < srv.limits.max_loop_busy:
+                while srv.backlog.busy < srv.limits.max_loop_busy:
                     await asyncio.sleep(0.05)
-                pipe.send(srv.loop_busy)
+                pipe.send(srv.backlog.busy)
             elif cmd == "idle":
                 busy["on"] = False
                 pipe.send(srv.loop_lag_s)
