@@ -297,7 +297,9 @@ class Guard:
                 out.append(i)
         for job, n in refused.items():
             self.refusals.refuse(L.REFUSED_NOT_HOST, f"{n} event(s) about job {job[:64]} from agent "
-                                 f"{agent[:64]}, which does not host it", n, agent=agent)
+                                 f"{agent[:64]}, which does not host it (a node's agent speaks for the "
+                                 "jobs of its node: give it and the job's agents the same --node)", n,
+                                 agent=agent)
         return out
 
     def _speaks_for(self, agent: str, job: str, gpu_node: str | None) -> bool | None:
