@@ -105,3 +105,36 @@ def _aggregator() -> Aggregator:
 
 
 _AGG = _aggregator()
+
+
+def test_what_the_producers_send_is_of_its_declared_type() -> None:
+    """The contract from the other side: a real ranks collector following two real processes (one
+    gone before the last reading) sends rank_processes events the edge takes whole."""
+    import os
+    import subprocess
+    import sys
+
+    from collectors.ranks import RanksCollector
+
+    if not sys.platform.startswith("linux"):
+        return
+    busy = subprocess.Popen([sys.executable, "-c", "while True: sum(range(10000))"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+    try:
+        c = RanksCollector({"job": "j", "event_every_s": 0})
+        c.note(busy.pid, 0, "hook", uid=os.getuid())
+        c.note(idle.pid, 1, "gpu")
+        evs = []
+        for k in range(3):
+            if k == 2:
+                idle.kill()
+                idle.wait()
+            time.sleep(0.3)
+            evs += [e for e in c.collect(time.time()).events if e["kind"] == events.RANK_PROCESSES.name]
+    finally:
+        busy.kill()
+        busy.wait()
+    assert len(evs) == 3
+    for ev in evs:
+        got, problems = events.checked(ev)
+        assert problems == [] and got is not None and len(got["payload"]["ranks"]) == 2
