@@ -274,9 +274,11 @@ class AgentClient:
                 delay = self.backoff_initial_s  # the aggregator answered: start the backoff over
             hint, self.retry_after_s = self.retry_after_s, None
             if hint is not None:
-                # The aggregator refused the stream and said when to come back (it is saturated): at
-                # least that long, with a jitter of 0.5-1.5 so the refused do not return together.
-                await asyncio.sleep(max(delay, hint) * (0.5 + random.random()))
+                # The aggregator refused the stream and said when to come back (it is saturated): that
+                # long, with a jitter of 0.5-1.5 so the refused do not return together. It paces the
+                # refused by how long its overload has lasted; the agent's own backoff would only add.
+                await asyncio.sleep(hint * (0.5 + random.random()))
+                continue
             else:
                 # Jitter (a uniform draw in [delay/2, delay]) keeps a thousand agents that lost the
                 # same aggregator from reconnecting in lockstep.
