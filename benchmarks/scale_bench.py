@@ -43,6 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from perfd import limits as L  # noqa: E402
 from perfd.agent.config import AgentConfig  # noqa: E402
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner  # noqa: E402
 from perfd.aggregator.runtime import tune_gc  # noqa: E402
@@ -67,6 +68,8 @@ def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any, sa
         ids = [[c.series_id(f"perfd_gpu_metric_{k}", {"gpu": str(g), "node": f"node-{first + j:05d}"})
                 for g in range(GPUS) for k in range(SERIES_PER_GPU)] for j, c in enumerate(clients)]
         tasks = [asyncio.create_task(c.run()) for c in clients]
+        t_connect = time.perf_counter()
+        connected_after: list[float | None] = [None] * len(clients)  # s from start to the first Ack
         it = 0
         t_cpu = time.process_time()
         t_wall = time.perf_counter()
@@ -75,6 +78,8 @@ def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any, sa
             it += 1
             now_ns = time.time_ns()
             for j, c in enumerate(clients):
+                if connected_after[j] is None and c.connected:
+                    connected_after[j] = tick - t_connect
                 if c.spool.pending_count() > c.window:
                     continue  # the aggregator is behind: what a real agent's spool holds back
                 # What a real agent forwards (perfd.agent.reduce): each series' newest value every
@@ -94,7 +99,7 @@ def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any, sa
                     continue  # nothing new on this node this second: a real agent sends nothing
                 c.submit(steps=steps, columns=(ids[j] if vals else [], [now_ns] * len(vals), vals))
             await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - tick)))
-        cpu.put((time.process_time() - t_cpu) / max(1e-9, time.perf_counter() - t_wall))
+        cpu.put(((time.process_time() - t_cpu) / max(1e-9, time.perf_counter() - t_wall), connected_after))
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -154,7 +159,10 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
 
     agg = subprocess.Popen([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", str(grpc_port),
                             "--http-port", str(http_port), "--gpu", "NVIDIA H100 80GB HBM3",
-                            "--event-loop", event_loop],
+                            "--event-loop", event_loop,
+                            # every simulated agent comes from this one address: one identity
+                            "--max-series-per-identity", str(max(L.MAX_SERIES_PER_IDENTITY,
+                                                                 2 * agents * GPUS * SERIES_PER_GPU))],
                            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{http_port}"
     ctx = mp.get_context("spawn")
@@ -239,7 +247,12 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
                 loads.append(cpu.get(timeout=30))
             except Exception:
                 break
-        res["load_cpu_cores"] = sum(loads) if loads else None
+        res["load_cpu_cores"] = sum(x[0] for x in loads) if loads else None
+        # The connect storm: every agent starts at once; when each first counted as connected (1 s ticks).
+        after = sorted(t for x in loads for t in x[1] if t is not None)
+        res["connect_p50_s"] = round(after[len(after) // 2], 1) if after else None
+        res["connect_p99_s"] = round(after[min(len(after) - 1, int(0.99 * len(after)))], 1) if after else None
+        res["never_connected"] = sum(1 for x in loads for t in x[1] if t is None)
         res["machine"] = f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}"
         ok = True
         return res

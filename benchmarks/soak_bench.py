@@ -124,21 +124,40 @@ class Load:
     restarting: list[tuple[float, float]] = field(default_factory=list)  # (from, to), monotonic
 
 
-async def agent(k: int, n_jobs: int, steps: int, agg: Aggregator, load: Load, gate: asyncio.Event) -> None:
+@dataclass(frozen=True)
+class Shape:
+    """What each job is: its step records, and in a churn (--churn) its own agent id (a job's sidecar),
+    the host series it sends, and when it starts (paced: ``every_s`` between two jobs of all agents)."""
+
+    steps: int
+    sidecar: bool = False
+    series: int = 0
+    every_s: float = 0.0
+
+
+async def agent(k: int, n_jobs: int, shape: Shape, agg: Aggregator, load: Load, gate: asyncio.Event,
+                agents: int = 1) -> None:
     """One node: its jobs one after another, each a new stream (a Hello naming it)."""
-    from perfd.model import StepRecord
+    from perfd.model import Sample, StepRecord
     from perfd.transport import AgentClient
 
+    steps = shape.steps
+    t_start = time.monotonic()
     for n in range(n_jobs):
         await gate.wait()  # closed while the aggregator restarts: a node's next job waits for it
+        if shape.every_s:  # paced: job n of agent k starts at its slot among all agents' jobs
+            await asyncio.sleep(max(0.0, t_start + (n * agents + k) * shape.every_s - time.monotonic()))
         job = f"job-{k:03d}-{n:04d}"
         now = time.time()
-        c = AgentClient(f"127.0.0.1:{agg.grpc_port}", f"node-{k:03d}", jobs=[job], backoff_initial_s=0.2,
+        agent_id = f"node-{k:03d}/{job}" if shape.sidecar else f"node-{k:03d}"
+        c = AgentClient(f"127.0.0.1:{agg.grpc_port}", agent_id, jobs=[job], backoff_initial_s=0.2,
                         backoff_max_s=2.0)
         recs = [StepRecord(job=job, iteration=i, rank="last", end_time=now - (steps - i) * 0.05,
                            step_time_ms=50.0, lm_loss=5.0) for i in range(1, steps + 1)]
-        c.submit(steps=recs, job_info_json={job: json.dumps({"framework": "megatron",
-                                                             "arguments": {"num_layers": "2"}})},
+        samples = [Sample(f"perfd_host_soak_{s}", float(s), now, {"node": f"node-{k:03d}"})
+                   for s in range(shape.series)]
+        c.submit(samples, steps=recs, job_info_json={job: json.dumps({"framework": "megatron",
+                                                                      "arguments": {"num_layers": "2"}})},
                  events=[{"kind": "validation", "severity": "info", "job": job, "time": now,
                           "text": f"{job} soak event", "payload": {"n": n}}])
         task = asyncio.create_task(c.run())
@@ -166,7 +185,12 @@ def sample(agg: Aggregator, state: Path, load: Load) -> dict[str, Any]:
     assert agg.proc is not None
     st = stats(agg.http_port)
     t = st["transport"]
+    proc = st.get("process") or {}
     return {"t": time.time(), "jobs_done": load.jobs_done, "rss_bytes": rss_bytes(agg.proc.pid),
+            "malloc_in_use_bytes": proc.get("malloc_in_use_bytes"),
+            "malloc_free_bytes": proc.get("malloc_free_bytes"), "python_blocks": proc.get("python_blocks"),
+            "agents_seen": len(st.get("agents_seen") or {}), "memory_trims": t.get("memory_trims"),
+            "agents_forgotten": t.get("agents_forgotten"),
             "state_dir_bytes": dir_bytes(state), "state_held_bytes": t.get("state_store_held_bytes"),
             "journal_batches": t.get("state_store_journal_batches"), "hellos": t.get("state_store_hellos"),
             "jobs_held": t.get("jobs_held"), "jobs_pruned": t.get("jobs_pruned"),
@@ -192,8 +216,37 @@ def quarters(samples: list[dict[str, Any]], load: Load, total: int) -> list[dict
                     "jobs_waiting_on_a_restart": sum(1 for n in load.during_restart if lo < n <= hi),
                     "state_dir_mb": _mb(med("state_dir_bytes")),
                     "state_held_mb": _mb(med("state_held_bytes")), "jobs_held": med("jobs_held"),
-                    "hellos_kept": med("hellos"), "admit_p50_ms": p50, "admit_p99_ms": p99})
+                    "hellos_kept": med("hellos"), "admit_p50_ms": p50, "admit_p99_ms": p99,
+                    "malloc_in_use_mb": _mb(med("malloc_in_use_bytes")),
+                    "malloc_free_mb": _mb(med("malloc_free_bytes")), "python_blocks": med("python_blocks"),
+                    "agents_seen": med("agents_seen")})
     return out
+
+
+def held_trend(samples: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """RSS once the jobs held have reached their plateau (95% of the most held): its least-squares slope
+    (MB per minute), its range around its median (%), and the malloc figures' slopes alike."""
+    most = max((s["jobs_held"] or 0 for s in samples), default=0)
+    ss = [s for s in samples if most and (s["jobs_held"] or 0) >= 0.95 * most]
+    ss = ss[next((i for i, s in enumerate(ss) if s["jobs_held"] >= 0.95 * most), 0):]
+    if len(ss) < 3 or ss[-1]["t"] - ss[0]["t"] < 60:
+        return None
+
+    def slope(key: str) -> float | None:
+        pts = [(s["t"], s[key]) for s in ss if isinstance(s.get(key), int | float)]
+        if len(pts) < 3:
+            return None
+        mt, mv = statistics.fmean(p[0] for p in pts), statistics.fmean(p[1] for p in pts)
+        den = sum((t - mt) ** 2 for t, _ in pts)
+        return round(sum((t - mt) * (v - mv) for t, v in pts) / den * 60 / 1e6, 2) if den else None
+
+    rss = [s["rss_bytes"] for s in ss]
+    med = statistics.median(rss)
+    return {"from_jobs_done": ss[0]["jobs_done"], "minutes": round((ss[-1]["t"] - ss[0]["t"]) / 60, 1),
+            "rss_mb_median": _mb(med), "rss_range_pct": [round(100 * (min(rss) / med - 1), 1),
+                                                          round(100 * (max(rss) / med - 1), 1)],
+            "rss_mb_per_min": slope("rss_bytes"), "malloc_in_use_mb_per_min": slope("malloc_in_use_bytes"),
+            "malloc_free_mb_per_min": slope("malloc_free_bytes")}
 
 
 def _mb(v: float | None) -> float | None:
@@ -217,7 +270,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--aggregator-arg", action="append", default=[], metavar="ARG",
                     help="extra aggregator argument (repeatable), e.g. --aggregator-arg=--state-max-mib=64")
+    ap.add_argument("--churn", action="store_true",
+                    help="issue 54's churn instead: the default job and agent retention (the held jobs reach "
+                    "the quota of one identity, then each new job prunes the one that ended first), each "
+                    "job from an agent id of its own (a job's sidecar) sending --series host series, "
+                    "--jobs-per-s of them; with --minutes, --jobs is what fits in them")
+    ap.add_argument("--jobs-per-s", type=float, default=3.0,
+                    help="--churn: jobs started per second, all agents together (default: %(default)s)")
+    ap.add_argument("--minutes", type=float,
+                    help="--churn: run this long (--jobs = minutes x 60 x --jobs-per-s)")
+    ap.add_argument("--node-agents", action="store_true",
+                    help="--churn: each job from its node's agent id (the same ids all along), not its own")
+    ap.add_argument("--series", type=int, default=25,
+                    help="--churn: host series each job's agent sends (default: %(default)s)")
     a = ap.parse_args(argv)
+    if a.churn and a.minutes:
+        a.jobs = max(a.agents, round(a.minutes * 60 * a.jobs_per_s))
+    if a.churn and a.jobs_per_s <= 0:
+        ap.error("--jobs-per-s must be > 0")
     if a.jobs < 1 or a.agents < 1 or a.steps < 1 or a.restarts < 0 or a.agents > a.jobs:
         ap.error("--jobs, --agents and --steps must be positive, --agents at most --jobs, --restarts >= 0")
     # A restart ends every stream: each agent says so once per reconnect, which is not news here.
@@ -225,9 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="perfd-soak-"))
     out.mkdir(parents=True, exist_ok=True)
     state = out / "state"
+    short = [] if a.churn else ["--job-retention", "5", "--agent-retention", "10"]
     agg = Aggregator(out, ["--no-rules", "--rules-interval", "0.5", "--state-dir", str(state),
-                           "--job-stale-after", "1", "--job-retention", "5", "--agent-retention", "10",
-                           *a.aggregator_arg])
+                           "--job-stale-after", "1", *short, *a.aggregator_arg])
+    shape = (Shape(a.steps, sidecar=not a.node_agents, series=a.series, every_s=1.0 / a.jobs_per_s) if a.churn
+             else Shape(a.steps))
     agg.start()
     load, samples = Load(), []
     per_agent = [a.jobs // a.agents + (1 if k < a.jobs % a.agents else 0) for k in range(a.agents)]
@@ -237,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> None:
         gate = asyncio.Event()
         gate.set()
-        agents = [asyncio.create_task(agent(k, per_agent[k], a.steps, agg, load, gate))
+        # One before any job: the first quarter has a sample however fast its jobs go.
+        samples.append(await asyncio.to_thread(sample, agg, state, load))
+        agents = [asyncio.create_task(agent(k, per_agent[k], shape, agg, load, gate, a.agents))
                   for k in range(a.agents)]
         next_sample = 0.0
         while not all(t.done() for t in agents):
@@ -270,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"jobs": a.jobs, "agents": a.agents, "steps_per_job": a.steps, "seconds": round(took, 1),
               "jobs_per_s": round(a.jobs / took, 1), "jobs_not_acknowledged": load.failed,
               "refused_at_the_end": refused, "quarters": qs, "restarts": agg.restarts, "flat": flat,
-              "final": samples[-1], "out": str(out)}
+              "final": samples[-1], "out": str(out), "held_trend": held_trend(samples)}
+    (out / "samples.json").write_text(json.dumps(samples))
     if a.json:
         print(json.dumps(result, indent=1))
     else:
@@ -286,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"restart ({r['how']}): stopped in {r['stop_s']} s, listening again in "
                   f"{r['listening_again_s']} s, replayed {r['replayed']}")
         print(f"flat (last quarter within {a.flat_ratio}x of the first): {flat}")
+        print(f"once the held jobs plateaued: {result['held_trend']}")
     return 0 if load.failed == 0 and not any(k.startswith(("jobs_cap", "jobs_quota")) for k in refused) else 1
 
 

@@ -508,7 +508,8 @@ CATALOG: tuple[MetricDef, ...] = (
        _AGGREGATOR, ()),
     _m("perfd_aggregator_event_loop_lag_seconds", "gauge", "seconds",
        "How late the aggregator's event loop ran at its last one-second tick; new agent streams are "
-       "refused (reason overloaded) while it exceeds perfd.limits.MAX_LOOP_LAG_S", _AGGREGATOR, ()),
+       "refused (reason overloaded) while it exceeds perfd.limits.MAX_LOOP_LAG_S, or while the loop is "
+       "saturated otherwise (perfd.transport.admission.admit_stream)", _AGGREGATOR, ()),
     _m("perfd_aggregator_gc_seconds_total", "counter", "seconds",
        "Time the aggregator process spent in Python's garbage collector (its event loop stalled "
        "meanwhile); perfd.aggregator.runtime", _AGGREGATOR, ()),

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from perfd import __version__
 from perfd import limits as L
+from perfd.logline import OneLineFormatter
 
 
 def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -153,10 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    stream = logging.StreamHandler()  # one line per record, whatever a client put in it (perfd.logline)
+    stream.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), handlers=[stream])
     try:
         if args.command == "analyze":
             from perfd.commands.analyze import run_analyze

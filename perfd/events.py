@@ -9,14 +9,19 @@ counted by the caller), never half-read.
 
 Two sorts of kind: *history* events go into the aggregator's bounded event log (a rule firing, an
 XID); *state* events replace the previous value for their key (the latest process list of a GPU)
-and never enter the log. Pure data: imports nothing of perfd but plain types.
+and never enter the log. Each payload a consumer reads has its type declared here (a TypedDict;
+``Required`` marks what must be there): :func:`checked` turns an event that arrives into a value of
+that type, or says why not, where events enter the aggregator. Pure data: imports nothing of perfd
+but plain types and the checker of them (perfd.typed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, Required, TypedDict
+
+from perfd.typed import fit, fit_entries
 
 Severity = Literal["info", "warning", "critical"]
 
@@ -24,8 +29,9 @@ Severity = Literal["info", "warning", "critical"]
 class GpuProcess(TypedDict, total=False):
     """One process on a GPU (collectors/nvml processes): RANK etc. come from its environment."""
 
-    pid: int
+    pid: Required[int]
     name: str | None
+    user: str | None
     cmdline: str | None
     used_memory_bytes: int | None
     rank: int | None
@@ -56,8 +62,8 @@ class RankHost(TypedDict, total=False):
     """One rank process as the agent sees it on its node (collectors/ranks): what the aggregator's
     host evidence, live stall detector and host panel read. Absent keys: the platform does not say."""
 
-    rank: int
-    pid: int
+    rank: Required[int]
+    pid: Required[int]
     source: str  # how the agent knows it: launch (manifest descendants), gpu (NVML process list), hook
     state: str  # one of PROCESS_STATES
     state_since: float  # epoch s the agent first saw it in this state
@@ -81,6 +87,59 @@ class RankHost(TypedDict, total=False):
     oom_kills: int  # the cgroup's oom_kill counter
     oom_kills_since_follow: int  # ... since the agent began following the rank
     major_faults_per_second: float
+
+
+class LaunchExit(TypedDict, total=False):
+    """How a job's ``perfd launch`` ended, from its manifest (collectors/ranks)."""
+
+    status: str
+    exit_code: int
+    ended: float
+
+
+class RankProcesses(TypedDict, total=False):
+    """The payload of a ``rank_processes`` event: one job's rank processes on one node."""
+
+    job: Required[str]
+    ranks: Required[list[RankHost]]
+    interval_s: float
+    node: dict[str, float]  # node-wide values read beside the ranks (swap_in_bytes_per_second)
+    launch: LaunchExit  # once the job's launch manifest says the launch exited
+
+
+Phase = Literal["checkpoint", "evaluation"]
+PHASES: tuple[Phase, ...] = ("checkpoint", "evaluation")
+
+
+class JobPhase(TypedDict, total=False):
+    """The payload of a ``job_phase`` event: a pause the job announces (perfd.hook, the Megatron log)."""
+
+    job: str | None  # the event's job when absent
+    phase: Required[Phase]
+    state: Required[Literal["begin", "end"]]
+    iteration: int | None  # the step it began after (the hook), or the log's iteration
+    rank: int | None  # the announcing rank (the hook); None: the job's log
+    pid: int | None
+    at: float | None
+    source: str | None
+
+
+class RankStack(TypedDict, total=False):
+    """One rank's answer to a stacks request (perfd/agent/stacks.py)."""
+
+    pid: int | None
+    stack: str
+    error: str
+
+
+class RankStacks(TypedDict, total=False):
+    """The payload of a ``rank_stacks`` event: a stacks request's answer from one agent."""
+
+    job: str | None  # the event's job when absent
+    command_id: str
+    ranks: Required[dict[str, RankStack]]
+    note: str | None
+    py_spy: str | None
 
 
 @dataclass(frozen=True)
@@ -160,17 +219,17 @@ RANK_PROCESSES = _k("rank_processes", "mapping", True, "collectors/ranks",
                     "The host state of one job's rank processes on a node (payload job, ranks: "
                     "RankHost, node; launch: {status, exit_code, ended} once its launch manifest says the "
                     "launch exited)",
-                    RankHost)
+                    RankProcesses)
 JOB_PHASE = _k("job_phase", "mapping", True,
                "collectors/megatron (save and evaluation lines), collectors/hook (StepHook.phase)",
                ("perfd/aggregator/hosts.py: no live stall while a checkpoint save or an evaluation runs",),
                "A checkpoint save or an evaluation began or ended (payload job, phase, state, iteration, "
-               "rank)")
+               "rank)", JobPhase)
 RANK_STACKS = _k("rank_stacks", "mapping", True, "perfd/agent/stacks.py (py-spy dump)",
                  ("perfd/aggregator/hosts.py: the Python stacks of a stalled job's ranks, kept with the "
                   "stall",),
                  "Python stacks of a job's rank processes, taken when the aggregator asked (payload job, "
-                 "command_id, ranks: rank -> pid, stack or error)")
+                 "command_id, ranks: rank -> pid, stack or error)", RankStacks)
 
 KINDS: dict[str, EventKind] = {k.name: k for k in (
     GPU_PROCESSES, GPU_PODS, SERVING_DATA, NCCL_HANG, HOOK_PROFILE, GPU_LOST, XID, VALIDATION, LOG_GAP,
@@ -208,6 +267,31 @@ def cut(text: str, payload_json: str, cap: int) -> tuple[str, str, int]:
     if p > room:
         payload_json = f'{{"cut_bytes": {p}}}'
     return text, payload_json, t + p - len(text.encode()) - len(payload_json.encode())
+
+
+def checked(ev: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """``ev`` as its kind declares it, where events enter the aggregator: (the event — its payload
+    the declared type, the entries of a list that are not left out — or None when the event itself
+    is refused; one line per event or entry refused, which the caller counts and logs). A kind not
+    in the catalog, or one whose payload has no declared type, is only shown in the event log: it
+    passes as it is. Never raises on a value from the network."""
+    kind = KINDS.get(str(ev.get("kind", "")))
+    if kind is None or kind.payload in ("none", "any"):
+        return dict(ev), []
+    p = ev.get("payload")
+    if kind.payload == "list":
+        if not isinstance(p, list):
+            return None, [f"payload {type(p).__name__}, not a list"]
+        if kind.item is None:
+            return dict(ev), []
+        entries, problems = fit_entries(p, kind.item)
+        return {**ev, "payload": entries}, problems
+    if not isinstance(p, Mapping):
+        return None, [f"payload {type(p).__name__}, not a mapping"]
+    if kind.item is None:
+        return dict(ev), []
+    value, problems = fit(p, kind.item)
+    return (None if value is None else {**ev, "payload": value}), problems
 
 
 def payload_of(ev: Mapping[str, Any], kind: EventKind) -> Any:

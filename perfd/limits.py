@@ -60,6 +60,28 @@ AGENT_SILENCE_S = 20.0  # the aggregator drops a stream that sent nothing for th
 # ACK_TIMEOUT_S, and agents that time out reconnect, send their Hello again and add to the load (at
 # 2,000 agents connecting at once on 2 cores that storm fed itself: 4,400 streams opened in 2 min).
 MAX_LOOP_LAG_S = ACK_TIMEOUT_S / 4
+# ... and while the aggregator cannot answer the streams it took before their agents give up on them
+# (ACK_TIMEOUT_S): streams wait MAX_FIRST_ACK_WAIT_S for their first Ack, or more of them wait than it
+# answers in half that at the rate it answers now (at least MAX_OPENING_STREAMS: a Hello of 200 series
+# costs ~2.6 ms, 512 of them ~1.3 s of work). The event loop's lag alone never said no: 4,500 agents
+# connecting at once left it under 5 s late while Hellos queued, 1,259 connected, p50 34 s, 0
+# refusals (issue 54 item 8).
+MAX_FIRST_ACK_WAIT_S = ACK_TIMEOUT_S / 2
+MAX_OPENING_STREAMS = 512
+# ... or while the event loop's thread has been on a CPU, or waiting for one, this share of the time for
+# MAX_LOOP_BUSY_S on end. New streams queue inside gRPC until the loop takes them, where the server
+# cannot count them: a loop with no time left for as long as an agent waits for its first Ack is the
+# sign it has (a shorter burst is absorbed: 2,000 agents at once on 2 cores all connected within 18 s).
+# The refused are told to come back after as long as it has lasted (to 30 s), so that a lasting overload
+# is spread further out.
+MAX_LOOP_BUSY = 0.9
+MAX_LOOP_BUSY_S = MAX_FIRST_ACK_WAIT_S
+# A refused stream is told when to come back (gRPC trailing metadata RETRY_AFTER_KEY, milliseconds): the
+# agent waits that long at least, times a jitter of 0.5-1.5 (perfd.transport.client), so that the
+# refused spread out instead of coming back together.
+RETRY_AFTER_KEY = "perfd-retry-after-ms"
+MIN_RETRY_AFTER_S = 1.0
+MAX_RETRY_AFTER_S = 30.0
 LIVENESS_BUDGET_S = 30.0  # what docs/reliability.md promises
 
 # ---- aggregator state -----------------------------------------------------------------------------
@@ -79,7 +101,11 @@ JOB_RETENTION_S = 24 * 3600.0
 AGENT_RETENTION_S = 15 * 60.0
 RANK_RATIO_TOP_K = 8  # slowest ranks per job always on /metrics (perfd_job_slowest_rank_compute_times)
 MAX_SERIES = 1_000_000  # node series held, all agents together
-MAX_SERIES_PER_IDENTITY = 500_000  # ... of one identity (as MAX_JOBS_PER_IDENTITY)
+# ... of one identity (as MAX_JOBS_PER_IDENTITY; --max-series-per-identity): a tenth of the cap, two
+# agents' worth (a node's agents define a few hundred each). At 500,000 one client held ~940 MB of
+# series (issue 54 item 8). Many agents behind one address without credentials (a load generator,
+# NAT) need it raised; the shared bearer token names every agent alike and has no quota of its own.
+MAX_SERIES_PER_IDENTITY = 100_000
 MAX_LABELS_PER_SERIES = 16
 MAX_LABEL_VALUE_BYTES = 256
 MAX_JOB_NAME_BYTES = 256
@@ -194,7 +220,9 @@ REFUSED_NOT_HOST = "not_host"  # step records or job info from an agent not host
 REFUSED_STREAMS = "streams"  # MAX_STREAMS open
 REFUSED_HELLO_TIMEOUT = "hello_timeout"
 REFUSED_SILENT = "silent_stream"  # AGENT_SILENCE_S without a message
-REFUSED_OVERLOADED = "overloaded"  # a new stream while the event loop lags MAX_LOOP_LAG_S
+# A new stream while the aggregator is saturated: its event loop lags MAX_LOOP_LAG_S, or its opening
+# streams wait for their first Ack (MAX_OPENING_STREAMS, MAX_FIRST_ACK_WAIT_S).
+REFUSED_OVERLOADED = "overloaded"
 REFUSED_JOBS = "jobs_cap"
 REFUSED_JOBS_QUOTA = "jobs_quota"  # an agent or identity at its own share of the jobs cap
 REFUSED_SERIES = "series_cap"
@@ -222,6 +250,9 @@ REFUSED_STEP_AHEAD = "step_ahead"
 # A step record whose iteration is implausibly ahead (MAX_ITERATION_LEAP, the run's train-iters).
 REFUSED_ITERATION_AHEAD = "iteration_ahead"
 REFUSED_NOT_TARGET = "not_target"  # a capture's progress from an agent the capture was not sent to
+# An event, or an entry of its payload, that is not of the type its kind declares (perfd.events.checked):
+# refused where it enters the aggregator (live or replayed from the state store), never read further.
+REFUSED_MALFORMED_EVENT = "malformed_event"
 # What perfd.exporters.httpd counts (the agent's /metrics and the aggregator's HTTP alike): the
 # agent serves perfd_agent_http_refused_total for each from 0.
 REFUSED_HTTP_REASONS = (REFUSED_HTTP_BODY, REFUSED_HTTP_CONNECTIONS, REFUSED_HTTP_DEADLINE, REFUSED_HTTP_HEAD,
@@ -234,7 +265,7 @@ REFUSED_REASONS = (
     REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
     *REFUSED_HTTP_REASONS,
     REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE, REFUSED_STEP_AHEAD,
-    REFUSED_ITERATION_AHEAD, REFUSED_NOT_TARGET,
+    REFUSED_ITERATION_AHEAD, REFUSED_NOT_TARGET, REFUSED_MALFORMED_EVENT,
 )
 
 
@@ -260,3 +291,7 @@ class Limits:
     agent_silence_s: float = AGENT_SILENCE_S
     hello_timeout_s: float = HELLO_TIMEOUT_S
     max_loop_lag_s: float = MAX_LOOP_LAG_S
+    max_opening_streams: int = MAX_OPENING_STREAMS
+    max_loop_busy: float = MAX_LOOP_BUSY
+    max_loop_busy_s: float = MAX_LOOP_BUSY_S
+    max_first_ack_wait_s: float = MAX_FIRST_ACK_WAIT_S

@@ -55,6 +55,9 @@ class Journal:
         for name in SAMPLE_FIELDS:
             out.ClearField(name)
         if kept is not None:
+            for i, payload_json in (kept.payloads or {}).items():
+                if 0 <= i < len(out.events):
+                    out.events[i].payload_json = payload_json
             _keep(out.steps, kept.steps)
             _keep(out.events, kept.events)
             _keep(out.collectives, kept.collectives)
@@ -122,11 +125,11 @@ def restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
 
 def _restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
     counts = {"hellos": 0, "batches": 0, "job_infos": 0, "unreadable": 0}
-    agg.state.replaying = True
+    agg.state.replaying = agg.guard.replaying = True
     try:
         _replay(agg, store, counts)
     finally:
-        agg.state.replaying = False
+        agg.state.replaying = agg.guard.replaying = False
     for job, agent, text in store.job_infos():  # the newest job info wins whatever was pruned
         agg.ingest_job_info_text(agent, job, text)
         counts["job_infos"] += 1

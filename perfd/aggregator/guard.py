@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
+from perfd import events as E
 from perfd import limits as L
 from perfd.limits import Limits
 from perfd.model import CollectiveRecord, LabelSet, StepRecord
@@ -60,6 +62,10 @@ class Guard:
         # agent -> the jobs whose processes run on the GPUs it reports (set by the aggregator:
         # perfd.aggregator.nodes.NodeView.jobs_on); such an agent may report events of those jobs.
         self.placed_jobs: Callable[[str], Collection[str]] = lambda agent: ()
+        # agent -> the node its live Hello names (set by the aggregator; None: no live Hello): a node
+        # agent of a job is on a node the job's hosts name.
+        self.node_of: Callable[[str], str | None] = lambda agent: None
+        self.replaying = False  # the state store's replay (perfd.aggregator.durable)
         self._lock = threading.Lock()  # the HTTP thread reads hosts (capture routing)
         self._hosts: dict[str, set[str]] = {}
         self._named: dict[str, set[str]] = {}  # job -> the hosts whose Hello names it (standing 2)
@@ -241,11 +247,33 @@ class Guard:
         ok = {job for job in {r.job for r in recs} if self.admit_job(job, agent)}
         return [r for r in recs if r.job in ok] if len(ok) < len({r.job for r in recs}) else list(recs)
 
+    def typed_events(self, agent: str, evs: Sequence[Mapping[str, Any]]
+                     ) -> list[tuple[int, dict[str, Any], bool]]:
+        """A batch's events as their kinds declare them (perfd.events.checked), before anything else
+        reads them: (index in the batch, the event, whether entries of its payload were left out). An
+        event, or an entry of its payload, that is not of its declared type is refused and counted
+        (``malformed_event``, one per event or entry) with what was wrong — never read further, so
+        never raised in a tick (issue 54 item 1)."""
+        out = []
+        for i, e in enumerate(evs):
+            ev, problems = E.checked(e)
+            if problems:
+                kind = str(e.get("kind", ""))[:64]
+                self.refusals.refuse(L.REFUSED_MALFORMED_EVENT, f"{len(problems)} of a {kind} event from "
+                                     f"agent {agent[:64]} ({'entries' if ev is not None else 'the event'}): "
+                                     f"{'; '.join(problems[:3])[:300]}", len(problems), agent=agent)
+            if ev is not None:
+                out.append((i, ev, bool(problems)))
+        return out
+
     def events(self, agent: str, events: Sequence[Mapping[str, object]]) -> list[int]:
-        """The indices of ``events`` the agent may send: an event about a job (its ``job``, and its
-        payload's, which must agree) only from an agent that hosts the job or runs it on its GPUs (a
-        node agent: ``placed_jobs``); the rest refused and counted (``not_host``, issue 43 item 5: a
-        stranger's phases, stopped ranks and stacks once went into another job's stall)."""
+        """The indices of ``events`` the agent may send. An event is about every job it names: its
+        ``job``, its payload's (which must agree), and each job the entries of a list payload declare
+        (the processes of a GPU: a job-less event is no exception, issue 54 item 2). It is taken only
+        when the agent may speak for each of them (:meth:`_speaks_for`); otherwise refused and counted
+        (``not_host``: issue 43 item 5, a stranger's phases, stopped ranks and stacks once went into
+        another job's stall; issue 54, a stranger made itself a node agent of the job by reporting
+        its rank on a GPU of its own)."""
         out: list[int] = []
         refused: dict[str, int] = {}
         for i, e in enumerate(events):
@@ -255,37 +283,52 @@ class Guard:
             if said is not None and str(said) != job:
                 refused[f"{str(said)[:64]!r} in the payload of an event of job {job[:64]!r}"] = 1
                 continue
-            if not job:
-                out.append(i)
-                continue
-            if self.job_allowed is not None and not self.job_allowed(agent, job):
-                self.refusals.refuse(L.REFUSED_POLICY, f"an event of job {job[:64]!r} from agent "
-                                     f"{agent[:64]}: not one the identity policy gives its certificate",
-                                     agent=agent)
-                continue
-            if self._hosts_events(agent, job):
-                out.append(i)
+            labels = e.get("labels")
+            gpu_node: str | None = None  # the GPU's node, for a process list
+            if e.get("kind") == E.GPU_PROCESSES.name:
+                gpu_node = str(labels.get("node") or agent) if isinstance(labels, Mapping) else agent
+            for about in _jobs_about(job, payload):
+                verdict = self._speaks_for(agent, about, gpu_node)
+                if verdict is not True:
+                    if verdict is False:  # None: refused by the identity policy, counted there
+                        refused[about] = refused.get(about, 0) + 1
+                    break
             else:
-                refused[job] = refused.get(job, 0) + 1
+                out.append(i)
         for job, n in refused.items():
             self.refusals.refuse(L.REFUSED_NOT_HOST, f"{n} event(s) about job {job[:64]} from agent "
-                                 f"{agent[:64]}, which does not host it", n, agent=agent)
+                                 f"{agent[:64]}, which does not host it (a node's agent speaks for the "
+                                 "jobs of its node: give it and the job's agents the same --node)", n,
+                                 agent=agent)
         return out
 
-    def _hosts_events(self, agent: str, job: str) -> bool:
-        """An agent may report events of a job it hosts (becoming the host of a job nobody hosts, as
-        for step records), or of a job whose processes run on its GPUs (a node agent's)."""
+    def _speaks_for(self, agent: str, job: str, gpu_node: str | None) -> bool | None:
+        """Whether ``agent`` may report events of ``job``: a host of it (becoming the host of a job
+        nobody hosts, as for step records), or the job's node agent. A node agent (the DaemonSet's,
+        no job of its own) is one whose Hello names a node a host of the job named in its own Hello;
+        the GPU processes it reports are of that node (``gpu_node``: their GPU's node label), and its
+        other events only of a job its GPUs run (``placed_jobs``). What the agent itself says about
+        its GPUs no longer makes it the node agent of whatever job it names (issue 54 item 2).
+        While the state store is replayed (no Hello is live: no node is known) what was journalled
+        passed this check when it arrived. None: the identity policy refuses it (counted)."""
+        if self.job_allowed is not None and not self.job_allowed(agent, job):
+            self.refusals.refuse(L.REFUSED_POLICY, f"an event of job {job[:64]!r} from agent "
+                                 f"{agent[:64]}: not one the identity policy gives its certificate",
+                                 agent=agent)
+            return None
         with self._lock:
-            hosts = self._hosts.get(job)
-            if hosts and agent in hosts:
-                return True
-        if job in self.placed_jobs(agent):
-            return self.admit_job(job, agent)
-        with self._lock:
-            hosts = self._hosts.get(job)
-            if hosts:
-                return False
-        return self.may_write(agent, job, "events")
+            hosts = set(self._hosts.get(job, ()))
+        if agent in hosts:
+            return True
+        if not hosts:
+            return self.may_write(agent, job, "events")
+        if self.replaying:
+            node_agent = gpu_node is not None or job in self.placed_jobs(agent)
+        else:
+            mine = self.node_of(agent)
+            node_agent = bool(mine) and mine in {self.node_of(h) for h in hosts} and (
+                gpu_node == mine if gpu_node is not None else job in self.placed_jobs(agent))
+        return node_agent and self.admit_job(job, agent)
 
     # ---- series ---------------------------------------------------------------------------------
     def admit_series(self, agent: str, name: str, labels: LabelSet) -> bool:
@@ -346,3 +389,12 @@ def _labels_fit(labels: LabelSet) -> bool:
     if all(len(k) <= m and len(v) * 4 <= m for k, v in labels):
         return True
     return all(len(k) <= m and len(v.encode()) <= m for k, v in labels)
+
+
+def _jobs_about(job: str, payload: object) -> list[str]:
+    """Every job an event is about: its own, and those the entries of a list payload declare."""
+    out = [job] if job else []
+    if isinstance(payload, list):
+        out += sorted({j for p in payload if isinstance(p, Mapping) and isinstance(j := p.get("job"), str)
+                       and j and j != job})
+    return out

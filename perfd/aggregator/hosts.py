@@ -19,9 +19,8 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from perfd import limits as L
-from perfd.events import JOB_PHASE, RANK_PROCESSES, RANK_STACKS, payload_of
+from perfd.events import JOB_PHASE, PHASES, RANK_PROCESSES, RANK_STACKS, payload_of
 
-PHASES = ("checkpoint", "evaluation")
 MAX_PHASE_KEYS = 4096  # announcing sources per job (a rank's hook, the log)
 MAX_STACK_ANSWERS = 8  # stacks answers kept per job (the newest)
 # A report older than this is not "now": the agent that sent it stopped reporting (gone, cut off).

@@ -265,13 +265,25 @@ class JobStore:
         first did)."""
         out = StepConflicts()
         arrived = now if now is not None else time.time()
+        lowest: dict[str, int] = {}  # job -> the lowest iteration of its records in this batch
+        for rec in steps:
+            if rec.iteration < lowest.get(rec.job, rec.iteration + 1):
+                lowest[rec.job] = rec.iteration
         with self._lock:
             self.stats.steps += len(steps)
+            # Plausibility per batch: each job's records are judged against what it held *before* the
+            # batch (its newest iteration; for a job holding none, the batch's lowest), never against
+            # each other — a ladder of records each MAX_ITERATION_LEAP past the one before, in one
+            # batch, once evicted a job's every iteration and dropped its next ones (issue 54 item 6).
+            anchors: dict[str, tuple[int, bool]] = {}
+            for job, low in lowest.items():
+                its = self.jobs[job].iterations if job in self.jobs else []
+                anchors[job] = (its[-1], True) if its else (low, False)
             for rec in steps:
                 js = self._job(rec.job)
                 js.agents.add(agent_id)
                 key = (rec.iteration, str(rec.rank))
-                why = self._implausible(js, rec)
+                why = self._implausible(js, rec, anchors[rec.job])
                 if why is not None:
                     self.stats.implausible += 1
                     out.implausible.setdefault(rec.job, []).append((rec.iteration, why))
@@ -337,16 +349,20 @@ class JobStore:
                 self._retain(js, rec.iteration)
         return out
 
-    def _implausible(self, js: JobState, rec: StepRecord) -> str | None:
+    def _implausible(self, js: JobState, rec: StepRecord, anchor: tuple[int, bool]) -> str | None:
         """Why ``rec``'s iteration cannot be true (lock held), or None: past the train-iters its own
-        line or its run states, or more than MAX_ITERATION_LEAP past the newest iteration held."""
+        line or its run states, or more than MAX_ITERATION_LEAP past ``anchor``: (the newest iteration
+        the job held before this batch, True), or (the lowest of the batch, False) for a job holding
+        none."""
         train = rec.train_iters if rec.train_iters is not None and rec.train_iters > 0 else (
             None if rec.first_of_run else js.train_iters)
         if train is not None and rec.iteration > train:
             return f"past the run's train-iters ({train})"
-        if js.iterations and rec.iteration > js.iterations[-1] + MAX_ITERATION_LEAP:
-            return (f"{rec.iteration - js.iterations[-1]} iterations past the newest held "
-                    f"({js.iterations[-1]}; perfd.limits.MAX_ITERATION_LEAP {MAX_ITERATION_LEAP})")
+        base, held = anchor
+        if rec.iteration > base + MAX_ITERATION_LEAP:
+            what = "the newest held before its batch" if held else "the lowest of its batch (none held)"
+            return (f"{rec.iteration - base} iterations past {what} ({base}; "
+                    f"perfd.limits.MAX_ITERATION_LEAP {MAX_ITERATION_LEAP})")
         return None
 
     @staticmethod

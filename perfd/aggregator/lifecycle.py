@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
+from perfd.aggregator import memory
 from perfd.analytics.steps.liveness import ENDED
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 # Making room asks the held jobs' states again (a job may have ended since the last housekeeping) at
 # most this often: a flood of new names at the cap costs one pass a second, not one per refusal.
 REASK_ENDED_S = 1.0
+TRIM_EVERY_S = 10.0  # the allocator's free memory is given back at most this often (after pruning)
 
 
 class Lifecycle:
@@ -54,6 +56,10 @@ class Lifecycle:
         self._reasked_at = 0.0  # when making room last asked the candidates' states again
         self._loop: asyncio.AbstractEventLoop | None = None
         self.jobs_pruned = 0
+        self.trims = 0  # memory.trim calls (after pruning), and their seconds
+        self.trim_s = 0.0
+        self._freed_at_trim = 0  # jobs pruned + agents forgotten at the last trim
+        self._trimmed_at = 0.0
         self.jobs_released = 0  # named only in a Hello, released when no stream named them any more
         self.agents_forgotten = 0
         agg.guard.make_room = self.make_room
@@ -124,6 +130,8 @@ class Lifecycle:
         snap = st.snapshot(job)
         holders = self.agg.guard.hosts(job) | st.job_agents(job)
         if snap is None:  # held but with nothing in the job store (events only): ended once nobody is here
+            if st.holds_data(job):  # its snapshot failed to build (counted): what cannot be read is kept
+                return None
             return None if any(self._live(a) for a in holders) else 0.0
         last = snap.overview.get("last_step_time")
         if last:
@@ -136,8 +144,17 @@ class Lifecycle:
 
     def _prune(self, job: str, why: str) -> None:
         log.info("job %s pruned %s", job, why)
+        agents = self.agg.guard.hosts(job) | self.agg.state.job_agents(job)
         self.agg.state.forget_job(job)
         self.agg.guard.forget_job(job)
+        # Its agents that are gone and held no other job served only it: nothing they sent is read any
+        # more, so they are forgotten at the next housekeeping rather than an agent retention later (a
+        # job's sidecar: under a churn of jobs, each one's agent was held 15 minutes after its job went).
+        orphans = [a for a in agents if not self.agg.guard.jobs_of(a)]
+        with self._lock:
+            for a in orphans:
+                if a in self._gone_since:
+                    self._gone_since[a] = 0.0
         if self.agg.store is not None:  # its journal rows too: a pruned job stays pruned at a restart
             self.agg.store.forget_job(job)
         self._pruned.append(job)
@@ -167,6 +184,20 @@ class Lifecycle:
             due = [a for a, t in self._gone_since.items() if now - t >= limits.agent_retention_s]
         if due and self._loop is not None:
             self._loop.call_soon_threadsafe(self._forget_agents, due)
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        """Give the memory freed by jobs pruned and agents forgotten back to the system, at most every
+        TRIM_EVERY_S (memory.trim: glibc keeps freed blocks in its arenas, and a churn of jobs left RSS
+        growing with the Python heap flat, issue 54 item 8)."""
+        freed = self.jobs_pruned + self.agents_forgotten
+        if freed == self._freed_at_trim or now - self._trimmed_at < TRIM_EVERY_S:
+            return
+        t0 = time.perf_counter()
+        if memory.trim():
+            self.trims += 1
+            self.trim_s += time.perf_counter() - t0
+        self._freed_at_trim, self._trimmed_at = freed, now
 
     def _forget_agents(self, agents: list[str]) -> None:
         """On the event loop: forget agents still gone (one may have come back since)."""
@@ -187,4 +218,5 @@ class Lifecycle:
             gone = len(self._gone_since)
         return {"jobs_held": len(self.agg.guard.held_jobs()), "jobs_pruned": self.jobs_pruned,
                 "jobs_released": self.jobs_released, "agents_forgotten": self.agents_forgotten,
-                "agents_gone": gone, "series_held": self.agg.guard.series}
+                "agents_gone": gone, "series_held": self.agg.guard.series, "memory_trims": self.trims,
+                "memory_trim_ms": round(self.trim_s * 1e3)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import json
 import logging
 import os
 import signal
@@ -11,7 +12,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -118,6 +119,7 @@ class Aggregator:
         self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None,
                            identity_of=lambda agent: self.server.identity_of(agent))
         self.guard.placed_jobs = self.state.jobs_on  # a node agent reports the jobs on its GPUs
+        self.guard.node_of = self._node_of  # ... on a node the jobs' hosts name
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
         self.store: StateStore | None = (StateStore(cfg.state_dir, max_bytes=cfg.state_max_bytes)
                                          if cfg.state_dir else None)
@@ -138,6 +140,8 @@ class Aggregator:
                                            refusals=self.refusals, hosts=self.guard.hosts)
         self._rules_task: asyncio.Task[None] | None = None
         self._refresh_task: asyncio.Task[None] | None = None
+        self._working: set[asyncio.Future[None]] = set()  # the loops' work on worker threads, in flight
+        self._stopping = False
         self.job_info_errors = 0
         self.wandb: WandbSync | None = None
         self._wandb_task: asyncio.Task[None] | None = None
@@ -180,7 +184,7 @@ class Aggregator:
         while True:
             await asyncio.sleep(self.cfg.refresh_interval_s)
             try:
-                await loop.run_in_executor(None, self.state.refresh)
+                await self._in_worker(loop, self.state.refresh)
             except Exception:
                 log.exception("analysis refresh failed")
 
@@ -191,14 +195,39 @@ class Aggregator:
             await asyncio.sleep(self.cfg.rules_interval_s)
             try:
                 # Analysis may run here (rate-limited): off the event loop, so ingest never waits.
-                await asyncio.get_running_loop().run_in_executor(None, self._tick)
+                await self._in_worker(asyncio.get_running_loop(), self._tick)
             except Exception:  # a rule bug must not stop ingest; it is logged each time
                 log.exception("rule evaluation failed")
 
+    async def _in_worker(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+        """``fn`` on a worker thread, held in ``_working`` until it returns: a cancelled task does not
+        stop its thread, and stop() waits for it before closing the state store."""
+        fut = loop.run_in_executor(None, fn)
+        self._working.add(fut)
+        try:
+            await asyncio.shield(fut)
+        finally:
+            if fut.done():
+                self._working.discard(fut)
+            else:
+                fut.add_done_callback(self._working.discard)
+
     def _tick(self) -> None:
-        self.state.refresh()
-        self.captures.evaluate()
-        self.lifecycle.housekeeping()
+        # Each part on its own: one that raises (logged each time) does not keep the others from running
+        # — the rules from evaluating, jobs from being pruned, the documents from being saved. Once the
+        # aggregator stops, the parts left are skipped (stop() saves the documents itself).
+        for what, part in (("analysis refresh", self.state.refresh),
+                           ("rule evaluation", self.captures.evaluate),
+                           ("housekeeping", self.lifecycle.housekeeping), ("state store", self._save)):
+            if self._stopping:
+                return
+            try:
+                part()
+            except Exception:
+                log.exception("%s failed in the rules tick", what)
+        self.ticks += 1  # a whole tick done: what arrived before it started is analysed (tests wait on it)
+
+    def _save(self) -> None:
         if self.store is not None:
             # The journal keeps its newest max_batches batches, within max_bytes; pruned first, so that
             # the documents' commit makes the pruning durable in the same tick.
@@ -206,7 +235,6 @@ class Aggregator:
             save_documents(self, self.store)
             self.store.prune()  # the journal keeps its newest max_batches batches
             self.store.shrink()  # committed, the freed pages go back: the files stay under the cap
-        self.ticks += 1  # a whole tick done: what arrived before it started is analysed (tests wait on it)
 
     def _on_hello(self, hello: HelloInfo) -> list[str]:
         return self._on_hello_jobs(hello.agent_id, hello.jobs, node=hello.node,
@@ -235,6 +263,11 @@ class Aggregator:
             log.warning("agent %s sent unusable job info for %s: %s", agent_id, job, exc)
             return False
         return True
+
+    def _node_of(self, agent_id: str) -> str | None:
+        """The node the agent's live Hello named (None: none since this aggregator started)."""
+        said = self.state.nodes.hello_of(agent_id)
+        return said[0] if said is not None else None
 
     def _job_allowed(self, agent_id: str, job: str) -> bool:
         """The identity policy's word on ``agent_id`` writing ``job``. An agent with no identity
@@ -304,16 +337,20 @@ class Aggregator:
         colls = guard.collectives(agent_id, batch.collectives) if batch.collectives else []
         if colls:
             st.ingest_collectives(agent_id, colls)
-        evs = [dict(e) for e in batch.events]
+        # Typed at the edge (refused entries counted), then who may send them (the guard).
+        typed = guard.typed_events(agent_id, batch.events) if batch.events else []
+        evs = [ev for _i, ev, _cut in typed]
         ev_kept = guard.events(agent_id, evs) if evs else []
         if ev_kept:
-            st.ingest_events(agent_id, [evs[i] for i in ev_kept])
+            st.ingest_events(agent_id, [evs[k] for k in ev_kept])
         taken = {id(r) for r in steps} - refused_steps
         held_colls = {id(c) for c in colls}
         return Kept(steps=[i for i, r in enumerate(batch.steps) if id(r) in taken],
-                    events=ev_kept,
+                    events=[typed[k][0] for k in ev_kept],
                     collectives=[i for i, c in enumerate(batch.collectives) if id(c) in held_colls],
-                    job_info=info_kept)
+                    job_info=info_kept,
+                    payloads={typed[k][0]: json.dumps(typed[k][1].get("payload"), separators=(",", ":"),
+                                                      default=str) for k in ev_kept if typed[k][2]})
 
     def _transport_counters(self) -> dict[str, int]:
         d = self.server.counters()
@@ -381,6 +418,7 @@ class Aggregator:
 
     async def stop(self) -> None:
         t0 = time.monotonic()
+        self._stopping = True
         if self.remote is not None:
             self.remote.stop()
         if self._rules_task is not None:
@@ -396,6 +434,12 @@ class Aggregator:
         if self.http is not None:
             self.http.stop()
             phases.append(f"HTTP {time.monotonic() - t0:.2f}s")
+        if self._working:
+            # The rules tick and the refresh run on worker threads, which a cancelled task does not
+            # stop: the store is closed after them (the issue: "tombstones could not be pruned (Cannot
+            # operate on a closed database)"). A tick ends at its next part once stopping.
+            _done, late = await asyncio.wait(set(self._working), timeout=STOP_WAIT_WORK_S)
+            phases.append(f"tick {time.monotonic() - t0:.2f}s" + (" (still running)" if late else ""))
         if self.store is not None:
             save_documents(self, self.store)
             self.store.close()
@@ -408,6 +452,9 @@ class Aggregator:
 # SIGTERM is honoured within 5 s (docs/reliability.md): past this long after the signal the process
 # ends whatever is still running (what the store committed is kept: an Ack follows a commit).
 SHUTDOWN_BUDGET_S = 4.5
+# How long a stop waits for the rules tick's part in flight before closing the store (within the budget;
+# a part still running then finds the store closed and leaves it: StateStore.closed).
+STOP_WAIT_WORK_S = 2.0
 
 
 def _exit_now(why: str) -> NoReturn:

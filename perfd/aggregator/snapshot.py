@@ -14,6 +14,7 @@ per refresh would be staler than what /metrics served), and a copy of every GPU 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
@@ -30,6 +31,9 @@ from perfd.analytics.steps.goodput import with_incidents, with_stall
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.analytics.steps.run_analysis import IterationResult, RunAnalysis
 
+log = logging.getLogger(__name__)
+
+FAILED_LOG_INTERVAL_S = 60.0  # a job whose snapshot fails to build is logged at most this often
 GpuKey = tuple[str, str]  # (node, gpu), as perfd.aggregator.nodes keys them
 # Process lists, latest values and active throttle reasons of the job's GPUs, each keyed by (node, gpu).
 GpuView = tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]
@@ -201,7 +205,11 @@ class Snapshots:
     """The latest snapshot of each job. ``build(job, version)`` makes one (None: no such job);
     ``version(job)`` says what the state's parts are now. Built outside the lock (a build reads the
     state's parts, each under its own lock): two threads may build the same job's at once, and the
-    one stored last wins, both being whole."""
+    one stored last wins, both being whole.
+
+    A build that raises (a bug, or a value no check foresaw) is counted in ``errors`` and logged at
+    most once a minute per job, and the job's last snapshot is served meanwhile: one job's bad value
+    never answers 500 for /metrics and every other job's endpoints (issue 54 item 1)."""
 
     def __init__(self, build: Callable[[str, Hashable], JobSnapshot | None],
                  version: Callable[[str], Hashable]) -> None:
@@ -209,16 +217,22 @@ class Snapshots:
         self._version = version
         self._lock = threading.Lock()
         self._held: dict[str, JobSnapshot] = {}  # guarded by _lock
+        self.errors = 0  # builds that raised
+        self._logged: dict[str, float] = {}  # job -> when a failed build of it was last logged
 
     def get(self, job: str, rebuild: bool = False) -> JobSnapshot | None:
         """The job's latest snapshot, built anew when the state changed since it was (or ``rebuild``:
-        an analysis refresh); None for a job the state does not hold."""
+        an analysis refresh); None for a job the state does not hold (or whose every build failed)."""
         v = self._version(job)
         with self._lock:
             held = self._held.get(job)
         if held is not None and held.version == v and not rebuild:
             return held
-        snap = self._build(job, v)
+        try:
+            snap = self._build(job, v)
+        except Exception:
+            self._failed(job)
+            return held
         with self._lock:
             if snap is None:
                 self._held.pop(job, None)
@@ -226,6 +240,20 @@ class Snapshots:
                 self._held[job] = snap
         return snap
 
+    def _failed(self, job: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.errors += 1
+            last = self._logged.get(job)
+            if last is not None and now - last < FAILED_LOG_INTERVAL_S:
+                return
+            if len(self._logged) >= 10_000:  # job names come from the network
+                self._logged.clear()
+            self._logged[job] = now
+        log.exception("the snapshot of job %s could not be built: its last one is served (failed builds "
+                      "are counted in /api/stats snapshot_errors)", job[:80])
+
     def forget(self, job: str) -> None:
         with self._lock:
             self._held.pop(job, None)
+            self._logged.pop(job, None)

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from perfd.aggregator.memory import memory_stats
+
 if TYPE_CHECKING:
     from perfd.aggregator.state import AggregatorState
 
@@ -41,11 +43,13 @@ def stats_json(state: AggregatorState) -> dict[str, Any]:
         "iterations_evicted_retention": js.evicted_iterations,
         "iterations_evicted_retention_bytes": js.evicted_iterations_bytes,
         "analysis_errors": js.analysis_errors,
+        "snapshot_errors": state.snapshots.errors,  # job snapshots that failed to build (the last one served)
         "step_records_conflicting": js.conflicts,
         "step_records_worse_duplicates": js.worse_duplicates,
         "jobs": len(state.jobs.names()),
         "agents_seen": {a: round(now - t, 3) for a, t in state.nodes.agents_seen().items()},
         "uptime_s": round(now - state.stats.started, 3),
+        "process": memory_stats(),  # RSS, what the C allocator holds in use and free, Python's blocks
     }
     if state.transport_stats is not None:
         out["transport"] = state.transport_stats()

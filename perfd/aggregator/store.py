@@ -157,6 +157,7 @@ class StateStore:
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"--state-dir {self.dir}: cannot use it: {exc}") from exc
         self._lock = threading.RLock()
+        self.closed = False  # close() ran: writes of a late caller (a tick past the stop) do nothing
         self._open_txn = False
         # Per-agent bookkeeping of the open transaction (see the class docstring).
         self._pending: set[str] = set()  # agents with writes in it
@@ -322,6 +323,8 @@ class StateStore:
         """Make everything written so far durable; False (logged, counted) when it could not be:
         then every agent that had written since the last commit is lost (:meth:`lost`)."""
         with self._lock:
+            if self.closed:  # a late caller after close(): nothing to write to
+                return False
             if not self._open_txn:
                 return True
             t0 = time.perf_counter()
@@ -372,6 +375,8 @@ class StateStore:
         is one (the ingest's next commit makes it durable): a busy aggregator nearly always has one
         open. Called by the rules loop."""
         with self._lock:
+            if self.closed:  # a late caller after close(): nothing to write to
+                return 0
             excess = self._batch_rows + self._pending_batches - self.max_batches
             over = self.held_bytes() - self.budget()
             if excess <= 0 and over <= 0:
@@ -442,6 +447,8 @@ class StateStore:
         then measure SQLite's overhead for :meth:`budget`. Called by the rules loop after pruning;
         False when a write failed (counted as a rollback)."""
         with self._lock:
+            if self.closed:  # a late caller after close(): nothing to write to
+                return False
             if not self.commit():
                 return False
             try:
@@ -484,6 +491,8 @@ class StateStore:
         (made durable by the next commit). Returns the journal rows deleted."""
         t = time.time() if now is None else now
         with self._lock:
+            if self.closed:  # a late caller after close(): nothing to write to
+                return 0
             try:
                 self._begin()
                 size = int(self._db.execute("SELECT TOTAL(length(body)) FROM journal WHERE job = ?",
@@ -507,6 +516,8 @@ class StateStore:
         """The lifecycle forgot the agent (gone long enough): its Hello goes (its dedupe seq stays: it
         may come back with batches to resend)."""
         with self._lock:
+            if self.closed:  # a late caller after close(): nothing to write to
+                return
             try:
                 self._begin()
                 self._db.execute("DELETE FROM hello WHERE agent = ?", (agent,))
@@ -519,6 +530,8 @@ class StateStore:
     def put_doc(self, name: str, obj: Any) -> bool:
         text = json.dumps(obj, allow_nan=False, default=str)
         with self._lock:
+            if self.closed:  # a late caller after close(): nothing to write to
+                return False
             try:
                 self._begin()
                 self._db.execute("INSERT OR REPLACE INTO doc (name, json) VALUES (?, ?)", (name, text))
@@ -587,6 +600,9 @@ class StateStore:
 
     def close(self) -> None:
         with self._lock:
+            if self.closed:
+                return
             if self._open_txn:
                 self.commit()
             self._db.close()
+            self.closed = True

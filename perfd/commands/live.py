@@ -92,6 +92,7 @@ def _aggregator(args: argparse.Namespace) -> int:
         return 2
     every = L.ALL_INTERFACES if args.listen_all else L.LOOPBACK
     for flag, v in (("--max-jobs-per-agent", args.max_jobs_per_agent),
+                    ("--max-series-per-identity", args.max_series_per_identity),
                     ("--job-retention", args.job_retention), ("--agent-retention", args.agent_retention)):
         if v <= 0:
             print(f"perfd aggregator: {flag} must be > 0", file=sys.stderr)
@@ -99,7 +100,8 @@ def _aggregator(args: argparse.Namespace) -> int:
     limits = L.Limits(max_message_bytes=args.max_message_bytes, max_jobs=args.max_jobs,
                       max_jobs_per_agent=args.max_jobs_per_agent, job_retention_s=args.job_retention,
                       agent_retention_s=args.agent_retention, max_series_per_agent=args.max_series_per_agent,
-                      max_series=args.max_series, max_capture_steps=args.max_capture_steps,
+                      max_series=args.max_series, max_series_per_identity=args.max_series_per_identity,
+                      max_capture_steps=args.max_capture_steps,
                       capture_requests_per_job=args.capture_requests_per_job)
     cfg = AggregatorConfig(collectives=coll, collectives_per_job=coll_jobs,
                            grpc_host=args.grpc_host or every, grpc_port=args.grpc_port,
@@ -232,7 +234,12 @@ def register(sub: SubParsers) -> None:
                    help="how long an ended job's data, report and incidents are kept before it is pruned")
     g.add_argument("--max-series", type=int, default=L.MAX_SERIES, help="node series held; more are refused")
     g.add_argument("--max-series-per-agent", type=int, default=L.MAX_SERIES_PER_AGENT,
-                   help=f"node series one agent may define (one identity: {L.MAX_SERIES_PER_IDENTITY})")
+                   help="node series one agent may define (default: %(default)s)")
+    g.add_argument("--max-series-per-identity", type=int, default=L.MAX_SERIES_PER_IDENTITY,
+                   help="node series the agents of one identity may hold together — a client certificate, "
+                   "or the address of a client without credentials (not the shared token's); more are "
+                   "refused, series_quota (default: %(default)s; raise it for many agents behind one "
+                   "address)")
     g.add_argument("--agent-retention", type=float, default=L.AGENT_RETENTION_S, metavar="SECONDS",
                    help="an agent whose stream closed is forgotten this long after (its series released) "
                    "unless it comes back")

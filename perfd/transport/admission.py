@@ -7,6 +7,8 @@ a message read in one place. The server calls each where it always did, in the s
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict, deque
 from typing import Any
 
 import grpc
@@ -27,9 +29,17 @@ from perfd.transport.stream import AgentStream
 
 
 class StreamRefused(Exception):
-    def __init__(self, code: grpc.StatusCode, reason: str, text: str) -> None:
+    """``retry_after_s``: when the client may come back (sent as trailing metadata, L.RETRY_AFTER_KEY)."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, text: str,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(text)
-        self.code, self.reason = code, reason
+        self.code, self.reason, self.retry_after_s = code, reason, retry_after_s
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        if self.retry_after_s is None:
+            return ()
+        return ((L.RETRY_AFTER_KEY, str(round(self.retry_after_s * 1000))),)
 
 
 def authenticate(context: Any, token: TokenFile | None) -> tuple[str, int | None]:
@@ -45,17 +55,136 @@ def authenticate(context: Any, token: TokenFile | None) -> tuple[str, int | None
     return peer_identity(context, gen is not None), gen
 
 
-def admit_stream(open_streams: int, loop_lag_s: float, limits: L.Limits) -> None:
-    """Refuse a new stream past the stream cap, or while the event loop runs too late."""
+# Admission reads the first Acks of this long ago, and counts a stream that has not said Hello as
+# waiting for this long after it opened (an agent writes its Hello at once).
+FIRST_ACK_WINDOW_S = 10.0
+HELLO_GRACE_S = 2.0
+
+
+def _thread_demand_s() -> float:
+    """Seconds the calling thread has run or waited to run (Linux schedstat: on a CPU, then in the run
+    queue), so that a loop with no time left reads busy on a crowded host too; elsewhere its CPU time."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            run_ns, wait_ns = f.read().split()[:2]
+        return (int(run_ns) + int(wait_ns)) / 1e9
+    except (OSError, ValueError):
+        return time.thread_time()
+
+
+class Backlog:
+    """How far behind the server runs, as admission reads it (the event loop's thread only): the
+    streams opened within HELLO_GRACE_S whose Hello is not read yet (in a connect storm they wait in
+    gRPC for the loop), those whose Hello was read and not answered (no first Ack), each oldest first,
+    how long the latest answered ones waited from their open and how fast they come, and the loop's
+    business. A stream that
+    says nothing counts only for HELLO_GRACE_S: a client that opens streams and stays silent cannot
+    hold admission shut for the Hello timeout (it has to open MAX_OPENING_STREAMS every grace)."""
+
+    def __init__(self) -> None:
+        self._unheard: OrderedDict[AgentStream, None] = OrderedDict()
+        self._opening: dict[AgentStream, None] = {}
+        self._first_acks: deque[tuple[float, float]] = deque(maxlen=4096)  # (answered at, waited)
+        # The share of the last ticks the loop's thread was on a CPU or waiting for one (an average over
+        # ~2 ticks; /api/stats transport.loop_busy_pct): near 1, the loop has no time left; and since
+        # when it has been so (None: it is not).
+        self.busy = 0.0
+        self.busy_since: float | None = None
+        self._demand = _thread_demand_s()
+        self._tick_at: float | None = None
+
+    def opened(self, conn: AgentStream) -> None:
+        self._unheard[conn] = None
+
+    def heard(self, conn: AgentStream) -> None:
+        """Its Hello was read: it waits for its first Ack."""
+        self._unheard.pop(conn, None)
+        self._opening[conn] = None
+
+    def answered(self, conn: AgentStream, now: float) -> None:
+        if self._opening.pop(conn, 0) is None:  # its first Ack: how long it waited
+            self._first_acks.append((now, now - conn.opened_at))
+
+    def closed(self, conn: AgentStream) -> None:
+        self._unheard.pop(conn, None)
+        self._opening.pop(conn, None)
+
+    def tick(self, now: float) -> None:
+        """Called on the loop's thread every liveness tick: how busy the loop was since the last."""
+        demand = _thread_demand_s()
+        if self._tick_at is not None:
+            busy = min(1.0, (demand - self._demand) / max(1e-6, now - self._tick_at))
+            self.busy = (self.busy + busy) / 2
+            if self.busy < L.MAX_LOOP_BUSY:
+                self.busy_since = None
+            elif self.busy_since is None:
+                self.busy_since = now
+        self._demand, self._tick_at = demand, now
+
+    def opening(self, now: float | None = None) -> int:
+        """Streams opened and not answered: Hello read and no Ack yet, or no Hello yet within its grace."""
+        if now is not None:
+            while self._unheard:
+                first = next(iter(self._unheard))
+                if first.opened_at >= now - HELLO_GRACE_S:
+                    break
+                self._unheard.popitem(last=False)  # silent past its grace: no longer counted
+        return len(self._unheard) + len(self._opening)
+
+    def first_ack_wait(self, now: float) -> float:
+        """How long streams wait for their first Ack now: the longest of the one waiting longest (its
+        Hello read) and the median of those answered within the last FIRST_ACK_WINDOW_S."""
+        oldest = next(iter(self._opening), None)
+        waiting = now - oldest.opened_at if oldest is not None else 0.0
+        recent = sorted(w for t, w in self._first_acks if now - t <= FIRST_ACK_WINDOW_S)
+        return max(waiting, recent[len(recent) // 2] if recent else 0.0)
+
+    def answer_rate(self, now: float) -> float:
+        """First Acks a second over the last FIRST_ACK_WINDOW_S (0.0: too few to say)."""
+        recent = [t for t, _w in self._first_acks if now - t <= FIRST_ACK_WINDOW_S]
+        if len(recent) < 8:
+            return 0.0
+        return len(recent) / max(1.0, now - recent[0])
+
+    def now(self, now: float) -> tuple[int, float, float, float, float]:
+        """(opening streams, first-Ack wait, answers a second, business, busy for): admit_stream's last
+        five."""
+        busy_for = now - self.busy_since if self.busy_since is not None else 0.0
+        return self.opening(now), self.first_ack_wait(now), self.answer_rate(now), self.busy, busy_for
+
+
+def admit_stream(open_streams: int, loop_lag_s: float, limits: L.Limits, opening: int = 0,
+                 first_ack_wait_s: float = 0.0, answer_rate: float = 0.0, busy: float = 0.0,
+                 busy_for_s: float = 0.0) -> None:
+    """Refuse a new stream past the stream cap, or while the aggregator is saturated: its event loop
+    runs too late, or is busy all the time (``busy``, for ``busy_for_s`` so far), streams wait too long
+    for their first Ack (``first_ack_wait_s``), or more streams wait for it (``opening``) than it
+    answers in half that time at the rate it answers them now (``answer_rate``, per second; at least
+    ``max_opening_streams``). Before the Hello is read: a
+    refusal costs a stream open, an accepted agent its whole series table; open streams keep being
+    served. An overload refusal says when to come back: about as long as the backlog takes to clear."""
     if open_streams >= limits.max_streams:
         raise StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, L.REFUSED_STREAMS,
-                            f"{open_streams} streams open (cap {limits.max_streams})")
+                            f"{open_streams} streams open (cap {limits.max_streams})",
+                            L.MAX_RETRY_AFTER_S)
+    room = max(limits.max_opening_streams, int(answer_rate * limits.max_first_ack_wait_s / 2))
+    why = None
     if loop_lag_s > limits.max_loop_lag_s:
-        # Before the Hello is read: a refusal costs a stream open, an accepted agent its
-        # whole series table. Open streams keep being served.
+        why = f"the event loop runs {loop_lag_s:.1f} s late (limit {limits.max_loop_lag_s:g} s)"
+    elif busy >= limits.max_loop_busy and busy_for_s >= limits.max_loop_busy_s:
+        why = (f"the event loop has been busy {100 * busy:.0f}% of the time for {busy_for_s:.0f} s (limit "
+               f"{100 * limits.max_loop_busy:.0f}% for {limits.max_loop_busy_s:g} s)")
+    elif first_ack_wait_s > limits.max_first_ack_wait_s:
+        why = (f"streams wait {first_ack_wait_s:.1f} s for their first Ack (limit "
+               f"{limits.max_first_ack_wait_s:g} s)")
+    elif opening >= room:
+        why = f"{opening} streams wait for their first Ack (room for {room} at {answer_rate:.0f}/s)"
+    if why is not None:
+        clear_s = opening / answer_rate if answer_rate > 0 else opening / max(1, limits.max_opening_streams)
+        retry = min(L.MAX_RETRY_AFTER_S, max(L.MIN_RETRY_AFTER_S, loop_lag_s, first_ack_wait_s, clear_s,
+                                             busy_for_s if busy_for_s >= limits.max_loop_busy_s else 0.0))
         raise StreamRefused(grpc.StatusCode.UNAVAILABLE, L.REFUSED_OVERLOADED,
-                            f"overloaded: the event loop runs {loop_lag_s:.1f} s late "
-                            f"(limit {limits.max_loop_lag_s:g} s); retry later")
+                            f"overloaded: {why}; retry in {retry:.0f} s", retry)
 
 
 def check_agent_id(policy: IdentityPolicy | None, conn: AgentStream, agent_id: str, bound: str | None,

@@ -86,6 +86,19 @@ class StreamEnded(Exception):
         self.code, self.details = code, details
 
 
+def retry_after(e: BaseException) -> float | None:
+    """When the aggregator that refused a stream said to come back (seconds; perfd.limits.RETRY_AFTER_KEY
+    in the trailing metadata), within MAX_RETRY_AFTER_S; None when it did not say."""
+    meta = e.trailing_metadata() if isinstance(e, grpc.aio.AioRpcError) else None
+    for key, value in meta or ():
+        if key == L.RETRY_AFTER_KEY:
+            try:
+                return min(L.MAX_RETRY_AFTER_S, max(0.0, int(value) / 1000))
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
 async def _ended_with(call: Any) -> StreamEnded | None:
     try:
         code = await asyncio.wait_for(call.code(), 2.0)
@@ -170,6 +183,7 @@ class AgentClient:
         self.commands_received = 0
         self.command_errors = 0
         self.stream_errors = 0
+        self.retry_after_s: float | None = None  # when the aggregator said to come back (a refusal)
         self.last_error = ""
 
     # ------------------------------------------------------------------ producer side
@@ -258,13 +272,22 @@ class AgentClient:
                 self.connected = False
             if healthy:
                 delay = self.backoff_initial_s  # the aggregator answered: start the backoff over
-            # Jitter (a uniform draw in [delay/2, delay]) keeps a thousand agents that lost the
-            # same aggregator from reconnecting in lockstep.
-            await asyncio.sleep(delay * (0.5 + random.random() / 2))
+            hint, self.retry_after_s = self.retry_after_s, None
+            if hint is not None:
+                # The aggregator refused the stream and said when to come back (it is saturated): that
+                # long, with a jitter of 0.5-1.5 so the refused do not return together. It paces the
+                # refused by how long its overload has lasted; the agent's own backoff would only add.
+                await asyncio.sleep(hint * (0.5 + random.random()))
+                continue
+            else:
+                # Jitter (a uniform draw in [delay/2, delay]) keeps a thousand agents that lost the
+                # same aggregator from reconnecting in lockstep.
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))
             delay = min(delay * 2, self.backoff_max_s)
 
     def _note_error(self, e: BaseException) -> None:
         self.stream_errors += 1
+        self.retry_after_s = retry_after(e)
         if isinstance(e, grpc.aio.AioRpcError):
             msg = f"{e.code().name}: {e.details()}"
         elif isinstance(e, StreamEnded):

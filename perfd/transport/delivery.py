@@ -27,6 +27,9 @@ class Kept:
     events: Sequence[int] | None = None
     collectives: Sequence[int] | None = None
     job_info: Collection[str] | None = None
+    # Events kept with part of their payload left out (entries refused, perfd.events.checked): index
+    # into the batch's events -> the payload kept, as JSON. The journal stores that, not what was sent.
+    payloads: Mapping[int, str] | None = None
 
 
 class IngestJournal(Protocol):
@@ -60,6 +63,9 @@ class SeqTracker:
     def advance(self, agent_id: str, epoch: str, seq: int) -> None:
         if seq > self.last(agent_id, epoch):
             self._last[agent_id] = (epoch, seq)
+
+    def known(self, agent_id: str) -> bool:
+        return agent_id in self._last
 
     def reset(self, agent_id: str, state: tuple[str, int] | None) -> None:
         """The agent's state back to ``state`` (what is durable), even below what was accepted."""

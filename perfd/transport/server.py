@@ -37,6 +37,7 @@ import grpc
 from perfd import limits as L
 from perfd.refusals import Refusals
 from perfd.transport.admission import (
+    Backlog,
     StreamRefused,
     admit_stream,
     authenticate,
@@ -157,6 +158,7 @@ class IngestServer:
         self._tables: OrderedDict[str, tuple[bytes, dict[int, Series]]] = OrderedDict()
         self._open = 0
         self._conns: set[AgentStream] = set()  # open streams, for the one liveness task
+        self.backlog = Backlog()  # how far behind admission runs (perfd.transport.admission)
         self._liveness_task: asyncio.Task[None] | None = None
         # How late the liveness task woke at its last tick: how far behind the event loop runs.
         self.loop_lag_s = 0.0
@@ -328,7 +330,7 @@ class IngestServer:
         loop = asyncio.get_running_loop()
         try:
             identity, token_gen = authenticate(context, self.token)  # and the token's generation
-            admit_stream(self._open, self.loop_lag_s, self.limits)
+            admit_stream(self._open, self.loop_lag_s, self.limits, *self.backlog.now(loop.time()))
         except StreamRefused as exc:
             self.refusals.refuse(exc.reason, str(exc))
             if exc.code == grpc.StatusCode.UNAUTHENTICATED:
@@ -339,9 +341,10 @@ class IngestServer:
                     await asyncio.wait_for(anext(request_iterator), L.REFUSAL_DRAIN_S)
                 except (Exception, asyncio.CancelledError):
                     pass
-            await context.abort(exc.code, str(exc))
+            await context.abort(exc.code, str(exc), exc.trailing_metadata())
             return
         conn = AgentStream(str(context.peer()), identity, loop.time(), token_gen)
+        self.backlog.opened(conn)
         self._open += 1
         self.streams_opened += 1
         reader = asyncio.create_task(self._read(request_iterator, conn))
@@ -376,6 +379,7 @@ class IngestServer:
                             break
                     conn.last_ack_at = loop.time()
                     conn.ack_sent = max(conn.ack_sent, conn.ack_due)
+                    self.backlog.answered(conn, loop.time())
                     conn.ack_forced = False
                     self.acks_sent += 1
                     yield pb.AggregatorMessage(ack=pb.Ack(acked_seq=max(conn.ack_sent, 0)))
@@ -385,6 +389,7 @@ class IngestServer:
             if conn.ack_timer is not None:
                 conn.ack_timer.cancel()
             self._open -= 1
+            self.backlog.closed(conn)
             self._conns.discard(conn)
             reader.cancel()
             if conn.agent_id is not None and self._streams.get(conn.agent_id) is conn:
@@ -411,6 +416,7 @@ class IngestServer:
             await asyncio.sleep(tick)
             now = loop.time()
             self.loop_lag_s = max(0.0, now - before - tick)
+            self.backlog.tick(now)  # this task runs on the loop's thread: the loop's business
             gen = self.token.current()[1] if self.token is not None else None  # one stat a tick
             for conn in list(self._conns):
                 check_liveness(conn, now, self.limits, self.refusals)
@@ -465,10 +471,17 @@ class IngestServer:
         """The aggregator forgot the agent (gone long enough, perfd.aggregator.lifecycle): its series
         table goes (its next Hello is decoded and admitted afresh), and so does the binding of its id
         to a client without credentials, which lasted only while its stream was open anyway. A
-        credential's binding stays. Event-loop thread only; nothing happens while it has a stream."""
+        credential's binding stays. Its dedupe seq leaves memory where the journal keeps it (read
+        back if the agent comes back): an aggregator with a state dir meets a new agent id with every
+        job's sidecar, and held each one's for its life. Event-loop thread only; nothing happens while
+        it has a stream."""
         if self.live(agent_id):
             return
         self._tables.pop(agent_id, None)
+        self._agent_losses.pop(agent_id, None)
+        self._logged_errors.difference_update({(agent_id, "decode"), (agent_id, "deliver")})
+        if self.journal is not None:  # its dedupe seq is on disk, read back if it comes back (_hello)
+            self.seq_state.reset(agent_id, None)
         if self._identities.get(agent_id, "").startswith(UNAUTHENTICATED_PREFIX):
             del self._identities[agent_id]
 
@@ -519,8 +532,10 @@ class IngestServer:
         while len(self._tables) > self.limits.max_streams:
             self._tables.popitem(last=False)
         conn.agent_id, conn.epoch = info.agent_id, info.spool_epoch
-        if self.journal is not None and self.journal.lost(info.agent_id):
-            # its older stream had lost writes: start from disk
+        self.backlog.heard(conn)
+        if self.journal is not None and (self.journal.lost(info.agent_id)
+                                         or not self.seq_state.known(info.agent_id)):
+            # its older stream had lost writes, or it was forgotten (forget_agent): start from disk
             self.seq_state.reset(info.agent_id, self.journal.recover(info.agent_id))
         # Tell the agent what we already hold, so it does not resend batches whose Ack was lost.
         conn.ack_due = max(conn.ack_due, self.seq_state.last(info.agent_id, info.spool_epoch))
@@ -626,6 +641,8 @@ class IngestServer:
             "commands_undeliverable": self.commands_undeliverable,
             "acks_sent": self.acks_sent,
             "loop_lag_ms": round(self.loop_lag_s * 1000),
+            "streams_opening": self.backlog.opening(),
+            "loop_busy_pct": round(100 * self.backlog.busy),
             "store_failures": self.store_failures,
             # What the agents report their spools dropped (latest figure per agent, summed).
             "agent_dropped_batches": dropped_batches,

@@ -109,3 +109,71 @@ def test_a_stranger_cannot_speak_for_a_job_it_does_not_host(tmp_path: Path) -> N
     assert "stall" not in job and job["state"] != "stalled", job
     assert not any("stall" in i["kinds"] for i in incidents)
     assert not any(e.get("agent") == "stranger" and e.get("job") == JOB for e in events)
+
+
+def _as_node_agent(now: float) -> list[dict[str, Any]]:
+    """The issue's sequence (54 item 2): the victim's rank 1 on one of the stranger's GPUs (with a pid),
+    then a save announcement, the rank "stopped" and a stack, as a node agent of the job would send."""
+    stopped = {"rank": 1, "pid": 4243, "source": "gpu", "state": "stopped", "state_since": now - 60,
+               "observed_at": now, "cpu_cores": 0.0}
+    return [
+        {"kind": "gpu_processes", "time": now, "labels": {"node": "n", "gpu": "0"},
+         "payload": [{"pid": 4243, "rank": 1, "job": JOB, "name": "python"}]},
+        {"kind": "job_phase", "job": JOB, "time": now, "text": "a save",
+         "payload": {"job": JOB, "phase": "checkpoint", "state": "begin", "rank": 1}},
+        {"kind": "rank_processes", "job": JOB, "time": now, "text": "rank 1 stopped",
+         "payload": {"job": JOB, "interval_s": 1.0, "ranks": [stopped]}},
+        {"kind": "rank_stacks", "job": JOB, "time": now, "text": "stacks", "links": {"command_id": "guessed"},
+         "payload": {"job": JOB, "command_id": "guessed", "ranks": {"1": {"pid": 4243, "stack": "FORGED"}}}},
+    ]
+
+
+def test_a_stranger_cannot_make_itself_a_node_agent_of_a_job(tmp_path: Path) -> None:
+    """A client hosting another job (on another node) reports the victim's rank on its GPU, then speaks
+    for the victim as a node agent would: all four refused (``not_host``), the job never stalled, its
+    rank never placed on the stranger's GPU, no command to the stranger. The node's own agent (no job,
+    the host's node) still places the job's rank 0 and reports its processes."""
+    with Procs(tmp_path, run_env()) as procs:
+        grpc_port, _http, base = start_aggregator(procs, "--no-rules", "--rules-interval", "0.5")
+        target = f"127.0.0.1:{grpc_port}"
+        to_stranger: list[Command] = []
+
+        async def scenario() -> tuple[dict[str, int], dict[str, int]]:
+            host = AgentClient(target, "host-agent", node="node-a", jobs=[JOB])
+            node_agent = AgentClient(target, "node-a/node", node="node-a")
+            stranger = AgentClient(target, "stranger", node="node-b", jobs=["theirs"],
+                                   on_command=to_stranger.append)
+            async with streaming(host) as h, streaming(node_agent) as n, streaming(stranger) as s:
+                t0 = time.time()
+                h.submit(steps=[StepRecord(job=JOB, iteration=i, rank="last", end_time=t0 - 3 + i * 0.1,
+                                           step_time_ms=100.0) for i in range(1, 31)])
+                s.submit(steps=[StepRecord(job="theirs", iteration=1, rank="last", end_time=t0,
+                                           step_time_ms=1.0)])
+                assert await h.flush(30) and await s.flush(30)
+                n.submit(events=[{"kind": "gpu_processes", "time": t0,
+                                  "labels": {"node": "node-a", "gpu": "0"},
+                                  "payload": [{"pid": 4242, "rank": 0, "job": JOB, "name": "python"}]}])
+                assert await n.flush(30)
+                before = await asyncio.to_thread(_refused, base)
+                first, *rest = _as_node_agent(time.time())
+                for batch in ([first], rest):  # in turn, as the issue sent them: the GPU first
+                    s.submit(events=batch)
+                    assert await s.flush(30)
+                after = await asyncio.to_thread(_refused, base)
+                await asyncio.sleep(8.0)  # past the stall limit with the job silent
+                return before, after
+
+        before, after = asyncio.run(scenario())
+        job = wait_for(lambda: next((j for j in get_json(f"{base}/api/jobs")["jobs"] if j["job"] == JOB),
+                                    None), 10, "the job", ignore=NOT_YET)
+        summary = get_json(f"{base}/api/jobs/{JOB}/summary")
+        incidents = get_json(f"{base}/api/jobs/{JOB}/incidents")["incidents"]
+        gpus = get_json(f"{base}/api/jobs/{JOB}/gpus")
+        events = get_json(f"{base}/api/events?limit=1000")["events"]
+    assert after.get("not_host", 0) - before.get("not_host", 0) == 4, (before, after)
+    assert "stall" not in job and job["state"] != "stalled", job
+    assert not any("stall" in i["kinds"] for i in incidents)
+    assert [(r["rank"], r["node"], r["gpu"]) for r in summary["ranks"]] == [(0, "node-a", "0")]
+    assert all(g["node"] == "node-a" for g in gpus["gpus"]), gpus
+    assert not to_stranger
+    assert not any(e.get("agent") == "stranger" and e.get("job") == JOB for e in events)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -121,5 +122,33 @@ def test_figures_rss_of_a_real_aggregator_through_refused_series_floods(tmp_path
               f"{rss[1]:.0f} MB after 200,000 refused series, {rss[2]:.0f} MB after 400,000 "
               f"(streams closed): {per_series_kb:.3f} KB per refused series")
         assert per_series_kb < 0.1  # the issue's build: ~0.87 KB each, never freed
+    finally:
+        stop(p)
+
+
+@pytest.mark.slow
+def test_one_identity_holds_at_most_its_quota_of_series(tmp_path: Path) -> None:
+    """The issue's (54 item 8): one client identity held 500,000 series (~940 MB). Three agents of one
+    address (loopback: one identity without credentials) each defining the per-agent most, 50,000, at
+    a real aggregator with the default quota: 100,000 held, the rest refused (``series_quota``)."""
+    grpc_port, http_port = free_port(), free_port()
+    p = subprocess.Popen([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", str(grpc_port),
+                          "--http-port", str(http_port), "--no-rules"], cwd=ROOT,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                         stdout=(tmp_path / "agg.out").open("wb"), stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{http_port}"
+        wait_for(lambda: http_get(f"{base}/healthz"), 30, "aggregator up")
+        rss0 = _rss_mb(p.pid)
+        n = L.MAX_SERIES_PER_AGENT
+        asyncio.run(_flood(f"127.0.0.1:{grpc_port}", [f"same-address-{k}" for k in range(3)], n))
+        t = json.loads(http_get(f"{base}/api/stats"))["transport"]
+        rss = _rss_mb(p.pid)
+        print(f"FIGURES series quota: 3 agents of one identity defining {n} series each: {t['series_held']} "
+              f"held, {t.get('refused_series_quota')} refusals (each definition is refused twice: Hello and "
+              f"batch); RSS {rss0:.0f} -> {rss:.0f} MB")
+        assert t["series_held"] == L.MAX_SERIES_PER_IDENTITY == 100_000
+        assert t.get("refused_series_quota", 0) >= 3 * n - L.MAX_SERIES_PER_IDENTITY
+        assert "refused (series_quota)" in (tmp_path / "agg.out").read_text()
     finally:
         stop(p)

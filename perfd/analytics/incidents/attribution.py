@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, causal_key
@@ -72,12 +72,14 @@ def place_ranks(processes: Mapping[GpuKey, Sequence[Mapping[str, Any]]],
                 world_size: int | None = None, job: str | None = None) -> dict[int, RankPlacement]:
     """rank -> placement from the per-GPU process lists. Processes that declare another world size
     (with ``world_size`` given) or another job (``job`` given; PERFD_JOB in their environment) belong
-    to another job and are not placed: on a shared GPU they stay foreign processes."""
+    to another job and are not placed: on a shared GPU they stay foreign processes. A process
+    without an int ``pid`` and ``rank`` is not placed (the aggregator refuses such entries where
+    they arrive, perfd.events.checked; a list from anywhere else must not raise here either)."""
     out: dict[int, RankPlacement] = {}
     for (node, gpu), procs in sorted(processes.items()):
         for p in procs:
-            rank = p.get("rank")
-            if not isinstance(rank, int):
+            rank, pid = p.get("rank"), p.get("pid")
+            if not _is_int(rank) or not _is_int(pid):
                 continue
             declared = p.get("job")
             if job is not None and isinstance(declared, str) and declared and declared != job:
@@ -85,8 +87,14 @@ def place_ranks(processes: Mapping[GpuKey, Sequence[Mapping[str, Any]]],
             ws = p.get("world_size")
             if world_size is not None and isinstance(ws, int) and ws != world_size:
                 continue
-            out[rank] = RankPlacement(rank, node, gpu, int(p["pid"]), p.get("local_rank"), ws)
+            local = p.get("local_rank")
+            out[rank] = RankPlacement(rank, node, gpu, pid, local if _is_int(local) else None,
+                                      ws if _is_int(ws) else None)
     return out
+
+
+def _is_int(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def foreign_processes(placement: RankPlacement,
@@ -96,7 +104,7 @@ def foreign_processes(placement: RankPlacement,
     ``job_pids`` as a set is used as it is: a caller asking for every rank passes one set, not a
     copy per rank (8,000 ranks: 8,000 copies of 8,000 pids per call)."""
     mine = job_pids if isinstance(job_pids, (set, frozenset)) else set(job_pids)
-    return [p for p in procs if int(p.get("pid", -1)) not in mine]
+    return [p for p in procs if p.get("pid") not in mine]
 
 
 def _median(values: Iterable[float | None]) -> float | None:

@@ -1,0 +1,103 @@
+"""What a churn of jobs leaves behind (issue 54 item 8: RSS 280 -> 387 MB in a 10-minute churn of 1,904
+jobs once the held jobs hit their quota, the Python heap nearly flat). The figures over 30 minutes are
+`perfd bench soak --churn` (benchmarks/README.md); here, with a real aggregator and real gRPC agents,
+the mechanisms: a job's sidecar agent is forgotten as soon as its only job is pruned (not an agent
+retention of 15 minutes later, each holding its series, Hello and columns), a node's agent that still
+holds a job is not, the allocator's freed memory is given back after pruning, and /api/stats says what
+the process's memory is made of.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.limits import Limits
+from perfd.model import Sample, StepRecord
+from tests.faults.streams import send_batches
+
+
+def _job(job: str, agent_series: int = 5) -> dict[str, object]:
+    t = time.time() - 30
+    return {"steps": [StepRecord(job=job, iteration=i, rank="last", end_time=t + i, step_time_ms=10.0)
+                      for i in range(1, 4)],
+            "samples": [Sample(f"perfd_host_x_{s}", 1.0, t, {"node": "n"}) for s in range(agent_series)]}
+
+
+def test_a_sidecar_is_forgotten_with_its_pruned_job_and_the_allocator_trimmed(tmp_path: Path) -> None:
+    async def main() -> None:
+        agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], rules_interval_s=0.1,
+                                          job_stale_after_s=0.5, state_dir=str(tmp_path / "state"),
+                                          limits=Limits(job_retention_s=1.0)))  # agents: 15 min, the default
+        await agg.start()
+        target = f"127.0.0.1:{agg.grpc_port}"
+        try:
+            await send_batches(target, "node-a/job-1", [_job("job-1")], ["job-1"])  # a job's sidecar
+            await send_batches(target, "node-b", [_job("job-2"), _job("job-3")], ["job-2", "job-3"])
+            held = agg.guard.series
+            assert held == 10  # the sidecar's 5 series and the node agent's 5
+            # job-1 ends and is pruned (1 s after); node-b still holds job-3 after job-2 goes.
+            await asyncio.to_thread(_wait, lambda: agg.lifecycle.jobs_pruned >= 3, 20)
+            await asyncio.to_thread(_wait, lambda: agg.lifecycle.agents_forgotten >= 2, 10)
+            stats = agg.state.stats_json()
+        finally:
+            await agg.stop()
+        # Both agents held only pruned jobs in the end: forgotten a housekeeping later, not 15 min.
+        assert "node-a/job-1" not in stats["agents_seen"] and agg.guard.series == 0
+        assert stats["transport"]["memory_trims"] >= 1
+        proc = stats["process"]
+        assert proc["python_blocks"] > 0
+        if sys.platform.startswith("linux"):
+            assert proc["rss_bytes"] > 0 and proc["malloc_in_use_bytes"] > 0 and "malloc_free_bytes" in proc
+
+    asyncio.run(main())
+
+
+def test_an_agent_holding_another_job_stays(tmp_path: Path) -> None:
+    async def main() -> None:
+        agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], rules_interval_s=0.1,
+                                          job_stale_after_s=0.5, limits=Limits(job_retention_s=1.0)))
+        await agg.start()
+        try:
+            target = f"127.0.0.1:{agg.grpc_port}"
+            await send_batches(target, "node-b", [_job("old")], ["old"])
+            # A live stream of node-b that holds a running job: old is pruned, node-b is not forgotten.
+            client_task = asyncio.create_task(_hold(target))
+            await asyncio.to_thread(_wait, lambda: agg.lifecycle.jobs_pruned >= 1, 20)
+            await asyncio.sleep(0.5)
+            assert agg.lifecycle.agents_forgotten == 0 and "node-b" in agg.state.agents_seen()
+            client_task.cancel()
+        finally:
+            await agg.stop()
+
+    asyncio.run(main())
+
+
+async def _hold(target: str) -> None:
+    from perfd.transport.client import AgentClient
+
+    c = AgentClient(target, "node-b", jobs=["new"])
+    task = asyncio.create_task(c.run())
+    try:
+        while True:
+            c.submit(steps=[StepRecord(job="new", iteration=int(time.time() * 10), rank="last",
+                                       end_time=time.time(), step_time_ms=10.0)])
+            await asyncio.sleep(0.1)
+    finally:
+        task.cancel()
+
+
+def _wait(pred: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("not reached in time")
+        time.sleep(0.05)
+
+
+pytestmark = pytest.mark.timeout(120)

@@ -1,0 +1,82 @@
+"""A ladder of far-future iterations in one batch (issue 54 item 6).
+
+The issue's attack: 6,000 step records of one job, each 99,999 iterations past the one before, in one
+batch — every one within MAX_ITERATION_LEAP of the record before it, so the per-record check took them
+all: the job's 200 held iterations were evicted (the retention window keeps the newest 5,000) and its
+next 200 were dropped as older than the window, with 0 refusals counted. Plausibility is now judged
+per batch: a record more than MAX_ITERATION_LEAP past what the job held *before* the batch is refused.
+
+Against a real ``perfd aggregator`` process, through real gRPC streams: a job fed as Megatron-LM's log
+is (one record per iteration, rank "last") and a job fed as the step hook is (records per rank, the
+hook's pid in their fields), the ladder sent by a client whose Hello names the job (any client may).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from perfd import limits as L
+from perfd.model import Provenance, StepRecord
+from perfd.transport.client import AgentClient
+from tests.faults.streams import streaming
+from tests.procs import Procs, http_get, run_env, start_aggregator, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+RUNGS = 6_000
+STEP = L.MAX_ITERATION_LEAP - 1  # each rung within the leap of the one below it
+
+
+def _rec(job: str, it: int, hook: bool, t: float) -> StepRecord:
+    if not hook:
+        return StepRecord(job=job, iteration=it, rank="last", end_time=t, step_time_ms=100.0)
+    return StepRecord(job=job, iteration=it, rank=0, end_time=t, step_time_ms=100.0,
+                      source=Provenance("hook", "rank0"), fields={"pid": "4242"})
+
+
+def _held(base: str, job: str) -> list[int]:
+    its = json.loads(http_get(f"{base}/api/jobs/{job}/iterations?sources=0"))["iterations"]
+    return sorted(int(it["iteration"]) for it in its)
+
+
+def _refused(base: str, reason: str) -> float:
+    m = re.search(rf'^perfd_aggregator_refused_total\{{reason="{reason}"\}} (\S+)$',
+                  http_get(f"{base}/metrics").decode(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+async def _attack(target: str, job: str, hook: bool) -> None:
+    real = AgentClient(target, f"{job}-agent", jobs=[job])
+    ladder = AgentClient(target, f"{job}-ladder", jobs=[job])
+    async with streaming(real) as r, streaming(ladder) as a:
+        t0 = time.time() - 100
+        r.submit(steps=[_rec(job, i, hook, t0 + i * 0.1) for i in range(1, 201)])
+        assert await r.flush(30)
+        a.submit(steps=[_rec(job, 200 + k * STEP, hook, t0 + 20 + k * 1e-3) for k in range(1, RUNGS + 1)])
+        assert await a.flush(60)
+        r.submit(steps=[_rec(job, i, hook, t0 + i * 0.1) for i in range(201, 401)])
+        assert await r.flush(30)
+
+
+@pytest.mark.parametrize("hook", [False, True], ids=["megatron-shaped", "hook-shaped"])
+def test_a_ladder_in_one_batch_is_refused_and_evicts_nothing(tmp_path: Path, hook: bool) -> None:
+    job = "hookjob" if hook else "logjob"
+    with Procs(tmp_path, run_env()) as procs:
+        grpc_port, _http, base = start_aggregator(procs, "--no-rules")
+        asyncio.run(_attack(f"127.0.0.1:{grpc_port}", job, hook))
+        held = wait_for(lambda: (h := _held(base, job)) and 400 in h and h, 30, "iteration 400 held")
+        refused = _refused(base, "iteration_ahead")
+        procs.end("aggregator")
+        out = (tmp_path / "aggregator.out").read_text()
+    # Every real iteration held, the 200 before the ladder and the 200 after it.
+    assert [i for i in held if i <= 400] == list(range(1, 401))
+    # The first rung is one leap past the newest held (a single record within MAX_ITERATION_LEAP is
+    # plausible, as before); the other 5,999 are refused and counted.
+    assert held[400:] == [200 + STEP]
+    assert refused == RUNGS - 1
+    assert "refused (iteration_ahead)" in out and "past the newest held before its batch" in out
