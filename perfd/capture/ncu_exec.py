@@ -38,6 +38,7 @@ from __future__ import annotations
 import enum
 import glob
 import json
+import math
 import os
 import subprocess
 import time
@@ -98,6 +99,18 @@ def find_ncu() -> str:
 def _version_key(path: str) -> tuple[int, ...]:
     ver = Path(path).parent.name
     return tuple(int(x) for x in ver.split(".") if x.isdigit())
+
+
+def range_estimate_s(launches: int) -> float:
+    """Seconds a range profiling ``launches`` kernels takes: ncu's set-up of its first profile and
+    each kernel's replay (perfd.limits, measured on the H100)."""
+    return L.NCU_RANGE_SETUP_S + launches * L.NCU_REPLAY_S_PER_KERNEL
+
+
+def default_time_budget_s(launches: int) -> float:
+    """The time budget a range of ``launches`` kernels gets when none is given: its estimate and a
+    margin, at least NCU_TIME_BUDGET_S (a window ncu-prefix chose on the timeline fits its budget)."""
+    return float(max(L.NCU_TIME_BUDGET_S, math.ceil(range_estimate_s(launches) * L.NCU_BUDGET_MARGIN)))
 
 
 class KernelChoice(str, enum.Enum):
@@ -164,6 +177,7 @@ class NcuOptions:
         f = self.kernel_filter
         if f is not None and (not f or any(c.isspace() for c in f) or len(f) > 4000):
             raise ValueError("kernel filter: one word (no white space), at most 4000 characters")
+        # Their replay alone (a range also waits for ncu's first set-up: default_time_budget_s allows it)
         expected = self.launch_count * L.NCU_REPLAY_S_PER_KERNEL
         if expected > self.time_budget_s:
             raise ValueError(f"{self.launch_count} kernels take about {expected:.0f} s to profile "

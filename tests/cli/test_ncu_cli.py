@@ -185,7 +185,7 @@ def test_ncu_prefix_output_is_neither_split_nor_globbed_by_the_shell(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "why"), [
-    (("--launch-count", "500", "--time-budget", "60"), "500 kernels take about 305 s"),
+    (("--launch-count", "500", "--time-budget", "60"), "500 kernels take about 455 s"),
     (("--ranks", "a"), "comma-separated integers"),
     (("--kernel-filter", "regex:a b"), "one word"),
 ])

@@ -52,9 +52,9 @@ def too_few(n_steady: int) -> str:
             "(perfd.analytics.thresholds.MIN_GRADE_STEPS)")
 
 
-def with_runs(summary: RunSummary, runs: Runs, table: Table[IterationResult], steady: SteadyState,
-              run: int) -> RunSummary:
-    """``summary`` with the runs it belongs to, the arming's cost, and no grade from too few steps."""
+def with_runs(summary: RunSummary, runs: Runs, arming: ArmingCost | None) -> RunSummary:
+    """``summary`` with the runs it belongs to, the arming's cost (:func:`arming_of`), and no grade
+    from too few steps."""
     ref = runs.reference
     if ref is not None:
         summary = dataclasses.replace(
@@ -65,7 +65,7 @@ def with_runs(summary: RunSummary, runs: Runs, table: Table[IterationResult], st
     elif summary.n_steady < MIN_GRADE_STEPS and runs.figures is FiguresFrom.CURRENT:
         unknown = Bottleneck(BottleneckClass.UNKNOWN, too_few(summary.n_steady))
         summary = dataclasses.replace(summary, step_time_cv=None, slow_steps=None, bottleneck=unknown)
-    return dataclasses.replace(summary, runs=runs, arming=arming_of(table, steady, runs, run))
+    return dataclasses.replace(summary, runs=runs, arming=arming)
 
 
 def arming_of(table: Table[IterationResult], steady: SteadyState, runs: Runs, run: int) -> ArmingCost | None:
