@@ -52,18 +52,23 @@ from perfd.analytics.ncu.join import NO_NCCL_FILTER
 from perfd.capture.binaries import find_binary
 from perfd.capture.nsys_exec import session_name, shell_arg
 
-# Host time a kernel launch costs a process under ncu with profiling off (measured; module doc).
+# Host time a kernel launch costs a process under ncu with profiling off (measured; module doc): ~80 µs
+# for one-element adds, and up to ~210 µs on a 12-layer Megatron-LM job (H100, 2026-11-25: ~6,080
+# launches a step, its armed steps 1,782 ms against 528 ms unarmed, 206 µs a launch; 201 µs by the
+# live analysis; docs/evidence/ncu_workflow_h100/). What a launch costs depends on its arguments.
 NCU_ARMED_US_PER_LAUNCH = 80.0
+NCU_ARMED_US_PER_LAUNCH_HIGH = 210.0
 
 
-def armed_cost_ms(device: Mapping[str, Any], steps: float | None) -> tuple[float, float] | None:
-    """(launches per step, extra host ms per step) that arming ncu would cost a rank whose capture
-    ``device`` (perfd.capture.analysis JSON) held ``steps`` steps; None without the counts."""
+def armed_cost_ms(device: Mapping[str, Any], steps: float | None) -> tuple[float, float, float] | None:
+    """(launches per step, extra host ms per step at the low and the high measured cost a launch) that
+    arming ncu would cost a rank whose capture ``device`` (perfd.capture.analysis JSON) held ``steps``
+    steps; None without the counts."""
     n = device.get("kernel_count")
     if not isinstance(n, int) or not steps or steps <= 0:
         return None
     per_step = n / steps
-    return per_step, per_step * NCU_ARMED_US_PER_LAUNCH / 1e3
+    return per_step, per_step * NCU_ARMED_US_PER_LAUNCH / 1e3, per_step * NCU_ARMED_US_PER_LAUNCH_HIGH / 1e3
 
 
 NCU_SUBDIR = "ncu"  # under the agent's capture directory

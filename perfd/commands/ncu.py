@@ -146,7 +146,13 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
     """(kernel filter, where it came from, the capture id that chose it, the layer window) for
     --kernels-from: a capture (latest: the job's newest), its analysis JSON, or a trace file."""
     from perfd.analytics.ncu.join import kernel_filter, timeline_kernels
-    from perfd.capture.ncu_exec import NCU_ARMED_US_PER_LAUNCH, armed_cost_ms, latest_timeline, trace_of
+    from perfd.capture.ncu_exec import (
+        NCU_ARMED_US_PER_LAUNCH,
+        NCU_ARMED_US_PER_LAUNCH_HIGH,
+        armed_cost_ms,
+        latest_timeline,
+        trace_of,
+    )
 
     src = args.kernels_from
     trace: Path | None = None
@@ -178,9 +184,10 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
         return None, where, None, None
     cost = armed_cost_ms(dev, dev.get("steps") or dev.get("trace_steps") or _steps_of(dev))
     if cost is not None:
-        where += (f"; arming ncu costs ~{NCU_ARMED_US_PER_LAUNCH:.0f} µs a kernel launch for the life of "
-                  f"the process: this job launched ~{cost[0]:.0f} kernels a step, so expect up to "
-                  f"+{cost[1]:.0f} ms of host time per step on the ranks under ncu")
+        where += (f"; arming ncu costs ~{NCU_ARMED_US_PER_LAUNCH:.0f}-{NCU_ARMED_US_PER_LAUNCH_HIGH:.0f} µs "
+                  "a kernel launch for the life of the process (measured on the H100: one-element adds; a "
+                  f"12-layer Megatron-LM job): this job launched ~{cost[0]:.0f} kernels a step, so expect "
+                  f"+{cost[1]:.0f} to +{cost[2]:.0f} ms of host time per step on the ranks under ncu")
     # the capture's id, or the analysis file's name as a plain word (NcuOptions.check)
     named = cid or "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(src).stem)[:200]
     flt = kernel_filter(timeline_kernels(dev), args.top)
