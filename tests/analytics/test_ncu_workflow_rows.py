@@ -217,3 +217,27 @@ def test_the_arming_estimate_holds_what_arming_cost(prefix_store: tuple[Path, Pa
     assert m is not None, r.stderr
     low, high = float(m.group(1)), float(m.group(2))
     assert low < extra_ms <= high
+
+
+def test_the_budget_holds_one_data_wait_and_names_whose_capture_it_is() -> None:
+    """Read as the engineer reads run 2's report: the budget listed "data wait 9 ms (1%); data wait 9 ms
+    (1%)" (the timers' 2.5% taken from two idle parts, two rows: the part's own figure half of it), and
+    "The capture slowed its steps by +23%" beside run 2's ncu arming, with no word of whose capture:
+    it is run 1's Kineto capture against run 1's steady steps, like with like."""
+    from perfd.analytics.breakdown.budget import Part
+    from perfd.commands.analyze_capture import timeline_class
+
+    p = parse_lines((log_text(1) + log_text(2)).splitlines(keepends=True), job=JOB)
+    a = analyze_run(p.job_info, list(p.records), gpu_name=GPU, timeline=timeline_class(str(TRACE)),
+                    job_name=JOB)
+    assert (a.summary.runs.current, a.summary.runs.figures_run) == (2, 1)
+    b = a.summary.step_budget
+    assert b is not None
+    data = [x for x in b.parts if x.part is Part.DATA]
+    share = a.summary.median("data_share")
+    assert len(data) == 1 and share is not None and data[0].ms == pytest.approx(share * b.step_ms, rel=0.01)
+    cls = next(f for f in a.findings if f.id == "budget-class")
+    assert cls.observation.count("data wait") == 1
+    cost = next(f for f in a.findings if f.id == "budget-capture-cost")
+    assert cost.title == "Run 1's capture slowed its steps by +23%"
+    assert "of the same run (run 1" in cost.observation

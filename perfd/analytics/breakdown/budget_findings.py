@@ -293,9 +293,10 @@ def capture_cost(ctx: BudgetContext) -> Out:
             sev,
             f"{who} slowed its steps by {share:+.0%}",
             f"The captured steps averaged {b.step_ms:.0f} ms against the steady {b.steady_step_ms:.0f} ms "
-            + (f"of the same run (run {ctx.run}, the job's last without ncu) " if ctx.run else "")
-            + f"({over:+.0f} ms): the profiler's own cost, which lands in the idle parts (the host runs "
-            f"slower; the kernels do not)"
+            f"({over:+.0f} ms)"
+            + (f" of the same run (run {ctx.run}, the job's last without ncu)" if ctx.run else "")
+            + ": the profiler's own cost, which lands in the idle parts (the host runs slower; the kernels "
+            "do not)"
             + (f"; steps counted from {how}" if how else "")
             + (". Read the idle parts with that in mind." if share > th.CAPTURE_SLOWDOWN.value else "."),
             {
