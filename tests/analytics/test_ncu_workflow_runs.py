@@ -14,7 +14,7 @@ job's three runs replayed through the aggregator as its agent sent them, each fi
 
 from __future__ import annotations
 
-import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +22,7 @@ from collectors.megatron import parse_lines
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.analytics.steps.runs import FiguresFrom
-from perfd.model import StepRecord
+from perfd.model import JobInfo, StepRecord
 from tests.analytics.ncu_workflow_data import (
     GPU,
     JOB,
@@ -38,7 +38,7 @@ from tests.analytics.ncu_workflow_data import (
 AGENT = "vm/ncu-workflow"
 
 
-def parsed(run: int) -> tuple[object, list[StepRecord]]:
+def parsed(run: int) -> tuple[JobInfo, list[StepRecord]]:
     """The run's job info and step records as the agent's Megatron-LM collector reads its log."""
     p = parse_lines(log_text(run).splitlines(keepends=True), job=JOB)
     return p.job_info, list(p.records)
@@ -53,7 +53,7 @@ def live_state(upto: int) -> tuple[AggregatorState, list[RunAnalysis]]:
     out = []
     for run in RUNS[:upto]:
         info, records = parsed(run)
-        state.ingest_job_info(AGENT, JOB, info)  # type: ignore[arg-type]
+        state.ingest_job_info(AGENT, JOB, info)
         for rec in records:
             state.ingest_steps(AGENT, [rec])
         a = state.analysis(JOB, force=True)
@@ -134,7 +134,7 @@ def test_goodput_books_each_run_by_hand_and_adds_up(analyses: list[RunAnalysis])
     assert g3.parts["training"] - g2.parts["training"] == pytest.approx(own3, abs=0.05) and own3 > 19.0
 
 
-def test_a_restarted_aggregator_keeps_the_jobs_gpu_and_run_1s_mfu(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_restarted_aggregator_keeps_the_jobs_gpu_and_run_1s_mfu(tmp_path: Path) -> None:
     """One aggregator per run over one state directory, as on the H100: the journal gives the step
     records and job info back, the GPU model (named only by the NVML samples, which are not kept)
     comes back with the documents, before the first analysis digests the runs the replay closed."""
@@ -166,8 +166,8 @@ def test_a_restarted_aggregator_keeps_the_jobs_gpu_and_run_1s_mfu(tmp_path) -> N
             seq[0] += 1
             samples = [Sample("perfd_gpu_memory_total_bytes", 85520809984.0, rec.end_time or 0.0,
                               {"node": "vm", "gpu": "0", "model": GPU})] if gpu_named else []
-            extra = {"job_info_json": {JOB: job_info_to_json(info)}} if i == 0 else {}  # type: ignore[arg-type]
-            b = encode_batch(AGENT, seq[0], samples, [rec], (), SeriesTable(), **extra)
+            said = {JOB: job_info_to_json(info)} if i == 0 else None  # the start-up, before its first record
+            b = encode_batch(AGENT, seq[0], samples, [rec], (), SeriesTable(), job_info_json=said)
             kept = agg.on_batch(AGENT, decode_batch(pb.Batch.FromString(b.SerializeToString()), {}))
             j.batch(AGENT, b, kept)
         assert j.commit()
@@ -206,7 +206,7 @@ def test_mfu_absent_says_why_when_the_figures_are_an_earlier_runs() -> None:
     state = AggregatorState()
     for run in RUNS:
         info, records = parsed(run)
-        state.ingest_job_info(AGENT, JOB, dataclasses.replace(info))  # type: ignore[type-var]
+        state.ingest_job_info(AGENT, JOB, info)
         state.ingest_steps(AGENT, records)
     a = state.analysis(JOB, force=True)
     assert a is not None and a.summary.runs.figures_run == 1 and a.summary.median("mfu") is None

@@ -141,8 +141,8 @@ def cut_launch_trace(src: Path, dst: Path) -> dict[str, Any]:
             calls.setdefault(e.get("tid"), []).append(float(e["ts"]))
         elif e.get("cat") == "fwdbwd":
             flows.setdefault(e.get("tid"), set()).add(e.get("ts"))
-    for ts in calls.values():
-        ts.sort()
+    for launched in calls.values():
+        launched.sort()
     keep_args = ("correlation", "Sequence number", "device", "stream", "grid", "block")
     out = []
     for e in events:
@@ -151,9 +151,9 @@ def cut_launch_trace(src: Path, dst: Path) -> dict[str, Any]:
             if not kept_call(e):
                 continue
         elif cat == "cpu_op":
-            t, ts, dur = calls.get(e.get("tid"), []), float(e.get("ts", 0)), float(e.get("dur", 0))
-            i = bisect.bisect_left(t, ts)
-            encloses = i < len(t) and t[i] <= ts + dur
+            t, at, dur = calls.get(e.get("tid"), []), float(e.get("ts", 0)), float(e.get("dur", 0))
+            i = bisect.bisect_left(t, at)
+            encloses = i < len(t) and t[i] <= at + dur
             if not (encloses or e.get("ts") in flows.get(e.get("tid"), ())
                     or "Sequence number" in (e.get("args") or {})):
                 continue
