@@ -50,13 +50,12 @@ from perfd.analytics.steps.metrics import (
     throughput_per_gpu,
 )
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
-from perfd.analytics.steps.run_figures import arming_of, figures_of, with_runs
+from perfd.analytics.steps.run_figures import arming_of, figures_of, goodput_costs, with_runs
 from perfd.analytics.steps.run_incidents import mark_incidents, step_work, straggler_flags
 from perfd.analytics.steps.run_summary import (
     CaptureDisturbances,
     JobBlock,
     RunSummary,
-    incidents_cost_s,
     job_block,
     steady_medians,
     step_shares,
@@ -609,23 +608,11 @@ class RunBuilder:
         disturbances = CaptureDisturbances.of(detection.disturbances)
         med_ms = med.get("step_time_ms")
         arming = arming_of(table, steady, runs, self.run)
-        # An armed step's excess over the arming's reference is perfd's (profiling) whole, a capture
-        # inside it included: only the captures' stretches outside the armed steps count apart.
-        armed_its = {i for i, a in zip(table.column("iteration"), armed, strict=True) if a} \
-            if arming is not None else set()
-
-        def among_armed(i: Incident) -> bool:
-            return bool(armed_its.intersection(range(i.first_iteration, i.last_iteration + 1)))
-
-        unarmed = [d for d in detection.disturbances if not among_armed(d)]
-        outside = CaptureDisturbances.of(unarmed).excess_s if len(unarmed) < len(detection.disturbances) \
-            else disturbances.excess_s
+        incident_s, armed_incident_s, profiling_s = goodput_costs(
+            table.column("iteration"), armed, arming, incidents, detection.disturbances)
         gp = job_goodput(self.spans.by_end_time(), started_at=self.job.started_at,
-                         incident_cost_s=incidents_cost_s([i for i in incidents if not among_armed(i)]),
-                         armed_incident_cost_s=incidents_cost_s([i for i in incidents if among_armed(i)]),
-                         # perfd's own captures: their stretches, and their part inside incidents
-                         profiling_s=sum(c for c in (outside, *(i.capture_cost_s for i in incidents
-                                                                 if not among_armed(i))) if c),
+                         incident_cost_s=incident_s, armed_incident_cost_s=armed_incident_s,
+                         profiling_s=profiling_s,
                          log_interval=self.job.log_interval, by_end_time=True,
                          median_step_s=med_ms / 1e3 if med_ms is not None else None,
                          prior=self.earlier[-1].goodput if self.earlier else None,
