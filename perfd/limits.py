@@ -123,14 +123,19 @@ CAPTURE_RATE_WINDOW_S = 300.0  # ... in this sliding window
 MAX_CAPTURE_RECORDS = 1_000  # capture records kept; the oldest finished ones are pruned first
 MAX_ALERTS_PER_WEBHOOK = 100  # alerts of one Alertmanager POST that may ask for a capture
 # Nsight Compute ranges (perfd.capture.ncu_exec): what a rank under ncu may cost, fixed when it starts
-# (ncu's filters are its command line and count over the whole process). Measured on the H100
-# (/work/shared/gpu/README.md "Nsight Compute"): five sections, 13 replay passes per kernel, 60 kernels
-# in 36.4 s of one step, so ~0.61 s per kernel profiled; the default budget takes ~25 s.
-NCU_REPLAY_S_PER_KERNEL = 0.61
+# (ncu's filters are its command line and count over the whole process). Measured on the H100 with
+# perfd's five sections (SpeedOfLight, Occupancy, LaunchStats, WarpStateStats, ComputeWorkloadAnalysis:
+# ncu replays each kernel 19 times), 12-layer Megatron-LM, 2026-11-25 (docs/evidence/ncu_workflow_h100/):
+# 72 launches each range, the first profiled 11.6 and 11.7 s after the range opened (ncu setting up its
+# first profile), then one every 0.90 s (median; 64.4 and 65.1 s for the other 71); the ranges were
+# held 78.0 and 79.0 s. (An earlier 0.61 s a kernel was measured with 13 passes: fewer sections.)
+NCU_REPLAY_S_PER_KERNEL = 0.91
+NCU_RANGE_SETUP_S = 11.0  # before a range's first profiled launch is done, besides its replay
+NCU_BUDGET_MARGIN = 1.25  # a default time budget: the range's estimate and a quarter (the step's rest)
 NCU_LAUNCH_COUNT = 40  # kernels one rank profiles (its --launch-count), over all its ranges
 MAX_NCU_LAUNCH_COUNT = 1_000
 MAX_NCU_LAUNCH_SKIP = 1_000_000  # launches a range lets pass first (a step's: thousands to tens of thousands)
-NCU_TIME_BUDGET_S = 90.0  # one range; past it the capture closes the range and says it overran
+NCU_TIME_BUDGET_S = 90.0  # one range, at least; past it the capture closes the range and says it overran
 MAX_NCU_TIME_BUDGET_S = 1_800.0
 
 # ---- rank processes on a node (collectors/ranks, perfd/agent/stacks.py) ----------------------------

@@ -535,6 +535,13 @@ class JobStore:
             js.new_normal_at, js.dirty = iteration, True
             return iteration
 
+    def gpu_models(self) -> dict[str, str]:
+        """job -> the GPU model its agents' NVML series named, for the state store: the samples that
+        named it are not kept, and a run digested after a restart, before an agent names it again,
+        would lose its MFU for good (the digest is made once)."""
+        with self._lock:
+            return {j: js.gpu_name for j, js in self.jobs.items() if js.gpu_name}
+
     def new_normals(self) -> dict[str, int]:
         """job -> the iteration its new normal starts at (for the state store)."""
         with self._lock:

@@ -7,8 +7,8 @@ What is kept, and how it comes back after a restart (kill -9 included):
     jobs): one row per agent, replaced by the next Hello and deleted when the agent is forgotten;
   - the job info of each job (kept apart from the journal, so pruning old batches never loses it);
   - the dedupe state (highest batch seq per agent and spool epoch);
-  - rule state (pending / firing since, capture budgets), capture records and the event history,
-    written by the rules loop as JSON documents.
+  - rule state (pending / firing since, capture budgets), capture records, the event history and each
+    job's GPU model (only the samples name it), written by the rules loop as JSON documents.
 Node samples (NVML, host) are not kept: they are for Prometheus, and the next batches refresh them.
 
 Durability: the ingest server acknowledges a batch only after :meth:`StateStore.commit` returned

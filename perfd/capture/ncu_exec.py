@@ -38,6 +38,7 @@ from __future__ import annotations
 import enum
 import glob
 import json
+import math
 import os
 import subprocess
 import time
@@ -51,18 +52,23 @@ from perfd.analytics.ncu.join import NO_NCCL_FILTER
 from perfd.capture.binaries import find_binary
 from perfd.capture.nsys_exec import session_name, shell_arg
 
-# Host time a kernel launch costs a process under ncu with profiling off (measured; module doc).
+# Host time a kernel launch costs a process under ncu with profiling off (measured; module doc): ~80 µs
+# for one-element adds, and up to ~210 µs on a 12-layer Megatron-LM job (H100, 2026-11-25: ~6,080
+# launches a step, its armed steps 1,782 ms against 528 ms unarmed, 206 µs a launch; 201 µs by the
+# live analysis; docs/evidence/ncu_workflow_h100/). What a launch costs depends on its arguments.
 NCU_ARMED_US_PER_LAUNCH = 80.0
+NCU_ARMED_US_PER_LAUNCH_HIGH = 210.0
 
 
-def armed_cost_ms(device: Mapping[str, Any], steps: float | None) -> tuple[float, float] | None:
-    """(launches per step, extra host ms per step) that arming ncu would cost a rank whose capture
-    ``device`` (perfd.capture.analysis JSON) held ``steps`` steps; None without the counts."""
+def armed_cost_ms(device: Mapping[str, Any], steps: float | None) -> tuple[float, float, float] | None:
+    """(launches per step, extra host ms per step at the low and the high measured cost a launch) that
+    arming ncu would cost a rank whose capture ``device`` (perfd.capture.analysis JSON) held ``steps``
+    steps; None without the counts."""
     n = device.get("kernel_count")
     if not isinstance(n, int) or not steps or steps <= 0:
         return None
     per_step = n / steps
-    return per_step, per_step * NCU_ARMED_US_PER_LAUNCH / 1e3
+    return per_step, per_step * NCU_ARMED_US_PER_LAUNCH / 1e3, per_step * NCU_ARMED_US_PER_LAUNCH_HIGH / 1e3
 
 
 NCU_SUBDIR = "ncu"  # under the agent's capture directory
@@ -98,6 +104,18 @@ def find_ncu() -> str:
 def _version_key(path: str) -> tuple[int, ...]:
     ver = Path(path).parent.name
     return tuple(int(x) for x in ver.split(".") if x.isdigit())
+
+
+def range_estimate_s(launches: int) -> float:
+    """Seconds a range profiling ``launches`` kernels takes: ncu's set-up of its first profile and
+    each kernel's replay (perfd.limits, measured on the H100)."""
+    return L.NCU_RANGE_SETUP_S + launches * L.NCU_REPLAY_S_PER_KERNEL
+
+
+def default_time_budget_s(launches: int) -> float:
+    """The time budget a range of ``launches`` kernels gets when none is given: its estimate and a
+    margin, at least NCU_TIME_BUDGET_S (a window ncu-prefix chose on the timeline fits its budget)."""
+    return float(max(L.NCU_TIME_BUDGET_S, math.ceil(range_estimate_s(launches) * L.NCU_BUDGET_MARGIN)))
 
 
 class KernelChoice(str, enum.Enum):
@@ -164,6 +182,7 @@ class NcuOptions:
         f = self.kernel_filter
         if f is not None and (not f or any(c.isspace() for c in f) or len(f) > 4000):
             raise ValueError("kernel filter: one word (no white space), at most 4000 characters")
+        # Their replay alone (a range also waits for ncu's first set-up: default_time_budget_s allows it)
         expected = self.launch_count * L.NCU_REPLAY_S_PER_KERNEL
         if expected > self.time_budget_s:
             raise ValueError(f"{self.launch_count} kernels take about {expected:.0f} s to profile "

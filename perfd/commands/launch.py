@@ -13,6 +13,7 @@ def _launch(args: argparse.Namespace) -> int:
     import sys
 
     from perfd.capture.ncu_exec import NcuOptions
+    from perfd.commands.ncu import time_budget
     from perfd.launch import LaunchOptions, run_launch
 
     ncu_ranks = None
@@ -31,7 +32,7 @@ def _launch(args: argparse.Namespace) -> int:
         manifest=args.manifest, run_dir=args.run_dir, wandb_run_id=args.wandb_run_id,
         ncu_ranks=ncu_ranks, ncu_capture_dir=args.capture_dir,
         ncu_options=NcuOptions(args.launch_count, args.kernel_filter, args.clock_control,
-                               float(args.time_budget), launch_skip=args.launch_skip)))
+                               time_budget(args, args.launch_count), launch_skip=args.launch_skip)))
 
 
 def register(sub: SubParsers) -> None:

@@ -35,10 +35,11 @@ def add_budget_arguments(p: argparse.ArgumentParser, filter_help: str = "", pref
     p.add_argument(f"--{prefix}clock-control", dest="clock_control", choices=CLOCK_CONTROLS, default="none",
                    help="none: the job's clocks as they run (default); base: ncu locks the SM clock to "
                    "base while it profiles (comparable runs, slower kernels)")
-    p.add_argument(f"--{prefix}time-budget", dest="time_budget", type=float, default=L.NCU_TIME_BUDGET_S,
-                   metavar="S",
+    p.add_argument(f"--{prefix}time-budget", dest="time_budget", type=float, default=None, metavar="S",
                    help="seconds one range may take; past it the capture cancels the range (it closes "
-                   "at the next step boundary) and says it overran (default: %(default)s)")
+                   "at the next step boundary) and says it overran (default: what the launches take, "
+                   f"~{L.NCU_RANGE_SETUP_S:g} s for ncu's first profile and ~{L.NCU_REPLAY_S_PER_KERNEL} s "
+                   f"a launch, and a quarter more; at least {L.NCU_TIME_BUDGET_S:g})")
     p.add_argument(f"--{prefix}capture-dir", dest="capture_dir", help="the agent's capture_dir, where it "
                    "looks for ranks under ncu "
                    "(default: this user's ~/.local/state/perfd/captures; an agent with --state-dir DIR "
@@ -55,11 +56,19 @@ def options_from(args: argparse.Namespace, kernel_filter: str | None = None,
     flt = kernel_filter or args.kernel_filter
     chosen = (kernels_from or getattr(args, "kernels_from_capture", None)) if flt else None
     if window is not None:
-        return NcuOptions(window.count, flt, args.clock_control, float(args.time_budget), chosen, window.skip,
-                          window.layer, window.layers_total).check()
-    return NcuOptions(args.launch_count, flt, args.clock_control, float(args.time_budget), chosen,
-                      int(getattr(args, "launch_skip", 0) or 0), getattr(args, "window_layer", None),
+        return NcuOptions(window.count, flt, args.clock_control, time_budget(args, window.count), chosen,
+                          window.skip, window.layer, window.layers_total).check()
+    return NcuOptions(args.launch_count, flt, args.clock_control, time_budget(args, args.launch_count),
+                      chosen, int(getattr(args, "launch_skip", 0) or 0), getattr(args, "window_layer", None),
                       getattr(args, "window_layers", None)).check()
+
+
+def time_budget(args: argparse.Namespace, launches: int) -> float:
+    """--time-budget as given, else what ``launches`` take with a margin (ncu_exec.default_time_budget_s)."""
+    from perfd.capture.ncu_exec import default_time_budget_s
+
+    given = getattr(args, "time_budget", None)
+    return float(given) if given is not None else default_time_budget_s(launches)
 
 
 def _ranks(text: str) -> list[int]:
@@ -137,7 +146,13 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
     """(kernel filter, where it came from, the capture id that chose it, the layer window) for
     --kernels-from: a capture (latest: the job's newest), its analysis JSON, or a trace file."""
     from perfd.analytics.ncu.join import kernel_filter, timeline_kernels
-    from perfd.capture.ncu_exec import NCU_ARMED_US_PER_LAUNCH, armed_cost_ms, latest_timeline, trace_of
+    from perfd.capture.ncu_exec import (
+        NCU_ARMED_US_PER_LAUNCH,
+        NCU_ARMED_US_PER_LAUNCH_HIGH,
+        armed_cost_ms,
+        latest_timeline,
+        trace_of,
+    )
 
     src = args.kernels_from
     trace: Path | None = None
@@ -169,9 +184,10 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
         return None, where, None, None
     cost = armed_cost_ms(dev, dev.get("steps") or dev.get("trace_steps") or _steps_of(dev))
     if cost is not None:
-        where += (f"; arming ncu costs ~{NCU_ARMED_US_PER_LAUNCH:.0f} µs a kernel launch for the life of "
-                  f"the process: this job launched ~{cost[0]:.0f} kernels a step, so expect up to "
-                  f"+{cost[1]:.0f} ms of host time per step on the ranks under ncu")
+        where += (f"; arming ncu costs ~{NCU_ARMED_US_PER_LAUNCH:.0f}-{NCU_ARMED_US_PER_LAUNCH_HIGH:.0f} µs "
+                  "a kernel launch for the life of the process (measured on the H100: one-element adds; a "
+                  f"12-layer Megatron-LM job): this job launched ~{cost[0]:.0f} kernels a step, so expect "
+                  f"+{cost[1]:.0f} to +{cost[2]:.0f} ms of host time per step on the ranks under ncu")
     # the capture's id, or the analysis file's name as a plain word (NcuOptions.check)
     named = cid or "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(src).stem)[:200]
     flt = kernel_filter(timeline_kernels(dev), args.top)
@@ -213,6 +229,7 @@ def _window(trace: Path | None, flt: str, args: argparse.Namespace) -> tuple[Any
     chosen (or why none: then the range profiles the step's first --launch-count filtered launches)."""
     from perfd.analytics.ncu.launches import layer_window
     from perfd.capture.launch_order import read_launches
+    from perfd.capture.ncu_exec import default_time_budget_s, range_estimate_s
 
     if trace is None:
         return None, "no trace of the capture on disk to choose a launch window from"
@@ -222,12 +239,16 @@ def _window(trace: Path | None, flt: str, args: argparse.Namespace) -> tuple[Any
         return None, f"no launch window ({type(exc).__name__}: {str(exc)[:200]})"
     if w is None:
         return None, "no launch window: the trace shows no step with a forward and backward layer"
-    if w.count * L.NCU_REPLAY_S_PER_KERNEL > float(args.time_budget) or w.count > L.MAX_NCU_LAUNCH_COUNT:
+    need = range_estimate_s(w.count)
+    if w.count > L.MAX_NCU_LAUNCH_COUNT or (args.time_budget is not None and need > float(args.time_budget)):
         return None, (f"no launch window: layer {w.layer}'s forward and backward are {w.count} filtered "
-                      f"launches, ~{w.count * L.NCU_REPLAY_S_PER_KERNEL:.0f} s to profile, beyond the time "
-                      f"budget of {float(args.time_budget):g} s (--time-budget, or --top fewer kernels)")
+                      f"launches, ~{need:.0f} s to profile, beyond the time budget of "
+                      f"{float(args.time_budget or 0):g} s (--time-budget "
+                      f"{default_time_budget_s(w.count):g}, or none: the window's own; or --top fewer "
+                      "kernels)")
     return w, (f"launch window: skip {w.skip}, count {w.count} of the step's {w.per_step} filtered launches: "
-               f"the forward and backward of layer {w.layer} of {w.layers_total}")
+               f"the forward and backward of layer {w.layer} of {w.layers_total}, ~{need:.0f} s to profile "
+               f"(time budget {time_budget(args, w.count):g} s)")
 
 
 def _steps_of(dev: dict[str, Any]) -> float | None:

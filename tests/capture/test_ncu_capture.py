@@ -312,7 +312,7 @@ def test_target_records_round_trip_and_bad_ones_are_refused(tmp_path):
 
 @pytest.mark.parametrize(("opts", "why"), [
     (NcuOptions(launch_count=0), "launch count 0"),
-    (NcuOptions(launch_count=200, time_budget_s=60), "200 kernels take about 122 s"),
+    (NcuOptions(launch_count=200, time_budget_s=60), "200 kernels take about 182 s"),
     (NcuOptions(time_budget_s=0.5), "time budget 0.5 s"),
     (NcuOptions(kernel_filter="regex:a b"), "one word"),
     (NcuOptions(clock_control="boost"), "clock control"),  # type: ignore[arg-type]

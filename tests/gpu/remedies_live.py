@@ -122,8 +122,9 @@ def cut_trace(src: Path, dst: Path) -> dict[str, Any]:
     events = doc.get("traceEvents", [])
     gpu_corr = {(e.get("args") or {}).get("correlation") for e in events
                 if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")}
+    # grid and block: ncu's profiled launches are matched to the timeline's on them (launch_order.py)
     keep_args = ("correlation", "External id", "Sequence number", "Fwd thread id", "Input Dims", "device",
-                 "stream")
+                 "stream", "grid", "block")
     frames = ("cross_entropy", "loss", "/optimizer/", "clip_grads", "/distributed/", "param_and_grad_buffer")
     out: list[dict[str, Any]] = []
     cats: dict[str, int] = {}

@@ -194,8 +194,13 @@ def mfu_grade(c: RunContext) -> Out:
     mfu = med.get("mfu")
     if mfu is None:
         why = a.iterations[0].sources.get("mfu", "unknown") if a.iterations else "no iterations"
+        ref = a.summary.runs.reference
         if a.summary.runs.figures is FiguresFrom.NONE:
             why = a.summary.runs.text() or why
+        elif ref is not None:  # the figures are an earlier run's: its digest is why, not this run's steps
+            why = (f"absent: the figures are run {ref.run}'s (every step of run {a.summary.runs.current} "
+                   f"is armed), and run {ref.run}'s digest holds no MFU (its GPU or its model FLOPs were "
+                   "unknown when its records were digested)")
         return [Finding("mfu-absent", Severity.INFO, "MFU not available", f"MFU {why}", {}, span)], []
     n = a.summary.n_steady
     if n < MIN_GRADE_STEPS:  # one steady step is no grade (issue 51 item 6)
@@ -481,7 +486,9 @@ def budget_context(c: RunContext) -> budget_findings.BudgetContext | None:
                if c.med.get(key) is not None}
     if c.job.layout.pp and c.job.layout.pp > 1 and c.med.get("pp_idle_max") is not None:
         covered.add(Part.PIPELINE)
-    return budget_findings.BudgetContext(b, c.framework, b.basis, frozenset(covered), c.config)
+    ref = c.a.summary.runs.reference  # every step of the current run armed: the budget is that run's
+    return budget_findings.BudgetContext(b, c.framework, b.basis, frozenset(covered), c.config,
+                                         ref.run if ref is not None else None)
 
 
 def next_step(c: RunContext) -> Out:

@@ -31,6 +31,9 @@ class BudgetContext:
     # Parts other analyzers speak for already (the run's timers: data, communication, pipeline)
     covered: frozenset[Part] = frozenset()
     config: JobConfig | None = None  # what the job runs with (remedies fit it); None: the framework alone
+    # The job's run the capture and the steady step are of, when not the current one (its steps all
+    # armed: the figures are an earlier run's, perfd.analytics.steps.runs); None: the current run
+    run: int | None = None
 
 
 Out = tuple[list[Finding], list[Recommendation]]
@@ -283,14 +286,17 @@ def capture_cost(ctx: BudgetContext) -> Out:
         "span": "the span over the steady step (the trace marks no step)",
     }.get(b.steps_from, "")
     sev = Severity.WARNING if share > th.CAPTURE_SLOWDOWN.value else Severity.INFO
+    who = f"Run {ctx.run}'s capture" if ctx.run else "The capture"  # like with like: one run's steps
     return [
         Finding(
             CAPTURE_COST_FINDING,
             sev,
-            f"The capture slowed its steps by {share:+.0%}",
+            f"{who} slowed its steps by {share:+.0%}",
             f"The captured steps averaged {b.step_ms:.0f} ms against the steady {b.steady_step_ms:.0f} ms "
-            f"({over:+.0f} ms): the profiler's own cost, which lands in the idle parts (the host runs "
-            f"slower; the kernels do not)"
+            f"({over:+.0f} ms)"
+            + (f" of the same run (run {ctx.run}, the job's last without ncu)" if ctx.run else "")
+            + ": the profiler's own cost, which lands in the idle parts (the host runs slower; the kernels "
+            "do not)"
             + (f"; steps counted from {how}" if how else "")
             + (". Read the idle parts with that in mind." if share > th.CAPTURE_SLOWDOWN.value else "."),
             {

@@ -113,21 +113,19 @@ def from_capture(
     fused = bool(device.get("attention_fused"))
     rows: list[tuple[Part, float, Source, dict[str, Any]]] = []
     if timers.data and timers.step_ms and Part.DATA not in per:
-        # the timed data wait, in the host's idle: its long gaps, else after the batch timer's sync
+        # the timed data wait, in the host's idle: its long gaps, else after the batch timer's sync;
+        # one part, whichever idle it came from (two rows of it read as the wait shown twice, at half)
         want = timers.data * sum(per.values())
+        taken: dict[str, float] = {}
         for p in (Part.IDLE_LONG, Part.IDLE_SYNC):
             take = min(per.get(p, 0.0), want)
             if take > 0:
                 per[p] -= take
                 want -= take
-                rows.append(
-                    (
-                        Part.DATA,
-                        take,
-                        Source.TIMERS,
-                        {"timer_share": timers.data, "from_idle_ms": take, "from": p.value},
-                    )
-                )
+                taken[p.value] = take
+        if taken:
+            rows.append((Part.DATA, sum(taken.values()), Source.TIMERS,
+                         {"timer_share": timers.data, "from_idle_ms": taken}))
     side = device.get("side_stream_ms") if isinstance(device.get("side_stream_ms"), Mapping) else {}
     for p, ms in per.items():
         detail: dict[str, Any] = {"kernels": _top(kernels, p, n_span), "ops": _top(ops, p, n_span)}

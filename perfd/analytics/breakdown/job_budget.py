@@ -221,7 +221,12 @@ def capture_timeline(capture: Mapping[str, Any]) -> TimelineClass | None:
         devices = [d for d in got_devices or [] if isinstance(d, Mapping)]
         device = next((d for d in devices if d.get("device") == decided.get("device")), None)
     steps = capture.get("steps")
+    # The agents' ids of the capture beside the request's: ncu-prefix and the kernel choice name the
+    # capture by the agent's id (c2026...), the budget by the request's; one report shows both.
+    got_ids = capture.get("agent_capture_ids")
+    stored = ", ".join(str(x) for x in got_ids[:4]) if isinstance(got_ids, list) and got_ids else ""
     return TimelineClass(cls, str(capture.get("bottleneck_reason") or ""),
-                         f"capture {capture.get('id')} ({capture.get('tool')}, ranks {capture.get('ranks')})",
+                         f"capture {capture.get('id')} ({capture.get('tool')}, ranks {capture.get('ranks')}"
+                         + (f"; {stored}" if stored else "") + ")",
                          device, steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
                          str(capture.get("id") or ""), devices=tuple(devices))

@@ -22,6 +22,13 @@ split, in this order of precedence:
 - *training*: the record's ``n × step_s``; of it, each incident's cost (Σ step − steady median,
   perfd.analytics.incidents.detect) is *incident*, perfd's own captures' excess is *profiling*, and
   iterations a new run trains again (numbers at or below what an earlier run reached) are *redone*.
+  A step is booked at the job's own speed first: up to the steady step it is training (or redone),
+  its excess is the incident's or perfd's. So a step on a rank armed for a capture (perfd.armed: it
+  runs under ncu for its process's life) is profiling for its excess over ``armed_step_s`` (the
+  reference the arming cost is measured against: the job's last unarmed run's steady median,
+  perfd.analytics.ncu.arming) and training or redone for the rest; and the incidents' and the
+  captures' costs of a run come out of that run's own training and redone time (in proportion),
+  never out of an earlier run's.
 - *stall*: what is left of a window once the above are taken, when it exceeds
   ``GOODPUT_STALL_STEPS`` median steps (at least ``GOODPUT_STALL_FLOOR_S``); a smaller remainder is
   *other* (logging and host overhead between timed steps). A live job that has stopped stepping while
@@ -60,7 +67,8 @@ KINDS: tuple[str, ...] = (TRAINING, INCIDENT, PROFILING, REDONE, CHECKPOINT, EVA
 KIND_HELP: dict[str, str] = {
     TRAINING: "steady training: logged step time outside incidents and perfd's captures",
     INCIDENT: "the excess step time of incidents (Σ step − steady time per step)",
-    PROFILING: "the excess step time of perfd's own captures",
+    PROFILING: "the excess step time of perfd's own captures, and of steps on a rank armed for one (ncu) "
+               "over the job's unarmed steady step",
     REDONE: "iterations trained again after a restart from an earlier checkpoint",
     CHECKPOINT: "checkpoint saves (the framework's save-checkpoint timer, or the step hook's phase)",
     EVALUATION: "evaluation passes (the framework's evaluate timer, or the step hook's phase)",
@@ -91,6 +99,7 @@ class StepSpan:
     after_s: Mapping[str, float] = field(default_factory=dict)  # kind -> seconds paused after it
     new_run: bool = False  # the framework's start-up output came before it (StepRecord.first_of_run)
     before_s: Mapping[str, float] = field(default_factory=dict)  # kind -> seconds paused before it
+    armed: bool = False  # its rank ran armed for a capture (perfd.armed): its excess is perfd's
 
 
 @dataclass
@@ -123,6 +132,7 @@ class SpanColumns:
         self.after: dict[int, dict[str, float]] = {}
         self.before: dict[int, dict[str, float]] = {}
         self.new_run: set[int] = set()
+        self.armed: set[int] = set()
 
     def add(self, s: StepSpan) -> None:
         i = len(self.end)
@@ -136,6 +146,8 @@ class SpanColumns:
             self.before[i] = dict(s.before_s)
         if s.new_run:
             self.new_run.add(i)
+        if s.armed:
+            self.armed.add(i)
 
     def by_end_time(self) -> Iterator[StepSpan]:
         """The spans in end-time order (the order they were added in, where that is it), one at a time."""
@@ -143,7 +155,7 @@ class SpanColumns:
         in_order = all(end[i] <= end[i + 1] for i in range(len(end) - 1))
         for i in range(len(end)) if in_order else sorted(range(len(end)), key=end.__getitem__):
             yield StepSpan(self.iteration[i], end[i], self.step[i], self.n[i], self.after.get(i, {}),
-                           i in self.new_run, self.before.get(i, {}))
+                           i in self.new_run, self.before.get(i, {}), i in self.armed)
 
 
 def phase_seconds(timers: Mapping[str, Any], names: Mapping[str, str] = PHASE_TIMERS) -> dict[str, float]:
@@ -170,11 +182,48 @@ def _new_run(prev: StepSpan, cur: StepSpan, log_interval: int | None) -> bool:
     return bool(log_interval and log_interval > 1 and cur.n == 1 and cur.iteration % log_interval)
 
 
+class _Booking:
+    """The parts of the job's time, and what of them this call's run trained or redid itself (an
+    incident's or a capture's cost comes out of its own run's time, never an earlier run's)."""
+
+    def __init__(self, armed_step_s: float | None) -> None:
+        self.parts = dict.fromkeys(KINDS, 0.0)
+        self.own = {TRAINING: 0.0, REDONE: 0.0, PROFILING: 0.0}  # PROFILING: the armed steps' excess
+        self.armed_step_s = armed_step_s
+
+    def step(self, span: StepSpan, train: float, redo: int) -> None:
+        """``train`` seconds of ``span``'s steps, ``redo`` of its ``n`` iterations an earlier run reached:
+        an armed step's share above the reference step is perfd's, the rest the job's."""
+        ref = self.armed_step_s
+        if span.armed and ref is not None and span.step_s > ref > 0:
+            perfd = train * (1.0 - ref / span.step_s)
+            self.parts[PROFILING] += perfd
+            self.own[PROFILING] += perfd
+            train -= perfd
+        for kind, secs in ((REDONE, train * redo / span.n), (TRAINING, train * (span.n - redo) / span.n)):
+            self.parts[kind] += secs
+            self.own[kind] += secs
+
+    def take(self, kind: str, cost: float | None, sources: tuple[str, ...] = (TRAINING, REDONE)) -> None:
+        """``cost`` seconds moved to ``kind`` from this run's own time of ``sources``, in proportion
+        (never more than they hold)."""
+        have = sum(self.own[part] for part in sources)
+        take = min(have, max(0.0, cost or 0.0))
+        if take <= 0.0:
+            return
+        for part in sources:
+            moved = take * self.own[part] / have
+            self.own[part] -= moved
+            self.parts[part] -= moved
+        self.parts[kind] += take
+
+
 def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
                 incident_cost_s: float | None = None, profiling_s: float | None = None,
                 log_interval: int | None = None, stalled_until: float | None = None,
                 median_step_s: float | None = None, by_end_time: bool = False,
-                prior: Goodput | None = None) -> Goodput | None:
+                prior: Goodput | None = None, armed_step_s: float | None = None,
+                armed_incident_cost_s: float | None = None) -> Goodput | None:
     """The job's goodput from its step records (any order: taken by end time), or None without a
     record. ``started_at``: the job's first start-up timestamp. ``stalled_until``: now, for a live job
     that has stopped stepping while its processes are alive. ``median_step_s`` (else the spans'
@@ -182,7 +231,12 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
     order) the spans are read once, one at a time: a long run's are never all held. ``prior``: the
     goodput of the job's earlier runs, up to the end of the last one (perfd.analytics.steps.runs: their
     records are no longer held): these spans are a new run, the time from its end to their first step
-    is the restart, and ``started_at`` is the earlier runs' (not these spans' start-up)."""
+    is the restart, and ``started_at`` is the earlier runs' (not these spans' start-up).
+    ``armed_step_s``: the steady step an armed span's steps are measured against (their excess over
+    it is profiling); None: armed spans book as any other. ``incident_cost_s`` and ``profiling_s``
+    (the captures' excess, outside the armed spans) come out of these spans' own training and redone
+    time; ``armed_incident_cost_s`` (incidents among the armed steps: slower than the armed level) out of
+    the armed steps' excess."""
     kept = (s for s in spans if s.step_s >= 0 and s.n >= 1)
     ordered: Iterable[StepSpan]
     if by_end_time and median_step_s is not None:
@@ -197,7 +251,8 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
     first = next(it, None)
     if first is None:
         return None
-    parts = dict.fromkeys(KINDS, 0.0)
+    book = _Booking(armed_step_s)
+    parts = book.parts
     notes: list[str] = []
     stall_min = max(GOODPUT_STALL_FLOOR_S.value, GOODPUT_STALL_STEPS.value * med)
     first_start = first.end_time - first.n * first.step_s
@@ -224,8 +279,7 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
         notes.append("no start-up time (none logged, or the job's first iterations are no longer held): "
                      "the wall time starts at the first step held")
     redo = min(first.n, max(0, run_floor - (first.iteration - first.n))) if run_floor >= 0 else 0
-    parts[REDONE] += first.n * first.step_s * redo / first.n
-    parts[TRAINING] += first.n * first.step_s * (first.n - redo) / first.n
+    book.step(first, first.n * first.step_s, redo)
     last = first
     for prev, cur in itertools.pairwise(itertools.chain((first,), it)):
         last = cur
@@ -248,8 +302,7 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
             parts[OTHER] += left
         # The part of the record's iterations an earlier run had already trained.
         redo = min(cur.n, max(0, run_floor - (cur.iteration - cur.n))) if run_floor >= 0 else 0
-        parts[REDONE] += train * redo / cur.n
-        parts[TRAINING] += train * (cur.n - redo) / cur.n
+        book.step(cur, train, redo)
         reached = max(reached, cur.iteration)
     end = last.end_time
     for kind, secs in last.after_s.items():  # a save after the last logged step (the final one)
@@ -260,10 +313,9 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
     if stalled_until is not None and stalled_until > end:
         parts[STALL] += stalled_until - end
         end = stalled_until
-    for kind, cost in ((INCIDENT, incident_cost_s), (PROFILING, profiling_s)):
-        take = min(parts[TRAINING], max(0.0, cost or 0.0))
-        parts[kind] += take
-        parts[TRAINING] -= take
+    book.take(INCIDENT, incident_cost_s)
+    book.take(INCIDENT, armed_incident_cost_s, (PROFILING,))
+    book.take(PROFILING, profiling_s)
     return Goodput(end - start, parts, start, end, runs, notes, reached)
 
 

@@ -58,13 +58,12 @@ from perfd.analytics.steps.metrics import (
 )
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.steps.row_codes import RowCodes
-from perfd.analytics.steps.run_figures import figures_of, with_runs
+from perfd.analytics.steps.run_figures import arming_of, figures_of, goodput_costs, with_runs
 from perfd.analytics.steps.run_incidents import mark_incidents, step_work, straggler_flags
 from perfd.analytics.steps.run_summary import (
     CaptureDisturbances,
     JobBlock,
     RunSummary,
-    incidents_cost_s,
     job_block,
     steady_medians,
     step_shares,
@@ -569,7 +568,7 @@ class RunBuilder:
         if end is not None and step is not None and step >= 0:
             self.spans.add(StepSpan(rec.iteration, end, step / 1e3, max(1, rec.interval or 1),
                                     phase_seconds(rec.timers), rec.first_of_run,
-                                    phase_seconds(rec.timers, PAUSE_BEFORE_TIMERS)))
+                                    phase_seconds(rec.timers, PAUSE_BEFORE_TIMERS), rec.armed))
 
     def add(self, rec: StepRecord) -> None:
         memo, lay = self.memo, self.job.layout
@@ -643,14 +642,16 @@ class RunBuilder:
                           self.dtype_src, self.flops_job)
         disturbances = CaptureDisturbances.of(detection.disturbances)
         med_ms = med.get("step_time_ms")
+        arming = arming_of(table, steady, runs, self.run)
+        incident_s, armed_incident_s, profiling_s = goodput_costs(
+            table.column("iteration"), armed, arming, incidents, detection.disturbances)
         gp = job_goodput(self.spans.by_end_time(), started_at=self.job.started_at,
-                         incident_cost_s=incidents_cost_s(incidents),
-                         # perfd's own captures: their stretches, and their part inside incidents
-                         profiling_s=sum(c for c in (disturbances.excess_s,
-                                                     *(i.capture_cost_s for i in incidents)) if c),
+                         incident_cost_s=incident_s, armed_incident_cost_s=armed_incident_s,
+                         profiling_s=profiling_s,
                          log_interval=self.job.log_interval, by_end_time=True,
                          median_step_s=med_ms / 1e3 if med_ms is not None else None,
-                         prior=self.earlier[-1].goodput if self.earlier else None)
+                         prior=self.earlier[-1].goodput if self.earlier else None,
+                         armed_step_s=arming.reference_ms / 1e3 if arming is not None else None)
         match = self._match(med)
         # a capture of another job is read only when the caller insists (the CLI's --capture-force)
         refused = match is not None and match.refused and not (self.timeline and self.timeline.forced)
@@ -663,7 +664,7 @@ class RunBuilder:
                             med, incidents=incidents, jitter=detection.jitter, disturbances=disturbances,
                             goodput=gp, memory_mib=dict(self.memory_mib) or None, step_budget=budget,
                             shares_of=self.shares_of)
-        summary = with_runs(summary, runs, table, steady, self.run)
+        summary = with_runs(summary, runs, arming)
         analysis = RunAnalysis(block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
         analysis.config = job_config(analysis, self.job)

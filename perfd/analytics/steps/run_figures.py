@@ -21,11 +21,14 @@ from typing import TYPE_CHECKING
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.bottleneck import Bottleneck, BottleneckClass
 from perfd.analytics.ncu.arming import MIN_STEPS, ArmingBasis, ArmingCost, against_run
-from perfd.analytics.steps.run_summary import RunSummary
+from perfd.analytics.steps.run_summary import CaptureDisturbances, RunSummary, incidents_cost_s
 from perfd.analytics.steps.runs import FiguresFrom, RunDigest, Runs, last_unarmed
 from perfd.analytics.steps.steady import Exclusion, SteadyState
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from perfd.analytics.incidents.detect import Incident
     from perfd.analytics.steps.iteration_table import Table
     from perfd.analytics.steps.run_analysis import IterationResult
 
@@ -52,9 +55,9 @@ def too_few(n_steady: int) -> str:
             "(perfd.analytics.thresholds.MIN_GRADE_STEPS)")
 
 
-def with_runs(summary: RunSummary, runs: Runs, table: Table[IterationResult], steady: SteadyState,
-              run: int) -> RunSummary:
-    """``summary`` with the runs it belongs to, the arming's cost, and no grade from too few steps."""
+def with_runs(summary: RunSummary, runs: Runs, arming: ArmingCost | None) -> RunSummary:
+    """``summary`` with the runs it belongs to, the arming's cost (:func:`arming_of`), and no grade
+    from too few steps."""
     ref = runs.reference
     if ref is not None:
         summary = dataclasses.replace(
@@ -65,7 +68,7 @@ def with_runs(summary: RunSummary, runs: Runs, table: Table[IterationResult], st
     elif summary.n_steady < MIN_GRADE_STEPS and runs.figures is FiguresFrom.CURRENT:
         unknown = Bottleneck(BottleneckClass.UNKNOWN, too_few(summary.n_steady))
         summary = dataclasses.replace(summary, step_time_cv=None, slow_steps=None, bottleneck=unknown)
-    return dataclasses.replace(summary, runs=runs, arming=arming_of(table, steady, runs, run))
+    return dataclasses.replace(summary, runs=runs, arming=arming)
 
 
 def arming_of(table: Table[IterationResult], steady: SteadyState, runs: Runs, run: int) -> ArmingCost | None:
@@ -88,3 +91,22 @@ def arming_of(table: Table[IterationResult], steady: SteadyState, runs: Runs, ru
         return ArmingCost(ArmingBasis.EARLIER_STEPS, (), statistics.median(values), statistics.median(own),
                           len(values), len(own), first, run, run)
     return None
+
+
+def goodput_costs(iterations: Iterable[int], armed: Sequence[int], arming: ArmingCost | None,
+                  incidents: Sequence[Incident], disturbances: Sequence[Incident]
+                  ) -> tuple[float | None, float | None, float | None]:
+    """What goodput takes out of the run's own time (perfd.analytics.steps.goodput.job_goodput): the
+    incidents' cost outside the armed steps, inside them, and perfd's captures' excess (their stretches
+    and their part inside incidents). With an arming reference, an armed step's excess over it is
+    perfd's whole, a capture inside it included: only the stretches outside the armed steps count apart,
+    and an incident among them comes out of that excess (``armed``: per row of ``iterations``, 1 armed)."""
+    its = {i for i, a in zip(iterations, armed, strict=True) if a} if arming is not None else set()
+
+    def among(i: Incident) -> bool:
+        return bool(its.intersection(range(i.first_iteration, i.last_iteration + 1)))
+
+    outside = [i for i in incidents if not among(i)]
+    captures = CaptureDisturbances.of([d for d in disturbances if not among(d)]).excess_s
+    profiling = sum(c for c in (captures, *(i.capture_cost_s for i in outside)) if c)
+    return incidents_cost_s(outside), incidents_cost_s([i for i in incidents if among(i)]), profiling
