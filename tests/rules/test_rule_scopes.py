@@ -9,14 +9,21 @@ its /metrics is scraped and each job sample must be found in the scope the catal
 
 from __future__ import annotations
 
+import base64
+import gzip
 import io
 import itertools
+import json
 import math
+import os
+import struct
 import time
 from pathlib import Path
 
 import pytest
 
+from collectors.hook import HookCollector
+from collectors.hook.peers import Sender
 from collectors.megatron import parse_file
 from collectors.sglang import parse_file as parse_sglang
 from perfd import catalog
@@ -25,6 +32,7 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import _StateCollector
 from perfd.aggregator.state import AggregatorState
 from perfd.catalog import RANK_HOST_SERIES
+from perfd.collector import Collected
 from perfd.events import SERVING_DATA
 from perfd.model import HistogramSeries, MetricsSnapshot, ServingData
 from perfd.rules.cli import run_rules_check
@@ -38,6 +46,8 @@ ROOT = Path(__file__).resolve().parents[2]
 COTENANT = ROOT / "tests" / "data" / "incidents" / "costraggler_dp2" / "dp2_cotenant.log"
 PP2 = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 SGLANG = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
+# The loop as people write it (the batch fetched before the step), its step hook's datagrams as sent.
+LOOP = ROOT / "tests" / "data" / "hook" / "frameworks" / "readme" / "hook.jsonl.gz"
 
 # Catalog job series this state does not make /metrics export, and why. Anything else the catalog
 # declares for a job must be exported here, and then be in the rules' scope.
@@ -109,6 +119,19 @@ def state() -> AggregatorState:
                   for i, t in enumerate(ends)]
     st.ingest_steps("a3", steps)
     st.ingest_collectives("a3", recs)
+    # A step-hook loop, its recorded datagrams through the agent's hook collector: the series only
+    # the hook measures (the time between two steps, outside the step).
+    hook = HookCollector({"socket_path": "/nonexistent/hook.sock", "job": "loop"})  # decodes only
+    st.hello("a5", ["loop"])
+    with gzip.open(LOOP, "rt") as f:
+        for line in f:
+            d = base64.b64decode(json.loads(line)["d"])
+            got = Collected()
+            (pid,) = struct.unpack_from("<I", d, 8)  # the sender's pid, as the kernel gave it live
+            hook._handle(d, "replay", Sender(pid, os.getuid(), os.getgid()), json.loads(line)["t"], got)
+            for name, info in got.job_info.items():
+                st.ingest_job_info("a5", name, info)
+            st.ingest_steps("a5", got.steps)
     # SGLang: scheduler lines and two /metrics scrapes (the latency percentiles).
     sg = parse_sglang(SGLANG)
     cfg = {"window_s": 1e9, "gpu": "NVIDIA H100 80GB HBM3", "model": {"params": 8.03e9, "dtype": "bf16"}}
