@@ -358,7 +358,7 @@ def test_each_recorded_window_is_checked_for_a_cut_step(trace: str) -> None:
     assert [c.part for c in w.cut] == [Part.OPTIMIZER]
 
 
-EVIDENCE = ROOT / "docs" / "evidence" / "plan_h100"
+EVIDENCE = ROOT / "docs" / "evidence"  # plan_<gpu>/ab_<config>.json; the capture under kineto_<gpu>_megatron
 
 
 def test_the_ab_evidence_holds_when_recorded() -> None:
@@ -368,16 +368,17 @@ def test_the_ab_evidence_holds_when_recorded() -> None:
     of the model as it stands)."""
     from tests.gpu.plan_ab_live import plan_from
 
-    found = sorted(EVIDENCE.glob("ab_*.json"))
+    found = sorted(EVIDENCE.glob("plan_h*/ab_*.json"))
     if not found:
-        pytest.skip("the plan A/B has not been recorded in docs/evidence/plan_h100 yet")
+        pytest.skip("the plan A/B has not been recorded in docs/evidence/plan_<gpu> yet")
     for f in found:
         res = json.loads(f.read_text())
         name = f.stem[3:]
         runs = res.get("runs") or {}
         written = res["plan"]["written_at"]
         assert all(r["started_at"] > written for k, r in runs.items() if not k.startswith("base")), name
-        now = plan_from(KINETO / f"plan_{name}_rank0.json.gz", KINETO / f"plan_{name}_megatron.log.gz",
+        kineto = KINETO.parent / f"kineto_{f.parent.name.removeprefix('plan_')}_megatron"
+        now = plan_from(kineto / f"plan_{name}_rank0.json.gz", kineto / f"plan_{name}_megatron.log.gz",
                         res.get("gpu") or H100, name)
         for remedy, item in res["plan"]["apply_here"].items():
             assert now["apply_here"][remedy]["gain_ms"] == pytest.approx(item["gain_ms"], rel=0.02), remedy
