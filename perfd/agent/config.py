@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from perfd import limits as L
+from perfd.jobname import job_name_problem
 from perfd.procinfo import user_id
 from perfd.transport.shard import pick_aggregator
 
@@ -88,6 +89,8 @@ class AgentConfig:
         """Fill defaults that depend on the machine, then validate."""
         if not self.node:
             self.node = socket.gethostname()
+        if self.job and (problem := job_name_problem(self.job)):
+            raise ConfigError(f"job {problem}")  # a config file's job: "" there is a node agent's
         if not self.job and set(self.collectors) & JOB_COLLECTORS:
             self.job = DEFAULT_JOB
         if not self.agent_id:
@@ -182,6 +185,9 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
     if aggregator is not None:
         cfg.aggregator = aggregator or None
     if job is not None:
+        problem = job_name_problem(job)
+        if problem:
+            raise ConfigError(f"--job {problem}")
         cfg.job = job
     if node is not None:
         cfg.node = node
@@ -240,6 +246,9 @@ def _apply_manifest(cfg: AgentConfig, path: str) -> None:
         m = load_manifest(path)
     except ValueError as exc:
         raise ConfigError(f"--launch-manifest: {exc}") from exc
+    problem = job_name_problem(m["job"])
+    if problem:
+        raise ConfigError(f"--launch-manifest {path}: its job {problem}")
     cfg.job = m["job"]
     uid = m.get("uid")
     if isinstance(uid, int) and not isinstance(uid, bool) and uid >= 0 and cfg.job_user is None:

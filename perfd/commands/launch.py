@@ -14,6 +14,7 @@ def _launch(args: argparse.Namespace) -> int:
 
     from perfd.capture.ncu_exec import NcuOptions
     from perfd.commands.ncu import time_budget
+    from perfd.jobname import job_name_problem
     from perfd.launch import LaunchOptions, run_launch
 
     ncu_ranks = None
@@ -25,6 +26,10 @@ def _launch(args: argparse.Namespace) -> int:
         if not ncu_ranks or any(r < 0 for r in ncu_ranks):
             print(f"perfd launch: --ncu {args.ncu!r}: comma-separated ranks", file=sys.stderr)
             return 2
+    problem = job_name_problem(args.job)
+    if problem:
+        print(f"perfd launch: --job {problem}", file=sys.stderr)
+        return 2
     return run_launch(LaunchOptions(
         command=list(args.cmd), job=args.job, agent_socket=args.agent_socket,
         flight_recorder=args.flight_recorder, fr_timing=args.fr_timing, fr_buffer=args.fr_buffer,

@@ -1,0 +1,61 @@
+"""A job name that cannot be one, refused where it is given (issue 56 item 5): ``--job ""`` had become
+the job "default" and a literal ``$(PERFD_JOB)`` a job of that name, each merging unrelated pods into
+one job. The real CLI in a subprocess: exit 2 and the reason, nothing started."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfd.jobname import MAX_JOB_NAME, job_name_problem
+
+ROOT = Path(__file__).resolve().parents[2]
+BAD = ["", "   ", "$(PERFD_JOB)", "${PERFD_JOB}", "$PERFD_JOB", "{{ .Values.job }}", " llama ",
+       "a\nb", "x" * (MAX_JOB_NAME + 1)]
+GOOD = ["llama-70b", "default", "team/run 7", "pretrain_gpt.2026-11-25", "x" * MAX_JOB_NAME, "price$5"]
+
+
+def perfd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "perfd.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_names_that_cannot_be_a_job_are_refused_with_a_reason(name: str) -> None:
+    assert job_name_problem(name)
+
+
+@pytest.mark.parametrize("name", GOOD)
+def test_real_names_pass(name: str) -> None:
+    assert job_name_problem(name) is None
+
+
+@pytest.mark.parametrize("name", ["", "$(PERFD_JOB)"])
+def test_perfd_launch_refuses_and_runs_nothing(name: str, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    r = perfd("launch", "--job", name, "--run-dir", str(tmp_path / "run"), "--",
+              sys.executable, "-c", f"open({str(marker)!r}, 'w').close()")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.startswith("perfd launch: --job ") and len(r.stderr.strip().splitlines()) == 1
+    assert ("empty" if not name else "unexpanded") in r.stderr
+    assert not marker.exists() and not (tmp_path / "run" / "launch.json").exists()
+
+
+@pytest.mark.parametrize("name", ["", "$(PERFD_JOB)"])
+def test_perfd_agent_refuses_a_job_flag_that_is_no_name(name: str) -> None:
+    r = perfd("agent", "--job", name, "--aggregator", "", "--nvml", "off", "--metrics-port", "-1")
+    assert r.returncode == 2, (r.stdout, r.stderr[-800:])
+    assert "configuration error: --job " in r.stderr
+
+
+def test_perfd_agent_refuses_a_manifest_whose_job_is_no_name(tmp_path: Path) -> None:
+    m = tmp_path / "launch.json"
+    m.write_text(json.dumps({"version": 1, "job": "$(PERFD_JOB)", "collectors": {}}))
+    r = perfd("agent", "--launch-manifest", str(m), "--aggregator", "", "--nvml", "off",
+              "--metrics-port", "-1")
+    assert r.returncode == 2, (r.stdout, r.stderr[-800:])
+    assert "its job '$(PERFD_JOB)' is a variable left unexpanded" in r.stderr
