@@ -40,7 +40,20 @@ def spawn() -> Iterator[Any]:
         return p
 
     yield start
+    import psutil
+
     for p in procs:
+        # coreutils' timeout moves itself and its command into a process group of their own (and
+        # any descendant may): the whole tree goes, then the group (issue 56 item 8: leftovers)
+        try:
+            tree = psutil.Process(p.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
+        for child in tree:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
         for sig in (signal.SIGCONT, signal.SIGKILL):
             try:
                 os.killpg(p.pid, sig)
