@@ -107,3 +107,19 @@ def test_unit_command_lines_and_agent_config_are_valid(tmp_path: Path):
     reg = default_registry()
     for name, ccfg in cfg.collectors.items():
         reg.create(name, {"job": cfg.job, **ccfg})
+
+
+def test_units_that_listen_beyond_loopback_authenticate_and_keep_state() -> None:
+    """Bare metal as shipped (issue 56 item 3): a unit that listens on every interface passes a token,
+    taken from a systemd credential so that the unit cannot start open; the aggregator keeps its state
+    (a restart or an upgrade keeps every job's history)."""
+    parser = build_parser()
+    for unit in UNITS:
+        cp = configparser.ConfigParser(strict=False, interpolation=None)
+        cp.read_string(unit.read_text())
+        svc = cp["Service"]
+        ns = parser.parse_args(shlex.split(svc["ExecStart"])[1:])
+        assert ns.listen_all, unit.name
+        assert svc.get("LoadCredential") == "token:/etc/perfd/token", unit.name
+        assert ns.auth_token_file == "%d/token", unit.name  # %d: the unit's credentials directory
+        assert ns.state_dir and ns.state_dir.startswith("/var/lib/"), unit.name
