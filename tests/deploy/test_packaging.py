@@ -1,0 +1,28 @@
+"""What `pip install` puts on a machine (issue 56 item 7: `perfd-slurm-run`, which example.sbatch calls,
+was not installed by pip). The real wheel is built from the checkout and installed into a folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_pip_installs_perfd_slurm_run_and_the_rule_packs(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), str(ROOT)], check=True, timeout=300, capture_output=True)
+    (wheel,) = wheels.glob("perfd-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.endswith(".data/scripts/perfd-slurm-run") for n in names), names[:20]
+    assert any(n.endswith("share/perfd/rules/default.yaml") for n in names)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                    str(target), str(wheel)], check=True, timeout=300, capture_output=True)
+    script = target / "bin" / "perfd-slurm-run"
+    assert script.is_file() and os.access(script, os.X_OK)
+    assert script.read_bytes() == (ROOT / "deploy" / "slurm" / "perfd-slurm-run").read_bytes()
