@@ -71,7 +71,7 @@ def test_rendered_objects_validate(sets: tuple[str, ...]) -> None:
 
     docs = _render(*sets, release="gpu-perf", namespace="monitoring")
     kinds = sorted(d["kind"] for d in docs)
-    made = ["Secret", "PersistentVolumeClaim"] if sets else []  # the token given; the claim
+    made = ["PersistentVolumeClaim", *(["Secret"] if sets else [])]  # the state's claim; the token given
     assert kinds == sorted(["ServiceAccount", "ServiceAccount", "ConfigMap", "DaemonSet", "Deployment",
                             "Service", "ServiceMonitor", "PodMonitor", "PodMonitor", "PrometheusRule",
                             "PrometheusRule",
@@ -173,9 +173,16 @@ def test_aggregator_scheduling_values() -> None:
 
 
 def test_aggregator_persistence_keeps_the_state_dir() -> None:
-    assert "--state-dir" not in _args(_render(), "Deployment")
-    docs = _render("aggregator.persistence.enabled=true", "aggregator.persistence.size=20Gi",
-                   "aggregator.persistence.storageClassName=fast")
+    # Issue 56 item 2: state is on by default (a restart or an upgrade kept no job's history), on a
+    # claim; persistence off keeps it on an emptyDir (a container restart keeps it, the pod does not).
+    defaults = _render()
+    assert "--state-dir" in _args(defaults, "Deployment")
+    assert _one(defaults, "PersistentVolumeClaim")
+    off = _render("aggregator.persistence.enabled=false")
+    assert "--state-dir" in _args(off, "Deployment")
+    assert {v["name"]: v for v in _pod(off, "Deployment")["volumes"]}["data"].get("emptyDir") is not None
+    assert not [d for d in off if d["kind"] == "PersistentVolumeClaim"]
+    docs = _render("aggregator.persistence.size=20Gi", "aggregator.persistence.storageClassName=fast")
     args = _args(docs, "Deployment")
     state = args[args.index("--state-dir") + 1]
     pvc = _one(docs, "PersistentVolumeClaim")
