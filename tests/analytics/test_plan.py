@@ -76,8 +76,8 @@ def test_fused_attention_replaces_the_remedies_acting_on_attentions_kernels(job:
                                                                               for k in drop.links}
     a = _fit(job)
     three = combined([a[RemedyId.FUSED_ATTENTION], a[RemedyId.ATTENTION_DROPOUT], a[RemedyId.SOFTMAX_FUSION]],
-                     plan.step_ms)
-    alone = combined([a[RemedyId.FUSED_ATTENTION]], plan.step_ms)
+                     plan.spread_ms)
+    alone = combined([a[RemedyId.FUSED_ATTENTION]], plan.spread_ms)
     assert three == pytest.approx(alone)
     summed = sum(g.mid_ms for r in (RemedyId.FUSED_ATTENTION, RemedyId.ATTENTION_DROPOUT,
                                     RemedyId.SOFTMAX_FUSION) if (g := a[r].gain) is not None)
@@ -95,8 +95,8 @@ def test_micro_batch_and_timer_level_overlap_on_the_same_synchronisation_gaps(jo
     assert item is not None
     shared = next(k for k in item.links if k.target == "timer_sync")
     assert shared.relation is Relation.OVERLAPS and shared.shared_ms is not None and shared.shared_ms[0] > 3
-    both = combined([mb, timer], plan.step_ms)
-    spread = 0.005 * plan.step_ms
+    both = combined([mb, timer], plan.spread_ms)
+    spread = plan.spread_ms
     assert mb.gain is not None and timer.gain is not None
     # the sum counts the shared gaps twice (and the spread twice); the set counts them once
     summed = mb.gain.low_ms + timer.gain.low_ms

@@ -50,7 +50,7 @@ from tests.gpu.plan_ab_table import markdown, table
 from tests.gpu.remedies_live import apply_flags, capture, cut_trace, log_steps, rank_pid
 from tests.procs import ROOT, run_env
 
-ITERS = int(os.environ.get("ITERS", "22"))
+ITERS = int(os.environ.get("ITERS", "30"))  # 24 steady steps: remedies.RUN_SPREAD_STEPS and more
 CAPTURE_ITERS = 400  # a ceiling: the captured run stops once its trace is written and steady steps follow
 STEADY_AFTER = 8  # steady iterations kept after the trace was written (the captured run's own reference)
 CAPTURE_AT = 9  # the iteration after which the capture is armed (steady by then)
@@ -289,9 +289,15 @@ def plan_from(trace: Path, log: Path, gpu: str, name: str) -> dict[str, Any]:
     plan = a.plan
     if plan is None:
         return {"error": "no plan: the capture gave no budget with remedies"}
-    here = [i for i in plan.items if i.stage >= 0 and i.effort.value == "flag" and (i.flags or i.remove)]
+    # every item that is options only runs here alone: the plan's own (stage 0) and those it lists apart
+    # to measure (stage -1: a range reaching below zero); the set is the plan's, its promised items
+    here = [i for i in plan.items if i.effort.value == "flag" and (i.flags or i.remove)]
+    promised = [i for i in here if i.stage >= 0]
     budget = a.summary.step_budget
+    from perfd.analytics.advice.remedies import GAIN_MODEL
+
     return {
+        "model": GAIN_MODEL,
         "plan": plan.to_json(),
         "recommendations": [
             {
@@ -316,7 +322,8 @@ def plan_from(trace: Path, log: Path, gpu: str, name: str) -> dict[str, Any]:
             }
             for i in here
         },
-        "set": {"remedies": [i.remedy for i in here], "gain_ms": list(plan.combined(i.remedy for i in here))},
+        "set": {"remedies": [i.remedy for i in promised],
+                "gain_ms": list(plan.combined(i.remedy for i in promised))},
         "cannot_run_here": {
             i.remedy: {
                 "effort": i.effort.value,
@@ -338,7 +345,10 @@ def measure(
     remove: list[str],
     out: Path,
     label: str,
+    keep_log: bool = False,
 ) -> dict[str, Any]:
+    """One run of ITERS iterations measured from its own log (``keep_log``: the log kept gzipped in
+    ``out`` as ``log_run_<label>.log.gz``, its timers for a later reading)."""
     argv = apply_flags(megatron_argv(megatron, c, ITERS), flags, remove)
     vlog = out / f".run_{label}.log"
     t0 = time.time()
@@ -357,6 +367,9 @@ def measure(
     except subprocess.TimeoutExpired:
         code = "timeout"
     text = vlog.read_text(errors="replace")
+    if keep_log:
+        with gzip.open(out / f"log_run_{label}.log.gz", "wb") as g:
+            g.write(vlog.read_bytes())
     vlog.unlink()
     steps = log_steps(text)
     return {
@@ -422,7 +435,7 @@ def run_config(
         + singles[: (len(singles) + 1) // 2]
         + ["base_mid"]
         + singles[(len(singles) + 1) // 2 :]
-        + (["set"] if len(singles) > 1 else [])
+        + (["set"] if len(plan["set"]["remedies"]) > 1 else [])
         + ["base_end"]
     )
     for label in order:

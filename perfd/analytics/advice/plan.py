@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfd.analytics.advice.remedies import (
-    RUN_SPREAD_OF_STEP,
     Advice,
     Effort,
     JobConfig,
     Removal,
+    run_spread_ms,
 )
 from perfd.analytics.common import TextEnum
 from perfd.model import ABSENT, PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
@@ -175,6 +175,7 @@ class Plan:
     step_ms: float
     items: tuple[PlanItem, ...]  # in the plan's order
     stages: tuple[PlanStage, ...]
+    spread_ms: float  # the run-to-run spread every combined gain carries once (remedies.run_spread_ms)
 
     def item(self, remedy: str) -> PlanItem | None:
         return next((i for i in self.items if i.remedy == remedy), None)
@@ -182,13 +183,14 @@ class Plan:
     def combined(self, remedies: Iterable[str]) -> tuple[float, float]:
         """The combined gain of applying these of its items together (overlaps once, spread once)."""
         want = set(remedies)
-        return combined([i for i in self.items if i.remedy in want], self.step_ms)
+        return combined([i for i in self.items if i.remedy in want], self.spread_ms)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "step_ms": self.step_ms,
             "items": [i.to_json() for i in self.items],
             "stages": [s.to_json() for s in self.stages],
+            "spread_ms": self.spread_ms,
         }
 
     @staticmethod
@@ -196,17 +198,20 @@ class Plan:
         if not isinstance(d, Mapping):
             return None
         try:
+            step = float(d["step_ms"])
+            spread = d.get("spread_ms")  # a plan kept before the job's own spread: the floor
             return Plan(
-                float(d["step_ms"]),
+                step,
                 tuple(PlanItem.from_json(i) for i in d.get("items") or []),
                 tuple(PlanStage.from_json(s) for s in d.get("stages") or []),
+                float(spread) if isinstance(spread, (int, float)) else run_spread_ms(step, None),
             )
         except (KeyError, ValueError, TypeError, IndexError):
             return None
 
 
 # --- the arithmetic ---------------------------------------------------------------------------------
-def combined(advice: Iterable[Advice | PlanItem], step_ms: float) -> tuple[float, float]:
+def combined(advice: Iterable[Advice | PlanItem], spread_ms: float) -> tuple[float, float]:
     """The gain of applying ``advice`` (fitted, or a plan's items) together: each slice of the step
     removed once, by the most any of them removes of it, low and high apart (a remedy another of the
     set replaces adds nothing); the run-to-run spread once."""
@@ -223,8 +228,7 @@ def combined(advice: Iterable[Advice | PlanItem], step_ms: float) -> tuple[float
                 continue
             lo[r.atom] = max(lo.get(r.atom, 0.0), r.low_ms)
             hi[r.atom] = max(hi.get(r.atom, 0.0), r.high_ms)
-    s = RUN_SPREAD_OF_STEP * step_ms
-    return sum(lo.values()) - s, sum(hi.values()) + s
+    return sum(lo.values()) - spread_ms, sum(hi.values()) + spread_ms
 
 
 def _id(a: Advice | PlanItem) -> str:
@@ -285,7 +289,7 @@ def prerequisites(a: Advice, cfg: JobConfig) -> tuple[Prerequisite, ...]:
 
 
 def _installs(
-    items: Sequence[Advice], step_ms: float, done: Sequence[Advice]
+    items: Sequence[Advice], spread_ms: float, done: Sequence[Advice]
 ) -> list[tuple[tuple[str, ...], list[Advice]]]:
     """The install stages: the package whose install brings the largest combined gain (on top of what is
     done) first, with every remaining item it satisfies; then the next."""
@@ -297,7 +301,7 @@ def _installs(
 
         cover = {p: [a for a in left if p in a.needs and (a.needs_one or len(a.needs) == 1)]
                  for p in packages}
-        best = max(packages, key=lambda p: (combined([*applied, *cover[p]], step_ms)[0], p), default=None)
+        best = max(packages, key=lambda p: (combined([*applied, *cover[p]], spread_ms)[0], p), default=None)
         got = cover[best] if best is not None else []
         if not got:  # remedies needing several packages at once
             got, best = [left[0]], None
@@ -312,20 +316,22 @@ def _order(items: Sequence[Advice]) -> list[Advice]:
     return sorted(items, key=lambda a: -(a.gain.mid_ms if a.gain else 0.0))
 
 
-def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float) -> Plan | None:
+def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_ms: float | None = None
+              ) -> Plan | None:
     """The plan of the fitted ``advice`` (None without any). The set a user would apply is every remedy
     whose whole range is a gain: the flags first (one stage), then one stage per install (the one that
     brings most first), then the code changes; a remedy whose range reaches below zero is listed apart,
     to measure (stage -1)."""
     if not advice or step_ms <= 0:
         return None
+    spread = run_spread_ms(step_ms, None) if spread_ms is None else spread_ms
     promised = [a for a in advice if a.gain is not None and a.gain.promised]
     groups: list[tuple[Effort, tuple[str, ...], list[Advice]]] = []
     flags = _order([a for a in promised if a.effort is Effort.FLAG])
     if flags:
         groups.append((Effort.FLAG, (), flags))
     installs = [a for a in promised if a.effort is Effort.INSTALL]
-    for pkgs, got in _installs(installs, step_ms, flags):
+    for pkgs, got in _installs(installs, spread, flags):
         groups.append((Effort.INSTALL, pkgs, _order(got)))
     code = _order([a for a in promised if a.effort is Effort.CODE])
     if code:
@@ -335,7 +341,7 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float) -> Plan 
     stage_of: dict[str, int] = {}
     before: tuple[float, float] | None = None
     for effort, pkgs, got in groups:
-        total = combined([*applied, *got], step_ms)
+        total = combined([*applied, *got], spread)
         # every total carries the run-to-run spread once: a later stage's own gain is the difference
         gain = total if before is None else (total[0] - before[0], total[1] - before[1])
         stages.append(PlanStage(effort, tuple(a.remedy.value for a in got), gain, total, pkgs))
@@ -377,7 +383,7 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float) -> Plan 
                 a.removes,
             )
         )
-    return Plan(step_ms, tuple(items), tuple(stages))
+    return Plan(step_ms, tuple(items), tuple(stages), spread)
 
 
 def _replaces(b: Advice, a: Advice) -> bool:

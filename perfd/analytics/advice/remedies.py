@@ -21,6 +21,7 @@ ranges' constants were set from the first of those runs and checked by the next,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -182,6 +183,16 @@ class FitContext:
 # step: the same job measured twice on one H100 ran 693.2 and 698.2 ms (0.7%), 693.3 and 693.5 ms in
 # another pair; a change is told apart from a rerun only beyond it.
 RUN_SPREAD_OF_STEP = 0.005
+# A job whose steps move more than that (a host-bound job synchronised every micro-batch: on the H200
+# the long-sequence job's steady steps had a robust deviation of ~15 ms of 200, its reruns' medians
+# 197-209 ms) is told apart from a rerun only beyond its own spread: the standard error of the
+# difference of two medians of RUN_SPREAD_STEPS steady steps, sqrt(2) x 1.2533 x sigma / sqrt(n), sigma
+# the robust deviation of the job's steady steps (StepBudget.step_sd_ms).
+RUN_SPREAD_STEPS = 20
+# The gain model's version, written with every plan the GPU A/B records (its evidence is checked against
+# the model that wrote it): 1 = every range widened by RUN_SPREAD_OF_STEP; 2 = by the job's own spread.
+GAIN_MODEL = 2
+MEDIAN_SE_OF_SD = 1.2533  # a median's standard error over a mean's, for normal steps (sqrt(pi / 2))
 # The model's own uncertainty, each range below; the run-to-run spread is added once, beside it. Removing
 # kernels from a busy GPU gives back their time; their launches and the gaps around them move too
 # (attention dropout: 0.85–1.13 of its kernels' time in three runs, within the spread of 1.0 in each).
@@ -354,13 +365,29 @@ def idle_ms(b: StepBudget, cause: IdleCause, phase: Phase | None = None, owner: 
                and (owner is None or r.owner == owner))
 
 
-def with_spread(g: Gain | None, step_ms: float) -> Gain | None:
-    """The range widened by the run-to-run spread of the step: what a measured change is held to."""
+def run_spread_ms(step_ms: float, step_sd_ms: float | None) -> float:
+    """How far a rerun's median step moves: the job's own spread (RUN_SPREAD_STEPS), never under
+    RUN_SPREAD_OF_STEP of the step."""
+    floor = RUN_SPREAD_OF_STEP * step_ms
+    if step_sd_ms is None or step_sd_ms <= 0:
+        return floor
+    return max(floor, math.sqrt(2.0) * MEDIAN_SE_OF_SD * step_sd_ms / math.sqrt(RUN_SPREAD_STEPS))
+
+
+def spread_text(spread_ms: float, step_ms: float) -> str:
+    """How a range's run-to-run spread is said beside it."""
+    own = step_ms > 0 and spread_ms > RUN_SPREAD_OF_STEP * step_ms * 1.0001
+    share = f"{spread_ms / step_ms:.1%} of the step" if step_ms > 0 else "no step"
+    return f"± {spread_ms:.0f} ms run to run ({share}{': the spread of its own steady steps' if own else ''})"
+
+
+def with_spread(g: Gain | None, b: StepBudget) -> Gain | None:
+    """The range widened by the run-to-run spread of the step (:func:`run_spread_ms`): what a measured
+    change is held to."""
     if g is None:
         return None
-    s = RUN_SPREAD_OF_STEP * step_ms
-    return Gain(g.low_ms - s, g.high_ms + s, f"{g.basis}; ± {s:.0f} ms run to run "
-                f"({RUN_SPREAD_OF_STEP:.1%} of the step)")
+    s = run_spread_ms(b.step_ms, b.step_sd_ms)
+    return Gain(g.low_ms - s, g.high_ms + s, f"{g.basis}; {spread_text(s, b.step_ms)}")
 
 
 def named(b: StepBudget, ms: float) -> bool:

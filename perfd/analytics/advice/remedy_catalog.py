@@ -401,7 +401,7 @@ def fit(c: FitContext, remedies: Iterable[Remedy] = REMEDIES) -> list[Advice]:
             continue
         if not a.removes and a.gain is not None:
             a = dataclasses.replace(a, removes=(Removal(a.remedy.value, a.gain.low_ms, a.gain.high_ms),))
-        out.append(dataclasses.replace(a, gain=with_spread(a.gain, c.budget.step_ms)))
+        out.append(dataclasses.replace(a, gain=with_spread(a.gain, c.budget)))
     return out
 
 

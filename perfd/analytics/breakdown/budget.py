@@ -204,6 +204,9 @@ class StepBudget:
     idle: tuple[IdleShare, ...] = ()  # the idle parts by cause, phase and owner, per step (a capture's)
     phase_ms: Mapping[Phase, Mapping[Part, float]] = field(default_factory=dict)  # parts by phase, per step
     window: Window | None = None  # how the captured span divides into steps
+    # the robust deviation of the job's steady step times (1.4826 x their median absolute deviation):
+    # how far a rerun moves (perfd.analytics.advice.remedies.run_spread_ms); None: not known
+    step_sd_ms: float | None = None
 
     def ms(self, part: Part) -> float:
         return sum(p.ms for p in self.parts if p.part is part)
@@ -232,7 +235,8 @@ class StepBudget:
                 "steps_from": self.steps_from, "capture_overhead_ms": self.capture_overhead_ms,
                 "host": dict(self.host), "idle": [r.to_json() for r in self.idle],
                 "phase_ms": {ph.value: {p.value: v for p, v in d.items()} for ph, d in self.phase_ms.items()},
-                "window": self.window.to_json() if self.window is not None else None}
+                "window": self.window.to_json() if self.window is not None else None,
+                "step_sd_ms": self.step_sd_ms}
 
     @staticmethod
     def from_json(d: Mapping[str, Any] | None) -> StepBudget | None:
@@ -273,7 +277,8 @@ class StepBudget:
                           str(d.get("steps_from") or ""),
                           {str(k): float(v) for k, v in host.items() if isinstance(v, (int, float))
                            and not isinstance(v, bool)} if isinstance(host, Mapping) else {},
-                          idle, phase_parts(d.get("phase_ms")), Window.from_json(d.get("window")))
+                          idle, phase_parts(d.get("phase_ms")), Window.from_json(d.get("window")),
+                          num("step_sd_ms"))
 
 
 def phase_parts(d: Any) -> dict[Phase, dict[Part, float]]:

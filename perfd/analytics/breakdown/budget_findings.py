@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, make_plan
-from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig
+from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig, run_spread_ms
 from perfd.analytics.advice.remedy_catalog import fit, minor
 from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause, Part, StepBudget, classify
 from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING
@@ -320,7 +320,8 @@ def fitted(ctx: BudgetContext) -> list[Advice]:
 
 def plan_of(ctx: BudgetContext) -> Plan | None:
     """The remedies as a plan (perfd.analytics.advice.plan): order, effort, relations, combined gain."""
-    return make_plan(fitted(ctx), ctx.config or JobConfig(ctx.framework), ctx.budget.step_ms)
+    return make_plan(fitted(ctx), ctx.config or JobConfig(ctx.framework), ctx.budget.step_ms,
+                     run_spread_ms(ctx.budget.step_ms, ctx.budget.step_sd_ms))
 
 
 def remedies(ctx: BudgetContext) -> Out:

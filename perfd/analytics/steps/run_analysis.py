@@ -79,6 +79,7 @@ from perfd.analytics.steps.stragglers import (
     rank_order,
 )
 from perfd.analytics.steps.untimed import untimed_groups
+from perfd.analytics.steps.windows import robust_sd
 from perfd.dtypes import normalize_dtype
 from perfd.model import CPU, HOOK_IN_STEP_FIELD, JobInfo, ParallelLayout, Provenance, StepRecord
 
@@ -657,6 +658,8 @@ class RunBuilder:
         refused = match is not None and match.refused and not (self.timeline and self.timeline.forced)
         timeline = None if refused else self.timeline
         budget = job_budget(med, ctx.peak, lay.pp, timeline, self.flops_job)
+        if budget is not None:  # how far a rerun of this job moves: its own steady steps' spread
+            budget = dataclasses.replace(budget, step_sd_ms=robust_sd([steps_col[i] for i in steady_rows]))
         if budget is not None and timeline is not None and match is not None and not match.matches:
             # its steps are not the job's steady ones: their excess is not "what the capture added"
             budget = dataclasses.replace(budget, steady_step_ms=None)

@@ -111,3 +111,18 @@ def line_fit(work: Sequence[float], steps: Sequence[float]) -> tuple[float, floa
     mw, mt = statistics.fmean(work), statistics.fmean(steps)
     return mw, mt, sum((w - mw) * (t - mt) for w, t in zip(work, steps, strict=True)) / sum((w - mw) ** 2
                                                                                           for w in work)
+
+
+# A normal sample's standard deviation over its median absolute deviation.
+MAD_TO_SD = 1.4826
+ROBUST_SD_MIN_N = 5  # fewer steps say nothing about their spread
+
+
+def robust_sd(xs: Sequence[float | None]) -> float | None:
+    """The spread of ``xs`` as a standard deviation read from their median absolute deviation: a
+    checkpoint's or a capture's odd step does not widen it. None under ROBUST_SD_MIN_N values."""
+    known = [float(x) for x in xs if x is not None]
+    if len(known) < ROBUST_SD_MIN_N:
+        return None
+    mid = statistics.median(known)
+    return MAD_TO_SD * statistics.median(abs(x - mid) for x in known)
