@@ -17,7 +17,7 @@ import pytest
 
 from collectors.megatron import parse_file
 from perfd.analytics.advice.plan import Plan, Presence, Relation, combined, make_plan
-from perfd.analytics.advice.remedies import Advice, Effort, FitContext, RemedyId
+from perfd.analytics.advice.remedies import GAIN_MODEL, Advice, Effort, FitContext, RemedyId
 from perfd.analytics.advice.remedy_catalog import fit
 from perfd.analytics.breakdown.budget import IdleCause, Part, Phase, StepBudget
 from perfd.analytics.breakdown.budget_findings import part_title
@@ -113,7 +113,10 @@ def test_the_plan_goes_options_first_then_the_install_that_covers_most(job: RunA
     efforts = [s.effort for s in plan.stages]
     assert efforts == sorted(efforts, key=lambda e: e.rank) and efforts[0] is Effort.FLAG
     flags = plan.stages[0]
-    assert set(flags.items) == {"attention_dropout", "micro_batch", "timer_sync", "cross_entropy_fusion"}
+    assert set(flags.items) == {"attention_dropout", "micro_batch", "timer_sync"}
+    # cross-entropy fusion's 1-4 ms is inside this job's own run-to-run spread (± 8 ms): listed to measure
+    ce = plan.item("cross_entropy_fusion")
+    assert ce is not None and ce.stage == -1 and ce.gain_ms is not None and ce.gain_ms[0] < 0 < ce.gain_ms[1]
     gains: list[tuple[float, float]] = []
     for r in flags.items:
         item = plan.item(r)
@@ -122,7 +125,12 @@ def test_the_plan_goes_options_first_then_the_install_that_covers_most(job: RunA
     assert [g[0] + g[1] for g in gains] == sorted((g[0] + g[1] for g in gains), reverse=True)
     te = plan.stages[1]
     assert te.install == (TE,) and "fused_attention" in te.items
-    assert {"fused_optimizer", "grad_norm", "grad_accum_fusion", "fused_layers"} <= set(te.items)
+    assert {"fused_optimizer", "fused_layers"} <= set(te.items)
+    # the gradient norm's syncs and the main_grad accumulation (5-9 ms each) are inside the job's own
+    # spread: listed apart, to measure once TE is in
+    for r in ("grad_norm", "grad_accum_fusion"):
+        item = plan.item(r)
+        assert item is not None and item.stage == -1 and item.gain_ms is not None and item.gain_ms[1] > 5
     apex = plan.stages[2]
     assert apex.install == (APEX,) and apex.items == ("softmax_fusion",) and apex.gain_ms == (0.0, 0.0)
     assert plan.item("softmax_fusion").moot_by == "fused_attention"  # type: ignore[union-attr]
@@ -205,7 +213,7 @@ def test_the_gradient_norms_syncs_and_the_main_grad_accumulation_are_remedies(jo
     assert len(rows) == 1 and 100 <= rows[0].gaps <= 160 and 4 < rows[0].ms < 10
     got = _fit(job)
     gn = got[RemedyId.GRAD_NORM]
-    assert gn.gain is not None and gn.gain.promised and ".item()" in gn.action + gn.gain.basis
+    assert gn.gain is not None and gn.gain.mid_ms > 5 and ".item()" in gn.action + gn.gain.basis
     ga = got[RemedyId.GRAD_ACCUM_FUSION]
     assert ga.gain is not None and "main_grad" in ga.gain.basis and "side stream" in ga.gain.basis
 
@@ -220,7 +228,8 @@ def test_the_fused_optimizer_is_modelled_on_the_foreach_kernels_of_a_complete_st
     fo = _fit(job)[RemedyId.FUSED_OPTIMIZER]
     assert fo.gain is not None and "foreach" in fo.gain.basis and "per-tensor" not in fo.action.split("(")[0]
     assert {r.atom for r in fo.removes} >= {"optimizer:adam", "optimizer:per-tensor-scale"}
-    assert 10 < fo.gain.low_ms and fo.gain.high_ms < 35
+    # 20-30 ms by an op-level count of the complete step; ± the job's own spread (8 ms) around the model
+    assert 5 < fo.gain.low_ms < 20 < 30 < fo.gain.high_ms < 35
 
 
 def test_a_larger_micro_batch_does_not_scale_the_per_step_gaps(job: RunAnalysis) -> None:
@@ -301,7 +310,7 @@ def test_the_plan_travels_as_json_and_reads_in_one_line(job: RunAnalysis) -> Non
     assert back == plan
     assert back.combined(plan.stages[0].items) == pytest.approx(plan.stages[0].total_ms)
     line = compact(plan.to_json())
-    assert line.startswith("1) 4 option(s) −") and "2) install Transformer Engine −" in line
+    assert line.startswith("1) 3 option(s) −") and "2) install Transformer Engine −" in line
     assert "Apex" not in line  # a stage that adds nothing is not a step of the plan
 
 
@@ -312,7 +321,7 @@ def test_perfd_top_shows_the_plan_in_one_line(job: RunAnalysis) -> None:
 
     summary = json.loads(json.dumps({**analysis_json(job, rows=iter(())), "iterations": []}))
     line = top.plan_text(summary)
-    assert line is not None and line.plain.startswith("plan: 1) 4 option(s) −")
+    assert line is not None and line.plain.startswith("plan: 1) 3 option(s) −")
     assert top.plan_text({"report": {"plan": None}}) is None  # no capture: no plan line, not an empty one
 
 
@@ -323,8 +332,10 @@ def test_the_ab_script_writes_the_plan_from_a_capture_and_holds_it_to_the_bar() 
     from tests.gpu.plan_ab_table import table
 
     got = plan_from(TRACE, LOG, H100, "big2048")
+    # every options-only item alone (cross-entropy fusion, listed apart to measure, too); the set the plan's
     assert set(got["apply_here"]) == {"attention_dropout", "micro_batch", "timer_sync",
                                       "cross_entropy_fusion"}
+    assert set(got["set"]["remedies"]) == {"attention_dropout", "micro_batch", "timer_sync"}
     assert "fused_attention" in got["cannot_run_here"]
     lo, hi = got["set"]["gain_ms"]
     base = 700.0
@@ -340,6 +351,7 @@ def test_the_ab_script_writes_the_plan_from_a_capture_and_holds_it_to_the_bar() 
     c = t["configs"][0]
     assert c["predicted_before_applying"] and c["spread_ms"] == pytest.approx(4.0)
     assert t["inside"] == t["singles"] == 4 and c["set"]["within_20pct"]
+    assert got["model"] == GAIN_MODEL
     late = table({"big2048": {"plan": {**got, "written_at": 25.0}, "runs": runs}})
     assert not late["configs"][0]["predicted_before_applying"] and not late["done"]
 
@@ -377,6 +389,8 @@ def test_the_ab_evidence_holds_when_recorded() -> None:
         runs = res.get("runs") or {}
         written = res["plan"]["written_at"]
         assert all(r["started_at"] > written for k, r in runs.items() if not k.startswith("base")), name
+        if res["plan"].get("model", 1) != GAIN_MODEL:  # written by an earlier model: kept as it measured
+            continue
         kineto = KINETO.parent / f"kineto_{f.parent.name.removeprefix('plan_')}_megatron"
         now = plan_from(kineto / f"plan_{name}_rank0.json.gz", kineto / f"plan_{name}_megatron.log.gz",
                         res.get("gpu") or H100, name)
