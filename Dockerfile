@@ -4,8 +4,8 @@
 # nsys, for captures, is mounted from the host when present: -v /opt/nvidia/nsight-systems/VER:/opt/nsys:ro
 # -e PERFD_NSYS=/opt/nsys/bin/nsys (deploy/k8s/agent-daemonset.yaml does the same with a hostPath).
 #
-#   docker build -t perfd:0.1.0 .                          # agent + aggregator
-#   docker build --build-arg WITH_WANDB=1 -t perfd:0.1.0 .   # + Weights & Biases export
+#   docker build -t perfd:0.2.0 .                          # agent + aggregator
+#   docker build --build-arg WITH_WANDB=1 -t perfd:0.2.0 .   # + Weights & Biases export
 FROM python:3.12-slim
 
 ARG WITH_WANDB=""

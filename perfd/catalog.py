@@ -121,6 +121,8 @@ RANK_RATIO_BUCKETS: tuple[float, ...] = (0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.5, 2.
 GPU_INFO = "perfd_gpu_info"
 # One info series per (job, node): where the job runs, what host series join the job on.
 JOB_NODE_INFO = "perfd_job_node_info"
+# Present (1) for a job that opted out of the MFU alert (perfd.model.JobInfo.mfu_alert is False).
+JOB_MFU_ALERT_OPT_OUT = "perfd_job_mfu_alert_opt_out_info"
 
 # A rank process's series (collectors/ranks). The plain ones each carry one field of the rank's
 # observation (perfd.events.RankHost): series -> field, what the collector emits and what the rules read
@@ -312,6 +314,10 @@ CATALOG: tuple[MetricDef, ...] = (
        "1 for the job's liveness state (label state: running, stalled = no step while its processes are "
        "on their GPUs, ended); a stalled or ended job's derived gauges leave /metrics",
        _AGGREGATOR + " (perfd.analytics.steps.liveness)", (*JOB, "state")),
+    _m(JOB_MFU_ALERT_OPT_OUT, "gauge", "info",
+       "1 for a job that opted out of the MFU alert (perfd agent / perfd launch --no-mfu-alert: low MFU "
+       "by design); absent for every other job. PerfdJobMFULow leaves these jobs out",
+       _AGGREGATOR + " (the job's job info)", JOB),
     _m("perfd_job_bottleneck_info", "gauge", "info",
        "1 for the job's current bottleneck class (label class)", _ANALYTICS, (*JOB, "class")),
     # --- job: serving (SGLang) --------------------------------------------------------------

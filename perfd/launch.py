@@ -110,6 +110,7 @@ class LaunchOptions:
     run_dir: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # extra variables (tests, wrappers)
     wandb_run_id: str | None = None  # "auto": perfd picks one; None: the job's own WANDB_RUN_ID, if any
+    mfu_alert: bool = True  # False: the job opts out of the MFU alert (the manifest says so to the agent)
 
 
 @dataclass
@@ -325,6 +326,7 @@ def manifest_data(plan: LaunchPlan, opts: LaunchOptions, pid: int | None, status
         "kineto": {"config": plan.env_set.get("KINETO_CONFIG")} if opts.kineto else None,
         "nsys": plan.nsys, "ncu": plan.ncu, "notes": plan.notes, "collectors": plan.collectors(opts.job),
         "wandb_run_id": plan.wandb_run_id,
+        "mfu_alert": opts.mfu_alert,
     }
 
 

@@ -262,6 +262,11 @@ class JobInfo:
     # "absent" where the log says it is not installed ("Transformer Engine version ... 0.0.0", "Apex
     # is not installed"). A package the log says nothing of is not listed (unknown).
     packages: dict[str, str] = field(default_factory=dict)
+    # The job's own word on the MFU alert (perfd agent --no-mfu-alert, `mfu_alert: false` in its config,
+    # perfd launch --no-mfu-alert in its manifest): False for a job that is low-MFU by design (a debugging
+    # run, a tiny model), exported as perfd_job_mfu_alert_opt_out_info, which PerfdJobMFULow leaves out.
+    # None: not said (the alert applies).
+    mfu_alert: bool | None = None
 
 
 # The packages perfd's remedies name (perfd.analytics.advice.remedies), as JobInfo.packages keys.
@@ -603,4 +608,6 @@ def merge_job_info(held: JobInfo | None, new: JobInfo) -> JobInfo:
         if getattr(base.layout, f.name) is None and getattr(hook.layout, f.name) is not None})
     spec = base.spec if base.spec.dtype is not None or hook.spec.dtype is None else \
         dataclasses.replace(base.spec, dtype=hook.spec.dtype)
-    return dataclasses.replace(base, layout=layout, spec=spec)
+    opted_out = base.mfu_alert is False or hook.mfu_alert is False  # either describer's opt-out holds
+    return dataclasses.replace(base, layout=layout, spec=spec,
+                               mfu_alert=False if opted_out else base.mfu_alert)

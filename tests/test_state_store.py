@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from perfd.aggregator.store import BATCH, HELLO, StateStore, StoreError
+from perfd.aggregator.store import (
+    BATCH,
+    HELLO,
+    SCHEMA_VERSION,
+    StateStore,
+    StateTooNew,
+    StoreError,
+    schema_of,
+)
 
 
 def test_journal_job_info_seqs_and_documents_come_back_after_reopening(tmp_path: Path) -> None:
@@ -114,10 +122,28 @@ def test_a_state_file_of_an_older_build_keeps_one_hello_per_agent(tmp_path: Path
     db.executemany("INSERT INTO journal (t, kind, agent, body) VALUES (?, ?, ?, ?)", rows)
     db.commit()
     db.close()
+    assert schema_of(tmp_path / "state.sqlite3") == 0  # the builds before the number wrote none
     s = StateStore(tmp_path)
     assert list(s.replay()) == [(HELLO, "a0", b'["j27"]'), (HELLO, "a1", b'["j28"]'),
                                 (HELLO, "a2", b'["j29"]'), (BATCH, "a0", b"\x01")]
     assert s.stats()["hellos"] == 3 and s.stats()["journal_batches"] == 1
+    s.close()
+    assert schema_of(tmp_path / "state.sqlite3") == SCHEMA_VERSION  # upgraded once, at open
+
+
+def test_a_newer_schema_is_refused_also_while_its_writer_holds_it_in_the_log(tmp_path: Path) -> None:
+    """A newer build killed before its write-ahead log reached the file: the header still says the old
+    schema, the log the new one; the read-only look through SQLite finds it (the header alone would not)."""
+    newer = StateStore(tmp_path)
+    newer._db.execute("PRAGMA wal_autocheckpoint=0")
+    newer._db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    path = tmp_path / "state.sqlite3"
+    assert (tmp_path / "state.sqlite3-wal").stat().st_size > 0
+    main = path.read_bytes()
+    with pytest.raises(StateTooNew, match=f"schema {SCHEMA_VERSION + 1}, written by a newer perfd"):
+        StateStore(tmp_path)
+    assert path.read_bytes() == main
+    assert schema_of(path) == SCHEMA_VERSION + 1
 
 
 def test_the_state_is_pruned_by_bytes_oldest_batches_first(tmp_path: Path) -> None:

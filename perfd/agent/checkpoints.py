@@ -24,7 +24,10 @@ dropped (a restart then resumes earlier: records sent again, never lost). With n
 aggregator) a position is its own base.
 
 Files are replaced atomically (temp file, fsync, rename): a kill -9 leaves the old file or the new
-one, never half of one. A file of the first format (the bare position) is read as a base.
+one, never half of one. A file of the first format (the bare position) is read as a base. A file of
+a format above FORMAT was written by a newer perfd: :class:`CheckpointTooNew` stops the agent's
+start-up (exit 2, the file untouched) rather than read it as a bare position, which lost the resume
+point (``resume:unreadable 'position'``) and read the log again from its start.
 """
 
 from __future__ import annotations
@@ -38,11 +41,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfd import __version__
 from perfd.privdir import private_dir
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 2  # raise it with every change an older agent would read lossy (its files stop that one)
+
+
+class CheckpointTooNew(ValueError):
+    """A checkpoint file of a newer perfd's format: not read, not overwritten; the agent stops."""
 MAX_PENDING = 64  # positions waiting for their batches (a full disk holds batches in memory)
 
 
@@ -76,7 +84,14 @@ class Checkpoints:
             return None
         if not isinstance(obj, dict):
             return None
-        if obj.get("format") != FORMAT:
+        found = obj.get("format")
+        if isinstance(found, int) and not isinstance(found, bool) and found > FORMAT:
+            raise CheckpointTooNew(
+                f"{self._path(name)} is a checkpoint of format {found}, written by a newer perfd; this "
+                f"perfd {__version__} reads format {FORMAT} and older. Refusing to start rather than "
+                "resume at the wrong place; the file is left as it is. Run the perfd that wrote it (or "
+                "a newer one), or move the state directory away to read the logs from their start.")
+        if found != FORMAT:
             st = _State(base=obj)  # the first format: the position itself
         else:
             base = obj.get("base")

@@ -68,6 +68,9 @@ class AgentConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     auth_token_file: str | None = None
+    # False: the jobs this agent describes opted out of the MFU alert (PerfdJobMFULow); the opt-out
+    # travels in their job info (perfd.model.JobInfo.mfu_alert). --no-mfu-alert, or a launch manifest's.
+    mfu_alert: bool = True
 
     @property
     def job_uid(self) -> int | None:
@@ -170,7 +173,7 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
                     metrics_host: str | None = None, listen_all: bool = False,
                     tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
                     auth_token_file: str | None = None, capture_dir: str | None = None,
-                    job_user: str | None = None) -> AgentConfig:
+                    job_user: str | None = None, mfu_alert: bool | None = None) -> AgentConfig:
     """Command-line flags win over the file (so a job can be watched without a config file).
 
     ``launch_manifest``: a `perfd launch` manifest; its job name (unless ``job`` is given) and the
@@ -182,6 +185,8 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
         cfg.job_user = job_user
     if launch_manifest is not None:
         _apply_manifest(cfg, launch_manifest)
+    if mfu_alert is not None:
+        cfg.mfu_alert = mfu_alert
     if aggregator is not None:
         cfg.aggregator = aggregator or None
     if job is not None:
@@ -253,6 +258,8 @@ def _apply_manifest(cfg: AgentConfig, path: str) -> None:
     uid = m.get("uid")
     if isinstance(uid, int) and not isinstance(uid, bool) and uid >= 0 and cfg.job_user is None:
         cfg.job_user = uid  # the launching user (a config's job_user, or --job-user, wins)
+    if m.get("mfu_alert") is False:
+        cfg.mfu_alert = False  # perfd launch --no-mfu-alert: the job's own opt-out
     for name, conf in m["collectors"].items():
         if not isinstance(conf, dict):
             raise ConfigError(f"--launch-manifest {path}: collectors.{name} must be a mapping")

@@ -7,6 +7,7 @@ gone, batches wait in the spool (bounded; the oldest are dropped and counted bey
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import faulthandler
 import itertools
 import logging
@@ -386,7 +387,10 @@ class Agent:
             for job, info in out.job_info.items():
                 # Two describers of one job (a log and the step hooks) each send on change only:
                 # merged here, so neither's news is lost to the other's in the same batch.
-                merged = self._jobinfo_merged[job] = merge_job_info(self._jobinfo_merged.get(job), info)
+                merged = merge_job_info(self._jobinfo_merged.get(job), info)
+                if not self.cfg.mfu_alert:  # the job's opt-out of the MFU alert travels with its info
+                    merged = dataclasses.replace(merged, mfu_alert=False)
+                self._jobinfo_merged[job] = merged
                 text = job_info_to_json(merged)
                 self._jobinfo_last[job] = text
                 if self._jobinfo_sent.get(job) != text:

@@ -51,6 +51,8 @@ def liveness_rows(snaps: Sequence[JobSnapshot], now: float, node_info: bool = Fa
             rows.append(({"job_name": job}, "perfd_job_last_step_timestamp_seconds",
                          float(ov["last_step_time"])))
         rows.append(({"job_name": job, "state": state}, "perfd_job_state_info", 1.0))
+        if snap.mfu_alert_off:  # for every known job, like its state: the alert rule leaves it out
+            rows.append(({"job_name": job}, catalog.JOB_MFU_ALERT_OPT_OUT, 1.0))
         for name, key in (("perfd_job_skipped_iterations_total", "skipped_iterations_total"),
                           ("perfd_job_nan_iterations_total", "nan_iterations_total")):
             if ov.get(key) is not None:  # counters: kept for every known job, like the state

@@ -82,6 +82,7 @@ class JobSnapshot:
     # (when, why) its processes ended as its agents report them (its launch manifest, its ranks gone):
     # the job is ended at once, not once its last step is stale (perfd.aggregator.hosts)
     ended: tuple[float, str] | None = None
+    mfu_alert_off: bool = False  # the job opted out of the MFU alert (its job info's mfu_alert is False)
 
     # ---- the analysis ------------------------------------------------------------------------
     @property

@@ -407,7 +407,8 @@ class AggregatorState:
             stall=self.stalls.stalled(job), stale_after_override_s=self._job_stale_after_s,
             gpus=lambda names=None: self.nodes.gpu_view(names_agents, names, job=job),
             hosts=lambda now=None: self.hosts.observations(job, now),
-            hosts_last_running=lambda: self.hosts.last_running(job), ended=self.hosts.ended(job))
+            hosts_last_running=lambda: self.hosts.last_running(job), ended=self.hosts.ended(job),
+            mfu_alert_off=getattr(self.jobs.job_info(job), "mfu_alert", None) is False)
 
     def refresh(self) -> None:
         """Analyse every job that has new data and update its incidents (the aggregator's periodic

@@ -30,6 +30,11 @@ loses its rows here too (its batches, its job info), so it stays pruned across a
 also held other jobs' data stays, and a tombstone (job, when pruned) keeps the pruned job's part of it
 from being replayed — a tombstone goes once no journal row older than it is left.
 
+Versioned (``SCHEMA_VERSION``, in the file's user_version): a newer build reads the files of older
+ones (upgraded once, at open); an older build stops at start-up on a file of a newer schema, with one
+line and exit 2, and leaves it untouched, rather than read it lossy (issue 56: a downgrade once read
+29 of 40 iterations and said nothing).
+
 Why SQLite and not a file of our own: the stdlib has it, WAL gives one writer with readers beside
 it, and its transactions are what "acknowledged means durable" needs.
 """
@@ -45,6 +50,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from perfd import __version__
 from perfd.privdir import private_dir
 
 log = logging.getLogger(__name__)
@@ -81,8 +87,57 @@ CREATE TABLE IF NOT EXISTS pruned (job TEXT PRIMARY KEY, t REAL NOT NULL);
 """
 
 
+# What a state file holds and how (its tables, and the protobuf batches and JSON documents in them),
+# as a number kept in the file (SQLite's user_version). Raise it with every change an older build
+# would read lossy. A newer build upgrades an older file at open (:meth:`StateStore._migrate`); an
+# older build refuses a newer file (:class:`StateTooNew`) and leaves it as it is. 0: the files of
+# the builds before the number (perfd 0.1.0), which wrote none.
+SCHEMA_VERSION = 1
+
+
 class StoreError(Exception):
     """The state directory cannot be used or written (a clear message for a person)."""
+
+
+class StateTooNew(StoreError):
+    """The state file was written by a newer perfd than this one (its schema is higher): reading it
+    would lose what this build does not know, so start-up stops and the file stays untouched."""
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_USER_VERSION_AT = 60  # the file header's user_version: 4 bytes, big-endian (sqlite.org/fileformat.html)
+
+
+def schema_of(path: Path) -> int:
+    """The schema number of an existing state file, read without writing anything: from the file's
+    header while no write-ahead log holds newer pages (a clean stop), else through a read-only
+    connection (which neither creates tables nor checkpoints the log into the file). 0 for a file
+    that is not SQLite's: the open's own checks name the damage."""
+    with path.open("rb") as fh:
+        header = fh.read(100)
+    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
+        return 0
+    wal = path.with_name(path.name + "-wal")
+    if not wal.exists() or wal.stat().st_size == 0:
+        return int.from_bytes(header[_USER_VERSION_AT:_USER_VERSION_AT + 4], "big")
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        db.close()
+
+
+def refuse_newer(path: Path) -> None:
+    """StateTooNew when ``path`` holds state of a schema above this build's (nothing is written)."""
+    if not path.exists():
+        return
+    found = schema_of(path)
+    if found > SCHEMA_VERSION:
+        raise StateTooNew(
+            f"{path} holds state of schema {found}, written by a newer perfd; this perfd {__version__} "
+            f"reads schema {SCHEMA_VERSION} and older. Refusing to start rather than read it lossy; the "
+            "file is left as it is. Run the perfd that wrote it (or a newer one), or move the state "
+            "directory away to start with an empty state.")
 
 
 class StateStore:
@@ -106,6 +161,7 @@ class StateStore:
         try:
             private_dir(self.dir)  # ours, 0700, no link: another user's folder is refused
             self.path = self.dir / "state.sqlite3"
+            refuse_newer(self.path)  # before the connection below, which would write to it
             self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
             # Before any table exists (a new file): freed pages can be given back to the file system.
             # (Only then: on a file in use the pragma would wait for its writer.)
@@ -126,6 +182,12 @@ class StateStore:
                                  "start with an empty state, or put back a good copy")
             self._db.executescript(_SCHEMA)
             self._migrate()
+            found = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+            if found > SCHEMA_VERSION:  # written between the check above and this connection
+                raise StateTooNew(f"{self.path}: schema {found} is newer than this perfd's {SCHEMA_VERSION}")
+            if found < SCHEMA_VERSION:
+                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                log.info("state store: %s upgraded from schema %d to %d", self.path, found, SCHEMA_VERSION)
             if int(self._db.execute("PRAGMA auto_vacuum").fetchone()[0]) != 2:
                 # A file of an older build: rebuilt once so its free pages can go back (bounded by the
                 # cap it was kept under).

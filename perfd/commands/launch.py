@@ -35,6 +35,7 @@ def _launch(args: argparse.Namespace) -> int:
         flight_recorder=args.flight_recorder, fr_timing=args.fr_timing, fr_buffer=args.fr_buffer,
         kineto=args.kineto, nsys_session=args.nsys, nsys_trace=args.nsys_trace, log=args.log,
         manifest=args.manifest, run_dir=args.run_dir, wandb_run_id=args.wandb_run_id,
+        mfu_alert=not args.no_mfu_alert,
         ncu_ranks=ncu_ranks, ncu_capture_dir=args.capture_dir,
         ncu_options=NcuOptions(args.launch_count, args.kernel_filter, args.clock_control,
                                time_budget(args, args.launch_count), launch_skip=args.launch_skip)))
@@ -65,6 +66,10 @@ def register(sub: SubParsers) -> None:
                         "WANDB_RESUME=allow) so its wandb.init uses it, and the aggregator's W&B export "
                         "(--wandb-project) attaches to the same run; auto picks a new id. A WANDB_RUN_ID "
                         "already in the job's environment is used as is (default: none)")
+    p.add_argument("--no-mfu-alert", action="store_true",
+                   help="the job is low-MFU by design (a debugging run, a tiny model): the manifest says so, "
+                        "and the agent that reads it exports the job's opt-out, which the shipped "
+                        "PerfdJobMFULow alert leaves out (docs/prometheus.md)")
     p.add_argument("--kineto", action="store_true", help="Kineto daemon mode (KINETO_USE_DAEMON=1, a "
                    "1 s config poll) so perfd can trace the running job on demand")
     p.add_argument("--nsys", metavar="SESSION", help="run under `nsys launch --session-new=SESSION` "

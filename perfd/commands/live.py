@@ -31,7 +31,8 @@ def _agent(args: argparse.Namespace) -> int:
             ranks=None if args.ranks is None else "pod" if args.ranks == "pod" else args.ranks == "on",
             launch_manifest=args.launch_manifest, metrics_host=args.metrics_host,
             listen_all=args.listen_all, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-            auth_token_file=args.auth_token_file, capture_dir=args.capture_dir, job_user=args.job_user)
+            auth_token_file=args.auth_token_file, capture_dir=args.capture_dir, job_user=args.job_user,
+            mfu_alert=False if args.no_mfu_alert else None)
     except ConfigError as exc:
         print(f"perfd agent: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -193,6 +194,11 @@ def register(sub: SubParsers) -> None:
                    help="the user (name or uid) the job runs as: only its processes are taken for the "
                         "job's ranks (step hooks, GPU processes, capture targets); default: the launch "
                         "manifest's user, else this agent's own (job_user: in the config file)")
+    a.add_argument("--no-mfu-alert", action="store_true",
+                   help="the job is low-MFU by design (a debugging run, a tiny model): its job info says so, "
+                        "the aggregator exports perfd_job_mfu_alert_opt_out_info for it and the shipped "
+                        "PerfdJobMFULow leaves it out (mfu_alert: false in the config file; perfd launch "
+                        "--no-mfu-alert puts it in the launch manifest)")
     a.add_argument("--metrics-host", help=f"address of the agent's /metrics (default {L.LOOPBACK})")
     a.add_argument("--listen-all", action="store_true",
                    help="serve /metrics on every interface (0.0.0.0) unless --metrics-host is given")

@@ -369,3 +369,22 @@ def _validate(docs: list[dict[str, Any]]) -> None:
                 kv.validate(d, version, strict=True)
             except kv.ValidationError as exc:
                 pytest.fail(f"{d['kind']}/{d['metadata']['name']} invalid for {version}: {exc.message}")
+
+
+def test_the_aggregators_disruption_budget_is_off_unless_asked_for() -> None:
+    """A budget on a one-replica aggregator refuses every voluntary eviction (a node drain waits on
+    it): none by default; asked for, one that selects the aggregator's pod and no other."""
+    assert not [d for d in _render() if d["kind"] == "PodDisruptionBudget"]
+    docs = _render("aggregator.podDisruptionBudget.enabled=true", release="gpu-perf", namespace="monitoring")
+    pdb = _one(docs, "PodDisruptionBudget")
+    assert pdb["metadata"]["namespace"] == "monitoring" and pdb["spec"]["minAvailable"] == 1
+    sel = pdb["spec"]["selector"]["matchLabels"]
+    assert sel.items() <= _pod_labels(docs, "Deployment").items()
+    assert not sel.items() <= _pod_labels(docs, "DaemonSet").items()
+    _validate([pdb])
+    r = _run("template", "perfd", str(CHART), "--set", "aggregator.podDisruptionBudget.minAvailable=some")
+    assert r.returncode != 0 and "values don't meet the specifications" in r.stderr
+
+
+def _pod_labels(docs: list[dict[str, Any]], kind: str) -> dict[str, str]:
+    return dict(_one(docs, kind)["spec"]["template"]["metadata"]["labels"])

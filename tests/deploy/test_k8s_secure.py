@@ -303,3 +303,72 @@ def test_the_example_job_connects_under_the_charts_defaults_from_another_namespa
     got = wait_for(seen, 60, f"job {name} at the aggregator")
     assert got["last_iteration"] > 0
     assert "UNAUTHENTICATED" not in (tmp_path / "sidecar.out").read_text()
+
+
+def test_the_chart_runs_the_example_job_in_a_third_namespace_with_no_step_by_hand(
+        tmp_path: Path, running: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
+    """Issue 56 item 4: the example hardcoded perfd-aggregator.perfd.svc and Secret perfd-auth, so it
+    worked only for release perfd in namespace perfd, and waited for someone to copy the Secret. Here
+    the release is gpu-perf in namespace monitoring and the job runs in research: the chart renders
+    the Job with this release's address and Secret, the Secret's copy in research, and a NetworkPolicy
+    that admits research's sidecars by name even with grpcFrom narrowed to none; the rendered sidecar
+    then connects to the rendered aggregator with nothing added."""
+    grpc, http = free_port(), free_port()
+    release, namespace, job_ns = "gpu-perf", "monitoring", "research"
+    docs = _helm_template(f"aggregator.grpcPort={grpc}", f"aggregator.httpPort={http}",
+                          f"auth.token={TOKEN.decode()}", f"auth.jobNamespaces={{{job_ns}}}",
+                          "exampleJob.enabled=true", f"exampleJob.namespace={job_ns}",
+                          "networkPolicy.grpcFrom=null", release=release, namespace=namespace)
+    _validate(docs)
+    job = _one(docs, "Job")
+    assert job["metadata"]["namespace"] == job_ns
+    # Its aggregator address is this release's Service, on its gRPC port.
+    svc = _one(docs, "Service")
+    (port,) = [p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc"]
+    address = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{port}"
+    (side,) = [c for c in job["spec"]["template"]["spec"]["initContainers"] if c["name"] == "perfd-agent"]
+    assert side["args"][side["args"].index("--aggregator") + 1] == address == \
+        f"{release}-aggregator.{namespace}.svc:{grpc}"
+    assert not [a for a in side["args"] if "perfd-aggregator.perfd" in a]
+    # Its token Secret exists in its namespace, with the key the sidecar reads, the aggregator's token.
+    secrets = secrets_of(docs)
+    (vol,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert (job_ns, vol["secret"]["secretName"]) in secrets
+    agg_secret = _token_mount(_one(docs, "Deployment"))
+    assert secrets[(job_ns, vol["secret"]["secretName"])] == secrets[(namespace, str(agg_secret))]
+    assert side["args"][side["args"].index("--auth-token-file") + 1] == "/etc/perfd-auth/token"
+    # The policy admits the job's pod from research (by name: grpcFrom is empty), not from elsewhere.
+    agg_doc = _one(docs, "Deployment")
+    policy, target = _one(docs, "NetworkPolicy"), agg_doc["spec"]["template"]["metadata"]["labels"]
+    ports = {p["name"]: p["containerPort"] for p in _container(agg_doc)["ports"]}
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert admits(policy, target, "grpc", source_labels=pod_labels, source_namespace=job_ns,
+                  target_ports=ports)
+    assert not admits(policy, target, "grpc", source_labels=pod_labels, source_namespace="default",
+                      target_ports=ports)
+    # Run as rendered: the aggregator, then the sidecar, the cluster's DNS name mapped to loopback.
+    aggregator = kubelet(agg_doc, tmp_path, secrets, {}, configmaps_of(docs, namespace))
+    sidecar = kubelet(job, tmp_path, secrets, {address: f"127.0.0.1:{grpc}"}, container="perfd-agent")
+    side_port = free_port()
+    sidecar.args[sidecar.args.index("--metrics-port") + 1] = str(side_port)
+    (sidecar.volumes["logs"] / "train.log").write_text(LOG.read_text())
+    _start(aggregator, tmp_path / "aggregator.out", running)
+    base = f"http://{pod_address()}:{aggregator.ports['metrics']}"
+    wait_for(lambda: _serves(f"{base}/healthz", running), 60, "the aggregator's probe")
+    _start(sidecar, tmp_path / "sidecar.out", running)
+    scrape = f"http://127.0.0.1:{side_port}/metrics"
+    assert wait_for(lambda: _serves(scrape, running) and connected(scrape) == 1.0, 60,
+                    "the chart's example job's sidecar connected")
+    assert "UNAUTHENTICATED" not in (tmp_path / "sidecar.out").read_text()
+
+
+@pytest.mark.parametrize(("sets", "why"), [
+    (("exampleJob.enabled=true", "auth.jobNamespaces={ml}"), "needs auth.token"),
+    (("exampleJob.enabled=true", "auth.token=0123456789abcdef0123456789abcdef"), "not in auth.jobNamespaces"),
+    (("exampleJob.enabled=true", "exampleJob.namespace=perfd", "auth.enabled=false"), "the release's"),
+])
+def test_an_example_job_that_would_wait_is_refused_at_render(sets: tuple[str, ...], why: str) -> None:
+    flags = [a for s in sets for a in ("--set", s)]
+    r = subprocess.run([_helm(), "template", "perfd", str(CHART), "--namespace", "perfd", *flags],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode != 0 and why in r.stderr, r.stderr

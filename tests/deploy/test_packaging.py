@@ -4,10 +4,16 @@ was not installed by pip). The real wheel is built from the checkout and install
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+import pytest
+import yaml
+
+from perfd import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,6 +23,7 @@ def test_pip_installs_perfd_slurm_run_and_the_rule_packs(tmp_path: Path) -> None
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(wheels), str(ROOT)], check=True, timeout=300, capture_output=True)
     (wheel,) = wheels.glob("perfd-*.whl")
+    assert wheel.name.startswith(f"perfd-{__version__}-"), (wheel.name, __version__)  # one declaration
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.endswith(".data/scripts/perfd-slurm-run") for n in names), names[:20]
     assert any(n.endswith("share/perfd/rules/default.yaml") for n in names)
@@ -26,3 +33,17 @@ def test_pip_installs_perfd_slurm_run_and_the_rule_packs(tmp_path: Path) -> None
     script = target / "bin" / "perfd-slurm-run"
     assert script.is_file() and os.access(script, os.X_OK)
     assert script.read_bytes() == (ROOT / "deploy" / "slurm" / "perfd-slurm-run").read_bytes()
+
+
+def test_the_version_is_declared_once_and_repeated_where_it_cannot_be_read() -> None:
+    """perfd/__init__.py declares it; pyproject reads it from there; the chart and the plain manifests
+    cannot import it, so they repeat it, and here each must say the same."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and project["project"]["dynamic"] == ["version"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "perfd.__version__"}
+    chart = yaml.safe_load((ROOT / "deploy" / "helm" / "perfd" / "Chart.yaml").read_text())
+    assert chart["appVersion"] == chart["version"] == __version__
+    tags = {m for p in [*(ROOT / "deploy").rglob("*.yaml"), ROOT / "Dockerfile", ROOT / "README.md"]
+            for m in re.findall(r"\bperfd:(\d+\.\d+\.\d+)\b", p.read_text())}
+    assert tags == {__version__}, tags
