@@ -47,11 +47,11 @@ from perfd.privdir import private_dir
 log = logging.getLogger(__name__)
 
 FORMAT = 2  # raise it with every change an older agent would read lossy (its files stop that one)
+MAX_PENDING = 64  # positions waiting for their batches (a full disk holds batches in memory)
 
 
 class CheckpointTooNew(ValueError):
     """A checkpoint file of a newer perfd's format: not read, not overwritten; the agent stops."""
-MAX_PENDING = 64  # positions waiting for their batches (a full disk holds batches in memory)
 
 
 @dataclass
