@@ -17,7 +17,7 @@ import pytest
 
 from collectors.megatron import parse_file
 from perfd.analytics.advice.plan import Plan, Presence, Relation, combined, make_plan
-from perfd.analytics.advice.remedies import GAIN_MODEL, Advice, Effort, FitContext, RemedyId
+from perfd.analytics.advice.remedies import GAIN_MODEL, Advice, Effort, FitContext, RemedyId, run_spread_ms
 from perfd.analytics.advice.remedy_catalog import fit
 from perfd.analytics.breakdown.budget import IdleCause, Part, Phase, StepBudget
 from perfd.analytics.breakdown.budget_findings import part_title
@@ -54,7 +54,8 @@ def _fit(job: RunAnalysis, **changes: Any) -> dict[RemedyId, Advice]:
 def _plan(job: RunAnalysis, **changes: Any) -> Plan:
     assert job.config is not None
     cfg = dataclasses.replace(job.config, **changes)
-    p = make_plan(list(fit(FitContext(_budget(job), cfg))), cfg, _budget(job).step_ms)
+    b = _budget(job)
+    p = make_plan(list(fit(FitContext(b, cfg))), cfg, b.step_ms, run_spread_ms(b.step_ms, b.step_sd_ms))
     assert p is not None
     return p
 

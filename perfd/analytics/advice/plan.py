@@ -316,22 +316,21 @@ def _order(items: Sequence[Advice]) -> list[Advice]:
     return sorted(items, key=lambda a: -(a.gain.mid_ms if a.gain else 0.0))
 
 
-def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_ms: float | None = None
-              ) -> Plan | None:
+def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_ms: float) -> Plan | None:
     """The plan of the fitted ``advice`` (None without any). The set a user would apply is every remedy
     whose whole range is a gain: the flags first (one stage), then one stage per install (the one that
     brings most first), then the code changes; a remedy whose range reaches below zero is listed apart,
-    to measure (stage -1)."""
+    to measure (stage -1). ``spread_ms``: the run-to-run spread its totals carry once (the same as its
+    items' ranges: remedies.run_spread_ms of the budget they were fitted to)."""
     if not advice or step_ms <= 0:
         return None
-    spread = run_spread_ms(step_ms, None) if spread_ms is None else spread_ms
     promised = [a for a in advice if a.gain is not None and a.gain.promised]
     groups: list[tuple[Effort, tuple[str, ...], list[Advice]]] = []
     flags = _order([a for a in promised if a.effort is Effort.FLAG])
     if flags:
         groups.append((Effort.FLAG, (), flags))
     installs = [a for a in promised if a.effort is Effort.INSTALL]
-    for pkgs, got in _installs(installs, spread, flags):
+    for pkgs, got in _installs(installs, spread_ms, flags):
         groups.append((Effort.INSTALL, pkgs, _order(got)))
     code = _order([a for a in promised if a.effort is Effort.CODE])
     if code:
@@ -341,7 +340,7 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
     stage_of: dict[str, int] = {}
     before: tuple[float, float] | None = None
     for effort, pkgs, got in groups:
-        total = combined([*applied, *got], spread)
+        total = combined([*applied, *got], spread_ms)
         # every total carries the run-to-run spread once: a later stage's own gain is the difference
         gain = total if before is None else (total[0] - before[0], total[1] - before[1])
         stages.append(PlanStage(effort, tuple(a.remedy.value for a in got), gain, total, pkgs))
@@ -383,7 +382,7 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
                 a.removes,
             )
         )
-    return Plan(step_ms, tuple(items), tuple(stages), spread)
+    return Plan(step_ms, tuple(items), tuple(stages), spread_ms)
 
 
 def _replaces(b: Advice, a: Advice) -> bool:

@@ -189,10 +189,10 @@ RUN_SPREAD_OF_STEP = 0.005
 # difference of two medians of RUN_SPREAD_STEPS steady steps, sqrt(2) x 1.2533 x sigma / sqrt(n), sigma
 # the robust deviation of the job's steady steps (StepBudget.step_sd_ms).
 RUN_SPREAD_STEPS = 20
+MEDIAN_SE_OF_SD = 1.2533  # a median's standard error over a mean's, for normal steps (sqrt(pi / 2))
 # The gain model's version, written with every plan the GPU A/B records (its evidence is checked against
 # the model that wrote it): 1 = every range widened by RUN_SPREAD_OF_STEP; 2 = by the job's own spread.
 GAIN_MODEL = 2
-MEDIAN_SE_OF_SD = 1.2533  # a median's standard error over a mean's, for normal steps (sqrt(pi / 2))
 # The model's own uncertainty, each range below; the run-to-run spread is added once, beside it. Removing
 # kernels from a busy GPU gives back their time; their launches and the gaps around them move too
 # (attention dropout: 0.85–1.13 of its kernels' time in three runs, within the spread of 1.0 in each).
@@ -376,7 +376,7 @@ def run_spread_ms(step_ms: float, step_sd_ms: float | None) -> float:
 
 def spread_text(spread_ms: float, step_ms: float) -> str:
     """How a range's run-to-run spread is said beside it."""
-    own = step_ms > 0 and spread_ms > RUN_SPREAD_OF_STEP * step_ms * 1.0001
+    own = step_ms > 0 and spread_ms > run_spread_ms(step_ms, None)
     share = f"{spread_ms / step_ms:.1%} of the step" if step_ms > 0 else "no step"
     return f"± {spread_ms:.0f} ms run to run ({share}{': the spread of its own steady steps' if own else ''})"
 
