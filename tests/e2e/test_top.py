@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,9 @@ def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
     for _ in range(5):
         summary = _json(f"{live.base}/api/jobs/{JOB}/summary")
         gpus = _json(f"{live.base}/api/jobs/{JOB}/gpus")["gpus"]
+        timed_before = max(i["iteration"] for i in
+                           _json(f"{live.base}/api/jobs/{JOB}/iterations?sources=0")["iterations"]
+                           if i["straggler_rank_compute_ratio"])
         r = _top("--aggregator", live.base, "--once", "--job", JOB)
         after = _json(f"{live.base}/api/jobs/{JOB}/summary")
         if after == summary and _json(f"{live.base}/api/jobs/{JOB}/gpus")["gpus"] == gpus:
@@ -63,11 +67,17 @@ def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
     assert any(f"{100 * s['medians']['mfu']:.1f}%" in out for s in seen), out
     assert any(all(f"{s['step_time_distribution_ms'][q]:.0f} ms" in out for q in ("p50", "p90", "max"))
                for s in seen), out
-    # The newest iteration with per-rank timers (the latest may not have its timers yet)
+    # The iteration whose per-rank timers `top` showed (the log grows meanwhile, so a newer one may
+    # have arrived since): that iteration's slowest rank as the aggregator holds it.
+    shown = re.search(r"ranks \(iteration (\d+)\)", out)
+    assert shown, out
     its = _json(f"{live.base}/api/jobs/{JOB}/iterations?sources=0")["iterations"]
-    it = next(it for it in reversed(its) if it["straggler_rank_compute_ratio"])
+    it = next(it for it in its if it["iteration"] == int(shown.group(1)))
+    assert it["straggler_rank_compute_ratio"], it
+    # It is the newest with timers: none that the aggregator held before `top` ran is newer.
+    assert it["iteration"] >= timed_before, (it["iteration"], timed_before)
     slowest = max(it["straggler_rank_compute_ratio"].items(), key=lambda kv: kv[1])
-    assert f"ranks (iteration {it['iteration']})" in out and f"r{slowest[0]} {slowest[1]:.2f}×" in out
+    assert f"r{slowest[0]} {slowest[1]:.2f}×" in out
     assert len(gpus) == 1 and gpus[0]["replay"] is True and gpus[0]["node"] == "node-a"
     vals = gpus[0]["values"]
     assert "(replay)" in out and "node-a" in out
