@@ -42,7 +42,9 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kernels_mod
 from perfd.analytics.breakdown.budget import IdleCause, Part, Phase
 from perfd.analytics.breakdown.op_parts import is_data_annotation, is_step_mark
+from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.capture.ops import Flow, HostRange, Launch, Method, OpAttribution, attribute
+from perfd.capture.replay import HostTrace, replay_device
 from perfd.capture.sweep import HostSide, Tally, sweep
 
 Interval = tuple[float, float]
@@ -278,6 +280,8 @@ class DeviceBreakdown:
     # rows -> launches of PyTorch's row-per-block layer-norm kernels (kernels.ROW_NORM_KERNELS): the
     # tokens of a micro-batch, which say whose job the capture is (perfd.analytics.breakdown.capture_match)
     norm_rows: dict[int, int] = field(default_factory=dict)
+    # the complete steps replayed launch by launch, unchanged and with changes (perfd.capture.replay)
+    replay: ReplayTable | None = None
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -310,6 +314,7 @@ class DeviceBreakdown:
             "side_stream_ms": dict(self.side_stream_ms), "launch_latency_ms": self.launch_latency_ms,
             "complete": self.complete.to_json() if self.complete is not None else None,
             "norm_rows": {str(r): n for r, n in sorted(self.norm_rows.items())},
+            "replay": self.replay.to_json() if self.replay is not None else None,
         }
 
     def ratio(self, part_ms: float) -> float | None:
@@ -517,8 +522,15 @@ def analyze_trace(data: TraceData, top_n: int = 10, use_frames: bool = True) -> 
     host = HostSide(data.syncs, ops.sync_owner if ops is not None else {},
                     [(r.start_ns, r.end_ns) for r in data.ranges if is_data_annotation(r.name)],
                     step_marks(data.ranges), ops)
-    return analyze_intervals(data.kernels, data.memcpys, data.nvtx, data.source, data.rank, top_n, ops,
-                             data.steps, data.syncs, host)
+    out = analyze_intervals(data.kernels, data.memcpys, data.nvtx, data.source, data.rank, top_n, ops,
+                            data.steps, data.syncs, host)
+    if ops is None or len(host.marks) < 2:
+        return out
+    trace = HostTrace(data.launches, data.syncs, {}, host.marks, ops.parts, ops.op_names, ops.sync_owner,
+                      ops.tails, [a for a, _b in host.data])
+    return dataclasses.replace(out, devices=tuple(
+        dataclasses.replace(d, replay=replay_device(d.device, data.kernels, data.memcpys, trace))
+        for d in out.devices))
 
 
 def step_marks(ranges: Sequence[HostRange]) -> list[float]:

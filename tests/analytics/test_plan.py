@@ -21,6 +21,7 @@ from perfd.analytics.advice.remedies import GAIN_MODEL, Advice, Effort, FitConte
 from perfd.analytics.advice.remedy_catalog import fit
 from perfd.analytics.breakdown.budget import IdleCause, Part, Phase, StepBudget
 from perfd.analytics.breakdown.budget_findings import part_title
+from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.steps.run_analysis import RunAnalysis, analyze_run
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.commands.analyze_capture import timeline_class
@@ -96,12 +97,23 @@ def test_micro_batch_and_timer_level_overlap_on_the_same_synchronisation_gaps(jo
     assert item is not None
     shared = next(k for k in item.links if k.target == "timer_sync")
     assert shared.relation is Relation.OVERLAPS and shared.shared_ms is not None and shared.shared_ms[0] > 3
-    both = combined([mb, timer], plan.spread_ms)
     spread = plan.spread_ms
     assert mb.gain is not None and timer.gain is not None
-    # the sum counts the shared gaps twice (and the spread twice); the set counts them once
-    summed = mb.gain.low_ms + timer.gain.low_ms
-    assert both[0] == pytest.approx(summed + spread - shared.shared_ms[0], abs=0.01)
+    # by the trace's slices: the sum counts the shared gaps twice (and the spread twice), the set once
+    slices = combined([mb, timer], spread)
+    removed = {r.atom: r.low_ms for x in (mb, timer) for r in x.removes}
+    for r in mb.removes:
+        removed[r.atom] = max(removed[r.atom], r.low_ms)
+    assert slices[0] == pytest.approx(sum(removed.values()) - spread, abs=0.01)
+    # both read from the replay (this H100 job's host is as fast as the profiled one: its slices hold
+    # too): the set spans the slices' sum and the replay of the two together, less than their gains'
+    assert mb.replay is Change.MICROBATCH and timer.replay is Change.TIMERS and plan.replay is not None
+    assert plan.replay.slices_hold
+    together = plan.replay.of((Change.MICROBATCH, Change.TIMERS))
+    assert together is not None
+    both = combined([mb, timer], spread, plan.replay)
+    assert both == pytest.approx((min(slices[0], together[0] - spread), max(slices[1], together[1] + spread)))
+    assert both[1] < mb.gain.high_ms + timer.gain.high_ms
 
 
 def test_the_plan_goes_options_first_then_the_install_that_covers_most(job: RunAnalysis) -> None:
@@ -379,7 +391,7 @@ def test_the_ab_evidence_holds_when_recorded() -> None:
     written before any change ran, and the ranges the model gives now from the recorded capture and log
     (tests/data/captures/kineto_h100_megatron/plan_<config>_*) are the ones it wrote then (the check is
     of the model as it stands)."""
-    from tests.gpu.plan_ab_live import plan_from
+    from tests.gpu.plan_ab_live import captured_of, plan_from
 
     found = sorted(EVIDENCE.glob("plan_h*/ab_*.json"))
     if not found:
@@ -394,6 +406,18 @@ def test_the_ab_evidence_holds_when_recorded() -> None:
             continue
         kineto = KINETO.parent / f"kineto_{f.parent.name.removeprefix('plan_')}_megatron"
         now = plan_from(kineto / f"plan_{name}_rank0.json.gz", kineto / f"plan_{name}_megatron.log.gz",
-                        res.get("gpu") or H100, name)
+                        res.get("gpu") or H100, name, captured_of(res))
         for remedy, item in res["plan"]["apply_here"].items():
             assert now["apply_here"][remedy]["gain_ms"] == pytest.approx(item["gain_ms"], rel=0.02), remedy
+        at_base = res.get("plan_at_base")
+        if at_base:  # read again at the first base run's step, before any change ran: the same model
+            first = float(runs["base"]["steady"]["median_ms"])
+            changes = [r["started_at"] for k, r in runs.items() if not k.startswith("base")]
+            assert at_base["written_at"] < min(changes), name
+            again = plan_from(kineto / f"plan_{name}_rank0.json.gz", kineto / f"plan_{name}_megatron.log.gz",
+                              res.get("gpu") or H100, name, captured_of(res), first,
+                              at_base["set"]["remedies"])
+            for remedy, item in at_base["apply_here"].items():
+                got = again["apply_here"][remedy]["gain_ms"]
+                assert got == pytest.approx(item["gain_ms"], rel=0.02), remedy
+            assert again["set"]["gain_ms"] == pytest.approx(at_base["set"]["gain_ms"], rel=0.02)

@@ -30,6 +30,7 @@ log of each configuration (the CPU tests replay them).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gzip
 import json
@@ -81,6 +82,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     },
     # a long sequence: attention's s² work dominates; micro-batch 1 (4 micro-batches a step)
     "long_seq": {"layers": 8, "hidden": 1024, "heads": 8, "seq": 4096, "mbs": 1, "gbs": 4, "extra": []},
+    # many small micro-batches (8 a step, 2k rows each), a short sequence: the host's launches dominate
+    "many_mb": {"layers": 12, "hidden": 1536, "heads": 12, "seq": 1024, "mbs": 2, "gbs": 16, "extra": []},
 }
 
 
@@ -258,7 +261,7 @@ def capture_run(
         "steps": steps,
         "arming": {k: v for k, v in (got.get("capture") or {}).items() if k != "config"},
         # the captured iterations and the one after (the trace's flush) are not steady
-        "steady": steady_of(steps, (at, at + 5) if at else None),
+        "steady": steady_of(steps, (at, at + CAPTURED_AFTER) if at else None),
         "tail": "" if steps and trace else text[-3000:],
     }
     with gzip.open(out / f"log_{name}.log.gz", "wb") as g:
@@ -269,31 +272,55 @@ def capture_run(
 
 
 # --- 2. the plan, written down before any change -------------------------------------------------
-def plan_from(trace: Path, log: Path, gpu: str, name: str) -> dict[str, Any]:
+def captured_of(res: dict[str, Any]) -> tuple[int, int] | None:
+    """The iterations the capture touched (armed, captured, the trace's flush): CAPTURED_AFTER from
+    the one it was armed at."""
+    at = int(((res.get("capture") or {}).get("arming") or {}).get("iteration_at_arming") or 0)
+    return (at, at + CAPTURED_AFTER) if at else None
+
+
+CAPTURED_AFTER = 5  # the captured iterations and the one after (the trace's flush) are not steady
+
+
+def plan_from(trace: Path, log: Path, gpu: str, name: str,
+              captured: tuple[int, int] | None = None, clock_ms: float | None = None,
+              remedies: list[str] | None = None) -> dict[str, Any]:
     """perfd's analysis of the capture and its log (what `perfd analyze megatron LOG --capture TRACE`
     prints): the plan, the recommendations and the budget, and the items that can run here (options
-    only: nothing to install)."""
+    only: nothing to install). ``captured``: the iterations the capture touched, marked as the live
+    aggregator marks them (StepRecord.disturbed_by_capture): the job's clock is its other steps.
+    ``clock_ms``: the plan read at this steady step instead (the job re-measured before any change: the
+    replayed gains move with the job's step, perfd.analytics.advice.replay_gains); ``remedies``: the set
+    to combine (else the plan's promised items)."""
     from collectors.megatron import parse_file
     from perfd.analytics.steps.run_analysis import analyze_run
     from perfd.commands.analyze_capture import timeline_class
 
     parsed = parse_file(log, job=name)
+    records = [dataclasses.replace(r, disturbed_by_capture=True)
+               if captured and captured[0] <= r.iteration <= captured[1] else r for r in parsed.records]
     a = analyze_run(
         parsed.job_info,
-        parsed.records,
+        records,
         gpu_name=gpu,
         job_name=name,
         timeline=timeline_class(str(trace)),
         live=False,
     )
-    plan = a.plan
+    budget = a.summary.step_budget
+    if clock_ms is not None and budget is not None:
+        from perfd.analytics.advice.findings import job_plan
+
+        budget = dataclasses.replace(budget, steady_step_ms=clock_ms)
+        plan = job_plan(a, parsed.job_info, budget)
+    else:
+        plan = a.plan
     if plan is None:
         return {"error": "no plan: the capture gave no budget with remedies"}
     # every item that is options only runs here alone: the plan's own (stage 0) and those it lists apart
     # to measure (stage -1: a range reaching below zero); the set is the plan's, its promised items
     here = [i for i in plan.items if i.effort.value == "flag" and (i.flags or i.remove)]
-    promised = [i for i in here if i.stage >= 0]
-    budget = a.summary.step_budget
+    promised = [i for i in here if (i.stage >= 0 if remedies is None else i.remedy in remedies)]
     from perfd.analytics.advice.remedies import GAIN_MODEL
 
     return {
@@ -413,7 +440,7 @@ def run_config(
             _save(out, name, res)
             return
         t0 = time.time()
-        got = plan_from(trace, log, gpu, name)
+        got = plan_from(trace, log, gpu, name, captured_of(res))
         now = time.time()
         got["written_at"] = now
         got["written_at_utc"] = datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat()
@@ -441,6 +468,18 @@ def run_config(
     for label in order:
         if label in res["runs"] and res["runs"][label].get("steady", {}).get("n"):
             continue
+        first = (res["runs"].get("base") or {}).get("steady") or {}
+        if not label.startswith("base") and "plan_at_base" not in res and first.get("n"):
+            # the plan read at the job's step as re-measured now, still before any change runs
+            got = plan_from(trace, log, gpu, name, captured_of(res), float(first["median_ms"]),
+                            plan["set"]["remedies"])
+            got["written_at"] = time.time()
+            got["written_at_utc"] = datetime.datetime.fromtimestamp(got["written_at"],
+                                                                    datetime.timezone.utc).isoformat()
+            res["plan_at_base"] = got
+            _save(out, name, res)
+            gains = {k: v["gain_ms"] for k, v in got.get("apply_here", {}).items()}
+            clock.say(f"{name}: plan at the base's {first['median_ms']} ms: {gains}, set {got.get('set')}")
         if not clock.fits(_est_run_s(res)):
             clock.say(f"{name}: {label} left for the next call (budget)")
             break

@@ -2,8 +2,9 @@
 
     python3 tests/gpu/plan_ab_table.py DIR [DIR ...] [--json]   # the ab_<config>.json files in them
 
-Per configuration: the job as it ran, measured three times (its mean is the reference; max − min is the
-run-to-run spread); each plan item applied alone — its predicted gain (the plan written before any change
+Per configuration: the job as it ran, measured three times (max − min is the run-to-run spread; a change
+is measured against the mean of the base runs just before and after it, which follows the machine's
+drift); each plan item applied alone — its predicted gain (the plan written before any change
 ran) against the measured one, whether it falls inside, and whether the range is no wider than the larger
 of half its midpoint and twice the spread; the plan's set together — its predicted combined gain (overlaps
 counted once) against the measured one, within 20%, beside the sum of the singles' measured gains.
@@ -28,7 +29,9 @@ def _median(run: dict[str, Any] | None) -> float | None:
 
 def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
     runs = res.get("runs") or {}
-    plan = res.get("plan") or {}
+    # the plan read at the first base run's step (written after it, before any change) where there is
+    # one: a replayed gain moves with the job's step, and the machine moves the step between runs
+    plan = res.get("plan_at_base") or res.get("plan") or {}
     bases = [m for k in BASES if (m := _median(runs.get(k))) is not None]
     out: dict[str, Any] = {
         "config": name,
@@ -45,18 +48,19 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
         return out
     base = sum(bases) / len(bases)
     spread = max(bases) - min(bases) if len(bases) > 1 else None
-    out.update(base_mean_ms=base, spread_ms=spread)
+    out.update(base_mean_ms=base, spread_ms=spread, read_at="base" if "plan_at_base" in res else "capture")
     written = plan.get("written_at")
     changed = [r["started_at"] for k, r in runs.items() if k not in BASES and r.get("started_at")]
     out["predicted_before_applying"] = bool(written) and bool(changed) and written < min(changed)
-    out["plan_written_at_utc"] = plan.get("written_at_utc")
+    first = res.get("plan") or {}
+    out["plan_written_at_utc"] = plan.get("written_at_utc") or first.get("written_at_utc")
     for remedy, item in (plan.get("apply_here") or {}).items():
         out["rows"].append(
             _row(
                 remedy,
                 item.get("gain_ms"),
                 runs.get(remedy),
-                base,
+                _beside(runs, remedy, base),
                 spread,
                 item.get("flags"),
                 item.get("remove"),
@@ -64,7 +68,8 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
         )
     st = plan.get("set") or {}
     if st.get("remedies") and len(st["remedies"]) > 1:
-        row = _row("set", st.get("gain_ms"), runs.get("set"), base, spread, st["remedies"], [])
+        row = _row("set", st.get("gain_ms"), runs.get("set"), _beside(runs, "set", base), spread,
+                   st["remedies"], [])
         singles = [r["saved_ms"] for r in out["rows"] if r.get("saved_ms") is not None]
         row["sum_of_singles_ms"] = sum(singles) if len(singles) == len(out["rows"]) else None
         saved, pred = row.get("saved_ms"), st.get("gain_ms")
@@ -76,6 +81,19 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
         )
         out["set"] = row
     return out
+
+
+def _beside(runs: dict[str, Any], label: str, mean: float) -> float:
+    """The reference a change is measured against: the mean of the base runs just before and just
+    after it (the machine drifts between runs minutes apart), else of them all."""
+    at = (runs.get(label) or {}).get("started_at")
+    if at is None:
+        return mean
+    timed = sorted((float(r["started_at"]), m) for k in BASES if (r := runs.get(k))
+                   and r.get("started_at") is not None and (m := _median(r)) is not None)
+    before = [m for t, m in timed if t < at]
+    after = [m for t, m in timed if t > at]
+    return (before[-1] + after[0]) / 2 if before and after else mean
 
 
 def _row(
@@ -147,8 +165,10 @@ def markdown(t: dict[str, Any]) -> str:
         lines += [
             f"Base (the job as it ran, three times): {', '.join(f'{b:.1f}' for b in c['bases_ms'])} ms "
             f"(mean {c['base_mean_ms']:.1f}, spread {_f(c.get('spread_ms'))} ms); the captured run's "
-            f"steady {_f(c.get('captured_steady_ms'))} ms. Plan written {c.get('plan_written_at_utc')}, "
-            f"before any change ran: {'yes' if c.get('predicted_before_applying') else 'NO'}.",
+            f"steady {_f(c.get('captured_steady_ms'))} ms. Plan written {c.get('plan_written_at_utc')}"
+            + (", read at the first base run's step after it" if c.get("read_at") == "base" else "")
+            + f", before any change ran: {'yes' if c.get('predicted_before_applying') else 'NO'}. "
+            "A change is measured against the base runs either side of it.",
             "",
             "| change | options | predicted (ms saved a step) | measured step (ms) | measured saved | "
             "inside | width (allowed) |",

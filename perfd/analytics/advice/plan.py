@@ -25,6 +25,8 @@ from perfd.analytics.advice.remedies import (
     Removal,
     run_spread_ms,
 )
+from perfd.analytics.advice.replay_gains import ReplayGains
+from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.common import TextEnum
 from perfd.model import ABSENT, PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
 
@@ -93,6 +95,7 @@ class PlanItem:
     remove: tuple[str, ...] = ()
     any_of: bool = False  # any one of its prerequisites will do (TE or Apex)
     removes: tuple[Removal, ...] = ()  # what its gain is made of: a set of items is combined from them
+    replay: Change | None = None  # the replay's change its gain was read from (Advice.replay)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +111,7 @@ class PlanItem:
             "flags": list(self.flags),
             "remove": list(self.remove),
             "removes": [[r.atom, r.low_ms, r.high_ms] for r in self.removes],
+            "replay": self.replay.value if self.replay is not None else None,
         }
 
     @staticmethod
@@ -136,6 +140,7 @@ class PlanItem:
             tuple(d.get("remove") or []),
             bool(d.get("any_of")),
             tuple(Removal(str(r[0]), float(r[1]), float(r[2])) for r in d.get("removes") or []),
+            Change(str(d["replay"])) if d.get("replay") in Change.__members__.values() else None,
         )
 
 
@@ -176,6 +181,7 @@ class Plan:
     items: tuple[PlanItem, ...]  # in the plan's order
     stages: tuple[PlanStage, ...]
     spread_ms: float  # the run-to-run spread every combined gain carries once (remedies.run_spread_ms)
+    replay: ReplayGains | None = None  # the replay's gains on the job's clock: its items combine by them
 
     def item(self, remedy: str) -> PlanItem | None:
         return next((i for i in self.items if i.remedy == remedy), None)
@@ -183,7 +189,7 @@ class Plan:
     def combined(self, remedies: Iterable[str]) -> tuple[float, float]:
         """The combined gain of applying these of its items together (overlaps once, spread once)."""
         want = set(remedies)
-        return combined([i for i in self.items if i.remedy in want], self.spread_ms)
+        return combined([i for i in self.items if i.remedy in want], self.spread_ms, self.replay)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -191,6 +197,7 @@ class Plan:
             "items": [i.to_json() for i in self.items],
             "stages": [s.to_json() for s in self.stages],
             "spread_ms": self.spread_ms,
+            "replay": self.replay.to_json() if self.replay is not None else None,
         }
 
     @staticmethod
@@ -205,23 +212,48 @@ class Plan:
                 tuple(PlanItem.from_json(i) for i in d.get("items") or []),
                 tuple(PlanStage.from_json(s) for s in d.get("stages") or []),
                 float(spread) if isinstance(spread, (int, float)) else run_spread_ms(step, None),
+                ReplayGains.from_json(d.get("replay")),
             )
         except (KeyError, ValueError, TypeError, IndexError):
             return None
 
 
 # --- the arithmetic ---------------------------------------------------------------------------------
-def combined(advice: Iterable[Advice | PlanItem], spread_ms: float) -> tuple[float, float]:
+def combined(advice: Iterable[Advice | PlanItem], spread_ms: float,
+             replay: ReplayGains | None = None) -> tuple[float, float]:
     """The gain of applying ``advice`` (fitted, or a plan's items) together: each slice of the step
     removed once, by the most any of them removes of it, low and high apart (a remedy another of the
-    set replaces adds nothing); the run-to-run spread once."""
+    set replaces adds nothing); the run-to-run spread once. With ``replay``, the span of that and of
+    the remedies read from the replay replayed together (as each of their ranges spans both: the
+    replay's alone where the trace's slices are the profiler's, ReplayGains.slices_hold)."""
+    given = list(advice)
+    by_slices = _combined(given, spread_ms, None)
+    if replay is None:
+        return by_slices
+    both = _combined(given, spread_ms, replay)
+    if not replay.slices_hold:  # the profiler lengthened the trace's gaps: the replay alone
+        return both
+    return min(by_slices[0], both[0]), max(by_slices[1], both[1])
+
+
+def _combined(given: Sequence[Advice | PlanItem], spread_ms: float,
+              replay: ReplayGains | None) -> tuple[float, float]:
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
-    given = list(advice)
+    replayed = [a for a in given if a.replay is not None
+                and not any(b is not a and b.replay is None and covers(b, a) for b in given)]
+    together = replay.of(a.replay for a in replayed if a.replay is not None) if replay and replayed else None
+    if together is None:
+        replayed = []
+    else:
+        lo["replay"], hi["replay"] = together
+    taken = {atom for a in replayed for atom in _atoms(a)}
     for a in given:
-        if any(b is not a and covers(b, a) for b in given):
+        if a in replayed or any(b is not a and b not in replayed and covers(b, a) for b in given):
             continue
         for r in a.removes:
+            if r.atom in taken:
+                continue
             if r.high_ms < 0 or r.low_ms < 0:  # a remedy's own cost: its own slice, always paid
                 lo[f"{_id(a)}/{r.atom}"] = r.low_ms
                 hi[f"{_id(a)}/{r.atom}"] = r.high_ms
@@ -252,15 +284,45 @@ def covers(a: Advice | PlanItem, b: Advice | PlanItem) -> bool:
     )
 
 
-def relations(a: Advice, others: Sequence[Advice]) -> tuple[Link, ...]:
+def _replayed_link(a: Advice, b: Advice, replay: ReplayGains | None) -> Link | None:
+    """How two remedies read from the replay stand, from the replay of both together: the gain they
+    share is what the two alone add to beyond it; one that adds under REPLACED_ADDS of its own gain on
+    top of the other is replaced by it."""
+    if replay is None or a.replay is None or b.replay is None:
+        return None
+    ga, gb, gab = replay.of((a.replay,)), replay.of((b.replay,)), replay.of((a.replay, b.replay))
+    if ga is None or gb is None or gab is None:
+        return None
+    shared = (max(ga[0] + gb[0] - gab[0], 0.0), max(ga[1] + gb[1] - gab[1], 0.0))
+    mid = sum(shared) / 2
+    if mid <= 0:
+        return Link(Relation.OVERLAPS, b.remedy.value, None)  # no shared gain: independent
+    if sum(gab) / 2 - sum(ga) / 2 < REPLACED_ADDS * sum(gb) / 2:
+        return Link(Relation.REPLACES, b.remedy.value, shared)
+    if sum(gab) / 2 - sum(gb) / 2 < REPLACED_ADDS * sum(ga) / 2:
+        return Link(Relation.REPLACED_BY, b.remedy.value, shared)
+    return Link(Relation.OVERLAPS, b.remedy.value, shared)
+
+
+# one remedy applied on top of another that adds under this share of its own gain is replaced by it
+REPLACED_ADDS = 0.15
+
+
+def relations(a: Advice, others: Sequence[Advice], replay: ReplayGains | None = None) -> tuple[Link, ...]:
     """How ``a`` stands to each of ``others``: it replaces one whose every slice it removes as much of
     (or is replaced by it); it overlaps one it shares slices with (the shared gain, counted once); and
-    the packages it requires."""
+    the packages it requires. Two remedies read from the replay stand as the replay of both says."""
     mine = _atoms(a)
     out: list[Link] = []
     for b in others:
         if b.remedy is a.remedy:
             continue
+        if a.replay is not None and b.replay is not None and replay is not None:
+            link = _replayed_link(a, b, replay)
+            if link is not None:
+                if link.shared_ms is not None:
+                    out.append(link)
+                continue
         theirs = _atoms(b)
         shared = set(mine) & set(theirs)
         if not shared:
@@ -289,7 +351,7 @@ def prerequisites(a: Advice, cfg: JobConfig) -> tuple[Prerequisite, ...]:
 
 
 def _installs(
-    items: Sequence[Advice], spread_ms: float, done: Sequence[Advice]
+    items: Sequence[Advice], spread_ms: float, done: Sequence[Advice], replay: ReplayGains | None = None
 ) -> list[tuple[tuple[str, ...], list[Advice]]]:
     """The install stages: the package whose install brings the largest combined gain (on top of what is
     done) first, with every remaining item it satisfies; then the next."""
@@ -301,7 +363,8 @@ def _installs(
 
         cover = {p: [a for a in left if p in a.needs and (a.needs_one or len(a.needs) == 1)]
                  for p in packages}
-        best = max(packages, key=lambda p: (combined([*applied, *cover[p]], spread_ms)[0], p), default=None)
+        best = max(packages, key=lambda p: (combined([*applied, *cover[p]], spread_ms, replay)[0], p),
+                   default=None)
         got = cover[best] if best is not None else []
         if not got:  # remedies needing several packages at once
             got, best = [left[0]], None
@@ -316,12 +379,14 @@ def _order(items: Sequence[Advice]) -> list[Advice]:
     return sorted(items, key=lambda a: -(a.gain.mid_ms if a.gain else 0.0))
 
 
-def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_ms: float) -> Plan | None:
+def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_ms: float,
+              replay: ReplayGains | None = None) -> Plan | None:
     """The plan of the fitted ``advice`` (None without any). The set a user would apply is every remedy
     whose whole range is a gain: the flags first (one stage), then one stage per install (the one that
     brings most first), then the code changes; a remedy whose range reaches below zero is listed apart,
     to measure (stage -1). ``spread_ms``: the run-to-run spread its totals carry once (the same as its
-    items' ranges: remedies.run_spread_ms of the budget they were fitted to)."""
+    items' ranges: remedies.run_spread_ms of the budget they were fitted to); ``replay``: the replay's
+    gains the items that name a change were read from (FitContext.replay), which combine them."""
     if not advice or step_ms <= 0:
         return None
     promised = [a for a in advice if a.gain is not None and a.gain.promised]
@@ -330,7 +395,7 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
     if flags:
         groups.append((Effort.FLAG, (), flags))
     installs = [a for a in promised if a.effort is Effort.INSTALL]
-    for pkgs, got in _installs(installs, spread_ms, flags):
+    for pkgs, got in _installs(installs, spread_ms, flags, replay):
         groups.append((Effort.INSTALL, pkgs, _order(got)))
     code = _order([a for a in promised if a.effort is Effort.CODE])
     if code:
@@ -340,7 +405,7 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
     stage_of: dict[str, int] = {}
     before: tuple[float, float] | None = None
     for effort, pkgs, got in groups:
-        total = combined([*applied, *got], spread_ms)
+        total = combined([*applied, *got], spread_ms, replay)
         # every total carries the run-to-run spread once: a later stage's own gain is the difference
         gain = total if before is None else (total[0] - before[0], total[1] - before[1])
         stages.append(PlanStage(effort, tuple(a.remedy.value for a in got), gain, total, pkgs))
@@ -352,14 +417,14 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
     ordered += _order([a for a in advice if a not in ordered])
     items = []
     for a in ordered:
-        links = relations(a, ordered)
+        links = relations(a, ordered, replay)
         st = stage_of.get(a.remedy.value, -1)
         moot = (
             next(
                 (
                     b.remedy.value
                     for b in ordered
-                    if b is not a and _replaces(b, a) and 0 <= stage_of.get(b.remedy.value, -1) <= st
+                    if b is not a and _replaces(b, a, replay) and 0 <= stage_of.get(b.remedy.value, -1) <= st
                 ),
                 None,
             )
@@ -380,10 +445,12 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
                 a.remove,
                 a.needs_one and len(a.requires) > 1,
                 a.removes,
+                a.replay,
             )
         )
-    return Plan(step_ms, tuple(items), tuple(stages), spread_ms)
+    return Plan(step_ms, tuple(items), tuple(stages), spread_ms, replay)
 
 
-def _replaces(b: Advice, a: Advice) -> bool:
-    return covers(b, a)
+def _replaces(b: Advice, a: Advice, replay: ReplayGains | None) -> bool:
+    link = _replayed_link(b, a, replay)
+    return link.relation is Relation.REPLACES if link is not None else covers(b, a)

@@ -21,13 +21,16 @@ ranges' constants were set from the first of those runs and checked by the next,
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice import megatron_options as mo
+from perfd.analytics.advice.replay_gains import ReplayGains, calibrate
 from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Part, Phase, StepBudget
+from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.common import TextEnum
 from perfd.model import ABSENT
 
@@ -162,6 +165,9 @@ class Advice:
     notes: tuple[str, ...] = ()  # options left out and why, caveats
     removes: tuple[Removal, ...] = ()  # what its gain is made of (sums to ``gain`` before the spread)
     requires: tuple[str, ...] = ()  # packages it needs, present or not (``needs``: those the job lacks)
+    # the replay's change its gain was read from (perfd.analytics.advice.replay_gains): a set of such
+    # remedies is combined by replaying them together, not by adding what they remove
+    replay: Change | None = None
 
     @property
     def effort(self) -> Effort:
@@ -174,6 +180,41 @@ class Advice:
 class FitContext:
     budget: StepBudget
     config: JobConfig
+
+    @functools.cached_property
+    def replay(self) -> ReplayGains | None:
+        """The capture's replay on the job's own clock (None: no replay, or it cannot reach that clock)."""
+        b = self.budget
+        clock = b.steady_step_ms
+        # the job's median is known to within one median's standard error: the run-to-run spread (that
+        # of a difference of two medians, which every range carries besides) over sqrt(2)
+        known = run_spread_ms(clock, b.step_sd_ms) / math.sqrt(2.0) if clock else 0.0
+        return calibrate(b.replay, clock, known)
+
+    def replayed(self, change: Change, what: str, gaps: Gain | None) -> Gain | None:
+        """The gain of ``change`` alone: the span of what the replay gives and what the trace's own
+        slices give (``gaps``), the basis saying both (None: no replay). Neither model holds every
+        measurement (docs/evidence/README.md, issue 53: the replay on the H200's host-bound jobs, the
+        slices on the H100's busy GPU), so the range is what both allow; but where the captured step ran
+        longer than the job's (ReplayGains.slices_hold), the replay alone."""
+        r = self.replay
+        g = r.of((change,)) if r is not None else None
+        if r is None or g is None:
+            return None
+        said = replay_basis(r, what, self.budget.step_ms)
+        if gaps is None or not r.slices_hold:
+            return Gain(g[0], g[1], said)
+        return Gain(min(g[0], gaps.low_ms), max(g[1], gaps.high_ms),
+                    f"{said}: {g[0]:.0f}–{g[1]:.0f} ms; by the trace's slices, {gaps.basis}: "
+                    f"{gaps.low_ms:.0f}–{gaps.high_ms:.0f} ms; the range spans both")
+
+
+def replay_basis(r: ReplayGains, what: str, traced_ms: float) -> str:
+    return (
+        f"the captured steps replayed launch by launch {what}: the host at {r.scale:.2f}× the profiled "
+        f"one ({r.scales[0]:.2f}–{r.scales[1]:.2f}) steps at the job's own {r.clock_ms:.0f} ms where the "
+        f"trace stepped at {traced_ms:.0f} ms"
+    )
 
 
 # --- model constants: why each range is as wide as it is -------------------------------------------
@@ -191,8 +232,12 @@ RUN_SPREAD_OF_STEP = 0.005
 RUN_SPREAD_STEPS = 20
 MEDIAN_SE_OF_SD = 1.2533  # a median's standard error over a mean's, for normal steps (sqrt(pi / 2))
 # The gain model's version, written with every plan the GPU A/B records (its evidence is checked against
-# the model that wrote it): 1 = every range widened by RUN_SPREAD_OF_STEP; 2 = by the job's own spread.
-GAIN_MODEL = 2
+# the model that wrote it): 1 = every range widened by RUN_SPREAD_OF_STEP; 2 = by the job's own spread;
+# 3 = the host-side remedies (timers, micro-batch, CUDA graphs, dropout) read from the replay of the
+# capture on the job's own clock (perfd.analytics.advice.replay_gains); 4 = as 3 where the profiler slowed
+# the trace's host, the span of the replay's and the trace slices' ranges where it did not (the H100 A/B
+# held the slices, not the replay: docs/evidence/README.md).
+GAIN_MODEL = 4
 # The model's own uncertainty, each range below; the run-to-run spread is added once, beside it. Removing
 # kernels from a busy GPU gives back their time; their launches and the gaps around them move too
 # (attention dropout: 0.85–1.13 of its kernels' time in three runs, within the spread of 1.0 in each).
@@ -210,6 +255,13 @@ FUSED_ATTENTION_OF_CEILING = (0.3, 0.55)
 # with them at --timing-log-level 1: the host no longer drains the device before the next micro-batch
 # (measured 0.82–1.21 of it in three runs: within the run-to-run spread of 0.9–1.1 of it in each).
 TIMER_SYNC_BACK = (0.9, 1.1)
+# A host that synchronises every micro-batch waits for each of its own stalls (a page fault, the OS, the
+# collector); one running ahead of the GPU hides them in its queue. The replay gives the mean step, not
+# that: the timers' range reaches up by the job's host jitter, the distance from its median steady step
+# to its 10th percentile (1.28 robust deviations). H200, level 2 -> 1: 45 ms where the replay said 20
+# (the base runs' medians 26-27 ms over their fastest steps); 3.7-17.7 ms where it said 1-8.
+SYNC_EXPOSED_JITTER = 1.28
+
 # Outside Megatron (an .item() or a print in the loop): the host runs ahead once the sync goes; part of
 # the gap comes back.
 SYNC_GAP_BACK = (0.3, 0.8)

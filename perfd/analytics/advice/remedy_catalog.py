@@ -49,6 +49,7 @@ from perfd.analytics.advice.remedy_steps import (
     timer_sync,
 )
 from perfd.analytics.breakdown.budget import BudgetPart, Part
+from perfd.analytics.breakdown.replay_table import DROPOUT_HOST, Change
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
 
 # --- attention: its ops in three slices that the remedies acting on it share -----------------------------
@@ -88,9 +89,14 @@ def attention_dropout(c: FitContext) -> Advice | None:
         flags, notes = flags_for(cfg, ("--attention-dropout", "0.0"))
         if not flags:
             return None
+        gaps_gain = gain_of(removes, basis)
+        replayed = c.replayed(Change.DROPOUT, f"without the attention dropout's kernels ({drop:.0f} ms by "
+                              f"op; the host time before each × {DROPOUT_HOST[1]:g}–{DROPOUT_HOST[0]:g})",
+                              gaps_gain)
         return Advice(RemedyId.ATTENTION_DROPOUT, Part.ATTENTION,
                       f"Drop attention dropout: {flags[0].text()}",
-                      gain_of(removes, basis), flags, cost=cost, notes=notes, removes=removes)
+                      replayed or gaps_gain, flags, cost=cost, notes=notes, removes=removes,
+                      replay=Change.DROPOUT if replayed else None)
     return Advice(
         RemedyId.ATTENTION_DROPOUT,
         Part.ATTENTION,

@@ -27,11 +27,13 @@ from perfd.analytics.advice.remedies import (
     PER_TENSOR_ADAM_SAVES,
     PER_TENSOR_LAUNCHES_BACK,
     PIPELINE_WAIT_BACK,
+    SYNC_EXPOSED_JITTER,
     SYNC_GAP_BACK,
     TIMER_SYNC_BACK,
     Advice,
     FitContext,
     Framework,
+    Gain,
     JobConfig,
     RemedyId,
     Removal,
@@ -44,6 +46,7 @@ from perfd.analytics.advice.remedies import (
     removal,
 )
 from perfd.analytics.breakdown.budget import IdleCause, Part, Phase, StepBudget
+from perfd.analytics.breakdown.replay_table import GRAPHED_HOST, MICROBATCH_DEVICE, Change
 from perfd.analytics.incidents.verdict_text import DATA_LOADING_ACTION
 from perfd.model import PACKAGE_APEX, PACKAGE_TE
 
@@ -107,16 +110,26 @@ def timer_sync(c: FitContext) -> Advice | None:
         f"phase: the level-2 timers' ({LEVEL2_TEXT} × {m} micro-batches), which level 1 drops "
         f"(× {TIMER_SYNC_BACK[0]:g}–{TIMER_SYNC_BACK[1]:g}); the step-level timers stay"
     )
+    gaps_gain = ranged(gaps, TIMER_SYNC_BACK, basis)
+    replayed = c.replayed(Change.TIMERS, "without the forward-backward phase's bare synchronisations "
+                          f"(the level-2 timers': {LEVEL2_TEXT} × {m} micro-batches)", gaps_gain)
+    jitter = SYNC_EXPOSED_JITTER * b.step_sd_ms if b.step_sd_ms else 0.0
+    if replayed is not None and jitter > 0:
+        replayed = Gain(replayed.low_ms, replayed.high_ms + jitter,
+                        f"{replayed.basis}; and up to the {jitter:.0f} ms of host jitter a step its "
+                        f"steady steps show (× {SYNC_EXPOSED_JITTER:g} their robust deviation), which "
+                        "a host synchronising every micro-batch pays and one running ahead absorbs")
     return Advice(
         RemedyId.TIMER_SYNC,
         Part.IDLE_SYNC,
         "Time the step without per-micro-batch synchronisations: --timing-log-level 1 (0 outside diagnosis)",
-        ranged(gaps, TIMER_SYNC_BACK, basis),
+        replayed or gaps_gain,
         flags,
         cost="the per-micro-batch timers go (batch-generator: the data wait perfd reads from the log; "
         "forward-compute/backward-compute): the step hook or a capture still gives the data wait",
         notes=notes,
         removes=(removal(TIMER_GAPS, gaps, TIMER_SYNC_BACK),),
+        replay=Change.TIMERS if replayed else None,
     )
 
 
@@ -164,15 +177,22 @@ def micro_batch(c: FitContext) -> Advice | None:
         f"the host launches half as many kernels for the same work); the optimizer phase's {per_step:.0f} ms "
         "of gaps are per step and stay"
     )
+    gaps_gain = gain_of(removes, basis)
+    replayed = c.replayed(Change.MICROBATCH, f"with {m // 2} micro-batches of {new} for {m} of "
+                          f"{cfg.micro_batch} (each kernel of the forward-backward phase "
+                          f"{MICROBATCH_DEVICE[1]:g}–{MICROBATCH_DEVICE[0]:g}× as long, the gradient "
+                          "accumulation's the same)", gaps_gain) \
+        if c.budget.replay is not None and c.budget.replay.microbatches == m else None
     return Advice(
         RemedyId.MICRO_BATCH,
         Part.IDLE_SHORT,
         f"Fewer, larger micro-batches: {flags[0].text()} (global batch {cfg.global_batch} unchanged)",
-        gain_of(removes, basis),
+        replayed or gaps_gain,
         flags,
         cost=cost,
         notes=notes,
         removes=removes,
+        replay=Change.MICROBATCH if replayed else None,
     )
 
 
@@ -216,15 +236,19 @@ def cuda_graphs(c: FitContext) -> Advice | None:
             flags, notes = flags_for(cfg, ("--enable-cuda-graph", None))
         if not flags:
             return None
+        replayed = c.replayed(Change.GRAPHS, "with the layers' launches from graphs (their host time "
+                              f"× {GRAPHED_HOST[1]:g}–{GRAPHED_HOST[0]:g}: one launch a layer, its copies)",
+                              gain)
         return Advice(
             RemedyId.CUDA_GRAPHS,
             Part.IDLE_SHORT,
             f"CUDA graphs: {flags[0].text()}",
-            gain,
+            replayed or gain,
             flags,
             cost="memory for the graphs' static buffers",
             notes=notes,
             removes=removes,
+            replay=Change.GRAPHS if replayed else None,
         )
     return Advice(
         RemedyId.CUDA_GRAPHS,

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass
+from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.common import TextEnum
 
 if TYPE_CHECKING:  # kernel_rows reads budgets (perfd.analytics.ncu.remedies): typed here, read back lazily
@@ -207,6 +208,8 @@ class StepBudget:
     # the robust deviation of the job's steady step times (1.4826 x their median absolute deviation):
     # how far a rerun moves (perfd.analytics.advice.remedies.run_spread_ms); None: not known
     step_sd_ms: float | None = None
+    # the captured steps replayed launch by launch, unchanged and with changes (perfd.capture.replay)
+    replay: ReplayTable | None = None
 
     def ms(self, part: Part) -> float:
         return sum(p.ms for p in self.parts if p.part is part)
@@ -236,7 +239,8 @@ class StepBudget:
                 "host": dict(self.host), "idle": [r.to_json() for r in self.idle],
                 "phase_ms": {ph.value: {p.value: v for p, v in d.items()} for ph, d in self.phase_ms.items()},
                 "window": self.window.to_json() if self.window is not None else None,
-                "step_sd_ms": self.step_sd_ms}
+                "step_sd_ms": self.step_sd_ms,
+                "replay": self.replay.to_json() if self.replay is not None else None}
 
     @staticmethod
     def from_json(d: Mapping[str, Any] | None) -> StepBudget | None:
@@ -278,7 +282,7 @@ class StepBudget:
                           {str(k): float(v) for k, v in host.items() if isinstance(v, (int, float))
                            and not isinstance(v, bool)} if isinstance(host, Mapping) else {},
                           idle, phase_parts(d.get("phase_ms")), Window.from_json(d.get("window")),
-                          num("step_sd_ms"))
+                          num("step_sd_ms"), ReplayTable.from_json(d.get("replay")))
 
 
 def phase_parts(d: Any) -> dict[Phase, dict[Part, float]]:

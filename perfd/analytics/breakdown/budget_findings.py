@@ -320,8 +320,9 @@ def fitted(ctx: BudgetContext) -> list[Advice]:
 
 def plan_of(ctx: BudgetContext) -> Plan | None:
     """The remedies as a plan (perfd.analytics.advice.plan): order, effort, relations, combined gain."""
-    return make_plan(fitted(ctx), ctx.config or JobConfig(ctx.framework), ctx.budget.step_ms,
-                     run_spread_ms(ctx.budget.step_ms, ctx.budget.step_sd_ms))
+    fit = FitContext(ctx.budget, ctx.config or JobConfig(ctx.framework))
+    return make_plan(fitted(ctx), fit.config, ctx.budget.step_ms,
+                     run_spread_ms(ctx.budget.step_ms, ctx.budget.step_sd_ms), fit.replay)
 
 
 def remedies(ctx: BudgetContext) -> Out:

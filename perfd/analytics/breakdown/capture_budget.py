@@ -28,6 +28,7 @@ from perfd.analytics.breakdown.budget import (
     math_detail,
     phase_parts,
 )
+from perfd.analytics.breakdown.replay_table import ReplayTable
 
 _IDLE = (Part.IDLE_SYNC, Part.IDLE_SHORT, Part.IDLE_LONG, Part.DATA)
 
@@ -175,6 +176,7 @@ def from_capture(
         idle=idle,
         phase_ms=phases,
         window=window,
+        replay=ReplayTable.from_json(device.get("replay")),
     )
 
 

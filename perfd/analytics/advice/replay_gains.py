@@ -1,0 +1,98 @@
+"""What the launch-by-launch replay of a capture (perfd.capture.replay) says a change saves, on the
+job's own clock (issue 53). Pure.
+
+The trace's host is the profiled one: it records every op, so it runs slower than the job does (on
+the H200 runs the captured step was 233 and 537 ms where the job stepped at 204-230 and 400-414 ms).
+A gap the profiler lengthened is not a gap the job has, so a remedy read off the trace's gaps promises
+time the job never spends. The replay gives the step at several host speeds; the one at which the
+unchanged replay steps at the job's own steady median is the job's host, and each change is read
+there. The job's median is known to within its run-to-run spread (remedies.run_spread_ms): the host
+speeds at both ends of it widen the range, with the change's own model parameter at both ends
+(perfd.capture.replay: MICROBATCH_DEVICE, GRAPHED_HOST, DROPOUT_HOST).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics.breakdown.replay_table import Change, ReplayTable
+
+# The trace's slices (its gaps by cause) are the job's while the profiler did not slow the host: the
+# captured step within this share of the job's steady one (the H100 jobs: 1.4-2.5%, their slices held
+# 7 of 8 changes; the H200 jobs: 13-25%, the slices' launch gaps were the profiler's).
+PROFILED_SLICES_HOLD = 0.05
+
+
+@dataclass(frozen=True)
+class ReplayGains:
+    """Each combination's gain (ms a step, low and high) at the job's host speed."""
+
+    clock_ms: float  # the job's steady step the replay was matched to
+    scale: float  # the host speed that matched it (1.0: the profiled host)
+    scales: tuple[float, float]  # at the job's step less and more its run-to-run spread
+    gains: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    traced_ms: float = 0.0  # the trace's own step
+
+    @property
+    def slices_hold(self) -> bool:
+        """The trace's slices (its gaps by cause) are the job's: the profiler did not slow its host."""
+        return self.traced_ms <= (1 + PROFILED_SLICES_HOLD) * self.clock_ms
+
+    def of(self, changes: Iterable[Change]) -> tuple[float, float] | None:
+        return self.gains.get(ReplayTable.key(changes))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"clock_ms": self.clock_ms, "scale": self.scale, "scales": list(self.scales),
+                "gains": {k: list(v) for k, v in self.gains.items()}, "traced_ms": self.traced_ms}
+
+    @staticmethod
+    def from_json(d: Any) -> ReplayGains | None:
+        if not isinstance(d, Mapping):
+            return None
+        try:
+            gains = {str(k): (float(v[0]), float(v[1])) for k, v in (d.get("gains") or {}).items()}
+            return ReplayGains(float(d["clock_ms"]), float(d["scale"]),
+                               (float(d["scales"][0]), float(d["scales"][1])), gains,
+                               float(d.get("traced_ms") or 0.0))
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None
+
+
+def _at(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """ys at x, linear between the grid's points (xs ascending)."""
+    j = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[j - 1], xs[j], ys[j - 1], ys[j]
+    return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def host_scale(t: ReplayTable, step_ms: float) -> float | None:
+    """The host speed at which the unchanged replay steps at ``step_ms``; None outside the grid (a job
+    faster than the replay's fastest host, or slower than the profiled one: the capture is not its)."""
+    ys = t.as_is
+    if len(ys) < 2 or any(b < a for a, b in itertools.pairwise(ys)) or not ys[0] <= step_ms <= ys[-1]:
+        return None
+    j = min(max(bisect.bisect_left(ys, step_ms), 1), len(ys) - 1)
+    y0, y1, x0, x1 = ys[j - 1], ys[j], t.scales[j - 1], t.scales[j]
+    return x0 if y1 == y0 else x0 + (x1 - x0) * (step_ms - y0) / (y1 - y0)
+
+
+def calibrate(t: ReplayTable | None, clock_ms: float | None, spread_ms: float) -> ReplayGains | None:
+    """Every combination's gain at the job's host speed (None: no replay, no clock, or the clock
+    outside what the replay reaches)."""
+    if t is None or clock_ms is None or clock_ms <= 0:
+        return None
+    mid = host_scale(t, clock_ms)
+    if mid is None:
+        return None
+    lo = host_scale(t, clock_ms - spread_ms) or t.scales[0]
+    hi = host_scale(t, clock_ms + spread_ms) or t.scales[-1]
+    xs = t.scales
+    gains = {}
+    for key, (less, more) in t.changed.items():
+        got = [_at(xs, t.as_is, s) - _at(xs, row, s) for s in (lo, mid, hi) for row in (less, more)]
+        gains[key] = (min(got), max(got))
+    return ReplayGains(clock_ms, mid, (lo, hi), gains, t.traced_ms)

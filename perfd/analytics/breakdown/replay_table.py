@@ -1,0 +1,79 @@
+"""What a launch-by-launch replay of a captured step says (perfd.capture.replay computes it; the
+remedies read it through perfd.analytics.advice.replay_gains): the changes it applies and the step
+time it gives for each combination of them, over a grid of host scales. Plain data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics.common import TextEnum
+
+# --- the replay's model (perfd.capture.replay): why each constant is what it is ---------------------
+# a launch's host call to its kernel's earliest start (H100/H200 traces: 3-6 µs)
+LAUNCH_LATENCY_NS = 4000.0
+# Host scales replayed: the profiled host is 1.0; the job's own is faster (0.4-0.9 on the H200 runs).
+SCALES: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1)
+# Twice the micro-batch: a kernel of the forward-backward phase takes this many times longer (work
+# scales with the rows; GEMMs on more rows gain a little efficiency). The two H200 jobs of issue 53
+# (4k to 8k rows a micro-batch) stepped as the replay at 1.9-2.0 says.
+MICROBATCH_DEVICE = (2.0, 1.9)  # (lo: saves less, hi: saves more)
+# CUDA graphs: the host time of a graphed launch that remains (one graph launch a layer replaces a
+# layer's launches; the replay's input copies and the graph breaks keep some of it).
+GRAPHED_HOST = (0.35, 0.1)
+# No attention dropout: its kernels go; of the host time before each, this much stays (the op's
+# dispatch runs and returns its input).
+DROPOUT_HOST = (1.0, 0.3)
+
+
+class Change(TextEnum):
+    """A change the replay applies (each remedy that acts on the host's pace names the one it is)."""
+
+    TIMERS = "timers"  # the bare device synchronisations of the forward-backward phase go
+    MICROBATCH = "microbatch"  # half the micro-batches a step, each twice the size
+    GRAPHS = "graphs"  # the layers' launches replayed from CUDA graphs
+    DROPOUT = "dropout"  # attention dropout off: its kernels go
+
+
+@dataclass(frozen=True)
+class ReplayTable:
+    """Step ms per host scale: ``as_is`` (the trace replayed unchanged) and, per combination of
+    changes (key: their values sorted, joined by "+"), the (lo, hi) variants."""
+
+    scales: tuple[float, ...]
+    as_is: tuple[float, ...]
+    changed: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
+    traced_ms: float = 0.0  # the trace's own step (host span over the complete steps)
+    microbatches: int | None = None
+
+    @staticmethod
+    def key(changes: Iterable[Change]) -> str:
+        return "+".join(sorted(c.value for c in changes))
+
+    def to_json(self) -> dict[str, Any]:
+        def row(xs: Iterable[float]) -> list[float]:
+            return [round(x, 3) for x in xs]  # µs: far below any gain the table is read for
+
+        return {"scales": list(self.scales), "as_is": row(self.as_is), "traced_ms": round(self.traced_ms, 3),
+                "microbatches": self.microbatches,
+                "changed": {k: [row(lo), row(hi)] for k, (lo, hi) in self.changed.items()}}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any] | None) -> ReplayTable | None:
+        if not isinstance(d, Mapping):
+            return None
+        try:
+            scales = tuple(float(x) for x in d["scales"])
+            as_is = tuple(float(x) for x in d["as_is"])
+            changed = {str(k): (tuple(float(x) for x in v[0]), tuple(float(x) for x in v[1]))
+                       for k, v in (d.get("changed") or {}).items()}
+            mb = d.get("microbatches")
+            if len(as_is) != len(scales) or any(len(v[0]) != len(scales) or len(v[1]) != len(scales)
+                                                for v in changed.values()):
+                return None
+            return ReplayTable(scales, as_is, changed, float(d.get("traced_ms") or 0.0),
+                               int(mb) if isinstance(mb, int) else None)
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None

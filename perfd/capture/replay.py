@@ -1,0 +1,221 @@
+"""Replay a captured step launch by launch, with changes applied (issue 53: what a remedy that acts
+on the host side saves depends on whether the host or the GPU sets the pace, which no sum of gaps
+says). Pure.
+
+Why by hand: no profiler or library simulates a CUDA host/stream timeline from a trace (HTA and
+nsys report what happened; neither answers "what if this synchronisation were not there").
+
+The model, from the trace's complete steps (between its first and last step marks):
+
+- the host issues events in the order it did: a launch (a kernel or a copy, on its stream, with its
+  device duration) or a synchronisation (the host waits until every stream has drained);
+- between two events the host works for the time the trace shows between the first's end and the
+  second's start (a synchronisation's wait is not work), times a **host scale** ``s``;
+- a launch starts on its stream at max(host time + LAUNCH_LATENCY_NS, the stream's previous end).
+  Streams are otherwise independent (cross-stream event waits are not modelled).
+
+The profiler slows the host (it records every op), so the trace's own host is slower than the job's.
+:func:`replay` gives the step time over a grid of host scales for the trace as it is and for every
+combination of :class:`Change`; the analysis (perfd.analytics.advice.replay_gains) finds the scale at
+which the unchanged step equals the job's own steady step and reads each change's gain there. A
+change with a model parameter is replayed at both ends of its range (``lo``/``hi``: the end that
+saves less and the end that saves more).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from perfd.analytics.breakdown.budget import Part
+from perfd.analytics.breakdown.replay_table import (
+    DROPOUT_HOST,
+    GRAPHED_HOST,
+    LAUNCH_LATENCY_NS,
+    MICROBATCH_DEVICE,
+    SCALES,
+    Change,
+    ReplayTable,
+)
+
+# Launches in the layers, graphed under CUDA graphs (Megatron-LM's local graphs: each transformer
+# layer's forward and backward)
+_LAYER_PARTS = frozenset({Part.ATTENTION, Part.LINEAR, Part.NORM, Part.ACTIVATION, Part.POINTWISE})
+_PER_MICROBATCH_FIXED = frozenset({Part.GRAD_REDUCE})  # weight-sized: not more work for more rows
+_DEVICE_SYNCS = ("cudaDeviceSynchronize", "cuCtxSynchronize")
+
+
+# what a change's parameter is in each variant: (lo, hi)
+_PARAMS: Mapping[Change, tuple[float, float]] = {
+    Change.MICROBATCH: MICROBATCH_DEVICE, Change.GRAPHS: GRAPHED_HOST, Change.DROPOUT: DROPOUT_HOST,
+}
+
+# event flags
+_SYNC, _BARE_LAYERS_SYNC, _LAYERS, _GRAPHABLE, _DROPOUT, _FIXED, _MB_START = (1 << i for i in range(7))
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    gap_ns: float  # the host's work before it (the trace's, at scale 1)
+    stream: int  # -1: a synchronisation
+    dur_ns: float
+    flags: int
+    step: int  # which complete step (0-based)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    events: tuple[Event, ...]
+    steps: int
+    microbatches: int | None  # micro-batches a step, when every step shows the same count
+
+    def has(self, change: Change) -> bool:
+        if change is Change.TIMERS:
+            return any(e.flags & _BARE_LAYERS_SYNC for e in self.events)
+        if change is Change.MICROBATCH:
+            return self.microbatches is not None and self.microbatches >= 2
+        if change is Change.DROPOUT:
+            return any(e.flags & _DROPOUT for e in self.events)
+        return any(e.flags & _GRAPHABLE for e in self.events)
+
+
+@dataclass(frozen=True)
+class HostTrace:
+    """What the timeline is built from (the loader's events and the op attribution's reading)."""
+
+    launches: Sequence[Any]  # perfd.capture.ops.Launch: corr, tid, ns, name
+    syncs: Sequence[Any]  # synchronising calls, ``ns`` = when each returned
+    device: Mapping[int, tuple[float, float, int]]  # corr -> (start, end, stream) on this device
+    marks: Sequence[float]  # host ns where each marked step begins
+    parts: Mapping[int, Part]
+    op_names: Mapping[int, str]
+    sync_owner: Mapping[int, str]
+    tails: Sequence[tuple[float, float]]  # the optimizer phase of each step on the host
+    # host ns where each fetch of a batch begins (the data loader's ranges): a micro-batch's start
+    data_starts: Sequence[float] = ()
+
+
+def timeline(h: HostTrace) -> Timeline | None:
+    """The complete steps' events in host order; None without two step marks or any launch."""
+    if len(h.marks) < 2:
+        return None
+    lo, hi = h.marks[0], h.marks[-1]
+    tails = sorted(h.tails)
+    tail_starts = [t[0] for t in tails]
+
+    def in_optimizer(ns: float) -> bool:
+        j = bisect.bisect_right(tail_starts, ns) - 1
+        return j >= 0 and tails[j][1] >= ns
+
+    starts = {(x.corr, x.name): x.ns for x in h.launches}
+    raw: list[tuple[float, float, int, float, int, int]] = []  # (start, end, stream, dur, flags, corr)
+    for x in h.launches:
+        if x.corr not in h.device or x.name in _SYNC_NAMES or not lo <= x.ns < hi:
+            continue
+        a, b, stream = h.device[x.corr]
+        part = h.parts.get(x.corr)
+        op = h.op_names.get(x.corr, "")
+        flags = 0 if in_optimizer(x.ns) else _LAYERS
+        if flags & _LAYERS and part in _LAYER_PARTS:
+            flags |= _GRAPHABLE
+        if part is Part.ATTENTION and "dropout" in op.lower():
+            flags |= _DROPOUT
+        if part in _PER_MICROBATCH_FIXED:
+            flags |= _FIXED
+        raw.append((x.ns, x.ns, stream, max(b - a, 0.0), flags, x.corr))
+    for i, s in enumerate(h.syncs):
+        t0 = starts.get((s.corr, s.name), s.ns)
+        if not lo <= t0 < hi:
+            continue
+        flags = _SYNC
+        if not in_optimizer(t0):
+            flags |= _LAYERS
+            if s.name in _DEVICE_SYNCS and not h.sync_owner.get(i, ""):
+                flags |= _BARE_LAYERS_SYNC
+        raw.append((t0, s.ns, -1, 0.0, flags, -1))
+    if not raw:
+        return None
+    raw.sort(key=lambda r: r[0])
+    marks = list(h.marks)
+    fetches = sorted(h.data_starts)
+    events, prev_end, prev_start = [], raw[0][0], raw[0][0] - 1.0
+    for t0, t1, stream, dur, flags, _ in raw:
+        step = bisect.bisect_right(marks, t0) - 1
+        if bisect.bisect_right(fetches, t0) > bisect.bisect_right(fetches, prev_start):
+            flags |= _MB_START  # the first event after a batch was fetched: a micro-batch begins
+        events.append(Event(max(t0 - prev_end, 0.0), stream, dur, flags, step))
+        prev_start = t0
+        prev_end = max(prev_end, t1)
+    steps = len(marks) - 1
+    per_step = [sum(1 for e in events if e.step == k and e.flags & _MB_START) for k in range(steps)]
+    mb = per_step[0] if per_step and len(set(per_step)) == 1 and per_step[0] > 0 else None
+    return Timeline(tuple(events), steps, mb)
+
+
+_SYNC_NAMES = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
+                         "cudaMemcpy", "cuCtxSynchronize", "cuStreamSynchronize"})
+
+
+def simulate(t: Timeline, scale: float, changes: frozenset[Change] = frozenset(), hi: bool = False) -> float:
+    """The replayed step (ms, the mean over the timeline's steps)."""
+    p = {c: v[1 if hi else 0] for c, v in _PARAMS.items()}
+    host, free = 0.0, dict[int, float]()  # host clock; each stream's end
+    keep_mb = (t.microbatches + 1) // 2 if Change.MICROBATCH in changes and t.microbatches else None
+    mb_seen, step_seen = 0, -1
+    for e in t.events:
+        if e.step != step_seen:
+            step_seen, mb_seen = e.step, 0
+        if e.flags & _MB_START:
+            mb_seen += 1
+        if keep_mb is not None and e.flags & _LAYERS and mb_seen > keep_mb:
+            continue  # a micro-batch the larger ones absorb
+        gap = e.gap_ns * scale
+        if Change.GRAPHS in changes and e.flags & _GRAPHABLE:
+            gap *= p[Change.GRAPHS]
+        if e.flags & _DROPOUT and Change.DROPOUT in changes:
+            host += gap * p[Change.DROPOUT]
+            continue
+        host += gap
+        if e.flags & _SYNC:
+            if Change.TIMERS in changes and e.flags & _BARE_LAYERS_SYNC:
+                continue
+            host = max(host, *free.values()) if free else host
+            continue
+        dur = e.dur_ns
+        if keep_mb is not None and e.flags & _LAYERS and not e.flags & _FIXED:
+            dur *= p[Change.MICROBATCH]
+        start = max(host + LAUNCH_LATENCY_NS, free.get(e.stream, 0.0))
+        free[e.stream] = start + dur
+    end = max(host, *free.values()) if free else host
+    return end / t.steps / 1e6
+
+
+def replay(t: Timeline, traced_ms: float, scales: Sequence[float] = SCALES) -> ReplayTable:
+    """The table over ``scales``: the trace unchanged and every combination of the changes it has."""
+    have = [c for c in Change if t.has(c)]
+    changed: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
+    for n in range(1, len(have) + 1):
+        for combo in itertools.combinations(have, n):
+            cs = frozenset(combo)
+            lo = tuple(simulate(t, s, cs, hi=False) for s in scales)
+            hi = (tuple(simulate(t, s, cs, hi=True) for s in scales) if cs & set(_PARAMS) else lo)
+            changed[ReplayTable.key(cs)] = (lo, hi)
+    return ReplayTable(tuple(scales), tuple(simulate(t, s) for s in scales), changed, traced_ms,
+                       t.microbatches)
+
+
+def replay_device(device: int, kernels: Iterable[Any], memcpys: Iterable[Any],
+                  h: HostTrace) -> ReplayTable | None:
+    """The replay table of one device's activities (``h.device`` is filled from them); None without a
+    host side to replay."""
+    mine = {x.corr: (x.start_ns, x.end_ns, x.stream if x.stream is not None else 0)
+            for x in (*kernels, *memcpys) if x.device == device and x.corr is not None}
+    t = timeline(dataclasses.replace(h, device=mine))
+    if t is None:
+        return None
+    return replay(t, (h.marks[-1] - h.marks[0]) / (len(h.marks) - 1) / 1e6)
+

@@ -1,0 +1,112 @@
+"""The launch-by-launch replay of a captured step (perfd.capture.replay) and its reading on the job's
+clock (perfd.analytics.advice.replay_gains): hand-built timelines whose answer is worked out by hand,
+and the recorded H200 captures of Megatron-LM (tests/data/captures/kineto_h200_v*_megatron) replayed
+against the trace's own step marks and the runs' own logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perfd.analytics.advice.replay_gains import PROFILED_SLICES_HOLD, calibrate, host_scale
+from perfd.analytics.breakdown.replay_table import Change, ReplayTable
+from perfd.capture.analysis import analyze_trace
+from perfd.capture.chrome_trace import read_chrome_trace
+from perfd.capture.replay import _BARE_LAYERS_SYNC, _LAYERS, _MB_START, _SYNC, Event, Timeline, simulate
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
+V2, V3 = DATA / "kineto_h200_v2_megatron", DATA / "kineto_h200_v3_megatron"
+MS = 1e6
+
+
+def _launch(gap_ms: float, dur_ms: float, flags: int = _LAYERS, stream: int = 7, step: int = 0) -> Event:
+    return Event(gap_ms * MS, stream, dur_ms * MS, flags, step)
+
+
+def _sync(gap_ms: float = 0.0, flags: int = _SYNC | _LAYERS | _BARE_LAYERS_SYNC) -> Event:
+    return Event(gap_ms * MS, -1, 0.0, flags, 0)
+
+
+def test_a_host_bound_step_is_the_hosts_time_and_a_device_bound_one_the_gpus() -> None:
+    """Ten launches 1 ms apart on the host: kernels of 0.1 ms leave the GPU waiting (the step is the
+    host's 10 ms and the last kernel's latency and length); kernels of 3 ms queue (30 ms, the first's
+    latency before them). At half the host's speed the first halves, the second does not move."""
+    quick = Timeline(tuple(_launch(1.0, 0.1) for _ in range(10)), 1, None)
+    slow = Timeline(tuple(_launch(1.0, 3.0) for _ in range(10)), 1, None)
+    assert simulate(quick, 1.0) == pytest.approx(10.0 + 0.004 + 0.1)
+    assert simulate(quick, 0.5) == pytest.approx(5.0 + 0.004 + 0.1)
+    assert simulate(slow, 1.0) == pytest.approx(1.0 + 0.004 + 30.0)
+    assert simulate(slow, 0.5) == pytest.approx(0.5 + 0.004 + 30.0)
+
+
+def test_a_synchronisation_costs_the_hosts_launching_after_it_not_its_gap() -> None:
+    """Two halves of 5 launches (host 1 ms apart, kernels 2 ms): with a sync between them the host waits
+    for the first half's kernels, then the second half starts from an idle GPU; without it the host ran
+    ahead and the kernels queue end to end. The sync costs the host's time to the first launch after it
+    (1 ms) and the launch latency, which the replay gives exactly."""
+    half = [_launch(1.0, 2.0) for _ in range(5)]
+    timed = Timeline((*half, _sync(), *half), 1, None)
+    with_sync, without = simulate(timed, 1.0), simulate(timed, 1.0, frozenset({Change.TIMERS}))
+    assert without == pytest.approx(1.0 + 0.004 + 20.0)
+    assert with_sync == pytest.approx(2 * (1.0 + 0.004 + 10.0))
+    assert with_sync - without == pytest.approx(1.0 + 0.004)
+
+
+def test_twice_the_micro_batch_keeps_half_the_micro_batches_with_longer_kernels() -> None:
+    """Four micro-batches of 3 launches (host 1 ms, kernels 0.5 ms: host-bound, 12 ms); twice the
+    micro-batch keeps two, each kernel 1.9-2.0× as long: still host-bound at 1 ms a launch (6 ms and the
+    last kernel), GPU-bound once the host is 4× faster."""
+    mb = [_launch(1.0, 0.5, _LAYERS | _MB_START), _launch(1.0, 0.5), _launch(1.0, 0.5)]
+    t = Timeline(tuple(mb * 4), 1, 4)
+    assert t.has(Change.MICROBATCH) and not t.has(Change.TIMERS)
+    assert simulate(t, 1.0) == pytest.approx(12.0 + 0.004 + 0.5)
+    assert simulate(t, 1.0, frozenset({Change.MICROBATCH})) == pytest.approx(6.0 + 0.004 + 1.0)
+    assert simulate(t, 1.0, frozenset({Change.MICROBATCH}), hi=True) == pytest.approx(6.0 + 0.004 + 0.95)
+    assert simulate(t, 0.25, frozenset({Change.MICROBATCH})) == pytest.approx(0.25 + 0.004 + 6 * 1.0)
+
+
+def test_the_job_clock_sets_the_host_speed_and_each_change_is_read_there() -> None:
+    """A table whose unchanged replay steps at 100-200 ms over host speeds 0.5-1.0: a job stepping at
+    150 ms has the host at 0.75, and a change is read there, over the speeds its median's spread allows;
+    a clock the replay cannot reach gives no reading (the capture is not of that job's pace)."""
+    t = ReplayTable((0.5, 1.0), (100.0, 200.0), {"timers": ((90.0, 150.0), (90.0, 150.0))}, 210.0, None)
+    assert host_scale(t, 150.0) == pytest.approx(0.75)
+    r = calibrate(t, 150.0, 0.0)
+    assert r is not None and r.scale == pytest.approx(0.75)
+    assert r.of((Change.TIMERS,)) == pytest.approx((30.0, 30.0))  # 150 − 120 at 0.75
+    wide = calibrate(t, 150.0, 20.0)  # 130-170 ms: speeds 0.65-0.85, gains 10 + 80 × (s − 0.5)
+    assert wide is not None and wide.scales == pytest.approx((0.65, 0.85))
+    assert wide.of((Change.TIMERS,)) == pytest.approx((22.0, 38.0))
+    assert calibrate(t, 90.0, 0.0) is None and calibrate(t, 250.0, 0.0) is None
+    assert calibrate(t, None, 0.0) is None
+    # the trace stepped at 210 ms for a job at 150: its slices are the profiler's
+    assert not r.slices_hold and 210.0 > (1 + PROFILED_SLICES_HOLD) * 150.0
+
+
+def test_a_table_survives_json_and_a_broken_one_is_refused() -> None:
+    t = ReplayTable((0.5, 1.0), (100.0, 200.0), {"timers": ((90.0, 150.0), (89.0, 149.0))}, 210.0, 4)
+    back = ReplayTable.from_json(t.to_json())
+    assert back == t
+    for bad in (None, {}, {"scales": [0.5], "as_is": [1.0, 2.0]}, {"scales": "x", "as_is": []},
+                {**t.to_json(), "changed": {"timers": [[1.0], [2.0]]}}):
+        assert ReplayTable.from_json(bad) is None
+
+
+@pytest.mark.parametrize("folder, name, microbatches", [(V2, "long_seq", 4), (V2, "gqa_swiglu", 4),
+                                                         (V3, "gqa_swiglu", 4), (V3, "many_mb", 8)])
+def test_the_recorded_captures_replay_to_their_own_step(folder: Path, name: str, microbatches: int) -> None:
+    """Each H200 capture replayed unchanged at the profiled host's speed steps within 3% of the span
+    between the trace's own step marks (an independent clock: the host's, where the replay builds the
+    GPU's from each launch); the micro-batches it finds a step are the job's (global over micro-batch
+    size, from its command line); a faster host never steps slower, and no change makes it slower."""
+    a = analyze_trace(read_chrome_trace(folder / f"plan_{name}_rank0.json.gz"))
+    t = a.devices[0].replay
+    assert t is not None and t.microbatches == microbatches
+    at_one = t.as_is[t.scales.index(1.0)]
+    assert at_one == pytest.approx(t.traced_ms, rel=0.03)
+    assert list(t.as_is) == sorted(t.as_is)
+    for key, (lo, hi) in t.changed.items():
+        assert all(x <= base + 0.5 for x, base in zip(lo, t.as_is, strict=True)), key
+        assert all(h <= x + 0.5 for h, x in zip(hi, lo, strict=True)), key  # "hi" saves more
+    assert {"timers", "microbatch", "graphs", "microbatch+timers"} <= set(t.changed)
