@@ -14,10 +14,12 @@ configuration (:data:`CONFIGS`, two beyond issue 42's: a GQA + SwiGLU + RoPE mod
    (tests/gpu/remedies_live.py ``cut_trace``);
 2. the plan: `perfd analyze megatron LOG --capture TRACE` in the process (the same functions), written to
    ``plan_<config>.json`` with the time it was written, BEFORE any change runs;
-3. the job as it ran (``base``), three times (after the capture, midway, at the end: the run-to-run
-   spread), each plan item whose options can be applied here alone, and the plan's set together; each
-   measured from Megatron-LM's own logged iteration times (the median of the iterations from
-   :data:`STEADY_FROM` on).
+3. the job as it ran (``base``), then each plan item whose options can be applied here alone and the
+   plan's set together, the base again after each (``base_<n>``: a change is held to the base runs
+   either side of it, the machine's drift between runs cancelling), the plan re-read at the first base
+   run's step before any change; each measured from Megatron-LM's own logged iteration times (the
+   median of the iterations from :data:`STEADY_FROM` on). A configuration takes more than one call:
+   ``--prior`` resumes it.
 
 Everything is written to OUT as it happens (``ab_<config>.json`` after every run) and printed with its
 timings. ``--prior DIR``: a directory an earlier call wrote (carried to this one): its configurations'
@@ -457,14 +459,10 @@ def run_config(
     if "error" in plan:
         return
     singles = list(plan["apply_here"])
-    order = (
-        ["base"]
-        + singles[: (len(singles) + 1) // 2]
-        + ["base_mid"]
-        + singles[(len(singles) + 1) // 2 :]
-        + (["set"] if len(plan["set"]["remedies"]) > 1 else [])
-        + ["base_end"]
-    )
+    # the base between every two changes (ABAB): on the H200 the same command stepped 25% apart in runs
+    # minutes apart, so each change is held to the base runs just before and after it
+    changes = singles + (["set"] if len(plan["set"]["remedies"]) > 1 else [])
+    order = ["base"] + [x for k, c in enumerate(changes) for x in (c, f"base_{k + 1}")]
     for label in order:
         if label in res["runs"] and res["runs"][label].get("steady", {}).get("n"):
             continue

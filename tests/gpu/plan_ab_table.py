@@ -2,7 +2,8 @@
 
     python3 tests/gpu/plan_ab_table.py DIR [DIR ...] [--json]   # the ab_<config>.json files in them
 
-Per configuration: the job as it ran, measured three times (max − min is the run-to-run spread; a change
+Per configuration: the job as it ran, measured three times or between every two changes (max − min is the
+run-to-run spread; a change
 is measured against the mean of the base runs just before and after it, which follows the machine's
 drift); each plan item applied alone — its predicted gain (the plan written before any change
 ran) against the measured one, whether it falls inside, and whether the range is no wider than the larger
@@ -17,7 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-BASES = ("base", "base_mid", "base_end")
+BASES = ("base", "base_mid", "base_end")  # the first A/Bs' three; later ones interleave base_<n>
+
+
+def is_base(label: str) -> bool:
+    return label in BASES or label.startswith("base_")
 COMBINED_WITHIN = 0.2  # issue 53: the combined gain within 20% of the measured one
 INSIDE_SHARE = 0.9  # issue 53: at least 90% of single changes inside their predicted range
 
@@ -32,7 +37,8 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
     # the plan read at the first base run's step (written after it, before any change) where there is
     # one: a replayed gain moves with the job's step, and the machine moves the step between runs
     plan = res.get("plan_at_base") or res.get("plan") or {}
-    bases = [m for k in BASES if (m := _median(runs.get(k))) is not None]
+    bases = [m for k in sorted(runs, key=lambda k: runs[k].get("started_at") or 0.0)
+             if is_base(k) and (m := _median(runs.get(k))) is not None]
     out: dict[str, Any] = {
         "config": name,
         "gpu": res.get("gpu"),
@@ -50,7 +56,7 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
     spread = max(bases) - min(bases) if len(bases) > 1 else None
     out.update(base_mean_ms=base, spread_ms=spread, read_at="base" if "plan_at_base" in res else "capture")
     written = plan.get("written_at")
-    changed = [r["started_at"] for k, r in runs.items() if k not in BASES and r.get("started_at")]
+    changed = [r["started_at"] for k, r in runs.items() if not is_base(k) and r.get("started_at")]
     out["predicted_before_applying"] = bool(written) and bool(changed) and written < min(changed)
     first = res.get("plan") or {}
     out["plan_written_at_utc"] = plan.get("written_at_utc") or first.get("written_at_utc")
@@ -89,7 +95,7 @@ def _beside(runs: dict[str, Any], label: str, mean: float) -> float:
     at = (runs.get(label) or {}).get("started_at")
     if at is None:
         return mean
-    timed = sorted((float(r["started_at"]), m) for k in BASES if (r := runs.get(k))
+    timed = sorted((float(r["started_at"]), m) for k in runs if is_base(k) and (r := runs.get(k))
                    and r.get("started_at") is not None and (m := _median(r)) is not None)
     before = [m for t, m in timed if t < at]
     after = [m for t, m in timed if t > at]
@@ -163,7 +169,8 @@ def markdown(t: dict[str, Any]) -> str:
             lines += ["No base measured.", ""]
             continue
         lines += [
-            f"Base (the job as it ran, three times): {', '.join(f'{b:.1f}' for b in c['bases_ms'])} ms "
+            f"Base (the job as it ran, {len(c['bases_ms'])} times): "
+            f"{', '.join(f'{b:.1f}' for b in c['bases_ms'])} ms "
             f"(mean {c['base_mean_ms']:.1f}, spread {_f(c.get('spread_ms'))} ms); the captured run's "
             f"steady {_f(c.get('captured_steady_ms'))} ms. Plan written {c.get('plan_written_at_utc')}"
             + (", read at the first base run's step after it" if c.get("read_at") == "base" else "")
