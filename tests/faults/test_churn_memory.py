@@ -38,9 +38,11 @@ def test_a_sidecar_is_forgotten_with_its_pruned_job_and_the_allocator_trimmed(tm
         target = f"127.0.0.1:{agg.grpc_port}"
         try:
             await send_batches(target, "node-a/job-1", [_job("job-1")], ["job-1"])  # a job's sidecar
+            assert agg.guard.series == 5  # the sidecar's 5 series
             await send_batches(target, "node-b", [_job("job-2"), _job("job-3")], ["job-2", "job-3"])
-            held = agg.guard.series
-            assert held == 10  # the sidecar's 5 series and the node agent's 5
+            # and the node agent's 5 beside them, unless job-1 was pruned already (its steps ended 27 s
+            # ago: on a loaded machine the second send can take longer than its 1.5 s to go)
+            assert agg.guard.series == 10 or agg.lifecycle.jobs_pruned >= 1
             # job-1 ends and is pruned (1 s after); node-b still holds job-3 after job-2 goes.
             await asyncio.to_thread(_wait, lambda: agg.lifecycle.jobs_pruned >= 3, 20)
             await asyncio.to_thread(_wait, lambda: agg.lifecycle.agents_forgotten >= 2, 10)
