@@ -197,6 +197,22 @@ def _start(pod: Pod, out: Path, running: list[tuple[subprocess.Popen[bytes], Pat
     running.append((pod.start(out), out))
 
 
+def _run_pair(aggregator: Pod, sidecar: Pod, tmp_path: Path,
+              running: list[tuple[subprocess.Popen[bytes], Path]], what: str) -> str:
+    """Start the rendered aggregator, then the rendered sidecar with the trainer's log in the emptyDir
+    both containers mount, until the sidecar says it is connected; the aggregator's HTTP base."""
+    side_port = free_port()
+    sidecar.args[sidecar.args.index("--metrics-port") + 1] = str(side_port)
+    (sidecar.volumes["logs"] / "train.log").write_text(LOG.read_text())  # the trainer's tee
+    _start(aggregator, tmp_path / "aggregator.out", running)
+    base = f"http://{pod_address()}:{aggregator.ports['metrics']}"
+    wait_for(lambda: _serves(f"{base}/healthz", running), 60, "the aggregator's probe")
+    _start(sidecar, tmp_path / "sidecar.out", running)
+    scrape = f"http://127.0.0.1:{side_port}/metrics"
+    assert wait_for(lambda: _serves(scrape, running) and connected(scrape) == 1.0, 60, what)
+    return base
+
+
 def _serves(url: str, running: list[tuple[subprocess.Popen[bytes], Path]]) -> bytes | None:
     p, out = running[-1]
     if p.poll() is not None:
@@ -278,19 +294,7 @@ def test_the_example_job_connects_under_the_charts_defaults_from_another_namespa
     assert (namespace, "perfd-auth") in secrets
     aggregator = kubelet(agg_doc, tmp_path, secrets, {}, configmaps_of(docs, "perfd"))
     sidecar = kubelet(job, tmp_path, secrets, dns, container="perfd-agent")
-    side_port = free_port()
-    sidecar.args[sidecar.args.index("--metrics-port") + 1] = str(side_port)
-    # The trainer's tee, into the emptyDir both containers mount.
-    log_dir = sidecar.volumes["logs"]
-    (log_dir / "train.log").write_text(LOG.read_text())
-    _start(aggregator, tmp_path / "aggregator.out", running)
-    ip = pod_address()
-    base = f"http://{ip}:{aggregator.ports['metrics']}"
-    wait_for(lambda: _serves(f"{base}/healthz", running), 60, "the aggregator's probe")
-    _start(sidecar, tmp_path / "sidecar.out", running)
-    scrape = f"http://127.0.0.1:{side_port}/metrics"
-    assert wait_for(lambda: _serves(scrape, running) and connected(scrape) == 1.0, 60,
-                    "the example job's sidecar connected")
+    base = _run_pair(aggregator, sidecar, tmp_path, running, "the example job's sidecar connected")
     name = job["spec"]["template"]["metadata"]["labels"]["perfd.dev/job"]
 
     def seen() -> dict[str, Any] | None:
@@ -349,16 +353,7 @@ def test_the_chart_runs_the_example_job_in_a_third_namespace_with_no_step_by_han
     # Run as rendered: the aggregator, then the sidecar, the cluster's DNS name mapped to loopback.
     aggregator = kubelet(agg_doc, tmp_path, secrets, {}, configmaps_of(docs, namespace))
     sidecar = kubelet(job, tmp_path, secrets, {address: f"127.0.0.1:{grpc}"}, container="perfd-agent")
-    side_port = free_port()
-    sidecar.args[sidecar.args.index("--metrics-port") + 1] = str(side_port)
-    (sidecar.volumes["logs"] / "train.log").write_text(LOG.read_text())
-    _start(aggregator, tmp_path / "aggregator.out", running)
-    base = f"http://{pod_address()}:{aggregator.ports['metrics']}"
-    wait_for(lambda: _serves(f"{base}/healthz", running), 60, "the aggregator's probe")
-    _start(sidecar, tmp_path / "sidecar.out", running)
-    scrape = f"http://127.0.0.1:{side_port}/metrics"
-    assert wait_for(lambda: _serves(scrape, running) and connected(scrape) == 1.0, 60,
-                    "the chart's example job's sidecar connected")
+    _run_pair(aggregator, sidecar, tmp_path, running, "the chart's example job's sidecar connected")
     assert "UNAUTHENTICATED" not in (tmp_path / "sidecar.out").read_text()
 
 
