@@ -173,6 +173,23 @@ def test_exporters_know_nothing_of_collectors():
     assert not _violations(files, ("collectors", "perfd.transport", "perfd.agent"))
 
 
+def test_the_engine_knows_nothing_of_the_aggregator_agent_or_analytics():
+    """perfd/engine sits beside the transport: a job's root hands records to a sink (the aggregator's
+    state, wired in by the aggregator), never imports it; nats is imported where it is used (an
+    optional dependency: `perfd agent` and `perfd aggregator` run without it)."""
+    files = _files("perfd", "engine")
+    assert files
+    bad = _violations(files, ("perfd.aggregator", "perfd.agent", "perfd.analytics", "collectors",
+                              "perfd.exporters", "perfd.report", "perfd.commands"))
+    assert not bad, bad
+    for f in files:
+        tree = ast.parse(f.read_text())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in top if isinstance(n, ast.ImportFrom)}
+        assert not any(m == "nats" or m.startswith("nats.") for m in names), f
+
+
 def test_transport_knows_nothing_of_collectors_or_analytics():
     files = _files("perfd", "transport")
     if not files:

@@ -7,18 +7,21 @@ caches that keep an unchanged iteration the same object for the incremental anal
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
-from perfd.model import HOOK_FRAMEWORK, JobInfo, StepRecord, TimerValue
+from perfd.model import HOOK_FRAMEWORK, JobInfo, StepRecord
+from perfd.stepfold import fold_ranks
 
 
-def job_info_of(info: JobInfo | None, records: Sequence[StepRecord]) -> JobInfo:
+def job_info_of(info: JobInfo | None, records: Sequence[StepRecord],
+                reported: Collection[int] = ()) -> JobInfo:
     """The job as its sources state it, completed from its per-rank step records: a job no log
     describes (the step hook alone) is a PyTorch job, and where no source stated the world size it
     is the number of ranks that report (each rank runs the hook; a rank that never reported would
     make it low, and its absence shows in the per-rank records). Never guessed beyond that: TP, PP
-    and DP stay unknown unless stated."""
-    ranks = {r.rank for r in records if isinstance(r.rank, int)}
+    and DP stay unknown unless stated. ``reported``: ranks whose records reached the store already
+    folded (perfd.engine: a job's root holds one fold per iteration, and the ranks in it)."""
+    ranks = {r.rank for r in records if isinstance(r.rank, int)} | set(reported)
     if info is None:
         if not ranks:
             return JobInfo()
@@ -80,7 +83,7 @@ def job_level_steps(records: list[StepRecord], cache: _FoldCache | None = None) 
                 and all(a is b for a, b in zip(kept[0], rs, strict=True))):
             out.append(kept[1])
             continue
-        folded = _fold(rs)
+        folded = fold_ranks(rs)
         if cache is not None:
             cache[it] = (tuple(rs), folded)
         out.append(folded)
@@ -88,22 +91,3 @@ def job_level_steps(records: list[StepRecord], cache: _FoldCache | None = None) 
         for i in [i for i in cache if i not in by_it]:
             del cache[i]
     return out
-
-
-def _fold(rs: list[StepRecord]) -> StepRecord:
-    """One iteration's rank records as one ``"all"`` record."""
-    slow = max(rs, key=lambda r: r.step_time_ms if r.step_time_ms is not None else -1.0)
-    timers: dict[str, TimerValue] = {}
-    for r in rs:
-        for name, tv in r.timers.items():
-            t = timers.setdefault(name, TimerValue())
-            vals = dict(tv.per_rank) or ({r.rank: tv.max_ms} if isinstance(r.rank, int)
-                                         and tv.max_ms is not None else {})
-            t.per_rank.update(vals)
-    for t in timers.values():
-        if t.per_rank:
-            t.min_ms, t.max_ms = min(t.per_rank.values()), max(t.per_rank.values())
-    ends = [r.end_time for r in rs if r.end_time is not None]
-    # armed: a rank under ncu paces every rank it synchronises with (perfd.armed): the iteration is armed
-    return dataclasses.replace(slow, rank="all", timers=timers, end_time=max(ends) if ends else None,
-                               armed=any(r.armed for r in rs))

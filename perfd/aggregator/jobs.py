@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,6 +168,8 @@ class JobState:
     run_scopes: set[str] = field(default_factory=set)
     run_start: float | None = None  # the current run's first step's start (epoch s)
     run_info: JobInfo | None = None  # the job as the current run's start-up stated it (a digest's)
+    # Ranks whose records arrived already folded (perfd.engine's root): the world they make up.
+    folded_ranks: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -370,7 +372,10 @@ class JobStore:
         """Whether ``rec`` begins a new run of its rank scope over what is held (lock held): the
         framework's start-up came before it (``first_of_run``; not a resend of the very record that
         began the run held), or the step hook now reports the rank from another process."""
-        pid = rec.fields.get("pid") if rec.source is not None and rec.source.collector == "hook" else None
+        # A rank's own record only: a fold of ranks (perfd.engine) carries its slowest rank's pid,
+        # which changes with the slowest rank, not with a restart.
+        pid = (rec.fields.get("pid") if isinstance(rec.rank, int) and rec.source is not None
+               and rec.source.collector == "hook" else None)
         if pid is not None:
             before = js.run_marks.get(scope)
             js.run_marks[scope] = pid
@@ -497,7 +502,7 @@ class JobStore:
             if js.analysis is not None and not stale:
                 return js.analysis
             raw = list(js.records.values())
-            info = job_info_of(js.job_info, raw)
+            info = job_info_of(js.job_info, raw, js.folded_ranks)
             if js.evicted_any and info.started_at is not None:
                 # The first iterations left the window: from the start-up stamp to the first step
                 # held is not start-up. Goodput then covers the held iterations only.
@@ -522,6 +527,21 @@ class JobStore:
             js.analysis, js.analysis_time = result, time.time()
             js.class_key = (gpm, timeline, gpm_when)
         return result
+
+    def note_folded_ranks(self, job: str, ranks: Collection[int]) -> None:
+        """Ranks whose records reached the job folded into one (perfd.engine): they count as
+        reporting, as their own records would."""
+        with self._lock:
+            js = self._job(job)
+            if not js.folded_ranks >= set(ranks):
+                js.folded_ranks |= set(ranks)
+                js.dirty = True
+
+    def held_fold(self, job: str, iteration: int) -> StepRecord | None:
+        """The ``"all"`` record held for the job's iteration, if any."""
+        with self._lock:
+            js = self.jobs.get(job)
+            return js.records.get((iteration, "all")) if js is not None else None
 
     def set_new_normal(self, job: str, iteration: int | None = None) -> int | None:
         """The job's current step level is its new normal from ``iteration`` (default: after the last

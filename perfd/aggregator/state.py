@@ -223,6 +223,13 @@ class AggregatorState:
         self.jobs.ingest_job_info(agent_id, job, info, now)
         self._bump()
 
+    def note_folded_ranks(self, job: str, ranks: Collection[int]) -> None:
+        self.jobs.note_folded_ranks(job, ranks)
+        self._bump()
+
+    def held_fold(self, job: str, iteration: int) -> StepRecord | None:
+        return self.jobs.held_fold(job, iteration)
+
     def forget_job(self, job: str) -> None:
         """Drop everything held of the job (perfd.aggregator.lifecycle prunes it)."""
         self.jobs.forget(job)

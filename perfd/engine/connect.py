@@ -1,0 +1,56 @@
+"""Connecting to the engine and making sure its streams and lease bucket exist, for every role (the
+agent's publisher, a shard, a job's root). nats-py does the protocol, reconnects and TLS; this
+module only turns an :class:`EngineConfig` into its options and declares the streams once.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from perfd.engine import subjects as S
+
+
+def connect_options(cfg: S.EngineConfig, name: str) -> dict[str, Any]:
+    opts: dict[str, Any] = {
+        "servers": list(cfg.servers),
+        "name": name,
+        "max_reconnect_attempts": -1,  # a daemon: reconnect forever; what waits is held by its owner
+        "reconnect_time_wait": 1.0,
+        "connect_timeout": 5.0,
+        "allow_reconnect": True,
+    }
+    if cfg.token:
+        opts["token"] = cfg.token
+    if cfg.tls_ca:
+        ctx = ssl.create_default_context(cafile=cfg.tls_ca)
+        if cfg.tls_cert and cfg.tls_key:
+            ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        opts["tls"] = ctx
+    return opts
+
+
+async def connect(cfg: S.EngineConfig, name: str) -> Any:
+    """A connected nats-py client (raises what nats-py raises when no server answers)."""
+    import nats  # the engine's client: an optional dependency (perfd[engine])
+
+    return await nats.connect(**connect_options(cfg, name))
+
+
+async def ensure_streams(nc: Any, replicas: int = 1) -> None:
+    """The two streams and the lease bucket, made if missing (the same call from every process that
+    starts: JetStream's add is idempotent for an identical config). ``replicas``: 3 on a cluster of
+    three servers (one lost keeps every message and lease), 1 on a single server."""
+    from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(
+        name=S.NODES_STREAM, subjects=[f"{S.NODES_PREFIX}.>"], retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE, num_replicas=replicas, duplicate_window=S.DUPLICATE_WINDOW_S,
+        discard=DiscardPolicy.NEW,  # full: the publisher is refused and keeps it in its spool
+        max_bytes=S.NODES_MAX_BYTES))
+    await js.add_stream(StreamConfig(
+        name=S.PARTIALS_STREAM, subjects=[f"{S.PARTIALS_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE, num_replicas=replicas, duplicate_window=S.DUPLICATE_WINDOW_S,
+        max_age=S.PARTIALS_MAX_AGE_S, max_bytes=S.PARTIALS_MAX_BYTES))
+    await js.create_key_value(bucket=S.LEASES_BUCKET, ttl=S.LEASE_TTL_S, replicas=replicas, history=1)

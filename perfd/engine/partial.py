@@ -1,0 +1,119 @@
+"""A job's iteration as part of its nodes saw it (:class:`Partial`), and its wire form.
+
+A node's agent turns what its ranks sent into one Partial per (job, iteration) — a 100,000-rank
+iteration is then one message per node, not one per rank — a shard folds its nodes' into one, and the
+job's root folds the shards'. Rank records fold with :func:`perfd.stepfold.fold_ranks` (a join:
+associative, commutative, idempotent); job-level records (a Megatron log's ``last``) are kept as sent,
+one per scope, the newest copy winning. The ranks and the node messages folded in travel with it:
+the root knows the world it saw and counts a message folded twice. Pure.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from perfd.model import StepRecord
+from perfd.stepfold import fold_ranks
+from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.record_codec import step_from_pb, step_to_pb
+
+
+@dataclass
+class Partial:
+    job: str
+    iteration: int
+    fold: StepRecord | None = None  # the rank records folded (scope "all")
+    ranks: set[int] = field(default_factory=set)
+    job_level: dict[str, StepRecord] = field(default_factory=dict)  # scope -> record
+    messages: set[str] = field(default_factory=set)  # node messages folded in
+
+    def add_records(self, records: Iterable[StepRecord]) -> None:
+        """Fold records of this job and iteration in."""
+        ranked = [r for r in records if isinstance(r.rank, int)]
+        for r in records:
+            if not isinstance(r.rank, int):
+                self.job_level[str(r.rank)] = r
+        if ranked:
+            self.ranks.update(r.rank for r in ranked if isinstance(r.rank, int))
+            self.fold = fold_ranks(ranked if self.fold is None else [self.fold, *ranked])
+
+    def merge(self, other: Partial) -> list[str]:
+        """Fold ``other`` (same job and iteration) in; returns the node messages it carried that were
+        already in (a redelivery: folded once all the same)."""
+        again = sorted(self.messages & other.messages)
+        self.messages |= other.messages
+        self.ranks |= other.ranks
+        self.job_level.update(other.job_level)
+        if other.fold is not None:
+            self.fold = other.fold if self.fold is None else fold_ranks([self.fold, other.fold])
+        return again
+
+
+def partials_of(records: Iterable[StepRecord], message: str | None = None) -> list[Partial]:
+    """One Partial per (job, iteration) of ``records``, in first-seen order; ``message``: the id of
+    the node message they arrive in."""
+    groups: dict[tuple[str, int], list[StepRecord]] = {}
+    for r in records:
+        groups.setdefault((r.job, r.iteration), []).append(r)
+    out = []
+    for (job, it), rs in groups.items():
+        p = Partial(job, it, messages={message} if message else set())
+        p.add_records(rs)
+        out.append(p)
+    return out
+
+
+def to_pb(p: Partial, m: pb.Partial) -> None:
+    m.job, m.iteration = p.job, p.iteration
+    if p.fold is not None:
+        step_to_pb(p.fold, m.fold)
+    m.ranks_le = array("I", sorted(p.ranks)).tobytes()  # the machines this runs on are little-endian
+    for rec in p.job_level.values():
+        step_to_pb(rec, m.job_level.add())
+    m.messages.extend(sorted(p.messages))
+
+
+def from_pb(m: pb.Partial) -> Partial:
+    """ValueError for a malformed partial (the caller counts and drops it)."""
+    if len(m.ranks_le) % 4:
+        raise ValueError(f"ranks_le of {len(m.ranks_le)} bytes is not whole uint32s")
+    ranks = array("I")
+    ranks.frombytes(m.ranks_le)
+    fold = step_from_pb(m.fold) if m.HasField("fold") else None
+    if fold is not None and (fold.job != m.job or fold.iteration != m.iteration):
+        raise ValueError("a partial's fold is of another job or iteration")
+    job_level = {}
+    for jm in m.job_level:
+        rec = step_from_pb(jm)
+        if rec.job != m.job or rec.iteration != m.iteration or isinstance(rec.rank, int):
+            raise ValueError("a partial's job-level record is of another job, iteration or a rank")
+        job_level[str(rec.rank)] = rec
+    return Partial(m.job, m.iteration, fold, set(ranks), job_level, set(m.messages))
+
+
+def encode(batch_id: str, sender: str, created_ns: int, partials: Sequence[Partial],
+           job_info_json: dict[str, str] | None = None) -> bytes:
+    b = pb.EngineBatch(id=batch_id, sender=sender, created_ns=created_ns)
+    for p in partials:
+        to_pb(p, b.partials.add())
+    if job_info_json:
+        b.job_info_json.update(job_info_json)
+    return b.SerializeToString()
+
+
+@dataclass
+class Decoded:
+    id: str
+    sender: str
+    created_ns: int
+    partials: list[Partial]
+    job_info_json: dict[str, str]
+
+
+def decode(data: bytes) -> Decoded:
+    """ValueError (protobuf's DecodeError is one) for bytes that are not an EngineBatch."""
+    b = pb.EngineBatch()
+    b.ParseFromString(data)
+    return Decoded(b.id, b.sender, b.created_ns, [from_pb(m) for m in b.partials], dict(b.job_info_json))

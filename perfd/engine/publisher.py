@@ -1,0 +1,178 @@
+"""The agent's side of the distributed path: what its ranks sent, reduced to one message per (job,
+iteration) (perfd.engine.partial), spooled, and published to the engine with an id the engine
+de-duplicates on — a drop-in for :class:`perfd.transport.client.AgentClient` in ``perfd agent``.
+
+Nothing is lost while the engine is away: each message waits in the agent's spool (the same spool,
+disk-backed where the agent has a spool dir) until the engine acknowledged it; one published twice
+(its acknowledgement lost) is dropped by the engine within its duplicate window, and is harmless
+after it (a fold is idempotent). Node series stay on the agent's /metrics for Prometheus and are not
+published; events and collective records are not carried by the engine yet: counted, never dropped
+silently (``not_carried``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from perfd.engine import subjects as S
+from perfd.engine.connect import connect
+from perfd.engine.partial import decode, encode, partials_of
+from perfd.model import CollectiveRecord, Sample, StepRecord
+from perfd.transport.spool import Spool
+
+log = logging.getLogger("perfd.engine")
+
+PUBLISH_TIMEOUT_S = 5.0
+
+
+class EngineClient:
+    """Create, ``asyncio.create_task(client.run())``, call ``submit()`` as records arrive."""
+
+    def __init__(self, cfg: S.EngineConfig, agent_id: str, *, node: str, spool: Spool | None = None,
+                 window: int = 32, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0) -> None:
+        self.cfg = cfg
+        self.agent_id = agent_id
+        self.node = node or agent_id
+        self.spool = spool if spool is not None else Spool(None)
+        self.window = max(1, window)
+        self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
+        self._lock = threading.Lock()  # submit() runs on the agent's threads
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.connected = False
+        self.connects = self.reconnects = 0
+        self.batches_submitted = self.published = self.duplicates = self.publish_errors = 0
+        self.unreadable = 0  # spooled messages that did not decode (a damaged spool)
+        self.not_carried: dict[str, int] = {}  # what the engine does not carry yet, by kind
+        self.last_error = ""
+
+    # ---- producer side (any thread) ------------------------------------------------------------
+    def submit(self, samples: Iterable[Sample] = (), steps: Iterable[StepRecord] = (),
+               events: Iterable[Mapping[str, Any]] = (), *,
+               columns: tuple[Sequence[int], Sequence[int], Sequence[float]] | None = None,
+               job_info_json: Mapping[str, str] | None = None, collectives: Iterable[CollectiveRecord] = (),
+               on_seq: Callable[[int], object] | None = None) -> int:
+        """Spool one message per job of ``steps`` / ``job_info_json``; returns the last seq (0: none).
+        Samples stay on the agent (its /metrics); events and collectives are counted as not carried."""
+        for kind, items in (("events", events), ("collectives", collectives)):
+            n = sum(1 for _ in items)
+            if n:
+                self.not_carried[kind] = self.not_carried.get(kind, 0) + n
+        by_job: dict[str, list[StepRecord]] = {}
+        for r in steps:
+            by_job.setdefault(r.job, []).append(r)
+        for job in job_info_json or {}:
+            by_job.setdefault(job, [])
+        seq = 0
+        with self._lock:
+            for job, recs in by_job.items():
+                seq = self.spool.next_seq()
+                mid = f"{self.agent_id}:{self.spool.epoch}:{seq}"
+                info = {job: job_info_json[job]} if job_info_json and job in job_info_json else None
+                data = encode(mid, self.agent_id, time.time_ns(), partials_of(recs, mid), info)
+                if on_seq is not None:
+                    on_seq(seq)
+                self.spool.append(seq, data)
+                self.batches_submitted += 1
+        if seq:
+            self._notify()
+        return seq
+
+    def series_id(self, name: str, labels: Mapping[str, str] | None = None) -> int:
+        return 0  # series stay on the agent: nothing to resolve
+
+    def _notify(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is None or wake is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            wake.set()
+        else:
+            loop.call_soon_threadsafe(wake.set)
+
+    # ---- publishing (the agent's event loop) ---------------------------------------------------
+    async def run(self) -> None:
+        """Publish what is spooled, forever; reconnects with jittered backoff. Never raises but
+        CancelledError."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        delay = self.backoff_initial_s
+        while True:
+            nc = None
+            try:
+                nc = await connect(self.cfg, f"perfd-agent {self.agent_id}")
+                self.connects += 1
+                self.reconnects += self.connects > 1
+                self.connected = True
+                delay = self.backoff_initial_s
+                await self._publish_loop(nc)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # no server, a timeout, a refused publish: spooled, retried
+                self.publish_errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                log.warning("engine publish: %s (retry in ~%.1f s; %d message(s) spooled)",
+                            self.last_error, delay, self.spool.pending_count())
+            finally:
+                self.connected = False
+                if nc is not None:
+                    try:
+                        await nc.close()
+                    except Exception:  # closing a broken connection: nothing left to save
+                        pass
+            await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # jittered: agents do not return in step
+            delay = min(self.backoff_max_s, delay * 2)
+
+    async def _publish_loop(self, nc: Any) -> None:
+        js = nc.jetstream()
+        assert self._wake is not None
+        while True:
+            with self._lock:
+                pending = self.spool.read(0, self.window)
+            if not pending:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    pass
+                if not nc.is_connected:
+                    raise ConnectionError("the engine connection is down")
+                continue
+            # In order, a window at a time: the spool's acknowledgement is cumulative.
+            acks = await asyncio.gather(*(self._publish(js, data) for _, data in pending))
+            for (seq, _), dup in zip(pending, acks, strict=True):
+                self.published += 1
+                self.duplicates += dup
+                with self._lock:
+                    self.spool.ack(seq)
+
+    async def _publish(self, js: Any, data: bytes) -> bool:
+        """Publish one spooled message; True when the engine had it already (or it could not be
+        read back from the spool: counted and logged, then let go, or it would block every later one)."""
+        try:
+            d = decode(data)
+            job = d.partials[0].job if d.partials else next(iter(d.job_info_json))
+        except (ValueError, StopIteration) as exc:
+            self.unreadable += 1
+            log.error("engine publish: a spooled message cannot be read back (%s): dropped", exc)
+            return False
+        subject = S.node_subject(job, S.partition_of(job, self.node, self.cfg.partitions))
+        ack = await js.publish(subject, data, timeout=PUBLISH_TIMEOUT_S, headers={"Nats-Msg-Id": d.id})
+        return bool(getattr(ack, "duplicate", False))
+
+    def stats(self) -> dict[str, Any]:
+        return {"connected": self.connected, "connects": self.connects, "published": self.published,
+                "duplicates": self.duplicates, "publish_errors": self.publish_errors,
+                "unreadable": self.unreadable,
+                "pending": self.spool.pending_count(), "not_carried": dict(self.not_carried),
+                "last_error": self.last_error}

@@ -1,0 +1,203 @@
+"""A job's root on the distributed path: the shards' partials folded per (job, iteration) and handed
+to the aggregator's store as one record per iteration, so that the analysis, /metrics, the API and
+the rules read a job of 100,000 ranks as they read one that streams to a single aggregator.
+
+One root leads at a time, by lease (perfd.engine.leases); a standby aggregator started the same way
+takes over when the leader stops renewing. The leader reads the partials stream from its first
+message kept (the jobs' history, an hour by default): a new leader, or one that restarted, rebuilds
+what it holds from it, and a partial read twice folds once. Records go to a :class:`RootSink` —
+the aggregator's state — so nothing here knows the aggregator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from perfd.engine import subjects as S
+from perfd.engine.connect import connect, ensure_streams
+from perfd.engine.leases import Lease
+from perfd.engine.partial import Partial, decode
+from perfd.jobinfo_json import job_info_from_json
+from perfd.model import JobInfo, StepRecord
+
+log = logging.getLogger("perfd.engine")
+
+ENGINE_AGENT = "engine"  # the sender the store sees for every record that came through the engine
+# Iterations of a job folded in memory (their partials, ranks and message ids): a partial of an older
+# one is folded with the record the store holds for it (late, counted), not lost.
+KEEP_ITERATIONS = 64
+
+
+class RootSink(Protocol):
+    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None) -> Any: ...
+    def ingest_job_info(self, agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None: ...
+    def note_folded_ranks(self, job: str, ranks: Collection[int]) -> None: ...
+    def held_fold(self, job: str, iteration: int) -> StepRecord | None: ...
+
+
+@dataclass
+class RootStats:
+    leader: bool = False
+    batches: int = 0
+    partials: int = 0
+    undecodable: int = 0
+    node_messages: int = 0  # distinct node messages folded in
+    redelivered: int = 0  # node messages that arrived again (folded once)
+    late: int = 0  # partials of an iteration no longer in memory, folded with the store's record
+    records_ingested: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class RootFold:
+    """What the root holds between partials: the fold of each recent iteration of each job. Pure."""
+
+    def __init__(self, keep: int = KEEP_ITERATIONS) -> None:
+        self.keep = keep
+        self.jobs: dict[str, OrderedDict[int, Partial]] = {}
+        self.ranks: dict[str, set[int]] = {}
+        self.stats = RootStats()
+
+    def add(self, parts: Sequence[Partial],
+            held_fold: Callable[[str, int], StepRecord | None] = lambda j, i: None
+            ) -> tuple[list[StepRecord], dict[str, set[int]]]:
+        """Fold ``parts`` in; returns the records that changed (one fold and the job-level records of
+        each (job, iteration) touched) and each job's ranks new to it. ``held_fold(job, iteration)``:
+        the fold the store holds, the start of an iteration no longer (or not yet) in memory — a late
+        partial, or the first after this root started on a store that kept its records."""
+        touched: dict[tuple[str, int], Partial] = {}
+        new_ranks: dict[str, set[int]] = {}
+        for part in parts:
+            self.stats.partials += 1
+            held = self.jobs.setdefault(part.job, OrderedDict())
+            acc = held.get(part.iteration)
+            if acc is None:
+                if len(held) >= self.keep and part.iteration < min(held):
+                    self.stats.late += 1
+                acc = Partial(part.job, part.iteration, fold=held_fold(part.job, part.iteration))
+                held[part.iteration] = acc
+                while len(held) > self.keep:  # the lowest iteration leaves memory (not the store)
+                    del held[min(held)]
+            again = acc.merge(part)
+            self.stats.redelivered += len(again)
+            self.stats.node_messages += len(part.messages) - len(again)
+            known = self.ranks.setdefault(part.job, set())
+            fresh = part.ranks - known
+            if fresh:
+                known |= fresh
+                new_ranks.setdefault(part.job, set()).update(fresh)
+            touched[(part.job, part.iteration)] = acc
+        out: list[StepRecord] = []
+        for acc in touched.values():
+            if acc.fold is not None:
+                out.append(acc.fold)
+            out.extend(acc.job_level.values())
+        return out, new_ranks
+
+
+class Root:
+    """The leader's loop: ``await Root(cfg, sink, id).run(stop)`` in the aggregator's event loop."""
+
+    def __init__(self, cfg: S.EngineConfig, sink: RootSink, root_id: str, replicas: int = 1) -> None:
+        self.cfg, self.sink, self.id, self.replicas = cfg, sink, root_id, replicas
+        self.fold = RootFold()
+
+    @property
+    def stats(self) -> RootStats:
+        return self.fold.stats
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Lead when the lease is free, follow otherwise; reconnects; never raises but CancelledError."""
+        while not stop.is_set():
+            try:
+                await self._session(stop)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the engine away: try again; the store keeps what it has
+                log.warning("engine root %s: %s: reconnecting", self.id, exc)
+                self.stats.leader = False
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=2.0)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        nc = await connect(self.cfg, f"perfd-root {self.id}")
+        try:
+            await ensure_streams(nc, self.replicas)
+            js = nc.jetstream()
+            lease = Lease(await js.key_value(S.LEASES_BUCKET), S.ROOT_LEASE, self.id)
+            while not stop.is_set():
+                if await lease.acquire():
+                    log.info("engine root %s: leads; reading the partials kept", self.id)
+                    self.stats.leader = True
+                    try:
+                        await self._lead(js, lease, stop)
+                    finally:
+                        self.stats.leader = False
+                        await lease.release()
+                else:
+                    try:
+                        await asyncio.wait_for(stop.wait(), timeout=S.LEASE_TTL_S / 3)
+                    except asyncio.TimeoutError:
+                        pass
+        finally:
+            await nc.close()
+
+    async def _lead(self, js: Any, lease: Lease, stop: asyncio.Event) -> None:
+        from nats.errors import TimeoutError as NatsTimeout
+        from nats.js.api import DeliverPolicy
+
+        sub = await js.subscribe(f"{S.PARTIALS_PREFIX}.>", stream=S.PARTIALS_STREAM, ordered_consumer=True,
+                                 deliver_policy=DeliverPolicy.ALL)
+        loop = asyncio.get_running_loop()
+        renew_at = loop.time() + S.LEASE_TTL_S / 3
+        try:
+            while not stop.is_set():
+                if loop.time() >= renew_at:
+                    if not await lease.renew():
+                        return  # another leads now: stop reading before it starts
+                    renew_at = loop.time() + S.LEASE_TTL_S / 3
+                batch: list[bytes] = []
+                try:
+                    batch.append((await sub.next_msg(timeout=0.5)).data)
+                    while len(batch) < 256:  # what else is there already: one store update for all
+                        batch.append((await sub.next_msg(timeout=0.001)).data)
+                except NatsTimeout:
+                    pass
+                if batch:
+                    self.handle(batch)
+        finally:
+            await sub.unsubscribe()
+
+    def handle(self, batch: Sequence[bytes]) -> None:
+        """Fold shard messages in and hand what changed to the sink."""
+        parts: list[Partial] = []
+        for data in batch:
+            try:
+                d = decode(data)
+            except ValueError as exc:
+                self.stats.undecodable += 1
+                log.warning("engine root %s: a partials message that does not decode (%s): skipped",
+                            self.id, exc)
+                continue
+            self.stats.batches += 1
+            for job, text in d.job_info_json.items():
+                try:
+                    self.sink.ingest_job_info(ENGINE_AGENT, job, job_info_from_json(text))
+                except ValueError as exc:
+                    self.stats.undecodable += 1
+                    log.warning("engine root %s: job info of %r does not decode (%s)", self.id, job[:80], exc)
+            parts.extend(d.partials)
+        records, new_ranks = self.fold.add(parts, self.sink.held_fold)
+        for job, ranks in new_ranks.items():
+            self.sink.note_folded_ranks(job, ranks)
+        if records:
+            self.sink.ingest_steps(ENGINE_AGENT, records)
+            self.stats.records_ingested += len(records)

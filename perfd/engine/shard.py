@@ -1,0 +1,205 @@
+"""``perfd shard``: one of the processes that reduce a large job's node messages between the agents
+and the job's root.
+
+A shard holds partitions of the node stream by lease (perfd.engine.leases): as many as its fair
+share of the shards alive (each renews a member key), taking a partition whose holder stopped
+renewing. From each partition's durable consumer it folds what arrives into one Partial per (job,
+iteration) and every FLUSH_S publishes them, one message per job, to the job's partials subject;
+only once the engine acknowledged that does it acknowledge the node messages folded in. A shard
+killed at any point leaves its unacknowledged messages to the engine, which delivers them again
+(after ACK_WAIT_S) to whoever holds the partition next; a message that reached the root twice that
+way is folded once (perfd.stepfold) and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.engine import subjects as S
+from perfd.engine.connect import connect, ensure_streams
+from perfd.engine.leases import Lease, holders
+from perfd.engine.partial import Partial, decode, encode
+
+log = logging.getLogger("perfd.engine")
+
+FLUSH_S = 0.25  # a node message waits at most this long in a shard before its partial leaves
+FETCH_BATCH = 512
+FETCH_TIMEOUT_S = 0.5
+MEMBER_PREFIX = "member."
+
+
+@dataclass
+class ShardStats:
+    node_messages: int = 0
+    undecodable: int = 0
+    partials_published: int = 0
+    batches_published: int = 0
+    publish_errors: int = 0
+    leases_taken: int = 0
+    leases_lost: int = 0
+    partitions: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Shard:
+    def __init__(self, cfg: S.EngineConfig, shard_id: str, replicas: int = 1) -> None:
+        self.cfg, self.id, self.replicas = cfg, shard_id, replicas
+        self.epoch = uuid.uuid4().hex[:12]
+        self.stats = ShardStats()
+        self._pending: dict[tuple[str, int], Partial] = {}
+        self._job_info: dict[str, str] = {}
+        self._to_ack: list[Any] = []
+        self._to_term: list[Any] = []
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._leases: dict[int, Lease] = {}
+        self._flushes = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        nc = await connect(self.cfg, f"perfd-shard {self.id}")
+        try:
+            await ensure_streams(nc, self.replicas)
+            js = nc.jetstream()
+            kv = await js.key_value(S.LEASES_BUCKET)
+            flusher = asyncio.create_task(self._flush_loop(js, stop))
+            try:
+                while not stop.is_set():
+                    await self._balance(js, kv)
+                    try:
+                        await asyncio.wait_for(stop.wait(), timeout=S.LEASE_TTL_S / 3)
+                    except asyncio.TimeoutError:
+                        pass
+            finally:
+                for t in self._tasks.values():
+                    t.cancel()
+                await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+                await self._flush(js)  # what was folded leaves before the leases do
+                flusher.cancel()
+                await asyncio.gather(flusher, return_exceptions=True)
+                for lease in self._leases.values():
+                    await lease.release()
+        finally:
+            await nc.close()
+
+    async def _balance(self, js: Any, kv: Any) -> None:
+        """Renew; take free partitions up to the fair share; give back what is over it."""
+        await kv.put(f"{MEMBER_PREFIX}{self.id}", self.id.encode())
+        for p, lease in list(self._leases.items()):
+            if not await lease.renew():
+                self.stats.leases_lost += 1
+                self._drop(p)
+        members = max(1, len(await holders(kv, MEMBER_PREFIX)))
+        share = math.ceil(self.cfg.partitions / members)
+        # Each shard starts looking at its own offset, so shards starting together take different ones.
+        start = int.from_bytes(self.id.encode()[-4:].rjust(4, b"\0"), "big") % self.cfg.partitions
+        for k in range(self.cfg.partitions):
+            if len(self._leases) >= share:
+                break
+            p = (start + k) % self.cfg.partitions
+            if p in self._leases:
+                continue
+            lease = Lease(kv, S.partition_lease(p), self.id)
+            if await lease.acquire():
+                self.stats.leases_taken += 1
+                self._leases[p] = lease
+                self._tasks[p] = asyncio.create_task(self._consume(js, p))
+                log.info("shard %s: holds partition %d", self.id, p)
+        for p in sorted(self._leases)[share:]:  # over the share (more shards now): give them back
+            lease = self._leases[p]
+            self._drop(p)
+            await lease.release()
+        self.stats.partitions = sorted(self._leases)
+
+    def _drop(self, p: int) -> None:
+        t = self._tasks.pop(p, None)
+        if t is not None:
+            t.cancel()
+        self._leases.pop(p, None)
+
+    async def _consume(self, js: Any, p: int) -> None:
+        from nats.errors import TimeoutError as NatsTimeout
+        from nats.js.api import AckPolicy, ConsumerConfig
+
+        sub = await js.pull_subscribe(
+            S.partition_filter(p), durable=S.shard_consumer(p), stream=S.NODES_STREAM,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=S.ACK_WAIT_S,
+                                  max_ack_pending=100_000))
+        while True:
+            try:
+                msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_TIMEOUT_S)
+            except NatsTimeout:
+                continue
+            for m in msgs:
+                self._fold_in(m)
+
+    def _fold_in(self, m: Any) -> None:
+        self.stats.node_messages += 1
+        try:
+            d = decode(m.data)
+        except ValueError as exc:
+            self.stats.undecodable += 1
+            log.warning("shard %s: a node message that is not an EngineBatch (%s): terminated", self.id, exc)
+            self._to_term.append(m)  # never delivered again: it would fail the same way
+            return
+        for part in d.partials:
+            held = self._pending.get((part.job, part.iteration))
+            if held is None:
+                self._pending[(part.job, part.iteration)] = part
+            else:
+                held.merge(part)
+        self._job_info.update(d.job_info_json)
+        self._to_ack.append(m)
+
+    async def _flush_loop(self, js: Any, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(FLUSH_S)
+            await self._flush(js)
+
+    async def _flush(self, js: Any) -> None:
+        if not (self._pending or self._job_info or self._to_term or self._to_ack):
+            return
+        pending, infos, to_ack = self._pending, self._job_info, self._to_ack
+        self._pending, self._job_info, self._to_ack = {}, {}, []
+        by_job: dict[str, list[Partial]] = {}
+        for (job, _), part in pending.items():
+            by_job.setdefault(job, []).append(part)
+        for job in infos:
+            by_job.setdefault(job, [])
+        try:
+            for job, parts in by_job.items():
+                self._flushes += 1
+                bid = f"{self.id}:{self.epoch}:{self._flushes}"
+                info = {job: infos[job]} if job in infos else None
+                await js.publish(S.partials_subject(job), encode(bid, self.id, time.time_ns(), parts, info),
+                                 timeout=5.0, headers={"Nats-Msg-Id": bid})
+                self.stats.batches_published += 1
+                self.stats.partials_published += len(parts)
+        except Exception as exc:  # the engine is away: fold it back, acknowledge nothing, retry
+            self.stats.publish_errors += 1
+            log.warning("shard %s: publishing partials failed (%s): kept, retried", self.id, exc)
+            for key, part in pending.items():
+                held = self._pending.get(key)
+                if held is not None:
+                    part.merge(held)
+                self._pending[key] = part
+            self._job_info = {**infos, **self._job_info}
+            self._to_ack = to_ack + self._to_ack
+            return
+        terms, self._to_term = self._to_term, []
+        for m in terms:
+            try:
+                await m.term()
+            except Exception as exc:  # delivered again and terminated then
+                log.info("shard %s: term failed (%s)", self.id, exc)
+        for m in to_ack:
+            try:
+                await m.ack()
+            except Exception as exc:  # delivered again later, folded once at the root
+                log.info("shard %s: ack failed (%s): the engine delivers it again", self.id, exc)

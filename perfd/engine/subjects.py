@@ -1,0 +1,81 @@
+"""Every name the distributed path uses on the engine, declared once: streams, subjects, consumers,
+the KV bucket of leases, and how a node's records find their partition.
+
+Subjects carry a job *token* (a hash of the job name), never the name itself: a job name may hold
+dots, spaces or wildcards that are subject syntax (the name travels inside the message). A node's
+partition is a hash of (job, node) into ``partitions`` buckets, so one job's nodes spread over every
+partition and the shard that holds a partition reduces a fixed slice of each job's nodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+NODES_STREAM = "PERFD_NODES"  # node messages: a work queue, each taken by one shard
+PARTIALS_STREAM = "PERFD_PARTIALS"  # shard partials: the jobs' history, read by their root
+LEASES_BUCKET = "perfd_leases"  # KV: partition -> shard, "root" -> root (expire unless renewed)
+NODES_PREFIX = "perfd.nodes"
+PARTIALS_PREFIX = "perfd.partials"
+ROOT_LEASE = "root"
+DEFAULT_PARTITIONS = 16
+# A lease is renewed every LEASE_TTL_S / 3; a holder silent for LEASE_TTL_S loses it (the bucket's
+# keys expire), and another shard takes the partition, its unacknowledged messages redelivered.
+LEASE_TTL_S = 6.0
+# A node message unacknowledged this long is delivered again (to whichever shard holds the partition).
+ACK_WAIT_S = 10.0
+DUPLICATE_WINDOW_S = 120.0  # the engine drops a message whose id it saw within this window
+
+
+def job_token(job: str) -> str:
+    """The job's name as one subject token: 16 hex digits of its sha256."""
+    return hashlib.sha256(job.encode()).hexdigest()[:16]
+
+
+def partition_of(job: str, node: str, partitions: int) -> int:
+    """The partition of ``node``'s records of ``job`` (0 .. partitions-1)."""
+    h = hashlib.sha256(f"{job}\0{node}".encode()).digest()
+    return int.from_bytes(h[:8], "big") % partitions
+
+
+def node_subject(job: str, partition: int) -> str:
+    return f"{NODES_PREFIX}.{job_token(job)}.{partition}"
+
+
+def partition_filter(partition: int) -> str:
+    """Every job's node messages of one partition."""
+    return f"{NODES_PREFIX}.*.{partition}"
+
+
+def partials_subject(job: str) -> str:
+    return f"{PARTIALS_PREFIX}.{job_token(job)}"
+
+
+def partition_lease(partition: int) -> str:
+    return f"partition.{partition}"
+
+
+def shard_consumer(partition: int) -> str:
+    """The durable consumer of a partition: whichever shard holds its lease pulls from it, so the
+    engine keeps what was delivered and not acknowledged across a change of holder."""
+    return f"shard-p{partition}"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How a process reaches the engine: its servers, a token, TLS (a CA, and a client certificate
+    for mutual TLS), and the number of partitions the streams were made with."""
+
+    servers: tuple[str, ...]
+    token: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    partitions: int = DEFAULT_PARTITIONS
+
+# Stream bounds. Node messages wait for a shard: 1 GiB holds ~10 minutes of a 12,500-node job at one
+# iteration every 2 s (~13 KB a message with 8 ranks' timers) should every shard be down. Partials
+# are the jobs' history a new root replays: kept an hour.
+NODES_MAX_BYTES = 1 << 30
+PARTIALS_MAX_BYTES = 4 << 30
+PARTIALS_MAX_AGE_S = 3600.0
