@@ -1,0 +1,1 @@
+"""perfd's distributed path on NATS JetStream (see each module)."""
