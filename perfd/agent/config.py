@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from perfd import limits as L
+from perfd.engine.subjects import DEFAULT_PARTITIONS
 from perfd.jobname import job_name_problem
 from perfd.procinfo import user_id
 from perfd.transport.shard import pick_aggregator
@@ -40,6 +41,12 @@ class AgentConfig:
     # own user (docs/security.md, "Whose processes are the job's").
     job_user: str | int | None = None
     aggregator: str | None = None  # host:port; None = local only (own /metrics, no streaming)
+    # The distributed path instead of an aggregator (perfd.engine): the engine's servers
+    # (nats://HOST:PORT, comma-separated), its token (a file), its CA, the partitions of its streams.
+    engine: str | None = None
+    engine_token_file: str | None = None
+    engine_tls_ca: str | None = None
+    engine_partitions: int = DEFAULT_PARTITIONS
     metrics_port: int | None = L.AGENT_METRICS_PORT  # None = no HTTP endpoint; 0 = ephemeral (tests)
     metrics_host: str = L.LOOPBACK  # loopback unless told (--metrics-host, --listen-all)
     spool_dir: str | None = None  # None = in memory (lost on restart; fine for demos and tests)
@@ -117,6 +124,16 @@ class AgentConfig:
             host, sep, port = self.aggregator.rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise ConfigError(f"aggregator must be HOST:PORT, got {self.aggregator!r}")
+        if self.engine is not None:
+            if self.aggregator is not None:
+                raise ConfigError("engine and aggregator: one or the other (the engine's shards and root "
+                                  "stand for the aggregator)")
+            urls = [u.strip() for u in self.engine.split(",") if u.strip()]
+            bad = [u for u in urls if not u.startswith(("nats://", "tls://"))]
+            if not urls or bad:
+                raise ConfigError(f"engine must be nats://HOST:PORT[,...], got {self.engine!r}")
+            if self.engine_partitions < 1:
+                raise ConfigError(f"engine_partitions must be >= 1, got {self.engine_partitions}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("tls_cert and tls_key go together")
         if self.tls_cert is not None and self.tls_ca is None:
@@ -132,7 +149,8 @@ class AgentConfig:
 
 
 _TOP_KEYS = {f for f in AgentConfig.__dataclass_fields__}
-_OPTIONAL_KEYS = ("aggregator", "metrics_port", "spool_dir", "state_dir", "capture_dir", "tls_ca", "tls_cert",
+_OPTIONAL_KEYS = ("aggregator", "engine", "engine_token_file", "engine_tls_ca",
+                  "metrics_port", "spool_dir", "state_dir", "capture_dir", "tls_ca", "tls_cert",
                   "tls_key", "auth_token_file", "kineto_socket_dir", "job_user")
 
 
@@ -173,7 +191,9 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
                     metrics_host: str | None = None, listen_all: bool = False,
                     tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
                     auth_token_file: str | None = None, capture_dir: str | None = None,
-                    job_user: str | None = None, mfu_alert: bool | None = None) -> AgentConfig:
+                    job_user: str | None = None, mfu_alert: bool | None = None,
+                    engine: str | None = None, engine_token_file: str | None = None,
+                    engine_partitions: int | None = None) -> AgentConfig:
     """Command-line flags win over the file (so a job can be watched without a config file).
 
     ``launch_manifest``: a `perfd launch` manifest; its job name (unless ``job`` is given) and the
@@ -189,6 +209,12 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
         cfg.mfu_alert = mfu_alert
     if aggregator is not None:
         cfg.aggregator = aggregator or None
+    if engine is not None:
+        cfg.engine = engine or None
+    if engine_token_file is not None:
+        cfg.engine_token_file = engine_token_file
+    if engine_partitions is not None:
+        cfg.engine_partitions = engine_partitions
     if job is not None:
         problem = job_name_problem(job)
         if problem:

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -444,7 +445,9 @@ class Agent:
         if self.ready_file:
             _write_ready(self.ready_file, self.metrics_port if self.metrics_port is not None else -1)
         self.scheduler.start()
-        if self.cfg.aggregator:
+        if self.cfg.engine:
+            self._start_engine()
+        elif self.cfg.aggregator:
             from perfd.transport.client import AgentClient
             from perfd.transport.security import ClientTls, TokenFile
 
@@ -474,6 +477,21 @@ class Agent:
                 self._forward(self.scheduler.drain())
         finally:
             await self._shutdown()
+
+    def _start_engine(self) -> None:
+        """The distributed path (perfd.engine): records to the engine, one message per node and
+        iteration; no aggregator stream (captures are asked for over that stream: none here)."""
+        from perfd.engine.publisher import EngineClient
+        from perfd.engine.subjects import EngineConfig
+
+        token = Path(self.cfg.engine_token_file).read_text().strip() if self.cfg.engine_token_file else None
+        ecfg = EngineConfig(tuple(u.strip() for u in (self.cfg.engine or "").split(",") if u.strip()),
+                            token=token, tls_ca=self.cfg.engine_tls_ca, partitions=self.cfg.engine_partitions)
+        self.client = EngineClient(ecfg, self.cfg.agent_id, node=self.cfg.node, spool=self._spool)
+        log.info("agent %s publishing to the engine %s (%s, %s, %d partitions)", self.cfg.agent_id,
+                 ",".join(ecfg.servers), "TLS" if ecfg.tls_ca else "plaintext",
+                 "token" if token else "no token", ecfg.partitions)
+        self._client_task = asyncio.create_task(self.client.run())
 
     async def _shutdown(self) -> None:
         """Stop within SHUTDOWN_BUDGET_S of the signal, whatever is busy: each step gets what is left

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from perfd import limits as L
 from perfd.aggregator.captures import CaptureCoordinator
@@ -30,6 +30,7 @@ from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collectives.config import CollectiveConfig
+from perfd.engine.subjects import EngineConfig
 from perfd.exporters.httpd import bind_error
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, RemoteWriter, target_name
 from perfd.jobinfo_json import decode_job_info
@@ -96,6 +97,10 @@ class AggregatorConfig:
     remote_write: list[str] = field(default_factory=list)
     remote_write_interval_s: float = DEFAULT_INTERVAL_S
     remote_write_labels: dict[str, str] = field(default_factory=dict)  # default: perfd_aggregator=HOST:PORT
+    # The distributed path (perfd.engine): this aggregator is (or stands by as) the jobs' root.
+    engine: EngineConfig | None = None
+    engine_replicas: int = 1
+    engine_root_id: str | None = None  # default: HOST:GRPC_PORT
 
 
 class Aggregator:
@@ -370,6 +375,10 @@ class Aggregator:
             d.update({f"state_restored_{k}": v for k, v in self.restored.items()})
         return d
 
+    engine_root: Any = None  # perfd.engine.root.Root with --engine
+    _engine_task: asyncio.Task[None] | None = None
+    _engine_stop: asyncio.Event
+
     async def start(self) -> None:
         if self.store is not None:  # everything back before the first agent connects
             t0 = time.monotonic()
@@ -396,6 +405,8 @@ class Aggregator:
         self.http.start()
         if self.cfg.remote_write:
             self._start_remote_write()
+        if self.cfg.engine is not None:
+            self._start_engine_root(self.cfg.engine)
         self._rules_task = asyncio.create_task(self._rules_loop())
         self._refresh_task = asyncio.create_task(self._refresh_loop())
         if self.wandb is not None:
@@ -404,6 +415,16 @@ class Aggregator:
         auth = "bearer token required" if self.token else "no token"
         log.info("aggregator listening: gRPC %s:%d (%s, %s); HTTP %s:%d (%s outside /metrics and /healthz)",
                  self.cfg.grpc_host, self.grpc_port, grpc_sec, auth, self.cfg.http_host, self.http.port, auth)
+
+    def _start_engine_root(self, engine: EngineConfig) -> None:
+        from perfd.engine.root import Root
+
+        root_id = self.cfg.engine_root_id or f"{socket.gethostname()}:{self.grpc_port}"
+        self.engine_root = Root(engine, self.state, root_id, replicas=self.cfg.engine_replicas)
+        self.state.engine_stats = self.engine_root.stats.to_json
+        self._engine_stop = asyncio.Event()
+        self._engine_task = asyncio.create_task(self.engine_root.run(self._engine_stop))
+        log.info("engine root %s on %s (%d partitions)", root_id, ",".join(engine.servers), engine.partitions)
 
     def _start_remote_write(self) -> None:
         assert self.http is not None
@@ -427,6 +448,12 @@ class Aggregator:
             self._refresh_task.cancel()
         if self._wandb_task is not None:
             self._wandb_task.cancel()
+        if self._engine_task is not None:  # the lease goes back, a standby root takes over at once
+            self._engine_stop.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._engine_task), timeout=STOP_WAIT_WORK_S)
+            except (asyncio.TimeoutError, Exception):  # stopping: what the root held is in the stream
+                self._engine_task.cancel()
         if self.wandb is not None:
             await self.wandb.close()
         await self.server.stop(grace=1.0)

@@ -92,6 +92,7 @@ class AggregatorState:
         # The transport's counters, taken when /api/stats or /metrics asks (once per read: each
         # call walks every stream). Set by the aggregator.
         self.transport_stats: Callable[[], dict[str, int]] | None = None
+        self.engine_stats: Callable[[], dict[str, Any]] | None = None  # a job's root (perfd.engine)
         # Bumped by every change a job's snapshot shows that no part's own version says (ingest,
         # incidents, settings): a snapshot built at another generation is built anew when asked for.
         self._generation = 0  # guarded by _generation_lock (ingest, the refresher and HTTP all bump it)

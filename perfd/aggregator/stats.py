@@ -53,4 +53,6 @@ def stats_json(state: AggregatorState) -> dict[str, Any]:
     }
     if state.transport_stats is not None:
         out["transport"] = state.transport_stats()
+    if state.engine_stats is not None:
+        out["engine"] = state.engine_stats()
     return out

@@ -7,7 +7,7 @@ import argparse
 
 def register_live_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the sub-commands of the live pipeline (agent, aggregator, demo, record, ...)."""
-    from perfd.commands import bench, capture, launch, live, ncu, report, top
+    from perfd.commands import bench, capture, engine, launch, live, ncu, report, top
 
     live.register(sub)
     bench.register(sub)
@@ -16,3 +16,4 @@ def register_live_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
     capture.register(sub)
     ncu.register(sub)
     top.register(sub)
+    engine.register(sub)

@@ -11,6 +11,7 @@ from perfd import limits as L
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.aggregator.loops import EVENT_LOOPS
 from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
+from perfd.commands.engine import add_engine_arguments
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S
 from perfd.thresholds import STALL_PHASE_MAX_S
 
@@ -32,7 +33,12 @@ def _agent(args: argparse.Namespace) -> int:
             launch_manifest=args.launch_manifest, metrics_host=args.metrics_host,
             listen_all=args.listen_all, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
             auth_token_file=args.auth_token_file, capture_dir=args.capture_dir, job_user=args.job_user,
-            mfu_alert=False if args.no_mfu_alert else None)
+            mfu_alert=False if args.no_mfu_alert else None, engine=args.engine,
+            engine_token_file=args.engine_token_file,
+            engine_partitions=args.engine_partitions if args.engine else None)
+        if args.engine_tls_ca:
+            cfg.engine_tls_ca = args.engine_tls_ca
+        cfg.finish()
     except ConfigError as exc:
         print(f"perfd agent: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -104,6 +110,15 @@ def _aggregator(args: argparse.Namespace) -> int:
                       max_series=args.max_series, max_series_per_identity=args.max_series_per_identity,
                       max_capture_steps=args.max_capture_steps,
                       capture_requests_per_job=args.capture_requests_per_job)
+    from perfd.commands.engine import engine_config
+
+    engine = engine_config(args, "perfd aggregator")
+    if engine is not None:
+        import importlib.util as iu
+
+        if iu.find_spec("nats") is None:
+            print("perfd aggregator: --engine needs nats-py: pip install 'perfd[engine]'", file=sys.stderr)
+            return 2
     cfg = AggregatorConfig(collectives=coll, collectives_per_job=coll_jobs,
                            grpc_host=args.grpc_host or every, grpc_port=args.grpc_port,
                            http_host=args.http_host or every, http_port=args.http_port, gpu=args.gpu,
@@ -125,7 +140,8 @@ def _aggregator(args: argparse.Namespace) -> int:
                            max_bytes_per_job=int(args.retain_mib * (1 << 20)),
                            remote_write=args.remote_write or [],
                            remote_write_interval_s=args.remote_write_interval,
-                           remote_write_labels=labels)
+                           remote_write_labels=labels, engine=engine,
+                           engine_replicas=args.engine_replicas, engine_root_id=args.engine_root_id)
     if args.job_stale_after is not None and args.job_stale_after <= 0:
         print("perfd aggregator: --job-stale-after must be > 0 seconds", file=sys.stderr)
         return 2
@@ -208,6 +224,7 @@ def register(sub: SubParsers) -> None:
     a.add_argument("--tls-key", metavar="FILE", help="this agent's private key, for mutual TLS")
     a.add_argument("--auth-token-file", metavar="FILE",
                    help="file holding the shared bearer token the aggregator requires")
+    add_engine_arguments(a, streams=False)
     a.set_defaults(handler=_agent)
 
     g = sub.add_parser("aggregator", help="run the aggregator (gRPC ingest, /metrics, JSON API)")
@@ -319,6 +336,9 @@ def register(sub: SubParsers) -> None:
     g.add_argument("--remote-write-label", action="append", metavar="NAME=VALUE", default=[],
                    help="label added to every series written (repeatable; default: "
                    "perfd_aggregator=HOST:GRPC_PORT, so two shards' own series stay apart)")
+    add_engine_arguments(g)
+    g.add_argument("--engine-root-id", metavar="ID", help="with --engine: this root's id in the lease "
+                   "(default: HOST:GRPC_PORT); the aggregator holding the lease leads, the others stand by")
     g.set_defaults(handler=_aggregator)
 
     d = sub.add_parser("demo", help="run aggregator + agent locally on recorded real data "

@@ -28,6 +28,7 @@ class Partial:
     ranks: set[int] = field(default_factory=set)
     job_level: dict[str, StepRecord] = field(default_factory=dict)  # scope -> record
     messages: set[str] = field(default_factory=set)  # node messages folded in
+    complete: bool = False  # (the root's) every rank of the job is in: counted once
 
     def add_records(self, records: Iterable[StepRecord]) -> None:
         """Fold records of this job and iteration in."""

@@ -170,6 +170,32 @@ class EngineClient:
         ack = await js.publish(subject, data, timeout=PUBLISH_TIMEOUT_S, headers={"Nats-Msg-Id": d.id})
         return bool(getattr(ack, "duplicate", False))
 
+    async def flush(self, timeout: float) -> bool:
+        """Wait until every submitted message is acknowledged by the engine; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self.spool.pending_count() == 0:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+
+    def counters(self) -> dict[str, int]:
+        """What the agent's /metrics reads of its sender (perfd.agent.main), as AgentClient's."""
+        with self._lock:
+            out = self.spool.stats()
+        out.update(connected=int(self.connected), connects=self.connects, reconnects=self.reconnects,
+                   batches_submitted=self.batches_submitted, batches_acked=self.published,
+                   stream_errors=self.publish_errors, ack_timeouts=0, duplicates=self.duplicates,
+                   unreadable=self.unreadable)
+        return out
+
+    def close(self) -> None:
+        """Persist the spool state. Cancel the run() task first."""
+        with self._lock:
+            self.spool.close()
+
     def stats(self) -> dict[str, Any]:
         return {"connected": self.connected, "connects": self.connects, "published": self.published,
                 "duplicates": self.duplicates, "publish_errors": self.publish_errors,

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from perfd.engine import subjects as S
@@ -31,6 +32,7 @@ ENGINE_AGENT = "engine"  # the sender the store sees for every record that came 
 # Iterations of a job folded in memory (their partials, ranks and message ids): a partial of an older
 # one is folded with the record the store holds for it (late, counted), not lost.
 KEEP_ITERATIONS = 64
+LAG_SAMPLES = 1000  # the newest iterations' lags kept for the quantiles
 
 
 class RootSink(Protocol):
@@ -50,9 +52,20 @@ class RootStats:
     redelivered: int = 0  # node messages that arrived again (folded once)
     late: int = 0  # partials of an iteration no longer in memory, folded with the store's record
     records_ingested: int = 0
+    # Iterations that became whole (every rank the job has shown folded in), and the time from their
+    # last rank's step end to then: what the job's analysis waits for the engine, a shard and this root.
+    complete: int = 0
+    lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out: dict[str, Any] = {k: v for k, v in self.__dict__.items() if k != "lag_s"}
+        lags = sorted(self.lag_s)
+        out["lag_s"] = None
+        if lags:
+            out["lag_s"] = {q: round(lags[min(len(lags) - 1, int(p * len(lags)))], 4)
+                            for q, p in (("p50", 0.5), ("p99", 0.99))}
+            out["lag_s"].update(max=round(lags[-1], 4), n=len(lags))
+        return out
 
 
 class RootFold:
@@ -65,8 +78,8 @@ class RootFold:
         self.stats = RootStats()
 
     def add(self, parts: Sequence[Partial],
-            held_fold: Callable[[str, int], StepRecord | None] = lambda j, i: None
-            ) -> tuple[list[StepRecord], dict[str, set[int]]]:
+            held_fold: Callable[[str, int], StepRecord | None] = lambda j, i: None,
+            now: float = 0.0) -> tuple[list[StepRecord], dict[str, set[int]]]:
         """Fold ``parts`` in; returns the records that changed (one fold and the job-level records of
         each (job, iteration) touched) and each job's ranks new to it. ``held_fold(job, iteration)``:
         the fold the store holds, the start of an iteration no longer (or not yet) in memory — a late
@@ -93,6 +106,13 @@ class RootFold:
                 known |= fresh
                 new_ranks.setdefault(part.job, set()).update(fresh)
             touched[(part.job, part.iteration)] = acc
+        for acc in touched.values():
+            world = len(self.ranks.get(acc.job, ()))
+            if world and len(acc.ranks) == world and not acc.complete:
+                acc.complete = True
+                self.stats.complete += 1
+                if acc.fold is not None and acc.fold.end_time is not None:
+                    self.stats.lag_s.append(max(0.0, now - acc.fold.end_time))
         out: list[StepRecord] = []
         for acc in touched.values():
             if acc.fold is not None:
@@ -195,7 +215,7 @@ class Root:
                     self.stats.undecodable += 1
                     log.warning("engine root %s: job info of %r does not decode (%s)", self.id, job[:80], exc)
             parts.extend(d.partials)
-        records, new_ranks = self.fold.add(parts, self.sink.held_fold)
+        records, new_ranks = self.fold.add(parts, self.sink.held_fold, time.time())
         for job, ranks in new_ranks.items():
             self.sink.note_folded_ranks(job, ranks)
         if records:

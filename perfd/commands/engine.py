@@ -1,0 +1,139 @@
+"""The distributed path's command-line: the engine flags every role shares (``perfd agent``,
+``perfd aggregator``, ``perfd shard``), ``perfd shard`` itself, and ``perfd engine serve`` (one local
+nats-server with JetStream, for trying the path on one machine: production runs NATS from its own
+chart or packages)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from perfd.engine.subjects import DEFAULT_PARTITIONS, EngineConfig
+
+if TYPE_CHECKING:
+    SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def add_engine_arguments(p: argparse.ArgumentParser, streams: bool = True) -> None:
+    """``streams``: the role may create the streams (shards, roots): it takes --engine-replicas."""
+    g = p.add_argument_group("distributed path (NATS JetStream; pip install 'perfd[engine]')")
+    g.add_argument("--engine", metavar="URLS", help="the engine's servers, nats://HOST:PORT[,...]")
+    g.add_argument("--engine-token-file", metavar="FILE", help="the engine's token (a file: not in ps)")
+    g.add_argument("--engine-tls-ca", metavar="FILE", help="CA of the engine's certificates: TLS")
+    g.add_argument("--engine-partitions", type=int, default=DEFAULT_PARTITIONS, metavar="N",
+                   help="partitions of the node stream (the same on every agent, shard and root)")
+    if streams:
+        g.add_argument("--engine-replicas", type=int, default=1, choices=(1, 3),
+                       help="replicas of the streams and leases: 3 on a three-server cluster")
+
+
+def engine_config(args: argparse.Namespace, prog: str) -> EngineConfig | None:
+    """The config the flags give, None without --engine; SystemExit(2) with a reason when they are wrong."""
+    if not getattr(args, "engine", None):
+        return None
+    urls = tuple(u.strip() for u in args.engine.split(",") if u.strip())
+    bad = [u for u in urls if not u.startswith(("nats://", "tls://"))]
+    if not urls or bad:
+        print(f"{prog}: --engine wants nats://HOST:PORT[,...], got {args.engine!r}", file=sys.stderr)
+        raise SystemExit(2)
+    if args.engine_partitions < 1:
+        print(f"{prog}: --engine-partitions must be >= 1", file=sys.stderr)
+        raise SystemExit(2)
+    token = None
+    if args.engine_token_file:
+        try:
+            token = Path(args.engine_token_file).read_text().strip()
+        except OSError as exc:
+            print(f"{prog}: cannot read --engine-token-file: {exc.strerror}", file=sys.stderr)
+            raise SystemExit(2) from None
+        if not token:
+            print(f"{prog}: --engine-token-file {args.engine_token_file} is empty", file=sys.stderr)
+            raise SystemExit(2)
+    return EngineConfig(urls, token=token, tls_ca=args.engine_tls_ca, partitions=args.engine_partitions)
+
+
+def _nats_missing(prog: str) -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("nats") is None:
+        print(f"{prog}: the distributed path needs nats-py: pip install 'perfd[engine]'", file=sys.stderr)
+        return True
+    return False
+
+
+def _shard(args: argparse.Namespace) -> int:
+    from perfd.engine.shard import Shard
+
+    cfg = engine_config(args, "perfd shard")
+    if cfg is None:
+        print("perfd shard: --engine is required", file=sys.stderr)
+        return 2
+    if _nats_missing("perfd shard"):
+        return 2
+    shard = Shard(cfg, args.id or f"{socket.gethostname()}-{int(time.time())}", replicas=args.engine_replicas)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        task = asyncio.create_task(shard.run(stop))
+        while not task.done():
+            await asyncio.wait({task}, timeout=args.stats_interval)
+            if args.stats_file:  # whole or not at all: written beside, then renamed
+                tmp = Path(args.stats_file + ".tmp")
+                tmp.write_text(json.dumps({"id": shard.id, **shard.stats.to_json()}))
+                tmp.replace(args.stats_file)
+        task.result()
+
+    try:
+        asyncio.run(main())
+    except Exception as exc:  # no server, refused credentials: said, exit 1
+        print(f"perfd shard: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from perfd.engine.natsd import NatsCluster, NatsUnavailable
+
+    # Blocked before anything starts, so that sigwait below receives them (unblocked, SIGTERM's
+    # default action would end this process and leave its servers running).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    base = Path(args.dir)
+    base.mkdir(parents=True, exist_ok=True)
+    token = Path(args.token_file).read_text().strip() if args.token_file else None
+    try:
+        cluster = NatsCluster(base, size=args.servers, token=token).start()
+    except NatsUnavailable as exc:
+        print(f"perfd engine serve: {exc}", file=sys.stderr)
+        return 2
+    print(f"perfd engine serve: {','.join(cluster.urls)} (JetStream in {base}); Ctrl-C stops it", flush=True)
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        cluster.stop()
+    return 0
+
+
+def register(sub: SubParsers) -> None:
+    s = sub.add_parser("shard", help="reduce a large job's node messages between the engine and its root")
+    s.add_argument("--id", help="this shard's id, unique and stable across its restarts (default: host-time)")
+    s.add_argument("--stats-file", metavar="FILE", help="write the shard's counters here (JSON) as it runs")
+    s.add_argument("--stats-interval", type=float, default=2.0, metavar="SECONDS")
+    add_engine_arguments(s)
+    s.set_defaults(handler=_shard)
+    e = sub.add_parser("engine", help="the distributed path's engine, locally")
+    esub = e.add_subparsers(dest="engine_command", required=True)
+    v = esub.add_parser("serve", help="run nats-server with JetStream here (trying the path on one machine)")
+    v.add_argument("--dir", default="perfd-engine", help="where its JetStream store and config go")
+    v.add_argument("--servers", type=int, default=1, choices=(1, 3), help="one server, or a cluster of three")
+    v.add_argument("--token-file", metavar="FILE", help="require this token of every client")
+    v.set_defaults(handler=_serve)
