@@ -14,6 +14,8 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from google.protobuf.message import DecodeError
+
 from perfd.model import StepRecord
 from perfd.stepfold import fold_ranks
 from perfd.transport.gen import perfd_pb2 as pb
@@ -114,7 +116,10 @@ class Decoded:
 
 
 def decode(data: bytes) -> Decoded:
-    """ValueError (protobuf's DecodeError is one) for bytes that are not an EngineBatch."""
+    """ValueError for bytes that are not an EngineBatch (protobuf's DecodeError is not one)."""
     b = pb.EngineBatch()
-    b.ParseFromString(data)
+    try:
+        b.ParseFromString(data)
+    except DecodeError as exc:
+        raise ValueError(f"not an EngineBatch: {exc}") from None
     return Decoded(b.id, b.sender, b.created_ns, [from_pb(m) for m in b.partials], dict(b.job_info_json))

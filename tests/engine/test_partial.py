@@ -1,0 +1,110 @@
+"""The engine's fold (perfd.stepfold, perfd.engine.partial, perfd.engine.root.RootFold) on real
+recorded clocks: any grouping, any order, any number of deliveries gives the one-aggregator fold;
+the wire form round-trips; malformed input is refused with a reason."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from perfd.engine.partial import Partial, decode, encode, from_pb, partials_of
+from perfd.engine.root import RootFold
+from perfd.model import StepRecord
+from perfd.stepfold import fold_ranks
+from perfd.transport.gen import perfd_pb2 as pb
+from tests.engine.records import job_records
+
+NODES = 4
+BY_NODE = job_records("j", NODES, 3)
+RANKS = [r for n in range(NODES) for r in BY_NODE[n][0]]  # iteration 1, 32 ranks
+
+
+def _grouped(recs: list[StepRecord], cuts: list[int], order: list[int]) -> list[Partial]:
+    """``recs`` in ``order``, cut into groups at ``cuts``, each group one node's Partial."""
+    shuffled = [recs[i] for i in order]
+    bounds = sorted({0, len(shuffled), *[c % (len(shuffled) + 1) for c in cuts]})
+    return [partials_of(shuffled[a:b], f"m{a}")[0] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 64), max_size=6), st.randoms(use_true_random=False), st.integers(0, 3))
+def test_any_grouping_order_and_redelivery_folds_to_the_single_aggregators_record(cuts, rnd, again):
+    order = list(range(len(RANKS)))
+    rnd.shuffle(order)
+    parts = _grouped(RANKS, cuts, order)
+    parts += [parts[rnd.randrange(len(parts))] for _ in range(again)]  # delivered more than once
+    acc = Partial("j", 1)
+    for p in parts:
+        acc.merge(p)
+    assert acc.fold == fold_ranks(RANKS)  # what the aggregator folds from the ranks' own records
+    assert acc.ranks == {r.rank for r in RANKS}
+
+
+def test_the_fold_is_the_slowest_rank_with_every_ranks_timers_in_rank_order():
+    f = fold_ranks(list(reversed(RANKS)))
+    # Ranks 3 and 8 play the same recording: a tie, broken by the source, not by arrival order.
+    slow = max(RANKS, key=lambda r: (r.step_time_ms or 0, r.source.detail if r.source else ""))
+    assert slow.source is not None and slow.source.detail == "rank8:pid4008"
+    assert f.rank == "all" and f.step_time_ms == slow.step_time_ms and f.source == slow.source
+    for tv in f.timers.values():
+        assert list(tv.per_rank) == sorted(tv.per_rank) == list(range(NODES * 8))
+        assert tv.min_ms == min(tv.per_rank.values()) and tv.max_ms == max(tv.per_rank.values())
+    assert f.end_time == max(r.end_time or 0 for r in RANKS)
+
+
+def test_a_partial_round_trips_through_its_wire_form():
+    p = partials_of(RANKS[:8], "agent:e:1")[0]
+    p.job_level["last"] = StepRecord(job="j", iteration=1, rank="last", step_time_ms=5.0)
+    d = decode(encode("agent:e:1", "agent", 7, [p], {"j": '{"framework": "megatron"}'}))
+    assert (d.id, d.sender, d.created_ns, d.job_info_json) == ("agent:e:1", "agent", 7,
+                                                               {"j": '{"framework": "megatron"}'})
+    (q,) = d.partials
+    assert (q.job, q.iteration, q.ranks, q.messages) == ("j", 1, set(range(8)), {"agent:e:1"})
+    assert q.fold is not None and p.fold is not None
+    assert q.fold.step_time_ms == p.fold.step_time_ms and q.fold.timers == p.fold.timers
+    assert q.job_level["last"].step_time_ms == 5.0
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda m: setattr(m, "ranks_le", b"\x01\x02\x03"), "whole uint32"),
+    (lambda m: (setattr(m.fold, "job", "other"), setattr(m.fold, "iteration", 1)), "another job"),
+    (lambda m: (setattr(m.job_level.add(), "rank", 3)), "a rank"),
+])
+def test_a_malformed_partial_is_refused_with_its_reason(make, why):
+    m = pb.Partial(job="j", iteration=1)
+    m.fold.job, m.fold.iteration = "j", 1
+    make(m)
+    with pytest.raises(ValueError, match=why):
+        from_pb(m)
+    with pytest.raises(ValueError):
+        decode(b"\xff\xff\xff not protobuf")
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.folds: dict[int, StepRecord] = {}
+
+    def held(self, job: str, it: int) -> StepRecord | None:
+        return self.folds.get(it)
+
+
+def test_the_root_counts_redeliveries_completes_iterations_and_folds_a_late_partial_with_the_store():
+    rf, store = RootFold(keep=2), _Store()
+    rnd = random.Random(3)
+    for it in (1, 2, 3):
+        parts = [partials_of(BY_NODE[n][it - 1], f"n{n}:{it}")[0] for n in range(NODES)]
+        rnd.shuffle(parts)
+        out, _ = rf.add(parts + parts[:1], store.held, now=0.0)  # one node message twice
+        (fold,) = [r for r in out if r.rank == "all"]
+        store.folds[it] = fold
+    assert rf.stats.redelivered == 3 and rf.stats.node_messages == 3 * NODES
+    assert rf.stats.complete == 3 and sorted(rf.jobs["j"]) == [2, 3]  # keep=2: iteration 1 left memory
+    # A node's message of iteration 1 arrives again, late: folded with what the store holds, not alone.
+    out, _ = rf.add([partials_of(BY_NODE[0][0], "n0:1")[0]], store.held, now=0.0)
+    (fold,) = out
+    assert fold == store.folds[1] == fold_ranks([r for n in range(NODES) for r in BY_NODE[n][0]])
+    assert rf.stats.late == 1
