@@ -96,7 +96,8 @@ def _shard(args: argparse.Namespace) -> int:
     try:
         asyncio.run(main())
     except Exception as exc:  # no server, refused credentials: said, exit 1
-        print(f"perfd shard: {type(exc).__name__}: {exc}", file=sys.stderr)
+        where = ",".join(cfg.servers)
+        print(f"perfd shard: the engine at {where}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
 

