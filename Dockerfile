@@ -20,7 +20,8 @@ COPY pyproject.toml README.md ./
 COPY perfd ./perfd
 COPY collectors ./collectors
 COPY rules ./rules
-RUN pip install --no-cache-dir . \
+# [engine]: nats-py (pure Python, ~0.1 MB), for a job larger than one aggregator (perfd shard, --engine)
+RUN pip install --no-cache-dir ".[engine]" \
     && if [ -n "$WITH_WANDB" ]; then pip install --no-cache-dir "wandb==0.31.0"; fi \
     && rm -rf /root/.cache
 

@@ -128,7 +128,8 @@ def register(sub: SubParsers) -> None:
     s = sub.add_parser("shard", help="reduce a large job's node messages between the engine and its root")
     s.add_argument("--id", help="this shard's id, unique and stable across its restarts (default: host-time)")
     s.add_argument("--stats-file", metavar="FILE", help="write the shard's counters here (JSON) as it runs")
-    s.add_argument("--stats-interval", type=float, default=2.0, metavar="SECONDS")
+    s.add_argument("--stats-interval", type=float, default=2.0, metavar="SECONDS",
+                   help="seconds between writes of --stats-file")
     add_engine_arguments(s)
     s.set_defaults(handler=_shard)
     e = sub.add_parser("engine", help="the distributed path's engine, locally")

@@ -46,3 +46,51 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* The engine flags (values.yaml, engine) of a role: `streams` for a shard and a root (they may
+make the streams: --engine-replicas), not for an agent. The token is a mounted file. */}}
+{{- define "perfd.engineArgs" -}}
+{{- $e := .root.Values.engine -}}
+- --engine
+- {{ join "," $e.urls | quote }}
+- --engine-partitions
+- {{ $e.partitions | quote }}
+{{- if .streams }}
+- --engine-replicas
+- {{ $e.replicas | quote }}
+{{- end }}
+{{- if $e.tokenSecret }}
+- --engine-token-file
+- /etc/perfd/engine/token
+{{- end }}
+{{- end -}}
+
+{{/* The engine token's mount and volume (engine.tokenSecret, key `token`; include them only when it
+is set): a file, read-only, never an environment variable or an argument. */}}
+{{- define "perfd.engineTokenMount" -}}
+- name: engine-token
+  mountPath: /etc/perfd/engine
+  readOnly: true
+{{- end -}}
+
+{{- define "perfd.engineTokenVolume" -}}
+- name: engine-token
+  secret:
+    secretName: {{ .root.Values.engine.tokenSecret }}
+    items:
+      - key: token
+        path: token
+    defaultMode: {{ .mode }}
+{{- end -}}
+
+{{/* Refusals of values that would render pods that cannot work (the schema checks the types). */}}
+{{- define "perfd.engineCheck" -}}
+{{- if .Values.engine.enabled }}
+{{- if not .Values.engine.urls }}
+{{- fail "engine.enabled needs engine.urls: the NATS servers' client URLs, e.g. nats://nats.nats.svc:4222" }}
+{{- end }}
+{{- if and .Values.engine.root.standby .Values.aggregator.persistence.enabled .Values.aggregator.persistence.existingClaim }}
+{{- fail "engine.root.standby runs 2 aggregators, each with a state of its own: they cannot share aggregator.persistence.existingClaim (set engine.root.standby=false to keep one aggregator on that claim)" }}
+{{- end }}
+{{- end }}
+{{- end -}}
