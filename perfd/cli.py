@@ -92,8 +92,8 @@ EXAMPLES: dict[str, str] = {
     "perfd agent": "perfd agent --aggregator 127.0.0.1:50051 --job gpt-8b --megatron-log /logs/train.log "
                    f"--nvml real --metrics-port {L.AGENT_METRICS_PORT}",
     "perfd aggregator": "perfd aggregator --grpc-port 50051 --http-port 9401",
-    "perfd shard": "perfd shard --engine nats://nats-0:4222,nats://nats-1:4222,nats://nats-2:4222 --id shard-0 "
-                   "--engine-token-file /run/secrets/nats-token --engine-replicas 3",
+    "perfd shard": "perfd shard --engine nats://nats-0:4222,nats://nats-1:4222,nats://nats-2:4222 "
+                   "--id shard-0 --engine-token-file /run/secrets/nats-token --engine-replicas 3",
     "perfd engine": "perfd engine serve --dir /tmp/perfd-engine",
     "perfd engine serve": "perfd engine serve --dir /tmp/perfd-engine --servers 3",
     "perfd demo": "perfd demo --speed 4",

@@ -9,12 +9,16 @@ their records, in any order and grouping, and folding a record in twice changes 
 what lets the engine deliver a node's records at least once and still count each once. Two choices
 keep it so: the slowest record is chosen by (step time, source) rather than by arrival order, and
 the per-rank values are kept in rank order.
+
+:class:`RankFold` folds in place, a record at a time (a shard folds thousands of node messages an
+iteration: re-folding the whole accumulated map per message was quadratic, 16.8 s for 3,125 nodes
+against 84 ms); the record is built when asked for.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from perfd.model import StepRecord, TimerValue
@@ -29,23 +33,59 @@ def _slowness(r: StepRecord) -> tuple[float, str]:
             r.source.detail if r.source is not None else "")
 
 
+class RankFold:
+    """A fold being made: ``add`` rank records or folds, ``record()`` the fold (None before any)."""
+
+    __slots__ = ("_armed", "_end", "_slow", "_timers")
+
+    def __init__(self, records: Iterable[StepRecord] = ()) -> None:
+        self._slow: StepRecord | None = None
+        self._timers: dict[str, dict[int, float]] = {}
+        self._end: float | None = None
+        self._armed = False
+        self.add(records)
+
+    def add(self, records: Iterable[StepRecord]) -> None:
+        for r in records:
+            if self._slow is None or _slowness(r) > _slowness(self._slow):
+                self._slow = r
+            for name, tv in r.timers.items():
+                per = self._timers.setdefault(name, {})
+                if tv.per_rank:
+                    per.update(tv.per_rank)
+                elif isinstance(r.rank, int) and tv.max_ms is not None:
+                    per[r.rank] = tv.max_ms
+            if r.end_time is not None and (self._end is None or r.end_time > self._end):
+                self._end = r.end_time
+            # a rank under ncu paces every rank it synchronises with (perfd.armed): the iteration is armed
+            self._armed = self._armed or r.armed
+
+    def add_fold(self, other: RankFold) -> None:
+        """Fold another fold in: as adding every record it holds (no map of its is shared)."""
+        if other._slow is not None and (self._slow is None or _slowness(other._slow) > _slowness(self._slow)):
+            self._slow = other._slow
+        for name, per in other._timers.items():
+            self._timers.setdefault(name, {}).update(per)
+        if other._end is not None and (self._end is None or other._end > self._end):
+            self._end = other._end
+        self._armed = self._armed or other._armed
+
+    def record(self) -> StepRecord | None:
+        """The fold as one ``"all"`` record: new objects each call (the caller may hand it on)."""
+        if self._slow is None:
+            return None
+        timers: dict[str, TimerValue] = {}
+        for name, per in sorted(self._timers.items()):  # in name order: the same whatever arrived first
+            per_rank = dict(sorted(per.items()))
+            timers[name] = (TimerValue(min(per_rank.values()), max(per_rank.values()), per_rank) if per_rank
+                            else TimerValue())
+        return dataclasses.replace(self._slow, rank=ALL_RANKS, timers=timers, end_time=self._end,
+                                   armed=self._armed)
+
+
 def fold_ranks(rs: Sequence[StepRecord]) -> StepRecord:
     """Rank records (or folds of them) of one iteration as one ``"all"`` record."""
-    if not rs:
+    out = RankFold(rs).record()
+    if out is None:
         raise ValueError("nothing to fold")
-    slow = max(rs, key=_slowness)
-    merged: dict[str, dict[int, float]] = {}
-    for r in rs:
-        for name, tv in r.timers.items():
-            vals = tv.per_rank or ({r.rank: tv.max_ms} if isinstance(r.rank, int) and tv.max_ms is not None
-                                   else {})
-            merged.setdefault(name, {}).update(vals)
-    timers: dict[str, TimerValue] = {}
-    for name, per in sorted(merged.items()):  # in name order: the same whatever arrived first
-        per_rank = dict(sorted(per.items()))
-        timers[name] = (TimerValue(min(per_rank.values()), max(per_rank.values()), per_rank) if per_rank
-                        else TimerValue())
-    ends = [r.end_time for r in rs if r.end_time is not None]
-    # armed: a rank under ncu paces every rank it synchronises with (perfd.armed): the iteration is armed
-    return dataclasses.replace(slow, rank=ALL_RANKS, timers=timers, end_time=max(ends) if ends else None,
-                               armed=any(r.armed for r in rs))
+    return out

@@ -12,35 +12,44 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
 from perfd.model import StepRecord
-from perfd.stepfold import fold_ranks
+from perfd.stepfold import RankFold
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import step_from_pb, step_to_pb
 
 
-@dataclass
 class Partial:
-    job: str
-    iteration: int
-    fold: StepRecord | None = None  # the rank records folded (scope "all")
-    ranks: set[int] = field(default_factory=set)
-    job_level: dict[str, StepRecord] = field(default_factory=dict)  # scope -> record
-    messages: set[str] = field(default_factory=set)  # node messages folded in
-    complete: bool = False  # (the root's) every rank of the job is in: counted once
+    """``fold`` is built from the rank records folded in when read (perfd.stepfold.RankFold):
+    merging is linear in what is merged, whatever was folded before."""
+
+    def __init__(self, job: str, iteration: int, fold: StepRecord | None = None, ranks: Iterable[int] = (),
+                 job_level: dict[str, StepRecord] | None = None, messages: Iterable[str] = ()) -> None:
+        self.job, self.iteration = job, iteration
+        self._fold = RankFold([fold] if fold is not None else [])
+        self.ranks: set[int] = set(ranks)
+        self.job_level: dict[str, StepRecord] = dict(job_level or {})  # scope -> record
+        self.messages: set[str] = set(messages)  # node messages folded in
+        self.complete = False  # (the root's) every rank of the job is in: counted once
+
+    @property
+    def fold(self) -> StepRecord | None:
+        """The rank records folded (scope "all"), a new record each read; None: none folded."""
+        return self._fold.record()
 
     def add_records(self, records: Iterable[StepRecord]) -> None:
         """Fold records of this job and iteration in."""
-        ranked = [r for r in records if isinstance(r.rank, int)]
+        ranked = []
         for r in records:
-            if not isinstance(r.rank, int):
+            if isinstance(r.rank, int):
+                ranked.append(r)
+                self.ranks.add(r.rank)
+            else:
                 self.job_level[str(r.rank)] = r
-        if ranked:
-            self.ranks.update(r.rank for r in ranked if isinstance(r.rank, int))
-            self.fold = fold_ranks(ranked if self.fold is None else [self.fold, *ranked])
+        self._fold.add(ranked)
 
     def merge(self, other: Partial) -> list[str]:
         """Fold ``other`` (same job and iteration) in; returns the node messages it carried that were
@@ -49,8 +58,7 @@ class Partial:
         self.messages |= other.messages
         self.ranks |= other.ranks
         self.job_level.update(other.job_level)
-        if other.fold is not None:
-            self.fold = other.fold if self.fold is None else fold_ranks([self.fold, other.fold])
+        self._fold.add_fold(other._fold)
         return again
 
 
@@ -62,7 +70,7 @@ def partials_of(records: Iterable[StepRecord], message: str | None = None) -> li
         groups.setdefault((r.job, r.iteration), []).append(r)
     out = []
     for (job, it), rs in groups.items():
-        p = Partial(job, it, messages={message} if message else set())
+        p = Partial(job, it, messages=[message] if message else [])
         p.add_records(rs)
         out.append(p)
     return out
@@ -70,8 +78,9 @@ def partials_of(records: Iterable[StepRecord], message: str | None = None) -> li
 
 def to_pb(p: Partial, m: pb.Partial) -> None:
     m.job, m.iteration = p.job, p.iteration
-    if p.fold is not None:
-        step_to_pb(p.fold, m.fold)
+    fold = p.fold
+    if fold is not None:
+        step_to_pb(fold, m.fold)
     m.ranks_le = array("I", sorted(p.ranks)).tobytes()  # the machines this runs on are little-endian
     for rec in p.job_level.values():
         step_to_pb(rec, m.job_level.add())
@@ -93,7 +102,7 @@ def from_pb(m: pb.Partial) -> Partial:
         if rec.job != m.job or rec.iteration != m.iteration or isinstance(rec.rank, int):
             raise ValueError("a partial's job-level record is of another job, iteration or a rank")
         job_level[str(rec.rank)] = rec
-    return Partial(m.job, m.iteration, fold, set(ranks), job_level, set(m.messages))
+    return Partial(m.job, m.iteration, fold, ranks, job_level, m.messages)
 
 
 def encode(batch_id: str, sender: str, created_ns: int, partials: Sequence[Partial],

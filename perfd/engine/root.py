@@ -106,18 +106,20 @@ class RootFold:
                 known |= fresh
                 new_ranks.setdefault(part.job, set()).update(fresh)
             touched[(part.job, part.iteration)] = acc
-        for acc in touched.values():
-            world = len(self.ranks.get(acc.job, ()))
-            if world and len(acc.ranks) == world and not acc.complete:
-                acc.complete = True
-                self.stats.complete += 1
-                if acc.fold is not None and acc.fold.end_time is not None:
-                    self.stats.lag_s.append(max(0.0, now - acc.fold.end_time))
         out: list[StepRecord] = []
         for acc in touched.values():
-            if acc.fold is not None:
-                out.append(acc.fold)
+            fold = acc.fold
+            if fold is not None:
+                out.append(fold)
             out.extend(acc.job_level.values())
+            # Whole: every rank the job has shown is in. While the job has shown one iteration only,
+            # that iteration's own ranks are all the world there is to hold it to: not counted yet.
+            world = len(self.ranks.get(acc.job, ()))
+            if len(self.jobs[acc.job]) > 1 and len(acc.ranks) >= world and not acc.complete:
+                acc.complete = True
+                self.stats.complete += 1
+                if fold is not None and fold.end_time is not None:
+                    self.stats.lag_s.append(max(0.0, now - fold.end_time))
         return out, new_ranks
 
 
@@ -127,6 +129,7 @@ class Root:
     def __init__(self, cfg: S.EngineConfig, sink: RootSink, root_id: str, replicas: int = 1) -> None:
         self.cfg, self.sink, self.id, self.replicas = cfg, sink, root_id, replicas
         self.fold = RootFold()
+        self._read_to = 0  # the partials stream's sequence read and folded up to
 
     @property
     def stats(self) -> RootStats:
@@ -172,10 +175,18 @@ class Root:
 
     async def _lead(self, js: Any, lease: Lease, stop: asyncio.Event) -> None:
         from nats.errors import TimeoutError as NatsTimeout
-        from nats.js.api import DeliverPolicy
+        from nats.js.api import ConsumerConfig, DeliverPolicy
 
-        sub = await js.subscribe(f"{S.PARTIALS_PREFIX}.>", stream=S.PARTIALS_STREAM, ordered_consumer=True,
-                                 deliver_policy=DeliverPolicy.ALL)
+        # From the first partial kept, or — leading again in the same process, whose fold and store
+        # hold what it read — from the one after the last it read (a replay would fold it all again).
+        subject = f"{S.PARTIALS_PREFIX}.>"
+        if self._read_to:
+            sub = await js.subscribe(subject, stream=S.PARTIALS_STREAM, ordered_consumer=True,
+                                     deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                                     config=ConsumerConfig(opt_start_seq=self._read_to + 1))
+        else:
+            sub = await js.subscribe(subject, stream=S.PARTIALS_STREAM, ordered_consumer=True,
+                                     deliver_policy=DeliverPolicy.ALL)
         loop = asyncio.get_running_loop()
         renew_at = loop.time() + S.LEASE_TTL_S / 3
         try:
@@ -184,15 +195,16 @@ class Root:
                     if not await lease.renew():
                         return  # another leads now: stop reading before it starts
                     renew_at = loop.time() + S.LEASE_TTL_S / 3
-                batch: list[bytes] = []
+                msgs: list[Any] = []
                 try:
-                    batch.append((await sub.next_msg(timeout=0.5)).data)
-                    while len(batch) < 256:  # what else is there already: one store update for all
-                        batch.append((await sub.next_msg(timeout=0.001)).data)
+                    msgs.append(await sub.next_msg(timeout=0.5))
+                    while len(msgs) < 256:  # what else is there already: one store update for all
+                        msgs.append(await sub.next_msg(timeout=0.001))
                 except NatsTimeout:
                     pass
-                if batch:
-                    self.handle(batch)
+                if msgs:
+                    self.handle([m.data for m in msgs])
+                    self._read_to = max(self._read_to, msgs[-1].metadata.sequence.stream)
         finally:
             await sub.unsubscribe()
 

@@ -32,6 +32,9 @@ FLUSH_S = 0.25  # a node message waits at most this long in a shard before its p
 FETCH_BATCH = 512
 FETCH_TIMEOUT_S = 0.5
 MEMBER_PREFIX = "member."
+# Node messages a partition's consumer hands out before they are acknowledged: a few fetches. More
+# would let a slow shard take what it cannot fold within ACK_WAIT_S, delivered again to no purpose.
+MAX_ACK_PENDING = 4 * FETCH_BATCH
 
 
 @dataclass
@@ -43,6 +46,7 @@ class ShardStats:
     publish_errors: int = 0
     leases_taken: int = 0
     leases_lost: int = 0
+    consumer_restarts: int = 0
     partitions: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -121,6 +125,13 @@ class Shard:
             if not await lease.renew():
                 self.stats.leases_lost += 1
                 self._drop(p)
+                continue
+            t = self._tasks.get(p)
+            if t is not None and t.done():  # a consumer that ended: said, counted, started again
+                why = t.exception() if not t.cancelled() else None
+                self.stats.consumer_restarts += 1
+                log.warning("shard %s: partition %d's consumer ended (%r): started again", self.id, p, why)
+                self._tasks[p] = asyncio.create_task(self._consume(js, p))
         members = max(1, len(await holders(kv, MEMBER_PREFIX)))
         share = math.ceil(self.cfg.partitions / members)
         # Each shard starts looking at its own offset, so shards starting together take different ones.
@@ -156,11 +167,11 @@ class Shard:
         sub = await js.pull_subscribe(
             S.partition_filter(p), durable=S.shard_consumer(p), stream=S.NODES_STREAM,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=S.ACK_WAIT_S,
-                                  max_ack_pending=100_000))
+                                  max_ack_pending=MAX_ACK_PENDING))
         while True:
             try:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_TIMEOUT_S)
-            except NatsTimeout:
+            except (NatsTimeout, asyncio.TimeoutError):  # nats-py raises either when nothing came
                 continue
             for m in msgs:
                 self._fold_in(m)

@@ -80,7 +80,9 @@ def test_the_engine_path_gives_one_aggregators_analysis_byte_for_byte(tmp_path: 
     assert counts["published"] == NODES * ITERATIONS + 1
     assert root.stats.node_messages == NODES * ITERATIONS == counts["shard_messages"] - 1
     assert root.stats.redelivered == 0 and root.stats.undecodable == 0
-    assert root.stats.complete == ITERATIONS
+    # Whole at the root: every iteration but perhaps the first (not counted while it was all the
+    # job had shown, perfd.engine.root.RootFold).
+    assert root.stats.complete >= ITERATIONS - 1
     assert all(c.spool.pending_count() == 0 for c in clients)
     assert _answer(rooted) == _answer(single)
     # What the comparison holds: 40 iterations of 32 ranks, each its slowest rank's step.
