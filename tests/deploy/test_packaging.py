@@ -47,3 +47,14 @@ def test_the_version_is_declared_once_and_repeated_where_it_cannot_be_read() -> 
     tags = {m for p in [*(ROOT / "deploy").rglob("*.yaml"), ROOT / "Dockerfile", ROOT / "README.md"]
             for m in re.findall(r"\bperfd:(\d+\.\d+\.\d+)\b", p.read_text())}
     assert tags == {__version__}, tags
+
+
+def test_the_image_installs_the_engine_client_perfd_engine_pins():
+    """The Dockerfile names nats-py with a version (hadolint DL3013 wants one for each package): the
+    one perfd[engine] pins, so the image's engine client is the one the tests ran."""
+    import re
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["engine"]
+    (pin,) = [d for d in extra if d.startswith("nats-py")]
+    assert re.search(rf'"{re.escape(pin)}"', (ROOT / "Dockerfile").read_text()), pin
