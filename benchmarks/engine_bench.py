@@ -1,0 +1,650 @@
+"""`perfd bench engine`: the distributed path (perfd.engine) under one simulated large job.
+
+    perfd bench engine --nodes 1000 --shards 4 --seconds 30 [--procs 2] [--json]
+
+Every part is a real process on this machine, the shipped code: one nats-server with JetStream (token
+auth unless ``--no-auth``; ``--tls``: its client port behind TLS, a CA made for the run), ``--shards``
+``perfd shard`` processes and one ``perfd aggregator --engine`` (the job's root). The job has
+``--nodes`` nodes of 8 ranks and ends an iteration every ``--iteration-s`` seconds. ``--procs`` load
+processes play the agents: per iteration each node publishes the one message a real agent's
+EngineClient would (an EngineBatch with the Partial of its 8 ranks' step-hook records) to its
+partition's subject with ``js.publish(..., headers={"Nats-Msg-Id": id})``, ``--inflight`` at a time.
+Each node's message is built once by perfd's own ``partials_of`` + ``encode``; per iteration only what
+changes (message id, iteration, end time, step time) is set on the parsed protobuf, so 12,500 nodes
+cost the load little. Every rank's end time is the iteration's wall-clock end: the root's lag is real.
+
+Measured over ``--seconds`` after ``--warmup`` (psutil): CPU cores (mean and peak over 0.5 s) and RSS
+of each shard, the root and nats-server, the load's CPU, the messages offered per second, the shards'
+counters (their --stats-file: node messages, leases, ``consumer_restarts``) and the root's engine
+counters from /api/stats (node messages folded, complete iterations, redeliveries; ``lag_s``, from an
+iteration's end to the moment the root holds every rank of it, quantiles over every iteration the
+root completed, warm-up included: ``n`` says how many). As an independent check, the root's
+/api/jobs/<job>/iterations is polled each second: its newest row against the newest iteration every
+load process published (``behind_iterations``), and that row's age (a row shows once any node of it
+is in). The root counts an iteration complete only once the job has shown another, so the job's first
+iteration is not counted when all of it came before the second: ``complete`` is one short of the
+iterations offered when every one was whole.
+
+After the window the load stops at a common iteration and the run drains (``--drain`` s at most):
+``final`` says whether every message published was folded at the root once and every iteration (but
+that first one) complete; ``engine_consumers`` is nats-server's view of the node stream then (messages
+waiting, redelivered, and ``stalled``: the partitions whose messages wait while no shard pulls).
+
+With 2 cores every process here, and anything else the host runs (``machine.others_cores``), shares
+the same CPUs: the figures are a lower bound of what dedicated hosts do. ``load.behind_s`` (how late
+an iteration began publishing) and ``load.publish_span_s`` (an iteration's end to its last
+acknowledgement) say when the load itself could not keep up.
+
+``--json`` prints one object: machine, config, message_bytes, offered_msgs_per_s, nominal_msgs_per_s,
+published, iterations_offered, window, root, shards, shards_cpu_cores, nats, load, iterations_check,
+final, engine_consumers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing as mp
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from perfd.engine import subjects as S  # noqa: E402
+
+JOB = "engine-bench job"  # a space: the subject carries the job's token, the name rides inside
+RANKS_PER_NODE = 8
+SAMPLE_S = 0.5  # the CPU sampler's period (the per-interval peaks)
+# The root's engine counters (/api/stats) and the shards' (--stats-file) the result carries, after the drain.
+ROOT_COUNTERS = ("complete", "node_messages", "redelivered", "late", "batches", "partials", "undecodable")
+SHARD_COUNTERS = ("id", "partitions", "node_messages", "batches_published", "publish_errors", "leases_taken",
+                  "leases_lost", "consumer_restarts")
+
+
+# --------------------------------------------------------------------------------------- load side
+
+
+def _rank_records(job: str, node: int, world: int, iteration: int, end: float) -> list[Any]:
+    """The step hook's records of one node's 8 ranks (collectors/hook's shape)."""
+    from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, HOOK_OUTSIDE, Provenance, StepRecord, TimerValue
+
+    out = []
+    for lr in range(RANKS_PER_NODE):
+        r = node * RANKS_PER_NODE + lr
+        pid = 10_000 + lr
+        st = 1000.0 + ((r * 37) % 97) * 0.1  # ms: ranks differ a little, the slowest is a fixed one
+        timers = {name: TimerValue(round(st * f, 3), round(st * f, 3), {r: round(st * f, 3)})
+                  for name, f in ((HOOK_DATA_WAIT, 0.01), (HOOK_COMPUTE, 0.9), (HOOK_OUTSIDE, 0.02))}
+        out.append(StepRecord(
+            job=job, iteration=iteration, rank=r, end_time=end, step_time_ms=st, interval=1,
+            fields={"timing": "cuda", "pid": str(pid), "percentile_window": "100", "step_time": "period",
+                    "in_step_ms": f"{st * 0.97:.6g}", "data_wait_from": "fetch",
+                    "step_time_p50_ms": f"{st:.6g}", "step_time_p90_ms": f"{st * 1.01:.6g}",
+                    "step_time_p99_ms": f"{st * 1.02:.6g}", "compute_ms": f"{st * 0.9:.6g}"},
+            timers=timers, source=Provenance("hook", f"rank{r}:pid{pid}"),
+            tokens_per_step=8192.0 * world, flops_per_step=6e12 * world))
+    return out
+
+
+def node_name(n: int) -> str:
+    return f"node-{n:05d}"
+
+
+def node_templates(job: str, first: int, n: int, world: int, partitions: int, epoch: str
+                   ) -> list[tuple[str, Any]]:
+    """(subject, parsed EngineBatch) of each node, made once by perfd's own encoder."""
+    from perfd.engine.partial import encode, partials_of
+    from perfd.transport.gen import perfd_pb2 as pb
+
+    out = []
+    now = time.time()
+    for node in range(first, first + n):
+        mid = f"{node_name(node)}:{epoch}:0"
+        recs = _rank_records(job, node, world, 0, now)
+        data = encode(mid, node_name(node), time.time_ns(), partials_of(recs, mid))
+        b = pb.EngineBatch()
+        b.ParseFromString(data)
+        out.append((S.node_subject(job, S.partition_of(job, node_name(node), partitions)), b))
+    return out
+
+
+def message_of(b: Any, node: int, epoch: str, iteration: int, end: float,
+               created_ns: int) -> tuple[str, bytes]:
+    """The node's message of ``iteration``: the template with what changes set; (message id, bytes)."""
+    mid = f"{node_name(node)}:{epoch}:{iteration}"
+    b.id, b.created_ns = mid, created_ns
+    p = b.partials[0]
+    p.iteration = p.fold.iteration = iteration
+    p.fold.end_time = end
+    p.fold.step_time_ms = 1000.0 + (iteration % 7) + (node % 11) * 0.01  # the slowest rank's period
+    p.messages[0] = mid
+    return mid, b.SerializeToString()
+
+
+@dataclass
+class LoadArgs:
+    index: int
+    servers: tuple[str, ...]
+    token: str | None
+    tls_ca: str | None
+    partitions: int
+    first: int
+    n: int
+    world: int
+    iteration_s: float
+    inflight: int
+
+
+def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: Any, ready: Any,
+          results: Any) -> None:
+    """One load process: nodes a.first .. a.first + a.n - 1, each publishing one message an iteration."""
+    from perfd.engine.connect import connect
+
+    epoch = secrets.token_hex(4)
+    tmpl = node_templates(JOB, a.first, a.n, a.world, a.partitions, epoch)
+    size = len(tmpl[0][1].SerializeToString()) if tmpl else 0
+    cfg = S.EngineConfig(a.servers, token=a.token, tls_ca=a.tls_ca, partitions=a.partitions)
+    spans: list[float] = []
+    behind: list[float] = []
+    errors = dups = 0
+
+    async def main() -> None:
+        nonlocal errors, dups
+        nc = await connect(cfg, f"perfd-bench-load-{a.index}")
+        js = nc.jetstream()
+        ready.put(a.index)
+        while t0.value == 0.0 and not abort.is_set():
+            await asyncio.sleep(0.01)
+        it = 0
+        try:
+            while not abort.is_set():
+                it += 1
+                if last.value and it > last.value:
+                    break
+                due = t0.value + it * a.iteration_s
+                await asyncio.sleep(max(0.0, due - time.time()))
+                end = time.time()  # the iteration's wall-clock end: every rank's end_time
+                behind.append(end - due)
+                ns = time.time_ns()
+                msgs = [(subj, *message_of(b, a.first + j, epoch, it, end, ns))
+                        for j, (subj, b) in enumerate(tmpl)]
+                todo = msgs
+                for _attempt in range(5):  # a failed publish is tried again with its id (deduplicated)
+                    failed = []
+                    for k in range(0, len(todo), a.inflight):
+                        chunk = todo[k:k + a.inflight]
+                        acks = await asyncio.gather(
+                            *(js.publish(s, d, timeout=10.0, headers={"Nats-Msg-Id": m})
+                              for s, m, d in chunk), return_exceptions=True)
+                        for msg, ack in zip(chunk, acks, strict=True):
+                            if isinstance(ack, BaseException):
+                                errors += 1
+                                failed.append(msg)
+                            else:
+                                dups += bool(getattr(ack, "duplicate", False))
+                        with published.get_lock():
+                            published[a.index] += len(chunk) - sum(isinstance(x, BaseException) for x in acks)
+                    todo = failed
+                    if not todo or abort.is_set():
+                        break
+                spans.append(time.time() - end)
+                newest[a.index] = it
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+    results.put({"index": a.index, "spans": spans, "behind": behind, "errors": errors, "duplicates": dups,
+                 "message_bytes": size})
+
+
+# --------------------------------------------------------------------------------------- harness
+
+
+def _consumers(server: Any) -> dict[str, Any]:
+    """The node stream's consumers as nats-server sees them: messages waiting for each partition's
+    consumer, and the partitions whose messages wait while no shard pulls (no pull request waiting,
+    nothing outstanding): stalled."""
+    try:
+        doc = server.monitor("/jsz?consumers=true")
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, Any] = {"pending": 0, "ack_pending": 0, "redelivered": 0, "stalled": []}
+    for acc in doc.get("account_details") or []:
+        for st in acc.get("stream_detail") or []:
+            if st.get("name") != S.NODES_STREAM:
+                continue
+            out["stream_messages"] = (st.get("state") or {}).get("messages")
+            for c in st.get("consumer_detail") or []:
+                out["pending"] += c.get("num_pending", 0)
+                out["ack_pending"] += c.get("num_ack_pending", 0)
+                out["redelivered"] += c.get("num_redelivered", 0)
+                if c.get("num_pending", 0) and not c.get("num_waiting") and not c.get("num_ack_pending"):
+                    out["stalled"].append(c.get("name"))
+    out["stalled"].sort()
+    return out
+
+
+def _get_json(url: str, timeout: float = 30.0) -> tuple[Any, float]:
+    t = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        body = r.read()
+    return json.loads(body), time.perf_counter() - t
+
+
+def _quantiles(xs: list[float]) -> dict[str, float] | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return {"p50": round(statistics.median(s), 4), "p99": round(s[min(len(s) - 1, int(0.99 * len(s)))], 4),
+            "max": round(s[-1], 4), "n": len(s)}
+
+
+class Watched:
+    """One process's CPU over the window (its mean, and its peak over one SAMPLE_S) and its peak RSS."""
+
+    def __init__(self, name: str, ps: Any) -> None:
+        self.name, self.ps, self.peak, self.rss_max, self.last_cpu = name, ps, 0.0, 0, 0.0
+
+    def _cpu(self) -> float:
+        try:
+            c = self.ps.cpu_times()
+            self.last_cpu = float(c.user + c.system)
+        except Exception:  # gone: its last figure stands
+            pass
+        return self.last_cpu
+
+    def start(self) -> None:
+        self.cpu0, self.t0 = self._cpu(), time.perf_counter()
+        self.last, self.last_t = self.cpu0, self.t0
+
+    def sample(self) -> None:
+        c, t = self._cpu(), time.perf_counter()
+        if t - self.last_t > 0.05:
+            self.peak = max(self.peak, (c - self.last) / (t - self.last_t))
+        self.last, self.last_t = c, t
+        try:
+            self.rss_max = max(self.rss_max, int(self.ps.memory_info().rss))
+        except Exception:  # gone
+            pass
+
+    def figures(self) -> dict[str, Any]:
+        wall = max(1e-9, self.last_t - self.t0)
+        return {"cpu_cores": round((self.last - self.cpu0) / wall, 3), "cpu_cores_peak": round(self.peak, 3),
+                "rss_bytes": self.rss_max}
+
+
+def _tls_files(d: Path) -> tuple[Path, Path, Path]:
+    """(server cert, key, CA) for 127.0.0.1, made with the openssl command-line tool."""
+    ca_key, ca, key, csr, cert, ext = (d / n for n in ("ca.key", "ca.pem", "server.key", "server.csr",
+                                                       "server.pem", "ext.cnf"))
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for cmd in (["openssl", "req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "1",
+                 "-subj", "/CN=perfd-bench-ca"],
+                ["openssl", "req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1"],
+                ["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+                 "-out", cert, "-days", "1", "-extfile", ext]):
+        subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
+    return cert, key, ca
+
+
+def _wait(what: str, cond: Any, timeout: float, procs: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if cond():
+                return
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{what}: a process exited ({dead[0].args!r:.200} rc {dead[0].returncode})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def _busy(t: Any) -> float:
+    """CPU seconds the machine spent not idle (psutil.cpu_times())."""
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s: float = 2.0,
+               warmup_s: float = 10.0, partitions: int = S.DEFAULT_PARTITIONS, auth: bool = True,
+               tls: bool = False, inflight: int = 1000, drain_s: float = 30.0, keep: bool = False
+               ) -> dict[str, Any]:
+    import psutil
+
+    from perfd.engine.natsd import NatsCluster
+
+    tmp = Path(tempfile.mkdtemp(prefix="perfd-engine-bench-"))
+    ok = False
+    token = secrets.token_urlsafe(24) if auth else None
+    tls_files = _tls_files(tmp) if tls else None
+    cluster = NatsCluster(tmp / "nats", 1, token=token, tls=tls_files)
+    children: list[subprocess.Popen[bytes]] = []
+    logs = []
+    ctx = mp.get_context("spawn")
+    abort = ctx.Event()
+    loaders: list[Any] = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def spawn(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        out = open(tmp / f"{name}.log", "wb")
+        logs.append(out)
+        p = subprocess.Popen([sys.executable, "-m", "perfd.cli", *argv], cwd=ROOT, env=env, stdout=out,
+                             stderr=subprocess.STDOUT)
+        children.append(p)
+        return p
+
+    try:
+        cluster.start()
+        url = ",".join(cluster.urls)
+        eng = ["--engine", url, "--engine-partitions", str(partitions)]
+        if token is not None:
+            (tmp / "token").write_text(token)
+            (tmp / "token").chmod(0o600)
+            eng += ["--engine-token-file", str(tmp / "token")]
+        if tls_files is not None:
+            eng += ["--engine-tls-ca", str(tls_files[2])]
+        ready_file = tmp / "root.ready"
+        root = spawn("root", ["aggregator", *eng, "--no-rules", "--grpc-port", "0", "--http-port", "0",
+                              "--ready-file", str(ready_file), "--engine-root-id", "bench-root"])
+        stats_files = [tmp / f"shard-{i}.json" for i in range(shards)]
+        shard_procs = [spawn(f"shard-{i}", ["shard", *eng, "--id", f"bench-shard-{i}", "--stats-file",
+                                            str(stats_files[i]), "--stats-interval", "0.5"])
+                       for i in range(shards)]
+        _wait("the root's ready file", lambda: ready_file.read_text().strip(), 60, children)
+        http = int(ready_file.read_text().split()[1])
+        base = f"http://127.0.0.1:{http}"
+
+        def engine_stats() -> dict[str, Any]:
+            return dict(_get_json(f"{base}/api/stats")[0].get("engine") or {})
+
+        _wait("the root's lease", lambda: engine_stats().get("leader"), 60, children)
+        share = math.ceil(partitions / shards)
+
+        def balanced() -> bool:
+            held = [list(_read_json(f).get("partitions") or []) for f in stats_files]
+            every = sorted(p for h in held for p in h)
+            return every == list(range(partitions)) and all(len(h) <= share for h in held)
+
+        _wait("the shards' partitions", balanced, 60, children)
+
+        # The load: node i is in process i % procs's share (contiguous ranges, as scale_bench).
+        t0v, lastv = ctx.Value("d", 0.0), ctx.Value("q", 0)
+        published, newest = ctx.Array("q", procs), ctx.Array("q", procs, lock=False)
+        ready, results = ctx.Queue(), ctx.Queue()
+        per = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
+        first = 0
+        for i, n in enumerate(per):
+            la = LoadArgs(i, tuple(cluster.urls), token, str(tls_files[2]) if tls_files else None, partitions,
+                          first, n, nodes * RANKS_PER_NODE, iteration_s, inflight)
+            p = ctx.Process(target=_load, args=(la, t0v, lastv, abort, published, newest, ready, results),
+                            daemon=True)
+            p.start()
+            loaders.append(p)
+            first += n
+        deadline = time.monotonic() + 120
+        got = 0
+        while got < procs:
+            try:
+                ready.get(timeout=1.0)
+                got += 1
+            except Exception:
+                if time.monotonic() > deadline or any(not p.is_alive() for p in loaders):
+                    raise RuntimeError("the load processes did not start") from None
+        t0 = time.time() + 0.5
+        t0v.value = t0
+
+        nats_proc = cluster.servers[0].process
+        assert nats_proc is not None
+        watched = [Watched("root", psutil.Process(root.pid)), Watched("nats", psutil.Process(nats_proc.pid))]
+        watched += [Watched(f"shard-{i}", psutil.Process(p.pid)) for i, p in enumerate(shard_procs)]
+        watched += [Watched(f"load-{i}", psutil.Process(p.pid)) for i, p in enumerate(loaders)]
+        time.sleep(max(0.0, t0 + warmup_s - time.time()))
+
+        def offered_newest() -> int:
+            return min(newest[:]) if procs else 0
+
+        for w in watched:
+            w.start()
+        m0 = psutil.cpu_times()
+        e0, pub0, sh0 = engine_stats(), sum(published[:]), [_read_json(f) for f in stats_files]
+        it0 = offered_newest()
+        w0 = time.perf_counter()
+        polls: list[dict[str, Any]] = []
+        job_url = f"{base}/api/jobs/{urllib.parse.quote(JOB, safe='')}/iterations?sources=0"
+        end = time.monotonic() + seconds
+        next_poll = 0.0
+        while time.monotonic() < end:
+            for w in watched:
+                w.sample()
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + 1.0
+                offered = offered_newest()
+                try:
+                    doc, took = _get_json(job_url)
+                    rows = [r for r in doc.get("iterations") or [] if "iteration" in r]
+                    top = max(rows, key=lambda r: int(r["iteration"])) if rows else None
+                    shown = int(top["iteration"]) if top else None
+                    age = time.time() - float(top["end_time"]) if top and top.get("end_time") else None
+                except OSError:  # 404 until the job's first record
+                    shown, took, age = None, float("nan"), None
+                polls.append({"t": round(time.time() - t0, 2), "offered": offered, "shown": shown,
+                              "newest_age_s": None if age is None else round(age, 3),
+                              "took_s": round(took, 4)})
+            time.sleep(SAMPLE_S)
+        for w in watched:
+            w.sample()
+        m1 = psutil.cpu_times()
+        wall = time.perf_counter() - w0
+        e1, pub1, sh1 = engine_stats(), sum(published[:]), [_read_json(f) for f in stats_files]
+        it1 = offered_newest()
+        load_avg = os.getloadavg()
+
+        # Stop the load at one iteration, the same for every process, then drain.
+        lastv.value = max(newest[:]) + 1
+        t_stop = time.monotonic()
+        res_loads: list[dict[str, Any]] = []
+        while len(res_loads) < procs:
+            try:
+                res_loads.append(results.get(timeout=1.0))
+            except Exception:
+                if time.monotonic() - t_stop > drain_s:
+                    abort.set()  # far behind: give up on the rest
+                if time.monotonic() - t_stop > drain_s + 30:
+                    break
+        aborted = abort.is_set()
+        total_pub = sum(published[:])
+        iterations_offered = int(lastv.value) if not aborted else min(newest[:])
+        countable = iterations_offered - 1  # the first is not counted (the docstring)
+        t_drain = time.monotonic()
+        ef = engine_stats()
+        while time.monotonic() - t_drain < drain_s:
+            ef = engine_stats()
+            if ef.get("node_messages", 0) >= total_pub and ef.get("complete", 0) >= countable:
+                break
+            time.sleep(0.25)
+        drained = ef.get("node_messages", 0) >= total_pub
+        consumers = _consumers(cluster.servers[0])
+        # The shards write their counters every 0.5 s: the last write after the drain, when there is one.
+        settle = time.monotonic() + 3.0
+        shf = [_read_json(f) for f in stats_files]
+        while (drained and sum(x.get("node_messages", 0) for x in shf) < total_pub
+               and time.monotonic() < settle):
+            time.sleep(0.2)
+            shf = [_read_json(f) for f in stats_files]
+
+        figs = {w.name: w.figures() for w in watched}
+        busy = _busy(m1) - _busy(m0)
+        ours = sum(f["cpu_cores"] for f in figs.values())
+        root_at, root_at0 = e1.get("node_messages", 0), e0.get("node_messages", 0)
+        lags = [float(p["offered"]) - float(p["shown"]) for p in polls if p["shown"] is not None]
+        spans = [x for r in res_loads for x in r["spans"]]
+        out: dict[str, Any] = {
+            "machine": {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in load_avg],
+                        "python": sys.version.split()[0],
+                        # every process of the machine over the window, and those not the bench's
+                        "busy_cores": round(busy / wall, 3),
+                        "others_cores": round(max(0.0, busy / wall - ours), 3)},
+            "config": {"nodes": nodes, "ranks": nodes * RANKS_PER_NODE, "shards": shards, "procs": procs,
+                       "partitions": partitions, "iteration_s": iteration_s, "seconds": seconds,
+                       "warmup_s": warmup_s, "auth": auth, "tls": tls, "inflight": inflight},
+            "message_bytes": max((r["message_bytes"] for r in res_loads), default=0),
+            "offered_msgs_per_s": round((pub1 - pub0) / wall, 1),
+            "nominal_msgs_per_s": round(nodes / iteration_s, 1),
+            "published": total_pub,
+            "iterations_offered": iterations_offered,
+            "window": {
+                "seconds": round(wall, 2),
+                "iterations_offered": it1 - it0,
+                "iterations_complete": e1.get("complete", 0) - e0.get("complete", 0),
+                "published": pub1 - pub0,
+                "node_messages_at_root": root_at - root_at0,
+                "node_messages_at_shards": sum(b.get("node_messages", 0) for b in sh1)
+                - sum(a.get("node_messages", 0) for a in sh0),
+                "folded_msgs_per_s": round((root_at - root_at0) / wall, 1),
+            },
+            "root": {**figs["root"], **{k: ef.get(k) for k in ROOT_COUNTERS}, "lag_s": e1.get("lag_s"),
+                     "lag_s_after_drain": ef.get("lag_s")},
+            "shards": [{**{k: s.get(k) for k in SHARD_COUNTERS}, **figs[f"shard-{i}"]}
+                       for i, s in enumerate(shf)],
+            "shards_cpu_cores": round(sum(figs[f"shard-{i}"]["cpu_cores"] for i in range(shards)), 3),
+            "nats": figs["nats"],
+            "load": {"cpu_cores": round(sum(figs[f"load-{i}"]["cpu_cores"] for i in range(procs)), 3),
+                     "cpu_cores_peak": max(figs[f"load-{i}"]["cpu_cores_peak"] for i in range(procs)),
+                     "publish_span_s": _quantiles(spans),
+                     "behind_s": _quantiles([x for r in res_loads for x in r["behind"]]),
+                     "publish_errors": sum(r["errors"] for r in res_loads),
+                     "duplicates": sum(r["duplicates"] for r in res_loads),
+                     "aborted": aborted},
+            "iterations_check": {"polls": len(polls), "behind_iterations": _quantiles(lags),
+                                 "newest_age_s": _quantiles([p["newest_age_s"] for p in polls
+                                                             if p["newest_age_s"] is not None]),
+                                 "api_iterations_s": _quantiles([p["took_s"] for p in polls
+                                                                 if not math.isnan(p["took_s"])]),
+                                 "last": polls[-1] if polls else None},
+            "final": {"drained": drained, "drain_s": round(time.monotonic() - t_drain, 2),
+                      "all_complete": ef.get("complete", 0) >= countable,
+                      "node_messages_equal_published": ef.get("node_messages") == total_pub},
+            "engine_consumers": consumers,
+        }
+        if keep:
+            out["dir"] = str(tmp)
+        ok = True
+        return out
+    finally:
+        abort.set()
+        for lp in loaders:
+            lp.join(10)
+            if lp.is_alive():
+                lp.kill()
+                lp.join(5)
+        for cp in children:
+            if cp.poll() is None:
+                cp.terminate()
+        for cp in children:
+            try:
+                cp.wait(15)
+            except subprocess.TimeoutExpired:
+                cp.kill()
+                cp.wait(5)
+        cluster.stop()
+        for f in logs:
+            f.close()
+        if ok and not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"perfd bench engine: the processes' logs are kept in {tmp}", file=sys.stderr)
+
+
+def _table(res: dict[str, Any]) -> str:
+    c, w, r, m, ld = res["config"], res["window"], res["root"], res["machine"], res["load"]
+
+    def proc(f: dict[str, Any]) -> str:
+        return f"{f['cpu_cores']} cores (peak {f['cpu_cores_peak']}), RSS {f['rss_bytes'] / 2**20:.0f} MiB"
+
+    rows = [("machine", f"{m['cpus']} CPUs, load average {m['loadavg']}; {m['busy_cores']} cores busy in "
+                        f"the window, {m['others_cores']} of them not this bench's"),
+            ("job", f"{c['nodes']} nodes x 8 = {c['ranks']} ranks, an iteration every {c['iteration_s']} s, "
+                    f"{c['partitions']} partitions, auth {c['auth']}, TLS {c['tls']}; "
+                    f"{res['message_bytes']} bytes a node message"),
+            ("offered", f"{res['offered_msgs_per_s']} msg/s (nominal {res['nominal_msgs_per_s']}) by "
+                        f"{c['procs']} load process(es), {ld['cpu_cores']} cores"),
+            ("window", f"{w['seconds']} s: {w['iterations_complete']} of {w['iterations_offered']} "
+                       f"iterations complete; {w['published']} published, "
+                       f"{w['node_messages_at_shards']} at shards, {w['node_messages_at_root']} at the root"),
+            ("root", f"{proc(r)}; lag_s {r['lag_s']}"),
+            *((str(s["id"]), f"{proc(s)}, partitions {s['partitions']}, leases taken {s['leases_taken']} "
+                             f"lost {s['leases_lost']}, consumer restarts {s['consumer_restarts']}")
+              for s in res["shards"]),
+            ("nats-server", proc(res["nats"])),
+            ("load", f"behind_s {ld['behind_s']}, publish_span_s {ld['publish_span_s']}, "
+                     f"errors {ld['publish_errors']}"),
+            ("iterations check", str(res["iterations_check"])),
+            ("final", f"{res['published']} published, {r['node_messages']} folded, {r['redelivered']} "
+                      f"redelivered; {r['complete']} of {res['iterations_offered']} iterations complete; "
+                      f"{res['final']}"),
+            ("node stream", str(res["engine_consumers"]))]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="perfd bench engine", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=100,
+                    help="nodes of the job, 8 ranks each (default: %(default)s)")
+    ap.add_argument("--shards", type=int, default=2, help="perfd shard processes (default: %(default)s)")
+    ap.add_argument("--seconds", type=float, default=20.0, help="measured window (default: %(default)s)")
+    ap.add_argument("--warmup", type=float, default=10.0,
+                    help="seconds of load before the window (default: %(default)s)")
+    ap.add_argument("--iteration-s", type=float, default=2.0,
+                    help="seconds per iteration (default: %(default)s)")
+    ap.add_argument("--procs", type=int, default=2, help="load processes (default: %(default)s)")
+    ap.add_argument("--partitions", type=int, default=S.DEFAULT_PARTITIONS,
+                    help="partitions of the node stream (default: %(default)s)")
+    ap.add_argument("--inflight", type=int, default=1000,
+                    help="publishes awaited together by a load process (default: %(default)s)")
+    ap.add_argument("--drain", type=float, default=30.0,
+                    help="seconds at most to wait, after the window, for the root to fold everything "
+                         "published (default: %(default)s)")
+    ap.add_argument("--no-auth", action="store_true", help="no token on the engine (default: a token)")
+    ap.add_argument("--tls", action="store_true",
+                    help="the engine's client port over TLS (a CA made for the run)")
+    ap.add_argument("--keep", action="store_true", help="keep the processes' logs and the engine's store")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ns = ap.parse_args(argv)
+    if min(ns.nodes, ns.shards, ns.procs, ns.partitions, ns.inflight) < 1 or ns.seconds <= 0 \
+            or ns.iteration_s <= 0 or ns.warmup < 0 or ns.drain < 0:
+        print("perfd bench engine: --nodes, --shards, --procs, --partitions, --inflight, --seconds and "
+              "--iteration-s must be positive, --warmup and --drain >= 0", file=sys.stderr)
+        return 2
+    res = run_engine(ns.nodes, ns.shards, ns.seconds, min(ns.procs, ns.nodes), iteration_s=ns.iteration_s,
+                     warmup_s=ns.warmup, partitions=ns.partitions, auth=not ns.no_auth, tls=ns.tls,
+                     inflight=ns.inflight, drain_s=ns.drain, keep=ns.keep)
+    print(json.dumps(res) if ns.json else _table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

