@@ -29,9 +29,11 @@ from perfd.model import JobInfo, StepRecord
 log = logging.getLogger("perfd.engine")
 
 ENGINE_AGENT = "engine"  # the sender the store sees for every record that came through the engine
-# Iterations of a job folded in memory (their partials, ranks and message ids): a partial of an older
-# one is folded with the record the store holds for it (late, counted), not lost.
-KEEP_ITERATIONS = 64
+# Iterations of a job folded in memory (their per-rank maps, ranks and message ids): a partial of an
+# older one is folded with the record the store holds for it (late, counted), not lost. A 100k-rank
+# iteration holds ~45 MiB here: 64 of them took the root to 3.0 GiB (perfd bench engine, 12,500 nodes);
+# 16 are 32 s of a 2 s iteration, well past what the shards' 0.25 s flushes leave late.
+KEEP_ITERATIONS = 16
 LAG_SAMPLES = 1000  # the newest iterations' lags kept for the quantiles
 
 
