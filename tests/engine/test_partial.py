@@ -69,11 +69,20 @@ def test_a_partial_round_trips_through_its_wire_form():
     assert q.job_level["last"].step_time_ms == 5.0
 
 
-@pytest.mark.parametrize("make, why", [
-    (lambda m: setattr(m, "ranks_le", b"\x01\x02\x03"), "whole uint32"),
-    (lambda m: (setattr(m.fold, "job", "other"), setattr(m.fold, "iteration", 1)), "another job"),
-    (lambda m: (setattr(m.job_level.add(), "rank", 3)), "a rank"),
-])
+def _odd_ranks(m: pb.Partial) -> None:
+    m.ranks_le = b"\x01\x02\x03"
+
+
+def _fold_of_another_job(m: pb.Partial) -> None:
+    m.fold.job = "other"
+
+
+def _job_level_of_a_rank(m: pb.Partial) -> None:
+    m.job_level.add().rank = 3
+
+
+@pytest.mark.parametrize("make, why", [(_odd_ranks, "whole uint32"), (_fold_of_another_job, "another job"),
+                                       (_job_level_of_a_rank, "a rank")])
 def test_a_malformed_partial_is_refused_with_its_reason(make, why):
     m = pb.Partial(job="j", iteration=1)
     m.fold.job, m.fold.iteration = "j", 1

@@ -56,7 +56,7 @@ def test_the_engine_path_gives_one_aggregators_analysis_byte_for_byte(tmp_path: 
         shards = [Shard(cfg, f"shard-{i}") for i in range(2)]
         root = Root(cfg, rooted, "root-a")
         clients = [EngineClient(cfg, f"node-{n}/{JOB}", node=f"node-{n}") for n in range(NODES)]
-        tasks = [asyncio.create_task(x.run(stop)) for x in (*shards, root)]
+        tasks = [asyncio.create_task(s.run(stop)) for s in shards] + [asyncio.create_task(root.run(stop))]
         senders = [asyncio.create_task(c.run()) for c in clients]
         clients[0].submit(job_info_json={JOB: job_info_to_json(info)})
         for it in range(ITERATIONS):
