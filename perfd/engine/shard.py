@@ -73,6 +73,7 @@ class Shard:
         command says so and exits)."""
         delay = 1.0
         while not stop.is_set():
+            began = time.monotonic()
             try:
                 await self._session(stop)
                 return
@@ -81,6 +82,8 @@ class Shard:
             except Exception as exc:
                 if not self._connected_once:
                     raise
+                if time.monotonic() - began > 60.0:  # a session that worked: the next wait starts short
+                    delay = 1.0
                 self.stats.publish_errors += 1
                 log.warning("shard %s: %s: %s; again in %.0f s", self.id, type(exc).__name__, exc, delay)
                 for p in list(self._leases):

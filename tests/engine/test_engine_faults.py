@@ -1,0 +1,208 @@
+"""Faults on the distributed path (perfd.engine) with real processes: real nats-server, real
+``perfd shard`` and ``perfd aggregator --engine`` subprocesses, and simulated nodes publishing through
+:class:`perfd.engine.publisher.EngineClient` (tests/engine/engine_driver.py). Each case injects one
+fault while iterations are in flight and then asserts nothing lost and nothing doubled, with counts:
+
+- every iteration's row at the root shows the plan's slowest rank, step time, latest end and data
+  share (the ranks that carry them were folded in), and the root counted them whole (``complete``);
+- the root folded exactly as many distinct node messages as the clients published (less what the
+  engine had already), and the node stream stored exactly that many (none stored twice);
+- the node stream is empty at the end: every message was acknowledged, after its partial was stored.
+
+The figures (messages, redeliveries, delays) are printed on a ``FIGURES`` line (``pytest -rP``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfd.engine import subjects as S
+from tests.engine.engine_driver import Plan, Rig, consumers, need_nats_server, settle_and_check, stream_state
+from tests.faults.proxy import FaultProxy
+from tests.procs import NOT_YET, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+MakeRig = Callable[..., Rig]
+RESTART_AFTER_S = 3.0  # a killed shard is started again this long after the kill
+BLACKHOLE_S = 15.0
+# An iteration every 1.25 s: what a fault delays (the ack wait, 10 s, a lease's expiry, up to ~13 s
+# seen) stays within the iterations the root holds in memory (perfd.engine.root.KEEP_ITERATIONS, 16).
+# Faster, the delayed partials arrive "late" (folded with the store's record: the rows stay right) and
+# the root's counters no longer add up: such an iteration is never counted whole nor its lag sampled.
+PERIOD_S = 1.25
+
+
+@pytest.fixture
+def make_rig(tmp_path: Path) -> Iterator[MakeRig]:
+    """``make_rig(servers=1|3)``: a Rig under tmp_path; everything it started is ended at teardown."""
+    need_nats_server()
+    rigs: list[Rig] = []
+
+    def make(**kw: Any) -> Rig:
+        r = Rig(tmp_path / f"rig{len(rigs)}", **kw)
+        rigs.append(r)
+        return r
+
+    try:
+        yield make
+    finally:
+        for r in rigs:
+            r.close()
+
+
+def _nodes_of(rig: Rig, plan: Plan, shard_id: str) -> int:
+    by_part = rig.node_partitions(plan)
+    return sum(len(by_part.get(p, [])) for p in rig.partitions_of(shard_id))
+
+
+def _kill_in_flight(rig: Rig, shard_id: str, timeout: float = 3.0) -> dict[int, dict[str, Any]]:
+    """Kill ``shard_id`` as soon as one of its partitions has messages delivered to it and not
+    acknowledged (its partial not stored yet); returns its consumers as they were just before
+    (kills it anyway after ``timeout``)."""
+    mine = rig.partitions_of(shard_id)
+    deadline = time.monotonic() + timeout
+    seen: dict[int, dict[str, Any]] = {}
+    while time.monotonic() < deadline:
+        seen = consumers(rig.urls, mine)
+        if any(c["ack_pending"] for c in seen.values()):
+            break
+    rig.kill(shard_id)
+    return seen
+
+
+def _delays(rig: Rig, plan: Plan, t_fault: float, distinct: int) -> dict[str, Any]:
+    """From the root's counters as the watch read them (every 0.1 s): when the root had folded every
+    node message, counted from the fault and from the last submit; the counters at the fault."""
+    assert rig.watch is not None and rig.load is not None
+    watch = rig.watch
+    t_all = wait_for(lambda: watch.first(lambda s: s["node_messages"] >= distinct), 5,
+                     "the watch to see every node message folded")
+    at_fault: dict[str, Any] = next((s for t, s in reversed(watch.samples) if t <= t_fault), {})
+    submitted_at_fault = max((i for i, t in rig.load.submit_mono.items() if t <= t_fault), default=0)
+    return {"submitted_at_fault": submitted_at_fault, "complete_at_fault": at_fault.get("complete"),
+            "fault_to_all_folded_s": round(t_all - t_fault, 2),
+            "last_submit_to_all_folded_s": round(t_all - rig.load.submit_mono[plan.iterations], 2)}
+
+
+@pytest.mark.parametrize("restart", [True, False], ids=["restarted", "not-restarted"])
+def test_a_shard_killed_mid_run_loses_and_doubles_nothing(make_rig: MakeRig, restart: bool) -> None:
+    """Two shards, one root, 6 nodes, 40 iterations; one shard gets SIGKILL after ~10 iterations while
+    messages of its partitions are delivered and not acknowledged. ``restarted``: it comes back with
+    the same --id a few seconds later and takes its partitions back; ``not-restarted``: the other
+    shard takes them once their leases expire. Either way the killed shard's messages are delivered
+    again (after the ack wait) and every iteration ends whole, each node message folded once."""
+    rig = make_rig(servers=1)
+    plan = Plan(nodes=6, iterations=40, period_s=PERIOD_S)
+    with rig.explained():
+        t0 = time.monotonic()
+        rig.up(("shard-a", "shard-b"))
+        t_up = time.monotonic() - t0
+        # The victim: the shard whose partitions carry more of the nodes.
+        victim, survivor = sorted(("shard-a", "shard-b"), key=lambda s: -_nodes_of(rig, plan, s))
+        victim_nodes = _nodes_of(rig, plan, victim)
+        assert victim_nodes > 0
+        load = rig.start_load(plan)
+        load.wait_submitted(10)
+        in_flight = _kill_in_flight(rig, victim)
+        t_kill = time.monotonic()
+        if restart:
+            time.sleep(max(0.0, t_kill + RESTART_AFTER_S - time.monotonic()))  # the fault's schedule
+            rig.start_shard(victim)
+            wait_for(lambda: rig.split((victim, survivor)), 30, f"{victim} to hold partitions again",
+                     ignore=NOT_YET)
+            took = time.monotonic() - t_kill
+        else:
+            wait_for(lambda: rig.partitions_of(survivor) == list(range(rig.partitions)), 30,
+                     f"{survivor} to take every partition", ignore=NOT_YET, interval=0.1)
+            took = time.monotonic() - t_kill
+        f = settle_and_check(rig, plan)
+        d = _delays(rig, plan, t_kill, f.distinct)
+        print(f"FIGURES shard killed ({'restarted' if restart else 'not restarted'}): up in {t_up:.1f}s; "
+              f"{victim} held {victim_nodes}/{plan.nodes} nodes; in flight at the kill "
+              f"{ {p: c['ack_pending'] for p, c in in_flight.items()} }; "
+              f"{'back and holding' if restart else survivor + ' holds all'} {took:.1f}s after the kill; "
+              f"{f.line()}; {d}; wall {time.monotonic() - t0:.1f}s")
+
+
+def test_an_engine_server_lost_loses_and_doubles_nothing(make_rig: MakeRig) -> None:
+    """Three servers, streams and leases replicated three times, every process given all three URLs;
+    the server leading the node stream gets SIGKILL mid-run while the nodes keep publishing. Every
+    message arrives once; the server is started again at the end and catches up."""
+    rig = make_rig(servers=3)
+    plan = Plan(nodes=6, iterations=30, period_s=1.5)  # a lost server delays more: up to ~18 s seen
+    with rig.explained():
+        t0 = time.monotonic()
+        rig.up(("shard-a", "shard-b"))
+        t_up = time.monotonic() - t0
+        load = rig.start_load(plan)
+        load.wait_submitted(7)
+        leader = stream_state(rig.urls, S.NODES_STREAM)["leader"]
+        assert leader is not None
+        victim = rig.cluster.index(leader)
+        t_kill = time.monotonic()
+        rig.cluster.kill(victim)
+        new_leader = wait_for(lambda: (lead := stream_state(rig.urls, S.NODES_STREAM)["leader"])
+                              not in (None, leader) and lead, 30, "a new node stream leader", ignore=NOT_YET)
+        elected = time.monotonic() - t_kill
+        f = settle_and_check(rig, plan)
+        d = _delays(rig, plan, t_kill, f.distinct)
+        # Both shards lived through it (reconnected) and hold the partitions between them.
+        wait_for(lambda: rig.split(("shard-a", "shard-b")), 30, "both shards holding the partitions",
+                 ignore=NOT_YET)
+        t_restart = time.monotonic()
+        rig.cluster.restart(victim)  # waits until it is healthy (/healthz)
+        # Just restarted, it may still answer with the stream as it was when killed (no leader known):
+        # the stream as the cluster holds it, once it has a leader, is what it caught up to.
+        wait_for(lambda: (st := stream_state(rig.urls, S.NODES_STREAM))["leader"] is not None
+                 and (st["messages"], st["last_seq"]) == (0, f.distinct), 30,
+                 "the node stream as it was, with the server back", ignore=NOT_YET)
+        restarted = time.monotonic() - t_restart
+        print(f"FIGURES server lost: up in {t_up:.1f}s; killed {leader} (node stream leader) after "
+              f"iteration {d['submitted_at_fault']}; {new_leader} led {elected:.1f}s later; {f.line()}; {d}; "
+              f"restart and catch-up {restarted:.1f}s; wall {time.monotonic() - t0:.1f}s")
+
+
+def test_a_shard_cut_off_from_the_engine_loses_and_doubles_nothing(make_rig: MakeRig) -> None:
+    """Each shard reaches the engine through a fault proxy of its own; the one whose partitions carry
+    more nodes is black-holed for ``BLACKHOLE_S`` mid-run (no FIN, no RST: bytes vanish both ways).
+    The other shard takes the cut-off shard's partitions once its leases expire; what was delivered
+    to the cut-off shard is delivered again after the ack wait; once the network is back the cut-off
+    shard reconnects and takes its share again; nothing is lost or doubled."""
+    rig = make_rig(servers=1)
+    plan = Plan(nodes=6, iterations=32, period_s=PERIOD_S)
+    shards = ("shard-a", "shard-b")
+    proxies = {sid: FaultProxy("127.0.0.1", rig.cluster.servers[0].client_port).start() for sid in shards}
+    rig.closers += [p.close for p in proxies.values()]
+    with rig.explained():
+        t0 = time.monotonic()
+        rig.up(shards, shard_urls={sid: [f"nats://127.0.0.1:{p.port}"] for sid, p in proxies.items()})
+        t_up = time.monotonic() - t0
+        cut, other = sorted(shards, key=lambda s: -_nodes_of(rig, plan, s))
+        cut_nodes = _nodes_of(rig, plan, cut)
+        assert cut_nodes > 0
+        load = rig.start_load(plan)
+        load.wait_submitted(5)
+        proxies[cut].set_mode("blackhole")
+        t_cut = time.monotonic()
+        wait_for(lambda: rig.partitions_of(other) == list(range(rig.partitions)), BLACKHOLE_S,
+                 f"{other} to take every partition", ignore=NOT_YET, interval=0.1)
+        took = time.monotonic() - t_cut
+        time.sleep(max(0.0, t_cut + BLACKHOLE_S - time.monotonic()))  # the fault's schedule
+        proxies[cut].set_mode("pass")
+        t_back = time.monotonic()
+        # The cut-off shard is a daemon: once the network is back it reconnects and takes its share.
+        wait_for(lambda: rig.split(shards), 45, f"{cut} back, holding its share", ignore=NOT_YET,
+                 interval=0.1)
+        rejoined = time.monotonic() - t_back
+        f = settle_and_check(rig, plan)
+        d = _delays(rig, plan, t_cut, f.distinct)
+        print(f"FIGURES shard cut off {BLACKHOLE_S:.0f}s: up in {t_up:.1f}s; {cut} held {cut_nodes}/"
+              f"{plan.nodes} nodes; {other} held all {took:.1f}s after the cut; {f.line()}; {d}; "
+              f"back to pass at {t_back - t_cut:.1f}s; {cut} holding its share again {rejoined:.1f}s "
+              f"after; proxy dropped {proxies[cut].dropped_bytes} B; wall {time.monotonic() - t0:.1f}s")
