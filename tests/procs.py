@@ -233,6 +233,24 @@ class Procs:
         }
 
 
+def run_group(argv: Sequence[str], timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, capture_output=True, text=True, timeout=...)`` for a command that starts
+    processes of its own (a bench's aggregator, shards, servers): it runs in a process group of its
+    own, and whatever of that group is left when it ends — or when the timeout kills it, where
+    subprocess.run would kill the command alone and leave its children running — is killed."""
+    p = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _signal_group(p, signal.SIGKILL)
+        p.communicate()
+        raise
+    finally:
+        _signal_group(p, signal.SIGKILL)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
 def _signal_group(p: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     try:
         os.killpg(p.pid, sig)

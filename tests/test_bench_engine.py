@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import engine_bench  # noqa: E402
+from tests.procs import run_group  # noqa: E402
 
 # The keys the bench's docstring documents.
 KEYS = ("machine", "config", "message_bytes", "offered_msgs_per_s", "nominal_msgs_per_s", "published",
@@ -41,9 +42,8 @@ def _need_nats_server() -> None:
 def _bench(tmp_path: Path) -> dict[str, Any]:
     argv = ["--nodes", "20", "--shards", "2", "--procs", "2", "--seconds", "6", "--warmup", "3",
             "--drain", "20", "--json"]
-    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "engine", *argv],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    proc = run_group([sys.executable, "-m", "perfd.cli", "bench", "engine", *argv], cwd=ROOT, timeout=240,
+                     env={**os.environ, "TMPDIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not list(tmp_path.glob("perfd-engine-bench-*"))  # a run that worked leaves no folder
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import run_group
+
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("agents", "agents_connected", "samples_per_s", "aggregator_cpu_cores", "aggregator_rss_bytes",
         "metrics_scrape_s", "latency_p99_s")
@@ -17,10 +19,9 @@ KEYS = ("agents", "agents_connected", "samples_per_s", "aggregator_cpu_cores", "
 
 @pytest.mark.slow
 def test_bench_scale_reports_every_key_with_every_agent_connected(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "scale", "--agents", "12",
-                           "--seconds", "5", "--procs", "2", "--json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    proc = run_group([sys.executable, "-m", "perfd.cli", "bench", "scale", "--agents", "12",
+                      "--seconds", "5", "--procs", "2", "--json"],
+                     cwd=ROOT, timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not list(tmp_path.glob("perfd-scale-*"))  # a run that worked leaves no folder (issue 37)
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -45,9 +46,9 @@ def test_bench_scale_refuses_nonsense() -> None:
 def test_bench_scale_step_agents_only_those_send_step_records() -> None:
     """`--step-agents 1`: a Megatron log's shape — one node sends the job's step records, the rest only
     their reduced samples (every 2 s) — and every agent still stays connected."""
-    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "scale", "--agents", "12",
-                           "--seconds", "6", "--procs", "1", "--step-agents", "1", "--json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = run_group([sys.executable, "-m", "perfd.cli", "bench", "scale", "--agents", "12",
+                      "--seconds", "6", "--procs", "1", "--step-agents", "1", "--json"],
+                     cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["step_agents"] == 1 and res["agents_connected"] == 12

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import run_group
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -17,8 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_soak_reports_each_quarter_and_each_restart(tmp_path: Path) -> None:
     argv = ["bench", "soak", "--jobs", "80", "--agents", "8", "--steps", "5", "--restarts", "1", "--sample-s",
             "0.5", "--json", "--out", str(tmp_path)]
-    proc = subprocess.run([sys.executable, "-m", "perfd.cli", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = run_group([sys.executable, "-m", "perfd.cli", *argv], cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     res = json.loads(proc.stdout)
     assert res["jobs_not_acknowledged"] == 0 and not res["refused_at_the_end"]

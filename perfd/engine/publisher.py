@@ -25,6 +25,7 @@ from perfd.engine.connect import connect
 from perfd.engine.partial import decode, encode, partials_of
 from perfd.model import CollectiveRecord, Sample, StepRecord
 from perfd.transport.spool import Spool
+from perfd.transport.wakeup import wake
 
 log = logging.getLogger("perfd.engine")
 
@@ -88,17 +89,7 @@ class EngineClient:
         return 0  # series stay on the agent: nothing to resolve
 
     def _notify(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is None or wake is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            wake.set()
-        else:
-            loop.call_soon_threadsafe(wake.set)
+        wake(self._loop, self._wake)  # run() not started yet: it reads the spool when it starts
 
     # ---- publishing (the agent's event loop) ---------------------------------------------------
     async def run(self) -> None:

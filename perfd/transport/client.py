@@ -41,6 +41,7 @@ from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.security import AUTH_HEADER, ClientTls, TokenFile
 from perfd.transport.series import SeriesTable
 from perfd.transport.spool import Spool
+from perfd.transport.wakeup import wake
 
 log = logging.getLogger(__name__)
 
@@ -237,17 +238,7 @@ class AgentClient:
             return self.table.id_for(name, labels)
 
     def _notify(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is None or wake is None or loop.is_closed():
-            return  # run() not started yet: it reads the spool when it starts
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            wake.set()
-        else:
-            loop.call_soon_threadsafe(wake.set)
+        wake(self._loop, self._wake)  # run() not started yet: it reads the spool when it starts
 
     # ------------------------------------------------------------------ stream side
 

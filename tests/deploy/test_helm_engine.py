@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,8 @@ import yaml
 from perfd.agent.config import apply_overrides, load_config
 from perfd.cli import build_parser
 from tests.deploy.netpol import selects
-from tests.deploy.test_helm_chart import CHART, REALISTIC, _helm
-from tests.deploy.test_k8s_manifests import CRDS, K8S_VERSIONS, _strict
+from tests.deploy.test_helm_agent_runs import procs  # noqa: F401  (the fixture: every process stopped)
+from tests.deploy.test_helm_chart import CHART, REALISTIC, _helm, validate_rendered
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_SECRET = "perfd-engine-token"
@@ -78,25 +77,6 @@ def _container(obj: dict[str, Any]) -> dict[str, Any]:
 def _flag(args: list[str], flag: str) -> str:
     assert args.count(flag) == 1, (flag, args)
     return args[args.index(flag) + 1]
-
-
-def _validate(docs: list[dict[str, Any]]) -> None:
-    kv = pytest.importorskip("kubernetes_validate")
-    import jsonschema
-    from kubernetes_validate.utils import latest_version
-
-    schemas = json.loads(CRDS.read_text())["schemas"]
-    for d in docs:
-        if d["apiVersion"].startswith("monitoring.coreos.com/"):
-            schema = _strict(schemas[f"{d['apiVersion']}/{d['kind']}"])
-            errors = list(jsonschema.Draft202012Validator(schema).iter_errors(d))
-            assert not errors, f"{d['kind']}: {errors[0].message}"
-            continue
-        for version in (*K8S_VERSIONS, latest_version()):
-            try:
-                kv.validate(d, version, strict=True)
-            except kv.ValidationError as exc:
-                pytest.fail(f"{d['kind']}/{d['metadata']['name']} invalid for {version}: {exc.message}")
 
 
 # Every engine value set to something other than its default: none may show while engine.enabled is false.
@@ -151,7 +131,7 @@ def test_rendered_objects_validate(sets: tuple[str, ...]) -> None:
                  "NetworkPolicy", "ServiceAccount", "ServiceAccount", "ServiceAccount"):
         assert kind in kinds
         kinds.remove(kind)
-    _validate(docs)
+    validate_rendered(docs)
 
 
 def test_the_shards(tmp_path: Path) -> None:
@@ -340,7 +320,7 @@ def test_the_engine_egress_policy() -> None:
     assert not selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": "monitoring"})
     assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
     assert extra == {"ports": [{"port": 443}]}
-    _validate([np])
+    validate_rendered([np])
     # The namespace selector is a value.
     docs = _render(*ENGINE, "engine.namespaceSelector.matchLabels.team=messaging")
     (peer,) = _one(docs, "NetworkPolicy", "perfd-engine-egress")["spec"]["egress"][0]["to"]
@@ -371,19 +351,11 @@ def test_the_notes_say_what_to_do() -> None:
 # ---- the rendered pods, run for real against a real NATS cluster ----------------------------------
 
 
-@pytest.fixture
-def procs() -> Iterator[list[tuple[subprocess.Popen[bytes], Path]]]:
-    from tests.procs import stop
-
-    running: list[tuple[subprocess.Popen[bytes], Path]] = []
-    yield running
-    for p, _out in reversed(running):
-        stop(p)
 
 
 @pytest.mark.slow
 def test_rendered_engine_pods_run_against_a_real_nats_cluster(
-        tmp_path: Path, procs: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
+        tmp_path: Path, procs: list[tuple[subprocess.Popen[bytes], Path]]) -> None:  # noqa: F811
     pytest.importorskip("nats")
     from perfd.engine.natsd import NatsCluster, nats_server_binary
     from tests.deploy.kubelet import configmaps_of, connected, kubelet, pod_address
