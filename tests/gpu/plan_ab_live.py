@@ -59,6 +59,11 @@ STEADY_AFTER = 8  # steady iterations kept after the trace was written (the capt
 CAPTURE_AT = 9  # the iteration after which the capture is armed (steady by then)
 STEADY_FROM = 6  # iterations before this one are warm-up
 RUN_TIMEOUT_S = 240
+# Set by --pin / --base-every. On the H200 (16 vCPUs, one NUMA node, no steal) the base stepped 368-409 ms
+# in three runs left to the scheduler and 382-392 ms held to four cores (tests/gpu/host_noise_live.py):
+# a host-bound job's clock moves with where its main thread runs.
+PREFIX: list[str] = []
+BASE_EVERY = 1  # a base run after this many changes (1: ABAB)
 START_S = 45.0  # a run's start-up and teardown, before its first measurement (Megatron-LM, torch)
 
 # Beyond issue 42's big2048 (MHA, GELU, seq 2048, micro-batch 4) and the h=1024 job.
@@ -221,7 +226,7 @@ def capture_run(
     try:
         with log.open("wb") as f:
             p = subprocess.Popen(
-                megatron_argv(megatron, c, CAPTURE_ITERS),
+                [*PREFIX, *megatron_argv(megatron, c, CAPTURE_ITERS)],
                 cwd=megatron,
                 env={**env, **kenv},
                 stdout=f,
@@ -375,10 +380,12 @@ def measure(
     out: Path,
     label: str,
     keep_log: bool = False,
+    prefix: list[str] | None = None,
 ) -> dict[str, Any]:
     """One run of ITERS iterations measured from its own log (``keep_log``: the log kept gzipped in
-    ``out`` as ``log_run_<label>.log.gz``, its timers for a later reading)."""
-    argv = apply_flags(megatron_argv(megatron, c, ITERS), flags, remove)
+    ``out`` as ``log_run_<label>.log.gz``, its timers for a later reading; ``prefix``: a command the
+    job runs under, such as ``taskset -c 0-7``)."""
+    argv = [*(prefix or []), *apply_flags(megatron_argv(megatron, c, ITERS), flags, remove)]
     vlog = out / f".run_{label}.log"
     t0 = time.time()
     try:
@@ -462,7 +469,13 @@ def run_config(
     # the base between every two changes (ABAB): on the H200 the same command stepped 25% apart in runs
     # minutes apart, so each change is held to the base runs just before and after it
     changes = singles + (["set"] if len(plan["set"]["remedies"]) > 1 else [])
-    order = ["base"] + [x for k, c in enumerate(changes) for x in (c, f"base_{k + 1}")]
+    order = ["base"]
+    for k, change in enumerate(changes):
+        order.append(change)
+        if (k + 1) % BASE_EVERY == 0 or k == len(changes) - 1:
+            order.append(f"base_{(k + BASE_EVERY) // BASE_EVERY}")
+    res.setdefault("pinned", " ".join(PREFIX) or None)
+    res.setdefault("base_every", BASE_EVERY)
     for label in order:
         if label in res["runs"] and res["runs"][label].get("steady", {}).get("n"):
             continue
@@ -488,7 +501,7 @@ def run_config(
             remove = [f for r in plan["set"]["remedies"] for f in plan["apply_here"][r]["remove"]]
         else:
             flags, remove = plan["apply_here"][label]["flags"], plan["apply_here"][label]["remove"]
-        got = measure(megatron, c, env, flags, remove, out, f"{name}_{label}")
+        got = measure(megatron, c, env, flags, remove, out, f"{name}_{label}", prefix=PREFIX)
         res["runs"][label] = got
         _save(out, name, res)
         clock.say(
@@ -504,7 +517,12 @@ def main() -> int:
     ap.add_argument("--prior", action="append", default=[], help="a directory an earlier call wrote")
     ap.add_argument("--budget-s", type=float, default=530.0, help="start no run that would end after this")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--pin", default="", help="cores every run (the captured one too) is held to (taskset -c)")
+    ap.add_argument("--base-every", type=int, default=1, help="a base run after this many changes")
     a = ap.parse_args()
+    global BASE_EVERY
+    PREFIX[:] = ["taskset", "-c", a.pin] if a.pin else []
+    BASE_EVERY = max(1, a.base_every)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     clock = Clock(a.budget_s)

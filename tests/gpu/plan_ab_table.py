@@ -46,6 +46,7 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
         "rows": [],
         "set": None,
         "captured_steady_ms": _median(res.get("capture")),
+        "pinned": res.get("pinned"),
         "errors": [],
     }
     if "error" in plan:
@@ -175,7 +176,8 @@ def markdown(t: dict[str, Any]) -> str:
             f"steady {_f(c.get('captured_steady_ms'))} ms. Plan written {c.get('plan_written_at_utc')}"
             + (", read at the first base run's step after it" if c.get("read_at") == "base" else "")
             + f", before any change ran: {'yes' if c.get('predicted_before_applying') else 'NO'}. "
-            "A change is measured against the base runs either side of it.",
+            "A change is measured against the base runs either side of it."
+            + (f" Every run, the captured one too, under `{c['pinned']}`." if c.get("pinned") else ""),
             "",
             "| change | options | predicted (ms saved a step) | measured step (ms) | measured saved | "
             "inside | width (allowed) |",
