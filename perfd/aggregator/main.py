@@ -32,7 +32,7 @@ from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collectives.config import CollectiveConfig
 from perfd.engine.subjects import EngineConfig
 from perfd.exporters.httpd import bind_error
-from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, RemoteWriter, target_name
+from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, Credentials, RemoteWriter, target_name
 from perfd.jobinfo_json import decode_job_info
 from perfd.limits import REFUSED_JOB_INFO_VALUE
 from perfd.refusals import Refusals
@@ -97,6 +97,7 @@ class AggregatorConfig:
     remote_write: list[str] = field(default_factory=list)
     remote_write_interval_s: float = DEFAULT_INTERVAL_S
     remote_write_labels: dict[str, str] = field(default_factory=dict)  # default: perfd_aggregator=HOST:PORT
+    remote_write_credentials: Credentials | None = None  # tenant, auth and CA of every write
     # The distributed path (perfd.engine): this aggregator is (or stands by as) the jobs' root.
     engine: EngineConfig | None = None
     engine_replicas: int = 1
@@ -431,7 +432,8 @@ class Aggregator:
         labels = self.cfg.remote_write_labels or {
             "perfd_aggregator": f"{socket.gethostname()}:{self.grpc_port}"}
         self.remote = RemoteWriter(self.cfg.remote_write, self.http.collector.collect, labels,
-                                   interval_s=self.cfg.remote_write_interval_s)
+                                   interval_s=self.cfg.remote_write_interval_s,
+                                   credentials=self.cfg.remote_write_credentials)
         self.http.collector.remote_write = self.remote.stats
         self.remote.start()
         log.info("remote-write every %.0f s to %s (labels %s)", self.cfg.remote_write_interval_s,

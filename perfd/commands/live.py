@@ -12,7 +12,7 @@ from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.aggregator.loops import EVENT_LOOPS
 from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.commands.engine import add_engine_arguments
-from perfd.exporters.remote_write import DEFAULT_INTERVAL_S
+from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, TENANT_HEADER, Credentials, CredentialsError
 from perfd.thresholds import STALL_PHASE_MAX_S
 
 if TYPE_CHECKING:
@@ -71,6 +71,21 @@ def _aggregator(args: argparse.Namespace) -> int:
         labels[name.strip()] = value
     if args.remote_write_interval <= 0:
         print("perfd aggregator: --remote-write-interval must be > 0 seconds", file=sys.stderr)
+        return 2
+    rw_options = (args.remote_write_tenant, args.remote_write_header, args.remote_write_bearer_token_file,
+                  args.remote_write_basic_auth_user, args.remote_write_basic_auth_password_file,
+                  args.remote_write_ca_file)
+    if any(rw_options) and not args.remote_write:
+        print("perfd aggregator: the --remote-write-* options need a --remote-write URL", file=sys.stderr)
+        return 2
+    if args.remote_write and importlib.util.find_spec("cramjam") is None:
+        print("perfd aggregator: --remote-write needs cramjam (snappy): pip install 'perfd[remote-write]'",
+              file=sys.stderr)
+        return 2
+    try:
+        credentials = Credentials.of(*rw_options)
+    except CredentialsError as exc:
+        print(f"perfd aggregator: {exc}", file=sys.stderr)
         return 2
     if args.wandb_project and importlib.util.find_spec("wandb") is None:
         # Refused here, not at the first export round: the export runs every --wandb-interval and
@@ -140,7 +155,8 @@ def _aggregator(args: argparse.Namespace) -> int:
                            max_bytes_per_job=int(args.retain_mib * (1 << 20)),
                            remote_write=args.remote_write or [],
                            remote_write_interval_s=args.remote_write_interval,
-                           remote_write_labels=labels, engine=engine,
+                           remote_write_labels=labels, remote_write_credentials=credentials,
+                           engine=engine,
                            engine_replicas=args.engine_replicas, engine_root_id=args.engine_root_id)
     if args.job_stale_after is not None and args.job_stale_after <= 0:
         print("perfd aggregator: --job-stale-after must be > 0 seconds", file=sys.stderr)
@@ -336,6 +352,19 @@ def register(sub: SubParsers) -> None:
     g.add_argument("--remote-write-label", action="append", metavar="NAME=VALUE", default=[],
                    help="label added to every series written (repeatable; default: "
                    "perfd_aggregator=HOST:GRPC_PORT, so two shards' own series stay apart)")
+    g.add_argument("--remote-write-tenant", metavar="ID",
+                   help=f"tenant of every series written, sent as {TENANT_HEADER} (Grafana Mimir, Cortex; "
+                   "Thanos Receive with --receive.tenant-header=X-Scope-OrgID)")
+    g.add_argument("--remote-write-header", action="append", metavar="NAME=VALUE", default=[],
+                   help="extra header on every remote write (repeatable; e.g. THANOS-TENANT=team-a)")
+    g.add_argument("--remote-write-bearer-token-file", metavar="PATH",
+                   help="send 'Authorization: Bearer <first line of PATH>', read at every write")
+    g.add_argument("--remote-write-basic-auth-user", metavar="USER", help="basic auth user (with "
+                   "--remote-write-basic-auth-password-file)")
+    g.add_argument("--remote-write-basic-auth-password-file", metavar="PATH",
+                   help="basic auth password: the first line of PATH, read at every write")
+    g.add_argument("--remote-write-ca-file", metavar="PATH",
+                   help="verify an https:// remote-write receiver against this CA (default: the system's)")
     add_engine_arguments(g)
     g.add_argument("--engine-root-id", metavar="ID", help="with --engine: this root's id in the lease "
                    "(default: HOST:GRPC_PORT); the aggregator holding the lease leads, the others stand by")

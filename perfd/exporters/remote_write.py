@@ -12,11 +12,22 @@ with snappy's block format (cramjam), ``Content-Encoding: snappy``,
 pushes to a Pushgateway but has no remote-write client. As the spec asks: a 5xx or 429 answer is
 retried (the payload waits, oldest first, bounded by bytes: past the bound the oldest is dropped and
 counted), any other 4xx is dropped and counted — the receiver will never take it.
+
+Multi-tenant stores and gateways want more than the protocol's headers (:class:`Credentials`): a tenant
+(``X-Scope-OrgID``: Grafana Mimir and Cortex; Thanos Receive reads it with
+``--receive.tenant-header=X-Scope-OrgID``, or takes its own ``THANOS-TENANT`` as an extra header), a
+bearer token or basic auth read from files at every request (a rotated secret is used at the next
+round, never logged), and a CA to verify an https receiver against. Prometheus' own remote_write
+section (``headers``, ``authorization``, ``basic_auth``, ``tls_config.ca_file``) is the model.
 """
 
 from __future__ import annotations
 
+import base64
+import ipaddress
 import logging
+import re
+import ssl
 import threading
 import time
 from collections import deque
@@ -33,6 +44,113 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL_S = 15.0  # Prometheus' default scrape interval: the same resolution as a scrape
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_PENDING_BYTES = 32 << 20  # per target: a few minutes of a large aggregator's series
+
+
+TENANT_HEADER = "X-Scope-OrgID"  # Mimir / Cortex; Thanos Receive with --receive.tenant-header=X-Scope-OrgID
+# The protocol's own headers and the transport's: set by the writer, never by an option.
+RESERVED_HEADERS = frozenset({"content-encoding", "content-type", "content-length", "host",
+                              "x-prometheus-remote-write-version", "user-agent", "authorization"})
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
+
+
+class CredentialsError(ValueError):
+    """An option the writer cannot use: said at start, where a person can fix it."""
+
+
+def _secret(path: str, what: str) -> str:
+    """A secret's first line, read now (so a rotated file is used at the next request)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CredentialsError(f"cannot read the {what} file {path}: {type(e).__name__}") from e
+    if not line:
+        raise CredentialsError(f"the {what} file {path} is empty")
+    return line
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What every request carries past the protocol's own headers: extra headers (the tenant among
+    them), at most one of a bearer token or basic auth (each read from a file at every request), and a
+    CA file to verify an https receiver against (the system's CAs without one)."""
+
+    headers: tuple[tuple[str, str], ...] = ()
+    bearer_token_file: str | None = None
+    basic_user: str | None = None
+    basic_password_file: str | None = None
+    ca_file: str | None = None
+
+    @classmethod
+    def of(cls, tenant: str | None = None, headers: Iterable[str] = (), bearer_token_file: str | None = None,
+           basic_user: str | None = None, basic_password_file: str | None = None,
+           ca_file: str | None = None) -> Credentials:
+        """From the command line's options (``headers``: ``NAME=VALUE``), checked: a bad one raises
+        :class:`CredentialsError` naming it, and every file is read once here."""
+        pairs: list[tuple[str, str]] = []
+        for item in headers:
+            name, sep, value = item.partition("=")
+            name = name.strip()
+            if not sep or not _TOKEN.match(name):
+                raise CredentialsError(
+                    f"a remote-write header wants NAME=VALUE with a header name, got {item!r}")
+            pairs.append((name, value))
+        if tenant is not None:
+            pairs.append((TENANT_HEADER, tenant))
+        seen: set[str] = set()
+        for name, value in pairs:
+            if name.lower() in RESERVED_HEADERS:
+                raise CredentialsError(f"the remote-write header {name} is the writer's own"
+                                       + (" (use the bearer-token or basic-auth options)"
+                                          if name.lower() == "authorization" else ""))
+            if name.lower() in seen:
+                raise CredentialsError(f"the remote-write header {name} is given twice")
+            if any(c in value for c in "\r\n\0") or not value.strip():
+                raise CredentialsError(f"the remote-write header {name} has an empty value or a line break")
+            seen.add(name.lower())
+        if bearer_token_file and (basic_user or basic_password_file):
+            raise CredentialsError("remote-write takes a bearer token or basic auth, not both")
+        if bool(basic_user) != bool(basic_password_file):
+            raise CredentialsError("remote-write basic auth needs both the user and the password file")
+        c = cls(tuple(pairs), bearer_token_file, basic_user, basic_password_file, ca_file)
+        c.authorization()  # the files are readable now, or the writer is not started
+        c.ssl_context()
+        return c
+
+    @property
+    def secret(self) -> bool:
+        return bool(self.bearer_token_file or self.basic_user)
+
+    def authorization(self) -> str | None:
+        """The ``Authorization`` header's value from the files as they are now (None: no auth)."""
+        if self.bearer_token_file:
+            return f"Bearer {_secret(self.bearer_token_file, 'remote-write bearer token')}"
+        if self.basic_user and self.basic_password_file:
+            pw = _secret(self.basic_password_file, "remote-write password")
+            return "Basic " + base64.b64encode(f"{self.basic_user}:{pw}".encode()).decode("ascii")
+        return None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.ca_file:
+            return None
+        try:
+            return ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as e:
+            raise CredentialsError(f"cannot use the remote-write CA file {self.ca_file}: {e}") from e
+
+
+def in_the_clear(url: str) -> bool:
+    """True when ``url`` is http:// to a host other than loopback: a secret sent there can be read."""
+    u = urlsplit(url)
+    if u.scheme != "http":
+        return False
+    host = u.hostname or ""
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
 
 
 def target_name(url: str) -> str:
@@ -84,7 +202,7 @@ class RemoteWriter:
     def __init__(self, urls: Iterable[str], source: Callable[[], Iterable[Metric]],
                  external_labels: Mapping[str, str] | None = None, interval_s: float = DEFAULT_INTERVAL_S,
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-                 token: Callable[[], str] | None = None, clock: Callable[[], float] = time.time) -> None:
+                 credentials: Credentials | None = None, clock: Callable[[], float] = time.time) -> None:
         import cramjam  # an optional dependency (perfd[remote-write]): imported when configured
 
         self._compress: Callable[[bytes], bytes] = lambda b: bytes(cramjam.snappy.compress_raw(b))
@@ -99,8 +217,14 @@ class RemoteWriter:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.max_pending_bytes = max_pending_bytes
-        self.token = token
+        self.credentials = credentials or Credentials()
+        self._ssl = self.credentials.ssl_context()
         self.clock = clock
+        if self.credentials.secret:
+            for t in self.targets:
+                if in_the_clear(t.url):
+                    log.warning("remote-write to %s sends its credentials over plain http: anyone on the "
+                                "path can read them (use https://)", target_name(t.url))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -146,11 +270,17 @@ class RemoteWriter:
 
         headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
                    "X-Prometheus-Remote-Write-Version": "0.1.0", "User-Agent": "perfd-remote-write"}
-        if self.token is not None:
-            headers["Authorization"] = f"Bearer {self.token()}"
+        headers.update(self.credentials.headers)
+        try:
+            auth = self.credentials.authorization()
+        except CredentialsError as e:  # a secret file gone or emptied: kept until it is readable again
+            self._note(t, str(e))
+            return "retry"
+        if auth is not None:
+            headers["Authorization"] = auth
         req = urllib.request.Request(t.url, data=payload, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ssl) as resp:
                 resp.read()
             t.stats.last_error = None
             return "sent"

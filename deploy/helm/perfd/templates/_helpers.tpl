@@ -83,8 +83,17 @@ is set): a file, read-only, never an environment variable or an argument. */}}
     defaultMode: {{ .mode }}
 {{- end -}}
 
-{{/* Refusals of values that would render pods that cannot work (the schema checks the types). */}}
-{{- define "perfd.engineCheck" -}}
+{{/* Refusals of values that would render pods that cannot work (the schema checks the types): the
+   remote-write credentials, the engine. */}}
+{{- define "perfd.valuesCheck" -}}
+{{- with .Values.aggregator.remoteWrite }}
+{{- if and .bearerTokenKey .basicAuthUser }}
+{{- fail "aggregator.remoteWrite takes bearerTokenKey or basicAuthUser, not both" }}
+{{- end }}
+{{- if and (or .bearerTokenKey .basicAuthUser .caKey) (not .secret) }}
+{{- fail "aggregator.remoteWrite.bearerTokenKey, basicAuthUser and caKey name keys of aggregator.remoteWrite.secret: set it" }}
+{{- end }}
+{{- end }}
 {{- if .Values.engine.enabled }}
 {{- if not .Values.engine.urls }}
 {{- fail "engine.enabled needs engine.urls: the NATS servers' client URLs, e.g. nats://nats.nats.svc:4222" }}
