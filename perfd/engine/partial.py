@@ -11,7 +11,7 @@ the root knows the world it saw and counts a message folded twice. Pure.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
@@ -113,6 +113,43 @@ def encode(batch_id: str, sender: str, created_ns: int, partials: Sequence[Parti
     if job_info_json:
         b.job_info_json.update(job_info_json)
     return b.SerializeToString()
+
+
+BATCH_ID_ROOM = 256  # bytes kept for a batch's id (set once its partials are known)
+
+
+def encode_batches(next_id: Callable[[], str], sender: str, created_ns: int, partials: Sequence[Partial],
+                   job_info_json: dict[str, str] | None, max_bytes: int) -> list[tuple[str, bytes]]:
+    """``partials`` in as few EngineBatch messages as fit ``max_bytes`` each (the engine's largest
+    message), the job info in the first: (id, bytes) each, ids from ``next_id``. ValueError for a
+    partial that alone does not fit (a shard caps its partials' ranks so that none comes near)."""
+    out: list[tuple[str, bytes]] = []
+
+    def batch() -> pb.EngineBatch:
+        return pb.EngineBatch(sender=sender, created_ns=created_ns)
+
+    b = batch()
+    if job_info_json:
+        b.job_info_json.update(job_info_json)
+    size = b.ByteSize() + BATCH_ID_ROOM
+    for p in partials:
+        m = pb.Partial()
+        to_pb(p, m)
+        n = m.ByteSize() + 8  # its field's tag and length
+        if n + BATCH_ID_ROOM > max_bytes:
+            raise ValueError(f"a partial of {len(p.ranks)} ranks is {n} bytes, over the {max_bytes} a "
+                             "message may carry")
+        if len(b.partials) and size + n > max_bytes:
+            b.id = next_id()
+            out.append((b.id, b.SerializeToString()))
+            b = batch()
+            size = b.ByteSize() + BATCH_ID_ROOM
+        b.partials.append(m)
+        size += n
+    if len(b.partials) or len(b.job_info_json):
+        b.id = next_id()
+        out.append((b.id, b.SerializeToString()))
+    return out
 
 
 @dataclass

@@ -4,7 +4,8 @@ and the job's root.
 A shard holds partitions of the node stream by lease (perfd.engine.leases): as many as its fair
 share of the shards alive (each renews a member key), taking a partition whose holder stopped
 renewing. From each partition's durable consumer it folds what arrives into one Partial per (job,
-iteration) and every FLUSH_S publishes them, one message per job, to the job's partials subject;
+iteration) (several, each of at most MAX_PARTIAL_RANKS ranks) and every FLUSH_S publishes them to the
+job's partials subject, in as few messages as the engine's largest message allows;
 only once the engine acknowledged that does it acknowledge the node messages folded in. A shard
 killed at any point leaves its unacknowledged messages to the engine, which delivers them again
 (after ACK_WAIT_S) to whoever holds the partition next; a message that reached the root twice that
@@ -24,7 +25,7 @@ from typing import Any
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect, ensure_streams
 from perfd.engine.leases import Lease, holders
-from perfd.engine.partial import Partial, decode, encode
+from perfd.engine.partial import Partial, decode, encode_batches
 
 log = logging.getLogger("perfd.engine")
 
@@ -35,6 +36,11 @@ MEMBER_PREFIX = "member."
 # Node messages a partition's consumer hands out before they are acknowledged: a few fetches. More
 # would let a slow shard take what it cannot fold within ACK_WAIT_S, delivered again to no purpose.
 MAX_ACK_PENDING = 4 * FETCH_BATCH
+# A partial's ranks at most: ~48 bytes a rank on the wire (the step hook's records), so ~200 KB, well
+# under nats-server's 1 MiB message. One shard holding a 100,000-rank job folded it into one partial of
+# ~4.8 MB, which the engine refused at every flush (perfd bench engine --shards 1): nothing got through.
+MAX_PARTIAL_RANKS = 4096
+DEFAULT_MAX_PAYLOAD = 1 << 20  # nats-server's default, where the server did not say its own
 
 
 @dataclass
@@ -58,11 +64,13 @@ class Shard:
         self.cfg, self.id, self.replicas = cfg, shard_id, replicas
         self.epoch = uuid.uuid4().hex[:12]
         self.stats = ShardStats()
-        self._pending: dict[tuple[str, int], Partial] = {}
+        self._pending: dict[tuple[str, int], list[Partial]] = {}
+        self._max_bytes = DEFAULT_MAX_PAYLOAD - 4096  # the message headers' room kept
         self._job_info: dict[str, str] = {}
         self._to_ack: list[Any] = []
         self._to_term: list[Any] = []
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._stops: dict[int, asyncio.Event] = {}  # a partition's consumer ends between two fetches
         self._leases: dict[int, Lease] = {}
         self._flushes = 0
         self._connected_once = False
@@ -97,6 +105,7 @@ class Shard:
     async def _session(self, stop: asyncio.Event) -> None:
         nc = await connect(self.cfg, f"perfd-shard {self.id}")
         self._connected_once = True
+        self._max_bytes = int(getattr(nc, "max_payload", 0) or DEFAULT_MAX_PAYLOAD) - 4096
         try:
             await ensure_streams(nc, self.replicas)
             js = nc.jetstream()
@@ -110,13 +119,12 @@ class Shard:
                     except asyncio.TimeoutError:
                         pass
             finally:
-                for t in self._tasks.values():
-                    t.cancel()
-                await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+                leases = list(self._leases.values())
+                await self._retire(list(self._tasks))
                 await self._flush(js)  # what was folded leaves before the leases do
                 flusher.cancel()
                 await asyncio.gather(flusher, return_exceptions=True)
-                for lease in self._leases.values():
+                for lease in leases:
                     await lease.release()
         finally:
             await nc.close()
@@ -134,7 +142,7 @@ class Shard:
                 why = t.exception() if not t.cancelled() else None
                 self.stats.consumer_restarts += 1
                 log.warning("shard %s: partition %d's consumer ended (%r): started again", self.id, p, why)
-                self._tasks[p] = asyncio.create_task(self._consume(js, p))
+                self._start(js, p)
         members = max(1, len(await holders(kv, MEMBER_PREFIX)))
         share = math.ceil(self.cfg.partitions / members)
         # Each shard starts looking at its own offset, so shards starting together take different ones.
@@ -149,21 +157,49 @@ class Shard:
             if await lease.acquire():
                 self.stats.leases_taken += 1
                 self._leases[p] = lease
-                self._tasks[p] = asyncio.create_task(self._consume(js, p))
+                self._start(js, p)
                 log.info("shard %s: holds partition %d", self.id, p)
-        for p in sorted(self._leases)[share:]:  # over the share (more shards now): give them back
-            lease = self._leases[p]
-            self._drop(p)
-            await lease.release()
+        over = sorted(self._leases)[share:]  # over the share (more shards now): give them back
+        if over:
+            leases = [self._leases[p] for p in over]
+            await self._retire(over)
+            await self._flush(js)  # what they fetched is acknowledged before another shard holds them
+            for lease in leases:
+                await lease.release()
         self.stats.partitions = sorted(self._leases)
 
+    def _start(self, js: Any, p: int) -> None:
+        stop = self._stops[p] = asyncio.Event()
+        self._tasks[p] = asyncio.create_task(self._consume(js, p, stop))
+
     def _drop(self, p: int) -> None:
+        """At once (the lease is lost, or the connection): what the consumer had fetched and not
+        folded is delivered again after ACK_WAIT_S."""
+        self._stops.pop(p, asyncio.Event()).set()
         t = self._tasks.pop(p, None)
         if t is not None:
             t.cancel()
         self._leases.pop(p, None)
 
-    async def _consume(self, js: Any, p: int) -> None:
+    async def _retire(self, partitions: list[int]) -> None:
+        """Between two fetches (each ends within FETCH_TIMEOUT_S): what the consumers fetched is
+        folded, so a partition handed over (or a shard stopped) leaves nothing waiting out the ack
+        wait for the next holder. A consumer that does not end in time is cancelled."""
+        tasks = []
+        for p in partitions:
+            self._stops.pop(p, asyncio.Event()).set()
+            self._leases.pop(p, None)
+            t = self._tasks.pop(p, None)
+            if t is not None:
+                tasks.append(t)
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=FETCH_TIMEOUT_S + 2.0)
+        for t in late:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _consume(self, js: Any, p: int, stop: asyncio.Event) -> None:
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -171,13 +207,17 @@ class Shard:
             S.partition_filter(p), durable=S.shard_consumer(p), stream=S.NODES_STREAM,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=S.ACK_WAIT_S,
                                   max_ack_pending=MAX_ACK_PENDING))
-        while True:
+        while not stop.is_set():
             try:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_TIMEOUT_S)
             except (NatsTimeout, asyncio.TimeoutError):  # nats-py raises either when nothing came
                 continue
             for m in msgs:
                 self._fold_in(m)
+        try:
+            await sub.unsubscribe()
+        except Exception as exc:  # the connection is going: the server forgets the subscription
+            log.debug("shard %s: partition %d unsubscribe: %s", self.id, p, exc)
 
     def _fold_in(self, m: Any) -> None:
         self.stats.node_messages += 1
@@ -189,13 +229,17 @@ class Shard:
             self._to_term.append(m)  # never delivered again: it would fail the same way
             return
         for part in d.partials:
-            held = self._pending.get((part.job, part.iteration))
-            if held is None:
-                self._pending[(part.job, part.iteration)] = part
+            held = self._pending.setdefault((part.job, part.iteration), [])
+            if held and len(held[-1].ranks) + len(part.ranks) <= MAX_PARTIAL_RANKS:
+                held[-1].merge(part)
             else:
-                held.merge(part)
+                held.append(part)
         self._job_info.update(d.job_info_json)
         self._to_ack.append(m)
+
+    def _next_batch_id(self) -> str:
+        self._flushes += 1
+        return f"{self.id}:{self.epoch}:{self._flushes}"
 
     async def _flush_loop(self, js: Any, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -208,27 +252,23 @@ class Shard:
         pending, infos, to_ack = self._pending, self._job_info, self._to_ack
         self._pending, self._job_info, self._to_ack = {}, {}, []
         by_job: dict[str, list[Partial]] = {}
-        for (job, _), part in pending.items():
-            by_job.setdefault(job, []).append(part)
+        for (job, _), parts in pending.items():
+            by_job.setdefault(job, []).extend(parts)
         for job in infos:
             by_job.setdefault(job, [])
         try:
             for job, parts in by_job.items():
-                self._flushes += 1
-                bid = f"{self.id}:{self.epoch}:{self._flushes}"
                 info = {job: infos[job]} if job in infos else None
-                await js.publish(S.partials_subject(job), encode(bid, self.id, time.time_ns(), parts, info),
-                                 timeout=5.0, headers={"Nats-Msg-Id": bid})
-                self.stats.batches_published += 1
+                for bid, data in encode_batches(self._next_batch_id, self.id, time.time_ns(), parts, info,
+                                                self._max_bytes):
+                    await js.publish(S.partials_subject(job), data, timeout=5.0, headers={"Nats-Msg-Id": bid})
+                    self.stats.batches_published += 1
                 self.stats.partials_published += len(parts)
         except Exception as exc:  # the engine is away: fold it back, acknowledge nothing, retry
             self.stats.publish_errors += 1
             log.warning("shard %s: publishing partials failed (%s): kept, retried", self.id, exc)
-            for key, part in pending.items():
-                held = self._pending.get(key)
-                if held is not None:
-                    part.merge(held)
-                self._pending[key] = part
+            for key, parts in pending.items():
+                self._pending[key] = parts + self._pending.get(key, [])
             self._job_info = {**infos, **self._job_info}
             self._to_ack = to_ack + self._to_ack
             return

@@ -206,3 +206,28 @@ def test_a_shard_cut_off_from_the_engine_loses_and_doubles_nothing(make_rig: Mak
               f"{plan.nodes} nodes; {other} held all {took:.1f}s after the cut; {f.line()}; {d}; "
               f"back to pass at {t_back - t_cut:.1f}s; {cut} holding its share again {rejoined:.1f}s "
               f"after; proxy dropped {proxies[cut].dropped_bytes} B; wall {time.monotonic() - t0:.1f}s")
+
+
+def test_a_shard_joining_mid_run_takes_its_share_with_nothing_delivered_twice(make_rig: MakeRig) -> None:
+    """One shard holds every partition while 48 nodes publish; a second joins and the first gives half
+    back. The first stops those partitions' consumers between two fetches, acknowledges what they
+    fetched, then releases the leases: nothing is left waiting out the ack wait (10 s) for the
+    newcomer, so no node message reaches a shard twice and the root folds each once."""
+    rig = make_rig(servers=1)
+    plan = Plan(nodes=48, iterations=24, period_s=PERIOD_S)
+    with rig.explained():
+        rig.up(("shard-a",))
+        load = rig.start_load(plan)
+        load.wait_submitted(6)
+        t_join = time.monotonic()
+        rig.start_shard("shard-b")
+        wait_for(lambda: rig.split(("shard-a", "shard-b")), 30, "the two shards to split the partitions",
+                 ignore=NOT_YET, interval=0.1)
+        took = time.monotonic() - t_join
+        f = settle_and_check(rig, plan)
+        cons = consumers(rig.urls, list(range(rig.partitions)))
+        redelivered = {p: c["redelivered"] for p, c in cons.items() if c["redelivered"]}
+        print(f"FIGURES shard joined: split {took:.1f}s after the start; {f.line()}; "
+              f"consumers redelivered {redelivered}")
+        assert f.shard_folds == f.distinct and not redelivered, (f.line(), redelivered)
+        assert f.redelivered == 0, f.line()

@@ -119,3 +119,24 @@ def test_the_root_counts_redeliveries_completes_iterations_and_folds_a_late_part
     (fold,) = out
     assert fold == store.folds[1] == fold_ranks([r for n in range(NODES) for r in BY_NODE[n][0]])
     assert rf.stats.late == 1
+
+
+def test_partials_go_in_as_few_messages_as_fit_the_engines_largest_and_each_once():
+    """A shard's flush (perfd.engine.shard): the job's partials spread over messages under the byte
+    bound, each partial in exactly one, the job info in the first, every message its own id; a
+    partial that alone is over the bound is refused, not sent to be refused by the engine."""
+    from perfd.engine.partial import encode_batches
+
+    parts = [partials_of(BY_NODE[n][0], f"m{n}")[0] for n in range(NODES)]
+    one = len(encode("x", "s", 0, parts[:1]))
+    ids = iter(f"b{k}" for k in itertools.count())
+    out = encode_batches(lambda: next(ids), "s", 7, parts, {"j": "{}"}, max_bytes=2 * one + 300)
+    assert len(out) == 2 and all(len(data) <= 2 * one + 300 for _, data in out)
+    got = [decode(data) for _, data in out]
+    assert [d.id for d in got] == [bid for bid, _ in out] == ["b0", "b1"]
+    assert [d.job_info_json for d in got] == [{"j": "{}"}, {}]
+    assert sorted(m for d in got for p in d.partials for m in p.messages) == [f"m{n}" for n in range(NODES)]
+    assert encode_batches(lambda: "only", "s", 7, [], {"j": "{}"}, max_bytes=10_000)[0][0] == "only"
+    assert encode_batches(lambda: "none", "s", 7, [], None, max_bytes=10_000) == []
+    with pytest.raises(ValueError, match="over the"):
+        encode_batches(lambda: "x", "s", 7, parts, None, max_bytes=one // 2)
