@@ -100,9 +100,10 @@ def test_a_table_survives_json_and_a_broken_one_is_refused() -> None:
                                                          (V4, "long_seq", 4)])
 def test_the_recorded_captures_replay_to_their_own_step(folder: Path, name: str, microbatches: int) -> None:
     """Each H200 capture replayed unchanged at the profiled host's speed steps within 4% under the span
-    (never over it) between the trace's own step marks (an independent clock: the host's, where the replay builds the
-    GPU's from each launch); the micro-batches it finds a step are the job's (global over micro-batch
-    size, from its command line); a faster host never steps slower, and no change makes it slower."""
+    (never over it) between the trace's own step marks (an independent clock: the host's, where the
+    replay builds the GPU's from each launch); the micro-batches it finds a step are the job's (global
+    over micro-batch size, from its command line); a faster host never steps slower, and no change
+    makes it slower."""
     a = analyze_trace(read_chrome_trace(folder / f"plan_{name}_rank0.json.gz"))
     t = a.devices[0].replay
     assert t is not None and t.microbatches == microbatches

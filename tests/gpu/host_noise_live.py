@@ -31,7 +31,7 @@ STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "st
 
 def cpu_times() -> dict[str, int]:
     first = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    return dict(zip(STAT_FIELDS, map(int, first)))
+    return dict(zip(STAT_FIELDS, map(int, first[:len(STAT_FIELDS)]), strict=True))
 
 
 def share(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
@@ -80,12 +80,15 @@ def main() -> int:
         got.pop("steps_raw", None)
         res["runs"][f"{k}_{label}"] = got
         (out / "host_noise.json").write_text(json.dumps(res, indent=1, default=str))
-        clock.say(f"{k} {label}: {got['steady']} cpu {got['cpu_share']} exit {got['exit']} ({got['wall_s']} s)")
+        clock.say(f"{k} {label}: {got['steady']} cpu {got['cpu_share']} exit {got['exit']} "
+                  f"({got['wall_s']} s)")
         k += 1
     for label in variants:
-        meds = [r["steady"]["median_ms"] for n, r in res["runs"].items() if n.endswith(label) and r["steady"].get("n")]
+        meds = [r["steady"]["median_ms"] for n, r in res["runs"].items()
+                if n.endswith(label) and r["steady"].get("n")]
         if meds:
-            clock.say(f"{label}: medians {meds} spread {max(meds) - min(meds):.1f} ms, mean {statistics.fmean(meds):.1f}")
+            clock.say(f"{label}: medians {meds} spread {max(meds) - min(meds):.1f} ms, "
+                      f"mean {statistics.fmean(meds):.1f}")
     return 0
 
 

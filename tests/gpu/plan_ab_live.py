@@ -517,7 +517,8 @@ def main() -> int:
     ap.add_argument("--prior", action="append", default=[], help="a directory an earlier call wrote")
     ap.add_argument("--budget-s", type=float, default=530.0, help="start no run that would end after this")
     ap.add_argument("--table-only", action="store_true")
-    ap.add_argument("--pin", default="", help="cores every run (the captured one too) is held to (taskset -c)")
+    ap.add_argument("--pin", default="",
+                    help="cores every run (the captured one too) is held to (taskset -c)")
     ap.add_argument("--base-every", type=int, default=1, help="a base run after this many changes")
     a = ap.parse_args()
     global BASE_EVERY
