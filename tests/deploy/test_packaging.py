@@ -58,3 +58,17 @@ def test_the_image_installs_the_engine_client_perfd_engine_pins():
     assert m, "no engine extra in pyproject.toml"
     (pin,) = [d.strip().strip('"') for d in m.group(1).split(",") if "nats-py" in d]
     assert re.search(rf'"{re.escape(pin)}"', (ROOT / "Dockerfile").read_text()), pin
+
+
+def test_the_image_installs_a_remote_write_snappy_perfd_accepts():
+    """The Dockerfile names cramjam with a version (DL3013), one perfd[remote-write] accepts: without it
+    the container's aggregator refuses --remote-write (the chart's aggregator.remoteWrite)."""
+    import re
+
+    from packaging.specifiers import SpecifierSet
+
+    m = re.search(r'^remote-write = \[(.*)\]', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert m, "no remote-write extra in pyproject.toml"
+    (spec,) = [d.strip().strip('"').removeprefix("cramjam") for d in m.group(1).split(",") if "cramjam" in d]
+    pinned = re.search(r'"cramjam==([0-9.]+)"', (ROOT / "Dockerfile").read_text())
+    assert pinned and pinned.group(1) in SpecifierSet(spec), (spec, pinned)
