@@ -99,13 +99,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             ended = now
             hook.step_end()
         hook.close(timeout_s=2.0)
+        load = load_per_cpu()  # the machine as the loop ran (the 1-minute average), not as a test reads it
         out = _collect(collector, STEPS)
     finally:
         torch.set_num_threads(threads)
         dist.destroy_process_group()
         collector.stop()
     yield {"records": out.steps, "job_info": out.job_info, "waits": waits, "steps": steps,
-           "errors": dict(collector.errors)}
+           "errors": dict(collector.errors), "load": load}
+
+
+def _busy(run: dict[str, Any]) -> bool:
+    """Was the machine busy while the loop ran, or is it now (a load average lags what it averages)."""
+    return max(float(run["load"]), load_per_cpu()) >= BUSY_LOAD_PER_CPU
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +168,7 @@ def test_data_share_is_the_hooks_data_wait(run: dict[str, Any], analysed: dict[s
     # against 0.855). So above the busy load, nine steps in ten within 2 points, not every one.
     own_share = {i: run["waits"][i] / run["steps"][i] for i in SLOW}
     off = [i for i in SLOW if rows[i].data_share != pytest.approx(own_share[i], abs=0.02)]
-    if load_per_cpu() < BUSY_LOAD_PER_CPU:
+    if not _busy(run):
         assert off == []
     else:
         assert len(off) <= len(SLOW) // 10, off
@@ -224,7 +230,7 @@ def test_the_slow_data_stretch_is_one_incident_with_its_cost(run: dict[str, Any]
     in_stretch = sum(run["steps"][i] - ref for i in SLOW) / 1e3
     # Most of it: 80% here; with two suites at once on 2 CPUs the machine's own slow steps next to the
     # stretch joined it for 28% (8.5 of 11.9 s, seen), so there more than half.
-    assert in_stretch >= (0.8 if load_per_cpu() < BUSY_LOAD_PER_CPU else 0.5) * lost_s
+    assert in_stretch >= (0.5 if _busy(run) else 0.8) * lost_s
     # The cause is the data wait (typed), not a guess: it grew by most of the slowdown.
     assert inc.verdict is not None and inc.verdict.cause == "data_wait"
     assert "data loading took up to" in inc.cause
