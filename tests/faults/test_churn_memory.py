@@ -22,8 +22,8 @@ from perfd.model import Sample, StepRecord
 from tests.faults.streams import send_batches
 
 
-def _job(job: str, agent_series: int = 5) -> dict[str, object]:
-    t = time.time() - 30
+def _job(job: str, agent_series: int = 5, ago_s: float = 30.0) -> dict[str, object]:
+    t = time.time() - ago_s
     return {"steps": [StepRecord(job=job, iteration=i, rank="last", end_time=t + i, step_time_ms=10.0)
                       for i in range(1, 4)],
             "samples": [Sample(f"perfd_host_x_{s}", 1.0, t, {"node": "n"}) for s in range(agent_series)]}
@@ -33,17 +33,19 @@ def test_a_sidecar_is_forgotten_with_its_pruned_job_and_the_allocator_trimmed(tm
     async def main() -> None:
         agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], rules_interval_s=0.1,
                                           job_stale_after_s=0.5, state_dir=str(tmp_path / "state"),
-                                          limits=Limits(job_retention_s=1.0)))  # agents: 15 min, the default
+                                          limits=Limits(job_retention_s=3.0)))  # agents: 15 min, the default
         await agg.start()
         target = f"127.0.0.1:{agg.grpc_port}"
         try:
-            await send_batches(target, "node-a/job-1", [_job("job-1")], ["job-1"])  # a job's sidecar
+            # A job's sidecar. Its last step ends as it is sent, so it is pruned 3 s later, not at the next
+            # tick: under a loaded CI run a job that ended 27 s ago was pruned before its series were read.
+            await send_batches(target, "node-a/job-1", [_job("job-1", ago_s=3.0)], ["job-1"])
             assert agg.guard.series == 5  # the sidecar's 5 series
             await send_batches(target, "node-b", [_job("job-2"), _job("job-3")], ["job-2", "job-3"])
-            # and the node agent's 5 beside them, unless job-1 was pruned already (its steps ended 27 s
-            # ago: on a loaded machine the second send can take longer than its 1.5 s to go)
+            # and the node agent's 5 beside them, unless job-1 was pruned already (on a loaded machine the
+            # second send can take longer than job-1's 3 s to go)
             assert agg.guard.series == 10 or agg.lifecycle.jobs_pruned >= 1
-            # job-1 ends and is pruned (1 s after); node-b still holds job-3 after job-2 goes.
+            # job-1 ends and is pruned (3 s after); node-b still holds job-3 after job-2 goes.
             await asyncio.to_thread(_wait, lambda: agg.lifecycle.jobs_pruned >= 3, 20)
             await asyncio.to_thread(_wait, lambda: agg.lifecycle.agents_forgotten >= 2, 10)
             stats = agg.state.stats_json()
