@@ -418,10 +418,12 @@ class Aggregator:
                  self.cfg.grpc_host, self.grpc_port, grpc_sec, auth, self.cfg.http_host, self.http.port, auth)
 
     def _start_engine_root(self, engine: EngineConfig) -> None:
+        from perfd.aggregator.engine_sink import EngineSink
         from perfd.engine.root import Root
 
         root_id = self.cfg.engine_root_id or f"{socket.gethostname()}:{self.grpc_port}"
-        self.engine_root = Root(engine, self.state, root_id, replicas=self.cfg.engine_replicas)
+        self.engine_root = Root(engine, EngineSink(self.state, self.guard), root_id,
+                                replicas=self.cfg.engine_replicas)
         self.state.engine_stats = self.engine_root.stats.to_json
         self._engine_stop = asyncio.Event()
         self._engine_task = asyncio.create_task(self.engine_root.run(self._engine_stop))

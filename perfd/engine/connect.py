@@ -51,7 +51,7 @@ async def connect(cfg: S.EngineConfig, name: str) -> Any:
 
 
 async def ensure_streams(nc: Any, replicas: int = 1) -> None:
-    """The two streams and the lease bucket, made if missing (the same call from every process that
+    """The three streams and the lease bucket, made if missing (the same call from every process that
     starts: JetStream's add is idempotent for an identical config). ``replicas``: 3 on a cluster of
     three servers (one lost keeps every message and lease), 1 on a single server."""
     from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -66,4 +66,8 @@ async def ensure_streams(nc: Any, replicas: int = 1) -> None:
         name=S.PARTIALS_STREAM, subjects=[f"{S.PARTIALS_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE, num_replicas=replicas, duplicate_window=S.DUPLICATE_WINDOW_S,
         max_age=S.PARTIALS_MAX_AGE_S, max_bytes=S.PARTIALS_MAX_BYTES))
+    await js.add_stream(StreamConfig(
+        name=S.RECORDS_STREAM, subjects=[f"{S.RECORDS_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE, num_replicas=replicas, duplicate_window=S.DUPLICATE_WINDOW_S,
+        max_age=S.PARTIALS_MAX_AGE_S, max_bytes=S.RECORDS_MAX_BYTES))
     await js.create_key_value(bucket=S.LEASES_BUCKET, ttl=S.LEASE_TTL_S, replicas=replicas, history=1)

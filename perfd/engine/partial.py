@@ -106,12 +106,15 @@ def from_pb(m: pb.Partial) -> Partial:
 
 
 def encode(batch_id: str, sender: str, created_ns: int, partials: Sequence[Partial],
-           job_info_json: dict[str, str] | None = None) -> bytes:
+           job_info_json: dict[str, str] | None = None, records: pb.Batch | None = None) -> bytes:
+    """``records``: a node's events and collective records (then no partials beside them)."""
     b = pb.EngineBatch(id=batch_id, sender=sender, created_ns=created_ns)
     for p in partials:
         to_pb(p, b.partials.add())
     if job_info_json:
         b.job_info_json.update(job_info_json)
+    if records is not None:
+        b.records.CopyFrom(records)
     return b.SerializeToString()
 
 
@@ -159,6 +162,15 @@ class Decoded:
     created_ns: int
     partials: list[Partial]
     job_info_json: dict[str, str]
+    records: pb.Batch | None = None  # a node's events and collective records, as sent
+
+    @property
+    def records_job(self) -> str:
+        """The job a records message is of ("": a node's events of no job): one per message."""
+        r = self.records
+        if r is None:
+            return ""
+        return r.events[0].job if r.events else (r.collectives[0].job if r.collectives else "")
 
 
 def decode(data: bytes) -> Decoded:
@@ -168,4 +180,5 @@ def decode(data: bytes) -> Decoded:
         b.ParseFromString(data)
     except DecodeError as exc:
         raise ValueError(f"not an EngineBatch: {exc}") from None
-    return Decoded(b.id, b.sender, b.created_ns, [from_pb(m) for m in b.partials], dict(b.job_info_json))
+    return Decoded(b.id, b.sender, b.created_ns, [from_pb(m) for m in b.partials], dict(b.job_info_json),
+                   b.records if b.HasField("records") else None)

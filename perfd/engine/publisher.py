@@ -6,8 +6,8 @@ Nothing is lost while the engine is away: each message waits in the agent's spoo
 disk-backed where the agent has a spool dir) until the engine acknowledged it; one published twice
 (its acknowledgement lost) is dropped by the engine within its duplicate window, and is harmless
 after it (a fold is idempotent). Node series stay on the agent's /metrics for Prometheus and are not
-published; events and collective records are not carried by the engine yet: counted, never dropped
-silently (``not_carried``).
+published. Events and collective records are not reduced: they go as sent, one message per job, to
+the records stream (perfd.engine.subjects), which the jobs' root reads beside the partials.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from perfd.engine import subjects as S
 from perfd.engine.connect import connect
 from perfd.engine.partial import decode, encode, partials_of
 from perfd.model import CollectiveRecord, Sample, StepRecord
+from perfd.transport.codec import encode_batch
+from perfd.transport.series import SeriesTable
 from perfd.transport.spool import Spool
 from perfd.transport.wakeup import wake
 
@@ -50,7 +52,8 @@ class EngineClient:
         self.connects = self.reconnects = 0
         self.batches_submitted = self.published = self.duplicates = self.publish_errors = 0
         self.unreadable = 0  # spooled messages that did not decode (a damaged spool)
-        self.not_carried: dict[str, int] = {}  # what the engine does not carry yet, by kind
+        self.records_submitted = 0  # events and collective records spooled for the records stream
+        self._no_series = SeriesTable()  # records messages carry no samples: nothing is ever defined
         self.last_error = ""
 
     # ---- producer side (any thread) ------------------------------------------------------------
@@ -59,12 +62,14 @@ class EngineClient:
                columns: tuple[Sequence[int], Sequence[int], Sequence[float]] | None = None,
                job_info_json: Mapping[str, str] | None = None, collectives: Iterable[CollectiveRecord] = (),
                on_seq: Callable[[int], object] | None = None) -> int:
-        """Spool one message per job of ``steps`` / ``job_info_json``; returns the last seq (0: none).
-        Samples stay on the agent (its /metrics); events and collectives are counted as not carried."""
-        for kind, items in (("events", events), ("collectives", collectives)):
-            n = sum(1 for _ in items)
-            if n:
-                self.not_carried[kind] = self.not_carried.get(kind, 0) + n
+        """Spool one message per job of ``steps`` / ``job_info_json``, and one per job of ``events`` /
+        ``collectives`` (for the records stream); returns the last seq (0: none). Samples stay on the
+        agent (its /metrics)."""
+        records: dict[str, tuple[list[Mapping[str, Any]], list[CollectiveRecord]]] = {}
+        for ev in events:
+            records.setdefault(str(ev.get("job") or ""), ([], []))[0].append(ev)
+        for c in collectives:
+            records.setdefault(c.job, ([], []))[1].append(c)
         by_job: dict[str, list[StepRecord]] = {}
         for r in steps:
             by_job.setdefault(r.job, []).append(r)
@@ -81,6 +86,15 @@ class EngineClient:
                     on_seq(seq)
                 self.spool.append(seq, data)
                 self.batches_submitted += 1
+            for evs, colls in records.values():
+                seq = self.spool.next_seq()
+                mid = f"{self.agent_id}:{self.spool.epoch}:{seq}"
+                batch = encode_batch(self.agent_id, seq, (), (), evs, self._no_series, collectives=colls)
+                if on_seq is not None:
+                    on_seq(seq)
+                self.spool.append(seq, encode(mid, self.agent_id, batch.created_ns, (), records=batch))
+                self.batches_submitted += 1
+                self.records_submitted += len(evs) + len(colls)
         if seq:
             self._notify()
         return seq
@@ -152,12 +166,15 @@ class EngineClient:
         read back from the spool: counted and logged, then let go, or it would block every later one)."""
         try:
             d = decode(data)
-            job = d.partials[0].job if d.partials else next(iter(d.job_info_json))
+            if d.records is not None:
+                subject = S.records_subject(d.records_job)
+            else:
+                job = d.partials[0].job if d.partials else next(iter(d.job_info_json))
+                subject = S.node_subject(job, S.partition_of(job, self.node, self.cfg.partitions))
         except (ValueError, StopIteration) as exc:
             self.unreadable += 1
             log.error("engine publish: a spooled message cannot be read back (%s): dropped", exc)
             return False
-        subject = S.node_subject(job, S.partition_of(job, self.node, self.cfg.partitions))
         ack = await js.publish(subject, data, timeout=PUBLISH_TIMEOUT_S, headers={"Nats-Msg-Id": d.id})
         return bool(getattr(ack, "duplicate", False))
 
@@ -191,5 +208,5 @@ class EngineClient:
         return {"connected": self.connected, "connects": self.connects, "published": self.published,
                 "duplicates": self.duplicates, "publish_errors": self.publish_errors,
                 "unreadable": self.unreadable,
-                "pending": self.spool.pending_count(), "not_carried": dict(self.not_carried),
+                "pending": self.spool.pending_count(), "records_submitted": self.records_submitted,
                 "last_error": self.last_error}

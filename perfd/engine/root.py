@@ -5,8 +5,10 @@ the rules read a job of 100,000 ranks as they read one that streams to a single 
 One root leads at a time, by lease (perfd.engine.leases); a standby aggregator started the same way
 takes over when the leader stops renewing. The leader reads the partials stream from its first
 message kept (the jobs' history, an hour by default): a new leader, or one that restarted, rebuilds
-what it holds from it, and a partial read twice folds once. Records go to a :class:`RootSink` —
-the aggregator's state — so nothing here knows the aggregator.
+what it holds from it, and a partial read twice folds once. The nodes' events and collective records
+come as their agents sent them, on the records stream, read the same way beside the partials (the
+engine drops a message published twice within its duplicate window). Everything goes to a
+:class:`RootSink` — the aggregator — so nothing here knows the aggregator.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,7 +26,8 @@ from perfd.engine.connect import connect, ensure_streams
 from perfd.engine.leases import Lease
 from perfd.engine.partial import Partial, decode
 from perfd.jobinfo_json import job_info_from_json
-from perfd.model import JobInfo, StepRecord
+from perfd.model import CollectiveRecord, JobInfo, StepRecord
+from perfd.transport.codec import decode_batch
 
 log = logging.getLogger("perfd.engine")
 
@@ -42,6 +45,8 @@ class RootSink(Protocol):
     def ingest_job_info(self, agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None: ...
     def note_folded_ranks(self, job: str, ranks: Collection[int]) -> None: ...
     def held_fold(self, job: str, iteration: int) -> StepRecord | None: ...
+    def ingest_records(self, agent_id: str, events: Sequence[Mapping[str, Any]],
+                       collectives: Sequence[CollectiveRecord]) -> None: ...
 
 
 @dataclass
@@ -54,6 +59,10 @@ class RootStats:
     redelivered: int = 0  # node messages that arrived again (folded once)
     late: int = 0  # partials of an iteration no longer in memory, folded with the store's record
     records_ingested: int = 0
+    # The records stream: messages read, events and collective records handed on as their agents sent them
+    node_records_messages: int = 0
+    events: int = 0
+    collectives: int = 0
     # Iterations that became whole (every rank the job has shown folded in), and the time from their
     # last rank's step end to then: what the job's analysis waits for the engine, a shard and this root.
     complete: int = 0
@@ -132,6 +141,7 @@ class Root:
         self.cfg, self.sink, self.id, self.replicas = cfg, sink, root_id, replicas
         self.fold = RootFold()
         self._read_to = 0  # the partials stream's sequence read and folded up to
+        self._records_read_to = 0  # the records stream's, handed on up to
 
     @property
     def stats(self) -> RootStats:
@@ -181,34 +191,56 @@ class Root:
 
         # From the first partial kept, or — leading again in the same process, whose fold and store
         # hold what it read — from the one after the last it read (a replay would fold it all again).
-        subject = f"{S.PARTIALS_PREFIX}.>"
-        if self._read_to:
-            sub = await js.subscribe(subject, stream=S.PARTIALS_STREAM, ordered_consumer=True,
-                                     deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                                     config=ConsumerConfig(opt_start_seq=self._read_to + 1))
-        else:
-            sub = await js.subscribe(subject, stream=S.PARTIALS_STREAM, ordered_consumer=True,
-                                     deliver_policy=DeliverPolicy.ALL)
+        async def subscribe(stream: str, prefix: str, read_to: int) -> Any:
+            if read_to:
+                return await js.subscribe(f"{prefix}.>", stream=stream, ordered_consumer=True,
+                                          deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                                          config=ConsumerConfig(opt_start_seq=read_to + 1))
+            return await js.subscribe(f"{prefix}.>", stream=stream, ordered_consumer=True,
+                                      deliver_policy=DeliverPolicy.ALL)
+
+        async def batch(sub: Any, wait_s: float) -> list[Any]:
+            msgs: list[Any] = []
+            try:
+                msgs.append(await sub.next_msg(timeout=wait_s))
+                while len(msgs) < 256:  # what else is there already: one store update for all
+                    msgs.append(await sub.next_msg(timeout=0.001))
+            except NatsTimeout:
+                pass
+            return msgs
+
+        async def read_records() -> None:
+            while True:
+                msgs = await batch(rsub, 0.5)
+                if msgs:
+                    self.handle_records([m.data for m in msgs])
+                    self._records_read_to = max(self._records_read_to, msgs[-1].metadata.sequence.stream)
+
+        sub = await subscribe(S.PARTIALS_STREAM, S.PARTIALS_PREFIX, self._read_to)
+        rsub = await subscribe(S.RECORDS_STREAM, S.RECORDS_PREFIX, self._records_read_to)
+        records = asyncio.create_task(read_records())
         loop = asyncio.get_running_loop()
         renew_at = loop.time() + S.LEASE_TTL_S / 3
         try:
             while not stop.is_set():
+                if records.done():  # it stopped on an error: this session ends and reconnects
+                    records.result()
                 if loop.time() >= renew_at:
                     if not await lease.renew():
                         return  # another leads now: stop reading before it starts
                     renew_at = loop.time() + S.LEASE_TTL_S / 3
-                msgs: list[Any] = []
-                try:
-                    msgs.append(await sub.next_msg(timeout=0.5))
-                    while len(msgs) < 256:  # what else is there already: one store update for all
-                        msgs.append(await sub.next_msg(timeout=0.001))
-                except NatsTimeout:
-                    pass
+                msgs = await batch(sub, 0.5)
                 if msgs:
                     self.handle([m.data for m in msgs])
                     self._read_to = max(self._read_to, msgs[-1].metadata.sequence.stream)
         finally:
+            records.cancel()
+            try:
+                await records
+            except (asyncio.CancelledError, Exception):  # its error, if any, was raised above
+                pass
             await sub.unsubscribe()
+            await rsub.unsubscribe()
 
     def handle(self, batch: Sequence[bytes]) -> None:
         """Fold shard messages in and hand what changed to the sink."""
@@ -235,3 +267,21 @@ class Root:
         if records:
             self.sink.ingest_steps(ENGINE_AGENT, records)
             self.stats.records_ingested += len(records)
+
+    def handle_records(self, batch: Sequence[bytes]) -> None:
+        """Hand the nodes' events and collective records on, each as its agent's."""
+        for data in batch:
+            try:
+                d = decode(data)
+                if d.records is None:
+                    raise ValueError("a records message without records")
+                got = decode_batch(d.records, {})
+            except ValueError as exc:
+                self.stats.undecodable += 1
+                log.warning("engine root %s: a records message that does not decode (%s): skipped",
+                            self.id, exc)
+                continue
+            self.stats.node_records_messages += 1
+            self.stats.events += len(got.events)
+            self.stats.collectives += len(got.collectives)
+            self.sink.ingest_records(d.sender, got.events, got.collectives)

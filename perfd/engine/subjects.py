@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 NODES_STREAM = "PERFD_NODES"  # node messages: a work queue, each taken by one shard
 PARTIALS_STREAM = "PERFD_PARTIALS"  # shard partials: the jobs' history, read by their root
+RECORDS_STREAM = "PERFD_RECORDS"  # nodes' events and collective records, read by the root as sent
 LEASES_BUCKET = "perfd_leases"  # KV: partition -> shard, "root" -> root (expire unless renewed)
 NODES_PREFIX = "perfd.nodes"
 PARTIALS_PREFIX = "perfd.partials"
+RECORDS_PREFIX = "perfd.records"
 ROOT_LEASE = "root"
 DEFAULT_PARTITIONS = 16
 # A lease is renewed every LEASE_TTL_S / 3; a holder silent for LEASE_TTL_S loses it (the bucket's
@@ -51,6 +53,11 @@ def partials_subject(job: str) -> str:
     return f"{PARTIALS_PREFIX}.{job_token(job)}"
 
 
+def records_subject(job: str) -> str:
+    """A node's events and collective records of ``job`` ("": events of no job, a node's own)."""
+    return f"{RECORDS_PREFIX}.{job_token(job)}"
+
+
 def partition_lease(partition: int) -> str:
     return f"partition.{partition}"
 
@@ -74,8 +81,10 @@ class EngineConfig:
     partitions: int = DEFAULT_PARTITIONS
 
 # Stream bounds. Node messages wait for a shard: 1 GiB holds ~10 minutes of a 12,500-node job at one
-# iteration every 2 s (~13 KB a message with 8 ranks' timers) should every shard be down. Partials
-# are the jobs' history a new root replays: kept an hour.
+# iteration every 2 s (~13 KB a message with 8 ranks' timers) should every shard be down. Partials,
+# and the nodes' events and collective records beside them, are the jobs' history a new root replays:
+# kept an hour.
 NODES_MAX_BYTES = 1 << 30
 PARTIALS_MAX_BYTES = 4 << 30
 PARTIALS_MAX_AGE_S = 3600.0
+RECORDS_MAX_BYTES = 1 << 30

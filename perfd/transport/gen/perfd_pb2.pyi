@@ -399,23 +399,25 @@ class Command(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., job: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., args: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Partial(_message.Message):
-    __slots__ = ("job", "iteration", "fold", "ranks_le", "job_level", "messages")
+    __slots__ = ("job", "iteration", "fold", "ranks_le", "job_level", "messages", "new_run")
     JOB_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     FOLD_FIELD_NUMBER: _ClassVar[int]
     RANKS_LE_FIELD_NUMBER: _ClassVar[int]
     JOB_LEVEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    NEW_RUN_FIELD_NUMBER: _ClassVar[int]
     job: str
     iteration: int
     fold: StepRecord
     ranks_le: bytes
     job_level: _containers.RepeatedCompositeFieldContainer[StepRecord]
     messages: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., iteration: _Optional[int] = ..., fold: _Optional[_Union[StepRecord, _Mapping]] = ..., ranks_le: _Optional[bytes] = ..., job_level: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
+    new_run: bool
+    def __init__(self, job: _Optional[str] = ..., iteration: _Optional[int] = ..., fold: _Optional[_Union[StepRecord, _Mapping]] = ..., ranks_le: _Optional[bytes] = ..., job_level: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., messages: _Optional[_Iterable[str]] = ..., new_run: _Optional[bool] = ...) -> None: ...
 
 class EngineBatch(_message.Message):
-    __slots__ = ("id", "sender", "created_ns", "partials", "job_info_json")
+    __slots__ = ("id", "sender", "created_ns", "partials", "job_info_json", "records")
     class JobInfoJsonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -428,9 +430,11 @@ class EngineBatch(_message.Message):
     CREATED_NS_FIELD_NUMBER: _ClassVar[int]
     PARTIALS_FIELD_NUMBER: _ClassVar[int]
     JOB_INFO_JSON_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
     id: str
     sender: str
     created_ns: int
     partials: _containers.RepeatedCompositeFieldContainer[Partial]
     job_info_json: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    records: Batch
+    def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., records: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...

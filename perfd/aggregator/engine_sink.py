@@ -1,0 +1,45 @@
+"""What the jobs' root on the distributed path (perfd.engine.root) hands the aggregator: the folded
+iterations and job info, which go to the state as one agent's (``ENGINE_AGENT``), and the nodes'
+events and collective records, which go to it as the agent's that sent each.
+
+The engine's credentials are the boundary on this path: an agent id in a records message is taken as
+sent, where a stream to an aggregator is held to the hosts its Hello named (perfd.aggregator.guard).
+What the guard checks of the content still applies: an event that is not of its kind's declared type
+is refused and counted (``malformed_event``), as from a stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from perfd.aggregator.guard import Guard
+from perfd.aggregator.state import AggregatorState
+from perfd.model import CollectiveRecord, JobInfo, StepRecord
+
+
+class EngineSink:
+    """perfd.engine.root.RootSink over the aggregator's state and guard."""
+
+    def __init__(self, state: AggregatorState, guard: Guard) -> None:
+        self.state, self.guard = state, guard
+
+    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None) -> Any:
+        return self.state.ingest_steps(agent_id, steps, now)
+
+    def ingest_job_info(self, agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None:
+        self.state.ingest_job_info(agent_id, job, info, now)
+
+    def note_folded_ranks(self, job: str, ranks: Collection[int]) -> None:
+        self.state.note_folded_ranks(job, ranks)
+
+    def held_fold(self, job: str, iteration: int) -> StepRecord | None:
+        return self.state.held_fold(job, iteration)
+
+    def ingest_records(self, agent_id: str, events: Sequence[Mapping[str, Any]],
+                       collectives: Sequence[CollectiveRecord]) -> None:
+        if collectives:
+            self.state.ingest_collectives(agent_id, collectives)
+        typed = self.guard.typed_events(agent_id, events) if events else []
+        if typed:
+            self.state.ingest_events(agent_id, [ev for _i, ev, _cut in typed])

@@ -1,0 +1,141 @@
+"""A node's events and collective records on the distributed path: published by the agent's
+:class:`EngineClient` as sent (no reduction), read by the root beside the partials, and held by a real
+``Aggregator --engine`` as one aggregator holds them — the job's collective analysis (the recorded
+H200 Flight Recorder dumps of collectors/nccl) byte for byte, the events under the agent that sent
+each, a malformed one refused and counted. A standby root that takes over replays the records stream
+and holds the same, nothing doubled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfd import events as E
+from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.state import AggregatorState
+from perfd.engine import subjects as S
+from perfd.engine.natsd import NatsCluster
+from perfd.engine.publisher import EngineClient
+from perfd.model import CollectiveRecord
+from tests.collectives.collective_helpers import load_fixture_records
+from tests.engine.test_natsd import _need_nats_server
+
+pytestmark = pytest.mark.timeout(120)
+
+JOB = "llm pretrain/fr"
+NODES = 2  # the dumps' ranks 0 and 1, one per node
+
+
+def _node_events(n: int) -> list[dict[str, Any]]:
+    t = time.time()
+    return [
+        {"kind": E.XID.name, "job": JOB, "severity": "critical", "text": f"XID 79 on node-{n} GPU 0",
+         "time": t, "labels": {"node": f"node-{n}", "gpu": "0"}, "payload": {"xid": 79, "gpu": 0}},
+        {"kind": E.GPU_LOST.name, "severity": "critical", "text": f"GPU 3 of node-{n} fell off the bus",
+         "time": t, "labels": {"node": f"node-{n}", "gpu": "3"}},  # a node's own: no job
+        # Not of its kind's declared type (an XID's payload is a mapping): refused and counted
+        {"kind": E.XID.name, "job": JOB, "text": "a bad one", "time": t, "payload": [79]},
+    ]
+
+
+def _held_events(state: AggregatorState) -> list[tuple[str, str, str]]:
+    return sorted((str(e.get("agent")), str(e.get("kind")), str(e.get("text")))
+                  for e in state.log.recent(None, 1000) if e.get("kind") in (E.XID.name, E.GPU_LOST.name))
+
+
+def _collective_answer(state: AggregatorState) -> str:
+    """The job's collective analysis as the API serves it, made now from what is held (the API's
+    is the last one made, rate-limited: it may predate the last records)."""
+    got = state.collective_analysis(JOB, force=True)
+    assert got is not None
+    return json.dumps(got.to_json(), sort_keys=True)
+
+
+def test_events_and_collectives_reach_the_root_as_one_aggregator_holds_them(tmp_path: Path) -> None:
+    _need_nats_server()
+    recs = load_fixture_records("timing", JOB)
+    by_node: dict[int, list[CollectiveRecord]] = {n: [r for r in recs if r.rank == n] for n in range(NODES)}
+    assert all(len(v) > 10 for v in by_node.values())
+    evs = {n: _node_events(n) for n in range(NODES)}
+
+    # One aggregator, as the stream path leaves it after the guard: each agent's records, typed events.
+    single = AggregatorState()
+    for n in range(NODES):
+        agent = f"node-{n}/{JOB}"
+        single.ingest_collectives(agent, by_node[n])
+        single.ingest_events(agent, [ev for ev in (E.checked(e)[0] for e in evs[n]) if ev is not None])
+
+    async def main(urls: list[str]) -> dict[str, Any]:
+        cfg = S.EngineConfig(tuple(urls), partitions=4)
+
+        def aggregator(root_id: str) -> Aggregator:
+            return Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], engine=cfg,
+                                               engine_root_id=root_id))
+
+        a = aggregator("root-a")
+        await a.start()
+        clients = [EngineClient(cfg, f"node-{n}/{JOB}", node=f"node-{n}") for n in range(NODES)]
+        senders = [asyncio.create_task(c.run()) for c in clients]
+        b: Aggregator | None = None
+        try:
+            for n, c in enumerate(clients):  # in pieces, as the agent's collectors hand them over
+                half = len(by_node[n]) // 2
+                c.submit(collectives=by_node[n][:half], events=evs[n][:1])
+                c.submit(collectives=by_node[n][half:], events=evs[n][1:])
+            for c in clients:
+                assert await c.flush(30), c.stats()
+            root = a.engine_root
+            await _until(lambda: root.stats.collectives == len(recs), 30, lambda: root.stats.to_json())
+            out: dict[str, Any] = {"a": _collective_answer(a.state), "a_events": _held_events(a.state),
+                                   "a_stats": root.stats.to_json(),
+                                   "a_refused": a.refusals.snapshot().get("malformed_event", 0),
+                                   "published": [c.stats() for c in clients]}
+            # A standby takes over when the leader stops; it rebuilds from the streams kept.
+            b = aggregator("root-b")
+            await b.start()
+            await a.stop()
+            broot = b.engine_root
+            await _until(lambda: broot.stats.leader and broot.stats.collectives == len(recs), 40,
+                         lambda: broot.stats.to_json())
+            await asyncio.sleep(1.0)  # anything more it would read (a double) has come by now
+            out.update(b=_collective_answer(b.state), b_events=_held_events(b.state),
+                       b_stats=broot.stats.to_json())
+            return out
+        finally:
+            for t in senders:
+                t.cancel()
+            await asyncio.gather(*senders, return_exceptions=True)
+            for c in clients:
+                c.close()
+            for agg in (a, b):
+                if agg is not None:
+                    await agg.stop()
+
+    with NatsCluster(tmp_path / "nats", 1) as cluster:
+        got = asyncio.run(main(cluster.urls))
+
+    # Every message once: 2 per node, each split by job (the node's GPU-lost event has none).
+    assert [p["published"] - p["duplicates"] for p in got["published"]] == [3, 3]
+    assert all(p["pending"] == 0 and p["records_submitted"] == len(by_node[n]) + 3
+               for n, p in enumerate(got["published"]))
+    for side in ("a", "b"):
+        st = got[f"{side}_stats"]
+        assert st["node_records_messages"] == 3 * NODES and st["undecodable"] == 0, st
+        assert st["collectives"] == len(recs) and st["events"] == 3 * NODES, st
+        assert got[side] == _collective_answer(single), side
+        assert got[f"{side}_events"] == _held_events(single), side
+    assert len(got["a_events"]) == 2 * NODES  # the XID and the GPU lost of each node, as its agent's
+    assert got["a_refused"] == NODES  # each node's malformed XID, counted
+
+
+async def _until(pred: Any, timeout: float, show: Any) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached in {timeout} s: {show()}")
+        await asyncio.sleep(0.1)
