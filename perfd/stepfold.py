@@ -24,6 +24,10 @@ from typing import Final
 from perfd.model import StepRecord, TimerValue
 
 ALL_RANKS: Final = "all"  # the rank scope of a fold (perfd.model.RankScope)
+# A fold the engine's root hands on names the job's run as that root counts them (a rank's step hook
+# began a new process: perfd.engine.root), from the second on: a fold without it is of the first.
+RUN_FIELD: Final = "perfd_run"
+FIRST_RUN: Final = "1"
 
 
 def _slowness(r: StepRecord) -> tuple[float, str]:

@@ -21,6 +21,7 @@ from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.analytics.steps.runs import RunDigest, digest, last_unarmed
 from perfd.model import JobInfo, StepRecord
+from perfd.stepfold import ALL_RANKS, FIRST_RUN, RUN_FIELD
 
 if TYPE_CHECKING:
     from perfd.aggregator.jobs import JobState
@@ -37,6 +38,7 @@ class ClosedRun:
     run: int
     records: list[StepRecord]
     info: JobInfo | None
+    ranks: frozenset[int] = frozenset()  # the ranks its folds held (perfd.engine's root), not its records
 
 
 def figures_span(newest: Iterable[StepRecord], run_start: float | None, runs: Sequence[RunDigest]) -> Span:
@@ -60,7 +62,7 @@ def digest_runs(job: str, closed: Sequence[ClosedRun], done: list[RunDigest],
     alone, with the capture of its own span); and how many could not be analysed (logged)."""
     failed = 0
     for c in closed:
-        info = job_info_of(c.info, c.records)
+        info = job_info_of(c.info, c.records, c.ranks)
         recs = mark_disturbed(job_level_steps(c.records), windows)
         start = min((r.end_time - (r.step_time_ms or 0.0) / 1e3 for r in recs if r.end_time is not None),
                     default=None)
@@ -74,6 +76,17 @@ def digest_runs(job: str, closed: Sequence[ClosedRun], done: list[RunDigest],
             continue
         done.append(digest(a, c.run))
     return done, failed
+
+
+def run_mark(rec: StepRecord) -> str | None:
+    """What tells a record's run from another's: a step hook's rank record, its process's pid; a fold
+    the engine's root handed on, the run that root counted (perfd.stepfold.RUN_FIELD). A fold carries
+    its slowest rank's pid too, which changes with the slowest rank, not with a restart: not read."""
+    if isinstance(rec.rank, int):
+        return rec.fields.get("pid") if rec.source is not None and rec.source.collector == "hook" else None
+    if rec.rank == ALL_RANKS:
+        return rec.fields.get(RUN_FIELD, FIRST_RUN)
+    return None
 
 
 def of_ended_run(ended_pids: set[str], rec: StepRecord) -> bool:
@@ -92,13 +105,15 @@ def close_run(js: JobState, scope: str, rec: StepRecord, max_marks: int) -> tupl
     ended = js.run
     held = list(js.records.values())
     if held:  # the job info of its own start-up: the next run's may have arrived before its first record
-        js.closed.append(ClosedRun(ended, held, js.run_info or js.job_info))
-    pid = rec.fields.get("pid") if rec.source is not None and rec.source.collector == "hook" else None
+        js.closed.append(ClosedRun(ended, held, js.run_info or js.job_info, frozenset(js.folded_ranks)))
+    js.folded_ranks = set()  # the new run's world is the ranks its folds hold
+    mark = run_mark(rec)
+    pid = mark if isinstance(rec.rank, int) else None
     js.ended_pids.update(p for r in held if r.source is not None and r.source.collector == "hook"
-                         and (p := r.fields.get("pid")) is not None and p != pid)
+                         and isinstance(r.rank, int) and (p := r.fields.get("pid")) is not None and p != pid)
     if len(js.ended_pids) > max_marks:
         js.ended_pids = set()  # bounded: pids come from the network
-    js.run_marks = {scope: pid} if pid is not None else {}
+    js.run_marks = {scope: mark} if mark is not None else {}
     js.run_scopes, js.run_start, js.run_info = set(), None, js.job_info
     js.records, js.owner, js.iterations = {}, {}, []
     js.by_iteration, js.iteration_bytes, js.held_bytes = OrderedDict(), {}, 0

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
-from perfd.aggregator.job_runs import ClosedRun, close_run, digest_runs, figures_span, of_ended_run
+from perfd.aggregator.job_runs import ClosedRun, close_run, digest_runs, figures_span, of_ended_run, run_mark
 from perfd.aggregator.step_histogram import STEP_BUCKETS_S, StepHistogram
 from perfd.analytics.breakdown.bottleneck import GpmReading
 from perfd.analytics.breakdown.diagnosis import TimelineClass
@@ -371,11 +371,9 @@ class JobStore:
     def _new_run(js: JobState, rec: StepRecord, scope: str) -> bool:
         """Whether ``rec`` begins a new run of its rank scope over what is held (lock held): the
         framework's start-up came before it (``first_of_run``; not a resend of the very record that
-        began the run held), or the step hook now reports the rank from another process."""
-        # A rank's own record only: a fold of ranks (perfd.engine) carries its slowest rank's pid,
-        # which changes with the slowest rank, not with a restart.
-        pid = (rec.fields.get("pid") if isinstance(rec.rank, int) and rec.source is not None
-               and rec.source.collector == "hook" else None)
+        began the run held), the step hook now reports the rank from another process, or the engine's
+        root counted a new run of the job (perfd.aggregator.job_runs.run_mark)."""
+        pid = run_mark(rec)
         if pid is not None:
             before = js.run_marks.get(scope)
             js.run_marks[scope] = pid

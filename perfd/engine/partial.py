@@ -11,7 +11,7 @@ the root knows the world it saw and counts a message folded twice. Pure.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
@@ -27,13 +27,17 @@ class Partial:
     merging is linear in what is merged, whatever was folded before."""
 
     def __init__(self, job: str, iteration: int, fold: StepRecord | None = None, ranks: Iterable[int] = (),
-                 job_level: dict[str, StepRecord] | None = None, messages: Iterable[str] = ()) -> None:
+                 job_level: dict[str, StepRecord] | None = None, messages: Iterable[str] = (),
+                 new_run: bool = False) -> None:
         self.job, self.iteration = job, iteration
         self._fold = RankFold([fold] if fold is not None else [])
         self.ranks: set[int] = set(ranks)
         self.job_level: dict[str, StepRecord] = dict(job_level or {})  # scope -> record
         self.messages: set[str] = set(messages)  # node messages folded in
         self.complete = False  # (the root's) every rank of the job is in: counted once
+        # A rank folded in began a new process at this iteration (its node's agent saw its step hook's
+        # pid change): the job restarted. Or-ed when merged, so still a join.
+        self.new_run = new_run
 
     @property
     def fold(self) -> StepRecord | None:
@@ -59,21 +63,51 @@ class Partial:
         self.ranks |= other.ranks
         self.job_level.update(other.job_level)
         self._fold.add_fold(other._fold)
+        self.new_run = self.new_run or other.new_run
         return again
 
 
-def partials_of(records: Iterable[StepRecord], message: str | None = None) -> list[Partial]:
+def partials_of(records: Iterable[StepRecord], message: str | None = None,
+                new_runs: Collection[tuple[str, int]] = ()) -> list[Partial]:
     """One Partial per (job, iteration) of ``records``, in first-seen order; ``message``: the id of
-    the node message they arrive in."""
+    the node message they arrive in; ``new_runs``: the (job, iteration)s where a rank began a new
+    process (:class:`RunMarks`)."""
     groups: dict[tuple[str, int], list[StepRecord]] = {}
     for r in records:
         groups.setdefault((r.job, r.iteration), []).append(r)
     out = []
     for (job, it), rs in groups.items():
-        p = Partial(job, it, messages=[message] if message else [])
+        p = Partial(job, it, messages=[message] if message else [], new_run=(job, it) in new_runs)
         p.add_records(rs)
         out.append(p)
     return out
+
+
+class RunMarks:
+    """A node's agent's memory of its ranks' processes (the step hook's pid on each rank record): a
+    rank seen from another process than before began a new run of its job there. Bounded: ranks
+    come from the records, which come from the node's processes."""
+
+    MAX_RANKS = 4096
+
+    def __init__(self) -> None:
+        self._pid: dict[tuple[str, int], str] = {}
+
+    def new_runs(self, records: Iterable[StepRecord]) -> set[tuple[str, int]]:
+        """The (job, iteration)s of ``records`` where a rank's process changed."""
+        out: set[tuple[str, int]] = set()
+        for r in records:
+            pid = r.fields.get("pid")
+            if pid is None or not isinstance(r.rank, int) or r.source is None or r.source.collector != "hook":
+                continue
+            key = (r.job, r.rank)
+            before = self._pid.get(key)
+            if before is None and len(self._pid) >= self.MAX_RANKS:
+                self._pid.clear()
+            self._pid[key] = pid
+            if before is not None and before != pid:
+                out.add((r.job, r.iteration))
+        return out
 
 
 def to_pb(p: Partial, m: pb.Partial) -> None:
@@ -85,6 +119,7 @@ def to_pb(p: Partial, m: pb.Partial) -> None:
     for rec in p.job_level.values():
         step_to_pb(rec, m.job_level.add())
     m.messages.extend(sorted(p.messages))
+    m.new_run = p.new_run
 
 
 def from_pb(m: pb.Partial) -> Partial:
@@ -102,7 +137,7 @@ def from_pb(m: pb.Partial) -> Partial:
         if rec.job != m.job or rec.iteration != m.iteration or isinstance(rec.rank, int):
             raise ValueError("a partial's job-level record is of another job, iteration or a rank")
         job_level[str(rec.rank)] = rec
-    return Partial(m.job, m.iteration, fold, ranks, job_level, m.messages)
+    return Partial(m.job, m.iteration, fold, ranks, job_level, m.messages, m.new_run)
 
 
 def encode(batch_id: str, sender: str, created_ns: int, partials: Sequence[Partial],

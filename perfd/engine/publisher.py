@@ -22,7 +22,7 @@ from typing import Any
 
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect
-from perfd.engine.partial import decode, encode, partials_of
+from perfd.engine.partial import RunMarks, decode, encode, partials_of
 from perfd.model import CollectiveRecord, Sample, StepRecord
 from perfd.transport.codec import encode_batch
 from perfd.transport.series import SeriesTable
@@ -53,6 +53,7 @@ class EngineClient:
         self.batches_submitted = self.published = self.duplicates = self.publish_errors = 0
         self.unreadable = 0  # spooled messages that did not decode (a damaged spool)
         self.records_submitted = 0  # events and collective records spooled for the records stream
+        self._runs = RunMarks()  # its ranks' processes: a restart marks the partial where it began
         self._no_series = SeriesTable()  # records messages carry no samples: nothing is ever defined
         self.last_error = ""
 
@@ -81,7 +82,8 @@ class EngineClient:
                 seq = self.spool.next_seq()
                 mid = f"{self.agent_id}:{self.spool.epoch}:{seq}"
                 info = {job: job_info_json[job]} if job_info_json and job in job_info_json else None
-                data = encode(mid, self.agent_id, time.time_ns(), partials_of(recs, mid), info)
+                data = encode(mid, self.agent_id, time.time_ns(),
+                              partials_of(recs, mid, self._runs.new_runs(recs)), info)
                 if on_seq is not None:
                     on_seq(seq)
                 self.spool.append(seq, data)

@@ -14,6 +14,7 @@ engine drops a message published twice within its duplicate window). Everything 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import OrderedDict, deque
@@ -27,6 +28,7 @@ from perfd.engine.leases import Lease
 from perfd.engine.partial import Partial, decode
 from perfd.jobinfo_json import job_info_from_json
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
+from perfd.stepfold import RUN_FIELD
 from perfd.transport.codec import decode_batch
 
 log = logging.getLogger("perfd.engine")
@@ -58,6 +60,7 @@ class RootStats:
     node_messages: int = 0  # distinct node messages folded in
     redelivered: int = 0  # node messages that arrived again (folded once)
     late: int = 0  # partials of an iteration no longer in memory, folded with the store's record
+    new_runs: int = 0  # restarts seen (a rank's step hook began a new process): the job's run counted on
     records_ingested: int = 0
     # The records stream: messages read, events and collective records handed on as their agents sent them
     node_records_messages: int = 0
@@ -86,6 +89,10 @@ class RootFold:
         self.keep = keep
         self.jobs: dict[str, OrderedDict[int, Partial]] = {}
         self.ranks: dict[str, set[int]] = {}
+        # Each job's run as this root counts them and the iteration it began at (from the partials
+        # marked new_run: every node of a restarted job marks the one where its ranks' processes
+        # changed, the same iteration, so they count once).
+        self.runs: dict[str, tuple[int, int | None]] = {}
         self.stats = RootStats()
 
     def add(self, parts: Sequence[Partial],
@@ -97,14 +104,24 @@ class RootFold:
         partial, or the first after this root started on a store that kept its records."""
         touched: dict[tuple[str, int], Partial] = {}
         new_ranks: dict[str, set[int]] = {}
+        restarted: set[str] = set()  # jobs whose new run began in these parts: the store holds the old
+        out: list[StepRecord] = []
         for part in parts:
             self.stats.partials += 1
+            if part.new_run and part.job in self.ranks:
+                run, began = self.runs.get(part.job, (1, None))
+                if began != part.iteration:
+                    self._begin_run(part.job, run + 1, part.iteration, touched, out, now)
+                    restarted.add(part.job)
             held = self.jobs.setdefault(part.job, OrderedDict())
             acc = held.get(part.iteration)
             if acc is None:
                 if len(held) >= self.keep and part.iteration < min(held):
                     self.stats.late += 1
-                acc = Partial(part.job, part.iteration, fold=held_fold(part.job, part.iteration))
+                # Until its first fold reaches the store, a restarted job's store still holds the
+                # run that ended, whose iterations may bear the same numbers (a resume).
+                start = None if part.job in restarted else held_fold(part.job, part.iteration)
+                acc = Partial(part.job, part.iteration, fold=start)
                 held[part.iteration] = acc
                 while len(held) > self.keep:  # the lowest iteration leaves memory (not the store)
                     del held[min(held)]
@@ -117,21 +134,42 @@ class RootFold:
                 known |= fresh
                 new_ranks.setdefault(part.job, set()).update(fresh)
             touched[(part.job, part.iteration)] = acc
-        out: list[StepRecord] = []
         for acc in touched.values():
-            fold = acc.fold
-            if fold is not None:
-                out.append(fold)
-            out.extend(acc.job_level.values())
-            # Whole: every rank the job has shown is in. While the job has shown one iteration only,
-            # that iteration's own ranks are all the world there is to hold it to: not counted yet.
-            world = len(self.ranks.get(acc.job, ()))
-            if len(self.jobs[acc.job]) > 1 and len(acc.ranks) >= world and not acc.complete:
-                acc.complete = True
-                self.stats.complete += 1
-                if fold is not None and fold.end_time is not None:
-                    self.stats.lag_s.append(max(0.0, now - fold.end_time))
+            out.extend(self._records_of(acc, now))
         return out, new_ranks
+
+    def _records_of(self, acc: Partial, now: float) -> list[StepRecord]:
+        """What the store gets of an iteration folded: its fold (marked with the job's run past the
+        first: perfd.aggregator.job_runs.run_mark) and its job-level records; counted whole once."""
+        out: list[StepRecord] = []
+        fold = acc.fold
+        run = self.runs.get(acc.job, (1, None))[0]
+        if fold is not None:
+            out.append(fold if run == 1 else
+                       dataclasses.replace(fold, fields={**fold.fields, RUN_FIELD: str(run)}))
+        out.extend(acc.job_level.values())
+        # Whole: every rank the job has shown is in. While the job has shown one iteration only,
+        # that iteration's own ranks are all the world there is to hold it to: not counted yet.
+        world = len(self.ranks.get(acc.job, ()))
+        if len(self.jobs[acc.job]) > 1 and len(acc.ranks) >= world and not acc.complete:
+            acc.complete = True
+            self.stats.complete += 1
+            if fold is not None and fold.end_time is not None:
+                self.stats.lag_s.append(max(0.0, now - fold.end_time))
+        return out
+
+    def _begin_run(self, job: str, run: int, iteration: int, touched: dict[tuple[str, int], Partial],
+                   out: list[StepRecord], now: float) -> None:
+        """A rank of ``job`` began a new process at ``iteration``: the run held in memory is done.
+        What this call folded of it goes out first, as that run's; the store digests the run when the
+        new one's first fold arrives. The new run's world is the ranks it shows."""
+        for key in [k for k in touched if k[0] == job]:
+            out.extend(self._records_of(touched.pop(key), now))
+        log.info("engine root: job %s restarted at iteration %d (run %d)", job[:80], iteration, run)
+        self.runs[job] = (run, iteration)
+        self.stats.new_runs += 1
+        self.jobs[job] = OrderedDict()
+        self.ranks[job] = set()
 
 
 class Root:
@@ -262,11 +300,12 @@ class Root:
                     log.warning("engine root %s: job info of %r does not decode (%s)", self.id, job[:80], exc)
             parts.extend(d.partials)
         records, new_ranks = self.fold.add(parts, self.sink.held_fold, time.time())
-        for job, ranks in new_ranks.items():
-            self.sink.note_folded_ranks(job, ranks)
         if records:
             self.sink.ingest_steps(ENGINE_AGENT, records)
             self.stats.records_ingested += len(records)
+        # After the records: a restart's first fold ends the store's run, and with it that run's ranks
+        for job, ranks in new_ranks.items():
+            self.sink.note_folded_ranks(job, ranks)
 
     def handle_records(self, batch: Sequence[bytes]) -> None:
         """Hand the nodes' events and collective records on, each as its agent's."""

@@ -4,6 +4,7 @@ the wire form round-trips; malformed input is refused with a reason."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -11,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfd.engine.partial import Partial, decode, encode, from_pb, partials_of
+from perfd.engine.partial import Partial, RunMarks, decode, encode, from_pb, partials_of
 from perfd.engine.root import RootFold
 from perfd.model import StepRecord
-from perfd.stepfold import fold_ranks
+from perfd.stepfold import RUN_FIELD, fold_ranks
 from perfd.transport.gen import perfd_pb2 as pb
 from tests.engine.records import job_records
 
@@ -66,7 +67,9 @@ def test_a_partial_round_trips_through_its_wire_form():
     assert (q.job, q.iteration, q.ranks, q.messages) == ("j", 1, set(range(8)), {"agent:e:1"})
     assert q.fold is not None and p.fold is not None
     assert q.fold.step_time_ms == p.fold.step_time_ms and q.fold.timers == p.fold.timers
-    assert q.job_level["last"].step_time_ms == 5.0
+    assert q.job_level["last"].step_time_ms == 5.0 and not q.new_run
+    (r,) = decode(encode("agent:e:2", "agent", 7, partials_of(RANKS[:8], "agent:e:2", {("j", 1)}))).partials
+    assert r.new_run
 
 
 def _odd_ranks(m: pb.Partial) -> None:
@@ -119,6 +122,35 @@ def test_the_root_counts_redeliveries_completes_iterations_and_folds_a_late_part
     (fold,) = out
     assert fold == store.folds[1] == fold_ranks([r for n in range(NODES) for r in BY_NODE[n][0]])
     assert rf.stats.late == 1
+
+
+def test_a_node_marks_where_its_ranks_processes_changed_and_the_root_counts_that_restart_once():
+    marks = RunMarks()
+    assert marks.new_runs(BY_NODE[0][0]) == set()  # first seen: nothing to compare with
+    assert marks.new_runs(BY_NODE[0][1]) == set()  # the same processes
+    moved = [dataclasses.replace(r, iteration=1, fields={**r.fields, "pid": "9" + r.fields["pid"]})
+             for r in BY_NODE[0][2]]
+    assert marks.new_runs(moved) == {("j", 1)}
+    # The root: iterations 1-3 of the first run; then, in one batch, node 1's last message of the old
+    # run's iteration 3 and every node's iteration 1 of the new run, each marked.
+    rf, store = RootFold(), _Store()
+    for it in (1, 2):
+        out, _ = rf.add([partials_of(BY_NODE[n][it - 1], f"n{n}:{it}")[0] for n in range(NODES)], store.held)
+        store.folds[it] = next(r for r in out if r.rank == "all")
+    old = partials_of(BY_NODE[1][2], "n1:3")[0]
+    new = [partials_of(BY_NODE[n][0], f"n{n}:r2:1", {("j", 1)})[0] for n in range(NODES)]
+    assert all(p.new_run for p in new) and not old.new_run
+    out, _ = rf.add([old, *new], store.held)
+    folds = [r for r in out if r.rank == "all"]
+    # The old run's fold goes first and unmarked; the new run's iteration 1 is not folded with the
+    # store's (the old run's iteration 1) and carries the run the store reads.
+    assert [(r.iteration, r.fields.get(RUN_FIELD)) for r in folds] == [(3, None), (1, "2")]
+    assert folds[1] == dataclasses.replace(fold_ranks([r for n in range(NODES) for r in BY_NODE[n][0]]),
+                                           fields={**folds[1].fields})
+    assert rf.stats.new_runs == 1 and rf.runs["j"] == (2, 1)
+    # A redelivered mark of the same restart is not another.
+    rf.add([partials_of(BY_NODE[2][0], "n2:r2:1b", {("j", 1)})[0]], store.held)
+    assert rf.stats.new_runs == 1
 
 
 def test_partials_go_in_as_few_messages_as_fit_the_engines_largest_and_each_once():

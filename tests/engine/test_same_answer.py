@@ -7,12 +7,15 @@ whole, and every node message is folded in exactly once."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 import pytest
 
+from perfd.aggregator.engine_sink import EngineSink
+from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import job_iterations
 from perfd.aggregator.state import AggregatorState
 from perfd.engine import subjects as S
@@ -21,7 +24,9 @@ from perfd.engine.publisher import EngineClient
 from perfd.engine.root import Root
 from perfd.engine.shard import Shard
 from perfd.jobinfo_json import job_info_to_json
-from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec
+from perfd.limits import Limits
+from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, Provenance, StepRecord
+from perfd.refusals import Refusals
 from perfd.report import analysis_json
 from tests.engine.records import job_records
 from tests.engine.test_natsd import _need_nats_server
@@ -37,55 +42,57 @@ def _answer(state: AggregatorState) -> str:
                       sort_keys=True)
 
 
+async def _through_the_engine(urls: list[str], rooted: AggregatorState, info: JobInfo,
+                              by_node: dict[int, list[list[StepRecord]]]) -> tuple[dict[str, int], Root]:
+    """Each node's records, an iteration at a time, through a real nats-server, two shards and a
+    root into ``rooted``; returns what was published and folded, and the root."""
+    cfg = S.EngineConfig(tuple(urls), partitions=4)
+    stop = asyncio.Event()
+    shards = [Shard(cfg, f"shard-{i}") for i in range(2)]
+    root = Root(cfg, EngineSink(rooted, Guard(Limits(), Refusals())), "root-a")
+    nodes = len(by_node)
+    clients = [EngineClient(cfg, f"node-{n}/{JOB}", node=f"node-{n}") for n in range(nodes)]
+    tasks = [asyncio.create_task(s.run(stop)) for s in shards] + [asyncio.create_task(root.run(stop))]
+    senders = [asyncio.create_task(c.run()) for c in clients]
+    clients[0].submit(job_info_json={JOB: job_info_to_json(info)})
+    messages = sum(len(its) for its in by_node.values())
+    for it in range(len(by_node[0])):
+        for n, c in enumerate(clients):
+            c.submit(steps=by_node[n][it])
+        # 20 iterations a second, 100x a real job's pace: a shard's 0.25 s flush holds ~5 of them,
+        # well inside the 16 the root keeps in memory (none is late).
+        await asyncio.sleep(0.05)
+    deadline = time.monotonic() + 60
+    while root.stats.node_messages < messages and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    stop.set()
+    for t in senders:
+        t.cancel()
+    await asyncio.wait_for(asyncio.gather(*tasks, *senders, return_exceptions=True), 30)
+    assert all(c.spool.pending_count() == 0 for c in clients)
+    return {"published": sum(c.published - c.duplicates for c in clients),
+            "shard_messages": sum(s.stats.node_messages for s in shards)}, root
+
+
 @pytest.mark.timeout(120)
 def test_the_engine_path_gives_one_aggregators_analysis_byte_for_byte(tmp_path: Path):
     _need_nats_server()
     by_node = job_records(JOB, NODES, ITERATIONS)
-    gpu = "NVIDIA H100 80GB HBM3"  # the recordings' GPU: MFU is in the answer compared
-    single, rooted = AggregatorState(gpu_override=gpu), AggregatorState(gpu_override=gpu)
-    # The job as its hooks describe it (the dtype: MFU is then in the answer), sent by node 0's agent.
-    info = JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16"))
-    single.ingest_job_info(f"node-0/{JOB}", JOB, info)
+    single, rooted = _states_with_info()
     for it in range(ITERATIONS):  # one aggregator: each node's agent sends its ranks' records
         for n in range(NODES):
             single.ingest_steps(f"node-{n}/{JOB}", by_node[n][it])
 
-    async def through_the_engine(urls: list[str]) -> tuple[dict[str, int], list[EngineClient], Root]:
-        cfg = S.EngineConfig(tuple(urls), partitions=4)
-        stop = asyncio.Event()
-        shards = [Shard(cfg, f"shard-{i}") for i in range(2)]
-        root = Root(cfg, rooted, "root-a")
-        clients = [EngineClient(cfg, f"node-{n}/{JOB}", node=f"node-{n}") for n in range(NODES)]
-        tasks = [asyncio.create_task(s.run(stop)) for s in shards] + [asyncio.create_task(root.run(stop))]
-        senders = [asyncio.create_task(c.run()) for c in clients]
-        clients[0].submit(job_info_json={JOB: job_info_to_json(info)})
-        for it in range(ITERATIONS):
-            for n, c in enumerate(clients):
-                c.submit(steps=by_node[n][it])
-            # 20 iterations a second, 100x a real job's pace: a shard's 0.25 s flush holds ~5 of them,
-            # well inside the 16 the root keeps in memory (none is late).
-            await asyncio.sleep(0.05)
-        deadline = time.monotonic() + 60
-        while root.stats.node_messages < NODES * ITERATIONS and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        stop.set()
-        for t in senders:
-            t.cancel()
-        await asyncio.wait_for(asyncio.gather(*tasks, *senders, return_exceptions=True), 30)
-        published = sum(c.published - c.duplicates for c in clients)
-        shard_messages = sum(s.stats.node_messages for s in shards)
-        return {"published": published, "shard_messages": shard_messages}, clients, root
-
     with NatsCluster(tmp_path / "nats", 1) as cluster:
-        counts, clients, root = asyncio.run(through_the_engine(cluster.urls))
+        counts, root = asyncio.run(_through_the_engine(cluster.urls, rooted, INFO, by_node))
     # Every node message folded in once (the job info went in a message of its own, with no records).
     assert counts["published"] == NODES * ITERATIONS + 1
     assert root.stats.node_messages == NODES * ITERATIONS == counts["shard_messages"] - 1
     assert root.stats.redelivered == 0 and root.stats.undecodable == 0 and root.stats.late == 0
+    assert root.stats.new_runs == 0
     # Whole at the root: every iteration but perhaps the first (not counted while it was all the
     # job had shown, perfd.engine.root.RootFold).
     assert root.stats.complete >= ITERATIONS - 1
-    assert all(c.spool.pending_count() == 0 for c in clients)
     assert _answer(rooted) == _answer(single)
     # What the comparison holds: 40 iterations of 32 ranks, each its slowest rank's step.
     its = job_iterations(rooted, JOB)
@@ -94,3 +101,54 @@ def test_the_engine_path_gives_one_aggregators_analysis_byte_for_byte(tmp_path: 
     assert len(steady) > ITERATIONS // 2 and all(isinstance(i.get("mfu"), float) for i in steady), steady[:1]
     world = rooted.analysis(JOB)
     assert world is not None and world.job.layout.world_size == NODES * 8
+
+
+GPU = "NVIDIA H100 80GB HBM3"  # the recordings' GPU: MFU is in the answer compared
+# The job as its hooks describe it (the dtype: MFU is then in the answer), sent by node 0's agent.
+INFO = JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16"))
+
+
+def _states_with_info() -> tuple[AggregatorState, AggregatorState]:
+    single, rooted = AggregatorState(gpu_override=GPU), AggregatorState(gpu_override=GPU)
+    single.ingest_job_info(f"node-0/{JOB}", JOB, INFO)
+    return single, rooted
+
+
+def _restarted(recs: list[StepRecord], shift_s: float) -> list[StepRecord]:
+    """The same ranks' steps from new processes (pid + 1000), ``shift_s`` later."""
+    out = []
+    for r in recs:
+        pid = str(int(r.fields["pid"]) + 1000)
+        assert r.source is not None and r.end_time is not None
+        out.append(dataclasses.replace(r, end_time=r.end_time + shift_s, fields={**r.fields, "pid": pid},
+                                       source=Provenance(r.source.collector, f"rank{r.rank}:pid{pid}")))
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_a_restart_seen_only_through_the_engine_is_a_new_run_as_one_aggregator_sees_it(tmp_path: Path):
+    """The job's ranks die after iteration 24 and resume from the checkpoint of iteration 12 in new
+    processes, 60 s later: one aggregator sees each rank's hook report another pid; on the engine,
+    each node's agent marks the partial where its ranks' processes changed, and the root counts the
+    job's run on. Both cut the job into the same two runs and give the same analysis."""
+    _need_nats_server()
+    first, resumed_at, last = 24, 12, 36
+    recs = job_records(JOB, NODES, last)
+    by_node = {n: recs[n][:first] + [_restarted(its, 60.0) for its in recs[n][resumed_at - 1:last]]
+               for n in range(NODES)}
+    single, rooted = _states_with_info()
+    for it in range(len(by_node[0])):
+        for n in range(NODES):
+            single.ingest_steps(f"node-{n}/{JOB}", by_node[n][it])
+
+    with NatsCluster(tmp_path / "nats", 1) as cluster:
+        _, root = asyncio.run(_through_the_engine(cluster.urls, rooted, INFO, by_node))
+    assert root.stats.node_messages == NODES * len(by_node[0]) and root.stats.redelivered == 0
+    assert root.stats.new_runs == 1  # every node marked the restart, at the same iteration: one
+    assert single.jobs.stats.new_runs == rooted.jobs.stats.new_runs == 1
+    assert rooted.jobs.jobs[JOB].run == single.jobs.jobs[JOB].run == 2
+    assert _answer(rooted) == _answer(single)
+    its = job_iterations(rooted, JOB)
+    assert its is not None
+    assert [i["iteration"] for i in its["iterations"]] == list(range(resumed_at, last + 1))
+
