@@ -14,9 +14,11 @@ engine drops a message published twice within its duplicate window). Everything 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import logging
 import time
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +41,11 @@ ENGINE_AGENT = "engine"  # the sender the store sees for every record that came 
 # iteration holds ~45 MiB here: 64 of them took the root to 3.0 GiB (perfd bench engine, 12,500 nodes);
 # 16 are 32 s of a 2 s iteration, well past what the shards' 0.25 s flushes leave late.
 KEEP_ITERATIONS = 16
+# Iterations past those whose node messages and ranks the root still knows (compactly: ~100 KB each
+# at 100k ranks), so that a partial arriving later still counts as a redelivery or as new ranks, and
+# an iteration made whole by it is counted once. 64 more are 128 s of a 2 s iteration, past the
+# engine's redelivery (10 s) after a shard's lease (6 s) runs out.
+GONE_ITERATIONS = 64
 LAG_SAMPLES = 1000  # the newest iterations' lags kept for the quantiles
 
 
@@ -82,12 +89,43 @@ class RootStats:
         return out
 
 
+class Gone:
+    """What the root keeps of an iteration that left its memory: its node messages (hashes, sorted)
+    and, until it was whole, its ranks. Pure."""
+
+    __slots__ = ("complete", "messages", "ranks")
+
+    def __init__(self, acc: Partial, world: int) -> None:
+        self.messages = array("q", sorted({hash(m) for m in acc.messages}))
+        # Whole when it left (counted then, or the job's first iteration, held to no world then)
+        self.complete = acc.complete or len(acc.ranks) >= world
+        self.ranks: array[int] | None = None if self.complete else array("I", sorted(acc.ranks))
+
+    def merge(self, part: Partial) -> int:
+        """Count ``part`` in; returns how many of its node messages were in already."""
+        fresh = {h for m in part.messages if not self._has(h := hash(m))}
+        again = len(part.messages) - len(fresh)
+        if fresh:
+            self.messages = array("q", sorted({*self.messages, *fresh}))
+        if self.ranks is not None and not part.ranks <= set(self.ranks):
+            self.ranks = array("I", sorted(set(self.ranks) | part.ranks))
+        return again
+
+    def _has(self, h: int) -> bool:
+        i = bisect.bisect_left(self.messages, h)
+        return i < len(self.messages) and self.messages[i] == h
+
+    def n_ranks(self) -> int | None:
+        return None if self.ranks is None else len(self.ranks)
+
+
 class RootFold:
     """What the root holds between partials: the fold of each recent iteration of each job. Pure."""
 
-    def __init__(self, keep: int = KEEP_ITERATIONS) -> None:
-        self.keep = keep
+    def __init__(self, keep: int = KEEP_ITERATIONS, keep_gone: int = GONE_ITERATIONS) -> None:
+        self.keep, self.keep_gone = keep, keep_gone
         self.jobs: dict[str, OrderedDict[int, Partial]] = {}
+        self.gone: dict[str, OrderedDict[int, Gone]] = {}  # iterations that left memory, the newest kept
         self.ranks: dict[str, set[int]] = {}
         # Each job's run as this root counts them and the iteration it began at (from the partials
         # marked new_run: every node of a restarted job marks the one where its ranks' processes
@@ -105,6 +143,7 @@ class RootFold:
         touched: dict[tuple[str, int], Partial] = {}
         new_ranks: dict[str, set[int]] = {}
         restarted: set[str] = set()  # jobs whose new run began in these parts: the store holds the old
+        late: dict[tuple[str, int], Partial] = {}  # iterations gone from memory, folded with the store's
         out: list[StepRecord] = []
         for part in parts:
             self.stats.partials += 1
@@ -115,38 +154,81 @@ class RootFold:
                     restarted.add(part.job)
             held = self.jobs.setdefault(part.job, OrderedDict())
             acc = held.get(part.iteration)
+            its_gone = self.gone.get(part.job)
+            gone = its_gone.get(part.iteration) if acc is None and its_gone is not None else None
+            if gone is not None:  # late: counted against what the root kept of it, folded with the store's
+                self.stats.late += 1
+                n_again = gone.merge(part)
+                self.stats.redelivered += n_again
+                self.stats.node_messages += len(part.messages) - n_again
+                acc = late.get((part.job, part.iteration))
+                if acc is None:
+                    acc = late[(part.job, part.iteration)] = Partial(
+                        part.job, part.iteration, fold=held_fold(part.job, part.iteration))
+                acc.merge(part)
+                self._note_ranks(part, new_ranks)
+                world = len(self.ranks.get(part.job, ()))
+                n = gone.n_ranks()
+                if n is not None and n >= world:
+                    gone.complete, gone.ranks = True, None
+                    self.stats.complete += 1
+                    end = acc.fold.end_time if acc.fold is not None else None
+                    if end is not None:
+                        self.stats.lag_s.append(max(0.0, now - end))
+                continue
             if acc is None:
                 if len(held) >= self.keep and part.iteration < min(held):
-                    self.stats.late += 1
+                    self.stats.late += 1  # older than all the root knows of: it cannot tell a redelivery
                 # Until its first fold reaches the store, a restarted job's store still holds the
                 # run that ended, whose iterations may bear the same numbers (a resume).
                 start = None if part.job in restarted else held_fold(part.job, part.iteration)
                 acc = Partial(part.job, part.iteration, fold=start)
                 held[part.iteration] = acc
-                while len(held) > self.keep:  # the lowest iteration leaves memory (not the store)
-                    del held[min(held)]
             again = acc.merge(part)
             self.stats.redelivered += len(again)
             self.stats.node_messages += len(part.messages) - len(again)
-            known = self.ranks.setdefault(part.job, set())
-            fresh = part.ranks - known
-            if fresh:
-                known |= fresh
-                new_ranks.setdefault(part.job, set()).update(fresh)
+            self._note_ranks(part, new_ranks)
             touched[(part.job, part.iteration)] = acc
         for acc in touched.values():
             out.extend(self._records_of(acc, now))
+        for acc in late.values():
+            if acc.fold is not None:
+                out.append(self._marked(acc.fold, acc.job))
+            out.extend(acc.job_level.values())
+        for job in {j for j, _ in touched}:
+            self._trim(job)
         return out, new_ranks
+
+    def _note_ranks(self, part: Partial, new_ranks: dict[str, set[int]]) -> None:
+        known = self.ranks.setdefault(part.job, set())
+        fresh = part.ranks - known
+        if fresh:
+            known |= fresh
+            new_ranks.setdefault(part.job, set()).update(fresh)
+
+    def _trim(self, job: str) -> None:
+        """The lowest iterations beyond ``keep`` leave memory (not the store), what counts them kept."""
+        held = self.jobs[job]
+        gone = self.gone.setdefault(job, OrderedDict())
+        while len(held) > self.keep:
+            it = min(held)
+            gone[it] = Gone(held.pop(it), len(self.ranks.get(job, ())))
+            while len(gone) > self.keep_gone:
+                del gone[min(gone)]
+
+    def _marked(self, fold: StepRecord, job: str) -> StepRecord:
+        """The fold as the store gets it: marked with the job's run past the first
+        (perfd.aggregator.job_runs.run_mark)."""
+        run = self.runs.get(job, (1, None))[0]
+        return fold if run == 1 else dataclasses.replace(fold, fields={**fold.fields, RUN_FIELD: str(run)})
 
     def _records_of(self, acc: Partial, now: float) -> list[StepRecord]:
         """What the store gets of an iteration folded: its fold (marked with the job's run past the
         first: perfd.aggregator.job_runs.run_mark) and its job-level records; counted whole once."""
         out: list[StepRecord] = []
         fold = acc.fold
-        run = self.runs.get(acc.job, (1, None))[0]
         if fold is not None:
-            out.append(fold if run == 1 else
-                       dataclasses.replace(fold, fields={**fold.fields, RUN_FIELD: str(run)}))
+            out.append(self._marked(fold, acc.job))
         out.extend(acc.job_level.values())
         # Whole: every rank the job has shown is in. While the job has shown one iteration only,
         # that iteration's own ranks are all the world there is to hold it to: not counted yet.
@@ -169,6 +251,7 @@ class RootFold:
         self.runs[job] = (run, iteration)
         self.stats.new_runs += 1
         self.jobs[job] = OrderedDict()
+        self.gone[job] = OrderedDict()
         self.ranks[job] = set()
 
 

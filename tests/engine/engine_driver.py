@@ -566,7 +566,7 @@ class Figures:
         return " ".join(f"{k}={v}" for k, v in self.__dict__.items())
 
 
-def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0) -> Figures:
+def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool = False) -> Figures:
     """Wait until the engine is at rest — every message published and acknowledged by the engine,
     the node stream empty (every message acknowledged by a shard after its partial was stored),
     every partial read by the root — then assert nothing lost and nothing doubled:
@@ -616,6 +616,8 @@ def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0) -> Figures:
     # the partials stream again from its start, and counts those batches (and their node messages, as
     # ``redelivered``) again: at least every partial stored was read.
     assert f.batches >= f.partials_stream and st["undecodable"] == 0, f"partials read: {f.line()} {st}"
-    assert st["late"] == 0, f"partials past the root's memory (iterations too fast for the fault): {st}"
+    # ``late``: the plan's iterations are too fast for the fault, and partials come after their
+    # iteration left the root's memory (perfd.engine.root.GONE_ITERATIONS): counted all the same.
+    assert (st["late"] > 0) == late, f"partials past the root's memory: {st}"
     assert all(s["pending"] == 0 and s["unreadable"] == 0 for s in cs), cs
     return f

@@ -22,6 +22,7 @@ from tests.engine.records import job_records
 NODES = 4
 BY_NODE = job_records("j", NODES, 3)
 RANKS = [r for n in range(NODES) for r in BY_NODE[n][0]]  # iteration 1, 32 ranks
+T_END = max(r.end_time or 0.0 for n in range(NODES) for its in BY_NODE[n] for r in its)
 
 
 def _grouped(recs: list[StepRecord], cuts: list[int], order: list[int]) -> list[Partial]:
@@ -121,7 +122,32 @@ def test_the_root_counts_redeliveries_completes_iterations_and_folds_a_late_part
     out, _ = rf.add([partials_of(BY_NODE[0][0], "n0:1")[0]], store.held, now=0.0)
     (fold,) = out
     assert fold == store.folds[1] == fold_ranks([r for n in range(NODES) for r in BY_NODE[n][0]])
-    assert rf.stats.late == 1
+    # ... and counted as what it is, a redelivery: no message, iteration or lag counted again.
+    assert rf.stats.late == 1 and rf.stats.redelivered == 4 and rf.stats.node_messages == 3 * NODES
+    assert rf.stats.complete == 2 and len(rf.stats.lag_s) == 2
+
+
+def test_a_partial_that_comes_after_its_iteration_left_memory_completes_it_once():
+    """A shard's partial delayed past the root's memory (a killed shard's partitions, redelivered
+    after the lease and the ack wait): its ranks and messages still count once, and the iteration
+    it makes whole is counted whole then, with the lag it really had."""
+    rf, store = RootFold(keep=1), _Store()
+    for it in (1, 2, 3):
+        nodes = range(NODES) if it != 2 else range(1, NODES)  # node 0's message of 2 is delayed
+        parts = [partials_of(BY_NODE[n][it - 1], f"n{n}:{it}")[0] for n in nodes]
+        out, _ = rf.add(parts, store.held, now=T_END + it)
+        store.folds[it] = next(r for r in out if r.rank == "all")
+    assert sorted(rf.jobs["j"]) == [3] and rf.stats.complete == 1  # 3; 2 left memory short of node 0
+    late = partials_of(BY_NODE[0][1], "n0:2")[0]
+    for _ in range(2):  # and once more, redelivered
+        out, _ = rf.add([late], store.held, now=T_END + 40.0)
+        (fold,) = out
+        assert fold == fold_ranks([r for n in range(NODES) for r in BY_NODE[n][1]])
+        store.folds[2] = fold
+    assert rf.stats.late == 2 and rf.stats.redelivered == 1 and rf.stats.node_messages == 3 * NODES
+    assert fold.end_time is not None and rf.stats.complete == 2
+    assert sorted(rf.stats.lag_s)[-1] == pytest.approx(T_END + 40.0 - fold.end_time)
+    assert sorted(rf.jobs["j"]) == [3]  # it did not come back into memory
 
 
 def test_a_node_marks_where_its_ranks_processes_changed_and_the_root_counts_that_restart_once():
