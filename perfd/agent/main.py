@@ -447,6 +447,8 @@ class Agent:
         self.scheduler.start()
         if self.cfg.engine:
             self._start_engine()
+            if self.cfg.captures:
+                self._start_captures()
         elif self.cfg.aggregator:
             from perfd.transport.client import AgentClient
             from perfd.transport.security import ClientTls, TokenFile
@@ -480,14 +482,15 @@ class Agent:
 
     def _start_engine(self) -> None:
         """The distributed path (perfd.engine): records to the engine, one message per node and
-        iteration; no aggregator stream (captures are asked for over that stream: none here)."""
+        iteration; commands (captures, a stall's stacks) come from the jobs' root over it."""
         from perfd.engine.publisher import EngineClient
         from perfd.engine.subjects import EngineConfig
 
         token = Path(self.cfg.engine_token_file).read_text().strip() if self.cfg.engine_token_file else None
         ecfg = EngineConfig(tuple(u.strip() for u in (self.cfg.engine or "").split(",") if u.strip()),
                             token=token, tls_ca=self.cfg.engine_tls_ca, partitions=self.cfg.engine_partitions)
-        self.client = EngineClient(ecfg, self.cfg.agent_id, node=self.cfg.node, spool=self._spool)
+        self.client = EngineClient(ecfg, self.cfg.agent_id, node=self.cfg.node, spool=self._spool,
+                                   on_command=self._on_command)
         log.info("agent %s publishing to the engine %s (%s, %s, %d partitions)", self.cfg.agent_id,
                  ",".join(ecfg.servers), "TLS" if ecfg.tls_ca else "plaintext",
                  "token" if token else "no token", ecfg.partitions)

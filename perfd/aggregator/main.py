@@ -41,7 +41,7 @@ from perfd.rules.loader import default_pack_path
 from perfd.rules.model import RulePackError
 from perfd.rules.ruleset import load_rule_set
 from perfd.thresholds import STALL_PHASE_MAX_S
-from perfd.transport.codec import DecodedBatch, HelloInfo
+from perfd.transport.codec import Command, DecodedBatch, HelloInfo
 from perfd.transport.delivery import Kept
 from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
 from perfd.transport.series import Series
@@ -138,12 +138,12 @@ class Aggregator:
                                    admit_series=self._admit_series, policy=policy,
                                    on_stream_end=lambda agent: self.lifecycle.stream_ended(agent))
         # who keeps an iteration two hosts wrote; a stall asks its agents for the ranks' stacks
-        self.state.connect(self.guard.standing, self.server.send_command)
+        self.state.connect(self.guard.standing, self.send_command)
         self.http: HttpServer | None = None
         self.grpc_port = 0
-        self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.server.send_command,
+        self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.send_command,
                                            cfg.rules_interval_s, limits=cfg.limits,
-                                           refusals=self.refusals, hosts=self.guard.hosts)
+                                           refusals=self.refusals, hosts=self._hosts)
         self._rules_task: asyncio.Task[None] | None = None
         self._refresh_task: asyncio.Task[None] | None = None
         self._working: set[asyncio.Future[None]] = set()  # the loops' work on worker threads, in flight
@@ -300,6 +300,25 @@ class Aggregator:
         if cache is not None:
             cache.pop(sid, None)  # the id now names a refused series
         return False
+
+    def send_command(self, agent_id: str, command: Command) -> bool:
+        """To the agent's stream when it has one, else — this aggregator the jobs' root on the engine —
+        through the engine (perfd.engine.root.Root.send_command). Any thread."""
+        root = self.engine_root
+        if root is not None and not self.server.live(agent_id):  # a dict read: as send_command's own
+            return bool(root.send_command(agent_id, command))
+        return self.server.send_command(agent_id, command)
+
+    def _hosts(self, job: str) -> set[str]:
+        """The agents a capture of ``job`` may go to: its hosts (a stream's Hello named the job); for
+        a job seen through the engine, which no Hello names, the agents whose records of it came
+        through the engine (the engine's credentials are that path's boundary)."""
+        hosts = self.guard.hosts(job)
+        if hosts or self.engine_root is None:
+            return hosts
+        from perfd.engine.root import ENGINE_AGENT
+
+        return (set(self.state.job_agents(job)) | set(self.state.hosts.agents_of(job))) - {ENGINE_AGENT}
 
     def forget_series(self, agent_id: str) -> None:
         """The agent was forgotten (perfd.aggregator.lifecycle): its series leave the cap."""

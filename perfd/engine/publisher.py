@@ -20,11 +20,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect
 from perfd.engine.partial import RunMarks, decode, encode, partials_of
 from perfd.model import CollectiveRecord, Sample, StepRecord
-from perfd.transport.codec import encode_batch
+from perfd.transport.codec import Command, command_from_pb, encode_batch
+from perfd.transport.dispatch import CommandTarget
+from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.series import SeriesTable
 from perfd.transport.spool import Spool
 from perfd.transport.wakeup import wake
@@ -34,13 +38,18 @@ log = logging.getLogger("perfd.engine")
 PUBLISH_TIMEOUT_S = 5.0
 
 
-class EngineClient:
-    """Create, ``asyncio.create_task(client.run())``, call ``submit()`` as records arrive."""
+class EngineClient(CommandTarget):
+    """Create, ``asyncio.create_task(client.run())``, call ``submit()`` as records arrive. Commands
+    the jobs' root sends this agent (perfd.engine.root.Root.send_command) go to ``on_command``."""
 
     def __init__(self, cfg: S.EngineConfig, agent_id: str, *, node: str, spool: Spool | None = None,
-                 window: int = 32, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0) -> None:
+                 window: int = 32, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
+                 on_command: Callable[[Command], object] | None = None) -> None:
         self.cfg = cfg
         self.agent_id = agent_id
+        self.on_command = on_command
+        self.commands_received = self.command_errors = self.undecodable_commands = 0
+        self._tasks: set[asyncio.Future[Any]] = set()
         self.node = node or agent_id
         self.spool = spool if spool is not None else Spool(None)
         self.window = max(1, window)
@@ -122,6 +131,7 @@ class EngineClient:
                 self.reconnects += self.connects > 1
                 self.connected = True
                 delay = self.backoff_initial_s
+                await nc.subscribe(S.command_subject(self.agent_id), cb=self._on_command_msg)
                 await self._publish_loop(nc)
             except asyncio.CancelledError:
                 raise
@@ -139,6 +149,18 @@ class EngineClient:
                         pass
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # jittered: agents do not return in step
             delay = min(self.backoff_max_s, delay * 2)
+
+    async def _on_command_msg(self, msg: Any) -> None:
+        """A command from the root: answered at once (it arrived), then handled."""
+        try:
+            cmd = command_from_pb(pb.Command.FromString(msg.data))
+        except DecodeError as exc:
+            self.undecodable_commands += 1
+            log.warning("engine: a command that does not decode (%s): refused", exc)
+            return
+        if msg.reply:
+            await msg.respond(b"")
+        self._dispatch(cmd)
 
     async def _publish_loop(self, nc: Any) -> None:
         js = nc.jetstream()
@@ -198,7 +220,8 @@ class EngineClient:
         out.update(connected=int(self.connected), connects=self.connects, reconnects=self.reconnects,
                    batches_submitted=self.batches_submitted, batches_acked=self.published,
                    stream_errors=self.publish_errors, ack_timeouts=0, duplicates=self.duplicates,
-                   unreadable=self.unreadable)
+                   unreadable=self.unreadable, commands_received=self.commands_received,
+                   command_errors=self.command_errors)
         return out
 
     def close(self) -> None:
@@ -209,6 +232,7 @@ class EngineClient:
     def stats(self) -> dict[str, Any]:
         return {"connected": self.connected, "connects": self.connects, "published": self.published,
                 "duplicates": self.duplicates, "publish_errors": self.publish_errors,
-                "unreadable": self.unreadable,
+                "unreadable": self.unreadable, "commands_received": self.commands_received,
+                "command_errors": self.command_errors, "undecodable_commands": self.undecodable_commands,
                 "pending": self.spool.pending_count(), "records_submitted": self.records_submitted,
                 "last_error": self.last_error}

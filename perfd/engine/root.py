@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import concurrent.futures
 import dataclasses
 import logging
 import time
@@ -31,7 +32,7 @@ from perfd.engine.partial import Partial, decode
 from perfd.jobinfo_json import job_info_from_json
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.stepfold import RUN_FIELD
-from perfd.transport.codec import decode_batch
+from perfd.transport.codec import Command, command_to_pb, decode_batch
 
 log = logging.getLogger("perfd.engine")
 
@@ -68,6 +69,10 @@ class RootStats:
     redelivered: int = 0  # node messages that arrived again (folded once)
     late: int = 0  # partials of an iteration no longer in memory, folded with the store's record
     new_runs: int = 0  # restarts seen (a rank's step hook began a new process): the job's run counted on
+    # Commands to agents on the engine (perfd.engine.subjects.command_subject): answered, or not
+    # (no agent listening, no answer in time, no engine connection): counted, never retried.
+    commands_sent: int = 0
+    commands_undeliverable: int = 0
     records_ingested: int = 0
     # The records stream: messages read, events and collective records handed on as their agents sent them
     node_records_messages: int = 0
@@ -262,7 +267,11 @@ class Root:
         self.cfg, self.sink, self.id, self.replicas = cfg, sink, root_id, replicas
         self.fold = RootFold()
         self._read_to = 0  # the partials stream's sequence read and folded up to
+        self._nc: Any = None  # the session's connection: what commands go out on
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._records_read_to = 0  # the records stream's, handed on up to
+        self._pending: set[asyncio.Future[None]] = set()  # commands in flight from the loop itself
+        self._pending_calls: set[concurrent.futures.Future[None]] = set()  # ... from other threads
 
     @property
     def stats(self) -> RootStats:
@@ -285,6 +294,7 @@ class Root:
 
     async def _session(self, stop: asyncio.Event) -> None:
         nc = await connect(self.cfg, f"perfd-root {self.id}")
+        self._nc, self._loop = nc, asyncio.get_running_loop()
         try:
             await ensure_streams(nc, self.replicas)
             js = nc.jetstream()
@@ -304,6 +314,7 @@ class Root:
                     except asyncio.TimeoutError:
                         pass
         finally:
+            self._nc = None
             await nc.close()
 
     async def _lead(self, js: Any, lease: Lease, stop: asyncio.Event) -> None:
@@ -362,6 +373,40 @@ class Root:
                 pass
             await sub.unsubscribe()
             await rsub.unsubscribe()
+
+    def send_command(self, agent_id: str, command: Command) -> bool:
+        """Send ``command`` to an agent on the engine; False (counted) without an engine connection.
+        True: handed to the event loop, which counts whether the agent answered. Any thread (the
+        rules tick runs in an executor), never waits: as perfd.transport.server's."""
+        nc, loop = self._nc, self._loop
+        if nc is None or loop is None or loop.is_closed():
+            self.stats.commands_undeliverable += 1
+            return False
+        data = command_to_pb(command).SerializeToString()
+        coro = self._request(nc, agent_id, data)
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            task = asyncio.ensure_future(coro)
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+        else:  # its future kept until done: a task only the loop's weak set holds may be collected
+            fut = asyncio.run_coroutine_threadsafe(coro, loop)
+            self._pending_calls.add(fut)
+            fut.add_done_callback(self._pending_calls.discard)
+        return True
+
+    async def _request(self, nc: Any, agent_id: str, data: bytes) -> None:
+        try:
+            await nc.request(S.command_subject(agent_id), data, timeout=S.COMMAND_REPLY_TIMEOUT_S)
+        except Exception as exc:  # no responders, a timeout, a closed connection: not delivered
+            self.stats.commands_undeliverable += 1
+            log.warning("engine root %s: command to agent %s not delivered (%s)", self.id, agent_id[:80],
+                        type(exc).__name__)
+            return
+        self.stats.commands_sent += 1
 
     def handle(self, batch: Sequence[bytes]) -> None:
         """Fold shard messages in and hand what changed to the sink."""

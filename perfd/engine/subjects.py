@@ -19,6 +19,10 @@ LEASES_BUCKET = "perfd_leases"  # KV: partition -> shard, "root" -> root (expire
 NODES_PREFIX = "perfd.nodes"
 PARTIALS_PREFIX = "perfd.partials"
 RECORDS_PREFIX = "perfd.records"
+# Commands to one agent (a capture, a stall's stacks): core NATS request/reply, not a stream — a
+# command is only meaningful now (as on a stream to an aggregator), and the reply says it arrived.
+COMMANDS_PREFIX = "perfd.commands"
+COMMAND_REPLY_TIMEOUT_S = 5.0
 ROOT_LEASE = "root"
 DEFAULT_PARTITIONS = 16
 # A lease is renewed every LEASE_TTL_S / 3; a holder silent for LEASE_TTL_S loses it (the bucket's
@@ -56,6 +60,11 @@ def partials_subject(job: str) -> str:
 def records_subject(job: str) -> str:
     """A node's events and collective records of ``job`` ("": events of no job, a node's own)."""
     return f"{RECORDS_PREFIX}.{job_token(job)}"
+
+
+def command_subject(agent_id: str) -> str:
+    """Where ``agent_id`` listens for commands (its id hashed, as a job's name is)."""
+    return f"{COMMANDS_PREFIX}.{job_token(agent_id)}"
 
 
 def partition_lease(partition: int) -> str:

@@ -15,7 +15,6 @@ by a lock and the stream task is woken through the event loop.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import random
 import threading
@@ -37,6 +36,7 @@ from perfd.transport.codec import (
     frame_batch,
     sample_count,
 )
+from perfd.transport.dispatch import CommandTarget
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.security import AUTH_HEADER, ClientTls, TokenFile
 from perfd.transport.series import SeriesTable
@@ -111,7 +111,7 @@ async def _ended_with(call: Any) -> StreamEnded | None:
     return StreamEnded(code, str(details or ""))
 
 
-class AgentClient:
+class AgentClient(CommandTarget):
     """One agent's connection to the aggregator. Create, ``asyncio.create_task(client.run())``,
     call ``submit()`` as data arrives; cancel the task and ``close()`` on shutdown."""
 
@@ -415,28 +415,6 @@ class AgentClient:
         self._last_sent = max(self._last_sent, seq)  # the Ack after Hello may cover unsent batches
         if self._wake is not None:
             self._wake.set()
-
-    def _dispatch(self, cmd: Command) -> None:
-        self.commands_received += 1
-        if self.on_command is None:
-            log.warning("perfd agent %s: command %s (%s) received but no handler is set",
-                        self.agent_id, cmd.id, cmd.kind)
-            return
-        try:
-            res = self.on_command(cmd)
-            if inspect.isawaitable(res):
-                task = asyncio.ensure_future(res)
-                self._tasks.add(task)  # keep a reference until it finishes
-                task.add_done_callback(self._command_done)
-        except Exception:
-            self.command_errors += 1
-            log.exception("perfd agent %s: command handler failed for %s", self.agent_id, cmd)
-
-    def _command_done(self, task: asyncio.Future[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self.command_errors += 1
-            log.error("perfd agent %s: command handler failed", self.agent_id, exc_info=task.exception())
 
     # ------------------------------------------------------------------ housekeeping
 

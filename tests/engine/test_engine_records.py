@@ -139,3 +139,56 @@ async def _until(pred: Any, timeout: float, show: Any) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"not reached in {timeout} s: {show()}")
         await asyncio.sleep(0.1)
+
+
+def test_a_capture_reaches_an_agent_on_the_engine_and_its_progress_comes_back(tmp_path: Path) -> None:
+    """The root sends a capture command to the agent whose records of the job came through the engine
+    (no Hello names it to the aggregator), as a request the agent answers; the agent's progress event
+    comes back on the records stream and moves the capture on, taken from it as the capture's target.
+    A command to an agent that is not listening is counted undeliverable."""
+    _need_nats_server()
+    recs = [r for r in load_fixture_records("timing", JOB) if r.rank == 0]
+    agent = f"node-0/{JOB}"
+
+    async def main(urls: list[str]) -> dict[str, Any]:
+        cfg = S.EngineConfig(tuple(urls), partitions=4)
+        agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], engine=cfg,
+                                          engine_root_id="root-a"))
+        await agg.start()
+        got: list[Any] = []
+        client = EngineClient(cfg, agent, node="node-0", on_command=got.append)
+        sender = asyncio.create_task(client.run())
+        try:
+            client.submit(collectives=recs)  # what makes the agent one of the job's, on this path
+            root = agg.engine_root
+            await _until(lambda: root.stats.leader and root.stats.collectives == len(recs), 30,
+                         lambda: root.stats.to_json())
+            await _until(lambda: client.connected, 30, client.stats)
+            # From the rules' thread, as a firing rule would.
+            rec = await asyncio.to_thread(agg.captures.request, JOB, [0], "kineto", 2, "test")
+            await _until(lambda: got, 15, lambda: (root.stats.to_json(), client.stats()))
+            client.submit(events=[{"kind": E.CAPTURE_FAILED.name, "job": JOB, "time": time.time(),
+                                   "text": "no profiler on this node", "links": {"command_id": rec.id}}])
+            await _until(lambda: agg.captures.captures[rec.id].status == "failed", 15,
+                         lambda: agg.captures.list())
+            out = {"command": got[0], "record": rec, "sent": root.stats.commands_sent,
+                   "reason": agg.captures.captures[rec.id].reason}
+            # The agent gone: the next command finds nobody listening.
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+            assert agg.send_command(agent, got[0])
+            await _until(lambda: root.stats.commands_undeliverable == 1, 15, lambda: root.stats.to_json())
+            out["undeliverable"] = root.stats.commands_undeliverable
+            return out
+        finally:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+            client.close()
+            await agg.stop()
+
+    with NatsCluster(tmp_path / "nats", 1) as cluster:
+        out = asyncio.run(main(cluster.urls))
+    cmd, rec = out["command"], out["record"]
+    assert rec.agents == [agent] and rec.status in ("requested", "failed")
+    assert (cmd.id, cmd.job, tuple(cmd.ranks), cmd.args.get("tool")) == (rec.id, JOB, (0,), "kineto"), cmd
+    assert out["sent"] == 1 and out["reason"] == "no profiler on this node" and out["undeliverable"] == 1

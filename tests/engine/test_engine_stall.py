@@ -3,8 +3,10 @@
 collectors, and a training loop timed by the step hook. The loop's rank is SIGSTOPped: the job's
 steps stop reaching the root through the shard, and the rank's process state (a ``rank_processes``
 event) reaches it through the records stream — the stall is opened, its cause the stopped process,
-as on a stream to one aggregator (tests/host/test_host_live.py); it closes when the rank resumes.
-The rank's stack is not taken: the root cannot send an agent on the engine a command."""
+as on a stream to one aggregator (tests/host/test_host_live.py). The root asks the agent for the
+rank's Python stack over the engine (a ``stacks`` command, request and reply); the agent takes it with
+py-spy and it comes back as a ``rank_stacks`` event on the records stream, into the incident. The
+stall closes when the rank resumes."""
 
 from __future__ import annotations
 
@@ -80,7 +82,12 @@ def test_a_stopped_rank_is_a_stall_through_the_engine_its_cause_the_stopped_proc
         (inc,) = [i for i in incidents() if i["kinds"] == ["stall"]]
         assert inc["open"] and inc["ranks"] == [0]
         assert (inc.get("verdict") or {}).get("cause") == "process_stopped", inc.get("verdict")
-        print(f"FIGURES stall seen {seen_after:.1f} s after SIGSTOP, through the engine")
+        stacks = until(lambda: next(((i["evidence"]["stall"].get("stacks") or {}).get("0")
+                                     for i in incidents() if "stall" in i["kinds"]), None),
+                       "the stopped rank's stack, asked for over the engine", 20)
+        assert "main (hook_loop.py:" in stacks.get("stack", ""), stacks  # where the loop was stopped
+        print(f"FIGURES stall seen {seen_after:.1f} s after SIGSTOP, through the engine; its stack "
+              f"{time.monotonic() - t_stop:.1f} s after")
         time.sleep(max(0.0, 12.0 - (time.monotonic() - t_stop)))
     finally:
         os.kill(loop.pid, signal.SIGCONT)
@@ -91,3 +98,4 @@ def test_a_stopped_rank_is_a_stall_through_the_engine_its_cause_the_stopped_proc
     assert closed["evidence"]["stall"]["ranks"]["0"]["state"] == "stopped"
     engine = get_json(f"{base}/api/stats")["engine"]
     assert engine["events"] > 0 and engine["undecodable"] == 0, engine
+    assert engine["commands_sent"] >= 1 and engine["commands_undeliverable"] == 0, engine
