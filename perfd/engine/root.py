@@ -23,18 +23,19 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect, ensure_streams
 from perfd.engine.leases import Lease
-from perfd.engine.partial import Partial, decode
+from perfd.engine.partial import Decoded, Partial, decode
 from perfd.jobinfo_json import job_info_from_json
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.stepfold import RUN_FIELD
-from perfd.transport.codec import Command, command_to_pb, decode_batch
+from perfd.transport.codec import Command, DecodedBatch, command_to_pb, decode_batch
 
 log = logging.getLogger("perfd.engine")
+T = TypeVar("T")
 
 ENGINE_AGENT = "engine"  # the sender the store sees for every record that came through the engine
 # Iterations of a job folded in memory (their per-rank maps, ranks and message ids): a partial of an
@@ -408,16 +409,21 @@ class Root:
             return
         self.stats.commands_sent += 1
 
+    def _decoded(self, data: bytes, what: str, read: Callable[[Decoded], T]) -> T | None:
+        """``read(decode(data))``, or None for a message that does not decode (counted, logged)."""
+        try:
+            return read(decode(data))
+        except ValueError as exc:
+            self.stats.undecodable += 1
+            log.warning("engine root %s: a %s message that does not decode (%s): skipped", self.id, what, exc)
+            return None
+
     def handle(self, batch: Sequence[bytes]) -> None:
         """Fold shard messages in and hand what changed to the sink."""
         parts: list[Partial] = []
         for data in batch:
-            try:
-                d = decode(data)
-            except ValueError as exc:
-                self.stats.undecodable += 1
-                log.warning("engine root %s: a partials message that does not decode (%s): skipped",
-                            self.id, exc)
+            d = self._decoded(data, "partials", lambda d: d)
+            if d is None:
                 continue
             self.stats.batches += 1
             for job, text in d.job_info_json.items():
@@ -438,17 +444,18 @@ class Root:
     def handle_records(self, batch: Sequence[bytes]) -> None:
         """Hand the nodes' events and collective records on, each as its agent's."""
         for data in batch:
-            try:
-                d = decode(data)
-                if d.records is None:
-                    raise ValueError("a records message without records")
-                got = decode_batch(d.records, {})
-            except ValueError as exc:
-                self.stats.undecodable += 1
-                log.warning("engine root %s: a records message that does not decode (%s): skipped",
-                            self.id, exc)
+            decoded = self._decoded(data, "records", _records_of)
+            if decoded is None:
                 continue
+            d, got = decoded
             self.stats.node_records_messages += 1
             self.stats.events += len(got.events)
             self.stats.collectives += len(got.collectives)
             self.sink.ingest_records(d.sender, got.events, got.collectives)
+
+
+def _records_of(d: Decoded) -> tuple[Decoded, DecodedBatch]:
+    """A records message's events and collective records (ValueError: none, or they do not decode)."""
+    if d.records is None:
+        raise ValueError("a records message without records")
+    return d, decode_batch(d.records, {})
