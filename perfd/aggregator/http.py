@@ -20,6 +20,7 @@ from prometheus_client.core import Metric
 
 from perfd import finite_json
 from perfd import limits as L
+from perfd.aggregator import forward as fwd
 from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
 from perfd.aggregator.job_rows import job_row_groups
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running, overview_of
@@ -372,9 +373,24 @@ class _Handler(httpd.BufferedHandler):
         last = evs[-1]["seq"] if evs else (cursor if cursor is not None else log_.seq)
         self._json(200, {"events": evs, "next_cursor": last, "more": more})
 
+    def _forwarded(self, path: str) -> bool:
+        """A standby root's request, answered by the leading root (perfd.aggregator.forward)."""
+        leader = self.app.leader() if self.app.leader is not None else None
+        if leader is None or not fwd.forwarded(path):
+            return False
+        body = None
+        if self.command == "POST":
+            n = _body_length(self)
+            if n is None:
+                return True  # refused, answered
+            body = self.rfile.read(n)
+        code, out, ctype = fwd.forward(leader, self.command, self.path, dict(self.headers.items()), body)
+        self._send(code, out, ctype, ((fwd.SERVED_BY, f"leader {leader}"),))
+        return True
+
     def do_POST(self) -> None:
         path = self._target()
-        if path is None or not self._authorized(path):
+        if path is None or not self._authorized(path) or self._forwarded(path):
             return
         try:
             _post(self, path)
@@ -384,7 +400,7 @@ class _Handler(httpd.BufferedHandler):
 
     def do_GET(self) -> None:
         path = self._target()
-        if path is None or not self._authorized(path):
+        if path is None or not self._authorized(path) or self._forwarded(path):
             return
         state = self.app.state
         try:
@@ -577,6 +593,7 @@ class _App:
         self.token = token
         self.refusals = refusals
         self.registry = CollectorRegistry(auto_describe=False)
+        self.leader: Callable[[], str | None] | None = None  # a standby root's leader (its HTTP)
 
 
 class HttpServer:

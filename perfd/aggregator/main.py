@@ -102,6 +102,9 @@ class AggregatorConfig:
     engine: EngineConfig | None = None
     engine_replicas: int = 1
     engine_root_id: str | None = None  # default: HOST:GRPC_PORT
+    # This aggregator's HTTP as the other roots reach it (http://POD_IP:PORT): while it leads, a
+    # standby forwards its API there (perfd.aggregator.forward); None: a standby answers for itself
+    engine_advertise_http: str | None = None
 
 
 class Aggregator:
@@ -442,7 +445,11 @@ class Aggregator:
 
         root_id = self.cfg.engine_root_id or f"{socket.gethostname()}:{self.grpc_port}"
         self.engine_root = Root(engine, EngineSink(self.state, self.guard), root_id,
-                                replicas=self.cfg.engine_replicas)
+                                replicas=self.cfg.engine_replicas,
+                                advertise_http=self.cfg.engine_advertise_http)
+        if self.http is not None:
+            root = self.engine_root
+            self.http.app.leader = lambda: None if root.stats.leader else root.leader_http
         self.state.engine_stats = self.engine_root.stats.to_json
         self._engine_stop = asyncio.Event()
         self._engine_task = asyncio.create_task(self.engine_root.run(self._engine_stop))

@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import sys
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
 from perfd import limits as L
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
@@ -134,6 +135,12 @@ def _aggregator(args: argparse.Namespace) -> int:
         if iu.find_spec("nats") is None:
             print("perfd aggregator: --engine needs nats-py: pip install 'perfd[engine]'", file=sys.stderr)
             return 2
+    adv = args.engine_advertise_http
+    if adv is not None and (engine is None or urlparse(adv).scheme not in ("http", "https")
+                            or not urlparse(adv).netloc):
+        print("perfd aggregator: --engine-advertise-http takes http(s)://HOST:PORT and needs --engine "
+              f"(got {adv!r}{'' if engine is not None else ', no --engine'})", file=sys.stderr)
+        return 2
     cfg = AggregatorConfig(collectives=coll, collectives_per_job=coll_jobs,
                            grpc_host=args.grpc_host or every, grpc_port=args.grpc_port,
                            http_host=args.http_host or every, http_port=args.http_port, gpu=args.gpu,
@@ -157,7 +164,8 @@ def _aggregator(args: argparse.Namespace) -> int:
                            remote_write_interval_s=args.remote_write_interval,
                            remote_write_labels=labels, remote_write_credentials=credentials,
                            engine=engine,
-                           engine_replicas=args.engine_replicas, engine_root_id=args.engine_root_id)
+                           engine_replicas=args.engine_replicas, engine_root_id=args.engine_root_id,
+                           engine_advertise_http=args.engine_advertise_http)
     if args.job_stale_after is not None and args.job_stale_after <= 0:
         print("perfd aggregator: --job-stale-after must be > 0 seconds", file=sys.stderr)
         return 2
@@ -368,6 +376,9 @@ def register(sub: SubParsers) -> None:
     add_engine_arguments(g)
     g.add_argument("--engine-root-id", metavar="ID", help="with --engine: this root's id in the lease "
                    "(default: HOST:GRPC_PORT); the aggregator holding the lease leads, the others stand by")
+    g.add_argument("--engine-advertise-http", metavar="URL", help="with --engine: this aggregator's HTTP "
+                   "as the other roots reach it (http://POD_IP:PORT); a standby forwards its API to the "
+                   "leader's, so a Service in front of both answers with the jobs")
     g.set_defaults(handler=_aggregator)
 
     d = sub.add_parser("demo", help="run aggregator + agent locally on recorded real data "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import time
@@ -264,8 +265,13 @@ class RootFold:
 class Root:
     """The leader's loop: ``await Root(cfg, sink, id).run(stop)`` in the aggregator's event loop."""
 
-    def __init__(self, cfg: S.EngineConfig, sink: RootSink, root_id: str, replicas: int = 1) -> None:
+    def __init__(self, cfg: S.EngineConfig, sink: RootSink, root_id: str, replicas: int = 1,
+                 advertise_http: str | None = None) -> None:
         self.cfg, self.sink, self.id, self.replicas = cfg, sink, root_id, replicas
+        # This root's HTTP as the others reach it (put while it leads); the leader's, as last read
+        # while standing by (None: leading, or no leader advertises one)
+        self.advertise_http = advertise_http
+        self.leader_http: str | None = None
         self.fold = RootFold()
         self._read_to = 0  # the partials stream's sequence read and folded up to
         self._nc: Any = None  # the session's connection: what commands go out on
@@ -299,17 +305,22 @@ class Root:
         try:
             await ensure_streams(nc, self.replicas)
             js = nc.jetstream()
-            lease = Lease(await js.key_value(S.LEASES_BUCKET), S.ROOT_LEASE, self.id)
+            kv = await js.key_value(S.LEASES_BUCKET)
+            lease = Lease(kv, S.ROOT_LEASE, self.id)
             while not stop.is_set():
                 if await lease.acquire():
                     log.info("engine root %s: leads; reading the partials kept", self.id)
-                    self.stats.leader = True
+                    self.stats.leader, self.leader_http = True, None
                     try:
-                        await self._lead(js, lease, stop)
+                        await self._lead(js, lease, stop, kv)
                     finally:
                         self.stats.leader = False
+                        if self.advertise_http:  # a standby stops forwarding here at its next read
+                            with contextlib.suppress(Exception):
+                                await kv.delete(S.ROOT_HTTP_KEY)
                         await lease.release()
                 else:
+                    self.leader_http = await _advertised(kv)
                     try:
                         await asyncio.wait_for(stop.wait(), timeout=S.LEASE_TTL_S / 3)
                     except asyncio.TimeoutError:
@@ -318,7 +329,16 @@ class Root:
             self._nc = None
             await nc.close()
 
-    async def _lead(self, js: Any, lease: Lease, stop: asyncio.Event) -> None:
+    async def _advertise(self, kv: Any) -> None:
+        """Put this root's HTTP where a standby reads it (expires with the bucket's TTL unless put
+        again at each renewal); a failure only leaves the standby answering for itself."""
+        if self.advertise_http:
+            try:
+                await kv.put(S.ROOT_HTTP_KEY, self.advertise_http.encode())
+            except Exception as exc:
+                log.warning("engine root %s: could not advertise its HTTP (%s)", self.id, exc)
+
+    async def _lead(self, js: Any, lease: Lease, stop: asyncio.Event, kv: Any) -> None:
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -352,6 +372,7 @@ class Root:
         sub = await subscribe(S.PARTIALS_STREAM, S.PARTIALS_PREFIX, self._read_to)
         rsub = await subscribe(S.RECORDS_STREAM, S.RECORDS_PREFIX, self._records_read_to)
         records = asyncio.create_task(read_records())
+        await self._advertise(kv)
         loop = asyncio.get_running_loop()
         renew_at = loop.time() + S.LEASE_TTL_S / 3
         try:
@@ -361,6 +382,7 @@ class Root:
                 if loop.time() >= renew_at:
                     if not await lease.renew():
                         return  # another leads now: stop reading before it starts
+                    await self._advertise(kv)
                     renew_at = loop.time() + S.LEASE_TTL_S / 3
                 msgs = await batch(sub, 0.5)
                 if msgs:
@@ -459,3 +481,12 @@ def _records_of(d: Decoded) -> tuple[Decoded, DecodedBatch]:
     if d.records is None:
         raise ValueError("a records message without records")
     return d, decode_batch(d.records, {})
+
+
+async def _advertised(kv: Any) -> str | None:
+    """The leading root's HTTP, if it advertises one (None: none, or the key expired with it)."""
+    try:
+        e = await kv.get(S.ROOT_HTTP_KEY)
+    except Exception:  # no such key (nats' KeyNotFoundError and kin): no leader advertises
+        return None
+    return e.value.decode(errors="replace") if e.value else None

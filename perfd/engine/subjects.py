@@ -24,6 +24,9 @@ RECORDS_PREFIX = "perfd.records"
 COMMANDS_PREFIX = "perfd.commands"
 COMMAND_REPLY_TIMEOUT_S = 5.0
 ROOT_LEASE = "root"
+# The leading root's HTTP as it advertises it (--engine-advertise-http), in the lease bucket: it expires
+# with the leadership, and a standby forwards the API there (perfd.aggregator.forward).
+ROOT_HTTP_KEY = "root-http"
 DEFAULT_PARTITIONS = 16
 # A lease is renewed every LEASE_TTL_S / 3; a holder silent for LEASE_TTL_S loses it (the bucket's
 # keys expire), and another shard takes the partition, its unacknowledged messages redelivered.

@@ -72,6 +72,8 @@ def _field(path: str, meta: dict[str, Any], namespace: str) -> str:
         return namespace
     if path == "metadata.name":
         return str(meta.get("name") or meta.get("generateName") or "pod-0")
+    if path == "status.podIP":
+        return "127.0.0.1"  # the pod's address, as its processes here are reached
     m = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
     if m:
         return str((meta.get("labels") or {}).get(m.group(1), ""))

@@ -280,9 +280,27 @@ def test_the_aggregator_is_the_root_with_a_standby() -> None:
     assert "emptyDir" in data and "persistentVolumeClaim" not in data
     assert not [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
     assert "--state-dir" in c["args"]
-    # The same agents and Prometheus reach it: the ingress policy is the one without the engine.
-    ingress = _one(docs, "NetworkPolicy", "perfd-aggregator")
-    assert ingress == _one(_render(), "NetworkPolicy", "perfd-aggregator")
+    # The standby forwards the API to the leader's own address (perfd.aggregator.forward).
+    assert ns.engine_advertise_http == "http://$(POD_IP):9401"
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in c["env"]
+    # The same agents and Prometheus reach it as without the engine, and the other root its HTTP port,
+    # which the engine's egress policy lets the roots reach (and nothing else of theirs).
+    sel = {"app.kubernetes.io/name": "perfd", "app.kubernetes.io/instance": "perfd",
+           "app.kubernetes.io/component": "aggregator"}
+    ingress = _one(docs, "NetworkPolicy", "perfd-aggregator")["spec"]["ingress"]
+    plain = _one(_render(), "NetworkPolicy", "perfd-aggregator")["spec"]["ingress"]
+    assert ingress[0] == plain[0] and ingress[1]["ports"] == plain[1]["ports"]
+    assert ingress[1]["from"] == [*plain[1]["from"][:1], {"podSelector": {"matchLabels": sel}},
+                                  *plain[1]["from"][1:]]
+    egress = _one(docs, "NetworkPolicy", "perfd-engine-egress")["spec"]["egress"]
+    assert {"to": [{"podSelector": {"matchLabels": sel}}],
+            "ports": [{"port": 9401, "protocol": "TCP"}]} in egress
+    # Without a standby: no forwarding, no such rules.
+    one = _render(*ENGINE, "engine.root.standby=false")
+    assert "--engine-advertise-http" not in _container(_one(one, "Deployment", "perfd-aggregator"))["args"]
+    assert _one(one, "NetworkPolicy", "perfd-aggregator")["spec"]["ingress"] == plain
+    assert not [r for r in _one(one, "NetworkPolicy", "perfd-engine-egress")["spec"]["egress"] if "to" in r
+                and "podSelector" in r["to"][0]]
     # No standby: one replica on its claim, as without the engine.
     one = _render(*ENGINE, "engine.root.standby=false")
     agg1 = _one(one, "Deployment", "perfd-aggregator")
@@ -311,7 +329,7 @@ def test_the_engine_egress_policy() -> None:
              "app.kubernetes.io/component": "agent"}
     assert not selects(spec["podSelector"], other)
     assert not selects(spec["podSelector"], {"perfd.dev/job": "gpt"})
-    engine, dns, extra = spec["egress"]
+    engine, dns, roots, extra = spec["egress"]
     # The engine's client ports (each URL's; 4222 when it names none) in the namespace "nats" only.
     assert engine["ports"] == [{"port": 4222, "protocol": "TCP"}, {"port": 4223, "protocol": "TCP"}]
     (peer,) = engine["to"]
@@ -320,6 +338,11 @@ def test_the_engine_egress_policy() -> None:
     assert not selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": "monitoring"})
     assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
     assert extra == {"ports": [{"port": 443}]}
+    # The standby root reaches the leader's HTTP port (it forwards the API there): the aggregators only.
+    assert roots["ports"] == [{"port": 9401, "protocol": "TCP"}]
+    assert roots["to"] == [{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "perfd", "app.kubernetes.io/instance": "gpu-perf",
+        "app.kubernetes.io/component": "aggregator"}}}]
     validate_rendered([np])
     # The namespace selector is a value.
     docs = _render(*ENGINE, "engine.namespaceSelector.matchLabels.team=messaging")

@@ -28,6 +28,9 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     (["agent", "--engine", "nats://127.0.0.1:4222", "--aggregator", "127.0.0.1:50051", "--nvml", "off"],
      "one or the other"),
     (["agent", "--engine", "redis://127.0.0.1:6379", "--nvml", "off"], "engine must be nats://"),
+    (["aggregator", "--engine-advertise-http", "http://10.0.0.7:8080"], "needs --engine"),
+    (["aggregator", "--engine", "nats://127.0.0.1:4222", "--engine-advertise-http", "10.0.0.7:8080"],
+     "takes http(s)://HOST:PORT"),
 ])
 def test_engine_flags_that_cannot_work_are_refused_with_a_reason(args, says):
     res = _run(*args)

@@ -10,12 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from perfd import events as E
+from perfd.aggregator import forward as fwd
 from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
 from perfd.engine import subjects as S
@@ -24,6 +28,7 @@ from perfd.engine.publisher import EngineClient
 from perfd.model import CollectiveRecord
 from tests.collectives.collective_helpers import load_fixture_records
 from tests.engine.test_natsd import _need_nats_server
+from tests.procs import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -192,3 +197,90 @@ def test_a_capture_reaches_an_agent_on_the_engine_and_its_progress_comes_back(tm
     assert rec.agents == [agent] and rec.status in ("requested", "failed")
     assert (cmd.id, cmd.job, tuple(cmd.ranks), cmd.args.get("tool")) == (rec.id, JOB, (0,), "kineto"), cmd
     assert out["sent"] == 1 and out["reason"] == "no profiler on this node" and out["undeliverable"] == 1
+
+
+def test_a_standby_root_answers_the_api_with_the_leaders_jobs(tmp_path: Path) -> None:
+    """Two aggregators on the engine behind one Service: the standby forwards what it is asked of
+    the jobs (GET and POST, with the caller's token) to the leader's advertised HTTP and relays the
+    answer, saying so; its own health and stats stay its own. Once the leader is gone the standby
+    leads and answers for itself, from the streams."""
+    _need_nats_server()
+    recs = [r for r in load_fixture_records("timing", JOB) if r.rank == 0]
+    token = tmp_path / "token"
+    token.write_text("s3cret-s3cret-s3cret\n")
+    auth = {"Authorization": "Bearer s3cret-s3cret-s3cret"}
+
+    def get(base: str, path: str, headers: dict[str, str] | None = None,
+            body: bytes | None = None) -> tuple[int, dict[str, Any], str]:
+        req = urllib.request.Request(base + path, data=body, headers=headers or {},
+                                     method="POST" if body is not None else "GET")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read()), resp.headers.get(fwd.SERVED_BY) or ""
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read()), exc.headers.get(fwd.SERVED_BY) or ""
+
+    async def main(urls: list[str]) -> dict[str, Any]:
+        cfg = S.EngineConfig(tuple(urls), partitions=4)
+        ports = {"a": free_port(), "b": free_port()}
+
+        def aggregator(name: str) -> Aggregator:
+            return Aggregator(AggregatorConfig(
+                grpc_port=0, http_port=ports[name], rules_files=[], engine=cfg, engine_root_id=f"root-{name}",
+                auth_token_file=str(token), engine_advertise_http=f"http://127.0.0.1:{ports[name]}"))
+
+        a, b = aggregator("a"), aggregator("b")
+        await a.start()
+        await _until(lambda: a.engine_root.stats.leader, 30, lambda: a.engine_root.stats.to_json())
+        await b.start()
+        client = EngineClient(cfg, f"node-0/{JOB}", node="node-0")
+        sender = asyncio.create_task(client.run())
+        out: dict[str, Any] = {}
+        try:
+            client.submit(collectives=recs)
+            await _until(lambda: a.engine_root.stats.collectives == len(recs), 30,
+                         lambda: a.engine_root.stats)
+            await _until(lambda: b.engine_root.leader_http is not None, 15,
+                         lambda: b.engine_root.leader_http)
+            base_a, base_b = (f"http://127.0.0.1:{ports[n]}" for n in "ab")
+            path = f"/api/jobs/{urllib.parse.quote(JOB, safe='')}/summary"
+            out["leader"] = await asyncio.to_thread(get, base_a, path, auth)
+            out["standby"] = await asyncio.to_thread(get, base_b, path, auth)
+            out["standby_no_token"] = await asyncio.to_thread(get, base_b, path)
+            out["standby_stats"] = await asyncio.to_thread(get, base_b, "/api/stats", auth)
+            capture = json.dumps({"job": JOB, "tool": "kineto", "steps": 2}).encode()
+            out["standby_post"] = await asyncio.to_thread(
+                get, base_b, "/api/captures", {**auth, "Content-Type": "application/json"}, capture)
+            out["leader_captures"] = await asyncio.to_thread(get, base_a, "/api/captures", auth)
+            await a.stop()
+            await _until(lambda: b.engine_root.stats.leader and b.engine_root.stats.collectives == len(recs),
+                         40, lambda: b.engine_root.stats.to_json())
+            out["after"] = await asyncio.to_thread(get, base_b, path, auth)
+            return out
+        finally:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+            client.close()
+            await a.stop()
+            await b.stop()
+
+    with NatsCluster(tmp_path / "nats", 1) as cluster:
+        out = asyncio.run(main(cluster.urls))
+    code, leader, _ = out["leader"]
+    assert code == 200 and leader["collectives"] is not None, leader
+    code, standby, served = out["standby"]
+    assert (code, served) == (200, f"leader http://127.0.0.1:{_port(out)}"), (code, served, standby)
+    assert standby["collectives"] == leader["collectives"]
+    assert out["standby_no_token"][0] == 401 and out["standby_no_token"][2] == ""  # refused before forwarding
+    code, stats, served = out["standby_stats"]
+    assert code == 200 and served == "" and stats["engine"]["leader"] is False
+    code, made, served = out["standby_post"]
+    assert code == 202 and served.startswith("leader "), (code, made)
+    # made by the leader, which holds the job (and sent it to the job's agent there)
+    assert made["id"] in {c["id"] for c in out["leader_captures"][1]["captures"]}
+    code, after, served = out["after"]
+    assert (code, served) == (200, "") and after["collectives"] == leader["collectives"]
+
+
+def _port(out: dict[str, Any]) -> str:
+    return str(out["standby"][2]).rsplit(":", 1)[-1]
