@@ -117,3 +117,30 @@ def test_bench_engine_refuses_nonsense() -> None:
     proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "engine", "--nodes", "0"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "must be positive" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_engine_storm_agents_come_back_by_themselves_nothing_lost_or_doubled(tmp_path: Path) -> None:
+    """`perfd bench engine-storm`, small: 30 real EngineClients in 2 processes, one burner, the
+    nats-server killed for 3 s mid-run: every agent reconnects by itself, every message is folded once."""
+    _need_nats_server()
+    argv = ["--agents", "30", "--procs", "2", "--burners", "1", "--down-s", "3", "--before-s", "6",
+            "--after-s", "8", "--json"]
+    proc = run_group([sys.executable, "-m", "perfd.cli", "bench", "engine-storm", *argv], cwd=ROOT,
+                     timeout=280, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not list(tmp_path.glob("perfd-engine-storm-*"))  # a run that worked leaves no folder
+    res = json.loads(proc.stdout[proc.stdout.index("{"):])
+    st, fin = res["storm"], res["final"]
+    assert res["initial_connect_s"] is not None and st["down_s"] >= 3.0
+    assert st["all_connected_after_s"] is not None and st["reconnects"] >= 30  # each agent lost it once
+    assert st["connected"][-1][1] == 30 and st["pending_max"] > 0  # messages waited while it was down
+    assert fin["distinct_messages"] == 30 * fin["iterations"] == fin["published"] == fin["root_node_messages"]
+    assert fin["every_message_once"] and fin["every_iteration_whole"] and fin["pending"] == 0
+
+
+def test_bench_engine_storm_refuses_nonsense() -> None:
+    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "engine-storm", "--agents", "0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--agents and --procs >= 1" in proc.stderr

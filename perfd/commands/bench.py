@@ -18,6 +18,8 @@ BENCHES = {
     "baseline": ("benchmarks.baseline_bench", "a steady GPU sighting of an N-node job (all ranks placed)"),
     "scale": ("benchmarks.scale_bench", "one aggregator under N simulated agents (separate processes)"),
     "engine": ("benchmarks.engine_bench", "the distributed path: nats-server, shards, a root, N nodes"),
+    "engine-storm": ("benchmarks.engine_storm",
+                     "N agents on the engine lose it under CPU contention and come back"),
     "soak": ("benchmarks.soak_bench", "an aggregator's long life: 5,000 short jobs, 100 agents, restarts"),
     "overhead": ("benchmarks.overhead_bench", "a Megatron-LM job with and without perfd (2 GPUs)"),
     "ranks": ("benchmarks.ranks_bench", "the agent's ranks collector per rank and per node (real processes)"),

@@ -43,11 +43,12 @@ def connect_options(cfg: S.EngineConfig, name: str) -> dict[str, Any]:
     return opts
 
 
-async def connect(cfg: S.EngineConfig, name: str) -> Any:
-    """A connected nats-py client (raises what nats-py raises when no server answers)."""
+async def connect(cfg: S.EngineConfig, name: str, **callbacks: Any) -> Any:
+    """A connected nats-py client (raises what nats-py raises when no server answers). ``callbacks``:
+    nats-py's (``reconnected_cb``, ``disconnected_cb``, ...)."""
     import nats  # the engine's client: an optional dependency (perfd[engine])
 
-    return await nats.connect(**connect_options(cfg, name))
+    return await nats.connect(**connect_options(cfg, name), **callbacks)
 
 
 async def ensure_streams(nc: Any, replicas: int = 1) -> None:

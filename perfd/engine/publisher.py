@@ -57,7 +57,7 @@ class EngineClient(CommandTarget):
         self._lock = threading.Lock()  # submit() runs on the agent's threads
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.connected = False
+        self._nc: Any = None  # the session's connection (nats-py's: it reconnects by itself a while)
         self.connects = self.reconnects = 0
         self.batches_submitted = self.published = self.duplicates = self.publish_errors = 0
         self.unreadable = 0  # spooled messages that did not decode (a damaged spool)
@@ -126,10 +126,10 @@ class EngineClient(CommandTarget):
         while True:
             nc = None
             try:
-                nc = await connect(self.cfg, f"perfd-agent {self.agent_id}")
+                nc = await connect(self.cfg, f"perfd-agent {self.agent_id}", reconnected_cb=self._reconnected)
                 self.connects += 1
                 self.reconnects += self.connects > 1
-                self.connected = True
+                self._nc = nc
                 delay = self.backoff_initial_s
                 await nc.subscribe(S.command_subject(self.agent_id), cb=self._on_command_msg)
                 await self._publish_loop(nc)
@@ -141,7 +141,7 @@ class EngineClient(CommandTarget):
                 log.warning("engine publish: %s (retry in ~%.1f s; %d message(s) spooled)",
                             self.last_error, delay, self.spool.pending_count())
             finally:
-                self.connected = False
+                self._nc = None
                 if nc is not None:
                     try:
                         await nc.close()
@@ -149,6 +149,16 @@ class EngineClient(CommandTarget):
                         pass
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # jittered: agents do not return in step
             delay = min(self.backoff_max_s, delay * 2)
+
+    @property
+    def connected(self) -> bool:
+        """Connected to a server now (not while nats-py is reconnecting underneath)."""
+        nc = self._nc
+        return nc is not None and bool(nc.is_connected)
+
+    async def _reconnected(self) -> None:
+        """nats-py reconnected the session's connection by itself: a reconnect all the same."""
+        self.reconnects += 1
 
     async def _on_command_msg(self, msg: Any) -> None:
         """A command from the root: answered at once (it arrived), then handled."""
