@@ -301,7 +301,8 @@ CATALOG: tuple[MetricDef, ...] = (
        "timers",
        (*JOB, "part"), alias="step_budget_share"),
     _m("perfd_job_step_duration_seconds", "histogram", "seconds",
-       "Distribution of step times (every job-level step record once; buckets 50 ms to 2 min): "
+       "Distribution of step times (each iteration once: a job-level record as it arrives; one its ranks "
+       "report, or the engine folds, at its slowest rank once the next begins; buckets 50 ms to 2 min): "
        "histogram_quantile(0.99, ...) gives the step-time tail", _MEGATRON, JOB),
     _m("perfd_job_last_step_timestamp_seconds", "gauge", "seconds",
        "Wall time (epoch) the job's last step record reached the aggregator; stays after the job ends",

@@ -31,3 +31,48 @@ def test_step_histogram_counts_each_record_once_and_buckets_are_cumulative() -> 
     assert abs(float(line.split()[-1]) - total) < 1e-6
     under_1s = sum(1 for r in parsed.records if (r.step_time_ms or 0) <= 1000.0)
     assert f'perfd_job_step_duration_seconds_bucket{{job_name="dp2",le="1.0"}} {float(under_1s)}' in text
+
+
+def _hist(st: AggregatorState, job: str) -> tuple[float, float]:
+    """(count, sum) of the job's step histogram on /metrics."""
+    st.refresh()
+    reg = CollectorRegistry()
+    reg.register(_StateCollector(st))
+    text = generate_latest(reg).decode()
+    lines = {x.rsplit(" ", 1)[0]: float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+             if x.startswith("perfd_job_step_duration_seconds_")}
+    name = f'{{job_name="{job}"}}'
+    metric = "perfd_job_step_duration_seconds"
+    return lines[f"{metric}_count{name}"], lines[f"{metric}_sum{name}"]
+
+
+def test_a_job_its_ranks_report_one_by_one_counts_each_iteration_once_at_its_slowest_rank() -> None:
+    """The step hook's per-rank records (4 nodes x 8 ranks, recorded H100 clocks): an iteration is
+    counted once the next begins, with its slowest rank's step — as the engine's folds are."""
+    from tests.engine.records import job_records
+
+    by_node = job_records("hook", 4, 6)
+    st = AggregatorState(min_recompute_s=0.0)
+    for it in range(6):
+        for n in range(4):
+            st.ingest_steps(f"node-{n}", by_node[n][it])
+    slowest = [max(r.step_time_ms or 0.0 for n in range(4) for r in by_node[n][it]) for it in range(6)]
+    count, total = _hist(st, "hook")
+    assert count == 5.0  # the sixth is counted when a seventh begins
+    assert abs(total - sum(slowest[:5]) / 1e3) < 1e-9
+
+
+def test_a_fold_that_grows_is_counted_once_with_what_the_iteration_took() -> None:
+    """The engine's root hands on an iteration's fold as each shard's partial comes in: the first
+    copy holds one shard's ranks (a faster step than the iteration's). Counted once, at its last."""
+    from dataclasses import replace
+
+    from perfd.model import StepRecord
+    from perfd.stepfold import ALL_RANKS
+
+    st = AggregatorState(min_recompute_s=0.0)
+    first = StepRecord(job="eng", iteration=1, rank=ALL_RANKS, end_time=1000.0, step_time_ms=900.0)
+    st.ingest_steps("engine", [first])
+    st.ingest_steps("engine", [replace(first, step_time_ms=1200.0, end_time=1000.3)])  # the slower shard
+    st.ingest_steps("engine", [replace(first, iteration=2, step_time_ms=1000.0, end_time=1001.3)])
+    assert _hist(st, "eng") == (1.0, 1.2)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
+from perfd.aggregator.step_histogram import slowest_step_s
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.analytics.steps.runs import RunDigest, digest, last_unarmed
@@ -115,6 +116,12 @@ def close_run(js: JobState, scope: str, rec: StepRecord, max_marks: int) -> tupl
         js.ended_pids = set()  # bounded: pids come from the network
     js.run_marks = {scope: mark} if mark is not None else {}
     js.run_scopes, js.run_start, js.run_info = set(), None, js.job_info
+    if js.hist_pending is not None:  # the old run's last iteration: counted now, not by the new run
+        step = slowest_step_s(js.records.get((js.hist_pending, sc))
+                              for sc in js.by_iteration.get(js.hist_pending, ()))
+        if step is not None:
+            js.step_hist.observe(step)
+        js.hist_pending = None
     js.records, js.owner, js.iterations = {}, {}, []
     js.by_iteration, js.iteration_bytes, js.held_bytes = OrderedDict(), {}, 0
     js.train_iters, js.new_normal_at, js.evicted_any = None, None, False

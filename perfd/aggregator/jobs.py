@@ -31,13 +31,14 @@ from typing import Any
 
 from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
 from perfd.aggregator.job_runs import ClosedRun, close_run, digest_runs, figures_span, of_ended_run, run_mark
-from perfd.aggregator.step_histogram import STEP_BUCKETS_S, StepHistogram
+from perfd.aggregator.step_histogram import STEP_BUCKETS_S, StepHistogram, slowest_step_s
 from perfd.analytics.breakdown.bottleneck import GpmReading
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.steps.run_analysis import AnalysisMemo, RunAnalysis, analyze_run
 from perfd.analytics.steps.runs import MAX_DIGESTS, RunDigest
 from perfd.limits import MAX_ITERATION_LEAP, REFUSAL_LOG_INTERVAL_S
 from perfd.model import JobInfo, StepRecord, merge_job_info
+from perfd.stepfold import ALL_RANKS
 
 __all__ = ["JobState", "JobStats", "JobStore", "StepConflicts", "job_info_of", "job_level_steps",
            "mark_disturbed", "record_bytes", "worse_than"]
@@ -126,6 +127,7 @@ class JobState:
     last_step_time: float = 0.0  # wall time the last step record arrived
     touched_at: float = field(default_factory=time.time)  # the last Hello, job info or step of the job
     step_hist: StepHistogram = field(default_factory=StepHistogram)
+    hist_pending: int | None = None  # the newest iteration of rank records or folds, not yet counted
     # Megatron's per-log-interval counts of skipped and NaN iterations, summed over the job-level
     # records (each once: a re-sent record is not counted again), for the catalog's counters;
     # None until a record carries the field (absent, not 0, when the log never prints it).
@@ -322,7 +324,14 @@ class JobStore:
                         out.worse.setdefault(rec.job, []).append(rec.iteration)
                         out.refused.add(id(rec))
                         continue
-                if old is None and not isinstance(rec.rank, int) and rec.step_time_ms is not None \
+                if isinstance(rec.rank, int) or rec.rank == ALL_RANKS:  # counted once the next begins
+                    if js.hist_pending is None or rec.iteration > js.hist_pending:
+                        done, js.hist_pending = js.hist_pending, rec.iteration
+                        step = None if done is None else slowest_step_s(
+                            js.records.get((done, sc)) for sc in js.by_iteration.get(done, ()))
+                        if step is not None:
+                            js.step_hist.observe(step)
+                elif old is None and rec.step_time_ms is not None \
                         and math.isfinite(rec.step_time_ms) and rec.step_time_ms >= 0:
                     js.step_hist.observe(rec.step_time_ms / 1e3)  # a re-sent record is not counted again
                 if key not in js.records and not isinstance(rec.rank, int):

@@ -1,9 +1,16 @@
 """The cumulative step-time histogram of a job (perfd_job_step_duration_seconds on /metrics), fed by the job
-store (perfd/aggregator/jobs.py) once per job-level step record."""
+store (perfd/aggregator/jobs.py) once per iteration: a job-level record (a Megatron log's) as it
+arrives; an iteration the job's ranks report one by one (the step hook) or folded by the engine's root
+(a fold that grows as the shards' partials come in) once the next iteration begins, with its slowest
+rank's step — what the iteration took, whatever arrived first."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from perfd.model import StepRecord
 
 # Bucket upper bounds (s) of the step-time histogram: 50 ms to 2 min, about ×1.5 apart.
 STEP_BUCKETS_S: tuple[float, ...] = (0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.45, 0.7, 1.0, 1.5, 2.25, 3.5, 5.0,
@@ -24,3 +31,10 @@ class StepHistogram:
         self.counts[i] += 1
         self.total_s += seconds
         self.n += 1
+
+
+def slowest_step_s(records: Iterable[StepRecord | None]) -> float | None:
+    """An iteration's step (s) from its rank records or folds: the slowest (None: none has one)."""
+    steps = [r.step_time_ms for r in records if r is not None and r.step_time_ms is not None
+             and math.isfinite(r.step_time_ms) and r.step_time_ms >= 0]
+    return max(steps) / 1e3 if steps else None
