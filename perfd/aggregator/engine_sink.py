@@ -5,7 +5,10 @@ events and collective records, which go to it as the agent's that sent each.
 The engine's credentials are the boundary on this path: an agent id in a records message is taken as
 sent, where a stream to an aggregator is held to the hosts its Hello named (perfd.aggregator.guard).
 What the guard checks of the content still applies: an event that is not of its kind's declared type
-is refused and counted (``malformed_event``), as from a stream.
+is refused and counted (``malformed_event``), as from a stream; and the jobs cap: a job the engine
+brings is held by ``ENGINE_AGENT`` (its collectives by their agent), refused and counted past the cap
+(``jobs_cap``, ``jobs_quota``: the engine is one agent to the quota, --max-jobs-per-agent), ended
+jobs pruned to make room as for any other.
 """
 
 from __future__ import annotations
@@ -36,10 +39,16 @@ class EngineSink:
     def held_fold(self, job: str, iteration: int) -> StepRecord | None:
         return self.state.held_fold(job, iteration)
 
+    def admit_job(self, job: str) -> bool:
+        from perfd.engine.root import ENGINE_AGENT
+
+        return self.guard.admit_job(job, ENGINE_AGENT)
+
     def ingest_records(self, agent_id: str, events: Sequence[Mapping[str, Any]],
                        collectives: Sequence[CollectiveRecord]) -> None:
-        if collectives:
-            self.state.ingest_collectives(agent_id, collectives)
+        held = self.guard.collectives(agent_id, collectives) if collectives else []
+        if held:
+            self.state.ingest_collectives(agent_id, held)
         typed = self.guard.typed_events(agent_id, events) if events else []
         if typed:
             self.state.ingest_events(agent_id, [ev for _i, ev, _cut in typed])

@@ -49,6 +49,11 @@ KEEP_ITERATIONS = 16
 # an iteration made whole by it is counted once. 64 more are 128 s of a 2 s iteration, past the
 # engine's redelivery (10 s) after a shard's lease (6 s) runs out.
 GONE_ITERATIONS = 64
+# A job no partial came for this long leaves the root's memory (its iterations, what it knew of the
+# gone ones, its ranks: at 100k ranks ~1 GB, kept for ever before, job after job); the store keeps
+# its records and prunes the job as it ends (perfd.aggregator.lifecycle). Its run count stays (a few
+# bytes): a job silent this long and stepping again is the same run unless its ranks restarted.
+IDLE_FORGET_S = 600.0
 LAG_SAMPLES = 1000  # the newest iterations' lags kept for the quantiles
 
 
@@ -59,6 +64,7 @@ class RootSink(Protocol):
     def held_fold(self, job: str, iteration: int) -> StepRecord | None: ...
     def ingest_records(self, agent_id: str, events: Sequence[Mapping[str, Any]],
                        collectives: Sequence[CollectiveRecord]) -> None: ...
+    def admit_job(self, job: str) -> bool: ...
 
 
 @dataclass
@@ -70,7 +76,9 @@ class RootStats:
     node_messages: int = 0  # distinct node messages folded in
     redelivered: int = 0  # node messages that arrived again (folded once)
     late: int = 0  # partials of an iteration no longer in memory, folded with the store's record
+    refused: int = 0  # partials and job infos of a job the aggregator holds no room for (its jobs cap)
     new_runs: int = 0  # restarts seen (a rank's step hook began a new process): the job's run counted on
+    jobs_forgotten: int = 0  # jobs silent IDLE_FORGET_S: their folds let go of (the store keeps them)
     # Commands to agents on the engine (perfd.engine.subjects.command_subject): answered, or not
     # (no agent listening, no answer in time, no engine connection): counted, never retried.
     commands_sent: int = 0
@@ -138,15 +146,19 @@ class RootFold:
         # marked new_run: every node of a restarted job marks the one where its ranks' processes
         # changed, the same iteration, so they count once).
         self.runs: dict[str, tuple[int, int | None]] = {}
+        self.seen: dict[str, float] = {}  # job -> when its last partial came (add's ``now``)
         self.stats = RootStats()
 
     def add(self, parts: Sequence[Partial],
             held_fold: Callable[[str, int], StepRecord | None] = lambda j, i: None,
-            now: float = 0.0) -> tuple[list[StepRecord], dict[str, set[int]]]:
+            now: float = 0.0, admit: Callable[[str], bool] = lambda j: True
+            ) -> tuple[list[StepRecord], dict[str, set[int]]]:
         """Fold ``parts`` in; returns the records that changed (one fold and the job-level records of
         each (job, iteration) touched) and each job's ranks new to it. ``held_fold(job, iteration)``:
         the fold the store holds, the start of an iteration no longer (or not yet) in memory — a late
-        partial, or the first after this root started on a store that kept its records."""
+        partial, or the first after this root started on a store that kept its records.
+        ``admit(job)``: whether a job not in memory may be (the aggregator's jobs cap; refused:
+        counted, not folded)."""
         touched: dict[tuple[str, int], Partial] = {}
         new_ranks: dict[str, set[int]] = {}
         restarted: set[str] = set()  # jobs whose new run began in these parts: the store holds the old
@@ -154,6 +166,9 @@ class RootFold:
         out: list[StepRecord] = []
         for part in parts:
             self.stats.partials += 1
+            if part.job not in self.jobs and not admit(part.job):
+                self.stats.refused += 1
+                continue
             if part.new_run and part.job in self.ranks:
                 run, began = self.runs.get(part.job, (1, None))
                 if began != part.iteration:
@@ -204,7 +219,21 @@ class RootFold:
             out.extend(acc.job_level.values())
         for job in {j for j, _ in touched}:
             self._trim(job)
+        for part in parts:
+            if part.job in self.jobs:
+                self.seen[part.job] = now
+        for job in [j for j, t in self.seen.items() if now - t > IDLE_FORGET_S]:
+            self.forget(job)
         return out, new_ranks
+
+    def forget(self, job: str) -> None:
+        """Let go of what memory holds of ``job`` (not its run count: see IDLE_FORGET_S)."""
+        self.jobs.pop(job, None)
+        self.gone.pop(job, None)
+        self.ranks.pop(job, None)
+        self.seen.pop(job, None)
+        self.stats.jobs_forgotten += 1
+        log.info("engine root: job %s silent %.0f s: its folds leave memory", job[:80], IDLE_FORGET_S)
 
     def _note_ranks(self, part: Partial, new_ranks: dict[str, set[int]]) -> None:
         known = self.ranks.setdefault(part.job, set())
@@ -449,13 +478,16 @@ class Root:
                 continue
             self.stats.batches += 1
             for job, text in d.job_info_json.items():
+                if job not in self.fold.jobs and not self.sink.admit_job(job):
+                    self.stats.refused += 1
+                    continue
                 try:
                     self.sink.ingest_job_info(ENGINE_AGENT, job, job_info_from_json(text))
                 except ValueError as exc:
                     self.stats.undecodable += 1
                     log.warning("engine root %s: job info of %r does not decode (%s)", self.id, job[:80], exc)
             parts.extend(d.partials)
-        records, new_ranks = self.fold.add(parts, self.sink.held_fold, time.time())
+        records, new_ranks = self.fold.add(parts, self.sink.held_fold, time.time(), self.sink.admit_job)
         if records:
             self.sink.ingest_steps(ENGINE_AGENT, records)
             self.stats.records_ingested += len(records)

@@ -8,6 +8,7 @@ and holds the same, nothing doubled."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import urllib.error
@@ -20,6 +21,7 @@ import pytest
 
 from perfd import events as E
 from perfd.aggregator import forward as fwd
+from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
 from perfd.engine import subjects as S
@@ -284,3 +286,35 @@ def test_a_standby_root_answers_the_api_with_the_leaders_jobs(tmp_path: Path) ->
 
 def _port(out: dict[str, Any]) -> str:
     return str(out["standby"][2]).rsplit(":", 1)[-1]
+
+
+def test_jobs_past_the_aggregators_cap_are_refused_on_the_engine_path_too() -> None:
+    """The jobs cap holds for what the engine brings: a third job's partials, job info and collectives
+    are refused and counted (the root folds nothing of it), the two held go on."""
+    from perfd.engine.partial import encode, partials_of
+    from perfd.engine.root import Root
+    from perfd.jobinfo_json import job_info_to_json
+    from perfd.limits import Limits
+    from perfd.model import JobInfo
+    from tests.engine.records import job_records
+
+    agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[],
+                                      limits=Limits(max_jobs=2)))
+    sink = EngineSink(agg.state, agg.guard)
+    root = Root(S.EngineConfig(("nats://127.0.0.1:1",)), sink, "root-a")
+    msgs = []
+    for k, job in enumerate(("a", "b", "c")):
+        recs = job_records(job, 1, 2)[0]
+        for it, its in enumerate(recs, 1):
+            mid = f"node-0/{job}:e:{it}"
+            msgs.append(encode(mid, "node-0", 1, partials_of(its, mid),
+                               {job: job_info_to_json(JobInfo())} if it == 1 else None))
+        sink.ingest_records(f"node-{k}/{job}", [], [dataclasses.replace(r, job=job) for r in
+                                                    load_fixture_records("timing", job)[:3]])
+    root.handle(msgs)
+    assert sorted(agg.state.job_names()) == ["a", "b"]
+    assert root.stats.refused == 3  # c's two partials and its job info
+    assert sorted(root.fold.jobs) == ["a", "b"]
+    refused = agg.refusals.snapshot()
+    assert refused.get("jobs_cap", 0) >= 4, refused  # and c's collectives
+    assert not agg.state.collectives.has_job("c") and agg.state.collectives.has_job("a")

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfd.engine.partial import Partial, RunMarks, decode, encode, from_pb, partials_of
-from perfd.engine.root import RootFold
+from perfd.engine.root import IDLE_FORGET_S, RootFold
 from perfd.model import StepRecord
 from perfd.stepfold import RUN_FIELD, fold_ranks
 from perfd.transport.gen import perfd_pb2 as pb
@@ -198,3 +198,24 @@ def test_partials_go_in_as_few_messages_as_fit_the_engines_largest_and_each_once
     assert encode_batches(lambda: "none", "s", 7, [], None, max_bytes=10_000) == []
     with pytest.raises(ValueError, match="over the"):
         encode_batches(lambda: "x", "s", 7, parts, None, max_bytes=one // 2)
+
+
+def test_a_job_silent_long_enough_leaves_the_roots_memory_and_comes_back_from_the_store():
+    rf, store = RootFold(), _Store()
+    out, _ = rf.add([partials_of(BY_NODE[n][0], f"n{n}:1")[0] for n in range(2)], store.held, now=T_END)
+    store.folds[1] = next(r for r in out if r.rank == "all")
+    rf.runs["j"] = (2, 1)  # a run it had counted: kept
+    other = partials_of([replace_job(r, "other") for r in BY_NODE[0][0]], "o:1")[0]
+    rf.add([other], store.held, now=T_END + IDLE_FORGET_S + 1)
+    assert "j" not in rf.jobs and "j" not in rf.ranks and rf.stats.jobs_forgotten == 1 and "other" in rf.jobs
+    assert rf.runs["j"] == (2, 1)
+    # Its other nodes' partials of iteration 1, after all: folded with what the store holds.
+    out, _ = rf.add([partials_of(BY_NODE[n][0], f"n{n}:1")[0] for n in range(2, NODES)], store.held,
+                    now=T_END + IDLE_FORGET_S + 2)
+    (fold,) = [r for r in out if r.rank == "all"]
+    assert dataclasses.replace(fold, fields={}) == dataclasses.replace(fold_ranks(RANKS), fields={})
+    assert fold.fields.get(RUN_FIELD) == "2"
+
+
+def replace_job(r: StepRecord, job: str) -> StepRecord:
+    return dataclasses.replace(r, job=job)
