@@ -121,6 +121,23 @@ class EventLog:
     def recent(self, job: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
         return self.page(job, limit)[0]
 
+    def api_page(self, q: Mapping[str, Sequence[str]]) -> tuple[int, dict[str, Any]]:
+        """GET /api/events[?limit=N][&cursor=SEQ][&job=JOB] (``q``: its parsed query): without a
+        cursor the newest events, with one those after it; at most MAX_EVENTS_PAGE and about
+        MAX_EVENTS_PAGE_BYTES a page, oldest first. ``next_cursor``: pass it as ``cursor`` for what
+        came after; ``more``: the page left events out (after it with a cursor, before it without).
+        Returns (HTTP status, answer)."""
+        try:
+            limit = int(q.get("limit", [L.EVENTS_PAGE])[0])
+            cursor = int(q["cursor"][0]) if "cursor" in q else None
+        except ValueError:
+            return 400, {"error": "limit and cursor are integers"}
+        if not 1 <= limit <= L.MAX_EVENTS_PAGE or (cursor is not None and cursor < 0):
+            return 400, {"error": f"limit is 1..{L.MAX_EVENTS_PAGE}, cursor >= 0"}
+        evs, more = self.page(q.get("job", [None])[0], limit, cursor, L.MAX_EVENTS_PAGE_BYTES)
+        last = evs[-1]["seq"] if evs else (cursor if cursor is not None else self.seq)
+        return 200, {"events": evs, "next_cursor": last, "more": more}
+
     def page(self, job: str | None = None, limit: int = 200, after: int | None = None,
              max_bytes: int | None = None) -> tuple[list[dict[str, Any]], bool]:
         """(events, more): with ``after`` (a ``seq``) the oldest events after it, else the newest —

@@ -354,24 +354,7 @@ class _Handler(httpd.BufferedHandler):
         return path
 
     def _events(self) -> None:
-        """GET /api/events[?limit=N][&cursor=SEQ][&job=JOB]: without a cursor the newest events,
-        with one those after it; at most MAX_EVENTS_PAGE and about MAX_EVENTS_PAGE_BYTES a page,
-        oldest first. ``next_cursor``: pass it as ``cursor`` for what came after; ``more``: the page
-        left events out (after it with a cursor, before it without)."""
-        q = parse_qs(urlparse(self.path).query)
-        try:
-            limit = int(q.get("limit", [L.EVENTS_PAGE])[0])
-            cursor = int(q["cursor"][0]) if "cursor" in q else None
-        except ValueError:
-            self._json(400, {"error": "limit and cursor are integers"})
-            return
-        if not 1 <= limit <= L.MAX_EVENTS_PAGE or (cursor is not None and cursor < 0):
-            self._json(400, {"error": f"limit is 1..{L.MAX_EVENTS_PAGE}, cursor >= 0"})
-            return
-        log_ = self.app.state.log
-        evs, more = log_.page(q.get("job", [None])[0], limit, cursor, L.MAX_EVENTS_PAGE_BYTES)
-        last = evs[-1]["seq"] if evs else (cursor if cursor is not None else log_.seq)
-        self._json(200, {"events": evs, "next_cursor": last, "more": more})
+        self._json(*self.app.state.log.api_page(parse_qs(urlparse(self.path).query)))
 
     def _forwarded(self, path: str) -> bool:
         """A standby root's request, answered by the leading root (perfd.aggregator.forward)."""
