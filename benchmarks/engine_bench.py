@@ -327,6 +327,38 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
+class Children:
+    """The perfd processes of a bench run (``python -m perfd.cli ...``), each one's output in
+    DIR/<name>.log; ``close()`` ends them (SIGTERM, then SIGKILL after 15 s) and closes the logs."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._logs: list[Any] = []
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        out = open(self.tmp / f"{name}.log", "wb")
+        self._logs.append(out)
+        p = subprocess.Popen([sys.executable, "-m", "perfd.cli", *argv], cwd=ROOT, env=self._env, stdout=out,
+                             stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def close(self) -> None:
+        for cp in self.procs:
+            if cp.poll() is None:
+                cp.terminate()
+        for cp in self.procs:
+            try:
+                cp.wait(15)
+            except subprocess.TimeoutExpired:
+                cp.kill()
+                cp.wait(5)
+        for f in self._logs:
+            f.close()
+
+
 def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s: float = 2.0,
                warmup_s: float = 10.0, partitions: int = S.DEFAULT_PARTITIONS, auth: bool = True,
                tls: bool = False, inflight: int = 1000, drain_s: float = 30.0, keep: bool = False
@@ -340,21 +372,11 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
     token = secrets.token_urlsafe(24) if auth else None
     tls_files = _tls_files(tmp) if tls else None
     cluster = NatsCluster(tmp / "nats", 1, token=token, tls=tls_files)
-    children: list[subprocess.Popen[bytes]] = []
-    logs = []
+    kids = Children(tmp)
+    spawn, children = kids.spawn, kids.procs
     ctx = mp.get_context("spawn")
     abort = ctx.Event()
     loaders: list[Any] = []
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-    def spawn(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        out = open(tmp / f"{name}.log", "wb")
-        logs.append(out)
-        p = subprocess.Popen([sys.executable, "-m", "perfd.cli", *argv], cwd=ROOT, env=env, stdout=out,
-                             stderr=subprocess.STDOUT)
-        children.append(p)
-        return p
-
     try:
         cluster.start()
         url = ",".join(cluster.urls)
@@ -559,18 +581,8 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             if lp.is_alive():
                 lp.kill()
                 lp.join(5)
-        for cp in children:
-            if cp.poll() is None:
-                cp.terminate()
-        for cp in children:
-            try:
-                cp.wait(15)
-            except subprocess.TimeoutExpired:
-                cp.kill()
-                cp.wait(5)
+        kids.close()
         cluster.stop()
-        for f in logs:
-            f.close()
         if ok and not keep:
             shutil.rmtree(tmp, ignore_errors=True)
         else:

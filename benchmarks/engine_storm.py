@@ -33,7 +33,6 @@ import multiprocessing as mp
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.engine_bench import JOB, RANKS_PER_NODE, _rank_records, _read_json, _wait, node_name  # noqa: E402
+from benchmarks.engine_bench import (  # noqa: E402
+    JOB,
+    RANKS_PER_NODE,
+    Children,
+    _rank_records,
+    _read_json,
+    _wait,
+    node_name,
+)
 from perfd.engine import subjects as S  # noqa: E402
 
 STATUS_S = 0.5  # how often a load process reports its agents
@@ -129,21 +136,12 @@ def run_storm(agents: int, procs: int, burners: int, down_s: float, before_s: fl
     tmp = Path(tempfile.mkdtemp(prefix="perfd-engine-storm-"))
     token = secrets.token_urlsafe(24)
     cluster = NatsCluster(tmp / "nats", 1, token=token)
-    children: list[subprocess.Popen[bytes]] = []
-    logs = []
+    kids = Children(tmp)
+    spawn, children = kids.spawn, kids.procs
     ctx = mp.get_context("spawn")
     stop_burn = ctx.Event()
     workers: list[Any] = []
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     ok = False
-
-    def spawn(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        out = open(tmp / f"{name}.log", "wb")
-        logs.append(out)
-        p = subprocess.Popen([sys.executable, "-m", "perfd.cli", *argv], cwd=ROOT, env=env, stdout=out,
-                             stderr=subprocess.STDOUT)
-        children.append(p)
-        return p
 
     try:
         cluster.start()
@@ -284,16 +282,8 @@ def run_storm(agents: int, procs: int, burners: int, down_s: float, before_s: fl
             p.join(timeout=5)
             if p.is_alive():
                 p.terminate()
-        for c in children:
-            c.terminate()
-        for c in children:
-            try:
-                c.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                c.kill()
+        kids.close()
         cluster.stop()
-        for f in logs:
-            f.close()
         if ok and not keep:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
