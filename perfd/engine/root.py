@@ -54,6 +54,9 @@ GONE_ITERATIONS = 64
 # its records and prunes the job as it ends (perfd.aggregator.lifecycle). Its run count stays (a few
 # bytes): a job silent this long and stepping again is the same run unless its ranks restarted.
 IDLE_FORGET_S = 600.0
+# A job the aggregator refused (its jobs cap) is not asked about again for this long: every node's
+# partial of it would otherwise ask, and making room prunes (perfd.aggregator.guard), per message.
+REFUSED_RETRY_S = 10.0
 LAG_SAMPLES = 1000  # the newest iterations' lags kept for the quantiles
 
 
@@ -147,6 +150,7 @@ class RootFold:
         # changed, the same iteration, so they count once).
         self.runs: dict[str, tuple[int, int | None]] = {}
         self.seen: dict[str, float] = {}  # job -> when its last partial came (add's ``now``)
+        self.refused_until: dict[str, float] = {}  # job -> until when it is refused without asking
         self.stats = RootStats()
 
     def add(self, parts: Sequence[Partial],
@@ -166,7 +170,7 @@ class RootFold:
         out: list[StepRecord] = []
         for part in parts:
             self.stats.partials += 1
-            if part.job not in self.jobs and not admit(part.job):
+            if part.job not in self.jobs and not self._admitted(part.job, admit, now):
                 self.stats.refused += 1
                 continue
             if part.new_run and part.job in self.ranks:
@@ -225,6 +229,18 @@ class RootFold:
         for job in [j for j, t in self.seen.items() if now - t > IDLE_FORGET_S]:
             self.forget(job)
         return out, new_ranks
+
+    def _admitted(self, job: str, admit: Callable[[str], bool], now: float) -> bool:
+        """``admit(job)``, not asked again for REFUSED_RETRY_S after it said no."""
+        if self.refused_until.get(job, float("-inf")) > now:
+            return False
+        if admit(job):
+            self.refused_until.pop(job, None)
+            return True
+        if len(self.refused_until) >= 4096:  # bounded: job names come from the network
+            self.refused_until.clear()
+        self.refused_until[job] = now + REFUSED_RETRY_S
+        return False
 
     def forget(self, job: str) -> None:
         """Let go of what memory holds of ``job`` (not its run count: see IDLE_FORGET_S)."""

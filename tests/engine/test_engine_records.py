@@ -312,8 +312,19 @@ def test_jobs_past_the_aggregators_cap_are_refused_on_the_engine_path_too() -> N
         sink.ingest_records(f"node-{k}/{job}", [], [dataclasses.replace(r, job=job) for r in
                                                     load_fixture_records("timing", job)[:3]])
     root.handle(msgs)
+    asked: list[str] = []
+    admit = sink.admit_job
+
+    def asking(job: str) -> bool:
+        asked.append(job)
+        return admit(job)
+
+    sink.admit_job = asking  # type: ignore[method-assign]
+    root.handle(msgs)  # again: c refused without asking the aggregator for each partial
+    assert asked.count("c") == 1  # its job info (the root's memo covers the partials)
+    sink.admit_job = admit  # type: ignore[method-assign]
     assert sorted(agg.state.job_names()) == ["a", "b"]
-    assert root.stats.refused == 3  # c's two partials and its job info
+    assert root.stats.refused == 6  # c's two partials and its job info, twice
     assert sorted(root.fold.jobs) == ["a", "b"]
     refused = agg.refusals.snapshot()
     assert refused.get("jobs_cap", 0) >= 4, refused  # and c's collectives
