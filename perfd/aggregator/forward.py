@@ -4,9 +4,9 @@ but its own health, metrics and stats to the leader's advertised HTTP (``--engin
 and relays the answer as it came. Written by hand: a reverse proxy of a few paths, one request at a
 time, with the standard library's urllib (no library adds anything here but a dependency).
 
-What a person or a dashboard asks of a standby is then the jobs' answer, not an empty list; when no
-leader advertises one (none leads, or it was started without the flag) the standby answers for
-itself, as before, and says so in a header.
+What a person or a dashboard asks of a standby is then the jobs' answer, not an empty list, marked
+with the ``X-Perfd-Served-By`` header; when no leader advertises one (none leads, or it was started
+without the flag) the standby answers for itself, as before, without that header.
 """
 
 from __future__ import annotations
