@@ -20,13 +20,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import limits as L
 from perfd.analytics.collectives.analysis import CollectiveAnalysis, analyze_collectives
 from perfd.analytics.collectives.config import CollectiveConfig
+from perfd.analytics.collectives.partial import OpKey, op_key
 from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
@@ -34,16 +35,13 @@ Row = tuple[Mapping[str, str], str, float]
 log = logging.getLogger(__name__)
 
 
-def record_key(r: CollectiveRecord) -> Hashable:
-    seq = r.p2p_seq_id if r.is_p2p else r.collective_seq_id
-    if r.rank is not None and r.pg_id is not None:
-        return (r.source, r.rank, r.pg_id, seq, r.is_p2p)
-    return (r.source, r.host, r.pid, r.comm_id or r.pg_name, r.group_rank, seq, r.is_p2p, r.op)
+# An operation's identity, the analysis's own: a store and a partial dedupe alike.
+record_key = op_key
 
 
 @dataclass
 class JobCollectives:
-    records: dict[Hashable, CollectiveRecord] = field(default_factory=dict)  # oldest first
+    records: dict[OpKey, CollectiveRecord] = field(default_factory=dict)  # oldest first
     rank_agent: dict[int, str] = field(default_factory=dict)  # rank -> agent whose dumps hold it
     # As they arrived, read once (None: an event the hang merge cannot read, held and counted all the same)
     hang_events: list[HangEvent | None] = field(default_factory=list)

@@ -30,6 +30,7 @@ from perfd.analytics.collectives.bandwidth import GroupBandwidth, group_bandwidt
 from perfd.analytics.collectives.config import FR, CollectiveConfig
 from perfd.analytics.collectives.groups import classify_group, world_size_from
 from perfd.analytics.collectives.hangs import HangView, merge_hangs, progress_of
+from perfd.analytics.collectives.partial import CollectivePartial, reduce
 from perfd.analytics.collectives.windows import StepWindow, rank_timeline, step_windows, union_ns
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
 from perfd.hang_fact import HangEvent
@@ -138,8 +139,23 @@ def analyze_collectives(job: str, records: Sequence[CollectiveRecord], steps: Se
                         *, layout: ParallelLayout | None = None, rank_nodes: Mapping[int, str] | None = None,
                         gpu_name: str | None = None, hang_events: Sequence[HangEvent] = (),
                         config: CollectiveConfig | None = None) -> CollectiveAnalysis:
-    """Everything above for one job. ``rank_nodes``: rank -> node name (where known)."""
+    """Everything above for one job: ``finish(reduce(job, records), ...)``. ``rank_nodes``: rank ->
+    node name (where known). An operation two records show (two dumps) counts once, as the
+    aggregator's store keeps it (perfd.analytics.collectives.partial.op_key)."""
+    return finish(reduce(job, records), steps, layout=layout, rank_nodes=rank_nodes, gpu_name=gpu_name,
+                  hang_events=hang_events, config=config)
+
+
+def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
+           layout: ParallelLayout | None = None, rank_nodes: Mapping[int, str] | None = None,
+           gpu_name: str | None = None, hang_events: Sequence[HangEvent] = (),
+           config: CollectiveConfig | None = None) -> CollectiveAnalysis:
+    """The analysis of a partial (perfd.analytics.collectives.partial: one node's, or all nodes'
+    merged) with the job's step records, layout and placement: its operations are read in the
+    partial's order (by key), so partials that hold the same operations give the same analysis."""
     cfg = config or CollectiveConfig()
+    job = partial.job
+    records = partial.records()
     nodes = dict(rank_nodes or {})
     sources: dict[str, int] = {}
     for r in records:

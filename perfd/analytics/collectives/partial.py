@@ -1,0 +1,205 @@
+"""The collective analysis in phases that can run apart (pure): :func:`reduce` some ranks' collective
+records to a :class:`CollectivePartial`, :func:`merge` partials, and
+:func:`perfd.analytics.collectives.analysis.finish` one with the job's step records and layout.
+``analyze_collectives(records)`` is ``finish(reduce(records))``, so one aggregator and the engine's
+root (which merges what the nodes' agents reduced) give the same analysis of the same operations.
+
+What a partial keeps: one :class:`OpRow` per operation on one rank, keyed by the operation's identity
+(:func:`op_key`: the aggregator's dedupe key), with only what the analysis reads of its record
+(process group by reference to one shared :class:`GroupRef`; no dtype, raw name, algorithm bandwidth,
+completion time or provenance). Why rows and not sums per group or per window:
+
+- a rank's share of an iteration is the union of its intervals *per group class*, and a group's class
+  needs the job's layout and world size (perfd.analytics.collectives.groups.classify_group), which
+  only the root has; the windows come from the step records the root holds (finish's ``steps``);
+- the wait asymmetry needs every member's duration of an op (the median of the others is what the
+  last rank imposed), not only the minimum;
+- counts (records per group and op) are idempotent only over identified operations.
+
+So the join is a keyed union, which is associative, commutative and idempotent; two rows under one
+key (two dumps showing the same op) resolve to the greater under :func:`_row_order` — the more
+advanced state, then a timed one — so the resolution does not depend on the order partials come in.
+Bounded: ``max_ops_per_rank`` keeps each rank's newest operations (by enqueue time, then key), the
+same whichever order the merges run in (the top-k of a union is a join as well).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from perfd.model import CollectiveRecord
+
+# A key's parts are ints, strings, bools or None: sortable once None is put first.
+OpKey = tuple[Hashable, ...]
+STATE_ORDER = {None: 0, "scheduled": 1, "started": 2, "completed": 3}  # Flight Recorder's progression
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    """A process group as a record names it (what the group table and the classification read)."""
+
+    pg_name: str | None
+    comm_id: str | None
+    pg_desc: str | None
+    pg_ranks: tuple[int, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class OpRow:
+    """One operation on one rank: the fields of its :class:`perfd.model.CollectiveRecord` that the
+    analysis reads, under the same names."""
+
+    source: str
+    op: str
+    group: GroupRef
+    rank: int | None = None
+    pg_id: int | None = None
+    group_rank: int | None = None
+    group_size: int | None = None
+    nnodes: int | None = None
+    collective_seq_id: int | None = None
+    p2p_seq_id: int | None = None
+    is_p2p: bool = False
+    peer: int | None = None
+    bytes: int | None = None
+    state: str | None = None
+    time_created_ns: int | None = None
+    duration_ms: float | None = None
+    busbw_gbs: float | None = None
+    host: str | None = None
+    pid: int | None = None
+
+    @classmethod
+    def of(cls, r: CollectiveRecord, group: GroupRef) -> OpRow:
+        return cls(r.source, r.op, group,
+                   r.rank, r.pg_id, r.group_rank, r.group_size, r.nnodes, r.collective_seq_id, r.p2p_seq_id,
+                   r.is_p2p, r.peer, r.bytes, r.state, r.time_created_ns, r.duration_ms, r.busbw_gbs,
+                   r.host, r.pid)
+
+    def record(self, job: str) -> CollectiveRecord:
+        g = self.group
+        return CollectiveRecord(
+            job=job, source=self.source, op=self.op, rank=self.rank, pg_id=self.pg_id, pg_name=g.pg_name,
+            pg_desc=g.pg_desc, comm_id=g.comm_id, pg_ranks=list(g.pg_ranks) if g.pg_ranks else None,
+            group_rank=self.group_rank, group_size=self.group_size, nnodes=self.nnodes,
+            collective_seq_id=self.collective_seq_id, p2p_seq_id=self.p2p_seq_id, is_p2p=self.is_p2p,
+            peer=self.peer, bytes=self.bytes, state=self.state, time_created_ns=self.time_created_ns,
+            duration_ms=self.duration_ms, busbw_gbs=self.busbw_gbs, host=self.host, pid=self.pid)
+
+
+def op_key(r: CollectiveRecord | OpRow) -> OpKey:
+    """One operation's identity: Flight Recorder's (rank, process group uid, sequence number, p2p);
+    else the process, communicator, rank in it, sequence number and op (the Inspector's)."""
+    seq = r.p2p_seq_id if r.is_p2p else r.collective_seq_id
+    if r.rank is not None and r.pg_id is not None:
+        return (r.source, r.rank, r.pg_id, seq, r.is_p2p)
+    comm = r.group.comm_id or r.group.pg_name if isinstance(r, OpRow) else r.comm_id or r.pg_name
+    return (r.source, r.host, r.pid, comm, r.group_rank, seq, r.is_p2p, r.op)
+
+
+def _sortable(v: Hashable) -> tuple[int, Hashable]:
+    return (0, 0) if v is None else (1, v)
+
+
+def sort_key(key: OpKey) -> tuple[object, ...]:
+    """A total order of keys: their shape first (the two kinds differ in length), None first."""
+    return (len(key), *(_sortable(v) for v in key))
+
+
+def _row_order(row: OpRow) -> tuple[object, ...]:
+    """Which of two rows of one operation a merge keeps: the further state, a timed one, then the
+    whole row (any total order would do: it only has to be the same for every merge)."""
+    return (STATE_ORDER.get(row.state, 0), row.duration_ms is not None,
+            *(_sortable(v) for v in (row.state, row.duration_ms, row.time_created_ns, row.busbw_gbs,
+                                     row.bytes, row.op, row.group_size, row.nnodes, row.peer,
+                                     row.group.pg_name, row.group.comm_id, row.group.pg_desc,
+                                     row.group.pg_ranks)))
+
+
+def _stream(key: OpKey) -> OpKey:
+    """What ``max_ops_per_rank`` bounds: the rank (source and rank), else the process."""
+    return key[:2] if len(key) == 5 else key[:4]
+
+
+@dataclass
+class CollectivePartial:
+    """Some ranks' operations of one job (rows keyed by :func:`op_key`). Equal as sets: two partials
+    holding the same rows compare equal whatever order they were built in."""
+
+    job: str
+    ops: dict[OpKey, OpRow] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def add(self, key: OpKey, row: OpRow) -> None:
+        cur = self.ops.get(key)
+        if cur is None or (cur != row and _row_order(row) > _row_order(cur)):
+            self.ops[key] = row
+
+    def ordered(self) -> list[tuple[OpKey, OpRow]]:
+        """The rows in the order the analysis reads them, whatever order they came in: rank by rank,
+        each rank's in enqueue order (the order its dumps list them), then by key. Its groups table
+        lists groups in the order their first operation comes in this order: for one aggregator fed a
+        node's dumps rank by rank, the order they arrived in."""
+        return sorted(self.ops.items(), key=lambda kv: (sort_key(_stream(kv[0])),
+                                                        _sortable(kv[1].time_created_ns), sort_key(kv[0])))
+
+    def records(self) -> list[CollectiveRecord]:
+        return [row.record(self.job) for _, row in self.ordered()]
+
+    def ranks(self) -> set[int]:
+        return {row.rank for row in self.ops.values() if row.rank is not None}
+
+
+def reduce(job: str, records: Iterable[CollectiveRecord],
+           max_ops_per_rank: int | None = None) -> CollectivePartial:
+    """``records`` as a partial of ``job`` (the caller picks the job's: the analysis is per job)."""
+    out = CollectivePartial(job)
+    groups: dict[GroupRef, GroupRef] = {}  # one object per group: the rows share it
+    for r in records:
+        g = GroupRef(r.pg_name, r.comm_id, r.pg_desc, tuple(r.pg_ranks) if r.pg_ranks else None)
+        out.add(op_key(r), OpRow.of(r, groups.setdefault(g, g)))
+    return bound(out, max_ops_per_rank)
+
+
+def merge(a: CollectivePartial, b: CollectivePartial,
+          max_ops_per_rank: int | None = None) -> CollectivePartial:
+    """The join of two partials of one job (a new partial; ``a`` and ``b`` are left as they are)."""
+    if a.job != b.job:
+        raise ValueError(f"merging partials of two jobs ({a.job!r}, {b.job!r})")
+    out = CollectivePartial(a.job, dict(a.ops))
+    for key, row in b.ops.items():
+        out.add(key, row)
+    return bound(out, max_ops_per_rank)
+
+
+def merge_all(job: str, parts: Sequence[CollectivePartial], max_ops_per_rank: int | None = None
+              ) -> CollectivePartial:
+    out = CollectivePartial(job)
+    for p in parts:
+        if p.job != job:
+            raise ValueError(f"merging partials of two jobs ({job!r}, {p.job!r})")
+        for key, row in p.ops.items():
+            out.add(key, row)
+    return bound(out, max_ops_per_rank)
+
+
+def bound(p: CollectivePartial, max_ops_per_rank: int | None) -> CollectivePartial:
+    """``p`` with each rank's newest ``max_ops_per_rank`` operations (by enqueue time, then key): the
+    same set whatever order the rows were merged in, since an op's enqueue time is its own (every dump
+    that shows it shows the same). None: unbounded."""
+    if max_ops_per_rank is None:
+        return p
+    per: dict[OpKey, list[OpKey]] = {}
+    for key in p.ops:
+        per.setdefault(_stream(key), []).append(key)
+    drop: list[OpKey] = []
+    for keys in per.values():
+        if len(keys) > max_ops_per_rank:
+            keys.sort(key=lambda k: (_sortable(p.ops[k].time_created_ns), sort_key(k)))
+            drop.extend(keys[:len(keys) - max_ops_per_rank])
+    for key in drop:
+        del p.ops[key]
+    return p
