@@ -25,13 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import limits as L
-from perfd.analytics.collectives.analysis import CollectiveAnalysis, analyze_collectives
+from perfd.analytics.collectives.analysis import CollectiveAnalysis, finish
 from perfd.analytics.collectives.config import CollectiveConfig
-from perfd.analytics.collectives.partial import OpKey, op_key
+from perfd.analytics.collectives.partial import CollectivePartial, OpKey, merge, op_key, reduce
 from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
 Row = tuple[Mapping[str, str], str, float]
+# Operations kept per rank of what came reduced (the engine path). 512 hold the newest ~25 iterations
+# of a job running ~20 collectives an iteration a rank; at 100,000 ranks the bound is 51 M rows
+# (docs in perfd.analytics.collectives.partial; measured sizes in tests/engine/test_collective_wire.py).
+MAX_OPS_PER_RANK = 512
 log = logging.getLogger(__name__)
 
 
@@ -42,6 +46,8 @@ record_key = op_key
 @dataclass
 class JobCollectives:
     records: dict[OpKey, CollectiveRecord] = field(default_factory=dict)  # oldest first
+    # What came reduced (the engine path: each node's agent reduced its ranks' records), merged
+    partial: CollectivePartial | None = None
     rank_agent: dict[int, str] = field(default_factory=dict)  # rank -> agent whose dumps hold it
     # As they arrived, read once (None: an event the hang merge cannot read, held and counted all the same)
     hang_events: list[HangEvent | None] = field(default_factory=list)
@@ -56,7 +62,8 @@ class JobCollectives:
 class CollectiveStore:
     def __init__(self, max_records_per_job: int = 20_000, max_hang_events: int = 500,
                  min_recompute_s: float = 0.5, config: CollectiveConfig | None = None,
-                 max_hang_bytes: int = L.MAX_WHOLE_EVENT_BYTES_PER_JOB) -> None:
+                 max_hang_bytes: int = L.MAX_WHOLE_EVENT_BYTES_PER_JOB,
+                 max_ops_per_rank: int = MAX_OPS_PER_RANK) -> None:
         self._lock = threading.Lock()
         self.jobs: dict[str, JobCollectives] = {}
         self.max_records = max_records_per_job
@@ -68,8 +75,10 @@ class CollectiveStore:
         self.min_recompute_s = min_recompute_s
         self.config = config or CollectiveConfig()
         self.job_config: dict[str, CollectiveConfig] = {}  # per-job overrides (links, thresholds)
+        self.max_ops_per_rank = max_ops_per_rank
         self.ingested = 0
         self.dropped = 0
+        self.merged_again = 0  # reduced operations already held (a redelivery, two dumps) or past the bound
         self.analysis_errors = 0
 
     def ingest(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None:
@@ -98,6 +107,23 @@ class CollectiveStore:
         if line:
             log.info("collectives: %d collective record(s) left their jobs' retention (%d a job, the oldest "
                      "first) since the last line", line, self.max_records)
+
+    def ingest_partial(self, agent_id: str, part: CollectivePartial) -> None:
+        """Merge a node's reduced collective records in (a join: one read twice merges once). Its
+        ranks' newest ``max_ops_per_rank`` operations are kept, where one aggregator keeps the job's
+        newest ``max_records_per_job``: at 100,000 ranks that would be 0.2 a rank."""
+        with self._lock:
+            jc = self.jobs.setdefault(part.job, JobCollectives())
+            if jc.partial is None:
+                jc.partial = CollectivePartial(part.job)
+            before = len(jc.partial)
+            jc.partial.absorb(part, self.max_ops_per_rank)
+            self.ingested += len(part)
+            if len(jc.partial) < before + len(part):  # some were in already, or left the bound
+                self.merged_again += before + len(part) - len(jc.partial)
+            for rank in part.ranks():
+                jc.rank_agent[rank] = agent_id  # the partial's rows are its agent's ranks' (one node)
+            jc.version += 1
 
     def add_hang_event(self, agent_id: str, ev: Mapping[str, Any]) -> None:
         job = str(ev.get("job") or (ev.get("labels") or {}).get("job") or "")
@@ -163,14 +189,15 @@ class CollectiveStore:
             if fresh:
                 return jc.analysis
             records = list(jc.records.values())
+            partial = None if jc.partial is None else merge(jc.partial, reduce(job, records))
             hangs = [h for h in jc.hang_events if h is not None]
             agent_nodes = dict(jc.rank_agent)
             cfg = self.job_config.get(job, self.config)
         steps, layout, placed, gpu = inputs()
         nodes = {**agent_nodes, **placed}  # NVML placement wins; else the agent that read the dump
         try:
-            result = analyze_collectives(job, records, steps, layout=layout, rank_nodes=nodes,
-                                         gpu_name=gpu, hang_events=hangs, config=cfg)
+            result = finish(partial or reduce(job, records), steps, layout=layout, rank_nodes=nodes,
+                            gpu_name=gpu, hang_events=hangs, config=cfg)
         except Exception:
             with self._lock:
                 self.analysis_errors += 1
@@ -191,7 +218,9 @@ class CollectiveStore:
             if jc is None:
                 return 0, {}
             newest: dict[int, CollectiveRecord] = {}
-            for r in jc.records.values():  # oldest first: the last one seen per rank is the newest
+            reduced = jc.partial.records() if jc.partial is not None else []
+            # the last one seen per rank is the newest
+            for r in itertools.chain(reduced, jc.records.values()):
                 if r.rank is not None:
                     old = newest.get(r.rank)
                     if old is None or (r.time_created_ns or 0) >= (old.time_created_ns or 0):

@@ -124,33 +124,51 @@ def _stream(key: OpKey) -> OpKey:
 
 @dataclass
 class CollectivePartial:
-    """Some ranks' operations of one job (rows keyed by :func:`op_key`). Equal as sets: two partials
+    """Some ranks' operations of one job, keyed by :func:`op_key`, held per rank (``streams``: what
+    the bound counts, so that a merge bounds only the ranks it touched). Equal as sets: two partials
     holding the same rows compare equal whatever order they were built in."""
 
     job: str
-    ops: dict[OpKey, OpRow] = field(default_factory=dict)
+    streams: dict[OpKey, dict[OpKey, OpRow]] = field(default_factory=dict)
+
+    @property
+    def ops(self) -> dict[OpKey, OpRow]:
+        return {k: row for rows in self.streams.values() for k, row in rows.items()}
 
     def __len__(self) -> int:
-        return len(self.ops)
+        return sum(len(rows) for rows in self.streams.values())
 
     def add(self, key: OpKey, row: OpRow) -> None:
-        cur = self.ops.get(key)
+        rows = self.streams.setdefault(_stream(key), {})
+        cur = rows.get(key)
         if cur is None or (cur != row and _row_order(row) > _row_order(cur)):
-            self.ops[key] = row
+            rows[key] = row
+
+    def absorb(self, other: CollectivePartial, max_ops_per_rank: int | None = None) -> None:
+        """Merge ``other`` in, in place (the root's running merge: linear in ``other``, whatever
+        this holds), then bound the ranks it touched."""
+        if other.job != self.job:
+            raise ValueError(f"merging partials of two jobs ({self.job!r}, {other.job!r})")
+        for stream, rows in other.streams.items():
+            for key, row in rows.items():
+                self.add(key, row)
+            _bound_stream(self.streams[stream], max_ops_per_rank)
 
     def ordered(self) -> list[tuple[OpKey, OpRow]]:
         """The rows in the order the analysis reads them, whatever order they came in: rank by rank,
         each rank's in enqueue order (the order its dumps list them), then by key. Its groups table
         lists groups in the order their first operation comes in this order: for one aggregator fed a
         node's dumps rank by rank, the order they arrived in."""
-        return sorted(self.ops.items(), key=lambda kv: (sort_key(_stream(kv[0])),
-                                                        _sortable(kv[1].time_created_ns), sort_key(kv[0])))
+        out = []
+        for stream in sorted(self.streams, key=sort_key):
+            out.extend(sorted(self.streams[stream].items(), key=_enqueue_order))
+        return out
 
     def records(self) -> list[CollectiveRecord]:
         return [row.record(self.job) for _, row in self.ordered()]
 
     def ranks(self) -> set[int]:
-        return {row.rank for row in self.ops.values() if row.rank is not None}
+        return {row.rank for rows in self.streams.values() for row in rows.values() if row.rank is not None}
 
 
 def reduce(job: str, records: Iterable[CollectiveRecord],
@@ -167,39 +185,34 @@ def reduce(job: str, records: Iterable[CollectiveRecord],
 def merge(a: CollectivePartial, b: CollectivePartial,
           max_ops_per_rank: int | None = None) -> CollectivePartial:
     """The join of two partials of one job (a new partial; ``a`` and ``b`` are left as they are)."""
-    if a.job != b.job:
-        raise ValueError(f"merging partials of two jobs ({a.job!r}, {b.job!r})")
-    out = CollectivePartial(a.job, dict(a.ops))
-    for key, row in b.ops.items():
-        out.add(key, row)
-    return bound(out, max_ops_per_rank)
+    out = bound(CollectivePartial(a.job, {k: dict(v) for k, v in a.streams.items()}), max_ops_per_rank)
+    out.absorb(b, max_ops_per_rank)
+    return out
 
 
 def merge_all(job: str, parts: Sequence[CollectivePartial], max_ops_per_rank: int | None = None
               ) -> CollectivePartial:
     out = CollectivePartial(job)
     for p in parts:
-        if p.job != job:
-            raise ValueError(f"merging partials of two jobs ({job!r}, {p.job!r})")
-        for key, row in p.ops.items():
-            out.add(key, row)
-    return bound(out, max_ops_per_rank)
+        out.absorb(p, max_ops_per_rank)
+    return out
 
 
 def bound(p: CollectivePartial, max_ops_per_rank: int | None) -> CollectivePartial:
     """``p`` with each rank's newest ``max_ops_per_rank`` operations (by enqueue time, then key): the
     same set whatever order the rows were merged in, since an op's enqueue time is its own (every dump
     that shows it shows the same). None: unbounded."""
-    if max_ops_per_rank is None:
-        return p
-    per: dict[OpKey, list[OpKey]] = {}
-    for key in p.ops:
-        per.setdefault(_stream(key), []).append(key)
-    drop: list[OpKey] = []
-    for keys in per.values():
-        if len(keys) > max_ops_per_rank:
-            keys.sort(key=lambda k: (_sortable(p.ops[k].time_created_ns), sort_key(k)))
-            drop.extend(keys[:len(keys) - max_ops_per_rank])
-    for key in drop:
-        del p.ops[key]
+    for rows in p.streams.values():
+        _bound_stream(rows, max_ops_per_rank)
     return p
+
+
+def _enqueue_order(kv: tuple[OpKey, OpRow]) -> tuple[object, ...]:
+    return (_sortable(kv[1].time_created_ns), sort_key(kv[0]))
+
+
+def _bound_stream(rows: dict[OpKey, OpRow], max_ops: int | None) -> None:
+    if max_ops is None or len(rows) <= max_ops:
+        return
+    for key, _row in sorted(rows.items(), key=_enqueue_order)[:len(rows) - max_ops]:
+        del rows[key]
