@@ -27,15 +27,16 @@ from typing import Any
 from perfd import limits as L
 from perfd.analytics.collectives.analysis import CollectiveAnalysis, finish
 from perfd.analytics.collectives.config import CollectiveConfig
-from perfd.analytics.collectives.partial import CollectivePartial, OpKey, merge, op_key, reduce
+from perfd.analytics.collectives.partial import CollectivePartial, OpKey, Retention, merge, op_key, reduce
 from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
 Row = tuple[Mapping[str, str], str, float]
-# Operations kept per rank of what came reduced (the engine path). 512 hold the newest ~25 iterations
-# of a job running ~20 collectives an iteration a rank; at 100,000 ranks the bound is 51 M rows
-# (docs in perfd.analytics.collectives.partial; measured sizes in tests/engine/test_collective_wire.py).
-MAX_OPS_PER_RANK = 512
+# What the store keeps of what came reduced (the engine path): each rank's newest 512 operations
+# (~25 iterations of a job running ~20 collectives an iteration a rank), and 250,000 a job in all
+# (12.5 x what it keeps of records as sent, ~75 MB at ~290 bytes a row; the analysis reads ~45 us a
+# row here): at 8,000 ranks 31 a rank, at 100,000 ranks 2 — every rank seen, few of its operations.
+REDUCED_RETENTION = Retention(per_rank=512, per_job=250_000)
 log = logging.getLogger(__name__)
 
 
@@ -63,7 +64,7 @@ class CollectiveStore:
     def __init__(self, max_records_per_job: int = 20_000, max_hang_events: int = 500,
                  min_recompute_s: float = 0.5, config: CollectiveConfig | None = None,
                  max_hang_bytes: int = L.MAX_WHOLE_EVENT_BYTES_PER_JOB,
-                 max_ops_per_rank: int = MAX_OPS_PER_RANK) -> None:
+                 reduced_retention: Retention = REDUCED_RETENTION) -> None:
         self._lock = threading.Lock()
         self.jobs: dict[str, JobCollectives] = {}
         self.max_records = max_records_per_job
@@ -75,7 +76,7 @@ class CollectiveStore:
         self.min_recompute_s = min_recompute_s
         self.config = config or CollectiveConfig()
         self.job_config: dict[str, CollectiveConfig] = {}  # per-job overrides (links, thresholds)
-        self.max_ops_per_rank = max_ops_per_rank
+        self.reduced_retention = reduced_retention
         self.ingested = 0
         self.dropped = 0
         self.merged_again = 0  # reduced operations already held (a redelivery, two dumps) or past the bound
@@ -109,15 +110,15 @@ class CollectiveStore:
                      "first) since the last line", line, self.max_records)
 
     def ingest_partial(self, agent_id: str, part: CollectivePartial) -> None:
-        """Merge a node's reduced collective records in (a join: one read twice merges once). Its
-        ranks' newest ``max_ops_per_rank`` operations are kept, where one aggregator keeps the job's
-        newest ``max_records_per_job``: at 100,000 ranks that would be 0.2 a rank."""
+        """Merge a node's reduced collective records in (a join: one read twice merges once). Every
+        rank's newest operations are kept (``reduced_retention``), where of records as sent the job's
+        newest ``max_records_per_job`` are: at 100,000 ranks 0.2 a rank, most ranks unseen."""
         with self._lock:
             jc = self.jobs.setdefault(part.job, JobCollectives())
             if jc.partial is None:
                 jc.partial = CollectivePartial(part.job)
             before = len(jc.partial)
-            jc.partial.absorb(part, self.max_ops_per_rank)
+            jc.partial.absorb(part, self.reduced_retention)
             self.ingested += len(part)
             if len(jc.partial) < before + len(part):  # some were in already, or left the bound
                 self.merged_again += before + len(part) - len(jc.partial)

@@ -1,24 +1,32 @@
 """A :class:`perfd.analytics.collectives.partial.CollectivePartial` on the wire (perfd.proto's
-``CollectivePartial``): columns of one entry per operation, strings and process groups listed once,
-enqueue times as differences from the previous row. What an operation costs there is measured in
-tests/engine/test_collective_partial_wire.py (about 20 bytes a timed Flight Recorder row, where the
-record it reduces costs a ``CollectiveRecord`` of ~120 bytes)."""
+``CollectivePartial``): columns, strings and process groups listed once, a nullable column only where
+set, enqueue times as differences, float32 durations where exact. What a row costs there is measured
+in tests/engine/test_collective_wire.py against the ``CollectiveRecord`` it reduces."""
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Sequence
 
 from perfd.analytics.collectives.partial import CollectivePartial, GroupRef, OpRow, op_key
 from perfd.transport.gen import perfd_pb2 as pb
 
-# The nullable columns, each a bit of a row's ``unset`` mask (the order is the wire's: never reorder).
+# The nullable columns, each a bit of a row's ``unset`` mask (the wire's order: never reorder).
 NULLABLE = ("rank", "pg_id", "group_rank", "group_size", "nnodes", "collective_seq_id", "peer", "bytes",
             "time_created_ns", "pid", "duration_ms", "busbw_gbs", "p2p_seq_id")
 _BIT = {name: 1 << i for i, name in enumerate(NULLABLE)}
-_INT_COLUMNS = ("rank", "pg_id", "group_rank", "group_size", "nnodes", "collective_seq_id", "p2p_seq_id",
-                "peer", "bytes", "pid")
-_FLOAT_COLUMNS = ("duration_ms", "busbw_gbs")
+DURATION_F64 = 1 << len(NULLABLE)  # the row's duration is in duration_ms, not duration_ms_f32
+_INTS = ("rank", "pg_id", "group_rank", "group_size", "nnodes", "collective_seq_id", "p2p_seq_id", "peer",
+         "bytes", "pid")
+_F32 = struct.Struct("<f")
+
+
+def _is_f32(x: float) -> bool:
+    try:
+        return bool(_F32.unpack(_F32.pack(x))[0] == x)
+    except OverflowError:
+        return False
 
 
 class _Strings:
@@ -39,6 +47,11 @@ def to_pb(p: CollectivePartial, m: pb.CollectivePartial) -> None:
     m.job = p.job
     string = _Strings(m)
     groups: dict[GroupRef, int] = {}
+    ints: dict[str, list[int]] = {c: [] for c in _INTS}
+    durs64: list[float] = []
+    durs32: list[float] = []
+    busbw: list[float] = []
+    deltas: list[int] = []
     prev_t = 0
     for _key, row in p.ordered():
         g = groups.get(row.group)
@@ -55,32 +68,57 @@ def to_pb(p: CollectivePartial, m: pb.CollectivePartial) -> None:
         m.host.append(string(row.host))
         m.is_p2p.append(row.is_p2p)
         unset = 0
-        for name in _INT_COLUMNS:
+        for name in _INTS:
             v = getattr(row, name)
-            unset |= _BIT[name] if v is None else 0
-            getattr(m, name).append(v or 0)
-        for name in _FLOAT_COLUMNS:
-            f = getattr(row, name)
-            unset |= _BIT[name] if f is None else 0
-            getattr(m, name).append(0.0 if f is None else f)
-        t = row.time_created_ns
-        if t is None:
+            if v is None:
+                unset |= _BIT[name]
+            else:
+                ints[name].append(v)
+        if row.time_created_ns is None:
             unset |= _BIT["time_created_ns"]
-            m.time_created_delta_ns.append(0)
         else:
-            m.time_created_delta_ns.append(t - prev_t)
-            prev_t = t
+            deltas.append(row.time_created_ns - prev_t)
+            prev_t = row.time_created_ns
+        if row.duration_ms is None:
+            unset |= _BIT["duration_ms"]
+        elif _is_f32(row.duration_ms):
+            durs32.append(row.duration_ms)
+        else:
+            durs64.append(row.duration_ms)
+            unset |= DURATION_F64
+        if row.busbw_gbs is None:
+            unset |= _BIT["busbw_gbs"]
+        else:
+            busbw.append(row.busbw_gbs)
         m.unset.append(unset)
+    for name, vals in ints.items():
+        getattr(m, name).extend(vals)
+    m.time_created_delta_ns.extend(deltas)
+    m.duration_ms.extend(durs64)
+    m.duration_ms_f32.extend(durs32)
+    m.busbw_gbs.extend(busbw)
+
+
+class _Column:
+    """A nullable column read in row order: the next set value for each row whose mask has it."""
+
+    def __init__(self, name: str, values: Sequence[float]) -> None:
+        self.name, self.it, self.n = name, iter(values), len(values)
+        self.used = 0
+
+    def take(self) -> float:
+        self.used += 1
+        try:
+            return next(self.it)
+        except StopIteration:
+            raise ValueError(f"column {self.name} has fewer values than its rows' masks say") from None
 
 
 def from_pb(m: pb.CollectivePartial) -> CollectivePartial:
     """ValueError for a malformed partial (the caller counts and drops it)."""
     n = len(m.source)
-    cols: list[Sequence[object]] = [m.op, m.group, m.state, m.host, m.unset, m.is_p2p,
-                                    m.time_created_delta_ns, *(getattr(m, c) for c in _INT_COLUMNS),
-                                    *(getattr(m, c) for c in _FLOAT_COLUMNS)]
-    if any(len(c) != n for c in cols):
-        raise ValueError("a collective partial's columns differ in length")
+    if any(len(c) != n for c in (m.op, m.group, m.state, m.host, m.unset, m.is_p2p)):
+        raise ValueError("a collective partial's row columns differ in length")
     strings = [None, *m.strings]
 
     def s(i: int) -> str | None:
@@ -96,24 +134,29 @@ def from_pb(m: pb.CollectivePartial) -> CollectivePartial:
         ranks.frombytes(g.ranks_le)
         groups.append(GroupRef(s(g.pg_name), s(g.comm_id), s(g.pg_desc),
                                tuple(ranks) if g.has_ranks else None))
-    ints = {c: list(getattr(m, c)) for c in _INT_COLUMNS}
-    floats = {c: list(getattr(m, c)) for c in _FLOAT_COLUMNS}
+    cols = {c: _Column(c, getattr(m, c)) for c in _INTS}
+    times, d64, d32, bw = (_Column(c, getattr(m, c)) for c in ("time_created_delta_ns", "duration_ms",
+                                                                 "duration_ms_f32", "busbw_gbs"))
     out = CollectivePartial(m.job)
     t = 0
-    for i in range(n):
-        unset = m.unset[i]
+    for i, unset in enumerate(m.unset):
         source, op = s(m.source[i]), s(m.op[i])
         if source is None or op is None:
             raise ValueError("a collective partial's row without its source or op")
         if m.group[i] >= len(groups):
             raise ValueError(f"group index {m.group[i]} past the {len(groups)} listed")
+        iv = {c: None if unset & _BIT[c] else int(col.take()) for c, col in cols.items()}
+        created = None
         if not unset & _BIT["time_created_ns"]:
-            t += m.time_created_delta_ns[i]
-        iv = {c: None if unset & _BIT[c] else ints[c][i] for c in _INT_COLUMNS}
-        fv = {c: None if unset & _BIT[c] else floats[c][i] for c in _FLOAT_COLUMNS}
+            t += int(times.take())
+            created = t
+        dur = None if unset & _BIT["duration_ms"] else (d64 if unset & DURATION_F64 else d32).take()
         row = OpRow(source, op, groups[m.group[i]], iv["rank"], iv["pg_id"], iv["group_rank"],
                     iv["group_size"], iv["nnodes"], iv["collective_seq_id"], iv["p2p_seq_id"], m.is_p2p[i],
-                    iv["peer"], iv["bytes"], s(m.state[i]), None if unset & _BIT["time_created_ns"] else t,
-                    fv["duration_ms"], fv["busbw_gbs"], s(m.host[i]), iv["pid"])
+                    iv["peer"], iv["bytes"], s(m.state[i]), created, dur,
+                    None if unset & _BIT["busbw_gbs"] else bw.take(), s(m.host[i]), iv["pid"])
         out.add(op_key(row), row)
+    if any(c.used != c.n for c in (*cols.values(), times, d64, d32, bw)):
+        raise ValueError("a collective partial's column has more values than its rows' masks say")
     return out
+

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfd.analytics.collectives.analysis import analyze_collectives, finish
-from perfd.analytics.collectives.partial import CollectivePartial, merge, merge_all, reduce
+from perfd.analytics.collectives.partial import CollectivePartial, Retention, merge, merge_all, reduce
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 from tests.collectives.collective_helpers import fr, load_fixture_records, step
 
@@ -70,7 +70,7 @@ def _raw_json(job: str, recs: Sequence[CollectiveRecord], steps: Sequence[StepRe
 
 
 def _split_merge(job: str, recs: Sequence[CollectiveRecord], rng: random.Random, pieces: int,
-                 bound: int | None = None) -> CollectivePartial:
+                 bound: Retention | None = None) -> CollectivePartial:
     """``recs`` reduced in ``pieces`` random pieces (some records in two: a re-delivery), merged in a
     random order and grouping."""
     parts: list[list[CollectiveRecord]] = [[] for _ in range(pieces)]
@@ -107,7 +107,8 @@ def test_the_synthetic_job_split_across_partials_in_any_order_gives_the_one_aggr
         assert _json(_split_merge("j", recs, rng, pieces), steps, **kw) == want
     # A bound that holds every rank's operations changes nothing.
     per_rank = (ITERATIONS + 1) * (TP_OPS + 2)
-    assert _json(_split_merge("j", recs, rng, 7, per_rank), steps, **kw) == want
+    every = Retention(per_rank=per_rank, per_job=per_rank * WORLD)
+    assert _json(_split_merge("j", recs, rng, 7, every), steps, **kw) == want
     # Without steps or layout too (the observation window, classes from descriptions only).
     assert _json(_split_merge("j", recs, rng, 9), ()) == _raw_json("j", recs, ())
 
@@ -119,9 +120,11 @@ def test_a_bounded_merge_keeps_each_ranks_newest_operations_whatever_the_order()
         (x.time_created_ns or 0) for x in recs if x.rank == r.rank and x.collective_seq_id is not None
         and x.pg_id == 10 + (r.rank or 0) // PER_NODE and x.collective_seq_id >= (ITERATIONS - 2) * TP_OPS)]
     rng = random.Random(3)
-    got = [_split_merge("j", recs, rng, n, keep) for n in (1, 4, 17)]
-    assert got[0] == got[1] == got[2] == reduce("j", newest)
-    assert all(len(g) == keep * WORLD for g in got)
+    for retention in (Retention(per_rank=keep), Retention(per_job=keep * WORLD + WORLD - 1),
+                      Retention(per_rank=keep + 5, per_job=keep * WORLD)):
+        got = [_split_merge("j", recs, rng, n, retention) for n in (1, 4, 17)]
+        assert got[0] == got[1] == got[2] == reduce("j", newest), retention
+        assert all(len(g) == keep * WORLD for g in got)
     assert _json(got[1], steps, layout=LAYOUT) == _raw_json("j", newest, steps, layout=LAYOUT)
 
 
@@ -156,18 +159,27 @@ def _records(draw: st.DrawFn) -> list[CollectiveRecord]:
     return out
 
 
-def _partial(recs: list[CollectiveRecord], bound: int | None) -> CollectivePartial:
+def _partial(recs: list[CollectiveRecord], bound: Retention | None) -> CollectivePartial:
     return reduce("j", recs, bound)
 
 
-@settings(max_examples=150, deadline=None)
-@given(_records(), _records(), _records(), st.one_of(st.none(), st.integers(1, 6)))
+_RETENTIONS = st.one_of(st.none(), st.builds(Retention, st.one_of(st.none(), st.integers(1, 6)),
+                                             st.one_of(st.none(), st.integers(1, 30))))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_records(), _records(), _records(), _RETENTIONS)
 def test_merge_is_a_join(ra: list[CollectiveRecord], rb: list[CollectiveRecord], rc: list[CollectiveRecord],
-                         bound: int | None) -> None:
+                         bound: Retention | None) -> None:
     a, b, c = (_partial(r, bound) for r in (ra, rb, rc))
     assert merge(a, b, bound) == merge(b, a, bound)
     assert merge(merge(a, b, bound), c, bound) == merge(a, merge(b, c, bound), bound)
     assert merge(a, a, bound) == a
+    # in place as the store merges: the same
+    acc = _partial([], bound)
+    for p in (c, a, b, a):
+        acc.absorb(p, bound)
+    assert acc == merge(merge(a, b, bound), c, bound)
     # and reducing in pieces is reducing at once
     assert merge(a, b, bound) == _partial(ra + rb, bound) == _partial(rb + ra, bound)
     # the analysis reads the set, not the order it came in

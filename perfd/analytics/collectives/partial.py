@@ -19,8 +19,8 @@ completion time or provenance). Why rows and not sums per group or per window:
 So the join is a keyed union, which is associative, commutative and idempotent; two rows under one
 key (two dumps showing the same op) resolve to the greater under :func:`_row_order` — the more
 advanced state, then a timed one — so the resolution does not depend on the order partials come in.
-Bounded: ``max_ops_per_rank`` keeps each rank's newest operations (by enqueue time, then key), the
-same whichever order the merges run in (the top-k of a union is a join as well).
+Bounded (:class:`Retention`): each rank's newest operations (by enqueue time, then key), the same
+whichever order the merges run in (the top k of a union is a join as well).
 """
 
 from __future__ import annotations
@@ -118,18 +118,35 @@ def _row_order(row: OpRow) -> tuple[object, ...]:
 
 
 def _stream(key: OpKey) -> OpKey:
-    """What ``max_ops_per_rank`` bounds: the rank (source and rank), else the process."""
+    """What :class:`Retention` bounds: the rank (source and rank), else the process."""
     return key[:2] if len(key) == 5 else key[:4]
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How many operations a partial keeps: each rank's (each process's, without a rank) newest
+    ``per_rank``, and no more than ``per_job`` in all, shared evenly over its ranks (at least one
+    each: a rank is never dropped whole). Keeping the top k of each rank of a union is a join as long
+    as k only shrinks as ranks come in, which ``per_job // ranks`` does."""
+
+    per_rank: int | None = None
+    per_job: int | None = None
+
+    def k(self, streams: int) -> int | None:
+        ks = [k for k in (self.per_rank, None if self.per_job is None else self.per_job // max(1, streams))
+              if k is not None]
+        return max(1, min(ks)) if ks else None
 
 
 @dataclass
 class CollectivePartial:
     """Some ranks' operations of one job, keyed by :func:`op_key`, held per rank (``streams``: what
-    the bound counts, so that a merge bounds only the ranks it touched). Equal as sets: two partials
-    holding the same rows compare equal whatever order they were built in."""
+    the retention counts, so that a merge bounds only the ranks it touched). Equal as sets: two
+    partials holding the same rows compare equal whatever order they were built in."""
 
     job: str
     streams: dict[OpKey, dict[OpKey, OpRow]] = field(default_factory=dict)
+    _kept: int | None = field(default=None, compare=False, repr=False)  # the k last applied to all
 
     @property
     def ops(self) -> dict[OpKey, OpRow]:
@@ -144,15 +161,30 @@ class CollectivePartial:
         if cur is None or (cur != row and _row_order(row) > _row_order(cur)):
             rows[key] = row
 
-    def absorb(self, other: CollectivePartial, max_ops_per_rank: int | None = None) -> None:
-        """Merge ``other`` in, in place (the root's running merge: linear in ``other``, whatever
-        this holds), then bound the ranks it touched."""
+    def absorb(self, other: CollectivePartial, keep: Retention | None = None) -> None:
+        """Merge ``other`` in, in place (the root's running merge: linear in ``other`` unless new
+        ranks shrink every rank's share of ``keep.per_job``), then bound what it touched."""
         if other.job != self.job:
             raise ValueError(f"merging partials of two jobs ({self.job!r}, {other.job!r})")
-        for stream, rows in other.streams.items():
+        for rows in other.streams.values():
             for key, row in rows.items():
                 self.add(key, row)
-            _bound_stream(self.streams[stream], max_ops_per_rank)
+        k = keep.k(len(self.streams)) if keep is not None else None
+        if k is not None and (self._kept is None or k < self._kept):
+            self.bound(keep)
+        else:
+            for stream in other.streams:
+                _bound_stream(self.streams[stream], k)
+
+    def bound(self, keep: Retention | None) -> CollectivePartial:
+        """This partial with each rank's newest ``keep.k(ranks)`` operations (by enqueue time, then
+        key): the same set whatever order the rows were merged in, since an op's enqueue time is its
+        own (every dump that shows it shows the same). None: unbounded."""
+        k = keep.k(len(self.streams)) if keep is not None else None
+        for rows in self.streams.values():
+            _bound_stream(rows, k)
+        self._kept = k
+        return self
 
     def ordered(self) -> list[tuple[OpKey, OpRow]]:
         """The rows in the order the analysis reads them, whatever order they came in: rank by rank,
@@ -171,40 +203,29 @@ class CollectivePartial:
         return {row.rank for rows in self.streams.values() for row in rows.values() if row.rank is not None}
 
 
-def reduce(job: str, records: Iterable[CollectiveRecord],
-           max_ops_per_rank: int | None = None) -> CollectivePartial:
+def reduce(job: str, records: Iterable[CollectiveRecord], keep: Retention | None = None) -> CollectivePartial:
     """``records`` as a partial of ``job`` (the caller picks the job's: the analysis is per job)."""
     out = CollectivePartial(job)
     groups: dict[GroupRef, GroupRef] = {}  # one object per group: the rows share it
     for r in records:
         g = GroupRef(r.pg_name, r.comm_id, r.pg_desc, tuple(r.pg_ranks) if r.pg_ranks else None)
         out.add(op_key(r), OpRow.of(r, groups.setdefault(g, g)))
-    return bound(out, max_ops_per_rank)
+    return out.bound(keep)
 
 
-def merge(a: CollectivePartial, b: CollectivePartial,
-          max_ops_per_rank: int | None = None) -> CollectivePartial:
+def merge(a: CollectivePartial, b: CollectivePartial, keep: Retention | None = None) -> CollectivePartial:
     """The join of two partials of one job (a new partial; ``a`` and ``b`` are left as they are)."""
-    out = bound(CollectivePartial(a.job, {k: dict(v) for k, v in a.streams.items()}), max_ops_per_rank)
-    out.absorb(b, max_ops_per_rank)
+    out = CollectivePartial(a.job, {k: dict(v) for k, v in a.streams.items()}).bound(keep)
+    out.absorb(b, keep)
     return out
 
 
-def merge_all(job: str, parts: Sequence[CollectivePartial], max_ops_per_rank: int | None = None
-              ) -> CollectivePartial:
+def merge_all(job: str, parts: Sequence[CollectivePartial],
+              keep: Retention | None = None) -> CollectivePartial:
     out = CollectivePartial(job)
     for p in parts:
-        out.absorb(p, max_ops_per_rank)
+        out.absorb(p, keep)
     return out
-
-
-def bound(p: CollectivePartial, max_ops_per_rank: int | None) -> CollectivePartial:
-    """``p`` with each rank's newest ``max_ops_per_rank`` operations (by enqueue time, then key): the
-    same set whatever order the rows were merged in, since an op's enqueue time is its own (every dump
-    that shows it shows the same). None: unbounded."""
-    for rows in p.streams.values():
-        _bound_stream(rows, max_ops_per_rank)
-    return p
 
 
 def _enqueue_order(kv: tuple[OpKey, OpRow]) -> tuple[object, ...]:
