@@ -27,16 +27,19 @@ from typing import Any
 from perfd import limits as L
 from perfd.analytics.collectives.analysis import CollectiveAnalysis, finish
 from perfd.analytics.collectives.config import CollectiveConfig
-from perfd.analytics.collectives.partial import CollectivePartial, OpKey, Retention, merge, op_key, reduce
+from perfd.analytics.collectives.partial import (
+    REDUCED_RETENTION,
+    CollectivePartial,
+    OpKey,
+    Retention,
+    merge,
+    op_key,
+    reduce,
+)
 from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
 Row = tuple[Mapping[str, str], str, float]
-# What the store keeps of what came reduced (the engine path): each rank's newest 512 operations
-# (~25 iterations of a job running ~20 collectives an iteration a rank), and 250,000 a job in all
-# (12.5 x what it keeps of records as sent, ~75 MB at ~290 bytes a row; the analysis reads ~45 us a
-# row here): at 8,000 ranks 31 a rank, at 100,000 ranks 2 — every rank seen, few of its operations.
-REDUCED_RETENTION = Retention(per_rank=512, per_job=250_000)
 log = logging.getLogger(__name__)
 
 

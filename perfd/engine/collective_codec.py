@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from perfd.analytics.collectives.partial import CollectivePartial, GroupRef, OpRow, op_key
 from perfd.transport.gen import perfd_pb2 as pb
@@ -60,7 +60,7 @@ def to_pb(p: CollectivePartial, m: pb.CollectivePartial) -> None:
             ranks = row.group.pg_ranks
             m.groups.add(pg_name=string(row.group.pg_name), comm_id=string(row.group.comm_id),
                          pg_desc=string(row.group.pg_desc), has_ranks=ranks is not None,
-                         ranks_le=array("I", ranks or ()).tobytes())  # little-endian machines, as Partial
+                         ranks_runs=runs_of(ranks or ()))
         m.source.append(string(row.source))
         m.op.append(string(row.op))
         m.group.append(g)
@@ -99,6 +99,55 @@ def to_pb(p: CollectivePartial, m: pb.CollectivePartial) -> None:
     m.busbw_gbs.extend(busbw)
 
 
+def runs_of(ranks: Sequence[int]) -> list[int]:
+    """``ranks`` as runs (first, step, count), flattened; the longest run from each start."""
+    out: list[int] = []
+    i, n = 0, len(ranks)
+    while i < n:
+        step = ranks[i + 1] - ranks[i] if i + 1 < n else 1
+        j = i + 1
+        while j < n and ranks[j] - ranks[j - 1] == step:
+            j += 1
+        out += (ranks[i], step, j - i)
+        i = j
+    return out
+
+
+def ranks_of_runs(runs: Sequence[int]) -> tuple[int, ...]:
+    if len(runs) % 3 or any(c <= 0 for c in runs[2::3]):
+        raise ValueError("ranks_runs is not whole (first, step, count) runs")
+    if sum(runs[2::3]) > MAX_GROUP_RANKS:
+        raise ValueError(f"a group of over {MAX_GROUP_RANKS} ranks")
+    out: list[int] = []
+    for first, step, count in zip(runs[0::3], runs[1::3], runs[2::3], strict=True):
+        out.extend(range(first, first + step * count, step) if step else [first] * count)
+    return tuple(out)
+
+
+# A group this large or larger is read once and its one object shared by every message that names it
+# (so the root's merge and the analysis tell it apart by identity, not by comparing 100,000 ranks);
+# the cache is let go when it holds BIG_GROUPS_KEPT (a job has a world group and a few data-parallel
+# groups this large).
+BIG_GROUP_RANKS = 256
+BIG_GROUPS_KEPT = 1024
+MAX_GROUP_RANKS = 1 << 22  # a group listing more ranks is not one (the engine is for 100,000)
+_big_groups: dict[tuple[str | None, str | None, str | None, bytes], GroupRef] = {}
+
+
+def _group(g: pb.CollectiveGroup, s: Callable[[int], str | None]) -> GroupRef:
+    runs = g.ranks_runs
+    big = g.has_ranks and sum(runs[2::3]) >= BIG_GROUP_RANKS
+    key = (s(g.pg_name), s(g.comm_id), s(g.pg_desc), array("q", runs).tobytes()) if big else None
+    if key is not None and (hit := _big_groups.get(key)) is not None:
+        return hit
+    ref = GroupRef(s(g.pg_name), s(g.comm_id), s(g.pg_desc), ranks_of_runs(runs) if g.has_ranks else None)
+    if key is not None:
+        if len(_big_groups) >= BIG_GROUPS_KEPT:
+            _big_groups.clear()
+        _big_groups[key] = ref
+    return ref
+
+
 class _Column:
     """A nullable column read in row order: the next set value for each row whose mask has it."""
 
@@ -126,14 +175,7 @@ def from_pb(m: pb.CollectivePartial) -> CollectivePartial:
             raise ValueError(f"string index {i} past the {len(m.strings)} listed")
         return strings[i]
 
-    groups = []
-    for g in m.groups:
-        if len(g.ranks_le) % 4:
-            raise ValueError(f"ranks_le of {len(g.ranks_le)} bytes is not whole uint32s")
-        ranks = array("I")
-        ranks.frombytes(g.ranks_le)
-        groups.append(GroupRef(s(g.pg_name), s(g.comm_id), s(g.pg_desc),
-                               tuple(ranks) if g.has_ranks else None))
+    groups = [_group(g, s) for g in m.groups]
     cols = {c: _Column(c, getattr(m, c)) for c in _INTS}
     times, d64, d32, bw = (_Column(c, getattr(m, c)) for c in ("time_created_delta_ns", "duration_ms",
                                                                  "duration_ms_f32", "busbw_gbs"))

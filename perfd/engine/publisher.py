@@ -7,8 +7,9 @@ disk-backed where the agent has a spool dir) until the engine acknowledged it; o
 (its acknowledgement lost) is dropped by the engine within its duplicate window, and is harmless
 after it (a fold is idempotent). Node series stay on the agent's /metrics for Prometheus and are not
 published. Events go as sent, and collective records reduced to one partial
-(perfd.analytics.collectives.partial: compact rows, one per operation), one message per job, to the
-records stream (perfd.engine.subjects), which the jobs' root reads beside the partials.
+(perfd.analytics.collectives.partial: compact rows, one per operation, no more of a rank than the
+store would keep), one message per job, to the records stream (perfd.engine.subjects), which the
+jobs' root reads beside the partials.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from perfd.analytics.collectives.partial import reduce
+from perfd.analytics.collectives.partial import REDUCED_RETENTION, for_sending, reduce
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect
 from perfd.engine.partial import RunMarks, decode, encode, partials_of
@@ -103,7 +104,7 @@ class EngineClient(CommandTarget):
                 seq = self.spool.next_seq()
                 mid = f"{self.agent_id}:{self.spool.epoch}:{seq}"
                 batch = encode_batch(self.agent_id, seq, (), (), evs, self._no_series) if evs else None
-                reduced = [reduce(job, colls)] if colls else []
+                reduced = [for_sending(reduce(job, colls), REDUCED_RETENTION)] if colls else []
                 if on_seq is not None:
                     on_seq(seq)
                 self.spool.append(seq, encode(mid, self.agent_id, time.time_ns(), (), records=batch,

@@ -15,7 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfd.analytics.collectives.analysis import analyze_collectives, finish
-from perfd.analytics.collectives.partial import CollectivePartial, Retention, merge, merge_all, reduce
+from perfd.analytics.collectives.partial import (
+    CollectivePartial,
+    Retention,
+    for_sending,
+    merge,
+    merge_all,
+    reduce,
+)
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 from tests.collectives.collective_helpers import fr, load_fixture_records, step
 
@@ -125,6 +132,11 @@ def test_a_bounded_merge_keeps_each_ranks_newest_operations_whatever_the_order()
         got = [_split_merge("j", recs, rng, n, retention) for n in (1, 4, 17)]
         assert got[0] == got[1] == got[2] == reduce("j", newest), retention
         assert all(len(g) == keep * WORLD for g in got)
+        # What each node's agent sends (bounded for the job's world, which its rows show): the same.
+        sent = [for_sending(reduce("j", [r for r in recs if (r.rank or 0) // PER_NODE == n]), retention)
+                for n in range(NODES)]
+        assert merge_all("j", sent, retention) == got[0], retention
+        assert max(len(p) for p in sent) == keep * PER_NODE
     assert _json(got[1], steps, layout=LAYOUT) == _raw_json("j", newest, steps, layout=LAYOUT)
 
 

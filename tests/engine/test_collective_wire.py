@@ -76,15 +76,38 @@ def test_a_malformed_partial_is_refused() -> None:
         elif change == "group_index":
             m.group[0] = len(m.groups)
         elif change == "ranks":
-            m.groups[0].ranks_le += b"\x01"
+            m.groups[0].ranks_runs.append(1)
+        elif change == "ranks_count":
+            m.groups[0].ranks_runs[2] = 0
+        elif change == "ranks_huge":
+            m.groups[0].ranks_runs[2] = 1 << 40
         elif change == "no_source":
             m.source[0] = 0
         return m
 
     for change in ("short_row_column", "short_nullable_column", "long_nullable_column", "string_index",
-                   "group_index", "ranks", "no_source"):
+                   "group_index", "ranks", "ranks_count", "ranks_huge", "no_source"):
         with pytest.raises(ValueError):
             cc.from_pb(broken(change))
+
+
+@pytest.mark.parametrize("ranks", [[], [5], list(range(100_000)), list(range(3, 100_000, 8)),
+                                   [7, 3, 3, 9, 1, 2], [0, 1, 2, 3, 8, 9, 10, 11, -4]])
+def test_group_ranks_go_as_runs(ranks: list[int]) -> None:
+    runs = cc.runs_of(ranks)
+    assert cc.ranks_of_runs(runs) == tuple(ranks)
+    if len(ranks) > 2 and len(set(ranks)) == len(ranks) and ranks == sorted(ranks) and len(ranks) > 9:
+        assert len(runs) == 3  # a world group or a data-parallel group is one run
+
+
+def test_a_100k_rank_world_group_costs_a_few_bytes_and_one_object_at_the_root() -> None:
+    world = list(range(100_000))
+    recs = [dataclasses.replace(r, pg_ranks=world, group_size=len(world), rank=r.rank)
+            for r in load_fixture_records("timing")]
+    m = _wire(reduce("j", recs))
+    assert all(len(g.ranks_runs) == 3 for g in m.groups) and m.ByteSize() < 12_000
+    a, b = cc.from_pb(m), cc.from_pb(m)  # two messages naming the same groups: one object each
+    assert a == b and len({id(row.group) for p in (a, b) for row in p.ops.values()}) == len(m.groups)
 
 
 def test_what_a_row_costs_on_the_wire() -> None:

@@ -160,19 +160,21 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
     sources: dict[str, int] = {}
     for r in records:
         sources[r.source] = sources.get(r.source, 0) + 1
+    lists = _RankLists(records)
     world = (layout.world_size if layout else None) or world_size_from(
-        (r.pg_ranks for r in records), (r.rank for r in records))
-    cls_cache: dict[tuple[tuple[int, ...] | None, str | None], tuple[str, str]] = {}
+        lists.distinct(), (r.rank for r in records))
+    cls_cache: dict[tuple[int | None, str | None], tuple[str, str]] = {}
     cls: dict[int, str] = {}
-    groups: dict[tuple[str, tuple[int, ...] | None], dict[str, Any]] = {}
+    groups: dict[tuple[str, int | None], dict[str, Any]] = {}
     for r in records:
-        key = (tuple(r.pg_ranks) if r.pg_ranks else None, r.pg_desc)
+        ranks = lists.of(r)
+        key = (id(ranks) if ranks else None, r.pg_desc)
         c = cls_cache.get(key)
         if c is None:
             c = cls_cache[key] = classify_group(r.pg_ranks, layout, world, r.pg_desc, cfg.order)
         cls[id(r)] = c[0]
         g = groups.setdefault((r.pg_name or r.comm_id or "?", key[0]), {
-            "name": r.pg_name or r.comm_id, "desc": r.pg_desc, "ranks": list(key[0]) if key[0] else None,
+            "name": r.pg_name or r.comm_id, "desc": r.pg_desc, "ranks": list(ranks) if ranks else None,
             "class": c[0], "how": c[1], "records": 0, "ops": {}})
         g["records"] += 1
         g["ops"][r.op] = g["ops"].get(r.op, 0) + 1
@@ -189,6 +191,31 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
     out.hangs = merge_hangs(hang_events, progress_of(records))
     out.findings, out.recommendations = _findings(out, groups, nodes, cfg)
     return out
+
+
+class _RankLists:
+    """Each distinct list of group ranks once, as one tuple object: groups are told apart by that
+    object's identity, not by hashing and comparing their ranks record after record (a job's world
+    group lists every rank: 100,000 at the scale the engine is for). Records that share a list (a
+    partial's records share one a group) cost one lookup each."""
+
+    def __init__(self, records: Sequence[CollectiveRecord]) -> None:
+        self._by_value: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._by_list: dict[int, tuple[list[int], tuple[int, ...]]] = {}  # id(list) -> (list, its tuple)
+        for r in records:
+            self.of(r)
+
+    def of(self, r: CollectiveRecord) -> tuple[int, ...] | None:
+        if not r.pg_ranks:
+            return None
+        hit = self._by_list.get(id(r.pg_ranks))
+        if hit is None or hit[0] is not r.pg_ranks:
+            t = tuple(r.pg_ranks)
+            hit = self._by_list[id(r.pg_ranks)] = (r.pg_ranks, self._by_value.setdefault(t, t))
+        return hit[1]
+
+    def distinct(self) -> list[tuple[int, ...]]:
+        return list(self._by_value.values())
 
 
 def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Mapping[int, str],

@@ -494,15 +494,15 @@ class CollectivePartial(_message.Message):
     def __init__(self, job: _Optional[str] = ..., strings: _Optional[_Iterable[str]] = ..., groups: _Optional[_Iterable[_Union[CollectiveGroup, _Mapping]]] = ..., source: _Optional[_Iterable[int]] = ..., op: _Optional[_Iterable[int]] = ..., group: _Optional[_Iterable[int]] = ..., state: _Optional[_Iterable[int]] = ..., host: _Optional[_Iterable[int]] = ..., unset: _Optional[_Iterable[int]] = ..., is_p2p: _Optional[_Iterable[bool]] = ..., rank: _Optional[_Iterable[int]] = ..., pg_id: _Optional[_Iterable[int]] = ..., group_rank: _Optional[_Iterable[int]] = ..., group_size: _Optional[_Iterable[int]] = ..., nnodes: _Optional[_Iterable[int]] = ..., collective_seq_id: _Optional[_Iterable[int]] = ..., peer: _Optional[_Iterable[int]] = ..., bytes: _Optional[_Iterable[int]] = ..., time_created_delta_ns: _Optional[_Iterable[int]] = ..., pid: _Optional[_Iterable[int]] = ..., duration_ms: _Optional[_Iterable[float]] = ..., busbw_gbs: _Optional[_Iterable[float]] = ..., p2p_seq_id: _Optional[_Iterable[int]] = ..., duration_ms_f32: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class CollectiveGroup(_message.Message):
-    __slots__ = ("pg_name", "comm_id", "pg_desc", "has_ranks", "ranks_le")
+    __slots__ = ("pg_name", "comm_id", "pg_desc", "has_ranks", "ranks_runs")
     PG_NAME_FIELD_NUMBER: _ClassVar[int]
     COMM_ID_FIELD_NUMBER: _ClassVar[int]
     PG_DESC_FIELD_NUMBER: _ClassVar[int]
     HAS_RANKS_FIELD_NUMBER: _ClassVar[int]
-    RANKS_LE_FIELD_NUMBER: _ClassVar[int]
+    RANKS_RUNS_FIELD_NUMBER: _ClassVar[int]
     pg_name: int
     comm_id: int
     pg_desc: int
     has_ranks: bool
-    ranks_le: bytes
-    def __init__(self, pg_name: _Optional[int] = ..., comm_id: _Optional[int] = ..., pg_desc: _Optional[int] = ..., has_ranks: _Optional[bool] = ..., ranks_le: _Optional[bytes] = ...) -> None: ...
+    ranks_runs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pg_name: _Optional[int] = ..., comm_id: _Optional[int] = ..., pg_desc: _Optional[int] = ..., has_ranks: _Optional[bool] = ..., ranks_runs: _Optional[_Iterable[int]] = ...) -> None: ...
