@@ -26,7 +26,7 @@ from typing import Any
 
 from perfd import limits as L
 from perfd.analytics.collectives.analysis import CollectiveAnalysis, finish
-from perfd.analytics.collectives.config import CollectiveConfig
+from perfd.analytics.collectives.config import FR, CollectiveConfig
 from perfd.analytics.collectives.partial import (
     REDUCED_RETENTION,
     CollectivePartial,
@@ -120,14 +120,24 @@ class CollectiveStore:
             jc = self.jobs.setdefault(part.job, JobCollectives())
             if jc.partial is None:
                 jc.partial = CollectivePartial(part.job)
+            held = jc.partial.streams
+            new = sum(1 for stream, rows in part.streams.items() for key in rows
+                      if key not in held.get(stream, ()))
             before = len(jc.partial)
             jc.partial.absorb(part, self.reduced_retention)
             self.ingested += len(part)
-            if len(jc.partial) < before + len(part):  # some were in already, or left the bound
-                self.merged_again += before + len(part) - len(jc.partial)
-            for rank in part.ranks():
-                jc.rank_agent[rank] = agent_id  # the partial's rows are its agent's ranks' (one node)
+            self.merged_again += len(part) - new  # in already: a redelivery, or two dumps of an op
+            dropped = before + new - len(jc.partial)  # past the retention, the oldest of their ranks
+            jc.dropped += dropped
+            self.dropped += dropped
+            for row in part.ops.values():
+                if row.rank is not None and row.source == FR:
+                    jc.rank_agent[row.rank] = agent_id  # the partial's rows are its agent's ranks' (one node)
             jc.version += 1
+            line = self._drop_line("records", dropped) if dropped else 0
+        if line:
+            log.info("collectives: %d collective operation(s) left their jobs' retention (%s) since the last "
+                     "line", line, self.reduced_retention)
 
     def add_hang_event(self, agent_id: str, ev: Mapping[str, Any]) -> None:
         job = str(ev.get("job") or (ev.get("labels") or {}).get("job") or "")

@@ -65,6 +65,7 @@ class EngineClient(CommandTarget):
         self.batches_submitted = self.published = self.duplicates = self.publish_errors = 0
         self.unreadable = 0  # spooled messages that did not decode (a damaged spool)
         self.records_submitted = 0  # events and collective records spooled for the records stream
+        self.collectives_not_sent = 0  # of those, collective records the reduction left out (counted)
         self._runs = RunMarks()  # its ranks' processes: a restart marks the partial where it began
         self._no_series = SeriesTable()  # records messages carry no samples: nothing is ever defined
         self.last_error = ""
@@ -105,6 +106,8 @@ class EngineClient(CommandTarget):
                 mid = f"{self.agent_id}:{self.spool.epoch}:{seq}"
                 batch = encode_batch(self.agent_id, seq, (), (), evs, self._no_series) if evs else None
                 reduced = [for_sending(reduce(job, colls), REDUCED_RETENTION)] if colls else []
+                # not sent: what the store would not keep (REDUCED_RETENTION), or an op twice in them
+                self.collectives_not_sent += len(colls) - sum(len(p) for p in reduced)
                 if on_seq is not None:
                     on_seq(seq)
                 self.spool.append(seq, encode(mid, self.agent_id, time.time_ns(), (), records=batch,
@@ -250,4 +253,5 @@ class EngineClient(CommandTarget):
                 "unreadable": self.unreadable, "commands_received": self.commands_received,
                 "command_errors": self.command_errors, "undecodable_commands": self.undecodable_commands,
                 "pending": self.spool.pending_count(), "records_submitted": self.records_submitted,
+                "collectives_not_sent": self.collectives_not_sent,
                 "last_error": self.last_error}

@@ -159,3 +159,22 @@ def test_the_root_reads_reduced_and_as_sent_records_into_the_one_aggregator_answ
         root.handle_records(msgs)  # read again (a standby replaying the stream): held once
         assert _analysis_json(agg.state) == want, reduced
         assert agg.state.collectives.jobs["j"].rank_agent == {0: "node-0/j", 1: "node-1/j"}
+
+
+def test_the_store_counts_what_its_retention_drops_and_what_came_again() -> None:
+    from perfd.aggregator.collectives import CollectiveStore
+    from perfd.analytics.collectives.partial import Retention
+
+    recs = load_fixture_records("timing")
+    store = CollectiveStore(reduced_retention=Retention(per_rank=10))
+    for rank in (0, 1):
+        store.ingest_partial(f"node-{rank}/j", reduce("j", [r for r in recs if r.rank == rank]))
+    store.ingest_partial("node-0/j", reduce("j", [r for r in recs if r.rank == 0]))  # again
+    jc = store.jobs["j"]
+    n0 = sum(1 for r in recs if r.rank == 0)
+    assert jc.partial is not None and len(jc.partial) == 20
+    # each rank's oldest, counted each time they are let go (rank 0's again: as the store of records
+    # as sent counts a redelivered record it had dropped)
+    assert store.dropped == jc.dropped == len(recs) - 20 + n0 - 10
+    assert store.merged_again == 10  # rank 0's newest, held already
+    assert jc.rank_agent == {0: "node-0/j", 1: "node-1/j"}

@@ -236,9 +236,15 @@ def reduce(job: str, records: Iterable[CollectiveRecord], keep: Retention | None
     """``records`` as a partial of ``job`` (the caller picks the job's: the analysis is per job)."""
     out = CollectivePartial(job)
     groups: dict[GroupRef, GroupRef] = {}  # one object per group: the rows share it
+    # Records that share a ranks list (a world group lists every rank) make its group once
+    made: dict[tuple[int, str | None, str | None, str | None], tuple[list[int] | None, GroupRef]] = {}
     for r in records:
-        g = GroupRef(r.pg_name, r.comm_id, r.pg_desc, tuple(r.pg_ranks) if r.pg_ranks else None)
-        out.add(op_key(r), OpRow.of(r, groups.setdefault(g, g)))
+        key = (id(r.pg_ranks), r.pg_name, r.comm_id, r.pg_desc)
+        hit = made.get(key)
+        if hit is None or hit[0] is not r.pg_ranks:
+            g = GroupRef(r.pg_name, r.comm_id, r.pg_desc, tuple(r.pg_ranks) if r.pg_ranks else None)
+            hit = made[key] = (r.pg_ranks, groups.setdefault(g, g))
+        out.add(op_key(r), OpRow.of(r, hit[1]))
     return out.bound(keep)
 
 
@@ -249,7 +255,8 @@ def for_sending(p: CollectivePartial, keep: Retention) -> CollectivePartial:
     so what is dropped here the store would drop as well; until then it may hold fewer of a rank's
     older operations than it could. A 100,000-rank job's node sends 2 operations a rank, not every
     one the dumps hold."""
-    world = world_size_from((row.group.pg_ranks for rows in p.streams.values() for row in rows.values()),
+    groups = {id(row.group): row.group for rows in p.streams.values() for row in rows.values()}
+    world = world_size_from((g.pg_ranks for g in groups.values()),  # each group once: a world group is big
                             (row.rank for rows in p.streams.values() for row in rows.values()))
     k = keep.k(world or len(p.streams))
     for rows in p.streams.values():
