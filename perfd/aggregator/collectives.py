@@ -40,6 +40,12 @@ from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
 Row = tuple[Mapping[str, str], str, float]
+# A job's analysis that took COSTLY_ANALYSIS_S or more is made again no sooner than
+# ANALYSIS_COST_FACTOR times what it took (unless forced): a 100,000-rank job's takes ~20 s of CPU
+# (perfd bench collectives), which made again as soon as its records changed — every node message —
+# would hold a core. Below it, min_recompute_s alone, as before.
+ANALYSIS_COST_FACTOR = 10
+COSTLY_ANALYSIS_S = 1.0
 log = logging.getLogger(__name__)
 
 
@@ -61,6 +67,7 @@ class JobCollectives:
     analysis: CollectiveAnalysis | None = None
     analysis_key: tuple[Any, ...] | None = None
     analysis_time: float = 0.0
+    analysis_cost: float = 0.0  # seconds the last one took
 
 
 class CollectiveStore:
@@ -199,7 +206,7 @@ class CollectiveStore:
             key = (jc.version, *steps_key)
             fresh = jc.analysis is not None and (
                 cached or jc.analysis_key == key
-                or (not force and time.time() - jc.analysis_time < self.min_recompute_s))
+                or (not force and time.time() - jc.analysis_time < self._recompute_after(jc)))
             if fresh:
                 return jc.analysis
             records = list(jc.records.values())
@@ -209,16 +216,23 @@ class CollectiveStore:
             cfg = self.job_config.get(job, self.config)
         steps, layout, placed, gpu = inputs()
         nodes = {**agent_nodes, **placed}  # NVML placement wins; else the agent that read the dump
+        began = time.monotonic()
         try:
-            result = finish(partial or reduce(job, records), steps, layout=layout, rank_nodes=nodes,
-                            gpu_name=gpu, hang_events=hangs, config=cfg)
+            result = finish(partial if partial is not None else reduce(job, records), steps, layout=layout,
+                            rank_nodes=nodes, gpu_name=gpu, hang_events=hangs, config=cfg)
         except Exception:
             with self._lock:
                 self.analysis_errors += 1
             raise
         with self._lock:
             jc.analysis, jc.analysis_key, jc.analysis_time = result, key, time.time()
+            jc.analysis_cost = time.monotonic() - began
         return result
+
+    def _recompute_after(self, jc: JobCollectives) -> float:
+        if jc.analysis_cost < COSTLY_ANALYSIS_S:
+            return self.min_recompute_s
+        return max(self.min_recompute_s, ANALYSIS_COST_FACTOR * jc.analysis_cost)
 
     def job_names(self) -> list[str]:
         with self._lock:

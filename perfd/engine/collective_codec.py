@@ -101,8 +101,13 @@ def to_pb(p: CollectivePartial, m: pb.CollectivePartial) -> None:
 
 def runs_of(ranks: Sequence[int]) -> list[int]:
     """``ranks`` as runs (first, step, count), flattened; the longest run from each start."""
+    n = len(ranks)
+    if n > 2 and (step := ranks[1] - ranks[0]):
+        first = ranks[0]
+        if tuple(ranks) == tuple(range(first, first + step * n, step)):
+            return [first, step, n]  # one run (a world or data-parallel group): compared in C, not walked
     out: list[int] = []
-    i, n = 0, len(ranks)
+    i = 0
     while i < n:
         step = ranks[i + 1] - ranks[i] if i + 1 < n else 1
         j = i + 1

@@ -9,7 +9,12 @@ what it holds from it, and a partial read twice folds once. The nodes' events co
 sent them, and their collective records as each agent reduced them
 (perfd.analytics.collectives.partial), on the records stream, read the same way beside the partials
 (the engine drops a message published twice within its duplicate window; a reduced one read twice
-merges once: the merge is a join). Everything goes to a
+merges once: the merge is a join). The reduced collective records are merged here, in the store the
+root hands them to, not at the shards: their stream goes from the agents to the root past the
+shards, which fold the step partials of their partitions; merging at a shard would move the same
+rows through one more hop and one more publish, and a join gives the same answer wherever it runs.
+What the root pays is linear in what arrives: 0.3 ms of CPU a node message of a 100,000-rank job
+(decode and a keyed insert per row; ``perfd bench collectives``). Everything goes to a
 :class:`RootSink` — the aggregator — so nothing here knows the aggregator.
 """
 

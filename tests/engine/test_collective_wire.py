@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.main import Aggregator, AggregatorConfig
@@ -178,3 +181,51 @@ def test_the_store_counts_what_its_retention_drops_and_what_came_again() -> None
     assert store.dropped == jc.dropped == len(recs) - 20 + n0 - 10
     assert store.merged_again == 10  # rank 0's newest, held already
     assert jc.rank_agent == {0: "node-0/j", 1: "node-1/j"}
+
+
+_OPT_INT = st.one_of(st.none(), st.integers(-(1 << 40), 1 << 62))
+_OPT_FLOAT = st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False),
+                       st.floats(width=32, allow_nan=False, allow_infinity=False))
+_OPT_STR = st.one_of(st.none(), st.text(max_size=8))
+
+
+@st.composite
+def _any_record(draw: st.DrawFn) -> CollectiveRecord:
+    ranks = draw(st.one_of(st.none(), st.lists(st.integers(0, 1 << 20), max_size=40)))
+    return CollectiveRecord(
+        job="j", source=draw(st.sampled_from(["flight_recorder", "nccl_inspector"])),
+        op=draw(st.text(min_size=1, max_size=6)), rank=draw(_OPT_INT), pg_id=draw(_OPT_INT),
+        pg_name=draw(_OPT_STR), pg_desc=draw(_OPT_STR), comm_id=draw(_OPT_STR), pg_ranks=ranks or None,
+        group_rank=draw(_OPT_INT), group_size=draw(_OPT_INT), nnodes=draw(_OPT_INT),
+        collective_seq_id=draw(_OPT_INT), p2p_seq_id=draw(_OPT_INT), is_p2p=draw(st.booleans()),
+        peer=draw(_OPT_INT), bytes=draw(_OPT_INT), state=draw(_OPT_STR), time_created_ns=draw(_OPT_INT),
+        duration_ms=draw(_OPT_FLOAT), busbw_gbs=draw(_OPT_FLOAT), host=draw(_OPT_STR), pid=draw(_OPT_INT))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_any_record(), max_size=12))
+def test_any_rows_read_back_equal(recs: list[CollectiveRecord]) -> None:
+    p = reduce("j", recs)
+    m = pb.CollectivePartial()
+    m.ParseFromString(_wire(p).SerializeToString())
+    assert cc.from_pb(m) == p
+
+
+def test_a_costly_analysis_is_made_again_no_sooner_than_ten_times_its_cost() -> None:
+    from perfd.aggregator.collectives import ANALYSIS_COST_FACTOR, CollectiveStore
+
+    recs = load_fixture_records("timing")
+    store = CollectiveStore(min_recompute_s=0.0)
+
+    def inputs() -> Any:
+        return [], None, {}, None
+
+    store.ingest_partial("node-0/j", reduce("j", [r for r in recs if r.rank == 0]))
+    first = store.analysis("j", (), inputs)
+    assert first is not None and store.jobs["j"].analysis_cost > 0
+    store.jobs["j"].analysis_cost = 60.0  # as if it took a minute
+    store.ingest_partial("node-1/j", reduce("j", [r for r in recs if r.rank == 1]))
+    assert store.analysis("j", (), inputs) is first  # changed, but not 10 minutes old
+    again = store.analysis("j", (), inputs, force=True)  # the API's forced one is made
+    assert again is not first and again is not None and again.n_records == len(recs)
+    assert ANALYSIS_COST_FACTOR == 10

@@ -17,6 +17,10 @@ shortest duration arrived last: the others waited for it. Per rank: how often it
 
 **Hangs**: :mod:`perfd.analytics.collectives.hangs`. The settings: :class:`CollectiveConfig`
 (:mod:`perfd.analytics.collectives.config`).
+
+**Phases**: :func:`analyze_collectives` is :func:`finish` of
+:func:`perfd.analytics.collectives.partial.reduce`; on the engine path the nodes' agents reduce, the
+root's store merges (a join), and :func:`finish` runs on the merged partial.
 """
 
 from __future__ import annotations
@@ -152,7 +156,8 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
            config: CollectiveConfig | None = None) -> CollectiveAnalysis:
     """The analysis of a partial (perfd.analytics.collectives.partial: one node's, or all nodes'
     merged) with the job's step records, layout and placement: its operations are read in the
-    partial's order (by key), so partials that hold the same operations give the same analysis."""
+    partial's order (rank by rank, each in enqueue order: CollectivePartial.ordered), so partials that
+    hold the same operations give the same analysis whatever order they were merged in."""
     cfg = config or CollectiveConfig()
     job = partial.job
     records = partial.records()

@@ -152,9 +152,10 @@ class Retention:
 
 # What the aggregator's store keeps of what came reduced (the engine path), and what an agent sends no
 # more of: each rank's newest 512 operations (~25 iterations of a job running ~20 collectives an
-# iteration a rank), 250,000 a job in all (12.5 x the records as sent it keeps a job; ~75 MB at ~290
-# bytes a row in memory, and the analysis reads ~45 us a row on the 2-core VM): at 8,000 ranks 31 a
-# rank, at 100,000 ranks 2 — every rank seen, few of its operations.
+# iteration a rank), 250,000 a job in all (12.5 x the records as sent it keeps a job; ~290 bytes a row
+# in memory): at 8,000 ranks 31 a rank, at 100,000 ranks 2 — every rank seen, few of its operations.
+# The analysis of 200,000 rows of a 100,000-rank job took 21.8 s of CPU on the 2-core VM
+# (perfd bench collectives, benchmarks/README.md).
 REDUCED_RETENTION = Retention(per_rank=512, per_job=250_000)
 
 
