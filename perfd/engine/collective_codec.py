@@ -91,6 +91,14 @@ def to_pb(p: CollectivePartial, m: pb.CollectivePartial) -> None:
         else:
             busbw.append(row.busbw_gbs)
         m.unset.append(unset)
+    progress = p.progress
+    for key in sorted(progress.enqueued.keys() | progress.completed.keys()):
+        rank, group, p2p = key
+        m.progress_rank.append(rank)
+        m.progress_group.append(string(group))
+        m.progress_p2p.append(p2p)
+        m.progress_enqueued.append(progress.enqueued.get(key, -1))
+        m.progress_completed.append(progress.completed.get(key, -1))
     for name, vals in ints.items():
         getattr(m, name).extend(vals)
     m.time_created_delta_ns.extend(deltas)
@@ -205,5 +213,20 @@ def from_pb(m: pb.CollectivePartial) -> CollectivePartial:
         out.add(op_key(row), row)
     if any(c.used != c.n for c in (*cols.values(), times, d64, d32, bw)):
         raise ValueError("a collective partial's column has more values than its rows' masks say")
+    _read_progress(m, s, out)
     return out
+
+
+def _read_progress(m: pb.CollectivePartial, s: Callable[[int], str | None], out: CollectivePartial) -> None:
+    cols = (m.progress_rank, m.progress_group, m.progress_p2p, m.progress_enqueued, m.progress_completed)
+    if any(len(c) != len(m.progress_rank) for c in cols):
+        raise ValueError("a collective partial's progress columns differ in length")
+    for rank, gi, p2p, enq, done in zip(*cols, strict=True):
+        group = s(gi)
+        if group is None:
+            raise ValueError("a collective partial's progress entry without its group")
+        key = (rank, group, p2p)
+        for held, seq in ((out.progress.enqueued, enq), (out.progress.completed, done)):
+            if seq > held.get(key, -1):
+                held[key] = seq
 

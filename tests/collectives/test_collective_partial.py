@@ -196,3 +196,21 @@ def test_merge_is_a_join(ra: list[CollectiveRecord], rb: list[CollectiveRecord],
     assert merge(a, b, bound) == _partial(ra + rb, bound) == _partial(rb + ra, bound)
     # the analysis reads the set, not the order it came in
     assert _json(merge(a, b, bound), ()) == _json(merge(b, a, bound), ())
+
+
+def test_a_resolved_hang_stays_resolved_when_the_retention_lets_its_rows_go() -> None:
+    """Rank 0 hung at all-reduce #5 of group 0, then completed it and went on to group 1: a partial
+    that keeps each rank's newest operation (on group 1) still knows rank 0 got past #5 of group 0."""
+    from tests.collectives.test_collectives_aggregator import _hang_event
+
+    recs = [fr(0, s, 10.0 * s, 1.0) for s in range(7)] + [fr(0, s, 100.0 + s, 1.0, pg=1) for s in range(3)]
+    hang = [_hang_event("a", 1.0, "0", not_joined="1")]
+    keep = Retention(per_rank=1)
+    whole = finish(reduce("j", recs), (), hang_events=hang)
+    (h,) = whole.hangs
+    assert h.resolved and not whole.active_hangs
+    parts = [reduce("j", recs[:4], keep), reduce("j", recs[4:7], keep), reduce("j", recs[7:], keep)]
+    kept = merge_all("j", parts, keep)
+    assert len(kept) == 1 and next(iter(kept.ops.values())).pg_id == 1  # group 0's rows are gone
+    (h,) = finish(kept, (), hang_events=hang).hangs
+    assert h.resolved, h.text()

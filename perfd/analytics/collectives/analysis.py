@@ -33,7 +33,7 @@ from typing import Any
 from perfd.analytics.collectives.bandwidth import GroupBandwidth, group_bandwidth
 from perfd.analytics.collectives.config import FR, CollectiveConfig
 from perfd.analytics.collectives.groups import classify_group, world_size_from
-from perfd.analytics.collectives.hangs import HangView, merge_hangs, progress_of
+from perfd.analytics.collectives.hangs import HangView, merge_hangs
 from perfd.analytics.collectives.partial import CollectivePartial, reduce
 from perfd.analytics.collectives.windows import StepWindow, rank_timeline, step_windows, union_ns
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
@@ -193,7 +193,7 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
     _shares(out, timed, cls, steps, cfg)
     out.bandwidth = group_bandwidth(records, cls, nodes, gpu_name, cfg, out.bandwidth_rejected)
     out.waits = _waits(timed)
-    out.hangs = merge_hangs(hang_events, progress_of(records))
+    out.hangs = merge_hangs(hang_events, partial.progress)
     out.findings, out.recommendations = _findings(out, groups, nodes, cfg)
     return out
 

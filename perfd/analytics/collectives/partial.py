@@ -20,7 +20,9 @@ So the join is a keyed union, which is associative, commutative and idempotent; 
 key (two dumps showing the same op) resolve to the greater under :func:`_row_order` — the more
 advanced state, then a timed one — so the resolution does not depend on the order partials come in.
 Bounded (:class:`Retention`): each rank's newest operations (by enqueue time, then key), the same
-whichever order the merges run in (the top k of a union is a join as well).
+whichever order the merges run in (the top k of a union is a join as well). Beside the rows, each
+(rank, group)'s highest sequence number enqueued and completed is kept over every row ever merged in
+(a max: a join too), whatever the retention lets go: it settles hangs.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics.collectives.groups import world_size_from
+from perfd.analytics.collectives.hangs import Progress
 from perfd.model import CollectiveRecord
 
 # A key's parts are ints, strings, bools or None: sortable once None is put first.
@@ -167,6 +170,10 @@ class CollectivePartial:
 
     job: str
     streams: dict[OpKey, dict[OpKey, OpRow]] = field(default_factory=dict)
+    # Each (rank, group, p2p)'s highest sequence number enqueued and completed over every row it was
+    # made of, kept whole whatever the retention lets go: what settles a hang (hangs.merge_hangs) is
+    # a rank's progress on the hung group, which its newest rows, on other groups, may no longer show.
+    progress: Progress = field(default_factory=Progress)
     _kept: int | None = field(default=None, compare=False, repr=False)  # the k last applied to all
 
     @property
@@ -187,6 +194,7 @@ class CollectivePartial:
         ranks shrink every rank's share of ``keep.per_job``), then bound what it touched."""
         if other.job != self.job:
             raise ValueError(f"merging partials of two jobs ({self.job!r}, {other.job!r})")
+        self.progress.merge(other.progress)
         for rows in other.streams.values():
             for key, row in rows.items():
                 self.add(key, row)
@@ -246,6 +254,7 @@ def reduce(job: str, records: Iterable[CollectiveRecord], keep: Retention | None
             g = GroupRef(r.pg_name, r.comm_id, r.pg_desc, tuple(r.pg_ranks) if r.pg_ranks else None)
             hit = made[key] = (r.pg_ranks, groups.setdefault(g, g))
         out.add(op_key(r), OpRow.of(r, hit[1]))
+        out.progress.add(r)
     return out.bound(keep)
 
 
@@ -267,7 +276,7 @@ def for_sending(p: CollectivePartial, keep: Retention) -> CollectivePartial:
 
 def merge(a: CollectivePartial, b: CollectivePartial, keep: Retention | None = None) -> CollectivePartial:
     """The join of two partials of one job (a new partial; ``a`` and ``b`` are left as they are)."""
-    out = CollectivePartial(a.job, {k: dict(v) for k, v in a.streams.items()}).bound(keep)
+    out = CollectivePartial(a.job, {k: dict(v) for k, v in a.streams.items()}, a.progress.copy()).bound(keep)
     out.absorb(b, keep)
     return out
 

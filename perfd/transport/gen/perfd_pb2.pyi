@@ -442,7 +442,7 @@ class EngineBatch(_message.Message):
     def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., records: _Optional[_Union[Batch, _Mapping]] = ..., collective_partials: _Optional[_Iterable[_Union[CollectivePartial, _Mapping]]] = ...) -> None: ...
 
 class CollectivePartial(_message.Message):
-    __slots__ = ("job", "strings", "groups", "source", "op", "group", "state", "host", "unset", "is_p2p", "rank", "pg_id", "group_rank", "group_size", "nnodes", "collective_seq_id", "peer", "bytes", "time_created_delta_ns", "pid", "duration_ms", "busbw_gbs", "p2p_seq_id", "duration_ms_f32")
+    __slots__ = ("job", "strings", "groups", "source", "op", "group", "state", "host", "unset", "is_p2p", "rank", "pg_id", "group_rank", "group_size", "nnodes", "collective_seq_id", "peer", "bytes", "time_created_delta_ns", "pid", "duration_ms", "busbw_gbs", "p2p_seq_id", "duration_ms_f32", "progress_rank", "progress_group", "progress_p2p", "progress_enqueued", "progress_completed")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STRINGS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
@@ -467,6 +467,11 @@ class CollectivePartial(_message.Message):
     BUSBW_GBS_FIELD_NUMBER: _ClassVar[int]
     P2P_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_F32_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_RANK_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_GROUP_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_P2P_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_ENQUEUED_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     job: str
     strings: _containers.RepeatedScalarFieldContainer[str]
     groups: _containers.RepeatedCompositeFieldContainer[CollectiveGroup]
@@ -491,7 +496,12 @@ class CollectivePartial(_message.Message):
     busbw_gbs: _containers.RepeatedScalarFieldContainer[float]
     p2p_seq_id: _containers.RepeatedScalarFieldContainer[int]
     duration_ms_f32: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, job: _Optional[str] = ..., strings: _Optional[_Iterable[str]] = ..., groups: _Optional[_Iterable[_Union[CollectiveGroup, _Mapping]]] = ..., source: _Optional[_Iterable[int]] = ..., op: _Optional[_Iterable[int]] = ..., group: _Optional[_Iterable[int]] = ..., state: _Optional[_Iterable[int]] = ..., host: _Optional[_Iterable[int]] = ..., unset: _Optional[_Iterable[int]] = ..., is_p2p: _Optional[_Iterable[bool]] = ..., rank: _Optional[_Iterable[int]] = ..., pg_id: _Optional[_Iterable[int]] = ..., group_rank: _Optional[_Iterable[int]] = ..., group_size: _Optional[_Iterable[int]] = ..., nnodes: _Optional[_Iterable[int]] = ..., collective_seq_id: _Optional[_Iterable[int]] = ..., peer: _Optional[_Iterable[int]] = ..., bytes: _Optional[_Iterable[int]] = ..., time_created_delta_ns: _Optional[_Iterable[int]] = ..., pid: _Optional[_Iterable[int]] = ..., duration_ms: _Optional[_Iterable[float]] = ..., busbw_gbs: _Optional[_Iterable[float]] = ..., p2p_seq_id: _Optional[_Iterable[int]] = ..., duration_ms_f32: _Optional[_Iterable[float]] = ...) -> None: ...
+    progress_rank: _containers.RepeatedScalarFieldContainer[int]
+    progress_group: _containers.RepeatedScalarFieldContainer[int]
+    progress_p2p: _containers.RepeatedScalarFieldContainer[bool]
+    progress_enqueued: _containers.RepeatedScalarFieldContainer[int]
+    progress_completed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job: _Optional[str] = ..., strings: _Optional[_Iterable[str]] = ..., groups: _Optional[_Iterable[_Union[CollectiveGroup, _Mapping]]] = ..., source: _Optional[_Iterable[int]] = ..., op: _Optional[_Iterable[int]] = ..., group: _Optional[_Iterable[int]] = ..., state: _Optional[_Iterable[int]] = ..., host: _Optional[_Iterable[int]] = ..., unset: _Optional[_Iterable[int]] = ..., is_p2p: _Optional[_Iterable[bool]] = ..., rank: _Optional[_Iterable[int]] = ..., pg_id: _Optional[_Iterable[int]] = ..., group_rank: _Optional[_Iterable[int]] = ..., group_size: _Optional[_Iterable[int]] = ..., nnodes: _Optional[_Iterable[int]] = ..., collective_seq_id: _Optional[_Iterable[int]] = ..., peer: _Optional[_Iterable[int]] = ..., bytes: _Optional[_Iterable[int]] = ..., time_created_delta_ns: _Optional[_Iterable[int]] = ..., pid: _Optional[_Iterable[int]] = ..., duration_ms: _Optional[_Iterable[float]] = ..., busbw_gbs: _Optional[_Iterable[float]] = ..., p2p_seq_id: _Optional[_Iterable[int]] = ..., duration_ms_f32: _Optional[_Iterable[float]] = ..., progress_rank: _Optional[_Iterable[int]] = ..., progress_group: _Optional[_Iterable[int]] = ..., progress_p2p: _Optional[_Iterable[bool]] = ..., progress_enqueued: _Optional[_Iterable[int]] = ..., progress_completed: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CollectiveGroup(_message.Message):
     __slots__ = ("pg_name", "comm_id", "pg_desc", "has_ranks", "ranks_runs")
