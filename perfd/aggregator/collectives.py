@@ -31,10 +31,12 @@ from perfd.analytics.collectives.partial import (
     REDUCED_RETENTION,
     CollectivePartial,
     OpKey,
+    OpRow,
     Retention,
     merge,
     op_key,
     reduce,
+    sort_key,
 )
 from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
@@ -245,16 +247,20 @@ class CollectiveStore:
             jc = self.jobs.get(job)
             if jc is None:
                 return 0, {}
-            newest: dict[int, CollectiveRecord] = {}
-            reduced = jc.partial.records() if jc.partial is not None else []
-            # the last one seen per rank is the newest
-            for r in itertools.chain(reduced, jc.records.values()):
+            newest: dict[int, CollectiveRecord | OpRow] = {}
+            # What came reduced, read as rows (not made records: a 100k-rank job holds 200,000), then
+            # the records as sent (oldest first); the newest per rank by enqueue time, the later on a tie
+            seen: list[CollectiveRecord | OpRow] = [
+                row for held in (jc.partial.streams.values() if jc.partial else ())
+                for _, row in sorted(held.items(), key=lambda kv: sort_key(kv[0]))]
+            seen.extend(jc.records.values())
+            for r in seen:
                 if r.rank is not None:
                     old = newest.get(r.rank)
                     if old is None or (r.time_created_ns or 0) >= (old.time_created_ns or 0):
                         newest[r.rank] = r
             version = jc.version
-        return version, {rank: {"op": r.op, "pg": r.pg_desc or r.pg_name, "seq": r.p2p_seq_id if r.is_p2p
+        return version, {rank: {"op": r.op, "pg": _pg_of(r), "seq": r.p2p_seq_id if r.is_p2p
                                 else r.collective_seq_id, "state": r.state, "source": r.source,
                                 "pending": r.state not in (None, "completed"), "bytes": r.bytes}
                          for rank, r in newest.items()}
@@ -263,6 +269,12 @@ class CollectiveStore:
         with self._lock:
             self.jobs.pop(job, None)
             self.job_config.pop(job, None)
+
+
+def _pg_of(r: CollectiveRecord | OpRow) -> str | None:
+    if isinstance(r, OpRow):
+        return r.group.pg_desc or r.group.pg_name
+    return r.pg_desc or r.pg_name
 
 
 def metric_rows(job: str, a: CollectiveAnalysis, per_rank: bool = True) -> list[Row]:

@@ -229,3 +229,15 @@ def test_a_costly_analysis_is_made_again_no_sooner_than_ten_times_its_cost() -> 
     again = store.analysis("j", (), inputs, force=True)  # the API's forced one is made
     assert again is not first and again is not None and again.n_records == len(recs)
     assert ANALYSIS_COST_FACTOR == 10
+
+
+def test_a_stall_reads_each_ranks_newest_operation_from_what_came_reduced_as_from_records() -> None:
+    from perfd.aggregator.collectives import CollectiveStore
+
+    recs = load_fixture_records("timing")
+    as_sent, reduced = CollectiveStore(), CollectiveStore()
+    as_sent.ingest("node-0/j", recs)
+    reduced.ingest_partial("node-0/j", reduce("j", recs))
+    got = reduced.last_per_rank("j")[1]
+    assert got == as_sent.last_per_rank("j")[1] and sorted(got) == [0, 1]
+    assert got[0]["pg"] == "default_pg" and got[0]["source"] == "flight_recorder"
