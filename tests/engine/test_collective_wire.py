@@ -241,3 +241,32 @@ def test_a_stall_reads_each_ranks_newest_operation_from_what_came_reduced_as_fro
     got = reduced.last_per_rank("j")[1]
     assert got == as_sent.last_per_rank("j")[1] and sorted(got) == [0, 1]
     assert got[0]["pg"] == "default_pg" and got[0]["source"] == "flight_recorder"
+
+
+@st.composite
+def _colliding(draw: st.DrawFn) -> CollectiveRecord:
+    """Few identities, each field from a few values: two records of one operation often differ in
+    one field only, any of them."""
+    def pick(*vals: Any) -> Any:
+        return draw(st.sampled_from(vals))
+
+    return CollectiveRecord(
+        job="j", source="flight_recorder", op=pick("all_reduce", "broadcast"), rank=pick(0, 1),
+        pg_id=pick(0, 1), pg_name=pick("0", None), pg_desc=pick("default_pg", None),
+        comm_id=pick(None, "0xa"), pg_ranks=pick(None, [0, 1]), group_rank=pick(None, 0, 1),
+        group_size=pick(None, 2), nnodes=pick(None, 1), collective_seq_id=pick(0, 1, 2),
+        p2p_seq_id=pick(None, 0, 1), peer=pick(None, 1), bytes=pick(None, 8),
+        state=pick("completed", "started", None), time_created_ns=pick(0, 1, 2),
+        duration_ms=pick(None, 1.0, 2.0), busbw_gbs=pick(None, 3.0), host=pick(None, "a", "b"),
+        pid=pick(None, 1, 2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(*(st.lists(_colliding(), max_size=8) for _ in range(3)))
+def test_merge_is_a_join_whatever_two_records_of_one_operation_differ_in(
+        ra: list[CollectiveRecord], rb: list[CollectiveRecord], rc: list[CollectiveRecord]) -> None:
+    from perfd.analytics.collectives.partial import merge
+
+    a, b, c = (reduce("j", r) for r in (ra, rb, rc))
+    assert merge(a, b) == merge(b, a) and merge(a, a) == a
+    assert merge(merge(a, b), c) == merge(a, merge(b, c)) == reduce("j", rc + rb + ra)

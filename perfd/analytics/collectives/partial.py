@@ -124,16 +124,19 @@ def sort_key(key: OpKey) -> tuple[object, ...]:
 
 def _row_order(row: OpRow) -> tuple[object, ...]:
     """Which of two rows of one operation a merge keeps: the further state, a timed one, then the
-    whole row (any total order would do: it only has to be the same for every merge)."""
+    whole row, every field (any total order would do: it only has to be the same for every merge;
+    a NaN duration, which no source writes, would not be ordered)."""
     return (STATE_ORDER.get(row.state, 0), row.duration_ms is not None,
             *(_sortable(v) for v in (row.state, row.duration_ms, row.time_created_ns, row.busbw_gbs,
                                      row.bytes, row.op, row.group_size, row.nnodes, row.peer,
                                      row.group.pg_name, row.group.comm_id, row.group.pg_desc,
-                                     row.group.pg_ranks)))
+                                     row.group.pg_ranks, row.source, row.rank, row.pg_id, row.group_rank,
+                                     row.collective_seq_id, row.p2p_seq_id, row.is_p2p, row.host, row.pid)))
 
 
 def _stream(key: OpKey) -> OpKey:
-    """What :class:`Retention` bounds: the rank (source and rank), else the process."""
+    """What :class:`Retention` bounds: the rank (source and rank), else the process's communicator
+    (source, host, pid, communicator: the Inspector's, which knows no global rank)."""
     return key[:2] if len(key) == 5 else key[:4]
 
 
