@@ -20,30 +20,46 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import limits as L
-from perfd.analytics.collectives.analysis import CollectiveAnalysis, analyze_collectives
-from perfd.analytics.collectives.config import CollectiveConfig
+from perfd.analytics.collectives.analysis import CollectiveAnalysis, finish
+from perfd.analytics.collectives.config import FR, CollectiveConfig
+from perfd.analytics.collectives.partial import (
+    REDUCED_RETENTION,
+    CollectivePartial,
+    OpKey,
+    OpRow,
+    Retention,
+    merge,
+    op_key,
+    reduce,
+    sort_key,
+)
 from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
 Row = tuple[Mapping[str, str], str, float]
+# A job's analysis that took COSTLY_ANALYSIS_S or more is made again no sooner than
+# ANALYSIS_COST_FACTOR times what it took (unless forced): a 100,000-rank job's takes ~20 s of CPU
+# (perfd bench collectives), which made again as soon as its records changed — every node message —
+# would hold a core. Below it, min_recompute_s alone, as before.
+ANALYSIS_COST_FACTOR = 10
+COSTLY_ANALYSIS_S = 1.0
 log = logging.getLogger(__name__)
 
 
-def record_key(r: CollectiveRecord) -> Hashable:
-    seq = r.p2p_seq_id if r.is_p2p else r.collective_seq_id
-    if r.rank is not None and r.pg_id is not None:
-        return (r.source, r.rank, r.pg_id, seq, r.is_p2p)
-    return (r.source, r.host, r.pid, r.comm_id or r.pg_name, r.group_rank, seq, r.is_p2p, r.op)
+# An operation's identity, the analysis's own: a store and a partial dedupe alike.
+record_key = op_key
 
 
 @dataclass
 class JobCollectives:
-    records: dict[Hashable, CollectiveRecord] = field(default_factory=dict)  # oldest first
+    records: dict[OpKey, CollectiveRecord] = field(default_factory=dict)  # oldest first
+    # What came reduced (the engine path: each node's agent reduced its ranks' records), merged
+    partial: CollectivePartial | None = None
     rank_agent: dict[int, str] = field(default_factory=dict)  # rank -> agent whose dumps hold it
     # As they arrived, read once (None: an event the hang merge cannot read, held and counted all the same)
     hang_events: list[HangEvent | None] = field(default_factory=list)
@@ -53,12 +69,14 @@ class JobCollectives:
     analysis: CollectiveAnalysis | None = None
     analysis_key: tuple[Any, ...] | None = None
     analysis_time: float = 0.0
+    analysis_cost: float = 0.0  # seconds the last one took
 
 
 class CollectiveStore:
     def __init__(self, max_records_per_job: int = 20_000, max_hang_events: int = 500,
                  min_recompute_s: float = 0.5, config: CollectiveConfig | None = None,
-                 max_hang_bytes: int = L.MAX_WHOLE_EVENT_BYTES_PER_JOB) -> None:
+                 max_hang_bytes: int = L.MAX_WHOLE_EVENT_BYTES_PER_JOB,
+                 reduced_retention: Retention = REDUCED_RETENTION) -> None:
         self._lock = threading.Lock()
         self.jobs: dict[str, JobCollectives] = {}
         self.max_records = max_records_per_job
@@ -70,8 +88,10 @@ class CollectiveStore:
         self.min_recompute_s = min_recompute_s
         self.config = config or CollectiveConfig()
         self.job_config: dict[str, CollectiveConfig] = {}  # per-job overrides (links, thresholds)
+        self.reduced_retention = reduced_retention
         self.ingested = 0
         self.dropped = 0
+        self.merged_again = 0  # reduced operations already held (a redelivery, two dumps) or past the bound
         self.analysis_errors = 0
 
     def ingest(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None:
@@ -100,6 +120,33 @@ class CollectiveStore:
         if line:
             log.info("collectives: %d collective record(s) left their jobs' retention (%d a job, the oldest "
                      "first) since the last line", line, self.max_records)
+
+    def ingest_partial(self, agent_id: str, part: CollectivePartial) -> None:
+        """Merge a node's reduced collective records in (a join: one read twice merges once). Every
+        rank's newest operations are kept (``reduced_retention``), where of records as sent the job's
+        newest ``max_records_per_job`` are: at 100,000 ranks 0.2 a rank, most ranks unseen."""
+        with self._lock:
+            jc = self.jobs.setdefault(part.job, JobCollectives())
+            if jc.partial is None:
+                jc.partial = CollectivePartial(part.job)
+            held = jc.partial.streams
+            new = sum(1 for stream, rows in part.streams.items() for key in rows
+                      if key not in held.get(stream, ()))
+            before = len(jc.partial)
+            jc.partial.absorb(part, self.reduced_retention)
+            self.ingested += len(part)
+            self.merged_again += len(part) - new  # in already: a redelivery, or two dumps of an op
+            dropped = before + new - len(jc.partial)  # past the retention, the oldest of their ranks
+            jc.dropped += dropped
+            self.dropped += dropped
+            for row in part.ops.values():
+                if row.rank is not None and row.source == FR:
+                    jc.rank_agent[row.rank] = agent_id  # the partial's rows are its agent's ranks' (one node)
+            jc.version += 1
+            line = self._drop_line("records", dropped) if dropped else 0
+        if line:
+            log.info("collectives: %d collective operation(s) left their jobs' retention (%s) since the last "
+                     "line", line, self.reduced_retention)
 
     def add_hang_event(self, agent_id: str, ev: Mapping[str, Any]) -> None:
         job = str(ev.get("job") or (ev.get("labels") or {}).get("job") or "")
@@ -161,25 +208,33 @@ class CollectiveStore:
             key = (jc.version, *steps_key)
             fresh = jc.analysis is not None and (
                 cached or jc.analysis_key == key
-                or (not force and time.time() - jc.analysis_time < self.min_recompute_s))
+                or (not force and time.time() - jc.analysis_time < self._recompute_after(jc)))
             if fresh:
                 return jc.analysis
             records = list(jc.records.values())
+            partial = None if jc.partial is None else merge(jc.partial, reduce(job, records))
             hangs = [h for h in jc.hang_events if h is not None]
             agent_nodes = dict(jc.rank_agent)
             cfg = self.job_config.get(job, self.config)
         steps, layout, placed, gpu = inputs()
         nodes = {**agent_nodes, **placed}  # NVML placement wins; else the agent that read the dump
+        began = time.monotonic()
         try:
-            result = analyze_collectives(job, records, steps, layout=layout, rank_nodes=nodes,
-                                         gpu_name=gpu, hang_events=hangs, config=cfg)
+            result = finish(partial if partial is not None else reduce(job, records), steps, layout=layout,
+                            rank_nodes=nodes, gpu_name=gpu, hang_events=hangs, config=cfg)
         except Exception:
             with self._lock:
                 self.analysis_errors += 1
             raise
         with self._lock:
             jc.analysis, jc.analysis_key, jc.analysis_time = result, key, time.time()
+            jc.analysis_cost = time.monotonic() - began
         return result
+
+    def _recompute_after(self, jc: JobCollectives) -> float:
+        if jc.analysis_cost < COSTLY_ANALYSIS_S:
+            return self.min_recompute_s
+        return max(self.min_recompute_s, ANALYSIS_COST_FACTOR * jc.analysis_cost)
 
     def job_names(self) -> list[str]:
         with self._lock:
@@ -192,14 +247,20 @@ class CollectiveStore:
             jc = self.jobs.get(job)
             if jc is None:
                 return 0, {}
-            newest: dict[int, CollectiveRecord] = {}
-            for r in jc.records.values():  # oldest first: the last one seen per rank is the newest
+            newest: dict[int, CollectiveRecord | OpRow] = {}
+            # What came reduced, read as rows (not made records: a 100k-rank job holds 200,000), then
+            # the records as sent (oldest first); the newest per rank by enqueue time, the later on a tie
+            seen: list[CollectiveRecord | OpRow] = [
+                row for held in (jc.partial.streams.values() if jc.partial else ())
+                for _, row in sorted(held.items(), key=lambda kv: sort_key(kv[0]))]
+            seen.extend(jc.records.values())
+            for r in seen:
                 if r.rank is not None:
                     old = newest.get(r.rank)
                     if old is None or (r.time_created_ns or 0) >= (old.time_created_ns or 0):
                         newest[r.rank] = r
             version = jc.version
-        return version, {rank: {"op": r.op, "pg": r.pg_desc or r.pg_name, "seq": r.p2p_seq_id if r.is_p2p
+        return version, {rank: {"op": r.op, "pg": _pg_of(r), "seq": r.p2p_seq_id if r.is_p2p
                                 else r.collective_seq_id, "state": r.state, "source": r.source,
                                 "pending": r.state not in (None, "completed"), "bytes": r.bytes}
                          for rank, r in newest.items()}
@@ -208,6 +269,12 @@ class CollectiveStore:
         with self._lock:
             self.jobs.pop(job, None)
             self.job_config.pop(job, None)
+
+
+def _pg_of(r: CollectiveRecord | OpRow) -> str | None:
+    if isinstance(r, OpRow):
+        return r.group.pg_desc or r.group.pg_name
+    return r.pg_desc or r.pg_name
 
 
 def metric_rows(job: str, a: CollectiveAnalysis, per_rank: bool = True) -> list[Row]:

@@ -1,6 +1,7 @@
 """What the jobs' root on the distributed path (perfd.engine.root) hands the aggregator: the folded
 iterations and job info, which go to the state as one agent's (``ENGINE_AGENT``), and the nodes'
-events and collective records, which go to it as the agent's that sent each.
+events and collective records (reduced, perfd.analytics.collectives.partial, or as sent by an older
+agent), which go to it as the agent's that sent each.
 
 The engine's credentials are the boundary on this path: an agent id in a records message is taken as
 sent, where a stream to an aggregator is held to the hosts its Hello named (perfd.aggregator.guard).
@@ -18,6 +19,7 @@ from typing import Any
 
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.collectives.partial import CollectivePartial
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 
 
@@ -52,3 +54,9 @@ class EngineSink:
         typed = self.guard.typed_events(agent_id, events) if events else []
         if typed:
             self.state.ingest_events(agent_id, [ev for _i, ev, _cut in typed])
+
+    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial) -> None:
+        """A node's collective records as its agent reduced them: held by the jobs cap like the
+        records themselves (the job by the agent that sent them)."""
+        if len(partial) and self.guard.admit_job(partial.job, agent_id):
+            self.state.ingest_collective_partial(agent_id, partial)

@@ -53,6 +53,7 @@ from perfd.aggregator.stalls import SendCommand, StallWatch
 from perfd.aggregator.stats import Stats, stats_json
 from perfd.analytics.collectives.analysis import CollectiveAnalysis
 from perfd.analytics.collectives.config import CollectiveConfig
+from perfd.analytics.collectives.partial import CollectivePartial
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.incidents.detect import STEP_FACTOR, Incident, hang_incident
 from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal
@@ -307,6 +308,13 @@ class AggregatorState:
         for job in {r.job for r in recs}:
             self.jobs.add_agent(job, agent_id)
         self.collectives.ingest(agent_id, recs)
+        self._bump()
+
+    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial) -> None:
+        """A node's collective records as its agent reduced them (the engine path)."""
+        self.nodes.seen(agent_id)
+        self.jobs.add_agent(partial.job, agent_id)
+        self.collectives.ingest_partial(agent_id, partial)
         self._bump()
 
     def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, Any]]) -> None:

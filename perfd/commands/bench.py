@@ -23,6 +23,8 @@ BENCHES = {
     "soak": ("benchmarks.soak_bench", "an aggregator's long life: 5,000 short jobs, 100 agents, restarts"),
     "overhead": ("benchmarks.overhead_bench", "a Megatron-LM job with and without perfd (2 GPUs)"),
     "ranks": ("benchmarks.ranks_bench", "the agent's ranks collector per rank and per node (real processes)"),
+    "collectives": ("benchmarks.collectives_bench",
+                    "an N-node job's collective records reduced: bytes, agent and root CPU, analysis"),
 }
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
+from perfd.analytics.collectives.partial import CollectivePartial
+from perfd.engine import collective_codec
 from perfd.model import StepRecord
 from perfd.stepfold import RankFold
 from perfd.transport.gen import perfd_pb2 as pb
@@ -141,8 +143,10 @@ def from_pb(m: pb.Partial) -> Partial:
 
 
 def encode(batch_id: str, sender: str, created_ns: int, partials: Sequence[Partial],
-           job_info_json: dict[str, str] | None = None, records: pb.Batch | None = None) -> bytes:
-    """``records``: a node's events and collective records (then no partials beside them)."""
+           job_info_json: dict[str, str] | None = None, records: pb.Batch | None = None,
+           collectives: Sequence[CollectivePartial] = ()) -> bytes:
+    """``records``: a node's events (and, from an agent that does not reduce them, its collective
+    records); ``collectives``: its collective records reduced. Either goes without partials beside."""
     b = pb.EngineBatch(id=batch_id, sender=sender, created_ns=created_ns)
     for p in partials:
         to_pb(p, b.partials.add())
@@ -150,6 +154,8 @@ def encode(batch_id: str, sender: str, created_ns: int, partials: Sequence[Parti
         b.job_info_json.update(job_info_json)
     if records is not None:
         b.records.CopyFrom(records)
+    for c in collectives:
+        collective_codec.to_pb(c, b.collective_partials.add())
     return b.SerializeToString()
 
 
@@ -198,10 +204,13 @@ class Decoded:
     partials: list[Partial]
     job_info_json: dict[str, str]
     records: pb.Batch | None = None  # a node's events and collective records, as sent
+    collectives: list[CollectivePartial] = field(default_factory=list)  # its collective records reduced
 
     @property
     def records_job(self) -> str:
         """The job a records message is of ("": a node's events of no job): one per message."""
+        if self.collectives:
+            return self.collectives[0].job
         r = self.records
         if r is None:
             return ""
@@ -216,4 +225,5 @@ def decode(data: bytes) -> Decoded:
     except DecodeError as exc:
         raise ValueError(f"not an EngineBatch: {exc}") from None
     return Decoded(b.id, b.sender, b.created_ns, [from_pb(m) for m in b.partials], dict(b.job_info_json),
-                   b.records if b.HasField("records") else None)
+                   b.records if b.HasField("records") else None,
+                   [collective_codec.from_pb(m) for m in b.collective_partials])

@@ -6,8 +6,10 @@ Nothing is lost while the engine is away: each message waits in the agent's spoo
 disk-backed where the agent has a spool dir) until the engine acknowledged it; one published twice
 (its acknowledgement lost) is dropped by the engine within its duplicate window, and is harmless
 after it (a fold is idempotent). Node series stay on the agent's /metrics for Prometheus and are not
-published. Events and collective records are not reduced: they go as sent, one message per job, to
-the records stream (perfd.engine.subjects), which the jobs' root reads beside the partials.
+published. Events go as sent, and collective records reduced to one partial
+(perfd.analytics.collectives.partial: compact rows, one per operation, no more of a rank than the
+store would keep), one message per job, to the records stream (perfd.engine.subjects), which the
+jobs' root reads beside the partials.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from perfd.analytics.collectives.partial import REDUCED_RETENTION, for_sending, reduce
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect
 from perfd.engine.partial import RunMarks, decode, encode, partials_of
@@ -62,6 +65,7 @@ class EngineClient(CommandTarget):
         self.batches_submitted = self.published = self.duplicates = self.publish_errors = 0
         self.unreadable = 0  # spooled messages that did not decode (a damaged spool)
         self.records_submitted = 0  # events and collective records spooled for the records stream
+        self.collectives_not_sent = 0  # of those, collective records the reduction left out (counted)
         self._runs = RunMarks()  # its ranks' processes: a restart marks the partial where it began
         self._no_series = SeriesTable()  # records messages carry no samples: nothing is ever defined
         self.last_error = ""
@@ -97,13 +101,17 @@ class EngineClient(CommandTarget):
                     on_seq(seq)
                 self.spool.append(seq, data)
                 self.batches_submitted += 1
-            for evs, colls in records.values():
+            for job, (evs, colls) in records.items():
                 seq = self.spool.next_seq()
                 mid = f"{self.agent_id}:{self.spool.epoch}:{seq}"
-                batch = encode_batch(self.agent_id, seq, (), (), evs, self._no_series, collectives=colls)
+                batch = encode_batch(self.agent_id, seq, (), (), evs, self._no_series) if evs else None
+                reduced = [for_sending(reduce(job, colls), REDUCED_RETENTION)] if colls else []
+                # not sent: what the store would not keep (REDUCED_RETENTION), or an op twice in them
+                self.collectives_not_sent += len(colls) - sum(len(p) for p in reduced)
                 if on_seq is not None:
                     on_seq(seq)
-                self.spool.append(seq, encode(mid, self.agent_id, batch.created_ns, (), records=batch))
+                self.spool.append(seq, encode(mid, self.agent_id, time.time_ns(), (), records=batch,
+                                              collectives=reduced))
                 self.batches_submitted += 1
                 self.records_submitted += len(evs) + len(colls)
         if seq:
@@ -200,7 +208,7 @@ class EngineClient(CommandTarget):
         read back from the spool: counted and logged, then let go, or it would block every later one)."""
         try:
             d = decode(data)
-            if d.records is not None:
+            if d.records is not None or d.collectives:
                 subject = S.records_subject(d.records_job)
             else:
                 job = d.partials[0].job if d.partials else next(iter(d.job_info_json))
@@ -245,4 +253,5 @@ class EngineClient(CommandTarget):
                 "unreadable": self.unreadable, "commands_received": self.commands_received,
                 "command_errors": self.command_errors, "undecodable_commands": self.undecodable_commands,
                 "pending": self.spool.pending_count(), "records_submitted": self.records_submitted,
+                "collectives_not_sent": self.collectives_not_sent,
                 "last_error": self.last_error}

@@ -5,9 +5,16 @@ the rules read a job of 100,000 ranks as they read one that streams to a single 
 One root leads at a time, by lease (perfd.engine.leases); a standby aggregator started the same way
 takes over when the leader stops renewing. The leader reads the partials stream from its first
 message kept (the jobs' history, an hour by default): a new leader, or one that restarted, rebuilds
-what it holds from it, and a partial read twice folds once. The nodes' events and collective records
-come as their agents sent them, on the records stream, read the same way beside the partials (the
-engine drops a message published twice within its duplicate window). Everything goes to a
+what it holds from it, and a partial read twice folds once. The nodes' events come as their agents
+sent them, and their collective records as each agent reduced them
+(perfd.analytics.collectives.partial), on the records stream, read the same way beside the partials
+(the engine drops a message published twice within its duplicate window; a reduced one read twice
+merges once: the merge is a join). The reduced collective records are merged here, in the store the
+root hands them to, not at the shards: their stream goes from the agents to the root past the
+shards, which fold the step partials of their partitions; merging at a shard would move the same
+rows through one more hop and one more publish, and a join gives the same answer wherever it runs.
+What the root pays is linear in what arrives: 0.3 ms of CPU a node message of a 100,000-rank job
+(decode and a keyed insert per row; ``perfd bench collectives``). Everything goes to a
 :class:`RootSink` — the aggregator — so nothing here knows the aggregator.
 """
 
@@ -26,6 +33,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from perfd.analytics.collectives.partial import CollectivePartial
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect, ensure_streams
 from perfd.engine.leases import Lease
@@ -67,6 +75,7 @@ class RootSink(Protocol):
     def held_fold(self, job: str, iteration: int) -> StepRecord | None: ...
     def ingest_records(self, agent_id: str, events: Sequence[Mapping[str, Any]],
                        collectives: Sequence[CollectiveRecord]) -> None: ...
+    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial) -> None: ...
     def admit_job(self, job: str) -> bool: ...
 
 
@@ -90,7 +99,8 @@ class RootStats:
     # The records stream: messages read, events and collective records handed on as their agents sent them
     node_records_messages: int = 0
     events: int = 0
-    collectives: int = 0
+    collectives: int = 0  # operations: records as sent, or rows of the partials they were reduced to
+    collective_partials: int = 0  # of those messages, the ones that carried them reduced
     # Iterations that became whole (every rank the job has shown folded in), and the time from their
     # last rank's step end to then: what the job's analysis waits for the engine, a shard and this root.
     complete: int = 0
@@ -519,16 +529,22 @@ class Root:
                 continue
             d, got = decoded
             self.stats.node_records_messages += 1
-            self.stats.events += len(got.events)
-            self.stats.collectives += len(got.collectives)
-            self.sink.ingest_records(d.sender, got.events, got.collectives)
+            if got is not None:
+                self.stats.events += len(got.events)
+                self.stats.collectives += len(got.collectives)
+                self.sink.ingest_records(d.sender, got.events, got.collectives)
+            for part in d.collectives:
+                self.stats.collective_partials += 1
+                self.stats.collectives += len(part)
+                self.sink.ingest_collective_partial(d.sender, part)
 
 
-def _records_of(d: Decoded) -> tuple[Decoded, DecodedBatch]:
-    """A records message's events and collective records (ValueError: none, or they do not decode)."""
-    if d.records is None:
+def _records_of(d: Decoded) -> tuple[Decoded, DecodedBatch | None]:
+    """A records message's events and collective records, as sent (None: it carries only reduced
+    ones); ValueError: none of either, or they do not decode."""
+    if d.records is None and not d.collectives:
         raise ValueError("a records message without records")
-    return d, decode_batch(d.records, {})
+    return d, decode_batch(d.records, {}) if d.records is not None else None
 
 
 async def _advertised(kv: Any) -> str | None:

@@ -1,9 +1,10 @@
 """A node's events and collective records on the distributed path: published by the agent's
-:class:`EngineClient` as sent (no reduction), read by the root beside the partials, and held by a real
+:class:`EngineClient` (the events as sent, the collective records reduced to a partial:
+perfd.analytics.collectives.partial), read by the root beside the partials, and held by a real
 ``Aggregator --engine`` as one aggregator holds them — the job's collective analysis (the recorded
-H200 Flight Recorder dumps of collectors/nccl) byte for byte, the events under the agent that sent
-each, a malformed one refused and counted. A standby root that takes over replays the records stream
-and holds the same, nothing doubled."""
+H200 Flight Recorder dumps of collectors/nccl) byte for byte the analysis of one aggregator fed the
+records as sent, the events under the agent that sent each, a malformed one refused and counted. A
+standby root that takes over replays the records stream and holds the same, nothing doubled."""
 
 from __future__ import annotations
 
@@ -134,6 +135,7 @@ def test_events_and_collectives_reach_the_root_as_one_aggregator_holds_them(tmp_
         st = got[f"{side}_stats"]
         assert st["node_records_messages"] == 3 * NODES and st["undecodable"] == 0, st
         assert st["collectives"] == len(recs) and st["events"] == 3 * NODES, st
+        assert st["collective_partials"] == 2 * NODES, st  # every node's records came reduced
         assert got[side] == _collective_answer(single), side
         assert got[f"{side}_events"] == _held_events(single), side
     assert len(got["a_events"]) == 2 * NODES  # the XID and the GPU lost of each node, as its agent's

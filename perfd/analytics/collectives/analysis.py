@@ -17,6 +17,10 @@ shortest duration arrived last: the others waited for it. Per rank: how often it
 
 **Hangs**: :mod:`perfd.analytics.collectives.hangs`. The settings: :class:`CollectiveConfig`
 (:mod:`perfd.analytics.collectives.config`).
+
+**Phases**: :func:`analyze_collectives` is :func:`finish` of
+:func:`perfd.analytics.collectives.partial.reduce`; on the engine path the nodes' agents reduce, the
+root's store merges (a join), and :func:`finish` runs on the merged partial.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from typing import Any
 from perfd.analytics.collectives.bandwidth import GroupBandwidth, group_bandwidth
 from perfd.analytics.collectives.config import FR, CollectiveConfig
 from perfd.analytics.collectives.groups import classify_group, world_size_from
-from perfd.analytics.collectives.hangs import HangView, merge_hangs, progress_of
+from perfd.analytics.collectives.hangs import HangView, merge_hangs
+from perfd.analytics.collectives.partial import CollectivePartial, reduce
 from perfd.analytics.collectives.windows import StepWindow, rank_timeline, step_windows, union_ns
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
 from perfd.hang_fact import HangEvent
@@ -138,25 +143,43 @@ def analyze_collectives(job: str, records: Sequence[CollectiveRecord], steps: Se
                         *, layout: ParallelLayout | None = None, rank_nodes: Mapping[int, str] | None = None,
                         gpu_name: str | None = None, hang_events: Sequence[HangEvent] = (),
                         config: CollectiveConfig | None = None) -> CollectiveAnalysis:
-    """Everything above for one job. ``rank_nodes``: rank -> node name (where known)."""
+    """Everything above for one job: ``finish(reduce(job, records), ...)``. ``rank_nodes``: rank ->
+    node name (where known). An operation two records show (two dumps) counts once, as the
+    aggregator's store keeps it (perfd.analytics.collectives.partial.op_key)."""
+    return finish(reduce(job, records), steps, layout=layout, rank_nodes=rank_nodes, gpu_name=gpu_name,
+                  hang_events=hang_events, config=config)
+
+
+def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
+           layout: ParallelLayout | None = None, rank_nodes: Mapping[int, str] | None = None,
+           gpu_name: str | None = None, hang_events: Sequence[HangEvent] = (),
+           config: CollectiveConfig | None = None) -> CollectiveAnalysis:
+    """The analysis of a partial (perfd.analytics.collectives.partial: one node's, or all nodes'
+    merged) with the job's step records, layout and placement: its operations are read in the
+    partial's order (rank by rank, each in enqueue order: CollectivePartial.ordered), so partials that
+    hold the same operations give the same analysis whatever order they were merged in."""
     cfg = config or CollectiveConfig()
+    job = partial.job
+    records = partial.records()
     nodes = dict(rank_nodes or {})
     sources: dict[str, int] = {}
     for r in records:
         sources[r.source] = sources.get(r.source, 0) + 1
+    lists = _RankLists(records)
     world = (layout.world_size if layout else None) or world_size_from(
-        (r.pg_ranks for r in records), (r.rank for r in records))
-    cls_cache: dict[tuple[tuple[int, ...] | None, str | None], tuple[str, str]] = {}
+        lists.distinct(), (r.rank for r in records))
+    cls_cache: dict[tuple[int | None, str | None], tuple[str, str]] = {}
     cls: dict[int, str] = {}
-    groups: dict[tuple[str, tuple[int, ...] | None], dict[str, Any]] = {}
+    groups: dict[tuple[str, int | None], dict[str, Any]] = {}
     for r in records:
-        key = (tuple(r.pg_ranks) if r.pg_ranks else None, r.pg_desc)
+        ranks = lists.of(r)
+        key = (id(ranks) if ranks else None, r.pg_desc)
         c = cls_cache.get(key)
         if c is None:
             c = cls_cache[key] = classify_group(r.pg_ranks, layout, world, r.pg_desc, cfg.order)
         cls[id(r)] = c[0]
         g = groups.setdefault((r.pg_name or r.comm_id or "?", key[0]), {
-            "name": r.pg_name or r.comm_id, "desc": r.pg_desc, "ranks": list(key[0]) if key[0] else None,
+            "name": r.pg_name or r.comm_id, "desc": r.pg_desc, "ranks": list(ranks) if ranks else None,
             "class": c[0], "how": c[1], "records": 0, "ops": {}})
         g["records"] += 1
         g["ops"][r.op] = g["ops"].get(r.op, 0) + 1
@@ -170,9 +193,34 @@ def analyze_collectives(job: str, records: Sequence[CollectiveRecord], steps: Se
     _shares(out, timed, cls, steps, cfg)
     out.bandwidth = group_bandwidth(records, cls, nodes, gpu_name, cfg, out.bandwidth_rejected)
     out.waits = _waits(timed)
-    out.hangs = merge_hangs(hang_events, progress_of(records))
+    out.hangs = merge_hangs(hang_events, partial.progress)
     out.findings, out.recommendations = _findings(out, groups, nodes, cfg)
     return out
+
+
+class _RankLists:
+    """Each distinct list of group ranks once, as one tuple object: groups are told apart by that
+    object's identity, not by hashing and comparing their ranks record after record (a job's world
+    group lists every rank: 100,000 at the scale the engine is for). Records that share a list (a
+    partial's records share one a group) cost one lookup each."""
+
+    def __init__(self, records: Sequence[CollectiveRecord]) -> None:
+        self._by_value: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._by_list: dict[int, tuple[list[int], tuple[int, ...]]] = {}  # id(list) -> (list, its tuple)
+        for r in records:
+            self.of(r)
+
+    def of(self, r: CollectiveRecord) -> tuple[int, ...] | None:
+        if not r.pg_ranks:
+            return None
+        hit = self._by_list.get(id(r.pg_ranks))
+        if hit is None or hit[0] is not r.pg_ranks:
+            t = tuple(r.pg_ranks)
+            hit = self._by_list[id(r.pg_ranks)] = (r.pg_ranks, self._by_value.setdefault(t, t))
+        return hit[1]
+
+    def distinct(self) -> list[tuple[int, ...]]:
+        return list(self._by_value.values())
 
 
 def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Mapping[int, str],

@@ -43,6 +43,17 @@ class Progress:
             self.completed[key] = seq
 
 
+    def merge(self, other: Progress) -> None:
+        """Take ``other``'s in: the highest of each (a join, as the partials that carry it)."""
+        for mine, theirs in ((self.enqueued, other.enqueued), (self.completed, other.completed)):
+            for key, seq in theirs.items():
+                if seq > mine.get(key, -1):
+                    mine[key] = seq
+
+    def copy(self) -> Progress:
+        return Progress(dict(self.enqueued), dict(self.completed))
+
+
 def progress_of(records: Iterable[CollectiveRecord]) -> Progress:
     p = Progress()
     for r in records:

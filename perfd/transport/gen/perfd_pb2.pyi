@@ -417,7 +417,7 @@ class Partial(_message.Message):
     def __init__(self, job: _Optional[str] = ..., iteration: _Optional[int] = ..., fold: _Optional[_Union[StepRecord, _Mapping]] = ..., ranks_le: _Optional[bytes] = ..., job_level: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., messages: _Optional[_Iterable[str]] = ..., new_run: _Optional[bool] = ...) -> None: ...
 
 class EngineBatch(_message.Message):
-    __slots__ = ("id", "sender", "created_ns", "partials", "job_info_json", "records")
+    __slots__ = ("id", "sender", "created_ns", "partials", "job_info_json", "records", "collective_partials")
     class JobInfoJsonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -431,10 +431,88 @@ class EngineBatch(_message.Message):
     PARTIALS_FIELD_NUMBER: _ClassVar[int]
     JOB_INFO_JSON_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_PARTIALS_FIELD_NUMBER: _ClassVar[int]
     id: str
     sender: str
     created_ns: int
     partials: _containers.RepeatedCompositeFieldContainer[Partial]
     job_info_json: _containers.ScalarMap[str, str]
     records: Batch
-    def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., records: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+    collective_partials: _containers.RepeatedCompositeFieldContainer[CollectivePartial]
+    def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., records: _Optional[_Union[Batch, _Mapping]] = ..., collective_partials: _Optional[_Iterable[_Union[CollectivePartial, _Mapping]]] = ...) -> None: ...
+
+class CollectivePartial(_message.Message):
+    __slots__ = ("job", "strings", "groups", "source", "op", "group", "state", "host", "unset", "is_p2p", "rank", "pg_id", "group_rank", "group_size", "nnodes", "collective_seq_id", "peer", "bytes", "time_created_delta_ns", "pid", "duration_ms", "busbw_gbs", "p2p_seq_id", "duration_ms_f32", "progress_rank", "progress_group", "progress_p2p", "progress_enqueued", "progress_completed")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STRINGS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    UNSET_FIELD_NUMBER: _ClassVar[int]
+    IS_P2P_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PG_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NNODES_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIME_CREATED_DELTA_NS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    BUSBW_GBS_FIELD_NUMBER: _ClassVar[int]
+    P2P_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_F32_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_RANK_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_GROUP_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_P2P_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_ENQUEUED_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    strings: _containers.RepeatedScalarFieldContainer[str]
+    groups: _containers.RepeatedCompositeFieldContainer[CollectiveGroup]
+    source: _containers.RepeatedScalarFieldContainer[int]
+    op: _containers.RepeatedScalarFieldContainer[int]
+    group: _containers.RepeatedScalarFieldContainer[int]
+    state: _containers.RepeatedScalarFieldContainer[int]
+    host: _containers.RepeatedScalarFieldContainer[int]
+    unset: _containers.RepeatedScalarFieldContainer[int]
+    is_p2p: _containers.RepeatedScalarFieldContainer[bool]
+    rank: _containers.RepeatedScalarFieldContainer[int]
+    pg_id: _containers.RepeatedScalarFieldContainer[int]
+    group_rank: _containers.RepeatedScalarFieldContainer[int]
+    group_size: _containers.RepeatedScalarFieldContainer[int]
+    nnodes: _containers.RepeatedScalarFieldContainer[int]
+    collective_seq_id: _containers.RepeatedScalarFieldContainer[int]
+    peer: _containers.RepeatedScalarFieldContainer[int]
+    bytes: _containers.RepeatedScalarFieldContainer[int]
+    time_created_delta_ns: _containers.RepeatedScalarFieldContainer[int]
+    pid: _containers.RepeatedScalarFieldContainer[int]
+    duration_ms: _containers.RepeatedScalarFieldContainer[float]
+    busbw_gbs: _containers.RepeatedScalarFieldContainer[float]
+    p2p_seq_id: _containers.RepeatedScalarFieldContainer[int]
+    duration_ms_f32: _containers.RepeatedScalarFieldContainer[float]
+    progress_rank: _containers.RepeatedScalarFieldContainer[int]
+    progress_group: _containers.RepeatedScalarFieldContainer[int]
+    progress_p2p: _containers.RepeatedScalarFieldContainer[bool]
+    progress_enqueued: _containers.RepeatedScalarFieldContainer[int]
+    progress_completed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job: _Optional[str] = ..., strings: _Optional[_Iterable[str]] = ..., groups: _Optional[_Iterable[_Union[CollectiveGroup, _Mapping]]] = ..., source: _Optional[_Iterable[int]] = ..., op: _Optional[_Iterable[int]] = ..., group: _Optional[_Iterable[int]] = ..., state: _Optional[_Iterable[int]] = ..., host: _Optional[_Iterable[int]] = ..., unset: _Optional[_Iterable[int]] = ..., is_p2p: _Optional[_Iterable[bool]] = ..., rank: _Optional[_Iterable[int]] = ..., pg_id: _Optional[_Iterable[int]] = ..., group_rank: _Optional[_Iterable[int]] = ..., group_size: _Optional[_Iterable[int]] = ..., nnodes: _Optional[_Iterable[int]] = ..., collective_seq_id: _Optional[_Iterable[int]] = ..., peer: _Optional[_Iterable[int]] = ..., bytes: _Optional[_Iterable[int]] = ..., time_created_delta_ns: _Optional[_Iterable[int]] = ..., pid: _Optional[_Iterable[int]] = ..., duration_ms: _Optional[_Iterable[float]] = ..., busbw_gbs: _Optional[_Iterable[float]] = ..., p2p_seq_id: _Optional[_Iterable[int]] = ..., duration_ms_f32: _Optional[_Iterable[float]] = ..., progress_rank: _Optional[_Iterable[int]] = ..., progress_group: _Optional[_Iterable[int]] = ..., progress_p2p: _Optional[_Iterable[bool]] = ..., progress_enqueued: _Optional[_Iterable[int]] = ..., progress_completed: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CollectiveGroup(_message.Message):
+    __slots__ = ("pg_name", "comm_id", "pg_desc", "has_ranks", "ranks_runs")
+    PG_NAME_FIELD_NUMBER: _ClassVar[int]
+    COMM_ID_FIELD_NUMBER: _ClassVar[int]
+    PG_DESC_FIELD_NUMBER: _ClassVar[int]
+    HAS_RANKS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_RUNS_FIELD_NUMBER: _ClassVar[int]
+    pg_name: int
+    comm_id: int
+    pg_desc: int
+    has_ranks: bool
+    ranks_runs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pg_name: _Optional[int] = ..., comm_id: _Optional[int] = ..., pg_desc: _Optional[int] = ..., has_ranks: _Optional[bool] = ..., ranks_runs: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -1,0 +1,82 @@
+"""Many nodes' collective records through a real nats-server, reduced by their agents
+(perfd.analytics.collectives.partial) and merged by the root's store in whatever order the engine
+hands them over: the synthetic 64-rank job of tests/collectives/test_collective_partial.py (TP groups
+in a node, DP groups across nodes, the world group, a slow rank), each node's records submitted in
+pieces, one node's twice (a redelivery after the engine's duplicate window: merged once), gives the
+analysis JSON one aggregator fed the records as sent gives, byte for byte."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.state import AggregatorState
+from perfd.engine import subjects as S
+from perfd.engine.natsd import NatsCluster
+from perfd.engine.publisher import EngineClient
+from perfd.model import CollectiveRecord
+from tests.collectives.test_collective_partial import NODES, PER_NODE, SLOW_RANK, synthetic_job
+from tests.engine.test_engine_records import _until
+from tests.engine.test_natsd import _need_nats_server
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _answer(state: AggregatorState) -> str:
+    got = state.collective_analysis("j", force=True)
+    assert got is not None
+    return json.dumps(got.to_json(), sort_keys=True)
+
+
+def test_many_nodes_reduced_through_the_engine_give_the_one_aggregator_answer(tmp_path: Path) -> None:
+    _need_nats_server()
+    recs, _ = synthetic_job()
+    by_node: dict[int, list[CollectiveRecord]] = {n: [] for n in range(NODES)}
+    for r in recs:
+        by_node[(r.rank or 0) // PER_NODE].append(r)
+    single = AggregatorState()
+    for n in range(NODES):
+        single.ingest_collectives(f"node-{n}/j", by_node[n])
+    want = _answer(single)
+    assert f"collective-last-rank-{SLOW_RANK}" in want
+
+    async def main(urls: list[str]) -> dict[str, Any]:
+        cfg = S.EngineConfig(tuple(urls), partitions=4)
+        agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], engine=cfg,
+                                          engine_root_id="root-a"))
+        await agg.start()
+        clients = [EngineClient(cfg, f"node-{n}/j", node=f"node-{n}") for n in range(NODES)]
+        senders = [asyncio.create_task(c.run()) for c in clients]
+        rng = random.Random(4)
+        try:
+            order = [(n, k) for n in range(NODES) for k in range(3)]
+            rng.shuffle(order)
+            for n, k in order:  # each node's records in three pieces, the nodes interleaved
+                clients[n].submit(collectives=by_node[n][k::3])
+            clients[2].submit(collectives=by_node[2])  # a node's all again: another message, merged once
+            for c in clients:
+                assert await c.flush(60), c.stats()
+            root = agg.engine_root
+            sent = sum(c.stats()["records_submitted"] for c in clients)
+            await _until(lambda: root.stats.collectives == sent, 60, lambda: root.stats.to_json())
+            return {"got": _answer(agg.state), "stats": root.stats.to_json(),
+                    "again": agg.state.collectives.merged_again}
+        finally:
+            for t in senders:
+                t.cancel()
+            await asyncio.gather(*senders, return_exceptions=True)
+            for c in clients:
+                c.close()
+            await agg.stop()
+
+    with NatsCluster(tmp_path / "nats", 1) as cluster:
+        out = asyncio.run(main(cluster.urls))
+    assert out["stats"]["collective_partials"] == 3 * NODES + 1 and out["stats"]["undecodable"] == 0
+    assert out["again"] == len(by_node[2])
+    assert out["got"] == want
