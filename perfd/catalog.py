@@ -542,9 +542,11 @@ CATALOG: tuple[MetricDef, ...] = (
        "Agents forgotten after their stream stayed closed for the agent retention (their series released)",
        _AGGREGATOR, ()),
     _m("perfd_aggregator_collective_records_total", "counter", "count",
-       "Collective records ingested (Flight Recorder, NCCL Inspector)", _AGGREGATOR, ()),
+       "Collective records ingested (Flight Recorder, NCCL Inspector; on the engine path the operations "
+       "the agents reduced them to)", _AGGREGATOR, ()),
     _m("perfd_aggregator_collective_records_dropped_total", "counter", "count",
-       "Collective records dropped oldest-first beyond the per-job retention", _AGGREGATOR, ()),
+       "Collective records dropped oldest-first beyond the per-job retention (reduced operations: beyond "
+       "each rank's share of it)", _AGGREGATOR, ()),
     _m("perfd_aggregator_agent_dropped_samples_total", "counter", "count",
        "Samples the agents report their spools dropped (oldest first, beyond the cap)", _AGGREGATOR, ()),
     _m("perfd_aggregator_remote_write_samples_total", "counter", "count",

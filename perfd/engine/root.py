@@ -13,7 +13,7 @@ merges once: the merge is a join). The reduced collective records are merged her
 root hands them to, not at the shards: their stream goes from the agents to the root past the
 shards, which fold the step partials of their partitions; merging at a shard would move the same
 rows through one more hop and one more publish, and a join gives the same answer wherever it runs.
-What the root pays is linear in what arrives: 0.3 ms of CPU a node message of a 100,000-rank job
+What the root pays is linear in what arrives: 0.37 ms of CPU a node message of a 100,000-rank job
 (decode and a keyed insert per row; ``perfd bench collectives``). Everything goes to a
 :class:`RootSink` — the aggregator — so nothing here knows the aggregator.
 """

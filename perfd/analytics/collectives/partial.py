@@ -160,7 +160,7 @@ class Retention:
 # more of: each rank's newest 512 operations (~25 iterations of a job running ~20 collectives an
 # iteration a rank), 250,000 a job in all (12.5 x the records as sent it keeps a job; ~290 bytes a row
 # in memory): at 8,000 ranks 31 a rank, at 100,000 ranks 2 — every rank seen, few of its operations.
-# The analysis of 200,000 rows of a 100,000-rank job took 21.8 s of CPU on the 2-core VM
+# The analysis of 200,000 rows of a 100,000-rank job took 19.7 s of CPU on the 2-core VM
 # (perfd bench collectives, benchmarks/README.md).
 REDUCED_RETENTION = Retention(per_rank=512, per_job=250_000)
 
