@@ -1,4 +1,4 @@
-"""The collective records of an N-node job on the engine path, reduced (perfd.analytics.collectives.partial):
+"""The collective records of an N-node job on the engine path, reduced (perfd.collfold):
 what a node's message costs (bytes, the agent's CPU to reduce and encode it, against its records as
 sent), what the root spends reading and merging it, what the store then holds, and what the analysis
 of it costs. In one process, no engine: the costs are the code's. Each rank runs, per iteration,
@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from perfd.analytics.collectives.analysis import finish
-from perfd.analytics.collectives.partial import REDUCED_RETENTION, CollectivePartial, for_sending, reduce
+from perfd.collfold import REDUCED_RETENTION, CollectivePartial, for_sending, reduce
 from perfd.engine.partial import decode, encode
 from perfd.model import CollectiveRecord, ParallelLayout
 from perfd.transport.codec import encode_batch

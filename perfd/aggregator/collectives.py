@@ -27,7 +27,7 @@ from typing import Any
 from perfd import limits as L
 from perfd.analytics.collectives.analysis import CollectiveAnalysis, finish
 from perfd.analytics.collectives.config import FR, CollectiveConfig
-from perfd.analytics.collectives.partial import (
+from perfd.collfold import (
     REDUCED_RETENTION,
     CollectivePartial,
     OpKey,

@@ -53,13 +53,13 @@ from perfd.aggregator.stalls import SendCommand, StallWatch
 from perfd.aggregator.stats import Stats, stats_json
 from perfd.analytics.collectives.analysis import CollectiveAnalysis
 from perfd.analytics.collectives.config import CollectiveConfig
-from perfd.analytics.collectives.partial import CollectivePartial
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.incidents.detect import STEP_FACTOR, Incident, hang_incident
 from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal
 from perfd.analytics.ncu.arming import ArmingCost, is_the_arming
 from perfd.analytics.steps.liveness import ENDED
 from perfd.analytics.steps.run_analysis import RunAnalysis
+from perfd.collfold import CollectivePartial
 from perfd.events import (
     GPU_PODS,
     GPU_PROCESSES,

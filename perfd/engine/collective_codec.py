@@ -1,4 +1,4 @@
-"""A :class:`perfd.analytics.collectives.partial.CollectivePartial` on the wire (perfd.proto's
+"""A :class:`perfd.collfold.CollectivePartial` on the wire (perfd.proto's
 ``CollectivePartial``): columns, strings and process groups listed once, a nullable column only where
 set, enqueue times as differences, float32 durations where exact. What a row costs there is measured
 in tests/engine/test_collective_wire.py against the ``CollectiveRecord`` it reduces."""
@@ -9,7 +9,7 @@ import struct
 from array import array
 from collections.abc import Callable, Sequence
 
-from perfd.analytics.collectives.partial import CollectivePartial, GroupRef, OpRow, op_key
+from perfd.collfold import CollectivePartial, GroupRef, OpRow, op_key
 from perfd.transport.gen import perfd_pb2 as pb
 
 # The nullable columns, each a bit of a row's ``unset`` mask (the wire's order: never reorder).

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
-from perfd.analytics.collectives.partial import CollectivePartial
+from perfd.collfold import CollectivePartial
 from perfd.engine import collective_codec
 from perfd.model import StepRecord
 from perfd.stepfold import RankFold

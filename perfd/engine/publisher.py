@@ -7,7 +7,7 @@ disk-backed where the agent has a spool dir) until the engine acknowledged it; o
 (its acknowledgement lost) is dropped by the engine within its duplicate window, and is harmless
 after it (a fold is idempotent). Node series stay on the agent's /metrics for Prometheus and are not
 published. Events go as sent, and collective records reduced to one partial
-(perfd.analytics.collectives.partial: compact rows, one per operation, no more of a rank than the
+(perfd.collfold: compact rows, one per operation, no more of a rank than the
 store would keep), one message per job, to the records stream (perfd.engine.subjects), which the
 jobs' root reads beside the partials.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from perfd.analytics.collectives.partial import REDUCED_RETENTION, for_sending, reduce
+from perfd.collfold import REDUCED_RETENTION, for_sending, reduce
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect
 from perfd.engine.partial import RunMarks, decode, encode, partials_of

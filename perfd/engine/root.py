@@ -7,7 +7,7 @@ takes over when the leader stops renewing. The leader reads the partials stream 
 message kept (the jobs' history, an hour by default): a new leader, or one that restarted, rebuilds
 what it holds from it, and a partial read twice folds once. The nodes' events come as their agents
 sent them, and their collective records as each agent reduced them
-(perfd.analytics.collectives.partial), on the records stream, read the same way beside the partials
+(perfd.collfold), on the records stream, read the same way beside the partials
 (the engine drops a message published twice within its duplicate window; a reduced one read twice
 merges once: the merge is a join). The reduced collective records are merged here, in the store the
 root hands them to, not at the shards: their stream goes from the agents to the root past the
@@ -33,7 +33,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from perfd.analytics.collectives.partial import CollectivePartial
+from perfd.collfold import CollectivePartial
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect, ensure_streams
 from perfd.engine.leases import Lease

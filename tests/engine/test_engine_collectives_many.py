@@ -1,5 +1,5 @@
 """Many nodes' collective records through a real nats-server, reduced by their agents
-(perfd.analytics.collectives.partial) and merged by the root's store in whatever order the engine
+(perfd.collfold) and merged by the root's store in whatever order the engine
 hands them over: the synthetic 64-rank job of tests/collectives/test_collective_partial.py (TP groups
 in a node, DP groups across nodes, the world group, a slow rank), each node's records submitted in
 pieces, one node's twice (a redelivery after the engine's duplicate window: merged once), gives the

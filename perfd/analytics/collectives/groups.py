@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from perfd.analytics.steps.gpus import lookup_gpu
@@ -163,18 +163,6 @@ def _class_of(varying: set[str], sizes: Mapping[str, int]) -> str:
     if varying == big:
         return "world"
     return "other"
-
-
-def world_size_from(pg_ranks: Iterable[Sequence[int] | None], ranks: Iterable[int | None]) -> int | None:
-    """The job's world size as the records show it: the largest group, or max rank + 1."""
-    best = 0
-    for g in pg_ranks:
-        if g:
-            best = max(best, len(set(g)))
-    top = max((r for r in ranks if r is not None), default=None)
-    if top is not None:
-        best = max(best, top + 1)
-    return best or None
 
 
 @dataclass(frozen=True)

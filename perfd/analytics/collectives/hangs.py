@@ -18,40 +18,12 @@ what one node could not see:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from perfd.collfold import Progress
 from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord
-
-
-@dataclass
-class Progress:
-    """Per (rank, process-group name, p2p): the highest sequence number seen enqueued / completed."""
-
-    enqueued: dict[tuple[int, str, bool], int] = field(default_factory=dict)
-    completed: dict[tuple[int, str, bool], int] = field(default_factory=dict)
-
-    def add(self, rec: CollectiveRecord) -> None:
-        seq = rec.p2p_seq_id if rec.is_p2p else rec.collective_seq_id
-        if rec.rank is None or rec.pg_name is None or seq is None or rec.source != "flight_recorder":
-            return
-        key = (rec.rank, rec.pg_name, rec.is_p2p)
-        if seq > self.enqueued.get(key, -1):
-            self.enqueued[key] = seq
-        if rec.state == "completed" and seq > self.completed.get(key, -1):
-            self.completed[key] = seq
-
-
-    def merge(self, other: Progress) -> None:
-        """Take ``other``'s in: the highest of each (a join, as the partials that carry it)."""
-        for mine, theirs in ((self.enqueued, other.enqueued), (self.completed, other.completed)):
-            for key, seq in theirs.items():
-                if seq > mine.get(key, -1):
-                    mine[key] = seq
-
-    def copy(self) -> Progress:
-        return Progress(dict(self.enqueued), dict(self.completed))
 
 
 def progress_of(records: Iterable[CollectiveRecord]) -> Progress:

@@ -23,6 +23,10 @@ Bounded (:class:`Retention`): each rank's newest operations (by enqueue time, th
 whichever order the merges run in (the top k of a union is a join as well). Beside the rows, each
 (rank, group)'s highest sequence number enqueued and completed is kept over every row ever merged in
 (a max: a join too), whatever the retention lets go: it settles hangs.
+
+It sits beside perfd.stepfold, below both analytics and the engine: the engine's agents reduce and
+its root merges, and the engine imports nothing of analytics (tests/test_layering.py); the
+analysis (perfd.analytics.collectives) finishes what it folds.
 """
 
 from __future__ import annotations
@@ -30,9 +34,48 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from perfd.analytics.collectives.groups import world_size_from
-from perfd.analytics.collectives.hangs import Progress
 from perfd.model import CollectiveRecord
+
+
+@dataclass
+class Progress:
+    """Per (rank, process-group name, p2p): the highest sequence number seen enqueued / completed."""
+
+    enqueued: dict[tuple[int, str, bool], int] = field(default_factory=dict)
+    completed: dict[tuple[int, str, bool], int] = field(default_factory=dict)
+
+    def add(self, rec: CollectiveRecord) -> None:
+        seq = rec.p2p_seq_id if rec.is_p2p else rec.collective_seq_id
+        if rec.rank is None or rec.pg_name is None or seq is None or rec.source != "flight_recorder":
+            return
+        key = (rec.rank, rec.pg_name, rec.is_p2p)
+        if seq > self.enqueued.get(key, -1):
+            self.enqueued[key] = seq
+        if rec.state == "completed" and seq > self.completed.get(key, -1):
+            self.completed[key] = seq
+
+    def merge(self, other: Progress) -> None:
+        """Take ``other``'s in: the highest of each (a join, as the partials that carry it)."""
+        for mine, theirs in ((self.enqueued, other.enqueued), (self.completed, other.completed)):
+            for key, seq in theirs.items():
+                if seq > mine.get(key, -1):
+                    mine[key] = seq
+
+    def copy(self) -> Progress:
+        return Progress(dict(self.enqueued), dict(self.completed))
+
+
+
+def world_size_from(pg_ranks: Iterable[Sequence[int] | None], ranks: Iterable[int | None]) -> int | None:
+    """The job's world size as the records show it: the largest group, or max rank + 1."""
+    best = 0
+    for g in pg_ranks:
+        if g:
+            best = max(best, len(set(g)))
+    top = max((r for r in ranks if r is not None), default=None)
+    if top is not None:
+        best = max(best, top + 1)
+    return best or None
 
 # A key's parts are ints, strings, bools or None: sortable once None is put first.
 OpKey = tuple[Hashable, ...]
