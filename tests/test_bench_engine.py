@@ -129,7 +129,8 @@ def test_bench_engine_storm_agents_come_back_by_themselves_nothing_lost_or_doubl
             "--after-s", "8", "--json"]
     proc = run_group([sys.executable, "-m", "perfd.cli", "bench", "engine-storm", *argv], cwd=ROOT,
                      timeout=280, env={**os.environ, "TMPDIR": str(tmp_path)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the bench's JSON (stdout) says which count fell short; its stderr is mostly the reconnects' noise
+    assert proc.returncode == 0, (proc.stdout[-2500:], proc.stderr[-800:])
     assert not list(tmp_path.glob("perfd-engine-storm-*"))  # a run that worked leaves no folder
     res = json.loads(proc.stdout[proc.stdout.index("{"):])
     st, fin = res["storm"], res["final"]
