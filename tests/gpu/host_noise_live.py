@@ -2,9 +2,11 @@
 engineer would make": on the H200 the same command stepped 394-507 ms in runs minutes apart, more than
 any gain under test).
 
-    MEGATRON_DIR=... python3 tests/gpu/host_noise_live.py OUT [--config gqa_swiglu] [--budget-s 300]
+    MEGATRON_DIR=... python3 tests/gpu/host_noise_live.py OUT [--config gqa_swiglu] [--variants free,2-5]
+                                                          [--budget-s 300]
 
-The job as plan_ab_live.py runs its base, alternately as it is and pinned to a few cores (``taskset``),
+The job as plan_ab_live.py runs its base, in turn under each variant (``free``: as it is; a core list:
+held to those cores with ``taskset``),
 each run with the machine's CPU time over the run from /proc/stat (user, system, steal, idle: a
 neighbour's steal shows there, a busy process of this machine in user/system), the load average and the
 machine's topology (lscpu, ``nvidia-smi topo -m``). Written to OUT/host_noise.json after every run.
@@ -51,7 +53,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--config", default="gqa_swiglu")
-    ap.add_argument("--pin", default="2-5", help="the cores the pinned runs are held to")
+    ap.add_argument("--variants", default="free,2-5",
+                    help="comma-separated, run in turn: 'free' (as it is) or the cores a run is held to")
     ap.add_argument("--budget-s", type=float, default=300.0)
     a = ap.parse_args()
     out = Path(a.out)
@@ -67,10 +70,13 @@ def main() -> int:
         "topo": sh("nvidia-smi topo -m"),
         "runs": {},
     }
-    variants = {"free": [], "pinned": ["taskset", "-c", a.pin]}
+    variants = {v: ([] if v == "free" else ["taskset", "-c", v]) for v in a.variants.split(",") if v}
+    if not variants:
+        ap.error("--variants names no variant")
+    order = list(variants)
     k = 0
     while True:
-        label = ("free", "pinned")[k % 2]
+        label = order[k % len(order)]
         if not clock.fits(_est_run_s(res)):
             break
         before, load = cpu_times(), os.getloadavg()
@@ -85,7 +91,7 @@ def main() -> int:
         k += 1
     for label in variants:
         meds = [r["steady"]["median_ms"] for n, r in res["runs"].items()
-                if n.endswith(label) and r["steady"].get("n")]
+                if n.split("_", 1)[1] == label and r["steady"].get("n")]
         if meds:
             clock.say(f"{label}: medians {meds} spread {max(meds) - min(meds):.1f} ms, "
                       f"mean {statistics.fmean(meds):.1f}")
