@@ -6,7 +6,8 @@ any gain under test).
                                                           [--budget-s 300]
 
 The job as plan_ab_live.py runs its base, in turn under each variant (``free``: as it is; a core list:
-held to those cores with ``taskset``),
+held to those cores with ``taskset``; either with ``/manual-gc``: Megatron-LM's own garbage collection,
+``--manual-gc --manual-gc-interval 100``, the MoE guide's setting against Python's jitter),
 each run with the machine's CPU time over the run from /proc/stat (user, system, steal, idle: a
 neighbour's steal shows there, a busy process of this machine in user/system), the load average and the
 machine's topology (lscpu, ``nvidia-smi topo -m``). Written to OUT/host_noise.json after every run.
@@ -28,6 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.gpu.plan_ab_live import CONFIGS, Clock, _est_run_s, measure
 from tests.procs import ROOT, run_env
 
+# A variant's Megatron-LM flags, after its "/": the H100's long_seq runs slowed by 50-150 ms every 5-7
+# steps (docs/evidence/plan_h100_v4/host_noise), a beat the interpreter's collector would make. In
+# remedies_live.apply_flags' form: "--opt value" one string.
+JOB_FLAGS: dict[str, list[str]] = {"manual-gc": ["--manual-gc", "--manual-gc-interval 100"]}
 STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
@@ -70,7 +75,12 @@ def main() -> int:
         "topo": sh("nvidia-smi topo -m"),
         "runs": {},
     }
-    variants = {v: ([] if v == "free" else ["taskset", "-c", v]) for v in a.variants.split(",") if v}
+    variants: dict[str, tuple[list[str], list[str]]] = {}  # label -> (command prefix, job flags)
+    for v in (x for x in a.variants.split(",") if x):
+        cores, _, extra = v.partition("/")
+        if extra and extra not in JOB_FLAGS:
+            ap.error(f"--variants: {extra!r} is not one of {', '.join(JOB_FLAGS)}")
+        variants[v] = ([] if cores == "free" else ["taskset", "-c", cores], JOB_FLAGS.get(extra, []))
     if not variants:
         ap.error("--variants names no variant")
     order = list(variants)
@@ -80,7 +90,8 @@ def main() -> int:
         if not clock.fits(_est_run_s(res)):
             break
         before, load = cpu_times(), os.getloadavg()
-        got = measure(megatron, c, env, [], [], out, f"noise_{k}", prefix=variants[label])
+        prefix, flags = variants[label]
+        got = measure(megatron, c, env, flags, [], out, f"noise_{k}", prefix=prefix)
         got["cpu_share"] = share(before, cpu_times())
         got["loadavg_before"] = load
         got.pop("steps_raw", None)
