@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.agent.main import CAPTURE_STOP_S
+from perfd.agent.main import CAPTURE_STOP_S, SHUTDOWN_BUDGET_S
 from tests.procs import Procs, get_json, start_aggregator, wait_for
 
 pytestmark = pytest.mark.slow
@@ -74,7 +74,9 @@ def test_sigterm_with_a_kineto_capture_waiting_for_its_poll(tmp_path: Path) -> N
         phases = dict(re.findall(r"(\w[\w ()]*?) ([0-9.]+)s", m.group(2)))
         print(f"SIGTERM with a Kineto capture waiting: agent stopped in {own:.2f} s by its clock "
               f"({m.group(2)}), process ended {wall:.2f} s after the signal; capture {rec.get('id')}")
-        assert own <= 1.5, m.group(0)
+        # Within the agent's promise (its stop budget; a quiet machine: ~0.5 s). Not tighter: on a loaded
+        # runner the stream's close alone has taken the rest of the budget (stream 4.00 s, cut there).
+        assert own <= SHUTDOWN_BUDGET_S + 0.1, m.group(0)
         # The captures' step: the time from the step before it to its own mark, within its share.
         marks = [float(v) for v in phases.values()]
         names = list(phases)

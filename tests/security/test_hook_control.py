@@ -391,13 +391,13 @@ def test_another_user_squatting_ranks_0_to_7_locks_no_real_rank_out(agent: tuple
                 with h.step():
                     pass
             time.sleep(0.02)
+        for h in hooks:  # a hook's last steps may still be with its harvester: close sends them
+            h.close(timeout_s=2.0)
         deadline = time.monotonic() + 30
         while len([s for s in got.steps if s.fields["pid"] == str(os.getpid())]) < 40 \
                 and time.monotonic() < deadline:
             got.steps += col.collect(time.time()).steps
             time.sleep(0.02)
-        for h in hooks:
-            h.close()
     finally:
         os.killpg(squat.pid, 9)
         squat.wait(10)
