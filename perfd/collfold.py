@@ -206,6 +206,11 @@ class Retention:
 # The analysis of 200,000 rows of a 100,000-rank job took 19.7 s of CPU on the 2-core VM
 # (perfd bench collectives, benchmarks/README.md).
 REDUCED_RETENTION = Retention(per_rank=512, per_job=250_000)
+# What a node's agent sends of it: each rank's newest 512 operations, whatever the job's size. The
+# root folds every operation it merges into per-window figures (perfd.analytics.collectives.winfold)
+# before its store's retention lets it go: at 100,000 ranks the store keeps 2 a rank, the windows
+# every one. (The tracker of the agent's dumps sends each operation once, when final.)
+SENT_RETENTION = Retention(per_rank=REDUCED_RETENTION.per_rank)
 
 
 @dataclass
@@ -229,21 +234,28 @@ class CollectivePartial:
     def __len__(self) -> int:
         return sum(len(rows) for rows in self.streams.values())
 
-    def add(self, key: OpKey, row: OpRow) -> None:
+    def add(self, key: OpKey, row: OpRow) -> bool:
+        """Whether ``row`` went in: an operation not held, or a further state of one held."""
         rows = self.streams.setdefault(_stream(key), {})
         cur = rows.get(key)
         if cur is None or (cur != row and _row_order(row) > _row_order(cur)):
             rows[key] = row
+            return True
+        return False
 
-    def absorb(self, other: CollectivePartial, keep: Retention | None = None) -> None:
+    def absorb(self, other: CollectivePartial, keep: Retention | None = None,
+               taken: list[OpRow] | None = None) -> None:
         """Merge ``other`` in, in place (the root's running merge: linear in ``other`` unless new
-        ranks shrink every rank's share of ``keep.per_job``), then bound what it touched."""
+        ranks shrink every rank's share of ``keep.per_job``), then bound what it touched. ``taken``:
+        gets the rows that went in (new, or a further state), before the bound lets any go — what the
+        root folds per window (perfd.analytics.collectives.winfold)."""
         if other.job != self.job:
             raise ValueError(f"merging partials of two jobs ({self.job!r}, {other.job!r})")
         self.progress.merge(other.progress)
         for rows in other.streams.values():
             for key, row in rows.items():
-                self.add(key, row)
+                if self.add(key, row) and taken is not None:
+                    taken.append(row)
         k = keep.k(len(self.streams)) if keep is not None else None
         if k is not None and (self._kept is None or k < self._kept):
             self.bound(keep)
