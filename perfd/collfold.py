@@ -24,6 +24,12 @@ whichever order the merges run in (the top k of a union is a join as well). Besi
 (rank, group)'s highest sequence number enqueued and completed is kept over every row ever merged in
 (a max: a join too), whatever the retention lets go: it settles hangs.
 
+What the retention lets go is not lost to the per-iteration shares: the root's store hands every row
+a merge took in (:meth:`CollectivePartial.absorb`'s ``taken``: new, or a further state) to the job's
+window fold (perfd.analytics.collectives.winfold), which has the layout and the step windows and
+keeps per window and rank the unions per class the analysis reads; so the agents send each rank's
+newest operations (``SENT_RETENTION``), not only the store's share of the job.
+
 It sits beside perfd.stepfold, below both analytics and the engine: the engine's agents reduce and
 its root merges, and the engine imports nothing of analytics (tests/test_layering.py); the
 analysis (perfd.analytics.collectives) finishes what it folds.
@@ -202,7 +208,8 @@ class Retention:
 # What the aggregator's store keeps of what came reduced (the engine path), and what an agent sends no
 # more of: each rank's newest 512 operations (~25 iterations of a job running ~20 collectives an
 # iteration a rank), 250,000 a job in all (12.5 x the records as sent it keeps a job; ~290 bytes a row
-# in memory): at 8,000 ranks 31 a rank, at 100,000 ranks 2 — every rank seen, few of its operations.
+# in memory): at 8,000 ranks 31 a rank, at 100,000 ranks 2 — every rank seen, few of its operations
+# (its per-iteration shares are folded per window as its operations come: analytics/collectives/winfold).
 # The analysis of 200,000 rows of a 100,000-rank job took 19.7 s of CPU on the 2-core VM
 # (perfd bench collectives, benchmarks/README.md).
 REDUCED_RETENTION = Retention(per_rank=512, per_job=250_000)
@@ -321,8 +328,8 @@ def for_sending(p: CollectivePartial, keep: Retention) -> CollectivePartial:
     newest ``keep.k(world)``, ``world`` the job's ranks as its rows show them (the largest group, or
     the highest rank + 1). Once every rank of the job reported, the store's k over them is no larger,
     so what is dropped here the store would drop as well; until then it may hold fewer of a rank's
-    older operations than it could. A 100,000-rank job's node sends 2 operations a rank, not every
-    one the dumps hold."""
+    older operations than it could. The engine's agents send with ``SENT_RETENTION`` (a rank's newest
+    512: the root folds each per window before its store keeps 2 a rank of a 100,000-rank job)."""
     groups = {id(row.group): row.group for rows in p.streams.values() for row in rows.values()}
     world = world_size_from((g.pg_ranks for g in groups.values()),  # each group once: a world group is big
                             (row.rank for rows in p.streams.values() for row in rows.values()))
