@@ -156,8 +156,8 @@ class CollectiveStore:
             fold = self._fold(part.job, jc)
             if steps is not None:
                 fold.set_steps(*steps)
-            touched = fold.add(taken)
-            fold.advance(None if steps is not None else touched)
+            # the ranks it touched (the others settle when their next operations come, or at the analysis)
+            fold.advance(fold.add(taken))
             for row in part.ops.values():
                 if row.rank is not None and row.source == FR:
                     jc.rank_agent[row.rank] = agent_id  # the partial's rows are its agent's ranks' (one node)

@@ -172,8 +172,7 @@ class WindowFold:
         rank_windows, job_windows = step_windows(steps)
         self._job = _Bounds.of(job_windows)
         self._per_rank = {r: _Bounds.of(ws) for r, ws in rank_windows.items()}
-        if layout != self.layout:
-            self.layout, self._classes = layout, None
+        self.layout = layout
         self.steps_key = key
 
     def add(self, rows: Iterable[OpRow]) -> set[int]:
@@ -228,14 +227,16 @@ class WindowFold:
         g = row.group
         if g not in self._groups:
             n = self._groups[g] = len(set(g.pg_ranks)) if g.pg_ranks else 0
-            if n > self._biggest:
-                self._biggest, self._classes = n, None
+            self._biggest = max(self._biggest, n)
         if row.rank is not None and row.rank > self._top:
-            self._top, self._classes = row.rank, None
+            self._top = row.rank
 
     def _class_map(self) -> Classes:
-        if self._classes is None:
-            self._classes = Classes(self.layout, self._biggest, self._top, self.cfg.order)
+        """The classes for the layout and the world size now (made again only when either changed:
+        a world group lists every rank, and classing it costs as much)."""
+        c = Classes(self.layout, self._biggest, self._top, self.cfg.order)
+        if self._classes is None or (self._classes.layout, self._classes.world) != (c.layout, c.world):
+            self._classes = c
         return self._classes
 
     def _advance(self, rank: int, st: _Rank) -> None:
