@@ -251,11 +251,12 @@ class CollectivePartial:
         return False
 
     def absorb(self, other: CollectivePartial, keep: Retention | None = None,
-               taken: list[OpRow] | None = None) -> None:
+               taken: list[OpRow] | None = None) -> int:
         """Merge ``other`` in, in place (the root's running merge: linear in ``other`` unless new
         ranks shrink every rank's share of ``keep.per_job``), then bound what it touched. ``taken``:
         gets the rows that went in (new, or a further state), before the bound lets any go — what the
-        root folds per window (perfd.analytics.collectives.winfold)."""
+        root folds per window (perfd.analytics.collectives.winfold). Returns how many rows the bound
+        let go (counted without walking every rank: ``len`` of a 100,000-rank partial does)."""
         if other.job != self.job:
             raise ValueError(f"merging partials of two jobs ({self.job!r}, {other.job!r})")
         self.progress.merge(other.progress)
@@ -265,20 +266,21 @@ class CollectivePartial:
                     taken.append(row)
         k = keep.k(len(self.streams)) if keep is not None else None
         if k is not None and (self._kept is None or k < self._kept):
-            self.bound(keep)
-        else:
-            for stream in other.streams:
-                _bound_stream(self.streams[stream], k)
+            return self._bound_all(keep)
+        return sum(_bound_stream(self.streams[stream], k) for stream in other.streams)
 
     def bound(self, keep: Retention | None) -> CollectivePartial:
         """This partial with each rank's newest ``keep.k(ranks)`` operations (by enqueue time, then
         key): the same set whatever order the rows were merged in, since an op's enqueue time is its
         own (every dump that shows it shows the same). None: unbounded."""
-        k = keep.k(len(self.streams)) if keep is not None else None
-        for rows in self.streams.values():
-            _bound_stream(rows, k)
-        self._kept = k
+        self._bound_all(keep)
         return self
+
+    def _bound_all(self, keep: Retention | None) -> int:
+        k = keep.k(len(self.streams)) if keep is not None else None
+        gone = sum(_bound_stream(rows, k) for rows in self.streams.values())
+        self._kept = k
+        return gone
 
     def ordered(self) -> list[tuple[OpKey, OpRow]]:
         """The rows in the order the analysis reads them, whatever order they came in: rank by rank,
@@ -358,8 +360,10 @@ def _enqueue_order(kv: tuple[OpKey, OpRow]) -> tuple[object, ...]:
     return (_sortable(kv[1].time_created_ns), sort_key(kv[0]))
 
 
-def _bound_stream(rows: dict[OpKey, OpRow], max_ops: int | None) -> None:
+def _bound_stream(rows: dict[OpKey, OpRow], max_ops: int | None) -> int:
     if max_ops is None or len(rows) <= max_ops:
-        return
-    for key, _row in sorted(rows.items(), key=_enqueue_order)[:len(rows) - max_ops]:
+        return 0
+    gone = len(rows) - max_ops
+    for key, _row in sorted(rows.items(), key=_enqueue_order)[:gone]:
         del rows[key]
+    return gone

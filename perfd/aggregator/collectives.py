@@ -145,12 +145,11 @@ class CollectiveStore:
             held = jc.partial.streams
             new = sum(1 for stream, rows in part.streams.items() for key in rows
                       if key not in held.get(stream, ()))
-            before = len(jc.partial)
             taken: list[OpRow] = []
-            jc.partial.absorb(part, self.reduced_retention, taken)
+            # past the retention, the oldest of their ranks
+            dropped = jc.partial.absorb(part, self.reduced_retention, taken)
             self.ingested += len(part)
             self.merged_again += len(part) - new  # in already: a redelivery, or two dumps of an op
-            dropped = before + new - len(jc.partial)  # past the retention, the oldest of their ranks
             jc.dropped += dropped
             self.dropped += dropped
             fold = self._fold(part.job, jc)
