@@ -24,6 +24,12 @@ whichever order the merges run in (the top k of a union is a join as well). Besi
 (rank, group)'s highest sequence number enqueued and completed is kept over every row ever merged in
 (a max: a join too), whatever the retention lets go: it settles hangs.
 
+What the retention lets go is not lost to the per-iteration shares: the root's store hands every row
+a merge took in (:meth:`CollectivePartial.absorb`'s ``taken``: new, or a further state) to the job's
+window fold (perfd.analytics.collectives.winfold), which has the layout and the step windows and
+keeps per window and rank the unions per class the analysis reads; so the agents send each rank's
+newest operations (``SENT_RETENTION``), not only the store's share of the job.
+
 It sits beside perfd.stepfold, below both analytics and the engine: the engine's agents reduce and
 its root merges, and the engine imports nothing of analytics (tests/test_layering.py); the
 analysis (perfd.analytics.collectives) finishes what it folds.
@@ -202,10 +208,16 @@ class Retention:
 # What the aggregator's store keeps of what came reduced (the engine path), and what an agent sends no
 # more of: each rank's newest 512 operations (~25 iterations of a job running ~20 collectives an
 # iteration a rank), 250,000 a job in all (12.5 x the records as sent it keeps a job; ~290 bytes a row
-# in memory): at 8,000 ranks 31 a rank, at 100,000 ranks 2 — every rank seen, few of its operations.
+# in memory): at 8,000 ranks 31 a rank, at 100,000 ranks 2 — every rank seen, few of its operations
+# (its per-iteration shares are folded per window as its operations come: analytics/collectives/winfold).
 # The analysis of 200,000 rows of a 100,000-rank job took 19.7 s of CPU on the 2-core VM
 # (perfd bench collectives, benchmarks/README.md).
 REDUCED_RETENTION = Retention(per_rank=512, per_job=250_000)
+# What a node's agent sends of it: each rank's newest 512 operations, whatever the job's size. The
+# root folds every operation it merges into per-window figures (perfd.analytics.collectives.winfold)
+# before its store's retention lets it go: at 100,000 ranks the store keeps 2 a rank, the windows
+# every one. (The tracker of the agent's dumps sends each operation once, when final.)
+SENT_RETENTION = Retention(per_rank=REDUCED_RETENTION.per_rank)
 
 
 @dataclass
@@ -229,37 +241,46 @@ class CollectivePartial:
     def __len__(self) -> int:
         return sum(len(rows) for rows in self.streams.values())
 
-    def add(self, key: OpKey, row: OpRow) -> None:
+    def add(self, key: OpKey, row: OpRow) -> bool:
+        """Whether ``row`` went in: an operation not held, or a further state of one held."""
         rows = self.streams.setdefault(_stream(key), {})
         cur = rows.get(key)
         if cur is None or (cur != row and _row_order(row) > _row_order(cur)):
             rows[key] = row
+            return True
+        return False
 
-    def absorb(self, other: CollectivePartial, keep: Retention | None = None) -> None:
+    def absorb(self, other: CollectivePartial, keep: Retention | None = None,
+               taken: list[OpRow] | None = None) -> int:
         """Merge ``other`` in, in place (the root's running merge: linear in ``other`` unless new
-        ranks shrink every rank's share of ``keep.per_job``), then bound what it touched."""
+        ranks shrink every rank's share of ``keep.per_job``), then bound what it touched. ``taken``:
+        gets the rows that went in (new, or a further state), before the bound lets any go — what the
+        root folds per window (perfd.analytics.collectives.winfold). Returns how many rows the bound
+        let go (counted without walking every rank: ``len`` of a 100,000-rank partial does)."""
         if other.job != self.job:
             raise ValueError(f"merging partials of two jobs ({self.job!r}, {other.job!r})")
         self.progress.merge(other.progress)
         for rows in other.streams.values():
             for key, row in rows.items():
-                self.add(key, row)
+                if self.add(key, row) and taken is not None:
+                    taken.append(row)
         k = keep.k(len(self.streams)) if keep is not None else None
         if k is not None and (self._kept is None or k < self._kept):
-            self.bound(keep)
-        else:
-            for stream in other.streams:
-                _bound_stream(self.streams[stream], k)
+            return self._bound_all(keep)
+        return sum(_bound_stream(self.streams[stream], k) for stream in other.streams)
 
     def bound(self, keep: Retention | None) -> CollectivePartial:
         """This partial with each rank's newest ``keep.k(ranks)`` operations (by enqueue time, then
         key): the same set whatever order the rows were merged in, since an op's enqueue time is its
         own (every dump that shows it shows the same). None: unbounded."""
-        k = keep.k(len(self.streams)) if keep is not None else None
-        for rows in self.streams.values():
-            _bound_stream(rows, k)
-        self._kept = k
+        self._bound_all(keep)
         return self
+
+    def _bound_all(self, keep: Retention | None) -> int:
+        k = keep.k(len(self.streams)) if keep is not None else None
+        gone = sum(_bound_stream(rows, k) for rows in self.streams.values())
+        self._kept = k
+        return gone
 
     def ordered(self) -> list[tuple[OpKey, OpRow]]:
         """The rows in the order the analysis reads them, whatever order they came in: rank by rank,
@@ -309,8 +330,8 @@ def for_sending(p: CollectivePartial, keep: Retention) -> CollectivePartial:
     newest ``keep.k(world)``, ``world`` the job's ranks as its rows show them (the largest group, or
     the highest rank + 1). Once every rank of the job reported, the store's k over them is no larger,
     so what is dropped here the store would drop as well; until then it may hold fewer of a rank's
-    older operations than it could. A 100,000-rank job's node sends 2 operations a rank, not every
-    one the dumps hold."""
+    older operations than it could. The engine's agents send with ``SENT_RETENTION`` (a rank's newest
+    512: the root folds each per window before its store keeps 2 a rank of a 100,000-rank job)."""
     groups = {id(row.group): row.group for rows in p.streams.values() for row in rows.values()}
     world = world_size_from((g.pg_ranks for g in groups.values()),  # each group once: a world group is big
                             (row.rank for rows in p.streams.values() for row in rows.values()))
@@ -339,8 +360,10 @@ def _enqueue_order(kv: tuple[OpKey, OpRow]) -> tuple[object, ...]:
     return (_sortable(kv[1].time_created_ns), sort_key(kv[0]))
 
 
-def _bound_stream(rows: dict[OpKey, OpRow], max_ops: int | None) -> None:
+def _bound_stream(rows: dict[OpKey, OpRow], max_ops: int | None) -> int:
     if max_ops is None or len(rows) <= max_ops:
-        return
-    for key, _row in sorted(rows.items(), key=_enqueue_order)[:len(rows) - max_ops]:
+        return 0
+    gone = len(rows) - max_ops
+    for key, _row in sorted(rows.items(), key=_enqueue_order)[:gone]:
         del rows[key]
+    return gone

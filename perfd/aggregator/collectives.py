@@ -27,6 +27,7 @@ from typing import Any
 from perfd import limits as L
 from perfd.analytics.collectives.analysis import CollectiveAnalysis, finish
 from perfd.analytics.collectives.config import FR, CollectiveConfig
+from perfd.analytics.collectives.winfold import FoldCounts, WindowFold
 from perfd.collfold import (
     REDUCED_RETENTION,
     CollectivePartial,
@@ -42,6 +43,9 @@ from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
 Row = tuple[Mapping[str, str], str, float]
+# What the window fold is told of a job (the aggregator's jobs store has it): a key that changes with
+# its step records and layout, and a call that gives them.
+FoldInputs = tuple[object, Callable[[], tuple[Sequence[StepRecord], ParallelLayout | None]]]
 # A job's analysis that took COSTLY_ANALYSIS_S or more is made again no sooner than
 # ANALYSIS_COST_FACTOR times what it took (unless forced): a 100,000-rank job's takes ~20 s of CPU
 # (perfd bench collectives), which made again as soon as its records changed — every node message —
@@ -60,6 +64,9 @@ class JobCollectives:
     records: dict[OpKey, CollectiveRecord] = field(default_factory=dict)  # oldest first
     # What came reduced (the engine path: each node's agent reduced its ranks' records), merged
     partial: CollectivePartial | None = None
+    # Its per-window figures, folded from every operation merged into ``partial`` (which keeps 2 a
+    # rank at 100,000 ranks: the step-window shares are read from here)
+    fold: WindowFold | None = None
     rank_agent: dict[int, str] = field(default_factory=dict)  # rank -> agent whose dumps hold it
     # As they arrived, read once (None: an event the hang merge cannot read, held and counted all the same)
     hang_events: list[HangEvent | None] = field(default_factory=list)
@@ -93,6 +100,9 @@ class CollectiveStore:
         self.dropped = 0
         self.merged_again = 0  # reduced operations already held (a redelivery, two dumps) or past the bound
         self.analysis_errors = 0
+        # job -> its step records' key and a call for them and its layout (AggregatorState sets it):
+        # the window fold settles windows as operations come, not only when an analysis runs
+        self.fold_inputs: Callable[[str], FoldInputs] | None = None
 
     def ingest(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None:
         with self._lock:
@@ -124,7 +134,10 @@ class CollectiveStore:
     def ingest_partial(self, agent_id: str, part: CollectivePartial) -> None:
         """Merge a node's reduced collective records in (a join: one read twice merges once). Every
         rank's newest operations are kept (``reduced_retention``), where of records as sent the job's
-        newest ``max_records_per_job`` are: at 100,000 ranks 0.2 a rank, most ranks unseen."""
+        newest ``max_records_per_job`` are: at 100,000 ranks 0.2 a rank, most ranks unseen. What went
+        in (new, or a further state) is folded per step window (perfd.analytics.collectives.winfold)
+        before the retention lets it go."""
+        steps = self._fold_steps(part.job)
         with self._lock:
             jc = self.jobs.setdefault(part.job, JobCollectives())
             if jc.partial is None:
@@ -132,13 +145,18 @@ class CollectiveStore:
             held = jc.partial.streams
             new = sum(1 for stream, rows in part.streams.items() for key in rows
                       if key not in held.get(stream, ()))
-            before = len(jc.partial)
-            jc.partial.absorb(part, self.reduced_retention)
+            taken: list[OpRow] = []
+            # past the retention, the oldest of their ranks
+            dropped = jc.partial.absorb(part, self.reduced_retention, taken)
             self.ingested += len(part)
             self.merged_again += len(part) - new  # in already: a redelivery, or two dumps of an op
-            dropped = before + new - len(jc.partial)  # past the retention, the oldest of their ranks
             jc.dropped += dropped
             self.dropped += dropped
+            fold = self._fold(part.job, jc)
+            if steps is not None:
+                fold.set_steps(*steps)
+            # the ranks it touched (the others settle when their next operations come, or at the analysis)
+            fold.advance(fold.add(taken))
             for row in part.ops.values():
                 if row.rank is not None and row.source == FR:
                     jc.rank_agent[row.rank] = agent_id  # the partial's rows are its agent's ranks' (one node)
@@ -147,6 +165,35 @@ class CollectiveStore:
         if line:
             log.info("collectives: %d collective operation(s) left their jobs' retention (%s) since the last "
                      "line", line, self.reduced_retention)
+
+    def _fold(self, job: str, jc: JobCollectives) -> WindowFold:
+        if jc.fold is None:
+            jc.fold = WindowFold(self.job_config.get(job, self.config))
+        return jc.fold
+
+    def _fold_steps(self, job: str) -> tuple[object, Sequence[StepRecord], ParallelLayout | None] | None:
+        """The job's step records and layout for its window fold, when they changed since it last
+        had them (None: unchanged, or no source); read outside the lock (the jobs store has its own)."""
+        if self.fold_inputs is None:
+            return None
+        key, get = self.fold_inputs(job)
+        with self._lock:
+            jc = self.jobs.get(job)
+            if jc is not None and jc.fold is not None and jc.fold.steps_key == key:
+                return None
+        return (key, *get())
+
+    def fold_counts(self) -> dict[str, int]:
+        """The window folds' counters over every job, and the operations waiting (for /api/stats)."""
+        with self._lock:
+            total = FoldCounts()
+            pending = 0
+            for jc in self.jobs.values():
+                if jc.fold is not None:
+                    pending += jc.fold.pending
+                    for k, v in vars(jc.fold.counts).items():
+                        setattr(total, k, getattr(total, k) + v)
+        return {**total.to_json(), "pending": pending}
 
     def add_hang_event(self, agent_id: str, ev: Mapping[str, Any]) -> None:
         job = str(ev.get("job") or (ev.get("labels") or {}).get("job") or "")
@@ -218,10 +265,18 @@ class CollectiveStore:
             cfg = self.job_config.get(job, self.config)
         steps, layout, placed, gpu = inputs()
         nodes = {**agent_nodes, **placed}  # NVML placement wins; else the agent that read the dump
+        view = None
+        if partial is not None:
+            with self._lock:
+                fold = self._fold(job, jc)
+                if fold.steps_key != (steps_key, layout):
+                    fold.set_steps((steps_key, layout), steps, layout)
+                fold.advance()
+                view = fold.view()
         began = time.monotonic()
         try:
             result = finish(partial if partial is not None else reduce(job, records), steps, layout=layout,
-                            rank_nodes=nodes, gpu_name=gpu, hang_events=hangs, config=cfg)
+                            rank_nodes=nodes, gpu_name=gpu, hang_events=hangs, config=cfg, fold=view)
         except Exception:
             with self._lock:
                 self.analysis_errors += 1

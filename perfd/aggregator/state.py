@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from perfd.aggregator.class_inputs import CaptureSource, ClassInputs, NoCaptures
-from perfd.aggregator.collectives import CollectiveStore, metric_rows
+from perfd.aggregator.collectives import CollectiveStore, FoldInputs, metric_rows
 from perfd.aggregator.eventlog import EventLog
 from perfd.aggregator.gpu_views import (
     PlacementCache,
@@ -88,6 +88,7 @@ class AggregatorState:
         self.nodes = NodeView()
         self._placements = PlacementCache(self.nodes)  # each job's rank placement (see gpu_views)
         self.collectives = CollectiveStore()  # its own lock; see aggregator/collectives
+        self.collectives.fold_inputs = self._fold_inputs  # its window fold reads the job's steps
         self.log = EventLog()
         self.stats = Stats()
         # The transport's counters, taken when /api/stats or /metrics asks (once per read: each
@@ -511,6 +512,13 @@ class AggregatorState:
             return records, layout, placed, gpu
 
         return self.collectives.analysis(job, self.jobs.steps_key(job), inputs, force=force, cached=cached)
+
+    def _fold_inputs(self, job: str) -> FoldInputs:
+        """The job's step records' key (with its layout) and a call for them: its windows."""
+        info = self.jobs.job_info(job)
+        layout = info.layout if info else None
+        got = lambda: (self.jobs.records_and_layout(job) or ([], None, None))[:2]  # noqa: E731
+        return (self.jobs.steps_key(job), layout), got
 
     def collective_rows(self, per_rank: bool = True) -> list[tuple[Mapping[str, str], str, float]]:
         """/metrics rows of every job's collective analysis, plus the store's own counters."""

@@ -30,7 +30,8 @@ def stats_json(state: AggregatorState) -> dict[str, Any]:
         "step_records_ingested": js.steps,
         "events_ingested": state.log.ingested,
         "events_malformed": dict(state.log.malformed),
-        "collectives": state.collectives.hang_stats(),
+        # hang events held; the window fold's operations folded, waiting, late (collectives/winfold)
+        "collectives": {**state.collectives.hang_stats(), "window_fold": state.collectives.fold_counts()},
         "event_log": state.log.stats(),  # held, bytes, last_seq, cut (events kept cut), cut_bytes
         "serving_records_ingested": state.serving.records,
         "serving_errors": dict(state.serving.errors),

@@ -6,10 +6,10 @@ Nothing is lost while the engine is away: each message waits in the agent's spoo
 disk-backed where the agent has a spool dir) until the engine acknowledged it; one published twice
 (its acknowledgement lost) is dropped by the engine within its duplicate window, and is harmless
 after it (a fold is idempotent). Node series stay on the agent's /metrics for Prometheus and are not
-published. Events go as sent, and collective records reduced to one partial
-(perfd.collfold: compact rows, one per operation, no more of a rank than the
-store would keep), one message per job, to the records stream (perfd.engine.subjects), which the
-jobs' root reads beside the partials.
+published. Events go as sent, and collective records reduced to one partial (perfd.collfold:
+compact rows, one per operation, a rank's newest SENT_RETENTION: the root folds each into per-window
+figures before its store keeps the newest), one message per job, to the records stream
+(perfd.engine.subjects), which the jobs' root reads beside the partials.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from perfd.collfold import REDUCED_RETENTION, for_sending, reduce
+from perfd.collfold import SENT_RETENTION, for_sending, reduce
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect
 from perfd.engine.partial import RunMarks, decode, encode, partials_of
@@ -105,8 +105,8 @@ class EngineClient(CommandTarget):
                 seq = self.spool.next_seq()
                 mid = f"{self.agent_id}:{self.spool.epoch}:{seq}"
                 batch = encode_batch(self.agent_id, seq, (), (), evs, self._no_series) if evs else None
-                reduced = [for_sending(reduce(job, colls), REDUCED_RETENTION)] if colls else []
-                # not sent: what the store would not keep (REDUCED_RETENTION), or an op twice in them
+                reduced = [for_sending(reduce(job, colls), SENT_RETENTION)] if colls else []
+                # not sent: past a rank's newest SENT_RETENTION, or an op twice in them
                 self.collectives_not_sent += len(colls) - sum(len(p) for p in reduced)
                 if on_seq is not None:
                     on_seq(seq)

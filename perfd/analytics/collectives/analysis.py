@@ -35,6 +35,7 @@ from perfd.analytics.collectives.config import FR, CollectiveConfig
 from perfd.analytics.collectives.groups import classify_group
 from perfd.analytics.collectives.hangs import HangView, merge_hangs
 from perfd.analytics.collectives.windows import StepWindow, rank_timeline, step_windows, union_ns
+from perfd.analytics.collectives.winfold import FoldView
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
 from perfd.collfold import CollectivePartial, reduce, world_size_from
 from perfd.hang_fact import HangEvent
@@ -153,11 +154,13 @@ def analyze_collectives(job: str, records: Sequence[CollectiveRecord], steps: Se
 def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
            layout: ParallelLayout | None = None, rank_nodes: Mapping[int, str] | None = None,
            gpu_name: str | None = None, hang_events: Sequence[HangEvent] = (),
-           config: CollectiveConfig | None = None) -> CollectiveAnalysis:
+           config: CollectiveConfig | None = None, fold: FoldView | None = None) -> CollectiveAnalysis:
     """The analysis of a partial (perfd.collfold: one node's, or all nodes'
     merged) with the job's step records, layout and placement: its operations are read in the
     partial's order (rank by rank, each in enqueue order: CollectivePartial.ordered), so partials that
-    hold the same operations give the same analysis whatever order they were merged in."""
+    hold the same operations give the same analysis whatever order they were merged in. ``fold``: the
+    per-window figures folded from every operation merged (perfd.analytics.collectives.winfold), which
+    the step-window shares are read from instead of the partial's rows (it may hold 2 a rank)."""
     cfg = config or CollectiveConfig()
     job = partial.job
     records = partial.records()
@@ -190,7 +193,7 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
                              iterations=[], comm_total_share=None, comm_share_by_rank={},
                              comm_share_by_group={}, weighted_share=None, n_windows=0, bandwidth=[],
                              waits=[], hangs=[])
-    _shares(out, timed, cls, steps, cfg)
+    _shares(out, timed, cls, steps, cfg, fold, layout)
     out.bandwidth = group_bandwidth(records, cls, nodes, gpu_name, cfg, out.bandwidth_rejected)
     out.waits = _waits(timed)
     out.hangs = merge_hangs(hang_events, partial.progress)
@@ -224,8 +227,9 @@ class _RankLists:
 
 
 def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Mapping[int, str],
-            steps: Sequence[StepRecord], cfg: CollectiveConfig) -> None:
-    if not timed:
+            steps: Sequence[StepRecord], cfg: CollectiveConfig, fold: FoldView | None = None,
+            layout: ParallelLayout | None = None) -> None:
+    if not timed and not (fold is not None and fold.counts.folded):
         out.absent_reason = ("no Flight Recorder durations: the job runs without TORCH_NCCL_ENABLE_TIMING=1 "
                              "(`perfd launch --fr-timing`; opt-in, see PyTorch issue 143890 for its cost)"
                              if out.sources.get(FR) else "no Flight Recorder records")
@@ -234,25 +238,29 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
     for r in timed:
         by_rank.setdefault(r.rank or 0, []).append(r)
     rank_windows, job_windows = step_windows(steps)
+    folded = None if fold is None else fold.figures(lambda r: rank_windows.get(r) or job_windows, layout,
+                                                      cfg.order)
     per_it: dict[int, dict[int, tuple[float, float, dict[str, float], int, str | None]]] = {}
     rank_share: dict[int, float] = {}
     rank_weighted: dict[int, float] = {}
     rank_group: dict[int, dict[str, float]] = {}
     observed: dict[int, tuple[float, dict[str, float]]] = {}
-    for rank, recs in by_rank.items():
-        tl = rank_timeline(recs, cls)
+    for rank in list(by_rank) if folded is None else sorted(set(by_rank) | set(folded)):
         windows = rank_windows.get(rank) or job_windows
-        used: list[tuple[StepWindow, int, dict[str, int]]] = []
-        for w in windows:
-            if not tl.complete(w):
-                continue
-            comm, by = tl.window(w)
-            span = w.end_ns - w.start_ns
-            shares = {c: v / span for c, v in by.items()}
-            per_it.setdefault(w.iteration, {})[rank] = (comm / span, w.ms, shares, w.n_iterations, w.excluded)
-            if w.excluded is None:
-                used.append((w, comm, by))
         if windows:
+            if folded is not None:
+                figures = folded.get(rank, [])
+            else:
+                tl = rank_timeline(by_rank[rank], cls)
+                figures = [(w, *tl.window(w)) for w in windows if tl.complete(w)]
+            used: list[tuple[StepWindow, int, dict[str, int]]] = []
+            for w, comm, by in figures:
+                span = w.end_ns - w.start_ns
+                shares = {c: v / span for c, v in by.items()}
+                per_it.setdefault(w.iteration, {})[rank] = (comm / span, w.ms, shares, w.n_iterations,
+                                                            w.excluded)
+                if w.excluded is None:
+                    used.append((w, comm, by))
             recent = used[-cfg.recent_windows:]
             if recent:
                 spans = [w.end_ns - w.start_ns for w, _, _ in recent]
@@ -264,6 +272,9 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
                                     for c in sorted(seen)}
                 out.n_windows = max(out.n_windows, len(recent))
             continue
+        if rank not in by_rank:
+            continue  # its operations folded, none held: no window to read them in, no span either
+        tl = rank_timeline(by_rank[rank], cls)
         span_ns = max(e for _, e, _ in tl.ivs) - tl.created[0]
         if span_ns > 0:
             comm_ns = union_ns((s, e) for s, e, _ in tl.ivs)

@@ -17,9 +17,10 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from perfd.model import CollectiveRecord, StepRecord
+from perfd.model import StepRecord
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,55 @@ def union_ns(ivs: Iterable[tuple[int, int]]) -> int:
     return total
 
 
+QueueKey = tuple[int | None, bool, int | None]  # (process group id, p2p, peer of a p2p op)
+SeqKey = tuple[int | None, bool]  # (process group id, p2p): what a sequence number counts
+
+
+class TimedOp(Protocol):
+    """What a timeline reads of an operation: a :class:`perfd.model.CollectiveRecord` or a
+    :class:`perfd.collfold.OpRow` (the same names)."""
+
+    @property
+    def pg_id(self) -> int | None: ...
+    @property
+    def is_p2p(self) -> bool: ...
+    @property
+    def peer(self) -> int | None: ...
+    @property
+    def collective_seq_id(self) -> int | None: ...
+    @property
+    def p2p_seq_id(self) -> int | None: ...
+    @property
+    def time_created_ns(self) -> int | None: ...
+    @property
+    def duration_ms(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class TimelineContext:
+    """What a rank's timeline needs of its operations before some enqueue time, once they are gone
+    (perfd.analytics.collectives.winfold folds them away): its first enqueue time, each queue's last
+    op (its sequence number and end: the next op of the group starts after it), each group's last
+    sequence number and enqueue time (a gap to the next one leaves the windows it spans uncovered)."""
+
+    first: int | None = None
+    queues: Mapping[QueueKey, tuple[int | None, int]] = field(default_factory=dict)
+    seqs: Mapping[SeqKey, tuple[int, int]] = field(default_factory=dict)
+
+
 @dataclass
 class RankTimeline:
     created: list[int]  # sorted enqueue times
     ivs: list[tuple[int, int, str]]  # (start, end, group class), in the order of ``created``
     gaps: list[tuple[int, int]]  # enqueue-time spans where sequence numbers are missing
+    first: int | None = None  # the first enqueue time, where ops before ``created`` are gone
+    tail: TimelineContext | None = None  # the context after the ops up to rank_timeline's ``cut_ns``
 
     def complete(self, w: StepWindow) -> bool:
-        if not self.created or w.start_ns < self.created[0] or w.end_ns > self.created[-1]:
+        if not self.created:
+            return False
+        first = self.created[0] if self.first is None else min(self.first, self.created[0])
+        if w.start_ns < first or w.end_ns > self.created[-1]:
             return False
         return not any(a < w.end_ns and b > w.start_ns for a, b in self.gaps)
 
@@ -100,23 +142,30 @@ class RankTimeline:
         return union_ns((s, e) for s, e, _ in sel), {c: union_ns(v) for c, v in by.items()}
 
 
-def rank_timeline(recs: Sequence[CollectiveRecord], cls: Mapping[int, str]) -> RankTimeline:
-    """``cls``: id(record) -> group class."""
-    queues: dict[tuple[int | None, bool, int | None], list[CollectiveRecord]] = {}
-    seqs: dict[tuple[int | None, bool], list[tuple[int, int]]] = {}
+def _seq(r: TimedOp) -> int | None:
+    return r.p2p_seq_id if r.is_p2p else r.collective_seq_id
+
+
+def rank_timeline(recs: Sequence[TimedOp], cls: Mapping[int, str], context: TimelineContext | None = None,
+                  cut_ns: int | None = None) -> RankTimeline:
+    """``cls``: id(record) -> group class. ``context``: what came before ``recs`` (folded away);
+    ``cut_ns``: also give the context after the ops enqueued up to it (``tail``)."""
+    ctx = context or TimelineContext()
+    queues: dict[QueueKey, list[TimedOp]] = {}
+    seqs: dict[SeqKey, list[tuple[int, int]]] = {}
     for r in recs:
-        seq = r.p2p_seq_id if r.is_p2p else r.collective_seq_id
+        seq = _seq(r)
         queues.setdefault((r.pg_id, r.is_p2p, r.peer if r.is_p2p else None), []).append(r)
         if seq is not None and r.time_created_ns is not None:
             seqs.setdefault((r.pg_id, r.is_p2p), []).append((seq, r.time_created_ns))
+    tail_q = dict(ctx.queues) if cut_ns is not None else {}
     items: list[tuple[int, int, int, str]] = []
-    for q in queues.values():
-        q.sort(key=lambda r: ((r.p2p_seq_id if r.is_p2p else r.collective_seq_id) or 0,
-                              r.time_created_ns or 0))
-        prev_end, prev_seq = None, None
+    for qkey, q in queues.items():
+        q.sort(key=lambda r: (_seq(r) or 0, r.time_created_ns or 0))
+        prev_seq, prev_end = ctx.queues.get(qkey, (None, None))
         for r in q:
             created, dur = r.time_created_ns or 0, r.duration_ms or 0.0
-            seq = r.p2p_seq_id if r.is_p2p else r.collective_seq_id
+            seq = _seq(r)
             # Ops of one group run in order on its stream: an op starts after the previous one ends.
             start = created if prev_end is None or seq is None or prev_seq is None or seq != prev_seq + 1 \
                 else max(created, prev_end)
@@ -125,12 +174,25 @@ def rank_timeline(recs: Sequence[CollectiveRecord], cls: Mapping[int, str]) -> R
             end = start + round(dur * 1e6)
             items.append((created, start, end, cls.get(id(r), "other")))
             prev_end, prev_seq = end, seq
+            if cut_ns is not None and created <= cut_ns:
+                tail_q[qkey] = (seq, end)
     items.sort()
     gaps: list[tuple[int, int]] = []
-    for lst in seqs.values():
+    tail_s = dict(ctx.seqs) if cut_ns is not None else {}
+    for skey, lst in seqs.items():
         lst.sort()
-        for (s0, t0), (s1, t1) in itertools.pairwise(lst):
+        before = ctx.seqs.get(skey)
+        for (s0, t0), (s1, t1) in itertools.pairwise([before, *lst] if before else lst):
             if s1 > s0 + 1:
                 gaps.append((min(t0, t1), max(t0, t1)))
-    return RankTimeline([c for c, _, _, _ in items], [(s, e, c) for _, s, e, c in items], gaps)
-
+        if cut_ns is not None:
+            for s, t in lst:
+                if t <= cut_ns:
+                    tail_s[skey] = (s, t)
+    tail = None
+    if cut_ns is not None:
+        firsts = [c for c, _, _, _ in items[:1] if c <= cut_ns]
+        first = min([*firsts, *([ctx.first] if ctx.first is not None else [])], default=None)
+        tail = TimelineContext(first, tail_q, tail_s)
+    return RankTimeline([c for c, _, _, _ in items], [(s, e, c) for _, s, e, c in items], gaps,
+                        ctx.first, tail)

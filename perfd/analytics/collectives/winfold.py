@@ -1,0 +1,345 @@
+"""Per-window communication figures folded as the operations come (pure): what lets the root of a
+100,000-rank job keep every rank's per-iteration communication share while it holds 2 of its
+operations (perfd.collfold.REDUCED_RETENTION).
+
+Why here, and why at the root: a rank's share of an iteration is the union of its collectives'
+intervals per group *class* in a step window, and both the class (the job's layout and world size)
+and the windows (the job's step records) are the root's; the rows a node's agent sends carry neither
+(perfd/collfold.py says why the partials keep rows). So the aggregator's store hands each operation
+it newly merged (the keyed union tells a new one from one it holds: a redelivery or a second dump)
+to the job's :class:`WindowFold`, which:
+
+- keeps each rank's timed Flight Recorder operations *waiting* (``buffer``) until the windows they
+  fall in are settled: the job's step records close the window and the rank's operations reach
+  ``SETTLE_WINDOWS`` windows past it (an op is sent once final, in dump order: a long one enqueued
+  earlier may come a dump later than the ops after it, and the step record that closes an iteration
+  may still move until the shards' folds of it are in);
+- then computes each settled window's figures with the same timeline the analysis runs on rows
+  (perfd.analytics.collectives.windows.rank_timeline: the same starts, unions and coverage), the
+  operations before the window stood for by a :class:`TimelineContext` (each queue's last op, each
+  group's last sequence number, the first enqueue time), and keeps the figures (union of all
+  intervals, and per class) in one block per iteration, columns of integers (``_Block``), for the
+  newest ``max(recent_windows, max_iterations_out)`` iterations: what the analysis reads;
+- then lets the operations of those windows go; the rank's *frontier* (the end of its last settled
+  window) refuses any operation enqueued before it: a late one, or one the store let go and that
+  comes again (a redelivery) — counted (``late``), never counted twice.
+
+The waiting operations are bounded (``PENDING``: per rank, and per job shared over its ranks, as the
+store's retention): past it a rank's oldest are folded away without their windows (counted
+``pending_dropped``; those windows come out uncovered, absent rather than invented). A job whose step
+records never come keeps its ranks' newest operations waiting, no more.
+
+:func:`perfd.analytics.collectives.analysis.finish` reads a :class:`FoldView` (a snapshot the
+analysis can read outside the store's lock): the settled figures, and the windows after each rank's
+frontier computed from its waiting operations as the rows would give them. Given every operation
+before its window settles, the figures are the ones the analysis computes from all the rows
+(tests/collectives/test_window_fold.py: byte for byte, with 2 operations a rank held). What it does
+not do: a layout that comes after a window settled does not re-class that window; a rank's summary
+is over its complete windows among the newest ``max_iterations_out`` iterations (the rows' is over
+its latest ``recent_windows`` wherever they lie).
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from perfd.analytics.collectives.config import FR, CollectiveConfig
+from perfd.analytics.collectives.groups import classify_group
+from perfd.analytics.collectives.windows import StepWindow, TimelineContext, rank_timeline, step_windows
+from perfd.collfold import GroupRef, OpKey, OpRow, Retention, op_key
+from perfd.model import ParallelLayout, StepRecord
+
+# A window's figures are made once the rank's operations reach this many windows past it.
+SETTLE_WINDOWS = 1
+# Operations waiting for their windows: each rank's newest 4,096, 2,000,000 a job (at 100,000 ranks 20
+# a rank: ~3 iterations of a rank running 6 collectives an iteration; a job running more a rank an
+# iteration has its windows folded away uncovered at that scale, counted).
+PENDING = Retention(per_rank=4096, per_job=2_000_000)
+ABSENT = -1  # a class with no operation in a rank's window (0 is a class whose ops took no time)
+
+Figure = tuple[StepWindow, int, dict[str, int]]  # a window, the union of its intervals, per class
+
+
+@dataclass
+class FoldCounts:
+    folded: int = 0  # timed operations taken onto a rank's timeline
+    untimed: int = 0  # operations no timeline reads (no duration, enqueue time or rank; not Flight Recorder)
+    again: int = 0  # already waiting (a second dump of it)
+    late: int = 0  # enqueued before its rank's frontier (its window settled; or a redelivery of one let go)
+    pending_dropped: int = 0  # waited past PENDING: folded away without their windows
+    windows: int = 0  # (rank, window) figures made
+    uncovered: int = 0  # (rank, window) settled that its operations do not cover
+    retracted: int = 0  # of the windows made, found uncovered after all (a sequence gap seen later)
+    evicted: int = 0  # (rank, window) figures let go with their iteration (older than the kept ones)
+
+    def to_json(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+class _Block:
+    """One iteration's figures, a rank a row (columns of integers: ~40 bytes a rank)."""
+
+    __slots__ = ("by", "comm", "ranks", "windows")
+
+    def __init__(self) -> None:
+        self.ranks = array("q")
+        self.comm = array("q")
+        self.windows: list[StepWindow] = []  # the job's windows: one object shared by every row
+        self.by: dict[str, array[int]] = {}
+
+    def add(self, rank: int, w: StepWindow, comm: int, by: Mapping[str, int]) -> None:
+        n = len(self.ranks)
+        self.ranks.append(rank)
+        self.comm.append(comm)
+        self.windows.append(w)
+        for c in by:
+            if c not in self.by:
+                self.by[c] = array("q", [ABSENT]) * n
+        for c, col in self.by.items():
+            col.append(by.get(c, ABSENT))
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass
+class _Rank:
+    buffer: dict[OpKey, OpRow] = field(default_factory=dict)  # waiting, by operation
+    ctx: TimelineContext = field(default_factory=TimelineContext)  # the operations let go
+    frontier: int | None = None  # enqueue time up to which its operations are folded
+    newest: int = 0  # the newest enqueue time taken
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    """A window list's starts and ends, for bisecting (built once a list)."""
+
+    windows: list[StepWindow]
+    starts: list[int]
+    ends: list[int]
+
+    @classmethod
+    def of(cls, windows: list[StepWindow]) -> _Bounds:
+        return cls(windows, [w.start_ns for w in windows], [w.end_ns for w in windows])
+
+
+class Classes:
+    """Each group's class as the analysis gives it (classify_group), for one layout and the world
+    size the operations show (the largest group, or the highest rank + 1)."""
+
+    def __init__(self, layout: ParallelLayout | None, biggest: int, top: int, order: str) -> None:
+        self.world = (layout.world_size if layout else None) or (max(biggest, top + 1) or None)
+        self.layout, self.order = layout, order
+        self._of: dict[GroupRef, str] = {}
+
+    def of(self, g: GroupRef) -> str:
+        c = self._of.get(g)
+        if c is None:
+            c = self._of[g] = classify_group(g.pg_ranks, self.layout, self.world, g.pg_desc, self.order)[0]
+        return c
+
+    def rows(self, rows: Iterable[OpRow]) -> dict[int, str]:
+        return {id(r): self.of(r.group) for r in rows}
+
+
+class WindowFold:
+    """One job's per-window figures, folded from its operations as they come (see the module)."""
+
+    def __init__(self, config: CollectiveConfig | None = None, pending: Retention = PENDING,
+                 settle: int = SETTLE_WINDOWS) -> None:
+        self.cfg = config or CollectiveConfig()
+        self.pending_bound, self.settle = pending, settle
+        self.keep = max(self.cfg.recent_windows, self.cfg.max_iterations_out)
+        self.ranks: dict[int, _Rank] = {}
+        self.blocks: dict[int, _Block] = {}  # iteration -> its figures
+        self.pending = 0
+        self.counts = FoldCounts()
+        self.steps_key: object = None
+        self.layout: ParallelLayout | None = None
+        self._job = _Bounds.of([])
+        self._per_rank: dict[int, _Bounds] = {}
+        self._groups: dict[GroupRef, int] = {}  # group -> its distinct ranks (the world size's)
+        self._biggest = 0
+        self._top = -1
+        self._classes: Classes | None = None
+
+    # ---- what the store tells it -------------------------------------------------------------------
+    def set_steps(self, key: object, steps: Sequence[StepRecord], layout: ParallelLayout | None) -> None:
+        """The job's step records (its windows) and layout, when they changed (``key``)."""
+        rank_windows, job_windows = step_windows(steps)
+        self._job = _Bounds.of(job_windows)
+        self._per_rank = {r: _Bounds.of(ws) for r, ws in rank_windows.items()}
+        self.layout = layout
+        self.steps_key = key
+
+    def add(self, rows: Iterable[OpRow]) -> set[int]:
+        """Take operations the store newly merged; the ranks they touched (then :meth:`advance`)."""
+        touched: set[int] = set()
+        c = self.counts
+        for row in rows:
+            self._see_group(row)
+            created, rank = row.time_created_ns, row.rank
+            if row.source != FR or row.duration_ms is None or created is None or rank is None:
+                c.untimed += 1
+                continue
+            st = self.ranks.get(rank)
+            if st is None:
+                st = self.ranks[rank] = _Rank()
+            if st.frontier is not None and created <= st.frontier:
+                c.late += 1
+                continue
+            key = op_key(row)
+            if key in st.buffer:
+                c.again += 1
+                continue
+            st.buffer[key] = row
+            st.newest = max(st.newest, created)
+            self.pending += 1
+            c.folded += 1
+            touched.add(rank)
+        k = self.pending_bound.k(len(self.ranks))
+        if k is not None:
+            for rank in touched:
+                st = self.ranks[rank]
+                if len(st.buffer) > k:
+                    self._fold_away(rank, st, k)
+        return touched
+
+    def advance(self, ranks: Iterable[int] | None = None) -> None:
+        """Make the figures of every window now settled (of ``ranks``, or of every rank)."""
+        for rank in self.ranks if ranks is None else ranks:
+            st = self.ranks.get(rank)
+            if st is not None and st.buffer:
+                self._advance(rank, st)
+
+    def view(self) -> FoldView:
+        """A snapshot the analysis reads outside the store's lock (blocks only grow at their end, and
+        a rank's context is replaced, never changed)."""
+        return FoldView({it: (b, len(b)) for it, b in self.blocks.items()},
+                        {r: (list(st.buffer.values()), st.ctx, st.frontier) for r, st in self.ranks.items()},
+                        self._biggest, self._top, FoldCounts(**vars(self.counts)))
+
+    # ---- inside ------------------------------------------------------------------------------------
+    def _see_group(self, row: OpRow) -> None:
+        g = row.group
+        if g not in self._groups:
+            n = self._groups[g] = len(set(g.pg_ranks)) if g.pg_ranks else 0
+            self._biggest = max(self._biggest, n)
+        if row.rank is not None and row.rank > self._top:
+            self._top = row.rank
+
+    def _class_map(self) -> Classes:
+        """The classes for the layout and the world size now (made again only when either changed:
+        a world group lists every rank, and classing it costs as much)."""
+        c = Classes(self.layout, self._biggest, self._top, self.cfg.order)
+        if self._classes is None or (self._classes.layout, self._classes.world) != (c.layout, c.world):
+            self._classes = c
+        return self._classes
+
+    def _advance(self, rank: int, st: _Rank) -> None:
+        b = self._per_rank.get(rank) or self._job
+        # Settled: starts at or after the frontier, and the rank's ops reach `settle` windows past it
+        lo = 0 if st.frontier is None else bisect.bisect_left(b.starts, st.frontier)
+        hi = bisect.bisect_right(b.ends, st.newest) - self.settle  # windows [lo, hi) settled
+        if hi <= lo:
+            return
+        settled = b.windows[lo:hi]
+        cut = settled[-1].end_ns
+        rows = list(st.buffer.values())
+        tl = rank_timeline(rows, self._class_map().rows(rows), st.ctx, cut)
+        self._retract(rank, st, tl.gaps)
+        for w in settled:
+            if tl.complete(w):
+                block = self.blocks.get(w.iteration)
+                if block is None:
+                    block = self.blocks[w.iteration] = _Block()
+                block.add(rank, w, *tl.window(w))
+                self.counts.windows += 1
+            else:
+                self.counts.uncovered += 1
+        self._let_go(st, tl.tail, cut)
+        if len(self.blocks) > self.keep:
+            for it in sorted(self.blocks)[:len(self.blocks) - self.keep]:
+                self.counts.evicted += len(self.blocks.pop(it))
+
+    def _fold_away(self, rank: int, st: _Rank, k: int) -> None:
+        """Past the bound: the rank's oldest waiting operations leave without their windows."""
+        rows = sorted(st.buffer.values(), key=lambda r: r.time_created_ns or 0)
+        cut = rows[len(rows) - k - 1].time_created_ns or 0
+        tl = rank_timeline(rows, self._class_map().rows(rows), st.ctx, cut)
+        self._retract(rank, st, tl.gaps)
+        before = len(st.buffer)
+        self._let_go(st, tl.tail, cut)
+        self.counts.pending_dropped += before - len(st.buffer)
+
+    def _retract(self, rank: int, st: _Rank, gaps: Sequence[tuple[int, int]]) -> None:
+        """A sequence gap from before the frontier (the ops after it came once its windows had
+        settled: the ring wrapped between dumps) leaves the windows it spans uncovered, as the rows
+        would: their figures go (the gap is seen while the op after it waits: before it is let go)."""
+        for a, b in _past(gaps, st.frontier):
+            for w in self._windows_of(rank):
+                if w.end_ns > (st.frontier or 0):
+                    break
+                block = self.blocks.get(w.iteration)
+                if block is None or not (w.start_ns < b and w.end_ns > a):
+                    continue
+                for i, r in enumerate(block.ranks):
+                    if r == rank and block.comm[i] != ABSENT and block.windows[i] == w:
+                        block.comm[i] = ABSENT
+                        self.counts.windows -= 1
+                        self.counts.uncovered += 1
+                        self.counts.retracted += 1
+
+    def _windows_of(self, rank: int) -> list[StepWindow]:
+        return (self._per_rank.get(rank) or self._job).windows
+
+    def _let_go(self, st: _Rank, tail: TimelineContext | None, cut: int) -> None:
+        st.ctx = tail or st.ctx
+        st.frontier = cut if st.frontier is None else max(st.frontier, cut)
+        gone = [key for key, row in st.buffer.items() if (row.time_created_ns or 0) <= cut]
+        for key in gone:
+            del st.buffer[key]
+        self.pending -= len(gone)
+
+
+@dataclass(frozen=True)
+class FoldView:
+    """What :func:`perfd.analytics.collectives.analysis.finish` reads of a :class:`WindowFold`."""
+
+    blocks: Mapping[int, tuple[_Block, int]]  # iteration -> its figures, the rows it had then
+    waiting: Mapping[int, tuple[list[OpRow], TimelineContext, int | None]]  # rank -> ops, context, frontier
+    biggest: int
+    top: int
+    counts: FoldCounts
+
+    def figures(self, windows_of: Callable[[int], list[StepWindow]], layout: ParallelLayout | None,
+                order: str) -> dict[int, list[Figure]]:
+        """Each rank's complete windows, in window order: those settled, then those after its
+        frontier computed from its waiting operations (``windows_of``: the rank's windows now)."""
+        out: dict[int, list[Figure]] = {r: [] for r in self.waiting}
+        for it in sorted(self.blocks):
+            block, n = self.blocks[it]
+            cols = list(block.by.items())
+            for i in range(n):
+                if block.comm[i] != ABSENT:
+                    by = {c: col[i] for c, col in cols if col[i] != ABSENT}
+                    out.setdefault(block.ranks[i], []).append((block.windows[i], block.comm[i], by))
+        classes = Classes(layout, self.biggest, self.top, order)
+        for rank, (rows, ctx, frontier) in self.waiting.items():
+            if not rows:
+                continue
+            tl = rank_timeline(rows, classes.rows(rows), ctx)
+            # a gap the waiting ops show back into settled windows: those are uncovered (_retract)
+            for a, b in _past(tl.gaps, frontier):
+                out[rank] = [f for f in out[rank] if not (f[0].start_ns < b and f[0].end_ns > a)]
+            windows = [w for w in windows_of(rank) if frontier is None or w.start_ns >= frontier]
+            out[rank].extend((w, *tl.window(w)) for w in windows if tl.complete(w))
+        return out
+
+
+def _past(gaps: Sequence[tuple[int, int]], frontier: int | None) -> list[tuple[int, int]]:
+    """The gaps that reach back before a rank's frontier (into its settled windows)."""
+    return [] if frontier is None else [(a, b) for a, b in gaps if a < frontier]
