@@ -90,6 +90,8 @@ store_gateway:
     instance_addr: 127.0.0.1
     kvstore: {{store: inmemory}}
     replication_factor: 1
+querier:
+  active_query_tracker_dir: {d}/active-query-tracker
 ruler:
   rule_path: {d}/rules-tmp
   ring:
