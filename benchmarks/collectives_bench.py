@@ -8,7 +8,12 @@ its node's tensor-parallel group, one 128 MiB all-reduce on its data-parallel gr
 and a barrier on the world group (which lists every rank); each node's agent sends an iteration's
 records once it ended, node after node, and the job's step record of the iteration comes after them.
 
-    perfd bench collectives [--nodes 12500] [--ranks-per-node 8] [--iterations 4] [--ops 4] [--json]
+    perfd bench collectives [--nodes 12500] [--ranks-per-node 8] [--iterations 4] [--ops 4]
+                            [--every-operation] [--json]
+
+The agents send what an engine agent sends (perfd.collfold.SENT_RETENTION: the store's share), or with
+``--every-operation`` each rank's newest 512 (every operation here): what the root would spend to fold
+them all.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import time
 from typing import Any
 
 from perfd.aggregator.collectives import CollectiveStore
-from perfd.collfold import REDUCED_RETENTION, SENT_RETENTION, for_sending, reduce
+from perfd.collfold import REDUCED_RETENTION, SENT_RETENTION, Retention, for_sending, reduce
 from perfd.engine.partial import decode, encode
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 from perfd.transport.codec import encode_batch
@@ -75,7 +80,10 @@ def _step(it: int) -> StepRecord:
     return StepRecord(job="bench", iteration=it, rank="last", end_time=end_ns / 1e9)
 
 
-def run(nodes: int, per: int, iterations: int, ops: int) -> dict[str, Any]:
+EVERY_OPERATION = Retention(per_rank=REDUCED_RETENTION.per_rank)  # no share of the job: a rank's newest
+
+
+def run(nodes: int, per: int, iterations: int, ops: int, sent: Retention = SENT_RETENTION) -> dict[str, Any]:
     rng = random.Random(1)
     world = list(range(nodes * per))
     layout = ParallelLayout(world_size=len(world), tp=per, pp=1, dp=nodes)
@@ -91,7 +99,7 @@ def run(nodes: int, per: int, iterations: int, ops: int) -> dict[str, Any]:
             recs = _node_records(node, per, nodes, it, ops, world, rng)
             records += len(recs)
             t = time.process_time()
-            part = for_sending(reduce("bench", recs), SENT_RETENTION)
+            part = for_sending(reduce("bench", recs), sent)
             data = encode(f"node-{node}:e:{it}", f"node-{node}", 1, (), collectives=[part])
             agent_s += time.process_time() - t
             rows_sent += len(part)
@@ -114,7 +122,7 @@ def run(nodes: int, per: int, iterations: int, ops: int) -> dict[str, Any]:
     return {
         "nodes": nodes, "ranks": len(world), "iterations": iterations, "records": records,
         "rows_sent": rows_sent, "rows_held": len(jc.partial), "retention": vars(REDUCED_RETENTION),
-        "sent_retention": vars(SENT_RETENTION),
+        "sent_retention": vars(sent),
         "message_bytes_mean": round(sum(msg_bytes) / len(msg_bytes)), "message_bytes_max": max(msg_bytes),
         "records_as_sent_bytes_mean_first_nodes": round(sum(raw_bytes) / len(raw_bytes)),
         "agent_cpu_ms_per_node_message": round(agent_s / messages * 1e3, 3),
@@ -140,12 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks-per-node", type=int, default=8)
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--ops", type=int, default=4, help="tensor-parallel all-reduces a rank an iteration")
+    ap.add_argument("--every-operation", action="store_true",
+                    help="agents send each rank's newest 512 operations, not the store's share")
     ap.add_argument("--json", action="store_true", help="print JSON")
     a = ap.parse_args(argv)
     if min(a.nodes, a.ranks_per_node, a.iterations, a.ops) < 1:
         print("perfd bench collectives: every count must be >= 1", file=sys.stderr)
         return 2
-    r = run(a.nodes, a.ranks_per_node, a.iterations, a.ops)
+    sent = EVERY_OPERATION if a.every_operation else SENT_RETENTION
+    r = run(a.nodes, a.ranks_per_node, a.iterations, a.ops, sent)
     if a.json:
         print(json.dumps(r, indent=1))
     else:

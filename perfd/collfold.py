@@ -27,8 +27,8 @@ whichever order the merges run in (the top k of a union is a join as well). Besi
 What the retention lets go is not lost to the per-iteration shares: the root's store hands every row
 a merge took in (:meth:`CollectivePartial.absorb`'s ``taken``: new, or a further state) to the job's
 window fold (perfd.analytics.collectives.winfold), which has the layout and the step windows and
-keeps per window and rank the unions per class the analysis reads; so the agents send each rank's
-newest operations (``SENT_RETENTION``), not only the store's share of the job.
+keeps per window and rank the unions per class the analysis reads, for as many iterations back as it
+keeps. The agents send the store's share (``SENT_RETENTION``): what the root can read in time.
 
 It sits beside perfd.stepfold, below both analytics and the engine: the engine's agents reduce and
 its root merges, and the engine imports nothing of analytics (tests/test_layering.py); the
@@ -213,11 +213,18 @@ class Retention:
 # The analysis of 200,000 rows of a 100,000-rank job took 19.7 s of CPU on the 2-core VM
 # (perfd bench collectives, benchmarks/README.md).
 REDUCED_RETENTION = Retention(per_rank=512, per_job=250_000)
-# What a node's agent sends of it: each rank's newest 512 operations, whatever the job's size. The
-# root folds every operation it merges into per-window figures (perfd.analytics.collectives.winfold)
-# before its store's retention lets it go: at 100,000 ranks the store keeps 2 a rank, the windows
-# every one. (The tracker of the agent's dumps sends each operation once, when final.)
-SENT_RETENTION = Retention(per_rank=REDUCED_RETENTION.per_rank)
+# What a node's agent sends of it: the store's share, no more (each rank's newest k of a dump, k =
+# min(512, 250,000 / ranks)). The root folds every operation it merges into per-window figures
+# (perfd.analytics.collectives.winfold) before its store lets it go, so a rank whose dump holds all of
+# a window's operations keeps that window's share however few rows the store holds. Not more: the
+# root reads every row it is sent, ~29 µs each (decode, merge, fold: 1.38 ms for a node's 48 rows,
+# perfd bench collectives), and sending every rank's every operation of a 100,000-rank job running 6
+# collectives an iteration is 600,000 rows an iteration, 17 s of the root's one core for a 2 s
+# iteration: the root, which also folds the job's step records, would fall behind for good. At this
+# share a dump round (10 s by default: collectors/nccl) costs the root at most ~7 s of CPU whatever
+# the job's size; at 8,000 ranks (31 a rank: a 10 s dump of 6 collectives an iteration whole) every
+# window is covered, at 100,000 (2 a rank) few are, and those are absent, not invented.
+SENT_RETENTION = REDUCED_RETENTION
 
 
 @dataclass
@@ -330,8 +337,8 @@ def for_sending(p: CollectivePartial, keep: Retention) -> CollectivePartial:
     newest ``keep.k(world)``, ``world`` the job's ranks as its rows show them (the largest group, or
     the highest rank + 1). Once every rank of the job reported, the store's k over them is no larger,
     so what is dropped here the store would drop as well; until then it may hold fewer of a rank's
-    older operations than it could. The engine's agents send with ``SENT_RETENTION`` (a rank's newest
-    512: the root folds each per window before its store keeps 2 a rank of a 100,000-rank job)."""
+    older operations than it could. The engine's agents send with ``SENT_RETENTION`` (the store's
+    share: the root folds each per window before its store lets it go)."""
     groups = {id(row.group): row.group for rows in p.streams.values() for row in rows.values()}
     world = world_size_from((g.pg_ranks for g in groups.values()),  # each group once: a world group is big
                             (row.rank for rows in p.streams.values() for row in rows.values()))

@@ -7,8 +7,8 @@ disk-backed where the agent has a spool dir) until the engine acknowledged it; o
 (its acknowledgement lost) is dropped by the engine within its duplicate window, and is harmless
 after it (a fold is idempotent). Node series stay on the agent's /metrics for Prometheus and are not
 published. Events go as sent, and collective records reduced to one partial (perfd.collfold:
-compact rows, one per operation, a rank's newest SENT_RETENTION: the root folds each into per-window
-figures before its store keeps the newest), one message per job, to the records stream
+compact rows, one per operation, a rank's newest SENT_RETENTION, the store's share: the root folds
+each into per-window figures before its store lets it go), one message per job, to the records stream
 (perfd.engine.subjects), which the jobs' root reads beside the partials.
 """
 
