@@ -64,6 +64,9 @@ RUN_TIMEOUT_S = 240
 # a host-bound job's clock moves with where its main thread runs.
 PREFIX: list[str] = []
 BASE_EVERY = 1  # a base run after this many changes (1: ABAB)
+# Set by --job-flags: options every run takes, the captured one too (the job as it is: e.g. Megatron-LM's
+# --manual-gc, should it quiet the host; docs/evidence/plan_h100_v4/host_noise)
+JOB_FLAGS: list[str] = []
 START_S = 45.0  # a run's start-up and teardown, before its first measurement (Megatron-LM, torch)
 
 # Beyond issue 42's big2048 (MHA, GELU, seq 2048, micro-batch 4) and the h=1024 job.
@@ -153,6 +156,7 @@ def megatron_argv(megatron: Path, c: dict[str, Any], iters: int) -> list[str]:
         str(megatron / "pretrain_gpt.py"),
         *base,
         *c.get("extra", []),
+        *JOB_FLAGS,
     ]
 
 
@@ -476,6 +480,7 @@ def run_config(
             order.append(f"base_{(k + BASE_EVERY) // BASE_EVERY}")
     res.setdefault("pinned", " ".join(PREFIX) or None)
     res.setdefault("base_every", BASE_EVERY)
+    res.setdefault("job_flags", list(JOB_FLAGS))
     for label in order:
         if label in res["runs"] and res["runs"][label].get("steady", {}).get("n"):
             continue
@@ -520,9 +525,12 @@ def main() -> int:
     ap.add_argument("--pin", default="",
                     help="cores every run (the captured one too) is held to (taskset -c)")
     ap.add_argument("--base-every", type=int, default=1, help="a base run after this many changes")
+    ap.add_argument("--job-flags", default="",
+                    help="Megatron-LM options every run takes, the captured one too (split on spaces)")
     a = ap.parse_args()
     global BASE_EVERY
     PREFIX[:] = ["taskset", "-c", a.pin] if a.pin else []
+    JOB_FLAGS[:] = a.job_flags.split()
     BASE_EVERY = max(1, a.base_every)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -23,14 +23,6 @@ from typing import Any
 
 from perfd.collfold import Progress
 from perfd.hang_fact import HangEvent
-from perfd.model import CollectiveRecord
-
-
-def progress_of(records: Iterable[CollectiveRecord]) -> Progress:
-    p = Progress()
-    for r in records:
-        p.add(r)
-    return p
 
 
 @dataclass
