@@ -47,6 +47,7 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
         "set": None,
         "captured_steady_ms": _median(res.get("capture")),
         "pinned": res.get("pinned"),
+        "job_flags": res.get("job_flags") or [],  # plan_ab_live --job-flags: the job as it is, every run
         "errors": [],
     }
     if "error" in plan:
@@ -177,7 +178,9 @@ def markdown(t: dict[str, Any]) -> str:
             + (", read at the first base run's step after it" if c.get("read_at") == "base" else "")
             + f", before any change ran: {'yes' if c.get('predicted_before_applying') else 'NO'}. "
             "A change is measured against the base runs either side of it."
-            + (f" Every run, the captured one too, under `{c['pinned']}`." if c.get("pinned") else ""),
+            + (f" Every run, the captured one too, under `{c['pinned']}`." if c.get("pinned") else "")
+            + (f" Every run, the captured one too, with `{' '.join(c['job_flags'])}`."
+               if c.get("job_flags") else ""),
             "",
             "| change | options | predicted (ms saved a step) | measured step (ms) | measured saved | "
             "inside | width (allowed) |",
