@@ -369,6 +369,65 @@ def test_the_ab_script_writes_the_plan_from_a_capture_and_holds_it_to_the_bar() 
     assert not late["configs"][0]["predicted_before_applying"] and not late["done"]
 
 
+def test_the_ab_table_averages_a_repeated_change_against_the_bases_beside_each_run() -> None:
+    """plan_ab_live --repeat: a change run twice is held, per run, to the base runs either side of that
+    run (never to a neighbouring change), the mean of the two judged; a base's ``_<n>`` is no repeat and
+    a repeat is no base."""
+    from tests.gpu.plan_ab_table import is_base, markdown, split_repeat, table
+
+    assert split_repeat("base_1") == ("base_1", 1) and is_base("base_1") and is_base("base")
+    assert split_repeat("set@2") == ("set", 2) and not is_base("base_x@2") and not is_base("set@2")
+    assert split_repeat("micro_batch") == ("micro_batch", 1) and split_repeat("a@1") == ("a@1", 1)
+
+    def run(ms: float, at: float) -> dict[str, Any]:
+        return {"steady": {"n": 16, "median_ms": ms}, "started_at": at, "exit": 0}
+
+    plan = {"written_at": 1.0, "apply_here": {"a": {"gain_ms": [8.0, 14.0], "flags": ["--a"], "remove": []},
+                                              "b": {"gain_ms": [0.0, 50.0], "flags": ["--b"], "remove": []}},
+            "set": {"remedies": ["a", "b"], "gain_ms": [30.0, 50.0]}}
+    # --base-every 2 --repeat 2: base a b base_1 set a@2 base_2 b@2 set@2 base_3 (a@2's neighbour set
+    # and b@2's a@2 are changes: each run is held to the bases either side of it, not to them)
+    runs = {"base": run(300, 10), "a": run(290, 11), "b": run(280, 12), "base_1": run(304, 13),
+            "set": run(260, 14), "a@2": run(293, 15), "base_2": run(308, 16), "b@2": run(250, 17),
+            "set@2": run(270, 18), "base_3": run(312, 19)}
+    t = table({"x": {"plan": plan, "runs": runs, "gpu": H100, "repeat": 2}})
+    c = t["configs"][0]
+    assert c["bases_ms"] == [300, 304, 308, 312] and c["repeat"] == 2
+    a, b = c["rows"]
+    # a: 302 − 290 = 12 beside base and base_1; a@2: 306 − 293 = 13 beside base_1 and base_2
+    assert a["saved_each_ms"] == pytest.approx([12.0, 13.0]) and a["saved_ms"] == pytest.approx(12.5)
+    assert a["measured_ms"] == pytest.approx(291.5) and a["inside"]
+    assert b["saved_each_ms"] == pytest.approx([22.0, 60.0]) and b["saved_ms"] == pytest.approx(41.0)
+    s = c["set"]
+    assert s["saved_each_ms"] == pytest.approx([46.0, 40.0]) and s["saved_ms"] == pytest.approx(43.0)
+    assert s["sum_of_singles_ms"] == pytest.approx(53.5) and s["within_20pct"]
+    assert "| 12.5 (12.0, 13.0) | yes |" in markdown(t) and "ran 2 times in turn" in markdown(t)
+    # one run of a change (an A/B before --repeat): the table it always gave, no brackets
+    one = table({"x": {"plan": plan, "runs": {k: v for k, v in runs.items() if "@" not in k}}})
+    a1 = one["configs"][0]["rows"][0]
+    assert a1["saved_ms"] == pytest.approx(12.0) and a1["saved_each_ms"] == pytest.approx([12.0])
+    assert "| 12.0 | yes |" in markdown(one) and "in turn" not in markdown(one)
+
+
+def test_the_ab_script_runs_the_changes_in_turn_with_bases_between() -> None:
+    """plan_ab_live's run order: --repeat 1 is the order it always ran; more passes number their runs
+    <change>@<k> and their bases on."""
+    from tests.gpu.plan_ab_live import run_order
+
+    assert run_order(["a", "b", "set"]) == ["base", "a", "base_1", "b", "base_2", "set", "base_3"]
+    assert run_order(["a", "b", "set"], 2) == ["base", "a", "b", "base_1", "set", "base_2"]
+    assert run_order(["a", "b"], 1, 2) == ["base", "a", "base_1", "b", "base_2",
+                                          "a@2", "base_3", "b@2", "base_4"]
+    assert run_order(["a", "b", "set"], 2, 2) == ["base", "a", "b", "base_1", "set", "a@2", "base_2",
+                                                  "b@2", "set@2", "base_3"]
+    # the kept A/Bs ran this order (a base after every change; v4 after every two)
+    for d, every in (("plan_h100_v5", 1), ("plan_h100_v4", 2)):
+        res = json.loads((EVIDENCE / d / "ab_long_seq.json").read_text())
+        ran = sorted(res["runs"], key=lambda k: res["runs"][k]["started_at"])
+        changes = [*res["plan"]["apply_here"], "set"]
+        assert ran == run_order(changes, every) == run_order(changes, every, 1), d
+
+
 @pytest.mark.parametrize("trace", ["ops_default_rank0.json.gz", "ops_live_rank0.json.gz",
                                    "ops_stack_rank0.json.gz"])
 def test_each_recorded_window_is_checked_for_a_cut_step(trace: str) -> None:

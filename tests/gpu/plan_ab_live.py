@@ -2,6 +2,7 @@
 that can run here applied alone and the plan's set together (issue "the plan an engineer would make").
 
     MEGATRON_DIR=... python3 tests/gpu/plan_ab_live.py OUT --configs gqa_swiglu [--prior DIR] [--budget-s 530]
+        [--pin 2-5] [--base-every 1] [--repeat 2] [--job-flags "--manual-gc"]
     python3 tests/gpu/plan_ab_live.py OUT --table-only --prior DIR [--prior DIR2]   # the tables again
 
 Megatron-LM is not part of this repository: MEGATRON_DIR points at a checkout (core 0.20), run beside the
@@ -19,7 +20,12 @@ configuration (:data:`CONFIGS`, two beyond issue 42's: a GQA + SwiGLU + RoPE mod
    either side of it, the machine's drift between runs cancelling), the plan re-read at the first base
    run's step before any change; each measured from Megatron-LM's own logged iteration times (the
    median of the iterations from :data:`STEADY_FROM` on). A configuration takes more than one call:
-   ``--prior`` resumes it.
+   ``--prior`` resumes it. ``--repeat N`` (default 1): the changes (the singles, then the set) run N times
+   in turn, pass after pass, the bases still between them per ``--base-every`` (numbered on: with a base
+   after every change, pass 2 of 6 changes is ``<change>@2``, ``base_7``, ...); a change's k-th run is
+   ``<change>@<k>`` from the second on, the first keeps its plain name (so an A/B made before
+   ``--repeat``, resumed with ``--repeat 2``, gains a second pass). The table's saving is then the mean of
+   each run's against the bases either side of it (:func:`run_order` gives the order).
 
 Everything is written to OUT as it happens (``ab_<config>.json`` after every run) and printed with its
 timings. ``--prior DIR``: a directory an earlier call wrote (carried to this one): its configurations'
@@ -49,7 +55,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
 
-from tests.gpu.plan_ab_table import markdown, table
+from tests.gpu.plan_ab_table import is_base, markdown, repeat_key, split_repeat, table
 from tests.gpu.remedies_live import apply_flags, capture, cut_trace, log_steps, rank_pid
 from tests.procs import ROOT, run_env
 
@@ -67,6 +73,7 @@ BASE_EVERY = 1  # a base run after this many changes (1: ABAB)
 # Set by --job-flags: options every run takes, the captured one too (the job as it is: e.g. Megatron-LM's
 # --manual-gc, should it quiet the host; docs/evidence/plan_h100_v4/host_noise)
 JOB_FLAGS: list[str] = []
+REPEAT = 1  # set by --repeat: how many times the changes run, in turn (a base-bounded noise average)
 START_S = 45.0  # a run's start-up and teardown, before its first measurement (Megatron-LM, torch)
 
 # Beyond issue 42's big2048 (MHA, GELU, seq 2048, micro-batch 4) and the h=1024 job.
@@ -375,6 +382,21 @@ def plan_from(trace: Path, log: Path, gpu: str, name: str,
 
 
 # --- 3. the measurements ---------------------------------------------------------------------------
+def run_order(changes: list[str], base_every: int = 1, repeat: int = 1) -> list[str]:
+    """The run keys of a configuration in the order they run: the base, then the changes ``repeat``
+    times in turn (pass k's runs keyed ``<change>@<k>`` from k = 2; the first pass keeps the plain
+    names), a base run (``base_<n>``, numbered on across passes) after every ``base_every`` changes and
+    after the last. ``repeat`` 1 is the order before --repeat."""
+    base_every = max(1, base_every)
+    runs = [repeat_key(c, k) for k in range(1, max(1, repeat) + 1) for c in changes]
+    order = ["base"]
+    for i, label in enumerate(runs):
+        order.append(label)
+        if (i + 1) % base_every == 0 or i == len(runs) - 1:
+            order.append(f"base_{(i + base_every) // base_every}")
+    return order
+
+
 def measure(
     megatron: Path,
     c: dict[str, Any],
@@ -473,19 +495,16 @@ def run_config(
     # the base between every two changes (ABAB): on the H200 the same command stepped 25% apart in runs
     # minutes apart, so each change is held to the base runs just before and after it
     changes = singles + (["set"] if len(plan["set"]["remedies"]) > 1 else [])
-    order = ["base"]
-    for k, change in enumerate(changes):
-        order.append(change)
-        if (k + 1) % BASE_EVERY == 0 or k == len(changes) - 1:
-            order.append(f"base_{(k + BASE_EVERY) // BASE_EVERY}")
+    order = run_order(changes, BASE_EVERY, REPEAT)
     res.setdefault("pinned", " ".join(PREFIX) or None)
     res.setdefault("base_every", BASE_EVERY)
     res.setdefault("job_flags", list(JOB_FLAGS))
+    res["repeat"] = max(int(res.get("repeat") or 1), REPEAT)  # a resumed A/B may add passes
     for label in order:
         if label in res["runs"] and res["runs"][label].get("steady", {}).get("n"):
             continue
         first = (res["runs"].get("base") or {}).get("steady") or {}
-        if not label.startswith("base") and "plan_at_base" not in res and first.get("n"):
+        if not is_base(label) and "plan_at_base" not in res and first.get("n"):
             # the plan read at the job's step as re-measured now, still before any change runs
             got = plan_from(trace, log, gpu, name, captured_of(res), float(first["median_ms"]),
                             plan["set"]["remedies"])
@@ -499,13 +518,14 @@ def run_config(
         if not clock.fits(_est_run_s(res)):
             clock.say(f"{name}: {label} left for the next call (budget)")
             break
-        if label.startswith("base"):
+        change = split_repeat(label)[0]
+        if is_base(label):
             flags, remove = [], []
-        elif label == "set":
+        elif change == "set":
             flags = [f for r in plan["set"]["remedies"] for f in plan["apply_here"][r]["flags"]]
             remove = [f for r in plan["set"]["remedies"] for f in plan["apply_here"][r]["remove"]]
         else:
-            flags, remove = plan["apply_here"][label]["flags"], plan["apply_here"][label]["remove"]
+            flags, remove = plan["apply_here"][change]["flags"], plan["apply_here"][change]["remove"]
         got = measure(megatron, c, env, flags, remove, out, f"{name}_{label}", prefix=PREFIX)
         res["runs"][label] = got
         _save(out, name, res)
@@ -525,13 +545,16 @@ def main() -> int:
     ap.add_argument("--pin", default="",
                     help="cores every run (the captured one too) is held to (taskset -c)")
     ap.add_argument("--base-every", type=int, default=1, help="a base run after this many changes")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the changes (singles and the set) this many times in turn, bases between")
     ap.add_argument("--job-flags", default="",
                     help="Megatron-LM options every run takes, the captured one too (split on spaces)")
     a = ap.parse_args()
-    global BASE_EVERY
+    global BASE_EVERY, REPEAT
     PREFIX[:] = ["taskset", "-c", a.pin] if a.pin else []
     JOB_FLAGS[:] = a.job_flags.split()
     BASE_EVERY = max(1, a.base_every)
+    REPEAT = max(1, a.repeat)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     clock = Clock(a.budget_s)

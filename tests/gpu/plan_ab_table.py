@@ -9,6 +9,12 @@ drift); each plan item applied alone — its predicted gain (the plan written be
 ran) against the measured one, whether it falls inside, and whether the range is no wider than the larger
 of half its midpoint and twice the spread; the plan's set together — its predicted combined gain (overlaps
 counted once) against the measured one, within 20%, beside the sum of the singles' measured gains.
+
+A change run more than once (plan_ab_live ``--repeat N``: the changes run N times in turn, the k-th run of
+a change under ``<change>@<k>`` from the second on, the first under its plain name) has, per run, its
+saving against the base runs either side of that run; its measured saving is the mean of those
+(``saved_each_ms`` lists them, the markdown shows them in brackets) and ``inside`` and the set's 20% are
+judged on the mean. Keys without ``@`` (the A/Bs before ``--repeat``) give the table they always gave.
 """
 
 from __future__ import annotations
@@ -19,10 +25,34 @@ from pathlib import Path
 from typing import Any
 
 BASES = ("base", "base_mid", "base_end")  # the first A/Bs' three; later ones interleave base_<n>
+REPEAT_SEP = "@"  # plan_ab_live --repeat: a change's k-th run (k >= 2) is "<change>@<k>"
+
+
+def split_repeat(label: str) -> tuple[str, int]:
+    """A run key as (change, which run of it): ``"set@2"`` → ``("set", 2)``; a key without a repeat
+    suffix is the first run (``"attention_dropout"`` → 1, ``"base_1"`` → ``("base_1", 1)``: ``_<n>``
+    numbers the base runs, it is no repeat)."""
+    name, sep, k = label.rpartition(REPEAT_SEP)
+    if sep and name and k.isdigit() and int(k) >= 2:
+        return name, int(k)
+    return label, 1
+
+
+def repeat_key(change: str, k: int) -> str:
+    """The run key of a change's k-th run (the first keeps its plain name: older A/Bs stay valid)."""
+    return change if k == 1 else f"{change}{REPEAT_SEP}{k}"
 
 
 def is_base(label: str) -> bool:
-    return label in BASES or label.startswith("base_")
+    """A base run (the job as it ran): never a change's repeat, though a change may be named base…"""
+    return REPEAT_SEP not in label and (label in BASES or label.startswith("base_"))
+
+
+def repeats_of(runs: dict[str, Any], change: str) -> list[str]:
+    """The keys of a change's runs present in ``runs``, first run first."""
+    ks = sorted(k for label in runs if not is_base(label) for c, k in [split_repeat(label)] if c == change)
+    return [repeat_key(change, k) for k in ks]
+
 COMBINED_WITHIN = 0.2  # issue 53: the combined gain within 20% of the measured one
 INSIDE_SHARE = 0.9  # issue 53: at least 90% of single changes inside their predicted range
 
@@ -48,6 +78,7 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
         "captured_steady_ms": _median(res.get("capture")),
         "pinned": res.get("pinned"),
         "job_flags": res.get("job_flags") or [],  # plan_ab_live --job-flags: the job as it is, every run
+        "repeat": res.get("repeat") or 1,  # plan_ab_live --repeat: how many times each change was to run
         "errors": [],
     }
     if "error" in plan:
@@ -67,8 +98,8 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
             _row(
                 remedy,
                 item.get("gain_ms"),
+                _measured(runs, remedy, base),
                 runs.get(remedy),
-                _beside(runs, remedy, base),
                 spread,
                 item.get("flags"),
                 item.get("remove"),
@@ -76,7 +107,7 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
         )
     st = plan.get("set") or {}
     if st.get("remedies") and len(st["remedies"]) > 1:
-        row = _row("set", st.get("gain_ms"), runs.get("set"), _beside(runs, "set", base), spread,
+        row = _row("set", st.get("gain_ms"), _measured(runs, "set", base), runs.get("set"), spread,
                    st["remedies"], [])
         singles = [r["saved_ms"] for r in out["rows"] if r.get("saved_ms") is not None]
         row["sum_of_singles_ms"] = sum(singles) if len(singles) == len(out["rows"]) else None
@@ -104,30 +135,44 @@ def _beside(runs: dict[str, Any], label: str, mean: float) -> float:
     return (before[-1] + after[0]) / 2 if before and after else mean
 
 
+def _measured(runs: dict[str, Any], change: str, mean: float) -> list[tuple[float, float]]:
+    """Each measured run of a change, first run first: (its median step, its saving against the base
+    runs either side of that run)."""
+    got = []
+    for label in repeats_of(runs, change):
+        med = _median(runs.get(label))
+        if med is not None:
+            got.append((med, _beside(runs, label, mean) - med))
+    return got
+
+
 def _row(
     remedy: str,
     gain: list[float] | None,
+    measured: list[tuple[float, float]],
     run: dict[str, Any] | None,
-    base: float,
     spread: float | None,
     flags: Any,
     remove: Any,
 ) -> dict[str, Any]:
-    med = _median(run)
+    """A change's row: ``measured`` its runs' (median step, saving) (the mean of each judged; one run:
+    that run's); ``run`` its first run (the exit code)."""
     row: dict[str, Any] = {
         "remedy": remedy,
         "flags": flags,
         "remove": remove,
         "predicted_ms": gain,
-        "measured_ms": med,
+        "measured_ms": sum(m for m, _ in measured) / len(measured) if measured else None,
         "exit": (run or {}).get("exit"),
     }
-    if med is None:
+    if not measured:
         return row
-    row["saved_ms"] = base - med
+    saved = sum(s for _, s in measured) / len(measured)
+    row["saved_ms"] = saved
+    row["saved_each_ms"] = [s for _, s in measured]
     if gain:
         lo, hi = gain
-        row["inside"] = lo <= base - med <= hi
+        row["inside"] = lo <= saved <= hi
         width, mid = hi - lo, (lo + hi) / 2
         allowed = max(mid / 2, 2 * spread) if spread is not None else mid / 2
         row["width_ms"], row["width_allowed_ms"] = width, allowed
@@ -161,6 +206,12 @@ def _f(x: Any, fmt: str = "{:.1f}") -> str:
     return "—" if x is None else fmt.format(x)
 
 
+def _saved(r: dict[str, Any]) -> str:
+    """The measured saving; more than one run: the mean, then each run's (``12.3 (10.1, 14.5)``)."""
+    each = r.get("saved_each_ms") or []
+    return _f(r.get("saved_ms")) + (f" ({', '.join(_f(s) for s in each)})" if len(each) > 1 else "")
+
+
 def markdown(t: dict[str, Any]) -> str:
     lines = []
     for c in t["configs"]:
@@ -178,6 +229,9 @@ def markdown(t: dict[str, Any]) -> str:
             + (", read at the first base run's step after it" if c.get("read_at") == "base" else "")
             + f", before any change ran: {'yes' if c.get('predicted_before_applying') else 'NO'}. "
             "A change is measured against the base runs either side of it."
+            + (f" The changes ran {c['repeat']} times in turn: a change's saving is the mean of its runs' "
+               "(each against the base runs either side of that run, in brackets)."
+               if c.get("repeat", 1) > 1 else "")
             + (f" Every run, the captured one too, under `{c['pinned']}`." if c.get("pinned") else "")
             + (f" Every run, the captured one too, with `{' '.join(c['job_flags'])}`."
                if c.get("job_flags") else ""),
@@ -191,7 +245,7 @@ def markdown(t: dict[str, Any]) -> str:
             opts = " ".join(r.get("flags") or []) + "".join(f" -{x}" for x in r.get("remove") or [])
             lines.append(
                 f"| {r['remedy']} | `{opts.strip()}` | {_f(p[0]) + ' to ' + _f(p[1]) if p else '—'} | "
-                f"{_f(r.get('measured_ms'))} | {_f(r.get('saved_ms'))} | "
+                f"{_f(r.get('measured_ms'))} | {_saved(r)} | "
                 + ("yes" if r.get("inside") else "NO" if "inside" in r else "—")
                 + (
                     f" (within 20%: {'yes' if r.get('within_20pct') else 'NO'}; singles summed "
