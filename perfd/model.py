@@ -179,6 +179,10 @@ class StepRecord:
     # target, perfd.armed): armed from its process's first step, its steps are the profiler's, not
     # the job's (kept out of its MFU, step time, jitter and class).
     armed: bool = False
+    # An ``"all"`` fold's ranks' own end times (perfd.stepfold): each rank's iteration ends when its own
+    # record did, so the communication share's per-rank windows (perfd.analytics.collectives.windows)
+    # read the fold as they read the ranks' records. Empty on a rank's own record and a log's.
+    rank_end_times: dict[int, float] = field(default_factory=dict)
 
     def has_field(self, key: str) -> bool:
         return key in self.fields

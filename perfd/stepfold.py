@@ -1,8 +1,8 @@
 """One iteration's rank records folded into one ``"all"`` record: the slowest rank's step (the
-iteration ends when it does), every rank's timers kept by rank, the latest end, armed if any rank
-was. Pure; shared by the aggregator (perfd.aggregator.job_fold, a job the step hook alone reports)
-and the distributed path (perfd.engine: a node's agent folds its ranks, a shard its nodes', a job's
-root the shards').
+iteration ends when it does), every rank's timers kept by rank, the latest end and each rank's own,
+armed if any rank was. Pure; shared by the aggregator (perfd.aggregator.job_fold, a job the step hook
+alone reports) and the distributed path (perfd.engine: a node's agent folds its ranks, a shard its
+nodes', a job's root the shards').
 
 The fold is a join: associative, commutative and idempotent. Folding folds gives the fold of all
 their records, in any order and grouping, and folding a record in twice changes nothing — which is
@@ -40,12 +40,13 @@ def _slowness(r: StepRecord) -> tuple[float, str]:
 class RankFold:
     """A fold being made: ``add`` rank records or folds, ``record()`` the fold (None before any)."""
 
-    __slots__ = ("_armed", "_end", "_slow", "_timers")
+    __slots__ = ("_armed", "_end", "_ends", "_slow", "_timers")
 
     def __init__(self, records: Iterable[StepRecord] = ()) -> None:
         self._slow: StepRecord | None = None
         self._timers: dict[str, dict[int, float]] = {}
         self._end: float | None = None
+        self._ends: dict[int, float] = {}  # each rank's own end (StepRecord.rank_end_times)
         self._armed = False
         self.add(records)
 
@@ -61,6 +62,10 @@ class RankFold:
                     per[r.rank] = tv.max_ms
             if r.end_time is not None and (self._end is None or r.end_time > self._end):
                 self._end = r.end_time
+            if isinstance(r.rank, int) and r.end_time is not None:
+                _latest(self._ends, r.rank, r.end_time)
+            for rank, end in r.rank_end_times.items():
+                _latest(self._ends, rank, end)
             # a rank under ncu paces every rank it synchronises with (perfd.armed): the iteration is armed
             self._armed = self._armed or r.armed
 
@@ -72,6 +77,8 @@ class RankFold:
             self._timers.setdefault(name, {}).update(per)
         if other._end is not None and (self._end is None or other._end > self._end):
             self._end = other._end
+        for rank, end in other._ends.items():
+            _latest(self._ends, rank, end)
         self._armed = self._armed or other._armed
 
     def record(self) -> StepRecord | None:
@@ -84,7 +91,15 @@ class RankFold:
             timers[name] = (TimerValue(min(per_rank.values()), max(per_rank.values()), per_rank) if per_rank
                             else TimerValue())
         return dataclasses.replace(self._slow, rank=ALL_RANKS, timers=timers, end_time=self._end,
-                                   armed=self._armed)
+                                   armed=self._armed, rank_end_times=dict(sorted(self._ends.items())))
+
+
+def _latest(ends: dict[int, float], rank: int, end: float) -> None:
+    """A rank's end, the latest of those seen: two records of one rank's iteration (a resend, a
+    restart's) fold to the same end whatever their order."""
+    held = ends.get(rank)
+    if held is None or end > held:
+        ends[rank] = end
 
 
 def fold_ranks(rs: Sequence[StepRecord]) -> StepRecord:

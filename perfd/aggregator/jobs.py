@@ -70,7 +70,7 @@ def record_bytes(rec: StepRecord) -> int:
     fields = sum(sys.getsizeof(k) + sys.getsizeof(v) + _ENTRY_BYTES for k, v in rec.fields.items())
     names = sum(sys.getsizeof(n) for n in rec.timers)
     memory = sum(_RANK_MEMORY_BYTES + _MEMORY_VALUE_BYTES * len(v) for v in rec.memory_mb.values())
-    return 1024 + 256 * len(rec.timers) + 96 * per_rank + fields + names + memory
+    return 1024 + 256 * len(rec.timers) + 96 * (per_rank + len(rec.rank_end_times)) + fields + names + memory
 
 
 # The optional fields of a step record whose absence makes a copy of a held record worse (a field
@@ -80,14 +80,15 @@ def record_bytes(rec: StepRecord) -> int:
 _OPTIONAL = tuple(f.name for f in dataclasses.fields(StepRecord)
                   if f.name not in ("job", "iteration", "rank", "fields", "timers", "memory_mb", "source",
                                     "disturbed_by_capture", "first_of_run", "armed", "tokens_per_step",
-                                    "flops_per_step"))
+                                    "flops_per_step", "rank_end_times"))
 
 
 def worse_than(new: StepRecord, held: StepRecord) -> bool:
-    """Whether ``new`` lacks something ``held`` has: a value, a timer, a rank's memory report."""
+    """Whether ``new`` lacks something ``held`` has: a value, a timer, a rank's memory report or end."""
     return (any(getattr(held, f) is not None and getattr(new, f) is None for f in _OPTIONAL)
             or not held.timers.keys() <= new.timers.keys()
-            or not held.memory_mb.keys() <= new.memory_mb.keys())
+            or not held.memory_mb.keys() <= new.memory_mb.keys()
+            or not held.rank_end_times.keys() <= new.rank_end_times.keys())
 
 
 @dataclass

@@ -99,13 +99,15 @@ def step_to_pb(rec: StepRecord, m: pb.StepRecord) -> None:
     m.disturbed_by_capture = rec.disturbed_by_capture
     m.first_of_run = rec.first_of_run
     m.armed = rec.armed
+    m.rank_end_times.update(rec.rank_end_times)
 
 
 _STEP_FD = pb.StepRecord.DESCRIPTOR.fields_by_name
 _OPT_FD = {_STEP_FD[n]: n for n in _OPT_NAMES}  # descriptor -> StepRecord field name
 (_FD_RANK, _FD_SCOPE, _FD_FIELDS, _FD_TIMERS, _FD_STRAGGLER, _FD_MEMORY, _FD_SOURCE, _FD_DISTURBED,
- _FD_FIRST, _FD_ARMED) = (_STEP_FD[n] for n in ("rank", "scope", "fields", "timers", "straggler", "memory_mb",
-                                               "source", "disturbed_by_capture", "first_of_run", "armed"))
+ _FD_FIRST, _FD_ARMED, _FD_ENDS) = (_STEP_FD[n] for n in ("rank", "scope", "fields", "timers", "straggler",
+                                                         "memory_mb", "source", "disturbed_by_capture",
+                                                         "first_of_run", "armed", "rank_end_times"))
 
 
 def step_from_pb(m: pb.StepRecord) -> StepRecord:
@@ -152,6 +154,7 @@ def step_from_pb(m: pb.StepRecord) -> StepRecord:
         disturbed_by_capture=_FD_DISTURBED in got,
         first_of_run=_FD_FIRST in got,
         armed=_FD_ARMED in got,
+        rank_end_times=dict(sorted(got[_FD_ENDS].items())) if _FD_ENDS in got else {},
         **opt,
     )
 

@@ -24,6 +24,7 @@ from perfd.collfold import (
     reduce,
 )
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
+from perfd.stepfold import fold_ranks
 from tests.collectives.collective_helpers import fr, load_fixture_records, step
 
 NODES, PER_NODE, ITERATIONS, TP_OPS = 8, 8, 8, 6
@@ -118,6 +119,37 @@ def test_the_synthetic_job_split_across_partials_in_any_order_gives_the_one_aggr
     assert _json(_split_merge("j", recs, rng, 7, every), steps, **kw) == want
     # Without steps or layout too (the observation window, classes from descriptions only).
     assert _json(_split_merge("j", recs, rng, 9), ()) == _raw_json("j", recs, ())
+
+
+def test_the_ranks_step_records_folded_as_the_engine_folds_them_keep_each_ranks_windows() -> None:
+    """The engine's root holds one ``"all"`` fold an iteration (a node's agent folds its ranks, the
+    shards and the root fold those): each rank's own end travels in the fold (``rank_end_times``), so
+    the per-rank windows, and every share read over them, are the ranks' own records'. The ranks'
+    steps end up to 4 ms apart, as a real job's do; without the ranks' ends the job's windows (the
+    slowest rank's end) give other shares."""
+    recs, steps = synthetic_job()
+    rng = random.Random(5)
+    own = [dataclasses.replace(s, end_time=(s.end_time or 0.0) + rng.random() * 0.004) for s in steps]
+    by_it: dict[int, dict[int, list[StepRecord]]] = {}
+    for s in own:
+        by_it.setdefault(s.iteration, {}).setdefault((s.rank if isinstance(s.rank, int) else 0) // PER_NODE,
+                                                     []).append(s)
+    # per node, then the nodes' folds in a shuffled order and grouping, as the shards and the root do
+    folded = []
+    for _, nodes in sorted(by_it.items()):
+        node_folds = [fold_ranks(rs) for rs in nodes.values()]
+        rng.shuffle(node_folds)
+        folded.append(fold_ranks([fold_ranks(node_folds[:3]), fold_ranks(node_folds[3:])]))
+    assert all(list(f.rank_end_times) == list(range(WORLD)) for f in folded)
+    kw = {"layout": LAYOUT, "rank_nodes": RANK_NODES, "gpu_name": "NVIDIA H200"}
+    want = _raw_json("j", recs, own, **kw)
+    assert _raw_json("j", recs, folded, **kw) == want
+    assert _json(_split_merge("j", recs, rng, 7), folded, **kw) == want
+    # the case the ends are for: the job's windows alone read another share
+    bare = [dataclasses.replace(f, rank_end_times={}) for f in folded]
+    assert _raw_json("j", recs, bare, **kw) != want
+    a = json.loads(want)
+    assert a["method"]["name"] == "step_windows" and len(a["iterations"]) == ITERATIONS - 1
 
 
 def test_a_bounded_merge_keeps_each_ranks_newest_operations_whatever_the_order() -> None:

@@ -8,6 +8,7 @@ analysis JSON one aggregator fed the records as sent gives, byte for byte."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -20,7 +21,9 @@ from perfd.aggregator.state import AggregatorState
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient
+from perfd.engine.shard import Shard
 from perfd.model import CollectiveRecord
+from tests.collectives.collective_helpers import MS, T0
 from tests.collectives.test_collective_partial import NODES, PER_NODE, SLOW_RANK, synthetic_job
 from tests.engine.test_engine_records import _until
 from tests.engine.test_natsd import _need_nats_server
@@ -80,3 +83,70 @@ def test_many_nodes_reduced_through_the_engine_give_the_one_aggregator_answer(tm
     assert out["stats"]["collective_partials"] == 3 * NODES + 1 and out["stats"]["undecodable"] == 0
     assert out["again"] == len(by_node[2])
     assert out["got"] == want
+
+
+def test_step_records_and_collectives_through_the_engine_give_one_aggregators_answer(tmp_path: Path) -> None:
+    """The same job with its ranks' step records, each rank's end its own (up to 4 ms apart, as a real
+    job's): each node's agent folds its ranks' records of an iteration into one, the shards and the
+    root fold those, and the root's window fold reads each rank's own end from the fold
+    (``StepRecord.rank_end_times``). Sent as an agent sends, an iteration at a time (its steps, then
+    the operations enqueued in it), the per-rank and per-iteration shares are one aggregator's, fed
+    the ranks' own records, byte for byte."""
+    _need_nats_server()
+    recs, steps = synthetic_job()
+    rng = random.Random(5)
+    steps = [dataclasses.replace(s, end_time=(s.end_time or 0.0) + rng.random() * 0.004) for s in steps]
+    its = sorted({s.iteration for s in steps})
+    node_of = lambda rank: (rank or 0) // PER_NODE  # noqa: E731
+    step_at = {(n, it): [s for s in steps if s.iteration == it and node_of(s.rank) == n]
+               for n in range(NODES) for it in its}
+    coll_at: dict[tuple[int, int], list[CollectiveRecord]] = {}
+    for r in recs:  # the synthetic job's iteration N runs 100 ms from N x 100 ms
+        it = ((r.time_created_ns or T0) - T0) // (100 * MS)
+        coll_at.setdefault((node_of(r.rank), it), []).append(r)
+    single = AggregatorState()
+    for it in its:
+        for n in range(NODES):
+            single.ingest_steps(f"node-{n}/j", step_at[n, it])
+            single.ingest_collectives(f"node-{n}/j", coll_at.get((n, it), []))
+    want = _answer(single)
+    a = json.loads(want)
+    assert a["method"]["name"] == "step_windows" and len(a["iterations"]) == len(its) - 2
+    assert f"collective-last-rank-{SLOW_RANK}" in want
+
+    async def main(urls: list[str]) -> dict[str, Any]:
+        cfg = S.EngineConfig(tuple(urls), partitions=4)
+        agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], engine=cfg,
+                                          engine_root_id="root-a"))
+        await agg.start()
+        stop = asyncio.Event()  # two shards fold the nodes' step partials (the records go to the root)
+        shards = [asyncio.create_task(Shard(cfg, f"shard-{i}").run(stop)) for i in range(2)]
+        clients = [EngineClient(cfg, f"node-{n}/j", node=f"node-{n}") for n in range(NODES)]
+        senders = [asyncio.create_task(c.run()) for c in clients]
+        try:
+            for it in its:
+                for n, c in enumerate(clients):
+                    c.submit(steps=step_at[n, it], collectives=coll_at.get((n, it), []))
+                await asyncio.sleep(0.05)
+            for c in clients:
+                assert await c.flush(60), c.stats()
+            root = agg.engine_root
+            sent = sum(c.stats()["records_submitted"] for c in clients)
+            await _until(lambda: root.stats.collectives == sent
+                         and root.stats.node_messages >= NODES * len(its), 60, lambda: root.stats.to_json())
+            return {"got": _answer(agg.state), "stats": root.stats.to_json(),
+                    "fold": agg.state.collectives.fold_counts()}
+        finally:
+            stop.set()
+            for t in senders:
+                t.cancel()
+            await asyncio.gather(*senders, return_exceptions=True)
+            await asyncio.wait_for(asyncio.gather(*shards, return_exceptions=True), 30)
+            for c in clients:
+                c.close()
+            await agg.stop()
+
+    with NatsCluster(tmp_path / "nats", 1) as cluster:
+        out = asyncio.run(main(cluster.urls))
+    assert out["stats"]["undecodable"] == 0 and out["stats"]["late"] == 0, out["stats"]
+    assert out["got"] == want, out["fold"]

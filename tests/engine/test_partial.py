@@ -68,6 +68,8 @@ def test_a_partial_round_trips_through_its_wire_form():
     assert (q.job, q.iteration, q.ranks, q.messages) == ("j", 1, set(range(8)), {"agent:e:1"})
     assert q.fold is not None and p.fold is not None
     assert q.fold.step_time_ms == p.fold.step_time_ms and q.fold.timers == p.fold.timers
+    # each rank's own end, for the communication share's per-rank windows
+    assert q.fold.rank_end_times == p.fold.rank_end_times == {r.rank: r.end_time for r in RANKS[:8]}
     assert q.job_level["last"].step_time_ms == 5.0 and not q.new_run
     (r,) = decode(encode("agent:e:2", "agent", 7, partials_of(RANKS[:8], "agent:e:2", {("j", 1)}))).partials
     assert r.new_run

@@ -36,28 +36,46 @@ class StepWindow:
         return (self.end_ns - self.start_ns) / 1e6
 
 
+_End = tuple[float, StepRecord]  # an iteration's end (epoch seconds) and the record whose flags it has
+
+
 def step_windows(steps: Iterable[StepRecord]) -> tuple[dict[int, list[StepWindow]], list[StepWindow]]:
-    """(per-rank windows from records of one rank, job windows from "last"/"all" records)."""
-    per_rank: dict[int, dict[int, StepRecord]] = {}
+    """(per-rank windows from records of one rank, job windows from "last"/"all" records). A fold's
+    ranks' own ends (``rank_end_times``: perfd.stepfold, the engine's root holds only folds) give those
+    ranks their windows as their own records would, the fold's flags (warm-up, capture) for all of
+    them; a rank's own record of an iteration wins over a fold's end for it. Such a fold is not a job
+    window: the ranks' records held as they came make none either, so a rank whose records have not
+    come yet (its node's fold is still on its way through the engine) waits for them rather than
+    being read over the other ranks' windows."""
+    per_rank: dict[int, dict[int, _End]] = {}
+    folded: dict[int, dict[int, _End]] = {}
     job: dict[int, StepRecord] = {}
     for s in steps:
         if s.end_time is None:
             continue
         if isinstance(s.rank, int):
-            per_rank.setdefault(s.rank, {})[s.iteration] = s
-        else:
+            per_rank.setdefault(s.rank, {})[s.iteration] = (s.end_time, s)
+            continue
+        if not s.rank_end_times:  # a log's line, a fold from an agent older than the ranks' ends
             cur = job.get(s.iteration)
             if cur is None or (cur.end_time or 0.0) < s.end_time:
                 job[s.iteration] = s
-    return {r: _windows(v) for r, v in per_rank.items()}, _windows(job)
+        for rank, end in s.rank_end_times.items():
+            held = folded.setdefault(rank, {}).get(s.iteration)
+            if held is None or held[0] < end:
+                folded[rank][s.iteration] = (end, s)
+    for rank, ends in folded.items():
+        per_rank[rank] = {**ends, **per_rank.get(rank, {})}
+    return ({r: _windows(v) for r, v in per_rank.items()},
+            _windows({i: (s.end_time or 0.0, s) for i, s in job.items()}))
 
 
-def _windows(by_it: Mapping[int, StepRecord]) -> list[StepWindow]:
+def _windows(by_it: Mapping[int, _End]) -> list[StepWindow]:
     out: list[StepWindow] = []
     its = sorted(by_it)
     for a, b in itertools.pairwise(its):
-        ra, rb = by_it[a], by_it[b]
-        start, end = round((ra.end_time or 0.0) * 1e9), round((rb.end_time or 0.0) * 1e9)
+        (ea, _), (eb, rb) = by_it[a], by_it[b]
+        start, end = round(ea * 1e9), round(eb * 1e9)
         if end <= start:
             continue
         excluded = ("warmup" if rb.fields.get("warmup") == "true"

@@ -178,7 +178,7 @@ class CollectiveRecord(_message.Message):
     def __init__(self, job: _Optional[str] = ..., source: _Optional[str] = ..., op: _Optional[str] = ..., rank: _Optional[int] = ..., raw_op: _Optional[str] = ..., pg_id: _Optional[int] = ..., pg_name: _Optional[str] = ..., pg_desc: _Optional[str] = ..., comm_id: _Optional[str] = ..., pg_ranks_index: _Optional[int] = ..., group_rank: _Optional[int] = ..., group_size: _Optional[int] = ..., nnodes: _Optional[int] = ..., collective_seq_id: _Optional[int] = ..., p2p_seq_id: _Optional[int] = ..., is_p2p: _Optional[bool] = ..., peer: _Optional[int] = ..., bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., state: _Optional[str] = ..., time_created_ns: _Optional[int] = ..., time_completed_ns: _Optional[int] = ..., duration_ms: _Optional[float] = ..., algbw_gbs: _Optional[float] = ..., busbw_gbs: _Optional[float] = ..., timing_source: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ...) -> None: ...
 
 class StepRecord(_message.Message):
-    __slots__ = ("job", "iteration", "rank", "scope", "end_time", "train_iters", "step_time_ms", "logged_tflops_per_gpu", "consumed_samples", "global_batch_size", "learning_rate", "lm_loss", "loss_scale", "grad_norm", "skipped_iterations", "nan_iterations", "interval", "fields", "timers", "straggler", "memory_mb", "source", "disturbed_by_capture", "first_of_run", "tokens_per_step", "flops_per_step", "armed")
+    __slots__ = ("job", "iteration", "rank", "scope", "end_time", "train_iters", "step_time_ms", "logged_tflops_per_gpu", "consumed_samples", "global_batch_size", "learning_rate", "lm_loss", "loss_scale", "grad_norm", "skipped_iterations", "nan_iterations", "interval", "fields", "timers", "straggler", "memory_mb", "source", "disturbed_by_capture", "first_of_run", "tokens_per_step", "flops_per_step", "armed", "rank_end_times")
     class FieldsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +200,13 @@ class StepRecord(_message.Message):
         key: int
         value: MemoryReport
         def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[MemoryReport, _Mapping]] = ...) -> None: ...
+    class RankEndTimesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     JOB_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +234,7 @@ class StepRecord(_message.Message):
     TOKENS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
     FLOPS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
     ARMED_FIELD_NUMBER: _ClassVar[int]
+    RANK_END_TIMES_FIELD_NUMBER: _ClassVar[int]
     job: str
     iteration: int
     rank: int
@@ -254,7 +262,8 @@ class StepRecord(_message.Message):
     tokens_per_step: float
     flops_per_step: float
     armed: bool
-    def __init__(self, job: _Optional[str] = ..., iteration: _Optional[int] = ..., rank: _Optional[int] = ..., scope: _Optional[str] = ..., end_time: _Optional[float] = ..., train_iters: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., logged_tflops_per_gpu: _Optional[float] = ..., consumed_samples: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., lm_loss: _Optional[float] = ..., loss_scale: _Optional[float] = ..., grad_norm: _Optional[float] = ..., skipped_iterations: _Optional[int] = ..., nan_iterations: _Optional[int] = ..., interval: _Optional[int] = ..., fields: _Optional[_Mapping[str, str]] = ..., timers: _Optional[_Mapping[str, Timer]] = ..., straggler: _Optional[_Union[StragglerLine, _Mapping]] = ..., memory_mb: _Optional[_Mapping[int, MemoryReport]] = ..., source: _Optional[_Union[Provenance, _Mapping]] = ..., disturbed_by_capture: _Optional[bool] = ..., first_of_run: _Optional[bool] = ..., tokens_per_step: _Optional[float] = ..., flops_per_step: _Optional[float] = ..., armed: _Optional[bool] = ...) -> None: ...
+    rank_end_times: _containers.ScalarMap[int, float]
+    def __init__(self, job: _Optional[str] = ..., iteration: _Optional[int] = ..., rank: _Optional[int] = ..., scope: _Optional[str] = ..., end_time: _Optional[float] = ..., train_iters: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., logged_tflops_per_gpu: _Optional[float] = ..., consumed_samples: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., lm_loss: _Optional[float] = ..., loss_scale: _Optional[float] = ..., grad_norm: _Optional[float] = ..., skipped_iterations: _Optional[int] = ..., nan_iterations: _Optional[int] = ..., interval: _Optional[int] = ..., fields: _Optional[_Mapping[str, str]] = ..., timers: _Optional[_Mapping[str, Timer]] = ..., straggler: _Optional[_Union[StragglerLine, _Mapping]] = ..., memory_mb: _Optional[_Mapping[int, MemoryReport]] = ..., source: _Optional[_Union[Provenance, _Mapping]] = ..., disturbed_by_capture: _Optional[bool] = ..., first_of_run: _Optional[bool] = ..., tokens_per_step: _Optional[float] = ..., flops_per_step: _Optional[float] = ..., armed: _Optional[bool] = ..., rank_end_times: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class Timer(_message.Message):
     __slots__ = ("min_ms", "max_ms", "per_rank")
