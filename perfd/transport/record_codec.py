@@ -154,7 +154,7 @@ def step_from_pb(m: pb.StepRecord) -> StepRecord:
         disturbed_by_capture=_FD_DISTURBED in got,
         first_of_run=_FD_FIRST in got,
         armed=_FD_ARMED in got,
-        rank_end_times=dict(sorted(got[_FD_ENDS].items())) if _FD_ENDS in got else {},
+        rank_end_times=dict(got[_FD_ENDS]) if _FD_ENDS in got else {},
         **opt,
     )
 
