@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import json
 import random
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,41 @@ def _answer(state: AggregatorState) -> str:
     return json.dumps(got.to_json(), sort_keys=True)
 
 
+async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient]], Awaitable[None]],
+                              shards: int = 0, done: Callable[[Any], bool] = lambda stats: True
+                              ) -> dict[str, Any]:
+    """An aggregator leading as the job's root, ``shards`` shards (the step partials' path; the
+    records stream goes to the root) and a client per node, fed by ``feed``; once every collective
+    record submitted is at the root and ``done(root.stats)``: the root's answer and counters."""
+    cfg = S.EngineConfig(tuple(urls), partitions=4)
+    agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], engine=cfg,
+                                      engine_root_id="root-a"))
+    await agg.start()
+    stop = asyncio.Event()
+    shard_tasks = [asyncio.create_task(Shard(cfg, f"shard-{i}").run(stop)) for i in range(shards)]
+    clients = [EngineClient(cfg, f"node-{n}/j", node=f"node-{n}") for n in range(NODES)]
+    senders = [asyncio.create_task(c.run()) for c in clients]
+    try:
+        await feed(clients)
+        for c in clients:
+            assert await c.flush(60), c.stats()
+        root = agg.engine_root
+        sent = sum(c.stats()["records_submitted"] for c in clients)
+        await _until(lambda: root.stats.collectives == sent and done(root.stats), 60,
+                     lambda: root.stats.to_json())
+        return {"got": _answer(agg.state), "stats": root.stats.to_json(),
+                "again": agg.state.collectives.merged_again, "fold": agg.state.collectives.fold_counts()}
+    finally:
+        stop.set()
+        for t in senders:
+            t.cancel()
+        await asyncio.gather(*senders, return_exceptions=True)
+        await asyncio.wait_for(asyncio.gather(*shard_tasks, return_exceptions=True), 30)
+        for c in clients:
+            c.close()
+        await agg.stop()
+
+
 def test_many_nodes_reduced_through_the_engine_give_the_one_aggregator_answer(tmp_path: Path) -> None:
     _need_nats_server()
     recs, _ = synthetic_job()
@@ -49,37 +85,16 @@ def test_many_nodes_reduced_through_the_engine_give_the_one_aggregator_answer(tm
     want = _answer(single)
     assert f"collective-last-rank-{SLOW_RANK}" in want
 
-    async def main(urls: list[str]) -> dict[str, Any]:
-        cfg = S.EngineConfig(tuple(urls), partitions=4)
-        agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], engine=cfg,
-                                          engine_root_id="root-a"))
-        await agg.start()
-        clients = [EngineClient(cfg, f"node-{n}/j", node=f"node-{n}") for n in range(NODES)]
-        senders = [asyncio.create_task(c.run()) for c in clients]
+    async def feed(clients: list[EngineClient]) -> None:
         rng = random.Random(4)
-        try:
-            order = [(n, k) for n in range(NODES) for k in range(3)]
-            rng.shuffle(order)
-            for n, k in order:  # each node's records in three pieces, the nodes interleaved
-                clients[n].submit(collectives=by_node[n][k::3])
-            clients[2].submit(collectives=by_node[2])  # a node's all again: another message, merged once
-            for c in clients:
-                assert await c.flush(60), c.stats()
-            root = agg.engine_root
-            sent = sum(c.stats()["records_submitted"] for c in clients)
-            await _until(lambda: root.stats.collectives == sent, 60, lambda: root.stats.to_json())
-            return {"got": _answer(agg.state), "stats": root.stats.to_json(),
-                    "again": agg.state.collectives.merged_again}
-        finally:
-            for t in senders:
-                t.cancel()
-            await asyncio.gather(*senders, return_exceptions=True)
-            for c in clients:
-                c.close()
-            await agg.stop()
+        order = [(n, k) for n in range(NODES) for k in range(3)]
+        rng.shuffle(order)
+        for n, k in order:  # each node's records in three pieces, the nodes interleaved
+            clients[n].submit(collectives=by_node[n][k::3])
+        clients[2].submit(collectives=by_node[2])  # a node's all again: another message, merged once
 
     with NatsCluster(tmp_path / "nats", 1) as cluster:
-        out = asyncio.run(main(cluster.urls))
+        out = asyncio.run(_through_the_engine(cluster.urls, feed))
     assert out["stats"]["collective_partials"] == 3 * NODES + 1 and out["stats"]["undecodable"] == 0
     assert out["again"] == len(by_node[2])
     assert out["got"] == want
@@ -114,39 +129,14 @@ def test_step_records_and_collectives_through_the_engine_give_one_aggregators_an
     assert a["method"]["name"] == "step_windows" and len(a["iterations"]) == len(its) - 2
     assert f"collective-last-rank-{SLOW_RANK}" in want
 
-    async def main(urls: list[str]) -> dict[str, Any]:
-        cfg = S.EngineConfig(tuple(urls), partitions=4)
-        agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], engine=cfg,
-                                          engine_root_id="root-a"))
-        await agg.start()
-        stop = asyncio.Event()  # two shards fold the nodes' step partials (the records go to the root)
-        shards = [asyncio.create_task(Shard(cfg, f"shard-{i}").run(stop)) for i in range(2)]
-        clients = [EngineClient(cfg, f"node-{n}/j", node=f"node-{n}") for n in range(NODES)]
-        senders = [asyncio.create_task(c.run()) for c in clients]
-        try:
-            for it in its:
-                for n, c in enumerate(clients):
-                    c.submit(steps=step_at[n, it], collectives=coll_at.get((n, it), []))
-                await asyncio.sleep(0.05)
-            for c in clients:
-                assert await c.flush(60), c.stats()
-            root = agg.engine_root
-            sent = sum(c.stats()["records_submitted"] for c in clients)
-            await _until(lambda: root.stats.collectives == sent
-                         and root.stats.node_messages >= NODES * len(its), 60, lambda: root.stats.to_json())
-            return {"got": _answer(agg.state), "stats": root.stats.to_json(),
-                    "fold": agg.state.collectives.fold_counts()}
-        finally:
-            stop.set()
-            for t in senders:
-                t.cancel()
-            await asyncio.gather(*senders, return_exceptions=True)
-            await asyncio.wait_for(asyncio.gather(*shards, return_exceptions=True), 30)
-            for c in clients:
-                c.close()
-            await agg.stop()
+    async def feed(clients: list[EngineClient]) -> None:
+        for it in its:
+            for n, c in enumerate(clients):
+                c.submit(steps=step_at[n, it], collectives=coll_at.get((n, it), []))
+            await asyncio.sleep(0.05)
 
     with NatsCluster(tmp_path / "nats", 1) as cluster:
-        out = asyncio.run(main(cluster.urls))
+        out = asyncio.run(_through_the_engine(cluster.urls, feed, shards=2,
+                                              done=lambda st: st.node_messages >= NODES * len(its)))
     assert out["stats"]["undecodable"] == 0 and out["stats"]["late"] == 0, out["stats"]
     assert out["got"] == want, out["fold"]
