@@ -40,9 +40,9 @@ def _slowness(r: StepRecord) -> tuple[float, str]:
 class RankFold:
     """A fold being made: ``add`` rank records or folds, ``record()`` the fold (None before any)."""
 
-    __slots__ = ("_armed", "_end", "_ends", "_slow", "_timers")
+    __slots__ = ("_armed", "_end", "_ends", "_keep_ends", "_slow", "_timers")
 
-    def __init__(self, records: Iterable[StepRecord] = ()) -> None:
+    def __init__(self, records: Iterable[StepRecord] = (), keep_ends: bool = True) -> None:
         self._slow: StepRecord | None = None
         self._timers: dict[str, dict[int, float]] = {}
         self._end: float | None = None
@@ -50,6 +50,9 @@ class RankFold:
         # looked up, never shown, so not sorted (at 100,000 ranks sorting it was a third of a root's
         # fold time; the timers' per-rank values are shown, in rank order).
         self._ends: dict[int, float] = {}
+        # False where the ranks' own records stay beside the fold (one aggregator's analysis folds):
+        # their windows are read from those records, and the ends would be a map per iteration for nothing.
+        self._keep_ends = keep_ends
         self._armed = False
         self.add(records)
 
@@ -65,12 +68,19 @@ class RankFold:
                     per[r.rank] = tv.max_ms
             if r.end_time is not None and (self._end is None or r.end_time > self._end):
                 self._end = r.end_time
-            if isinstance(r.rank, int) and r.end_time is not None:
-                _latest(self._ends, {r.rank: r.end_time})
-            if r.rank_end_times:
-                _latest(self._ends, r.rank_end_times)
+            if self._keep_ends:
+                self._add_end(r)
             # a rank under ncu paces every rank it synchronises with (perfd.armed): the iteration is armed
             self._armed = self._armed or r.armed
+
+    def _add_end(self, r: StepRecord) -> None:
+        """A rank's own end, or a fold's ranks' ends."""
+        if isinstance(r.rank, int) and r.end_time is not None:
+            held = self._ends.get(r.rank)
+            if held is None or r.end_time > held:
+                self._ends[r.rank] = r.end_time
+        elif r.rank_end_times:
+            _latest(self._ends, r.rank_end_times)
 
     def add_fold(self, other: RankFold) -> None:
         """Fold another fold in: as adding every record it holds (no map of its is shared)."""
@@ -80,7 +90,8 @@ class RankFold:
             self._timers.setdefault(name, {}).update(per)
         if other._end is not None and (self._end is None or other._end > self._end):
             self._end = other._end
-        _latest(self._ends, other._ends)
+        if self._keep_ends:
+            _latest(self._ends, other._ends)
         self._armed = self._armed or other._armed
 
     def record(self) -> StepRecord | None:
@@ -107,9 +118,10 @@ def _latest(ends: dict[int, float], more: Mapping[int, float]) -> None:
     ends.update(kept)
 
 
-def fold_ranks(rs: Sequence[StepRecord]) -> StepRecord:
-    """Rank records (or folds of them) of one iteration as one ``"all"`` record."""
-    out = RankFold(rs).record()
+def fold_ranks(rs: Sequence[StepRecord], keep_ends: bool = True) -> StepRecord:
+    """Rank records (or folds of them) of one iteration as one ``"all"`` record; ``keep_ends``: with
+    each rank's own end (:class:`RankFold`)."""
+    out = RankFold(rs, keep_ends).record()
     if out is None:
         raise ValueError("nothing to fold")
     return out

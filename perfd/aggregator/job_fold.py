@@ -83,7 +83,7 @@ def job_level_steps(records: list[StepRecord], cache: _FoldCache | None = None) 
                 and all(a is b for a, b in zip(kept[0], rs, strict=True))):
             out.append(kept[1])
             continue
-        folded = fold_ranks(rs)
+        folded = fold_ranks(rs, keep_ends=False)  # the collectives read the ranks' own records
         if cache is not None:
             cache[it] = (tuple(rs), folded)
         out.append(folded)
