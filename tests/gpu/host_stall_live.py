@@ -266,6 +266,17 @@ def _top(path: Path, http_port: int) -> str:
 BURN_SLOWED = 1.5  # steps this much slower while the burners ran: the burn contended with the job
 
 
+def spans_stop(inc: dict[str, Any], stop: dict[str, Any]) -> bool:
+    """Whether an incident's steps span the SIGSTOP (its start at or before the stop's end, its end at
+    or after the stop); True where either side has no times (an older aggregator's incidents)."""
+    at, until = stop.get("at"), stop.get("continued_at")
+    start, end = inc.get("start_time"), inc.get("end_time")
+    if not (isinstance(at, (int, float)) and isinstance(until, (int, float))
+            and isinstance(start, (int, float)) and isinstance(end, (int, float))):
+        return True
+    return bool(start <= until and (end >= at or inc.get("open")))
+
+
 def burn_slowdown(polls: list[dict[str, Any]]) -> float | None:
     """Iterations per second in the 20 s before the burn over those while it ran (outside saves)."""
     start = next((p["t"] for p in polls if p.get("burning")), None)
@@ -298,6 +309,7 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
                    and burners & {o.get("pid") for o in (e.get("detail") or {}).get("others") or []}
                    for e in [v.get("lead") or {}, *(v.get("also") or [])])
 
+    stop = res.get("stop") or {}
     cont = [i for i in incs if (i.get("verdict") or {}).get("cause") == "cpu_contention"]
     named = [i for i in incs if names_a_burner(i)]
     out["contention_names_a_burner"] = bool(named)
@@ -314,7 +326,6 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
     # None: the burn did not slow the steps, so there was no contention to name (not a failure)
     out["contention_named_where_it_slowed"] = (out["contention_names_a_burner"] and out["not_data_loading"]
                                                if out["burn_slowed_steps"] else None)
-    stop = res.get("stop") or {}
     # When the aggregator opened the stall (its clock, the same machine's): this script's polls can
     # lag it by seconds on a loaded machine (a poll waits for `perfd top` to answer, say).
     stopped_polls = [p for p in polls if p.get("stopped")]
@@ -342,8 +353,11 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
     out["stack_taken"] = any(isinstance(v, str) and v for v in stacks.values())
     # The incident that carries the stall once steps resumed: closed, or still open where it is a level
     # shift that the slower steps after the stop keep going (seen with two suites on a 2-CPU machine).
+    # The one that spans the stop: on a loaded machine the burn's slow steps can go silent past the stall
+    # limit too, and that earlier incident (its cause the burners) is not the stop's.
     after = sorted((i for i in incs if "stall" in (i.get("kinds") or [])
-                    and (not i.get("open") or "level-shift" in (i.get("kinds") or []))),
+                    and (not i.get("open") or "level-shift" in (i.get("kinds") or []))
+                    and spans_stop(i, stop)),
                    key=lambda i: bool(i.get("open")))
     out["stall_incident_after"] = after and {k: after[0].get(k) for k in ("id", "kinds", "cost_s", "cause")}
     out["cause_after_is_stopped"] = bool(after) and (after[0].get("verdict") or {}).get("cause") == \
