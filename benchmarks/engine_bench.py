@@ -68,6 +68,10 @@ from perfd.engine import subjects as S  # noqa: E402
 
 JOB = "engine-bench job"  # a space: the subject carries the job's token, the name rides inside
 RANKS_PER_NODE = 8
+# What a real node's agent names its GPUs by (collectors/nvml: every process list's labels carry the
+# model): the root learns the job's GPU model, and with it MFU's peak, from these alone (no series
+# reach it, and the root runs without --gpu).
+GPU_MODEL = "NVIDIA H100 80GB HBM3"
 SAMPLE_S = 0.5  # the CPU sampler's period (the per-interval peaks)
 # The root's engine counters (/api/stats) and the shards' (--stats-file) the result carries, after the drain.
 ROOT_COUNTERS = ("complete", "node_messages", "redelivered", "late", "batches", "partials", "undecodable")
@@ -100,6 +104,20 @@ def _rank_records(job: str, node: int, world: int, iteration: int, end: float) -
     return out
 
 
+# The job's per-iteration answer as the root's /iterations rows give it: MFU, the slowest rank (the
+# fold's step is that rank's: its record's source), and the exposed communication (a framework's
+# timers give it; the step hook has none, so a hook-only job's is absent, not invented).
+ANSWER = ("mfu", "slowest_rank", "comm_exposed_share")
+
+
+def _answer_of(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    src = str(row.get("source") or "")
+    rank = next((int(p[4:]) for p in src.split(":") if p.startswith("rank") and p[4:].isdigit()), None)
+    return {"mfu": row.get("mfu"), "slowest_rank": rank, "comm_exposed_share": row.get("comm_exposed_share")}
+
+
 def node_name(n: int) -> str:
     return f"node-{n:05d}"
 
@@ -122,6 +140,37 @@ def node_templates(job: str, first: int, n: int, world: int, partitions: int, ep
     return out
 
 
+def start_messages(job: str, first: int, n: int, world: int, epoch: str, partitions: int
+                   ) -> list[tuple[str, str, bytes]]:
+    """(subject, message id, bytes) of what each node's agent sends once as the job starts: its 8 GPUs'
+    process lists (each GPU's rank attributed by the step hook, perfd.agent.hook_gpus) on the records
+    stream, and from the job's first node its job info (the hook's: the dtype MFU needs)."""
+    from perfd.engine.partial import encode
+    from perfd.jobinfo_json import job_info_to_json
+    from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec
+    from perfd.transport.codec import encode_batch
+    from perfd.transport.series import SeriesTable
+
+    out = []
+    now = time.time()
+    for node in range(first, first + n):
+        name = node_name(node)
+        evs = [{"kind": "gpu_processes", "severity": "info", "time": now, "text": "1 compute process(es)",
+                "labels": {"node": name, "gpu": str(lr), "model": GPU_MODEL},
+                "payload": [{"pid": 10_000 + lr, "name": "python", "rank": node * RANKS_PER_NODE + lr,
+                             "local_rank": lr, "world_size": world, "job": job, "rank_from": "hook pid"}]}
+               for lr in range(RANKS_PER_NODE)]
+        mid = f"{name}:{epoch}:gpus"
+        lists = encode_batch(name, 1, (), (), evs, SeriesTable())
+        out.append((S.records_subject(job), mid, encode(mid, name, time.time_ns(), (), records=lists)))
+        if node == 0:
+            info = JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16"))
+            mid = f"{name}:{epoch}:info"
+            out.append((S.node_subject(job, S.partition_of(job, name, partitions)), mid,
+                        encode(mid, name, time.time_ns(), (), {job: job_info_to_json(info)})))
+    return out
+
+
 def message_of(b: Any, node: int, epoch: str, iteration: int, end: float,
                created_ns: int) -> tuple[str, bytes]:
     """The node's message of ``iteration``: the template with what changes set; (message id, bytes)."""
@@ -130,6 +179,8 @@ def message_of(b: Any, node: int, epoch: str, iteration: int, end: float,
     p = b.partials[0]
     p.iteration = p.fold.iteration = iteration
     p.fold.end_time = end
+    for r in p.fold.rank_end_times:  # each rank's own end (its windows), the iteration's as the fold's
+        p.fold.rank_end_times[r] = end
     p.fold.step_time_ms = 1000.0 + (iteration % 7) + (node % 11) * 0.01  # the slowest rank's period
     p.messages[0] = mid
     return mid, b.SerializeToString()
@@ -166,6 +217,8 @@ def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: A
         nonlocal errors, dups
         nc = await connect(cfg, f"perfd-bench-load-{a.index}")
         js = nc.jetstream()
+        for subj, mid, data in start_messages(JOB, a.first, a.n, a.world, epoch, a.partitions):
+            await js.publish(subj, data, timeout=10.0, headers={"Nats-Msg-Id": mid})
         ready.put(a.index)
         while t0.value == 0.0 and not abort.is_set():
             await asyncio.sleep(0.01)
@@ -469,11 +522,12 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                     top = max(rows, key=lambda r: int(r["iteration"])) if rows else None
                     shown = int(top["iteration"]) if top else None
                     age = time.time() - float(top["end_time"]) if top and top.get("end_time") else None
+                    answer = _answer_of(top)
                 except OSError:  # 404 until the job's first record
-                    shown, took, age = None, float("nan"), None
+                    shown, took, age, answer = None, float("nan"), None, None
                 polls.append({"t": round(time.time() - t0, 2), "offered": offered, "shown": shown,
                               "newest_age_s": None if age is None else round(age, 3),
-                              "took_s": round(took, 4)})
+                              "took_s": round(took, 4), "answer": answer})
             time.sleep(SAMPLE_S)
         for w in watched:
             w.sample()
@@ -564,6 +618,9 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                                                              if p["newest_age_s"] is not None]),
                                  "api_iterations_s": _quantiles([p["took_s"] for p in polls
                                                                  if not math.isnan(p["took_s"])]),
+                                 # what the newest row of each poll answered (absent: None)
+                                 "answer_present": {k: sum(1 for p in polls if (p["answer"] or {}).get(k)
+                                                           is not None) for k in ANSWER},
                                  "last": polls[-1] if polls else None},
             "final": {"drained": drained, "drain_s": round(time.monotonic() - t_drain, 2),
                       "all_complete": ef.get("complete", 0) >= countable,

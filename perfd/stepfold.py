@@ -94,6 +94,11 @@ class RankFold:
             _latest(self._ends, other._ends)
         self._armed = self._armed or other._armed
 
+    @property
+    def end(self) -> float | None:
+        """The latest end folded in (None: none had one)."""
+        return self._end
+
     def record(self) -> StepRecord | None:
         """The fold as one ``"all"`` record: new objects each call (the caller may hand it on)."""
         if self._slow is None:

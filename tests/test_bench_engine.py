@@ -49,6 +49,18 @@ def _bench(tmp_path: Path) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+def _slowest_rank(nodes: int) -> int:
+    """The rank whose step the job's fold takes, from the nodes' messages as the load makes them."""
+    from perfd.engine.partial import decode
+    from perfd.stepfold import fold_ranks
+
+    folds = [decode(engine_bench.message_of(b, n, "ep", 1, 0.0, 0)[1]).partials[0].fold
+             for n, (_s, b) in enumerate(engine_bench.node_templates("j", 0, nodes, nodes * 8, 4, "ep"))]
+    src = fold_ranks([f for f in folds if f is not None]).source
+    assert src is not None
+    return int(src.detail.split(":")[0].removeprefix("rank"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bench_engine_every_message_reaches_the_root_and_every_iteration_completes(tmp_path: Path) -> None:
@@ -86,6 +98,13 @@ def test_bench_engine_every_message_reaches_the_root_and_every_iteration_complet
     # The independent check: the root's /iterations answer followed the load.
     check = res["iterations_check"]
     assert check["polls"] >= 3 and check["behind_iterations"] is not None
+    # The job's per-iteration answer at the root, run without --gpu: MFU (the GPU model from the nodes'
+    # process lists), the slowest rank (the fold's: the bench's slowest is a fixed rank), no exposed
+    # communication (the step hook has no timers of it: absent, not invented).
+    answered = check["answer_present"]
+    assert answered["mfu"] >= 1 and answered["slowest_rank"] >= 1 and answered["comm_exposed_share"] == 0
+    last = check["last"]["answer"]
+    assert 0 < last["mfu"] < 1 and last["slowest_rank"] == _slowest_rank(20)
     # The text form (without --json) reads the same result.
     text = engine_bench._table(res)
     assert "bench-shard-0" in text and "consumer restarts" in text and f"{res['published']} published" in text
@@ -108,6 +127,7 @@ def test_a_node_message_is_a_real_engine_batch_of_its_iteration() -> None:
         p = d.partials[0]
         assert (p.job, p.iteration, p.messages, p.ranks) == ("a job", it, {mid}, set(range(32, 40)))
         assert p.fold is not None and p.fold.iteration == it and p.fold.end_time == end + it
+        assert p.fold.rank_end_times == dict.fromkeys(range(32, 40), end + it)  # each rank's own, re-stamped
         assert set(p.fold.timers) == {"data-wait", "compute", "outside-step"}
         assert sorted(p.fold.timers["compute"].per_rank) == list(range(32, 40))
         assert p.fold.tokens_per_step == 8192.0 * 40 and p.fold.source is not None

@@ -190,3 +190,22 @@ def test_job_nodes_are_where_its_processes_or_its_agents_are() -> None:
     assert view.job_nodes("idle", set()) == set()
     view.forget_agent("n1/node")  # gone for good: its GPUs leave the job's nodes
     assert view.job_nodes("gpt", {"n3/gpt"}) == {"n3"}
+
+
+def test_a_jobs_gpu_model_is_named_by_its_process_lists_and_forgotten_with_their_agent() -> None:
+    """The model label of a GPU's process list (the recorded H100 event's shape,
+    tests/data/incidents/cotenant_h100/nvml.jsonl.gz) names the model of the jobs placed on it; a job
+    on no listed GPU has none; a hostile label is cut; the agent forgotten, its GPUs' models go."""
+    nv = NodeView()
+    model = "NVIDIA H100 80GB HBM3"
+    ev = {"kind": "gpu_processes", "labels": {"node": "n1", "gpu": "3", "model": model},
+          "payload": [{"pid": 7, "rank": 3, "job": "train"}]}
+    assert nv.on_gpu_processes("node-agent", ev)
+    assert nv.model_of("train", set()) == model
+    assert nv.model_of("other", {"engine"}) is None
+    # a sidecar's own GPU, its processes declaring no job: the model is its agent's job's
+    nv.on_gpu_processes("side", {"kind": "gpu_processes", "payload": [{"pid": 8}],
+                                 "labels": {"node": "n2", "gpu": "0", "model": "X" * 999}})
+    assert nv.model_of("sidecar-job", {"side"}) == "X" * 128
+    nv.forget_agent("node-agent")
+    assert nv.model_of("train", set()) is None

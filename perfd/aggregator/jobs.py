@@ -211,6 +211,9 @@ class JobStore:
         # (job, span) -> what the other views know for its bottleneck class: GPM of its GPUs, and the
         # class its latest capture within ``span`` (from, to: epoch s; the run whose figures are
         # reported, perfd.analytics.steps.runs) supports.
+        # job -> the model of its GPUs as their process lists name them (perfd.aggregator.nodes), asked
+        # while a job has no model from its agents' series: a job seen only through the engine.
+        self.placed_gpu: Callable[[str], str | None] = lambda job: None
         self.class_inputs: Callable[[str, tuple[float | None, float | None]],
                                     tuple[GpmReading | None, TimelineClass | None, str]] = \
             lambda job, span: (None, None, "")
@@ -498,11 +501,15 @@ class JobStore:
             newest = [js.records[(js.iterations[-1], sc)] for sc in js.by_iteration.get(js.iterations[-1], [])
                       if (js.iterations[-1], sc) in js.records] if js.iterations else []
             span = figures_span(newest, js.run_start, js.runs)
+            need_gpu = not self.gpu_override and not js.gpu_name
         gpm, timeline, gpm_when = self.class_inputs(job, span)
+        placed = self.placed_gpu(job) if need_gpu else None  # outside the lock: it asks the node view
         with self._lock:
             js = self.jobs.get(job)
             if js is None:
                 return None
+            if placed and not js.gpu_name:
+                js.gpu_name, js.dirty = placed, True  # named now: MFU can be had
             # New records, or what the class reads changed (a capture finished, the job stopped
             # stepping and its last steady window's GPM now stands for it).
             changed = js.dirty or js.class_key != (gpm, timeline, gpm_when)

@@ -41,6 +41,7 @@ _GPM_FIELDS = {"perfd_gpu_sm_util_ratio": "sm_util", "perfd_gpu_sm_occupancy_rat
                "perfd_gpu_utilization_ratio": "nvml_util"}
 # Any GPU series names the GPU model; this one is sampled on every GPU and rarely changes.
 MODEL_SERIES = "perfd_gpu_memory_total_bytes"
+MODEL_MAX = 128  # characters of a GPU model kept from a process list's labels (NVML's names are ~30)
 # Series an agent serves on its own /metrics (GPU and host): the aggregator keeps their latest values
 # for its joins, and leaves them off its /metrics unless asked (docs/prometheus.md).
 NODE_SERIES_PREFIXES = ("perfd_gpu_", "perfd_host_")
@@ -128,6 +129,13 @@ class NodeView:
         self._declared_all: dict[GpuKey, frozenset[str]] = {}
         self._placed: dict[str, set[GpuKey]] = {}
         self._agent_gpus: dict[str, set[GpuKey]] = {}  # agent -> the GPUs whose process lists it sends
+        # (node, gpu) -> the GPU model its process lists' labels name (collectors/nvml: every device's
+        # labels carry it). A job seen only through the engine has no series at its root (they stay on
+        # the agents): its process lists are what name its GPUs, and MFU's peak needs the model.
+        self._gpu_model: dict[GpuKey, str] = {}
+        # job -> (placement_version, what of its placement every tick reads): see _placed_agents
+        self._placed_agents_at: dict[str, tuple[int, set[str]]] = {}
+        self._placed_nodes_at: dict[str, tuple[int, frozenset[str]]] = {}
         # Counts the process-list changes that can move a rank placement or a job's GPUs: a GPU
         # reported by another agent, or a process's pid, rank, local_rank, world_size or job that
         # differs from the list held (a resend of the same processes, their memory or names aside,
@@ -253,7 +261,10 @@ class NodeView:
         labels = ev.get("labels") or {}
         key = (labels.get("node", agent_id), labels.get("gpu", "?"))
         label_job, jobs = declared_job(payload), declared_jobs(payload)
+        model = labels.get("model")
         with self._lock:
+            if isinstance(model, str) and model:
+                self._gpu_model[key] = model[:MODEL_MAX]
             before = self.gpu_procs.get(key)
             if before is None or before[0] != agent_id \
                     or _placement_fields(before[1]) != _placement_fields(payload):
@@ -283,13 +294,26 @@ class NodeView:
         agents whose processes declare no job. A GPU another job's processes declare is not this
         job's, even on this job's agent (perfd.placement)."""
         placed = self._placed.get(job, set())
-        agents = set(job_agents) | {self.gpu_procs[k][0] for k in placed if k in self.gpu_procs}
+        agents = set(job_agents) | self._placed_agents(job, placed)
         declared = self._declared
 
         def keep(agent: str, key: GpuKey) -> bool:
             return key in placed or (agent in job_agents and key not in declared)
 
         return agents, keep
+
+    def _placed_agents(self, job: str, placed: set[GpuKey]) -> set[str]:
+        """The agents that report the GPUs ``job``'s processes declare (lock held), kept while the
+        placement is unchanged: at 100,000 GPUs, gathering them took a job's root 60 ms a read, and
+        every tick reads them (the stall check, the snapshot)."""
+        held = self._placed_agents_at.get(job)
+        if held is not None and held[0] == self.placement_version:
+            return held[1]
+        agents = {self.gpu_procs[k][0] for k in placed if k in self.gpu_procs}
+        self._placed_agents_at = {j: v for j, v in self._placed_agents_at.items()  # ended jobs' go
+                                  if v[0] == self.placement_version}
+        self._placed_agents_at[job] = (self.placement_version, agents)
+        return agents
 
     def jobs_on(self, agent: str) -> set[str]:
         """The jobs whose processes run on the GPUs this agent reports (a node agent's GPUs)."""
@@ -301,13 +325,36 @@ class NodeView:
         them: a node agent), of its own agents' GPUs no other job declares, and those its own
         agents' series name. What joins a node agent's host series (no job_name) to the job."""
         with self._lock:
-            nodes = {node for node, _gpu in self._placed.get(job, ())}
+            held = self._placed_nodes_at.get(job)
+            if held is None or held[0] != self.placement_version:  # kept as _placed_agents is
+                v = self.placement_version
+                self._placed_nodes_at = {j: h for j, h in self._placed_nodes_at.items() if h[0] == v}
+                placed = frozenset(node for node, _g in self._placed.get(job, ()))
+                held = self._placed_nodes_at[job] = (v, placed)
+            nodes = set(held[1])
             for agent in job_agents:
                 nodes.update(k[0] for k in self._agent_gpus.get(agent, ()) if k not in self._declared)
                 cols = self._agents.get(agent)
                 if cols is not None:
                     nodes.update(cols.nodes)
             return nodes
+
+    def model_of(self, job: str, job_agents: Collection[str]) -> str | None:
+        """The GPU model of ``job``'s GPUs as their process lists name it (one found is enough: a
+        job's nodes are alike), or as its own agents' series name it; None: none named yet."""
+        with self._lock:
+            for key in self._placed.get(job, ()):
+                model = self._gpu_model.get(key)
+                if model:
+                    return model
+            for agent in job_agents:
+                for key in self._agent_gpus.get(agent, ()):
+                    if key not in self._declared and self._gpu_model.get(key):
+                        return self._gpu_model[key]
+                cols = self._agents.get(agent)
+                if cols is not None and cols.model:
+                    return cols.model
+        return None
 
     def gpu_job(self, agent: str, key: GpuKey, agent_job: str | None) -> str | None:
         """The job of one agent's GPU: what its processes declare, else the agent's own job."""
@@ -349,17 +396,20 @@ class NodeView:
             slot = cols.slot_of.get((name, labels)) if cols is not None else None
             return cols.row(slot) if cols is not None and slot is not None else None
 
-    def gpu_view(self, agents: set[str], names: Collection[str] | None = None, job: str | None = None
+    def gpu_view(self, agents: set[str], names: Collection[str] | None = None, job: str | None = None,
+                 procs: bool = True
                  ) -> tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]],
                             dict[GpuKey, list[str]]]:
         """For the given agents: process lists, latest GPU values and active throttle reasons,
         each keyed by (node, gpu). ``names``: only these series (the rules read a few of ~25).
-        ``job``: ``agents`` are that job's, and the view is of the job's GPUs (:meth:`_scope`)."""
+        ``job``: ``agents`` are that job's, and the view is of the job's GPUs (:meth:`_scope`).
+        ``procs`` False: no process lists (empty): a reader of values only does not copy every GPU's."""
         with self._lock:
             keep: Callable[[str, GpuKey], bool] = lambda _a, _k: True  # noqa: E731
             if job is not None:
                 agents, keep = self._scope(job, agents)
-            procs = {k: list(v[1]) for k, v in self.gpu_procs.items() if v[0] in agents and keep(v[0], k)}
+            lists = ({k: list(v[1]) for k, v in self.gpu_procs.items() if v[0] in agents and keep(v[0], k)}
+                     if procs else {})
             values: dict[GpuKey, dict[str, float]] = {}
             throttles: dict[GpuKey, list[str]] = {}
             for agent in agents:
@@ -376,7 +426,7 @@ class NodeView:
                                 throttles.setdefault(key, []).append(reason)
                         else:
                             values.setdefault(key, {})[name] = vals[slot]
-            return procs, values, throttles
+            return lists, values, throttles
 
     def procs_of(self, agents: set[str], job: str | None = None) -> dict[GpuKey, list[dict[str, Any]]]:
         """The process lists of the given agents' GPUs (what rank placement needs, without the
@@ -459,6 +509,7 @@ class NodeView:
             for key in gpus:
                 self._declared.pop(key, None)
                 self._declared_all.pop(key, None)
+                self._gpu_model.pop(key, None)
             for held in self._placed.values():
                 held.difference_update(gpus)
             self._placed = {j: g for j, g in self._placed.items() if g}

@@ -106,7 +106,7 @@ def add_gpu_values(out: dict[ScopeKey, Values], snaps: Iterable[JobSnapshot], gp
     throttle = catalog.GPU_THROTTLE_ACTIVE
     for snap in snaps:
         job = snap.job
-        _procs, values, throttles = snap.gpus(gpu_names | rank_names)
+        _procs, values, throttles = snap.gpus(gpu_names | rank_names, procs=False)
         per_gpu: dict[tuple[str, str], Values] = {}
         for (node, gpu), vals in values.items():
             gv: Values = dict(vals)

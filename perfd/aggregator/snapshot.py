@@ -48,7 +48,7 @@ class Analysed(Enum):
 
 
 class GpuReader(Protocol):
-    def __call__(self, names: Collection[str] | None = None) -> GpuView: ...
+    def __call__(self, names: Collection[str] | None = None, procs: bool = True) -> GpuView: ...
 
 
 class HostReader(Protocol):

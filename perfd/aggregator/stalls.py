@@ -257,8 +257,8 @@ class StallWatch:
         cadence = statistics.median(gaps) if gaps else None
         placed = snap.placed_ranks
         util: dict[int, float] = {}
-        if placed:
-            _, values, _ = snap.gpus((GPU_UTIL,))
+        values = snap.gpus((GPU_UTIL,), procs=False)[1] if placed else {}
+        if values:  # none where the GPUs' series stay on their agents (the engine's root)
             for r, pl in placed.items():
                 v = values.get((pl.node, pl.gpu), {}).get(GPU_UTIL)
                 if v is not None:

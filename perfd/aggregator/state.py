@@ -120,6 +120,7 @@ class AggregatorState:
                                    self.inputs.stepping)
         self.jobs.capture_windows = self.inputs.capture_windows
         self.jobs.class_inputs = self.inputs.class_inputs
+        self.jobs.placed_gpu = lambda job: self.nodes.model_of(job, self.jobs.agents_of(job))
         self.log.handle(GPU_PROCESSES, self.nodes.on_gpu_processes)
         self.log.handle(GPU_PODS, self.nodes.on_gpu_pods)
         self.log.handle(NCCL_HANG, self._on_hang)
@@ -422,7 +423,8 @@ class AggregatorState:
             nodes=frozenset(self.nodes.job_nodes(job, agents)),
             incidents=self.incidents.typed_incidents(job),
             stall=self.stalls.stalled(job), stale_after_override_s=self._job_stale_after_s,
-            gpus=lambda names=None: self.nodes.gpu_view(names_agents, names, job=job),
+            gpus=lambda names=None, procs=True: self.nodes.gpu_view(names_agents, names, job=job,
+                                                                     procs=procs),
             hosts=lambda now=None: self.hosts.observations(job, now),
             hosts_last_running=lambda: self.hosts.last_running(job), ended=self.hosts.ended(job),
             mfu_alert_off=getattr(self.jobs.job_info(job), "mfu_alert", None) is False)

@@ -61,7 +61,7 @@ def gpu_labels(placed: Mapping[int, RankPlacement], values: Mapping[GpuKey, Mapp
 
 
 def _gpu_values(snap: JobSnapshot) -> dict[str, dict[str, float]]:
-    _procs, values, _thr = snap.gpus()
+    _procs, values, _thr = snap.gpus(procs=False)
     return gpu_labels(snap.placed_ranks, values)
 
 

@@ -37,6 +37,9 @@ class Partial:
         self.job_level: dict[str, StepRecord] = dict(job_level or {})  # scope -> record
         self.messages: set[str] = set(messages)  # node messages folded in
         self.complete = False  # (the root's) every rank of the job is in: counted once
+        # (the root's) when its fold last went to the store, and whether more was folded in since
+        self.handed_at: float | None = None
+        self.unhanded = False
         # A rank folded in began a new process at this iteration (its node's agent saw its step hook's
         # pid change): the job restarted. Or-ed when merged, so still a join.
         self.new_run = new_run
@@ -45,6 +48,10 @@ class Partial:
     def fold(self) -> StepRecord | None:
         """The rank records folded (scope "all"), a new record each read; None: none folded."""
         return self._fold.record()
+
+    def fold_end(self) -> float | None:
+        """The fold's end (the latest rank's), without building its record."""
+        return self._fold.end
 
     def add_records(self, records: Iterable[StepRecord]) -> None:
         """Fold records of this job and iteration in."""

@@ -66,6 +66,11 @@ IDLE_FORGET_S = 600.0
 # partial of it would otherwise ask, and making room prunes (perfd.aggregator.guard), per message.
 REFUSED_RETRY_S = 10.0
 LAG_SAMPLES = 1000  # the newest iterations' lags kept for the quantiles
+# An iteration not yet whole goes to the store at most this often (and at once when it is whole, or
+# leaves memory): building a fold's record copies its per-rank maps, and at 100,000 ranks a shard's
+# every flush touching every iteration made that a third of the root's CPU and held its lag past 2 s
+# on 2 cores. The API shows an iteration in progress at most this late.
+HAND_ON_S = 1.0
 
 
 class RootSink(Protocol):
@@ -226,13 +231,18 @@ class RootFold:
             self._note_ranks(part, new_ranks)
             touched[(part.job, part.iteration)] = acc
         for acc in touched.values():
-            out.extend(self._records_of(acc, now))
+            whole = self._whole(acc, now)
+            if whole or acc.handed_at is None or now - acc.handed_at >= HAND_ON_S:
+                out.extend(self._records_of(acc, now))
+            else:
+                acc.unhanded = True  # the next flush (at most HAND_ON_S on) hands it on
         for acc in late.values():
             if acc.fold is not None:
                 out.append(self._marked(acc.fold, acc.job))
             out.extend(acc.job_level.values())
         for job in {j for j, _ in touched}:
-            self._trim(job)
+            out.extend(self._trim(job, now))
+        out.extend(self.flush(now))
         for part in parts:
             if part.job in self.jobs:
                 self.seen[part.job] = now
@@ -268,15 +278,32 @@ class RootFold:
             known |= fresh
             new_ranks.setdefault(part.job, set()).update(fresh)
 
-    def _trim(self, job: str) -> None:
-        """The lowest iterations beyond ``keep`` leave memory (not the store), what counts them kept."""
+    def flush(self, now: float, every: bool = False) -> list[StepRecord]:
+        """The records of the iterations folded into since they last went to the store, HAND_ON_S
+        ago or more (the root calls it while no partial comes too); ``every``: however recently
+        (the root stops leading: what it folded goes to its store first)."""
+        out: list[StepRecord] = []
+        for held in self.jobs.values():
+            for acc in held.values():
+                if acc.unhanded and (every or acc.handed_at is None or now - acc.handed_at >= HAND_ON_S):
+                    out.extend(self._records_of(acc, now))
+        return out
+
+    def _trim(self, job: str, now: float) -> list[StepRecord]:
+        """The lowest iterations beyond ``keep`` leave memory (not the store), what counts them kept;
+        returns the records of those folded into since they last went to the store."""
+        out: list[StepRecord] = []
         held = self.jobs[job]
         gone = self.gone.setdefault(job, OrderedDict())
         while len(held) > self.keep:
             it = min(held)
-            gone[it] = Gone(held.pop(it), len(self.ranks.get(job, ())))
+            acc = held.pop(it)
+            if acc.unhanded:
+                out.extend(self._records_of(acc, now))
+            gone[it] = Gone(acc, len(self.ranks.get(job, ())))
             while len(gone) > self.keep_gone:
                 del gone[min(gone)]
+        return out
 
     def _marked(self, fold: StepRecord, job: str) -> StepRecord:
         """The fold as the store gets it: marked with the job's run past the first
@@ -286,21 +313,28 @@ class RootFold:
 
     def _records_of(self, acc: Partial, now: float) -> list[StepRecord]:
         """What the store gets of an iteration folded: its fold (marked with the job's run past the
-        first: perfd.aggregator.job_runs.run_mark) and its job-level records; counted whole once."""
+        first: perfd.aggregator.job_runs.run_mark) and its job-level records."""
         out: list[StepRecord] = []
         fold = acc.fold
         if fold is not None:
             out.append(self._marked(fold, acc.job))
         out.extend(acc.job_level.values())
-        # Whole: every rank the job has shown is in. While the job has shown one iteration only,
-        # that iteration's own ranks are all the world there is to hold it to: not counted yet.
-        world = len(self.ranks.get(acc.job, ()))
-        if len(self.jobs[acc.job]) > 1 and len(acc.ranks) >= world and not acc.complete:
-            acc.complete = True
-            self.stats.complete += 1
-            if fold is not None and fold.end_time is not None:
-                self.stats.lag_s.append(max(0.0, now - fold.end_time))
+        acc.handed_at, acc.unhanded = now, False
         return out
+
+    def _whole(self, acc: Partial, now: float) -> bool:
+        """Whether the iteration just became whole: every rank the job has shown is in (counted once,
+        with its lag). While the job has shown one iteration only, that iteration's own ranks are all
+        the world there is to hold it to: not counted yet."""
+        world = len(self.ranks.get(acc.job, ()))
+        if acc.complete or len(self.jobs[acc.job]) <= 1 or len(acc.ranks) < world:
+            return False
+        acc.complete = True
+        self.stats.complete += 1
+        end = acc.fold_end()
+        if end is not None:
+            self.stats.lag_s.append(max(0.0, now - end))
+        return True
 
     def _begin_run(self, job: str, run: int, iteration: int, touched: dict[tuple[str, int], Partial],
                    out: list[StepRecord], now: float) -> None:
@@ -308,7 +342,12 @@ class RootFold:
         What this call folded of it goes out first, as that run's; the store digests the run when the
         new one's first fold arrives. The new run's world is the ranks it shows."""
         for key in [k for k in touched if k[0] == job]:
-            out.extend(self._records_of(touched.pop(key), now))
+            acc = touched.pop(key)
+            self._whole(acc, now)
+            out.extend(self._records_of(acc, now))
+        for acc in self.jobs.get(job, {}).values():  # what waited to go to the store goes now
+            if acc.unhanded:
+                out.extend(self._records_of(acc, now))
         log.info("engine root: job %s restarted at iteration %d (run %d)", job[:80], iteration, run)
         self.runs[job] = (run, iteration)
         self.stats.new_runs += 1
@@ -443,7 +482,10 @@ class Root:
                 if msgs:
                     self.handle([m.data for m in msgs])
                     self._read_to = max(self._read_to, msgs[-1].metadata.sequence.stream)
+                else:
+                    self.flush()  # an iteration that is not whole still reaches the store
         finally:
+            self.flush(every=True)  # what it read is folded: the store has it all, leading or not
             records.cancel()
             try:
                 await records
@@ -520,6 +562,14 @@ class Root:
         # After the records: a restart's first fold ends the store's run, and with it that run's ranks
         for job, ranks in new_ranks.items():
             self.sink.note_folded_ranks(job, ranks)
+
+    def flush(self, every: bool = False) -> None:
+        """Hand the store what the fold held back (:data:`HAND_ON_S`) and is now due; ``every``: all
+        of it."""
+        records = self.fold.flush(time.time(), every)
+        if records:
+            self.sink.ingest_steps(ENGINE_AGENT, records)
+            self.stats.records_ingested += len(records)
 
     def handle_records(self, batch: Sequence[bytes]) -> None:
         """Hand the nodes' events and collective records on, each as its agent's."""

@@ -221,3 +221,32 @@ def test_a_job_silent_long_enough_leaves_the_roots_memory_and_comes_back_from_th
 
 def replace_job(r: StepRecord, job: str) -> StepRecord:
     return dataclasses.replace(r, job=job)
+
+
+def test_an_iteration_goes_to_the_store_when_whole_and_at_most_once_a_second_before():
+    """A fold's record copies its per-rank maps: the root hands an iteration to the store on its first
+    partial, then at most every HAND_ON_S while it is not whole, at once when it is, and what it held
+    back when a flush is due, when the iteration leaves memory, or (every) when the root stops."""
+    from perfd.engine.root import HAND_ON_S
+
+    rf, by_node = RootFold(keep=2), job_records("j", NODES, 5)
+    out, _ = rf.add([partials_of(by_node[n][0], f"n{n}:1")[0] for n in range(NODES)], now=0.0)
+    assert [r.iteration for r in out] == [1]  # the first iteration, whole on arrival: its world
+
+    def add(node: int, it: int, now: float) -> list[int]:
+        got, _ = rf.add([partials_of(by_node[node][it - 1], f"n{node}:{it}")[0]], now=now)
+        return [r.iteration for r in got]
+
+    assert add(0, 2, 1.0) == [2]  # first seen
+    assert add(1, 2, 1.1) == [] and add(2, 2, 1.2) == []  # held back: handed 0.1 and 0.2 s ago
+    assert rf.flush(1.5) == []
+    (fold,) = rf.flush(1.0 + HAND_ON_S)  # due: what nodes 0-2 folded
+    assert fold.iteration == 2 and len(fold.rank_end_times) == 3 * 8
+    assert add(3, 2, 2.1) == [2] and rf.stats.complete == 1  # whole: at once, counted once
+    assert add(0, 3, 3.0) == [3] and add(1, 3, 3.1) == []
+    assert [r.iteration for r in rf.flush(3.2, every=True)] == [3]  # the root stops leading
+    assert add(2, 3, 3.3) == []
+    # Iteration 4 pushes 2 out of memory (keep=2) and 3 with it after 5: what 3 held back goes then.
+    assert add(0, 4, 3.4) == [4]
+    assert sorted(add(0, 5, 3.5)) == [3, 5]
+    assert rf.flush(10.0) == []  # 4 and 5 went on arrival, nothing folded into them since

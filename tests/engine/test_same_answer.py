@@ -11,6 +11,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ from perfd.limits import Limits
 from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, Provenance, StepRecord
 from perfd.refusals import Refusals
 from perfd.report import analysis_json
-from tests.engine.records import job_records
+from tests.engine.records import T0, job_records
 from tests.engine.test_natsd import _need_nats_server
 
 JOB = "llm pretrain/8k"  # a name with a space and a slash: subject syntax it must not become
@@ -43,9 +44,12 @@ def _answer(state: AggregatorState) -> str:
 
 
 async def _through_the_engine(urls: list[str], rooted: AggregatorState, info: JobInfo,
-                              by_node: dict[int, list[list[StepRecord]]]) -> tuple[dict[str, int], Root]:
+                              by_node: dict[int, list[list[StepRecord]]],
+                              events: dict[int, list[dict[str, Any]]] | None = None
+                              ) -> tuple[dict[str, int], Root]:
     """Each node's records, an iteration at a time, through a real nats-server, two shards and a
-    root into ``rooted``; returns what was published and folded, and the root."""
+    root into ``rooted`` (``events``: what each node's agent sends first, on the records stream);
+    returns what was published and folded, and the root."""
     cfg = S.EngineConfig(tuple(urls), partitions=4)
     stop = asyncio.Event()
     shards = [Shard(cfg, f"shard-{i}") for i in range(2)]
@@ -55,6 +59,8 @@ async def _through_the_engine(urls: list[str], rooted: AggregatorState, info: Jo
     tasks = [asyncio.create_task(s.run(stop)) for s in shards] + [asyncio.create_task(root.run(stop))]
     senders = [asyncio.create_task(c.run()) for c in clients]
     clients[0].submit(job_info_json={JOB: job_info_to_json(info)})
+    for n, evs in (events or {}).items():
+        clients[n].submit(events=evs)
     messages = sum(len(its) for its in by_node.values())
     for it in range(len(by_node[0])):
         for n, c in enumerate(clients):
@@ -152,3 +158,49 @@ def test_a_restart_seen_only_through_the_engine_is_a_new_run_as_one_aggregator_s
     assert its is not None
     assert [i["iteration"] for i in its["iterations"]] == list(range(resumed_at, last + 1))
 
+
+
+def _gpu_lists(node: int) -> list[dict[str, Any]]:
+    """A node's NVML process lists as its agent sends them (collectors/nvml: the device's labels name
+    its model; the hook attributed each GPU's process to its rank and job, perfd.agent.hook_gpus)."""
+    out = []
+    for lr in range(8):
+        r = node * 8 + lr
+        out.append({"kind": "gpu_processes", "severity": "info", "time": T0, "text": "1 compute process(es)",
+                    "labels": {"node": f"node-{node}", "gpu": str(lr), "uuid": f"GPU-{node:04d}{lr:04d}",
+                               "model": GPU},
+                    "payload": [{"pid": 4000 + r, "name": "python", "rank": r, "local_rank": lr,
+                                 "world_size": NODES * 8, "job": JOB, "rank_from": "hook pid"}]})
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_the_gpu_model_reaches_the_root_in_the_process_lists_and_mfu_with_it(tmp_path: Path):
+    """No --gpu, and the GPUs' series stay on the agents on the engine path: what names the job's GPU
+    model at the root is the process lists the agents send on the records stream. With them, the root
+    and one aggregator given the same lists (and no series) both have MFU, and the same answer;
+    without them MFU is absent (no peak), not invented."""
+    _need_nats_server()
+    iterations = 12
+    by_node = job_records(JOB, NODES, iterations)
+    events = {n: _gpu_lists(n) for n in range(NODES)}
+    single, rooted, bare = AggregatorState(), AggregatorState(), AggregatorState()
+    for st in (single, bare):
+        st.ingest_job_info(f"node-0/{JOB}", JOB, INFO)
+    for n in range(NODES):
+        single.ingest_events(f"node-{n}/{JOB}", events[n])
+    for it in range(iterations):
+        for n in range(NODES):
+            single.ingest_steps(f"node-{n}/{JOB}", by_node[n][it])
+            bare.ingest_steps(f"node-{n}/{JOB}", by_node[n][it])
+
+    with NatsCluster(tmp_path / "nats", 1) as cluster:
+        _, root = asyncio.run(_through_the_engine(cluster.urls, rooted, INFO, by_node, events))
+    assert root.stats.node_messages == NODES * iterations and root.stats.undecodable == 0
+    assert _answer(rooted) == _answer(single)
+    for st, has in ((rooted, True), (single, True), (bare, False)):
+        its = job_iterations(st, JOB)
+        assert its is not None
+        steady = [i for i in its["iterations"] if i.get("steady_state")]
+        assert steady and all(isinstance(i.get("mfu"), float) == has for i in steady), (has, steady[:1])
+    assert rooted.jobs.gpu_of(JOB) == GPU and bare.jobs.gpu_of(JOB) is None
