@@ -194,3 +194,22 @@ def test_a_kept_view_is_no_new_sighting_of_an_incidents_evidence(monkeypatch: py
     _pass(st, JOB, _incidents([3]))
     assert any(i["evidence"]["gpu"]["3"]["taken_at"] == now[0] for i in st.incidents.incidents(JOB)
                if "3" in i["evidence"]["gpu"])
+
+
+def test_a_slow_placement_is_held_over_changes_for_a_multiple_of_its_cost(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A placement that took long (a 100,000-rank job's ~0.4 s) is not computed again on every change
+    while its nodes' process lists come in: held PLACE_EVERY times its cost, then computed anew. A
+    quick one (every job here, unpatched) follows each change at once."""
+    from perfd.aggregator import gpu_views
+
+    st = _state()
+    assert _plain(st, "gpt")[1] == (NODE, "1", 11)
+    _procs(st, f"{NODE}/gpt", "1", [_proc(12, 1)])  # rank 1 restarted: a new pid
+    assert _plain(st, "gpt")[1] == (NODE, "1", 12)  # quick: at once
+    monkeypatch.setattr(gpu_views, "PLACE_SLOW_S", -1.0)  # every placement counts as slow
+    monkeypatch.setattr(gpu_views, "PLACE_EVERY", 1e9)
+    _procs(st, f"{NODE}/gpt", "1", [_proc(13, 1)])
+    assert _plain(st, "gpt")[1] == (NODE, "1", 12)  # held over the change
+    monkeypatch.setattr(gpu_views, "PLACE_EVERY", 0.0)  # its time is up
+    assert _plain(st, "gpt")[1] == (NODE, "1", 13)

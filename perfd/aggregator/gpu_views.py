@@ -14,6 +14,7 @@ a lock; they are computed outside it, so two threads may both compute one, and e
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -49,6 +50,13 @@ def swap_of(obs: Mapping[str, Any]) -> float | None:
 # (job, world size) placements held: far more than the jobs one aggregator serves; past it the least
 # recently computed go (a job that ended is never asked again).
 MAX_PLACEMENTS = 4096
+# A placement that took longer than this to compute (a job of ~20,000 ranks and more) is held, once the
+# process lists change, for PLACE_EVERY times what it took: at 100,000 ranks one takes ~0.4 s, and while
+# its nodes' lists come in (a job starting, each node's agent sending them) every tick recomputed it,
+# which held a job's root past its lag (perfd bench engine). Placement then costs at most a tenth of
+# the time; the ranks placed are at most a few seconds late. Smaller jobs are placed as they change.
+PLACE_SLOW_S = 0.05
+PLACE_EVERY = 10.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,12 @@ class Placement:
     agents: frozenset[str]
     gpus: int  # GPUs of the job with a process list (0: nothing to place ranks from)
     ranks: Mapping[int, RankPlacement]  # read-only; its RankPlacements are shared: never mutate them
+    computed_at: float = 0.0  # time.monotonic() when it was computed
+    cost_s: float = 0.0  # what computing it took
+
+    def held_over(self, now: float) -> bool:
+        """Whether a slow placement is kept though its inputs changed (PLACE_SLOW_S)."""
+        return self.cost_s > PLACE_SLOW_S and now - self.computed_at < PLACE_EVERY * self.cost_s
 
 
 @dataclass(frozen=True)
@@ -85,19 +99,23 @@ class PlacementCache:
              agents: frozenset[str]) -> Placement | None:
         with self._lock:
             p = self._held.get((job, world_size))
-        return p if p is not None and p.version == version and p.agents == agents else None
+        if p is None:
+            return None
+        return p if (p.version == version and p.agents == agents) or p.held_over(time.monotonic()) else None
 
     def get(self, job: str, agents: Collection[str], world_size: int | None = None) -> Placement:
         """place_ranks over the job's process lists (NodeView.procs_of), computed again only when
-        they changed (placement_version) or the job's agents did."""
+        they changed (placement_version) or the job's agents did (a slow one: PLACE_SLOW_S)."""
         agents_f = frozenset(agents)
         version = self._nodes.placement_version  # before the data: a racing change makes it stale
         hit = self._hit(job, world_size, version, agents_f)
         if hit is not None:
             return hit
+        t0 = time.monotonic()
         procs = self._nodes.procs_of(set(agents_f), job=job)
         ranks = MappingProxyType(place_ranks(procs, world_size, job=job))
-        return self._put(job, world_size, Placement(version, agents_f, len(procs), ranks))
+        t1 = time.monotonic()
+        return self._put(job, world_size, Placement(version, agents_f, len(procs), ranks, t1, t1 - t0))
 
     def from_view(self, job: str, agents: Collection[str], version: int,
                   procs: Mapping[GpuKey, list[dict[str, Any]]]) -> Mapping[int, RankPlacement]:
