@@ -9,6 +9,9 @@ auth unless ``--no-auth``; ``--tls``: its client port behind TLS, a CA made for 
 processes play the agents: per iteration each node publishes the one message a real agent's
 EngineClient would (an EngineBatch with the Partial of its 8 ranks' step-hook records) to its
 partition's subject with ``js.publish(..., headers={"Nats-Msg-Id": id})``, ``--inflight`` at a time.
+Before the first iteration each node sends what a real agent sends as its job starts: its 8 GPUs'
+process lists on the records stream (their labels name the GPU model: the root's MFU needs it), and
+node 0 the job's info (the hook's dtype).
 Each node's message is built once by perfd's own ``partials_of`` + ``encode``; per iteration only what
 changes (message id, iteration, end time, step time) is set on the parsed protobuf, so 12,500 nodes
 cost the load little. Every rank's end time is the iteration's wall-clock end: the root's lag is real.
@@ -21,9 +24,10 @@ iteration's end to the moment the root holds every rank of it, quantiles over ev
 root completed, warm-up included: ``n`` says how many). As an independent check, the root's
 /api/jobs/<job>/iterations is polled each second: its newest row against the newest iteration every
 load process published (``behind_iterations``), and that row's age (a row shows once any node of it
-is in). The root counts an iteration complete only once the job has shown another, so the job's first
-iteration is not counted when all of it came before the second: ``complete`` is one short of the
-iterations offered when every one was whole.
+is in), and what that row answers (``answer_present``: the polls whose newest row had MFU, the slowest
+rank, the exposed communication). The root counts an iteration complete only once the job has shown
+another, so the job's first iteration is not counted when all of it came before the second:
+``complete`` is one short of the iterations offered when every one was whole.
 
 After the window the load stops at a common iteration and the run drains (``--drain`` s at most):
 ``final`` says whether every message published was folded at the root once and every iteration (but
