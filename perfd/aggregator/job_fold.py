@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Collection, Sequence
 
 from perfd.model import HOOK_FRAMEWORK, JobInfo, StepRecord
-from perfd.stepfold import fold_ranks
+from perfd.stepfold import ALL_RANKS, fold_ranks
 
 
 def job_info_of(info: JobInfo | None, records: Sequence[StepRecord],
@@ -64,20 +64,27 @@ _FoldCache = dict[int, tuple[tuple[StepRecord, ...], StepRecord]]
 
 
 def job_level_steps(records: list[StepRecord], cache: _FoldCache | None = None) -> list[StepRecord]:
-    """One record per iteration for :func:`analyze_run`. Records of one rank each (the step hook)
-    are folded into one ``"all"`` record per iteration when the job has no job-level records: the
-    slowest rank's step (the iteration ends when it does), timers merged per rank. ``cache``
-    (iteration -> (its rank records, the fold)) hands back the same fold while an iteration's rank
-    records are the same objects: folding is done once per change, and an incremental analysis
-    sees an unchanged iteration as unchanged."""
-    job_level = [r for r in records if not isinstance(r.rank, int)]
-    if job_level or not records:
-        return job_level
+    """One record per iteration for :func:`analyze_run`. A job whose log reports it (Megatron-LM's
+    ``last``) is read from the log's records; the ranks' own records (the step hook) then serve the
+    collectives' windows and the stalls, not the iterations. Without a log, the ranks' records are
+    folded into one ``"all"`` record per iteration (the slowest rank's step: the iteration ends when it
+    does; timers merged per rank), with any fold of them the engine's root made (an ``"all"`` record:
+    perfd.engine, already one, read as it is). ``cache`` (iteration -> (its records, the fold)) hands
+    back the same fold while an iteration's records are the same objects: folding is done once per
+    change, and an incremental analysis sees an unchanged iteration as unchanged."""
+    logged = [r for r in records if not isinstance(r.rank, int) and r.rank != ALL_RANKS]
+    if logged or not records:
+        # The engine's folds of the ranks' records too are left out here, as one aggregator leaves the
+        # ranks' own: two records an iteration (the log's and the fold's) were two rows of it.
+        return logged
     by_it: dict[int, list[StepRecord]] = {}
     for r in records:
         by_it.setdefault(r.iteration, []).append(r)
     out = []
     for it, rs in by_it.items():
+        if len(rs) == 1 and rs[0].rank == ALL_RANKS:  # the engine's fold, whole: not copied again
+            out.append(rs[0])
+            continue
         kept = cache.get(it) if cache is not None else None
         if (kept is not None and len(kept[0]) == len(rs)
                 and all(a is b for a, b in zip(kept[0], rs, strict=True))):

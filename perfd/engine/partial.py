@@ -40,6 +40,7 @@ class Partial:
         # (the root's) when its fold last went to the store, and whether more was folded in since
         self.handed_at: float | None = None
         self.unhanded = False
+        self.fresh_job_level = False  # (the root's) a job-level record came since it was handed on
         # A rank folded in began a new process at this iteration (its node's agent saw its step hook's
         # pid change): the job restarted. Or-ed when merged, so still a join.
         self.new_run = new_run

@@ -66,10 +66,10 @@ IDLE_FORGET_S = 600.0
 # partial of it would otherwise ask, and making room prunes (perfd.aggregator.guard), per message.
 REFUSED_RETRY_S = 10.0
 LAG_SAMPLES = 1000  # the newest iterations' lags kept for the quantiles
-# An iteration not yet whole goes to the store at most this often (and at once when it is whole, or
-# leaves memory): building a fold's record copies its per-rank maps, and at 100,000 ranks a shard's
-# every flush touching every iteration made that a third of the root's CPU and held its lag past 2 s
-# on 2 cores. The API shows an iteration in progress at most this late.
+# An iteration not yet whole goes to the store at most this often (and at once when it is whole, brings
+# a log's record, or leaves memory): building a fold's record copies its per-rank maps, and at 100,000
+# ranks a shard's every flush touching every iteration made that a third of the root's CPU and held its
+# lag past 2 s on 2 cores. The API shows an iteration in progress at most this late.
 HAND_ON_S = 1.0
 
 
@@ -226,13 +226,16 @@ class RootFold:
                 acc = Partial(part.job, part.iteration, fold=start)
                 held[part.iteration] = acc
             again = acc.merge(part)
+            # A job's log records (Megatron-LM's ``last``) go to the store in the order they came: a
+            # run's first one that came after later ones would end the run they belong to.
+            acc.fresh_job_level = acc.fresh_job_level or bool(part.job_level)
             self.stats.redelivered += len(again)
             self.stats.node_messages += len(part.messages) - len(again)
             self._note_ranks(part, new_ranks)
             touched[(part.job, part.iteration)] = acc
         for acc in touched.values():
             whole = self._whole(acc, now)
-            if whole or acc.handed_at is None or now - acc.handed_at >= HAND_ON_S:
+            if whole or acc.fresh_job_level or acc.handed_at is None or now - acc.handed_at >= HAND_ON_S:
                 out.extend(self._records_of(acc, now))
             else:
                 acc.unhanded = True  # the next flush (at most HAND_ON_S on) hands it on
@@ -319,7 +322,7 @@ class RootFold:
         if fold is not None:
             out.append(self._marked(fold, acc.job))
         out.extend(acc.job_level.values())
-        acc.handed_at, acc.unhanded = now, False
+        acc.handed_at, acc.unhanded, acc.fresh_job_level = now, False, False
         return out
 
     def _whole(self, acc: Partial, now: float) -> bool:

@@ -250,3 +250,17 @@ def test_an_iteration_goes_to_the_store_when_whole_and_at_most_once_a_second_bef
     assert add(0, 4, 3.4) == [4]
     assert sorted(add(0, 5, 3.5)) == [3, 5]
     assert rf.flush(10.0) == []  # 4 and 5 went on arrival, nothing folded into them since
+
+
+def test_a_logs_record_goes_to_the_store_at_once_and_in_the_order_it_came():
+    """A job's log record (Megatron-LM's ``last``) is not held back with its iteration's fold: a run's
+    first record reaching the store after later ones would end the run they belong to (seen: the root
+    handed iteration 1's after 12-20's, and the store closed the run of 12-20)."""
+    rf, by_node = RootFold(), job_records("j", NODES, 3)
+    rf.add([partials_of(by_node[n][0], f"n{n}:1")[0] for n in range(NODES)], now=0.0)
+    assert [r.iteration for r in rf.add([partials_of(by_node[0][1], "n0:2")[0]], now=1.0)[0]] == [2]
+    logged = dataclasses.replace(by_node[1][1][0], rank="last", timers={}, source=None)
+    p = partials_of([logged, *by_node[1][1]], "n1:2")[0]
+    out, _ = rf.add([p], now=1.1)  # 0.1 s after iteration 2 went: held back, but for its log record
+    assert sorted(str(r.rank) for r in out) == ["all", "last"] and {r.iteration for r in out} == {2}
+    assert rf.flush(5.0) == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import time
 from pathlib import Path
@@ -204,3 +205,58 @@ def test_the_gpu_model_reaches_the_root_in_the_process_lists_and_mfu_with_it(tmp
         steady = [i for i in its["iterations"] if i.get("steady_state")]
         assert steady and all(isinstance(i.get("mfu"), float) == has for i in steady), (has, steady[:1])
     assert rooted.jobs.gpu_of(JOB) == GPU and bare.jobs.gpu_of(JOB) is None
+
+
+def _hooked(log: list[StepRecord], world: int) -> dict[int, list[list[StepRecord]]]:
+    """Each rank's step-hook record of each logged iteration, one node a rank: rank r's step ends r ms
+    after the log's and lasts r ms longer (the recorded log's clocks; the hook's shape as
+    tests/engine/records.py makes it)."""
+    from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, TimerValue
+
+    out: dict[int, list[list[StepRecord]]] = {r: [] for r in range(world)}
+    for rec in log:
+        assert rec.end_time is not None and rec.step_time_ms is not None
+        for r in range(world):
+            s, d = rec.step_time_ms + r, 2.0 + r
+            timers = {HOOK_DATA_WAIT: TimerValue(d, d, {r: d}),
+                      HOOK_COMPUTE: TimerValue(s - d, s - d, {r: s - d})}
+            pid = str(500 + r)
+            out[r].append([StepRecord(
+                job=rec.job, iteration=rec.iteration, rank=r, end_time=rec.end_time + r / 1e3, step_time_ms=s,
+                interval=1, timers=timers, source=Provenance("hook", f"rank{r}:pid{pid}"),
+                fields={"timing": "cuda", "pid": pid})])
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_a_megatron_job_with_the_step_hook_is_read_from_its_log_as_one_aggregator_reads_it(tmp_path: Path):
+    """A Megatron-LM job (the recorded H200 log, 2 ranks, pipeline-parallel) whose ranks also run the
+    step hook: one aggregator reads its iterations from the log (the hook's records serve the windows
+    and the stalls). The root held two records an iteration, the log's and the hook's fold, and served
+    two rows of each (the fold's last: no exposed communication, a third of the MFU); now the same
+    answer, byte for byte, with the log's figures."""
+    from collectors.megatron import parse_file
+
+    _need_nats_server()
+    log = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+    parsed = parse_file(log, job=JOB)
+    hooked = _hooked(parsed.records, 2)
+    by_node = {0: [[lr, *h] for lr, h in zip(parsed.records, hooked[0], strict=True)], 1: hooked[1]}
+    single, rooted = AggregatorState(gpu_override="NVIDIA H200"), AggregatorState(gpu_override="NVIDIA H200")
+    single.ingest_job_info(f"node-0/{JOB}", JOB, parsed.job_info)
+    for it in range(len(parsed.records)):
+        for n in (0, 1):
+            single.ingest_steps(f"node-{n}/{JOB}", by_node[n][it])
+    with NatsCluster(tmp_path / "nats", 1) as cluster:
+        _, root = asyncio.run(_through_the_engine(cluster.urls, rooted, parsed.job_info, by_node))
+    assert root.stats.node_messages == 2 * len(parsed.records) and root.stats.undecodable == 0
+    got, want = job_iterations(rooted, JOB), job_iterations(single, JOB)
+    assert got is not None and want is not None
+    differ = [(a, b) for a, b in itertools.zip_longest(got["iterations"], want["iterations"]) if a != b]
+    assert not differ, (len(got["iterations"]), len(want["iterations"]), differ[:2])
+    assert _answer(rooted) == _answer(single)
+    its = job_iterations(rooted, JOB)
+    assert its is not None
+    assert [i["iteration"] for i in its["iterations"]] == [r.iteration for r in parsed.records]
+    last = its["iterations"][-1]
+    assert isinstance(last.get("comm_exposed_share"), float) and last.get("logged_tflops_per_gpu") == 83.5
