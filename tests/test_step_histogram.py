@@ -76,3 +76,24 @@ def test_a_fold_that_grows_is_counted_once_with_what_the_iteration_took() -> Non
     st.ingest_steps("engine", [replace(first, step_time_ms=1200.0, end_time=1000.3)])  # the slower shard
     st.ingest_steps("engine", [replace(first, iteration=2, step_time_ms=1000.0, end_time=1001.3)])
     assert _hist(st, "eng") == (1.0, 1.2)
+
+
+def test_a_logged_job_with_the_step_hook_counts_each_iteration_once_from_its_log() -> None:
+    """A Megatron-LM job whose ranks run the step hook too: its iterations are the log's (as its
+    analysis reads them), each counted once, at the log's step time; the hook's records counted as
+    well made every iteration two."""
+    from perfd.model import HOOK_COMPUTE, Provenance, StepRecord, TimerValue
+
+    log = parse_file(Path(__file__).resolve().parents[1] / "perfd" / "demo" / "data" /
+                     "megatron_h200x2_tp1_pp2.log", job="mixed").records[:10]
+    st = AggregatorState(min_recompute_s=0.0)
+    for rec in log:
+        assert rec.step_time_ms is not None and rec.end_time is not None
+        hooks = [StepRecord(job="mixed", iteration=rec.iteration, rank=r, end_time=rec.end_time,
+                            step_time_ms=rec.step_time_ms + 50.0, interval=1,
+                            timers={HOOK_COMPUTE: TimerValue(1.0, 1.0, {r: 1.0})},
+                            source=Provenance("hook", f"rank{r}:pid{7 + r}"), fields={"pid": str(7 + r)})
+                 for r in range(2)]
+        st.ingest_steps("a", [rec, *hooks])
+    count, total = _hist(st, "mixed")
+    assert count == 10.0 and abs(total - sum(r.step_time_ms or 0.0 for r in log) / 1e3) < 1e-9

@@ -129,6 +129,9 @@ class JobState:
     touched_at: float = field(default_factory=time.time)  # the last Hello, job info or step of the job
     step_hist: StepHistogram = field(default_factory=StepHistogram)
     hist_pending: int | None = None  # the newest iteration of rank records or folds, not yet counted
+    # A log reports the job (a record of another scope than a rank's or a fold's): its records are the
+    # histogram's, the ranks' (the step hook beside it) are not counted again.
+    logged: bool = False
     # Megatron's per-log-interval counts of skipped and NaN iterations, summed over the job-level
     # records (each once: a re-sent record is not counted again), for the catalog's counters;
     # None until a record carries the field (absent, not 0, when the log never prints it).
@@ -328,16 +331,18 @@ class JobStore:
                         out.worse.setdefault(rec.job, []).append(rec.iteration)
                         out.refused.add(id(rec))
                         continue
-                if isinstance(rec.rank, int) or rec.rank == ALL_RANKS:  # counted once the next begins
+                ranked = isinstance(rec.rank, int) or rec.rank == ALL_RANKS
+                if ranked and not js.logged:  # counted once the next begins
                     if js.hist_pending is None or rec.iteration > js.hist_pending:
                         done, js.hist_pending = js.hist_pending, rec.iteration
                         step = None if done is None else slowest_step_s(
                             js.records.get((done, sc)) for sc in js.by_iteration.get(done, ()))
                         if step is not None:
                             js.step_hist.observe(step)
-                elif old is None and rec.step_time_ms is not None \
+                elif not ranked and old is None and rec.step_time_ms is not None \
                         and math.isfinite(rec.step_time_ms) and rec.step_time_ms >= 0:
                     js.step_hist.observe(rec.step_time_ms / 1e3)  # a re-sent record is not counted again
+                js.logged = js.logged or not ranked
                 if key not in js.records and not isinstance(rec.rank, int):
                     if rec.skipped_iterations is not None:
                         js.skipped_total = (js.skipped_total or 0) + max(0, rec.skipped_iterations)
