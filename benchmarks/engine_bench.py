@@ -11,7 +11,11 @@ EngineClient would (an EngineBatch with the Partial of its 8 ranks' step-hook re
 partition's subject with ``js.publish(..., headers={"Nats-Msg-Id": id})``, ``--inflight`` at a time.
 Before the first iteration each node sends what a real agent sends as its job starts: its 8 GPUs'
 process lists on the records stream (their labels name the GPU model: the root's MFU needs it), and
-node 0 the job's info (the hook's dtype).
+node 0 the job's info (the hook's dtype). ``--log``: a Megatron-LM job, its last rank's log on node 0:
+node 0's message of each iteration also carries the log's record (the recorded H200 log's, replayed in
+turn: perfd's demo data), and its job info is the log's start-up; the job's iterations are then the
+log's (MFU, the exposed communication from its timers, the slowest rank as its straggler detector
+names it), as one aggregator reads such a job.
 Each node's message is built once by perfd's own ``partials_of`` + ``encode``; per iteration only what
 changes (message id, iteration, end time, step time) is set on the parsed protobuf, so 12,500 nodes
 cost the load little. Every rank's end time is the iteration's wall-clock end: the root's lag is real.
@@ -115,10 +119,14 @@ ANSWER = ("mfu", "slowest_rank", "comm_exposed_share")
 
 
 def _answer_of(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The answer's parts in one row: the slowest rank as the framework's straggler detector names it
+    (a log's row), else the rank whose step the fold took (its source)."""
     if row is None:
         return None
     src = str(row.get("source") or "")
-    rank = next((int(p[4:]) for p in src.split(":") if p.startswith("rank") and p[4:].isdigit()), None)
+    rank = row.get("straggler_rtt_max_rank")
+    if rank is None:
+        rank = next((int(p[4:]) for p in src.split(":") if p.startswith("rank") and p[4:].isdigit()), None)
     return {"mfu": row.get("mfu"), "slowest_rank": rank, "comm_exposed_share": row.get("comm_exposed_share")}
 
 
@@ -144,8 +152,8 @@ def node_templates(job: str, first: int, n: int, world: int, partitions: int, ep
     return out
 
 
-def start_messages(job: str, first: int, n: int, world: int, epoch: str, partitions: int
-                   ) -> list[tuple[str, str, bytes]]:
+def start_messages(job: str, first: int, n: int, world: int, epoch: str, partitions: int,
+                   log: bool = False) -> list[tuple[str, str, bytes]]:
     """(subject, message id, bytes) of what each node's agent sends once as the job starts: its 8 GPUs'
     process lists (each GPU's rank attributed by the step hook, perfd.agent.hook_gpus) on the records
     stream, and from the job's first node its job info (the hook's: the dtype MFU needs)."""
@@ -168,11 +176,42 @@ def start_messages(job: str, first: int, n: int, world: int, epoch: str, partiti
         lists = encode_batch(name, 1, (), (), evs, SeriesTable())
         out.append((S.records_subject(job), mid, encode(mid, name, time.time_ns(), (), records=lists)))
         if node == 0:
-            info = JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16"))
+            info = (_megatron_log(job).job_info if log
+                    else JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16")))
             mid = f"{name}:{epoch}:info"
             out.append((S.node_subject(job, S.partition_of(job, name, partitions)), mid,
                         encode(mid, name, time.time_ns(), (), {job: job_info_to_json(info)})))
     return out
+
+
+def _megatron_log(job: str) -> Any:
+    """The recorded Megatron-LM log the ``--log`` job replays (perfd's demo data: 2 H200s, PP=2)."""
+    from collectors.megatron import parse_file
+
+    return parse_file(Path(__file__).resolve().parents[1] / "perfd" / "demo" / "data" /
+                      "megatron_h200x2_tp1_pp2.log", job=job)
+
+
+_LOGGED: list[Any] = []  # the log's records, read once per load process
+
+
+def logged_message(node: int, world: int, epoch: str, iteration: int, end: float,
+                   created_ns: int) -> tuple[str, bytes]:
+    """Node 0's message of ``iteration`` in a ``--log`` job: its 8 ranks' records and its last rank's
+    log record (the recorded log's, in turn, as the iteration's: its end, no start-up after the first,
+    no end of training), made by perfd's own encoder."""
+    import dataclasses
+
+    from perfd.engine.partial import encode, partials_of
+
+    if not _LOGGED:
+        _LOGGED.extend(_megatron_log(JOB).records)
+    rec = _LOGGED[(iteration - 1) % len(_LOGGED)]
+    rec = dataclasses.replace(rec, iteration=iteration, end_time=end, first_of_run=iteration == 1,
+                              train_iters=None)
+    mid = f"{node_name(node)}:{epoch}:{iteration}"
+    recs = [*_rank_records(JOB, node, world, iteration, end), rec]
+    return mid, encode(mid, node_name(node), created_ns, partials_of(recs, mid))
 
 
 def message_of(b: Any, node: int, epoch: str, iteration: int, end: float,
@@ -202,6 +241,7 @@ class LoadArgs:
     world: int
     iteration_s: float
     inflight: int
+    log: bool = False
 
 
 def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: Any, ready: Any,
@@ -221,7 +261,7 @@ def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: A
         nonlocal errors, dups
         nc = await connect(cfg, f"perfd-bench-load-{a.index}")
         js = nc.jetstream()
-        for subj, mid, data in start_messages(JOB, a.first, a.n, a.world, epoch, a.partitions):
+        for subj, mid, data in start_messages(JOB, a.first, a.n, a.world, epoch, a.partitions, a.log):
             await js.publish(subj, data, timeout=10.0, headers={"Nats-Msg-Id": mid})
         ready.put(a.index)
         while t0.value == 0.0 and not abort.is_set():
@@ -237,8 +277,9 @@ def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: A
                 end = time.time()  # the iteration's wall-clock end: every rank's end_time
                 behind.append(end - due)
                 ns = time.time_ns()
-                msgs = [(subj, *message_of(b, a.first + j, epoch, it, end, ns))
-                        for j, (subj, b) in enumerate(tmpl)]
+                msgs = [(subj, *(logged_message(node, a.world, epoch, it, end, ns) if a.log and node == 0
+                                 else message_of(b, node, epoch, it, end, ns)))
+                        for node, (subj, b) in enumerate(tmpl, start=a.first)]
                 todo = msgs
                 for _attempt in range(5):  # a failed publish is tried again with its id (deduplicated)
                     failed = []
@@ -418,8 +459,8 @@ class Children:
 
 def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s: float = 2.0,
                warmup_s: float = 10.0, partitions: int = S.DEFAULT_PARTITIONS, auth: bool = True,
-               tls: bool = False, inflight: int = 1000, drain_s: float = 30.0, keep: bool = False
-               ) -> dict[str, Any]:
+               tls: bool = False, inflight: int = 1000, drain_s: float = 30.0, keep: bool = False,
+               log: bool = False) -> dict[str, Any]:
     import psutil
 
     from perfd.engine.natsd import NatsCluster
@@ -476,7 +517,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         first = 0
         for i, n in enumerate(per):
             la = LoadArgs(i, tuple(cluster.urls), token, str(tls_files[2]) if tls_files else None, partitions,
-                          first, n, nodes * RANKS_PER_NODE, iteration_s, inflight)
+                          first, n, nodes * RANKS_PER_NODE, iteration_s, inflight, log)
             p = ctx.Process(target=_load, args=(la, t0v, lastv, abort, published, newest, ready, results),
                             daemon=True)
             p.start()
@@ -587,6 +628,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                         "busy_cores": round(busy / wall, 3),
                         "others_cores": round(max(0.0, busy / wall - ours), 3)},
             "config": {"nodes": nodes, "ranks": nodes * RANKS_PER_NODE, "shards": shards, "procs": procs,
+                       "log": log,
                        "partitions": partitions, "iteration_s": iteration_s, "seconds": seconds,
                        "warmup_s": warmup_s, "auth": auth, "tls": tls, "inflight": inflight},
             "message_bytes": max((r["message_bytes"] for r in res_loads), default=0),
@@ -705,6 +747,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tls", action="store_true",
                     help="the engine's client port over TLS (a CA made for the run)")
     ap.add_argument("--keep", action="store_true", help="keep the processes' logs and the engine's store")
+    ap.add_argument("--log", action="store_true",
+                    help="a Megatron-LM job: node 0 also sends its last rank's log records (the recorded "
+                         "H200 log's, replayed), which its iterations are then read from")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ns = ap.parse_args(argv)
     if min(ns.nodes, ns.shards, ns.procs, ns.partitions, ns.inflight) < 1 or ns.seconds <= 0 \
@@ -714,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     res = run_engine(ns.nodes, ns.shards, ns.seconds, min(ns.procs, ns.nodes), iteration_s=ns.iteration_s,
                      warmup_s=ns.warmup, partitions=ns.partitions, auth=not ns.no_auth, tls=ns.tls,
-                     inflight=ns.inflight, drain_s=ns.drain, keep=ns.keep)
+                     inflight=ns.inflight, drain_s=ns.drain, keep=ns.keep, log=ns.log)
     print(json.dumps(res) if ns.json else _table(res))
     return 0
 

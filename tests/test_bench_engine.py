@@ -134,6 +134,21 @@ def test_a_node_message_is_a_real_engine_batch_of_its_iteration() -> None:
         assert p.fold.tokens_per_step == 8192.0 * 40 and p.fold.source is not None
 
 
+def test_a_logged_jobs_node_0_message_carries_the_logs_record_of_its_iteration() -> None:
+    """``--log``: node 0's message is its ranks' records and the recorded log's record as that
+    iteration's (its end; the log's start-up only on the first; no end of training)."""
+    from perfd.engine.partial import decode
+
+    for it in (1, 2, 41):
+        mid, data = engine_bench.logged_message(0, 16, "ep", it, 123.0 + it, 5)
+        (p,) = decode(data).partials
+        assert (p.iteration, p.messages, p.ranks) == (it, {mid}, set(range(8)))
+        last = p.job_level["last"]
+        assert (last.iteration, last.end_time, last.first_of_run) == (it, 123.0 + it, it == 1)
+        assert last.train_iters is None
+        assert last.timers and last.straggler is not None and p.fold is not None
+
+
 def test_bench_engine_refuses_nonsense() -> None:
     proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "engine", "--nodes", "0"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
