@@ -11,6 +11,8 @@
 #
 #   bash tests/gpu/engine_sizing.sh "$OUT" [points...]   # a point: NODES:SHARDS, e.g. 12500:4
 #
+# The job is a Megatron-LM one (bench engine --log: its rows answer MFU, the exposed communication and
+# the slowest rank); LOG= (empty) runs the hook-only job of the 2-core table instead.
 # Each point's JSON goes to $OUT as it finishes (engine_16core_n<NODES>_s<SHARDS>_tls.json), the
 # machine's facts first.
 set -u
@@ -28,7 +30,7 @@ for p in "${points[@]}"; do
   nodes=${p%%:*}; shards=${p##*:}
   procs=$(( nodes >= 5000 ? 4 : 2 ))
   timeout 540 python3 -m perfd.cli bench engine --nodes "$nodes" --shards "$shards" --procs "$procs" \
-      --seconds 30 --warmup 10 --tls --json > "$out/engine_16core_n${nodes}_s${shards}_tls.json" \
+      --seconds 30 --warmup 10 --tls ${LOG---log} --json > "$out/engine_16core_n${nodes}_s${shards}_tls.json" \
       2> >(grep -v eof_received > "$out/engine_16core_n${nodes}_s${shards}_tls.err")
   python3 - "$out/engine_16core_n${nodes}_s${shards}_tls.json" <<'PY'
 import json, sys
