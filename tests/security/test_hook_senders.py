@@ -53,6 +53,7 @@ for i in range(1, steps + 1):
         pid = {"self": os.getpid(), "setuid": child.pid if child else 0}.get(who, who)
         s.sendto(STEP.pack(1, 1, 0, rank, pid, i, time.time_ns(), 20_000_000, -1, -1, -1, -1, -1, 0, 0, 0,
                            math.nan, math.nan), path)
+    print("step", i, flush=True)  # progress: a datagram socket blocks while the agent reads slowly
     time.sleep(0.05)
 print("sent", os.getpid(), child.pid if child else 0, flush=True)
 time.sleep(600)  # silent, as the issue's attacker: the stall that follows asks for stacks
@@ -107,8 +108,9 @@ def test_records_naming_processes_not_the_senders_are_refused(shared_tmp: Path, 
         plan = [[0, victim.pid], [1, os.getpid()], [2, "self"], [3, "setuid"]]
         atk = attacker.python(ATTACK, sock, json.dumps(plan), "3", out=tmp_path / "attacker.out")
         try:
-            wait_for(lambda: "sent" in (tmp_path / "attacker.out").read_text(), 30, "the attacker's records")
-            _, atk_pid, child_pid = (tmp_path / "attacker.out").read_text().split()[:3]
+            wait_for(lambda: "sent" in (tmp_path / "attacker.out").read_text(), 30, "the attacker's records",
+                     progress=lambda: (tmp_path / "attacker.out").read_text().count("step"))
+            _, atk_pid, child_pid = _sent_line(tmp_path / "attacker.out")
             out = _collect_until(col, lambda o: sum(col.errors.get(f"sender:{r}", 0) for r in (
                 P.NOT_SENDER, P.OTHER_UID)) >= 9 and len(o.steps) >= 3)
         finally:
@@ -128,6 +130,11 @@ def test_records_naming_processes_not_the_senders_are_refused(shared_tmp: Path, 
         victim.kill()
         victim.wait()
         col.stop()
+
+
+def _sent_line(out: Path) -> list[str]:
+    """The attacker's last line, "sent PID CHILD_PID" (its steps' lines come before it)."""
+    return next(ln for ln in out.read_text().splitlines() if ln.startswith("sent")).split()
 
 
 @pytest.fixture
@@ -156,8 +163,11 @@ def test_the_root_agent_dumps_only_the_senders_own_process(live: tuple[Procs, st
     plan = [[0, victim.pid], [1, aggregator_pid], [2, "self"]]
     atk = attacker.python(ATTACK, sock, json.dumps(plan), "40", out=out_dir / "attacker.out")
     try:
-        wait_for(lambda: "sent" in (out_dir / "attacker.out").read_text(), 60, "the attacker's records")
-        atk_pid = int((out_dir / "attacker.out").read_text().split()[1])
+        # A unix datagram socket holds 10 unread (net.unix.max_dgram_qlen): the attacker's sends wait
+        # for the agent's reads, slow while a whole suite runs; the wait goes on while it steps.
+        wait_for(lambda: "sent" in (out_dir / "attacker.out").read_text(), 60, "the attacker's records",
+                 progress=lambda: (out_dir / "attacker.out").read_text().count("step"))
+        atk_pid = int(_sent_line(out_dir / "attacker.out")[1])
 
         def stall() -> dict[str, Any] | None:
             for inc in get_json(f"{base}/api/jobs/attacked/incidents")["incidents"]:
