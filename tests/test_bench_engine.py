@@ -87,7 +87,7 @@ def test_bench_engine_every_message_reaches_the_root_and_every_iteration_complet
     # The shards fold the job's info too (node 0 sends it first, on its partition's subject): one more.
     assert sum(s["node_messages"] for s in res["shards"]) == res["published"] + 1
     # Every iteration offered is whole at the root after the drain; the first is counted only when a
-    # partial of it came after the second iteration showed (perfd.engine.root.RootFold.add).
+    # partial of it came after the second iteration showed (perfd.engine.rootfold.RootFold.add).
     assert offered - 1 <= res["root"]["complete"] <= offered
     assert res["final"] == {**res["final"], "drained": True, "all_complete": True,
                             "node_messages_equal_published": True}

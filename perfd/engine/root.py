@@ -21,16 +21,11 @@ What the root pays is linear in what arrives: 0.37 ms of CPU a node message of a
 from __future__ import annotations
 
 import asyncio
-import bisect
 import concurrent.futures
 import contextlib
-import dataclasses
 import logging
 import time
-from array import array
-from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from perfd.collfold import CollectivePartial
@@ -38,39 +33,15 @@ from perfd.engine import subjects as S
 from perfd.engine.connect import connect, ensure_streams
 from perfd.engine.leases import Lease
 from perfd.engine.partial import Decoded, Partial, decode
+from perfd.engine.rootfold import RootFold, RootStats
 from perfd.jobinfo_json import job_info_from_json
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
-from perfd.stepfold import RUN_FIELD
 from perfd.transport.codec import Command, DecodedBatch, command_to_pb, decode_batch
 
 log = logging.getLogger("perfd.engine")
 T = TypeVar("T")
 
 ENGINE_AGENT = "engine"  # the sender the store sees for every record that came through the engine
-# Iterations of a job folded in memory (their per-rank maps, ranks and message ids): a partial of an
-# older one is folded with the record the store holds for it (late, counted), not lost. A 100k-rank
-# iteration holds ~45 MiB here: 64 of them took the root to 3.0 GiB (perfd bench engine, 12,500 nodes);
-# 16 are 32 s of a 2 s iteration, well past what the shards' 0.25 s flushes leave late.
-KEEP_ITERATIONS = 16
-# Iterations past those whose node messages and ranks the root still knows (compactly: ~100 KB each
-# at 100k ranks), so that a partial arriving later still counts as a redelivery or as new ranks, and
-# an iteration made whole by it is counted once. 64 more are 128 s of a 2 s iteration, past the
-# engine's redelivery (10 s) after a shard's lease (6 s) runs out.
-GONE_ITERATIONS = 64
-# A job no partial came for this long leaves the root's memory (its iterations, what it knew of the
-# gone ones, its ranks: at 100k ranks ~1 GB, kept for ever before, job after job); the store keeps
-# its records and prunes the job as it ends (perfd.aggregator.lifecycle). Its run count stays (a few
-# bytes): a job silent this long and stepping again is the same run unless its ranks restarted.
-IDLE_FORGET_S = 600.0
-# A job the aggregator refused (its jobs cap) is not asked about again for this long: every node's
-# partial of it would otherwise ask, and making room prunes (perfd.aggregator.guard), per message.
-REFUSED_RETRY_S = 10.0
-LAG_SAMPLES = 1000  # the newest iterations' lags kept for the quantiles
-# An iteration not yet whole goes to the store at most this often (and at once when it is whole, brings
-# a log's record, or leaves memory): building a fold's record copies its per-rank maps, and at 100,000
-# ranks a shard's every flush touching every iteration made that a third of the root's CPU and held its
-# lag past 2 s on 2 cores. The API shows an iteration in progress at most this late.
-HAND_ON_S = 1.0
 
 
 class RootSink(Protocol):
@@ -82,281 +53,6 @@ class RootSink(Protocol):
                        collectives: Sequence[CollectiveRecord]) -> None: ...
     def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial) -> None: ...
     def admit_job(self, job: str) -> bool: ...
-
-
-@dataclass
-class RootStats:
-    leader: bool = False
-    batches: int = 0
-    partials: int = 0
-    undecodable: int = 0
-    node_messages: int = 0  # distinct node messages folded in
-    redelivered: int = 0  # node messages that arrived again (folded once)
-    late: int = 0  # partials of an iteration no longer in memory, folded with the store's record
-    refused: int = 0  # partials and job infos of a job the aggregator holds no room for (its jobs cap)
-    new_runs: int = 0  # restarts seen (a rank's step hook began a new process): the job's run counted on
-    jobs_forgotten: int = 0  # jobs silent IDLE_FORGET_S: their folds let go of (the store keeps them)
-    # Commands to agents on the engine (perfd.engine.subjects.command_subject): answered, or not
-    # (no agent listening, no answer in time, no engine connection): counted, never retried.
-    commands_sent: int = 0
-    commands_undeliverable: int = 0
-    records_ingested: int = 0
-    # The records stream: messages read, events and collective records handed on as their agents sent them
-    node_records_messages: int = 0
-    events: int = 0
-    collectives: int = 0  # operations: records as sent, or rows of the partials they were reduced to
-    collective_partials: int = 0  # of those messages, the ones that carried them reduced
-    # Iterations that became whole (every rank the job has shown folded in), and the time from their
-    # last rank's step end to then: what the job's analysis waits for the engine, a shard and this root.
-    complete: int = 0
-    lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: v for k, v in self.__dict__.items() if k != "lag_s"}
-        lags = sorted(self.lag_s)
-        out["lag_s"] = None
-        if lags:
-            out["lag_s"] = {q: round(lags[min(len(lags) - 1, int(p * len(lags)))], 4)
-                            for q, p in (("p50", 0.5), ("p99", 0.99))}
-            out["lag_s"].update(max=round(lags[-1], 4), n=len(lags))
-        return out
-
-
-class Gone:
-    """What the root keeps of an iteration that left its memory: its node messages (hashes, sorted)
-    and, until it was whole, its ranks. Pure."""
-
-    __slots__ = ("complete", "messages", "ranks")
-
-    def __init__(self, acc: Partial, world: int) -> None:
-        self.messages = array("q", sorted({hash(m) for m in acc.messages}))
-        # Whole when it left (counted then, or the job's first iteration, held to no world then)
-        self.complete = acc.complete or len(acc.ranks) >= world
-        self.ranks: array[int] | None = None if self.complete else array("I", sorted(acc.ranks))
-
-    def merge(self, part: Partial) -> int:
-        """Count ``part`` in; returns how many of its node messages were in already."""
-        fresh = {h for m in part.messages if not self._has(h := hash(m))}
-        again = len(part.messages) - len(fresh)
-        if fresh:
-            self.messages = array("q", sorted({*self.messages, *fresh}))
-        if self.ranks is not None and not part.ranks <= set(self.ranks):
-            self.ranks = array("I", sorted(set(self.ranks) | part.ranks))
-        return again
-
-    def _has(self, h: int) -> bool:
-        i = bisect.bisect_left(self.messages, h)
-        return i < len(self.messages) and self.messages[i] == h
-
-    def n_ranks(self) -> int | None:
-        return None if self.ranks is None else len(self.ranks)
-
-
-class RootFold:
-    """What the root holds between partials: the fold of each recent iteration of each job. Pure."""
-
-    def __init__(self, keep: int = KEEP_ITERATIONS, keep_gone: int = GONE_ITERATIONS) -> None:
-        self.keep, self.keep_gone = keep, keep_gone
-        self.jobs: dict[str, OrderedDict[int, Partial]] = {}
-        self.gone: dict[str, OrderedDict[int, Gone]] = {}  # iterations that left memory, the newest kept
-        self.ranks: dict[str, set[int]] = {}
-        # Each job's run as this root counts them and the iteration it began at (from the partials
-        # marked new_run: every node of a restarted job marks the one where its ranks' processes
-        # changed, the same iteration, so they count once).
-        self.runs: dict[str, tuple[int, int | None]] = {}
-        self.seen: dict[str, float] = {}  # job -> when its last partial came (add's ``now``)
-        self.refused_until: dict[str, float] = {}  # job -> until when it is refused without asking
-        self.stats = RootStats()
-
-    def add(self, parts: Sequence[Partial],
-            held_fold: Callable[[str, int], StepRecord | None] = lambda j, i: None,
-            now: float = 0.0, admit: Callable[[str], bool] = lambda j: True
-            ) -> tuple[list[StepRecord], dict[str, set[int]]]:
-        """Fold ``parts`` in; returns the records that changed (one fold and the job-level records of
-        each (job, iteration) touched) and each job's ranks new to it. ``held_fold(job, iteration)``:
-        the fold the store holds, the start of an iteration no longer (or not yet) in memory — a late
-        partial, or the first after this root started on a store that kept its records.
-        ``admit(job)``: whether a job not in memory may be (the aggregator's jobs cap; refused:
-        counted, not folded)."""
-        touched: dict[tuple[str, int], Partial] = {}
-        new_ranks: dict[str, set[int]] = {}
-        restarted: set[str] = set()  # jobs whose new run began in these parts: the store holds the old
-        late: dict[tuple[str, int], Partial] = {}  # iterations gone from memory, folded with the store's
-        out: list[StepRecord] = []
-        for part in parts:
-            self.stats.partials += 1
-            if part.job not in self.jobs and not self._admitted(part.job, admit, now):
-                self.stats.refused += 1
-                continue
-            if part.new_run and part.job in self.ranks:
-                run, began = self.runs.get(part.job, (1, None))
-                if began != part.iteration:
-                    self._begin_run(part.job, run + 1, part.iteration, touched, out, now)
-                    restarted.add(part.job)
-            held = self.jobs.setdefault(part.job, OrderedDict())
-            acc = held.get(part.iteration)
-            its_gone = self.gone.get(part.job)
-            gone = its_gone.get(part.iteration) if acc is None and its_gone is not None else None
-            if gone is not None:  # late: counted against what the root kept of it, folded with the store's
-                self.stats.late += 1
-                n_again = gone.merge(part)
-                self.stats.redelivered += n_again
-                self.stats.node_messages += len(part.messages) - n_again
-                acc = late.get((part.job, part.iteration))
-                if acc is None:
-                    acc = late[(part.job, part.iteration)] = Partial(
-                        part.job, part.iteration, fold=held_fold(part.job, part.iteration))
-                acc.merge(part)
-                self._note_ranks(part, new_ranks)
-                world = len(self.ranks.get(part.job, ()))
-                n = gone.n_ranks()
-                if n is not None and n >= world:
-                    gone.complete, gone.ranks = True, None
-                    self.stats.complete += 1
-                    end = acc.fold.end_time if acc.fold is not None else None
-                    if end is not None:
-                        self.stats.lag_s.append(max(0.0, now - end))
-                continue
-            if acc is None:
-                if len(held) >= self.keep and part.iteration < min(held):
-                    self.stats.late += 1  # older than all the root knows of: it cannot tell a redelivery
-                # Until its first fold reaches the store, a restarted job's store still holds the
-                # run that ended, whose iterations may bear the same numbers (a resume).
-                start = None if part.job in restarted else held_fold(part.job, part.iteration)
-                acc = Partial(part.job, part.iteration, fold=start)
-                held[part.iteration] = acc
-            again = acc.merge(part)
-            # A job's log records (Megatron-LM's ``last``) go to the store in the order they came: a
-            # run's first one that came after later ones would end the run they belong to.
-            acc.fresh_job_level = acc.fresh_job_level or bool(part.job_level)
-            self.stats.redelivered += len(again)
-            self.stats.node_messages += len(part.messages) - len(again)
-            self._note_ranks(part, new_ranks)
-            touched[(part.job, part.iteration)] = acc
-        for acc in touched.values():
-            whole = self._whole(acc, now)
-            if whole or acc.fresh_job_level or acc.handed_at is None or now - acc.handed_at >= HAND_ON_S:
-                out.extend(self._records_of(acc, now))
-            else:
-                acc.unhanded = True  # the next flush (at most HAND_ON_S on) hands it on
-        for acc in late.values():
-            if acc.fold is not None:
-                out.append(self._marked(acc.fold, acc.job))
-            out.extend(acc.job_level.values())
-        for job in {j for j, _ in touched}:
-            out.extend(self._trim(job, now))
-        out.extend(self.flush(now))
-        for part in parts:
-            if part.job in self.jobs:
-                self.seen[part.job] = now
-        for job in [j for j, t in self.seen.items() if now - t > IDLE_FORGET_S]:
-            self.forget(job)
-        return out, new_ranks
-
-    def _admitted(self, job: str, admit: Callable[[str], bool], now: float) -> bool:
-        """``admit(job)``, not asked again for REFUSED_RETRY_S after it said no."""
-        if self.refused_until.get(job, float("-inf")) > now:
-            return False
-        if admit(job):
-            self.refused_until.pop(job, None)
-            return True
-        if len(self.refused_until) >= 4096:  # bounded: job names come from the network
-            self.refused_until.clear()
-        self.refused_until[job] = now + REFUSED_RETRY_S
-        return False
-
-    def forget(self, job: str) -> None:
-        """Let go of what memory holds of ``job`` (not its run count: see IDLE_FORGET_S)."""
-        self.jobs.pop(job, None)
-        self.gone.pop(job, None)
-        self.ranks.pop(job, None)
-        self.seen.pop(job, None)
-        self.stats.jobs_forgotten += 1
-        log.info("engine root: job %s silent %.0f s: its folds leave memory", job[:80], IDLE_FORGET_S)
-
-    def _note_ranks(self, part: Partial, new_ranks: dict[str, set[int]]) -> None:
-        known = self.ranks.setdefault(part.job, set())
-        fresh = part.ranks - known
-        if fresh:
-            known |= fresh
-            new_ranks.setdefault(part.job, set()).update(fresh)
-
-    def flush(self, now: float, every: bool = False) -> list[StepRecord]:
-        """The records of the iterations folded into since they last went to the store, HAND_ON_S
-        ago or more (the root calls it while no partial comes too); ``every``: however recently
-        (the root stops leading: what it folded goes to its store first)."""
-        out: list[StepRecord] = []
-        for held in self.jobs.values():
-            for acc in held.values():
-                if acc.unhanded and (every or acc.handed_at is None or now - acc.handed_at >= HAND_ON_S):
-                    out.extend(self._records_of(acc, now))
-        return out
-
-    def _trim(self, job: str, now: float) -> list[StepRecord]:
-        """The lowest iterations beyond ``keep`` leave memory (not the store), what counts them kept;
-        returns the records of those folded into since they last went to the store."""
-        out: list[StepRecord] = []
-        held = self.jobs[job]
-        gone = self.gone.setdefault(job, OrderedDict())
-        while len(held) > self.keep:
-            it = min(held)
-            acc = held.pop(it)
-            if acc.unhanded:
-                out.extend(self._records_of(acc, now))
-            gone[it] = Gone(acc, len(self.ranks.get(job, ())))
-            while len(gone) > self.keep_gone:
-                del gone[min(gone)]
-        return out
-
-    def _marked(self, fold: StepRecord, job: str) -> StepRecord:
-        """The fold as the store gets it: marked with the job's run past the first
-        (perfd.aggregator.job_runs.run_mark)."""
-        run = self.runs.get(job, (1, None))[0]
-        return fold if run == 1 else dataclasses.replace(fold, fields={**fold.fields, RUN_FIELD: str(run)})
-
-    def _records_of(self, acc: Partial, now: float) -> list[StepRecord]:
-        """What the store gets of an iteration folded: its fold (marked with the job's run past the
-        first: perfd.aggregator.job_runs.run_mark) and its job-level records."""
-        out: list[StepRecord] = []
-        fold = acc.fold
-        if fold is not None:
-            out.append(self._marked(fold, acc.job))
-        out.extend(acc.job_level.values())
-        acc.handed_at, acc.unhanded, acc.fresh_job_level = now, False, False
-        return out
-
-    def _whole(self, acc: Partial, now: float) -> bool:
-        """Whether the iteration just became whole: every rank the job has shown is in (counted once,
-        with its lag). While the job has shown one iteration only, that iteration's own ranks are all
-        the world there is to hold it to: not counted yet."""
-        world = len(self.ranks.get(acc.job, ()))
-        if acc.complete or len(self.jobs[acc.job]) <= 1 or len(acc.ranks) < world:
-            return False
-        acc.complete = True
-        self.stats.complete += 1
-        end = acc.fold_end()
-        if end is not None:
-            self.stats.lag_s.append(max(0.0, now - end))
-        return True
-
-    def _begin_run(self, job: str, run: int, iteration: int, touched: dict[tuple[str, int], Partial],
-                   out: list[StepRecord], now: float) -> None:
-        """A rank of ``job`` began a new process at ``iteration``: the run held in memory is done.
-        What this call folded of it goes out first, as that run's; the store digests the run when the
-        new one's first fold arrives. The new run's world is the ranks it shows."""
-        for key in [k for k in touched if k[0] == job]:
-            acc = touched.pop(key)
-            self._whole(acc, now)
-            out.extend(self._records_of(acc, now))
-        for acc in self.jobs.get(job, {}).values():  # what waited to go to the store goes now
-            if acc.unhanded:
-                out.extend(self._records_of(acc, now))
-        log.info("engine root: job %s restarted at iteration %d (run %d)", job[:80], iteration, run)
-        self.runs[job] = (run, iteration)
-        self.stats.new_runs += 1
-        self.jobs[job] = OrderedDict()
-        self.gone[job] = OrderedDict()
-        self.ranks[job] = set()
 
 
 class Root:
@@ -567,8 +263,8 @@ class Root:
             self.sink.note_folded_ranks(job, ranks)
 
     def flush(self, every: bool = False) -> None:
-        """Hand the store what the fold held back (:data:`HAND_ON_S`) and is now due; ``every``: all
-        of it."""
+        """Hand the store what the fold held back (perfd.engine.rootfold.HAND_ON_S) and is now due;
+        ``every``: all of it."""
         records = self.fold.flush(time.time(), every)
         if records:
             self.sink.ingest_steps(ENGINE_AGENT, records)

@@ -609,7 +609,7 @@ def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool = F
     assert f.stream_last_seq == distinct, f"the node stream stored a message twice or lost one: {f.line()}"
     assert f.node_messages == distinct, f"root folded {f.node_messages} node messages: {f.line()}"
     # Whole: every rank in. The root holds an iteration to the world the job has shown, and not the
-    # job's first while it is the only one it has seen (perfd.engine.root.RootFold.add): the first
+    # job's first while it is the only one it has seen (perfd.engine.rootfold.RootFold.add): the first
     # counts only when a partial of it comes after the second iteration's first.
     assert plan.iterations - 1 <= f.complete <= plan.iterations, f"iterations whole at the root: {f.line()}"
     # A root whose engine session ended (its lease renewal timed out while a server was lost) reads
@@ -617,7 +617,7 @@ def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool = F
     # ``redelivered``) again: at least every partial stored was read.
     assert f.batches >= f.partials_stream and st["undecodable"] == 0, f"partials read: {f.line()} {st}"
     # ``late``: the plan's iterations are too fast for the fault, and partials come after their
-    # iteration left the root's memory (perfd.engine.root.GONE_ITERATIONS): counted all the same.
+    # iteration left the root's memory (perfd.engine.rootfold.GONE_ITERATIONS): counted all the same.
     assert (st["late"] > 0) == late, f"partials past the root's memory: {st}"
     assert all(s["pending"] == 0 and s["unreadable"] == 0 for s in cs), cs
     return f

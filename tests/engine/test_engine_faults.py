@@ -32,7 +32,7 @@ MakeRig = Callable[..., Rig]
 RESTART_AFTER_S = 3.0  # a killed shard is started again this long after the kill
 BLACKHOLE_S = 15.0
 # An iteration every 1.25 s: what a fault delays (the ack wait, 10 s, a lease's expiry, up to ~13 s
-# seen) stays within the iterations the root holds in memory (perfd.engine.root.KEEP_ITERATIONS, 16).
+# seen) stays within the iterations the root holds in memory (perfd.engine.rootfold.KEEP_ITERATIONS, 16).
 # Faster, the delayed partials arrive "late": folded with the store's record and counted against what
 # the root kept of their iteration (test_partials_delayed_past_the_roots_memory_count_once).
 PERIOD_S = 1.25

@@ -1,4 +1,4 @@
-"""The engine's fold (perfd.stepfold, perfd.engine.partial, perfd.engine.root.RootFold) on real
+"""The engine's fold (perfd.stepfold, perfd.engine.partial, perfd.engine.rootfold.RootFold) on real
 recorded clocks: any grouping, any order, any number of deliveries gives the one-aggregator fold;
 the wire form round-trips; malformed input is refused with a reason."""
 
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfd.engine.partial import Partial, RunMarks, decode, encode, from_pb, partials_of
-from perfd.engine.root import IDLE_FORGET_S, RootFold
+from perfd.engine.rootfold import IDLE_FORGET_S, RootFold
 from perfd.model import StepRecord
 from perfd.stepfold import RUN_FIELD, fold_ranks
 from perfd.transport.gen import perfd_pb2 as pb
@@ -227,7 +227,7 @@ def test_an_iteration_goes_to_the_store_when_whole_and_at_most_once_a_second_bef
     """A fold's record copies its per-rank maps: the root hands an iteration to the store on its first
     partial, then at most every HAND_ON_S while it is not whole, at once when it is, and what it held
     back when a flush is due, when the iteration leaves memory, or (every) when the root stops."""
-    from perfd.engine.root import HAND_ON_S
+    from perfd.engine.rootfold import HAND_ON_S
 
     rf, by_node = RootFold(keep=2), job_records("j", NODES, 5)
     out, _ = rf.add([partials_of(by_node[n][0], f"n{n}:1")[0] for n in range(NODES)], now=0.0)

@@ -98,7 +98,7 @@ def test_the_engine_path_gives_one_aggregators_analysis_byte_for_byte(tmp_path: 
     assert root.stats.redelivered == 0 and root.stats.undecodable == 0 and root.stats.late == 0
     assert root.stats.new_runs == 0
     # Whole at the root: every iteration but perhaps the first (not counted while it was all the
-    # job had shown, perfd.engine.root.RootFold).
+    # job had shown, perfd.engine.rootfold.RootFold).
     assert root.stats.complete >= ITERATIONS - 1
     assert _answer(rooted) == _answer(single)
     # What the comparison holds: 40 iterations of 32 ranks, each its slowest rank's step.
