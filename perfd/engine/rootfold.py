@@ -45,6 +45,9 @@ LAG_SAMPLES = 1000  # the newest iterations' lags kept for the quantiles
 # ranks a shard's every flush touching every iteration made that a third of the root's CPU and held its
 # lag past 2 s on 2 cores. The API shows an iteration in progress at most this late.
 HAND_ON_S = 1.0
+# ... for an iteration of this many ranks and more: a smaller one's record is cheap (~1 ms at 4,096
+# ranks), and goes to the store on every partial, as the ranks' records reach one aggregator.
+HAND_ON_MIN_RANKS = 4096
 
 
 @dataclass
@@ -72,6 +75,9 @@ class RootStats:
     # Iterations that became whole (every rank the job has shown folded in), and the time from their
     # last rank's step end to then: what the job's analysis waits for the engine, a shard and this root.
     complete: int = 0
+    # Iterations folded into since they last went to the store (HAND_ON_S), now: what the store lacks
+    # of what the root has read (0: the store holds all of it)
+    held_back: int = 0
     lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
 
     def to_json(self) -> dict[str, Any]:
@@ -198,7 +204,9 @@ class RootFold:
             touched[(part.job, part.iteration)] = acc
         for acc in touched.values():
             whole = self._whole(acc, now)
-            if whole or acc.fresh_job_level or acc.handed_at is None or now - acc.handed_at >= HAND_ON_S:
+            if (whole or acc.fresh_job_level or acc.handed_at is None or len(acc.ranks) < HAND_ON_MIN_RANKS
+                    or now - acc.handed_at >= HAND_ON_S):
+                out.extend(self._earlier_held(acc, now))
                 out.extend(self._records_of(acc, now))
             else:
                 acc.unhanded = True  # the next flush (at most HAND_ON_S on) hands it on
@@ -249,10 +257,27 @@ class RootFold:
         ago or more (the root calls it while no partial comes too); ``every``: however recently
         (the root stops leading: what it folded goes to its store first)."""
         out: list[StepRecord] = []
+        waiting = 0
         for held in self.jobs.values():
-            for acc in held.values():
+            for _it, acc in sorted(held.items()):
                 if acc.unhanded and (every or acc.handed_at is None or now - acc.handed_at >= HAND_ON_S):
+                    out.extend(self._earlier_held(acc, now))
                     out.extend(self._records_of(acc, now))
+                waiting += acc.unhanded
+        self.stats.held_back = waiting
+        return out
+
+    def _earlier_held(self, acc: Partial, now: float) -> list[StepRecord]:
+        """The records of the job's earlier iterations held back, to go before ``acc``'s: the store
+        gets a rank's ends in the order of its iterations (a rank whose end of iteration N came after
+        its end of N+1 had its windows read over both: the collectives' per-rank shares then differed
+        from one aggregator's)."""
+        out: list[StepRecord] = []
+        for it, other in sorted(self.jobs.get(acc.job, {}).items()):
+            if it >= acc.iteration:
+                break
+            if other.unhanded:
+                out.extend(self._records_of(other, now))
         return out
 
     def _trim(self, job: str, now: float) -> list[StepRecord]:

@@ -137,6 +137,7 @@ def test_step_records_and_collectives_through_the_engine_give_one_aggregators_an
 
     with NatsCluster(tmp_path / "nats", 1) as cluster:
         out = asyncio.run(_through_the_engine(cluster.urls, feed, shards=2,
-                                              done=lambda st: st.node_messages >= NODES * len(its)))
+                                              done=lambda st: st.node_messages >= NODES * len(its)
+                                              and st.held_back == 0))  # the store has all the root read
     assert out["stats"]["undecodable"] == 0 and out["stats"]["late"] == 0, out["stats"]
     assert out["got"] == want, out["fold"]

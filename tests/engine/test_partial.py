@@ -223,13 +223,16 @@ def replace_job(r: StepRecord, job: str) -> StepRecord:
     return dataclasses.replace(r, job=job)
 
 
-def test_an_iteration_goes_to_the_store_when_whole_and_at_most_once_a_second_before():
+def test_an_iteration_goes_to_the_store_when_whole_and_at_most_once_a_second_before(
+        monkeypatch: pytest.MonkeyPatch):
     """A fold's record copies its per-rank maps: the root hands an iteration to the store on its first
     partial, then at most every HAND_ON_S while it is not whole, at once when it is, and what it held
     back when a flush is due, when the iteration leaves memory, or (every) when the root stops."""
+    from perfd.engine import rootfold
     from perfd.engine.rootfold import HAND_ON_S
 
-    rf, by_node = RootFold(keep=2), job_records("j", NODES, 5)
+    monkeypatch.setattr(rootfold, "HAND_ON_MIN_RANKS", 1)  # as a job of 4,096 ranks and more is
+    rf, by_node = RootFold(keep=2), job_records("j", NODES, 6)
     out, _ = rf.add([partials_of(by_node[n][0], f"n{n}:1")[0] for n in range(NODES)], now=0.0)
     assert [r.iteration for r in out] == [1]  # the first iteration, whole on arrival: its world
 
@@ -246,16 +249,33 @@ def test_an_iteration_goes_to_the_store_when_whole_and_at_most_once_a_second_bef
     assert add(0, 3, 3.0) == [3] and add(1, 3, 3.1) == []
     assert [r.iteration for r in rf.flush(3.2, every=True)] == [3]  # the root stops leading
     assert add(2, 3, 3.3) == []
-    # Iteration 4 pushes 2 out of memory (keep=2) and 3 with it after 5: what 3 held back goes then.
-    assert add(0, 4, 3.4) == [4]
-    assert sorted(add(0, 5, 3.5)) == [3, 5]
-    assert rf.flush(10.0) == []  # 4 and 5 went on arrival, nothing folded into them since
+    # Iteration 4's first partial goes at once, and what 3 held back before it: a rank's ends reach the
+    # store in the order of its iterations.
+    assert add(0, 4, 3.4) == [3, 4]
+    assert add(1, 4, 3.5) == []  # held back, and gone before 5's first partial
+    assert add(0, 5, 3.6) == [4, 5]
+    assert add(0, 6, 3.7) == [6]  # nothing held back: 6 alone
+    assert rf.flush(10.0) == []  # nothing folded into 5 or 6 since they went
 
 
-def test_a_logs_record_goes_to_the_store_at_once_and_in_the_order_it_came():
+def test_a_small_jobs_iteration_goes_to_the_store_on_every_partial():
+    """Below HAND_ON_MIN_RANKS a fold's record is cheap: every partial hands it on, as one aggregator
+    gets the ranks' records."""
+    rf, by_node = RootFold(), job_records("j", NODES, 2)
+    rf.add([partials_of(by_node[n][0], f"n{n}:1")[0] for n in range(NODES)], now=0.0)
+    for n in range(NODES - 1):
+        out, _ = rf.add([partials_of(by_node[n][1], f"n{n}:2")[0]], now=1.0 + n / 100)
+        assert [r.iteration for r in out] == [2]
+    assert rf.stats.held_back == 0
+
+
+def test_a_logs_record_goes_to_the_store_at_once_and_in_the_order_it_came(monkeypatch: pytest.MonkeyPatch):
     """A job's log record (Megatron-LM's ``last``) is not held back with its iteration's fold: a run's
     first record reaching the store after later ones would end the run they belong to (seen: the root
     handed iteration 1's after 12-20's, and the store closed the run of 12-20)."""
+    from perfd.engine import rootfold
+
+    monkeypatch.setattr(rootfold, "HAND_ON_MIN_RANKS", 1)
     rf, by_node = RootFold(), job_records("j", NODES, 3)
     rf.add([partials_of(by_node[n][0], f"n{n}:1")[0] for n in range(NODES)], now=0.0)
     assert [r.iteration for r in rf.add([partials_of(by_node[0][1], "n0:2")[0]], now=1.0)[0]] == [2]
