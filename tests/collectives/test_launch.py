@@ -171,7 +171,8 @@ def test_the_log_grows_while_the_command_runs(tmp_path: Path) -> None:
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not (log.exists() and b"first" in log.read_bytes()):
+        # the whole line: a read between the copier's writes of "first" and its newline saw b"first"
+        while time.monotonic() < deadline and not (log.exists() and b"first\n" in log.read_bytes()):
             time.sleep(0.05)
         assert log.read_bytes() == b"first\n" and p.poll() is None  # tailable before the end
     finally:
