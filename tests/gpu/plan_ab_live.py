@@ -55,6 +55,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
 
+from tests.gpu import host_procs
 from tests.gpu.plan_ab_table import is_base, markdown, repeat_key, split_repeat, table
 from tests.gpu.remedies_live import apply_flags, capture, cut_trace, log_steps, rank_pid
 from tests.procs import ROOT, run_env
@@ -414,20 +415,19 @@ def measure(
     argv = [*(prefix or []), *apply_flags(megatron_argv(megatron, c, ITERS), flags, remove)]
     vlog = out / f".run_{label}.log"
     t0 = time.time()
-    try:
-        with vlog.open("wb") as f:
-            r = subprocess.run(
-                argv,
-                cwd=megatron,
-                env=env,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                timeout=RUN_TIMEOUT_S,
-                start_new_session=True,
-            )
-        code: int | str = r.returncode
-    except subprocess.TimeoutExpired:
-        code = "timeout"
+    before = host_procs.snapshot()
+    with vlog.open("wb") as f:
+        p = subprocess.Popen(argv, cwd=megatron, env=env, stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            code: int | str = p.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    wall = time.time() - t0
+    others = host_procs.others(before, host_procs.snapshot(), p.pid, wall)
+    left = host_procs.left_behind(p.pid)  # the leader's session (killed: the next run is alone)
+    if code == "timeout":
+        p.wait()
     text = vlog.read_text(errors="replace")
     if keep_log:
         with gzip.open(out / f"log_run_{label}.log.gz", "wb") as g:
@@ -436,8 +436,10 @@ def measure(
     steps = log_steps(text)
     return {
         "exit": code,
-        "wall_s": round(time.time() - t0, 1),
+        "wall_s": round(wall, 1),
         "started_at": t0,
+        "others_cpu": others,
+        "left_behind": left,
         "flags": flags,
         "remove": remove,
         "steady": steady_of(steps),
@@ -531,7 +533,8 @@ def run_config(
         _save(out, name, res)
         clock.say(
             f"{name}: {label} {' '.join(flags)} {' '.join('-' + r for r in remove)}: "
-            f"{got['steady']} exit {got['exit']} ({got['wall_s']} s)"
+            f"{got['steady']} exit {got['exit']} ({got['wall_s']} s); others {got['others_cpu']['cores']} "
+            f"cores, left behind {[x['name'] for x in got['left_behind']]}"
         )
 
 

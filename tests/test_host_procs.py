@@ -1,0 +1,34 @@
+"""tests/gpu/host_procs.py, the GPU A/B's record of what else ran beside each measured run: a run's
+leftovers are found and killed, a busy process outside the run is counted and named."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tests.gpu import host_procs
+
+BUSY = "import sys, time\nwhile time.process_time() < 0.5: pass\nsys.stdin.read()"  # 0.5 s of CPU, then idle
+
+
+def test_a_runs_leftovers_are_named_and_killed_and_a_busy_neighbour_is_counted() -> None:
+    before = host_procs.snapshot()
+    neighbour = subprocess.Popen([sys.executable, "-c", BUSY], stdin=subprocess.PIPE, start_new_session=True)
+    run = subprocess.Popen(["bash", "-c", "sleep 300 & exit 0"], start_new_session=True)
+    try:
+        run.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while ((s := host_procs._stat(neighbour.pid)) is None or s[2] < 0.4) and time.monotonic() < deadline:
+            time.sleep(0.05)  # its half second of CPU (/proc counts in ticks: 0.49 s of it)
+        after = host_procs.snapshot()
+        others = host_procs.others(before, after, run.pid, wall_s=1.0)
+        left = host_procs.left_behind(run.pid)
+        assert [x["name"] for x in left] == ["sleep"]
+        assert host_procs.left_behind(run.pid) == []  # killed: nothing of the run's session is left
+        mine = [x for x in others["top"] if x["pid"] == neighbour.pid]
+        assert mine and mine[0]["cpu_s"] >= 0.4 and others["cpu_s"] >= 0.4
+        assert all(x["name"] != "sleep" for x in others["top"])  # the run's own are not "others"
+    finally:
+        neighbour.kill()
+        neighbour.wait()
