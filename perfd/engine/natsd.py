@@ -25,6 +25,8 @@ from types import TracebackType
 from typing import Any
 
 HOST = "127.0.0.1"  # loopback only: these servers are for one machine's tests and benchmarks
+PORT_TRIES = 3  # starts of a cluster on freshly chosen ports while a server finds one of its ports taken
+PORT_TAKEN = "address already in use"  # nats-server's log when a port it was given is taken
 
 
 class NatsUnavailable(RuntimeError):
@@ -155,14 +157,20 @@ class NatsCluster:
         self.base_dir, self.token, self.tls, self.tls_verify = Path(base_dir), token, tls, tls_verify
         self.cluster_name = cluster_name  # also the cluster's name in nats-server's JetStream answers
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        ports = _free_ports(3 * size)
         self.servers = [
-            NatsServer(name=f"n{i}", client_port=ports[3 * i],
-                       cluster_port=ports[3 * i + 1] if size > 1 else None, monitor_port=ports[3 * i + 2],
+            NatsServer(name=f"n{i}", client_port=0, cluster_port=None, monitor_port=0,
                        store_dir=self.base_dir / f"n{i}-store", conf_path=self.base_dir / f"n{i}.conf",
                        log_path=self.base_dir / f"n{i}.log")
             for i in range(size)
         ]
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
+        """Free loopback ports for every server, and their config files written with them."""
+        ports = _free_ports(3 * len(self.servers))
+        for i, s in enumerate(self.servers):
+            s.client_port, s.monitor_port = ports[3 * i], ports[3 * i + 2]
+            s.cluster_port = ports[3 * i + 1] if len(self.servers) > 1 else None
         for s in self.servers:
             s.conf_path.write_text(self._config(s))
 
@@ -193,16 +201,25 @@ class NatsCluster:
 
     def start(self, timeout_s: float = 20.0) -> NatsCluster:
         """Start every server and wait until each has JetStream (and, in a cluster, a meta leader).
-        On failure every server is stopped and NatsUnavailable says why, with the logs' ends."""
-        try:
-            for s in self.servers:
-                s.start()
-            self._wait(self.servers, lambda s: s.js_ready(meta=len(self.servers) > 1), timeout_s,
-                       "JetStream-ready")
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        A port another process took between its choice and the server's bind (parallel tests on one
+        machine do) is chosen again, PORT_TRIES times in all, the log keeping what each try said. On
+        failure every server is stopped and NatsUnavailable says why, with the logs' ends."""
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                for s in self.servers:
+                    s.start()
+                self._wait(self.servers, lambda s: s.js_ready(meta=len(self.servers) > 1), timeout_s,
+                           "JetStream-ready")
+                return self
+            except NatsUnavailable:
+                self.stop()
+                if attempt == PORT_TRIES or not any(PORT_TAKEN in s.log_tail() for s in self.servers):
+                    raise
+                self._choose_ports()
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def kill(self, i: int) -> None:
         self.servers[i].kill()  # a crash

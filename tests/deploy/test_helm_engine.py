@@ -109,8 +109,8 @@ def test_the_values_keys_and_defaults() -> None:
         "enabled": False, "urls": ["nats://nats.nats.svc:4222"], "tokenSecret": "", "partitions": 16,
         "replicas": 3,
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "nats"}}, "extraEgress": [],
-        "shards": {"replicas": 4, "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
-                                                "limits": {"memory": "2Gi"}},
+        "shards": {"replicas": 4, "resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
+                                                "limits": {"memory": "1Gi"}},
                    "nodeSelector": {}, "tolerations": [], "affinity": {}, "priorityClassName": ""},
         "root": {"standby": True}}
 
@@ -157,7 +157,7 @@ def test_the_shards(tmp_path: Path) -> None:
     assert _pod(shard)["automountServiceAccountToken"] is False
     sa = _one(docs, "ServiceAccount", _pod(shard)["serviceAccountName"])
     assert sa["automountServiceAccountToken"] is False
-    assert c["resources"] == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    assert c["resources"] == {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
     assert _pod(shard)["nodeSelector"] == {"pool": "cpu"}
     # No port: the probes read the stats file the shard rewrites (fresh: alive, its loop turning).
     assert "ports" not in c
