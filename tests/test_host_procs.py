@@ -19,7 +19,8 @@ def test_a_runs_leftovers_are_named_and_killed_and_a_busy_neighbour_is_counted()
     try:
         run.wait(timeout=30)
         deadline = time.monotonic() + 60
-        while ((s := host_procs._stat(neighbour.pid)) is None or s[2] < 0.4) and time.monotonic() < deadline:
+        while ((s := host_procs.stat_of(neighbour.pid)) is None or s[2] < 0.4) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)  # its half second of CPU (/proc counts in ticks: 0.49 s of it)
         after = host_procs.snapshot()
         others = host_procs.others(before, after, run.pid, wall_s=1.0)

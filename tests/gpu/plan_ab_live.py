@@ -424,8 +424,9 @@ def measure(
         except subprocess.TimeoutExpired:
             code = "timeout"
     wall = time.time() - t0
-    others = host_procs.others(before, host_procs.snapshot(), p.pid, wall)
-    left = host_procs.left_behind(p.pid)  # the leader's session (killed: the next run is alone)
+    after = host_procs.snapshot()
+    others = host_procs.others(before, after, p.pid, wall)
+    left = host_procs.left_behind(p.pid, after)  # the leader's session (killed: the next run is alone)
     if code == "timeout":
         p.wait()
     text = vlog.read_text(errors="replace")
