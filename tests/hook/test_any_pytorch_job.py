@@ -165,13 +165,12 @@ def test_data_share_is_the_hooks_data_wait(run: dict[str, Any], analysed: dict[s
     # machine one step's compute can take four times its 80 ms data wait (seen with two CPU burners).
     # The two clocks read microseconds apart, unless the loop is preempted between them: with two suites
     # at once on 2 CPUs that put 2 ms into a 95 ms step (0.822 against 0.843), and once 5 ms (0.803
-    # against 0.855). So above the busy load, nine steps in ten within 2 points, not every one.
+    # against 0.855). A quiet 1-minute load average does not rule that out: CI once saw one step of 80
+    # off (step 81) with the load below the busy mark. So nine steps in ten within 2 points at any load,
+    # and the medians above within 3.
     own_share = {i: run["waits"][i] / run["steps"][i] for i in SLOW}
     off = [i for i in SLOW if rows[i].data_share != pytest.approx(own_share[i], abs=0.02)]
-    if not _busy(run):
-        assert off == []
-    else:
-        assert len(off) <= len(SLOW) // 10, off
+    assert len(off) <= len(SLOW) // 10, off
     assert statistics.median(rows[i].data_share for i in SLOW) > 0.2
     assert rows[100].sources["data_share"].startswith("hook:timer data-wait")
     # The hook does not time communication: absent, saying where the share comes from.

@@ -429,6 +429,12 @@ def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: fl
                   if (pm := _part_ms(it, getattr(it, attr))) is not None]
         grew = _median([v for v, _ in during])
         explains = grew is not None and excess and grew - (steady_ms or 0.0) >= EXPLAINS_SHARE * excess
+        # Or by its share of the cost: a stretch that ran into later slow steps of another kind
+        # (a loaded host) is one incident whose median step is not data-bound, yet the data wait
+        # can still be most of what the incident lost.
+        grew_total = sum(pm - (steady_ms or 0.0) for pm, _ in during)
+        excess_total = sum((s - ref) * w for s, w in zip(steps, weights, strict=True))
+        explains = explains or (excess_total > 0 and grew_total >= EXPLAINS_SHARE * excess_total)
         if excess and excess > 0 and explains:
             ts = [t for it in own if (t := end_times.get(it.iteration)) is not None]
             items.append(Evidence(kind, ranks[0] if single else None, "", max(s for _, s in during),
