@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks.tail_bench import write_log
 from collectors.megatron import parse_lines
-from perfd.analytics.steps.run_analysis import AnalysisMemo, analyze_run
+from perfd.analytics.run.run_analysis import AnalysisMemo, analyze_run
 
 
 def _cpu(fn: Any) -> float:

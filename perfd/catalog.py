@@ -83,7 +83,7 @@ _JOB_SHOWS: frozenset[Show] = frozenset({SUMMARY, REPORT, WANDB})
 @dataclass(frozen=True)
 class MetricDef:
     """One metric, declared once. For a per-iteration job metric, ``attr`` names the attribute of
-    the analysis' per-iteration result (perfd.analytics.steps.run_analysis.IterationResult) and
+    the analysis' per-iteration result (perfd.analytics.run.run_analysis.IterationResult) and
     ``scale`` turns it into the catalog unit: every consumer (Prometheus, W&B, rules, the report,
     its tables and tiles) derives its value from these two through :func:`job_values`."""
 

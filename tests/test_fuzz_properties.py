@@ -26,8 +26,8 @@ from collectors.nccl.flight_recorder import DumpError, load_dump_bytes, parse_du
 from collectors.nccl.inspector import InspectorLineError, parse_line
 from collectors.sglang.parser import parse_lines as parse_sglang
 from perfd import bounds, finite_json
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.serving.analysis import analyze_serving
-from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.rules.expr import ExprError, compile_expr
 from perfd.rules.loader import parse_pack

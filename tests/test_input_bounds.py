@@ -22,9 +22,9 @@ from collectors.megatron import parse_file, parse_lines
 from perfd import bounds, finite_json
 from perfd import limits as L
 from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.flops import moe_layer_pattern
 from perfd.analytics.steps.pipeline import rebalance_estimate
-from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.cli import main as cli_main
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.model import JobInfo

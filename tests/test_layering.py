@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -16,9 +18,10 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _imports(path: Path, package: str | None = None) -> set[str]:
+def _imports(path: Path, package: str | None = None, type_only: bool = False) -> set[str]:
     """Every module ``path`` imports when it runs: top-level and function-level imports, relative
-    ones resolved; imports under ``if TYPE_CHECKING:`` (never executed) are not counted."""
+    ones resolved; imports under ``if TYPE_CHECKING:`` (never executed) are not counted unless
+    ``type_only`` (a type-only import is still a dependency a reader follows)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     if package is None:
         package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
@@ -28,6 +31,8 @@ def _imports(path: Path, package: str | None = None) -> set[str]:
         node = todo.pop()
         if isinstance(node, ast.If) and _is_type_checking(node):
             todo.extend(node.orelse)
+            if type_only:
+                todo.extend(node.body)
             continue
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
@@ -201,7 +206,7 @@ def test_agent_and_aggregator_never_import_torch():
     """Run in a fresh interpreter: importing the agent, aggregator and collectors loads no torch."""
     code = (
         "import sys, importlib\n"
-        "mods = ['perfd.cli', 'perfd.analytics.steps.run_analysis', 'collectors.megatron']\n"
+        "mods = ['perfd.cli', 'perfd.analytics.run.run_analysis', 'collectors.megatron']\n"
         "import pkgutil\n"
         "for m in ('perfd.agent.main', 'perfd.aggregator.main', 'collectors.nvml', 'collectors.host'):\n"
         "    try:\n"
@@ -215,3 +220,52 @@ def test_agent_and_aggregator_never_import_torch():
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "collectors.megatron" in res.stdout
+
+
+# perfd.analytics, bottom to top: each package imports only those before it (perfd/analytics/__init__.py
+# says what each holds). The root modules (common, thresholds, finding_types) come first.
+ANALYTICS_LAYERS = ("common", "thresholds", "finding_types", "steps", "collectives", "incidents", "breakdown",
+                    "ncu", "advice", "serving", "run")
+
+
+def _module_graph(package: str, type_only: bool) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports (a package's __init__ counts as a module:
+    importing anything below it runs it)."""
+    base = ROOT.joinpath(*package.split("."))
+    mods = {".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): f
+            for f in base.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, f in mods.items():
+        pkg = name if f.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for mod in _imports(f, package=pkg, type_only=type_only):
+            if mod in mods and mod != name:
+                graph.setdefault(name, set()).add(mod)
+            parent = mod.rsplit(".", 1)[0]  # `from perfd.analytics.steps import beat` runs steps/__init__
+            if parent in mods and parent != name and parent.startswith(package):
+                graph.setdefault(name, set()).add(parent)
+    return graph
+
+
+@pytest.mark.parametrize("type_only", [False, True], ids=["runtime", "with-type-only"])
+@pytest.mark.parametrize("package", ["perfd.analytics", "perfd.aggregator"])
+def test_no_import_cycle_between_modules(package: str, type_only: bool) -> None:
+    """Inside analytics and the aggregator, one direction between modules too, TYPE_CHECKING imports
+    included: a back-reference only for the type checker is still a loop a reader has to untie."""
+    graph = _module_graph(package, type_only)
+    assert sum(len(v) for v in graph.values()) > 20  # the graph is real
+    assert not _cycles(graph), f"import cycles between modules: {_cycles(graph)}"
+
+
+def test_analytics_packages_import_only_the_layers_below() -> None:
+    order = {name: i for i, name in enumerate(ANALYTICS_LAYERS)}
+    upward = []
+    for src, dsts in _module_graph("perfd.analytics", type_only=True).items():
+        a = src.split(".")[2] if src.count(".") >= 2 else None
+        for dst in dsts:
+            b = dst.split(".")[2] if dst.count(".") >= 2 else None
+            if a is not None and b is not None and a != b and order[b] > order[a]:
+                upward.append(f"{src} imports {dst}: {b} is above {a}")
+    assert not upward, upward
+    # The package root imports nothing: importing perfd.analytics.common loads no analysis.
+    root = ast.parse((ROOT / "perfd" / "analytics" / "__init__.py").read_text())
+    assert not [n for n in root.body if isinstance(n, (ast.Import, ast.ImportFrom))]

@@ -26,17 +26,17 @@ from perfd.aggregator.capture_ready import ReadyGate
 from perfd.aggregator.job_rows import job_rows
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.advice.capture_findings import diagnose_capture, steady_compute_ms
 from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
 from perfd.analytics.breakdown.budget import NO_FLOPS, NO_TIMERS
-from perfd.analytics.breakdown.capture_findings import diagnose_capture, steady_compute_ms
 from perfd.analytics.breakdown.capture_match import check as check_capture
 from perfd.analytics.breakdown.capture_match import finding as capture_finding
 from perfd.analytics.breakdown.capture_match import job_facts
 from perfd.analytics.breakdown.job_budget import contexts
-from perfd.analytics.ncu.arming import ArmingCost, measure_arming
+from perfd.analytics.run.arming import ArmingCost, measure_arming
+from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.liveness import ENDED, RUNNING
-from perfd.analytics.steps.run_analysis import IterationResult
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure
 from perfd.refusals import Refusals
@@ -71,7 +71,7 @@ class CaptureRecord:
     agent_capture_ids: list[str] = field(default_factory=list)  # the agents' store ids
     started_at: float | None = None  # epoch s, when an agent reported the capture running
     finished_at: float | None = None
-    findings: list[dict[str, Any]] = field(default_factory=list)  # perfd.analytics.breakdown.capture_findings
+    findings: list[dict[str, Any]] = field(default_factory=list)  # perfd.analytics.advice.capture_findings
     recommendations: list[dict[str, Any]] = field(default_factory=list)
     bottleneck: str | None = None  # the class the captured timeline supports
     bottleneck_reason: str | None = None
@@ -83,7 +83,7 @@ class CaptureRecord:
     # tens of seconds while ncu replays the kernels); those steps are the capture's, never a stall.
     range_held_s: float | None = None
     # What arming ncu costs the captured ranks, measured from the job's steps when the capture ended
-    # (perfd.analytics.ncu.arming JSON; the job's report measures it again over the steps it then holds).
+    # (perfd.analytics.run.arming JSON; the job's report measures it again over the steps it then holds).
     arming: dict[str, Any] | None = None
     # Why it did not run, as its agent typed it (perfd.model.CaptureFailure value): "not_ready" is asked
     # again when the target is, with no rule cooldown taken; None: it ran, or an agent that says nothing.

@@ -21,11 +21,11 @@ from perfd.aggregator.jobs import JobStore
 from perfd.aggregator.nodes import NodeView
 from perfd.aggregator.steady_gpm import SteadyGpm
 from perfd.analytics.breakdown.bottleneck import GpmReading
-from perfd.analytics.breakdown.budget import Part
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.job_budget import capture_timeline, ncu_of
-from perfd.analytics.ncu.arming import ArmingCost
+from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.ncu.remedies import rows_class
+from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.steps.liveness import stale_after
 
 GPM_LIVE = "GPM while the job stepped"
@@ -89,7 +89,7 @@ class ClassInputs:
         """GPM of the job's GPUs while it steps (after it stops, the last reading taken while it
         stepped with no incident open: its last steady window), the class its latest capture within
         ``span`` supports, and which GPM window that is. ``span``: (from, to) epoch s of the run whose
-        figures the analysis reports (perfd.analytics.steps.runs): a capture of another run of the job
+        figures the analysis reports (perfd.analytics.run.runs): a capture of another run of the job
         never informs them (issue 51: run 1's Kineto steps were read against run 2's armed steps). A
         capture is left out when it ran during a real incident (it shows the incident, not the job);
         its own disturbance does not count. A capture taken with Python stacks informs the job only

@@ -17,16 +17,14 @@ import logging
 import sqlite3
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from perfd import limits as L
+from perfd.aggregator.parts import AggregatorParts
 from perfd.aggregator.store import BATCH, HELLO, StateStore, StoreError
 from perfd.transport.codec import SAMPLE_FIELDS, DecodedBatch
 from perfd.transport.delivery import Kept
 from perfd.transport.gen import perfd_pb2 as pb
-
-if TYPE_CHECKING:
-    from perfd.aggregator.main import Aggregator
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +111,7 @@ def _without(batch: DecodedBatch, gone: set[str]) -> DecodedBatch:
         events=[e for e in batch.events if e.get("job") not in gone])
 
 
-def restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
+def restore(agg: AggregatorParts, store: StateStore) -> dict[str, int]:
     """Read everything back into a fresh aggregator, before it listens. Returns what was read;
     StoreError (one clear line, exit 2) when the file cannot be read through."""
     try:
@@ -123,7 +121,7 @@ def restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
                          "empty state, or put back a good copy") from exc
 
 
-def _restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
+def _restore(agg: AggregatorParts, store: StateStore) -> dict[str, int]:
     counts = {"hellos": 0, "batches": 0, "job_infos": 0, "unreadable": 0}
     agg.state.replaying = agg.guard.replaying = True
     try:
@@ -138,7 +136,7 @@ def _restore(agg: Aggregator, store: StateStore) -> dict[str, int]:
     return counts
 
 
-def _replay(agg: Aggregator, store: StateStore, counts: dict[str, int]) -> None:
+def _replay(agg: AggregatorParts, store: StateStore, counts: dict[str, int]) -> None:
     from perfd.transport.codec import decode_batch
 
     # A Hello holds a job only while its stream is open, and none is at a restart: of the jobs it
@@ -154,7 +152,7 @@ def _replay(agg: Aggregator, store: StateStore, counts: dict[str, int]) -> None:
             # Replayed at the time each row first arrived: a job that ended a day before the restart
             # is a day old again, not one that stepped a moment ago (perfd.aggregator.lifecycle).
             if kind == HELLO:
-                agg._on_hello_jobs(agent, [str(j) for j in json.loads(body) if str(j) in with_data], float(t))
+                agg.on_hello_jobs(agent, [str(j) for j in json.loads(body) if str(j) in with_data], float(t))
                 counts["hellos"] += 1
             elif kind == BATCH:
                 batch = decode_batch(pb.Batch.FromString(body), {})
@@ -168,7 +166,7 @@ def _replay(agg: Aggregator, store: StateStore, counts: dict[str, int]) -> None:
             log.warning("state store: a %s row of agent %s could not be replayed: %s", kind, agent, exc)
 
 
-def save_documents(agg: Aggregator, store: StateStore) -> None:
+def save_documents(agg: AggregatorParts, store: StateStore) -> None:
     """The aggregator's own state, as JSON documents (called by the rules loop)."""
     cap = agg.captures
     store.put_doc("captures", cap.list())
@@ -190,7 +188,7 @@ def _key(k: Any) -> Any:
     return tuple(k) if isinstance(k, list) else k  # JSON turned tuple keys into lists
 
 
-def _restore_documents(agg: Aggregator, store: StateStore) -> None:
+def _restore_documents(agg: AggregatorParts, store: StateStore) -> None:
     from perfd.aggregator.captures import CaptureRecord
 
     caps = store.get_doc("captures") or []

@@ -27,8 +27,8 @@ from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running, 
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.attribution import foreign_processes, gpu_hints, place_ranks
 from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
+from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.liveness import RUNNING
-from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
 from perfd.exporters.remote_write import TargetStats

@@ -11,8 +11,8 @@ from perfd import catalog
 from perfd.aggregator.snapshot import JobSnapshot
 from perfd.analytics.breakdown.budget import metric_rows as budget_rows
 from perfd.analytics.steps.goodput import metric_rows as goodput_rows
+from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.liveness import ENDED, STALLED
-from perfd.analytics.steps.run_analysis import IterationResult
 from perfd.exporters.prometheus import Row, iteration_rows
 
 

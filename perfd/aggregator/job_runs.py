@@ -1,4 +1,4 @@
-"""A job's runs as the job store keeps them (issue 51 item 1; perfd.analytics.steps.runs): the records
+"""A job's runs as the job store keeps them (issue 51 item 1; perfd.analytics.run.runs): the records
 of a run a new one replaced, held until the next analysis digests them, and which run's span the
 captures informing the job's figures are taken from.
 
@@ -13,33 +13,20 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
+from perfd.aggregator.job_state import ClosedRun, JobState
 from perfd.aggregator.step_histogram import slowest_step_s
 from perfd.analytics.breakdown.diagnosis import TimelineClass
-from perfd.analytics.steps.run_analysis import analyze_run
-from perfd.analytics.steps.runs import RunDigest, digest, last_unarmed
-from perfd.model import JobInfo, StepRecord
+from perfd.analytics.run.run_analysis import analyze_run
+from perfd.analytics.run.run_result import digest
+from perfd.analytics.run.runs import RunDigest, last_unarmed
+from perfd.model import StepRecord
 from perfd.stepfold import ALL_RANKS, FIRST_RUN, RUN_FIELD
-
-if TYPE_CHECKING:
-    from perfd.aggregator.jobs import JobState
 
 log = logging.getLogger(__name__)
 
 Span = tuple[float | None, float | None]  # (from, to) epoch s; None: open
-
-
-@dataclass
-class ClosedRun:
-    """A run whose records a new run replaced, held until the next analysis digests it."""
-
-    run: int
-    records: list[StepRecord]
-    info: JobInfo | None
-    ranks: frozenset[int] = frozenset()  # the ranks its folds held (perfd.engine's root), not its records
 
 
 def figures_span(newest: Iterable[StepRecord], run_start: float | None, runs: Sequence[RunDigest]) -> Span:

@@ -26,13 +26,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
 
 from perfd.aggregator import memory
+from perfd.aggregator.parts import AggregatorParts
 from perfd.analytics.steps.liveness import ENDED
-
-if TYPE_CHECKING:
-    from perfd.aggregator.main import Aggregator
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +40,7 @@ TRIM_EVERY_S = 10.0  # the allocator's free memory is given back at most this of
 
 
 class Lifecycle:
-    def __init__(self, agg: Aggregator, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, agg: AggregatorParts, clock: Callable[[], float] = time.time) -> None:
         self.agg = agg
         self.clock = clock
         self._lock = threading.Lock()

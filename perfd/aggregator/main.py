@@ -246,10 +246,10 @@ class Aggregator:
             self.store.shrink()  # committed, the freed pages go back: the files stay under the cap
 
     def _on_hello(self, hello: HelloInfo) -> list[str]:
-        return self._on_hello_jobs(hello.agent_id, hello.jobs, node=hello.node,
+        return self.on_hello_jobs(hello.agent_id, hello.jobs, node=hello.node,
                                    capabilities=hello.capabilities)
 
-    def _on_hello_jobs(self, agent_id: str, jobs: Sequence[str], now: float | None = None,
+    def on_hello_jobs(self, agent_id: str, jobs: Sequence[str], now: float | None = None,
                        node: str | None = None, capabilities: Mapping[str, str] | None = None) -> list[str]:
         """The jobs of the Hello the guard admitted (what the state store keeps of it)."""
         self.lifecycle.hello(agent_id)

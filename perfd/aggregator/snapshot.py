@@ -27,9 +27,10 @@ from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.incidents.detect import HANG
 from perfd.analytics.incidents.stall import StallCheck
 from perfd.analytics.incidents.verdict_text import stall_text
+from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.goodput import with_incidents, with_stall
+from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
-from perfd.analytics.steps.run_analysis import IterationResult, RunAnalysis
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from perfd.aggregator.incidents import IncidentTracker
     from perfd.aggregator.snapshot import JobSnapshot
     from perfd.analytics.collectives.analysis import CollectiveAnalysis
-    from perfd.analytics.steps.run_analysis import RunAnalysis
+    from perfd.analytics.run.run_result import RunAnalysis
 
 log = logging.getLogger(__name__)
 

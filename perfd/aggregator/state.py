@@ -56,9 +56,9 @@ from perfd.analytics.collectives.config import CollectiveConfig
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.incidents.detect import STEP_FACTOR, Incident, hang_incident
 from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal
-from perfd.analytics.ncu.arming import ArmingCost, is_the_arming
+from perfd.analytics.run.arming import ArmingCost, is_the_arming
+from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.liveness import ENDED
-from perfd.analytics.steps.run_analysis import RunAnalysis
 from perfd.collfold import CollectivePartial
 from perfd.events import (
     GPU_PODS,
@@ -188,7 +188,7 @@ class AggregatorState:
         return self._captures.of_job(job)
 
     def arming_of(self, job: str) -> ArmingCost | None:
-        """What arming ncu costs the job's armed ranks (perfd.analytics.ncu.arming), for its report: as
+        """What arming ncu costs the job's armed ranks (perfd.analytics.run.arming), for its report: as
         the job's analysis measures it from its armed steps (against its previous run), else as the
         capture coordinator does from an ncu capture's ranks (against the unarmed ranks)."""
         a = self.jobs.cached_analysis(job)

@@ -5,13 +5,17 @@ the jobs and agents seen; the transport's counters when the aggregator has set t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from perfd.aggregator.collectives import CollectiveStore
+from perfd.aggregator.eventlog import EventLog
+from perfd.aggregator.jobs import JobStore
 from perfd.aggregator.memory import memory_stats
-
-if TYPE_CHECKING:
-    from perfd.aggregator.state import AggregatorState
+from perfd.aggregator.nodes import NodeView
+from perfd.aggregator.serving import ServingStore
+from perfd.aggregator.snapshot import Snapshots
 
 
 @dataclass
@@ -20,7 +24,31 @@ class Stats:
     started: float = field(default_factory=time.time)
 
 
-def stats_json(state: AggregatorState) -> dict[str, Any]:
+class CounterSources(Protocol):
+    """What the counters are read from: the aggregator's state (perfd.aggregator.state), by its parts
+    (a Protocol, so that this module does not import the state that serves it)."""
+
+    @property
+    def jobs(self) -> JobStore: ...
+    @property
+    def nodes(self) -> NodeView: ...
+    @property
+    def log(self) -> EventLog: ...
+    @property
+    def collectives(self) -> CollectiveStore: ...
+    @property
+    def serving(self) -> ServingStore: ...
+    @property
+    def snapshots(self) -> Snapshots: ...
+    @property
+    def stats(self) -> Stats: ...
+    @property
+    def transport_stats(self) -> Callable[[], dict[str, int]] | None: ...
+    @property
+    def engine_stats(self) -> Callable[[], dict[str, Any]] | None: ...
+
+
+def stats_json(state: CounterSources) -> dict[str, Any]:
     """The aggregator's counters as /api/stats serves them (the transport's too, when set)."""
     now = time.time()
     js = state.jobs.stats

@@ -29,7 +29,7 @@ from typing import Any
 from perfd.aggregator.snapshot import Analysed, GpuKey, JobSnapshot, SnapshotSink
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.attribution import RankPlacement
-from perfd.analytics.steps.run_analysis import IterationResult
+from perfd.analytics.steps.iteration import IterationResult
 from perfd.exporters.wandb import WandbExporter, node_metrics
 
 log = logging.getLogger(__name__)

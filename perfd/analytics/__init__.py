@@ -1,37 +1,16 @@
-"""perfd analytics: pure functions over plain data (no I/O).
+"""perfd analytics: pure functions over plain data (no I/O), one direction of import.
 
-Public entry points:
-- ``analyze_run(job, records, gpu_name=None, peak_tflops=None, dtype=None) -> RunAnalysis``
-- ``model_flops`` / ``megatron_flops`` / ``six_n_flops`` (flops), ``peak_tflops`` / ``lookup_gpu`` (gpus)
-- per-iteration metrics in ``metrics``, ``pipeline``, ``stragglers``, ``bottleneck``, ``steady``.
+This package file imports nothing, so that importing any module below it does not load the rest.
+The packages, bottom to top (each imports only those before it; tests/test_layering.py checks it):
+
+- ``common``, ``thresholds``, ``finding_types``: shared types, every threshold declared once;
+- ``steps``: per-iteration metrics and the iteration type (flops, GPUs' peaks, steady state,
+  stragglers, pipeline, windows, goodput);
+- ``collectives``: NCCL collectives over the steps' windows, hangs;
+- ``incidents``: slow stretches, their evidence and verdicts;
+- ``breakdown``: the step budget by part, kernel classes, ncu kernel rows, the bottleneck class;
+- ``ncu``: Nsight Compute's rows joined to a timeline, and their verdicts on the budget's parts;
+- ``advice``: remedies, their gains, the plan, the budget's findings;
+- ``serving``: an inference server's analysis;
+- ``run``: ``analyze_run(...) -> RunAnalysis``, the run-level answer built from all of the above.
 """
-
-from perfd.analytics.advice.findings import grade_mfu
-from perfd.analytics.breakdown.bottleneck import Bottleneck, GpmReading, classify, classify_gpm
-from perfd.analytics.common import MetricValue
-from perfd.analytics.finding_types import Finding, Recommendation
-from perfd.analytics.steps.flops import FlopsResult, megatron_flops, model_flops, six_n_flops
-from perfd.analytics.steps.gpus import GpuModel, PeakResult, lookup_gpu, peak_tflops
-from perfd.analytics.steps.run_analysis import IterationResult, RunAnalysis, analyze_run
-
-__all__ = [
-    "Bottleneck",
-    "Finding",
-    "FlopsResult",
-    "GpmReading",
-    "GpuModel",
-    "IterationResult",
-    "MetricValue",
-    "PeakResult",
-    "Recommendation",
-    "RunAnalysis",
-    "analyze_run",
-    "classify",
-    "classify_gpm",
-    "grade_mfu",
-    "lookup_gpu",
-    "megatron_flops",
-    "model_flops",
-    "peak_tflops",
-    "six_n_flops",
-]

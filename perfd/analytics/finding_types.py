@@ -1,7 +1,7 @@
 """The shapes every analyzer returns: a Finding (an observation with its evidence), a Recommendation
-(an action tied to a finding), and the closed set of severities. Apart from perfd.analytics.advice.findings so
-that every analyzer module (run, budget, capture, collectives, serving, incidents) can import them
-without importing each other.
+(an action tied to a finding), and the closed set of severities. Apart from
+perfd.analytics.run.run_findings so that every analyzer module (run, budget, capture, collectives,
+serving, incidents) can import them without importing each other.
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ CHANGE_POINT_LEVEL_SHARE = Threshold(
     0.8, "a level: 80% of the steps after the change point above the midpoint of the two levels, and "
          "80% of those before it below (a few spikes are not a shift)", _CP)
 
-# --- capture timelines (perfd.capture.analysis, perfd.analytics.breakdown.capture_findings)
+# --- capture timelines (perfd.capture.analysis, perfd.analytics.advice.capture_findings)
 # ---------------------
 SHORT_GAP_S = Threshold(
     0.001, "an idle gap between GPU activities shorter than 1 ms is the host issuing work (launch/dispatch "
@@ -213,11 +213,12 @@ CLASS_MIXED_MARGIN = Threshold(
     "(perfd.analytics.breakdown.budget)",
     "DESIGN.md §2 Bottleneck class")
 
-# --- Nsight Compute speed of light (perfd.analytics.ncu.kernels: a kernel's class)
+# --- Nsight Compute speed of light (perfd.analytics.breakdown.ncu_kernels: a kernel's class)
 # -----------------------------
 # NVIDIA's own SOLBottleneck rule (Nsight Compute sections/SpeedOfLight.py: latency_bound_threshold 60,
 # no_bound_threshold 80, balanced_threshold 10), so perfd's class of a kernel says what ncu's report does.
-_NCU = "perfd/analytics/ncu/kernels.py (NVIDIA's SOLBottleneck rule of Nsight Compute; DESIGN.md has none)"
+_NCU = ("perfd/analytics/breakdown/ncu_kernels.py (NVIDIA's SOLBottleneck rule of Nsight Compute; "
+        "DESIGN.md has none)")
 SOL_LATENCY = Threshold(0.60, "neither the SM pipelines nor the memory system reach 60% of their peak: "
                               "the kernel waits (latency: stalls, a small grid, low occupancy)", _NCU)
 SOL_HIGH = Threshold(0.80, "a unit past 80% of its peak bounds the kernel whatever the other does", _NCU)
@@ -228,11 +229,11 @@ MIN_GRADE_STEPS = Threshold(
     "the warm-up takes the first 3 of a short log, and a median or a coefficient of variation over fewer "
     "than 5 steps is one step's value (a 4-iteration log was graded from 1 steady step); fewer, and the "
     "figure is shown with its count but not graded",
-    "perfd/analytics/steps/run_figures.py (issue 51 item 6; DESIGN.md has none; ARMING_MIN_STEPS's count)")
+    "perfd/analytics/run/run_figures.py (issue 51 item 6; DESIGN.md has none; ARMING_MIN_STEPS's count)")
 ARMING_MIN_STEPS = Threshold(
     5, "the cost of arming ncu on a rank is a median of at least 5 armed steps against at least 5 of the "
     "reference (its unarmed ranks, its own steps before it was armed): fewer, and one slow step decides it",
-    "perfd/analytics/ncu/arming.py (issue 45 item 4; DESIGN.md has none)")
+    "perfd/analytics/run/arming.py (issue 45 item 4; DESIGN.md has none)")
 NCU_FUSION_DRAM = Threshold(
     0.60, "a pointwise or normalisation kernel moving DRAM at 60% of its peak or more is near what such a "
     "kernel reaches (NVIDIA's latency bar, SOL_LATENCY): a faster kernel gains little, only fewer bytes "

@@ -27,7 +27,15 @@ from typing import Any
 
 from perfd.analytics.breakdown.job_budget import captured_iterations
 from perfd.analytics.ncu import join as ncu_join
-from perfd.analytics.ncu.launches import Coverage, MatchHow, align, coverage, group_key, op_group
+from perfd.analytics.ncu.launches import (
+    Coverage,
+    MatchHow,
+    align,
+    coverage,
+    group_key,
+    join_launches,
+    op_group,
+)
 from perfd.capture import ncu_report as ncu_mod
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
 from perfd.capture.hook_ranges import HookRanges, Key
@@ -266,7 +274,7 @@ def by_launch(report: ncu_mod.NcuReport, trace: Path | None, kernel_filter: str 
     if match.how is MatchHow.NONE:
         return None, cov
     groups = [(op_group(k, kern.ids, match), kern) for k, kern in report.regroup(group_key(match))]
-    return ncu_join.join_launches(groups, tl.launches, steps), cov
+    return join_launches(groups, tl.launches, steps), cov
 
 
 def event_rows(analysis: Mapping[str, Any], ranks: int = 1) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Nsight Compute (ncu) reports parsed into typed per-kernel rows (perfd.analytics.ncu.kernels.NcuKernel).
+"""Nsight Compute (ncu) reports parsed into typed per-kernel rows
+(perfd.analytics.breakdown.ncu_kernels.NcuKernel).
 
 Input: what ``ncu --import R.ncu-rep --csv`` prints, either page:
 
@@ -18,7 +19,7 @@ the raw names) and its kind of unit; both pages of one report merge by launch ID
 (same name, grid and block): each field is the mean over the launches that have it. A field whose
 inputs are missing is absent (None), never 0; a value in a unit this module does not know is absent
 and said so in ``problems``. The class of a kernel is
-perfd.analytics.ncu.kernels.classify's (NVIDIA's SOLBottleneck rule).
+perfd.analytics.breakdown.ncu_kernels.classify's (NVIDIA's SOLBottleneck rule).
 
 Written by hand: NVIDIA's ``ncu_report`` Python module reads .ncu-rep files but ships only with
 Nsight Compute (not on PyPI for the version used here) and would need the binary's libraries; the
@@ -35,7 +36,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from perfd.analytics.ncu.kernels import NcuKernel, StallReason, classify
+from perfd.analytics.breakdown.ncu_kernels import NcuKernel, StallReason, classify
 from perfd.analytics.ncu.launches import NcuLaunch, dim3
 
 Kind = Literal["pct", "time", "freq", "count"]

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perfd.analytics.breakdown.budget import Part
+from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.breakdown.replay_table import (
     DROPOUT_HOST,
     GRAPHED_HOST,

@@ -67,7 +67,7 @@ def analyze_megatron_file(path: str, job: str | None = None, gpu: str | None = N
     """Parse and analyse one log (plain, gzip or zstd); returns (parsed, RunAnalysis) (also used by
     the demo, perfd.api and tests). ``progress`` shows a bar on stderr while the file is read."""
     from collectors.megatron import parse_lines
-    from perfd.analytics.steps.run_analysis import analyze_run
+    from perfd.analytics.run.run_analysis import analyze_run
 
     name = job or (Path(path).stem if path != "-" else "stdin")
     if path == "-":

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # unreadable input: say what and where, no traceback
         print(f"perfd: cannot analyse {path}: {exc}", file=sys.stderr)
         return 1
-    from perfd.analytics.breakdown.capture_findings import diagnose_capture
+    from perfd.analytics.advice.capture_findings import diagnose_capture
 
     diag = diagnose_capture(list(out.get("devices") or []), label=path.name)
     out.update(diag.to_json())  # findings, recommendations, bottleneck, bottleneck_reason
@@ -76,7 +76,7 @@ def timeline_class(path: str, steps: int | None = None, forced: bool = False) ->
     (what a live capture gives the job's analysis). ``steps``: the iterations it holds (None: the
     run's analysis infers them from its steady step time); ``forced``: read against the job even where
     it is another job's (perfd.analytics.breakdown.capture_match)."""
-    from perfd.analytics.breakdown.capture_findings import diagnose_capture
+    from perfd.analytics.advice.capture_findings import diagnose_capture
 
     p = Path(path)
     if p.suffix in (".nsys-rep", ".sqlite"):

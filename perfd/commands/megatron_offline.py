@@ -22,8 +22,9 @@ from typing import Any
 
 from collectors.megatron.parser import MegatronLogParser
 from perfd.analytics.breakdown.diagnosis import TimelineClass
-from perfd.analytics.steps.run_analysis import RunAnalysis, RunBuilder
-from perfd.analytics.steps.runs import RunDigest, digest
+from perfd.analytics.run.run_analysis import RunBuilder
+from perfd.analytics.run.run_result import RunAnalysis, digest
+from perfd.analytics.run.runs import RunDigest
 from perfd.model import JobInfo, ParseIssue
 
 

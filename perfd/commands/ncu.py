@@ -1,6 +1,6 @@
 """`perfd ncu-prefix`, `perfd ncu-exec` (the chosen ranks of a job under Nsight Compute, profiling off
 until a capture opens a range) and `perfd analyze ncu REPORT` (a report's per-kernel rows offline).
-The work is in perfd/capture/ncu_exec.py, perfd/analytics/ncu/kernels.py and ncu_join.py."""
+The work is in perfd/capture/ncu_exec.py, perfd/analytics/breakdown/ncu_kernels.py and ncu_join.py."""
 
 from __future__ import annotations
 

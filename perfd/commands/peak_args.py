@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from perfd.dtypes import DTYPES, normalize_dtype
 
 if TYPE_CHECKING:
-    from perfd.analytics.steps.run_analysis import RunAnalysis
+    from perfd.analytics.run.run_result import RunAnalysis
     from perfd.model import JobInfo
 
 
@@ -48,7 +48,7 @@ def check_mfu_possible(analysis: RunAnalysis, job: JobInfo, dtype: str | None, p
     is not, or when neither flag was given (the table's peak and the log's dtype: then the report says
     the peak is wrong and grades nothing)."""
     from perfd.analytics import thresholds as th
-    from perfd.analytics.steps.run_analysis import resolve_dtype
+    from perfd.analytics.run.run_analysis import resolve_dtype
 
     mfu = analysis.summary.median("mfu")
     if (dtype is None and peak is None) or mfu is None or mfu <= th.MFU_POSSIBLE.value:

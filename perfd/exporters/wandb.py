@@ -39,9 +39,9 @@ from typing import Any
 from perfd import catalog
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.budget import metric_rows as budget_rows
+from perfd.analytics.run.run_summary import JobBlock, RunSummary
 from perfd.analytics.steps.goodput import Goodput
-from perfd.analytics.steps.run_analysis import IterationResult
-from perfd.analytics.steps.run_summary import JobBlock, RunSummary
+from perfd.analytics.steps.iteration import IterationResult
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 time goes, part by part (each kernel charged to the op that launched it where the capture recorded the
 host side), read against the time the model's FLOPs take at the GPU's peak; in text (the report,
 `perfd top`) and as an inline SVG (the HTML report). Pure: values in, text out; each part's name is
-perfd.analytics.breakdown.budget_findings.part_name.
+perfd.analytics.advice.budget_findings.part_name.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from perfd.analytics.breakdown.budget import Part, StepBudget
-from perfd.analytics.breakdown.budget_findings import part_name, part_title
+from perfd.analytics.advice.budget_findings import part_name, part_title
+from perfd.analytics.breakdown.budget import StepBudget
+from perfd.analytics.breakdown.parts import Part
 from perfd.report import ncu_view
 from perfd.report.svg import BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, _svg
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from perfd import catalog
 from perfd.analytics.incidents.findings import ReportedIncident
-from perfd.analytics.steps.run_analysis import RunAnalysis
-from perfd.analytics.steps.run_summary import (
+from perfd.analytics.run.run_result import RunAnalysis
+from perfd.analytics.run.run_summary import (
     REDUCTIONS_TEXT,
     DisturbanceStretch,
     JobBlock,
@@ -76,7 +76,7 @@ def _pct(v: float) -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PageSummary:
-    """What the charts read of a run summary (perfd.analytics.steps.run_summary.RunSummary)."""
+    """What the charts read of a run summary (perfd.analytics.run.run_summary.RunSummary)."""
 
     steady_first_iteration: int | None = None
     steady_last_iteration: int | None = None

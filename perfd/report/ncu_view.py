@@ -1,6 +1,6 @@
 """The top Nsight Compute kernels of each step-budget part as people read them (issue 45 item 3), in text
 (the report, under the part) and as an HTML table (beside the budget's waterfall). The rows are typed
-(perfd.analytics.ncu.kernel_rows.KernelRow, each part's ``ncu_kernels`` in the typed budget,
+(perfd.analytics.breakdown.kernel_rows.KernelRow, each part's ``ncu_kernels`` in the typed budget,
 perfd.analytics.breakdown.job_budget.with_ncu); the English is
 written here, from their values. A figure the row does not have is left out (text) or shown as "–"
 (HTML), never as 0. Pure: values in, text out.
@@ -12,12 +12,13 @@ import textwrap
 from collections.abc import Mapping
 from html import escape
 
-from perfd.analytics.breakdown.budget import Part, StepBudget
-from perfd.analytics.breakdown.budget_findings import part_name
-from perfd.analytics.ncu.join import MatchKind, short_name
-from perfd.analytics.ncu.kernel_rows import KernelRow, Reading, TimeBasis
+from perfd.analytics.advice.budget_findings import part_name
+from perfd.analytics.breakdown.budget import StepBudget
+from perfd.analytics.breakdown.kernel_rows import KernelRow, Reading, RowVerdict, TimeBasis
+from perfd.analytics.breakdown.ncu_kernels import MatchKind
+from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.ncu.join import short_name
 from perfd.analytics.ncu.launches import Coverage, coverage_text
-from perfd.analytics.ncu.remedies import RowVerdict
 from perfd.analytics.thresholds import NCU_TENSOR_IDLE
 
 # What each verdict calls for, in a few words (the findings' recommendations say it at length).

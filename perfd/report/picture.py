@@ -14,8 +14,8 @@ from typing import Any
 
 from perfd.analytics.common import pp_stage_of_rank
 from perfd.analytics.incidents.detect import CAPTURE
+from perfd.analytics.run.run_summary import DisturbanceStretch, JobLayout
 from perfd.analytics.steps.goodput import KIND_HELP, KINDS
-from perfd.analytics.steps.run_summary import DisturbanceStretch, JobLayout
 from perfd.report.svg import (
     BLUE,
     GREEN,

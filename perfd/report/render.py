@@ -12,12 +12,12 @@ from rich.table import Table
 from rich.text import Text
 
 from perfd import catalog
-from perfd.analytics.steps.run_summary import REDUCTIONS_TEXT
+from perfd.analytics.run.run_summary import REDUCTIONS_TEXT
 from perfd.report import budget_view, plan_view
 from perfd.report.report import Report, format_value
 
 if TYPE_CHECKING:
-    from perfd.analytics.steps.run_analysis import RunAnalysis
+    from perfd.analytics.run.run_result import RunAnalysis
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _STATUS_STYLE = {"severe": "bold red", "communication-overhead": "yellow", "good": "green",

@@ -13,13 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfd import catalog, finite_json
-from perfd.analytics.advice.findings import (
-    DATA_LOADING_FINDING,
-    GRADE_LABELS,
-    budget_class_text,
-    explain_grade,
-    grade_mfu,
-)
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import RemedyId
 from perfd.analytics.breakdown.budget import StepBudget
@@ -27,11 +20,18 @@ from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation
 from perfd.analytics.incidents.findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.analytics.incidents.host_evidence import CpuUse
 from perfd.analytics.incidents.verdict_text import cpu_use_text, data_loading_action
-from perfd.analytics.ncu.arming import ArmingCost
+from perfd.analytics.run.arming import ArmingCost
+from perfd.analytics.run.run_findings import (
+    DATA_LOADING_FINDING,
+    GRADE_LABELS,
+    budget_class_text,
+    explain_grade,
+    grade_mfu,
+)
+from perfd.analytics.run.run_result import RunAnalysis
+from perfd.analytics.run.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.row_codes import RowCodes
-from perfd.analytics.steps.run_analysis import RunAnalysis
-from perfd.analytics.steps.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
 
@@ -65,7 +65,7 @@ class Report:
     recommendations: list[Recommendation]
     job: JobBlock | None = None  # the training job's block (a serving report has none)
     step_budget: StepBudget | None = None  # where one step goes (perfd.analytics.breakdown.budget)
-    arming: ArmingCost | None = None  # what ncu costs the armed ranks (perfd.analytics.ncu.arming)
+    arming: ArmingCost | None = None  # what ncu costs the armed ranks (perfd.analytics.run.arming)
     plan: Plan | None = None  # the remedies as a plan (perfd.analytics.advice.plan)
 
     @classmethod
@@ -133,7 +133,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     the job's incidents (with the GPU evidence of the time, kept after the iterations left its
     retention); without it the report uses the incidents the analysis found in the iterations.
     ``arming``: what running under ncu costs the job's armed ranks (the aggregator measures it; else
-    the analysis' own measure from its armed steps, perfd.analytics.steps.run_figures).
+    the analysis' own measure from its armed steps, perfd.analytics.run.run_figures).
     ``cpu``: how the job's ranks use their CPUs now (the live aggregator's host evidence,
     perfd.analytics.incidents.host_evidence.job_cpu_use): a data-loading action then says more workers only
     where the CPUs have room."""

@@ -17,18 +17,12 @@ from typing import Any
 import pytest
 
 from collectors.megatron import parse_file
+from perfd.analytics.advice.capture_findings import diagnose_capture
 from perfd.analytics.advice.remedies import Framework
-from perfd.analytics.breakdown.budget import (
-    FlopsContext,
-    Part,
-    StepBudget,
-    TimerShares,
-    classify,
-    from_timers,
-)
+from perfd.analytics.breakdown.budget import FlopsContext, StepBudget, TimerShares, classify, from_timers
 from perfd.analytics.breakdown.capture_budget import from_capture
-from perfd.analytics.breakdown.capture_findings import diagnose_capture
-from perfd.analytics.steps.run_analysis import analyze_run
+from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.commands.analyze_capture import timeline_class
 
@@ -240,7 +234,7 @@ def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
     """An Nsight Compute capture's per-category summaries (the recorded H100 ncu export, joined to the
     recorded Kineto trace of the job) sit on the parts their kernels' time is in, and the GEMM
     finding says what ncu measured of them."""
-    from perfd.analytics.breakdown.budget_findings import BudgetContext, analyze, ncu_text
+    from perfd.analytics.advice.budget_findings import BudgetContext, analyze, ncu_text
     from perfd.analytics.breakdown.job_budget import with_ncu
     from perfd.analytics.ncu import join as ncu_join
     from perfd.capture.ncu_report import parse_csv
@@ -293,7 +287,7 @@ def test_a_finished_logs_report_says_how_to_take_a_capture_next_time() -> None:
 
 
 def test_the_grade_is_never_explained_by_causes_the_report_measured_small() -> None:
-    from perfd.analytics.advice.findings import explain_grade
+    from perfd.analytics.run.run_findings import explain_grade
 
     assert "usually communication or data loading" in explain_grade(0.2, None, None).text()
     text = explain_grade(0.2, 0.006, None).text()
@@ -307,7 +301,7 @@ def test_the_grade_is_never_explained_by_causes_the_report_measured_small() -> N
 def test_the_capture_says_what_it_cost_the_steps_it_recorded() -> None:
     """A captured step against the steady one is the profiler's own cost: said beside the budget, a
     warning above th.CAPTURE_SLOWDOWN (the tiny job's capture nearly doubled its step)."""
-    from perfd.analytics.breakdown.budget_findings import BudgetContext, analyze
+    from perfd.analytics.advice.budget_findings import BudgetContext, analyze
 
     dev = analyze_chrome_trace(OPS).device(0).to_json()
     for steady, sev in ((700.0, "info"), (400.0, "warning")):

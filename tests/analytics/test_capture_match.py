@@ -18,7 +18,7 @@ import pytest
 
 from collectors.megatron import parse_file
 from perfd.analytics.breakdown.capture_match import Check, JobFacts, check, job_facts
-from perfd.analytics.steps.run_analysis import analyze_run
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.cli import main as perfd_main
 

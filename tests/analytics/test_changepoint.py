@@ -14,8 +14,8 @@ import pytest
 
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.detect import LEVEL_SHIFT
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.changepoint import find_change_point
-from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, JobInfo, StepRecord, TimerValue
 
 

@@ -10,7 +10,7 @@ megatron = pytest.importorskip("collectors.megatron")
 if not hasattr(megatron, "parse_file"):  # the parser is being written beside this
     pytest.skip("collectors.megatron.parse_file not available yet", allow_module_level=True)
 
-from perfd.analytics import analyze_run  # noqa: E402
+from perfd.analytics.run.run_analysis import analyze_run  # noqa: E402
 from perfd.report import build_report, render_text  # noqa: E402
 
 _REPO = Path(__file__).resolve().parents[2]

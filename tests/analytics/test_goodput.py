@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from collectors.megatron.parser import parse_lines
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps import goodput as gpm
 from perfd.analytics.steps.goodput import StepSpan, job_goodput, with_stall
-from perfd.analytics.steps.run_analysis import analyze_run
 
 ROOT = Path(__file__).resolve().parents[2]
 COTENANT = ROOT / "tests/data/incidents/costraggler_dp2/dp2_cotenant.log"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from perfd.analytics.incidents.detect import CAPTURE, SLOW, detect_incidents
 from perfd.analytics.incidents.findings import incident_findings
-from perfd.analytics.steps.run_analysis import IterationResult
-from perfd.analytics.steps.run_summary import CaptureDisturbances
+from perfd.analytics.run.run_summary import CaptureDisturbances
+from perfd.analytics.steps.iteration import IterationResult
 
 
 def _its(steps: list[float]) -> list[IterationResult]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from perfd.analytics import analyze_run
+from perfd.analytics.run.run_analysis import RunBuilder, analyze_run
+from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table
-from perfd.analytics.steps.run_analysis import IterationResult, RunBuilder
 from perfd.report import analysis_json
 from tests.analytics.analytics_helpers import fixture_job, fixture_records
 

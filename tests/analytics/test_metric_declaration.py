@@ -7,7 +7,8 @@ import types
 import typing
 
 from perfd import catalog
-from perfd.analytics.steps.run_analysis import SUMMARY_METRICS, IterationResult
+from perfd.analytics.run.run_analysis import SUMMARY_METRICS
+from perfd.analytics.steps.iteration import IterationResult
 from perfd.rules.expr import ALIASES
 
 _NUMERIC = (int, float)

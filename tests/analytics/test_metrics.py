@@ -132,7 +132,7 @@ def test_torchtitan_crosscheck_allows_two_percent() -> None:
 
 
 def test_layout_text_leaves_out_what_is_unknown() -> None:
-    from perfd.analytics.steps.run_summary import JobLayout
+    from perfd.analytics.run.run_summary import JobLayout
     from perfd.report.report import layout_text as text_of
 
     def layout_text(d: dict[str, Any]) -> str:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from perfd.analytics.breakdown.ncu_kernels import KernelBound, NcuKernel, classify
 from perfd.analytics.ncu.join import function_name
-from perfd.analytics.ncu.kernels import KernelBound, NcuKernel, classify
 from perfd.capture import ncu_report as ncu
 from perfd.capture.ncu_report import NcuParseError, parse_csv, parse_exports
 

@@ -21,7 +21,7 @@ from perfd.aggregator.http import job_summary
 from perfd.aggregator.snapshot import Analysed
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.detect import LEVEL_SHIFT
-from perfd.analytics.ncu.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
+from perfd.analytics.run.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
 from perfd.model import JobInfo, StepRecord
 from perfd.transport.codec import Command
 
@@ -243,7 +243,7 @@ def test_the_ncu_rows_join_the_budget_and_say_what_helps() -> None:
     ("gemm", {}, None),  # no figure, no verdict
 ])
 def test_verdicts_by_the_ceilings(category: str, figs: dict[str, Any], verdict: str | None) -> None:
-    from perfd.analytics.ncu.remedies import verdict_of
+    from perfd.analytics.breakdown.kernel_rows import verdict_of
 
     got = verdict_of(category, figs)
     assert (got.value if got is not None else None) == verdict

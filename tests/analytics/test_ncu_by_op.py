@@ -21,13 +21,14 @@ from typing import Any
 import pytest
 
 from perfd.analytics.breakdown import kernels as kc
-from perfd.analytics.breakdown.budget import BudgetPart, Part, Source, StepBudget
+from perfd.analytics.breakdown.budget import BudgetPart, Source, StepBudget
 from perfd.analytics.breakdown.job_budget import with_ncu
-from perfd.analytics.ncu.join import CategorySummary, JoinedKernel, join, join_launches, summarize
-from perfd.analytics.ncu.kernel_rows import Reading, kernel_rows
-from perfd.analytics.ncu.kernels import KernelBound, effective_bound
-from perfd.analytics.ncu.launches import OpGroup, Phase
-from perfd.analytics.ncu.remedies import RowVerdict, part_verdicts
+from perfd.analytics.breakdown.kernel_rows import Reading, RowVerdict, kernel_rows
+from perfd.analytics.breakdown.ncu_kernels import KernelBound, effective_bound
+from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.ncu.join import CategorySummary, JoinedKernel, join, summarize
+from perfd.analytics.ncu.launches import OpGroup, Phase, join_launches
+from perfd.analytics.ncu.remedies import part_verdicts
 from perfd.capture.ncu_report import NcuReport, parse_exports
 from perfd.report import ncu_view
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from perfd.analytics.breakdown import kernels as kc
+from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel
 from perfd.analytics.ncu.join import (
     NO_NCCL_FILTER,
-    MatchKind,
     TimelineKernel,
     function_name,
     join,
@@ -25,7 +25,6 @@ from perfd.analytics.ncu.join import (
     template_tokens,
     timeline_kernels,
 )
-from perfd.analytics.ncu.kernels import KernelBound, NcuKernel
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.capture.ncu_report import parse_csv
 

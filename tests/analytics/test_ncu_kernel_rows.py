@@ -16,12 +16,19 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.breakdown import kernels as kc
-from perfd.analytics.breakdown.budget import BudgetPart, Part, Source, StepBudget
+from perfd.analytics.breakdown.budget import BudgetPart, Source, StepBudget
 from perfd.analytics.breakdown.job_budget import ncu_of, with_ncu
-from perfd.analytics.ncu.join import MatchKind, join, short_name
-from perfd.analytics.ncu.kernel_rows import NCU_KERNEL_ROWS, KernelRow, Reading, TimeBasis, kernel_rows
-from perfd.analytics.ncu.kernels import KernelBound
-from perfd.analytics.ncu.remedies import RowVerdict
+from perfd.analytics.breakdown.kernel_rows import (
+    NCU_KERNEL_ROWS,
+    KernelRow,
+    Reading,
+    RowVerdict,
+    TimeBasis,
+    kernel_rows,
+)
+from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind
+from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.ncu.join import join, short_name
 from perfd.capture.ncu_report import parse_csv, parse_exports
 from perfd.report import budget_view, ncu_view
 from perfd.transport.codec import Command

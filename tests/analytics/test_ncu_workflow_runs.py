@@ -20,8 +20,8 @@ import pytest
 
 from collectors.megatron import parse_lines
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.steps.run_analysis import RunAnalysis
-from perfd.analytics.steps.runs import FiguresFrom
+from perfd.analytics.run.run_result import RunAnalysis
+from perfd.analytics.run.runs import FiguresFrom
 from perfd.model import JobInfo, StepRecord
 from tests.analytics.ncu_workflow_data import (
     GPU,

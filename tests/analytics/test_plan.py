@@ -16,13 +16,15 @@ from typing import Any
 import pytest
 
 from collectors.megatron import parse_file
+from perfd.analytics.advice.budget_findings import part_title
 from perfd.analytics.advice.plan import Plan, Presence, Relation, combined, make_plan
 from perfd.analytics.advice.remedies import GAIN_MODEL, Advice, Effort, FitContext, RemedyId, run_spread_ms
 from perfd.analytics.advice.remedy_catalog import fit
-from perfd.analytics.breakdown.budget import IdleCause, Part, Phase, StepBudget
-from perfd.analytics.breakdown.budget_findings import part_title
+from perfd.analytics.breakdown.budget import IdleCause, Phase, StepBudget
+from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.breakdown.replay_table import Change
-from perfd.analytics.steps.run_analysis import RunAnalysis, analyze_run
+from perfd.analytics.run.run_analysis import analyze_run
+from perfd.analytics.run.run_result import RunAnalysis
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.commands.analyze_capture import timeline_class
 from perfd.report.plan_view import compact, text_lines

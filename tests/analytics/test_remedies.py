@@ -17,7 +17,8 @@ from collectors.megatron import parse_file
 from perfd.analytics.advice import megatron_options as mo
 from perfd.analytics.advice.remedies import Advice, FitContext, Framework, RemedyId
 from perfd.analytics.advice.remedy_catalog import fit
-from perfd.analytics.steps.run_analysis import RunAnalysis, analyze_run
+from perfd.analytics.run.run_analysis import analyze_run
+from perfd.analytics.run.run_result import RunAnalysis
 from perfd.commands.analyze_capture import timeline_class
 
 ROOT = Path(__file__).resolve().parents[2]

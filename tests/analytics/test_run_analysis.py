@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from perfd.analytics import analyze_run
-from perfd.analytics.steps.run_analysis import resolve_dtype
+from perfd.analytics.run.run_analysis import analyze_run, resolve_dtype
 from perfd.model import ParallelLayout, StepRecord, TimerValue
 from perfd.report import analysis_json
 from tests.analytics.analytics_helpers import fixture_job, fixture_record, fixture_records, fixture_row

@@ -11,9 +11,9 @@ import pytest
 
 from collectors.megatron import parse_lines
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.ncu.arming import ArmingBasis
-from perfd.analytics.steps.run_analysis import RunAnalysis
-from perfd.analytics.steps.runs import FiguresFrom
+from perfd.analytics.run.arming import ArmingBasis
+from perfd.analytics.run.run_result import RunAnalysis
+from perfd.analytics.run.runs import FiguresFrom
 from perfd.analytics.steps.steady import Exclusion
 from perfd.armed import armed_line
 from perfd.commands.megatron_offline import analyze_stream

@@ -65,7 +65,7 @@ def test_the_big_capture_is_launch_bound_not_waiting_on_the_host() -> None:
     """The seq-1024 job: 39% of the step in idle gaps under 1 ms (launches) and 33% in memory-bound
     kernels — no class 10 points ahead of the next, so "mixed", with launch the largest share and the
     host's long waits a small one."""
-    from perfd.analytics.breakdown.capture_findings import diagnose_capture
+    from perfd.analytics.advice.capture_findings import diagnose_capture
 
     dev = analyze_chrome_trace(DATA / "big_rank0.json.gz").device(0)
     d = diagnose_capture([dev.to_json()], label="big")

@@ -19,7 +19,7 @@ import pytest
 from collectors.megatron import parse_file
 from perfd import events
 from perfd.aggregator.main import Aggregator, AggregatorConfig
-from perfd.analytics.steps.run_analysis import analyze_run
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.capture.bookkeeping import device_summary
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.commands.analyze_capture import timeline_class

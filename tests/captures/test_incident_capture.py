@@ -10,7 +10,7 @@ import dataclasses
 from collectors.megatron import parse_file
 from perfd import events
 from perfd.aggregator.captures import CaptureCoordinator
-from perfd.analytics.breakdown.capture_findings import steady_compute_ms
+from perfd.analytics.advice.capture_findings import steady_compute_ms
 from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import default_pack_path, load_pack
 from perfd.transport.codec import Command

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.megatron_log_gen import write as write_log
 from perfd import finite_json
-from perfd.analytics import analyze_run
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.cli import main
 from perfd.commands.analyze import ITERATIONS_DEFAULT
 from perfd.report import analysis_json

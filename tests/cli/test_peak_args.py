@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.analytics.advice.findings import IMPOSSIBLE, grade_mfu
+from perfd.analytics.run.run_findings import IMPOSSIBLE, grade_mfu
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.report import build_report, render_text
 

@@ -19,8 +19,8 @@ import pytest
 from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.wandb_sync import WandbSync, gpu_labels
 from perfd.analytics.incidents.attribution import place_ranks
-from perfd.analytics.steps.run_analysis import IterationResult
-from perfd.analytics.steps.run_summary import JobBlock, RunSummary
+from perfd.analytics.run.run_summary import JobBlock, RunSummary
+from perfd.analytics.steps.iteration import IterationResult
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.wandb import iteration_metrics
 from tests.procs import wait_for as _wait

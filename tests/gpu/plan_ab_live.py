@@ -312,7 +312,7 @@ def plan_from(trace: Path, log: Path, gpu: str, name: str,
     replayed gains move with the job's step, perfd.analytics.advice.replay_gains); ``remedies``: the set
     to combine (else the plan's promised items)."""
     from collectors.megatron import parse_file
-    from perfd.analytics.steps.run_analysis import analyze_run
+    from perfd.analytics.run.run_analysis import analyze_run
     from perfd.commands.analyze_capture import timeline_class
 
     parsed = parse_file(log, job=name)
@@ -328,7 +328,7 @@ def plan_from(trace: Path, log: Path, gpu: str, name: str,
     )
     budget = a.summary.step_budget
     if clock_ms is not None and budget is not None:
-        from perfd.analytics.advice.findings import job_plan
+        from perfd.analytics.run.run_findings import job_plan
 
         budget = dataclasses.replace(budget, steady_step_ms=clock_ms)
         plan = job_plan(a, parsed.job_info, budget)

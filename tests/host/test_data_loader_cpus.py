@@ -33,7 +33,7 @@ from perfd.analytics.incidents.verdict_text import (
     DATA_LOADING_ACTION,
     DATA_MORE_WORKERS_ACTION,
 )
-from perfd.analytics.steps.run_analysis import analyze_run
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
 from perfd.report.report import build_report
 

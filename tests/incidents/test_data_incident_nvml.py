@@ -95,7 +95,7 @@ def test_a_data_slowdown_is_named_data_loading_whatever_the_gpu_shows(
 
 def _its(data_ms_slow: float) -> list[Any]:
     """20 calm steps of 100 ms (20 ms data wait), 10 slow ones of 300 ms, 20 calm again."""
-    from perfd.analytics.steps.run_analysis import IterationResult
+    from perfd.analytics.steps.iteration import IterationResult
 
     steps = [(100.0, 20.0)] * 20 + [(300.0, data_ms_slow)] * 10 + [(100.0, 20.0)] * 20
     return [IterationResult(i + 1, step_time_ms=s, data_share=d / s) for i, (s, d) in enumerate(steps)]

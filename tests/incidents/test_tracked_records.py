@@ -16,7 +16,7 @@ from perfd.analytics.incidents.detect import Incident, detect_incidents, hang_in
 from perfd.analytics.incidents.evidence import StallReason
 from perfd.analytics.incidents.incident_evidence import Withdrawal
 from perfd.analytics.incidents.stall import RankSeen, StallCheck, Status
-from perfd.analytics.steps.run_analysis import IterationResult
+from perfd.analytics.steps.iteration import IterationResult
 
 GPU = ("n0", "0")
 STEP_KEYS = ["named_by_iterations", "rank_compute_ratio_max", "straggler_line_max_rank",

@@ -242,7 +242,7 @@ def test_heat_map_groups_ranks_by_pipeline_stage_and_marks_captures() -> None:
 
     its = [{"iteration": i, "straggler_rank_compute_ratio": {str(r): 1.0 + 0.01 * r for r in range(4)}}
            for i in range(1, 11)]
-    from perfd.analytics.steps.run_summary import DisturbanceStretch, JobLayout
+    from perfd.analytics.run.run_summary import DisturbanceStretch, JobLayout
 
     lay = JobLayout(world_size=4, tp=1, pp=2, dp=2, cp=1)
     stretches = (DisturbanceStretch(first_iteration=4, last_iteration=5, excess_s=None),)

@@ -16,8 +16,8 @@ from collectors.hook import HookCollector
 from collectors.hook.peers import Sender
 from collectors.hook.tests.test_hook_collector import collect_until
 from perfd.aggregator.jobs import job_level_steps
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.goodput import StepSpan, job_goodput
-from perfd.analytics.steps.run_analysis import analyze_run
 from perfd.collector import Collected
 from perfd.hook import StepHook, wire
 from perfd.model import HOOK_PAUSE_TIMERS, JobInfo

@@ -15,7 +15,7 @@ import pytest
 from collectors.megatron import collector as collector_module
 from collectors.megatron.collector import MegatronCollector
 from collectors.megatron.parser import parse_file
-from perfd.analytics.steps.run_analysis import analyze_run
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.model import StepRecord
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -23,7 +23,7 @@ import yaml
 
 from collectors.torchtitan.collector import TorchtitanCollector, model_spec
 from collectors.torchtitan.parser import TorchtitanLogParser
-from perfd.analytics.steps.run_analysis import analyze_run
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.model import StepRecord
 from perfd.report import build_report
 

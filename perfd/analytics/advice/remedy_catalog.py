@@ -48,7 +48,8 @@ from perfd.analytics.advice.remedy_steps import (
     pipeline_wait,
     timer_sync,
 )
-from perfd.analytics.breakdown.budget import BudgetPart, Part
+from perfd.analytics.breakdown.budget import BudgetPart
+from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.breakdown.replay_table import DROPOUT_HOST, Change
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
 

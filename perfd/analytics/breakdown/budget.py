@@ -31,39 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass
+from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.common import TextEnum
 
 if TYPE_CHECKING:  # kernel_rows reads budgets (perfd.analytics.ncu.remedies): typed here, read back lazily
-    from perfd.analytics.ncu.kernel_rows import KernelRow
-
-
-class Part(TextEnum):
-    """A part of the step. ``str`` so that JSON and a Prometheus ``part`` label carry the value.
-
-    A capture divides the step by the op that launched each kernel (perfd.capture.ops; the rules are
-    perfd.analytics.breakdown.op_parts); the timers alone divide it into data, exposed communication,
-    pipeline,
-    the optimizer and an undivided compute part."""
-
-    ATTENTION = "attention"  # core attention: QKᵀ, mask, softmax, dropout, ·V, their backward and copies
-    LINEAR = "linear"  # the linear layers' GEMMs (QKV, projection, MLP, the output layer)
-    GEMM = "gemm"  # matmul kernels whose op is unknown (kernel names only: linear and attention together)
-    ACTIVATION = "activation"  # the MLP activation (GELU, SwiGLU) forward and backward
-    NORM = "norm"  # layer / RMS normalisation
-    LOSS = "loss"  # cross-entropy over the logits (the vocabulary-sized pointwise work)
-    EMBEDDING = "embedding"
-    OPTIMIZER = "optimizer"  # the step, gradient norm and clipping, zeroing
-    GRAD_REDUCE = "grad_reduce"  # gradient accumulation and the data-parallel machinery's kernels
-    POINTWISE = "pointwise"  # other pointwise work: residual adds, hidden dropout, casts, reshapes
-    MEMCPY = "memcpy"  # copies and memsets no op above claims (a batch to the device, ...)
-    COMM_EXPOSED = "comm_exposed"  # communication with no compute beside it
-    PIPELINE = "pipeline"  # pipeline bubble: SendRecv waits, idle stages
-    DATA = "data"  # waiting for the next batch
-    IDLE_SYNC = "idle_sync"  # idle after a host synchronisation returned: the host launching again
-    IDLE_SHORT = "idle_short"  # other idle in gaps shorter than th.SHORT_GAP_S: the host launching work
-    IDLE_LONG = "idle_long"  # other idle in longer gaps: the host elsewhere (Python between steps)
-    COMPUTE = "compute"  # the timers' compute, not divided (no capture)
+    from perfd.analytics.breakdown.kernel_rows import KernelRow
 
 
 class IdleCause(TextEnum):
@@ -246,7 +219,7 @@ class StepBudget:
     def from_json(d: Mapping[str, Any] | None) -> StepBudget | None:
         """Back from :meth:`to_json` (a capture record, a kept summary); None when unreadable. Parts
         this version does not know (a budget kept by an older one) are left out."""
-        from perfd.analytics.ncu.kernel_rows import KernelRow
+        from perfd.analytics.breakdown.kernel_rows import KernelRow
 
         if not isinstance(d, Mapping):
             return None

@@ -18,7 +18,6 @@ from perfd.analytics.breakdown.budget import (
     CutPart,
     FlopsContext,
     IdleShare,
-    Part,
     Source,
     StepBudget,
     TimerShares,
@@ -28,6 +27,7 @@ from perfd.analytics.breakdown.budget import (
     math_detail,
     phase_parts,
 )
+from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.breakdown.replay_table import ReplayTable
 
 _IDLE = (Part.IDLE_SYNC, Part.IDLE_SHORT, Part.IDLE_LONG, Part.DATA)

@@ -34,7 +34,7 @@ from perfd.analytics.steps.gpus import GPU_TABLE
 from perfd.model import JobInfo
 
 # The id of the finding that reads a capture's extra step time as the profiler's cost
-# (perfd.analytics.breakdown.budget_findings.capture_cost): a capture whose steps are not the job's
+# (perfd.analytics.advice.budget_findings.capture_cost): a capture whose steps are not the job's
 # states the mismatch instead.
 CAPTURE_COST_FINDING = "budget-capture-cost"
 # A capture's kernels cannot run the job's FLOPs faster than the GPU's peak; 5% over it allows for the

@@ -9,7 +9,7 @@ Three sources vote, each with its class and numbers (:class:`Vote`):
   vote compute-bound, the least they can say (they cannot see inside the kernels) — when the MFU
   shows the GPU doing model math (≥ 40% of peak), or NVML shows a kernel resident nearly all the
   time; otherwise slow kernels and a host too slow to launch them look alike to them (unknown).
-- **capture**: the latest capture's timeline (perfd.analytics.breakdown.capture_findings) saw every kernel of
+- **capture**: the latest capture's timeline (perfd.analytics.advice.capture_findings) saw every kernel of
 a
   few steps: tiny kernels with idle gaps (launch-overhead), idle without them (sync-bound), pointwise
   kernels (memory-bound), GEMMs filling the GPU (compute-bound), SendRecv waits (pipeline-bound).
@@ -50,7 +50,7 @@ class ClassSource(str, enum.Enum):
 
 @dataclass(frozen=True)
 class TimelineClass:
-    """The class a capture's timeline supports (perfd.analytics.breakdown.capture_findings), and what
+    """The class a capture's timeline supports (perfd.analytics.advice.capture_findings), and what
     the run's analysis needs to build the step budget from it: the device's breakdown (perfd.capture.analysis
     JSON) and how many iterations it covered (None: inferred from the steady step time)."""
 

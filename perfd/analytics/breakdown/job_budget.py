@@ -12,19 +12,13 @@ from typing import Any
 
 from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
-from perfd.analytics.breakdown.budget import (
-    FlopsContext,
-    Part,
-    Source,
-    StepBudget,
-    TimerShares,
-    from_timers,
-)
+from perfd.analytics.breakdown.budget import FlopsContext, Source, StepBudget, TimerShares, from_timers
 from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.capture_match import CaptureMatch
 from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.analytics.breakdown.kernel_rows import kernel_rows
 from perfd.analytics.breakdown.op_parts import kernel_part
-from perfd.analytics.ncu.kernel_rows import kernel_rows
+from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.steps.flops import FORMULA_LEGACY, FlopsResult
 from perfd.analytics.steps.gpus import PeakResult
 
@@ -136,7 +130,7 @@ def _kernel_part(b: StepBudget, k: Mapping[str, Any], unfused_attention: bool) -
 def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id: str,
              kernels: Sequence[Mapping[str, Any]] = ()) -> StepBudget:
     """``b`` with each ncu category summary in the ``ncu`` detail of the part its kernels' time is in,
-    and that part's top kernels (perfd.analytics.ncu.kernel_rows.KernelRow, from the capture's joined
+    and that part's top kernels (perfd.analytics.breakdown.kernel_rows.KernelRow, from the capture's joined
     rows ``kernels``) in its ``ncu_kernels``."""
     if not categories and not kernels:
         return b

@@ -7,7 +7,7 @@ median) over its iterations), and the evidence the run's own data gives (per-ran
 straggler-detector lines). The live aggregator adds what only it saw then (the rank's GPU state,
 processes sharing the GPU, collective waits, captures): perfd/aggregator/incidents.py.
 
-Pure functions over the per-iteration results of perfd.analytics.steps.run_analysis; no I/O.
+Pure functions over the per-iteration results of perfd.analytics.run.run_analysis; no I/O.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ SLOW, STRAGGLER, CAPTURE, HANG, LEVEL_SHIFT, STALL = (k.value for k in IncidentK
 
 
 class IterationLike(Protocol):
-    """What detection reads of an iteration (perfd.analytics.steps.run_analysis.IterationResult)."""
+    """What detection reads of an iteration (perfd.analytics.run.run_analysis.IterationResult)."""
 
     iteration: int
     step_time_ms: float | None

@@ -12,7 +12,7 @@ from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, 
 from perfd.analytics.incidents.host_evidence import CpuRoom, CpuUse
 
 # One action for slow data, whether an incident's verdict or the run's data share asks for it: the
-# report merges recommendations with the same action (perfd.analytics.advice.findings.order_findings). Which
+# report merges recommendations with the same action (perfd.analytics.run.run_findings.order_findings). Which
 # one depends on the rank's CPUs (collectors/ranks, perfd.analytics.incidents.host_evidence.cpu_use): with
 # room,
 # more workers load more batches at once; full, another worker only shares the same CPUs. The texts

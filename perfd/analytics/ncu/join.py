@@ -21,14 +21,13 @@ reported as ambiguous, never guessed. Pure: plain data in, typed rows out.
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from perfd.analytics.breakdown import kernels as kernels_mod
-from perfd.analytics.ncu.kernels import KernelBound, NcuKernel, effective_bound
+from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel, effective_bound
 
 _OPEN, _CLOSE = "<([{", ">)]}"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -42,18 +41,6 @@ _NOISE = frozenset({"lambda", "operator", "const", "instance", "std", "array", "
 # add instantiation of vectorized_elementwise_kernel share 2 of 7 (the recorded H100 names in
 # tests/data/ncu).
 MIN_TEMPLATE_SIMILARITY = 0.5
-
-
-class MatchKind(str, enum.Enum):
-    # launch by launch: each profiled launch matched to the timeline launch it was, by launch order
-    # (perfd.analytics.ncu.launches): its row belongs to the op that launched it
-    LAUNCH = "launch"
-    EXACT = "exact"  # the same string
-    FUNCTION = "function"  # one timeline kernel with the same function, one side without templates
-    # (nsys lists bare functions: its share is that of every instantiation of the function)
-    TEMPLATE = "template"  # the same function and template arguments alike (MIN_TEMPLATE_SIMILARITY)
-    AMBIGUOUS = "ambiguous"  # several alike, none closer than the others: no share is given
-    NONE = "none"  # not among the timeline's kernels (the capture lists its top ones only)
 
 
 def _top_level(name: str) -> tuple[str, str]:
@@ -238,42 +225,6 @@ def join(kernels: Iterable[NcuKernel], timeline: Sequence[TimelineKernel] = (),
         out.append(JoinedKernel(k, cat, how, t.name if t else None, t.total_ms if t else None,
                                 t.share if t else None, n, steps if t is not None else None))
     return sorted(out, key=lambda j: (-(j.captured_share or 0.0), -(j.kernel.profiled_ms or 0.0)))
-
-
-def join_launches(groups: Sequence[tuple[Any, NcuKernel]], timeline: Sequence[Any],
-                  steps: float | None = None) -> list[JoinedKernel]:
-    """Rows of kernels regrouped by the op their launches were (perfd.capture.ncu_report.NcuReport
-    .regroup, each with its perfd.analytics.ncu.launches.OpGroup or None): each row with
-    its part, phase, layers and op, and the time the timeline's launches of that kernel by that part
-    and phase take (over ``steps``); rows of launches the timeline could not decide keep their
-    category's name join (:func:`join`). ``timeline``: its launches (TimelineLaunch)."""
-    from perfd.analytics.ncu.launches import launch_key, same
-
-    total_ms = sum(ln.duration_ms for ln in timeline) or None
-    keys: dict[tuple[Any, ...], list[tuple[Any, Any]]] = {}  # (part, phase) -> [(key, launch)]
-    for ln in timeline:
-        keys.setdefault((ln.part, ln.phase), []).append((launch_key(ln.name, ln.grid, ln.block), ln))
-    out: list[JoinedKernel] = []
-    for assigned, k in groups:
-        if assigned is None:
-            out.extend(join([k], [], steps))
-            continue
-        mine = launch_key(k.name, _dim(k.grid), _dim(k.block))
-        same_op = [ln for key, ln in keys.get((assigned.part, assigned.phase), []) if same(mine, key)]
-        ms = sum(ln.duration_ms for ln in same_op) if same_op else None
-        name = same_op[0].name if same_op else None
-        out.append(JoinedKernel(
-            k, kernels_mod.category(name or k.name), MatchKind.LAUNCH, name, ms,
-            ms / total_ms if ms is not None and total_ms else None, 1, steps if ms is not None else None,
-            assigned.part, assigned.phase.value if assigned.phase is not None else None,
-            tuple(assigned.layers), assigned.op))
-    return sorted(out, key=lambda j: (-(j.captured_share or 0.0), -(j.kernel.profiled_ms or 0.0)))
-
-
-def _dim(text: str | None) -> tuple[int, int, int] | None:
-    from perfd.analytics.ncu.launches import dim3
-
-    return dim3(text)
 
 
 def _weighted(rows: Sequence[JoinedKernel], attr: str) -> float | None:

@@ -29,8 +29,16 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd.analytics.breakdown import kernels as kernels_mod
+from perfd.analytics.breakdown.ncu_kernels import MatchKind, NcuKernel
 from perfd.analytics.common import TextEnum
-from perfd.analytics.ncu.join import MIN_TEMPLATE_SIMILARITY, function_name, template_tokens
+from perfd.analytics.ncu.join import (
+    MIN_TEMPLATE_SIMILARITY,
+    JoinedKernel,
+    function_name,
+    join,
+    template_tokens,
+)
 
 MIN_PERIOD = 4  # launches a layer at least (norm, GEMM, attention, GEMM)
 # A window with no exact match anywhere is matched where at least this share of its launches agree.
@@ -534,3 +542,35 @@ def layer_window(timeline: LaunchTimeline, kernel_filter: str | None) -> LayerWi
         end = min(len(flt), bwd[-1] + 1 + margin)
         return LayerWindow(skip, end - skip, total, timeline.layers_total or total, len(flt))
     return None
+
+
+def join_launches(groups: Sequence[tuple[Any, NcuKernel]], timeline: Sequence[Any],
+                  steps: float | None = None) -> list[JoinedKernel]:
+    """Rows of kernels regrouped by the op their launches were (perfd.capture.ncu_report.NcuReport
+    .regroup, each with its perfd.analytics.ncu.launches.OpGroup or None): each row with
+    its part, phase, layers and op, and the time the timeline's launches of that kernel by that part
+    and phase take (over ``steps``); rows of launches the timeline could not decide keep their
+    category's name join (perfd.analytics.ncu.join.join). ``timeline``: its launches (TimelineLaunch)."""
+    total_ms = sum(ln.duration_ms for ln in timeline) or None
+    keys: dict[tuple[Any, ...], list[tuple[Any, Any]]] = {}  # (part, phase) -> [(key, launch)]
+    for ln in timeline:
+        keys.setdefault((ln.part, ln.phase), []).append((launch_key(ln.name, ln.grid, ln.block), ln))
+    out: list[JoinedKernel] = []
+    for assigned, k in groups:
+        if assigned is None:
+            out.extend(join([k], [], steps))
+            continue
+        mine = launch_key(k.name, _dim(k.grid), _dim(k.block))
+        same_op = [ln for key, ln in keys.get((assigned.part, assigned.phase), []) if same(mine, key)]
+        ms = sum(ln.duration_ms for ln in same_op) if same_op else None
+        name = same_op[0].name if same_op else None
+        out.append(JoinedKernel(
+            k, kernels_mod.category(name or k.name), MatchKind.LAUNCH, name, ms,
+            ms / total_ms if ms is not None and total_ms else None, 1, steps if ms is not None else None,
+            assigned.part, assigned.phase.value if assigned.phase is not None else None,
+            tuple(assigned.layers), assigned.op))
+    return sorted(out, key=lambda j: (-(j.captured_share or 0.0), -(j.kernel.profiled_ms or 0.0)))
+
+
+def _dim(text: str | None) -> tuple[int, int, int] | None:
+    return dim3(text)

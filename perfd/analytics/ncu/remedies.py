@@ -29,28 +29,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
-from perfd.analytics.breakdown.budget import BudgetPart, Part, StepBudget
+from perfd.analytics.breakdown.budget import BudgetPart, StepBudget
+from perfd.analytics.breakdown.kernel_rows import RowVerdict, figure, verdict_of
+from perfd.analytics.breakdown.ncu_kernels import KernelBound
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
-from perfd.analytics.ncu.kernels import KernelBound
 from perfd.analytics.ncu.launches import Coverage, coverage_text
 
-SOL_HIGH = th.SOL_HIGH.value
-SOL_LATENCY = th.SOL_LATENCY.value
-FUSION_DRAM = th.NCU_FUSION_DRAM.value
 CLASS_COVERAGE = th.NCU_CLASS_COVERAGE.value
-TENSOR_IDLE = th.NCU_TENSOR_IDLE.value
-GEMM_EFFICIENT = th.GEMM_EFFICIENT.value
-_POINTWISE = (kc.ELEMENTWISE, kc.NORMALIZATION, kc.REDUCTION, kc.OTHER)
-
-
-class RowVerdict(TextEnum):
-    FEWER_FLOPS = "fewer_flops"  # GEMMs at the compute ceiling
-    SHAPE = "shape"  # GEMMs far below it
-    FUSION_ONLY = "fusion_only"  # pointwise at high DRAM throughput
-    ISSUE_BOUND = "issue_bound"  # pointwise "compute-bound" with idle tensor pipes
 
 
 @dataclass(frozen=True)
@@ -75,46 +62,6 @@ class PartVerdict:
         return {k: (v.value if isinstance(v, TextEnum) else v) for k, v in self.__dict__.items()}
 
 
-def _f(c: Mapping[str, Any], key: str) -> float | None:
-    v = c.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-# The parts whose GEMMs a GEMM verdict speaks of: attention's batched matmuls (Q·Kᵀ, ·V) run the same
-# kernels as the linear layers but are attention's part, whose remedy is fusing it (the budget's)
-_GEMM_PARTS = (Part.LINEAR.value, Part.GEMM.value, Part.COMPUTE.value)
-
-
-def verdict_of(category: str, c: Mapping[str, Any], part: str | None = None,
-               of_ceiling: float | None = None) -> RowVerdict | None:
-    """The verdict of one category summary (None: its figures call for none of the four). ``part``: the
-    budget part its kernels are in, where known; ``of_ceiling``: that part's FLOP rate against the
-    measured matmul ceiling as the timeline measured it (the budget's linear layers), which a GEMM
-    verdict never contradicts: ncu replays each kernel alone, cache flushed, and its SM figures are the
-    kernel's, not the step's."""
-    compute, dram, tensor = _f(c, "compute_throughput"), _f(c, "dram_throughput"), _f(c, "tensor_pipe")
-    if category == kc.GEMM:
-        if part is not None and part not in _GEMM_PARTS:
-            return None
-        if of_ceiling is not None:  # the trace measured these GEMMs' rate: it decides
-            if of_ceiling >= GEMM_EFFICIENT:
-                return RowVerdict.FEWER_FLOPS
-            return RowVerdict.SHAPE if compute is None or compute < SOL_HIGH else None
-        if compute is None:
-            return None
-        if compute >= SOL_HIGH:
-            return RowVerdict.FEWER_FLOPS
-        if compute < SOL_LATENCY:
-            return RowVerdict.SHAPE
-        return None
-    if category in _POINTWISE:
-        if dram is not None and dram >= FUSION_DRAM:
-            return RowVerdict.FUSION_ONLY
-        if c.get("bound") == KernelBound.COMPUTE.value and tensor is not None and tensor < TENSOR_IDLE:
-            return RowVerdict.ISSUE_BOUND
-    return None
-
-
 def part_verdicts(b: StepBudget) -> list[PartVerdict]:
     """Every category summary on the budget's parts that calls for a verdict, costliest part first."""
     out = []
@@ -124,11 +71,11 @@ def part_verdicts(b: StepBudget) -> list[PartVerdict]:
             # the part of the op that launched them where matched launch by launch (on a timers'
             # budget it sits on the undivided compute part, but attention's GEMMs stay attention's)
             of = str(c["part"]) if c.get("part") else None
-            v = verdict_of(cat, c, of or p.part.value, _f(p.detail, "of_ceiling"))
+            v = verdict_of(cat, c, of or p.part.value, figure(p.detail, "of_ceiling"))
             if v is not None:
-                out.append(PartVerdict(v, p.part.value, cat, int(_f(c, "kernels") or 0), p.ms,
-                                       _f(c, "compute_throughput"), _f(c, "memory_throughput"),
-                                       _f(c, "dram_throughput"), _f(c, "tensor_pipe"),
+                out.append(PartVerdict(v, p.part.value, cat, int(figure(c, "kernels") or 0), p.ms,
+                                       figure(c, "compute_throughput"), figure(c, "memory_throughput"),
+                                       figure(c, "dram_throughput"), figure(c, "tensor_pipe"),
                                        str(c.get("capture") or ""), _chosen(c), _covered(c),
                                        of if of != p.part.value else None))
     return out
@@ -202,7 +149,7 @@ def rows_class(categories: Sequence[Mapping[str, Any]], compute_ms: float | None
     rows' profiled time against the step's compute time (``compute_ms``, the budget's) is their
     coverage; at CLASS_COVERAGE or more, the class NVIDIA's rule gives most of their time (compute- or
     memory-bound; neither holding half of it: mixed); under it, unknown, and the reason says why."""
-    profiled = sum(_f(c, "profiled_ms") or 0.0 for c in categories)
+    profiled = sum(figure(c, "profiled_ms") or 0.0 for c in categories)
     if not compute_ms or compute_ms <= 0 or profiled <= 0:
         return BottleneckClass.UNKNOWN, "the ncu rows' time or the step's compute time is unknown", None
     coverage = profiled / compute_ms

@@ -26,7 +26,7 @@ split, in this order of precedence:
   its excess is the incident's or perfd's. So a step on a rank armed for a capture (perfd.armed: it
   runs under ncu for its process's life) is profiling for its excess over ``armed_step_s`` (the
   reference the arming cost is measured against: the job's last unarmed run's steady median,
-  perfd.analytics.ncu.arming) and training or redone for the rest; and the incidents' and the
+  perfd.analytics.run.arming) and training or redone for the rest; and the incidents' and the
   captures' costs of a run come out of that run's own training and redone time (in proportion),
   never out of an earlier run's.
 - *stall*: what is left of a window once the above are taken, when it exceeds
@@ -229,7 +229,7 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
     that has stopped stepping while its processes are alive. ``median_step_s`` (else the spans'
     median) scales the stall threshold; with it and ``by_end_time`` (the spans come in end-time
     order) the spans are read once, one at a time: a long run's are never all held. ``prior``: the
-    goodput of the job's earlier runs, up to the end of the last one (perfd.analytics.steps.runs: their
+    goodput of the job's earlier runs, up to the end of the last one (perfd.analytics.run.runs: their
     records are no longer held): these spans are a new run, the time from its end to their first step
     is the restart, and ``started_at`` is the earlier runs' (not these spans' start-up).
     ``armed_step_s``: the steady step an armed span's steps are measured against (their excess over

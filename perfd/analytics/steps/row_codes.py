@@ -1,6 +1,6 @@
 """Per-iteration rows sized for their readers: each fact once, provenance as codes, ranges not lists.
 
-An iteration's typed result (perfd.analytics.steps.run_analysis.IterationResult) keeps, for the
+An iteration's typed result (perfd.analytics.run.run_analysis.IterationResult) keeps, for the
 report, the English source of every metric — with the row's own numbers and log line, ~1.7 KB an
 iteration, the same sentences on every row (`perfd analyze --iterations all` of a 150-iteration log
 was twice the log's size). As JSON a row carries instead:
@@ -27,12 +27,10 @@ import dataclasses
 import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.steady import EXCLUSION_TEXT, Exclusion
-
-if TYPE_CHECKING:
-    from perfd.analytics.steps.run_analysis import IterationResult
 
 # Row keys replaced by codes (the English in the legend), those a row never repeats (the MFU against
 # the measured matmul ceiling is the row's MFU times the run's one ratio, in the job block), and those

@@ -27,7 +27,7 @@ from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.detect import CAPTURE, LEVEL_SHIFT, SLOW, Incident
-from perfd.analytics.steps.runs import RunDigest
+from perfd.analytics.run.runs import RunDigest
 from perfd.model import StepRecord
 
 MIN_STEPS = int(th.ARMING_MIN_STEPS.value)
@@ -38,7 +38,7 @@ class ArmingBasis(str, enum.Enum):
 
     EARLIER_STEPS = "earlier_steps"  # the job's own steps before the rank was armed
     UNARMED_RANKS = "unarmed_ranks"  # the job's other ranks over the same time
-    # The job's previous run without an armed rank (perfd.analytics.steps.runs.RunDigest): its steady
+    # The job's previous run without an armed rank (perfd.analytics.run.runs.RunDigest): its steady
     # steps, or where they are too few its captures' steps. The clean comparison after a restart under
     # ncu: same job, same work, the earlier records replaced by the armed run's.
     PREVIOUS_RUN = "previous_run"
@@ -54,7 +54,7 @@ class ArmingCost:
     n_armed: int
     n_reference: int
     first_iteration: int | None = None  # the first armed step measured
-    run: int | None = None  # the job's run the armed steps are of (perfd.analytics.steps.runs)
+    run: int | None = None  # the job's run the armed steps are of (perfd.analytics.run.runs)
     reference_run: int | None = None  # ... and the run of the reference (PREVIOUS_RUN*)
 
     @property

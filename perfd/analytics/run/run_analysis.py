@@ -10,17 +10,13 @@ are missing is None (JSON null) with the reason, never 0.
 from __future__ import annotations
 
 import dataclasses
-import math
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.advice.findings import derive_findings, job_config, job_plan
-from perfd.analytics.advice.plan import Plan
-from perfd.analytics.advice.remedies import JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING, CaptureMatch, finding, job_facts
 from perfd.analytics.breakdown.capture_match import check as check_capture
@@ -34,9 +30,20 @@ from perfd.analytics.common import (
     timer_max,
     vocabulary_of,
 )
-from perfd.analytics.finding_types import Finding, Recommendation, order_findings
-from perfd.analytics.incidents.detect import Incident
+from perfd.analytics.finding_types import order_findings
 from perfd.analytics.incidents.findings import incident_findings
+from perfd.analytics.run.run_figures import arming_of, figures_of, goodput_costs, with_runs
+from perfd.analytics.run.run_findings import derive_findings, job_config, job_plan
+from perfd.analytics.run.run_incidents import mark_incidents, step_work, straggler_flags
+from perfd.analytics.run.run_result import RunAnalysis, digest
+from perfd.analytics.run.run_summary import (
+    CaptureDisturbances,
+    job_block,
+    steady_medians,
+    step_shares,
+    summarize,
+)
+from perfd.analytics.run.runs import MAX_DIGESTS, RunDigest, split_runs
 from perfd.analytics.steps.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
 from perfd.analytics.steps.goodput import (
     PAUSE_BEFORE_TIMERS,
@@ -46,7 +53,8 @@ from perfd.analytics.steps.goodput import (
     phase_seconds,
 )
 from perfd.analytics.steps.gpus import PeakResult, peak_tflops
-from perfd.analytics.steps.iteration_table import PACKED, Table
+from perfd.analytics.steps.iteration import IterationResult
+from perfd.analytics.steps.iteration_table import Table
 from perfd.analytics.steps.metrics import (
     crosscheck_tflops,
     data_share,
@@ -57,22 +65,8 @@ from perfd.analytics.steps.metrics import (
     throughput_per_gpu,
 )
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
-from perfd.analytics.steps.row_codes import RowCodes
-from perfd.analytics.steps.run_figures import arming_of, figures_of, goodput_costs, with_runs
-from perfd.analytics.steps.run_incidents import mark_incidents, step_work, straggler_flags
-from perfd.analytics.steps.run_summary import (
-    CaptureDisturbances,
-    JobBlock,
-    RunSummary,
-    job_block,
-    steady_medians,
-    step_shares,
-    summarize,
-)
-from perfd.analytics.steps.runs import MAX_DIGESTS, RunDigest, digest, split_runs
-from perfd.analytics.steps.steady import SteadyState, steady_state_of
+from perfd.analytics.steps.steady import steady_state_of
 from perfd.analytics.steps.stragglers import (
-    PersistentStragglers,
     StragglerResult,
     detect,
     persistent,
@@ -93,160 +87,12 @@ CPU_ONLY_NO_PEAK = ("the job computes on CPUs (no CUDA in its processes): MFU is
 MEMORY_KEYS: tuple[str, ...] = ("allocated", "max allocated", "max reserved")
 
 
-def _internal(why: str, summary: bool = False) -> Any:
-    """A numeric field that is deliberately not a catalog metric (``why``); ``summary``: its
-    steady-state median is kept in the summary for the findings."""
-    return field(default=None, metadata={"internal": why, "summary": summary})
-
-
-@dataclass
-class IterationResult:
-    """The metrics of one iteration (one step record); None = absent, see ``sources``."""
-
-    iteration: int
-    end_time: float | None = _internal("wall time (epoch s) the iteration ended: a timestamp, not a "
-                                       "measurement (W&B rows take it as their _timestamp)")
-    step_time_ms: float | None = None
-    logged_tflops_per_gpu: float | None = None  # the log's own figure
-    model_tflops_per_gpu: float | None = None  # perfd's (formula, else logged, else 6N)
-    tflops_rel_gap: float | None = None  # (perfd − logged) / logged
-    tflops_check_ok: bool | None = None
-    mfu: float | None = None  # ratio in [0, 1]
-    mfu_vs_measured_ceiling: float | None = _internal("MFU against the measured matmul ceiling: a "
-                                                      "finding's context, not a dashboard number", True)
-    data_share: float | None = None
-    outside_share: float | None = None
-    in_step_ms: float | None = _internal("the time inside the step hook's step (begin -> end), beside its "
-                                         "period: the step time less the time between the steps", True)
-    comm_exposed_share: float | None = None
-    comm_exposed_dp_share: float | None = None
-    comm_exposed_pp_share: float | None = None
-    comm_method: str | None = None
-    optimizer_ms: float | None = _internal("the optimizer step's timer (Megatron's 'optimizer'): the step "
-                                           "budget's cross-check of a capture's optimizer kernels", True)
-    pp_bubble_analytic: float | None = None
-    pp_idle_min: float | None = None  # heavier stage
-    pp_idle_max: float | None = None  # lighter stage
-    pp_imbalance: float | None = None  # pp_idle_max − pp_bubble_analytic
-    pp_lighter_compute_ms: float | None = _internal("evidence of the stage-imbalance finding", True)
-    pp_heavier_compute_ms: float | None = _internal("evidence of the stage-imbalance finding", True)
-    pp_idle_method: str | None = None
-    straggler_rtt_ratio: float | None = None
-    straggler_rtt_max_rank: int | None = _internal("a rank number, not a measurement")
-    straggler_rtt_min_rank: int | None = _internal("a rank number, not a measurement")
-    straggler_between_stages: bool = False
-    straggler_compute_spread: float | None = _internal("max/min forward-backward across ranks: "
-                                                       "the straggler finding's evidence", True)
-    straggler_compute_spread_flagged: bool | None = None
-    straggler_candidate_ranks: list[int] = field(default_factory=list)
-    # rank -> its forward+backward compute / the median of its stage (per-rank timers only)
-    straggler_rank_compute_ratio: dict[int, float] = field(default_factory=dict)
-    straggler_notes: list[str] = field(default_factory=list)
-    bottleneck: str = "unknown"
-    lm_loss: float | None = None
-    incident_lost_ms: float | None = None  # step − steady median, inside an incident only
-    steady_state: bool = False
-    excluded_reason: str | None = None
-    armed: bool = False  # its rank ran armed for a capture (perfd.armed): the profiler's step, never steady
-    # metric -> source, or "absent: why"; kept compressed in a run's table (it names the iteration's
-    # numbers and log line: ~3 KB of text an iteration)
-    sources: dict[str, str] = field(default_factory=dict, metadata={PACKED: True})
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: _json_value(v) for k, v in dataclasses.asdict(self).items()}
-
-
 # Per-iteration metrics summarised as medians over the steady state: the catalog's summary metrics
 # and the internal fields the findings need.
 SUMMARY_METRICS: tuple[str, ...] = (
     *(m.attr for m in catalog.job_metrics(catalog.SUMMARY) if m.attr),
     *(f.name for f in dataclasses.fields(IterationResult) if f.metadata.get("summary")),
 )
-
-
-@dataclass
-class RunAnalysis:
-    """Everything analyze_run found: job block, iterations, summary, findings, recommendations."""
-
-    job: JobBlock
-    iterations: Table[IterationResult]  # a row is built when read: see iteration_table
-    summary: RunSummary
-    findings: list[Finding]
-    recommendations: list[Recommendation]
-    steady: SteadyState
-    stragglers: PersistentStragglers
-    flops: FlopsResult
-    peak: PeakResult
-    incidents: list[Incident] = field(default_factory=list)
-    config: JobConfig | None = None  # what the job runs with, for the remedies (findings.job_config)
-    plan: Plan | None = None  # the remedies as a plan (perfd.analytics.advice.plan), with a capture
-    # Whether the capture the analysis read (its timeline) is of this job (None: no capture read)
-    capture_match: CaptureMatch | None = None
-
-    def steady_iterations(self) -> list[IterationResult]:
-        """Every steady iteration's row, built at once: for short runs (tests); a long run's
-        readers take ``values``, ``steady_values`` or ``steady_rows``."""
-        return list(self.steady_rows())
-
-    def steady_rows(self, newest_first: bool = False) -> Iterator[IterationResult]:
-        """The steady iterations' rows, built one at a time."""
-        flags = list(self.iterations.column("steady_state"))
-        order = range(len(flags) - 1, -1, -1) if newest_first else range(len(flags))
-        return (self.iterations[i] for i in order if flags[i])
-
-    def values(self, name: str) -> Iterator[Any]:
-        """One per-iteration field over every iteration, in order, without building rows."""
-        return self.iterations.column(name)
-
-    def steady_values(self, name: str) -> Iterator[Any]:
-        """One per-iteration field over the steady iterations, without building rows."""
-        return (v for v, s in zip(self.values(name), self.values("steady_state"), strict=True) if s)
-
-    def run_seconds(self) -> float:
-        """The run's logged time: the sum of its step times."""
-        return float(sum(s for s in self.values("step_time_ms") if s is not None)) / 1e3
-
-    def row_codes(self) -> RowCodes:
-        """The coder of this run's JSON rows (perfd.analytics.steps.row_codes): one per document."""
-        n = len(self.iterations)
-        return RowCodes(self.iterations[n - 1] if n else None, self.steady.kinds, self.steady.refs)
-
-    def iteration_rows(self, steady_only: bool = False, codes: RowCodes | None = None
-                       ) -> Iterator[dict[str, Any]]:
-        """JSON rows of every iteration, or of the steady ones, built one at a time (``codes``: the
-        document's coder, whose legend says what the rows' codes mean)."""
-        coder = codes if codes is not None else self.row_codes()
-        return coder.rows(self.steady_rows() if steady_only else self.iterations)
-
-    def to_json(self, iterations: bool = True) -> dict[str, Any]:
-        """Keys: job, iterations, iteration_codes (the rows' legend), summary, incidents (and
-        capture_match, where a capture was read against the job: perfd.analytics.breakdown
-        .capture_match). A row has the metrics it has (absent ones are not in it; the legend says why).
-        The report is built above this layer (perfd.report.analysis_json adds it).
-        ``iterations=False``: no rows (a caller that streams them, see iteration_rows)."""
-        codes = self.row_codes()
-        rows = list(self.iteration_rows(codes=codes)) if iterations else []
-        out = {
-            "job": _json_value(self.job.to_json()),
-            "iterations": rows,
-            "iteration_codes": codes.legend(),
-            "summary": _json_value(self.summary.to_json()),
-            "incidents": [_json_value(i.to_json()) for i in self.incidents],
-        }
-        if self.capture_match is not None:  # a capture was read against the job: whether it is its
-            out["capture_match"] = _json_value(self.capture_match.to_json())
-        return out
-
-
-def _json_value(v: Any) -> Any:
-    """Plain JSON values; non-finite floats become None (JSON has no NaN)."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {str(k): _json_value(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_json_value(x) for x in v]
-    return v
 
 
 def _world_size(lay: ParallelLayout) -> int | None:
@@ -460,7 +306,7 @@ def analyze_run(
     """Analyse a run's step records (any order within a run; one record per logged iteration).
     Records holding several runs (a record marked ``first_of_run`` after others begins one: a log
     with a restart appended) are split there: the analysis is of the last run, each earlier one
-    digested (perfd.analytics.steps.runs), as the live aggregator does when a new run replaces its
+    digested (perfd.analytics.run.runs), as the live aggregator does when a new run replaces its
     records. ``earlier``: the digests of runs before these records (the aggregator keeps them).
     ``memo``: keep per-iteration work for the next analysis of the same, grown run.
     ``new_normal_at``: the iteration from which a lasting shift's level is the new normal

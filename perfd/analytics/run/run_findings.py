@@ -15,17 +15,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.advice import budget_findings
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import DATA_KNOBS, Framework, JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
-from perfd.analytics.breakdown import budget_findings
-from perfd.analytics.breakdown.budget import Part, Source, StepBudget
+from perfd.analytics.breakdown.budget import Source, StepBudget
+from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.incidents.verdict_text import data_loading_action
+from perfd.analytics.run.run_figures import MIN_GRADE_STEPS, too_few
+from perfd.analytics.run.runs import FiguresFrom
 from perfd.analytics.steps.pipeline import microbatches_for_bubble, rebalance_estimate
-from perfd.analytics.steps.run_figures import MIN_GRADE_STEPS, too_few
-from perfd.analytics.steps.runs import FiguresFrom
 from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
 from perfd.analytics.steps.untimed import Untimed, names, untimed_groups, untimed_text
@@ -35,7 +36,7 @@ from perfd.model import CPU, HOOK_OUTSIDE, JobInfo
 CPU_DATA_KNOBS = "DataLoader(num_workers=N, prefetch_factor=4, persistent_workers=True)"
 
 if TYPE_CHECKING:
-    from perfd.analytics.steps.run_analysis import RunAnalysis
+    from perfd.analytics.run.run_result import RunAnalysis
 
 GRADES: tuple[tuple[str, str], ...] = (
     ("severe", "MFU < 30%: severe (usually communication or data loading)"),
@@ -464,7 +465,7 @@ def stragglers(c: RunContext) -> Out:
 
 
 def step_budget(c: RunContext) -> Out:
-    """The budget's own analyzers (perfd.analytics.breakdown.budget_findings) for what the timers cannot see:
+    """The budget's own analyzers (perfd.analytics.advice.budget_findings) for what the timers cannot see:
     the kernels of a capture. The parts the timers measure (data, exposed communication, pipeline)
     are the timers' analyzers' above."""
     b = c.budget
@@ -543,7 +544,7 @@ def runs(c: RunContext) -> Out:
     title = (f"Figures of run {ref.run}: run {r.current} runs under ncu" if ref is not None
              else f"No figures: run {r.current} runs under ncu")
     return [Finding("run-figures", Severity.INFO, title, text[0].upper() + text[1:] + ".", r.to_json(),
-                    c.span, "the job's runs (perfd.analytics.steps.runs)")], []
+                    c.span, "the job's runs (perfd.analytics.run.runs)")], []
 
 
 def outliers(c: RunContext) -> Out:

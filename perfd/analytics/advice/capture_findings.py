@@ -4,7 +4,7 @@ Input is the JSON of perfd.capture.analysis (``devices``: span, busy, idle, NCCL
 ``categories`` and the exclusive ``parts_ms`` of the step budget), optionally with what the job says
 (framework, model FLOPs, the steady state's timers, how many iterations the capture covered). Each
 device's time becomes a step budget (perfd.analytics.breakdown.budget); its analyzers
-(perfd.analytics.breakdown.budget_findings) give the findings, the remedies with their expected gain, and the
+(perfd.analytics.advice.budget_findings) give the findings, the remedies with their expected gain, and the
 class — a capture that holds kernels always votes: a class with its shares, or "mixed". Beside the
 budget, one question of the capture's own: did the kernels run slower than in steady state (the
 incident evidence reads ``slowdown``).
@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd.analytics.advice.budget_findings import BudgetContext, analyze
 from perfd.analytics.advice.remedies import Framework, JobConfig
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
 from perfd.analytics.breakdown.budget import (
@@ -29,7 +30,6 @@ from perfd.analytics.breakdown.budget import (
     TimerShares,
     classify,
 )
-from perfd.analytics.breakdown.budget_findings import BudgetContext, analyze
 from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
 from perfd.analytics.finding_types import Finding, Recommendation, Severity

@@ -117,3 +117,15 @@ def effective_bound(k: NcuKernel, category: str = "") -> KernelBound | None:
     if k.bound in (KernelBound.COMPUTE, KernelBound.BALANCED) and occupancy_capped(k, category):
         return KernelBound.LATENCY
     return k.bound
+
+
+class MatchKind(str, enum.Enum):
+    # launch by launch: each profiled launch matched to the timeline launch it was, by launch order
+    # (perfd.analytics.ncu.launches): its row belongs to the op that launched it
+    LAUNCH = "launch"
+    EXACT = "exact"  # the same string
+    FUNCTION = "function"  # one timeline kernel with the same function, one side without templates
+    # (nsys lists bare functions: its share is that of every instantiation of the function)
+    TEMPLATE = "template"  # the same function and template arguments alike (MIN_TEMPLATE_SIMILARITY)
+    AMBIGUOUS = "ambiguous"  # several alike, none closer than the others: no share is given
+    NONE = "none"  # not among the timeline's kernels (the capture lists its top ones only)

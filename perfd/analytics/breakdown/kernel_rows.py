@@ -17,7 +17,7 @@ one per ncu row that joined none. Each row holds:
 - what bounds it: ncu's class (NVIDIA's SOLBottleneck rule) and perfd's reading of the figures
   behind it (:class:`Reading`), e.g. a pointwise kernel "compute-bound" with its tensor pipes idle
   is issue slots and integer index arithmetic;
-- the verdict it leads to (perfd.analytics.ncu.remedies.RowVerdict, the same rule as the category
+- the verdict it leads to (perfd.analytics.breakdown.kernel_rows.RowVerdict, the same rule as the category
   summaries'), or none.
 
 Typed values only: the report layer (perfd.report.ncu_view) writes the English. Pure.
@@ -31,14 +31,57 @@ from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kc
+from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel, occupancy_capped
+from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.common import TextEnum
-from perfd.analytics.ncu.join import MatchKind
-from perfd.analytics.ncu.kernels import KernelBound, NcuKernel, occupancy_capped
-from perfd.analytics.ncu.remedies import RowVerdict, verdict_of
 
 NCU_KERNEL_ROWS = 3  # the top profiled kernels each budget part carries (and the report shows)
 _POINTWISE = (kc.ELEMENTWISE, kc.NORMALIZATION, kc.REDUCTION, kc.OTHER)
 _MATCHED = (MatchKind.LAUNCH, MatchKind.EXACT, MatchKind.FUNCTION, MatchKind.TEMPLATE)
+
+
+class RowVerdict(TextEnum):
+    FEWER_FLOPS = "fewer_flops"  # GEMMs at the compute ceiling
+    SHAPE = "shape"  # GEMMs far below it
+    FUSION_ONLY = "fusion_only"  # pointwise at high DRAM throughput
+    ISSUE_BOUND = "issue_bound"  # pointwise "compute-bound" with idle tensor pipes
+
+
+# The parts whose GEMMs a GEMM verdict speaks of: attention's batched matmuls (Q·Kᵀ, ·V) run the same
+# kernels as the linear layers but are attention's part, whose remedy is fusing it (the budget's)
+_GEMM_PARTS = (Part.LINEAR.value, Part.GEMM.value, Part.COMPUTE.value)
+
+
+def verdict_of(category: str, c: Mapping[str, Any], part: str | None = None,
+               of_ceiling: float | None = None) -> RowVerdict | None:
+    """The verdict of one category summary (None: its figures call for none of the four). ``part``: the
+    budget part its kernels are in, where known; ``of_ceiling``: that part's FLOP rate against the
+    measured matmul ceiling as the timeline measured it (the budget's linear layers), which a GEMM
+    verdict never contradicts: ncu replays each kernel alone, cache flushed, and its SM figures are the
+    kernel's, not the step's."""
+    compute, dram = figure(c, "compute_throughput"), figure(c, "dram_throughput")
+    tensor = figure(c, "tensor_pipe")
+    if category == kc.GEMM:
+        if part is not None and part not in _GEMM_PARTS:
+            return None
+        if of_ceiling is not None:  # the trace measured these GEMMs' rate: it decides
+            if of_ceiling >= th.GEMM_EFFICIENT.value:
+                return RowVerdict.FEWER_FLOPS
+            return RowVerdict.SHAPE if compute is None or compute < th.SOL_HIGH.value else None
+        if compute is None:
+            return None
+        if compute >= th.SOL_HIGH.value:
+            return RowVerdict.FEWER_FLOPS
+        if compute < th.SOL_LATENCY.value:
+            return RowVerdict.SHAPE
+        return None
+    if category in _POINTWISE:
+        if dram is not None and dram >= th.NCU_FUSION_DRAM.value:
+            return RowVerdict.FUSION_ONLY
+        if c.get("bound") == KernelBound.COMPUTE.value and tensor is not None \
+                and tensor < th.NCU_TENSOR_IDLE.value:
+            return RowVerdict.ISSUE_BOUND
+    return None
 
 
 class TimeBasis(TextEnum):
@@ -56,7 +99,7 @@ class Reading(TextEnum):
     CACHE_TRAFFIC = "cache_traffic"  # memory-bound, DRAM well under the memory SOL: L1/L2 traffic
     STALLS = "stalls"  # latency-bound: neither unit busy, its warps wait (the top stall says on what)
     # latency-bound whatever ncu's rule reads of its SM: no matrix math, and its own registers or shared
-    # memory cap its occupancy (perfd.analytics.ncu.kernels.occupancy_capped): too few warps
+    # memory cap its occupancy (perfd.analytics.breakdown.ncu_kernels.occupancy_capped): too few warps
     OCCUPANCY = "occupancy"
 
 
@@ -109,27 +152,29 @@ class KernelRow:
             return cls(
                 name=str(d["name"]), category=str(d.get("category") or ""), match=MatchKind(d["match"]),
                 time_basis=TimeBasis(d["time_basis"]), rows=int(d.get("rows") or 1),
-                invocations=int(d.get("invocations") or 0), profiled_ms=_f(d, "profiled_ms"),
-                step_ms=_f(d, "step_ms"), part_share=_f(d, "part_share"),
-                captured_share=_f(d, "captured_share"), compute=_f(d, "compute"), memory=_f(d, "memory"),
-                dram=_f(d, "dram"), tensor=_f(d, "tensor"), occupancy=_f(d, "occupancy"),
+                invocations=int(d.get("invocations") or 0), profiled_ms=figure(d, "profiled_ms"),
+                step_ms=figure(d, "step_ms"), part_share=figure(d, "part_share"),
+                captured_share=figure(d, "captured_share"), compute=figure(d, "compute"),
+                memory=figure(d, "memory"),
+                dram=figure(d, "dram"), tensor=figure(d, "tensor"), occupancy=figure(d, "occupancy"),
                 bound=KernelBound(d["bound"]) if d.get("bound") else None,
                 reading=Reading(d["reading"]) if d.get("reading") else None,
                 top_stall=str(d["top_stall"]) if d.get("top_stall") else None,
-                top_stall_share=_f(d, "top_stall_share"),
+                top_stall_share=figure(d, "top_stall_share"),
                 verdict=RowVerdict(d["verdict"]) if d.get("verdict") else None,
                 candidates=int(d.get("candidates") or 0),
                 timeline=str(d["timeline"]) if d.get("timeline") else None,
                 capture=str(d.get("capture") or ""), spans_parts=bool(d.get("spans_parts")),
                 phase=str(d["phase"]) if d.get("phase") else None,
                 layers=tuple(int(x) for x in d.get("layers") or ()), op=str(d.get("op") or ""),
-                theoretical_occupancy=_f(d, "theoretical_occupancy"),
+                theoretical_occupancy=figure(d, "theoretical_occupancy"),
                 occupancy_limiter=str(d["occupancy_limiter"]) if d.get("occupancy_limiter") else None)
         except (KeyError, ValueError, TypeError):
             return None
 
 
-def _f(d: Mapping[str, Any], key: str) -> float | None:
+def figure(d: Mapping[str, Any], key: str) -> float | None:
+    """A numeric figure of an ncu row or category summary (JSON), None where absent or not a number."""
     v = d.get(key)
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -137,7 +182,8 @@ def _f(d: Mapping[str, Any], key: str) -> float | None:
 def reading(category: str, bound: KernelBound | None, compute: float | None, memory: float | None,
             dram: float | None, tensor: float | None, capped: bool = False) -> Reading | None:
     """What the figures behind ncu's class say bounds the kernel (None: they say no more than it).
-    ``capped``: its own resources cap its occupancy (perfd.analytics.ncu.kernels.occupancy_capped)."""
+    ``capped``: its own resources cap its occupancy
+    (perfd.analytics.breakdown.ncu_kernels.occupancy_capped)."""
     if bound is KernelBound.LATENCY:
         return Reading.STALLS
     if capped and bound in (KernelBound.COMPUTE, KernelBound.BALANCED):
@@ -161,7 +207,7 @@ def reading(category: str, bound: KernelBound | None, compute: float | None, mem
 def _weighted(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
     """The mean of ``key`` over ``rows`` weighted by profiled time; with no weights, the plain mean of
     the rows that have it; None where no row has it."""
-    got = [(v, _profiled(r)) for r in rows if (v := _f(r, key)) is not None]
+    got = [(v, _profiled(r)) for r in rows if (v := figure(r, key)) is not None]
     if not got:
         return None
     if len(got) == 1:  # one row: ncu's own figure, as it is
@@ -173,7 +219,7 @@ def _weighted(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
 
 
 def _profiled(r: Mapping[str, Any]) -> float | None:
-    d, n = _f(r, "duration_ms"), _f(r, "invocations")
+    d, n = figure(r, "duration_ms"), figure(r, "invocations")
     return d * n if d is not None and n is not None else None
 
 
@@ -185,10 +231,10 @@ def _stall(rows: Sequence[Mapping[str, Any]]) -> tuple[str | None, float | None]
     for r in rows:
         w = _profiled(r) or 1.0
         for s in r.get("stalls") or []:
-            c = _f(s, "cycles") if isinstance(s, Mapping) else None
+            c = figure(s, "cycles") if isinstance(s, Mapping) else None
             if c is not None and isinstance(s.get("reason"), str):
                 cycles[s["reason"]] = cycles.get(s["reason"], 0.0) + c * w
-                if (sh := _f(s, "share")) is not None:
+                if (sh := figure(s, "share")) is not None:
                     share[s["reason"]] = max(share.get(s["reason"], 0.0), sh)
     if not cycles:
         return None, None
@@ -214,9 +260,9 @@ def _row(rows: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str,
         match = MatchKind(first.get("match"))
     except ValueError:
         match = MatchKind.NONE
-    matched = match in _MATCHED and _f(first, "captured_ms") is not None
-    steps = _f(first, "timeline_steps")
-    step_ms = (_f(first, "captured_ms") or 0.0) / steps if matched and steps and steps > 0 else None
+    matched = match in _MATCHED and figure(first, "captured_ms") is not None
+    steps = figure(first, "timeline_steps")
+    step_ms = (figure(first, "captured_ms") or 0.0) / steps if matched and steps and steps > 0 else None
     basis = TimeBasis.REPLAY if not matched else TimeBasis.TIMELINE if step_ms is not None \
         else TimeBasis.TIMELINE_TOTAL
     category = str(first.get("category") or kc.category(str(first.get("name") or "")))
@@ -239,15 +285,15 @@ def _row(rows: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str,
     share = step_ms / part_ms if step_ms is not None and part_ms and part_ms > 0 else None
     return KernelRow(
         name=str(first.get("name") or ""), category=category, match=match, time_basis=basis, rows=len(rows),
-        invocations=sum(int(_f(r, "invocations") or 0) for r in rows),
+        invocations=sum(int(figure(r, "invocations") or 0) for r in rows),
         profiled_ms=sum(profiled) if profiled else None, step_ms=step_ms,
         part_share=share if share is not None and share <= 1.0 else None,
-        captured_share=_f(first, "captured_share") if matched else None,
+        captured_share=figure(first, "captured_share") if matched else None,
         compute=compute, memory=memory, dram=dram, tensor=tensor,
         occupancy=_weighted(rows, "achieved_occupancy"), bound=bound,
         reading=reading(category, bound, compute, memory, dram, tensor, capped), top_stall=stall,
         top_stall_share=stall_share, verdict=verdict_of(category, figs, part, of_ceiling),
-        candidates=int(_f(first, "candidates") or 0),
+        candidates=int(figure(first, "candidates") or 0),
         timeline=str(joined_to) if joined_to else None, capture=capture,
         spans_parts=share is not None and share > 1.0,
         phase=str(first["phase"]) if first.get("phase") else None,
@@ -275,7 +321,7 @@ def kernel_rows(kernels: Sequence[Mapping[str, Any]], part_ms: float | None, cap
     for k in kernels:
         if not isinstance(k, Mapping) or not isinstance(k.get("name"), str):
             continue
-        tl, ms = k.get("timeline_name"), _f(k, "captured_ms")
+        tl, ms = k.get("timeline_name"), figure(k, "captured_ms")
         joined = tl and ms is not None and k.get("match") in {m.value for m in _MATCHED}
         key = ("timeline", tl, ms, k.get("part"), k.get("phase")) if joined \
             else ("ncu", k["name"], k.get("grid"), k.get("block"), k.get("part"), k.get("phase"))

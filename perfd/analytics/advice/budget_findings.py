@@ -17,8 +17,9 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, make_plan
 from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig, run_spread_ms
 from perfd.analytics.advice.remedy_catalog import fit, minor
-from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause, Part, StepBudget, classify
+from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause, StepBudget, classify
 from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING
+from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.ncu.remedies import ncu_rows
 
@@ -32,7 +33,7 @@ class BudgetContext:
     covered: frozenset[Part] = frozenset()
     config: JobConfig | None = None  # what the job runs with (remedies fit it); None: the framework alone
     # The job's run the capture and the steady step are of, when not the current one (its steps all
-    # armed: the figures are an earlier run's, perfd.analytics.steps.runs); None: the current run
+    # armed: the figures are an earlier run's, perfd.analytics.run.runs); None: the current run
     run: int | None = None
 
 
@@ -488,7 +489,7 @@ def config_of(
     memory_mib: Mapping[str, float] | None,
     gpu_memory_mib: float | None,
 ) -> JobConfig:
-    """A JobConfig from what a run's analysis holds (perfd.analytics.advice.findings builds it)."""
+    """A JobConfig from what a run's analysis holds (perfd.analytics.run.run_findings builds it)."""
     return JobConfig(
         Framework.of(framework),
         version,

@@ -1,4 +1,4 @@
-"""The whole-run parts of a run analysis (perfd.analytics.steps.run_analysis): the steady-state summary
+"""The whole-run parts of a run analysis (perfd.analytics.run.run_analysis): the steady-state summary
 with the class and its votes, perfd's capture disturbances, the job block. Split from the per-
 iteration analysis to keep each module readable; pure, no I/O.
 """
@@ -20,20 +20,20 @@ from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.common import median
 from perfd.analytics.incidents.detect import Incident
-from perfd.analytics.ncu.arming import ArmingCost
+from perfd.analytics.run.arming import ArmingCost
+from perfd.analytics.run.runs import Runs
 from perfd.analytics.steps import beat, windows
 from perfd.analytics.steps.flops import FlopsResult
 from perfd.analytics.steps.goodput import Goodput
 from perfd.analytics.steps.gpus import PeakResult, gpu_memory_mib
 from perfd.analytics.steps.iteration_table import Table
 from perfd.analytics.steps.row_codes import ExcludedRange, excluded_ranges
-from perfd.analytics.steps.runs import Runs
 from perfd.analytics.steps.steady import Exclusion, SteadyState
 from perfd.analytics.steps.stragglers import PersistentStragglers
 from perfd.model import DEVICES, Device, JobInfo, ModelSpec, ParallelLayout
 
 if TYPE_CHECKING:
-    from perfd.analytics.steps.run_analysis import IterationResult
+    from perfd.analytics.steps.iteration import IterationResult
 
 
 # The summary's values that are shares of the step or rates: time-weighted over the steady steps (a

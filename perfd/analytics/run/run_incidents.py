@@ -1,7 +1,7 @@
 """Which of a run's iterations an incident or a perfd capture disturbed, read off the run's table
 (perfd.analytics.steps.iteration_table): each such iteration taken out of the steady state, saying
 why, and given the time it lost against the steady median; with the per-row reads the run-wide
-passes of perfd.analytics.steps.run_analysis take from the table (an iteration's last row, its
+passes of perfd.analytics.run.run_analysis take from the table (an iteration's last row, its
 straggler flags, each step's work)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from perfd.analytics.incidents.detect import DETECTION_FIELDS, Detection, detect
 from perfd.analytics.steps.steady import Exclusion, SteadyState
 
 if TYPE_CHECKING:  # run_analysis builds the table and calls these
+    from perfd.analytics.steps.iteration import IterationResult
     from perfd.analytics.steps.iteration_table import Table
-    from perfd.analytics.steps.run_analysis import IterationResult
 
 
 class RowFlags(NamedTuple):

@@ -1,6 +1,6 @@
 """Whose steps a run analysis' figures are, and what the current run adds (issue 51 items 1, 2, 6): the
-run they come from (perfd.analytics.steps.runs), the arming's cost measured against the job's previous
-run, and no grade from too few steady steps. Split from perfd.analytics.steps.run_analysis; pure.
+run they come from (perfd.analytics.run.runs), the arming's cost measured against the job's previous
+run, and no grade from too few steady steps. Split from perfd.analytics.run.run_analysis; pure.
 
 - An armed step (its rank under ncu: perfd.armed) is never steady: the job's MFU, step time, jitter and
   class are its unarmed steps'. When every step of the current run is armed, they are those of the
@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.bottleneck import Bottleneck, BottleneckClass
-from perfd.analytics.ncu.arming import MIN_STEPS, ArmingBasis, ArmingCost, against_run
-from perfd.analytics.steps.run_summary import CaptureDisturbances, RunSummary, incidents_cost_s
-from perfd.analytics.steps.runs import FiguresFrom, RunDigest, Runs, last_unarmed
+from perfd.analytics.run.arming import MIN_STEPS, ArmingBasis, ArmingCost, against_run
+from perfd.analytics.run.run_summary import CaptureDisturbances, RunSummary, incidents_cost_s
+from perfd.analytics.run.runs import FiguresFrom, RunDigest, Runs, last_unarmed
 from perfd.analytics.steps.steady import Exclusion, SteadyState
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from perfd.analytics.incidents.detect import Incident
+    from perfd.analytics.steps.iteration import IterationResult
     from perfd.analytics.steps.iteration_table import Table
-    from perfd.analytics.steps.run_analysis import IterationResult
 
 MIN_GRADE_STEPS = int(th.MIN_GRADE_STEPS.value)
 

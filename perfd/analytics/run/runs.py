@@ -24,12 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
 from perfd.analytics.steps.goodput import Goodput
-from perfd.analytics.steps.steady import Exclusion
 from perfd.model import StepRecord
 
 if TYPE_CHECKING:
     from perfd.analytics.breakdown.budget import StepBudget
-    from perfd.analytics.steps.run_analysis import RunAnalysis
 
 MAX_DIGESTS = 32  # earlier runs a job keeps digests of (the goodput carried covers every run anyway)
 
@@ -139,44 +137,6 @@ class Runs:
 def last_unarmed(earlier: Sequence[RunDigest]) -> RunDigest | None:
     """The latest earlier run with steady steps of its own (not armed)."""
     return next((d for d in reversed(earlier) if not d.armed and d.n_steady > 0), None)
-
-
-def digest(a: RunAnalysis, run: int) -> RunDigest:
-    """The digest of run ``run`` from its analysis (its figures its own, or, for an armed run, what
-    its analysis reported: the earlier run's, which that run's digest already holds)."""
-    its = list(a.values("iteration"))
-    steps = list(a.values("step_time_ms"))
-    ends = list(a.values("end_time"))
-    s = a.summary
-    own = a.summary.runs.figures is FiguresFrom.CURRENT
-    steady_steps = [v for v in a.steady_values("step_time_ms") if v is not None]
-    kinds = a.steady.kinds
-    armed_steps = [v for i, v in zip(its, steps, strict=True)
-                   if kinds.get(i) is Exclusion.ARMED and v is not None]
-    starts = [e - st / 1e3 for e, st in zip(ends, steps, strict=True) if e is not None and st is not None]
-    gp = s.goodput
-    captures = []
-    for d in s.capture_disturbances.stretches:
-        inside = [v for i, v in zip(its, steps, strict=True)
-                  if d.first_iteration <= i <= d.last_iteration and v is not None]
-        captures.append(CaptureSteps(first_iteration=d.first_iteration, last_iteration=d.last_iteration,
-                                     step_ms=statistics.fmean(inside) if inside else None))
-    armed = any(a.values("armed"))
-    return RunDigest(
-        run=run, first_iteration=min(its) if its else 0, last_iteration=max(its) if its else 0,
-        start_time=min(starts) if starts else None,
-        end_time=gp.end_time if gp is not None else (max((e for e in ends if e is not None), default=None)),
-        resumed=bool(its) and min(its) > 1, armed=armed, n_iterations=len(its),
-        n_steady=s.n_steady if own else 0,
-        step_time_ms=s.median("step_time_ms") if own else None,
-        step_median_ms=statistics.median(steady_steps) if steady_steps and own else None,
-        armed_median_ms=statistics.median(armed_steps) if armed_steps else None, n_armed=len(armed_steps),
-        mfu=s.median("mfu") if own else None,
-        bottleneck=s.bottleneck.cls if own else BottleneckClass.UNKNOWN,
-        bottleneck_reason=s.bottleneck.reason if own else "",
-        step_time_cv=s.step_time_cv if own else None,
-        medians=dict(s.medians) if own else {}, step_budget=s.step_budget if own else None,
-        captures=tuple(captures), goodput=gp)
 
 
 def split_runs(records: Sequence[StepRecord]) -> list[list[StepRecord]]:

@@ -1,0 +1,97 @@
+"""A job as the job store holds it (:class:`JobState`: its records, their owners, its runs, its
+analysis) and a run a new one replaced (:class:`ClosedRun`). Apart from the store (perfd/aggregator/jobs.py)
+so that the functions over a job's runs (perfd/aggregator/job_runs.py) take it without importing
+the store that calls them."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.aggregator.step_histogram import StepHistogram
+from perfd.analytics.run.run_analysis import AnalysisMemo
+from perfd.analytics.run.run_result import RunAnalysis
+from perfd.analytics.run.runs import RunDigest
+from perfd.model import JobInfo, StepRecord
+
+
+@dataclass
+class ClosedRun:
+    """A run whose records a new run replaced, held until the next analysis digests it."""
+
+    run: int
+    records: list[StepRecord]
+    info: JobInfo | None
+    ranks: frozenset[int] = frozenset()  # the ranks its folds held (perfd.engine's root), not its records
+
+
+@dataclass
+class JobState:
+    name: str
+    job_info: JobInfo | None = None
+    job_info_agent: str | None = None
+    # (iteration, rank scope) -> record. Re-delivery of a batch replaces, never duplicates; only the
+    # agent that sent a record may replace it (``owner``), and never with a worse copy.
+    records: dict[tuple[int, str], StepRecord] = field(default_factory=dict)
+    owner: dict[tuple[int, str], str] = field(default_factory=dict)  # record key -> agent that sent it
+    iterations: list[int] = field(default_factory=list)  # the iterations held, sorted (for _outranks)
+    agents: set[str] = field(default_factory=set)
+    gpu_name: str | None = None  # from the NVML samples of the job's agents ("model" label)
+    analysis: RunAnalysis | None = None
+    analysis_time: float = 0.0
+    class_key: tuple[Any, ...] = ()  # what the last analysis's class read (GPM, capture, GPM window)
+    dirty: bool = False
+    last_step_time: float = 0.0  # wall time the last step record arrived
+    touched_at: float = field(default_factory=time.time)  # the last Hello, job info or step of the job
+    step_hist: StepHistogram = field(default_factory=StepHistogram)
+    hist_pending: int | None = None  # the newest iteration of rank records or folds, not yet counted
+    # A log reports the job (a record of another scope than a rank's or a fold's): its records are the
+    # histogram's, the ranks' (the step hook beside it) are not counted again.
+    logged: bool = False
+    # Megatron's per-log-interval counts of skipped and NaN iterations, summed over the job-level
+    # records (each once: a re-sent record is not counted again), for the catalog's counters;
+    # None until a record carries the field (absent, not 0, when the log never prints it).
+    skipped_total: int | None = None
+    nan_total: int | None = None
+    # Retention is by iteration, whatever the number of ranks reporting: iteration -> its records'
+    # rank scopes, oldest first, so the oldest iteration goes in O(1) (its own records only).
+    by_iteration: OrderedDict[int, list[str]] = field(default_factory=OrderedDict)
+    evicted_any: bool = False  # some of its first iterations left the window
+    train_iters: int | None = None  # the current run's, as its records state it
+    run_marks: dict[str, str] = field(default_factory=dict)  # rank scope -> its hook's pid (a new run)
+    # rank -> (its hook's pid, when its latest hook record arrived): whether a capture through the hook
+    # can reach the rank now (perfd.aggregator.captures waits for it before sending one)
+    hook_seen: dict[int, tuple[str, float]] = field(default_factory=dict)
+    # Retention drops since the job's last log line: (iterations evicted, records evicted, records
+    # that arrived older than the window), and when that line was written.
+    drops: list[int] = field(default_factory=lambda: [0, 0, 0])
+    drops_logged_at: float = 0.0
+    held_bytes: int = 0  # record_bytes of every record held
+    iteration_bytes: dict[int, int] = field(default_factory=dict)
+    # Incremental analysis: the per-iteration work of the last analysis (AnalysisMemo), and the
+    # record objects it was keyed on kept stable from one analysis to the next — per-rank records
+    # folded per iteration, capture-disturbed copies — so only changed iterations are recomputed.
+    memo: AnalysisMemo = field(default_factory=AnalysisMemo)
+    folded: dict[int, tuple[tuple[StepRecord, ...], StepRecord]] = field(default_factory=dict)
+    disturbed: dict[int, tuple[StepRecord, StepRecord]] = field(default_factory=dict)
+    analysis_lock: threading.Lock = field(default_factory=threading.Lock)  # one analysis at a time
+    # The iteration from which the user took a lasting shift's level as the new normal
+    # (perfd.analytics.steps.changepoint; POST /api/jobs/<job>/new-normal): its cost stops there.
+    new_normal_at: int | None = None
+    # Runs (perfd.analytics.run.runs): the current run's number, the digests of the earlier ones
+    # (newest last), the runs replaced and not yet digested (at the next analysis, outside the lock),
+    # the hook pids of ended runs (a record of one arriving late is theirs, not the current run's).
+    run: int = 1
+    runs: list[RunDigest] = field(default_factory=list)
+    closed: list[ClosedRun] = field(default_factory=list)
+    ended_pids: set[str] = field(default_factory=set)
+    # The rank scopes with records in the current run: a start-up marked record of another scope (the
+    # log's, where the hook's new pid began the run) is the same restart, not one more.
+    run_scopes: set[str] = field(default_factory=set)
+    run_start: float | None = None  # the current run's first step's start (epoch s)
+    run_info: JobInfo | None = None  # the job as the current run's start-up stated it (a digest's)
+    # Ranks whose records arrived already folded (perfd.engine's root): the world they make up.
+    folded_ranks: set[int] = field(default_factory=set)

@@ -1,0 +1,35 @@
+"""The parts a step divides into: one enum that the budget, the kernel rows and the advice share
+(here, not in budget.py, so that the kernel rows can name parts without importing the budget that
+carries them)."""
+
+from __future__ import annotations
+
+from perfd.analytics.common import TextEnum
+
+
+class Part(TextEnum):
+    """A part of the step. ``str`` so that JSON and a Prometheus ``part`` label carry the value.
+
+    A capture divides the step by the op that launched each kernel (perfd.capture.ops; the rules are
+    perfd.analytics.breakdown.op_parts); the timers alone divide it into data, exposed communication,
+    pipeline,
+    the optimizer and an undivided compute part."""
+
+    ATTENTION = "attention"  # core attention: QKᵀ, mask, softmax, dropout, ·V, their backward and copies
+    LINEAR = "linear"  # the linear layers' GEMMs (QKV, projection, MLP, the output layer)
+    GEMM = "gemm"  # matmul kernels whose op is unknown (kernel names only: linear and attention together)
+    ACTIVATION = "activation"  # the MLP activation (GELU, SwiGLU) forward and backward
+    NORM = "norm"  # layer / RMS normalisation
+    LOSS = "loss"  # cross-entropy over the logits (the vocabulary-sized pointwise work)
+    EMBEDDING = "embedding"
+    OPTIMIZER = "optimizer"  # the step, gradient norm and clipping, zeroing
+    GRAD_REDUCE = "grad_reduce"  # gradient accumulation and the data-parallel machinery's kernels
+    POINTWISE = "pointwise"  # other pointwise work: residual adds, hidden dropout, casts, reshapes
+    MEMCPY = "memcpy"  # copies and memsets no op above claims (a batch to the device, ...)
+    COMM_EXPOSED = "comm_exposed"  # communication with no compute beside it
+    PIPELINE = "pipeline"  # pipeline bubble: SendRecv waits, idle stages
+    DATA = "data"  # waiting for the next batch
+    IDLE_SYNC = "idle_sync"  # idle after a host synchronisation returned: the host launching again
+    IDLE_SHORT = "idle_short"  # other idle in gaps shorter than th.SHORT_GAP_S: the host launching work
+    IDLE_LONG = "idle_long"  # other idle in longer gaps: the host elsewhere (Python between steps)
+    COMPUTE = "compute"  # the timers' compute, not divided (no capture)

@@ -1,0 +1,87 @@
+"""The iteration type: the metrics of one iteration (one step record), as the run's analysis
+(perfd.analytics.run.run_analysis) computes them and every layer above reads them. Here, in steps/,
+so that the per-iteration modules (row codes, the table that keeps a run's rows) name it without
+importing the run level."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics.steps.iteration_table import PACKED
+
+
+def json_value(v: Any) -> Any:
+    """Plain JSON values; non-finite floats become None (JSON has no NaN)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): json_value(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [json_value(x) for x in v]
+    return v
+
+
+def _internal(why: str, summary: bool = False) -> Any:
+    """A numeric field that is deliberately not a catalog metric (``why``); ``summary``: its
+    steady-state median is kept in the summary for the findings."""
+    return field(default=None, metadata={"internal": why, "summary": summary})
+
+
+@dataclass
+class IterationResult:
+    """The metrics of one iteration (one step record); None = absent, see ``sources``."""
+
+    iteration: int
+    end_time: float | None = _internal("wall time (epoch s) the iteration ended: a timestamp, not a "
+                                       "measurement (W&B rows take it as their _timestamp)")
+    step_time_ms: float | None = None
+    logged_tflops_per_gpu: float | None = None  # the log's own figure
+    model_tflops_per_gpu: float | None = None  # perfd's (formula, else logged, else 6N)
+    tflops_rel_gap: float | None = None  # (perfd − logged) / logged
+    tflops_check_ok: bool | None = None
+    mfu: float | None = None  # ratio in [0, 1]
+    mfu_vs_measured_ceiling: float | None = _internal("MFU against the measured matmul ceiling: a "
+                                                      "finding's context, not a dashboard number", True)
+    data_share: float | None = None
+    outside_share: float | None = None
+    in_step_ms: float | None = _internal("the time inside the step hook's step (begin -> end), beside its "
+                                         "period: the step time less the time between the steps", True)
+    comm_exposed_share: float | None = None
+    comm_exposed_dp_share: float | None = None
+    comm_exposed_pp_share: float | None = None
+    comm_method: str | None = None
+    optimizer_ms: float | None = _internal("the optimizer step's timer (Megatron's 'optimizer'): the step "
+                                           "budget's cross-check of a capture's optimizer kernels", True)
+    pp_bubble_analytic: float | None = None
+    pp_idle_min: float | None = None  # heavier stage
+    pp_idle_max: float | None = None  # lighter stage
+    pp_imbalance: float | None = None  # pp_idle_max − pp_bubble_analytic
+    pp_lighter_compute_ms: float | None = _internal("evidence of the stage-imbalance finding", True)
+    pp_heavier_compute_ms: float | None = _internal("evidence of the stage-imbalance finding", True)
+    pp_idle_method: str | None = None
+    straggler_rtt_ratio: float | None = None
+    straggler_rtt_max_rank: int | None = _internal("a rank number, not a measurement")
+    straggler_rtt_min_rank: int | None = _internal("a rank number, not a measurement")
+    straggler_between_stages: bool = False
+    straggler_compute_spread: float | None = _internal("max/min forward-backward across ranks: "
+                                                       "the straggler finding's evidence", True)
+    straggler_compute_spread_flagged: bool | None = None
+    straggler_candidate_ranks: list[int] = field(default_factory=list)
+    # rank -> its forward+backward compute / the median of its stage (per-rank timers only)
+    straggler_rank_compute_ratio: dict[int, float] = field(default_factory=dict)
+    straggler_notes: list[str] = field(default_factory=list)
+    bottleneck: str = "unknown"
+    lm_loss: float | None = None
+    incident_lost_ms: float | None = None  # step − steady median, inside an incident only
+    steady_state: bool = False
+    excluded_reason: str | None = None
+    armed: bool = False  # its rank ran armed for a capture (perfd.armed): the profiler's step, never steady
+    # metric -> source, or "absent: why"; kept compressed in a run's table (it names the iteration's
+    # numbers and log line: ~3 KB of text an iteration)
+    sources: dict[str, str] = field(default_factory=dict, metadata={PACKED: True})
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: json_value(v) for k, v in dataclasses.asdict(self).items()}
