@@ -23,7 +23,7 @@ from perfd.aggregator.steady_gpm import SteadyGpm
 from perfd.analytics.breakdown.bottleneck import GpmReading
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.job_budget import capture_timeline, ncu_of
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.remedies import rows_class
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.steps.liveness import stale_after

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from perfd import limits as L
-from perfd.aggregator.parts import AggregatorParts
 from perfd.aggregator.store import BATCH, HELLO, StateStore, StoreError
+from perfd.aggregator.wiring import AggregatorParts
 from perfd.transport.codec import SAMPLE_FIELDS, DecodedBatch
 from perfd.transport.delivery import Kept
 from perfd.transport.gen import perfd_pb2 as pb

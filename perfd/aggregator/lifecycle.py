@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 
 from perfd.aggregator import memory
-from perfd.aggregator.parts import AggregatorParts
+from perfd.aggregator.wiring import AggregatorParts
 from perfd.analytics.steps.liveness import ENDED
 
 log = logging.getLogger(__name__)

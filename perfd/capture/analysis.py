@@ -42,8 +42,8 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kernels_mod
 from perfd.analytics.breakdown.budget import IdleCause, Phase
 from perfd.analytics.breakdown.op_parts import is_data_annotation, is_step_mark
-from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.breakdown.replay_table import ReplayTable
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.ops import Flow, HostRange, Launch, Method, OpAttribution, attribute
 from perfd.capture.replay import HostTrace, replay_device
 from perfd.capture.sweep import HostSide, Tally, sweep

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.launches import LaunchTimeline, Phase, StepMarks, TimelineLaunch, assign_layers
 from perfd.capture.analysis import KernelEvent, TraceData
 from perfd.capture.ops import RangeKind, attribute

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics.breakdown import op_parts as rules
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
 
 

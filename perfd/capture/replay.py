@@ -31,7 +31,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.breakdown.replay_table import (
     DROPOUT_HOST,
     GRAPHED_HOST,
@@ -41,6 +40,7 @@ from perfd.analytics.breakdown.replay_table import (
     Change,
     ReplayTable,
 )
+from perfd.analytics.breakdown.step_parts import Part
 
 # Launches in the layers, graphed under CUDA graphs (Megatron-LM's local graphs: each transformer
 # layer's forward and backward)

@@ -32,7 +32,7 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kernels_mod
 from perfd.analytics.breakdown.budget import KERNEL_PRECEDENCE, IdleCause, Phase
 from perfd.analytics.breakdown.op_parts import kernel_part
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.ops import Launch, OpAttribution
 
 if TYPE_CHECKING:

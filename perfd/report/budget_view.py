@@ -14,7 +14,7 @@ from typing import Any
 
 from perfd.analytics.advice.budget_findings import part_name, part_title
 from perfd.analytics.breakdown.budget import StepBudget
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.report import ncu_view
 from perfd.report.svg import BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, _svg
 

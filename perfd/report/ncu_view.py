@@ -16,7 +16,7 @@ from perfd.analytics.advice.budget_findings import part_name
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.kernel_rows import KernelRow, Reading, RowVerdict, TimeBasis
 from perfd.analytics.breakdown.ncu_kernels import MatchKind
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.join import short_name
 from perfd.analytics.ncu.launches import Coverage, coverage_text
 from perfd.analytics.thresholds import NCU_TENSOR_IDLE

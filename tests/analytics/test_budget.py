@@ -21,7 +21,7 @@ from perfd.analytics.advice.capture_findings import diagnose_capture
 from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.breakdown.budget import FlopsContext, StepBudget, TimerShares, classify, from_timers
 from perfd.analytics.breakdown.capture_budget import from_capture
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.commands.analyze_capture import timeline_class

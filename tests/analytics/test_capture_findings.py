@@ -10,7 +10,7 @@ import pytest
 from perfd.analytics.advice.capture_findings import diagnose_capture
 from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.breakdown import kernels as kc
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.analysis import KernelEvent, MemEvent, analyze_intervals
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures"

@@ -25,7 +25,7 @@ from perfd.analytics.breakdown.budget import BudgetPart, Source, StepBudget
 from perfd.analytics.breakdown.job_budget import with_ncu
 from perfd.analytics.breakdown.kernel_rows import Reading, RowVerdict, kernel_rows
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, effective_bound
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.join import CategorySummary, JoinedKernel, join, summarize
 from perfd.analytics.ncu.launches import OpGroup, Phase, join_launches
 from perfd.analytics.ncu.remedies import part_verdicts

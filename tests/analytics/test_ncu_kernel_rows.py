@@ -27,7 +27,7 @@ from perfd.analytics.breakdown.kernel_rows import (
     kernel_rows,
 )
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.join import join, short_name
 from perfd.capture.ncu_report import parse_csv, parse_exports
 from perfd.report import budget_view, ncu_view

@@ -225,7 +225,7 @@ def test_the_budget_holds_one_data_wait_and_names_whose_capture_it_is() -> None:
     (1%)" (the timers' 2.5% taken from two idle parts, two rows: the part's own figure half of it), and
     "The capture slowed its steps by +23%" beside run 2's ncu arming, with no word of whose capture:
     it is run 1's Kineto capture against run 1's steady steps, like with like."""
-    from perfd.analytics.breakdown.parts import Part
+    from perfd.analytics.breakdown.step_parts import Part
     from perfd.commands.analyze_capture import timeline_class
 
     p = parse_lines((log_text(1) + log_text(2)).splitlines(keepends=True), job=JOB)

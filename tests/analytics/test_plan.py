@@ -21,8 +21,8 @@ from perfd.analytics.advice.plan import Plan, Presence, Relation, combined, make
 from perfd.analytics.advice.remedies import GAIN_MODEL, Advice, Effort, FitContext, RemedyId, run_spread_ms
 from perfd.analytics.advice.remedy_catalog import fit
 from perfd.analytics.breakdown.budget import IdleCause, Phase, StepBudget
-from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.breakdown.replay_table import Change
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.capture.chrome_trace import analyze_chrome_trace

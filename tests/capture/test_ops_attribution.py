@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.analysis import KernelEvent, MemEvent, TraceData, analyze_trace
 from perfd.capture.chrome_trace import analyze_chrome_trace, read_chrome_trace
 from perfd.capture.ops import Flow, HostRange, Launch, Method, RangeKind, attribute

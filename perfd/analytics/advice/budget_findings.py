@@ -19,7 +19,7 @@ from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framewor
 from perfd.analytics.advice.remedy_catalog import fit, minor
 from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause, StepBudget, classify
 from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.ncu.remedies import ncu_rows
 

@@ -30,8 +30,8 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.advice import megatron_options as mo
 from perfd.analytics.advice.replay_gains import ReplayGains, calibrate
 from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Phase, StepBudget
-from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.breakdown.replay_table import Change
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
 from perfd.model import ABSENT
 

@@ -49,8 +49,8 @@ from perfd.analytics.advice.remedy_steps import (
     timer_sync,
 )
 from perfd.analytics.breakdown.budget import BudgetPart
-from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.breakdown.replay_table import DROPOUT_HOST, Change
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
 
 # --- attention: its ops in three slices that the remedies acting on it share -----------------------------

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass
-from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.breakdown.replay_table import ReplayTable
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
 
 if TYPE_CHECKING:  # kernel_rows reads budgets (perfd.analytics.ncu.remedies): typed here, read back lazily

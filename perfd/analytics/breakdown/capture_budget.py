@@ -27,8 +27,8 @@ from perfd.analytics.breakdown.budget import (
     math_detail,
     phase_parts,
 )
-from perfd.analytics.breakdown.parts import Part
 from perfd.analytics.breakdown.replay_table import ReplayTable
+from perfd.analytics.breakdown.step_parts import Part
 
 _IDLE = (Part.IDLE_SYNC, Part.IDLE_SHORT, Part.IDLE_LONG, Part.DATA)
 

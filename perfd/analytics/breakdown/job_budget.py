@@ -18,7 +18,7 @@ from perfd.analytics.breakdown.capture_match import CaptureMatch
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.kernel_rows import kernel_rows
 from perfd.analytics.breakdown.op_parts import kernel_part
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.steps.flops import FORMULA_LEGACY, FlopsResult
 from perfd.analytics.steps.gpus import PeakResult
 

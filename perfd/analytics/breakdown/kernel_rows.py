@@ -32,7 +32,7 @@ from typing import Any
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel, occupancy_capped
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
 
 NCU_KERNEL_ROWS = 3  # the top profiled kernels each budget part carries (and the report shows)

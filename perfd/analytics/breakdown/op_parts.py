@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 
 from perfd.analytics.breakdown import kernels as kc
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 
 # --- module classes (``nn.Module: <Class>_<n>``) ------------------------------------------------------
 _MODULE = re.compile(r"^nn\.Module:\s*([A-Za-z0-9_.]+?)(?:_\d+)?$")

@@ -20,7 +20,7 @@ from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import DATA_KNOBS, Framework, JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown.budget import Source, StepBudget
-from perfd.analytics.breakdown.parts import Part
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.incidents.verdict_text import data_loading_action
