@@ -41,7 +41,7 @@ LABELS: dict[str, str] = {
     "rank": "global rank of a training process",
     "reason": "small enum: throttle reason, error reason or refusal reason (perfd.limits)",
     "type": "small enum: ECC error type (corrected, uncorrected)",
-    "class": "bottleneck class (8 values, see perfd.analytics.breakdown.bottleneck)",
+    "class": "bottleneck class (a closed set)",
     "collector": "collector name",
     "interface": "network interface",
     "device": "block device",
@@ -53,7 +53,7 @@ LABELS: dict[str, str] = {
     "Hostname": "DCGM-exporter's name for the node: the value of node (one per GPU series' node)",
     "cpu": "CPU index (only with the host collector's per_cpu: true)",
     "resource": "pressure stall resource (cpu, memory, io)",
-    "process_state": "a rank process's state (perfd.events.PROCESS_STATES: 7 values)",
+    "process_state": "a rank process's state (a closed set)",
     "replay": "present (\"1\") on samples replayed from a recording",
     "link": "NVLink index",
     "tool": f"capture tool ({', '.join(t for t in CAPTURE_TOOLS if t != 'auto')})",
@@ -61,14 +61,24 @@ LABELS: dict[str, str] = {
     "group": "parallel group class of a process group (tp, cp, ep, dp, pp, world, other)",
     "scope": "link a process group crosses (intra-node, inter-node, unknown)",
     "state": "job liveness (running, stalled, ended)",
-    "kind": "where a job's wall time went (perfd.analytics.steps.goodput.KINDS: 10 values)",
-    "part": "a part of the step budget (perfd.analytics.breakdown.budget.Part, a closed set)",
+    "kind": "where a job's wall time went (a closed set)",
+    "part": "a part of the step budget (a closed set)",
     "version": "perfd version (one per build)",
     "python": "Python version the daemon runs on (one per build)",
     "source": "where a GPU series comes from when it is not NVML/GPM (dcgm-exporter)",
     "target": "remote-write URL, scheme, host and path only (one per --remote-write)",
 }
 
+
+# The labels whose values are a closed set declared elsewhere: "module:attribute" of that declaration
+# (an enum or a tuple of strings). Named, not imported: the catalog sits below analytics; `perfd catalog
+# --doc` resolves them, so the values and their count in docs/metrics.md come from the declaration.
+LABEL_SETS: dict[str, str] = {
+    "class": "perfd.analytics.breakdown.bottleneck:BottleneckClass",
+    "process_state": "perfd.events:PROCESS_STATES",
+    "kind": "perfd.analytics.steps.goodput:KINDS",
+    "part": "perfd.analytics.breakdown.step_parts:Part",
+}
 
 # Where a job metric shows besides /metrics (every catalog metric is exported by name there).
 Show = Literal["summary", "report", "html", "table", "wandb"]

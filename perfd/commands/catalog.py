@@ -3,8 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import enum
+import importlib
+from collections.abc import Sequence
 
 from perfd import catalog
+
+
+def label_values(ref: str) -> Sequence[str]:
+    """The values of a closed set named by catalog.LABEL_SETS ("module:attribute")."""
+    module, attr = ref.split(":")
+    declared = getattr(importlib.import_module(module), attr)
+    if isinstance(declared, type) and issubclass(declared, enum.Enum):
+        return tuple(str(m.value) for m in declared)
+    return tuple(str(v) for v in declared)
+
+
+def label_text(name: str) -> str:
+    """A label's line: what bounds it, and for a closed set its values, from their declaration."""
+    text = catalog.LABELS[name]
+    ref = catalog.LABEL_SETS.get(name)
+    if ref is None:
+        return text
+    values = label_values(ref)
+    return f"{text}: {len(values)} values, {', '.join(values)} (`{ref}`)"
 
 
 def run_catalog(args: argparse.Namespace) -> int:
@@ -15,8 +37,8 @@ def run_catalog(args: argparse.Namespace) -> int:
         print("Job metrics carry `job_name` (Prometheus reserves `job` for the scrape target). A metric "
               "whose inputs are missing is absent, never 0.\n")
         print("Labels and what bounds them:\n")
-        for k, v in catalog.LABELS.items():
-            print(f"- `{k}`: {v}")
+        for k in catalog.LABELS:
+            print(f"- `{k}`: {label_text(k)}")
         print()
         print(catalog.render_markdown())
         return 0
