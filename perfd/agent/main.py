@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, Metric
@@ -56,8 +56,6 @@ from perfd.transport.spool import Spool
 
 if TYPE_CHECKING:
     from perfd.agent.captures import AgentCaptures
-    from perfd.engine.publisher import EngineClient
-    from perfd.transport.client import AgentClient
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +175,9 @@ class Agent:
         self.registry = registry or default_registry()
         self.scheduler = Scheduler()
         self.view = NodeView()
-        self.client: AgentClient | EngineClient | None = None  # imported lazily (grpc, nats)
+        # AgentClient or EngineClient (imported lazily: grpc, nats) when sending; tests put a stand-in
+        # there and read what it was given, so this stays Any.
+        self.client: Any = None
         self._client_task: asyncio.Task[None] | None = None
         self.config_errors: dict[str, str] = {}
         self.metrics_port: int | None = None
