@@ -128,7 +128,7 @@ class _Node:
             ev = tracker.update(dict(labels), procs, now)
             assert ev is not None
             ev["labels"]["node"] = self.id  # what the agent adds (perfd.agent.main)
-            events.append(ev)
+            events.append(dict(ev))
         ns = int(now * 1e9)
         self.send(agg, encode_batch(self.id, self._next(), [], steps, events, self.table, created_ns=ns,
                                     columns=(ids, [ns] * len(ids), vals)))

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from collectors.config import as_float
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.model import Sample
 
@@ -46,12 +47,12 @@ class DcgmConfig:
     timeout_s: float = 2.0
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DcgmConfig:
+    def from_dict(cls, d: Mapping[str, object]) -> DcgmConfig:
         known = {"url", "timeout_s", "interval_s"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"dcgm collector: unknown keys {sorted(unknown)} (known: {sorted(known)})")
-        cfg = cls(url=str(d.get("url", cls.url)), timeout_s=float(d.get("timeout_s", cls.timeout_s)))
+        cfg = cls(url=str(d.get("url", cls.url)), timeout_s=as_float(d.get("timeout_s", cls.timeout_s)))
         if not cfg.url.startswith(("http://", "https://")):
             raise ValueError(f"dcgm collector: url must be http(s)://..., got {cfg.url!r}")
         if cfg.timeout_s <= 0:
@@ -91,7 +92,7 @@ class DcgmCollector(Collector):
     name = "dcgm"
     default_interval_s = 1.0
 
-    def __init__(self, config: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: Mapping[str, object] | None = None) -> None:
         super().__init__()
         self.cfg = DcgmConfig.from_dict(dict(config or {}))
 

@@ -59,9 +59,10 @@ import stat
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from collectors.config import as_int
 from collectors.hook import peers as P
 from collectors.hook.requests import Requests, RequestSender
 from perfd.bounds import LAYOUT_BOUNDS, in_bounds
@@ -115,7 +116,7 @@ class HookConfig:
     job_user: int | None = None  # the uid whose processes are the job's (None: the agent's own)
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> HookConfig:
+    def from_dict(cls, cfg: Mapping[str, object]) -> HookConfig:
         known = {"socket_path", "job", "mode", "rcvbuf_bytes", "max_records_per_collect", "max_queued",
                  "max_queued_bytes", "include_warmup", "job_user"}
         unknown = set(cfg) - known
@@ -128,10 +129,10 @@ class HookConfig:
             raise ValueError(f"hook: mode must be an octal permission like 0660, not {mode!r}")
         out = cls(socket_path=str(cfg.get("socket_path", wire.socket_path_from_env())),
                   job=str(cfg.get("job", "")), mode=mode,
-                  rcvbuf_bytes=int(cfg.get("rcvbuf_bytes", 1 << 20)),
-                  max_records_per_collect=int(cfg.get("max_records_per_collect", 100_000)),
-                  max_queued=int(cfg.get("max_queued", HOOK_QUEUE_MAX)),
-                  max_queued_bytes=int(cfg.get("max_queued_bytes", HOOK_QUEUE_MAX_BYTES)),
+                  rcvbuf_bytes=as_int(cfg.get("rcvbuf_bytes", 1 << 20)),
+                  max_records_per_collect=as_int(cfg.get("max_records_per_collect", 100_000)),
+                  max_queued=as_int(cfg.get("max_queued", HOOK_QUEUE_MAX)),
+                  max_queued_bytes=as_int(cfg.get("max_queued_bytes", HOOK_QUEUE_MAX_BYTES)),
                   include_warmup=bool(cfg.get("include_warmup", True)),
                   job_user=user_id(cfg.get("job_user")))
         if min(out.rcvbuf_bytes, out.max_records_per_collect, out.max_queued, out.max_queued_bytes) <= 0:
@@ -205,7 +206,7 @@ class HookCollector(RequestSender):
     name = "hook"
     default_interval_s = 1.0
 
-    def __init__(self, config: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: Mapping[str, object] | None = None) -> None:
         super().__init__()
         self.config = HookConfig.from_dict(dict(config or {}))
         self.sock: socket.socket | None = None
@@ -214,7 +215,7 @@ class HookCollector(RequestSender):
         self.requests = Requests()  # sent to the hooks, not answered to the end yet
         job_user = self.config.job_user
         self.job_uid = job_user if job_user is not None else os.geteuid()  # whose processes are the job's
-        self._queue: deque[tuple[bytes, Any, P.Sender | None]] = deque()
+        self._queue: deque[tuple[bytes, str | bytes, P.Sender | None]] = deque()  # (datagram, from, who)
         # Bytes queued = in - out - dropped, each counter written by one thread only (no lock).
         self._queue_bytes_in = 0  # receiver thread
         self._queue_bytes_dropped = 0  # receiver thread
@@ -365,7 +366,7 @@ class HookCollector(RequestSender):
             self._c("drain_limit_reached")  # more remain; the next collect goes on
         return out
 
-    def _handle(self, datagram: bytes, addr: Any, sender: P.Sender | None, now: float,
+    def _handle(self, datagram: bytes, addr: str | bytes, sender: P.Sender | None, now: float,
                 out: Collected) -> None:
         records, problem = wire.split_records(datagram)
         if problem is not None:
@@ -402,7 +403,7 @@ class HookCollector(RequestSender):
             self.verified.popitem(last=False)
         return got
 
-    def _record(self, kind: int, data: bytes, addr: Any, sender: P.Sender | None, now: float,
+    def _record(self, kind: int, data: bytes, addr: str | bytes, sender: P.Sender | None, now: float,
                 out: Collected) -> None:
         if kind in wire.STEP_KINDS:
             msg = wire.unpack_step(data)
@@ -586,7 +587,8 @@ class HookCollector(RequestSender):
                                              "never reached the agent (it was absent or busy past the "
                                              "hook's backlog)")
 
-    def _peer(self, rank: int, pid: int, addr: Any, step: int, now: float, uid: int | None = None) -> None:
+    def _peer(self, rank: int, pid: int, addr: str | bytes, step: int, now: float,
+              uid: int | None = None) -> None:
         if not addr:
             self._c("unaddressed_sender")  # a hook that could not bind cannot get requests
             return

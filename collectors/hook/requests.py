@@ -15,11 +15,14 @@ import socket
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from perfd.collector import Collector
 from perfd.hook import wire
 from perfd.limits import HOOK_MAX_OUTSTANDING
+
+if TYPE_CHECKING:
+    from collectors.hook.collector import HookPeer
 
 # The answers after which a request has nothing more to say: a range ends stopped, a trace written.
 _ENDS_RANGE = frozenset({wire.PROFILE_STOPPED, wire.PROFILE_REJECTED, wire.PROFILE_FAILED,
@@ -83,7 +86,7 @@ class RequestSender(Collector):
     """The hook collector's requests to its hooks (its base class): sent from the collector's own
     socket, the one each hook is connected to (perfd.hook.sender: no other socket reaches a hook)."""
 
-    peers: dict[int, Any]  # rank -> collectors.hook.HookPeer (its pid and address)
+    peers: dict[int, HookPeer]  # rank -> its latest sender (its pid and address)
     sock: socket.socket | None
     requests: Requests
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from collectors.config import as_float
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.model import Sample
 
@@ -52,7 +53,7 @@ class HostConfig:
     disk_refresh_s: float = 60.0
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> HostConfig:
+    def from_dict(cls, cfg: Mapping[str, object]) -> HostConfig:
         # "job" is added by the agent to every collector's config; host metrics are per node.
         known = {"interval_s", "per_cpu", "interfaces", "exclude_interfaces", "max_interfaces",
                  "disk_refresh_s", "job"}
@@ -69,7 +70,7 @@ class HostConfig:
         exclude = cfg.get("exclude_interfaces", list(DEFAULT_EXCLUDE))
         if not isinstance(exclude, list) or not all(isinstance(i, str) for i in exclude):
             raise ValueError(f"host: exclude_interfaces must be a list of name prefixes, not {exclude!r}")
-        interval = float(cfg.get("interval_s", 1.0))
+        interval = as_float(cfg.get("interval_s", 1.0))
         max_if = cfg.get("max_interfaces", 8)
         if interval <= 0:
             raise ValueError(f"host: interval_s must be > 0, not {interval}")
@@ -77,7 +78,7 @@ class HostConfig:
             raise ValueError(f"host: max_interfaces must be an integer >= 0, not {max_if!r}")
         return cls(interval_s=interval, per_cpu=bool(cfg.get("per_cpu", False)), interfaces=interfaces,
                    exclude_interfaces=tuple(exclude), max_interfaces=max_if,
-                   disk_refresh_s=float(cfg.get("disk_refresh_s", 60.0)))
+                   disk_refresh_s=as_float(cfg.get("disk_refresh_s", 60.0)))
 
 
 # Per-CPU times come in clock ticks (10 ms); a step back of up to two ticks is noise (see Deltas).
@@ -120,7 +121,13 @@ class Deltas:
             del self._prev[key]
 
 
-def cpu_busy_total(times: Any) -> tuple[float, float]:
+class CpuTimes(Protocol):
+    """psutil's cpu_times() (a named tuple of seconds per mode)."""
+
+    def _asdict(self) -> dict[str, float]: ...
+
+
+def cpu_busy_total(times: CpuTimes) -> tuple[float, float]:
     """(busy, total) seconds from a psutil cpu_times tuple. Linux counts guest time inside user and
     nice already, so guest fields are left out of the total; idle and iowait are not busy.
     Busy is summed from its own fields, not taken as total - idle: the subtraction's rounding
@@ -136,13 +143,15 @@ class HostCollector(Collector):
 
     name = "host"
 
-    def __init__(self, config: dict[str, Any] | None = None, *, ps: Any | None = None,
+    def __init__(self, config: Mapping[str, object] | None = None, *, ps: Any | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  block_devices: Callable[[], list[str] | None] = list_block_devices) -> None:
         super().__init__()
         self.config = HostConfig.from_dict(dict(config or {}))
         self.default_interval_s = self.config.interval_s
-        self._ps: Any = ps  # the psutil module, or a test's stand-in; imported lazily in probe()
+        # The psutil module, or a test's stand-in; imported lazily in probe(). Any: psutil's functions
+        # are overloaded on their flags (percpu=, pernic=), which no protocol a stand-in meets says.
+        self._ps: Any = ps
         self._clock = clock
         self._block_devices = block_devices
         self._deltas = Deltas(lambda key: self.count_error("counter-reset", key))

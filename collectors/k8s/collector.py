@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from collectors.k8s.podresources import (
     DEFAULT_RESOURCES,
@@ -22,7 +22,7 @@ from collectors.k8s.podresources import (
     owners_json,
 )
 from perfd.collector import Capabilities, Collected, Collector
-from perfd.events import GPU_PODS
+from perfd.events import GPU_PODS, GpuOwner
 
 EVENT_KIND = GPU_PODS.name
 
@@ -36,7 +36,7 @@ class K8sConfig:
     resources: tuple[str, ...] = DEFAULT_RESOURCES
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> K8sConfig:
+    def from_dict(cls, cfg: Mapping[str, object]) -> K8sConfig:
         known = {"socket", "interval_s", "timeout_s", "event_interval_s", "resources", "job"}
         unknown = set(cfg) - known
         if unknown:
@@ -57,13 +57,13 @@ class K8sConfig:
 class K8sCollector(Collector):
     name = "k8s"
 
-    def __init__(self, config: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: Mapping[str, object] | None = None) -> None:
         super().__init__()
         self.config = K8sConfig.from_dict(dict(config or {}))
         self.default_interval_s = self.config.interval_s
         self.client = PodResourcesClient(self.config.socket, self.config.timeout_s)
         self._caps: Capabilities | None = None
-        self._last_payload: list[dict[str, Any]] | None = None
+        self._last_payload: list[GpuOwner] | None = None
         self._last_event = 0.0
 
     def probe(self) -> Capabilities:

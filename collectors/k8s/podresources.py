@@ -12,8 +12,13 @@ resource allocation (DRA) are listed too, by their device and CDI names.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from perfd import events
+
+if TYPE_CHECKING:
+    from collectors.k8s.gen import podresources_v1_pb2 as pb
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_RESOURCES = ("nvidia.com/",)  # resource-name prefixes; DRA drivers matched on "nvidia.com"
@@ -34,8 +39,9 @@ class GpuOwner:
     def uuid(self) -> str | None:
         return self.device if self.device.startswith(("GPU-", "MIG-")) else None
 
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+    def to_json(self) -> events.GpuOwner:
+        d: events.GpuOwner = {"device": self.device, "namespace": self.namespace, "pod": self.pod,
+                              "container": self.container, "resource": self.resource}
         if self.uuid:
             d["uuid"] = self.uuid
         elif self.device.isdigit():
@@ -47,7 +53,8 @@ def _wanted(name: str, prefixes: Sequence[str]) -> bool:
     return any(name.startswith(p) or p.rstrip("/") in name for p in prefixes)
 
 
-def gpu_owners(response: Any, resources: Sequence[str] = DEFAULT_RESOURCES) -> list[GpuOwner]:
+def gpu_owners(response: pb.ListPodResourcesResponse,
+               resources: Sequence[str] = DEFAULT_RESOURCES) -> list[GpuOwner]:
     """Every (device, container) pair of a ``ListPodResourcesResponse`` whose resource matches."""
     out: list[GpuOwner] = []
     for pod in response.pod_resources:
@@ -67,8 +74,18 @@ def gpu_owners(response: Any, resources: Sequence[str] = DEFAULT_RESOURCES) -> l
     return out
 
 
-def owners_json(owners: Iterable[GpuOwner]) -> list[dict[str, Any]]:
+def owners_json(owners: Iterable[GpuOwner]) -> list[events.GpuOwner]:
     return [o.to_json() for o in owners]
+
+
+class _Lister(Protocol):
+    """The generated PodResourcesListerStub (its module has no types)."""
+
+    def List(self, request: pb.ListPodResourcesRequest, *, timeout: float) -> pb.ListPodResourcesResponse: ...
+
+
+class _Channel(Protocol):
+    def close(self) -> None: ...
 
 
 class PodResourcesClient:
@@ -77,10 +94,10 @@ class PodResourcesClient:
     def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout_s: float = 2.0) -> None:
         self.socket_path = socket_path
         self.timeout_s = timeout_s
-        self._channel: Any = None
-        self._stub: Any = None
+        self._channel: _Channel | None = None
+        self._stub: _Lister | None = None
 
-    def _connect(self) -> Any:
+    def _connect(self) -> _Lister:
         if self._stub is None:
             import grpc
 
@@ -92,7 +109,7 @@ class PodResourcesClient:
             self._stub = pb_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
-    def list(self) -> Any:
+    def list(self) -> pb.ListPodResourcesResponse:
         """The kubelet's ListPodResourcesResponse. Raises grpc.RpcError (after ``timeout_s``)."""
         from collectors.k8s.gen import podresources_v1_pb2 as pb
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
+from collectors.config import as_float, as_int
 from collectors.megatron.gaps import TailGaps
 from collectors.megatron.parser import MegatronLogParser
 from collectors.megatron.tail import LogTail, TailPosition
@@ -46,18 +47,18 @@ class MegatronCollector(Collector):
     name = "megatron"
     default_interval_s = 0.5
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, object]) -> None:
         super().__init__()
         if not config.get("path"):
             raise ValueError("collectors.megatron.path is required (the job's log file)")
         self.path = str(config["path"])
         self.job = str(config.get("job") or "default")
         self.from_start = bool(config.get("from_start", True))
-        self.flush_after_s = float(config.get("flush_after_s", 2.0))
-        self.max_bytes_per_collect = int(config.get("max_bytes_per_collect", 4 << 20))
+        self.flush_after_s = as_float(config.get("flush_after_s", 2.0))
+        self.max_bytes_per_collect = as_int(config.get("max_bytes_per_collect", 4 << 20))
         # Further behind than this, the tail skips ahead (counted, an event): see LogTail.
         lag = config.get("max_lag_bytes", DEFAULT_MAX_LAG_BYTES)
-        self.max_lag_bytes = int(lag) if lag is not None else None
+        self.max_lag_bytes = as_int(lag) if lag is not None else None
         if self.max_lag_bytes is not None and self.max_lag_bytes < 2 * self.max_bytes_per_collect:
             raise ValueError("collectors.megatron.max_lag_bytes must be at least twice "
                              f"max_bytes_per_collect ({2 * self.max_bytes_per_collect}), "
@@ -185,7 +186,7 @@ class MegatronCollector(Collector):
                            "payload": {"skipped_bytes_total": skipped, "skips": self._skips_seen,
                                        "after_iteration": last, "path": self.path}})
 
-    def _checkpoint(self) -> dict[str, Any] | None:
+    def _checkpoint(self) -> dict[str, object] | None:
         """Resume at the pending iteration's line (or after the last line when none is pending)."""
         if self.tail is None:
             return None

@@ -19,7 +19,6 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from collectors.megatron.tail import LogTail
 from perfd.events import LOG_GAP
@@ -43,7 +42,7 @@ class TailGaps:
         written after ``offset`` of the old file was not read (said at the next :meth:`events`)."""
         self._resume_offset = offset
 
-    def events(self, tail: LogTail) -> list[dict[str, Any]]:
+    def events(self, tail: LogTail) -> list[dict[str, object]]:
         """LOG_GAP events for what the tail lost since the last call (counted as ``tail:unread_lost``)."""
         out = []
         name = Path(self.path).name
@@ -80,7 +79,7 @@ class TailGaps:
                 "rewrites": c.get("rewrites", 0), "unread_bytes_at_least": unread, "exact": not unknown}))
         return out
 
-    def _event(self, what: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def _event(self, what: str, payload: dict[str, object]) -> dict[str, object]:
         self.count_error("tail:unread_lost", what)
         log.warning("%s: %s", self.name, what)
         return {"kind": LOG_GAP.name, "severity": "warning", "time": time.time(), "job": self.job,

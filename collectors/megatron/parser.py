@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from collectors.megatron import args as margs
 from collectors.megatron.lines import (
@@ -75,7 +74,7 @@ class ParsedLog:
     issues: list[ParseIssue]
     counts: dict[str, int]
     # Non-iteration facts worth keeping, as Collected.events dicts (kind "validation" so far).
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, object]] = field(default_factory=list)
 
 
 class MegatronLogParser:
@@ -87,7 +86,7 @@ class MegatronLogParser:
         self.job_info = JobInfo(framework="megatron")
         self.issues: list[ParseIssue] = []
         self.counts: dict[str, int] = {}
-        self.events: list[dict[str, Any]] = []
+        self.events: list[dict[str, object]] = []
         self._line_no = 0
         self._pending: StepRecord | None = None
         self._facts = margs.StartupFacts()

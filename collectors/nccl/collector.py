@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from collectors.config import as_float
 from collectors.nccl.flight_recorder import FlightRecorderTracker
 from collectors.nccl.hangs import HangReport, detect_hangs
 from collectors.nccl.inspector import InspectorReader
@@ -53,7 +54,7 @@ class NcclConfig:
     inspector: InspectorConfig | None = None
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> NcclConfig:
+    def from_dict(cls, cfg: Mapping[str, object]) -> NcclConfig:
         """Validate; a bad value is a configuration error and raises ValueError."""
         _known(cfg, {"job", "flight_recorder", "inspector"}, "nccl")
         fr = ins = None
@@ -61,11 +62,8 @@ class NcclConfig:
             f = _mapping(cfg["flight_recorder"], "nccl.flight_recorder")
             _known(f, {"pipe_prefix", "dump_prefix", "interval_s", "hang_threshold_s", "read_existing",
                        "buffer_entries"}, "nccl.flight_recorder")
-            for key in ("pipe_prefix", "dump_prefix"):
-                if not isinstance(f.get(key), str) or not f[key]:
-                    raise ValueError(f"nccl.flight_recorder.{key} is required (a path prefix)")
             fr = FlightRecorderConfig(
-                pipe_prefix=f["pipe_prefix"], dump_prefix=f["dump_prefix"],
+                pipe_prefix=_prefix(f, "pipe_prefix"), dump_prefix=_prefix(f, "dump_prefix"),
                 interval_s=_positive(f, "interval_s", 10.0),
                 hang_threshold_s=_positive(f, "hang_threshold_s", 300.0),
                 read_existing=bool(f.get("read_existing", False)),
@@ -73,29 +71,37 @@ class NcclConfig:
         if cfg.get("inspector") is not None:
             i = _mapping(cfg["inspector"], "nccl.inspector")
             _known(i, {"dir", "from_start", "rescan_s"}, "nccl.inspector")
-            if not isinstance(i.get("dir"), str) or not i["dir"]:
+            folder = i.get("dir")
+            if not isinstance(folder, str) or not folder:
                 raise ValueError("nccl.inspector.dir is required")
-            ins = InspectorConfig(dir=i["dir"], from_start=bool(i.get("from_start", True)),
+            ins = InspectorConfig(dir=folder, from_start=bool(i.get("from_start", True)),
                                   rescan_s=_positive(i, "rescan_s", 5.0))
         if fr is None and ins is None:
             raise ValueError("nccl: configure flight_recorder, inspector, or both")
         return cls(job=str(cfg.get("job", "")), flight_recorder=fr, inspector=ins)
 
 
-def _known(cfg: dict[str, Any], known: set[str], where: str) -> None:
+def _known(cfg: Mapping[str, object], known: set[str], where: str) -> None:
     unknown = set(cfg) - known
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
 
 
-def _mapping(v: Any, where: str) -> dict[str, Any]:
+def _prefix(f: Mapping[str, object], key: str) -> str:
+    value = f.get(key)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"nccl.flight_recorder.{key} is required (a path prefix)")
+    return value
+
+
+def _mapping(v: object, where: str) -> dict[str, object]:
     if not isinstance(v, dict):
         raise ValueError(f"{where} must be a mapping")
     return v
 
 
-def _positive(cfg: dict[str, Any], key: str, default: float) -> float:
-    value = float(cfg.get(key, default))
+def _positive(cfg: Mapping[str, object], key: str, default: float) -> float:
+    value = as_float(cfg.get(key, default))
     if value <= 0:
         raise ValueError(f"nccl: {key} must be > 0, not {value}")
     return value
@@ -105,7 +111,7 @@ class NcclCollector(Collector):
     name = "nccl"
     default_interval_s = 1.0
 
-    def __init__(self, config: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: Mapping[str, object] | None = None) -> None:
         super().__init__()
         self.config = NcclConfig.from_dict(dict(config or {}))
         self.tracker: FlightRecorderTracker | None = None

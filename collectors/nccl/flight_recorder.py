@@ -18,7 +18,7 @@ import pickle
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NoReturn
 
 from collectors.nccl.inspector import bus_bw_factor
 from perfd.model import CollectiveRecord, Provenance
@@ -81,16 +81,16 @@ class RestrictedUnpickler(pickle.Unpickler):
     _ALLOWED = frozenset({("builtins", "set"), ("builtins", "frozenset"),
                           ("__builtin__", "set"), ("__builtin__", "frozenset")})
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> type:
         if (module, name) in self._ALLOWED:
-            return getattr(builtins, name)
+            return builtins.set if name == "set" else builtins.frozenset
         raise RefusedGlobal(module, name)
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: object) -> NoReturn:
         raise pickle.UnpicklingError("persistent ids are refused")
 
 
-def load_dump_bytes(data: bytes) -> dict[str, Any]:
+def load_dump_bytes(data: bytes) -> dict[str, object]:
     """Unpickle a dump with :class:`RestrictedUnpickler`; raises :class:`DumpError`.
 
     Reasons: ``too_large``, ``refused_global`` (a malicious or foreign pickle: never retried),
@@ -182,11 +182,11 @@ def _count(issues: dict[str, int], key: str) -> None:
     issues[key] = issues.get(key, 0) + 1
 
 
-def _opt_int(v: Any) -> int | None:
+def _opt_int(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def parse_ranks(text: Any) -> list[int] | None:
+def parse_ranks(text: object) -> list[int] | None:
     """``"[0, 1, 2]"`` (how pg_config prints them) or a list -> ints; anything else -> None."""
     if isinstance(text, list | tuple):
         vals = list(text)
@@ -216,7 +216,7 @@ def canonical_op(name: str) -> tuple[str, int | None, int | None]:
     return _OP_KEYS.get(key, raw or "unknown"), None, None
 
 
-def tensor_bytes(sizes: Any, dtypes: Any, issues: dict[str, int]) -> int | None:
+def tensor_bytes(sizes: object, dtypes: object, issues: dict[str, int]) -> int | None:
     """Sum over tensors of prod(shape) * element size; None if a dtype or shape is unusable."""
     if not isinstance(sizes, list) or not isinstance(dtypes, list):
         return None
@@ -239,14 +239,14 @@ def tensor_bytes(sizes: Any, dtypes: Any, issues: dict[str, int]) -> int | None:
     return total
 
 
-def _dtype_of(entry: Mapping[str, Any]) -> str | None:
-    names = [d for d in (entry.get("input_dtypes") or entry.get("output_dtypes") or [])
-             if isinstance(d, str)]
+def _dtype_of(entry: Mapping[str, object]) -> str | None:
+    given = entry.get("input_dtypes") or entry.get("output_dtypes") or []
+    names = [d for d in given if isinstance(d, str)] if isinstance(given, list | tuple) else []
     uniq = sorted(set(names))
     return uniq[0] if len(uniq) == 1 else ("mixed:" + ",".join(uniq) if uniq else None)
 
 
-def _user_frame(frames: Any) -> str | None:
+def _user_frame(frames: object) -> str | None:
     if not isinstance(frames, list):
         return None
     for fr in frames:
@@ -258,7 +258,7 @@ def _user_frame(frames: Any) -> str | None:
     return None
 
 
-def parse_dump(raw: Mapping[str, Any], rank: int, job: str, path: str | None = None) -> FlightRecorderDump:
+def parse_dump(raw: Mapping[str, object], rank: int, job: str, path: str | None = None) -> FlightRecorderDump:
     """Turn an unpickled dump into typed entries. Bad entries are counted in ``issues``, skipped."""
     issues: dict[str, int] = {}
     version = raw.get("version")
@@ -302,7 +302,7 @@ def parse_dump(raw: Mapping[str, Any], rank: int, job: str, path: str | None = N
                               issues=issues, path=path, notes=notes, only_active=only_active)
 
 
-def _parse_entry(e: Mapping[str, Any], rank: int, job: str, pg_config: Mapping[str, PgInfo],
+def _parse_entry(e: Mapping[str, object], rank: int, job: str, pg_config: Mapping[str, PgInfo],
                  issues: dict[str, int], prov: Provenance) -> FrEntry | None:
     pg_id = _opt_int(e.get("pg_id"))
     name = e.get("profiling_name")

@@ -28,7 +28,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from collectors.megatron.tail import LogTail
 from perfd.model import CollectiveRecord, ParseIssue, Provenance
@@ -108,7 +107,7 @@ class InspectorLineError(ValueError):
         self.reason = reason
 
 
-def _num(d: Mapping[str, Any], key: str, required: bool = True) -> float | None:
+def _num(d: Mapping[str, object], key: str, required: bool = True) -> float | None:
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, int | float):
         if required:
@@ -117,7 +116,7 @@ def _num(d: Mapping[str, Any], key: str, required: bool = True) -> float | None:
     return float(v)
 
 
-def _int(d: Mapping[str, Any], key: str, required: bool = True) -> int | None:
+def _int(d: Mapping[str, object], key: str, required: bool = True) -> int | None:
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, int):
         if required:

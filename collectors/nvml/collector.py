@@ -11,11 +11,13 @@ and NVLink field values (1 ms) are never called: their rates come from GPM.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
+from collectors.config import as_float
 from collectors.nvml.gpm import GPM_METRICS, GpmSampler
-from collectors.nvml.probe import DeviceState, is_permanent, probe_device
+from collectors.nvml.probe import DeviceState, MemoryInfo, Utilization, is_permanent, probe_device
 from collectors.nvml.processes import (
     EnvLookup,
     GpuProcess,
@@ -59,7 +61,11 @@ def decode_throttle(mask: int) -> list[str]:
     return [name for name, bit in THROTTLE_REASONS if mask & bit]
 
 
-def _parse_gpm(value: Any) -> bool | None:
+class _Emit(Protocol):
+    def __call__(self, name: str, value: float, extra: dict[str, str] | None = None) -> None: ...
+
+
+def _parse_gpm(value: object) -> bool | None:
     if value is None or value == "auto":
         return None
     if isinstance(value, bool):
@@ -67,8 +73,8 @@ def _parse_gpm(value: Any) -> bool | None:
     raise ValueError(f"nvml: gpm must be true, false or auto, not {value!r}")
 
 
-def _positive(cfg: dict[str, Any], key: str, default: float) -> float:
-    value = float(cfg.get(key, default))
+def _positive(cfg: Mapping[str, object], key: str, default: float) -> float:
+    value = as_float(cfg.get(key, default))
     if value <= 0:
         raise ValueError(f"nvml: {key} must be > 0, not {value}")
     return value
@@ -93,7 +99,7 @@ class NvmlConfig:
     job_uid: int | None = None
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> NvmlConfig:
+    def from_dict(cls, cfg: Mapping[str, object]) -> NvmlConfig:
         """Validate a config mapping; a bad value is a configuration error and raises ValueError."""
         # "job" is added to every collector's config by the agent; NVML samples are per node, not
         # per job, so it is accepted and not used.
@@ -134,7 +140,7 @@ class NvmlCollector(Collector):
 
     name = "nvml"
 
-    def __init__(self, config: dict[str, Any] | None = None, *, nvml: Nvml | None = None,
+    def __init__(self, config: Mapping[str, object] | None = None, *, nvml: Nvml | None = None,
                  process_lookup: NameLookup = psutil_lookup, user_lookup: UserLookup = psutil_user,
                  env_lookup: EnvLookup = psutil_rank_env) -> None:
         super().__init__()
@@ -281,33 +287,33 @@ class RealNvml:
             samples.append(Sample(name=name, value=float(value), time=now,
                                   labels={**labels, **extra} if extra else dict(labels)))
 
-        def read(key: str) -> Any | None:
+        def read(key: str) -> object:
             value = dev.read(self.nvml, key)
             if self.nvml.last_error == "GpuIsLost":
                 dev.lost = True
             return value
 
         util = read("utilization")
-        if util is not None:
+        if isinstance(util, Utilization):
             emit("perfd_gpu_utilization_ratio", util.gpu / 100.0)
             emit("perfd_gpu_memory_utilization_ratio", util.memory / 100.0)
         mem = read("memory")
-        if mem is not None:
+        if isinstance(mem, MemoryInfo):
             emit("perfd_gpu_memory_used_bytes", mem.used)
             emit("perfd_gpu_memory_total_bytes", mem.total)
         power = read("power")
-        if power is not None:
+        if isinstance(power, int | float):
             emit("perfd_gpu_power_watts", power / 1000.0)  # NVML reports milliwatts
         temp = read("temperature")
-        if temp is not None:
+        if isinstance(temp, int | float):
             emit("perfd_gpu_temperature_celsius", temp)
         for key, name in (("sm_clock", "perfd_gpu_sm_clock_hertz"),
                           ("mem_clock", "perfd_gpu_mem_clock_hertz")):
             mhz = read(key)
-            if mhz is not None:
+            if isinstance(mhz, int | float):
                 emit(name, mhz * 1e6)
         mask = read("throttle")
-        if mask is not None:
+        if isinstance(mask, int):
             emit("perfd_gpu_throttle_reasons", int(mask))
             for reason, bit in THROTTLE_REASONS:
                 if int(mask) & bit or self.config.throttle_zeros:
@@ -322,28 +328,28 @@ class RealNvml:
                 emit(name, value)
         if self.config.processes:
             raw = read("processes")
-            if raw is not None:
+            if isinstance(raw, list):
                 procs = [GpuProcess.from_nvml(p) for p in raw]
                 emit("perfd_gpu_processes", len(procs))
                 event = self._procs.update(labels, procs, now)
                 if event is not None:
-                    out.events.append(event)
+                    out.events.append(dict(event))
         if dev.xid_event_set is not None:
             self._collect_xid(dev, now, emit, out)
 
-    def _collect_slow(self, dev: DeviceState, read: Any, emit: Any) -> None:
+    def _collect_slow(self, dev: DeviceState, read: Callable[[str], object], emit: _Emit) -> None:
         energy = read("energy")
-        if energy is not None:
+        if isinstance(energy, int | float):
             emit("perfd_gpu_energy_joules_total", energy / 1000.0)  # millijoules
         limit = read("power_limit")
-        if limit is not None:
+        if isinstance(limit, int | float):
             emit("perfd_gpu_power_limit_watts", limit / 1000.0)  # milliwatts
         for key, kind in (("ecc_corrected", "corrected"), ("ecc_uncorrected", "uncorrected")):
             count = read(key)
-            if count is not None:
+            if isinstance(count, int | float):
                 emit("perfd_gpu_ecc_errors_total", count, {"type": kind})
 
-    def _collect_xid(self, dev: DeviceState, now: float, emit: Any, out: Collected) -> None:
+    def _collect_xid(self, dev: DeviceState, now: float, emit: _Emit, out: Collected) -> None:
         for _ in range(_MAX_XID_EVENTS_PER_COLLECT):
             # Timeout 0: a non-blocking poll; "Timeout" only means "no event pending".
             data = self.nvml.call_quiet(dev.xid_wait_fn, ("Timeout",), dev.xid_event_set, 0)

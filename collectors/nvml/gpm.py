@@ -13,9 +13,11 @@ are 1–20 ms each and must never sit on the sampling path.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, cast
 
+from collectors.config import as_int
 from collectors.nvml.probe import is_permanent
 from collectors.nvml.wrapper import Nvml
 
@@ -60,17 +62,35 @@ def convert(metric: GpmMetric, raw: float) -> float | None:
     return min(value, 1.0) if metric.ratio else value
 
 
+class _GpmMetric(Protocol):
+    """nvmlGpmMetric_t: one metric asked for (metricId), and NVML's answer."""
+
+    metricId: int
+    nvmlReturn: int
+    value: float
+
+
+class _GpmMetricsGet(Protocol):
+    """nvmlGpmMetricsGet_t: the request nvmlGpmMetricsGet fills in (pynvml's ctypes structure)."""
+
+    version: int
+    numMetrics: int
+    sample1: object
+    sample2: object
+    metrics: Sequence[_GpmMetric]
+
+
 class GpmSampler:
     """Per-device GPM state: two sample buffers, the previous one valid or not."""
 
-    def __init__(self, nvml: Nvml, handle: Any) -> None:
+    def __init__(self, nvml: Nvml, handle: object) -> None:
         self._nvml = nvml
-        self._handle = handle
-        self._prev: Any | None = None
-        self._cur: Any | None = None
+        self._handle = handle  # NVML's device handle
+        self._prev: object | None = None  # GPM sample buffers (nvmlGpmSampleAlloc), opaque
+        self._cur: object | None = None
         self._have_prev = False
         self.enabled = False
-        self.metrics = tuple((m, int(nvml.const(m.const, m.default_id))) for m in GPM_METRICS)
+        self.metrics = tuple((m, as_int(nvml.const(m.const, m.default_id))) for m in GPM_METRICS)
         self.errors: dict[str, int] = {}  # "<catalog name>:<error>" -> count, for metrics NVML refused
 
     def start(self) -> bool:
@@ -84,7 +104,7 @@ class GpmSampler:
         self._have_prev = self._snapshot(self._prev)
         return self.enabled
 
-    def _snapshot(self, buf: Any) -> bool:
+    def _snapshot(self, buf: object) -> bool:
         self._nvml.call("nvmlGpmSampleGet", self._handle, buf)
         err = self._nvml.last_error
         if err is not None and is_permanent(err):
@@ -106,10 +126,12 @@ class GpmSampler:
         self._have_prev = True
         return out
 
-    def _metrics(self, sample1: Any, sample2: Any) -> dict[str, float]:
-        struct_cls = self._nvml.const("c_nvmlGpmMetricsGet_t", None)
+    def _metrics(self, sample1: object, sample2: object) -> dict[str, float]:
+        # The structure's class is pynvml's (start() checked it is there): a ctypes Structure, with
+        # the fields _GpmMetricsGet names.
+        struct_cls = cast("Callable[[], _GpmMetricsGet]", self._nvml.const("c_nvmlGpmMetricsGet_t", None))
         mg = struct_cls()
-        mg.version = self._nvml.const("NVML_GPM_METRICS_GET_VERSION", 1)
+        mg.version = as_int(self._nvml.const("NVML_GPM_METRICS_GET_VERSION", 1))
         mg.numMetrics = len(self.metrics)
         mg.sample1 = sample1
         mg.sample2 = sample2

@@ -10,7 +10,7 @@ is kept: it may answer next time, and failures are counted there.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol, runtime_checkable
 
 from collectors.nvml.wrapper import PERMANENT_ERRORS, Nvml, as_text
 
@@ -24,6 +24,30 @@ _NVML_VOLATILE_ECC = 0
 _NVML_EVENT_TYPE_XID = 0x8  # nvmlEventTypeXidCriticalError
 
 
+# What perfd reads of the NVML structs it is given (pynvml's ctypes structures: their fields are
+# attributes). A value without them is not what the reading is, and is left out.
+@runtime_checkable
+class Utilization(Protocol):
+    """nvmlUtilization_t: percent of the last sample period."""
+
+    gpu: int
+    memory: int
+
+
+@runtime_checkable
+class MemoryInfo(Protocol):
+    """nvmlMemory_t, nvmlMemory_v2_t: bytes."""
+
+    used: int
+    total: int
+
+
+class ProcessInfo(Protocol):
+    """nvmlProcessInfo_t (each entry of nvmlDeviceGetComputeRunningProcesses*)."""
+
+    pid: int
+
+
 def is_permanent(err: str | None) -> bool:
     # "Exception:TypeError" etc. means our call does not fit this pynvml's signature: permanent too.
     return err is not None and (err in PERMANENT_ERRORS or err.startswith("Exception:"))
@@ -32,8 +56,8 @@ def is_permanent(err: str | None) -> bool:
 @dataclass(frozen=True)
 class Variant:
     fn: str
-    args: tuple[Any, ...] = ()  # after the device handle
-    kwargs: tuple[tuple[str, Any], ...] = ()
+    args: tuple[object, ...] = ()  # after the device handle: pynvml constants
+    kwargs: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,7 +107,7 @@ class DeviceState:
     """One GPU: identity, the chosen variant per reading, and per-device collector state."""
 
     index: int
-    handle: Any
+    handle: object  # NVML's device handle, opaque
     uuid: str
     name: str
     memory_total: int | None = None
@@ -93,7 +117,7 @@ class DeviceState:
     chosen: dict[str, Variant] = field(default_factory=dict)  # reading key -> working variant
     slow_keys: frozenset[str] = frozenset()
     gpm_supported: bool = False
-    xid_event_set: Any | None = None
+    xid_event_set: object | None = None  # NVML's event set, opaque
     xid_wait_fn: str = ""
     lost: bool = False
 
@@ -104,8 +128,8 @@ class DeviceState:
             out["pci_bus_id"] = self.pci_bus_id
         return out
 
-    def read(self, nvml: Nvml, key: str) -> Any | None:
-        """Take one reading; drop it from this device for good on a permanent error."""
+    def read(self, nvml: Nvml, key: str) -> object:
+        """Take one reading (None: absent); drop it from this device for good on a permanent error."""
         v = self.chosen.get(key)
         if v is None:
             return None
@@ -115,7 +139,7 @@ class DeviceState:
         return value
 
 
-def choose(nvml: Nvml, handle: Any, reading: Reading) -> tuple[Variant | None, Any | None]:
+def choose(nvml: Nvml, handle: object, reading: Reading) -> tuple[Variant | None, object]:
     """The first variant that answers (and its value), else the first with a transient failure."""
     fallback: Variant | None = None
     for v in reading.variants:
@@ -147,7 +171,7 @@ def probe_device(nvml: Nvml, index: int, gpm: bool | None, xid: bool) -> DeviceS
         dev.chosen[r.key] = v
         if r.slow:
             slow.add(r.key)
-        if r.key == "memory" and value is not None:
+        if r.key == "memory" and isinstance(value, MemoryInfo):
             dev.memory_total = int(value.total)
     dev.slow_keys = frozenset(slow)
     if gpm is not False:
@@ -158,7 +182,7 @@ def probe_device(nvml: Nvml, index: int, gpm: bool | None, xid: bool) -> DeviceS
     return dev
 
 
-def _bus_id(nvml: Nvml, handle: Any) -> str | None:
+def _bus_id(nvml: Nvml, handle: object) -> str | None:
     """The device's PCI bus id, read once at probe (identity, like the UUID)."""
     fn = next((f for f in ("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo") if nvml.has(f)), None)
     info = nvml.call(fn, handle) if fn is not None else None

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypedDict
 
+from perfd import events
 from perfd.events import GPU_PROCESSES
 from perfd.procinfo import (  # shared with collectors/ranks: which rank and job a process is
     CMDLINE_MAX,
@@ -49,6 +50,9 @@ from perfd.procinfo import (  # shared with collectors/ranks: which rank and job
     uid_alone,
 )
 
+if TYPE_CHECKING:
+    from collectors.nvml.probe import ProcessInfo
+
 __all__ = ["CMDLINE_MAX", "JOB_ENV", "JOB_NAME_MAX", "RANK_ENV", "EnvLookup", "GpuProcess", "NameLookup",
            "ProcessTracker", "UserLookup", "job_from_env", "psutil_lookup", "psutil_rank_env", "psutil_user"]
 
@@ -61,13 +65,25 @@ def _int(v: object) -> int | None:
     return v if isinstance(v, int) else None
 
 
+class ProcessesEvent(TypedDict):
+    """The ``gpu_processes`` event of one GPU (perfd.events.GPU_PROCESSES)."""
+
+    kind: str
+    severity: Literal["info"]
+    time: float
+    labels: dict[str, str]
+    text: str
+    changed: bool
+    payload: list[events.GpuProcess]
+
+
 @dataclass
 class GpuProcess:
     pid: int
     used_memory_bytes: int | None
 
     @classmethod
-    def from_nvml(cls, obj: Any) -> GpuProcess:
+    def from_nvml(cls, obj: ProcessInfo) -> GpuProcess:
         used = getattr(obj, "usedGpuMemory", None)
         return cls(pid=int(obj.pid), used_memory_bytes=int(used) if used is not None else None)
 
@@ -95,7 +111,7 @@ class ProcessTracker:
         self._last: dict[str, tuple[frozenset[int], float]] = {}  # gpu -> (pids, last event time)
         self._names: dict[int, tuple[str | None, str | None]] = {}
 
-    def update(self, labels: dict[str, str], procs: list[GpuProcess], now: float) -> dict[str, Any] | None:
+    def update(self, labels: dict[str, str], procs: list[GpuProcess], now: float) -> ProcessesEvent | None:
         """The event to emit for this GPU now, or None (same pids, reported recently)."""
         gpu = labels["gpu"]
         pids = frozenset(p.pid for p in procs)
@@ -105,7 +121,7 @@ class ProcessTracker:
         changed = last is None or last[0] != pids
         self._last[gpu] = (pids, now)
         self._forget_gone()
-        payload = []
+        payload: list[events.GpuProcess] = []
         for p in sorted(procs, key=lambda q: q.pid):
             name, cmd = self._name(p.pid)
             if p.pid not in self._ranks:

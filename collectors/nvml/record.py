@@ -19,12 +19,13 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
+from collectors.config import as_float
 from collectors.nvml.collector import NvmlCollector
-from collectors.nvml.replay import FORMAT_VERSION
+from collectors.nvml.replay import FORMAT_VERSION, entries
 from collectors.nvml.wrapper import Nvml
 from perfd.events import GPU_PROCESSES
 
@@ -43,7 +44,20 @@ def read_phase(marker: str | Path | None) -> str | None:
     return text[:_PHASE_MAX] or None
 
 
-def _sample_json(name: str, labels: dict[str, str], value: float) -> dict[str, Any]:
+class Footer(TypedDict):
+    """A recording's last line: what the recording cost and met."""
+
+    type: str  # "footer"
+    frames: int
+    calls: dict[str, int]  # NVML function -> calls
+    cost_us: dict[str, float]  # NVML function -> mean µs per call
+    nvml_errors: dict[str, int]  # "function:error" -> count
+    collector_errors: dict[str, int]
+    collect_ms_median: float | None
+    collect_ms_max: float | None
+
+
+def _sample_json(name: str, labels: dict[str, str], value: float) -> dict[str, object]:
     # Six decimals keep ratios exact enough and the file small.
     return {"name": name, "labels": labels, "value": round(value, 6)}
 
@@ -51,11 +65,11 @@ def _sample_json(name: str, labels: dict[str, str], value: float) -> dict[str, A
 def record(out_path: str | Path, duration_s: float, interval_s: float = 0.5,
            devices: Sequence[int] | str = "all", phase_marker_file: str | Path | None = None, *,
            stop: threading.Event | None = None, nvml: Nvml | None = None,
-           config: dict[str, Any] | None = None) -> dict[str, Any]:
+           config: Mapping[str, object] | None = None) -> Footer:
     """Sample NVML every ``interval_s`` for ``duration_s`` (or until ``stop`` is set) into
     ``out_path``. Returns the footer (call costs, errors, collect durations). Raises RuntimeError
     when NVML is not usable here, with the probe's reason."""
-    cfg: dict[str, Any] = {"source": "real", "interval_s": interval_s,
+    cfg: dict[str, object] = {"source": "real", "interval_s": interval_s,
                            "devices": list(devices) if not isinstance(devices, str) else devices}
     cfg.update(config or {})
     collector = NvmlCollector(cfg, nvml=nvml)
@@ -85,7 +99,7 @@ def record(out_path: str | Path, duration_s: float, interval_s: float = 0.5,
                 c0 = time.perf_counter()
                 got = collector.collect(now)
                 durations_ms.append((time.perf_counter() - c0) * 1000.0)
-                line: dict[str, Any] = {"type": "collect", "t": round(t_rel, 4),
+                line: dict[str, object] = {"type": "collect", "t": round(t_rel, 4),
                                         "time": now}
                 phase = read_phase(phase_marker_file)
                 if phase is not None:
@@ -102,7 +116,7 @@ def record(out_path: str | Path, duration_s: float, interval_s: float = 0.5,
                     next_tick = now_m + interval_s - ((now_m - t0) % interval_s)
                 stop.wait(max(0.0, next_tick - time.monotonic()))
         finally:
-            footer = {
+            footer: Footer = {
                 "type": "footer", "frames": frames, "calls": dict(real.nvml.calls),
                 "cost_us": {k: round(v, 2) for k, v in real.nvml.cost_us().items()},
                 "nvml_errors": {f"{fn}:{err}": n for (fn, err), n in real.nvml.errors.items()},
@@ -126,24 +140,27 @@ def trim_recording(src: str | Path, dst: str | Path, phases: Sequence[str]) -> i
     out: list[str] = []
     t_first: float | None = None
     kept = 0
-    pending: dict[str, dict[str, Any]] = {}  # gpu -> latest process event from a dropped frame
+    pending: dict[str, dict[str, object]] = {}  # gpu -> latest process event from a dropped frame
     with open(src, encoding="utf-8") as fh:
         for line in fh:
             if not line.strip():
                 continue
             rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError(f"{src}: not a recording's line: {line.strip()[:40]!r}")
             if rec.get("type") == "collect":
-                procs = {str(e.get("labels", {}).get("gpu")): e for e in rec.get("events") or []
-                         if e.get("kind") == GPU_PROCESSES.name}
+                events = entries(rec.get("events"))
+                procs = {_gpu(e): e for e in events
+                         if isinstance(e, dict) and e.get("kind") == GPU_PROCESSES.name}
                 if rec.get("phase") not in keep:
                     pending.update(procs)
                     continue
                 carried = [e for gpu, e in pending.items() if gpu not in procs]
-                rec["events"] = carried + list(rec.get("events") or [])
+                rec["events"] = [*carried, *events]
                 pending.clear()
                 if t_first is None:
-                    t_first = float(rec["t"])
-                rec["t"] = round(float(rec["t"]) - t_first, 4)
+                    t_first = as_float(rec["t"])
+                rec["t"] = round(as_float(rec["t"]) - t_first, 4)
                 kept += 1
             elif rec.get("type") == "footer":
                 rec["trimmed_to_phases"] = list(phases)
@@ -151,6 +168,13 @@ def trim_recording(src: str | Path, dst: str | Path, phases: Sequence[str]) -> i
             out.append(json.dumps(rec, default=str))
     Path(dst).write_text("\n".join(out) + "\n", encoding="utf-8")
     return kept
+
+
+def _gpu(event: dict[str, object]) -> str:
+    labels = event.get("labels", {})
+    if not isinstance(labels, dict):
+        raise TypeError(f"an event's labels are a mapping, not {type(labels).__name__}")
+    return str(labels.get("gpu"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,8 +20,8 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from collectors.config import as_float
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import REPLAY_FINISHED
 from perfd.model import Sample
@@ -35,7 +35,7 @@ class Frame:
     t: float
     phase: str | None
     samples: list[tuple[str, dict[str, str], float]]
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, object]] = field(default_factory=list)
     time: float | None = None  # epoch seconds when recorded
 
     def value(self, name: str, **labels: str) -> float | None:
@@ -49,14 +49,15 @@ class Frame:
 class ReplaySource:
     """A parsed recording: header and frames in time order."""
 
-    def __init__(self, header: dict[str, Any], frames: list[Frame], footer: dict[str, Any] | None = None):
+    def __init__(self, header: dict[str, object], frames: list[Frame],
+                 footer: dict[str, object] | None = None):
         self.header = header
         self.frames = frames
         self.footer = footer
 
     @property
     def interval_s(self) -> float:
-        return float(self.header.get("interval_s") or 1.0)
+        return as_float(self.header.get("interval_s") or 1.0)
 
     @property
     def start_t(self) -> float:
@@ -68,8 +69,10 @@ class ReplaySource:
         return self.frames[-1].t - self.start_t if self.frames else 0.0
 
     @property
-    def devices(self) -> list[dict[str, Any]]:
-        return list(self.header.get("devices") or [])
+    def devices(self) -> list[dict[str, object]]:
+        """The recorded devices (record.py: index, uuid, name, memory_total, gpm_supported...)."""
+        devices = self.header.get("devices")
+        return [d for d in devices if isinstance(d, dict)] if isinstance(devices, list) else []
 
     def phases(self) -> list[str]:
         seen: list[str] = []
@@ -103,18 +106,19 @@ class ReplaySource:
     @classmethod
     def load(cls, path: str | Path) -> ReplaySource:
         """Parse a recording. Raises OSError or ValueError (with the line number) for a bad file."""
-        header: dict[str, Any] | None = None
-        footer: dict[str, Any] | None = None
+        header: dict[str, object] | None = None
+        footer: dict[str, object] | None = None
         frames: list[Frame] = []
         with open(path, encoding="utf-8") as fh:
             for no, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
                 try:
-                    rec = json.loads(line)
+                    obj = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"line {no}: not JSON ({exc})") from None
-                kind = rec.get("type") if isinstance(rec, dict) else None
+                rec: dict[str, object] = obj if isinstance(obj, dict) else {}  # not a record: no type
+                kind = rec.get("type")
                 if header is None:
                     if kind != "header":
                         raise ValueError(f"line {no}: the first line must be the header")
@@ -131,15 +135,32 @@ class ReplaySource:
         return cls(header, frames, footer)
 
 
-def _frame(rec: dict[str, Any], no: int) -> Frame:
+def entries(value: object) -> list[object]:
+    """A record's list (absent or empty: none); anything else is a TypeError."""
+    if not value:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"a list expected, not {type(value).__name__}")
+    return value
+
+
+def _sample(s: object) -> tuple[str, dict[str, str], float]:
+    if not isinstance(s, dict):
+        raise TypeError(f"a sample is a mapping, not {type(s).__name__}")
+    labels = s.get("labels") or {}
+    if not isinstance(labels, dict):
+        raise TypeError(f"a sample's labels are a mapping, not {type(labels).__name__}")
+    return str(s["name"]), {str(k): str(v) for k, v in labels.items()}, as_float(s["value"])
+
+
+def _frame(rec: dict[str, object], no: int) -> Frame:
     try:
-        samples = [(str(s["name"]), {str(k): str(v) for k, v in (s.get("labels") or {}).items()},
-                    float(s["value"])) for s in rec.get("samples") or []]
-        events = [e for e in rec.get("events") or [] if isinstance(e, dict)]
+        samples = [_sample(s) for s in entries(rec.get("samples"))]
+        events = [e for e in entries(rec.get("events")) if isinstance(e, dict)]
         phase = rec.get("phase")
         when = rec.get("time")
-        return Frame(t=float(rec["t"]), phase=str(phase) if phase is not None else None,
-                     samples=samples, events=events, time=float(when) if when is not None else None)
+        return Frame(t=as_float(rec["t"]), phase=str(phase) if phase is not None else None,
+                     samples=samples, events=events, time=as_float(when) if when is not None else None)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"line {no}: bad collect record ({exc!r})") from None
 
@@ -219,4 +240,6 @@ class NvmlReplay:
         for name, labels, value in frame.samples:
             out.samples.append(Sample(name=name, value=value, time=t, labels={**labels, key: val}))
         for ev in frame.events:
-            out.events.append({**ev, "time": t, "labels": {**(ev.get("labels") or {}), key: val}})
+            given = ev.get("labels")
+            labels = {**(given if isinstance(given, dict) else {}), key: val}
+            out.events.append({**ev, "time": t, "labels": labels})

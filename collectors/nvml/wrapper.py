@@ -20,7 +20,8 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+
+from collectors.config import as_int
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def error_name(exc: BaseException) -> str:
     return f"Exception:{cls}"
 
 
-def as_text(value: Any) -> str:
+def as_text(value: object) -> str:
     """Old pynvml versions return bytes for strings, newer ones str."""
     if isinstance(value, bytes):
         return value.decode(errors="replace")
@@ -75,9 +76,10 @@ class Nvml:
     "failed this time". One instance is used from one thread (the agent calls collectors serially).
     """
 
-    def __init__(self, module: Any | None = None,
+    def __init__(self, module: object | None = None,
                  clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
-        self._mod: Any | None = module
+        # pynvml, or a stand-in with its functions and constants: only ever read by name (getattr).
+        self._mod: object | None = module
         self._clock_ns = clock_ns
         self.initialized = False
         self.reason = ""
@@ -128,7 +130,9 @@ class Nvml:
     def shutdown(self) -> None:
         if self.initialized and self._mod is not None:
             try:
-                self._mod.nvmlShutdown()
+                shutdown = getattr(self._mod, "nvmlShutdown", None)
+                if shutdown is not None:
+                    shutdown()
             except Exception as exc:  # shutting down must never fail the agent
                 log.debug("nvmlShutdown failed: %s", exc)
         self.initialized = False
@@ -138,17 +142,19 @@ class Nvml:
         """Whether this pynvml defines ``fn_name`` (the driver may still lack it)."""
         return self._mod is not None and callable(getattr(self._mod, fn_name, None))
 
-    def const(self, name: str, default: Any) -> Any:
+    def const(self, name: str, default: object) -> object:
         """A pynvml constant or class (``NVML_CLOCK_SM``, ``c_nvmlGpmMetricsGet_t``), or ``default``."""
         if self._mod is None:
             return default
         return getattr(self._mod, name, default)
 
-    def call(self, fn_name: str, *args: Any, **kwargs: Any) -> Any | None:
-        """Call ``pynvml.<fn_name>(*args, **kwargs)``; its value, or None when absent or failed."""
+    def call(self, fn_name: str, *args: object, **kwargs: object) -> object:
+        """Call ``pynvml.<fn_name>(*args, **kwargs)``; its value, or None when absent or failed. What
+        the value is depends on the function: the caller checks it (perfd reads a few fields of a
+        few NVML structs, collectors/nvml/probe.py)."""
         return self.call_quiet(fn_name, (), *args, **kwargs)
 
-    def call_quiet(self, fn_name: str, expected: Iterable[str], *args: Any, **kwargs: Any) -> Any | None:
+    def call_quiet(self, fn_name: str, expected: Iterable[str], *args: object, **kwargs: object) -> object:
         """Like ``call``, but errors named in ``expected`` (e.g. "Timeout" from an event wait with
         timeout 0, which only means "no event") are neither counted nor logged."""
         self.calls[fn_name] += 1
@@ -196,4 +202,4 @@ class Nvml:
 
     def device_count(self) -> int:
         n = self.call("nvmlDeviceGetCount")
-        return int(n) if n else 0
+        return as_int(n) if n else 0

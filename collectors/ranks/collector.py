@@ -31,15 +31,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from collectors.config import as_float
 from collectors.ranks import procfs
 from perfd import limits as L
 from perfd.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO
 from perfd.collector import Capabilities, Collected, Collector
-from perfd.events import RANK_PROCESSES
+from perfd.events import RANK_PROCESSES, RankHost
 from perfd.manifest import STATUS_EXITED, STATUS_RUNNING, load_manifest
 from perfd.model import Sample
 from perfd.procinfo import (
@@ -85,16 +85,16 @@ class RanksConfig:
     event_every_s: float = 5.0
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> RanksConfig:
+    def from_dict(cls, cfg: Mapping[str, object]) -> RanksConfig:
         known = {"interval_s", "job", "launch_manifest", "scan", "proc", "event_every_s", "pod"}
         unknown = set(cfg) - known
         if unknown:
             raise ValueError(f"ranks: unknown config key(s) {sorted(unknown)}; known: {sorted(known)}")
-        interval = float(cfg.get("interval_s", 1.0))
+        interval = as_float(cfg.get("interval_s", 1.0))
         if interval <= 0:
             raise ValueError(f"ranks: interval_s must be > 0, not {interval}")
         manifest = cfg.get("launch_manifest")
-        every = float(cfg.get("event_every_s", 5.0))
+        every = as_float(cfg.get("event_every_s", 5.0))
         if every < 0:
             raise ValueError(f"ranks: event_every_s must be >= 0, not {every}")
         return cls(interval_s=interval, job=str(cfg.get("job") or ""),
@@ -102,6 +102,16 @@ class RanksConfig:
                    proc=str(cfg.get("proc", procfs.PROC)), event_every_s=every,
                    pod=bool(cfg.get("pod", False)))
 
+
+
+class RankRow(RankHost, total=False):
+    """One rank's row as this collector builds it: events.RankHost, and what it reads beside."""
+
+    threads: int
+    throttled_s: float
+
+
+_RankMarks = tuple[int, str, bool, bool, bool]  # rank, then _marks: what makes an event due at once
 
 @dataclass
 class RankProc:
@@ -142,7 +152,7 @@ class RanksCollector(Collector):
 
     name = "ranks"
 
-    def __init__(self, config: dict[str, Any] | None = None, *,
+    def __init__(self, config: Mapping[str, object] | None = None, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.config = RanksConfig.from_dict(dict(config or {}))
@@ -158,13 +168,13 @@ class RanksCollector(Collector):
         self._discovered_at = float("-inf")
         self._names: dict[tuple[int, int], tuple[str | None, str | None, str | None]] = {}
         # cgroup dirs -> its files' readings, this collect only (see _cgroup_files)
-        self._cg_cache: dict[tuple[Any, ...], tuple[procfs.Throttling | None,
+        self._cg_cache: dict[tuple[str | None, str | None, str | None, bool], tuple[procfs.Throttling | None,
                                                     tuple[dict[str, int], str] | None, int | None]] = {}
         self.caps: Capabilities | None = None
-        self._sent: dict[str, tuple[float, tuple[Any, ...]]] = {}  # job -> (last event, its marks)
+        self._sent: dict[str, tuple[float, tuple[_RankMarks, ...]]] = {}  # job -> (last event, its marks)
         # job -> its launch's end as the launch manifest says it (status, exit code, when): sent with
         # the job's rank_processes events, so the aggregator knows the job ended without waiting
-        self._launch: dict[str, dict[str, Any]] = {}
+        self._launch: dict[str, dict[str, object]] = {}  # events.LaunchExit, exit_code and ended or None
         self._launch_sent: set[str] = set()  # jobs whose launch end went out with no rank to report
         self.last_scan_s: float | None = None  # the last contention scan's duration (perfd bench ranks)
         self.last_scan_pids = 0
@@ -223,7 +233,7 @@ class RanksCollector(Collector):
                 self.count_error("discover-failed", repr(exc))
         cpus = procfs.read_cpu_times(self.config.proc)
         self._cg_cache = {}
-        rows: dict[tuple[str, int], dict[str, Any]] = {}
+        rows: dict[tuple[str, int], RankRow] = {}
         for key, rp in list(self.ranks.items()):
             try:
                 row = self._measure(rp, t, now, cpus)
@@ -357,7 +367,7 @@ class RanksCollector(Collector):
 
     # ---- one rank ------------------------------------------------------------------------------
     def _measure(self, rp: RankProc, t: float, now: float,
-                 cpus: dict[int, tuple[int, int]] | None) -> dict[str, Any] | None:
+                 cpus: dict[int, tuple[int, int]] | None) -> RankRow | None:
         proc = self.config.proc
         st = procfs.read_stat(rp.pid, proc)
         if st is None or (rp.start_ticks is not None and st.start_ticks != rp.start_ticks):
@@ -369,7 +379,7 @@ class RanksCollector(Collector):
             return None
         if state != rp.state:
             rp.state, rp.state_since = state, now
-        row: dict[str, Any] = {"rank": rp.rank, "pid": rp.pid, "source": rp.source, "state": state,
+        row: RankRow = {"rank": rp.rank, "pid": rp.pid, "source": rp.source, "state": state,
                                "state_since": rp.state_since, "observed_at": now}
         boot = procfs.boot_time(proc)
         if boot is not None and rp.start_ticks is not None:
@@ -427,7 +437,7 @@ class RanksCollector(Collector):
         rp.prev_t = t
         return row
 
-    def _children(self, rp: RankProc, row: dict[str, Any], dt: float | None) -> None:
+    def _children(self, rp: RankProc, row: RankRow, dt: float | None) -> None:
         """The CPU the rank's descendants used (its data-loader workers: the job's own work, shown as
         the job's, never as other processes on its CPUs); a child that came or went within the
         interval counts from its first reading on."""
@@ -461,7 +471,7 @@ class RanksCollector(Collector):
             busy, total = busy + b[0] - a[0], total + b[1] - a[1]
         return min(1.0, busy / total) if total > 0 else None
 
-    def _cgroup(self, rp: RankProc, row: dict[str, Any], dt: float | None) -> None:
+    def _cgroup(self, rp: RankProc, row: RankRow, dt: float | None) -> None:
         text = procfs.read_text(f"{self.config.proc}/{rp.pid}/cgroup")
         if text is not None and text != rp.cgroup_text:  # first read, or moved (a pod's resize, a test)
             if rp.cgroup_text is not None:
@@ -506,7 +516,7 @@ class RanksCollector(Collector):
                                          procfs.read_oom_kills(d))
         return got
 
-    def _oom(self, rp: RankProc, row: dict[str, Any]) -> None:
+    def _oom(self, rp: RankProc, row: RankRow) -> None:
         oom = self._cgroup_files(rp.cgroup)[2] if rp.cgroup is not None else None
         if oom is None:
             return
@@ -516,7 +526,7 @@ class RanksCollector(Collector):
         row["oom_kills_since_follow"] = oom - rp.oom_at_follow
 
     # ---- who else runs on a waiting rank's CPUs ---------------------------------------------------
-    def _contention(self, rows: dict[tuple[str, int], dict[str, Any]], t: float) -> None:
+    def _contention(self, rows: dict[tuple[str, int], RankRow], t: float) -> None:
         """While some rank waits for a CPU, read every process's CPU time and last CPU each collect;
         with the previous scan, name what ran on each waiting rank's CPUs. No wait: no scan (and
         the previous one is dropped, so a later scan never spans a long gap)."""
@@ -570,7 +580,7 @@ class RanksCollector(Collector):
             top = sorted(found, key=lambda f: (-f[0], f[1]))[:L.RANK_OTHERS_TOP_N]
             row["others"] = [self._named(share, pid, st, own) for share, pid, st, own in top]
 
-    def _named(self, share: float, pid: int, st: procfs.ProcStat, own: bool) -> dict[str, Any]:
+    def _named(self, share: float, pid: int, st: procfs.ProcStat, own: bool) -> dict[str, object]:
         key = (pid, st.start_ticks)
         got = self._names.get(key)
         if got is None:
@@ -596,21 +606,22 @@ class RanksCollector(Collector):
         return (pages - prev[1]) * procfs.PAGE_SIZE / (t - prev[0])
 
     # ---- output --------------------------------------------------------------------------------
-    def _emit(self, rows: dict[tuple[str, int], dict[str, Any]], swap: float | None, now: float,
+    def _emit(self, rows: dict[tuple[str, int], RankRow], swap: float | None, now: float,
               out: Collected) -> None:
         def emit(name: str, value: float, labels: dict[str, str]) -> None:
             out.samples.append(Sample(name=name, value=float(value), time=now, labels=labels))
 
         if swap is not None and rows:  # the ranks' memory-pressure context: none without a rank followed
             emit("perfd_host_swap_in_bytes_per_second", swap, {})
-        by_job: dict[str, list[dict[str, Any]]] = {}
+        by_job: dict[str, list[RankRow]] = {}
         for (job, rank), row in sorted(rows.items()):
             by_job.setdefault(job, []).append(row)
             lab = {"job_name": job, "rank": str(rank)} if job else {"rank": str(rank)}
             emit(RANK_STATE_INFO, 1.0, {**lab, "process_state": row["state"]})
             for name, key in RANK_HOST_SERIES.items():
-                if row.get(key) is not None:
-                    emit(name, row[key], lab)
+                value = row.get(key)
+                if isinstance(value, int | float):  # every series of RANK_HOST_SERIES is a number
+                    emit(name, value, lab)
             if row.get("allowed_cpus") is not None:
                 emit(RANK_ALLOWED_CPUS, len(row["allowed_cpus"]), lab)
             for res, share in (row.get("pressure") or {}).items():
@@ -627,7 +638,7 @@ class RanksCollector(Collector):
                 continue
             self._sent[job] = (now, marks)
             states = sorted({r["state"] for r in ranks})
-            payload = {"job": job, "interval_s": self.config.interval_s, "ranks": ranks,
+            payload: dict[str, object] = {"job": job, "interval_s": self.config.interval_s, "ranks": ranks,
                        "node": {"swap_in_bytes_per_second": swap} if swap is not None else {}}
             if job in self._launch:
                 payload["launch"] = dict(self._launch[job])
@@ -649,14 +660,14 @@ class RanksCollector(Collector):
             })
 
 
-def _waits(row: dict[str, Any]) -> bool:
+def _waits(row: RankRow) -> bool:
     """The rank waits for a CPU: a share of the time it wanted one past CPU_WAIT_SCAN, and it wanted
     some (a rank that barely runs waits a few µs a wake-up: a large share of almost nothing)."""
     wait, demand = row.get("wait_ratio"), row.get("cpu_demand_cores")
     return wait is not None and wait >= CPU_WAIT_SCAN.value and (demand is None or demand >= MIN_DEMAND)
 
 
-def _marks(row: dict[str, Any]) -> tuple[str, bool, bool, bool]:
+def _marks(row: RankRow) -> tuple[str, bool, bool, bool]:
     """What changes the aggregator must hear of at once: the state, idle (no CPU: a stall's
     corroboration), waiting for a CPU, throttled."""
     cpu, thr = row.get("cpu_cores"), row.get("throttled_ratio")

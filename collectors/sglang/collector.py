@@ -8,9 +8,10 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+from collectors.config import as_float, as_int
 from collectors.megatron.gaps import TailGaps
 from collectors.megatron.tail import LogTail
 from collectors.sglang.metrics import scrape
@@ -39,7 +40,7 @@ class SglangCollector(Collector):
     default_interval_s = 2.0
     MAX_RECORDS_PER_EVENT = 2000  # ~1 MB of JSON: well under the transport's message size
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, object]) -> None:
         super().__init__()
         unknown = sorted(set(config) - CONFIG_KEYS)
         if unknown:
@@ -50,24 +51,27 @@ class SglangCollector(Collector):
         if self.log_path is None and self.metrics_url is None:
             raise ValueError("sglang: set log_path (the server log) and/or metrics_url (its /metrics)")
         self.job = str(config.get("job") or "default")
-        self.default_interval_s = float(config.get("interval_s", 2.0))
-        self.scrape_interval_s = float(config.get("scrape_interval_s", 5.0))
-        self.scrape_timeout_s = float(config.get("scrape_timeout_s", 2.0))
+        self.default_interval_s = as_float(config.get("interval_s", 2.0))
+        self.scrape_interval_s = as_float(config.get("scrape_interval_s", 5.0))
+        self.scrape_timeout_s = as_float(config.get("scrape_timeout_s", 2.0))
         self.from_start = bool(config.get("from_start", True))
         # The server's start-up facts are resent every report_interval_s (not only when they change),
         # so an aggregator that restarted gets them back.
-        self.report_interval_s = float(config.get("report_interval_s", 30.0))
+        self.report_interval_s = as_float(config.get("report_interval_s", 30.0))
         self._last_server_sent = -math.inf
-        self.max_bytes_per_collect = int(config.get("max_bytes_per_collect", 4 << 20))
+        self.max_bytes_per_collect = as_int(config.get("max_bytes_per_collect", 4 << 20))
         if self.default_interval_s <= 0 or self.scrape_interval_s <= 0:
             raise ValueError("sglang: interval_s and scrape_interval_s must be > 0")
-        self.window_s = float(config.get("window_s", 60.0))
+        self.window_s = as_float(config.get("window_s", 60.0))
         if self.window_s <= 0:
             raise ValueError("sglang: window_s must be > 0")
         # Checked here so a bad model spec fails at start-up, where a person reads the error; the
         # aggregator reads the same mapping (the analysis settings travel with the data).
-        self.spec = ServingModelSpec.from_mapping(config.get("model"))
-        self.analysis_config: dict[str, Any] = {
+        model = config.get("model")
+        if model and not isinstance(model, Mapping):
+            raise ValueError(f"sglang: model must be a mapping of the model's fields, not {model!r}")
+        self.spec = ServingModelSpec.from_mapping(model if isinstance(model, Mapping) else None)
+        self.analysis_config: dict[str, object] = {
             k: v for k, v in (("window_s", self.window_s), ("model", config.get("model")),
                               ("gpu", config.get("gpu")), ("peak_tflops", config.get("peak_tflops")),
                               ("peak_bandwidth", config.get("peak_bandwidth"))) if v is not None}
@@ -129,7 +133,7 @@ class SglangCollector(Collector):
             self._pending.popleft()
             self.counts["records_pruned"] = self.counts.get("records_pruned", 0) + 1
 
-    def _data_events(self, now: float, mono: float) -> list[dict[str, Any]]:
+    def _data_events(self, now: float, mono: float) -> list[dict[str, object]]:
         """The ServingData events of this collect: pending records (in chunks, so one event stays
         small), the server facts when changed or due, the scrape taken since the last send."""
         send_server = self.server is not None and (

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+from collectors.config import as_int
 from collectors.megatron.gaps import TailGaps
 from collectors.megatron.tail import LogTail
 from collectors.torchtitan.parser import TorchtitanLogParser
@@ -18,7 +19,7 @@ from perfd.model import JobInfo, ModelSpec
 _KNOWN = {"path", "job", "from_start", "line_times", "model", "dtype", "max_bytes_per_collect"}
 
 
-def model_spec(cfg: dict[str, Any]) -> ModelSpec:
+def model_spec(cfg: Mapping[str, object]) -> ModelSpec:
     """The model's shape from the config's ``model`` mapping (and ``dtype``): torchtitan's log does
     not print it, and perfd's FLOPs count needs it. Unknown keys are errors that name them."""
     raw = cfg.get("model") or {}
@@ -50,7 +51,7 @@ class TorchtitanCollector(Collector):
     name = "torchtitan"
     default_interval_s = 0.5
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, object]) -> None:
         super().__init__()
         unknown = set(config) - _KNOWN - {"resume"}
         if unknown:
@@ -60,7 +61,7 @@ class TorchtitanCollector(Collector):
         self.path = str(config["path"])
         self.job = str(config.get("job") or "default")
         self.from_start = bool(config.get("from_start", True))
-        self.max_bytes_per_collect = int(config.get("max_bytes_per_collect", 4 << 20))
+        self.max_bytes_per_collect = as_int(config.get("max_bytes_per_collect", 4 << 20))
         self.parser = TorchtitanLogParser(self.job, Path(self.path).name, model_spec(config))
         lt = config.get("line_times")
         self.line_times = LineTimes(str(lt)) if lt else None

@@ -22,7 +22,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from perfd.capture.dynolog import (
     DYNOLOG_PORT,
@@ -40,12 +40,15 @@ from perfd.collector import Collector
 from perfd.events import GPU_PROCESSES, HOOK_PROFILE, payload_of
 from perfd.procinfo import uid_alone
 
+if TYPE_CHECKING:
+    from perfd.transport.codec import Command
+
 log = logging.getLogger(__name__)
 
 
 class AgentCaptures:
     def __init__(self, job: str, root: str | None, quota_bytes: int,
-                 emit: Callable[[dict[str, Any]], None], kineto: bool = True,
+                 emit: Callable[[dict[str, object]], None], kineto: bool = True,
                  hook: Collector | None = None, kineto_socket: str = DEFAULT_SOCKET_NAME,
                  dynolog_port: int = DYNOLOG_PORT, kineto_socket_dir: str | None = None,
                  rank_pids: Callable[[str], Mapping[int, int]] | None = None, job_uid: int | None = None,
@@ -90,10 +93,10 @@ class AgentCaptures:
         requester = getattr(hook, "request_profile", None)
         canceller = getattr(hook, "cancel_profile", None)
         peers = getattr(hook, "peers", None)
-        self._hook_peers: Mapping[int, Any] | None = peers
+        self._hook_peers: Mapping[int, object] | None = peers  # rank -> collectors.hook HookPeer
         # What each rank's hook said of its process (collectors.hook HookRank): whether it can open a
         # Kineto trace itself, for a job started without KINETO_USE_DAEMON.
-        self._hook_ranks: Mapping[int, Any] | None = getattr(hook, "ranks", None)
+        self._hook_ranks: Mapping[int, object] | None = getattr(hook, "ranks", None)
         tracer = getattr(hook, "request_trace", None)
         self.manager = CaptureManager(
             self.store, self.kineto, nsys if nsys.available() is None else None,
@@ -110,7 +113,7 @@ class AgentCaptures:
         return (info is not None and peer is not None and bool(getattr(info, "can_trace", False))
                 and getattr(info, "pid", None) == getattr(peer, "pid", None))
 
-    def observe(self, events: list[dict[str, Any]]) -> None:
+    def observe(self, events: list[dict[str, object]]) -> None:
         """Learn rank → pid from process lists (only processes of this agent's job: one that declares
         another job in its environment is that job's rank, not ours); pass the hook's profile events
         to the manager."""
@@ -160,7 +163,7 @@ class AgentCaptures:
             return None
         return uid
 
-    def handle(self, command: Any) -> None:
+    def handle(self, command: Command) -> None:
         if getattr(command, "kind", "") == "capture":
             self.manager.handle(command)
         else:

@@ -36,10 +36,9 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from perfd import __version__
 from perfd.privdir import private_dir
@@ -56,8 +55,9 @@ class CheckpointTooNew(ValueError):
 
 @dataclass
 class _State:
-    base: dict[str, Any] | None = None
-    pending: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (seq, position), seq order
+    # A position is the collector's own (JSON-able) mapping: kept and handed back as it is.
+    base: dict[str, object] | None = None
+    pending: list[tuple[int, dict[str, object]]] = field(default_factory=list)  # (seq, position), seq order
 
 
 class Checkpoints:
@@ -72,7 +72,7 @@ class Checkpoints:
     def _path(self, name: str) -> Path:
         return self.dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.checkpoint.json"
 
-    def load(self, name: str) -> dict[str, Any] | None:
+    def load(self, name: str) -> dict[str, object] | None:
         """Where collector ``name`` resumes: the base, advanced through the pending positions whose
         batches the spool holds safe."""
         try:
@@ -103,7 +103,7 @@ class Checkpoints:
         self._states[name] = st
         return st.base
 
-    def save(self, name: str, position: dict[str, Any], seq: int | None = None) -> bool:
+    def save(self, name: str, position: dict[str, object], seq: int | None = None) -> bool:
         """Collector ``name`` has reached ``position``; ``seq``: the spool batch about to carry what
         it covers (None: nothing to send, it rides on the batches already pending)."""
         st = self._states.setdefault(name, _State())
@@ -127,7 +127,7 @@ class Checkpoints:
         while st.pending and self.settled is not None and self.settled(st.pending[0][0]):
             st.base = st.pending.pop(0)[1]
 
-    def _write(self, name: str, doc: dict[str, Any]) -> bool:
+    def _write(self, name: str, doc: Mapping[str, object]) -> bool:
         path = self._path(name)
         tmp = path.with_name(path.name + ".tmp")
         try:

@@ -6,7 +6,6 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -59,7 +58,7 @@ class AgentConfig:
     # Node samples forwarded to the aggregator: each series' newest value at most this often
     # (perfd.agent.reduce); every sample stays on the agent's /metrics. 0: every sample.
     aggregator_sample_interval_s: float = 2.0
-    collectors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    collectors: dict[str, dict[str, object]] = field(default_factory=dict)
     # Captures asked for by the aggregator (needs `aggregator`): where artifacts go, their quota,
     # and whether to serve the Kineto on-demand protocol (off where dynolog already does).
     captures: bool = True
@@ -292,9 +291,9 @@ def _apply_manifest(cfg: AgentConfig, path: str) -> None:
         _deep_merge(cfg.collectors.setdefault(name, {}), conf)
 
 
-def _deep_merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+def _deep_merge(into: dict[str, object], new: dict[str, object]) -> None:
     for k, v in new.items():
-        if isinstance(v, dict) and isinstance(into.get(k), dict):
-            _deep_merge(into[k], v)
+        if isinstance(v, dict) and isinstance(old := into.get(k), dict):
+            _deep_merge(old, v)
         else:
             into[k] = v

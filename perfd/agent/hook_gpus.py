@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from perfd.events import GPU_PROCESSES, payload_of
 from perfd.hook.wire import normalize_uuid
@@ -42,7 +41,7 @@ class HookRankInfo:
     device_uuid: str | None
 
 
-def hook_ranks(ranks: Mapping[int, Any]) -> list[HookRankInfo]:
+def hook_ranks(ranks: Mapping[int, object]) -> list[HookRankInfo]:
     """The hook collector's ``ranks`` (rank -> HookRank) as plain values."""
     out = []
     for r, info in list(ranks.items()):
@@ -53,7 +52,7 @@ def hook_ranks(ranks: Mapping[int, Any]) -> list[HookRankInfo]:
     return out
 
 
-def attribute(procs: list[dict[str, Any]], uuid: str | None, ranks: Iterable[HookRankInfo],
+def attribute(procs: list[dict[str, object]], uuid: str | None, ranks: Iterable[HookRankInfo],
               job: str | None, listed: frozenset[int] = frozenset()) -> list[tuple[int, int, str]]:
     """Write the hooks' ranks into one GPU's process list (in place); returns what was attributed,
     (rank, pid, how), for the caller to tell a change. ``listed``: the pids NVML lists on any GPU of
@@ -85,21 +84,21 @@ class HookGpus:
 
     def __init__(self, job: str | None) -> None:
         self.job = job or None
-        self._raw: dict[str, dict[str, Any]] = {}  # gpu -> its latest GPU_PROCESSES event, unattributed
+        self._raw: dict[str, dict[str, object]] = {}  # gpu -> its latest GPU_PROCESSES event, unattributed
         self._sent: dict[str, tuple[tuple[int, int, str], ...]] = {}  # gpu -> attribution last sent
 
-    def apply(self, events: list[dict[str, Any]], ranks: Iterable[HookRankInfo], now: float) -> None:
+    def apply(self, events: list[dict[str, object]], ranks: Iterable[HookRankInfo], now: float) -> None:
         """Attribute in place the process lists among ``events``; append a list again (attributed)
         for a GPU whose attribution changed while NVML had nothing new to say of it."""
         ranks = list(ranks)
-        batch: dict[str, dict[str, Any]] = {}
+        batch: dict[str, dict[str, object]] = {}
         for ev in events:
             gpu = self._gpu(ev)
             if gpu is not None:
                 self._raw[gpu] = copy.deepcopy(ev)
                 batch[gpu] = ev
-        listed = frozenset(int(p["pid"]) for raw in self._raw.values() for p in raw.get("payload") or []
-                           if isinstance(p, Mapping) and isinstance(p.get("pid"), int))
+        listed = frozenset(pid for raw in self._raw.values() for p in _entries(raw.get("payload"))
+                           if isinstance(p, Mapping) and isinstance(pid := p.get("pid"), int))
         for gpu, ev in batch.items():
             self._sent[gpu] = self._attribute(ev, ranks, listed)
         if not ranks:
@@ -115,17 +114,28 @@ class HookGpus:
                 ev["text"] = f"{ev.get('text', 'compute processes')} (ranks placed by their step hooks)"
                 events.append(ev)
 
-    def _gpu(self, ev: Mapping[str, Any]) -> str | None:
+    def _gpu(self, ev: Mapping[str, object]) -> str | None:
         if ev.get("kind") != GPU_PROCESSES.name or payload_of(ev, GPU_PROCESSES) is None:
             return None
-        gpu = (ev.get("labels") or {}).get("gpu")
+        gpu = label_of(ev, "gpu")
         return gpu if isinstance(gpu, str) else None
 
-    def _attribute(self, ev: dict[str, Any], ranks: list[HookRankInfo], listed: frozenset[int]
+    def _attribute(self, ev: dict[str, object], ranks: list[HookRankInfo], listed: frozenset[int]
                    ) -> tuple[tuple[int, int, str], ...]:
         procs = ev.get("payload")
         if not isinstance(procs, list) or not ranks:
             return ()
-        uuid = (ev.get("labels") or {}).get("uuid")
+        uuid = label_of(ev, "uuid")
         return tuple(sorted(attribute(procs, uuid if isinstance(uuid, str) else None, ranks, self.job,
                                       listed)))
+
+
+def _entries(payload: object) -> list[object]:
+    """A process list event's payload as a list (a missing or empty one: no entries)."""
+    return payload if isinstance(payload, list) else []
+
+
+def label_of(ev: Mapping[str, object], key: str) -> object:
+    """One of an event's labels (None where it has none, or no labels)."""
+    labels = ev.get("labels")
+    return labels.get(key) if isinstance(labels, Mapping) else None

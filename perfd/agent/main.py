@@ -19,16 +19,17 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, Metric
 
+from collectors.config import as_float
 from perfd import catalog
 from perfd import limits as L
 from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import DEFAULT_JOB, AgentConfig
-from perfd.agent.hook_gpus import HookGpus, hook_ranks
+from perfd.agent.hook_gpus import HookGpus, hook_ranks, label_of
 from perfd.agent.reduce import SampleReducer
 from perfd.agent.scheduler import COLLECT_BUCKETS_S, RUNNING_ERROR_REASONS, Scheduler
 from perfd.agent.stacks import StackDumper
@@ -50,8 +51,11 @@ from perfd.model import (
 )
 from perfd.placement import declared_job
 from perfd.refusals import Refusals
-from perfd.transport.codec import COMMAND_STACKS
+from perfd.transport.codec import COMMAND_STACKS, Command
 from perfd.transport.spool import Spool
+
+if TYPE_CHECKING:
+    from perfd.agent.captures import AgentCaptures
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +90,14 @@ def default_registry() -> Registry:
     return reg
 
 
-def _nccl_collector(cfg: dict[str, Any]) -> Collector:
+def _nccl_collector(cfg: Mapping[str, object]) -> Collector:
     from collectors.nccl import NcclCollector  # imported when configured: the agent stays lean
 
     # interval_s is the scheduler's (Agent.build reads it); the collector's own keys are stricter.
     return NcclCollector({k: v for k, v in cfg.items() if k != "interval_s"})
 
 
-def _hook_collector(cfg: dict[str, Any]) -> Collector:
+def _hook_collector(cfg: Mapping[str, object]) -> Collector:
     from collectors.hook import HookCollector
 
     return HookCollector({k: v for k, v in cfg.items() if k != "interval_s"})
@@ -171,7 +175,9 @@ class Agent:
         self.registry = registry or default_registry()
         self.scheduler = Scheduler()
         self.view = NodeView()
-        self.client: Any = None  # AgentClient when streaming (imported lazily: grpc)
+        # AgentClient or EngineClient (imported lazily: grpc, nats) when sending; tests put a stand-in
+        # there and read what it was given, so this stays Any.
+        self.client: Any = None
         self._client_task: asyncio.Task[None] | None = None
         self.config_errors: dict[str, str] = {}
         self.metrics_port: int | None = None
@@ -188,7 +194,7 @@ class Agent:
         self.ready_file: str | None = None  # run_agent's: where the /metrics port goes once listening
         self._checkpoints = Checkpoints(cfg.state_dir) if cfg.state_dir else None
         self.reducer = SampleReducer(cfg.aggregator_sample_interval_s)
-        self.captures: Any = None  # AgentCaptures when the aggregator can ask for captures
+        self.captures: AgentCaptures | None = None  # when the aggregator can ask for captures
         self.stacks: StackDumper | None = None  # answers the aggregator's stacks requests (a stall)
         # GPU index -> the job its processes declare (perfd.placement), from the NVML collector's
         # latest process list of each GPU; None: none declared. Read by the /metrics thread.
@@ -217,7 +223,7 @@ class Agent:
                 log.error("collector %s not started: %s", name, exc)
                 continue
             interval = conf.get("interval_s")
-            self.scheduler.add(col, float(interval) if interval is not None else None)
+            self.scheduler.add(col, as_float(interval) if interval is not None else None)
 
     def start_metrics_server(self) -> None:
         if self.cfg.metrics_port is None:
@@ -260,15 +266,15 @@ class Agent:
         out.extend((lbl, GPU_INFO, 1.0) for _gpu, lbl in sorted(info.items()))
         return out
 
-    def _note_gpu_jobs(self, events: list[dict[str, Any]]) -> None:
+    def _note_gpu_jobs(self, events: list[dict[str, object]]) -> None:
         for ev in events:
             if ev.get("kind") == GPU_PROCESSES.name:
                 procs = payload_of(ev, GPU_PROCESSES)
-                gpu = (ev.get("labels") or {}).get("gpu")
+                gpu = label_of(ev, "gpu")
                 if procs is not None and isinstance(gpu, str):
                     self.gpu_jobs[gpu] = declared_job(procs)
 
-    def _note_ranks(self, events: list[dict[str, Any]], steps: list[StepRecord]) -> None:
+    def _note_ranks(self, events: list[dict[str, object]], steps: list[StepRecord]) -> None:
         """Hand the rank processes the other collectors know to the ranks collector: each GPU
         process that declares a RANK (collectors/nvml), each step hook's sender (its pid and rank,
         with the uid the kernel gave for the sender: the ranks collector follows the pid only as
@@ -352,7 +358,7 @@ class Agent:
             fam.add_metric([self.cfg.node, name], buckets, total)
         return fam
 
-    def _count_capture(self, ev: Mapping[str, Any]) -> None:
+    def _count_capture(self, ev: Mapping[str, object]) -> None:
         """A capture that ended, by tool and outcome (the catalog's status enum: ok, failed, skipped)."""
         kind = ev.get("kind")
         if kind not in (CAPTURE_FINISHED.name, CAPTURE_FAILED.name):
@@ -363,17 +369,17 @@ class Agent:
             status = "ok"
         elif status not in CAPTURE_OUTCOMES or status == "ok":  # a failure event says failed or skipped
             status = "failed"
-        tool = str((ev.get("labels") or {}).get("tool") or "unknown")
+        tool = str(label_of(ev, "tool") or "unknown")
         self.captures_done[(tool, status)] = self.captures_done.get((tool, status), 0) + 1
 
     # ---- the loop -----------------------------------------------------------------------------
     def _forward(self, items: list[tuple[str, Collected]]) -> None:
         samples: list[Sample] = []
         steps = []
-        events: list[dict[str, Any]] = []
+        events: list[dict[str, object]] = []
         collectives: list[CollectiveRecord] = []
         job_info: dict[str, str] = {}
-        checkpoints: dict[str, dict[str, Any]] = {}
+        checkpoints: dict[str, dict[str, object]] = {}
         for name, out in items:
             for s in out.samples:
                 s.labels.setdefault("node", self.cfg.node)
@@ -434,7 +440,7 @@ class Agent:
             self.submit_errors += 1
             log.warning("could not queue a batch for the aggregator: %s", exc)
 
-    def _save_checkpoints(self, checkpoints: Mapping[str, dict[str, Any]], seq: int | None = None) -> None:
+    def _save_checkpoints(self, checkpoints: Mapping[str, dict[str, object]], seq: int | None = None) -> None:
         if self._checkpoints is not None:
             for name, ck in checkpoints.items():
                 self._checkpoints.save(name, ck, seq)
@@ -567,9 +573,11 @@ class Agent:
             self.stacks = StackDumper(self._emit_event, pids_of)
         return self.stacks
 
-    def _emit_event(self, ev: dict[str, Any]) -> None:
+    def _emit_event(self, ev: dict[str, object]) -> None:
         """Capture progress, from the capture threads: straight to the spool and the aggregator."""
-        ev.setdefault("labels", {}).setdefault("node", self.cfg.node)
+        labels = ev.setdefault("labels", {})
+        if isinstance(labels, dict):
+            labels.setdefault("node", self.cfg.node)
         ev.setdefault("job", self.cfg.job or DEFAULT_JOB)
         self._count_capture(ev)
         if self.client is not None:
@@ -579,7 +587,7 @@ class Agent:
                 self.submit_errors += 1
                 log.warning("could not queue a capture event: %s", exc)
 
-    def _on_command(self, cmd: Any) -> None:
+    def _on_command(self, cmd: Command) -> None:
         if getattr(cmd, "kind", "") == COMMAND_STACKS:
             self._stacks().handle(cmd)
             return

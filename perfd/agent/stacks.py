@@ -30,16 +30,25 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from perfd import limits as L
-from perfd.events import RANK_STACKS
+from perfd.events import RANK_STACKS, RankStack
 from perfd.redact import redact_stack
+
+if TYPE_CHECKING:
+    from perfd.transport.codec import Command
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[dict[str, object]], None]
 PidsOf = Callable[[str], Mapping[int, int]]  # job -> {rank: pid} of its rank processes on this node
+
+
+class StackDump(RankStack, total=False):
+    """One rank's answer as this agent gives it: a RankStack, and how long py-spy took."""
+
+    took_s: float
 
 
 def find_py_spy() -> str | None:
@@ -51,10 +60,10 @@ def find_py_spy() -> str | None:
 
 
 def dump_stack(binary: str | None, pid: int, timeout_s: float = L.STACK_TIMEOUT_S,
-               max_bytes: int = L.STACK_BYTES_PER_RANK) -> dict[str, Any]:
+               max_bytes: int = L.STACK_BYTES_PER_RANK) -> StackDump:
     """One process's Python stacks: {"pid", "stack"} or {"pid", "error"}, with how long it took.
     Never raises."""
-    out: dict[str, Any] = {"pid": pid}
+    out: StackDump = {"pid": pid}
     if binary is None:
         out["error"] = "py-spy not found (pip install py-spy; perfd's agent depends on it)"
         return out
@@ -94,7 +103,7 @@ class StackDumper:
         self.requests = 0
         self.refused_busy = 0
 
-    def handle(self, cmd: Any) -> None:
+    def handle(self, cmd: Command) -> None:
         """Start the dumps in a thread; returns at once."""
         self.requests += 1
         if not self._busy.acquire(blocking=False):
@@ -108,19 +117,19 @@ class StackDumper:
             self._busy.release()
             self._answer(cmd, {}, f"no thread: {exc}")
 
-    def _in_thread(self, cmd: Any) -> None:
+    def _in_thread(self, cmd: Command) -> None:
         try:
             self.run(cmd)
         finally:
             self._busy.release()
 
-    def run(self, cmd: Any) -> None:
+    def run(self, cmd: Command) -> None:
         """Dump the stacks ``cmd`` asks for, now, and emit the answer (the thread's work)."""
         try:
             job = str(getattr(cmd, "job", "") or "")
             pids = dict(self.pids_of(job))
             wanted = [int(r) for r in getattr(cmd, "ranks", ()) or ()] or sorted(pids)
-            ranks: dict[str, Any] = {}
+            ranks: dict[str, StackDump] = {}
             for r in wanted[:L.MAX_STACK_RANKS]:
                 pid = pids.get(r)
                 ranks[str(r)] = dump_stack(self.binary, pid) if pid is not None else {
@@ -132,7 +141,7 @@ class StackDumper:
             log.exception("stacks request failed")
             self._answer(cmd, {}, f"failed: {exc!r}")
 
-    def _answer(self, cmd: Any, ranks: Mapping[str, Any], note: str | None) -> None:
+    def _answer(self, cmd: Command, ranks: Mapping[str, StackDump], note: str | None) -> None:
         job = str(getattr(cmd, "job", "") or "")
         ok = sum(1 for v in ranks.values() if "stack" in v)
         self.emit({"kind": RANK_STACKS.name, "severity": "info", "time": time.time(), "job": job,

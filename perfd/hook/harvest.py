@@ -34,10 +34,10 @@ import math
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from perfd.hook import wire
-from perfd.hook.jobinfo import job_msg
+from perfd.hook.jobinfo import DeviceMesh, job_msg
 from perfd.hook.state import HookState, Slot
 from perfd.hook.timing import CudaApi, RollingPercentiles
 
@@ -52,7 +52,7 @@ _LOCK_TIMEOUT_S = 1.0
 _NAN = float("nan")
 
 
-def _number(v: Any) -> float | None:
+def _number(v: object) -> float | None:
     """A positive finite Python number as a float, else None (a bool, a tensor, NaN, <= 0)."""
     if type(v) is int or type(v) is float:
         x = float(v)
@@ -77,7 +77,7 @@ class Harvester(HookState):
     flops_per_step: float | None
     dtype: str | None
     layout: dict[str, int]
-    mesh: Any
+    mesh: DeviceMesh | None
     cuda_api: CudaApi | None
     steps_reported: int
     harvest_drops: int

@@ -18,14 +18,34 @@ done.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from perfd.hook.step import StepHook
 
-_CLASS: type | None = None
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
+    from typing_extensions import Unpack
+
+    from perfd.hook.step import StepHookOptions
+
+    class HFCallback(TrainerCallback):
+        """What :func:`hf_callback` returns (its class is made at the first call, when transformers
+        is imported)."""
+
+        hook: StepHook
+
+        def __init__(self, hook: StepHook) -> None: ...
+
+_CLASS: type[HFCallback] | None = None
 
 
-def _make_class() -> type:
+class _TrainerState(Protocol):
+    """What the callback reads of transformers' ``TrainerState``."""
+
+    global_step: int
+
+
+def _make_class() -> type[HFCallback]:
     try:
         base: type = importlib.import_module("transformers").TrainerCallback
     except ImportError as exc:
@@ -37,11 +57,12 @@ def _make_class() -> type:
             self._phase: str | None = None  # the pause announced and not yet ended
             self._save_next = False  # a checkpoint save follows the evaluation
 
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_step_begin(self, args: object, state: _TrainerState, control: object,
+                          **kwargs: object) -> None:
             self._end_phase()
             self.hook.step_begin(int(state.global_step) + 1)
 
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_step_end(self, args: object, state: _TrainerState, control: object, **kwargs: object) -> None:
             self.hook.step_end()
             self._save_next = bool(getattr(control, "should_save", False))
             if getattr(control, "should_evaluate", False):
@@ -50,23 +71,23 @@ def _make_class() -> type:
                 self._save_next = False
                 self._begin_phase("checkpoint", state)
 
-        def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_evaluate(self, args: object, state: _TrainerState, control: object, **kwargs: object) -> None:
             if self._phase == "evaluation":
                 self._end_phase()
                 if self._save_next:
                     self._save_next = False
                     self._begin_phase("checkpoint", state)
 
-        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_save(self, args: object, state: _TrainerState, control: object, **kwargs: object) -> None:
             if self._phase == "checkpoint":
                 self._end_phase()
 
-        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_train_end(self, args: object, state: _TrainerState, control: object, **kwargs: object) -> None:
             self.hook.abandon_step()  # a step the Trainer stopped in (none in a normal end)
             self._end_phase()
             self.hook.close(timeout_s=1.0)
 
-        def _begin_phase(self, phase: str, state: Any) -> None:
+        def _begin_phase(self, phase: str, state: _TrainerState) -> None:
             self._phase = phase
             self.hook.phase_begin(phase, int(state.global_step))
 
@@ -78,7 +99,7 @@ def _make_class() -> type:
     return PerfdHFCallback
 
 
-def hf_callback(hook: StepHook | None = None, **hook_kwargs: Any) -> Any:
+def hf_callback(hook: StepHook | None = None, **hook_kwargs: Unpack[StepHookOptions]) -> HFCallback:
     """A ``TrainerCallback`` instance around ``hook`` (or a new ``StepHook(**hook_kwargs)``)."""
     global _CLASS
     if _CLASS is None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import Protocol, runtime_checkable
 
 from perfd.hook import wire
 from perfd.hook.trace import can_trace
@@ -28,6 +29,23 @@ _MESH_NAMES: dict[str, str] = {
 }
 
 
+class _MeshTensor(Protocol):
+    @property
+    def shape(self) -> Sequence[int]: ...
+
+
+@runtime_checkable
+class DeviceMesh(Protocol):
+    """What the hook reads of a torch DeviceMesh: its dimensions' names and sizes (the shape of its
+    tensor of ranks)."""
+
+    @property
+    def mesh_dim_names(self) -> Sequence[str] | None: ...
+
+    @property
+    def mesh(self) -> _MeshTensor: ...
+
+
 def check_layout(layout: Mapping[str, int] | None) -> dict[str, int]:
     """The named sizes, validated at construction (a typo is an error there, not a silent drop)."""
     out: dict[str, int] = {}
@@ -40,10 +58,12 @@ def check_layout(layout: Mapping[str, int] | None) -> dict[str, int]:
     return out
 
 
-def mesh_sizes(mesh: Any) -> dict[str, int]:
+def mesh_sizes(mesh: object) -> dict[str, int]:
     """Layout sizes a device mesh names (unknown dimension names are left out); {} for anything
     that is not a mesh with names."""
     try:
+        if not isinstance(mesh, DeviceMesh):  # inside: reading an attribute may raise
+            return {}
         names = tuple(mesh.mesh_dim_names or ())
         shape = tuple(int(x) for x in mesh.mesh.shape)
     except Exception:
@@ -72,7 +92,7 @@ def _world_size() -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-def job_msg(rank: int, pid: int, dtype: str | None, layout: Mapping[str, int], mesh: Any,
+def job_msg(rank: int, pid: int, dtype: str | None, layout: Mapping[str, int], mesh: DeviceMesh | None,
             flags: int = 0) -> wire.JobMsg:
     """The job record for this rank: named sizes win over the mesh, the mesh over the runtime;
     ``flags``: wire.JOB_FLAG_* (what the process can do for a capture)."""
@@ -99,7 +119,7 @@ def hook_flags(timed_on_cuda: bool = False) -> int:
     return flags
 
 
-def cuda_flag(torch: Any) -> int:
+def cuda_flag(torch: ModuleType | None) -> int:
     """JOB_FLAG_CUDA or JOB_FLAG_NO_CUDA as the process' torch says (0 without torch, or if it
     cannot say)."""
     if torch is None:
@@ -110,7 +130,7 @@ def cuda_flag(torch: Any) -> int:
         return 0
 
 
-def current_device(torch: Any) -> tuple[int, str | None]:
+def current_device(torch: ModuleType | None) -> tuple[int, str | None]:
     """(index, UUID) of the CUDA device this thread uses, (-1, None) where none is known. Never
     initializes CUDA (a job that has not yet used it has no device to name): torch's own, or the one
     a job imported. The UUID as NVML spells it ("GPU-..."): torch gives the bare one."""

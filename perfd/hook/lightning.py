@@ -17,11 +17,32 @@ the next step's.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from perfd.hook.step import StepHook
 
-_CLASS: type | None = None
+if TYPE_CHECKING:
+    from lightning.pytorch import Callback
+    from typing_extensions import Unpack
+
+    from perfd.hook.step import StepHookOptions
+
+    class LightningCallback(Callback):
+        """What :func:`lightning_callback` returns (its class is made at the first call, when
+        Lightning is imported)."""
+
+        hook: StepHook
+
+        def __init__(self, hook: StepHook) -> None: ...
+
+_CLASS: type[LightningCallback] | None = None
+
+
+class _Trainer(Protocol):
+    """What the callback reads of Lightning's ``Trainer``."""
+
+    global_step: int
+    sanity_checking: bool
 
 
 def _base() -> type:
@@ -35,7 +56,7 @@ def _base() -> type:
     raise ImportError("perfd.hook.lightning needs lightning (or pytorch_lightning) installed")
 
 
-def _make_class() -> type:
+def _make_class() -> type[LightningCallback]:
     base = _base()
 
     class PerfdLightningCallback(base):  # type: ignore[valid-type,misc]
@@ -44,26 +65,27 @@ def _make_class() -> type:
             self.hook = hook
             self._opened_at: int | None = None  # global_step when the open step began
 
-        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        def on_train_batch_start(self, trainer: _Trainer, pl_module: object, batch: object,
+                                 batch_idx: int) -> None:
             if self._opened_at is None:  # the first micro-batch of an optimizer step
                 self._opened_at = int(trainer.global_step)
                 self.hook.step_begin(self._opened_at + 1)
 
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+        def on_train_batch_end(self, trainer: _Trainer, pl_module: object, outputs: object, batch: object,
                                batch_idx: int) -> None:
             if self._opened_at is not None and trainer.global_step > self._opened_at:
                 self.hook.step_end()  # the optimizer stepped: one step done
                 self._opened_at = None
 
-        def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        def on_validation_start(self, trainer: _Trainer, pl_module: object) -> None:
             if not trainer.sanity_checking:  # the sanity check runs before the first step
                 self.hook.phase_begin("evaluation", int(trainer.global_step))
 
-        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        def on_validation_end(self, trainer: _Trainer, pl_module: object) -> None:
             if not trainer.sanity_checking:
                 self.hook.phase_end()
 
-        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        def on_train_end(self, trainer: _Trainer, pl_module: object) -> None:
             self.hook.abandon_step()  # an accumulation the epoch's end cut short
             self._opened_at = None
             self.hook.close(timeout_s=1.0)
@@ -71,7 +93,8 @@ def _make_class() -> type:
     return PerfdLightningCallback
 
 
-def lightning_callback(hook: StepHook | None = None, **hook_kwargs: Any) -> Any:
+def lightning_callback(hook: StepHook | None = None, **hook_kwargs: Unpack[StepHookOptions]
+                       ) -> LightningCallback:
     """A Lightning ``Callback`` instance around ``hook`` (or a new ``StepHook(**hook_kwargs)``)."""
     global _CLASS
     if _CLASS is None:

@@ -106,7 +106,7 @@ class Loader(Generic[T]):
     def __len__(self) -> int:
         return len(self._iterable)  # type: ignore[arg-type]
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # the wrapped object's: of any type
         if name.startswith("__") or name in ("_iterable", "_clock"):
             raise AttributeError(name)
         return getattr(self._iterable, name)
@@ -147,7 +147,7 @@ def watch_dataloader(clock: FetchClock = CLOCK) -> bool:
             return True
 
         @functools.wraps(original)
-        def __next__(self: Any) -> Any:
+        def __next__(self: object) -> object:
             return clock.timed(functools.partial(original, self))
 
         setattr(__next__, _MARK, True)

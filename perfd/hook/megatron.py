@@ -32,14 +32,25 @@ import os
 import runpy
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from types import ModuleType
+from typing import Protocol
 
 from perfd.hook.step import StepHook
 
 _TARGET = ("megatron.training.training", "train_step")
 
 
-def _param_index(fn: Callable[..., Any], name: str) -> int | None:
+class StepBoundaries(Protocol):
+    """What the wrapper calls (a StepHook's step boundaries)."""
+
+    def step_begin(self, step: int | None, /) -> None: ...
+
+    def step_end(self) -> None: ...
+
+    def abandon_step(self) -> None: ...
+
+
+def _param_index(fn: Callable[..., object], name: str) -> int | None:
     """Position of parameter ``name`` in ``fn``'s signature (for a caller that passes it
     positionally), or None when it has none."""
     try:
@@ -52,7 +63,7 @@ def _param_index(fn: Callable[..., Any], name: str) -> int | None:
     return None
 
 
-def _done_before(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+def _done_before(module: ModuleType, args: tuple[object, ...], kwargs: Mapping[str, object],
                  index: int | None) -> int | None:
     """Iterations Megatron had completed before this ``train_step`` call: the ``iteration``
     argument it was given, else ``get_args().curr_iteration``; None when neither is an int."""
@@ -68,7 +79,7 @@ def _done_before(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
     return it if isinstance(it, int) and not isinstance(it, bool) else None
 
 
-def install(make_hook: Callable[[], Any] = StepHook) -> bool:
+def install(make_hook: Callable[[], StepBoundaries] = StepHook) -> bool:
     """Wrap Megatron-LM's ``train_step`` with the hook; False (and a note) when it cannot.
 
     The hook is made at the first step, not here: its CUDA events belong to the current device,
@@ -76,18 +87,18 @@ def install(make_hook: Callable[[], Any] = StepHook) -> bool:
     """
     try:
         module = importlib.import_module(_TARGET[0])
-        original: Callable[..., Any] = getattr(module, _TARGET[1])
+        original: Callable[..., object] = getattr(module, _TARGET[1])
     except (ImportError, AttributeError) as exc:
         print(f"perfd.hook.megatron: no {'.'.join(_TARGET)} ({exc}); running without the step hook",
               file=sys.stderr, flush=True)
         return False
     if getattr(original, "__perfd_hook__", False):
         return True
-    hooks: list[Any] = []
+    hooks: list[StepBoundaries] = []
     index = _param_index(original, "iteration")
 
     @functools.wraps(original)
-    def train_step(*args: Any, **kwargs: Any) -> Any:
+    def train_step(*args: object, **kwargs: object) -> object:
         if not hooks:
             hooks.append(make_hook())
         h = hooks[0]

@@ -14,7 +14,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
 
 from perfd.hook import wire
 from perfd.hook.loader import FetchClock
@@ -32,7 +31,7 @@ class PhaseContext:
     def __init__(self, hook: PhaseControl, phase: str, step: int | None) -> None:
         self._hook, self._phase, self._step = hook, phase, step
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> PhaseControl:
         self._hook.phase_begin(self._phase, self._step)
         return self._hook
 

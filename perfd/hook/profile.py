@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from types import ModuleType
 
 from perfd.hook import wire
 from perfd.hook.state import HookState
@@ -35,7 +35,7 @@ from perfd.hook.timing import MarkerFactory
 from perfd.hook.trace import KinetoTrace, TraceFolder, can_trace
 from perfd.limits import HOOK_MAX_STEPS
 
-ProfilerControl = tuple[Callable[[], Any], Callable[[], Any]]  # (start, stop)
+ProfilerControl = tuple[Callable[[], object], Callable[[], object]]  # (start, stop): see _check
 # Longer than any request: a longer datagram comes back cut, its size then refuses it.
 _RECV_BYTES = 64
 
@@ -47,7 +47,7 @@ class ProfileControl(HookState):
     _threaded: bool
     _closed: bool
     _wake: threading.Event
-    _torch: Any
+    _torch: ModuleType | None
     _profiler: ProfilerControl | None
     _req: wire.ProfileRequest | None
     _profiling: bool
@@ -133,7 +133,7 @@ class ProfileControl(HookState):
         self._req_trace = t
         self._status(wire.PROFILE_ACCEPTED, t.request_id, start)
 
-    def _trace_torch(self) -> Any:
+    def _trace_torch(self) -> ModuleType | None:
         return self._torch or sys.modules.get("torch")
 
     def _cancel(self, next_step: int) -> None:
@@ -161,7 +161,10 @@ class ProfileControl(HookState):
         try:
             if trace is not None:
                 rank = -1 if self._rank is None else self._rank
-                tr = KinetoTrace(self._trace_torch(), self._traces, f"rank{rank}_{self.pid}_{req.request_id}",
+                torch = self._trace_torch()
+                if torch is None:  # accepted with torch (can_trace): not imported any more
+                    raise RuntimeError("torch is not imported")
+                tr = KinetoTrace(torch, self._traces, f"rank{rank}_{self.pid}_{req.request_id}",
                                  rank, trace.stack, self.cuda, on_budget=self._cut_trace)
                 tr.start()
                 self._trace = tr
@@ -280,7 +283,7 @@ class ProfileControl(HookState):
         self._status(state, self._profile_id, step)
 
 
-def _check(rc: Any) -> None:
+def _check(rc: object) -> None:
     """cudart calls return a cudaError (0 = success); other controls return None."""
     code = getattr(rc, "value", rc)
     if isinstance(code, int) and code != 0:

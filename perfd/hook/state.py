@@ -10,7 +10,6 @@ its own and import only downward: this module imports none of them.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 from perfd.hook.sender import DatagramSender
 from perfd.hook.timing import Marker, MarkerFactory
@@ -59,9 +58,9 @@ class Slot:
         self.wall_end_ns = 0
         # This step's work as step_end() was told it (None: the hook's defaults): read, checked and
         # turned into FLOPs by the harvester, never on the training thread.
-        self.tokens: Any = None
-        self.flops: Any = None
-        self.seq: Any = None
+        self.tokens: object = None
+        self.flops: object = None
+        self.seq: object = None
 
     def markers(self) -> list[Marker]:
         return [m for m in (self.begin, self.end, self.data) if m is not None]

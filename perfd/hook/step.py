@@ -41,14 +41,14 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterable, Mapping
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from types import ModuleType, TracebackType
+from typing import TYPE_CHECKING, Literal, TypedDict, TypeVar
 
 from perfd.armed import ARMED_ENV
 from perfd.hook import lifecycle, wire
 from perfd.hook import loader as fetches
 from perfd.hook.harvest import Harvester
-from perfd.hook.jobinfo import check_layout, current_device, hook_flags
+from perfd.hook.jobinfo import DeviceMesh, check_layout, current_device, hook_flags
 from perfd.hook.phases import PhaseControl
 from perfd.hook.profile import ProfileControl, ProfilerControl
 from perfd.hook.sender import DatagramSender
@@ -100,6 +100,64 @@ class _StepContext:
             self._hook.abandon_step()  # a step that raised is not a step time
 
 
+
+
+class StepHookOptions(TypedDict, total=False):
+    """:class:`StepHook`'s arguments, for the framework callbacks that make one (``**hook_kwargs``)."""
+
+    socket_path: str | None
+    warmup_steps: int
+    tokens_per_step: float | None
+    flops_per_step: float | None
+    cuda: bool
+    rank: int | None
+    window: int
+    pool_size: int
+    marker_factory: MarkerFactory | None
+    profiler: ProfilerControl | None
+    enabled: bool | None
+    flush_interval_s: float
+    batch_records: int
+    cuda_data_event: bool
+    harvest_interval_s: float | None
+    model: ModelSpec | Mapping[str, object] | None
+    dtype: str | None
+    layout: Mapping[str, int] | None
+    mesh: DeviceMesh | None
+    device_uuid: str | None
+    watch_dataloader: bool
+
+
+class HookCounters(TypedDict):
+    """:meth:`StepHook.counters`: the hook's own health, for tests and a job's logs."""
+
+    steps_begun: int
+    steps_reported: int
+    pending: int
+    batched: int
+    harvest_drops: int
+    unpaired: int
+    internal_errors: int
+    alias_misses: int
+    sent: int
+    send_drops: int
+    send_drop_reasons: dict[str, int]
+    cuda: bool
+    profiling: bool
+    last_error: str | None
+    cuda_api: Literal["driver", "torch"] | None
+    cuda_driver_errors: int
+    harvester: Literal["thread", "inline"]
+    harvest_passes: int
+    harvest_cpu_ns: int
+    queries: int
+    held: int
+    delivered_late: int
+    step_arg_errors: int
+    control_refused: int
+    device_uuid: str | None
+
+
 class StepHook(PhaseControl, ProfileControl, Harvester):
     """Use as ``with hook.step(): ...`` or ``step_begin()`` / ``data_ready()`` / ``step_end()``.
 
@@ -135,8 +193,8 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
                  marker_factory: MarkerFactory | None = None, profiler: ProfilerControl | None = None,
                  enabled: bool | None = None, flush_interval_s: float = 0.1, batch_records: int = 32,
                  cuda_data_event: bool = False, harvest_interval_s: float | None = None,
-                 model: ModelSpec | Mapping[str, Any] | None = None, dtype: str | None = None,
-                 layout: Mapping[str, int] | None = None, mesh: Any = None,
+                 model: ModelSpec | Mapping[str, object] | None = None, dtype: str | None = None,
+                 layout: Mapping[str, int] | None = None, mesh: DeviceMesh | None = None,
                  device_uuid: str | None = None, watch_dataloader: bool = True) -> None:
         if pool_size < 2:
             raise ValueError("pool_size must be >= 2")
@@ -529,7 +587,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             self.sender = DatagramSender(old.path, retry_s=old.retry_ns / 1e9)
             old.close()
 
-    def counters(self) -> dict[str, Any]:
+    def counters(self) -> HookCounters:
         return {"steps_begun": self.steps_begun, "steps_reported": self.steps_reported,
                 "pending": len(self._pending), "batched": self._batch_n, "harvest_drops": self.harvest_drops,
                 "unpaired": self.unpaired, "internal_errors": self.internal_errors,
@@ -570,7 +628,7 @@ def _env_rank() -> int | None:
     return None
 
 
-def _import_torch() -> Any:
+def _import_torch() -> ModuleType | None:
     """torch, imported only when a CUDA hook is created (perfd itself never requires it)."""
     try:
         return importlib.import_module("torch")

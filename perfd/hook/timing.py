@@ -17,7 +17,13 @@ import bisect
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    import ctypes
+
+    from typing_extensions import Self
 
 
 class Marker(Protocol):
@@ -25,7 +31,8 @@ class Marker(Protocol):
 
     def query(self) -> bool: ...
 
-    def elapsed_ns(self, end: Any) -> int | None: ...  # None: not complete yet, ask again later
+    # Between two markers of one kind; None: not complete yet, ask again later.
+    def elapsed_ns(self, end: Self) -> int | None: ...
 
 
 MarkerFactory = Callable[[], Marker]
@@ -78,25 +85,26 @@ class CudaApi:
     Which calls release the GIL: see ``_load_driver``.
     """
 
-    def __init__(self, torch: Any, use_driver: bool = True) -> None:
+    def __init__(self, torch: ModuleType, use_driver: bool = True) -> None:
         self.torch = torch
         self._get_device = torch._C._cuda_getDevice
         self._get_stream = torch._C._cuda_getCurrentStream
         self._get_raw_stream = torch._C._cuda_getCurrentRawStream
         self._key: tuple[int, int] | None = None
-        self._stream: Any = None
+        self._stream: object = None  # a torch.cuda.Stream
         self.driver_errors = 0
         self.last_driver_error: int | None = None
-        self.driver: Any = _load_driver() if use_driver else None
+        self.driver: CudaDriver | None = _load_driver() if use_driver else None
         self.context: int | None = None  # CUcontext of the training thread, once captured
         self.device: int | None = None  # and its device
-        self._exchange_capture_mode: Any = _load_capture_mode()  # with either API
+        self._exchange_capture_mode = _load_capture_mode()  # with either API
 
     @property
-    def name(self) -> str:
+    def name(self) -> Literal["driver", "torch"]:
         return "driver" if self.driver is not None else "torch"
 
-    def stream(self) -> Any:
+    def stream(self) -> object:
+        """The current torch.cuda.Stream (an event is recorded on it)."""
         dev = self._get_device()
         sid, didx, dtype = self._get_stream(dev)
         if (sid, dev) != self._key:
@@ -151,7 +159,7 @@ class CudaApi:
         return True
 
 
-def _load_driver() -> Any:
+def _load_driver() -> _Driver | None:
     """The driver entry points. ``cuEventRecord`` (training thread) goes through ``CDLL``, which
     releases the GIL for the call, as before: it can wait for room in a full launch queue.
     ``cuEventQuery`` and ``cuEventElapsedTime`` (harvester thread) go through ``PyDLL``, which keeps
@@ -179,7 +187,7 @@ def _load_driver() -> Any:
         return None
 
 
-def _load_capture_mode() -> Any:
+def _load_capture_mode() -> Callable[[object], int] | None:
     """``cuThreadExchangeStreamCaptureMode`` (CUDA >= 10.1), or None."""
     try:
         import ctypes
@@ -191,13 +199,39 @@ def _load_capture_mode() -> Any:
         return None
 
 
+class CudaDriver(Protocol):
+    """The CUDA driver calls of the fast path (:class:`_Driver`, or a test's stand-in): each returns
+    a CUresult; events, streams and contexts are their handles (ints), results come back through
+    ``byref`` of a ctypes value."""
+
+    def record(self, event: int, stream: int, /) -> int: ...
+
+    def query(self, event: int, /) -> int: ...
+
+    def elapsed(self, ms: object, start: int, end: int, /) -> int: ...
+
+    def ctx_get(self, ctx: object, /) -> int: ...
+
+    def ctx_set(self, ctx: int, /) -> int: ...
+
+    def c_float(self) -> ctypes.c_float: ...
+
+    def c_void_p(self) -> ctypes.c_void_p: ...
+
+    def byref(self, value: ctypes.c_float | ctypes.c_void_p, /) -> object: ...
+
+
+CFunction = Callable[..., int]  # a ctypes function pointer of the driver: returns a CUresult
+
+
 class _Driver:
     """The driver entry points, resolved once: each call is a cached ctypes function pointer."""
 
     __slots__ = ("byref", "c_float", "c_void_p", "ctx_get", "ctx_set", "elapsed", "query", "record")
 
-    def __init__(self, record: Any, query: Any, elapsed: Any, ctx_get: Any, ctx_set: Any, c_float: Any,
-                 c_void_p: Any, byref: Any) -> None:
+    def __init__(self, record: CFunction, query: CFunction, elapsed: CFunction, ctx_get: CFunction,
+                 ctx_set: CFunction, c_float: type[ctypes.c_float], c_void_p: type[ctypes.c_void_p],
+                 byref: Callable[[ctypes.c_float | ctypes.c_void_p], object]) -> None:
         self.record, self.query, self.elapsed = record, query, elapsed
         self.ctx_get, self.ctx_set = ctx_get, ctx_set
         self.c_float, self.c_void_p, self.byref = c_float, c_void_p, byref

@@ -43,7 +43,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
 from perfd.limits import (
     HOOK_TRACE_FILES_KEPT,
@@ -52,6 +54,9 @@ from perfd.limits import (
     HOOK_TRACE_RSS_GROWTH_MAX,
 )
 from perfd.privdir import UnsafeDirError, open_private_dir, user_dir
+
+if TYPE_CHECKING:
+    from perfd.hook.timing import Marker
 
 # Step boundaries after the last traced step at which the trace is stopped even if its end marker
 # has not completed (a marker that never completes must not leave the profiler on for the job).
@@ -138,7 +143,21 @@ class _Rss:
                 os.close(fd)
 
 
-def can_trace(torch: Any) -> bool:
+class _KinetoResult(Protocol):
+    """What the profiler leaves (torch's ``_ProfilerResult``): written as a Chrome trace."""
+
+    def save(self, path: str, /) -> None: ...
+
+
+class _Profile(Protocol):
+    """An entered ``torch.autograd.profiler.profile``: what :meth:`KinetoTrace.stop` does with it."""
+
+    kineto_results: _KinetoResult | None
+
+    def __exit__(self, typ: None, value: None, tb: None, /) -> object: ...
+
+
+def can_trace(torch: ModuleType | None) -> bool:
     """Whether this process can open a Kineto trace itself (torch with its Kineto profiler)."""
     try:
         return bool(torch is not None and torch.autograd.kineto_available())
@@ -151,15 +170,15 @@ class KinetoTrace:
     begin, ``end_step()`` at its end, ``stop()`` once the GPU has finished the last one, then
     ``write()`` off the training thread."""
 
-    def __init__(self, torch: Any, folder: TraceFolder, name: str, rank: int, stack: bool, cuda: bool,
+    def __init__(self, torch: ModuleType, folder: TraceFolder, name: str, rank: int, stack: bool, cuda: bool,
                  on_budget: Callable[[int], None] | None = None, max_s: float = HOOK_TRACE_MAX_S,
                  max_rss_growth: int = HOOK_TRACE_RSS_GROWTH_MAX) -> None:
         self.torch, self.folder, self.name, self.rank = torch, folder, name, rank
         self.stack, self.cuda = stack, cuda
-        self._prof: Any = None
-        self._step_fn: Any = None
-        self.result: Any = None
-        self.drain: Any = None  # the end marker of the last traced step, while the GPU finishes it
+        self._prof: _Profile | None = None
+        self._step_fn: AbstractContextManager[object] | None = None  # the step's record_function
+        self.result: _KinetoResult | None = None
+        self.drain: Marker | None = None  # the end marker of the last traced step, while the GPU finishes it
         self.drain_boundaries = 0
         self.last_step = -1  # the last step traced (the statuses name it)
         self.written: str | None = None  # where the file is, once written
@@ -185,7 +204,7 @@ class KinetoTrace:
         prof.__enter__()
         self._prof = prof
         try:  # the rank the trace names (perfd.capture.chrome_trace reads distributedInfo.rank)
-            info: dict[str, Any] = {"rank": self.rank}
+            info: dict[str, object] = {"rank": self.rank}
             dist = torch.distributed
             if dist.is_available() and dist.is_initialized():
                 info.update(backend=dist.get_backend(), rank=dist.get_rank(),

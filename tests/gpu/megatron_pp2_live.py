@@ -177,7 +177,7 @@ def keep_last_dumps(fr_dir: Path, dest: Path, entries: int = 400) -> dict[str, A
     dest.mkdir(parents=True, exist_ok=True)
     for f in sorted(fr_dir.glob("fr_dump_*")):
         try:
-            d = load_dump_bytes(f.read_bytes())
+            d: dict[str, Any] = load_dump_bytes(f.read_bytes())  # read as the dump is known to be
         except (OSError, DumpError) as exc:
             kept[f.name] = repr(exc)
             continue

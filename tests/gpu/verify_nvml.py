@@ -171,7 +171,8 @@ def process_check(src: ReplaySource, timeline: dict[str, Any], smi_rows: list[di
     """Did perfd list the load generator, and name the second ("foreign") process?"""
     seen: dict[int, dict[str, Any]] = {}
     for f in src.frames:
-        for ev in f.events:
+        events: list[dict[str, Any]] = list(f.events)  # the recorded JSON, read as the script expects it
+        for ev in events:
             if ev.get("kind") == "gpu_processes" and ev.get("labels", {}).get("gpu") == gpu:
                 for p in ev.get("payload") or []:
                     entry = seen.setdefault(int(p["pid"]), {"name": None, "cmdline": None, "phases": []})

@@ -78,9 +78,19 @@ class FakeDriver:
         out.value = 1.25
         return 0
 
+    def ctx_get(self, out: Any) -> int:  # the markers alone never ask for the context
+        raise AssertionError("ctx_get")
+
+    def ctx_set(self, ctx: int) -> int:
+        raise AssertionError("ctx_set")
+
     @staticmethod
     def c_float() -> Any:
         return types.SimpleNamespace(value=0.0)
+
+    @staticmethod
+    def c_void_p() -> Any:
+        return types.SimpleNamespace(value=None)
 
     @staticmethod
     def byref(x: Any) -> Any:
@@ -189,10 +199,6 @@ class ThreadAwareDriver(FakeDriver):
         self.calls.append(("ctx_set", ctx))
         self.local.ctx = ctx
         return 0
-
-    @staticmethod
-    def c_void_p() -> Any:
-        return types.SimpleNamespace(value=None)
 
 
 def test_step_hook_on_the_driver_path_harvests_on_its_thread(tmp_path: Path,

@@ -133,4 +133,5 @@ def test_stated_flops_win_and_bad_values_are_refused_not_guessed(agent: tuple[st
                    (None, None),  # a bool is no count
                    (100.0, None)]  # a NaN length: no FLOPs
     c = hook2.counters()
-    assert c["step_arg_errors"] == 4 and c["internal_errors"] == 0 and "seq_len=float" in c["last_error"]
+    assert c["step_arg_errors"] == 4 and c["internal_errors"] == 0
+    assert "seq_len=float" in (c["last_error"] or "")

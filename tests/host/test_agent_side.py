@@ -90,15 +90,16 @@ def test_the_hook_announces_a_save_through_the_socket(tmp_path: Path) -> None:
 
 def test_megatrons_save_and_evaluation_lines_are_announcements() -> None:
     parsed = parse_file(SAVE_EVAL_LOG, job="j")
+    evs: list[dict[str, Any]] = list(parsed.events)  # events as the parser builds them, read as such
     seq = [(e["payload"]["phase"], e["payload"]["state"], e["payload"]["iteration"])
-           for e in parsed.events if e["kind"] == events.JOB_PHASE.name]
+           for e in evs if e["kind"] == events.JOB_PHASE.name]
     # Run 1 saves at 10, evaluates after 15, saves at 20, then exits; run 2 (resumed) goes on.
     assert seq[:4] == [("checkpoint", "begin", 10), ("checkpoint", "end", 10), ("evaluation", "begin", None),
                        ("evaluation", "end", 15)]
     begins = [s for s in seq if s[1] == "begin"]
     ends = [s for s in seq if s[1] == "end"]
     assert len(ends) >= len([b for b in begins if b[0] == "checkpoint"])  # every save announced ends
-    saves = [e for e in parsed.events if e["kind"] == events.JOB_PHASE.name and e["payload"]["phase"] ==
+    saves = [e for e in evs if e["kind"] == events.JOB_PHASE.name and e["payload"]["phase"] ==
              "checkpoint"]
     took = saves[1]["payload"]["at"] - saves[0]["payload"]["at"]
     assert took == pytest.approx(35.529378 - 18.782183, abs=1e-3)  # the log's own stamps: 16.7 s

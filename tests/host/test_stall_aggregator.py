@@ -301,8 +301,8 @@ def test_an_announced_checkpoint_save_holds_the_stall_back(ranks: Any) -> None:
     h = Harness(ranks)
     h.records(20)
     h.observe()
-    saving = parse_lines(["[2026-11-23 16:21:18.782183] saving checkpoint at iteration      20 to /ckpt "
-                          "in torch_dist format"], job=JOB).events
+    line = "[2026-11-23 16:21:18.782183] saving checkpoint at iteration      20 to /ckpt in torch_dist format"
+    saving: list[dict[str, Any]] = parse_lines([line], job=JOB).events  # the parser's events, read as such
     assert [e["payload"]["state"] for e in saving] == ["begin"]
     h.st.ingest_events("agent-a", saving)
     h.observe(3)

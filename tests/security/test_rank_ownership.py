@@ -53,7 +53,7 @@ def test_the_gpu_process_list_takes_only_the_job_users_processes_for_ranks(
     ev = t.update({"gpu": "0"}, [GpuProcess(p.pid, 1 << 30) for p in procs.values()], time.time())
     assert ev is not None
     by = {name: next(x for x in ev["payload"] if x["pid"] == p.pid) for name, p in procs.items()}
-    assert (by["mine"]["rank"], by["mine"]["job"]) == (0, "j") and "--lr 1e-4" in by["mine"]["cmdline"]
+    assert (by["mine"]["rank"], by["mine"]["job"]) == (0, "j") and "--lr 1e-4" in str(by["mine"]["cmdline"])
     # Another user's RANK=3 (no job), and one claiming this job: nobody's rank, no command line.
     for name in ("squatter", "claims_job"):
         assert (by[name]["rank"], by[name]["job"], by[name]["cmdline"]) == (None, None, None), by[name]

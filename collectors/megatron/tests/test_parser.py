@@ -250,6 +250,7 @@ def test_validation_line_is_an_event_not_a_step_record() -> None:
     }]
     # ... and the end of an evaluation pass (perfd.analytics.incidents.stall: no stall during one)
     (phase,) = [e["payload"] for e in log.events if e["kind"] == "job_phase"]
+    assert isinstance(phase, dict)
     assert (phase["phase"], phase["state"], phase["iteration"]) == ("evaluation", "end", 100)
     end_of_training = " validation loss at iteration 100 on validation set | lm loss value: 2.9E+00 | "
     assert parse(end_of_training).records == []

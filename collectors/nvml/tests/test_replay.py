@@ -188,4 +188,5 @@ def test_trim_carries_the_process_list_of_dropped_frames(tmp_path: Path) -> None
     trim_recording(SYNTHETIC, out, ["copy"])
     first = ReplaySource.load(out).frames[0]
     evs = [e for e in first.events if e["kind"] == "gpu_processes"]
-    assert len(evs) == 1 and [p["pid"] for p in evs[0]["payload"]] == [4001]
+    payload = evs[0]["payload"] if len(evs) == 1 else None
+    assert isinstance(payload, list) and [p["pid"] for p in payload] == [4001]

@@ -8,6 +8,7 @@ import sys
 import pynvml
 import pytest
 
+from collectors.nvml.probe import Utilization
 from collectors.nvml.tests.fake_nvml import (
     FakeDevice,
     FakePynvml,
@@ -74,7 +75,7 @@ def test_nvml_errors_become_none_counted_per_function_and_error(caplog: pytest.L
     assert nv.errors[("nvmlDeviceGetTemperature", "GpuIsLost")] == 4
     assert len([r for r in caplog.records if "treated as absent" in r.getMessage()]) == 2
     util = nv.call("nvmlDeviceGetUtilizationRates", h)
-    assert util is not None and util.gpu == 55
+    assert isinstance(util, Utilization) and util.gpu == 55
     assert nv.last_error is None
 
 
