@@ -1,4 +1,4 @@
-"""Host cost of the perfd step hook (DESIGN.md §4 target: <= 10 µs per step on the training
+"""Host cost of the perfd step hook (docs/design.md §4 target: <= 10 µs per step on the training
 thread, never blocking).
 
 What is timed is the training thread inside the hook calls: ``step_begin()`` (+ ``data_ready()``)

@@ -1,4 +1,4 @@
-"""`perfd bench overhead`: what perfd costs a real Megatron-LM job (DESIGN.md §4 targets).
+"""`perfd bench overhead`: what perfd costs a real Megatron-LM job (docs/design.md §4 targets).
 
 Paired, interleaved runs of the same Megatron-LM job on the same GPUs, one variant after another
 and the order rotated every round so drift (clocks, temperature, page cache) hits every variant:

@@ -2,8 +2,8 @@
 
 Everything here is a dataclass of plain values: no I/O, no behaviour beyond small helpers.
 Collectors produce these, the analytics consume them, the transport serialises them. A value
-that a source did not report is ``None`` (absent), never 0: see DESIGN.md "Metrics are never
-invented".
+that a source did not report is ``None`` (absent), never 0: see docs/design.md §2 (a
+metric whose inputs are missing is absent, not zero).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ numbers; collectors/megatron holds an announced pause back for as long as the st
 believes it: both read them here, below the analytics. The rest of the diagnosis playbook is in
 perfd.analytics.thresholds, whose ``all_thresholds`` lists these too (for the consistency test).
 
-Values are in base units: ratios in [0, 1], seconds. Each says why (``why``) and where DESIGN.md
+Values are in base units: ratios in [0, 1], seconds. Each says why (``why``) and where docs/design.md
 defines it (``design``).
 """
 
@@ -35,13 +35,13 @@ class RuleRef:
 class Threshold:
     value: float
     why: str
-    design: str  # the DESIGN.md section that defines it
+    design: str  # the docs/design.md section that defines it
     rules: tuple[RuleRef, ...] = ()
 
 
 # --- host evidence of a rank process (perfd.analytics.incidents.host_evidence, collectors/ranks)
 # ------------------
-_HOST = "DESIGN.md §2 Who is to blame (host evidence of the rank's process: issue 35)"
+_HOST = "docs/design.md §2 Who is to blame (host evidence of the rank's process: issue 35)"
 CPU_WAIT_SCAN = Threshold(
     0.10, "a rank waiting for a CPU a tenth of the time it wants one starts the scan that names who else "
     "runs on its CPUs (the scan reads every process: it runs only then)", _HOST)
@@ -71,7 +71,7 @@ IO_PRESSURE_SHARE = Threshold(
 
 # --- a stall seen live (perfd.analytics.incidents.stall)
 # -----------------------------------------------------------
-_STALL = "DESIGN.md §2 Diagnosis playbook (hangs); issue 35 item 3"
+_STALL = "docs/design.md §2 Diagnosis playbook (hangs); issue 35 item 3"
 STALL_CADENCE_FACTOR = Threshold(
     4.0, "no step record for four of the job's usual intervals between records (its log interval's "
     "cadence, not the step time) is a stop, not jitter", _STALL)

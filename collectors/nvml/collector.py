@@ -4,7 +4,7 @@
 what feeds it: ``real`` (NVML on this node, the default), ``replay:FILE`` (a recording made by
 ``collectors.nvml.record``, for demos and tests without a GPU) or ``off``.
 
-Cost discipline (DESIGN.md §3): the fast path calls only the cheap functions (each 4–19 µs);
+Cost discipline (docs/design.md §3): the fast path calls only the cheap functions (each 4–19 µs);
 total energy (3.9 ms) and rarely-changing values go on the slow interval; PCIe throughput (20 ms)
 and NVLink field values (1 ms) are never called: their rates come from GPM.
 """

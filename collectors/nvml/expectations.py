@@ -1,4 +1,4 @@
-"""DESIGN.md §2's GPM table as checks on per-phase medians (ratios in [0, 1]).
+"""docs/design.md §2's GPM table as checks on per-phase medians (ratios in [0, 1]).
 
 Used by the GPU verification script (tests/gpu/verify_nvml.py) and by the replay tests on a real
 recording: a recording that does not reproduce the table is not a good demo or test input.
@@ -19,7 +19,7 @@ class Check:
     why: str
 
 
-# Measured on an H200 (DESIGN.md §2): matmul 93.5 % tensor, copy 87.8 % DRAM bandwidth, tiny
+# Measured on an H200 (docs/design.md §2): matmul 93.5 % tensor, copy 87.8 % DRAM bandwidth, tiny
 # kernels 34 % NVML util but 0.04 % SM util. Bounds leave room for other GPUs and window jitter.
 CHECKS: tuple[Check, ...] = (
     Check("idle", "perfd_gpu_utilization_ratio", "<=", 0.05, "idle: no kernel resident"),

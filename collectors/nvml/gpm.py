@@ -6,7 +6,7 @@ window between them (one collect interval). Two sample buffers are allocated onc
 step costs one sample (~45 µs on an H200) plus one metrics computation, and no allocation.
 
 GPM is what separates a launch-bound job (NVML "utilization" high, SM util ~0) from a compute-bound
-one (DESIGN.md §2); PCIe and NVLink rates come from here too, because the direct NVML calls for them
+one (docs/design.md §2); PCIe and NVLink rates come from here too, because the direct NVML calls for them
 are 1–20 ms each and must never sit on the sampling path.
 """
 

@@ -89,7 +89,7 @@ def readings(nvml: Nvml) -> tuple[Reading, ...]:
         Reading("processes", (Variant("nvmlDeviceGetComputeRunningProcesses_v3"),
                               Variant("nvmlDeviceGetComputeRunningProcesses_v2"),
                               Variant("nvmlDeviceGetComputeRunningProcesses"))),
-        # Slow path: 3.9 ms per call on an H200 (DESIGN.md §3), a counter anyway.
+        # Slow path: 3.9 ms per call on an H200 (docs/design.md §3), a counter anyway.
         Reading("energy", (Variant("nvmlDeviceGetTotalEnergyConsumption"),), slow=True),
         # Settings and error counters change rarely; 10 s resolution is enough.
         Reading("power_limit", (Variant("nvmlDeviceGetEnforcedPowerLimit"),

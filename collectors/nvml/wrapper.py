@@ -9,7 +9,7 @@ bus). None of them may stop the agent, and none may flood its log. So the wrappe
   once per pair,
 - treats a function that this pynvml lacks like one the driver lacks (absent, logged once),
 - counts calls and the time spent in each function, so the cost of sampling is measured, not guessed
-  (DESIGN.md §3 "NVML call cost").
+  (docs/design.md §3 "NVML call cost").
 
 Tests inject a fake module (``Nvml(module=fake)``); nothing else here knows it is not pynvml.
 """

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 # Bucket upper bounds (s) of perfd_agent_collect_duration_seconds: an NVML pass of 8 GPUs takes
-# ~1 ms, a log tail a few ms, a slow NVML call (energy, DESIGN.md §3) ~4 ms per GPU.
+# ~1 ms, a log tail a few ms, a slow NVML call (energy, docs/design.md §3) ~4 ms per GPU.
 COLLECT_BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 # The reasons the scheduler itself counts for any collector (perfd_agent_collector_errors_total)

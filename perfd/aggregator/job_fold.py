@@ -34,7 +34,7 @@ def job_info_of(info: JobInfo | None, records: Sequence[StepRecord],
 def mark_disturbed(records: list[StepRecord], windows: Sequence[tuple[float, float]],
                    cache: dict[int, tuple[StepRecord, StepRecord]] | None = None) -> list[StepRecord]:
     """Records whose iteration overlaps a capture window, marked ``disturbed_by_capture`` (a
-    capture slows the iterations it starts and stops in; DESIGN.md §3). ``cache`` (iteration ->
+    capture slows the iterations it starts and stops in; docs/design.md §3). ``cache`` (iteration ->
     (record, its marked copy)) hands back the same copy for the same record, so that an
     incremental analysis sees an unchanged iteration as unchanged."""
     if not windows:

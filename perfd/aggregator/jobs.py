@@ -75,7 +75,7 @@ def record_bytes(rec: StepRecord) -> int:
 
 
 # The optional fields of a step record whose absence makes a copy of a held record worse (a field
-# a bit flip made unparseable comes through as absent, never as a wrong zero: DESIGN.md §2). The step
+# a bit flip made unparseable comes through as absent, never as a wrong zero: docs/design.md §2). The step
 # hook's counts are not among them: like the raw fields they once travelled in, a copy is not judged
 # by them.
 _OPTIONAL = tuple(f.name for f in dataclasses.fields(StepRecord)

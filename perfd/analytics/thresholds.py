@@ -1,4 +1,4 @@
-"""The diagnosis playbook's thresholds (DESIGN.md §2 "Diagnosis playbook"), declared once. Pure data.
+"""The diagnosis playbook's thresholds (docs/design.md §2 "Diagnosis playbook"), declared once. Pure data.
 
 The findings (``findings.py``, ``serving_findings.py``), the bottleneck class (``bottleneck.py``) and
 the stragglers (``stragglers.py``) read ``.value`` from here. The rule packs that encode the same
@@ -8,7 +8,7 @@ PrometheusRule from it) — are hand-written YAML with prose that quotes the num
 *checked* against this module rather than generated: ``tests/test_thresholds.py`` finds each rule
 named in ``rules`` below and fails when its comparison or its ``for:`` differs from the value here.
 
-Values are in base units: ratios in [0, 1], seconds. Each says why (``why``) and where DESIGN.md
+Values are in base units: ratios in [0, 1], seconds. Each says why (``why``) and where docs/design.md
 defines it (``design``). Where the rule packs hold the same value for a different time, the
 difference is written next to the value (``RuleRef.note``).
 """
@@ -26,36 +26,36 @@ _PAGE_LATER = ("deliberate: the alert pages a person, so it waits for a state th
                "the problem while it happens (cooldown and max_per_hour bound the cost)")
 
 
-_D2 = "DESIGN.md §2 Diagnosis playbook"
+_D2 = "docs/design.md §2 Diagnosis playbook"
 
 # --- training: MFU grades -----------------------------------------------------------------------------
 MFU_SEVERE = Threshold(
     0.30, "below 30% of peak the cause is usually communication (TP across nodes) or data loading",
-    "DESIGN.md §2 MFU (grades)",
+    "docs/design.md §2 MFU (grades)",
     (RuleRef("default", "mfu_severe", "mfu", "<", "5m"),
      RuleRef("prometheus", "PerfdJobMFULow", "job_name:perfd_job_mfu_ratio:avg_over_time_10m", "<",
              "15m", _PAGE_LATER)))
 MFU_GOOD = Threshold(0.40, "30-40% is communication overhead; 40-50% is normal for large models",
-                     "DESIGN.md §2 MFU (grades)")
+                     "docs/design.md §2 MFU (grades)")
 MFU_EXCELLENT = Threshold(0.50, "above 50% only kernel-level work (fusions, FP8) remains",
-                          "DESIGN.md §2 MFU (grades)")
+                          "docs/design.md §2 MFU (grades)")
 MFU_POSSIBLE = Threshold(1.0, "no job runs faster than its GPU's peak: an MFU above 100% means the peak is "
                               "wrong (a --dtype or --peak-tflops that is not the job's), and it is never "
-                              "graded", "DESIGN.md §2 MFU")
+                              "graded", "docs/design.md §2 MFU")
 
 # --- training: shares of the step ---------------------------------------------------------------------
 DATA_BOUND_SHARE = Threshold(
     0.20, "the batch generator taking a fifth of the step is a data-loading bottleneck",
-    "DESIGN.md §2 Data-loading share",
+    "docs/design.md §2 Data-loading share",
     (RuleRef("default", "data_loading_bottleneck", "data_share", ">", "5m"),
      RuleRef("prometheus", "PerfdJobDataLoadingHigh",
              "job_name:perfd_job_data_loading_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
 DATA_HEALTHY_SHARE = Threshold(0.05, "a healthy input pipeline costs under 5% of the step",
-                               "DESIGN.md §2 Data-loading share")
+                               "docs/design.md §2 Data-loading share")
 OUTSIDE_STEP_SHARE = Threshold(
     0.20, "host work between the steps that no step names (the hook's outside-step) taking a fifth of the "
     "step is as costly as a data-loading bottleneck, and its cause is as unknown to perfd",
-    "DESIGN.md §2 Data-loading share")
+    "docs/design.md §2 Data-loading share")
 COMM_BOUND_SHARE = Threshold(
     0.30, "exposed (not overlapped) communication above 30% of the step dominates it", _D2,
     (RuleRef("default", "comm_exposed_high", "comm_exposed", ">", "5m"),
@@ -72,15 +72,15 @@ PIPELINE_BOUND_SHARE = Threshold(
      RuleRef("prometheus", "PerfdJobPipelineIdleHigh",
              "job_name:perfd_job_pp_stage_idle_max_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
 BUBBLE_TARGET = Threshold(0.05, "the micro-batch count recommended brings the analytic bubble to 5%",
-                          "DESIGN.md §2 Pipeline bubble")
+                          "docs/design.md §2 Pipeline bubble")
 PP_BUBBLE_HIGH = Threshold(0.10, "an analytic bubble above 10% is worth more micro-batches",
-                           "DESIGN.md §2 Pipeline bubble")
+                           "docs/design.md §2 Pipeline bubble")
 PP_IDLE_HIGH = Threshold(0.20, "a stage idling 20% without imbalance is a bubble to report",
-                         "DESIGN.md §2 Pipeline bubble")
+                         "docs/design.md §2 Pipeline bubble")
 PP_IMBALANCE_MIN = Threshold(0.05, "imbalance under 5 points is noise next to the bubble",
-                             "DESIGN.md §2 Pipeline bubble")
+                             "docs/design.md §2 Pipeline bubble")
 PP_WAIT_SHARE = Threshold(0.05, "exposed p2p above 5% of the step is pipeline waiting worth naming",
-                          "DESIGN.md §2 Communication share")
+                          "docs/design.md §2 Communication share")
 JITTER_CV = Threshold(0.10, "step times varying more than 10% (CV) point at host-side gaps", _D2)
 # A jitter's slow steps in phase with a period (perfd.analytics.steps.beat): a timer-driven process.
 BEAT_SLOW_STEP_EXCESS = Threshold(
@@ -94,7 +94,7 @@ BEAT_RAYLEIGH = Threshold(
 
 # --- training: stragglers ----------------------------------------------------------------------------
 STRAGGLER_RATIO = Threshold(
-    1.1, "a rank more than 1.1x its peers makes every collective wait for it", "DESIGN.md §2 Stragglers",
+    1.1, "a rank more than 1.1x its peers makes every collective wait for it", "docs/design.md §2 Stragglers",
     (RuleRef("default", "straggler_persistent", "perfd_job_rank_compute_ratio", ">", "5m"),
      RuleRef("prometheus", "PerfdRankStraggler",
              "job_name_rank:perfd_job_rank_compute_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER),
@@ -102,12 +102,12 @@ STRAGGLER_RATIO = Threshold(
              "job_name:perfd_job_straggler_rtt_spread_times:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
 STRAGGLER_PERSISTENT_FRACTION = Threshold(
     0.5, "flagged in half of the steady iterations is persistent, not a one-off",
-    "DESIGN.md §2 Stragglers")
+    "docs/design.md §2 Stragglers")
 
-# --- GPM classes (ratios), from the H200 measurements in DESIGN.md §3: a bf16 matmul loop shows tensor
+# --- GPM classes (ratios), from the H200 measurements in docs/design.md §2: a bf16 matmul loop shows tensor
 # util 0.94 / DRAM 0.18, a device copy loop tensor 0 / DRAM 0.88, tiny kernels NVML util 0.34 with SM
 # util 0.0004.
-_GPM = "DESIGN.md §2 Bottleneck class, §3 GPM"
+_GPM = "docs/design.md §2 Bottleneck class, §3 GPM"
 
 GPM_TENSOR_BUSY = Threshold(0.5, "tensor pipes busy half the time: compute-bound", _GPM)
 GPM_DRAM_BUSY = Threshold(0.5, "DRAM bandwidth half used: memory-bound", _GPM)
@@ -122,14 +122,14 @@ COMPUTE_FILLS_STEP = Threshold(0.8, "data, exposed communication and pipeline id
                                     "to compute: what the GPU does with it decides the class", _D2)
 LOW_MFU = Threshold(0.40, "below the 'good' grade, compute filling the step is slow kernels or a host too "
                     "slow to launch them: the timers alone do not call it compute-bound",
-                    "DESIGN.md §2 MFU (grades)")
+                    "docs/design.md §2 MFU (grades)")
 GPU_ALWAYS_BUSY = Threshold(0.8, "a kernel resident at least 80% of the time (NVML): the GPU always has "
                             "work, so a low MFU with compute filling the step is the kernels' own "
                             "(kernel efficiency), not the host's launches", _GPM)
 GPM_TENSOR_LOW = Threshold(0.3, "tensor cores mostly idle while the SMs work: not GEMM-bound work", _GPM)
 
 # --- incidents (perfd.analytics.incidents.detect) -----------------------------------------------------------
-_INC = "DESIGN.md §2 Stragglers; §4 (an incident's time lost)"
+_INC = "docs/design.md §2 Stragglers; §4 (an incident's time lost)"
 STEADY_WINDOW_STEPS = Threshold(
     8, "steps are read over windows of 8: the time per step over a window is stable whatever the pattern "
     "inside it (a two-worker DataLoader's alternating waits, a slower step every few, up to 4 workers' "
@@ -146,7 +146,7 @@ EXPLAINS_SHARE = Threshold(0.5, "a part of the step (data wait, exposed communic
                            _INC)
 # --- lasting shifts (perfd.analytics.steps.changepoint)
 # -------------------------------------------------------
-_CP = "perfd/analytics/steps/changepoint.py (a lasting shift of the step time; DESIGN.md §2 has none)"
+_CP = "perfd/analytics/steps/changepoint.py (a lasting shift of the step time; docs/design.md §2 has none)"
 CHANGE_POINT_MIN_STEPS = Threshold(
     20.0, "a slowdown that has lasted 20 steps (and a tenth of the window) to the end of the run is a "
           "change point, its cost counted against the level before it until the user takes the new "
@@ -160,13 +160,13 @@ CHANGE_POINT_LEVEL_SHARE = Threshold(
 SHORT_GAP_S = Threshold(
     0.001, "an idle gap between GPU activities shorter than 1 ms is the host issuing work (launch/dispatch "
     "overhead); a longer one is the host waiting (a sync, data)",
-    "DESIGN.md §2 Bottleneck class (a capture's timeline)")
+    "docs/design.md §2 Bottleneck class (a capture's timeline)")
 SHORT_GAPS_DOMINATE = Threshold(0.5, "half the idle in short gaps: the host issues work slower than the GPU "
                                      "runs it (launch-bound), not a host wait",
-                                "DESIGN.md §2 Bottleneck class (a capture's timeline)")
+                                "docs/design.md §2 Bottleneck class (a capture's timeline)")
 # --- step budget (perfd.analytics.breakdown.budget, budget_findings)
 # ------------------------------------------
-_BUDGET = "DESIGN.md §2 Bottleneck class; perfd/analytics/breakdown/budget.py"
+_BUDGET = "docs/design.md §2 Bottleneck class; perfd/analytics/breakdown/budget.py"
 BUDGET_PART_NAMED = Threshold(0.01, "a part holding 1% of the step or more is named in a finding, with its "
                                     "ms", _BUDGET)
 BUDGET_PART_REMEDY = Threshold(0.03, "a part holding 3% of the step or more gets its remedy, with the "
@@ -174,7 +174,7 @@ BUDGET_PART_REMEDY = Threshold(0.03, "a part holding 3% of the step or more gets
 BUDGET_PART_WARN = Threshold(0.10, "a part holding a tenth of the step is worth a warning", _BUDGET)
 GEMM_EFFICIENT = Threshold(0.6, "GEMMs running the model's FLOPs at 60% of the measured matmul ceiling or "
                                 "more are efficient: the time to win is elsewhere (a large bf16 matmul "
-                                "reaches ~790 of 989 TFLOP/s on an H100/H200: DESIGN.md §2)", _BUDGET)
+                                "reaches ~790 of 989 TFLOP/s on an H100/H200: docs/design.md §2)", _BUDGET)
 REMEDY_MIN_GAIN = Threshold(
     0.01, "a remedy is listed when the middle of its expected gain is 1% of the step or more: smaller "
     "changes "
@@ -206,19 +206,19 @@ WINDOW_CUT_MIN_MS = Threshold(
     "where a kernel falls", _BUDGET)
 MEMORY_HEADROOM = Threshold(
     0.9, "a remedy that costs memory (a larger micro-batch) is suggested only when the job's estimated peak "
-    "stays within 90% of the GPU's memory (DESIGN.md §2: healthy use is 80–90% of HBM)", _BUDGET)
+    "stays within 90% of the GPU's memory (docs/design.md §2: healthy use is 80–90% of HBM)", _BUDGET)
 CLASS_MIXED_MARGIN = Threshold(
     0.10, "a step budget names one class when that class's parts hold 10 points of the step more than any "
     "other's; closer than that the job is \"mixed\" and the shares say how "
     "(perfd.analytics.breakdown.budget)",
-    "DESIGN.md §2 Bottleneck class")
+    "docs/design.md §2 Bottleneck class")
 
 # --- Nsight Compute speed of light (perfd.analytics.breakdown.ncu_kernels: a kernel's class)
 # -----------------------------
 # NVIDIA's own SOLBottleneck rule (Nsight Compute sections/SpeedOfLight.py: latency_bound_threshold 60,
 # no_bound_threshold 80, balanced_threshold 10), so perfd's class of a kernel says what ncu's report does.
 _NCU = ("perfd/analytics/breakdown/ncu_kernels.py (NVIDIA's SOLBottleneck rule of Nsight Compute; "
-        "DESIGN.md has none)")
+        "docs/design.md has none)")
 SOL_LATENCY = Threshold(0.60, "neither the SM pipelines nor the memory system reach 60% of their peak: "
                               "the kernel waits (latency: stalls, a small grid, low occupancy)", _NCU)
 SOL_HIGH = Threshold(0.80, "a unit past 80% of its peak bounds the kernel whatever the other does", _NCU)
@@ -229,11 +229,11 @@ MIN_GRADE_STEPS = Threshold(
     "the warm-up takes the first 3 of a short log, and a median or a coefficient of variation over fewer "
     "than 5 steps is one step's value (a 4-iteration log was graded from 1 steady step); fewer, and the "
     "figure is shown with its count but not graded",
-    "perfd/analytics/run/run_figures.py (issue 51 item 6; DESIGN.md has none; ARMING_MIN_STEPS's count)")
+    "perfd/analytics/run/run_figures.py (issue 51 item 6; docs/design.md has none; ARMING_MIN_STEPS's count)")
 ARMING_MIN_STEPS = Threshold(
     5, "the cost of arming ncu on a rank is a median of at least 5 armed steps against at least 5 of the "
     "reference (its unarmed ranks, its own steps before it was armed): fewer, and one slow step decides it",
-    "perfd/analytics/run/arming.py (issue 45 item 4; DESIGN.md has none)")
+    "perfd/analytics/run/arming.py (issue 45 item 4; docs/design.md has none)")
 NCU_FUSION_DRAM = Threshold(
     0.60, "a pointwise or normalisation kernel moving DRAM at 60% of its peak or more is near what such a "
     "kernel reaches (NVIDIA's latency bar, SOL_LATENCY): a faster kernel gains little, only fewer bytes "
@@ -255,22 +255,22 @@ NCU_CLASS_COVERAGE = Threshold(
 # ------------------------------------------------------
 STEADY_PRESENT = Threshold(0.5, "GPU evidence seen in half the rank's steady-state sightings is its normal "
                                 "state (a GPU always at its power cap): it explains no incident",
-                           "DESIGN.md §2 Who is to blame")
+                           "docs/design.md §2 Who is to blame")
 STEADY_MARGIN = Threshold(
     0.15, "a host condition seen in steady state too (a shared machine's CPUs always contended) still "
     "explains an incident when it got worse by this much (a ratio's points: the rank waited for a CPU 80% "
     "of the time against 50% in steady state); GPU evidence is present or not, with no margin",
-    "DESIGN.md §2 Who is to blame")
+    "docs/design.md §2 Who is to blame")
 CLOCK_DROP_RATIO = Threshold(0.95, "an SM clock 5% below the job's median GPU is a clock drop",
-                             "DESIGN.md §2 Stragglers (root-cause hints)")
+                             "docs/design.md §2 Stragglers (root-cause hints)")
 HOT_DELTA_C = Threshold(10.0, "10 C above the job's median GPU is running hot",
-                        "DESIGN.md §2 Stragglers (root-cause hints)")
+                        "docs/design.md §2 Stragglers (root-cause hints)")
 POWER_AT_LIMIT = Threshold(0.9, "sw_power_cap counts as a power cap only with the GPU drawing 90% of its "
                                 "limit or more; NVML raises the flag for a moment far below it",
-                           "DESIGN.md §2 Stragglers (root-cause hints)")
+                           "docs/design.md §2 Stragglers (root-cause hints)")
 
-# --- serving (DESIGN.md §2 serving playbook) ----------------------------------------------------------
-_S2 = "DESIGN.md §2 Diagnosis playbook (serving)"
+# --- serving (docs/design.md §2 serving playbook) ----------------------------------------------------------
+_S2 = "docs/design.md §2 Diagnosis playbook (serving)"
 
 
 def _alert(name: str) -> str:
@@ -325,12 +325,12 @@ JOB_STALLED = Threshold(
     "corroboration, never during an announced save or evaluation) or past the stale limit "
     "(perfd.analytics.steps.liveness: 10 median steps, at least 60 s) with the job's processes alive; the "
     "minute of for: rides out an unannounced checkpoint or evaluation pass",
-    "DESIGN.md §2 Diagnosis playbook (hangs)",
+    "docs/design.md §2 Diagnosis playbook (hangs)",
     (RuleRef("default", "job_stalled", "stalled_seconds", ">", "1m",
              "the Prometheus alert PerfdJobStalled waits the same minute on perfd_job_state_info"),))
 
 # --- goodput (perfd.analytics.steps.goodput) ---------------------------------------------------------------
-_GP = "perfd/analytics/steps/goodput.py (perfd's own definition of goodput; DESIGN.md §2 has none)"
+_GP = "perfd/analytics/steps/goodput.py (perfd's own definition of goodput; docs/design.md §2 has none)"
 GOODPUT_STALL_STEPS = Threshold(
     5.0, "time between two logged steps that neither the steps, a checkpoint save nor an evaluation "
     "explain is a stall once it exceeds five median steps (less is logging and host overhead)", _GP)
@@ -343,7 +343,7 @@ STATE_NEAR_CAP = Threshold(
     0.9, "the aggregator's --state-dir journal at 90% of --state-max-mib: past the cap the oldest "
     "journalled batches are pruned and a restart replays no more of them; for 15 minutes, so that a "
     "burst the pruning absorbs says nothing",
-    "DESIGN.md §4 Targets (an aggregator restart loses no acknowledged data)",
+    "docs/design.md §4 Targets (an aggregator restart loses no acknowledged data)",
     (RuleRef("prometheus", "PerfdAggregatorStateNearCap",
              "perfd_aggregator_state_held_bytes / perfd_aggregator_state_max_bytes", ">", "15m"),))
 

@@ -1,4 +1,4 @@
-"""Breakdown of a GPU timeline (the HTA method, DESIGN.md §3 "Captures"), as pure functions.
+"""Breakdown of a GPU timeline (the HTA method, docs/design.md §3 "Captures"), as pure functions.
 
 Per CUDA device::
 

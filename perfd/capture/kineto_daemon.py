@@ -1,6 +1,6 @@
 """A Kineto on-demand daemon: serves trace configs to PyTorch processes started with
 ``KINETO_USE_DAEMON=1`` (the protocol dynolog speaks), so perfd can trace a running job with no change
-to its code (DESIGN.md §3 "Captures").
+to its code (docs/design.md §3 "Captures").
 
 Wire format, as libkineto and dynolog implement it (kineto ``libkineto/src/IpcFabricConfigClient.cpp``,
 ``libkineto/third_party/dynolog_headers/dynolog/src/ipcfabric/{FabricManager,Endpoint,Utils}.h``;

@@ -1,4 +1,4 @@
-"""nsys captures of running jobs (DESIGN.md §3 "Captures"): no profiler attaches to a running process,
+"""nsys captures of running jobs (docs/design.md §3 "Captures"): no profiler attaches to a running process,
 so the job starts under nsys in one of three ways, and perfd drives it from there.
 
 1. **Interactive session** — the job (or each rank) starts under

@@ -42,7 +42,7 @@ STRINGS = "StringIds"
 # sometimes ", sizes = [...]"
 _SEQ = re.compile(r",\s*(?:stashed )?seq = (\d+)")
 
-# Where nsys lives on the GPU test machines (not on PATH there; DESIGN.md §3).
+# Where nsys lives on the GPU test machines (not on PATH there; docs/design.md §3).
 NSYS_FALLBACK = "/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys"
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 

@@ -1,7 +1,7 @@
 """Capture artifacts on disk under a size quota: one folder and one JSON manifest per capture.
 
 Layout: ``<root>/<capture id>/manifest.json`` plus the capture's artifacts (traces, reports,
-exports) in the same folder. The manifest (DESIGN.md §5 "Capture") holds::
+exports) in the same folder. The manifest (docs/design.md §5 "Capture") holds::
 
     id, job, ranks, tool, mode, steps {start, count} or window {start_ms, duration_ms},
     status ok | failed | timeout | skipped | running, reason,

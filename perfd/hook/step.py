@@ -1,6 +1,6 @@
 """``StepHook``: step boundaries from inside the training loop, sent to the local perfd agent.
 
-Contract with the training thread (DESIGN.md §4): at most ~10 µs of host time per step, never a
+Contract with the training thread (docs/design.md §4): at most ~10 µs of host time per step, never a
 device synchronization, never an exception, never a wait when the agent is slow or gone.
 
 The step path, with CUDA events: ``step_begin()`` takes a ``perf_counter_ns`` (and polls for
@@ -179,7 +179,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
     vocab_size, swiglu, ...; kv_channels and padded_vocab_size are derived when absent; a Hugging Face
     ``config.to_dict()`` is taken as it is, its unused fields listed in ``model_notes`` and a debug log
     line: perfd.analytics.steps.hf_spec) counts each step's FLOPs from its tokens
-    and sequence length with perfd's formula (the one used for Megatron-LM, DESIGN.md §2). ``dtype``
+    and sequence length with perfd's formula (the one used for Megatron-LM, docs/design.md §2). ``dtype``
     (the training dtype: bf16, fp16, fp8, fp32; it picks the peak), ``layout`` (named sizes:
     world_size, tp, pp, dp, cp, ep) and ``mesh`` (a DeviceMesh) tell the agent about the job:
     perfd.hook.jobinfo. ``device_uuid``: the device's UUID where the hook cannot read it from torch

@@ -1,13 +1,13 @@
 """A Kineto trace opened by the step hook in its own process, when the agent asks (issue 44 item 4).
 
-Why: Kineto on demand needs the job started with ``KINETO_USE_DAEMON=1`` (DESIGN.md §3
+Why: Kineto on demand needs the job started with ``KINETO_USE_DAEMON=1`` (docs/design.md §3
 "Captures"); a job that runs the hook but was started without it could not be captured at all. The
 hook owns the step boundaries, so it can open the same trace itself: torch's Kineto profiler (CPU
 ops and CUDA activity, the Chrome trace ``perfd.capture.chrome_trace`` reads; it needs the CPU ops:
 perfd charges each kernel to the op that launched it), ``ProfilerStep#N`` around each traced step
 (the analysis counts the steps by them), ``distributedInfo.rank`` set to the hook's rank.
 
-How it keeps the hook's contract (DESIGN.md §4):
+How it keeps the hook's contract (docs/design.md §4):
 - torch.profiler's own stop synchronizes the device (``torch.cuda.synchronize()`` in
   ``autograd.profiler.profile.__exit__`` when it profiles CUDA); this one never does. It profiles
   through ``torch.autograd.profiler.profile`` with no ``use_device`` and adds the CUDA activity

@@ -1,4 +1,4 @@
-"""Reports: Summary, Metrics (each with its source), Findings, Recommendations (DESIGN.md §2).
+"""Reports: Summary, Metrics (each with its source), Findings, Recommendations (docs/design.md §2).
 
 ``build_report(analysis)`` is pure; renderers turn a Report into text (``render_text``), a rich
 renderable (``render_rich``) or JSON (``Report.to_json``).

@@ -134,7 +134,7 @@ class AlertState:
 
 
 class CaptureArbiter:
-    """At most one capture per process (rank) at a time: one CUPTI client (DESIGN.md §3).
+    """At most one capture per process (rank) at a time: one CUPTI client (docs/design.md §3).
 
     ``ranks=None`` reserves the whole job (targets not resolved to ranks yet). Thread-safe: the
     executor releases from its own thread when a capture ends.

@@ -20,7 +20,7 @@ converted to the catalog's base units (ratios, seconds, bytes, hertz). Metric id
 names or the short aliases in :data:`ALIASES`. A labelled series (``perfd_gpu_throttle_active
 {reason="hw_thermal"}``) is looked up under the key :func:`series_key` builds.
 
-Absent values (DESIGN.md: metrics are never invented): arithmetic on an absent value is absent, a
+Absent values (docs/design.md §2: metrics are never invented): arithmetic on an absent value is absent, a
 comparison involving one is *unknown*, and ``not``/``and``/``or`` follow three-valued (Kleene) logic,
 so ``not (mfu < 30%)`` does not fire when MFU is absent either. Only a definite True fires a rule.
 ``absent(x)`` / ``present(x)`` are the way to test for a missing value.

@@ -26,7 +26,7 @@ SCOPES: tuple[Scope, ...] = ("job", "rank", "gpu")
 TOOLS: tuple[Tool, ...] = CAPTURE_TOOLS
 
 # Capture budget defaults. A Kineto trace of 3 iterations was ~43 MB per rank on the shared
-# Megatron run (DESIGN.md §3), so 2 GiB holds a few captures of a handful of ranks.
+# Megatron run (docs/design.md §3), so 2 GiB holds a few captures of a handful of ranks.
 DEFAULT_STEPS = 3
 DEFAULT_COOLDOWN_S = 30 * 60.0
 DEFAULT_MAX_PER_HOUR = 2

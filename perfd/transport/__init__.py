@@ -1,6 +1,6 @@
 """Agent → aggregator transport: wire protocol (perfd.proto), codec, disk spool, client, server.
 
-See DESIGN.md §3 "Transport" for the measurements behind the design, and ``perfd.proto`` for the
+See docs/design.md §3 "Transport" for the measurements behind the design, and ``perfd.proto`` for the
 protocol. Regenerate ``gen/`` with ``python -m perfd.transport.regen``.
 """
 

@@ -3,7 +3,7 @@
 Samples travel columnar (three fixed-width little-endian arrays in bytes fields: series id,
 timestamp, value) and stay columnar on the receiving side: :func:`decode_batch` hands back
 ``array.array`` columns made with one copy each, so the aggregator pays no Python object per
-sample on its hot path (DESIGN.md §3 "Transport"). The arrays are laid out by hand rather than as
+sample on its hot path (docs/design.md §3 "Transport"). The arrays are laid out by hand rather than as
 packed repeated fields because the protobuf runtime turns each element of those into a Python
 object when read, ~60 ns each — ~40 µs of a 200-sample batch, the aggregator's largest cost per
 batch at 2,000 agents. Batches in the packed form (an older agent's spool) are still decoded.

@@ -1,6 +1,6 @@
 """Aggregator side of the transport: a ``grpc.aio`` server, one bidi stream per agent.
 
-It must be aio (DESIGN.md §3 "Transport"): a synchronous gRPC server holds a pool thread for the
+It must be aio (docs/design.md §3 "Transport"): a synchronous gRPC server holds a pool thread for the
 whole life of each stream, and streams beyond the pool size wait seconds for their first reply.
 One aio process held 1,000 streams there.
 

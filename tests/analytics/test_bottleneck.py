@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from perfd.analytics.breakdown.bottleneck import BOTTLENECK_CLASSES, GpmReading, classify, classify_gpm
 
-# DESIGN.md's GPM table, H200, 0.5 s windows (percent → ratio)
+# docs/design.md §2's GPM table, H200, 0.5 s windows (percent → ratio)
 MATMUL = GpmReading(sm_util=0.963, sm_occupancy=0.142, tensor_util=0.935, dram_bw_util=0.176, nvml_util=1.0)
 COPY = GpmReading(sm_util=0.988, sm_occupancy=0.799, tensor_util=0.0, dram_bw_util=0.878, nvml_util=1.0)
 TINY = GpmReading(sm_util=0.0004, sm_occupancy=0.0, tensor_util=0.0, dram_bw_util=0.0, nvml_util=0.34)

@@ -1,6 +1,6 @@
 """The bottleneck class from its votes (perfd.analytics.breakdown.diagnosis), with the GPM figures measured in
-DESIGN.md §3 (the co-tenant DP=2 job: tensor 13%, SM 46%, DRAM 23%; tiny kernels: NVML util 34%, SM
-0.04%) and a recorded capture's class."""
+docs/design.md §3 (the co-tenant DP=2 job: tensor 13%, SM 46%, DRAM 23%) and §2 (tiny kernels: NVML util
+34%, SM 0.04%) and a recorded capture's class."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Each phase runs ~``--phase-s`` seconds and writes its name to a marker file first, so a concurrent
 NVML recording (collectors/nvml/record.py) knows which load was running. Phases, chosen to
-reproduce DESIGN.md §2's GPM table and to exercise the rest of the collector:
+reproduce docs/design.md §2's GPM table and to exercise the rest of the collector:
 
   idle            nothing (the CUDA context exists, no kernel runs)
   matmul          bf16 8192x8192 matmul loop               -> tensor util high

@@ -1,4 +1,4 @@
-"""Verify the nvml collector on a real GPU against nvidia-smi and DESIGN.md's GPM table.
+"""Verify the nvml collector on a real GPU against nvidia-smi and docs/design.md §2's GPM table.
 
 Runs tests/gpu/nvml_phases.py (known loads, one phase after another) in a subprocess, records NVML
 with collectors.nvml.record at 0.5 s meanwhile, and polls nvidia-smi in parallel. Then writes, under
@@ -6,7 +6,7 @@ the output directory:
 
   summary.json, summary.md   per phase: perfd medians vs nvidia-smi at the nearest time (memory 1 %,
                              power 10 %, util ±10 points, SM clock ±30 MHz, temperature ±2 C), GPM
-                             medians (DESIGN.md §2 table) and their checks, whether the second
+                             medians (docs/design.md §2 table) and their checks, whether the second
                              process was named, NVML µs per call, collect() cost
   recording_raw.jsonl        the whole recording (set-up included)
   <gpu>_phases.jsonl         the recording trimmed to the load phases: commit it as

@@ -76,7 +76,7 @@ def test_readme_examples_parse_and_their_bandwidth_checks_out() -> None:
 
 
 def test_design_reference_point() -> None:
-    # DESIGN.md: 256 MB fp32 all-reduce on 2 NVLinked H200s, 0.93 ms, ~290 GB/s bus bandwidth.
+    # docs/design.md §3: 256 MB fp32 all-reduce on 2 NVLinked H200s, 0.93 ms, ~290 GB/s bus bandwidth.
     assert expected_busbw_gbs("all_reduce", 268435456, 930, 2) == pytest.approx(288.6, abs=0.1)
 
 

@@ -205,7 +205,7 @@ class FakePynvml:
         d = self._dev(h)
         return d.ecc_corrected if err_type == self.NVML_MEMORY_ERROR_TYPE_CORRECTED else d.ecc_uncorrected
 
-    # never to be called on the sampling path (DESIGN.md §3): present so a call would be counted
+    # never to be called on the sampling path (docs/design.md §3): present so a call would be counted
     def nvmlDeviceGetPcieThroughput(self, h: Any, counter: int) -> int:
         return 0
 

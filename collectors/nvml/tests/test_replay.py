@@ -1,5 +1,5 @@
 """Record and replay: file format, timing, looping, speed-up, the replay label, bad files, and the
-real GPU recordings (checked against DESIGN.md's GPM table) once they exist."""
+real GPU recordings (checked against the GPM table of docs/design.md §2) once they exist."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bottleneck class from what is available (DESIGN.md §2 "Bottleneck class").
+"""Bottleneck class from what is available (docs/design.md §2 "Bottleneck class").
 
 Timer shares decide first (they are measured inside the step): data-bound, communication-bound,
 pipeline-bound. GPM counters, when a collector supplies them, separate compute-bound,

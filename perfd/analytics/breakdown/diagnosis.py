@@ -1,4 +1,4 @@
-"""The job's bottleneck class from every source present, each with its vote (DESIGN.md §2
+"""The job's bottleneck class from every source present, each with its vote (docs/design.md §2
 "Bottleneck class").
 
 Three sources vote, each with its class and numbers (:class:`Vote`):

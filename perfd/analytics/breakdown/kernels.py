@@ -1,4 +1,4 @@
-"""GPU kernel categories from kernel names (capture analysis, DESIGN.md §3 "Captures").
+"""GPU kernel categories from kernel names (capture analysis, docs/design.md §3 "Captures").
 
 A capture lists thousands of kernels by name; a person needs the few categories that say what the
 GPU spent its time on: matrix multiplies, attention, pointwise work, normalisation, reductions, the

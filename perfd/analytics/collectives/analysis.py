@@ -1,6 +1,6 @@
 """Communication analytics from collective records (Flight Recorder, NCCL Inspector). Pure.
 
-**Total communication share** (DESIGN.md §2: union of collective/p2p time ÷ iteration time), per
+**Total communication share** (docs/design.md §2: union of collective/p2p time ÷ iteration time), per
 rank, per iteration and per parallel group. Each Flight Recorder record with a duration (the job
 set ``TORCH_NCCL_ENABLE_TIMING=1``) becomes an interval, mapped to a rank's iteration window by its
 enqueue time (:mod:`perfd.analytics.collectives.windows` says how). The share of a window is the
@@ -41,7 +41,7 @@ from perfd.collfold import CollectivePartial, reduce, world_size_from
 from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 
-DP_SHARE_HIGH = 0.2  # DESIGN.md playbook: DP all-reduce > 20% of the step
+DP_SHARE_HIGH = 0.2  # docs/design.md §2 playbook: DP all-reduce > 20% of the step
 
 
 def _median(xs: Sequence[float]) -> float | None:

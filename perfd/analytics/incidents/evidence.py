@@ -1,4 +1,4 @@
-"""Typed evidence about a slow rank, and the verdict it supports (DESIGN.md §2 "Who is to blame").
+"""Typed evidence about a slow rank, and the verdict it supports (docs/design.md §2 "Who is to blame").
 
 Every observation that can explain a slowdown is an :class:`Evidence` of a closed set of kinds
 (:class:`EvidenceKind`): the rank's process stopped, gone or OOM-killed; a foreign process on the
@@ -56,7 +56,7 @@ class EvidenceKind(str, enum.Enum):
 
 
 class Tier(enum.IntEnum):
-    """The causal order (DESIGN.md §2): lower explains higher, never the other way round."""
+    """The causal order (docs/design.md §2): lower explains higher, never the other way round."""
 
     PROCESS = 0  # the rank's process itself: stopped, gone, OOM-killed (nothing else runs then)
     HARDWARE = 1

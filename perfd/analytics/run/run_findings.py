@@ -1,7 +1,7 @@
 """Findings (observation + evidence) and recommendations (prioritised, each tied to a finding) of
 one run: one small analyzer per question, registered in :data:`RUN_ANALYZERS`.
 
-The analyzers encode DESIGN.md's diagnosis playbook with the job's own numbers, and read the step
+The analyzers encode docs/design.md §2's playbook with the job's own numbers, and read the step
 budget (perfd.analytics.breakdown.budget) for what the timers cannot see; remedies come from the one catalogue
 (perfd.analytics.advice.remedies). Pure: they read a RunAnalysis (and the JobInfo for arguments) and return
 plain dataclasses; decisions read typed values (exclusion kinds, budget parts), never perfd's own
@@ -48,7 +48,7 @@ GRADES: tuple[tuple[str, str], ...] = (
 IMPOSSIBLE = "impossible"
 IMPOSSIBLE_TEXT = ("MFU above 100% is impossible: the peak it is measured against is wrong (a --dtype, "
                    "--gpu or --peak-tflops that is not the job's)")
-# Each grade's band, and the causes its name points at (DESIGN.md §2 Grades): a report that measured
+# Each grade's band, and the causes its name points at (docs/design.md §2 "MFU"): a report that measured
 # them small says so instead (explain_grade).
 _BANDS = {"severe": "MFU < 30%", "communication-overhead": "MFU 30–40%", "good": "MFU 40–50%",
           "excellent": "MFU > 50%"}

@@ -1,4 +1,4 @@
-"""Serving findings and recommendations: DESIGN.md §2's serving playbook over a ServingSummary.
+"""Serving findings and recommendations: docs/design.md §2's serving playbook over a ServingSummary.
 
 The thresholds are declared in ``perfd/analytics/thresholds.py``; ``rules/serving.yaml`` is checked
 against them (tests/test_thresholds.py) and a test evaluates both on the same values, so the live

@@ -14,7 +14,7 @@ Definitions (per GPU, over wall-clock time of the window):
   attention FLOPs (small against 2·N for short contexts; an under-estimate for long ones). Both are
   wall-clock shares: decode MFU + prefill MFU is the job's model FLOPs utilisation.
 
-Absent inputs give absent results, each with the reason (DESIGN.md: never a silent 0).
+Absent inputs give absent results, each with the reason (docs/design.md §2: never a silent 0).
 """
 
 from __future__ import annotations

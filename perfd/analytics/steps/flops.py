@@ -1,4 +1,4 @@
-"""Model FLOPs per training iteration, perfd's own count (DESIGN.md §2 "MFU").
+"""Model FLOPs per training iteration, perfd's own count (docs/design.md §2 "MFU").
 
 Follows Megatron-Core's ``num_floating_point_operations`` (megatron/training/training.py) term by
 term, for standard (MHA/GQA) transformers, dense or MoE, with MTP layers:
@@ -265,7 +265,7 @@ def model_flops(
 ) -> FlopsResult:
     """perfd's formula first; 6·N·tokens when the formula's inputs are missing but N is known.
 
-    (Megatron's logged throughput, the second preference of DESIGN.md, is applied per iteration
+    (Megatron's logged throughput, the second preference of docs/design.md §2, is applied per iteration
     by the MFU code, since it is a per-iteration figure, not a FLOPs count.)
     """
     own = megatron_flops(spec, global_batch_size, framework_version, framework)
@@ -394,7 +394,7 @@ class TokenFlops:
 
 
 def token_flops(model: ModelSpec | Mapping[str, object], framework: str = "pytorch") -> TokenFlops:
-    """perfd's formula (Megatron-Core's, DESIGN.md §2) split into its per-token and per-position
+    """perfd's formula (Megatron-Core's, docs/design.md §2) split into its per-token and per-position
     parts. Needs every field but seq_length; raises ValueError naming what is missing."""
     reading = read_spec(model)
     spec = reading.spec

@@ -1,4 +1,4 @@
-"""Peak dense TFLOP/s per GPU model and dtype: the ONE table perfd uses (DESIGN.md §2 "MFU").
+"""Peak dense TFLOP/s per GPU model and dtype: the ONE table perfd uses (docs/design.md §2 "MFU").
 
 Keyed by patterns over the NVML device name (``nvmlDeviceGetName``: "NVIDIA H200",
 "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", ...). Values are the

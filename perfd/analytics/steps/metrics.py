@@ -1,5 +1,5 @@
 """Per-iteration metrics over one step record: throughput, MFU, data-loading and exposed
-communication shares (DESIGN.md §2). Pure functions; every result names its source.
+communication shares (docs/design.md §2). Pure functions; every result names its source.
 
 Phases are read through the record's source vocabulary (perfd.analytics.common.Vocabulary):
 Megatron's timers, the step hook's data wait, ... Timer values are per-iteration means over the

@@ -1,6 +1,6 @@
 """Pipeline bubble: analytic, measured idle per stage, and the part due to stage imbalance.
 
-DESIGN.md §2 "Pipeline bubble". Measured idle of a stage = (forward-backward − (forward-compute
+docs/design.md §2 "Pipeline bubble". Measured idle of a stage = (forward-backward − (forward-compute
 + backward-compute)) / forward-backward. Megatron's default ``minmax`` timers give, per timer,
 the min and max across ranks but not which rank: pairing the smaller forward with the smaller
 backward (the lighter stage) and the larger with the larger (the heavier stage) is an inference,

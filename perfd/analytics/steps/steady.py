@@ -1,4 +1,4 @@
-"""Steady-state selection: which iterations summaries are taken over (DESIGN.md §2).
+"""Steady-state selection: which iterations summaries are taken over (docs/design.md §2).
 
 Excluded: the warm-up (the first max(3, ⌈10%⌉) records, where step time has not settled),
 outliers — a step slower than 2× the steady time per step whose window of steps is slower too

@@ -1,4 +1,4 @@
-"""Straggler detection from Megatron's outputs (DESIGN.md §2 "Stragglers").
+"""Straggler detection from Megatron's outputs (docs/design.md §2 "Stragglers").
 
 Three signals, per iteration:
 1. the straggler-detector line (``MnRtt/Rnk`` / ``MxRtt/Rnk``): max/min ratio > 1.1 names the max

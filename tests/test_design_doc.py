@@ -1,0 +1,176 @@
+"""The design reference the code cites is in the repository, and every citation of it resolves.
+
+Source comments, docstrings, threshold declarations and docs cite ``docs/design.md §N`` (sometimes
+with the part's name: ``§3 "Transport"``, ``§2 Diagnosis playbook``). A citation of a design file
+kept outside the repository cannot be followed from a clone; a citation of a section or a part the
+page does not have cannot be followed either. Values the page quotes as ```NAME` = value`` must be
+the ones the code declares.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from perfd.analytics import thresholds as th
+
+ROOT = Path(__file__).resolve().parents[1]
+DESIGN = ROOT / "docs" / "design.md"
+CITED = "docs/design.md"
+
+# Any spelling of a file named design.md: only the repository's, spelled exactly CITED, may be cited.
+_ANY_DESIGN = re.compile(r"design\.md", re.IGNORECASE)
+# A folder outside the repository that design facts used to be read from.
+_OUTSIDE = re.compile(r"\.\./shared/")
+_SECTION_MARK = re.compile(r"§\s*(\d+(?:\.\d+)*)")
+_MD_FILE = re.compile(r"[\w./-]+\.md\b")
+_QUOTED_PART = re.compile(r'\s+"([^"\n]+)"')
+_NAMED_PART = re.compile(r" ([A-Z][\w-]*(?: [a-z][\w-]*)*)")
+_QUOTED_VALUE = re.compile(r"`([A-Z][A-Z0-9_]*)` = (-?\d+(?:\.\d+)?)(\s*%)?")
+_SKIP_DIRS = {".git", ".venv", ".venv-demo", "node_modules", "__pycache__", "build", "dist"}
+
+
+def _candidate_paths() -> list[Path]:
+    """Tracked files and new files git does not ignore; without git, every file outside the usual
+    build and tool folders."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others",
+                              "--exclude-standard"], capture_output=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return [p for p in ROOT.rglob("*")
+                if p.is_file() and not _SKIP_DIRS & set(p.relative_to(ROOT).parts)
+                and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)]
+    return [ROOT / name for name in out.decode().split("\0") if name]
+
+
+@cache
+def _texts() -> dict[str, str]:
+    """Every text file of the repository by its relative path (binary and unreadable ones left out)."""
+    texts = {}
+    for path in _candidate_paths():
+        if path == Path(__file__).resolve():  # its examples of broken citations are on purpose
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:  # listed by git but deleted in the work tree
+            continue
+        if b"\0" in data[:8192]:
+            continue
+        try:
+            texts[path.relative_to(ROOT).as_posix()] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return texts
+
+
+def _sections(doc: str) -> dict[str, list[str]]:
+    """Section number -> its title and the names of its parts (``### `` headings), lower case."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in doc.splitlines():
+        top = re.match(r"## (\d+(?:\.\d+)*)\. (.+)$", line)
+        if top:
+            current = sections.setdefault(top.group(1), [top.group(2).strip().lower()])
+            continue
+        sub = re.match(r"### (?:(\d+(?:\.\d+)+)\.? )?(.+)$", line)
+        if sub and current is not None:
+            current.append(sub.group(2).strip().lower())
+            if sub.group(1):  # a numbered part is a section of its own too
+                sections.setdefault(sub.group(1), [sub.group(2).strip().lower()])
+    return sections
+
+
+def _names_part(names: list[str], name: str) -> bool:
+    name = name.strip().lower()
+    return any(n == name or n.startswith(name + ":") or n.startswith(name + " ") for n in names)
+
+
+def _citations(path: str, text: str) -> list[tuple[int, str, str | None]]:
+    """(line, section, part name or None) of every citation of the design page in one file. A §
+    belongs to the design page when the nearest file named before it (within 200 characters) is the
+    page, or, in the page itself, when no other file is named there."""
+    found = []
+    for m in _SECTION_MARK.finditer(text):
+        before = text[max(0, m.start() - 200):m.start()]
+        files = _MD_FILE.findall(before)
+        if files:
+            if not files[-1].endswith(CITED):
+                continue
+        elif path != CITED:
+            continue
+        rest = text[m.end():m.end() + 100]
+        part = _QUOTED_PART.match(rest) or _NAMED_PART.match(rest)
+        found.append((text.count("\n", 0, m.start()) + 1, m.group(1), part.group(1) if part else None))
+    return found
+
+
+def check_citations(texts: dict[str, str], doc: str) -> list[str]:
+    """What is wrong with the citations in ``texts`` against the design page ``doc``."""
+    sections = _sections(doc)
+    problems = []
+    for path, text in sorted(texts.items()):
+        for m in _ANY_DESIGN.finditer(text):
+            if text[max(0, m.start() - 5):m.start()] != "docs/" or m.group() != "design.md":
+                line = text.count("\n", 0, m.start()) + 1
+                problems.append(f"{path}:{line}: cites a design file other than {CITED}: "
+                                f"{text[max(0, m.start() - 20):m.end()]!r}")
+        for m in _OUTSIDE.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            problems.append(f"{path}:{line}: cites a file outside the repository")
+        for line, section, part in _citations(path, text):
+            if section not in sections:
+                problems.append(f"{path}:{line}: {CITED} has no §{section}")
+            elif part is not None and not _names_part(sections[section], part):
+                problems.append(f"{path}:{line}: {CITED} §{section} has no part {part!r} "
+                                f"(its parts: {sections[section]})")
+    return problems
+
+
+def test_the_design_page_has_its_sections() -> None:
+    sections = _sections(DESIGN.read_text())
+    assert [s for s in sections if "." not in s] == ["1", "2", "3", "4", "5"]
+    assert "/work/" not in DESIGN.read_text()
+
+
+def test_every_citation_resolves_inside_the_repository() -> None:
+    texts = _texts()
+    assert CITED in texts and "perfd/analytics/thresholds.py" in texts
+    assert sum(len(_citations(p, t)) for p, t in texts.items()) > 50  # the scan sees them at all
+    problems = check_citations(texts, texts[CITED])
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("text, wrong", [
+    ('x = 1  # see DESIGN.md §2', "other than"),
+    ('x = 1  # see ../shared/DESIGN.md §2', "other than"),
+    ('"""From /work/shared/design.md §2."""', "other than"),
+    ("# (docs/design.md §9)", "has no §9"),
+    ('# docs/design.md §3 "Transports"', "has no part 'Transports'"),
+    ("_D = 'docs/design.md §2 Diagnosis playbooks'", "has no part 'Diagnosis playbooks'"),
+    ("# the bytes are in ../shared/fixtures", "outside the repository"),
+])
+def test_the_check_catches_a_broken_citation(text: str, wrong: str) -> None:
+    problems = check_citations({"perfd/x.py": text}, DESIGN.read_text())
+    assert problems and all(p.startswith("perfd/x.py:1: ") for p in problems), problems
+    assert any(wrong in p for p in problems), problems
+
+
+def test_the_check_reads_parts_and_other_pages() -> None:
+    doc = DESIGN.read_text()
+    ok = ('# docs/design.md §3 "Transport"; docs/design.md §2 Stragglers (root-cause hints), §3 GPM; '
+          "docs/design.md §4 Targets; docs/design.md §2 has none; docs/collectives.md §9")
+    assert check_citations({"perfd/x.py": ok}, doc) == []
+
+
+def test_values_the_page_quotes_are_the_declared_ones() -> None:
+    declared = th.all_thresholds()
+    quoted = _QUOTED_VALUE.findall(DESIGN.read_text())
+    assert len(quoted) >= 10
+    for name, number, percent in quoted:
+        assert name in declared, f"docs/design.md quotes {name}, which no thresholds module declares"
+        value = float(number) / (100 if percent else 1)
+        assert declared[name].value == pytest.approx(value), (name, declared[name].value, value)
