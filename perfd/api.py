@@ -71,7 +71,7 @@ def analyze_sglang_log(path: str | Path, gpu: str | None = None, job: str | None
     """The serving analysis of an SGLang server log (no /metrics, no model spec): records, summary,
     report, as `perfd analyze sglang PATH --json` gives them without those options."""
     from collectors.sglang.parser import parse_file
-    from perfd.analytics.serving.analysis import analyze_serving
+    from perfd.analytics.serving.serving_analysis import analyze_serving
     from perfd.commands.analyze import check_gpu, check_log
     from perfd.logfiles import LogFileError
     from perfd.report.serving import build_serving_report

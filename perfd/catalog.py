@@ -166,12 +166,13 @@ _HOST = "collectors/host (psutil)"
 _RANKS = "collectors/ranks (/proc/<pid>, the rank's cgroup, /proc/pressure)"
 _AGENT = "perfd agent"
 _AGGREGATOR = "perfd aggregator"
-_SERVING = "collectors/sglang (scheduler log lines, else /metrics) via perfd.analytics.serving.analysis"
-_SERVING_LOG = "collectors/sglang (scheduler log lines) via perfd.analytics.serving.analysis"
+_SERVING = ("collectors/sglang (scheduler log lines, else /metrics) via "
+            "perfd.analytics.serving.serving_analysis")
+_SERVING_LOG = "collectors/sglang (scheduler log lines) via perfd.analytics.serving.serving_analysis"
 _SERVING_METRICS = ("collectors/sglang (/metrics histograms, --enable-metrics) via "
                     "perfd.analytics.serving.histogram")
-_SERVING_ANALYTICS = "perfd.analytics.serving.analysis over collectors/sglang + model spec"
-_NCCL = "collectors/nccl (Flight Recorder, NCCL Inspector) + perfd.analytics.collectives.analysis"
+_SERVING_ANALYTICS = "perfd.analytics.serving.serving_analysis over collectors/sglang + model spec"
+_NCCL = "collectors/nccl (Flight Recorder, NCCL Inspector) + perfd.analytics.collectives.collective_analysis"
 
 CATALOG: tuple[MetricDef, ...] = (
     # --- job: training (per-iteration analysis; in report order) --------------------------

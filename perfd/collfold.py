@@ -1,6 +1,6 @@
 """The collective analysis in phases that can run apart (pure): :func:`reduce` some ranks' collective
 records to a :class:`CollectivePartial`, :func:`merge` partials, and
-:func:`perfd.analytics.collectives.analysis.finish` one with the job's step records and layout.
+:func:`perfd.analytics.collectives.collective_analysis.finish` one with the job's step records and layout.
 ``analyze_collectives(records)`` is ``finish(reduce(records))``, so one aggregator and the engine's
 root (which merges what the nodes' agents reduced) give the same analysis of the same operations.
 

@@ -3,7 +3,7 @@
 collectors/nccl builds a :class:`HangFact` from its Flight Recorder reading and writes it into the
 event (:meth:`HangFact.labels`, :meth:`HangFact.payload`); the aggregator reads it back once, where
 the event arrives (:meth:`HangEvent.from_event`), and the analysis merges the typed facts
-(perfd.analytics.collectives.hangs). JSON appears only in the event, never in between.
+(perfd.analytics.collectives.collective_hangs). JSON appears only in the event, never in between.
 
 An agent older than the payload sent the ranks only as comma-separated labels and the age only in
 the event's text ("... stuck 7s on rank(s) ..."): :meth:`HangEvent.from_event` still reads that

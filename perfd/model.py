@@ -180,7 +180,8 @@ class StepRecord:
     # the job's (kept out of its MFU, step time, jitter and class).
     armed: bool = False
     # An ``"all"`` fold's ranks' own end times (perfd.stepfold): each rank's iteration ends when its own
-    # record did, so the communication share's per-rank windows (perfd.analytics.collectives.windows)
+    # record did, so the communication share's per-rank windows
+    # (perfd.analytics.collectives.collective_windows)
     # read the fold as they read the ranks' records. Empty on a rank's own record and a log's.
     rank_end_times: dict[int, float] = field(default_factory=dict)
 
@@ -337,7 +338,8 @@ class Sample:
 
 
 # --- LLM serving (SGLang): one record per logged batch, the server's start-up facts, a parsed
-# ``/metrics`` scrape. Produced by collectors/sglang, analysed by perfd.analytics.serving.analysis on the
+# ``/metrics`` scrape. Produced by collectors/sglang, analysed by perfd.analytics.serving.serving_analysis on
+# the
 # aggregator (and offline by ``perfd analyze sglang``).
 
 BatchKind = Literal["prefill", "decode"]

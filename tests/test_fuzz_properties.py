@@ -27,7 +27,7 @@ from collectors.nccl.inspector import InspectorLineError, parse_line
 from collectors.sglang.parser import parse_lines as parse_sglang
 from perfd import bounds, finite_json
 from perfd.analytics.run.run_analysis import analyze_run
-from perfd.analytics.serving.analysis import analyze_serving
+from perfd.analytics.serving.serving_analysis import analyze_serving
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.rules.expr import ExprError, compile_expr
 from perfd.rules.loader import parse_pack

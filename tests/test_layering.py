@@ -160,7 +160,8 @@ def test_collectors_know_nothing_of_transport_or_exporters():
     # Nor of what runs them: the launcher, the commands, the aggregator, the command line.
     assert not _violations(files, ("perfd.launch", "perfd.commands", "perfd.aggregator", "perfd.cli"))
     # Nor of the analysis above them: what both need (thresholds, dtypes, timer names, the served
-    # model's spec) lives below both (perfd.thresholds, perfd.dtypes, perfd.model, perfd.serving_model).
+    # model's spec) lives below both (perfd.shared_thresholds, perfd.dtypes, perfd.model,
+    # perfd.serving_model).
     assert not _violations(files, ("perfd.analytics",))
     k8s = ROOT / "collectors" / "k8s"
     assert not _violations([f for f in files if k8s not in f.parents], ("grpc",))

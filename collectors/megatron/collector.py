@@ -18,7 +18,7 @@ from perfd.events import LOG_GAP
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.linetimes import LineTimes
 from perfd.model import JobInfo
-from perfd.thresholds import STALL_PHASE_MAX_S
+from perfd.shared_thresholds import STALL_PHASE_MAX_S
 
 log = logging.getLogger(__name__)
 

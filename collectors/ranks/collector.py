@@ -51,7 +51,7 @@ from perfd.procinfo import (
     same_process,
     shown_cmdline,
 )
-from perfd.thresholds import CPU_THROTTLED_SHARE, CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
+from perfd.shared_thresholds import CPU_THROTTLED_SHARE, CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
 
 # Programs that run a rank's command as their child (a profiler, a time limit): a process of these
 # names whose child declares its rank is not the rank (perfd ncu-exec execs ncu; nsys launches the

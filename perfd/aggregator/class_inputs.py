@@ -24,7 +24,7 @@ from perfd.analytics.breakdown.bottleneck import GpmReading
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.job_budget import capture_timeline, ncu_of
 from perfd.analytics.breakdown.step_parts import Part
-from perfd.analytics.ncu.remedies import rows_class
+from perfd.analytics.ncu.ncu_verdicts import rows_class
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.steps.liveness import stale_after
 

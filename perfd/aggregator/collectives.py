@@ -1,7 +1,8 @@
 """The aggregator's collective records: bounded per-job retention, dedupe, analysis, /metrics rows.
 
 Ingest (gRPC event loop) and readers (HTTP thread) share one lock of this store's own; the analysis
-(:func:`perfd.analytics.collectives.analysis.analyze_collectives`) runs outside it, rate-limited, and only
+(:func:`perfd.analytics.collectives.collective_analysis.analyze_collectives`) runs outside it, rate-limited,
+and only
 when records, hang events or the job's step records changed.
 
 Dedupe: a batch re-delivered after a reconnect, or an op that two dumps both show, replaces the
@@ -25,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import limits as L
-from perfd.analytics.collectives.analysis import CollectiveAnalysis, finish
-from perfd.analytics.collectives.config import FR, CollectiveConfig
+from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, finish
+from perfd.analytics.collectives.collective_config import FR, CollectiveConfig
 from perfd.analytics.collectives.winfold import FoldCounts, WindowFold
 from perfd.collfold import (
     REDUCED_RETENTION,

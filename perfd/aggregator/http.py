@@ -275,7 +275,8 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
 
 
 def collectives_json(state: AggregatorState, job: str) -> dict[str, Any] | None:
-    """The job's collective analysis (perfd.analytics.collectives.analysis); None without NCCL data."""
+    """The job's collective analysis (perfd.analytics.collectives.collective_analysis); None without NCCL
+    data."""
     try:
         a = state.collective_analysis(job, cached=True)
     except Exception as exc:  # counted in the store; the rest of the summary still answers

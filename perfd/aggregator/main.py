@@ -29,7 +29,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.aggregator.store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
-from perfd.analytics.collectives.config import CollectiveConfig
+from perfd.analytics.collectives.collective_config import CollectiveConfig
 from perfd.engine.subjects import EngineConfig
 from perfd.exporters.httpd import bind_error
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, Credentials, RemoteWriter, target_name
@@ -40,7 +40,7 @@ from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import default_pack_path
 from perfd.rules.model import RulePackError
 from perfd.rules.ruleset import load_rule_set
-from perfd.thresholds import STALL_PHASE_MAX_S
+from perfd.shared_thresholds import STALL_PHASE_MAX_S
 from perfd.transport.codec import Command, DecodedBatch, HelloInfo
 from perfd.transport.delivery import Kept
 from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
@@ -91,7 +91,7 @@ class AggregatorConfig:
     # steps, at least 60 s; perfd.analytics.steps.liveness).
     job_stale_after_s: float | None = None
     # How long after a job's last record its announced pauses may hold a live stall back
-    # (perfd.thresholds.STALL_PHASE_MAX_S unless given: --stall-phase-max).
+    # (perfd.shared_thresholds.STALL_PHASE_MAX_S unless given: --stall-phase-max).
     stall_phase_max_s: float = STALL_PHASE_MAX_S.value
     # Prometheus remote-write of what /metrics shows (perfd.exporters.remote_write); [] = off.
     remote_write: list[str] = field(default_factory=list)

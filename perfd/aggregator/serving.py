@@ -1,7 +1,8 @@
 """The aggregator's serving view: per-job SGLang records and scrapes, and their latest analysis.
 
 The SGLang collector sends plain records (``perfd.model.ServingData`` in ``serving_data`` events);
-here they feed one ``ServingWindow`` per job, and ``perfd.analytics.serving.analysis.analyze_window`` plus
+here they feed one ``ServingWindow`` per job, and ``perfd.analytics.serving.serving_analysis.analyze_window``
+plus
 ``perfd.report.serving.build_serving_report`` turn the window into the job's serving gauges (catalog
 names, label ``job_name``) and its four-part report: the same functions ``perfd analyze sglang`` runs
 offline. The analysis is recomputed at most every ``min_recompute_s`` and only when data arrived.
@@ -17,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.analytics.serving.analysis import ServingWindow, analyze_window
+from perfd.analytics.serving.serving_analysis import ServingWindow, analyze_window
 from perfd.model import ServingData
 from perfd.report.serving import build_serving_report
 from perfd.serving_model import ServingModelSpec

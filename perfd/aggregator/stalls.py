@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from perfd import thresholds as th
+from perfd import shared_thresholds as th
 from perfd.analytics.incidents.detect import Incident, stall_incident
 from perfd.analytics.incidents.evidence import StallReason
 from perfd.analytics.incidents.incident_evidence import Withdrawal
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from perfd.aggregator.hosts import HostView
     from perfd.aggregator.incidents import IncidentTracker
     from perfd.aggregator.snapshot import JobSnapshot
-    from perfd.analytics.collectives.analysis import CollectiveAnalysis
+    from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
     from perfd.analytics.run.run_result import RunAnalysis
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class StallWatch:
         self.opened_total: dict[str, int] = {}
         self.late_total: dict[str, int] = {}  # stalls withdrawn: their records came late (job clock)
         # How long after a job's last record its announced pauses may hold a stall back (the
-        # aggregator's --stall-phase-max-s; perfd.thresholds.STALL_PHASE_MAX_S).
+        # aggregator's --stall-phase-max-s; perfd.shared_thresholds.STALL_PHASE_MAX_S).
         self.phase_max_s = PHASE_MAX_S
         # job -> bumped (under the lock) at each of its ticks: the job's snapshot shows its stall, and
         # is built anew when this moves (perfd.aggregator.snapshot).

@@ -51,8 +51,8 @@ from perfd.aggregator.sightings import Sightings
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, Snapshots
 from perfd.aggregator.stalls import SendCommand, StallWatch
 from perfd.aggregator.stats import Stats, stats_json
-from perfd.analytics.collectives.analysis import CollectiveAnalysis
-from perfd.analytics.collectives.config import CollectiveConfig
+from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
+from perfd.analytics.collectives.collective_config import CollectiveConfig
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.incidents.detect import STEP_FACTOR, Incident, hang_incident
 from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal

@@ -84,7 +84,7 @@ class Vocabulary:
     not for a framework, and a source is mapped here once. An empty tuple: the source does not
     time that phase (the metric is then absent, with ``*_absent`` saying why and where to get it).
     Flight Recorder windows are not a step source: their total communication share comes from the
-    collective records (perfd.analytics.collectives.analysis), whatever the step source.
+    collective records (perfd.analytics.collectives.collective_analysis), whatever the step source.
     """
 
     source: str  # Provenance.collector of the records this vocabulary reads

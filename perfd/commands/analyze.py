@@ -310,7 +310,7 @@ def _read_metrics(sources: list[str], interval_s: float) -> tuple[Any, Any, list
 def run_sglang(args: argparse.Namespace) -> int:
     """`perfd analyze sglang LOG [--metrics URL|FILE]... [--json]`."""
     from collectors.sglang.parser import parse_file, parse_lines
-    from perfd.analytics.serving.analysis import analyze_serving
+    from perfd.analytics.serving.serving_analysis import analyze_serving
     from perfd.commands.peak_args import check_peak_args, check_peak_tflops
     from perfd.report import render_text
     from perfd.report.serving import build_serving_report

@@ -14,7 +14,7 @@ from perfd.aggregator.loops import EVENT_LOOPS
 from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.commands.engine import add_engine_arguments
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, TENANT_HEADER, Credentials, CredentialsError
-from perfd.thresholds import STALL_PHASE_MAX_S
+from perfd.shared_thresholds import STALL_PHASE_MAX_S
 
 if TYPE_CHECKING:
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]

@@ -17,7 +17,7 @@ from html import escape
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.incidents.findings import ReportedIncident
+from perfd.analytics.incidents.incident_findings import ReportedIncident
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import (
     REDUCTIONS_TEXT,

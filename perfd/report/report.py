@@ -17,8 +17,8 @@ from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import RemedyId
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity, order_findings
-from perfd.analytics.incidents.findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.analytics.incidents.host_evidence import CpuUse
+from perfd.analytics.incidents.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.analytics.incidents.verdict_text import cpu_use_text, data_loading_action
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_findings import (

@@ -5,8 +5,8 @@ Recommendations tied to findings), in the same types as the training report so `
 from __future__ import annotations
 
 from perfd import catalog
-from perfd.analytics.serving.analysis import CATALOG_NAMES, ServingAnalysis
-from perfd.analytics.serving.findings import serving_status
+from perfd.analytics.serving.serving_analysis import CATALOG_NAMES, ServingAnalysis
+from perfd.analytics.serving.serving_findings import serving_status
 from perfd.report.report import Report, ReportMetric, ReportSummary, format_value
 
 # the first warning finding decides what the summary names as the limit

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from perfd import thresholds as shared
+from perfd import shared_thresholds as shared
 from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.evidence import KIND_SPECS, Evidence, EvidenceKind, StallReason, Tier, decide
 from perfd.analytics.incidents.host_evidence import foreign_others, host_items, oom_evidence

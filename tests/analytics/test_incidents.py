@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from perfd.analytics.incidents.detect import CAPTURE, SLOW, detect_incidents
-from perfd.analytics.incidents.findings import incident_findings
+from perfd.analytics.incidents.incident_findings import incident_findings
 from perfd.analytics.run.run_summary import CaptureDisturbances
 from perfd.analytics.steps.iteration import IterationResult
 

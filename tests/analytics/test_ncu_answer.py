@@ -267,7 +267,7 @@ def test_the_budget_view_shows_the_rows_beside_their_part() -> None:
 
 def test_the_rows_class_the_job_only_when_they_cover_most_of_its_compute() -> None:
     from perfd.analytics.breakdown.bottleneck import BottleneckClass
-    from perfd.analytics.ncu.remedies import rows_class
+    from perfd.analytics.ncu.ncu_verdicts import rows_class
 
     cats = json.loads((EVIDENCE.parent / "ncu_kernels.json").read_text())["categories"]
     profiled = sum(c["profiled_ms"] for c in cats)  # 2.5 ms of the H100 range's 12 kernels

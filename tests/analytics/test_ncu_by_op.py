@@ -28,7 +28,7 @@ from perfd.analytics.breakdown.ncu_kernels import KernelBound, effective_bound
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.join import CategorySummary, JoinedKernel, join, summarize
 from perfd.analytics.ncu.launches import OpGroup, Phase, join_launches
-from perfd.analytics.ncu.remedies import part_verdicts
+from perfd.analytics.ncu.ncu_verdicts import part_verdicts
 from perfd.capture.ncu_report import NcuReport, parse_exports
 from perfd.report import ncu_view
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfd.analytics.collectives.analysis import analyze_collectives, finish
+from perfd.analytics.collectives.collective_analysis import analyze_collectives, finish
 from perfd.collfold import (
     CollectivePartial,
     Retention,

@@ -19,7 +19,7 @@ from perfd.aggregator.collectives import CollectiveStore
 from perfd.aggregator.http import _StateCollector, job_summary
 from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState, job_level_steps
-from perfd.analytics.collectives.hangs import merge_hangs
+from perfd.analytics.collectives.collective_hangs import merge_hangs
 from perfd.collfold import Progress
 from perfd.hang_fact import HangEvent, HangFact
 from perfd.model import StepRecord, TimerValue

@@ -1,4 +1,5 @@
-"""perfd.analytics.collectives.analysis: shares per iteration and group, bandwidth, wait asymmetry, findings.
+"""perfd.analytics.collectives.collective_analysis: shares per iteration and group, bandwidth, wait
+asymmetry, findings.
 
 Synthetic records with hand-computed answers first, then the recorded H200 dumps (timing on)."""
 
@@ -9,10 +10,10 @@ import statistics
 
 import pytest
 
-from perfd.analytics.collectives.analysis import analyze_collectives
-from perfd.analytics.collectives.config import CollectiveConfig
+from perfd.analytics.collectives.collective_analysis import analyze_collectives
+from perfd.analytics.collectives.collective_config import CollectiveConfig
+from perfd.analytics.collectives.collective_windows import step_windows
 from perfd.analytics.collectives.groups import classify_group, link_for_group
-from perfd.analytics.collectives.windows import step_windows
 from perfd.model import CollectiveRecord, ParallelLayout
 from tests.collectives.collective_helpers import MS, T0, fr, load_fixture_records, step
 

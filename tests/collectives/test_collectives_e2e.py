@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from perfd.analytics.collectives.analysis import analyze_collectives
+from perfd.analytics.collectives.collective_analysis import analyze_collectives
 from perfd.model import StepRecord
 from tests.collectives.collective_helpers import FIXTURES, MS, load_fixture_records
 from tests.procs import free_port, http_get, stop

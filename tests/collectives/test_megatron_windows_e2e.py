@@ -25,7 +25,7 @@ import pytest
 
 from collectors.megatron.collector import MegatronCollector
 from collectors.nccl.flight_recorder import FlightRecorderTracker, load_dump_bytes, parse_dump
-from perfd.analytics.collectives.analysis import analyze_collectives
+from perfd.analytics.collectives.collective_analysis import analyze_collectives
 from perfd.manifest import load_manifest
 from tests.collectives.collective_helpers import FIXTURES
 from tests.procs import free_port, http_get, stop, wait_for

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from perfd.aggregator.collectives import CollectiveStore
-from perfd.analytics.collectives.analysis import CollectiveAnalysis, analyze_collectives
-from perfd.analytics.collectives.windows import step_windows
+from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, analyze_collectives
+from perfd.analytics.collectives.collective_windows import step_windows
 from perfd.analytics.collectives.winfold import WindowFold
 from perfd.collfold import SENT_RETENTION, Retention, for_sending, reduce
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord

@@ -23,7 +23,7 @@ import pytest
 
 from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
-from perfd.analytics.collectives.analysis import analyze_collectives
+from perfd.analytics.collectives.collective_analysis import analyze_collectives
 from perfd.collector import Collected
 from perfd.hook import StepHook
 from perfd.model import CollectiveRecord, JobInfo, StepRecord

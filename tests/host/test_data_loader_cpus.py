@@ -25,9 +25,9 @@ from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.detect import Incident
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, decide
-from perfd.analytics.incidents.findings import incident_findings
 from perfd.analytics.incidents.host_evidence import CpuRoom, cpu_use, host_items, job_cpu_use
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, RankSnapshot
+from perfd.analytics.incidents.incident_findings import incident_findings
 from perfd.analytics.incidents.verdict_text import (
     DATA_CPU_BOUND_ACTION,
     DATA_LOADING_ACTION,

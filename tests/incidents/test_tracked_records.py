@@ -10,7 +10,7 @@ from typing import Any
 from perfd import finite_json
 from perfd.aggregator.gpu_views import SnapshotView, rank_snapshots
 from perfd.aggregator.incidents import IncidentTracker
-from perfd.analytics.collectives.hangs import HangView
+from perfd.analytics.collectives.collective_hangs import HangView
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.incidents.detect import Incident, detect_incidents, hang_incident, stall_incident
 from perfd.analytics.incidents.evidence import StallReason

@@ -1,7 +1,7 @@
 """Serving in Grafana and Alertmanager: deploy/grafana/perfd-serving-dashboard.json and the
 perfd-serving alert group of deploy/prometheus/perfd.rules.yml. Every query names only catalog
 metrics and perfd labels; promtool runs the alerts' unit tests; the alert thresholds are the ones of
-perfd/analytics/serving/findings.py (and so of rules/serving.yaml)."""
+perfd/analytics/serving/serving_findings.py (and so of rules/serving.yaml)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from perfd import catalog
-from perfd.analytics.serving import findings as sf
+from perfd.analytics.serving import serving_findings as sf
 from tests.integrations.integrations_helpers import (
     KNOWN_LABELS,
     PROM_DIR,

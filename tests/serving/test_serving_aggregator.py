@@ -12,7 +12,7 @@ from collectors.sglang import parse_file
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.serving.analysis import analyze_serving
+from perfd.analytics.serving.serving_analysis import analyze_serving
 from perfd.events import SERVING_DATA
 from perfd.model import (
     HistogramSeries,

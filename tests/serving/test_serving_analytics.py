@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from collectors.sglang import ParsedServingLog, parse_file, parse_lines
-from perfd.analytics.serving.analysis import (
+from perfd.analytics.serving.serving_analysis import (
     CATALOG_NAMES,
     ServingWindow,
     analyze_serving,

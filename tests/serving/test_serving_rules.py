@@ -1,5 +1,5 @@
 """rules/serving.yaml loads, reads only serving metrics the engine knows, and fires exactly when the
-report's findings do (same thresholds: perfd/analytics/serving/findings.py)."""
+report's findings do (same thresholds: perfd/analytics/serving/serving_findings.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from perfd import catalog
 from perfd.analytics.common import MetricValue
-from perfd.analytics.serving.analysis import CATALOG_NAMES, ServingSummary
-from perfd.analytics.serving.findings import derive_serving_findings
+from perfd.analytics.serving.serving_analysis import CATALOG_NAMES, ServingSummary
+from perfd.analytics.serving.serving_findings import derive_serving_findings
 from perfd.model import ServerInfo
 from perfd.rules.cli import run_rules_check
 from perfd.rules.engine import RuleEngine

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
 from collectors.sglang.metrics import parse_exposition, read_file, scrape
-from perfd.analytics.serving.analysis import summarize
 from perfd.analytics.serving.histogram import window_quantile
+from perfd.analytics.serving.serving_analysis import summarize
 
 TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
 ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,

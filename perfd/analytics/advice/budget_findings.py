@@ -21,7 +21,7 @@ from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause,
 from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
-from perfd.analytics.ncu.remedies import ncu_rows
+from perfd.analytics.ncu.ncu_verdicts import ncu_rows
 
 
 @dataclass(frozen=True)
@@ -461,7 +461,7 @@ def waterfall_text(b: StepBudget) -> str:
 
 Analyzer = Callable[[BudgetContext], Out]
 def ncu_verdicts(ctx: BudgetContext) -> Out:
-    """What the Nsight Compute rows on the budget's parts say to do (perfd.analytics.ncu.remedies)."""
+    """What the Nsight Compute rows on the budget's parts say to do (perfd.analytics.ncu.ncu_verdicts)."""
     return ncu_rows(ctx.budget, ctx.label)
 
 

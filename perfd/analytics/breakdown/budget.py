@@ -27,16 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass
+from perfd.analytics.breakdown.kernel_rows import KernelRow
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
-
-if TYPE_CHECKING:  # kernel_rows reads budgets (perfd.analytics.ncu.remedies): typed here, read back lazily
-    from perfd.analytics.breakdown.kernel_rows import KernelRow
 
 
 class IdleCause(TextEnum):
@@ -219,8 +217,6 @@ class StepBudget:
     def from_json(d: Mapping[str, Any] | None) -> StepBudget | None:
         """Back from :meth:`to_json` (a capture record, a kept summary); None when unreadable. Parts
         this version does not know (a budget kept by an older one) are left out."""
-        from perfd.analytics.breakdown.kernel_rows import KernelRow
-
         if not isinstance(d, Mapping):
             return None
         try:

@@ -1,6 +1,6 @@
 """Bus bandwidth of large collectives per parallel group, against the link the group crosses (pure).
-Apart from :mod:`perfd.analytics.collectives.analysis` because it works per op across the group's members
-and per link, not per iteration like the communication share.
+Apart from :mod:`perfd.analytics.collectives.collective_analysis` because it works per op across the
+group's members and per link, not per iteration like the communication share.
 
 Only ops of at least ``min_bandwidth_bytes`` (64 MiB by default, where it is meaningful) count. A
 Flight Recorder duration includes waiting for peers, so for each (group, sequence number) the rank
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perfd.analytics.collectives.config import FR, INSPECTOR, CollectiveConfig
+from perfd.analytics.collectives.collective_config import FR, INSPECTOR, CollectiveConfig
 from perfd.analytics.collectives.groups import CREDIBLE_BUSBW_FACTOR, LinkChoice, link_for_group
 from perfd.model import CollectiveRecord
 

@@ -15,7 +15,7 @@ to the job's :class:`WindowFold`, which:
   earlier may come a dump later than the ops after it, and the step record that closes an iteration
   may still move until the shards' folds of it are in);
 - then computes each settled window's figures with the same timeline the analysis runs on rows
-  (perfd.analytics.collectives.windows.rank_timeline: the same starts, unions and coverage), the
+  (perfd.analytics.collectives.collective_windows.rank_timeline: the same starts, unions and coverage), the
   operations before the window stood for by a :class:`TimelineContext` (each queue's last op, each
   group's last sequence number, the first enqueue time), and keeps the figures (union of all
   intervals, and per class) in one block per iteration, columns of integers (``_Block``), for the
@@ -29,7 +29,7 @@ store's retention): past it a rank's oldest are folded away without their window
 ``pending_dropped``; those windows come out uncovered, absent rather than invented). A job whose step
 records never come keeps its ranks' newest operations waiting, no more.
 
-:func:`perfd.analytics.collectives.analysis.finish` reads a :class:`FoldView` (a snapshot the
+:func:`perfd.analytics.collectives.collective_analysis.finish` reads a :class:`FoldView` (a snapshot the
 analysis can read outside the store's lock): the settled figures, and the windows after each rank's
 frontier computed from its waiting operations as the rows would give them. Given every operation
 before its window settles, the figures are the ones the analysis computes from all the rows
@@ -46,9 +46,14 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from perfd.analytics.collectives.config import FR, CollectiveConfig
+from perfd.analytics.collectives.collective_config import FR, CollectiveConfig
+from perfd.analytics.collectives.collective_windows import (
+    StepWindow,
+    TimelineContext,
+    rank_timeline,
+    step_windows,
+)
 from perfd.analytics.collectives.groups import classify_group
-from perfd.analytics.collectives.windows import StepWindow, TimelineContext, rank_timeline, step_windows
 from perfd.collfold import GroupRef, OpKey, OpRow, Retention, op_key
 from perfd.model import ParallelLayout, StepRecord
 
@@ -307,7 +312,7 @@ class WindowFold:
 
 @dataclass(frozen=True)
 class FoldView:
-    """What :func:`perfd.analytics.collectives.analysis.finish` reads of a :class:`WindowFold`."""
+    """What :func:`perfd.analytics.collectives.collective_analysis.finish` reads of a :class:`WindowFold`."""
 
     blocks: Mapping[int, tuple[_Block, int]]  # iteration -> its figures, the rows it had then
     waiting: Mapping[int, tuple[list[OpRow], TimelineContext, int | None]]  # rank -> ops, context, frontier

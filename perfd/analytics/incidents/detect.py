@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.collectives.hangs import HangView
+from perfd.analytics.collectives.collective_hangs import HangView
 from perfd.analytics.incidents.evidence import (
     Evidence,
     EvidenceKind,
@@ -122,7 +122,7 @@ class Incident:
         """The evidence as served (a stall's own has always opened with the stall)."""
         return self.evidence.to_json(stall_first=self.kinds == [STALL])
 
-    # What makes it a ReportedIncident (perfd.analytics.incidents.findings): offline it is all there
+    # What makes it a ReportedIncident (perfd.analytics.incidents.incident_findings): offline it is all there
     # is, and no capture is known.
     @property
     def incident(self) -> Incident:
@@ -494,7 +494,7 @@ def render_cause(inc: Incident, verdict: Verdict) -> str:
 
 
 def hang_incident(hang: HangView, last_iteration: int | None, now: float) -> Incident:
-    """An incident from one merged collective hang (perfd.analytics.collectives.hangs): the job
+    """An incident from one merged collective hang (perfd.analytics.collectives.collective_hangs): the job
     stopped after ``last_iteration``; its cost runs from when the op was enqueued until the hang
     resolved (or ``now`` while it is open)."""
     start = float(hang.first_reported) - float(hang.age_at_first_report_s or 0.0)

@@ -3,7 +3,7 @@ stopped, gone, OOM-killed, CPU contention with the processes that caused it, CPU
 memory pressure or swap, blocked in I/O. Pure: a rank's observation (perfd.events.RankHost, as the
 agent reported it) in, :class:`perfd.analytics.incidents.evidence.Evidence` out, with the numbers the verdict
 renderer (perfd.analytics.incidents.verdict_text) puts in its sentences. The thresholds are
-perfd.thresholds' (each says why).
+perfd.shared_thresholds' (each says why).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from perfd import thresholds as th
+from perfd import shared_thresholds as th
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind
 
 K = EvidenceKind

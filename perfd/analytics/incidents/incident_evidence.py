@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from perfd.analytics.collectives.hangs import HangView
+from perfd.analytics.collectives.collective_hangs import HangView
 from perfd.analytics.incidents.evidence import Evidence
 from perfd.analytics.incidents.stall import StallSeen
 from perfd.analytics.steps.changepoint import ChangePoint

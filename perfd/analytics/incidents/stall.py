@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd import thresholds as shared
+from perfd import shared_thresholds as shared
 from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.evidence import StallReason
 

@@ -31,7 +31,7 @@ from perfd.analytics.common import (
     vocabulary_of,
 )
 from perfd.analytics.finding_types import order_findings
-from perfd.analytics.incidents.findings import incident_findings
+from perfd.analytics.incidents.incident_findings import incident_findings
 from perfd.analytics.run.run_figures import arming_of, figures_of, goodput_costs, with_runs
 from perfd.analytics.run.run_findings import derive_findings, job_config, job_plan
 from perfd.analytics.run.run_incidents import mark_incidents, step_work, straggler_flags

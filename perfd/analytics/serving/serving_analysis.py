@@ -538,7 +538,7 @@ def analyze_serving(job: str, records: Sequence[ServingRecord], server: ServerIn
                     peak_tflops: float | None = None, peak_bandwidth: float | None = None,
                     lifetime_percentiles: bool = True) -> ServingAnalysis:
     """Summary, findings and recommendations of one serving job (offline: all records at once)."""
-    from perfd.analytics.serving.findings import derive_serving_findings
+    from perfd.analytics.serving.serving_findings import derive_serving_findings
 
     s = summarize(records, server, scrape, prev_scrape, spec, gpu_name, peak_tflops, peak_bandwidth,
                   lifetime_percentiles)
@@ -549,7 +549,7 @@ def analyze_serving(job: str, records: Sequence[ServingRecord], server: ServerIn
 def analyze_window(job: str, window: ServingWindow) -> ServingAnalysis:
     """Summary, findings and recommendations of one serving job over its live window (the
     aggregator); the same findings as ``analyze_serving``."""
-    from perfd.analytics.serving.findings import derive_serving_findings
+    from perfd.analytics.serving.serving_findings import derive_serving_findings
 
     s = window.summary()
     f, r = derive_serving_findings(s, window.server)

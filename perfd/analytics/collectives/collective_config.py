@@ -1,5 +1,6 @@
 """The collective analysis's settings and the names of its record sources (pure). Apart from
-:mod:`perfd.analytics.collectives.analysis` so that its parts (:mod:`perfd.analytics.collectives.bandwidth`)
+:mod:`perfd.analytics.collectives.collective_analysis` so that its parts
+(:mod:`perfd.analytics.collectives.bandwidth`)
 and the aggregator that configures it read one declaration without importing the analysis itself.
 """
 

@@ -3,7 +3,7 @@
 **Total communication share** (docs/design.md §2: union of collective/p2p time ÷ iteration time), per
 rank, per iteration and per parallel group. Each Flight Recorder record with a duration (the job
 set ``TORCH_NCCL_ENABLE_TIMING=1``) becomes an interval, mapped to a rank's iteration window by its
-enqueue time (:mod:`perfd.analytics.collectives.windows` says how). The share of a window is the
+enqueue time (:mod:`perfd.analytics.collectives.collective_windows` says how). The share of a window is the
 length of the union of the intervals enqueued in it ÷ the window length; only windows the records
 cover count. Without step records with end times, one number per rank: the union ÷ the span the
 records cover (``observation_window``). The method is always in the output.
@@ -15,8 +15,8 @@ group crosses: :mod:`perfd.analytics.collectives.bandwidth` (ops it cannot credi
 **Wait asymmetry**: for the same (group, sequence number) on every member, the rank with the
 shortest duration arrived last: the others waited for it. Per rank: how often it was last.
 
-**Hangs**: :mod:`perfd.analytics.collectives.hangs`. The settings: :class:`CollectiveConfig`
-(:mod:`perfd.analytics.collectives.config`).
+**Hangs**: :mod:`perfd.analytics.collectives.collective_hangs`. The settings: :class:`CollectiveConfig`
+(:mod:`perfd.analytics.collectives.collective_config`).
 
 **Phases**: :func:`analyze_collectives` is :func:`finish` of
 :func:`perfd.collfold.reduce`; on the engine path the nodes' agents reduce, the
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics.collectives.bandwidth import GroupBandwidth, group_bandwidth
-from perfd.analytics.collectives.config import FR, CollectiveConfig
+from perfd.analytics.collectives.collective_config import FR, CollectiveConfig
+from perfd.analytics.collectives.collective_hangs import HangView, merge_hangs
+from perfd.analytics.collectives.collective_windows import StepWindow, rank_timeline, step_windows, union_ns
 from perfd.analytics.collectives.groups import classify_group
-from perfd.analytics.collectives.hangs import HangView, merge_hangs
-from perfd.analytics.collectives.windows import StepWindow, rank_timeline, step_windows, union_ns
 from perfd.analytics.collectives.winfold import FoldView
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
 from perfd.collfold import CollectivePartial, reduce, world_size_from

@@ -1,5 +1,6 @@
 """Step windows and per-rank collective timelines for the communication share (pure): the matching
-of collectives to iterations that :mod:`perfd.analytics.collectives.analysis` computes its shares over.
+of collectives to iterations that :mod:`perfd.analytics.collectives.collective_analysis` computes its shares
+over.
 Apart because it is interval bookkeeping with no notion of groups, links or findings.
 
 A rank's iteration N is the window between the end times of its step records N-1 and N (the hook's
