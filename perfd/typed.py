@@ -45,8 +45,7 @@ from typing import (
 # from outside whose shape is checked before use is ``object``; a shape that is known, a TypedDict.
 # (A string: the alias is recursive, and Python 3.10 has no ``type`` statement; never give it to
 # :func:`fit`.)
-JSON: TypeAlias = "None | bool | int | float | str | Sequence[JSON] | Mapping[str, JSON]"
-JSONObject: TypeAlias = "dict[str, JSON]"
+JSON: TypeAlias = "bool | int | float | str | Sequence[JSON] | Mapping[str, JSON] | None"
 
 Check = Callable[[object], bool]
 _SHOWN = 40  # characters of an offending value said in a problem (it comes from the network)
