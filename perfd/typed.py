@@ -48,6 +48,17 @@ from typing import (
 JSON: TypeAlias = "bool | int | float | str | Sequence[JSON] | Mapping[str, JSON] | None"
 
 Check = Callable[[object], bool]
+
+
+def obj(v: object) -> Mapping[str, object]:
+    """``v`` when it is a JSON object, else an empty one: in a value read from outside (an API's
+    answer), a key that is absent or of another type reads as absent."""
+    return v if isinstance(v, Mapping) else {}
+
+
+def objs(v: object) -> list[Mapping[str, object]]:
+    """The JSON objects of ``v`` when it is a list (none when it is not one)."""
+    return [x for x in v if isinstance(x, Mapping)] if isinstance(v, list) else []
 _SHOWN = 40  # characters of an offending value said in a problem (it comes from the network)
 
 

@@ -41,20 +41,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from perfd.commands.top_tables import (
-    COMPACT,
-    NA,
-    fit,
-    gpu_table,
-    host_table,
-    ms,
-    num,
-    obj,
-    objs,
-    pct,
-    process_table,
-)
+from perfd.commands.top_tables import COMPACT, NA, fit, gpu_table, host_table, ms, num, pct, process_table
 from perfd.report import budget_view, plan_view
+from perfd.typed import obj, objs
 
 # Heat levels for a rank's compute ratio: below 1.0 is a fast rank, 1.1 marks a straggler candidate
 # (perfd.analytics.thresholds), each level ~0.05 wider.
@@ -89,7 +78,7 @@ class Snapshot:
     """What one refresh read from the aggregator."""
 
     base: str
-    # The JSON objects of the aggregator's API, each read where it is shown (top_tables.obj, num)
+    # The JSON objects of the aggregator's API, each read where it is shown (perfd.typed.obj, num)
     jobs: list[Mapping[str, object]] = field(default_factory=list)
     focus: str | None = None
     summaries: dict[str, Mapping[str, object]] = field(default_factory=dict)  # job -> its /summary

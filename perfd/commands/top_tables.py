@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfd.analytics.incidents.verdict_text import cpus_text
+from perfd.typed import obj, objs
 
 NA = "–"
 GIB = float(1 << 30)
@@ -22,17 +23,6 @@ MAX_RANK_HOST_ROWS = 16  # rank processes listed in the host panel (the rest are
 
 def num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def obj(v: object) -> Mapping[str, object]:
-    """``v`` when it is a JSON object, else an empty one: what the aggregator does not have (or sent
-    as something else) reads as absent, and its cells say so."""
-    return v if isinstance(v, Mapping) else {}
-
-
-def objs(v: object) -> list[Mapping[str, object]]:
-    """The JSON objects of ``v`` when it is a list (none when it is not one)."""
-    return [x for x in v if isinstance(x, Mapping)] if isinstance(v, list) else []
 
 
 def pct0(v: object) -> str:
