@@ -190,7 +190,8 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
         where = src if dev else f"{src} lists no top kernels"
     if dev is None:
         return None, where, None, None
-    cost = armed_cost_ms(dev, dev.get("steps") or dev.get("trace_steps") or _steps_of(dev))
+    given = dev.get("steps") or dev.get("trace_steps")
+    cost = armed_cost_ms(dev, float(given) if isinstance(given, int | float) and given else _steps_of(dev))
     if cost is not None:
         where += (f"; arming ncu costs ~{NCU_ARMED_US_PER_LAUNCH:.0f}-{NCU_ARMED_US_PER_LAUNCH_HIGH:.0f} µs "
                   "a kernel launch for the life of the process (measured on the H100: one-element adds; a "
