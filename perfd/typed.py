@@ -75,10 +75,14 @@ def _shown(v: object) -> str:
     return r if len(r) <= _SHOWN else r[:_SHOWN] + "…"
 
 
+def _anything(v: object) -> bool:
+    return True
+
+
 def _compile(tp: object) -> Check:
     """A check of one declared type (see the module docstring)."""
     if tp is Any:
-        return lambda v: True
+        return _anything
     if tp is type(None) or tp is None:
         return lambda v: v is None
     if tp is bool:
@@ -99,11 +103,11 @@ def _compile(tp: object) -> Check:
         checks = [_compile(a) for a in args]
         return lambda v: any(c(v) for c in checks)
     if origin is list:
-        item = _compile(args[0]) if args else _compile(Any)
+        item = _compile(args[0]) if args else _anything
         return lambda v: isinstance(v, list) and all(item(x) for x in v)
     if origin in (dict, Mapping) or tp in (dict, Mapping):
-        k = _compile(args[0]) if args else _compile(Any)
-        val = _compile(args[1]) if len(args) > 1 else _compile(Any)
+        k = _compile(args[0]) if args else _anything
+        val = _compile(args[1]) if len(args) > 1 else _anything
         return lambda v: isinstance(v, Mapping) and all(k(a) and val(b) for a, b in v.items())
     if isinstance(tp, type):
         return lambda v: isinstance(v, tp)
