@@ -46,10 +46,10 @@ def _int(v: object) -> int:
     raise TypeError(f"not a number: {v!r}")
 
 
-def status_time(s: Status, default: float) -> float:
-    """When the hook answered: the event's time (``default`` when it has none)."""
+def status_time(s: Status, clock: Callable[[], float]) -> float:
+    """When the hook answered: the event's time (``clock()`` when it has none)."""
     t = s.get("time")
-    return float(t) if isinstance(t, int | float) and t else default
+    return float(t) if isinstance(t, int | float) and t else clock()
 
 
 def status_step(s: Status) -> int:
@@ -162,7 +162,7 @@ class HookRanges:
             late = sorted(set(requests) - set(states))
             raise CaptureFailed("timeout", f"rank(s) {late}: no cudaProfilerStart before the "
                                            f"{req.timeout_s:.0f} s timeout{self.progress(late, requests)}")
-        started = max(status_time(s, self.ctx.clock()) for s in states.values())
+        started = max(status_time(s, self.ctx.clock) for s in states.values())
         m["timings"]["started_at"] = m["timings"]["first_event_at"] = started
         m["steps"] = {"start": min(status_step(s) for s in states.values()), "count": n}
         lat = started - m["timings"]["requested_at"]

@@ -195,7 +195,7 @@ class HookTraceCapture:
 
     def _started(self, req: CaptureRequest, m: Manifest, states: Mapping[int, Status]) -> None:
         t = m["timings"]
-        started = t["started_at"] = t["first_event_at"] = max(status_time(s, self.ctx.clock())
+        started = t["started_at"] = t["first_event_at"] = max(status_time(s, self.ctx.clock)
                                                               for s in states.values())
         m["steps"] = {"start": min(status_step(s) for s in states.values()), "count": req.steps}
         lat = started - t["requested_at"]

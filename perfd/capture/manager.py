@@ -255,7 +255,8 @@ class CaptureManager:
             final = m
         payload: dict[str, object] = {
             "status": status, "reason": reason or None, "latency_s": final.get("latency_s"),
-            "mode": final.get("mode"), "bytes": sum(a.get("bytes") or 0 for a in final.get("artifacts", [])),
+            "mode": final.get("mode"),
+            "bytes": sum(int(a.get("bytes") or 0) for a in final.get("artifacts", [])),
             "ranks": {r: {"devices": a.get("summary", []), **event_rows(a, len(final["analysis"]))}
                       for r, a in (final.get("analysis") or {}).items()}}
         if cause is not None:
