@@ -62,7 +62,7 @@ def analyze_megatron_log(path: str | Path, gpu: str | None = None, dtype: str | 
 
     # The same keys as the CLI's --json (job, iterations, summary, report), so code written against
     # one runs against the other.
-    out: dict[str, Any] = analysis_json(analysis)
+    out = analysis_json(analysis)
     out["parse"] = {"counts": dict(parsed.counts), "issues_total": len(parsed.issues)}
     return out
 
@@ -102,7 +102,7 @@ def read_capture(path: str | Path) -> dict[str, Any]:
         if p.suffix in (".nsys-rep", ".sqlite", ".qdrep"):
             from perfd.capture.nsys_sqlite import analyze_nsys
 
-            out: dict[str, Any] = analyze_nsys(p).to_json()
+            out = analyze_nsys(p).to_json()
         else:
             from perfd.capture.chrome_trace import analyze_chrome_trace
 

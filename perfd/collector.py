@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.model import CollectiveRecord, JobInfo, Sample, StepRecord
+from perfd.typed import JSON
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class Collected:
     job_info: dict[str, JobInfo] = field(default_factory=dict)
     # Where the collector can resume once this output is durable (JSON-able; the agent keeps the
     # latest one per collector under its --state-dir and hands it back as config["resume"]).
-    checkpoint: dict[str, Any] | None = None
+    checkpoint: dict[str, JSON] | None = None
 
 
 class Collector(abc.ABC):
@@ -83,7 +84,7 @@ class Collector(abc.ABC):
         """Release resources. Called once."""
 
 
-CollectorFactory = Callable[[dict[str, Any]], Collector]
+CollectorFactory = Callable[[dict[str, object]], Collector]
 
 
 class Registry:
@@ -102,7 +103,7 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._factories)
 
-    def create(self, name: str, config: dict[str, Any]) -> Collector:
+    def create(self, name: str, config: dict[str, object]) -> Collector:
         try:
             factory = self._factories[name]
         except KeyError:

@@ -78,7 +78,7 @@ class RankHost(TypedDict, total=False):
     own_ratio: float  # share of the allowed CPUs the job's own other processes took (contention scan)
     children: int  # the rank's live descendants (data-loader workers, compile workers): the job's own
     children_cpu_cores: float  # their CPU seconds per second over the last interval (the job's, not others')
-    others: list[dict[str, Any]]  # the top of them: pid, user, name, cmdline, cpu_ratio, own
+    others: list[dict[str, object]]  # the top of them: pid, user, name, cmdline, cpu_ratio, own
     cgroup: str
     throttled_ratio: float  # cgroup CFS periods throttled ÷ periods, last interval
     cpu_quota_cores: float  # the cgroup's CPU quota (cpu.max / cfs_quota_us), when one is set
@@ -269,7 +269,7 @@ def cut(text: str, payload_json: str, cap: int) -> tuple[str, str, int]:
     return text, payload_json, t + p - len(text.encode()) - len(payload_json.encode())
 
 
-def checked(ev: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+def checked(ev: Mapping[str, object]) -> tuple[dict[str, Any] | None, list[str]]:
     """``ev`` as its kind declares it, where events enter the aggregator: (the event — its payload
     the declared type, the entries of a list that are not left out — or None when the event itself
     is refused; one line per event or entry refused, which the caller counts and logs). A kind not

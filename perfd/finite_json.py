@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
-from typing import Any, TextIO
+from collections.abc import Callable, Iterator, Mapping
+from typing import TextIO
 
 NON_FINITE_KEY = "non_finite_removed"  # JSON paths of values that were inf/NaN, now null
 MAX_DEPTH = 200  # deeper than any result perfd builds; below the interpreter's recursion limit
@@ -21,17 +21,17 @@ class Lazy:
     """A value computed when it is written (a legend of codes that the rows before it fill as they
     are streamed: perfd.analytics.steps.row_codes)."""
 
-    def __init__(self, make: Callable[[], Any]) -> None:
+    def __init__(self, make: Callable[[], object]) -> None:
         self.make = make
 
 
-def sanitize(obj: Any) -> tuple[Any, list[str]]:
+def sanitize(obj: object) -> tuple[object, list[str]]:
     """A copy of ``obj`` with every non-finite float replaced by None, and the paths replaced.
     Dataclass-free plain data expected (dicts, lists, tuples, scalars); other objects pass through
     (``default=str`` renders them)."""
     paths: list[str] = []
 
-    def walk(x: Any, path: str, depth: int) -> Any:
+    def walk(x: object, path: str, depth: int) -> object:
         if isinstance(x, Lazy):
             x = x.make()
         if isinstance(x, float):
@@ -50,16 +50,16 @@ def sanitize(obj: Any) -> tuple[Any, list[str]]:
     return walk(obj, "", 0), paths
 
 
-def dumps(obj: Any, **kwargs: Any) -> str:
-    """``json.dumps(obj, allow_nan=False, default=str, **kwargs)`` after :func:`sanitize`; the
+def dumps(obj: object, indent: int | None = None) -> str:
+    """``json.dumps(obj, allow_nan=False, default=str, indent=indent)`` after :func:`sanitize`; the
     paths of dropped values go under ``NON_FINITE_KEY`` when ``obj`` is an object."""
     clean, paths = sanitize(obj)
     if paths and isinstance(clean, dict):
         clean[NON_FINITE_KEY] = paths[:100]
-    return json.dumps(clean, allow_nan=False, default=str, **kwargs)
+    return json.dumps(clean, allow_nan=False, default=str, indent=indent)
 
 
-def write(obj: dict[str, Any], out: TextIO, indent: int = 2) -> None:
+def write(obj: Mapping[str, object], out: TextIO, indent: int = 2) -> None:
     """``dumps(obj, indent=indent)`` written to ``out`` a piece at a time (the same value: tested). A
     value of ``obj`` that is an Iterator (per-iteration rows) is written one element at a time, each
     on one line (rows are read as a table: indented, their keys were half the text), so neither the
@@ -67,18 +67,18 @@ def write(obj: dict[str, Any], out: TextIO, indent: int = 2) -> None:
     pad = " " * indent
     paths: list[str] = []
 
-    def text(x: Any, path: str, depth: int) -> str:  # x's JSON, indented to sit ``depth`` deep
+    def text(x: object, path: str, depth: int) -> str:  # x's JSON, indented to sit ``depth`` deep
         clean, bad = sanitize(x)
         paths.extend(f"{path}{p}" if p != "$" else path for p in bad)
         s = json.dumps(clean, allow_nan=False, default=str, indent=indent)
         return s.replace("\n", "\n" + pad * depth)
 
-    def line(x: Any, path: str) -> str:  # x's JSON on one line
+    def line(x: object, path: str) -> str:  # x's JSON on one line
         clean, bad = sanitize(x)
         paths.extend(f"{path}{p}" if p != "$" else path for p in bad)
         return json.dumps(clean, allow_nan=False, default=str, separators=(",", ":"))
 
-    def items() -> Iterator[tuple[str, Any]]:
+    def items() -> Iterator[tuple[str, object]]:
         yield from obj.items()
         if paths:  # after every value: the paths are known by then
             yield NON_FINITE_KEY, paths[:100]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from perfd.events import NCCL_HANG
 
@@ -27,21 +27,33 @@ def _csv(ranks: Sequence[int]) -> str:
     return ",".join(map(str, ranks))
 
 
-def _ranks(value: Any) -> tuple[int, ...]:
+def _ranks(value: object) -> tuple[int, ...]:
     """Ranks from a list, or the comma-separated label form ("0,3")."""
     if isinstance(value, list | tuple):
-        items: Sequence[Any] = value
+        items: Sequence[object] = value
     elif isinstance(value, str):
         items = [v for v in value.split(",") if v.strip()]
     else:
         return ()
     out = []
     for v in items:
+        if not isinstance(v, int | float | str):  # None, a list, an object: no rank
+            continue
         try:
             out.append(int(v))
-        except (TypeError, ValueError):
+        except ValueError:
             continue
     return tuple(out)
+
+
+class HangPayload(TypedDict):
+    """The payload of an ``nccl_hang`` event (:meth:`HangFact.payload`)."""
+
+    ranks_not_joined: list[int]
+    stuck_ranks: list[int]
+    unknown_ranks: list[int]
+    age_s: float | None
+    user_frame: str | None
 
 
 @dataclass(frozen=True)
@@ -65,7 +77,7 @@ class HangFact:
             out["ranks_without_dump"] = _csv(self.unknown_ranks)
         return out
 
-    def payload(self) -> dict[str, Any]:
+    def payload(self) -> HangPayload:
         """The event's payload: the ranks as lists, the age as a number."""
         return {"ranks_not_joined": list(self.ranks_not_joined), "stuck_ranks": list(self.stuck_ranks),
                 "unknown_ranks": list(self.unknown_ranks), "age_s": self.age_s, "user_frame": self.user_frame}
@@ -85,22 +97,26 @@ class HangEvent:
         return (self.fact.op or "?") in P2P_OPS
 
     @classmethod
-    def from_event(cls, ev: Mapping[str, Any], agent: str | None = None) -> HangEvent | None:
+    def from_event(cls, ev: Mapping[str, object], agent: str | None = None) -> HangEvent | None:
         """The event's fact (None: not an ``nccl_hang`` event naming a process group and a sequence
         number). Each value from the payload where it is there, else from an older agent's labels
         and text."""
         if ev.get("kind") != NCCL_HANG.name:
             return None
-        labels = ev.get("labels") or {}
+        raw_labels = ev.get("labels")
+        labels: Mapping[str, object] = raw_labels if isinstance(raw_labels, Mapping) else {}
         pg = labels.get("process_group")
+        seq_label = labels.get("seq", "")
+        if not isinstance(seq_label, int | float | str):
+            return None
         try:
-            seq = int(labels.get("seq", ""))
+            seq = int(seq_label)
         except ValueError:
             return None
         if not pg:
             return None
         raw = ev.get("payload")
-        payload: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        payload: Mapping[str, object] = raw if isinstance(raw, Mapping) else {}
         text = str(ev.get("text") or "")
         age = payload.get("age_s")
         if isinstance(age, int | float) and not isinstance(age, bool):
@@ -116,7 +132,9 @@ class HangEvent:
             unknown_ranks=_ranks(payload.get("unknown_ranks", labels.get("ranks_without_dump"))),
             age_s=age_s, user_frame=str(frame) if frame else None)
         who = agent if agent is not None else ev.get("agent")
-        return cls(fact, str(who) if who else None, float(ev.get("time") or 0.0), text)
+        t = ev.get("time")
+        at = float(t) if isinstance(t, int | float | str) and t else 0.0
+        return cls(fact, str(who) if who else None, at, text)
 
 
 P2P_OPS = frozenset({"send", "recv", "send_recv"})

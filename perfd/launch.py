@@ -58,10 +58,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from types import FrameType
+from typing import IO, TYPE_CHECKING, Any
 
 from perfd import linetimes
 from perfd.flight_recorder_env import (
@@ -70,7 +71,10 @@ from perfd.flight_recorder_env import (
     env_for_flight_recorder,
     framework_defaults,
 )
-from perfd.manifest import MANIFEST_VERSION, STATUS_EXITED, STATUS_RUNNING, write_manifest
+from perfd.manifest import MANIFEST_VERSION, STATUS_EXITED, STATUS_RUNNING, LaunchManifest, write_manifest
+
+if TYPE_CHECKING:
+    from perfd.capture.ncu_exec import NcuOptions
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                      signal.SIGUSR2)
@@ -103,7 +107,7 @@ class LaunchOptions:
     nsys_session: str | None = None
     nsys_trace: str = "cuda,nvtx,osrt"
     ncu_ranks: list[int] | None = None  # ranks that run under ncu (perfd ncu-exec)
-    ncu_options: Any = None  # perfd.capture.ncu_exec.NcuOptions (their defaults when None)
+    ncu_options: NcuOptions | None = None  # their defaults when None
     ncu_capture_dir: str | None = None  # the agent's capture_dir (where it finds the ranks under ncu)
     log: str | None = None
     manifest: str | None = None
@@ -124,7 +128,7 @@ class LaunchPlan:
     fr_dir: Path | None = None
     fr_buffer: int = 2000
     nsys: dict[str, str] | None = None
-    ncu: dict[str, Any] | None = None
+    ncu: dict[str, object] | None = None
     notes: list[str] = field(default_factory=list)
     wandb_run_id: str | None = None
     log_collector: str = "megatron"  # the collector that reads the command's log
@@ -309,7 +313,7 @@ def _wandb(plan: LaunchPlan, opts: LaunchOptions, environ: Mapping[str, str]) ->
 
 
 def manifest_data(plan: LaunchPlan, opts: LaunchOptions, pid: int | None, status: str,
-                  started: float, exit_code: int | None = None, ended: float | None = None) -> dict[str, Any]:
+                  started: float, exit_code: int | None = None, ended: float | None = None) -> LaunchManifest:
     return {
         "version": MANIFEST_VERSION, "job": opts.job, "status": status, "pid": pid,
         # The job's user: the agent takes step hooks, GPU processes and capture targets of this uid only.
@@ -474,11 +478,15 @@ def run_launch(opts: LaunchOptions, terminal: IO[bytes] | None = None, err: IO[s
     return status
 
 
-def _isatty(f: Any) -> bool:
+def _isatty(f: IO[str]) -> bool:
     try:
         return bool(f.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+# What signal.signal takes and gives back: a function, SIG_DFL / SIG_IGN, or None (set from outside Python)
+SignalHandler = Callable[[int, FrameType | None], object] | int | None
 
 
 class _Forwarder:
@@ -489,7 +497,7 @@ class _Forwarder:
         self.pgid: int | None = None
         self.pending: list[int] = []
 
-    def _handler(self, signum: int, _frame: Any) -> None:
+    def _handler(self, signum: int, _frame: FrameType | None) -> None:
         if self.pgid is None:
             self.pending.append(signum)
             return
@@ -498,10 +506,10 @@ class _Forwarder:
         except ProcessLookupError:
             pass
 
-    def install(self) -> dict[int, Any]:
+    def install(self) -> dict[int, SignalHandler]:
         if threading.current_thread() is not threading.main_thread():
             return {}  # handlers can only be set from the main thread (tests call run_launch elsewhere)
-        previous: dict[int, Any] = {}
+        previous: dict[int, SignalHandler] = {}
         for sig in FORWARDED_SIGNALS:
             try:
                 previous[sig] = signal.signal(sig, self._handler)
@@ -515,7 +523,7 @@ class _Forwarder:
             self._handler(self.pending.pop(0), None)
 
 
-def _restore(previous: Mapping[int, Any]) -> None:
+def _restore(previous: Mapping[int, SignalHandler]) -> None:
     for sig, h in previous.items():
         try:
             signal.signal(sig, h)

@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 MANIFEST_VERSION = 1
 # The manifest's ``status``: rewritten from running to exited (with the exit code) when the job ends.
@@ -20,7 +20,46 @@ STATUS_RUNNING = "running"
 STATUS_EXITED = "exited"
 
 
-def write_manifest(path: Path, data: Mapping[str, Any]) -> None:
+class FlightRecorderSetup(TypedDict):
+    """Where the launched job's Flight Recorder dumps (perfd.flight_recorder_env)."""
+
+    dir: str
+    pipe_prefix: str
+    dump_prefix: str
+    timing: bool
+    buffer_entries: int
+
+
+class LaunchManifest(TypedDict):
+    """What ``perfd launch`` writes (perfd.launch.manifest_data)."""
+
+    version: int
+    job: str
+    status: str  # STATUS_RUNNING, STATUS_EXITED (or "starting", before the child exists)
+    pid: int | None  # the launched process
+    uid: int  # the job's user
+    launcher_pid: int
+    started: float
+    ended: float | None
+    exit_code: int | None
+    command: list[str]
+    cwd: str
+    env: dict[str, str]  # what perfd added to the environment
+    env_keys: list[str]
+    log: str
+    run_dir: str
+    flight_recorder: FlightRecorderSetup | None
+    hook_socket: str
+    kineto: dict[str, str | None] | None  # its KINETO_CONFIG
+    nsys: dict[str, str] | None  # binary, session, trace
+    ncu: dict[str, object] | None  # binary, ranks and the NcuOptions they run under
+    notes: list[str]
+    collectors: dict[str, dict[str, object]]  # collector -> the config the agent merges into its own
+    wandb_run_id: str | None
+    mfu_alert: bool
+
+
+def write_manifest(path: Path, data: Mapping[str, object]) -> None:
     """Atomically (temporary file + rename): a reader never sees half a manifest."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")

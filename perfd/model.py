@@ -482,7 +482,7 @@ class ServerInfo:
         v = self.args.get(key)
         return None if v in (None, "None") else v
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
@@ -526,10 +526,10 @@ class MetricsSnapshot:
     histograms: dict[str, list[HistogramSeries]] = field(default_factory=dict)
     issues: list[str] = field(default_factory=list)  # what could not be used, with reasons
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """Label sets as [[name, value], ...]; bucket bounds as floats (+Inf stays a float: the
         transport's JSON writes and reads Infinity)."""
-        def rows(d: dict[str, list[tuple[LabelSet, float]]]) -> dict[str, list[Any]]:
+        def rows(d: dict[str, list[tuple[LabelSet, float]]]) -> dict[str, list[list[object]]]:
             return {k: [[[list(p) for p in lab], v] for lab, v in vs] for k, vs in d.items()}
 
         return {"time": self.time, "source": self.source, "gauges": rows(self.gauges),
@@ -569,9 +569,9 @@ class ServingData:
     records: list[ServingRecord] = field(default_factory=list)
     server: ServerInfo | None = None
     scrape: MetricsSnapshot | None = None
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, object] = field(default_factory=dict)  # checked where it is read
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"job": self.job, "records": [r.to_json() for r in self.records],
                 "server": self.server.to_json() if self.server else None,
                 "scrape": self.scrape.to_json() if self.scrape else None, "config": dict(self.config)}

@@ -11,16 +11,15 @@ without PERFD_JOB): it is then exported without ``job_name``, never under a made
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 
-def declared_jobs(procs: Sequence[Mapping[str, Any]]) -> frozenset[str]:
+def declared_jobs(procs: Sequence[Mapping[str, object]]) -> frozenset[str]:
     """Every job some process on the GPU declares: each is a job of that GPU (its ranks run there;
     the others' processes are the co-tenants its GPU hints name)."""
     return frozenset(j for p in procs if isinstance(j := p.get("job"), str) and j)
 
 
-def declared_job(procs: Sequence[Mapping[str, Any]]) -> str | None:
+def declared_job(procs: Sequence[Mapping[str, object]]) -> str | None:
     """The one job a GPU's series are labelled with (job_name): the job its processes declare. Two
     jobs on one GPU (time slicing, MPS, a stray process of another job) are rare; the one holding
     more GPU memory wins, then the first name, so the answer is stable. Views of a job (its GPUs,
@@ -36,7 +35,7 @@ def declared_job(procs: Sequence[Mapping[str, Any]]) -> str | None:
     return min(held, key=lambda j: (-held[j], j))
 
 
-def gpu_job(procs: Sequence[Mapping[str, Any]] | None, agent_job: str | None) -> str | None:
+def gpu_job(procs: Sequence[Mapping[str, object]] | None, agent_job: str | None) -> str | None:
     """The GPU's job: what its processes declare, else the reporting agent's job (None: no job).
     ``procs`` None: no process list known for the GPU."""
     return (declared_job(procs) if procs else None) or agent_job or None

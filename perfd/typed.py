@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import (
     Any,
     Literal,
     NotRequired,
     Required,
+    TypeAlias,
     Union,
     get_args,
     get_origin,
@@ -37,7 +38,27 @@ from typing import (
     is_typeddict,
 )
 
-Check = Callable[[Any], bool]
+# A JSON value perfd passes on without reading it (a capture's manifest field, a collector's
+# checkpoint, an answer shown as it came): what ``json.loads`` gives and ``json.dumps`` writes. The
+# containers are read-only so that a value built with precise types (a ``list[dict[str, float]]``)
+# is one; reading into one takes isinstance checks. The one alias of it in perfd: a value read
+# from outside whose shape is checked before use is ``object``; a shape that is known, a TypedDict.
+# (A string: the alias is recursive, and Python 3.10 has no ``type`` statement; never give it to
+# :func:`fit`.)
+JSON: TypeAlias = "bool | int | float | str | Sequence[JSON] | Mapping[str, JSON] | None"
+
+Check = Callable[[object], bool]
+
+
+def obj(v: object) -> Mapping[str, object]:
+    """``v`` when it is a JSON object, else an empty one: in a value read from outside (an API's
+    answer), a key that is absent or of another type reads as absent."""
+    return v if isinstance(v, Mapping) else {}
+
+
+def objs(v: object) -> list[Mapping[str, object]]:
+    """The JSON objects of ``v`` when it is a list (none when it is not one)."""
+    return [x for x in v if isinstance(x, Mapping)] if isinstance(v, list) else []
 _SHOWN = 40  # characters of an offending value said in a problem (it comes from the network)
 
 
@@ -49,15 +70,19 @@ class _Field:
     entries: type | None  # the TypedDict of a list field whose entries are filtered one by one
 
 
-def _shown(v: Any) -> str:
+def _shown(v: object) -> str:
     r = repr(v)
     return r if len(r) <= _SHOWN else r[:_SHOWN] + "…"
 
 
-def _compile(tp: Any) -> Check:
+def _anything(v: object) -> bool:
+    return True
+
+
+def _compile(tp: object) -> Check:
     """A check of one declared type (see the module docstring)."""
     if tp is Any:
-        return lambda v: True
+        return _anything
     if tp is type(None) or tp is None:
         return lambda v: v is None
     if tp is bool:
@@ -68,7 +93,7 @@ def _compile(tp: Any) -> Check:
         return lambda v: isinstance(v, int | float) and not isinstance(v, bool)
     if tp is str:
         return lambda v: isinstance(v, str)
-    if is_typeddict(tp):
+    if isinstance(tp, type) and is_typeddict(tp):  # a TypedDict is a class
         return lambda v: isinstance(v, Mapping) and not fit(v, tp)[1]
     origin, args = get_origin(tp), get_args(tp)
     if origin is Literal:
@@ -78,11 +103,11 @@ def _compile(tp: Any) -> Check:
         checks = [_compile(a) for a in args]
         return lambda v: any(c(v) for c in checks)
     if origin is list:
-        item = _compile(args[0]) if args else _compile(Any)
+        item = _compile(args[0]) if args else _anything
         return lambda v: isinstance(v, list) and all(item(x) for x in v)
     if origin in (dict, Mapping) or tp in (dict, Mapping):
-        k = _compile(args[0]) if args else _compile(Any)
-        val = _compile(args[1]) if len(args) > 1 else _compile(Any)
+        k = _compile(args[0]) if args else _anything
+        val = _compile(args[1]) if len(args) > 1 else _anything
         return lambda v: isinstance(v, Mapping) and all(k(a) and val(b) for a, b in v.items())
     if isinstance(tp, type):
         return lambda v: isinstance(v, tp)
@@ -102,7 +127,7 @@ def _fields(td: type) -> tuple[_Field, ...]:
     return tuple(out)
 
 
-def fit(value: Mapping[str, Any], td: type) -> tuple[dict[str, Any] | None, list[str]]:
+def fit(value: Mapping[str, object], td: type) -> tuple[dict[str, object] | None, list[str]]:
     """(``value`` as a ``td``, or None when it is not one; what was wrong, one line each). The value
     comes back a new dict, with entries of its ``list[TypedDict]`` fields that do not fit left out
     (each a line); a line with a value that fits says what was left out of it."""
@@ -128,9 +153,9 @@ def fit(value: Mapping[str, Any], td: type) -> tuple[dict[str, Any] | None, list
     return out, problems
 
 
-def fit_entries(values: list[Any], td: type) -> tuple[list[dict[str, Any]], list[str]]:
+def fit_entries(values: Sequence[object], td: type) -> tuple[list[dict[str, object]], list[str]]:
     """The entries of a list that are ``td`` values (as :func:`fit`), and a line for each left out."""
-    kept: list[dict[str, Any]] = []
+    kept: list[dict[str, object]] = []
     problems: list[str] = []
     for i, entry in enumerate(values):
         got, why = fit(entry, td) if isinstance(entry, Mapping) else (None, ["not a mapping"])

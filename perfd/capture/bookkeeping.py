@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from perfd.capture.analysis import CaptureAnalysis
 from perfd.capture.request import CaptureRequest
-from perfd.capture.store import CaptureStore
+from perfd.capture.store import CaptureStore, Manifest
 from perfd.events import CAPTURE_STARTED
 from perfd.model import CaptureFailure
 
@@ -29,7 +28,7 @@ _TABLE_KEYS = frozenset({"top_kernels", "nvtx"})
 PART_KERNEL_NAME = 160  # characters of a kernel's name kept in an event (ATen names run to thousands)
 
 # (kind, request, text, severity, capture id, payload) -> None: the manager's event emitter
-EventSink = Callable[[str, CaptureRequest, str, str, str, "dict[str, Any] | None"], None]
+EventSink = Callable[[str, CaptureRequest, str, str, str, "Mapping[str, object] | None"], None]
 
 
 class CaptureFailed(Exception):
@@ -59,7 +58,7 @@ class RunContext:
     emit: EventSink
 
 
-def _rounded(v: Any) -> Any:
+def _rounded(v: object) -> object:
     if isinstance(v, float):
         return round(v, 4)
     if isinstance(v, list):
@@ -67,7 +66,7 @@ def _rounded(v: Any) -> Any:
     return {k: _rounded(x) for k, x in v.items()} if isinstance(v, dict) else v
 
 
-def device_summary(analysis: CaptureAnalysis) -> list[dict[str, Any]]:
+def device_summary(analysis: CaptureAnalysis) -> list[dict[str, object]]:
     """The per-device numbers of an analysis, without the kernel and NVTX tables (event payloads)."""
     out = []
     for d in analysis.to_json()["devices"]:  # type: ignore[attr-defined]
@@ -84,7 +83,7 @@ def device_summary(analysis: CaptureAnalysis) -> list[dict[str, Any]]:
     return out
 
 
-def record_analysis(m: dict[str, Any], rank: int, fn: Callable[[], CaptureAnalysis]) -> None:
+def record_analysis(m: Manifest, rank: int, fn: Callable[[], CaptureAnalysis]) -> None:
     """Run ``fn`` and keep its analysis (with the event summary) under the rank, or the error it raised."""
     t0 = time.monotonic()
     try:

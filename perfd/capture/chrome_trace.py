@@ -21,7 +21,6 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from perfd.analytics.breakdown.op_parts import is_step_annotation
 from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
@@ -37,7 +36,7 @@ SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchr
 _DIGITS = re.compile(r"(\d+)\s*$")
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     """An int from 0, "0" or "GPU 0" (Kineto's pid/tid spellings vary by version)."""
     if isinstance(value, bool):
         return None
@@ -49,21 +48,21 @@ def _int(value: Any) -> int | None:
     return None
 
 
-def _device(ev: Mapping[str, Any]) -> int | None:
+def _device(ev: Mapping[str, object]) -> int | None:
     args = ev.get("args")
     if isinstance(args, Mapping) and "device" in args:
         return _int(args["device"])
     return _int(ev.get("pid"))
 
 
-def _stream(ev: Mapping[str, Any]) -> int | None:
+def _stream(ev: Mapping[str, object]) -> int | None:
     args = ev.get("args")
     if isinstance(args, Mapping) and "stream" in args:
         return _int(args["stream"])
     return _int(ev.get("tid"))
 
 
-def _dim3(v: Any) -> tuple[int, int, int] | None:
+def _dim3(v: object) -> tuple[int, int, int] | None:
     """A launch's grid or block ([x, y, z]), None when the trace gives none."""
     if not isinstance(v, list) or len(v) != 3 or not all(isinstance(x, int) and not isinstance(x, bool)
                                                          for x in v):
@@ -71,23 +70,25 @@ def _dim3(v: Any) -> tuple[int, int, int] | None:
     return int(v[0]), int(v[1]), int(v[2])
 
 
-def _arg(ev: Mapping[str, Any], key: str) -> Any:
+def _arg(ev: Mapping[str, object], key: str) -> object:
     args = ev.get("args")
     return args.get(key) if isinstance(args, Mapping) else None
 
 
-def parse_chrome_trace(doc: Any, source: str = "") -> TraceData:
+def parse_chrome_trace(doc: object, source: str = "") -> TraceData:
     """Events of a parsed trace (the JSON object, or a bare event list)."""
+    events: list[object]
     if isinstance(doc, Mapping):
-        events = doc.get("traceEvents") or []
+        listed = doc.get("traceEvents")
+        events = listed if isinstance(listed, list) else []  # (what else it holds has no event)
         info = doc.get("distributedInfo")
         rank = _int(info.get("rank")) if isinstance(info, Mapping) else None
     elif isinstance(doc, list):
         events, rank = doc, None
     else:
         raise ValueError(f"{source or 'trace'}: not a Chrome trace (expected an object or a list)")
-    picked: list[tuple[str, Mapping[str, Any], float, float]] = []
-    flows: dict[Any, dict[str, tuple[int, float]]] = {}
+    picked: list[tuple[str, Mapping[str, object], float, float]] = []
+    flows: dict[object, dict[str, tuple[int, float]]] = {}  # flow id -> its start and finish
     for ev in events:
         if not isinstance(ev, Mapping):
             continue

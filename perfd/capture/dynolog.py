@@ -38,9 +38,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.capture.kineto_daemon import DEFAULT_SOCKET_NAME, PidState, socket_address
+from perfd.typed import JSON
 
 DYNOLOG_PORT = 1778  # dynolog's --port default (cli/src/main.rs DYNO_PORT)
 _LEN = struct.Struct("=i")  # native-endian int32, as dynolog reads and writes it
@@ -78,7 +78,7 @@ class DynologClient:
     def __init__(self, host: str = "127.0.0.1", port: int = DYNOLOG_PORT, timeout_s: float = 5.0) -> None:
         self.host, self.port, self.timeout_s = host, port, timeout_s
 
-    def call(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    def call(self, request: Mapping[str, JSON]) -> dict[str, object]:
         body = json.dumps(request).encode()
         try:
             with socket.create_connection((self.host, self.port), timeout=self.timeout_s) as s:
@@ -96,7 +96,7 @@ class DynologClient:
             raise DynologError(f"dynolog at {self.host}:{self.port}: unexpected reply {reply!r}")
         return reply
 
-    def status(self) -> Any:
+    def status(self) -> object:
         return self.call({"fn": "getStatus"}).get("status")
 
     def version(self) -> str | None:
@@ -104,7 +104,7 @@ class DynologClient:
         return str(v) if v is not None else None
 
     def request_trace(self, config: str, pids: list[int], job_id: int = 0,
-                      process_limit: int = 1000) -> dict[str, Any]:
+                      process_limit: int = 1000) -> dict[str, object]:
         reply = self.call({"fn": "setKinetOnDemandRequest", "config": config, "job_id": job_id,
                            "pids": list(pids), "process_limit": process_limit})
         if "processesMatched" not in reply:
@@ -122,13 +122,23 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
     return buf
 
 
+def _pids(v: object) -> set[int]:
+    """The pids of a reply's list (absent, or not a list: none)."""
+    return {int(p) for p in v if isinstance(p, int | float | str)} if isinstance(v, list) else set()
+
+
+def _count(v: object) -> int:
+    """A reply's count (absent, or not a number: 0)."""
+    return int(v) if isinstance(v, int | float | str) and v else 0
+
+
 @dataclass
 class DynologArming:
     """The manager's view of one request handed to dynolog."""
 
     states: dict[int, PidState] = field(default_factory=dict)
     _answered: dict[int, float] = field(default_factory=dict)
-    replies: list[dict[str, Any]] = field(default_factory=list)
+    replies: list[dict[str, object]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     def answered(self) -> dict[int, float]:
@@ -174,15 +184,15 @@ class DynologKineto:
                     arming.errors.append(str(exc))
                     continue
                 arming.replies.append(reply)
-                matched = {int(p) for p in reply.get("processesMatched") or []}
-                triggered = {int(p) for p in reply.get("activityProfilersTriggered") or []}
+                matched = _pids(reply.get("processesMatched"))
+                triggered = _pids(reply.get("activityProfilersTriggered"))
                 if matched:
                     self.requests_seen.add(pid)
                     for leaf in matched:
                         self.sender_pids.setdefault(leaf, pid)
                 if triggered:
                     arming._answered[pid] = arming.state(pid).answered_at = self.clock()
-                elif int(reply.get("activityProfilersBusy") or 0) > 0:
+                elif _count(reply.get("activityProfilersBusy")) > 0:
                     arming.state(pid).busy_polls += 1
         return arming
 

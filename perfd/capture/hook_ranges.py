@@ -20,10 +20,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import SupportsInt
 
 from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, not_ready
 from perfd.capture.request import CaptureRequest
+from perfd.capture.store import Manifest
 from perfd.events import HOOK_PROFILE
 from perfd.limits import HOOK_MAX_OUTSTANDING, HOOK_MAX_STATUSES_PER_REQUEST
 
@@ -34,6 +35,27 @@ HookCanceller = Callable[[int], "HookTicket | None"]  # rank -> the cancel as se
 Key = tuple[int, int, int]  # (pid, rank, request id)
 REFUSED = ("rejected", "failed", "cancelled")
 EARLY_KEPT = 64  # answers kept a moment for a request not yet expected (see HookRanges._early)
+# An answer: a ``hook_profile`` event as collectors/hook makes it (state, step, time, rank, request_id,
+# the verified pid and uid, a written trace's path), read where it is used.
+Status = Mapping[str, object]
+
+
+def _int(v: object) -> int:
+    if isinstance(v, SupportsInt | str | bytes):
+        return int(v)
+    raise TypeError(f"not a number: {v!r}")
+
+
+def status_time(s: Status, clock: Callable[[], float]) -> float:
+    """When the hook answered: the event's time (``clock()`` when it has none)."""
+    t = s.get("time")
+    return float(t) if isinstance(t, int | float) and t else clock()
+
+
+def status_step(s: Status) -> int:
+    """The step the answer is about (0 when it says none)."""
+    step = s.get("step", 0)
+    return int(step) if isinstance(step, int | float | str) else 0
 
 
 def next_range_start(last_step: int | None) -> int:
@@ -48,10 +70,10 @@ class HookRanges:
                  last_step: Callable[[int], int | None] | None,
                  canceller: HookCanceller | None = None) -> None:
         self.ctx, self.requester, self.last_step, self.canceller = ctx, requester, last_step, canceller
-        self._events: dict[Key, list[dict[str, Any]]] = {}  # only the keys expected, in order
+        self._events: dict[Key, list[Status]] = {}  # only the keys expected, in order
         # The latest answers of no expected request: one may come before its request is expected
         # (the answer raced the requester's return); ``expect`` takes it from here.
-        self._early: deque[tuple[Key, dict[str, Any]]] = deque(maxlen=EARLY_KEPT)
+        self._early: deque[tuple[Key, Status]] = deque(maxlen=EARLY_KEPT)
         self._cond = threading.Condition()
         self.dropped = 0  # answers of requests nobody waits for, or past a request's cap
 
@@ -59,12 +81,12 @@ class HookRanges:
     def available(self) -> bool:
         return self.requester is not None
 
-    def on_hook_event(self, event: Mapping[str, Any]) -> None:
+    def on_hook_event(self, event: Mapping[str, object]) -> None:
         """Feed ``hook_profile`` events from the hook collector: kept only for a request expected."""
         if event.get("kind") != HOOK_PROFILE.name:
             return
         with self._cond, contextlib.suppress(TypeError, ValueError):
-            key = (int(event.get("pid", -1)), int(event.get("rank", -1)), int(event.get("request_id", -1)))
+            key = (_int(event.get("pid", -1)), _int(event.get("rank", -1)), _int(event.get("request_id", -1)))
             held = self._events.get(key)
             if held is None:
                 if len(self._early) == self._early.maxlen:
@@ -103,7 +125,7 @@ class HookRanges:
         with self._cond:
             self._cond.notify_all()
 
-    def open(self, req: CaptureRequest, m: dict[str, Any], deadline: float, steps: int | None = None,
+    def open(self, req: CaptureRequest, m: Manifest, deadline: float, steps: int | None = None,
              what: str = "cudaProfilerStart") -> dict[int, Key]:
         """Ask each rank's hook for a range of ``steps`` (the request's by default) and wait until
         every one reported its start: rank -> its request's key (``forget`` them once done). Sets the
@@ -129,7 +151,7 @@ class HookRanges:
             raise
         return requests
 
-    def _opened(self, req: CaptureRequest, m: dict[str, Any], deadline: float, requests: Mapping[int, Key],
+    def _opened(self, req: CaptureRequest, m: Manifest, deadline: float, requests: Mapping[int, Key],
                 n: int, what: str) -> None:
         states = self.wait(requests, {"started"}, deadline)
         bad = {r: s for r, s in states.items() if s.get("state") in REFUSED}
@@ -140,10 +162,10 @@ class HookRanges:
             late = sorted(set(requests) - set(states))
             raise CaptureFailed("timeout", f"rank(s) {late}: no cudaProfilerStart before the "
                                            f"{req.timeout_s:.0f} s timeout{self.progress(late, requests)}")
-        m["timings"]["started_at"] = m["timings"]["first_event_at"] = max(
-            float(s.get("time") or self.ctx.clock()) for s in states.values())
-        m["steps"] = {"start": min(int(s.get("step", 0)) for s in states.values()), "count": n}
-        lat = m["timings"]["started_at"] - m["timings"]["requested_at"]
+        started = max(status_time(s, self.ctx.clock) for s in states.values())
+        m["timings"]["started_at"] = m["timings"]["first_event_at"] = started
+        m["steps"] = {"start": min(status_step(s) for s in states.values()), "count": n}
+        lat = started - m["timings"]["requested_at"]
         self.ctx.store.write(m)
         self.ctx.emit(STARTED, req, f"{what} on rank(s) {sorted(states)} {lat:.2f} s after "
                       "the request", "info", m["id"], {"latency_s": round(lat, 3)})
@@ -168,11 +190,11 @@ class HookRanges:
         return f" ({'; '.join(parts)})" if parts else ""
 
     def wait(self, requests: Mapping[int, Key], want: Iterable[str], deadline: float,
-             refusals: bool = True) -> dict[int, dict[str, Any]]:
+             refusals: bool = True) -> dict[int, Status]:
         """Per rank, the first hook event for its request in ``want`` (or a refusal, unless
         ``refusals`` is False); until the deadline (``time.monotonic()``)."""
         want = set(want) | (set(REFUSED) if refusals else set())
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, Status] = {}
         with self._cond:
             while len(out) < len(requests) and not self.ctx.closing.is_set():
                 for r, key in requests.items():

@@ -35,12 +35,21 @@ import stat
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, not_ready, record_analysis
 from perfd.capture.chrome_trace import analyze_chrome_trace
-from perfd.capture.hook_ranges import REFUSED, HookRanges, HookTicket, Key, next_range_start
+from perfd.capture.hook_ranges import (
+    REFUSED,
+    HookRanges,
+    HookTicket,
+    Key,
+    Status,
+    next_range_start,
+    status_step,
+    status_time,
+)
 from perfd.capture.request import CaptureRequest
+from perfd.capture.store import Manifest
 from perfd.limits import HOOK_TRACE_MAX_BYTES
 
 # (rank, start_step, num_steps, stack) -> the request as sent, None when it could not be sent
@@ -125,7 +134,7 @@ class HookTraceCapture:
         ok = self.can_trace
         return self.tracer is not None and ok is not None and bool(ranks) and all(ok(r) for r in ranks)
 
-    def run(self, req: CaptureRequest, m: dict[str, Any], pids: Mapping[int, int], deadline: float) -> str:
+    def run(self, req: CaptureRequest, m: Manifest, pids: Mapping[int, int], deadline: float) -> str:
         tracer = self.tracer
         assert tracer is not None
         if req.duration_ms is not None and req.start_iteration is None:
@@ -166,10 +175,10 @@ class HookTraceCapture:
             self.ranges.forget(requests.values())
 
     def _wait(self, requests: Mapping[int, Key], want: set[str], deadline: float,
-              pids: Mapping[int, int]) -> dict[int, dict[str, Any]]:
+              pids: Mapping[int, int]) -> dict[int, Status]:
         """The ranks' first status in ``want`` (or a refusal), until the deadline or until a rank that
         has none yet is gone."""
-        got: dict[int, dict[str, Any]] = {}
+        got: dict[int, Status] = {}
         while True:
             got = self.ranges.wait(requests, want, min(deadline, time.monotonic() + WAIT_SLICE_S))
             pending = [r for r in requests if r not in got]
@@ -177,26 +186,26 @@ class HookTraceCapture:
                     or any(r in pids and not alive(pids[r]) for r in pending)):
                 return got
 
-    def _gone(self, requests: Mapping[int, Key], states: Mapping[int, Any], pids: Mapping[int, int],
+    def _gone(self, requests: Mapping[int, Key], states: Mapping[int, Status], pids: Mapping[int, int],
               when: str) -> None:
         gone = [r for r in requests if r not in states and r in pids and not alive(pids[r])]
         if gone:
             raise CaptureFailed("failed", "; ".join(f"rank {r}: its process (pid {pids[r]}) exited {when}"
                                                     for r in gone))
 
-    def _started(self, req: CaptureRequest, m: dict[str, Any], states: Mapping[int, Any]) -> None:
+    def _started(self, req: CaptureRequest, m: Manifest, states: Mapping[int, Status]) -> None:
         t = m["timings"]
-        t["started_at"] = t["first_event_at"] = max(float(s.get("time") or self.ctx.clock())
-                                                    for s in states.values())
-        m["steps"] = {"start": min(int(s.get("step", 0)) for s in states.values()), "count": req.steps}
-        lat = t["started_at"] - t["requested_at"]
+        started = t["started_at"] = t["first_event_at"] = max(status_time(s, self.ctx.clock)
+                                                              for s in states.values())
+        m["steps"] = {"start": min(status_step(s) for s in states.values()), "count": req.steps}
+        lat = started - t["requested_at"]
         self.ctx.store.write(m)
         self.ctx.emit(STARTED, req, f"Kineto trace opened by the step hook on rank(s) {sorted(states)} "
                       f"{lat:.2f} s after the request (the job polls no Kineto daemon)", "info", m["id"],
                       {"latency_s": round(lat, 3), "mode": HOOK_TRACE})
 
-    def _keep(self, req: CaptureRequest, m: dict[str, Any], pids: Mapping[int, int],
-              requests: Mapping[int, Key], done: Mapping[int, Any]) -> str:
+    def _keep(self, req: CaptureRequest, m: Manifest, pids: Mapping[int, int],
+              requests: Mapping[int, Key], done: Mapping[int, Status]) -> str:
         """Each written trace into the store and analysed; the ranks without one said."""
         d = self.ctx.store.capture_dir(m["id"])
         missing: dict[int, str] = {}

@@ -12,14 +12,14 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, record_analysis
 from perfd.capture.chrome_trace import analyze_chrome_trace
-from perfd.capture.dynolog import DynologKineto
-from perfd.capture.kineto_daemon import KinetoDaemon, build_config, trace_complete
+from perfd.capture.dynolog import DynologArming, DynologKineto
+from perfd.capture.kineto_daemon import Arming, KinetoDaemon, build_config, trace_complete
 from perfd.capture.nsys_exec import wait_stable
 from perfd.capture.request import BUSY_REASON, CaptureRequest
+from perfd.capture.store import Manifest
 from perfd.model import CaptureFailure
 
 # A process this young that never polled the daemon may not have reached its first poll: a training
@@ -62,7 +62,7 @@ class KinetoCapture:
     def __init__(self, ctx: RunContext, daemon: KinetoDaemon | DynologKineto | None, poll_s: float) -> None:
         self.ctx, self.daemon, self.poll_s = ctx, daemon, poll_s
 
-    def run(self, req: CaptureRequest, m: dict[str, Any], pids: dict[int, int], deadline: float) -> str:
+    def run(self, req: CaptureRequest, m: Manifest, pids: dict[int, int], deadline: float) -> str:
         daemon = self.daemon
         assert daemon is not None
         if not pids:
@@ -81,7 +81,7 @@ class KinetoCapture:
         arm_for = min(max(3 * poll_s + 2.0, 5.0), deadline - time.monotonic())
         try:
             # either backend's arming
-            arming: Any = daemon.arm(configs, expires_at=self.ctx.clock() + arm_for)
+            arming: Arming | DynologArming = daemon.arm(configs, expires_at=self.ctx.clock() + arm_for)
         except ValueError as exc:
             raise CaptureFailed("skipped", f"{BUSY_REASON}: {exc}") from exc
         try:
@@ -109,9 +109,9 @@ class KinetoCapture:
                                for pid, r in by_pid.items() if (x := why.get(r)) is not None)
                 cause = CaptureFailure.NOT_READY if starting else CaptureFailure.FAILED
                 raise CaptureFailed("timeout" if late else "failed", "; ".join(_texts(why)), cause)
-            m["timings"]["started_at"] = max(answered.values())
+            started = m["timings"]["started_at"] = max(answered.values())
             m["answered_at"] = {str(by_pid[p]): t for p, t in answered.items()}
-            lat = m["timings"]["started_at"] - m["timings"]["requested_at"]
+            lat = started - m["timings"]["requested_at"]
             self.ctx.store.write(m)
             got_ranks = sorted(by_pid[p] for p in answered)
             self.ctx.emit(STARTED, req, f"Kineto trace config handed to rank(s) {got_ranks} of job "
@@ -136,10 +136,14 @@ class KinetoCapture:
                 raise CaptureFailed("timeout" if timed_out else "failed", "; ".join(_texts(missing)))
             return ("partial: " + "; ".join(_texts(missing))) if missing else ""
         finally:
-            daemon.disarm(arming)
+            if isinstance(daemon, DynologKineto):
+                daemon.disarm(arming)
+            else:
+                assert isinstance(arming, Arming)  # the daemon's own
+                daemon.disarm(arming)
 
-    def _wait_trace(self, daemon: KinetoDaemon | DynologKineto, arming: Any, pid: int, d: Path,
-                    rank: int, deadline: float) -> Path | None:
+    def _wait_trace(self, daemon: KinetoDaemon | DynologKineto, arming: Arming | DynologArming, pid: int,
+                    d: Path, rank: int, deadline: float) -> Path | None:
         """The rank's trace once complete: ``rank<r>_<pid>.json`` in the capture folder, or libkineto's
         default ``/tmp/libkineto_activities_<pid>.json`` (a libkineto that refused our path: moved in)."""
         since = arming.answered().get(pid, self.ctx.clock()) - 1.0

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
 from perfd.capture.dynolog import DynologKineto
@@ -39,7 +39,7 @@ from perfd.capture.ncu_exec import NcuExecutor
 from perfd.capture.nsys_capture import NsysCapture
 from perfd.capture.nsys_exec import NsysExecutor, session_name
 from perfd.capture.request import BUSY_REASON, CaptureArgError, CaptureRequest, parse_command
-from perfd.capture.store import CaptureStore
+from perfd.capture.store import CaptureStore, Manifest
 from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED
 from perfd.model import CaptureFailure
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # the agent passes perfd.transport.codec.Command; anything wi
 log = logging.getLogger(__name__)
 
 PidsForRanks = Callable[[str, tuple[int, ...]], Mapping[int, int]]  # (job, ranks; () = all) -> rank: pid
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[dict[str, object]], None]  # an event, to the agent's sender
 
 
 class CaptureManager:
@@ -128,7 +128,7 @@ class CaptureManager:
         worker.start()
         return str(m["id"])
 
-    def on_hook_event(self, event: Mapping[str, Any]) -> None:
+    def on_hook_event(self, event: Mapping[str, object]) -> None:
         """Feed ``hook_profile`` events from the hook collector (step-aligned nsys and ncu ranges)."""
         self._ranges.on_hook_event(event)
 
@@ -175,7 +175,7 @@ class CaptureManager:
 
     # -- events -------------------------------------------------------------------------------
     def _emit(self, kind: str, req: CaptureRequest, text: str, severity: str = "info",
-              capture_id: str = "", payload: dict[str, Any] | None = None) -> None:
+              capture_id: str = "", payload: Mapping[str, object] | None = None) -> None:
         labels = {"job": req.job, "tool": req.tool, "ranks": ",".join(map(str, req.ranks))}
         if req.context.get("rule"):
             labels["rule"] = req.context["rule"]
@@ -210,7 +210,7 @@ class CaptureManager:
         return None
 
     # -- the worker ---------------------------------------------------------------------------
-    def _run(self, req: CaptureRequest, m: dict[str, Any], pids: dict[int, int], keys: set[str]) -> None:
+    def _run(self, req: CaptureRequest, m: Manifest, pids: dict[int, int], keys: set[str]) -> None:
         cid = str(m["id"])
         deadline = time.monotonic() + req.timeout_s
         status, reason = "failed", "internal error"
@@ -242,21 +242,23 @@ class CaptureManager:
                         del self._busy[k]
         try:
             t = m["timings"]
-            if t.get("started_at") is not None:
-                m["latency_s"] = round(t["started_at"] - t["requested_at"], 3)
+            started = t.get("started_at")
+            if started is not None:
+                m["latency_s"] = round(started - t["requested_at"], 3)
                 fired = req.context.get("fired_at")
                 with contextlib.suppress(ValueError):
                     if fired:
-                        m["latency_from_firing_s"] = round(t["started_at"] - float(fired), 3)
+                        m["latency_from_firing_s"] = round(started - float(fired), 3)
             final = self.store.finish(m, status, reason or None)
         except Exception as exc:
             log.warning("capture %s: could not write its manifest: %s", cid, exc)
             final = m
-        payload = {"status": status, "reason": reason or None, "latency_s": final.get("latency_s"),
-                   "mode": final.get("mode"),
-                   "bytes": sum(int(a.get("bytes") or 0) for a in final.get("artifacts", [])),
-                   "ranks": {r: {"devices": a.get("summary", []), **event_rows(a, len(final["analysis"]))}
-                             for r, a in (final.get("analysis") or {}).items()}}
+        payload: dict[str, object] = {
+            "status": status, "reason": reason or None, "latency_s": final.get("latency_s"),
+            "mode": final.get("mode"),
+            "bytes": sum(int(a.get("bytes") or 0) for a in final.get("artifacts", [])),
+            "ranks": {r: {"devices": a.get("summary", []), **event_rows(a, len(final["analysis"]))}
+                      for r, a in (final.get("analysis") or {}).items()}}
         if cause is not None:
             payload["cause"] = cause.value
         if "range_overran" in final:
@@ -308,5 +310,5 @@ class CaptureManager:
                                           "the job is not under a perfd nsys session")
         return "kineto", "on-demand", []
 
-    def list(self, job: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    def list(self, job: str | None = None, limit: int | None = None) -> list[Manifest]:
         return self.store.list(job, limit)

@@ -38,7 +38,7 @@ from perfd.analytics.ncu.launches import (
 )
 from perfd.capture import ncu_report as ncu_mod
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
-from perfd.capture.hook_ranges import HookRanges, Key
+from perfd.capture.hook_ranges import HookRanges, Key, Status
 from perfd.capture.launch_order import read_launches
 from perfd.capture.ncu_exec import (
     PAGES,
@@ -51,6 +51,7 @@ from perfd.capture.ncu_exec import (
 )
 from perfd.capture.nsys_exec import wait_stable
 from perfd.capture.request import CaptureRequest
+from perfd.capture.store import Manifest
 from perfd.model import CaptureFailure
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class NcuCapture:
         return t, None
 
     # -- the run --------------------------------------------------------------------------------
-    def run(self, req: CaptureRequest, m: dict[str, Any], pids: Mapping[int, int], deadline: float) -> str:
+    def run(self, req: CaptureRequest, m: Manifest, pids: Mapping[int, int], deadline: float) -> str:
         targets: dict[int, NcuTarget] = {}
         for r in req.ranks:
             t, no = self.target(req.job, r, pids.get(r))
@@ -162,7 +163,7 @@ class NcuCapture:
         return reason
 
     def _watch(self, requests: Mapping[int, Key], budget_s: float, deadline: float,
-               m: dict[str, Any]) -> dict[int, dict[str, Any]]:
+               m: Manifest) -> dict[int, Status]:
         """Wait for every range to close within the time budget; cancel the ones that do not."""
         budget_end = min(deadline, time.monotonic() + budget_s)
         closed = self.ranges.wait(requests, {"stopped"}, budget_end)
@@ -177,7 +178,7 @@ class NcuCapture:
                     self.ranges.cancel(r)  # again at the deadline: a range is never left open
         m["range"] = {str(r): {"state": e.get("state"), "step": e.get("step"), "time": e.get("time")}
                       for r, e in closed.items()}
-        times = [float(e["time"]) for e in closed.values() if isinstance(e.get("time"), int | float)]
+        times = [float(t) for e in closed.values() if isinstance(t := e.get("time"), int | float)]
         if times:
             m["timings"]["range_closed_at"] = max(times)
             opened = m["timings"].get("started_at")
@@ -189,7 +190,7 @@ class NcuCapture:
         self.ctx.store.write(m)
         return closed
 
-    def _analyse(self, req: CaptureRequest, m: dict[str, Any], rank: int, t: NcuTarget, before: int,
+    def _analyse(self, req: CaptureRequest, m: Manifest, rank: int, t: NcuTarget, before: int,
                  deadline: float) -> int:
         """Copy, import, parse and join one rank's report; the number of new kernels recorded."""
         assert self.ncu is not None
@@ -251,12 +252,12 @@ class NcuCapture:
         }
         return len(new.kernels)
 
-    def _latest_timeline(self, job: str, rank: int) -> tuple[str | None, dict[str, Any] | None]:
+    def _latest_timeline(self, job: str, rank: int) -> tuple[str | None, dict[str, object] | None]:
         return latest_timeline(self.ctx.store.list(job), rank)
 
 
 def by_launch(report: ncu_mod.NcuReport, trace: Path | None, kernel_filter: str | None, skip: int,
-              steps: float | None, device: Any = None
+              steps: float | None, device: object = None
               ) -> tuple[list[ncu_join.JoinedKernel] | None, Coverage | None]:
     """The report's rows by the op each launch was, matched launch by launch to the timeline's trace
     (perfd.analytics.ncu.launches), and what they cover; (None, None) without a trace to read, (None,
@@ -277,7 +278,7 @@ def by_launch(report: ncu_mod.NcuReport, trace: Path | None, kernel_filter: str 
     return join_launches(groups, tl.launches, steps), cov
 
 
-def event_rows(analysis: Mapping[str, Any], ranks: int = 1) -> dict[str, Any]:
+def event_rows(analysis: Mapping[str, object], ranks: int = 1) -> dict[str, Any]:
     """What an ncu rank's analysis puts in the capture's event, ``ranks`` ranks sharing EVENT_KERNELS
     rows (bounded: the manifest has them all)."""
     kernels = analysis.get("kernels")

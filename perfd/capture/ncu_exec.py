@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from perfd import limits as L
 from perfd.analytics.ncu.join import NO_NCCL_FILTER
@@ -60,7 +60,7 @@ NCU_ARMED_US_PER_LAUNCH = 80.0
 NCU_ARMED_US_PER_LAUNCH_HIGH = 210.0
 
 
-def armed_cost_ms(device: Mapping[str, Any], steps: float | None) -> tuple[float, float, float] | None:
+def armed_cost_ms(device: Mapping[str, object], steps: float | None) -> tuple[float, float, float] | None:
     """(launches per step, extra host ms per step at the low and the high measured cost a launch) that
     arming ncu would cost a rank whose capture ``device`` (perfd.capture.analysis JSON) held ``steps``
     steps; None without the counts."""
@@ -126,6 +126,12 @@ class KernelChoice(str, enum.Enum):
     FIRST = "first"  # no timeline: every non-NCCL kernel in launch order, the first of the step, not by time
 
 
+# NcuOptions.choice_json ("from" is a keyword: the functional form)
+KernelChoiceJson = TypedDict("KernelChoiceJson", {
+    "how": str, "from": str | None, "text": str, "launch_skip": int, "window_layer": int | None,
+    "window_layers": int | None})
+
+
 @dataclass(frozen=True)
 class NcuOptions:
     """What a rank under ncu may cost, fixed when it starts (ncu's filters are its command line)."""
@@ -147,7 +153,7 @@ class NcuOptions:
             return KernelChoice.TIMELINE
         return KernelChoice.GIVEN if self.kernel_filter else KernelChoice.FIRST
 
-    def choice_json(self) -> dict[str, Any]:
+    def choice_json(self) -> KernelChoiceJson:
         """How the kernels were chosen, for the capture's analysis and the report."""
         c = self.kernel_choice
         text = {KernelChoice.TIMELINE: f"by time: the top kernels of capture {self.kernels_from}'s timeline",
@@ -231,7 +237,7 @@ class NcuTarget:
     started_at: float
     ncu: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"job": self.job, "rank": self.rank, "pid": self.pid, "options": asdict(self.options),
                 "report": str(self.report), "started_at": self.started_at, "ncu": self.ncu}
 
@@ -272,7 +278,7 @@ def read_target(capture_root: str | Path, job: str, rank: int) -> NcuTarget | No
         raise ValueError(f"{path}: bad field ({exc})") from None
 
 
-def _opt_int(v: Any) -> int | None:
+def _opt_int(v: object) -> int | None:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
@@ -313,8 +319,8 @@ TRACE_KINDS = ("kineto_trace", "nsys_sqlite")  # their artifacts the timeline ca
 JOIN_TOP_N = 200
 
 
-def latest_timeline(manifests: Iterable[Mapping[str, Any]], rank: int | None = None
-                    ) -> tuple[str | None, dict[str, Any] | None]:
+def latest_timeline(manifests: Iterable[Mapping[str, object]], rank: int | None = None
+                    ) -> tuple[str | None, dict[str, object] | None]:
     """The newest finished Kineto/nsys capture among ``manifests`` (a store's, newest first): (its id,
     one device's analysis with its top kernels), ``rank``'s when that capture has it; the device's
     JOIN_TOP_N kernels when the capture's trace is still on disk, else the ones it kept."""
@@ -336,14 +342,14 @@ def latest_timeline(manifests: Iterable[Mapping[str, Any]], rank: int | None = N
     return None, None
 
 
-def trace_of(manifests: Iterable[Mapping[str, Any]], capture_id: str | None,
+def trace_of(manifests: Iterable[Mapping[str, object]], capture_id: str | None,
              rank: int | None = None) -> Path | None:
     """The trace file (Kineto or nsys) of capture ``capture_id`` among ``manifests``, ``rank``'s when it
     has one, that is still on disk (None: none)."""
     for cap in manifests:
         if capture_id is None or str(cap.get("id")) != capture_id:
             continue
-        arts = [a for a in cap.get("artifacts") or [] if isinstance(a, Mapping)
+        arts = [a for a in _listed(cap.get("artifacts")) if isinstance(a, Mapping)
                 and a.get("kind") in TRACE_KINDS and not a.get("pruned")]
         arts.sort(key=lambda a: rank is None or str(a.get("rank")) != str(rank))
         for a in arts:
@@ -353,12 +359,17 @@ def trace_of(manifests: Iterable[Mapping[str, Any]], capture_id: str | None,
     return None
 
 
-def _widened(cap: Mapping[str, Any], key: str, dev: dict[str, Any]) -> dict[str, Any]:
+def _listed(v: object) -> list[object]:
+    """A manifest's list (absent, or not a list: none)."""
+    return v if isinstance(v, list) else []
+
+
+def _widened(cap: Mapping[str, object], key: str, dev: dict[str, object]) -> dict[str, object]:
     """``dev`` read again from its capture's trace with JOIN_TOP_N kernels (``dev`` when it cannot be)."""
     from perfd.capture.chrome_trace import analyze_chrome_trace
     from perfd.capture.nsys_sqlite import analyze_nsys
 
-    for art in cap.get("artifacts") or []:
+    for art in _listed(cap.get("artifacts")):
         if not isinstance(art, Mapping) or art.get("kind") not in TRACE_KINDS or art.get("pruned"):
             continue
         if art.get("rank") is not None and str(art.get("rank")) != key:

@@ -34,7 +34,7 @@ import re
 import statistics
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from perfd.analytics.breakdown.ncu_kernels import NcuKernel, StallReason, classify
 from perfd.analytics.ncu.launches import NcuLaunch, dim3
@@ -113,6 +113,17 @@ _IDENTITY = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Co
              "Block Size", "Grid Size", "Device", "CC")
 
 
+class NcuReportJson(TypedDict):
+    """:meth:`NcuReport.to_json`."""
+
+    kernels: list[Mapping[str, object]]  # each NcuKernel.to_json()
+    launches: int
+    pages: list[str]
+    problems: list[str]
+    truncated: bool
+    sm_clock_hz: float | None
+
+
 @dataclass(frozen=True)
 class NcuReport:
     kernels: tuple[NcuKernel, ...]
@@ -148,7 +159,7 @@ class NcuReport:
         return NcuReport(tuple(keep), sum(k.invocations for k in keep), self.pages, self.problems,
                          self.truncated, tuple(lc for lc in self.parsed if lc.id > last_id))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> NcuReportJson:
         return {"kernels": [k.to_json() for k in self.kernels], "launches": self.launches,
                 "pages": list(self.pages), "problems": list(self.problems), "truncated": self.truncated,
                 "sm_clock_hz": self.sm_clock_hz}

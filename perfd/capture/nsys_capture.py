@@ -12,7 +12,6 @@ import functools
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, device_summary
 from perfd.capture.hook_ranges import HookRanges
@@ -25,6 +24,7 @@ from perfd.capture.nsys_exec import (
     wait_stable,
 )
 from perfd.capture.request import CaptureRequest
+from perfd.capture.store import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class NsysCapture:
         return [session_name(req.job)] if session_name(req.job) in have else fallback
 
     # -- runs ---------------------------------------------------------------------------------
-    def run_session(self, req: CaptureRequest, m: dict[str, Any], deadline: float,
+    def run_session(self, req: CaptureRequest, m: Manifest, deadline: float,
                     sessions: list[str]) -> str:
         nsys = self.nsys
         assert nsys is not None
@@ -104,7 +104,7 @@ class NsysCapture:
             raise CaptureFailed("failed", "; ".join(errors))
         return "; ".join(errors)
 
-    def _export(self, m: dict[str, Any], rep: Path, key: str, req: CaptureRequest) -> None:
+    def _export(self, m: Manifest, rep: Path, key: str, req: CaptureRequest) -> None:
         assert self.nsys is not None
         rank = req.ranks[0] if len(req.ranks) == 1 else None
         self.ctx.store.add_artifact(m, rep, "nsys_report", rank)
@@ -116,7 +116,7 @@ class NsysCapture:
         self.ctx.store.add_artifact(m, sqlite, "nsys_sqlite", rank)
         m.setdefault("analysis", {})[key] = {**a.to_json(), "summary": device_summary(a)}
 
-    def run_range(self, req: CaptureRequest, m: dict[str, Any], deadline: float,
+    def run_range(self, req: CaptureRequest, m: Manifest, deadline: float,
                   sessions: list[str]) -> str:
         """A step-aligned range on each rank: in the rank's session when ``sessions`` (one per rank,
         armed here with ``nsys start -c cudaProfilerApi``), else under the rank's range profile."""

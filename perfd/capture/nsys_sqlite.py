@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 import sqlite3
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from perfd.analytics.breakdown.op_parts import is_step_annotation
 from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
@@ -89,10 +89,13 @@ def _tables(con: sqlite3.Connection) -> set[str]:
 _DIMS = ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")
 
 
-def _dim3(v: list[Any]) -> tuple[int, int, int] | None:
-    if len(v) != 3 or not all(isinstance(x, int) for x in v):
+def _dim3(v: Sequence[object]) -> tuple[int, int, int] | None:
+    if len(v) != 3:
         return None
-    return int(v[0]), int(v[1]), int(v[2])
+    x, y, z = v
+    if not (isinstance(x, int) and isinstance(y, int) and isinstance(z, int)):
+        return None
+    return int(x), int(y), int(z)
 
 
 def _columns(con: sqlite3.Connection, table: str) -> set[str]:

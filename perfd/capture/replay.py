@@ -29,7 +29,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from perfd.analytics.breakdown.replay_table import (
     DROPOUT_HOST,
@@ -41,6 +41,10 @@ from perfd.analytics.breakdown.replay_table import (
     ReplayTable,
 )
 from perfd.analytics.breakdown.step_parts import Part
+from perfd.capture.ops import Launch
+
+if TYPE_CHECKING:
+    from perfd.capture.analysis import KernelEvent, MemEvent
 
 # Launches in the layers, graphed under CUDA graphs (Megatron-LM's local graphs: each transformer
 # layer's forward and backward)
@@ -87,8 +91,8 @@ class Timeline:
 class HostTrace:
     """What the timeline is built from (the loader's events and the op attribution's reading)."""
 
-    launches: Sequence[Any]  # perfd.capture.ops.Launch: corr, tid, ns, name
-    syncs: Sequence[Any]  # synchronising calls, ``ns`` = when each returned
+    launches: Sequence[Launch]
+    syncs: Sequence[Launch]  # synchronising calls, ``ns`` = when each returned
     device: Mapping[int, tuple[float, float, int]]  # corr -> (start, end, stream) on this device
     marks: Sequence[float]  # host ns where each marked step begins
     parts: Mapping[int, Part]
@@ -208,12 +212,13 @@ def replay(t: Timeline, traced_ms: float, scales: Sequence[float] = SCALES) -> R
                        t.microbatches)
 
 
-def replay_device(device: int, kernels: Iterable[Any], memcpys: Iterable[Any],
+def replay_device(device: int, kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent],
                   h: HostTrace) -> ReplayTable | None:
     """The replay table of one device's activities (``h.device`` is filled from them); None without a
     host side to replay."""
+    acts: tuple[KernelEvent | MemEvent, ...] = (*kernels, *memcpys)
     mine = {x.corr: (x.start_ns, x.end_ns, x.stream if x.stream is not None else 0)
-            for x in (*kernels, *memcpys) if x.device == device and x.corr is not None}
+            for x in acts if x.device == device and x.corr is not None}
     t = timeline(dataclasses.replace(h, device=mine))
     if t is None:
         return None

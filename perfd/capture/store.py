@@ -32,9 +32,9 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict, cast
 
 from perfd.privdir import open_private_dir, private_dir, rmtree_at
 
@@ -48,6 +48,69 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 class CaptureStoreError(ValueError):
     pass
+
+
+class Timings(TypedDict, total=False):
+    """When each stage of a capture happened (epoch s; None: not yet, or never)."""
+
+    requested_at: Required[float]
+    started_at: float | None
+    first_event_at: float | None
+    trace_ready_at: float | None
+    finished_at: float | None
+    range_closed_at: float  # a hook range's last rank closed it (ncu)
+
+
+class Artifact(TypedDict):
+    name: str
+    path: str
+    bytes: int
+    kind: str  # kineto_trace, nsys_report, nsys_sqlite, ncu_report, ncu_<page>_csv
+    rank: int | None
+    pid: int | None
+    pruned: bool  # deleted to keep the store within its quota (the entry stays)
+
+
+class StepSpan(TypedDict):
+    start: int | None  # None: the next iteration
+    count: int
+
+
+class Manifest(TypedDict, total=False):
+    """A capture's manifest (the module docstring). The keys after the required ones are given when it
+    is made (:meth:`CaptureStore.new_capture`), then set by the tool that runs it, where they apply."""
+
+    id: Required[str]
+    job: Required[str]
+    ranks: Required[list[int]]
+    tool: Required[str]
+    status: Required[str]  # one of STATUSES
+    reason: Required[str | None]
+    artifacts: Required[list[Artifact]]
+    # rank (nsys: session) -> its analysis as JSON ({"error": ...} when it failed), in each tool's shape:
+    # read whole by the capture's events and by people, never by key here
+    analysis: Required[dict[str, dict[str, Any]]]
+    timings: Required[Timings]
+    latency_s: Required[float | None]  # requested -> started
+    dir: Required[str]
+    pids: dict[str, int]  # rank -> its process
+    args: dict[str, str]  # the command's arguments, as sent
+    context: dict[str, str]  # why it was asked for (the rule, when it fired)
+    ignored_args: list[str]
+    command_id: str
+    steps: StepSpan
+    mode: str  # how it ran: range, session, on-demand, hook trace
+    traced_by: str
+    config: str  # the Kineto config handed out
+    answered_at: dict[str, float]  # rank -> when its process took the config
+    ncu: dict[str, dict[str, object]]  # rank -> its NcuTarget JSON
+    range: dict[str, dict[str, object]]  # rank -> its hook range's last state, step and time
+    range_overran: bool
+    range_held_s: float
+    sessions: list[str]  # nsys sessions
+    scope: str
+    latency_from_firing_s: float  # the rule's firing -> started
+    pruned_at: float
 
 
 def safe_name(text: str, limit: int = 64) -> str:
@@ -110,8 +173,12 @@ class CaptureStore:
         return None
 
     # -- manifests ----------------------------------------------------------------------------
-    def new_capture(self, job: str, ranks: Iterable[int], tool: str, **fields: Any) -> dict[str, Any]:
-        """Create the folder and a ``running`` manifest; returns the manifest."""
+    def new_capture(self, job: str, ranks: Iterable[int], tool: str, *, pids: dict[str, int] | None = None,
+                    args: dict[str, str] | None = None, context: dict[str, str] | None = None,
+                    ignored_args: list[str] | None = None, command_id: str | None = None,
+                    steps: StepSpan | None = None) -> Manifest:
+        """Create the folder and a ``running`` manifest; returns the manifest (the keywords given
+        are its keys of the same names)."""
         with self._lock:
             for _ in range(10):
                 cid = time.strftime("c%Y%m%d-%H%M%S-", time.gmtime(self.clock())) + secrets.token_hex(3)
@@ -123,18 +190,29 @@ class CaptureStore:
                     continue
             else:
                 raise CaptureStoreError("could not allocate a capture id")
-            manifest: dict[str, Any] = {
+            manifest: Manifest = {
                 "id": cid, "job": job, "ranks": sorted(set(ranks)), "tool": tool, "status": "running",
                 "reason": None, "artifacts": [], "analysis": {},
                 "timings": {"requested_at": self.clock(), "started_at": None, "first_event_at": None,
                             "trace_ready_at": None, "finished_at": None},
                 "latency_s": None, "dir": str(d),
             }
-            manifest.update(fields)
+            if pids is not None:
+                manifest["pids"] = pids
+            if args is not None:
+                manifest["args"] = args
+            if context is not None:
+                manifest["context"] = context
+            if ignored_args is not None:
+                manifest["ignored_args"] = ignored_args
+            if command_id is not None:
+                manifest["command_id"] = command_id
+            if steps is not None:
+                manifest["steps"] = steps
             self.write(manifest)
             return manifest
 
-    def write(self, manifest: Mapping[str, Any]) -> None:
+    def write(self, manifest: Manifest) -> None:
         """Write a manifest atomically (a reader never sees half of one)."""
         d = self.capture_dir(str(manifest["id"]))
         tmp = d / f".{MANIFEST}.{os.getpid()}.{threading.get_ident()}.tmp"
@@ -142,29 +220,29 @@ class CaptureStore:
             tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
             tmp.replace(d / MANIFEST)
 
-    def read(self, capture_id: str) -> dict[str, Any]:
+    def read(self, capture_id: str) -> Manifest:
         data = json.loads((self.capture_dir(capture_id) / MANIFEST).read_text())
         if not isinstance(data, dict):
             raise CaptureStoreError(f"{capture_id}: manifest is not an object")
-        return data
+        return cast(Manifest, data)  # the store's own file, as :meth:`write` wrote it
 
-    def add_artifact(self, manifest: dict[str, Any], path: str | Path, kind: str,
-                     rank: int | None = None, pid: int | None = None) -> dict[str, Any]:
+    def add_artifact(self, manifest: Manifest, path: str | Path, kind: str,
+                     rank: int | None = None, pid: int | None = None) -> Artifact:
         """Record a file (it must lie under the store) in the manifest (not written yet)."""
         p = self.inside(path)
-        entry = {"name": p.name, "path": str(p), "bytes": p.stat().st_size if p.exists() else 0,
+        entry: Artifact = {"name": p.name, "path": str(p), "bytes": p.stat().st_size if p.exists() else 0,
                  "kind": kind, "rank": rank, "pid": pid, "pruned": False}
         arts = manifest.setdefault("artifacts", [])
         arts[:] = [a for a in arts if a.get("path") != entry["path"]] + [entry]
         return entry
 
-    def finish(self, manifest: dict[str, Any], status: str, reason: str | None = None) -> dict[str, Any]:
+    def finish(self, manifest: Manifest, status: str, reason: str | None = None) -> Manifest:
         """Set the final status, refresh artifact sizes, write, and prune to the quota."""
         if status not in STATUSES or status == "running":
             raise ValueError(f"final status must be one of ok, failed, timeout, skipped; not {status!r}")
         manifest["status"] = status
         manifest["reason"] = reason
-        manifest.setdefault("timings", {})["finished_at"] = self.clock()
+        manifest["timings"]["finished_at"] = self.clock()
         for a in manifest.get("artifacts", []):
             with contextlib.suppress(OSError):
                 if not a.get("pruned"):
@@ -212,7 +290,7 @@ class CaptureStore:
         return pruned
 
 
-    def list(self, job: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    def list(self, job: str | None = None, limit: int | None = None) -> list[Manifest]:
         """Manifests, newest first (by requested time)."""
         out = []
         with self._lock:

@@ -7,9 +7,15 @@ import argparse
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from perfd import finite_json
+
+if TYPE_CHECKING:
+    from collectors.megatron.parser import ParsedLog
+    from perfd.analytics.run.run_result import RunAnalysis
+    from perfd.model import MetricsSnapshot
+    from perfd.serving_model import ServingModelSpec
 
 
 def add_sglang_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,7 +69,7 @@ def add_iterations_argument(p: argparse.ArgumentParser) -> None:
 
 def analyze_megatron_file(path: str, job: str | None = None, gpu: str | None = None,
                           peak_tflops: float | None = None, dtype: str | None = None,
-                          progress: bool = False) -> Any:
+                          progress: bool = False) -> tuple[ParsedLog, RunAnalysis]:
     """Parse and analyse one log (plain, gzip or zstd); returns (parsed, RunAnalysis) (also used by
     the demo, perfd.api and tests). ``progress`` shows a bar on stderr while the file is read."""
     from collectors.megatron import parse_lines
@@ -210,9 +216,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     if args.json:
         # the rows are written as they are built (finite_json.write), never held as one list
         codes = analysis.row_codes()
-        rows: Iterable[dict[str, Any]] = ([] if args.iterations == ITERATIONS_NONE
-                                          else analysis.iteration_rows(steady_only, codes))
-        out: dict[str, Any] = {}
+        rows: Iterable[dict[str, object]] = ([] if args.iterations == ITERATIONS_NONE
+                                             else analysis.iteration_rows(steady_only, codes))
+        out: dict[str, object] = {}
         for key, value in analysis_json(analysis, rows=rows, codes=codes).items():
             out[key] = value
             if key == "iterations":  # which rows they are, next to them
@@ -254,7 +260,7 @@ def _count(text: str | None, what: str) -> float | None:
     return value
 
 
-def _spec_from_args(args: argparse.Namespace) -> Any:
+def _spec_from_args(args: argparse.Namespace) -> ServingModelSpec:
     from perfd.serving_model import ServingModelSpec
 
     return ServingModelSpec(
@@ -267,13 +273,14 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
         tp=args.tp, pp=args.pp, gpus=args.gpus)
 
 
-def _read_metrics(sources: list[str], interval_s: float) -> tuple[Any, Any, list[str]]:
+def _read_metrics(sources: list[str], interval_s: float
+                  ) -> tuple[MetricsSnapshot | None, MetricsSnapshot | None, list[str]]:
     """(previous, current) snapshots and problems, from URLs (scraped twice) or saved files."""
     import time
 
     from collectors.sglang.metrics import read_file, scrape
 
-    snaps: list[Any] = []
+    snaps: list[MetricsSnapshot] = []
     problems: list[str] = []
     for src in sources:
         if src.startswith(("http://", "https://")):

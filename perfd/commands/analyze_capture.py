@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from perfd import finite_json
 from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.typed import obj, objs
 
 
 def add_arguments(asub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
             from perfd.capture.nsys_sqlite import analyze_nsys, direct_sql_check
 
             analysis = analyze_nsys(path)
-            out: dict[str, Any] = analysis.to_json()
+            out = analysis.to_json()
             if args.check_sql:
                 sqlite = path if path.suffix == ".sqlite" else path.with_suffix(".sqlite")
                 out["sql_check"] = direct_sql_check(sqlite)
@@ -45,24 +45,24 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from perfd.analytics.advice.capture_findings import diagnose_capture
 
-    diag = diagnose_capture(list(out.get("devices") or []), label=path.name)
+    diag = diagnose_capture(objs(out.get("devices")), label=path.name)
     out.update(diag.to_json())  # findings, recommendations, bottleneck, bottleneck_reason
     if args.json:
         sys.stdout.write(finite_json.dumps(out, indent=2))
         sys.stdout.write("\n")
         return 0
-    devices: list[dict[str, Any]] = list(out.get("devices") or [])
-    for d in devices:
+    for d in objs(out.get("devices")):
         print(f"device {d['device']}: span {d['span_ms']:.1f} ms, busy {d['busy_ms']:.1f}, idle "
               f"{d['idle_ms']:.1f}, compute {d['compute_ms']:.1f}, NCCL {d['comm_ms']:.1f} "
               f"(exposed {d['comm_exposed_ms']:.1f}), memcpy {d['memcpy_ms']:.1f}, "
               f"SendRecv {d['sendrecv_ms']:.1f} ms")
-        cats = d.get("categories") or {}
+        cats = obj(d.get("categories"))
         if cats:
-            shown = ", ".join(f"{c} {v:.0%}" for c, v in cats.items() if v >= 0.01)
+            shown = ", ".join(f"{c} {v:.0%}" for c, v in cats.items()
+                              if isinstance(v, float | int) and v >= 0.01)
             print(f"    kernel time by category: {shown}")
-        for k in (d.get("top_kernels") or [])[:5]:
-            print(f"    {k['total_ms']:9.2f} ms  {k['count']:6d}x  {k['name'][:90]}")
+        for k in objs(d.get("top_kernels"))[:5]:
+            print(f"    {k['total_ms']:9.2f} ms  {k['count']:6d}x  {str(k['name'])[:90]}")
     print(f"\nbottleneck: {diag.bottleneck} — {diag.bottleneck_reason}")
     for f in diag.findings:
         print(f"  [{f.severity}] {f.title}\n      {f.observation}")

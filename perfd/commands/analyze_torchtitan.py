@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from perfd import finite_json
 
@@ -31,7 +30,7 @@ def add_arguments(asub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--json", action="store_true", help="print JSON instead of the text report")
 
 
-def _model(path: str | None) -> dict[str, Any]:
+def _model(path: str | None) -> dict[str, object]:
     if path is None:
         return {}
     import yaml

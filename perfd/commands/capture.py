@@ -8,10 +8,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from perfd.model import CAPTURE_TOOLS
+from perfd.typed import obj, objs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -131,7 +132,8 @@ def run_nsys_exec(args: argparse.Namespace) -> int:
 _HEADERS: dict[str, str] = {"Content-Type": "application/json"}
 
 
-def _call(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+def _call(url: str, body: Mapping[str, object] | None = None) -> tuple[int, object]:
+    """(HTTP status, the JSON answered)."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET",
                                  headers=_HEADERS)
@@ -166,13 +168,13 @@ def run_capture(args: argparse.Namespace) -> int:
         print(f"perfd capture: aggregator at {base} not reachable: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(rec, indent=2))
-    if code >= 300 or rec.get("status") in ("refused", "undeliverable"):
+    if code >= 300 or obj(rec).get("status") in ("refused", "undeliverable"):
         return 1
     deadline = time.monotonic() + args.wait
     while time.monotonic() < deadline:
         time.sleep(1.0)
         _c, listing = _call(f"{base}/api/captures")
-        cur = next((c for c in listing.get("captures", []) if c.get("id") == rec.get("id")), None)
+        cur = next((c for c in objs(obj(listing).get("captures")) if c.get("id") == obj(rec).get("id")), None)
         if cur and cur.get("status") in ("finished", "failed"):
             print(json.dumps(cur, indent=2))
             return 0 if cur["status"] == "finished" else 1

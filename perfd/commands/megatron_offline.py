@@ -18,14 +18,13 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from collectors.megatron.parser import MegatronLogParser
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.run.run_analysis import RunBuilder
 from perfd.analytics.run.run_result import RunAnalysis, digest
 from perfd.analytics.run.runs import RunDigest
-from perfd.model import JobInfo, ParseIssue
+from perfd.model import JobInfo, ParseIssue, StepRecord
 
 
 @dataclass
@@ -64,7 +63,7 @@ def _pass(lines: Iterable[str], job: str, source_name: str, gpu: str | None, pea
     earlier: list[RunDigest] = []  # the log's earlier runs, digested as the live aggregator does
     n = 0
 
-    def add(records: Iterable[Any]) -> None:
+    def add(records: Iterable[StepRecord]) -> None:
         nonlocal run, used, n
         for rec in records:
             if run is not None and rec.first_of_run and n:  # a restart appended to the log: a new run

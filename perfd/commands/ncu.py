@@ -8,11 +8,19 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from perfd import finite_json
 from perfd import limits as L
+from perfd.typed import objs
+
+if TYPE_CHECKING:
+    from perfd.analytics.ncu.join import CategorySummary, JoinedKernel, TimelineKernel
+    from perfd.analytics.ncu.launches import LayerWindow
+    from perfd.capture.ncu_exec import NcuOptions
+    from perfd.capture.ncu_report import NcuReport
 
 
 def add_budget_arguments(p: argparse.ArgumentParser, filter_help: str = "", prefix: str = "") -> None:
@@ -47,7 +55,7 @@ def add_budget_arguments(p: argparse.ArgumentParser, filter_help: str = "", pref
 
 
 def options_from(args: argparse.Namespace, kernel_filter: str | None = None,
-                 kernels_from: str | None = None, window: Any = None) -> Any:
+                 kernels_from: str | None = None, window: LayerWindow | None = None) -> NcuOptions:
     """NcuOptions from the budget arguments (``window``: a perfd.analytics.ncu.launches.LayerWindow
     chosen on the timeline, which sets the skip and the count); ValueError naming the one out of
     bounds."""
@@ -142,7 +150,7 @@ def _capture_dir(args: argparse.Namespace) -> Path:
     return Path(args.capture_dir) if args.capture_dir else default_capture_root()
 
 
-def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None, Any]:
+def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None, LayerWindow | None]:
     """(kernel filter, where it came from, the capture id that chose it, the layer window) for
     --kernels-from: a capture (latest: the job's newest), its analysis JSON, or a trace file."""
     from perfd.analytics.ncu.join import kernel_filter, timeline_kernels
@@ -182,7 +190,8 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
         where = src if dev else f"{src} lists no top kernels"
     if dev is None:
         return None, where, None, None
-    cost = armed_cost_ms(dev, dev.get("steps") or dev.get("trace_steps") or _steps_of(dev))
+    given = dev.get("steps") or dev.get("trace_steps")
+    cost = armed_cost_ms(dev, float(given) if isinstance(given, int | float) and given else _steps_of(dev))
     if cost is not None:
         where += (f"; arming ncu costs ~{NCU_ARMED_US_PER_LAUNCH:.0f}-{NCU_ARMED_US_PER_LAUNCH_HIGH:.0f} µs "
                   "a kernel launch for the life of the process (measured on the H100: one-element adds; a "
@@ -211,7 +220,7 @@ def _is_trace(p: Path) -> bool:
     return b"traceEvents" in head or b"schemaVersion" in head
 
 
-def _trace_devices(p: Path, top_n: int) -> list[Any]:
+def _trace_devices(p: Path, top_n: int) -> list[object]:
     if p.suffix in (".nsys-rep", ".sqlite"):
         from perfd.capture.nsys_sqlite import analyze_nsys
 
@@ -224,7 +233,7 @@ def _trace_devices(p: Path, top_n: int) -> list[Any]:
     return devices
 
 
-def _window(trace: Path | None, flt: str, args: argparse.Namespace) -> tuple[Any, str]:
+def _window(trace: Path | None, flt: str, args: argparse.Namespace) -> tuple[LayerWindow | None, str]:
     """The launch window covering one layer's forward and backward on the trace's steps, and what was
     chosen (or why none: then the range profiles the step's first --launch-count filtered launches)."""
     from perfd.analytics.ncu.launches import layer_window
@@ -251,11 +260,19 @@ def _window(trace: Path | None, flt: str, args: argparse.Namespace) -> tuple[Any
                f"(time budget {time_budget(args, w.count):g} s)")
 
 
-def _steps_of(dev: dict[str, Any]) -> float | None:
+def _steps_of(dev: Mapping[str, object]) -> float | None:
     """Steps a capture's device breakdown holds, from its NVTX ProfilerStep ranges where it has them."""
-    steps = [r for r in dev.get("nvtx") or [] if isinstance(r, dict)
-             and str(r.get("name", "")).startswith("ProfilerStep")]
-    return float(sum(int(r.get("count") or 0) for r in steps)) or None
+    steps = [r for r in objs(dev.get("nvtx")) if str(r.get("name", "")).startswith("ProfilerStep")]
+    return float(sum(_count(r.get("count")) for r in steps)) or None
+
+
+def _count(v: object) -> int:
+    """A range's count (absent: 0; ValueError: not a number)."""
+    if not v:
+        return 0
+    if not isinstance(v, int | float | str):
+        raise ValueError(f"a count of {v!r}")
+    return int(v)
 
 
 def run_ncu_prefix(args: argparse.Namespace) -> int:
@@ -352,7 +369,8 @@ def _texts(args: argparse.Namespace) -> list[str]:
     return texts + [Path(c).read_text(errors="replace") for c in args.csv]
 
 
-def _timeline(path: str, device: int | None) -> tuple[list[Any], dict[str, float] | None, float | None]:
+def _timeline(path: str, device: int | None
+              ) -> tuple[list[TimelineKernel], dict[str, float] | None, float | None]:
     from perfd.analytics.ncu.join import timeline_kernels
     from perfd.capture.ncu_exec import JOIN_TOP_N
 
@@ -394,7 +412,7 @@ def run_analyze_ncu(args: argparse.Namespace) -> int:
     except (NcuParseError, NcuError, ValueError, OSError) as exc:
         print(f"perfd: cannot read the ncu report {path}: {exc}", file=sys.stderr)
         return 1
-    timeline: list[Any] = []
+    timeline: list[TimelineKernel] = []
     cats, steps = None, None
     if args.capture:
         try:
@@ -427,7 +445,7 @@ def run_analyze_ncu(args: argparse.Namespace) -> int:
     return 0
 
 
-def inferred_filter(report: Any) -> str | None:
+def inferred_filter(report: NcuReport) -> str | None:
     """An ncu --kernel-name that passes the functions the report profiled: inside the range it passes
     what the range's own filter did (a function the filter passed that ran there would be in the
     report)."""
@@ -444,7 +462,8 @@ def _pct(v: float | None) -> str:
     return "   -" if v is None else f"{100 * v:3.0f}%"
 
 
-def render(report: Any, joined: list[Any], summaries: list[Any], joined_to: str | None = None) -> str:
+def render(report: NcuReport, joined: list[JoinedKernel], summaries: list[CategorySummary],
+           joined_to: str | None = None) -> str:
     """The text view of an ncu report: per category, then per kernel."""
     clock = report.sm_clock_hz
     lines = [f"{len(report.kernels)} kernels, {report.launches} launches profiled (pages: "

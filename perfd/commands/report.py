@@ -13,8 +13,9 @@ import json
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 if TYPE_CHECKING:
@@ -25,15 +26,19 @@ class ReportError(Exception):
     pass
 
 
-def _get_json(url: str, timeout: float, headers: dict[str, str] | None = None) -> Any:
+def _get_json(url: str, timeout: float, headers: dict[str, str] | None = None) -> Mapping[str, object]:
+    """The aggregator's JSON object at ``url``."""
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
-            return json.loads(r.read())
+            got = json.loads(r.read())
     except urllib.error.HTTPError as exc:
         body = exc.read().decode(errors="replace")[:500]
         raise ReportError(f"{url}: HTTP {exc.code}: {body}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise ReportError(f"{url}: {exc}") from None
+    if not isinstance(got, Mapping):
+        raise ReportError(f"{url}: a JSON {type(got).__name__}, not an object")
+    return got
 
 
 def _base_url(aggregator: str) -> str:

@@ -33,10 +33,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -44,6 +43,7 @@ from rich.text import Text
 
 from perfd.commands.top_tables import COMPACT, NA, fit, gpu_table, host_table, ms, num, pct, process_table
 from perfd.report import budget_view, plan_view
+from perfd.typed import obj, objs
 
 # Heat levels for a rank's compute ratio: below 1.0 is a fast rank, 1.1 marks a straggler candidate
 # (perfd.analytics.thresholds), each level ~0.05 wider.
@@ -78,33 +78,34 @@ class Snapshot:
     """What one refresh read from the aggregator."""
 
     base: str
-    jobs: list[dict[str, Any]] = field(default_factory=list)
+    # The JSON objects of the aggregator's API, each read where it is shown (perfd.typed.obj, num)
+    jobs: list[Mapping[str, object]] = field(default_factory=list)
     focus: str | None = None
-    summaries: dict[str, dict[str, Any]] = field(default_factory=dict)  # job -> its /summary
+    summaries: dict[str, Mapping[str, object]] = field(default_factory=dict)  # job -> its /summary
     job_errors: dict[str, str] = field(default_factory=dict)  # job -> why its summary is missing
-    gpus: list[dict[str, Any]] = field(default_factory=list)
+    gpus: list[Mapping[str, object]] = field(default_factory=list)
     # The focus job's newest per-rank compute ratios and their iteration: Megatron prints an
     # iteration's line before its timers, so the latest iteration often has none yet.
-    rank_ratios: tuple[int, dict[str, Any]] | None = None
-    hosts: list[dict[str, Any]] = field(default_factory=list)
-    rank_hosts: list[dict[str, Any]] = field(default_factory=list)  # its rank processes (collectors/ranks)
+    rank_ratios: tuple[int, Mapping[str, object]] | None = None
+    hosts: list[Mapping[str, object]] = field(default_factory=list)
+    rank_hosts: list[Mapping[str, object]] = field(default_factory=list)  # rank processes (collectors/ranks)
     # Who could report its GPUs and what their NVML said at start (None: an aggregator without it)
-    gpu_sources: list[dict[str, Any]] | None = None
+    gpu_sources: list[Mapping[str, object]] | None = None
     error: str | None = None
     taken_at: float = 0.0
 
     @property
-    def summary(self) -> dict[str, Any] | None:
+    def summary(self) -> Mapping[str, object] | None:
         return self.summaries.get(self.focus) if self.focus else None
 
 
-Getter = Callable[[str], Any]
+Getter = Callable[[str], object]  # an API path -> its JSON
 
 
 def http_getter(base: str, token: str | None = None, timeout: float = 5.0) -> Getter:
     headers = {"Authorization": token} if token else {}
 
-    def get(path: str) -> Any:
+    def get(path: str) -> object:
         req = urllib.request.Request(base.rstrip("/") + path, headers=headers)
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read().decode("utf-8"))
@@ -115,8 +116,15 @@ def _job_path(job: str, what: str) -> str:
     return f"/api/jobs/{urllib.parse.quote(job, safe='')}/{what}"
 
 
-def _newest_first(jobs: list[dict[str, Any]]) -> list[str]:
-    def age(j: dict[str, Any]) -> float:
+def _json_object(v: object) -> Mapping[str, object]:
+    """An answer that must be a JSON object (ValueError, as for text that is not JSON)."""
+    if not isinstance(v, Mapping):
+        raise ValueError(f"a JSON {type(v).__name__}, not an object")
+    return v
+
+
+def _newest_first(jobs: Sequence[Mapping[str, object]]) -> list[str]:
+    def age(j: Mapping[str, object]) -> float:
         a = j.get("last_step_age_s")
         return float(a) if isinstance(a, (int, float)) else float("inf")
     return [str(j.get("job")) for j in sorted(jobs, key=age)]
@@ -137,7 +145,7 @@ def fetch(base: str, job: str | None, previous: str | None = None, get: Getter |
     get = get or http_getter(base)
     snap = Snapshot(base=base, taken_at=time.time())
     try:
-        snap.jobs = list(get("/api/jobs").get("jobs", []))
+        snap.jobs = objs(_json_object(get("/api/jobs")).get("jobs"))
     except urllib.error.HTTPError as exc:
         snap.error = f"the aggregator at {base} answered HTTP {exc.code}" + (
             " (give --auth-token-file)" if exc.code == 401 else "")
@@ -156,7 +164,7 @@ def fetch(base: str, job: str | None, previous: str | None = None, get: Getter |
         wanted.append(snap.focus)
     for name in wanted:
         try:
-            snap.summaries[name] = dict(get(_job_path(name, "summary")))
+            snap.summaries[name] = dict(_json_object(get(_job_path(name, "summary"))))
         except urllib.error.HTTPError as exc:
             snap.job_errors[name] = f"HTTP {exc.code}"
         except (OSError, ValueError) as exc:
@@ -169,18 +177,18 @@ def fetch(base: str, job: str | None, previous: str | None = None, get: Getter |
     if snap.focus in snap.job_errors:
         snap.error = f"{snap.focus}: {snap.job_errors[snap.focus]}"
     try:
-        its = get(_job_path(snap.focus, "iterations") + "?sources=0").get("iterations", [])
-        snap.rank_ratios = next(((int(it.get("iteration", 0)), ratios) for it in reversed(its)
-                                 if (ratios := it.get("straggler_rank_compute_ratio"))), None)
+        its = objs(_json_object(get(_job_path(snap.focus, "iterations") + "?sources=0")).get("iterations"))
+        snap.rank_ratios = next(((_iteration(it.get("iteration", 0)), ratios) for it in reversed(its)
+                                 if (ratios := obj(it.get("straggler_rank_compute_ratio")))), None)
     except (OSError, ValueError):
         pass  # the heat line says it has no per-rank values; the rest of the screen still shows
     try:
-        got = get(_job_path(snap.focus, "gpus"))
-        snap.gpus = list(got.get("gpus", []))
-        snap.hosts = list(got.get("hosts") or [])
-        snap.rank_hosts = list(got.get("rank_hosts") or [])
+        got = _json_object(get(_job_path(snap.focus, "gpus")))
+        snap.gpus = objs(got.get("gpus"))
+        snap.hosts = objs(got.get("hosts"))
+        snap.rank_hosts = objs(got.get("rank_hosts"))
         sources = got.get("gpu_sources")
-        snap.gpu_sources = [s for s in sources if isinstance(s, dict)] if isinstance(sources, list) else None
+        snap.gpu_sources = objs(sources) if isinstance(sources, list) else None
     except urllib.error.HTTPError as exc:
         snap.error = f"{snap.focus}: HTTP {exc.code} from the aggregator"
     except (OSError, ValueError) as exc:
@@ -190,18 +198,28 @@ def fetch(base: str, job: str | None, previous: str | None = None, get: Getter |
 
 # --- rendering (pure: a Snapshot in, rich renderables out) ---------------------------------------
 
-def open_incidents(incidents: Any) -> list[dict[str, Any]]:
+def _iteration(v: object) -> int:
+    """An iteration's number (ValueError: not one)."""
+    if not isinstance(v, int | float | str):
+        raise ValueError(f"iteration {v!r}")
+    return int(v)
+
+
+def _list(v: object) -> list[object]:
+    """``v`` when it is a JSON list, else an empty one."""
+    return v if isinstance(v, list) else []
+
+
+def open_incidents(incidents: object) -> list[Mapping[str, object]]:
     """The incidents still open (``open: true``); a closed one is history, not a current problem."""
-    if not isinstance(incidents, list):
-        return []
-    return [i for i in incidents if isinstance(i, dict) and i.get("open") is True]
+    return [i for i in objs(incidents) if i.get("open") is True]
 
 
-def per_rank_missing(job: dict[str, Any] | None) -> str:
+def per_rank_missing(job: Mapping[str, object] | None) -> str:
     """Why a job has no per-rank compute, in its framework's terms: a Megatron-LM log needs its flag,
     a step-hook job a hook on every rank, a job of one rank nothing to compare."""
     job = job or {}
-    world = num((job.get("layout") or {}).get("world_size"))
+    world = num(obj(job.get("layout")).get("world_size"))
     if world is not None and world <= 1:
         return "one rank: nothing to compare"
     framework = job.get("framework")
@@ -212,10 +230,11 @@ def per_rank_missing(job: dict[str, Any] | None) -> str:
     return f"{framework} logs no per-rank times: the step hook on every rank gives them"
 
 
-def heat_line(ratios: dict[str, Any], iteration: int | None = None, why_none: str | None = None) -> Text:
+def heat_line(ratios: Mapping[str, object], iteration: int | None = None,
+              why_none: str | None = None) -> Text:
     """One block per rank, higher and redder the slower the rank computes against its stage
     median; then the slowest ranks by name. ``why_none``: what to say without any (per_rank_missing)."""
-    items = sorted((int(r), float(v)) for r, v in (ratios or {}).items() if num(v) is not None)
+    items = sorted((int(r), x) for r, v in (ratios or {}).items() if (x := num(v)) is not None)
     if not items:
         return Text("per-rank compute: " + NA + f" ({why_none or per_rank_missing(None)})")
     line = Text("ranks " if iteration is None else f"ranks (iteration {iteration}) ")
@@ -228,18 +247,18 @@ def heat_line(ratios: dict[str, Any], iteration: int | None = None, why_none: st
     return line
 
 
-def goodput_of(summary: dict[str, Any]) -> dict[str, Any] | None:
+def goodput_of(summary: Mapping[str, object]) -> Mapping[str, object] | None:
     """The job's goodput: the aggregator's live one (a hung job's stall included), else its analysis'."""
-    gp = summary.get("goodput") or (summary.get("summary") or {}).get("goodput")
+    gp = summary.get("goodput") or obj(summary.get("summary")).get("goodput")
     return gp if isinstance(gp, dict) else None
 
 
-def goodput_text(gp: dict[str, Any] | None) -> Text:
+def goodput_text(gp: Mapping[str, object] | None) -> Text:
     """Where the job's wall time went, largest first."""
-    if gp is None or num(gp.get("wall_s")) is None:
+    wall = None if gp is None else num(gp.get("wall_s"))
+    if gp is None or wall is None:
         return Text("goodput: " + NA + " (no timed step yet)")
-    wall = float(gp["wall_s"])
-    parts = sorted(((k, float(v)) for k, v in (gp.get("parts_s") or {}).items() if num(v)),
+    parts = sorted(((k, x) for k, v in obj(gp.get("parts_s")).items() if (x := num(v))),
                    key=lambda kv: -kv[1])
     line = Text(f"goodput {pct(gp.get('ratio'))} of {wall:.0f} s: ", style="bold")
     line.append(", ".join(f"{k} {v:.0f} s" for k, v in parts if v >= 0.5 or k == "training"))
@@ -248,11 +267,11 @@ def goodput_text(gp: dict[str, Any] | None) -> Text:
     return line
 
 
-def budget_missing(summary: dict[str, Any]) -> str:
+def budget_missing(summary: Mapping[str, object]) -> str:
     """Why a job has no step budget yet: no timed step, or the timed steps lack a part the budget
     from timers needs (perfd.analytics.breakdown.budget.from_timers: a data and a communication share)."""
-    s = summary.get("summary") or {}
-    meds = s.get("medians") or {}
+    s = obj(summary.get("summary"))
+    meds = obj(s.get("medians"))
     if not s or num(meds.get("step_time_ms")) is None:
         return "no timed step yet"
     lacking = [what for key, what in (("data_share", "no data wait timed (StepHook.data_ready())"),
@@ -264,21 +283,22 @@ def budget_missing(summary: dict[str, Any]) -> str:
     return "its timers do not add up to a budget: a capture of the job breaks its step down"
 
 
-def budget_text(summary: dict[str, Any]) -> Text:
+def budget_text(summary: Mapping[str, object]) -> Text:
     """Where one step's time goes (perfd.analytics.breakdown.budget), its largest parts first."""
-    budget = (summary.get("summary") or {}).get("step_budget")
+    budget = obj(summary.get("summary")).get("step_budget")
     if not isinstance(budget, dict):
         return Text("step budget: " + NA + f" ({budget_missing(summary)})")
-    line = Text(f"step budget {float(budget.get('step_ms') or 0):.0f} ms: ", style="bold")
+    line = Text(f"step budget {num(budget.get('step_ms')) or 0:.0f} ms: ", style="bold")
     line.append(budget_view.compact(budget))
     line.append(f" ({budget.get('basis') or NA})", style="dim")
     return line
 
 
-def plan_text(summary: dict[str, Any]) -> Text | None:
+def plan_text(summary: Mapping[str, object]) -> Text | None:
     """The remedies' plan in one line (perfd.analytics.advice.plan): each stage's effort and combined
     gain, overlaps counted once; None where the job has none (no capture divided its step)."""
-    line = plan_view.compact((summary.get("report") or {}).get("plan"))
+    plan = obj(summary.get("report")).get("plan")
+    line = plan_view.compact(plan if isinstance(plan, Mapping) else None)
     if not line:
         return None
     out = Text("plan: ", style="bold")
@@ -287,21 +307,22 @@ def plan_text(summary: dict[str, Any]) -> Text | None:
     return out
 
 
-def _job_cells(summary: dict[str, Any] | None, why_missing: str | None, narrow: bool = False) -> list[str]:
+def _job_cells(summary: Mapping[str, object] | None, why_missing: str | None,
+               narrow: bool = False) -> list[str]:
     """MFU, goodput, step p50/p90/max (after warm-up), cv, bottleneck, open incidents of one job;
     ``narrow``: the step percentiles in one cell ("p50/p90/max", ms), no cv, the class without its
     "-bound" or "-overhead" (the header, "bound by", says it)."""
     blanks = 3 if narrow else 6
     if summary is None:
         return [NA] * blanks + [why_missing or NA, NA]
-    s = summary.get("summary") or {}
+    s = obj(summary.get("summary"))
     if not s:  # a serving job, or a training job before its first iteration
         kind = "serving" if summary.get("serving") else "no iteration analysed yet"
         return [NA] * blanks + [kind, str(len(open_incidents(summary.get("incidents"))))]
-    dist = s.get("step_time_distribution_ms") or {}
+    dist = obj(s.get("step_time_distribution_ms"))
     cv = num(s.get("step_time_cv"))
     gp = goodput_of(summary)
-    head = [pct((s.get("medians") or {}).get("mfu")), pct(gp.get("ratio") if gp else None)]
+    head = [pct(obj(s.get("medians")).get("mfu")), pct(gp.get("ratio") if gp else None)]
     n_open = str(len(open_incidents(summary.get("incidents"))))
     if narrow:
         steps = [num(dist.get(k)) for k in ("p50", "p90", "max")]
@@ -322,7 +343,7 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def last_step_cell(job: dict[str, Any]) -> Text:
+def last_step_cell(job: Mapping[str, object]) -> Text:
     """How long ago the job's last step was ("12s"), and its state when it is not running: a stalled
     job (its processes alive, no step) in bold red, an ended one dim (the aggregator's liveness)."""
     age = num(job.get("last_step_age_s"))
@@ -357,11 +378,11 @@ def _jobs_table(snap: Snapshot, narrow: bool = False) -> Table:
     return t
 
 
-def _span(a: Any, b: Any) -> str:
+def _span(a: object, b: object) -> str:
     return f"iteration {a}" if a == b else f"iterations {a}–{b}"
 
 
-def incidents_text(incidents: Any) -> Text:
+def incidents_text(incidents: object) -> Text:
     """Open incidents, each with what the aggregator says of it (cause, kinds, ranks, time lost);
     closed ones only counted."""
     if not isinstance(incidents, list):
@@ -374,10 +395,10 @@ def incidents_text(incidents: Any) -> Text:
     out = Text(f"incidents: {len(opened)} open{tail}\n", style="bold")
     for inc in opened[:8]:
         cost = num(inc.get("cost_s"))
-        ranks = inc.get("ranks") or []
+        ranks = _list(inc.get("ranks"))
         out.append(f"  • {_span(inc.get('first_iteration'), inc.get('last_iteration'))}"
                    f"{', ranks ' + ', '.join(map(str, ranks[:8])) if ranks else ''}"
-                   f" [{', '.join(map(str, inc.get('kinds') or [])) or NA}]"
+                   f" [{', '.join(map(str, _list(inc.get('kinds')))) or NA}]"
                    f"{f', {cost:.1f} s lost so far' if cost is not None else ''}: "
                    f"{inc.get('cause') or NA}\n")
     if len(opened) > 8:
@@ -402,8 +423,8 @@ def render(snap: Snapshot, keys: bool = False, width: int | None = None) -> Rend
     parts.append(fit(width, lambda: _jobs_table(snap), lambda: _jobs_table(snap, narrow=True)))
     summary = snap.summary
     if snap.focus and summary is not None:
-        latest = summary.get("latest") or {}
-        headline = ((summary.get("report") or {}).get("summary") or {}).get("headline")
+        latest = obj(summary.get("latest"))
+        headline = obj(obj(summary.get("report")).get("summary")).get("headline")
         state = next((j.get("state") for j in snap.jobs if str(j.get("job")) == snap.focus), None)
         mark = f" [{state}]" if state in ("ended", "stalled") else ""
         parts.append(Text(f"{snap.focus} *{mark}: {headline or 'no report yet'}"))
@@ -412,12 +433,12 @@ def render(snap: Snapshot, keys: bool = False, width: int | None = None) -> Rend
         plan = plan_text(summary)
         if plan is not None:
             parts.append(plan)
-        why = per_rank_missing(summary.get("job"))
+        why = per_rank_missing(obj(summary.get("job")))
         if snap.rank_ratios is not None:
             parts.append(heat_line(snap.rank_ratios[1], snap.rank_ratios[0], why))
         else:
-            parts.append(heat_line(latest.get("straggler_rank_compute_ratio") or {}, None, why))
-        ranks = list(summary.get("ranks") or [])
+            parts.append(heat_line(obj(latest.get("straggler_rank_compute_ratio")), None, why))
+        ranks = _list(summary.get("ranks"))
         parts.append(fit(width, lambda: gpu_table(snap.gpus, ranks, sources=snap.gpu_sources),
                          lambda: gpu_table(snap.gpus, ranks, narrow=True, sources=snap.gpu_sources)))
         # The command column gives way (cut with "…"), by design: the rest whole, compact when narrow.
@@ -473,7 +494,7 @@ class Keys:
                     self.pressed.append(ch)
 
 
-def step_focus(jobs: list[dict[str, Any]], focus: str | None, delta: int) -> str | None:
+def step_focus(jobs: Sequence[Mapping[str, object]], focus: str | None, delta: int) -> str | None:
     names = [str(j.get("job")) for j in jobs]
     if not names:
         return focus

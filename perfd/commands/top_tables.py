@@ -4,44 +4,54 @@ panel of perfd top shares (pure: JSON of the aggregator's API in, rich renderabl
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypedDict
 
 from rich import box
+from rich.box import Box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from perfd.analytics.incidents.verdict_text import cpus_text
+from perfd.typed import obj, objs
 
 NA = "–"
 GIB = float(1 << 30)
 MAX_RANK_HOST_ROWS = 16  # rank processes listed in the host panel (the rest are counted)
 
 
-def num(v: Any) -> float | None:
+def num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def pct0(v: Any) -> str:
+def pct0(v: object) -> str:
     x = num(v)
     return NA if x is None else f"{100 * x:.0f}%"
 
 
-def pct(v: Any) -> str:
+def pct(v: object) -> str:
     x = num(v)
     return NA if x is None else f"{100 * x:.1f}%"
 
 
-def ms(v: Any) -> str:
+def ms(v: object) -> str:
     x = num(v)
     return NA if x is None else f"{x:.0f} ms"
 
 
 
+class TableForm(TypedDict, total=False):
+    """Keywords of rich's Table that set its form."""
+
+    box: Box
+    padding: tuple[int, int]
+    pad_edge: bool
+    show_edge: bool
+
+
 # The compact tables' form: no vertical rules, one space of padding, a rule under the header only.
-COMPACT: dict[str, Any] = {"box": box.SIMPLE_HEAD, "padding": (0, 0), "pad_edge": False,
-                            "show_edge": False}
+COMPACT: TableForm = {"box": box.SIMPLE_HEAD, "padding": (0, 0), "pad_edge": False, "show_edge": False}
 
 
 def natural_width(r: RenderableType) -> int:
@@ -79,11 +89,11 @@ GPU_RATIOS: tuple[tuple[str, str], ...] = (
 )
 
 
-def short_model(model: Any) -> str:
+def short_model(model: object) -> str:
     return str(model).removeprefix("NVIDIA ") if model else NA
 
 
-def no_gpu_text(sources: list[dict[str, Any]] | None) -> Text:
+def no_gpu_text(sources: Sequence[Mapping[str, object]] | None) -> Text:
     """Why a job has no GPU row, from what its agents said at start (the aggregator's
     ``gpu_sources``): NVML unavailable on an agent (and why), an agent without the NVML collector,
     or an agent whose NVML works but whose GPUs run none of the job's processes."""
@@ -105,8 +115,8 @@ def no_gpu_text(sources: list[dict[str, Any]] | None) -> Text:
     return Text("GPUs: " + NA + " (" + "; ".join(why) + ")")
 
 
-def gpu_table(gpus: list[dict[str, Any]], ranks: list[dict[str, Any]], narrow: bool = False,
-              sources: list[dict[str, Any]] | None = None) -> RenderableType:
+def gpu_table(gpus: Sequence[Mapping[str, object]], ranks: Sequence[object], narrow: bool = False,
+              sources: Sequence[Mapping[str, object]] | None = None) -> RenderableType:
     """``narrow``: the model in the title (the one model of the job's GPUs, else a column), memory in
     whole GiB and power without their percentages, the SM clock only. No GPU: why (``sources``)."""
     if not gpus:
@@ -126,7 +136,7 @@ def gpu_table(gpus: list[dict[str, Any]], ranks: list[dict[str, Any]], narrow: b
     rank_of = {(str(r.get("node")), str(r.get("gpu"))): str(r.get("rank")) for r in ranks
                if isinstance(r, dict)}
     for g in gpus:
-        vals = g.get("values") or {}
+        vals = obj(g.get("values"))
         where = (str(g.get("node")), str(g.get("gpu")))
         cells = [*where, rank_of.get(where, NA)]
         if model_col:
@@ -152,9 +162,9 @@ def gpu_table(gpus: list[dict[str, Any]], ranks: list[dict[str, Any]], narrow: b
     return t
 
 
-def process_table(gpus: list[dict[str, Any]], narrow: bool = False) -> RenderableType:
+def process_table(gpus: Sequence[Mapping[str, object]], narrow: bool = False) -> RenderableType:
     """Every compute process on the job's GPUs, as the agents last reported them."""
-    rows = [(g, p) for g in gpus for p in (g.get("processes") or []) if isinstance(p, dict)]
+    rows = [(g, p) for g in gpus for p in objs(g.get("processes"))]
     if not rows:
         unknown = any(g.get("processes") is None for g in gpus)
         return Text("processes: " + (NA + " (no process list from the agents yet)" if unknown else "none"))
@@ -173,7 +183,7 @@ def process_table(gpus: list[dict[str, Any]], narrow: bool = False) -> Renderabl
     return t
 
 
-def proc_cell(g: dict[str, Any], p: dict[str, Any], col: str) -> str:
+def proc_cell(g: Mapping[str, object], p: Mapping[str, object], col: str) -> str:
     if col in ("node", "gpu"):
         return str(g.get(col))
     if col == "GPU mem":
@@ -183,7 +193,7 @@ def proc_cell(g: dict[str, Any], p: dict[str, Any], col: str) -> str:
     return NA if v is None or v == "" else str(v)
 
 
-def host_table(hosts: list[dict[str, Any]], ranks: list[dict[str, Any]] | None = None,
+def host_table(hosts: Sequence[Mapping[str, object]], ranks: Sequence[Mapping[str, object]] | None = None,
                width: int | None = None) -> RenderableType:
     """The nodes' CPU and memory, then the job's own rank processes on them: each one's state, the
     CPU it used, how long it waited for one, its CPUs and how busy they were, and who else took them
@@ -203,12 +213,12 @@ def host_table(hosts: list[dict[str, Any]], ranks: list[dict[str, Any]] | None =
     return Group(*parts) if len(parts) > 1 else parts[0]
 
 
-def _hosts(hosts: list[dict[str, Any]], narrow: bool) -> Table:
+def _hosts(hosts: Sequence[Mapping[str, object]], narrow: bool) -> Table:
     t = Table(title="hosts", title_justify="left", **COMPACT if narrow else {})
     for col in ("node", "CPU", "load1", "memory GiB"):
         t.add_column(col, justify="left" if col == "node" else "right", no_wrap=True)
     for h in hosts:
-        vals = h.get("values") or {}
+        vals = obj(h.get("values"))
         cpu, load = num(vals.get("perfd_host_cpu_util_ratio")), num(vals.get("perfd_host_load1"))
         t.add_row(str(h.get("node")), NA if cpu is None else f"{100 * cpu:.0f}%",
                   NA if load is None else f"{load:.1f}",
@@ -224,7 +234,7 @@ RANK_HOST_COLUMNS = (("rank", "rank"), ("node", "node"), ("pid", "pid"), ("state
                      ("others", "others"), ("throttled", "thr"))
 
 
-def rank_host_table(ranks: list[dict[str, Any]], narrow: bool = False, node: bool = True) -> Table:
+def rank_host_table(ranks: Sequence[Mapping[str, object]], narrow: bool = False, node: bool = True) -> Table:
     """One row per rank process; who else ran on its CPUs goes below the table (:func:`top_others`),
     where a command line may take the lines it needs. ``narrow``: short heads, no rules; ``node``
     False: without the node column (the hosts table above names the nodes)."""
@@ -249,19 +259,19 @@ def rank_host_table(ranks: list[dict[str, Any]], narrow: bool = False, node: boo
     return t
 
 
-def _cpus(cpus: Any) -> str:
+def _cpus(cpus: object) -> str:
     """The rank's CPUs as the column's value ("0–3, 8"): cpus_text without its word."""
     if not cpus:
         return NA
     return cpus_text(cpus).removeprefix("CPUs ").removeprefix("CPU ")
 
 
-def top_others(ranks: list[dict[str, Any]]) -> Text | None:
+def top_others(ranks: Sequence[Mapping[str, object]]) -> Text | None:
     """Per rank that shares its CPUs, the other process that took most of them: pid, user, share and
     command (40 characters), one line each (wrapped, never cut, on a narrow screen)."""
     lines = []
     for r in ranks[:MAX_RANK_HOST_ROWS]:
-        foreign = [o for o in r.get("others") or [] if not o.get("own")]
+        foreign = [o for o in objs(r.get("others")) if not o.get("own")]
         if foreign:
             o = foreign[0]
             share = num(o.get("cpu_ratio"))
@@ -271,6 +281,6 @@ def top_others(ranks: list[dict[str, Any]]) -> Text | None:
     return Text("top other process on a rank's CPUs:\n" + "\n".join(lines)) if lines else None
 
 
-def short_cmd(p: dict[str, Any]) -> str:
+def short_cmd(p: Mapping[str, object]) -> str:
     cmd = " ".join(str(p.get("cmdline") or p.get("name") or "").split())
     return cmd if len(cmd) <= 40 else cmd[:39] + "…"

@@ -20,10 +20,10 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 from rich.console import Console
 from rich.live import Live
@@ -31,6 +31,7 @@ from rich.table import Table
 
 from perfd.report import render_text
 from perfd.report.report import Report
+from perfd.typed import obj, objs
 
 DATA = Path(__file__).resolve().parent / "data"
 DEMO_LOG = DATA / "megatron_h200x2_tp1_pp2.log"
@@ -76,9 +77,13 @@ def paced_chunks(lines: list[str], speed: float) -> Iterator[tuple[float, str]]:
     yield 0.0, "".join(buf)
 
 
-def _get_json(url: str) -> Any:
+def _get_json(url: str) -> Mapping[str, object]:
+    """The aggregator's JSON object at ``url`` (ValueError: not JSON, or not an object)."""
     with urllib.request.urlopen(url, timeout=3) as r:
-        return json.loads(r.read())
+        got = json.loads(r.read())
+    if not isinstance(got, Mapping):
+        raise ValueError(f"{url}: a JSON {type(got).__name__}, not an object")
+    return got
 
 
 def _spawn(args: list[str], out: Path) -> subprocess.Popen[bytes]:
@@ -91,11 +96,11 @@ def _spawn(args: list[str], out: Path) -> subprocess.Popen[bytes]:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def _pct(v: Any) -> str:
-    return "—" if v is None else f"{100 * v:.1f}%"
+def _pct(v: object) -> str:
+    return f"{100 * v:.1f}%" if isinstance(v, int | float) else "—"
 
 
-def _num(v: Any, fmt: str = "{:.1f}") -> str:
+def _num(v: object, fmt: str = "{:.1f}") -> str:
     return "—" if v is None else fmt.format(v)
 
 
@@ -103,7 +108,7 @@ def _num(v: Any, fmt: str = "{:.1f}") -> str:
 TABLE_ROWS = 10
 
 
-def warmup_note(it: dict[str, Any]) -> str:
+def warmup_note(it: Mapping[str, object]) -> str:
     """Why an iteration is left out of the steady-state figures (warm-up, a capture), or "" (its
     code said with the legend's words: :func:`_iterations`)."""
     why = it.get("excluded_text") or it.get("excluded")
@@ -112,7 +117,7 @@ def warmup_note(it: dict[str, Any]) -> str:
     return "" if it.get("steady_state", True) else "not steady yet: left out of the steady-state figures"
 
 
-def iteration_line(it: dict[str, Any]) -> str:
+def iteration_line(it: Mapping[str, object]) -> str:
     note = warmup_note(it)
     return (f"iteration {it['iteration']}: step {_num(it.get('step_time_ms'))} ms, "
             f"MFU {_pct(it.get('mfu'))}, exposed comm {_pct(it.get('comm_exposed_share'))}, "
@@ -132,7 +137,7 @@ def gpu_caption(gpus: list[dict[str, str]], nvml: str) -> str:
     return head + "".join(f"\n  GPU {g['gpu']} {g.get('model', '')}: {g['text']}" for g in gpus)
 
 
-def _progress_table(iterations: list[dict[str, Any]], stats: dict[str, Any] | None,
+def _progress_table(iterations: Sequence[Mapping[str, object]], stats: Mapping[str, object] | None,
                     gpus: list[dict[str, str]], nvml: str) -> Table:
     t = Table(title=f"perfd demo — job {JOB} (REPLAY of a recorded 2×H200 Megatron-LM run; the newest "
               f"{TABLE_ROWS} iterations)", title_justify="left")
@@ -150,17 +155,17 @@ def _progress_table(iterations: list[dict[str, Any]], stats: dict[str, Any] | No
     if stats:
         t.caption = (f"aggregator: {stats.get('samples_ingested', 0)} samples, "
                      f"{stats.get('step_records_ingested', 0)} step records ingested, "
-                     f"{stats.get('transport', {}).get('agents_connected', 0)} agent(s) connected"
+                     f"{obj(stats.get('transport')).get('agents_connected', 0)} agent(s) connected"
                      + (f"\n{gpu_caption(gpus, nvml)}" if gpus else ""))
         t.caption_justify = "left"
     return t
 
 
-def reading_notes(summary: dict[str, Any], nvml: str) -> list[str]:
+def reading_notes(summary: Mapping[str, object], nvml: str) -> list[str]:
     """What a first reader of the demo's report needs beside it: the generic MFU-grade hint set
     against what this run measured, where the matmul ceiling comes from, what the GPU panel was."""
-    s = summary.get("summary") or {}
-    med = s.get("medians") or {}
+    s = obj(summary.get("summary"))
+    med = obj(s.get("medians"))
     notes: list[str] = []
     mfu, data, dp = med.get("mfu"), med.get("data_share"), med.get("comm_exposed_dp_share")
     if isinstance(mfu, (int, float)) and mfu < 0.30 and isinstance(data, (int, float)) \
@@ -185,27 +190,28 @@ def reading_notes(summary: dict[str, Any], nvml: str) -> list[str]:
     return notes
 
 
-def _iterations(base: str) -> list[dict[str, Any]]:
+def _iterations(base: str) -> list[dict[str, object]]:
     """The rows, each excluded one with its code in the legend's words (``excluded_text``)."""
     got = _get_json(f"{base}/api/jobs/{JOB}/iterations?sources=0")
-    said = (got.get("iteration_codes") or {}).get("excluded") or {}
-    rows = list(got.get("iterations") or [])
+    said = obj(obj(got.get("iteration_codes")).get("excluded"))
+    rows = [dict(r) for r in objs(got.get("iterations"))]
     for r in rows:
-        if r.get("excluded") in said:
-            r["excluded_text"] = said[r["excluded"]]
+        code = r.get("excluded")
+        if isinstance(code, str) and code in said:  # (a JSON object's keys are strings)
+            r["excluded_text"] = said[code]
     return rows
 
 
-def _gpu_rows(gpus_json: dict[str, Any]) -> list[dict[str, str]]:
+def _gpu_rows(gpus_json: Mapping[str, object]) -> list[dict[str, str]]:
     """One line per GPU from the aggregator's /api/jobs/<job>/gpus."""
     want = {"perfd_gpu_utilization_ratio": "util", "perfd_gpu_sm_util_ratio": "SM",
             "perfd_gpu_tensor_util_ratio": "tensor", "perfd_gpu_dram_bw_util_ratio": "DRAM bw",
             "perfd_gpu_power_watts": "W"}
     rows: list[dict[str, str]] = []
-    for g in gpus_json.get("gpus") or []:
-        vals = g.get("values") or {}
-        text = ", ".join(f"{vals[n]:.0f} W" if short == "W" else f"{short} {100 * vals[n]:.0f}%"
-                         for n, short in want.items() if isinstance(vals.get(n), (int, float)))
+    for g in objs(gpus_json.get("gpus")):
+        vals = obj(g.get("values"))
+        text = ", ".join(f"{v:.0f} W" if short == "W" else f"{short} {100 * v:.0f}%"
+                         for n, short in want.items() if isinstance(v := vals.get(n), (int, float)))
         rows.append({"gpu": str(g.get("gpu", "?")), "model": str(g.get("model") or ""), "text": text})
     return rows
 
@@ -224,7 +230,7 @@ class Stopped(Exception):
         self.signum = signum
 
 
-def _raise_stopped(signum: int, _frame: Any) -> None:
+def _raise_stopped(signum: int, _frame: FrameType | None) -> None:
     for s in (signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the clean-up short
         signal.signal(s, signal.SIG_IGN)
     raise Stopped(signum)
@@ -298,10 +304,10 @@ def _run_demo(args: argparse.Namespace) -> int:
                       f"http://127.0.0.1:{agent_port}/metrics   (while the demo runs"
                       f"{'' if args.keep_running else '; --keep-running keeps them up after'})")
         lines = DEMO_LOG.read_text().splitlines(keepends=True)
-        summary: dict[str, Any] | None = None
-        stats: dict[str, Any] | None = None
+        summary: Mapping[str, object] | None = None
+        stats: Mapping[str, object] | None = None
         gpus: list[dict[str, str]] = []
-        iterations: list[dict[str, Any]] = []
+        iterations: list[dict[str, object]] = []
         live_ok = console.is_terminal and not args.plain
         printed = 0  # plain mode: iterations printed so far (every one, in order)
         gpu_said = False
@@ -315,7 +321,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             with contextlib.suppress(OSError, ValueError):
                 gpus = _gpu_rows(_get_json(f"{base}/api/jobs/{JOB}/gpus"))
 
-        def show(live: Any) -> None:
+        def show(live: Live | None) -> None:
             nonlocal printed, gpu_said
             if live is not None:
                 live.update(_progress_table(iterations, stats, gpus, nvml))
@@ -348,26 +354,28 @@ def _run_demo(args: argparse.Namespace) -> int:
             while time.monotonic() < deadline:
                 refresh()
                 show(live)
-                last = (summary.get("overview") or {}).get("last_iteration") if summary else None
+                last = obj(summary.get("overview")).get("last_iteration") if summary else None
                 if last == want_last and iterations and iterations[-1].get("iteration") == want_last:
                     break
                 if last != seen:
                     seen, deadline = last, min(start + REPORT_CAP_S, time.monotonic() + REPORT_QUIET_S)
                 time.sleep(0.5)
-        if not summary or not summary.get("report"):
+        report = summary.get("report") if summary else None
+        if not summary or not report or not isinstance(report, Mapping):
             console.print("[red]no report from the aggregator[/red]; agent output:")
             console.print((work / "agent.out").read_text()[-3000:])
             return 1
         # Plain print: the report is already wrapped, and rich would re-wrap it to the console.
         print()
-        print(render_text(Report.from_json(summary["report"])), flush=True)
+        print(render_text(Report.from_json(report)), flush=True)
         notes = reading_notes(summary, nvml)
         if notes:
             print("\nReading this report:")
             for n in notes:
                 print(f"- {n}")
-        print(f"\n(replayed {summary['overview']['iterations_seen']} iterations through agent → gRPC → "
-              f"aggregator; NVML: {nvml_label})", flush=True)
+        seen_n = obj(summary.get("overview")).get("iterations_seen")
+        print(f"\n(replayed {seen_n} iterations through agent → gRPC → aggregator; NVML: {nvml_label})",
+              flush=True)
         if args.keep_running:
             console.print(f"aggregator and agent keep running: perfd top --aggregator {base}   "
                           f"(files in {work}); Ctrl-C (or SIGTERM) stops them and removes the files")

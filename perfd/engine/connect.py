@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import logging
 import ssl
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TypedDict
 
 from perfd.engine import subjects as S
+from perfd.engine.nats_api import NatsClient
 
 RECONNECT_ATTEMPTS = 5
 log = logging.getLogger("perfd.engine")
@@ -19,8 +21,23 @@ async def _log_error(exc: Exception) -> None:
     log.warning("engine connection: %s: %s", type(exc).__name__, exc)
 
 
-def connect_options(cfg: S.EngineConfig, name: str) -> dict[str, Any]:
-    opts: dict[str, Any] = {
+class ConnectOptions(TypedDict, total=False):
+    """The keywords of nats-py's ``connect`` perfd sets."""
+
+    servers: list[str]
+    name: str
+    max_reconnect_attempts: int
+    reconnect_time_wait: float
+    connect_timeout: float
+    allow_reconnect: bool
+    error_cb: Callable[[Exception], Awaitable[None]]
+    reconnected_cb: Callable[[], Awaitable[None]]
+    token: str
+    tls: ssl.SSLContext
+
+
+def connect_options(cfg: S.EngineConfig, name: str) -> ConnectOptions:
+    opts: ConnectOptions = {
         "servers": list(cfg.servers),
         "name": name,
         # A few attempts per server, then the connection gives up (NoServersError) and its owner
@@ -43,15 +60,19 @@ def connect_options(cfg: S.EngineConfig, name: str) -> dict[str, Any]:
     return opts
 
 
-async def connect(cfg: S.EngineConfig, name: str, **callbacks: Any) -> Any:
-    """A connected nats-py client (raises what nats-py raises when no server answers). ``callbacks``:
-    nats-py's (``reconnected_cb``, ``disconnected_cb``, ...)."""
+async def connect(cfg: S.EngineConfig, name: str,
+                  reconnected_cb: Callable[[], Awaitable[None]] | None = None) -> NatsClient:
+    """A connected nats-py client (raises what nats-py raises when no server answers).
+    ``reconnected_cb``: called each time nats-py has reconnected the session by itself."""
     import nats  # the engine's client: an optional dependency (perfd[engine])
 
-    return await nats.connect(**connect_options(cfg, name), **callbacks)
+    opts = connect_options(cfg, name)
+    if reconnected_cb is not None:
+        opts["reconnected_cb"] = reconnected_cb
+    return await nats.connect(**opts)
 
 
-async def ensure_streams(nc: Any, replicas: int = 1) -> None:
+async def ensure_streams(nc: NatsClient, replicas: int = 1) -> None:
     """The three streams and the lease bucket, made if missing (the same call from every process that
     starts: JetStream's add is idempotent for an identical config). ``replicas``: 3 on a cluster of
     three servers (one lost keeps every message and lease), 1 on a single server."""

@@ -7,7 +7,8 @@ replicated KV decides, and a holder that cannot renew stops acting before its le
 from __future__ import annotations
 
 import logging
-from typing import Any
+
+from perfd.engine.nats_api import KeyValue
 
 log = logging.getLogger("perfd.engine")
 
@@ -16,7 +17,7 @@ class Lease:
     """One key held by ``holder``. ``await acquire()``, then ``await renew()`` every TTL/3: each
     says whether it is (still) held."""
 
-    def __init__(self, kv: Any, key: str, holder: str) -> None:
+    def __init__(self, kv: KeyValue, key: str, holder: str) -> None:
         self.kv, self.key, self.holder = kv, key, holder
         self.revision: int | None = None
 
@@ -33,8 +34,9 @@ class Lease:
             self.revision = None
             try:  # held under our own name: this holder restarted within the TTL, and takes it back
                 e = await self.kv.get(self.key)
-                if e.value == self.holder.encode():
-                    self.revision = await self.kv.update(self.key, e.value, last=e.revision)
+                mine = self.holder.encode()
+                if e.value == mine:
+                    self.revision = await self.kv.update(self.key, mine, last=e.revision)
             except Exception:  # gone or taken meanwhile: not ours now
                 self.revision = None
         return self.held
@@ -61,7 +63,7 @@ class Lease:
             self.revision = None
 
 
-async def holders(kv: Any, prefix: str) -> dict[str, str]:
+async def holders(kv: KeyValue, prefix: str) -> dict[str, str]:
     """Every live key under ``prefix`` and its holder."""
     from nats.js.errors import NoKeysError
 

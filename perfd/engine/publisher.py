@@ -20,13 +20,14 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TypedDict
 
 from google.protobuf.message import DecodeError
 
 from perfd.collfold import SENT_RETENTION, for_sending, reduce
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect
+from perfd.engine.nats_api import JetStream, Msg, NatsClient
 from perfd.engine.partial import RunMarks, decode, encode, partials_of
 from perfd.model import CollectiveRecord, Sample, StepRecord
 from perfd.transport.codec import Command, command_from_pb, encode_batch
@@ -41,6 +42,24 @@ log = logging.getLogger("perfd.engine")
 PUBLISH_TIMEOUT_S = 5.0
 
 
+class PublisherStats(TypedDict):
+    """:meth:`EngineClient.stats`."""
+
+    connected: bool
+    connects: int
+    published: int
+    duplicates: int
+    publish_errors: int
+    unreadable: int
+    commands_received: int
+    command_errors: int
+    undecodable_commands: int
+    pending: int
+    records_submitted: int
+    collectives_not_sent: int
+    last_error: str
+
+
 class EngineClient(CommandTarget):
     """Create, ``asyncio.create_task(client.run())``, call ``submit()`` as records arrive. Commands
     the jobs' root sends this agent (perfd.engine.root.Root.send_command) go to ``on_command``."""
@@ -52,7 +71,7 @@ class EngineClient(CommandTarget):
         self.agent_id = agent_id
         self.on_command = on_command
         self.commands_received = self.command_errors = self.undecodable_commands = 0
-        self._tasks: set[asyncio.Future[Any]] = set()
+        self._tasks: set[asyncio.Future[object]] = set()
         self.node = node or agent_id
         self.spool = spool if spool is not None else Spool(None)
         self.window = max(1, window)
@@ -60,7 +79,8 @@ class EngineClient(CommandTarget):
         self._lock = threading.Lock()  # submit() runs on the agent's threads
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._nc: Any = None  # the session's connection (nats-py's: it reconnects by itself a while)
+        # the session's connection (nats-py's: it reconnects by itself a while)
+        self._nc: NatsClient | None = None
         self.connects = self.reconnects = 0
         self.batches_submitted = self.published = self.duplicates = self.publish_errors = 0
         self.unreadable = 0  # spooled messages that did not decode (a damaged spool)
@@ -72,14 +92,14 @@ class EngineClient(CommandTarget):
 
     # ---- producer side (any thread) ------------------------------------------------------------
     def submit(self, samples: Iterable[Sample] = (), steps: Iterable[StepRecord] = (),
-               events: Iterable[Mapping[str, Any]] = (), *,
+               events: Iterable[Mapping[str, object]] = (), *,
                columns: tuple[Sequence[int], Sequence[int], Sequence[float]] | None = None,
                job_info_json: Mapping[str, str] | None = None, collectives: Iterable[CollectiveRecord] = (),
                on_seq: Callable[[int], object] | None = None) -> int:
         """Spool one message per job of ``steps`` / ``job_info_json``, and one per job of ``events`` /
         ``collectives`` (for the records stream); returns the last seq (0: none). Samples stay on the
         agent (its /metrics)."""
-        records: dict[str, tuple[list[Mapping[str, Any]], list[CollectiveRecord]]] = {}
+        records: dict[str, tuple[list[Mapping[str, object]], list[CollectiveRecord]]] = {}
         for ev in events:
             records.setdefault(str(ev.get("job") or ""), ([], []))[0].append(ev)
         for c in collectives:
@@ -168,7 +188,7 @@ class EngineClient(CommandTarget):
         """nats-py reconnected the session's connection by itself: a reconnect all the same."""
         self.reconnects += 1
 
-    async def _on_command_msg(self, msg: Any) -> None:
+    async def _on_command_msg(self, msg: Msg) -> None:
         """A command from the root: answered at once (it arrived), then handled."""
         try:
             cmd = command_from_pb(pb.Command.FromString(msg.data))
@@ -180,7 +200,7 @@ class EngineClient(CommandTarget):
             await msg.respond(b"")
         self._dispatch(cmd)
 
-    async def _publish_loop(self, nc: Any) -> None:
+    async def _publish_loop(self, nc: NatsClient) -> None:
         js = nc.jetstream()
         assert self._wake is not None
         while True:
@@ -203,7 +223,7 @@ class EngineClient(CommandTarget):
                 with self._lock:
                     self.spool.ack(seq)
 
-    async def _publish(self, js: Any, data: bytes) -> bool:
+    async def _publish(self, js: JetStream, data: bytes) -> bool:
         """Publish one spooled message; True when the engine had it already (or it could not be
         read back from the spool: counted and logged, then let go, or it would block every later one)."""
         try:
@@ -247,7 +267,7 @@ class EngineClient(CommandTarget):
         with self._lock:
             self.spool.close()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> PublisherStats:
         return {"connected": self.connected, "connects": self.connects, "published": self.published,
                 "duplicates": self.duplicates, "publish_errors": self.publish_errors,
                 "unreadable": self.unreadable, "commands_received": self.commands_received,

@@ -25,18 +25,20 @@ import concurrent.futures
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol, TypeVar
 
 from perfd.collfold import CollectivePartial
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect, ensure_streams
 from perfd.engine.leases import Lease
+from perfd.engine.nats_api import JetStream, KeyValue, Msg, NatsClient, Subscription
 from perfd.engine.partial import Decoded, Partial, decode
 from perfd.engine.rootfold import RootFold, RootStats
 from perfd.jobinfo_json import job_info_from_json
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.transport.codec import Command, DecodedBatch, command_to_pb, decode_batch
+from perfd.transport.record_codec import DecodedEvent
 
 log = logging.getLogger("perfd.engine")
 T = TypeVar("T")
@@ -45,11 +47,12 @@ ENGINE_AGENT = "engine"  # the sender the store sees for every record that came 
 
 
 class RootSink(Protocol):
-    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None) -> Any: ...
+    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord],
+                     now: float | None = None) -> object: ...  # what it returns is not read
     def ingest_job_info(self, agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None: ...
     def note_folded_ranks(self, job: str, ranks: Collection[int]) -> None: ...
     def held_fold(self, job: str, iteration: int) -> StepRecord | None: ...
-    def ingest_records(self, agent_id: str, events: Sequence[Mapping[str, Any]],
+    def ingest_records(self, agent_id: str, events: Sequence[DecodedEvent],
                        collectives: Sequence[CollectiveRecord]) -> None: ...
     def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial) -> None: ...
     def admit_job(self, job: str) -> bool: ...
@@ -67,7 +70,7 @@ class Root:
         self.leader_http: str | None = None
         self.fold = RootFold()
         self._read_to = 0  # the partials stream's sequence read and folded up to
-        self._nc: Any = None  # the session's connection: what commands go out on
+        self._nc: NatsClient | None = None  # the session's connection: what commands go out on
         self._loop: asyncio.AbstractEventLoop | None = None
         self._records_read_to = 0  # the records stream's, handed on up to
         self._pending: set[asyncio.Future[None]] = set()  # commands in flight from the loop itself
@@ -122,7 +125,7 @@ class Root:
             self._nc = None
             await nc.close()
 
-    async def _advertise(self, kv: Any) -> None:
+    async def _advertise(self, kv: KeyValue) -> None:
         """Put this root's HTTP where a standby reads it (expires with the bucket's TTL unless put
         again at each renewal); a failure only leaves the standby answering for itself."""
         if self.advertise_http:
@@ -131,13 +134,13 @@ class Root:
             except Exception as exc:
                 log.warning("engine root %s: could not advertise its HTTP (%s)", self.id, exc)
 
-    async def _lead(self, js: Any, lease: Lease, stop: asyncio.Event, kv: Any) -> None:
+    async def _lead(self, js: JetStream, lease: Lease, stop: asyncio.Event, kv: KeyValue) -> None:
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
         # From the first partial kept, or — leading again in the same process, whose fold and store
         # hold what it read — from the one after the last it read (a replay would fold it all again).
-        async def subscribe(stream: str, prefix: str, read_to: int) -> Any:
+        async def subscribe(stream: str, prefix: str, read_to: int) -> Subscription:
             if read_to:
                 return await js.subscribe(f"{prefix}.>", stream=stream, ordered_consumer=True,
                                           deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
@@ -145,8 +148,8 @@ class Root:
             return await js.subscribe(f"{prefix}.>", stream=stream, ordered_consumer=True,
                                       deliver_policy=DeliverPolicy.ALL)
 
-        async def batch(sub: Any, wait_s: float) -> list[Any]:
-            msgs: list[Any] = []
+        async def batch(sub: Subscription, wait_s: float) -> list[Msg]:
+            msgs: list[Msg] = []
             try:
                 msgs.append(await sub.next_msg(timeout=wait_s))
                 while len(msgs) < 256:  # what else is there already: one store update for all
@@ -217,7 +220,7 @@ class Root:
             fut.add_done_callback(self._pending_calls.discard)
         return True
 
-    async def _request(self, nc: Any, agent_id: str, data: bytes) -> None:
+    async def _request(self, nc: NatsClient, agent_id: str, data: bytes) -> None:
         try:
             await nc.request(S.command_subject(agent_id), data, timeout=S.COMMAND_REPLY_TIMEOUT_S)
         except Exception as exc:  # no responders, a timeout, a closed connection: not delivered
@@ -296,7 +299,7 @@ def _records_of(d: Decoded) -> tuple[Decoded, DecodedBatch | None]:
     return d, decode_batch(d.records, {}) if d.records is not None else None
 
 
-async def _advertised(kv: Any) -> str | None:
+async def _advertised(kv: KeyValue) -> str | None:
     """The leading root's HTTP, if it advertises one (None: none, or the key expired with it)."""
     try:
         e = await kv.get(S.ROOT_HTTP_KEY)

@@ -13,7 +13,6 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.engine.partial import Partial
 from perfd.model import StepRecord
@@ -80,14 +79,17 @@ class RootStats:
     held_back: int = 0
     lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: v for k, v in self.__dict__.items() if k != "lag_s"}
+    def to_json(self) -> dict[str, bool | int | dict[str, float] | None]:
+        """The counters; ``lag_s``: its p50, p99, max and n (None: no iteration complete yet)."""
+        out: dict[str, bool | int | dict[str, float] | None] = {
+            k: v for k, v in self.__dict__.items() if k != "lag_s"}
         lags = sorted(self.lag_s)
-        out["lag_s"] = None
+        lag: dict[str, float] | None = None
         if lags:
-            out["lag_s"] = {q: round(lags[min(len(lags) - 1, int(p * len(lags)))], 4)
-                            for q, p in (("p50", 0.5), ("p99", 0.99))}
-            out["lag_s"].update(max=round(lags[-1], 4), n=len(lags))
+            lag = {q: round(lags[min(len(lags) - 1, int(p * len(lags)))], 4)
+                   for q, p in (("p50", 0.5), ("p99", 0.99))}
+            lag.update(max=round(lags[-1], 4), n=len(lags))
+        out["lag_s"] = lag
         return out
 
 

@@ -20,11 +20,11 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect, ensure_streams
 from perfd.engine.leases import Lease, holders
+from perfd.engine.nats_api import JetStream, KeyValue, Msg
 from perfd.engine.partial import Partial, decode, encode_batches
 
 log = logging.getLogger("perfd.engine")
@@ -55,7 +55,7 @@ class ShardStats:
     consumer_restarts: int = 0
     partitions: list[int] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, int | list[int]]:
         return dict(self.__dict__)
 
 
@@ -67,8 +67,8 @@ class Shard:
         self._pending: dict[tuple[str, int], list[Partial]] = {}
         self._max_bytes = DEFAULT_MAX_PAYLOAD - 4096  # the message headers' room kept
         self._job_info: dict[str, str] = {}
-        self._to_ack: list[Any] = []
-        self._to_term: list[Any] = []
+        self._to_ack: list[Msg] = []
+        self._to_term: list[Msg] = []
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._stops: dict[int, asyncio.Event] = {}  # a partition's consumer ends between two fetches
         self._leases: dict[int, Lease] = {}
@@ -105,7 +105,7 @@ class Shard:
     async def _session(self, stop: asyncio.Event) -> None:
         nc = await connect(self.cfg, f"perfd-shard {self.id}")
         self._connected_once = True
-        self._max_bytes = int(getattr(nc, "max_payload", 0) or DEFAULT_MAX_PAYLOAD) - 4096
+        self._max_bytes = (nc.max_payload or DEFAULT_MAX_PAYLOAD) - 4096
         try:
             await ensure_streams(nc, self.replicas)
             js = nc.jetstream()
@@ -129,7 +129,7 @@ class Shard:
         finally:
             await nc.close()
 
-    async def _balance(self, js: Any, kv: Any) -> None:
+    async def _balance(self, js: JetStream, kv: KeyValue) -> None:
         """Renew; take free partitions up to the fair share; give back what is over it."""
         await kv.put(f"{MEMBER_PREFIX}{self.id}", self.id.encode())
         for p, lease in list(self._leases.items()):
@@ -168,7 +168,7 @@ class Shard:
                 await lease.release()
         self.stats.partitions = sorted(self._leases)
 
-    def _start(self, js: Any, p: int) -> None:
+    def _start(self, js: JetStream, p: int) -> None:
         stop = self._stops[p] = asyncio.Event()
         self._tasks[p] = asyncio.create_task(self._consume(js, p, stop))
 
@@ -199,7 +199,7 @@ class Shard:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _consume(self, js: Any, p: int, stop: asyncio.Event) -> None:
+    async def _consume(self, js: JetStream, p: int, stop: asyncio.Event) -> None:
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -219,7 +219,7 @@ class Shard:
         except Exception as exc:  # the connection is going: the server forgets the subscription
             log.debug("shard %s: partition %d unsubscribe: %s", self.id, p, exc)
 
-    def _fold_in(self, m: Any) -> None:
+    def _fold_in(self, m: Msg) -> None:
         self.stats.node_messages += 1
         try:
             d = decode(m.data)
@@ -241,12 +241,12 @@ class Shard:
         self._flushes += 1
         return f"{self.id}:{self.epoch}:{self._flushes}"
 
-    async def _flush_loop(self, js: Any, stop: asyncio.Event) -> None:
+    async def _flush_loop(self, js: JetStream, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await asyncio.sleep(FLUSH_S)
             await self._flush(js)
 
-    async def _flush(self, js: Any) -> None:
+    async def _flush(self, js: JetStream) -> None:
         if not (self._pending or self._job_info or self._to_term or self._to_ack):
             return
         pending, infos, to_ack = self._pending, self._job_info, self._to_ack

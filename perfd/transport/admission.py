@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from typing import Any
+from collections.abc import MutableMapping
 
 import grpc
 
@@ -18,6 +18,7 @@ from perfd import limits as L
 from perfd.refusals import Refusals
 from perfd.transport.codec import sample_count
 from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.grpc_api import ServicerContext
 from perfd.transport.security import (
     AUTH_HEADER,
     UNAUTHENTICATED_PREFIX,
@@ -42,7 +43,7 @@ class StreamRefused(Exception):
         return ((L.RETRY_AFTER_KEY, str(round(self.retry_after_s * 1000))),)
 
 
-def authenticate(context: Any, token: TokenFile | None) -> tuple[str, int | None]:
+def authenticate(context: ServicerContext, token: TokenFile | None) -> tuple[str, int | None]:
     """(the identity of the stream behind ``context``, the generation of the token it carried);
     with ``token`` it must carry the bearer token."""
     gen = None
@@ -238,7 +239,7 @@ def trim_batch(agent: str, conn: AgentStream, b: pb.Batch, limits: L.Limits,
     return cut_bytes
 
 
-def _cut_map(m: Any) -> int:
+def _cut_map(m: MutableMapping[str, str]) -> int:
     """An event's labels or links within the caps of a series' labels; returns the bytes cut."""
     cut = 0
     for i, k in enumerate(sorted(m)):

@@ -21,7 +21,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 import grpc
 
@@ -38,6 +37,7 @@ from perfd.transport.codec import (
 )
 from perfd.transport.dispatch import CommandTarget
 from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.grpc_api import AgentCall
 from perfd.transport.security import AUTH_HEADER, ClientTls, TokenFile
 from perfd.transport.series import SeriesTable
 from perfd.transport.spool import Spool
@@ -100,7 +100,7 @@ def retry_after(e: BaseException) -> float | None:
     return None
 
 
-async def _ended_with(call: Any) -> StreamEnded | None:
+async def _ended_with(call: AgentCall) -> StreamEnded | None:
     try:
         code = await asyncio.wait_for(call.code(), 2.0)
         details = await call.details()
@@ -131,7 +131,7 @@ class AgentClient(CommandTarget):
         backoff_max_s: float = 30.0,
         max_series: int = L.MAX_SERIES_PER_AGENT,
         max_batch_bytes: int = L.MAX_BATCH_BYTES,
-        grpc_options: Sequence[tuple[str, Any]] | None = None,
+        grpc_options: Sequence[tuple[str, int | str]] | None = None,
         tls: ClientTls | None = None,
         token: TokenFile | None = None,
         heartbeat_s: float = L.HEARTBEAT_S,
@@ -151,7 +151,8 @@ class AgentClient(CommandTarget):
         self.backoff_max_s = backoff_max_s
         self.max_series = max_series
         self.max_batch_bytes = max_batch_bytes
-        self._grpc_options = list(grpc_options) if grpc_options is not None else channel_options()
+        self._grpc_options: list[tuple[str, int | str]] = (list(grpc_options) if grpc_options is not None
+                                                           else list(channel_options()))
         self.tls = tls
         self.token = token
         self.heartbeat_s = heartbeat_s
@@ -163,7 +164,7 @@ class AgentClient(CommandTarget):
         self._inflight: deque[int] = deque()  # seqs sent on this stream and not yet acknowledged
         self._last_sent = 0
         self._max_sent = 0  # highest seq ever sent, across streams: anything at or below is a resend
-        self._tasks: set[asyncio.Future[Any]] = set()
+        self._tasks: set[asyncio.Future[object]] = set()
         self._answered = False  # the aggregator has sent something on the current stream
         # flush() wants its Acks now: the aggregator coalesces Acks (one per stream every couple of
         # seconds) but answers a Heartbeat at once.
@@ -193,7 +194,7 @@ class AgentClient(CommandTarget):
         self,
         samples: Iterable[Sample] = (),
         steps: Iterable[StepRecord] = (),
-        events: Iterable[Mapping[str, Any]] = (),
+        events: Iterable[Mapping[str, object]] = (),
         *,
         columns: tuple[Sequence[int], Sequence[int], Sequence[float]] | None = None,
         job_info_json: Mapping[str, str] | None = None,
@@ -353,7 +354,7 @@ class AgentClient(CommandTarget):
                 raise AckTimeout(f"no acknowledgement from the aggregator for {silent:.1f} s")
             await asyncio.sleep(min(1.0, self.ack_timeout_s / 10))
 
-    async def _read_loop(self, call: Any) -> None:
+    async def _read_loop(self, call: AgentCall) -> None:
         loop = asyncio.get_running_loop()
         async for msg in call:
             self._last_heard = loop.time()
@@ -366,7 +367,7 @@ class AgentClient(CommandTarget):
                 self._dispatch(command_from_pb(msg.command))
         # The aggregator closed the stream (shutdown): the session ends and run() reconnects.
 
-    async def _write_loop(self, call: Any) -> None:
+    async def _write_loop(self, call: AgentCall) -> None:
         assert self._wake is not None
         while True:
             self._wake.clear()  # before reading the spool, so a submit() in between is not missed

@@ -19,7 +19,7 @@ import time
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 from perfd.model import CollectiveRecord, Provenance, Sample, StepRecord, label_set
 from perfd.transport.gen import perfd_pb2 as pb
@@ -39,6 +39,7 @@ U32 = next(c for c in "IL" if array(c).itemsize == 4)
 I64, F64 = "q", "d"
 _F64_BYTES = array(F64).itemsize
 _SWAP = sys.byteorder != "little"  # the wire is little-endian
+_N = TypeVar("_N", int, float)  # a sample column's values
 # The Batch fields that carry samples and their definitions, in both forms (the journal leaves
 # them out: node samples are not state the analysis keeps).
 SAMPLE_FIELDS = ("series", "series_ids", "timestamps_ns", "values", "series_ids_le", "timestamps_ns_le",
@@ -115,7 +116,7 @@ def encode_batch(
     seq: int,
     samples: Iterable[Sample],
     steps: Iterable[StepRecord],
-    events: Iterable[Mapping[str, Any]],
+    events: Iterable[Mapping[str, object]],
     table: SeriesTable,
     *,
     columns: tuple[Sequence[int], Sequence[int], Sequence[float]] | None = None,
@@ -153,7 +154,7 @@ def encode_batch(
         ts.extend(cts)
         vals.extend(cval)
     if vals:
-        b.series_ids_le, b.timestamps_ns_le, b.values_le = (_le_bytes(c) for c in (ids, ts, vals))
+        b.series_ids_le, b.timestamps_ns_le, b.values_le = _le_bytes(ids), _le_bytes(ts), _le_bytes(vals)
     for rec in steps:
         step_to_pb(rec, b.steps.add())
     for ev in events:
@@ -166,15 +167,15 @@ def encode_batch(
     return b
 
 
-def _le_bytes(col: array[Any]) -> bytes:
+def _le_bytes(col: array[_N]) -> bytes:
     if _SWAP:
         col = array(col.typecode, col)
         col.byteswap()
     return col.tobytes()
 
 
-def _le_array(code: str, raw: bytes, what: str) -> array[Any]:
-    col = array(code)
+def _le_array(col: array[_N], raw: bytes, what: str) -> array[_N]:
+    """``raw`` (little-endian values) into the empty column ``col``."""
     if len(raw) % col.itemsize:
         raise ValueError(f"{what}: {len(raw)} bytes is not a whole number of {col.itemsize}-byte values")
     col.frombytes(raw)
@@ -190,8 +191,11 @@ def sample_columns(batch: pb.Batch) -> tuple[array[int], array[int], array[float
     if any(raw):
         if batch.values or batch.series_ids or batch.timestamps_ns:
             raise ValueError(f"batch {batch.seq}: samples in both the packed and the array form")
-        cols = (_le_array(U32, raw[0], "series_ids_le"), _le_array(I64, raw[1], "timestamps_ns_le"),
-                _le_array(F64, raw[2], "values_le"))
+        ids: array[int] = array(U32)
+        ts: array[int] = array(I64)
+        vals: array[float] = array(F64)
+        cols = (_le_array(ids, raw[0], "series_ids_le"), _le_array(ts, raw[1], "timestamps_ns_le"),
+                _le_array(vals, raw[2], "values_le"))
     else:  # an older agent's packed form (or no samples)
         cols = (array(U32, batch.series_ids), array(I64, batch.timestamps_ns), array(F64, batch.values))
     if not len(cols[0]) == len(cols[1]) == len(cols[2]):

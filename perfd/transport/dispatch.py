@@ -9,7 +9,6 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from perfd.transport.codec import Command
 
@@ -23,7 +22,7 @@ class CommandTarget:
     on_command: Callable[[Command], object] | None
     commands_received: int
     command_errors: int
-    _tasks: set[asyncio.Future[Any]]
+    _tasks: set[asyncio.Future[object]]
 
     def _dispatch(self, cmd: Command) -> None:
         self.commands_received += 1
@@ -41,7 +40,7 @@ class CommandTarget:
             self.command_errors += 1
             log.exception("perfd agent %s: command handler failed for %s", self.agent_id, cmd)
 
-    def _command_done(self, task: asyncio.Future[Any]) -> None:
+    def _command_done(self, task: asyncio.Future[object]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             self.command_errors += 1

@@ -12,7 +12,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any, SupportsFloat, SupportsInt, TypedDict
 
 from perfd.model import (
     CollectiveRecord,
@@ -24,6 +24,7 @@ from perfd.model import (
     TimerValue,
 )
 from perfd.transport.gen import perfd_pb2 as pb
+from perfd.typed import JSON
 
 # StepRecord fields that are `optional` scalars on the wire: absent stays absent (None), never 0.
 _OPT_FLOAT = ("end_time", "step_time_ms", "logged_tflops_per_gpu", "learning_rate", "lm_loss",
@@ -47,13 +48,14 @@ class DecodedEvent(TypedDict):
     labels: dict[str, str]
     job: str
     links: dict[str, str]
-    payload: Any  # structured detail sent as JSON (None when the event had none)
+    payload: JSON  # structured detail sent as JSON (None when the event had none)
 
 
 # ------------------------------------------------------------------------------------ steps
 
 
-def _set_present(src: Any, dst: Any, names: Iterable[str], conv: Callable[[Any], Any]) -> None:
+def _set_present(src: StepRecord | CollectiveRecord, dst: pb.StepRecord | pb.CollectiveRecord,
+                 names: Iterable[str], conv: Callable[[str | float], object]) -> None:
     """Copy the fields of ``src`` that are not None onto the proto3 ``optional`` fields of ``dst``:
     an absent value stays unset (absent on the other side), never 0."""
     for name in names:
@@ -163,7 +165,7 @@ def step_from_pb(m: pb.StepRecord) -> StepRecord:
 _LEGACY_HOOK_COUNTS = ("tokens_per_step", "flops_per_step")
 
 
-def _legacy_hook_counts(fields: Mapping[str, str], opt: dict[str, Any]) -> None:
+def _legacy_hook_counts(fields: Mapping[str, str], opt: dict[str, object]) -> None:
     """Read the hook's per-step counts an older agent wrote as text (``f"{x:.10g}"``) into ``opt``,
     where the typed value is absent: a positive finite number, else left absent."""
     for name in _LEGACY_HOOK_COUNTS:
@@ -181,27 +183,48 @@ def _legacy_hook_counts(fields: Mapping[str, str], opt: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------------ events
 
 
-def event_to_pb(ev: Mapping[str, Any], m: pb.Event) -> None:
+def _int(v: object, what: str) -> int:
+    if isinstance(v, SupportsInt | str | bytes):
+        return int(v)
+    raise TypeError(f"event {what} {v!r}: not a number")
+
+
+def _float(v: object, what: str) -> float:
+    if isinstance(v, SupportsFloat | str | bytes):
+        return float(v)
+    raise TypeError(f"event {what} {v!r}: not a number")
+
+
+def _strings(v: object, what: str) -> dict[str, str]:
+    """A mapping field (labels, links) as strings; absent or empty: none."""
+    if not v:
+        return {}
+    if not isinstance(v, Mapping):
+        raise TypeError(f"event {what}: {type(v).__name__}, not a mapping")
+    return {str(k): str(x) for k, x in v.items()}
+
+
+def event_to_pb(ev: Mapping[str, object], m: pb.Event) -> None:
     """Events are plain mappings: time_ns (or time, epoch s), kind, severity, text, labels, job, links."""
     if "time_ns" in ev:
-        m.time_ns = int(ev["time_ns"])
+        m.time_ns = _int(ev["time_ns"], "time_ns")
     elif ev.get("time") is not None:
-        m.time_ns = round(float(ev["time"]) * 1e9)
+        m.time_ns = round(_float(ev["time"], "time") * 1e9)
     else:
         m.time_ns = time.time_ns()
     m.kind = str(ev.get("kind", ""))
     m.severity = str(ev.get("severity", "info"))
     m.text = str(ev.get("text", ""))
     m.job = str(ev.get("job", ""))
-    m.labels.update({str(k): str(v) for k, v in (ev.get("labels") or {}).items()})
-    m.links.update({str(k): str(v) for k, v in (ev.get("links") or {}).items()})
+    m.labels.update(_strings(ev.get("labels"), "labels"))
+    m.links.update(_strings(ev.get("links"), "links"))
     if ev.get("payload") is not None:
         # JSON, not a nested message: payloads differ by event kind and are read by few consumers.
         m.payload_json = json.dumps(ev["payload"], separators=(",", ":"), default=str)
 
 
 def event_from_pb(m: pb.Event) -> DecodedEvent:
-    payload: Any = None
+    payload: JSON = None
     if m.payload_json:
         try:
             payload = json.loads(m.payload_json)

@@ -22,9 +22,12 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import grpc
+
+if TYPE_CHECKING:
+    from perfd.transport.grpc_api import ServicerContext
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +128,7 @@ class ServerTls:
     key: str
     client_ca: str | None = None
 
-    def _config(self) -> Any:
+    def _config(self) -> grpc.ServerCertificateConfiguration:
         pair = [(_read(self.key, "TLS key"), _read(self.cert, "TLS certificate"))]
         ca = _read(self.client_ca, "client CA") if self.client_ca else None
         return grpc.ssl_server_certificate_configuration(pair, root_certificates=ca)
@@ -136,7 +139,7 @@ class ServerTls:
         state = {"stamp": _mtimes(paths)}
         initial = self._config()
 
-        def fetch() -> Any:
+        def fetch() -> grpc.ServerCertificateConfiguration | None:
             # Called by gRPC before every new handshake: cheap when nothing changed (three stats).
             with lock:
                 stamp = _mtimes(paths)
@@ -181,7 +184,7 @@ class ClientTls:
 SHARED_TOKEN_IDENTITY = "token"
 
 
-def peer_identity(context: Any, token_ok: bool) -> str:
+def peer_identity(context: ServicerContext, token_ok: bool) -> str:
     """What an agent id is bound to, from a gRPC servicer context (see the module docstring)."""
     auth = context.auth_context() or {}
     for key in ("x509_common_name", "x509_subject_alternative_name"):

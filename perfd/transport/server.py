@@ -30,7 +30,6 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
 
 import grpc
 
@@ -57,6 +56,7 @@ from perfd.transport.codec import (
 )
 from perfd.transport.delivery import IngestJournal, Kept, SeqTracker
 from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.grpc_api import Server, ServicerContext
 from perfd.transport.security import UNAUTHENTICATED_PREFIX, IdentityPolicy, ServerTls, TokenFile
 from perfd.transport.series import Series
 from perfd.transport.stream import AgentStream
@@ -144,7 +144,7 @@ class IngestServer:
         self.tls = tls
         self.token = token
         self.refusals = refusals if refusals is not None else Refusals()
-        self._server: Any = None
+        self._server: Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, AgentStream] = {}  # agent_id -> its live stream (commands go there)
         self._identities: dict[str, str] = {}  # agent_id -> the identity it is bound to
@@ -326,7 +326,7 @@ class IngestServer:
     # ------------------------------------------------------------------ the stream
 
     async def _stream(self, request_iterator: AsyncIterator[pb.AgentMessage],
-                      context: Any) -> AsyncIterator[pb.AggregatorMessage]:
+                      context: ServicerContext) -> AsyncIterator[pb.AggregatorMessage]:
         loop = asyncio.get_running_loop()
         try:
             identity, token_gen = authenticate(context, self.token)  # and the token's generation

@@ -17,14 +17,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from perfd.capture import hook_trace
 from perfd.capture.hook_trace import HOOK_TRACE
 from perfd.capture.manager import CaptureManager
-from perfd.capture.store import CaptureStore
+from perfd.capture.store import CaptureStore, Manifest
 from perfd.transport.codec import Command
 from tests.capture.test_manager import TRACE
 from tests.security.other_user import OtherUser, other_user
@@ -95,7 +94,7 @@ def folder(tmp_path: Path) -> Path:
     return d
 
 
-def run(mgr: CaptureManager, ranks: tuple[int, ...], **args: str) -> dict[str, Any]:
+def run(mgr: CaptureManager, ranks: tuple[int, ...], **args: str) -> Manifest:
     cid = mgr.handle(Command("capture", "job1", ranks, {"tool": "kineto", "steps": "2", **args}))
     assert cid and mgr.wait_idle(30)
     return mgr.store.read(cid)
@@ -125,7 +124,7 @@ def test_a_rank_that_cannot_trace_keeps_the_kineto_path(tmp_path: Path, folder: 
     daemon's, here off, so it fails saying so; no hook is asked."""
     hooks = StandInHooks(["accepted"], folder, traceable={0: True, 1: False})
     m = run(manager(tmp_path, hooks), (0, 1))
-    assert m["status"] == "failed" and "Kineto daemon is off" in m["reason"]
+    assert m["status"] == "failed" and "Kineto daemon is off" in (m["reason"] or "")
     assert hooks.asked == []
 
 
@@ -133,14 +132,14 @@ def test_a_rejected_trace_fails_the_capture_naming_the_rank(tmp_path: Path, fold
     hooks = StandInHooks(["rejected"], folder)
     m = run(manager(tmp_path, hooks), (1,))
     assert m["status"] == "failed"
-    assert m["reason"].startswith("rank 1: the hook rejected the trace at step 42")
-    assert "another range or trace runs" in m["reason"] and m["artifacts"] == []
+    assert (m["reason"] or "").startswith("rank 1: the hook rejected the trace at step 42")
+    assert "another range or trace runs" in (m["reason"] or "") and m["artifacts"] == []
 
 
 def test_a_hook_that_cannot_be_reached_fails_at_once(tmp_path: Path, folder: Path) -> None:
     hooks = StandInHooks([], folder, reachable=False)
     m = run(manager(tmp_path, hooks), (0,))
-    assert m["status"] == "failed" and "rank 0: its step hook cannot be reached" in m["reason"]
+    assert m["status"] == "failed" and "rank 0: its step hook cannot be reached" in (m["reason"] or "")
 
 
 def test_silence_times_out_and_cancels_the_trace(tmp_path: Path, folder: Path) -> None:
@@ -148,7 +147,8 @@ def test_silence_times_out_and_cancels_the_trace(tmp_path: Path, folder: Path) -
     stay under the profiler)."""
     hooks = StandInHooks(["accepted", "started"], folder)
     m = run(manager(tmp_path, hooks), (0,), timeout_s="2")
-    assert m["status"] == "timeout" and "rank 0: no trace written within the 2 s timeout" in m["reason"]
+    assert m["status"] == "timeout"
+    assert "rank 0: no trace written within the 2 s timeout" in (m["reason"] or "")
     assert hooks.cancelled == [0]
 
 
@@ -161,13 +161,13 @@ def test_a_process_gone_ends_the_wait(tmp_path: Path, folder: Path) -> None:
     t0 = time.monotonic()
     m = run(manager(tmp_path, hooks, pids={0: dead.pid}), (0,), timeout_s="60")
     assert time.monotonic() - t0 < 20
-    assert m["status"] == "failed" and f"rank 0: its process (pid {dead.pid}) exited" in m["reason"]
+    assert m["status"] == "failed" and f"rank 0: its process (pid {dead.pid}) exited" in (m["reason"] or "")
 
 
 def test_a_time_window_is_not_a_hook_trace(tmp_path: Path, folder: Path) -> None:
     hooks = StandInHooks(["accepted"], folder)
     m = run(manager(tmp_path, hooks), (0,), duration_ms="2000")
-    assert m["status"] == "failed" and "traces steps, not a time window" in m["reason"]
+    assert m["status"] == "failed" and "traces steps, not a time window" in (m["reason"] or "")
     assert hooks.asked == []
 
 
@@ -221,7 +221,7 @@ def _take_only_the_senders_own(tmp_path: Path, other: OtherUser, home: Path) -> 
         hooks = StandInHooks(["accepted", "started", "stopped", "written"], hook_dir, write=write,
                              uid=other.uid)
         m = run(manager(tmp_path, hooks), (0,))
-        assert m["status"] == "failed" and why in m["reason"], (why, m["reason"])
+        assert m["status"] == "failed" and why in (m["reason"] or ""), (why, m["reason"])
         assert m["artifacts"] == []
         for p in hook_dir.iterdir():  # left there (not the agent's to delete): cleared for the next
             p.unlink()
@@ -234,7 +234,7 @@ def _take_only_the_senders_own(tmp_path: Path, other: OtherUser, home: Path) -> 
     hooks = StandInHooks(["accepted", "started", "stopped", "written"], open_dir, write=write_as_other,
                          uid=other.uid)
     m = run(manager(tmp_path, hooks), (0,))
-    assert m["status"] == "failed" and "not a private folder of uid" in m["reason"]
+    assert m["status"] == "failed" and "not a private folder of uid" in (m["reason"] or "")
 
 
 def test_a_trace_larger_than_the_cap_is_not_taken(tmp_path: Path, folder: Path,
@@ -242,4 +242,4 @@ def test_a_trace_larger_than_the_cap_is_not_taken(tmp_path: Path, folder: Path,
     monkeypatch.setattr(hook_trace._take, "__defaults__", (100,))
     hooks = StandInHooks(["accepted", "started", "stopped", "written"], folder)
     m = run(manager(tmp_path, hooks), (0,))
-    assert m["status"] == "failed" and "more than 100: not taken" in m["reason"]
+    assert m["status"] == "failed" and "more than 100: not taken" in (m["reason"] or "")

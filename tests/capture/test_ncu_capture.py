@@ -24,7 +24,7 @@ from perfd.capture.manager import CaptureManager
 from perfd.capture.ncu_exec import NcuExecutor, NcuOptions, rank_paths, report_file, write_target
 from perfd.capture.nsys_exec import session_name
 from perfd.capture.request import BUSY_REASON
-from perfd.capture.store import CaptureStore
+from perfd.capture.store import CaptureStore, Manifest
 from perfd.transport.codec import Command
 from tests.analytics.test_ncu import TENSOR, raw_page
 
@@ -144,7 +144,7 @@ class Job:
             threading.Timer(0.05, self.event, (self.rid, "cancelled", 42)).start()
         return 11, 99
 
-    def capture(self, **args: str) -> dict[str, Any]:
+    def capture(self, **args: str) -> Manifest:
         cid = self.mgr.handle(Command("capture", "job1", (1,), {"tool": "ncu", **args}, id="cmd-ncu"))
         assert cid and self.mgr.wait_idle(30)
         return self.store.read(cid)
@@ -155,13 +155,14 @@ def test_one_step_range_imported_parsed_and_joined(tmp_path):
     kineto = job.kineto_capture()
     m = job.capture(steps="3")
     assert m["status"] == "ok", m["reason"]
-    assert "ncu ranges are one step (asked for 3)" in m["reason"]
+    assert "ncu ranges are one step (asked for 3)" in (m["reason"] or "")
     assert m["tool"] == "ncu" and m["mode"] == "range" and m["steps"] == {"start": 42, "count": 1}
     assert job.asked == [(1, 42, 1)] and not job.cancels and m["range_overran"] is False
     assert m["range"]["1"]["state"] == "stopped"
-    assert m["timings"]["range_closed_at"] >= m["timings"]["started_at"]
+    started = m["timings"]["started_at"]
+    assert started is not None and m["timings"]["range_closed_at"] >= started
     # How long the range held the step: from the hook's start to its stop (issue 45 item 1)
-    assert m["range_held_s"] == round(m["timings"]["range_closed_at"] - m["timings"]["started_at"], 3)
+    assert m["range_held_s"] == round(m["timings"]["range_closed_at"] - started, 3)
     assert [a["name"] for a in m["artifacts"]] == ["rank1.ncu-rep", "rank1_details.csv", "rank1_raw.csv"]
     copy = str(job.store.capture_dir(m["id"]) / "rank1.ncu-rep")  # imported from the copy, not ncu's file
     assert calls(job.state) == [["--import", copy, "--csv", "--page", "details"],
@@ -222,15 +223,15 @@ def test_a_range_after_the_budget_is_spent_says_so(tmp_path):
     job.write_report = False
     m = job.capture()
     assert m["status"] == "failed"
-    assert "did not grow" in m["reason"] and "kernel budget of 40" in m["reason"]
-    assert "5 launches reported here before" in m["reason"]
+    assert "did not grow" in (m["reason"] or "") and "kernel budget of 40" in (m["reason"] or "")
+    assert "5 launches reported here before" in (m["reason"] or "")
 
 
 def test_a_report_holding_only_earlier_ranges_is_no_result(tmp_path):
     job = Job(tmp_path)
     assert job.capture()["status"] == "ok"
     m = job.capture()  # the report grew (rewritten) but holds the same 5 launches
-    assert m["status"] == "failed" and "no kernel profiled in this range" in m["reason"]
+    assert m["status"] == "failed" and "no kernel profiled in this range" in (m["reason"] or "")
 
 
 def test_an_overrunning_range_is_cancelled_and_said(tmp_path):
@@ -240,7 +241,7 @@ def test_an_overrunning_range_is_cancelled_and_said(tmp_path):
     m = job.capture()
     assert job.cancels == [1]
     assert m["status"] == "ok" and m["range_overran"] is True
-    assert "overran its time budget of 1 s: cancelled, closed at step(s) rank 1 42" in m["reason"]
+    assert "overran its time budget of 1 s: cancelled, closed at step(s) rank 1 42" in (m["reason"] or "")
     assert m["range"]["1"]["state"] == "cancelled" and len(m["analysis"]["1"]["kernels"]) == 5
     assert job.events[-1]["payload"]["range_overran"] is True
 
@@ -251,7 +252,7 @@ def test_a_range_never_confirmed_closed_is_a_timeout_and_cancelled_again(tmp_pat
     m = job.capture(timeout_s="4")
     assert job.cancels == [1, 1]  # at the budget, and again at the deadline
     assert m["status"] == "timeout" and m["range_overran"] is True
-    assert "still open at the capture's timeout" in m["reason"]
+    assert "still open at the capture's timeout" in (m["reason"] or "")
     assert m["analysis"]["1"]["kernels"]  # what ncu wrote is kept
 
 
@@ -265,7 +266,7 @@ def test_one_cupti_client_per_process_both_ways(tmp_path, tool, ranks, why):
     job = Job(tmp_path)
     assert job.mgr.handle(Command("capture", "job1", ranks, {"tool": tool})) is None
     m = job.store.list("job1")[0]
-    assert m["status"] == "skipped" and why in m["reason"]
+    assert m["status"] == "skipped" and why in (m["reason"] or "")
     assert not job.asked and job.events[-1]["kind"] == "capture_failed"
 
 
@@ -274,18 +275,18 @@ def test_a_record_from_an_earlier_run_is_not_trusted(tmp_path):
     job = Job(tmp_path)
     job.mgr._ncu_runs.check = lambda pid, ncu_pid: f"process {pid} is not under ncu (pid {ncu_pid})"
     assert job.mgr.handle(Command("capture", "job1", (1,), {"tool": "ncu"})) is None
-    assert "rank 1: process 11 is not under ncu (pid 4242)" in job.store.list("job1")[0]["reason"]
+    assert "rank 1: process 11 is not under ncu (pid 4242)" in (job.store.list("job1")[0]["reason"] or "")
     # ... so another tool may have it again (this agent has no Kineto: it fails later, for that reason)
     cid = job.mgr.handle(Command("capture", "job1", (1,), {"tool": "kineto"}))
     assert cid and job.mgr.wait_idle(30)
-    assert "Kineto daemon is off" in job.store.read(cid)["reason"]
+    assert "Kineto daemon is off" in (job.store.read(cid)["reason"] or "")
 
 
 def test_no_ncu_executor_refuses_ncu_and_leaves_the_others(tmp_path):
     store = CaptureStore(tmp_path / "caps", 10**6)
     mgr = CaptureManager(store, None, None, pids_for_ranks=lambda j, r: {1: 11})
     assert mgr.handle(Command("capture", "job1", (1,), {"tool": "ncu"})) is None
-    assert "ncu captures are off in this agent" in store.list("job1")[0]["reason"]
+    assert "ncu captures are off in this agent" in (store.list("job1")[0]["reason"] or "")
 
 
 def test_target_records_round_trip_and_bad_ones_are_refused(tmp_path):

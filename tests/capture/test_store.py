@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
 
 import pytest
 
-from perfd.capture.store import MANIFEST, CaptureStore, CaptureStoreError, safe_name
+from perfd.capture.store import MANIFEST, CaptureStore, CaptureStoreError, Manifest, safe_name
 
 
 class Clock:
@@ -20,7 +19,7 @@ class Clock:
         return self.t
 
 
-def make(store: CaptureStore, nbytes: int, job: str = "j", status: str = "ok") -> dict[str, Any]:
+def make(store: CaptureStore, nbytes: int, job: str = "j", status: str = "ok") -> Manifest:
     m = store.new_capture(job, [1, 0, 1], "kineto")
     f = store.capture_dir(m["id"]) / "rank0_123.json"
     f.write_bytes(b"x" * nbytes)

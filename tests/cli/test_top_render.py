@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ GPUS = {"gpus": [
                                         "perfd_host_memory_total_bytes": 2000 * 2**30}}]}
 
 
-def _api(ages: dict[str, float], summaries: dict[str, dict[str, Any]]) -> top.Getter:
+def _api(ages: dict[str, float], summaries: dict[str, dict[str, Any]]) -> Callable[[str], Any]:
     def get(path: str) -> Any:
         if path == "/api/jobs":
             return {"jobs": [{"job": j, "last_iteration": 44, "last_step_age_s": a} for j, a in ages.items()]}

@@ -33,7 +33,7 @@ import pytest
 
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
-from perfd.engine.publisher import EngineClient
+from perfd.engine.publisher import EngineClient, PublisherStats
 from perfd.model import HOOK_DATA_WAIT, Provenance, StepRecord, TimerValue
 from tests.engine.test_natsd import _need_nats_server
 from tests.procs import NOT_YET, Procs, WaitTimeout, get_json, run_env, start_aggregator, tail, wait_for
@@ -198,8 +198,8 @@ class Load:
 
         assert self._call(flushed(), timeout + 5), f"clients not flushed in {timeout}s: {self.stats()}"
 
-    def stats(self) -> list[dict[str, Any]]:
-        async def read() -> list[dict[str, Any]]:
+    def stats(self) -> list[PublisherStats]:
+        async def read() -> list[PublisherStats]:
             return [c.stats() for c in self._clients]
 
         return self._call(read(), 10)

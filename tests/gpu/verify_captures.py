@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,7 +168,7 @@ def torchrun(nproc: int, script: Path, workdir: Path, seconds: int, per_rank_pre
     return [*head, *rank_cmd[1:]]
 
 
-def summarize(manifest: dict[str, Any]) -> dict[str, Any]:
+def summarize(manifest: Mapping[str, Any]) -> dict[str, Any]:
     t = manifest.get("timings") or {}
     req = t.get("requested_at") or 0.0
 
