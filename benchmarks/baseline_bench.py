@@ -172,7 +172,7 @@ def build(nodes: int, gpus: int) -> tuple[Aggregator, list[_Node]]:
     agents = [_Node(j, nodes, gpus) for j in range(nodes)]
     now = time.time()
     for a in agents:
-        agg._on_hello_jobs(a.id, [JOB])  # what the server does with a Hello
+        agg.on_hello_jobs(a.id, [JOB])  # what the server does with a Hello
         a.batch(agg, now, [_step(0)] if a.j == 0 else [])
     return agg, agents
 

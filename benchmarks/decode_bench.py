@@ -83,7 +83,7 @@ def run(agents: int, rounds: int) -> dict[str, Any]:
     streams: dict[str, list[dict[int, Any]]] = {form: [{} for _ in range(agents)] for form in built}
     for form, (samples, steps) in built.items():
         for j in range(agents):
-            aggs[form]._on_hello_jobs(f"node-{j:05d}", ["bench-job"])
+            aggs[form].on_hello_jobs(f"node-{j:05d}", ["bench-job"])
         _ingest(aggs[form], streams[form], samples[0])
         _ingest(aggs[form], streams[form], steps[0])
     for r in range(1, rounds + 1):
