@@ -27,9 +27,10 @@ import pytest
 from perfd import events
 from perfd.aggregator import class_inputs as class_inputs_mod
 from perfd.aggregator import hosts as hosts_mod
+from perfd.aggregator import job_analyses as job_analyses_mod
 from perfd.aggregator import jobs as jobs_mod
 from perfd.aggregator import sightings as sightings_mod
-from perfd.aggregator import state as state_mod
+from perfd.aggregator import state_ingest as state_ingest_mod
 from perfd.aggregator import stats as stats_mod
 from perfd.aggregator.state import AggregatorState
 from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, JobInfo, Provenance, StepRecord, TimerValue
@@ -113,7 +114,8 @@ class Clock:
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         fake = types.SimpleNamespace(time=lambda: self.now, monotonic=lambda: self.now)
-        for mod in (state_mod, jobs_mod, sightings_mod, class_inputs_mod, stats_mod, hosts_mod):
+        for mod in (state_ingest_mod, job_analyses_mod, jobs_mod, sightings_mod, class_inputs_mod, stats_mod,
+                    hosts_mod):
             monkeypatch.setattr(mod, "time", fake)
 
 

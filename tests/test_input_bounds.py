@@ -139,7 +139,7 @@ def test_network_job_info_with_absurd_values_is_refused_and_counted() -> None:
                     return str(r.read().decode())
             summary = json.loads(await asyncio.to_thread(get, "/api/jobs/big/summary"))
             metrics = await asyncio.to_thread(get, "/metrics")
-            return summary, agg.state.jobs._job("big").job_info, metrics
+            return summary, agg.state.job_info("big"), metrics
         finally:
             await agg.stop()
 

@@ -135,9 +135,9 @@ def _count_view_reads(st: AggregatorState, monkeypatch: pytest.MonkeyPatch) -> l
 
 
 def _pass(st: AggregatorState, job: str, incs: list[Incident]) -> None:
-    """What _track_incidents hands the tracker, for these incidents."""
-    analysis: Any = type("A", (), {"incidents": incs, "iterations": []})()
-    st._track_incidents(job, analysis)
+    """What an analysis pass hands the tracker, for these incidents (an analysis with no iteration:
+    no steady sighting, no collective hang)."""
+    st.track_live_incidents(job, incs, time.time())
 
 
 def test_two_open_incidents_in_one_pass_read_the_view_once(monkeypatch: pytest.MonkeyPatch) -> None:

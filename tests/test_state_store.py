@@ -192,7 +192,7 @@ def test_a_pruned_job_leaves_the_state_and_a_tombstone_hides_it_in_batches_of_se
 
     got = restore(again, again.store)
     assert got["batches"] == 2 and again.state.job_names() == ["other"]
-    assert sorted(k[0] for k in again.state.jobs.jobs["other"].records) == [2, 3]
+    assert sorted(r.iteration for r in again.state.step_records("other")) == [2, 3]
     again.store.close()
 
 

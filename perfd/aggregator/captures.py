@@ -25,7 +25,7 @@ from perfd.aggregator import rule_scopes
 from perfd.aggregator.capture_ready import ReadyGate
 from perfd.aggregator.job_rows import job_rows
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running
-from perfd.aggregator.state import AggregatorState
+from perfd.aggregator.state_readers import CaptureState
 from perfd.analytics.advice.capture_findings import diagnose_capture, steady_compute_ms
 from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
@@ -104,7 +104,7 @@ CPU_ONLY_SKIP = ("the job computes on CPUs only (no CUDA): a capture divides GPU
 
 
 class CaptureCoordinator:
-    def __init__(self, state: AggregatorState, engine: RuleEngine | None, send: SendCommand,
+    def __init__(self, state: CaptureState, engine: RuleEngine | None, send: SendCommand,
                  interval_s: float = 5.0, *, limits: L.Limits | None = None,
                  refusals: Refusals | None = None,
                  hosts: Callable[[str], set[str]] | None = None,

@@ -3,10 +3,11 @@ class inputs (the GPM of the job's GPUs while it steps, else of its last steady 
 class its latest capture supports), its compute per step as its last budget has it, and the windows
 its captures disturbed.
 
-Split from perfd/aggregator/state.py: these are the job store's two hooks (JobStore.class_inputs,
-JobStore.capture_windows), and they read what the job store does not hold (the capture coordinator's
-records through ``captures_of``, the node view's GPM, the incident tracker's open incidents), so
-the state builds one :class:`ClassInputs` over its parts and hands the store its methods.
+Split from perfd/aggregator/state.py: these are what a job store analysis reads beside its records
+(perfd.aggregator.job_inputs.AnalysisInputs), and they read what the job store does not hold (the
+capture coordinator's records through ``captures_of``, the node view's GPM, the incident tracker's
+open incidents), so the analysis side (perfd.aggregator.job_analyses) builds one :class:`ClassInputs`
+over its parts and hands it to the store with each analysis.
 """
 
 from __future__ import annotations

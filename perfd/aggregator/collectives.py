@@ -84,7 +84,9 @@ class CollectiveStore:
     def __init__(self, max_records_per_job: int = 20_000, max_hang_events: int = 500,
                  min_recompute_s: float = 0.5, config: CollectiveConfig | None = None,
                  max_hang_bytes: int = L.MAX_WHOLE_EVENT_BYTES_PER_JOB,
-                 reduced_retention: Retention = REDUCED_RETENTION) -> None:
+                 reduced_retention: Retention = REDUCED_RETENTION,
+                 job_config: Mapping[str, CollectiveConfig] | None = None,
+                 fold_inputs: Callable[[str], FoldInputs] | None = None) -> None:
         self._lock = threading.Lock()
         self.jobs: dict[str, JobCollectives] = {}
         self.max_records = max_records_per_job
@@ -95,15 +97,17 @@ class CollectiveStore:
         self._logged_at: dict[str, float] = {}
         self.min_recompute_s = min_recompute_s
         self.config = config or CollectiveConfig()
-        self.job_config: dict[str, CollectiveConfig] = {}  # per-job overrides (links, thresholds)
+        # per-job overrides (links, thresholds)
+        self.job_config: dict[str, CollectiveConfig] = dict(job_config or {})
         self.reduced_retention = reduced_retention
         self.ingested = 0
         self.dropped = 0
         self.merged_again = 0  # reduced operations already held (a redelivery, two dumps) or past the bound
         self.analysis_errors = 0
-        # job -> its step records' key and a call for them and its layout (AggregatorState sets it):
-        # the window fold settles windows as operations come, not only when an analysis runs
-        self.fold_inputs: Callable[[str], FoldInputs] | None = None
+        # job -> its step records' key and a call for them and its layout (the job store's, wired by
+        # perfd.aggregator.state): the window fold settles windows as operations come, not only when an
+        # analysis runs
+        self.fold_inputs = fold_inputs
 
     def ingest(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None:
         with self._lock:

@@ -179,7 +179,7 @@ def save_documents(agg: AggregatorParts, store: StateStore) -> None:
                         for k, b in eng.budgets().items()]})
     store.put_doc("incidents", agg.state.incidents_doc())
     store.put_doc("new_normal", agg.state.new_normals())
-    store.put_doc("gpu_models", agg.state.jobs.gpu_models())
+    store.put_doc("gpu_models", agg.state.gpu_models())
     store.put_doc("events", [e for e in agg.state.recent_events(limit=10_000)
                              if e.get("agent") == AGGREGATOR_AGENT])
 
@@ -213,7 +213,7 @@ def _restore_documents(agg: AggregatorParts, store: StateStore) -> None:
         # before the first analysis digests the runs the replay closed (their MFU needs the peak);
         # only jobs the replay brought back, a name of bounded size
         if isinstance(model, str) and 0 < len(model) <= 256:
-            agg.state.jobs.set_gpu_model(str(job), model)
+            agg.state.set_gpu_model(str(job), model)
     evs = store.get_doc("events") or []
     if evs:
         agg.state.restore_events(evs)

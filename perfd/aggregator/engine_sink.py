@@ -15,18 +15,38 @@ jobs pruned to make room as for any other.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from perfd.aggregator.guard import Guard
-from perfd.aggregator.state import AggregatorState
+from perfd.aggregator.jobs import StepConflicts
 from perfd.collfold import CollectivePartial
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
+
+
+class StateSink(Protocol):
+    """What the root's records go to: the ingest side of the aggregator's state
+    (perfd.aggregator.state_ingest; perfd.aggregator.state.AggregatorState gives it)."""
+
+    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None
+                     ) -> StepConflicts: ...
+
+    def ingest_job_info(self, agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None: ...
+
+    def note_folded_ranks(self, job: str, ranks: Collection[int]) -> None: ...
+
+    def held_fold(self, job: str, iteration: int) -> StepRecord | None: ...
+
+    def ingest_collectives(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None: ...
+
+    def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial) -> None: ...
 
 
 class EngineSink:
     """perfd.engine.root.RootSink over the aggregator's state and guard."""
 
-    def __init__(self, state: AggregatorState, guard: Guard) -> None:
+    def __init__(self, state: StateSink, guard: Guard) -> None:
         self.state, self.guard = state, guard
 
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None) -> Any:

@@ -24,7 +24,7 @@ from perfd.aggregator import forward as fwd
 from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
 from perfd.aggregator.job_rows import job_row_groups
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running, overview_of
-from perfd.aggregator.state import AggregatorState
+from perfd.aggregator.state_readers import HttpState
 from perfd.analytics.incidents.attribution import foreign_processes, gpu_hints, place_ranks
 from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
 from perfd.analytics.run.run_result import RunAnalysis
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 class _StateCollector:
     """prometheus_client custom collector reading the aggregator state at scrape time."""
 
-    def __init__(self, state: AggregatorState, per_rank_series: bool = True,
+    def __init__(self, state: HttpState, per_rank_series: bool = True,
                  refusals: Refusals | None = None, export_node_series: bool = False) -> None:
         self.state = state
         self.per_rank_series = per_rank_series  # False: no per-rank series (very large jobs)
@@ -112,7 +112,7 @@ class _StateCollector:
 _GPU_ROW_LABELS = frozenset({"node", "gpu", "uuid", "model", "pci_bus_id", "replay", "job_name", "source"})
 
 
-def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
+def job_gpus(state: HttpState, job: str) -> dict[str, Any] | None:
     """The latest GPU series of the job's GPUs (whichever agent reports them: perfd.placement), one
     row per (node, gpu) with the catalog names as keys and the GPU's compute processes as its agent
     last reported them (pid, user, name, command line, GPU memory, rank); and the host series (CPU,
@@ -151,7 +151,7 @@ def job_gpus(state: AggregatorState, job: str) -> dict[str, Any] | None:
             "rank_hosts": rank_hosts(snap), "gpu_sources": gpu_sources(state, snap)}
 
 
-def gpu_sources(state: AggregatorState, snap: JobSnapshot) -> list[dict[str, Any]]:
+def gpu_sources(state: HttpState, snap: JobSnapshot) -> list[dict[str, Any]]:
     """Who could report the job's GPUs and what its NVML collector said at start (from each agent's
     Hello): the job's own agents and every agent on its nodes (a node agent). ``nvml`` is "ok",
     "unavailable: <why>" (no driver, no GPU, no permission), or None when the agent runs no NVML
@@ -175,7 +175,7 @@ def rank_hosts(snap: JobSnapshot) -> list[dict[str, Any]]:
             for r, o in sorted(snap.hosts().items())]
 
 
-def rank_view(state: AggregatorState, snap: JobSnapshot, world_size: int | None,
+def rank_view(state: HttpState, snap: JobSnapshot, world_size: int | None,
               candidates: list[int]) -> dict[str, Any]:
     """Where each rank runs (from the process lists the agents report) and, for the candidate
     slow ranks, what their GPUs show. The placement is the snapshot's, unless the analysis names a
@@ -242,7 +242,7 @@ def job_cpu(snap: JobSnapshot, now: float) -> CpuUse | None:
     return dataclasses.replace(use, while_running=True) if state != RUNNING or gone else use
 
 
-def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
+def job_summary(state: HttpState, job: str) -> dict[str, Any] | None:
     snap = state.snapshot(job, Analysed.SERVED)
     if snap is None:
         return None
@@ -274,7 +274,7 @@ def job_summary(state: AggregatorState, job: str) -> dict[str, Any] | None:
     }
 
 
-def collectives_json(state: AggregatorState, job: str) -> dict[str, Any] | None:
+def collectives_json(state: HttpState, job: str) -> dict[str, Any] | None:
     """The job's collective analysis (perfd.analytics.collectives.collective_analysis); None without NCCL
     data."""
     try:
@@ -285,7 +285,7 @@ def collectives_json(state: AggregatorState, job: str) -> dict[str, Any] | None:
     return a.to_json() if a is not None else None
 
 
-def job_iterations(state: AggregatorState, job: str, sources: bool = True) -> dict[str, Any] | None:
+def job_iterations(state: HttpState, job: str, sources: bool = True) -> dict[str, Any] | None:
     """Every analysed iteration the aggregator holds for ``job`` (the per-iteration rows of
     `perfd analyze megatron --json`: provenance as codes, perfd.analytics.steps.row_codes), oldest
     first, with their legend (``iteration_codes``); None for an unknown job. ``sources=False``: the
@@ -355,7 +355,7 @@ class _Handler(httpd.BufferedHandler):
         return path
 
     def _events(self) -> None:
-        self._json(*self.app.state.log.api_page(parse_qs(urlparse(self.path).query)))
+        self._json(*self.app.state.events_page(parse_qs(urlparse(self.path).query)))
 
     def _forwarded(self, path: str) -> bool:
         """A standby root's request, answered by the leading root (perfd.aggregator.forward)."""
@@ -570,7 +570,7 @@ def _post(handler: _Handler, path: str) -> None:
 class _App:
     """What the handlers serve: set once by HttpServer, read by its worker threads."""
 
-    def __init__(self, state: AggregatorState, captures: CaptureCoordinator | None, token: TokenFile | None,
+    def __init__(self, state: HttpState, captures: CaptureCoordinator | None, token: TokenFile | None,
                  refusals: Refusals) -> None:
         self.state = state
         self.captures = captures
@@ -581,7 +581,7 @@ class _App:
 
 
 class HttpServer:
-    def __init__(self, state: AggregatorState, host: str, port: int,
+    def __init__(self, state: HttpState, host: str, port: int,
                  captures: CaptureCoordinator | None = None, per_rank_series: bool = True,
                  token: TokenFile | None = None, refusals: Refusals | None = None,
                  export_node_series: bool = False) -> None:

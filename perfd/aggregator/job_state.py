@@ -1,7 +1,8 @@
 """A job as the job store holds it (:class:`JobState`: its records, their owners, its runs, its
-analysis) and a run a new one replaced (:class:`ClosedRun`). Apart from the store (perfd/aggregator/jobs.py)
-so that the functions over a job's runs (perfd/aggregator/job_runs.py) take it without importing
-the store that calls them."""
+analysis), a run a new one replaced (:class:`ClosedRun`), what an ingest kept out
+(:class:`StepConflicts`) and the store's counters (:class:`JobStats`). Apart from the store
+(perfd/aggregator/jobs.py) so that the functions over a job's runs (perfd/aggregator/job_runs.py) take
+it without importing the store that calls them."""
 
 from __future__ import annotations
 
@@ -95,3 +96,38 @@ class JobState:
     run_info: JobInfo | None = None  # the job as the current run's start-up stated it (a digest's)
     # Ranks whose records arrived already folded (perfd.engine's root): the world they make up.
     folded_ranks: set[int] = field(default_factory=set)
+
+
+@dataclass
+class StepConflicts:
+    """What :meth:`JobStore.ingest_steps` kept out: records of another agent for an (iteration,
+    rank) already held, by (job, the agent whose record is held); copies worse than the held
+    record, by job; and the held records another agent's replaced (JobStore._outranks)."""
+
+    other_agent: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    worse: dict[str, list[int]] = field(default_factory=dict)
+    # Held records of another agent replaced, by (job, the agent whose records they were).
+    displaced: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    # Records refused as implausibly ahead, by job: (iteration, why).
+    implausible: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    refused: set[int] = field(default_factory=set)  # id() of every record kept out (not journalled)
+    # Runs that ended because a new one began, by job: the number of the run that ended (its incidents
+    # are closed with it: perfd.aggregator.state_ingest).
+    ended_runs: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class JobStats:
+    steps: int = 0
+    dropped_steps: int = 0  # records that left the retention window (or arrived older than it)
+    too_old: int = 0  # of those, records that arrived older than every iteration of a full window
+    implausible: int = 0  # records refused as implausibly ahead (MAX_ITERATION_LEAP, train-iters)
+    new_runs: int = 0  # restarts seen: the old run's records replaced by a digest of it
+    replaced_by_new_run: int = 0  # ... how many records
+    ended_run_records: int = 0  # records of a run that had ended arriving after it: refused
+    evicted_iterations: int = 0
+    evicted_iterations_bytes: int = 0  # of those, evicted for the byte bound
+    analysis_errors: int = 0
+    conflicts: int = 0  # records of another agent for an (iteration, rank) already held: kept out
+    displaced: int = 0  # records held from an agent that wrote them ahead of the job: replaced
+    worse_duplicates: int = 0  # copies of a held record lacking some of its values: kept out

@@ -24,16 +24,14 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
+from perfd.aggregator.job_inputs import NO_INPUTS, AnalysisInputs, Standing
 from perfd.aggregator.job_runs import close_run, digest_runs, figures_span, of_ended_run, run_mark
-from perfd.aggregator.job_state import JobState
+from perfd.aggregator.job_state import JobState, JobStats, StepConflicts
 from perfd.aggregator.step_histogram import STEP_BUCKETS_S, slowest_step_s
-from perfd.analytics.breakdown.bottleneck import GpmReading
-from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import MAX_DIGESTS
@@ -41,8 +39,8 @@ from perfd.limits import MAX_ITERATION_LEAP, REFUSAL_LOG_INTERVAL_S
 from perfd.model import JobInfo, StepRecord, merge_job_info
 from perfd.stepfold import ALL_RANKS
 
-__all__ = ["JobState", "JobStats", "JobStore", "StepConflicts", "job_info_of", "job_level_steps",
-           "mark_disturbed", "record_bytes", "worse_than"]
+__all__ = ["NO_INPUTS", "AnalysisInputs", "JobState", "JobStats", "JobStore", "Standing", "StepConflicts",
+           "job_info_of", "job_level_steps", "mark_disturbed", "record_bytes", "worse_than"]
 
 log = logging.getLogger(__name__)
 
@@ -92,45 +90,12 @@ def worse_than(new: StepRecord, held: StepRecord) -> bool:
             or not held.rank_end_times.keys() <= new.rank_end_times.keys())
 
 
-@dataclass
-class StepConflicts:
-    """What :meth:`JobStore.ingest_steps` kept out: records of another agent for an (iteration,
-    rank) already held, by (job, the agent whose record is held); copies worse than the held
-    record, by job; and the held records another agent's replaced (JobStore._outranks)."""
-
-    other_agent: dict[tuple[str, str], list[int]] = field(default_factory=dict)
-    worse: dict[str, list[int]] = field(default_factory=dict)
-    # Held records of another agent replaced, by (job, the agent whose records they were).
-    displaced: dict[tuple[str, str], list[int]] = field(default_factory=dict)
-    # Records refused as implausibly ahead, by job: (iteration, why).
-    implausible: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
-    refused: set[int] = field(default_factory=set)  # id() of every record kept out (not journalled)
-    # Runs that ended because a new one began, by job: the number of the run that ended (its incidents
-    # are closed with it: perfd.aggregator.state).
-    ended_runs: dict[str, list[int]] = field(default_factory=dict)
-
-
-@dataclass
-class JobStats:
-    steps: int = 0
-    dropped_steps: int = 0  # records that left the retention window (or arrived older than it)
-    too_old: int = 0  # of those, records that arrived older than every iteration of a full window
-    implausible: int = 0  # records refused as implausibly ahead (MAX_ITERATION_LEAP, train-iters)
-    new_runs: int = 0  # restarts seen: the old run's records replaced by a digest of it
-    replaced_by_new_run: int = 0  # ... how many records
-    ended_run_records: int = 0  # records of a run that had ended arriving after it: refused
-    evicted_iterations: int = 0
-    evicted_iterations_bytes: int = 0  # of those, evicted for the byte bound
-    analysis_errors: int = 0
-    conflicts: int = 0  # records of another agent for an (iteration, rank) already held: kept out
-    displaced: int = 0  # records held from an agent that wrote them ahead of the job: replaced
-    worse_duplicates: int = 0  # copies of a held record lacking some of its values: kept out
-
-
 class JobStore:
     def __init__(self, max_iterations_per_job: int = RETAIN_ITERATIONS, min_recompute_s: float = 0.5,
                  gpu_override: str | None = None, peak_tflops: float | None = None,
-                 max_bytes_per_job: int = RETAIN_BYTES) -> None:
+                 max_bytes_per_job: int = RETAIN_BYTES, standing: Standing | None = None) -> None:
+        """``standing``: (job, agent) -> its standing as a writer of the job
+        (perfd.aggregator.guard.Guard.standing; none given: every agent's is 0)."""
         self._lock = threading.Lock()
         self.max_bytes = max_bytes_per_job
         self.jobs: dict[str, JobState] = {}
@@ -140,20 +105,7 @@ class JobStore:
         self.min_recompute_s = min_recompute_s
         self.gpu_override = gpu_override
         self.peak_tflops = peak_tflops
-        # job -> (start, end) epoch seconds of its captures: iterations ending inside one (or the
-        # step after) are marked disturbed, whatever the source of the step records.
-        self.capture_windows: Callable[[str], list[tuple[float, float]]] = lambda job: []
-        # (job, span) -> what the other views know for its bottleneck class: GPM of its GPUs, and the
-        # class its latest capture within ``span`` (from, to: epoch s; the run whose figures are
-        # reported, perfd.analytics.run.runs) supports.
-        # job -> the model of its GPUs as their process lists name them (perfd.aggregator.nodes), asked
-        # while a job has no model from its agents' series: a job seen only through the engine.
-        self.placed_gpu: Callable[[str], str | None] = lambda job: None
-        self.class_inputs: Callable[[str, tuple[float | None, float | None]],
-                                    tuple[GpmReading | None, TimelineClass | None, str]] = \
-            lambda job, span: (None, None, "")
-        # (job, agent) -> its standing as a writer of the job (perfd.aggregator.guard.Guard.standing).
-        self.standing: Callable[[str, str], int] = lambda job, agent: 0
+        self._standing: Standing = standing if standing is not None else (lambda job, agent: 0)
 
     def _job(self, name: str) -> JobState:
         js = self.jobs.get(name)
@@ -399,7 +351,7 @@ class JobStore:
         it ahead of the job (a stranger that wrote a job's future iterations before the job reached
         them). Otherwise the held record stays (a run restarted on another node from an earlier
         checkpoint keeps the first copy of the iterations it logs again)."""
-        s_new, s_old = self.standing(js.name, sender), self.standing(js.name, holder)
+        s_new, s_old = self._standing(js.name, sender), self._standing(js.name, holder)
         if s_new != s_old:
             return s_new > s_old
         it, scope = key
@@ -411,36 +363,39 @@ class JobStore:
         return False
 
     # ---- read side ---------------------------------------------------------------------------
-    def _digest_closed(self, job: str, js: JobState, windows: list[tuple[float, float]]) -> None:
+    def _digest_closed(self, job: str, js: JobState, windows: list[tuple[float, float]],
+                       inputs: AnalysisInputs) -> None:
         """Digest the runs a new one replaced (outside the store lock: an analysis each, once)."""
         with self._lock:
             closed, js.closed = js.closed, []
             done = list(js.runs)
             gpu = self.gpu_override or js.gpu_name
-        done, failed = digest_runs(job, closed, done, windows, lambda span: self.class_inputs(job, span)[1],
+        done, failed = digest_runs(job, closed, done, windows, lambda span: inputs.class_inputs(job, span)[1],
                                    gpu, self.peak_tflops)
         with self._lock:
             js.runs = done[-MAX_DIGESTS:]
             self.stats.analysis_errors += failed
 
-    def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:
+    def analysis(self, job: str, force: bool = False, inputs: AnalysisInputs = NO_INPUTS
+                 ) -> RunAnalysis | None:
         """The job's analysis, recomputed if new data arrived (rate-limited): of its current run, with
-        the digests of the runs before it (each made once, when a new run replaced its records)."""
-        windows = self.capture_windows(job)  # outside the lock: it asks the capture coordinator
+        the digests of the runs before it (each made once, when a new run replaced its records).
+        ``inputs``: what it reads of the aggregator's other parts (read outside the store lock)."""
+        windows = inputs.capture_windows(job)  # outside the lock: it asks the capture coordinator
         with self._lock:
             js = self.jobs.get(job)
             if js is None:
                 return None
             pending = bool(js.closed)
         if pending:
-            self._digest_closed(job, js, windows)
+            self._digest_closed(job, js, windows, inputs)
         with self._lock:
             newest = [js.records[(js.iterations[-1], sc)] for sc in js.by_iteration.get(js.iterations[-1], [])
                       if (js.iterations[-1], sc) in js.records] if js.iterations else []
             span = figures_span(newest, js.run_start, js.runs)
             need_gpu = not self.gpu_override and not js.gpu_name
-        gpm, timeline, gpm_when = self.class_inputs(job, span)
-        placed = self.placed_gpu(job) if need_gpu else None  # outside the lock: it asks the node view
+        gpm, timeline, gpm_when = inputs.class_inputs(job, span)
+        placed = inputs.placed_gpu(job) if need_gpu else None  # outside the lock: it asks the node view
         with self._lock:
             js = self.jobs.get(job)
             if js is None:

@@ -110,10 +110,6 @@ class AggregatorConfig:
 class Aggregator:
     def __init__(self, cfg: AggregatorConfig) -> None:
         self.cfg = cfg
-        self.state = AggregatorState(cfg.max_iterations_per_job, gpu_override=cfg.gpu,
-                                     peak_tflops=cfg.peak_tflops, max_bytes_per_job=cfg.max_bytes_per_job)
-        self.state.configure(cfg.collectives, cfg.collectives_per_job,  # links for the collective analysis
-                             cfg.job_stale_after_s, cfg.stall_phase_max_s)
         self.refusals = Refusals()
         tls = None
         if cfg.tls_cert or cfg.tls_key or cfg.tls_client_ca:
@@ -127,6 +123,14 @@ class Aggregator:
             policy = IdentityPolicy(cfg.identity_policy)
         self.guard = Guard(cfg.limits, self.refusals, self._job_allowed if policy is not None else None,
                            identity_of=lambda agent: self.server.identity_of(agent))
+        # Who keeps an iteration two hosts wrote (the guard's standing); how a stall asks its agents
+        # for the ranks' stacks; links for the collective analysis.
+        self.state = AggregatorState(cfg.max_iterations_per_job, gpu_override=cfg.gpu,
+                                     peak_tflops=cfg.peak_tflops, max_bytes_per_job=cfg.max_bytes_per_job,
+                                     collectives=cfg.collectives, collectives_per_job=cfg.collectives_per_job,
+                                     job_stale_after_s=cfg.job_stale_after_s,
+                                     stall_phase_max_s=cfg.stall_phase_max_s, standing=self.guard.standing,
+                                     send=self.send_command)
         self.guard.placed_jobs = self.state.jobs_on  # a node agent reports the jobs on its GPUs
         self.guard.node_of = self._node_of  # ... on a node the jobs' hosts name
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
@@ -140,8 +144,6 @@ class Aggregator:
                                             if self.store is not None else None),
                                    admit_series=self._admit_series, policy=policy,
                                    on_stream_end=lambda agent: self.lifecycle.stream_ended(agent))
-        # who keeps an iteration two hosts wrote; a stall asks its agents for the ranks' stacks
-        self.state.connect(self.guard.standing, self.send_command)
         self.http: HttpServer | None = None
         self.grpc_port = 0
         self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.send_command,
@@ -275,7 +277,7 @@ class Aggregator:
 
     def _node_of(self, agent_id: str) -> str | None:
         """The node the agent's live Hello named (None: none since this aggregator started)."""
-        said = self.state.nodes.hello_of(agent_id)
+        said = self.state.hello_of(agent_id)
         return said[0] if said is not None else None
 
     def _job_allowed(self, agent_id: str, job: str) -> bool:
@@ -321,7 +323,7 @@ class Aggregator:
             return hosts
         from perfd.engine.root import ENGINE_AGENT
 
-        return (set(self.state.job_agents(job)) | set(self.state.hosts.agents_of(job))) - {ENGINE_AGENT}
+        return (set(self.state.job_agents(job)) | set(self.state.rank_host_agents(job))) - {ENGINE_AGENT}
 
     def forget_series(self, agent_id: str) -> None:
         """The agent was forgotten (perfd.aggregator.lifecycle): its series leave the cap."""

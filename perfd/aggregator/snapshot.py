@@ -64,8 +64,8 @@ class JobSnapshot:
 
     job: str
     agents: frozenset[str]  # the agents that sent the job's records
-    # What the state's parts were when built (perfd.aggregator.state): Snapshots builds a new one
-    # when they differ, so nothing read from a snapshot is staler than the state itself.
+    # The state's change count when built (perfd.aggregator.state_changes): Snapshots builds a new one
+    # when it moved, so nothing read from a snapshot is staler than the state itself.
     version: Hashable
     # The job store's overview (perfd.aggregator.jobs.JobStore.overview); its ``last_step_age_s`` is
     # recomputed from ``now`` when read (:meth:`overview_at`).

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from perfd import shared_thresholds as th
+from perfd.aggregator.state_changes import Changes, writes
 from perfd.analytics.incidents.detect import Incident, stall_incident
 from perfd.analytics.incidents.evidence import StallReason
 from perfd.analytics.incidents.incident_evidence import Withdrawal
@@ -65,9 +66,10 @@ _PROCESS_REASONS = frozenset({StallReason.STOPPED, StallReason.GONE})
 
 
 class StallSource(Protocol):
-    """What the stall watch reads and updates (AggregatorState gives it): the job's snapshot (its last
-    record, analysis, placement, GPU and host views), its collective analysis and capture records, the
-    rank hosts' announced pauses and stacks, and the incident tracker its stalls go to."""
+    """What the stall watch reads and updates (perfd.aggregator.job_analyses, and the state that
+    composes it, give it): the job's snapshot (its last record, analysis, placement, GPU and host
+    views), its collective analysis and capture records, the rank hosts' announced pauses and stacks,
+    and the incident tracker its stalls go to."""
 
     incidents: IncidentTracker
     hosts: HostView
@@ -128,18 +130,20 @@ def capture_spans(records: list[dict[str, Any]]) -> list[CaptureSpan]:
 
 
 class StallWatch:
-    def __init__(self) -> None:
+    def __init__(self, changes: Changes, send: SendCommand | None = None,
+                 phase_max_s: float = PHASE_MAX_S) -> None:
+        """``changes``: the state's change count (a tick is a write: the job's snapshot shows its
+        stall); ``send``: how a stall asks the ranks' agents for their stacks (the server's
+        send_command; None: it does not ask); ``phase_max_s``: how long after a job's last record its
+        announced pauses may hold a stall back (the aggregator's --stall-phase-max-s;
+        perfd.shared_thresholds.STALL_PHASE_MAX_S)."""
         self._lock = threading.Lock()
         self._open: dict[str, Stall] = {}
-        self.send: SendCommand | None = None  # set by the aggregator: its server's send_command
+        self.changes = changes
+        self.send = send
         self.opened_total: dict[str, int] = {}
         self.late_total: dict[str, int] = {}  # stalls withdrawn: their records came late (job clock)
-        # How long after a job's last record its announced pauses may hold a stall back (the
-        # aggregator's --stall-phase-max-s; perfd.shared_thresholds.STALL_PHASE_MAX_S).
-        self.phase_max_s = PHASE_MAX_S
-        # job -> bumped (under the lock) at each of its ticks: the job's snapshot shows its stall, and
-        # is built anew when this moves (perfd.aggregator.snapshot).
-        self._versions: dict[str, int] = {}
+        self.phase_max_s = phase_max_s
 
     def stalled(self, job: str) -> StallCheck | None:
         """The job's open stall's latest check (None: no open stall)."""
@@ -147,25 +151,17 @@ class StallWatch:
             st = self._open.get(job)
         return st.check if st is not None and st.closed_at is None else None
 
-    def version(self, job: str) -> int:
-        """Moves whenever the job's stall may have (at each tick of the job)."""
-        with self._lock:
-            return self._versions.get(job, 0)
-
     def forget(self, job: str) -> None:
         with self._lock:
             self._open.pop(job, None)
             self.opened_total.pop(job, None)
             self.late_total.pop(job, None)
-            self._versions.pop(job, None)
 
+    @writes
     def tick(self, state: StallSource, job: str, now: float | None = None) -> StallCheck:
-        """Check the job now; open, update or close its stall incident. Returns the check."""
-        try:
-            return self._tick(state, job, time.time() if now is None else now)
-        finally:
-            with self._lock:
-                self._versions[job] = self._versions.get(job, 0) + 1
+        """Check the job now; open, update or close its stall incident. Returns the check. A write
+        whatever it found: the job's snapshot is built anew after it."""
+        return self._tick(state, job, time.time() if now is None else now)
 
     def _tick(self, state: StallSource, job: str, now: float) -> StallCheck:
         snap = state.snapshot(job)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from perfd.aggregator.collectives import CollectiveStore
 from perfd.aggregator.eventlog import EventLog
-from perfd.aggregator.jobs import JobStore
+from perfd.aggregator.jobs import JobStats
 from perfd.aggregator.memory import memory_stats
 from perfd.aggregator.nodes import NodeView
 from perfd.aggregator.serving import ServingStore
@@ -29,7 +29,8 @@ class CounterSources(Protocol):
     (a Protocol, so that this module does not import the state that serves it)."""
 
     @property
-    def jobs(self) -> JobStore: ...
+    def job_stats(self) -> JobStats: ...
+    def job_names(self) -> list[str]: ...
     @property
     def nodes(self) -> NodeView: ...
     @property
@@ -51,7 +52,7 @@ class CounterSources(Protocol):
 def stats_json(state: CounterSources) -> dict[str, Any]:
     """The aggregator's counters as /api/stats serves them (the transport's too, when set)."""
     now = time.time()
-    js = state.jobs.stats
+    js = state.job_stats
     out: dict[str, Any] = {
         "samples_ingested": state.nodes.samples,
         "samples_undefined": state.nodes.undefined_samples,  # their series refused or never defined
@@ -75,7 +76,7 @@ def stats_json(state: CounterSources) -> dict[str, Any]:
         "snapshot_errors": state.snapshots.errors,  # job snapshots that failed to build (the last one served)
         "step_records_conflicting": js.conflicts,
         "step_records_worse_duplicates": js.worse_duplicates,
-        "jobs": len(state.jobs.names()),
+        "jobs": len(state.job_names()),
         "agents_seen": {a: round(now - t, 3) for a, t in state.nodes.agents_seen().items()},
         "uptime_s": round(now - state.stats.started, 3),
         "process": memory_stats(),  # RSS, what the C allocator holds in use and free, Python's blocks

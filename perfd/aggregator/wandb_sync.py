@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from perfd.aggregator.snapshot import Analysed, GpuKey, JobSnapshot, SnapshotSink
-from perfd.aggregator.state import AggregatorState
+from perfd.aggregator.state_readers import JobReader
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.exporters.wandb import WandbExporter, node_metrics
@@ -116,7 +116,7 @@ class WandbSink:
 
 
 class WandbSync:
-    def __init__(self, state: AggregatorState, exporter: WandbExporter,
+    def __init__(self, state: JobReader, exporter: WandbExporter,
                  captures: CapturesSource | None = None, interval_s: float = 10.0) -> None:
         self.state = state
         self.exporter = exporter

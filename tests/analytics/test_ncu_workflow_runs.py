@@ -14,7 +14,9 @@ job's three runs replayed through the aggregator as its agent sent them, each fi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +40,24 @@ from tests.analytics.ncu_workflow_data import (
 AGENT = "vm/ncu-workflow"
 
 
+class Windows:
+    """The capture source of the recording: each capture's record as far as its window goes (it
+    started and finished; no result, bottleneck or arming of its own)."""
+
+    def __init__(self) -> None:
+        self.records = [{"id": f"c{i}", "status": "finished", "started_at": a, "finished_at": b}
+                        for i, (a, b) in enumerate(capture_windows())]
+
+    def of_job(self, job: str) -> list[dict[str, Any]]:
+        return list(self.records)
+
+    def arming(self, job: str) -> None:
+        return None
+
+    def on_event(self, ev: Mapping[str, Any]) -> None:
+        pass
+
+
 def parsed(run: int) -> tuple[JobInfo, list[StepRecord]]:
     """The run's job info and step records as the agent's Megatron-LM collector reads its log."""
     p = parse_lines(log_text(run).splitlines(keepends=True), job=JOB)
@@ -48,8 +68,7 @@ def live_state(upto: int) -> tuple[AggregatorState, list[RunAnalysis]]:
     """The aggregator after runs 1..``upto`` arrived in order (job info before each run's records, one
     record a batch), the captures' windows as the capture records give them; an analysis after each run."""
     state = AggregatorState(gpu_override=GPU)
-    windows = capture_windows()
-    state.jobs.capture_windows = lambda job: windows
+    state.attach_captures(Windows())
     out = []
     for run in RUNS[:upto]:
         info, records = parsed(run)
@@ -150,8 +169,7 @@ def test_a_restarted_aggregator_keeps_the_jobs_gpu_and_run_1s_mfu(tmp_path: Path
         agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], state_dir=str(tmp_path)))
         assert agg.store is not None
         restore(agg, agg.store)
-        windows = capture_windows()
-        agg.state.jobs.capture_windows = lambda job: windows
+        agg.state.attach_captures(Windows())  # the recording's captures, not the coordinator's (none)
         return agg
 
     seq = [0]

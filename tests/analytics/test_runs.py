@@ -166,7 +166,7 @@ def test_a_late_record_of_an_ended_hook_run_is_refused() -> None:
     state.ingest_steps("a", [rec(i, 11, 1000.0 + i * 0.1) for i in range(1, 30)])
     state.ingest_steps("a", [rec(1, 22, 2000.0)])  # the restarted process: run 2
     out = state.ingest_steps("a", [rec(30, 11, 1003.0)])  # run 1's last record, delivered late
-    assert out.refused and state.jobs.stats.ended_run_records == 1
+    assert out.refused and state.job_stats.ended_run_records == 1
     a = state.analysis("h", force=True)
     assert a is not None and list(a.values("iteration")) == [1]
     assert a.summary.runs.current == 2 and a.summary.runs.earlier[0].last_iteration == 29
@@ -211,7 +211,7 @@ def test_one_restart_seen_by_the_hook_and_the_log_is_one_new_run(hook_first: boo
     state.ingest_steps("a", second if hook_first else second[::-1])
     for i in range(2, 11):
         state.ingest_steps("a", [log(i, False, 2000.0 + i), hook(i, 2)])
-    assert state.jobs.stats.new_runs == 1
+    assert state.job_stats.new_runs == 1
     a = state.analysis("m", force=True)
     assert a is not None and a.summary.runs.current == 2 and len(a.summary.runs.earlier) == 1
     assert list(a.values("iteration")) == list(range(1, 11))

@@ -83,8 +83,7 @@ def test_a_firing_rule_sends_one_capture_then_respects_cooldown_and_release():
 def test_undeliverable_when_no_agent_and_the_process_is_released():
     st = AggregatorState()
     st.ingest_job_info("gone", "j2", parse_file(LOG, job="j2").job_info)
-    st.jobs.jobs["j2"].agents.clear()
-    co = CaptureCoordinator(st, None, lambda agent, cmd: False)
+    co = CaptureCoordinator(st, None, lambda agent, cmd: False, hosts=lambda job: set())  # no host left
     rec = co.request("j2", [0], "kineto", 3, "manual", now=1.0)
     assert rec.status == "undeliverable"
     assert co.request("j2", [0], "kineto", 3, "manual", now=2.0).status == "undeliverable"  # not "busy"

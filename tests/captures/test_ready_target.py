@@ -134,10 +134,10 @@ def test_an_ncu_rule_waits_for_the_target_ranks_step_hook():
     co = _coordinator(st, sent, _pack("ncu", "{ranks: [0]}"), clock)
     (f,) = co.evaluate(now=t)
     assert f.waiting is TargetWait.NO_HOOK and not sent  # the job's log steps, no hook record of rank 0
-    st.jobs.ingest_steps("agent-1", [_hook_step(1, "77")], now=t + 1)
+    st.ingest_steps("agent-1", [_hook_step(1, "77")], now=t + 1)
     (f,) = co.evaluate(now=t + 2)
     assert f.waiting is TargetWait.NO_HOOK and not sent  # rank 1's hook, not rank 0's
-    st.jobs.ingest_steps("agent-1", [_hook_step(0, "76")], now=t + 3)
+    st.ingest_steps("agent-1", [_hook_step(0, "76")], now=t + 3)
     co.evaluate(now=t + 4)
     assert len(sent) == 1 and sent[0].ranks == (0,) and sent[0].args["tool"] == "ncu"
 
@@ -148,7 +148,7 @@ def test_a_hook_silent_since_a_restart_is_not_ready():
     st, clock = _state(), Clock(t)
     sent: list[Command] = []
     co = _coordinator(st, sent, _pack("ncu", "{ranks: [0]}"), clock)
-    st.jobs.ingest_steps("agent-1", [_hook_step(0, "76")], now=t - 100)
-    st.jobs.ingest_steps("agent-1", [_hook_step(1, "77")], now=t)
+    st.ingest_steps("agent-1", [_hook_step(0, "76")], now=t - 100)
+    st.ingest_steps("agent-1", [_hook_step(1, "77")], now=t)
     (f,) = co.evaluate(now=t)
     assert f.waiting is TargetWait.NO_HOOK and not sent

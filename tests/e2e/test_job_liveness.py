@@ -22,6 +22,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from tests.procs import http_get as _get
 from tests.procs import wait_for as _wait
+from tests.silence import arrived_ago
 
 ROOT = Path(__file__).resolve().parents[2]
 DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
@@ -46,8 +47,7 @@ def _metrics(st: AggregatorState) -> str:
 
 def test_a_hung_job_is_stalled_an_exited_one_ended_and_both_leave_the_derived_gauges() -> None:
     parsed = parse_file(DP2, job="dp2")
-    st = AggregatorState(min_recompute_s=0.0)
-    st.job_stale_after_s = 5.0
+    st = AggregatorState(min_recompute_s=0.0, job_stale_after_s=5.0)
     st.hello("a", ["dp2"])
     st.ingest_job_info("a", "dp2", parsed.job_info)
     st.ingest_steps("a", parsed.records)
@@ -58,7 +58,7 @@ def test_a_hung_job_is_stalled_an_exited_one_ended_and_both_leave_the_derived_ga
     st.analysis("dp2", force=True)
     assert overview_of(st.snapshot("dp2"))["state"] == RUNNING  # type: ignore[index]
     assert 'perfd_job_step_time_seconds{job_name="dp2"}' in _metrics(st)
-    st.jobs.jobs["dp2"].last_step_time -= 60  # a minute without a step, processes still there
+    arrived_ago(st, "a", "dp2", 60.0)  # a minute without a step, processes still there
     ov = overview_of(st.snapshot("dp2"))
     assert ov is not None and ov["state"] == STALLED and "hung" in ov["state_reason"]
     text = _metrics(st)
@@ -129,8 +129,7 @@ def test_the_shipped_job_stalled_rule_fires_on_a_hang_and_not_on_an_ended_job() 
     from perfd.rules.loader import load_pack
 
     parsed = parse_file(DP2, job="dp2")
-    st = AggregatorState(min_recompute_s=0.0)
-    st.job_stale_after_s = 5.0
+    st = AggregatorState(min_recompute_s=0.0, job_stale_after_s=5.0)
     st.hello("a", ["dp2"])
     st.ingest_job_info("a", "dp2", parsed.job_info)
     st.ingest_steps("a", parsed.records)
@@ -148,7 +147,7 @@ def test_the_shipped_job_stalled_rule_fires_on_a_hang_and_not_on_an_ended_job() 
                                lambda agent, cmd: True)
     t0 = _time.time()
     assert coord.evaluate(t0) == [] and st.snapshot("dp2").stalled_seconds() == 0.0  # type: ignore[union-attr]  # running: 0, not absent
-    st.jobs.jobs["dp2"].last_step_time -= 60  # no step for a minute, processes still there
+    arrived_ago(st, "a", "dp2", 60.0)  # no step for a minute, processes still there
     assert (st.snapshot("dp2").stalled_seconds() or 0) >= 55  # type: ignore[union-attr]
     assert [f.rule.name for f in coord.evaluate(t0 + 1) if f.new] == []  # pending: for 1m
     fired = [f for f in coord.evaluate(t0 + 62) if f.new]

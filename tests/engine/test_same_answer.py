@@ -152,8 +152,9 @@ def test_a_restart_seen_only_through_the_engine_is_a_new_run_as_one_aggregator_s
         _, root = asyncio.run(_through_the_engine(cluster.urls, rooted, INFO, by_node))
     assert root.stats.node_messages == NODES * len(by_node[0]) and root.stats.redelivered == 0
     assert root.stats.new_runs == 1  # every node marked the restart, at the same iteration: one
-    assert single.jobs.stats.new_runs == rooted.jobs.stats.new_runs == 1
-    assert rooted.jobs.jobs[JOB].run == single.jobs.jobs[JOB].run == 2
+    assert single.job_stats.new_runs == rooted.job_stats.new_runs == 1
+    runs = [a.summary.runs.current for st in (rooted, single) if (a := st.analysis(JOB)) is not None]
+    assert runs == [2, 2]
     assert _answer(rooted) == _answer(single)
     its = job_iterations(rooted, JOB)
     assert its is not None
@@ -204,7 +205,8 @@ def test_the_gpu_model_reaches_the_root_in_the_process_lists_and_mfu_with_it(tmp
         assert its is not None
         steady = [i for i in its["iterations"] if i.get("steady_state")]
         assert steady and all(isinstance(i.get("mfu"), float) == has for i in steady), (has, steady[:1])
-    assert rooted.jobs.gpu_of(JOB) == GPU and bare.jobs.gpu_of(JOB) is None
+    gpus = [(st.records_and_layout(JOB) or ([], None, None))[2] for st in (rooted, bare)]
+    assert gpus == [GPU, None]
 
 
 def _hooked(log: list[StepRecord], world: int) -> dict[int, list[list[StepRecord]]]:

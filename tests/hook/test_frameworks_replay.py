@@ -32,9 +32,10 @@ from collectors.hook.peers import Sender
 from perfd import events
 from perfd.agent.hook_gpus import HookGpus, hook_ranks
 from perfd.aggregator import class_inputs as class_inputs_mod
+from perfd.aggregator import job_analyses as job_analyses_mod
 from perfd.aggregator import jobs as jobs_mod
 from perfd.aggregator import sightings as sightings_mod
-from perfd.aggregator import state as state_mod
+from perfd.aggregator import state_ingest as state_ingest_mod
 from perfd.aggregator import stats as stats_mod
 from perfd.aggregator.http import job_iterations, job_summary
 from perfd.aggregator.state import AggregatorState
@@ -76,7 +77,7 @@ def replay(job_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> di
     meta = json.loads((job_dir / "meta.json").read_text())
     job = meta["job"]
     clock = _Clock()
-    for mod in (state_mod, jobs_mod, sightings_mod, class_inputs_mod, stats_mod):
+    for mod in (state_ingest_mod, job_analyses_mod, jobs_mod, sightings_mod, class_inputs_mod, stats_mod):
         monkeypatch.setattr(mod, "time", clock.module())
     collector = HookCollector({"socket_path": str(tmp_path / "hook.sock"), "job": job})  # decodes only
     hook_gpus = HookGpus(job)

@@ -17,6 +17,7 @@ from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import parse_pack_checked
+from tests.silence import arrived_ago
 
 ROOT = Path(__file__).resolve().parents[2]
 REC = json.loads((ROOT / "tests" / "data" / "host" / "rank_observations.json").read_text())
@@ -69,7 +70,7 @@ def test_rank_scope_rules_read_each_ranks_host_series() -> None:
 def test_a_job_rule_on_stalled_seconds_fires_on_a_live_stall() -> None:
     stopped = {**REC["stopped"]["ranks"][0], "rank": 1}
     st = _state([{**REC["calm"]["ranks"][0]}, stopped])
-    st.jobs.jobs["dp2"].last_step_time = time.time() - 8.0  # silent past the floor (5 s)
+    arrived_ago(st, "a", "dp2", 8.0)  # silent past the floor (5 s)
     st.refresh()  # the aggregator's tick: the stall opens
     assert overview_of(st.snapshot("dp2"))["state"] == "stalled"  # type: ignore[index]
     assert ("stalled_now", "dp2") in _fired(st, time.time())

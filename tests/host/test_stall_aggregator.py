@@ -31,6 +31,7 @@ from perfd.analytics.incidents.stall import IDLE_CPU_CORES
 from perfd.analytics.steps.liveness import RUNNING, STALLED
 from perfd.transport.codec import COMMAND_STACKS, Command
 from tests.procs import wait_for
+from tests.silence import arrived_ago
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
@@ -75,14 +76,13 @@ def _started_before(payload: Any) -> Any:
 class Harness:
     def __init__(self, procs: tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]) -> None:
         self.parsed = parse_file(DP2, job=JOB)
-        self.st = AggregatorState(min_recompute_s=0.0)
         self.sent: list[tuple[str, Command]] = []
 
         def send(agent: str, cmd: Command) -> bool:  # the server's send_command: queued to the stream
             self.sent.append((agent, cmd))
             return True
 
-        self.st.stalls.send = send
+        self.st = AggregatorState(min_recompute_s=0.0, send=send)
         self.st.hello("agent-a", [JOB])
         self.st.ingest_job_info("agent-a", JOB, self.parsed.job_info)
         self.collector = RanksCollector({"job": JOB, "event_every_s": 0})
@@ -121,10 +121,7 @@ class Harness:
 
     def silent_for(self, seconds: float) -> float:
         """Make the job's last record have arrived ``seconds`` ago; returns now."""
-        js = self.st.jobs.jobs[JOB]
-        now = time.time()
-        js.last_step_time = now - seconds
-        return now
+        return arrived_ago(self.st, "agent-a", JOB, seconds)
 
     def incidents(self) -> list[dict[str, Any]]:
         return self.st.incidents.incidents(JOB)
@@ -413,7 +410,7 @@ def test_a_pending_collective_corroborates_a_stall_of_busy_ranks(tmp_path: Path)
         got = wait_for(busy_reading, 60, "both spinners read over the idle bound", interval=0)
         st.ingest_events("n1", [{**e, "labels": {"node": "n1"}, "payload": _started_before(e["payload"])}
                                 for e in got])
-        st.jobs.jobs["ddp"].last_step_time = time.time() - 8.0
+        arrived_ago(st, "n1", "ddp", 8.0)
         check = st.stalls.tick(st, "ddp")
     finally:
         for p in ps:

@@ -20,9 +20,10 @@ import pytest
 from collectors.megatron import parse_lines
 from perfd import events
 from perfd.aggregator import class_inputs as class_inputs_mod
+from perfd.aggregator import job_analyses as job_analyses_mod
 from perfd.aggregator import jobs as jobs_mod
 from perfd.aggregator import sightings as sightings_mod
-from perfd.aggregator import state as state_mod
+from perfd.aggregator import state_ingest as state_ingest_mod
 from perfd.aggregator import stats as stats_mod
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
@@ -52,7 +53,8 @@ def _replay(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[float, Aggregator
     """Yields (replay time, state, what just happened) while feeding log records and NVML frames
     in the order they happened; the state analyses the job every 2 s of replay time."""
     clock = _Clock()
-    monkeypatch.setattr(state_mod, "time", clock.module())
+    monkeypatch.setattr(state_ingest_mod, "time", clock.module())
+    monkeypatch.setattr(job_analyses_mod, "time", clock.module())
     monkeypatch.setattr(jobs_mod, "time", clock.module())
     # the GPU and host readings an incident keeps, and the class inputs, stamp their time there too
     monkeypatch.setattr(sightings_mod, "time", clock.module())

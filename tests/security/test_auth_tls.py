@@ -291,12 +291,12 @@ def test_step_records_are_accepted_only_from_the_jobs_hosts() -> None:
         host.submit(steps=_steps("victim", range(1, 121)))
         th = asyncio.create_task(host.run())
         assert await host.flush(10)
-        before = {k: v.step_time_ms for k, v in agg.state.jobs.jobs["victim"].records.items()}
+        before = {(r.iteration, str(r.rank)): r.step_time_ms for r in agg.state.step_records("victim")}
         other = AgentClient(target, "node-b", jobs=["mine"])
         other.submit(steps=[StepRecord(job="victim", iteration=i, step_time_ms=1e6) for i in range(1, 121)])
         to = asyncio.create_task(other.run())
         assert await other.flush(10)  # acknowledged (resending would be refused again) ...
-        after = {k: v.step_time_ms for k, v in agg.state.jobs.jobs["victim"].records.items()}
+        after = {(r.iteration, str(r.rank)): r.step_time_ms for r in agg.state.step_records("victim")}
         assert after == before  # ... and not one iteration overwritten
         assert agg.refusals.get(L.REFUSED_NOT_HOST) == 120
         assert agg.guard.hosts("victim") == {"node-a"}

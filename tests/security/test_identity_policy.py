@@ -76,21 +76,21 @@ def test_identity_policy_binds_certificates_to_agent_ids_and_jobs(tmp_path: Path
             assert overview_of(agg.state.snapshot("train")) is None
             # node-1 with its own certificate writes its job.
             await _send(target, tls["n1"], "node-1", ["train"], _steps("train", range(1, 11), 100.0))
-            held = {k[0]: r.step_time_ms for k, r in agg.state.jobs.jobs["train"].records.items()}
+            held = {r.iteration: r.step_time_ms for r in agg.state.step_records("train")}
             assert held == {i: 100.0 for i in range(1, 11)}
             # A certificate with an entry names the job in its Hello and sends records for it, old
             # and new: none is taken, and it hosts nothing of the job.
             refused = agg.refusals.get(L.REFUSED_POLICY)
             await _send(target, tls["g7"], "g7.gpu.example.com", ["train"],
                         _steps("train", range(1, 21), 1e6))
-            held = {k[0]: r.step_time_ms for k, r in agg.state.jobs.jobs["train"].records.items()}
+            held = {r.iteration: r.step_time_ms for r in agg.state.step_records("train")}
             assert held == {i: 100.0 for i in range(1, 11)}
             assert agg.guard.hosts("train") == {"node-1"}
             assert agg.refusals.get(L.REFUSED_POLICY) > refused
             # Its own jobs it writes ({identity} bound its agent id to its certificate's name).
             await _send(target, tls["g7"], "g7.gpu.example.com", ["eval-1"],
                         _steps("eval-1", range(1, 4), 5.0))
-            assert len(agg.state.jobs.jobs["eval-1"].records) == 3
+            assert len(agg.state.step_records("eval-1")) == 3
             # A certificate of the CA that the policy does not name is refused whatever it claims.
             c = await _send(target, tls["rogue"], "laptop", [], _steps("mine", range(1, 3), 1.0), 1.5)
             assert c.batches_acked == 0 and overview_of(agg.state.snapshot("mine")) is None

@@ -111,7 +111,7 @@ def test_a_bit_flipped_copy_of_an_iteration_line_never_replaces_the_good_record(
                                                                                    (None, None)]
     st = AggregatorState()
     out = st.ingest_steps("node-a", records)
-    held = st.jobs.jobs["j"].records[(5, "last")]
+    (held,) = [r for r in st.step_records("j") if (r.iteration, str(r.rank)) == (5, "last")]
     assert (held.step_time_ms, held.lm_loss) == (352.5, 9.265577)
     assert out.worse == {"j": [5]} and st.stats_json()["step_records_worse_duplicates"] == 1
     # A fuller copy of the same agent still replaces (a correction, a resend).

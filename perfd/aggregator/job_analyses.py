@@ -1,0 +1,266 @@
+"""The analysis side of the aggregator's state: each job's analysis (the job store's, given what it reads
+of the other parts: class_inputs.ClassInputs), the incidents each new analysis, a collective hang or a
+live stall opens, its collective analysis, and each job's snapshot (perfd.aggregator.snapshot), built
+here at each analysis refresh and whenever the state changed since (the change count,
+perfd.aggregator.state_changes).
+
+Called from the aggregator's refresher and rules threads and the HTTP threads; it writes the
+incident tracker (its writes are marked, like the ingest side's) and reads every other part under that
+part's own lock. A job's snapshot is built outside every lock and stored whole: a reader holds an
+immutable one while the next is built.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from perfd.aggregator.class_inputs import CaptureSource, ClassInputs, NoCaptures
+from perfd.aggregator.collectives import CollectiveStore, metric_rows
+from perfd.aggregator.gpu_views import PlacementCache, SnapshotView
+from perfd.aggregator.hosts import HostView
+from perfd.aggregator.incidents import GpuBaseline, IncidentTracker
+from perfd.aggregator.jobs import JobStore
+from perfd.aggregator.nodes import NodeView
+from perfd.aggregator.sightings import Sightings
+from perfd.aggregator.snapshot import Analysed, JobSnapshot, Snapshots
+from perfd.aggregator.stalls import StallWatch
+from perfd.aggregator.state_changes import Changes, writes
+from perfd.analytics.breakdown.bottleneck import GpmReading
+from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
+from perfd.analytics.incidents.detect import STEP_FACTOR, Incident, hang_incident
+from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal
+from perfd.analytics.run.arming import ArmingCost, is_the_arming
+from perfd.analytics.run.run_result import RunAnalysis
+from perfd.analytics.steps.liveness import ENDED
+from perfd.exporters.prometheus import Row
+from perfd.model import StepRecord
+
+log = logging.getLogger(__name__)
+
+
+class JobAnalyses:
+    def __init__(self, changes: Changes, jobs: JobStore, nodes: NodeView, collectives: CollectiveStore,
+                 incidents: IncidentTracker, hosts: HostView, stalls: StallWatch, placements: PlacementCache,
+                 gpu_baseline: GpuBaseline, job_stale_after_s: float | None = None) -> None:
+        """``job_stale_after_s``: --job-stale-after (None: from each job's own steps)."""
+        self.changes = changes
+        self.jobs = jobs
+        self.nodes = nodes
+        self.collectives = collectives
+        self.incidents = incidents
+        self.hosts = hosts
+        self.stalls = stalls
+        self.placements = placements
+        self.gpu_baseline = gpu_baseline
+        self.job_stale_after_s = job_stale_after_s
+        # The capture coordinator, once it attaches (attach_captures): the jobs' capture records.
+        self._captures: CaptureSource = NoCaptures()
+        self.inputs = ClassInputs(jobs, nodes, incidents, self.captures_of, lambda: job_stale_after_s)
+        # What the jobs' GPUs and hosts show, read for their incidents and steady baselines.
+        self.sightings = Sightings(jobs, nodes, hosts, placements, gpu_baseline, self.inputs.stepping)
+        self.snapshots = Snapshots(self._build_snapshot, self._snapshot_version)
+        self._tracked: dict[str, RunAnalysis] = {}  # job -> the analysis incidents were taken from
+
+    def forget(self, job: str) -> None:
+        """The job was pruned: what its analyses left here goes."""
+        self.sightings.forget(job)
+        self._tracked.pop(job, None)
+        self.inputs.forget(job)
+        self.snapshots.forget(job)
+
+    # ---- what an analysis reads of the other parts (perfd.aggregator.job_inputs.AnalysisInputs) -----
+    def attach_captures(self, source: CaptureSource) -> None:
+        """The capture coordinator: its records are what captures_of and arming_of read."""
+        self._captures = source
+
+    def captures_of(self, job: str) -> list[dict[str, Any]]:
+        """The job's capture records (JSON), for incidents and for marking the iterations a capture
+        disturbed."""
+        return self._captures.of_job(job)
+
+    def arming_of(self, job: str) -> ArmingCost | None:
+        """What arming ncu costs the job's armed ranks (perfd.analytics.run.arming), for its report: as
+        the job's analysis measures it from its armed steps (against its previous run), else as the
+        capture coordinator does from an ncu capture's ranks (against the unarmed ranks)."""
+        a = self.jobs.cached_analysis(job)
+        if a is not None and a.summary.arming is not None:
+            return a.summary.arming
+        return self._captures.arming(job)
+
+    def capture_windows(self, job: str) -> list[tuple[float, float]]:
+        """(start, end) of the job's captures, as the job store marks their iterations disturbed."""
+        return self.inputs.capture_windows(job)
+
+    def class_inputs(self, job: str, span: tuple[float | None, float | None]
+                     ) -> tuple[GpmReading | None, TimelineClass | None, str]:
+        return self.inputs.class_inputs(job, span)
+
+    def placed_gpu(self, job: str) -> str | None:
+        """The model of the job's GPUs as their process lists name them (perfd.aggregator.nodes)."""
+        return self.nodes.model_of(job, self.jobs.agents_of(job))
+
+    # ---- analyses and incidents --------------------------------------------------------------------
+    def analysis(self, job: str, force: bool = False) -> RunAnalysis | None:
+        """The job's analysis, recomputed if new data arrived (rate-limited); each new analysis
+        updates the job's incidents with the evidence the aggregator holds now."""
+        a = self.jobs.analysis(job, force, self)
+        if a is not None and self._tracked.get(job) is not a:
+            self._took(job, a)
+            self.snapshots.get(job, rebuild=True)  # the job's snapshot of this analysis
+        return a
+
+    @writes
+    def _took(self, job: str, a: RunAnalysis) -> None:
+        """A new analysis of the job: its snapshot shows it, and the incidents it found."""
+        self._tracked[job] = a
+        self._track_incidents(job, a)
+
+    def _track_incidents(self, job: str, a: RunAnalysis) -> None:
+        found = list(a.incidents)
+        try:
+            coll = self.collective_analysis(job)
+        except Exception:  # counted in the collective store
+            coll = None
+        last_it = a.iterations[-1].iteration if a.iterations else None
+        now = time.time()
+        open_now = self.incidents.has_open(job) or bool(a.incidents and a.incidents[-1].open)
+        # Steady sightings only while the newest step is steady too: the seconds a slowdown takes to
+        # become an incident (its cost past the floor) must not teach the baseline that its cause is
+        # the job's normal state (a short job has few sightings: those seconds were most of them).
+        last = a.iterations[-1] if a.iterations else None
+        med = a.summary.median("step_time_ms") if last is not None else None
+        calm = last is not None and last.steady_state and last.step_time_ms is not None and med is not None \
+            and 0 < last.step_time_ms <= STEP_FACTOR * med
+        if not open_now and calm and self.gpu_baseline.due(job, now):
+            self.sightings.baseline_sighting(job, now)
+        for h in coll.hangs if coll is not None else []:
+            found.append(hang_incident(h, last_it, now))
+        self.track_live_incidents(job, found, now)
+
+    @writes
+    def track_live_incidents(self, job: str, found: Sequence[Incident], now: float) -> None:
+        """Merge incidents into the job's record, each given what its ranks' GPUs and hosts show now
+        (the analysis' incidents, a collective hang, a live stall: perfd/aggregator/stalls.py)."""
+        views: list[SnapshotView] = []  # this pass's view of the job's GPUs: read once, whatever is open
+
+        def snapshot(inc: Incident) -> Mapping[int, RankSnapshot]:
+            if not views:
+                views.append(self.sightings.view(job))
+            if inc.id in views[0].served:  # a big job's kept view: already sighted for this incident
+                return {}
+            views[0].served.add(inc.id)
+            return self.sightings.gpu_snapshot(job, inc, views[0])
+
+        arming = self.arming_of(job)
+        if arming is not None:  # the armed rank's slower life is the arming's cost, not an incident
+            armed = [inc for inc in found if is_the_arming(inc, arming)]
+            for inc in armed:  # opened while the arming was not known yet (no ncu capture had ended)
+                self.incidents.withdraw(job, inc.id, now, Withdrawal.NCU_ARMING)
+            found = [inc for inc in found if all(inc is not a for a in armed)]
+        self.incidents.update(job, found, snapshot, self.captures_of(job), now)
+        if not self.incidents.has_open(job):
+            self.sightings.forget(job)
+
+    @writes
+    def _close_ended(self, job: str, ended: tuple[float, str]) -> None:
+        """The job ended: so did its incidents."""
+        self.incidents.close_open(job, time.time(), f"the job ended: {ended[1]}", ended[0])
+
+    def collective_analysis(self, job: str, force: bool = False, cached: bool = False
+                            ) -> CollectiveAnalysis | None:
+        """The job's collective analysis (None when no collective record or hang event came in);
+        ``cached``: the last one whatever its age, if there is one (the JSON API)."""
+
+        def inputs() -> tuple[list[StepRecord], Any, dict[int, str], str | None]:
+            placed = {r: p.node for r, p in self.placements.get(job, self.jobs.agents_of(job)).ranks.items()}
+            got = self.jobs.records_and_layout(job)
+            if got is None:
+                return [], None, placed, self.jobs.gpu_override
+            records, layout, gpu = got
+            return records, layout, placed, gpu
+
+        return self.collectives.analysis(job, self.jobs.steps_key(job), inputs, force=force, cached=cached)
+
+    def collective_rows(self, per_rank: bool = True) -> list[Row]:
+        """/metrics rows of every job's collective analysis, plus the store's own counters."""
+        rows: list[Row] = []
+        for job in self.collectives.job_names():
+            try:
+                a = self.collective_analysis(job)
+            except Exception:  # counted in the store; one bad job must not break the scrape
+                log.exception("collective analysis of job %s failed", job)
+                continue
+            if a is not None:
+                rows.extend(metric_rows(job, a, per_rank))
+        rows.append(({}, "perfd_aggregator_collective_records_total", float(self.collectives.ingested)))
+        rows.append(({}, "perfd_aggregator_collective_records_dropped_total",
+                     float(self.collectives.dropped)))
+        return rows
+
+    def refresh(self) -> None:
+        """Analyse every job that has new data and update its incidents (the aggregator's periodic
+        tick: incidents open and close while nobody reads the API, and what /metrics and the API
+        serve stays at most one tick old)."""
+        self.jobs.log_retention()  # what retention dropped, one line per job and minute
+        for job in self.jobs.names():
+            try:
+                self.analysis(job)
+            except Exception:  # counted in the job store's stats; other jobs go on
+                log.exception("analysis of job %s failed", job)
+            try:
+                self.collective_analysis(job)  # a job with collective records and no steps too
+            except Exception:  # counted in the collective store
+                log.exception("collective analysis of job %s failed", job)
+            try:
+                self.stalls.tick(self, job)  # every tick: a stall shows while no data comes
+            except Exception:
+                log.exception("stall check of job %s failed", job)
+            snap = self.snapshots.get(job, rebuild=True)  # what every reader reads until the next tick
+            ended = snap.ended if snap is not None else None
+            if ended is not None and snap is not None and snap.state_at()[0] == ENDED \
+                    and self.incidents.has_open(job):
+                self._close_ended(job, ended)
+
+    # ---- snapshots: what every consumer reads -----------------------------------------------------
+    def snapshot(self, job: str, analysed: Analysed = Analysed.CACHED, force: bool = False
+                 ) -> JobSnapshot | None:
+        """The job's latest snapshot (perfd.aggregator.snapshot); None for a job the store does not
+        hold. ``analysed``: CACHED, the refresher's last analysis (/metrics: a scrape never waits on
+        one); SERVED, computed here only for a job that has none yet (the JSON API); CURRENT,
+        recomputed if new data arrived, rate-limited unless ``force`` (the rules, W&B)."""
+        snap = self.snapshots.get(job)
+        if snap is None:  # an unknown job is not analysed
+            return None
+        if analysed is Analysed.CURRENT or (analysed is Analysed.SERVED and snap.analysis is None):
+            self.analysis(job, force=force)
+            return self.snapshots.get(job)
+        return snap
+
+    def _snapshot_version(self, job: str) -> Hashable:
+        """What a snapshot of any job shows moves only with a write of the state: its change count."""
+        return self.changes.count
+
+    def _build_snapshot(self, job: str, version: Hashable) -> JobSnapshot | None:
+        ov = self.jobs.overview(job)
+        if ov is None:
+            return None
+        agents = self.jobs.agents_of(job)
+        placement = self.placements.get(job, agents)  # held: no placing per snapshot
+        names_agents = set(agents)
+        return JobSnapshot(
+            job=job, agents=frozenset(agents), version=version, overview=MappingProxyType(ov),
+            analysis=self.jobs.cached_analysis(job), placed_ranks=MappingProxyType(dict(placement.ranks)),
+            processes_alive=bool(placement.ranks) if placement.gpus else None,
+            nodes=frozenset(self.nodes.job_nodes(job, agents)),
+            incidents=self.incidents.typed_incidents(job),
+            stall=self.stalls.stalled(job), stale_after_override_s=self.job_stale_after_s,
+            gpus=lambda names=None, procs=True: self.nodes.gpu_view(names_agents, names, job=job,
+                                                                     procs=procs),
+            hosts=lambda now=None: self.hosts.observations(job, now),
+            hosts_last_running=lambda: self.hosts.last_running(job), ended=self.hosts.ended(job),
+            mfu_alert_off=getattr(self.jobs.job_info(job), "mfu_alert", None) is False)
