@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.model import CollectiveRecord, JobInfo, Sample, StepRecord
-from perfd.typed import JSON
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ class Collected:
     job_info: dict[str, JobInfo] = field(default_factory=dict)
     # Where the collector can resume once this output is durable (JSON-able; the agent keeps the
     # latest one per collector under its --state-dir and hands it back as config["resume"]).
-    checkpoint: dict[str, JSON] | None = None
+    checkpoint: dict[str, object] | None = None
 
 
 class Collector(abc.ABC):
