@@ -14,7 +14,9 @@ A process both started and orphaned within one phase (a daemon that double-forks
 what descends from pytest at a phase's end, or still does at the session's end, is. Where
 ``/proc/<pid>/task/<tid>/children`` exists (Linux), a snapshot of a test with no processes reads
 a few small files (1,012 snapshots took 0.1 s in all, a loaded 2-core machine); elsewhere it is
-psutil's walk of every process. ``-p no:tests.leftover_procs`` turns the guard off.
+psutil's walk of every process. multiprocessing's resource tracker and forkserver, which live as long
+as the pytest process that started them, are not counted. ``-p no:tests.leftover_procs`` turns the
+guard off.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ import pytest
 GRACE_INI = "leftover_grace_s"
 WORKER_KEY = "perfd_leftover_procs"  # in an xdist worker's workeroutput: its list, for the controller
 CMDLINE_CHARS = 240
+# The standard library's helpers of the pytest process itself, started on the first use of a "spawn"
+# or "forkserver" context and gone with it (each reads its pipe from pytest until EOF): not a test's.
+PROCESS_HELPERS = ("from multiprocessing.resource_tracker import main",
+                   "from multiprocessing.forkserver import main")
 
 
 @dataclass
@@ -118,7 +124,8 @@ class LeftoverGuard:
         self.snapshot("the end of the session (not seen at the end of any test's phase)")
         deadline = time.monotonic() + grace_s
         while True:
-            alive = [s for s in self.seen.values() if _running(s.proc)]
+            alive = [s for s in self.seen.values()
+                     if _running(s.proc) and not any(h in _cmdline(s.proc) for h in PROCESS_HELPERS)]
             if not alive or time.monotonic() >= deadline:
                 return alive
             time.sleep(0.1)
