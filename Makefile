@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine (Python >= 3.10 with venv):
 #   make demo   - set up a light venv (perfd and its runtime deps only: no torch), then run the demo
 #   make test   - set up, then lint, type-check and run the tests (what CI runs)
+#   make test-fast - the tests not marked `slow` only, no lint (the loop while editing: < 2 min)
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The demo needs only what `pip install perfd` brings (no torch, no test tools): its own venv.
@@ -10,8 +11,11 @@ DEMO_VENV ?= .venv-demo
 # of pytest with 4 workers, 4 min 44 s with 6, idle; 2026-11-24, 1,748 tests: 10 min 22 s with 6,
 # other suites running beside it, load 4-10).
 TEST_WORKERS ?= 6
+# pytest workers for `make test-fast`: its tests are short and mostly on the CPU (FAST_WORKERS=2 on
+# the 2-core machine).
+FAST_WORKERS ?= 2
 
-.PHONY: setup demo test lint typecheck proto docs clean
+.PHONY: setup demo test test-fast lint typecheck proto docs clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -44,6 +48,14 @@ typecheck: setup
 # replacing it under --dist loadgroup can hang the session for good (pytest-xdist issues 1323, 1327).
 test: lint typecheck
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart 0 --durations=25
+
+# The fast loop: every test not marked `slow` (a test of ~2 s or more on the 2-core machine is
+# marked; so is each user of a module fixture that costs that), no lint or type-check: 1,844 tests in
+# 72 s there, load 5 (2026-11-26). pytest keeps its assertion rewriting in __pycache__ only where
+# Python may write bytecode: on a machine that sets PYTHONDONTWRITEBYTECODE each worker rewrites every
+# test module again each run (15 s of CPU against 5 s cached), so it is unset here.
+test-fast: setup
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -m "not slow" -n $(FAST_WORKERS) --dist loadgroup --max-worker-restart 0 --durations=10
 
 proto: setup
 	$(BIN)/python -m perfd.transport.regen

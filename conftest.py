@@ -1,10 +1,14 @@
-"""Tests marked `gpu` need a real NVIDIA GPU: they run only with PERFD_GPU_TESTS=1 (never in CI)."""
+"""Tests marked `gpu` need a real NVIDIA GPU: they run only with PERFD_GPU_TESTS=1 (never in CI).
+A process a test leaves running fails the run (tests/leftover_procs.py names it and kills it)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+# pytester: tests/test_leftover_procs.py runs an inner pytest to see the guard fail a run
+pytest_plugins = ["pytester", "tests.leftover_procs"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -21,6 +21,7 @@ from perfd.cli import main
 GpuView = tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]
 
 
+@pytest.mark.slow
 def test_bench_baseline_places_every_rank_and_times_real_sightings(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "baseline", "--nodes", "2", "--gpus", "8", "--calls", "2", "--json"]) == 0

@@ -149,6 +149,7 @@ def test_a_logged_jobs_node_0_message_carries_the_logs_record_of_its_iteration()
         assert last.timers and last.straggler is not None and p.fold is not None
 
 
+@pytest.mark.slow
 def test_bench_engine_refuses_nonsense() -> None:
     proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "engine", "--nodes", "0"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
@@ -177,6 +178,7 @@ def test_bench_engine_storm_agents_come_back_by_themselves_nothing_lost_or_doubl
     assert fin["every_message_once"] and fin["every_iteration_whole"] and fin["pending"] == 0
 
 
+@pytest.mark.slow
 def test_bench_engine_storm_refuses_nonsense() -> None:
     proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "engine-storm", "--agents", "0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)

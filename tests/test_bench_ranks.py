@@ -11,7 +11,8 @@ import pytest
 
 from benchmarks import ranks_bench
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc"),
+              pytest.mark.slow]
 
 
 def test_the_bench_measures_ranks_and_the_scan(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,8 @@ import pytest
 
 from tests.procs import run_group
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("agents", "agents_connected", "samples_per_s", "aggregator_cpu_cores", "aggregator_rss_bytes",
         "metrics_scrape_s", "latency_p99_s")

@@ -12,6 +12,8 @@ import pytest
 
 from tests.procs import run_group
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

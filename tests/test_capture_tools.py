@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from perfd.capture import request as capture_request
 from perfd.commands import capture as capture_cmd
 from perfd.model import CAPTURE_TOOLS
@@ -26,6 +28,7 @@ def _tool_literals(path: Path) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_tool_list_written_only_in_model():
     found = {str(p.relative_to(ROOT)): lines
              for d in ("perfd", "collectors") for p in (ROOT / d).rglob("*.py")

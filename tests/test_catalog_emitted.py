@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from perfd import catalog
 from perfd.exporters.prometheus import job_families
 
@@ -75,12 +77,14 @@ def test_job_metrics_come_out_of_the_generic_exporter() -> None:
     assert {m.name for m in catalog.job_metrics()} <= emitted
 
 
+@pytest.mark.slow
 def test_every_other_catalog_metric_is_named_by_code() -> None:
     found = named_in_code()
     never = [m.name for m in catalog.all_metrics() if not m.attr and m.name not in found]
     assert not never, f"declared in perfd/catalog.py, emitted nowhere: {never}"
 
 
+@pytest.mark.slow
 def test_the_check_sees_constants_and_ignores_docstrings(tmp_path: Path) -> None:
     found = named_in_code()
     assert "perfd/aggregator/job_rows.py" in found[catalog.JOB_STALLED_SECONDS]  # through the constant

@@ -21,6 +21,8 @@ import pytest
 
 from tests.procs import free_port, http_get, wait_for
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 STREAMS, WAVE = 2000, 250
 

@@ -37,6 +37,7 @@ def test_uvloop_asked_for_but_missing(monkeypatch: pytest.MonkeyPatch) -> None:
         event_loop_runner("uvloop")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("loop", [k for k in EVENT_LOOPS if k != "auto"])
 def test_aggregator_ingests_and_acks_under_each_loop(loop: str, tmp_path: Path) -> None:
@@ -100,6 +101,7 @@ def test_grpc_experiments_chosen_before_grpc_loads_and_an_operators_setting_kept
     assert json.loads(r.stdout) == [chosen, chosen, None]  # None: grpc loaded, too late to choose
 
 
+@pytest.mark.slow
 def test_an_unavailable_loop_is_refused_with_exit_2(tmp_path: Path) -> None:
     env_code = ("import sys; sys.modules['uvloop'] = None; from perfd.cli import main; "
                 "sys.exit(main(['aggregator', '--grpc-port', '0', '--http-port', '0', "

@@ -8,6 +8,7 @@ import time
 from array import array
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -75,6 +76,7 @@ JSON = st.recursive(
 TYPED = [k.name for k in events.KINDS.values() if k.item is not None]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(kind=st.sampled_from(TYPED), payload=JSON, job=st.sampled_from(["victim", "", "other"]))
 def test_no_payload_raises_past_the_edge(kind: str, payload: Any, job: str) -> None:
@@ -107,6 +109,7 @@ def _aggregator() -> Aggregator:
 _AGG = _aggregator()
 
 
+@pytest.mark.slow
 def test_what_the_producers_send_is_of_its_declared_type() -> None:
     """The contract from the other side: a real ranks collector following two real processes (one
     gone before the last reading) sends rank_processes events the edge takes whole."""

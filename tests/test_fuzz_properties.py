@@ -93,6 +93,7 @@ def _counted(counts: dict[str, int], issues: list[object]) -> None:
     assert malformed == len(issues) + counts.get("issues_dropped", 0)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(mutated_lines(MEGATRON))
 def test_megatron_parser_and_analysis(lines: list[str]) -> None:
@@ -107,6 +108,7 @@ def test_megatron_parser_and_analysis(lines: list[str]) -> None:
     assert refused == [] and info == log.job_info
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(mutated_lines(SGLANG))
 def test_sglang_parser_and_analysis(lines: list[str]) -> None:
@@ -160,6 +162,7 @@ def test_rule_expressions_raise_only_expr_error(text: str) -> None:
         assert exc.column >= 1
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(mutated_lines(PACK.read_text().splitlines(), max_mutations=6))
 def test_rule_packs_give_errors_not_exceptions(lines: list[str]) -> None:
@@ -176,6 +179,7 @@ JOB_INFO_KEYS = st.sampled_from(["layout", "spec", "startup_timers", "log_interv
                                  "tp", "pp", "num_layers", "hidden_size", "per_rank", "min_ms", "load"])
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.recursive(JSON_VALUES, lambda inner: st.dictionaries(JOB_INFO_KEYS, inner, max_size=5),
                     max_leaves=30))
@@ -249,6 +253,7 @@ BODIES = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(method=st.sampled_from(["POST", "POST", "GET", "PUT"]),
@@ -265,6 +270,7 @@ def test_http_bodies_get_an_answer_below_500(api: tuple[int, _Tracebacks], metho
     assert not errors.records, [r.getMessage() for r in errors.records][:3]
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.one_of(st.binary(max_size=300),
                  st.builds(lambda a, b: b"GET " + a + b" HTTP/1.1\r\n" + b + b"\r\n\r\n",

@@ -7,7 +7,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.gpu import host_procs
+
+pytestmark = pytest.mark.slow
 
 BUSY = "import sys, time\nwhile time.process_time() < 0.5: pass\nsys.stdin.read()"  # 0.5 s of CPU, then idle
 

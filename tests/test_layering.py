@@ -65,6 +65,7 @@ _IO = ("os", "io", "socket", "subprocess", "pathlib", "time", "grpc", "prometheu
 _LIVE = ("collectors", "perfd.transport", "perfd.aggregator", "perfd.agent", "perfd.exporters")
 
 
+@pytest.mark.slow
 def test_analytics_are_pure_and_below_the_report():
     files = _files("perfd", "analytics")
     assert files, "no analytics sources found"
@@ -131,6 +132,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+@pytest.mark.slow
 def test_no_import_cycle_between_packages():
     """Function-level imports count: a cycle hidden inside a function is still a cycle."""
     graph = _package_graph()
@@ -150,6 +152,7 @@ def test_the_cycle_check_sees_a_function_level_cycle(tmp_path: Path):
     assert not any(m.startswith("perfd.agent") for m in mods)
 
 
+@pytest.mark.slow
 def test_collectors_know_nothing_of_transport_or_exporters():
     files = _files("collectors")
     assert files
@@ -203,6 +206,7 @@ def test_transport_knows_nothing_of_collectors_or_analytics():
     assert not _violations(files, ("collectors", "perfd.analytics", "perfd.aggregator"))
 
 
+@pytest.mark.slow
 def test_agent_and_aggregator_never_import_torch():
     """Run in a fresh interpreter: importing the agent, aggregator and collectors loads no torch."""
     code = (

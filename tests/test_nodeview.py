@@ -122,6 +122,7 @@ def _batches(draw: st.DrawFn) -> list[tuple[str, list[int], list[int], list[floa
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(_batches())
 def test_columns_keep_the_latest_value_of_each_series_whatever_the_batch_shapes(

@@ -51,6 +51,7 @@ def _fresh(st: AggregatorState, job: str, world_size: int | None = None) -> dict
     return {r: (p.node, p.gpu, p.pid) for r, p in place_ranks(st.gpu_procs(job), world_size, job=job).items()}
 
 
+@pytest.mark.slow
 def test_the_held_placement_is_place_ranks_and_a_copy() -> None:
     st = _state()
     assert _plain(st, "gpt") == _fresh(st, "gpt") == {0: (NODE, "0", 10), 1: (NODE, "1", 11)}

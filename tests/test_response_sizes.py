@@ -56,6 +56,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 def test_the_summary_of_a_250_step_loop_is_under_40_kb_each_fact_once(served: dict[str, Any]) -> None:
     s = served["summary"]
     assert s is not None and s["summary"]["n_iterations"] == 250
@@ -76,6 +77,7 @@ def test_the_summary_of_a_250_step_loop_is_under_40_kb_each_fact_once(served: di
     assert "sources" not in s["latest"]
 
 
+@pytest.mark.slow
 def test_iteration_rows_carry_codes_and_the_legend_says_each_once(served: dict[str, Any]) -> None:
     doc = served["iterations"]
     rows, legend = doc["iterations"], doc["iteration_codes"]
@@ -89,6 +91,7 @@ def test_iteration_rows_carry_codes_and_the_legend_says_each_once(served: dict[s
 INCIDENT_LOGS = ROOT / "tests" / "data" / "incidents"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log", [INCIDENT_LOGS / "costraggler_dp2" / "dp2_cotenant.log",
                                  INCIDENT_LOGS / "cotenant_h100" / "megatron_dp1.log.gz"],
                          ids=["dp2-170-iterations", "dp1-150-iterations"])

@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from perfd.agent.config import apply_overrides, load_config
 from perfd.transport.shard import pick_aggregator
 from tests.faults.test_network_faults import _megatron_lines
@@ -91,6 +93,7 @@ def jobs_at(base: str) -> list[str]:
     return sorted(j["job"] if isinstance(j, dict) else j for j in jobs)
 
 
+@pytest.mark.slow
 def test_two_aggregators_each_hold_only_their_jobs(tmp_path: Path) -> None:
     pair = start_sharded_pair(tmp_path)
     try:

@@ -59,6 +59,7 @@ def test_a_failed_commit_is_reported_not_raised_and_nothing_of_it_is_kept(tmp_pa
     assert s.commit() is False and s.commit_failures == 1 and s.last_error
 
 
+@pytest.mark.slow
 def test_an_unusable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
     f = tmp_path / "a-file"
     f.write_text("")
@@ -70,6 +71,7 @@ def test_an_unusable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "--state-dir" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_damaged_state_file_stops_start_up_with_one_clear_line(tmp_path: Path) -> None:
     """4 KB of random bytes in the middle of the file (the issue's build died in the replay with an
     uncaught sqlite3.DatabaseError traceback)."""

@@ -36,6 +36,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 TRACES = [BIG, KINETO / "big_rank0.json.gz", TINY, HOOK]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)
 def test_every_instant_of_the_span_is_in_one_part(trace: Path) -> None:
     dev = analyze_chrome_trace(trace).device(0)
@@ -78,6 +79,7 @@ def _hta(trace: Path, tmp: Path) -> dict[str, float]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trace", [BIG, TINY], ids=lambda p: p.name)
 def test_budget_parts_agree_with_hta_within_two_points(trace: Path, tmp_path: Path) -> None:
     ref = _hta(trace, tmp_path)
@@ -103,6 +105,7 @@ def _big(trace: Path = OPS, log: Path = OPS_LOG) -> Any:
                        timeline=timeline_class(str(trace)), live=False)
 
 
+@pytest.mark.slow
 def test_the_big_h100_job_is_memory_bound_in_attention_and_r1_is_fused_attention() -> None:
     """Issue 34's job (h=2048, 12 layers, seq 2048, mbs 4, local transformer, no TE, no Apex, 1× H100),
     captured with its CPU ops (issue 42): every kernel charged to the op that launched it. Attention —
@@ -147,6 +150,7 @@ def test_the_big_h100_job_is_memory_bound_in_attention_and_r1_is_fused_attention
     assert "usually communication or data loading" not in f["mfu-grade"].observation
 
 
+@pytest.mark.slow
 def test_a_capture_without_cpu_ops_falls_back_to_kernel_names_and_says_so() -> None:
     """The same job's earlier trace was cut to its GPU events: no op to charge a kernel to. Attention is
     then its softmax and mask-fill kernels only, its matmuls among the GEMMs, and the budget says how it
@@ -221,6 +225,7 @@ def test_an_unreadable_budget_is_absent_not_zero() -> None:
     assert from_timers(TimerShares(700.0, None, 0.01)) is None  # a missing data share: no budget
 
 
+@pytest.mark.slow
 def test_trace_for_tests_is_what_its_readme_says() -> None:
     readme = (KINETO / "README.md").read_text()
     assert "big2048_rank0.json.gz" in readme and "seq 2048" in readme
@@ -230,6 +235,7 @@ def test_trace_for_tests_is_what_its_readme_says() -> None:
                                                                                 "gpu_memset"}
 
 
+@pytest.mark.slow
 def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
     """An Nsight Compute capture's per-category summaries (the recorded H100 ncu export, joined to the
     recorded Kineto trace of the job) sit on the parts their kernels' time is in, and the GEMM
@@ -298,6 +304,7 @@ def test_the_grade_is_never_explained_by_causes_the_report_measured_small() -> N
     assert "the step budget shows" in explain_grade(0.35, 0.0, 0.0, "memory-bound (memory 60%)").text()
 
 
+@pytest.mark.slow
 def test_the_capture_says_what_it_cost_the_steps_it_recorded() -> None:
     """A captured step against the steady one is the profiler's own cost: said beside the budget, a
     warning above th.CAPTURE_SLOWDOWN (the tiny job's capture nearly doubled its step)."""

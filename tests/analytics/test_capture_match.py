@@ -59,6 +59,7 @@ def _ev(m: Any) -> dict[Check, Any]:
     return {e.check: e for e in m.evidence}
 
 
+@pytest.mark.slow
 def test_a_trace_of_another_job_is_refused_with_its_numbers():
     m = check("ops_default_rank0.json.gz", _devices("ops_default_rank0.json.gz"), _facts("pp2"))
     assert m.refused and not m.matches
@@ -73,12 +74,14 @@ def test_a_trace_of_another_job_is_refused_with_its_numbers():
     assert not st.matches and st.extra["ratio"] == pytest.approx(2.06, abs=0.01)
 
 
+@pytest.mark.slow
 def test_one_check_alone_is_not_enough():
     """``big`` has the PP2 job's tokens per micro-batch (4 × 1024) but no pipeline exchange."""
     ev = _ev(check("big", _devices("big_rank0.json.gz"), _facts("pp2")))
     assert ev[Check.TOKENS].matches and not ev[Check.PIPELINE].matches
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("trace", "log"), [("ops_default_rank0.json.gz", "big2048"),
                                             ("big2048_rank0.json.gz", "big2048")])
 def test_a_trace_of_the_job_matches(trace: str, log: str):
@@ -105,6 +108,7 @@ def test_a_capture_too_short_for_the_jobs_flops_is_another_jobs():
     assert ev[Check.FLOPS].capture > 989 * 1.05
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_capture_of_another_job_with_one_line(capsys: pytest.CaptureFixture[str]):
     rc = perfd_main(["analyze", "megatron", str(PP2), "--capture", str(K / "ops_default_rank0.json.gz")])
     out, err = capsys.readouterr()
@@ -115,6 +119,7 @@ def test_cli_refuses_a_capture_of_another_job_with_one_line(capsys: pytest.Captu
     assert "--capture-force" in err
 
 
+@pytest.mark.slow
 def test_cli_capture_force_reads_it_and_says_it_does_not_match(capsys: pytest.CaptureFixture[str]):
     rc = perfd_main(["analyze", "megatron", str(PP2), "--capture", str(K / "ops_default_rank0.json.gz"),
                      "--capture-force", "--json"])
@@ -127,6 +132,7 @@ def test_cli_capture_force_reads_it_and_says_it_does_not_match(capsys: pytest.Ca
     assert out["summary"]["step_budget"]["steady_step_ms"] is None
 
 
+@pytest.mark.slow
 def test_cli_a_capture_of_the_job_is_read_as_before(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     rc = perfd_main(["analyze", "megatron", str(_log("ops", tmp_path)), "--gpu", H100, "--capture",
                      str(K / "ops_default_rank0.json.gz"), "--json"])
@@ -136,6 +142,7 @@ def test_cli_a_capture_of_the_job_is_read_as_before(tmp_path: Path, capsys: pyte
     assert out["summary"]["step_budget"]["basis"].startswith("capture ops_default_rank0")
 
 
+@pytest.mark.slow
 def test_html_report_refuses_it_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "r.html"
     rc = perfd_main(["report", "--log", str(PP2), "--html", str(out), "--capture",

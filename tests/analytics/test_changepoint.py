@@ -101,6 +101,7 @@ def _feed(kind: str, steps: list[float], data_ms: list[float]) -> AggregatorStat
     return st
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["hook", "torchtitan", "megatron"])
 def test_goodputs_incident_part_is_the_cost_of_the_incidents_listed_for_every_source(kind: str) -> None:
     """A 3 s data-loading stall early in the run: seen live as an incident, then inside the warm-up

@@ -88,6 +88,7 @@ def test_per_rank_folds_and_capture_marks_keep_their_identity_while_unchanged() 
     assert hit and all(m1[i] is m2[i] for i in range(5))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log", LOGS, ids=lambda p: p.stem)
 def test_a_sliding_window_of_held_iterations_matches_a_fresh_analysis_at_every_step(log: Path) -> None:
     """What the aggregator does: iterations arrive at the end and leave at the start (retention);

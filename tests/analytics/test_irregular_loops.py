@@ -78,6 +78,7 @@ def test_the_recording_is_what_the_issue_describes() -> None:
     assert sum(r[4] for r in rows) > 150
 
 
+@pytest.mark.slow
 def test_steady_data_share_is_the_loops_own_within_3_points_and_the_class_data_bound(
         replayed: tuple[AggregatorState, dict[str, Any]]) -> None:
     _, got = replayed
@@ -86,6 +87,7 @@ def test_steady_data_share_is_the_loops_own_within_3_points_and_the_class_data_b
     assert got["summary"]["bottleneck"] == "data-bound"
 
 
+@pytest.mark.slow
 def test_one_incident_over_the_slow_phase_and_none_in_the_steady_parts(
         replayed: tuple[AggregatorState, dict[str, Any]]) -> None:
     st, got = replayed
@@ -97,6 +99,7 @@ def test_one_incident_over_the_slow_phase_and_none_in_the_steady_parts(
     assert not inc["open"] and inc["verdict"]["cause"] == "data_wait"
 
 
+@pytest.mark.slow
 def test_the_alternation_is_not_jitter_and_r1_is_the_data_loader(
         replayed: tuple[AggregatorState, dict[str, Any]]) -> None:
     _, got = replayed
@@ -152,6 +155,7 @@ def test_the_varlen_recording_varies_4x_by_design() -> None:
     assert by_seq[2048] > 2.8 * by_seq[512]
 
 
+@pytest.mark.slow
 def test_varlen_throughput_is_flops_summed_over_time_summed_within_2_percent(varlen: dict[str, Any]) -> None:
     clean = clean_steps(varlen["rows"])
     truth = sum(r[5] for r in clean) / sum(r[3] - r[1] for r in clean) / 1e12
@@ -163,6 +167,7 @@ def test_varlen_throughput_is_flops_summed_over_time_summed_within_2_percent(var
     assert abs(mean_flops / median_step_s / 1e12 / truth - 1) > 0.05
 
 
+@pytest.mark.slow
 def test_varlen_steps_sizes_are_not_jitter_and_the_cotenant_is_one_incident(varlen: dict[str, Any]) -> None:
     assert "step-jitter" not in {f["id"] for f in varlen["report"]["findings"]}
     assert varlen["summary"]["step_time_cv"] < 0.10
@@ -201,6 +206,7 @@ def run3() -> dict[str, Any]:
     return _replay_varlen(RUN3)
 
 
+@pytest.mark.slow
 def test_run3s_jitter_is_slow_steps_on_a_timer_and_says_its_period(run3: dict[str, Any]) -> None:
     summary, report = run3["summary"], run3["report"]
     assert summary["step_time_cv"] > 0.10  # a real jitter: the loop's own clock shows it (below)
@@ -221,6 +227,7 @@ def test_run3s_jitter_is_slow_steps_on_a_timer_and_says_its_period(run3: dict[st
     assert any("pid" in (i.get("cause") or "") for i in run3["incidents"])
 
 
+@pytest.mark.slow
 def test_the_same_loop_under_perfds_own_stack_on_a_clean_machine_has_no_jitter() -> None:
     got = _replay_varlen(STACK_CLEAN)
     assert got["summary"]["step_time_cv"] < 0.05 and got["summary"]["slow_steps"] is None  # not read
@@ -284,6 +291,7 @@ def test_a_gpu_timer_beside_the_job_is_named_with_its_period_and_its_gain_comes_
     assert r["impact"] == pytest.approx(gain, abs=0.01)
 
 
+@pytest.mark.slow
 def test_slow_steps_at_no_period_give_the_generic_action_and_their_cost_as_its_impact(tmp_path: Path) -> None:
     """300 of 2,000 steps twice as long at random: CV well over 10%, no period; the impact is the slow
     steps' own cost (300 × 40 ms over the run's time), not a guess from the CV."""

@@ -80,6 +80,7 @@ def test_function_name_of_nsys_short_names_and_odd_names():
     assert function_name("bool operator><int>(a, b)") != ""  # a stray '>' does not break it
 
 
+@pytest.mark.slow
 def test_ncu_rows_find_their_kineto_kernels():
     """Against the real Megatron-LM capture's 80 top kernels: each elementwise instantiation finds its
     own (the GELU among GELU backward and 17 others; the bf16 add among the fp32 and int adds)."""
@@ -97,6 +98,7 @@ def test_ncu_rows_find_their_kineto_kernels():
     assert how is MatchKind.NONE and t is None
 
 
+@pytest.mark.slow
 def test_another_instantiation_is_no_match():
     """The capture keeps its top 10: the GELU is not among them, a multiply with the same function is.
     Pairing them would hand the GELU the multiply's share."""
@@ -125,6 +127,7 @@ def test_nsys_short_names_join_by_function():
     assert how is MatchKind.FUNCTION and t is not None and t.name == "vectorized_elementwise_kernel"
 
 
+@pytest.mark.slow
 def test_join_carries_category_and_share_and_orders_by_cost():
     dev = kineto_device()
     joined = join(MLP.kernels, timeline_kernels(dev))
@@ -142,6 +145,7 @@ def test_join_carries_category_and_share_and_orders_by_cost():
     assert json.dumps(gelu.to_json())  # plain JSON
 
 
+@pytest.mark.slow
 def test_category_summaries_weigh_by_profiled_time():
     dev = kineto_device()
     joined = join(MLP.kernels, timeline_kernels(dev))
@@ -163,6 +167,7 @@ def test_category_summaries_weigh_by_profiled_time():
     assert json.dumps([c.to_json() for c in sums.values()])
 
 
+@pytest.mark.slow
 def test_kernel_filter_names_the_top_functions_never_nccl():
     flt = kernel_filter(timeline_kernels(PP2["devices"][0]))
     assert flt is not None and flt.startswith("regex:^(") and flt.endswith(")$")

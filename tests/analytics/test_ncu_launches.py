@@ -70,6 +70,7 @@ def _range(tl: LaunchTimeline, flt: str, step: int, skip: int, count: int) -> li
     return [NcuLaunch(i, ln.name, ln.grid, ln.block) for i, ln in enumerate(passing[skip:skip + count])]
 
 
+@pytest.mark.slow
 def test_layers_by_repetition_agree_with_the_module_frames():
     from tests.capture.op_reference import Reference, _load
 
@@ -110,6 +111,7 @@ def test_layers_by_repetition_agree_with_the_module_frames():
     assert agree[("forward", "same")] >= 1800 and agree[("backward", "same")] >= 4000
 
 
+@pytest.mark.slow
 def test_without_python_stacks_each_layer_repeats_forward_and_backward():
     tl = _timeline("ops_default_rank0.json.gz")
     per = collections.Counter((ln.phase, ln.layer) for ln in tl.launches
@@ -119,6 +121,7 @@ def test_without_python_stacks_each_layer_repeats_forward_and_backward():
     assert {per[(Phase.BACKWARD, n)] for n in range(1, 13)} == {37}
 
 
+@pytest.mark.slow
 def test_a_range_from_the_step_start_is_the_forward_of_the_first_layers_only():
     """As on the H100: the range's first 40 filtered launches, no --launch-skip."""
     tl, flt = _timeline("ops_default_rank0.json.gz"), _filter("ops_default_rank0.json.gz")
@@ -137,6 +140,7 @@ def test_a_range_from_the_step_start_is_the_forward_of_the_first_layers_only():
     assert {a.op for a in qk} == {"aten::baddbmm"}
 
 
+@pytest.mark.slow
 def test_the_chosen_window_covers_the_last_layers_forward_and_backward():
     tl, flt = _timeline("ops_default_rank0.json.gz"), _filter("ops_default_rank0.json.gz")
     w = layer_window(tl, flt)
@@ -152,6 +156,7 @@ def test_the_chosen_window_covers_the_last_layers_forward_and_backward():
     assert w.count * 0.61 < 90  # profiled within the default time budget
 
 
+@pytest.mark.slow
 def test_another_jobs_range_is_not_matched():
     """The recorded H100 range (4 layers, h=1024) against the 12-layer h=2048 job's timeline: nothing
     agrees, so nothing is attributed; the rows keep their name join and the coverage says why."""

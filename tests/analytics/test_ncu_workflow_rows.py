@@ -38,6 +38,8 @@ from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from tests.analytics.ncu_workflow_data import GPU, JOB, KINETO, NCU, RANGE2, RANGE3, log_text, manifests
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = NCU / "h100_workflow_run1_rank0_trace.json.gz"
 TNT = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"

@@ -29,6 +29,8 @@ from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.commands.analyze_capture import timeline_class
 from perfd.report.plan_view import compact, text_lines
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 KINETO = ROOT / "tests" / "data" / "captures" / "kineto_h100_megatron"
 TRACE, LOG = KINETO / "ops_live3_rank0.json.gz", KINETO / "ops_live3_megatron.log.gz"

@@ -67,6 +67,7 @@ def _advice(a: RunAnalysis, **changes: Any) -> list[Advice]:
     return fit(FitContext(b, dataclasses.replace(a.config, **changes)))
 
 
+@pytest.mark.slow
 def test_every_option_named_exists_in_the_jobs_release_and_none_is_already_set(run1: RunAnalysis) -> None:
     """Megatron-LM 0.20 (the job's log): only the --no-* forms of the fusions exist, and the parser's
     own record says which options take a value. The job runs with attention dropout 0.1, timing level 2,
@@ -103,6 +104,7 @@ def test_every_option_named_exists_in_the_jobs_release_and_none_is_already_set(r
     assert not any("bias-gelu" in r.action or "gelu" in " ".join(r.flags) for r in recs)  # no bias here
 
 
+@pytest.mark.slow
 def test_the_same_budget_in_other_releases_names_their_own_options(run1: RunAnalysis) -> None:
     old = {a.remedy: a for a in _advice(run1, version="0.11.0")}
     assert [f.text() for f in old[RemedyId.CE_FUSION].flags] == ["--cross-entropy-loss-fusion"]
@@ -115,6 +117,7 @@ def test_the_same_budget_in_other_releases_names_their_own_options(run1: RunAnal
     assert any("version unknown" in n for n in unknown[RemedyId.ATTENTION_DROPOUT].notes)
 
 
+@pytest.mark.slow
 def test_what_the_job_already_runs_with_is_not_suggested(run1: RunAnalysis) -> None:
     assert run1.config is not None
     args = {
@@ -134,6 +137,7 @@ def test_what_the_job_already_runs_with_is_not_suggested(run1: RunAnalysis) -> N
     assert RemedyId.MICRO_BATCH not in full  # twice the activations would not fit in 80 GiB
 
 
+@pytest.mark.slow
 def test_recomputation_both_ways(run1: RunAnalysis) -> None:
     """A job recomputing every layer gets selective recomputation back (the repeated forward but core
     attention's); a job short of memory that recomputes nothing gets it as a memory remedy, its cost in
@@ -151,6 +155,7 @@ def test_recomputation_both_ways(run1: RunAnalysis) -> None:
     assert RemedyId.RECOMPUTE not in {a.remedy for a in _advice(run1)}  # room, nothing recomputed: none
 
 
+@pytest.mark.slow
 def test_the_pytorch_job_gets_the_pytorch_equivalents(run1: RunAnalysis) -> None:
     got = {a.remedy: a for a in _advice(run1, framework=Framework.PYTORCH, version=None, arguments={})}
     assert "scaled_dot_product_attention" in got[RemedyId.FUSED_ATTENTION].action
@@ -194,6 +199,7 @@ def test_run3s_live_ranges_held_its_measurements() -> None:
     assert held == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", list(RUNS))
 def test_each_measured_change_is_inside_its_predicted_range(run: str) -> None:
     """Every remedy applied one at a time on the H100 (attention dropout, micro-batch 8, timer level 1,

@@ -64,6 +64,7 @@ def test_difference_and_intersection_match_brute_force() -> None:
         assert total(difference(a, b)) + total(intersection(a, b)) == total(a)
 
 
+@pytest.mark.slow
 def test_union_scales() -> None:
     rng = random.Random(1)
     ivs = [(s, s + rng.random() * 10) for s in (rng.random() * 1e6 for _ in range(200_000))]

@@ -142,6 +142,7 @@ def test_a_hook_that_cannot_be_reached_fails_at_once(tmp_path: Path, folder: Pat
     assert m["status"] == "failed" and "rank 0: its step hook cannot be reached" in (m["reason"] or "")
 
 
+@pytest.mark.slow
 def test_silence_times_out_and_cancels_the_trace(tmp_path: Path, folder: Path) -> None:
     """Accepted and started, never written: a timeout, and the hook asked to cancel (the job must not
     stay under the profiler)."""
@@ -171,6 +172,7 @@ def test_a_time_window_is_not_a_hook_trace(tmp_path: Path, folder: Path) -> None
     assert hooks.asked == []
 
 
+@pytest.mark.slow
 def test_a_root_agent_takes_only_the_senders_own_file_from_its_own_folder(tmp_path: Path) -> None:
     """The rank's process runs as another user and writes into its own private folder; the root agent
     takes the file into its store. What the sender names is taken only when it is a plain file of the

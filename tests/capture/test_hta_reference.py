@@ -15,6 +15,8 @@ import pytest
 
 from perfd.capture.chrome_trace import analyze_chrome_trace
 
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures" / "kineto_h100_megatron"
 
 

@@ -96,6 +96,7 @@ def kinds(events):
     return [e["kind"] for e in events]
 
 
+@pytest.mark.slow
 def test_kineto_capture_of_one_rank(env):
     mgr, events, ranks = env
     cid = mgr.handle(cmd(rule="low_mfu", fired_at=str(time.time() - 0.5)))
@@ -126,6 +127,7 @@ def test_kineto_capture_of_one_rank(env):
     assert mgr.busy() == {}
 
 
+@pytest.mark.slow
 def test_second_capture_of_a_busy_process_is_refused(env):
     mgr, events, _ = env
     first = mgr.handle(cmd(ranks=(0, 1)))
@@ -171,6 +173,7 @@ def test_unknown_args_are_kept_not_used(tmp_path):
     assert req.steps_link() == "40-44"
 
 
+@pytest.mark.slow
 def test_process_that_never_polls_fails_with_the_fix(tmp_path):
     daemon = KinetoDaemon(socket_name=f"perfd-test-{uuid.uuid4().hex[:12]}", socket_dir="").start()
     events: list[dict[str, Any]] = []
@@ -186,6 +189,7 @@ def test_process_that_never_polls_fails_with_the_fix(tmp_path):
         daemon.stop()
 
 
+@pytest.mark.slow
 def test_answered_but_no_trace_times_out(tmp_path):
     daemon = KinetoDaemon(socket_name=f"perfd-test-{uuid.uuid4().hex[:12]}", socket_dir="").start()
     rank = FakeRank(daemon.socket_name, 5000, write=False)
@@ -202,6 +206,7 @@ def test_answered_but_no_trace_times_out(tmp_path):
         daemon.stop()
 
 
+@pytest.mark.slow
 def test_nsys_session_capture(tmp_path):
     exe, state = make_fake_nsys(tmp_path, sessions=(session_name("job1"),))
     events: list[dict[str, Any]] = []
@@ -220,6 +225,7 @@ def test_nsys_session_capture(tmp_path):
     assert [c[0] for c in calls(state)] == ["sessions", "start", "stop", "export"]
 
 
+@pytest.mark.slow
 def test_nsys_per_rank_sessions_and_missing_session(tmp_path):
     exe, _ = make_fake_nsys(tmp_path, sessions=(session_name("job1", 0), session_name("job1", 1)))
     mgr = CaptureManager(CaptureStore(tmp_path / "caps", 10**6), None, NsysExecutor(nsys=str(exe)),
@@ -233,6 +239,7 @@ def test_nsys_per_rank_sessions_and_missing_session(tmp_path):
     assert "Session perfd-job2 not found" in reason and "perfd launch --nsys" in reason
 
 
+@pytest.mark.slow
 def test_nsys_step_aligned_range_through_the_hook(tmp_path):
     exe, _ = make_fake_nsys(tmp_path)
     range_dir = tmp_path / "caps" / "nsys-ranges"
@@ -299,6 +306,7 @@ def _session_range_manager(tmp_path: Path, hook_states: tuple[str, ...], write_r
     return mgr, state, asked
 
 
+@pytest.mark.slow
 def test_nsys_step_aligned_range_in_each_ranks_session(tmp_path):
     """Each rank in its own session: the capture arms the targeted rank's session with
     ``nsys start -c cudaProfilerApi --capture-range-end=stop``, the hook opens and closes the range,
@@ -329,6 +337,7 @@ def test_nsys_session_range_refused_by_the_hook_disarms_the_session(tmp_path):
                                                                      "--session=perfd-job1-r1"]
 
 
+@pytest.mark.slow
 def test_nsys_session_range_without_a_report_times_out_and_disarms(tmp_path):
     mgr, state, _ = _session_range_manager(tmp_path, ("accepted", "started"), write_report=False)
     cid = mgr.handle(Command("capture", "job1", (1,), {"tool": "nsys", "steps": "2", "timeout_s": "2"}))
@@ -377,6 +386,7 @@ def test_real_torch_process_end_to_end(tmp_path):
     assert os.path.exists(m["artifacts"][0]["path"])
 
 
+@pytest.mark.slow
 def test_a_range_that_never_opens_says_which_step_the_hook_waits_for(tmp_path):
     """The hook accepted the range but never reached its start step (a loop whose step numbers do
     not advance): the timeout names the accepted step and the last step the rank reported."""

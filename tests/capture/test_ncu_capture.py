@@ -150,6 +150,7 @@ class Job:
         return self.store.read(cid)
 
 
+@pytest.mark.slow
 def test_one_step_range_imported_parsed_and_joined(tmp_path):
     job = Job(tmp_path)
     kineto = job.kineto_capture()
@@ -189,6 +190,7 @@ def test_one_step_range_imported_parsed_and_joined(tmp_path):
     assert done["ranks"]["1"]["ncu_kernel_choice"]["how"] == "first"
 
 
+@pytest.mark.slow
 def test_the_rows_carry_the_steps_of_the_timeline_they_joined(tmp_path):
     """The trace marks no steps; the Kineto capture asked for 3: each joined row's time per step is
     its timeline kernel's time over those 3 (the budget's kernel rows read it); a row with no match
@@ -205,6 +207,7 @@ def test_the_rows_carry_the_steps_of_the_timeline_they_joined(tmp_path):
     assert joined and all(k["timeline_steps"] == 3 for k in joined)
 
 
+@pytest.mark.slow
 def test_without_the_trace_the_join_has_the_kept_top_kernels_only(tmp_path):
     """The earlier capture's trace was pruned: its top 10 hold no GELU (a multiply of the same
     function is there, and is not taken for it)."""
@@ -216,6 +219,7 @@ def test_without_the_trace_the_join_has_the_kept_top_kernels_only(tmp_path):
     assert gelu["match"] == "none" and gelu["captured_share"] is None and gelu["category"]
 
 
+@pytest.mark.slow
 def test_a_range_after_the_budget_is_spent_says_so(tmp_path):
     """ncu's kernel budget counts over the process: once spent, a range adds nothing to the report."""
     job = Job(tmp_path)
@@ -227,6 +231,7 @@ def test_a_range_after_the_budget_is_spent_says_so(tmp_path):
     assert "5 launches reported here before" in (m["reason"] or "")
 
 
+@pytest.mark.slow
 def test_a_report_holding_only_earlier_ranges_is_no_result(tmp_path):
     job = Job(tmp_path)
     assert job.capture()["status"] == "ok"
@@ -234,6 +239,7 @@ def test_a_report_holding_only_earlier_ranges_is_no_result(tmp_path):
     assert m["status"] == "failed" and "no kernel profiled in this range" in (m["reason"] or "")
 
 
+@pytest.mark.slow
 def test_an_overrunning_range_is_cancelled_and_said(tmp_path):
     """Time budget 1 s, a range that does not close by itself: cancelled, closed at the next step
     boundary by the hook, the capture says it overran (rows kept)."""
@@ -246,6 +252,7 @@ def test_an_overrunning_range_is_cancelled_and_said(tmp_path):
     assert job.events[-1]["payload"]["range_overran"] is True
 
 
+@pytest.mark.slow
 def test_a_range_never_confirmed_closed_is_a_timeout_and_cancelled_again(tmp_path):
     job = Job(tmp_path, states=("accepted", "started"), opts=NcuOptions(launch_count=1, time_budget_s=1.0),
               answer_cancel=False)

@@ -115,6 +115,7 @@ def test_command_lines_are_argument_lists():
     assert report_path("/a/o.nsys-rep") == Path("/a/o.nsys-rep")
 
 
+@pytest.mark.slow
 def test_session_start_stop_export_analyze(tmp_path):
     exe, state = make_fake_nsys(tmp_path, sessions=("perfd-j",))
     ex = NsysExecutor(nsys=str(exe), timeout_s=20)
@@ -141,6 +142,7 @@ def test_session_start_stop_export_analyze(tmp_path):
     assert first_event_epoch(sqlite) == pytest.approx(1_700_000_000.001)
 
 
+@pytest.mark.slow
 def test_errors_are_clear(tmp_path, monkeypatch):
     exe, state = make_fake_nsys(tmp_path)
     ex = NsysExecutor(nsys=str(exe), timeout_s=20)
@@ -161,6 +163,7 @@ def test_errors_are_clear(tmp_path, monkeypatch):
         NsysExecutor(nsys=str(slow), timeout_s=1).sessions()
 
 
+@pytest.mark.slow
 def test_range_reports_and_wait_stable(tmp_path):
     base = tmp_path / "perfd-j" / "rank1"
     assert range_reports(base) == {}
@@ -243,6 +246,7 @@ def test_the_agent_hands_its_manager_nsys_only_when_nsys_can_run(tmp_path: Path,
         caps.close()
 
 
+@pytest.mark.slow
 def test_nsys_prefix_runs_each_rank_in_its_own_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """The default prefix: the printed words, run as torchrun --no-python runs them (RANK set),

@@ -38,6 +38,7 @@ def reference() -> dict[str, float]:
     return shares
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("frames", [True, False], ids=["modules", "ops-only"])
 def test_every_part_is_within_3_points_of_the_independent_count(
     reference: dict[str, float], frames: bool
@@ -52,6 +53,7 @@ def test_every_part_is_within_3_points_of_the_independent_count(
     assert rest == pytest.approx(reference.get("other", 0.0), abs=POINTS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trace", [DEFAULT, LIVE], ids=["run1-default", "run2-live"])
 def test_a_capture_without_stacks_divides_the_busy_time_as_the_count_of_a_stacked_one(
     reference: dict[str, float], trace: Path
@@ -69,6 +71,7 @@ def test_a_capture_without_stacks_divides_the_busy_time_as_the_count_of_a_stacke
         ), part
 
 
+@pytest.mark.slow
 def test_the_score_matrix_copies_and_the_attention_matmuls_are_attention() -> None:
     """By kernel name, the 240 device copies a step of the s×s scores (autograd of the in-place masked
     fill on a view) were "memory copies" and the batched matmuls "GEMMs"; by op they are attention's."""
@@ -81,6 +84,7 @@ def test_the_score_matrix_copies_and_the_attention_matmuls_are_attention() -> No
     assert not d.attention_fused
 
 
+@pytest.mark.slow
 def test_steps_and_host_synchronisations_come_from_the_trace() -> None:
     data = read_chrome_trace(DEFAULT)
     assert data.steps == 3  # torch.optim's Optimizer.step# annotations: not span ÷ steady step
@@ -89,6 +93,7 @@ def test_steps_and_host_synchronisations_come_from_the_trace() -> None:
     assert d.sync_gap_ms is not None and 20 < d.sync_gap_ms / 3 < 50
 
 
+@pytest.mark.slow
 def test_a_capture_without_host_activity_falls_back_to_kernel_names() -> None:
     d = analyze_chrome_trace(KINETO / "big2048_rank0.json.gz").device(0)
     assert d.attribution == Method.NAMES.value and "gemm" in d.parts_ms and "linear" not in d.parts_ms
@@ -207,6 +212,7 @@ def test_module_frames_decide_first_and_an_unknown_op_is_other_pointwise() -> No
 LOOP = Path(__file__).resolve().parents[1] / "data" / "captures" / "loop_h100_nsys_kineto"
 
 
+@pytest.mark.slow
 def test_nsys_and_kineto_divide_the_same_loop_alike() -> None:
     """One small training loop (eager attention: matmul, mask fill, softmax, dropout, matmul; GELU MLP;
     layer norms; cross-entropy; AdamW) captured on the H100 by nsys (a cudaProfilerApi range with

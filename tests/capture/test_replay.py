@@ -94,6 +94,7 @@ def test_a_table_survives_json_and_a_broken_one_is_refused() -> None:
         assert ReplayTable.from_json(bad) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder, name, microbatches", [(V2, "long_seq", 4), (V2, "gqa_swiglu", 4),
                                                          (V3, "gqa_swiglu", 4), (V3, "many_mb", 8),
                                                          (V4, "gqa_swiglu", 4), (V4, "many_mb", 8),

@@ -67,6 +67,7 @@ def test_all_rows_are_the_analysis_of_the_records() -> None:
     assert got["iterations"] == want["iterations"] and got["summary"] == want["summary"]
 
 
+@pytest.mark.slow
 def test_bare_flag_means_all_and_the_table_follows_the_option() -> None:
     assert analyze_json("--iterations") == analyze_json("--iterations", "all")
     n_steady = analyze_json()["summary"]["n_steady"]
@@ -125,6 +126,7 @@ def _peak_bytes(log: Path) -> int:
 MAX_BYTES_PER_ITERATION = 2_000
 
 
+@pytest.mark.slow
 def test_memory_per_iteration_is_bounded(tmp_path: Path) -> None:
     small, big = tmp_path / "small.log", tmp_path / "big.log"
     write_log(50, small)

@@ -39,6 +39,7 @@ def one_line_refusal(r: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["megatron", "sglang"])
 @pytest.mark.parametrize("text", ["", LIGHTNING, HF_TRAINER], ids=["empty", "lightning", "hf-trainer"])
 def test_no_iteration_lines_exit_2(tmp_path, what, text):
@@ -48,6 +49,7 @@ def test_no_iteration_lines_exit_2(tmp_path, what, text):
     assert "train.log" in line and "lines read" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["megatron", "sglang"])
 def test_directory_is_named_a_directory(tmp_path, what):
     line = one_line_refusal(perfd("analyze", what, tmp_path))
@@ -55,6 +57,7 @@ def test_directory_is_named_a_directory(tmp_path, what):
     assert "no such log file" in one_line_refusal(perfd("analyze", what, tmp_path / "missing.log"))
 
 
+@pytest.mark.slow
 def test_gzip_and_zstd_logs_read_as_text(tmp_path):
     plain = perfd("analyze", "megatron", MEGATRON, "--gpu", "NVIDIA H200", "--json")
     assert plain.returncode == 0, plain.stderr
@@ -77,6 +80,7 @@ def test_gzip_and_zstd_logs_read_as_text(tmp_path):
         assert a["parse"]["counts"] == b["parse"]["counts"]
 
 
+@pytest.mark.slow
 def test_zstd_without_the_package_says_what_to_install(tmp_path):
     zstandard = pytest.importorskip("zstandard")
     zst = tmp_path / "train.log.zst"
@@ -88,12 +92,14 @@ def test_zstd_without_the_package_says_what_to_install(tmp_path):
     assert "zstandard" in line and "perfd[zstd]" in line
 
 
+@pytest.mark.slow
 def test_corrupt_gzip_is_refused(tmp_path):
     bad = tmp_path / "train.log.gz"
     bad.write_bytes(gzip.compress(MEGATRON.read_bytes())[:4000])  # truncated archive
     assert "cannot read" in one_line_refusal(perfd("analyze", "megatron", bad))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what,log", [("megatron", MEGATRON), ("sglang", SGLANG)])
 def test_unknown_gpu_lists_the_closest_known_names(what, log):
     line = one_line_refusal(perfd("analyze", what, log, "--gpu", "NVIDIA H2000"))
@@ -102,6 +108,7 @@ def test_unknown_gpu_lists_the_closest_known_names(what, log):
     assert "closest known" in line and "--peak-tflops" in line
 
 
+@pytest.mark.slow
 def test_ambiguous_short_name_lists_its_variants():
     line = one_line_refusal(perfd("analyze", "megatron", MEGATRON, "--gpu", "H100"))
     could_mean = line.split("it could mean: ")[1].split(";")[0]
@@ -109,11 +116,13 @@ def test_ambiguous_short_name_lists_its_variants():
     assert "'NVIDIA H100 80GB HBM3'" in could_mean and "H200" not in could_mean
 
 
+@pytest.mark.slow
 def test_known_gpu_or_explicit_peak_is_accepted():
     assert perfd("analyze", "megatron", MEGATRON, "--gpu", "NVIDIA H100 80GB HBM3").returncode == 0
     assert perfd("analyze", "megatron", MEGATRON, "--gpu", "RTX 4090", "--peak-tflops", "165").returncode == 0
 
 
+@pytest.mark.slow
 def test_missing_dtype_names_the_flag(tmp_path):
     # The same real log with the lines that name its dtype taken out.
     lines = [ln for ln in MEGATRON.read_text().splitlines(keepends=True)
@@ -141,6 +150,7 @@ def test_every_option_has_help_and_shows_its_default_and_every_command_an_exampl
                 assert "default" in (p._get_formatter()._get_help_string(a) or ""), (p.prog, a.option_strings)
 
 
+@pytest.mark.slow
 def test_help_of_a_command_shows_example_and_defaults():
     r = perfd("analyze", "sglang", "--help")
     assert r.returncode == 0
@@ -148,6 +158,7 @@ def test_help_of_a_command_shows_example_and_defaults():
     assert "(default 10)" in r.stdout or "(default: 10.0)" in r.stdout
 
 
+@pytest.mark.slow
 def test_progress_bar_on_a_terminal_only(tmp_path):
     """A big log shows a bar on stderr when stderr is a terminal (a pty here), nothing otherwise;
     stdout (the report) is the same either way."""

@@ -45,6 +45,7 @@ def no_ncu_env(tmp: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_analyze_ncu_text_and_json():
     r = perfd("analyze", "ncu", MLP)
     assert r.returncode == 0, r.stderr
@@ -59,6 +60,7 @@ def test_analyze_ncu_text_and_json():
     assert all(k["match"] == "none" and k["captured_share"] is None for k in out["kernels"])
 
 
+@pytest.mark.slow
 def test_analyze_ncu_joined_to_a_capture():
     """The ncu rows of the MLP loop against the real Megatron-LM Kineto capture: the GELU, the bf16 add
     and the layer norm are kernels both ran; the shares come from the capture."""
@@ -73,6 +75,7 @@ def test_analyze_ncu_joined_to_a_capture():
     assert "% of the captured time" in t.stdout and "(joined to big_rank0.json.gz)" in t.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("make", "code", "why"), [
     (lambda d: d / "missing.csv", 2, "no such file"),
     (lambda d: DATA / "ncu" / "h100_probe_console.txt", 1, "no ncu CSV header"),
@@ -86,6 +89,7 @@ def test_analyze_ncu_refuses_what_it_cannot_read(tmp_path, make, code, why):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_analyze_ncu_report_through_the_ncu_binary(tmp_path):
     exe, state = make_fake_ncu(tmp_path)
     rep = tmp_path / "rank0.ncu-rep"
@@ -98,6 +102,7 @@ def test_analyze_ncu_report_through_the_ncu_binary(tmp_path):
     assert bad.returncode == 1 and "cannot read the capture" in bad.stderr
 
 
+@pytest.mark.slow
 def test_ncu_exec_puts_only_the_chosen_rank_under_ncu(tmp_path):
     exe, state = make_fake_ncu(tmp_path)
     caps = tmp_path / "caps"
@@ -123,6 +128,7 @@ def test_ncu_exec_puts_only_the_chosen_rank_under_ncu(tmp_path):
     assert r.returncode == 2 and "ncu not found" in r.stderr
 
 
+@pytest.mark.slow
 def test_ncu_prefix_with_a_filter_from_the_latest_capture(tmp_path):
     exe, state = make_fake_ncu(tmp_path)
     caps = tmp_path / "caps"
@@ -162,6 +168,7 @@ def test_ncu_prefix_with_a_filter_from_the_latest_capture(tmp_path):
     assert none.returncode == 0 and "no Kineto/nsys capture of job other" in none.stderr
 
 
+@pytest.mark.slow
 def test_ncu_prefix_output_is_neither_split_nor_globbed_by_the_shell(tmp_path):
     """Issue 43 item 7: the filter was printed as it is, and ``regex:.*`` under $(...) became the file
     names of the folder the job started in. A real shell runs what ncu-prefix printed, in a folder of
@@ -190,6 +197,7 @@ def test_ncu_prefix_output_is_neither_split_nor_globbed_by_the_shell(tmp_path):
     assert t is not None and t.job == "team a/b"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "why"), [
     (("--launch-count", "500", "--time-budget", "60"), "500 kernels take about 455 s"),
     (("--ranks", "a"), "comma-separated integers"),
@@ -201,6 +209,7 @@ def test_ncu_prefix_refuses_a_budget_out_of_bounds(tmp_path, args, why):
     assert r.returncode == 2 and why in r.stderr and r.stdout == ""
 
 
+@pytest.mark.slow
 def test_launch_ncu_wraps_one_process_and_refuses_torchrun(tmp_path):
     exe, state = make_fake_ncu(tmp_path)
     caps = tmp_path / "caps"
@@ -224,6 +233,7 @@ def test_launch_ncu_wraps_one_process_and_refuses_torchrun(tmp_path):
     assert both.returncode == 2 and "one CUPTI client per process" in both.stderr
 
 
+@pytest.mark.slow
 def test_ncu_prefix_chooses_the_kernels_by_time_by_default_and_says_which_way(tmp_path):
     """Issue 45 item 2: with no filter given, ncu-prefix takes the job's latest timeline (any rank's)
     and names the top kernels by time; the chosen rank's target and its captures say how they were
@@ -256,6 +266,7 @@ def test_ncu_prefix_chooses_the_kernels_by_time_by_default_and_says_which_way(tm
     assert opt_out.returncode == 0 and "--kernel-filter-hex" not in opt_out.stdout.split()
 
 
+@pytest.mark.slow
 def test_ncu_prefix_chooses_a_window_over_one_layers_forward_and_backward(tmp_path):
     """Issue 51 item 4: with the capture's trace on disk, the filter by time and a launch window (ncu's
     --launch-skip and --launch-count) that covers the forward and backward of the stage's last layer
@@ -291,6 +302,7 @@ def test_ncu_prefix_chooses_a_window_over_one_layers_forward_and_backward(tmp_pa
     assert "the forward and backward of layer 12 of 12" in t.options.choice_json()["text"]
 
 
+@pytest.mark.slow
 def test_analyze_ncu_with_a_trace_of_another_run_says_its_launches_are_unmatched():
     details = DATA / "ncu" / "h100_megatron_rank0_details.csv"
     r = perfd("analyze", "ncu", details, "--csv", DATA / "ncu" / "h100_megatron_rank0_raw.csv",

@@ -35,6 +35,7 @@ def refused(r: subprocess.CompletedProcess[str], prefix: str = "perfd") -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [["--peak-tflops", "0"], ["--peak-tflops", "-5"], ["--peak-tflops", "nan"],
                                    ["--peak-tflops", "inf"], ["--dtype", "int4"]],
                          ids=["peak-0", "peak-neg", "peak-nan", "peak-inf", "dtype-int4"])
@@ -54,6 +55,7 @@ def test_a_peak_or_dtype_that_cannot_be_is_refused_before_reading(tmp_path: Path
         assert "--peak-tflops must be a positive number" in line
 
 
+@pytest.mark.slow
 def test_the_other_commands_refuse_them_too(tmp_path: Path) -> None:
     sglang = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
     assert "--peak-tflops" in refused(perfd("analyze", "sglang", sglang, "--peak-tflops", "-1"))
@@ -66,6 +68,7 @@ def test_the_other_commands_refuse_them_too(tmp_path: Path) -> None:
     assert "--peak-tflops must be a positive number" in refused(agg, "perfd aggregator:")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log", [DATA / "dp2_all_timers.log",
                                  Path("/work/shared/fixtures/megatron/h200x2_tp1_pp2_gbs64_mbs4.log")],
                          ids=["dp2", "shared-fixture"])

@@ -11,6 +11,7 @@ import json
 import random
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -94,6 +95,7 @@ def _split_merge(job: str, recs: Sequence[CollectiveRecord], rng: random.Random,
     return todo[0]
 
 
+@pytest.mark.slow
 def test_the_synthetic_job_split_across_partials_in_any_order_gives_the_one_aggregator_answer() -> None:
     recs, steps = synthetic_job()
     kw = {"layout": LAYOUT, "rank_nodes": RANK_NODES, "gpu_name": "NVIDIA H200"}
@@ -152,6 +154,7 @@ def test_the_ranks_step_records_folded_as_the_engine_folds_them_keep_each_ranks_
     assert a["method"]["name"] == "step_windows" and len(a["iterations"]) == ITERATIONS - 1
 
 
+@pytest.mark.slow
 def test_a_bounded_merge_keeps_each_ranks_newest_operations_whatever_the_order() -> None:
     recs, steps = synthetic_job()
     keep = 3 * (TP_OPS + 2)  # the last three iterations
@@ -211,6 +214,7 @@ _RETENTIONS = st.one_of(st.none(), st.builds(Retention, st.one_of(st.none(), st.
                                              st.one_of(st.none(), st.integers(1, 30))))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(_records(), _records(), _records(), _RETENTIONS)
 def test_merge_is_a_join(ra: list[CollectiveRecord], rb: list[CollectiveRecord], rc: list[CollectiveRecord],

@@ -163,6 +163,7 @@ def test_tee_keeps_partial_lines_and_order(tmp_path: Path) -> None:
     assert (run / "output.log").read_bytes() == expected
 
 
+@pytest.mark.slow
 def test_the_log_grows_while_the_command_runs(tmp_path: Path) -> None:
     log = tmp_path / "live.log"
     p = subprocess.Popen([PY, "-m", "perfd.cli", "launch", "--job", "t2", "--run-dir", str(tmp_path / "r"),
@@ -180,6 +181,7 @@ def test_the_log_grows_while_the_command_runs(tmp_path: Path) -> None:
     assert p.returncode == 0 and out == b"first\nsecond\n" and log.read_bytes() == out
 
 
+@pytest.mark.slow
 def test_signals_reach_the_command_and_its_process_group(tmp_path: Path) -> None:
     marker = tmp_path / "got"
     gfile = str(marker) + ".g"
@@ -214,6 +216,7 @@ def test_signals_reach_the_command_and_its_process_group(tmp_path: Path) -> None
     assert Path(str(marker) + ".g").read_text() == "g"
 
 
+@pytest.mark.slow
 def test_sigint_is_passed_once_to_the_command(tmp_path: Path) -> None:
     counter = tmp_path / "n"
     child = textwrap.dedent(f"""
@@ -301,6 +304,7 @@ def test_agent_configured_from_the_manifest(tmp_path: Path) -> None:
         apply_overrides(AgentConfig(), launch_manifest=str(tmp_path / "missing.json"))
 
 
+@pytest.mark.slow
 def test_manifest_is_written_while_running(tmp_path: Path) -> None:
     man = tmp_path / "m.json"
     p = subprocess.Popen([PY, "-m", "perfd.cli", "launch", "--job", "t4", "--manifest", str(man),

@@ -11,6 +11,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from perfd.aggregator.collectives import CollectiveStore
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, analyze_collectives
 from perfd.analytics.collectives.collective_windows import step_windows
@@ -77,6 +79,7 @@ def _feed_by_iteration(job: _Job, recs: list[CollectiveRecord], steps: list[Step
         job.send(f"node-{n}", [r for r in rest if node_of(r) == n])
 
 
+@pytest.mark.slow
 def test_two_operations_a_rank_held_and_the_per_iteration_shares_of_every_rank() -> None:
     recs, steps = synthetic_job()
     want = analyze_collectives("j", recs, steps, layout=LAYOUT)
@@ -107,6 +110,7 @@ def test_two_operations_a_rank_held_and_the_per_iteration_shares_of_every_rank()
     assert _shares(job.analysis()) == _shares(want)
 
 
+@pytest.mark.slow
 def test_every_row_held_the_store_answers_as_one_aggregator_byte_for_byte() -> None:
     recs, steps = synthetic_job()
     # the store names each rank's node by the agent that sent it, as one aggregator does

@@ -174,6 +174,7 @@ def test_gpu_pods_join_nvml_series_by_uuid():
     assert state.pods_by_gpu() == {("n2", "0"): by_index}
 
 
+@pytest.mark.slow
 def test_wandb_project_without_wandb_is_refused_at_start(tmp_path: Path) -> None:
     """Without the wandb package (hidden here as an absent module) the aggregator refuses to start
     with one line and exit 2, instead of starting and logging a traceback every export round."""

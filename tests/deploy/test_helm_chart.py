@@ -19,6 +19,8 @@ import yaml
 from perfd.cli import build_parser
 from tests.deploy.test_k8s_manifests import CRDS, K8S_VERSIONS, _strict
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "perfd"
 RULES = ROOT / "deploy" / "prometheus" / "perfd.rules.yml"
@@ -84,6 +86,7 @@ def validate_rendered(docs: list[dict[str, Any]]) -> None:
                 pytest.fail(f"{d['kind']}/{d['metadata']['name']} invalid for {version}: {exc.message}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sets", [(), REALISTIC], ids=["default", "realistic"])
 def test_rendered_objects_validate(sets: tuple[str, ...]) -> None:
     docs = _render(*sets, release="gpu-perf", namespace="monitoring")
@@ -178,6 +181,7 @@ def test_aggregator_scheduling_values() -> None:
     _validate(docs)
 
 
+@pytest.mark.slow
 def test_aggregator_persistence_keeps_the_state_dir() -> None:
     # Issue 56 item 2: state is on by default (a restart or an upgrade kept no job's history), on a
     # claim; persistence off keeps it on an emptyDir (a container restart keeps it, the pod does not).
@@ -221,6 +225,7 @@ def _token_wiring(docs: list[dict[str, Any]], secret_name: str, key: str = "toke
         build_parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in args])  # flags this perfd has
 
 
+@pytest.mark.slow
 def test_auth_is_on_by_default_with_a_secret_that_every_render_keeps() -> None:
     import base64
 

@@ -30,6 +30,8 @@ from tests.deploy.netpol import selects
 from tests.deploy.test_helm_agent_runs import procs  # noqa: F401  (the fixture: every process stopped)
 from tests.deploy.test_helm_chart import CHART, REALISTIC, _helm, validate_rendered
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_SECRET = "perfd-engine-token"
 ENGINE = ("engine.enabled=true", f"engine.tokenSecret={TOKEN_SECRET}")

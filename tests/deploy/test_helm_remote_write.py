@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from perfd.cli import build_parser
 from perfd.exporters.remote_write import TENANT_HEADER, Credentials
 from tests.deploy.test_helm_chart import CHART, _args, _pod, _render, _run, validate_rendered
+
+pytestmark = pytest.mark.slow
 
 SETS = ("aggregator.remoteWrite.urls[0]=https://mimir.example/api/v1/push",
         "aggregator.remoteWrite.urls[1]=http://vm.example:8428/api/v1/write",

@@ -59,6 +59,7 @@ def _strict(schema: Any) -> Any:
     return schema
 
 
+@pytest.mark.slow
 def test_every_builtin_kind_validates_against_the_kubernetes_schemas():
     kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the dev extra")
     from kubernetes_validate.utils import latest_version
@@ -79,6 +80,7 @@ def test_every_builtin_kind_validates_against_the_kubernetes_schemas():
     assert checked >= 10
 
 
+@pytest.mark.slow
 def test_prometheus_operator_kinds_validate_against_their_crds():
     import jsonschema
 
@@ -95,6 +97,7 @@ def test_prometheus_operator_kinds_validate_against_their_crds():
     assert sorted(kinds) == ["PodMonitor", "PodMonitor", "PrometheusRule", "ServiceMonitor"]
 
 
+@pytest.mark.slow
 def test_strict_crd_schema_catches_a_typo():
     import jsonschema
 
@@ -293,6 +296,7 @@ def test_the_daemonset_agent_and_the_sidecar_pair_up_on_one_node(tmp_path: Path)
     assert gpu_job([{"pid": 1, "job": "job-1"}], node_cfg.job or None) == side_cfg.job
 
 
+@pytest.mark.slow
 def test_strict_kubernetes_schema_catches_a_typo():
     kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the dev extra")
     ds = copy.deepcopy(_find("DaemonSet", "perfd-agent"))

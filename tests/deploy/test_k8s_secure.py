@@ -140,6 +140,7 @@ def _check_policy(policy: dict[str, Any], aggregator: dict[str, Any], agent: dic
         assert got == want[who], (who, got)
 
 
+@pytest.mark.slow
 def test_kustomize_renders_the_plain_manifests_secure_and_the_insecure_overlay_says_so() -> None:
     docs = _kustomize(K8S)
     _validate(docs)
@@ -220,6 +221,7 @@ def _serves(url: str, running: list[tuple[subprocess.Popen[bytes], Path]]) -> by
     return http_get(url)
 
 
+@pytest.mark.slow
 def test_plain_manifests_refuse_an_unauthenticated_capture_request(
         tmp_path: Path, running: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
     grpc, http, metrics = free_port(), free_port(), free_port()
@@ -251,6 +253,7 @@ def test_plain_manifests_refuse_an_unauthenticated_capture_request(
         assert f"{NODE}/node" in json.loads(r.read())["agents_seen"]
 
 
+@pytest.mark.slow
 def test_the_insecure_overlay_is_open_as_it_says(tmp_path: Path,
                                                  running: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
     grpc, http, metrics = free_port(), free_port(), free_port()
@@ -262,6 +265,7 @@ def test_the_insecure_overlay_is_open_as_it_says(tmp_path: Path,
     assert _post(f"{base}/api/captures", {"job": "any-job", "steps": 1}) == 202
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token_from", ["operator", "chart"])
 def test_the_example_job_connects_under_the_charts_defaults_from_another_namespace(
         tmp_path: Path, running: list[tuple[subprocess.Popen[bytes], Path]], token_from: str) -> None:
@@ -309,6 +313,7 @@ def test_the_example_job_connects_under_the_charts_defaults_from_another_namespa
     assert "UNAUTHENTICATED" not in (tmp_path / "sidecar.out").read_text()
 
 
+@pytest.mark.slow
 def test_the_chart_runs_the_example_job_in_a_third_namespace_with_no_step_by_hand(
         tmp_path: Path, running: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
     """Issue 56 item 4: the example hardcoded perfd-aggregator.perfd.svc and Secret perfd-auth, so it

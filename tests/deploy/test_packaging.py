@@ -18,6 +18,7 @@ from perfd import __version__
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_pip_installs_perfd_slurm_run_and_the_rule_packs(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",

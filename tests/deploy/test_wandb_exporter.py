@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -189,16 +190,20 @@ def _read_offline_run(run_dir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    pytest.importorskip("wandb", reason="wandb is the optional extra perfd[wandb] (in the dev extra)")
+def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    wandb = pytest.importorskip("wandb", reason="wandb is the optional extra perfd[wandb] (in the dev extra)")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     for var, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"),
                      ("WANDB_CONFIG_DIR", "config"), ("WANDB_ARTIFACT_DIR", "artifacts")):
         monkeypatch.setenv(var, str(tmp_path / sub))
-    return tmp_path
+    yield tmp_path
+    # wandb.init in this process started its service (wandb-core), which stays for the life of the
+    # process otherwise: the leftover-process guard named it at the end of a full run
+    wandb.teardown()
 
 
+@pytest.mark.slow
 def test_offline_run_reads_back_equal_to_the_analysis(wandb_env: Path):
     typed = {"gpt-demo": _analysis(DEMO_LOG, "gpt-demo"), "dp2": _analysis(DP2_LOG, "dp2")}
     demo_its, dp2_its = list(typed["gpt-demo"].iterations), list(typed["dp2"].iterations)
@@ -277,6 +282,7 @@ def test_offline_run_reads_back_equal_to_the_analysis(wandb_env: Path):
     assert ["result.breakdown.compute", "0.71"] in table["data"]
 
 
+@pytest.mark.slow
 def test_attaches_to_the_training_scripts_own_run(wandb_env: Path) -> None:
     """`perfd launch --wandb-run-id` exports WANDB_RUN_ID (+ WANDB_RESUME=allow) to the job; the
     training script's wandb.init takes it, and perfd's export joins the same run id with its keys
@@ -359,6 +365,7 @@ def test_every_row_carries_the_gpu_values_of_when_its_iteration_arrived() -> Non
     assert [v[key] for _s, v in fake.runs[0].rows[-2:]] == [900.0, 900.0]
 
 
+@pytest.mark.slow
 def test_an_unwritable_wandb_directory_is_refused_at_start(tmp_path: Path) -> None:
     """--wandb-project under a working directory W&B cannot write (the chart's read-only root
     filesystem; here a file where the runs' folder would go, which stops root too): exit 2 at start

@@ -11,7 +11,7 @@ import pytest
 
 from tests.procs import Procs, http_get, run_env, wait_for
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux"), pytest.mark.slow]
 
 
 def test_the_agent_writes_the_port_it_bound(tmp_path: Path) -> None:

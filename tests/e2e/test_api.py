@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SGLANG = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
 
 
+@pytest.mark.slow
 def test_analyze_megatron_log_equals_the_cli(tmp_path: Path) -> None:
     cli = subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "megatron", str(LOG), "--gpu",
                           "NVIDIA H200", "--json",
@@ -99,6 +100,7 @@ def test_sglang_and_capture(tmp_path: Path) -> None:
     assert dev["comm_exposed_ms"] == pytest.approx(0.050)
 
 
+@pytest.mark.slow
 def test_aggregator_client_against_a_real_aggregator(live: Live) -> None:
     agg = pa.Aggregator(live.base)
     (job,) = agg.jobs()

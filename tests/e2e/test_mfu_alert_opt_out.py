@@ -44,6 +44,7 @@ def test_the_opt_out_given_at_agent_start_reaches_the_exported_series(tmp_path: 
     assert rows == [f'{SERIES}{{job_name="debug-run"}} 1.0'], rows
 
 
+@pytest.mark.slow
 def test_perfd_launch_writes_it_in_the_manifest_and_the_agent_reads_it(tmp_path: Path) -> None:
     manifests = {}
     for name, extra in (("quiet", ["--no-mfu-alert"]), ("plain", [])):

@@ -202,6 +202,7 @@ def _any_record(draw: st.DrawFn) -> CollectiveRecord:
         duration_ms=draw(_OPT_FLOAT), busbw_gbs=draw(_OPT_FLOAT), host=draw(_OPT_STR), pid=draw(_OPT_INT))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_any_record(), max_size=12))
 def test_any_rows_read_back_equal(recs: list[CollectiveRecord]) -> None:
@@ -261,6 +262,7 @@ def _colliding(draw: st.DrawFn) -> CollectiveRecord:
         pid=pick(None, 1, 2))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(*(st.lists(_colliding(), max_size=8) for _ in range(3)))
 def test_merge_is_a_join_whatever_two_records_of_one_operation_differ_in(

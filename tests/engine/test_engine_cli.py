@@ -18,6 +18,7 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*PERFD, *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, says", [
     (["shard"], "--engine is required"),
     (["shard", "--engine", "http://127.0.0.1:4222"], "--engine wants nats://HOST:PORT"),
@@ -38,6 +39,7 @@ def test_engine_flags_that_cannot_work_are_refused_with_a_reason(args, says):
     assert says in res.stderr
 
 
+@pytest.mark.slow
 def test_an_empty_token_file_is_refused(tmp_path: Path):
     empty = tmp_path / "token"
     empty.write_text("\n")
@@ -45,6 +47,7 @@ def test_an_empty_token_file_is_refused(tmp_path: Path):
     assert res.returncode == 2 and "is empty" in res.stderr
 
 
+@pytest.mark.slow
 def test_a_shard_that_cannot_reach_its_engine_exits_1_naming_it():
     res = _run("shard", "--engine", "nats://127.0.0.1:1", "--id", "s", timeout=60)
     assert res.returncode == 1, res.stderr

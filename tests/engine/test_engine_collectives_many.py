@@ -29,7 +29,7 @@ from tests.collectives.test_collective_partial import NODES, PER_NODE, SLOW_RANK
 from tests.engine.test_engine_records import _until
 from tests.engine.test_natsd import _need_nats_server
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
 def _answer(state: AggregatorState) -> str:

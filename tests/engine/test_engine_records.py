@@ -64,6 +64,7 @@ def _collective_answer(state: AggregatorState) -> str:
     return json.dumps(got.to_json(), sort_keys=True)
 
 
+@pytest.mark.slow
 def test_events_and_collectives_reach_the_root_as_one_aggregator_holds_them(tmp_path: Path) -> None:
     _need_nats_server()
     recs = load_fixture_records("timing", JOB)
@@ -150,6 +151,7 @@ async def _until(pred: Any, timeout: float, show: Any) -> None:
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_capture_reaches_an_agent_on_the_engine_and_its_progress_comes_back(tmp_path: Path) -> None:
     """The root sends a capture command to the agent whose records of the job came through the engine
     (no Hello names it to the aggregator), as a request the agent answers; the agent's progress event
@@ -203,6 +205,7 @@ def test_a_capture_reaches_an_agent_on_the_engine_and_its_progress_comes_back(tm
     assert out["sent"] == 1 and out["reason"] == "no profiler on this node" and out["undeliverable"] == 1
 
 
+@pytest.mark.slow
 def test_a_standby_root_answers_the_api_with_the_leaders_jobs(tmp_path: Path) -> None:
     """Two aggregators on the engine behind one Service: the standby forwards what it is asked of
     the jobs (GET and POST, with the caller's token) to the leader's advertised HTTP and relays the

@@ -108,6 +108,7 @@ def test_single_server_dedups_by_msg_id_and_a_durable_pull_consumer_gets_it_once
     run(main())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_key_value_create_update_and_ttl(make: Make) -> None:
     c = make(1)
@@ -289,6 +290,7 @@ def test_missing_binary_is_nats_unavailable(monkeypatch: pytest.MonkeyPatch, tmp
         pass
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_port_taken_before_the_server_binds_it_is_chosen_again(tmp_path: Path) -> None:
     """Parallel tests on one machine: a port chosen free is taken by another process before

@@ -81,6 +81,7 @@ async def _through_the_engine(urls: list[str], rooted: AggregatorState, info: Jo
             "shard_messages": sum(s.stats.node_messages for s in shards)}, root
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_engine_path_gives_one_aggregators_analysis_byte_for_byte(tmp_path: Path):
     _need_nats_server()
@@ -132,6 +133,7 @@ def _restarted(recs: list[StepRecord], shift_s: float) -> list[StepRecord]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_restart_seen_only_through_the_engine_is_a_new_run_as_one_aggregator_sees_it(tmp_path: Path):
     """The job's ranks die after iteration 24 and resume from the checkpoint of iteration 12 in new
@@ -176,6 +178,7 @@ def _gpu_lists(node: int) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_gpu_model_reaches_the_root_in_the_process_lists_and_mfu_with_it(tmp_path: Path):
     """No --gpu, and the GPUs' series stay on the agents on the engine path: what names the job's GPU
@@ -230,6 +233,7 @@ def _hooked(log: list[StepRecord], world: int) -> dict[int, list[list[StepRecord
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_megatron_job_with_the_step_hook_is_read_from_its_log_as_one_aggregator_reads_it(tmp_path: Path):
     """A Megatron-LM job (the recorded H200 log, 2 ranks, pipeline-parallel) whose ranks also run the

@@ -29,6 +29,7 @@ def _job(job: str, agent_series: int = 5, ago_s: float = 30.0) -> dict[str, obje
             "samples": [Sample(f"perfd_host_x_{s}", 1.0, t, {"node": "n"}) for s in range(agent_series)]}
 
 
+@pytest.mark.slow
 def test_a_sidecar_is_forgotten_with_its_pruned_job_and_the_allocator_trimmed(tmp_path: Path) -> None:
     async def main() -> None:
         agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], rules_interval_s=0.1,
@@ -62,6 +63,7 @@ def test_a_sidecar_is_forgotten_with_its_pruned_job_and_the_allocator_trimmed(tm
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_an_agent_holding_another_job_stays(tmp_path: Path) -> None:
     async def main() -> None:
         agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], rules_interval_s=0.1,

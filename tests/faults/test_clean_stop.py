@@ -22,6 +22,8 @@ from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.model import StepRecord
 from tests.faults.streams import send_batches
 
+pytestmark = pytest.mark.slow
+
 
 def test_stop_while_a_tick_runs_waits_for_it_before_closing_the_store(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -87,6 +87,7 @@ def test_a_failed_document_commit_loses_the_ingests_rows_and_the_store_says_so(t
     assert s.rollbacks == 1 and s.agents_lost == 1
 
 
+@pytest.mark.slow
 def test_disk_full_while_two_agents_stream_loses_no_acknowledged_iteration(tmp_path: Path) -> None:
     n = 150
     state = tmp_path / "state"

@@ -50,6 +50,7 @@ def test_a_fetch_inside_another_is_counted_once() -> None:
     assert clock.count == 4  # the outer fetches only
 
 
+@pytest.mark.slow
 def test_torch_dataloader_fetches_are_stamped_once_per_process() -> None:
     torch = pytest.importorskip("torch")
     data = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=0)
@@ -60,6 +61,7 @@ def test_torch_dataloader_fetches_are_stamped_once_per_process() -> None:
     assert CLOCK.count - before == 5
 
 
+@pytest.mark.slow
 def test_the_environment_leaves_torch_alone() -> None:
     code = ("import os; os.environ['PERFD_HOOK_DATALOADER'] = '0'; import torch.utils.data; "
             "from perfd.hook.loader import watch_dataloader, dataloader_watched; "

@@ -505,6 +505,7 @@ def test_profile_range_with_the_thread(agent: tuple[str, socket.socket]) -> None
     assert flagged == [3, 4]
 
 
+@pytest.mark.slow
 def test_a_dropped_hook_ends_its_thread() -> None:
     hook = StepHook("/nonexistent/perfd.sock", cuda=True, rank=0, marker_factory=Gpu(auto=True).marker,
                     harvest_interval_s=0.01)

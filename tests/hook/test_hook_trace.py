@@ -28,6 +28,8 @@ from perfd.hook import StepHook, wire
 from perfd.limits import HOOK_MAX_STEPS
 from tests.hook.test_step_hook import FakeGpu, drain, records, steps_of
 
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 Hook = functools.partial(StepHook, flush_interval_s=0, warmup_steps=0, rank=0)
 
@@ -102,6 +104,7 @@ class Loop:
         raise AssertionError(f"no written status for request {rid}: {seen}")
 
 
+@pytest.mark.slow
 def test_a_trace_request_traces_the_steps_asked_and_writes_the_chrome_trace(
         agent: tuple[str, socket.socket], traces: Path) -> None:
     path, sock = agent
@@ -138,6 +141,7 @@ def test_a_trace_request_traces_the_steps_asked_and_writes_the_chrome_trace(
     hook.close()
 
 
+@pytest.mark.slow
 def test_requests_out_of_bounds_or_of_an_older_form_are_refused(
         agent: tuple[str, socket.socket], traces: Path) -> None:
     path, sock = agent

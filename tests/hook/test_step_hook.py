@@ -490,6 +490,7 @@ def test_profile_request_without_profiler_is_rejected_and_failure_reported(
 # --------------------------------------------------------------------------- with (CPU) torch
 
 
+@pytest.mark.slow
 def test_cpu_torch_loop_and_cuda_fallback(agent: tuple[str, socket.socket]) -> None:
     torch = pytest.importorskip("torch")
     path, sock = agent

@@ -81,6 +81,7 @@ def test_a_hook_with_model_and_no_kv_channels_constructs(tmp_path: Path) -> None
     assert h.flops_per_step == pytest.approx(flops_for_tokens(GPT, 4 * 512, 512))
 
 
+@pytest.mark.slow
 def test_variable_length_steps_carry_their_own_work(agent: tuple[str, socket.socket]) -> None:
     torch = pytest.importorskip("torch")
     path, sock = agent
@@ -114,6 +115,7 @@ def test_variable_length_steps_carry_their_own_work(agent: tuple[str, socket.soc
     assert sum(m.flops_per_step or 0.0 for m in got) == pytest.approx(total, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_stated_flops_win_and_bad_values_are_refused_not_guessed(agent: tuple[str, socket.socket]) -> None:
     torch = pytest.importorskip("torch")
     path, sock = agent

@@ -17,7 +17,8 @@ from perfd.catalog import RANK_STATE_INFO
 from perfd.manifest import MANIFEST_VERSION
 from tests.procs import Procs, free_port, http_get, start_agent, wait_for
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc"),
+              pytest.mark.slow]
 
 JOB = "one-rank"
 

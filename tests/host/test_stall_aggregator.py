@@ -127,6 +127,7 @@ class Harness:
         return self.st.incidents.incidents(JOB)
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_opens_a_stall_with_stacks_and_the_slow_step_takes_it_over(ranks: Any) -> None:
     h = Harness(ranks)
     h.records(20)
@@ -192,6 +193,7 @@ def test_a_stopped_rank_opens_a_stall_with_stacks_and_the_slow_step_takes_it_ove
     assert kinds.count(events.INCIDENT_OPENED.name) == 1 and kinds.count(events.INCIDENT_CLOSED.name) == 1
 
 
+@pytest.mark.slow
 def test_a_stop_between_two_steps_costs_its_silence_in_the_incident_that_takes_it_over(ranks: Any) -> None:
     """A stop that lands after one step ended and before the next began lies in no step's time: the
     step after it is ordinary. Where a slow step of another cause (a little contention) covers the
@@ -233,6 +235,7 @@ def test_a_stop_between_two_steps_costs_its_silence_in_the_incident_that_takes_i
     assert gp is not None and gp["parts_s"]["incident"] == pytest.approx(parts["steps_s"], abs=0.01)
 
 
+@pytest.mark.slow
 def test_slow_steps_after_the_stall_take_it_over_from_where_it_began(ranks: Any) -> None:
     """A pause between two steps, then ordinary steps, then a few slow ones (a loaded machine): the
     slow steps' incident takes the stall over, and the episode starts where the stall did."""
@@ -276,6 +279,7 @@ def test_a_stall_no_slow_step_follows_closes_on_its_own(ranks: Any) -> None:
     assert before - silent_from - cadence - 0.01 <= inc["cost_s"] <= after - silent_from - cadence + 0.01
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_continued_keeps_its_stop_as_the_stalls_corroboration(ranks: Any) -> None:
     """After SIGCONT the rank runs again (here idle: the loop sleeps) before its records arrive: the
     stall, still silent, keeps the stopped state that made it one, and its silence grows."""
@@ -294,6 +298,7 @@ def test_a_stopped_rank_continued_keeps_its_stop_as_the_stalls_corroboration(ran
     assert inc["verdict"]["cause"] == "process_stopped"
 
 
+@pytest.mark.slow
 def test_an_announced_checkpoint_save_holds_the_stall_back(ranks: Any) -> None:
     h = Harness(ranks)
     h.records(20)
@@ -334,6 +339,7 @@ def test_malformed_host_events_are_counted_not_kept() -> None:
     assert st.recent_events() == []  # state, not history
 
 
+@pytest.mark.slow
 def test_steps_held_in_the_stopped_process_arrive_after_it_and_the_stall_is_counted_once(ranks: Any) -> None:
     """The step hook's records of the last steps before a stop sit in the stopped process (its sender
     stops too) and arrive with the steps after it: the slow iteration is any of them, not the one
@@ -453,6 +459,7 @@ def _end_job(h: Harness, ranks: Any) -> None:
     h.observe()
 
 
+@pytest.mark.slow
 def test_the_silence_of_a_jobs_exit_is_taken_back_not_an_incident(ranks: Any) -> None:
     """A plain PyTorch job on the H100 (issue 44) spent 16 s after its last step tearing down its
     loader and CUDA: a stall opened 5 s in and closed at its exit, listed as 'stalled ... 0.0 s lost'.
@@ -473,6 +480,7 @@ def test_the_silence_of_a_jobs_exit_is_taken_back_not_an_incident(ranks: Any) ->
     assert closed["payload"]["withdrawn"] == "job_exit"
 
 
+@pytest.mark.slow
 def test_a_job_silent_past_the_exit_grace_then_gone_keeps_its_stall_with_the_silence(ranks: Any) -> None:
     h = Harness(ranks)
     h.records(20)

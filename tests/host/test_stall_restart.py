@@ -50,6 +50,7 @@ def _observe_as_started(h: Harness, started_at: float) -> None:
     h.st.ingest_events("agent-a", evs)
 
 
+@pytest.mark.slow
 def test_a_new_run_loading_before_its_first_step_is_not_a_stall(ranks: Any) -> None:
     h = Harness(ranks)
     h.records(20)

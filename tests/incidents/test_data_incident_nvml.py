@@ -60,6 +60,7 @@ def _feed(capped_s: float) -> tuple[Feed, dict[str, Any]]:
     return feed, truth
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("capped_s", [0.0, 6.0], ids=["gpu-plain", "gpu-capped-during-it"])
 def test_a_data_slowdown_is_named_data_loading_whatever_the_gpu_shows(
         monkeypatch: pytest.MonkeyPatch, capped_s: float) -> None:

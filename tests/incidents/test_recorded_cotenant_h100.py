@@ -28,6 +28,8 @@ from perfd.aggregator import stats as stats_mod
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "incidents" / "cotenant_h100"
 JOB = "verdict-big"
 COTENANT_PID = 932  # README: the foreign process's pid in this recording

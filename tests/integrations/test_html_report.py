@@ -258,6 +258,7 @@ def test_heat_map_groups_ranks_by_pipeline_stage_and_marks_captures() -> None:
     assert len(captures) == 2  # the bar above and the outline over the columns
 
 
+@pytest.mark.slow
 def test_cli_offline_with_a_capture_puts_the_budget_and_its_remedies_in_the_html(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`perfd report --html --capture` (issue 42): the same analysis as `perfd analyze megatron LOG

@@ -38,6 +38,7 @@ def test_promtool_check_rules() -> None:
     assert "SUCCESS" in out and "WARNING" not in out.upper()
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_of_the_rules() -> None:
     # Alerts fire on the fixture's shape (MFU 8%, PP idle 24%), stay quiet where they must (stage
     # imbalance is not a straggler; sw_power_cap is not throttling), count a GPU once although two

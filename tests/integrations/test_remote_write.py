@@ -131,6 +131,7 @@ def _at_least(n: int, url: str, expr: str) -> list[dict[str, Any]] | None:
     return rows if len(rows) >= n else None
 
 
+@pytest.mark.slow
 def test_a_sharded_pair_in_prometheus_and_victoriametrics_every_job_once(tmp_path: Path) -> None:
     prometheus, vm = need("prometheus"), need("victoria-metrics")
     pport, vport = free_port(), free_port()

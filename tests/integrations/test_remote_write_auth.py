@@ -72,6 +72,7 @@ def test_an_option_the_writer_cannot_use_is_refused_with_the_reason(kwargs: dict
     assert says in str(e.value)
 
 
+@pytest.mark.slow
 def test_the_aggregator_refuses_them_before_starting(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("\n")
@@ -195,6 +196,7 @@ def _start(store: str, tmp: Path, cert: str, key: str, port: int) -> subprocess.
     return subprocess.Popen(argv, stdout=(tmp / f"{store}.out").open("wb"), stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["prometheus", "victoria-metrics"])
 def test_an_authenticated_store_over_tls_takes_only_the_authenticated_write(store: str,
                                                                              tmp_path: Path) -> None:
@@ -236,6 +238,7 @@ def test_an_authenticated_store_over_tls_takes_only_the_authenticated_write(stor
 
 
 # ---- the reference sender -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_perfd_authenticates_as_prometheus_itself_does(recorder: _Recorder, tmp_path: Path) -> None:
     """A store behind basic auth reads what Prometheus' own remote_write sends with ``basic_auth``:
     the same Authorization and protocol headers from perfd. (The tenant header cannot be held to it

@@ -13,7 +13,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.procs import ROOT, Procs, run_env, start_aggregator
+
+pytestmark = pytest.mark.slow
 
 SHIPPED = ROOT / "rules" / "default.yaml"
 USER = """

@@ -86,6 +86,7 @@ def _token_file(tmp_path: Path, text: str = TOKEN) -> str:
 
 # ---------------------------------------------------------------------------------------- token
 
+@pytest.mark.slow
 def test_unauthenticated_batch_is_refused_and_the_token_lets_it_in(tmp_path: Path) -> None:
     tok = _token_file(tmp_path)
 
@@ -196,6 +197,7 @@ def _tls_files(tmp_path: Path) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_mutual_tls_admits_the_right_client_certificate_only(tmp_path: Path) -> None:
     f = _tls_files(tmp_path)
 
@@ -222,6 +224,7 @@ def test_mutual_tls_admits_the_right_client_certificate_only(tmp_path: Path) -> 
     _run(_cfg(tls_cert=f["server_cert"], tls_key=f["server_key"], tls_client_ca=f["ca"]), body)
 
 
+@pytest.mark.slow
 def test_server_certificate_is_re_read_without_a_restart(tmp_path: Path) -> None:
     f = _tls_files(tmp_path)
     cert, key = tmp_path / "live.crt", tmp_path / "live.key"
@@ -350,6 +353,7 @@ def test_jobs_past_the_cap_are_refused_and_counted() -> None:
     _run(_cfg(limits=L.Limits(max_jobs=5)), body)
 
 
+@pytest.mark.slow
 def test_http_body_limits_and_capture_caps(tmp_path: Path) -> None:
     import socket
 
@@ -401,6 +405,7 @@ def test_capture_records_are_pruned() -> None:
     _run(_cfg(limits=L.Limits(max_capture_records=10)), body)
 
 
+@pytest.mark.slow
 def test_idle_and_trickling_http_connections_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A connection that sends nothing is closed at the idle deadline; one that sends part of its
     head is answered 408 at the header deadline and closed; both counted (http_deadline)."""

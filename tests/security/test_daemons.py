@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from perfd.agent.config import AgentConfig
 from perfd.agent.main import Agent
 from perfd.collector import Capabilities, Collected, Collector, Registry
@@ -27,6 +29,7 @@ def _perfd(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+@pytest.mark.slow
 def test_a_port_in_use_refuses_to_start(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -79,6 +82,7 @@ class _Ticker(Collector):
         return Collected(samples=[Sample("perfd_host_load1", 1.0, now)])
 
 
+@pytest.mark.slow
 def test_spool_bytes_metric_reads_the_spool(tmp_path: Path) -> None:
     reg = Registry()
     reg.register("ticker", _Ticker)

@@ -174,6 +174,7 @@ def test_a_datagram_from_another_socket_cannot_cancel_a_range_or_ask_for_one(
     assert outcomes == ["EPERM"] * 4  # refused by the kernel at the sender: nothing reached the hook
 
 
+@pytest.mark.slow
 def test_a_symlink_swap_of_the_senders_address_writes_nothing(
         agent: tuple[str, socket.socket], shared_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue: a trace request from a socket whose path the attacker then swapped for a link to the
@@ -328,6 +329,7 @@ def test_statuses_pre_marked_by_another_sender_cannot_fail_a_real_range(tmp_path
     assert rig.calls[:1] == ["start"]
 
 
+@pytest.mark.slow
 def test_a_flood_of_unique_ids_and_large_datagrams_stays_within_the_caps(tmp_path: Path) -> None:
     """The issue: unique ids for 60 s took the root agent from 55 MB to 3.66 GB (statuses never pruned,
     a queue capped at 200,000 datagrams whatever their size). Here 50,000 unique ids, then 300 datagrams

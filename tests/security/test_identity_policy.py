@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from perfd import limits as L
 from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.snapshot import overview_of
@@ -17,6 +19,8 @@ from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.security import ClientTls, IdentityPolicy
 from tests.security.certs import CA
+
+pytestmark = pytest.mark.slow
 
 POLICY = """
 identities:

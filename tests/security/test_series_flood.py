@@ -29,6 +29,8 @@ from perfd.transport.client import AgentClient
 from perfd.transport.series import Series
 from tests.procs import free_port, http_get, stop, wait_for
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -71,6 +71,7 @@ def _refused(base: str, reason: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+@pytest.mark.slow
 def test_a_peer_saying_it_hosts_the_job_cannot_overwrite_its_iterations(aggregator: tuple[int, str]) -> None:
     port, base = aggregator
     target = f"127.0.0.1:{port}"

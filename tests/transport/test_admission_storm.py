@@ -57,6 +57,7 @@ def _serve(pipe: Connection) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() -> None:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()

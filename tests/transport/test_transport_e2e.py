@@ -521,6 +521,7 @@ def test_a_reconnect_reports_only_the_series_it_redefines():
     run(body())
 
 
+@pytest.mark.slow
 def test_new_streams_are_refused_while_the_event_loop_lags_and_let_in_after():
     """Overload: while the aggregator's event loop runs later than max_loop_lag_s, a new stream
     is refused (UNAVAILABLE, counted as overloaded) before its Hello, and an open one keeps its
@@ -612,6 +613,7 @@ class _OwnedDict(dict):  # type: ignore[type-arg]
         return super().keys()
 
 
+@pytest.mark.slow
 def test_other_threads_read_the_streams_only_through_the_published_view():
     """counters() and connected_agents() from the HTTP thread never iterate the stream table
     the event loop changes (issue: /metrics answered 500 under stream churn)."""
@@ -643,6 +645,7 @@ def test_other_threads_read_the_streams_only_through_the_published_view():
     run(body())
 
 
+@pytest.mark.slow
 def test_a_command_from_another_thread_never_waits_on_a_busy_loop():
     """The rules tick sends capture commands from an executor thread. Under load the event loop can
     be busy for seconds: the send must hand the command over and return at once (it waited 5 s and

@@ -85,6 +85,7 @@ print(json.dumps([hook.sender.sent, hook.sender.dropped]))
 """
 
 
+@pytest.mark.slow
 def test_eight_ranks_unbatched_are_not_lost_to_the_datagram_queue_limit(collector: HookCollector) -> None:
     # 8 processes x 200 steps, one datagram per step, ~8,000 datagrams/s together, collected
     # at the end only: far beyond the ~10 datagrams a Unix socket queues. Everything a hook sent

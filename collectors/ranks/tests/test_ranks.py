@@ -88,6 +88,7 @@ def _row(rows: list[dict[str, Any]], rank: int) -> dict[str, Any]:
     return next(r for r in rows if r["rank"] == rank)
 
 
+@pytest.mark.slow
 def test_states_cpu_and_absent_before_two_readings(spawn: Any) -> None:
     busy, idle = spawn(SPIN), spawn(SLEEP)
     time.sleep(1.0)  # past the interpreters' start-up (its CPU is not the sleeper's steady use)
@@ -127,6 +128,7 @@ def test_states_cpu_and_absent_before_two_readings(spawn: Any) -> None:
     assert c.rank_pids() == {0: busy.pid}  # a gone rank is reported, not offered for stacks
 
 
+@pytest.mark.slow
 def test_burners_on_the_ranks_cpu_show_as_wait_and_are_named(spawn: Any) -> None:
     cpu = sorted(os.sched_getaffinity(0))[-1]
     rank = spawn(SPIN, str(cpu))
@@ -155,6 +157,7 @@ def test_burners_on_the_ranks_cpu_show_as_wait_and_are_named(spawn: Any) -> None
     assert c.last_scan_pids > 0 and c.last_scan_s is not None
 
 
+@pytest.mark.slow
 def test_the_jobs_own_children_are_told_apart(spawn: Any) -> None:
     cpu = sorted(os.sched_getaffinity(0))[-1]
     # A "rank" that forks a spinning "data loader worker" pinned with it.
@@ -316,6 +319,7 @@ def test_parsers_take_the_kernels_formats() -> None:
                                                           "memory": "/sys/fs/cgroup/memory"}
 
 
+@pytest.mark.slow
 def test_a_cpu_quota_shows_as_throttling(spawn: Any) -> None:
     from tests.host.cgroups import cpu_quota_cgroup
 
@@ -363,6 +367,7 @@ def test_sample_yaml_is_a_valid_config() -> None:
     assert c.config.interval_s == 1.0 and c.config.scan is True and c.config.launch_manifest is None
 
 
+@pytest.mark.slow
 def test_the_event_goes_out_on_change_and_every_few_seconds_otherwise(spawn: Any) -> None:
     quiet = spawn(SLEEP)
     time.sleep(1.0)  # past its start-up
