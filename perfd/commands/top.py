@@ -42,6 +42,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from perfd.analytics.breakdown.budget import StepBudget
 from perfd.commands.top_tables import COMPACT, NA, fit, gpu_table, host_table, ms, num, pct, process_table
 from perfd.report import budget_view, plan_view
 
@@ -270,7 +271,7 @@ def budget_text(summary: dict[str, Any]) -> Text:
     if not isinstance(budget, dict):
         return Text("step budget: " + NA + f" ({budget_missing(summary)})")
     line = Text(f"step budget {float(budget.get('step_ms') or 0):.0f} ms: ", style="bold")
-    line.append(budget_view.compact(budget))
+    line.append(budget_view.compact(StepBudget.from_json(budget)))  # the aggregator's JSON, read here
     line.append(f" ({budget.get('basis') or NA})", style="dim")
     return line
 

@@ -320,8 +320,8 @@ def _e(v: Any) -> str:
     return escape(str(v))
 
 
-def _tiles(med: Mapping[str, Any]) -> str:
-    tiles = [(d.short or d.name, catalog.job_value(d, med), d.unit)
+def _tiles(med: Mapping[str, float | None]) -> str:
+    tiles = [(d.short or d.name, catalog.median_value(d, med), d.unit)
              for d in catalog.job_metrics(catalog.HTML)]
     cells = [f'<div class="tile"><b>{escape(format_value(v, unit))}</b><span>{escape(name)}'
              "</span></div>" for name, v, unit in tiles if v is not None]

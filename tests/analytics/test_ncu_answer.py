@@ -20,6 +20,7 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.snapshot import Analysed
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.incidents.detect import LEVEL_SHIFT
 from perfd.analytics.ncu.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
 from perfd.model import JobInfo, StepRecord
@@ -257,11 +258,11 @@ def test_the_budget_view_shows_the_rows_beside_their_part() -> None:
         {"part": "data", "ms": 10.0, "share": 0.1, "source": "timers", "detail": {}},
         {"part": "compute", "ms": 90.0, "share": 0.9, "source": "timers",
          "detail": {"ncu": [{**c, "capture": "c1"} for c in cats]}}]}
-    lines = budget_view.text_lines(budget)
+    lines = budget_view.text_lines(StepBudget.from_json(budget))
     at = next(i for i, x in enumerate(lines) if "compute (not divided)" in x)
     assert "ncu: elementwise (8 kernel(s)): compute SOL 53%, memory SOL 49%, tensor 2%" in lines[at + 1]
     assert "gemm (3 kernel(s))" in lines[at + 2] and "(capture c1)" in lines[at + 2]
-    html = budget_view.html_section(budget)
+    html = budget_view.html_section(StepBudget.from_json(budget))
     assert '<table class="ncu">' in html and "compute (not divided)" in html
 
 

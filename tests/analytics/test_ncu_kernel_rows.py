@@ -241,7 +241,7 @@ def test_each_kernel_goes_to_the_part_its_time_is_in() -> None:
     share = att.ncu_kernels[0].part_share
     assert share == pytest.approx(recorded(MASKED_FILL)["captured_ms"] / TIMELINE_STEPS / 30.0)
     assert sum(p.ms for p in nb.parts) == b.step_ms  # the rows change no time
-    lines = budget_view.text_lines(StepBudget.to_json(nb))
+    lines = budget_view.text_lines(StepBudget.from_json(nb.to_json()))
     at = next(i for i, x in enumerate(lines) if x.lstrip().startswith("MLP activation"))
     gelu = "ncu kernel 1: vectorized_elementwise_kernel<GeluCUDAKernelImpl>"
     assert lines[at + 1].lstrip().startswith(gelu)
@@ -249,7 +249,7 @@ def test_each_kernel_goes_to_the_part_its_time_is_in() -> None:
 
 def test_the_html_shows_the_rows_beside_their_part_with_names_escaped() -> None:
     s = summary_of(rank0())
-    html = budget_view.html_section(s["report"]["step_budget"])
+    html = budget_view.html_section(StepBudget.from_json(s["report"]["step_budget"]))
     table = html[html.index('<table class="ncu ncu-kernels">'):]
     assert '<td rowspan="3">compute (not divided)</td>' in table
     assert f"<code>elementwise_kernel&lt;{MASKED_FILL}&gt;</code>" in table
