@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from perfd.aggregator.capture_records import CaptureRecord
 from perfd.aggregator.class_inputs import CaptureSource, ClassInputs, NoCaptures
 from perfd.aggregator.collectives import CollectiveStore, FoldInputs, metric_rows
 from perfd.aggregator.eventlog import EventLog
@@ -182,8 +183,8 @@ class AggregatorState:
         self._captures = source
         self.log.listeners.append(source.on_event)
 
-    def captures_of(self, job: str) -> list[dict[str, Any]]:
-        """The job's capture records (JSON), for incidents and for marking the iterations a capture
+    def captures_of(self, job: str) -> list[CaptureRecord]:
+        """The job's capture records, for incidents and for marking the iterations a capture
         disturbed."""
         return self._captures.of_job(job)
 

@@ -147,7 +147,7 @@ def test_through_the_aggregator_the_ranges_step_is_the_captures_disturbance() ->
     assert any(s["first_iteration"] <= range_it <= s["last_iteration"] for s in stretches)
     assert range_it not in a.steady.iterations
     done = coord.of_job(JOB)[0]
-    assert done["range_held_s"] == 35.0 and done["arming"] is None
+    assert done.range_held_s == 35.0 and done.arming is None
     summary = job_summary(st, JOB)
     assert summary is not None and summary["report"]["arming"] is None
     assert not [f for f in summary["report"]["findings"] if f["id"] == "ncu-arming-cost"]
@@ -161,7 +161,8 @@ def test_through_the_aggregator_the_report_states_the_arming_cost() -> None:
     base, armed, armed_at, window = runs()
     st, coord = _replayed([*base, *armed], window, armed_at)
     done = coord.of_job(JOB)[0]
-    assert done["arming"]["basis"] == "earlier_steps" and done["arming"]["ratio"] > 2.5
+    arming = done.arming
+    assert arming is not None and arming.basis is ArmingBasis.EARLIER_STEPS and arming.ratio > 2.5
     summary = job_summary(st, JOB)
     assert summary is not None
     rep = summary["report"]
