@@ -239,9 +239,9 @@ def test_heat_map_shows_the_cotenant_rank_as_a_band_under_its_incident() -> None
 
 
 def test_heat_map_groups_ranks_by_pipeline_stage_and_marks_captures() -> None:
-    from perfd.report.picture import rank_heatmap
+    from perfd.report.picture import ChartIteration, rank_heatmap
 
-    its = [{"iteration": i, "straggler_rank_compute_ratio": {str(r): 1.0 + 0.01 * r for r in range(4)}}
+    its = [ChartIteration(i, straggler_rank_compute_ratio={r: 1.0 + 0.01 * r for r in range(4)})
            for i in range(1, 11)]
     from perfd.analytics.steps.run_summary import DisturbanceStretch, JobLayout
 

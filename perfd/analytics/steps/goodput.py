@@ -121,6 +121,25 @@ class Goodput:
                 "start_time": self.start_time, "end_time": self.end_time, "runs": self.runs,
                 "restarts": self.runs - 1, "notes": list(self.notes), "reached_iteration": self.reached}
 
+    @classmethod
+    def from_json(cls, d: Any) -> Goodput | None:
+        """Back from :meth:`to_json` (an aggregator's answer read by `perfd report`); None when it is
+        not one."""
+        if not isinstance(d, Mapping):
+            return None
+        parts, wall = d.get("parts_s"), _num(d.get("wall_s"))
+        if not isinstance(parts, Mapping) or wall is None:
+            return None
+        runs, restarts, reached = d.get("runs"), d.get("restarts"), d.get("reached_iteration")
+        return cls(wall, {str(k): f for k, v in parts.items() if (f := _num(v)) is not None},
+                   _num(d.get("start_time")) or 0.0, _num(d.get("end_time")) or 0.0,
+                   runs if isinstance(runs, int) else restarts + 1 if isinstance(restarts, int) else 1,
+                   [str(n) for n in d.get("notes") or []], reached if isinstance(reached, int) else None)
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
 
 class SpanColumns:
     """Step spans held as columns (a few numbers a record: a long run's records are never all
