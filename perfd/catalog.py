@@ -12,9 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from perfd.model import CAPTURE_TOOLS
+
+if TYPE_CHECKING:
+    from perfd.analytics.steps.iteration import IterationResult
 
 Kind = Literal["gauge", "counter", "histogram"]
 
@@ -95,7 +98,8 @@ class MetricDef:
     """One metric, declared once. For a per-iteration job metric, ``attr`` names the attribute of
     the analysis' per-iteration result (perfd.analytics.run.run_analysis.IterationResult) and
     ``scale`` turns it into the catalog unit: every consumer (Prometheus, W&B, rules, the report,
-    its tables and tiles) derives its value from these two through :func:`job_values`."""
+    its tables and tiles) derives its value from these two through :func:`job_values` (of an
+    iteration) or :func:`median_values` (of a summary's steady medians)."""
 
     name: str
     kind: Kind
@@ -612,10 +616,6 @@ def job_metrics(show: Show | None = None) -> tuple[MetricDef, ...]:
     return tuple(m for m in CATALOG if m.attr and (show is None or show in m.shows))
 
 
-def _field(obj: Any, key: str) -> Any:
-    return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
-
-
 def _number(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
@@ -623,25 +623,32 @@ def _number(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def job_value(metric: MetricDef, obj: Any) -> float | None:
-    """One job metric of an iteration result (or of its JSON, or of a summary's medians), in the
-    catalog unit; None when absent (never 0)."""
-    if metric.attr is None:
-        return None
-    v = _number(_field(obj, metric.attr))
-    return None if v is None else v * metric.scale
+def _scaled(metric: MetricDef, v: Any) -> float | None:
+    n = _number(v)
+    return None if n is None else n * metric.scale
 
 
-def job_values(obj: Any, show: Show | None = None) -> dict[str, float]:
-    """{catalog name: value} of every job metric present in an iteration result — the typed
-    IterationResult, its JSON, or a summary's ``medians`` (keyed by the same attributes). The one
-    mapping every consumer uses; absent values are left out."""
-    out: dict[str, float] = {}
-    for m in job_metrics(show):
-        v = job_value(m, obj)
-        if v is not None:
-            out[m.name] = v
-    return out
+def job_value(metric: MetricDef, it: IterationResult) -> float | None:
+    """One job metric of an iteration result, in the catalog unit; None when absent (never 0)."""
+    return _scaled(metric, getattr(it, metric.attr)) if metric.attr is not None else None
+
+
+def median_value(metric: MetricDef, medians: Mapping[str, float | None]) -> float | None:
+    """One job metric of a run summary's steady ``medians`` (keyed by the iteration result's
+    attributes), in the catalog unit; None when absent (never 0)."""
+    return _scaled(metric, medians.get(metric.attr)) if metric.attr is not None else None
+
+
+def job_values(it: IterationResult, show: Show | None = None) -> dict[str, float]:
+    """{catalog name: value} of every job metric present in an iteration result: the one mapping
+    every consumer uses; absent values are left out."""
+    return {m.name: v for m in job_metrics(show) if (v := job_value(m, it)) is not None}
+
+
+def median_values(medians: Mapping[str, float | None], show: Show | None = None) -> dict[str, float]:
+    """{catalog name: value} of every job metric present in a run summary's steady ``medians``, as
+    :func:`job_values` maps an iteration's."""
+    return {m.name: v for m in job_metrics(show) if (v := median_value(m, medians)) is not None}
 
 
 def aliases() -> dict[str, str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from perfd import catalog
+from perfd.analytics.steps.iteration import IterationResult
 from perfd.exporters.prometheus import job_families
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +73,10 @@ def named_in_code() -> dict[str, set[str]]:
 
 
 def test_job_metrics_come_out_of_the_generic_exporter() -> None:
-    iteration = {m.attr: 1.0 for m in catalog.job_metrics() if m.attr}
+    iteration = IterationResult(1)
+    for m in catalog.job_metrics():
+        if m.attr and m.attr != "iteration":
+            setattr(iteration, m.attr, 1.0)
     emitted = {s.name for fam in job_families({"j": iteration}) for s in fam.samples}
     assert {m.name for m in catalog.job_metrics()} <= emitted
 

@@ -9,20 +9,20 @@ webhook), so cooldowns, rate limits and "one capture per process" hold whoever a
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import logging
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from perfd import catalog
 from perfd import limits as L
 from perfd.aggregator import rule_scopes
 from perfd.aggregator.capture_ready import ReadyGate
+from perfd.aggregator.capture_records import CaptureRecord, Decided
 from perfd.aggregator.job_rows import job_rows
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running
 from perfd.aggregator.state_readers import CaptureState
@@ -34,6 +34,7 @@ from perfd.analytics.breakdown.capture_match import check as check_capture
 from perfd.analytics.breakdown.capture_match import finding as capture_finding
 from perfd.analytics.breakdown.capture_match import job_facts
 from perfd.analytics.breakdown.job_budget import contexts
+from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost, measure_arming
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.liveness import ENDED, RUNNING
@@ -52,49 +53,6 @@ STALE_CAPTURE_S = 600.0  # a capture nobody reported on releases its processes a
 
 class CaptureRateLimited(Exception):
     """Too many capture requests for one job (perfd.limits.CAPTURE_REQUESTS_PER_JOB)."""
-
-
-@dataclass
-class CaptureRecord:
-    id: str
-    job: str
-    ranks: list[int] | None
-    tool: str
-    steps: int
-    origin: str  # "rule:NAME" | "manual" | "alertmanager:ALERTNAME"
-    requested_at: float
-    agents: list[str] = field(default_factory=list)
-    status: str = "requested"  # requested | started | finished | failed | undeliverable | skipped | refused
-    reason: str = ""
-    updated_at: float = 0.0
-    result: Any = None  # what the agent reported (analysis summary, artifact paths)
-    agent_capture_ids: list[str] = field(default_factory=list)  # the agents' store ids
-    started_at: float | None = None  # epoch s, when an agent reported the capture running
-    finished_at: float | None = None
-    findings: list[dict[str, Any]] = field(default_factory=list)  # perfd.analytics.advice.capture_findings
-    recommendations: list[dict[str, Any]] = field(default_factory=list)
-    bottleneck: str | None = None  # the class the captured timeline supports
-    bottleneck_reason: str | None = None
-    decided: dict[str, Any] | None = None  # {"rank", "device"} whose step budget decided the class
-    budget: dict[str, Any] | None = None  # that device's step budget (perfd.analytics.breakdown.budget JSON)
-    slowdown: dict[str, float] = field(default_factory=dict)  # rank -> kernels' slowdown vs steady
-    stack: bool = False  # Kineto with Python stacks (module names; a slower capture)
-    # How long the capture's range held the step it profiled, as its agent measured it (an ncu range:
-    # tens of seconds while ncu replays the kernels); those steps are the capture's, never a stall.
-    range_held_s: float | None = None
-    # What arming ncu costs the captured ranks, measured from the job's steps when the capture ended
-    # (perfd.analytics.run.arming JSON; the job's report measures it again over the steps it then holds).
-    arming: dict[str, Any] | None = None
-    # Why it did not run, as its agent typed it (perfd.model.CaptureFailure value): "not_ready" is asked
-    # again when the target is, with no rule cooldown taken; None: it ran, or an agent that says nothing.
-    cause: str | None = None
-    # Whether it is of the job's run as the job's analysis has it when it finished (perfd.analytics.
-    # breakdown.capture_match JSON, the decided rank's, else the first rank's): refused, it never
-    # informs the job's budget or class, and its findings say why.
-    match: dict[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 MAX_INCIDENT_RANKS = 4  # ranks one incident capture takes at most
@@ -425,11 +383,12 @@ class CaptureCoordinator:
                 held = rec.result.get("range_held_s") if isinstance(rec.result, Mapping) else None
                 if isinstance(held, (int, float)) and not isinstance(held, bool) and held >= 0:
                     rec.range_held_s = float(held)
+                if rec.decided is not None:  # what decided the class, as this report has it
+                    rec.decided = rec.decided.of_result(rec.result)
                 if rec.status == "finished":
                     self._diagnose(rec)
                 if rec.status in ("finished", "failed"):
-                    got = self._arming([rec])
-                    rec.arming = got.to_json() if got is not None else None
+                    rec.arming = self._arming([rec])
             cause = CaptureFailure.of((ev.get("payload") or {}).get("cause")
                                       if isinstance(ev.get("payload"), Mapping) else None)
             if rec.status in ("finished", "failed"):
@@ -457,8 +416,10 @@ class CaptureCoordinator:
         framework = Framework.of(a.job.framework if a is not None else None)
         fl, timers = (contexts(a.summary.medians, a.peak, a.job.layout.pp, a.flops)
                       if a is not None else (NO_FLOPS, NO_TIMERS))
-        findings, recs = [], []
-        best: tuple[float, str, int, Any] | None = None  # (top class share, rank, device, diagnosis)
+        findings: list[Finding] = []
+        recs: list[Recommendation] = []
+        # (top class share, rank, device, diagnosis, the rank's devices)
+        best: tuple[float, str, int, Any, list[Any]] | None = None
         for rank, part in sorted(ranks.items()):
             devices = part.get("devices") if isinstance(part, dict) else None
             if not isinstance(devices, list):
@@ -468,13 +429,13 @@ class CaptureCoordinator:
             d = diagnose_capture(devices, label=f"capture {rec.id} rank {rank}", iterations=rec.steps,
                                  steady_compute_ms=base, framework=framework, flops=fl, timers=timers,
                                  config=a.config if a is not None else None)
-            findings += [f.to_json() for f in d.findings]
-            recs += [dataclasses.asdict(x) for x in d.recommendations]
+            findings += d.findings
+            recs += d.recommendations
             if d.bottleneck is not BottleneckClass.UNKNOWN and d.class_shares:
                 top = max(d.class_shares.values())
                 if best is None or top > best[0]:
                     dev = max(d.budgets, key=lambda k: d.budgets[k].step_ms)
-                    best = (top, str(rank), dev, d)
+                    best = (top, str(rank), dev, d, devices)
             if d.slowdown:
                 rec.slowdown[str(rank)] = max(d.slowdown.values())
         rec.findings, rec.recommendations = findings, recs
@@ -487,16 +448,16 @@ class CaptureCoordinator:
                 if not isinstance(devices, list):
                     continue
                 m = check_capture(f"{rec.id} rank {rank}", devices, facts, float(rec.steps))
-                rec.match = m.to_json()
+                rec.match = m
                 said = capture_finding(m, False, f"capture {rec.id} rank {rank}")
                 if said is not None:
-                    rec.findings.append(said.to_json())
+                    rec.findings.append(said)
                 break
         if best is not None:
-            _top, rank, dev, d = best
-            rec.bottleneck, rec.bottleneck_reason = d.bottleneck.value, d.bottleneck_reason
-            rec.decided = {"rank": rank, "device": dev}
-            rec.budget = d.budgets[dev].to_json()
+            _top, rank, dev, d, devices = best
+            rec.bottleneck, rec.bottleneck_reason = d.bottleneck, d.bottleneck_reason
+            rec.decided = Decided(rank, dev, tuple(x for x in devices if isinstance(x, Mapping)))
+            rec.budget = d.budgets[dev]
 
     def arming(self, job: str) -> ArmingCost | None:
         """What arming ncu costs the job's armed ranks now (the latest ncu capture that says when its
@@ -518,9 +479,10 @@ class CaptureCoordinator:
                 return measure_arming(got[0], at, self.state.capture_windows(rec.job))
         return None
 
-    def of_job(self, job: str) -> list[dict[str, Any]]:
+    def of_job(self, job: str) -> list[CaptureRecord]:
+        """The job's capture records, each a copy as of now (the coordinator goes on changing its own)."""
         with self._lock:
-            return [r.to_json() for r in self.captures.values() if r.job == job]
+            return [copy.copy(r) for r in self.captures.values() if r.job == job]
 
     def restore(self, records: Iterable[CaptureRecord]) -> None:
         """Records the state store kept (perfd.aggregator.durable), back at start."""

@@ -17,13 +17,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from perfd.aggregator.capture_records import CaptureRecord, ncu_of
 from perfd.aggregator.incidents import IncidentTracker
 from perfd.aggregator.jobs import JobStore
 from perfd.aggregator.nodes import NodeView
 from perfd.aggregator.steady_gpm import SteadyGpm
 from perfd.analytics.breakdown.bottleneck import GpmReading
 from perfd.analytics.breakdown.diagnosis import TimelineClass
-from perfd.analytics.breakdown.job_budget import capture_timeline, ncu_of
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.ncu_verdicts import rows_class
 from perfd.analytics.run.arming import ArmingCost
@@ -34,15 +34,15 @@ STEPPING_MIN_S = 5.0  # a job whose last step is this recent (or STEPPING_STEPS 
 STEPPING_STEPS = 3
 GPM_LAST_STEADY = "GPM of the job's last steady window (the job is not stepping now)"
 
-CapturesOf = Callable[[str], list[dict[str, Any]]]
+CapturesOf = Callable[[str], list[CaptureRecord]]
 
 
 class CaptureSource(Protocol):
     """What the state reads of the capture coordinator (perfd.aggregator.captures), which attaches
-    itself (AggregatorState.attach_captures): each job's capture records (JSON), what arming ncu
+    itself (AggregatorState.attach_captures): each job's capture records, what arming ncu
     costs its armed ranks, and the capture progress events the agents report."""
 
-    def of_job(self, job: str) -> list[dict[str, Any]]: ...
+    def of_job(self, job: str) -> list[CaptureRecord]: ...
 
     def arming(self, job: str) -> ArmingCost | None: ...
 
@@ -52,7 +52,7 @@ class CaptureSource(Protocol):
 class NoCaptures:
     """The capture source of a state no coordinator attached to (tests, tools): no captures."""
 
-    def of_job(self, job: str) -> list[dict[str, Any]]:
+    def of_job(self, job: str) -> list[CaptureRecord]:
         return []
 
     def arming(self, job: str) -> ArmingCost | None:
@@ -99,16 +99,16 @@ class ClassInputs:
         timeline = None
         spans = [(i.incident.start_time, i.incident.end_time) for i in self.incidents.typed_incidents(job)
                  if not i.disturbance]
-        order = sorted(self.captures_of(job), key=lambda c: (not c.get("stack"), c.get("finished_at") or 0.0))
+        order = sorted(self.captures_of(job), key=lambda c: (not c.stack, c.finished_at or 0.0))
         lo, hi = span
         for c in order:
-            t = c.get("started_at")
+            t = c.started_at
             if not in_span(t, lo, hi):
                 continue
             during = isinstance(t, (int, float)) and any(
                 a is not None and a - 1.0 <= t <= (b if b is not None else float("inf")) + 1.0
                 for a, b in spans)
-            got = capture_timeline(c) if not during else None
+            got = c.timeline() if not during else None
             if got is not None:
                 timeline = got
         # An Nsight Compute capture's kernel figures join the budget's parts; with no timeline, the
@@ -156,8 +156,8 @@ class ClassInputs:
         """(start, end) of the job's captures: the iterations they touch are disturbed."""
         out = []
         for c in self.captures_of(job):
-            t0 = c.get("started_at")
-            t1 = c.get("finished_at") or (None if c.get("status") == "started" else t0)
+            t0 = c.started_at
+            t1 = c.finished_at or (None if c.status == "started" else t0)
             if isinstance(t0, (int, float)):
                 out.append((float(t0), float(t1) if isinstance(t1, (int, float)) else time.time()))
         return out

@@ -189,11 +189,10 @@ def _key(k: Any) -> Any:
 
 
 def _restore_documents(agg: AggregatorParts, store: StateStore) -> None:
-    from perfd.aggregator.captures import CaptureRecord
+    from perfd.aggregator.capture_records import CaptureRecord
 
     caps = store.get_doc("captures") or []
-    known = CaptureRecord.__dataclass_fields__
-    agg.captures.restore(CaptureRecord(**{k: v for k, v in d.items() if k in known}) for d in caps)
+    agg.captures.restore(CaptureRecord.from_json(d) for d in caps)
     rules = store.get_doc("rules")
     eng = agg.captures.engine
     if rules and eng is not None:

@@ -35,14 +35,18 @@ MAX_EVENTS = 1000  # history kept for /api/events, newest last
 
 def kept(ev: Mapping[str, Any]) -> tuple[dict[str, Any], int, int]:
     """(what the log keeps of ``ev``, the bytes cut, its size as kept): text and payload within
-    MAX_KEPT_EVENT_BYTES (perfd.events.cut)."""
+    MAX_KEPT_EVENT_BYTES (perfd.events.cut). The payload is kept as it came, or replaced by
+    ``{"cut_bytes": N}`` when it does not fit; its JSON text is only its measure (the cap counts the
+    bytes it takes as JSON) and is never decoded."""
     out = dict(ev)
     text = str(out.get("text") or "")
-    payload = json.dumps(out.get("payload"), default=str) if out.get("payload") is not None else ""
-    t, p, n = events.cut(text, payload, L.MAX_KEPT_EVENT_BYTES)
+    payload = out.get("payload")
+    payload_json = json.dumps(payload, default=str) if payload is not None else ""
+    t, p, n = events.cut(text, payload_json, L.MAX_KEPT_EVENT_BYTES)
     if n:
         out["text"] = t
-        out["payload"] = json.loads(p) if p else None
+        if p != payload_json:  # the payload did not fit: what it was is its size
+            out["payload"] = {"cut_bytes": len(payload_json.encode())}
     size = len(t) + len(p) + 256 + sum(len(str(k)) + len(str(v)) for key in ("labels", "links")
                                        for k, v in (out.get(key) or {}).items())
     return out, n, size

@@ -265,7 +265,8 @@ def job_summary(state: HttpState, job: str) -> dict[str, Any] | None:
         "job": full["job"],
         "latest": full["iterations"][-1],
         "summary": full["summary"],
-        "goodput": snap.goodput(now),  # the summary's, plus the stall of a hung job so far
+        # the summary's, plus the stall of a hung job so far
+        "goodput": gp.to_json() if (gp := snap.goodput(now)) is not None else None,
         "report": full["report"],
         **rank_view(state, snap, world, _candidates(analysis)),
         "collectives": collectives_json(state, job),

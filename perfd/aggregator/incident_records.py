@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from perfd.aggregator.capture_records import CaptureSeen
 from perfd.analytics.incidents.detect import CAPTURE, STALL, Incident
 from perfd.analytics.incidents.evidence import verdict_from_json
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, Withdrawal
@@ -37,8 +38,8 @@ class CostParts:
 class TrackedIncident:
     incident: Incident  # never mutated once kept: a change is a new record (dataclasses.replace)
     duration_s: float | None  # as of the analysis that last recorded it (a stall closed later keeps it)
-    # The job's captures taken during it, as the capture coordinator records them (its JSON records)
-    captures: tuple[Mapping[str, Any], ...]
+    # The job's captures taken during it, as the capture coordinator recorded them then
+    captures: tuple[CaptureSeen, ...]
     first_seen: float
     updated_at: float
     cost_parts: CostParts | None = None
@@ -69,7 +70,7 @@ class TrackedIncident:
     def to_json(self) -> dict[str, Any]:
         out = self.incident.to_json()
         out["duration_s"] = self.duration_s
-        out.update(captures=[dict(c) for c in self.captures], first_seen=self.first_seen,
+        out.update(captures=[c.to_json() for c in self.captures], first_seen=self.first_seen,
                    updated_at=self.updated_at)
         if self.cost_parts is not None:
             out["cost_parts"] = self.cost_parts.to_json()
@@ -114,7 +115,8 @@ def tracked_from_json(d: Mapping[str, Any]) -> TrackedIncident:
     parts = d.get("cost_parts")
     why = d.get("stall_withdrawn")
     return TrackedIncident(
-        inc, d.get("duration_s"), tuple(dict(c) for c in d.get("captures") or []),
+        inc, d.get("duration_s"), tuple(CaptureSeen.from_json(c) for c in d.get("captures") or []
+                                        if isinstance(c, Mapping)),
         d.get("first_seen") or 0.0, d.get("updated_at") or 0.0,
         CostParts(parts.get("steps_s"), parts.get("silence_s")) if isinstance(parts, Mapping) else None,
         Withdrawal(why) if why in Withdrawal._value2member_map_ else None,

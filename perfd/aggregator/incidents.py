@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from perfd.aggregator.capture_records import CaptureRecord, CaptureSeen
 from perfd.aggregator.incident_records import (
     TrackedIncident,
     incident_event,
@@ -161,7 +162,7 @@ class IncidentTracker:
         self.lost_s_total: dict[str, float] = {}  # closed incidents' cost + the open ones' so far
 
     def update(self, job: str, found: Sequence[Incident], snapshot: Snapshot,
-               captures: Sequence[Mapping[str, Any]], now: float) -> None:
+               captures: Sequence[CaptureRecord], now: float) -> None:
         """Merge the incidents an analysis found into the job's record of them. While an incident is
         open, every update adds what the involved ranks' GPUs show now to the evidence it has seen
         (typed, with first/last sighting and worst value); the verdict is decided over all of it, so
@@ -212,7 +213,7 @@ class IncidentTracker:
 
     @staticmethod
     def _record(inc: Incident, prev: TrackedIncident | None, stalls: Sequence[TrackedIncident],
-                snapshot: Snapshot, captures: Sequence[Mapping[str, Any]], now: float) -> TrackedIncident:
+                snapshot: Snapshot, captures: Sequence[CaptureRecord], now: float) -> TrackedIncident:
         """``inc`` as recorded now: what it carried before (``prev``) and the live stalls it takes over
         (``stalls``), with what its ranks' GPUs and hosts show now while it is open."""
         pev = prev.incident.evidence if prev is not None else None
@@ -477,29 +478,26 @@ def _missing(inc: Incident, gpu: Mapping[int, RankSnapshot]) -> list[Missing]:
     return out
 
 
-def _capture_evidence(caps: Sequence[Mapping[str, Any]]) -> list[Evidence]:
+def _capture_evidence(caps: Sequence[CaptureSeen]) -> list[Evidence]:
     """A capture during the incident whose kernels ran slower than in steady state."""
     out = []
     for c in caps:
-        for rank, ratio in (c.get("slowdown") or {}).items():
+        for rank, ratio in c.slowdown.items():
             if str(rank).isdigit() and isinstance(ratio, (int, float)):
-                t = c.get("started_at")
-                out.append(Evidence(EvidenceKind.CAPTURE_FINDING, int(rank), str(c.get("id")), float(ratio),
-                                    t, c.get("finished_at") or t, 1,
-                                    {"capture": c.get("id"), "tool": c.get("tool")}))
+                t = c.started_at
+                out.append(Evidence(EvidenceKind.CAPTURE_FINDING, int(rank), c.id, float(ratio),
+                                    t, c.finished_at or t, 1, {"capture": c.id, "tool": c.tool}))
     return out
 
 
-def _overlapping(captures: Sequence[Mapping[str, Any]], inc: Incident, now: float) -> list[dict[str, Any]]:
+def _overlapping(captures: Sequence[CaptureRecord], inc: Incident, now: float) -> list[CaptureSeen]:
     """Captures of the job taken during the incident, with their findings."""
     if inc.start_time is None:
         return []
     end = inc.end_time if inc.end_time is not None and not inc.open else now
     out = []
     for c in captures:
-        t = c.get("started_at")  # a capture that never started ran during nothing
+        t = c.started_at  # a capture that never started ran during nothing
         if isinstance(t, (int, float)) and inc.start_time - 1.0 <= t <= end + 1.0:
-            out.append({k: c.get(k) for k in ("id", "tool", "ranks", "status", "origin", "requested_at",
-                                              "started_at", "finished_at", "findings", "bottleneck",
-                                              "slowdown")})
+            out.append(CaptureSeen.of(c))
     return out

@@ -18,6 +18,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from perfd.aggregator.capture_records import CaptureRecord
 from perfd.aggregator.class_inputs import CaptureSource, ClassInputs, NoCaptures
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.gpu_views import PlacementCache, SnapshotView
@@ -78,7 +79,7 @@ class JobAnalyses:
         """The capture coordinator: its records are what captures_of and arming_of read."""
         self._captures = source
 
-    def captures_of(self, job: str) -> list[dict[str, Any]]:
+    def captures_of(self, job: str) -> list[CaptureRecord]:
         """The job's capture records (JSON), for incidents and for marking the iterations a capture
         disturbed."""
         return self._captures.of_job(job)

@@ -28,7 +28,7 @@ from perfd.analytics.incidents.detect import HANG
 from perfd.analytics.incidents.stall import StallCheck
 from perfd.analytics.incidents.verdict_text import stall_text
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.analytics.steps.goodput import with_incidents, with_stall
+from perfd.analytics.steps.goodput import Goodput, with_incidents, with_stall
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 
@@ -152,8 +152,8 @@ class JobSnapshot:
             return None
         return float(self.last_step_age_s(now) or 0.0) if state == STALLED else 0.0
 
-    def goodput(self, now: float | None = None) -> dict[str, Any] | None:
-        """The job's goodput (perfd.analytics.steps.goodput JSON) as of ``now``: its analysis' split with the
+    def goodput(self, now: float | None = None) -> Goodput | None:
+        """The job's goodput (perfd.analytics.steps.goodput) as of ``now``: its analysis' split with the
         incident part the cost of the incidents the job lists (the same incidents, whatever the
         source: a hang's time is stall, not incident, and so is a live stall's silence between steps:
         only the part of an incident's cost in its steps' time counts), plus the time since its last
@@ -162,13 +162,12 @@ class JobSnapshot:
         run_gp = self.analysis.summary.goodput if self.analysis is not None else None
         if run_gp is None:
             return None
-        gp = run_gp.to_json()  # served as JSON: the live parts are added to it
         listed = [c for i in self.incidents if not i.disturbance
                   and HANG not in i.kinds and (c := i.step_cost_s()) is not None]
-        gp = with_incidents(gp, float(sum(listed)))
+        gp = with_incidents(run_gp, float(sum(listed)))
         if self.state_at(now)[0] == STALLED:
             return with_stall(gp, float(self.last_step_age_s(now) or 0.0))
-        return dict(gp)
+        return gp
 
     def incident_docs(self) -> list[dict[str, Any]]:
         """The incidents as JSON (what the API serves)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from perfd import shared_thresholds as th
+from perfd.aggregator.capture_records import CaptureRecord
 from perfd.aggregator.state_changes import Changes, writes
 from perfd.analytics.incidents.detect import Incident, stall_incident
 from perfd.analytics.incidents.evidence import StallReason
@@ -74,7 +75,7 @@ class StallSource(Protocol):
     incidents: IncidentTracker
     hosts: HostView
     collectives: CollectiveStore
-    def captures_of(self, job: str) -> list[dict[str, Any]]: ...
+    def captures_of(self, job: str) -> list[CaptureRecord]: ...
 
     def snapshot(self, job: str) -> JobSnapshot | None: ...
 
@@ -114,16 +115,16 @@ _CAPTURE_LIVE = ("requested", "started")
 _CAPTURE_ENDED = ("finished", "failed")
 
 
-def capture_spans(records: list[dict[str, Any]]) -> list[CaptureSpan]:
+def capture_spans(records: Sequence[CaptureRecord]) -> list[CaptureSpan]:
     """The job's capture records as the stall check reads them
     (perfd.analytics.incidents.stall.CaptureSpan)."""
     out = []
     for c in records:
-        status, asked = c.get("status"), c.get("requested_at")
+        status, asked = c.status, c.requested_at
         if status not in (*_CAPTURE_LIVE, *_CAPTURE_ENDED) or not isinstance(asked, (int, float)):
             continue
-        end = c.get("finished_at") if status in _CAPTURE_ENDED else None
-        out.append(CaptureSpan(str(c.get("id")), str(c.get("tool")), float(asked),
+        end = c.finished_at if status in _CAPTURE_ENDED else None
+        out.append(CaptureSpan(c.id, c.tool, float(asked),
                                float(end) if isinstance(end, (int, float)) else
                                (float(asked) if status in _CAPTURE_ENDED else None)))
     return out

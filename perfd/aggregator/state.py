@@ -36,6 +36,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from perfd.aggregator.capture_records import CaptureRecord
 from perfd.aggregator.class_inputs import CaptureSource
 from perfd.aggregator.collectives import CollectiveStore, FoldInputs
 from perfd.aggregator.eventlog import EventLog
@@ -225,7 +226,7 @@ class AggregatorState:
     def track_live_incidents(self, job: str, found: Sequence[Incident], now: float) -> None:
         self._analyses.track_live_incidents(job, found, now)
 
-    def captures_of(self, job: str) -> list[dict[str, Any]]:
+    def captures_of(self, job: str) -> list[CaptureRecord]:
         return self._analyses.captures_of(job)
 
     def arming_of(self, job: str) -> ArmingCost | None:

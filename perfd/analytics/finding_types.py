@@ -7,6 +7,7 @@ serving, incidents) can import them without importing each other.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,11 @@ class Finding:
     source: str = ""
     # Kept in the process, not in the JSON (to_json): a finding's JSON is the same whoever made it.
     origin: FindingOrigin = field(default=FindingOrigin.RUN, metadata={"json": False})
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Finding:
+        """Back from :meth:`to_json` (a kept record; what the process kept alone takes its default)."""
+        return cls(**{**d, "severity": Severity(d["severity"])})
 
     def to_json(self) -> dict[str, Any]:
         """The finding's JSON: every field but those kept in the process."""

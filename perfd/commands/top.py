@@ -41,6 +41,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from perfd.analytics.breakdown.budget import StepBudget
 from perfd.commands.top_tables import COMPACT, NA, fit, gpu_table, host_table, ms, num, pct, process_table
 from perfd.report import budget_view, plan_view
 from perfd.typed import obj, objs
@@ -289,7 +290,7 @@ def budget_text(summary: Mapping[str, object]) -> Text:
     if not isinstance(budget, dict):
         return Text("step budget: " + NA + f" ({budget_missing(summary)})")
     line = Text(f"step budget {num(budget.get('step_ms')) or 0:.0f} ms: ", style="bold")
-    line.append(budget_view.compact(budget))
+    line.append(budget_view.compact(StepBudget.from_json(budget)))  # the aggregator's JSON, read here
     line.append(f" ({budget.get('basis') or NA})", style="dim")
     return line
 

@@ -1,6 +1,6 @@
 """Prometheus exposition of perfd's numbers, named and described by the metric catalog.
 
-Knows nothing of collectors: it is handed plain values (an iteration's analysis as a dict, the
+Knows nothing of collectors: it is handed plain values (an iteration's analysis result, the
 latest node series) and turns them into metric families. A value that is None is not exported at
 all: an absent series, never a 0.
 """
@@ -8,7 +8,7 @@ all: an absent series, never a 0.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -21,14 +21,13 @@ from prometheus_client.core import (
 from perfd import catalog
 from perfd.limits import RANK_RATIO_TOP_K
 
+if TYPE_CHECKING:
+    from perfd.analytics.steps.iteration import IterationResult
+
 
 def _gauge(name: str, labels: Sequence[str]) -> GaugeMetricFamily:
     d = catalog.get(name)
     return GaugeMetricFamily(name, f"{d.description} [source: {d.source}]", labels=list(labels))
-
-
-def _field(obj: Any, key: str) -> Any:
-    return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
 
 
 def _name_for_family(name: str) -> str:
@@ -41,16 +40,14 @@ _BOTTLENECK = "perfd_job_bottleneck_info"
 _RANK_RATIO = "perfd_job_rank_compute_ratio"
 
 
-def iteration_rows(job: str, it: Any, per_rank: bool = True) -> list[Row]:
-    """The series of a job's latest analysed iteration (the typed result or its JSON): every
-    catalog job metric present (perfd.catalog.job_values, the one mapping), the bottleneck class and,
-    unless ``per_rank`` is False, each rank's compute ratio. /metrics and the rules both read these."""
+def iteration_rows(job: str, it: IterationResult, per_rank: bool = True) -> list[Row]:
+    """The series of a job's latest analysed iteration: every catalog job metric present
+    (perfd.catalog.job_values, the one mapping), the bottleneck class and, unless ``per_rank`` is
+    False, each rank's compute ratio. /metrics and the rules both read these."""
     lab = {"job_name": job}
     rows: list[Row] = [(lab, name, value) for name, value in catalog.job_values(it).items()]
-    cls = _field(it, "bottleneck")
-    if isinstance(cls, str):
-        rows.append(({**lab, "class": cls}, _BOTTLENECK, 1.0))
-    ratios = _field(it, "straggler_rank_compute_ratio") or {}
+    rows.append(({**lab, "class": it.bottleneck}, _BOTTLENECK, 1.0))
+    ratios = it.straggler_rank_compute_ratio
     if per_rank:
         for rank, ratio in sorted(ratios.items(), key=lambda kv: int(kv[0])):
             rows.append(({**lab, "rank": str(rank)}, _RANK_RATIO, float(ratio)))
@@ -80,7 +77,7 @@ def rank_ratio_buckets(ratios: Mapping[Any, float]) -> tuple[list[tuple[str, flo
     return counts, sum(values)
 
 
-def job_families(job_iterations: Mapping[str, Any], per_rank: bool = True) -> Iterator[Metric]:
+def job_families(job_iterations: Mapping[str, IterationResult], per_rank: bool = True) -> Iterator[Metric]:
     """Families for every job's latest analysed iteration: {job name: iteration result}
     (:func:`iteration_rows`). ``per_rank=False`` leaves out the per-rank series (bounded cardinality
     for very large jobs)."""
@@ -94,7 +91,7 @@ def job_families(job_iterations: Mapping[str, Any], per_rank: bool = True) -> It
     for job, it in sorted(job_iterations.items()):
         for row_labels, name, value in iteration_rows(job, it, per_rank):
             fams[name].add_metric([row_labels[k] for k in names[name]], value)
-        buckets = rank_ratio_buckets(_field(it, "straggler_rank_compute_ratio") or {})
+        buckets = rank_ratio_buckets(it.straggler_rank_compute_ratio)
         if buckets is not None:
             ranks.add_metric([job], buckets[0], buckets[1])
     yield from fams.values()

@@ -136,7 +136,7 @@ def summary_metrics(summary: RunSummary) -> dict[str, Any]:
     """The run summary: steady-state medians under ``steady/<catalog name>``, the bottleneck, and
     the goodput and step budget (:func:`goodput_metrics`, :func:`budget_metrics`)."""
     out: dict[str, Any] = {**goodput_metrics(summary.goodput), **budget_metrics(summary.step_budget)}
-    steady = catalog.job_values(summary.medians, catalog.WANDB)
+    steady = catalog.median_values(summary.medians, catalog.WANDB)
     out.update({f"steady/{name}": v for name, v in steady.items()})
     bottleneck = summary.bottleneck
     for key, v in (("bottleneck", bottleneck.cls.value), ("bottleneck_reason", bottleneck.reason),

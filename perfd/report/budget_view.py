@@ -10,7 +10,6 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Mapping, Sequence
 from html import escape
-from typing import Any
 
 from perfd.analytics.advice.budget_findings import part_name, part_title
 from perfd.analytics.breakdown.budget import StepBudget
@@ -28,15 +27,6 @@ PART_COLOR: dict[Part, str] = {
     Part.IDLE_LONG: "#666666",
 }
 BAR_CHARS = 30
-
-# A budget as the views take it: the typed one (a report made in the process, or read back by
-# Report.from_json) or its JSON (one `perfd top` read from the aggregator), decoded once on the way in.
-BudgetIn = StepBudget | Mapping[str, Any] | None
-
-
-def _typed(budget: BudgetIn) -> StepBudget | None:
-    return budget if budget is None or isinstance(budget, StepBudget) else StepBudget.from_json(budget)
-
 
 def _parts(budget: StepBudget | None) -> list[tuple[Part, float, float, str]]:
     # float(): the values as the budget's JSON gave them (a part built with an int prints the same)
@@ -97,9 +87,8 @@ def reference(budget: StepBudget) -> str:
             f"{ideal / step:.1%} of this step){at}")
 
 
-def text_lines(budget_in: BudgetIn, width: int = 100) -> list[str]:
+def text_lines(budget: StepBudget | None, width: int = 100) -> list[str]:
     """The waterfall as text lines: a part a line, its ms, share and a bar; then the step."""
-    budget = _typed(budget_in)
     if budget is None:
         return []
     parts = _parts(budget)
@@ -152,9 +141,8 @@ def ncu_rows(budget: StepBudget) -> dict[Part, list[str]]:
     return out
 
 
-def waterfall_svg(budget_in: BudgetIn, width: int = 920) -> str:
+def waterfall_svg(budget: StepBudget | None, width: int = 920) -> str:
     """A horizontal waterfall: each part a bar starting where the one before ended."""
-    budget = _typed(budget_in)
     parts = _parts(budget)
     if budget is None or not parts:
         return ""
@@ -182,8 +170,7 @@ def waterfall_svg(budget_in: BudgetIn, width: int = 920) -> str:
     return _svg(width, height, body, "Step budget: where one step's time goes")
 
 
-def html_section(budget_in: BudgetIn) -> str:
-    budget = _typed(budget_in)
+def html_section(budget: StepBudget | None) -> str:
     if budget is None:
         return ""
     ref = reference(budget)
@@ -209,13 +196,12 @@ def _ncu_html(budget: StepBudget) -> str:
             f"</tr></thead><tbody>{body}</tbody></table>")
 
 
-def compact(budget_in: BudgetIn, n: int = 5) -> str:
+def compact(budget: StepBudget | None, n: int = 5) -> str:
     """The largest parts in one line (`perfd top`)."""
-    budget = _typed(budget_in)
     names = _names(budget)
     parts = sorted(_parts(budget), key=lambda x: -x[1])[:n]
     return ", ".join(f"{names[p]} {share:.0%}" for p, _ms, share, _s in parts)
 
 
-def parts_of(budget_in: BudgetIn) -> Sequence[tuple[Part, float, float, str]]:
-    return _parts(_typed(budget_in))
+def parts_of(budget: StepBudget | None) -> Sequence[tuple[Part, float, float, str]]:
+    return _parts(budget)

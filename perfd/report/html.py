@@ -1,9 +1,10 @@
 """The report as one self-contained HTML file: charts (inline SVG) and the four-part report.
 
 ``render_html(page)`` renders a :class:`Page`: the typed Report with what the charts read of the run
-(its iteration rows, steady state, medians, goodput, incidents, the aggregator's rank placements).
+(its iterations, steady state, medians, goodput, incidents, the aggregator's rank placements), typed.
 ``Page.of`` makes one from an analysis (offline, from a log); ``page_from_json`` from the JSON of one,
-as the aggregator serves it (``/api/jobs/<job>/summary`` joined with ``/api/jobs/<job>/iterations``).
+as the aggregator serves it (``/api/jobs/<job>/summary`` joined with ``/api/jobs/<job>/iterations``):
+the one place here where JSON is read.
 Pure: no I/O, no clock (the caller passes the time it was made), nothing fetched when the page is
 opened.
 """
@@ -26,9 +27,22 @@ from perfd.analytics.run.run_summary import (
     RunSummary,
     StepTimeDistribution,
 )
+from perfd.analytics.steps.goodput import Goodput
 from perfd.report import budget_view, plan_view
-from perfd.report.picture import MAX_BARS, _bins, _figure, _label, _mean, _note, goodput_bar, rank_heatmap
-from perfd.report.report import Report, ReportSummary, format_value, layout_text, plain_json
+from perfd.report.picture import (
+    CHART_FIELDS,
+    MAX_BARS,
+    ChartIteration,
+    IncidentMark,
+    _bins,
+    _figure,
+    _label,
+    _mean,
+    _note,
+    goodput_bar,
+    rank_heatmap,
+)
+from perfd.report.report import Report, ReportSummary, format_value, layout_text
 from perfd.report.svg import (
     BLUE,
     GREEN,
@@ -109,16 +123,16 @@ class PageSummary:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Page:
-    """Everything the page shows: the report, the job, and what the charts read of the run. The
-    iterations, incidents, rank placements and goodput are their JSON (the rows the API serves)."""
+    """Everything the page shows: the report, the job, and what the charts read of the run."""
 
     report: Report
     job: JobBlock = field(default_factory=JobBlock)
     summary: PageSummary = field(default_factory=PageSummary)
-    iterations: Sequence[Mapping[str, Any]] = ()
-    incidents: Sequence[Mapping[str, Any]] = ()
-    ranks: Sequence[Mapping[str, Any]] = ()  # the aggregator's rank placements (heat map rows)
-    goodput: Mapping[str, Any] | None = None  # perfd.analytics.steps.goodput JSON
+    iterations: Sequence[ChartIteration] = ()
+    incidents: Sequence[IncidentMark] = ()
+    # the aggregator's rank placements (heat map rows), as its job summary serves them
+    ranks: Sequence[Mapping[str, Any]] = ()
+    goodput: Goodput | None = None
 
     @classmethod
     def of(cls, analysis: RunAnalysis, report: Report,
@@ -126,10 +140,10 @@ class Page:
         """The page of an analysis and its report (``incidents``: those the report was made with)."""
         s = analysis.summary
         return cls(report=report, job=analysis.job, summary=PageSummary.of(s),
-                   iterations=list(analysis.iteration_rows()),
-                   incidents=[plain_json(i.to_json())
+                   iterations=[ChartIteration.of(r) for r in analysis.iterations.project(CHART_FIELDS)],
+                   incidents=[IncidentMark.of(i.incident)
                               for i in (incidents if incidents is not None else analysis.incidents)],
-                   goodput=plain_json(s.goodput.to_json()) if s.goodput is not None else None)
+                   goodput=s.goodput)
 
 
 def page_from_json(data: Mapping[str, Any]) -> Page:
@@ -140,9 +154,13 @@ def page_from_json(data: Mapping[str, Any]) -> Page:
     report = (Report.from_json(rep) if rep.get("summary") is not None
               else Report(ReportSummary(None, "unknown", "", None, "unknown", "", "", ""), [], [], []))
     return Page(report=report, job=JobBlock.from_json(data.get("job")),
-                summary=PageSummary.from_json(summary), iterations=list(data.get("iterations") or []),
-                incidents=list(data.get("incidents") or []),
-                ranks=list(data.get("ranks") or []), goodput=data.get("goodput") or summary.get("goodput"))
+                summary=PageSummary.from_json(summary),
+                iterations=[it for d in data.get("iterations") or [] if isinstance(d, Mapping)
+                            and (it := ChartIteration.from_json(d)) is not None],
+                incidents=[IncidentMark.from_json(d) for d in data.get("incidents") or []
+                           if isinstance(d, Mapping)],
+                ranks=list(data.get("ranks") or []),
+                goodput=Goodput.from_json(data.get("goodput") or summary.get("goodput")))
 
 
 def _steady_band(summary: PageSummary) -> tuple[float, float, str] | None:
@@ -152,43 +170,42 @@ def _steady_band(summary: PageSummary) -> tuple[float, float, str] | None:
     return None
 
 
-def _series(its: Sequence[Mapping[str, Any]], key: str,
+def _series(its: Sequence[ChartIteration], key: str,
             scale: float = 1.0) -> list[tuple[float, float | None]]:
     out: list[tuple[float, float | None]] = []
     for it in its:
-        v = _num(it.get(key))
-        out.append((float(it["iteration"]), None if v is None else v * scale))
+        v = it.value(key)
+        out.append((float(it.iteration), None if v is None else v * scale))
     return out
 
 
-def _has(its: Sequence[Mapping[str, Any]], key: str) -> bool:
-    return any(_num(it.get(key)) is not None for it in its)
+def _has(its: Sequence[ChartIteration], key: str) -> bool:
+    return any(it.value(key) is not None for it in its)
 
 
-def _step_cap(its: Sequence[Mapping[str, Any]]) -> float | None:
+def _step_cap(its: Sequence[ChartIteration]) -> float | None:
     """An axis top that keeps the steady state readable: 1.6× the largest steady step time, used
     only when warm-up or disturbed iterations run far above it."""
-    steady = [v for it in its if it.get("steady_state") and (v := _num(it.get("step_time_ms")))]
-    every = [v for it in its if (v := _num(it.get("step_time_ms")))]
+    steady = [v for it in its if it.steady_state and (v := it.step_time_ms)]
+    every = [v for it in its if (v := it.step_time_ms)]
     if not steady or not every or max(every) <= 2.0 * max(steady):
         return None
     return 1.6 * max(steady)
 
 
-def _incident_marks(incidents: Sequence[Mapping[str, Any]]) -> list[tuple[float, float, str]]:
+def _incident_marks(incidents: Sequence[IncidentMark]) -> list[tuple[float, float, str]]:
     out = []
     for inc in incidents:
-        a, b = inc.get("first_iteration"), inc.get("last_iteration")
-        if isinstance(a, int) and isinstance(b, int):
-            cost = inc.get("cost_s")
-            lost = f": {cost:.1f} s lost" if isinstance(cost, (int, float)) else ""
-            out.append((a - 0.5, b + 0.5, f"incident {inc.get('id')} (iterations {a}–{b}){lost} — "
-                                          f"{inc.get('cause', '')}"))
+        a, b = inc.first_iteration, inc.last_iteration
+        if a is not None and b is not None:
+            cost = inc.cost_s
+            lost = f": {cost:.1f} s lost" if cost is not None else ""
+            out.append((a - 0.5, b + 0.5, f"incident {inc.id} (iterations {a}–{b}){lost} — {inc.cause}"))
     return out
 
 
-def step_and_mfu_charts(its: Sequence[Mapping[str, Any]], summary: PageSummary,
-                        incidents: Sequence[Mapping[str, Any]] = ()) -> str:
+def step_and_mfu_charts(its: Sequence[ChartIteration], summary: PageSummary,
+                        incidents: Sequence[IncidentMark] = ()) -> str:
     band = _steady_band(summary)
     step = line_chart([Series("step time (ms)", BLUE, _series(its, "step_time_ms"))],
                       title="Step time per iteration", xlabel="iteration", ylabel="step time",
@@ -210,12 +227,12 @@ def step_and_mfu_charts(its: Sequence[Mapping[str, Any]], summary: PageSummary,
     return "\n".join(out)
 
 
-def step_distribution(its: Sequence[Mapping[str, Any]], summary: PageSummary) -> str:
+def step_distribution(its: Sequence[ChartIteration], summary: PageSummary) -> str:
     """A histogram of step times after warm-up, with p50/p90/p99 (the tail is where time goes)."""
     dist = summary.step_time_distribution
     first = summary.steady_first_iteration
     warm = summary.warmup_records
-    steps = [v for it in its[warm:] if (v := _num(it.get("step_time_ms"))) is not None]
+    steps = [v for it in its[warm:] if (v := it.step_time_ms) is not None]
     if not steps or dist is None:
         return _note("No step times after warm-up: no distribution.")
     lo, hi = min(steps), max(steps)
@@ -255,7 +272,7 @@ def gpu_table(ranks: Sequence[Mapping[str, Any]]) -> str:
             + '<p class="meta">Latest values the agents sent (NVML and GPM), per rank\'s GPU.</p>')
 
 
-def breakdown_chart(its: Sequence[Mapping[str, Any]]) -> str:
+def breakdown_chart(its: Sequence[ChartIteration]) -> str:
     """Stacked per iteration (ms): data loading, exposed DP comm, exposed PP comm, other exposed
     comm, and the remainder (compute and everything else)."""
     if not _has(its, "step_time_ms"):
@@ -272,14 +289,14 @@ def breakdown_chart(its: Sequence[Mapping[str, Any]]) -> str:
         oth: list[float | None] = []
         rem: list[float | None] = []
         for it in g:
-            step = _num(it.get("step_time_ms"))
+            step = it.step_time_ms
             if step is None:
                 continue
-            shares = {label: _num(it.get(key)) for label, _, key in parts}
+            shares = {label: it.value(key) for label, _, key in parts}
             for label, v in shares.items():
                 per_it[label].append(None if v is None else v * step)
             known = sum(v for v in shares.values() if v is not None)
-            total = _num(it.get("comm_exposed_share"))
+            total = it.comm_exposed_share
             split = sum(v for k, v in shares.items() if k != "data loading" and v is not None)
             # rows carry 6 significant digits (perfd.analytics.steps.row_codes): a part of 1e-5 of the
             # step is their rounding, not communication
@@ -303,8 +320,8 @@ def breakdown_chart(its: Sequence[Mapping[str, Any]]) -> str:
                    "never shown as zero." + binned)
 
 
-def pipeline_chart(its: Sequence[Mapping[str, Any]], summary: PageSummary) -> str:
-    if not (_has(its, "pp_idle_max") or any((_num(it.get("pp_bubble_analytic")) or 0) > 0 for it in its)):
+def pipeline_chart(its: Sequence[ChartIteration], summary: PageSummary) -> str:
+    if not (_has(its, "pp_idle_max") or any((it.pp_bubble_analytic or 0) > 0 for it in its)):
         return ""  # no pipeline parallelism: nothing to show
     series = [Series("analytic bubble", GREY, _series(its, "pp_bubble_analytic"), dashed=True),
               Series("idle, most idle stage", VERMILLION, _series(its, "pp_idle_max")),
@@ -320,8 +337,8 @@ def _e(v: Any) -> str:
     return escape(str(v))
 
 
-def _tiles(med: Mapping[str, Any]) -> str:
-    tiles = [(d.short or d.name, catalog.job_value(d, med), d.unit)
+def _tiles(med: Mapping[str, float | None]) -> str:
+    tiles = [(d.short or d.name, catalog.median_value(d, med), d.unit)
              for d in catalog.job_metrics(catalog.HTML)]
     cells = [f'<div class="tile"><b>{escape(format_value(v, unit))}</b><span>{escape(name)}'
              "</span></div>" for name, v, unit in tiles if v is not None]
@@ -392,8 +409,7 @@ def _meta(job: JobBlock) -> str:
 def render_html(page: Page, *, source: str = "", generated: str = "", version: str = "") -> str:
     """The whole page."""
     job, summary, report = page.job, page.summary, page.report
-    its = sorted((it for it in page.iterations if isinstance(it.get("iteration"), int)),
-                 key=lambda it: int(it["iteration"]))
+    its = sorted(page.iterations, key=lambda it: it.iteration)
     name = str(job.name or report.summary.job_name or "job")
     meds = summary.medians
     charts = ['<h3 id="goodput">Where the wall time went</h3>', goodput_bar(page.goodput),

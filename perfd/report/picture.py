@@ -1,4 +1,4 @@
-"""The HTML report's rank × step picture and its goodput bar. Pure: JSON in, HTML/SVG text out.
+"""The HTML report's rank × step picture and its goodput bar. Pure: typed values in, HTML/SVG text out.
 
 The heat map puts every rank on a row, grouped by pipeline stage (the group whose median a rank's
 compute is measured against; one group, the data-parallel replicas, without pipeline parallelism),
@@ -8,14 +8,16 @@ marked over the columns they cover, so a slow rank shows as a band and its cause
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from html import escape
-from typing import Any
+from typing import Any, TypeVar
 
 from perfd.analytics.common import pp_stage_of_rank
-from perfd.analytics.incidents.detect import CAPTURE
+from perfd.analytics.incidents.detect import CAPTURE, Incident
 from perfd.analytics.run.run_summary import DisturbanceStretch, JobLayout
-from perfd.analytics.steps.goodput import KIND_HELP, KINDS
+from perfd.analytics.steps.goodput import KIND_HELP, KINDS, Goodput
 from perfd.report.svg import (
     BLUE,
     GREEN,
@@ -42,7 +44,98 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _bins(its: Sequence[Mapping[str, Any]], limit: int) -> list[list[Mapping[str, Any]]]:
+def _finite(v: Any) -> float | None:
+    """A number as the API's JSON carries it: a non-finite one is absent."""
+    f = _num(v)
+    return f if f is not None and math.isfinite(f) else None
+
+
+@dataclass(frozen=True, slots=True)
+class ChartIteration:
+    """What the charts read of one iteration: the fields of the same names of its analysis' result
+    (perfd.analytics.run.run_analysis.IterationResult), each value as the API's row carries it (a
+    non-finite number absent)."""
+
+    iteration: int
+    step_time_ms: float | None = None
+    mfu: float | None = None
+    data_share: float | None = None
+    comm_exposed_share: float | None = None
+    comm_exposed_dp_share: float | None = None
+    comm_exposed_pp_share: float | None = None
+    pp_bubble_analytic: float | None = None
+    pp_idle_max: float | None = None
+    pp_idle_min: float | None = None
+    steady_state: bool = False
+    straggler_rank_compute_ratio: Mapping[int, float | None] = field(default_factory=dict)
+
+    def value(self, name: str) -> float | None:
+        """One of the numeric fields, by name."""
+        v = getattr(self, name)
+        return v if isinstance(v, float) else None
+
+    @classmethod
+    def of(cls, row: Any) -> ChartIteration:
+        """From a row with these fields (an IterationResult, or a projection of a run's table on
+        CHART_FIELDS)."""
+        return cls._made(row.iteration, lambda n: _finite(getattr(row, n)), bool(row.steady_state),
+                         {int(r): _finite(v) for r, v in row.straggler_rank_compute_ratio.items()})
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ChartIteration | None:
+        """From a row of the aggregator's /api/jobs/<job>/iterations (perfd.analytics.steps.row_codes);
+        None for a row with no iteration number."""
+        it = d.get("iteration")
+        if not isinstance(it, int) or isinstance(it, bool):
+            return None
+        ratios = d.get("straggler_rank_compute_ratio")
+        return cls._made(it, lambda n: _num(d.get(n)), bool(d.get("steady_state")),
+                         {int(r): _num(v) for r, v in ratios.items() if str(r).isdigit()}
+                         if isinstance(ratios, Mapping) else {})
+
+    @classmethod
+    def _made(cls, iteration: int, num: Callable[[str], float | None], steady: bool,
+              ratios: Mapping[int, float | None]) -> ChartIteration:
+        return cls(iteration, num("step_time_ms"), num("mfu"), num("data_share"), num("comm_exposed_share"),
+                   num("comm_exposed_dp_share"), num("comm_exposed_pp_share"), num("pp_bubble_analytic"),
+                   num("pp_idle_max"), num("pp_idle_min"), steady, ratios)
+
+
+_FLOATS = ("step_time_ms", "mfu", "data_share", "comm_exposed_share", "comm_exposed_dp_share",
+           "comm_exposed_pp_share", "pp_bubble_analytic", "pp_idle_max", "pp_idle_min")
+CHART_FIELDS: tuple[str, ...] = ("iteration", *_FLOATS, "steady_state", "straggler_rank_compute_ratio")
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentMark:
+    """What the charts mark of an incident (perfd.analytics.incidents.detect.Incident) over the
+    iterations it covers."""
+
+    id: str
+    first_iteration: int | None
+    last_iteration: int | None
+    cost_s: float | None
+    cause: str
+    kinds: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, inc: Incident) -> IncidentMark:
+        return cls(inc.id, inc.first_iteration, inc.last_iteration, _finite(inc.cost_s), inc.cause,
+                   tuple(inc.kinds))
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> IncidentMark:
+        """From an incident of the aggregator's job summary."""
+        a, b = d.get("first_iteration"), d.get("last_iteration")
+        return cls(str(d.get("id")), a if isinstance(a, int) else None, b if isinstance(b, int) else None,
+                   _num(d.get("cost_s")), str(d.get("cause", "")),
+                   tuple(str(k) for k in d.get("kinds") or []))
+
+
+Row = TypeVar("Row")
+
+
+def _bins(its: Sequence[Row], limit: int) -> list[list[Row]]:
     size = max(1, -(-len(its) // limit))
     return [list(its[i:i + size]) for i in range(0, len(its), size)]
 
@@ -52,8 +145,8 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(vs) / len(vs) if vs else None
 
 
-def _label(group: Sequence[Mapping[str, Any]]) -> str:
-    a, b = group[0].get("iteration"), group[-1].get("iteration")
+def _label(group: Sequence[ChartIteration]) -> str:
+    a, b = group[0].iteration, group[-1].iteration
     return f"{a}" if a == b else f"{a}–{b}"
 
 
@@ -65,10 +158,10 @@ def _figure(svg: str, caption: str) -> str:
     return f"<figure>{svg}<figcaption>{escape(caption)}</figcaption></figure>"
 
 
-def _marks(groups: Sequence[Sequence[Mapping[str, Any]]], incidents: Sequence[Mapping[str, Any]],
+def _marks(groups: Sequence[Sequence[ChartIteration]], incidents: Sequence[IncidentMark],
            stretches: Sequence[DisturbanceStretch]) -> list[ColumnMark]:
     """Incidents and perfd's captures as column ranges of the heat map's bins."""
-    spans = [(int(g[0]["iteration"]), int(g[-1]["iteration"])) for g in groups]
+    spans = [(g[0].iteration, g[-1].iteration) for g in groups]
 
     def cols(first: Any, last: Any) -> tuple[int, int] | None:
         if not isinstance(first, int) or not isinstance(last, int):
@@ -78,15 +171,15 @@ def _marks(groups: Sequence[Sequence[Mapping[str, Any]]], incidents: Sequence[Ma
 
     out = []
     for inc in incidents:
-        c = cols(inc.get("first_iteration"), inc.get("last_iteration"))
+        c = cols(inc.first_iteration, inc.last_iteration)
         if c is None:
             continue
-        capture = list(inc.get("kinds") or []) == [CAPTURE]  # the page's JSON: perfd's own capture
-        cost = _num(inc.get("cost_s"))
-        text = (f"{'perfd capture' if capture else 'incident ' + str(inc.get('id'))} "
-                f"(iterations {inc.get('first_iteration')}–{inc.get('last_iteration')})"
+        capture = inc.kinds == (CAPTURE,)  # perfd's own capture
+        cost = inc.cost_s
+        text = (f"{'perfd capture' if capture else 'incident ' + inc.id} "
+                f"(iterations {inc.first_iteration}–{inc.last_iteration})"
                 + (f": {cost:.1f} s lost" if cost is not None and not capture else "")
-                + ("" if capture else f" — {inc.get('cause', '')}"))
+                + ("" if capture else f" — {inc.cause}"))
         out.append(ColumnMark(c[0], c[1], CAPTURE_COLOR if capture else INCIDENT_COLOR, text))
     for st in stretches:
         c = cols(st.first_iteration, st.last_iteration)
@@ -97,23 +190,23 @@ def _marks(groups: Sequence[Sequence[Mapping[str, Any]]], incidents: Sequence[Ma
     return out
 
 
-def rank_heatmap(its: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, Any]] = (),
+def rank_heatmap(its: Sequence[ChartIteration], ranks: Sequence[Mapping[str, Any]] = (),
                  lay: JobLayout | None = None, stretches: Sequence[DisturbanceStretch] = (),
-                 incidents: Sequence[Mapping[str, Any]] = ()) -> str:
-    """Per-rank compute ÷ its group's median per iteration (from per-rank timers), or a note why not."""
-    have = [it for it in its if it.get("straggler_rank_compute_ratio")]
+                 incidents: Sequence[IncidentMark] = ()) -> str:
+    """Per-rank compute ÷ its group's median per iteration (from per-rank timers), or a note why not.
+    ``ranks``: the aggregator's rank placements, as its job summary serves them."""
+    have = [it for it in its if it.straggler_rank_compute_ratio]
     if not have:
         return _note("No per-rank heat map: this run has no per-rank compute times. Megatron's default "
                      "timer option (minmax) prints only the min and max across ranks; run with "
                      "--timing-log-option all (or capture the ranks) to see every rank.")
     lay = lay if lay is not None else JobLayout()
-    all_ranks = sorted({int(r) for it in have for r in it["straggler_rank_compute_ratio"]})
+    all_ranks = sorted({r for it in have for r in it.straggler_rank_compute_ratio})
     groups = _bins(have, MAX_BARS)
     matrix: dict[int, list[float | None]] = {r: [] for r in all_ranks}
     for g in groups:
-        by_rank = [{str(k): v for k, v in it["straggler_rank_compute_ratio"].items()} for it in g]
         for r in all_ranks:
-            matrix[r].append(_mean([_num(d.get(str(r))) for d in by_rank]))
+            matrix[r].append(_mean([it.straggler_rank_compute_ratio.get(r) for it in g]))
     shown = all_ranks
     note = ""
     if len(all_ranks) > MAX_HEATMAP_ROWS:
@@ -146,12 +239,12 @@ def rank_heatmap(its: Sequence[Mapping[str, Any]], ranks: Sequence[Mapping[str, 
                    "(purple), hover for what and why." + note)
 
 
-def goodput_bar(gp: Mapping[str, Any] | None, width: int = 920) -> str:
+def goodput_bar(gp: Goodput | None, width: int = 920) -> str:
     """One stacked bar of the job's wall time by kind, with a legend, or a note why not."""
-    if not gp or not _num(gp.get("wall_s")):
+    if gp is None or not _finite(gp.wall_s):
         return _note("No goodput: no step record with a time stamp.")
-    wall = float(gp["wall_s"])
-    parts = [(k, float(gp["parts_s"].get(k) or 0.0)) for k in KINDS]
+    wall = float(gp.wall_s)
+    parts = [(k, _finite(gp.parts.get(k)) or 0.0) for k in KINDS]
     left, top, pw, bh = 16, 34, width - 32, 28
     body = []
     x = float(left)
@@ -174,9 +267,10 @@ def goodput_bar(gp: Mapping[str, Any] | None, width: int = 920) -> str:
         body.append(f'<rect x="{lx:.1f}" y="{ly - 10}" width="10" height="10" fill="{KIND_COLORS[kind]}"/>'
                     f'<text x="{lx + 14:.1f}" y="{ly}" class="tick">{escape(text)}</text>')
         lx += step
-    ratio = _num(gp.get("ratio"))
+    ratio = _finite(gp.ratio)
+    restarts = gp.runs - 1
     body.insert(0, f'<text x="{left}" y="20" class="axis">goodput {ratio:.1%} of {wall:.0f} s wall time'
-                   f'{", " + str(gp.get("restarts")) + " restart(s)" if gp.get("restarts") else ""}</text>'
+                   f'{", " + str(restarts) + " restart(s)" if restarts else ""}</text>'
                 if ratio is not None else "")
     return _figure(_svg(width, int(ly + 12), body, "Where the wall time went"),
                    "The job's wall time since it started, by where it went: steady training, incidents "

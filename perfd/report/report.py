@@ -162,7 +162,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     span = analysis.steady.range_text()
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):
-        value = catalog.job_value(d, s.medians)
+        value = catalog.median_value(d, s.medians)
         src = _source_of(analysis, d.attr or "")
         if value is not None:
             src = f"{reduction_of(d.attr or '')} over {span}; per iteration (last shown): {src}"

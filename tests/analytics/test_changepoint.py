@@ -115,7 +115,7 @@ def test_goodputs_incident_part_is_the_cost_of_the_incidents_listed_for_every_so
     listed = st.incidents.incidents("j")
     gp = st.snapshot("j").goodput()  # type: ignore[union-attr]
     assert gp is not None and listed
-    assert gp["parts_s"]["incident"] == pytest.approx(sum(i["cost_s"] for i in listed))
-    assert gp["parts_s"]["incident"] == pytest.approx(3.0)
-    assert gp["ratio"] == pytest.approx(30.0 / 33.0, rel=1e-3)
-    assert sum(gp["parts_s"].values()) == pytest.approx(gp["wall_s"])
+    assert gp.parts["incident"] == pytest.approx(sum(i["cost_s"] for i in listed))
+    assert gp.parts["incident"] == pytest.approx(3.0)
+    assert gp.ratio == pytest.approx(30.0 / 33.0, rel=1e-3)
+    assert sum(gp.parts.values()) == pytest.approx(gp.wall_s)

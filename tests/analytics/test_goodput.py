@@ -194,9 +194,9 @@ def test_restart_and_stall_kinds_on_spans() -> None:
     assert resumed.parts[gpm.RESTART] == pytest.approx(200.0 - 1.0 - 105.0) and resumed.parts[gpm.STALL] == 0
     unmarked = job_goodput([StepSpan(s.iteration, s.end_time, s.step_s) for s in held])
     assert unmarked is not None and unmarked.runs == 1 and unmarked.parts[gpm.STALL] > 90  # what it was
-    live = with_stall(gp.to_json(), 30.0)
-    assert live["parts_s"]["stall"] == pytest.approx(90.0)
-    assert sum(live["parts_s"].values()) == pytest.approx(live["wall_s"])
+    live = with_stall(gp, 30.0)
+    assert live.parts["stall"] == pytest.approx(90.0)
+    assert sum(live.parts.values()) == pytest.approx(live.wall_s)
     assert job_goodput([]) is None
 
 

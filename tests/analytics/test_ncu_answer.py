@@ -20,6 +20,7 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.snapshot import Analysed
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.incidents.detect import LEVEL_SHIFT
 from perfd.analytics.run.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
 from perfd.model import JobInfo, StepRecord
@@ -146,7 +147,7 @@ def test_through_the_aggregator_the_ranges_step_is_the_captures_disturbance() ->
     assert any(s["first_iteration"] <= range_it <= s["last_iteration"] for s in stretches)
     assert range_it not in a.steady.iterations
     done = coord.of_job(JOB)[0]
-    assert done["range_held_s"] == 35.0 and done["arming"] is None
+    assert done.range_held_s == 35.0 and done.arming is None
     summary = job_summary(st, JOB)
     assert summary is not None and summary["report"]["arming"] is None
     assert not [f for f in summary["report"]["findings"] if f["id"] == "ncu-arming-cost"]
@@ -160,7 +161,8 @@ def test_through_the_aggregator_the_report_states_the_arming_cost() -> None:
     base, armed, armed_at, window = runs()
     st, coord = _replayed([*base, *armed], window, armed_at)
     done = coord.of_job(JOB)[0]
-    assert done["arming"]["basis"] == "earlier_steps" and done["arming"]["ratio"] > 2.5
+    arming = done.arming
+    assert arming is not None and arming.basis is ArmingBasis.EARLIER_STEPS and arming.ratio > 2.5
     summary = job_summary(st, JOB)
     assert summary is not None
     rep = summary["report"]
@@ -257,11 +259,11 @@ def test_the_budget_view_shows_the_rows_beside_their_part() -> None:
         {"part": "data", "ms": 10.0, "share": 0.1, "source": "timers", "detail": {}},
         {"part": "compute", "ms": 90.0, "share": 0.9, "source": "timers",
          "detail": {"ncu": [{**c, "capture": "c1"} for c in cats]}}]}
-    lines = budget_view.text_lines(budget)
+    lines = budget_view.text_lines(StepBudget.from_json(budget))
     at = next(i for i, x in enumerate(lines) if "compute (not divided)" in x)
     assert "ncu: elementwise (8 kernel(s)): compute SOL 53%, memory SOL 49%, tensor 2%" in lines[at + 1]
     assert "gemm (3 kernel(s))" in lines[at + 2] and "(capture c1)" in lines[at + 2]
-    html = budget_view.html_section(budget)
+    html = budget_view.html_section(StepBudget.from_json(budget))
     assert '<table class="ncu">' in html and "compute (not divided)" in html
 
 

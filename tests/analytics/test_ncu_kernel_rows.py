@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from perfd.aggregator.capture_records import CaptureRecord, ncu_of
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.budget import BudgetPart, Source, StepBudget
-from perfd.analytics.breakdown.job_budget import ncu_of, with_ncu
+from perfd.analytics.breakdown.job_budget import with_ncu
 from perfd.analytics.breakdown.kernel_rows import (
     NCU_KERNEL_ROWS,
     KernelRow,
@@ -223,8 +224,8 @@ def test_each_kernel_goes_to_the_part_its_time_is_in() -> None:
     parts = tuple(BudgetPart(p, ms, ms / 100.0, Source.CAPTURE) for p, ms in (
         (Part.LINEAR, 40.0), (Part.ATTENTION, 30.0), (Part.ACTIVATION, 5.0), (Part.POINTWISE, 25.0)))
     b = StepBudget(100.0, parts, (Source.CAPTURE,), iterations=3.0, basis="capture k1")
-    got = ncu_of([{"id": "n1", "tool": "ncu", "status": "finished", "finished_at": 1.0,
-                   "result": {"ranks": {"0": rank0()}}}])
+    got = ncu_of([CaptureRecord("n1", JOB, [0], "ncu", 1, "rule:ncu", 0.0, status="finished", finished_at=1.0,
+                                result={"ranks": {"0": rank0()}})])
     assert got.capture_id == "n1" and len(got.kernels) == 12
     assert all(k["joined_to"] == "c20261123-223603-bf9e4a" for k in got.kernels)
     nb = with_ncu(b, got.categories, got.capture_id, got.kernels)
@@ -248,7 +249,7 @@ def test_each_kernel_goes_to_the_part_its_time_is_in() -> None:
     share = att.ncu_kernels[0].part_share
     assert share == pytest.approx(recorded(MASKED_FILL)["captured_ms"] / TIMELINE_STEPS / 30.0)
     assert sum(p.ms for p in nb.parts) == b.step_ms  # the rows change no time
-    lines = budget_view.text_lines(StepBudget.to_json(nb))
+    lines = budget_view.text_lines(StepBudget.from_json(nb.to_json()))
     at = next(i for i, x in enumerate(lines) if x.lstrip().startswith("MLP activation"))
     gelu = "ncu kernel 1: vectorized_elementwise_kernel<GeluCUDAKernelImpl>"
     assert lines[at + 1].lstrip().startswith(gelu)
@@ -256,7 +257,7 @@ def test_each_kernel_goes_to_the_part_its_time_is_in() -> None:
 
 def test_the_html_shows_the_rows_beside_their_part_with_names_escaped() -> None:
     s = summary_of(rank0())
-    html = budget_view.html_section(s["report"]["step_budget"])
+    html = budget_view.html_section(StepBudget.from_json(s["report"]["step_budget"]))
     table = html[html.index('<table class="ncu ncu-kernels">'):]
     assert '<td rowspan="3">compute (not divided)</td>' in table
     assert f"<code>elementwise_kernel&lt;{MASKED_FILL}&gt;</code>" in table

@@ -91,7 +91,7 @@ def test_analyze_ncu_reproduces_the_coverage_the_agent_recorded(rows: dict[str, 
 @cache
 def run1_with_rows(rows_json: str) -> RunAnalysis:
     """Run 1's log read with its Kineto trace (the step budget) and run 2's ncu rows on its parts, as the
-    live aggregator joins them (perfd.analytics.breakdown.job_budget.ncu_of)."""
+    live aggregator joins them (perfd.aggregator.capture_records.ncu_of)."""
     from perfd.commands.analyze_capture import timeline_class
 
     out = json.loads(rows_json)

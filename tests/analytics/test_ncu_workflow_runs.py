@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from collectors.megatron import parse_lines
+from perfd.aggregator.capture_records import CaptureRecord
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import FiguresFrom
@@ -45,10 +46,11 @@ class Windows:
     started and finished; no result, bottleneck or arming of its own)."""
 
     def __init__(self) -> None:
-        self.records = [{"id": f"c{i}", "status": "finished", "started_at": a, "finished_at": b}
+        self.records = [CaptureRecord(id=f"c{i}", job=JOB, ranks=None, tool="ncu", steps=0, origin="manual",
+                                      requested_at=a, status="finished", started_at=a, finished_at=b)
                         for i, (a, b) in enumerate(capture_windows())]
 
-    def of_job(self, job: str) -> list[dict[str, Any]]:
+    def of_job(self, job: str) -> list[CaptureRecord]:
         return list(self.records)
 
     def arming(self, job: str) -> None:

@@ -273,10 +273,11 @@ def markdown(res: dict[str, Any]) -> str:
     lines += [f"- [{f.get('severity')}] {f.get('title')}: {f.get('observation')}"
               for f in rep.get("findings") or []]
     try:  # the report package needs rich (the GPU machine's image lacks it: rerun markdown() here)
+        from perfd.analytics.breakdown.budget import StepBudget
         from perfd.report.budget_view import text_lines
 
         lines += ["", "Step budget (as `perfd report` prints it, with the Nsight Compute rows beside each "
-                  "part):", "```", *text_lines(rep.get("step_budget")), "```"]
+                  "part):", "```", *text_lines(StepBudget.from_json(rep.get("step_budget"))), "```"]
     except ImportError as exc:
         lines += ["", f"(step budget text not rendered: {exc})"]
     lines += ["", "Recommendations:"]

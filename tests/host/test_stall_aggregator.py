@@ -232,7 +232,7 @@ def test_a_stop_between_two_steps_costs_its_silence_in_the_incident_that_takes_i
     # Goodput's incident part is the steps' part: the silence lies between records (stall or other).
     snap = h.st.snapshot(JOB)
     gp = snap.goodput() if snap is not None else None
-    assert gp is not None and gp["parts_s"]["incident"] == pytest.approx(parts["steps_s"], abs=0.01)
+    assert gp is not None and gp.parts["incident"] == pytest.approx(parts["steps_s"], abs=0.01)
 
 
 @pytest.mark.slow

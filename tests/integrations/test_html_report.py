@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from collectors.megatron import parse_file
 from perfd.aggregator.http import _StateCollector, job_iterations
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.steps.iteration import IterationResult
 from perfd.cli import main as perfd_main
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.prometheus import job_families
@@ -193,7 +194,7 @@ def test_per_rank_series_switch_and_iterations_api() -> None:
     assert its is not None and len(its["iterations"]) == len(parsed.records)
     assert its["iterations"][-1]["straggler_rank_compute_ratio"]
     assert job_iterations(st, "nope") is None
-    one = {"j": {"straggler_rank_compute_ratio": {"0": 1.2}}}
+    one = {"j": IterationResult(1, straggler_rank_compute_ratio={0: 1.2})}
     fams = {f.name: f for f in job_families(one, per_rank=False)}
     assert fams["perfd_job_rank_compute_ratio"].samples == []
 
@@ -238,9 +239,9 @@ def test_heat_map_shows_the_cotenant_rank_as_a_band_under_its_incident() -> None
 
 
 def test_heat_map_groups_ranks_by_pipeline_stage_and_marks_captures() -> None:
-    from perfd.report.picture import rank_heatmap
+    from perfd.report.picture import ChartIteration, rank_heatmap
 
-    its = [{"iteration": i, "straggler_rank_compute_ratio": {str(r): 1.0 + 0.01 * r for r in range(4)}}
+    its = [ChartIteration(i, straggler_rank_compute_ratio={r: 1.0 + 0.01 * r for r in range(4)})
            for i in range(1, 11)]
     from perfd.analytics.run.run_summary import DisturbanceStretch, JobLayout
 

@@ -237,9 +237,9 @@ class StepBudget:
         except (KeyError, ValueError, TypeError):
             return None
 
-        def num(key: str) -> float | None:
+        def num(key: str) -> float | None:  # a whole number stays one: the budget reads back as it was
             v = d.get(key)
-            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+            return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
         host = d.get("host")
         idle = tuple(s for x in d.get("idle") or [] if isinstance(x, Mapping)

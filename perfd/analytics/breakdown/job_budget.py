@@ -7,14 +7,12 @@ analyze megatron LOG --capture TRACE``). Pure.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from perfd.analytics.breakdown import kernels as kc
-from perfd.analytics.breakdown.bottleneck import BottleneckClass
 from perfd.analytics.breakdown.budget import FlopsContext, Source, StepBudget, TimerShares, from_timers
 from perfd.analytics.breakdown.capture_budget import from_capture
-from perfd.analytics.breakdown.capture_match import CaptureMatch
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.kernel_rows import kernel_rows
 from perfd.analytics.breakdown.op_parts import kernel_part
@@ -158,69 +156,3 @@ def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id:
                      else p)
     return replace(b, parts=tuple(parts), sources=(*b.sources, Source.NCU) if Source.NCU not in b.sources
                    else b.sources)
-
-
-@dataclass(frozen=True)
-class NcuRows:
-    """A job's latest finished Nsight Compute capture, as the budget reads it: its id, its per-category
-    summaries (perfd.analytics.ncu.join.CategorySummary JSON, with how the kernels were chosen) and its
-    joined kernel rows (JoinedKernel JSON as the capture's event carries them, each with ``joined_to``:
-    the timeline's capture id)."""
-
-    capture_id: str = ""
-    categories: tuple[Mapping[str, Any], ...] = ()
-    kernels: tuple[Mapping[str, Any], ...] = ()
-
-
-def ncu_of(captures: Sequence[Mapping[str, Any]]) -> NcuRows:
-    """The rows of a job's latest finished Nsight Compute capture (none: an empty NcuRows)."""
-    for c in sorted(captures, key=lambda c: c.get("finished_at") or 0.0, reverse=True):
-        result = c.get("result")
-        if c.get("tool") != "ncu" or c.get("status") != "finished" or not isinstance(result, Mapping):
-            continue
-        for part in (result.get("ranks") or {}).values():
-            cats = part.get("ncu_categories") if isinstance(part, Mapping) else None
-            if isinstance(cats, list) and cats:
-                # how the profiled kernels were chosen (by time or not) goes with each summary
-                choice = part.get("ncu_kernel_choice")
-                extra: dict[str, Any] = {"kernel_choice": choice} if isinstance(choice, Mapping) else {}
-                cov = part.get("ncu_coverage")  # what the profiled launches were (by launch)
-                if isinstance(cov, Mapping):
-                    extra["coverage"] = cov
-                joined_to = part.get("ncu_joined_to")  # the timeline's capture: each row says it
-                ks = part.get("ncu_kernels")
-                rows = [{**k, "joined_to": joined_to} for k in ks if isinstance(k, Mapping)] \
-                    if isinstance(ks, list) else []
-                return NcuRows(str(c.get("id") or ""),
-                               tuple({**x, **extra} for x in cats if isinstance(x, Mapping)), tuple(rows))
-    return NcuRows()
-
-
-def capture_timeline(capture: Mapping[str, Any]) -> TimelineClass | None:
-    """What a capture record (perfd.aggregator.captures JSON, its ``decided`` rank and device) gives the
-    job's analysis: the class it supports and the breakdown of the device that decided it."""
-    cls = BottleneckClass.of(capture.get("bottleneck"))
-    if cls is BottleneckClass.UNKNOWN:
-        return None
-    got = capture.get("match")
-    match = CaptureMatch.from_json(got) if isinstance(got, Mapping) else None
-    if match is not None and match.refused:  # another job's (or run's): it never informs this one
-        return None
-    result, decided = capture.get("result"), capture.get("decided")
-    device = None
-    devices: list[Any] = []
-    if isinstance(result, Mapping) and isinstance(decided, Mapping):
-        part = (result.get("ranks") or {}).get(str(decided.get("rank")))
-        got_devices = part.get("devices") if isinstance(part, Mapping) else None
-        devices = [d for d in got_devices or [] if isinstance(d, Mapping)]
-        device = next((d for d in devices if d.get("device") == decided.get("device")), None)
-    steps = capture.get("steps")
-    # The agents' ids of the capture beside the request's: ncu-prefix and the kernel choice name the
-    # capture by the agent's id (c2026...), the budget by the request's; one report shows both.
-    got_ids = capture.get("agent_capture_ids")
-    stored = ", ".join(str(x) for x in got_ids[:4]) if isinstance(got_ids, list) and got_ids else ""
-    return TimelineClass(cls, str(capture.get("bottleneck_reason") or ""),
-                         f"capture {capture.get('id')} ({capture.get('tool')}, ranks {capture.get('ranks')}"
-                         + (f"; {stored}" if stored else "") + ")",
-                         device, steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
-                         str(capture.get("id") or ""), devices=tuple(devices))

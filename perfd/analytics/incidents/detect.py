@@ -18,7 +18,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.collectives.collective_hangs import HangView
@@ -34,6 +34,9 @@ from perfd.analytics.incidents.stall import StallCheck, StallSeen, silence_cost_
 from perfd.analytics.incidents.verdict_text import cause_text, sentence, stall_text
 from perfd.analytics.steps import windows
 from perfd.analytics.steps.changepoint import accept, find_change_point
+
+if TYPE_CHECKING:
+    from perfd.analytics.incidents.incident_findings import CaptureDuring
 
 STEP_FACTOR = th.STEP_FACTOR.value  # a step this much above the steady median starts an incident
 STRAGGLER_STEP_FACTOR = 1.1  # a flagged straggler rank whose step is this much slower: part of one
@@ -129,7 +132,7 @@ class Incident:
         return self
 
     @property
-    def captures(self) -> Sequence[Mapping[str, Any]]:
+    def captures(self) -> Sequence[CaptureDuring]:
         return ()
 
     def observed(self) -> list[Evidence]:

@@ -8,7 +8,7 @@ aggregator kept them (perfd/aggregator/incident_records.TrackedIncident); both a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity
@@ -16,6 +16,26 @@ from perfd.analytics.incidents.detect import CAPTURE, HANG, Incident
 from perfd.analytics.incidents.evidence import EvidenceKind
 from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
 from perfd.analytics.incidents.verdict_text import action_text, cpu_use_text
+
+
+class CaptureDuring(Protocol):
+    """A capture that ran during an incident, as the live aggregator kept it with the incident
+    (perfd/aggregator/capture_records.CaptureSeen)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def tool(self) -> str: ...
+
+    @property
+    def ranks(self) -> Sequence[int] | None: ...
+
+    @property
+    def started_at(self) -> float | None: ...
+
+    @property
+    def findings(self) -> Sequence[Finding]: ...
 
 
 class ReportedIncident(Protocol):
@@ -31,7 +51,7 @@ class ReportedIncident(Protocol):
     def duration_s(self) -> float | None: ...
 
     @property
-    def captures(self) -> Sequence[Mapping[str, Any]]: ...
+    def captures(self) -> Sequence[CaptureDuring]: ...
 
     def to_json(self) -> dict[str, Any]: ...
 
@@ -56,9 +76,9 @@ def incident_findings(incidents: Sequence[ReportedIncident], run_s: float | None
         dur = rep.duration_s
         during = f" over {dur:.0f} s" if isinstance(dur, (int, float)) else ""
         fid = f"incident-{inc.id}"
-        caps = [dict(c) for c in rep.captures if c.get("started_at") is not None]
-        cap_text = "".join(f" Capture {c.get('id')} ({c.get('tool')}, ranks {c.get('ranks')}) ran during it"
-                           + (f": {c['findings'][0]['title']}" if c.get("findings") else "") + "."
+        caps = [c for c in rep.captures if c.started_at is not None]
+        cap_text = "".join(f" Capture {c.id} ({c.tool}, ranks {_ranks(c.ranks)}) ran during it"
+                           + (f": {c.findings[0].title}" if c.findings else "") + "."
                            for c in caps)
         steps = (f" {inc.n_iterations} iteration(s); steady time per step "
                  f"{_ms(inc.steady_step_ms)}, "
@@ -80,6 +100,10 @@ def incident_findings(incidents: Sequence[ReportedIncident], run_s: float | None
         detail = inc.cause + (f"; {cpu_use_text(used)}" if used is not None else "")
         rs.append(Recommendation("", fid, 0, action, detail, impact))
     return fs, rs
+
+
+def _ranks(ranks: Sequence[int] | None) -> list[int] | None:
+    return list(ranks) if ranks is not None else None  # printed as the record's JSON list
 
 
 def incident_cpu_use(inc: Incident) -> CpuUse | None:

@@ -45,7 +45,7 @@ import itertools
 import statistics
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from perfd.analytics.thresholds import GOODPUT_STALL_FLOOR_S, GOODPUT_STALL_STEPS
@@ -120,6 +120,25 @@ class Goodput:
         return {"ratio": self.ratio, "wall_s": self.wall_s, "parts_s": dict(self.parts),
                 "start_time": self.start_time, "end_time": self.end_time, "runs": self.runs,
                 "restarts": self.runs - 1, "notes": list(self.notes), "reached_iteration": self.reached}
+
+    @classmethod
+    def from_json(cls, d: Any) -> Goodput | None:
+        """Back from :meth:`to_json` (an aggregator's answer read by `perfd report`); None when it is
+        not one."""
+        if not isinstance(d, Mapping):
+            return None
+        parts, wall = d.get("parts_s"), _num(d.get("wall_s"))
+        if not isinstance(parts, Mapping) or wall is None:
+            return None
+        runs, restarts, reached = d.get("runs"), d.get("restarts"), d.get("reached_iteration")
+        return cls(wall, {str(k): f for k, v in parts.items() if (f := _num(v)) is not None},
+                   _num(d.get("start_time")) or 0.0, _num(d.get("end_time")) or 0.0,
+                   runs if isinstance(runs, int) else restarts + 1 if isinstance(restarts, int) else 1,
+                   [str(n) for n in d.get("notes") or []], reached if isinstance(reached, int) else None)
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 class SpanColumns:
@@ -319,45 +338,39 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
     return Goodput(end - start, parts, start, end, runs, notes, reached)
 
 
-def with_incidents(gp: Mapping[str, Any], incident_s: float) -> dict[str, Any]:
-    """A goodput JSON (``Goodput.to_json``) whose incident part is ``incident_s``: the cost of the
-    incidents the job lists. The live aggregator keeps an incident once seen, where a later analysis
-    may no longer find it (the warm-up window grows over an early one): the parts then follow the
-    incidents shown, the difference moving between training and incident (never past either)."""
-    out: dict[str, Any] = dict(gp)
-    parts = dict(gp["parts_s"])
+def with_incidents(gp: Goodput, incident_s: float) -> Goodput:
+    """``gp`` with its incident part ``incident_s``: the cost of the incidents the job lists. The live
+    aggregator keeps an incident once seen, where a later analysis may no longer find it (the warm-up
+    window grows over an early one): the parts then follow the incidents shown, the difference moving
+    between training and incident (never past either)."""
+    parts = dict(gp.parts)
     have, train = parts.get(INCIDENT, 0.0), parts.get(TRAINING, 0.0)
     move = min(max(0.0, incident_s) - have, train)  # > 0: from training to incident
     if abs(move) < 1e-9:
-        return out
+        return gp
     parts[INCIDENT], parts[TRAINING] = have + move, train - move
-    wall = gp["wall_s"]
-    out.update(parts_s=parts, ratio=parts[TRAINING] / wall if wall > 0 else None)
-    return out
+    return replace(gp, parts=parts)
 
 
-def with_stall(gp: Mapping[str, Any], stalled_s: float) -> dict[str, Any]:
-    """A goodput JSON (``Goodput.to_json``) of a job that has not stepped for ``stalled_s`` while its
-    processes hold their GPUs: that time added as stall, to the parts and the wall alike."""
-    out: dict[str, Any] = dict(gp)
+def with_stall(gp: Goodput, stalled_s: float) -> Goodput:
+    """``gp`` of a job that has not stepped for ``stalled_s`` while its processes hold their GPUs: that
+    time added as stall, to the parts and the wall alike."""
     if stalled_s <= 0:
-        return out
-    parts = {**gp["parts_s"], STALL: gp["parts_s"].get(STALL, 0.0) + stalled_s}
-    wall = gp["wall_s"] + stalled_s
-    out.update(parts_s=parts, wall_s=wall, end_time=gp["end_time"] + stalled_s,
-               ratio=parts.get(TRAINING, 0.0) / wall if wall > 0 else None)
-    return out
+        return gp
+    parts = {**gp.parts, STALL: gp.parts.get(STALL, 0.0) + stalled_s}
+    return replace(gp, parts=parts, wall_s=gp.wall_s + stalled_s, end_time=gp.end_time + stalled_s)
 
 
-def metric_rows(job: str, gp: Mapping[str, Any], ratio_name: str, time_name: str
+def metric_rows(job: str, gp: Goodput, ratio_name: str, time_name: str
                 ) -> list[tuple[dict[str, str], str, float]]:
-    """/metrics rows of a goodput JSON: the ratio and the seconds of every kind (0 included: a kind
+    """/metrics rows of a job's goodput: the ratio and the seconds of every kind (0 included: a kind
     that took no time is a fact, and Prometheus rates need the series before it grows)."""
     rows: list[tuple[dict[str, str], str, float]] = []
-    if gp.get("ratio") is not None:
-        rows.append(({"job_name": job}, ratio_name, float(gp["ratio"])))
+    ratio = gp.ratio
+    if ratio is not None:
+        rows.append(({"job_name": job}, ratio_name, float(ratio)))
     for kind in KINDS:
-        rows.append(({"job_name": job, "kind": kind}, time_name, float(gp["parts_s"].get(kind, 0.0))))
+        rows.append(({"job_name": job, "kind": kind}, time_name, float(gp.parts.get(kind, 0.0))))
     return rows
 
 

@@ -1,0 +1,230 @@
+"""A capture as the aggregator's capture coordinator (perfd/aggregator/captures.py) records it, typed.
+
+What its agent reported (``result``: the capture's event payload, perfd.capture.manager, as it came
+over the wire) and what the aggregator made of it (its step budget, class, findings and remedies, and
+whether it is of the job at all: perfd.analytics.advice.capture_findings and capture_match), held as
+the typed values. JSON only at the edges: :meth:`CaptureRecord.to_json` gives the keys the API, the
+W&B sink and the state store have always carried, in the same order; :meth:`CaptureRecord.from_json`
+is the state store's load, the one place such JSON becomes a record again.
+
+Split from captures.py so that the state's readers of the records (perfd/aggregator/class_inputs.py,
+stalls.py, incidents.py) import them without the coordinator (which imports the state).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.budget import StepBudget
+from perfd.analytics.breakdown.capture_match import CaptureMatch
+from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.analytics.finding_types import Finding, Recommendation
+from perfd.analytics.run.arming import ArmingCost
+
+
+def rank_devices(result: Any, rank: str) -> tuple[Mapping[str, Any], ...]:
+    """The device breakdowns a capture's result (its agent's payload) holds for ``rank``."""
+    ranks = result.get("ranks") if isinstance(result, Mapping) else None
+    part = ranks.get(rank) if isinstance(ranks, Mapping) else None
+    devices = part.get("devices") if isinstance(part, Mapping) else None
+    return tuple(d for d in devices if isinstance(d, Mapping)) if isinstance(devices, list) else ()
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The (rank, device) whose step budget decided a capture's class, with the breakdowns its agent
+    reported for that rank's devices (``devices``, from the record's ``result``: the job's budget is
+    built from the deciding device's, the capture match reads them all)."""
+
+    rank: str
+    device: int
+    devices: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
+
+    @property
+    def breakdown(self) -> Mapping[str, Any] | None:
+        """The deciding device's breakdown (None: the result holds none of that device)."""
+        return next((d for d in self.devices if d.get("device") == self.device), None)
+
+    def of_result(self, result: Any) -> Decided:
+        """The same decision over another result of the capture (its agent reported again)."""
+        return dataclasses.replace(self, devices=rank_devices(result, self.rank))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "device": self.device}
+
+    @classmethod
+    def from_json(cls, d: Any, result: Any) -> Decided | None:
+        """Back from :meth:`to_json` (the state store's load), its devices from the record's result."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("device"), int) or "rank" not in d:
+            return None
+        rank = str(d["rank"])
+        return cls(rank, int(d["device"]), rank_devices(result, rank))
+
+
+@dataclass
+class CaptureRecord:
+    id: str
+    job: str
+    ranks: list[int] | None
+    tool: str
+    steps: int
+    origin: str  # "rule:NAME" | "manual" | "alertmanager:ALERTNAME"
+    requested_at: float
+    agents: list[str] = field(default_factory=list)
+    status: str = "requested"  # requested | started | finished | failed | undeliverable | skipped | refused
+    reason: str = ""
+    updated_at: float = 0.0
+    result: Any = None  # what the agent reported (its event's payload: analysis summary, artifact paths)
+    agent_capture_ids: list[str] = field(default_factory=list)  # the agents' store ids
+    started_at: float | None = None  # epoch s, when an agent reported the capture running
+    finished_at: float | None = None
+    findings: list[Finding] = field(default_factory=list)  # perfd.analytics.advice.capture_findings
+    recommendations: list[Recommendation] = field(default_factory=list)
+    bottleneck: BottleneckClass | None = None  # the class the captured timeline supports
+    bottleneck_reason: str | None = None
+    decided: Decided | None = None  # the (rank, device) whose step budget decided the class
+    budget: StepBudget | None = None  # that device's step budget (perfd.analytics.breakdown.budget)
+    slowdown: dict[str, float] = field(default_factory=dict)  # rank -> kernels' slowdown vs steady
+    stack: bool = False  # Kineto with Python stacks (module names; a slower capture)
+    # How long the capture's range held the step it profiled, as its agent measured it (an ncu range:
+    # tens of seconds while ncu replays the kernels); those steps are the capture's, never a stall.
+    range_held_s: float | None = None
+    # What arming ncu costs the captured ranks, measured from the job's steps when the capture ended
+    # (perfd.analytics.run.arming; the job's report measures it again over the steps it then holds).
+    arming: ArmingCost | None = None
+    # Why it did not run, as its agent typed it (perfd.model.CaptureFailure value): "not_ready" is asked
+    # again when the target is, with no rule cooldown taken; None: it ran, or an agent that says nothing.
+    cause: str | None = None
+    # Whether it is of the job's run as the job's analysis has it when it finished (perfd.analytics.
+    # breakdown.capture_match, the decided rank's, else the first rank's): refused, it never informs the
+    # job's budget or class, and its findings say why.
+    match: CaptureMatch | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out.update(findings=[f.to_json() for f in self.findings],
+                   recommendations=[dataclasses.asdict(r) for r in self.recommendations],
+                   bottleneck=self.bottleneck.value if self.bottleneck is not None else None,
+                   decided=self.decided.to_json() if self.decided is not None else None,
+                   budget=self.budget.to_json() if self.budget is not None else None,
+                   arming=self.arming.to_json() if self.arming is not None else None,
+                   match=self.match.to_json() if self.match is not None else None)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CaptureRecord:
+        """Back from :meth:`to_json` (the state store's load); keys it does not know are left out."""
+        known = cls.__dataclass_fields__
+        rec = cls(**{k: v for k, v in d.items() if k in known})
+        rec.findings = [Finding.from_json(f) for f in d.get("findings") or []]
+        rec.recommendations = [Recommendation(**r) for r in d.get("recommendations") or []]
+        got = d.get("bottleneck")
+        rec.bottleneck = BottleneckClass.of(got) if got is not None else None
+        rec.decided = Decided.from_json(d.get("decided"), rec.result)
+        rec.budget = StepBudget.from_json(d.get("budget"))
+        rec.arming = ArmingCost.from_json(d.get("arming"))
+        match = d.get("match")
+        rec.match = CaptureMatch.from_json(match) if isinstance(match, Mapping) else None
+        return rec
+
+    def timeline(self) -> TimelineClass | None:
+        """What the capture gives the job's analysis: the class it supports and the breakdown of the
+        device that decided it (None: it supports no class, or it is another job's or run's)."""
+        if self.bottleneck is None or self.bottleneck is BottleneckClass.UNKNOWN:
+            return None
+        if self.match is not None and self.match.refused:  # another job's (or run's): never informs this one
+            return None
+        # The agents' ids of the capture beside the request's: ncu-prefix and the kernel choice name the
+        # capture by the agent's id (c2026...), the budget by the request's; one report shows both.
+        stored = ", ".join(str(x) for x in self.agent_capture_ids[:4])
+        dec = self.decided
+        return TimelineClass(self.bottleneck, self.bottleneck_reason or "",
+                             f"capture {self.id} ({self.tool}, ranks {self.ranks}"
+                             + (f"; {stored}" if stored else "") + ")",
+                             dec.breakdown if dec is not None else None, self.steps, self.id,
+                             devices=dec.devices if dec is not None else ())
+
+
+@dataclass(frozen=True)
+class NcuRows:
+    """A job's latest finished Nsight Compute capture, as the budget reads it: its id, its per-category
+    summaries (perfd.analytics.ncu.join.CategorySummary JSON, with how the kernels were chosen) and its
+    joined kernel rows (JoinedKernel JSON as the capture's event carries them, each with ``joined_to``:
+    the timeline's capture id)."""
+
+    capture_id: str = ""
+    categories: tuple[Mapping[str, Any], ...] = ()
+    kernels: tuple[Mapping[str, Any], ...] = ()
+
+
+def ncu_of(captures: Sequence[CaptureRecord]) -> NcuRows:
+    """The rows of a job's latest finished Nsight Compute capture (none: an empty NcuRows), from what its
+    agent reported."""
+    for c in sorted(captures, key=lambda c: c.finished_at or 0.0, reverse=True):
+        result = c.result
+        if c.tool != "ncu" or c.status != "finished" or not isinstance(result, Mapping):
+            continue
+        for part in (result.get("ranks") or {}).values():
+            cats = part.get("ncu_categories") if isinstance(part, Mapping) else None
+            if isinstance(cats, list) and cats:
+                # how the profiled kernels were chosen (by time or not) goes with each summary
+                choice = part.get("ncu_kernel_choice")
+                extra: dict[str, Any] = {"kernel_choice": choice} if isinstance(choice, Mapping) else {}
+                cov = part.get("ncu_coverage")  # what the profiled launches were (by launch)
+                if isinstance(cov, Mapping):
+                    extra["coverage"] = cov
+                joined_to = part.get("ncu_joined_to")  # the timeline's capture: each row says it
+                ks = part.get("ncu_kernels")
+                rows = [{**k, "joined_to": joined_to} for k in ks if isinstance(k, Mapping)] \
+                    if isinstance(ks, list) else []
+                return NcuRows(c.id, tuple({**x, **extra} for x in cats if isinstance(x, Mapping)),
+                               tuple(rows))
+    return NcuRows()
+
+
+@dataclass(frozen=True)
+class CaptureSeen:
+    """A capture taken during an incident, as the incident keeps it (perfd.aggregator.incident_records):
+    what it was and when it ran, its findings, the class it supports and its kernels' slowdown."""
+
+    id: str
+    tool: str
+    ranks: tuple[int, ...] | None
+    status: str
+    origin: str
+    requested_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    findings: tuple[Finding, ...] = ()
+    bottleneck: BottleneckClass | None = None
+    slowdown: Mapping[str, float] = field(default_factory=dict)  # rank -> kernels' slowdown vs steady
+
+    @classmethod
+    def of(cls, c: CaptureRecord) -> CaptureSeen:
+        return cls(c.id, c.tool, tuple(c.ranks) if c.ranks is not None else None, c.status, c.origin,
+                   c.requested_at, c.started_at, c.finished_at, tuple(c.findings), c.bottleneck,
+                   dict(c.slowdown))
+
+    def to_json(self) -> dict[str, Any]:
+        ranks = list(self.ranks) if self.ranks is not None else None
+        return {"id": self.id, "tool": self.tool, "ranks": ranks, "status": self.status,
+                "origin": self.origin, "requested_at": self.requested_at, "started_at": self.started_at,
+                "finished_at": self.finished_at, "findings": [f.to_json() for f in self.findings],
+                "bottleneck": self.bottleneck.value if self.bottleneck is not None else None,
+                "slowdown": dict(self.slowdown)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CaptureSeen:
+        """Back from :meth:`to_json` (the state store's load of an incident)."""
+        ranks, got = d.get("ranks"), d.get("bottleneck")
+        slowdown = d.get("slowdown")
+        return cls(str(d.get("id")), str(d.get("tool")),
+                   tuple(int(r) for r in ranks) if isinstance(ranks, list) else None, str(d.get("status")),
+                   str(d.get("origin")), d.get("requested_at"), d.get("started_at"), d.get("finished_at"),
+                   tuple(Finding.from_json(f) for f in d.get("findings") or []),
+                   BottleneckClass.of(got) if got is not None else None,
+                   {str(k): float(v) for k, v in slowdown.items()} if isinstance(slowdown, Mapping) else {})
