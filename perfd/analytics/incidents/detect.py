@@ -18,10 +18,11 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.collectives.collective_hangs import HangView
+from perfd.analytics.finding_types import Finding
 from perfd.analytics.incidents.evidence import (
     Evidence,
     EvidenceKind,
@@ -35,9 +36,6 @@ from perfd.analytics.incidents.verdict_text import cause_text, sentence, stall_t
 from perfd.analytics.steps import windows
 from perfd.analytics.steps.changepoint import accept, find_change_point
 
-if TYPE_CHECKING:
-    from perfd.analytics.incidents.incident_findings import CaptureDuring
-
 STEP_FACTOR = th.STEP_FACTOR.value  # a step this much above the steady median starts an incident
 STRAGGLER_STEP_FACTOR = 1.1  # a flagged straggler rank whose step is this much slower: part of one
 MERGE_GAP = 2  # up to this many ordinary iterations inside one incident (it flickers)
@@ -46,6 +44,26 @@ MIN_COST_S = th.INCIDENT_MIN_COST_S.value
 MERGE_FRACTION = th.INCIDENT_MERGE_FRACTION.value
 EXPLAINS_SHARE = th.EXPLAINS_SHARE.value
 MAX_INCIDENTS = 100  # kept per job (the costliest, then the newest)
+
+
+class CaptureDuring(Protocol):
+    """A capture that ran during an incident, as the live aggregator kept it with the incident
+    (perfd/aggregator/capture_records.CaptureSeen)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def tool(self) -> str: ...
+
+    @property
+    def ranks(self) -> Sequence[int] | None: ...
+
+    @property
+    def started_at(self) -> float | None: ...
+
+    @property
+    def findings(self) -> Sequence[Finding]: ...
 
 
 class IncidentKind(str, enum.Enum):

@@ -12,30 +12,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity
-from perfd.analytics.incidents.detect import CAPTURE, HANG, Incident
+from perfd.analytics.incidents.detect import CAPTURE, HANG, CaptureDuring, Incident
 from perfd.analytics.incidents.evidence import EvidenceKind
 from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
 from perfd.analytics.incidents.verdict_text import action_text, cpu_use_text
-
-
-class CaptureDuring(Protocol):
-    """A capture that ran during an incident, as the live aggregator kept it with the incident
-    (perfd/aggregator/capture_records.CaptureSeen)."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def tool(self) -> str: ...
-
-    @property
-    def ranks(self) -> Sequence[int] | None: ...
-
-    @property
-    def started_at(self) -> float | None: ...
-
-    @property
-    def findings(self) -> Sequence[Finding]: ...
 
 
 class ReportedIncident(Protocol):
