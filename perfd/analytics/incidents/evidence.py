@@ -22,7 +22,7 @@ no I/O.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -176,7 +176,7 @@ class Evidence:
             return None
         rank = d.get("rank")
 
-        def num(v: Any) -> float | None:
+        def num(v: object) -> float | None:
             return (v if as_written else float(v)) if isinstance(v, (int, float)) else None
 
         return Evidence(kind, rank if isinstance(rank, int) else None, str(d.get("key") or ""),
@@ -193,7 +193,7 @@ def _worse(kind: EvidenceKind, a: float | None, b: float | None) -> bool:
     return b < a if KIND_SPECS[kind].worse == "min" else b > a
 
 
-def _opt(f: Any, a: float | None, b: float | None) -> float | None:
+def _opt(f: Callable[[list[float]], float], a: float | None, b: float | None) -> float | None:
     xs = [x for x in (a, b) if x is not None]
     return f(xs) if xs else None
 

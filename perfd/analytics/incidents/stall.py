@@ -135,7 +135,7 @@ class StallCheck:
             d.get("capture"))
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     """A number read back as it was written (an int stays one: the JSON served again is the same)."""
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
