@@ -118,7 +118,7 @@ class Incident:
                 "capture_cost_s": self.capture_cost_s, "single_rank": self.single_rank,
                 "cpu_only": self.cpu_only, "duration_s": self.duration_s}
 
-    def evidence_json(self) -> dict[str, Any]:
+    def evidence_json(self) -> dict[str, object]:
         """The evidence as served (a stall's own has always opened with the stall)."""
         return self.evidence.to_json(stall_first=self.kinds == [STALL])
 
@@ -148,7 +148,7 @@ class Detection:
 
     incidents: list[Incident]
     disturbances: list[Incident]
-    jitter: dict[str, Any]
+    jitter: dict[str, float | None]  # n, iterations, cost_s, floor_s, worst_ratio
     reference_ms: float | None
 
 
