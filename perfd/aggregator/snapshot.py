@@ -28,7 +28,7 @@ from perfd.analytics.incidents.detect import HANG
 from perfd.analytics.incidents.stall import StallCheck
 from perfd.analytics.incidents.verdict_text import stall_text
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.analytics.steps.goodput import with_incidents, with_stall
+from perfd.analytics.steps.goodput import GoodputJSON, with_incidents, with_stall
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 
@@ -152,7 +152,7 @@ class JobSnapshot:
             return None
         return float(self.last_step_age_s(now) or 0.0) if state == STALLED else 0.0
 
-    def goodput(self, now: float | None = None) -> dict[str, Any] | None:
+    def goodput(self, now: float | None = None) -> GoodputJSON | None:
         """The job's goodput (perfd.analytics.steps.goodput JSON) as of ``now``: its analysis' split with the
         incident part the cost of the incidents the job lists (the same incidents, whatever the
         source: a hang's time is stall, not incident, and so is a live stall's silence between steps:
@@ -168,7 +168,7 @@ class JobSnapshot:
         gp = with_incidents(gp, float(sum(listed)))
         if self.state_at(now)[0] == STALLED:
             return with_stall(gp, float(self.last_step_age_s(now) or 0.0))
-        return dict(gp)
+        return gp.copy()
 
     def incident_docs(self) -> list[dict[str, Any]]:
         """The incidents as JSON (what the API serves)."""

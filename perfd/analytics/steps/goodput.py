@@ -46,10 +46,10 @@ import statistics
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from perfd.analytics.thresholds import GOODPUT_STALL_FLOOR_S, GOODPUT_STALL_STEPS
-from perfd.model import HOOK_PAUSE_TIMERS
+from perfd.model import HOOK_PAUSE_TIMERS, TimerValue
 
 TRAINING = "training"
 INCIDENT = "incident"
@@ -102,6 +102,20 @@ class StepSpan:
     armed: bool = False  # its rank ran armed for a capture (perfd.armed): its excess is perfd's
 
 
+class GoodputJSON(TypedDict):
+    """Goodput as JSON (:meth:`Goodput.to_json`; the aggregator adds its live parts to it)."""
+
+    ratio: float | None
+    wall_s: float
+    parts_s: dict[str, float]  # kind -> seconds
+    start_time: float
+    end_time: float
+    runs: int
+    restarts: int
+    notes: list[str]
+    reached_iteration: int | None
+
+
 @dataclass
 class Goodput:
     wall_s: float
@@ -116,7 +130,7 @@ class Goodput:
     def ratio(self) -> float | None:
         return self.parts.get(TRAINING, 0.0) / self.wall_s if self.wall_s > 0 else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> GoodputJSON:
         return {"ratio": self.ratio, "wall_s": self.wall_s, "parts_s": dict(self.parts),
                 "start_time": self.start_time, "end_time": self.end_time, "runs": self.runs,
                 "restarts": self.runs - 1, "notes": list(self.notes), "reached_iteration": self.reached}
@@ -158,7 +172,8 @@ class SpanColumns:
                            i in self.new_run, self.before.get(i, {}), i in self.armed)
 
 
-def phase_seconds(timers: Mapping[str, Any], names: Mapping[str, str] = PHASE_TIMERS) -> dict[str, float]:
+def phase_seconds(timers: Mapping[str, TimerValue],
+                  names: Mapping[str, str] = PHASE_TIMERS) -> dict[str, float]:
     """kind -> seconds from a record's timers (``TimerValue``-like: ``max_ms``, ``per_rank``): the
     slowest rank's time, which the training loop waits for. ``names``: timer -> kind
     (PHASE_TIMERS: pauses after the record's step; PAUSE_BEFORE_TIMERS: before it)."""
@@ -319,12 +334,12 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
     return Goodput(end - start, parts, start, end, runs, notes, reached)
 
 
-def with_incidents(gp: Mapping[str, Any], incident_s: float) -> dict[str, Any]:
+def with_incidents(gp: GoodputJSON, incident_s: float) -> GoodputJSON:
     """A goodput JSON (``Goodput.to_json``) whose incident part is ``incident_s``: the cost of the
     incidents the job lists. The live aggregator keeps an incident once seen, where a later analysis
     may no longer find it (the warm-up window grows over an early one): the parts then follow the
     incidents shown, the difference moving between training and incident (never past either)."""
-    out: dict[str, Any] = dict(gp)
+    out = gp.copy()
     parts = dict(gp["parts_s"])
     have, train = parts.get(INCIDENT, 0.0), parts.get(TRAINING, 0.0)
     move = min(max(0.0, incident_s) - have, train)  # > 0: from training to incident
@@ -332,30 +347,30 @@ def with_incidents(gp: Mapping[str, Any], incident_s: float) -> dict[str, Any]:
         return out
     parts[INCIDENT], parts[TRAINING] = have + move, train - move
     wall = gp["wall_s"]
-    out.update(parts_s=parts, ratio=parts[TRAINING] / wall if wall > 0 else None)
+    out["parts_s"], out["ratio"] = parts, parts[TRAINING] / wall if wall > 0 else None
     return out
 
 
-def with_stall(gp: Mapping[str, Any], stalled_s: float) -> dict[str, Any]:
+def with_stall(gp: GoodputJSON, stalled_s: float) -> GoodputJSON:
     """A goodput JSON (``Goodput.to_json``) of a job that has not stepped for ``stalled_s`` while its
     processes hold their GPUs: that time added as stall, to the parts and the wall alike."""
-    out: dict[str, Any] = dict(gp)
+    out = gp.copy()
     if stalled_s <= 0:
         return out
     parts = {**gp["parts_s"], STALL: gp["parts_s"].get(STALL, 0.0) + stalled_s}
     wall = gp["wall_s"] + stalled_s
-    out.update(parts_s=parts, wall_s=wall, end_time=gp["end_time"] + stalled_s,
-               ratio=parts.get(TRAINING, 0.0) / wall if wall > 0 else None)
+    out["parts_s"], out["wall_s"], out["end_time"] = parts, wall, gp["end_time"] + stalled_s
+    out["ratio"] = parts.get(TRAINING, 0.0) / wall if wall > 0 else None
     return out
 
 
-def metric_rows(job: str, gp: Mapping[str, Any], ratio_name: str, time_name: str
+def metric_rows(job: str, gp: GoodputJSON, ratio_name: str, time_name: str
                 ) -> list[tuple[dict[str, str], str, float]]:
     """/metrics rows of a goodput JSON: the ratio and the seconds of every kind (0 included: a kind
     that took no time is a fact, and Prometheus rates need the series before it grows)."""
     rows: list[tuple[dict[str, str], str, float]] = []
-    if gp.get("ratio") is not None:
-        rows.append(({"job_name": job}, ratio_name, float(gp["ratio"])))
+    if (ratio := gp.get("ratio")) is not None:
+        rows.append(({"job_name": job}, ratio_name, float(ratio)))
     for kind in KINDS:
         rows.append(({"job_name": job, "kind": kind}, time_name, float(gp["parts_s"].get(kind, 0.0))))
     return rows
