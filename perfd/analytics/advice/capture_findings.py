@@ -50,7 +50,7 @@ class CaptureDiagnosis:
     budgets: dict[int, StepBudget] = field(default_factory=dict)  # device -> its step budget
     class_shares: dict[str, float] = field(default_factory=dict)  # of the device that decided
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"findings": [f.to_json() for f in self.findings],
                 "recommendations": [dataclasses.asdict(r) for r in self.recommendations],
                 "bottleneck": self.bottleneck.value, "bottleneck_reason": self.bottleneck_reason,

@@ -105,7 +105,7 @@ class Vote:
     numbers: dict[str, float] = field(default_factory=dict)
     detail: str = ""  # where the source's data came from (a capture id, "GPM while stepping", ...)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "source": self.source.value,
             "class": str(self.cls),

@@ -142,7 +142,7 @@ class KernelRow:
     theoretical_occupancy: float | None = None
     occupancy_limiter: str | None = None  # registers, shared_mem, barriers: what caps its occupancy
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {k: (v.value if isinstance(v, TextEnum) else list(v) if isinstance(v, tuple) else v)
                 for k, v in self.__dict__.items()}
 

@@ -106,7 +106,7 @@ class Incident:
             return None
         return self.end_time - self.start_time
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"id": self.id, "first_iteration": self.first_iteration, "last_iteration": self.last_iteration,
                 "kinds": list(self.kinds), "ranks": list(self.ranks), "n_iterations": self.n_iterations,
                 "cost_s": self.cost_s, "steady_step_ms": self.steady_step_ms,

@@ -160,7 +160,7 @@ class Evidence:
     def ident(self) -> tuple[EvidenceKind, int | None, str]:
         return self.kind, self.rank, self.key
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"kind": self.kind.value, "rank": self.rank, "key": self.key, "worst": self.worst,
                 "first_seen": self.first_seen, "last_seen": self.last_seen, "n": self.n,
                 "tier": int(self.spec.tier), "detail": dict(self.detail)}
@@ -230,7 +230,7 @@ class Verdict:
     also: tuple[Evidence, ...] = ()  # other evidence present, in causal order
     missing: tuple[Missing, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"cause": self.cause.value if self.cause else None, "rank": self.rank,
                 "tier": int(self.lead.spec.tier) if self.lead else None,
                 "lead": self.lead.to_json() if self.lead else None,

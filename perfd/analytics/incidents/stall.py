@@ -108,7 +108,7 @@ class StallCheck:
     ranks: tuple[RankSeen, ...] = field(default=())
     capture: str | None = None  # HELD by this capture of perfd's (its id), still running
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"status": self.status.value, "silent_s": self.silent_s, "limit_s": self.limit_s,
                 "capture": self.capture,
                 "cadence_s": self.cadence_s, "reasons": [r.value for r in self.reasons],
@@ -151,7 +151,7 @@ class StallSeen:
     closed_at: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {**self.check.to_json(), "opened_at": self.opened_at, "closed_at": self.closed_at,
                 **self.extra}
 

@@ -138,7 +138,7 @@ class JoinedKernel:
             return None
         return self.captured_ms / self.timeline_steps
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {**self.kernel.to_json(), "category": self.category, "match": self.match.value,
                 "timeline_name": self.timeline_name, "captured_ms": self.captured_ms,
                 "captured_share": self.captured_share, "candidates": self.candidates,
@@ -165,7 +165,7 @@ class CategorySummary:
     top_stall: str | None  # the stall with the most weighted cycles
     part: str | None = None  # the budget part its launches' op is in (rows joined launch by launch)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["bound"] = self.bound.value if self.bound is not None else None
         out["bound_ms"] = dict(self.bound_ms)

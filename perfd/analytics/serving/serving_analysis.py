@@ -90,7 +90,7 @@ class ServingSummary:
                 out[name] = float(v)
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         vals = {k: {"value": (mv.value if mv.value is None or math.isfinite(mv.value) else None),
                     "source": str(mv.source) if mv.source else None, "reason": mv.reason}
                 for k, mv in self.values.items()}

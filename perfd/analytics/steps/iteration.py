@@ -83,5 +83,5 @@ class IterationResult:
     # numbers and log line: ~3 KB of text an iteration)
     sources: dict[str, str] = field(default_factory=dict, metadata={PACKED: True})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {k: json_value(v) for k, v in dataclasses.asdict(self).items()}
