@@ -24,10 +24,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from perfd.analytics.breakdown import kernels as kernels_mod
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel, effective_bound
+from perfd.typed import objs
 
 _OPEN, _CLOSE = "<([{", ">)]}"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -172,12 +172,10 @@ class CategorySummary:
         return out
 
 
-def timeline_kernels(device: Mapping[str, Any]) -> list[TimelineKernel]:
+def timeline_kernels(device: Mapping[str, object]) -> list[TimelineKernel]:
     """The ``top_kernels`` of one device of a capture analysis (JSON), typed; malformed rows skipped."""
     out = []
-    for row in device.get("top_kernels") or []:
-        if not isinstance(row, Mapping):
-            continue
+    for row in objs(device.get("top_kernels")):
         name, ms, share = row.get("name"), row.get("total_ms"), row.get("share")
         if isinstance(name, str) and isinstance(ms, int | float) and isinstance(share, int | float):
             count = row.get("count")

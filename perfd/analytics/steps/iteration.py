@@ -13,7 +13,7 @@ from typing import Any
 from perfd.analytics.steps.iteration_table import PACKED
 
 
-def json_value(v: Any) -> Any:
+def json_value(v: object) -> object:
     """Plain JSON values; non-finite floats become None (JSON has no NaN)."""
     if isinstance(v, float):
         return v if math.isfinite(v) else None
