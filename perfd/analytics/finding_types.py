@@ -49,7 +49,7 @@ class Finding:
     # Kept in the process, not in the JSON (to_json): a finding's JSON is the same whoever made it.
     origin: FindingOrigin = field(default=FindingOrigin.RUN, metadata={"json": False})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The finding's JSON: every field but those kept in the process."""
         d = dataclasses.asdict(self)
         for f in dataclasses.fields(self):
