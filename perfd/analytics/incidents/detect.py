@@ -517,7 +517,7 @@ def hang_incident(hang: HangView, last_iteration: int | None, now: float) -> Inc
 
 def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int, started_at: float | None,
                    opened_at: float, closed_at: float | None, single_rank: bool = False,
-                   extra: Mapping[str, Any] | None = None, cpu_only: bool = False) -> Incident:
+                   extra: Mapping[str, object] | None = None, cpu_only: bool = False) -> Incident:
     """The incident of a live stall (perfd.analytics.incidents.stall): the iterations the job was on when it
     stopped (while open, the one record after its last, ``last_iteration`` covering a log interval;
     once closed, up to the newest the records that ended it reached: steps done before the stop can

@@ -149,7 +149,7 @@ class StallSeen:
     check: StallCheck
     opened_at: float
     closed_at: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, object] = field(default_factory=dict)  # what the aggregator gathered (stacks, ...)
 
     def to_json(self) -> dict[str, object]:
         return {**self.check.to_json(), "opened_at": self.opened_at, "closed_at": self.closed_at,
