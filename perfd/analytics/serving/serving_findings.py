@@ -61,7 +61,8 @@ def _window(s: ServingSummary, server: ServerInfo | None) -> _Window:
     chunk = server.chunked_prefill_size if server else None
     if chunk is None and server is not None:
         chunk = server.arg_int("chunked_prefill_size")
-    return _Window(s, src, s.extras.get("window", ""), chunk,
+    span = s.extras.get("window")  # the records' span (serving_analysis._span_text)
+    return _Window(s, src, span if isinstance(span, str) else "", chunk,
                    server.arg_str("schedule_policy") if server else None,
                    server.max_running_requests if server else None)
 
