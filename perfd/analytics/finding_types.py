@@ -55,7 +55,7 @@ class Finding:
         """Back from :meth:`to_json` (a kept record; what the process kept alone takes its default)."""
         return cls(**{**d, "severity": Severity(d["severity"])})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The finding's JSON: every field but those kept in the process."""
         d = dataclasses.asdict(self)
         for f in dataclasses.fields(self):

@@ -34,7 +34,7 @@ import re
 import statistics
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict
+from typing import Literal, TypedDict, TypeVar
 
 from perfd.analytics.breakdown.ncu_kernels import NcuKernel, StallReason, classify
 from perfd.analytics.ncu.launches import NcuLaunch, dim3
@@ -138,10 +138,10 @@ class NcuReport:
         """The profiled launches in ID order (ncu numbers them as it profiles them)."""
         return tuple(NcuLaunch(lc.id, lc.name, dim3(lc.grid), dim3(lc.block)) for lc in self.parsed)
 
-    def regroup(self, key: Callable[[int], Hashable]) -> list[tuple[Hashable, NcuKernel]]:
+    def regroup(self, key: Callable[[int], K]) -> list[tuple[K, NcuKernel]]:
         """The kernels grouped by name, grid, block and ``key(launch ID)`` (the op each launch was, where
         the timeline says it), each with its key, in the order of their first launch."""
-        groups: dict[tuple[Hashable, ...], list[_Launch]] = {}
+        groups: dict[tuple[str, str | None, str | None, K], list[_Launch]] = {}
         for lc in self.parsed:
             groups.setdefault((lc.name, lc.grid, lc.block, key(lc.id)), []).append(lc)
         problems: list[str] = []
@@ -166,6 +166,9 @@ class NcuReport:
 
 
 # --- parsing -----------------------------------------------------------------------------------
+K = TypeVar("K", bound=Hashable)  # what regroup splits a kernel's launches by
+
+
 @dataclass
 class _Launch:
     id: int

@@ -50,7 +50,7 @@ class CaptureDiagnosis:
     budgets: dict[int, StepBudget] = field(default_factory=dict)  # device -> its step budget
     class_shares: dict[str, float] = field(default_factory=dict)  # of the device that decided
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"findings": [f.to_json() for f in self.findings],
                 "recommendations": [dataclasses.asdict(r) for r in self.recommendations],
                 "bottleneck": self.bottleneck.value, "bottleneck_reason": self.bottleneck_reason,
@@ -83,12 +83,12 @@ def steady_compute_ms(records: Sequence[StepRecord], steady: Iterable[int], rank
     return statistics.median(vals) if vals else None
 
 
-def _num(d: Mapping[str, Any], key: str) -> float | None:
+def _num(d: Mapping[str, object], key: str) -> float | None:
     v = d.get(key)
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _slower(out: CaptureDiagnosis, d: int, dev: Mapping[str, Any], label: str, iterations: int | None,
+def _slower(out: CaptureDiagnosis, d: int, dev: Mapping[str, object], label: str, iterations: int | None,
             steady_ms: float | None) -> None:
     compute = _num(dev, "compute_ms")
     if not (iterations and steady_ms and compute):

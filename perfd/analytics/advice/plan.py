@@ -63,7 +63,7 @@ class Link:
     target: str  # a RemedyId value, or a package for REQUIRES
     shared_ms: tuple[float, float] | None = None  # OVERLAPS / REPLACES: the gain they share, counted once
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "relation": self.relation.value,
             "target": self.target,
@@ -77,7 +77,7 @@ class Prerequisite:
     presence: Presence
     note: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"package": self.package, "presence": self.presence.value, "note": self.note}
 
 
@@ -97,7 +97,7 @@ class PlanItem:
     removes: tuple[Removal, ...] = ()  # what its gain is made of: a set of items is combined from them
     replay: Change | None = None  # the replay's change its gain was read from (Advice.replay)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "remedy": self.remedy,
             "action": self.action,
@@ -155,7 +155,7 @@ class PlanStage:
     total_ms: tuple[float, float]
     install: tuple[str, ...] = ()  # packages (any one of them, where several)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "effort": self.effort.value,
             "items": list(self.items),
@@ -191,7 +191,7 @@ class Plan:
         want = set(remedies)
         return combined([i for i in self.items if i.remedy in want], self.spread_ms, self.replay)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "step_ms": self.step_ms,
             "items": [i.to_json() for i in self.items],
@@ -201,7 +201,7 @@ class Plan:
         }
 
     @staticmethod
-    def from_json(d: Any) -> Plan | None:
+    def from_json(d: object) -> Plan | None:
         if not isinstance(d, Mapping):
             return None
         try:

@@ -17,7 +17,6 @@ import bisect
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.analytics.breakdown.replay_table import Change, ReplayTable
 
@@ -45,12 +44,12 @@ class ReplayGains:
     def of(self, changes: Iterable[Change]) -> tuple[float, float] | None:
         return self.gains.get(ReplayTable.key(changes))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"clock_ms": self.clock_ms, "scale": self.scale, "scales": list(self.scales),
                 "gains": {k: list(v) for k, v in self.gains.items()}, "traced_ms": self.traced_ms}
 
     @staticmethod
-    def from_json(d: Any) -> ReplayGains | None:
+    def from_json(d: object) -> ReplayGains | None:
         if not isinstance(d, Mapping):
             return None
         try:

@@ -9,10 +9,13 @@ collector's readings can feed it directly. Otherwise the class is "unknown", wit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.common import TextEnum
+
+if TYPE_CHECKING:  # diagnosis imports this module
+    from perfd.analytics.breakdown.diagnosis import Vote
 
 
 class BottleneckClass(TextEnum):
@@ -72,7 +75,7 @@ class Bottleneck:
     reason: str
     evidence: dict[str, float] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)  # evidence key -> where it comes from
-    votes: tuple[Any, ...] = ()  # perfd.analytics.breakdown.diagnosis.Vote: each source's class and numbers
+    votes: tuple[Vote, ...] = ()  # each source's class and numbers
     winner: str | None = None  # the source whose vote decided
     why: str = ""  # why that source decided
 

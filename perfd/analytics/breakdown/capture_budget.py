@@ -33,7 +33,7 @@ from perfd.analytics.breakdown.step_parts import Part
 _IDLE = (Part.IDLE_SYNC, Part.IDLE_SHORT, Part.IDLE_LONG, Part.DATA)
 
 
-def _num(d: Mapping[str, Any], key: str) -> float | None:
+def _num(d: Mapping[str, object], key: str) -> float | None:
     v = d.get(key)
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Severity
 from perfd.analytics.steps.gpus import GPU_TABLE
 from perfd.model import JobInfo
+from perfd.typed import obj
 
 # The id of the finding that reads a capture's extra step time as the profiler's cost
 # (perfd.analytics.advice.budget_findings.capture_cost): a capture whose steps are not the job's
@@ -71,7 +71,7 @@ class Evidence:
     unit: str
     extra: Mapping[str, float] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"check": self.check.value, "matches": self.matches, "capture": self.capture, "job": self.job,
                 "unit": self.unit, "extra": dict(self.extra)}
 
@@ -100,22 +100,28 @@ class CaptureMatch:
     def checked(self) -> tuple[Check, ...]:
         return tuple(e.check for e in self.evidence)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"capture": self.capture, "matches": self.matches, "refused": self.refused,
                 "evidence": [e.to_json() for e in self.evidence]}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> CaptureMatch | None:
+    def from_json(cls, d: Mapping[str, object]) -> CaptureMatch | None:
         """A match read back (a capture record's ``match``); None when it is not one."""
-        try:
-            ev = tuple(Evidence(Check(e["check"]), bool(e["matches"]), _num(e.get("capture")),
-                                _num(e.get("job")), str(e.get("unit") or ""),
-                                {str(k): float(v) for k, v in (e.get("extra") or {}).items()
-                                 if _num(v) is not None})
-                       for e in d.get("evidence") or [])
-            return cls(str(d.get("capture") or ""), ev)
-        except (KeyError, ValueError, TypeError, AttributeError):
+        evs = d.get("evidence") or []
+        if not isinstance(evs, (list, tuple)):
             return None
+        ev: list[Evidence] = []
+        for e in evs:
+            extra = e.get("extra") or {} if isinstance(e, Mapping) else None
+            if not isinstance(e, Mapping) or not isinstance(extra, Mapping):
+                return None
+            try:
+                ev.append(Evidence(Check(e["check"]), bool(e["matches"]), _num(e.get("capture")),
+                                   _num(e.get("job")), str(e.get("unit") or ""),
+                                   {str(k): x for k, v in extra.items() if (x := _num(v)) is not None}))
+            except (KeyError, ValueError):
+                return None
+        return cls(str(d.get("capture") or ""), tuple(ev))
 
 
 @dataclass(frozen=True)
@@ -133,11 +139,11 @@ class JobFacts:
     peak_tflops: float | None
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
 
 
-def job_facts(job: JobInfo, medians: Mapping[str, Any], peak_tflops: float | None,
+def job_facts(job: JobInfo, medians: Mapping[str, object], peak_tflops: float | None,
               world: int | None = None) -> JobFacts:
     """The job's side from its start-up facts and its steady medians (``step_time_ms``,
     ``model_tflops_per_gpu``)."""
@@ -155,14 +161,14 @@ def job_facts(job: JobInfo, medians: Mapping[str, Any], peak_tflops: float | Non
     return JobFacts(world or lay.world_size, lay.pp, lay.ep, lay.cp, rows, step, flops, peak_tflops)
 
 
-def _devices(devices: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _devices(devices: Sequence[object]) -> list[Mapping[str, object]]:
     return [d for d in devices if isinstance(d, Mapping)]
 
 
-def _tokens(devs: Sequence[Mapping[str, Any]], facts: JobFacts) -> Evidence | None:
+def _tokens(devs: Sequence[Mapping[str, object]], facts: JobFacts) -> Evidence | None:
     rows: dict[int, int] = {}
     for d in devs:
-        for r, n in (d.get("norm_rows") or {}).items():
+        for r, n in obj(d.get("norm_rows")).items():
             if str(r).isdigit() and isinstance(n, int):
                 rows[int(r)] = rows.get(int(r), 0) + n
     if not rows or facts.rows is None:
@@ -172,7 +178,7 @@ def _tokens(devs: Sequence[Mapping[str, Any]], facts: JobFacts) -> Evidence | No
     return Evidence(Check.TOKENS, facts.rows in rows, float(top), float(facts.rows), "rows", counts)
 
 
-def _pipeline(devs: Sequence[Mapping[str, Any]], facts: JobFacts) -> Evidence | None:
+def _pipeline(devs: Sequence[Mapping[str, object]], facts: JobFacts) -> Evidence | None:
     if facts.pp is None or not devs:
         return None
     sendrecv = sum(_num(d.get("sendrecv_ms")) or 0.0 for d in devs)
@@ -183,14 +189,14 @@ def _pipeline(devs: Sequence[Mapping[str, Any]], facts: JobFacts) -> Evidence | 
     return Evidence(Check.PIPELINE, sendrecv == 0, sendrecv, float(facts.pp), "ms of SendRecv")
 
 
-def _collectives(devs: Sequence[Mapping[str, Any]], facts: JobFacts) -> Evidence | None:
+def _collectives(devs: Sequence[Mapping[str, object]], facts: JobFacts) -> Evidence | None:
     if not facts.world or facts.world <= 1 or not devs:
         return None
     comm = sum(_num(d.get("comm_ms")) or 0.0 for d in devs)
     return Evidence(Check.COLLECTIVES, comm > 0, comm, float(facts.world), "ms of NCCL")
 
 
-def _steps_held(d: Mapping[str, Any], asked: float | None, step_ms: float) -> float | None:
+def _steps_held(d: Mapping[str, object], asked: float | None, step_ms: float) -> float | None:
     """Whole steps the device's capture holds: those it marks or asked for, else the whole steps its span
     could hold at the job's steady step (None: under one)."""
     marked = d.get("trace_steps")
@@ -203,7 +209,7 @@ def _steps_held(d: Mapping[str, Any], asked: float | None, step_ms: float) -> fl
     return float(n) if n >= 1 else None
 
 
-def _flops(devs: Sequence[Mapping[str, Any]], facts: JobFacts, asked: float | None) -> Evidence | None:
+def _flops(devs: Sequence[Mapping[str, object]], facts: JobFacts, asked: float | None) -> Evidence | None:
     if not facts.flops_per_step or not facts.step_ms or not devs:
         return None
     peak = facts.peak_tflops or MAX_PEAK_TFLOPS
@@ -222,7 +228,7 @@ def _flops(devs: Sequence[Mapping[str, Any]], facts: JobFacts, asked: float | No
     return best
 
 
-def _step(devs: Sequence[Mapping[str, Any]], facts: JobFacts, asked: float | None) -> Evidence | None:
+def _step(devs: Sequence[Mapping[str, object]], facts: JobFacts, asked: float | None) -> Evidence | None:
     if not facts.step_ms or not devs:
         return None
     d = max(devs, key=lambda x: _num(x.get("span_ms")) or 0.0)
@@ -237,7 +243,7 @@ def _step(devs: Sequence[Mapping[str, Any]], facts: JobFacts, asked: float | Non
     return Evidence(Check.STEP_TIME, ok, step, facts.step_ms, "ms per step", {"ratio": ratio, "steps": n})
 
 
-def check(capture: str, devices: Sequence[Mapping[str, Any]], facts: JobFacts,
+def check(capture: str, devices: Sequence[Mapping[str, object]], facts: JobFacts,
           steps: float | None = None) -> CaptureMatch:
     """Every check the inputs allow of a capture's devices (perfd.capture.analysis device JSON) against
     the job; ``steps``: the steps the capture asked for (None: as its trace marks them, if it does)."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import bottleneck as bn
@@ -57,18 +56,18 @@ class TimelineClass:
     cls: BottleneckClass
     reason: str
     source: str  # e.g. "capture c2026... (kineto, rank 1)"
-    device: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    device: Mapping[str, object] | None = field(default=None, compare=False, hash=False)
     iterations: int | None = None
     capture_id: str = ""  # compared instead of the device: one capture, one breakdown
     # An Nsight Compute capture of the job: its per-category summaries (perfd.analytics.ncu.join
     # CategorySummary JSON), detail of the budget's parts; compared by its capture id
-    ncu: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, hash=False)
+    ncu: tuple[Mapping[str, object], ...] = field(default=(), compare=False, hash=False)
     ncu_id: str = ""
     # ... and its joined kernel rows (JoinedKernel JSON): each part's top kernels
-    ncu_kernels: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, hash=False)
+    ncu_kernels: tuple[Mapping[str, object], ...] = field(default=(), compare=False, hash=False)
     # Every device of the capture (the checks of perfd.analytics.breakdown.capture_match read them all:
     # one stage's SendRecv may be on another device of an nsys capture); () : ``device`` alone
-    devices: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, hash=False)
+    devices: tuple[Mapping[str, object], ...] = field(default=(), compare=False, hash=False)
     forced: bool = False  # read against the job even where capture_match says it is another job's
 
 
@@ -105,7 +104,7 @@ class Vote:
     numbers: dict[str, float] = field(default_factory=dict)
     detail: str = ""  # where the source's data came from (a capture id, "GPM while stepping", ...)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "source": self.source.value,
             "class": str(self.cls),

@@ -34,6 +34,7 @@ from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel, occupancy_capped
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
+from perfd.typed import objs
 
 NCU_KERNEL_ROWS = 3  # the top profiled kernels each budget part carries (and the report shows)
 _POINTWISE = (kc.ELEMENTWISE, kc.NORMALIZATION, kc.REDUCTION, kc.OTHER)
@@ -52,7 +53,7 @@ class RowVerdict(TextEnum):
 _GEMM_PARTS = (Part.LINEAR.value, Part.GEMM.value, Part.COMPUTE.value)
 
 
-def verdict_of(category: str, c: Mapping[str, Any], part: str | None = None,
+def verdict_of(category: str, c: Mapping[str, object], part: str | None = None,
                of_ceiling: float | None = None) -> RowVerdict | None:
     """The verdict of one category summary (None: its figures call for none of the four). ``part``: the
     budget part its kernels are in, where known; ``of_ceiling``: that part's FLOP rate against the
@@ -141,7 +142,7 @@ class KernelRow:
     theoretical_occupancy: float | None = None
     occupancy_limiter: str | None = None  # registers, shared_mem, barriers: what caps its occupancy
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {k: (v.value if isinstance(v, TextEnum) else list(v) if isinstance(v, tuple) else v)
                 for k, v in self.__dict__.items()}
 
@@ -173,7 +174,7 @@ class KernelRow:
             return None
 
 
-def figure(d: Mapping[str, Any], key: str) -> float | None:
+def figure(d: Mapping[str, object], key: str) -> float | None:
     """A numeric figure of an ncu row or category summary (JSON), None where absent or not a number."""
     v = d.get(key)
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
@@ -204,7 +205,7 @@ def reading(category: str, bound: KernelBound | None, compute: float | None, mem
     return None
 
 
-def _weighted(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+def _weighted(rows: Sequence[Mapping[str, object]], key: str) -> float | None:
     """The mean of ``key`` over ``rows`` weighted by profiled time; with no weights, the plain mean of
     the rows that have it; None where no row has it."""
     got = [(v, _profiled(r)) for r in rows if (v := figure(r, key)) is not None]
@@ -218,31 +219,31 @@ def _weighted(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
     return sum(v for v, _ in got) / len(got)
 
 
-def _profiled(r: Mapping[str, Any]) -> float | None:
+def _profiled(r: Mapping[str, object]) -> float | None:
     d, n = figure(r, "duration_ms"), figure(r, "invocations")
     return d * n if d is not None and n is not None else None
 
 
-def _stall(rows: Sequence[Mapping[str, Any]]) -> tuple[str | None, float | None]:
+def _stall(rows: Sequence[Mapping[str, object]]) -> tuple[str | None, float | None]:
     """The stall with the most cycles weighted by profiled time, and its share (of the row that has
     the most of it: shares of different kernels do not add)."""
     cycles: dict[str, float] = {}
     share: dict[str, float] = {}
     for r in rows:
         w = _profiled(r) or 1.0
-        for s in r.get("stalls") or []:
-            c = figure(s, "cycles") if isinstance(s, Mapping) else None
-            if c is not None and isinstance(s.get("reason"), str):
-                cycles[s["reason"]] = cycles.get(s["reason"], 0.0) + c * w
+        for s in objs(r.get("stalls")):
+            c, reason = figure(s, "cycles"), s.get("reason")
+            if c is not None and isinstance(reason, str):
+                cycles[reason] = cycles.get(reason, 0.0) + c * w
                 if (sh := figure(s, "share")) is not None:
-                    share[s["reason"]] = max(share.get(s["reason"], 0.0), sh)
+                    share[reason] = max(share.get(reason, 0.0), sh)
     if not cycles:
         return None, None
     top = max(cycles, key=lambda k: cycles[k])
     return top, share.get(top)
 
 
-def _bound(rows: Sequence[Mapping[str, Any]]) -> KernelBound | None:
+def _bound(rows: Sequence[Mapping[str, object]]) -> KernelBound | None:
     by: dict[KernelBound, float] = {}
     for r in rows:
         try:
@@ -253,7 +254,7 @@ def _bound(rows: Sequence[Mapping[str, Any]]) -> KernelBound | None:
     return max(by, key=lambda b: by[b]) if by else None
 
 
-def _row(rows: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str,
+def _row(rows: Sequence[Mapping[str, object]], part_ms: float | None, capture: str,
          of_ceiling: float | None = None) -> KernelRow:
     first = rows[0]
     try:
@@ -297,8 +298,12 @@ def _row(rows: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str,
         timeline=str(joined_to) if joined_to else None, capture=capture,
         spans_parts=share is not None and share > 1.0,
         phase=str(first["phase"]) if first.get("phase") else None,
-        layers=tuple(sorted({int(x) for r in rows for x in r.get("layers") or () if isinstance(x, int)})),
+        layers=tuple(sorted({int(x) for r in rows for x in _seq(r.get("layers")) if isinstance(x, int)})),
         op=str(first.get("op") or ""), theoretical_occupancy=theo, occupancy_limiter=limiter)
+
+
+def _seq(v: object) -> Sequence[object]:
+    return v if isinstance(v, (list, tuple)) else ()
 
 
 def _order(r: KernelRow) -> tuple[int, float]:
@@ -311,13 +316,13 @@ def _order(r: KernelRow) -> tuple[int, float]:
     return 2, -(r.profiled_ms or 0.0)
 
 
-def kernel_rows(kernels: Sequence[Mapping[str, Any]], part_ms: float | None, capture: str = "",
+def kernel_rows(kernels: Sequence[Mapping[str, object]], part_ms: float | None, capture: str = "",
                 n: int = NCU_KERNEL_ROWS, of_ceiling: float | None = None) -> list[KernelRow]:
     """The top ``n`` rows of one part's ncu kernels (JoinedKernel JSON, each with ``joined_to``: the
     timeline's capture id, where there was one), the ncu rows of one timeline kernel (of one op and
     pass, where joined launch by launch) merged. ``of_ceiling``: the part's measured FLOP rate against
     the matmul ceiling (a GEMM verdict never contradicts it)."""
-    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[object, ...], list[Mapping[str, object]]] = {}
     for k in kernels:
         if not isinstance(k, Mapping) or not isinstance(k.get("name"), str):
             continue

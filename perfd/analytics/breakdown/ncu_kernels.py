@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.analytics import thresholds as th
 
@@ -72,8 +71,8 @@ class NcuKernel:
         """Time of all its profiled launches (under ncu's clock control)."""
         return None if self.duration_ms is None else self.duration_ms * self.invocations
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "grid": self.grid, "block": self.block,
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"name": self.name, "grid": self.grid, "block": self.block,
                                "invocations": self.invocations, "ids": list(self.ids)}
         for f in dataclasses.fields(self):
             if f.metadata.get("measured"):

@@ -52,7 +52,7 @@ class ReplayTable:
     def key(changes: Iterable[Change]) -> str:
         return "+".join(sorted(c.value for c in changes))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         def row(xs: Iterable[float]) -> list[float]:
             return [round(x, 3) for x in xs]  # µs: far below any gain the table is read for
 

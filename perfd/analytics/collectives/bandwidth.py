@@ -15,7 +15,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from perfd.analytics.collectives.collective_config import FR, INSPECTOR, CollectiveConfig
 from perfd.analytics.collectives.groups import CREDIBLE_BUSBW_FACTOR, LinkChoice, link_for_group
@@ -40,7 +39,7 @@ class GroupBandwidth:
     def ratio(self) -> float | None:
         return self.median_busbw_gbs / self.capability_gbs if self.capability_gbs else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"group": self.group, "scope": self.scope, "link": self.link,
                 "capability_gbs": self.capability_gbs, "n_ops": self.n_ops,
                 "median_busbw_gbs": self.median_busbw_gbs, "max_busbw_gbs": self.max_busbw_gbs,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from perfd.analytics.collectives.bandwidth import GroupBandwidth, group_bandwidth
 from perfd.analytics.collectives.collective_config import FR, CollectiveConfig
@@ -58,7 +58,7 @@ class IterationComm:
     by_group: dict[str, float]  # group class -> median over ranks
     excluded: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"iteration": self.iteration, "n_iterations": self.n_iterations, "window_ms": self.window_ms,
                 "share": self.share,
                 "share_by_rank": {str(r): v for r, v in sorted(self.share_by_rank.items())},
@@ -85,11 +85,18 @@ class RankWait:
         e = self.expected_last / self.decisive
         return share >= min(0.9, max(2 * e, e + 0.3))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"rank": self.rank, "ops": self.ops, "decisive": self.decisive, "last": self.last,
                 "last_share": self.last_share,
                 "expected_last_share": self.expected_last / self.decisive if self.decisive else None,
                 "mean_wait_imposed_ms": self.wait_imposed_ms / self.last if self.last else None}
+
+
+# One process group as the analysis lists it: its name, description and ranks as the records give
+# them, its class (tp, dp, ... : perfd.analytics.collectives.groups.classify_group) and how that was
+# decided, and its records and ops counted.
+GroupInfo = TypedDict("GroupInfo", {"name": str | None, "desc": str | None, "ranks": list[int] | None,
+                                    "class": str, "how": str, "records": int, "ops": dict[str, int]})
 
 
 @dataclass
@@ -100,7 +107,7 @@ class CollectiveAnalysis:
     timing: bool  # some Flight Recorder record carries a duration
     method: str  # "step_windows" | "observation_window" | "none"
     method_detail: str
-    groups: list[dict[str, Any]]
+    groups: list[GroupInfo]
     iterations: list[IterationComm]
     comm_total_share: float | None
     comm_share_by_rank: dict[int, float]
@@ -173,7 +180,7 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
         lists.distinct(), (r.rank for r in records))
     cls_cache: dict[tuple[int | None, str | None], tuple[str, str]] = {}
     cls: dict[int, str] = {}
-    groups: dict[tuple[str, int | None], dict[str, Any]] = {}
+    groups: dict[tuple[str, int | None], GroupInfo] = {}
     for r in records:
         ranks = lists.of(r)
         key = (id(ranks) if ranks else None, r.pg_desc)
@@ -356,8 +363,8 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def _findings(a: CollectiveAnalysis, groups: Mapping[Any, Mapping[str, Any]], nodes: Mapping[int, str],
-              cfg: CollectiveConfig) -> tuple[list[Finding], list[Recommendation]]:
+def _findings(a: CollectiveAnalysis, groups: Mapping[tuple[str, int | None], GroupInfo],
+              nodes: Mapping[int, str], cfg: CollectiveConfig) -> tuple[list[Finding], list[Recommendation]]:
     f: list[Finding] = []
     r: list[Recommendation] = []
     src = "collectors/nccl (Flight Recorder)"

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from perfd.collfold import Progress
 from perfd.hang_fact import HangEvent
@@ -61,7 +60,7 @@ class HangView:
         head += f"; {'resolved: ' + self.resolution if self.resolved else 'still active'}"
         return head + (f" [{self.user_frame}]" if self.user_frame else "")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "process_group": self.process_group, "op": self.op, "seq": self.seq, "is_p2p": self.is_p2p,
             "stuck_ranks": self.stuck_ranks, "ranks_not_joined": self.ranks_not_joined,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, causal_key
@@ -50,7 +50,7 @@ class GpuHint:
     node: str | None
     gpu: str | None
     items: list[Evidence] = field(default_factory=list)
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, float | list[str]] = field(default_factory=dict)
     placed: bool = True
 
     @property
@@ -62,13 +62,13 @@ class GpuHint:
                     "at its data loading or host instead"]
         return [sentence(e) for e in self.items]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"rank": self.rank, "node": self.node, "gpu": self.gpu, "placed": self.placed,
                 "observations": self.observations, "evidence": dict(self.evidence),
                 "items": [e.to_json() for e in self.items]}
 
 
-def place_ranks(processes: Mapping[GpuKey, Sequence[Mapping[str, Any]]],
+def place_ranks(processes: Mapping[GpuKey, Sequence[Mapping[str, object]]],
                 world_size: int | None = None, job: str | None = None) -> dict[int, RankPlacement]:
     """rank -> placement from the per-GPU process lists. Processes that declare another world size
     (with ``world_size`` given) or another job (``job`` given; PERFD_JOB in their environment) belong
@@ -98,8 +98,8 @@ def _is_int(v: object) -> TypeGuard[int]:
 
 
 def foreign_processes(placement: RankPlacement,
-                      procs: Sequence[Mapping[str, Any]],
-                      job_pids: Iterable[int]) -> list[Mapping[str, Any]]:
+                      procs: Sequence[Mapping[str, object]],
+                      job_pids: Iterable[int]) -> list[Mapping[str, object]]:
     """Processes on a rank's GPU that are not ranks of this job (a co-tenant, a stray notebook).
     ``job_pids`` as a set is used as it is: a caller asking for every rank passes one set, not a
     copy per rank (8,000 ranks: 8,000 copies of 8,000 pids per call)."""
@@ -115,7 +115,7 @@ def _median(values: Iterable[float | None]) -> float | None:
 def gpu_hints(candidates: Sequence[int], placements: Mapping[int, RankPlacement],
               gpu_values: Mapping[GpuKey, Mapping[str, float]],
               throttles: Mapping[GpuKey, Sequence[str]],
-              processes: Mapping[GpuKey, Sequence[Mapping[str, Any]]],
+              processes: Mapping[GpuKey, Sequence[Mapping[str, object]]],
               now: float | None = None) -> list[GpuHint]:
     """For each candidate (a straggler or slow rank), what its GPU shows against the job's other
     GPUs, as typed evidence seen at ``now``: another process, throttle reasons (hardware slowdown,
@@ -135,7 +135,7 @@ def gpu_hints(candidates: Sequence[int], placements: Mapping[int, RankPlacement]
         h = GpuHint(rank, pl.node, pl.gpu, evidence={"pid": pl.pid, **{
             k: vals[k] for k in HINT_SERIES if k in vals}})
 
-        def add(kind: EvidenceKind, worst: float | None, key_: str = "", **detail: Any) -> None:
+        def add(kind: EvidenceKind, worst: float | None, key_: str = "", **detail: object) -> None:
             h.items.append(Evidence(kind, h.rank, key_, worst, now, now, 1,  # noqa: B023 (called at once)
                                     {"node": h.node, "gpu": h.gpu, **detail}))  # noqa: B023
 

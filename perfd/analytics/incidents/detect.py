@@ -18,7 +18,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.collectives.collective_hangs import HangView
@@ -127,7 +127,7 @@ class Incident:
             return None
         return self.end_time - self.start_time
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"id": self.id, "first_iteration": self.first_iteration, "last_iteration": self.last_iteration,
                 "kinds": list(self.kinds), "ranks": list(self.ranks), "n_iterations": self.n_iterations,
                 "cost_s": self.cost_s, "steady_step_ms": self.steady_step_ms,
@@ -139,7 +139,7 @@ class Incident:
                 "capture_cost_s": self.capture_cost_s, "single_rank": self.single_rank,
                 "cpu_only": self.cpu_only, "duration_s": self.duration_s}
 
-    def evidence_json(self) -> dict[str, Any]:
+    def evidence_json(self) -> dict[str, object]:
         """The evidence as served (a stall's own has always opened with the stall)."""
         return self.evidence.to_json(stall_first=self.kinds == [STALL])
 
@@ -169,7 +169,7 @@ class Detection:
 
     incidents: list[Incident]
     disturbances: list[Incident]
-    jitter: dict[str, Any]
+    jitter: dict[str, float | None]  # n, iterations, cost_s, floor_s, worst_ratio
     reference_ms: float | None
 
 
@@ -538,7 +538,7 @@ def hang_incident(hang: HangView, last_iteration: int | None, now: float) -> Inc
 
 def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int, started_at: float | None,
                    opened_at: float, closed_at: float | None, single_rank: bool = False,
-                   extra: Mapping[str, Any] | None = None, cpu_only: bool = False) -> Incident:
+                   extra: Mapping[str, object] | None = None, cpu_only: bool = False) -> Incident:
     """The incident of a live stall (perfd.analytics.incidents.stall): the iterations the job was on when it
     stopped (while open, the one record after its last, ``last_iteration`` covering a log interval;
     once closed, up to the newest the records that ended it reached: steps done before the stop can

@@ -22,7 +22,7 @@ no I/O.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -160,7 +160,7 @@ class Evidence:
     def ident(self) -> tuple[EvidenceKind, int | None, str]:
         return self.kind, self.rank, self.key
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"kind": self.kind.value, "rank": self.rank, "key": self.key, "worst": self.worst,
                 "first_seen": self.first_seen, "last_seen": self.last_seen, "n": self.n,
                 "tier": int(self.spec.tier), "detail": dict(self.detail)}
@@ -176,7 +176,7 @@ class Evidence:
             return None
         rank = d.get("rank")
 
-        def num(v: Any) -> float | None:
+        def num(v: object) -> float | None:
             return (v if as_written else float(v)) if isinstance(v, (int, float)) else None
 
         return Evidence(kind, rank if isinstance(rank, int) else None, str(d.get("key") or ""),
@@ -193,7 +193,7 @@ def _worse(kind: EvidenceKind, a: float | None, b: float | None) -> bool:
     return b < a if KIND_SPECS[kind].worse == "min" else b > a
 
 
-def _opt(f: Any, a: float | None, b: float | None) -> float | None:
+def _opt(f: Callable[[list[float]], float], a: float | None, b: float | None) -> float | None:
     xs = [x for x in (a, b) if x is not None]
     return f(xs) if xs else None
 
@@ -230,7 +230,7 @@ class Verdict:
     also: tuple[Evidence, ...] = ()  # other evidence present, in causal order
     missing: tuple[Missing, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"cause": self.cause.value if self.cause else None, "rank": self.rank,
                 "tier": int(self.lead.spec.tier) if self.lead else None,
                 "lead": self.lead.to_json() if self.lead else None,

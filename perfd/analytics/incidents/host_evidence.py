@@ -15,17 +15,18 @@ from typing import Any
 
 from perfd import shared_thresholds as th
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind
+from perfd.typed import obj, objs
 
 K = EvidenceKind
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def foreign_others(obs: Mapping[str, Any]) -> list[dict[str, Any]]:
+def foreign_others(obs: Mapping[str, object]) -> list[dict[str, object]]:
     """The named processes on the rank's CPUs that are not the job's own, largest share first."""
-    others = [dict(o) for o in obs.get("others") or [] if isinstance(o, Mapping) and not o.get("own")]
+    others: list[dict[str, object]] = [dict(o) for o in objs(obs.get("others")) if not o.get("own")]
     return sorted(others, key=lambda o: -(_num(o.get("cpu_ratio")) or 0.0))
 
 
@@ -56,7 +57,7 @@ class CpuUse:
     # its exit its process shows no workers and no load: issue 52, "its 0 child process(es)").
     while_running: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"rank": self.rank, "room": self.room.value, "rank_cores": self.rank_cores,
                 "children_cores": self.children_cores, "children": self.children, "cpus": self.cpus,
                 "busy_ratio": self.busy_ratio, "quota_cores": self.quota_cores,
@@ -76,11 +77,11 @@ class CpuUse:
             return None
 
 
-def _int(v: Any) -> int | None:
+def _int(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def cpu_use(rank: int, obs: Mapping[str, Any]) -> CpuUse | None:
+def cpu_use(rank: int, obs: Mapping[str, object]) -> CpuUse | None:
     """What one observation of the rank's process says of its CPUs (None: it says nothing of them —
     nor does a process that is gone: no workers, no load). Full: the allowed CPUs busy past
     CPU_FULL_SHARE, or the process and its children using that share of the cgroup's quota, or the
@@ -105,7 +106,7 @@ def cpu_use(rank: int, obs: Mapping[str, Any]) -> CpuUse | None:
                   _num(obs.get("observed_at")))
 
 
-def job_cpu_use(observations: Mapping[int, Mapping[str, Any]], ranks: Iterable[int] | None = None
+def job_cpu_use(observations: Mapping[int, Mapping[str, object]], ranks: Iterable[int] | None = None
                 ) -> CpuUse | None:
     """The CPU use that decides a data-loading remedy for the job (or for ``ranks``): a rank whose
     CPUs are full if any (its loader cannot get more CPU), else the busiest rank with room."""
@@ -117,7 +118,7 @@ def job_cpu_use(observations: Mapping[int, Mapping[str, Any]], ranks: Iterable[i
     return max(got, key=lambda u: (u.room is CpuRoom.FULL, u.busy_ratio or 0.0, -u.rank))
 
 
-def oom_evidence(rank: int, before: int | None, obs: Mapping[str, Any]) -> Evidence | None:
+def oom_evidence(rank: int, before: int | None, obs: Mapping[str, object]) -> Evidence | None:
     """An OOM kill in the rank's cgroup during an incident: the cgroup's count rose since ``before``
     (its count when the incident opened), or the rank's process is gone and the count rose since the
     agent began following it (the kill that ended it may precede the incident's first sighting)."""
@@ -134,16 +135,16 @@ def oom_evidence(rank: int, before: int | None, obs: Mapping[str, Any]) -> Evide
                     {"pid": obs.get("pid"), "cgroup": obs.get("cgroup"), "oom_kills": kills})
 
 
-def host_items(rank: int, obs: Mapping[str, Any], node: str | None = None,
+def host_items(rank: int, obs: Mapping[str, object], node: str | None = None,
                swap_in_bytes_per_s: float | None = None) -> list[Evidence]:
     """What one observation of rank ``rank``'s process explains (OOM kills need the count when
     the incident opened: :func:`oom_evidence`). ``swap_in``: the node's swap-in rate at the time."""
     t = _num(obs.get("observed_at"))
     pid = obs.get("pid")
-    base: dict[str, Any] = {"pid": pid, "node": node}
+    base: dict[str, object] = {"pid": pid, "node": node}
     out: list[Evidence] = []
 
-    def add(kind: EvidenceKind, worst: float | None, first: float | None = None, **detail: Any) -> None:
+    def add(kind: EvidenceKind, worst: float | None, first: float | None = None, **detail: object) -> None:
         out.append(Evidence(kind, rank, "", worst, first if first is not None else t, t, 1,
                             {**base, **{k: v for k, v in detail.items() if v is not None}}))
 
@@ -169,7 +170,7 @@ def host_items(rank: int, obs: Mapping[str, Any], node: str | None = None,
             quota_cores=_num(obs.get("cpu_quota_cores")), wait_ratio=wait,
             throttled_s=_num(obs.get("throttled_s")))
     got = obs.get("pressure")
-    pressure: Mapping[str, Any] = got if isinstance(got, Mapping) else {}
+    pressure = obj(got)
     mem = _num(pressure.get("memory"))
     swapping = swap_in_bytes_per_s is not None and swap_in_bytes_per_s >= th.SWAP_IN_BYTES_PER_S.value
     if (mem is not None and mem >= th.MEMORY_PRESSURE_SHARE.value) or swapping:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from perfd.analytics.collectives.collective_hangs import HangView
 from perfd.analytics.incidents.evidence import Evidence
 from perfd.analytics.incidents.stall import StallSeen
 from perfd.analytics.steps.changepoint import ChangePoint
+from perfd.typed import objs
 
 
 class Withdrawal(str, enum.Enum):
@@ -29,6 +30,8 @@ class Withdrawal(str, enum.Enum):
     LATE_RECORDS = "late_records"  # the job's own clock shows no gap: its records came late
     NCU_ARMING = "ncu_arming"  # the armed rank's slower life: the arming's cost (perfd.analytics.run.arming)
 
+
+V = TypeVar("V")
 
 def as_kept(e: Evidence) -> Evidence:
     """The item with the numbers an incident keeps (JSON has one number type: a kept item reads its
@@ -41,9 +44,8 @@ def _float(v: float | None) -> float | None:
     return float(v) if v is not None else None
 
 
-def _evidence(xs: Any) -> tuple[Evidence, ...]:
-    return tuple(e for d in xs or []
-                 if isinstance(d, Mapping) and (e := Evidence.from_json(d, as_written=True)) is not None)
+def _evidence(xs: object) -> tuple[Evidence, ...]:
+    return tuple(e for d in objs(xs) if (e := Evidence.from_json(d, as_written=True)) is not None)
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class LevelShift:
     def ratio(self) -> float | None:
         return self.after_ms / self.before_ms if self.before_ms else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"iteration": self.iteration, "before_ms": self.before_ms, "after_ms": self.after_ms,
                 "ratio": self.ratio, "steps_after": self.steps_after, "new_normal_at": self.new_normal_at}
 
@@ -86,17 +88,18 @@ class RankSnapshot:
     gpu: str | None
     placed: bool
     observations: tuple[str, ...]  # the items' sentences when it was taken, for display
-    numbers: Mapping[str, Any]  # GpuHint.evidence: the pid and the values gpu_hints compared
+    numbers: Mapping[str, object]  # GpuHint.evidence: the pid and the values gpu_hints compared
     items: tuple[Evidence, ...]
     gpu_values: Mapping[str, float]
     throttle_reasons: tuple[str, ...]
     taken_at: float
-    host: Mapping[str, Any] | None = None
+    host: Mapping[str, object] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"rank": self.rank, "node": self.node, "gpu": self.gpu, "placed": self.placed,
-                               "observations": list(self.observations), "evidence": dict(self.numbers),
-                               "items": [e.to_json() for e in self.items]}
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "rank": self.rank, "node": self.node, "gpu": self.gpu, "placed": self.placed,
+            "observations": list(self.observations), "evidence": dict(self.numbers),
+            "items": [e.to_json() for e in self.items]}
         if self.host is not None:
             out["host"] = dict(self.host)
         out.update(gpu_values=dict(self.gpu_values), throttle_reasons=list(self.throttle_reasons),
@@ -138,12 +141,12 @@ class IncidentEvidence:
     xid_at_open: Mapping[int, float] | None = None  # each rank GPU's XID count when it opened
     oom_at_open: Mapping[int, int] | None = None  # each rank cgroup's OOM kills when it opened
 
-    def to_json(self, stall_first: bool = False) -> dict[str, Any]:
+    def to_json(self, stall_first: bool = False) -> dict[str, object]:
         """``stall_first``: the incident is the stall itself (its evidence has always opened with
         it); an incident that took a stall over got it last."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
 
-        def put(key: str, v: Any) -> None:
+        def put(key: str, v: object) -> None:
             if v is not None:
                 out[key] = v
 
@@ -214,5 +217,5 @@ def _hang(d: Mapping[str, Any]) -> HangView:
         user_frame=d.get("user_frame"), texts=list(d.get("agent_texts") or []))
 
 
-def _str_keys(m: Mapping[int, Any] | None) -> dict[str, Any] | None:
+def _str_keys(m: Mapping[int, V] | None) -> dict[str, V] | None:
     return {str(r): v for r, v in m.items()} if m is not None else None

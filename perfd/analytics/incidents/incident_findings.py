@@ -9,7 +9,7 @@ aggregator kept them (perfd/aggregator/incident_records.TrackedIncident); both a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity
 from perfd.analytics.incidents.detect import CAPTURE, HANG, CaptureDuring, Incident
@@ -33,7 +33,7 @@ class ReportedIncident(Protocol):
     @property
     def captures(self) -> Sequence[CaptureDuring]: ...
 
-    def to_json(self) -> dict[str, Any]: ...
+    def to_json(self) -> dict[str, object]: ...
 
 
 def incident_findings(incidents: Sequence[ReportedIncident], run_s: float | None,

@@ -108,7 +108,7 @@ class StallCheck:
     ranks: tuple[RankSeen, ...] = field(default=())
     capture: str | None = None  # HELD by this capture of perfd's (its id), still running
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"status": self.status.value, "silent_s": self.silent_s, "limit_s": self.limit_s,
                 "capture": self.capture,
                 "cadence_s": self.cadence_s, "reasons": [r.value for r in self.reasons],
@@ -135,7 +135,7 @@ class StallCheck:
             d.get("capture"))
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     """A number read back as it was written (an int stays one: the JSON served again is the same)."""
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -149,9 +149,9 @@ class StallSeen:
     check: StallCheck
     opened_at: float
     closed_at: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, object] = field(default_factory=dict)  # what the aggregator gathered (stacks, ...)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {**self.check.to_json(), "opened_at": self.opened_at, "closed_at": self.closed_at,
                 **self.extra}
 

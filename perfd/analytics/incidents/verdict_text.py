@@ -5,11 +5,12 @@ English. Nothing reads these sentences back: decisions are made on the typed val
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, StallReason, Verdict
 from perfd.analytics.incidents.host_evidence import CpuRoom, CpuUse
+from perfd.typed import objs
 
 # One action for slow data, whether an incident's verdict or the run's data share asks for it: the
 # report merges recommendations with the same action (perfd.analytics.run.run_findings.order_findings). Which
@@ -77,7 +78,7 @@ def _mhz(hz: float | None) -> str:
     return "n/a" if hz is None else f"{hz / 1e6:.0f} MHz"
 
 
-def _gib(b: Any) -> str:
+def _gib(b: object) -> str:
     return f"{float(b) / 2**30:.1f} GiB" if isinstance(b, (int, float)) else "GPU memory not visible"
 
 
@@ -198,9 +199,9 @@ def _comm(e: Evidence) -> str:
     ) + (f" (steady {base:.0%})" if isinstance(base, (int, float)) else "")
 
 
-def cpus_text(cpus: Any) -> str:
+def cpus_text(cpus: object) -> str:
     """``CPU 3``, ``CPUs 2–3``, ``CPUs 0, 2, 5`` (runs of consecutive CPUs as ranges)."""
-    xs = sorted({int(c) for c in cpus or [] if isinstance(c, int)})
+    xs = sorted({int(c) for c in (cpus if isinstance(cpus, Iterable) else ()) if isinstance(c, int)})
     if not xs:
         return "its CPUs"
     runs: list[list[int]] = []
@@ -213,7 +214,7 @@ def cpus_text(cpus: Any) -> str:
     return ("CPU " if len(xs) == 1 else "CPUs ") + ", ".join(parts[:6]) + (", …" if len(parts) > 6 else "")
 
 
-def _cmd(d: Mapping[str, Any]) -> str:
+def _cmd(d: Mapping[str, object]) -> str:
     cmd = " ".join(str(d.get("cmdline") or d.get("name") or "command line not visible").split())
     return cmd if len(cmd) <= CMDLINE_CHARS else cmd[: CMDLINE_CHARS - 1] + "…"
 
@@ -365,7 +366,7 @@ def cause_text(v: Verdict, slow: str, single_rank: bool = False, cpu_only: bool 
     return text
 
 
-def _host_action(v: Verdict, d: Mapping[str, Any]) -> str | None:
+def _host_action(v: Verdict, d: Mapping[str, object]) -> str | None:
     """The first thing to do when the rank's process or its host explains the incident."""
     pid = d.get("pid")
     who = f"rank {v.rank}'s process" + (f" (pid {pid})" if pid is not None else "")
@@ -378,7 +379,7 @@ def _host_action(v: Verdict, d: Mapping[str, Any]) -> str | None:
                 "output; give the job more host memory or use less (fewer data-loader workers, less "
                 "pinned memory), then restart it from its last checkpoint")
     if v.cause is K.CPU_CONTENTION:
-        others = [o for o in d.get("others") or [] if isinstance(o, Mapping)]
+        others = objs(d.get("others"))
         pids = ", ".join(str(o.get("pid")) for o in others[:4])
         return (f"Keep other processes off rank {v.rank}'s {cpus_text(d.get('allowed_cpus'))}"
                 + (f" (pid {pids})" if pids else "") + ": give the job dedicated cores (cpuset / taskset, "

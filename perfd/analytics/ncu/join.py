@@ -24,10 +24,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from perfd.analytics.breakdown import kernels as kernels_mod
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel, effective_bound
+from perfd.typed import objs
 
 _OPEN, _CLOSE = "<([{", ">)]}"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -138,7 +138,7 @@ class JoinedKernel:
             return None
         return self.captured_ms / self.timeline_steps
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {**self.kernel.to_json(), "category": self.category, "match": self.match.value,
                 "timeline_name": self.timeline_name, "captured_ms": self.captured_ms,
                 "captured_share": self.captured_share, "candidates": self.candidates,
@@ -165,19 +165,17 @@ class CategorySummary:
     top_stall: str | None  # the stall with the most weighted cycles
     part: str | None = None  # the budget part its launches' op is in (rows joined launch by launch)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["bound"] = self.bound.value if self.bound is not None else None
         out["bound_ms"] = dict(self.bound_ms)
         return out
 
 
-def timeline_kernels(device: Mapping[str, Any]) -> list[TimelineKernel]:
+def timeline_kernels(device: Mapping[str, object]) -> list[TimelineKernel]:
     """The ``top_kernels`` of one device of a capture analysis (JSON), typed; malformed rows skipped."""
     out = []
-    for row in device.get("top_kernels") or []:
-        if not isinstance(row, Mapping):
-            continue
+    for row in objs(device.get("top_kernels")):
         name, ms, share = row.get("name"), row.get("total_ms"), row.get("share")
         if isinstance(name, str) and isinstance(ms, int | float) and isinstance(share, int | float):
             count = row.get("count")

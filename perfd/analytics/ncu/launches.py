@@ -25,7 +25,7 @@ backward of one layer (the last: its forward and backward run back to back aroun
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -355,15 +355,18 @@ class OpGroup:
     op: str = ""
 
 
-def group_key(match: LaunchMatch) -> Any:
+OpKey = tuple[str | None, Phase | None]  # a launch's (part, phase) where the timeline decided either
+
+
+def group_key(match: LaunchMatch) -> Callable[[int], OpKey | None]:
     """A launch ID's group: (part, phase) where the timeline decided either, else None."""
-    def key(launch_id: int) -> tuple[str | None, Phase | None] | None:
+    def key(launch_id: int) -> OpKey | None:
         a = match.assigned.get(launch_id)
         return (a.part, a.phase) if a is not None and (a.part is not None or a.phase is not None) else None
     return key
 
 
-def op_group(key: Any, ids: Sequence[int], match: LaunchMatch) -> OpGroup | None:
+def op_group(key: OpKey | None, ids: Sequence[int], match: LaunchMatch) -> OpGroup | None:
     """The OpGroup of a regrouped kernel (its ``key`` from group_key, its launch IDs)."""
     if key is None:
         return None
@@ -396,7 +399,7 @@ class Coverage:
     def both_passes(self) -> bool:
         return bool(self.phases.get(Phase.FORWARD.value)) and bool(self.phases.get(Phase.BACKWARD.value))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"launches": self.launches, "matched": self.matched, "how": self.how.value,
                 "phases": dict(self.phases), "layers": {k: list(v) for k, v in self.layers.items()},
                 "layers_total": self.layers_total, "parts": dict(self.parts),
@@ -544,7 +547,7 @@ def layer_window(timeline: LaunchTimeline, kernel_filter: str | None) -> LayerWi
     return None
 
 
-def join_launches(groups: Sequence[tuple[Any, NcuKernel]], timeline: Sequence[Any],
+def join_launches(groups: Sequence[tuple[OpGroup | None, NcuKernel]], timeline: Sequence[TimelineLaunch],
                   steps: float | None = None) -> list[JoinedKernel]:
     """Rows of kernels regrouped by the op their launches were (perfd.capture.ncu_report.NcuReport
     .regroup, each with its perfd.analytics.ncu.launches.OpGroup or None): each row with
@@ -552,7 +555,7 @@ def join_launches(groups: Sequence[tuple[Any, NcuKernel]], timeline: Sequence[An
     and phase take (over ``steps``); rows of launches the timeline could not decide keep their
     category's name join (perfd.analytics.ncu.join.join). ``timeline``: its launches (TimelineLaunch)."""
     total_ms = sum(ln.duration_ms for ln in timeline) or None
-    keys: dict[tuple[Any, ...], list[tuple[Any, Any]]] = {}  # (part, phase) -> [(key, launch)]
+    keys: dict[OpKey, list[tuple[LaunchKey, TimelineLaunch]]] = {}  # (part, phase) -> [(key, launch)]
     for ln in timeline:
         keys.setdefault((ln.part, ln.phase), []).append((launch_key(ln.name, ln.grid, ln.block), ln))
     out: list[JoinedKernel] = []

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
@@ -36,6 +35,7 @@ from perfd.analytics.breakdown.ncu_kernels import KernelBound
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.ncu.launches import Coverage, coverage_text
+from perfd.typed import obj, objs
 
 CLASS_COVERAGE = th.NCU_CLASS_COVERAGE.value
 
@@ -58,7 +58,7 @@ class PartVerdict:
     covered: str = ""  # what the profiled launches were (perfd.analytics.ncu.launches.coverage_text)
     of: str | None = None  # the part of the op that launched the kernels, where the budget has no such part
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {k: (v.value if isinstance(v, TextEnum) else v) for k, v in self.__dict__.items()}
 
 
@@ -81,19 +81,19 @@ def part_verdicts(b: StepBudget) -> list[PartVerdict]:
     return out
 
 
-def _chosen(c: Mapping[str, Any]) -> str:
+def _chosen(c: Mapping[str, object]) -> str:
     choice = c.get("kernel_choice")
     return str(choice.get("text") or "") if isinstance(choice, Mapping) else ""
 
 
-def _covered(c: Mapping[str, Any]) -> str:
+def _covered(c: Mapping[str, object]) -> str:
     cov = c.get("coverage")
     got = Coverage.from_json(cov) if isinstance(cov, Mapping) else None
     return coverage_text(got) if got is not None else ""
 
 
-def _rows(p: BudgetPart) -> list[Mapping[str, Any]]:
-    return [c for c in p.detail.get("ncu") or [] if isinstance(c, Mapping)]
+def _rows(p: BudgetPart) -> list[Mapping[str, object]]:
+    return objs(p.detail.get("ncu"))
 
 
 def _pct(v: float | None) -> str:
@@ -137,13 +137,13 @@ def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendat
     return fs, rs
 
 
-def verdicts_json(b: StepBudget | None) -> list[dict[str, Any]]:
+def verdicts_json(b: StepBudget | None) -> list[dict[str, object]]:
     return [v.to_json() for v in part_verdicts(b)] if b is not None else []
 
 
 
 
-def rows_class(categories: Sequence[Mapping[str, Any]], compute_ms: float | None
+def rows_class(categories: Sequence[Mapping[str, object]], compute_ms: float | None
                ) -> tuple[BottleneckClass, str, float | None]:
     """(class, why, coverage) from an ncu capture's category summaries, for a job with no timeline: the
     rows' profiled time against the step's compute time (``compute_ms``, the budget's) is their
@@ -158,7 +158,7 @@ def rows_class(categories: Sequence[Mapping[str, Any]], compute_ms: float | None
                 f"(under {CLASS_COVERAGE:.0%}): too little to class the step", coverage)
     by: dict[str, float] = {}
     for c in categories:
-        for bound, ms in (c.get("bound_ms") or {}).items():
+        for bound, ms in obj(c.get("bound_ms")).items():
             if isinstance(ms, (int, float)):
                 by[str(bound)] = by.get(str(bound), 0.0) + float(ms)
     total = sum(by.values())

@@ -65,7 +65,7 @@ class ArmingCost:
     def ratio(self) -> float:
         return self.armed_ms / self.reference_ms if self.reference_ms > 0 else float("nan")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"basis": self.basis.value, "ranks": list(self.ranks), "armed_ms": self.armed_ms,
                 "reference_ms": self.reference_ms, "n_armed": self.n_armed, "n_reference": self.n_reference,
                 "extra_ms": self.extra_ms, "ratio": self.ratio, "first_iteration": self.first_iteration,

@@ -14,7 +14,6 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd import catalog
 from perfd.analytics.breakdown import bottleneck as bn
@@ -67,6 +66,7 @@ from perfd.analytics.steps.metrics import (
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.steps.steady import steady_state_of
 from perfd.analytics.steps.stragglers import (
+    RankOrder,
     StragglerResult,
     detect,
     persistent,
@@ -149,7 +149,7 @@ class AnalysisMemo:
     still derived from every iteration, from these results. Plain data owned by the caller; the
     analysis stays a function of its inputs (the same result with or without a memo: tested)."""
 
-    key: tuple[Any, ...] | None = None
+    key: tuple[object, ...] | None = None  # the job context the entries were computed under
     entries: dict[int, tuple[StepRecord, IterationResult, StragglerResult]] = field(default_factory=dict)
     hits: int = 0
     misses: int = 0
@@ -161,7 +161,7 @@ class AnalysisMemo:
 
 @dataclass
 class _KeptRun:
-    classify: tuple[Any, ...]  # what each row's class also depends on (GPM, the timeline)
+    classify: tuple[object, ...]  # what each row's class also depends on (GPM, the timeline)
     records: list[StepRecord]  # the records of the table's rows, in row order
     table: Table[IterationResult]  # shared with the analysis returned: never changed, only sliced
     disturbed: array[int]
@@ -175,7 +175,7 @@ class _Context:
     job: JobInfo
     world: int | None
     peak: PeakResult
-    ranks: Any
+    ranks: RankOrder
     flops_cache: dict[int | None, FlopsResult]
 
 
@@ -447,7 +447,7 @@ class RunBuilder:
         if self.records is not None:
             self.records.append(rec)
 
-    def _match(self, med: Mapping[str, Any]) -> CaptureMatch | None:
+    def _match(self, med: Mapping[str, object]) -> CaptureMatch | None:
         """Whether the timeline's capture is of this job (perfd.analytics.breakdown.capture_match)."""
         tl = self.timeline
         if tl is None or tl.device is None:

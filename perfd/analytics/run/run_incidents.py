@@ -7,7 +7,7 @@ straggler flags, each step's work)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from perfd.analytics.incidents.detect import DETECTION_FIELDS, Detection, detect_incidents
 from perfd.analytics.steps.steady import Exclusion, SteadyState
@@ -33,14 +33,17 @@ def straggler_flags(table: Table[IterationResult], i: int) -> RowFlags:
                     table.get(j, "straggler_compute_spread_flagged"))
 
 
-class ByIteration(Mapping[int, Any]):
+V = TypeVar("V")
+
+
+class ByIteration(Mapping[int, V]):
     """iteration -> a value of its row; for a repeated iteration, its last row (as a dict built
     over the rows would keep), without building that dict."""
 
-    def __init__(self, table: Table[IterationResult], value: Callable[[int], Any]) -> None:
+    def __init__(self, table: Table[IterationResult], value: Callable[[int], V]) -> None:
         self.table, self.value = table, value
 
-    def __getitem__(self, iteration: int) -> Any:
+    def __getitem__(self, iteration: int) -> V:
         i = self.table.last_index_of(iteration)
         if i is None:
             raise KeyError(iteration)

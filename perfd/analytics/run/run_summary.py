@@ -12,7 +12,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import bottleneck as bn
@@ -89,9 +89,10 @@ NO_SHARES = StepShares()  # nothing beside the numbers: Megatron's names, every 
 def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady: SteadyState,
               pers: PersistentStragglers, lay: ParallelLayout, gpm: bn.GpmReading | None,
               timeline: TimelineClass | None, gpm_when: str, med: Mapping[str, float | None], *,
-              incidents: Sequence[Incident], jitter: Mapping[str, Any], disturbances: CaptureDisturbances,
-              goodput: Goodput | None, memory_mib: Mapping[str, float] | None,
-              step_budget: StepBudget | None, shares_of: StepShares = NO_SHARES) -> RunSummary:
+              incidents: Sequence[Incident], jitter: Mapping[str, float | None],
+              disturbances: CaptureDisturbances, goodput: Goodput | None,
+              memory_mib: Mapping[str, float] | None, step_budget: StepBudget | None,
+              shares_of: StepShares = NO_SHARES) -> RunSummary:
     """The run's summary over its steady iterations ``steady_rows``, with ``med`` their
     steady_medians, and what the whole run adds: its incidents, jitter, perfd's capture
     disturbances, goodput, memory report and step budget. ``shares_of``: what the step shares carry
@@ -231,7 +232,7 @@ class StepTimeDistribution:
     over: str = DISTRIBUTION_OVER
 
     @classmethod
-    def from_json(cls, d: Any) -> StepTimeDistribution | None:
+    def from_json(cls, d: object) -> StepTimeDistribution | None:
         """Back from to_json (a served summary); None when absent or unreadable."""
         if not isinstance(d, Mapping):
             return None
@@ -241,9 +242,27 @@ class StepTimeDistribution:
         except (KeyError, TypeError, ValueError):
             return None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"p50": self.p50, "p90": self.p90, "p99": self.p99, "max": self.max, "n": self.n,
                 "over": self.over}
+
+
+class StretchJSON(TypedDict):
+    """DisturbanceStretch as JSON."""
+
+    first_iteration: int
+    last_iteration: int
+    excess_s: float | None
+    inside_incident: NotRequired[str]
+
+
+class DisturbancesJSON(TypedDict):
+    """CaptureDisturbances as JSON."""
+
+    n: int
+    iterations: int
+    excess_s: float | None
+    stretches: list[StretchJSON]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -257,7 +276,7 @@ class DisturbanceStretch:
     inside_incident: str | None = None
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> DisturbanceStretch | None:
+    def from_json(cls, d: Mapping[str, object]) -> DisturbanceStretch | None:
         """Back from to_json (a served summary); None without its iterations."""
         a, b = d.get("first_iteration"), d.get("last_iteration")
         if not isinstance(a, int) or not isinstance(b, int):
@@ -268,9 +287,9 @@ class DisturbanceStretch:
                    excess_s=float(cost) if isinstance(cost, (int, float)) else None,
                    inside_incident=str(inside) if inside is not None else None)
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"first_iteration": self.first_iteration, "last_iteration": self.last_iteration,
-                               "excess_s": self.excess_s}
+    def to_json(self) -> StretchJSON:
+        out: StretchJSON = {"first_iteration": self.first_iteration, "last_iteration": self.last_iteration,
+                            "excess_s": self.excess_s}
         if self.inside_incident is not None:
             out["inside_incident"] = self.inside_incident
         return out
@@ -298,7 +317,7 @@ class CaptureDisturbances:
                        excess_s=d.capture_cost_s, inside_incident=d.evidence.inside_incident)
                        for d in ds))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DisturbancesJSON:
         return {"n": self.n, "iterations": self.iterations, "excess_s": self.excess_s,
                 "stretches": [s.to_json() for s in self.stretches]}
 
@@ -332,7 +351,7 @@ class RunSummary:
     incidents_n: int = 0
     incidents_cost_s: float | None = None
     # perfd.analytics.incidents.detect Detection.jitter
-    jitter: Mapping[str, Any] = field(default_factory=dict)
+    jitter: Mapping[str, float | None] = field(default_factory=dict)
     capture_disturbances: CaptureDisturbances = CaptureDisturbances()
     goodput: Goodput | None = None
     memory_mib: Mapping[str, float] | None = None  # the largest of each memory report value
@@ -403,12 +422,13 @@ class JobLayout:
     def of(cls, lay: ParallelLayout, world: int | None) -> JobLayout:
         return cls(**{**dataclasses.asdict(lay), "world_size": world, "microbatches": lay.microbatches()})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, int | None]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_json(cls, d: Any) -> JobLayout:
-        d = d if isinstance(d, Mapping) else {}
+    def from_json(cls, d: object) -> JobLayout:
+        if not isinstance(d, Mapping):
+            return cls()
         return cls(**{f.name: d.get(f.name) for f in dataclasses.fields(cls)})
 
 
@@ -425,11 +445,12 @@ class JobGpu:
     memory_mib: float | None = None
 
     @classmethod
-    def from_json(cls, d: Any) -> JobGpu:
-        d = d if isinstance(d, Mapping) else {}
-        return cls(**{f.name: d.get(f.name) for f in dataclasses.fields(cls) if f.name in d})
+    def from_json(cls, d: object) -> JobGpu:
+        if not isinstance(d, Mapping):
+            return cls()
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, str | float | None]:
         return {"name": self.name, "model": self.model, "dtype": self.dtype,
                 "dtype_source": self.dtype_source, "peak_tflops": self.peak_tflops,
                 "peak_source": self.peak_source, "peak_reason": self.peak_reason,
@@ -488,11 +509,12 @@ class JobBlock:
         }
 
     @classmethod
-    def from_json(cls, d: Any) -> JobBlock:
+    def from_json(cls, d: object) -> JobBlock:
         """Back from to_json, for a block read as JSON (the aggregator's answer): what it lacks is
         left unknown."""
-        d = d if isinstance(d, Mapping) else {}
-        spec = d.get("model") if isinstance(d.get("model"), Mapping) else {}
+        if not isinstance(d, Mapping):
+            return cls()
+        spec = d["model"] if isinstance(d.get("model"), Mapping) else {}
         known = {f.name for f in dataclasses.fields(ModelSpec)}
         return cls(
             name=d.get("name"), framework=d.get("framework"), framework_version=d.get("framework_version"),

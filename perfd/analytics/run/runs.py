@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
 from perfd.analytics.steps.goodput import Goodput
@@ -40,7 +40,7 @@ class CaptureSteps:
     last_iteration: int
     step_ms: float | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"first_iteration": self.first_iteration, "last_iteration": self.last_iteration,
                 "step_ms": self.step_ms}
 
@@ -74,7 +74,7 @@ class RunDigest:
     captures: tuple[CaptureSteps, ...] = ()
     goodput: Goodput | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"run": self.run, "first_iteration": self.first_iteration,
                 "last_iteration": self.last_iteration,
                 "start_time": self.start_time, "end_time": self.end_time, "resumed": self.resumed,
@@ -128,7 +128,7 @@ class Runs:
                     "earlier run ran without: the job has no steady steps of its own to report")
         return None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"current": self.current, "figures_from": self.figures.value, "figures_run": self.figures_run,
                 "armed_iterations": self.armed_iterations, "why": self.text(),
                 "earlier": [d.to_json() for d in self.earlier]}

@@ -75,7 +75,7 @@ MIN_SLOPE_POINTS = 3
 @dataclass
 class ServingSummary:
     values: dict[str, MetricValue]
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, object] = field(default_factory=dict)  # what the efficiency figures were read from
 
     def value(self, key: str) -> float | None:
         mv = self.values.get(key)
@@ -90,7 +90,7 @@ class ServingSummary:
                 out[name] = float(v)
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         vals = {k: {"value": (mv.value if mv.value is None or math.isfinite(mv.value) else None),
                     "source": str(mv.source) if mv.source else None, "reason": mv.reason}
                 for k, mv in self.values.items()}
@@ -365,13 +365,13 @@ def _percentile(cur: MetricsSnapshot | None, prev: MetricsSnapshot | None, names
 
 def _efficiency(v: dict[str, MetricValue], groups: dict[str, list[ServingRecord]], server: ServerInfo | None,
                 spec: ServingModelSpec, gpu_name: str | None, peak_tflops_override: float | None,
-                bw_override: float | None) -> dict[str, Any]:
+                bw_override: float | None) -> dict[str, object]:
     """decode MBU, decode/prefill MFU into ``v``; their inputs into the returned extras."""
     n_groups = max(len(groups), 1)
     gpg, gpg_src = gpus_per_group(spec, server, n_groups)
     res = resolve(spec, server, gpg, gpg_src)
     pk = peaks(gpu_name, res.dtype, peak_tflops_override, bw_override)
-    extras: dict[str, Any] = {
+    extras: dict[str, object] = {
         "gpus_per_dp_group": gpg, "gpus_source": gpg_src, "peak_flops": pk.flops,
         "peak_flops_source": pk.flops_source, "peak_bandwidth": pk.bandwidth,
         "peak_bandwidth_source": pk.bandwidth_source, "weight_bytes_per_gpu": res.weight_bytes_gpu.value,

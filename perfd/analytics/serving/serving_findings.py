@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
 from perfd.model import ServerInfo
+
+if TYPE_CHECKING:  # serving_analysis imports this module where it derives the findings
+    from perfd.analytics.serving.serving_analysis import ServingSummary
 
 # Thresholds: perfd/analytics/thresholds.py (declared once; rules/serving.yaml is checked against it).
 ITL_TAIL_RATIO = th.ITL_TAIL_RATIO.value
@@ -41,7 +44,7 @@ class _Window:
     """What every finding reads: the summary's values and their sources, the window, the server's
     scheduling settings."""
 
-    s: Any  # the ServingSummary
+    s: ServingSummary
     src: Mapping[str, str]  # value key -> its source or why it is absent ("" for an unknown key)
     span: str
     chunk: int | None  # --chunked-prefill-size
@@ -52,13 +55,14 @@ class _Window:
         return self.s.value(key) if key in self.s.values else None
 
 
-def _window(s: Any, server: ServerInfo | None) -> _Window:
+def _window(s: ServingSummary, server: ServerInfo | None) -> _Window:
     src: dict[str, str] = defaultdict(str)
     src.update({k: (str(mv.source) if mv.source else (mv.reason or "")) for k, mv in s.values.items()})
     chunk = server.chunked_prefill_size if server else None
     if chunk is None and server is not None:
         chunk = server.arg_int("chunked_prefill_size")
-    return _Window(s, src, s.extras.get("window", ""), chunk,
+    span = s.extras.get("window")  # the records' span (serving_analysis._span_text)
+    return _Window(s, src, span if isinstance(span, str) else "", chunk,
                    server.arg_str("schedule_policy") if server else None,
                    server.max_running_requests if server else None)
 
@@ -235,7 +239,8 @@ _FINDINGS: tuple[Callable[[_Window, _Found, _Recs], None], ...] = (
     _cuda_graph_low, _efficiency, _latency_absent)
 
 
-def derive_serving_findings(s: Any, server: ServerInfo | None) -> tuple[list[Finding], list[Recommendation]]:
+def derive_serving_findings(s: ServingSummary, server: ServerInfo | None
+                            ) -> tuple[list[Finding], list[Recommendation]]:
     """Findings (with evidence) and recommendations (each tied to a finding), ordered."""
     f: _Found = []
     r: _Recs = []

@@ -22,7 +22,6 @@ import cmath
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.steps import windows
@@ -49,7 +48,7 @@ class SlowSteps:
     period_s: float | None = None  # None: no period passes the test
     concentration: float | None = None  # R: the mean phase vector's length at the period (0-1)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"count": self.count, "steps": self.steps, "excess_share": self.excess_share,
                 "period_s": self.period_s, "concentration": self.concentration}
 

@@ -46,10 +46,10 @@ import statistics
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from perfd.analytics.thresholds import GOODPUT_STALL_FLOOR_S, GOODPUT_STALL_STEPS
-from perfd.model import HOOK_PAUSE_TIMERS
+from perfd.model import HOOK_PAUSE_TIMERS, TimerValue
 
 TRAINING = "training"
 INCIDENT = "incident"
@@ -102,6 +102,20 @@ class StepSpan:
     armed: bool = False  # its rank ran armed for a capture (perfd.armed): its excess is perfd's
 
 
+class GoodputJSON(TypedDict):
+    """Goodput as JSON (:meth:`Goodput.to_json`; the aggregator adds its live parts to it)."""
+
+    ratio: float | None
+    wall_s: float
+    parts_s: dict[str, float]  # kind -> seconds
+    start_time: float
+    end_time: float
+    runs: int
+    restarts: int
+    notes: list[str]
+    reached_iteration: int | None
+
+
 @dataclass
 class Goodput:
     wall_s: float
@@ -116,7 +130,7 @@ class Goodput:
     def ratio(self) -> float | None:
         return self.parts.get(TRAINING, 0.0) / self.wall_s if self.wall_s > 0 else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> GoodputJSON:
         return {"ratio": self.ratio, "wall_s": self.wall_s, "parts_s": dict(self.parts),
                 "start_time": self.start_time, "end_time": self.end_time, "runs": self.runs,
                 "restarts": self.runs - 1, "notes": list(self.notes), "reached_iteration": self.reached}
@@ -177,7 +191,8 @@ class SpanColumns:
                            i in self.new_run, self.before.get(i, {}), i in self.armed)
 
 
-def phase_seconds(timers: Mapping[str, Any], names: Mapping[str, str] = PHASE_TIMERS) -> dict[str, float]:
+def phase_seconds(timers: Mapping[str, TimerValue],
+                  names: Mapping[str, str] = PHASE_TIMERS) -> dict[str, float]:
     """kind -> seconds from a record's timers (``TimerValue``-like: ``max_ms``, ``per_rank``): the
     slowest rank's time, which the training loop waits for. ``names``: timer -> kind
     (PHASE_TIMERS: pauses after the record's step; PAUSE_BEFORE_TIMERS: before it)."""

@@ -13,7 +13,7 @@ from typing import Any
 from perfd.analytics.steps.iteration_table import PACKED
 
 
-def json_value(v: Any) -> Any:
+def json_value(v: object) -> object:
     """Plain JSON values; non-finite floats become None (JSON has no NaN)."""
     if isinstance(v, float):
         return v if math.isfinite(v) else None
@@ -83,5 +83,5 @@ class IterationResult:
     # numbers and log line: ~3 KB of text an iteration)
     sources: dict[str, str] = field(default_factory=dict, metadata={PACKED: True})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {k: json_value(v) for k, v in dataclasses.asdict(self).items()}

@@ -27,7 +27,6 @@ import dataclasses
 import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
 
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.steady import EXCLUSION_TEXT, Exclusion
@@ -45,7 +44,7 @@ CODE_CHARS = 8  # of a text's SHA-1: a code per distinct reason or note
 STEP_TIME = "step_time_ms"  # whose source is the record's own (its log line)
 
 
-def _plain(v: Any) -> Any:
+def _plain(v: object) -> object:
     """JSON's own: non-finite floats are absent (finite_json), mappings keyed by text."""
     if isinstance(v, float):
         return v if math.isfinite(v) else None
@@ -78,9 +77,9 @@ class RowCodes:
             code = table[text] = hashlib.sha1(text.encode()).hexdigest()[:CODE_CHARS]
         return code
 
-    def row(self, it: IterationResult) -> dict[str, Any]:
+    def row(self, it: IterationResult) -> dict[str, object]:
         """One iteration's row (see the module docstring)."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for f in dataclasses.fields(it):
             v = getattr(it, f.name)
             if f.name in RANGED and v is not None:
@@ -118,13 +117,13 @@ class RowCodes:
         else:
             spans.append([iteration, iteration])
 
-    def rows(self, its: Iterable[IterationResult]) -> Iterator[dict[str, Any]]:
+    def rows(self, its: Iterable[IterationResult]) -> Iterator[dict[str, object]]:
         return (self.row(it) for it in its)
 
-    def legend(self, sources: bool = True) -> dict[str, Any]:
+    def legend(self, sources: bool = True) -> dict[str, object]:
         """The English each code stands for, said once (after the rows: a streamed document has
         seen every code by then). ``sources``: every metric's source as the newest row has it."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         if sources and self.newest is not None:
             out["sources"] = dict(self.newest.sources)
         out["absent"] = {code: text for text, code in self._absent.items()}
@@ -144,8 +143,8 @@ class ExcludedRange:
     kind: Exclusion
     ref: str | None = None  # the incident or capture disturbance they belong to
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"first": self.first, "last": self.last, "kind": self.kind.value}
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"first": self.first, "last": self.last, "kind": self.kind.value}
         if self.ref is not None:
             out["ref"] = self.ref
         return out
@@ -158,17 +157,16 @@ def excluded_ranges(kinds: Mapping[int, Exclusion], refs: Mapping[int, str],
     never logged, a log interval's gaps, do not break it)."""
     order = sorted(iterations) if iterations is not None else sorted(kinds)
     out: list[ExcludedRange] = []
-    cur: list[Any] | None = None  # [first, last, kind, ref]
+    cur: tuple[int, Exclusion, str | None] | None = None  # the open range's first, kind, ref
     for i in order:
         kind = kinds.get(i)
         if kind is None:
             cur = None
             continue
         ref = refs.get(i)
-        if cur is not None and cur[2] is kind and cur[3] == ref:
-            cur[1] = i
+        if cur is not None and cur[1] is kind and cur[2] == ref:
             out[-1] = ExcludedRange(cur[0], i, kind, ref)
         else:
-            cur = [i, i, kind, ref]
+            cur = (i, kind, ref)
             out.append(ExcludedRange(i, i, kind, ref))
     return tuple(out)
