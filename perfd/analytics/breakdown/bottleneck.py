@@ -8,14 +8,12 @@ collector's readings can feed it directly. Otherwise the class is "unknown", wit
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.common import TextEnum
-
-if TYPE_CHECKING:  # diagnosis imports this module
-    from perfd.analytics.breakdown.diagnosis import Vote
 
 
 class BottleneckClass(TextEnum):
@@ -54,6 +52,30 @@ GPM_SM_BUSY = th.GPM_SM_BUSY.value
 GPM_SM_STARVED = th.GPM_SM_STARVED.value
 GPM_NVML_ACTIVE = th.GPM_NVML_ACTIVE.value
 GPM_IDLE = th.GPM_IDLE.value
+
+
+class ClassSource(str, enum.Enum):
+    TIMERS = "timers"
+    CAPTURE = "capture"
+    GPM = "gpm"
+
+
+@dataclass(frozen=True)
+class Vote:
+    source: ClassSource
+    cls: BottleneckClass
+    reason: str
+    numbers: dict[str, float] = field(default_factory=dict)
+    detail: str = ""  # where the source's data came from (a capture id, "GPM while stepping", ...)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "source": self.source.value,
+            "class": str(self.cls),
+            "reason": self.reason,
+            "numbers": dict(self.numbers),
+            "detail": self.detail,
+        }
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,12 @@ naming what is missing. The summary carries every vote and why the winner won. P
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import bottleneck as bn
-from perfd.analytics.breakdown.bottleneck import B, BottleneckClass
+from perfd.analytics.breakdown.bottleneck import B, BottleneckClass, ClassSource, Vote
 from perfd.analytics.common import BATCH_GENERATOR
 from perfd.analytics.steps.untimed import Untimed, untimed_text
 
@@ -41,10 +40,8 @@ GPU_ALWAYS_BUSY = th.GPU_ALWAYS_BUSY.value
 GPM_TENSOR_LOW = th.GPM_TENSOR_LOW.value
 
 
-class ClassSource(str, enum.Enum):
-    TIMERS = "timers"
-    CAPTURE = "capture"
-    GPM = "gpm"
+_TIMERS_SRC = "step timers (perfd.analytics.steps.metrics)"
+_GPM_SRC = "collectors/nvml GPM of the job's GPUs (mean)"
 
 
 @dataclass(frozen=True)
@@ -94,28 +91,6 @@ class StepShares:
         if self.data_share is None or self.comm_exposed is None or pipe is None:
             return None
         return 1.0 - self.data_share - self.comm_exposed - pipe
-
-
-@dataclass(frozen=True)
-class Vote:
-    source: ClassSource
-    cls: BottleneckClass
-    reason: str
-    numbers: dict[str, float] = field(default_factory=dict)
-    detail: str = ""  # where the source's data came from (a capture id, "GPM while stepping", ...)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "source": self.source.value,
-            "class": str(self.cls),
-            "reason": self.reason,
-            "numbers": dict(self.numbers),
-            "detail": self.detail,
-        }
-
-
-_TIMERS_SRC = "step timers (perfd.analytics.steps.metrics)"
-_GPM_SRC = "collectors/nvml GPM of the job's GPUs (mean)"
 
 
 def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | None, bool, dict[str, float]]:

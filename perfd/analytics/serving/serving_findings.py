@@ -1,4 +1,4 @@
-"""Serving findings and recommendations: docs/design.md §2's serving playbook over a ServingSummary.
+"""Serving findings and recommendations: docs/design.md §2's serving playbook over a ServingFigures.
 
 The thresholds are declared in ``perfd/analytics/thresholds.py``; ``rules/serving.yaml`` is checked
 against them (tests/test_thresholds.py) and a test evaluates both on the same values, so the live
@@ -10,14 +10,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.common import MetricValue
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
 from perfd.model import ServerInfo
-
-if TYPE_CHECKING:  # serving_analysis imports this module where it derives the findings
-    from perfd.analytics.serving.serving_analysis import ServingSummary
 
 # Thresholds: perfd/analytics/thresholds.py (declared once; rules/serving.yaml is checked against it).
 ITL_TAIL_RATIO = th.ITL_TAIL_RATIO.value
@@ -29,6 +27,19 @@ KV_LOW = th.KV_LOW.value
 QUEUE_GROWTH_PER_S = th.QUEUE_GROWTH_PER_S.value
 BATCH_SMALL = th.BATCH_SMALL.value
 CUDA_GRAPH_LOW = th.CUDA_GRAPH_LOW.value
+
+
+class ServingFigures(Protocol):
+    """What the findings read of a serving summary (perfd.analytics.serving.serving_analysis
+    .ServingSummary): its values by key and the extras they were read from."""
+
+    @property
+    def values(self) -> Mapping[str, MetricValue]: ...
+
+    @property
+    def extras(self) -> Mapping[str, object]: ...
+
+    def value(self, key: str) -> float | None: ...
 
 
 def _pct(x: float | None) -> str:
@@ -44,7 +55,7 @@ class _Window:
     """What every finding reads: the summary's values and their sources, the window, the server's
     scheduling settings."""
 
-    s: ServingSummary
+    s: ServingFigures
     src: Mapping[str, str]  # value key -> its source or why it is absent ("" for an unknown key)
     span: str
     chunk: int | None  # --chunked-prefill-size
@@ -55,7 +66,7 @@ class _Window:
         return self.s.value(key) if key in self.s.values else None
 
 
-def _window(s: ServingSummary, server: ServerInfo | None) -> _Window:
+def _window(s: ServingFigures, server: ServerInfo | None) -> _Window:
     src: dict[str, str] = defaultdict(str)
     src.update({k: (str(mv.source) if mv.source else (mv.reason or "")) for k, mv in s.values.items()})
     chunk = server.chunked_prefill_size if server else None
@@ -239,7 +250,7 @@ _FINDINGS: tuple[Callable[[_Window, _Found, _Recs], None], ...] = (
     _cuda_graph_low, _efficiency, _latency_absent)
 
 
-def derive_serving_findings(s: ServingSummary, server: ServerInfo | None
+def derive_serving_findings(s: ServingFigures, server: ServerInfo | None
                             ) -> tuple[list[Finding], list[Recommendation]]:
     """Findings (with evidence) and recommendations (each tied to a finding), ordered."""
     f: _Found = []
