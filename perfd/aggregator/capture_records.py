@@ -26,6 +26,17 @@ from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost
 
 
+def findings_of(got: Any) -> list[Finding]:
+    """Findings read back from their JSON (the state store's load); one that is not one is left out."""
+    out = []
+    for f in got if isinstance(got, list) else []:
+        try:
+            out.append(Finding.from_json(f))
+        except (AttributeError, KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
 def rank_devices(result: Any, rank: str) -> tuple[Mapping[str, Any], ...]:
     """The device breakdowns a capture's result (its agent's payload) holds for ``rank``."""
     ranks = result.get("ranks") if isinstance(result, Mapping) else None
@@ -120,8 +131,14 @@ class CaptureRecord:
         """Back from :meth:`to_json` (the state store's load); keys it does not know are left out."""
         known = cls.__dataclass_fields__
         rec = cls(**{k: v for k, v in d.items() if k in known})
-        rec.findings = [Finding.from_json(f) for f in d.get("findings") or []]
-        rec.recommendations = [Recommendation(**r) for r in d.get("recommendations") or []]
+        rec.findings = findings_of(d.get("findings"))
+        rec_keys = {f.name for f in dataclasses.fields(Recommendation)}
+        rec.recommendations = []
+        for r in d.get("recommendations") or []:
+            try:
+                rec.recommendations.append(Recommendation(**{k: v for k, v in r.items() if k in rec_keys}))
+            except (AttributeError, TypeError):  # not one (an older version's): left out
+                continue
         got = d.get("bottleneck")
         rec.bottleneck = BottleneckClass.of(got) if got is not None else None
         rec.decided = Decided.from_json(d.get("decided"), rec.result)
@@ -225,6 +242,6 @@ class CaptureSeen:
         return cls(str(d.get("id")), str(d.get("tool")),
                    tuple(int(r) for r in ranks) if isinstance(ranks, list) else None, str(d.get("status")),
                    str(d.get("origin")), d.get("requested_at"), d.get("started_at"), d.get("finished_at"),
-                   tuple(Finding.from_json(f) for f in d.get("findings") or []),
+                   tuple(findings_of(d.get("findings"))),
                    BottleneckClass.of(got) if got is not None else None,
                    {str(k): float(v) for k, v in slowdown.items()} if isinstance(slowdown, Mapping) else {})

@@ -52,8 +52,11 @@ class Finding:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Finding:
-        """Back from :meth:`to_json` (a kept record; what the process kept alone takes its default)."""
-        return cls(**{**d, "severity": Severity(d["severity"])})
+        """Back from :meth:`to_json` (a kept record; what the process kept alone takes its default, a
+        key this version does not know is left out). Raises KeyError, TypeError or ValueError for what
+        is not a finding."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in d.items() if k in known}, "severity": Severity(d["severity"])})
 
     def to_json(self) -> dict[str, object]:
         """The finding's JSON: every field but those kept in the process."""
