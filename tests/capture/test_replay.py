@@ -71,7 +71,8 @@ def test_the_job_clock_sets_the_host_speed_and_each_change_is_read_there() -> No
     """A table whose unchanged replay steps at 100-200 ms over host speeds 0.5-1.0: a job stepping at
     150 ms has the host at 0.75, and a change is read there, over the speeds its median's spread allows;
     a clock the replay cannot reach gives no reading (the capture is not of that job's pace)."""
-    t = ReplayTable((0.5, 1.0), (100.0, 200.0), {"timers": ((90.0, 150.0), (90.0, 150.0))}, 210.0, None)
+    t = ReplayTable((0.5, 1.0), (100.0, 200.0), {"timers": ((90.0, 150.0), (90.0, 150.0))}, 200.0, None)
+    assert t.unmodelled_ms == 0.0
     assert host_scale(t, 150.0) == pytest.approx(0.75)
     r = calibrate(t, 150.0, 0.0)
     assert r is not None and r.scale == pytest.approx(0.75)
@@ -81,8 +82,25 @@ def test_the_job_clock_sets_the_host_speed_and_each_change_is_read_there() -> No
     assert wide.of((Change.TIMERS,)) == pytest.approx((22.0, 38.0))
     assert calibrate(t, 90.0, 0.0) is None and calibrate(t, 250.0, 0.0) is None
     assert calibrate(t, None, 0.0) is None
-    # the trace stepped at 210 ms for a job at 150: its slices are the profiler's
-    assert not r.slices_hold and 210.0 > (1 + PROFILED_SLICES_HOLD) * 150.0
+    # the trace stepped at 200 ms for a job at 150: its slices are the profiler's
+    assert not r.slices_hold and 200.0 > (1 + PROFILED_SLICES_HOLD) * 150.0
+
+
+def test_time_the_replay_does_not_model_is_not_read_as_a_slow_host() -> None:
+    """The trace stepped 20 ms longer than its own replay at the profiled host's speed: a job stepping at
+    170 ms has 150 ms the replay models, so its host is at 0.75 (not 0.85) and a change is read there.
+    Matched whole, a job whose kernels hide the host read as a host slower than the profiled one and was
+    promised every host-side change's slowest-host gain (docs/evidence/plan_h200_v6)."""
+    t = ReplayTable((0.5, 1.0), (100.0, 200.0), {"timers": ((90.0, 150.0), (90.0, 150.0))}, 220.0, None)
+    assert t.unmodelled_ms == pytest.approx(20.0)
+    r = calibrate(t, 170.0, 0.0)
+    assert r is not None and r.scale == pytest.approx(0.75) and r.clock_ms == 170.0
+    assert r.of((Change.TIMERS,)) == pytest.approx((30.0, 30.0))
+    # between two scales of the grid, the replay's step at the profiled speed is read off the line
+    odd = ReplayTable((0.5, 0.9, 1.1), (100.0, 180.0, 220.0), {}, 230.0, None)
+    assert odd.unmodelled_ms == pytest.approx(30.0)
+    assert ReplayTable((0.5, 0.9), (100.0, 180.0), {}, 230.0, None).unmodelled_ms == 0.0  # 1.0 not on it
+    assert ReplayTable((0.5, 1.0), (100.0, 200.0), {}, 0.0, None).unmodelled_ms == 0.0  # no trace step
 
 
 def test_a_table_survives_json_and_a_broken_one_is_refused() -> None:

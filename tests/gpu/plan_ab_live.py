@@ -100,6 +100,20 @@ CONFIGS: dict[str, dict[str, Any]] = {
     },
     # a long sequence: attention's s² work dominates; micro-batch 1 (4 micro-batches a step)
     "long_seq": {"layers": 8, "hidden": 1024, "heads": 8, "seq": 4096, "mbs": 1, "gbs": 4, "extra": []},
+    # a wide model whose kernels hide the host (H100: host noise moved a host-bound job's 25-step median by
+    # ±20 ms between identical runs, docs/evidence/plan_h100_v6): what a change saves here is its own
+    "wide_gpu": {"layers": 8, "hidden": 3072, "heads": 24, "seq": 2048, "mbs": 2, "gbs": 8, "extra": []},
+    # wide_gpu's width with GQA (8 groups of 24 heads), SwiGLU and RoPE: kernels still hide the host
+    "wide_swiglu": {
+        "layers": 8,
+        "hidden": 3072,
+        "heads": 24,
+        "seq": 2048,
+        "mbs": 2,
+        "gbs": 8,
+        "extra": ["--group-query-attention", "--num-query-groups", "8", "--swiglu",
+                  "--position-embedding-type", "rope", "--no-rope-fusion", "--no-bias-swiglu-fusion"],
+    },
     # many small micro-batches (8 a step, 2k rows each), a short sequence: the host's launches dominate
     "many_mb": {"layers": 12, "hidden": 1536, "heads": 12, "seq": 1024, "mbs": 2, "gbs": 16, "extra": []},
 }

@@ -237,8 +237,9 @@ MEDIAN_SE_OF_SD = 1.2533  # a median's standard error over a mean's, for normal 
 # 3 = the host-side remedies (timers, micro-batch, CUDA graphs, dropout) read from the replay of the
 # capture on the job's own clock (perfd.analytics.advice.replay_gains); 4 = as 3 where the profiler slowed
 # the trace's host, the span of the replay's and the trace slices' ranges where it did not (the H100 A/B
-# held the slices, not the replay: docs/evidence/README.md).
-GAIN_MODEL = 4
+# held the slices, not the replay: docs/evidence/README.md); 5 = as 4 with the job's clock matched to the
+# replay less the time the replay does not model (perfd.analytics.advice.replay_gains).
+GAIN_MODEL = 5
 # The model's own uncertainty, each range below; the run-to-run spread is added once, beside it. Removing
 # kernels from a busy GPU gives back their time; their launches and the gaps around them move too
 # (attention dropout: 0.85–1.13 of its kernels' time in three runs, within the spread of 1.0 in each).

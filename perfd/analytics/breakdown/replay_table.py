@@ -14,8 +14,10 @@ from perfd.analytics.common import TextEnum
 # --- the replay's model (perfd.capture.replay): why each constant is what it is ---------------------
 # a launch's host call to its kernel's earliest start (H100/H200 traces: 3-6 µs)
 LAUNCH_LATENCY_NS = 4000.0
-# Host scales replayed: the profiled host is 1.0; the job's own is faster (0.4-0.9 on the H200 runs).
-SCALES: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1)
+# Host scales replayed: the profiled host is PROFILED_HOST; the job's own is faster (0.4-0.9 on the H200
+# runs).
+PROFILED_HOST = 1.0
+SCALES: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, PROFILED_HOST, 1.1)
 # Twice the micro-batch: a kernel of the forward-backward phase takes this many times longer (work
 # scales with the rows; GEMMs on more rows gain a little efficiency). The two H200 jobs of issue 53
 # (4k to 8k rows a micro-batch) stepped as the replay at 1.9-2.0 says.
@@ -47,6 +49,21 @@ class ReplayTable:
     changed: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
     traced_ms: float = 0.0  # the trace's own step (host span over the complete steps)
     microbatches: int | None = None
+
+    @property
+    def unmodelled_ms(self) -> float:
+        """The trace's own step less the replay's at the profiled host's speed: time a step spends that
+        the replay does not model (0 without the trace's step). It is not the host's, so it is no
+        measure of the host's speed."""
+        if self.traced_ms <= 0 or not self.scales[0] <= PROFILED_HOST <= self.scales[-1]:
+            return 0.0
+        j = next(i for i, x in enumerate(self.scales) if x >= PROFILED_HOST)
+        if self.scales[j] == PROFILED_HOST or j == 0:
+            at = self.as_is[j]
+        else:
+            x0, x1, y0, y1 = self.scales[j - 1], self.scales[j], self.as_is[j - 1], self.as_is[j]
+            at = y0 + (y1 - y0) * (PROFILED_HOST - x0) / (x1 - x0)
+        return self.traced_ms - at
 
     @staticmethod
     def key(changes: Iterable[Change]) -> str:
