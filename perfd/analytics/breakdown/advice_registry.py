@@ -10,8 +10,8 @@ generated docs (`perfd catalog --doc`).
 It sits in ``breakdown`` because its keys are breakdown's types (the class, the part, the kernel
 bound) and nothing above: the advice, the ncu verdicts and the run read it from above. Adding a class
 is its enum member (perfd.analytics.breakdown.bottleneck), its :data:`CLASSES` entry here (and the
-parts that are its time, in :data:`PARTS`), and a case in tests/analytics/test_advice_registry.py;
-`tests/analytics/test_advice_registry.py` fails until every member has its entry.
+parts that are its time name it, in :data:`PARTS`), and a case in tests/analytics/test_advice_registry.py;
+a member with no entry fails at import (:func:`_one_each`).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ PARTS: tuple[PartEntry, ...] = (
 
 # --- MFU grades ---------------------------------------------------------------------------------------
 class Grade(TextEnum):
-    """An MFU band (docs/design.md §2 "MFU (grades)"), or why there is none."""
+    """An MFU band (docs/design.md §2 "MFU"), or why there is none."""
 
     SEVERE = "severe"
     COMMUNICATION_OVERHEAD = "communication-overhead"

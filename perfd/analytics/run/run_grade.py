@@ -1,4 +1,4 @@
-"""A run's MFU grade and what explains it (docs/design.md §2 "MFU (grades)"): the band an MFU falls in,
+"""A run's MFU grade and what explains it (docs/design.md §2 "MFU"): the band an MFU falls in,
 its text, and the band said with the job's own measurements — never its usual causes where the same
 report measured them small. The grades themselves (bands, texts, labels, severities) are the one
 registry's (perfd.analytics.breakdown.advice_registry.GRADES); this reads them. Pure."""
