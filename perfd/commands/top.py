@@ -41,6 +41,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from perfd.analytics.breakdown.advice_registry import short_name
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.commands.top_tables import COMPACT, NA, fit, gpu_table, host_table, ms, num, pct, process_table
 from perfd.report import budget_view, plan_view
@@ -329,9 +330,8 @@ def _job_cells(summary: Mapping[str, object] | None, why_missing: str | None,
         steps = [num(dist.get(k)) for k in ("p50", "p90", "max")]
         cell = NA if all(v is None for v in steps) else \
             "/".join(NA if v is None else f"{v:.0f}" for v in steps)
-        # "bound by" heads the column: compute, communication, launch (launch-overhead), ...
-        return [*head, cell, str(s.get("bottleneck") or NA).removesuffix("-bound").removesuffix("-overhead"),
-                n_open]
+        # "bound by" heads the column: each class's short name (compute, communication, launch, ...)
+        return [*head, cell, short_name(str(s.get("bottleneck") or NA)), n_open]
     return [*head, ms(dist.get("p50")), ms(dist.get("p90")),
             ms(dist.get("max")), NA if cv is None else f"{cv:.3f}", str(s.get("bottleneck") or NA), n_open]
 

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfd import catalog
+from perfd.analytics.breakdown.advice_registry import Grade
 from perfd.analytics.run.run_summary import REDUCTIONS_TEXT
 from perfd.report import budget_view, plan_view
 from perfd.report.report import Report, format_value
@@ -20,8 +21,9 @@ if TYPE_CHECKING:
     from perfd.analytics.run.run_result import RunAnalysis
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
-_STATUS_STYLE = {"severe": "bold red", "communication-overhead": "yellow", "good": "green",
-                 "excellent": "bold green", "unknown": "dim"}
+# A grade's style (a grade without one, or a serving status, shows unstyled).
+_STATUS_STYLE = {Grade.SEVERE.value: "bold red", Grade.COMMUNICATION_OVERHEAD.value: "yellow",
+                 Grade.GOOD.value: "green", Grade.EXCELLENT.value: "bold green", Grade.UNKNOWN.value: "dim"}
 
 
 def _wrap(text: str, indent: str, width: int = 100) -> list[str]:

@@ -21,13 +21,8 @@ from perfd.analytics.incidents.host_evidence import CpuUse
 from perfd.analytics.incidents.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.analytics.incidents.verdict_text import cpu_use_text, data_loading_action
 from perfd.analytics.run.arming import ArmingCost
-from perfd.analytics.run.run_findings import (
-    DATA_LOADING_FINDING,
-    GRADE_LABELS,
-    budget_class_text,
-    explain_grade,
-    grade_mfu,
-)
+from perfd.analytics.run.run_findings import DATA_LOADING_FINDING
+from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_label, grade_mfu
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.goodput import headline_text
@@ -169,7 +164,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
         metrics.append(ReportMetric(d.name, value, d.unit, src, d.description))
     job = analysis.job
     gpu = job.gpu
-    mfu_text = (f"MFU {format_value(mfu, 'ratio')} ({GRADE_LABELS.get(grade, grade)})"
+    mfu_text = (f"MFU {format_value(mfu, 'ratio')} ({grade_label(grade)})"
                 if mfu is not None
                 else f"MFU unknown ({gpu.peak_reason or 'no model FLOPs or peak'})")
     tput = s.median("model_tflops_per_gpu")
@@ -188,7 +183,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
         headline += (f". Largest loss: {top.cause} — {cost:.0f} s lost "
                      f"(iterations {top.first_iteration}–{top.last_iteration}"
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
-    summary = ReportSummary(job.name, grade, grade_text, mfu, s.bottleneck.cls.value,
+    summary = ReportSummary(job.name, grade.value, grade_text, mfu, s.bottleneck.cls.value,
                             s.bottleneck.reason, span, headline)
     return Report(summary, metrics, findings, recs, job, budget, arming, analysis.plan)
 

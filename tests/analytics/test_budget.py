@@ -293,7 +293,7 @@ def test_a_finished_logs_report_says_how_to_take_a_capture_next_time() -> None:
 
 
 def test_the_grade_is_never_explained_by_causes_the_report_measured_small() -> None:
-    from perfd.analytics.run.run_findings import explain_grade
+    from perfd.analytics.run.run_grade import explain_grade
 
     assert "usually communication or data loading" in explain_grade(0.2, None, None).text()
     text = explain_grade(0.2, 0.006, None).text()

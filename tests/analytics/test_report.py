@@ -11,7 +11,8 @@ from rich.console import Console
 
 from perfd import catalog
 from perfd.analytics.run.run_analysis import analyze_run
-from perfd.analytics.run.run_findings import derive_findings, grade_mfu
+from perfd.analytics.run.run_findings import derive_findings
+from perfd.analytics.run.run_grade import grade_mfu
 from perfd.report import Report, build_report, render_rich, render_text
 from tests.analytics.analytics_helpers import fixture_job, fixture_records
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from perfd.analytics.run.run_findings import IMPOSSIBLE, grade_mfu
+from perfd.analytics.breakdown.advice_registry import Grade
+from perfd.analytics.run.run_grade import grade_mfu
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.report import build_report, render_text
 
@@ -88,15 +89,15 @@ def test_a_dtype_the_job_beats_is_refused_naming_the_logs_own(tmp_path: Path, lo
 def test_an_mfu_above_100_percent_is_never_graded() -> None:
     """Live, where no person gave the peak (a wrong --gpu on the aggregator, a wrong table row): the
     report says the peak is wrong and grades nothing."""
-    assert grade_mfu(1.32)[0] == IMPOSSIBLE and grade_mfu(0.55)[0] == "excellent"
+    assert grade_mfu(1.32)[0] == Grade.IMPOSSIBLE and grade_mfu(0.55)[0] == "excellent"
     _, analysis = analyze_megatron_file(str(BF16_PP2), gpu=H200, peak_tflops=5.0)
     assert analysis is not None and (analysis.summary.median("mfu") or 0) > 1
     rep = build_report(analysis)
-    assert rep.summary.status == IMPOSSIBLE
+    assert rep.summary.status == Grade.IMPOSSIBLE
     text = render_text(rep)
     assert "excellent" not in text and "the peak is wrong" in text
     grade = next(f for f in rep.findings if f.id == "mfu-grade")
-    assert "impossible" in grade.observation and grade.evidence["grade"] == IMPOSSIBLE
+    assert "impossible" in grade.observation and grade.evidence["grade"] == Grade.IMPOSSIBLE
 
 
 def test_tp2_report_names_the_untimed_all_reduces_not_small_communication() -> None:

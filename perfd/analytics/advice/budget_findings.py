@@ -1,7 +1,8 @@
 """Findings and remedies from a step's time budget (perfd.analytics.breakdown.budget): what each part holds,
 by the ops that issued its kernels, and the remedies perfd.analytics.advice.remedies fits to the job's own
 configuration, each a recommendation with its basis, its needs, its cost and a gain range. Pure;
-English only in the texts.
+English only in the texts. What each part is called, what its finding opens with and whether its share
+alone is a warning are its entry in the advice registry (perfd.analytics.breakdown.advice_registry).
 
 A recommendation is made only for time the budget measured: never a check of something the same
 budget shows as fine (an efficient GEMM part gets an info finding saying so, and no action); and a
@@ -17,6 +18,7 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, make_plan
 from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig, run_spread_ms
 from perfd.analytics.advice.remedy_catalog import fit, minor
+from perfd.analytics.breakdown.advice_registry import PART
 from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause, StepBudget, classify
 from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING
 from perfd.analytics.breakdown.step_parts import Part
@@ -39,56 +41,9 @@ class BudgetContext:
 
 Out = tuple[list[Finding], list[Recommendation]]
 
-_NAMES: dict[Part, str] = {
-    Part.ATTENTION: "attention",
-    Part.LINEAR: "linear layers",
-    Part.GEMM: "GEMMs (op unknown)",
-    Part.ACTIVATION: "MLP activation",
-    Part.NORM: "normalisation",
-    Part.LOSS: "loss (cross-entropy)",
-    Part.EMBEDDING: "embedding",
-    Part.OPTIMIZER: "optimizer",
-    Part.GRAD_REDUCE: "gradient reduction",
-    Part.POINTWISE: "other pointwise",
-    Part.MEMCPY: "copies and memsets",
-    Part.COMM_EXPOSED: "exposed communication",
-    Part.PIPELINE: "pipeline wait",
-    Part.DATA: "data wait",
-    Part.IDLE_SYNC: "idle after synchronisations",
-    Part.IDLE_SHORT: "idle, launch gaps",
-    Part.IDLE_LONG: "idle, host elsewhere",
-    Part.COMPUTE: "compute (not divided)",
-}
-# What each part holds, said once (the finding's opening words).
-_HOLDS: dict[Part, str] = {
-    Part.ATTENTION: "Core attention (QKᵀ, the mask, softmax, dropout and ·V, their backward and the copies "
-    "autograd makes of the scores) takes",
-    Part.LINEAR: "The linear layers' GEMMs take",
-    Part.GEMM: "Matmul kernels (their ops unknown) take",
-    Part.ACTIVATION: "The MLP activation takes",
-    Part.NORM: "Normalisation takes",
-    Part.LOSS: "The cross-entropy over the logits takes",
-    Part.EMBEDDING: "The embedding takes",
-    Part.OPTIMIZER: "The optimizer (step, gradient norm, zeroing) takes",
-    Part.GRAD_REDUCE: "Gradient accumulation (autograd's main_grad +=) and the data-parallel machinery's "
-    "kernels take",
-    Part.POINTWISE: "Other pointwise work (residual adds, hidden dropout, casts, reshapes) takes",
-    Part.MEMCPY: "Copies and memsets no op above claims take",
-    Part.IDLE_SYNC: "The GPU waits after host synchronisations (the host stood until the device drained, "
-    "then launched again) for",
-    Part.IDLE_SHORT: f"The GPU waits in gaps under {th.SHORT_GAP_S.value * 1e3:g} ms with no synchronisation "
-    "before them (the host issuing work slower than the GPU runs it) for",
-    Part.IDLE_LONG: f"The GPU waits in gaps of {th.SHORT_GAP_S.value * 1e3:g} ms or more with no "
-    "synchronisation or data wait before them (the host elsewhere: Python between steps, garbage "
-    "collection) for",
-    Part.DATA: "The step waits for its batch for",
-    Part.COMM_EXPOSED: "Collectives run with no compute beside them for",
-    Part.PIPELINE: "Pipeline p2p waits (the bubble, not link bandwidth) take",
-}
-
-
 def part_name(part: Part) -> str:
-    return _NAMES[part]
+    """What the report calls a part (the registry's PartEntry.name)."""
+    return PART[part].name
 
 
 _COLLECTIVE_OPS = ("nccl", "c10d", "all_reduce", "allreduce", "reduce_scatter", "all_gather")
@@ -106,7 +61,7 @@ def part_title(p: BudgetPart) -> str:
             side = p.detail.get("side_stream_ms")
             on_side = isinstance(side, (int, float)) and side >= 0.5 * p.ms
             return "gradient accumulation (main_grad +=" + (", a side stream)" if on_side else ")")
-    return _NAMES[p.part]
+    return PART[p.part].name
 
 
 def _short(name: str, width: int = 60) -> str:
@@ -186,13 +141,11 @@ def parts(ctx: BudgetContext) -> Out:
     b = ctx.budget
     out: list[Finding] = []
     for p in b.parts:
-        if p.share < th.BUDGET_PART_NAMED.value or p.part in ctx.covered or p.part is Part.COMPUTE:
+        entry = PART[p.part]
+        if p.share < th.BUDGET_PART_NAMED.value or p.part in ctx.covered or not entry.finding:
             continue
-        sev = (
-            Severity.WARNING
-            if p.share >= th.BUDGET_PART_WARN.value and p.part not in (Part.LINEAR, Part.GEMM)
-            else Severity.INFO
-        )
+        # the math parts' efficiency is the GEMM finding's: their share alone is no warning
+        sev = Severity.WARNING if p.share >= th.BUDGET_PART_WARN.value and not entry.math else Severity.INFO
         ops = _ops_text(p)
         extra = ""
         if p.part is Part.OPTIMIZER and isinstance(p.detail.get("timer_ms"), (int, float)):
@@ -217,7 +170,7 @@ def parts(ctx: BudgetContext) -> Out:
                 f"budget-{p.part.value}",
                 sev,
                 f"{name[0].upper()}{name[1:]}: {p.ms:.0f} ms per step ({p.share:.0%})",
-                f"{_HOLDS.get(p.part, 'It takes')} {p.ms:.1f} ms of a "
+                f"{entry.holds or 'It takes'} {p.ms:.1f} ms of a "
                 f"{b.step_ms:.0f} ms step" + (f" (by op, per step: {ops})" if ops else "") + extra + ".",
                 {
                     "part": p.part.value,

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.breakdown.advice_registry import CLASS, PARTS, class_parts
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass
 from perfd.analytics.breakdown.kernel_rows import KernelRow
 from perfd.analytics.breakdown.replay_table import ReplayTable
@@ -59,7 +60,6 @@ PART_ORDER: tuple[Part, ...] = tuple(Part)
 KERNEL_PRECEDENCE: tuple[Part, ...] = (Part.LINEAR, Part.GEMM, Part.ATTENTION, Part.ACTIVATION, Part.NORM,
                                        Part.LOSS, Part.EMBEDDING, Part.OPTIMIZER, Part.GRAD_REDUCE,
                                        Part.POINTWISE, Part.MEMCPY, Part.PIPELINE, Part.COMM_EXPOSED)
-MATH_PARTS: tuple[Part, ...] = (Part.LINEAR, Part.GEMM)  # the parts whose kernels run the model's GEMMs
 
 
 class Source(TextEnum):
@@ -365,18 +365,9 @@ def from_timers(t: TimerShares, fl: FlopsContext = NO_FLOPS) -> StepBudget | Non
 
 
 # --- the class the budget supports ------------------------------------------------------------------
-# Each class and the parts whose time it is (GPM, timers and the capture use the same names:
-# perfd.analytics.breakdown.bottleneck.BOTTLENECK_CLASSES).
-CLASS_PARTS: dict[BottleneckClass, tuple[Part, ...]] = {
-    B.COMPUTE: MATH_PARTS,  # and attention when it runs fused (class_of)
-    B.MEMORY: (Part.ATTENTION, Part.ACTIVATION, Part.NORM, Part.LOSS, Part.EMBEDDING, Part.OPTIMIZER,
-               Part.GRAD_REDUCE, Part.POINTWISE, Part.MEMCPY),
-    B.LAUNCH: (Part.IDLE_SHORT,),
-    B.SYNC: (Part.IDLE_SYNC, Part.IDLE_LONG),
-    B.DATA: (Part.DATA,),
-    B.COMMUNICATION: (Part.COMM_EXPOSED,),
-    B.PIPELINE: (Part.PIPELINE,),
-}
+# Each class and the parts whose time it is, from the one registry (perfd.analytics.breakdown.advice_registry:
+# each part names its class; GPM, timers and the capture use the same class names).
+CLASS_PARTS: dict[BottleneckClass, tuple[Part, ...]] = class_parts()
 MIXED = B.MIXED
 
 
@@ -391,7 +382,7 @@ class BudgetClass:
 
     def reason(self) -> str:
         top = sorted(((c, s) for c, s in self.shares.items() if s > 0), key=lambda cs: -cs[1])[:3]
-        return ", ".join(f"{c.value.split('-')[0]} {s:.0%}" for c, s in top) + " of the step"
+        return ", ".join(f"{CLASS[c].short} {s:.0%}" for c, s in top) + " of the step"
 
     def shares_json(self) -> dict[str, float]:
         return {c.value: s for c, s in self.shares.items()}
@@ -403,10 +394,11 @@ def classify(b: StepBudget) -> BudgetClass | None:
     if not b.has_kernels or b.step_ms <= 0:
         return None
     shares = {c: sum(b.ms(p) for p in parts) / b.step_ms for c, parts in CLASS_PARTS.items()}
-    att = b.get(Part.ATTENTION)
-    if att is not None and att.detail.get("fused"):  # one fused kernel runs attention's math
-        shares[B.COMPUTE] += att.share
-        shares[B.MEMORY] -= att.share
+    for e in PARTS:  # a part one fused kernel runs (attention's math) is its fused class's time
+        if e.fused_cls is None or e.cls is None or (p := b.get(e.part)) is None or not p.detail.get("fused"):
+            continue
+        shares[e.fused_cls] += p.share
+        shares[e.cls] -= p.share
     ranked = sorted(shares.items(), key=lambda cs: -cs[1])
     (first, s1), (_second, s2) = ranked[0], ranked[1]
     lead = s1 - s2

@@ -11,8 +11,8 @@ from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kc
+from perfd.analytics.breakdown.advice_registry import MATH_PARTS
 from perfd.analytics.breakdown.budget import (
-    MATH_PARTS,
     NO_FLOPS,
     NO_TIMERS,
     CutPart,

@@ -28,16 +28,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.breakdown.advice_registry import ncu_classes
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
 from perfd.analytics.breakdown.budget import BudgetPart, StepBudget
 from perfd.analytics.breakdown.kernel_rows import RowVerdict, figure, verdict_of
-from perfd.analytics.breakdown.ncu_kernels import KernelBound
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.ncu.launches import Coverage, coverage_text
 from perfd.typed import obj, objs
 
 CLASS_COVERAGE = th.NCU_CLASS_COVERAGE.value
+# NVIDIA's kernel bound -> the class ncu rows vote for (the registry's ClassEntry.ncu_bound)
+NCU_CLASSES = ncu_classes()
 
 
 @dataclass(frozen=True)
@@ -163,8 +165,7 @@ def rows_class(categories: Sequence[Mapping[str, object]], compute_ms: float | N
                 by[str(bound)] = by.get(str(bound), 0.0) + float(ms)
     total = sum(by.values())
     top = max(by, key=lambda k: by[k]) if by else None
-    cls = {KernelBound.COMPUTE.value: BottleneckClass.COMPUTE,
-           KernelBound.MEMORY.value: BottleneckClass.MEMORY}.get(top or "", BottleneckClass.MIXED)
+    cls = NCU_CLASSES.get(top or "", BottleneckClass.MIXED)
     if top is None or by[top] < 0.5 * total:
         cls = BottleneckClass.MIXED
     share = by[top] / total if top is not None and total > 0 else 0.0

@@ -19,17 +19,19 @@ from perfd.analytics.advice import budget_findings
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import DATA_KNOBS, Framework, JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
+from perfd.analytics.breakdown.advice_registry import GRADE, PARTS
 from perfd.analytics.breakdown.budget import Source, StepBudget
 from perfd.analytics.breakdown.step_parts import Part
-from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, TextEnum
+from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.incidents.verdict_text import data_loading_action
 from perfd.analytics.run.run_figures import MIN_GRADE_STEPS, too_few
+from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_mfu
 from perfd.analytics.run.runs import FiguresFrom
 from perfd.analytics.steps.pipeline import microbatches_for_bubble, rebalance_estimate
 from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
-from perfd.analytics.steps.untimed import Untimed, names, untimed_groups, untimed_text
+from perfd.analytics.steps.untimed import names, untimed_groups, untimed_text
 from perfd.model import CPU, HOOK_OUTSIDE, JobInfo
 
 # A CPU-only job's DataLoader knobs (no pin_memory: it only speeds copies to a GPU).
@@ -38,124 +40,10 @@ CPU_DATA_KNOBS = "DataLoader(num_workers=N, prefetch_factor=4, persistent_worker
 if TYPE_CHECKING:
     from perfd.analytics.run.run_result import RunAnalysis
 
-GRADES: tuple[tuple[str, str], ...] = (
-    ("severe", "MFU < 30%: severe (usually communication or data loading)"),
-    ("communication-overhead", "MFU 30–40%: communication overhead"),
-    ("good", "MFU 40–50%: good"),
-    ("excellent", "MFU > 50%: excellent"),
-)
-# An MFU above 100% is no grade: the peak it was divided by is wrong (th.MFU_POSSIBLE).
-IMPOSSIBLE = "impossible"
-IMPOSSIBLE_TEXT = ("MFU above 100% is impossible: the peak it is measured against is wrong (a --dtype, "
-                   "--gpu or --peak-tflops that is not the job's)")
-# Each grade's band, and the causes its name points at (docs/design.md §2 "MFU"): a report that measured
-# them small says so instead (explain_grade).
-_BANDS = {"severe": "MFU < 30%", "communication-overhead": "MFU 30–40%", "good": "MFU 40–50%",
-          "excellent": "MFU > 50%"}
-# How a headline shows a grade: a grade is an MFU band, and the band 30–40% is named for its usual
-# cause; shown beside the MFU it would read as this job's cause, which the bottleneck class states.
-GRADE_LABELS: dict[str, str] = {"communication-overhead": "fair", IMPOSSIBLE: "above 100%: the peak is wrong"}
-
 BUBBLE_TARGET = th.BUBBLE_TARGET.value
 GRAD_SYNC_SHARE = th.GRAD_SYNC_SHARE.value
 JITTER_CV = th.JITTER_CV.value
 SLOW_EXCESS = th.BEAT_SLOW_STEP_EXCESS.value
-
-
-def grade_mfu(mfu: float | None) -> tuple[str, str]:
-    """(grade, text): <0.30 severe, [0.30, 0.40) communication-overhead, [0.40, 0.50] good,
-    > 0.50 excellent; None -> unknown; above 100% (th.MFU_POSSIBLE) never graded: the peak is wrong."""
-    if mfu is None:
-        return "unknown", "MFU unknown"
-    if mfu > th.MFU_POSSIBLE.value:
-        return IMPOSSIBLE, IMPOSSIBLE_TEXT
-    if mfu < th.MFU_SEVERE.value:
-        return GRADES[0]
-    if mfu < th.MFU_GOOD.value:
-        return GRADES[1]
-    if mfu <= th.MFU_EXCELLENT.value:
-        return GRADES[2]
-    return GRADES[3]
-
-
-class GradeBasis(TextEnum):
-    """What explains a grade: its band's usual causes, a capture's step budget, or the band's usual
-    causes ruled out by the job's own measurements."""
-
-    BAND = "band"
-    BUDGET = "budget"
-    NOT_COMMUNICATION = "not-communication"  # 30–40%: exposed communication measured small
-    RULED_OUT = "ruled-out"  # severe: data loading and/or exposed communication measured small
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GradeExplanation:
-    """A grade with what explains it (:func:`explain_grade`); ``text`` says it."""
-
-    grade: str  # a GRADES name, or "unknown"
-    basis: GradeBasis
-    budget_class: str | None = None  # the capture's budget class text (BUDGET)
-    data_share: float | None = None
-    comm_share: float | None = None
-    small_data: bool = False  # the data wait measured below th.DATA_HEALTHY_SHARE
-    small_comm: bool = False  # exposed communication below a third of th.COMM_BOUND_SHARE
-    untimed: Untimed = ()  # collectives the timers cannot see: communication is never ruled out then
-
-    def text(self) -> str:
-        band = _BANDS.get(self.grade)
-        if self.basis is GradeBasis.BAND or band is None:
-            return grade_mfu_text(self.grade)
-        if self.basis is GradeBasis.BUDGET:
-            return f"{band}: the step budget shows where the time goes — {self.budget_class}"
-        if self.basis is GradeBasis.NOT_COMMUNICATION:
-            return (f"{band}: a band usually due to communication overhead — not here: exposed communication "
-                    f"{self.comm_share:.1%} of the step; the bottleneck class says where the time goes")
-        data, comm = self.data_share, self.comm_share
-        ruled = [f"data loading ({data:.1%})" if self.small_data else "",
-                 f"exposed communication ({comm:.1%})" if self.small_comm else ""]
-        unknown = "" if data is not None and comm is not None else (
-            "; exposed communication is not timed" if comm is None else "; the data wait is not timed")
-        if self.untimed and comm is not None:
-            unknown += (f"; exposed communication {comm:.1%} is the timed collectives' only (DP gradient "
-                        f"sync); {untimed_text(self.untimed)}")
-        return (f"{band}: severe — not {' nor '.join(r for r in ruled if r)} here{unknown}: the bottleneck "
-                "class says where the time goes")
-
-
-def grade_mfu_text(grade: str) -> str:
-    """A grade's own text (GRADES), "MFU unknown" for none."""
-    return dict((*GRADES, (IMPOSSIBLE, IMPOSSIBLE_TEXT))).get(grade, "MFU unknown")
-
-
-def explain_grade(mfu: float | None, data: float | None, comm: float | None,
-                  budget_class: str | None = None, untimed: Untimed = ()) -> GradeExplanation:
-    """The grade said with this job's own measurements: never its band's usual causes where the same
-    report measured them small. ``budget_class``: what a capture's step budget says (its class text).
-    ``untimed``: the groups whose collectives the timers cannot see (perfd.analytics.steps.untimed):
-    communication is then never ruled out."""
-    grade, _ = grade_mfu(mfu)
-    plain = GradeExplanation(grade=grade, basis=GradeBasis.BAND)
-    if _BANDS.get(grade) is None or grade not in ("severe", "communication-overhead"):
-        return plain
-    if budget_class:  # a capture divided the step: the budget, not the band's usual suspects
-        return GradeExplanation(grade=grade, basis=GradeBasis.BUDGET, budget_class=budget_class)
-    small_data = data is not None and data < th.DATA_HEALTHY_SHARE.value
-    small_comm = comm is not None and comm < th.COMM_BOUND_SHARE.value / 3 and not untimed
-    if grade == "communication-overhead":
-        return (GradeExplanation(grade=grade, basis=GradeBasis.NOT_COMMUNICATION, comm_share=comm,
-                                 small_comm=True) if small_comm else plain)
-    if not (small_data or small_comm):
-        return plain
-    return GradeExplanation(grade=grade, basis=GradeBasis.RULED_OUT, data_share=data, comm_share=comm,
-                            small_data=small_data, small_comm=small_comm, untimed=untimed)
-
-
-def budget_class_text(b: StepBudget | None) -> str | None:
-    """The class a capture's budget supports, as text (None without a capture)."""
-    from perfd.analytics.breakdown.budget import classify
-
-    c = classify(b) if b is not None else None
-    return budget_findings.class_text(c) if c is not None else None
 
 
 def _pct(x: float | None) -> str:
@@ -209,6 +97,7 @@ def mfu_grade(c: RunContext) -> Out:
                         f"Median MFU {_pct(mfu)} over {n} steady step(s); {too_few(n)}: no grade.",
                         {"mfu": mfu, "n_steady": n, "min_steps": MIN_GRADE_STEPS}, span)], []
     grade, _ = grade_mfu(mfu)
+    entry = GRADE[grade]
     b = c.budget
     cls = budget_class_text(b)
     lay = c.job.layout
@@ -217,14 +106,12 @@ def mfu_grade(c: RunContext) -> Out:
     ceiling = (f"; {_pct(med.get('mfu_vs_measured_ceiling'))} of the measured "
                f"{peak.measured_ceiling_tflops:g} TFLOP/s matmul ceiling"
                if peak.measured_ceiling_tflops else "")
-    sev = {"severe": Severity.CRITICAL, "communication-overhead": Severity.WARNING,
-           IMPOSSIBLE: Severity.WARNING}.get(grade, Severity.INFO)
-    # The title is a headline too: the band's label, never its usual cause as this job's (GRADE_LABELS).
-    return [Finding("mfu-grade", sev, f"MFU {_pct(mfu)}: {GRADE_LABELS.get(grade, grade)}",
+    # The title is a headline too: the band's label, never its usual cause as this job's (GradeEntry.label).
+    return [Finding("mfu-grade", entry.severity, f"MFU {_pct(mfu)}: {entry.shown}",
                     f"Median MFU {_pct(mfu)} = {med['model_tflops_per_gpu']:.1f} TFLOP/s per GPU of "
                     f"{peak.peak_tflops:g} peak ({peak.gpu_model} {peak.dtype}){ceiling}. {grade_text}.",
                     {"mfu": mfu, "model_tflops_per_gpu": med["model_tflops_per_gpu"],
-                     "peak_tflops": peak.peak_tflops, "grade": grade}, span,
+                     "peak_tflops": peak.peak_tflops, "grade": grade.value}, span,
                     a.summary.bottleneck.cls.value)], []
 
 
@@ -483,10 +370,9 @@ def budget_context(c: RunContext) -> budget_findings.BudgetContext | None:
     b = c.budget
     if b is None or not b.has_kernels:
         return None
-    covered = {p for p, key in ((Part.DATA, "data_share"), (Part.COMM_EXPOSED, "comm_exposed_share"))
-               if c.med.get(key) is not None}
-    if c.job.layout.pp and c.job.layout.pp > 1 and c.med.get("pp_idle_max") is not None:
-        covered.add(Part.PIPELINE)
+    staged = bool(c.job.layout.pp and c.job.layout.pp > 1)
+    covered = {e.part for e in PARTS if e.timers_key is not None and c.med.get(e.timers_key) is not None
+               and (staged or not e.stages)}
     ref = c.a.summary.runs.reference  # every step of the current run armed: the budget is that run's
     return budget_findings.BudgetContext(b, c.framework, b.basis, frozenset(covered), c.config,
                                          ref.run if ref is not None else None)
