@@ -24,16 +24,17 @@ from typing import Any
 
 from perfd import events
 from perfd import limits as L
+from perfd.typed import obj
 
 log = logging.getLogger(__name__)
 
 # (agent id, event) -> False when the payload was malformed (counted)
-Handler = Callable[[str, Mapping[str, Any]], bool]
-Listener = Callable[[Mapping[str, Any]], None]
+Handler = Callable[[str, Mapping[str, object]], bool]
+Listener = Callable[[Mapping[str, object]], None]
 MAX_EVENTS = 1000  # history kept for /api/events, newest last
 
 
-def kept(ev: Mapping[str, Any]) -> tuple[dict[str, Any], int, int]:
+def kept(ev: Mapping[str, object]) -> tuple[dict[str, Any], int, int]:
     """(what the log keeps of ``ev``, the bytes cut, its size as kept): text and payload within
     MAX_KEPT_EVENT_BYTES (perfd.events.cut). The payload is kept as it came, or replaced by
     ``{"cut_bytes": N}`` when it does not fit; its JSON text is only its measure (the cap counts the
@@ -48,7 +49,7 @@ def kept(ev: Mapping[str, Any]) -> tuple[dict[str, Any], int, int]:
         if p != payload_json:  # the payload did not fit: what it was is its size
             out["payload"] = {"cut_bytes": len(payload_json.encode())}
     size = len(t) + len(p) + 256 + sum(len(str(k)) + len(str(v)) for key in ("labels", "links")
-                                       for k, v in (out.get(key) or {}).items())
+                                       for k, v in obj(out.get(key)).items())
     return out, n, size
 
 
@@ -72,7 +73,7 @@ class EventLog:
         """Route events of ``kind`` to ``handler`` (state kinds are then kept out of the log)."""
         self.handlers.setdefault(kind.name, []).append(handler)
 
-    def ingest(self, agent_id: str, evs: Sequence[Mapping[str, Any]]) -> None:
+    def ingest(self, agent_id: str, evs: Sequence[Mapping[str, object]]) -> None:
         history: list[dict[str, Any]] = []
         for ev in evs:
             kind_name = str(ev.get("kind", ""))
@@ -95,7 +96,7 @@ class EventLog:
                 for ev in heard:
                     listener(ev)
 
-    def _keep(self, evs: Sequence[Mapping[str, Any]]) -> None:
+    def _keep(self, evs: Sequence[Mapping[str, object]]) -> None:
         """Append (lock held), each cut to what is kept and numbered; the oldest leave past the caps."""
         for ev in evs:
             out, n, size = kept(ev)
@@ -111,7 +112,7 @@ class EventLog:
             self.events.popleft()
             self.bytes -= self._sizes.popleft()
 
-    def restore(self, evs: Sequence[Mapping[str, Any]]) -> None:
+    def restore(self, evs: Sequence[Mapping[str, object]]) -> None:
         """Events read back from a state store, merged in time order (no handler or listener runs:
         they did when the events first happened); numbered anew."""
         with self._lock:
@@ -167,5 +168,5 @@ class EventLog:
                     "cut_bytes": self.cut_bytes}
 
 
-def _of_job(e: Mapping[str, Any], job: str | None) -> bool:
-    return job is None or e.get("job") in ("", None, job) or (e.get("labels") or {}).get("job") == job
+def _of_job(e: Mapping[str, object], job: str | None) -> bool:
+    return job is None or e.get("job") in ("", None, job) or obj(e.get("labels")).get("job") == job

@@ -175,7 +175,7 @@ class AggregatorState:
     def ingest_collectives(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None:
         self._ingest.ingest_collectives(agent_id, recs)
 
-    def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, Any]]) -> None:
+    def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, object]]) -> None:
         self._ingest.ingest_events(agent_id, evs)
 
     def note_folded_ranks(self, job: str, ranks: Collection[int]) -> None:
@@ -193,10 +193,10 @@ class AggregatorState:
     def set_gpu_model(self, job: str, model: str) -> None:
         self._ingest.set_gpu_model(job, model)
 
-    def load_incidents(self, doc: Mapping[str, Any]) -> None:
+    def load_incidents(self, doc: Mapping[str, object]) -> None:
         self._ingest.load_incidents(doc)
 
-    def restore_events(self, evs: Sequence[Mapping[str, Any]]) -> None:
+    def restore_events(self, evs: Sequence[Mapping[str, object]]) -> None:
         self._ingest.restore_events(evs)
 
     def forget_job(self, job: str) -> None:
