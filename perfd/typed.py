@@ -59,6 +59,22 @@ def obj(v: object) -> Mapping[str, object]:
 def objs(v: object) -> list[Mapping[str, object]]:
     """The JSON objects of ``v`` when it is a list (none when it is not one)."""
     return [x for x in v if isinstance(x, Mapping)] if isinstance(v, list) else []
+
+
+def number(v: object) -> float:
+    """``v`` as a float when it is a JSON number (not a bool); raises TypeError for anything else: in a
+    value that must hold the number (a record read back), the whole value is then unreadable."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    raise TypeError(f"{_shown(v)} is not a number")
+
+
+def numbers(v: object) -> tuple[float, ...]:
+    """A JSON list of numbers as floats; raises TypeError as :func:`number` does."""
+    if not isinstance(v, list):
+        raise TypeError(f"{_shown(v)} is not a list")
+    return tuple(number(x) for x in v)
+
 _SHOWN = 40  # characters of an offending value said in a problem (it comes from the network)
 
 

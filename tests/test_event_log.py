@@ -33,13 +33,16 @@ def test_the_log_is_bounded_by_bytes_and_pages_walk_it_once() -> None:
     assert st["bytes"] <= 200_000 and 15 <= st["held"] <= 20 and st["last_seq"] == 100
     newest, more = log.page(limit=5)
     assert [e["seq"] for e in newest] == [96, 97, 98, 99, 100] and more
-    seen, cursor = [], 0
+    seen: list[object] = []
+    cursor = 0
     while True:
         page, more = log.page(limit=7, after=cursor, max_bytes=L.MAX_EVENTS_PAGE_BYTES)
         seen += [e["seq"] for e in page]
         if not more:
             break
-        cursor = page[-1]["seq"]
+        last = page[-1]["seq"]
+        assert isinstance(last, int)
+        cursor = last
     assert seen == list(range(100 - st["held"] + 1, 101))
     page, _ = log.page(limit=1000, after=0, max_bytes=25_000)  # about that many bytes, at least one
     assert 1 <= len(page) <= 3

@@ -64,7 +64,7 @@ class Decided:
         """The same decision over another result of the capture (its agent reported again)."""
         return dataclasses.replace(self, devices=rank_devices(result, self.rank))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"rank": self.rank, "device": self.device}
 
     @classmethod
@@ -115,7 +115,7 @@ class CaptureRecord:
     # job's budget or class, and its findings say why.
     match: CaptureMatch | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         out: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out.update(findings=[f.to_json() for f in self.findings],
                    recommendations=[dataclasses.asdict(r) for r in self.recommendations],
@@ -226,7 +226,7 @@ class CaptureSeen:
                    c.requested_at, c.started_at, c.finished_at, tuple(c.findings), c.bottleneck,
                    dict(c.slowdown))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         ranks = list(self.ranks) if self.ranks is not None else None
         return {"id": self.id, "tool": self.tool, "ranks": ranks, "status": self.status,
                 "origin": self.origin, "requested_at": self.requested_at, "started_at": self.started_at,

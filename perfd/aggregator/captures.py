@@ -44,6 +44,7 @@ from perfd.refusals import Refusals
 from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
 from perfd.rules.model import CaptureAction, CaptureTargets, Rule
 from perfd.transport.codec import Command
+from perfd.typed import obj
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +342,7 @@ class CaptureCoordinator:
         chosen = sorted({a for a, n in node_of.items() if n in nodes and a in agents_all})
         return chosen or agents_all
 
-    def on_event(self, ev: Mapping[str, Any]) -> None:
+    def on_event(self, ev: Mapping[str, object]) -> None:
         """Capture progress reported by an agent (capture_started/finished/failed): taken only from
         an agent the capture was sent to (another's is refused and counted, ``not_target``: a
         stranger naming a capture's id once turned it from failed into finished with its own
@@ -349,7 +350,7 @@ class CaptureCoordinator:
         kind = str(ev.get("kind", ""))
         if kind not in CAPTURE_PROGRESS:
             return
-        links = ev.get("links") or {}
+        links = obj(ev.get("links"))
         sender = str(ev.get("agent") or "")
         with self._lock:
             rec = None
@@ -389,8 +390,7 @@ class CaptureCoordinator:
                     self._diagnose(rec)
                 if rec.status in ("finished", "failed"):
                     rec.arming = self._arming([rec])
-            cause = CaptureFailure.of((ev.get("payload") or {}).get("cause")
-                                      if isinstance(ev.get("payload"), Mapping) else None)
+            cause = CaptureFailure.of(obj(ev.get("payload")).get("cause"))
             if rec.status in ("finished", "failed"):
                 rec.cause = cause.value if cause is not None and rec.status != "finished" else None
                 f = self._firing_of.get(rec.id)

@@ -46,7 +46,7 @@ class CaptureSource(Protocol):
 
     def arming(self, job: str) -> ArmingCost | None: ...
 
-    def on_event(self, ev: Mapping[str, Any]) -> None: ...
+    def on_event(self, ev: Mapping[str, object]) -> None: ...
 
 
 class NoCaptures:
@@ -58,7 +58,7 @@ class NoCaptures:
     def arming(self, job: str) -> ArmingCost | None:
         return None
 
-    def on_event(self, ev: Mapping[str, Any]) -> None:
+    def on_event(self, ev: Mapping[str, object]) -> None:
         pass
 
 

@@ -42,6 +42,7 @@ from perfd.collfold import (
 )
 from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
+from perfd.typed import obj
 
 Row = tuple[Mapping[str, str], str, float]
 # What the window fold is told of a job (the aggregator's jobs store has it): a key that changes with
@@ -200,8 +201,8 @@ class CollectiveStore:
                         setattr(total, k, getattr(total, k) + v)
         return {**total.to_json(), "pending": pending}
 
-    def add_hang_event(self, agent_id: str, ev: Mapping[str, Any]) -> None:
-        job = str(ev.get("job") or (ev.get("labels") or {}).get("job") or "")
+    def add_hang_event(self, agent_id: str, ev: Mapping[str, object]) -> None:
+        job = str(ev.get("job") or obj(ev.get("labels")).get("job") or "")
         # What it holds: its text and payload (the wire's cap bounds one; this bounds the job's).
         size = len(str(ev.get("text") or "")) + len(json.dumps(ev.get("payload"), default=str)) + 256
         with self._lock:

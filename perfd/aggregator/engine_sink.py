@@ -38,7 +38,7 @@ class StateSink(Protocol):
 
     def ingest_collectives(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None: ...
 
-    def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, Any]]) -> None: ...
+    def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, object]]) -> None: ...
 
     def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial) -> None: ...
 
@@ -66,7 +66,7 @@ class EngineSink:
 
         return self.guard.admit_job(job, ENGINE_AGENT)
 
-    def ingest_records(self, agent_id: str, events: Sequence[Mapping[str, Any]],
+    def ingest_records(self, agent_id: str, events: Sequence[Mapping[str, object]],
                        collectives: Sequence[CollectiveRecord]) -> None:
         held = self.guard.collectives(agent_id, collectives) if collectives else []
         if held:

@@ -20,20 +20,20 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from perfd import events
 from perfd import limits as L
+from perfd.typed import obj
 
 log = logging.getLogger(__name__)
 
 # (agent id, event) -> False when the payload was malformed (counted)
-Handler = Callable[[str, Mapping[str, Any]], bool]
-Listener = Callable[[Mapping[str, Any]], None]
+Handler = Callable[[str, Mapping[str, object]], bool]
+Listener = Callable[[Mapping[str, object]], None]
 MAX_EVENTS = 1000  # history kept for /api/events, newest last
 
 
-def kept(ev: Mapping[str, Any]) -> tuple[dict[str, Any], int, int]:
+def kept(ev: Mapping[str, object]) -> tuple[dict[str, object], int, int]:
     """(what the log keeps of ``ev``, the bytes cut, its size as kept): text and payload within
     MAX_KEPT_EVENT_BYTES (perfd.events.cut). The payload is kept as it came, or replaced by
     ``{"cut_bytes": N}`` when it does not fit; its JSON text is only its measure (the cap counts the
@@ -48,15 +48,16 @@ def kept(ev: Mapping[str, Any]) -> tuple[dict[str, Any], int, int]:
         if p != payload_json:  # the payload did not fit: what it was is its size
             out["payload"] = {"cut_bytes": len(payload_json.encode())}
     size = len(t) + len(p) + 256 + sum(len(str(k)) + len(str(v)) for key in ("labels", "links")
-                                       for k, v in (out.get(key) or {}).items())
+                                       for k, v in obj(out.get(key)).items())
     return out, n, size
 
 
 class EventLog:
     def __init__(self, max_events: int = MAX_EVENTS, max_bytes: int = L.MAX_EVENT_LOG_BYTES) -> None:
         self._lock = threading.Lock()
-        self.events: deque[dict[str, Any]] = deque()
+        self.events: deque[dict[str, object]] = deque()
         self._sizes: deque[int] = deque()  # each event's size as kept, in the order of ``events``
+        self._seqs: deque[int] = deque()  # ... and its sequence number (its ``seq``)
         self.bytes = 0
         self.handlers: dict[str, list[Handler]] = {}
         self.listeners: list[Listener] = []
@@ -72,8 +73,8 @@ class EventLog:
         """Route events of ``kind`` to ``handler`` (state kinds are then kept out of the log)."""
         self.handlers.setdefault(kind.name, []).append(handler)
 
-    def ingest(self, agent_id: str, evs: Sequence[Mapping[str, Any]]) -> None:
-        history: list[dict[str, Any]] = []
+    def ingest(self, agent_id: str, evs: Sequence[Mapping[str, object]]) -> None:
+        history: list[dict[str, object]] = []
         for ev in evs:
             kind_name = str(ev.get("kind", ""))
             kind = events.get(kind_name)
@@ -95,7 +96,7 @@ class EventLog:
                 for ev in heard:
                     listener(ev)
 
-    def _keep(self, evs: Sequence[Mapping[str, Any]]) -> None:
+    def _keep(self, evs: Sequence[Mapping[str, object]]) -> None:
         """Append (lock held), each cut to what is kept and numbered; the oldest leave past the caps."""
         for ev in evs:
             out, n, size = kept(ev)
@@ -106,26 +107,29 @@ class EventLog:
             out["seq"] = self.seq
             self.events.append(out)
             self._sizes.append(size)
+            self._seqs.append(self.seq)
             self.bytes += size
         while self.events and (len(self.events) > self.max_events or self.bytes > self.max_bytes):
             self.events.popleft()
+            self._seqs.popleft()
             self.bytes -= self._sizes.popleft()
 
-    def restore(self, evs: Sequence[Mapping[str, Any]]) -> None:
+    def restore(self, evs: Sequence[Mapping[str, object]]) -> None:
         """Events read back from a state store, merged in time order (no handler or listener runs:
         they did when the events first happened); numbered anew."""
         with self._lock:
             merged = sorted([*self.events, *(dict(e) for e in evs)],
-                            key=lambda e: float(e.get("time") or 0.0))
+                            key=lambda e: t if isinstance(t := e.get("time"), (int, float)) else 0.0)
             self.events.clear()
             self._sizes.clear()
+            self._seqs.clear()
             self.bytes = 0
             self._keep(merged)
 
-    def recent(self, job: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    def recent(self, job: str | None = None, limit: int = 200) -> list[dict[str, object]]:
         return self.page(job, limit)[0]
 
-    def api_page(self, q: Mapping[str, Sequence[str]]) -> tuple[int, dict[str, Any]]:
+    def api_page(self, q: Mapping[str, Sequence[str]]) -> tuple[int, dict[str, object]]:
         """GET /api/events[?limit=N][&cursor=SEQ][&job=JOB] (``q``: its parsed query): without a
         cursor the newest events, with one those after it; at most MAX_EVENTS_PAGE and about
         MAX_EVENTS_PAGE_BYTES a page, oldest first. ``next_cursor``: pass it as ``cursor`` for what
@@ -143,15 +147,15 @@ class EventLog:
         return 200, {"events": evs, "next_cursor": last, "more": more}
 
     def page(self, job: str | None = None, limit: int = 200, after: int | None = None,
-             max_bytes: int | None = None) -> tuple[list[dict[str, Any]], bool]:
+             max_bytes: int | None = None) -> tuple[list[dict[str, object]], bool]:
         """(events, more): with ``after`` (a ``seq``) the oldest events after it, else the newest —
         at most ``limit`` and about ``max_bytes`` (at least one), oldest first either way; ``more``:
         events past the page's end (with ``after``) or before its start (without) were left out."""
         with self._lock:
-            rows = [(e, size) for e, size in zip(self.events, self._sizes, strict=True)
-                    if (after is None or e["seq"] > after) and _of_job(e, job)]
+            rows = [(e, size) for e, size, seq in zip(self.events, self._sizes, self._seqs, strict=True)
+                    if (after is None or seq > after) and _of_job(e, job)]
         order = rows if after is not None else rows[::-1]
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, object]] = []
         total = 0
         for e, size in order:
             if len(out) >= limit or (max_bytes is not None and out and total + size > max_bytes):
@@ -167,5 +171,5 @@ class EventLog:
                     "cut_bytes": self.cut_bytes}
 
 
-def _of_job(e: Mapping[str, Any], job: str | None) -> bool:
-    return job is None or e.get("job") in ("", None, job) or (e.get("labels") or {}).get("job") == job
+def _of_job(e: Mapping[str, object], job: str | None) -> bool:
+    return job is None or e.get("job") in ("", None, job) or obj(e.get("labels")).get("job") == job

@@ -247,7 +247,7 @@ class Guard:
         ok = {job for job in {r.job for r in recs} if self.admit_job(job, agent)}
         return [r for r in recs if r.job in ok] if len(ok) < len({r.job for r in recs}) else list(recs)
 
-    def typed_events(self, agent: str, evs: Sequence[Mapping[str, Any]]
+    def typed_events(self, agent: str, evs: Sequence[Mapping[str, object]]
                      ) -> list[tuple[int, dict[str, Any], bool]]:
         """A batch's events as their kinds declare them (perfd.events.checked), before anything else
         reads them: (index in the batch, the event, whether entries of its payload were left out). An

@@ -20,6 +20,7 @@ from typing import Any
 
 from perfd import limits as L
 from perfd.events import JOB_PHASE, PHASES, RANK_PROCESSES, RANK_STACKS, payload_of
+from perfd.typed import obj
 
 MAX_PHASE_KEYS = 4096  # announcing sources per job (a rank's hook, the log)
 MAX_STACK_ANSWERS = 8  # stacks answers kept per job (the newest)
@@ -47,13 +48,13 @@ class HostView:
         self._ended: dict[str, tuple[float, str]] = {}  # job -> (when, why) its processes ended
 
     # ---- state events (the gRPC side) -----------------------------------------------------------
-    def on_rank_processes(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+    def on_rank_processes(self, agent_id: str, ev: Mapping[str, object]) -> bool:
         p = payload_of(ev, RANK_PROCESSES)
         if p is None or not isinstance(p.get("job"), str) or not isinstance(p.get("ranks"), list):
             return False
         ranks = [dict(r) for r in p["ranks"][:L.MAX_RANKS_PER_AGENT] if isinstance(r, Mapping)
                  and isinstance(r.get("rank"), int) and isinstance(r.get("pid"), int)]
-        node = str((ev.get("labels") or {}).get("node") or agent_id)
+        node = str(obj(ev.get("labels")).get("node") or agent_id)
         job = p["job"]
         now = time.time()
         launch = p.get("launch") if isinstance(p.get("launch"), Mapping) else None
@@ -116,7 +117,7 @@ class HostView:
         with self._lock:
             return self._ended.get(job)
 
-    def on_job_phase(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+    def on_job_phase(self, agent_id: str, ev: Mapping[str, object]) -> bool:
         p = payload_of(ev, JOB_PHASE)
         if p is None or p.get("phase") not in PHASES or p.get("state") not in ("begin", "end"):
             return False
@@ -136,7 +137,7 @@ class HostView:
                              "iteration": it if isinstance(it, int) else None}
         return True
 
-    def on_rank_stacks(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+    def on_rank_stacks(self, agent_id: str, ev: Mapping[str, object]) -> bool:
         p = payload_of(ev, RANK_STACKS)
         if p is None or not isinstance(p.get("ranks"), Mapping):
             return False
@@ -144,7 +145,7 @@ class HostView:
         cid = str(p.get("command_id") or "")
         with self._lock:
             held = self._stacks.setdefault(job, OrderedDict())
-            held.setdefault(cid, {})[agent_id] = {**p, "node": (ev.get("labels") or {}).get("node")}
+            held.setdefault(cid, {})[agent_id] = {**p, "node": obj(ev.get("labels")).get("node")}
             held.move_to_end(cid)
             while len(held) > MAX_STACK_ANSWERS:
                 held.popitem(last=False)

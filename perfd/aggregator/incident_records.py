@@ -30,7 +30,7 @@ class CostParts:
     steps_s: float | None
     silence_s: float | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"steps_s": self.steps_s, "silence_s": self.silence_s}
 
 
@@ -67,7 +67,7 @@ class TrackedIncident:
         """The part of its cost that lies in its steps' time (goodput's incident part)."""
         return self.cost_parts.steps_s if self.cost_parts is not None else self.incident.cost_s
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         out = self.incident.to_json()
         out["duration_s"] = self.duration_s
         out.update(captures=[c.to_json() for c in self.captures], first_seen=self.first_seen,
@@ -123,17 +123,22 @@ def tracked_from_json(d: Mapping[str, Any]) -> TrackedIncident:
         d.get("run") if isinstance(d.get("run"), int) else None)
 
 
-def incident_event(kind: str, job: str, rec: TrackedIncident) -> dict[str, Any]:
-    """The event of an incident opening (a warning) or closing (perfd.events), as it goes on the wire."""
+def incident_event(kind: str, job: str, rec: TrackedIncident, withdrawn: Withdrawal | None = None
+                   ) -> dict[str, object]:
+    """The event of an incident opening (a warning) or closing (perfd.events), as it goes on the wire;
+    one withdrawn (it was not one) says why in its text and payload."""
     inc = rec.incident
     opened = kind == INCIDENT_OPENED.name
     cost = inc.cost_s
+    text = (f"incident {inc.id} withdrawn ({withdrawn.value}): it was not one" if withdrawn is not None
+            else f"incident {inc.id} {'opened' if opened else 'closed'}: {inc.cause}"
+            + (f" ({cost:.1f} s lost)" if cost is not None else ""))
     return {"kind": kind, "severity": "warning" if opened else "info", "job": job, "time": rec.updated_at,
-            "text": f"incident {inc.id} {'opened' if opened else 'closed'}: {inc.cause}"
-                    + (f" ({cost:.1f} s lost)" if cost is not None else ""),
+            "text": text,
             "labels": {"job": job, "incident": inc.id},
             "links": {"incident": inc.id, "steps": f"{inc.first_iteration}-{inc.last_iteration}"},
             "payload": {"id": inc.id, "first_iteration": inc.first_iteration,
                         "last_iteration": inc.last_iteration, "ranks": list(inc.ranks),
                         "kinds": list(inc.kinds),
-                        "cost_s": cost, "open": inc.open, "cause": inc.cause}}
+                        "cost_s": cost, "open": inc.open, "cause": inc.cause,
+                        **({"withdrawn": withdrawn.value} if withdrawn is not None else {})}}

@@ -295,10 +295,7 @@ class IncidentTracker:
         inc = rec.incident
         rec = replace(rec, incident=replace(inc, open=False, end_time=inc.end_time or now, cost_s=0.0),
                       updated_at=now)
-        ev = incident_event(INCIDENT_CLOSED.name, job, rec)
-        ev["text"] = f"incident {inc.id} withdrawn ({why.value}): it was not one"
-        ev["payload"]["withdrawn"] = why.value
-        self.emit([ev])
+        self.emit([incident_event(INCIDENT_CLOSED.name, job, rec, why)])
         return True
 
     def withdraw_stall(self, job: str, first_iteration: int, now: float, why: Withdrawal) -> bool:

@@ -33,6 +33,7 @@ from perfd.model import LabelSet
 from perfd.placement import declared_job, declared_jobs
 from perfd.transport.codec import F64, I64, U32
 from perfd.transport.series import SeriesKey
+from perfd.typed import obj
 
 GpuKey = tuple[str, str]  # (node, gpu index)
 # catalog name -> GpmReading field
@@ -252,13 +253,13 @@ class NodeView:
         return slot
 
     # ---- state events ------------------------------------------------------------------------
-    def on_gpu_processes(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+    def on_gpu_processes(self, agent_id: str, ev: Mapping[str, object]) -> bool:
         """The latest process list of a GPU replaces the previous one; False if malformed."""
         payload = payload_of(ev, GPU_PROCESSES)
         if payload is None:
             return False
-        labels = ev.get("labels") or {}
-        key = (labels.get("node", agent_id), labels.get("gpu", "?"))
+        labels = obj(ev.get("labels"))
+        key = (str(labels.get("node", agent_id)), str(labels.get("gpu", "?")))
         label_job, jobs = declared_job(payload), declared_jobs(payload)
         model = labels.get("model")
         with self._lock:
@@ -369,12 +370,12 @@ class NodeView:
                             out.append((agent, cols.row(slot)))
             return out
 
-    def on_gpu_pods(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+    def on_gpu_pods(self, agent_id: str, ev: Mapping[str, object]) -> bool:
         payload = payload_of(ev, GPU_PODS)
         if payload is None:
             return False
         with self._lock:
-            self.gpu_pods[(ev.get("labels") or {}).get("node", agent_id)] = payload
+            self.gpu_pods[str(obj(ev.get("labels")).get("node", agent_id))] = payload
         return True
 
     # ---- read side ---------------------------------------------------------------------------

@@ -114,7 +114,7 @@ class AggregatorState:
         # The transport's counters, taken when /api/stats or /metrics asks (once per read: each
         # call walks every stream). Set by the aggregator once its server runs.
         self.transport_stats: Callable[[], dict[str, int]] | None = None
-        self.engine_stats: Callable[[], dict[str, Any]] | None = None  # a job's root (perfd.engine)
+        self.engine_stats: Callable[[], dict[str, object]] | None = None  # a job's root (perfd.engine)
         self.serving = ServingStore()
         # Its events go to the log; every call of it comes within a write of the state.
         self.incidents = IncidentTracker(partial(self.log.ingest, "aggregator"))
@@ -141,7 +141,7 @@ class AggregatorState:
     def job_stale_after_s(self) -> float | None:
         return self._analyses.job_stale_after_s
 
-    def stats_json(self) -> dict[str, Any]:
+    def stats_json(self) -> dict[str, object]:
         """/api/stats: perfd.aggregator.stats."""
         return stats_json(self)
 
@@ -175,7 +175,7 @@ class AggregatorState:
     def ingest_collectives(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None:
         self._ingest.ingest_collectives(agent_id, recs)
 
-    def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, Any]]) -> None:
+    def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, object]]) -> None:
         self._ingest.ingest_events(agent_id, evs)
 
     def note_folded_ranks(self, job: str, ranks: Collection[int]) -> None:
@@ -193,10 +193,10 @@ class AggregatorState:
     def set_gpu_model(self, job: str, model: str) -> None:
         self._ingest.set_gpu_model(job, model)
 
-    def load_incidents(self, doc: Mapping[str, Any]) -> None:
+    def load_incidents(self, doc: Mapping[str, object]) -> None:
         self._ingest.load_incidents(doc)
 
-    def restore_events(self, evs: Sequence[Mapping[str, Any]]) -> None:
+    def restore_events(self, evs: Sequence[Mapping[str, object]]) -> None:
         self._ingest.restore_events(evs)
 
     def forget_job(self, job: str) -> None:
@@ -300,7 +300,7 @@ class AggregatorState:
     def gpu_view(self, job: str, names: Collection[str] | None = None) -> GpuView:
         return self._reads.gpu_view(job, names)
 
-    def gpu_procs(self, job: str) -> dict[GpuKey, list[dict[str, Any]]]:
+    def gpu_procs(self, job: str) -> dict[GpuKey, list[dict[str, object]]]:
         return self._reads.gpu_procs(job)
 
     def placed_ranks(self, job: str, world_size: int | None = None) -> dict[int, RankPlacement]:
@@ -312,7 +312,7 @@ class AggregatorState:
     def series_job(self, agent: str, series: NodeSeries) -> str | None:
         return self._reads.series_job(agent, series)
 
-    def pods_by_gpu(self) -> dict[GpuKey, dict[str, Any]]:
+    def pods_by_gpu(self) -> dict[GpuKey, dict[str, object]]:
         return self._reads.pods_by_gpu()
 
     def node_series(self, node_series: bool = True) -> list[tuple[str, NodeSeries]]:
@@ -321,22 +321,22 @@ class AggregatorState:
     def host_series(self, agents: Collection[str]) -> list[tuple[str, NodeSeries]]:
         return self._reads.host_series(agents)
 
-    def gpu_sources(self, agents: Collection[str], nodes: Collection[str]) -> list[dict[str, Any]]:
+    def gpu_sources(self, agents: Collection[str], nodes: Collection[str]) -> list[dict[str, object]]:
         return self._reads.gpu_sources(agents, nodes)
 
     def agent_nodes(self, agents: Collection[str]) -> dict[str, str]:
         return self._reads.agent_nodes(agents)
 
-    def recent_events(self, job: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    def recent_events(self, job: str | None = None, limit: int = 200) -> list[dict[str, object]]:
         return self._reads.recent_events(job, limit)
 
-    def events_page(self, query: Mapping[str, Sequence[str]]) -> tuple[int, dict[str, Any]]:
+    def events_page(self, query: Mapping[str, Sequence[str]]) -> tuple[int, dict[str, object]]:
         return self._reads.events_page(query)
 
-    def incidents_doc(self) -> dict[str, Any]:
+    def incidents_doc(self) -> dict[str, object]:
         return self._reads.incidents_doc()
 
-    def serving_view(self, job: str) -> dict[str, Any] | None:
+    def serving_view(self, job: str) -> dict[str, object] | None:
         return self._reads.serving_view(job)
 
     def job_view_rows(self) -> tuple[list[Row], list[Row]]:

@@ -162,16 +162,16 @@ class StateIngest:
         self.collectives.ingest(agent_id, recs)
 
     @writes
-    def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, Any]]) -> None:
+    def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, object]]) -> None:
         """Into the event log, which routes each kind to its part (process lists, rank hosts, serving
         records, hangs: what a snapshot shows) and hands every event to its listeners."""
         self.log.ingest(agent_id, evs)
 
-    def _on_hang(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+    def _on_hang(self, agent_id: str, ev: Mapping[str, object]) -> bool:
         self.collectives.add_hang_event(agent_id, ev)  # merged across agents by the analysis
         return True
 
-    def _on_serving_data(self, agent_id: str, ev: Mapping[str, Any]) -> bool:
+    def _on_serving_data(self, agent_id: str, ev: Mapping[str, object]) -> bool:
         """SGLang records for the job's serving analysis (state: the window, not history)."""
         job = self.serving.ingest(ev.get("payload"))
         if job is None:
@@ -207,12 +207,12 @@ class StateIngest:
         self.jobs.set_gpu_model(job, model)
 
     @writes
-    def load_incidents(self, doc: Mapping[str, Any]) -> None:
+    def load_incidents(self, doc: Mapping[str, object]) -> None:
         """The incidents the state store kept, back at start."""
         self.incidents.load(doc)
 
     @writes
-    def restore_events(self, evs: Sequence[Mapping[str, Any]]) -> None:
+    def restore_events(self, evs: Sequence[Mapping[str, object]]) -> None:
         """The aggregator's own events the state store kept, back into the event log."""
         self.log.restore(evs)
 

@@ -22,7 +22,8 @@ from perfd.analytics.run.run_result import RunAnalysis
 from perfd.exporters.prometheus import Row
 from perfd.model import JobInfo, StepRecord
 
-GpuView = tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]
+GpuView = tuple[dict[GpuKey, list[dict[str, object]]], dict[GpuKey, dict[str, float]],
+                dict[GpuKey, list[str]]]
 
 
 class StateReads:
@@ -130,7 +131,7 @@ class StateReads:
         (perfd.placement): a node agent's GPUs join the job that runs on them."""
         return self.nodes.gpu_view(self.jobs.agents_of(job), names, job=job)
 
-    def gpu_procs(self, job: str) -> dict[GpuKey, list[dict[str, Any]]]:
+    def gpu_procs(self, job: str) -> dict[GpuKey, list[dict[str, object]]]:
         """The process lists of the job's GPUs (rank placement), without their values."""
         return self.nodes.procs_of(self.jobs.agents_of(job), job=job)
 
@@ -153,7 +154,7 @@ class StateReads:
         lab = dict(series.labels)
         return self.nodes.gpu_job(agent, (lab.get("node", agent), lab.get("gpu", "?")), agent_job)
 
-    def pods_by_gpu(self) -> dict[GpuKey, dict[str, Any]]:
+    def pods_by_gpu(self) -> dict[GpuKey, dict[str, object]]:
         return self.nodes.pods_by_gpu()
 
     def node_series(self, node_series: bool = True) -> list[tuple[str, NodeSeries]]:
@@ -165,9 +166,9 @@ class StateReads:
         """(agent, series) of the host series (perfd_host_*) of ``agents``."""
         return [(a, s) for a, s in self.nodes.snapshot() if a in agents and s.name.startswith("perfd_host_")]
 
-    def gpu_sources(self, agents: Collection[str], nodes: Collection[str]) -> list[dict[str, Any]]:
+    def gpu_sources(self, agents: Collection[str], nodes: Collection[str]) -> list[dict[str, object]]:
         """What each of ``agents`` and every agent on ``nodes`` said of its NVML collector in its Hello."""
-        out = []
+        out: list[dict[str, object]] = []
         for agent in sorted(set(agents) | self.nodes.agents_on(nodes)):
             said = self.nodes.hello_of(agent)
             if said is not None:
@@ -185,18 +186,18 @@ class StateReads:
         return node_of
 
     # ---- events, incidents, serving ----------------------------------------------------------------
-    def recent_events(self, job: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    def recent_events(self, job: str | None = None, limit: int = 200) -> list[dict[str, object]]:
         return self.log.recent(job, limit)
 
-    def events_page(self, query: Mapping[str, Sequence[str]]) -> tuple[int, dict[str, Any]]:
+    def events_page(self, query: Mapping[str, Sequence[str]]) -> tuple[int, dict[str, object]]:
         """GET /api/events (perfd.aggregator.eventlog.EventLog.api_page): (status, body)."""
         return self.log.api_page(query)
 
-    def incidents_doc(self) -> dict[str, Any]:
+    def incidents_doc(self) -> dict[str, object]:
         """Every job's incidents as the state store keeps them (IncidentTracker.export)."""
         return self.incidents.export()
 
-    def serving_view(self, job: str) -> dict[str, Any] | None:
+    def serving_view(self, job: str) -> dict[str, object] | None:
         """Latest serving numbers (catalog names) and report of a serving job; None if not one."""
         return self.serving.view(job)
 

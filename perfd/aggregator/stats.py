@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from perfd.aggregator.collectives import CollectiveStore
 from perfd.aggregator.eventlog import EventLog
@@ -46,14 +46,14 @@ class CounterSources(Protocol):
     @property
     def transport_stats(self) -> Callable[[], dict[str, int]] | None: ...
     @property
-    def engine_stats(self) -> Callable[[], dict[str, Any]] | None: ...
+    def engine_stats(self) -> Callable[[], dict[str, object]] | None: ...
 
 
-def stats_json(state: CounterSources) -> dict[str, Any]:
+def stats_json(state: CounterSources) -> dict[str, object]:
     """The aggregator's counters as /api/stats serves them (the transport's too, when set)."""
     now = time.time()
     js = state.job_stats
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "samples_ingested": state.nodes.samples,
         "samples_undefined": state.nodes.undefined_samples,  # their series refused or never defined
         "step_records_ingested": js.steps,

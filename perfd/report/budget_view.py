@@ -13,6 +13,7 @@ from html import escape
 
 from perfd.analytics.advice.budget_findings import part_name, part_title
 from perfd.analytics.breakdown.budget import StepBudget
+from perfd.analytics.breakdown.kernel_rows import figure
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.report import ncu_view
 from perfd.report.svg import BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, _svg
@@ -126,7 +127,7 @@ def ncu_rows(budget: StepBudget) -> dict[Part, list[str]]:
     for p in budget.parts:
         part = p.part
         cats = [c for c in p.detail.get("ncu") or [] if isinstance(c, Mapping)]
-        cats.sort(key=lambda c: -float(c.get("profiled_ms") or 0.0))
+        cats.sort(key=lambda c: -(figure(c, "profiled_ms") or 0.0))
         for c in cats[:NCU_ROWS]:
             figs = ", ".join(f"{label} {float(v):.0%}" for label, key in (
                 ("compute SOL", "compute_throughput"), ("memory SOL", "memory_throughput"),

@@ -92,8 +92,8 @@ def coverage_line(budget: StepBudget | None) -> str:
     "" when it says nothing of it."""
     for p in budget.parts if budget is not None else ():
         for c in p.detail.get("ncu") or []:
-            cov = Coverage.from_json(c["coverage"]) if isinstance(c, Mapping) and isinstance(
-                c.get("coverage"), Mapping) else None
+            got = c.get("coverage") if isinstance(c, Mapping) else None
+            cov = Coverage.from_json(got) if isinstance(got, Mapping) else None
             if cov is not None:
                 return f"Nsight Compute (capture {c.get('capture') or '?'}): {coverage_text(cov)}"
     return ""

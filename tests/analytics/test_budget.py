@@ -126,7 +126,8 @@ def test_the_big_h100_job_is_memory_bound_in_attention_and_r1_is_fused_attention
     assert 0.45 < share[Part.ATTENTION] < 0.58 and 0.2 < share[Part.LINEAR] < 0.27
     assert share[Part.MEMCPY] < 0.01 and share.get(Part.GEMM) is None
     lin = b.get(Part.LINEAR)
-    assert lin is not None and lin.detail["of_ceiling"] > 0.9  # the linear layers are not the problem
+    # the linear layers are not the problem
+    assert lin is not None and (lin.detail.get("of_ceiling") or 0.0) > 0.9
     att = b.get(Part.ATTENTION)
     assert att is not None and att.detail["fused"] is False
     assert any("CopySlices" in k for k in att.detail["op_ms"])  # the score matrix's copies are attention's

@@ -16,12 +16,11 @@ from __future__ import annotations
 import dataclasses
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from perfd.analytics.breakdown import kernels as kc
-from perfd.analytics.breakdown.budget import BudgetPart, Source, StepBudget
+from perfd.analytics.breakdown.budget import BudgetPart, PartDetail, Source, StepBudget
 from perfd.analytics.breakdown.job_budget import with_ncu
 from perfd.analytics.breakdown.kernel_rows import Reading, RowVerdict, kernel_rows
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, effective_bound
@@ -68,7 +67,7 @@ def test_one_kernel_by_name_two_ops_by_launch():
 
 
 def _budget(of_ceiling: float | None) -> StepBudget:
-    detail: dict[str, Any] = {"achieved_tflops": 775.0, "of_ceiling": of_ceiling} if of_ceiling else {}
+    detail = PartDetail(achieved_tflops=775.0, of_ceiling=of_ceiling) if of_ceiling else PartDetail()
     parts = (BudgetPart(Part.ATTENTION, 40.0, 0.4, Source.CAPTURE),
              BudgetPart(Part.LINEAR, 30.0, 0.3, Source.CAPTURE, detail),
              BudgetPart(Part.ACTIVATION, 5.0, 0.05, Source.CAPTURE),

@@ -92,7 +92,7 @@ def test_a_rule_firing_before_the_restarted_ranks_hook_is_up_still_captures(
         jobs.append(p)
         return p
 
-    async def body() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
+    async def body() -> tuple[list[dict[str, Any]], list[object], Any]:
         agg = Aggregator(AggregatorConfig(grpc_host="127.0.0.1", grpc_port=0, http_host="127.0.0.1",
                                           http_port=0, rules_files=[str(tmp_path / "rules.yaml")],
                                           rules_interval_s=0.5))
@@ -103,7 +103,7 @@ def test_a_rule_firing_before_the_restarted_ranks_hook_is_up_still_captures(
         agent = Agent(cfg, default_registry())
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
-        firings: list[dict[str, Any]] = []
+        firings: list[object] = []
         try:
             first = run(0.6, 0.0)  # run 1: steps briefly, before the rule's for: has passed
             while first.poll() is None:

@@ -30,6 +30,7 @@ from perfd.analytics.incidents.stall import (
     delivery_only,
     job_clock_gap_s,
 )
+from perfd.typed import obj
 from tests.host.test_stall_aggregator import JOB, Harness
 from tests.host.test_stall_aggregator import ranks as ranks  # the fixture, re-exported
 
@@ -81,7 +82,7 @@ def test_records_that_came_late_withdraw_the_stall(ranks: Any) -> None:
     assert not h.incidents()
     assert h.st.stalls.late_total[JOB] == 1
     closed = [e for e in h.st.recent_events(JOB) if e["kind"] == events.INCIDENT_CLOSED.name]
-    assert closed and closed[-1]["payload"]["withdrawn"] == Withdrawal.LATE_RECORDS.value
+    assert closed and obj(closed[-1]["payload"])["withdrawn"] == Withdrawal.LATE_RECORDS.value
 
 
 def test_records_made_after_the_silence_keep_the_stall_with_the_jobs_own_gap(ranks: Any) -> None:

@@ -24,6 +24,7 @@ from perfd.model import (
 from perfd.report.serving import build_serving_report
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import event_from_pb, event_to_pb
+from perfd.typed import obj
 
 LOG = Path(__file__).resolve().parents[2] / "collectors/sglang/tests/data/sglang_0_5_5_dp2.log"
 CFG = {"window_s": 1e9, "gpu": "NVIDIA H100 80GB HBM3", "model": {"params": 8.03e9, "dtype": "bf16"}}
@@ -68,9 +69,9 @@ def test_aggregator_numbers_equal_the_offline_analysis() -> None:
     view = state.serving_view("llm")
     assert view is not None
     assert view["metrics"] == pytest.approx(offline.summary.job_metrics())
-    assert view["metrics"]["perfd_serving_running_requests"] == pytest.approx(2 * (8 + 16 + 16 + 16) / 4)
+    assert obj(view["metrics"])["perfd_serving_running_requests"] == pytest.approx(2 * (8 + 16 + 16 + 16) / 4)
     assert view["report"] == build_serving_report(offline).to_json()
-    assert view["source"].startswith("collectors/sglang") and view["report_age_s"] is not None
+    assert str(view["source"]).startswith("collectors/sglang") and view["report_age_s"] is not None
     # the data is state, not history; the job knows its agent
     assert state.recent_events("llm") == [] and overview_of(state.snapshot("llm"))["agents"] == ["agent-1"]  # type: ignore[index]
     assert state.stats_json()["serving_records_ingested"] == len(parsed.records)

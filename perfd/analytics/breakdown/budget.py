@@ -26,8 +26,8 @@ attention's what its FLOPs would cost fused.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TypedDict, cast
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.advice_registry import CLASS, PARTS, class_parts
@@ -36,6 +36,7 @@ from perfd.analytics.breakdown.kernel_rows import KernelRow
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
+from perfd.typed import fit, number, obj, objs
 
 
 class IdleCause(TextEnum):
@@ -70,6 +71,45 @@ class Source(TextEnum):
     FLOPS = "flops"  # the model's FLOPs and the GPU's peak/ceiling (perfd.analytics.steps.flops, gpus)
 
 
+class Top(TypedDict):
+    """One of a part's largest kernels or ops, per step (a capture's)."""
+
+    name: str
+    ms: float
+    count: float
+
+
+class PartDetail(TypedDict, total=False):
+    """What a part holds besides its time, each key written where the part is built (the parts that
+    carry it said); a part's keys keep the order they were written in, which its JSON keeps."""
+
+    kernels: list[Top]  # a captured part's top kernels
+    ops: list[Top]  # ... and top ops
+    op_ms: dict[str, float]  # a captured part's ms per step by the op that launched its kernels
+    flops: float  # the FLOPs per step of a part of matmuls (math_detail) or of core attention
+    achieved_tflops: float  # ... the TFLOP/s they run at
+    of_ceiling: float | None  # math parts: that over the measured matmul ceiling (None: no ceiling)
+    at_ceiling_ms: float | None  # math parts and attention: their time at that ceiling
+    fused: bool  # attention: whether one fused kernel runs it
+    executed_flops: float  # attention: the FLOPs its kernels compute (an unfused causal one: twice)
+    timer_ms: float  # the optimizer: the framework's own timer
+    scaled_from_ms: float  # a timers' part scaled down so that the step holds overlapping timers
+    timer_share: float  # data (a capture's): the timers' share of the step
+    from_idle_ms: dict[str, float]  # ... and the idle parts it was taken from
+    under_5us_ms: float  # the short idle: the part of it in gaps under 5 µs (the launches)
+    side_stream_ms: float  # the part's time on a side stream
+    # the ncu category summaries of the part's kernels (perfd.analytics.ncu.join), as they came
+    ncu: list[Mapping[str, object]]
+
+
+def detail_from_json(d: object) -> PartDetail:
+    """A part's detail read back from its JSON, keys in their order; one that is not a
+    :class:`PartDetail` reads as none (a top kernel or op that does not fit is left out)."""
+    got, _problems = fit(obj(d), PartDetail)
+    # fit checked every declared key against PartDetail's own declaration
+    return cast(PartDetail, got) if got is not None else PartDetail()
+
+
 @dataclass(frozen=True)
 class BudgetPart:
     """One part: ms per step, its share of the step, where it comes from, and what it holds; its top
@@ -80,15 +120,30 @@ class BudgetPart:
     ms: float
     share: float
     source: Source
-    detail: Mapping[str, Any] = field(default_factory=dict)  # typed numbers: kernels, TFLOP/s, counts
+    detail: PartDetail = field(default_factory=PartDetail)
     ncu_kernels: tuple[KernelRow, ...] | None = None  # None: no ncu rows on it (none in its JSON either)
 
-    def to_json(self) -> dict[str, Any]:
-        detail = dict(self.detail)
+    def to_json(self) -> dict[str, object]:
+        detail: dict[str, object] = dict(self.detail)
         if self.ncu_kernels is not None:
             detail["ncu_kernels"] = [r.to_json() for r in self.ncu_kernels]
         return {"part": self.part.value, "ms": self.ms, "share": self.share, "source": self.source.value,
                 "detail": detail}
+
+    @staticmethod
+    def from_json(p: Mapping[str, object]) -> BudgetPart | None:
+        """Back from :meth:`to_json`; None for a part this version does not know (a budget kept by an
+        older one). Raises KeyError, ValueError or TypeError where a figure is missing or not one."""
+        try:
+            part = Part(str(p["part"]))
+        except ValueError:
+            return None
+        detail = obj(p.get("detail"))
+        ks = detail.get("ncu_kernels")  # the rows readable as KernelRow, typed
+        rows = tuple(r for k in objs(ks) if (r := KernelRow.from_json(k)) is not None) \
+            if isinstance(ks, list) else None
+        return BudgetPart(part, number(p["ms"]), number(p["share"]), Source(str(p["source"])),
+                          detail_from_json({k: v for k, v in detail.items() if k != "ncu_kernels"}), rows)
 
 
 @dataclass(frozen=True)
@@ -102,15 +157,15 @@ class IdleShare:
     ms: float
     gaps: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"cause": self.cause.value, "phase": self.phase.value, "owner": self.owner, "ms": self.ms,
                 "gaps": self.gaps}
 
     @staticmethod
-    def from_json(d: Mapping[str, Any]) -> IdleShare | None:
+    def from_json(d: Mapping[str, object]) -> IdleShare | None:
         try:
             return IdleShare(IdleCause(str(d["cause"])), Phase(str(d["phase"])), str(d.get("owner") or ""),
-                             float(d["ms"]), float(d.get("gaps") or 0.0))
+                             number(d["ms"]), number(d.get("gaps") or 0.0))
         except (KeyError, ValueError, TypeError):
             return None
 
@@ -134,19 +189,22 @@ class Window:
     complete: int
     cut: tuple[CutPart, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"marked": self.marked, "complete": self.complete,
                 "cut": [{"part": c.part.value, "edge_ms": c.edge_ms, "expected_ms": c.expected_ms}
                         for c in self.cut]}
 
     @staticmethod
-    def from_json(d: Any) -> Window | None:
+    def from_json(d: object) -> Window | None:
         if not isinstance(d, Mapping):
             return None
         try:
-            cut = tuple(CutPart(Part(str(c["part"])), float(c["edge_ms"]), float(c["expected_ms"]))
-                        for c in d.get("cut") or [])
-            return Window(int(d["marked"]), int(d["complete"]), cut)
+            cuts = d.get("cut") or []
+            if not isinstance(cuts, list):
+                return None
+            cut = tuple(CutPart(Part(str(c["part"])), number(c["edge_ms"]), number(c["expected_ms"]))
+                        for c in map(_mapping, cuts))
+            return Window(int(number(d["marked"])), int(number(d["complete"])), cut)
         except (KeyError, ValueError, TypeError):
             return None
 
@@ -200,7 +258,7 @@ class StepBudget:
             return None
         return self.step_ms - self.steady_step_ms
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"step_ms": self.step_ms, "parts": [p.to_json() for p in self.parts],
                 "sources": [s.value for s in self.sources], "iterations": self.iterations,
                 "basis": self.basis, "attribution": self.attribution, "steady_step_ms": self.steady_step_ms,
@@ -214,26 +272,16 @@ class StepBudget:
                 "replay": self.replay.to_json() if self.replay is not None else None}
 
     @staticmethod
-    def from_json(d: Mapping[str, Any] | None) -> StepBudget | None:
+    def from_json(d: object) -> StepBudget | None:
         """Back from :meth:`to_json` (a capture record, a kept summary); None when unreadable. Parts
         this version does not know (a budget kept by an older one) are left out."""
         if not isinstance(d, Mapping):
             return None
         try:
-            parts = []
-            for p in d.get("parts") or []:
-                try:
-                    part = Part(str(p["part"]))
-                except ValueError:
-                    continue
-                detail = dict(p.get("detail") or {})
-                ks = detail.pop("ncu_kernels", None)  # the rows readable as KernelRow, typed
-                rows = tuple(r for k in ks if isinstance(k, Mapping)
-                             and (r := KernelRow.from_json(k)) is not None) if isinstance(ks, list) else None
-                parts.append(BudgetPart(part, float(p["ms"]), float(p["share"]), Source(str(p["source"])),
-                                        detail, rows))
-            sources = tuple(Source(str(s)) for s in d.get("sources") or [])
-            step = float(d["step_ms"])
+            got = (BudgetPart.from_json(_mapping(p)) for p in _list(d.get("parts")))
+            parts = [p for p in got if p is not None]
+            sources = tuple(Source(str(s)) for s in _list(d.get("sources")))
+            step = number(d["step_ms"])
         except (KeyError, ValueError, TypeError):
             return None
 
@@ -242,8 +290,7 @@ class StepBudget:
             return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
         host = d.get("host")
-        idle = tuple(s for x in d.get("idle") or [] if isinstance(x, Mapping)
-                     and (s := IdleShare.from_json(x)) is not None)
+        idle = tuple(s for x in objs(d.get("idle")) if (s := IdleShare.from_json(x)) is not None)
         return StepBudget(step, tuple(parts), sources, num("iterations"), str(d.get("basis") or ""),
                           str(d.get("attribution") or ""), num("steady_step_ms"), num("ideal_ms"),
                           num("ceiling_ms"), num("ceiling_tflops"), num("peak_tflops"), num("mfu"),
@@ -254,7 +301,23 @@ class StepBudget:
                           num("step_sd_ms"), ReplayTable.from_json(d.get("replay")))
 
 
-def phase_parts(d: Any) -> dict[Phase, dict[Part, float]]:
+def _mapping(v: object) -> Mapping[str, object]:
+    """A JSON object; raises TypeError for anything else."""
+    if isinstance(v, Mapping):
+        return v
+    raise TypeError(f"{type(v).__name__}, not an object")
+
+
+def _list(v: object) -> list[object]:
+    """A JSON list, none when absent (or empty); raises TypeError for anything else."""
+    if isinstance(v, list):
+        return v
+    if not v:
+        return []
+    raise TypeError(f"{type(v).__name__}, not a list")
+
+
+def phase_parts(d: object) -> dict[Phase, dict[Part, float]]:
     """``{phase: {part: ms}}`` JSON as typed keys; what this version does not know is left out."""
     out: dict[Phase, dict[Part, float]] = {}
     for ph, parts in (d.items() if isinstance(d, Mapping) else ()):
@@ -304,13 +367,13 @@ def _reference(fl: FlopsContext) -> tuple[float | None, float | None]:
     return ideal, fl.flops_per_gpu_step / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None
 
 
-def math_detail(part: Part, ms: float, fl: FlopsContext) -> dict[str, Any]:
+def math_detail(part: Part, ms: float, fl: FlopsContext) -> PartDetail:
     """What a part of matmuls runs: its FLOPs per step, the TFLOP/s they achieve, the share of the
     measured ceiling. The linear layers run the model's FLOPs without core attention's; GEMMs known by
     name only run them all (attention's matmuls among them)."""
     total = fl.flops_per_gpu_step
     if not total or ms <= 0:
-        return {}
+        return PartDetail()
     flops = total - (fl.attention_flops_per_gpu_step or 0.0) if part is Part.LINEAR else total
     achieved = flops / (ms * 1e9)
     return {"flops": flops, "achieved_tflops": achieved,
@@ -318,20 +381,26 @@ def math_detail(part: Part, ms: float, fl: FlopsContext) -> dict[str, Any]:
             "at_ceiling_ms": flops / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None}
 
 
-def attention_detail(ms: float, fl: FlopsContext, fused: bool) -> dict[str, Any]:
+def attention_detail(ms: float, fl: FlopsContext, fused: bool) -> PartDetail:
     """Core attention's FLOPs per step (the model's count; unfused kernels compute the whole s×s, twice
     a causal count) and its time at the measured matmul ceiling: what fused attention would cost."""
     useful = fl.attention_flops_per_gpu_step
     if not useful:
         return {"fused": fused}
     executed = useful if fused or not fl.attention_causal_halved else 2.0 * useful
-    return {"fused": fused, "flops": useful, "executed_flops": executed,
-            "at_ceiling_ms": useful / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None,
-            "achieved_tflops": executed / (ms * 1e9) if ms > 0 else None}
+    out = PartDetail(fused=fused, flops=useful, executed_flops=executed,
+                     at_ceiling_ms=useful / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None)
+    if ms > 0:  # a part of no time has no speed (and no row: finish leaves it out)
+        out["achieved_tflops"] = executed / (ms * 1e9)
+    return out
 
 
-def finish(rows: list[tuple[Part, float, Source, dict[str, Any]]], sources: Iterable[Source],
-            fl: FlopsContext, **kw: Any) -> StepBudget:
+Row = tuple[Part, float, Source, PartDetail]  # a part's ms, its source and its detail, before finish
+
+
+def finish(rows: list[Row], sources: Iterable[Source], fl: FlopsContext) -> StepBudget:
+    """The budget of ``rows`` (the parts of no time left out) read against ``fl``; the caller sets
+    what else it knows (``dataclasses.replace``)."""
     step = sum(ms for _p, ms, _s, _d in rows)
     order = {p: i for i, p in enumerate(PART_ORDER)}
     parts = tuple(BudgetPart(p, ms, ms / step if step > 0 else 0.0, s, d)
@@ -339,7 +408,7 @@ def finish(rows: list[tuple[Part, float, Source, dict[str, Any]]], sources: Iter
     ideal, ceiling = _reference(fl)
     srcs = [*sources, *([Source.FLOPS] if ideal is not None else [])]
     return StepBudget(step, parts, tuple(dict.fromkeys(srcs)), ideal_ms=ideal, ceiling_ms=ceiling,
-                      ceiling_tflops=fl.ceiling_tflops, peak_tflops=fl.peak_tflops, **kw)
+                      ceiling_tflops=fl.ceiling_tflops, peak_tflops=fl.peak_tflops)
 
 
 def from_timers(t: TimerShares, fl: FlopsContext = NO_FLOPS) -> StepBudget | None:
@@ -350,18 +419,20 @@ def from_timers(t: TimerShares, fl: FlopsContext = NO_FLOPS) -> StepBudget | Non
     step = t.step_ms
     if not step or step <= 0 or t.data is None or t.comm_exposed is None:
         return None
-    rows: list[tuple[Part, float, Source, dict[str, Any]]] = [
-        (Part.DATA, t.data * step, Source.TIMERS, {}),
-        (Part.COMM_EXPOSED, t.comm_exposed * step, Source.TIMERS, {})]
+    rows: list[Row] = [
+        (Part.DATA, t.data * step, Source.TIMERS, PartDetail()),
+        (Part.COMM_EXPOSED, t.comm_exposed * step, Source.TIMERS, PartDetail())]
     if t.pipeline_idle:
-        rows.append((Part.PIPELINE, t.pipeline_idle * step, Source.TIMERS, {}))
+        rows.append((Part.PIPELINE, t.pipeline_idle * step, Source.TIMERS, PartDetail()))
     if t.optimizer_ms:
-        rows.append((Part.OPTIMIZER, min(t.optimizer_ms, step), Source.TIMERS, {"timer_ms": t.optimizer_ms}))
+        rows.append((Part.OPTIMIZER, min(t.optimizer_ms, step), Source.TIMERS,
+                     PartDetail(timer_ms=t.optimizer_ms)))
     taken = sum(r[1] for r in rows)
     if taken > step:  # timers that overlap (a wait inside another timer): scaled so the step holds them
-        rows = [(p, ms * step / taken, s, {**d, "scaled_from_ms": ms}) for p, ms, s, d in rows]
-    rows.append((Part.COMPUTE, max(step - sum(r[1] for r in rows), 0.0), Source.TIMERS, {}))
-    return finish(rows, [Source.TIMERS], fl, basis="steady-state timers", steady_step_ms=step, mfu=t.mfu)
+        rows = [(p, ms * step / taken, s, PartDetail(**d, scaled_from_ms=ms)) for p, ms, s, d in rows]
+    rows.append((Part.COMPUTE, max(step - sum(r[1] for r in rows), 0.0), Source.TIMERS, PartDetail()))
+    return replace(finish(rows, [Source.TIMERS], fl), basis="steady-state timers", steady_step_ms=step,
+                   mfu=t.mfu)
 
 
 # --- the class the budget supports ------------------------------------------------------------------

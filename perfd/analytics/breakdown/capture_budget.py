@@ -7,7 +7,7 @@ the whole span over the steps; its idle by cause and its parts by phase. Pure.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import replace
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kc
@@ -18,37 +18,43 @@ from perfd.analytics.breakdown.budget import (
     CutPart,
     FlopsContext,
     IdleShare,
+    PartDetail,
+    Row,
     Source,
     StepBudget,
     TimerShares,
+    Top,
     Window,
     attention_detail,
     finish,
     math_detail,
     phase_parts,
 )
+from perfd.analytics.breakdown.kernel_rows import figure
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
+from perfd.typed import obj, objs
 
 _IDLE = (Part.IDLE_SYNC, Part.IDLE_SHORT, Part.IDLE_LONG, Part.DATA)
 
 
-def _num(d: Mapping[str, object], key: str) -> float | None:
-    v = d.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _parts(raw: Mapping[str, Any], n: float) -> dict[Part, float]:
+def _parts(raw: Mapping[str, float], n: float) -> dict[Part, float]:
     per: dict[Part, float] = {}
     for k, v in raw.items():
         try:
-            per[Part(str(k))] = per.get(Part(str(k)), 0.0) + float(v) / n
-        except (ValueError, TypeError):
+            per[Part(str(k))] = per.get(Part(str(k)), 0.0) + v / n
+        except ValueError:
             continue
     return per
 
 
-def window_of(device: Mapping[str, Any], marked: float | None) -> tuple[Window | None, Mapping[str, Any]]:
+def _ms(d: object) -> dict[str, float]:
+    """A JSON ``{name: ms}`` as numbers; an entry that is not a number is left out."""
+    return {str(k): v for k in obj(d) if (v := figure(obj(d), k)) is not None}
+
+
+def window_of(device: Mapping[str, object], marked: float | None
+              ) -> tuple[Window | None, Mapping[str, object]]:
     """How the span divides into steps, and the stretch the per-step values come from: the complete
     steps (the device's ``complete``) where there is one, else the device itself."""
     comp = device.get("complete")
@@ -60,15 +66,15 @@ def window_of(device: Mapping[str, Any], marked: float | None) -> tuple[Window |
     cut: list[CutPart] = []
     whole, inner = device.get("parts_ms"), comp.get("parts_ms")
     if edge_steps > 0 and isinstance(whole, Mapping) and isinstance(inner, Mapping):
-        for k, v in inner.items():
+        for k, v in _ms(inner).items():
             try:
-                part = Part(str(k))
+                part = Part(k)
             except ValueError:
                 continue
-            per = float(v) / steps
+            per = v / steps
             if part in _IDLE or per < th.WINDOW_CUT_MIN_MS.value:
                 continue
-            edge = float(whole.get(k) or 0.0) - float(v)
+            edge = (figure(whole, k) or 0.0) - v
             expected = per * edge_steps
             if edge < (1 - th.WINDOW_CUT.value) * expected:
                 cut.append(CutPart(part, edge, expected))
@@ -76,7 +82,7 @@ def window_of(device: Mapping[str, Any], marked: float | None) -> tuple[Window |
 
 
 def from_capture(
-    device: Mapping[str, Any],
+    device: Mapping[str, object],
     iterations: float | None,
     *,
     fl: FlopsContext = NO_FLOPS,
@@ -92,8 +98,8 @@ def from_capture(
     rebuilt from its shares (:func:`device_parts`, said in ``attribution``)."""
     window, src = window_of(device, iterations)
     if src is not device:
-        raw, how = dict(src.get("parts_ms") or {}), str(device.get("attribution") or "kernel names")
-        n = float(src["steps"])
+        raw, how = _ms(src.get("parts_ms")), str(device.get("attribution") or "kernel names")
+        n = figure(src, "steps") or 1.0  # window_of gave a whole number of steps, at least 1
     else:
         raw, how = device_parts(device)
         n = iterations if iterations and iterations > 0 else 1.0
@@ -108,11 +114,9 @@ def from_capture(
         src.get("part_ops") or device.get("part_ops"),
         src.get("part_op_ms"),
     )
-    kernels: Mapping[str, Any] = pk if isinstance(pk, Mapping) else {}
-    ops: Mapping[str, Any] = po if isinstance(po, Mapping) else {}
-    op_ms: Mapping[str, Any] = pom if isinstance(pom, Mapping) else {}
+    kernels, ops, op_ms = obj(pk), obj(po), obj(pom)
     fused = bool(device.get("attention_fused"))
-    rows: list[tuple[Part, float, Source, dict[str, Any]]] = []
+    rows: list[Row] = []
     if timers.data and timers.step_ms and Part.DATA not in per:
         # the timed data wait, in the host's idle: its long gaps, else after the batch timer's sync;
         # one part, whichever idle it came from (two rows of it read as the wait shown twice, at half)
@@ -126,10 +130,10 @@ def from_capture(
                 taken[p.value] = take
         if taken:
             rows.append((Part.DATA, sum(taken.values()), Source.TIMERS,
-                         {"timer_share": timers.data, "from_idle_ms": taken}))
-    side = device.get("side_stream_ms") if isinstance(device.get("side_stream_ms"), Mapping) else {}
+                         PartDetail(timer_share=timers.data, from_idle_ms=taken)))
+    side = obj(device.get("side_stream_ms"))
     for p, ms in per.items():
-        detail: dict[str, Any] = {"kernels": _top(kernels, p, n_span), "ops": _top(ops, p, n_span)}
+        detail = PartDetail(kernels=_top(kernels, p, n_span), ops=_top(ops, p, n_span))
         by_op = op_ms.get(p.value)
         if isinstance(by_op, Mapping):
             detail["op_ms"] = {str(k): float(v) / n for k, v in by_op.items() if isinstance(v, (int, float))}
@@ -139,33 +143,26 @@ def from_capture(
             detail.update(attention_detail(ms, fl, fused))
         elif p is Part.OPTIMIZER and timers.optimizer_ms is not None:
             detail["timer_ms"] = timers.optimizer_ms  # the framework's own optimizer timer: a cross-check
-        if p is Part.IDLE_SHORT and _num(src, "launch_latency_ms") is not None:
-            detail["under_5us_ms"] = float(src["launch_latency_ms"]) / n  # the launches themselves
-        if isinstance(side, Mapping) and isinstance(side.get(p.value), (int, float)) and p not in _IDLE:
-            detail["side_stream_ms"] = float(side[p.value]) / n_span
+        if p is Part.IDLE_SHORT and (latency := figure(src, "launch_latency_ms")) is not None:
+            detail["under_5us_ms"] = latency / n  # the launches themselves
+        if (on_side := figure(side, p.value)) is not None and p not in _IDLE:
+            detail["side_stream_ms"] = on_side / n_span
         rows.append((p, ms, Source.CAPTURE, detail))
     sources = [Source.CAPTURE, *([Source.TIMERS] if timers.data else [])]
     host = {
-        k: float(device[k]) / n_span
+        k: v / n_span
         for k in ("syncs", "sync_gap_ms", "stream_syncs", "stream_sync_gap_ms")
-        if _num(device, k) is not None
+        if (v := figure(device, k)) is not None
     }
     idle = tuple(
         r
-        for x in src.get("idle") or []
-        if isinstance(x, Mapping)
-        and (
-            r := IdleShare.from_json(
-                {**x, "ms": float(x.get("ms") or 0.0) / n, "gaps": float(x.get("gaps") or 0.0) / n}
-            )
-        )
-        is not None
+        for x in objs(src.get("idle"))
+        if (r := IdleShare.from_json({**x, "ms": (figure(x, "ms") or 0.0) / n,
+                                      "gaps": (figure(x, "gaps") or 0.0) / n})) is not None
     )
     phases = {ph: {p: v / n for p, v in d.items()} for ph, d in phase_parts(src.get("phase_ms")).items()}
-    return finish(
-        rows,
-        sources,
-        fl,
+    return replace(
+        finish(rows, sources, fl),
         iterations=n if window is not None and window.complete else iterations,
         basis=basis,
         attribution=how,
@@ -180,34 +177,23 @@ def from_capture(
     )
 
 
-def _top(by_part: Mapping[str, Any], part: Part, n: float) -> list[dict[str, Any]]:
+def _top(by_part: Mapping[str, object], part: Part, n: float) -> list[Top]:
     """The part's top kernels (or ops), per step."""
-    out = []
-    for k in by_part.get(part.value) or []:
-        if isinstance(k, Mapping):
-            out.append(
-                {
-                    "name": str(k.get("name", "?")),
-                    "ms": float(k.get("total_ms") or 0.0) / n,
-                    "count": float(k.get("count") or 0) / n,
-                }
-            )
-    return out
+    return [Top(name=str(k.get("name", "?")), ms=(figure(k, "total_ms") or 0.0) / n,
+                count=(figure(k, "count") or 0.0) / n) for k in objs(by_part.get(part.value))]
 
 
-def device_parts(device: Mapping[str, Any]) -> tuple[dict[str, float], str]:
+def device_parts(device: Mapping[str, object]) -> tuple[dict[str, float], str]:
     """A captured device's exclusive parts (``parts_ms``), and how they were had (its ``attribution``,
     perfd.capture.ops.Method). A breakdown from before the attribution existed has busy, idle,
     SendRecv and exposed NCCL, and kernel category shares (or only its top kernels): its parts are
     rebuilt from those, the compute time divided by the categories' shares, and the basis says so."""
     raw = device.get("parts_ms")
     if isinstance(raw, Mapping) and raw:
-        parts = {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float))}
-        return parts, str(device.get("attribution") or "kernel names")
+        return _ms(raw), str(device.get("attribution") or "kernel names")
 
     def num(key: str) -> float:
-        v = device.get(key)
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+        return figure(device, key) or 0.0
 
     busy, idle, exposed = num("busy_ms"), num("idle_ms"), num("comm_exposed_ms")
     if busy <= 0:
@@ -219,18 +205,19 @@ def device_parts(device: Mapping[str, Any]) -> tuple[dict[str, float], str]:
     split = "" if device.get("idle_short_ms") is not None else "; idle not split into gaps: all counted long"
     cats = device.get("categories")
     basis = "category shares of all kernels (an older breakdown)" + split
-    top = [k for k in device.get("top_kernels") or [] if isinstance(k, Mapping)]
+    top = objs(device.get("top_kernels"))
     softmax_ms = (
         num("softmax_ms")
         if device.get("softmax_ms") is not None
-        else sum(float(k.get("total_ms") or 0.0) for k in top if kc.is_softmax(str(k.get("name", ""))))
+        else sum(figure(k, "total_ms") or 0.0 for k in top if kc.is_softmax(str(k.get("name", ""))))
     )
+    by_cat = _ms(cats)
     if not isinstance(cats, Mapping) or not cats:
-        cats, basis = {}, f"category shares of the top {len(top)} kernels only" + split
+        by_cat, basis = {}, f"category shares of the top {len(top)} kernels only" + split
         for k in top:
             c = kc.category(str(k.get("name", "")))
-            cats[c] = cats.get(c, 0.0) + float(k.get("total_ms") or 0.0)
-    shares = {str(c): float(v) for c, v in cats.items() if not str(c).startswith(kc.NCCL_PREFIX)}
+            by_cat[c] = by_cat.get(c, 0.0) + (figure(k, "total_ms") or 0.0)
+    shares = {c: v for c, v in by_cat.items() if not c.startswith(kc.NCCL_PREFIX)}
     total = sum(shares.values())
     compute = max(busy - exposed, 0.0)
     softmax = min(softmax_ms, compute)

@@ -8,32 +8,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from perfd.analytics.breakdown import kernels as kc
-from perfd.analytics.breakdown.budget import FlopsContext, Source, StepBudget, TimerShares, from_timers
+from perfd.analytics.breakdown.budget import (
+    FlopsContext,
+    PartDetail,
+    Source,
+    StepBudget,
+    TimerShares,
+    from_timers,
+)
 from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.diagnosis import TimelineClass
-from perfd.analytics.breakdown.kernel_rows import kernel_rows
+from perfd.analytics.breakdown.kernel_rows import figure, kernel_rows
 from perfd.analytics.breakdown.op_parts import kernel_part
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.steps.flops import FORMULA_LEGACY, FlopsResult
 from perfd.analytics.steps.gpus import PeakResult
 
 
-def _num(d: Mapping[str, Any], key: str) -> float | None:
-    v = d.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def contexts(medians: Mapping[str, Any], peak: PeakResult, pp: int | None,
+def contexts(medians: Mapping[str, object], peak: PeakResult, pp: int | None,
              flops: FlopsResult | None = None) -> tuple[FlopsContext, TimerShares]:
     """The FLOPs and timer context of a budget from a run summary's steady medians: FLOPs per GPU per
     step = model TFLOP/s per GPU × step time (both measured over the same steps); core attention's
     share of them from the formula's terms (``flops.breakdown``). With pipeline stages the exposed
     communication the budget holds is the data-parallel part: the p2p waits are the pipeline's idle,
     counted once, there."""
-    step, tflops = _num(medians, "step_time_ms"), _num(medians, "model_tflops_per_gpu")
+    step, tflops = figure(medians, "step_time_ms"), figure(medians, "model_tflops_per_gpu")
     per_gpu = tflops * 1e12 * step / 1e3 if step and tflops else None
     attn = None
     if per_gpu and flops is not None and flops.flops_per_iteration and flops.breakdown.get("core_attention"):
@@ -41,17 +42,17 @@ def contexts(medians: Mapping[str, Any], peak: PeakResult, pp: int | None,
     halved = flops is None or flops.formula != FORMULA_LEGACY
     fl = FlopsContext(per_gpu, peak.peak_tflops, peak.measured_ceiling_tflops, attn, halved)
     staged = bool(pp and pp > 1)
-    pipe = _num(medians, "pp_idle_max") if staged else 0.0
-    comm = _num(medians, "comm_exposed_dp_share" if staged else "comm_exposed_share")
-    if staged and comm is None and _num(medians, "comm_exposed_share") is not None:
-        comm = max(0.0, (_num(medians, "comm_exposed_share") or 0.0) - (_num(medians, "comm_exposed_pp_share")
-                                                                        or 0.0))
-    t = TimerShares(step, _num(medians, "data_share"), comm, pipe, _num(medians, "optimizer_ms"),
-                    _num(medians, "mfu"))
+    pipe = figure(medians, "pp_idle_max") if staged else 0.0
+    comm = figure(medians, "comm_exposed_dp_share" if staged else "comm_exposed_share")
+    if staged and comm is None and figure(medians, "comm_exposed_share") is not None:
+        comm = max(0.0, (figure(medians, "comm_exposed_share") or 0.0)
+                   - (figure(medians, "comm_exposed_pp_share") or 0.0))
+    t = TimerShares(step, figure(medians, "data_share"), comm, pipe, figure(medians, "optimizer_ms"),
+                    figure(medians, "mfu"))
     return fl, t
 
 
-def captured_iterations(device: Mapping[str, Any], iterations: int | None, step_ms: float | None
+def captured_iterations(device: Mapping[str, object], iterations: int | None, step_ms: float | None
                         ) -> tuple[float | None, str]:
     """How many steps a captured span holds, and how that is known: the steps the trace marks
     (torch.optim's or the profiler's step annotations), else what the capture asked for, else the span
@@ -61,11 +62,11 @@ def captured_iterations(device: Mapping[str, Any], iterations: int | None, step_
         return float(marked), "trace"
     if iterations:
         return float(iterations), "request"
-    span = _num(device, "span_ms")
+    span = figure(device, "span_ms")
     return (max(1.0, round(span / step_ms)), "span") if span and step_ms else (None, "")
 
 
-def job_budget(medians: Mapping[str, Any], peak: PeakResult, pp: int | None,
+def job_budget(medians: Mapping[str, object], peak: PeakResult, pp: int | None,
                timeline: TimelineClass | None, flops: FlopsResult | None = None) -> StepBudget | None:
     """The job's budget: from the capture that informs it (with an Nsight Compute capture's kernel
     figures on its parts), else from the timers alone."""
@@ -103,17 +104,17 @@ def _ncu_part(b: StepBudget, category: str) -> Part | None:
     return part
 
 
-def _own_part(b: StepBudget, row: Mapping[str, Any]) -> Part | None:
+def _own_part(b: StepBudget, row: Mapping[str, object]) -> Part | None:
     """The part a row (an ncu kernel or category summary) was matched to launch by launch, where the
     budget has it (perfd.analytics.ncu.launches): the op that launched it decides, not its name."""
     try:
-        part = Part(row.get("part"))
+        part = Part(str(row.get("part")))
     except ValueError:
         return None
     return part if b.get(part) is not None else None
 
 
-def _kernel_part(b: StepBudget, k: Mapping[str, Any], unfused_attention: bool) -> Part | None:
+def _kernel_part(b: StepBudget, k: Mapping[str, object], unfused_attention: bool) -> Part | None:
     """The part one ncu kernel's time is in: the part its name gives (as a capture divides kernels it
     cannot charge to an op: perfd.analytics.breakdown.op_parts.kernel_part; a masked fill beside softmax
     kernels
@@ -125,19 +126,19 @@ def _kernel_part(b: StepBudget, k: Mapping[str, Any], unfused_attention: bool) -
     return _ncu_part(b, str(k.get("category") or kc.category(name)))
 
 
-def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id: str,
-             kernels: Sequence[Mapping[str, Any]] = ()) -> StepBudget:
+def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, object]], capture_id: str,
+             kernels: Sequence[Mapping[str, object]] = ()) -> StepBudget:
     """``b`` with each ncu category summary in the ``ncu`` detail of the part its kernels' time is in,
     and that part's top kernels (perfd.analytics.breakdown.kernel_rows.KernelRow, from the capture's joined
     rows ``kernels``) in its ``ncu_kernels``."""
     if not categories and not kernels:
         return b
-    by: dict[Part, list[Mapping[str, Any]]] = {}
+    by: dict[Part, list[Mapping[str, object]]] = {}
     for c in categories:
         part = _own_part(b, c) or _ncu_part(b, str(c.get("category") or ""))
         if part is not None:
             by.setdefault(part, []).append({**c, "capture": capture_id})
-    rows: dict[Part, list[Mapping[str, Any]]] = {}
+    rows: dict[Part, list[Mapping[str, object]]] = {}
     unfused = any(kc.is_softmax(str(k.get("timeline_name") or k.get("name") or "")) for k in kernels)
     for k in kernels:
         part = _own_part(b, k) or _kernel_part(b, k, unfused)
@@ -145,7 +146,7 @@ def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, Any]], capture_id:
             rows.setdefault(part, []).append(k)
     parts = []
     for p in b.parts:
-        detail = dict(p.detail)
+        detail = PartDetail(**p.detail)
         if p.part in by:
             detail["ncu"] = by[p.part]
         ceiling = p.detail.get("of_ceiling")

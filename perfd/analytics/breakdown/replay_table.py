@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.analytics.common import TextEnum
+from perfd.typed import numbers, obj
 
 # --- the replay's model (perfd.capture.replay): why each constant is what it is ---------------------
 # a launch's host call to its kernel's earliest start (H100/H200 traces: 3-6 µs)
@@ -78,14 +78,14 @@ class ReplayTable:
                 "changed": {k: [row(lo), row(hi)] for k, (lo, hi) in self.changed.items()}}
 
     @staticmethod
-    def from_json(d: Mapping[str, Any] | None) -> ReplayTable | None:
+    def from_json(d: object) -> ReplayTable | None:
         if not isinstance(d, Mapping):
             return None
         try:
-            scales = tuple(float(x) for x in d["scales"])
-            as_is = tuple(float(x) for x in d["as_is"])
-            changed = {str(k): (tuple(float(x) for x in v[0]), tuple(float(x) for x in v[1]))
-                       for k, v in (d.get("changed") or {}).items()}
+            scales = numbers(d["scales"])
+            as_is = numbers(d["as_is"])
+            changed = {str(k): (numbers(v[0]), numbers(v[1])) for k, v in obj(d.get("changed")).items()
+                       if isinstance(v, list)}
             mb = d.get("microbatches")
             if len(as_is) != len(scales) or any(len(v[0]) != len(scales) or len(v[1]) != len(scales)
                                                 for v in changed.values()):
