@@ -29,7 +29,8 @@ def test_golden_sentences() -> None:
     assert line(cite(Code.NO_LOSS)) == "absent: no loss on this iteration (a NaN loss removes the field)"
     # an absence quoted inside a source: its reason alone, without "absent: "
     nested = cite(Code.THROUGHPUT_LOGGED, "megatron", cite(Code.MISSING, ("world size",)))
-    assert line(nested) == "megatron:logged throughput per GPU (perfd's formula unavailable: missing world size)"
+    assert line(nested) == ("megatron:logged throughput per GPU (perfd's formula unavailable: missing world "
+                            "size)")
     assert text(cite(Code.NON_POSITIVE, 0.0, 2)) == "non-positive step time 0.0 ms or world 2"
 
 
@@ -49,12 +50,16 @@ def test_the_table_reads_back_every_argument_as_it_was() -> None:
     rows = [
         _row(1, step_time_ms=cite(Code.RECORD, LOG), data_share=cite(
             Code.TIMER_SHARE, "megatron", "batch-generator", "max across ranks", -0.0, 0.0, LOG)),
-        _row(2, step_time_ms=cite(Code.RECORD, Provenance("hook", "rank1:pid0042")),  # a leading zero: text
-             mfu=cite(Code.WHY, "GPU name unknown"), pp_idle_max=cite(
-                 Code.IDLE_LIGHTER, 1.5, math.inf, 3.25, Provenance("j", "iteration 2"), caveat=Code.MINMAX_PAIRING)),
+        # a leading zero: the number stays in the text
+        _row(2, step_time_ms=cite(Code.RECORD, Provenance("hook", "rank1:pid0042")),
+             mfu=cite(Code.WHY, "GPU name unknown"),
+             pp_idle_max=cite(Code.IDLE_LIGHTER, 1.5, math.inf, 3.25, Provenance("j", "iteration 2"),
+                              caveat=Code.MINMAX_PAIRING)),
         _row(3, step_time_ms=cite(Code.RECORD, Provenance("megatron", "x.log:" + "9" * 20)),  # past a double
-             model_tflops_per_gpu=cite(Code.THROUGHPUT_LOGGED, "megatron", cite(Code.MISSING, ("world size",))),
-             comm_exposed_share=cite(Code.COMM_PER_RANK, "megatron", ("all-grads-sync",), 3, 2.7, 369.8, LOG)),
+             model_tflops_per_gpu=cite(Code.THROUGHPUT_LOGGED, "megatron",
+                                       cite(Code.MISSING, ("world size",))),
+             comm_exposed_share=cite(Code.COMM_PER_RANK, "megatron", ("all-grads-sync",), 3, 2.7, 369.8,
+                                     LOG)),
     ]
     t: Table[IterationResult] = Table(IterationResult, key="iteration")
     t.extend(rows)
