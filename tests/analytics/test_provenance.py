@@ -71,7 +71,8 @@ def test_the_table_reads_back_every_argument_as_it_was() -> None:
     t.put(0, sources=rows[1].sources)
     assert t[0].sources == rows[1].sources and t[1] == rows[1]
     # a NaN argument (never equal to itself) reads back as a NaN
-    t.append(_row(4, data_share=cite(Code.TIMER_SHARE, "hook", "data-wait", "max across ranks", math.nan, 1.0, LOG)))
+    t.append(_row(4, data_share=cite(Code.TIMER_SHARE, "hook", "data-wait", "max across ranks", math.nan, 1.0,
+                                     LOG)))
     nan = t[3].sources["data_share"].args[3]
     assert isinstance(nan, float) and math.isnan(nan)
 
