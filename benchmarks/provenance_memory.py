@@ -6,7 +6,7 @@ copy's records keep their own log line: the line number grows as in one long log
 offline (``analyze_run``, ``live=False``: the table a finished log's analysis holds), and the
 table's ``sources`` column is measured by a deep size (every object reached from it counted once:
 its per-row values and what rows share, divided over the rows). The whole table's bytes per row are
-printed beside it.
+printed beside it, and the process CPU time of the analysis.
 
     PYTHONPATH=$PWD python benchmarks/provenance_memory.py [--iterations 5000] [LOG ...]
 """
@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import gzip
 import sys
+import time
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,16 +85,18 @@ def replicated(records: list[StepRecord], n: int) -> list[StepRecord]:
     return out
 
 
-def measure(path: Path, n: int) -> tuple[int, float, float]:
+def measure(path: Path, n: int) -> tuple[int, float, float, float]:
     parsed = parse_lines(_lines(path), job=path.name.split(".")[0], source_name=path.name)
-    a = analyze_run(parsed.job_info, replicated(parsed.records, n), gpu_name="NVIDIA H100 80GB HBM3",
-                    live=False)
+    records = replicated(parsed.records, n)
+    t0 = time.process_time()
+    a = analyze_run(parsed.job_info, records, gpu_name="NVIDIA H100 80GB HBM3", live=False)
+    cpu = time.process_time() - t0
     table = a.iterations
     rows = len(table)
     cols = table._cols
     sources = deep_size(cols["sources"], set()) / rows
     whole = deep_size(cols, set()) / rows
-    return rows, sources, whole
+    return rows, sources, whole, cpu
 
 
 def main() -> int:
@@ -101,10 +104,10 @@ def main() -> int:
     p.add_argument("--iterations", type=int, default=5000)
     p.add_argument("logs", nargs="*", type=Path, default=LOGS)
     args = p.parse_args()
-    print(f"{'log':<40} {'rows':>6} {'sources B/row':>14} {'table B/row':>12}")
+    print(f"{'log':<40} {'rows':>6} {'sources B/row':>14} {'table B/row':>12} {'analysis CPU s':>15}")
     for log in args.logs:
-        rows, src, whole = measure(log, args.iterations)
-        print(f"{log.name:<40} {rows:>6} {src:>14.1f} {whole:>12.1f}", flush=True)
+        rows, src, whole, cpu = measure(log, args.iterations)
+        print(f"{log.name:<40} {rows:>6} {src:>14.1f} {whole:>12.1f} {cpu:>15.2f}", flush=True)
     return 0
 
 
