@@ -169,9 +169,10 @@ def timer_min(t: TimerValue | None) -> float | None:
     return None
 
 
-def record_source(rec: StepRecord) -> str:
-    """Where a step record came from, for provenance strings."""
-    return str(rec.source) if rec.source is not None else f"{rec.job}:iteration {rec.iteration}"
+def record_source(rec: StepRecord) -> Provenance:
+    """Where a step record came from, for provenance: a record without one (tests, older spools) is
+    named by its job and iteration."""
+    return rec.source if rec.source is not None else Provenance(rec.job, f"iteration {rec.iteration}")
 
 
 def finite(x: float | None) -> float | None:

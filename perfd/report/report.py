@@ -228,7 +228,7 @@ def analysis_json(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] |
 def _source_of(analysis: RunAnalysis, key: str) -> str:
     """The source text of a metric, from the last steady iteration that has one."""
     for it in analysis.steady_rows(newest_first=True):
-        src = it.sources.get(key)
+        src = it.source_line(key)
         if src:
-            return str(src)
+            return src
     return "absent: no steady-state iterations"

@@ -11,6 +11,8 @@ if not hasattr(megatron, "parse_file"):  # the parser is being written beside th
     pytest.skip("collectors.megatron.parse_file not available yet", allow_module_level=True)
 
 from perfd.analytics.run.run_analysis import analyze_run  # noqa: E402
+from perfd.analytics.steps.provenance import Code, cite  # noqa: E402
+from perfd.model import Provenance  # noqa: E402
 from perfd.report import build_report, render_text  # noqa: E402
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +43,8 @@ def test_tflops_within_1pct_on_every_steady_iteration(parsed) -> None:
     assert len(steady) == 36 and [it.iteration for it in steady] == list(range(5, 41))
     for it in steady:
         assert it.model_tflops_per_gpu is not None and it.logged_tflops_per_gpu is not None
-        assert "formula:megatron-core>=0.12" in it.sources["model_tflops_per_gpu"]
+        assert it.sources["model_tflops_per_gpu"].code is Code.THROUGHPUT
+        assert str(it.sources["model_tflops_per_gpu"].args[1]).startswith("formula:megatron-core>=0.12")
         assert abs(it.model_tflops_per_gpu - it.logged_tflops_per_gpu) / it.logged_tflops_per_gpu < 0.01
         assert it.tflops_check_ok is True
 
@@ -54,7 +57,7 @@ def test_mfu_against_h200_peak(parsed) -> None:
     assert med["mfu"] == pytest.approx(0.0818, abs=5e-4)  # 80.9 TFLOP/s sustained over the steady steps
     it38 = next(it for it in a.iterations if it.iteration == 38)
     assert it38.model_tflops_per_gpu == pytest.approx(84.2, rel=0.01)
-    assert f"{FIXTURE.name}:1769" in it38.sources["step_time_ms"]
+    assert it38.sources["step_time_ms"] == cite(Code.RECORD, Provenance("megatron", f"{FIXTURE.name}:1769"))
 
 
 def test_stage_idle_and_imbalance(parsed) -> None:
@@ -98,7 +101,8 @@ def test_real_logs_tflops_match_on_every_steady_iteration(real_log) -> None:
     steady = a.steady_iterations()
     assert len(steady) >= 10, name
     for it in steady:
-        assert "formula:megatron-core>=0.12" in it.sources["model_tflops_per_gpu"], name
+        assert it.sources["model_tflops_per_gpu"].code is Code.THROUGHPUT, name
+        assert str(it.sources["model_tflops_per_gpu"].args[1]).startswith("formula:megatron-core>=0.12"), name
         assert it.model_tflops_per_gpu is not None and it.logged_tflops_per_gpu is not None
         assert abs(it.model_tflops_per_gpu / it.logged_tflops_per_gpu - 1) < 0.01, (name, it.iteration)
     assert a.summary.to_json()["tflops_check_n_disagree"] == 0

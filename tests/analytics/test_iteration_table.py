@@ -7,6 +7,7 @@ import dataclasses
 from perfd.analytics.run.run_analysis import RunBuilder, analyze_run
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table
+from perfd.analytics.steps.provenance import Code, cite
 from perfd.report import analysis_json
 from tests.analytics.analytics_helpers import fixture_job, fixture_records
 
@@ -31,10 +32,10 @@ def test_a_row_read_is_a_copy() -> None:
     t: Table[IterationResult] = Table(IterationResult, key="iteration")
     t.extend(_results())
     row = t[0]
-    row.sources["mfu"] = "changed"
+    row.sources["mfu"] = cite(Code.UNKNOWN)
     row.straggler_candidate_ranks.append(7)
     row.mfu = 1.0
-    assert t[0].sources.get("mfu") != "changed" and 7 not in t[0].straggler_candidate_ranks
+    assert t[0].sources.get("mfu") != cite(Code.UNKNOWN) and 7 not in t[0].straggler_candidate_ranks
     assert t[0].mfu != 1.0
     t.put(0, mfu=0.5)
     assert t[0].mfu == 0.5

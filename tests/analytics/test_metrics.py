@@ -9,7 +9,8 @@ import pytest
 from perfd.analytics.common import GRAD_SYNC_TIMERS, PP_P2P_TIMERS
 from perfd.analytics.steps.gpus import peak_tflops
 from perfd.analytics.steps.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
-from perfd.model import StepRecord, TimerValue
+from perfd.analytics.steps.provenance import Code
+from perfd.model import Provenance, StepRecord, TimerValue
 from tests.analytics.analytics_helpers import fixture_record, fixture_row
 
 FIXTURE_FLOPS = 55_765_855_371_264
@@ -21,13 +22,16 @@ def test_throughput_and_mfu_iteration_38() -> None:
     m = mfu(tput, peak_tflops("NVIDIA H200", "bf16"))
     assert m.value == pytest.approx(84.213 / 989, rel=1e-4)
     assert 0 < (m.value or 0) < 1  # a ratio, not percent
-    assert m.source is not None and "989" in m.source.detail
+    assert m.cite.code is Code.MFU and "989" in str(m.cite.args[0])  # the peak table's row, quoted
 
 
 def test_throughput_missing_inputs_are_absent() -> None:
-    for args in ((None, 331.1, 2), (FIXTURE_FLOPS, None, 2), (FIXTURE_FLOPS, 331.1, None)):
+    for args, name in (((None, 331.1, 2), "model FLOPs"), ((FIXTURE_FLOPS, None, 2), "step time"),
+                       ((FIXTURE_FLOPS, 331.1, None), "world size")):
         res = throughput_per_gpu(*args)
-        assert res.value is None and res.reason
+        assert res.value is None and res.cite.absent
+        assert (res.cite.code, res.cite.args) == (Code.MISSING, ((name,),))
+    assert throughput_per_gpu(FIXTURE_FLOPS, 0.0, 2).cite.code is Code.NON_POSITIVE
     assert mfu(throughput_per_gpu(FIXTURE_FLOPS, 331.1, 2), peak_tflops("unknown", "bf16")).value is None
 
 
@@ -47,9 +51,11 @@ def test_data_share_iteration_38() -> None:
     rec = fixture_record(fixture_row(38))
     d = data_share(rec)
     assert d.value == pytest.approx(12.70 / 331.1)
-    assert d.source is not None and "h200x2_tp1_pp2_gbs64_mbs4.log:1769" in d.source.detail
+    assert d.cite.code is Code.TIMER_SHARE
+    assert d.cite.args == ("megatron", "batch-generator", "max across ranks", 12.70, 331.1,
+                           Provenance("megatron", "h200x2_tp1_pp2_gbs64_mbs4.log:1769"))
     del rec.timers["batch-generator"]
-    assert data_share(rec).value is None
+    assert data_share(rec).value is None and data_share(rec).cite.code is Code.WHY
 
 
 def test_exposed_comm_iteration_38_sum_of_max() -> None:
@@ -61,7 +67,7 @@ def test_exposed_comm_iteration_38_sum_of_max() -> None:
     assert c.grad_sync.value == pytest.approx(dp_ms / 331.1)
     assert c.pp.value == pytest.approx(pp_ms / 331.1)
     assert c.total.value == pytest.approx((dp_ms + pp_ms) / 331.1)
-    assert c.total.source is not None and "upper bound" in c.total.source.detail
+    assert c.total.cite.code is Code.COMM_SUM_OF_MAX  # maxima of several timers: an upper bound
     assert c.timers_ms["forward-send-backward-recv"] == 56.90
 
 
@@ -70,12 +76,13 @@ def test_exposed_comm_absent_without_timers() -> None:
                      timers={"forward-compute": TimerValue(10.0, 12.0)})
     c = exposed_comm(rec)
     assert c.total.value is None and c.grad_sync.value is None and c.pp.value is None
-    assert c.total.reason and "no communication timers" in c.total.reason
+    assert c.total.cite.code is Code.WHY and "no communication timers" in str(c.total.cite.args[0])
     # DP-only job: the PP part is absent, not 0
     rec.timers["all-grads-sync"] = TimerValue(5.0, 20.0)
     c = exposed_comm(rec)
     assert c.total.value == pytest.approx(0.2) and c.grad_sync.value == pytest.approx(0.2)
-    assert c.pp.value is None
+    assert c.total.cite.code is Code.COMM_ONE_MAX  # one timer's max: one rank's time
+    assert c.pp.value is None and (c.pp.cite.code, c.pp.cite.args) == (Code.NO_TIMERS, ("pipeline p2p",))
 
 
 def test_exposed_comm_per_rank_uses_worst_rank() -> None:
@@ -88,6 +95,7 @@ def test_exposed_comm_per_rank_uses_worst_rank() -> None:
     # rank 0: 35 ms, rank 1: 32 ms (the sum of maxima, 55 ms, would overstate)
     assert c.total.value == pytest.approx(35.0 / 200.0)
     assert c.worst_rank == 0
+    assert c.total.cite.code is Code.COMM_PER_RANK and c.total.cite.args[2:5] == (0, 35.0, 200.0)
 
 
 def test_timer_name_sets() -> None:
@@ -101,26 +109,28 @@ def test_timer_name_sets() -> None:
 
 
 def test_each_source_is_read_through_its_own_vocabulary() -> None:
-    from perfd.analytics.common import VOCABULARIES, vocabulary_of
-    from perfd.model import Provenance
+    from perfd.analytics.common import HOOK_VOCABULARY, MEGATRON_VOCABULARY, VOCABULARIES, vocabulary_of
 
     hook = StepRecord(job="j", iteration=7, rank="all", step_time_ms=50.0,
                       timers={"data-wait": TimerValue(10.0, 12.0, {0: 10.0, 1: 12.0})},
                       source=Provenance("hook", "rank1:pid9"))
     d = data_share(hook)
     assert d.value == pytest.approx(12.0 / 50.0)  # the slowest rank's wait
-    assert d.source is not None and d.source.collector == "hook" and "data-wait" in d.source.detail
+    assert d.cite.code is Code.TIMER_SHARE
+    assert d.cite.args[:3] == ("hook", "data-wait", HOOK_VOCABULARY.across_ranks)
     c = exposed_comm(hook)
-    assert c.total.value is None and c.total.reason and "Flight Recorder" in c.total.reason
+    assert c.total.value is None and c.total.cite.args == (HOOK_VOCABULARY.comm_absent,)
     # A hook record that never called data_ready(): absent, saying how to get it.
     bare = StepRecord(job="j", iteration=8, rank=0, step_time_ms=50.0, source=Provenance("hook", "r0"))
-    assert data_share(bare).value is None and "data_ready" in (data_share(bare).reason or "")
+    assert data_share(bare).value is None
+    assert data_share(bare).cite.args == (HOOK_VOCABULARY.data_wait_absent,)
     # Megatron's timer name means nothing in a hook record, and the hook's nothing in Megatron's.
     mixed = StepRecord(job="j", iteration=9, step_time_ms=50.0, source=Provenance("megatron", "log:1"),
                        timers={"data-wait": TimerValue(None, 5.0)})
-    assert data_share(mixed).value is None and "batch-generator" in (data_share(mixed).reason or "")
+    assert data_share(mixed).value is None
+    assert data_share(mixed).cite.args == (MEGATRON_VOCABULARY.data_wait_absent,)
     titan = StepRecord(job="j", iteration=10, step_time_ms=50.0, source=Provenance("torchtitan", "log:1"))
-    assert "step hook" in (data_share(titan).reason or "")
+    assert data_share(titan).cite.args == (VOCABULARIES["torchtitan"].data_wait_absent,)
     assert set(VOCABULARIES) == {"megatron", "hook", "torchtitan"}
     assert vocabulary_of(StepRecord(job="j", iteration=1)).source == "megatron"  # no provenance: Megatron
 

@@ -10,6 +10,7 @@ from perfd.analytics.steps.pipeline import (
     rebalance_estimate,
     stage_idle,
 )
+from perfd.analytics.steps.provenance import Code
 from perfd.model import StepRecord, TimerValue
 from tests.analytics.analytics_helpers import fixture_record, fixture_row
 
@@ -18,9 +19,11 @@ def test_analytic_bubble() -> None:
     assert analytic_bubble(2, 16).value == pytest.approx(1 / 17)
     assert analytic_bubble(4, 8, vpp=2).value == pytest.approx(3 / 19)  # (p-1)/(v·m+p-1)
     assert analytic_bubble(4, 8, vpp=1).value == pytest.approx(3 / 11)
-    assert analytic_bubble(1, 16).value == 0.0
+    assert analytic_bubble(1, 16).value == 0.0 and analytic_bubble(1, 16).cite.code is Code.NO_BUBBLE
     assert analytic_bubble(2, None).value is None
-    assert analytic_bubble(None, 16).value is None
+    assert analytic_bubble(2, None).cite.code is Code.MICROBATCHES_UNKNOWN
+    assert analytic_bubble(None, 16).value is None and analytic_bubble(None, 16).cite.code is Code.PP_UNKNOWN
+    assert analytic_bubble(4, 8, vpp=2).cite.args == (3, 2, 8)  # p-1, v, m
 
 
 def test_stage_idle_minmax_iteration_38() -> None:
@@ -31,7 +34,9 @@ def test_stage_idle_minmax_iteration_38() -> None:
     assert idle.idle_max.value == pytest.approx(1 - (124.99 + 123.21) / 322.71)  # lighter stage, ~23%
     assert idle.idle_min.value == pytest.approx(1 - (159.84 + 134.99) / 322.71)  # heavier stage, ~8.6%
     assert idle.imbalance.value == pytest.approx((idle.idle_max.value or 0) - 1 / 17)
-    assert idle.idle_max.reason is not None and "inference" in idle.idle_max.reason
+    assert idle.idle_max.cite.code is Code.IDLE_LIGHTER and idle.idle_min.cite.code is Code.IDLE_HEAVIER
+    assert idle.idle_max.cite.caveat is Code.MINMAX_PAIRING  # which rank holds which value: inferred
+    assert idle.imbalance.cite.code is Code.IMBALANCE
     assert idle.compute_ratio == pytest.approx(294.83 / 248.2)
 
 
@@ -47,15 +52,18 @@ def test_stage_idle_per_rank_is_exact() -> None:
     assert idle.per_rank_idle[1] == pytest.approx(1 - 290 / 322)
     assert idle.idle_max.value == pytest.approx(1 - 260 / 320)
     assert idle.idle_min.value == pytest.approx(1 - 290 / 322)
-    assert idle.idle_max.reason is None  # not an inference
+    assert idle.idle_max.cite.caveat is None  # not an inference
+    assert idle.idle_max.cite.code is Code.IDLE_RANK_MAX and idle.idle_max.cite.args[0] == 0
+    assert idle.idle_min.cite.code is Code.IDLE_RANK_MIN and idle.idle_min.cite.args[0] == 1
 
 
 def test_stage_idle_absent_cases() -> None:
     rec = fixture_record(fixture_row(38))
-    assert stage_idle(rec, 1, analytic_bubble(1, 16)).idle_max.value is None
-    assert stage_idle(rec, None, analytic_bubble(None, 16)).idle_max.value is None
+    assert stage_idle(rec, 1, analytic_bubble(1, 16)).idle_max.cite.code is Code.NO_STAGES
+    assert stage_idle(rec, None, analytic_bubble(None, 16)).idle_max.cite.code is Code.PP_UNKNOWN
     del rec.timers["forward-compute"]
-    assert stage_idle(rec, 2, analytic_bubble(2, 16)).idle_max.value is None
+    idle = stage_idle(rec, 2, analytic_bubble(2, 16))
+    assert idle.idle_max.value is None and idle.idle_max.cite.code is Code.NO_STAGE_TIMERS
 
 
 def test_microbatches_for_bubble() -> None:
@@ -79,4 +87,4 @@ def test_max_only_timers_leave_stage_idle_absent_with_reason() -> None:
         "backward-compute": TimerValue(max_ms=135.0)})
     idle = stage_idle(rec, 2, analytic_bubble(2, 16))
     assert idle.idle_max.value is None and idle.idle_min.value is None
-    assert idle.idle_max.reason is not None and "max-only" in idle.idle_max.reason
+    assert idle.idle_max.cite.code is Code.MAX_ONLY and idle.idle_max.cite.absent

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from perfd.analytics.run.run_analysis import analyze_run, resolve_dtype
-from perfd.model import ParallelLayout, StepRecord, TimerValue
+from perfd.analytics.steps.provenance import Code, cite
+from perfd.model import ParallelLayout, Provenance, StepRecord, TimerValue
 from perfd.report import analysis_json
 from tests.analytics.analytics_helpers import fixture_job, fixture_record, fixture_records, fixture_row
 from tests.analytics.megatron_fixture_data import ROWS
@@ -64,8 +65,18 @@ def test_every_iteration_matches_logged_throughput() -> None:
     assert it38.mfu == pytest.approx(84.213 / 989, rel=1e-4)
     assert it38.pp_idle_max == pytest.approx(1 - 248.2 / 322.71)
     assert it38.steady_state and it38.straggler_between_stages and it38.straggler_rtt_max_rank == 1
-    assert "h200x2_tp1_pp2_gbs64_mbs4.log:1769" in it38.sources["data_share"]
-    assert "inference" in it38.sources["pp_idle_max"]
+    assert it38.sources["data_share"].code is Code.TIMER_SHARE
+    assert it38.sources["data_share"].args[-1] == Provenance("megatron", "h200x2_tp1_pp2_gbs64_mbs4.log:1769")
+    assert it38.sources["pp_idle_max"].caveat is Code.MINMAX_PAIRING
+    # and as the report and the JSON legend show them (the golden sentences)
+    assert it38.source_line("data_share") == (
+        "megatron:timer batch-generator (max across ranks) 12.7 ms ÷ step time 331.1 ms; "
+        "megatron:h200x2_tp1_pp2_gbs64_mbs4.log:1769")
+    assert it38.source_line("pp_idle_max") == (
+        "megatron:1 − (forward-compute min 124.99 + backward-compute min 123.21) / forward-backward max "
+        "322.71; megatron:h200x2_tp1_pp2_gbs64_mbs4.log:1769 [inference: min forward paired with min "
+        "backward (lighter stage), max with max (heavier stage); minmax timers do not say which rank "
+        "holds which value]")
 
 
 def test_findings_and_recommendations_on_fixture() -> None:
@@ -105,7 +116,7 @@ def test_nan_loss_iteration_does_not_break_anything() -> None:
     recs[20].lm_loss = float("nan")
     a = analyze_run(fixture_job(), recs, gpu_name="NVIDIA H200")
     it20 = a.iterations[19]
-    assert it20.lm_loss is None and it20.sources["lm_loss"].startswith("absent")
+    assert it20.lm_loss is None and it20.sources["lm_loss"].code is Code.NO_LOSS
     assert a.iterations[20].lm_loss is None
     assert it20.mfu is not None and it20.steady_state
     losses = [r[4] for r in ROWS if r[0] >= 5 and r[0] not in (20, 21)]
@@ -121,7 +132,8 @@ def test_unknown_gpu_gives_null_mfu_not_zero() -> None:
     a = analyze_run(fixture_job(), fixture_records(), gpu_name=None)
     assert all(it.mfu is None for it in a.iterations)
     assert a.summary.median("mfu") is None
-    assert "GPU name unknown" in a.iterations[10].sources["mfu"]
+    mfu_src = a.iterations[10].sources["mfu"]
+    assert mfu_src.code is Code.WHY and "GPU name unknown" in str(mfu_src.args[0])
     doc = a.to_json()
     assert all("mfu" not in it for it in doc["iterations"])  # absent from every row, never 0
     assert "GPU name unknown" in doc["iteration_codes"]["sources"]["mfu"]
@@ -138,7 +150,9 @@ def test_missing_model_spec_falls_back_to_logged_then_absent() -> None:
     a = analyze_run(job, fixture_records(), gpu_name="NVIDIA H200")
     it = a.iterations[37]
     assert it.model_tflops_per_gpu == 84.2  # Megatron's figure, second preference
-    assert "logged throughput" in it.sources["model_tflops_per_gpu"]
+    assert it.sources["model_tflops_per_gpu"].code is Code.THROUGHPUT_LOGGED
+    assert it.source_line("model_tflops_per_gpu") == (
+        "megatron:logged throughput per GPU (perfd's formula unavailable: missing hidden_size)")
     assert it.tflops_check_ok is None  # nothing to cross-check against itself
     assert a.job.flops.per_iteration is None and "hidden_size" in a.job.flops.missing
     recs = fixture_records()
@@ -146,7 +160,8 @@ def test_missing_model_spec_falls_back_to_logged_then_absent() -> None:
         r.logged_tflops_per_gpu = None
     b = analyze_run(job, recs, gpu_name="NVIDIA H200")
     assert b.iterations[37].model_tflops_per_gpu is None and b.iterations[37].mfu is None
-    assert "hidden_size" in b.iterations[37].sources["model_tflops_per_gpu"]
+    why = b.iterations[37].sources["model_tflops_per_gpu"]
+    assert why.code is Code.WHY and "hidden_size" in str(why.args[0])
 
 
 def test_missing_timers_leave_metrics_absent() -> None:
@@ -158,7 +173,7 @@ def test_missing_timers_leave_metrics_absent() -> None:
     for key in ("data_share", "comm_exposed_share", "comm_exposed_dp_share", "comm_exposed_pp_share",
                 "pp_idle_min", "pp_idle_max", "pp_imbalance"):
         assert getattr(it, key) is None, key
-        assert it.sources[key].startswith("absent"), key
+        assert it.sources[key].absent, key
     assert it.pp_bubble_analytic == pytest.approx(1 / 17)  # from the layout alone
 
 
@@ -171,7 +186,8 @@ def test_world_size_from_layout_product() -> None:
     b = analyze_run(job, [fixture_record(fixture_row(38))], gpu_name="NVIDIA H200")
     # cp unknown: the world size is not guessed; Megatron's own figure is used and says why
     assert b.iterations[0].model_tflops_per_gpu == 84.2
-    assert "missing world size" in b.iterations[0].sources["model_tflops_per_gpu"]
+    src = b.iterations[0].sources["model_tflops_per_gpu"]
+    assert src.code is Code.THROUGHPUT_LOGGED and src.args[1] == cite(Code.MISSING, ("world size",))
 
 
 def test_to_json_shape() -> None:

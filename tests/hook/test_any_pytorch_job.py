@@ -24,6 +24,8 @@ import pytest
 from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
+from perfd.analytics.common import HOOK_VOCABULARY
+from perfd.analytics.steps.provenance import Code
 from perfd.collector import Collected
 from perfd.hook import StepHook
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
@@ -145,7 +147,8 @@ def test_mfu_is_the_hooks_flops_over_step_time_and_peak(run: dict[str, Any],
     for r in steady:  # per iteration: exactly the definition
         per_gpu = FLOPS_PER_STEP / (r.step_time_ms / 1e3 * 1e12 * 1)  # world size 1
         assert r.mfu == pytest.approx(per_gpu / PEAK_TFLOPS, rel=1e-9)
-        assert "flops_per_step" in r.sources["mfu"] or "flops_per_step" in r.sources["model_tflops_per_gpu"]
+        tput = r.sources["model_tflops_per_gpu"]  # perfd's count, from the FLOPs the hook was given
+        assert tput.code is Code.THROUGHPUT and "flops_per_step" in str(tput.args[1])
     # Against the loop's own clock over the same steps: FLOPs summed over time summed, within 1%.
     own = statistics.fmean(run["steps"][r.iteration] for r in steady)
     expected = FLOPS_PER_STEP / (own / 1e3 * 1e12 * PEAK_TFLOPS)
@@ -172,10 +175,11 @@ def test_data_share_is_the_hooks_data_wait(run: dict[str, Any], analysed: dict[s
     off = [i for i in SLOW if rows[i].data_share != pytest.approx(own_share[i], abs=0.02)]
     assert len(off) <= len(SLOW) // 10, off
     assert statistics.median(rows[i].data_share for i in SLOW) > 0.2
-    assert rows[100].sources["data_share"].startswith("hook:timer data-wait")
+    assert rows[100].sources["data_share"].code is Code.TIMER_SHARE
+    assert rows[100].sources["data_share"].args[:2] == ("hook", "data-wait")
     # The hook does not time communication: absent, saying where the share comes from.
     assert rows[100].comm_exposed_share is None
-    assert "Flight Recorder" in rows[100].sources["comm_exposed_share"]
+    assert rows[100].sources["comm_exposed_share"].args == (HOOK_VOCABULARY.comm_absent,)
 
 
 def test_the_flight_recorder_share_over_the_hooks_step_windows(run: dict[str, Any]) -> None:
@@ -253,7 +257,7 @@ def test_without_flops_or_dtype_mfu_says_why(run: dict[str, Any]) -> None:
     assert a is not None and a.summary.median("mfu") is None
     assert a.job.framework == "pytorch" and a.job.layout.world_size == 1  # from the ranks
     row = next(r for r in a.iterations if r.steady_state)
-    assert row.sources["mfu"].startswith("absent:")
+    assert row.sources["mfu"].absent
     assert "None" not in build_report(a).summary.headline
 
 

@@ -21,6 +21,7 @@ import pytest
 from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
 from perfd.analytics.steps.flops import megatron_flops
+from perfd.analytics.steps.provenance import Code
 from perfd.collector import Collected
 from perfd.model import (
     HOOK_DATA_WAIT_FROM_FIELD,
@@ -148,7 +149,8 @@ def _check(a: Any, own: dict[int, tuple[float, float, float]], saves: bool = Fal
     assert a.job.gpu.dtype == "fp32"
     for r in rows:
         # Data share: the fetch of BATCH items sleeping ITEM_SLEEP_S each, the dataset's own clock.
-        assert r.data_share is not None and r.sources["data_share"].startswith("hook:timer data-wait")
+        assert r.data_share is not None and r.sources["data_share"].code is Code.TIMER_SHARE
+        assert r.sources["data_share"].args[:2] == ("hook", "data-wait")
         assert r.data_share * r.step_time_ms >= BATCH * ITEM_SLEEP_S * 1e3 * 0.99
         assert r.mfu == pytest.approx(FLOPS / (r.step_time_ms / 1e3 * 1e12) / PEAK, rel=1e-9)
     # Over the run (the steps after warm-up), the step time is the period (the fetch between the steps

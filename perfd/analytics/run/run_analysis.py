@@ -24,7 +24,6 @@ from perfd.analytics.breakdown.job_budget import job_budget
 from perfd.analytics.common import (
     FRAMEWORK_VOCABULARIES,
     MEGATRON_VOCABULARY,
-    MetricValue,
     finite,
     timer_max,
     vocabulary_of,
@@ -64,6 +63,7 @@ from perfd.analytics.steps.metrics import (
     throughput_per_gpu,
 )
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
+from perfd.analytics.steps.provenance import Code, Measured, cite
 from perfd.analytics.steps.steady import steady_state_of
 from perfd.analytics.steps.stragglers import (
     RankOrder,
@@ -75,7 +75,7 @@ from perfd.analytics.steps.stragglers import (
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.analytics.steps.windows import robust_sd
 from perfd.dtypes import normalize_dtype
-from perfd.model import CPU, HOOK_IN_STEP_FIELD, JobInfo, ParallelLayout, Provenance, StepRecord
+from perfd.model import CPU, HOOK_IN_STEP_FIELD, JobInfo, ParallelLayout, StepRecord
 
 # Why a CPU-only job has no MFU (perfd.model.JobInfo.device): said instead of "GPU name unknown".
 CPU_ONLY_NO_PEAK = ("the job computes on CPUs (no CUDA in its processes): MFU is measured against a GPU's "
@@ -130,13 +130,6 @@ def resolve_dtype(job: JobInfo, dtype: str | None) -> tuple[str | None, str]:
     if args.get("bf16") == "False" and args.get("fp16") == "False":
         return "fp32", "arguments: neither bf16 nor fp16"
     return None, "unknown"
-
-
-def _src(m: MetricValue) -> str:
-    if m.value is None:
-        return f"absent: {m.reason or 'unknown'}"
-    text = str(m.source) if m.source else "analytics"
-    return f"{text} [{m.reason}]" if m.reason else text
 
 
 @dataclass
@@ -201,12 +194,11 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
                          lm_loss=finite(rec.lm_loss))
     srcs = it.sources
     vocab = vocabulary_of(rec)
-    srcs["step_time_ms"] = str(rec.source) if rec.source else f"{vocab.source}: step time"
-    srcs["lm_loss"] = (f"{vocab.source}: loss" if it.lm_loss is not None
-                       else "absent: no loss on this iteration (a NaN loss removes the field)")
-    srcs["logged_tflops_per_gpu"] = (f"{logged_throughput_source(job.framework)}"
+    srcs["step_time_ms"] = cite(Code.RECORD, rec.source) if rec.source else cite(Code.STEP_TIME, vocab.source)
+    srcs["lm_loss"] = cite(Code.LOSS, vocab.source) if it.lm_loss is not None else cite(Code.NO_LOSS)
+    srcs["logged_tflops_per_gpu"] = (cite(Code.QUOTED, logged_throughput_source(job.framework))
                                      if it.logged_tflops_per_gpu is not None
-                                     else f"absent: {vocab.throughput_absent}")
+                                     else cite(Code.WHY, vocab.throughput_absent))
 
     # Throughput, MFU, cross-check. FLOPs: what the record states (the step hook's flops_per_step
     # or tokens_per_step), else the job's formula for the iteration's global batch.
@@ -219,32 +211,31 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
         if gbs not in flops_cache:
             flops_cache[gbs] = model_flops(job.spec, gbs, job.framework_version, job.framework)
         fl = flops_cache[gbs]
-    tput = MetricValue.absent(fl.reason() or "model FLOPs unknown")
+    why = fl.reason()
+    tput = Measured.absent(Code.WHY, why) if why else Measured.absent(Code.FLOPS_UNKNOWN)
     if fl.available and fl.formula != FORMULA_6N:
         tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
     if tput.value is None and it.logged_tflops_per_gpu is not None:
-        tput = MetricValue(it.logged_tflops_per_gpu, Provenance(
-            job.framework, "logged throughput per GPU (perfd's formula unavailable: "
-                           f"{tput.reason})"))
+        tput = Measured(it.logged_tflops_per_gpu, cite(Code.THROUGHPUT_LOGGED, job.framework, tput.cite))
     if tput.value is None and fl.available and fl.formula == FORMULA_6N:
         tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
     it.model_tflops_per_gpu = tput.value
-    srcs["model_tflops_per_gpu"] = srcs["tflops_rel_gap"] = _src(tput)
-    if tput.source is not None and tput.source.collector == "analytics":
+    srcs["model_tflops_per_gpu"] = srcs["tflops_rel_gap"] = tput.cite
+    if tput.cite.code is Code.THROUGHPUT:  # perfd's own count: checked against the logged figure
         chk = crosscheck_tflops(tput.value, it.logged_tflops_per_gpu, job.framework)
         it.tflops_rel_gap, it.tflops_check_ok = chk.rel_gap, chk.agrees
     m = mfu(tput, peak)
     it.mfu = m.value
-    srcs["mfu"] = _src(m)
+    srcs["mfu"] = m.cite
     if tput.value is not None and peak.measured_ceiling_tflops:
         it.mfu_vs_measured_ceiling = tput.value / peak.measured_ceiling_tflops
 
     d = data_share(rec)
     it.data_share = d.value
-    srcs["data_share"] = _src(d)
+    srcs["data_share"] = d.cite
     o = outside_share(rec)
     it.outside_share = o.value
-    srcs["outside_share"] = _src(o)
+    srcs["outside_share"] = o.cite
     it.in_step_ms = _field_ms(rec, HOOK_IN_STEP_FIELD)
     if vocab.optimizer:
         it.optimizer_ms = timer_max(rec.timers.get(vocab.optimizer[0]))
@@ -254,9 +245,9 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     it.comm_exposed_dp_share = comm.grad_sync.value
     it.comm_exposed_pp_share = comm.pp.value
     it.comm_method = comm.method
-    srcs["comm_exposed_share"] = _src(comm.total)
-    srcs["comm_exposed_dp_share"] = _src(comm.grad_sync)
-    srcs["comm_exposed_pp_share"] = _src(comm.pp)
+    srcs["comm_exposed_share"] = comm.total.cite
+    srcs["comm_exposed_dp_share"] = comm.grad_sync.cite
+    srcs["comm_exposed_pp_share"] = comm.pp.cite
 
     bubble = analytic_bubble(lay.pp, _microbatches(lay, gbs), lay.vpp)
     idle = stage_idle(rec, lay.pp, bubble)
@@ -265,10 +256,10 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     it.pp_imbalance = idle.imbalance.value
     it.pp_lighter_compute_ms, it.pp_heavier_compute_ms = idle.lighter_compute_ms, idle.heavier_compute_ms
     it.pp_idle_method = idle.method
-    srcs["pp_bubble_analytic"] = _src(bubble)
-    srcs["pp_idle_max"] = _src(idle.idle_max)
-    srcs["pp_idle_min"] = _src(idle.idle_min)
-    srcs["pp_imbalance"] = _src(idle.imbalance)
+    srcs["pp_bubble_analytic"] = bubble.cite
+    srcs["pp_idle_max"] = idle.idle_max.cite
+    srcs["pp_idle_min"] = idle.idle_min.cite
+    srcs["pp_imbalance"] = idle.imbalance.cite
 
     st = detect(rec, ranks)
     it.straggler_rtt_ratio = st.rtt_ratio
@@ -279,8 +270,8 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     it.straggler_candidate_ranks = st.flagged_ranks
     it.straggler_rank_compute_ratio = dict(st.per_rank_ratio)
     it.straggler_notes = list(st.notes)
-    srcs["straggler"] = ("megatron: straggler detector line (MnRtt/MxRtt)" if rec.straggler
-                         else f"{vocab.source}: {vocab.straggler_absent}")
+    srcs["straggler"] = (cite(Code.STRAGGLER_LINE) if rec.straggler
+                         else cite(Code.NO_STRAGGLER_LINE, vocab.source, vocab.straggler_absent))
     srcs["straggler_rtt_ratio"] = srcs["straggler"]
     return it, st
 

@@ -82,7 +82,7 @@ def mfu_grade(c: RunContext) -> Out:
     a, med, span, peak = c.a, c.med, c.span, c.a.peak
     mfu = med.get("mfu")
     if mfu is None:
-        why = a.iterations[0].sources.get("mfu", "unknown") if a.iterations else "no iterations"
+        why = (a.iterations[0].source_line("mfu") or "unknown") if a.iterations else "no iterations"
         ref = a.summary.runs.reference
         if a.summary.runs.figures is FiguresFrom.NONE:
             why = a.summary.runs.text() or why

@@ -10,7 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.analytics.steps.iteration_table import PACKED
+from perfd.analytics.steps.iteration_table import CITED
+from perfd.analytics.steps.provenance import Cited, line, lines
 
 
 def json_value(v: object) -> object:
@@ -79,9 +80,16 @@ class IterationResult:
     steady_state: bool = False
     excluded_reason: str | None = None
     armed: bool = False  # its rank ran armed for a capture (perfd.armed): the profiler's step, never steady
-    # metric -> source, or "absent: why"; kept compressed in a run's table (it names the iteration's
-    # numbers and log line: ~3 KB of text an iteration)
-    sources: dict[str, str] = field(default_factory=dict, metadata={PACKED: True})
+    # metric -> its source, or why it is absent, as a code and the iteration's numbers (shown as
+    # English by perfd.analytics.steps.provenance.line); a run's table keeps the codes and numbers
+    sources: dict[str, Cited] = field(default_factory=dict, metadata={CITED: True})
+
+    def source_line(self, metric: str) -> str | None:
+        """A metric's source as it reads (``absent: why`` when absent), None when it has none."""
+        c = self.sources.get(metric)
+        return line(c) if c is not None else None
 
     def to_json(self) -> dict[str, object]:
-        return {k: json_value(v) for k, v in dataclasses.asdict(self).items()}
+        out = {f.name: json_value(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out["sources"] = lines(self.sources)
+        return out

@@ -1,11 +1,12 @@
 """Per-iteration results held in columns, read back as IterationResult rows.
 
 A run of 500,000 iterations kept as IterationResult objects costs ~1.5 KB an iteration (an object,
-its boxed floats, its containers, a `sources` dict of strings built per iteration): most of a GB.
-Here a float field costs 8 bytes a row (array('d')), an int or bool field 8 or 1, and a text or
-container field one reference to a value shared by every row that has the same one (the sources
-of one run repeat from iteration to iteration). Rows are rebuilt on demand, as fresh objects that
-the caller may change without touching the table; ``column`` reads one field without building rows.
+its boxed floats, its containers, a `sources` dict built per iteration): most of a GB. Here a float
+field costs 8 bytes a row (array('d')), an int or bool field 8 or 1, a text or container field one
+reference to a value shared by every row that has the same one, and the provenance (``sources``:
+codes with the row's numbers) a shape shared by the rows plus the row's own numbers (_Cites). Rows
+are rebuilt on demand, as fresh objects that the caller may change without touching the table;
+``column`` reads one field without building rows.
 
 Plain data, no I/O: an analysis over a table is the same function of its inputs as over a list.
 """
@@ -14,18 +15,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
-import zlib
 from array import array
 from bisect import bisect_right
 from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
 
+from perfd.analytics.steps.provenance import Cited
+from perfd.model import Provenance
+
 T = TypeVar("T")
 
-PACKED = "packed"  # a field's metadata key: keep its values compressed (_Packed)
+CITED = "cited"  # a field's metadata key: its values are provenance ({name: Cited}), kept in _Cites
 _NO_INT = -(2**63)  # the int64 that stands for None in an ``int | None`` column
 _NO_BOOL = -1  # the int8 that stands for None in a ``bool | None`` column
 
@@ -53,6 +55,19 @@ class _Column:
 
     def decode(self, x: Any) -> Any:
         return x
+
+    def taken(self, order: Sequence[int]) -> _Column:
+        """A column of these rows in ``order`` (indexes), with this one's encoding state."""
+        new = copy.copy(self)
+        new.store = (array(self.store.typecode, (self.store[i] for i in order))
+                     if isinstance(self.store, array) else [self.store[i] for i in order])
+        return new
+
+    def sliced(self, lo: int, hi: int) -> _Column:
+        """A column of rows ``lo`` .. ``hi - 1``."""
+        new = copy.copy(self)
+        new.store = self.store[lo:hi]
+        return new
 
 
 class _Floats(_Column):
@@ -117,27 +132,131 @@ class _Shared(_Column):
             return x[0](x[1])
         return type(x)(x) if isinstance(x, list | dict) else x  # unshared, but still a copy
 
+    def sliced(self, lo: int, hi: int) -> _Column:
+        new = super().sliced(lo, hi)
+        assert isinstance(new, _Shared)
+        new.seen = {}  # not the old table's: its values would outlive their rows
+        return new
 
-class _Packed(_Column):
-    """Values unique to every row but alike between rows (a row's ``sources``: the same texts with
-    that iteration's numbers and line): each kept as JSON compressed against the first row's, ~20x
-    smaller than the strings. For fields whose metadata has ``packed``; JSON types only."""
+
+class _Cites(_Column):
+    """A row's provenance (``{metric: Cited}``, perfd.analytics.steps.provenance): what rows share —
+    the metrics, codes, names and texts, the "shape" — kept once and referred to by number; what is
+    the row's own — its numbers, its log line's number — in one array of doubles for the column,
+    each distinct value of a row once (a row's step time and log line recur in most of its sources).
+    For fields whose metadata has CITED."""
 
     def __init__(self) -> None:
-        super().__init__([])
-        self.zdict: bytes | None = None
+        super().__init__(array("I"))  # per row: its shape's number
+        self.starts = array("I")  # per row: where its numbers begin in ``nums``
+        self.nums = array("d")
+        self.shapes: list[Any] = []
+        self.widths: list[int] = []  # per shape: how many numbers a row of it holds
+        self.shape_ids: dict[Any, int] = {}
+
+    def append(self, v: Any) -> None:
+        shape, start = self.encode(v)
+        self.store.append(shape)
+        self.starts.append(start)
+
+    def put(self, i: int, v: Any) -> None:
+        self.store[i], self.starts[i] = self.encode(v)  # the old numbers stay, unread
+
+    def get(self, i: int) -> Any:
+        nums, j = self.nums, self.starts[i]
+        return {key: _cited(cs, nums, j) for key, cs in self.shapes[self.store[i]]}
+
+    def values(self) -> Iterator[Any]:
+        return (self.get(i) for i in range(len(self.store)))
 
     def encode(self, v: Any) -> Any:
-        raw = json.dumps(v, separators=(",", ":")).encode()
-        if self.zdict is None:
-            self.zdict = raw  # the first row is the dictionary the others are compressed against
-        c = zlib.compressobj(zdict=self.zdict)
-        return c.compress(raw) + c.flush()
+        slots: dict[Any, int] = {}
+        numbers: list[float] = []
+        shape = tuple((key, _shape_of(c, slots, numbers)) for key, c in v.items())
+        sid = self.shape_ids.get(shape)
+        if sid is None:
+            sid = self.shape_ids[shape] = len(self.shapes)
+            self.shapes.append(shape)
+            self.widths.append(len(numbers))  # a shape names its slots: the same count every time
+        start = len(self.nums)
+        self.nums.extend(numbers)
+        return sid, start
 
-    def decode(self, x: Any) -> Any:
-        assert self.zdict is not None
-        d = zlib.decompressobj(zdict=self.zdict)
-        return json.loads(d.decompress(x) + d.flush())
+    def taken(self, order: Sequence[int]) -> _Cites:
+        out = copy.copy(self)  # the shapes are shared: only ever added to, their numbers never change
+        out.store, out.starts, out.nums = array("I"), array("I"), array("d")
+        for i in order:
+            n = self.widths[self.store[i]]
+            out.store.append(self.store[i])
+            out.starts.append(len(out.nums))
+            out.nums.extend(self.nums[self.starts[i]:self.starts[i] + n])
+        return out
+
+    def sliced(self, lo: int, hi: int) -> _Cites:
+        return self.taken(range(len(self.store))[lo:hi])
+
+
+# A shape's parts (plain tuples: hashable, compared by value): a float of the row's own, by slot; a
+# record's provenance whose detail ends in a number (its log line), the number by slot; a nested
+# cite; anything else kept as it is — the ints too (a world size, a stage count, a rank: a few values
+# a run repeats, where a slot would cost every row 8 bytes).
+_FLOAT, _LINE, _CITE, _SAME = range(4)
+_EXACT_INT = 2**53  # the largest int a double holds exactly
+
+
+def _slot(x: float, slots: dict[Any, int], numbers: list[float]) -> int:
+    # -0.0 == 0.0: kept apart by sign, so that a row reads back the zero it had; a line number (an
+    # int) is kept apart from a float of the same value
+    key = (x, math.copysign(1.0, x)) if isinstance(x, float) else (x,)
+    i = slots.get(key)
+    if i is None:
+        i = slots[key] = len(numbers)
+        numbers.append(x)
+    return i
+
+
+def _arg_shape(a: Any, slots: dict[Any, int], numbers: list[float]) -> Any:
+    if isinstance(a, float) and a == a:  # NaN: never equal to itself, kept as it is
+        return (_FLOAT, _slot(a, slots, numbers))
+    if isinstance(a, Provenance):
+        head, tail = _split_line(a.detail)
+        if tail is not None:
+            return (_LINE, a.collector, head, _slot(tail, slots, numbers))
+    if isinstance(a, Cited):
+        return (_CITE, _shape_of(a, slots, numbers))
+    return (_SAME, a)
+
+
+def _split_line(detail: str) -> tuple[str, int | None]:
+    """``detail`` as (its text before a trailing number, the number); (detail, None) when it does
+    not end in a number written as Python writes one (no leading zero), nor one a double holds."""
+    k = len(detail)
+    while k and detail[k - 1].isdigit() and detail[k - 1].isascii():
+        k -= 1
+    digits = detail[k:]
+    if not digits or (digits[0] == "0" and len(digits) > 1) or len(digits) > 16 or int(digits) > _EXACT_INT:
+        return detail, None
+    return detail[:k], int(digits)
+
+
+def _shape_of(c: Cited, slots: dict[Any, int], numbers: list[float]) -> Any:
+    return (c.code, c.caveat, tuple(_arg_shape(a, slots, numbers) for a in c.args))
+
+
+def _arg(part: Any, nums: array[float], j: int) -> Any:
+    tag = part[0]
+    if tag == _FLOAT:
+        return nums[j + part[1]]
+    if tag == _LINE:
+        return Provenance(part[1], f"{part[2]}{int(nums[j + part[3]])}")
+    if tag == _CITE:
+        return _cited(part[1], nums, j)
+    return part[1]
+
+
+def _cited(shape: Any, nums: array[float], j: int) -> Cited:
+    code, caveat, args = shape
+    return Cited(code, tuple(_arg(p, nums, j) for p in args), caveat)
 
 
 # A field's annotation (a string: the result classes use ``from __future__ import annotations``)
@@ -156,13 +275,14 @@ class Table(Sequence[T], Generic[T]):
     appended in non-decreasing order of, for ``last_index_of``."""
 
     def __init__(self, row_type: type[T], key: str, pack: bool = True) -> None:
-        """``pack``: compress the fields marked PACKED (False where the rows' objects are held
-        elsewhere anyway, and the time matters more than the bytes: the aggregator's memo)."""
+        """``pack``: keep the fields marked CITED in a provenance column (False where the rows'
+        objects are held elsewhere anyway, and the time matters more than the bytes: the
+        aggregator's memo; each row's mapping is then kept as it is)."""
         self.row_type = row_type
         self.key = key
         self._fields = [f.name for f in dataclasses.fields(row_type)]  # type: ignore[arg-type]
         self._cols: dict[str, _Column] = {
-            f.name: _Packed() if pack and f.metadata.get(PACKED) else _COLUMN_OF.get(str(f.type), _Shared)()
+            f.name: _Cites() if pack and f.metadata.get(CITED) else _COLUMN_OF.get(str(f.type), _Shared)()
             for f in dataclasses.fields(row_type)}  # type: ignore[arg-type]
         self._n = 0
 
@@ -206,11 +326,7 @@ class Table(Sequence[T], Generic[T]):
     def take(self, order: Sequence[int]) -> Table[T]:
         """A new table of these rows in ``order`` (indexes)."""
         out: Table[T] = Table(self.row_type, self.key)
-        for name, col in self._cols.items():
-            new = copy.copy(col)  # the same encoding state (a packed column's dictionary)
-            new.store = (array(col.store.typecode, (col.store[i] for i in order))
-                         if isinstance(col.store, array) else [col.store[i] for i in order])
-            out._cols[name] = new
+        out._cols = {name: col.taken(order) for name, col in self._cols.items()}
         out._n = len(order)
         return out
 
@@ -223,13 +339,7 @@ class Table(Sequence[T], Generic[T]):
         """A new table of rows ``lo`` .. ``hi - 1``; this one is left as it is (a reader may hold it)."""
         out: Table[T] = Table.__new__(Table)
         out.row_type, out.key, out._fields = self.row_type, self.key, self._fields
-        out._cols = {}
-        for name, col in self._cols.items():
-            new = copy.copy(col)  # the same encoding state (a packed column's dictionary)
-            if isinstance(new, _Shared):
-                new.seen = {}  # not the old table's: its values would outlive their rows
-            new.store = col.store[lo:hi]
-            out._cols[name] = new
+        out._cols = {name: col.sliced(lo, hi) for name, col in self._cols.items()}
         out._n = len(range(self._n)[lo:hi])
         return out
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from perfd.analytics.common import (
-    MetricValue,
     finite,
     record_source,
     timer_max,
     vocabulary_of,
 )
 from perfd.analytics.steps.gpus import PeakResult
+from perfd.analytics.steps.provenance import Code, Measured, cite
 from perfd.model import Provenance, StepRecord
 
 # Megatron prints its throughput with one decimal: allow for that rounding in the cross-check.
@@ -55,29 +55,28 @@ def throughput_per_gpu(
     step_time_ms: float | None,
     world_size: int | None,
     flops_source: Provenance | None = None,
-) -> MetricValue:
+) -> Measured:
     """Achieved model TFLOP/s per GPU = FLOPs ÷ (step seconds · 1e12 · world size)."""
-    missing = [n for n, x in (("model FLOPs", flops_per_iteration), ("step time", step_time_ms),
-                              ("world size", world_size)) if x is None]
+    missing = tuple(n for n, x in (("model FLOPs", flops_per_iteration), ("step time", step_time_ms),
+                                   ("world size", world_size)) if x is None)
     if missing:
-        return MetricValue.absent("missing " + ", ".join(missing))
+        return Measured.absent(Code.MISSING, missing)
     assert flops_per_iteration is not None and step_time_ms is not None and world_size is not None
     if step_time_ms <= 0 or world_size <= 0:
-        return MetricValue.absent(f"non-positive step time {step_time_ms} ms or world {world_size}")
+        return Measured.absent(Code.NON_POSITIVE, step_time_ms, world_size)
     value = flops_per_iteration / (step_time_ms / 1e3 * 1e12 * world_size)
     what = flops_source.detail if flops_source else "model FLOPs"
-    return MetricValue(value, Provenance("analytics", f"FLOPs/(step s·1e12·world={world_size}); {what}"))
+    return Measured(value, cite(Code.THROUGHPUT, world_size, what))
 
 
-def mfu(tflops_per_gpu: MetricValue, peak: PeakResult) -> MetricValue:
+def mfu(tflops_per_gpu: Measured, peak: PeakResult) -> Measured:
     """MFU as a ratio in [0, 1] (not percent): achieved TFLOP/s per GPU ÷ peak dense TFLOP/s."""
     if tflops_per_gpu.value is None:
-        return MetricValue.absent(tflops_per_gpu.reason or "throughput unknown")
+        return Measured.absent_as(tflops_per_gpu.cite)
     if peak.peak_tflops is None:
-        return MetricValue.absent(peak.reason or "peak TFLOP/s unknown")
+        return Measured.absent(Code.WHY, peak.reason) if peak.reason else Measured.absent(Code.PEAK_UNKNOWN)
     src = peak.source.detail if peak.source else f"peak {peak.peak_tflops:g}"
-    return MetricValue(tflops_per_gpu.value / peak.peak_tflops,
-                       Provenance("analytics", f"model TFLOP/s per GPU ÷ {src}"))
+    return Measured(tflops_per_gpu.value / peak.peak_tflops, cite(Code.MFU, src))
 
 
 @dataclass(frozen=True)
@@ -103,23 +102,22 @@ def crosscheck_tflops(model_tflops: float | None, logged_tflops: float | None,
     return CrossCheck(model_tflops, logged_tflops, gap, tol, abs(gap) <= tol)
 
 
-def data_share(rec: StepRecord) -> MetricValue:
+def data_share(rec: StepRecord) -> Measured:
     """Data wait (max across ranks) ÷ step time: Megatron's batch-generator timer, the hook's data
     wait. >0.2 bottleneck, <0.05 healthy."""
     voc = vocabulary_of(rec)
     name = next((n for n in voc.data_wait if n in rec.timers), None)
     wait = timer_max(rec.timers.get(name)) if name is not None else None
     if name is None or wait is None:
-        return MetricValue.absent(voc.data_wait_absent)
+        return Measured.absent(Code.WHY, voc.data_wait_absent)
     step = finite(rec.step_time_ms)
     if step is None or step <= 0:
-        return MetricValue.absent("step time absent")
-    return MetricValue(wait / step, Provenance(
-        voc.source, f"timer {name} ({voc.across_ranks}) {wait:g} ms ÷ step time {step:g} ms; "
-                    f"{record_source(rec)}"))
+        return Measured.absent(Code.NO_STEP_TIME)
+    return Measured(wait / step, cite(Code.TIMER_SHARE, voc.source, name, voc.across_ranks, wait, step,
+                                      record_source(rec)))
 
 
-def outside_share(rec: StepRecord) -> MetricValue:
+def outside_share(rec: StepRecord) -> Measured:
     """Host time between the steps that was neither a data fetch nor an announced pause (the step
     hook's ``outside-step``, max across ranks) ÷ step time: logging, an evaluation or a loader the
     hook does not see, time the job spends that no step names."""
@@ -127,13 +125,12 @@ def outside_share(rec: StepRecord) -> MetricValue:
     name = next((n for n in voc.outside if n in rec.timers), None)
     took = timer_max(rec.timers.get(name)) if name is not None else None
     if name is None or took is None:
-        return MetricValue.absent(voc.outside_absent)
+        return Measured.absent(Code.WHY, voc.outside_absent)
     step = finite(rec.step_time_ms)
     if step is None or step <= 0:
-        return MetricValue.absent("step time absent")
-    return MetricValue(took / step, Provenance(
-        voc.source, f"timer {name} ({voc.across_ranks}) {took:g} ms ÷ step time {step:g} ms; "
-                    f"{record_source(rec)}"))
+        return Measured.absent(Code.NO_STEP_TIME)
+    return Measured(took / step, cite(Code.TIMER_SHARE, voc.source, name, voc.across_ranks, took, step,
+                                      record_source(rec)))
 
 
 @dataclass(frozen=True)
@@ -150,9 +147,9 @@ class CommShare:
     imbalance), so it overlaps with the pipeline idle measures rather than adding to them.
     """
 
-    total: MetricValue
-    grad_sync: MetricValue  # the "DP part": grad reduce / param gather / finalize-grads all-reduces
-    pp: MetricValue  # pipeline p2p
+    total: Measured
+    grad_sync: Measured  # the "DP part": grad reduce / param gather / finalize-grads all-reduces
+    pp: Measured  # pipeline p2p
     timers_ms: dict[str, float] = field(default_factory=dict)  # timer -> ms used in the sum
     method: str | None = None
     worst_rank: int | None = None
@@ -176,32 +173,30 @@ def exposed_comm(rec: StepRecord) -> CommShare:
     step = finite(rec.step_time_ms)
     present = [n for n in (*grad_sync_timers, *pp_p2p_timers) if n in rec.timers]
     if not present:
-        none = MetricValue.absent(voc.comm_absent)
+        none = Measured.absent(Code.WHY, voc.comm_absent)
         return CommShare(none, none, none)
     if step is None or step <= 0:
-        none = MetricValue.absent("step time absent")
+        none = Measured.absent(Code.NO_STEP_TIME)
         return CommShare(none, none, none)
     src = record_source(rec)
     all_names = (*grad_sync_timers, *pp_p2p_timers)
     per_rank = _per_rank_sums(rec, all_names)
     timers_ms = {n: v for n in present if (v := timer_max(rec.timers[n])) is not None}
 
-    def part(names: tuple[str, ...], label: str) -> MetricValue:
-        used = [n for n in names if n in timers_ms]
+    def part(names: tuple[str, ...], label: str) -> Measured:
+        used = tuple(n for n in names if n in timers_ms)
         if not used:
-            return MetricValue.absent(f"no {label} timers present")
+            return Measured.absent(Code.NO_TIMERS, label)
         if per_rank is not None:
             sums = _per_rank_sums(rec, names)
             if sums:
                 rank, worst = max(sums.items(), key=lambda kv: kv[1])
-                return MetricValue(worst / step, Provenance(
-                    voc.source, f"per-rank Σ({', '.join(used)}) on worst rank {rank}: {worst:.2f} ms "
-                                f"÷ step {step:g} ms; {src}"))
+                return Measured(worst / step,
+                                cite(Code.COMM_PER_RANK, voc.source, used, rank, worst, step, src))
         total_ms = sum(timers_ms[n] for n in used)
-        caveat = "" if len(used) == 1 else " (maxima may come from different ranks: upper bound)"
-        return MetricValue(total_ms / step, Provenance(
-            voc.source, f"Σ max across ranks({', '.join(used)}) = {total_ms:.2f} ms ÷ step {step:g} ms"
-                        f"{caveat}; {src}"))
+        # One timer's max is one rank's; a sum of maxima may mix ranks: the sentence says so.
+        code = Code.COMM_ONE_MAX if len(used) == 1 else Code.COMM_SUM_OF_MAX
+        return Measured(total_ms / step, cite(code, voc.source, used, total_ms, step, src))
 
     worst_rank = None
     if per_rank:

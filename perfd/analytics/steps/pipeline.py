@@ -17,30 +17,28 @@ from perfd.analytics.common import (
     BACKWARD_COMPUTE,
     FORWARD_BACKWARD,
     FORWARD_COMPUTE,
-    MetricValue,
     record_source,
     timer_max,
     timer_min,
 )
+from perfd.analytics.steps.provenance import Code, Measured, cite
 from perfd.bounds import LAYOUT_BOUNDS, SPEC_BOUNDS, in_bounds
-from perfd.model import Provenance, StepRecord
+from perfd.model import StepRecord
 
 
-def analytic_bubble(pp: int | None, microbatches: int | None, vpp: int | None = None) -> MetricValue:
+def analytic_bubble(pp: int | None, microbatches: int | None, vpp: int | None = None) -> Measured:
     """(p−1)/(m+p−1) for 1F1B; (p−1)/(v·m+p−1) interleaved with v virtual stages per rank."""
     if pp is None:
-        return MetricValue.absent("pipeline-parallel size unknown")
+        return Measured.absent(Code.PP_UNKNOWN)
     if pp <= 1:
-        return MetricValue(0.0, Provenance("analytics", "pp=1: no pipeline bubble"))
+        return Measured(0.0, cite(Code.NO_BUBBLE))
     if microbatches is None or microbatches <= 0:
-        return MetricValue.absent("micro-batches per iteration unknown")
+        return Measured.absent(Code.MICROBATCHES_UNKNOWN)
     v = vpp if vpp and vpp > 1 else 1
     value = (pp - 1) / (v * microbatches + pp - 1)
     if v > 1:
-        detail = f"interleaved 1F1B (p-1)/(v·m+p-1) = {pp - 1}/({v}·{microbatches}+{pp - 1})"
-    else:
-        detail = f"1F1B (p-1)/(m+p-1) = {pp - 1}/({microbatches}+{pp - 1})"
-    return MetricValue(value, Provenance("analytics", detail))
+        return Measured(value, cite(Code.BUBBLE_INTERLEAVED, pp - 1, v, microbatches))
+    return Measured(value, cite(Code.BUBBLE_1F1B, pp - 1, microbatches))
 
 
 def microbatches_for_bubble(pp: int, target: float, vpp: int | None = None) -> int:
@@ -56,9 +54,9 @@ def microbatches_for_bubble(pp: int, target: float, vpp: int | None = None) -> i
 class StageIdle:
     """Measured idle inside forward-backward, for the most and the least idle stage."""
 
-    idle_max: MetricValue  # the lighter stage (waits most)
-    idle_min: MetricValue  # the heavier stage
-    imbalance: MetricValue  # idle_max − analytic bubble: attributed to stage imbalance
+    idle_max: Measured  # the lighter stage (waits most)
+    idle_min: Measured  # the heavier stage
+    imbalance: Measured  # idle_max − analytic bubble: attributed to stage imbalance
     lighter_compute_ms: float | None = None  # forward+backward compute of the lighter stage
     heavier_compute_ms: float | None = None
     per_rank_idle: dict[int, float] = field(default_factory=dict)  # only with per-rank timers
@@ -89,13 +87,13 @@ def _per_rank(rec: StepRecord) -> dict[int, tuple[float, float]] | None:
     return out or None
 
 
-def stage_idle(rec: StepRecord, pp: int | None, analytic: MetricValue) -> StageIdle:
+def stage_idle(rec: StepRecord, pp: int | None, analytic: Measured) -> StageIdle:
     """Idle share of forward-backward for the lighter and heavier stage, and the imbalance part."""
     if pp is None:
-        none = MetricValue.absent("pipeline-parallel size unknown")
+        none = Measured.absent(Code.PP_UNKNOWN)
         return StageIdle(none, none, none)
     if pp <= 1:
-        none = MetricValue.absent("pp=1: no pipeline stages")
+        none = Measured.absent(Code.NO_STAGES)
         return StageIdle(none, none, none)
     src = record_source(rec)
     rows = _per_rank(rec)
@@ -104,12 +102,8 @@ def stage_idle(rec: StepRecord, pp: int | None, analytic: MetricValue) -> StageI
         r_max = max(idle, key=lambda r: idle[r])
         r_min = min(idle, key=lambda r: idle[r])
         comp = {r: c for r, (_, c) in rows.items()}
-        hi = MetricValue(idle[r_max], Provenance(
-            "megatron", f"per-rank timers: rank {r_max} idle = 1 − (forward-compute + backward-compute)"
-                        f" / forward-backward = 1 − {rows[r_max][1]:.2f}/{rows[r_max][0]:.2f}; {src}"))
-        lo = MetricValue(idle[r_min], Provenance(
-            "megatron", f"per-rank timers: rank {r_min} idle = 1 − {rows[r_min][1]:.2f}/"
-                        f"{rows[r_min][0]:.2f}; {src}"))
+        hi = Measured(idle[r_max], cite(Code.IDLE_RANK_MAX, r_max, rows[r_max][1], rows[r_max][0], src))
+        lo = Measured(idle[r_min], cite(Code.IDLE_RANK_MIN, r_min, rows[r_min][1], rows[r_min][0], src))
         result = StageIdle(hi, lo, _imbalance(hi, analytic), min(comp.values()), max(comp.values()),
                            idle, "per-rank")
         return result
@@ -120,36 +114,30 @@ def stage_idle(rec: StepRecord, pp: int | None, analytic: MetricValue) -> StageI
     fwd_min, fwd_max = timer_min(fwd), timer_max(fwd)
     bwd_min, bwd_max = timer_min(bwd), timer_max(bwd)
     if None in (fb_ms, fwd_max, bwd_max):
-        none = MetricValue.absent("forward-backward / forward-compute / backward-compute timers "
-                                  "absent (needs --timing-log-level >= 1)")
+        none = Measured.absent(Code.NO_STAGE_TIMERS)
         return StageIdle(none, none, none)
     if None in (fwd_min, bwd_min):
-        none = MetricValue.absent("max-only timers (--timing-log-option max): per-stage idle needs "
-                                  "min and max (minmax) or per-rank values (all)")
+        none = Measured.absent(Code.MAX_ONLY)
         return StageIdle(none, none, none)
     assert fb_ms is not None and fwd_min is not None and fwd_max is not None
     assert bwd_min is not None and bwd_max is not None
     if fb_ms <= 0:
-        none = MetricValue.absent("forward-backward timer is zero")
+        none = Measured.absent(Code.FB_ZERO)
         return StageIdle(none, none, none)
     light = fwd_min + bwd_min
     heavy = fwd_max + bwd_max
-    inference = ("inference: min forward paired with min backward (lighter stage), max with max "
-                 "(heavier stage); minmax timers do not say which rank holds which value")
-    hi = MetricValue((fb_ms - light) / fb_ms, Provenance(
-        "megatron", f"1 − (forward-compute min {fwd_min:g} + backward-compute min {bwd_min:g}) / "
-                    f"forward-backward max {fb_ms:g}; {src}"), inference)
-    lo = MetricValue((fb_ms - heavy) / fb_ms, Provenance(
-        "megatron", f"1 − (forward-compute max {fwd_max:g} + backward-compute max {bwd_max:g}) / "
-                    f"forward-backward max {fb_ms:g}; {src}"), inference)
+    pairing = Code.MINMAX_PAIRING  # which rank holds which value is inferred: the sources say so
+    hi = Measured((fb_ms - light) / fb_ms,
+                  cite(Code.IDLE_LIGHTER, fwd_min, bwd_min, fb_ms, src, caveat=pairing))
+    lo = Measured((fb_ms - heavy) / fb_ms,
+                  cite(Code.IDLE_HEAVIER, fwd_max, bwd_max, fb_ms, src, caveat=pairing))
     return StageIdle(hi, lo, _imbalance(hi, analytic), light, heavy, {}, "minmax-pairing")
 
 
-def _imbalance(idle_max: MetricValue, analytic: MetricValue) -> MetricValue:
+def _imbalance(idle_max: Measured, analytic: Measured) -> Measured:
     if idle_max.value is None or analytic.value is None:
-        return MetricValue.absent("needs the measured stage idle and the analytic bubble")
-    return MetricValue(idle_max.value - analytic.value, Provenance(
-        "analytics", "max stage idle − analytic bubble: attributed to stage imbalance"))
+        return Measured.absent(Code.IMBALANCE_INPUTS)
+    return Measured(idle_max.value - analytic.value, cite(Code.IMBALANCE))
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Per-iteration rows sized for their readers: each fact once, provenance as codes, ranges not lists.
 
-An iteration's typed result (perfd.analytics.run.run_analysis.IterationResult) keeps, for the
-report, the English source of every metric — with the row's own numbers and log line, ~1.7 KB an
-iteration, the same sentences on every row (`perfd analyze --iterations all` of a 150-iteration log
-was twice the log's size). As JSON a row carries instead:
+An iteration's typed result (perfd.analytics.steps.iteration.IterationResult) keeps the source of
+every metric as a code with the row's own numbers and log line (perfd.analytics.steps.provenance);
+in English that is ~1.7 KB an iteration, the same sentences on every row (`perfd analyze --iterations
+all` of a 150-iteration log was twice the log's size when rows carried them). As JSON a row carries
+instead:
 
 - ``source``: its record's own provenance (the log line, the hook's rank and pid);
 - the metrics it has (a metric it lacks is not in it: absent, never null; an empty list or mapping,
@@ -29,6 +30,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 
 from perfd.analytics.steps.iteration import IterationResult
+from perfd.analytics.steps.provenance import line, lines
 from perfd.analytics.steps.steady import EXCLUSION_TEXT, Exclusion
 
 # Row keys replaced by codes (the English in the legend), those a row never repeats (the MFU against
@@ -90,12 +92,12 @@ class RowCodes:
             if v is False and f.default is False and f.name not in STATED:
                 continue  # a flag not raised (not armed, not between stages)
             out[f.name] = _plain(v)
-        src = it.sources.get(STEP_TIME)
+        src = it.source_line(STEP_TIME)
         if src:
             out["source"] = src
         newest = self.newest
         if newest is not None:
-            absent = {k: self._code(self._absent, text) for k, text in it.sources.items()
+            absent = {k: self._code(self._absent, line(c)) for k, c in it.sources.items()
                       if hasattr(it, k) and getattr(it, k) is None and getattr(newest, k) is not None}
             if absent:
                 out["absent"] = absent
@@ -125,7 +127,7 @@ class RowCodes:
         seen every code by then). ``sources``: every metric's source as the newest row has it."""
         out: dict[str, object] = {}
         if sources and self.newest is not None:
-            out["sources"] = dict(self.newest.sources)
+            out["sources"] = lines(self.newest.sources)
         out["absent"] = {code: text for text, code in self._absent.items()}
         out["notes"] = {code: {"text": text, "iterations": self._note_spans.get(code, [])}
                         for text, code in self._notes.items()}
