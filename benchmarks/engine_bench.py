@@ -29,9 +29,10 @@ root completed, warm-up included: ``n`` says how many). As an independent check,
 /api/jobs/<job>/iterations is polled each second: its newest row against the newest iteration every
 load process published (``behind_iterations``), and that row's age (a row shows once any node of it
 is in), and what that row answers (``answer_present``: the polls whose newest row had MFU, the slowest
-rank, the exposed communication). The root counts an iteration complete only once the job has shown
-another, so the job's first iteration is not counted when all of it came before the second:
-``complete`` is one short of the iterations offered when every one was whole.
+rank, the exposed communication). The root holds an iteration whole to the world the job's info names
+(the hook job's); where it names fewer ranks than the job shows (the ``--log`` job's recorded 2 GPUs),
+to the ranks shown, and counts an iteration complete only once the job has shown another: the job's
+first iteration is then not counted, and ``complete`` is one short of the iterations offered.
 
 After the window the load stops at a common iteration and the run drains (``--drain`` s at most):
 ``final`` says whether every message published was folded at the root once and every iteration (but
@@ -159,7 +160,7 @@ def start_messages(job: str, first: int, n: int, world: int, epoch: str, partiti
     stream, and from the job's first node its job info (the hook's: the dtype MFU needs)."""
     from perfd.engine.partial import encode
     from perfd.jobinfo_json import job_info_to_json
-    from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec
+    from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout
     from perfd.transport.codec import encode_batch
     from perfd.transport.series import SeriesTable
 
@@ -176,8 +177,11 @@ def start_messages(job: str, first: int, n: int, world: int, epoch: str, partiti
         lists = encode_batch(name, 1, (), (), evs, SeriesTable())
         out.append((S.records_subject(job), mid, encode(mid, name, time.time_ns(), (), records=lists)))
         if node == 0:
+            # The hooks' info names the world (torch.distributed's): the root holds an iteration
+            # whole to it; the recorded log's start-up names its own 2 GPUs, fewer than the job shows.
             info = (_megatron_log(job).job_info if log
-                    else JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16")))
+                    else JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16"),
+                                 layout=ParallelLayout(world_size=world)))
             mid = f"{name}:{epoch}:info"
             out.append((S.node_subject(job, S.partition_of(job, name, partitions)), mid,
                         encode(mid, name, time.time_ns(), (), {job: job_info_to_json(info)})))
@@ -597,7 +601,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         aborted = abort.is_set()
         total_pub = sum(published[:])
         iterations_offered = int(lastv.value) if not aborted else min(newest[:])
-        countable = iterations_offered - 1  # the first is not counted (the docstring)
+        countable = iterations_offered - (1 if log else 0)  # the --log job's first: not counted (docstring)
         t_drain = time.monotonic()
         ef = engine_stats()
         while time.monotonic() - t_drain < drain_s:
