@@ -66,6 +66,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.answer_lag import AnswerWatch  # noqa: E402
 from perfd.engine import subjects as S  # noqa: E402
 
 JOB = "engine-bench job"  # a space: the subject carries the job's token, the name rides inside
@@ -82,6 +84,9 @@ RANKS_PER_NODE = 8
 # reach it, and the root runs without --gpu).
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
 SAMPLE_S = 0.5  # the CPU sampler's period (the per-interval peaks)
+# The root's /iterations is polled this often: the answer's lag is measured to within it (an API read of
+# a 100k-rank job's rows took 3 ms p50, 87 ms p99 on the 16-core host: api_iterations_s)
+POLL_S = 0.5
 # The root's engine counters (/api/stats) and the shards' (--stats-file) the result carries, after the drain.
 ROOT_COUNTERS = ("complete", "node_messages", "redelivered", "late", "batches", "partials", "undecodable")
 SHARD_COUNTERS = ("id", "partitions", "node_messages", "batches_published", "publish_errors", "leases_taken",
@@ -119,7 +124,7 @@ def _rank_records(job: str, node: int, world: int, iteration: int, end: float) -
 ANSWER = ("mfu", "slowest_rank", "comm_exposed_share")
 
 
-def _answer_of(row: dict[str, Any] | None) -> dict[str, Any] | None:
+def _answer_of(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The answer's parts in one row: the slowest rank as the framework's straggler detector names it
     (a log's row), else the rank whose step the fold took (its source)."""
     if row is None:
@@ -556,6 +561,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         it0 = offered_newest()
         w0 = time.perf_counter()
         polls: list[dict[str, Any]] = []
+        answers = AnswerWatch(lambda row: tuple((_answer_of(row) or {}).get(k) for k in ANSWER))
         job_url = f"{base}/api/jobs/{urllib.parse.quote(JOB, safe='')}/iterations?sources=0"
         end = time.monotonic() + seconds
         next_poll = 0.0
@@ -563,11 +569,12 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             for w in watched:
                 w.sample()
             if time.monotonic() >= next_poll:
-                next_poll = time.monotonic() + 1.0
+                next_poll = time.monotonic() + POLL_S
                 offered = offered_newest()
                 try:
                     doc, took = _get_json(job_url)
                     rows = [r for r in doc.get("iterations") or [] if "iteration" in r]
+                    answers.note(time.time(), rows)
                     top = max(rows, key=lambda r: int(r["iteration"])) if rows else None
                     shown = int(top["iteration"]) if top else None
                     age = time.time() - float(top["end_time"]) if top and top.get("end_time") else None
@@ -619,6 +626,10 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             time.sleep(0.2)
             shf = [_read_json(f) for f in stats_files]
 
+        try:  # each iteration's answer as the run ends: what the polls' rows are held to
+            final_rows = [r for r in _get_json(job_url)[0].get("iterations") or [] if "iteration" in r]
+        except OSError:
+            final_rows = []
         figs = {w.name: w.figures() for w in watched}
         busy = _busy(m1) - _busy(m0)
         ours = sum(f["cpu_cores"] for f in figs.values())
@@ -671,7 +682,11 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                                  # what the newest row of each poll answered (absent: None)
                                  "answer_present": {k: sum(1 for p in polls if (p["answer"] or {}).get(k)
                                                            is not None) for k in ANSWER},
-                                 "last": polls[-1] if polls else None},
+                                 "last": polls[-1] if polls else None,
+                                 # from an iteration's end to the first poll whose row gave its final
+                                 # answer (benchmarks/answer_lag.py: an upper bound, by up to poll_s)
+                                 "poll_s": POLL_S,
+                                 "answer_lag": answers.lags(final_rows, it0 + 1)},
             "final": {"drained": drained, "drain_s": round(time.monotonic() - t_drain, 2),
                       "all_complete": ef.get("complete", 0) >= countable,
                       "node_messages_equal_published": ef.get("node_messages") == total_pub},
