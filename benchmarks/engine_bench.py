@@ -26,10 +26,12 @@ counters (their --stats-file: node messages, leases, ``consumer_restarts``) and 
 counters from /api/stats (node messages folded, complete iterations, redeliveries; ``lag_s``, from an
 iteration's end to the moment the root holds every rank of it, quantiles over every iteration the
 root completed, warm-up included: ``n`` says how many). As an independent check, the root's
-/api/jobs/<job>/iterations is polled each second: its newest row against the newest iteration every
+/api/jobs/<job>/iterations is polled every POLL_S: its newest row against the newest iteration every
 load process published (``behind_iterations``), and that row's age (a row shows once any node of it
 is in), and what that row answers (``answer_present``: the polls whose newest row had MFU, the slowest
-rank, the exposed communication). The root holds an iteration whole to the world the job's info names
+rank, the exposed communication), and ``answer_lag``: per iteration of the window, from its end to the
+first poll from which on its row gave the answer it gives after the drain (benchmarks/answer_lag.py).
+The root holds an iteration whole to the world the job's info names
 (the hook job's); where it names fewer ranks than the job shows (the ``--log`` job's recorded 2 GPUs),
 to the ranks shown, and counts an iteration complete only once the job has shown another: the job's
 first iteration is then not counted, and ``complete`` is one short of the iterations offered.
