@@ -26,12 +26,15 @@ counters (their --stats-file: node messages, leases, ``consumer_restarts``) and 
 counters from /api/stats (node messages folded, complete iterations, redeliveries; ``lag_s``, from an
 iteration's end to the moment the root holds every rank of it, quantiles over every iteration the
 root completed, warm-up included: ``n`` says how many). As an independent check, the root's
-/api/jobs/<job>/iterations is polled each second: its newest row against the newest iteration every
+/api/jobs/<job>/iterations is polled every POLL_S: its newest row against the newest iteration every
 load process published (``behind_iterations``), and that row's age (a row shows once any node of it
 is in), and what that row answers (``answer_present``: the polls whose newest row had MFU, the slowest
-rank, the exposed communication). The root counts an iteration complete only once the job has shown
-another, so the job's first iteration is not counted when all of it came before the second:
-``complete`` is one short of the iterations offered when every one was whole.
+rank, the exposed communication), and ``answer_lag``: per iteration of the window, from its end to the
+first poll from which on its row gave the answer it gives after the drain (benchmarks/answer_lag.py).
+The root holds an iteration whole to the world the job's info names
+(the hook job's); where it names fewer ranks than the job shows (the ``--log`` job's recorded 2 GPUs),
+to the ranks shown, and counts an iteration complete only once the job has shown another: the job's
+first iteration is then not counted, and ``complete`` is one short of the iterations offered.
 
 After the window the load stops at a common iteration and the run drains (``--drain`` s at most):
 ``final`` says whether every message published was folded at the root once and every iteration (but
@@ -65,6 +68,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +76,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.answer_lag import AnswerWatch  # noqa: E402
 from perfd.engine import subjects as S  # noqa: E402
 
 JOB = "engine-bench job"  # a space: the subject carries the job's token, the name rides inside
@@ -81,6 +86,9 @@ RANKS_PER_NODE = 8
 # reach it, and the root runs without --gpu).
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
 SAMPLE_S = 0.5  # the CPU sampler's period (the per-interval peaks)
+# The root's /iterations is polled this often: the answer's lag is measured to within it (an API read of
+# a 100k-rank job's rows took 3 ms p50, 87 ms p99 on the 16-core host: api_iterations_s)
+POLL_S = 0.5
 # The root's engine counters (/api/stats) and the shards' (--stats-file) the result carries, after the drain.
 ROOT_COUNTERS = ("complete", "node_messages", "redelivered", "late", "batches", "partials", "undecodable")
 SHARD_COUNTERS = ("id", "partitions", "node_messages", "batches_published", "publish_errors", "leases_taken",
@@ -118,7 +126,7 @@ def _rank_records(job: str, node: int, world: int, iteration: int, end: float) -
 ANSWER = ("mfu", "slowest_rank", "comm_exposed_share")
 
 
-def _answer_of(row: dict[str, Any] | None) -> dict[str, Any] | None:
+def _answer_of(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The answer's parts in one row: the slowest rank as the framework's straggler detector names it
     (a log's row), else the rank whose step the fold took (its source)."""
     if row is None:
@@ -159,7 +167,7 @@ def start_messages(job: str, first: int, n: int, world: int, epoch: str, partiti
     stream, and from the job's first node its job info (the hook's: the dtype MFU needs)."""
     from perfd.engine.partial import encode
     from perfd.jobinfo_json import job_info_to_json
-    from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec
+    from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout
     from perfd.transport.codec import encode_batch
     from perfd.transport.series import SeriesTable
 
@@ -176,8 +184,11 @@ def start_messages(job: str, first: int, n: int, world: int, epoch: str, partiti
         lists = encode_batch(name, 1, (), (), evs, SeriesTable())
         out.append((S.records_subject(job), mid, encode(mid, name, time.time_ns(), (), records=lists)))
         if node == 0:
+            # The hooks' info names the world (torch.distributed's): the root holds an iteration
+            # whole to it; the recorded log's start-up names its own 2 GPUs, fewer than the job shows.
             info = (_megatron_log(job).job_info if log
-                    else JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16")))
+                    else JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16"),
+                                 layout=ParallelLayout(world_size=world)))
             mid = f"{name}:{epoch}:info"
             out.append((S.node_subject(job, S.partition_of(job, name, partitions)), mid,
                         encode(mid, name, time.time_ns(), (), {job: job_info_to_json(info)})))
@@ -552,6 +563,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         it0 = offered_newest()
         w0 = time.perf_counter()
         polls: list[dict[str, Any]] = []
+        answers = AnswerWatch(lambda row: tuple((_answer_of(row) or {}).get(k) for k in ANSWER))
         job_url = f"{base}/api/jobs/{urllib.parse.quote(JOB, safe='')}/iterations?sources=0"
         end = time.monotonic() + seconds
         next_poll = 0.0
@@ -559,11 +571,12 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             for w in watched:
                 w.sample()
             if time.monotonic() >= next_poll:
-                next_poll = time.monotonic() + 1.0
+                next_poll = time.monotonic() + POLL_S
                 offered = offered_newest()
                 try:
                     doc, took = _get_json(job_url)
                     rows = [r for r in doc.get("iterations") or [] if "iteration" in r]
+                    answers.note(time.time(), rows)
                     top = max(rows, key=lambda r: int(r["iteration"])) if rows else None
                     shown = int(top["iteration"]) if top else None
                     age = time.time() - float(top["end_time"]) if top and top.get("end_time") else None
@@ -597,7 +610,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         aborted = abort.is_set()
         total_pub = sum(published[:])
         iterations_offered = int(lastv.value) if not aborted else min(newest[:])
-        countable = iterations_offered - 1  # the first is not counted (the docstring)
+        countable = iterations_offered - (1 if log else 0)  # the --log job's first: not counted (docstring)
         t_drain = time.monotonic()
         ef = engine_stats()
         while time.monotonic() - t_drain < drain_s:
@@ -615,6 +628,10 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             time.sleep(0.2)
             shf = [_read_json(f) for f in stats_files]
 
+        try:  # each iteration's answer as the run ends: what the polls' rows are held to
+            final_rows = [r for r in _get_json(job_url)[0].get("iterations") or [] if "iteration" in r]
+        except OSError:
+            final_rows = []
         figs = {w.name: w.figures() for w in watched}
         busy = _busy(m1) - _busy(m0)
         ours = sum(f["cpu_cores"] for f in figs.values())
@@ -667,7 +684,11 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                                  # what the newest row of each poll answered (absent: None)
                                  "answer_present": {k: sum(1 for p in polls if (p["answer"] or {}).get(k)
                                                            is not None) for k in ANSWER},
-                                 "last": polls[-1] if polls else None},
+                                 "last": polls[-1] if polls else None,
+                                 # from an iteration's end to the first poll whose row gave its final
+                                 # answer (benchmarks/answer_lag.py: an upper bound, by up to poll_s)
+                                 "poll_s": POLL_S,
+                                 "answer_lag": answers.lags(final_rows, it0 + 1)},
             "final": {"drained": drained, "drain_s": round(time.monotonic() - t_drain, 2),
                       "all_complete": ef.get("complete", 0) >= countable,
                       "node_messages_equal_published": ef.get("node_messages") == total_pub},

@@ -252,10 +252,13 @@ class Root:
                     self.stats.refused += 1
                     continue
                 try:
-                    self.sink.ingest_job_info(ENGINE_AGENT, job, job_info_from_json(text))
+                    info = job_info_from_json(text)
                 except ValueError as exc:
                     self.stats.undecodable += 1
                     log.warning("engine root %s: job info of %r does not decode (%s)", self.id, job[:80], exc)
+                    continue
+                self.sink.ingest_job_info(ENGINE_AGENT, job, info)
+                self.fold.note_world(job, info.layout.world_size)
             parts.extend(d.partials)
         records, new_ranks = self.fold.add(parts, self.sink.held_fold, time.time(), self.sink.admit_job)
         if records:

@@ -131,6 +131,11 @@ class RootFold:
         self.jobs: dict[str, OrderedDict[int, Partial]] = {}
         self.gone: dict[str, OrderedDict[int, Gone]] = {}  # iterations that left memory, the newest kept
         self.ranks: dict[str, set[int]] = {}
+        # Each job's world as its job info names it (the hooks' torch.distributed world size, a
+        # Megatron-LM log's start-up): an iteration is whole once that many ranks are in, not once it
+        # holds every rank the job has shown so far, which in its first iterations (before every
+        # partition's shard flushed) is only some of them.
+        self.worlds: dict[str, int] = {}
         # Each job's run as this root counts them and the iteration it began at (from the partials
         # marked new_run: every node of a restarted job marks the one where its ranks' processes
         # changed, the same iteration, so they count once).
@@ -179,7 +184,7 @@ class RootFold:
                         part.job, part.iteration, fold=held_fold(part.job, part.iteration))
                 acc.merge(part)
                 self._note_ranks(part, new_ranks)
-                world = len(self.ranks.get(part.job, ()))
+                world = self.world(part.job)
                 n = gone.n_ranks()
                 if n is not None and n >= world:
                     gone.complete, gone.ranks = True, None
@@ -238,9 +243,21 @@ class RootFold:
         self.refused_until[job] = now + REFUSED_RETRY_S
         return False
 
+    def note_world(self, job: str, world: int | None) -> None:
+        """The job's info named its world size (None: it named none; the job is then held to the
+        ranks it has shown)."""
+        if world is not None and world > 0:
+            self.worlds[job] = world
+
+    def world(self, job: str) -> int:
+        """The ranks an iteration of ``job`` must hold to be whole: its info's world size, or the
+        ranks it has shown where they are more (an info that undercounts is not believed)."""
+        return max(self.worlds.get(job, 0), len(self.ranks.get(job, ())))
+
     def forget(self, job: str) -> None:
         """Let go of what memory holds of ``job`` (not its run count: see IDLE_FORGET_S)."""
         self.jobs.pop(job, None)
+        self.worlds.pop(job, None)
         self.gone.pop(job, None)
         self.ranks.pop(job, None)
         self.seen.pop(job, None)
@@ -293,7 +310,7 @@ class RootFold:
             acc = held.pop(it)
             if acc.unhanded:
                 out.extend(self._records_of(acc, now))
-            gone[it] = Gone(acc, len(self.ranks.get(job, ())))
+            gone[it] = Gone(acc, self.world(job))
             while len(gone) > self.keep_gone:
                 del gone[min(gone)]
         return out
@@ -316,12 +333,14 @@ class RootFold:
         return out
 
     def _whole(self, acc: Partial, now: float) -> bool:
-        """Whether the iteration just became whole: every rank the job has shown is in (counted once,
-        with its lag). While the job has shown one iteration only, that iteration's own ranks are all
-        the world there is to hold it to: not counted yet."""
-        world = len(self.ranks.get(acc.job, ()))
-        if acc.complete or len(self.jobs[acc.job]) <= 1 or len(acc.ranks) < world:
+        """Whether the iteration just became whole: every rank of the job's world is in (counted once,
+        with its lag). A job whose info named no world, or fewer ranks than it shows, is held to the
+        ranks it has shown; while it has shown one iteration only, that iteration's own ranks are all
+        there is to hold it to: not counted yet."""
+        if acc.complete or len(acc.ranks) < self.world(acc.job):
             return False
+        if self.worlds.get(acc.job, 0) < len(acc.ranks) and len(self.jobs[acc.job]) <= 1:
+            return False  # held to no more than the ranks it has shown, in its first iteration
         acc.complete = True
         self.stats.complete += 1
         end = acc.fold_end()

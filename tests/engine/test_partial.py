@@ -152,6 +152,33 @@ def test_a_partial_that_comes_after_its_iteration_left_memory_completes_it_once(
     assert sorted(rf.jobs["j"]) == [3]  # it did not come back into memory
 
 
+def test_an_iteration_is_whole_only_once_the_world_its_job_info_names_is_in():
+    """Before every partition's shard has flushed, the job's first iterations reach the root from some
+    nodes only. Held to the ranks shown so far, iteration 2 of those nodes alone read whole (its lag
+    understated, then handed on again as the rest came); held to the world the job's info names, it is
+    whole once every node is in, and so is iteration 1."""
+    rf, store = RootFold(), _Store()
+    rf.note_world("j", NODES * 8)
+    early = range(NODES // 2)  # one shard's nodes flushed; the other's not yet
+    for it in (1, 2):
+        rf.add([partials_of(BY_NODE[n][it - 1], f"n{n}:{it}")[0] for n in early], store.held, now=T_END + it)
+    assert rf.stats.complete == 0 and not rf.stats.lag_s
+    for it in (1, 2):
+        rf.add([partials_of(BY_NODE[n][it - 1], f"n{n}:{it}")[0] for n in range(NODES // 2, NODES)],
+               store.held, now=T_END + 5.0)
+    assert rf.stats.complete == 2  # both, the first included: the info named the world
+    assert all(lag >= 5.0 for lag in rf.stats.lag_s), rf.stats.lag_s
+    # An info that names fewer ranks than the job shows is not believed: the ranks shown hold it.
+    small = RootFold()
+    small.note_world("j", 8)
+    small.add([partials_of(BY_NODE[n][0], f"n{n}:1")[0] for n in range(NODES)], store.held, now=T_END)
+    assert small.stats.complete == 0  # its first iteration: nothing yet to hold it to
+    small.add([partials_of(BY_NODE[0][1], "n0:2")[0]], store.held, now=T_END)
+    assert small.world("j") == NODES * 8 and small.stats.complete == 0
+    small.add([partials_of(BY_NODE[n][1], f"n{n}:2")[0] for n in range(1, NODES)], store.held, now=T_END)
+    assert small.stats.complete == 1
+
+
 def test_a_node_marks_where_its_ranks_processes_changed_and_the_root_counts_that_restart_once():
     marks = RunMarks()
     assert marks.new_runs(BY_NODE[0][0]) == set()  # first seen: nothing to compare with
@@ -284,3 +311,32 @@ def test_a_logs_record_goes_to_the_store_at_once_and_in_the_order_it_came(monkey
     out, _ = rf.add([p], now=1.1)  # 0.1 s after iteration 2 went: held back, but for its log record
     assert sorted(str(r.rank) for r in out) == ["all", "last"] and {r.iteration for r in out} == {2}
     assert rf.flush(5.0) == []
+
+
+def test_the_root_holds_a_job_to_the_world_its_info_names():
+    """The root reads the world from the job info a node sends (through the partials stream, as the
+    shards pass it on) and holds the job's iterations to it; an info that does not decode names none."""
+    from perfd.aggregator.engine_sink import EngineSink
+    from perfd.aggregator.guard import Guard
+    from perfd.aggregator.state import AggregatorState
+    from perfd.engine import subjects as S
+    from perfd.engine.root import Root
+    from perfd.jobinfo_json import job_info_to_json
+    from perfd.limits import Limits
+    from perfd.model import HOOK_FRAMEWORK, JobInfo, ParallelLayout
+    from perfd.refusals import Refusals
+
+    sink = EngineSink(AggregatorState(), Guard(Limits(), Refusals()))
+    root = Root(S.EngineConfig(("nats://127.0.0.1:1",)), sink, "root-a")
+    info = JobInfo(framework=HOOK_FRAMEWORK, layout=ParallelLayout(world_size=NODES * 8))
+    root.handle([encode("i", "node-0", 0, (), {"j": job_info_to_json(info)}),
+                 encode("x", "node-1", 0, (), {"k": "{"})])
+    assert root.fold.world("j") == NODES * 8 and root.stats.undecodable == 1
+
+    def nodes(ns: range) -> list[bytes]:
+        return [encode(f"n{n}:1", f"node-{n}", 0, partials_of(BY_NODE[n][0], f"n{n}:1")) for n in ns]
+
+    root.handle(nodes(range(2)))
+    assert root.stats.complete == 0
+    root.handle(nodes(range(2, NODES)))
+    assert root.stats.complete == 1
