@@ -127,7 +127,7 @@ class _Node:
                 procs.append(GpuProcess(900_000 + rank, 2_000_000_000))  # declares no rank: foreign
             ev = tracker.update(dict(labels), procs, now)
             assert ev is not None
-            ev["labels"]["node"] = self.id  # what the agent adds (perfd.agent.main)
+            ev["labels"]["node"] = self.id  # what the agent adds (perfd.agent.node_agent)
             events.append(dict(ev))
         ns = int(now * 1e9)
         self.send(agg, encode_batch(self.id, self._next(), [], steps, events, self.table, created_ns=ns,

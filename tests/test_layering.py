@@ -144,7 +144,7 @@ def test_the_cycle_check_sees_a_function_level_cycle(tmp_path: Path):
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     probe = tmp_path / "probe.py"
     probe.write_text("from typing import TYPE_CHECKING\n"
-                     "if TYPE_CHECKING:\n    from perfd.agent import main\n"
+                     "if TYPE_CHECKING:\n    from perfd.agent import node_agent\n"
                      "def g():\n    from perfd.report import build_report\n    return build_report\n"
                      "from . import flops\n")
     mods = _imports(probe, package="perfd.analytics")
@@ -213,7 +213,7 @@ def test_agent_and_aggregator_never_import_torch():
         "import sys, importlib\n"
         "mods = ['perfd.cli', 'perfd.analytics.run.run_analysis', 'collectors.megatron']\n"
         "import pkgutil\n"
-        "for m in ('perfd.agent.main', 'perfd.aggregator.main', 'collectors.nvml', 'collectors.host'):\n"
+        "for m in ('perfd.agent.node_agent', 'perfd.aggregator.main', 'collectors.nvml', 'collectors.host'):\n"
         "    try:\n"
         "        importlib.util.find_spec(m) and mods.append(m)\n"
         "    except ModuleNotFoundError:\n"

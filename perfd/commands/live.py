@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def _agent(args: argparse.Namespace) -> int:
     from perfd.agent.config import ConfigError, apply_overrides, load_config
-    from perfd.agent.main import run_agent
+    from perfd.agent.node_agent import run_agent
 
     try:
         cfg = apply_overrides(

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from collectors.nccl import NcclCollector
 from perfd.agent.config import AgentConfig
-from perfd.agent.main import Agent, default_registry
+from perfd.agent.node_agent import Agent, default_registry
 from perfd.aggregator.collectives import CollectiveStore
 from perfd.aggregator.http import _StateCollector, job_summary
 from perfd.aggregator.main import Aggregator, AggregatorConfig
@@ -224,7 +224,7 @@ def test_default_registry_has_nccl_and_hook():
 
 
 def test_agent_forwards_collectives_in_bounded_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    import perfd.agent.main as am
+    import perfd.agent.node_agent as am
     from perfd.collector import Collected
 
     monkeypatch.setattr(am, "MAX_COLLECTIVES_PER_BATCH", 3)

@@ -152,7 +152,7 @@ def test_a_shared_gpu_names_the_rank_the_foreign_process_and_the_cost_after_it_e
 def test_a_recorded_hang_is_an_incident_naming_the_rank_that_never_joined(tmp_path: Path) -> None:
     out, _ = _recorded_hang_collected(tmp_path)
     from perfd.agent.config import AgentConfig
-    from perfd.agent.main import Agent
+    from perfd.agent.node_agent import Agent
 
     agent = Agent(AgentConfig(job="ddp", node="n1", metrics_port=None))
     agent.client = FakeClient()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from perfd.agent.config import AgentConfig
-from perfd.agent.main import Agent
+from perfd.agent.node_agent import Agent
 from perfd.collector import Capabilities, Collected, Collector, Registry
 from perfd.model import Sample
 from tests.procs import free_port

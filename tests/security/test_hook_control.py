@@ -423,7 +423,7 @@ def test_the_job_user_comes_from_the_launch_manifest(tmp_path: Path) -> None:
                           "collectors": {"hook": {"socket_path": str(tmp_path / "h.sock")}}})
     cfg = apply_overrides(AgentConfig(), launch_manifest=str(path), nvml="off")
     assert cfg.job_uid == 4321
-    from perfd.agent.main import Agent
+    from perfd.agent.node_agent import Agent
     from perfd.collector import Registry
 
     made: list[HookCollector] = []

@@ -111,7 +111,7 @@ def test_a_node_agent_never_targets_a_setuid_process(tmp_path: Path) -> None:
 
 def test_the_agent_tells_its_nvml_collector_the_job_user() -> None:
     from perfd.agent.config import AgentConfig
-    from perfd.agent.main import Agent, default_registry
+    from perfd.agent.node_agent import Agent, default_registry
 
     cfg = AgentConfig(job="j", job_user="4321", collectors={"nvml": {"source": "off"}}).finish()
     agent = Agent(cfg, default_registry())
