@@ -53,9 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collectors.nvml.collector import THROTTLE_REASONS
 from collectors.nvml.processes import GpuProcess, ProcessTracker
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.gpu_views import SIGHTING_SERIES as _SIGHTING_SERIES
 from perfd.aggregator.incidents import BASELINE_EVERY_S
-from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.runtime import GC_THRESHOLDS
 from perfd.aggregator.snapshot import overview_of
 from perfd.analytics.incidents.attribution import gpu_hints, place_ranks

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from perfd import events
 from perfd import limits as L
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.http import _StateCollector, job_gpus, job_summary
-from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.model import StepRecord
 from perfd.transport.codec import F64, I64, U32, DecodedBatch
 from perfd.transport.gen import perfd_pb2 as pb

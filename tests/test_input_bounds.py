@@ -21,7 +21,7 @@ import pytest
 from collectors.megatron import parse_file, parse_lines
 from perfd import bounds, finite_json
 from perfd import limits as L
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.flops import moe_layer_pattern
 from perfd.analytics.steps.pipeline import rebalance_estimate

@@ -213,7 +213,7 @@ def test_agent_and_aggregator_never_import_torch():
         "import sys, importlib\n"
         "mods = ['perfd.cli', 'perfd.analytics.run.run_analysis', 'collectors.megatron']\n"
         "import pkgutil\n"
-        "for m in ('perfd.agent.node_agent', 'perfd.aggregator.main', 'collectors.nvml', 'collectors.host'):\n"
+        "for m in ('perfd.agent.node_agent', 'perfd.aggregator.daemon', 'collectors.nvml', 'collectors.host'):\n"
         "    try:\n"
         "        importlib.util.find_spec(m) and mods.append(m)\n"
         "    except ModuleNotFoundError:\n"

@@ -51,7 +51,7 @@ def _aggregator(args: argparse.Namespace) -> int:
     from perfd.aggregator.runtime import grpc_experiments
 
     grpc_experiments()  # before grpc is imported (the next line): its core reads it once
-    from perfd.aggregator.main import AggregatorConfig, run_aggregator
+    from perfd.aggregator.daemon import AggregatorConfig, run_aggregator
 
     try:
         coll, coll_jobs = collective_configs(args.inter_node_link, args.inter_node_busbw_gbs or (),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.collector import Registry
 
 

@@ -16,8 +16,8 @@ from collectors.nccl import NcclCollector
 from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent, default_registry
 from perfd.aggregator.collectives import CollectiveStore
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.http import _StateCollector, job_summary
-from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState, job_level_steps
 from perfd.analytics.collectives.collective_hangs import merge_hangs
 from perfd.collfold import Progress

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.store import BATCH, StateStore
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient

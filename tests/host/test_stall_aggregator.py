@@ -377,7 +377,7 @@ def test_a_pending_collective_corroborates_a_stall_of_busy_ranks(tmp_path: Path)
     through the real agent and aggregator path; each rank's newest collective joins the stall."""
     from perfd.agent.config import AgentConfig
     from perfd.agent.node_agent import Agent
-    from perfd.aggregator.main import Aggregator, AggregatorConfig
+    from perfd.aggregator.daemon import Aggregator, AggregatorConfig
     from tests.collectives.test_collectives_aggregator import (
         FakeClient,
         _recorded_hang_collected,

@@ -62,7 +62,7 @@ def test_a_port_in_use_refuses_to_start(tmp_path: Path) -> None:
 
 
 def test_defaults_listen_on_loopback_only() -> None:
-    from perfd.aggregator.main import AggregatorConfig
+    from perfd.aggregator.daemon import AggregatorConfig
 
     assert AggregatorConfig().grpc_host == "127.0.0.1" and AggregatorConfig().http_host == "127.0.0.1"
     assert AgentConfig().metrics_host == "127.0.0.1"
