@@ -546,7 +546,7 @@ CATALOG: tuple[MetricDef, ...] = (
        "forgotten)", _AGGREGATOR, ()),
     _m("perfd_aggregator_state_held_bytes", "gauge", "bytes",
        "Bytes the --state-dir files take on disk now (the database, its write-ahead log and index: what "
-       "--state-max-mib caps); absent without a state dir. perfd.aggregator.store", _AGGREGATOR, ()),
+       "--state-max-mib caps); absent without a state dir. perfd.aggregator.state_store", _AGGREGATOR, ()),
     _m("perfd_aggregator_state_max_bytes", "gauge", "bytes",
        "The --state-dir cap (--state-max-mib) in bytes: held / max is how full the journal is (the oldest "
        "batches go first past it)", _AGGREGATOR, ()),

@@ -1,4 +1,4 @@
-"""perfd.aggregator.store: the aggregator's --state-dir (SQLite, WAL)."""
+"""perfd.aggregator.state_store: the aggregator's --state-dir (SQLite, WAL)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.aggregator.store import (
+from perfd.aggregator.state_store import (
     BATCH,
     HELLO,
     SCHEMA_VERSION,

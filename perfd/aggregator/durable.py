@@ -1,5 +1,5 @@
 """Wiring of the aggregator to its state store (``--state-dir``): what is written, when, and how
-it is read back at start. The store itself (SQLite, what "durable" means) is perfd.aggregator.store.
+it is read back at start. The store itself (SQLite, what "durable" means) is perfd.aggregator.state_store.
 
 Agent data goes through the ingest server's journal hooks (:class:`Journal`): a Hello's job list,
 each accepted batch without its samples, the dedupe seq — committed before each Ack. The
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from perfd import limits as L
-from perfd.aggregator.store import BATCH, HELLO, StateStore, StoreError
+from perfd.aggregator.state_store import BATCH, HELLO, StateStore, StoreError
 from perfd.aggregator.wiring import AggregatorParts
 from perfd.transport.codec import SAMPLE_FIELDS, DecodedBatch
 from perfd.transport.delivery import Kept

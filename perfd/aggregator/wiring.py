@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.state_readers import JobReader
-from perfd.aggregator.store import StateStore
+from perfd.aggregator.state_store import StateStore
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.limits import Limits
 from perfd.transport.codec import DecodedBatch

@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 from perfd import limits as L
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.aggregator.loops import EVENT_LOOPS
-from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
+from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.commands.engine import add_engine_arguments
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, TENANT_HEADER, Credentials, CredentialsError
 from perfd.shared_thresholds import STALL_PHASE_MAX_S
