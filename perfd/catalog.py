@@ -540,7 +540,7 @@ CATALOG: tuple[MetricDef, ...] = (
        ("reason",)),
     _m("perfd_aggregator_jobs_held", "gauge", "count",
        "Jobs held now (what --max-jobs counts: named by an open stream's Hello, or holding data not yet "
-       "pruned); perfd.aggregator.lifecycle", _AGGREGATOR, ()),
+       "pruned); perfd.aggregator.retention", _AGGREGATOR, ()),
     _m("perfd_aggregator_series_held", "gauge", "count",
        "Node series definitions held now (what --max-series counts; an agent's leave when it is "
        "forgotten)", _AGGREGATOR, ()),

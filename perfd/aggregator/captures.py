@@ -93,7 +93,7 @@ class CaptureCoordinator:
         state.attach_captures(self)  # capture progress reported by the agents; the jobs' records
 
     def forget_job(self, job: str) -> None:
-        """The job was pruned (perfd.aggregator.lifecycle): its request window and its rules' states
+        """The job was pruned (perfd.aggregator.retention): its request window and its rules' states
         and budgets go; its capture records stay, as history, within MAX_CAPTURE_RECORDS."""
         with self._lock:
             self._requests.pop(job, None)

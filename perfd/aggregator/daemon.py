@@ -22,8 +22,8 @@ from perfd.aggregator.durable import Journal, restore, save_documents
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
-from perfd.aggregator.lifecycle import Lifecycle
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
+from perfd.aggregator.retention import Lifecycle
 from perfd.aggregator.runtime import gc_seconds, tune_gc
 from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
@@ -326,7 +326,7 @@ class Aggregator:
         return (set(self.state.job_agents(job)) | set(self.state.rank_host_agents(job))) - {ENGINE_AGENT}
 
     def forget_series(self, agent_id: str) -> None:
-        """The agent was forgotten (perfd.aggregator.lifecycle): its series leave the cap."""
+        """The agent was forgotten (perfd.aggregator.retention): its series leave the cap."""
         self._series.pop(agent_id, None)
         self.guard.release_series(agent_id)
 

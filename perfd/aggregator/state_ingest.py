@@ -218,7 +218,7 @@ class StateIngest:
 
     @writes
     def forget_job(self, job: str) -> None:
-        """Drop everything held of the job (perfd.aggregator.lifecycle prunes it)."""
+        """Drop everything held of the job (perfd.aggregator.retention prunes it)."""
         self.jobs.forget(job)
         self.collectives.forget(job)
         self.serving.forget(job)

@@ -1,4 +1,4 @@
-"""The aggregator's parts as its lifecycle (perfd.aggregator.lifecycle) and its durable state
+"""The aggregator's parts as its lifecycle (perfd.aggregator.retention) and its durable state
 (perfd.aggregator.durable) reach them: a Protocol that perfd.aggregator.daemon.Aggregator satisfies, so
 that those modules take the aggregator without importing the module that builds it (main imports
 them). Properties, not attributes: read-only, so the aggregator's own, more precise types fit. Its
