@@ -42,7 +42,7 @@ from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure
 from perfd.refusals import Refusals
 from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
-from perfd.rules.model import CaptureAction, CaptureTargets, Rule
+from perfd.rules.rule_types import CaptureAction, CaptureTargets, Rule
 from perfd.transport.codec import Command
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from perfd.limits import REFUSED_JOB_INFO_VALUE
 from perfd.refusals import Refusals
 from perfd.rules.engine import RuleEngine
 from perfd.rules.loader import default_pack_path
-from perfd.rules.model import RulePackError
+from perfd.rules.rule_types import RulePackError
 from perfd.rules.ruleset import load_rule_set
 from perfd.shared_thresholds import STALL_PHASE_MAX_S
 from perfd.transport.codec import Command, DecodedBatch, HelloInfo
