@@ -41,7 +41,7 @@ from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure
 from perfd.refusals import Refusals
-from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
+from perfd.rules.evaluator import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
 from perfd.rules.rule_types import CaptureAction, CaptureTargets, Rule
 from perfd.transport.codec import Command
 

@@ -36,7 +36,7 @@ from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, Credentials, Remote
 from perfd.jobinfo_json import decode_job_info
 from perfd.limits import REFUSED_JOB_INFO_VALUE
 from perfd.refusals import Refusals
-from perfd.rules.engine import RuleEngine
+from perfd.rules.evaluator import RuleEngine
 from perfd.rules.loader import default_pack_path
 from perfd.rules.rule_types import RulePackError
 from perfd.rules.ruleset import load_rule_set

@@ -1,7 +1,7 @@
 """The values the rules engine reads on the aggregator: what /metrics exports for each job, keyed by
 rule scope.
 
-Scope keys (perfd.rules.engine): the job name for job scope, ``(job, rank)`` for rank scope,
+Scope keys (perfd.rules.evaluator): the job name for job scope, ``(job, rank)`` for rank scope,
 ``(job, node, gpu)`` for gpu scope. A job series goes to the scope its labels name, as
 :func:`perfd.rules.rule_types.carrying_scopes` says from the catalog for ``perfd rules check``: with a
 ``rank`` label to rank scope, with ``node`` and ``gpu`` to gpu scope, else to job scope. Its other
@@ -26,7 +26,7 @@ from perfd import catalog
 from perfd.aggregator.snapshot import JobSnapshot
 from perfd.catalog import RANK_HOST_SERIES
 from perfd.exporters.prometheus import Row
-from perfd.rules.engine import ScopeKey, job_of
+from perfd.rules.evaluator import ScopeKey, job_of
 from perfd.rules.expr import SCOPE_LABELS, base_name, series_key
 from perfd.rules.rule_types import carrying_scopes
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from collectors.megatron import parse_file
 from perfd.aggregator.captures import CaptureCoordinator, alertmanager_requests
 from perfd.aggregator.state import AggregatorState
-from perfd.rules.engine import RuleEngine
+from perfd.rules.evaluator import RuleEngine
 from perfd.rules.loader import parse_pack
 from perfd.transport.codec import Command
 

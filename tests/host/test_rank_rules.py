@@ -15,7 +15,7 @@ from perfd import events
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.rules.engine import RuleEngine
+from perfd.rules.evaluator import RuleEngine
 from perfd.rules.loader import parse_pack_checked
 from tests.silence import arrived_ago
 

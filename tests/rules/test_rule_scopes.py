@@ -37,7 +37,7 @@ from perfd.collector import Collected
 from perfd.events import SERVING_DATA
 from perfd.model import HistogramSeries, MetricsSnapshot, ServingData
 from perfd.rules.cli import run_rules_check
-from perfd.rules.engine import RuleEngine, ScopeKey, scope_of
+from perfd.rules.evaluator import RuleEngine, ScopeKey, scope_of
 from perfd.rules.expr import SCOPE_LABELS, series_key
 from perfd.rules.loader import check_files_warned, parse_pack
 from perfd.rules.rule_types import carrying_scopes

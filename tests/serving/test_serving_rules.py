@@ -15,7 +15,7 @@ from perfd.analytics.serving.serving_analysis import CATALOG_NAMES, ServingSumma
 from perfd.analytics.serving.serving_findings import derive_serving_findings
 from perfd.model import ServerInfo
 from perfd.rules.cli import run_rules_check
-from perfd.rules.engine import RuleEngine
+from perfd.rules.evaluator import RuleEngine
 from perfd.rules.loader import load_pack
 
 PACK = Path(__file__).resolve().parents[2] / "rules" / "serving.yaml"
