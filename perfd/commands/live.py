@@ -188,7 +188,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _rules_check(args: argparse.Namespace) -> int:
-    from perfd.rules.cli import run_rules_check
+    from perfd.rules.check_command import run_rules_check
 
     return run_rules_check(args.files)
 

@@ -36,7 +36,7 @@ from perfd.catalog import RANK_HOST_SERIES
 from perfd.collector import Collected
 from perfd.events import SERVING_DATA
 from perfd.model import HistogramSeries, MetricsSnapshot, ServingData
-from perfd.rules.cli import run_rules_check
+from perfd.rules.check_command import run_rules_check
 from perfd.rules.evaluator import RuleEngine, ScopeKey, scope_of
 from perfd.rules.expr import SCOPE_LABELS, series_key
 from perfd.rules.loader import check_files_warned, parse_pack

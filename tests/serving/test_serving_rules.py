@@ -14,7 +14,7 @@ from perfd.analytics.common import MetricValue
 from perfd.analytics.serving.serving_analysis import CATALOG_NAMES, ServingSummary
 from perfd.analytics.serving.serving_findings import derive_serving_findings
 from perfd.model import ServerInfo
-from perfd.rules.cli import run_rules_check
+from perfd.rules.check_command import run_rules_check
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.loader import load_pack
 
