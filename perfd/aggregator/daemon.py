@@ -37,7 +37,7 @@ from perfd.jobinfo_json import decode_job_info
 from perfd.limits import REFUSED_JOB_INFO_VALUE
 from perfd.refusals import Refusals
 from perfd.rules.evaluator import RuleEngine
-from perfd.rules.loader import default_pack_path
+from perfd.rules.pack_loader import default_pack_path
 from perfd.rules.rule_types import RulePackError
 from perfd.rules.ruleset import load_rule_set
 from perfd.shared_thresholds import STALL_PHASE_MAX_S

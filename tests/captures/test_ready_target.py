@@ -14,7 +14,7 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
 from perfd.model import CaptureFailure, Provenance, StepRecord
 from perfd.rules.evaluator import NOT_READY, RuleEngine, TargetWait
-from perfd.rules.loader import parse_pack
+from perfd.rules.pack_loader import parse_pack
 from perfd.transport.codec import Command
 
 ROOT = Path(__file__).resolve().parents[2]

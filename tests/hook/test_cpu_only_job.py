@@ -31,7 +31,7 @@ from perfd.hook import StepHook, wire
 from perfd.model import CPU, CUDA, StepRecord
 from perfd.report import build_report, render_text
 from perfd.rules.evaluator import RuleEngine
-from perfd.rules.loader import default_pack_path, load_pack
+from perfd.rules.pack_loader import default_pack_path, load_pack
 from perfd.transport.codec import Command
 
 torch = pytest.importorskip("torch")

@@ -16,7 +16,7 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.rules.evaluator import RuleEngine
-from perfd.rules.loader import parse_pack_checked
+from perfd.rules.pack_loader import parse_pack_checked
 from tests.silence import arrived_ago
 
 ROOT = Path(__file__).resolve().parents[2]

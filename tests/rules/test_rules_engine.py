@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from perfd.rules.evaluator import CaptureArbiter, Firing, RuleEngine, ScopeKey, job_of, scope_of
-from perfd.rules.loader import parse_pack
+from perfd.rules.pack_loader import parse_pack
 from perfd.rules.rule_types import Rule
 
 MFU = "perfd_job_mfu_ratio"

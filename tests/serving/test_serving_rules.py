@@ -16,7 +16,7 @@ from perfd.analytics.serving.serving_findings import derive_serving_findings
 from perfd.model import ServerInfo
 from perfd.rules.check_command import run_rules_check
 from perfd.rules.evaluator import RuleEngine
-from perfd.rules.loader import load_pack
+from perfd.rules.pack_loader import load_pack
 
 PACK = Path(__file__).resolve().parents[2] / "rules" / "serving.yaml"
 RULE_TO_FINDING = {
