@@ -161,7 +161,7 @@ def test_collectors_know_nothing_of_transport_or_exporters():
     # gRPC is perfd's transport: no collector may use it, except collectors/k8s, whose source (the
     # kubelet's pod-resources API) is itself a gRPC service.
     # Nor of what runs them: the launcher, the commands, the aggregator, the command line.
-    assert not _violations(files, ("perfd.launch", "perfd.commands", "perfd.aggregator", "perfd.cli"))
+    assert not _violations(files, ("perfd.launcher", "perfd.commands", "perfd.aggregator", "perfd.cli"))
     # Nor of the analysis above them: what both need (thresholds, dtypes, timer names, the served
     # model's spec) lives below both (perfd.shared_thresholds, perfd.dtypes, perfd.model,
     # perfd.serving_model).
@@ -173,7 +173,7 @@ def test_collectors_know_nothing_of_transport_or_exporters():
 def test_the_launcher_imports_no_collector():
     """`perfd launch` sets up what collectors read (the manifest, the Flight Recorder's environment)
     through modules below both (perfd.manifest, perfd.flight_recorder_env)."""
-    assert not _violations([ROOT / "perfd" / "launch.py"], ("collectors",))
+    assert not _violations([ROOT / "perfd" / "launcher.py"], ("collectors",))
 
 
 def test_exporters_know_nothing_of_collectors():
