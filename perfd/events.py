@@ -180,7 +180,7 @@ NCCL_HANG = _k("nccl_hang", "mapping", False, "collectors/nccl (Flight Recorder 
                ("perfd/aggregator/collectives.py: hangs merged across agents", _AGG_LOG),
                "A collective stuck past the hang threshold (and its resolution)", whole=True)
 HOOK_PROFILE = _k("hook_profile", "mapping", False, "collectors/hook",
-                  ("perfd/agent/captures.py: cudaProfilerApi ranges",),
+                  ("perfd/agent/capture_executor.py: cudaProfilerApi ranges",),
                   "A rank's step hook state (profiler range open/closed)", whole=True)
 GPU_LOST = _k("gpu_lost", "none", False, "collectors/nvml", (_AGG_LOG,), "A GPU fell off the bus")
 XID = _k("xid", "mapping", False, "collectors/nvml", (_AGG_LOG,), "An XID error on a GPU")

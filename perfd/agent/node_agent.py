@@ -55,7 +55,7 @@ from perfd.transport.codec import COMMAND_STACKS, Command
 from perfd.transport.spool import Spool
 
 if TYPE_CHECKING:
-    from perfd.agent.captures import AgentCaptures
+    from perfd.agent.capture_executor import AgentCaptures
 
 log = logging.getLogger(__name__)
 
@@ -545,7 +545,7 @@ class Agent:
                 ", ".join(phases))
 
     def _start_captures(self) -> None:
-        from perfd.agent.captures import AgentCaptures
+        from perfd.agent.capture_executor import AgentCaptures
 
         hook = self.scheduler.states.get("hook")
         ranks = self.scheduler.states.get("ranks")
