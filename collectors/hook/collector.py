@@ -62,7 +62,7 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from collectors.config import as_int
+from collectors.config_values import as_int
 from collectors.hook import peers as P
 from collectors.hook.requests import Requests, RequestSender
 from perfd.bounds import LAYOUT_BOUNDS, in_bounds

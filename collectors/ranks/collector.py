@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from collectors.config import as_float
+from collectors.config_values import as_float
 from collectors.ranks import procfs
 from perfd import limits as L
 from perfd.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, Metric
 
-from collectors.config import as_float
+from collectors.config_values import as_float
 from perfd import catalog
 from perfd import limits as L
 from perfd.agent.checkpoints import Checkpoints
