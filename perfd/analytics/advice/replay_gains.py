@@ -1,4 +1,4 @@
-"""What the launch-by-launch replay of a capture (perfd.capture.replay) says a change saves, on the
+"""What the launch-by-launch replay of a capture (perfd.capture.step_replay) says a change saves, on the
 job's own clock (issue 53). Pure.
 
 The trace's host is the profiled one: it records every op, so it runs slower than the job does (on
@@ -8,7 +8,7 @@ time the job never spends. The replay gives the step at several host speeds; the
 unchanged replay steps at the job's own steady median is the job's host, and each change is read
 there. The job's median is known to within its run-to-run spread (remedies.run_spread_ms): the host
 speeds at both ends of it widen the range, with the change's own model parameter at both ends
-(perfd.capture.replay: MICROBATCH_DEVICE, GRAPHED_HOST, DROPOUT_HOST).
+(perfd.capture.step_replay: MICROBATCH_DEVICE, GRAPHED_HOST, DROPOUT_HOST).
 """
 
 from __future__ import annotations
